@@ -1,0 +1,72 @@
+"""The rollout engine interface: prompts in, ``n`` sampled completions per prompt out.
+
+Engines (``hf.HFEngine``, ``vllm_engine.VLLMEngine``) implement :class:`RolloutEngine`; the trainer
+and ``pacs_fast.eval`` only talk to this interface.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``n`` completions per prompt; ``seed`` makes a call reproducible."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    seed: int | None = None
+    return_logprobs: bool = False
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class Completion:
+    """One sampled response.
+
+    token_ids: response tokens only (the EOS token included when the model emitted it).
+    text: decoded response without special tokens.
+    finish_reason: ``"stop"`` (EOS) or ``"length"`` (hit ``max_new_tokens``).
+    logprobs: per-token log-probs of ``token_ids`` under the engine's sampling model at
+        temperature 1 (unscaled logits), when ``return_logprobs`` was asked; else ``None``.
+    """
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    logprobs: list[float] | None = None
+
+
+class RolloutEngine(abc.ABC):
+    """Generates completions and receives the learner's weights."""
+
+    @abc.abstractmethod
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """Returns ``params.n`` completions for each prompt: ``out[i][j]`` is sample j of prompt i."""
+
+    @abc.abstractmethod
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Loads weights given with Hugging Face parameter names (all of them, or a subset)."""
+
+    def sleep(self) -> None:
+        """Frees the engine's accelerator memory while the learner trains (no-op where unsupported)."""
+
+    def wake_up(self) -> None:
+        """Undoes :meth:`sleep`."""
+
+    def close(self) -> None:
+        """Releases the engine."""
