@@ -1,0 +1,31 @@
+"""Algorithms (pure PyTorch, any device, differentiable): PACS and the RLVR baselines.
+
+- PACS: :func:`pacs_loss` and its pieces :func:`reward_proxy`, :func:`group_scores`,
+  :func:`class_balanced_weights` (module :mod:`.pacs`).
+- Baselines: :func:`policy_loss` (PPO clipped surrogate, DAPO clip-higher, dual clip, KL),
+  :func:`grpo_loss` (GRPO / Dr. GRPO / RLOO), :func:`value_loss` (module :mod:`.policy_loss`);
+  :func:`group_advantages`, :func:`gae` (:mod:`.advantages`); :func:`kl_penalty` (:mod:`.kl`);
+  :func:`aggregate_loss` (:mod:`.aggregation`).
+- Evaluation: :func:`pass_at_k` (:mod:`.pass_at_k`).
+"""
+from pacs_fast.algorithms.advantages import gae, group_advantages, masked_whiten
+from pacs_fast.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss, masked_mean
+from pacs_fast.algorithms.kl import KL_ESTIMATORS, kl_penalty
+from pacs_fast.algorithms.pacs import (
+    PROXIES,
+    SCORES,
+    WEIGHT_MODES,
+    class_balanced_weights,
+    group_scores,
+    pacs_loss,
+    reward_proxy,
+)
+from pacs_fast.algorithms.pass_at_k import pass_at_k
+from pacs_fast.algorithms.policy_loss import grpo_loss, policy_loss, value_loss
+
+__all__ = [
+    "KL_ESTIMATORS", "LOSS_AGG_MODES", "PROXIES", "SCORES", "WEIGHT_MODES",
+    "aggregate_loss", "class_balanced_weights", "gae", "group_advantages", "group_scores",
+    "grpo_loss", "kl_penalty", "masked_mean", "masked_whiten", "pacs_loss", "pass_at_k",
+    "policy_loss", "reward_proxy", "value_loss",
+]

@@ -1,0 +1,127 @@
+"""Advantages for the baselines: group-relative outcome advantages (GRPO / Dr. GRPO / RLOO) and GAE.
+
+All functions here return constants (computed under ``torch.no_grad``): advantages are targets.
+"""
+from __future__ import annotations
+
+import torch
+
+from pacs_fast.algorithms._checks import (
+    check_choice,
+    check_group_size,
+    check_mask,
+    check_real,
+    check_same_shape,
+    check_tensor,
+    compute_dtype,
+    mask_nonzero,
+)
+
+ADVANTAGE_MODES = ("grpo", "dr_grpo", "rloo")
+
+
+@torch.no_grad()
+def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo", *,
+                     norm_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """Outcome advantage of each response relative to its group (contiguous rows of ``group_size``).
+
+    - ``"grpo"``: ``(R_i - mean_g) / (std_g + eps)`` with the unbiased std; ``norm_std=False`` drops
+      the division (then identical to ``"dr_grpo"``). With ``norm_std`` needs G >= 2.
+    - ``"dr_grpo"``: ``R_i - mean_g`` (Dr. GRPO: no std normalisation).
+    - ``"rloo"``: ``R_i - (S_g - R_i)/(G-1)``, leave-one-out baseline (needs G >= 2).
+
+    Args:
+        rewards: ``[B]`` scalar rewards per response (any real dtype).
+    Returns:
+        ``[B]`` fp32 (fp64 for fp64 input), no gradient. Broadcast over tokens by the policy losses.
+    """
+    fn = "group_advantages"
+    check_choice(fn, "mode", mode, ADVANTAGE_MODES)
+    check_tensor(fn, "rewards", rewards, ndim=1)
+    check_group_size(fn, group_size, rewards.shape[0], "rewards")
+    eps = check_real(fn, "eps", eps, nonneg=True)
+    if group_size == 1 and (mode == "rloo" or (mode == "grpo" and norm_std)):
+        raise ValueError(f"{fn}: group_size=1 is not allowed with mode={mode!r}"
+                         + (" and norm_std=True" if mode == "grpo" else "") + " (needs G >= 2)")
+    dtype = compute_dtype(rewards) if rewards.is_floating_point() else torch.float32
+    g = rewards.to(dtype).reshape(-1, group_size)
+    centered = g - g.mean(dim=1, keepdim=True)
+    if mode == "rloo":
+        out = centered * (group_size / (group_size - 1))
+    elif mode == "grpo" and norm_std:
+        out = centered / (g.std(dim=1, keepdim=True, correction=1) + eps)
+    else:
+        out = centered
+    return out.reshape(-1)
+
+
+@torch.no_grad()
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor | None, *, shift_mean: bool = True,
+                  eps: float = 1e-8) -> torch.Tensor:
+    """``(x - mean) / sqrt(var + eps)`` over the unmasked entries (unbiased var); masked entries -> 0."""
+    sel = torch.ones_like(x, dtype=torch.bool) if mask is None else mask_nonzero(mask)
+    n = sel.sum()
+    xs = torch.where(sel, x, 0.0)
+    mean = xs.sum() / n.clamp(min=1)
+    var = torch.where(sel, (x - mean) ** 2, 0.0).sum() / (n - 1).clamp(min=1)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(sel, out, 0.0)
+
+
+@torch.no_grad()
+def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, *,
+        gamma: float = 1.0, lam: float = 1.0, whiten: bool = True):
+    """Generalised advantage estimation (Schulman et al. 2016) for PPO, per response.
+
+    Only response tokens (``mask != 0``) are steps of the trajectory: masked-out tokens (padding, or
+    tool/observation tokens inside a multi-turn response) are skipped — their reward and value are
+    ignored and the recursion jumps over them. The value after the last response token is 0.
+    For the response tokens ``t_1 < ... < t_n`` of a row::
+
+        delta_k = r_{t_k} + gamma * V_{t_{k+1}} - V_{t_k}         (V_{t_{n+1}} = 0)
+        A_{t_k} = delta_k + gamma * lam * A_{t_{k+1}}              (A_{t_{n+1}} = 0)
+        returns = A + V
+
+    Args:
+        token_rewards: ``[B, T]`` per-token rewards (an outcome reward sits on the last response token).
+        values: ``[B, T]`` critic values of the rollout (old values).
+        mask: ``[B, T]`` bool or 0/1, or None (all tokens).
+        gamma, lam: discount and GAE lambda in ``[0, 1]``.
+        whiten: normalise the advantages over the batch's response tokens (mean 0, unit unbiased
+            variance, verl's default for PPO); returns are computed before whitening.
+    Returns:
+        ``(advantages, returns)``, both ``[B, T]`` fp32 (fp64 for fp64 input), 0 at masked-out
+        positions, no gradient.
+    """
+    fn = "gae"
+    check_tensor(fn, "token_rewards", token_rewards, ndim=2)
+    check_tensor(fn, "values", values, ndim=2, floating=True)
+    check_same_shape(fn, "values", values, "token_rewards", token_rewards)
+    if mask is not None:
+        check_mask(fn, mask, token_rewards, "token_rewards")
+    gamma = check_real(fn, "gamma", gamma, nonneg=True)
+    lam = check_real(fn, "lam", lam, nonneg=True)
+    if gamma > 1 or lam > 1:
+        raise ValueError(f"{fn}: gamma and lam must lie in [0, 1], got gamma={gamma}, lam={lam}")
+    dtype = compute_dtype(values)
+    r = token_rewards.to(dtype)
+    v = values.to(dtype)
+    sel = torch.ones_like(v, dtype=torch.bool) if mask is None else mask_nonzero(mask)
+    num_rows, length = v.shape
+    next_value = v.new_zeros(num_rows)
+    last_adv = v.new_zeros(num_rows)
+    adv = torch.empty_like(v)
+    for t in range(length - 1, -1, -1):  # sequential by nature; O(T) small ops
+        s = sel[:, t]
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        cand = delta + (gamma * lam) * last_adv
+        last_adv = torch.where(s, cand, last_adv)
+        next_value = torch.where(s, v[:, t], next_value)
+        adv[:, t] = last_adv
+    adv = torch.where(sel, adv, 0.0)
+    returns = torch.where(sel, adv + v, 0.0)
+    if whiten:
+        adv = masked_whiten(adv, sel)
+    return adv, returns

@@ -1,0 +1,89 @@
+"""Token-loss aggregation modes (verl's ``loss_agg_mode`` semantics).
+
+For a per-token loss ``l[B, T]`` and a response mask ``m[B, T]``:
+
+- ``"token-mean"``: ``sum(l m) / sum(m)`` — every token of the batch weighs the same (DAPO).
+- ``"seq-mean-token-sum"``: mean over sequences of ``sum_t l m``.
+- ``"seq-mean-token-mean"``: mean over sequences of ``sum_t l m / sum_t m`` (original GRPO).
+- ``"seq-mean-token-sum-norm"``: ``seq-mean-token-sum / horizon`` with a *constant* horizon
+  (default ``T = l.shape[-1]``; pass the generation's max length to keep it fixed, Dr. GRPO).
+
+Sequences without any response token are left out of the sequence means (they count neither in the
+numerator nor the denominator). A batch without any response token gives a 0 loss that is still
+connected to the graph (zero gradients). ``global_count`` replaces the denominator (total tokens
+for ``token-mean``, total non-empty sequences for the ``seq-mean-*`` modes), for gradient
+accumulation over micro-batches or data-parallel ranks.
+"""
+from __future__ import annotations
+
+import torch
+
+from pacs_fast.algorithms._checks import (
+    check_choice,
+    check_mask,
+    check_real,
+    check_tensor,
+    compute_dtype,
+    mask_select,
+)
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of ``x`` over positions where ``mask`` is nonzero (0 when there are none)."""
+    if mask is None:
+        return x.mean()
+    x = x.to(compute_dtype(x)) if x.is_floating_point() else x.float()
+    den = mask_select(torch.ones_like(x), mask).sum()
+    return mask_select(x, mask).sum() / torch.where(den > 0, den, 1.0)
+
+
+def _aggregate(loss_mat, mask, mode, horizon, global_count):
+    dtype = compute_dtype(loss_mat)
+    x = mask_select(loss_mat.to(dtype), mask)
+    counts = mask_select(torch.ones_like(x), mask)
+    if mode == "token-mean":
+        if global_count is not None:
+            return x.sum() / (global_count if global_count > 0 else 1.0)
+        den = counts.sum()
+        return x.sum() / torch.where(den > 0, den, 1.0)
+    tokens_per_seq = counts.sum(-1)
+    nonempty = tokens_per_seq > 0
+    seq = x.sum(-1)
+    if mode == "seq-mean-token-mean":
+        seq = seq / torch.where(nonempty, tokens_per_seq, 1.0)
+    total = torch.where(nonempty, seq, 0.0).sum()
+    if global_count is None:
+        den = nonempty.to(dtype).sum()
+        loss = total / torch.where(den > 0, den, 1.0)
+    else:
+        loss = total / (global_count if global_count > 0 else 1.0)
+    if mode == "seq-mean-token-sum-norm":
+        loss = loss / (loss_mat.shape[-1] if horizon is None else horizon)
+    return loss
+
+
+def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor | None, mode: str = "token-mean", *,
+                   horizon: float | None = None, global_count: float | None = None) -> torch.Tensor:
+    """Aggregates a per-token loss ``[B, T]`` into a scalar (see the module docstring for the modes).
+
+    Args:
+        loss_mat: ``[B, T]`` float tensor (any float dtype; computed in fp32, fp64 kept).
+        mask: ``[B, T]`` bool or 0/1, or None (all tokens).
+        mode: one of ``LOSS_AGG_MODES``.
+        horizon: the constant divisor of ``"seq-mean-token-sum-norm"`` (default ``T``).
+        global_count: optional denominator override (tokens or sequences, see module docstring).
+    Returns:
+        0-d tensor.
+    """
+    fn = "aggregate_loss"
+    check_choice(fn, "mode", mode, LOSS_AGG_MODES)
+    check_tensor(fn, "loss_mat", loss_mat, ndim=2, floating=True)
+    if mask is not None:
+        check_mask(fn, mask, loss_mat, "loss_mat")
+    if horizon is not None:
+        horizon = check_real(fn, "horizon", horizon, positive=True)
+    if global_count is not None:
+        global_count = check_real(fn, "global_count", global_count, nonneg=True)
+    return _aggregate(loss_mat, mask, mode, horizon, global_count)

@@ -1,0 +1,160 @@
+"""Bad input to the algorithm functions: ValueError naming the argument."""
+import pytest
+import torch
+
+from pacs_fast.algorithms import (
+    aggregate_loss,
+    class_balanced_weights,
+    gae,
+    group_advantages,
+    group_scores,
+    grpo_loss,
+    kl_penalty,
+    pacs_loss,
+    policy_loss,
+    reward_proxy,
+    value_loss,
+)
+
+B, T = 4, 3
+
+
+def _ok():
+    return -torch.rand(B, T), -torch.rand(B, T), torch.ones(B, T, dtype=torch.bool), torch.tensor([1.0, 0, 0, 1])
+
+
+def _pacs(**over):
+    logp, ref, mask, rewards = _ok()
+    args = dict(logp=logp, logp_ref=ref, mask=mask, rewards=rewards)
+    kw = dict(group_size=2)
+    for k, v in over.items():
+        (args if k in args else kw)[k] = v
+    return pacs_loss(args["logp"], args["logp_ref"], args["mask"], args["rewards"], **kw)
+
+
+@pytest.mark.parametrize("over,match", [
+    (dict(group_size=3), "group_size"),
+    (dict(group_size=0), "group_size"),
+    (dict(group_size=2.0), "group_size"),
+    (dict(group_size=1, score="rloo"), "group_size=1 .*rloo"),
+    (dict(group_size=1, score="grpo"), "group_size=1 .*grpo"),
+    (dict(score="ppo"), "score"),
+    (dict(weight_mode="balanced"), "weight_mode"),
+    (dict(proxy="logp"), "proxy"),
+    (dict(backend="cuda"), "backend"),
+    (dict(beta=float("nan")), "beta"),
+    (dict(beta="1"), "beta"),
+    (dict(logp_ref=-torch.rand(B, T + 1)), "logp_ref"),
+    (dict(logp_ref=None), "logp_ref"),
+    (dict(mask=torch.ones(B, T + 1)), "mask"),
+    (dict(rewards=torch.ones(B + 2)), "rewards"),
+    (dict(rewards=torch.ones(B, 1)), "rewards"),
+    (dict(logp=-torch.rand(B * T)), "logp"),
+    (dict(logp=torch.zeros(B, T, dtype=torch.long)), "logp"),
+    (dict(logp=[[0.0] * T] * B), "logp"),
+    (dict(cu_seqlens=torch.tensor([0, 3, 6, 9, 12])), "logp"),  # packed needs 1-D logp
+])
+def test_pacs_loss_bad_input(over, match):
+    with pytest.raises(ValueError, match=match):
+        _pacs(**over)
+
+
+def test_pacs_loss_group_size_one_allowed_for_naive_and_dr_grpo():
+    for score in ("naive", "dr_grpo"):
+        assert torch.isfinite(_pacs(group_size=1, score=score))
+
+
+@pytest.mark.parametrize("cu,match", [
+    (torch.tensor([0, 4, 8, 12]), "rewards"),  # B = 3 sequences but 4 rewards
+    (torch.tensor([1, 3, 6, 9, 12]), "cu_seqlens"),
+    (torch.tensor([0, 3, 6, 9, 11]), "cu_seqlens"),
+    (torch.tensor([0, 6, 3, 9, 12]), "cu_seqlens"),
+    (torch.tensor([0.0, 3, 6, 9, 12]), "cu_seqlens"),
+    (torch.tensor([[0, 3, 6, 9, 12]]), "cu_seqlens"),
+])
+def test_pacs_loss_bad_cu_seqlens(cu, match):
+    logp = -torch.rand(12)
+    with pytest.raises(ValueError, match=match):
+        pacs_loss(logp, logp, None, torch.tensor([1.0, 0, 0, 1]), group_size=2, cu_seqlens=cu)
+
+
+def test_pacs_pieces_bad_input():
+    logp, ref, mask, rewards = _ok()
+    with pytest.raises(ValueError, match="proxy"):
+        reward_proxy(logp, ref, mask, proxy="ratio")
+    with pytest.raises(ValueError, match="logp_ref"):
+        reward_proxy(logp, ref[:, :2], mask)
+    with pytest.raises(ValueError, match="score"):
+        group_scores(torch.zeros(4), 2, "z")
+    with pytest.raises(ValueError, match="group_size"):
+        group_scores(torch.zeros(4), 3)
+    with pytest.raises(ValueError, match="group_size=1"):
+        group_scores(torch.zeros(4), 1, "rloo")
+    with pytest.raises(ValueError, match="proxy"):
+        group_scores(torch.zeros(4, 1), 2)
+    with pytest.raises(ValueError, match="weight_mode"):
+        class_balanced_weights(rewards, 2, "balanced")
+    with pytest.raises(ValueError, match="group_size"):
+        class_balanced_weights(rewards, 3)
+
+
+def test_baselines_bad_input():
+    logp, ref, mask, rewards = _ok()
+    adv = torch.randn(B)
+    with pytest.raises(ValueError, match="old_logp"):
+        policy_loss(logp, ref[:, :2], adv, mask)
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss(logp, ref, torch.randn(B + 1), mask)
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss(logp, ref, torch.randn(B, T + 1), mask)
+    with pytest.raises(ValueError, match="mask"):
+        policy_loss(logp, ref, adv, mask[:, :2])
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        policy_loss(logp, ref, adv, mask, loss_agg_mode="sum")
+    with pytest.raises(ValueError, match="clip_c"):
+        policy_loss(logp, ref, adv, mask, clip_c=0.9)
+    with pytest.raises(ValueError, match="clip_low"):
+        policy_loss(logp, ref, adv, mask, clip_low=1.5)
+    with pytest.raises(ValueError, match="clip_high"):
+        policy_loss(logp, ref, adv, mask, clip_high=-0.1)
+    with pytest.raises(ValueError, match="logp_ref"):
+        policy_loss(logp, ref, adv, mask, kl_coef=0.1)
+    with pytest.raises(ValueError, match="kl_estimator"):
+        policy_loss(logp, ref, adv, mask, kl_estimator="k4")
+    bad = logp.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="old_logp contains NaN"):
+        policy_loss(logp, bad, adv, mask, check_finite=True)
+    with pytest.raises(ValueError, match="group_size"):
+        grpo_loss(logp, ref, mask, rewards, group_size=3)
+    with pytest.raises(ValueError, match="mode"):
+        grpo_loss(logp, ref, mask, rewards, group_size=2, advantage="ppo")
+    with pytest.raises(ValueError, match="rewards"):
+        grpo_loss(logp, ref, mask, torch.ones(B + 2), group_size=2)
+    with pytest.raises(ValueError, match="group_size=1"):
+        group_advantages(rewards, 1, "grpo")
+    with pytest.raises(ValueError, match="group_size=1"):
+        group_advantages(rewards, 1, "rloo")
+    assert (group_advantages(rewards, 1, "dr_grpo") == 0).all()
+    with pytest.raises(ValueError, match="estimator"):
+        kl_penalty(logp, ref, "kl")
+    with pytest.raises(ValueError, match="clamp"):
+        kl_penalty(logp, ref, "k1", clamp=10.0)
+    with pytest.raises(ValueError, match="logp_ref"):
+        kl_penalty(logp, ref[:2])
+    with pytest.raises(ValueError, match="mode"):
+        aggregate_loss(logp, mask, "mean")
+    with pytest.raises(ValueError, match="horizon"):
+        aggregate_loss(logp, mask, "seq-mean-token-sum-norm", horizon=0)
+    with pytest.raises(ValueError, match="loss_mat"):
+        aggregate_loss(logp[0], mask[0])
+    with pytest.raises(ValueError, match="returns"):
+        value_loss(logp, ref, ref[:, :1], mask)
+    with pytest.raises(ValueError, match="clip_range"):
+        value_loss(logp, ref, ref, mask, clip_range=-1.0)
+    with pytest.raises(ValueError, match="values"):
+        gae(logp, logp[:, :2], mask)
+    with pytest.raises(ValueError, match="gamma"):
+        gae(logp, logp, mask, gamma=1.5)
+    with pytest.raises(ValueError, match="mask"):
+        gae(logp, logp, mask[:2])
