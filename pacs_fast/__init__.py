@@ -18,6 +18,17 @@ _EXPORTS: dict[str, str] = {
     "token_logprobs": "pacs_fast.ops.token_logprobs",
     "linear_logprobs": "pacs_fast.ops.linear_logprobs",
     "pass_at_k": "pacs_fast.algorithms.pass_at_k",
+    "pacs_loss": "pacs_fast.algorithms.pacs",
+    "reward_proxy": "pacs_fast.algorithms.pacs",
+    "group_scores": "pacs_fast.algorithms.pacs",
+    "class_balanced_weights": "pacs_fast.algorithms.pacs",
+    "policy_loss": "pacs_fast.algorithms.policy_loss",
+    "grpo_loss": "pacs_fast.algorithms.policy_loss",
+    "value_loss": "pacs_fast.algorithms.policy_loss",
+    "group_advantages": "pacs_fast.algorithms.advantages",
+    "gae": "pacs_fast.algorithms.advantages",
+    "kl_penalty": "pacs_fast.algorithms.kl",
+    "aggregate_loss": "pacs_fast.algorithms.aggregation",
 }
 
 __all__ = sorted(_EXPORTS)
