@@ -36,7 +36,7 @@ setup(
     install_requires=[
         "torch>=2.4",  # satisfied by the CPU build torch==2.13.0
         "numpy",
-        "transformers>=4.51",
+        "transformers>=4.56",
         "tokenizers",
         "safetensors",
         "math-verify>=0.7",

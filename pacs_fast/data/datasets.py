@@ -1,0 +1,175 @@
+"""Math problem sets: the shipped benchmarks / training sets, and user files (JSONL or parquet).
+
+Shipped with the package (``pacs_fast/data/benchmarks/``, provenance in ``PROVENANCE.md`` there;
+no hub access needed):
+
+========== ====== ==================================================
+name       rows   what
+========== ====== ==================================================
+math500    500    MATH-500 (HuggingFaceH4/MATH-500 = PRM800K test)
+amc23      40     AMC 2023 (zwhe99/amc23; answers as integer strings)
+aime2024   30     AIME 2024 I+II (Maxwell-Jia/AIME_2024)
+aime2025   30     AIME 2025 I+II (yentinglin/aime_2025)
+math_train 7,496  MATH train split (the DeepScaleR set was not available)
+gsm8k_train 7,473 GSM8K train split
+========== ====== ==================================================
+
+Every row becomes a :class:`Problem` ``(id, problem, answer, source, meta)``.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS: dict[str, str] = {
+    "math500": "math500.jsonl",
+    "amc23": "amc23.jsonl",
+    "aime2024": "aime2024.jsonl",
+    "aime2025": "aime2025.jsonl",
+}
+BENCHMARK_SIZES: dict[str, int] = {"math500": 500, "amc23": 40, "aime2024": 30, "aime2025": 30}
+TRAIN_SETS: dict[str, str] = {
+    "math_train": "math_train.jsonl.gz",
+    "gsm8k_train": "gsm8k_train.jsonl.gz",
+}
+# Display names in tables (the paper's spelling).
+DISPLAY_NAMES: dict[str, str] = {"math500": "MATH-500", "amc23": "AMC23", "aime2024": "AIME 2024",
+                                 "aime2025": "AIME 2025", "math_train": "MATH (train)",
+                                 "gsm8k_train": "GSM8K (train)"}
+
+
+@dataclass
+class Problem:
+    """One math problem.
+
+    id: unique within its dataset (a string). problem: the question text (no instruction appended).
+    answer: the gold answer as LaTeX text (what :func:`pacs_fast.reward.math_reward` compares to).
+    source: where it came from. meta: the row's other fields (solution, level, ...).
+    """
+
+    id: str
+    problem: str
+    answer: str
+    source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def available_datasets() -> list[str]:
+    """Names accepted by :func:`load_benchmark` / :func:`load_dataset` besides file paths."""
+    return list(BENCHMARKS) + list(TRAIN_SETS)
+
+
+def shipped_path(name: str) -> Path:
+    """Path of a shipped dataset file (``math500``, ..., ``math_train``, ``gsm8k_train``)."""
+    files = {**BENCHMARKS, **TRAIN_SETS}
+    if name not in files:
+        raise ValueError(f"unknown dataset name {name!r}; shipped: {', '.join(files)}")
+    return Path(str(resources.files("pacs_fast.data").joinpath("benchmarks", files[name])))
+
+
+def load_benchmark(name: str, *, limit: int | None = None) -> list[Problem]:
+    """A shipped evaluation benchmark (or training set) by name; ``limit`` keeps the first N rows."""
+    return load_dataset(shipped_path(name), limit=limit)
+
+
+def _iter_rows(path: Path):
+    """Yields ``(where, row)``: ``where`` is ``file:line`` (JSONL) or ``file row N`` (others), 1-based."""
+    name = path.name.lower()
+    if name.endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise ImportError(f"reading {path} needs pyarrow: pip install 'pacs_fast[parquet]'") from e
+        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+            yield f"{path} row {i}", row
+        return
+    opener = gzip.open if name.endswith(".gz") else open
+    if name.endswith(".json") or name.endswith(".json.gz"):
+        with opener(path, "rt", encoding="utf-8") as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: invalid JSON: {e}") from None
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: a .json dataset must hold a list of objects, got {type(data).__name__}")
+        for i, row in enumerate(data, start=1):
+            yield f"{path} row {i}", row
+        return
+    if not (name.endswith(".jsonl") or name.endswith(".jsonl.gz")):
+        raise ValueError(f"{path}: unsupported dataset format (use .jsonl, .jsonl.gz, .json or .parquet)")
+    with opener(path, "rt", encoding="utf-8") as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{i}", json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: invalid JSON ({e.msg} at column {e.colno})") from None
+
+
+def _answer_text(value: Any, where: str, field_name: str) -> str:
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"{where}: field {field_name!r} is empty")
+        return value.strip()
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"{where}: field {field_name!r} must be a string or a number, got {value!r}")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    raise ValueError(f"{where}: field {field_name!r} must be a string or a number, got {type(value).__name__}")
+
+
+def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_field: str = "answer",
+                 id_field: str | None = None, source_field: str = "source",
+                 limit: int | None = None) -> list[Problem]:
+    """Loads math problems from a file, or a shipped dataset by name.
+
+    Args:
+        path: a ``.jsonl`` / ``.jsonl.gz`` / ``.json`` (list of objects) / ``.parquet`` file, or a
+            shipped name (see :func:`available_datasets`).
+        problem_field, answer_field: the fields holding the question and the gold answer (numbers
+            are turned into text: ``27.0`` -> ``"27"``).
+        id_field: the field holding a unique id; by default ``"id"`` when present, else the row
+            index (0, 1, ...). Given explicitly, every row must have it.
+        source_field: optional field copied into :attr:`Problem.source`.
+        limit: keep the first N rows.
+    Raises:
+        FileNotFoundError: no such file. ValueError: bad JSON or a missing / empty field, naming the
+        file and line (row), the field and the fields the row has.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if isinstance(path, str) and path in {**BENCHMARKS, **TRAIN_SETS}:
+        path = shipped_path(path)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file not found: {path}")
+    out: list[Problem] = []
+    for where, row in _iter_rows(path):
+        if limit is not None and len(out) >= limit:
+            break
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        for name in (problem_field, answer_field) + ((id_field,) if id_field else ()):
+            if name not in row:
+                raise ValueError(f"{where}: missing field {name!r} (the row has: {', '.join(map(str, row))}); "
+                                 f"choose the field with problem_field= / answer_field= / id_field=")
+        problem = row[problem_field]
+        if not isinstance(problem, str) or not problem.strip():
+            raise ValueError(f"{where}: field {problem_field!r} must be a non-empty string")
+        answer = _answer_text(row[answer_field], where, answer_field)
+        if id_field:
+            pid = str(row[id_field])
+        else:
+            pid = str(row["id"]) if "id" in row and row["id"] is not None else str(len(out))
+        used = {problem_field, answer_field, id_field or "id", source_field}
+        meta = {k: v for k, v in row.items() if k not in used}
+        out.append(Problem(id=pid, problem=problem, answer=answer,
+                           source=str(row.get(source_field) or ""), meta=meta))
+    return out

@@ -1,0 +1,78 @@
+"""Prompts in the paper's format.
+
+PACS (``src/preprocess_dataset.py``) sends one user message, ``f"{problem} {INSTRUCTION}"``,
+through the model's chat template; Qwen2.5's template then adds its default system message
+``"You are a helpful assistant."``. Here the system message is explicit, so the prompt is the same
+for Qwen2.5 and well-defined for other templates.
+
+A tokenizer without a chat template (the tiny character tokenizer of the tests, base models) gets
+the plain format::
+
+    {system}\\n\\nUser: {problem} {instruction}\\nAssistant:
+
+(the ``{system}\\n\\n`` part is left out when ``system`` is ``None`` or empty, and the instruction
+when ``instruction`` is ``None`` or empty).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+SYSTEM_PROMPT = "You are a helpful assistant."
+INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+PLAIN_USER_PREFIX = "User: "
+PLAIN_ASSISTANT_PREFIX = "Assistant:"
+
+
+def user_text(problem: str, instruction: str | None = INSTRUCTION) -> str:
+    """The user message: the problem, a space, the instruction (as PACS builds it)."""
+    if not isinstance(problem, str):
+        raise ValueError(f"problem must be a string, got {type(problem).__name__}")
+    return f"{problem} {instruction}" if instruction else problem
+
+
+def build_messages(problem: str, *, system: str | None = SYSTEM_PROMPT,
+                   instruction: str | None = INSTRUCTION) -> list[dict[str, str]]:
+    """Chat messages ``[{"role": "system", ...}, {"role": "user", ...}]`` for one problem."""
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": user_text(problem, instruction)})
+    return messages
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def build_prompt(tokenizer, problem: str, *, system: str | None = SYSTEM_PROMPT,
+                 instruction: str | None = INSTRUCTION, use_chat_template: bool | None = None) -> str:
+    """The prompt text for one problem, ending where the model's answer starts.
+
+    ``use_chat_template``: ``None`` uses the tokenizer's chat template when it has one, else the
+    plain format (module docstring); ``True`` requires a template; ``False`` forces the plain format.
+    """
+    if use_chat_template is None:
+        use_chat_template = has_chat_template(tokenizer)
+    if use_chat_template:
+        if not has_chat_template(tokenizer):
+            raise ValueError("use_chat_template=True but the tokenizer has no chat template")
+        return tokenizer.apply_chat_template(build_messages(problem, system=system, instruction=instruction),
+                                             tokenize=False, add_generation_prompt=True)
+    head = f"{system}\n\n" if system else ""
+    return f"{head}{PLAIN_USER_PREFIX}{user_text(problem, instruction)}\n{PLAIN_ASSISTANT_PREFIX}"
+
+
+def encode_prompts(tokenizer, problems: Iterable[str], *, system: str | None = SYSTEM_PROMPT,
+                   instruction: str | None = INSTRUCTION,
+                   use_chat_template: bool | None = None) -> list[list[int]]:
+    """Token ids of :func:`build_prompt` for each problem (what a rollout engine takes).
+
+    Chat-template text already holds any BOS the template wants, so it is encoded without extra
+    special tokens; the plain format gets the tokenizer's usual special tokens.
+    """
+    if use_chat_template is None:
+        use_chat_template = has_chat_template(tokenizer)
+    texts = [build_prompt(tokenizer, p, system=system, instruction=instruction,
+                          use_chat_template=use_chat_template) for p in problems]
+    if not texts:
+        return []
+    enc = tokenizer(texts, add_special_tokens=not use_chat_template)
+    return [list(ids) for ids in enc["input_ids"]]

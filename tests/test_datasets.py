@@ -1,0 +1,133 @@
+"""Shipped benchmarks, user dataset loading, prompt building."""
+import gzip
+import hashlib
+import json
+import random
+
+import pytest
+
+from pacs_fast.data import (BENCHMARK_SIZES, INSTRUCTION, SYSTEM_PROMPT, build_messages, build_prompt,
+                            encode_prompts, load_benchmark, load_dataset, shipped_path)
+from pacs_fast.data.tiny import build_char_tokenizer
+from pacs_fast.reward import gold_parses
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARK_SIZES))
+def test_benchmark_counts_and_gold_answers_parse(name):
+    problems = load_benchmark(name)
+    assert len(problems) == BENCHMARK_SIZES[name]
+    assert len({p.id for p in problems}) == len(problems)
+    assert all(p.problem.strip() and p.answer.strip() for p in problems)
+    bad = [(p.id, p.answer) for p in problems if not gold_parses(p.answer)]
+    assert not bad
+
+
+def test_benchmark_details():
+    aime = load_benchmark("aime2025")
+    assert all(0 <= int(p.answer) <= 999 for p in aime)
+    assert [p.answer for p in aime[:3]] == ["70", "588", "16"]  # the official AIME 2025 I key
+    amc = load_benchmark("amc23")
+    assert all(p.answer.lstrip("-").isdigit() for p in amc)  # shipped as integer strings ("27", not "27.0")
+    math500 = load_benchmark("math500", limit=7)
+    assert len(math500) == 7 and math500[0].id.startswith("test/")
+    assert "solution" in math500[0].meta and "level" in math500[0].meta
+
+
+def test_shipped_files_match_provenance():
+    """The shipped files are byte-identical to the copies whose hashes PROVENANCE.md records."""
+    text = shipped_path("math500").with_name("PROVENANCE.md").read_text()
+    for name in [*BENCHMARK_SIZES, "math_train", "gsm8k_train"]:
+        digest = hashlib.sha256(shipped_path(name).read_bytes()).hexdigest()
+        assert digest in text, name
+
+
+def test_training_sets():
+    math_train = load_dataset("math_train")
+    gsm8k = load_dataset("gsm8k_train", limit=100)
+    assert len(math_train) == 7496 and len(gsm8k) == 100
+    assert shipped_path("gsm8k_train").name.endswith(".jsonl.gz")
+    rng = random.Random()
+    for p in rng.sample(math_train, 20):
+        assert gold_parses(p.answer), (p.id, p.answer)
+
+
+def _write_jsonl(path, rows, gz=False):
+    opener = gzip.open if gz else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        for r in rows:
+            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+    return path
+
+
+def test_user_jsonl_with_custom_fields(tmp_path):
+    rows = [{"question": "1+1?", "gt": 2, "uid": "a"}, {"question": "Half of 1?", "gt": 0.5, "uid": "b",
+                                                         "extra": 3},
+            {"question": "Big?", "gt": 27.0, "uid": "c"}]
+    for gz in (False, True):
+        path = _write_jsonl(tmp_path / ("d.jsonl.gz" if gz else "d.jsonl"), rows, gz)
+        ps = load_dataset(path, problem_field="question", answer_field="gt", id_field="uid")
+        assert [p.id for p in ps] == ["a", "b", "c"]
+        assert [p.answer for p in ps] == ["2", "0.5", "27"]
+        assert ps[1].meta == {"extra": 3}
+    # ids default to the row index when there is no "id" field
+    ps = load_dataset(tmp_path / "d.jsonl", problem_field="question", answer_field="gt", limit=2)
+    assert [p.id for p in ps] == ["0", "1"]
+
+
+def test_user_parquet(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is the 'parquet' extra")
+    import pyarrow.parquet as pq
+
+    table = pa.table({"problem": ["What is 2+3?", "What is 7*6?"], "answer": ["5", "42"]})
+    pq.write_table(table, tmp_path / "d.parquet")
+    ps = load_dataset(tmp_path / "d.parquet")
+    assert [(p.id, p.answer) for p in ps] == [("0", "5"), ("1", "42")]
+    with pytest.raises(ValueError, match=r"d\.parquet row 1: missing field 'gt'"):
+        load_dataset(tmp_path / "d.parquet", answer_field="gt")
+
+
+def test_clear_errors(tmp_path):
+    path = _write_jsonl(tmp_path / "bad.jsonl", [{"problem": "p", "answer": "1"}, {"problem": "q"}])
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: missing field 'answer' \(the row has: problem\)"):
+        load_dataset(path)
+    path = _write_jsonl(tmp_path / "broken.jsonl", [{"problem": "p", "answer": "1"}, "{not json"])
+    with pytest.raises(ValueError, match=r"broken\.jsonl:2: invalid JSON"):
+        load_dataset(path)
+    path = _write_jsonl(tmp_path / "empty.jsonl", [{"problem": "p", "answer": "  "}])
+    with pytest.raises(ValueError, match="empty"):
+        load_dataset(path)
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_dataset(tmp_path / "nope.jsonl")
+    with pytest.raises(ValueError, match="unknown dataset name"):
+        load_benchmark("aime1999")
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match="unsupported"):
+        load_dataset(tmp_path / "x.csv")
+
+
+def test_messages_follow_the_paper():
+    msgs = build_messages("What is 1+1?")
+    assert msgs == [{"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": "What is 1+1? Please reason step by step, and put your final "
+                                                "answer within \\boxed{}."}]
+    assert build_messages("Q", system=None, instruction=None) == [{"role": "user", "content": "Q"}]
+
+
+def test_plain_format_without_chat_template():
+    tok = build_char_tokenizer()
+    text = build_prompt(tok, "What is 1+1?")
+    assert text == f"{SYSTEM_PROMPT}\n\nUser: What is 1+1? {INSTRUCTION}\nAssistant:"
+    ids = encode_prompts(tok, ["What is 1+1?", "2+2?"], system=None, instruction=None)
+    assert tok.decode(ids[1]) == "User: 2+2?\nAssistant:"
+    with pytest.raises(ValueError, match="chat template"):
+        build_prompt(tok, "x", use_chat_template=True)
+
+
+def test_chat_template_is_used():
+    tok = build_char_tokenizer()
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    text = build_prompt(tok, "Q?")
+    assert text == f"<system>{SYSTEM_PROMPT}\n<user>Q? {INSTRUCTION}\n<assistant>"
+    assert tok.decode(encode_prompts(tok, ["Q?"])[0]) == text
+    assert build_prompt(tok, "Q?", use_chat_template=False).startswith(SYSTEM_PROMPT + "\n\nUser: ")
