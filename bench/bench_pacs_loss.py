@@ -1,0 +1,203 @@
+"""Benchmark: grouped PACS loss, forward + backward (d loss / d logp), on this machine.
+
+Methods:
+  torch  pacs_fast.algorithms.pacs_loss(backend="torch"): the vectorised PyTorch reference
+         (masked row sums, group view, BCE; autograd backward)
+  fused  pacs_fast.ops.pacs_loss.fused_pacs_loss: the fused Triton kernels (CUDA only; under
+         TRITON_INTERPRET=1 on CPU the kernels run in a Python interpreter, which is a
+         correctness tool, not a speed figure, so the CPU run leaves this column out)
+  loop   a straightforward implementation with a Python loop over the groups (as often found in
+         research code), for B <= --loop-max-b
+
+Inputs: logp / logp_ref [B, T] (--dtype, default fp32), bool mask with response lengths drawn
+uniformly in [T/4, T], 0/1 rewards, G = --group-size. Time: best (min) of --repeat
+forward+backward calls after --warmup untimed calls (CUDA: synchronised); the JSON also has
+the median. "GB/s" (CUDA, fused) counts the minimum traffic:
+forward reads logp, logp_ref, mask; backward reads mask and writes dlogp.
+"err": max |fused - torch| over the loss and dlogp (when both ran).
+
+Usage (prints a table, writes JSON to bench/results/pacs_loss_<device>_<time>.json):
+
+    python bench/bench_pacs_loss.py                      # CPU: torch vs loop
+    python bench/bench_pacs_loss.py --device cuda        # + the fused kernels
+    python bench/bench_pacs_loss.py --B 256,1024 --T 512 --score grpo --repeat 10
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def make_inputs(B, T, G, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logp = (-3.0 * torch.rand(B, T, generator=g)).to(dtype)
+    logp_ref = (logp.float() + 0.1 * torch.randn(B, T, generator=g)).to(dtype)
+    lengths = torch.randint(max(1, T // 4), T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    rewards = (torch.rand(B, generator=g) > 0.5).float()
+    return [t.to(device) for t in (logp, logp_ref, mask, rewards)]
+
+
+def loop_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, score="rloo",
+                   weight_mode="question", proxy="logratio"):
+    """PACS loss with a Python loop over groups (hard 0/1 rewards; rloo / grpo; question weights)."""
+    B, G = logp.shape[0], group_size
+    total = logp.new_zeros((), dtype=torch.float32)
+    for g0 in range(0, B, G):
+        sl = slice(g0, g0 + G)
+        m = mask[sl].float()
+        x = logp[sl].float()
+        if proxy == "logratio":
+            r = beta * ((x - logp_ref[sl].float()) * m).sum(1)
+        else:
+            r = beta * (x * m).sum(1) / m.sum(1).clamp(min=1)
+        if score == "rloo":
+            psi = r - (r.sum() - r) / (G - 1)
+        else:
+            psi = (r - r.mean()) / (r.std() + 1e-6)
+        R = rewards[sl]
+        n_pos = R.sum()
+        n_neg = G - n_pos
+        if weight_mode == "question" and 0 < n_pos < G:
+            w = R * G / (2 * n_pos) + (1 - R) * G / (2 * n_neg)
+        else:
+            w = torch.ones_like(R)
+        total = total + (w * (F.softplus(psi) - R * psi)).sum()
+    return total / B
+
+
+def get_method(name):
+    if name == "torch":
+        from pacs_fast.algorithms.pacs import pacs_loss
+        return lambda *a, **k: pacs_loss(*a, backend="torch", **k)
+    if name == "fused":
+        from pacs_fast.ops.pacs_loss import fused_pacs_loss
+        return fused_pacs_loss
+    if name == "loop":
+        return loop_pacs_loss
+    raise ValueError(name)
+
+
+def time_fwd_bwd(fn, inputs, kw, repeat, device, warmup=2):
+    logp, logp_ref, mask, rewards = inputs
+    x = logp.detach().clone().requires_grad_(True)
+
+    def once():
+        x.grad = None
+        loss = fn(x, logp_ref, mask, rewards, **kw)
+        loss.backward()
+        return loss
+
+    for _ in range(max(1, warmup)):  # warm-up (and Triton compile)
+        loss = once()
+    times = []
+    for _ in range(repeat):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        once()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return min(times), statistics.median(times), loss.detach(), x.grad.detach().clone()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--B", default="256,1024,8192")
+    ap.add_argument("--T", default="512,4096")
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--score", default="rloo", choices=["rloo", "grpo"])
+    ap.add_argument("--proxy", default="logratio", choices=["logratio", "mean_logp"])
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch.set_num_threads (CPU); 1 gives steadier numbers on a busy machine")
+    ap.add_argument("--loop-max-b", type=int, default=1024)
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/...)")
+    ap.add_argument("--fused-interpreted", action="store_true",
+                    help="CPU: also run the fused kernels under TRITON_INTERPRET=1 (tiny shapes; "
+                         "checks the path and the error column, the time means nothing)")
+    args = ap.parse_args(argv)
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device here")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.fused_interpreted and args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before pacs_fast.kernels defines its kernels
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    with_fused = args.device == "cuda" or args.fused_interpreted
+    methods = ["torch", "loop"] + (["fused"] if with_fused else [])
+    kw = dict(group_size=args.group_size, score=args.score, proxy=args.proxy)
+    rows = []
+    for B in map(int, args.B.split(",")):
+        for T in map(int, args.T.split(",")):
+            inputs = make_inputs(B, T, args.group_size, dtype, args.device)
+            row = dict(B=B, T=T, G=args.group_size, tokens=int(inputs[2].sum()))
+            results = {}
+            for name in methods:
+                if name == "loop" and B > args.loop_max_b:
+                    continue
+                t, t_med, loss, grad = time_fwd_bwd(get_method(name), inputs, kw, args.repeat,
+                                                    args.device, args.warmup)
+                results[name] = (loss, grad)
+                row[f"{name}_ms"] = 1e3 * t
+                row[f"{name}_median_ms"] = 1e3 * t_med
+            if "fused" in results:
+                elt = inputs[0].element_size()
+                traffic = B * T * (2 * elt + 1) + B * T * (1 + elt)
+                row["fused_GBps"] = traffic / (row["fused_ms"] * 1e-3) / 1e9
+                row["speedup_vs_torch"] = row["torch_ms"] / row["fused_ms"]
+                (lf, gf), (lt, gt) = results["fused"], results["torch"]
+                row["err"] = max(float((lf.double() - lt.double()).abs()),
+                                 float((gf.double() - gt.double()).abs().max()))
+            if "loop" in results:
+                row["loop_over_torch"] = row["loop_ms"] / row["torch_ms"]
+            rows.append(row)
+            del inputs, results
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+
+    cols = ["B", "T", "torch_ms", "loop_ms", "loop_over_torch", "fused_ms", "speedup_vs_torch",
+            "fused_GBps", "err"]
+    cols = [c for c in cols if any(c in r for r in rows)]
+    print(f"PACS loss fwd+bwd, device={args.device}, dtype={args.dtype}, G={args.group_size}, "
+          f"score={args.score}, proxy={args.proxy}, torch {torch.__version__}, "
+          f"threads={torch.get_num_threads()}, best of {args.repeat}")
+    print(" | ".join(f"{c:>16}" for c in cols))
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c, "-")
+            cells.append(f"{v:>16.3g}" if isinstance(v, float) else f"{v!s:>16}")
+        print(" | ".join(cells))
+    if args.device == "cpu" and args.fused_interpreted:
+        print("fused: ran under the Triton interpreter: its time is NOT a speed figure")
+    elif args.device == "cpu":
+        print("fused: not timed on CPU (the Triton interpreter is a correctness tool, not a speed "
+              "figure); run with --device cuda on a GPU machine")
+
+    out = args.out or os.path.join(HERE, "results",
+                                   f"pacs_loss_{args.device}_{time.strftime('%Y%m%d-%H%M%S')}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    meta = dict(vars(args), torch=torch.__version__, threads=torch.get_num_threads(),
+                gpu=torch.cuda.get_device_name() if args.device == "cuda" else None)
+    with open(out, "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
