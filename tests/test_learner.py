@@ -1,0 +1,192 @@
+"""TorchLearner: log-probs from hidden states, exact micro-batch accumulation, checkpoint state,
+Hugging Face export, reference reset."""
+import copy
+import random
+
+import pytest
+import torch
+
+from pacs_fast.config import AlgoConfig, LearnerConfig
+from pacs_fast.learner import RolloutBatch, TorchLearner, minibatch_counts, objective
+from pacs_fast.trainer.batch import build_batch
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pacs_fast.data.tiny import make_tiny_model
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0, hidden_size=64, num_layers=1, num_heads=2,
+                           num_kv_heads=1, intermediate_size=96)
+    return path, AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+def fresh(tiny, seed):
+    _, model, _ = tiny
+    m = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    with torch.no_grad():  # move away from the shared initialisation so every test sees new weights
+        for p in m.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return m
+
+
+def random_batch(seed, groups=4, G=4, vocab=90):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(2, 6))] for _ in range(groups)]
+    responses = [[[rng.randrange(3, vocab) for _ in range(rng.randint(1, 7))] for _ in range(G)] for _ in range(groups)]
+    rewards = [float(rng.random() < 0.5) for _ in range(groups * G)]
+    return build_batch(prompts, responses, rewards, pad_id=0)
+
+
+def make_learner(model, algo="pacs", mini=4, micro=4, **algo_kw):
+    return TorchLearner(model, algo=AlgoConfig(name=algo, **algo_kw),
+                        learner=LearnerConfig(lr=1e-2, mini_batch_prompts=mini, micro_batch_prompts=micro),
+                        temperature=1.0, horizon=8)
+
+
+def prepare(learner, batch):
+    batch.old_logp = learner.compute_logprobs(batch)
+    if learner.needs_ref:
+        batch.ref_logp = (learner.compute_logprobs(batch, reference=True) if learner.ref_model is not None
+                          else batch.old_logp)
+    if learner.has_value_head:
+        from pacs_fast.algorithms import gae
+        from pacs_fast.trainer.batch import outcome_token_rewards
+        batch.old_values = learner.compute_values(batch)
+        batch.advantages, batch.returns = gae(outcome_token_rewards(batch), batch.old_values, batch.response_mask)
+    return batch
+
+
+def test_logprobs_and_entropy_match_full_logits(tiny, seed):
+    model = fresh(tiny, seed)
+    learner = make_learner(model, micro=2)
+    batch = random_batch(seed)
+    logp, ent = learner.compute_logprobs(batch, return_entropy=True)
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids).logits.double()
+    lsm = torch.log_softmax(logits[:, :-1], -1)
+    ref = torch.zeros_like(logp, dtype=torch.float64)
+    ref[:, 1:] = lsm.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    ref_ent = torch.zeros_like(ref)
+    ref_ent[:, 1:] = -(lsm.exp() * lsm).sum(-1)
+    m = batch.response_mask.bool()
+    assert torch.allclose(logp[m].double(), ref[m], atol=1e-5)
+    assert torch.allclose(ent[m].double(), ref_ent[m], atol=1e-5)
+    assert (logp[~m] == 0).all() and (ent[~m] == 0).all()
+
+
+@pytest.mark.parametrize("algo, kw", [("pacs", {}), ("pacs", {"score": "grpo", "weight": "none"}),
+                                      ("grpo", {}), ("dr_grpo", {}), ("rloo", {"kl_coef": 0.1}), ("ppo", {})])
+def test_micro_batches_accumulate_to_the_mini_batch_gradient(tiny, seed, algo, kw):
+    batch = random_batch(seed)
+    base = fresh(tiny, seed)
+    noise = 0.1 * torch.randn(batch.input_ids.shape) * batch.response_mask
+    results = []
+    for micro in (4, 1):
+        learner = make_learner(copy.deepcopy(base), algo=algo, mini=4, micro=micro, **kw)
+        # plain SGD (lr 1): the parameter change is exactly the accumulated gradient
+        learner.optimizer = torch.optim.SGD(learner._params(), lr=1.0)
+        learner.cfg.grad_clip = 0.0
+        b = prepare(learner, copy.deepcopy(batch))
+        if learner.needs_ref and algo == "pacs":  # a non-trivial reference so the proxy is not 0
+            b.ref_logp = b.old_logp + noise
+        metrics = learner.update(b, seed=seed)
+        assert metrics["grad_norm"] > 0
+        results.append(([p.detach().clone() for p in learner._params()], metrics["loss"]))
+    (p1, l1), (p2, l2) = results
+    assert l1 == pytest.approx(l2, rel=1e-4, abs=1e-6)
+    start = [p.detach() for p in base.parameters()]
+    for a, b, s in zip(p1, p2, start):
+        assert torch.allclose(a - s, b - s, atol=1e-6, rtol=1e-4)
+    assert any(not torch.equal(a, s) for a, s in zip(p1, start))
+
+
+def test_objective_is_the_pacs_loss_on_one_micro_batch(tiny, seed):
+    from pacs_fast.algorithms import pacs_loss
+    model = fresh(tiny, seed)
+    learner = make_learner(model)
+    batch = prepare(learner, random_batch(seed))
+    logp = batch.old_logp + 0.05 * torch.randn_like(batch.old_logp)
+    algo = AlgoConfig(beta=0.7)
+    loss, metrics = objective(algo, batch, logp, None, None, minibatch_counts(batch), horizon=8)
+    want = pacs_loss(logp, batch.ref_logp, batch.response_mask, batch.rewards, group_size=4, beta=0.7)
+    assert torch.allclose(loss, want)
+    assert metrics["psi"].shape == (batch.num_rows,)
+    # half the groups, scaled by their share, plus the other half == the whole
+    parts = [objective(algo, batch.groups(g), logp[torch.as_tensor(g).repeat_interleave(4) * 4
+                                                   + torch.arange(4).repeat(len(g))][:, :batch.groups(g).input_ids.shape[1]],
+                       None, None, minibatch_counts(batch), horizon=8)[0] for g in ([0, 1], [2, 3])]
+    assert torch.allclose(sum(parts), want, atol=1e-6)
+
+
+def test_groups_keep_whole_groups_and_trim(seed):
+    batch = random_batch(seed, groups=5, G=3)
+    sub = batch.groups([4, 1])
+    assert sub.num_rows == 6 and sub.group_size == 3
+    assert torch.equal(sub.rewards, torch.cat([batch.rewards[12:15], batch.rewards[3:6]]))
+    assert sub.input_ids.shape[1] == int(sub.attention_mask.sum(-1).max())
+    with pytest.raises(ValueError, match="group_size"):
+        RolloutBatch(batch.input_ids, batch.attention_mask, batch.response_mask, batch.rewards, group_size=4)
+
+
+def test_state_dict_resumes_identically_and_hf_export_loads(tiny, seed, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    path, _, tok = tiny
+    b1, b2 = random_batch(seed), random_batch(seed + 1)
+    a = make_learner(fresh(tiny, seed))
+    a.update(prepare(a, b1), seed=1)
+    a.save_hf(tmp_path / "ck")
+    state = copy.deepcopy(a.state_dict())
+    a.update(prepare(a, copy.deepcopy(b2)), seed=2)
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ck")  # transformers reads the export
+    b = make_learner(loaded)
+    b.load_hf_weights(load_file(str(tmp_path / "ck" / "model.safetensors")).items())
+    b.load_state_dict(state)
+    b.update(prepare(b, copy.deepcopy(b2)), seed=2)
+    for (n1, t1), (n2, t2) in zip(a.export_hf_weights(), b.export_hf_weights()):
+        assert n1 == n2 and torch.equal(t1, t2), n1
+    names = [n for n, _ in a.export_hf_weights()]
+    assert "lm_head.weight" not in names and len(names) == len(set(names))  # tied head exported once
+
+
+def test_fixed_reference_reset(tiny, seed):
+    learner = make_learner(fresh(tiny, seed), algo="pacs", ref="fixed")
+    assert learner.ref_model is not None and learner.needs_ref
+    batch = prepare(learner, random_batch(seed))
+    learner.update(batch, seed=0)
+    ref_sd, pol_sd = learner.ref_model.state_dict(), learner.model.state_dict()
+    assert any(not torch.equal(ref_sd[k], pol_sd[k]) for k in pol_sd)
+    assert len(learner.optimizer.state) > 0
+    learner.reset_reference(reset_optimizer=True)
+    assert all(torch.equal(learner.ref_model.state_dict()[k], pol_sd[k]) for k in pol_sd)
+    assert len(learner.optimizer.state) == 0
+    lp = learner.compute_logprobs(batch)
+    assert torch.equal(lp, learner.compute_logprobs(batch, reference=True))
+
+
+def test_rollout_reference_keeps_no_model(tiny, seed):
+    learner = make_learner(fresh(tiny, seed))
+    assert learner.ref_model is None and learner.needs_ref
+    with pytest.raises(ValueError, match="keeps no reference model"):
+        learner.compute_logprobs(random_batch(seed), reference=True)
+
+
+@pytest.mark.parametrize("algo", ["pacs", "grpo"])
+def test_updates_favour_rewarded_responses(tiny, seed, algo):
+    """The policy moves towards the responses the verifier rewarded (and away from the others)."""
+    learner = make_learner(fresh(tiny, seed), algo=algo)
+    batch = random_batch(seed)
+    batch.rewards = (torch.arange(batch.num_rows) % 2).float()  # mixed labels in every group
+    good = batch.rewards > 0.5
+
+    def gap():
+        s = learner.compute_logprobs(batch).sum(-1)
+        return float(s[good].mean() - s[~good].mean())
+
+    before = gap()
+    for i in range(3):
+        learner.update(prepare(learner, batch), seed=i)
+    assert gap() > before + 0.5

@@ -1,0 +1,122 @@
+"""The trainer end to end on CPU: outputs of a run, exact resume after SIGKILL, early errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
+
+# A tiny run: 1-digit sums, 3 prompts x 4 samples, short warm-up (cached per test session).
+TINY = ["data.arith_ops=+", "data.arith_max_digits=1", "data.eval_size=8", "rollout.n=4", "rollout.eval_n=2", "rollout.max_new_tokens=6",
+        "train.prompts_per_step=4", "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=1",
+        "warmup.steps=30", "warmup.batch_size=32", "model.tiny_hidden_size=64", "model.tiny_num_layers=1",
+        "learner.lr=3e-3", "train.progress=false", "train.tensorboard=true"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def run_cli(args, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "pacs_fast.train", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_run_outputs(tmp_path, cache, seed):
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer import train
+    cfg = load_config(None, TINY + [f"warmup.cache_dir={cache}", "train.steps=3", "train.eval_every=2",
+                                    "train.save_every=2", f"train.seed={seed % 1000}", "algo.ref=fixed",
+                                    "algo.reset_every=2"])
+    run = tmp_path / "run"
+    summary = train(cfg, run)
+    records = read_jsonl(run / "metrics.jsonl")
+    kinds = [(r["kind"], r["step"]) for r in records]
+    assert kinds == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2), ("checkpoint", 2), ("train", 3),
+                     ("eval", 3), ("checkpoint", 3)]
+    train_rec = [r for r in records if r["kind"] == "train"]
+    for key in ("reward/mean", "entropy", "learner/grad_norm", "response/length", "pacs/psi_mean",
+                "pacs/brier", "pacs/pred_reward_mean", "time/rollout", "time/update", "perf/tokens_per_s"):
+        assert key in train_rec[0], key
+    assert 0 <= summary["acc_before"] <= 1 and summary["acc_after"] == records[-2]["eval/acc"]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3
+    assert any((run / "tb").iterdir()) and (run / "plots" / "curves.png").stat().st_size > 0
+    # checkpoints: the newest two, complete, loadable by transformers
+    ckpts = sorted(p.name for p in (run / "checkpoints").glob("step_*"))
+    assert ckpts == ["step_000002", "step_000003"]
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_000003"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000003")
+    tok = AutoTokenizer.from_pretrained(run / "checkpoints" / "step_000003")
+    assert model.config.hidden_size == 64 and tok.eos_token_id is not None
+    assert not list((run / "checkpoints").glob(".tmp-*"))
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, cache):
+    common = TINY + [f"warmup.cache_dir={cache}", "train.steps=10", "train.eval_every=5", "train.save_every=3",
+                     f"train.out_dir={tmp_path}", "train.seed=3"]
+    # warm the cache in-process first so both runs start alike and quickly
+    full = run_cli(common + ["train.run_name=full"])
+    out, _ = full.communicate(timeout=300)
+    assert full.returncode == 0, out
+    killed_dir = tmp_path / "killed"
+    proc = run_cli(common + ["train.run_name=killed"])
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill -9 right after the first checkpoint, mid-run
+        recs = read_jsonl(killed_dir / "metrics.jsonl")
+        if any(r["kind"] == "train" and r["step"] == 4 for r in recs):
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert (killed_dir / "checkpoints" / "step_000003").is_dir()
+    resumed = run_cli(["--resume", str(killed_dir)])
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out
+    assert "resumed from" in out
+    a = deterministic_view(read_jsonl(tmp_path / "full" / "metrics.jsonl"))
+    b = deterministic_view(read_jsonl(killed_dir / "metrics.jsonl"))
+    assert [(r["kind"], r["step"]) for r in b] == [(r["kind"], r["step"]) for r in a]
+    assert a == b
+    assert json.loads((killed_dir / "summary.json").read_text())["acc_after"] == \
+        json.loads((tmp_path / "full" / "summary.json").read_text())["acc_after"]
+
+
+def write_jsonl(path: Path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("case", ["no_answers", "bad_model", "bad_key", "bad_batch", "no_checkpoint"])
+def test_bad_input_fails_fast_with_a_clear_error(tmp_path, case, capsys):
+    from pacs_fast.train import main
+    data = write_jsonl(tmp_path / "d.jsonl", [{"problem": "1+1"}, {"problem": "2+2"}])
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    args = {
+        "no_answers": [f"data.dataset={data}", f"model.path={model_dir}"],
+        "bad_model": [f"model.path={tmp_path / 'missing'}"],
+        "bad_key": ["rollout.temprature=0.5"],
+        "bad_batch": ["train.prompts_per_step=6", "learner.mini_batch_prompts=4"],
+        "no_checkpoint": ["--resume", str(tmp_path)],
+    }[case]
+    if case == "no_checkpoint":
+        (tmp_path / "config.yaml").write_text("train:\n  steps: 2\n")
+    else:
+        args = args + [f"train.out_dir={tmp_path / 'runs'}"]
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    want = {"no_answers": "missing field 'answer'", "bad_model": "does not exist", "bad_key": "rollout.temperature",
+            "bad_batch": "must divide", "no_checkpoint": "no checkpoint found"}[case]
+    assert want in err, err
+    assert not list(tmp_path.rglob("metrics.jsonl")) and not list(tmp_path.rglob("*.safetensors"))
