@@ -1,0 +1,20 @@
+"""Megatron-core tensor-parallel learner (``learner.backend=megatron``).
+
+- :mod:`.model`: ``GPTModel`` from a Hugging Face Qwen2 / Llama config.
+- :mod:`.convert`: HF <-> megatron weights (fused QKV per query group, ``[gate; up]`` halves,
+  vocab padding, TP sharding).
+- :mod:`.forward`: per-token log-probs through the vocab-parallel ``linear_logprobs``.
+- :mod:`.learner`: :class:`MegatronLearner`, the :class:`~pacs_fast.learner.base.Learner`.
+- :mod:`.cpu_compat`: the CUDA -> CPU redirections megatron-core needs without a GPU.
+
+megatron-core is imported lazily (inside functions): importing these modules is cheap.
+"""
+from __future__ import annotations
+
+
+def __getattr__(name: str):
+    if name == "MegatronLearner":
+        from pacs_fast.learner.megatron.learner import MegatronLearner
+
+        return MegatronLearner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,127 @@
+"""Per-token log-probs of a batch under a (tensor-parallel) megatron-core ``GPTModel``.
+
+The decoder runs as usual; its final hidden states go straight into the vocab-parallel
+:func:`pacs_fast.ops.linear_logprobs` with this rank's output-layer (or tied embedding) shard, so
+the ``[tokens, vocab]`` logits are never gathered (nor, with the fused op, materialised).
+
+Padding. Rows may be left- and right-padded (prompt left-padded, response right-padded); the
+valid tokens of a row must be contiguous. megatron's ``GPTModel`` applies RoPE at positions
+``0..S-1`` regardless of ``position_ids``, so each row is first shifted left to start at column 0
+(positions then equal ``cumsum(attention_mask) - 1``, as in the HF / vLLM convention) and padding
+sits only at the end, where causal attention keeps it from influencing valid tokens. Only the
+causal mask is passed (built here, on the batch's device: megatron's default one is built on
+CUDA); results are shifted back.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+#: Logit bias of the vocabulary rows added for tensor-parallel padding (excluded from softmax).
+PAD_LOGIT = -1e30
+
+
+def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """Shift each row so its valid tokens start at column 0.
+
+    input_ids / attention_mask: ``[B, T]``. Returns ``(ids, mask, shift, length)``: shifted ids
+    and mask trimmed to the longest row, and per-row ``shift`` (leading pads) and ``length`` (valid
+    tokens), int64 ``[B]``. Raises ValueError when a row's valid tokens are not contiguous.
+    """
+    if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(f"input_ids and attention_mask must both be [B, T]; got "
+                         f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}")
+    mask = attention_mask.bool()
+    B, T = mask.shape
+    shift = torch.where(mask.any(1), mask.int().argmax(1), torch.zeros(B, dtype=torch.long,
+                                                                        device=mask.device)).long()
+    length = mask.sum(1).long()
+    cols = torch.arange(T, device=mask.device)
+    src = (cols.unsqueeze(0) + shift.unsqueeze(1)) % T
+    mask_l = mask.gather(1, src)
+    if not torch.equal(mask_l, cols.unsqueeze(0) < length.unsqueeze(1)):
+        raise ValueError("attention_mask: the valid (1) tokens of each row must be contiguous")
+    width = max(int(length.max()), 1) if B else 1
+    ids_l = input_ids.gather(1, src)[:, :width]
+    return ids_l, mask_l[:, :width], shift, length
+
+
+def unalign(values_l: torch.Tensor, shift: torch.Tensor, T: int) -> torch.Tensor:
+    """Inverse of :func:`left_align` for per-token values ``[B, W]`` -> ``[B, T]`` (0 outside)."""
+    B, W = values_l.shape
+    full = values_l.new_zeros(B, T)
+    full[:, :W] = values_l
+    cols = torch.arange(T, device=values_l.device)
+    src = (cols.unsqueeze(0) - shift.unsqueeze(1)) % T
+    return full.gather(1, src)
+
+
+@contextlib.contextmanager
+def _hidden_states_only(model):
+    """Make ``GPTModel.forward`` return the decoder output (after the final norm), not logits."""
+    saved = model.post_process
+    model.post_process = False
+    try:
+        yield
+    finally:
+        model.post_process = saved
+
+
+def output_weight(model) -> torch.Tensor:
+    """This rank's vocab shard ``[V_pad / tp, H]`` of the LM head (the embedding when tied)."""
+    if model.share_embeddings_and_output_weights:
+        return model.shared_embedding_or_output_weight()
+    return model.output_layer.weight
+
+
+def pad_bias(vocab_size: int, local_vocab: int, tp_rank: int, device, dtype=torch.float32):
+    """Bias for this rank's vocab shard excluding padded rows from the softmax, or None."""
+    first = tp_rank * local_vocab
+    if first + local_vocab <= vocab_size:
+        return None
+    ids = torch.arange(first, first + local_vocab, device=device)
+    return torch.where(ids < vocab_size, 0.0, PAD_LOGIT).to(dtype)
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, vocab_size: int,
+                   label_mask: torch.Tensor | None = None, tp_group=None, temperature: float = 1.0,
+                   return_entropy: bool = False, backend: str = "auto"):
+    """``logp[B, T]`` (fp32): ``logp[b, t] = log p(input_ids[b, t] | valid tokens before t)``.
+
+    0 at padding and at the first valid token of each row (nothing predicts it). With
+    ``return_entropy`` also the entropy ``[B, T]`` of the distribution that predicted token t.
+    ``vocab_size`` is the real (HF) vocabulary size; padded rows of the shard are excluded.
+    ``label_mask`` (``[B, T]`` bool): only these positions are computed (others give 0 and cost no
+    LM-head work), e.g. the response mask.
+    Collective over ``tp_group`` (every TP rank passes the same batch).
+    """
+    from pacs_fast.ops.linear_logprobs import linear_logprobs
+
+    B, T = input_ids.shape
+    ids_l, mask_l, shift, _ = left_align(input_ids, attention_mask)
+    if label_mask is not None:
+        if label_mask.shape != input_ids.shape:
+            raise ValueError(f"label_mask must be {tuple(input_ids.shape)}, got {tuple(label_mask.shape)}")
+        cols = torch.arange(T, device=input_ids.device)
+        src = (cols.unsqueeze(0) + shift.unsqueeze(1)) % T
+        mask_l = mask_l & label_mask.bool().gather(1, src)[:, :ids_l.shape[1]]
+    W = ids_l.shape[1]
+    position_ids = torch.arange(W, device=ids_l.device).unsqueeze(0).expand(B, W)
+    causal = torch.ones(W, W, dtype=torch.bool, device=ids_l.device).triu(1).view(1, 1, W, W)
+    with _hidden_states_only(model):
+        hidden = model(input_ids=ids_l, position_ids=position_ids, attention_mask=causal)  # [W,B,H]
+    hidden = hidden.transpose(0, 1)[:, :-1]  # predicts tokens 1..W-1
+    labels = ids_l[:, 1:].masked_fill(~mask_l[:, 1:], -100)
+    weight = output_weight(model)
+    tp_rank = 0 if tp_group is None else torch.distributed.get_rank(tp_group)
+    bias = pad_bias(vocab_size, weight.shape[0], tp_rank, weight.device)
+    out = linear_logprobs(
+        hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), bias=bias,
+        temperature=temperature, return_entropy=return_entropy, tp_group=tp_group, backend=backend)
+    logp, ent = (out if return_entropy else (out, None))
+    zero = logp.new_zeros(B, 1)
+    logp = unalign(torch.cat([zero, logp.view(B, W - 1)], 1), shift, T)
+    if ent is None:
+        return logp
+    return logp, unalign(torch.cat([zero, ent.view(B, W - 1)], 1), shift, T)

@@ -1,0 +1,161 @@
+"""Build a megatron-core ``GPTModel`` from a Hugging Face Qwen2 / Llama config.
+
+Supported: ``Qwen2ForCausalLM`` (QKV bias) and ``LlamaForCausalLM`` (no biases) style decoders —
+RoPE (default rope type, non-interleaved halves as in HF), grouped-query attention, SwiGLU MLP,
+RMSNorm, tied or untied input/output embeddings. Built with megatron's *local* layer spec (no
+Transformer Engine), dropout 0, fp32 parameters unless ``params_dtype`` says otherwise.
+
+The vocabulary is padded to a multiple of the tensor-parallel size (see
+:func:`padded_vocab_size`); :mod:`pacs_fast.learner.megatron.convert` fills and strips the pad.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+
+
+def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
+    """``vocab_size`` rounded up to a multiple of ``tp_size`` (each rank gets an equal shard)."""
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    if tp_size < 1:
+        raise ValueError(f"tp_size must be positive, got {tp_size}")
+    return -(-vocab_size // tp_size) * tp_size
+
+
+def _rope_theta(hf_config) -> float:
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in (None, "default"):
+        raise ValueError(f"hf_config: rope_type {rope_type!r} is not supported (only 'default')")
+    legacy = getattr(hf_config, "rope_scaling", None)
+    if legacy and legacy.get("rope_type", legacy.get("type")) not in (None, "default"):
+        raise ValueError(f"hf_config: rope_scaling {legacy!r} is not supported")
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if theta is None:
+        raise ValueError("hf_config has no rope_theta")
+    return float(theta)
+
+
+def check_hf_config(hf_config) -> None:
+    """Raise ValueError when ``hf_config`` describes something this builder cannot reproduce."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"hf_config.model_type must be one of {SUPPORTED_MODEL_TYPES}, got {model_type!r}")
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"hf_config.hidden_act must be 'silu' (SwiGLU), got {hf_config.hidden_act!r}")
+    if model_type == "llama" and (getattr(hf_config, "attention_bias", False)
+                                  or getattr(hf_config, "mlp_bias", False)):
+        raise ValueError("hf_config: Llama attention_bias / mlp_bias are not supported")
+    if model_type == "qwen2" and getattr(hf_config, "use_sliding_window", False):
+        raise ValueError("hf_config.use_sliding_window=True is not supported")
+    _rope_theta(hf_config)
+
+
+def head_dim(hf_config) -> int:
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
+def transformer_config_from_hf(hf_config, *, tp_size: int = 1, params_dtype=torch.float32, **overrides):
+    """A megatron ``TransformerConfig`` equivalent to ``hf_config`` (dropout 0, no fusions).
+
+    ``overrides`` are passed to ``TransformerConfig`` last (e.g. ``recompute_granularity``).
+    """
+    from megatron.core.transformer import TransformerConfig
+
+    check_hf_config(hf_config)
+    n_heads = hf_config.num_attention_heads
+    n_kv = getattr(hf_config, "num_key_value_heads", None) or n_heads
+    if n_heads % tp_size or n_kv % tp_size:
+        raise ValueError(f"tp_size={tp_size} must divide num_attention_heads={n_heads} and "
+                         f"num_key_value_heads={n_kv}")
+    if hf_config.intermediate_size % tp_size:
+        raise ValueError(f"tp_size={tp_size} must divide intermediate_size={hf_config.intermediate_size}")
+    kwargs = dict(
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
+        num_attention_heads=n_heads,
+        num_query_groups=n_kv,
+        kv_channels=head_dim(hf_config),
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=hf_config.model_type == "qwen2",
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp_size,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        use_cpu_initialization=True,
+        perform_initialization=False,  # weights come from the HF checkpoint
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        attention_softmax_in_fp32=True,
+        init_method_std=getattr(hf_config, "initializer_range", 0.02),
+    )
+    kwargs.update(overrides)
+    return TransformerConfig(**kwargs)
+
+
+def build_gpt_model(hf_config, *, tp_size: int = 1, params_dtype=torch.float32, **overrides):
+    """A megatron-core ``GPTModel`` (this rank's shard) for ``hf_config``; weights uninitialised.
+
+    Needs megatron's ``parallel_state`` initialised with tensor-parallel size ``tp_size``. Load
+    weights with :func:`pacs_fast.learner.megatron.convert.load_hf_into_model`.
+    """
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    config = transformer_config_from_hf(hf_config, tp_size=tp_size, params_dtype=params_dtype, **overrides)
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=padded_vocab_size(hf_config.vocab_size, tp_size),
+        max_sequence_length=hf_config.max_position_embeddings,
+        pre_process=True,
+        post_process=True,
+        parallel_output=True,
+        share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        rotary_base=_rope_theta(hf_config),
+    )
+    mark_tensor_parallel_params(model)
+    return model
+
+
+def mark_tensor_parallel_params(model) -> None:
+    """Set megatron's ``tensor_model_parallel`` / ``partition_dim`` attributes on every weight.
+
+    megatron sets them on weights only while initialising them (``perform_initialization=True``);
+    weights loaded from a checkpoint instead would otherwise look replicated to anything that
+    reads them (the TP-aware gradient norm, megatron's optimiser and checkpointing).
+    """
+    from megatron.core.tensor_parallel import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+        set_defaults_if_not_set_tensor_model_parallel_attributes,
+    )
+    from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
+    dims = ((ColumnParallelLinear, 0), (VocabParallelEmbedding, 0), (RowParallelLinear, 1))
+    for module in model.modules():
+        for cls, dim in dims:
+            w = getattr(module, "weight", None)
+            if isinstance(module, cls) and w is not None and not hasattr(w, "tensor_model_parallel"):
+                set_tensor_model_parallel_attributes(w, True, dim, 1)
+    for p in model.parameters():
+        set_defaults_if_not_set_tensor_model_parallel_attributes(p)

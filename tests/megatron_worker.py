@@ -1,0 +1,140 @@
+"""Worker for tests/test_megatron_*.py: run under ``torchrun --nproc_per_node 2`` (gloo, CPU).
+
+One launch serves all multi-process checks (process start + megatron import are the cost):
+
+1. parity: for TP = 1 (two data-parallel replicas) and TP = 2, for the tied and the untied tiny
+   model: per-token log-probs, the PACS loss and its gradients (gathered to HF names).
+2. learner: ``MegatronLearner.update`` (two optimiser steps) with TP = 2 (``ref=fixed``: a
+   reference model) and with TP = 1 x DP = 2 (each data-parallel rank gets half of the groups;
+   activation recomputation on); the updated weights and AdamW moments in HF names, a state-dict
+   round trip; the TP = 2 learner also writes an HF folder (``save_hf``).
+
+Inputs come from ``<workdir>/inputs.pt`` (written by the test); rank 0 writes
+``<workdir>/results.pt``. The test compares everything with transformers on the same weights.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+warnings.filterwarnings("ignore")
+
+
+def parity(inputs, results, variants):
+    from megatron.core import parallel_state as ps
+    from transformers import AutoConfig
+
+    from pacs_fast.algorithms import pacs_loss
+    from pacs_fast.learner.megatron.convert import export_hf_state_dict, load_hf_into_model
+    from pacs_fast.learner.megatron.cpu_compat import apply_cpu_compat
+    from pacs_fast.learner.megatron.forward import token_logprobs
+    from pacs_fast.learner.megatron.learner import LazyHFCheckpoint
+    from pacs_fast.learner.megatron.model import build_gpt_model
+
+    for tp in (1, 2):
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, create_gloo_process_groups=False)
+        apply_cpu_compat()
+        group = ps.get_tensor_model_parallel_group() if tp > 1 else None
+        for variant in variants:
+            path = inputs["models"][variant]
+            cfg = AutoConfig.from_pretrained(path)
+            hf_state = LazyHFCheckpoint(path)
+            model = build_gpt_model(cfg, tp_size=tp)
+            load_hf_into_model(model, hf_state, cfg, tp_size=tp, tp_rank=ps.get_tensor_model_parallel_rank())
+            t0 = time.perf_counter()
+            logp = token_logprobs(model, inputs["input_ids"], inputs["attention_mask"],
+                                  vocab_size=cfg.vocab_size, tp_group=group)
+            loss = pacs_loss(logp, inputs["logp_ref"], inputs["response_mask"], inputs["rewards"],
+                             group_size=inputs["group_size"])
+            loss.backward()
+            elapsed = time.perf_counter() - t0
+            grads = export_hf_state_dict(model, cfg, tp_group=group, grads=True)
+            results[f"parity/tp{tp}/{variant}"] = {
+                "logp": logp.detach(), "loss": loss.detach(), "grads": grads, "seconds": elapsed}
+        ps.destroy_model_parallel()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--parts", default="parity,learner")
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    inputs = torch.load(os.path.join(args.workdir, "inputs.pt"))
+    results = {}
+    parts = args.parts.split(",")
+    if "parity" in parts:
+        parity(inputs, results, inputs["variants"])
+    if "learner" in parts:
+        learner_step(inputs, results, args.workdir)
+    if dist.get_rank() == 0:
+        torch.save(results, os.path.join(args.workdir, "results.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def learner_step(inputs, results, workdir):
+    """TP=2 (reference model kept, ``ref=fixed``) and TP=1 x DP=2 (``ref=rollout``) learners."""
+    from pacs_fast.config import AlgoConfig, LearnerConfig
+    from pacs_fast.learner.base import RolloutBatch
+    from pacs_fast.learner.megatron.learner import MegatronLearner
+
+    spec = inputs["learner"]
+    saved = None
+    for tp, ref in ((2, "fixed"), (1, "rollout")):
+        key = f"learner/tp{tp}"
+        algo = AlgoConfig(**spec["algo"], ref=ref)
+        lcfg = LearnerConfig(**spec["learner"], backend="megatron", tp_size=tp)
+        t0 = time.perf_counter()
+        # TP=1 also runs with megatron's activation recomputation (results must not change)
+        learner = MegatronLearner(spec["model"], algo=algo, learner=lcfg, temperature=spec["temperature"],
+                                  horizon=spec["horizon"], gradient_checkpointing=tp == 1)
+        t_build = time.perf_counter() - t0
+        batch = RolloutBatch(**spec["batch"])
+        t0 = time.perf_counter()
+        old = learner.compute_logprobs(batch)
+        t_logp = time.perf_counter() - t0
+        batch.old_logp = old
+        batch.ref_logp = learner.compute_logprobs(batch, reference=True) if ref == "fixed" else old
+        t0 = time.perf_counter()
+        metrics = learner.update(batch, seed=spec["seed"])
+        t_update = time.perf_counter() - t0
+        out = {"old_logp": old, "metrics": metrics, "terms": learner.last_terms,
+               "weights": dict(learner.export_hf_weights()),
+               "seconds": {"build": t_build, "logprobs": t_logp, "update": t_update}}
+        state = learner.state_dict()
+        out["exp_avg"] = state["optimizer"]["exp_avg"]
+        out["exp_avg_sq"] = state["optimizer"]["exp_avg_sq"]
+        learner.load_state_dict(state)
+        again = learner.state_dict()["optimizer"]
+        out["state_roundtrip"] = max(float((again[k][n] - state["optimizer"][k][n]).abs().max())
+                                     for k in ("exp_avg", "exp_avg_sq") for n in again[k])
+        if saved is not None:  # the TP=2 checkpoint resumes under TP=1
+            learner.load_state_dict(saved)
+            out["resharded_exp_avg_sq"] = learner.state_dict()["optimizer"]["exp_avg_sq"]
+        saved = state
+        if ref == "fixed":
+            out["ref_after_update"] = learner.compute_logprobs(batch, reference=True)
+            learner.reset_reference(reset_optimizer=True)
+            out["ref_after_reset"] = learner.compute_logprobs(batch, reference=True)
+            out["policy_after_update"] = learner.compute_logprobs(batch)
+            learner.save_hf(os.path.join(workdir, "hf_tp2"))
+            # ranks given different batches: every rank raises (no hang, no silent garbage)
+            bad = RolloutBatch(**{**spec["batch"], "rewards": spec["batch"]["rewards"] + dist.get_rank()})
+            try:
+                learner.compute_logprobs(bad)
+                out["divergence_error"] = None
+            except ValueError as e:
+                out["divergence_error"] = str(e)
+        results[key] = out
+        learner.close()
+
+
+if __name__ == "__main__":
+    main()
