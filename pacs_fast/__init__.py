@@ -3,9 +3,15 @@
 Public API (imported lazily, so ``import pacs_fast`` stays cheap and a missing optional
 dependency only matters for the names that need it):
 
-- ops (autograd + backend dispatch): ``token_logprobs``, ``linear_logprobs``
-- algorithms: ``pacs_loss`` and its pieces, baselines, GAE, KL, ``pass_at_k``
-- reward: ``math_reward``
+- ops (autograd + backend dispatch): ``token_logprobs``, ``linear_logprobs``, ``fused_pacs_loss``
+- algorithms: ``pacs_loss`` and its pieces (``reward_proxy``, ``group_scores``,
+  ``class_balanced_weights``), baselines (``policy_loss``, ``grpo_loss``, ``value_loss``,
+  ``group_advantages``, ``gae``, ``kl_penalty``, ``aggregate_loss``), ``pass_at_k``
+- reward: ``math_reward``, ``score_batch``, ``BatchScorer``
+- data: ``load_benchmark``, ``load_dataset``, ``build_prompt``, ``encode_prompts``
+- rollout: ``SamplingParams``, ``Completion``, ``RolloutEngine``, ``HFEngine``, ``VLLMEngine``
+- learner / trainer: ``Learner``, ``RolloutBatch``, ``TorchLearner``, ``Config``, ``load_config``
+  (the Megatron learner lives in ``pacs_fast.learner.megatron``; megatron-core is heavy to import)
 """
 from __future__ import annotations
 
@@ -29,6 +35,24 @@ _EXPORTS: dict[str, str] = {
     "gae": "pacs_fast.algorithms.advantages",
     "kl_penalty": "pacs_fast.algorithms.kl",
     "aggregate_loss": "pacs_fast.algorithms.aggregation",
+    "fused_pacs_loss": "pacs_fast.ops.pacs_loss",
+    "math_reward": "pacs_fast.reward",
+    "score_batch": "pacs_fast.reward",
+    "BatchScorer": "pacs_fast.reward",
+    "load_benchmark": "pacs_fast.data.datasets",
+    "load_dataset": "pacs_fast.data.datasets",
+    "build_prompt": "pacs_fast.data.prompts",
+    "encode_prompts": "pacs_fast.data.prompts",
+    "SamplingParams": "pacs_fast.rollout.base",
+    "Completion": "pacs_fast.rollout.base",
+    "RolloutEngine": "pacs_fast.rollout.base",
+    "HFEngine": "pacs_fast.rollout.hf",
+    "VLLMEngine": "pacs_fast.rollout.vllm_engine",
+    "Learner": "pacs_fast.learner.base",
+    "RolloutBatch": "pacs_fast.learner.base",
+    "TorchLearner": "pacs_fast.learner.torch_learner",
+    "Config": "pacs_fast.config",
+    "load_config": "pacs_fast.config",
 }
 
 __all__ = sorted(_EXPORTS)
