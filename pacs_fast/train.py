@@ -6,12 +6,19 @@
     python -m pacs_fast.train data.dataset=train.jsonl model.path=/models/Qwen2.5-0.5B
     python -m pacs_fast.train --resume runs/pacs-20260101-120000   # continue a run exactly
     python -m pacs_fast.train --help                            # every key with its default
+    torchrun --nproc_per_node 2 -m pacs_fast.train learner.backend=megatron learner.tp_size=2
+                                                  # megatron-core learner, tensor parallel over 2 processes
 
 With no arguments: a tiny Qwen2-architecture model with a character tokenizer is made, briefly
 fine-tuned on small-integer arithmetic (cached), and trained with PACS to answer in
 ``\\boxed{}``; the held-out accuracy before and after is printed at the end. The run folder
 (``runs/<name>``) gets ``config.yaml``, ``metrics.jsonl``, TensorBoard events (``tb/``),
 checkpoints (``checkpoints/step_*``, Hugging Face format) and plots (``plots/*.png``).
+
+Under ``torchrun`` (``learner.backend=megatron``; processes = ``learner.tp_size`` x data-parallel
+size) rank 0 alone generates rollouts, scores them, evaluates, prints and writes the run folder;
+the other ranks receive each step's batch from it and take part in the learner's collectives.
+``--resume`` works the same way under ``torchrun``.
 """
 from __future__ import annotations
 

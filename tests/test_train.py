@@ -43,8 +43,10 @@ def test_run_outputs(tmp_path, cache, seed):
                      ("eval", 3), ("checkpoint", 3)]
     train_rec = [r for r in records if r["kind"] == "train"]
     for key in ("reward/mean", "entropy", "learner/grad_norm", "response/length", "pacs/psi_mean",
-                "pacs/brier", "pacs/pred_reward_mean", "time/rollout", "time/update", "perf/tokens_per_s"):
+                "pacs/brier", "pacs/pred_reward_mean", "time/rollout", "time/update", "perf/tokens_per_s",
+                "rollout/logprob_diff_mean", "rollout/logprob_diff_max"):
         assert key in train_rec[0], key
+    assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in train_rec)  # the engine shares the policy
     assert 0 <= summary["acc_before"] <= 1 and summary["acc_after"] == records[-2]["eval/acc"]
     assert json.loads((run / "summary.json").read_text())["steps"] == 3
     assert any((run / "tb").iterdir()) and (run / "plots" / "curves.png").stat().st_size > 0
@@ -120,3 +122,43 @@ def test_bad_input_fails_fast_with_a_clear_error(tmp_path, case, capsys):
             "bad_batch": "must divide", "no_checkpoint": "no checkpoint found"}[case]
     assert want in err, err
     assert not list(tmp_path.rglob("metrics.jsonl")) and not list(tmp_path.rglob("*.safetensors"))
+
+
+def test_logprob_mismatch_compares_temperature_1_log_probs(seed):
+    """The rollout-vs-learner metric: engine log-probs are temperature-1 ones, so at another sampling
+    temperature the learner's temperature-1 log-probs (an extra forward) are compared, not old_logp."""
+    import torch
+
+    from pacs_fast.rollout.base import Completion
+    from pacs_fast.trainer.batch import build_batch, response_values
+    from pacs_fast.trainer.loop import logprob_mismatch
+
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [[1, 2], [3]]
+    resp = [[[4, 5], [6]], [[7, 8, 9], []]]
+    engine_lp = [[(-torch.rand(len(r), generator=gen)).tolist() for r in g] for g in resp]
+    comps = [[Completion(r, "", "stop", lp) for r, lp in zip(g, lps)] for g, lps in zip(resp, engine_lp)]
+    batch = build_batch(prompts, resp, [0.0] * 4, pad_id=0)
+    mask = batch.response_mask
+    noise = 1e-3 * torch.rand(mask.shape, generator=gen) * mask
+    at_t1 = response_values(prompts, engine_lp, mask.shape) + noise
+    want_mean, want_max = float(noise[mask > 0].double().mean()), float(noise[mask > 0].max())
+
+    class FakeLearner:
+        temperature = 0.5
+
+        def compute_logprobs(self, b):
+            return at_t1 if self.temperature == 1.0 else 2 * at_t1
+
+    learner = FakeLearner()
+    batch.old_logp = 2 * at_t1  # the learner's log-probs at the sampling temperature
+    got = logprob_mismatch(learner, batch, prompts, comps, temperature=0.5, extra_forward=True)
+    assert got["rollout/logprob_diff_mean"] == pytest.approx(want_mean, rel=1e-5)
+    assert got["rollout/logprob_diff_max"] == pytest.approx(want_max, rel=1e-5)
+    assert learner.temperature == 0.5
+    assert logprob_mismatch(learner, batch, prompts, comps, temperature=0.5, extra_forward=False) == {}
+    batch.old_logp = at_t1  # at temperature 1 the step's old log-probs are used directly
+    got = logprob_mismatch(learner, batch, prompts, comps, temperature=1.0, extra_forward=False)
+    assert got["rollout/logprob_diff_max"] == pytest.approx(want_max, rel=1e-5)
+    comps[0][0].logprobs = None  # an engine without log-probs: no metric
+    assert logprob_mismatch(learner, batch, prompts, comps, temperature=1.0, extra_forward=True) == {}

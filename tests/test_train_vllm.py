@@ -63,4 +63,7 @@ def test_two_step_training_with_vllm_rollouts(tmp_path, monkeypatch, seed):
     train_rows = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train_rows] == [1, 2]
     assert all(r["response/length"] <= 12 for r in train_rows)  # rollout.max_new_tokens default
+    # vLLM's sampled-token log-probs vs the learner's old log-probs of the same tokens (temperature 1)
+    print("rollout/logprob_diff_max per step:", [r["rollout/logprob_diff_max"] for r in train_rows])
+    assert all(0 <= r["rollout/logprob_diff_mean"] <= r["rollout/logprob_diff_max"] < 1e-3 for r in train_rows)
     assert summary is not None

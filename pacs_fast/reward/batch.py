@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Sequence
 
-from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT, ERROR, NO_ANSWER, STATUSES, TIMEOUT, score_item
+from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT, ERROR, NO_ANSWER, STATUSES, TIMEOUT, score_item, warm_up
 
 
 @dataclass
@@ -66,7 +66,7 @@ class BatchResult:
 def _worker_main(recv_conn, send_conn, time_limit: float | None) -> None:
     """Worker loop: receive a chunk ``[(index, response, answer), ...]``, reply per item."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
-    score_item("\\boxed{1}", "1", time_limit)   # warm-up (lazy imports, grammar caches)
+    warm_up()  # imports and grammar caches, untimed: the parent sends items (with deadlines) after "ready"
     send_conn.send("ready")
     while True:
         try:

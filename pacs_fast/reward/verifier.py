@@ -106,16 +106,34 @@ def _score_unlimited(response: str, answer: str) -> ScoredItem:
     return ScoredItem(1.0 if ok else 0.0, OK)
 
 
+_warm_done = False
+
+
+def warm_up() -> None:
+    """Imports math-verify and runs one parse + verify, with no time limit (once per process).
+
+    The first comparison of a process spends seconds importing math-verify, sympy and the LaTeX
+    grammar; :func:`score_item` calls this *before* arming an item's timer, so that one-time cost
+    never counts against (or times out, or half-imports under) the per-item limit.
+    """
+    global _warm_done
+    if not _warm_done:
+        _score_unlimited("\\boxed{1}", "1")
+        _warm_done = True
+
+
 def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TIME_LIMIT) -> ScoredItem:
     """Scores one response with a status. Never raises on model output.
 
     ``time_limit`` (seconds, float) is enforced with ``signal.setitimer`` when called from the main
-    thread; from another thread (or with ``None``) the item runs without a limit. The caller's
+    thread; from another thread (or with ``None``) the item runs without a limit. The first call of
+    a process first runs :func:`warm_up` (math-verify's import) outside the limit. The caller's
     SIGALRM handler and timer are restored afterwards.
     """
     if not isinstance(response, str):
         return ScoredItem(0.0, ERROR)
     answer = str(answer)
+    warm_up()  # the one-time import cost, outside the time limit
     use_alarm = (time_limit is not None and time_limit > 0
                  and threading.current_thread() is threading.main_thread())
     if not use_alarm:

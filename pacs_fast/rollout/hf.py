@@ -114,9 +114,12 @@ class HFEngine(RolloutEngine):
         sample = params.temperature > 0
         kwargs = dict(max_new_tokens=params.max_new_tokens, do_sample=sample, num_beams=1,
                       pad_token_id=self.pad_id, eos_token_id=list(self.eos_ids), repetition_penalty=1.0,
-                      top_k=0, top_p=1.0, temperature=1.0, use_cache=True)
+                      top_p=1.0, temperature=1.0, use_cache=True)
         if sample:
-            kwargs.update(temperature=float(params.temperature), top_p=float(params.top_p))
+            # top_k=0 switches top-k off; it must be explicit when sampling (an unset top_k is filled
+            # from the model's generation defaults, i.e. 50). Greedy decoding ignores it, and setting
+            # it there makes transformers warn "generation flags are not valid: ['top_k']".
+            kwargs.update(temperature=float(params.temperature), top_p=float(params.top_p), top_k=0)
         return GenerationConfig(**kwargs)
 
     @staticmethod

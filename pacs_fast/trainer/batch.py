@@ -47,3 +47,19 @@ def outcome_token_rewards(batch: RolloutBatch) -> torch.Tensor:
     has = last >= 0
     out[has, last[has]] = batch.rewards[has]
     return out
+
+
+def response_values(prompt_ids: list[list[int]], values: list[list[list[float]]], shape) -> torch.Tensor:
+    """``[B, T]`` float32 tensor holding ``values[i][j][k]`` (e.g. the rollout engine's log-prob of
+    response token k of sample j of prompt i) at that token's position in the :func:`build_batch`
+    layout (``len(prompt_ids[i]) + k`` in row ``i * G + j``), 0 elsewhere."""
+    out = torch.zeros(tuple(shape), dtype=torch.float32)
+    row = 0
+    for p, group in zip(prompt_ids, values):
+        for v in group:
+            if len(v):
+                out[row, len(p):len(p) + len(v)] = torch.tensor(v, dtype=torch.float32)
+            row += 1
+    if row != out.shape[0]:
+        raise ValueError(f"values cover {row} rows but the batch has {out.shape[0]}")
+    return out

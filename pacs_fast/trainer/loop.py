@@ -4,6 +4,20 @@ One step: sample ``P`` prompts, generate ``G`` responses each, score them with t
 recompute the old (and reference) log-probs with the learner, update, log, evaluate every K
 steps, checkpoint every K steps. Everything random is seeded from ``train.seed`` and the step,
 so a run resumed from a checkpoint continues exactly as the uninterrupted run.
+
+Multi-process launches (``torchrun --nproc_per_node N -m pacs_fast.train learner.backend=megatron
+learner.tp_size=T``): the process group and megatron's parallel state are created first; rank 0
+alone builds the default model (then the others read its cache), runs the rollout engine, the
+verifier and the evaluations, and broadcasts each step's rollouts and rewards, so every rank holds
+the same full batch (the megatron learner then trains each data-parallel rank on its share of the
+whole groups). The learner's calls (log-probs, update, weight export, checkpoint state) are
+collective: every rank makes them; only rank 0 writes files and prints.
+
+Log-prob mismatch (``rollout/logprob_diff_mean`` / ``_max``): the engines report each sampled
+token's log-prob under the *temperature-1* (raw) distribution; the learner computes log-probs of the
+sampling distribution at ``rollout.temperature`` (logits / T; top-p is not applied by either). At
+T = 1 the step's old log-probs are compared directly; at T != 1 the learner runs one extra
+temperature-1 forward on step 1 and on evaluation steps only, so that like is compared with like.
 """
 from __future__ import annotations
 
@@ -14,11 +28,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from pacs_fast.config import Config, save_config, validate
 from pacs_fast.learner.base import Learner, holds_reference_model
 from pacs_fast.rollout.base import SamplingParams
-from pacs_fast.trainer.batch import build_batch, outcome_token_rewards
+from pacs_fast.trainer.batch import build_batch, outcome_token_rewards, response_values
 from pacs_fast.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from pacs_fast.trainer.metrics import MetricsLogger, Progress, read_jsonl
 from pacs_fast.trainer.sampler import PromptSampler
@@ -26,6 +41,51 @@ from pacs_fast.trainer.sampler import PromptSampler
 
 class SetupError(ValueError):
     """Bad input found before any training work (config, files, data, checkpoint)."""
+
+
+# ----------------------------------------------------------------------------- processes
+def init_processes(cfg: Config) -> tuple[int, int]:
+    """``(rank, world_size)`` of this process. With ``learner.backend=megatron`` the process group
+    (torchrun's environment, or a 1-process group) and megatron's parallel state are created here,
+    before anything decides which process writes files."""
+    if cfg.learner.backend == "megatron":
+        from pacs_fast.learner.megatron.learner import init_parallel
+        init_parallel(cfg.learner.tp_size, device=cfg.model.device)
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def quiet_warnings(cfg: Config, is_main: bool) -> None:
+    """Other ranks' warnings repeat rank 0's: they are switched off there. Megatron's notes that
+    do not apply to this setup (no Apex / Transformer Engine on CPU, CUDA-only tuning hints on
+    CPU, its own deprecated default) are switched off on every rank."""
+    import warnings
+
+    if not is_main:
+        warnings.filterwarnings("ignore", category=UserWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+    if cfg.learner.backend == "megatron":
+        for message in (".*Apex is not installed.*", ".*Transformer Engine and Apex are not installed.*",
+                        ".*full scope is deprecated.*"):
+            warnings.filterwarnings("ignore", message=message)
+        if not torch.cuda.is_available():
+            warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
+
+
+def broadcast(obj, world: int):
+    """Rank 0's ``obj`` on every rank (pickled; a no-op in a 1-process run)."""
+    if world == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
 
 
 # ----------------------------------------------------------------------------- data
@@ -124,8 +184,7 @@ class Scorer:
     """Verifier rewards, memoised (the verifier is a pure function; G samples often repeat)."""
 
     def __init__(self, workers: int):
-        from pacs_fast.reward import BatchScorer, score_item
-        score_item("\\boxed{1}", "1", time_limit=None)  # import math-verify now, outside any time limit
+        from pacs_fast.reward import BatchScorer
         self.batch = BatchScorer(num_workers=workers)
         self.memo: dict[tuple[str, str], float] = {}
 
@@ -184,6 +243,30 @@ def pacs_metrics(terms: dict, rewards_fallback=None) -> dict:
     return out
 
 
+def logprob_mismatch(learner, batch, prompt_ids, comps, *, temperature: float, extra_forward: bool) -> dict:
+    """``rollout/logprob_diff_mean`` / ``_max``: |engine log-prob - learner log-prob| over the
+    response tokens, both at temperature 1 (see the module docstring). Empty when the engine gave
+    no log-probs, or when ``temperature != 1`` and ``extra_forward`` is False. Collective when the
+    extra forward runs (every rank calls it with the same arguments)."""
+    if any(c.logprobs is None for cs in comps for c in cs):
+        return {}
+    if temperature == 1.0:
+        learner_lp = batch.old_logp
+    elif extra_forward and hasattr(learner, "temperature"):
+        saved, learner.temperature = learner.temperature, 1.0
+        try:
+            learner_lp = learner.compute_logprobs(batch)
+        finally:
+            learner.temperature = saved
+    else:
+        return {}
+    engine_lp = response_values(prompt_ids, [[c.logprobs for c in cs] for cs in comps], batch.input_ids.shape)
+    diff = (engine_lp - learner_lp.float().cpu()).abs()[batch.response_mask > 0]
+    if diff.numel() == 0:
+        return {}
+    return {"rollout/logprob_diff_mean": float(diff.double().mean()), "rollout/logprob_diff_max": float(diff.max())}
+
+
 # ----------------------------------------------------------------------------- the run
 def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     """Runs (or resumes) training in ``run_dir``; returns the summary dict.
@@ -202,9 +285,16 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     if cfg.learner.backend == "megatron" and importlib.util.find_spec("megatron") is None:
         raise SetupError("learner.backend=megatron but megatron-core is not installed "
                          "(pip install 'pacs_fast[megatron]'); or use learner.backend=torch")
-    run_dir = Path(run_dir)
-    is_main = not (torch.distributed.is_available() and torch.distributed.is_initialized()) or \
-        torch.distributed.get_rank() == 0
+    created_group = not (dist.is_available() and dist.is_initialized())
+    quiet_warnings(cfg, is_main=True)  # megatron's import-time notes
+    try:
+        rank, world = init_processes(cfg)
+    except ValueError as e:
+        raise SetupError(str(e)) from e
+    is_main = rank == 0
+    if not is_main:
+        quiet_warnings(cfg, is_main)
+    run_dir = Path(broadcast(str(run_dir), world))  # a timestamped name could differ between ranks
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     elif not cfg.model.path and resolve_device(cfg) == "cpu":
@@ -215,7 +305,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     progress = Progress(cfg.train.steps, enabled=cfg.train.progress and is_main,
                         start=int(ckpt.name.split("_")[1]) if ckpt else 0)
-    log = progress.print
+    log = progress.print if is_main else (lambda text: None)
     random.seed(cfg.train.seed)
     np.random.seed(cfg.train.seed % 2**32)
     torch.manual_seed(cfg.train.seed)
@@ -234,7 +324,11 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     else:
         from pacs_fast.trainer.warmup import default_model
         t0 = time.perf_counter()
-        model_path = default_model(cfg, train_problems, log=log)
+        if is_main:  # rank 0 builds (or finds) the cached model; the others then read the cache
+            model_path = default_model(cfg, train_problems, log=log)
+        barrier(world)
+        if not is_main:
+            model_path = default_model(cfg, train_problems, log=log)
         timings["time/warmup"] = time.perf_counter() - t0
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -246,12 +340,23 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     # 3. learner, rollout engine, verifier
     device = resolve_device(cfg)
     learner, live_model = build_learner(cfg, model_path, device)
-    engine, shares_model = build_engine(cfg, model_path, live_model, tokenizer, device)
-    scorer = Scorer(cfg.train.reward_workers)
+    # rollouts, rewards and evaluations run on rank 0 only (then broadcast)
+    engine, shares_model = (build_engine(cfg, model_path, live_model, tokenizer, device) if is_main
+                            else (None, False))
+    scorer = Scorer(cfg.train.reward_workers) if is_main else None
     sampler = PromptSampler(len(train_problems), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
     P, G = cfg.train.prompts_per_step, cfg.rollout.n
     rollout_params = dict(n=G, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                          max_new_tokens=cfg.rollout.max_new_tokens)
+                          max_new_tokens=cfg.rollout.max_new_tokens, return_logprobs=True)
+
+    def sync_engine():  # the export is collective (megatron); only rank 0 has an engine
+        if not shares_model:
+            weights = learner.export_hf_weights()
+            if engine is not None:
+                engine.sync_weights(weights)
+
+    def shared_eval():
+        return broadcast(evaluate(cfg, engine, scorer, held_out) if is_main else None, world)
 
     # 4. resume, or evaluate the starting policy
     start_step, state = 0, {}
@@ -259,14 +364,13 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
         state = load_checkpoint(ckpt, learner=learner)
         start_step = state["step"]
         sampler.load_state_dict(state["sampler"])
-        if not shares_model:
-            engine.sync_weights(learner.export_hf_weights())
+        sync_engine()
         log(f"resumed from {ckpt} (step {start_step})")
     logger = MetricsLogger(run_dir, tensorboard=cfg.train.tensorboard and is_main,
                            resume_step=start_step if ckpt is not None else None) if is_main else None
     initial_eval = state.get("initial_eval")
     if initial_eval is None:
-        initial_eval = evaluate(cfg, engine, scorer, held_out)
+        initial_eval = shared_eval()
         if logger:
             logger.log("eval", 0, initial_eval)
         log(f"step 0: held-out accuracy {initial_eval['eval/acc']:.3f} (greedy "
@@ -287,19 +391,30 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
         t0 = time.perf_counter()
         problems = [train_problems[i] for i in sampler.take(P)]
         seed = (cfg.train.seed * 1_000_003 + step) % 2**62
-        comps = engine.generate([p["prompt_ids"] for p in problems], SamplingParams(seed=seed, **rollout_params))
+        comps = rewards = None
+        if is_main:
+            comps = engine.generate([p["prompt_ids"] for p in problems], SamplingParams(seed=seed, **rollout_params))
         tm["time/rollout"] = time.perf_counter() - t0
 
         # rewards
         t0 = time.perf_counter()
-        rewards = scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)])
+        if is_main:
+            rewards = scorer([c.text for cs in comps for c in cs],
+                             [p["answer"] for p in problems for _ in range(G)])
         tm["time/reward"] = time.perf_counter() - t0
+        if world > 1:  # every rank gets rank 0's rollouts: the learner's ranks must see one batch
+            t0 = time.perf_counter()
+            comps, rewards = broadcast((comps, rewards), world)
+            tm["time/broadcast"] = time.perf_counter() - t0
 
         # old / reference log-probs (and values + GAE for PPO), recomputed by the learner
         t0 = time.perf_counter()
         batch = build_batch([p["prompt_ids"] for p in problems], [[c.token_ids for c in cs] for cs in comps],
                             rewards, pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         batch.old_logp, entropy = learner.compute_logprobs(batch, return_entropy=True)
+        diag_step = step in (1, cfg.train.steps) or bool(cfg.train.eval_every and step % cfg.train.eval_every == 0)
+        mismatch = logprob_mismatch(learner, batch, [p["prompt_ids"] for p in problems], comps,
+                                    temperature=cfg.rollout.temperature, extra_forward=diag_step)
         if learner.needs_ref:
             batch.ref_logp = (learner.compute_logprobs(batch, reference=True)
                               if holds_reference_model(cfg.algo) else batch.old_logp)
@@ -315,8 +430,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
         lm = learner.update(batch, seed=seed)
         tm["time/update"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        if not shares_model:
-            engine.sync_weights(learner.export_hf_weights())
+        sync_engine()
         tm["time/sync"] = time.perf_counter() - t0
 
         # metrics
@@ -333,6 +447,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             "response/length": n_tokens / len(R),
             "response/stop_frac": float(np.mean([c.finish_reason == "stop" for cs in comps for c in cs])),
             "entropy": float((entropy * mask).sum() / max(n_tokens, 1.0)),
+            **mismatch,
             **{f"learner/{k}": v for k, v in lm.items()},
             **pacs_metrics(getattr(learner, "last_terms", {})),
             "data/epoch": sampler.epoch,
@@ -351,7 +466,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
         # evaluation, checkpoint
         last = step == cfg.train.steps
         if last or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
-            last_eval = evaluate(cfg, engine, scorer, held_out)
+            last_eval = shared_eval()
             if logger:
                 logger.log("eval", step, last_eval)
             log(f"step {step}: held-out accuracy {last_eval['eval/acc']:.3f} (greedy "
@@ -386,6 +501,13 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
               + (f"  (greedy {summary['greedy_acc_before']:.3f} -> {summary['greedy_acc_after']:.3f})"
                  if summary["greedy_acc_before"] is not None else "")
               + f"  |  wall time {summary['wall_time_s']:.0f} s  |  run folder {run_dir}", flush=True)
-    scorer.close()
-    engine.close()
+    if scorer is not None:
+        scorer.close()
+    if engine is not None:
+        engine.close()
+    barrier(world)
+    if created_group and dist.is_available() and dist.is_initialized():  # ours: tear it down
+        if hasattr(learner, "close"):
+            learner.close()
+        dist.destroy_process_group()
     return summary

@@ -1,0 +1,127 @@
+"""``torchrun --nproc_per_node 2 -m pacs_fast.train learner.backend=megatron learner.tp_size=2`` end
+to end on CPU (gloo): rank 0 alone writes and prints, checkpoints are written once and load in
+transformers, ``--resume`` under torchrun continues exactly as the uninterrupted run; and the
+process-layout checks of :func:`pacs_fast.config.validate` fail fast with clear errors.
+"""
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pacs_fast.config import load_config, validate
+from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
+
+HAS_MEGATRON = importlib.util.find_spec("megatron") is not None
+
+# 4 prompts x 4 samples, 1 layer; heads 4 / kv heads 2 (hidden 128) split over tp=2.
+# An entropy bonus gives a gradient even when every reward is 0, so the weights always move.
+TINY = ["learner.backend=megatron", "learner.tp_size=2", "data.arith_max_digits=1", "data.eval_size=8",
+        "rollout.n=4", "rollout.eval_n=2", "rollout.max_new_tokens=6", "train.prompts_per_step=4",
+        "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=1", "warmup.steps=30",
+        "warmup.batch_size=32", "model.tiny_hidden_size=128", "model.tiny_num_layers=1", "learner.lr=3e-3",
+        "algo.entropy_coef=0.1", "train.progress=false", "train.eval_every=1", "train.save_every=1",
+        "train.plots=false", "train.seed=5"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(args, timeout=300) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+           "-m", "pacs_fast.train", *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    return out
+
+
+@pytest.mark.megatron
+@pytest.mark.distributed
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed")
+def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}"]
+    out = torchrun(common + ["train.steps=2", "train.run_name=split"])
+    # rank 0 alone prints (the other rank would repeat every line) and writes
+    assert out.count("step 0: held-out accuracy") == 1, out[-3000:]
+    assert out.count("run folder") == 1
+    split = tmp_path / "split"
+    assert len(list(tmp_path.rglob("metrics.jsonl"))) == 1
+    assert len(list((split / "tb").iterdir())) == 1
+    recs = read_jsonl(split / "metrics.jsonl")
+    assert [(r["kind"], r["step"]) for r in recs] == [("eval", 0), ("train", 1), ("eval", 1), ("checkpoint", 1),
+                                                     ("train", 2), ("eval", 2), ("checkpoint", 2)]
+    for r in (r for r in recs if r["kind"] == "train"):
+        assert r["learner/grad_norm"] > 0
+        # the HF engine's rollout log-probs vs the TP=2 learner's: the same weights, float noise only
+        assert 0 <= r["rollout/logprob_diff_mean"] <= r["rollout/logprob_diff_max"] < 1e-3
+    assert sorted(p.name for p in (split / "checkpoints").glob("step_*")) == ["step_000001", "step_000002"]
+    assert not list((split / "checkpoints").glob(".tmp-*"))
+
+    out = torchrun(["--resume", str(split), "train.steps=3"])
+    assert out.count("resumed from") == 1 and "(step 2)" in out
+    full_out = torchrun(common + ["train.steps=3", "train.run_name=full"])
+    assert "resumed" not in full_out
+    a = deterministic_view(read_jsonl(tmp_path / "full" / "metrics.jsonl"))
+    b = deterministic_view(read_jsonl(split / "metrics.jsonl"))
+    assert [(r["kind"], r["step"]) for r in b] == [(r["kind"], r["step"]) for r in a]
+    assert a == b
+
+    # the exported checkpoint: loadable by transformers, equal to the uninterrupted run's, trained
+    ckpt = split / "checkpoints" / "step_000003"
+    got, want = load_file(ckpt / "model.safetensors"), load_file(tmp_path / "full" / "checkpoints" /
+                                                                 "step_000003" / "model.safetensors")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    start = AutoModelForCausalLM.from_pretrained(next((tmp_path / "cache" / "warmup").iterdir()),
+                                                 dtype=torch.float32)
+    assert model.config.hidden_size == 128
+    moved = max((p - start.state_dict()[n]).abs().max().item() for n, p in model.state_dict().items())
+    assert moved > 1e-4
+    ids = torch.tensor([[1, 5, 6, 7]])
+    assert torch.isfinite(model(ids).logits).all()
+
+
+@pytest.mark.parametrize("case", ["tp_not_dividing_world", "mini_not_multiple_of_dp", "torch_multiprocess",
+                                  "torch_tp", "ok_dp2"])
+def test_validate_checks_the_process_layout(case):
+    overrides, world, want = {
+        "tp_not_dividing_world": (["learner.backend=megatron", "learner.tp_size=2"], 3, "must divide the number"),
+        "mini_not_multiple_of_dp": (["learner.backend=megatron", "learner.tp_size=1", "train.prompts_per_step=6",
+                                     "learner.mini_batch_prompts=3", "learner.micro_batch_prompts=1"], 2,
+                                    "multiple of the data-parallel size 2"),
+        "torch_multiprocess": (["learner.backend=torch"], 2, "runs in one process"),
+        "torch_tp": (["learner.tp_size=2"], 1, "needs learner.backend=megatron"),
+        "ok_dp2": (["learner.backend=megatron", "learner.tp_size=2", "learner.mini_batch_prompts=4",
+                    "learner.micro_batch_prompts=2"], 8, None),
+    }[case]
+    cfg = load_config(None, overrides)
+    if want is None:
+        validate(cfg, world=world)
+        return
+    with pytest.raises(ValueError, match=want):
+        validate(cfg, world=world)
+
+
+def test_cli_rejects_a_bad_layout_before_any_work(tmp_path, monkeypatch, capsys):
+    from pacs_fast.train import main
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(SystemExit) as e:
+        main(["learner.backend=megatron", "learner.tp_size=3", f"train.out_dir={tmp_path}"])
+    assert e.value.code == 2
+    assert "learner.tp_size=3 must divide the number of processes (4" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
