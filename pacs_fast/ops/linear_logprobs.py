@@ -1,25 +1,276 @@
-"""PLACEHOLDER (naive, materialises [N, V]); replaced by the fused chunked op of issue 3."""
+"""Token log-probs (and entropy) straight from hidden states: the LM head fused with
+``token_logprobs`` so that the ``[N, V]`` logits never exist in memory.
+
+    x = (hidden @ weight.T + bias) / temperature,  logp[i] = x[i, y_i] - logsumexp_j x[i, j]
+
+Backends (same results, see ``token_logprobs`` for the non-finite semantics):
+
+- ``"triton"``: kernels/linear_logprobs.py; forward tiles over (rows, vocab) with an online
+  log-sum-exp, backward recomputes each logits tile and accumulates ``dhidden`` / ``dweight``
+  with fp32 atomic adds.
+- ``"torch"`` (CPU default; fp32 compute): tiles ``[n, v]`` sized from ``chunk_bytes`` (rows
+  and vocabulary both chunked, online log-sum-exp across vocab chunks). Forward: one GEMM per
+  tile; backward: recompute GEMM + ``dhidden += dz @ W_v`` + ``dW_v += dz.T @ h`` (the 4-GEMM
+  floor of an op whose upstream gradient arrives after the forward), written / accumulated in
+  place (``mm(out=)`` then ``addmm_``) into one fp32 ``[V, H]`` buffer and one ``[N, H]``
+  buffer. The target logit and its one-hot gradient are O(N*H) gathers, outside the tiles.
+  Rows with ``ignore_index`` are dropped before any GEMM (prompt/padding tokens cost nothing).
+
+Workspace (torch backend): ``chunk_bytes`` (two tiles) + O(N*H) (the scaled fp32 copy of the
+valid hidden rows) + O(N); plus an fp32 ``[V, H]`` accumulator when ``weight`` is not fp32.
+"""
 from __future__ import annotations
 
 import torch
 
+from . import chunked, vocab_parallel as vp
+from .token_logprobs import _resolve
+
 
 def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignore_index=-100,
-                    return_entropy=False, tp_group=None, backend="auto"):
-    """logp[...] (fp32) of ``labels`` under ``softmax((hidden @ weight.T + bias) / temperature)``.
+                    return_entropy=False, tp_group=None, backend="auto", chunk_bytes=None):
+    """logp (fp32 ``[...]``) of ``labels`` under ``softmax((hidden @ weight.T + bias) / temperature)``.
 
-    hidden [..., H], weight [V, H], labels [...] int64. Rows with ``ignore_index`` give 0.
-    Returns logp, or (logp, entropy) with ``return_entropy``.
+    Args:
+        hidden: ``[..., H]`` fp32/bf16/fp16.
+        weight: ``[V, H]`` LM-head weight (with ``tp_group``: this rank's contiguous vocab shard,
+            shards in rank order, as a Megatron column-parallel output layer holds it).
+        labels: ``[...]`` integer global vocabulary ids; ``ignore_index`` rows give 0, no gradient.
+        bias: optional ``[V]`` (the shard's slice under ``tp_group``).
+        temperature: positive float folded into the logits.
+        return_entropy: also return the differentiable entropy of each row's distribution.
+        tp_group: process group over which the vocabulary is sharded. Values equal the unsharded
+            computation on every rank; ``hidden``'s gradient is all-reduced over the group (the
+            full gradient on every rank), ``weight``'s/``bias``' gradients are the local shards'.
+        backend: ``"auto"`` | ``"triton"`` | ``"torch"``.
+        chunk_bytes: torch backend only: scratch budget for logits tiles (default 64 MiB).
+
+    Returns:
+        ``logp``, or ``(logp, entropy)`` with ``return_entropy``; fp32 with ``labels``' shape.
     """
-    logits = (hidden.float() @ weight.float().T)
+    for name, t in (("hidden", hidden), ("weight", weight)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor")
+    if hidden.dim() < 1 or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"weight must be [V, H] with H = hidden.shape[-1]; got hidden "
+                         f"{tuple(hidden.shape)}, weight {tuple(weight.shape)}")
+    if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise ValueError("labels must be an integer tensor")
+    if labels.shape != hidden.shape[:-1]:
+        raise ValueError(f"labels shape {tuple(labels.shape)} must equal hidden.shape[:-1] "
+                         f"{tuple(hidden.shape[:-1])}")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (weight.shape[0],)):
+        raise ValueError(f"bias must be a tensor of shape [{weight.shape[0]}]")
+    t = chunked.check_temperature(temperature)
+    tensors = [hidden, weight, labels] + ([bias] if bias is not None else [])
+    if len({x.device for x in tensors}) != 1:
+        raise ValueError("hidden, weight, labels (and bias) must be on one device")
+    resolved = _resolve(backend, *[x for x in tensors if x.is_floating_point()] + [labels])
+    if resolved == "triton" and hidden.dtype != weight.dtype:
+        raise ValueError(f"backend='triton' needs hidden and weight of one dtype; got "
+                         f"hidden {hidden.dtype}, weight {weight.dtype}")
+    lead = labels.shape
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    logp, ent = _LinearLogprobs.apply(h2, weight, bias, labels.reshape(-1).long().contiguous(), 1.0 / t,
+                                      int(ignore_index), bool(return_entropy), tp_group, resolved,
+                                      chunk_bytes)
+    logp = logp.view(lead)
+    return (logp, ent.view(lead)) if return_entropy else logp
+
+
+def _prepare(hidden, valid_idx, inv_t, torch_path: bool):
+    """Valid rows of hidden, contiguous. The torch backend gets them in fp32 and already scaled
+    by 1/T (so each tile is one GEMM); the Triton kernels scale in fp32 inside the tile."""
+    h = hidden if valid_idx is None else hidden.index_select(0, valid_idx)
+    if torch_path:
+        cd = chunked.compute_dtype(hidden)
+        if h.dtype != cd or (inv_t != 1.0 and h is hidden):
+            h = h.to(cd) if h.dtype != cd else h.clone()
+        if inv_t != 1.0:
+            h.mul_(inv_t)
+    return h.contiguous()
+
+
+class _LinearLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, inv_t, ignore_index, entropy, group, backend,
+                chunk_bytes):
+        n = hidden.shape[0]
+        v_local = weight.shape[0]
+        v_off, v_glob = vp.shard_offset(v_local, group)
+        valid = labels != ignore_index
+        if bool(((labels < 0) | (labels >= v_glob)).logical_and(valid).any()):
+            raise ValueError(f"labels must be in [0, {v_glob}) or equal ignore_index={ignore_index}")
+        n_valid = int(valid.sum())
+        valid_idx = None if n_valid == n else valid.nonzero().squeeze(1)
+        lab = labels if valid_idx is None else labels.index_select(0, valid_idx)
+        torch_path = backend == "torch"
+        h = _prepare(hidden, valid_idx, inv_t, torch_path)
+        local = lab - v_off
+        owned = (local >= 0) & (local < v_local)
+        safe = torch.where(owned, local, torch.zeros_like(local))
+        cd = chunked.compute_dtype(hidden)
+        target = _target_logit(h, weight, bias, safe, owned, inv_t, h_scaled=torch_path).to(cd)
+
+        if v_local == 0 or n_valid == 0:
+            m = torch.full((n_valid,), float("-inf"), dtype=cd, device=hidden.device)
+            s = torch.zeros(n_valid, dtype=cd, device=hidden.device)
+            a = s.clone() if entropy else None
+        elif torch_path:
+            tile = chunked.plan_chunks(n_valid, v_local, chunk_bytes, prefer_rows=True)
+            fill = _gemm_fill(h, weight, bias, inv_t)
+            m, s, a = chunked.forward_stats(n_valid, v_local, tile, fill, entropy, hidden.device,
+                                            v_outer=True, clamp=_may_have_neg_inf(bias), dtype=cd)
+        else:
+            from pacs_fast.kernels import linear_logprobs as K
+            m, s, a = vp.merge_splits(*K.stats_fwd(h, weight.contiguous(), bias, inv_t, entropy))
+        del h
+        m, s, a, target = vp.allreduce_stats(m, s, a, target, group)
+        ones = torch.ones(n_valid, dtype=torch.bool, device=hidden.device)
+        lse, logp_v, ent_v = vp.finalize(m, s, a, target, ones)
+        logp = torch.zeros(n, dtype=cd, device=hidden.device)
+        ent = torch.zeros(n, dtype=cd, device=hidden.device)
+        _scatter(logp, logp_v, valid_idx)
+        if entropy:
+            _scatter(ent, ent_v, valid_idx)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, ent_v if entropy else lse)
+        ctx.cfg = (inv_t, ignore_index, entropy, group, backend, chunk_bytes, v_off)
+        ctx.set_materialize_grads(False)
+        if not entropy:
+            ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        hidden, weight, bias, labels, lse, ent = ctx.saved_tensors
+        inv_t, ignore_index, entropy, group, backend, chunk_bytes, v_off = ctx.cfg
+        n, n_h = hidden.shape
+        v_local = weight.shape[0]
+        valid = labels != ignore_index
+        n_valid = lse.shape[0]
+        valid_idx = None if n_valid == n else valid.nonzero().squeeze(1)
+
+        def pick(g):
+            g = g.to(lse.dtype)  # (upstream grads may be expanded views: make them dense)
+            return g.contiguous() if valid_idx is None else g.index_select(0, valid_idx)
+
+        cd = lse.dtype
+        gl = torch.zeros(n_valid, dtype=cd, device=hidden.device) if g_logp is None else pick(g_logp)
+        gh = pick(g_ent) if (entropy and g_ent is not None) else None
+        lab = labels if valid_idx is None else labels.index_select(0, valid_idx)
+        local = lab - v_off
+        owned = (local >= 0) & (local < v_local)
+        safe = torch.where(owned, local, torch.zeros_like(local))
+        torch_path = backend == "torch"
+        h = _prepare(hidden, valid_idx, inv_t, torch_path)
+        need_w = ctx.needs_input_grad[1]  # frozen LM head: skip dW (one GEMM of four)
+        need_b = bias is not None and ctx.needs_input_grad[2]
+
+        if torch_path:
+            # every row of dh / dW is first *written* by the tile at v0 == 0 / n0 == 0 (a GEMM
+            # with beta = 0), then accumulated into: no zero fill, no read of a zero buffer
+            alloc = torch.empty if (n_valid and v_local) else torch.zeros
+            dh = alloc(n_valid, n_h, dtype=cd, device=hidden.device)
+            dw = alloc(v_local, n_h, dtype=cd, device=hidden.device) if need_w else None
+            db = torch.zeros(v_local, dtype=cd, device=hidden.device) if need_b else None
+            if n_valid and v_local:
+                # tiles give dx (w.r.t. the scaled logits): dW = dx^T (h/T), dh = dx W / T
+                coef_c = gl + gh * ent if gh is not None else gl
+                tile = chunked.plan_chunks(n_valid, v_local, chunk_bytes, prefer_rows=True)
+                fill_rel = _gemm_fill(h, weight, bias, inv_t, lse)
+                w_cache = {}
+
+                def consume(n0, n1, v0, v1, dx):
+                    w_c = w_cache.get(v0)
+                    if w_c is None:
+                        w_cache.clear()
+                        w_c = w_cache[v0] = weight[v0:v1].to(cd)
+                    if v0 == 0:
+                        torch.mm(dx, w_c, out=dh[n0:n1])
+                    else:
+                        dh[n0:n1].addmm_(dx, w_c)
+                    if dw is not None:
+                        if n0 == 0:
+                            torch.mm(dx.t(), h[n0:n1], out=dw[v0:v1])
+                        else:
+                            dw[v0:v1].addmm_(dx.t(), h[n0:n1])
+                    if db is not None:
+                        db[v0:v1] += dx.sum(0)
+
+                chunked.backward_tiles(n_valid, v_local, tile, fill_rel, gh, coef_c, consume,
+                                       hidden.device, v_outer=True, clamp=_may_have_neg_inf(bias))
+                # one-hot term: dx[i, y_i] += gl_i (on the rank that owns y_i)
+                g_t = torch.where(owned, gl, torch.zeros_like(gl))
+                dh.addcmul_(weight.index_select(0, safe).to(cd), g_t.unsqueeze(1))
+                if dw is not None:
+                    dw.index_add_(0, safe, h * g_t.unsqueeze(1))
+                if db is not None:
+                    db.index_add_(0, safe, g_t)
+                    db.mul_(inv_t)
+            dh.mul_(inv_t)
+        else:
+            from pacs_fast.kernels import linear_logprobs as K
+            dh, dw, db = K.grad_bwd(h, weight.contiguous(), bias, inv_t, lab, v_off, lse, ent, gl, gh,
+                                    need_weight_grad=need_w, need_bias_grad=need_b)
+        del h
+        vp.allreduce_sum_(dh, group)
+        dhidden = torch.zeros(n, n_h, dtype=hidden.dtype, device=hidden.device) \
+            if valid_idx is not None else None
+        if valid_idx is not None:
+            dhidden.index_copy_(0, valid_idx, dh.to(hidden.dtype))
+        else:
+            dhidden = dh.to(hidden.dtype)
+        dweight = dw.to(weight.dtype) if dw is not None else None
+        dbias = db.to(bias.dtype) if db is not None else None
+        return dhidden, dweight, dbias, None, None, None, None, None, None, None
+
+
+def _target_logit(h, weight, bias, safe, owned, inv_t, h_scaled):
+    """x[i, y_i] (scaled) as an O(N*H) gather-dot; 0 for rows whose target is on another rank."""
+    if h.shape[0] == 0 or weight.shape[0] == 0:
+        return torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
+    cd = chunked.compute_dtype(h)
+    w_rows = weight.index_select(0, safe).to(cd)
+    t = (h.to(cd) * w_rows).sum(1)
     if bias is not None:
-        logits = logits + bias.float()
-    logits = logits / temperature
-    lsm = torch.log_softmax(logits, dim=-1)
-    valid = labels != ignore_index
-    safe = torch.where(valid, labels, torch.zeros_like(labels))
-    logp = lsm.gather(-1, safe.unsqueeze(-1)).squeeze(-1) * valid
-    if not return_entropy:
-        return logp
-    ent = -(lsm.exp() * lsm).sum(-1) * valid
-    return logp, ent
+        b = bias.index_select(0, safe).to(cd)
+        t = t + b * inv_t if h_scaled else t + b
+    if not h_scaled:
+        t = t * inv_t
+    return torch.where(owned, t, torch.zeros_like(t))
+
+
+def _gemm_fill(h, weight, bias, inv_t, lse=None):
+    """Tile producer for the torch backend (``h`` fp32, already / T): ``out = h[n] @ W[v].T +
+    b[v] / T``, minus ``lse[n]`` when given (the backward's ``x - lse``: the offset is written
+    first, then the GEMM accumulates onto it, which saves a pass over the tile)."""
+    cache = {}
+
+    def fill(n0, n1, v0, v1, out):
+        w_c = cache.get(v0)
+        if w_c is None:
+            cache.clear()
+            w_c = cache[v0] = weight[v0:v1].to(h.dtype)
+        if bias is None and lse is None:
+            return torch.mm(h[n0:n1], w_c.t(), out=out)
+        if lse is None:
+            out.copy_((bias[v0:v1].to(h.dtype) * inv_t).unsqueeze(0).expand_as(out))
+        elif bias is None:
+            out.copy_(lse[n0:n1].neg().unsqueeze(1).expand_as(out))
+        else:
+            torch.sub((bias[v0:v1].to(h.dtype) * inv_t).unsqueeze(0), lse[n0:n1].unsqueeze(1), out=out)
+        return out.addmm_(h[n0:n1], w_c.t())
+    return fill
+
+
+def _may_have_neg_inf(bias) -> bool:
+    """GEMM tiles hold -inf only through a -inf bias entry (overflow makes the row NaN anyway),
+    so the -inf guard (one clamp pass per tile) is needed only then."""
+    return bias is not None and bool(torch.isneginf(bias).any())
+
+
+def _scatter(dst, src, idx):
+    if idx is None:
+        dst.copy_(src)
+    else:
+        dst.index_copy_(0, idx, src)

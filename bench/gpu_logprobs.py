@@ -1,0 +1,190 @@
+"""GPU benchmark of the fused log-prob kernels: time, achieved TFLOP/s, workspace, error.
+
+Run on a CUDA machine (nothing here has been measured on a GPU yet):
+
+    python bench/gpu_logprobs.py                                  # N=8192, H=4096, V=151936, bf16
+    python bench/gpu_logprobs.py --shapes 4096x896x151936,8192x4096x151936 --dtype bf16
+    python bench/gpu_logprobs.py --device cpu --shapes 64x64x1000  # smoke test of the script
+
+Methods: ``pacs_triton`` (fused kernels), ``pacs_torch`` (the chunked torch backend on cuBLAS),
+``naive`` (matmul -> log_softmax -> gather, entropy; skipped when [N, V] would not fit),
+``liger_flce`` (Liger fused linear cross-entropy, loss only, no entropy) when installed.
+
+FLOPs counted per call: forward ``2*N*H*V`` (one GEMM); forward+backward ``8*N*H*V`` for
+methods that recompute logits in the backward (pacs_*: logits, recompute, dhidden, dweight) and
+``6*N*H*V`` for naive and Liger FLCE (no recompute); the table reports TFLOP/s on the *useful*
+``6*N*H*V`` too, so methods are comparable. Time: median of ``--iters`` CUDA-event timed calls
+after warm-up. Workspace: ``torch.cuda.max_memory_allocated`` during one forward+backward minus
+memory allocated before it minus the returned gradients (DESIGN.md section 3). Error: max |.| vs a
+float64 reference of logp / entropy on 256 random rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _inputs(n, h, v, dtype, device, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    hidden = (torch.randn(n, h, generator=g)).to(device=device, dtype=dtype)
+    weight = (torch.randn(v, h, generator=g) / h ** 0.5 * 2).to(device=device, dtype=dtype)
+    labels = torch.randint(0, v, (n,), generator=g).to(device)
+    gl = torch.randn(n, generator=g).to(device)
+    gh = torch.randn(n, generator=g).to(device)
+    return hidden, weight, labels, gl, gh
+
+
+def _method(name):
+    if name in ("pacs_triton", "pacs_torch"):
+        from pacs_fast.ops.linear_logprobs import linear_logprobs
+        backend = name.split("_")[1]
+
+        def fwd(h, w, y):
+            return linear_logprobs(h, w, y, return_entropy=True, backend=backend)
+        return fwd, True
+    if name == "naive":
+        def fwd(h, w, y):
+            lsm = torch.log_softmax((h @ w.T).float(), -1)
+            return lsm.gather(1, y[:, None]).squeeze(1), -(lsm.exp() * lsm).sum(-1)
+        return fwd, False
+    if name == "liger_flce":
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+        loss = LigerFusedLinearCrossEntropyLoss(reduction="sum")
+
+        def fwd(h, w, y):
+            return -loss(w, h, y), None
+        return fwd, False
+    raise ValueError(name)
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time(fn, iters, device):
+    ts = []
+    for _ in range(iters):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            ts.append(a.elapsed_time(b) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def bench_case(name, n, h, v, dtype, device, iters):
+    fwd, recompute = _method(name)
+    hidden, weight, labels, gl, gh = _inputs(n, h, v, dtype, device)
+    hidden.requires_grad_(), weight.requires_grad_()
+
+    def f_only():
+        with torch.no_grad():
+            fwd(hidden, weight, labels)
+
+    def f_b():
+        hidden.grad = weight.grad = None
+        logp, ent = fwd(hidden, weight, labels)
+        loss = (logp * gl).sum() if logp.dim() else logp
+        if ent is not None:
+            loss = loss + (ent * gh).sum()
+        loss.backward()
+
+    for _ in range(2):  # warm-up: compilation / autotuning / allocator
+        f_b()
+    _sync(device)
+    if device == "cuda":
+        hidden.grad = weight.grad = None
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        f_b()
+        _sync(device)
+        grads = hidden.grad.numel() * hidden.grad.element_size() + weight.grad.numel() * weight.grad.element_size()
+        workspace = torch.cuda.max_memory_allocated() - before - grads
+    else:
+        workspace = float("nan")
+    t_f = _time(f_only, iters, device)
+    t_fb = _time(f_b, iters, device)
+    flop = 2 * n * h * v
+    rows = torch.randperm(n)[:256].to(hidden.device)
+    with torch.no_grad():
+        logp, ent = fwd(hidden[rows], weight, labels[rows])
+        x = hidden[rows].double() @ weight.double().T
+        lsm = torch.log_softmax(x, -1)
+        ref_l = lsm.gather(1, labels[rows][:, None]).squeeze(1)
+        err = {"logp": float((logp.double() - ref_l).abs().max()) if logp.dim() else None}
+        if ent is not None:
+            err["entropy"] = float((ent.double() + (lsm.exp() * lsm).sum(-1)).abs().max())
+    return {"method": name, "N": n, "H": h, "V": v, "dtype": str(dtype).split(".")[-1],
+            "fwd_ms": t_f * 1e3, "fwd_bwd_ms": t_fb * 1e3,
+            "fwd_tflops": flop / t_f / 1e12,
+            "fwd_bwd_tflops_executed": (4 if recompute else 3) * flop / t_fb / 1e12,
+            "fwd_bwd_tflops_useful": 3 * flop / t_fb / 1e12,
+            "workspace_gb": workspace / 1e9, "max_err": err}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="8192x4096x151936")
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--methods", default="pacs_triton,pacs_torch,naive,liger_flce")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--naive-max-bytes", type=float, default=40e9,
+                    help="skip naive when its fp32 [N, V] copies (~4 of them) exceed this")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: this script reports GPU numbers only (use --device cpu "
+                         "for a smoke test of the script itself)")
+    dtype = DTYPES[args.dtype]
+    rows = []
+    for shape in args.shapes.split(","):
+        n, h, v = (int(x) for x in shape.lower().split("x"))
+        for m in args.methods.split(","):
+            if m == "naive" and 4 * 4 * n * v > args.naive_max_bytes:
+                rows.append({"method": m, "N": n, "H": h, "V": v, "unavailable": "[N, V] copies too large"})
+            elif m == "pacs_triton" and args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+                rows.append({"method": m, "N": n, "H": h, "V": v, "unavailable": "CPU without TRITON_INTERPRET=1"})
+            else:
+                try:
+                    rows.append(bench_case(m, n, h, v, dtype, args.device, args.iters))
+                except Exception as e:  # noqa: BLE001 - reported in the table
+                    rows.append({"method": m, "N": n, "H": h, "V": v,
+                                 "unavailable": f"{type(e).__name__}: {str(e)[:120]}"})
+            r = rows[-1]
+            if "unavailable" in r:
+                print(f"{m:12s} {shape}: unavailable ({r['unavailable']})", flush=True)
+            else:
+                print(f"{m:12s} {shape}: fwd {r['fwd_ms']:.2f} ms ({r['fwd_tflops']:.0f} TFLOP/s)  "
+                      f"fwd+bwd {r['fwd_bwd_ms']:.2f} ms (executed {r['fwd_bwd_tflops_executed']:.0f}, "
+                      f"useful {r['fwd_bwd_tflops_useful']:.0f} TFLOP/s)  workspace {r['workspace_gb']:.3f} GB  "
+                      f"err {r['max_err']}", flush=True)
+    dev = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                   time.strftime("gpu_logprobs_%Y%m%d_%H%M%S.json"))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"device": dev, "torch": torch.__version__, "rows": rows}, f, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

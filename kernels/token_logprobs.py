@@ -1,0 +1,126 @@
+"""Triton kernels: per-row softmax statistics of a logits matrix, and the recomputed gradient.
+
+Shapes: logits ``[N, V]`` (fp32/bf16/fp16, unit stride along V), per-row fp32 vectors ``[N]``.
+All arithmetic is fp32; the temperature is folded in (``x = logits * inv_t``).
+
+``stats_fwd``: grid ``(N, SPLITS)``; program (row, split) streams its contiguous vocab range in
+``BLOCK_V`` blocks with an online max / sum-exp (and sum ``e * (x - m)`` for the entropy) and
+writes the partial ``(m, s, a)`` to ``[SPLITS, N]`` outputs (merged on the host side, an O(N)
+op; the same merge combines tensor-parallel ranks). Splits keep the GPU busy when N is small.
+
+``grad_bwd``: grid ``(N, cdiv(V, BLOCK_V))``; each block is recomputed from the logits:
+
+    dx = gl * onehot - p * (gh * (x - lse) + gl + gh * H),   p = exp(x - lse)
+    dlogits = dx * inv_t  (0 on ignored rows)
+
+written to ``dlogits`` (which may alias ``logits``: each element is read, then written, by the
+same program, so the in-place backward is safe).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Default launch parameters (tests shrink BLOCK_V to keep the interpreter fast).
+CONFIG = {"BLOCK_V": 4096, "BLOCK_V_BWD": 4096, "num_warps": 8, "SPLITS": None}
+
+
+@triton.jit
+def _stats_fwd_kernel(X, stride_x, V, v_per_split, inv_t,
+                      M_out, S_out, A_out, N,
+                      ENTROPY: tl.constexpr, BLOCK_V: tl.constexpr):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    v_lo = split * v_per_split
+    v_hi = tl.minimum(V, v_lo + v_per_split)
+    x_row = X + row.to(tl.int64) * stride_x
+    m = tl.full((), float("-inf"), tl.float32)
+    s = tl.zeros((), tl.float32)
+    a = tl.zeros((), tl.float32)
+    for off in range(v_lo, v_hi, BLOCK_V):
+        cols = off + tl.arange(0, BLOCK_V)
+        x = tl.load(x_row + cols, mask=cols < v_hi, other=float("-inf")).to(tl.float32) * inv_t
+        m_new = tl.maximum(m, tl.max(x, 0))
+        # reference point; 0 while everything seen is -inf (avoids inf - inf)
+        ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        scale = tl.exp(m - ref)  # 0 while m = -inf
+        xr = x - ref
+        e = tl.exp(xr)
+        if ENTROPY:
+            a = tl.where(scale == 0.0, 0.0, scale * (a + (m - ref) * s))
+            a += tl.sum(tl.where(x == float("-inf"), 0.0, e * xr), 0)
+        s = s * scale + tl.sum(e, 0)
+        m = m_new
+    out = split * N + row
+    tl.store(M_out + out, m)
+    tl.store(S_out + out, s)
+    if ENTROPY:
+        tl.store(A_out + out, a)
+
+
+@triton.jit
+def _grad_bwd_kernel(X, stride_x, DX, stride_dx, V, inv_t,
+                     LABELS, v_offset, ignore_index, LSE, ENT, GL, GH,
+                     ENTROPY: tl.constexpr, BLOCK_V: tl.constexpr):
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    cols = blk * BLOCK_V + tl.arange(0, BLOCK_V)
+    cmask = cols < V
+    label = tl.load(LABELS + row)
+    valid = label != ignore_index
+    x = tl.load(X + row.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0).to(tl.float32) * inv_t
+    lse = tl.load(LSE + row)
+    gl = tl.load(GL + row)
+    xr = x - lse
+    p = tl.exp(xr)
+    if ENTROPY:
+        gh = tl.load(GH + row)
+        c = gl + gh * tl.load(ENT + row)
+        dx = -p * (gh * xr + c)
+        dx = tl.where(x == float("-inf"), 0.0, dx)
+    else:
+        dx = -p * gl
+    dx += tl.where(cols == label - v_offset, gl, 0.0)
+    dx = tl.where(valid, dx * inv_t, 0.0)
+    tl.store(DX + row.to(tl.int64) * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=cmask)
+
+
+def _splits(n_rows: int, n_cols: int, block_v: int, device) -> int:
+    if CONFIG["SPLITS"] is not None:
+        return max(1, min(int(CONFIG["SPLITS"]), triton.cdiv(n_cols, block_v)))
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = triton.cdiv(4 * sms, max(n_rows, 1))  # ~4 programs per SM
+    return max(1, min(want, triton.cdiv(n_cols, block_v)))
+
+
+def stats_fwd(logits: torch.Tensor, inv_t: float, entropy: bool):
+    """Partial statistics ``(m, s, a)`` each fp32 ``[SPLITS, N]`` (``a`` None without entropy)."""
+    n, v = logits.shape
+    block = min(CONFIG["BLOCK_V"], triton.next_power_of_2(v))
+    splits = _splits(n, v, block, logits.device)
+    per = triton.cdiv(triton.cdiv(v, splits), block) * block
+    splits = triton.cdiv(v, per)
+    m = torch.empty(splits, n, dtype=torch.float32, device=logits.device)
+    s = torch.empty_like(m)
+    a = torch.empty_like(m) if entropy else s
+    if n > 0:
+        _stats_fwd_kernel[(n, splits)](logits, logits.stride(0), v, per, inv_t, m, s, a, n,
+                                       ENTROPY=entropy, BLOCK_V=block, num_warps=CONFIG["num_warps"])
+    return m, s, (a if entropy else None)
+
+
+def grad_bwd(logits, dlogits, inv_t, labels, v_offset, ignore_index, lse, ent, gl, gh):
+    """Writes the logits gradient into ``dlogits`` (may be ``logits`` itself). ``gh``/``ent`` None
+    without an entropy gradient; ``labels`` global ids, ``v_offset`` the shard's first id."""
+    n, v = logits.shape
+    block = min(CONFIG["BLOCK_V_BWD"], triton.next_power_of_2(v))
+    entropy = gh is not None
+    if n > 0:
+        _grad_bwd_kernel[(n, triton.cdiv(v, block))](
+            logits, logits.stride(0), dlogits, dlogits.stride(0), v, inv_t,
+            labels, v_offset, ignore_index, lse, ent if entropy else lse, gl, gh if entropy else gl,
+            ENTROPY=entropy, BLOCK_V=block, num_warps=CONFIG["num_warps"])
+    return dlogits

@@ -1,0 +1,168 @@
+"""The chunked pure-PyTorch engine behind ``backend="torch"`` (fp32 compute, any device).
+
+Both ops see the logits as tiles ``[n, v]`` (rows ``n0:n1``, vocab columns ``v0:v1``) produced on
+demand by a ``fill(n0, n1, v0, v1, out)`` callback: a slice of the given logits, or a GEMM
+``hidden @ weight.T`` for the linear op. Only two tile buffers of at most ``chunk_bytes`` in
+total exist at a time, so the workspace is O(chunk_bytes + N), never O(N * V).
+
+Forward (one pass over V per row block): per tile ``m = max x``, ``e = exp(x - m)``,
+``s = sum e``, ``a = sum e (x - m)``; tiles merge exactly (``vocab_parallel.merge``).
+
+Backward (recomputes each tile): with ``lse`` and entropy ``H`` of the row, ``p = exp(x - lse)``,
+upstream grads ``gl`` (of logp) and ``gh`` (of entropy), and ``S = sum p x = lse - H``:
+
+    d logp / d x_j = onehot_j - p_j
+    d H    / d x_j = -p_j (x_j - S) = -p_j ((x_j - lse) + H)
+    dx_j = gl onehot_j - p_j (gh (x_j - lse) + gl + gh H)
+
+and ``d/d(raw logits) = dx / temperature``. The one-hot term is added by the caller (a scatter
+for the token op, an ``index_add`` on dW / dh for the linear op). Tile element ops are in place.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .vocab_parallel import NEG_INF, merge
+
+DEFAULT_CHUNK_BYTES = 64 << 20
+# x - m (or x - lse) is clamped from below so that -inf logits give p = 0 and p * (x - m) = 0
+# instead of 0 * inf = NaN; exp(-1e4) is exactly 0 in fp32, so nothing else changes.
+_CLAMP_LO = -1e4
+
+
+def plan_chunks(n_rows: int, n_cols: int, chunk_bytes, prefer_rows: bool = False,
+                n_buffers: int = 2) -> tuple[int, int]:
+    """Tile shape ``(n, v)`` so that ``n_buffers`` fp32 tiles fit in ``chunk_bytes``.
+
+    ``chunk_bytes``: an int budget (None: 64 MiB), or an explicit ``(rows, cols)`` tile shape.
+    Default (logits given): whole rows when at least 8 fit, else vocab chunks.
+    ``prefer_rows`` (tiles made by a GEMM): up to 2048 rows and >= 1024 vocab columns per tile,
+    so that each tile is one efficient GEMM ``[n, H] @ [H, v]``.
+    """
+    n_rows, n_cols = max(n_rows, 1), max(n_cols, 1)
+    if isinstance(chunk_bytes, (tuple, list)):
+        n, v = (int(c) for c in chunk_bytes)
+        if n <= 0 or v <= 0:
+            raise ValueError(f"chunk_bytes as a tile shape must be positive, got {chunk_bytes}")
+        return min(n, n_rows), min(v, n_cols)
+    budget = DEFAULT_CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
+    if budget <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    elems = max(1, budget // (4 * n_buffers))
+    if prefer_rows:
+        n = max(1, min(n_rows, 2048, elems // min(1024, n_cols)))
+        return n, max(1, min(n_cols, elems // n))
+    if elems // n_cols >= min(8, n_rows):
+        return min(n_rows, elems // n_cols), n_cols
+    v = min(n_cols, max(16, elems // 8))
+    return max(1, min(n_rows, elems // v)), v
+
+
+class TileBuffers:
+    """Two reusable fp32 scratch buffers, viewed as contiguous ``[n, v]`` tiles."""
+
+    def __init__(self, n: int, v: int, device, dtype=torch.float32):
+        self.a = torch.empty(n * v, dtype=dtype, device=device)
+        self.b = torch.empty(n * v, dtype=dtype, device=device)
+
+    def tiles(self, n: int, v: int):
+        return self.a[: n * v].view(n, v), self.b[: n * v].view(n, v)
+
+
+def tile_stats(x: torch.Tensor, xb: torch.Tensor, eb: torch.Tensor, entropy: bool,
+               clamp: bool = True):
+    """Partial ``(m, s, a)`` of a tile. ``x`` may be a read-only view (any float dtype) or ``xb``
+    itself; ``xb``/``eb`` are fp32 scratch tiles of the same shape (overwritten). ``clamp=False``
+    is allowed when the tile cannot hold -inf (then -inf would give a NaN entropy)."""
+    m = x.amax(1).to(xb.dtype)
+    ref = torch.where(m == NEG_INF, torch.zeros_like(m), m)
+    torch.sub(x, ref.unsqueeze(1), out=xb)
+    if not entropy:
+        return m, xb.exp_().sum(1), None
+    if clamp:
+        xb.clamp_(min=_CLAMP_LO)
+    torch.exp(xb, out=eb)
+    s = eb.sum(1)
+    return m, s, xb.mul_(eb).sum(1)  # in place: no [n, v] temporary
+
+
+def forward_stats(n_rows, n_cols, tile, fill, entropy: bool, device, v_outer: bool = False,
+                  clamp: bool = True, dtype=torch.float32):
+    """Loops over tiles; returns merged per-row ``(m, s, a)`` fp32 ``[n_rows]`` (a None without
+    entropy). ``fill(n0, n1, v0, v1, out) -> x`` returns the tile's scaled logits (``out`` or a view)."""
+    nc, vc = tile
+    bufs = TileBuffers(nc, vc, device, dtype)
+    m = torch.full((n_rows,), NEG_INF, dtype=dtype, device=device)
+    s = torch.zeros(n_rows, dtype=dtype, device=device)
+    a = torch.zeros(n_rows, dtype=dtype, device=device) if entropy else None
+    for n0, n1, v0, v1 in _tiles(n_rows, n_cols, nc, vc, v_outer):
+        xb, eb = bufs.tiles(n1 - n0, v1 - v0)
+        x = fill(n0, n1, v0, v1, xb)
+        mt, st, at = tile_stats(x, xb, eb, entropy, clamp)
+        if v0 == 0 and v1 == n_cols:  # whole rows: nothing to merge
+            m[n0:n1], s[n0:n1] = mt, st
+            if entropy:
+                a[n0:n1] = at
+            continue
+        mm, ss, aa = merge(m[n0:n1], s[n0:n1], None if a is None else a[n0:n1], mt, st, at)
+        m[n0:n1], s[n0:n1] = mm, ss
+        if entropy:
+            a[n0:n1] = aa
+    return m, s, a
+
+
+def tile_grad(xr, pb, coef_x, coef_c, clamp: bool = True):
+    """Gradient tile (without the one-hot term) from ``xr = x - lse`` (fp32 scratch, overwritten);
+    ``pb`` is a second scratch tile. ``dx = -p * (coef_x * xr + coef_c)``, ``p = exp(xr)``;
+    ``coef_x`` = gh (None without an entropy gradient), ``coef_c`` = gl + gh H, both ``[n]`` and
+    possibly pre-multiplied by 1/T. Returns the tile that holds ``dx`` (``xr`` or ``pb``)."""
+    if coef_x is None:
+        return xr.exp_().mul_(coef_c.neg().unsqueeze(1))
+    if clamp:
+        xr.clamp_(min=_CLAMP_LO)
+    torch.exp(xr, out=pb)
+    # xr <- -(coef_c + coef_x * xr) in one pass (elementwise, so out= may alias an input)
+    torch.addcmul(coef_c.neg().unsqueeze(1), xr, coef_x.neg().unsqueeze(1), out=xr)
+    return xr.mul_(pb)
+
+
+def backward_tiles(n_rows, n_cols, tile, fill_rel, coef_x, coef_c, consume, device,
+                   v_outer: bool = False, out_tile=None, clamp: bool = True):
+    """Recomputes every tile and hands ``consume(n0, n1, v0, v1, dx)`` the gradient tile.
+
+    ``fill_rel(n0, n1, v0, v1, out)`` writes ``x - lse`` (fp32) into ``out`` and returns it.
+    ``out_tile(n0, n1, v0, v1)`` may return an fp32 contiguous destination to use as that
+    scratch tile (the gradient is then produced in place there, saving a copy)."""
+    nc, vc = tile
+    bufs = TileBuffers(nc, vc, device, coef_c.dtype)
+    for n0, n1, v0, v1 in _tiles(n_rows, n_cols, nc, vc, v_outer):
+        xb, pb = bufs.tiles(n1 - n0, v1 - v0)
+        if out_tile is not None:
+            dst = out_tile(n0, n1, v0, v1)
+            if dst is not None:
+                xb = dst
+        xr = fill_rel(n0, n1, v0, v1, xb)
+        cx = None if coef_x is None else coef_x[n0:n1]
+        consume(n0, n1, v0, v1, tile_grad(xr, pb, cx, coef_c[n0:n1], clamp))
+
+
+def _tiles(n_rows, n_cols, nc, vc, v_outer):
+    rows = [(n0, min(n0 + nc, n_rows)) for n0 in range(0, n_rows, nc)]
+    cols = [(v0, min(v0 + vc, n_cols)) for v0 in range(0, n_cols, vc)]
+    if v_outer:
+        return [(n0, n1, v0, v1) for v0, v1 in cols for n0, n1 in rows]
+    return [(n0, n1, v0, v1) for n0, n1 in rows for v0, v1 in cols]
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """fp32 for fp32/bf16/fp16 inputs; float64 inputs are computed (and returned) in float64."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def check_temperature(temperature) -> float:
+    t = float(temperature)
+    if not math.isfinite(t) or t <= 0:
+        raise ValueError(f"temperature must be a finite positive number, got {temperature!r}")
+    return t

@@ -1,0 +1,175 @@
+"""Log-probabilities (and entropy) of target tokens from logits, without materialising softmax.
+
+    logp[i]    = x[i, y_i] - logsumexp_j x[i, j]          x = logits / temperature
+    entropy[i] = -sum_j p[i, j] log p[i, j]               p = softmax(x[i])
+
+Both in fp32 from one pass over the vocabulary (online max / sum-exp); both differentiable (the
+backward recomputes ``p`` block by block). Backends: ``"triton"`` (kernels/token_logprobs.py),
+``"torch"`` (row/vocab tiles under a memory budget, pacs_fast/ops/chunked.py), ``"auto"``.
+
+Non-finite logits (documented, tested): ``-inf`` entries are allowed (probability 0, no NaN in
+the entropy or gradients; a ``-inf`` target gives ``logp = -inf``); a row with any NaN or
+``+inf`` logit, or with all logits ``-inf``, gives NaN ``logp``/``entropy`` and NaN gradient for
+that row. Rows whose label is ``ignore_index`` give 0 and a zero gradient whatever their logits.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import chunked, vocab_parallel as vp
+from .backend import resolve_backend
+
+
+def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return_entropy=False,
+                   inplace_backward=False, tp_group=None, backend="auto", chunk_bytes=None):
+    """Log-prob of ``labels`` under ``softmax(logits / temperature)``.
+
+    Args:
+        logits: ``[..., V]`` fp32/bf16/fp16 (with ``tp_group``: this rank's contiguous vocab
+            shard ``[..., V / tp]``, shards in rank order).
+        labels: ``[...]`` integer global vocabulary ids; ``ignore_index`` marks rows to skip.
+        temperature: positive float folded into the logits.
+        return_entropy: also return the (differentiable) entropy of each row's distribution.
+        inplace_backward: write the gradient into ``logits``' storage (saves one ``[N, V]``
+            buffer); ``logits`` must not be used after the backward.
+        tp_group: ``torch.distributed`` process group over which the vocabulary is sharded.
+        backend: ``"auto"`` | ``"triton"`` | ``"torch"`` (see ``pacs_fast.ops.backend``).
+        chunk_bytes: torch backend only: scratch budget for tiles (default 64 MiB).
+
+    Returns:
+        ``logp`` fp32 ``[...]``, or ``(logp, entropy)`` with ``return_entropy``.
+    """
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() < 1:
+        raise ValueError("logits must be a floating-point tensor [..., V]")
+    if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise ValueError("labels must be an integer tensor")
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(f"labels shape {tuple(labels.shape)} must equal logits.shape[:-1] "
+                         f"{tuple(logits.shape[:-1])}")
+    if labels.device != logits.device:
+        raise ValueError("labels must be on the same device as logits")
+    t = chunked.check_temperature(temperature)
+    resolved = _resolve(backend, logits)
+    lead = labels.shape
+    x2 = logits.reshape(-1, logits.shape[-1])
+    if x2.shape[-1] > 0 and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    logp, ent = _TokenLogprobs.apply(x2, labels.reshape(-1).long().contiguous(), 1.0 / t, int(ignore_index),
+                                     bool(return_entropy), bool(inplace_backward), tp_group,
+                                     resolved, chunk_bytes)
+    logp = logp.view(lead)
+    return (logp, ent.view(lead)) if return_entropy else logp
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, labels, inv_t, ignore_index, entropy, inplace, group, backend, chunk_bytes):
+        n, v_local = logits.shape
+        v_off, v_glob = vp.shard_offset(v_local, group)
+        valid = labels != ignore_index
+        if bool(((labels < 0) | (labels >= v_glob)).logical_and(valid).any()):
+            raise ValueError(f"labels must be in [0, {v_glob}) or equal ignore_index={ignore_index}")
+        local = labels - v_off
+        owned = valid & (local >= 0) & (local < v_local)
+        safe = torch.where(owned, local, torch.zeros_like(local))
+        cd = chunked.compute_dtype(logits)
+        target = torch.where(owned, logits.gather(1, safe.unsqueeze(1)).squeeze(1).to(cd) * inv_t,
+                             torch.zeros((), dtype=cd, device=logits.device)) \
+            if v_local > 0 else torch.zeros(n, dtype=cd, device=logits.device)
+
+        if backend == "triton":
+            from pacs_fast.kernels import token_logprobs as K
+            m, s, a = vp.merge_splits(*K.stats_fwd(logits, inv_t, entropy)) if v_local > 0 \
+                else _empty(n, entropy, logits.device)
+        else:
+            tile = chunked.plan_chunks(n, v_local, chunk_bytes)
+            fill = _fill(logits, inv_t)
+            m, s, a = chunked.forward_stats(n, v_local, tile, fill, entropy, logits.device, dtype=cd)
+        m, s, a, target = vp.allreduce_stats(m, s, a, target, group)
+        lse, logp, ent = vp.finalize(m, s, a, target, valid)
+        ctx.save_for_backward(logits, labels, lse, ent if entropy else lse)
+        ctx.cfg = (inv_t, ignore_index, entropy, inplace, backend, chunk_bytes, v_off)
+        ctx.set_materialize_grads(False)
+        if ent is None:
+            ent = torch.zeros_like(logp)
+        ctx.mark_non_differentiable(*(() if entropy else (ent,)))
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        logits, labels, lse, ent = ctx.saved_tensors
+        inv_t, ignore_index, entropy, inplace, backend, chunk_bytes, v_off = ctx.cfg
+        n, v_local = logits.shape
+        valid = labels != ignore_index
+        zeros = torch.zeros(n, dtype=lse.dtype, device=logits.device)
+        gl = zeros if g_logp is None else torch.where(valid, g_logp.to(lse.dtype), zeros)
+        gh = None
+        if entropy and g_ent is not None:
+            gh = torch.where(valid, g_ent.to(lse.dtype), zeros)
+        grad = logits if inplace else torch.empty_like(logits)
+        if n == 0 or v_local == 0:
+            return (grad.zero_(),) + (None,) * 8
+        if backend == "triton":
+            from pacs_fast.kernels import token_logprobs as K
+            K.grad_bwd(logits, grad, inv_t, labels, v_off, ignore_index, lse, ent, gl, gh)
+            return (grad,) + (None,) * 8
+
+        # torch backend: dx = gl onehot - p (gh (x - lse) + gl + gh H), times inv_t
+        coef_c = (gl + gh * ent) * inv_t if gh is not None else gl * inv_t
+        coef_x = gh * inv_t if gh is not None else None
+        lse_safe = torch.where(valid, lse, torch.zeros_like(lse))
+        local = labels - v_off
+        owned = valid & (local >= 0) & (local < v_local)
+        tile = chunked.plan_chunks(n, v_local, chunk_bytes)
+        has_ignored = bool((~valid).any())
+        fill = _fill(logits, inv_t)
+        direct = grad.dtype == lse.dtype and tile[1] == v_local
+
+        def out_tile(n0, n1, v0, v1):  # whole fp32 rows of the gradient: compute there directly
+            return grad[n0:n1] if direct else None
+
+        def consume(n0, n1, v0, v1, dx):
+            rows = owned[n0:n1] & (local[n0:n1] >= v0) & (local[n0:n1] < v1)
+            idx = rows.nonzero().squeeze(1)
+            if idx.numel():
+                dx.index_put_((idx, local[n0:n1][idx] - v0), gl[n0:n1][idx] * inv_t, accumulate=True)
+            if has_ignored:
+                dx.masked_fill_(~valid[n0:n1].unsqueeze(1), 0.0)
+            dst = grad[n0:n1, v0:v1]
+            if dst.data_ptr() != dx.data_ptr():
+                dst.copy_(dx)
+
+        def fill_rel(n0, n1, v0, v1, out):
+            return torch.sub(fill(n0, n1, v0, v1, out), lse_safe[n0:n1].unsqueeze(1), out=out)
+
+        chunked.backward_tiles(n, v_local, tile, fill_rel, coef_x, coef_c, consume,
+                               logits.device, out_tile=out_tile)
+        return (grad,) + (None,) * 8
+
+
+def _resolve(backend, *tensors):
+    """``resolve_backend``, except that float64 inputs (gradcheck, references) use the torch
+    path under ``auto`` and are rejected by ``triton`` (the kernels compute in fp32)."""
+    resolved = resolve_backend(backend, *tensors)
+    if resolved == "triton" and any(t.dtype == torch.float64 for t in tensors):
+        if backend == "auto":
+            return "torch"
+        raise ValueError("backend='triton' computes in fp32; float64 inputs need backend='torch'")
+    return resolved
+
+
+def _fill(logits, inv_t):
+    """Tile producer: a view of the logits (inv_t == 1) or the scaled copy in ``out``."""
+    def fill(n0, n1, v0, v1, out):
+        src = logits[n0:n1, v0:v1]
+        if inv_t == 1.0:
+            return src
+        out.copy_(src)  # (torch.mul(src, s, out=) would compute in bf16 for bf16 logits)
+        return out.mul_(inv_t)
+    return fill
+
+
+def _empty(n, entropy, device):
+    m = torch.full((n,), float("-inf"), device=device)
+    z = torch.zeros(n, device=device)
+    return m, z, (z.clone() if entropy else None)

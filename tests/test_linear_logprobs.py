@@ -1,0 +1,177 @@
+"""linear_logprobs: LM head fused with token log-probs, against a float64 reference.
+
+Torch backend with forced small tiles (rows AND vocab chunked, online log-sum-exp across vocab
+chunks) and the Triton kernels under the interpreter with small blocks (several row blocks,
+vocab splits and H steps, all with ragged edges).
+"""
+import math
+
+import pytest
+import torch
+
+from pacs_fast.ops.linear_logprobs import linear_logprobs
+
+pytestmark = [pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),  # interpreter on NaN/-inf
+              pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")]
+
+N, H, V = 37, 40, 1003
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    from pacs_fast.kernels import linear_logprobs as K
+    for k, v in dict(BLOCK_N=16, BLOCK_V=64, BLOCK_H=16, GROUP_N=2, SPLITS=3, num_warps=1,
+                     num_stages=1).items():
+        monkeypatch.setitem(K.CONFIG, k, v)
+
+
+def reference(h, w, b, labels, temperature, ignore_index=-100):
+    x = h.double() @ w.double().T
+    if b is not None:
+        x = x + b.double()
+    lsm = torch.log_softmax(x / temperature, -1)
+    valid = labels != ignore_index
+    safe = torch.where(valid, labels, torch.zeros_like(labels))
+    logp = lsm.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    p = lsm.exp()
+    ent = -(p * torch.where(p > 0, lsm, torch.zeros_like(lsm))).sum(-1)
+    zero = torch.zeros((), dtype=torch.float64)
+    return torch.where(valid, logp, zero), torch.where(valid, ent, zero)
+
+
+def make_inputs(dtype, n=N, h=H, v=V, bias=True, scale=0.4):
+    hidden = torch.randn(n, h)
+    hidden[1] *= 30  # a sharply peaked row: logits in the hundreds
+    weight = torch.randn(v, h) * scale
+    b = torch.randn(v) if bias else None
+    labels = torch.randint(0, v, (n,))
+    labels[torch.rand(n) < 0.2] = -100
+    labels[0] = -100
+    cast = (lambda t: None if t is None else t.to(dtype))
+    return cast(hidden), cast(weight), cast(b), labels
+
+
+def check(dtype, backend, temperature, entropy, bias, chunk_bytes=None, v=V):
+    hidden, weight, b, labels = make_inputs(dtype, bias=bias, v=v)
+    gl, gh = torch.randn(N), torch.randn(N)
+    leaves = [t.clone().requires_grad_() for t in (hidden, weight)] + \
+        ([b.clone().requires_grad_()] if bias else [])
+    kw = dict(bias=leaves[2] if bias else None, temperature=temperature, return_entropy=entropy,
+              backend=backend)
+    if backend == "torch":
+        kw["chunk_bytes"] = chunk_bytes
+    out = linear_logprobs(leaves[0], leaves[1], labels, **kw)
+    logp, ent = out if entropy else (out, None)
+    assert logp.dtype == torch.float32 and logp.shape == (N,)
+    ((logp * gl).sum() + ((ent * gh).sum() if entropy else 0)).backward()
+    refs = [t.double().requires_grad_() for t in (hidden, weight)] + ([b.double().requires_grad_()] if bias else [])
+    rl, re = reference(refs[0], refs[1], refs[2] if bias else None, labels, temperature)
+    ((rl * gl.double()).sum() + ((re * gh.double()).sum() if entropy else 0)).backward()
+
+    # fp32 accumulation over H and V: errors ~ 1e-6 relative to the logits' magnitude
+    xmax = (refs[0].detach() @ refs[1].detach().T).abs().amax(-1) / temperature + 1
+    assert ((logp.double() - rl.detach()).abs() <= 4e-6 * xmax).all()
+    if entropy:
+        assert ((ent.double() - re.detach()).abs() <= 1e-5 * xmax).all()
+    ignored = labels == -100
+    assert (logp[ignored] == 0).all() and (leaves[0].grad[ignored] == 0).all()
+    errs = {"logp": (logp.double() - rl).abs().max().item()}
+    # gradients: fp32 -> ~1e-5 of the largest entry; bf16 -> rounding of dz and of the output
+    rel = 1e-4 if dtype == torch.float32 else 3e-2  # row 1 has logits ~ 300: fp32 p error ~ 300 * 6e-8
+    for name, t, r in zip(("hidden", "weight", "bias"), leaves, refs):
+        assert t.grad.dtype == dtype
+        err = (t.grad.double() - r.grad).abs().max().item()
+        assert err <= rel * r.grad.abs().max().item(), (name, err)
+        errs[name] = err
+    return errs
+
+
+CASES = [  # dtype, temperature, entropy, bias
+    (torch.float32, 1.0, True, True),
+    (torch.float32, 0.6, False, False),
+    (torch.bfloat16, 1.2, True, True),
+]
+
+
+@pytest.mark.parametrize("dtype,temperature,entropy,bias", CASES + [(torch.float16, 0.8, True, False)])
+@pytest.mark.parametrize("chunk_bytes", [None, (8, 128)])  # one tile / rows and vocab chunked
+def test_torch_backend_matches_float64(seed, dtype, temperature, entropy, bias, chunk_bytes):
+    check(dtype, "torch", temperature, entropy, bias, chunk_bytes)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype,temperature,entropy,bias", CASES)
+def test_triton_kernels_match_float64(seed, small_blocks, dtype, temperature, entropy, bias):
+    check(dtype, "triton", temperature, entropy, bias, v=301)
+
+
+def test_gradcheck_float64_torch_backend(seed):
+    h = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(11, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 11, (7,))
+    y[3] = -100
+    for tile in [None, (3, 4)]:
+        def f(h, w, b):
+            return linear_logprobs(h, w, y, bias=b, temperature=0.7, return_entropy=True,
+                                   backend="torch", chunk_bytes=tile)
+        assert torch.autograd.gradcheck(f, (h, w, b))
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_leading_shape_frozen_head_and_equivalence_with_token_logprobs(seed, small_blocks, backend):
+    from pacs_fast.ops.token_logprobs import token_logprobs
+    hidden = torch.randn(2, 5, 24, requires_grad=True)
+    weight = torch.randn(97, 24) * 0.3  # frozen: no weight gradient is computed or returned
+    labels = torch.randint(0, 97, (2, 5))
+    logp, ent = linear_logprobs(hidden, weight, labels, return_entropy=True, backend=backend)
+    assert logp.shape == (2, 5)
+    (logp.sum() + ent.sum()).backward()
+    h2 = hidden.detach().clone().requires_grad_()
+    lp2, en2 = token_logprobs(h2 @ weight.T, labels, return_entropy=True, backend="torch")
+    (lp2.sum() + en2.sum()).backward()
+    torch.testing.assert_close(logp, lp2, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hidden.grad, h2.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_non_finite_inputs(seed, small_blocks, backend):
+    """-inf bias entries mask the vocabulary (finite results, zero gradient there); a NaN hidden
+    row gives NaN for that row only; an ignored row's NaNs never reach any gradient."""
+    n, h, v = 6, 16, 80
+    hidden = torch.randn(n, h)
+    weight = torch.randn(v, h) * 0.3
+    bias = torch.zeros(v)
+    bias[::4] = float("-inf")
+    labels = torch.randint(0, v, (n,))
+    labels[labels % 4 == 0] += 1
+    hidden[2, 3] = float("nan")
+    hidden[4] = float("nan")
+    labels[4] = -100
+    leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    logp, ent = linear_logprobs(leaves[0], leaves[1], labels, bias=leaves[2], return_entropy=True,
+                                backend=backend)
+    ok = torch.tensor([True, True, False, True, False, True])
+    (logp[ok].sum() + ent[ok].sum()).backward()
+    assert math.isnan(logp[2].item()) and math.isnan(ent[2].item())
+    assert logp[4].item() == 0 and ent[4].item() == 0
+    rl, re = reference(hidden[ok], weight, bias, labels[ok], 1.0)
+    torch.testing.assert_close(logp[ok].double(), rl, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent[ok].double(), re, rtol=0, atol=1e-5)
+    # row 2 has gradient 0 from the loss (not selected) but its NaN logits meet 0 * NaN in a
+    # GEMM: its gradient rows would be NaN; rows 4 (ignored) must stay exactly 0
+    assert (leaves[0].grad[4] == 0).all()
+    assert torch.isfinite(leaves[0].grad[ok]).all()
+
+
+def test_bad_arguments():
+    h, w = torch.randn(4, 8), torch.randn(10, 8)
+    y = torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ValueError, match="weight"):
+        linear_logprobs(h, torch.randn(10, 7), y)
+    with pytest.raises(ValueError, match="bias"):
+        linear_logprobs(h, w, y, bias=torch.randn(9))
+    with pytest.raises(ValueError, match="labels"):
+        linear_logprobs(h, w, torch.full((4,), 10))
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        linear_logprobs(h, w, y, chunk_bytes=0)

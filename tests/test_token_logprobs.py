@@ -1,0 +1,186 @@
+"""token_logprobs: forward and backward against a float64 reference, both backends.
+
+The Triton kernels run under TRITON_INTERPRET=1 on CPU tensors (tests/conftest.py); block sizes
+are shrunk so that every kernel loops over several vocab blocks and splits on small shapes.
+"""
+import math
+
+import pytest
+import torch
+
+from pacs_fast.ops.token_logprobs import token_logprobs
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+V = 1003  # odd vocabulary: no block divides it
+N = 37    # no block divides it either
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    from pacs_fast.kernels import token_logprobs as K
+    monkeypatch.setitem(K.CONFIG, "BLOCK_V", 256)
+    monkeypatch.setitem(K.CONFIG, "BLOCK_V_BWD", 256)
+    monkeypatch.setitem(K.CONFIG, "SPLITS", 3)
+    monkeypatch.setitem(K.CONFIG, "num_warps", 1)
+
+
+def reference(logits, labels, temperature=1.0, ignore_index=-100):
+    """float64 logp and entropy (autograd-differentiable), 0 on ignored rows."""
+    x = logits.double() / temperature
+    lsm = torch.log_softmax(x, -1)
+    valid = labels != ignore_index
+    safe = torch.where(valid, labels, torch.zeros_like(labels))
+    logp = lsm.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    p = lsm.exp()
+    ent = -(p * torch.where(p > 0, lsm, torch.zeros_like(lsm))).sum(-1)
+    zero = torch.zeros((), dtype=torch.float64)
+    return torch.where(valid, logp, zero), torch.where(valid, ent, zero)
+
+
+def make_inputs(dtype, n=N, v=V, extreme=True, frac_ignored=0.2):
+    logits = torch.randn(n, v) * 4
+    if extreme:  # a few rows with |logits| up to 1e4 (and a peaked distribution)
+        logits[1] *= 2500.0
+        logits[2] = torch.randn(v) * 1e4
+        logits[3, 7] = 1e4
+    logits = logits.to(dtype)
+    labels = torch.randint(0, v, (n,))
+    ignored = torch.rand(n) < frac_ignored
+    ignored[0] = True
+    labels[ignored] = -100
+    return logits, labels
+
+
+def check(logits, labels, backend, temperature, entropy, *, chunk_bytes=None, inplace=False):
+    gl = torch.randn(labels.shape)
+    gh = torch.randn(labels.shape)
+    x = logits.clone().requires_grad_()
+    kw = dict(temperature=temperature, return_entropy=entropy, backend=backend)
+    if backend == "torch":
+        kw["chunk_bytes"] = chunk_bytes
+    out = token_logprobs(x if not inplace else x * 1, labels, inplace_backward=inplace, **kw)
+    logp, ent = out if entropy else (out, None)
+    assert logp.dtype == torch.float32 and logp.shape == labels.shape
+    loss = (logp * gl).sum() + ((ent * gh).sum() if entropy else 0)
+    loss.backward()
+    xr = logits.double().requires_grad_()
+    rl, re = reference(xr, labels, temperature)
+    (rl * gl.double() + (re * gh.double() if entropy else 0)).sum().backward()
+
+    # fp32 accumulation: errors scale with the row's largest |x| (lse of a 1e4-row is ~1e4)
+    scale = 1 + (logits.double().abs().amax(-1) / temperature)
+    tol = 2e-6 * scale
+    assert ((logp.double() - rl.detach()).abs() <= tol).all()
+    if entropy:
+        assert ((ent.double() - re.detach()).abs() <= tol * 4).all()
+    g, gr = x.grad.double(), xr.grad
+    assert x.grad.dtype == logits.dtype
+    eps = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}[logits.dtype]
+    # per-row bound: output rounding (eps * |g|) plus fp32 error of p on large-|x| rows
+    gtol = eps * gr.abs().amax(-1, keepdim=True) + 1e-6 * scale.unsqueeze(-1) * (gl.abs() + gh.abs()).unsqueeze(-1)
+    assert ((g - gr).abs() <= gtol * 4).all(), (g - gr).abs().max()
+    ignored = labels == -100
+    assert (logp[ignored] == 0).all() and (x.grad[ignored] == 0).all()
+    return (logp.double() - rl).abs().max().item(), (g - gr).abs().max().item()
+
+
+CASES = [  # dtype, temperature, entropy
+    (torch.float32, 1.0, True),
+    (torch.float32, 0.7, False),
+    (torch.bfloat16, 1.3, True),
+    (torch.float16, 1.0, True),
+]
+
+
+@pytest.mark.parametrize("dtype,temperature,entropy", CASES)
+@pytest.mark.parametrize("chunk_bytes", [None, 4 * 2 * 16 * 300])  # whole rows / vocab-chunked
+def test_torch_backend_matches_float64(seed, dtype, temperature, entropy, chunk_bytes):
+    logits, labels = make_inputs(dtype)
+    check(logits, labels, "torch", temperature, entropy, chunk_bytes=chunk_bytes)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype,temperature,entropy", CASES[:3])
+def test_triton_kernels_match_float64(seed, small_blocks, dtype, temperature, entropy):
+    logits, labels = make_inputs(dtype)
+    check(logits, labels, "triton", temperature, entropy)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_inplace_backward_writes_gradient_into_logits(seed, small_blocks, backend):
+    logits, labels = make_inputs(torch.float32, n=9, v=301, extreme=False)
+    gl, gh = torch.randn(9), torch.randn(9)
+    buf = logits.clone().requires_grad_()
+    work = buf * 1.0  # non-leaf: its storage may be overwritten
+    logp, ent = token_logprobs(work, labels, return_entropy=True, inplace_backward=True, backend=backend,
+                               temperature=0.9)
+    ptr = work.data_ptr()
+    grads = torch.autograd.grad((logp * gl + ent * gh).sum(), work)
+    x = logits.clone().requires_grad_()
+    logp2, ent2 = token_logprobs(x, labels, return_entropy=True, backend=backend, temperature=0.9)
+    (logp2 * gl + ent2 * gh).sum().backward()
+    assert grads[0].data_ptr() == ptr
+    torch.testing.assert_close(grads[0], x.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_leading_shape_and_only_entropy_gradient(seed, small_blocks, backend):
+    logits = torch.randn(2, 3, 50, requires_grad=True)
+    labels = torch.randint(0, 50, (2, 3))
+    logp, ent = token_logprobs(logits, labels, return_entropy=True, backend=backend)
+    assert logp.shape == (2, 3) and ent.shape == (2, 3)
+    ent.sum().backward()  # only the entropy feeds the loss: g_logp is None
+    xr = logits.detach().double().requires_grad_()
+    reference(xr.view(6, 50), labels.view(6))[1].sum().backward()
+    torch.testing.assert_close(logits.grad.double(), xr.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_gradcheck_float64_torch_backend(seed):
+    x = torch.randn(6, 23, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 23, (6,))
+    y[2] = -100
+    for tile in [None, (4, 5)]:
+        def f(x):
+            return token_logprobs(x, y, temperature=0.8, return_entropy=True, backend="torch", chunk_bytes=tile)
+        assert torch.autograd.gradcheck(f, (x,))
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_non_finite_logits(seed, small_blocks, backend):
+    """Documented: -inf entries are fine (p = 0), NaN / +inf / all -inf rows give NaN, ignored
+    rows give 0 and zero gradient whatever they hold."""
+    v = 300
+    x = torch.randn(6, v)
+    x[0, ::3] = float("-inf")   # masked vocabulary: finite results
+    x[1, 5] = float("nan")
+    x[2, 9] = float("inf")
+    x[3] = float("-inf")
+    x[4, 10] = float("nan")     # ignored row
+    y = torch.randint(0, v, (6,))
+    y[0] = 1                    # x[0, 1] is finite
+    y[4] = -100
+    x[5, y[5]] = float("-inf")  # target has probability 0
+    xg = x.clone().requires_grad_()
+    logp, ent = token_logprobs(xg, y, return_entropy=True, backend=backend)
+    (logp.nan_to_num(0, 0, 0).sum() + ent.nan_to_num(0, 0, 0).sum()).backward()
+    ref_l, ref_e = reference(x[0:1], y[0:1])
+    assert torch.isfinite(logp[0]) and torch.isfinite(ent[0])
+    assert abs(logp[0].item() - ref_l.item()) < 1e-5 and abs(ent[0].item() - ref_e.item()) < 1e-5
+    assert torch.isfinite(xg.grad[0]).all() and (xg.grad[0, ::3] == 0).all()
+    for r in (1, 2, 3):
+        assert math.isnan(logp[r].item()) and math.isnan(ent[r].item())
+    assert logp[4].item() == 0 and ent[4].item() == 0 and (xg.grad[4] == 0).all()
+    assert logp[5].item() == float("-inf") and torch.isfinite(ent[5])
+
+
+def test_bad_arguments():
+    x = torch.randn(4, 10)
+    with pytest.raises(ValueError, match="labels"):
+        token_logprobs(x, torch.randint(0, 10, (5,)))
+    with pytest.raises(ValueError, match="labels"):
+        token_logprobs(x, torch.tensor([0, 1, 2, 10]))
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(x, torch.zeros(4, dtype=torch.long), temperature=0)
+    with pytest.raises(ValueError, match="backend"):
+        token_logprobs(x, torch.zeros(4, dtype=torch.long), backend="cuda")
