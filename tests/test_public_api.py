@@ -48,3 +48,35 @@ def test_lower_layers_do_not_import_higher_ones(layer):
             if any(module == bad or module.startswith(bad + ".") for bad in FORBIDDEN[layer]):
                 offenders.append(f"{path.relative_to(ROOT)} imports {module}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_cpu_paths_work_without_triton():
+    """A plain install (no triton extra) can use the torch backends; asking for triton says why not."""
+    import subprocess
+    import sys
+
+    code = r'''
+import builtins
+real = builtins.__import__
+def no_triton(name, *a, **k):
+    if name == "triton" or name.startswith("triton."):
+        raise ImportError("triton hidden by the test")
+    return real(name, *a, **k)
+builtins.__import__ = no_triton
+import torch, pacs_fast
+h = torch.randn(5, 8, requires_grad=True); w = torch.randn(11, 8, requires_grad=True)
+pacs_fast.linear_logprobs(h, w, torch.randint(0, 11, (5,))).sum().backward()
+pacs_fast.token_logprobs(torch.randn(5, 11), torch.randint(0, 11, (5,)))
+x = torch.randn(4, 3, requires_grad=True)
+pacs_fast.pacs_loss(x, torch.randn(4, 3), None, torch.tensor([1., 0, 1, 0]), group_size=2, backend="auto").backward()
+try:
+    pacs_fast.pacs_loss(x, torch.randn(4, 3), None, torch.tensor([1., 0, 1, 0]), group_size=2, backend="triton")
+except ValueError as e:
+    assert "triton" in str(e), e
+else:
+    raise AssertionError("backend='triton' without triton did not raise")
+print("OK")
+'''
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-2000:]
