@@ -108,6 +108,9 @@ def test_chain_gradients(seed, loss_name, lp_backend, score, proxy, layout):
     torch.testing.assert_close(loss.double(), want.detach(), rtol=1e-4, atol=1e-5)
     for name, got, ref in (("hidden", h_grad, h64.grad), ("weight", w_grad, w64.grad)):
         scale = ref.abs().max().item()
-        torch.testing.assert_close(got.double(), ref, rtol=1e-3, atol=1e-4 * scale,
+        # grpo: psi = d / std multiplies fp32 rounding of r (sums of ~T log-probs) by |r| / std,
+        # so its gradients are only good to ~1e-4..1e-3 of their scale in fp32
+        rel = 2e-3 if score == "grpo" else 1e-4
+        torch.testing.assert_close(got.double(), ref, rtol=1e-3, atol=rel * scale,
                                    msg=lambda m, name=name: f"grad {name}: {m}")
     assert torch.all(h_grad[~mask] == 0), "prompt / padding / empty rows get no gradient"
