@@ -51,6 +51,22 @@ class Completion:
     logprobs: list[float] | None = None
 
 
+def check_prompt_token_ids(prompt_token_ids, *, max_len: int | None = None) -> list[list[int]]:
+    """Validates ``prompt_token_ids`` (a list of non-empty token-id lists or 1-D tensors) and returns
+    it as lists of ints; ``max_len`` bounds each prompt's length (exclusive)."""
+    if not isinstance(prompt_token_ids, (list, tuple)):
+        raise ValueError("prompt_token_ids must be a list of lists of token ids")
+    out = []
+    for i, p in enumerate(prompt_token_ids):
+        p = p.tolist() if isinstance(p, torch.Tensor) else list(p)
+        if not p:
+            raise ValueError(f"prompt_token_ids[{i}] is empty")
+        if max_len is not None and len(p) >= max_len:
+            raise ValueError(f"prompt_token_ids[{i}] has {len(p)} tokens; max_model_len is {max_len}")
+        out.append([int(t) for t in p])
+    return out
+
+
 class RolloutEngine(abc.ABC):
     """Generates completions and receives the learner's weights."""
 

@@ -24,7 +24,7 @@ from typing import Iterable
 
 import torch
 
-from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams
+from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
 
 
 class _LogprobRecorder:
@@ -124,15 +124,7 @@ class HFEngine(RolloutEngine):
 
     @staticmethod
     def _check_prompts(prompt_token_ids) -> list[list[int]]:
-        if not isinstance(prompt_token_ids, (list, tuple)):
-            raise ValueError("prompt_token_ids must be a list of lists of token ids")
-        out = []
-        for i, p in enumerate(prompt_token_ids):
-            p = p.tolist() if isinstance(p, torch.Tensor) else list(p)
-            if not p:
-                raise ValueError(f"prompt_token_ids[{i}] is empty")
-            out.append([int(t) for t in p])
-        return out
+        return check_prompt_token_ids(prompt_token_ids)
 
     # -- RolloutEngine ---------------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:

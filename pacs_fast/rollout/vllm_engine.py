@@ -47,7 +47,7 @@ from typing import Iterable
 
 import torch
 
-from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams
+from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
 from pacs_fast.rollout.weight_sync import WeightSpec, iter_buckets, prepare, tensor_bytes
 
 CPU_ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1"}
@@ -208,17 +208,7 @@ class VLLMEngine(RolloutEngine):
             raise RuntimeError(f"VLLMEngine is unusable after a failed weight reload ({self._dead}); create a new one")
 
     def _check_prompts(self, prompt_token_ids) -> list[list[int]]:
-        if not isinstance(prompt_token_ids, (list, tuple)):
-            raise ValueError("prompt_token_ids must be a list of lists of token ids")
-        out = []
-        for i, p in enumerate(prompt_token_ids):
-            p = p.tolist() if isinstance(p, torch.Tensor) else list(p)
-            if not p:
-                raise ValueError(f"prompt_token_ids[{i}] is empty")
-            if len(p) >= self.max_model_len:
-                raise ValueError(f"prompt_token_ids[{i}] has {len(p)} tokens; max_model_len is {self.max_model_len}")
-            out.append([int(t) for t in p])
-        return out
+        return check_prompt_token_ids(prompt_token_ids, max_len=self.max_model_len)
 
     def _awake_for_generation(self):
         self._check_alive()
