@@ -106,6 +106,16 @@ class Learner(abc.ABC):
         """``[B, T]`` fp32 log-probs (0 off the response) of the policy, or of the reference
         policy with ``reference=True``; with ``return_entropy`` also ``[B, T]`` entropies. No grad."""
 
+    def _model_for(self, reference: bool):
+        """The policy, or the held reference model for ``reference=True`` (a clear error when the
+        configuration keeps none). Learners with a ``model`` / ``ref_model`` pair use this."""
+        if not reference:
+            return self.model
+        if getattr(self, "ref_model", None) is None:
+            raise ValueError("compute_logprobs(reference=True): this configuration keeps no reference "
+                             "model (the rollout policy's log-probs are the reference)")
+        return self.ref_model
+
     def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
         """``[B, T]`` fp32 values of the value head (PPO). No grad."""
         raise NotImplementedError(f"{type(self).__name__} has no value head")

@@ -272,12 +272,7 @@ class MegatronLearner(Learner):
 
     @torch.no_grad()
     def compute_logprobs(self, batch: RolloutBatch, *, reference: bool = False, return_entropy: bool = False):
-        model = self.model
-        if reference:
-            if self.ref_model is None:
-                raise ValueError("compute_logprobs(reference=True): this configuration keeps no reference "
-                                 "model (the rollout policy's log-probs are the reference)")
-            model = self.ref_model
+        model = self._model_for(reference)
         self._check_same_batch(batch)
         was = model.training
         model.eval()
