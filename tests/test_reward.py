@@ -120,7 +120,8 @@ def test_batch_many_items_in_order(scorer, seed):
     rng = random.Random(seed)
     golds = [str(rng.randint(0, 999)) for _ in range(300)]
     right = [rng.random() < 0.5 for _ in golds]
-    responses = [f"\\boxed{{{g if ok else int(g) + 1}}}" for g, ok in zip(golds, right)]
+    fmt = ["\\boxed{{{}}}", "\\boxed{{{}.0}}"]  # integer fast path (parent) / math-verify (workers)
+    responses = [rng.choice(fmt).format(g if ok else int(g) + 1) for g, ok in zip(golds, right)]
     done = []
     res = scorer.score(responses, golds, callback=done.append)
     assert res.scores == [1.0 if ok else 0.0 for ok in right]
@@ -158,7 +159,7 @@ def test_watchdog_kills_and_replaces_stuck_worker():
     """With the in-worker alarm off, only the parent's deadline can stop an item."""
     with BatchScorer(num_workers=1, time_limit=0.5, grace=0.5, worker_alarm=False) as s:
         t0 = time.monotonic()
-        res = s.score(["\\boxed{" + "(" * 5000 + "1" + ")" * 5000 + "}", "\\boxed{2}", "\\boxed{3}"], "2")
+        res = s.score(["\\boxed{" + "(" * 5000 + "1" + ")" * 5000 + "}", "\\boxed{2.0}", "\\boxed{3.0}"], "2")
         elapsed = time.monotonic() - t0
         assert res.statuses[0] == TIMEOUT and res.scores == [0.0, 1.0, 0.0]
         assert s.workers_replaced == 1
@@ -199,11 +200,11 @@ def test_crashed_worker_is_replaced():
     import signal
 
     with BatchScorer(num_workers=1, time_limit=60.0) as s:
-        assert s.score(["\\boxed{1}"], "1").scores == [1.0]  # the worker is up
+        assert s.score(["\\boxed{1.0}"], "1").scores == [1.0]  # the worker is up (".0": not the fast path)
         pid = s._workers[0].proc.pid
         killer = threading.Timer(0.5, os.kill, (pid, signal.SIGKILL))
         killer.start()
-        res = s.score(["\\boxed{" + "(" * 5000 + "1" + ")" * 5000 + "}", "\\boxed{2}"], "2")
+        res = s.score(["\\boxed{" + "(" * 5000 + "1" + ")" * 5000 + "}", "\\boxed{2.0}"], "2")
         killer.join()
         assert res.statuses[0] == ERROR and res.scores == [0.0, 1.0]
         assert s.workers_replaced == 1

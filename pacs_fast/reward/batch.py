@@ -16,6 +16,10 @@ replaced the same way. Workers are fresh interpreters started with ``subprocess`
 each, once per pool; a replacement costs the same): nothing forks a process that holds a CUDA
 context or a model, and the user's ``__main__`` is never re-imported.
 
+Items the verifier's exact fast path decides (an integer gold answer and one boxed integer, see
+:mod:`pacs_fast.reward.verifier`) are scored in the parent, in microseconds, and never shipped:
+they cannot hang, and a batch made only of them starts no worker.
+
 Example::
 
     with BatchScorer(num_workers=8, time_limit=5.0) as scorer:
@@ -35,7 +39,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Sequence
 
-from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT, ERROR, NO_ANSWER, STATUSES, TIMEOUT, score_item, warm_up
+from pacs_fast.reward.verifier import (DEFAULT_TIME_LIMIT, ERROR, NO_ANSWER, STATUSES, TIMEOUT,
+                                       _fast_integer_score, score_item, warm_up)
 
 
 @dataclass
@@ -237,8 +242,18 @@ class BatchScorer:
                     if callback:
                         callback(i + 1)
             else:
+                rest = []  # items the fast path does not decide, for the workers
+                for i, (r, a) in enumerate(zip(responses, answers)):
+                    item = _fast_integer_score(r, str(a)) if isinstance(r, str) else None
+                    if item is None:
+                        rest.append(i)
+                        continue
+                    scores[i], statuses[i] = item.score, item.status
+                    if callback:
+                        callback(i + 1 - len(rest))
                 try:
-                    self._score_parallel(responses, answers, scores, statuses, callback)
+                    if rest:
+                        self._score_parallel(responses, answers, scores, statuses, callback, rest, n - len(rest))
                 except BaseException:  # e.g. Ctrl-C: workers may hold stale items; start afresh next time
                     for w in self._workers:
                         w.kill()
@@ -248,11 +263,13 @@ class BatchScorer:
         return BatchResult(scores, statuses, {s: counts.get(s, 0) for s in STATUSES},
                            time.perf_counter() - t0)
 
-    def _score_parallel(self, responses, answers, scores, statuses, callback) -> None:
+    def _score_parallel(self, responses, answers, scores, statuses, callback, indices, done_before) -> None:
+        """Scores ``responses[i]`` for ``i`` in ``indices`` in the workers; ``callback`` counts on
+        from ``done_before`` items already scored."""
         self._start_workers()
-        n = len(responses)
-        todo = list(range(n - 1, -1, -1))  # a stack of indices; pop() gives the next in order
-        done = 0
+        n = done_before + len(indices)
+        todo = list(reversed(indices))  # a stack of indices; pop() gives the next in order
+        done = done_before
         deadline_s = self.time_limit + self.grace
 
         def dispatch(w: _Worker) -> None:
