@@ -1,10 +1,11 @@
-"""HFEngine on the tiny model: counts, seeding, EOS cut, log-probs, padding, weight sync."""
+"""HFEngine on the tiny model: counts, seeding, EOS cut, log-probs, padding, weight sync, under both
+samplers ("lean" decode loop and "generate"). Lean-specific checks: tests/test_hf_sampler.py."""
 import pytest
 import torch
 
 from pacs_fast.data.tiny import make_tiny_model
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams
-from pacs_fast.rollout.hf import HFEngine
+from pacs_fast.rollout.hf import SAMPLERS, HFEngine
 
 
 @pytest.fixture(scope="module")
@@ -12,9 +13,9 @@ def model_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
 
 
-@pytest.fixture(scope="module")
-def engine(model_dir):
-    return HFEngine(model_dir, batch_size=8)
+@pytest.fixture(scope="module", params=SAMPLERS)
+def engine(model_dir, request):
+    return HFEngine(model_dir, batch_size=8, sampler=request.param)
 
 
 def _prompts(engine, texts):
@@ -77,8 +78,9 @@ def _eos_heavy(engine, scale=40.0):
     return name, w
 
 
-def test_eos_cut_and_finish_reason(model_dir, seed):
-    eng = HFEngine(model_dir, batch_size=16)
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_eos_cut_and_finish_reason(model_dir, seed, sampler):
+    eng = HFEngine(model_dir, batch_size=16, sampler=sampler)
     eng.sync_weights([_eos_heavy(eng)])
     out = eng.generate(_prompts(eng, ["q1", "q2"]), SamplingParams(n=8, temperature=1.0, max_new_tokens=16,
                                                                    seed=seed, return_logprobs=True))
@@ -118,17 +120,22 @@ def test_sync_weights_changes_outputs_and_validates(model_dir):
     assert eng.generate(prompts, params)[0][0].token_ids == before
 
 
-def test_shares_a_live_module(model_dir):
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_shares_a_live_module(model_dir, sampler):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     model.train()
-    eng = HFEngine(model, batch_size=4)  # tokenizer found through config._name_or_path
+    eng = HFEngine(model, batch_size=4, sampler=sampler)  # tokenizer found through config._name_or_path
     assert eng.model is model
     prompts = _prompts(eng, ["99"])
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=8)
     before = eng.generate(prompts, params)[0][0].token_ids
     assert model.training  # the trainer's mode is restored
+    loss = model(torch.tensor([prompts[0] + before])).logits.float().logsumexp(-1).mean()
+    loss.backward()  # the learner can still train the module (no inference tensors left behind)
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    model.zero_grad(set_to_none=True)
     with torch.no_grad():
         model.model.embed_tokens.weight.mul_(-1.0)  # the learner changes the weights in place
     assert eng.generate(prompts, params)[0][0].token_ids != before
@@ -141,3 +148,5 @@ def test_bad_inputs(engine):
         HFEngine(3)
     with pytest.raises(ValueError, match="batch_size"):
         HFEngine("x", batch_size=0)
+    with pytest.raises(ValueError, match="sampler"):
+        HFEngine(engine.model, engine.tokenizer, sampler="beam")

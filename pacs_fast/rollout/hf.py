@@ -1,17 +1,42 @@
-"""Rollouts with Hugging Face ``generate`` (CPU or GPU): the engine of the tests and CPU runs.
+"""Rollouts with a Hugging Face causal LM (CPU or GPU): the engine of the tests and CPU runs.
 
-``HFEngine(model_or_path, tokenizer)`` implements :class:`pacs_fast.rollout.base.RolloutEngine`:
+``HFEngine(model_or_path, tokenizer, sampler=...)`` implements
+:class:`pacs_fast.rollout.base.RolloutEngine` with one of two decoders:
 
-- prompts (token ids) are repeated ``n`` times, left-padded and generated in batches of
-  ``batch_size`` rows with a clean ``GenerationConfig`` (sampling unless ``temperature == 0``,
-  ``top_p``, ``top_k`` off, no repetition penalty: the model's own generation defaults are NOT
-  applied, so runs match vLLM's explicit sampling parameters);
-- with ``params.seed`` the call runs under ``torch.random.fork_rng`` seeded with it: the same call
-  gives the same completions and the caller's global RNG is left untouched;
-- responses are cut after the first EOS (kept), ``finish_reason`` is ``"stop"`` or ``"length"``;
-- with ``return_logprobs`` each sampled token's log-prob under the *unscaled* (temperature 1)
-  logits is recorded during generation by a logits processor that sees the raw logits before
-  temperature / top-p (one ``[rows, V]`` float32 buffer, not the whole ``[T, rows, V]``).
+- ``sampler="lean"`` (default): a plain decode loop over the model's forward. Each *unique* prompt
+  is prefilled once (left-padded, ``position_ids = cumsum(mask) - 1``, ``logits_to_keep=1``), its
+  KV cache is repeated ``n`` times (``cache.batch_repeat_interleave``), then one token per step is
+  sampled for all rows: argmax when ``temperature == 0``, else inverse-CDF sampling (one uniform
+  per row, ``cumsum`` + ``searchsorted``) from ``softmax(logits / temperature)`` after top-p
+  filtering with the semantics of transformers' ``TopPLogitsWarper`` (:func:`top_p_remove_mask`).
+  Finished rows are fed the pad id; the loop stops at ``max_new_tokens`` or once every row has
+  emitted an EOS. That check reads one count from the device: every step on CPU, every
+  ``_CUDA_DONE_CHECK_EVERY`` steps on CUDA (a few wasted steps at the end instead of a host sync
+  per step; the extra tokens come after every row's EOS and are cut). At the same check, once
+  the finished rows are ``>= _COMPACT_FRACTION`` of the batch they are dropped from it
+  (``cache.batch_select_indices``). When no prompt of a chunk is padded the attention mask is
+  omitted (the model then takes its mask-free attention path).
+  The model's forward must take ``position_ids``, ``past_key_values`` and ``logits_to_keep`` and
+  its cache must support ``batch_repeat_interleave`` (``transformers`` causal LMs and their
+  attention caches do); use ``sampler="generate"`` for models that do not.
+  Chunks are made of whole prompts, ``max(1, batch_size // n)`` of them (a chunk has
+  ``max(n, batch_size)`` rows at most), taken in order of prompt length; on CPU, prompts of one
+  length worth ``>= _MIN_BUCKET_ROWS`` rows form unpadded chunks of their own (mask-free
+  attention measured faster than the padded batch despite the extra forward calls).
+  Under ``torch.inference_mode``; no host sync in the loop other than the done check.
+- ``sampler="generate"``: ``model.generate`` on prompts repeated ``n`` times, left-padded, in
+  chunks of ``batch_size`` rows, with a clean ``GenerationConfig`` (sampling unless
+  ``temperature == 0``, ``top_p``, ``top_k`` off, no repetition penalty); log-probs are recorded
+  by a logits processor that sees the raw logits before temperature / top-p.
+
+Both samplers draw from the same distribution and are greedy-identical, but they consume random
+numbers differently: the same seed gives different samples under the two.
+Common to both: the model's own generation defaults are NOT applied (runs match vLLM's explicit
+sampling parameters); with ``params.seed`` the call runs under ``torch.random.fork_rng`` seeded
+with it (same call, same completions; the caller's global RNG is untouched); responses are cut
+after the first EOS (kept; several EOS ids allowed), ``finish_reason`` is ``"stop"`` or
+``"length"``; with ``return_logprobs`` each sampled token's log-prob under the *unscaled*
+(temperature 1) logits is returned; the model's ``training`` flag is restored.
 
 Given a live ``nn.Module`` (the trainer's policy) the engine uses it in place (no copy): the
 rollouts then always see the current weights and :meth:`HFEngine.sync_weights` is needed only
@@ -19,12 +44,54 @@ when the engine holds its own copy (loaded from a path).
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Iterable
 
 import torch
 
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
+
+SAMPLERS = ("lean", "generate")
+# The lean loop reads its all-rows-done flag from a CUDA device only every this many steps.
+_CUDA_DONE_CHECK_EVERY = 4
+# On CPU, prompts of one length worth this many rows (prompts x n) decode in unpadded chunks of
+# their own (see HFEngine._lean_chunks).
+_MIN_BUCKET_ROWS = 128
+# The lean loop drops finished rows from its batch once they are this fraction of the active rows.
+_COMPACT_FRACTION = 0.125
+
+
+def top_p_remove_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which tokens nucleus (top-p) filtering removes, as transformers' ``TopPLogitsWarper``.
+
+    logits: ``[rows, V]`` float (already temperature-scaled). Returns a ``[rows, V]`` bool mask,
+    True where the token is dropped: sorted by ascending probability, a token is dropped when the
+    cumulative probability up to and including it is ``<= 1 - top_p`` (so the kept set is the
+    smallest one whose probability is ``>= top_p``); the most likely token is always kept.
+    """
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
+    drop_sorted = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= (1.0 - top_p)
+    drop_sorted[..., -1] = False
+    return drop_sorted.scatter(-1, order, drop_sorted)
+
+
+def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """One token per row from ``[rows, V]`` float32 logits: ``[rows]`` int64.
+
+    ``temperature == 0``: argmax. Else a draw from ``softmax(logits / temperature)`` restricted by
+    :func:`top_p_remove_mask` (``top_p == 1`` keeps every token), by inverse CDF: one uniform
+    ``u`` per row, the first token whose cumulative probability exceeds ``u * total``
+    (zero-probability tokens are never drawn). Uses the global torch RNG of ``logits.device``.
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    scaled = logits / temperature if temperature != 1 else logits
+    if top_p < 1:
+        scaled = scaled.masked_fill(top_p_remove_mask(scaled, top_p), float("-inf"))
+    cdf = scaled.softmax(dim=-1).cumsum_(dim=-1)
+    u = torch.rand((cdf.shape[0], 1), device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
 
 
 class _LogprobRecorder:
@@ -54,7 +121,7 @@ class _LogprobRecorder:
 
 
 class HFEngine(RolloutEngine):
-    """Rollouts with ``model.generate``.
+    """Rollouts with a Hugging Face causal LM (see the module docstring for the two samplers).
 
     Args:
         model_or_path: a Hugging Face causal LM folder / hub-style path (loaded here) or a live
@@ -62,16 +129,21 @@ class HFEngine(RolloutEngine):
         tokenizer: a tokenizer (default: loaded from the path, or from the module's
             ``config._name_or_path``). Used for EOS / padding ids and for decoding.
         device, dtype: where / how a model loaded from a path lives (ignored for a live module).
-        batch_size: rows (prompt x sample) per ``generate`` call.
+        batch_size: rows (prompt x sample) per forward batch. The lean sampler never splits the
+            ``n`` samples of a prompt: it takes ``max(1, batch_size // n)`` prompts per chunk.
+        sampler: ``"lean"`` (default, the fast decode loop) or ``"generate"`` (``model.generate``).
     """
 
     def __init__(self, model_or_path, tokenizer=None, *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, batch_size: int = 32):
+                 dtype: torch.dtype = torch.float32, batch_size: int = 32, sampler: str = "lean"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         self.batch_size = batch_size
+        self.sampler = sampler
         if isinstance(model_or_path, torch.nn.Module):
             self.model = model_or_path
             self.owns_model = False
@@ -130,34 +202,152 @@ class HFEngine(RolloutEngine):
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         """``out[i][j]``: completion j (of ``params.n``) for prompt i."""
         prompts = self._check_prompts(prompt_token_ids)
-        rows = [p for p in prompts for _ in range(params.n)]
-        results: list[Completion] = []
         was_training = self.model.training
         self.model.eval()
         try:
             if params.seed is None:
-                for start in range(0, len(rows), self.batch_size):
-                    results.extend(self._generate_batch(rows[start:start + self.batch_size], params))
+                results = self._generate_all(prompts, params)
             else:
                 devices = [self.device] if self.device.type == "cuda" else []
                 with torch.random.fork_rng(devices=devices):
                     torch.manual_seed(params.seed)
-                    for start in range(0, len(rows), self.batch_size):
-                        results.extend(self._generate_batch(rows[start:start + self.batch_size], params))
+                    results = self._generate_all(prompts, params)
         finally:
             self.model.train(was_training)
         return [results[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
-    @torch.no_grad()
-    def _generate_batch(self, rows: list[list[int]], params: SamplingParams) -> list[Completion]:
-        from transformers import LogitsProcessorList
+    def _generate_all(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """All ``len(prompts) * n`` completions, prompt-major."""
+        if self.sampler == "generate":
+            rows = [p for p in prompts for _ in range(params.n)]
+            results: list[Completion] = []
+            for start in range(0, len(rows), self.batch_size):
+                results.extend(self._generate_batch(rows[start:start + self.batch_size], params))
+            return results
+        by_prompt: list[list[Completion]] = [[] for _ in prompts]
+        for chunk in self._lean_chunks(prompts, params.n):
+            comps = self._lean_batch([prompts[i] for i in chunk], params)
+            for k, i in enumerate(chunk):
+                by_prompt[i] = comps[k * params.n:(k + 1) * params.n]
+        return [c for comps in by_prompt for c in comps]
 
+    def _lean_chunks(self, prompts: list[list[int]], n: int) -> list[list[int]]:
+        """Prompt indices per lean chunk: at most ``max(1, batch_size // n)`` prompts each, in order
+        of length (less padding). On CPU, prompts of one length worth at least ``_MIN_BUCKET_ROWS``
+        rows get chunks of their own: no padding, so no attention mask, and the model's mask-free
+        attention (no mask building, grouped-query attention without repeating K/V heads) pays
+        for the extra forward calls once decoding is compute-bound (measured on CPU; on a GPU
+        small-batch decoding is bandwidth/launch-bound and splitting a batch costs more)."""
+        per_chunk = max(1, self.batch_size // n)
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        bucket_rows = _MIN_BUCKET_ROWS if self.device.type == "cpu" else float("inf")
+        chunks: list[list[int]] = []
+        rest: list[int] = []
+        for _, run in itertools.groupby(order, key=lambda i: len(prompts[i])):
+            run = list(run)
+            if len(run) * n >= bucket_rows:
+                chunks.extend(run[s:s + per_chunk] for s in range(0, len(run), per_chunk))
+            else:
+                rest.extend(run)
+        chunks.extend(rest[s:s + per_chunk] for s in range(0, len(rest), per_chunk))
+        return chunks
+
+    def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[rows, width]`` int64 input ids (pad id on the left) and attention mask, on the CPU."""
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
             input_ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
             attention[i, width - len(r):] = 1
+        return input_ids, attention
+
+    def _completions(self, generated: torch.Tensor, logprobs: torch.Tensor | None) -> list[Completion]:
+        """Cuts CPU ``[rows, steps]`` generated ids (and log-probs) after the first EOS."""
+        is_eos = torch.isin(generated, torch.tensor(self.eos_ids, dtype=generated.dtype))
+        stopped = is_eos.any(dim=1)
+        ends = torch.where(stopped, is_eos.int().argmax(dim=1) + 1, generated.shape[1]).tolist()
+        ids = [row[:end] for row, end in zip(generated.tolist(), ends)]
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        lps = logprobs.tolist() if logprobs is not None else None
+        return [Completion(token_ids=ids[i], text=texts[i], finish_reason="stop" if stop else "length",
+                           logprobs=lps[i][:ends[i]] if lps is not None else None)
+                for i, stop in enumerate(stopped.tolist())]
+
+    # -- sampler="lean" ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _lean_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """``len(prompts) * n`` completions (prompt-major) with the lean decode loop."""
+        model, device, n = self.model, self.device, params.n
+        steps_max, rows = params.max_new_tokens, len(prompts) * n
+        input_ids, prompt_mask = self._left_pad(prompts)
+        width = input_ids.shape[1]
+        padded = any(len(p) != width for p in prompts)
+        position_ids = (prompt_mask.cumsum(-1) - 1).clamp_(min=0).to(device)
+        prompt_mask = prompt_mask.to(device)
+        out = model(input_ids=input_ids.to(device), attention_mask=prompt_mask if padded else None,
+                    position_ids=position_ids, use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        if not hasattr(cache, "batch_repeat_interleave"):
+            raise RuntimeError(f"sampler='lean' needs a KV cache with batch_repeat_interleave; "
+                               f"{type(model).__name__} returned {type(cache).__name__}: use sampler='generate'")
+        logits = out.logits[:, -1].float()
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+        # one preallocated mask for the whole loop (sliced per step), only when there is padding
+        mask = None
+        if padded:
+            mask = torch.ones((rows, width + steps_max), dtype=torch.long, device=device)
+            mask[:, :width] = prompt_mask.repeat_interleave(n, dim=0)
+        position = position_ids[:, -1:].repeat_interleave(n, dim=0)
+        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device) if len(self.eos_ids) > 1 else None
+        tokens = torch.full((rows, steps_max), self.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((rows, steps_max), dtype=torch.float32, device=device) \
+            if params.return_logprobs else None
+        done = torch.zeros(rows, dtype=torch.bool, device=device)
+        check_every = _CUDA_DONE_CHECK_EVERY if device.type == "cuda" else 1
+        can_compact = hasattr(cache, "batch_select_indices")
+        active = rows      # rows still decoded; they are the rows ``row_ids`` of the outputs
+        row_ids = None     # None: all rows, in order
+        steps = steps_max
+        for t in range(steps_max):
+            nxt = sample_tokens(logits, params.temperature, params.top_p)
+            nxt = nxt.masked_fill_(done, self.pad_id)
+            at = slice(None) if row_ids is None else row_ids
+            tokens[at, t] = nxt
+            if logprobs is not None:
+                logprobs[at, t] = logits.log_softmax(dim=-1).gather(1, nxt[:, None]).squeeze(1)
+            done |= (nxt == self.eos_ids[0]) if eos is None else torch.isin(nxt, eos)
+            if t + 1 == steps_max:
+                break
+            if (t + 1) % check_every == 0:
+                finished = int(done.sum())
+                if finished == active:
+                    steps = t + 1
+                    break
+                if can_compact and finished >= active * _COMPACT_FRACTION:
+                    # drop the finished rows from the batch (their later tokens would be cut anyway)
+                    keep = (~done).nonzero().squeeze(1)
+                    cache.batch_select_indices(keep)
+                    nxt, position, done = nxt[keep], position[keep], done[keep]
+                    mask = mask[keep] if padded else None
+                    row_ids = keep if row_ids is None else row_ids[keep]
+                    active = len(keep)
+            position = position + 1
+            out = model(input_ids=nxt[:, None], attention_mask=mask[:, :width + t + 1] if padded else None,
+                        position_ids=position, past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1].float()
+        return self._completions(tokens[:, :steps].cpu(),
+                                 logprobs[:, :steps].cpu() if logprobs is not None else None)
+
+    # -- sampler="generate" ------------------------------------------------------------------------
+    @torch.no_grad()
+    def _generate_batch(self, rows: list[list[int]], params: SamplingParams) -> list[Completion]:
+        from transformers import LogitsProcessorList
+
+        input_ids, attention = self._left_pad(rows)
+        width = input_ids.shape[1]
         device = self.device
         recorder = _LogprobRecorder() if params.return_logprobs else None
         out = self.model.generate(
@@ -168,23 +358,7 @@ class HFEngine(RolloutEngine):
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
         generated = sequences[:, width:].cpu()
         logprobs = recorder.finish(sequences).cpu() if recorder else None
-        eos = torch.tensor(self.eos_ids, dtype=torch.long)
-        completions = []
-        for i in range(len(rows)):
-            ids = generated[i]
-            hits = torch.nonzero(torch.isin(ids, eos), as_tuple=False)
-            if len(hits):
-                end, reason = int(hits[0]) + 1, "stop"
-            else:
-                end, reason = len(ids), "length"
-            token_ids = ids[:end].tolist()
-            completions.append(Completion(
-                token_ids=token_ids,
-                text=self.tokenizer.decode(token_ids, skip_special_tokens=True),
-                finish_reason=reason,
-                logprobs=logprobs[i, :end].tolist() if logprobs is not None else None,
-            ))
-        return completions
+        return self._completions(generated, logprobs)
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies tensors into the model by Hugging Face state-dict names (all or a subset).
