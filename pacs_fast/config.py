@@ -111,6 +111,8 @@ class LearnerConfig:
                                   "(megatron: per data-parallel rank)")
     epochs: int = _f(1, "passes over each rollout batch")
     logprob_backend: str = _f("auto", "linear_logprobs backend: auto | triton | torch")
+    shared_prefix: bool = _f(True, "torch learner: run each group's prompt once and its G responses on its "
+                             "key/value cache (same result, (G-1)/G less prompt compute)")
     tp_size: int = _f(1, "megatron: tensor-parallel size; divides the number of torchrun processes "
                       "(the rest is data parallelism)")
     critic_lr: float = _f(1e-3, "ppo: learning rate of the value head")
@@ -126,7 +128,7 @@ class TrainConfig:
     keep_checkpoints: int = _f(2, "checkpoints kept (older ones are deleted)")
     out_dir: str = _f("runs", "parent folder of run folders")
     run_name: str = _f("", "run folder name; empty = algo-timestamp")
-    threads: int = _f(0, "torch CPU threads (0 = auto: 1 for the built-in tiny model on CPU, else torch's default)")
+    threads: int = _f(0, "torch CPU threads (0 = torch's default: every core; torchrun sets 1 per process)")
     reward_workers: int = _f(0, "verifier worker processes (0 = score in the trainer process)")
     progress: bool = _f(True, "rich progress display")
     plots: bool = _f(True, "PNG plots of the curves at the end")

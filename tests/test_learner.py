@@ -190,3 +190,81 @@ def test_updates_favour_rewarded_responses(tiny, seed, algo):
     for i in range(3):
         learner.update(prepare(learner, batch), seed=i)
     assert gap() > before + 0.5
+
+
+@pytest.mark.parametrize("algo, kw, mini, micro, epochs", [
+    ("pacs", {}, 4, 2, 1),                        # one mini-batch: every old log-prob from the update's forward
+    ("pacs", {"score": "grpo"}, 2, 1, 2),         # later mini-batches and a second epoch use the no-grad pass
+    ("pacs", {"ref": "fixed"}, 3, 3, 1),          # fixed reference: only the old log-probs fuse
+    ("grpo", {"clip_low": 0.1}, 4, 4, 1),
+    ("rloo", {"kl_coef": 0.1}, 2, 2, 1),
+])
+def test_fused_old_logprobs_equal_a_separate_pass(tiny, seed, algo, kw, mini, micro, epochs):
+    """update() with old_logp=None (filled from the first mini-batch's forward) takes the same steps
+    and fills the same old / reference log-probs and entropies as the separate no-grad pass."""
+    runs = {}
+    for fused in (False, True):
+        model = fresh(tiny, seed)
+        # eps >> |grad|: Adam's step is ~ (lr / eps) * grad, linear, so float rounding in the gradients
+        # is not amplified the way Adam's sign-like first step amplifies it for near-zero components
+        learner = TorchLearner(model, algo=AlgoConfig(name=algo, **kw),
+                               learner=LearnerConfig(lr=10.0, eps=1e3, mini_batch_prompts=mini,
+                                                     micro_batch_prompts=micro, epochs=epochs),
+                               temperature=1.0, horizon=8)
+        assert learner.fuses_old_logprobs
+        batch = random_batch(seed)
+        if fused:
+            if learner.ref_model is not None:
+                batch.ref_logp = learner.compute_logprobs(batch, reference=True)
+        else:
+            prepare(learner, batch)
+            batch.old_entropy = learner.compute_logprobs(batch, return_entropy=True)[1]
+        metrics = learner.update(batch, seed=seed)
+        runs[fused] = (batch, metrics, [p.detach().clone() for p in model.parameters()])
+    (b0, m0, p0), (b1, m1, p1) = runs[False], runs[True]
+    assert b1.old_logp is not None and b1.old_entropy is not None
+    assert torch.allclose(b1.old_logp, b0.old_logp, atol=1e-5)
+    assert torch.allclose(b1.old_entropy, b0.old_entropy, atol=1e-5)
+    assert float(b1.old_entropy[b1.response_mask > 0].abs().sum()) > 0
+    if algo == "pacs" and kw.get("ref") != "fixed":
+        assert b1.ref_logp is b1.old_logp
+    else:
+        assert b1.ref_logp is None or torch.allclose(b1.ref_logp, b0.ref_logp)
+    assert m1["optimizer_steps"] == m0["optimizer_steps"] == epochs * -(-4 // mini)
+    assert m1["loss"] == pytest.approx(m0["loss"], abs=1e-5)
+    start = [p.detach() for p in fresh(tiny, seed).parameters()]
+    moved = max(float((a - b).abs().max()) for a, b in zip(p0, start))
+    assert moved > 1e-5  # the steps did something
+    assert max(float((a - b).abs().max()) for a, b in zip(p0, p1)) < 1e-3 * moved
+
+
+def test_no_fusion_with_dropout_or_ppo(tiny, seed):
+    """Train and eval forwards differ under dropout (and PPO needs values first): those learners keep the
+    separate pass and reject a batch without old_logp with a clear error."""
+    model = fresh(tiny, seed)
+    model.config.attention_dropout = 0.1
+    learner = make_learner(model)
+    assert not learner.fuses_old_logprobs
+    with pytest.raises(ValueError, match="old_logp is None"):
+        learner.update(random_batch(seed), seed=0)
+    assert not make_learner(fresh(tiny, seed), algo="ppo").fuses_old_logprobs
+
+
+@pytest.mark.parametrize("shares", [1, 2, 3])
+def test_by_length_sorts_and_deals_balanced_shares(seed, shares):
+    from pacs_fast.learner.base import by_length, dealt_rows_to_sorted
+    batch = random_batch(seed, groups=6 * shares, G=3)
+    ids = torch.randperm(batch.num_groups, generator=torch.Generator().manual_seed(seed))
+    longest = batch.attention_mask.sum(-1).view(-1, 3).max(-1).values
+    plain = by_length(ids, batch)
+    assert sorted(plain.tolist()) == sorted(ids.tolist())
+    assert bool((longest[plain].diff() >= 0).all())
+    dealt = by_length(ids, batch, shares=shares)
+    k = len(ids) // shares
+    for r in range(shares):  # each contiguous share: sorted, and every shares-th group of the sorted list
+        assert torch.equal(dealt[r * k:(r + 1) * k], plain[r::shares])
+    # per-row values laid out in the dealt order come back in the sorted order
+    rows_dealt = (dealt[:, None] * 3 + torch.arange(3)).reshape(-1)
+    rows_sorted = (plain[:, None] * 3 + torch.arange(3)).reshape(-1)
+    values = torch.randn(batch.num_rows)
+    assert torch.equal(values[rows_dealt][dealt_rows_to_sorted(len(ids), shares, 3)], values[rows_sorted])

@@ -30,7 +30,9 @@ class RolloutBatch:
     response_mask: ``[B, T]`` float32, 1 on response tokens (the positions whose log-probs train).
     rewards: ``[B]`` float32 verifier rewards in [0, 1].
     group_size: G.
-    old_logp: ``[B, T]`` fp32 log-probs of the policy before this step's update (learner-computed).
+    old_logp: ``[B, T]`` fp32 log-probs of the policy before this step's update (learner-computed;
+        left ``None`` for a learner with :attr:`Learner.fuses_old_logprobs`, whose ``update`` fills it).
+    old_entropy: ``[B, T]`` fp32 entropies of that policy (0 off the response; a metric).
     ref_logp: ``[B, T]`` fp32 log-probs of the reference policy (PACS ``ref``; KL of the baselines).
     old_values, advantages, returns: ``[B, T]`` fp32 (PPO only).
     """
@@ -41,6 +43,7 @@ class RolloutBatch:
     rewards: torch.Tensor
     group_size: int
     old_logp: torch.Tensor | None = None
+    old_entropy: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
@@ -90,12 +93,17 @@ class RolloutBatch:
 class Learner(abc.ABC):
     """What the trainer needs from a learner.
 
-    Life cycle per RL step: ``compute_logprobs`` (old, and reference where used) ->
-    (``compute_values`` for PPO) -> ``update`` -> ``export_hf_weights`` into the rollout engine.
+    Life cycle per RL step: ``compute_logprobs`` (old, and reference where used; the old ones are
+    skipped when :attr:`fuses_old_logprobs`) -> (``compute_values`` for PPO) -> ``update`` ->
+    ``export_hf_weights`` into the rollout engine.
     """
 
     #: the Hugging Face config of the policy (``save_pretrained``-able)
     hf_config = None
+    #: whether ``update`` accepts a batch without ``old_logp`` and fills ``old_logp`` /
+    #: ``old_entropy`` (and ``ref_logp`` when the rollout policy is the reference) itself, from the
+    #: forward of its first mini-batch (made before any optimiser step) instead of a separate pass
+    fuses_old_logprobs: bool = False
     #: whether the objective needs ``ref_logp`` and whether the learner holds a separate reference model
     needs_ref: bool = False
     has_value_head: bool = False
@@ -124,6 +132,8 @@ class Learner(abc.ABC):
     def update(self, batch: RolloutBatch, *, seed: int) -> dict[str, float]:
         """One optimisation phase over the batch: ``epochs`` x mini-batches of whole groups, each
         one optimiser step accumulated over micro-batches. ``seed`` orders the mini-batches.
+        With :attr:`fuses_old_logprobs`, ``batch.old_logp`` may be ``None``: the update then fills
+        ``old_logp``, ``old_entropy`` (and ``ref_logp`` when the rollout policy is the reference).
         Returns metrics averaged over the mini-batches (``loss``, ``grad_norm``, ...)."""
 
     @abc.abstractmethod
@@ -185,6 +195,30 @@ def holds_reference_model(algo: AlgoConfig) -> bool:
     if algo.name == "pacs":
         return algo.proxy == "logratio" and algo.ref == "fixed"
     return algo.kl_coef != 0
+
+
+def by_length(group_ids: torch.Tensor, batch: RolloutBatch, *, shares: int = 1) -> torch.Tensor:
+    """``group_ids`` sorted (stably) by the length of each group's longest row: cut into
+    micro-batches in this order, groups of similar length share one (less padding; the mini-batch's
+    gradient is the same sum).
+
+    With ``shares = k > 1`` (data-parallel ranks that each take a contiguous ``1/k`` of the
+    result), the sorted list is dealt round-robin: share ``r`` is ``sorted[r::k]`` (still sorted),
+    so every share holds long and short groups alike. ``len(group_ids)`` must divide by ``k``.
+    """
+    longest = batch.attention_mask.sum(-1).view(batch.num_groups, batch.group_size).max(-1).values
+    ordered = group_ids[torch.argsort(longest[group_ids], stable=True)]
+    if shares > 1:
+        ordered = torch.cat([ordered[r::shares] for r in range(shares)])
+    return ordered
+
+
+def dealt_rows_to_sorted(n_groups: int, shares: int, group_size: int) -> torch.Tensor:
+    """Row permutation that turns per-row values in :func:`by_length`'s dealt order (``shares``)
+    back into its sorted order: ``sorted_values = dealt_values[perm]``."""
+    j = torch.arange(n_groups)
+    pos = (j % shares) * (n_groups // shares) + j // shares   # where sorted group j sits when dealt
+    return (pos[:, None] * group_size + torch.arange(group_size)).reshape(-1)
 
 
 def minibatch_counts(mb: RolloutBatch) -> dict[str, float]:

@@ -3,10 +3,19 @@
 Log-probs come from the model's final hidden states and its LM head through
 :func:`pacs_fast.ops.linear_logprobs` on the response positions only: the ``[B, T, V]`` logits
 tensor is never built (``model.model`` gives the hidden states; ``lm_head.weight`` the head).
+With ``learner.shared_prefix`` each group's prompt runs once and its ``G`` responses on top of
+its key/value cache (:mod:`pacs_fast.learner.shared_prefix`), else every row runs whole.
 
 Optimisation: AdamW, global grad-norm clipping, mini-batches of whole groups (one optimiser step
 each) accumulated over micro-batches of whole groups; the loss of each micro-batch is scaled so
 that the accumulated gradient equals the mini-batch's (see :func:`pacs_fast.learner.base.objective`).
+
+Fused old log-probs (:attr:`~pacs_fast.learner.base.Learner.fuses_old_logprobs`): before the first
+optimiser step the policy *is* the rollout policy, so the forward of the first mini-batch already
+gives its old log-probs (``logp.detach()``), its entropies and, with the rollout policy as the
+reference, its ``ref_logp``. ``update`` then skips the separate no-grad pass for those groups and
+runs it only for the groups of the later mini-batches. Exact when the model has no active dropout
+(train and eval forwards agree); otherwise, and for PPO, the learner does not fuse.
 """
 from __future__ import annotations
 
@@ -17,8 +26,9 @@ from typing import Iterable, Iterator
 import torch
 
 from pacs_fast.config import AlgoConfig, LearnerConfig
-from pacs_fast.learner.base import (Learner, RolloutBatch, holds_reference_model, minibatch_counts,
+from pacs_fast.learner.base import (Learner, RolloutBatch, by_length, holds_reference_model, minibatch_counts,
                                     needs_reference, objective)
+from pacs_fast.learner.shared_prefix import response_selection, scatter_to_rows, shared_prefix_hidden, split_groups
 from pacs_fast.ops.linear_logprobs import linear_logprobs
 
 
@@ -37,6 +47,22 @@ def _head(model) -> torch.nn.Linear:
     if head is None or not hasattr(head, "weight"):
         raise ValueError(f"{type(model).__name__} has no LM head (get_output_embeddings())")
     return head
+
+
+def _has_active_dropout(model) -> bool:
+    """Whether train-mode forwards differ from eval-mode ones: a dropout module with p > 0, or a
+    config dropout probability > 0 (Hugging Face attention dropout is a config value, not a module)."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    cfg = getattr(model, "config", None)
+    items = cfg.to_dict().items() if hasattr(cfg, "to_dict") else ()
+    return any(("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and not isinstance(v, bool)
+               and v > 0 for k, v in items)
+
+
+def _rows(group_ids, group_size: int) -> torch.Tensor:
+    g = torch.as_tensor(group_ids, dtype=torch.long)
+    return (g[:, None] * group_size + torch.arange(group_size)).reshape(-1)
 
 
 class TorchLearner(Learner):
@@ -71,6 +97,7 @@ class TorchLearner(Learner):
             torch.nn.init.zeros_(self.value_head.bias)
         self.optimizer = self._make_optimizer()
         self.last_terms: dict[str, torch.Tensor] = {}
+        self.fuses_old_logprobs = algo.name != "ppo" and not _has_active_dropout(model)
 
     # ------------------------------------------------------------------ helpers
     def _params(self):
@@ -90,24 +117,34 @@ class TorchLearner(Learner):
         """Differentiable ``logp [b, T]`` (and entropy / values ``[b, T]``, else None)."""
         ids = batch.input_ids.to(self.device)
         mask = batch.response_mask.to(self.device)
-        # Rows are right-padded, so the causal mask alone is exact for every real token.
-        hidden = _decoder(model)(input_ids=ids, use_cache=False).last_hidden_state  # [b, T, H]
-        sel = mask[:, 1:] > 0                                  # positions t >= 1 that are response tokens
-        h = hidden[:, :-1][sel]                                # hidden state that predicts token t
-        labels = ids[:, 1:][sel]
+        b, T = ids.shape
+        layout = None
+        if self.cfg.shared_prefix and not getattr(model, "is_gradient_checkpointing", False):
+            layout = split_groups(ids, batch.attention_mask.to(self.device), mask, batch.group_size)
+        if layout is not None:  # each group's prompt once, its G responses on top (see shared_prefix)
+            sel, cols = response_selection(layout, mask)
+            h = shared_prefix_hidden(_decoder(model), layout, batch.group_size)[sel]
+            labels = layout.response_ids[sel]
+
+            def scatter(x):
+                return scatter_to_rows(x, sel, cols, T)
+        else:
+            # Rows are right-padded, so the causal mask alone is exact for every real token. The last
+            # column is only ever a label, so it is not fed.
+            hidden = _decoder(model)(input_ids=ids[:, :max(T - 1, 1)],
+                                     use_cache=False).last_hidden_state[:, :T - 1]  # [b, T-1, H]
+            sel = mask[:, 1:] > 0                              # positions t >= 1 that are response tokens
+            h = hidden[sel]                                    # hidden state that predicts token t
+            labels = ids[:, 1:][sel]
+
+            def scatter(x):
+                full = x.new_zeros(b, T - 1).masked_scatter(sel, x)
+                return torch.cat([x.new_zeros(b, 1), full], dim=1)
         head = _head(model)
         out = linear_logprobs(h, head.weight, labels, bias=head.bias, temperature=self.temperature,
                               return_entropy=entropy, backend=self.cfg.logprob_backend)
         lp, ent = out if entropy else (out, None)
-        b, T = ids.shape
-
-        def scatter(x):
-            full = x.new_zeros(b, T - 1).masked_scatter(sel, x)
-            return torch.cat([x.new_zeros(b, 1), full], dim=1)
-
-        v = None
-        if values:
-            v = scatter(self.value_head(h).squeeze(-1).float())
+        v = scatter(self.value_head(h).squeeze(-1).float()) if values else None
         return scatter(lp), (scatter(ent) if ent is not None else None), v
 
     # ------------------------------------------------------------------ Learner
@@ -142,29 +179,62 @@ class TorchLearner(Learner):
             outs.append(torch.nn.functional.pad(v, (0, T - v.shape[1])).cpu())
         return torch.cat(outs)
 
+    def _prefill_old_logprobs(self, batch: RolloutBatch, first_groups: torch.Tensor) -> None:
+        """Allocates ``old_logp`` / ``old_entropy`` ([B, T] fp32) and fills the rows of every group
+        outside ``first_groups`` with a no-grad pass (those of ``first_groups`` come from the first
+        mini-batch's forward). With the rollout policy as reference, ``ref_logp`` is ``old_logp``."""
+        B, T = batch.input_ids.shape
+        batch.old_logp = torch.zeros(B, T)
+        batch.old_entropy = torch.zeros(B, T)
+        rest = sorted(set(range(batch.num_groups)) - set(first_groups.tolist()))
+        if rest:
+            lp, ent = self.compute_logprobs(batch.groups(rest), return_entropy=True)
+            rows = _rows(rest, batch.group_size)
+            batch.old_logp[rows, :lp.shape[1]] = lp
+            batch.old_entropy[rows, :ent.shape[1]] = ent
+        if self.needs_ref and self.ref_model is None and batch.ref_logp is None:
+            batch.ref_logp = batch.old_logp
+
     def update(self, batch: RolloutBatch, *, seed: int) -> dict[str, float]:
         self.model.train()
         gen = torch.Generator().manual_seed(int(seed))
         P = batch.num_groups
         mini = min(self.cfg.mini_batch_prompts, P)
         micro = min(self.cfg.micro_batch_prompts, mini)
+        fuse = batch.old_logp is None
+        if fuse and not self.fuses_old_logprobs:
+            raise ValueError("update: batch.old_logp is None, but this learner cannot compute it in the update "
+                             "(dropout is active or algo is ppo): call compute_logprobs first")
         need_ent = bool(self.algo.entropy_coef)
         sums: dict[str, float] = {}
         steps = 0
         terms: dict[str, list] = {}
         params = self._params()
-        for _ in range(self.cfg.epochs):
+        for epoch in range(self.cfg.epochs):
             order = torch.randperm(P, generator=gen)
             for start in range(0, P, mini):
-                mb = batch.groups(order[start:start + mini])
+                fused_here = fuse and epoch == 0 and start == 0  # parameters are still the rollout policy's
+                if fused_here:
+                    self._prefill_old_logprobs(batch, order[:mini])
+                # groups of similar length share a micro-batch (less padding; the sum is the same)
+                mb_groups = by_length(order[start:start + mini], batch)
+                mb = batch.groups(mb_groups)
                 counts = minibatch_counts(mb)
                 self.optimizer.zero_grad(set_to_none=True)
                 step_metrics: dict[str, float] = {"loss": 0.0}
                 for m in range(0, mb.num_groups, micro):
                     mcb = mb.groups(range(m, min(m + micro, mb.num_groups))).to(self.device)
-                    logp, ent, values = self._forward(self.model, mcb, entropy=need_ent,
+                    logp, ent, values = self._forward(self.model, mcb, entropy=need_ent or fused_here,
                                                       values=self.value_head is not None)
-                    loss, met = objective(self.algo, mcb, logp, ent, values, counts, horizon=self.horizon)
+                    if fused_here:
+                        mcb.old_logp = logp.detach()
+                        if batch.ref_logp is batch.old_logp:
+                            mcb.ref_logp = mcb.old_logp
+                        rows, w = _rows(mb_groups[m:m + micro], batch.group_size), logp.shape[1]
+                        batch.old_logp[rows, :w] = mcb.old_logp.float().cpu()
+                        batch.old_entropy[rows, :w] = ent.detach().float().cpu()
+                    loss, met = objective(self.algo, mcb, logp, ent if need_ent else None, values, counts,
+                                          horizon=self.horizon)
                     loss.backward()
                     step_metrics["loss"] += float(loss.detach())
                     for k, v in met.items():

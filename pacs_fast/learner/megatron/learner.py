@@ -39,6 +39,8 @@ import torch.distributed as dist
 from pacs_fast.learner.base import (
     Learner,
     RolloutBatch,
+    by_length,
+    dealt_rows_to_sorted,
     holds_reference_model,
     minibatch_counts,
     needs_reference,
@@ -321,7 +323,9 @@ class MegatronLearner(Learner):
         for _ in range(self.cfg.epochs):
             order = torch.randperm(P, generator=gen)
             for start in range(0, P, mini):
-                step_metrics = self._mini_batch(batch.groups(order[start:start + mini]), terms)
+                # sorted by length, dealt over the DP ranks (balanced shares, little padding)
+                dealt = by_length(order[start:start + mini], batch, shares=self.dp_size)
+                step_metrics = self._mini_batch(batch.groups(dealt), terms)
                 for k, v in step_metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
                 steps += 1
@@ -361,8 +365,9 @@ class MegatronLearner(Learner):
         stats = torch.stack([torch.as_tensor(scalars[k], device=self.device, dtype=torch.float32)
                              for k in names])
         self._all_reduce_dp([p.grad for p in self.params] + [stats])
-        for k, v in local_terms.items():  # rows of the whole mini-batch, in its order
-            terms.setdefault(k, []).append(self._gather_dp(torch.cat(v)).cpu())
+        back = dealt_rows_to_sorted(mb.num_groups, self.dp_size, mb.group_size)
+        for k, v in local_terms.items():  # rows of the whole mini-batch, in its sorted order
+            terms.setdefault(k, []).append(self._gather_dp(torch.cat(v)).cpu()[back])
         grad_norm = tp_grad_norm(self.params, self.tp_group)
         out = {k: float(v) for k, v in zip(names, stats)}
         out["grad_norm"] = float(grad_norm)
