@@ -21,6 +21,8 @@ temperature-1 forward on step 1 and on evaluation steps only, so that like is co
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import random
 import time
@@ -297,8 +299,6 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     run_dir = Path(broadcast(str(run_dir), world))  # a timestamped name could differ between ranks
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    elif not cfg.model.path and resolve_device(cfg) == "cpu":
-        torch.set_num_threads(1)  # the tiny model's small matmuls gain nothing from more threads
     ckpt = latest_checkpoint(run_dir) if resume else None
     if resume and ckpt is None:
         raise SetupError(f"--resume {run_dir}: no checkpoint found under {run_dir / 'checkpoints'}")
@@ -379,7 +379,11 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     calibration: list[tuple[torch.Tensor, torch.Tensor]] = []
     train_time = state.get("train_time", 0.0)
 
-    # 5. the loop
+    # 5. the loop. Everything alive now lives to the end: keep it out of the cyclic garbage
+    # collector's full passes (which otherwise stall a step now and then for a few hundred ms).
+    # Unfrozen after the loop, and at exit in any case (frozen objects are never finalised).
+    gc.freeze()
+    atexit.register(gc.unfreeze)
     for step in range(start_step + 1, cfg.train.steps + 1):
         t_step = time.perf_counter()
         tm = {}
@@ -407,17 +411,23 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             comps, rewards = broadcast((comps, rewards), world)
             tm["time/broadcast"] = time.perf_counter() - t0
 
-        # old / reference log-probs (and values + GAE for PPO), recomputed by the learner
+        # old / reference log-probs (and values + GAE for PPO), recomputed by the learner; a learner
+        # that fuses the old ones into its update gets them from its first mini-batch's forward
         t0 = time.perf_counter()
         batch = build_batch([p["prompt_ids"] for p in problems], [[c.token_ids for c in cs] for cs in comps],
                             rewards, pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-        batch.old_logp, entropy = learner.compute_logprobs(batch, return_entropy=True)
+        if not learner.fuses_old_logprobs:
+            batch.old_logp, batch.old_entropy = learner.compute_logprobs(batch, return_entropy=True)
         diag_step = step in (1, cfg.train.steps) or bool(cfg.train.eval_every and step % cfg.train.eval_every == 0)
-        mismatch = logprob_mismatch(learner, batch, [p["prompt_ids"] for p in problems], comps,
-                                    temperature=cfg.rollout.temperature, extra_forward=diag_step)
-        if learner.needs_ref:
-            batch.ref_logp = (learner.compute_logprobs(batch, reference=True)
-                              if holds_reference_model(cfg.algo) else batch.old_logp)
+        prompt_ids = [p["prompt_ids"] for p in problems]
+        mismatch = {}
+        if cfg.rollout.temperature != 1.0:  # an extra forward at temperature 1, before the update
+            mismatch = logprob_mismatch(learner, batch, prompt_ids, comps, temperature=cfg.rollout.temperature,
+                                        extra_forward=diag_step)
+        if learner.needs_ref and holds_reference_model(cfg.algo):
+            batch.ref_logp = learner.compute_logprobs(batch, reference=True)
+        elif learner.needs_ref and batch.old_logp is not None:
+            batch.ref_logp = batch.old_logp
         if cfg.algo.name == "ppo":
             from pacs_fast.algorithms import gae
             batch.old_values = learner.compute_values(batch)
@@ -429,6 +439,8 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
         t0 = time.perf_counter()
         lm = learner.update(batch, seed=seed)
         tm["time/update"] = time.perf_counter() - t0
+        if cfg.rollout.temperature == 1.0:  # the old log-probs are the learner's at temperature 1
+            mismatch = logprob_mismatch(learner, batch, prompt_ids, comps, temperature=1.0, extra_forward=False)
         t0 = time.perf_counter()
         sync_engine()
         tm["time/sync"] = time.perf_counter() - t0
@@ -446,7 +458,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             "reward/all_wrong_groups": float((groups.max(1).values < 0.5).float().mean()),
             "response/length": n_tokens / len(R),
             "response/stop_frac": float(np.mean([c.finish_reason == "stop" for cs in comps for c in cs])),
-            "entropy": float((entropy * mask).sum() / max(n_tokens, 1.0)),
+            "entropy": float((batch.old_entropy * mask).sum() / max(n_tokens, 1.0)),
             **mismatch,
             **{f"learner/{k}": v for k, v in lm.items()},
             **pacs_metrics(getattr(learner, "last_terms", {})),
@@ -481,6 +493,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
                 logger.log("checkpoint", step, {"time/checkpoint": time.perf_counter() - t0})
 
     # 6. summary
+    gc.unfreeze()
     progress.close()
     summary = {
         "acc_before": initial_eval["eval/acc"], "acc_after": last_eval["eval/acc"],
