@@ -2,6 +2,7 @@
 
     python bench/bench_train_step.py                # ours, then TRL (if installed)
     python bench/bench_train_step.py --steps 10 --threads 1 --no-trl
+    python bench/bench_train_step.py --steps 12 --rounds 3       # ours, TRL, ours, TRL, ...
 
 Same tiny model (the warmed-up default, from the cache), same prompts per step (P), samples per
 prompt (G), response length limit, learning rate and one optimiser step per rollout batch. The
@@ -36,9 +37,9 @@ def bench_ours(cfg, steps: int, out: Path) -> dict:
     cfg.train.out_dir, cfg.train.run_name = str(out), "ours"
     # TRL's workload: one optimiser step per rollout batch (micro-batching leaves the step unchanged)
     cfg.learner.mini_batch_prompts = cfg.train.prompts_per_step
-    train(cfg, out / "ours")
-    recs = [r for r in read_jsonl(out / "ours" / "metrics.jsonl") if r["kind"] == "train"][1:]
-    return {k: statistics.median(r[k] for r in recs) for k in PHASES}
+    train(cfg, out)
+    recs = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"][1:]
+    return {k: [r[k] for r in recs] for k in PHASES}
 
 
 def bench_trl(cfg, model_path: Path, steps: int, out: Path) -> dict | None:
@@ -79,7 +80,7 @@ def bench_trl(cfg, model_path: Path, steps: int, out: Path) -> dict | None:
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                           processing_class=tok, callbacks=[Timer()])
     trainer.train()
-    return {"time/step": statistics.median(times[1:])}
+    return {"time/step": times[1:]}
 
 
 def main(argv=None):
@@ -87,19 +88,31 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(),
                     help="torch threads for both trainers (default: torch's default, as the trainer's)")
+    ap.add_argument("--rounds", type=int, default=1, help="alternate ours / TRL this many times")
     ap.add_argument("--no-trl", action="store_true")
     ap.add_argument("overrides", nargs="*", help="config overrides (section.key=value)")
     a = ap.parse_args(argv)
     cfg = load_config(None, a.overrides + [f"train.threads={a.threads}"])
     torch.set_num_threads(a.threads)
     model_path = default_model(cfg, load_problems(cfg)[0])
+    ours: dict[str, list] = {k: [] for k in PHASES}
+    trl: dict[str, list] | None = None if a.no_trl else {"time/step": []}
     with tempfile.TemporaryDirectory() as d:
-        ours = bench_ours(cfg, a.steps, Path(d))
-        torch.set_num_threads(a.threads)
-        trl = None if a.no_trl else bench_trl(cfg, model_path, a.steps, Path(d))
+        for r in range(a.rounds):  # alternating, so that a slow spell of the machine hits both
+            for k, v in bench_ours(cfg, a.steps, Path(d) / f"ours{r}").items():
+                ours[k] += v
+            torch.set_num_threads(a.threads)
+            if trl is not None:
+                got = bench_trl(cfg, model_path, a.steps, Path(d) / f"trl{r}")
+                if got is None:
+                    trl = None
+                else:
+                    trl["time/step"] += got["time/step"]
+    ours = {k: statistics.median(v) for k, v in ours.items()}
+    trl = {k: statistics.median(v) for k, v in trl.items()} if trl else None
     P, G = cfg.train.prompts_per_step, cfg.rollout.n
     print(f"\nworkload: {P} prompts x {G} samples, <= {cfg.rollout.max_new_tokens} new tokens, "
-          f"{a.threads} thread(s), median of steps 2..{a.steps}")
+          f"{a.threads} thread(s), median of steps 2..{a.steps} of {a.rounds} round(s)")
     print(f"{'phase':<16}{'ours (s)':>10}")
     for k in PHASES:
         print(f"{k[5:]:<16}{ours[k]:>10.3f}")
