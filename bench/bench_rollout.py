@@ -1,4 +1,4 @@
-"""Rollout throughput: vLLM (``VLLMEngine``) vs Hugging Face ``generate`` (``HFEngine``), and
+"""Rollout throughput: vLLM (``VLLMEngine``) vs ``HFEngine`` (its lean decode loop and ``model.generate``), and
 vLLM weight-sync time.
 
 Both engines get the same prompts, ``n``, ``max_new_tokens``, temperature and seed; throughput is
@@ -65,11 +65,12 @@ def main(argv=None):
         if not args.skip_hf:
             from pacs_fast.rollout.hf import HFEngine
 
-            hf = HFEngine(path, batch_size=args.hf_batch_size)
-            n_params = sum(p.numel() for p in hf.model.parameters())
-            tokens, dt = timed_generate(hf, prompts, params, args.repeats)
-            rows.append(("hf generate", tokens, dt))
-            del hf
+            for sampler in ("lean", "generate"):
+                hf = HFEngine(path, batch_size=args.hf_batch_size, sampler=sampler)
+                n_params = sum(p.numel() for p in hf.model.parameters())
+                tokens, dt = timed_generate(hf, prompts, params, args.repeats)
+                rows.append((f"hf {sampler}", tokens, dt))
+                del hf
 
         from transformers import AutoModelForCausalLM
 
