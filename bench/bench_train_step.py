@@ -79,8 +79,29 @@ def bench_trl(cfg, model_path: Path, steps: int, out: Path) -> dict | None:
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                           processing_class=tok, callbacks=[Timer()])
+    # where TRL's step goes: its generation + scoring method (which also runs any extra log-prob
+    # pass) and, inside it, the reward call; the rest of the step is forward / backward / AdamW
+    spans: dict[str, list[float]] = {"gen": [], "reward": []}
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spans[name].append(time.perf_counter() - t0)
+        return wrapper
+
+    for name, attr in (("gen", "_generate_and_score_completions"), ("reward", "_calculate_rewards")):
+        if hasattr(trainer, attr):
+            setattr(trainer, attr, timed(name, getattr(trainer, attr)))
     trainer.train()
-    return {"time/step": times[1:]}
+    out = {"time/step": times[1:]}
+    if len(spans["gen"]) == len(times) and len(spans["reward"]) == len(times):
+        out["time/generate+reward"] = spans["gen"][1:]
+        out["time/reward"] = spans["reward"][1:]
+        out["time/train"] = [t - g for t, g in zip(times[1:], spans["gen"][1:])]
+    return out
 
 
 def main(argv=None):
@@ -96,7 +117,7 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     model_path = default_model(cfg, load_problems(cfg)[0])
     ours: dict[str, list] = {k: [] for k in PHASES}
-    trl: dict[str, list] | None = None if a.no_trl else {"time/step": []}
+    trl: dict[str, list] | None = None if a.no_trl else {}
     with tempfile.TemporaryDirectory() as d:
         for r in range(a.rounds):  # alternating, so that a slow spell of the machine hits both
             for k, v in bench_ours(cfg, a.steps, Path(d) / f"ours{r}").items():
@@ -107,17 +128,21 @@ def main(argv=None):
                 if got is None:
                     trl = None
                 else:
-                    trl["time/step"] += got["time/step"]
+                    for k, v in got.items():
+                        trl.setdefault(k, []).extend(v)
     ours = {k: statistics.median(v) for k, v in ours.items()}
     trl = {k: statistics.median(v) for k, v in trl.items()} if trl else None
     P, G = cfg.train.prompts_per_step, cfg.rollout.n
     print(f"\nworkload: {P} prompts x {G} samples, <= {cfg.rollout.max_new_tokens} new tokens, "
           f"{a.threads} thread(s), median of steps 2..{a.steps} of {a.rounds} round(s)")
-    print(f"{'phase':<16}{'ours (s)':>10}")
+    print(f"{'phase':<28}{'ours (s)':>10}")
     for k in PHASES:
-        print(f"{k[5:]:<16}{ours[k]:>10.3f}")
+        print(f"{k[5:]:<28}{ours[k]:>10.3f}")
     if trl:
-        print(f"{'TRL GRPO step':<16}{trl['time/step']:>10.3f}")
+        for k in ("time/generate+reward", "time/reward", "time/train"):
+            if k in trl:
+                print(f"{'TRL ' + k[5:]:<28}{trl[k]:>10.3f}")
+        print(f"{'TRL step':<28}{trl['time/step']:>10.3f}")
         print(f"ratio ours/TRL: {ours['time/step'] / trl['time/step']:.2f}  (target <= 0.5)")
     return ours, trl
 
