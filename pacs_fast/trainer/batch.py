@@ -1,6 +1,8 @@
 """Turning rollouts into tensors: right-padded ``prompt + response`` rows, grouped by prompt."""
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from pacs_fast.learner.base import RolloutBatch
@@ -26,15 +28,14 @@ def build_batch(prompt_ids: list[list[int]], responses: list[list[list[int]]], r
             resp_start.append(len(p))
     if len(rewards) != len(rows):
         raise ValueError(f"rewards has {len(rewards)} entries but there are {len(rows)} responses")
-    T = max(len(r) for r in rows)
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    T = int(lengths.max())
+    cols = torch.arange(T)
+    attn = cols < lengths[:, None]                       # True positions, row-major = the rows' order
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), T), dtype=torch.long)
-    resp = torch.zeros((len(rows), T), dtype=torch.float32)
-    for i, (r, s) in enumerate(zip(rows, resp_start)):
-        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        attn[i, :len(r)] = 1
-        resp[i, s:len(r)] = 1.0
-    return RolloutBatch(input_ids=ids, attention_mask=attn, response_mask=resp,
+    ids[attn] = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=torch.long)
+    resp = (cols >= torch.tensor(resp_start)[:, None]) & attn
+    return RolloutBatch(input_ids=ids, attention_mask=attn.long(), response_mask=resp.float(),
                         rewards=torch.tensor(rewards, dtype=torch.float32), group_size=G)
 
 
@@ -53,13 +54,20 @@ def response_values(prompt_ids: list[list[int]], values: list[list[list[float]]]
     """``[B, T]`` float32 tensor holding ``values[i][j][k]`` (e.g. the rollout engine's log-prob of
     response token k of sample j of prompt i) at that token's position in the :func:`build_batch`
     layout (``len(prompt_ids[i]) + k`` in row ``i * G + j``), 0 elsewhere."""
-    out = torch.zeros(tuple(shape), dtype=torch.float32)
-    row = 0
+    B, T = tuple(shape)
+    starts, counts, flat = [], [], []
     for p, group in zip(prompt_ids, values):
         for v in group:
-            if len(v):
-                out[row, len(p):len(p) + len(v)] = torch.tensor(v, dtype=torch.float32)
-            row += 1
-    if row != out.shape[0]:
-        raise ValueError(f"values cover {row} rows but the batch has {out.shape[0]}")
+            starts.append(len(p))
+            counts.append(len(v))
+            flat.extend(v)
+    if len(starts) != B:
+        raise ValueError(f"values cover {len(starts)} rows but the batch has {B}")
+    start = torch.tensor(starts, dtype=torch.long)[:, None]
+    end = start + torch.tensor(counts, dtype=torch.long)[:, None]
+    if bool((end > T).any()):
+        raise ValueError(f"values run past the batch width {T}")
+    cols = torch.arange(T)
+    out = torch.zeros((B, T), dtype=torch.float32)
+    out[(cols >= start) & (cols < end)] = torch.tensor(flat, dtype=torch.float32)
     return out
