@@ -88,10 +88,12 @@ def shared_prefix_hidden(decoder, layout: PrefixLayout, group_size: int) -> torc
     G = int(group_size)
     g, P = layout.prompt_ids.shape
     ppos = torch.arange(P, device=layout.prompt_ids.device).expand(g, P)
+    # the model's config gives the cache its layer types (sliding-window layers where the model has them)
+    cache = DynamicCache(config=getattr(decoder, "config", None))
     out = decoder(input_ids=layout.prompt_ids, attention_mask=layout.prompt_mask, position_ids=ppos,
-                  past_key_values=DynamicCache(), use_cache=True)
+                  past_key_values=cache, use_cache=True)
     cache = out.past_key_values
-    if cache is None or cache.get_seq_length() != layout.prompt_ids.shape[1]:
+    if cache is None or cache.get_seq_length() == 0:
         raise RuntimeError("shared_prefix_hidden: the decoder returned no key/value cache (is gradient "
                            "checkpointing on? it switches the cache off)")
     p_group = layout.prompt_len[::G]
