@@ -129,6 +129,8 @@ class TrainConfig:
     out_dir: str = _f("runs", "parent folder of run folders")
     run_name: str = _f("", "run folder name; empty = algo-timestamp")
     threads: int = _f(0, "torch CPU threads (0 = torch's default: every core; torchrun sets 1 per process)")
+    keep_freed_memory: bool = _f(True, "glibc: keep freed memory in the process instead of page-faulting it back "
+                                 "every step (pacs_fast/trainer/allocator.py)")
     reward_workers: int = _f(0, "verifier worker processes (0 = score in the trainer process)")
     progress: bool = _f(True, "rich progress display")
     plots: bool = _f(True, "PNG plots of the curves at the end")

@@ -299,6 +299,9 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     run_dir = Path(broadcast(str(run_dir), world))  # a timestamped name could differ between ranks
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    if cfg.train.keep_freed_memory:
+        from pacs_fast.trainer.allocator import keep_freed_memory
+        keep_freed_memory()
     ckpt = latest_checkpoint(run_dir) if resume else None
     if resume and ckpt is None:
         raise SetupError(f"--resume {run_dir}: no checkpoint found under {run_dir / 'checkpoints'}")
