@@ -4,7 +4,10 @@
     python bench/bench_train_step.py --steps 10 --threads 1 --no-trl
     python bench/bench_train_step.py --steps 12 --rounds 3       # ours, TRL, ours, TRL, ...
 
-Same tiny model (the warmed-up default, from the cache), same prompts per step (P), samples per
+Each run is a fresh process (spawn), so neither trainer inherits the other's process-wide settings:
+ours applies ``train.keep_freed_memory`` (glibc thresholds) to itself, TRL runs as shipped unless
+``--trl-keep-freed-memory``. Same tiny model (the warmed-up default, from the cache), same prompts
+per step (P), samples per
 prompt (G), response length limit, learning rate and one optimiser step per rollout batch. The
 first step of each is excluded (warm-up); the table shows medians over the rest (the CPU is shared,
 so single steps stall now and then). Prints a table and the ratio
@@ -27,6 +30,28 @@ from pacs_fast.trainer.metrics import read_jsonl
 from pacs_fast.trainer.warmup import default_model
 
 PHASES = ("time/rollout", "time/reward", "time/logprobs", "time/update", "time/step")
+
+
+def in_fresh_process(fn, *args):
+    """``fn(*args)`` in a new interpreter (spawn): each trainer runs with its own process-wide
+    settings (threads, the allocator), none inherited from the other."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing as mp
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def bench_trl_in_process(cfg, model_path: Path, steps: int, out: Path, threads: int, keep_freed_memory: bool):
+    torch.set_num_threads(threads)
+    if keep_freed_memory:
+        from pacs_fast.trainer.allocator import keep_freed_memory as keep
+        keep()
+    return bench_trl(cfg, model_path, steps, out)
+
+
+def bench_ours_in_process(cfg, steps: int, out: Path, threads: int):
+    torch.set_num_threads(threads)
+    return bench_ours(cfg, steps, out)
 
 
 def bench_ours(cfg, steps: int, out: Path) -> dict:
@@ -111,6 +136,9 @@ def main(argv=None):
                     help="torch threads for both trainers (default: torch's default, as the trainer's)")
     ap.add_argument("--rounds", type=int, default=1, help="alternate ours / TRL this many times")
     ap.add_argument("--no-trl", action="store_true")
+    ap.add_argument("--trl-keep-freed-memory", action="store_true",
+                    help="give TRL's process the allocator setting our trainer applies to itself "
+                         "(train.keep_freed_memory); by default TRL runs as shipped")
     ap.add_argument("overrides", nargs="*", help="config overrides (section.key=value)")
     a = ap.parse_args(argv)
     cfg = load_config(None, a.overrides + [f"train.threads={a.threads}"])
@@ -120,11 +148,12 @@ def main(argv=None):
     trl: dict[str, list] | None = None if a.no_trl else {}
     with tempfile.TemporaryDirectory() as d:
         for r in range(a.rounds):  # alternating, so that a slow spell of the machine hits both
-            for k, v in bench_ours(cfg, a.steps, Path(d) / f"ours{r}").items():
+            for k, v in in_fresh_process(bench_ours_in_process, cfg, a.steps, Path(d) / f"ours{r}",
+                                         a.threads).items():
                 ours[k] += v
-            torch.set_num_threads(a.threads)
             if trl is not None:
-                got = bench_trl(cfg, model_path, a.steps, Path(d) / f"trl{r}")
+                got = in_fresh_process(bench_trl_in_process, cfg, model_path, a.steps, Path(d) / f"trl{r}",
+                                       a.threads, a.trl_keep_freed_memory)
                 if got is None:
                     trl = None
                 else:
@@ -134,7 +163,8 @@ def main(argv=None):
     trl = {k: statistics.median(v) for k, v in trl.items()} if trl else None
     P, G = cfg.train.prompts_per_step, cfg.rollout.n
     print(f"\nworkload: {P} prompts x {G} samples, <= {cfg.rollout.max_new_tokens} new tokens, "
-          f"{a.threads} thread(s), median of steps 2..{a.steps} of {a.rounds} round(s)")
+          f"{a.threads} thread(s), median of steps 2..{a.steps} of {a.rounds} round(s); TRL "
+          f"{'with' if a.trl_keep_freed_memory else 'without'} our allocator setting")
     print(f"{'phase':<28}{'ours (s)':>10}")
     for k in PHASES:
         print(f"{k[5:]:<28}{ours[k]:>10.3f}")
