@@ -70,8 +70,7 @@ class RolloutBatch:
     def groups(self, group_ids: torch.Tensor | list[int]) -> "RolloutBatch":
         """The sub-batch made of the given groups (whole groups, in the given order), trimmed to
         its longest row."""
-        g = torch.as_tensor(group_ids, dtype=torch.long)
-        rows = (g[:, None] * self.group_size + torch.arange(self.group_size)).reshape(-1)
+        rows = group_rows(group_ids, self.group_size)
         width = int(self.attention_mask[rows].sum(-1).max()) if len(rows) else 0
         width = max(width, 1)
         out = {}
@@ -88,6 +87,12 @@ class RolloutBatch:
         return RolloutBatch(**{f.name: (getattr(self, f.name).to(device)
                                         if isinstance(getattr(self, f.name), torch.Tensor)
                                         else getattr(self, f.name)) for f in dataclasses.fields(self)})
+
+
+def group_rows(group_ids, group_size: int) -> torch.Tensor:
+    """``[len(group_ids) * group_size]`` int64: the row indices of the given groups, in order."""
+    g = torch.as_tensor(group_ids, dtype=torch.long)
+    return (g[:, None] * group_size + torch.arange(group_size)).reshape(-1)
 
 
 class Learner(abc.ABC):
@@ -218,7 +223,7 @@ def dealt_rows_to_sorted(n_groups: int, shares: int, group_size: int) -> torch.T
     back into its sorted order: ``sorted_values = dealt_values[perm]``."""
     j = torch.arange(n_groups)
     pos = (j % shares) * (n_groups // shares) + j // shares   # where sorted group j sits when dealt
-    return (pos[:, None] * group_size + torch.arange(group_size)).reshape(-1)
+    return group_rows(pos, group_size)
 
 
 def minibatch_counts(mb: RolloutBatch) -> dict[str, float]:

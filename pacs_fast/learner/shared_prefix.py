@@ -30,6 +30,8 @@ class PrefixLayout:
     prompt_len: ``[b]`` int64, each row's prefix length ``p`` (its group's).
     response_ids / response_attn: ``[b, R]`` int64, tokens ``p .. p+R-1`` of each row (0 past its end)
         and 1 on its real tokens.
+    response_cols: ``[b, R]`` int64, the columns ``p .. p+R-1`` of those tokens in the ``[b, T]`` layout
+        (also their position ids).
     """
 
     prompt_ids: torch.Tensor
@@ -37,6 +39,7 @@ class PrefixLayout:
     prompt_len: torch.Tensor
     response_ids: torch.Tensor
     response_attn: torch.Tensor
+    response_cols: torch.Tensor
 
 
 def split_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
@@ -74,7 +77,7 @@ def split_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, response
     cols = prompt_len[:, None] + torch.arange(R, device=input_ids.device)  # [b, R]
     response_attn = (torch.arange(R, device=input_ids.device)[None, :] < rlen[:, None]).long()
     response_ids = input_ids.gather(1, cols.clamp(max=T - 1)) * response_attn
-    return PrefixLayout(prompt_ids, prompt_mask, prompt_len, response_ids, response_attn)
+    return PrefixLayout(prompt_ids, prompt_mask, prompt_len, response_ids, response_attn, cols)
 
 
 def shared_prefix_hidden(decoder, layout: PrefixLayout, group_size: int) -> torch.Tensor:
@@ -104,7 +107,7 @@ def shared_prefix_hidden(decoder, layout: PrefixLayout, group_size: int) -> torc
         return last_prompt
     # The last response-part column is only ever a label: feed columns 0 .. R-2.
     cache.batch_repeat_interleave(G)
-    rpos = layout.prompt_len[:, None] + torch.arange(R - 1, device=layout.prompt_len.device)
+    rpos = layout.response_cols[:, :-1]
     attn = torch.cat([layout.prompt_mask.repeat_interleave(G, 0), layout.response_attn[:, :-1]], dim=1)
     hr = decoder(input_ids=layout.response_ids[:, :-1], attention_mask=attn, position_ids=rpos,
                  past_key_values=cache, use_cache=True).last_hidden_state      # [b, R-1, H]
@@ -115,8 +118,7 @@ def response_selection(layout: PrefixLayout, response_mask: torch.Tensor) -> tup
     """``(sel, cols)``: ``sel [b, R]`` bool, the response-part entries that are trained tokens
     (``response_mask`` at their position); ``cols [b, R]`` their column in the ``[b, T]`` layout."""
     T = response_mask.shape[1]
-    R = layout.response_ids.shape[1]
-    cols = layout.prompt_len[:, None] + torch.arange(R, device=response_mask.device)
+    cols = layout.response_cols
     sel = (response_mask.gather(1, cols.clamp(max=T - 1)) > 0) & (layout.response_attn > 0)
     return sel, cols
 

@@ -26,8 +26,8 @@ from typing import Iterable, Iterator
 import torch
 
 from pacs_fast.config import AlgoConfig, LearnerConfig
-from pacs_fast.learner.base import (Learner, RolloutBatch, by_length, holds_reference_model, minibatch_counts,
-                                    needs_reference, objective)
+from pacs_fast.learner.base import (Learner, RolloutBatch, by_length, group_rows, holds_reference_model,
+                                    minibatch_counts, needs_reference, objective)
 from pacs_fast.learner.shared_prefix import response_selection, scatter_to_rows, shared_prefix_hidden, split_groups
 from pacs_fast.ops.linear_logprobs import linear_logprobs
 
@@ -58,11 +58,6 @@ def _has_active_dropout(model) -> bool:
     items = cfg.to_dict().items() if hasattr(cfg, "to_dict") else ()
     return any(("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and not isinstance(v, bool)
                and v > 0 for k, v in items)
-
-
-def _rows(group_ids, group_size: int) -> torch.Tensor:
-    g = torch.as_tensor(group_ids, dtype=torch.long)
-    return (g[:, None] * group_size + torch.arange(group_size)).reshape(-1)
 
 
 class TorchLearner(Learner):
@@ -189,7 +184,7 @@ class TorchLearner(Learner):
         rest = sorted(set(range(batch.num_groups)) - set(first_groups.tolist()))
         if rest:
             lp, ent = self.compute_logprobs(batch.groups(rest), return_entropy=True)
-            rows = _rows(rest, batch.group_size)
+            rows = group_rows(rest, batch.group_size)
             batch.old_logp[rows, :lp.shape[1]] = lp
             batch.old_entropy[rows, :ent.shape[1]] = ent
         if self.needs_ref and self.ref_model is None and batch.ref_logp is None:
@@ -230,7 +225,7 @@ class TorchLearner(Learner):
                         mcb.old_logp = logp.detach()
                         if batch.ref_logp is batch.old_logp:
                             mcb.ref_logp = mcb.old_logp
-                        rows, w = _rows(mb_groups[m:m + micro], batch.group_size), logp.shape[1]
+                        rows, w = group_rows(mb_groups[m:m + micro], batch.group_size), logp.shape[1]
                         batch.old_logp[rows, :w] = mcb.old_logp.float().cpu()
                         batch.old_entropy[rows, :w] = ent.detach().float().cpu()
                     loss, met = objective(self.algo, mcb, logp, ent if need_ent else None, values, counts,

@@ -40,6 +40,10 @@ from pacs_fast.trainer.checkpoint import latest_checkpoint, load_checkpoint, sav
 from pacs_fast.trainer.metrics import MetricsLogger, Progress, read_jsonl
 from pacs_fast.trainer.sampler import PromptSampler
 
+# train() freezes the objects alive when its loop starts (gc.freeze): frozen objects are never
+# finalised, so they are released at exit in any case (also after an exception in the loop).
+atexit.register(gc.unfreeze)
+
 
 class SetupError(ValueError):
     """Bad input found before any training work (config, files, data, checkpoint)."""
@@ -384,9 +388,8 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
 
     # 5. the loop. Everything alive now lives to the end: keep it out of the cyclic garbage
     # collector's full passes (which otherwise stall a step now and then for a few hundred ms).
-    # Unfrozen after the loop, and at exit in any case (frozen objects are never finalised).
+    # Unfrozen after the loop (and at exit, see the top of this module).
     gc.freeze()
-    atexit.register(gc.unfreeze)
     for step in range(start_step + 1, cfg.train.steps + 1):
         t_step = time.perf_counter()
         tm = {}
@@ -417,12 +420,12 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
         # old / reference log-probs (and values + GAE for PPO), recomputed by the learner; a learner
         # that fuses the old ones into its update gets them from its first mini-batch's forward
         t0 = time.perf_counter()
-        batch = build_batch([p["prompt_ids"] for p in problems], [[c.token_ids for c in cs] for cs in comps],
+        prompt_ids = [p["prompt_ids"] for p in problems]
+        batch = build_batch(prompt_ids, [[c.token_ids for c in cs] for cs in comps],
                             rewards, pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         if not learner.fuses_old_logprobs:
             batch.old_logp, batch.old_entropy = learner.compute_logprobs(batch, return_entropy=True)
         diag_step = step in (1, cfg.train.steps) or bool(cfg.train.eval_every and step % cfg.train.eval_every == 0)
-        prompt_ids = [p["prompt_ids"] for p in problems]
         mismatch = {}
         if cfg.rollout.temperature != 1.0:  # an extra forward at temperature 1, before the update
             mismatch = logprob_mismatch(learner, batch, prompt_ids, comps, temperature=cfg.rollout.temperature,
