@@ -38,6 +38,9 @@ class ModelConfig:
     tiny_hidden_size: int = _f(128, "built-in tiny model: hidden size (head size 32)")
     tiny_num_layers: int = _f(2, "built-in tiny model: number of layers")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass")
+    attention: str = _f("auto", "attention of the Hugging Face model: auto (CPU: 'short', else the model's own) | "
+                        "short (pacs_fast's matmul attention for short sequences on CPU; SDPA above 128x128 "
+                        "scores, on GPU and with dropout) | sdpa | eager | flash_attention_2 | ...")
 
 
 @dataclass

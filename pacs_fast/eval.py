@@ -95,6 +95,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--device", default=None, help="hf engine device (default cuda if available, else cpu)")
     p.add_argument("--batch-size", type=int, default=64, help="hf engine: rows per generate call")
+    p.add_argument("--attention", default="auto",
+                   help="hf engine: attention implementation (auto: pacs_fast's short-sequence attention "
+                        "on CPU, the model's own on GPU; or sdpa, eager, flash_attention_2, ...)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm engine")
     p.add_argument("--max-model-len", type=int, default=None, help="vllm engine context length")
     p.add_argument("--scorer-workers", type=int, default=None, help="verifier processes (default: CPUs)")
@@ -158,8 +161,14 @@ def _make_engine(args):
     from pacs_fast.rollout.hf import HFEngine
 
     device = args.device or ("cuda" if cuda else "cpu")
-    return engine, HFEngine(args.model, device=device, dtype=_dtype(args.dtype, device.startswith("cuda")),
-                            batch_size=args.batch_size)
+    hf = HFEngine(args.model, device=device, dtype=_dtype(args.dtype, device.startswith("cuda")),
+                  batch_size=args.batch_size)
+    from pacs_fast.ops.short_attention import use_attention
+    try:
+        use_attention(hf.model, args.attention)
+    except (ValueError, ImportError, KeyError) as e:
+        raise SystemExit(f"error: --attention {args.attention}: {e}") from None
+    return engine, hf
 
 
 def _check_config(out_dir: Path, config: dict, overwrite: bool) -> None:

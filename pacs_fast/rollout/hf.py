@@ -20,9 +20,10 @@
   its cache must support ``batch_repeat_interleave`` (``transformers`` causal LMs and their
   attention caches do); use ``sampler="generate"`` for models that do not.
   Chunks are made of whole prompts, ``max(1, batch_size // n)`` of them (a chunk has
-  ``max(n, batch_size)`` rows at most), taken in order of prompt length; on CPU, prompts of one
-  length worth ``>= _MIN_BUCKET_ROWS`` rows form unpadded chunks of their own (mask-free
-  attention measured faster than the padded batch despite the extra forward calls).
+  ``max(n, batch_size)`` rows at most), taken in order of prompt length; on CPU with SDPA
+  attention, prompts of one length worth ``>= _MIN_BUCKET_ROWS`` rows form unpadded chunks of their
+  own (mask-free SDPA measured faster than the padded batch despite the extra forward calls; with
+  :mod:`pacs_fast.ops.short_attention` the padded batch is faster and no buckets are made).
   Under ``torch.inference_mode``; no host sync in the loop other than the done check.
 - ``sampler="generate"``: ``model.generate`` on prompts repeated ``n`` times, left-padded, in
   chunks of ``batch_size`` rows, with a clean ``GenerationConfig`` (sampling unless
@@ -50,6 +51,7 @@ from typing import Iterable
 
 import torch
 
+from pacs_fast.ops.short_attention import NAME as SHORT_ATTENTION
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
 
 SAMPLERS = ("lean", "generate")
@@ -233,14 +235,18 @@ class HFEngine(RolloutEngine):
 
     def _lean_chunks(self, prompts: list[list[int]], n: int) -> list[list[int]]:
         """Prompt indices per lean chunk: at most ``max(1, batch_size // n)`` prompts each, in order
-        of length (less padding). On CPU, prompts of one length worth at least ``_MIN_BUCKET_ROWS``
-        rows get chunks of their own: no padding, so no attention mask, and the model's mask-free
-        attention (no mask building, grouped-query attention without repeating K/V heads) pays
-        for the extra forward calls once decoding is compute-bound (measured on CPU; on a GPU
-        small-batch decoding is bandwidth/launch-bound and splitting a batch costs more)."""
+        of length (less padding). On CPU with SDPA attention, prompts of one length worth at least
+        ``_MIN_BUCKET_ROWS`` rows get chunks of their own: no padding, so no attention mask, and
+        SDPA's mask-free path (no mask building, grouped-query attention without repeating K/V
+        heads) pays for the extra forward calls once decoding is compute-bound (measured on CPU;
+        on a GPU small-batch decoding is bandwidth/launch-bound and splitting a batch costs more).
+        With :mod:`pacs_fast.ops.short_attention` a mask costs nothing and every prompt shares
+        the chunks (fewer forward calls)."""
         per_chunk = max(1, self.batch_size // n)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        bucket_rows = _MIN_BUCKET_ROWS if self.device.type == "cpu" else float("inf")
+        # pacs_fast's short-sequence attention takes padding masks at no extra cost: no buckets then
+        short = getattr(getattr(self.model, "config", None), "_attn_implementation", None) == SHORT_ATTENTION
+        bucket_rows = _MIN_BUCKET_ROWS if self.device.type == "cpu" and not short else float("inf")
         chunks: list[list[int]] = []
         rest: list[int] = []
         for _, run in itertools.groupby(order, key=lambda i: len(prompts[i])):

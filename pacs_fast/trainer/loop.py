@@ -146,6 +146,15 @@ def resolve_device(cfg: Config) -> str:
     return cfg.model.device
 
 
+def set_attention(model, attention: str) -> None:
+    """``model.attention`` on a loaded Hugging Face model, with an error that names the setting."""
+    from pacs_fast.ops.short_attention import use_attention
+    try:
+        use_attention(model, attention)
+    except (ValueError, ImportError, KeyError) as e:
+        raise ValueError(f"model.attention={attention!r} cannot be used with this model: {e}") from e
+
+
 def build_learner(cfg: Config, model_path: Path, device: str) -> tuple[Learner, object]:
     """The learner for ``learner.backend`` and, for the torch learner, its live HF model."""
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
@@ -163,6 +172,7 @@ def build_learner(cfg: Config, model_path: Path, device: str) -> tuple[Learner, 
 
     from pacs_fast.learner.torch_learner import TorchLearner
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+    set_attention(model, cfg.model.attention)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return TorchLearner(model, **kw), model
@@ -182,7 +192,9 @@ def build_engine(cfg: Config, model_path: Path, live_model, tokenizer, device: s
     batch = max(cfg.train.prompts_per_step * cfg.rollout.n, cfg.data.eval_size * cfg.rollout.eval_n)
     if live_model is not None:
         return HFEngine(live_model, tokenizer, batch_size=min(batch, 1024)), True
-    return HFEngine(str(model_path), tokenizer, device=device, batch_size=min(batch, 1024)), False
+    engine = HFEngine(str(model_path), tokenizer, device=device, batch_size=min(batch, 1024))
+    set_attention(engine.model, cfg.model.attention)
+    return engine, False
 
 
 # ----------------------------------------------------------------------------- rewards, evaluation

@@ -1,0 +1,169 @@
+"""pacs_fast's short-sequence CPU attention: the same attention as a float64 reference (forward,
+backward, gradcheck), Hugging Face's masks and grouped-query heads, SDPA above its size limits,
+and the same model outputs / greedy rollouts as SDPA in a real model."""
+import pytest
+import torch
+
+from pacs_fast.ops import short_attention as sa
+
+
+class Attn(torch.nn.Module):
+    is_causal = True
+
+    def __init__(self, groups=1):
+        super().__init__()
+        self.num_key_value_groups = groups
+
+
+def reference(q, k, v, allowed, scale):
+    """float64 softmax(q k^T scale) v with K/V heads repeated; masked scores at the lowest finite
+    value (a row with no visible key averages the values, as eager attention does)."""
+    r = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(r, 1), v.double().repeat_interleave(r, 1)
+    s = q.double() @ k.transpose(-1, -2) * scale
+    if allowed is not None:
+        s = s.masked_fill(~allowed, torch.finfo(torch.float64).min)
+    return (torch.softmax(s, -1) @ v).transpose(1, 2)
+
+
+def inputs(gen, b, h, kvh, q, k, d=8, dtype=torch.float64, scale=1.0):
+    # Hugging Face's query layout: a transposed view of [b, q, h, d]
+    query = (torch.randn(b, q, h, d, generator=gen, dtype=dtype) * scale).transpose(1, 2)
+    key = torch.randn(b, kvh, k, d, generator=gen, dtype=dtype) * scale
+    value = torch.randn(b, kvh, k, d, generator=gen, dtype=dtype)
+    return query, key, value
+
+
+def padding_mask(gen, b, q, k, left=False):
+    """[b, 1, q, k] bool, causal (query i at key k - q + i) with each row's keys cut to a random length."""
+    n = torch.randint(1, k + 1, (b,), generator=gen)
+    pos = torch.arange(k)
+    keys = pos[None] >= (k - n)[:, None] if left else pos[None] < n[:, None]
+    causal = torch.ones(q, k, dtype=torch.bool).tril(k - q)
+    return (causal[None] & keys[:, None, :])[:, None]
+
+
+@pytest.mark.parametrize("h, kvh, q, k, mask", [
+    (4, 2, 5, 5, "none"), (4, 2, 1, 7, "none"), (4, 4, 3, 9, "none"), (6, 2, 6, 6, "right"),
+    (4, 1, 4, 11, "right"), (4, 2, 7, 7, "left"), (2, 2, 1, 13, "left")])
+def test_matches_float64_reference_forward_and_backward(seed, h, kvh, q, k, mask):
+    gen = torch.Generator().manual_seed(seed)
+    b = 3
+    query, key, value = inputs(gen, b, h, kvh, q, k, scale=3.0)  # large scores: a peaked softmax
+    allowed = None if mask == "none" else padding_mask(gen, b, q, k, left=mask == "left")
+    want_allowed = torch.ones(q, k, dtype=torch.bool).tril(k - q) if allowed is None else allowed
+    leaves = [t.detach().requires_grad_() for t in (query, key, value)]
+    want = reference(*leaves, want_allowed, 0.3)
+    got, _ = sa.short_attention(Attn(h // kvh), *leaves, allowed, scaling=0.3)
+    assert got.shape == (b, q, h, 8) and got.is_contiguous()
+    assert torch.isfinite(got).all()  # a left-padding row with no visible key does not give NaN
+    assert torch.allclose(got, want, atol=1e-12, rtol=0)
+    w = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+    g_want = torch.autograd.grad((want * w).sum(), leaves)
+    g_got = torch.autograd.grad((sa.short_attention(Attn(h // kvh), *leaves, allowed, scaling=0.3)[0] * w).sum(),
+                                leaves)
+    for a, b_ in zip(g_want, g_got):
+        assert torch.allclose(a, b_, atol=1e-11, rtol=0)
+        assert float(a.abs().max()) > 0
+
+
+def test_gradcheck(seed):
+    gen = torch.Generator().manual_seed(seed)
+    query, key, value = inputs(gen, 2, 4, 2, 3, 5, d=4)
+    allowed = padding_mask(gen, 2, 3, 5)
+    leaves = [t.detach().requires_grad_() for t in (query, key, value)]
+    assert torch.autograd.gradcheck(lambda *x: sa.short_attention(Attn(2), *x, allowed, scaling=0.5)[0], leaves)
+    assert torch.autograd.gradcheck(lambda *x: sa.short_attention(Attn(2), *x, None)[0], leaves)
+
+
+def test_bfloat16_close_to_float64(seed):
+    gen = torch.Generator().manual_seed(seed)
+    query, key, value = inputs(gen, 4, 4, 2, 9, 9, d=32, dtype=torch.float32)
+    allowed = padding_mask(gen, 4, 9, 9)
+    want = reference(query, key, value, allowed, 32 ** -0.5)
+    got, _ = sa.short_attention(Attn(2), query.bfloat16(), key.bfloat16(), value.bfloat16(), allowed)
+    assert got.dtype == torch.bfloat16
+    assert float((got.double() - want).abs().max()) < 3e-2
+    leaves = [t.bfloat16().detach().requires_grad_() for t in (query, key, value)]
+    sa.short_attention(Attn(2), *leaves, allowed)[0].float().sum().backward()
+    assert all(t.grad is not None and t.grad.dtype == torch.bfloat16 and torch.isfinite(t.grad).all() for t in leaves)
+
+
+def test_large_inputs_go_to_sdpa(monkeypatch, seed):
+    from transformers.integrations import sdpa_attention
+
+    gen = torch.Generator().manual_seed(seed)
+    calls = []
+    real = sdpa_attention.sdpa_attention_forward
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    small = inputs(gen, 1, 2, 2, 8, 8, dtype=torch.float32)
+    sa.short_attention(Attn(), *small, None)
+    assert calls == []
+    big = inputs(gen, 1, 2, 2, 64, 64, dtype=torch.float32)  # 64*64 > MAX_SCORES
+    out, _ = sa.short_attention(Attn(), *big, None)
+    assert calls == [1]
+    want = reference(*big, torch.ones(64, 64, dtype=torch.bool).tril(), 8 ** -0.5)
+    assert torch.allclose(out.double(), want, atol=1e-5)
+    train = [t.requires_grad_() for t in inputs(gen, 1, 2, 2, 40, 40, dtype=torch.float32)]  # > MAX_SCORES_TRAIN
+    sa.short_attention(Attn(), *train, None)
+    assert calls == [1, 1]
+    with torch.no_grad():  # the same size without gradients stays on the matmul path
+        sa.short_attention(Attn(), *train, None)
+    assert calls == [1, 1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pacs_fast.data.tiny import make_tiny_model
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny"), seed=3)
+    return path, AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+def test_use_attention_names(tiny):
+    import copy
+    _, model, _ = tiny
+    model = copy.deepcopy(model)
+    assert sa.use_attention(model, "auto") == sa.NAME == model.config._attn_implementation
+    assert sa.use_attention(model, "eager") == "eager"
+    with pytest.raises(ValueError, match="bogus"):
+        sa.use_attention(model, "bogus")
+
+
+def test_model_outputs_and_greedy_rollouts_match_sdpa(tiny, seed):
+    import copy
+
+    from pacs_fast.rollout.base import SamplingParams
+    from pacs_fast.rollout.hf import HFEngine
+    _, model, tok = tiny
+    ref, short = copy.deepcopy(model), copy.deepcopy(model)
+    sa.use_attention(ref, "sdpa")
+    sa.use_attention(short, "short")
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 90, (4, 12), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    mask[3, 5:] = 0
+    with torch.no_grad():
+        a, b = ref(input_ids=ids, attention_mask=mask).logits, short(input_ids=ids, attention_mask=mask).logits
+    keep = mask.bool()
+    assert torch.allclose(a[keep], b[keep], atol=1e-4)
+    prompts = [tok(p)["input_ids"] for p in ["12+3=", "7+45=", "1+1=", "99+99="]]
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=8)
+    got = HFEngine(short, tok, batch_size=8).generate(prompts, params)
+    want = HFEngine(ref, tok, batch_size=8).generate(prompts, params)
+    assert [[c.token_ids for c in cs] for cs in got] == [[c.token_ids for c in cs] for cs in want]
+
+
+def test_engine_makes_one_padded_chunk_with_short_attention(tiny):
+    import copy
+
+    from pacs_fast.rollout.hf import HFEngine
+    _, model, tok = tiny
+    prompts = [[5] * 3] * 20 + [[6] * 4] * 20
+    m = copy.deepcopy(model)
+    sa.use_attention(m, "sdpa")
+    assert len(HFEngine(m, tok, batch_size=1024)._lean_chunks(prompts, 8)) == 2   # one per length (160 rows each)
+    sa.use_attention(m, "short")
+    assert len(HFEngine(m, tok, batch_size=1024)._lean_chunks(prompts, 8)) == 1
