@@ -1,6 +1,7 @@
-"""HFEngine's lean decode loop (``sampler="lean"``) against ``model.generate`` and independent
-references: greedy equality, top-p mask = transformers' TopPLogitsWarper, sampling distribution,
-log-probs = a full forward, chunking / length bucketing, reproducibility."""
+"""HFEngine's lean decode loop (``sampler="lean"``, with and without merged rows) against
+``model.generate`` and independent references: greedy equality, top-p mask = transformers'
+TopPLogitsWarper, sampling distribution, log-probs = a full forward, chunking / length bucketing,
+reproducibility, fewer decoded rows when samples agree."""
 import math
 import random
 
@@ -17,16 +18,21 @@ def model_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny_sampler"), seed=1)
 
 
-@pytest.fixture(scope="module")
-def lean(model_dir):
-    return HFEngine(model_dir, batch_size=64, sampler="lean")
+@pytest.fixture(scope="module", params=[False, True], ids=["unmerged", "merged"])
+def merge(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def peaked(model_dir):
+def lean(model_dir, merge):
+    return HFEngine(model_dir, batch_size=64, sampler="lean", merge_rows=merge)
+
+
+@pytest.fixture(scope="module")
+def peaked(model_dir, merge):
     """An engine whose next-token distributions are far from uniform (the tied embedding scaled
     up), so that temperature and top-p change them visibly."""
-    eng = HFEngine(model_dir, batch_size=4096, sampler="lean")
+    eng = HFEngine(model_dir, batch_size=4096, sampler="lean", merge_rows=merge)
     name = "model.embed_tokens.weight"
     eng.sync_weights([(name, eng.model.state_dict()[name] * 2.0)])
     return eng
@@ -44,7 +50,7 @@ def _full_forward_logp(model, prompt, response):
     return logp[len(prompt) - 1:-1].gather(1, seq[0, len(prompt):, None]).squeeze(1)
 
 
-def test_greedy_lean_equals_generate(model_dir, seed):
+def test_greedy_lean_equals_generate(model_dir, seed, merge):
     """Token for token (and log-probs to 1e-5) on left-padded prompts of many lengths with n > 1,
     plus a run of equal-length prompts big enough to decode in its own unpadded (mask-free) chunk."""
     rng = random.Random(seed)
@@ -52,7 +58,7 @@ def test_greedy_lean_equals_generate(model_dir, seed):
     same_len = _random_prompts(rng, _MIN_BUCKET_ROWS // n, lo=7, hi=7)
     prompts = _random_prompts(rng, 9) + same_len
     rng.shuffle(prompts)
-    lean = HFEngine(model_dir, batch_size=512, sampler="lean")
+    lean = HFEngine(model_dir, batch_size=512, sampler="lean", merge_rows=merge)
     gen = HFEngine(lean.model, lean.tokenizer, batch_size=512, sampler="generate")
     chunks = lean._lean_chunks(prompts, n)
     assert any({len(prompts[i]) for i in c} == {7} and len(c) * n >= _MIN_BUCKET_ROWS for c in chunks)
@@ -68,7 +74,7 @@ def test_greedy_lean_equals_generate(model_dir, seed):
 
 
 @pytest.mark.parametrize("compact_fraction", [1e-9, 2.0])  # drop finished rows at once / never
-def test_rows_ending_at_different_steps(model_dir, seed, monkeypatch, compact_fraction):
+def test_rows_ending_at_different_steps(model_dir, seed, monkeypatch, compact_fraction, merge):
     """Many EOS ids so rows stop at different steps while the lean loop drops finished rows from
     its batch: each response is still cut at its first EOS, and its log-probs equal a full
     forward over its own prompt + response (a row mixed up with another's cache would not)."""
@@ -77,7 +83,7 @@ def test_rows_ending_at_different_steps(model_dir, seed, monkeypatch, compact_fr
     monkeypatch.setattr(hf, "_COMPACT_FRACTION", compact_fraction)
     rng = random.Random(seed)
     prompts = _random_prompts(rng, 6)
-    eng = HFEngine(model_dir, batch_size=256, sampler="lean")
+    eng = HFEngine(model_dir, batch_size=256, sampler="lean", merge_rows=merge)
     eng.eos_ids = [eng.eos_ids[0]] + rng.sample(range(3, 99), 8)
     out = eng.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=14, seed=seed,
                                                return_logprobs=True))
@@ -177,7 +183,7 @@ def test_chunking_keeps_prompts_and_order(model_dir, lean, seed, batch_size):
     the same greedy outputs as one big batch, and seeded calls reproducible."""
     rng = random.Random(seed)
     prompts = _random_prompts(rng, 7)
-    small = HFEngine(lean.model, lean.tokenizer, batch_size=batch_size, sampler="lean")
+    small = HFEngine(lean.model, lean.tokenizer, batch_size=batch_size, sampler="lean", merge_rows=lean.merge_rows)
     n = 3
     assert all(len(c) == max(1, batch_size // n) for c in small._lean_chunks(prompts, n)[:-1])
     greedy = SamplingParams(n=n, temperature=0.0, max_new_tokens=6)
@@ -200,10 +206,10 @@ def test_lean_chunks_bucket_equal_lengths(lean):
     assert [3] in lengths and [9] in lengths and [4, 6] in lengths  # small runs share a padded chunk
 
 
-def test_stops_early_when_all_rows_ended(model_dir, seed):
+def test_stops_early_when_all_rows_ended(model_dir, seed, merge):
     """Every token an EOS: every row stops at its first token and the loop ends right after the
     prefill (no decode forward)."""
-    eng = HFEngine(model_dir, batch_size=16, sampler="lean")
+    eng = HFEngine(model_dir, batch_size=16, sampler="lean", merge_rows=merge)
     eng.eos_ids = list(range(eng.model.config.vocab_size))
     calls = []
     hook = eng.model.register_forward_hook(lambda *args: calls.append(1))
@@ -217,9 +223,9 @@ def test_stops_early_when_all_rows_ended(model_dir, seed):
         assert len(c.token_ids) == 1 and c.finish_reason == "stop" and len(c.logprobs) == 1
 
 
-def test_several_eos_ids(model_dir, seed):
+def test_several_eos_ids(model_dir, seed, merge):
     """Any id of ``eos_ids`` ends a response (the first one, kept)."""
-    eng = HFEngine(model_dir, batch_size=64, sampler="lean")
+    eng = HFEngine(model_dir, batch_size=64, sampler="lean", merge_rows=merge)
     eng.eos_ids = [eng.eos_ids[0], 40, 41, 42, 43, 44]
     out = eng.generate([[9, 10, 11]], SamplingParams(n=48, temperature=1.5, max_new_tokens=30, seed=seed))[0]
     eos = set(eng.eos_ids)
@@ -242,9 +248,34 @@ def test_cache_without_repeat_is_refused(lean):
             out.past_key_values = None
             return out
 
-    eng = HFEngine(NoCache(lean.model), lean.tokenizer, sampler="lean")
+    eng = HFEngine(NoCache(lean.model), lean.tokenizer, sampler="lean", merge_rows=lean.merge_rows)
     with pytest.raises(RuntimeError, match="sampler='generate'"):
         eng.generate([[5, 6]], SamplingParams(n=2, max_new_tokens=3))
+
+
+def test_merged_rows_decode_fewer_rows(model_dir, seed):
+    """Merged: greedy decoding never splits a prompt's n rows (each forward has one row per
+    prompt); sampling from a peaked model splits them only as the samples differ (fewer rows
+    decoded than unmerged), and the default merges on CPU."""
+    rng = random.Random(seed)
+    prompts = _random_prompts(rng, 5, lo=3, hi=3)
+    eng = HFEngine(model_dir, batch_size=64, sampler="lean")
+    assert eng.merge_rows is None  # default: merged on CPU
+    sizes = []
+    hook = eng.model.register_forward_hook(lambda m, a, kw, out: sizes.append(kw["input_ids"].shape[0]),
+                                           with_kwargs=True)
+    try:
+        out = eng.generate(prompts, SamplingParams(n=6, temperature=0.0, max_new_tokens=5))
+        assert sizes and max(sizes) <= len(prompts)
+        assert all(len({tuple(c.token_ids) for c in cs}) == 1 for cs in out)
+        name = "model.embed_tokens.weight"
+        eng.sync_weights([(name, eng.model.state_dict()[name] * 4.0)])  # peaked: samples often agree
+        sizes.clear()
+        out = eng.generate(prompts, SamplingParams(n=6, temperature=1.0, max_new_tokens=5, seed=seed))
+        distinct = sum(len({tuple(c.token_ids[:k]) for c in cs}) for cs in out for k in range(1, 5))
+        assert sum(sizes[1:]) <= distinct < len(prompts) * 6 * 4  # one decoded row per distinct prefix
+    finally:
+        hook.remove()
 
 
 @pytest.mark.gpu

@@ -25,6 +25,12 @@
   own (mask-free SDPA measured faster than the padded batch despite the extra forward calls; with
   :mod:`pacs_fast.ops.short_attention` the padded batch is faster and no buckets are made).
   Under ``torch.inference_mode``; no host sync in the loop other than the done check.
+  *Merged rows* (``merge_rows``, default on CPU): rows whose tokens so far are identical are one
+  row of the decoded batch, at first the ``n`` rows of each prompt (no cache repeat). Every output
+  row still draws its own token from that row's distribution; rows that drew different tokens
+  split into separate batch rows (their cache rows copied), rows that drew an EOS leave. While
+  samples agree (answer formats, low-entropy policies, greedy) far fewer rows are decoded. It
+  reads the batch's new shape from the device every step, so it is off by default on CUDA.
 - ``sampler="generate"``: ``model.generate`` on prompts repeated ``n`` times, left-padded, in
   chunks of ``batch_size`` rows, with a clean ``GenerationConfig`` (sampling unless
   ``temperature == 0``, ``top_p``, ``top_k`` off, no repetition penalty); log-probs are recorded
@@ -134,10 +140,13 @@ class HFEngine(RolloutEngine):
         batch_size: rows (prompt x sample) per forward batch. The lean sampler never splits the
             ``n`` samples of a prompt: it takes ``max(1, batch_size // n)`` prompts per chunk.
         sampler: ``"lean"`` (default, the fast decode loop) or ``"generate"`` (``model.generate``).
+        merge_rows: lean sampler: decode rows with identical tokens so far once (default: on CPU,
+            where the loop's per-step host sync is free; see the module docstring).
     """
 
     def __init__(self, model_or_path, tokenizer=None, *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, batch_size: int = 32, sampler: str = "lean"):
+                 dtype: torch.dtype = torch.float32, batch_size: int = 32, sampler: str = "lean",
+                 merge_rows: bool | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if batch_size < 1:
@@ -146,6 +155,7 @@ class HFEngine(RolloutEngine):
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         self.batch_size = batch_size
         self.sampler = sampler
+        self.merge_rows = merge_rows
         if isinstance(model_or_path, torch.nn.Module):
             self.model = model_or_path
             self.owns_model = False
@@ -227,8 +237,10 @@ class HFEngine(RolloutEngine):
                 results.extend(self._generate_batch(rows[start:start + self.batch_size], params))
             return results
         by_prompt: list[list[Completion]] = [[] for _ in prompts]
+        merge = self.device.type == "cpu" if self.merge_rows is None else self.merge_rows
+        decode = self._merged_batch if merge else self._lean_batch
         for chunk in self._lean_chunks(prompts, params.n):
-            comps = self._lean_batch([prompts[i] for i in chunk], params)
+            comps = decode([prompts[i] for i in chunk], params)
             for k, i in enumerate(chunk):
                 by_prompt[i] = comps[k * params.n:(k + 1) * params.n]
         return [c for comps in by_prompt for c in comps]
@@ -342,6 +354,68 @@ class HFEngine(RolloutEngine):
                     active = len(keep)
             position = position + 1
             out = model(input_ids=nxt[:, None], attention_mask=mask[:, :width + t + 1] if padded else None,
+                        position_ids=position, past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1].float()
+        return self._completions(tokens[:, :steps].cpu(),
+                                 logprobs[:, :steps].cpu() if logprobs is not None else None)
+
+    @torch.inference_mode()
+    def _merged_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """``len(prompts) * n`` completions (prompt-major) with the lean loop on merged rows.
+
+        A *node* is one row of the decoded batch (of the model's forward and KV cache); it stands
+        for every output row whose tokens so far are identical: at first the ``n`` rows of each
+        prompt. Each output row draws its own token from its node's distribution; the rows of a node
+        that drew the same token stay together, the others split off into new nodes (their cache
+        rows copied with ``cache.batch_select_indices``), and nodes whose token is an EOS leave the
+        batch. Same distribution per row as unmerged decoding, fewer rows to decode while samples
+        agree (a fixed answer format, a low-entropy policy, greedy decoding)."""
+        model, device, n = self.model, self.device, params.n
+        steps_max, rows = params.max_new_tokens, len(prompts) * n
+        input_ids, prompt_mask = self._left_pad(prompts)
+        width = input_ids.shape[1]
+        padded = any(len(p) != width for p in prompts)
+        position = (prompt_mask.cumsum(-1) - 1).clamp_(min=0).to(device)
+        prompt_mask = prompt_mask.to(device)
+        out = model(input_ids=input_ids.to(device), attention_mask=prompt_mask if padded else None,
+                    position_ids=position, use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        if not hasattr(cache, "batch_select_indices"):
+            raise RuntimeError(f"sampler='lean' needs a KV cache with batch_select_indices; "
+                               f"{type(model).__name__} returned {type(cache).__name__}: use sampler='generate'")
+        logits = out.logits[:, -1].float()                                    # [nodes, V]
+        V = logits.shape[-1]
+        mask = None
+        if padded:  # one mask for the whole loop (sliced per step), a row per node
+            mask = torch.ones((len(prompts), width + steps_max), dtype=torch.long, device=device)
+            mask[:, :width] = prompt_mask
+        position = position[:, -1:]
+        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
+        row_ids = torch.arange(rows, device=device)   # output row of each active row
+        node_of = row_ids // n                         # its node
+        tokens = torch.full((rows, steps_max), self.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((rows, steps_max), dtype=torch.float32, device=device) \
+            if params.return_logprobs else None
+        steps = steps_max
+        for t in range(steps_max):
+            nxt = sample_tokens(logits.index_select(0, node_of), params.temperature, params.top_p)
+            tokens[row_ids, t] = nxt
+            if logprobs is not None:
+                logprobs[row_ids, t] = logits.log_softmax(dim=-1)[node_of, nxt]
+            alive = ~torch.isin(nxt, eos)
+            if t + 1 == steps_max or not bool(alive.any()):
+                steps = t + 1
+                break
+            # the next nodes: the distinct (node, token) pairs of the rows still going
+            pairs, node_of = torch.unique(node_of[alive] * V + nxt[alive], return_inverse=True)
+            row_ids = row_ids[alive]
+            parent = pairs // V
+            if len(parent) != len(logits) or bool((parent != torch.arange(len(logits), device=device)).any()):
+                cache.batch_select_indices(parent)
+                position = position[parent]
+                mask = mask[parent] if padded else None
+            position = position + 1
+            out = model(input_ids=(pairs % V)[:, None], attention_mask=mask[:, :width + t + 1] if padded else None,
                         position_ids=position, past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1].float()
         return self._completions(tokens[:, :steps].cpu(),
