@@ -268,3 +268,22 @@ def test_by_length_sorts_and_deals_balanced_shares(seed, shares):
     rows_sorted = (plain[:, None] * 3 + torch.arange(3)).reshape(-1)
     values = torch.randn(batch.num_rows)
     assert torch.equal(values[rows_dealt][dealt_rows_to_sorted(len(ids), shares, 3)], values[rows_sorted])
+    key = torch.randn(batch.num_groups)  # any other sort key (the learner's: length past the shared prefix)
+    assert bool((key[by_length(ids, batch, lengths=key)].diff() >= 0).all())
+
+
+def test_micro_batches_sorted_by_length_past_the_common_prefix(tiny, seed):
+    """The shared-prefix learner's sort key: each group's longest row minus its rows' longest
+    common prefix (checked by brute force)."""
+    batch = random_batch(seed, groups=5, G=3)
+    batch.input_ids[4, :] = batch.input_ids[3, :]  # identical rows: a common prefix into the responses
+    batch.attention_mask[4] = batch.attention_mask[3]
+    batch.response_mask[4] = batch.response_mask[3]
+    key = make_learner(fresh(tiny, seed), algo="pacs")._rest_lengths(batch)
+    lengths = batch.attention_mask.sum(-1).long().tolist()
+    for k in range(5):
+        rows = [batch.input_ids[i, :lengths[i]].tolist() for i in range(3 * k, 3 * k + 3)]
+        p = 0
+        while p < min(map(len, rows)) and len({r[p] for r in rows}) == 1:
+            p += 1
+        assert int(key[k]) == max(map(len, rows)) - p

@@ -202,17 +202,19 @@ def holds_reference_model(algo: AlgoConfig) -> bool:
     return algo.kl_coef != 0
 
 
-def by_length(group_ids: torch.Tensor, batch: RolloutBatch, *, shares: int = 1) -> torch.Tensor:
-    """``group_ids`` sorted (stably) by the length of each group's longest row: cut into
-    micro-batches in this order, groups of similar length share one (less padding; the mini-batch's
-    gradient is the same sum).
+def by_length(group_ids: torch.Tensor, batch: RolloutBatch, *, shares: int = 1,
+              lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """``group_ids`` sorted (stably) by the length of each group's longest row (or by ``lengths
+    [num_groups]``, e.g. what remains of it past a shared prefix): cut into micro-batches in this
+    order, groups of similar length share one (less padding; the mini-batch's gradient is the same sum).
 
     With ``shares = k > 1`` (data-parallel ranks that each take a contiguous ``1/k`` of the
     result), the sorted list is dealt round-robin: share ``r`` is ``sorted[r::k]`` (still sorted),
     so every share holds long and short groups alike. ``len(group_ids)`` must divide by ``k``.
     """
-    longest = batch.attention_mask.sum(-1).view(batch.num_groups, batch.group_size).max(-1).values
-    ordered = group_ids[torch.argsort(longest[group_ids], stable=True)]
+    if lengths is None:
+        lengths = batch.attention_mask.sum(-1).view(batch.num_groups, batch.group_size).max(-1).values
+    ordered = group_ids[torch.argsort(lengths[group_ids], stable=True)]
     if shares > 1:
         ordered = torch.cat([ordered[r::shares] for r in range(shares)])
     return ordered

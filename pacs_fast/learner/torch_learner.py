@@ -3,8 +3,9 @@
 Log-probs come from the model's final hidden states and its LM head through
 :func:`pacs_fast.ops.linear_logprobs` on the response positions only: the ``[B, T, V]`` logits
 tensor is never built (``model.model`` gives the hidden states; ``lm_head.weight`` the head).
-With ``learner.shared_prefix`` each group's prompt runs once and its ``G`` responses on top of
-its key/value cache (:mod:`pacs_fast.learner.shared_prefix`), else every row runs whole.
+With ``learner.shared_prefix`` the longest common prefix of each group's rows (its prompt and
+any start its ``G`` responses share) runs once and the rest of each row on top of its key/value
+cache (:mod:`pacs_fast.learner.shared_prefix`), else every row runs whole.
 
 Optimisation: AdamW, global grad-norm clipping, mini-batches of whole groups (one optimiser step
 each) accumulated over micro-batches of whole groups; the loss of each micro-batch is scaled so
@@ -28,7 +29,8 @@ import torch
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import (Learner, RolloutBatch, by_length, group_rows, holds_reference_model,
                                     minibatch_counts, needs_reference, objective)
-from pacs_fast.learner.shared_prefix import response_selection, scatter_to_rows, shared_prefix_hidden, split_groups
+from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,
+                                            shared_prefix_hidden, split_groups, trained_states)
 from pacs_fast.ops.linear_logprobs import linear_logprobs
 
 
@@ -116,13 +118,12 @@ class TorchLearner(Learner):
         layout = None
         if self.cfg.shared_prefix and not getattr(model, "is_gradient_checkpointing", False):
             layout = split_groups(ids, batch.attention_mask.to(self.device), mask, batch.group_size)
-        if layout is not None:  # each group's prompt once, its G responses on top (see shared_prefix)
-            sel, cols = response_selection(layout, mask)
-            h = shared_prefix_hidden(_decoder(model), layout, batch.group_size)[sel]
-            labels = layout.response_ids[sel]
+        if layout is not None:  # each group's common prefix once, the rest of its G rows on top
+            sel = select_trained(layout, mask, batch.group_size)
+            h, labels = trained_states(*shared_prefix_hidden(_decoder(model), layout, batch.group_size), layout, sel)
 
             def scatter(x):
-                return scatter_to_rows(x, sel, cols, T)
+                return scatter_to_rows(x, sel, T)
         else:
             # Rows are right-padded, so the causal mask alone is exact for every real token. The last
             # column is only ever a label, so it is not fed.
@@ -139,7 +140,10 @@ class TorchLearner(Learner):
         out = linear_logprobs(h, head.weight, labels, bias=head.bias, temperature=self.temperature,
                               return_entropy=entropy, backend=self.cfg.logprob_backend)
         lp, ent = out if entropy else (out, None)
-        v = scatter(self.value_head(h).squeeze(-1).float()) if values else None
+        v = None
+        if values:  # in float32 at least (a group's shared values sum their rows' gradients in this dtype)
+            v = self.value_head(h).squeeze(-1)
+            v = scatter(v.to(torch.promote_types(v.dtype, torch.float32)))
         return scatter(lp), (scatter(ent) if ent is not None else None), v
 
     # ------------------------------------------------------------------ Learner
@@ -190,6 +194,15 @@ class TorchLearner(Learner):
         if self.needs_ref and self.ref_model is None and batch.ref_logp is None:
             batch.ref_logp = batch.old_logp
 
+    def _rest_lengths(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """With the shared-prefix forward, what each group runs per row (its longest row past the
+        group's common prefix): the micro-batch sort key. None (longest rows) otherwise."""
+        if not self.cfg.shared_prefix or batch.group_size < 2:
+            return None
+        lengths = batch.attention_mask.sum(-1).long()
+        longest = lengths.view(batch.num_groups, batch.group_size).max(-1).values
+        return longest - common_prefix_lengths(batch.input_ids, lengths, batch.group_size)
+
     def update(self, batch: RolloutBatch, *, seed: int) -> dict[str, float]:
         self.model.train()
         gen = torch.Generator().manual_seed(int(seed))
@@ -205,6 +218,7 @@ class TorchLearner(Learner):
         steps = 0
         terms: dict[str, list] = {}
         params = self._params()
+        sort_key = self._rest_lengths(batch)
         for epoch in range(self.cfg.epochs):
             order = torch.randperm(P, generator=gen)
             for start in range(0, P, mini):
@@ -212,7 +226,7 @@ class TorchLearner(Learner):
                 if fused_here:
                     self._prefill_old_logprobs(batch, order[:mini])
                 # groups of similar length share a micro-batch (less padding; the sum is the same)
-                mb_groups = by_length(order[start:start + mini], batch)
+                mb_groups = by_length(order[start:start + mini], batch, lengths=sort_key)
                 mb = batch.groups(mb_groups)
                 counts = minibatch_counts(mb)
                 self.optimizer.zero_grad(set_to_none=True)
