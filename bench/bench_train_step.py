@@ -5,8 +5,9 @@
     python bench/bench_train_step.py --steps 12 --rounds 3       # ours, TRL, ours, TRL, ...
 
 Each run is a fresh process (spawn), so neither trainer inherits the other's process-wide settings:
-ours applies ``train.keep_freed_memory`` (glibc thresholds) to itself, TRL runs as shipped unless
-``--trl-keep-freed-memory``. Same tiny model (the warmed-up default, from the cache), same prompts
+ours applies ``train.keep_freed_memory`` (glibc thresholds) to itself and ``model.attention=auto``
+(our short-sequence CPU attention) to its model; TRL runs as shipped unless
+``--trl-keep-freed-memory`` / ``--trl-short-attention`` give it the same. Same tiny model (the warmed-up default, from the cache), same prompts
 per step (P), samples per
 prompt (G), response length limit, learning rate and one optimiser step per rollout batch. The
 first step of each is excluded (warm-up); the table shows medians over the rest (the CPU is shared,
@@ -41,12 +42,13 @@ def in_fresh_process(fn, *args):
         return pool.submit(fn, *args).result()
 
 
-def bench_trl_in_process(cfg, model_path: Path, steps: int, out: Path, threads: int, keep_freed_memory: bool):
+def bench_trl_in_process(cfg, model_path: Path, steps: int, out: Path, threads: int, keep_freed_memory: bool,
+                         short_attention: bool = False):
     torch.set_num_threads(threads)
     if keep_freed_memory:
         from pacs_fast.trainer.allocator import keep_freed_memory as keep
         keep()
-    return bench_trl(cfg, model_path, steps, out)
+    return bench_trl(cfg, model_path, steps, out, short_attention=short_attention)
 
 
 def bench_ours_in_process(cfg, steps: int, out: Path, threads: int):
@@ -67,7 +69,7 @@ def bench_ours(cfg, steps: int, out: Path) -> dict:
     return {k: [r[k] for r in recs] for k in PHASES}
 
 
-def bench_trl(cfg, model_path: Path, steps: int, out: Path) -> dict | None:
+def bench_trl(cfg, model_path: Path, steps: int, out: Path, *, short_attention: bool = False) -> dict | None:
     try:
         from datasets import Dataset
         from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -102,6 +104,9 @@ def bench_trl(cfg, model_path: Path, steps: int, out: Path) -> dict | None:
 
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    if short_attention:  # TRL's generation and training forwards on our attention
+        from pacs_fast.ops.short_attention import use_attention
+        use_attention(model, "short")
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                           processing_class=tok, callbacks=[Timer()])
     # where TRL's step goes: its generation + scoring method (which also runs any extra log-prob
@@ -139,6 +144,9 @@ def main(argv=None):
     ap.add_argument("--trl-keep-freed-memory", action="store_true",
                     help="give TRL's process the allocator setting our trainer applies to itself "
                          "(train.keep_freed_memory); by default TRL runs as shipped")
+    ap.add_argument("--trl-short-attention", action="store_true",
+                    help="give TRL's model our short-sequence CPU attention (model.attention=auto picks it "
+                         "for ours); by default TRL uses the model's own (SDPA)")
     ap.add_argument("overrides", nargs="*", help="config overrides (section.key=value)")
     a = ap.parse_args(argv)
     cfg = load_config(None, a.overrides + [f"train.threads={a.threads}"])
@@ -153,7 +161,7 @@ def main(argv=None):
                 ours[k] += v
             if trl is not None:
                 got = in_fresh_process(bench_trl_in_process, cfg, model_path, a.steps, Path(d) / f"trl{r}",
-                                       a.threads, a.trl_keep_freed_memory)
+                                       a.threads, a.trl_keep_freed_memory, a.trl_short_attention)
                 if got is None:
                     trl = None
                 else:
@@ -164,7 +172,8 @@ def main(argv=None):
     P, G = cfg.train.prompts_per_step, cfg.rollout.n
     print(f"\nworkload: {P} prompts x {G} samples, <= {cfg.rollout.max_new_tokens} new tokens, "
           f"{a.threads} thread(s), median of steps 2..{a.steps} of {a.rounds} round(s); TRL "
-          f"{'with' if a.trl_keep_freed_memory else 'without'} our allocator setting")
+          f"{'with' if a.trl_keep_freed_memory else 'without'} our allocator setting, "
+          f"{'with' if a.trl_short_attention else 'without'} our attention")
     print(f"{'phase':<28}{'ours (s)':>10}")
     for k in PHASES:
         print(f"{k[5:]:<28}{ours[k]:>10.3f}")
