@@ -1,5 +1,5 @@
-"""Rollout throughput: vLLM (``VLLMEngine``) vs ``HFEngine`` (its lean decode loop and ``model.generate``), and
-vLLM weight-sync time.
+"""Rollout throughput: vLLM (``VLLMEngine``) vs ``HFEngine`` (its lean decode loop as the trainer runs it,
+the lean loop unmerged on SDPA, and ``model.generate``), and vLLM weight-sync time.
 
 Both engines get the same prompts, ``n``, ``max_new_tokens``, temperature and seed; throughput is
 generated (completion) tokens per second of wall time, after one warm-up call each. Weight sync
@@ -48,6 +48,7 @@ def main(argv=None):
     ap.add_argument("--hf-batch-size", type=int, default=128, help="rows per HF generate call")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--skip-vllm", action="store_true")
     args = ap.parse_args(argv)
 
     torch.manual_seed(0)
@@ -65,43 +66,51 @@ def main(argv=None):
         if not args.skip_hf:
             from pacs_fast.rollout.hf import HFEngine
 
-            for sampler in ("lean", "generate"):
-                hf = HFEngine(path, batch_size=args.hf_batch_size, sampler=sampler)
+            from pacs_fast.ops.short_attention import use_attention
+
+            # the trainer's engine (lean, merged rows on CPU, model.attention=auto), the lean loop
+            # without merging on SDPA (the previous default), and model.generate
+            for name, sampler, merge, attention in (("hf lean", "lean", None, "auto"),
+                                                    ("hf lean-unmerged", "lean", False, "sdpa"),
+                                                    ("hf merged-sdpa", "lean", True, "sdpa"),
+                                                    ("hf unmerged-short", "lean", False, "auto"),
+                                                    ("hf generate", "generate", None, "sdpa")):
+                hf = HFEngine(path, batch_size=args.hf_batch_size, sampler=sampler, merge_rows=merge)
+                use_attention(hf.model, attention)
                 n_params = sum(p.numel() for p in hf.model.parameters())
                 tokens, dt = timed_generate(hf, prompts, params, args.repeats)
-                rows.append((f"hf {sampler}", tokens, dt))
+                rows.append((name, tokens, dt))
                 del hf
 
-        from transformers import AutoModelForCausalLM
+        start_s, sync_rows = None, []
+        if not args.skip_vllm:
+            from transformers import AutoModelForCausalLM
 
-        from pacs_fast.rollout.vllm_engine import VLLMEngine
+            from pacs_fast.rollout.vllm_engine import VLLMEngine
 
-        t0 = time.perf_counter()
-        engine = VLLMEngine(path, seed=0, cpu_kv_cache_bytes=256 << 20)
-        start_s = time.perf_counter() - t0
-        tokens, dt = timed_generate(engine, prompts, params, args.repeats)
-        rows.append(("vllm", tokens, dt))
+            t0 = time.perf_counter()
+            engine = VLLMEngine(path, seed=0, cpu_kv_cache_bytes=256 << 20)
+            start_s = time.perf_counter() - t0
+            tokens, dt = timed_generate(engine, prompts, params, args.repeats)
+            rows.append(("vllm", tokens, dt))
 
-        learner = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        n_params = n_params or sum(p.numel() for p in learner.parameters())
-        sync_rows = []
-        for bucket in (1 << 20, 64 << 20, 1 << 30):
-            times = []
-            for _ in range(args.repeats):
-                engine.sync_weights(learner.named_parameters(), bucket_bytes=bucket)
-                times.append(engine.last_sync["seconds"])
-            sync_rows.append((bucket, engine.last_sync["buckets"], engine.last_sync["bytes"], statistics.median(times)))
-        engine.close()
+            learner = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            n_params = n_params or sum(p.numel() for p in learner.parameters())
+            for bucket in (1 << 20, 64 << 20, 1 << 30):
+                times = []
+                for _ in range(args.repeats):
+                    engine.sync_weights(learner.named_parameters(), bucket_bytes=bucket)
+                    times.append(engine.last_sync["seconds"])
+                sync_rows.append((bucket, engine.last_sync["buckets"], engine.last_sync["bytes"], statistics.median(times)))
+            engine.close()
 
     print(f"\nmodel: hidden={args.hidden} layers={args.layers} heads={args.heads} params={n_params / 1e6:.2f}M fp32; "
-          f"threads={torch.get_num_threads()}; vLLM start {start_s:.1f} s")
+          f"threads={torch.get_num_threads()}" + (f"; vLLM start {start_s:.1f} s" if start_s is not None else ""))
     print(f"workload: {args.prompts} prompts x n={args.n}, prompt {args.prompt_len} tokens, "
           f"max_new_tokens={args.max_new_tokens}, temperature={args.temperature}\n")
-    print(f"{'engine':<14}{'tokens':>10}{'seconds':>10}{'tokens/s':>12}")
+    print(f"{'engine':<18}{'tokens':>10}{'seconds':>10}{'tokens/s':>12}")
     for name, tokens, dt in rows:
-        print(f"{name:<14}{tokens:>10}{dt:>10.2f}{tokens / dt:>12.0f}")
-    if len(rows) == 2:
-        print(f"vLLM / HF speed-up: {(rows[1][1] / rows[1][2]) / (rows[0][1] / rows[0][2]):.1f}x")
+        print(f"{name:<18}{tokens:>10}{dt:>10.2f}{tokens / dt:>12.0f}")
     print(f"\n{'sync bucket':<14}{'buckets':>10}{'MB':>10}{'seconds':>12}")
     for bucket, nb, nbytes, sec in sync_rows:
         print(f"{bucket / 2**20:>10.0f} MiB{nb:>10}{nbytes / 1e6:>10.1f}{sec:>12.4f}")

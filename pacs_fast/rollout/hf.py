@@ -369,7 +369,9 @@ class HFEngine(RolloutEngine):
         that drew the same token stay together, the others split off into new nodes (their cache
         rows copied with ``cache.batch_select_indices``), and nodes whose token is an EOS leave the
         batch. Same distribution per row as unmerged decoding, fewer rows to decode while samples
-        agree (a fixed answer format, a low-entropy policy, greedy decoding)."""
+        agree (a fixed answer format, a low-entropy policy, greedy decoding). Once every node holds
+        one row the loop continues as the unmerged one (no regrouping; finished rows are fed the
+        pad id and dropped together, ``_COMPACT_FRACTION``)."""
         model, device, n = self.model, self.device, params.n
         steps_max, rows = params.max_new_tokens, len(prompts) * n
         input_ids, prompt_mask = self._left_pad(prompts)
@@ -397,6 +399,7 @@ class HFEngine(RolloutEngine):
         logprobs = torch.zeros((rows, steps_max), dtype=torch.float32, device=device) \
             if params.return_logprobs else None
         steps = steps_max
+        merging = True    # some node holds more than one row; else one row per node (as unmerged)
         for t in range(steps_max):
             nxt = sample_tokens(logits.index_select(0, node_of), params.temperature, params.top_p)
             tokens[row_ids, t] = nxt
@@ -406,16 +409,25 @@ class HFEngine(RolloutEngine):
             if t + 1 == steps_max or not bool(alive.any()):
                 steps = t + 1
                 break
-            # the next nodes: the distinct (node, token) pairs of the rows still going
-            pairs, node_of = torch.unique(node_of[alive] * V + nxt[alive], return_inverse=True)
-            row_ids = row_ids[alive]
-            parent = pairs // V
-            if len(parent) != len(logits) or bool((parent != torch.arange(len(logits), device=device)).any()):
+            row_ids, nxt, node_of = row_ids[alive], nxt[alive], node_of[alive]
+            nodes = len(logits)
+            if merging:  # the next nodes: the distinct (node, token) pairs of the rows still going
+                pairs, node_of = torch.unique(node_of * V + nxt, return_inverse=True)
+                parent, feed = pairs // V, pairs % V
+                merging = len(pairs) < len(row_ids)
+                select = len(parent) != nodes or bool((parent != torch.arange(nodes, device=device)).any())
+            else:  # one row per node: finished nodes are fed the pad id until enough of them are dropped
+                feed = torch.full((nodes,), self.pad_id, dtype=torch.long, device=device)
+                feed[node_of] = nxt
+                select = nodes - len(row_ids) >= nodes * _COMPACT_FRACTION
+                if select:
+                    parent, feed, node_of = node_of, nxt, torch.arange(len(row_ids), device=device)
+            if select:
                 cache.batch_select_indices(parent)
                 position = position[parent]
                 mask = mask[parent] if padded else None
             position = position + 1
-            out = model(input_ids=(pairs % V)[:, None], attention_mask=mask[:, :width + t + 1] if padded else None,
+            out = model(input_ids=feed[:, None], attention_mask=mask[:, :width + t + 1] if padded else None,
                         position_ids=position, past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1].float()
         return self._completions(tokens[:, :steps].cpu(),
