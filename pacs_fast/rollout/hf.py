@@ -293,23 +293,33 @@ class HFEngine(RolloutEngine):
                 for i, stop in enumerate(stopped.tolist())]
 
     # -- sampler="lean" ----------------------------------------------------------------------------
-    @torch.inference_mode()
-    def _lean_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        """``len(prompts) * n`` completions (prompt-major) with the lean decode loop."""
-        model, device, n = self.model, self.device, params.n
-        steps_max, rows = params.max_new_tokens, len(prompts) * n
+    def _prefill(self, prompts: list[list[int]], cache_method: str):
+        """One forward over the left-padded prompts (one row each, ``logits_to_keep=1``).
+
+        Returns ``(cache, logits [P, V] fp32, prompt_mask [P, width], position_ids [P, width],
+        padded)`` on the device (``position_ids = cumsum(mask) - 1``; ``padded``: whether any prompt
+        is shorter than ``width``, else the forward ran without a mask). The cache must have
+        ``cache_method`` (what the caller's loop uses to reshape its batch)."""
+        model, device = self.model, self.device
         input_ids, prompt_mask = self._left_pad(prompts)
-        width = input_ids.shape[1]
-        padded = any(len(p) != width for p in prompts)
+        padded = any(len(p) != input_ids.shape[1] for p in prompts)
         position_ids = (prompt_mask.cumsum(-1) - 1).clamp_(min=0).to(device)
         prompt_mask = prompt_mask.to(device)
         out = model(input_ids=input_ids.to(device), attention_mask=prompt_mask if padded else None,
                     position_ids=position_ids, use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
-        if not hasattr(cache, "batch_repeat_interleave"):
-            raise RuntimeError(f"sampler='lean' needs a KV cache with batch_repeat_interleave; "
+        if not hasattr(cache, cache_method):
+            raise RuntimeError(f"sampler='lean' needs a KV cache with {cache_method}; "
                                f"{type(model).__name__} returned {type(cache).__name__}: use sampler='generate'")
-        logits = out.logits[:, -1].float()
+        return cache, out.logits[:, -1].float(), prompt_mask, position_ids, padded
+
+    @torch.inference_mode()
+    def _lean_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """``len(prompts) * n`` completions (prompt-major) with the lean decode loop."""
+        model, device, n = self.model, self.device, params.n
+        steps_max, rows = params.max_new_tokens, len(prompts) * n
+        cache, logits, prompt_mask, position_ids, padded = self._prefill(prompts, "batch_repeat_interleave")
+        width = prompt_mask.shape[1]
         if n > 1:
             cache.batch_repeat_interleave(n)
             logits = logits.repeat_interleave(n, dim=0)
@@ -374,19 +384,9 @@ class HFEngine(RolloutEngine):
         pad id and dropped together, ``_COMPACT_FRACTION``)."""
         model, device, n = self.model, self.device, params.n
         steps_max, rows = params.max_new_tokens, len(prompts) * n
-        input_ids, prompt_mask = self._left_pad(prompts)
-        width = input_ids.shape[1]
-        padded = any(len(p) != width for p in prompts)
-        position = (prompt_mask.cumsum(-1) - 1).clamp_(min=0).to(device)
-        prompt_mask = prompt_mask.to(device)
-        out = model(input_ids=input_ids.to(device), attention_mask=prompt_mask if padded else None,
-                    position_ids=position, use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
-        if not hasattr(cache, "batch_select_indices"):
-            raise RuntimeError(f"sampler='lean' needs a KV cache with batch_select_indices; "
-                               f"{type(model).__name__} returned {type(cache).__name__}: use sampler='generate'")
-        logits = out.logits[:, -1].float()                                    # [nodes, V]
-        V = logits.shape[-1]
+        cache, logits, prompt_mask, position, padded = self._prefill(prompts, "batch_select_indices")
+        width = prompt_mask.shape[1]
+        V = logits.shape[-1]                                                   # logits: [nodes, V]
         mask = None
         if padded:  # one mask for the whole loop (sliced per step), a row per node
             mask = torch.ones((len(prompts), width + steps_max), dtype=torch.long, device=device)
