@@ -94,7 +94,7 @@ def test_split_groups_rebuilds_every_row(seed):
         G = rng.randint(2, 5)
         batch = random_batch(rng, rng.randint(1, 4), G, empty=True, shared_start=rng.choice([0, 3]),
                              copies=rng.choice([0.0, 0.7]))
-        lay = split_groups(batch.input_ids, batch.attention_mask, batch.response_mask, G)
+        lay = split_groups(batch.input_ids, batch.attention_mask, G)
         assert lay is not None
         for k in range(batch.num_rows // G):
             rows = [batch.input_ids[i, :int(batch.attention_mask[i].sum())].tolist() for i in range(k * G, k * G + G)]
@@ -115,14 +115,14 @@ def test_split_groups_refuses_what_does_not_fit(seed):
     batch = random_batch(rng, 3, 4)
     ids = batch.input_ids.clone()
     ids[5, 0] = (ids[5, 0] + 1) % 90 + 3  # one row differs from its group's from the first token
-    assert split_groups(ids, batch.attention_mask, batch.response_mask, 4) is None
-    assert split_groups(batch.input_ids, batch.attention_mask, batch.response_mask, 1) is None
+    assert split_groups(ids, batch.attention_mask, 4) is None
+    assert split_groups(batch.input_ids, batch.attention_mask, 1) is None
     left = batch.attention_mask.flip(1)  # left padding is not the batch layout
     if not torch.equal(left, batch.attention_mask):
-        assert split_groups(batch.input_ids, left, batch.response_mask, 4) is None
+        assert split_groups(batch.input_ids, left, 4) is None
     ids = batch.input_ids.clone()
     ids[5, 1] = (ids[5, 1] + 1) % 90 + 3  # rows that differ later only shorten the common prefix
-    lay = split_groups(ids, batch.attention_mask, batch.response_mask, 4)
+    lay = split_groups(ids, batch.attention_mask, 4)
     assert lay is not None and int(lay.prompt_len[4]) == 1
 
 
@@ -144,7 +144,7 @@ def test_shared_equals_plain_forward_and_backward(model64, seed, groups, G, empt
     if shared_start and len(trained):  # a row that does not train some of its group's shared tokens
         batch.response_mask[1, :trained[:2].max() + 1] = 0.0
     if shared_start:  # the common prefix reaches into the responses (the path under test is taken)
-        lay = split_groups(batch.input_ids, batch.attention_mask, batch.response_mask, G)
+        lay = split_groups(batch.input_ids, batch.attention_mask, G)
         first = (batch.response_mask + (batch.attention_mask == 0)).argmax(1)  # first response column (or end)
         assert bool((lay.prompt_len > first).any())
     if attn == "pacs_fast_short":

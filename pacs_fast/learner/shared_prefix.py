@@ -48,13 +48,11 @@ class PrefixLayout:
     response_cols: torch.Tensor
 
 
-def split_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
-                 group_size: int) -> PrefixLayout | None:
+def split_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, group_size: int) -> PrefixLayout | None:
     """The layout of a batch whose rows ``[kG, (k+1)G)`` form groups, or ``None``.
 
     A group's common prefix is its rows' longest common prefix (no longer than its shortest row);
-    it must be at least one token long. ``response_mask`` is not needed to find it (any token of
-    the prefix may or may not be trained); it is kept in the signature for the callers.
+    it must be at least one token long. Which of its tokens train is :func:`select_trained`'s business.
     """
     b, T = input_ids.shape
     G = int(group_size)

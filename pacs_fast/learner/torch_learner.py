@@ -117,7 +117,7 @@ class TorchLearner(Learner):
         b, T = ids.shape
         layout = None
         if self.cfg.shared_prefix and not getattr(model, "is_gradient_checkpointing", False):
-            layout = split_groups(ids, batch.attention_mask.to(self.device), mask, batch.group_size)
+            layout = split_groups(ids, batch.attention_mask.to(self.device), batch.group_size)
         if layout is not None:  # each group's common prefix once, the rest of its G rows on top
             sel = select_trained(layout, mask, batch.group_size)
             h, labels = trained_states(*shared_prefix_hidden(_decoder(model), layout, batch.group_size), layout, sel)
