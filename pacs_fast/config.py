@@ -39,8 +39,9 @@ class ModelConfig:
     tiny_num_layers: int = _f(2, "built-in tiny model: number of layers")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass")
     attention: str = _f("auto", "attention of the Hugging Face model: auto (CPU: 'short', else the model's own) | "
-                        "short (pacs_fast's matmul attention for short sequences on CPU; SDPA above 128x128 "
-                        "scores, on GPU and with dropout) | sdpa | eager | flash_attention_2 | ...")
+                        "short (pacs_fast's matmul attention for short sequences on CPU; SDPA above 48x48 "
+                        "scores, 32x32 with gradients, on GPU and with dropout) | sdpa | eager | "
+                        "flash_attention_2 | ...")
 
 
 @dataclass
@@ -114,8 +115,9 @@ class LearnerConfig:
                                   "(megatron: per data-parallel rank)")
     epochs: int = _f(1, "passes over each rollout batch")
     logprob_backend: str = _f("auto", "linear_logprobs backend: auto | triton | torch")
-    shared_prefix: bool = _f(True, "torch learner: run each group's prompt once and its G responses on its "
-                             "key/value cache (same result, (G-1)/G less prompt compute)")
+    shared_prefix: bool = _f(True, "torch learner: run the longest common prefix of each group's rows (prompt and "
+                             "any shared response start) once and the rest of each row on its key/value cache "
+                             "(same result, (G-1)/G less compute for that prefix)")
     tp_size: int = _f(1, "megatron: tensor-parallel size; divides the number of torchrun processes "
                       "(the rest is data parallelism)")
     critic_lr: float = _f(1e-3, "ppo: learning rate of the value head")
