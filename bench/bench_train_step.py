@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from pacs_fast.config import load_config
-from pacs_fast.trainer.loop import load_problems, train
+from pacs_fast.trainer.loop import train
+from pacs_fast.trainer.problems import load_problems
 from pacs_fast.trainer.metrics import read_jsonl
 from pacs_fast.trainer.warmup import default_model
 

@@ -38,6 +38,9 @@ from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.trainer.batch import build_batch, outcome_token_rewards, response_values
 from pacs_fast.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from pacs_fast.trainer.metrics import MetricsLogger, Progress, read_jsonl
+from pacs_fast.trainer.evaluation import evaluate
+from pacs_fast.trainer.problems import encode, load_problems
+from pacs_fast.trainer.rewards import Scorer
 from pacs_fast.trainer.sampler import PromptSampler
 
 # train() freezes the objects alive when its loop starts (gc.freeze): frozen objects are never
@@ -92,49 +95,6 @@ def broadcast(obj, world: int):
 def barrier(world: int) -> None:
     if world > 1:
         dist.barrier()
-
-
-# ----------------------------------------------------------------------------- data
-def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
-    """(train, held-out) problems as dicts with ``problem``, ``answer`` (and ``prompt`` for the
-    built-in task, whose prompt format is its own). Errors on bad files come here, before any work."""
-    if cfg.data.dataset == "arithmetic":
-        from pacs_fast.data.arithmetic import arithmetic_splits
-        return arithmetic_splits(cfg.data.arith_train_size, cfg.data.eval_size, seed=cfg.train.seed,
-                                 max_digits=cfg.data.arith_max_digits, ops=cfg.data.arith_ops)
-    from pacs_fast.data.datasets import load_dataset
-
-    def load(path):
-        return [{"id": p.id, "problem": p.problem, "answer": p.answer}
-                for p in load_dataset(path, problem_field=cfg.data.problem_key, answer_field=cfg.data.answer_key)]
-
-    train = load(cfg.data.dataset)
-    if not train:
-        raise ValueError(f"data.dataset {cfg.data.dataset!r} has no rows")
-    if cfg.data.eval_dataset:
-        held = load(cfg.data.eval_dataset)[: cfg.data.eval_size]
-    else:  # a seeded held-out split of the training file
-        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.train.seed)).tolist()
-        n_eval = min(cfg.data.eval_size, len(train) // 5)
-        held = [train[i] for i in order[:n_eval]]
-        train = [train[i] for i in order[n_eval:]]
-    return train, held
-
-
-def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> list[dict]:
-    """Adds ``prompt_ids`` to each problem; drops prompts longer than ``data.max_prompt_tokens``."""
-    if problems and "prompt" in problems[0]:
-        ids = [tokenizer.encode(p["prompt"], add_special_tokens=False) for p in problems]
-    else:
-        from pacs_fast.data.prompts import encode_prompts
-        ids = encode_prompts(tokenizer, [p["problem"] for p in problems])
-    out = [{**p, "prompt_ids": i} for p, i in zip(problems, ids) if 0 < len(i) <= cfg.data.max_prompt_tokens]
-    if len(out) < len(problems):
-        log(f"{what}: dropped {len(problems) - len(out)} prompts longer than data.max_prompt_tokens="
-            f"{cfg.data.max_prompt_tokens}")
-    if not out:
-        raise ValueError(f"{what}: no prompt fits data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
-    return out
 
 
 # ----------------------------------------------------------------------------- model, learner, engine
@@ -195,50 +155,6 @@ def build_engine(cfg: Config, model_path: Path, live_model, tokenizer, device: s
     engine = HFEngine(str(model_path), tokenizer, device=device, batch_size=min(batch, 1024))
     set_attention(engine.model, cfg.model.attention)
     return engine, False
-
-
-# ----------------------------------------------------------------------------- rewards, evaluation
-class Scorer:
-    """Verifier rewards, memoised (the verifier is a pure function; G samples often repeat)."""
-
-    def __init__(self, workers: int):
-        from pacs_fast.reward import BatchScorer
-        self.batch = BatchScorer(num_workers=workers)
-        self.memo: dict[tuple[str, str], float] = {}
-
-    def __call__(self, texts: list[str], answers: list[str]) -> list[float]:
-        if len(self.memo) > 200_000:
-            self.memo.clear()
-        todo = sorted({(t, a) for t, a in zip(texts, answers) if (t, a) not in self.memo})
-        if todo:
-            res = self.batch.score([t for t, _ in todo], [a for _, a in todo])
-            self.memo.update(zip(todo, (float(x) for x in res.scores)))
-        return [self.memo[(t, a)] for t, a in zip(texts, answers)]
-
-    def close(self):
-        self.batch.close()
-
-
-def evaluate(cfg: Config, engine, scorer: Scorer, problems: list[dict]) -> dict:
-    """Held-out accuracy: mean reward of ``eval_n`` samples per problem (and of the greedy answer)."""
-    t0 = time.perf_counter()
-    prompts = [p["prompt_ids"] for p in problems]
-    out = {}
-    params = SamplingParams(n=cfg.rollout.eval_n, temperature=cfg.rollout.eval_temperature,
-                            top_p=cfg.rollout.eval_top_p, max_new_tokens=cfg.rollout.max_new_tokens,
-                            seed=cfg.train.seed + 99_991)  # the same seed every evaluation: paired comparisons
-    comps = engine.generate(prompts, params)
-    rewards = scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(params.n)])
-    out["eval/acc"] = float(np.mean(rewards))
-    per_problem = np.asarray(rewards).reshape(len(problems), params.n)
-    out["eval/pass@n"] = float((per_problem.max(1) > 0.5).mean())
-    out["eval/response_length"] = float(np.mean([len(c.token_ids) for cs in comps for c in cs]))
-    if cfg.rollout.eval_temperature > 0:
-        greedy = engine.generate(prompts, SamplingParams(n=1, temperature=0.0,
-                                                         max_new_tokens=cfg.rollout.max_new_tokens))
-        out["eval/greedy_acc"] = float(np.mean(scorer([cs[0].text for cs in greedy], [p["answer"] for p in problems])))
-    out["time/eval"] = time.perf_counter() - t0
-    return out
 
 
 def _stats(prefix: str, x: torch.Tensor) -> dict:

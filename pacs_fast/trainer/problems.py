@@ -1,0 +1,52 @@
+"""The run's problems: the training set and the held-out set, loaded and tokenised.
+
+Bad files fail here, before any model work. The built-in arithmetic task brings its own prompt
+format (``prompt``); other datasets go through the chat template (:mod:`pacs_fast.data.prompts`).
+"""
+from __future__ import annotations
+
+import torch
+
+from pacs_fast.config import Config
+
+
+def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) problems as dicts with ``problem``, ``answer`` (and ``prompt`` for the
+    built-in task, whose prompt format is its own). Errors on bad files come here, before any work."""
+    if cfg.data.dataset == "arithmetic":
+        from pacs_fast.data.arithmetic import arithmetic_splits
+        return arithmetic_splits(cfg.data.arith_train_size, cfg.data.eval_size, seed=cfg.train.seed,
+                                 max_digits=cfg.data.arith_max_digits, ops=cfg.data.arith_ops)
+    from pacs_fast.data.datasets import load_dataset
+
+    def load(path):
+        return [{"id": p.id, "problem": p.problem, "answer": p.answer}
+                for p in load_dataset(path, problem_field=cfg.data.problem_key, answer_field=cfg.data.answer_key)]
+
+    train = load(cfg.data.dataset)
+    if not train:
+        raise ValueError(f"data.dataset {cfg.data.dataset!r} has no rows")
+    if cfg.data.eval_dataset:
+        held = load(cfg.data.eval_dataset)[: cfg.data.eval_size]
+    else:  # a seeded held-out split of the training file
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.train.seed)).tolist()
+        n_eval = min(cfg.data.eval_size, len(train) // 5)
+        held = [train[i] for i in order[:n_eval]]
+        train = [train[i] for i in order[n_eval:]]
+    return train, held
+
+
+def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> list[dict]:
+    """Adds ``prompt_ids`` to each problem; drops prompts longer than ``data.max_prompt_tokens``."""
+    if problems and "prompt" in problems[0]:
+        ids = [tokenizer.encode(p["prompt"], add_special_tokens=False) for p in problems]
+    else:
+        from pacs_fast.data.prompts import encode_prompts
+        ids = encode_prompts(tokenizer, [p["problem"] for p in problems])
+    out = [{**p, "prompt_ids": i} for p, i in zip(problems, ids) if 0 < len(i) <= cfg.data.max_prompt_tokens]
+    if len(out) < len(problems):
+        log(f"{what}: dropped {len(problems) - len(out)} prompts longer than data.max_prompt_tokens="
+            f"{cfg.data.max_prompt_tokens}")
+    if not out:
+        raise ValueError(f"{what}: no prompt fits data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
+    return out
