@@ -278,7 +278,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     # rollouts, rewards and evaluations run on rank 0 only (then broadcast)
     engine, shares_model = (build_engine(cfg, model_path, live_model, tokenizer, device) if is_main
                             else (None, False))
-    scorer = Scorer(cfg.train.reward_workers) if is_main else None
+    scorer = Scorer.from_config(cfg) if is_main else None
     sampler = PromptSampler(len(train_problems), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
     P, G = cfg.train.prompts_per_step, cfg.rollout.n
     rollout_params = dict(n=G, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
@@ -338,7 +338,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
         t0 = time.perf_counter()
         if is_main:
             rewards = scorer([c.text for cs in comps for c in cs],
-                             [p["answer"] for p in problems for _ in range(G)])
+                             [p["answer"] for p in problems for _ in range(G)], step=step)
         tm["time/reward"] = time.perf_counter() - t0
         if world > 1:  # every rank gets rank 0's rollouts: the learner's ranks must see one batch
             t0 = time.perf_counter()
