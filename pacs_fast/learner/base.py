@@ -21,6 +21,22 @@ import torch
 from pacs_fast.config import AlgoConfig
 
 
+class NonFiniteError(RuntimeError):
+    """A non-finite loss or gradient norm, raised by a learner *before* the optimiser step (the
+    weights are still those of the last good step). In a multi-process learner every rank raises it
+    together (the decision is collective), so no rank is left waiting in a collective.
+
+    step: the learner's update count (``Learner.update`` calls made before this one) and
+    what: which value was non-finite, e.g. ``"loss=nan"`` or ``"grad_norm=inf"``.
+    """
+
+    def __init__(self, step: int, what: str):
+        self.step = int(step)
+        self.what = str(what)
+        super().__init__(f"non-finite {self.what} at learner step {self.step} (before the optimiser step; "
+                         "weights unchanged): lower learner.lr or check the data")
+
+
 @dataclass
 class RolloutBatch:
     """One step's training data. ``B = num_groups * group_size`` rows, ``T`` tokens.
