@@ -46,16 +46,22 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = _f("arithmetic", "'arithmetic' (built-in task) or a JSONL/parquet file with problem/answer fields")
+    dataset: str = _f("arithmetic", "'arithmetic' (built-in task), a shipped set (math_train, gsm8k_train) or a "
+                      "JSONL/parquet file with problem/answer fields")
     problem_key: str = _f("problem", "field holding the question")
     answer_key: str = _f("answer", "field holding the gold answer")
-    eval_dataset: str = _f("", "held-out JSONL/parquet file; empty = a held-out split of the training data")
+    eval_dataset: str = _f("", "held-out set: a shipped benchmark (math500, amc23, aime2024, aime2025) or a "
+                           "JSONL/parquet file; empty = a held-out split of the training data")
     eval_size: int = _f(128, "number of held-out problems evaluated")
-    max_prompt_tokens: int = _f(64, "longer prompts are dropped (with a count printed)")
+    max_prompt_tokens: int = _f(512, "longer prompts are dropped (the paper's limit is 512; more than 5% dropped is a "
+                                "warning and the share is logged as data/dropped_prompts)")
     shuffle: bool = _f(True, "shuffle the training problems every epoch")
     arith_max_digits: int = _f(2, "built-in task: operands have 1..max_digits digits")
     arith_ops: str = _f("+", "built-in task: operators to draw from (subset of '+-*')")
     arith_train_size: int = _f(20000, "built-in task: number of training problems")
+    arith_terms: int = _f(2, "built-in task: operands per problem (3 = two-step problems such as 12+7-30)")
+    arith_seed: int = _f(0, "built-in task: seed of the problem set and its train/held-out split (fixed, so "
+                         "train.seed changes the run, not the problems)")
 
 
 @dataclass
@@ -64,6 +70,8 @@ class WarmupConfig:
     batch_size: int = _f(64, "warm-up batch size (sequences)")
     lr: float = _f(3e-3, "warm-up learning rate (AdamW, linear warm-up then decay)")
     cache_dir: str = _f("", "where warmed-up models are cached; empty = ~/.cache/pacs_fast")
+    seed: int = _f(0, "seed of the warm-up (tiny model init and its data order); fixed by default so that "
+                   "train.seed changes the RL run only; -1 = use train.seed")
 
 
 @dataclass
@@ -92,9 +100,14 @@ class AlgoConfig:
     reset_optimizer: bool = _f(True, "pacs ref=fixed: re-initialise the optimiser state at each reset")
     clip_low: float = _f(0.2, "grpo/ppo/rloo/dr_grpo: ratio clip 1 - eps_low")
     clip_high: float = _f(0.2, "grpo/ppo/rloo/dr_grpo: ratio clip 1 + eps_high (DAPO: 0.28)")
+    clip_c: float = _f(3.0, "grpo/ppo/rloo/dr_grpo: dual clip (Ye et al. 2020): a token with a negative advantage "
+                       "loses at most -A * clip_c however large its ratio (> 1; 0 = off). Default 3.0 = verl's "
+                       "clip_ratio_c, always on in verl and so in the paper's GRPO/PPO baselines")
     kl_coef: float = _f(0.0, "grpo/ppo/rloo/dr_grpo: k3 KL penalty to the initial policy (0 = off, no reference model)")
-    loss_agg: str = _f("auto", "baselines' token aggregation: auto (dr_grpo: seq-mean-token-sum-norm, else "
-                       "token-mean) | token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm")
+    loss_agg: str = _f("auto", "baselines' token aggregation: auto (dr_grpo: seq-mean-token-sum-horizon, else "
+                       "token-mean) | token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm "
+                       "(verl's: sum over sequences of token sums / max_new_tokens) | seq-mean-token-sum-horizon "
+                       "(Dr. GRPO's: the same averaged over sequences)")
     gamma: float = _f(1.0, "ppo: discount")
     lam: float = _f(0.95, "ppo: GAE lambda")
     vf_coef: float = _f(0.5, "ppo: value-loss coefficient")
@@ -250,6 +263,29 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def read_yaml(path: str | Path) -> dict:
+    """The mapping in a YAML config file; a ValueError naming the file (and line) for anything else."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"config file {str(path)!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ValueError(f"config file {str(path)!r} cannot be read: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"config file {str(path)!r}:{where}: YAML syntax error: {what}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
     """Defaults, then the YAML file at ``path`` (if any), then ``section.key=value`` overrides."""
     cfg = Config()
@@ -257,7 +293,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"config file {str(path)!r} does not exist")
-        from_dict(yaml.safe_load(path.read_text()) or {}, cfg)
+        from_dict(read_yaml(path), cfg)
     for text in overrides:
         key, value = parse_override(text)
         set_value(cfg, key, value)
@@ -265,7 +301,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Writes the config as YAML atomically (a temporary file, fsync, then ``os.replace``)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def help_text() -> str:
@@ -323,6 +366,107 @@ def _validate_parallel(cfg: Config, world: int) -> None:
                          f"equal share of whole groups")
 
 
+ATTENTIONS = ("auto", "short", "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+# Names data.dataset / data.eval_dataset accept besides files (pacs_fast.data.datasets ships them;
+# tests/test_config.py checks this list against it).
+SHIPPED_DATASETS = ("math_train", "gsm8k_train", "math500", "amc23", "aime2024", "aime2025")
+# (key, lowest, highest, lowest allowed?, highest allowed?) for every float that has a range.
+FLOAT_RANGES = (
+    ("learner.lr", 0.0, 1.0, False, True), ("learner.eps", 0.0, 1.0, False, True),
+    ("learner.weight_decay", 0.0, None, True, None), ("learner.grad_clip", 0.0, None, True, None),
+    ("learner.critic_lr", 0.0, 1.0, False, True), ("warmup.lr", 0.0, 1.0, False, True),
+    ("algo.beta", 0.0, None, False, None), ("algo.clip_low", 0.0, 1.0, True, False),
+    ("algo.clip_high", 0.0, None, True, None), ("algo.kl_coef", 0.0, None, True, None),
+    ("algo.gamma", 0.0, 1.0, True, True), ("algo.lam", 0.0, 1.0, True, True),
+    ("algo.vf_coef", 0.0, None, True, None), ("algo.value_clip", 0.0, None, True, None),
+    ("rollout.temperature", 0.0, None, False, None), ("rollout.eval_temperature", 0.0, None, True, None),
+    ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
+    ("rollout.gpu_memory_utilization", 0.0, 1.0, False, True),
+)
+NONNEGATIVE_INTS = ("train.threads", "train.reward_workers", "train.eval_every", "train.save_every", "warmup.steps",
+                    "algo.reset_every", "data.eval_size")
+
+
+def _get(cfg: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _validate_numbers(cfg: Config) -> None:
+    """Every float finite (NaN / inf name their key), every ranged value in its range."""
+    import math
+
+    for section, cls in _sections().items():
+        for name, typ in _field_types(cls).items():
+            v = getattr(getattr(cfg, section), name)
+            if typ is float and not math.isfinite(v):
+                raise ValueError(f"{section}.{name} must be a finite number, got {v}")
+    for key, lo, hi, lo_ok, hi_ok in FLOAT_RANGES:
+        v = _get(cfg, key)
+        bad_lo = v < lo if lo_ok else v <= lo
+        bad_hi = hi is not None and (v > hi if hi_ok else v >= hi)
+        if bad_lo or bad_hi:
+            interval = f"{'[' if lo_ok else '('}{lo:g}, {'inf)' if hi is None else f'{hi:g}' + (']' if hi_ok else ')')}"
+            raise ValueError(f"{key} must be in {interval}, got {v}")
+    for key in NONNEGATIVE_INTS:
+        if _get(cfg, key) < 0:
+            raise ValueError(f"{key} must be >= 0, got {_get(cfg, key)}")
+    betas = cfg.learner.betas
+    if (len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
+            or not all(math.isfinite(b) and 0 <= b < 1 for b in betas)):
+        raise ValueError(f"learner.betas must be two numbers in [0, 1), got {betas}")
+    if cfg.model.tiny_num_layers < 1 or cfg.model.tiny_hidden_size < 32:
+        raise ValueError(f"model.tiny_num_layers must be >= 1 and model.tiny_hidden_size >= 32, got "
+                         f"{cfg.model.tiny_num_layers}, {cfg.model.tiny_hidden_size}")
+    if cfg.warmup.batch_size < 1:
+        raise ValueError(f"warmup.batch_size must be >= 1, got {cfg.warmup.batch_size}")
+
+
+def _needs_cuda(cfg: Config) -> str | None:
+    """The key that asks for CUDA, if any (model.device=cuda, learner.logprob_backend=triton)."""
+    if cfg.model.device == "cuda":
+        return "model.device=cuda"
+    if cfg.learner.logprob_backend == "triton":
+        return "learner.logprob_backend=triton (compiled Triton kernels)"
+    return None
+
+
+def _validate_paths(cfg: Config) -> None:
+    """Files and folders the run reads or writes, checked before any model work."""
+    what = _needs_cuda(cfg)
+    if what:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"{what} needs a CUDA GPU, and none is available here; use learner.logprob_backend="
+                             f"auto / model.device=auto")
+    if cfg.model.path:
+        path = Path(cfg.model.path).expanduser()
+        if not path.exists():
+            raise ValueError(f"model.path {cfg.model.path!r} does not exist (give a Hugging Face model folder, "
+                             f"or leave it empty for the built-in tiny model)")
+        if not path.is_dir():
+            raise ValueError(f"model.path {cfg.model.path!r} is a file; give the Hugging Face model folder")
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model.path {cfg.model.path!r} has no config.json: not a Hugging Face model folder")
+    for key in ("data.dataset", "data.eval_dataset"):
+        value = _get(cfg, key)
+        if not value or value in SHIPPED_DATASETS or (key == "data.dataset" and value == "arithmetic"):
+            continue
+        if not Path(value).expanduser().is_file():
+            raise ValueError(f"{key} {value!r} is neither a shipped dataset ({', '.join(SHIPPED_DATASETS)}"
+                             f"{', arithmetic' if key == 'data.dataset' else ''}) nor an existing file")
+    if cfg.data.dataset != "arithmetic" and not cfg.model.path:
+        raise ValueError("data.dataset is not the built-in task but model.path is empty: the built-in tiny model "
+                         "only knows the built-in arithmetic task; set model.path to a Hugging Face model folder")
+    out = Path(cfg.train.out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"train.out_dir {cfg.train.out_dir!r} is a file, not a folder")
+    name = cfg.train.run_name
+    if name and (name in (".", "..") or name.startswith(".") or any(c in name for c in '/\\\0')):
+        raise ValueError(f"train.run_name {name!r} must be a plain folder name (no '/', '\\\\', no leading '.')")
+
+
 def validate(cfg: Config, *, world: int | None = None) -> None:
     """Rejects impossible settings with a ValueError naming the key. Checks files exist, not their content.
 
@@ -335,12 +479,14 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("algo.weight", cfg.algo.weight, ("question", "none", "only_positive", "only_negative"))
     _choice("algo.ref", cfg.algo.ref, ("rollout", "fixed"))
     _choice("algo.loss_agg", cfg.algo.loss_agg, ("auto", "token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                                                 "seq-mean-token-sum-norm"))
+                                                 "seq-mean-token-sum-norm", "seq-mean-token-sum-horizon"))
     _choice("rollout.engine", cfg.rollout.engine, ("hf", "vllm"))
     _choice("learner.backend", cfg.learner.backend, ("torch", "megatron"))
     _choice("learner.logprob_backend", cfg.learner.logprob_backend, ("auto", "triton", "torch"))
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
     _choice("model.device", cfg.model.device, ("auto", "cpu", "cuda"))
+    _choice("model.attention", cfg.model.attention, ATTENTIONS)
+    _validate_numbers(cfg)
 
     G = cfg.rollout.n
     name = cfg.algo.name
@@ -357,10 +503,6 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
         s, k = key.split(".")
         if getattr(getattr(cfg, s), k) < 1:
             raise ValueError(f"{key} must be >= 1, got {getattr(getattr(cfg, s), k)}")
-    for key in ("train.eval_every", "train.save_every", "warmup.steps", "algo.reset_every", "data.eval_size"):
-        s, k = key.split(".")
-        if getattr(getattr(cfg, s), k) < 0:
-            raise ValueError(f"{key} must be >= 0, got {getattr(getattr(cfg, s), k)}")
     if cfg.train.keep_checkpoints < 1:
         raise ValueError(f"train.keep_checkpoints must be >= 1, got {cfg.train.keep_checkpoints}")
     P, mini, micro = cfg.train.prompts_per_step, cfg.learner.mini_batch_prompts, cfg.learner.micro_batch_prompts
@@ -370,39 +512,12 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if mini % micro:
         raise ValueError(f"learner.micro_batch_prompts={micro} must divide learner.mini_batch_prompts={mini}")
     _validate_parallel(cfg, world_size() if world is None else world)
-    if cfg.learner.lr <= 0:
-        raise ValueError(f"learner.lr must be > 0, got {cfg.learner.lr}")
-    if cfg.learner.grad_clip < 0:
-        raise ValueError(f"learner.grad_clip must be >= 0, got {cfg.learner.grad_clip}")
-    if len(cfg.learner.betas) != 2 or not all(0 <= b < 1 for b in cfg.learner.betas):
-        raise ValueError(f"learner.betas must be two numbers in [0, 1), got {cfg.learner.betas}")
-    if cfg.rollout.temperature <= 0:
-        raise ValueError(f"rollout.temperature must be > 0 for RL sampling, got {cfg.rollout.temperature}")
-    if cfg.rollout.eval_temperature < 0:
-        raise ValueError(f"rollout.eval_temperature must be >= 0, got {cfg.rollout.eval_temperature}")
-    for key in ("rollout.top_p", "rollout.eval_top_p"):
-        v = getattr(cfg.rollout, key.split(".")[1])
-        if not 0 < v <= 1:
-            raise ValueError(f"{key} must be in (0, 1], got {v}")
-    if not 0 <= cfg.algo.clip_low < 1 or cfg.algo.clip_high < 0:
-        raise ValueError(f"algo.clip_low must be in [0, 1) and algo.clip_high >= 0, got "
-                         f"{cfg.algo.clip_low}, {cfg.algo.clip_high}")
     if cfg.learner.backend == "megatron" and name == "ppo":
         raise ValueError("algo.name=ppo needs a value head, which learner.backend=megatron does not have; "
                          "use learner.backend=torch")
     if cfg.algo.ref == "fixed" and name != "pacs":
         raise ValueError("algo.ref applies to algo.name=pacs; baselines use algo.kl_coef for a fixed reference")
-    if cfg.model.path and not Path(cfg.model.path).expanduser().exists():
-        raise ValueError(f"model.path {cfg.model.path!r} does not exist (give a Hugging Face model folder, "
-                         f"or leave it empty for the built-in tiny model)")
-    if cfg.data.dataset != "arithmetic":
-        if not Path(cfg.data.dataset).expanduser().is_file():
-            raise ValueError(f"data.dataset {cfg.data.dataset!r} is neither 'arithmetic' nor an existing file")
-        if not cfg.model.path:
-            raise ValueError("data.dataset is a custom file but model.path is empty: the built-in tiny model only "
-                             "knows the built-in arithmetic task; set model.path to a Hugging Face model folder")
-    if cfg.data.eval_dataset and not Path(cfg.data.eval_dataset).expanduser().is_file():
-        raise ValueError(f"data.eval_dataset {cfg.data.eval_dataset!r} does not exist")
+    _validate_paths(cfg)
     if cfg.data.dataset == "arithmetic":
         if not 1 <= cfg.data.arith_max_digits <= 9:
             raise ValueError(f"data.arith_max_digits must be in 1..9, got {cfg.data.arith_max_digits}")
