@@ -526,3 +526,5 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if cfg.model.tiny_hidden_size % 32:
         raise ValueError(f"model.tiny_hidden_size must be a multiple of 32 (head size 32), got "
                          f"{cfg.model.tiny_hidden_size}")
+    if not (cfg.algo.clip_c == 0 or 1 < cfg.algo.clip_c < float("inf")):  # NaN fails both
+        raise ValueError(f"algo.clip_c (dual clip) must be > 1 and finite, or 0 (off), got {cfg.algo.clip_c}")

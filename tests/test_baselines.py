@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from pacs_fast.algorithms import (
+    LOSS_AGG_MODES,
     aggregate_loss,
     group_advantages,
     grpo_loss,
@@ -48,10 +49,19 @@ def test_ppo_clip_higher_and_dual_clip_by_hand():
 
 def test_ppo_symmetric_clip_without_dual_clip():
     logp, old, adv = _ratio_case()
-    loss, m = policy_loss(logp, old, adv, None, clip_low=0.2)
+    loss, m = policy_loss(logp, old, adv, None, clip_low=0.2, clip_c=None)
     per_token = [[-0.5, -0.9, -1.1, -1.2, -1.2], [0.8, 0.9, 1.1, 1.5, 4.0]]
     assert loss.item() == pytest.approx(sum(map(sum, per_token)) / 10, abs=1e-12)
     assert m["dual_clip_frac"].item() == 0.0
+
+
+def test_ppo_dual_clip_is_on_by_default_at_verls_3():
+    """verl's ``clip_ratio_c`` defaults to 3.0 and is always applied: so is ours unless clip_c=None."""
+    logp, old, adv = _ratio_case()
+    loss, m = policy_loss(logp, old, adv, None, clip_low=0.2)
+    per_token = [[-0.5, -0.9, -1.1, -1.2, -1.2], [0.8, 0.9, 1.1, 1.5, 3.0]]  # A=-1, ratio 4 -> 3
+    assert loss.item() == pytest.approx(sum(map(sum, per_token)) / 10, abs=1e-12)
+    assert m["dual_clip_frac"].item() == pytest.approx(1 / 10)
 
 
 def test_ppo_mask_and_aggregation_mode():
@@ -125,8 +135,12 @@ def _agg_case():
     ("seq-mean-token-sum", {}, (3 + 4) / 2),
     ("seq-mean-token-mean", {}, (1.5 + 4) / 2),
     ("seq-mean-token-mean", {"global_count": 4}, (1.5 + 4) / 4),
-    ("seq-mean-token-sum-norm", {}, (3 + 4) / 2 / 3),
-    ("seq-mean-token-sum-norm", {"horizon": 10}, (3 + 4) / 2 / 10),
+    ("seq-mean-token-sum-norm", {}, (3 + 4) / 3),            # verl: a sum over sequences / horizon
+    ("seq-mean-token-sum-norm", {"horizon": 10}, (3 + 4) / 10),
+    ("seq-mean-token-sum-norm", {"horizon": 10, "global_count": 5}, (3 + 4) / 10),  # ignored: a sum
+    ("seq-mean-token-sum-horizon", {}, (3 + 4) / 2 / 3),     # Dr. GRPO: mean over sequences / horizon
+    ("seq-mean-token-sum-horizon", {"horizon": 10}, (3 + 4) / 2 / 10),
+    ("seq-mean-token-sum-horizon", {"horizon": 10, "global_count": 4}, (3 + 4) / 4 / 10),
 ])
 def test_aggregation_modes_by_hand(mode, kw, expected):
     loss_mat, mask = _agg_case()
@@ -138,7 +152,7 @@ def test_aggregation_modes_by_hand(mode, kw, expected):
 
 def test_aggregation_of_an_all_masked_batch_is_zero_with_graph():
     loss_mat = torch.randn(2, 3, requires_grad=True)
-    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+    for mode in LOSS_AGG_MODES:
         out = aggregate_loss(loss_mat, torch.zeros(2, 3, dtype=torch.bool), mode)
         assert out.item() == 0.0 and out.requires_grad
         out.backward()
@@ -191,7 +205,7 @@ def test_grpo_loss_is_policy_loss_with_group_advantages(seed):
         assert set(mb) <= set(ma) and "adv_mean" in ma
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 def test_global_count_makes_micro_batches_add_up(seed, mode):
     gen = torch.Generator().manual_seed(seed)
     loss_mat = torch.randn(6, 5, generator=gen, dtype=torch.float64)

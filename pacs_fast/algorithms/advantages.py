@@ -26,9 +26,14 @@ def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo",
     """Outcome advantage of each response relative to its group (contiguous rows of ``group_size``).
 
     - ``"grpo"``: ``(R_i - mean_g) / (std_g + eps)`` with the unbiased std; ``norm_std=False`` drops
-      the division (then identical to ``"dr_grpo"``). With ``norm_std`` needs G >= 2.
+      the division (then identical to ``"dr_grpo"``).
     - ``"dr_grpo"``: ``R_i - mean_g`` (Dr. GRPO: no std normalisation).
-    - ``"rloo"``: ``R_i - (S_g - R_i)/(G-1)``, leave-one-out baseline (needs G >= 2).
+    - ``"rloo"``: ``R_i - (S_g - R_i)/(G-1)``, leave-one-out baseline.
+
+    A group of one response (``group_size=1``) has no baseline: as in verl (v0.7.0,
+    ``compute_grpo_outcome_advantage`` sets mean 0 and std 1 for a single-response group,
+    ``compute_rloo_outcome_advantage`` leaves the score unchanged), the advantage is ``R_i``
+    (``R_i / (1 + eps)`` for ``"grpo"`` with ``norm_std``): plain REINFORCE without a baseline.
 
     Args:
         rewards: ``[B]`` scalar rewards per response (any real dtype).
@@ -40,11 +45,10 @@ def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo",
     check_tensor(fn, "rewards", rewards, ndim=1)
     check_group_size(fn, group_size, rewards.shape[0], "rewards")
     eps = check_real(fn, "eps", eps, nonneg=True)
-    if group_size == 1 and (mode == "rloo" or (mode == "grpo" and norm_std)):
-        raise ValueError(f"{fn}: group_size=1 is not allowed with mode={mode!r}"
-                         + (" and norm_std=True" if mode == "grpo" else "") + " (needs G >= 2)")
     dtype = compute_dtype(rewards) if rewards.is_floating_point() else torch.float32
     g = rewards.to(dtype).reshape(-1, group_size)
+    if group_size == 1:  # verl: mean 0, std 1 (no baseline)
+        return (g / (1.0 + eps) if mode == "grpo" and norm_std else g).reshape(-1)
     centered = g - g.mean(dim=1, keepdim=True)
     if mode == "rloo":
         out = centered * (group_size / (group_size - 1))

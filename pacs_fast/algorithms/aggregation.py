@@ -1,18 +1,27 @@
-"""Token-loss aggregation modes (verl's ``loss_agg_mode`` semantics).
+"""Token-loss aggregation modes (verl's ``loss_agg_mode`` names, with verl's definitions).
 
 For a per-token loss ``l[B, T]`` and a response mask ``m[B, T]``:
 
 - ``"token-mean"``: ``sum(l m) / sum(m)`` — every token of the batch weighs the same (DAPO).
 - ``"seq-mean-token-sum"``: mean over sequences of ``sum_t l m``.
 - ``"seq-mean-token-mean"``: mean over sequences of ``sum_t l m / sum_t m`` (original GRPO).
-- ``"seq-mean-token-sum-norm"``: ``seq-mean-token-sum / horizon`` with a *constant* horizon
-  (default ``T = l.shape[-1]``; pass the generation's max length to keep it fixed, Dr. GRPO).
+- ``"seq-mean-token-sum-norm"``: verl's definition, a *sum* over sequences:
+  ``sum_i sum_t l m / horizon`` with a constant ``horizon`` (default ``T = l.shape[-1]``; verl's
+  ``loss_scale_factor``). Despite the name it does not average over sequences: it is ``B`` times
+  ``"seq-mean-token-sum-horizon"`` for a batch of ``B`` non-empty sequences.
+- ``"seq-mean-token-sum-horizon"``: mean over sequences of ``sum_t l m / horizon`` (Dr. GRPO's
+  objective, arXiv 2503.20783 eq. 3 with the constant ``MAX_TOKENS``; what this library called
+  ``"seq-mean-token-sum-norm"`` before it followed verl). Independent of the batch size.
 
-Sequences without any response token are left out of the sequence means (they count neither in the
-numerator nor the denominator). A batch without any response token gives a 0 loss that is still
-connected to the graph (zero gradients). ``global_count`` replaces the denominator (total tokens
-for ``token-mean``, total non-empty sequences for the ``seq-mean-*`` modes), for gradient
-accumulation over micro-batches or data-parallel ranks.
+The first four equal ``verl.trainer.ppo.core_algos.agg_loss`` of verl v0.7.0 (``dp_size=1``;
+``tests/test_verl_semantics.py`` checks them against the formula written out and, where verl is
+installed, against verl itself). Sequences without any response token are left out of the
+sequence means (they count neither in the numerator nor the denominator; verl does the same).
+A batch without any response token gives a 0 loss that is still connected to the graph (zero
+gradients). ``global_count`` replaces the denominator (total tokens for ``token-mean``, total
+non-empty sequences for the ``seq-mean-*`` means), for gradient accumulation over micro-batches or
+data-parallel ranks; ``"seq-mean-token-sum-norm"`` is a sum, already additive over micro-batches,
+so it ignores ``global_count`` (as verl's ``agg_loss`` ignores ``global_batch_size`` there).
 """
 from __future__ import annotations
 
@@ -27,7 +36,9 @@ from pacs_fast.algorithms._checks import (
     mask_select,
 )
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+                  "seq-mean-token-sum-horizon")
+HORIZON_MODES = ("seq-mean-token-sum-norm", "seq-mean-token-sum-horizon")  # divide by a constant horizon
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -51,6 +62,8 @@ def _aggregate(loss_mat, mask, mode, horizon, global_count):
     tokens_per_seq = counts.sum(-1)
     nonempty = tokens_per_seq > 0
     seq = x.sum(-1)
+    if mode == "seq-mean-token-sum-norm":  # verl: a sum over sequences, no global_count
+        return seq.sum() / (loss_mat.shape[-1] if horizon is None else horizon)
     if mode == "seq-mean-token-mean":
         seq = seq / torch.where(nonempty, tokens_per_seq, 1.0)
     total = torch.where(nonempty, seq, 0.0).sum()
@@ -59,7 +72,7 @@ def _aggregate(loss_mat, mask, mode, horizon, global_count):
         loss = total / torch.where(den > 0, den, 1.0)
     else:
         loss = total / (global_count if global_count > 0 else 1.0)
-    if mode == "seq-mean-token-sum-norm":
+    if mode == "seq-mean-token-sum-horizon":
         loss = loss / (loss_mat.shape[-1] if horizon is None else horizon)
     return loss
 
@@ -72,8 +85,10 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor | None, mode: str 
         loss_mat: ``[B, T]`` float tensor (any float dtype; computed in fp32, fp64 kept).
         mask: ``[B, T]`` bool or 0/1, or None (all tokens).
         mode: one of ``LOSS_AGG_MODES``.
-        horizon: the constant divisor of ``"seq-mean-token-sum-norm"`` (default ``T``).
-        global_count: optional denominator override (tokens or sequences, see module docstring).
+        horizon: the constant divisor of ``"seq-mean-token-sum-norm"`` / ``"seq-mean-token-sum-horizon"``
+            (default ``T``; pass the generation's maximum length to keep it fixed).
+        global_count: optional denominator override (tokens or sequences, see module docstring);
+            ignored by ``"seq-mean-token-sum-norm"``.
     Returns:
         0-d tensor.
     """

@@ -1,11 +1,13 @@
 """Baseline losses: PPO clipped surrogate (with DAPO clip-higher and dual clip), GRPO / RLOO /
 Dr. GRPO on top of it, and the clipped PPO value loss.
 
-Recipes (all token-level, verl semantics):
+Recipes (token-level losses with the definitions of verl v0.7.0's ``core_algos``; see
+``tests/test_verl_semantics.py``):
 
 - PPO:     ``advantages, returns = gae(...)``; ``policy_loss(...)`` + ``value_loss(...)`` for the critic.
 - GRPO:    ``grpo_loss(..., advantage="grpo")``, optionally ``logp_ref=..., kl_coef=0.001`` (k3 KL).
-- Dr.GRPO: ``grpo_loss(..., advantage="dr_grpo", loss_agg_mode="seq-mean-token-sum-norm", horizon=max_len)``.
+- Dr.GRPO: ``grpo_loss(..., advantage="dr_grpo", loss_agg_mode="seq-mean-token-sum-horizon", horizon=max_len)``
+  (the paper's batch mean; verl's ``"seq-mean-token-sum-norm"`` is the same sum over sequences, not averaged).
 - RLOO:    ``grpo_loss(..., advantage="rloo")``.
 - DAPO:    ``grpo_loss(..., clip_low=0.2, clip_high=0.28, loss_agg_mode="token-mean")``.
 
@@ -47,7 +49,7 @@ def _check_clip(fn, clip_low, clip_high, clip_c):
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor | None, *, clip_low: float = 0.2, clip_high: float | None = None,
-                clip_c: float | None = None, loss_agg_mode: str = "token-mean",
+                clip_c: float | None = 3.0, loss_agg_mode: str = "token-mean",
                 horizon: float | None = None, global_count: float | None = None,
                 logp_ref: torch.Tensor | None = None, kl_coef: float = 0.0,
                 kl_estimator: str = "k3", kl_clamp: float | None = None,
@@ -57,7 +59,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     With ``ratio = exp(logp - old_logp)`` (log-ratio clamped to ``[-20, 20]``) and advantage ``A``::
 
         l = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))
-        dual clip (clip_c given, A < 0 only):  l = min(l, -A * clip_c)
+        dual clip (clip_c not None, A < 0 only):  l = min(l, -A * clip_c)
         loss = aggregate_loss(l, mask, loss_agg_mode) + kl_coef * aggregate_loss(KL, mask, loss_agg_mode)
 
     Args:
@@ -67,7 +69,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         mask: ``[B, T]`` bool or 0/1 response mask, or None.
         clip_low, clip_high: ratio bounds ``[1 - clip_low, 1 + clip_high]``; ``clip_high`` defaults to
             ``clip_low`` (symmetric PPO); DAPO's clip-higher uses e.g. 0.2 / 0.28.
-        clip_c: dual-clip constant (> 1) for negative advantages, or None.
+        clip_c: dual-clip constant (> 1) for negative advantages (Ye et al. 2020, arXiv 1912.09729):
+            bounds the loss of a token with ``A < 0`` at ``-A * clip_c`` however large its ratio.
+            Default 3.0, verl's ``clip_ratio_c`` (always on in verl); None turns it off.
         loss_agg_mode, horizon, global_count: see :func:`~pacs_fast.algorithms.aggregation.aggregate_loss`.
         logp_ref, kl_coef, kl_estimator, kl_clamp: optional KL(pi || ref) penalty
             (see :func:`~pacs_fast.algorithms.kl.kl_penalty`); used when ``kl_coef != 0``.

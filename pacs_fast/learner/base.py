@@ -201,7 +201,7 @@ def resolve_loss_agg(algo: AlgoConfig) -> str:
     """``algo.loss_agg`` with ``auto`` resolved per algorithm (Dr. GRPO: constant-horizon token sums)."""
     if algo.loss_agg != "auto":
         return algo.loss_agg
-    return "seq-mean-token-sum-norm" if algo.name == "dr_grpo" else "token-mean"
+    return "seq-mean-token-sum-horizon" if algo.name == "dr_grpo" else "token-mean"
 
 
 def needs_reference(algo: AlgoConfig) -> bool:
@@ -280,7 +280,7 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
         metrics.update(psi=terms["score"], pred_reward=terms["pred_reward"], proxy=terms["proxy"],
                        weight=terms["weight"])
     else:
-        kw = dict(clip_low=algo.clip_low, clip_high=algo.clip_high, loss_agg_mode=agg,
+        kw = dict(clip_low=algo.clip_low, clip_high=algo.clip_high, clip_c=algo.clip_c or None, loss_agg_mode=agg,
                   horizon=float(horizon), global_count=global_count, logp_ref=micro.ref_logp,
                   kl_coef=algo.kl_coef)
         if algo.name == "ppo":
