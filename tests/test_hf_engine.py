@@ -38,7 +38,7 @@ def test_counts_shapes_and_logprobs(engine, seed):
             # log-probs of the sampled tokens under the unscaled logits = a full forward pass
             seq = torch.tensor([prompt + c.token_ids])
             with torch.no_grad():
-                logp = torch.log_softmax(engine.model(seq).logits[0].float(), -1)
+                logp = torch.log_softmax(engine.model(seq).logits[0, :, :len(engine.tokenizer)].float(), -1)
             ref = logp[len(prompt) - 1:-1].gather(1, seq[0, len(prompt):, None]).squeeze(1)
             torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-4, rtol=1e-4)
     no_lp = engine.generate(prompts[:1], SamplingParams(n=2, max_new_tokens=4, seed=seed))

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from pacs_fast.data.tiny import make_tiny_model
+from pacs_fast.data.tiny import build_char_tokenizer, make_tiny_model
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.rollout.hf import _MIN_BUCKET_ROWS, HFEngine, sample_tokens, top_p_remove_mask
 
@@ -42,11 +42,16 @@ def _random_prompts(rng, count, lo=1, hi=12):
     return [[rng.randrange(3, 99) for _ in range(rng.randrange(lo, hi + 1))] for _ in range(count)]
 
 
+# The tiny model's LM head has 128 rows for 99 tokenizer ids: the engines' distribution is over
+# the first REAL rows only (padded rows masked, tests/test_padded_vocab.py).
+REAL = len(build_char_tokenizer())
+
+
 def _full_forward_logp(model, prompt, response):
-    """log-softmax of the raw logits at each response token, from one full forward (no cache)."""
+    """log-softmax of the raw logits (real ids) at each response token, from one full forward (no cache)."""
     seq = torch.tensor([prompt + response])
     with torch.no_grad():
-        logp = torch.log_softmax(model(seq).logits[0].float(), -1)
+        logp = torch.log_softmax(model(seq).logits[0, :, :REAL].float(), -1)
     return logp[len(prompt) - 1:-1].gather(1, seq[0, len(prompt):, None]).squeeze(1)
 
 
@@ -145,7 +150,7 @@ def test_first_token_distribution(peaked, seed, temperature, top_p):
 
     prompt = peaked.tokenizer("7*8=")["input_ids"]
     with torch.no_grad():
-        logits = peaked.model(torch.tensor([prompt])).logits[0, -1].float()
+        logits = peaked.model(torch.tensor([prompt])).logits[0, -1, :REAL].float()
     scaled = logits / temperature
     if top_p < 1:
         scaled = TopPLogitsWarper(top_p)(None, scaled[None].clone())[0]

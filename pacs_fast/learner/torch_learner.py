@@ -27,8 +27,8 @@ from typing import Iterable, Iterator
 import torch
 
 from pacs_fast.config import AlgoConfig, LearnerConfig
-from pacs_fast.learner.base import (Learner, RolloutBatch, by_length, group_rows, holds_reference_model,
-                                    minibatch_counts, needs_reference, objective)
+from pacs_fast.learner.base import (Learner, NonFiniteError, RolloutBatch, by_length, group_rows,
+                                    holds_reference_model, minibatch_counts, needs_reference, objective)
 from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,
                                             shared_prefix_hidden, split_groups, trained_states)
 from pacs_fast.ops.linear_logprobs import linear_logprobs
@@ -70,10 +70,19 @@ class TorchLearner(Learner):
         algo, learner: the ``algo`` and ``learner`` sections of the run config.
         temperature: the rollout temperature (log-probs are those of the sampling distribution).
         horizon: the maximum response length (Dr. GRPO's constant divisor).
+        vocab_size: the number of real token ids (``len(tokenizer)``): log-probs and entropies use
+            only the first ``vocab_size`` rows of the LM head, the distribution the rollout engines
+            sample from (checkpoints pad the head beyond the tokenizer, Qwen2.5: 151,936 rows for
+            151,665 ids). ``None``: every row (for a head as large as the tokenizer, the same).
     """
 
     def __init__(self, model, *, algo: AlgoConfig, learner: LearnerConfig, temperature: float = 1.0,
-                 horizon: int = 1):
+                 horizon: int = 1, vocab_size: int | None = None):
+        rows = _head(model).weight.shape[0]
+        if vocab_size is not None and not 1 <= int(vocab_size) <= rows:
+            raise ValueError(f"vocab_size must be in [1, {rows}] (the LM head's rows), got {vocab_size}")
+        # None when every row is a real token (no slicing: the exact pre-masking computation)
+        self.vocab_size = int(vocab_size) if vocab_size is not None and int(vocab_size) < rows else None
         self.model = model
         self.algo = algo
         self.cfg = learner
@@ -137,7 +146,13 @@ class TorchLearner(Learner):
                 full = x.new_zeros(b, T - 1).masked_scatter(sel, x)
                 return torch.cat([x.new_zeros(b, 1), full], dim=1)
         head = _head(model)
-        out = linear_logprobs(h, head.weight, labels, bias=head.bias, temperature=self.temperature,
+        weight, bias = head.weight, head.bias
+        if self.vocab_size is not None:  # padded rows: never sampled, not part of the distribution
+            weight, bias = weight[:self.vocab_size], (bias[:self.vocab_size] if bias is not None else None)
+            if labels.numel() and int(labels.max()) >= self.vocab_size:
+                raise ValueError(f"a response token id {int(labels.max())} is >= vocab_size={self.vocab_size} "
+                                 f"(a padded LM-head row): the rollout engine must mask padded rows")
+        out = linear_logprobs(h, weight, labels, bias=bias, temperature=self.temperature,
                               return_entropy=entropy, backend=self.cfg.logprob_backend)
         lp, ent = out if entropy else (out, None)
         v = None
@@ -253,13 +268,15 @@ class TorchLearner(Learner):
                             terms.setdefault(k, []).append(v.detach().cpu())
                     if "psi" in met:
                         terms.setdefault("rewards", []).append(mcb.rewards.detach().cpu())
+                        terms.setdefault("rows", []).append(group_rows(mb_groups[m:m + micro], batch.group_size))
                 max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
                 step_metrics["grad_norm"] = float(grad_norm)
-                if torch.isfinite(grad_norm):
-                    self.optimizer.step()
-                else:
-                    step_metrics["skipped_steps"] = 1.0
+                for what in ("loss", "grad_norm"):  # stop before a step that would poison the weights
+                    if not math.isfinite(step_metrics[what]):
+                        self.optimizer.zero_grad(set_to_none=True)
+                        raise NonFiniteError(steps, f"{what}={step_metrics[what]}")
+                self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 for k, v in step_metrics.items():
                     sums[k] = sums.get(k, 0.0) + v

@@ -44,6 +44,10 @@ with it (same call, same completions; the caller's global RNG is untouched); res
 after the first EOS (kept; several EOS ids allowed), ``finish_reason`` is ``"stop"`` or
 ``"length"``; with ``return_logprobs`` each sampled token's log-prob under the *unscaled*
 (temperature 1) logits is returned; the model's ``training`` flag is restored.
+*Padded vocabulary rows*: an LM head with more rows than the tokenizer has ids (every Qwen
+checkpoint) has its rows ``>= len(tokenizer)`` cut from the logits before any sampling, greedy
+decoding or log-prob: such ids are never drawn and log-probs are those of the distribution over
+the real ids (the learner's with ``TorchLearner(vocab_size=len(tokenizer))``).
 
 Given a live ``nn.Module`` (the trainer's policy) the engine uses it in place (no copy): the
 rollouts then always see the current weights and :meth:`HFEngine.sync_weights` is needed only
@@ -100,6 +104,19 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> tor
     cdf = scaled.softmax(dim=-1).cumsum_(dim=-1)
     u = torch.rand((cdf.shape[0], 1), device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
+
+
+class _MaskPaddedRows:
+    """A logits processor that sets the scores of ids ``>= vocab_size`` (padded rows) to -inf."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if scores.shape[1] <= self.vocab_size:
+            return scores
+        return torch.cat([scores[:, :self.vocab_size], scores.new_full(
+            (scores.shape[0], scores.shape[1] - self.vocab_size), float("-inf"))], dim=1)
 
 
 class _LogprobRecorder:
@@ -172,6 +189,10 @@ class HFEngine(RolloutEngine):
                 raise ValueError("tokenizer is required when model_or_path is a module without a name_or_path")
             tokenizer = AutoTokenizer.from_pretrained(source)
         self.tokenizer = tokenizer
+        head = getattr(self.model, "get_output_embeddings", lambda: None)()
+        rows = getattr(getattr(head, "weight", None), "shape", (None,))[0]  # None: unknown, cut anyway
+        # ids >= len(tokenizer) are padded LM-head rows: cut from the logits (None: nothing to cut)
+        self.vocab_cut = len(tokenizer) if rows is None or len(tokenizer) < rows else None
         self.eos_ids = self._eos_ids()
         if not self.eos_ids:
             raise ValueError("neither the tokenizer nor the model's generation config defines an EOS token")
@@ -293,6 +314,10 @@ class HFEngine(RolloutEngine):
                 for i, stop in enumerate(stopped.tolist())]
 
     # -- sampler="lean" ----------------------------------------------------------------------------
+    def _next_logits(self, out) -> torch.Tensor:
+        """``[rows, V]`` fp32 logits of the last position, without the padded vocabulary rows."""
+        return out.logits[:, -1, :self.vocab_cut].float()
+
     def _prefill(self, prompts: list[list[int]], cache_method: str):
         """One forward over the left-padded prompts (one row each, ``logits_to_keep=1``).
 
@@ -311,7 +336,7 @@ class HFEngine(RolloutEngine):
         if not hasattr(cache, cache_method):
             raise RuntimeError(f"sampler='lean' needs a KV cache with {cache_method}; "
                                f"{type(model).__name__} returned {type(cache).__name__}: use sampler='generate'")
-        return cache, out.logits[:, -1].float(), prompt_mask, position_ids, padded
+        return cache, self._next_logits(out), prompt_mask, position_ids, padded
 
     @torch.inference_mode()
     def _lean_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
@@ -365,7 +390,7 @@ class HFEngine(RolloutEngine):
             position = position + 1
             out = model(input_ids=nxt[:, None], attention_mask=mask[:, :width + t + 1] if padded else None,
                         position_ids=position, past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1].float()
+            logits = self._next_logits(out)
         return self._completions(tokens[:, :steps].cpu(),
                                  logprobs[:, :steps].cpu() if logprobs is not None else None)
 
@@ -429,7 +454,7 @@ class HFEngine(RolloutEngine):
             position = position + 1
             out = model(input_ids=feed[:, None], attention_mask=mask[:, :width + t + 1] if padded else None,
                         position_ids=position, past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1].float()
+            logits = self._next_logits(out)
         return self._completions(tokens[:, :steps].cpu(),
                                  logprobs[:, :steps].cpu() if logprobs is not None else None)
 
@@ -442,10 +467,12 @@ class HFEngine(RolloutEngine):
         width = input_ids.shape[1]
         device = self.device
         recorder = _LogprobRecorder() if params.return_logprobs else None
+        # the padded rows are masked first: the recorder and the sampler see the real ids only
+        processors = [p for p in (_MaskPaddedRows(self.vocab_cut) if self.vocab_cut else None, recorder) if p]
         out = self.model.generate(
             input_ids=input_ids.to(device), attention_mask=attention.to(device),
             generation_config=self._generation_config(params),
-            logits_processor=LogitsProcessorList([recorder]) if recorder else None,
+            logits_processor=LogitsProcessorList(processors) if processors else None,
         )
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
         generated = sequences[:, width:].cpu()
