@@ -1,0 +1,97 @@
+"""What every adapter needs: whole-group checks, the reward + group tag carried in an
+``advantages`` tensor, and PACS's calibration metrics.
+
+A PACS score couples the G responses to one prompt (``psi_i`` depends on the proxies of its
+group mates), so a loss call must see whole groups, each as G contiguous rows. The frameworks
+shuffle and split batches freely; these checks turn a broken layout into a one-line error that
+names the setting to change instead of a silently wrong loss.
+
+Tagged advantages (verl, OpenRLHF). Their policy-loss hooks receive per-token ``advantages`` and
+nothing else per sequence, so the adapters' advantage step writes, on every response token,
+
+    advantages[i, t] = R_i + 2 * (k_i mod GROUP_TAGS)        (R_i in [0, 1], k_i the group index)
+
+and the loss reads ``R_i`` and a group tag back (``decode_tagged_advantages``). 0/1 rewards are
+exact; soft rewards keep about 2e-6 absolute precision in fp32 (values < 2 * GROUP_TAGS = 32).
+"""
+from __future__ import annotations
+
+import torch
+
+GROUP_TAGS = 16
+
+
+def check_batch_rows(num_rows: int, group_size: int, fix: str) -> None:
+    """A micro-batch of ``num_rows`` rows must hold whole groups of ``group_size``."""
+    if group_size < 1:
+        raise ValueError(f"PACS: group size must be >= 1, got {group_size}")
+    if num_rows == 0 or num_rows % group_size:
+        raise ValueError(f"PACS: a micro-batch of {num_rows} rows does not hold whole groups of "
+                         f"{group_size} responses; {fix}")
+
+
+def check_whole_groups(group_ids: torch.Tensor, group_size: int, fix: str) -> None:
+    """``group_ids`` ``[B]`` (any integer ids; equal id = same prompt) must form B/G runs of G
+    contiguous equal ids, consecutive runs differing. Raises ValueError ending in ``fix``."""
+    check_batch_rows(group_ids.shape[0], group_size, fix)
+    runs = group_ids.reshape(-1, group_size)
+    split = bool((runs != runs[:, :1]).any())
+    merged = runs.shape[0] > 1 and bool((runs[1:, 0] == runs[:-1, 0]).any())
+    if split or merged:
+        raise ValueError(f"PACS: the rows of a micro-batch are not whole groups of {group_size} "
+                         f"contiguous responses to one prompt; {fix}")
+
+
+def encode_tagged_advantages(rewards: torch.Tensor, group_index: torch.Tensor,
+                             response_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` advantages carrying ``R_i + 2 * (group_index_i mod GROUP_TAGS)`` on response
+    tokens (0 elsewhere), fp32. ``rewards`` ``[B]`` in ``[0, 1]``; ``group_index`` ``[B]`` int."""
+    R = rewards.detach().to(torch.float64)
+    if not bool(torch.isfinite(R).all()) or bool(((R < 0) | (R > 1)).any()):
+        raise ValueError("PACS: sequence rewards must lie in [0, 1] (the verifier's label); got "
+                         f"min {float(R.min()):.4g}, max {float(R.max()):.4g}")
+    tag = (group_index.to(torch.int64) % GROUP_TAGS).to(torch.float64)
+    value = (R + 2.0 * tag).to(torch.float32)
+    return value.unsqueeze(-1) * response_mask.to(torch.float32)
+
+
+def decode_tagged_advantages(advantages: torch.Tensor, response_mask: torch.Tensor, fix: str):
+    """Inverse of ``encode_tagged_advantages``: ``(rewards [B] fp64, tags [B] int64)``.
+
+    Raises ValueError (ending in ``fix``) when a row has no response token, when the value is
+    not constant over a row's response tokens, or when it is not of the encoded form."""
+    m = response_mask.bool()
+    if not bool(m.any(dim=-1).all()):
+        raise ValueError(f"PACS: a row has no response token, so its reward cannot be read; {fix}")
+    a = advantages.detach().to(torch.float64)
+    big = torch.finfo(torch.float64).max
+    hi = torch.where(m, a, -big).amax(dim=-1)
+    lo = torch.where(m, a, big).amin(dim=-1)
+    # fp32 storage of values < 32 is exact to 2**-19; allow that much spread
+    if bool(((hi - lo) > 4e-6).any()) or bool((lo < 0).any()) or bool((hi >= 2 * GROUP_TAGS).any()):
+        raise ValueError("PACS: the advantages are not the reward + group tag written by the "
+                         f"PACS advantage step (constant per row, in [0, {2 * GROUP_TAGS})); {fix}")
+    tags = torch.floor(hi / 2.0).clamp(max=GROUP_TAGS - 1)
+    rewards = (hi - 2.0 * tags).clamp(0.0, 1.0)
+    return rewards, tags.to(torch.int64)
+
+
+def pacs_metrics(terms: dict, rewards: torch.Tensor) -> dict[str, float]:
+    """psi / sigmoid(psi) statistics and their calibration against R (names as in
+    ``python -m pacs_fast.train``): ``pacs/psi_mean``, ``pacs/psi_std``, ``pacs/pred_reward_mean``,
+    ``pacs/brier``, ``pacs/calib_gap``, ``pacs/pred_reward_pos`` / ``_neg``, ``pacs/proxy_abs_mean``."""
+    psi = terms["score"].double()
+    pred = terms["pred_reward"].double()
+    R = rewards.detach().double()
+    out = {
+        "pacs/psi_mean": float(psi.mean()),
+        "pacs/psi_std": float(psi.std()) if psi.numel() > 1 else 0.0,
+        "pacs/pred_reward_mean": float(pred.mean()),
+        "pacs/brier": float(((pred - R) ** 2).mean()),
+        "pacs/calib_gap": float((pred.mean() - R.mean()).abs()),
+        "pacs/proxy_abs_mean": float(terms["proxy"].double().abs().mean()),
+    }
+    for label, name in ((1.0, "pos"), (0.0, "neg")):
+        sel = R == label
+        out[f"pacs/pred_reward_{name}"] = float(pred[sel].mean()) if bool(sel.any()) else float("nan")
+    return out

@@ -1,0 +1,331 @@
+"""PACS in TRL: ``PACSTrainer`` / ``PACSConfig``, drop-ins for ``GRPOTrainer`` / ``GRPOConfig``.
+
+    from pacs_fast.integrations.trl import PACSConfig, PACSTrainer
+    args = PACSConfig(output_dir="out", num_generations=8, per_device_train_batch_size=16)
+    trainer = PACSTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", reward_funcs=reward, args=args,
+                          train_dataset=dataset)
+    trainer.train()
+
+Written against trl 1.16.0 (``SUPPORTED_TRL``): it overrides GRPOTrainer's private methods
+``_generate_and_score_completions``, ``_calculate_rewards``, ``_prepare_inputs``,
+``_get_per_token_logps_and_entropies`` and ``_compute_loss``. What changes against GRPO:
+
+- Rewards: the raw reward ``R_i`` (sum of ``reward_weights * reward_funcs``, which must lie in
+  [0, 1]) travels with each completion as ``inputs["pacs_rewards"]``, its group as
+  ``inputs["pacs_group"]``; TRL's advantages are computed and logged but not used.
+- Groups: a group is the ``num_generations`` completions of one prompt. The generation batch is
+  shuffled by whole groups (TRL shuffles rows), and every micro-batch is checked to hold whole
+  groups (``per_device_train_batch_size`` must be a multiple of ``num_generations``, checked when
+  the config is built). A group never spans processes then.
+- Reference: the rollout policy (PACS ``ref="rollout"``): TRL's ``old_per_token_logps`` when it
+  computes them (several optimiser steps per generation, ``num_iterations > 1``, vLLM), else the
+  current log-probs detached (the same policy: no update since the rollout).
+- Log-probs: ``pacs_fast.linear_logprobs`` on the backbone's last hidden states (the
+  ``[B, T, V]`` logits never exist), at TRL's sampling ``temperature`` as TRL does.
+- Loss: ``pacs_fast.pacs_loss`` per micro-batch, divided by the gradient-accumulation steps. No
+  KL term: ``PACSConfig.beta`` is PACS's beta (the proxy scale, paper eq. 8; default 1.0), not
+  TRL's KL coefficient, and no reference model is loaded.
+- Metrics (TRL's logger): ``pacs/loss``, ``pacs/psi_mean``, ``pacs/psi_std``,
+  ``pacs/pred_reward_mean``, ``pacs/pred_reward_pos`` / ``_neg``, ``pacs/brier``,
+  ``pacs/calib_gap``, ``pacs/proxy_abs_mean``, plus TRL's reward / entropy metrics.
+
+Not supported (clear errors at config time): ``top_entropy_quantile < 1``,
+``off_policy_mask_threshold``, ``entropy_coef`` / ``use_adaptive_entropy``. vLLM's importance
+sampling ratio is not applied (the reference is the trainer's recomputed rollout log-probs, as in
+the paper's code). Vision-language inputs, MoE auxiliary losses and models whose LM head scales or
+soft-caps its logits use TRL's own fused LM head for the log-probs (still no ``[B, T, V]``
+logits); everything else in the loss is the same.
+"""
+from __future__ import annotations
+
+import types
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+try:
+    import trl
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("pacs_fast.integrations.trl needs TRL (tested with trl==1.16.0): "
+                      "pip install 'pacs_fast[trl]' 'torch==2.13.0'") from e
+
+from pacs_fast.algorithms.pacs import BACKENDS, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
+from pacs_fast.integrations._groups import check_whole_groups, pacs_metrics
+from pacs_fast.ops.linear_logprobs import linear_logprobs
+
+SUPPORTED_TRL = "1.16"
+
+__all__ = ["PACSConfig", "PACSTrainer", "SUPPORTED_TRL"]
+
+if not trl.__version__.startswith(SUPPORTED_TRL + "."):
+    warnings.warn(f"pacs_fast.integrations.trl was written for trl {SUPPORTED_TRL}.x and overrides "
+                  f"private GRPOTrainer methods; found trl {trl.__version__}", stacklevel=2)
+
+_GROUP_FIX = ("set per_device_train_batch_size (and per_device_eval_batch_size) to a multiple of "
+              "num_generations (num_generations_eval), and keep PACSTrainer's own batching")
+
+
+def check_group_settings(args) -> None:
+    """Raises ValueError naming the TRL arguments when micro-batches could split a group, or when
+    an option PACS does not support is set."""
+    G = args.num_generations
+    if args.per_device_train_batch_size % G:
+        raise ValueError(
+            f"PACS needs whole groups in every micro-batch: per_device_train_batch_size="
+            f"{args.per_device_train_batch_size} is not a multiple of num_generations={G} (a PACS "
+            f"score couples the {G} completions of a prompt); use e.g. "
+            f"per_device_train_batch_size={G * max(1, args.per_device_train_batch_size // G)}")
+    if args.score in ("rloo", "grpo") and G < 2:
+        raise ValueError(f"PACS score={args.score!r} needs num_generations >= 2, got {G}")
+    if args.eval_strategy != "no":
+        Ge = args.num_generations_eval or G
+        if args.per_device_eval_batch_size % Ge:
+            raise ValueError(f"PACS evaluation needs whole groups: per_device_eval_batch_size="
+                             f"{args.per_device_eval_batch_size} is not a multiple of "
+                             f"num_generations_eval={Ge}")
+        if args.score in ("rloo", "grpo") and Ge < 2:
+            raise ValueError(f"PACS score={args.score!r} needs num_generations_eval >= 2, got {Ge}")
+    if args.top_entropy_quantile < 1.0:
+        raise ValueError("PACS: top_entropy_quantile < 1 is not supported (the PACS loss is per sequence)")
+    if args.off_policy_mask_threshold is not None:
+        raise ValueError("PACS: off_policy_mask_threshold is not supported")
+    if args.entropy_coef != 0.0 or args.use_adaptive_entropy:
+        raise ValueError("PACS: entropy_coef / use_adaptive_entropy are not supported")
+
+
+@dataclass
+class PACSConfig(GRPOConfig):
+    """``GRPOConfig`` plus PACS's options; every GRPOConfig argument keeps its meaning, except
+    ``beta``, which is PACS's beta here (see the module docstring)."""
+
+    beta: float = field(default=1.0, metadata={"help": "PACS beta: scale of the reward proxy "
+                        "r_i = beta * sum_t (logp - logp_ref) (paper eq. 8). Not a KL coefficient: "
+                        "PACS has no KL term."})
+    score: str = field(default="rloo", metadata={"help": f"PACS score: one of {SCORES}."})
+    weight_mode: str = field(default="question", metadata={"help": f"PACS sample weights: one of {WEIGHT_MODES}."})
+    proxy: str = field(default="logratio", metadata={"help": f"PACS reward proxy: one of {PROXIES}."})
+    pacs_backend: str = field(default="torch", metadata={"help": "pacs_loss backend: torch, triton (fused "
+                              "kernel) or auto (fused on CUDA)."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name, options in (("score", SCORES), ("weight_mode", WEIGHT_MODES), ("proxy", PROXIES),
+                              ("pacs_backend", BACKENDS)):
+            if getattr(self, name) not in options:
+                raise ValueError(f"PACSConfig: {name} must be one of {options}, got {getattr(self, name)!r}")
+        check_group_settings(self)
+
+
+def _head_unsupported_reason(model) -> str | None:
+    """Why ``linear_logprobs`` cannot reproduce this model's logits (None when it can)."""
+    cfg = model.config.get_text_config()
+    if getattr(cfg, "final_logit_softcapping", None):
+        return "final_logit_softcapping"
+    for name in ("logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling"):
+        if getattr(cfg, name, None) not in (None, 1, 1.0):
+            return name
+    if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
+        return "no output embeddings"
+    return None
+
+
+def _add_pacs_head(model, temperature: float) -> None:
+    """Wraps ``model.forward`` (kept as is otherwise, so generation is unchanged):
+    ``model(input_ids=..., attention_mask=..., pacs_logits_to_keep=K, pacs_entropy=bool)`` returns
+    ``(logp [B, K] fp32, entropy [B, K] or None)`` of the last K tokens, from the backbone's last
+    hidden states through ``linear_logprobs``. Runs inside ``forward`` so that DDP / FSDP wrappers
+    see it as the module's forward."""
+    inner = model.forward
+
+    def forward(self, *args, pacs_logits_to_keep=None, pacs_entropy=False, **kwargs):
+        if pacs_logits_to_keep is None:
+            return inner(*args, **kwargs)
+        input_ids, attention_mask = kwargs["input_ids"], kwargs["attention_mask"]
+        kwargs["use_cache"] = False
+        hidden = self.base_model(*args, **kwargs).last_hidden_state
+        K = int(pacs_logits_to_keep)
+        # hidden state t predicts token t+1: the last K tokens come from positions -K-1 .. -2
+        h = hidden[:, -K - 1:-1]
+        labels = input_ids[:, -K:].masked_fill(attention_mask[:, -K:] == 0, -100)
+        head = self.get_output_embeddings()
+        weight, bias = head.weight, head.bias
+        if hasattr(weight, "full_tensor"):  # FSDP2 DTensor shards
+            weight = weight.full_tensor()
+            bias = None if bias is None else bias.full_tensor()
+        out = linear_logprobs(h.to(weight.device), weight, labels.to(weight.device), bias=bias,
+                              temperature=temperature, return_entropy=bool(pacs_entropy))
+        return out if pacs_entropy else (out, None)
+
+    model.forward = types.MethodType(forward, model)
+
+
+def _shuffle_whole_groups(batch: dict, group_size: int) -> dict:
+    """Shuffles the rows of a generation batch by whole groups (members stay contiguous and in
+    order); 0-d tensors and None pass through, lists are permuted like tensors."""
+    num_rows = batch["prompt_ids"].shape[0]
+    order = torch.randperm(num_rows // group_size)
+    perm = (order[:, None] * group_size + torch.arange(group_size)).reshape(-1)
+
+    def permute(v):
+        if v is None or (isinstance(v, torch.Tensor) and v.ndim == 0):
+            return v
+        if isinstance(v, torch.Tensor):
+            return v[perm.to(v.device)]
+        if isinstance(v, (list, tuple)) and len(v) == num_rows:
+            return [v[i] for i in perm.tolist()]
+        return v
+
+    return {k: permute(v) for k, v in batch.items()}
+
+
+class PACSTrainer(GRPOTrainer):
+    """``GRPOTrainer`` trained with the PACS loss; same constructor arguments. ``args`` must be a
+    ``PACSConfig`` (None builds one named after the model)."""
+
+    _tag_names = ["trl", "pacs"]
+    _name = "PACS"
+
+    def __init__(self, model, reward_funcs, args=None, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = PACSConfig(f"{name.split('/')[-1]}-PACS")
+        if not isinstance(args, PACSConfig):
+            raise TypeError(f"PACSTrainer needs args=PACSConfig(...), got {type(args).__name__}")
+        check_group_settings(args)
+        # TRL reads args.beta as a KL coefficient: hide PACS's beta during its constructor so that
+        # no reference model is loaded and no KL term is added (self.beta stays 0.0).
+        pacs_beta, args.beta = args.beta, 0.0
+        try:
+            super().__init__(model, reward_funcs, args=args, **kwargs)
+        finally:
+            args.beta = pacs_beta
+        self.pacs_beta = float(pacs_beta)
+        self._pacs_rewards_per_func = None
+        target = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        self._pacs_head_fallback = _head_unsupported_reason(target)
+        if self._pacs_head_fallback is None:
+            _add_pacs_head(target, self.temperature)
+        else:
+            warnings.warn(f"PACSTrainer: the model's LM head has {self._pacs_head_fallback}; log-probs "
+                          "come from TRL's fused LM head instead of pacs_fast.linear_logprobs", stacklevel=2)
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            warnings.warn("PACSTrainer: vLLM importance-sampling correction is not applied by the PACS "
+                          "loss; the reference is the trainer's recomputed rollout log-probs", stacklevel=2)
+
+    # ---------------------------------------------------------------- rollout: rewards and groups
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._pacs_rewards_per_func = rewards_per_func  # [all processes' rows, num funcs]
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        mode = "train" if self.model.training else "eval"
+        G = self.num_generations if mode == "train" else self.num_generations_eval
+        n = len(inputs)
+        if n % G:
+            raise ValueError(f"PACS: this process got {n} rows, not whole groups of {G}; {_GROUP_FIX}")
+        prompts = [x.get("prompt") for x in inputs]
+        for start in range(0, n, G):
+            if any(p != prompts[start] for p in prompts[start:start + G]):
+                raise ValueError(f"PACS: rows {start}..{start + G - 1} of the generation batch are not "
+                                 f"{G} copies of one prompt (TRL's RepeatSampler layout); {_GROUP_FIX}")
+        self._pacs_rewards_per_func = None
+        out = super()._generate_and_score_completions(inputs)
+        per_func = self._pacs_rewards_per_func
+        if per_func is None:
+            raise RuntimeError("PACS: TRL did not compute rewards through _calculate_rewards "
+                               f"(trl {trl.__version__}; supported {SUPPORTED_TRL}.x)")
+        if bool(torch.isnan(per_func).all(dim=1).any()):
+            raise ValueError("PACS needs a reward for every completion: every reward function returned "
+                             "None for some completion")
+        rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+        if bool(((rewards < 0) | (rewards > 1)).any()):
+            raise ValueError("PACS needs rewards in [0, 1] (the verifier's label): the weighted sum of "
+                             f"reward_funcs (reward_weights={self.reward_weights.tolist()}) gave values in "
+                             f"[{float(rewards.min()):.4g}, {float(rewards.max()):.4g}]")
+        first = self.accelerator.process_index * n
+        device = out["completion_ids"].device
+        out["pacs_rewards"] = rewards[first:first + n].to(device=device, dtype=torch.float32)
+        out["pacs_group"] = (torch.arange(first, first + n, device=device) // G)
+        return out
+
+    def _prepare_inputs(self, generation_batch):
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)  # eval: one batch, never shuffled
+        # GRPOTrainer's buffering, with a shuffle that keeps groups whole (TRL's shuffles rows)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:
+            batch = self._generate_and_score_completions(generation_batch)
+            batch = split_pixel_values_by_grid(batch)
+            batch = _shuffle_whole_groups(batch, self.num_generations)
+            chunks = split_tensor_dict(batch, self.args.steps_per_generation)
+            self._buffered_inputs = [unsplit_pixel_values_by_grid(c) for c in chunks]
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    # ---------------------------------------------------------------- log-probs without logits
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                           batch_size=None, compute_entropy=False,
+                                           compute_aux_loss=False, **multimodal):
+        if (self._pacs_head_fallback is not None or compute_aux_loss
+                or any(v is not None for v in multimodal.values())):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
+        batch_size = batch_size or input_ids.size(0)
+        logps, ents = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            sl = slice(start, start + batch_size)
+            with self.accelerator.autocast():
+                logp, ent = model(input_ids=input_ids[sl], attention_mask=attention_mask[sl],
+                                  pacs_logits_to_keep=logits_to_keep, pacs_entropy=compute_entropy)
+            logps.append(logp)
+            ents.append(ent)
+        entropies = torch.cat(ents, dim=0) if compute_entropy else None
+        return torch.cat(logps, dim=0), entropies, None
+
+    # ---------------------------------------------------------------- the loss
+
+    def pacs_loss(self, logp, logp_ref, mask, rewards, group_size: int):
+        """The PACS loss of one micro-batch: ``pacs_fast.pacs_loss(..., return_terms=True)`` with
+        this trainer's options. ``logp``/``logp_ref``/``mask`` ``[B, T]``, ``rewards`` ``[B]``."""
+        a = self.args
+        return pacs_loss(logp, logp_ref, mask, rewards, group_size=group_size, beta=self.pacs_beta,
+                         score=a.score, weight_mode=a.weight_mode, proxy=a.proxy, return_terms=True,
+                         backend=a.pacs_backend)
+
+    def _compute_loss(self, model, inputs):
+        mode = "train" if self.model.training else "eval"
+        G = self.num_generations if mode == "train" else self.num_generations_eval
+        check_whole_groups(inputs["pacs_group"], G, _GROUP_FIX)
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        multimodal = {k: inputs.get(k) for k in (
+            "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
+            "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")}
+        logp, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True, **multimodal)
+        old = inputs.get("old_per_token_logps")
+        logp_ref = logp.detach() if old is None else old
+        rewards = inputs["pacs_rewards"]
+        loss, terms = self.pacs_loss(logp, logp_ref, mask, rewards, G)
+
+        gather = self.accelerator.gather
+        all_terms = {k: gather(terms[k].float().contiguous()) for k in ("score", "pred_reward", "proxy")}
+        for key, value in pacs_metrics(all_terms, gather(rewards.float().contiguous())).items():
+            self._metrics[mode][key].append(value)
+        self._metrics[mode]["pacs/loss"].append(gather(loss.detach().float().reshape(1)).mean().item())
+        m = mask.float()
+        totals = self.accelerator.reduce(torch.stack([(entropies.detach() * m).sum(), m.sum()]), reduction="sum")
+        self._metrics[mode]["entropy"].append((totals[0] / totals[1].clamp(min=1.0)).item())
+
+        normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        return loss / normalizer

@@ -1,0 +1,199 @@
+"""PACSTrainer / PACSConfig (pacs_fast.integrations.trl) against the real TRL (trl 1.16.0).
+
+One 3-step PACS training on a tiny random Qwen2 model and the character tokenizer (CPU, no hub),
+with steps_per_generation=2 so that step 2 trains on the buffered half of a generation batch with
+TRL's old log-probs as the reference (a non-zero proxy), and steps 1 and 3 on fresh rollouts
+(reference = the current policy, proxy exactly 0).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("trl", reason="TRL not installed (pip install 'pacs_fast[trl]' 'torch==2.13.0')")
+datasets = pytest.importorskip("datasets")
+
+from pacs_fast.algorithms.pacs import pacs_loss  # noqa: E402
+from pacs_fast.data.tiny import build_char_tokenizer, tiny_qwen2_config  # noqa: E402
+
+G = 4            # num_generations
+MICRO = 8        # per_device_train_batch_size: 2 groups per micro-batch
+# fp32 log-prob sums over <= 8 tokens and an O(1) loss: fp32 rounding is ~1e-7 relative
+LOSS_TOL = 1e-5
+
+
+def _model_and_tokenizer(seed=0):
+    from transformers import Qwen2ForCausalLM
+
+    tok = build_char_tokenizer()
+    cfg = tiny_qwen2_config(-(-len(tok) // 64) * 64, hidden_size=64, num_layers=1, num_heads=2,
+                            num_kv_heads=1, intermediate_size=128)  # head size 32
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg)
+    gc = model.generation_config
+    gc.pad_token_id, gc.eos_token_id, gc.bos_token_id = tok.pad_token_id, tok.eos_token_id, tok.bos_token_id
+    return model, tok
+
+
+def _config(tmp, **kw):
+    from pacs_fast.integrations.trl import PACSConfig
+
+    base = dict(output_dir=str(tmp), per_device_train_batch_size=MICRO, num_generations=G,
+                steps_per_generation=2, max_completion_length=8, learning_rate=1e-2, max_steps=3,
+                logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=False, seed=0,
+                dataloader_num_workers=0, disable_tqdm=True)
+    base.update(kw)
+    return PACSConfig(**base)
+
+
+def _dataset():
+    return datasets.Dataset.from_list([{"prompt": f"{i}+{i + 1}="} for i in range(8)])
+
+
+def _parity_reward(completions, **_):
+    return [float(len(c) % 2 == 0) for c in completions]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from pacs_fast.integrations.trl import PACSTrainer
+
+    class Recording(PACSTrainer):
+        def _compute_loss(self, model, inputs):
+            self.seen_inputs.append({k: v for k, v in inputs.items()})
+            return super()._compute_loss(model, inputs)
+
+        def pacs_loss(self, logp, logp_ref, mask, rewards, group_size):
+            loss, terms = super().pacs_loss(logp, logp_ref, mask, rewards, group_size)
+            self.calls.append(dict(logp=logp.detach().clone(), logp_ref=logp_ref.detach().clone(),
+                                   mask=mask.detach().clone(), rewards=rewards.detach().clone(),
+                                   group_size=group_size, loss=float(loss.detach())))
+            return loss, terms
+
+    reward_calls = []
+
+    def reward(completions, **kw):
+        out = _parity_reward(completions)
+        reward_calls.append(out)
+        return out
+
+    model, tok = _model_and_tokenizer()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = Recording(model=model, reward_funcs=reward, args=_config(tmp_path_factory.mktemp("trl")),
+                        train_dataset=_dataset(), processing_class=tok)
+    trainer.calls, trainer.seen_inputs = [], []
+    trainer.train()
+    return trainer, before, reward_calls
+
+
+def test_config_rejects_split_groups(tmp_path):
+    with pytest.raises(ValueError, match=r"per_device_train_batch_size=6 is not a multiple of num_generations=4"):
+        _config(tmp_path, per_device_train_batch_size=6, steps_per_generation=2)
+
+
+def test_config_rejects_unknown_score(tmp_path):
+    with pytest.raises(ValueError, match="score must be one of"):
+        _config(tmp_path, score="rlooo")
+
+
+def test_three_steps_loss_finite_and_parameters_change(trained):
+    trainer, before, _ = trained
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert changed, "no parameter changed in 3 PACS steps"
+    for key in ("pacs/psi_std", "pacs/pred_reward_mean", "pacs/brier", "pacs/calib_gap", "entropy"):
+        assert all(key in r for r in trainer.state.log_history if "loss" in r), key
+
+
+def test_logged_loss_equals_pacs_loss_in_float64(trained):
+    trainer, _, _ = trained
+    logged = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    assert len(trainer.calls) == len(logged) == 3  # gradient_accumulation_steps=1: one call per step
+    for call, value in zip(trainer.calls, logged):
+        ref = pacs_loss(call["logp"].double(), call["logp_ref"].double(), call["mask"].double(),
+                        call["rewards"].double(), group_size=call["group_size"], beta=1.0)
+        assert abs(float(ref) - value) <= LOSS_TOL, (float(ref), value)
+    # steps 1 and 3 start a generation batch: reference = current policy, proxy 0, loss = log 2
+    # times the mean weight (1 with class-balanced weights); step 2 uses TRL's old log-probs
+    for i in (0, 2):
+        assert torch.equal(trainer.calls[i]["logp"], trainer.calls[i]["logp_ref"])
+    m = trainer.calls[1]["mask"].bool()
+    assert (trainer.calls[1]["logp"] - trainer.calls[1]["logp_ref"])[m].abs().max() > 1e-4
+    assert abs(logged[1] - math.log(2)) > 1e-4
+
+
+def test_rewards_and_groups_reach_the_loss(trained):
+    trainer, _, reward_calls = trained
+    assert len(reward_calls) == 2  # two generation batches of 16 completions
+    # the two micro-batches of generation 1 hold exactly its 16 raw 0/1 rewards
+    seen = torch.cat([trainer.calls[0]["rewards"], trainer.calls[1]["rewards"]]).tolist()
+    assert sorted(seen) == sorted(reward_calls[0])
+    for inputs in trainer.seen_inputs:
+        ids = inputs["prompt_ids"].reshape(-1, G, inputs["prompt_ids"].shape[1])
+        assert torch.equal(ids, ids[:, :1].expand_as(ids)), "a micro-batch group mixes prompts"
+        groups = inputs["pacs_group"].reshape(-1, G)
+        assert torch.equal(groups, groups[:, :1].expand_as(groups))
+
+
+def test_split_group_in_a_micro_batch_gives_a_clear_error(trained):
+    trainer, _, _ = trained
+    inputs = dict(trainer.seen_inputs[0])
+    perm = torch.arange(MICRO)
+    perm[[0, G]] = perm[[G, 0]]  # swap one row between the two groups
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor) and v.ndim >= 1 and v.shape[0] == MICRO:
+            inputs[k] = v[perm]
+    with pytest.raises(ValueError, match="per_device_train_batch_size"):
+        trainer._compute_loss(trainer.model, inputs)
+
+
+def test_generation_batch_not_in_groups_is_refused(trained):
+    trainer, _, _ = trained
+    rows = [{"prompt": "1+2="}] * (G - 1) + [{"prompt": "2+3="}]
+    with pytest.raises(ValueError, match="not 4 copies of one prompt"):
+        trainer._generate_and_score_completions(rows)
+
+
+def test_logprobs_equal_trl_fused_head(trained):
+    """pacs_fast.linear_logprobs on the hidden states vs TRL's own fused LM head (the parent
+    class's method), same model and batch; fp32 on both sides."""
+    from trl import GRPOTrainer
+
+    trainer, _, _ = trained
+    inputs = trainer.seen_inputs[1]
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    am = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    K = inputs["completion_ids"].shape[1]
+    with torch.no_grad():
+        ours, ent, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, am, K, compute_entropy=True)
+        theirs, ent_t, _ = GRPOTrainer._get_per_token_logps_and_entropies(trainer, trainer.model, ids, am, K,
+                                                                          compute_entropy=True)
+    m = inputs["completion_mask"].bool()
+    assert ours.shape == theirs.shape == m.shape
+    torch.testing.assert_close(ours[m], theirs[m], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent[m], ent_t[m], atol=1e-5, rtol=1e-5)
+    assert ours[~m].abs().max() == 0  # padding after EOS gives 0, as in TRL
+
+
+def test_rewards_outside_unit_interval_are_refused(tmp_path):
+    from pacs_fast.integrations.trl import PACSTrainer
+
+    model, tok = _model_and_tokenizer()
+    trainer = PACSTrainer(model=model, reward_funcs=lambda completions, **_: [2.0] * len(completions),
+                          args=_config(tmp_path, max_steps=1), train_dataset=_dataset(), processing_class=tok)
+    with pytest.raises(ValueError, match=r"rewards in \[0, 1\].*reward_weights"):
+        trainer.train()
+
+
+def test_pacs_beta_is_not_a_kl_coefficient(tmp_path):
+    from pacs_fast.integrations.trl import PACSTrainer
+
+    model, tok = _model_and_tokenizer()
+    args = _config(tmp_path, beta=0.5)
+    trainer = PACSTrainer(model=model, reward_funcs=_parity_reward, args=args, train_dataset=_dataset(),
+                          processing_class=tok)
+    assert trainer.beta == 0.0 and trainer.ref_model is None  # TRL adds no KL term, loads no reference
+    assert trainer.pacs_beta == 0.5 and args.beta == 0.5
