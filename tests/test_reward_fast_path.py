@@ -182,7 +182,7 @@ EDGE_CASES = [
     ("\\boxed{5}, then \\boxed{5}", "5", None),
     ("$\\boxed{5}$%", "5", None),                         # a percentage
     ("$\\boxed{5}$ percent", "5", None),
-    ("\\boxed{\u0661\u0662}", "12", None),                # Arabic-Indic digits: math-verify disagrees
+    ("\\boxed{\u0661\u0662}", "12", None),                # Arabic-Indic digits: the second try, on normalised text
     ("\\boxed{12}", "\u0661\u0662", None),
     ("\\boxed{1" + "0" * 30 + "}", "1" + "0" * 30, None),  # over the 30-digit cap
     ("\\boxed{- 5}", "-5", None),

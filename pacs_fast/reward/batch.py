@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Callable, Sequence
 
 from pacs_fast.reward.verifier import (DEFAULT_TIME_LIMIT, ERROR, NO_ANSWER, STATUSES, TIMEOUT,
-                                       _fast_integer_score, score_item, warm_up)
+                                       _fast_score, score_item, warm_up)
 
 
 @dataclass
@@ -244,7 +244,7 @@ class BatchScorer:
             else:
                 rest = []  # items the fast path does not decide, for the workers
                 for i, (r, a) in enumerate(zip(responses, answers)):
-                    item = _fast_integer_score(r, str(a)) if isinstance(r, str) else None
+                    item = _fast_score(r, str(a)) if isinstance(r, str) else None
                     if item is None:
                         rest.append(i)
                         continue

@@ -4,10 +4,27 @@ Reference semantics (PACS ``src/reward_function.py``, via ``math_verify.metric.m
 
 - the gold answer is wrapped in ``\\boxed{...}`` and parsed with ``LatexExtractionConfig()``;
 - the prediction is parsed from the whole response with
-  ``(ExprExtractionConfig(), LatexExtractionConfig())`` (math-verify picks the last ``\\boxed{}``,
-  then "final answer is ..." anchors, then plain expressions);
+  ``(ExprExtractionConfig(), LatexExtractionConfig())`` (math-verify takes "final answer is ..."
+  anchors first, then ``\\boxed{}``, then plain expressions);
 - the score is 1.0 when ``math_verify.verify(gold, pred, float_rounding=6)`` holds, else 0.0;
   any error or timeout scores 0.0.
+
+**Several boxed answers** are read as one answer: the set of their distinct contents (math-verify's
+rule, hence the PACS reference reward's). ``\\boxed{3} ... \\boxed{5}`` equals a gold ``3, 5`` or
+``\\{3, 5\\}`` but neither ``3`` nor ``5``; a repeated box counts once (``\\boxed{5} ... \\boxed{5}``
+is ``5``). So hedging between candidates earns nothing, a multi-part answer may be boxed in parts,
+and a response that boxes a wrong answer before the right one is scored wrong (it stated both).
+
+**Written forms normalised first** (:func:`normalize_math_text`, on the response and the gold,
+before math-verify, which misses them): ``\\boxed {x}`` (space) and ``\\fbox{x}`` are ``\\boxed{x}``;
+thin-space and other digit-group separators inside a number with groups of three digits
+(``1\\,000``, ``1{,}000``, ``1\\!000``, ``1\\;000``, ``1\\:000``, ``1\\ 000``, ``1~000``,
+``\\thinspace``, U+2009 / U+202F / U+00A0 / U+2008 and the Arabic thousands separator U+066C) are
+dropped, one kind of separator per number; non-ASCII decimal digits (Arabic-Indic, Persian,
+Devanagari, full-width, ...: Unicode category Nd) become ASCII digits, and the Arabic decimal
+separator U+066B and the full-width full stop U+FF0E between digits become ``.``. A plain space
+between digit groups is left alone (``1 000`` may be a list), as is a comma (math-verify reads
+``1,000`` itself).
 
 math-verify's own timeouts use ``signal.alarm`` with whole seconds and are swallowed inside the
 library, so here they are switched off and one wall-clock limit per item is enforced with
@@ -16,7 +33,7 @@ time in C code that no signal interrupts: :class:`pacs_fast.reward.BatchScorer` 
 items in worker processes and kills a worker that overruns. Use it for untrusted output at scale.
 
 Fast path: the common case -- an integer gold answer and a response whose only ``\\boxed{...}``
-holds a plain integer -- is decided by integer equality without math-verify (microseconds instead
+holds a plain integer (before or after the normalisation) -- is decided by integer equality without math-verify (microseconds instead
 of milliseconds, never imports sympy, linear time so it cannot hang). It fires only where
 math-verify provably extracts that boxed integer: exactly one ``\\boxed`` (directly followed by
 ``{``), no ``\\fbox``, no ``final answer ... is`` anchor anywhere (math-verify's only patterns that
@@ -31,6 +48,7 @@ import re
 import signal
 import threading
 import time
+import unicodedata
 from dataclasses import dataclass
 
 # Statuses of one scored item.
@@ -84,6 +102,41 @@ def _parse_gold(answer: str):
     return parse("\\boxed{" + answer + "}", gold_cfg, parsing_timeout=None)
 
 
+# -- normalisation of written forms math-verify misses ----------------------------------------------
+_BOX_RE = re.compile(r"\\(?:boxed[ \t\n\r]+|fbox[ \t\n\r]*)(?=\{)")
+# A digit-group separator: LaTeX spaces, {,}, Unicode thin / narrow / no-break / punctuation spaces,
+# the Arabic thousands separator. A number is 1-3 digits then groups of exactly 3, one separator kind.
+_SEP = (r"\\[,!;: ]|~|\{,\}|\\thinspace(?![A-Za-z])[ ]?|[\u2009\u202f\u00a0\u2008\u066c]")
+_GROUPED_RE = re.compile(r"(?<![0-9.,])([0-9]{1,3})(" + _SEP + r")([0-9]{3}(?:(?:" + _SEP + r")[0-9]{3})*)"
+                         r"(?![0-9]|,[0-9]|(?:" + _SEP + r")[0-9])")  # not followed by more digit groups
+_NON_ASCII_DIGIT_RE = re.compile(r"(?![0-9])\d")  # \d on str is Unicode category Nd
+_DECIMAL_SEP_RE = re.compile(r"(?<=[0-9])[\u066b\uff0e](?=[0-9])")
+
+
+def _ungroup(m: re.Match) -> str:
+    sep = m.group(2)
+    rest = m.group(3)
+    parts = re.split(_SEP, rest)
+    # the same separator throughout (1\,000\,000); a mix is left alone
+    if any(s != sep for s in re.findall(_SEP, rest)) or any(len(p) != 3 for p in parts):
+        return m.group(0)
+    return m.group(1) + "".join(parts)
+
+
+def normalize_math_text(text: str) -> str:
+    """Rewrites the written forms math-verify misses into ones it reads (module docstring):
+    ``\\boxed {x}`` / ``\\fbox{x}`` -> ``\\boxed{x}``, ``1\\,000`` (and other digit-group separators)
+    -> ``1000``, non-ASCII decimal digits -> ASCII. Idempotent; linear time."""
+    if not isinstance(text, str):
+        return text
+    if not text.isascii():
+        text = _NON_ASCII_DIGIT_RE.sub(lambda m: str(unicodedata.decimal(m.group(0))), text)
+        text = _DECIMAL_SEP_RE.sub(".", text)
+    if "\\boxed" in text or "\\fbox" in text:
+        text = _BOX_RE.sub(r"\\boxed", text)
+    return _GROUPED_RE.sub(_ungroup, text)
+
+
 # -- the fast path: integer gold, one boxed integer ------------------------------------------------
 # math-verify (0.9) parses the prediction with priority groups; the only patterns ranked above
 # ``\boxed`` (priority 0 and the non-boxed ones of priority 50) are anchored on "final answer" +
@@ -129,18 +182,32 @@ def _fast_integer_score(response: str, answer: str) -> ScoredItem | None:
     return ScoredItem(1.0 if int(m.group(1)) == int(gold) else 0.0, OK)
 
 
+def _fast_score(response: str, answer: str) -> ScoredItem | None:
+    """:func:`_fast_integer_score` on the text as written, else on the normalised text (exact both
+    ways: math-verify always sees the normalised text)."""
+    item = _fast_integer_score(response, answer)
+    if item is None and isinstance(response, str) and isinstance(answer, str):
+        item = _fast_integer_score(normalize_math_text(response), normalize_math_text(answer))
+    return item
+
+
 def _score_unlimited(response: str, answer: str) -> ScoredItem:
     """The reference comparison with no time limit (callers bound the time): the fast path when it
-    applies, else math-verify."""
+    applies (on the text as written, then on the normalised text), else math-verify."""
+    item = _fast_integer_score(response, answer)
+    if item is not None:
+        return item
+    response, answer = normalize_math_text(response), normalize_math_text(answer)
     item = _fast_integer_score(response, answer)
     return item if item is not None else _score_math_verify(response, answer)
 
 
 def _score_math_verify(response: str, answer: str) -> ScoredItem:
-    """The reference comparison through math-verify only, with no time limit."""
+    """The reference comparison through math-verify (after :func:`normalize_math_text`), no time limit."""
     from math_verify import parse, verify
 
     _quiet_math_verify()
+    response, answer = normalize_math_text(response), normalize_math_text(answer)
     try:
         gold = _parse_gold(answer)
     except ItemTimeout:
@@ -195,7 +262,7 @@ def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TI
     if not isinstance(response, str):
         return ScoredItem(0.0, ERROR)
     answer = str(answer)
-    fast = _fast_integer_score(response, answer)  # exact, microseconds: no import, no alarm
+    fast = _fast_score(response, answer)  # exact, microseconds: no import, no alarm
     if fast is not None:
         return fast
     warm_up()  # the one-time import cost, outside the time limit
@@ -248,6 +315,6 @@ def gold_parses(answer: str) -> bool:
     """True when the gold ``answer`` parses (the check every shipped benchmark passes)."""
     _quiet_math_verify()
     try:
-        return bool(_parse_gold(str(answer)))
+        return bool(_parse_gold(normalize_math_text(str(answer))))
     except Exception:
         return False

@@ -1,0 +1,131 @@
+"""Issue 17 item 16: written forms the verifier accepts when they equal the gold (and only then),
+and what several boxed answers mean (``pacs_fast/reward/verifier.py``'s docstring)."""
+import random
+import subprocess
+import sys
+
+import pytest
+
+from pacs_fast import reward
+from pacs_fast.reward import BatchScorer, gold_parses, math_reward
+from pacs_fast.reward.verifier import (_fast_integer_score, _fast_score, _score_math_verify, _score_unlimited,
+                                       normalize_math_text)
+
+# (response, gold): each was scored 0 on main cd61788 and is equivalent.
+ACCEPTED = [
+    ("\\boxed {12}", "12"),                                   # a space before the brace
+    ("so $\\boxed \n{12}$.", "12"),
+    ("\\fbox{12}", "12"),                                     # \fbox is a box
+    ("The answer is $\\fbox{\\frac{1}{2}}$", "0.5"),
+    ("\\boxed{1\\,000}", "1000"),                             # thin space between digit groups
+    ("\\boxed{1\\,000\\,000}", "1000000"),
+    ("\\boxed{12\\,345.5}", "12345.5"),
+    ("\\boxed{1\\;000}", "1000"), ("\\boxed{1\\:000}", "1000"), ("\\boxed{1\\ 000}", "1000"),
+    ("\\boxed{1~000}", "1000"), ("\\boxed{1\\thinspace 000}", "1000"),
+    ("\\boxed{1\u2009000}", "1000"), ("\\boxed{1\u202f000}", "1000"), ("\\boxed{1\u00a0000}", "1000"),
+    ("\\boxed{1000}", "1\\,000"),                             # the gold written that way
+    ("\\boxed{10\\,000}", "10,\\!000"),                       # MATH's own style of gold
+    ("\\boxed{\u0661\u0662}", "12"),                          # Arabic-Indic digits
+    ("\\boxed{\u06f1\u06f2}", "12"),                          # Persian (extended Arabic-Indic)
+    ("\\boxed{\u0967\u0968}", "12"),                          # Devanagari
+    ("\\boxed{\uff11\uff12}", "12"),                          # full-width
+    ("\\boxed{\u0663\u066b\u0665}", "3.5"),                   # Arabic decimal separator
+    ("\\boxed{\uff13\uff0e\uff15}", "3.5"),                   # full-width full stop
+    ("\\boxed{12}", "\u0661\u0662"),                          # non-ASCII digits in the gold
+    ("\\boxed{-\u0667}", "-7"),
+]
+
+REJECTED = [  # the same forms with a different value stay wrong
+    ("\\boxed {13}", "12"), ("\\fbox{13}", "12"), ("\\boxed{1\\,001}", "1000"), ("\\boxed{1\\,000}", "100"),
+    ("\\boxed{\u0661\u0663}", "12"), ("\\boxed{\uff11\uff13}", "12"), ("\\boxed{12}", "\u0661\u0663"),
+    ("\\boxed{1\\,00}", "100"),            # not groups of three: not a separator, left alone
+    ("\\boxed{1\\,000,000}", "1000000"),   # two kinds of separator in one number: left alone
+    ("\\boxed{1 000}", "1000"),            # a plain space may separate list items: left alone
+]
+
+
+@pytest.mark.parametrize("response,gold", ACCEPTED)
+def test_equivalent_written_forms_are_accepted(response, gold):
+    assert math_reward(response, gold) == 1.0
+    assert _score_math_verify(response, gold).score == 1.0  # the math-verify path too, not only a fast path
+
+
+@pytest.mark.parametrize("response,gold", REJECTED)
+def test_the_same_forms_with_another_value_are_rejected(response, gold):
+    assert math_reward(response, gold) == 0.0
+
+
+@pytest.mark.parametrize("response,gold,expected", [
+    ("\\boxed{3}. Wait, that is wrong: the answer is \\boxed{5}.", "5", 0.0),   # not the last box
+    ("\\boxed{3}. Wait, that is wrong: the answer is \\boxed{5}.", "3", 0.0),   # nor the first
+    ("\\boxed{3} or \\boxed{5}", "3, 5", 1.0),                                  # but the set of boxes
+    ("$\\boxed{3}$ and $\\boxed{5}$", "\\{3, 5\\}", 1.0),
+    ("\\boxed{x=3}, \\boxed{x=5}", "x=5, x=3", 1.0),
+    ("\\boxed{5}, so again \\boxed{5}", "5", 1.0),                               # a repeated box counts once
+    ("\\fbox{3} and \\boxed{5}", "3, 5", 1.0),                                  # \fbox is one of the boxes
+    ("\\fbox{3} and \\boxed{5}", "5", 0.0),
+    ("\\boxed {3} and \\boxed{5}", "3, 5", 1.0),
+])
+def test_several_boxes_are_one_answer_the_set_of_their_contents(response, gold, expected):
+    assert math_reward(response, gold) == expected
+    doc = reward.verifier.__doc__
+    assert "set of their distinct contents" in doc and "picks the last" not in doc
+
+
+def test_normalisation_is_idempotent_and_leaves_plain_text_alone(seed):
+    rng = random.Random(seed)
+    pieces = ["\\boxed {", "\\fbox{", "\\boxed{", "}", "1", "23", "456", "7890", "\\,", "{,}", "\\!", "~", "\\;",
+              ",", ".", " ", "\u2009", "\u0661", "\uff12", "\u066b", "x", "$", "\\thinspace", "\\thinspacex", "000"]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        once = normalize_math_text(text)
+        assert normalize_math_text(once) == once, (text, once)
+    plain = "Compute 3 + 4 = 7, then $\\frac{1}{2}$ of 1,000 is 500; \\boxed{500}."
+    assert normalize_math_text(plain) == plain
+
+
+def test_fast_path_on_normalised_text_agrees_with_math_verify(seed):
+    """The second fast-path try (on the normalised text) is as exact as the first: wherever it
+    decides, math-verify (which always sees the normalised text) agrees."""
+    rng = random.Random(seed)
+    fired = 0
+    for _ in range(400):
+        gold = rng.randint(0, 10**7)
+        value = gold if rng.random() < 0.5 else gold + rng.choice([1, -1, 1000])
+        digits = str(value)
+        if rng.random() < 0.4 and len(digits) > 3:  # group with one kind of separator
+            sep = rng.choice(["\\,", "{,}", "\\!", "~", "\u2009"])
+            head = len(digits) % 3 or 3
+            digits = digits[:head] + "".join(sep + digits[i:i + 3] for i in range(head, len(digits), 3))
+        if rng.random() < 0.3:
+            digits = "".join(chr(rng.choice([0x660, 0x6F0, 0x966, 0xFF10]) + int(c)) if c.isdigit() else c
+                             for c in digits)
+        box = rng.choice(["\\boxed {{{}}}", "\\fbox{{{}}}", "\\boxed{{{}}}", "$\\boxed\n{{{}}}$"]).format(digits)
+        response = rng.choice(["", "so ", "We get 1\\,000 and "]) + box + rng.choice(["", ".", " done"])
+        item = _fast_score(response, str(gold))
+        if item is None:
+            continue
+        fired += 1
+        assert item == _score_math_verify(response, str(gold)) == _score_unlimited(response, str(gold)), response
+    assert fired > 100
+
+
+def test_batch_scorer_accepts_the_forms_in_the_parent_and_in_workers():
+    responses = [r for r, _ in ACCEPTED] + [r for r, _ in REJECTED]
+    golds = [g for _, g in ACCEPTED] + [g for _, g in REJECTED]
+    expected = [1.0] * len(ACCEPTED) + [0.0] * len(REJECTED)
+    with BatchScorer(num_workers=1, time_limit=10.0) as scorer:
+        assert scorer.score(responses, golds).scores == expected
+    assert _fast_integer_score("\\boxed {12}", "12") is None and _fast_score("\\boxed {12}", "12").score == 1.0
+
+
+def test_gold_with_separators_or_foreign_digits_parses():
+    assert gold_parses("1\\,000") and gold_parses("\u0661\u0662") and gold_parses("10,\\!000")
+
+
+def test_normalised_fast_path_needs_no_math_verify_import():
+    code = ("import sys; from pacs_fast.reward.verifier import score_item; "
+            "assert score_item('\\\\boxed {12}', '12').score == 1.0; "
+            "assert score_item('\\\\fbox{\u0661\u0662}', '12').score == 1.0; "
+            "assert 'math_verify' not in sys.modules and 'sympy' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
