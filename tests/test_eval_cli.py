@@ -84,8 +84,9 @@ def test_end_to_end_tiny_model(model_dir, tmp_path, capsys):
     settings = json.loads((out / "run_config.json").read_text())
     assert settings["temperature"] == 0.6 and settings["n"] == {"toy": 2}
     # another run with other settings into the same folder is refused
-    with pytest.raises(SystemExit, match="temperature"):
-        ev.main(_run_args(model_dir, data, out, "--temperature", "1.0"))
+    capsys.readouterr()
+    assert ev.main(_run_args(model_dir, data, out, "--temperature", "1.0")) == 2
+    assert "temperature" in capsys.readouterr().err
 
 
 def test_resume_after_interruption(model_dir, dataset, tmp_path, monkeypatch):
@@ -139,14 +140,122 @@ def test_compare_two_results(tmp_path, capsys):
     assert table[2].startswith("| base |") and table[3].startswith("| pacs |")
     assert f"**{100 * _hand_pass_at_k(4, [2, 3, 4], 1):.2f}**" in table[3]
     assert png.stat().st_size > 1000
-    with pytest.raises(SystemExit, match="labels"):
-        ev.main(["compare", *map(str, files), "--out", str(png), "--labels", "a"])
+    capsys.readouterr()
+    assert ev.main(["compare", *map(str, files), "--out", str(png), "--labels", "a"]) == 2
+    assert "labels" in capsys.readouterr().err
 
 
-def test_bad_arguments(tmp_path):
-    with pytest.raises(SystemExit):
-        ev.main(["--model", "m", "--n", "0"])
-    with pytest.raises(SystemExit, match="unknown benchmark"):
-        ev.main(["--model", "m", "--benchmarks", "aime1999", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="no samples"):
-        ev.main(["report", "--out", str(tmp_path)])
+def _one_line_error(capsys, *needles):
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if the eval CLI gets as far as building an engine (loading the model)."""
+    def refuse(args):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(ev, "_make_engine", refuse)
+
+
+def test_bad_arguments(model_dir, tmp_path, capsys, no_model_load):
+    assert ev.main(["--model", "m", "--n", "0"]) == 2
+    _one_line_error(capsys, "--n")
+    assert ev.main(["--model", str(model_dir), "--benchmarks", "aime1999", "--out", str(tmp_path)]) == 2
+    _one_line_error(capsys, "unknown benchmark", "aime1999")
+    assert ev.main(["report", "--out", str(tmp_path)]) == 2
+    _one_line_error(capsys, "no samples")
+
+
+def test_k_larger_than_n_is_an_error_naming_both(model_dir, dataset, tmp_path, capsys, no_model_load):
+    """Issue 17 item 7: ``--k 8 --n 2`` used to drop pass@8 silently."""
+    assert ev.main(_run_args(model_dir, dataset, tmp_path / "run", "--k", "1,8")) == 2
+    _one_line_error(capsys, "--k 8", "--n 2")
+    assert not (tmp_path / "run").exists()
+    # report: k against the n recorded in the samples
+    rec = {"benchmark": "toy", "index": 0, "id": "0", "answer": "1", "n": 2, "scores": [1.0, 0.0]}
+    (tmp_path / "samples_toy.jsonl").write_text(json.dumps(rec) + "\n")
+    assert ev.main(["report", "--out", str(tmp_path), "--k", "4"]) == 2
+    _one_line_error(capsys, "--k 4", "--n 2")
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--temperature", "-0.5"), ("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "0"),
+    ("--top-p", "1.5"), ("--top-p", "nan"), ("--max-tokens", "0"), ("--seed", "-1"), ("--batch-size", "0"),
+    ("--samples-per-call", "0"), ("--limit", "0"), ("--time-limit", "0"), ("--time-limit", "nan"),
+    ("--gpu-memory-utilization", "1.5"), ("--max-model-len", "0"), ("--scorer-workers", "-1"),
+    ("--attention", "bogus"), ("--engine", "bogus"), ("--n", "toy=0"), ("--k", "0"), ("--n", "other=2"),
+])
+def test_every_argument_is_checked_before_the_model_loads(model_dir, dataset, tmp_path, capsys, no_model_load,
+                                                           flag, value):
+    assert ev.main([*_run_args(model_dir, dataset, tmp_path / "run"), flag, value]) == 2  # the last --n wins
+    _one_line_error(capsys, flag)
+
+
+def test_model_must_be_a_model_folder(dataset, tmp_path, capsys, no_model_load):
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"x")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for model, needle in ((weights, "is a file"), (empty, "config.json"), (tmp_path / "nowhere" / "x" / "y", "no such")):
+        assert ev.main(["--model", str(model), "--benchmarks", str(dataset), "--out", str(tmp_path / "o")]) == 2
+        _one_line_error(capsys, str(model), needle)
+
+
+def test_non_utf8_benchmark_file_is_named(model_dir, tmp_path, capsys, no_model_load):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(json.dumps({"problem": "caf\u00e9 1+1=", "answer": "2"}).replace("\\u00e9", "\u00e9")
+                    .encode("latin-1") + b"\n")
+    assert b"\xe9" in bad.read_bytes()
+    assert ev.main(_run_args(model_dir, bad, tmp_path / "run")) == 2
+    _one_line_error(capsys, str(bad), "UTF-8")
+
+
+def test_empty_benchmark_is_an_error(model_dir, tmp_path, capsys, no_model_load):
+    """Issue 17 item 7: an empty benchmark used to exit 0 with empty results."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    out = tmp_path / "run"
+    assert ev.main(_run_args(model_dir, empty, out)) == 2
+    _one_line_error(capsys, "empty", "no problems")
+    assert not (out / "results.json").exists()
+    out.mkdir()
+    (out / "samples_toy.jsonl").write_text("")
+    assert ev.main(["report", "--out", str(out)]) == 2
+    _one_line_error(capsys, "no problem records")
+
+
+def test_debug_shows_the_traceback(model_dir, dataset, tmp_path, no_model_load):
+    with pytest.raises(ev.UsageError, match="--k 8"):
+        ev.main([*_run_args(model_dir, dataset, tmp_path / "run"), "--k", "8", "--debug"])
+
+
+def test_unreadable_files_are_named(tmp_path, capsys):
+    bad = tmp_path / "results.json"
+    bad.write_bytes(b"\xff\xfe{")
+    assert ev.main(["compare", str(bad), "--out", str(tmp_path / "p.png")]) == 2
+    _one_line_error(capsys, str(bad))
+    (tmp_path / "run_config.json").write_text("{cut")
+    (tmp_path / "samples_toy.jsonl").write_text(json.dumps({"index": 0, "n": 1, "scores": [1.0]}) + "\n")
+    assert ev.main(["report", "--out", str(tmp_path)]) == 2
+    _one_line_error(capsys, "run_config.json")
+
+
+def test_samples_keep_the_prompt_next_to_the_responses(model_dir, tmp_path):
+    """Issue 17 item 13 (eval part): each problem record holds the exact prompt text."""
+    from transformers import AutoTokenizer
+
+    from pacs_fast.data.prompts import build_prompt
+
+    rows = [{"id": "a", "problem": "3+4=", "answer": "7"}]
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps(rows[0]) + "\n")
+    out = tmp_path / "run"
+    assert ev.main(_run_args(model_dir, data, out, "--scorer-workers", "0")) == 0
+    rec = read_samples(out / "samples_one.jsonl")[0]
+    assert rec["prompt"] == build_prompt(AutoTokenizer.from_pretrained(model_dir), "3+4=")
+    assert "3+4=" in rec["prompt"] and len(rec["responses"]) == 2

@@ -1,6 +1,7 @@
 """The pass@k table (the paper's layout) and the pass@k curves plot."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,12 @@ def plot_pass_at_k(results: list[dict[str, Any]], path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:  # written whole, then renamed over the old plot
+        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if tmp.exists():
+            tmp.unlink()
     return path

@@ -1,9 +1,11 @@
 """Samples files and pass@k results.
 
 A run directory holds one samples file per benchmark, ``samples_<benchmark>.jsonl``, with one
-line per problem, appended as soon as the problem's samples are generated and scored::
+line per problem, appended as soon as the problem's samples are generated and scored; ``prompt`` is
+the exact text the model continued (chat template included), ``responses`` what it wrote::
 
-    {"benchmark": "amc23", "index": 0, "id": "0", "answer": "27", "n": 512,
+    {"benchmark": "amc23", "index": 0, "id": "0", "answer": "27",
+     "prompt": "<|im_start|>system\nYou are a helpful assistant.<|im_end|>...", "n": 512,
      "num_correct": 311, "scores": [1.0, 0.0, ...], "statuses": ["ok", "no_answer", ...],
      "finish_reasons": ["stop", "length", ...], "num_tokens": [812, 4096, ...],
      "responses": ["...", ...]}
@@ -161,8 +163,11 @@ def recompute_pass_at_k(benchmark_result: dict[str, Any], ks: list[int]) -> dict
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        res = json.load(f)
-    if "benchmarks" not in res:
+    """A ``results.json``; a ValueError names the file when it is not UTF-8, not JSON or not results."""
+    try:
+        res = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable results file ({e})") from None
+    if not isinstance(res, dict) or "benchmarks" not in res:
         raise ValueError(f"{path}: not a pacs_fast results file (no 'benchmarks' key)")
     return res

