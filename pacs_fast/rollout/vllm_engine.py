@@ -12,6 +12,13 @@
   temperature-1 distribution *before* temperature, top-p and any penalties (the base contract;
   other ``logprobs_mode`` values are refused). :meth:`VLLMEngine.score` gives teacher-forced
   log-probs of given sequences (``prompt_logprobs``) for a vLLM-vs-learner mismatch check.
+- **padded vocabulary rows** (an LM head with more rows than the tokenizer has ids, as every Qwen
+  checkpoint): a forward hook on the worker's ``LogitsProcessor`` sets the logits of ids
+  ``>= len(tokenizer)`` to -inf, so they are never sampled (greedy included) and the raw log-probs
+  (and :meth:`~VLLMEngine.score`) are those of the distribution over the real ids. vLLM's own
+  ``allowed_token_ids`` is not used for this: its raw log-probs are taken before that mask applies,
+  and a list of ~150k ids per request costs more (bench/bench_padded_vocab.py); it is only the
+  fallback for a model without a ``LogitsProcessor`` (log-probs then unmasked, with a warning).
 - **weight sync** without a restart: checked names / shapes (see
   :mod:`pacs_fast.rollout.weight_sync`), then one ``collective_rpc("reload_weights",
   weights_iterator=bucket)`` per bucket of whole transformer blocks (``sync_bucket_bytes``), then
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import gc
 import logging
 import os
@@ -74,6 +82,29 @@ def _refresh_tied_lm_heads(worker) -> int:
             m.quant_method.process_weights_after_loading(m)
             count += 1
     return count
+
+
+def _mask_padded_rows(worker, vocab_size: int) -> int:
+    """Runs inside the vLLM worker: hooks every ``LogitsProcessor`` so that logits of ids
+    ``>= vocab_size`` are -inf (before vLLM's raw log-probs, sampling and prompt log-probs).
+    Returns how many were hooked (again on a second call: the old hook is replaced)."""
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    count = 0
+    for m in worker.model_runner.get_model().modules():
+        if isinstance(m, LogitsProcessor):
+            old = getattr(m, "_pacs_fast_vocab_hook", None)
+            if old is not None:
+                old.remove()
+            m._pacs_fast_vocab_hook = m.register_forward_hook(functools.partial(_fill_padded_rows, vocab_size))
+            count += 1
+    return count
+
+
+def _fill_padded_rows(vocab_size: int, module, args, logits):
+    if logits is not None and logits.shape[-1] > vocab_size:  # None: a tensor-parallel rank without logits
+        logits[..., vocab_size:] = float("-inf")
+    return logits
 
 
 # vLLM's in-place reload warns about every layer a call does not load: with buckets (or a subset
@@ -141,13 +172,16 @@ class VLLMEngine(RolloutEngine):
         sync_bucket_bytes: bytes (in the engine dtype) per ``reload_weights`` call.
         cpu_kv_cache_bytes: KV cache size on CPU (unless ``kv_cache_memory_bytes`` or the
             ``VLLM_CPU_KVCACHE_SPACE`` variable is given).
+        vocab_size: real token ids (default: ``len`` of the model folder's tokenizer); LM-head rows
+            from there on are padding, masked (see the module docstring).
         **llm_kwargs: passed to ``vllm.LLM`` (``tensor_parallel_size``, ``enable_prefix_caching``...).
     """
 
     def __init__(self, model_path, *, seed: int = 0, dtype: str | None = None,
                  gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
                  enable_sleep_mode: bool | str = "auto", sleep_level: int = 1,
-                 sync_bucket_bytes: int = 512 << 20, cpu_kv_cache_bytes: int = 1 << 30, **llm_kwargs):
+                 sync_bucket_bytes: int = 512 << 20, cpu_kv_cache_bytes: int = 1 << 30,
+                 vocab_size: int | None = None, **llm_kwargs):
         cuda = torch.cuda.is_available()
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
@@ -182,12 +216,36 @@ class VLLMEngine(RolloutEngine):
         self.max_model_len: int = config.max_model_len
         self.in_process = isinstance(self._llm.llm_engine.engine_core, InprocClient)
         self.on_cpu = current_platform.is_cpu()
+        self.vocab_size, self._allowed_ids = self._mask_padded_vocab(vocab_size, config.get_vocab_size())
         self._asleep: set[str] = set()
         self._dead: str | None = None
         self._spec: WeightSpec | None = None
         self.last_sync: dict | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _mask_padded_vocab(self, vocab_size: int | None, rows: int) -> tuple[int | None, list[int] | None]:
+        """Masks LM-head rows ``>= vocab_size`` (default ``len(tokenizer)``) in the engine. Returns
+        the real vocabulary size (None: no padded rows) and, only where no logits hook could be
+        installed, the ``allowed_token_ids`` list every request must carry instead."""
+        if vocab_size is None:
+            try:
+                vocab_size = len(self._llm.get_tokenizer())
+            except Exception as e:  # e.g. skip_tokenizer_init=True
+                logging.getLogger(__name__).warning(
+                    "VLLMEngine: no tokenizer (%s): padded vocabulary rows are not masked; pass vocab_size", e)
+                return None, None
+        if int(vocab_size) < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        if int(vocab_size) >= rows:
+            return None, None
+        vocab_size = int(vocab_size)
+        if all(self._llm.collective_rpc(_mask_padded_rows, args=(vocab_size,))):
+            return vocab_size, None
+        logging.getLogger(__name__).warning(
+            "VLLMEngine: no LogitsProcessor to hook in %s: padded rows are excluded with allowed_token_ids; "
+            "the reported log-probs are those of the unmasked distribution", self.model_path)
+        return vocab_size, list(range(vocab_size))
+
     @property
     def llm(self):
         """The underlying ``vllm.LLM``."""
@@ -229,7 +287,7 @@ class VLLMEngine(RolloutEngine):
                 n=1 if greedy else params.n, temperature=float(params.temperature), top_p=float(params.top_p),
                 max_tokens=params.max_new_tokens,
                 seed=None if params.seed is None else int(params.seed) + i * params.n,
-                logprobs=0 if params.return_logprobs else None)
+                logprobs=0 if params.return_logprobs else None, allowed_token_ids=self._allowed_ids)
             for i in range(len(prompts))
         ]
         outputs = self._llm.generate([vllm.TokensPrompt(prompt_token_ids=p) for p in prompts], sampling,
