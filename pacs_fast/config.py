@@ -113,6 +113,12 @@ class AlgoConfig:
     vf_coef: float = _f(0.5, "ppo: value-loss coefficient")
     value_clip: float = _f(0.2, "ppo: value clipping range (0 = off)")
     entropy_coef: float = _f(0.0, "entropy bonus coefficient (all algorithms)")
+    noise_correction: str = _f("none", "noisy verifier: none | backward (unbiased surrogate label (R - rho0)/(1-rho0-rho1)) "
+                               "| forward (baselines: rewards rho1 / rho1-1; pacs: BCE through the noise channel); "
+                               "docs/EFFICACY.md")
+    noise_rho0: float = _f(0.0, "noisy verifier: false-positive rate assumed by algo.noise_correction")
+    noise_rho1: float = _f(0.0, "noisy verifier: false-negative rate assumed by algo.noise_correction (updated each "
+                           "step when reward.fn_rate=appeal)")
 
 
 @dataclass
@@ -156,6 +162,17 @@ class TrainConfig:
 
 
 @dataclass
+class RewardConfig:
+    noise_fp: float = _f(0.0, "experiments: flip a wrong answer's reward 0 -> 1 with this probability (training "
+                         "rewards only; seeded by train.seed and the step)")
+    noise_fn: float = _f(0.0, "experiments: flip a right answer's reward 1 -> 0 with this probability")
+    appeal: str = _f("", "'module:function' (texts, answers) -> list of bool: a second, more lenient check of the "
+                     "responses the verifier rejected (the 'appeal'); empty = none")
+    fn_rate: str = _f("fixed", "fixed (algo.noise_rho1 as given) | appeal (estimate the false-negative rate online "
+                      "from the appeal and write it into algo.noise_rho1 every step)")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -164,6 +181,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
 
 # --------------------------------------------------------------------------- dict <-> config
@@ -467,6 +485,32 @@ def _validate_paths(cfg: Config) -> None:
         raise ValueError(f"train.run_name {name!r} must be a plain folder name (no '/', '\\\\', no leading '.')")
 
 
+def _validate_efficacy(cfg: Config) -> None:
+    """The built-in task's family, the warm-up seed, label noise and its corrections."""
+    if not 2 <= cfg.data.arith_terms <= 4:
+        raise ValueError(f"data.arith_terms must be in 2..4, got {cfg.data.arith_terms}")
+    if cfg.warmup.seed < -1:
+        raise ValueError(f"warmup.seed must be >= 0 (or -1 = train.seed), got {cfg.warmup.seed}")
+    _choice("algo.noise_correction", cfg.algo.noise_correction, ("none", "backward", "forward"))
+    _choice("reward.fn_rate", cfg.reward.fn_rate, ("fixed", "appeal"))
+    for key in ("reward.noise_fp", "reward.noise_fn", "algo.noise_rho0", "algo.noise_rho1"):
+        s, k = key.split(".")
+        v = getattr(getattr(cfg, s), k)
+        if not 0.0 <= v < 1.0:
+            raise ValueError(f"{key} must be in [0, 1), got {v}")
+    for a, b in (("reward.noise_fp", "reward.noise_fn"), ("algo.noise_rho0", "algo.noise_rho1")):
+        va, vb = (getattr(getattr(cfg, x.split(".")[0]), x.split(".")[1]) for x in (a, b))
+        if va + vb >= 1.0:
+            raise ValueError(f"{a} + {b} must be < 1 (got {va} + {vb}): the labels would carry no signal")
+    if cfg.reward.fn_rate == "appeal" and not cfg.reward.appeal:
+        raise ValueError("reward.fn_rate=appeal needs reward.appeal='module:function' (the lenient second check)")
+    if cfg.reward.appeal and ":" not in cfg.reward.appeal:
+        raise ValueError(f"reward.appeal must look like 'module:function', got {cfg.reward.appeal!r}")
+    if cfg.algo.noise_correction != "none" and cfg.algo.name == "ppo":
+        raise ValueError("algo.noise_correction applies to pacs, grpo, rloo and dr_grpo (ppo's rewards go "
+                         "through GAE; not supported)")
+
+
 def validate(cfg: Config, *, world: int | None = None) -> None:
     """Rejects impossible settings with a ValueError naming the key. Checks files exist, not their content.
 
@@ -518,6 +562,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if cfg.algo.ref == "fixed" and name != "pacs":
         raise ValueError("algo.ref applies to algo.name=pacs; baselines use algo.kl_coef for a fixed reference")
     _validate_paths(cfg)
+    _validate_efficacy(cfg)
     if cfg.data.dataset == "arithmetic":
         if not 1 <= cfg.data.arith_max_digits <= 9:
             raise ValueError(f"data.arith_max_digits must be in 1..9, got {cfg.data.arith_max_digits}")

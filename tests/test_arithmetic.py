@@ -36,6 +36,20 @@ def test_verifier_accepts_reference_and_rejects_wrong(seed):
     assert math_reward(f"\\boxed{{{int(p['answer']) + 1}}}", p["answer"]) == 0.0
 
 
+def test_two_step_problems(seed):
+    from pacs_fast.data.arithmetic import evaluate_expression
+    train, held = arithmetic_splits(200, 30, seed=seed, max_digits=2, ops="+-*", terms=3)
+    assert not {p["id"] for p in train} & {p["id"] for p in held}
+    for p in train + held:
+        # Python's own arithmetic (same precedence) is the reference; only digits and + - * occur
+        assert set(p["problem"]) <= set("0123456789+-*")
+        assert int(p["answer"]) == eval(p["problem"])  # noqa: S307
+        assert sum(p["problem"].count(o) for o in "+-*") == 2
+    assert evaluate_expression([2, 3, 4], ["+", "*"]) == 14 and evaluate_expression([9, 3, 4], ["-", "-"]) == 2
+    small_train, small_held = arithmetic_splits(10_000, 10, seed=seed, max_digits=1, ops="+", terms=3)
+    assert len(small_train) + len(small_held) == 1000  # every 1-digit a+b+c, each once
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="ops"):
         arithmetic_splits(10, 2, ops="/")
@@ -43,3 +57,5 @@ def test_bad_arguments():
         arithmetic_splits(10, 2, max_digits=0)
     with pytest.raises(ValueError, match="eval_size"):
         arithmetic_splits(10, 100, max_digits=1, ops="+")
+    with pytest.raises(ValueError, match="terms"):
+        arithmetic_splits(10, 2, terms=5)

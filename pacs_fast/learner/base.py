@@ -274,8 +274,15 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
     metrics: dict[str, torch.Tensor] = {}
     if algo.name == "pacs":
         ref = micro.ref_logp if algo.proxy == "logratio" else None
-        loss, terms = pacs_loss(logp, ref, mask, micro.rewards, group_size=micro.group_size, beta=algo.beta,
-                                score=algo.score, weight_mode=algo.weight, proxy=algo.proxy, return_terms=True)
+        correction = getattr(algo, "noise_correction", "none")
+        if correction != "none":  # noisy verifier: corrected BCE (pacs_fast/algorithms/noisy_labels.py)
+            from pacs_fast.algorithms.noisy_labels import pacs_loss_noisy
+            loss, terms = pacs_loss_noisy(logp, ref, mask, micro.rewards, group_size=micro.group_size,
+                                          correction=correction, rho0=algo.noise_rho0, rho1=algo.noise_rho1,
+                                          beta=algo.beta, score=algo.score, weight_mode=algo.weight, proxy=algo.proxy)
+        else:
+            loss, terms = pacs_loss(logp, ref, mask, micro.rewards, group_size=micro.group_size, beta=algo.beta,
+                                    score=algo.score, weight_mode=algo.weight, proxy=algo.proxy, return_terms=True)
         loss = loss * (micro.num_rows / counts["rows"])
         metrics.update(psi=terms["score"], pred_reward=terms["pred_reward"], proxy=terms["proxy"],
                        weight=terms["weight"])
@@ -291,7 +298,11 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
             loss = loss + algo.vf_coef * vloss
             pm.update(vm)
         else:
-            loss, pm = grpo_loss(logp, micro.old_logp, mask, micro.rewards, group_size=micro.group_size,
+            rewards = micro.rewards
+            if getattr(algo, "noise_correction", "none") != "none":  # noisy verifier (algorithms/noisy_labels.py)
+                from pacs_fast.algorithms.noisy_labels import corrected_rewards
+                rewards = corrected_rewards(rewards, algo.noise_correction, algo.noise_rho0, algo.noise_rho1)
+            loss, pm = grpo_loss(logp, micro.old_logp, mask, rewards, group_size=micro.group_size,
                                  advantage=algo.name, **kw)
         # policy_loss' ratios are per micro-batch means: weight them by the micro-batch's share.
         share = float(mask.sum()) / max(counts["tokens"], 1.0)

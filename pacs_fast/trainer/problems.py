@@ -15,8 +15,11 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
     built-in task, whose prompt format is its own). Errors on bad files come here, before any work."""
     if cfg.data.dataset == "arithmetic":
         from pacs_fast.data.arithmetic import arithmetic_splits
-        return arithmetic_splits(cfg.data.arith_train_size, cfg.data.eval_size, seed=cfg.train.seed,
-                                 max_digits=cfg.data.arith_max_digits, ops=cfg.data.arith_ops)
+        # The problem set is fixed by data.arith_seed (not train.seed): runs with different seeds
+        # train and are evaluated on the same problems, so their results pair up.
+        return arithmetic_splits(cfg.data.arith_train_size, cfg.data.eval_size, seed=cfg.data.arith_seed,
+                                 max_digits=cfg.data.arith_max_digits, ops=cfg.data.arith_ops,
+                                 terms=cfg.data.arith_terms)
     from pacs_fast.data.datasets import load_dataset
 
     def load(path):

@@ -1,5 +1,50 @@
-"""Verifier rewards for the trainer: the batch scorer, memoised."""
+"""Verifier rewards for the trainer: the batch scorer, memoised; for experiments with an imperfect
+verifier, label flips at given rates and an online false-negative-rate estimate from an "appeal".
+
+Label noise (``reward.noise_fp`` / ``reward.noise_fn``): training rewards (calls with a ``step``)
+are flipped 0 -> 1 with probability ``noise_fp`` and 1 -> 0 with ``noise_fn``, independently per
+response, by a generator seeded with ``(train.seed, step)``: the same step flips the same
+responses, so a resumed run sees the same labels. Evaluation (``step=None``) is always clean.
+
+Appeal (``reward.appeal = "module:function"``, called as ``function(texts, answers) -> [bool]``):
+a second, more lenient check of the responses labelled 0. With a verifier that has (next to) no
+false positives, the false-negative rate is ``rho1 = P(R~=0 | R=1) = n_overturned / (n_pos +
+n_overturned)``, counted over all training steps so far (:attr:`Scorer.fn_rate`). With
+``reward.fn_rate=appeal`` it is written into ``algo.noise_rho1`` after every training call, so the
+learner's correction (``algo.noise_correction``) uses it on that step's batch. The appeal only
+estimates the rate; the labels the learner sees stay the verifier's.
+"""
 from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+
+def load_appeal(spec: str):
+    """The callable named by ``"module:function"`` (clear error when it cannot be imported)."""
+    module, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"reward.appeal={spec!r} cannot be loaded: {e}") from e
+    if not callable(fn):
+        raise ValueError(f"reward.appeal={spec!r} is not callable")
+    return fn
+
+
+def flip_labels(rewards: list[float], *, fp: float, fn: float, seed: int, step: int) -> list[float]:
+    """``rewards`` (0/1) with each 0 turned into 1 with probability ``fp`` and each 1 into 0 with
+    probability ``fn``; deterministic in ``(seed, step)`` and the order of the rewards."""
+    if not fp and not fn:
+        return list(rewards)
+    u = np.random.default_rng([int(seed) % 2**63, int(step), 0xF11B]).random(len(rewards))
+    out = []
+    for r, x in zip(rewards, u):
+        pos = r > 0.5
+        flip = x < (fn if pos else fp)
+        out.append(float(pos != flip))
+    return out
 
 
 class Scorer:
@@ -7,16 +52,27 @@ class Scorer:
 
     @classmethod
     def from_config(cls, cfg) -> "Scorer":
-        """The scorer a run's config asks for (``train.reward_workers``)."""
-        return cls(cfg.train.reward_workers)
+        """The scorer a run's config asks for (``train.reward_workers``, the ``reward`` section)."""
+        rc = getattr(cfg, "reward", None)
+        if rc is None:
+            return cls(cfg.train.reward_workers)
+        return cls(cfg.train.reward_workers, noise_fp=rc.noise_fp, noise_fn=rc.noise_fn, seed=cfg.train.seed,
+                   appeal=load_appeal(rc.appeal) if rc.appeal else None,
+                   algo=cfg.algo if rc.fn_rate == "appeal" else None)
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, *, noise_fp: float = 0.0, noise_fn: float = 0.0, seed: int = 0,
+                 appeal=None, algo=None):
         from pacs_fast.reward import BatchScorer
         self.batch = BatchScorer(num_workers=workers)
         self.memo: dict[tuple[str, str], float] = {}
+        self.noise_fp, self.noise_fn, self.seed = float(noise_fp), float(noise_fn), int(seed)
+        self.appeal = appeal
+        self.algo = algo  # written to (noise_rho1) when the false-negative rate is estimated online
+        self.counts = {"positives": 0, "overturned": 0, "appealed": 0}
+        self.last: dict[str, float] = {}
 
-    def __call__(self, texts: list[str], answers: list[str], *, step: int | None = None) -> list[float]:
-        """Rewards of ``texts`` against ``answers``; ``step``: the training step (None at evaluation)."""
+    def clean(self, texts: list[str], answers: list[str]) -> list[float]:
+        """The verifier's rewards (no noise)."""
         if len(self.memo) > 200_000:
             self.memo.clear()
         todo = sorted({(t, a) for t, a in zip(texts, answers) if (t, a) not in self.memo})
@@ -24,6 +80,46 @@ class Scorer:
             res = self.batch.score([t for t, _ in todo], [a for _, a in todo])
             self.memo.update(zip(todo, (float(x) for x in res.scores)))
         return [self.memo[(t, a)] for t, a in zip(texts, answers)]
+
+    def __call__(self, texts: list[str], answers: list[str], *, step: int | None = None) -> list[float]:
+        """Rewards of ``texts`` against ``answers``; ``step``: the training step (None at evaluation,
+        which is never noisy and never appealed)."""
+        rewards = self.clean(texts, answers)
+        if step is None:
+            return rewards
+        rewards = flip_labels(rewards, fp=self.noise_fp, fn=self.noise_fn, seed=self.seed, step=step)
+        self.last = {"reward/flipped_frac": float(np.mean([a != b for a, b in
+                                                           zip(rewards, self.clean(texts, answers))]))
+                     if rewards else 0.0}
+        if self.appeal is not None:
+            self._appeal(texts, answers, rewards)
+        return rewards
+
+    def _appeal(self, texts, answers, rewards) -> None:
+        neg = [i for i, r in enumerate(rewards) if r <= 0.5]
+        verdicts = list(self.appeal([texts[i] for i in neg], [answers[i] for i in neg])) if neg else []
+        if len(verdicts) != len(neg):
+            raise ValueError(f"reward.appeal returned {len(verdicts)} verdicts for {len(neg)} responses")
+        self.counts["positives"] += sum(r > 0.5 for r in rewards)
+        self.counts["overturned"] += sum(bool(v) for v in verdicts)
+        self.counts["appealed"] += len(neg)
+        rate = self.fn_rate
+        self.last["reward/fn_rate_estimate"] = rate if rate is not None else float("nan")
+        if self.algo is not None and rate is not None:
+            self.algo.noise_rho1 = min(rate, 0.95 - self.algo.noise_rho0)  # keep 1 - rho0 - rho1 >= 0.05
+
+    @property
+    def fn_rate(self) -> float | None:
+        """Online estimate of ``P(R~=0 | R=1)`` from the appeals so far (None before any evidence)."""
+        n = self.counts["positives"] + self.counts["overturned"]
+        return self.counts["overturned"] / n if n else None
+
+    def state_dict(self) -> dict:
+        """The appeal counts (for an exact resume of the online estimate)."""
+        return {"counts": dict(self.counts)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.counts = {k: int(v) for k, v in state["counts"].items()}
 
     def close(self):
         self.batch.close()

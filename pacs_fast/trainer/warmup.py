@@ -2,6 +2,12 @@
 built-in arithmetic task (supervised warm-up) so that RL starts from a model that sometimes
 answers right. The result is cached (``~/.cache/pacs_fast/warmup/<key>``, key = hash of every
 setting that changes it); a later run with the same settings reuses it.
+
+The warm-up has its own seed (``warmup.seed``, default 0, fixed): ``train.seed`` changes the RL run
+(sampling, data order), not the starting model. ``warmup.seed=-1`` ties it to ``train.seed`` (one
+warmed model per RL seed, as ``python -m pacs_fast.experiment`` does to include start-to-start
+variation). The schedule (warm-up steps, lr) is chosen so that the step-0 accuracy stays in a narrow
+band across warm-up seeds (docs/EFFICACY.md).
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ import torch
 
 from pacs_fast.config import Config
 
-WARMUP_VERSION = 1
+WARMUP_VERSION = 2
 
 
 def cache_root(cfg: Config) -> Path:
@@ -24,11 +30,19 @@ def cache_root(cfg: Config) -> Path:
     return Path(root).expanduser()
 
 
+def warmup_seed(cfg: Config) -> int:
+    """The seed of the warm-up: ``warmup.seed``, or ``train.seed`` when it is -1."""
+    return cfg.train.seed if cfg.warmup.seed == -1 else cfg.warmup.seed
+
+
 def warmup_key(cfg: Config) -> str:
+    """Hash of every setting that changes the warmed-up model (and nothing else: the RL seed is
+    not in it unless ``warmup.seed=-1`` makes the warm-up follow it)."""
     settings = {"v": WARMUP_VERSION, "hidden": cfg.model.tiny_hidden_size, "layers": cfg.model.tiny_num_layers,
-                "seed": cfg.train.seed, "steps": cfg.warmup.steps, "bs": cfg.warmup.batch_size, "lr": cfg.warmup.lr,
-                "digits": cfg.data.arith_max_digits, "ops": cfg.data.arith_ops,
-                "train_size": cfg.data.arith_train_size, "eval_size": cfg.data.eval_size}
+                "seed": warmup_seed(cfg), "steps": cfg.warmup.steps, "bs": cfg.warmup.batch_size, "lr": cfg.warmup.lr,
+                "digits": cfg.data.arith_max_digits, "ops": cfg.data.arith_ops, "terms": cfg.data.arith_terms,
+                "data_seed": cfg.data.arith_seed, "train_size": cfg.data.arith_train_size,
+                "eval_size": cfg.data.eval_size}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -100,15 +114,16 @@ def default_model(cfg: Config, train_records: list[dict], *, log=print) -> Path:
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    make_tiny_model(tmp, seed=cfg.train.seed, **tiny_model_kwargs(cfg))
+    seed = warmup_seed(cfg)
+    make_tiny_model(tmp, seed=seed, **tiny_model_kwargs(cfg))
     if cfg.warmup.steps:
         log(f"supervised warm-up of the tiny model ({cfg.warmup.steps} steps; cached in {final})")
         model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(tmp)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.train.seed)
+            torch.manual_seed(seed)
             supervised_warmup(model, tokenizer, train_records, steps=cfg.warmup.steps,
-                              batch_size=cfg.warmup.batch_size, lr=cfg.warmup.lr, seed=cfg.train.seed, log=log)
+                              batch_size=cfg.warmup.batch_size, lr=cfg.warmup.lr, seed=seed, log=log)
         model.save_pretrained(tmp, safe_serialization=True)
     try:
         os.replace(tmp, final)

@@ -1,0 +1,411 @@
+"""Seed-paired comparisons of algorithms: runs arms x seeds of ``python -m pacs_fast.train`` in
+subprocesses and writes a table and curves.
+
+    python -m pacs_fast.experiment --out docs/efficacy/main --arms pacs,pacs_noweight,grpo,rloo,dr_grpo,ppo \\
+        --seeds 0-4 --baseline grpo --config configs/arith_hard.yaml train.steps=150
+    python -m pacs_fast.experiment --out exp --arm "pacs_bwd:algo.name=pacs,algo.noise_correction=backward" ...
+    python -m pacs_fast.experiment --out docs/efficacy/main --report     # table + plots from what finished
+
+Arms: a built-in name (``pacs``, ``pacs_noweight`` = PACS with ``algo.weight=none``, ``grpo``,
+``rloo``, ``dr_grpo``, ``ppo``) or ``NAME:key=value,key=value`` (overrides on top of the common
+ones). Every run of seed ``s`` sets ``train.seed=s`` and ``warmup.seed=s``: the arms of one seed
+share one warmed-up model (built once, by the first run of that seed, before the others of that
+seed start) and the same held-out problems, so differences between arms pair up by seed.
+
+Resumable: run ``<out>/runs/<arm>/seed<s>`` is skipped when it has ``summary.json``; a run with a
+checkpoint but no summary is resumed (``--resume``, which continues exactly); one without a
+checkpoint is restarted from scratch. A run folder whose ``config.yaml`` differs from the config the
+spec asks for is an error (never silently mixed); ``--restart-mismatched`` deletes and reruns it.
+
+Outputs (written atomically): ``<out>/results.md`` (final and best held-out accuracy, mean ± std
+over seeds; paired differences against ``--baseline`` with a bootstrap 95% interval over seeds),
+``<out>/results.json`` (every number, per seed), ``<out>/curves.png`` (held-out accuracy against
+step, mean with a ±1 std band per arm).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PRESETS = {
+    "pacs": ["algo.name=pacs"],
+    "pacs_noweight": ["algo.name=pacs", "algo.weight=none"],
+    "grpo": ["algo.name=grpo"],
+    "rloo": ["algo.name=rloo"],
+    "dr_grpo": ["algo.name=dr_grpo"],
+    "ppo": ["algo.name=ppo"],
+}
+QUIET = ["train.progress=false", "train.tensorboard=false", "train.plots=false"]
+
+
+@dataclass
+class Arm:
+    name: str
+    overrides: list[str]
+
+
+@dataclass
+class Job:
+    arm: Arm
+    seed: int
+    run_dir: Path
+    argv: list[str]   # config overrides of this run (besides --config)
+
+
+# ----------------------------------------------------------------------------- spec
+def parse_seeds(text: str) -> list[int]:
+    """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"0,3,7"`` -> [0, 3, 7]."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part[1:]:
+            a, b = part.split("-", 1) if not part.startswith("-") else (part, part)
+            out.extend(range(int(a), int(b) + 1))
+        elif part:
+            out.append(int(part))
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"--seeds {text!r} must list distinct integers (e.g. 0-4 or 0,1,2)")
+    return out
+
+
+def parse_arm(text: str) -> Arm:
+    """A preset name, or ``NAME:key=value,key=value``."""
+    name, sep, rest = text.partition(":")
+    name = name.strip()
+    if not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"arm {text!r}: the name must be letters, digits, '_' or '-'")
+    if not sep:
+        if name not in PRESETS:
+            raise ValueError(f"arm {name!r} is not a preset ({', '.join(PRESETS)}); give NAME:key=value,...")
+        return Arm(name, list(PRESETS[name]))
+    overrides = [o.strip() for o in rest.split(",") if o.strip()]
+    for o in overrides:
+        if "=" not in o:
+            raise ValueError(f"arm {name!r}: override {o!r} must look like section.key=value")
+    return Arm(name, overrides)
+
+
+def make_jobs(arms: list[Arm], seeds: list[int], common: list[str], out: Path) -> list[Job]:
+    jobs = []
+    for s in seeds:  # seed-major: the first job of a seed builds its warm-up
+        for arm in arms:
+            run_dir = out / "runs" / arm.name / f"seed{s}"
+            argv = [*common, *QUIET, *arm.overrides, f"train.seed={s}", f"warmup.seed={s}",
+                    f"train.out_dir={run_dir.parent}", f"train.run_name={run_dir.name}"]
+            jobs.append(Job(arm, s, run_dir, argv))
+    return jobs
+
+
+def intended_config(config: str | None, argv: list[str]):
+    from pacs_fast.config import load_config, validate
+    cfg = load_config(config, argv)
+    validate(cfg, world=1)
+    return cfg
+
+
+def config_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    keys = sorted(set(a) | set(b))
+    out = []
+    for k in keys:
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += config_differences(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {vb!r} in the folder, {va!r} asked for")
+    return out
+
+
+def job_state(job: Job, config: str | None) -> str:
+    """``done`` | ``resume`` | ``fresh`` | ``mismatch:<why>``."""
+    from pacs_fast.config import load_config, to_dict
+    if not job.run_dir.exists():
+        return "fresh"
+    saved = job.run_dir / "config.yaml"
+    if saved.is_file():
+        want = to_dict(intended_config(config, job.argv))
+        have = to_dict(load_config(saved))
+        for d in (want, have):  # where the folder lives and the thread count are not the experiment's settings
+            d["train"].pop("out_dir", None)
+            d["train"].pop("threads", None)
+        diff = config_differences(want, have)
+        if diff:
+            return "mismatch:" + "; ".join(diff[:4])
+    if (job.run_dir / "summary.json").is_file():
+        return "done"
+    ckpts = job.run_dir / "checkpoints"
+    if ckpts.is_dir() and any(ckpts.glob("step_*")):
+        return "resume"
+    return "fresh"
+
+
+# ----------------------------------------------------------------------------- running
+def command(job: Job, config: str | None, state: str) -> list[str]:
+    if state == "resume":
+        return [sys.executable, "-m", "pacs_fast.train", "--resume", str(job.run_dir)]
+    cmd = [sys.executable, "-m", "pacs_fast.train"]
+    if config:
+        cmd += ["--config", config]
+    return cmd + job.argv
+
+
+def warm_ready(job: Job, config: str | None) -> bool:
+    """Whether the seed's warmed-up model is cached (then runs of that seed may start together)."""
+    cfg = intended_config(config, job.argv)
+    if cfg.model.path:
+        return True
+    from pacs_fast.trainer.warmup import cache_root, warmup_key
+    return (cache_root(cfg) / "warmup" / warmup_key(cfg) / "model.safetensors").exists()
+
+
+def run_all(jobs: list[Job], config: str | None, *, workers: int, threads: int, restart_mismatched: bool,
+            log=print, timeout: float | None = None) -> dict[str, int]:
+    """Runs what is not finished, ``workers`` at a time; returns counts by outcome."""
+    todo: list[tuple[Job, str]] = []
+    counts = {"done_before": 0, "finished": 0, "failed": 0}
+    for job in jobs:
+        state = job_state(job, config)
+        if state.startswith("mismatch:"):
+            if not restart_mismatched:
+                raise ValueError(f"{job.run_dir} was made with other settings ({state[9:]}); use another --out, "
+                                 f"or --restart-mismatched to delete and rerun it")
+            shutil.rmtree(job.run_dir)
+            state = "fresh"
+        if state == "done":
+            counts["done_before"] += 1
+            continue
+        if state == "fresh" and job.run_dir.exists():  # started, no checkpoint: restart, never mix
+            shutil.rmtree(job.run_dir)
+        todo.append((job, state))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "PYTHONUNBUFFERED": "1"}
+    running: list[tuple[Job, subprocess.Popen, float, object]] = []
+    building: set[int] = set()  # seeds whose warm-up one running job is building
+    while todo or running:
+        for job, proc, t0, fh in list(running):
+            if proc.poll() is None:
+                if timeout and time.time() - t0 > timeout:
+                    proc.kill()
+                continue
+            fh.close()
+            running.remove((job, proc, t0, fh))
+            building.discard(job.seed)
+            ok = proc.returncode == 0 and (job.run_dir / "summary.json").is_file()
+            counts["finished" if ok else "failed"] += 1
+            log(f"[{time.strftime('%H:%M:%S')}] {job.arm.name} seed {job.seed}: "
+                f"{'done' if ok else f'FAILED (exit {proc.returncode}; see {job.run_dir}.log)'} "
+                f"in {time.time() - t0:.0f} s")
+        while todo and len(running) < workers:
+            pick = None
+            for i, (job, state) in enumerate(todo):
+                if job.seed in building:
+                    continue
+                if state == "resume" or warm_ready(job, config):
+                    pick = i
+                    break
+                if not any(j.seed == job.seed for j, *_ in running):
+                    pick = i
+                    building.add(job.seed)
+                    break
+            if pick is None:
+                break
+            job, state = todo.pop(pick)
+            job.run_dir.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(f"{job.run_dir}.log", "a")
+            cmd = command(job, config, state)
+            fh.write(f"$ {' '.join(cmd)}\n")
+            fh.flush()
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+            running.append((job, proc, time.time(), fh))
+            log(f"[{time.strftime('%H:%M:%S')}] start {job.arm.name} seed {job.seed} ({state})")
+        time.sleep(0.5)
+    return counts
+
+
+# ----------------------------------------------------------------------------- results
+def eval_curve(run_dir: Path) -> list[tuple[int, float]]:
+    from pacs_fast.trainer.metrics import read_jsonl
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [(int(r["step"]), float(r["eval/acc"])) for r in read_jsonl(path) if r.get("kind") == "eval"]
+
+
+def bootstrap_ci(diffs: np.ndarray, *, n: int = 10_000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``diffs`` (resampling seeds)."""
+    if len(diffs) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = diffs[rng.integers(0, len(diffs), size=(n, len(diffs)))].mean(1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def collect(jobs: list[Job]) -> dict:
+    """Per arm and seed: step-0, final and best held-out accuracy and the curve (finished runs only)."""
+    res: dict = {}
+    for job in jobs:
+        if not (job.run_dir / "summary.json").is_file():
+            continue
+        curve = eval_curve(job.run_dir)
+        if not curve:
+            continue
+        summary = json.loads((job.run_dir / "summary.json").read_text())
+        res.setdefault(job.arm.name, {})[job.seed] = {
+            "start": curve[0][1], "final": curve[-1][1], "best": max(a for _, a in curve[1:] or curve),
+            "curve": curve, "wall_time_s": summary.get("wall_time_s")}
+    return res
+
+
+def _fmt(m, s):
+    return f"{m:.3f} ± {s:.3f}"
+
+
+def table(res: dict, arms: list[Arm], baseline: str | None) -> tuple[str, dict]:
+    lines = ["| arm | seeds | step 0 | final | best | final − " + (baseline or "—") + " (95% CI) | best − "
+             + (baseline or "—") + " (95% CI) |", "|---|---|---|---|---|---|---|"]
+    stats: dict = {}
+    base = res.get(baseline, {}) if baseline else {}
+    for arm in arms:
+        runs = res.get(arm.name, {})
+        if not runs:
+            lines.append(f"| {arm.name} | 0 | | | | | |")
+            continue
+        row = {k: np.array([runs[s][k] for s in sorted(runs)]) for k in ("start", "final", "best")}
+        st = {k: (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0) for k, v in row.items()}
+        cells = [arm.name, str(len(runs)), _fmt(*st["start"]), _fmt(*st["final"]), _fmt(*st["best"])]
+        entry = {"seeds": sorted(runs), **{k: {"mean": m, "std": s, "per_seed": row[k].tolist()}
+                                           for k, (m, s) in st.items()}}
+        for k in ("final", "best"):
+            common = sorted(set(runs) & set(base))
+            if baseline and arm.name != baseline and common:
+                d = np.array([runs[s][k] - base[s][k] for s in common])
+                lo, hi = bootstrap_ci(d)
+                cells.append(f"{d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] (n={len(d)})")
+                entry[f"{k}_minus_{baseline}"] = {"mean": float(d.mean()), "ci95": [lo, hi],
+                                                  "per_seed": d.tolist(), "seeds": common}
+            else:
+                cells.append("")
+        stats[arm.name] = entry
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines), stats
+
+
+def plot(res: dict, arms: list[Arm], path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=80)
+    for arm in arms:
+        runs = res.get(arm.name, {})
+        curves = [dict(r["curve"]) for r in runs.values()]
+        steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        if not steps:
+            continue
+        acc = np.array([[c[s] for s in steps] for c in curves])
+        m, sd = acc.mean(0), acc.std(0, ddof=1) if len(acc) > 1 else np.zeros(len(steps))
+        line, = ax.plot(steps, m, label=f"{arm.name} (n={len(acc)})")
+        ax.fill_between(steps, m - sd, m + sd, alpha=0.15, color=line.get_color())
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("held-out accuracy (sampled)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def report(jobs: list[Job], arms: list[Arm], baseline: str | None, out: Path, header: str) -> str:
+    res = collect(jobs)
+    text, stats = table(res, arms, baseline)
+    md = (f"{header}\n\nHeld-out sampled accuracy (mean ± std over seeds; differences paired by seed, "
+          f"percentile bootstrap over seeds, 10,000 resamples).\n\n{text}\n")
+    _write(out / "results.md", md)
+    _write(out / "results.json", json.dumps({"stats": stats, "runs": {a: {str(s): r for s, r in v.items()}
+                                                                       for a, v in res.items()}}, indent=1))
+    if res:
+        plot(res, arms, out / "curves.png", header.splitlines()[0].lstrip("# "))
+    return md
+
+
+# ----------------------------------------------------------------------------- CLI
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m pacs_fast.experiment", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="experiment folder (runs/, results.md, results.json, curves.png)")
+    p.add_argument("--arms", default="", help=f"comma-separated presets ({', '.join(PRESETS)})")
+    p.add_argument("--arm", action="append", default=[], help="NAME:key=value,key=value (repeatable)")
+    p.add_argument("--seeds", default="0-4", help="e.g. 0-4 or 0,2,5")
+    p.add_argument("--baseline", default=None, help="arm the others are compared with (paired by seed)")
+    p.add_argument("--config", default=None, help="YAML config common to every run")
+    p.add_argument("--workers", type=int, default=1, help="runs at a time")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    p.add_argument("--timeout", type=float, default=0, help="kill a run after this many seconds (0 = never)")
+    p.add_argument("--report", action="store_true", help="only write the table and plots from finished runs")
+    p.add_argument("--restart-mismatched", action="store_true",
+                   help="delete and rerun run folders made with other settings")
+    p.add_argument("--title", default="", help="first line of results.md")
+    p.add_argument("overrides", nargs="*", help="section.key=value for every run")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    try:
+        arms = [parse_arm(x) for x in a.arms.split(",") if x.strip()] + [parse_arm(x) for x in a.arm]
+        if not arms:
+            raise ValueError("no arms: give --arms and/or --arm")
+        if len({x.name for x in arms}) != len(arms):
+            raise ValueError("arm names must be distinct")
+        if a.baseline and a.baseline not in {x.name for x in arms}:
+            raise ValueError(f"--baseline {a.baseline!r} is not one of the arms")
+        if a.workers < 1 or a.threads < 1:
+            raise ValueError("--workers and --threads must be >= 1")
+        seeds = parse_seeds(a.seeds)
+        out = Path(a.out)
+        jobs = make_jobs(arms, seeds, [*a.overrides, f"train.threads={a.threads}"], out)
+        for job in jobs:  # bad settings fail here, before any run starts
+            intended_config(a.config, job.argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {"arms": {x.name: x.overrides for x in arms}, "seeds": seeds, "config": a.config,
+            "overrides": list(a.overrides), "baseline": a.baseline}
+    _write(out / "spec.json", json.dumps(spec, indent=1))
+    header = a.title or f"# Experiment {out.name}"
+    header += ("\n\nCommon settings: " + (f"`--config {a.config}` " if a.config else "")
+               + " ".join(f"`{o}`" for o in a.overrides) + f"; seeds {seeds}.")
+    if not a.report:
+        try:
+            counts = run_all(jobs, a.config, workers=a.workers, threads=a.threads,
+                             restart_mismatched=a.restart_mismatched, timeout=a.timeout or None)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"runs: {counts['done_before']} already done, {counts['finished']} finished now, "
+              f"{counts['failed']} failed", flush=True)
+    print(report(jobs, arms, a.baseline, out, header))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

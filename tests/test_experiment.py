@@ -1,0 +1,86 @@
+"""The experiment runner: arms x seeds in subprocesses, resumable, a paired table and curves.
+
+The end-to-end test trains 2 arms x 2 seeds of a 2-step run of a tiny model (no warm-up), so it
+checks the mechanics (skip, resume, restart, mismatch, outputs), not learning.
+"""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from pacs_fast import experiment as ex
+
+TINY = ["warmup.steps=0", "model.tiny_hidden_size=32", "model.tiny_num_layers=1", "train.steps=2",
+        "train.prompts_per_step=2", "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=2",
+        "rollout.n=2", "data.eval_size=4", "rollout.eval_n=1", "rollout.max_new_tokens=4",
+        "train.eval_every=1", "train.save_every=1", "data.arith_train_size=50"]
+
+
+def test_parse_seeds_and_arms():
+    assert ex.parse_seeds("0-3") == [0, 1, 2, 3]
+    assert ex.parse_seeds("5,1,2") == [5, 1, 2]
+    with pytest.raises(ValueError):
+        ex.parse_seeds("1,1")
+    arm = ex.parse_arm("pacs_bwd:algo.name=pacs,algo.noise_correction=backward")
+    assert arm.name == "pacs_bwd" and arm.overrides == ["algo.name=pacs", "algo.noise_correction=backward"]
+    assert ex.parse_arm("pacs_noweight").overrides == ["algo.name=pacs", "algo.weight=none"]
+    with pytest.raises(ValueError, match="preset"):
+        ex.parse_arm("nonsense")
+    with pytest.raises(ValueError, match="section.key=value"):
+        ex.parse_arm("x:algo.name")
+
+
+def test_bootstrap_interval(seed):
+    rng = np.random.default_rng(seed)
+    d = rng.normal(0.1, 0.05, size=8)
+    lo, hi = ex.bootstrap_ci(d, seed=seed)
+    assert lo < d.mean() < hi
+    assert hi - lo < 4 * d.std(ddof=1)  # about 2 x 1.96 x std / sqrt(8) ~ 1.4 std
+    assert ex.bootstrap_ci(np.array([0.2, 0.2, 0.2]))[0] == pytest.approx(0.2)
+    assert np.isnan(ex.bootstrap_ci(np.array([0.1]))[0])
+
+
+def test_table_pairs_by_seed():
+    mk = lambda final: {"start": 0.1, "final": final, "best": final, "curve": [(0, 0.1), (5, final)]}  # noqa: E731
+    res = {"a": {0: mk(0.5), 1: mk(0.7)}, "b": {0: mk(0.4), 1: mk(0.5), 2: mk(0.9)}}
+    text, stats = ex.table(res, [ex.Arm("a", []), ex.Arm("b", [])], "b")
+    assert stats["a"]["final_minus_b"]["per_seed"] == pytest.approx([0.1, 0.2])  # seed 2 has no pair
+    assert stats["a"]["final"]["mean"] == pytest.approx(0.6)
+    assert "+0.150" in text
+
+
+def test_runner_end_to_end(tmp_path, capsys):
+    out = tmp_path / "exp"
+    common = ["--out", str(out), "--arms", "pacs,grpo", "--seeds", "0-1", "--baseline", "grpo", "--workers", "2",
+              f"warmup.cache_dir={tmp_path / 'cache'}", *TINY]
+    assert ex.main(common) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["stats"]) == {"pacs", "grpo"}
+    assert res["stats"]["pacs"]["seeds"] == [0, 1]
+    assert len(res["stats"]["pacs"]["final_minus_grpo"]["per_seed"]) == 2
+    assert (out / "curves.png").stat().st_size > 1000
+    assert "| pacs | 2 |" in (out / "results.md").read_text()
+    capsys.readouterr()
+
+    # a killed run (summary and last checkpoint gone) is resumed; one with no checkpoint restarts;
+    # the finished ones are skipped
+    killed = out / "runs" / "pacs" / "seed1"
+    (killed / "summary.json").unlink()
+    newest = sorted((killed / "checkpoints").glob("step_*"))[-1]
+    shutil.rmtree(newest)
+    assert ex.job_state(ex.make_jobs([ex.parse_arm("pacs")], [1], [*TINY, "train.threads=1",
+                                      f"warmup.cache_dir={tmp_path / 'cache'}"], out)[0], None) == "resume"
+    early = out / "runs" / "grpo" / "seed0"
+    (early / "summary.json").unlink()
+    shutil.rmtree(early / "checkpoints")
+    assert ex.main(common) == 0
+    printed = capsys.readouterr().out
+    assert "2 already done, 2 finished now, 0 failed" in printed
+    log = (out / "runs" / "pacs" / "seed1.log").read_text()
+    assert "--resume" in log
+    assert (killed / "summary.json").is_file() and (early / "summary.json").is_file()
+
+    # other settings in an existing folder: refused, not mixed
+    assert ex.main([*common, "algo.beta=0.5"]) == 2
+    assert "other settings" in capsys.readouterr().err

@@ -1,0 +1,45 @@
+"""The warm-up has its own seed: train.seed changes the RL run, not the starting model or problems."""
+import pytest
+from safetensors.torch import load_file
+
+from pacs_fast.config import load_config
+from pacs_fast.trainer.problems import load_problems
+from pacs_fast.trainer.warmup import default_model, warmup_key, warmup_seed
+
+
+def test_key_follows_the_warmup_seed_not_the_rl_seed():
+    base = load_config(None, [])
+    assert warmup_key(load_config(None, ["train.seed=7"])) == warmup_key(base)
+    assert warmup_key(load_config(None, ["warmup.seed=1"])) != warmup_key(base)
+    follow = load_config(None, ["warmup.seed=-1", "train.seed=3"])
+    assert warmup_seed(follow) == 3
+    assert warmup_key(follow) == warmup_key(load_config(None, ["warmup.seed=3", "train.seed=9"]))
+    # everything that changes the warmed model is in the key
+    for override in ("data.arith_terms=3", "data.arith_seed=1", "data.arith_max_digits=3", "warmup.steps=10",
+                     "warmup.lr=0.001", "model.tiny_hidden_size=64", "data.arith_ops=+-"):
+        assert warmup_key(load_config(None, [override])) != warmup_key(base), override
+    with pytest.raises(ValueError, match="warmup.seed"):
+        from pacs_fast.config import validate
+        validate(load_config(None, ["warmup.seed=-2"]), world=1)
+
+
+def test_problems_do_not_depend_on_the_rl_seed():
+    a = load_problems(load_config(None, ["train.seed=0", "data.arith_train_size=200"]))
+    b = load_problems(load_config(None, ["train.seed=5", "data.arith_train_size=200"]))
+    c = load_problems(load_config(None, ["data.arith_seed=1", "data.arith_train_size=200"]))
+    assert a == b and a != c
+
+
+def test_warmup_is_deterministic_in_its_seed(tmp_path):
+    tiny = [f"warmup.cache_dir={tmp_path}", "warmup.steps=3", "warmup.batch_size=4", "model.tiny_hidden_size=32",
+            "model.tiny_num_layers=1", "data.arith_train_size=50", "data.eval_size=4"]
+
+    def build(*extra, cache=None):
+        cfg = load_config(None, tiny + list(extra) + ([f"warmup.cache_dir={cache}"] if cache else []))
+        return load_file(default_model(cfg, load_problems(cfg)[0], log=lambda *a: None) / "model.safetensors")
+
+    first = build("train.seed=0")
+    again = build("train.seed=4", cache=tmp_path / "other")  # built afresh elsewhere, other RL seed
+    assert first.keys() == again.keys() and all((first[k] == again[k]).all() for k in first)
+    other = build("warmup.seed=1")
+    assert any(not (first[k] == other[k]).all() for k in first)
