@@ -104,10 +104,11 @@ class AlgoConfig:
                        "loses at most -A * clip_c however large its ratio (> 1; 0 = off). Default 3.0 = verl's "
                        "clip_ratio_c, always on in verl and so in the paper's GRPO/PPO baselines")
     kl_coef: float = _f(0.0, "grpo/ppo/rloo/dr_grpo: k3 KL penalty to the initial policy (0 = off, no reference model)")
-    loss_agg: str = _f("auto", "baselines' token aggregation: auto (dr_grpo: seq-mean-token-sum-horizon, else "
-                       "token-mean) | token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm "
-                       "(verl's: sum over sequences of token sums / max_new_tokens) | seq-mean-token-sum-horizon "
-                       "(Dr. GRPO's: the same averaged over sequences)")
+    loss_agg: str = _f("auto", "baselines' token aggregation (verl's loss_agg_mode): auto (dr_grpo: "
+                       "seq-mean-token-sum-norm, else token-mean) | token-mean | seq-mean-token-sum | "
+                       "seq-mean-token-mean | seq-mean-token-sum-norm (mean over sequences of token sums / "
+                       "max_new_tokens: Dr. GRPO, verl >= 0.7.1) | token-sum | token-sum-norm (token-sum / "
+                       "max_new_tokens: verl <= 0.7.0's seq-mean-token-sum-norm)")
     gamma: float = _f(1.0, "ppo: discount")
     lam: float = _f(0.95, "ppo: GAE lambda")
     vf_coef: float = _f(0.5, "ppo: value-loss coefficient")
@@ -523,7 +524,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("algo.weight", cfg.algo.weight, ("question", "none", "only_positive", "only_negative"))
     _choice("algo.ref", cfg.algo.ref, ("rollout", "fixed"))
     _choice("algo.loss_agg", cfg.algo.loss_agg, ("auto", "token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                                                 "seq-mean-token-sum-norm", "seq-mean-token-sum-horizon"))
+                                                 "seq-mean-token-sum-norm", "token-sum", "token-sum-norm"))
     _choice("rollout.engine", cfg.rollout.engine, ("hf", "vllm"))
     _choice("learner.backend", cfg.learner.backend, ("torch", "megatron"))
     _choice("learner.logprob_backend", cfg.learner.logprob_backend, ("auto", "triton", "torch"))

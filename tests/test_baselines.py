@@ -135,12 +135,13 @@ def _agg_case():
     ("seq-mean-token-sum", {}, (3 + 4) / 2),
     ("seq-mean-token-mean", {}, (1.5 + 4) / 2),
     ("seq-mean-token-mean", {"global_count": 4}, (1.5 + 4) / 4),
-    ("seq-mean-token-sum-norm", {}, (3 + 4) / 3),            # verl: a sum over sequences / horizon
-    ("seq-mean-token-sum-norm", {"horizon": 10}, (3 + 4) / 10),
-    ("seq-mean-token-sum-norm", {"horizon": 10, "global_count": 5}, (3 + 4) / 10),  # ignored: a sum
-    ("seq-mean-token-sum-horizon", {}, (3 + 4) / 2 / 3),     # Dr. GRPO: mean over sequences / horizon
-    ("seq-mean-token-sum-horizon", {"horizon": 10}, (3 + 4) / 2 / 10),
-    ("seq-mean-token-sum-horizon", {"horizon": 10, "global_count": 4}, (3 + 4) / 4 / 10),
+    ("seq-mean-token-sum-norm", {}, (3 + 4) / 2 / 3),        # Dr. GRPO, verl >= 0.7.1: mean over sequences
+    ("seq-mean-token-sum-norm", {"horizon": 10}, (3 + 4) / 2 / 10),
+    ("seq-mean-token-sum-norm", {"horizon": 10, "global_count": 4}, (3 + 4) / 4 / 10),
+    ("token-sum", {"global_count": 5}, 3 + 4),
+    ("token-sum-norm", {}, (3 + 4) / 3),                     # verl <= 0.7.0: a sum over sequences / horizon
+    ("token-sum-norm", {"horizon": 10}, (3 + 4) / 10),
+    ("token-sum-norm", {"horizon": 10, "global_count": 5}, (3 + 4) / 10),  # ignored: a sum adds up already
 ])
 def test_aggregation_modes_by_hand(mode, kw, expected):
     loss_mat, mask = _agg_case()

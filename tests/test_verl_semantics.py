@@ -1,12 +1,17 @@
 """Every place where pacs_fast claims verl's semantics, checked against verl's definitions.
 
-Reference: verl v0.7.0 (github.com/volcengine/verl, tag v0.7.0, commit f9c855f7cf04d603c9546bc01776c74806a879c1),
-file ``verl/trainer/ppo/core_algos.py``:
+References (github.com/volcengine/verl, file ``verl/trainer/ppo/core_algos.py``):
+verl 0.7.0 (tag v0.7.0, commit f9c855f7cf04d603c9546bc01776c74806a879c1) and verl 0.9.1 (the PyPI
+wheel ``verl-0.9.1-py3-none-any.whl``). Between them only ``agg_loss`` changed: in 0.7.1,
+``"seq-mean-token-sum-norm"`` went from a sum over sequences divided by the horizon to the mean
+over sequences divided by the horizon, and 0.9.0 added ``"token-sum"``.
 
-- ``agg_loss`` (line 772): the ``loss_agg_mode``s of :func:`pacs_fast.algorithms.aggregate_loss`;
-- ``compute_grpo_outcome_advantage`` (line 265) and ``compute_rloo_outcome_advantage`` (line 475):
-  :func:`pacs_fast.algorithms.group_advantages`, including groups of one response;
-- ``compute_policy_loss`` / ``compute_policy_loss_vanilla`` (line 907; ``clip_ratio_c`` = 3.0):
+- ``agg_loss`` (0.7.0 line 772, 0.9.1 line 1140): :func:`pacs_fast.algorithms.aggregate_loss`;
+  ``"seq-mean-token-sum-norm"`` is 0.9.1's definition and ``"token-sum-norm"`` is 0.7.0's
+  ``"seq-mean-token-sum-norm"``;
+- ``compute_grpo_outcome_advantage`` (0.7.0 line 265) and ``compute_rloo_outcome_advantage``
+  (line 475): :func:`pacs_fast.algorithms.group_advantages`, including groups of one response;
+- ``compute_policy_loss`` / ``compute_policy_loss_vanilla`` (lines 831 / 907; ``clip_ratio_c`` = 3.0):
   :func:`pacs_fast.algorithms.policy_loss` with its dual clip on by default;
 - ``kl_penalty_forward`` (line 1614, ``"low_var_kl"``): ``kl_penalty(..., "k3", clamp=10)``;
 - ``compute_gae_advantage_return`` (line 213) with ``verl/utils/torch_functional.py``'s
@@ -29,10 +34,13 @@ import torch
 from pacs_fast.algorithms import aggregate_loss, gae, group_advantages, kl_penalty, policy_loss
 
 VERL_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# our mode -> (verl version, verl's mode) with the same definition
+SAME_AS_VERL = {**{m: ("0.9.1", m) for m in VERL_MODES}, "token-sum": ("0.9.1", "token-sum"),
+                **{m: ("0.7.0", m) for m in VERL_MODES[:3]}, "token-sum-norm": ("0.7.0", "seq-mean-token-sum-norm")}
 TOL = dict(rtol=1e-7, atol=1e-10)
 
 
-# -- verl v0.7.0's formulas, written out ---------------------------------------------------------------
+# -- verl's formulas, written out ----------------------------------------------------------------------
 def _masked_sum(v, m):
     return (torch.where(m.bool(), v, 0.0) * m).sum()
 
@@ -41,20 +49,25 @@ def _masked_mean(v, m):
     return _masked_sum(v, m) / (m.sum() + 1e-8)
 
 
-def _verl_agg_loss(loss_mat, loss_mask, mode, loss_scale_factor=None):
-    """core_algos.agg_loss with dp_size=1 and no global batch info."""
+def _verl_agg_loss(loss_mat, loss_mask, mode, loss_scale_factor=None, version="0.9.1"):
+    """core_algos.agg_loss of verl ``version`` (0.7.0 or 0.9.1) with dp_size=1, no global batch info."""
     if mode == "token-mean":
         return _masked_sum(loss_mat, loss_mask) / loss_mask.sum()
-    if mode == "seq-mean-token-sum":
+    if mode == "token-sum" and version == "0.9.1":
+        return _masked_sum(loss_mat, loss_mask)
+    if mode == "seq-mean-token-sum" or (mode == "seq-mean-token-sum-norm" and version == "0.9.1"):
         seq_losses = torch.sum(loss_mat * loss_mask, dim=-1)
         seq_mask = (torch.sum(loss_mask, dim=-1) > 0).float()
-        return _masked_sum(seq_losses, seq_mask) / seq_mask.sum()
+        loss = _masked_sum(seq_losses, seq_mask) / seq_mask.sum()
+        if mode == "seq-mean-token-sum-norm":
+            loss = loss / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
+        return loss
     if mode == "seq-mean-token-mean":
         seq_count = torch.sum(loss_mask, dim=-1)
         seq_losses = torch.sum(loss_mat * loss_mask, dim=-1) / (seq_count + 1e-8)
         seq_mask = (seq_count > 0).float()
         return _masked_sum(seq_losses, seq_mask) / seq_mask.sum()
-    assert mode == "seq-mean-token-sum-norm"
+    assert mode == "seq-mean-token-sum-norm" and version == "0.7.0", (mode, version)
     seq_losses = torch.sum(loss_mat * loss_mask, dim=-1)
     if loss_scale_factor is None:
         loss_scale_factor = loss_mask.shape[-1]
@@ -136,22 +149,31 @@ def _batch(gen, B=6, T=7):
 
 
 # -- the tests ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", VERL_MODES)
+@pytest.mark.parametrize("mode", sorted(SAME_AS_VERL))
 def test_aggregate_loss_equals_verl_agg_loss(seed, mode):
+    version, verl_mode = SAME_AS_VERL[mode]
     gen = torch.Generator().manual_seed(seed)
     loss_mat, mask = _batch(gen, B=int(torch.randint(2, 9, (1,), generator=gen)))
-    torch.testing.assert_close(aggregate_loss(loss_mat, mask, mode), _verl_agg_loss(loss_mat, mask, mode), **TOL)
+    torch.testing.assert_close(aggregate_loss(loss_mat, mask, mode),
+                               _verl_agg_loss(loss_mat, mask, verl_mode, version=version), **TOL)
     torch.testing.assert_close(aggregate_loss(loss_mat, mask.bool(), mode, horizon=11.0),
-                               _verl_agg_loss(loss_mat, mask, mode, loss_scale_factor=11.0), **TOL)
+                               _verl_agg_loss(loss_mat, mask, verl_mode, loss_scale_factor=11.0, version=version),
+                               **TOL)
 
 
-def test_seq_mean_token_sum_norm_is_a_sum_over_sequences_and_the_mean_is_offered_too():
-    """Issue 17 item 15: verl's mode of this name divides the *sum* over sequences by the horizon
-    (it was a mean here, a factor B apart); Dr. GRPO's batch mean is ``seq-mean-token-sum-horizon``."""
+def test_both_of_verls_seq_mean_token_sum_norm_definitions_are_offered():
+    """Issue 17 item 15: verl <= 0.7.0 (the PACS paper's scripts) summed over sequences under this
+    name, a factor B from the mean; verl >= 0.7.1 takes the mean. The name follows current verl,
+    the sum is ``token-sum-norm``; the trainer's dr_grpo uses the mean (Dr. GRPO's objective)."""
+    from pacs_fast.config import AlgoConfig
+    from pacs_fast.learner.base import resolve_loss_agg
+
     loss_mat = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
-    assert aggregate_loss(loss_mat, mask, "seq-mean-token-sum-norm", horizon=4).item() == (3 + 15) / 4
-    assert aggregate_loss(loss_mat, mask, "seq-mean-token-sum-horizon", horizon=4).item() == (3 + 15) / 2 / 4
+    assert aggregate_loss(loss_mat, mask, "seq-mean-token-sum-norm", horizon=4).item() == (3 + 15) / 2 / 4
+    assert aggregate_loss(loss_mat, mask, "token-sum-norm", horizon=4).item() == (3 + 15) / 4
+    assert _verl_agg_loss(loss_mat, mask, "seq-mean-token-sum-norm", 4, version="0.7.0").item() == (3 + 15) / 4
+    assert resolve_loss_agg(AlgoConfig(name="dr_grpo")) == "seq-mean-token-sum-norm"
 
 
 @pytest.mark.parametrize("group_size", [1, 2, 5])
@@ -233,11 +255,20 @@ def _installed_verl():
 def test_against_installed_verl(seed):
     """The same definitions against the real functions, when verl is importable."""
     ca = _installed_verl()
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    old_norm = Version(version("verl")) < Version("0.7.1")  # the sum over sequences, then
     gen = torch.Generator().manual_seed(seed)
     loss_mat, mask = _batch(gen)
     for mode in VERL_MODES:
-        torch.testing.assert_close(aggregate_loss(loss_mat, mask, mode),
+        ours = "token-sum-norm" if mode == "seq-mean-token-sum-norm" and old_norm else mode
+        torch.testing.assert_close(aggregate_loss(loss_mat, mask, ours),
                                    ca.agg_loss(loss_mat, mask, mode).to(torch.float64), **TOL)
+    if Version(version("verl")) >= Version("0.9.0"):
+        torch.testing.assert_close(aggregate_loss(loss_mat, mask, "token-sum"),
+                                   ca.agg_loss(loss_mat, mask, "token-sum").to(torch.float64), **TOL)
     rewards = torch.randint(0, 2, (8,), generator=gen).double()
     for G in (1, 4):
         index = [str(i // G) for i in range(8)]
@@ -253,7 +284,8 @@ def test_against_installed_verl(seed):
     logp = old + 2 * torch.randn(mask.shape, generator=gen, dtype=torch.float64)
     adv = torch.randn(mask.shape[0], generator=gen, dtype=torch.float64)
     for mode in VERL_MODES:
-        ours, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, loss_agg_mode=mode)
+        agg = "token-sum-norm" if mode == "seq-mean-token-sum-norm" and old_norm else mode
+        ours, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, loss_agg_mode=agg)
         ref = ca.compute_policy_loss(old, logp, adv[:, None].expand_as(logp), mask, cliprange=0.2,
                                      cliprange_low=0.2, cliprange_high=0.28, loss_agg_mode=mode)[0]
         torch.testing.assert_close(ours, ref, **TOL)

@@ -30,7 +30,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo",
     - ``"dr_grpo"``: ``R_i - mean_g`` (Dr. GRPO: no std normalisation).
     - ``"rloo"``: ``R_i - (S_g - R_i)/(G-1)``, leave-one-out baseline.
 
-    A group of one response (``group_size=1``) has no baseline: as in verl (v0.7.0,
+    A group of one response (``group_size=1``) has no baseline: as in verl (0.7.0 to 0.9.1,
     ``compute_grpo_outcome_advantage`` sets mean 0 and std 1 for a single-response group,
     ``compute_rloo_outcome_advantage`` leaves the score unchanged), the advantage is ``R_i``
     (``R_i / (1 + eps)`` for ``"grpo"`` with ``norm_std``): plain REINFORCE without a baseline.

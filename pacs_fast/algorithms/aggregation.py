@@ -1,27 +1,28 @@
-"""Token-loss aggregation modes (verl's ``loss_agg_mode`` names, with verl's definitions).
+"""Token-loss aggregation modes (verl's ``loss_agg_mode`` names and definitions).
 
 For a per-token loss ``l[B, T]`` and a response mask ``m[B, T]``:
 
 - ``"token-mean"``: ``sum(l m) / sum(m)`` — every token of the batch weighs the same (DAPO).
 - ``"seq-mean-token-sum"``: mean over sequences of ``sum_t l m``.
 - ``"seq-mean-token-mean"``: mean over sequences of ``sum_t l m / sum_t m`` (original GRPO).
-- ``"seq-mean-token-sum-norm"``: verl's definition, a *sum* over sequences:
-  ``sum_i sum_t l m / horizon`` with a constant ``horizon`` (default ``T = l.shape[-1]``; verl's
-  ``loss_scale_factor``). Despite the name it does not average over sequences: it is ``B`` times
-  ``"seq-mean-token-sum-horizon"`` for a batch of ``B`` non-empty sequences.
-- ``"seq-mean-token-sum-horizon"``: mean over sequences of ``sum_t l m / horizon`` (Dr. GRPO's
-  objective, arXiv 2503.20783 eq. 3 with the constant ``MAX_TOKENS``; what this library called
-  ``"seq-mean-token-sum-norm"`` before it followed verl). Independent of the batch size.
+- ``"seq-mean-token-sum-norm"``: ``seq-mean-token-sum / horizon`` with a *constant* horizon
+  (default ``T = l.shape[-1]``, verl's ``loss_scale_factor``; pass the generation's max length to
+  keep it fixed): Dr. GRPO's objective (arXiv 2503.20783 eq. 3, ``MAX_TOKENS``). verl >= 0.7.1.
+- ``"token-sum"``: ``sum(l m)``, no normalisation (verl >= 0.9.0).
+- ``"token-sum-norm"``: ``sum_i sum_t l m / horizon``, a *sum* over sequences: what verl <= 0.7.0
+  computed under the name ``"seq-mean-token-sum-norm"`` (so the verl of the PACS paper's GRPO / PPO
+  scripts), ``B`` times the mode above for ``B`` non-empty sequences.
 
-The first four equal ``verl.trainer.ppo.core_algos.agg_loss`` of verl v0.7.0 (``dp_size=1``;
-``tests/test_verl_semantics.py`` checks them against the formula written out and, where verl is
-installed, against verl itself). Sequences without any response token are left out of the
-sequence means (they count neither in the numerator nor the denominator; verl does the same).
-A batch without any response token gives a 0 loss that is still connected to the graph (zero
-gradients). ``global_count`` replaces the denominator (total tokens for ``token-mean``, total
-non-empty sequences for the ``seq-mean-*`` means), for gradient accumulation over micro-batches or
-data-parallel ranks; ``"seq-mean-token-sum-norm"`` is a sum, already additive over micro-batches,
-so it ignores ``global_count`` (as verl's ``agg_loss`` ignores ``global_batch_size`` there).
+verl changed ``"seq-mean-token-sum-norm"`` in 0.7.1 from the sum to the mean over sequences; the name
+here follows current verl, and the older definition keeps a name of its own.
+``tests/test_verl_semantics.py`` checks every mode against verl 0.7.0's and 0.9.1's ``agg_loss``
+written out and, where verl is installed, against verl itself. Sequences without any response token
+are left out of the sequence means (they count neither in the numerator nor the denominator; verl
+does the same). A batch without any response token gives a 0 loss that is still connected to the
+graph (zero gradients). ``global_count`` replaces the denominator (total tokens for ``token-mean``,
+total non-empty sequences for the ``seq-mean-*`` modes: verl's ``batch_num_tokens`` /
+``global_batch_size``), for gradient accumulation over micro-batches or data-parallel ranks;
+``"token-sum"`` and ``"token-sum-norm"`` are sums, already additive over micro-batches, and ignore it.
 """
 from __future__ import annotations
 
@@ -37,8 +38,7 @@ from pacs_fast.algorithms._checks import (
 )
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
-                  "seq-mean-token-sum-horizon")
-HORIZON_MODES = ("seq-mean-token-sum-norm", "seq-mean-token-sum-horizon")  # divide by a constant horizon
+                  "token-sum", "token-sum-norm")
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -62,7 +62,9 @@ def _aggregate(loss_mat, mask, mode, horizon, global_count):
     tokens_per_seq = counts.sum(-1)
     nonempty = tokens_per_seq > 0
     seq = x.sum(-1)
-    if mode == "seq-mean-token-sum-norm":  # verl: a sum over sequences, no global_count
+    if mode == "token-sum":
+        return seq.sum()
+    if mode == "token-sum-norm":  # verl <= 0.7.0's seq-mean-token-sum-norm: a sum, no global_count
         return seq.sum() / (loss_mat.shape[-1] if horizon is None else horizon)
     if mode == "seq-mean-token-mean":
         seq = seq / torch.where(nonempty, tokens_per_seq, 1.0)
@@ -72,7 +74,7 @@ def _aggregate(loss_mat, mask, mode, horizon, global_count):
         loss = total / torch.where(den > 0, den, 1.0)
     else:
         loss = total / (global_count if global_count > 0 else 1.0)
-    if mode == "seq-mean-token-sum-horizon":
+    if mode == "seq-mean-token-sum-norm":
         loss = loss / (loss_mat.shape[-1] if horizon is None else horizon)
     return loss
 
@@ -85,10 +87,10 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor | None, mode: str 
         loss_mat: ``[B, T]`` float tensor (any float dtype; computed in fp32, fp64 kept).
         mask: ``[B, T]`` bool or 0/1, or None (all tokens).
         mode: one of ``LOSS_AGG_MODES``.
-        horizon: the constant divisor of ``"seq-mean-token-sum-norm"`` / ``"seq-mean-token-sum-horizon"``
+        horizon: the constant divisor of ``"seq-mean-token-sum-norm"`` / ``"token-sum-norm"``
             (default ``T``; pass the generation's maximum length to keep it fixed).
         global_count: optional denominator override (tokens or sequences, see module docstring);
-            ignored by ``"seq-mean-token-sum-norm"``.
+            ignored by ``"token-sum"`` / ``"token-sum-norm"``.
     Returns:
         0-d tensor.
     """

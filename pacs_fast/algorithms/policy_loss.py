@@ -1,13 +1,13 @@
 """Baseline losses: PPO clipped surrogate (with DAPO clip-higher and dual clip), GRPO / RLOO /
 Dr. GRPO on top of it, and the clipped PPO value loss.
 
-Recipes (token-level losses with the definitions of verl v0.7.0's ``core_algos``; see
+Recipes (token-level losses with the definitions of verl's ``core_algos``, 0.7.0 and 0.9.1; see
 ``tests/test_verl_semantics.py``):
 
 - PPO:     ``advantages, returns = gae(...)``; ``policy_loss(...)`` + ``value_loss(...)`` for the critic.
 - GRPO:    ``grpo_loss(..., advantage="grpo")``, optionally ``logp_ref=..., kl_coef=0.001`` (k3 KL).
-- Dr.GRPO: ``grpo_loss(..., advantage="dr_grpo", loss_agg_mode="seq-mean-token-sum-horizon", horizon=max_len)``
-  (the paper's batch mean; verl's ``"seq-mean-token-sum-norm"`` is the same sum over sequences, not averaged).
+- Dr.GRPO: ``grpo_loss(..., advantage="dr_grpo", loss_agg_mode="seq-mean-token-sum-norm", horizon=max_len)``
+  (``"token-sum-norm"``: the sum over sequences that verl <= 0.7.0 used under that name).
 - RLOO:    ``grpo_loss(..., advantage="rloo")``.
 - DAPO:    ``grpo_loss(..., clip_low=0.2, clip_high=0.28, loss_agg_mode="token-mean")``.
 

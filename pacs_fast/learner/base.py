@@ -201,7 +201,7 @@ def resolve_loss_agg(algo: AlgoConfig) -> str:
     """``algo.loss_agg`` with ``auto`` resolved per algorithm (Dr. GRPO: constant-horizon token sums)."""
     if algo.loss_agg != "auto":
         return algo.loss_agg
-    return "seq-mean-token-sum-horizon" if algo.name == "dr_grpo" else "token-mean"
+    return "seq-mean-token-sum-norm" if algo.name == "dr_grpo" else "token-mean"
 
 
 def needs_reference(algo: AlgoConfig) -> bool:
