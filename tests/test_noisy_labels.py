@@ -190,3 +190,57 @@ def test_bad_rates():
         corrected_rewards(torch.zeros(2), "backward", 0.0, 1.0)
     with pytest.raises(ValueError, match="correction"):
         corrected_bce(torch.zeros(2), torch.zeros(2), "sideways", 0.0, 0.1)
+
+
+# ----------------------------------------------------------------------------- the Scorer's noise and appeal
+def test_flips_are_seeded_by_step_and_at_the_given_rates(seed):
+    from pacs_fast.trainer.rewards import flip_labels
+    rng = random.Random(seed)
+    labels = [float(rng.random() < 0.4) for _ in range(20_000)]
+    fp, fn = 0.1, 0.3
+    a = flip_labels(labels, fp=fp, fn=fn, seed=seed, step=5)
+    assert a == flip_labels(labels, fp=fp, fn=fn, seed=seed, step=5)  # resume-exact
+    assert a != flip_labels(labels, fp=fp, fn=fn, seed=seed, step=6)
+    pos = [x for x, y in zip(a, labels) if y == 1.0]
+    neg = [x for x, y in zip(a, labels) if y == 0.0]
+    fn_rate, fp_rate = 1 - sum(pos) / len(pos), sum(neg) / len(neg)
+    # binomial standard errors ~0.005 and ~0.003: 5 sigma bounds
+    assert abs(fn_rate - fn) < 5 * (fn * (1 - fn) / len(pos)) ** 0.5
+    assert abs(fp_rate - fp) < 5 * (fp * (1 - fp) / len(neg)) ** 0.5
+    assert flip_labels(labels, fp=0, fn=0, seed=seed, step=1) == labels
+
+
+def lenient_appeal(texts, answers):
+    """Also accepts the answer spelled as a word (the strict verifier rejects it)."""
+    words = {"four": "4"}
+    return [words.get(t.strip().removeprefix("\\boxed{").removesuffix("}"), None) == a for t, a in zip(texts, answers)]
+
+
+def test_scorer_noise_appeal_and_online_fn_rate():
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.rewards import Scorer
+    cfg = load_config(None, ["reward.noise_fn=0.0", "reward.appeal=test_noisy_labels:lenient_appeal",
+                             "reward.fn_rate=appeal", "algo.noise_correction=backward"])
+    scorer = Scorer.from_config(cfg)
+    try:
+        # 3 right, 1 right but spelled out (a false negative of the strict check), 2 wrong
+        texts = ["\\boxed{4}", "\\boxed{4}", "\\boxed{4}", "\\boxed{four}", "\\boxed{5}", "7"]
+        assert scorer(texts, ["4"] * 6) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]  # evaluation: no appeal, no noise
+        assert scorer.fn_rate is None
+        assert scorer(texts, ["4"] * 6, step=1) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+        assert scorer.fn_rate == pytest.approx(1 / 4)  # 1 overturned / (3 positives + 1 overturned)
+        assert cfg.algo.noise_rho1 == pytest.approx(1 / 4)  # the learner's correction reads it
+        state = scorer.state_dict()
+        scorer(texts[:3], ["4"] * 3, step=2)
+        assert scorer.fn_rate == pytest.approx(1 / 7)
+        scorer.load_state_dict(state)
+        assert scorer.fn_rate == pytest.approx(1 / 4)
+    finally:
+        scorer.close()
+    noisy = Scorer.from_config(load_config(None, ["reward.noise_fn=0.5", "train.seed=3"]))
+    try:
+        r1 = noisy(["\\boxed{4}"] * 200, ["4"] * 200, step=7)
+        assert r1 == noisy(["\\boxed{4}"] * 200, ["4"] * 200, step=7) and 50 < sum(r1) < 150
+        assert noisy(["\\boxed{4}"] * 200, ["4"] * 200) == [1.0] * 200  # evaluation stays clean
+    finally:
+        noisy.close()
