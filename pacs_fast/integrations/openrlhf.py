@@ -1,0 +1,138 @@
+"""PACS in OpenRLHF: ``PACSPolicyLoss``, a drop-in for ``openrlhf.models.PolicyLoss``.
+
+Written against the interface of openrlhf 0.11.2 (``SUPPORTED_OPENRLHF``). Three pieces, used in
+a PPO actor / experience maker of yours (OpenRLHF has no registry to plug into):
+
+    from pacs_fast.integrations.openrlhf import PACSPolicyLoss, check_args, pacs_advantages
+    check_args(args)                                    # at start: group-keeping settings
+    actor.actor_loss_fn = PACSPolicyLoss(group_size=args.rollout.n_samples_per_prompt)
+    # in place of RemoteExperienceMaker.compute_advantages_and_returns:
+    experiences = pacs_advantages(experiences, args.rollout.n_samples_per_prompt)
+
+- ``pacs_advantages`` writes each sample's raw reward ``experience.rewards`` and its group
+  (``experience.index // n_samples_per_prompt``, OpenRLHF's own grouping) into ``advantages``
+  (``R_i + 2 * (group mod 16)`` on action tokens, see ``pacs_fast.integrations._groups``).
+- ``PACSPolicyLoss.forward`` has ``PolicyLoss.forward``'s signature and returns its 5-tuple
+  ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)`` (clip_ratio is 0: PACS does not clip;
+  vllm_kl and is_filter_ratio are None). It reads the rewards and groups back, checks that the
+  micro-batch holds whole groups, and computes ``pacs_fast.pacs_loss`` with ``old_log_probs`` (the
+  rollout policy's log-probs) as the reference, PACS ``ref="rollout"``. With ``global_batch_size``
+  it scales like OpenRLHF's per-sample mode: ``sum_i loss_i / global_batch_size * dp_size``.
+  The last call's PACS metrics are in ``loss_fn.last_metrics``.
+
+Not supported yet: OpenRLHF 0.11.2's ``PPOActor.ppo_train`` shuffles the replay buffer per
+sample (``DataLoader(shuffle=True)`` unless ring attention, DeepSpeed TP or dynamic batching is
+on), which splits groups; the loss detects it and raises, so a PACS run needs that loader built
+with ``shuffle=False`` over group-ordered items (a patch of ``ppo_train`` this module does not
+ship). Dynamic batching, packed samples, and OpenRLHF's vLLM importance-sampling correction
+(``rollout_log_probs`` is ignored) are not supported either.
+"""
+from __future__ import annotations
+
+import torch
+
+from pacs_fast.algorithms.pacs import BACKENDS, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
+from pacs_fast.integrations._groups import (
+    check_whole_groups,
+    decode_tagged_advantages,
+    encode_tagged_advantages,
+    pacs_metrics,
+)
+
+SUPPORTED_OPENRLHF = "0.11"
+
+__all__ = ["PACSPolicyLoss", "SUPPORTED_OPENRLHF", "check_args", "pacs_advantages"]
+
+_FIX = ("feed each micro-batch whole groups of n_samples_per_prompt contiguous samples: "
+        "train.micro_batch_size a multiple of rollout.n_samples_per_prompt, the replay buffer "
+        "not shuffled per sample, advantages from pacs_advantages")
+
+
+def _get(cfg, dotted: str, default=None):
+    cur = cfg
+    for part in dotted.split("."):
+        cur = getattr(cur, part, None) if not isinstance(cur, dict) else cur.get(part)
+        if cur is None:
+            return default
+    return cur
+
+
+def check_args(args) -> None:
+    """Start-time check of OpenRLHF's (nested) args: raises one ValueError listing every setting
+    that would split groups or change the rewards."""
+    n = _get(args, "rollout.n_samples_per_prompt", 1)
+    problems = []
+    if int(n) < 2:
+        problems.append(f"rollout.n_samples_per_prompt must be >= 2 (got {n})")
+    micro = _get(args, "train.micro_batch_size", 1)
+    if int(micro) % max(int(n), 1):
+        problems.append(f"train.micro_batch_size ({micro}) must be a multiple of "
+                        f"rollout.n_samples_per_prompt ({n})")
+    if _get(args, "train.dynamic_batch_enable", False):
+        problems.append("train.dynamic_batch_enable must be False")
+    if _get(args, "ds.packing_samples", False):
+        problems.append("ds.packing_samples must be False")
+    if float(_get(args, "algo.kl.init_coef", 0.0)) > 0 and not _get(args, "algo.kl.use_loss", False):
+        problems.append("algo.kl.init_coef > 0 without algo.kl.use_loss puts a KL term into the reward; "
+                        "set algo.kl.init_coef=0 (or algo.kl.use_loss)")
+    if problems:
+        raise ValueError("PACS in OpenRLHF: " + "; ".join(problems))
+
+
+@torch.no_grad()
+def pacs_advantages(experiences, n_samples_per_prompt: int):
+    """Replaces ``RemoteExperienceMaker.compute_advantages_and_returns``: sets
+    ``advantages`` and ``returns`` of each experience to the reward + group tag read by
+    ``PACSPolicyLoss`` (``[B, A]`` fp32). Rewards must lie in [0, 1]. Returns ``experiences``."""
+    n = int(n_samples_per_prompt)
+    if n < 1:
+        raise ValueError(f"pacs_advantages: n_samples_per_prompt must be >= 1, got {n}")
+    for exp in experiences:
+        if exp.index is None:
+            raise ValueError("pacs_advantages: experience.index is None (needs OpenRLHF's sample positions)")
+        rewards = exp.rewards.reshape(-1)
+        group = torch.as_tensor(list(exp.index), device=rewards.device) // n
+        exp.advantages = encode_tagged_advantages(rewards, group, exp.action_mask)
+        exp.returns = exp.advantages.clone()
+    return experiences
+
+
+class PACSPolicyLoss(torch.nn.Module):
+    """PACS with OpenRLHF's ``PolicyLoss`` call interface (see the module docstring).
+
+    Args:
+        group_size: ``rollout.n_samples_per_prompt``.
+        beta, score, weight_mode, proxy, backend: as in ``pacs_fast.pacs_loss``.
+    """
+
+    def __init__(self, group_size: int, beta: float = 1.0, score: str = "rloo",
+                 weight_mode: str = "question", proxy: str = "logratio", backend: str = "torch") -> None:
+        super().__init__()
+        for name, value, allowed in (("score", score, SCORES), ("weight_mode", weight_mode, WEIGHT_MODES),
+                                     ("proxy", proxy, PROXIES), ("backend", backend, BACKENDS)):
+            if value not in allowed:
+                raise ValueError(f"PACSPolicyLoss: {name} must be one of {allowed}, got {value!r}")
+        if int(group_size) < 1:
+            raise ValueError(f"PACSPolicyLoss: group_size must be >= 1, got {group_size}")
+        self.group_size = int(group_size)
+        self.options = dict(beta=float(beta), score=score, weight_mode=weight_mode, proxy=proxy, backend=backend)
+        self.last_metrics: dict[str, float] = {}
+
+    def forward(self, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                action_mask: torch.Tensor | None = None, rollout_log_probs: torch.Tensor | None = None,
+                dp_size: int = 1, batch_num_tokens: float | None = None,
+                global_batch_size: float | None = None):
+        """``[B, A]`` tensors of one micro-batch (whole groups) ->
+        ``(loss, clip_ratio, ppo_kl, vllm_kl=None, is_filter_ratio=None)``."""
+        mask = torch.ones_like(log_probs, dtype=torch.bool) if action_mask is None else action_mask
+        rewards, tags = decode_tagged_advantages(advantages, mask, _FIX)
+        check_whole_groups(tags, self.group_size, _FIX)
+        loss, terms = pacs_loss(log_probs, old_log_probs, mask, rewards.to(log_probs.device),
+                                group_size=self.group_size, return_terms=True, **self.options)
+        if global_batch_size is not None:
+            loss = loss * (log_probs.shape[0] / float(global_batch_size) * float(dp_size))
+        m = mask.to(log_probs.dtype)
+        ppo_kl = ((old_log_probs - log_probs.detach()) * m).sum() / m.sum().clamp(min=1)
+        clip_ratio = torch.zeros((), dtype=loss.dtype, device=loss.device)
+        self.last_metrics = {**pacs_metrics(terms, rewards), "pacs/loss": float(loss.detach())}
+        return loss, clip_ratio, ppo_kl, None, None

@@ -1,0 +1,198 @@
+"""PACS in verl: an advantage estimator and a policy loss, both named ``"pacs"``, registered in
+verl's registries (``verl.trainer.ppo.core_algos``) when this module is imported.
+
+Written against verl 0.9.1 (``SUPPORTED_VERL``). Make every verl process import it with
+``VERL_USE_EXTERNAL_MODULES=pacs_fast.integrations.verl`` (verl imports the listed modules when it
+is imported itself, in the driver and in every Ray worker), then set::
+
+    algorithm.adv_estimator=pacs  algorithm.use_kl_in_reward=False
+    actor_rollout_ref.actor.policy_loss.loss_mode=pacs  actor_rollout_ref.actor.use_kl_loss=False
+    actor_rollout_ref.actor.shuffle=False  actor_rollout_ref.actor.use_dynamic_bsz=False
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=<multiple of rollout.n>
+    trainer.balance_batch=False
+
+How the data gets through. verl's policy-loss hook receives per-token tensors only
+(``old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+rollout_is_weights``). The ``"pacs"`` estimator writes the sequence reward ``R_i`` (the sum of
+``token_level_rewards``) and a group tag into ``advantages`` (``R_i + 2 * (group mod 16)`` on
+response tokens, see ``pacs_fast.integrations._groups``); the ``"pacs"`` loss reads them back,
+checks that the micro-batch holds whole groups of ``rollout.n`` contiguous responses (``uid``
+runs), and computes ``pacs_fast.pacs_loss`` with ``old_log_prob`` (the rollout policy's
+recomputed log-probs) as the reference: PACS ``ref="rollout"``, as in the paper's verl code.
+
+Scaling: the PACS loss is a mean over sequences; with verl's global batch info it is scaled as
+verl's ``seq-mean`` modes are (``sum_i loss_i / global_batch_size * dp_size``), so micro-batches
+and data-parallel ranks add up to the mean over the mini-batch. ``loss_agg_mode`` is not used.
+
+Options (beta, score, weight_mode, proxy): ``"pacs"`` uses the paper's defaults
+(``PACS_DEFAULTS``); ``register_pacs_loss("pacs_grpo", score="grpo")`` registers a variant under
+another name, from a module of yours listed in ``VERL_USE_EXTERNAL_MODULES``.
+
+Not supported: rollout-correction weights (``rollout_is_weights``: a clear error), dynamic
+batch sizes, shuffled mini-batches, a KL term in the reward (they change or split groups).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+try:
+    import verl
+    from verl.trainer.ppo import core_algos
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("pacs_fast.integrations.verl needs verl's core_algos (tested with verl==0.9.1); "
+                      "see docs/INTEGRATIONS.md for the packages it imports") from e
+
+from pacs_fast.algorithms.pacs import PROXIES, SCORES, WEIGHT_MODES, pacs_loss
+from pacs_fast.integrations._groups import (
+    check_whole_groups,
+    decode_tagged_advantages,
+    encode_tagged_advantages,
+    pacs_metrics,
+)
+
+SUPPORTED_VERL = "0.9"
+PACS_DEFAULTS = {"beta": 1.0, "score": "rloo", "weight_mode": "question", "proxy": "logratio"}
+
+__all__ = ["PACS_DEFAULTS", "SUPPORTED_VERL", "check_config", "compute_pacs_advantage",
+           "compute_policy_loss_pacs", "register_pacs_loss"]
+
+if not getattr(verl, "__version__", "").startswith(SUPPORTED_VERL + "."):
+    warnings.warn(f"pacs_fast.integrations.verl was written for verl {SUPPORTED_VERL}.x; found "
+                  f"{getattr(verl, '__version__', 'unknown')}", stacklevel=2)
+
+_FIX = ("keep each prompt's rollout.n responses contiguous and whole: "
+        "actor_rollout_ref.actor.shuffle=False, actor_rollout_ref.actor.use_dynamic_bsz=False, "
+        "trainer.balance_batch=False, actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu a multiple "
+        "of actor_rollout_ref.rollout.n, algorithm.adv_estimator=pacs")
+
+
+def _get(cfg, dotted: str, default=None):
+    cur = cfg
+    for part in dotted.split("."):
+        if cur is None:
+            return default
+        cur = cur.get(part, None) if hasattr(cur, "get") else getattr(cur, part, None)
+    return default if cur is None else cur
+
+
+def check_config(config, loss_name: str = "pacs") -> None:
+    """Start-time check of a full verl trainer config (the Hydra/OmegaConf tree or a dict):
+    raises one ValueError listing every setting that would split groups or change the rewards."""
+    n = _get(config, "actor_rollout_ref.rollout.n")
+    actor = "actor_rollout_ref.actor."
+    problems = []
+    if _get(config, "algorithm.adv_estimator") != "pacs":
+        problems.append("algorithm.adv_estimator must be 'pacs'")
+    if _get(config, actor + "policy_loss.loss_mode") != loss_name:
+        problems.append(f"{actor}policy_loss.loss_mode must be {loss_name!r}")
+    if n is None or int(n) < 2:
+        problems.append(f"actor_rollout_ref.rollout.n must be >= 2 (got {n})")
+    for key, bad in (("algorithm.use_kl_in_reward", True), (actor + "shuffle", True),
+                     (actor + "use_dynamic_bsz", True), ("trainer.balance_batch", True)):
+        if bool(_get(config, key, False)) == bad:
+            problems.append(f"{key} must be False")
+    micro = _get(config, actor + "ppo_micro_batch_size_per_gpu")
+    if n and (micro is None or int(micro) % int(n)):
+        problems.append(f"{actor}ppo_micro_batch_size_per_gpu ({micro}) must be a multiple of "
+                        f"actor_rollout_ref.rollout.n ({n})")
+    if problems:
+        raise ValueError("PACS in verl: " + "; ".join(problems))
+
+
+def _check_actor_config(config) -> int:
+    """The settings visible to the loss (an ActorConfig); returns the group size rollout.n."""
+    if config is None:
+        raise ValueError("PACS policy loss: verl passed no actor config (needs rollout_n)")
+    n = _get(config, "rollout_n")
+    if n is None or int(n) < 1:
+        raise ValueError("PACS policy loss: actor config has no rollout_n")
+    if _get(config, "use_dynamic_bsz", False):
+        raise ValueError("PACS policy loss: actor_rollout_ref.actor.use_dynamic_bsz must be False; " + _FIX)
+    if _get(config, "shuffle", False):
+        raise ValueError("PACS policy loss: actor_rollout_ref.actor.shuffle must be False; " + _FIX)
+    micro = _get(config, "ppo_micro_batch_size_per_gpu")
+    if micro is not None and int(micro) % int(n):
+        raise ValueError(f"PACS policy loss: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} "
+                         f"is not a multiple of rollout.n={n}; " + _FIX)
+    return int(n)
+
+
+@core_algos.register_adv_est("pacs")
+def compute_pacs_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                           index: np.ndarray | None = None, config=None, **kwargs):
+    """verl advantage estimator ``"pacs"``: passes the sequence reward and the group through.
+
+    Args:
+        token_level_rewards: ``[B, T]``; ``R_i`` is the row sum, in [0, 1].
+        response_mask: ``[B, T]``.
+        index: ``[B]`` prompt uids (verl's ``uid``); rows of one prompt must be contiguous.
+    Returns:
+        ``(advantages, returns)``, both ``[B, T]`` fp32 ``R_i + 2 * (group mod 16)`` on response
+        tokens (to be read by the ``"pacs"`` policy loss, not a real advantage).
+    """
+    if index is None:
+        raise ValueError("PACS advantage estimator: verl passed no prompt uid (data.non_tensor_batch['uid'])")
+    if config is not None and bool(_get(config, "use_kl_in_reward", False)):
+        raise ValueError("PACS advantage estimator: algorithm.use_kl_in_reward must be False "
+                         "(PACS needs the verifier's reward in [0, 1])")
+    uid = np.asarray(index)
+    starts = np.concatenate([[True], uid[1:] != uid[:-1]])
+    run = np.cumsum(starts) - 1
+    if len(set(uid[starts].tolist())) != int(starts.sum()):
+        raise ValueError("PACS advantage estimator: the responses of a prompt (uid) are not contiguous "
+                         "in the batch; " + _FIX)
+    sizes = np.bincount(run)
+    if sizes.min() != sizes.max():
+        raise ValueError(f"PACS advantage estimator: groups of different sizes {sorted(set(sizes.tolist()))}; "
+                         "every prompt needs rollout.n responses")
+    rewards = token_level_rewards.detach().sum(dim=-1)
+    adv = encode_tagged_advantages(rewards, torch.as_tensor(run, device=rewards.device), response_mask)
+    return adv, adv.clone()
+
+
+def _pacs_policy_loss(options: dict):
+    def compute_policy_loss_pacs(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
+                                 advantages: torch.Tensor, response_mask: torch.Tensor,
+                                 loss_agg_mode: str = "token-mean", config=None,
+                                 rollout_is_weights: torch.Tensor | None = None,
+                                 ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """verl policy loss: PACS on one micro-batch (``[B, T]`` tensors, whole groups)."""
+        if rollout_is_weights is not None:
+            raise ValueError("PACS policy loss: rollout-correction weights are not supported; "
+                             "disable algorithm.rollout_correction")
+        G = _check_actor_config(config)
+        rewards, tags = decode_tagged_advantages(advantages, response_mask, _FIX)
+        check_whole_groups(tags, G, _FIX)
+        loss, terms = pacs_loss(log_prob, old_log_prob, response_mask, rewards.to(log_prob.device),
+                                group_size=G, return_terms=True, **options)
+        info = _get(config, "global_batch_info", None) or {}
+        global_batch_size = info.get("global_batch_size")
+        if global_batch_size is not None:
+            loss = loss * (log_prob.shape[0] / float(global_batch_size) * float(info.get("dp_size", 1)))
+        metrics = {f"actor/{k}": v for k, v in pacs_metrics(terms, rewards).items()}
+        metrics["actor/pacs/loss"] = float(loss.detach())
+        return loss, metrics
+
+    return compute_policy_loss_pacs
+
+
+def register_pacs_loss(name: str = "pacs", **options) -> Any:
+    """Registers a PACS policy loss under ``name`` with ``options`` (beta, score, weight_mode,
+    proxy; the rest from ``PACS_DEFAULTS``) and returns it."""
+    unknown = set(options) - set(PACS_DEFAULTS)
+    if unknown:
+        raise ValueError(f"register_pacs_loss: unknown options {sorted(unknown)}; known: {sorted(PACS_DEFAULTS)}")
+    merged = {**PACS_DEFAULTS, **options}
+    for key, allowed in (("score", SCORES), ("weight_mode", WEIGHT_MODES), ("proxy", PROXIES)):
+        if merged[key] not in allowed:
+            raise ValueError(f"register_pacs_loss: {key} must be one of {allowed}, got {merged[key]!r}")
+    fn = _pacs_policy_loss(merged)
+    core_algos.register_policy_loss(name)(fn)
+    return fn
+
+
+compute_policy_loss_pacs = register_pacs_loss("pacs")

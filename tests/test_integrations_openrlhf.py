@@ -1,0 +1,121 @@
+"""The OpenRLHF adapter (pacs_fast.integrations.openrlhf), tested against SIGNATURES COPIED from
+openrlhf 0.11.2 into tests/fixtures/openrlhf_0_11_2_signatures.py, not against the installed
+package: ``openrlhf.models`` imports DeepSpeed and flash-attn, which do not install on this CPU
+machine (flash-attn's build needs CUDA). The tests check that PACSPolicyLoss can be called exactly
+as OpenRLHF's PPOActor calls PolicyLoss (same parameters, same 5-tuple), and that its loss equals
+pacs_fast.pacs_loss in float64.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pacs_fast.algorithms.pacs import pacs_loss
+from pacs_fast.integrations.openrlhf import PACSPolicyLoss, check_args, pacs_advantages
+
+TOL = 1e-10  # float64 on both sides, same formulas: only summation-order rounding (~1e-15)
+
+
+def _fixture():
+    path = Path(__file__).parent / "fixtures" / "openrlhf_0_11_2_signatures.py"
+    spec = importlib.util.spec_from_file_location("openrlhf_0_11_2_signatures", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _experiences(P, n, A, seed, per_exp):
+    """OpenRLHF-shaped experiences: samples prompt-major (index p*n + j), split into chunks of
+    ``per_exp`` samples as the rollout micro-batches produce them."""
+    g = torch.Generator().manual_seed(seed)
+    B = P * n
+    lengths = torch.randint(1, A + 1, (B,), generator=g)
+    mask = torch.arange(A)[None, :] < lengths[:, None]
+    R = (torch.rand(B, generator=g) < 0.5).double()
+    exps = [SimpleNamespace(rewards=R[s:s + per_exp].float(), index=list(range(s, min(s + per_exp, B))),
+                            action_mask=mask[s:s + per_exp], advantages=None, returns=None)
+            for s in range(0, B, per_exp)]
+    logp = (-3 * torch.rand(B, A, generator=g, dtype=torch.float64)).requires_grad_()
+    old = logp.detach() + 0.3 * torch.randn(B, A, generator=g, dtype=torch.float64)
+    return exps, R, mask, logp, old
+
+
+def test_forward_signature_matches_openrlhf_policy_loss():
+    ref = inspect.signature(_fixture().PolicyLoss.forward)
+    ours = inspect.signature(PACSPolicyLoss.forward)
+    assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == \
+           [(p.name, p.kind, p.default) for p in ref.parameters.values()]
+    assert inspect.signature(pacs_advantages).parameters["experiences"]
+
+
+@pytest.mark.parametrize("score", ["rloo", "grpo", "dr_grpo", "naive"])
+@pytest.mark.parametrize("P,n,A,seed", [(2, 4, 6, 0), (3, 5, 7, 1)])
+def test_loss_equals_pacs_loss_float64(score, P, n, A, seed):
+    exps, R, mask, logp, old = _experiences(P, n, A, seed, per_exp=3)
+    pacs_advantages(exps, n)
+    adv = torch.cat([e.advantages for e in exps])
+    loss_fn = PACSPolicyLoss(group_size=n, score=score, beta=0.8)
+    # called exactly as PPOActor.training_step calls PolicyLoss (loss_batch_info keywords)
+    out = loss_fn(logp, old, adv, action_mask=mask, rollout_log_probs=None,
+                  dp_size=1, batch_num_tokens=None, global_batch_size=None)
+    assert len(out) == len(_fixture().POLICY_LOSS_RETURNS)
+    loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio = out
+    assert vllm_kl is None and is_filter_ratio is None and float(clip_ratio) == 0.0
+    (grad,) = torch.autograd.grad(loss, logp)
+    x = logp.detach().clone().requires_grad_()
+    ref = pacs_loss(x, old, mask, R, group_size=n, score=score, beta=0.8)
+    (ref_grad,) = torch.autograd.grad(ref, x)
+    assert abs(float(loss.detach()) - float(ref.detach())) <= TOL
+    assert float((grad - ref_grad).abs().max()) <= TOL
+    expected_kl = float(((old - logp.detach()) * mask).sum() / mask.sum())
+    assert abs(float(ppo_kl) - expected_kl) <= TOL
+    assert {"pacs/psi_mean", "pacs/brier", "pacs/loss"} <= set(loss_fn.last_metrics)
+
+
+def test_global_batch_size_scales_like_per_sample_mode():
+    exps, R, mask, logp, old = _experiences(2, 4, 5, 2, per_exp=8)
+    pacs_advantages(exps, 4)
+    adv = exps[0].advantages
+    fn = PACSPolicyLoss(group_size=4)
+    plain = fn(logp, old, adv, action_mask=mask)[0]
+    scaled = fn(logp, old, adv, action_mask=mask, dp_size=4, global_batch_size=64)[0]
+    assert abs(float(scaled.detach()) - float(plain.detach()) * 8 / 64 * 4) <= TOL
+
+
+def test_shuffled_replay_buffer_gives_a_clear_error():
+    exps, R, mask, logp, old = _experiences(2, 4, 5, 3, per_exp=8)
+    pacs_advantages(exps, 4)
+    adv = exps[0].advantages
+    perm = torch.tensor([5, 1, 2, 3, 4, 0, 6, 7])  # rows 0 and 5 trade groups, as a shuffle does
+    fn = PACSPolicyLoss(group_size=4)
+    with pytest.raises(ValueError, match="replay buffer not shuffled"):
+        fn(logp[perm], old[perm], adv[perm], action_mask=mask[perm])
+    with pytest.raises(ValueError, match="whole groups of 4"):
+        fn(logp[:6], old[:6], adv[:6], action_mask=mask[:6])
+    with pytest.raises(ValueError, match="advantages from pacs_advantages"):
+        fn(logp, old, adv - 0.5 * mask, action_mask=mask)  # an ordinary (centred) advantage
+
+
+def test_check_args_names_the_settings():
+    ok = SimpleNamespace(rollout=SimpleNamespace(n_samples_per_prompt=8),
+                         train=SimpleNamespace(micro_batch_size=16, dynamic_batch_enable=False),
+                         ds=SimpleNamespace(packing_samples=False),
+                         algo=SimpleNamespace(kl=SimpleNamespace(init_coef=0.0, use_loss=False)))
+    check_args(ok)
+    ok.train.micro_batch_size = 12
+    ok.algo.kl.init_coef = 0.01
+    with pytest.raises(ValueError) as e:
+        check_args(ok)
+    assert "train.micro_batch_size (12)" in str(e.value) and "algo.kl.init_coef" in str(e.value)
+
+
+def test_rewards_outside_unit_interval_are_refused():
+    exps, *_ = _experiences(1, 4, 3, 4, per_exp=4)
+    exps[0].rewards = exps[0].rewards * 0 + 1.5
+    with pytest.raises(ValueError, match=r"rewards must lie in \[0, 1\]"):
+        pacs_advantages(exps, 4)

@@ -1,0 +1,151 @@
+"""The verl adapter (pacs_fast.integrations.verl) against the real verl 0.9.1 registries.
+
+CI installs verl==0.9.1 without its dependencies plus the few packages that
+``verl.trainer.ppo.core_algos`` imports (scripts/setup.sh); the functions are called exactly as
+verl calls them: the estimator through ``get_adv_estimator_fn("pacs")`` with verl's keyword
+arguments (token_level_rewards, response_mask, index=uid, config=AlgoConfig), the loss through
+``get_policy_loss_fn("pacs")`` with verl's (old_log_prob, log_prob, advantages, response_mask,
+loss_agg_mode, config=ActorConfig, rollout_is_weights).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+core_algos = pytest.importorskip("verl.trainer.ppo.core_algos",
+                                 reason="verl not installed (scripts/setup.sh installs verl==0.9.1)")
+from verl.trainer.config import AlgoConfig  # noqa: E402
+from verl.workers.config import ActorConfig  # noqa: E402
+
+import pacs_fast.integrations.verl as pv  # noqa: E402
+from pacs_fast.algorithms.pacs import pacs_loss  # noqa: E402
+
+TOL = 1e-10  # float64 on both sides, same formulas: only summation-order rounding (~1e-15)
+
+
+def _actor_config(n, micro=None, **kw):
+    return ActorConfig(strategy="fsdp", rollout_n=n, ppo_micro_batch_size_per_gpu=micro or 2 * n,
+                       ppo_mini_batch_size=2, **kw)
+
+
+def _batch(P, n, T, seed, soft=False):
+    g = torch.Generator().manual_seed(seed)
+    B = P * n
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    R = torch.rand(B, generator=g, dtype=torch.float64) if soft else (torch.rand(B, generator=g) < 0.5).double()
+    tlr = torch.zeros(B, T, dtype=torch.float32)
+    tlr[torch.arange(B), lengths - 1] = R.float()  # verl's reward managers put R on the last token
+    uid = np.repeat([f"uid-{seed}-{i}" for i in range(P)], n).astype(object)
+    logp = (-3 * torch.rand(B, T, generator=g, dtype=torch.float64)).requires_grad_()
+    old = logp.detach() + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    return dict(tlr=tlr, mask=mask, R=R, uid=uid, logp=logp, old=old)
+
+
+def _advantages(b):
+    fn = core_algos.get_adv_estimator_fn("pacs")
+    return fn(token_level_rewards=b["tlr"], response_mask=b["mask"], index=b["uid"], config=AlgoConfig())
+
+
+def test_registered_under_pacs():
+    assert core_algos.get_adv_estimator_fn("pacs") is pv.compute_pacs_advantage
+    assert core_algos.get_policy_loss_fn("pacs") is pv.compute_policy_loss_pacs
+
+
+@pytest.mark.parametrize("score", ["rloo", "grpo", "dr_grpo", "naive"])
+@pytest.mark.parametrize("P,n,T,seed", [(2, 4, 6, 0), (3, 5, 7, 1)])
+def test_registered_loss_equals_pacs_loss_float64(score, P, n, T, seed):
+    b = _batch(P, n, T, seed)
+    adv, ret = _advantages(b)
+    assert adv.shape == b["mask"].shape and torch.equal(adv, ret)
+    name = "pacs" if score == "rloo" else f"pacs_test_{score}"
+    if score != "rloo":
+        pv.register_pacs_loss(name, score=score, beta=0.7)
+    loss, metrics = core_algos.get_policy_loss_fn(name)(
+        old_log_prob=b["old"], log_prob=b["logp"], advantages=adv, response_mask=b["mask"],
+        loss_agg_mode="token-mean", config=_actor_config(n), rollout_is_weights=None)
+    (grad,) = torch.autograd.grad(loss, b["logp"])
+    logp = b["logp"].detach().clone().requires_grad_()
+    ref = pacs_loss(logp, b["old"], b["mask"], b["R"], group_size=n, score=score,
+                    beta=1.0 if score == "rloo" else 0.7)
+    (ref_grad,) = torch.autograd.grad(ref, logp)
+    assert loss.dtype == torch.float64
+    assert abs(float(loss.detach()) - float(ref.detach())) <= TOL
+    assert float((grad - ref_grad).abs().max()) <= TOL
+    assert {"actor/pacs/psi_mean", "actor/pacs/brier", "actor/pacs/loss"} <= set(metrics)
+
+
+def test_soft_rewards_pass_through_within_fp32_precision():
+    b = _batch(2, 4, 5, 3, soft=True)
+    adv, _ = _advantages(b)
+    from pacs_fast.integrations._groups import decode_tagged_advantages
+
+    R, tags = decode_tagged_advantages(adv, b["mask"], "fix")
+    # R + 2*tag < 32 stored in fp32: spacing 2**-19 (~1.9e-6)
+    assert float((R - b["R"]).abs().max()) <= 2 ** -19
+    assert tags.tolist() == [0] * 4 + [1] * 4
+
+
+def test_global_batch_info_scales_like_seq_mean():
+    b = _batch(2, 4, 5, 4)
+    adv, _ = _advantages(b)
+    cfg = _actor_config(4)
+    fn = core_algos.get_policy_loss_fn("pacs")
+    plain, _ = fn(b["old"], b["logp"], adv, b["mask"], "token-mean", cfg, None)
+    cfg.global_batch_info.update(global_batch_size=32, dp_size=2)
+    scaled, _ = fn(b["old"], b["logp"], adv, b["mask"], "token-mean", cfg, None)
+    assert abs(float(scaled.detach()) - float(plain.detach()) * 8 / 32 * 2) <= TOL
+
+
+def test_split_or_shuffled_groups_give_a_clear_error():
+    b = _batch(2, 4, 5, 5)
+    adv, _ = _advantages(b)
+    fn = core_algos.get_policy_loss_fn("pacs")
+    perm = torch.tensor([0, 1, 2, 4, 3, 5, 6, 7])  # one row swapped between groups
+    with pytest.raises(ValueError, match="trainer.balance_batch=False"):
+        fn(b["old"][perm], b["logp"][perm], adv[perm], b["mask"][perm], "token-mean", _actor_config(4), None)
+    with pytest.raises(ValueError, match="whole groups of 4"):
+        fn(b["old"][:6], b["logp"][:6], adv[:6], b["mask"][:6], "token-mean", _actor_config(4), None)
+    # an ordinary advantage (not written by the "pacs" estimator) is refused
+    with pytest.raises(ValueError, match="adv_estimator=pacs"):
+        fn(b["old"], b["logp"], -adv, b["mask"], "token-mean", _actor_config(4), None)
+
+
+def test_actor_settings_that_split_groups_are_refused():
+    b = _batch(2, 4, 5, 6)
+    adv, _ = _advantages(b)
+    fn = core_algos.get_policy_loss_fn("pacs")
+    with pytest.raises(ValueError, match="actor.shuffle must be False"):
+        fn(b["old"], b["logp"], adv, b["mask"], "token-mean", _actor_config(4, shuffle=True), None)
+    with pytest.raises(ValueError, match="ppo_micro_batch_size_per_gpu=6 is not a multiple of rollout.n=4"):
+        fn(b["old"], b["logp"], adv, b["mask"], "token-mean", _actor_config(4, micro=6), None)
+    with pytest.raises(ValueError, match="rollout-correction"):
+        fn(b["old"], b["logp"], adv, b["mask"], "token-mean", _actor_config(4), torch.ones_like(b["old"]))
+
+
+def test_estimator_refuses_non_contiguous_prompts():
+    b = _batch(2, 3, 4, 7)
+    uid = b["uid"][[0, 3, 1, 4, 2, 5]]
+    with pytest.raises(ValueError, match="not contiguous"):
+        core_algos.get_adv_estimator_fn("pacs")(token_level_rewards=b["tlr"], response_mask=b["mask"],
+                                               index=uid, config=AlgoConfig())
+
+
+def test_check_config_lists_every_bad_setting():
+    from omegaconf import OmegaConf
+
+    good = OmegaConf.create({
+        "algorithm": {"adv_estimator": "pacs", "use_kl_in_reward": False},
+        "actor_rollout_ref": {"rollout": {"n": 8}, "actor": {
+            "policy_loss": {"loss_mode": "pacs"}, "shuffle": False, "use_dynamic_bsz": False,
+            "ppo_micro_batch_size_per_gpu": 16}},
+        "trainer": {"balance_batch": False}})
+    pv.check_config(good)
+    bad = OmegaConf.merge(good, {"trainer": {"balance_batch": True}, "algorithm": {"adv_estimator": "grpo"},
+                                 "actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": 12}}})
+    with pytest.raises(ValueError) as e:
+        pv.check_config(bad)
+    msg = str(e.value)
+    for key in ("trainer.balance_batch", "algorithm.adv_estimator", "ppo_micro_batch_size_per_gpu (12)"):
+        assert key in msg
