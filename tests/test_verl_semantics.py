@@ -252,6 +252,7 @@ def _installed_verl():
     return core_algos
 
 
+@pytest.mark.filterwarnings("ignore:.*compute_policy_loss.*deprecated:FutureWarning")  # the plain-argument form
 def test_against_installed_verl(seed):
     """The same definitions against the real functions, when verl is importable."""
     ca = _installed_verl()
