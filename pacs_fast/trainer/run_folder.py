@@ -1,0 +1,160 @@
+"""The run folder (``runs/<name>/``): created once, never silently overwritten, every file written
+atomically or append-only.
+
+- :func:`claim_run_dir`: a new run refuses an existing run folder (the error names it and
+  ``--resume``); an automatic name (``algo-timestamp``) takes the next free suffix.
+- :func:`resume_config`: ``--resume`` reads ``config.yaml`` and checks it against the copy stored
+  in the newest checkpoint; a cut or edited ``config.yaml`` is refused with a clear message, and a
+  command-line override is accepted only for the keys that cannot change what was trained
+  (:data:`SAFE_RESUME_KEYS`: more steps, logging, threads).
+- :class:`RunFolder`: ``config.yaml`` and ``summary.json`` (atomic), ``samples.jsonl``
+  (append-only: a few rollouts per step, with their prompt, response, reward and score terms).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from pacs_fast.config import Config, load_config, parse_override, save_config, to_dict
+
+# Keys a resumed run may change on its command line: they do not alter the trajectory up to the
+# checkpoint (train.steps extends or shortens the run; the others are logging / resources).
+SAFE_RESUME_KEYS = frozenset({
+    "train.steps", "train.eval_every", "train.save_every", "train.keep_checkpoints", "train.progress",
+    "train.plots", "train.tensorboard", "train.threads", "train.reward_workers", "train.log_samples",
+    "train.keep_freed_memory", "rollout.gpu_memory_utilization",
+})
+CONFIG_FILE = "config.yaml"
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Writes ``text`` to ``path`` through a temporary file, fsync and ``os.replace``: a reader (or a
+    run killed mid-write) sees the old or the new file, never a cut one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def remove_dead_temporaries(folder: str | Path) -> list[Path]:
+    """Removes ``.tmp-<name>-<pid>`` entries of ``folder`` whose process is gone (left by a run
+    killed while writing, e.g. a warm-up into the model cache); returns them."""
+    import shutil
+
+    removed = []
+    for p in Path(folder).glob(".tmp-*-*"):
+        pid = p.name.rsplit("-", 1)[1]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running (another run is writing it)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
+
+
+def _is_used(path: Path) -> bool:
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
+def claim_run_dir(cfg: Config) -> Path:
+    """The folder of a new run: ``train.out_dir / train.run_name``. A user-given name that is
+    already a run folder (anything in it) is refused; an automatic name gets ``-2``, ``-3``, ..."""
+    out = Path(cfg.train.out_dir).expanduser()
+    if cfg.train.run_name:
+        run_dir = out / cfg.train.run_name
+        check_new_run_dir(run_dir)
+        return run_dir
+    base = f"{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir, k = out / base, 1
+    while _is_used(run_dir):
+        k += 1
+        run_dir = out / f"{base}-{k}"
+    return run_dir
+
+
+def check_new_run_dir(run_dir: str | Path) -> None:
+    """ValueError when ``run_dir`` already holds something (a run folder is never overwritten)."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"run folder {str(run_dir)!r} is a file")
+    if _is_used(run_dir):
+        raise ValueError(f"run folder {str(run_dir)!r} already exists: continue it with "
+                         f"`--resume {run_dir}`, or choose another train.run_name (nothing was overwritten)")
+
+
+def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, checkpoint: Path | None = None) -> Config:
+    """The config of the run in ``run_dir`` for ``--resume``, plus the allowed ``overrides``.
+
+    ``config.yaml`` must be readable and equal the config stored in ``checkpoint`` (the newest
+    intact checkpoint, when there is one); overrides must be in :data:`SAFE_RESUME_KEYS`.
+    Raises ValueError (naming the file or key) otherwise."""
+    run_dir = Path(run_dir)
+    saved = run_dir / CONFIG_FILE
+    if not run_dir.is_dir():
+        raise ValueError(f"--resume {run_dir}: no such run folder")
+    if not saved.is_file():
+        raise ValueError(f"--resume {run_dir}: no {CONFIG_FILE} there (is it a run folder?)")
+    try:
+        cfg = load_config(saved)
+    except ValueError as e:
+        raise ValueError(f"--resume {run_dir}: {CONFIG_FILE} is unreadable or cut ({e}); the copy in the newest "
+                         f"checkpoint (checkpoints/step_*/{CONFIG_FILE}) holds the run's config") from None
+    if checkpoint is not None and (checkpoint / CONFIG_FILE).is_file():
+        stored = to_dict(load_config(checkpoint / CONFIG_FILE))
+        now = to_dict(cfg)
+        diff = [f"{s}.{k}" for s in now for k in now[s] if now[s][k] != stored.get(s, {}).get(k)]
+        if diff:
+            raise ValueError(f"--resume {run_dir}: {CONFIG_FILE} differs from the config stored in {checkpoint.name} "
+                             f"({', '.join(diff[:5])}{', ...' if len(diff) > 5 else ''}); restore it (e.g. copy "
+                             f"{checkpoint / CONFIG_FILE}) or start a new run")
+    for text in overrides:
+        key, value = parse_override(text)
+        if key not in SAFE_RESUME_KEYS:
+            raise ValueError(f"--resume: {key} cannot change in a resumed run (it would not continue the same "
+                             f"training); allowed: {', '.join(sorted(SAFE_RESUME_KEYS))}")
+    return load_config(saved, overrides)
+
+
+class RunFolder:
+    """Writes the run folder's own files (rank 0 only). ``metrics.jsonl`` / ``tb/`` belong to
+    :class:`pacs_fast.trainer.metrics.MetricsLogger`, ``checkpoints/`` to
+    :mod:`pacs_fast.trainer.checkpoint`."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._samples = None
+
+    def write_config(self, cfg: Config) -> None:
+        save_config(cfg, self.path / CONFIG_FILE)
+
+    def append_samples(self, rows: list[dict]) -> None:
+        """Appends rollout samples (one JSON object each) to ``samples.jsonl``."""
+        if self._samples is None:
+            self._samples = open(self.path / "samples.jsonl", "a", encoding="utf-8", buffering=1)
+        for row in rows:
+            self._samples.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._samples.flush()
+
+    def write_summary(self, summary: dict) -> None:
+        write_atomic(self.path / "summary.json", json.dumps(summary, indent=1))
+
+    def close(self) -> None:
+        if self._samples is not None:
+            self._samples.close()
+            self._samples = None
+

@@ -1,0 +1,143 @@
+"""One RL step's phases after the rollout, and what a step records.
+
+- :func:`learn`: the learner recomputes the old (and reference) log-probs (and values + GAE for
+  PPO), then updates; a learner that fuses the old log-probs into its update gets them from its
+  first mini-batch's forward.
+- :func:`step_record`: the step's metrics (rewards, lengths, entropy, the learner's metrics, PACS's
+  psi statistics and calibration, timings).
+- :func:`sample_rows`: a few rollouts with their prompt, response, reward and score terms, for
+  ``samples.jsonl`` and TensorBoard text.
+
+Log-prob mismatch (``rollout/logprob_diff_mean`` / ``_max``): the engines report each sampled
+token's log-prob under the *temperature-1* (raw) distribution; the learner computes log-probs of the
+sampling distribution at ``rollout.temperature`` (logits / T; top-p is not applied by either). At
+T = 1 the step's old log-probs are compared directly; at T != 1 the learner runs one extra
+temperature-1 forward on diagnostic steps only (step 1, evaluation steps), so like is compared with like.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pacs_fast.config import Config
+from pacs_fast.learner.base import RolloutBatch, holds_reference_model
+from pacs_fast.trainer.batch import outcome_token_rewards, response_values
+
+
+def learn(cfg: Config, learner, batch: RolloutBatch, prompt_ids, comps, *, seed: int, diagnostic: bool,
+          timings: dict) -> tuple[dict, dict]:
+    """Old / reference log-probs, then the update. Returns ``(learner metrics, mismatch metrics)``."""
+    import time
+
+    t0 = time.perf_counter()
+    if not learner.fuses_old_logprobs:
+        batch.old_logp, batch.old_entropy = learner.compute_logprobs(batch, return_entropy=True)
+    mismatch = {}
+    if cfg.rollout.temperature != 1.0:  # an extra forward at temperature 1, before the update
+        mismatch = logprob_mismatch(learner, batch, prompt_ids, comps, temperature=cfg.rollout.temperature,
+                                    extra_forward=diagnostic)
+    if learner.needs_ref and holds_reference_model(cfg.algo):
+        batch.ref_logp = learner.compute_logprobs(batch, reference=True)
+    elif learner.needs_ref and batch.old_logp is not None:
+        batch.ref_logp = batch.old_logp
+    if cfg.algo.name == "ppo":
+        from pacs_fast.algorithms import gae
+        batch.old_values = learner.compute_values(batch)
+        batch.advantages, batch.returns = gae(outcome_token_rewards(batch), batch.old_values,
+                                              batch.response_mask, gamma=cfg.algo.gamma, lam=cfg.algo.lam)
+    timings["time/logprobs"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    metrics = learner.update(batch, seed=seed)
+    timings["time/update"] = time.perf_counter() - t0
+    if cfg.rollout.temperature == 1.0:  # the old log-probs are the learner's at temperature 1
+        mismatch = logprob_mismatch(learner, batch, prompt_ids, comps, temperature=1.0, extra_forward=False)
+    return metrics, mismatch
+
+
+def _stats(prefix: str, x: torch.Tensor) -> dict:
+    x = x.double()
+    return {f"{prefix}_mean": float(x.mean()), f"{prefix}_std": float(x.std()) if x.numel() > 1 else 0.0}
+
+
+def pacs_metrics(terms: dict) -> dict:
+    """psi / predicted-reward statistics and the calibration of sigmoid(psi) against R."""
+    if "psi" not in terms:
+        return {}
+    psi, pred, R = terms["psi"], terms["pred_reward"].double(), terms["rewards"].double()
+    out = {**_stats("pacs/psi", psi), **_stats("pacs/pred_reward", pred)}
+    out["pacs/brier"] = float(((pred - R) ** 2).mean())
+    out["pacs/calib_gap"] = float((pred.mean() - R.mean()).abs())
+    for lab, name in ((1.0, "pos"), (0.0, "neg")):
+        sel = R == lab
+        out[f"pacs/pred_reward_{name}"] = float(pred[sel].mean()) if sel.any() else float("nan")
+    out["pacs/proxy_abs_mean"] = float(terms["proxy"].abs().mean())
+    return out
+
+
+def logprob_mismatch(learner, batch, prompt_ids, comps, *, temperature: float, extra_forward: bool) -> dict:
+    """``rollout/logprob_diff_mean`` / ``_max``: |engine log-prob - learner log-prob| over the
+    response tokens, both at temperature 1 (see the module docstring). Empty when the engine gave
+    no log-probs, or when ``temperature != 1`` and ``extra_forward`` is False. Collective when the
+    extra forward runs (every rank calls it with the same arguments)."""
+    if any(c.logprobs is None for cs in comps for c in cs):
+        return {}
+    if temperature == 1.0:
+        learner_lp = batch.old_logp
+    elif extra_forward and hasattr(learner, "temperature"):
+        saved, learner.temperature = learner.temperature, 1.0
+        try:
+            learner_lp = learner.compute_logprobs(batch)
+        finally:
+            learner.temperature = saved
+    else:
+        return {}
+    engine_lp = response_values(prompt_ids, [[c.logprobs for c in cs] for cs in comps], batch.input_ids.shape)
+    diff = (engine_lp - learner_lp.float().cpu()).abs()[batch.response_mask > 0]
+    if diff.numel() == 0:
+        return {}
+    return {"rollout/logprob_diff_mean": float(diff.double().mean()), "rollout/logprob_diff_max": float(diff.max())}
+
+
+def step_record(batch: RolloutBatch, comps, learner_metrics: dict, mismatch: dict, terms: dict,
+                timings: dict, *, epoch: int) -> dict:
+    """The metrics of one step (a ``train`` record of ``metrics.jsonl``)."""
+    mask, R = batch.response_mask, batch.rewards
+    groups = R.view(-1, batch.group_size)
+    n_tokens = float(mask.sum())
+    return {
+        "reward/mean": float(R.mean()), "reward/acc": float((R > 0.5).float().mean()),
+        "reward/all_correct_groups": float((groups.min(1).values > 0.5).float().mean()),
+        "reward/all_wrong_groups": float((groups.max(1).values < 0.5).float().mean()),
+        "response/length": n_tokens / len(R),
+        "response/stop_frac": float(np.mean([c.finish_reason == "stop" for cs in comps for c in cs])),
+        "entropy": float((batch.old_entropy * mask).sum() / max(n_tokens, 1.0)),
+        **mismatch,
+        **{f"learner/{k}": v for k, v in learner_metrics.items()},
+        **pacs_metrics(terms),
+        "data/epoch": epoch,
+        **timings,
+        "perf/tokens_per_s": float(batch.attention_mask.sum()) / timings["time/step"],
+        "perf/rollout_tokens_per_s": n_tokens / max(timings["time/rollout"], 1e-9),
+    }
+
+
+def sample_rows(step: int, tokenizer, problems: list[dict], comps, rewards: list[float], terms: dict,
+                k: int) -> list[dict]:
+    """The first ``k`` rollouts of the step (the first group's responses first): prompt text as the
+    model saw it (chat template included), response, reward and, where the learner recorded them
+    per row, PACS's score terms (``psi``, ``pred_reward`` = sigmoid(psi))."""
+    G = len(comps[0]) if comps else 0
+    per_row = {}
+    if "rows" in terms:
+        rows = terms["rows"].tolist()
+        for name in ("psi", "pred_reward", "proxy", "weight"):
+            if name in terms and len(terms[name]) == len(rows):
+                for r, v in zip(rows, terms[name].tolist()):
+                    per_row.setdefault(r, {})[name] = v
+    out = []
+    for row in range(min(k, len(rewards))):
+        i, j = divmod(row, G)
+        out.append({"step": step, "row": row, "prompt": tokenizer.decode(problems[i]["prompt_ids"]),
+                    "response": comps[i][j].text, "answer": problems[i]["answer"], "reward": rewards[row],
+                    **per_row.get(row, {})})
+    return out

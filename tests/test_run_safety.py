@@ -1,0 +1,270 @@
+"""Nothing silently lost or wrong (issue 17, trainer items 1-6 and 10-13): run folders are never
+overwritten, resumes check their config and fall back past a damaged checkpoint, a full disk and a
+non-finite step are reported as such, every bad setting is one line with exit code 2 before any
+model work, checkpoints carry the model folder's tokenizer and generation files unchanged, and a
+few rollouts per step are kept with their prompt."""
+import errno
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
+
+from test_train import TINY
+
+STEPS = ["train.steps=4", "train.eval_every=2", "train.save_every=2", "train.keep_checkpoints=2"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def cli(args, capsys):
+    """``python -m pacs_fast.train ARGS`` in this process: (exit code, stdout, stderr)."""
+    from pacs_fast.train import main
+    code = 0
+    try:
+        main(args)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, cache):
+    """A finished 4-step run (checkpoints at steps 2 and 4), copied by each test that changes it."""
+    out = tmp_path_factory.mktemp("runs")
+    from pacs_fast.train import main
+    main(TINY + STEPS + [f"warmup.cache_dir={cache}", f"train.out_dir={out}", "train.run_name=done"])
+    return out / "done"
+
+
+def copy_run(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_reusing_a_run_name_is_refused_and_nothing_is_touched(finished, tmp_path, capsys, cache):
+    run = copy_run(finished, tmp_path)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    code, _, err = cli(TINY + STEPS + [f"warmup.cache_dir={cache}", f"train.out_dir={tmp_path}", "train.run_name=done"],
+                       capsys)
+    assert code == 2 and "already exists" in err and f"--resume {run}" in err and err.count("\n") == 1
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_automatic_names_never_collide(tmp_path):
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.run_folder import claim_run_dir
+    cfg = load_config(None, [f"train.out_dir={tmp_path}"])
+    first = claim_run_dir(cfg)
+    first.mkdir(parents=True)
+    (first / "config.yaml").write_text("{}")
+    second = claim_run_dir(cfg)
+    assert second != first and second.name.startswith(first.name)
+
+
+def test_resume_of_a_finished_run_keeps_its_results(finished, tmp_path, capsys):
+    run = copy_run(finished, tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    records = read_jsonl(run / "metrics.jsonl")
+    code, _, err = cli(["--resume", str(run)], capsys)
+    assert code == 0, err
+    again = json.loads((run / "summary.json").read_text())
+    final_eval = [r for r in records if r["kind"] == "eval"][-1]
+    assert again["acc_after"] == summary["acc_after"] == final_eval["eval/acc"]
+    assert again["acc_before"] == summary["acc_before"] and again["final_eval_step"] == 4
+    assert deterministic_view(read_jsonl(run / "metrics.jsonl")) == deterministic_view(records)
+    raw = read_jsonl(run / "metrics.jsonl", raw=True)  # append-only: every earlier line is still there
+    assert raw[:len(records)] == records and raw[-1] == {"kind": "resume", "step": 4}
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("cut", "unreadable or cut"),
+    ("edited", "differs from the config stored in step_000004"),
+    ("unsafe_override", "algo.beta cannot change in a resumed run"),
+])
+def test_resume_refuses_a_cut_or_changed_config(finished, tmp_path, capsys, damage, match):
+    run = copy_run(finished, tmp_path)
+    cfg = run / "config.yaml"
+    args = ["--resume", str(run)]
+    if damage == "cut":
+        cfg.write_text(cfg.read_text()[: len(cfg.read_text()) // 3] + "\n  - [")
+    elif damage == "edited":
+        cfg.write_text(cfg.read_text().replace("steps: 4", "steps: 300", 1))
+    else:
+        args.append("algo.beta=2.0")
+    code, _, err = cli(args, capsys)
+    assert code == 2 and match in err and err.count("\n") == 1, err
+
+
+def test_resume_accepts_a_safe_override_and_continues(finished, tmp_path, capsys):
+    run = copy_run(finished, tmp_path)
+    code, _, err = cli(["--resume", str(run), "train.steps=5"], capsys)
+    assert code == 0, err
+    steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert steps == [1, 2, 3, 4, 5]
+
+
+def test_a_truncated_latest_checkpoint_falls_back_to_the_older_one(finished, tmp_path, capsys):
+    run = copy_run(finished, tmp_path)
+    weights = run / "checkpoints" / "step_000004" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    (run / "checkpoints" / ".tmp-step_000006").mkdir()  # a kill while writing
+    code, out, err = cli(["--resume", str(run)], capsys)
+    assert code == 0, err
+    assert f"skipping checkpoint step_000004: {weights} is truncated" in out
+    assert "resumed from" in out and "step_000002 (step 2)" in out
+    assert not list((run / "checkpoints").glob(".tmp-*"))
+    # steps 3 and 4 ran again from step 2 and give the same records as the first time
+    assert deterministic_view(read_jsonl(run / "metrics.jsonl")) == \
+        deterministic_view(read_jsonl(finished / "metrics.jsonl"))
+
+
+def test_a_full_disk_is_reported_and_the_last_good_checkpoint_kept(tmp_path, capsys, cache, monkeypatch):
+    import pacs_fast.trainer.checkpoint as ckpt
+    real_save, calls = torch.save, []
+
+    def save(obj, f, *a, **kw):  # the second checkpoint's learner state hits a full disk
+        calls.append(1)
+        if len(calls) >= 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(ckpt.torch, "save", save)
+    code, _, err = cli(TINY + STEPS + [f"warmup.cache_dir={cache}", f"train.out_dir={tmp_path}", "train.run_name=r"],
+                       capsys)
+    monkeypatch.setattr(ckpt.torch, "save", real_save)
+    root = tmp_path / "r" / "checkpoints"
+    assert code == 1 and "No space left on device" in err and "step_000002 is intact" in err, err
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000002"]
+    assert ckpt.problem_of(root / "step_000002") is None
+
+
+def test_a_non_finite_gradient_stops_the_run_before_the_step(tmp_path, capsys, cache, monkeypatch):
+    import pacs_fast.learner.torch_learner as tl
+    real, calls = tl.objective, []
+
+    def objective(*a, **kw):  # the loss turns NaN from step 3 on (4 micro-batches a step)
+        loss, met = real(*a, **kw)
+        calls.append(1)
+        return (loss * float("nan") if len(calls) > 8 else loss), met
+
+    monkeypatch.setattr(tl, "objective", objective)
+    code, _, err = cli(TINY + STEPS + [f"warmup.cache_dir={cache}", f"train.out_dir={tmp_path}", "train.run_name=r"],
+                       capsys)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1 and "step 3:" in errors[0] and "non-finite loss=nan" in errors[0], err
+    assert "Traceback" not in err
+    root = tmp_path / "r" / "checkpoints"
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000002"]
+    from safetensors.torch import load_file
+    assert all(torch.isfinite(t).all() for t in load_file(str(root / "step_000002" / "model.safetensors")).values())
+
+
+def hf_folder(tmp_path: Path) -> Path:
+    """A tiny HF model folder with its own generation_config.json (two stop ids) and tokenizer."""
+    from pacs_fast.data.tiny import build_char_tokenizer, make_tiny_model
+    folder = make_tiny_model(tmp_path / "model", hidden_size=64, num_layers=1)
+    tok = build_char_tokenizer()
+    gen = {"eos_token_id": [tok.eos_token_id, tok.pad_token_id], "do_sample": True, "temperature": 0.7}
+    (folder / "generation_config.json").write_text(json.dumps(gen))
+    return folder
+
+
+@pytest.mark.parametrize("case, match", [
+    ("lr_inf", "learner.lr must be a finite number, got inf"),
+    ("beta_nan", "algo.beta must be a finite number, got nan"),
+    ("clip_nan", "learner.grad_clip must be a finite number, got nan"),
+    ("temperature_nan", "rollout.temperature must be a finite number, got nan"),
+    ("betas_text", "learner.betas must be two numbers in [0, 1)"),
+    ("threads", "train.threads must be >= 0"),
+    ("workers", "train.reward_workers must be >= 0"),
+    ("attention", "model.attention must be one of"),
+    ("triton", "learner.logprob_backend=triton (compiled Triton kernels) needs a CUDA GPU"),
+    ("model_file", "is a file; give the Hugging Face model folder"),
+    ("model_empty", "has no config.json"),
+    ("out_dir_file", "train.out_dir"),
+    ("run_name_escape", "train.run_name '../x' must be a plain folder name"),
+    ("yaml", "YAML syntax error"),
+    ("three_rows", "too few to hold out an evaluation split"),
+])
+def test_bad_settings_are_one_line_errors_before_any_model_work(tmp_path, capsys, case, match, monkeypatch):
+    monkeypatch.setattr("pacs_fast.trainer.build.build_learner", lambda *a, **k: pytest.fail("model work started"))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "bad.yaml").write_text("algo:\n  beta: [1\n")
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    three = tmp_path / "three.jsonl"
+    three.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(3)))
+    args = {
+        "lr_inf": ["learner.lr=inf"], "beta_nan": ["algo.beta=nan"], "clip_nan": ["learner.grad_clip=.nan"],
+        "temperature_nan": ["rollout.temperature=nan"], "betas_text": ["learner.betas=[a,b]"],
+        "threads": ["train.threads=-1"], "workers": ["train.reward_workers=-1"], "attention": ["model.attention=bogus"],
+        "triton": ["learner.logprob_backend=triton"], "model_file": [f"model.path={tmp_path / 'file'}"],
+        "model_empty": [f"model.path={tmp_path / 'empty'}"], "out_dir_file": [f"train.out_dir={tmp_path / 'file'}"],
+        "run_name_escape": ["train.run_name=../x"], "yaml": ["--config", str(tmp_path / "bad.yaml")],
+        "three_rows": [f"data.dataset={three}", f"model.path={model}"],
+    }[case]
+    if torch.cuda.is_available() and case == "triton":
+        pytest.skip("this machine has CUDA: the triton backend is valid here")
+    if case != "out_dir_file":
+        args = args + [f"train.out_dir={tmp_path / 'runs'}"]
+    code, _, err = cli(args, capsys)
+    assert code == 2 and match in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "x").exists()
+
+
+def test_shipped_dataset_names_are_accepted(tmp_path):
+    from pacs_fast.config import SHIPPED_DATASETS, load_config, validate
+    from pacs_fast.data.datasets import available_datasets
+    assert sorted(SHIPPED_DATASETS) == sorted(available_datasets())
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    validate(load_config(None, ["data.dataset=math_train", "data.eval_dataset=math500", f"model.path={model}"]))
+    with pytest.raises(ValueError, match="neither a shipped dataset"):
+        validate(load_config(None, ["data.dataset=math_trian", f"model.path={model}"]))
+
+
+def test_checkpoints_carry_generation_config_and_tokenizer_unchanged_and_samples_keep_prompts(tmp_path, capsys):
+    model = hf_folder(tmp_path)
+    data = tmp_path / "d.jsonl"
+    rows = [{"problem": f"{i}+{i}", "answer": str(2 * i)} for i in range(20)]
+    rows += [{"problem": "1+" * 40 + "1", "answer": "41"} for _ in range(5)]  # 20% too long
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from transformers import AutoTokenizer
+
+    from pacs_fast.data.prompts import encode_prompts
+    limit = len(encode_prompts(AutoTokenizer.from_pretrained(model), ["19+19"])[0]) + 10
+    args = [a for a in TINY if not a.startswith(("data.arith", "warmup.", "model.tiny"))]
+    code, out, err = cli(args + ["train.steps=1", f"model.path={model}", f"data.dataset={data}", "data.eval_size=4",
+                                 f"data.max_prompt_tokens={limit}", f"train.out_dir={tmp_path}", "train.run_name=r",
+                                 "train.log_samples=3"], capsys)
+    assert code == 0, err
+    import re
+    dropped, total = map(int, re.search(r"WARNING: data.dataset: dropped (\d+) of (\d+) prompts", out).groups())
+    assert dropped >= 2 and total == 21  # 25 rows, 4 held out; at least 2 of the 5 long ones are in training
+    ckpt = tmp_path / "r" / "checkpoints" / "step_000001"
+    for f in model.iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            assert (ckpt / f.name).read_bytes() == f.read_bytes(), f.name
+    from transformers import GenerationConfig
+    assert GenerationConfig.from_pretrained(ckpt).eos_token_id == json.loads(
+        (model / "generation_config.json").read_text())["eos_token_id"]
+    first_eval = read_jsonl(tmp_path / "r" / "metrics.jsonl")[0]
+    assert first_eval["data/dropped_train_prompts"] == pytest.approx(dropped / total)
+    samples = read_jsonl(tmp_path / "r" / "samples.jsonl", raw=True)
+    assert len(samples) == 3 and all(s["step"] == 1 for s in samples)
+    for s in samples:
+        assert "+" in s["prompt"] and len(s["prompt"]) > 40  # the full prompt text, not only the problem
+        assert {"response", "reward", "answer", "psi", "pred_reward"} <= set(s)
+        assert 0 < s["pred_reward"] < 1
