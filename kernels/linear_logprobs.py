@@ -25,6 +25,17 @@ no ``[N, V]`` intermediate at all, at the price of (a) summation order that is n
 deterministic and (b) atomic traffic of ``4*N*V*H*(1/BLOCK_N + 1/BLOCK_V)`` bytes to L2 (see
 bench/README.md). For bf16/fp16 inputs ``dz`` is rounded to the input dtype before the two
 backward ``tl.dot``s (tensor cores), as in the forward GEMM; fp32 inputs keep fp32.
+
+``grad_bwd_chunked`` (the default backward on GPU): vocabulary chunks sized from a memory
+budget; per chunk ``_dlogits_kernel`` recomputes the logits tiles (the same ``tl.dot`` K-loop)
+and writes ``dz`` rounded to the input dtype into one ``[n_chunk, v_chunk]`` buffer, then two
+cuBLAS GEMMs: ``dhidden += dz @ W[chunk]`` (fp32 accumulator) and ``dW[chunk] = dz.T @ hidden``
+(written once when the chunk holds every row). No atomics, deterministic, and the GEMMs run at
+cuBLAS speed; the price is the ``dz`` buffer (the budget) and one extra read/write of it.
+
+The row's log-sum-exp reaches both backward kernels in two parts, ``m`` (row max) and ``log s``
+(``xr = (x - m) - log s``): a single fp32 ``lse = m + log s`` is rounded to ulp(m), which for
+logits in the hundreds (3e-5 at 300) is an error of that size in every ``p`` of the row.
 """
 from __future__ import annotations
 
@@ -32,10 +43,63 @@ import torch
 import triton
 import triton.language as tl
 
+# Overrides of the launch parameters (None: ``launch_config`` decides); the tests shrink the
+# blocks so that the interpreter is fast and every loop has several ragged steps.
 CONFIG = {
-    "BLOCK_N": 128, "BLOCK_V": 128, "BLOCK_H": 64, "GROUP_N": 8,
-    "num_warps": 8, "num_stages": 3, "SPLITS": None,
+    "BLOCK_N": None, "BLOCK_V": None, "BLOCK_H": None, "GROUP_N": None,
+    "num_warps": None, "num_stages": None, "SPLITS": None,
+    "BWD_CHUNK_BYTES": 512 << 20,  # dz buffer of the chunked backward
 }
+KERNELS = ("stats_fwd", "grad_bwd", "dlogits")
+
+# Per-architecture launch parameters, keyed by (kernel, arch, "16" for bf16/fp16 or "32" for fp32);
+# arch None = every architecture without its own entry (and the interpreter). Chosen from the
+# ahead-of-time compile report (``python bench/gpu_compile_report.py``; table in docs/GPU.md;
+# tests/test_kernels_compile.py asserts compile, shared memory, no spills and tensor-core use for
+# exactly these). Candidates were compiled for sm_80/90/100 at N=8192, H=4096, V=151,936:
+#
+# - stats_fwd / dlogits bf16, 128x128x64, 8 warps, 3 stages: no spills on sm_80/90 (64/97 KB smem);
+#   on sm_100 stats_fwd spilled 16 B at 3 stages, 0 at 2 stages (65 KB): sm_100 uses 2.
+# - grad_bwd (atomic) bf16: 128x128x64 spilled 232/104/104 B (sm_80/90/100); 128x128x32 at 2 stages
+#   has none (64-81 KB) and keeps the atomic traffic of 128x128 tiles (64x128x64 also spill-free,
+#   but twice the dhidden atomics).
+# - fp32 (IEEE FMA, no tensor cores; correctness path): 128x128x64 spilled 0.1-11 KB; stats_fwd /
+#   dlogits 128x64x32 with 8 warps, 2 stages: none; grad_bwd needs 32x64x32, 4 warps, 1 stage
+#   (64x64x32 still spilled 160-616 B).
+_BF16 = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=8, num_warps=8, num_stages=3)
+_ARCH_CONFIGS = {
+    ("stats_fwd", None, "16"): _BF16,
+    ("stats_fwd", 100, "16"): dict(_BF16, num_stages=2),
+    ("stats_fwd", None, "32"): dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2),
+    ("dlogits", None, "16"): _BF16,
+    ("dlogits", None, "32"): dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2),
+    ("grad_bwd", None, "16"): dict(_BF16, BLOCK_H=32, num_stages=2),
+    ("grad_bwd", None, "32"): dict(BLOCK_N=32, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=4, num_stages=1),
+}
+
+
+def launch_config(kernel: str, *, N: int, V: int, H: int, dtype: torch.dtype, arch: int | None) -> dict:
+    """Launch parameters of ``kernel`` (one of ``KERNELS``) for hidden ``[N, H]``, weight ``[V, H]``
+    of ``dtype`` on compute capability ``arch`` (80, 90, 100; None off-GPU): ``BLOCK_N``,
+    ``BLOCK_V``, ``BLOCK_H``, ``GROUP_N``, ``num_warps``, ``num_stages``. The launchers and the
+    compile test both call this; ``CONFIG`` entries that are not None win."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    width = "32" if dtype == torch.float32 else "16"
+    cfg = dict(_ARCH_CONFIGS.get((kernel, arch, width)) or _ARCH_CONFIGS[(kernel, None, width)])
+    for k in ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "num_warps", "num_stages"):
+        if CONFIG[k] is not None:
+            cfg[k] = int(CONFIG[k])
+    cfg["BLOCK_H"] = min(cfg["BLOCK_H"], max(16, triton.next_power_of_2(max(H, 1))))
+    return cfg
+
+
+def device_arch(device) -> int | None:
+    """Compute capability * 10 of a CUDA device (90 for an H100), None for other devices."""
+    if torch.device(device).type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
 
 
 @triton.jit
@@ -97,32 +161,13 @@ def _stats_fwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, v_per_split, inv_
 
 
 @triton.jit
-def _grad_bwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t,
-                     LABELS, v_offset, LSE, ENT, GL, GH,
-                     DH, DW, DB,
-                     HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-                     NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                     GROUP_N: tl.constexpr):
-    # grouped ordering: GROUP_N consecutive row blocks sweep the vocab blocks together
-    pid = tl.program_id(0)
-    n_blocks_n = tl.cdiv(N, BLOCK_N)
-    n_blocks_v = tl.cdiv(V, BLOCK_V)
-    per_group = GROUP_N * n_blocks_v
-    first_n = (pid // per_group) * GROUP_N
-    group_size = tl.minimum(n_blocks_n - first_n, GROUP_N)
-    pid_n = first_n + (pid % per_group) % group_size
-    pid_v = (pid % per_group) // group_size
-
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    rmask = rows < N
-    cmask = cols < V
-    x = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, inv_t,
-                     HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-    lse = tl.load(LSE + rows, mask=rmask, other=0.0)
+def _dlogits_tile(x, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH,
+                  ENTROPY: tl.constexpr):
+    """dz = dx * inv_t of a recomputed logits tile ``x`` (scaled); 0 outside the rows/cols."""
+    m = tl.load(M + rows, mask=rmask, other=0.0)
+    log_s = tl.load(LOGS + rows, mask=rmask, other=0.0)
     gl = tl.load(GL + rows, mask=rmask, other=0.0)
-    xr = x - lse[:, None]
+    xr = (x - m[:, None]) - log_s[:, None]  # two-part lse (module docstring)
     p = tl.exp(xr)
     if ENTROPY:
         gh = tl.load(GH + rows, mask=rmask, other=0.0)
@@ -133,7 +178,61 @@ def _grad_bwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t,
         dz = -p * gl[:, None]
     labels = tl.load(LABELS + rows, mask=rmask, other=-1) - v_offset
     dz += tl.where(cols[None, :] == labels[:, None], gl[:, None], 0.0)
-    dz = tl.where(rmask[:, None] & cmask[None, :], dz * inv_t, 0.0)
+    return tl.where(rmask[:, None] & cmask[None, :], dz * inv_t, 0.0)
+
+
+@triton.jit
+def _tile_ids(N, V, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, GROUP_N: tl.constexpr):
+    """(row block, vocab block) of this program; GROUP_N consecutive row blocks sweep the vocab
+    blocks together so that concurrently running programs share weight tiles in L2."""
+    pid = tl.program_id(0)
+    n_blocks_n = tl.cdiv(N, BLOCK_N)
+    n_blocks_v = tl.cdiv(V, BLOCK_V)
+    per_group = GROUP_N * n_blocks_v
+    first_n = (pid // per_group) * GROUP_N
+    group_size = tl.minimum(n_blocks_n - first_n, GROUP_N)
+    pid_n = first_n + (pid % per_group) % group_size
+    pid_v = (pid % per_group) // group_size
+    return pid_n, pid_v
+
+
+@triton.jit
+def _dlogits_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t,
+                    LABELS, v_offset, M, LOGS, ENT, GL, GH, DZ, stride_dz,
+                    HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                    GROUP_N: tl.constexpr):
+    # one chunk: Hd/LABELS/M/... start at the chunk's first row, W/B at its first vocab id
+    # (``v_offset`` = that id minus the shard's first id); DZ is [N, V] with row stride stride_dz
+    pid_n, pid_v = _tile_ids(N, V, BLOCK_N, BLOCK_V, GROUP_N)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    rmask = rows < N
+    cmask = cols < V
+    x = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, inv_t,
+                     HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
+    dz = _dlogits_tile(x, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY)
+    tl.store(DZ + rows[:, None].to(tl.int64) * stride_dz + cols[None, :], dz.to(DZ.dtype.element_ty),
+             mask=rmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _grad_bwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t,
+                     LABELS, v_offset, M, LOGS, ENT, GL, GH,
+                     DH, DW, DB,
+                     HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+                     NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                     GROUP_N: tl.constexpr):
+    pid_n, pid_v = _tile_ids(N, V, BLOCK_N, BLOCK_V, GROUP_N)
+
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    rmask = rows < N
+    cmask = cols < V
+    x = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, inv_t,
+                     HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
+    dz = _dlogits_tile(x, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY)
     if NEED_DB:
         tl.atomic_add(DB + cols, tl.sum(dz, 0), mask=cmask, sem="relaxed")
     dz_in = dz.to(Hd.dtype.element_ty)
@@ -171,16 +270,17 @@ def _upcast(t: torch.Tensor) -> bool:
     return t.device.type != "cuda" and t.dtype == torch.bfloat16
 
 
-def _blocks(n_h: int):
-    bh = min(CONFIG["BLOCK_H"], max(16, triton.next_power_of_2(n_h)))
-    return CONFIG["BLOCK_N"], CONFIG["BLOCK_V"], bh
+def _cfg(kernel, hidden, weight):
+    return launch_config(kernel, N=hidden.shape[0], V=weight.shape[0], H=hidden.shape[1],
+                         dtype=hidden.dtype, arch=device_arch(hidden.device))
 
 
 def stats_fwd(hidden, weight, bias, inv_t: float, entropy: bool):
     """Partial ``(m, s, a)`` fp32 ``[SPLITS, N]`` of the scaled logits (``a`` None w/o entropy)."""
     n, n_h = hidden.shape
     v = weight.shape[0]
-    bn, bv, bh = _blocks(n_h)
+    cfg = _cfg("stats_fwd", hidden, weight)
+    bn, bv, bh = cfg["BLOCK_N"], cfg["BLOCK_V"], cfg["BLOCK_H"]
     n_blocks = triton.cdiv(n, bn)
     if CONFIG["SPLITS"] is not None:
         splits = int(CONFIG["SPLITS"])
@@ -201,17 +301,19 @@ def stats_fwd(hidden, weight, bias, inv_t: float, entropy: bool):
             n, v, n_h, per, inv_t, m, s, a,
             HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=_prec(hidden), UPCAST=_upcast(hidden),
             BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh,
-            num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"])
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return m, s, (a if entropy else None)
 
 
-def grad_bwd(hidden, weight, bias, inv_t, labels, v_offset, lse, ent, gl, gh,
+def grad_bwd(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, ent, gl, gh,
              need_weight_grad=True, need_bias_grad=True):
-    """Returns fp32 ``(dhidden [N, H], dweight [V, H] or None, dbias [V] or None)`` for one
-    vocab shard (``labels`` global ids; rows with ``gl = gh = 0`` contribute 0)."""
+    """One-pass atomic backward. Returns fp32 ``(dhidden [N, H], dweight [V, H] or None, dbias
+    [V] or None)`` for one vocab shard (``labels`` global ids; rows with ``gl = gh = 0``
+    contribute 0). ``m``/``log_s``: fp32 ``[N]`` row max and log sum-exp relative to it."""
     n, n_h = hidden.shape
     v = weight.shape[0]
-    bn, bv, bh = _blocks(n_h)
+    cfg = _cfg("grad_bwd", hidden, weight)
+    bn, bv = cfg["BLOCK_N"], cfg["BLOCK_V"]
     dh = torch.zeros(n, n_h, dtype=torch.float32, device=hidden.device)
     dw = torch.zeros(v, n_h, dtype=torch.float32, device=hidden.device) if need_weight_grad else None
     db = torch.zeros(v, dtype=torch.float32, device=hidden.device) \
@@ -221,10 +323,88 @@ def grad_bwd(hidden, weight, bias, inv_t, labels, v_offset, lse, ent, gl, gh,
         grid = (triton.cdiv(n, bn) * triton.cdiv(v, bv),)
         _grad_bwd_kernel[grid](
             hidden, hidden.stride(0), weight, weight.stride(0), bias if bias is not None else hidden,
-            n, v, n_h, inv_t, labels, v_offset, lse, ent if entropy else lse, gl, gh if entropy else gl,
+            n, v, n_h, inv_t, labels, v_offset, m, log_s, ent if entropy else m, gl, gh if entropy else gl,
             dh, dw if dw is not None else dh, db if db is not None else dh,
             HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=_prec(hidden), UPCAST=_upcast(hidden),
             NEED_DW=dw is not None, NEED_DB=db is not None,
-            BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh, GROUP_N=CONFIG["GROUP_N"],
-            num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"])
+            BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return dh, dw, db
+
+
+def plan_bwd_chunks(n: int, v: int, itemsize: int, budget: int) -> tuple[int, int]:
+    """``(rows, vocab)`` of the chunked backward's ``dz`` buffer (``itemsize`` bytes each) within
+    ``budget`` bytes: every row when at least 1024 vocab columns fit (then each ``dW`` chunk is
+    one GEMM written once), else 1024 columns and as many rows as fit; vocab chunks are multiples
+    of 128 (whole tiles)."""
+    if budget <= 0:
+        raise ValueError(f"the backward chunk budget must be positive, got {budget}")
+    n, v = max(n, 1), max(v, 1)
+    cols = budget // (itemsize * n)
+    if cols >= min(v, 1024):
+        return n, min(v, max(128, cols // 128 * 128))
+    v_c = min(v, 1024)
+    return max(1, min(n, budget // (itemsize * v_c))), v_c
+
+
+def _mm_f32(a, b):
+    """``a @ b`` as fp32 with fp32 accumulation (cuBLAS writes fp32 directly from bf16 inputs)."""
+    if a.dtype == torch.float32:
+        return torch.mm(a, b)
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.mm(a.float(), b.float())  # CPU (tests): same values, fp32 products
+
+
+def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, ent, gl, gh,
+                     need_weight_grad=True, need_bias_grad=True, chunk_bytes=None):
+    """Chunked GEMM backward (same contract as ``grad_bwd``, but ``dweight`` comes back in the
+    weight's dtype when one row chunk holds every row). ``chunk_bytes``: the ``dz`` budget
+    (None: ``CONFIG["BWD_CHUNK_BYTES"]``) or an explicit ``(rows, vocab)`` chunk shape. Per vocab chunk ``[v0, v1)`` (and row chunk):
+    ``_dlogits_kernel`` writes ``dz`` (input dtype) into the chunk buffer, then
+    ``dh[rows] += dz @ W[v0:v1]`` (fp32) and ``dW[v0:v1] (+)= dz.T @ hidden[rows]``."""
+    n, n_h = hidden.shape
+    v = weight.shape[0]
+    dev = hidden.device
+    if isinstance(chunk_bytes, (tuple, list)):  # an explicit (rows, vocab) chunk (tests)
+        n_c, v_c = (max(1, int(c)) for c in chunk_bytes)
+    else:
+        budget = int(CONFIG["BWD_CHUNK_BYTES"]) if chunk_bytes is None else int(chunk_bytes)
+        n_c, v_c = plan_bwd_chunks(n, v, hidden.element_size(), budget)
+    one_pass_dw = n_c >= n
+    dh = torch.zeros(n, n_h, dtype=torch.float32, device=dev)
+    dw = None
+    if need_weight_grad:
+        dw = torch.empty(v, n_h, dtype=weight.dtype, device=dev) if one_pass_dw and n > 0 \
+            else torch.zeros(v, n_h, dtype=torch.float32, device=dev)  # accumulated over row chunks
+    db = torch.zeros(v, dtype=torch.float32, device=dev) if bias is not None and need_bias_grad else None
+    if n == 0 or v == 0:
+        return dh, dw, db
+    cfg = _cfg("dlogits", hidden, weight)
+    bn, bv = cfg["BLOCK_N"], cfg["BLOCK_V"]
+    entropy = gh is not None
+    buf = torch.empty(n_c * v_c, dtype=hidden.dtype, device=dev)
+    for n0 in range(0, n, n_c):
+        n1 = min(n, n0 + n_c)
+        h_c = hidden[n0:n1]
+        for v0 in range(0, v, v_c):
+            v1 = min(v, v0 + v_c)
+            dz = buf[: (n1 - n0) * (v1 - v0)].view(n1 - n0, v1 - v0)
+            grid = (triton.cdiv(n1 - n0, bn) * triton.cdiv(v1 - v0, bv),)
+            _dlogits_kernel[grid](
+                h_c, hidden.stride(0), weight[v0:], weight.stride(0),
+                bias[v0:] if bias is not None else hidden, n1 - n0, v1 - v0, n_h, inv_t,
+                labels[n0:], v_offset + v0, m[n0:], log_s[n0:], (ent if entropy else m)[n0:], gl[n0:],
+                (gh if entropy else gl)[n0:], dz, dz.stride(0),
+                HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=_prec(hidden), UPCAST=_upcast(hidden),
+                BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"],
+                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            dh[n0:n1] += _mm_f32(dz, weight[v0:v1])
+            if dw is not None:
+                if one_pass_dw:  # every row in this chunk: dW[v0:v1] final, written once
+                    torch.mm(dz.t(), h_c, out=dw[v0:v1])
+                else:
+                    dw[v0:v1] += _mm_f32(dz.t(), h_c)
+            if db is not None:
+                db[v0:v1] += dz.sum(0, dtype=torch.float32)
     return dh, dw, db

@@ -208,11 +208,37 @@ def _as_kernel_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
 
 
-def _fwd_blocks(G: int) -> tuple[int, int, int]:
-    block_g = max(triton.next_power_of_2(G), 2)
-    block_t = max(16, min(512, 4096 // block_g))
-    num_warps = 4 if block_g * block_t <= 4096 else 8
-    return block_g, block_t, num_warps
+KERNELS = ("fwd", "bwd")
+
+
+def launch_config(kernel: str, *, B: int, T: int, G: int, dtype: torch.dtype, arch: int | None) -> dict:
+    """Launch parameters of ``kernel`` (``"fwd"`` or ``"bwd"``) for ``B`` sequences of ``T`` tokens
+    on average in groups of ``G`` (``dtype`` of ``logp``; ``arch`` = compute capability * 10 or
+    None). The launchers and tests/test_kernels_compile.py both call this.
+
+    fwd: one program per group holds a ``[BLOCK_G, BLOCK_T]`` tile of at most 4096 elements
+    (``BLOCK_G`` = next power of two >= G): two fp32 accumulators of 4096 / (32 * num_warps)
+    values per thread, far from the register limit on sm_80/90/100 (compile report in
+    docs/GPU.md). bwd: a memory-bound broadcast, ``BLOCK_T`` about a quarter of a row (128 to
+    1024) and up to 64 programs per row. fp64 ``logp`` (references) uses the same tiles."""
+    if kernel == "fwd":
+        block_g = max(triton.next_power_of_2(G), 2)
+        block_t = max(16, min(512, 4096 // block_g))
+        return dict(BLOCK_G=block_g, BLOCK_T=block_t, num_warps=4 if block_g * block_t <= 4096 else 8,
+                    num_stages=3)
+    if kernel == "bwd":
+        avg_len = max(1, T)
+        block_t = min(1024, max(128, triton.next_power_of_2(avg_len) // 4))
+        return dict(BLOCK_T=block_t, N_SPLIT=min(64, triton.cdiv(avg_len, block_t)), num_warps=4,
+                    num_stages=3)
+    raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+
+
+def _arch(device) -> int | None:
+    if torch.device(device).type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
 
 
 def pacs_loss_fwd(logp, logp_ref, mask, rewards, cu_seqlens, *, group_size, beta, score,
@@ -236,7 +262,7 @@ def pacs_loss_fwd(logp, logp_ref, mask, rewards, cu_seqlens, *, group_size, beta
     outs = [torch.empty(B, device=dev, dtype=acc) for _ in range(6)]
     partial = torch.empty(n_groups, device=dev, dtype=acc)
     kmask = _as_kernel_mask(mask)
-    block_g, block_t, num_warps = _fwd_blocks(G)
+    cfg = launch_config("fwd", B=B, T=max(T, 1), G=G, dtype=logp.dtype, arch=_arch(dev))
     _pacs_fwd_kernel[(n_groups,)](
         logp, logp if logp_ref is None else logp_ref, logp if kmask is None else kmask,
         rewards.contiguous(), rewards if cu_seqlens is None else cu_seqlens,
@@ -244,7 +270,8 @@ def pacs_loss_fwd(logp, logp_ref, mask, rewards, cu_seqlens, *, group_size, beta
         ACC=tl.float64 if acc == torch.float64 else tl.float32, PACKED=packed,
         HAS_MASK=kmask is not None, HAS_REF=logp_ref is not None,
         PROXY=PROXIES[proxy], SCORE=SCORES[score], WEIGHT=WEIGHT_MODES[weight_mode],
-        BLOCK_G=block_g, BLOCK_T=block_t, num_warps=num_warps,
+        BLOCK_G=cfg["BLOCK_G"], BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     loss = partial.sum() / B
     return (loss, *outs)
@@ -258,14 +285,15 @@ def pacs_loss_bwd(grad_loss, coef, mask, cu_seqlens, logp_shape, logp_dtype):
     if dlogp.numel() == 0:
         return dlogp
     T = 0 if packed else logp_shape[1]
-    avg_len = max(1, dlogp.numel() // B)
-    block_t = min(1024, max(128, triton.next_power_of_2(avg_len) // 4))
-    n_split = min(64, triton.cdiv(avg_len, block_t))
+    cfg = launch_config("bwd", B=B, T=max(1, dlogp.numel() // B), G=1, dtype=logp_dtype,
+                        arch=_arch(coef.device))
+    block_t, n_split = cfg["BLOCK_T"], cfg["N_SPLIT"]
     kmask = _as_kernel_mask(mask)
     grad = grad_loss.reshape(1).to(coef.dtype)
     _pacs_bwd_kernel[(B, n_split)](
         grad, coef, dlogp if kmask is None else kmask, coef if cu_seqlens is None else cu_seqlens,
         dlogp, T,
-        PACKED=packed, HAS_MASK=kmask is not None, N_SPLIT=n_split, BLOCK_T=block_t, num_warps=4,
+        PACKED=packed, HAS_MASK=kmask is not None, N_SPLIT=n_split, BLOCK_T=block_t,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return dlogp

@@ -10,8 +10,12 @@ op; the same merge combines tensor-parallel ranks). Splits keep the GPU busy whe
 
 ``grad_bwd``: grid ``(N, cdiv(V, BLOCK_V))``; each block is recomputed from the logits:
 
-    dx = gl * onehot - p * (gh * (x - lse) + gl + gh * H),   p = exp(x - lse)
+    dx = gl * onehot - p * (gh * xr + gl + gh * H),   xr = (x - m) - log(s),   p = exp(xr)
     dlogits = dx * inv_t  (0 on ignored rows)
+
+The row's log-sum-exp is passed in two parts, the max ``m`` and ``log s``, never as one fp32
+``lse = m + log s``: for logits in the hundreds ``lse`` would be rounded to ulp(m) (3e-5 at 300),
+and ``p`` with it; ``x - m`` is exact for the large entries, so ``p`` keeps fp32 accuracy.
 
 written to ``dlogits`` (which may alias ``logits``: each element is read, then written, by the
 same program, so the in-place backward is safe).
@@ -22,8 +26,49 @@ import torch
 import triton
 import triton.language as tl
 
-# Default launch parameters (tests shrink BLOCK_V to keep the interpreter fast).
-CONFIG = {"BLOCK_V": 4096, "BLOCK_V_BWD": 4096, "num_warps": 8, "SPLITS": None}
+# Overrides of the launch parameters (None: ``launch_config`` decides). Tests shrink the blocks
+# to keep the interpreter fast and to exercise several blocks and splits on small shapes.
+CONFIG = {"BLOCK_V": None, "BLOCK_V_BWD": None, "num_warps": None, "num_stages": None, "SPLITS": None}
+
+# Per-architecture launch parameters (``arch`` = compute capability * 10; None: interpreter/CPU).
+# Chosen from the ahead-of-time compile report (``python bench/gpu_compile_report.py``, table in
+# docs/GPU.md; asserted by tests/test_kernels_compile.py): both kernels stream one row with
+# BLOCK_V / (32 * num_warps) elements per thread, use no shared memory beyond the reduction
+# scratch, and stay far below the register limit (no spills) on sm_80 / sm_90 / sm_100.
+# They are memory-bound: BLOCK_V = 4096 with 8 warps gives 16 fp32 values (two 16-byte
+# loads of bf16) per thread and per iteration, enough bytes in flight per SM.
+_ARCH_CONFIGS = {
+    "stats_fwd": {None: dict(BLOCK_V=4096, num_warps=8, num_stages=3)},
+    "grad_bwd": {None: dict(BLOCK_V=4096, num_warps=8, num_stages=3)},
+}
+KERNELS = ("stats_fwd", "grad_bwd")
+
+
+def launch_config(kernel: str, *, N: int, V: int, dtype: torch.dtype, arch: int | None) -> dict:
+    """Launch parameters of ``kernel`` (``"stats_fwd"`` or ``"grad_bwd"``) for logits ``[N, V]``
+    of ``dtype`` on compute capability ``arch`` (e.g. 80, 90; None off-GPU): a dict with
+    ``BLOCK_V``, ``num_warps``, ``num_stages``. The launchers below and the compile test both
+    call this, so the test checks exactly what runs. ``CONFIG`` entries that are not None win."""
+    if kernel not in _ARCH_CONFIGS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    table = _ARCH_CONFIGS[kernel]
+    cfg = dict(table.get(arch, table[None]))
+    block_key = "BLOCK_V" if kernel == "stats_fwd" else "BLOCK_V_BWD"
+    if CONFIG[block_key] is not None:
+        cfg["BLOCK_V"] = int(CONFIG[block_key])
+    for k in ("num_warps", "num_stages"):
+        if CONFIG[k] is not None:
+            cfg[k] = int(CONFIG[k])
+    cfg["BLOCK_V"] = min(cfg["BLOCK_V"], max(16, triton.next_power_of_2(max(V, 1))))
+    return cfg
+
+
+def device_arch(device) -> int | None:
+    """Compute capability * 10 of a CUDA device (90 for an H100), None for other devices."""
+    if torch.device(device).type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
 
 
 @triton.jit
@@ -61,7 +106,7 @@ def _stats_fwd_kernel(X, stride_x, V, v_per_split, inv_t,
 
 @triton.jit
 def _grad_bwd_kernel(X, stride_x, DX, stride_dx, V, inv_t,
-                     LABELS, v_offset, ignore_index, LSE, ENT, GL, GH,
+                     LABELS, v_offset, ignore_index, M, LOGS, ENT, GL, GH,
                      ENTROPY: tl.constexpr, BLOCK_V: tl.constexpr):
     row = tl.program_id(0)
     blk = tl.program_id(1)
@@ -70,9 +115,8 @@ def _grad_bwd_kernel(X, stride_x, DX, stride_dx, V, inv_t,
     label = tl.load(LABELS + row)
     valid = label != ignore_index
     x = tl.load(X + row.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0).to(tl.float32) * inv_t
-    lse = tl.load(LSE + row)
     gl = tl.load(GL + row)
-    xr = x - lse
+    xr = (x - tl.load(M + row)) - tl.load(LOGS + row)  # two-part lse: see the module docstring
     p = tl.exp(xr)
     if ENTROPY:
         gh = tl.load(GH + row)
@@ -99,7 +143,8 @@ def _splits(n_rows: int, n_cols: int, block_v: int, device) -> int:
 def stats_fwd(logits: torch.Tensor, inv_t: float, entropy: bool):
     """Partial statistics ``(m, s, a)`` each fp32 ``[SPLITS, N]`` (``a`` None without entropy)."""
     n, v = logits.shape
-    block = min(CONFIG["BLOCK_V"], triton.next_power_of_2(v))
+    cfg = launch_config("stats_fwd", N=n, V=v, dtype=logits.dtype, arch=device_arch(logits.device))
+    block = cfg["BLOCK_V"]
     splits = _splits(n, v, block, logits.device)
     per = triton.cdiv(triton.cdiv(v, splits), block) * block
     splits = triton.cdiv(v, per)
@@ -108,19 +153,23 @@ def stats_fwd(logits: torch.Tensor, inv_t: float, entropy: bool):
     a = torch.empty_like(m) if entropy else s
     if n > 0:
         _stats_fwd_kernel[(n, splits)](logits, logits.stride(0), v, per, inv_t, m, s, a, n,
-                                       ENTROPY=entropy, BLOCK_V=block, num_warps=CONFIG["num_warps"])
+                                       ENTROPY=entropy, BLOCK_V=block, num_warps=cfg["num_warps"],
+                                       num_stages=cfg["num_stages"])
     return m, s, (a if entropy else None)
 
 
-def grad_bwd(logits, dlogits, inv_t, labels, v_offset, ignore_index, lse, ent, gl, gh):
-    """Writes the logits gradient into ``dlogits`` (may be ``logits`` itself). ``gh``/``ent`` None
-    without an entropy gradient; ``labels`` global ids, ``v_offset`` the shard's first id."""
+def grad_bwd(logits, dlogits, inv_t, labels, v_offset, ignore_index, m, log_s, ent, gl, gh):
+    """Writes the logits gradient into ``dlogits`` (may be ``logits`` itself). ``m``/``log_s``:
+    fp32 ``[N]`` row max and log sum-exp relative to it (``lse = m + log_s``, kept apart);
+    ``gh``/``ent`` None without an entropy gradient; ``labels`` global ids, ``v_offset`` the
+    shard's first id."""
     n, v = logits.shape
-    block = min(CONFIG["BLOCK_V_BWD"], triton.next_power_of_2(v))
+    cfg = launch_config("grad_bwd", N=n, V=v, dtype=logits.dtype, arch=device_arch(logits.device))
+    block = cfg["BLOCK_V"]
     entropy = gh is not None
     if n > 0:
         _grad_bwd_kernel[(n, triton.cdiv(v, block))](
             logits, logits.stride(0), dlogits, dlogits.stride(0), v, inv_t,
-            labels, v_offset, ignore_index, lse, ent if entropy else lse, gl, gh if entropy else gl,
-            ENTROPY=entropy, BLOCK_V=block, num_warps=CONFIG["num_warps"])
+            labels, v_offset, ignore_index, m, log_s, ent if entropy else m, gl, gh if entropy else gl,
+            ENTROPY=entropy, BLOCK_V=block, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return dlogits

@@ -128,6 +128,20 @@ def tile_grad(xr, pb, coef_x, coef_c, clamp: bool = True):
     return xr.mul_(pb)
 
 
+def fold_two_part_lse(gl, gh, ent, log_s, scale=1.0):
+    """Per-row ``(coef_x, coef_c)`` for ``tile_grad`` on tiles holding ``x - m`` (not ``x - lse``).
+
+    With ``lse = m + log s`` kept in two parts, ``p = exp(x - m) / s`` and
+    ``dx = -p (gh (x - lse) + gl + gh H) = -exp(x - m) (gh/s (x - m) + (gl + gh (H - log s))/s)``,
+    so ``tile_grad`` is unchanged and no fp32 ``lse`` (rounded to ulp(m)) is ever formed.
+    ``gh``/``ent`` None without an entropy gradient; both coefficients are multiplied by ``scale``
+    (the 1/temperature of the raw logits). ``coef_x`` is None without an entropy gradient."""
+    inv_s = torch.exp(-log_s)
+    if gh is None:
+        return None, gl * inv_s * scale
+    return gh * inv_s * scale, (gl + gh * (ent - log_s)) * inv_s * scale
+
+
 def backward_tiles(n_rows, n_cols, tile, fill_rel, coef_x, coef_c, consume, device,
                    v_outer: bool = False, out_tile=None, clamp: bool = True):
     """Recomputes every tile and hands ``consume(n0, n1, v0, v1, dx)`` the gradient tile.

@@ -27,8 +27,12 @@ from . import chunked, vocab_parallel as vp
 from .token_logprobs import _resolve
 
 
+TRITON_BACKWARDS = ("chunked", "atomic")
+
+
 def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignore_index=-100,
-                    return_entropy=False, tp_group=None, backend="auto", chunk_bytes=None):
+                    return_entropy=False, tp_group=None, backend="auto", chunk_bytes=None,
+                    triton_backward="chunked"):
     """logp (fp32 ``[...]``) of ``labels`` under ``softmax((hidden @ weight.T + bias) / temperature)``.
 
     Args:
@@ -43,7 +47,11 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
             computation on every rank; ``hidden``'s gradient is all-reduced over the group (the
             full gradient on every rank), ``weight``'s/``bias``' gradients are the local shards'.
         backend: ``"auto"`` | ``"triton"`` | ``"torch"``.
-        chunk_bytes: torch backend only: scratch budget for logits tiles (default 64 MiB).
+        chunk_bytes: scratch budget in bytes: the torch backend's logits tiles (default 64 MiB),
+            the Triton ``chunked`` backward's ``dz`` buffer (default 512 MiB).
+        triton_backward: Triton backend only: ``"chunked"`` (default: a Triton kernel forms a
+            ``dz`` chunk, cuBLAS does ``dhidden += dz @ W`` and ``dW = dz.T @ hidden``;
+            deterministic) or ``"atomic"`` (one pass, fp32 atomic adds, no ``dz`` buffer).
 
     Returns:
         ``logp``, or ``(logp, entropy)`` with ``return_entropy``; fp32 with ``labels``' shape.
@@ -59,6 +67,14 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
     if labels.shape != hidden.shape[:-1]:
         raise ValueError(f"labels shape {tuple(labels.shape)} must equal hidden.shape[:-1] "
                          f"{tuple(hidden.shape[:-1])}")
+    if hidden.shape[-1] == 0:
+        raise ValueError(f"hidden has an empty hidden dimension (H = hidden.shape[-1] = 0, hidden "
+                         f"{tuple(hidden.shape)}, weight {tuple(weight.shape)}): no logits to compute")
+    if weight.shape[0] == 0:
+        raise ValueError(f"weight has an empty vocabulary dimension (V = weight.shape[0] = 0, weight "
+                         f"{tuple(weight.shape)}): there is no distribution to take log-probs from")
+    if triton_backward not in TRITON_BACKWARDS:
+        raise ValueError(f"triton_backward must be one of {TRITON_BACKWARDS}, got {triton_backward!r}")
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (weight.shape[0],)):
         raise ValueError(f"bias must be a tensor of shape [{weight.shape[0]}]")
     t = chunked.check_temperature(temperature)
@@ -72,8 +88,8 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
     lead = labels.shape
     h2 = hidden.reshape(-1, hidden.shape[-1])
     logp, ent = _LinearLogprobs.apply(h2, weight, bias, labels.reshape(-1).long().contiguous(), 1.0 / t,
-                                      int(ignore_index), bool(return_entropy), tp_group, resolved,
-                                      chunk_bytes)
+                                      int(ignore_index), bool(return_entropy), tp_group,
+                                      (resolved, triton_backward), chunk_bytes)
     logp = logp.view(lead)
     return (logp, ent.view(lead)) if return_entropy else logp
 
@@ -93,8 +109,9 @@ def _prepare(hidden, valid_idx, inv_t, torch_path: bool):
 
 class _LinearLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, inv_t, ignore_index, entropy, group, backend,
+    def forward(ctx, hidden, weight, bias, labels, inv_t, ignore_index, entropy, group, backends,
                 chunk_bytes):
+        backend, triton_backward = backends
         n = hidden.shape[0]
         v_local = weight.shape[0]
         v_off, v_glob = vp.shard_offset(v_local, group)
@@ -133,8 +150,9 @@ class _LinearLogprobs(torch.autograd.Function):
         _scatter(logp, logp_v, valid_idx)
         if entropy:
             _scatter(ent, ent_v, valid_idx)
-        ctx.save_for_backward(hidden, weight, bias, labels, lse, ent_v if entropy else lse)
-        ctx.cfg = (inv_t, ignore_index, entropy, group, backend, chunk_bytes, v_off)
+        # the backward gets lse in two parts (m, log s): one fp32 lse rounds to ulp(m)
+        ctx.save_for_backward(hidden, weight, bias, labels, m, torch.log(s), ent_v if entropy else m)
+        ctx.cfg = (inv_t, ignore_index, entropy, group, backend, triton_backward, chunk_bytes, v_off)
         ctx.set_materialize_grads(False)
         if not entropy:
             ctx.mark_non_differentiable(ent)
@@ -142,19 +160,19 @@ class _LinearLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
-        hidden, weight, bias, labels, lse, ent = ctx.saved_tensors
-        inv_t, ignore_index, entropy, group, backend, chunk_bytes, v_off = ctx.cfg
+        hidden, weight, bias, labels, m, log_s, ent = ctx.saved_tensors
+        inv_t, ignore_index, entropy, group, backend, triton_backward, chunk_bytes, v_off = ctx.cfg
         n, n_h = hidden.shape
         v_local = weight.shape[0]
         valid = labels != ignore_index
-        n_valid = lse.shape[0]
+        n_valid = m.shape[0]
         valid_idx = None if n_valid == n else valid.nonzero().squeeze(1)
 
         def pick(g):
-            g = g.to(lse.dtype)  # (upstream grads may be expanded views: make them dense)
+            g = g.to(m.dtype)  # (upstream grads may be expanded views: make them dense)
             return g.contiguous() if valid_idx is None else g.index_select(0, valid_idx)
 
-        cd = lse.dtype
+        cd = m.dtype
         gl = torch.zeros(n_valid, dtype=cd, device=hidden.device) if g_logp is None else pick(g_logp)
         gh = pick(g_ent) if (entropy and g_ent is not None) else None
         lab = labels if valid_idx is None else labels.index_select(0, valid_idx)
@@ -175,9 +193,10 @@ class _LinearLogprobs(torch.autograd.Function):
             db = torch.zeros(v_local, dtype=cd, device=hidden.device) if need_b else None
             if n_valid and v_local:
                 # tiles give dx (w.r.t. the scaled logits): dW = dx^T (h/T), dh = dx W / T
-                coef_c = gl + gh * ent if gh is not None else gl
+                # tiles hold x - m; 1/s and -gh log s folded into the row coefficients
+                gh, coef_c = chunked.fold_two_part_lse(gl, gh, ent, log_s)
                 tile = chunked.plan_chunks(n_valid, v_local, chunk_bytes, prefer_rows=True)
-                fill_rel = _gemm_fill(h, weight, bias, inv_t, lse)
+                fill_rel = _gemm_fill(h, weight, bias, inv_t, m)
                 w_cache = {}
 
                 def consume(n0, n1, v0, v1, dx):
@@ -210,8 +229,13 @@ class _LinearLogprobs(torch.autograd.Function):
             dh.mul_(inv_t)
         else:
             from pacs_fast.kernels import linear_logprobs as K
-            dh, dw, db = K.grad_bwd(h, weight.contiguous(), bias, inv_t, lab, v_off, lse, ent, gl, gh,
-                                    need_weight_grad=need_w, need_bias_grad=need_b)
+            if triton_backward == "atomic":
+                dh, dw, db = K.grad_bwd(h, weight.contiguous(), bias, inv_t, lab, v_off, m, log_s, ent,
+                                        gl, gh, need_weight_grad=need_w, need_bias_grad=need_b)
+            else:
+                dh, dw, db = K.grad_bwd_chunked(h, weight.contiguous(), bias, inv_t, lab, v_off, m, log_s,
+                                                ent, gl, gh, need_weight_grad=need_w, need_bias_grad=need_b,
+                                                chunk_bytes=chunk_bytes)
         del h
         vp.allreduce_sum_(dh, group)
         dhidden = torch.zeros(n, n_h, dtype=hidden.dtype, device=hidden.device) \

@@ -43,6 +43,9 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
         raise ValueError("logits must be a floating-point tensor [..., V]")
     if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
         raise ValueError("labels must be an integer tensor")
+    if logits.shape[-1] == 0:
+        raise ValueError(f"logits has an empty vocabulary dimension (V = logits.shape[-1] = 0, shape "
+                         f"{tuple(logits.shape)}): there is no distribution to take log-probs from")
     if labels.shape != logits.shape[:-1]:
         raise ValueError(f"labels shape {tuple(labels.shape)} must equal logits.shape[:-1] "
                          f"{tuple(logits.shape[:-1])}")
@@ -87,7 +90,8 @@ class _TokenLogprobs(torch.autograd.Function):
             m, s, a = chunked.forward_stats(n, v_local, tile, fill, entropy, logits.device, dtype=cd)
         m, s, a, target = vp.allreduce_stats(m, s, a, target, group)
         lse, logp, ent = vp.finalize(m, s, a, target, valid)
-        ctx.save_for_backward(logits, labels, lse, ent if entropy else lse)
+        # the backward gets lse in two parts (m, log s): one fp32 lse rounds to ulp(m)
+        ctx.save_for_backward(logits, labels, m, torch.log(s), ent if entropy else m)
         ctx.cfg = (inv_t, ignore_index, entropy, inplace, backend, chunk_bytes, v_off)
         ctx.set_materialize_grads(False)
         if ent is None:
@@ -97,33 +101,34 @@ class _TokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
-        logits, labels, lse, ent = ctx.saved_tensors
+        logits, labels, m, log_s, ent = ctx.saved_tensors
         inv_t, ignore_index, entropy, inplace, backend, chunk_bytes, v_off = ctx.cfg
         n, v_local = logits.shape
         valid = labels != ignore_index
-        zeros = torch.zeros(n, dtype=lse.dtype, device=logits.device)
-        gl = zeros if g_logp is None else torch.where(valid, g_logp.to(lse.dtype), zeros)
+        zeros = torch.zeros(n, dtype=m.dtype, device=logits.device)
+        gl = zeros if g_logp is None else torch.where(valid, g_logp.to(m.dtype), zeros)
         gh = None
         if entropy and g_ent is not None:
-            gh = torch.where(valid, g_ent.to(lse.dtype), zeros)
+            gh = torch.where(valid, g_ent.to(m.dtype), zeros)
         grad = logits if inplace else torch.empty_like(logits)
         if n == 0 or v_local == 0:
             return (grad.zero_(),) + (None,) * 8
         if backend == "triton":
             from pacs_fast.kernels import token_logprobs as K
-            K.grad_bwd(logits, grad, inv_t, labels, v_off, ignore_index, lse, ent, gl, gh)
+            K.grad_bwd(logits, grad, inv_t, labels, v_off, ignore_index, m, log_s, ent, gl, gh)
             return (grad,) + (None,) * 8
 
-        # torch backend: dx = gl onehot - p (gh (x - lse) + gl + gh H), times inv_t
-        coef_c = (gl + gh * ent) * inv_t if gh is not None else gl * inv_t
-        coef_x = gh * inv_t if gh is not None else None
-        lse_safe = torch.where(valid, lse, torch.zeros_like(lse))
+        # torch backend: dx = gl onehot - p (gh (x - lse) + gl + gh H), times inv_t, with
+        # p = exp(x - m) / s: the tiles hold x - m (exact for the large entries) and 1 / s and
+        # -gh log s are folded into the per-row coefficients (chunked.fold_two_part_lse)
+        coef_x, coef_c = chunked.fold_two_part_lse(gl, gh, ent, log_s, inv_t)
+        m_safe = torch.where(valid, m, torch.zeros_like(m))
         local = labels - v_off
         owned = valid & (local >= 0) & (local < v_local)
         tile = chunked.plan_chunks(n, v_local, chunk_bytes)
         has_ignored = bool((~valid).any())
         fill = _fill(logits, inv_t)
-        direct = grad.dtype == lse.dtype and tile[1] == v_local
+        direct = grad.dtype == m.dtype and tile[1] == v_local
 
         def out_tile(n0, n1, v0, v1):  # whole fp32 rows of the gradient: compute there directly
             return grad[n0:n1] if direct else None
@@ -140,7 +145,7 @@ class _TokenLogprobs(torch.autograd.Function):
                 dst.copy_(dx)
 
         def fill_rel(n0, n1, v0, v1, out):
-            return torch.sub(fill(n0, n1, v0, v1, out), lse_safe[n0:n1].unsqueeze(1), out=out)
+            return torch.sub(fill(n0, n1, v0, v1, out), m_safe[n0:n1].unsqueeze(1), out=out)
 
         chunked.backward_tiles(n, v_local, tile, fill_rel, coef_x, coef_c, consume,
                                logits.device, out_tile=out_tile)

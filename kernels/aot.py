@@ -1,0 +1,342 @@
+"""Ahead-of-time compilation of every kernel for real GPUs, on a machine without one.
+
+``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` runs Triton's whole
+pipeline (TTIR -> TTGIR -> LLVM -> PTX -> ptxas cubin) with no device present. For each case (a
+kernel, the launch parameters its launcher picks through ``launch_config`` at a realistic shape,
+an architecture and a dtype) ``compile_case`` reports what the GPU compiler decided:
+
+- ``shared``: bytes of shared memory per block (Triton's dynamic + the cubin's static);
+- ``regs`` / ``stack`` / ``spill_insts``: registers per thread, local-memory stack bytes and the
+  number of local loads/stores in the SASS (``cuobjdump`` from the Triton wheel; any of
+  ``stack`` > 0 or ``spill_insts`` > 0 means spilling);
+- ``mma``: the tensor-core instruction of ``tl.dot`` in the PTX (``wgmma.mma_async`` on sm_90,
+  ``mma.sync`` on sm_80, ``tcgen05.mma`` on sm_100), ``tf32`` whether any TF32 product appears;
+- ``narrow``: for each pointer-offset parameter that multiplies a row index (row strides, ``T``),
+  the PTX instructions that use it in a 32-bit product (must be none: ``N * V`` passes 2^31 at
+  N = 16384, V = 151,936), and ``wide``: whether it enters a 64-bit product at all.
+
+Run ``python -m pacs_fast.kernels.aot --json out.json`` (TRITON_INTERPRET must be unset: the
+interpreter replaces the kernels by Python functions). ``bench/gpu_compile_report.py`` turns the
+JSON into the table of docs/GPU.md; tests/test_kernels_compile.py asserts on it.
+This module imports only triton and torch (and the kernel modules beside it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import torch
+import triton
+import triton.language as tl
+
+ARCHS = (80, 90, 100)
+# per-block shared memory limits (opt-in maximum): A100 163 KB, H100/H200 227 KB, B200 227 KB
+SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024}
+GPU_NAMES = {80: "A100", 90: "H100/H200", 100: "B200"}
+# the issue's realistic shapes: log-probs N x H x V (and V / 2 under tensor parallel 2), PACS B x T
+LOGPROB_SHAPES = (("N8192 H4096 V151936", 8192, 4096, 151936), ("N8192 H4096 V75968 (tp2)", 8192, 4096, 75968))
+PACS_SHAPE = (1024, 4096)
+PACS_GROUPS = (8, 16, 64)
+_DT = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _bin(tool: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
+
+
+@dataclass
+class Case:
+    module: str                  # kernel file (kernels/<module>.py)
+    kernel: str                  # launch_config name
+    fn: str                      # @triton.jit function
+    arch: int
+    dtype: str                   # "bf16" / "fp32"
+    shapes: list                 # realistic shapes whose launch parameters these are
+    types: dict                  # runtime argument -> Triton type ("*bf16", "i32", "fp32")
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    wide_params: tuple = ()      # arguments that must only enter 64-bit products
+    has_dot: bool = False
+    variant: str = ""
+    key: str = field(default="", repr=False)
+
+    def label(self) -> str:
+        return f"{self.module}.{self.fn}[{self.variant}] sm_{self.arch} {self.dtype}"
+
+
+def _kernel_modules():
+    from . import linear_logprobs, pacs_loss, token_logprobs
+    return {"token_logprobs": token_logprobs, "linear_logprobs": linear_logprobs, "pacs_loss": pacs_loss}
+
+
+def _split(cfg: dict):
+    cfg = dict(cfg)
+    return cfg.pop("num_warps"), cfg.pop("num_stages"), cfg
+
+
+def cases(archs=ARCHS) -> list[Case]:
+    """Every kernel x arch x dtype at the realistic shapes, with the launchers' own parameters
+    (``launch_config``); cases with identical compile inputs are merged (``shapes`` lists them)."""
+    mods = _kernel_modules()
+    KT, KL, KP = mods["token_logprobs"], mods["linear_logprobs"], mods["pacs_loss"]
+    out: dict[str, Case] = {}
+
+    def add(case: Case):
+        case.key = json.dumps([case.module, case.fn, case.arch, case.types, case.constexprs,
+                               case.num_warps, case.num_stages], sort_keys=True, default=str)
+        if case.key in out:
+            out[case.key].shapes.extend(case.shapes)
+        else:
+            out[case.key] = case
+
+    f32 = "*fp32"
+    for arch in archs:
+        for dt in ("bf16", "fp32"):
+            p = f"*{dt}"
+            for shape, n, h, v in LOGPROB_SHAPES:
+                # token_logprobs (logits [N, V])
+                nw, ns, c = _split(KT.launch_config("stats_fwd", N=n, V=v, dtype=_DT[dt], arch=arch))
+                add(Case("token_logprobs", "stats_fwd", "_stats_fwd_kernel", arch, dt, [shape],
+                         dict(X=p, stride_x="i32", V="i32", v_per_split="i32", inv_t="fp32",
+                              M_out=f32, S_out=f32, A_out=f32, N="i32"),
+                         dict(ENTROPY=True, **c), nw, ns, ("stride_x",), variant="entropy"))
+                nw, ns, c = _split(KT.launch_config("grad_bwd", N=n, V=v, dtype=_DT[dt], arch=arch))
+                add(Case("token_logprobs", "grad_bwd", "_grad_bwd_kernel", arch, dt, [shape],
+                         dict(X=p, stride_x="i32", DX=p, stride_dx="i32", V="i32", inv_t="fp32",
+                              LABELS="*i64", v_offset="i32", ignore_index="i32", M=f32, LOGS=f32,
+                              ENT=f32, GL=f32, GH=f32),
+                         dict(ENTROPY=True, **c), nw, ns, ("stride_x", "stride_dx"), variant="entropy"))
+                # linear_logprobs (hidden [N, H], weight [V, H]; no LM-head bias, as in Qwen)
+                prec = "ieee" if dt == "fp32" else None
+                common = dict(Hd=p, stride_h="i32", W=p, stride_w="i32", B=p, N="i32", V="i32", n_h="i32")
+                nw, ns, c = _split(KL.launch_config("stats_fwd", N=n, V=v, H=h, dtype=_DT[dt], arch=arch))
+                c.pop("GROUP_N")
+                add(Case("linear_logprobs", "stats_fwd", "_stats_fwd_kernel", arch, dt, [shape],
+                         dict(common, v_per_split="i32", inv_t="fp32", M_out=f32, S_out=f32, A_out=f32),
+                         dict(HAS_BIAS=False, ENTROPY=True, DOT_PREC=prec, UPCAST=False, **c), nw, ns,
+                         ("stride_h", "stride_w"), has_dot=True, variant="entropy"))
+                rowvec = dict(inv_t="fp32", LABELS="*i64", v_offset="i32", M=f32, LOGS=f32, ENT=f32,
+                              GL=f32, GH=f32)
+                nw, ns, c = _split(KL.launch_config("dlogits", N=n, V=v, H=h, dtype=_DT[dt], arch=arch))
+                add(Case("linear_logprobs", "dlogits", "_dlogits_kernel", arch, dt, [shape],
+                         dict(common, **rowvec, DZ=p, stride_dz="i32"),
+                         dict(HAS_BIAS=False, ENTROPY=True, DOT_PREC=prec, UPCAST=False, **c), nw, ns,
+                         ("stride_h", "stride_w", "stride_dz"), has_dot=True, variant="entropy"))
+                nw, ns, c = _split(KL.launch_config("grad_bwd", N=n, V=v, H=h, dtype=_DT[dt], arch=arch))
+                add(Case("linear_logprobs", "grad_bwd", "_grad_bwd_kernel", arch, dt, [shape],
+                         dict(common, **rowvec, DH=f32, DW=f32, DB=f32),
+                         dict(HAS_BIAS=False, ENTROPY=True, DOT_PREC=prec, UPCAST=False, NEED_DW=True,
+                              NEED_DB=False, **c), nw, ns, ("stride_h", "stride_w", "n_h"), has_dot=True,
+                         variant="entropy, atomic"))
+        # PACS loss (fp32 log-probs, bool mask, padded [B, T])
+        b, t = PACS_SHAPE
+        for g in PACS_GROUPS:
+            nw, ns, c = _split(KP.launch_config("fwd", B=b, T=t, G=g, dtype=torch.float32, arch=arch))
+            add(Case("pacs_loss", "fwd", "_pacs_fwd_kernel", arch, "fp32", [f"B{b} T{t} G{g}"],
+                     dict(logp_ptr=f32, ref_ptr=f32, mask_ptr="*u8", rewards_ptr=f32, cu_ptr=f32,
+                          proxy_ptr=f32, score_ptr=f32, pred_ptr=f32, weight_ptr=f32, sample_loss_ptr=f32,
+                          coef_ptr=f32, partial_ptr=f32, T="i32", G="i32", g_float="fp32",
+                          beta_hi="fp32", beta_lo="fp32", inv_b_hi="fp32", inv_b_lo="fp32",
+                          eps_hi="fp32", eps_lo="fp32"),
+                     dict(ACC=tl.float32, PACKED=False, HAS_MASK=True, HAS_REF=True, PROXY=0, SCORE=0,
+                          WEIGHT=0, **c), nw, ns, ("T",), variant=f"G={g}, rloo"))
+        nw, ns, c = _split(KP.launch_config("bwd", B=b, T=t, G=8, dtype=torch.float32, arch=arch))
+        add(Case("pacs_loss", "bwd", "_pacs_bwd_kernel", arch, "fp32", [f"B{b} T{t}"],
+                 dict(grad_ptr=f32, coef_ptr=f32, mask_ptr="*u8", cu_ptr=f32, dlogp_ptr=f32, T="i32"),
+                 dict(PACKED=False, HAS_MASK=True, **c), nw, ns, ("T",), variant="masked"))
+    return list(out.values())
+
+
+# ---- compile and inspect ------------------------------------------------------------------------
+
+def _signature(fn, types: dict, constexprs: dict) -> dict:
+    missing = [a for a in fn.arg_names if a not in types and a not in constexprs]
+    if missing:
+        raise ValueError(f"{fn.__name__}: no type for arguments {missing}")
+    return {a: ("constexpr" if a in constexprs else types[a]) for a in fn.arg_names}
+
+
+def _attrs(fn, types: dict) -> dict:
+    """Runtime specialisation the launcher sees at the realistic shapes: 16-byte aligned
+    pointers, strides / sizes divisible by 16 (H = 4096, V = 151,936 and 75,968, T = 4096)."""
+    runtime = [a for a in fn.arg_names if a in types]
+    return {(fn.arg_names.index(a),): [["tt.divisibility", 16]]
+            for a in runtime if types[a].startswith("*") or a in ("stride_x", "stride_dx", "stride_h",
+                                                                  "stride_w", "stride_dz", "n_h", "T")}
+
+
+def compile_fn(fn, types: dict, constexprs: dict, arch: int, num_warps: int, num_stages: int):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    src = ASTSource(fn, _signature(fn, types, constexprs), constexprs, _attrs(fn, types))
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def _resource_usage(cubin: bytes) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    try:
+        res = subprocess.run([_bin("cuobjdump"), "--dump-resource-usage", path], capture_output=True,
+                             text=True, check=True).stdout
+        sass = subprocess.run([_bin("cuobjdump"), "-sass", path], capture_output=True, text=True,
+                              check=True).stdout
+    finally:
+        os.unlink(path)
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", res)
+    if m is None:
+        raise RuntimeError(f"cuobjdump printed no resource usage:\n{res}")
+    regs, stack, static_shared, local = (int(x) for x in m.groups())
+    spills = len(re.findall(r"\b(?:STL|LDL)(?:\.\w+)*\b", sass))
+    tc = sorted(set(re.findall(r"\b(HGMMA|HMMA|UTC\w*MMA)\b", sass)))
+    return dict(regs=regs, stack=stack, static_shared=static_shared, local=local, spill_insts=spills,
+                sass_mma=tc)
+
+
+_MMA_PATTERNS = (r"wgmma\.mma_async\.[\w.]+", r"tcgen05\.mma\.[\w:.]+", r"mma\.sync\.aligned\.[\w.]+")
+
+
+def tensor_core_instrs(ptx: str) -> list[str]:
+    found = set()
+    for pat in _MMA_PATTERNS:
+        found.update(re.findall(pat, ptx))
+    return sorted(found)
+
+
+def param_uses(ptx: str, fn_name: str, index: int) -> dict:
+    """How the 32-bit scalar kernel parameter number ``index`` is used in the PTX: follows the
+    registers it is loaded into (and plain copies) and sorts every instruction reading them into
+    ``narrow`` (a 32-bit multiply / multiply-add / shift: the product is computed in 32 bits) and
+    ``wide`` (a widening multiply ``mul.wide`` or a conversion to 64 bits, after which products
+    are 64-bit)."""
+    param = rf"\[{re.escape(fn_name)}_param_{index}\]"
+    regs = set(re.findall(rf"ld\.param\.[usb]32\s+(%r\d+),\s*{param}", ptx))
+    # loaded sign-extended straight into a 64-bit register: every product with it is 64-bit
+    regs64 = set(re.findall(rf"ld\.param\.[us]32\s+(%rd\d+),\s*{param}", ptx))
+    lines = ptx.splitlines()
+    changed = True
+    while changed:  # follow mov copies
+        changed = False
+        for ln in lines:
+            m = re.match(r"\s*mov\.[usb]32\s+(%r\d+),\s*(%r\d+);", ln)
+            if m and m.group(2) in regs and m.group(1) not in regs:
+                regs.add(m.group(1))
+                changed = True
+    narrow, wide = [], []
+    for ln in lines:
+        m = re.match(r"\s*(?:@%p\d+\s+)?([a-z0-9_.]+)\s+([^;]*);", ln)
+        if not m:
+            continue
+        op, operands = m.groups()
+        srcs = [o.strip() for o in operands.split(",")[1:]]
+        if any(s in regs64 for s in srcs):
+            wide.append(ln.strip())
+            continue
+        if not any(s in regs for s in srcs):
+            continue
+        if re.match(r"(mul|mad)\.(lo|hi)\.[su]32|mul24|mad24|shl\.b32", op):
+            narrow.append(ln.strip())
+        elif re.match(r"mul\.wide\.[su]32|mad\.wide\.[su]32|cvt\.[su]64\.[su]32", op):
+            wide.append(ln.strip())
+    return dict(registers=sorted(regs | regs64), narrow=narrow, wide=len(wide))
+
+
+def offset_report(ptx: str, fn, types: dict, params) -> dict:
+    runtime = [a for a in fn.arg_names if a in types]
+    return {p: param_uses(ptx, fn.__name__, runtime.index(p)) for p in params}
+
+
+def compile_case(case: Case) -> dict:
+    """Compiles one case; returns its report (see the module docstring). Never raises for a
+    compile failure: ``error`` holds it."""
+    fn = getattr(_kernel_modules()[case.module], case.fn)
+    row = dict(label=case.label(), module=case.module, kernel=case.kernel, fn=case.fn, arch=case.arch,
+               dtype=case.dtype, variant=case.variant, shapes=case.shapes, num_warps=case.num_warps,
+               num_stages=case.num_stages, has_dot=case.has_dot,
+               constexprs={k: str(v) for k, v in case.constexprs.items()}, error=None)
+    try:
+        ck = compile_fn(fn, case.types, case.constexprs, case.arch, case.num_warps, case.num_stages)
+    except Exception as e:  # reported, asserted by the test
+        row["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+        return row
+    ptx = ck.asm["ptx"]
+    usage = _resource_usage(ck.asm["cubin"])
+    row.update(usage)
+    row["shared"] = int(ck.metadata.shared) + usage["static_shared"]
+    row["smem_limit"] = SMEM_LIMIT[case.arch]
+    row["mma"] = tensor_core_instrs(ptx)
+    row["tf32"] = bool(re.search(r"\btf32\b", ptx))
+    row["offsets"] = offset_report(ptx, fn, case.types, case.wide_params)
+    return row
+
+
+def _compile_worker(case_dict):
+    return compile_case(Case(**case_dict))
+
+
+def run(archs=ARCHS, jobs: int = 1) -> list[dict]:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("unset TRITON_INTERPRET: the interpreter replaces the kernels by Python code")
+    todo = [asdict(c) for c in cases(archs)]
+    if jobs <= 1:
+        return [_compile_worker(c) for c in todo]
+    with ProcessPoolExecutor(jobs) as ex:
+        return list(ex.map(_compile_worker, todo))
+
+
+# ---- control kernels for the 64-bit offset check (tests/test_kernels_compile.py) ---------------
+
+@triton.jit
+def _offset_probe_narrow(X, stride, Y, BLOCK: tl.constexpr):
+    row = tl.program_id(0)  # int32 row * stride: overflows past 2^31 elements
+    cols = tl.arange(0, BLOCK)
+    tl.store(Y + cols, tl.load(X + row * stride + cols))
+
+
+@triton.jit
+def _offset_probe_wide(X, stride, Y, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    tl.store(Y + cols, tl.load(X + row * stride + cols))
+
+
+def probe_offsets(arch: int = 90) -> dict:
+    """``{"narrow": report, "wide": report}`` of the two control kernels (the checker must flag
+    the first and pass the second)."""
+    out = {}
+    types = dict(X="*fp32", stride="i32", Y="*fp32")
+    for name, fn in (("narrow", _offset_probe_narrow), ("wide", _offset_probe_wide)):
+        ck = compile_fn(fn, types, dict(BLOCK=128), arch, 4, 1)
+        out[name] = offset_report(ck.asm["ptx"], fn, types, ("stride",))["stride"]
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", required=True, help="write the per-case report here (atomically)")
+    ap.add_argument("--archs", default=",".join(map(str, ARCHS)), help="e.g. 80,90,100")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    args = ap.parse_args(argv)
+    archs = tuple(int(a) for a in args.archs.split(","))
+    rows = run(archs, args.jobs)
+    report = dict(triton=triton.__version__, archs=archs, cases=rows, probe=probe_offsets(90))
+    tmp = args.json + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(tmp, args.json)
+    bad = [r["label"] for r in rows if r["error"]]
+    print(f"{len(rows)} cases, {len(bad)} failed to compile" + (f": {bad}" if bad else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

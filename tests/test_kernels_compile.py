@@ -1,0 +1,189 @@
+"""Ahead-of-time compile checks of every Triton kernel for real GPUs, without a GPU.
+
+One subprocess (``python -m pacs_fast.kernels.aot``, without TRITON_INTERPRET, which the test
+session sets) compiles every launched ``@triton.jit`` kernel for sm_80 (A100), sm_90 (H100/H200)
+and sm_100 (B200) with the launch parameters the launchers choose (``launch_config`` of each
+kernel file) at the realistic shapes of issue 13 (log-probs N=8192, H=4096, V=151,936 and V/2;
+PACS B=1024, T=4096, G=8/16/64), in bf16 and fp32; its JSON report is shared by the tests below
+(compiled once per session; Triton's cache makes a second session fast).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+triton = pytest.importorskip("triton", reason="the compile checks need the triton package")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERNEL_FILES = ("token_logprobs.py", "linear_logprobs.py", "pacs_loss.py")
+
+# Kernels allowed to spill: (module, function, arch, dtype) -> (largest stack bytes measured, why).
+# Anything spilling that is not listed here (or spilling more than listed) fails the test.
+SPILL_EXCEPTIONS = {
+}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("aot") / "aot.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "pacs_fast.kernels.aot", "--json", str(out), "--jobs", "2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"AOT compile run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    rep = json.loads(out.read_text())
+    print(f"AOT compile of {len(rep['cases'])} cases: {time.time() - t0:.1f} s")
+    return rep
+
+
+def _launched_kernels():
+    """Every ``@triton.jit`` function of the kernel files that a launcher launches (``name[grid]``)."""
+    found = set()
+    for f in KERNEL_FILES:
+        src = open(os.path.join(ROOT, "kernels", f)).read()
+        jit = re.findall(r"@triton\.jit\s*\ndef (\w+)", src)
+        found |= {(f[:-3], name) for name in jit if re.search(rf"\b{name}\[", src)}
+    return found
+
+
+def _fail(rows, what):
+    return f"{what}:\n" + "\n".join(f"  {r}" for r in rows)
+
+
+def test_every_launched_kernel_compiles_for_every_arch_and_dtype(report):
+    errors = [(c["label"], c["error"]) for c in report["cases"] if c["error"]]
+    assert not errors, _fail(errors, "compile failures")
+    covered = {(c["module"], c["fn"], c["arch"], c["dtype"]) for c in report["cases"]}
+    kernels = _launched_kernels()
+    assert len(kernels) == 7, kernels  # 2 token, 3 linear, 2 PACS: a new kernel must be added to aot.cases
+    for module, fn in kernels:
+        dtypes = ("fp32",) if module == "pacs_loss" else ("bf16", "fp32")
+        for arch in report["archs"]:
+            for dt in dtypes:
+                assert (module, fn, arch, dt) in covered, f"{module}.{fn} sm_{arch} {dt} not compiled"
+    assert set(report["archs"]) >= {80, 90}
+
+
+def test_shared_memory_within_the_per_block_limit(report):
+    over = [(c["label"], c["shared"], c["smem_limit"]) for c in report["cases"] if c["shared"] > c["smem_limit"]]
+    assert not over, _fail(over, "shared memory over the limit (label, bytes, limit)")
+
+
+def test_no_register_spills(report):
+    bad = []
+    for c in report["cases"]:
+        spilled = c["stack"] > 0 or c["spill_insts"] > 0 or c["local"] > 0
+        allowed = SPILL_EXCEPTIONS.get((c["module"], c["fn"], c["arch"], c["dtype"]))
+        if spilled and (allowed is None or c["stack"] > allowed[0]):
+            bad.append((c["label"], f"regs {c['regs']} stack {c['stack']} B, {c['spill_insts']} STL/LDL"))
+    assert not bad, _fail(bad, "register spills (add a measured exception to SPILL_EXCEPTIONS only with a reason)")
+
+
+TENSOR_CORE = {80: "mma.sync.aligned", 90: "wgmma.mma_async", 100: "tcgen05.mma"}
+
+
+def test_bf16_dot_lowers_to_tensor_cores(report):
+    bad = []
+    for c in report["cases"]:
+        if c["has_dot"] and c["dtype"] == "bf16":
+            want = TENSOR_CORE[c["arch"]]
+            ok = any(m.startswith(want) for m in c["mma"])
+            if c["arch"] in (80, 90):  # the PTX instruction names the operand type
+                ok = ok and any(m.startswith(want) and "bf16" in m for m in c["mma"])
+            if not ok:
+                bad.append((c["label"], c["mma"]))
+        elif not c["has_dot"] and c["mma"]:
+            bad.append((c["label"], "tensor-core instruction in a kernel without tl.dot", c["mma"]))
+    assert not bad, _fail(bad, "tensor-core lowering")
+
+
+def test_fp32_dot_is_ieee_as_documented(report):
+    """kernels/linear_logprobs.py: fp32 inputs use IEEE fp32 products (input_precision="ieee"), not
+    TF32: no tensor-core instruction and no tf32 operand in the PTX."""
+    bad = [(c["label"], c["mma"], c["tf32"]) for c in report["cases"]
+           if c["has_dot"] and c["dtype"] == "fp32" and (c["mma"] or c["tf32"])]
+    assert not bad, _fail(bad, "fp32 tl.dot not IEEE")
+    src = open(os.path.join(ROOT, "kernels", "linear_logprobs.py")).read()
+    assert "IEEE fp32 products" in src
+
+
+def test_row_offsets_are_64_bit(report):
+    """Every row stride / row length that multiplies a row index enters only 64-bit products
+    (N * V = 1.2e9 at N = 8192 and 2.5e9 at N = 16384 > 2^31)."""
+    bad = []
+    for c in report["cases"]:
+        for param, use in c["offsets"].items():
+            if use["narrow"] or use["wide"] == 0:
+                bad.append((c["label"], param, use))
+    assert not bad, _fail(bad, "32-bit row offsets")
+
+
+def test_offset_check_flags_a_32_bit_row_offset(report):
+    """Control: the checker flags ``row * stride`` in int32 and passes the int64 version."""
+    probe = report["probe"]
+    assert probe["narrow"]["narrow"], probe["narrow"]
+    assert not probe["wide"]["narrow"] and probe["wide"]["wide"] > 0, probe["wide"]
+
+
+# ---- the launchers use launch_config (run in this process, under the interpreter) -------------
+
+class _Recorder:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append(kwargs)
+        return launch
+
+
+@pytest.mark.parametrize("arch", [None, 80, 90, 100])
+def test_launchers_pass_launch_config(monkeypatch, arch):
+    import torch
+
+    from pacs_fast.kernels import linear_logprobs as KL, pacs_loss as KP, token_logprobs as KT
+    calls = []
+    for mod, names in ((KT, ("_stats_fwd_kernel", "_grad_bwd_kernel")),
+                       (KL, ("_stats_fwd_kernel", "_grad_bwd_kernel", "_dlogits_kernel")),
+                       (KP, ("_pacs_fwd_kernel", "_pacs_bwd_kernel"))):
+        for name in names:
+            monkeypatch.setattr(mod, name, _Recorder(calls))
+    monkeypatch.setattr(KT, "device_arch", lambda d: arch)
+    monkeypatch.setattr(KL, "device_arch", lambda d: arch)
+    monkeypatch.setattr(KP, "_arch", lambda d: arch)
+
+    def check(cfg, keys):
+        got = calls.pop()
+        for k in keys:
+            assert got[k] == cfg[k], (k, got[k], cfg[k])
+
+    n, h, v = 40, 24, 300
+    x = torch.randn(n, v)
+    one = torch.zeros(n)
+    KT.stats_fwd(x, 1.0, True)
+    check(KT.launch_config("stats_fwd", N=n, V=v, dtype=x.dtype, arch=arch), ("BLOCK_V", "num_warps", "num_stages"))
+    KT.grad_bwd(x, x.clone(), 1.0, torch.zeros(n, dtype=torch.long), 0, -100, one, one, one, one, one)
+    check(KT.launch_config("grad_bwd", N=n, V=v, dtype=x.dtype, arch=arch), ("BLOCK_V", "num_warps", "num_stages"))
+    hid, w = torch.randn(n, h), torch.randn(v, h)
+    keys = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "num_warps", "num_stages")
+    KL.stats_fwd(hid, w, None, 1.0, True)
+    check(KL.launch_config("stats_fwd", N=n, V=v, H=h, dtype=hid.dtype, arch=arch), keys)
+    lab = torch.zeros(n, dtype=torch.long)
+    KL.grad_bwd(hid, w, None, 1.0, lab, 0, one, one, one, one, one)
+    check(KL.launch_config("grad_bwd", N=n, V=v, H=h, dtype=hid.dtype, arch=arch), keys + ("GROUP_N",))
+    KL.grad_bwd_chunked(hid, w, None, 1.0, lab, 0, one, one, one, one, one)
+    check(KL.launch_config("dlogits", N=n, V=v, H=h, dtype=hid.dtype, arch=arch), keys + ("GROUP_N",))
+    b, t, g = 16, 50, 8
+    logp = torch.randn(b, t)
+    KP.pacs_loss_fwd(logp, logp, None, torch.ones(b), None, group_size=g, beta=1.0, score="rloo",
+                     weight_mode="question", proxy="logratio")
+    check(KP.launch_config("fwd", B=b, T=t, G=g, dtype=logp.dtype, arch=arch),
+          ("BLOCK_G", "BLOCK_T", "num_warps", "num_stages"))
+    KP.pacs_loss_bwd(torch.ones(()), torch.ones(b), None, None, (b, t), logp.dtype)
+    check(KP.launch_config("bwd", B=b, T=t, G=1, dtype=logp.dtype, arch=arch),
+          ("BLOCK_T", "N_SPLIT", "num_warps", "num_stages"))
