@@ -155,6 +155,14 @@ def test_split_group_in_a_micro_batch_gives_a_clear_error(trained):
         trainer._compute_loss(trainer.model, inputs)
 
 
+def test_evaluate_uses_the_pacs_loss(trained):
+    trainer, _, _ = trained
+    metrics = trainer.evaluate(_dataset())  # per_device_eval_batch_size 8 = 2 groups of num_generations_eval 4
+    assert math.isfinite(metrics["eval_loss"])
+    assert abs(metrics["eval_loss"] - math.log(2)) < 1e-6  # fresh rollouts: reference = policy, proxy 0
+    assert "eval_pacs/brier" in metrics
+
+
 def test_generation_batch_not_in_groups_is_refused(trained):
     trainer, _, _ = trained
     rows = [{"prompt": "1+2="}] * (G - 1) + [{"prompt": "2+3="}]
