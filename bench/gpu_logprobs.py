@@ -6,7 +6,9 @@ Run on a CUDA machine (nothing here has been measured on a GPU yet):
     python bench/gpu_logprobs.py --shapes 4096x896x151936,8192x4096x151936 --dtype bf16
     python bench/gpu_logprobs.py --device cpu --shapes 64x64x1000  # smoke test of the script
 
-Methods: ``pacs_triton`` (fused kernels), ``pacs_torch`` (the chunked torch backend on cuBLAS),
+Methods: ``pacs_triton`` (fused forward kernel, chunked GEMM backward: a Triton dz chunk + two
+cuBLAS GEMMs per vocab chunk, the default), ``pacs_triton_atomic`` (the same forward, the one-pass
+atomic backward kernel), ``pacs_torch`` (the chunked torch backend on cuBLAS),
 ``naive`` (matmul -> log_softmax -> gather, entropy; skipped when [N, V] would not fit),
 ``liger_flce`` (Liger fused linear cross-entropy, loss only, no entropy) when installed.
 
@@ -45,12 +47,13 @@ def _inputs(n, h, v, dtype, device, seed=0):
 
 
 def _method(name):
-    if name in ("pacs_triton", "pacs_torch"):
+    if name in ("pacs_triton", "pacs_triton_atomic", "pacs_torch"):
         from pacs_fast.ops.linear_logprobs import linear_logprobs
         backend = name.split("_")[1]
+        bwd = "atomic" if name.endswith("atomic") else "chunked"
 
         def fwd(h, w, y):
-            return linear_logprobs(h, w, y, return_entropy=True, backend=backend)
+            return linear_logprobs(h, w, y, return_entropy=True, backend=backend, triton_backward=bwd)
         return fwd, True
     if name == "naive":
         def fwd(h, w, y):
@@ -117,9 +120,10 @@ def bench_case(name, n, h, v, dtype, device, iters):
         f_b()
         _sync(device)
         grads = hidden.grad.numel() * hidden.grad.element_size() + weight.grad.numel() * weight.grad.element_size()
-        workspace = torch.cuda.max_memory_allocated() - before - grads
+        peak = torch.cuda.max_memory_allocated()
+        workspace = peak - before - grads
     else:
-        workspace = float("nan")
+        workspace = peak = float("nan")
     t_f = _time(f_only, iters, device)
     t_fb = _time(f_b, iters, device)
     flop = 2 * n * h * v
@@ -137,14 +141,16 @@ def bench_case(name, n, h, v, dtype, device, iters):
             "fwd_tflops": flop / t_f / 1e12,
             "fwd_bwd_tflops_executed": (4 if recompute else 3) * flop / t_fb / 1e12,
             "fwd_bwd_tflops_useful": 3 * flop / t_fb / 1e12,
-            "workspace_gb": workspace / 1e9, "max_err": err}
+            "workspace_gb": workspace / 1e9, "peak_gb": peak / 1e9, "max_err": err}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="8192x4096x151936")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    ap.add_argument("--methods", default="pacs_triton,pacs_torch,naive,liger_flce")
+    ap.add_argument("--methods", default="pacs_triton,pacs_triton_atomic,pacs_torch,naive,liger_flce")
+    ap.add_argument("--strict", action="store_true",
+                    help="exit 1 when a pacs_* method did not run (the GPU suite: never skip silently)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--naive-max-bytes", type=float, default=40e9,
@@ -181,9 +187,14 @@ def main():
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    time.strftime("gpu_logprobs_%Y%m%d_%H%M%S.json"))
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
+    with open(out + ".tmp", "w") as f:
         json.dump({"device": dev, "torch": torch.__version__, "rows": rows}, f, indent=1)
+    os.replace(out + ".tmp", out)
     print(f"wrote {out}")
+    failed = [r["method"] for r in rows if "unavailable" in r and r["method"].startswith("pacs_")]
+    if args.strict and failed:
+        raise SystemExit(f"FAILED: {failed} did not run: " + "; ".join(
+            r["unavailable"] for r in rows if r["method"] in failed))
 
 
 if __name__ == "__main__":

@@ -283,10 +283,11 @@ def _compile_worker(case_dict):
     return compile_case(Case(**case_dict))
 
 
-def run(archs=ARCHS, jobs: int = 1) -> list[dict]:
+def run(archs=ARCHS, jobs: int = 1, modules=None) -> list[dict]:
+    """Compiles ``cases(archs)`` (only those of the kernel files in ``modules`` when given)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter replaces the kernels by Python code")
-    todo = [asdict(c) for c in cases(archs)]
+    todo = [asdict(c) for c in cases(archs) if modules is None or c.module in modules]
     if jobs <= 1:
         return [_compile_worker(c) for c in todo]
     with ProcessPoolExecutor(jobs) as ex:
@@ -325,9 +326,10 @@ def main(argv=None):
     ap.add_argument("--json", required=True, help="write the per-case report here (atomically)")
     ap.add_argument("--archs", default=",".join(map(str, ARCHS)), help="e.g. 80,90,100")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--modules", default=None, help="only these kernel files, e.g. pacs_loss,token_logprobs")
     args = ap.parse_args(argv)
     archs = tuple(int(a) for a in args.archs.split(","))
-    rows = run(archs, args.jobs)
+    rows = run(archs, args.jobs, None if args.modules is None else args.modules.split(","))
     report = dict(triton=triton.__version__, archs=archs, cases=rows, probe=probe_offsets(90))
     tmp = args.json + ".tmp"
     with open(tmp, "w") as f:
