@@ -270,3 +270,30 @@ def test_three_steps_with_trl_vllm_colocate(tmp_path):
     # vLLM sampled the completions: TRL logged its log-prob gap to the trainer, small on fp32 CPU
     gaps = [g for g in res["logp_diff"] if g is not None]
     assert len(gaps) == 2 and max(gaps) < 0.05
+
+
+def test_gradient_accumulation_averages_micro_batch_losses(tmp_path):
+    """gradient_accumulation_steps=2: each micro-batch's PACS loss is divided by 2, so the logged
+    loss (and the gradient) is the mean over the step's micro-batches, i.e. over all its groups."""
+    from pacs_fast.integrations.trl import PACSTrainer
+
+    losses = []
+
+    class Recording(PACSTrainer):
+        def pacs_loss(self, logp, logp_ref, mask, rewards, group_size):
+            loss, terms = super().pacs_loss(logp, logp_ref, mask, rewards, group_size)
+            losses.append(float(loss.detach()))
+            return loss, terms
+
+    model, tok = _model_and_tokenizer(seed=1)
+    # one generation of 16 per optimiser step, two micro-batches of 2 groups, num_iterations=2:
+    # the second pass over a generation uses TRL's old log-probs (non-zero proxies)
+    args = _config(tmp_path, gradient_accumulation_steps=2, steps_per_generation=2, num_iterations=2, max_steps=2)
+    trainer = Recording(model=model, reward_funcs=_parity_reward, args=args, train_dataset=_dataset(),
+                        processing_class=tok)
+    trainer.train()
+    logged = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    assert len(losses) == 4 and len(logged) == 2
+    for step, value in enumerate(logged):
+        assert abs(value - (losses[2 * step] + losses[2 * step + 1]) / 2) <= LOSS_TOL
+    assert abs(logged[1] - math.log(2)) > 1e-4  # second pass: the policy moved since the rollout
