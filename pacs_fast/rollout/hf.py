@@ -315,8 +315,9 @@ class HFEngine(RolloutEngine):
 
     # -- sampler="lean" ----------------------------------------------------------------------------
     def _next_logits(self, out) -> torch.Tensor:
-        """``[rows, V]`` fp32 logits of the last position, without the padded vocabulary rows."""
-        return out.logits[:, -1, :self.vocab_cut].float()
+        """``[rows, V]`` fp32 logits of the last position, without the padded vocabulary rows
+        (contiguous: softmax / cumsum over a strided view were measured ~40% slower)."""
+        return out.logits[:, -1, :self.vocab_cut].float().contiguous()
 
     def _prefill(self, prompts: list[list[int]], cache_method: str):
         """One forward over the left-padded prompts (one row each, ``logits_to_keep=1``).
