@@ -142,15 +142,65 @@ def merge_shard(kind: str, shards: list) -> torch.Tensor:
     raise ValueError(f"unknown kind {kind!r}")
 
 
-def megatron_to_hf(shards: list[dict], hf_config) -> dict:
+def unit_rules(hf_config) -> list[tuple[str, dict[str, tuple[str, list[str]]]]]:
+    """:func:`conversion_rules` cut into units, in checkpoint order: ``[(unit, rules), ...]`` with
+    unit ``"model.embed_tokens"``, ``"model.layers.<i>"``, ``"model.norm"``, ``"lm_head"`` (the unit
+    names of :func:`pacs_fast.rollout.weight_sync.unit_of`). A unit is what a weight-sync or export
+    bucket never splits."""
+    units: dict[str, dict] = {}
+    for name, rule in conversion_rules(hf_config).items():
+        hf = rule[1][0]
+        unit = ".".join(hf.split(".")[:3]) if hf.startswith("model.layers.") else hf.rpartition(".")[0]
+        units.setdefault(unit, {})[name] = rule
+    return list(units.items())
+
+
+def hf_shapes(local_shapes: Mapping, hf_config, *, tp_size: int = 1, rules: Mapping | None = None) -> dict:
+    """``{hf_name: full shape}`` inferred from this rank's megatron shard shapes (no communication):
+    what a gather of these shards would produce. Raises ValueError naming the parameter when a
+    shard's shape cannot come from ``hf_config`` (e.g. a wrong size)."""
+    n_q, n_kv, d = _dims(hf_config)
+    out = {}
+    for name, (kind, hf_names) in (rules or conversion_rules(hf_config)).items():
+        if name not in local_shapes:
+            raise ValueError(f"no shard for megatron parameter {name!r}")
+        s = list(local_shapes[name])
+        if kind == "rep":
+            out[hf_names[0]] = tuple(s)
+        elif kind == "row":
+            out[hf_names[0]] = (s[0], s[1] * tp_size, *s[2:])
+        elif kind == "vocab":
+            vp = padded_vocab_size(hf_config.vocab_size, tp_size)
+            if s[0] * tp_size != vp:
+                raise ValueError(f"{name}: shard of {s[0]} rows x tp={tp_size} != padded vocabulary {vp}")
+            out[hf_names[0]] = (hf_config.vocab_size, *s[1:])
+        elif kind == "qkv":
+            full = s[0] * tp_size
+            if full != (n_q + 2 * n_kv) * d:
+                raise ValueError(f"{name}: shard of {s[0]} rows x tp={tp_size} != (heads {n_q} + 2 x kv heads "
+                                 f"{n_kv}) x head size {d}")
+            for hf, heads in zip(hf_names, (n_q, n_kv, n_kv)):
+                out[hf] = (heads * d, *s[1:])
+        elif kind == "fc1":
+            if s[0] % 2:
+                raise ValueError(f"{name}: shard of {s[0]} rows is not [gate; up] halves")
+            for hf in hf_names:
+                out[hf] = (s[0] // 2 * tp_size, *s[1:])
+        else:  # pragma: no cover
+            raise AssertionError(kind)
+    return out
+
+
+def megatron_to_hf(shards: list[dict], hf_config, *, rules: Mapping | None = None) -> dict:
     """Full HF state dict from the megatron state dicts of all ``tp`` ranks (``shards[r]``).
 
-    Vocabulary padding is stripped; a tied model gives no ``lm_head.weight``.
+    Vocabulary padding is stripped; a tied model gives no ``lm_head.weight``. ``rules``: a subset
+    of :func:`conversion_rules` (e.g. one unit of :func:`unit_rules`) to convert only those.
     """
     if not shards:
         raise ValueError("shards must hold one state dict per tensor-parallel rank")
     out = {}
-    for name, (kind, hf_names) in conversion_rules(hf_config).items():
+    for name, (kind, hf_names) in (rules or conversion_rules(hf_config)).items():
         missing = [r for r, sd in enumerate(shards) if name not in sd]
         if missing:
             raise ValueError(f"shards of ranks {missing} are missing {name!r}")
@@ -186,6 +236,43 @@ def load_hf_into_model(model, hf_state: Mapping, hf_config, *, tp_size: int = 1,
         if p.shape != shard[name].shape:
             raise ValueError(f"{name}: model shape {tuple(p.shape)} != converted {tuple(shard[name].shape)}")
         p.copy_(shard[name])
+
+
+@torch.no_grad()
+def gather_unit(local: Mapping, rules: Mapping, hf_config, *, tp_group=None, dst: int | None = None,
+                dtype=None) -> dict | None:
+    """Full HF tensors of the parameters in ``rules`` (one unit of :func:`unit_rules`) from this
+    rank's megatron shards ``local``; collective over ``tp_group``.
+
+    Shards are cast to ``dtype`` (if given) before they travel. ``dst=None``: every TP rank gets
+    the tensors (all-gather); ``dst=r``: only TP-group rank ``r`` does (others get None), so no
+    other rank ever holds a full tensor. Only this unit's tensors are alive: memory is one unit.
+    """
+    import torch.distributed as dist
+
+    tp = 1 if tp_group is None else dist.get_world_size(tp_group)
+    me = 0 if tp_group is None else dist.get_rank(tp_group)
+    gathered = [dict() for _ in range(tp)]
+    for name, (kind, _) in rules.items():
+        if name not in local:
+            raise ValueError(f"no tensor for megatron parameter {name!r}")
+        t = local[name].detach()
+        if dtype is not None and t.dtype != dtype:
+            t = t.to(dtype)
+        if tp == 1 or kind == "rep":
+            parts = [t] * tp
+        elif dst is None:
+            parts = [torch.empty_like(t) for _ in range(tp)]
+            dist.all_gather(parts, t.contiguous(), group=tp_group)
+        else:
+            parts = [torch.empty_like(t) for _ in range(tp)] if me == dst else None
+            dist.gather(t.contiguous(), parts, group_dst=dst, group=tp_group)
+            parts = parts or [t] * tp
+        for r in range(tp):
+            gathered[r][name] = parts[r]
+    if dst is not None and me != dst:
+        return None
+    return megatron_to_hf(gathered, hf_config, rules=rules)
 
 
 @torch.no_grad()

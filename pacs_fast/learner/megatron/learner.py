@@ -1,8 +1,17 @@
 """The megatron-core tensor-parallel learner (``learner.backend=megatron``).
 
-Launch (every process runs the trainer; they all see the same rollout batch)::
+Launch (every process runs the trainer)::
 
     torchrun --nproc_per_node 2 -m pacs_fast.train learner.backend=megatron learner.tp_size=2
+
+Two batch modes. Full batches (default): every rank passes the same whole batch and each
+data-parallel rank trains on its share. DP-local batches (``local_batches=True``, the scale-out
+path where every data-parallel group generates its own rollouts): each data-parallel group passes
+only its own groups (the ranks of one tensor-parallel group pass identical batches);
+``compute_logprobs`` returns those rows; ``update`` cuts them into mini-batches of
+``mini_batch_prompts / dp`` local groups (the same number of optimiser steps on every rank);
+gradients and metrics are SUM-reduced over data-parallel ranks, so every rank returns the same
+metrics and the step equals the full-batch step on the union of the local batches.
 
 Parallel layout: ``world = tp_size x dp``. Tensor parallelism shards attention heads, MLP columns
 and the vocabulary; the LM head's vocab shard goes straight into the vocab-parallel
@@ -18,9 +27,15 @@ non-distributed optimiser semantics; megatron's ZeRO-1 distributed optimiser (op
 sharded over data-parallel ranks) is not used — on CPU it needs more CUDA redirections than
 :mod:`~pacs_fast.learner.megatron.cpu_compat` makes, and the test machines have no GPU to test it.
 
-Checkpoints (:meth:`state_dict`) hold the optimiser moments and the reference model gathered to
-full Hugging Face-named tensors, so every rank's copy is identical and a checkpoint resumes under
-any tensor-parallel size.
+Checkpoints. :meth:`save_state` / :meth:`load_state` (the trainer's path): each rank of data-parallel
+group 0 writes its own optimiser / reference shard, nothing is gathered; exact resume under the same
+``tp_size`` (see :mod:`.state`). :meth:`save_hf`: the policy gathered to global rank 0 one bucket of
+layers at a time (:mod:`.export`). :meth:`state_dict` (kept for conversions) gathers the optimiser
+moments and the reference model to full HF-named tensors on every rank, so it resumes under any
+tensor-parallel size but costs a full model copy per rank.
+
+Non-finite loss or gradient norm: :class:`~pacs_fast.learner.base.NonFiniteError` on every rank
+before the optimiser step (decided with one all-reduce).
 
 Not supported (ValueError or documented gap): PPO (no value head), pipeline parallelism, sequence
 parallelism (needs Transformer Engine), Transformer Engine / flash attention layer specs (megatron's
@@ -28,8 +43,6 @@ local spec is used on GPU too), fp32 master weights for ``dtype="bfloat16"`` (as
 """
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -38,9 +51,11 @@ import torch.distributed as dist
 
 from pacs_fast.learner.base import (
     Learner,
+    NonFiniteError,
     RolloutBatch,
     by_length,
     dealt_rows_to_sorted,
+    group_rows,
     holds_reference_model,
     minibatch_counts,
     needs_reference,
@@ -48,102 +63,7 @@ from pacs_fast.learner.base import (
 )
 
 
-# ----------------------------------------------------------------------------- setup helpers
-def init_parallel(tp_size: int, *, device: str = "auto") -> torch.device:
-    """Initialise ``torch.distributed`` (from torchrun's env, or a 1-process group) and megatron's
-    model-parallel state with ``tp_size``; returns this rank's device.
-
-    gloo on CPU, NCCL on CUDA. An existing megatron state must have the same ``tp_size``.
-    """
-    import warnings
-
-    with warnings.catch_warnings():  # the import announces that TE / Apex are absent (expected)
-        warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
-        from megatron.core import parallel_state as ps
-        import megatron.core.models.gpt  # noqa: F401
-
-    from pacs_fast.learner.megatron.cpu_compat import apply_cpu_compat
-
-    use_cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
-    if use_cuda and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available")
-    if not use_cuda and torch.cuda.is_available():
-        raise ValueError(f"device={device!r}: the megatron learner runs on the GPU when one is present "
-                         "(its CPU path is only for machines without one); use device='auto'")
-    if not dist.is_initialized():
-        if "WORLD_SIZE" not in os.environ:  # plain `python -m pacs_fast.train`: one process
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        if use_cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group("nccl" if use_cuda else "gloo")
-    world = dist.get_world_size()
-    if tp_size < 1 or world % tp_size:
-        raise ValueError(f"learner.tp_size={tp_size} must divide the number of processes ({world})")
-    if ps.model_parallel_is_initialized():
-        if ps.get_tensor_model_parallel_world_size() != tp_size:
-            raise ValueError(f"megatron is already initialised with tp={ps.get_tensor_model_parallel_world_size()}"
-                             f", not learner.tp_size={tp_size}")
-    else:
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp_size, create_gloo_process_groups=False)
-    if not use_cuda:
-        apply_cpu_compat()
-    return torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LazyHFCheckpoint(Mapping):
-    """Read-only ``{hf_name: tensor}`` view of an HF folder's ``*.safetensors`` files (single or
-    sharded) that reads a tensor only when asked for it: converting to this rank's shards then
-    holds one layer's full tensors at a time, never the whole model."""
-
-    def __init__(self, path):
-        from safetensors import safe_open
-
-        files = sorted(Path(path).glob("*.safetensors"))
-        if not files:
-            raise ValueError(f"model path {str(path)!r} holds no *.safetensors file")
-        self._index = {}
-        for f in files:
-            with safe_open(str(f), framework="pt") as h:
-                self._index.update(dict.fromkeys(h.keys(), str(f)))
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
-        with safe_open(self._index[name], framework="pt") as h:
-            return h.get_tensor(name)
-
-    def __iter__(self):
-        return iter(self._index)
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-
-def tp_grad_norm(params, tp_group) -> torch.Tensor:
-    """Global L2 norm of the gradients of a tensor-parallel model (fp32 0-d tensor).
-
-    Sharded parameters (megatron's ``tensor_model_parallel`` attribute) contribute their local
-    shard on every rank; replicated ones are counted on TP rank 0 only; then one SUM all-reduce.
-    """
-    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-
-    sq = torch.zeros((), dtype=torch.float32, device=params[0].device)
-    for p in params:
-        if p.grad is not None and param_is_not_tensor_parallel_duplicate(p):
-            sq += p.grad.detach().float().pow(2).sum()
-    if tp_group is not None and dist.get_world_size(tp_group) > 1:
-        dist.all_reduce(sq, group=tp_group)
-    return sq.sqrt()
+from pacs_fast.learner.megatron.setup import LazyHFCheckpoint, init_parallel, tp_grad_norm  # noqa: E402,F401
 
 
 # ----------------------------------------------------------------------------- the learner
@@ -152,7 +72,7 @@ class MegatronLearner(Learner):
 
     Same optimisation semantics as :class:`pacs_fast.learner.torch_learner.TorchLearner`
     (mini-batches of whole groups in ``randperm(seed)`` order, micro-batch accumulation,
-    AdamW, global-norm clipping, a non-finite gradient norm skips the step).
+    AdamW, global-norm clipping; a non-finite loss or gradient norm raises ``NonFiniteError``).
 
     Args:
         model_path: Hugging Face folder of the initial policy (Qwen2 / Llama architecture).
@@ -162,13 +82,20 @@ class MegatronLearner(Learner):
         dtype: ``"float32"`` | ``"bfloat16"`` parameters (CPU: float32).
         device: ``"auto"`` | ``"cpu"`` | ``"cuda"``.
         gradient_checkpointing: megatron full activation recomputation.
+        local_batches: DP-local batches (see the module docstring); default: full batches.
+        vocab_size: the number of real token ids (``len(tokenizer)``): LM-head rows from there on
+            (checkpoint padding, as in every Qwen model) are excluded from the softmax, as the rollout
+            engines mask them. ``None``: ``hf_config.vocab_size`` (every row).
 
-    Every process of the launch must construct it and call every method with the same arguments
-    (they are collective); all ranks return the same values.
+    Every process of the launch must construct it and call every method (they are collective).
+    Full batches: every rank passes the same arguments and gets the same values. DP-local batches:
+    the ranks of a TP group pass the same batch; ``compute_logprobs`` / ``last_terms`` are the
+    local rows; ``update``'s metrics are the same on every rank.
     """
 
     def __init__(self, model_path, *, algo, learner, temperature: float = 1.0, horizon: int = 1,
-                 dtype: str = "float32", device: str = "auto", gradient_checkpointing: bool = False):
+                 dtype: str = "float32", device: str = "auto", gradient_checkpointing: bool = False,
+                 local_batches: bool = False, vocab_size: int | None = None):
         from megatron.core import parallel_state as ps
         from transformers import AutoConfig
 
@@ -194,8 +121,17 @@ class MegatronLearner(Learner):
         self.dp_group = ps.get_data_parallel_group()
         self.dp_size = ps.get_data_parallel_world_size()
         self.dp_rank = ps.get_data_parallel_rank()
+        self.local_batches = bool(local_batches)
+        if self.local_batches and learner.mini_batch_prompts % self.dp_size:
+            raise ValueError(f"learner.mini_batch_prompts={learner.mini_batch_prompts} must be a multiple of the "
+                             f"{self.dp_size} data-parallel groups (each takes mini_batch_prompts / dp of its own)")
+        self.model_path = Path(model_path)
 
         self.hf_config = AutoConfig.from_pretrained(model_path)
+        rows = self.hf_config.vocab_size
+        if vocab_size is not None and not 1 <= int(vocab_size) <= rows:
+            raise ValueError(f"vocab_size must be in [1, {rows}] (the LM head's rows), got {vocab_size}")
+        self.vocab_size = rows if vocab_size is None else int(vocab_size)
         overrides = {}
         if gradient_checkpointing:
             overrides = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
@@ -232,8 +168,13 @@ class MegatronLearner(Learner):
         from pacs_fast.learner.megatron.forward import token_logprobs
 
         batch = batch.to(self.device)
+        if self.vocab_size < self.hf_config.vocab_size:
+            top = int(batch.input_ids[batch.response_mask > 0].max()) if bool((batch.response_mask > 0).any()) else 0
+            if top >= self.vocab_size:
+                raise ValueError(f"a response token id {top} is >= vocab_size={self.vocab_size} (a padded LM-head "
+                                 "row): the rollout engine must mask padded rows")
         out = token_logprobs(model, batch.input_ids, batch.attention_mask,
-                             label_mask=batch.response_mask > 0, vocab_size=self.hf_config.vocab_size,
+                             label_mask=batch.response_mask > 0, vocab_size=self.vocab_size,
                              tp_group=self.tp_group, temperature=self.temperature,
                              return_entropy=return_entropy, backend=self.cfg.logprob_backend)
         return out if return_entropy else (out, None)
@@ -247,20 +188,28 @@ class MegatronLearner(Learner):
         return list(range(self.dp_rank * k, (self.dp_rank + 1) * k))
 
     def _check_same_batch(self, batch: RolloutBatch) -> None:
-        """Every rank must be given the same batch (TP ranks compute on the same rows); a cheap
-        fingerprint compared over all ranks turns a silent divergence into a ValueError."""
-        if dist.get_world_size() == 1:
+        """Ranks that compute on the same rows must be given the same batch: all ranks (full
+        batches) or the ranks of each TP group (DP-local batches). A cheap fingerprint compared over
+        those ranks turns a silent divergence into a ValueError on each of them."""
+        if self.local_batches and self.tp_size == 1:
+            return
+        group = self.tp_group if self.local_batches else None
+        if dist.get_world_size(group) == 1:
             return
         ids = batch.input_ids.to(torch.float64)
         w = (torch.arange(ids.numel(), dtype=torch.float64) % 1009 + 1).view_as(ids)
         fp = torch.stack([ids.sum(), (ids * w.to(ids.device)).sum(), batch.rewards.double().sum(),
                           batch.response_mask.double().sum(), torch.tensor(float(ids.numel()),
                                                                             dtype=torch.float64)])
-        fp = fp.to(self.device)
+        fp = torch.nan_to_num(fp, nan=1.5e300).to(self.device)  # NaN rewards: equal, not "different"
         lo, hi = fp.clone(), fp.clone()
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
         if not torch.equal(lo, hi):
+            if self.local_batches:
+                raise ValueError("batch: the ranks of one tensor-parallel group were given different batches; "
+                                 "with local_batches=True the ranks of a TP group must pass the same batch "
+                                 "(their data-parallel group's share)")
             raise ValueError("batch: the processes were given different batches; every rank of a "
                              "megatron launch must pass the same rollout batch")
 
@@ -274,15 +223,18 @@ class MegatronLearner(Learner):
 
     @torch.no_grad()
     def compute_logprobs(self, batch: RolloutBatch, *, reference: bool = False, return_entropy: bool = False):
+        """``[B, T]`` log-probs of ``batch``'s rows (DP-local batches: this group's rows)."""
         model = self._model_for(reference)
         self._check_same_batch(batch)
         was = model.training
         model.eval()
         B, T = batch.input_ids.shape
-        # Groups padded (by repeating the last) to split evenly over data-parallel ranks.
-        n = batch.num_groups + (-batch.num_groups) % self.dp_size
-        padded = batch.groups([min(g, batch.num_groups - 1) for g in range(n)])
-        mine = self._dp_share(n)
+        if self.local_batches:
+            padded, mine = batch, list(range(batch.num_groups))
+        else:  # groups padded (by repeating the last) to split evenly over data-parallel ranks
+            n = batch.num_groups + (-batch.num_groups) % self.dp_size
+            padded = batch.groups([min(g, batch.num_groups - 1) for g in range(n)])
+            mine = self._dp_share(n)
         step = self.cfg.micro_batch_prompts
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # noqa: E731
         lps, ents = [], []
@@ -294,9 +246,11 @@ class MegatronLearner(Learner):
                     ents.append(pad(en))
         finally:
             model.train(was)
-        logp = self._gather_dp(torch.cat(lps))[:B].cpu()
+        gather = (lambda x: x) if self.local_batches else self._gather_dp
+        empty = torch.zeros(0, T)
+        logp = gather(torch.cat(lps) if lps else empty)[:B].cpu()
         if return_entropy:
-            return logp, self._gather_dp(torch.cat(ents))[:B].cpu()
+            return logp, gather(torch.cat(ents) if ents else empty)[:B].cpu()
         return logp
 
     # ------------------------------------------------------------------ training
@@ -311,21 +265,41 @@ class MegatronLearner(Learner):
             t.copy_(flat[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
 
+    def _local_mini_batches(self, P: int) -> int:
+        """DP-local batches: groups per local mini-batch; every data-parallel group must hold the
+        same number of groups (the same number of optimiser steps everywhere)."""
+        n = torch.tensor([float(P), -float(P)], device=self.device)
+        if self.dp_size > 1:
+            dist.all_reduce(n, op=dist.ReduceOp.MAX, group=self.dp_group)
+        if n[0] != -n[1]:
+            raise ValueError(f"update: the data-parallel groups hold different numbers of groups (this one {P}, "
+                             f"between {int(-n[1])} and {int(n[0])}); give each the same share of the step's prompts")
+        mini = min(self.cfg.mini_batch_prompts, P * self.dp_size)
+        if mini % self.dp_size:
+            raise ValueError(f"update: a mini-batch of {mini} groups cannot be split over {self.dp_size} "
+                             "data-parallel groups")
+        return mini // self.dp_size
+
     def update(self, batch: RolloutBatch, *, seed: int) -> dict[str, float]:
         self._check_same_batch(batch)
         self.model.train()
         gen = torch.Generator().manual_seed(int(seed))
         P = batch.num_groups
-        mini = min(self.cfg.mini_batch_prompts, P)
+        mini = self._local_mini_batches(P) if self.local_batches else min(self.cfg.mini_batch_prompts, P)
         sums: dict[str, float] = {}
         terms: dict[str, list] = {}
         steps = 0
         for _ in range(self.cfg.epochs):
             order = torch.randperm(P, generator=gen)
             for start in range(0, P, mini):
-                # sorted by length, dealt over the DP ranks (balanced shares, little padding)
-                dealt = by_length(order[start:start + mini], batch, shares=self.dp_size)
-                step_metrics = self._mini_batch(batch.groups(dealt), terms)
+                # last_terms: rows in the (local) mini-batch's length-sorted order, as the torch learner
+                rows = group_rows(by_length(order[start:start + mini], batch), batch.group_size)
+                if self.local_batches:  # this group's share of the mini-batch, sorted by length
+                    step_metrics = self._mini_batch(batch.groups(by_length(order[start:start + mini], batch)),
+                                                    terms, rows)
+                else:  # sorted by length, dealt over the DP ranks (balanced shares, little padding)
+                    dealt = by_length(order[start:start + mini], batch, shares=self.dp_size)
+                    step_metrics = self._mini_batch(batch.groups(dealt), terms, rows)
                 for k, v in step_metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
                 steps += 1
@@ -335,11 +309,20 @@ class MegatronLearner(Learner):
         self.last_terms = {k: torch.cat(v) for k, v in terms.items()}
         return out
 
-    def _mini_batch(self, mb: RolloutBatch, terms: dict[str, list]) -> dict[str, float]:
-        """One optimiser step on mini-batch ``mb``: this DP rank's share of its groups, in
-        micro-batches; gradients summed over DP ranks; TP-aware clipping; AdamW."""
-        counts = minibatch_counts(mb)
-        mine = mb.groups(self._dp_share(mb.num_groups))
+    def _mini_batch(self, mb: RolloutBatch, terms: dict[str, list], rows: torch.Tensor) -> dict[str, float]:
+        """One optimiser step on mini-batch ``mb`` (full batches: the whole mini-batch, of which this
+        DP rank takes its share; DP-local: this group's part of it), in micro-batches; gradients
+        summed over DP ranks; TP-aware clipping; AdamW."""
+        if self.local_batches:
+            mine = mb
+            counts = minibatch_counts(mb)
+            if self.dp_size > 1:  # the loss is scaled by the whole mini-batch's counts
+                c = torch.tensor([counts[k] for k in sorted(counts)], dtype=torch.float64, device=self.device)
+                dist.all_reduce(c, group=self.dp_group)
+                counts = dict(zip(sorted(counts), c.tolist()))
+        else:
+            counts = minibatch_counts(mb)
+            mine = mb.groups(self._dp_share(mb.num_groups))
         micro = min(self.cfg.micro_batch_prompts, mine.num_groups)
         need_ent = bool(self.algo.entropy_coef)
         self.optimizer.zero_grad(set_to_none=True)
@@ -365,22 +348,41 @@ class MegatronLearner(Learner):
         stats = torch.stack([torch.as_tensor(scalars[k], device=self.device, dtype=torch.float32)
                              for k in names])
         self._all_reduce_dp([p.grad for p in self.params] + [stats])
-        back = dealt_rows_to_sorted(mb.num_groups, self.dp_size, mb.group_size)
-        for k, v in local_terms.items():  # rows of the whole mini-batch, in its sorted order
-            terms.setdefault(k, []).append(self._gather_dp(torch.cat(v)).cpu()[back])
+        if self.local_batches:
+            for k, v in local_terms.items():
+                terms.setdefault(k, []).append(torch.cat(v).cpu())
+        else:
+            back = dealt_rows_to_sorted(mb.num_groups, self.dp_size, mb.group_size)
+            for k, v in local_terms.items():  # rows of the whole mini-batch, in its sorted order
+                terms.setdefault(k, []).append(self._gather_dp(torch.cat(v)).cpu()[back])
+        if local_terms:
+            terms.setdefault("rows", []).append(rows)
         grad_norm = tp_grad_norm(self.params, self.tp_group)
         out = {k: float(v) for k, v in zip(names, stats)}
         out["grad_norm"] = float(grad_norm)
-        if torch.isfinite(grad_norm):
-            if self.cfg.grad_clip > 0:  # as torch.nn.utils.clip_grad_norm_
-                coef = torch.clamp(self.cfg.grad_clip / (grad_norm + 1e-6), max=1.0)
-                for p in self.params:
-                    p.grad.mul_(coef.to(p.grad.dtype))
-            self.optimizer.step()
-        else:
-            out["skipped_steps"] = 1.0
+        self._raise_if_non_finite(out["loss"], out["grad_norm"])
+        if self.cfg.grad_clip > 0:  # as torch.nn.utils.clip_grad_norm_
+            coef = torch.clamp(self.cfg.grad_clip / (grad_norm + 1e-6), max=1.0)
+            for p in self.params:
+                p.grad.mul_(coef.to(p.grad.dtype))
+        self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return out
+
+    def _raise_if_non_finite(self, loss: float, grad_norm: float) -> None:
+        """``NonFiniteError`` on every rank when any rank saw a non-finite loss or gradient norm
+        (one MAX all-reduce over the world, so the ranks decide together and none is left waiting)."""
+        import math
+
+        flags = torch.tensor([float(not math.isfinite(loss)), float(not math.isfinite(grad_norm))],
+                             device=self.device)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags.any():
+            self.optimizer.zero_grad(set_to_none=True)
+            what = ", ".join(f"{k}={v}" if not math.isfinite(v) else f"{k} (on another rank)"
+                             for k, v, f in (("loss", loss, flags[0]), ("grad_norm", grad_norm, flags[1])) if f)
+            raise NonFiniteError(self.steps, what)
 
     # ------------------------------------------------------------------ reference / weights
     @torch.no_grad()
@@ -393,10 +395,29 @@ class MegatronLearner(Learner):
             self.optimizer = self._make_optimizer()
 
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        from pacs_fast.learner.megatron.convert import export_hf_state_dict
+        """Every HF tensor, full, on every rank (collective over TP; gathered eagerly, so a rank that
+        does not consume the iterator cannot leave the others waiting). Costs a full-model copy per
+        rank: the scale-out paths use :meth:`iter_hf_weight_buckets` / :meth:`save_hf` instead."""
+        params = {p.data_ptr() for p in self.model.parameters()}
+        pairs = [(name, t.cpu().clone() if t.data_ptr() in params else t.cpu())  # replicated: no aliasing
+                 for bucket in self.iter_hf_weight_buckets(1 << 62) for name, t in bucket]
+        return iter(pairs)
 
-        state = export_hf_state_dict(self.model, self.hf_config, tp_group=self.tp_group)
-        return iter(state.items())
+    def hf_weight_manifest(self) -> list[tuple[str, tuple[int, ...]]]:
+        """``[(hf_name, full shape)]`` from the local shard shapes (no communication); a weight sync
+        checks it against the engine before anything is gathered. ValueError on an impossible shard."""
+        from pacs_fast.learner.megatron.export import weight_manifest
+
+        return weight_manifest(self.model, self.hf_config, tp_size=self.tp_size)
+
+    def iter_hf_weight_buckets(self, bucket_bytes: int, *, dtype: torch.dtype | None = None
+                               ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Buckets of whole layers as full HF tensors (cast to ``dtype`` before the gather), gathered
+        inside this rank's TP group only; collective over the TP group (consume it to the end)."""
+        from pacs_fast.learner.megatron.export import iter_hf_buckets
+
+        return iter_hf_buckets(self.model, self.hf_config, tp_group=self.tp_group, tp_size=self.tp_size,
+                               bucket_bytes=bucket_bytes, dtype=dtype)
 
     def load_hf_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         from pacs_fast.learner.megatron.convert import load_hf_into_model
@@ -406,70 +427,42 @@ class MegatronLearner(Learner):
             state.pop("lm_head.weight", None)
         load_hf_into_model(self.model, state, self.hf_config, tp_size=self.tp_size, tp_rank=self.tp_rank)
 
-    def save_hf(self, path) -> None:
-        """Writes the policy as an HF folder; collective, global rank 0 writes."""
-        from safetensors.torch import save_file
+    def save_hf(self, path, *, bucket_bytes: int = 1 << 30) -> None:
+        """Writes the policy as an HF folder; collective. Global rank 0 writes; only data-parallel
+        group 0 gathers, to global rank 0 alone, one bucket of layers at a time (sharded safetensors
+        + index when the model takes several buckets); ``generation_config.json`` is carried over."""
+        from pacs_fast.learner.megatron.export import save_hf_folder
 
-        weights = {name: t.contiguous() for name, t in self.export_hf_weights()}
-        if dist.get_rank() == 0:
-            path = Path(path)
-            path.mkdir(parents=True, exist_ok=True)
-            save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-            self.hf_config.save_pretrained(path)
-        dist.barrier()
+        save_hf_folder(self.model, self.hf_config, path, tp_group=self.tp_group, tp_size=self.tp_size,
+                       is_writer=dist.get_rank() == 0, participates=self.dp_rank == 0,
+                       bucket_bytes=bucket_bytes, extra_files=(self.model_path / "generation_config.json",))
+        if dist.get_world_size() > 1:
+            dist.barrier()
 
     # ------------------------------------------------------------------ checkpoints
-    def _gather_named(self, local: dict) -> dict:
-        from pacs_fast.learner.megatron.convert import gather_to_hf
+    def save_state(self, folder, *, is_writer: bool) -> None:
+        """Collective: per-rank optimiser / reference shards (see :mod:`.state`); nothing gathered."""
+        from pacs_fast.learner.megatron.state import save_state
 
-        return {k: v.cpu().clone() for k, v in gather_to_hf(local, self.hf_config, tp_group=self.tp_group).items()}
+        save_state(self, folder, is_writer=is_writer)
 
-    def _scatter_named(self, full: dict) -> dict:
-        from pacs_fast.learner.megatron.convert import hf_to_megatron
+    def load_state(self, folder) -> None:
+        """Collective inverse of :meth:`save_state` (same ``tp_size``)."""
+        from pacs_fast.learner.megatron.state import load_state
 
-        return hf_to_megatron(full, self.hf_config, tp_size=self.tp_size, tp_rank=self.tp_rank)
+        load_state(self, folder)
 
     def state_dict(self) -> dict:
-        """Optimiser moments and the reference model as full HF-named tensors (collective)."""
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        moments = {"exp_avg": {}, "exp_avg_sq": {}}
-        step = None
-        for p in self.params:
-            st = self.optimizer.state.get(p)
-            if not st:
-                continue
-            step = float(st["step"])
-            for key in moments:
-                moments[key][names[id(p)]] = st[key]
-        optim = None
-        if step is not None:
-            optim = {"step": step, **{k: self._gather_named(v) for k, v in moments.items()}}
-        ref = None
-        if self.ref_model is not None:
-            ref = self._gather_named(dict(self.ref_model.named_parameters()))
-        return {"backend": "megatron", "optimizer": optim, "ref_model": ref, "steps": self.steps}
+        """Optimiser moments and the reference model as full HF-named tensors (collective; a full
+        copy per rank; resumes under any ``tp_size``). The trainer uses :meth:`save_state`."""
+        from pacs_fast.learner.megatron.state import full_state_dict
+
+        return full_state_dict(self)
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("backend") != "megatron":
-            raise ValueError("state: not a megatron learner state (key 'backend' != 'megatron')")
-        self.steps = int(state["steps"])
-        self.optimizer = self._make_optimizer()
-        optim = state.get("optimizer")
-        if optim is not None:
-            shards = {k: self._scatter_named(optim[k]) for k in ("exp_avg", "exp_avg_sq")}
-            for name, p in self.model.named_parameters():
-                self.optimizer.state[p] = {
-                    "step": torch.tensor(optim["step"], dtype=torch.float32),
-                    "exp_avg": shards["exp_avg"][name].to(p.device, p.dtype),
-                    "exp_avg_sq": shards["exp_avg_sq"][name].to(p.device, p.dtype),
-                }
-        if self.ref_model is not None:
-            if state.get("ref_model") is None:
-                raise ValueError("load_state_dict: the checkpoint has no reference model but this run needs one")
-            from pacs_fast.learner.megatron.convert import load_hf_into_model
+        from pacs_fast.learner.megatron.state import load_full_state_dict
 
-            load_hf_into_model(self.ref_model, state["ref_model"], self.hf_config, tp_size=self.tp_size,
-                               tp_rank=self.tp_rank)
+        load_full_state_dict(self, state)
 
     def close(self) -> None:
         """Tear down megatron's model-parallel state (the default process group is kept)."""

@@ -1,0 +1,114 @@
+"""Process setup for the megatron learner: ``torch.distributed`` + megatron's parallel state
+(:func:`init_parallel`), a lazy view of an HF checkpoint (:class:`LazyHFCheckpoint`) and the
+tensor-parallel aware gradient norm (:func:`tp_grad_norm`).
+
+Rank layout (megatron's default order, tensor-parallel innermost): global rank
+``r = dp_rank * tp_size + tp_rank``; the TP groups are consecutive ranks. vLLM's external-launcher
+layout is the same (see :mod:`pacs_fast.rollout.parallel_engines`).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+# ----------------------------------------------------------------------------- setup helpers
+def init_parallel(tp_size: int, *, device: str = "auto") -> torch.device:
+    """Initialise ``torch.distributed`` (from torchrun's env, or a 1-process group) and megatron's
+    model-parallel state with ``tp_size``; returns this rank's device.
+
+    gloo on CPU, NCCL on CUDA. An existing megatron state must have the same ``tp_size``.
+    """
+    import warnings
+
+    with warnings.catch_warnings():  # the import announces that TE / Apex are absent (expected)
+        warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+        from megatron.core import parallel_state as ps
+        import megatron.core.models.gpt  # noqa: F401
+
+    from pacs_fast.learner.megatron.cpu_compat import apply_cpu_compat
+
+    use_cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
+    if use_cuda and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available")
+    if not use_cuda and torch.cuda.is_available():
+        raise ValueError(f"device={device!r}: the megatron learner runs on the GPU when one is present "
+                         "(its CPU path is only for machines without one); use device='auto'")
+    if not dist.is_initialized():
+        if "WORLD_SIZE" not in os.environ:  # plain `python -m pacs_fast.train`: one process
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        if use_cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    world = dist.get_world_size()
+    if tp_size < 1 or world % tp_size:
+        raise ValueError(f"learner.tp_size={tp_size} must divide the number of processes ({world})")
+    if ps.model_parallel_is_initialized():
+        if ps.get_tensor_model_parallel_world_size() != tp_size:
+            raise ValueError(f"megatron is already initialised with tp={ps.get_tensor_model_parallel_world_size()}"
+                             f", not learner.tp_size={tp_size}")
+    else:
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp_size, create_gloo_process_groups=False)
+    if not use_cuda:
+        apply_cpu_compat()
+    return torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LazyHFCheckpoint(Mapping):
+    """Read-only ``{hf_name: tensor}`` view of an HF folder's ``*.safetensors`` files (single or
+    sharded) that reads a tensor only when asked for it: converting to this rank's shards then
+    holds one layer's full tensors at a time, never the whole model."""
+
+    def __init__(self, path):
+        from safetensors import safe_open
+
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"model path {str(path)!r} holds no *.safetensors file")
+        self._index = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as h:
+                self._index.update(dict.fromkeys(h.keys(), str(f)))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        with safe_open(self._index[name], framework="pt") as h:
+            return h.get_tensor(name)
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+def tp_grad_norm(params, tp_group) -> torch.Tensor:
+    """Global L2 norm of the gradients of a tensor-parallel model (fp32 0-d tensor).
+
+    Sharded parameters (megatron's ``tensor_model_parallel`` attribute) contribute their local
+    shard on every rank; replicated ones are counted on TP rank 0 only; then one SUM all-reduce.
+    """
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    sq = torch.zeros((), dtype=torch.float32, device=params[0].device)
+    for p in params:
+        if p.grad is not None and param_is_not_tensor_parallel_duplicate(p):
+            sq += p.grad.detach().float().pow(2).sum()
+    if tp_group is not None and dist.get_world_size(tp_group) > 1:
+        dist.all_reduce(sq, group=tp_group)
+    return sq.sqrt()

@@ -1,0 +1,172 @@
+"""Checkpoint state of :class:`~pacs_fast.learner.megatron.learner.MegatronLearner` (everything but
+the policy weights, which travel as a Hugging Face folder through ``save_hf``).
+
+Two formats:
+
+- **Per-rank shard files** (:func:`save_state` / :func:`load_state`, the trainer's path). Each rank
+  of data-parallel group 0 writes ``learner_tp{t}_dp0.pt``: its local AdamW state (megatron names,
+  its own shards), its reference-model shard and the counters. Nothing is gathered, so the extra
+  memory is one serialised copy of the rank's own optimiser state (no full-model tensor anywhere).
+  Data-parallel replicas hold identical state, so only DP group 0 writes; on load every rank reads
+  its TP rank's file. Resume is exact under the same ``tp_size`` (any data-parallel size); another
+  ``tp_size`` is refused with a clear error (convert through :func:`full_state_dict`). With
+  several nodes the folder must be visible to every node on resume (a shared filesystem); when TP
+  groups sit inside one node, DP group 0's files are all written by the node of global rank 0.
+  The writer (``is_writer``) adds ``learner_state.json`` (format, tp size, file names).
+- **Full HF-named state** (:func:`full_state_dict` / :func:`load_full_state_dict`): the optimiser
+  moments and reference model gathered to full tensors on every rank; resumes under any
+  ``tp_size`` but costs a full-model copy (times three) per rank.
+
+Every file is written atomically (tmp + ``os.replace``); errors are decided collectively (every rank
+raises, none waits in a barrier).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+FORMAT = "pacs_fast.megatron.shards/1"
+META = "learner_state.json"
+
+
+def shard_file(tp_rank: int) -> str:
+    return f"learner_tp{tp_rank}_dp0.pt"
+
+
+def _collective_check(error: str | None) -> None:
+    """Raise on every rank when any rank reports an error (its message, with that rank)."""
+    if dist.get_world_size() == 1:
+        if error:
+            raise ValueError(error)
+        return
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    bad = [(r, e) for r, e in enumerate(errors) if e]
+    if bad:
+        r, e = bad[0]
+        raise ValueError(e if r == dist.get_rank() else f"rank {r}: {e}")
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _names(learner) -> list[str]:
+    return [n for n, p in learner.model.named_parameters() if p.requires_grad]
+
+
+def save_state(learner, folder, *, is_writer: bool) -> None:
+    """Collective: DP group 0 writes one shard file per TP rank, the writer the metadata."""
+    folder = Path(folder)
+    error = None
+    try:
+        if learner.dp_rank == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            ref = ({k: v.detach().cpu() for k, v in learner.ref_model.state_dict().items()}
+                   if learner.ref_model is not None else None)
+            state = {"format": FORMAT, "tp_size": learner.tp_size, "tp_rank": learner.tp_rank,
+                     "param_names": _names(learner), "optimizer": learner.optimizer.state_dict(),
+                     "ref_model": ref, "steps": learner.steps}
+            _atomic_save(state, folder / shard_file(learner.tp_rank))
+        if is_writer:
+            folder.mkdir(parents=True, exist_ok=True)
+            meta = {"format": FORMAT, "backend": "megatron", "tp_size": learner.tp_size,
+                    "files": [shard_file(t) for t in range(learner.tp_size)]}
+            tmp = folder / f".{META}.tmp-{os.getpid()}"
+            tmp.write_text(json.dumps(meta, indent=2))
+            os.replace(tmp, folder / META)
+    except OSError as e:
+        error = f"save_state: writing {folder}: {e.strerror or e} ({type(e).__name__})"
+    _collective_check(error)
+    if dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def load_state(learner, folder) -> None:
+    """Collective inverse of :func:`save_state` (same ``tp_size``; any data-parallel size)."""
+    folder = Path(folder)
+    error, state = None, None
+    path = folder / shard_file(learner.tp_rank)
+    try:
+        meta = json.loads((folder / META).read_text())
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{folder / META}: format {meta.get('format')!r}, expected {FORMAT!r}")
+        if meta["tp_size"] != learner.tp_size:
+            raise ValueError(f"{folder}: saved with learner.tp_size={meta['tp_size']}, this run has "
+                             f"{learner.tp_size}; resume with the same tensor-parallel size")
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if state.get("format") != FORMAT or state.get("tp_rank") != learner.tp_rank:
+            raise ValueError(f"{path}: not this rank's learner shard")
+        if state["param_names"] != _names(learner):
+            raise ValueError(f"{path}: parameter names differ from this model's")
+        if learner.ref_model is not None and state["ref_model"] is None:
+            raise ValueError(f"{path}: the checkpoint has no reference model but this run needs one")
+    except (OSError, ValueError, KeyError, RuntimeError, json.JSONDecodeError) as e:
+        error = f"load_state: {e}" if isinstance(e, ValueError) else f"load_state: {path}: {type(e).__name__}: {e}"
+    _collective_check(error)
+    learner.optimizer = learner._make_optimizer()
+    learner.optimizer.load_state_dict(state["optimizer"])
+    if learner.ref_model is not None:
+        learner.ref_model.load_state_dict(state["ref_model"])
+    learner.steps = int(state["steps"])
+
+
+# ----------------------------------------------------------------------------- full HF-named state
+def full_state_dict(learner) -> dict:
+    """Optimiser moments and the reference model as full HF-named tensors (collective over TP;
+    every rank gets the whole dict)."""
+    from pacs_fast.learner.megatron.convert import gather_to_hf
+
+    def gather(local):
+        return {k: v.cpu().clone() for k, v in gather_to_hf(local, learner.hf_config,
+                                                               tp_group=learner.tp_group).items()}
+
+    names = {id(p): n for n, p in learner.model.named_parameters()}
+    moments = {"exp_avg": {}, "exp_avg_sq": {}}
+    step = None
+    for p in learner.params:
+        st = learner.optimizer.state.get(p)
+        if not st:
+            continue
+        step = float(st["step"])
+        for key in moments:
+            moments[key][names[id(p)]] = st[key]
+    optim = None
+    if step is not None:
+        optim = {"step": step, **{k: gather(v) for k, v in moments.items()}}
+    ref = gather(dict(learner.ref_model.named_parameters())) if learner.ref_model is not None else None
+    return {"backend": "megatron", "optimizer": optim, "ref_model": ref, "steps": learner.steps}
+
+
+def load_full_state_dict(learner, state: dict) -> None:
+    from pacs_fast.learner.megatron.convert import hf_to_megatron, load_hf_into_model
+
+    if state.get("backend") != "megatron":
+        raise ValueError("state: not a megatron learner state (key 'backend' != 'megatron')")
+    learner.steps = int(state["steps"])
+    learner.optimizer = learner._make_optimizer()
+    optim = state.get("optimizer")
+    if optim is not None:
+        shards = {k: hf_to_megatron(optim[k], learner.hf_config, tp_size=learner.tp_size, tp_rank=learner.tp_rank)
+                  for k in ("exp_avg", "exp_avg_sq")}
+        for name, p in learner.model.named_parameters():
+            learner.optimizer.state[p] = {
+                "step": torch.tensor(optim["step"], dtype=torch.float32),
+                "exp_avg": shards["exp_avg"][name].to(p.device, p.dtype),
+                "exp_avg_sq": shards["exp_avg_sq"][name].to(p.device, p.dtype),
+            }
+    if learner.ref_model is not None:
+        if state.get("ref_model") is None:
+            raise ValueError("load_state_dict: the checkpoint has no reference model but this run needs one")
+        load_hf_into_model(learner.ref_model, state["ref_model"], learner.hf_config, tp_size=learner.tp_size,
+                           tp_rank=learner.tp_rank)
