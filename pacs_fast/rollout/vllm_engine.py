@@ -221,6 +221,12 @@ class VLLMEngine(RolloutEngine):
         self._dead: str | None = None
         self._spec: WeightSpec | None = None
         self.last_sync: dict | None = None
+        # colocated under torchrun: vLLM's TP / DP groups must be the learner's (one engine per TP group)
+        self.layout = None
+        if llm_kwargs.get("distributed_executor_backend") == "external_launcher":
+            from pacs_fast.rollout.parallel_engines import check_layout
+
+            self.layout = check_layout(int(llm_kwargs.get("tensor_parallel_size", 1)))
 
     # -- helpers ---------------------------------------------------------------------------------
     def _mask_padded_vocab(self, vocab_size: int | None, rows: int) -> tuple[int | None, list[int] | None]:
@@ -337,6 +343,22 @@ class VLLMEngine(RolloutEngine):
         spec = self.weight_spec
         bucket_bytes = self.sync_bucket_bytes if bucket_bytes is None else int(bucket_bytes)
         items = prepare(named_tensors, spec)
+        self._stream(iter_buckets(items, spec, bucket_bytes, self.dtype))
+
+    def load_weight_buckets(self, buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> dict:
+        """Loads buckets as given (each a list of whole layers / modules, e.g. a tensor-parallel
+        learner's gathered buckets; see :mod:`pacs_fast.rollout.parallel_engines`): each bucket is
+        checked (names, shapes, whole units) before it is sent, and is sent as one ``reload_weights``
+        call, so only one bucket is alive at a time. Returns (and keeps in :attr:`last_sync`) the
+        statistics. Check the full name / shape list first (``check_manifest``): a bad bucket stops the
+        sync after the earlier ones were applied."""
+        self._check_alive()
+        spec = self.weight_spec
+        self._stream(prepare(list(b), spec) for b in buckets if b)
+        return self.last_sync
+
+    def _stream(self, buckets) -> None:
+        """Sends checked buckets; then the tied-head repack (CPU) and a prefix-cache reset."""
         if "weights" in self._asleep:
             self._llm.wake_up(tags=["weights"])
             self._asleep.discard("weights")
@@ -345,7 +367,7 @@ class VLLMEngine(RolloutEngine):
         start = time.perf_counter()
         try:
             with _quiet_reload_logs():
-                self._send_buckets(iter_buckets(items, spec, bucket_bytes, self.dtype), stats)
+                self._send_buckets(buckets, stats)
         finally:  # also after a bad entry in a stream: the buckets sent before it are in use
             if stats["buckets"] and not self._dead:
                 if stats["tied_embedding"] and self.on_cpu:
