@@ -1,0 +1,324 @@
+"""One-command GPU validation (driven by ``bash bench/gpu_suite.sh OUT_DIR [--dry-run]``).
+
+Steps (each in its own process, log in OUT_DIR/logs/<step>.log, time-limited; the whole suite is
+sized to finish in < 9 minutes on one H100):
+
+1. ``env``        CUDA present, device name, torch / triton versions, backend "auto" resolves to Triton.
+2. ``gpu_tests``  every ``pytest -m gpu`` test; any failure, error or skip fails the suite.
+3. ``compile``    the ahead-of-time compile table (bench/gpu_compile_report.py) for this Triton.
+4. ``logprobs``   bench/gpu_logprobs.py at N=8192, H=4096, V=151,936, bf16, forward+backward with
+                  entropy: both Triton backwards (chunked GEMM, atomic), the torch backend, naive
+                  torch and Liger's fused linear cross-entropy when installed.
+5. ``pacs_loss``  bench/bench_pacs_loss.py: fused kernels vs the torch path at B=1024, T=4096.
+6. ``pacs_run``   ``python -m pacs_fast.train`` for 20 PACS steps with vLLM rollouts and the torch
+                  learner (bf16, Triton log-probs) on a random-weight Qwen2.5-0.5B-shaped model
+                  (bench/gpu_make_model.py); step time by phase from the run's metrics.jsonl.
+
+Writes OUT_DIR/gpu_report.md and OUT_DIR/gpu_report.json (atomically) and exits 1 with a
+``GPU SUITE FAILED`` line naming the steps when anything did not run on the GPU.
+``--dry-run`` (CPU, no GPU): the same steps at tiny shapes (collect-only tests, sm_90 compile of
+the PACS kernels, the Triton interpreter, 2 steps of the built-in tiny model with the Hugging Face
+engine): it checks the suite's own plumbing and the report writer, never performance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = sys.executable
+BUDGET_S = 540  # 9 minutes
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _write_json(path, obj):
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(path + ".tmp", path)
+
+
+class Suite:
+    def __init__(self, out: str, dry: bool, budget_s: float):
+        self.out, self.dry, self.deadline = out, dry, time.time() + budget_s
+        self.logs = os.path.join(out, "logs")
+        os.makedirs(self.logs, exist_ok=True)
+        self.results: dict[str, dict] = {}
+
+    def run(self, name, cmd, timeout, env=None):
+        """Runs ``cmd`` with its output in logs/<name>.log; returns (rc, seconds, log tail)."""
+        limit = max(10.0, min(timeout, self.deadline - time.time()))
+        log = os.path.join(self.logs, f"{name}.log")
+        t0 = time.time()
+        with open(log, "w") as f:
+            f.write("$ " + " ".join(cmd) + "\n")
+            f.flush()
+            try:
+                rc = subprocess.run(cmd, cwd=ROOT, env=env or _env(), stdout=f, stderr=subprocess.STDOUT,
+                                    timeout=limit).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+        dt = time.time() - t0
+        with open(log) as f:
+            tail = f.read()[-1500:]
+        if rc == 124:
+            tail += f"\n[timed out after {limit:.0f} s]"
+        print(f"[{name}] rc={rc} {dt:.1f} s (log: {log})", flush=True)
+        return rc, dt, tail
+
+    def record(self, name, ok, seconds, **info):
+        self.results[name] = dict(ok=bool(ok), seconds=round(seconds, 1), **info)
+        if not ok:
+            print(f"[{name}] FAILED: {info.get('why', '')}", flush=True)
+
+    # ---- steps --------------------------------------------------------------------------------
+
+    def env_step(self):
+        code = ("import json, torch, triton; from pacs_fast.ops.backend import resolve_backend\n"
+                "cuda = torch.cuda.is_available()\n"
+                "dev = torch.cuda.get_device_name() if cuda else 'cpu'\n"
+                "cap = torch.cuda.get_device_capability() if cuda else None\n"
+                "t = torch.zeros(1, device='cuda' if cuda else 'cpu')\n"
+                "print(json.dumps(dict(cuda=cuda, device=dev, capability=cap, torch=torch.__version__,"
+                " triton=triton.__version__, auto_backend=resolve_backend('auto', t))))\n")
+        rc, dt, tail = self.run("env", [PY, "-c", code], 120)
+        info = {}
+        try:
+            info = json.loads(tail.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            pass
+        ok = rc == 0 and bool(info)
+        why = "" if ok else f"environment probe failed (rc {rc}): {tail[-400:]}"
+        if ok and not self.dry and not (info.get("cuda") and info.get("auto_backend") == "triton"):
+            ok, why = False, f"no CUDA device or backend 'auto' is not Triton here: {info}"
+        self.record("env", ok, dt, why=why, **info)
+        return ok
+
+    def gpu_tests(self):
+        xml = os.path.join(self.out, "gpu_tests.xml")
+        if self.dry:  # no GPU: the gpu tests can only be collected
+            rc, dt, tail = self.run("gpu_tests", [PY, "-m", "pytest", "-m", "gpu", "--collect-only", "-q",
+                                                  "-p", "no:cacheprovider", "tests"], 300)
+            n = 0
+            for ln in tail.splitlines():
+                if "tests collected" in ln or "test collected" in ln:
+                    n = int(ln.split("/")[0].split()[0]) if "/" in ln else int(ln.split()[0])
+            ok = rc == 0 and n > 0
+            self.record("gpu_tests", ok, dt, collected=n, mode="collect-only (dry run)",
+                        why="" if ok else f"collection failed (rc {rc}): {tail[-400:]}")
+            return ok
+        rc, dt, tail = self.run("gpu_tests", [PY, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
+                                              f"--junitxml={xml}", "tests"], 200)
+        counts = dict(tests=0, failures=0, errors=0, skipped=0)
+        skipped = []
+        try:
+            root = ET.parse(xml).getroot()
+            for ts in root.iter("testsuite"):
+                for k in counts:
+                    counts[k] += int(ts.get(k, 0))
+            for tc in root.iter("testcase"):
+                for sk in tc.findall("skipped"):
+                    skipped.append(f"{tc.get('classname')}::{tc.get('name')}: {sk.get('message', '')}")
+        except (OSError, ET.ParseError):
+            pass
+        ok = rc == 0 and counts["tests"] > 0 and not counts["failures"] and not counts["errors"] and not skipped
+        why = "" if ok else (f"rc {rc}, {counts}; skipped (not run on the GPU): {skipped[:10]}; {tail[-400:]}")
+        self.record("gpu_tests", ok, dt, **counts, skipped_tests=skipped, why=why)
+        return ok
+
+    def compile_table(self):
+        js, md = os.path.join(self.out, "compile.json"), os.path.join(self.out, "compile_table.md")
+        cmd = [PY, os.path.join(HERE, "gpu_compile_report.py"), "--save-json", js, "--out", md,
+               "--jobs", str(min(8, os.cpu_count() or 1))]
+        if self.dry:
+            cmd += ["--archs", "90", "--modules", "pacs_loss"]
+        rc, dt, tail = self.run("compile", cmd, 180)
+        ok = rc == 0 and os.path.exists(md)
+        self.record("compile", ok, dt, table_md=md if ok else None,
+                    why="" if ok else f"AOT compile failed (rc {rc}): {tail[-400:]}")
+        return ok
+
+    def logprobs(self):
+        js = os.path.join(self.out, "logprobs.json")
+        cmd = [PY, os.path.join(HERE, "gpu_logprobs.py"), "--strict", "--out", js]
+        env = _env()
+        if self.dry:
+            cmd += ["--device", "cpu", "--shapes", "16x32x300", "--dtype", "fp32", "--iters", "1",
+                    "--methods", "pacs_triton,pacs_triton_atomic,pacs_torch,naive"]
+            env["TRITON_INTERPRET"] = "1"
+        else:
+            cmd += ["--shapes", "8192x4096x151936", "--dtype", "bf16", "--iters", "5"]
+        rc, dt, tail = self.run("logprobs", cmd, 240, env)
+        rows = []
+        if os.path.exists(js):
+            with open(js) as f:
+                data = json.load(f)
+            rows = data["rows"]
+            if not self.dry and data.get("device") == "cpu":
+                rc = rc or 1
+        ok = rc == 0 and any(r["method"] == "pacs_triton" and "unavailable" not in r for r in rows)
+        self.record("logprobs", ok, dt, rows=rows, why="" if ok else f"rc {rc}: {tail[-600:]}")
+        return ok
+
+    def pacs_loss(self):
+        js = os.path.join(self.out, "pacs_loss.json")
+        cmd = [PY, os.path.join(HERE, "bench_pacs_loss.py"), "--out", js]
+        cmd += (["--device", "cpu", "--B", "16", "--T", "64", "--repeat", "1", "--warmup", "0", "--fused-interpreted"]
+                if self.dry else ["--device", "cuda", "--B", "1024", "--T", "4096", "--repeat", "10"])
+        rc, dt, tail = self.run("pacs_loss", cmd, 120)
+        rows = []
+        if os.path.exists(js):
+            with open(js) as f:
+                rows = json.load(f)["rows"]
+        ok = rc == 0 and bool(rows) and all("fused_ms" in r for r in rows)
+        self.record("pacs_loss", ok, dt, rows=rows, why="" if ok else f"rc {rc} or no fused timing: {tail[-600:]}")
+        return ok
+
+    def pacs_run(self):
+        model = os.path.join(self.out, "model_tiny" if self.dry else "model_qwen2.5-0.5b-shape")
+        rc, dt0, tail = self.run("make_model", [PY, os.path.join(HERE, "gpu_make_model.py"), model]
+                                 + (["--tiny"] if self.dry else []), 180)
+        if rc != 0:
+            self.record("pacs_run", False, dt0, why=f"making the model failed: {tail[-400:]}")
+            return False
+        steps = 2 if self.dry else 20
+        run_dir = os.path.join(self.out, "runs", "pacs")
+        common = [f"model.path={model}", f"train.steps={steps}", "warmup.steps=0", "algo.name=pacs",
+                  "train.eval_every=0", "train.save_every=0", "train.plots=false", "train.tensorboard=false",
+                  "train.progress=false", f"train.out_dir={os.path.join(self.out, 'runs')}", "train.run_name=pacs",
+                  "train.log_samples=2"]
+        if self.dry:
+            over = ["model.device=cpu", "model.dtype=float32", "rollout.engine=hf", "train.prompts_per_step=2",
+                    "rollout.n=2", "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=2",
+                    "rollout.max_new_tokens=4", "data.eval_size=2", "rollout.eval_n=1", "train.threads=2"]
+        else:
+            over = ["model.device=cuda", "model.dtype=bfloat16", "rollout.engine=vllm",
+                    "learner.logprob_backend=triton", "train.prompts_per_step=64", "rollout.n=8",
+                    "learner.mini_batch_prompts=32", "learner.micro_batch_prompts=16",
+                    "rollout.max_new_tokens=256", "data.eval_size=64", "rollout.eval_n=1",
+                    "rollout.gpu_memory_utilization=0.3"]
+        import shutil
+        shutil.rmtree(run_dir, ignore_errors=True)
+        rc, dt, tail = self.run("pacs_run", [PY, "-m", "pacs_fast.train", *common, *over], 420)
+        n_train, phases = phases_from_metrics(os.path.join(run_dir, "metrics.jsonl"))
+        ok = rc == 0 and n_train == steps
+        self.record("pacs_run", ok, dt + dt0, steps=n_train, phases=phases, run_dir=run_dir, overrides=common + over,
+                    why="" if ok else f"rc {rc}, {n_train}/{steps} train records: {tail[-800:]}")
+        return ok
+
+
+def phases_from_metrics(path: str) -> tuple[int, dict]:
+    """``(number of train records, {time/* and perf/* key: mean, median over steps 2.., step 1})``
+    of a run's metrics.jsonl (step 1 includes compilation and engine warm-up)."""
+    if not os.path.exists(path):
+        return 0, {}
+    with open(path) as f:
+        recs = [json.loads(ln) for ln in f if ln.strip()]
+    train = [r for r in recs if r.get("kind") == "train"]
+    steady = train[1:] or train
+    phases = {}
+    for k in sorted({k for r in train for k in r if k.startswith(("time/", "perf/"))}):
+        vals = [r[k] for r in steady if isinstance(r.get(k), (int, float))]
+        if vals:
+            phases[k] = dict(mean=statistics.fmean(vals), median=statistics.median(vals),
+                             first_step=train[0].get(k))
+    return len(train), phases
+
+
+def report_md(res: dict, dry: bool) -> str:
+    L = [f"# GPU validation report{' (DRY RUN on CPU: plumbing only, no GPU figure)' if dry else ''}", ""]
+    env = res.get("env", {})
+    L += [f"Device: {env.get('device')} (capability {env.get('capability')}), torch {env.get('torch')}, "
+          f"triton {env.get('triton')}, date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
+          "| step | status | seconds |", "|---|---|---:|"]
+    for k, r in res.items():
+        L.append(f"| {k} | {'ok' if r['ok'] else 'FAILED: ' + str(r.get('why', ''))[:200].replace('|', '/')} "
+                 f"| {r['seconds']} |")
+    t = res.get("gpu_tests")
+    if t:
+        L += ["", "## gpu tests", "", f"{t.get('tests', t.get('collected'))} tests, failures {t.get('failures', '-')}, "
+              f"errors {t.get('errors', '-')}, skipped {len(t.get('skipped_tests', []))} ({t.get('mode', 'run')})"]
+    lp = res.get("logprobs")
+    if lp and lp.get("rows"):
+        L += ["", "## log-probs from hidden states (forward+backward with entropy)", "",
+              "| method | N x H x V | dtype | fwd ms | fwd+bwd ms | TFLOP/s useful (6NHV) | workspace GB | peak GB | max err |",
+              "|---|---|---|---:|---:|---:|---:|---:|---|"]
+        for r in lp["rows"]:
+            shape = f"{r['N']}x{r['H']}x{r['V']}"
+            if "unavailable" in r:
+                L.append(f"| {r['method']} | {shape} | | unavailable: {r['unavailable'][:80]} | | | | | |")
+            else:
+                L.append(f"| {r['method']} | {shape} | {r['dtype']} | {r['fwd_ms']:.2f} | {r['fwd_bwd_ms']:.2f} | "
+                         f"{r['fwd_bwd_tflops_useful']:.1f} | {r['workspace_gb']:.3f} | {r.get('peak_gb', float('nan')):.3f} | "
+                         f"{r['max_err']} |")
+    pl = res.get("pacs_loss")
+    if pl and pl.get("rows"):
+        L += ["", "## PACS loss forward+backward", "", "| B | T | torch ms | fused ms | speedup | GB/s | err |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in pl["rows"]:
+            f = (lambda k: f"{r[k]:.3g}" if isinstance(r.get(k), (int, float)) else "-")
+            L.append(f"| {r['B']} | {r['T']} | {f('torch_ms')} | {f('fused_ms')} | {f('speedup_vs_torch')} | "
+                     f"{f('fused_GBps')} | {f('err')} |")
+    pr = res.get("pacs_run")
+    if pr and pr.get("phases"):
+        L += ["", f"## PACS run: {pr.get('steps')} steps (mean / median over steps 2.., and step 1)", "",
+              "| metric | mean | median | step 1 |", "|---|---:|---:|---:|"]
+        for k, v in pr["phases"].items():
+            first = "-" if v["first_step"] is None else f"{v['first_step']:.4g}"
+            L.append(f"| {k} | {v['mean']:.4g} | {v['median']:.4g} | {first} |")
+    comp = res.get("compile")
+    if comp and comp.get("table_md") and os.path.exists(comp["table_md"]):
+        with open(comp["table_md"]) as f:
+            L += ["", "## ahead-of-time compile table", "", f.read()]
+    return "\n".join(L) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--dry-run", action="store_true", help="CPU: tiny shapes, checks the suite's own plumbing")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="overall time limit (s)")
+    ap.add_argument("--steps", default="env,gpu_tests,compile,logprobs,pacs_loss,pacs_run",
+                    help="comma-separated subset of the steps (all by default)")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out_dir, exist_ok=True)
+    suite = Suite(os.path.abspath(args.out_dir), args.dry_run, args.budget_s)
+    t0 = time.time()
+    steps = args.steps.split(",")
+    if "env" in steps and not suite.env_step() and not args.dry_run:
+        pass  # every later step will fail as well: still run them, so the report shows each reason
+    for name in steps:
+        if name == "env":
+            continue
+        getattr(suite, {"compile": "compile_table"}.get(name, name))()
+    res = suite.results
+    summary = dict(dry_run=args.dry_run, total_s=round(time.time() - t0, 1), steps=res,
+                   ok=all(r["ok"] for r in res.values()))
+    _write_json(os.path.join(args.out_dir, "gpu_report.json"), summary)
+    md = report_md(res, args.dry_run) + f"\nTotal: {summary['total_s']} s.\n"
+    with open(os.path.join(args.out_dir, "gpu_report.md") + ".tmp", "w") as f:
+        f.write(md)
+    os.replace(os.path.join(args.out_dir, "gpu_report.md") + ".tmp", os.path.join(args.out_dir, "gpu_report.md"))
+    print(f"wrote {os.path.join(args.out_dir, 'gpu_report.md')} ({summary['total_s']} s)")
+    failed = [k for k, r in res.items() if not r["ok"]]
+    if failed:
+        print(f"GPU SUITE FAILED: {', '.join(failed)} (see {args.out_dir}/gpu_report.md and logs/)", file=sys.stderr)
+        return 1
+    print("GPU suite: all steps ran" + (" (dry run: plumbing only)" if args.dry_run else " on the GPU"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

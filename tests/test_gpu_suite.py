@@ -1,0 +1,70 @@
+"""bench/gpu_suite.sh: its plumbing on CPU (--dry-run) and its loud failure without a GPU.
+
+The full dry run (all six steps, including 2 PACS steps of the tiny model) takes ~3 minutes on
+this 2-core machine, so CI runs the quick steps; the report writer's run-metrics parsing is tested
+on a synthetic metrics.jsonl.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUITE = os.path.join(ROOT, "bench", "gpu_suite.sh")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+
+def _run(out, *args):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHON"] = sys.executable
+    env.setdefault("OMP_NUM_THREADS", "2")
+    return subprocess.run(["bash", SUITE, str(out), *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_dry_run_plumbing_writes_the_report(tmp_path):
+    proc = _run(tmp_path, "--dry-run", "--steps", "env,logprobs,pacs_loss")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rep = json.loads((tmp_path / "gpu_report.json").read_text())
+    assert rep["dry_run"] and rep["ok"] and set(rep["steps"]) == {"env", "logprobs", "pacs_loss"}
+    rows = {r["method"]: r for r in rep["steps"]["logprobs"]["rows"]}
+    for m in ("pacs_triton", "pacs_triton_atomic", "pacs_torch", "naive"):  # every method ran
+        assert "unavailable" not in rows[m], rows[m]
+        assert rows[m]["max_err"]["logp"] < 1e-4
+    assert all("fused_ms" in r for r in rep["steps"]["pacs_loss"]["rows"])
+    md = (tmp_path / "gpu_report.md").read_text()
+    assert "DRY RUN" in md and "pacs_triton_atomic" in md and "## PACS loss" in md
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure without a GPU")
+def test_without_a_gpu_the_real_suite_fails_loudly(tmp_path):
+    proc = _run(tmp_path, "--steps", "env")
+    assert proc.returncode == 1
+    assert "GPU SUITE FAILED: env" in proc.stderr
+    rep = json.loads((tmp_path / "gpu_report.json").read_text())
+    assert not rep["ok"] and "no CUDA device" in rep["steps"]["env"]["why"]
+    assert "FAILED" in (tmp_path / "gpu_report.md").read_text()
+
+
+def test_usage_error():
+    proc = subprocess.run(["bash", SUITE], capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def test_phases_from_metrics(tmp_path):
+    from gpu_suite import phases_from_metrics, report_md
+    recs = [{"kind": "eval", "step": 0, "time/eval": 3.0}]
+    recs += [{"kind": "train", "step": s, "time/rollout": 10.0 if s == 1 else float(s),
+              "time/update": 1.0, "perf/tokens_per_s": 100.0} for s in range(1, 5)]
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    n, ph = phases_from_metrics(str(p))
+    assert n == 4 and "time/eval" not in ph
+    assert ph["time/rollout"] == {"mean": 3.0, "median": 3.0, "first_step": 10.0}  # steps 2..4
+    md = report_md({"pacs_run": dict(ok=True, seconds=1.0, steps=n, phases=ph)}, dry=False)
+    assert "| time/rollout | 3 | 3 | 10 |" in md
+    assert phases_from_metrics(str(tmp_path / "missing.jsonl")) == (0, {})
