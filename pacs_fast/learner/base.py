@@ -194,6 +194,57 @@ class Learner(abc.ABC):
         if self.hf_config is not None:
             self.hf_config.save_pretrained(path)
 
+    # -- scale-out defaults (one process); the megatron learner overrides them ------------------------
+    #: ``(dp_rank, dp_size)`` of this process's data-parallel group (one process: ``(0, 1)``)
+    dp_rank: int = 0
+    dp_size: int = 1
+
+    def save_state(self, folder, *, is_writer: bool) -> None:
+        """Writes :meth:`state_dict` to ``folder/learner.pt`` (atomically) when ``is_writer``.
+        Collective in multi-process learners (each rank writes its own part there)."""
+        import os
+        from pathlib import Path
+
+        if not is_writer:
+            return
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".learner.pt.tmp-{os.getpid()}"
+        try:
+            torch.save(self.state_dict(), tmp)
+            os.replace(tmp, folder / "learner.pt")
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+
+    def load_state(self, folder) -> None:
+        """Inverse of :meth:`save_state`."""
+        from pathlib import Path
+
+        self.load_state_dict(torch.load(Path(folder) / "learner.pt", map_location="cpu", weights_only=False))
+
+    def hf_weight_manifest(self) -> list[tuple[str, tuple[int, ...]]]:
+        """``[(hf_name, shape)]`` of :meth:`export_hf_weights` (checked before a weight sync)."""
+        return [(name, tuple(t.shape)) for name, t in self.export_hf_weights()]
+
+    def iter_hf_weight_buckets(self, bucket_bytes: int, *, dtype: torch.dtype | None = None,
+                               ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """:meth:`export_hf_weights` in buckets of about ``bucket_bytes`` (whole layers; each tensor
+        cast to ``dtype`` as its bucket is built)."""
+        from pacs_fast.rollout.weight_sync import unit_of
+
+        bucket, size, unit = [], 0, None
+        for name, t in self.export_hf_weights():
+            if bucket and size >= bucket_bytes and unit_of(name) != unit:
+                yield bucket
+                bucket, size = [], 0
+            t = t.detach() if dtype is None else t.detach().to(dtype)
+            bucket.append((name, t))
+            size += t.numel() * t.element_size()
+            unit = unit_of(name)
+        if bucket:
+            yield bucket
+
 
 # ----------------------------------------------------------------------------- the objective
 
