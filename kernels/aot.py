@@ -29,6 +29,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -263,11 +264,13 @@ def compile_case(case: Case) -> dict:
                dtype=case.dtype, variant=case.variant, shapes=case.shapes, num_warps=case.num_warps,
                num_stages=case.num_stages, has_dot=case.has_dot,
                constexprs={k: str(v) for k, v in case.constexprs.items()}, error=None)
+    t0 = time.perf_counter()
     try:
         ck = compile_fn(fn, case.types, case.constexprs, case.arch, case.num_warps, case.num_stages)
     except Exception as e:  # reported, asserted by the test
         row["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
         return row
+    row["compile_s"] = round(time.perf_counter() - t0, 2)
     ptx = ck.asm["ptx"]
     usage = _resource_usage(ck.asm["cubin"])
     row.update(usage)
