@@ -6,8 +6,13 @@
 Backends (same results, see ``token_logprobs`` for the non-finite semantics):
 
 - ``"triton"``: kernels/linear_logprobs.py; forward tiles over (rows, vocab) with an online
-  log-sum-exp, backward recomputes each logits tile and accumulates ``dhidden`` / ``dweight``
-  with fp32 atomic adds.
+  log-sum-exp. Backward (``triton_backward``): ``"chunked"`` (default) recomputes the logits per
+  vocabulary chunk in a Triton kernel that writes ``dz`` (input dtype), then two cuBLAS GEMMs per
+  chunk (``dhidden += dz @ W_chunk``, ``dW_chunk = dz.T @ hidden``); ``"atomic"`` recomputes each
+  logits tile and accumulates ``dhidden`` / ``dweight`` with fp32 atomic adds in one kernel.
+
+Every backward gets the row's log-sum-exp in two parts (max ``m`` and ``log s``): one fp32
+``lse = m + log s`` is rounded to ulp(m), 3e-5 for logits ~300, and ``p`` with it.
 - ``"torch"`` (CPU default; fp32 compute): tiles ``[n, v]`` sized from ``chunk_bytes`` (rows
   and vocabulary both chunked, online log-sum-exp across vocab chunks). Forward: one GEMM per
   tile; backward: recompute GEMM + ``dhidden += dz @ W_v`` + ``dW_v += dz.T @ h`` (the 4-GEMM
