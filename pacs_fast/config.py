@@ -66,10 +66,14 @@ class DataConfig:
 
 @dataclass
 class WarmupConfig:
-    steps: int = _f(400, "supervised warm-up steps on the built-in task before RL (0 = none); cached")
+    steps: int = _f(1000, "supervised warm-up steps on the built-in task before RL, at most (see warmup.target_acc; "
+                    "0 = none); cached")
     batch_size: int = _f(64, "warm-up batch size (sequences)")
     lr: float = _f(3e-3, "warm-up learning rate (AdamW, linear warm-up then decay)")
     cache_dir: str = _f("", "where warmed-up models are cached; empty = ~/.cache/pacs_fast")
+    target_acc: float = _f(0.3, "stop the warm-up once its sampled accuracy on 256 training problems reaches this "
+                           "(checked every warmup.check_every steps; warmup.steps is then the cap; 0 = run all steps)")
+    check_every: int = _f(50, "warm-up: steps between accuracy checks (with warmup.target_acc)")
     seed: int = _f(0, "seed of the warm-up (tiny model init and its data order); fixed by default so that "
                    "train.seed changes the RL run only; -1 = use train.seed")
 
@@ -492,6 +496,9 @@ def _validate_efficacy(cfg: Config) -> None:
         raise ValueError(f"data.arith_terms must be in 2..4, got {cfg.data.arith_terms}")
     if cfg.warmup.seed < -1:
         raise ValueError(f"warmup.seed must be >= 0 (or -1 = train.seed), got {cfg.warmup.seed}")
+    if not 0.0 <= cfg.warmup.target_acc < 1.0 or cfg.warmup.check_every < 1:
+        raise ValueError(f"warmup.target_acc must be in [0, 1) and warmup.check_every >= 1, got "
+                         f"{cfg.warmup.target_acc}, {cfg.warmup.check_every}")
     _choice("algo.noise_correction", cfg.algo.noise_correction, ("none", "backward", "forward"))
     _choice("reward.fn_rate", cfg.reward.fn_rate, ("fixed", "appeal"))
     for key in ("reward.noise_fp", "reward.noise_fn", "algo.noise_rho0", "algo.noise_rho1"):

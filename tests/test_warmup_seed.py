@@ -15,7 +15,7 @@ def test_key_follows_the_warmup_seed_not_the_rl_seed():
     assert warmup_seed(follow) == 3
     assert warmup_key(follow) == warmup_key(load_config(None, ["warmup.seed=3", "train.seed=9"]))
     # everything that changes the warmed model is in the key
-    for override in ("data.arith_terms=3", "data.arith_seed=1", "data.arith_max_digits=3", "warmup.steps=10",
+    for override in ("warmup.target_acc=0.2", "warmup.check_every=25", "data.arith_terms=3", "data.arith_seed=1", "data.arith_max_digits=3", "warmup.steps=10",
                      "warmup.lr=0.001", "model.tiny_hidden_size=64", "data.arith_ops=+-"):
         assert warmup_key(load_config(None, [override])) != warmup_key(base), override
     with pytest.raises(ValueError, match="warmup.seed"):
@@ -43,3 +43,34 @@ def test_warmup_is_deterministic_in_its_seed(tmp_path):
     assert first.keys() == again.keys() and all((first[k] == again[k]).all() for k in first)
     other = build("warmup.seed=1")
     assert any(not (first[k] == other[k]).all() for k in first)
+
+
+def test_warmup_stops_at_the_target(monkeypatch, tmp_path):
+    """The warm-up stops at the first check (every check_every steps, from 2 x check_every on) whose
+    sampled accuracy reaches warmup.target_acc; without a target it runs every step."""
+    import pacs_fast.trainer.warmup as wu
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pacs_fast.data.tiny import make_tiny_model
+
+    make_tiny_model(tmp_path / "m", seed=0, hidden_size=32, num_layers=1, num_heads=1, num_kv_heads=1,
+                    intermediate_size=64)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
+    records = load_problems(load_config(None, ["data.arith_train_size=40", "data.eval_size=4"]))[0]
+    checks = []
+
+    def fake_probe(model, tokenizer, recs, *, max_new_tokens, seed=0):
+        checks.append(len(recs))
+        return 0.1 * len(checks)  # 0.1, 0.2, 0.3, ...
+
+    monkeypatch.setattr(wu, "probe_accuracy", fake_probe)
+    kw = dict(batch_size=2, lr=1e-3, seed=0, log=lambda *a: None, check_every=2, probe_size=16)
+    assert wu.supervised_warmup(model, tok, records, steps=40, target_acc=0.25, **kw) == 8  # checks at 4, 6, 8
+    assert checks == [16, 16, 16]
+    assert wu.supervised_warmup(model, tok, records, steps=6, target_acc=0.0, **kw) == 6
+    assert len(checks) == 3  # no target: no checks
+    monkeypatch.undo()
+    # the real probe: deterministic in its seed; an untrained model answers (almost) nothing right
+    a = wu.probe_accuracy(model, tok, records[:16], max_new_tokens=8)
+    assert a == wu.probe_accuracy(model, tok, records[:16], max_new_tokens=8) and 0.0 <= a <= 0.25
