@@ -96,13 +96,16 @@ def _mask_padded_rows(worker, vocab_size: int) -> int:
             old = getattr(m, "_pacs_fast_vocab_hook", None)
             if old is not None:
                 old.remove()
-            m._pacs_fast_vocab_hook = m.register_forward_hook(functools.partial(_fill_padded_rows, vocab_size))
+            m._pacs_fast_vocab_hook = m.register_forward_hook(functools.partial(_fill_padded_rows, vocab_size),
+                                                              with_kwargs=True)
             count += 1
     return count
 
 
-def _fill_padded_rows(vocab_size: int, module, args, logits):
-    if logits is not None and logits.shape[-1] > vocab_size:  # None: a tensor-parallel rank without logits
+def _fill_padded_rows(vocab_size: int, module, args, kwargs, logits):
+    # None: a tensor-parallel rank without logits; skip_gather: a vocabulary shard (batch-sharded
+    # sampling, which the engine refuses to hook: it uses allowed_token_ids then)
+    if logits is not None and not kwargs.get("skip_gather") and logits.shape[-1] > vocab_size:
         logits[..., vocab_size:] = float("-inf")
     return logits
 
@@ -245,11 +248,14 @@ class VLLMEngine(RolloutEngine):
         if int(vocab_size) >= rows:
             return None, None
         vocab_size = int(vocab_size)
-        if all(self._llm.collective_rpc(_mask_padded_rows, args=(vocab_size,))):
+        # batch-sharded sampling computes vocabulary shards of the logits, past the hook's reach
+        sharded = getattr(self._llm.llm_engine.vllm_config.parallel_config, "enable_batch_sharded_sampling", False)
+        if not sharded and all(self._llm.collective_rpc(_mask_padded_rows, args=(vocab_size,))):
             return vocab_size, None
         logging.getLogger(__name__).warning(
-            "VLLMEngine: no LogitsProcessor to hook in %s: padded rows are excluded with allowed_token_ids; "
-            "the reported log-probs are those of the unmasked distribution", self.model_path)
+            "VLLMEngine: no LogitsProcessor to hook in %s (or batch-sharded sampling): padded rows are "
+            "excluded with allowed_token_ids; the reported log-probs are those of the unmasked distribution",
+            self.model_path)
         return vocab_size, list(range(vocab_size))
 
     @property
