@@ -157,13 +157,25 @@ def command(job: Job, config: str | None, state: str) -> list[str]:
     return cmd + job.argv
 
 
-def warm_ready(job: Job, config: str | None) -> bool:
-    """Whether the seed's warmed-up model is cached (then runs of that seed may start together)."""
+def warm_state(job: Job, config: str | None) -> str:
+    """``ready`` (the seed's warmed-up model is cached: runs of that seed may start together),
+    ``building`` (another process is building it: wait) or ``missing``."""
     cfg = intended_config(config, job.argv)
     if cfg.model.path:
-        return True
+        return "ready"
     from pacs_fast.trainer.warmup import cache_root, warmup_key
-    return (cache_root(cfg) / "warmup" / warmup_key(cfg) / "model.safetensors").exists()
+    root, key = cache_root(cfg) / "warmup", warmup_key(cfg)
+    if (root / key / "model.safetensors").exists():
+        return "ready"
+    for tmp in root.glob(f".tmp-{key}-*"):  # named by the building process's id
+        try:
+            os.kill(int(tmp.name.rsplit("-", 1)[1]), 0)
+            return "building"
+        except (ValueError, ProcessLookupError):
+            continue  # left by a process that died
+        except PermissionError:
+            return "building"
+    return "missing"
 
 
 def run_all(jobs: list[Job], config: str | None, *, workers: int, threads: int, restart_mismatched: bool,
@@ -208,10 +220,11 @@ def run_all(jobs: list[Job], config: str | None, *, workers: int, threads: int, 
             for i, (job, state) in enumerate(todo):
                 if job.seed in building:
                     continue
-                if state == "resume" or warm_ready(job, config):
+                warm = "ready" if state == "resume" else warm_state(job, config)
+                if warm == "ready":
                     pick = i
                     break
-                if not any(j.seed == job.seed for j, *_ in running):
+                if warm == "missing" and not any(j.seed == job.seed for j, *_ in running):
                     pick = i
                     building.add(job.seed)
                     break

@@ -84,3 +84,21 @@ def test_runner_end_to_end(tmp_path, capsys):
     # other settings in an existing folder: refused, not mixed
     assert ex.main([*common, "algo.beta=0.5"]) == 2
     assert "other settings" in capsys.readouterr().err
+
+
+def test_warm_state_sees_other_processes_building(tmp_path):
+    import os
+    from pacs_fast.trainer.warmup import warmup_key
+    from pacs_fast.config import load_config
+    job = ex.make_jobs([ex.parse_arm("pacs")], [0], [f"warmup.cache_dir={tmp_path}"], tmp_path / "out")[0]
+    key = warmup_key(load_config(None, job.argv))
+    root = tmp_path / "warmup"
+    root.mkdir()
+    assert ex.warm_state(job, None) == "missing"
+    (root / f".tmp-{key}-999999999").mkdir()  # a dead process's leftover
+    assert ex.warm_state(job, None) == "missing"
+    (root / f".tmp-{key}-{os.getpid()}").mkdir()  # a live one
+    assert ex.warm_state(job, None) == "building"
+    (root / key).mkdir()
+    (root / key / "model.safetensors").write_bytes(b"x")
+    assert ex.warm_state(job, None) == "ready"
