@@ -71,9 +71,9 @@ class WarmupConfig:
     batch_size: int = _f(64, "warm-up batch size (sequences)")
     lr: float = _f(3e-3, "warm-up learning rate (AdamW, linear warm-up then decay)")
     cache_dir: str = _f("", "where warmed-up models are cached; empty = ~/.cache/pacs_fast")
-    target_acc: float = _f(0.3, "stop the warm-up once its sampled accuracy on 256 training problems reaches this "
+    target_acc: float = _f(0.3, "stop the warm-up once its sampled accuracy on 512 training problems reaches this "
                            "(checked every warmup.check_every steps; warmup.steps is then the cap; 0 = run all steps)")
-    check_every: int = _f(50, "warm-up: steps between accuracy checks (with warmup.target_acc)")
+    check_every: int = _f(10, "warm-up: steps between accuracy checks (with warmup.target_acc)")
     seed: int = _f(0, "seed of the warm-up (tiny model init and its data order); fixed by default so that "
                    "train.seed changes the RL run only; -1 = use train.seed")
 
