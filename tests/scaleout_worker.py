@@ -131,6 +131,13 @@ def main():
             d = max(d, float((e - mine)[m].abs().max()))
         return d
 
+    # an empty share (e.g. an uneven evaluation split) still joins the data-parallel engines' steps
+    empty_turn = lay.dp_rank == lay.dp_size - 1 and lay.dp_size > 1
+    got = engine.generate([] if empty_turn else prompts, SamplingParams(n=1, max_new_tokens=4, seed=1))
+    out["empty_share"] = (empty_turn, len(got))
+    got = engine.score([] if empty_turn else seqs[:1])
+    out["empty_share_score"] = (empty_turn, len(got))
+
     out["diff_before_sync"] = engine_vs_learner()
     # 3. shard-local sync
     out["sync"] = sync_colocated(engine, learner, bucket_bytes=spec["bucket_bytes"])

@@ -118,6 +118,15 @@ def test_every_rank_generates_its_share(layout):
         assert ranks[0]["prompts"] != ranks[tp]["prompts"]
 
 
+def test_an_empty_share_joins_the_other_groups(layout):
+    _, _, _, ranks, _ = layout
+    for out in ranks:  # the last DP group (when there are several) passed no prompts
+        empty, n = out["empty_share"]
+        assert n == (0 if empty else P // (len(ranks) // layout[0]))
+        empty, n = out["empty_share_score"]
+        assert n == (0 if empty else 1)
+
+
 def test_update_metrics_identical_on_every_rank(layout):
     tp, nproc, _, ranks, _ = layout
     assert all(out["metrics"] == ranks[0]["metrics"] for out in ranks)

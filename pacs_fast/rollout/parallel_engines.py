@@ -25,6 +25,12 @@ Contract (every rank of the launch):
   every name and shape against the engine *before* anything is gathered (all ranks raise together
   on a mismatch, the engine untouched), then streams buckets of whole layers gathered inside each TP
   group, cast to the engine dtype, into the engine's reload path, then resets its prefix cache.
+- CUDA: build the engine with sleep mode (the default there) and call ``engine.sleep()`` after the
+  rollout: level 1 frees the KV cache (and offloads the weights) while the learner works; the sync
+  wakes the weights only, the next ``generate`` the KV cache. (Not runnable on the CPU test machines:
+  vLLM's CPU worker has no sleep mode, so both calls are no-ops there.)
+- ``engine.close()`` last: under ``external_launcher`` vLLM's shutdown destroys the default process
+  group, so every collective of the learner / trainer must be done before it.
 """
 from __future__ import annotations
 

@@ -291,6 +291,7 @@ class VLLMEngine(RolloutEngine):
         prompts = self._check_prompts(prompt_token_ids)
         self._awake_for_generation()
         if not prompts:
+            self._join_data_parallel_steps()
             return []
         vllm = self._vllm
         greedy = params.temperature == 0
@@ -329,11 +330,23 @@ class VLLMEngine(RolloutEngine):
             if len(s) < 2:
                 raise ValueError(f"sequences[{i}] needs at least 2 tokens")
         self._awake_for_generation()
+        if not seqs:
+            self._join_data_parallel_steps()
+            return []
         vllm = self._vllm
         sp = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         outputs = self._llm.generate([vllm.TokensPrompt(prompt_token_ids=s) for s in seqs], sp, use_tqdm=False)
         return [[float(step[tok].logprob) for step, tok in zip(out.prompt_logprobs[1:], s[1:])]
                 for out, s in zip(outputs, seqs)]
+
+    def _join_data_parallel_steps(self) -> None:
+        """A call with nothing to do on a data-parallel engine (colocated, ``data_parallel_size > 1``)
+        still steps with the other DP groups until they finish (vLLM's DP engines step together)."""
+        if self.layout is None or self.layout.dp_size == 1:
+            return
+        engine = self._llm.llm_engine
+        while engine.has_unfinished_requests():
+            engine.step()
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *,
                      bucket_bytes: int | None = None) -> None:
