@@ -45,8 +45,10 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
               horizon=cfg.rollout.max_new_tokens)
     if cfg.learner.backend == "megatron":
         from pacs_fast.learner.megatron.learner import MegatronLearner
+        # every data-parallel group trains on the rollouts it generated itself (local batches)
         return MegatronLearner(model_path, dtype=cfg.model.dtype, device=cfg.model.device,
-                               gradient_checkpointing=cfg.model.gradient_checkpointing, **kw), None
+                               gradient_checkpointing=cfg.model.gradient_checkpointing, local_batches=True,
+                               vocab_size=len(tokenizer), **kw), None
     from transformers import AutoModelForCausalLM
 
     from pacs_fast.learner.torch_learner import TorchLearner
@@ -57,17 +59,28 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
     return TorchLearner(model, vocab_size=len(tokenizer), **kw), model
 
 
-def build_engine(cfg: Config, model_path: Path, live_model, tokenizer, device: str):
-    """``(engine, shares_model)``: the rollout engine; the HF engine shares the torch learner's
-    live model (no weight copies, no sync)."""
+def build_engine(cfg: Config, model_path: Path, learner: Learner, live_model, tokenizer, device: str, world):
+    """``(engine, sync)``: this rank's rollout engine and the function that loads the learner's
+    weights into it after an update (collective). Every rank has an engine: under torchrun, vLLM
+    runs one engine per tensor-parallel group inside these processes (``external_launcher``; engine
+    TP = learner TP), synced a bucket of layers at a time gathered inside the TP group only; the HF
+    engine holds a full copy per rank. The HF engine of a one-process run shares the torch
+    learner's live model (no copy, no sync)."""
     if cfg.rollout.engine == "vllm":
         from pacs_fast.rollout.vllm_engine import VLLMEngine
-        return VLLMEngine(str(model_path), seed=cfg.train.seed,
-                          gpu_memory_utilization=cfg.rollout.gpu_memory_utilization), False
-    from pacs_fast.rollout.hf import HFEngine
-    batch = min(max(cfg.train.prompts_per_step * cfg.rollout.n, cfg.data.eval_size * cfg.rollout.eval_n), 1024)
-    if live_model is not None:
-        return HFEngine(live_model, tokenizer, batch_size=batch), True
-    engine = HFEngine(str(model_path), tokenizer, device=device, batch_size=batch)
-    set_attention(engine.model, cfg.model.attention)
-    return engine, False
+        if world.size > 1:
+            from pacs_fast.rollout.parallel_engines import colocated_engine_kwargs, sync_colocated
+            engine = VLLMEngine(str(model_path), seed=cfg.train.seed, vocab_size=len(tokenizer),
+                                gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                                **colocated_engine_kwargs(world.tp, world.dp))
+            return engine, lambda: sync_colocated(engine, learner)
+        engine = VLLMEngine(str(model_path), seed=cfg.train.seed, vocab_size=len(tokenizer),
+                            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)
+    else:
+        from pacs_fast.rollout.hf import HFEngine
+        batch = min(max(cfg.train.prompts_per_step * cfg.rollout.n, cfg.data.eval_size * cfg.rollout.eval_n), 1024)
+        if live_model is not None:
+            return HFEngine(live_model, tokenizer, batch_size=batch), (lambda: None)
+        engine = HFEngine(str(model_path), tokenizer, device=device, batch_size=batch)
+        set_attention(engine.model, cfg.model.attention)
+    return engine, lambda: engine.sync_weights(learner.export_hf_weights())

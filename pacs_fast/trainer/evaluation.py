@@ -1,4 +1,9 @@
-"""Held-out evaluation during training: sampled and greedy accuracy of the current policy."""
+"""Held-out evaluation during training: sampled and greedy accuracy of the current policy.
+
+Spread over the data-parallel groups: each group evaluates a contiguous share of the held-out
+problems (prompt ``i`` keeps the seed it has in a single engine's call), the per-sample rewards are
+gathered, and every rank computes the same metrics.
+"""
 from __future__ import annotations
 
 import time
@@ -9,24 +14,37 @@ from pacs_fast.config import Config
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.trainer.rewards import Scorer
 
+EVAL_SEED_OFFSET = 99_991  # the same seed every evaluation: evaluations of one run pair up
 
-def evaluate(cfg: Config, engine, scorer: Scorer, problems: list[dict]) -> dict:
-    """Held-out accuracy: mean reward of ``eval_n`` samples per problem (and of the greedy answer)."""
-    t0 = time.perf_counter()
+
+def evaluate_share(cfg: Config, engine, scorer: Scorer, problems: list[dict], offset: int) -> dict:
+    """Rewards and lengths of this group's share of the held-out problems (``offset``: the index
+    of its first problem in the whole set). Lists, for :func:`merge`."""
     prompts = [p["prompt_ids"] for p in problems]
-    out = {}
-    params = SamplingParams(n=cfg.rollout.eval_n, temperature=cfg.rollout.eval_temperature,
-                            top_p=cfg.rollout.eval_top_p, max_new_tokens=cfg.rollout.max_new_tokens,
-                            seed=cfg.train.seed + 99_991)  # the same seed every evaluation: paired comparisons
+    n = cfg.rollout.eval_n
+    params = SamplingParams(n=n, temperature=cfg.rollout.eval_temperature, top_p=cfg.rollout.eval_top_p,
+                            max_new_tokens=cfg.rollout.max_new_tokens,
+                            seed=cfg.train.seed + EVAL_SEED_OFFSET + offset * n)
     comps = engine.generate(prompts, params)
-    rewards = scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(params.n)])
-    out["eval/acc"] = float(np.mean(rewards))
-    per_problem = np.asarray(rewards).reshape(len(problems), params.n)
-    out["eval/pass@n"] = float((per_problem.max(1) > 0.5).mean())
-    out["eval/response_length"] = float(np.mean([len(c.token_ids) for cs in comps for c in cs]))
+    out = {"rewards": scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(n)]),
+           "lengths": [len(c.token_ids) for cs in comps for c in cs], "greedy": []}
     if cfg.rollout.eval_temperature > 0:
-        greedy = engine.generate(prompts, SamplingParams(n=1, temperature=0.0,
-                                                         max_new_tokens=cfg.rollout.max_new_tokens))
-        out["eval/greedy_acc"] = float(np.mean(scorer([cs[0].text for cs in greedy], [p["answer"] for p in problems])))
+        greedy = engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens))
+        out["greedy"] = scorer([cs[0].text for cs in greedy], [p["answer"] for p in problems])
+    return out
+
+
+def evaluate(cfg: Config, engine, scorer: Scorer, problems: list[dict], world) -> dict:
+    """Held-out metrics (``eval/acc``: mean reward of ``eval_n`` samples per problem; ``pass@n``;
+    greedy accuracy; mean response length), the same on every rank. Collective."""
+    t0 = time.perf_counter()
+    mine, offset = world.split(problems)
+    parts = world.gather_dp(evaluate_share(cfg, engine, scorer, mine, offset))
+    rewards = [r for p in parts for r in p["rewards"]]
+    per_problem = np.asarray(rewards).reshape(len(problems), cfg.rollout.eval_n)
+    out = {"eval/acc": float(np.mean(rewards)), "eval/pass@n": float((per_problem.max(1) > 0.5).mean()),
+           "eval/response_length": float(np.mean([x for p in parts for x in p["lengths"]]))}
+    if cfg.rollout.eval_temperature > 0:
+        out["eval/greedy_acc"] = float(np.mean([r for p in parts for r in p["greedy"]]))
     out["time/eval"] = time.perf_counter() - t0
     return out

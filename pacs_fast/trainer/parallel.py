@@ -8,7 +8,7 @@ this process's place in it. Rank-specific decisions live here, not in the loop:
 - ``world.is_main`` (global rank 0) prints and writes the run folder;
 - ``world.share(items)`` is this data-parallel group's contiguous share of a step's prompts (each
   group generates, scores and trains on its own share; the ranks of one tensor-parallel group
-  hold the same share);
+  hold the same share; rollouts never travel between ranks, only metrics do);
 - ``world.gather(obj)`` / ``world.broadcast(obj)`` move small Python objects (evaluation rewards,
   metrics, decisions) between ranks.
 """
@@ -39,12 +39,19 @@ class World:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def share(self, items: list) -> list:
-        """This data-parallel group's contiguous share of ``items`` (``len(items)`` divisible by dp)."""
+    def share(self, items: list) -> tuple[list, int]:
+        """This data-parallel group's contiguous, equal share of ``items`` and the index of its
+        first item (``len(items)`` divisible by dp: every group takes the same optimiser steps)."""
         if len(items) % self.dp:
             raise ValueError(f"{len(items)} items cannot be split evenly over {self.dp} data-parallel groups")
         k = len(items) // self.dp
-        return items[self.dp_rank * k:(self.dp_rank + 1) * k]
+        return items[self.dp_rank * k:(self.dp_rank + 1) * k], self.dp_rank * k
+
+    def split(self, items: list) -> tuple[list, int]:
+        """Like :meth:`share` for any length (the first ``len % dp`` groups take one more item)."""
+        k, extra = divmod(len(items), self.dp)
+        start = self.dp_rank * k + min(self.dp_rank, extra)
+        return items[start:start + k + (self.dp_rank < extra)], start
 
     def broadcast(self, obj):
         """Rank 0's ``obj`` on every rank (pickled)."""
@@ -62,6 +69,33 @@ class World:
         every = [None] * self.size
         dist.all_gather_object(every, obj)
         return [every[d * self.tp] for d in range(self.dp)]
+
+    def count(self, flag: bool) -> int:
+        """How many ranks have ``flag`` True (every rank gets the count)."""
+        if self.size == 1:
+            return int(bool(flag))
+        t = torch.tensor([1.0 if flag else 0.0])
+        dist.all_reduce(t)
+        return int(t.item())
+
+    def reduce_record(self, record: dict) -> dict:
+        """One step's metrics over the data-parallel groups (each computed on its own, equal share):
+        ``perf/*`` throughputs add up, ``time/*`` take the slowest group, the rest the mean."""
+        if self.dp == 1:
+            return record
+        parts = self.gather_dp(record)
+        out = {}
+        for key in record:
+            vals = [p[key] for p in parts if isinstance(p.get(key), (int, float)) and p.get(key) == p.get(key)]
+            if not vals:
+                out[key] = record[key]
+            elif key.startswith("perf/"):
+                out[key] = float(sum(vals))
+            elif key.startswith("time/"):
+                out[key] = float(max(vals))
+            else:
+                out[key] = float(sum(vals) / len(vals))
+        return out
 
     def barrier(self) -> None:
         if self.size > 1:

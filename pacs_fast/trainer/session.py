@@ -1,0 +1,160 @@
+"""A training session: everything :func:`pacs_fast.trainer.loop.train` sets up before its loop.
+
+In order: the config is checked and the run folder claimed (nothing is loaded before that), the
+processes are joined (:mod:`.parallel`), the data loaded, the model found (or the built-in one
+warmed up, once per node), the learner, this rank's rollout engine and the verifier built, and the
+run either resumed from its newest usable checkpoint or its starting policy evaluated.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from pacs_fast.config import Config, validate
+from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
+from pacs_fast.trainer.checkpoint import remove_stale_temporaries, restore_newest
+from pacs_fast.trainer.evaluation import evaluate
+from pacs_fast.trainer.metrics import MetricsLogger, Progress
+from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
+from pacs_fast.trainer.problems import encode, load_problems
+from pacs_fast.trainer.rewards import Scorer
+from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir, remove_dead_temporaries
+from pacs_fast.trainer.sampler import PromptSampler
+
+
+class SetupError(ValueError):
+    """Bad input found before any training work (config, files, data, checkpoint)."""
+
+
+@dataclass
+class Session:
+    cfg: Config
+    world: World
+    run_dir: Path
+    model_path: Path
+    tokenizer: object
+    learner: object
+    engine: object
+    sync: Callable[[], object]
+    scorer: Scorer
+    sampler: PromptSampler
+    train_problems: list[dict]
+    held_out: list[dict]
+    progress: Progress
+    folder: RunFolder | None = None  # rank 0 only
+    logger: MetricsLogger | None = None  # rank 0 only
+    start_step: int = 0
+    initial_eval: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+
+    def log(self, text: str) -> None:
+        if self.world.is_main:
+            self.progress.print(text)
+
+    def evaluate(self) -> dict:
+        return evaluate(self.cfg, self.engine, self.scorer, self.held_out, self.world)
+
+    def close(self) -> None:
+        self.progress.close()
+        for part in (self.logger, self.folder, self.scorer, self.engine):
+            if part is not None:
+                part.close()
+
+
+def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
+    """Sets up a run (see the module docstring). Raises :class:`SetupError` for bad input."""
+    try:
+        validate(cfg)
+        check_installed(cfg)
+        if not resume:
+            check_new_run_dir(run_dir)
+        quiet_warnings(cfg, is_main=True)  # megatron's import-time notes
+        world = init_world(cfg)
+    except ValueError as e:
+        raise SetupError(str(e)) from e
+    quiet_warnings(cfg, world.is_main)
+    run_dir = Path(world.broadcast(str(run_dir)))  # a timestamped name could differ between ranks
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    if cfg.train.keep_freed_memory:
+        from pacs_fast.trainer.allocator import keep_freed_memory
+        keep_freed_memory()
+    folder = RunFolder(run_dir) if world.is_main else None
+    if resume and world.is_main:
+        remove_stale_temporaries(run_dir)
+    random.seed(cfg.train.seed)
+    np.random.seed(cfg.train.seed % 2**32)
+    torch.manual_seed(cfg.train.seed)
+    progress = Progress(cfg.train.steps, enabled=cfg.train.progress and world.is_main)
+    log = progress.print if world.is_main else (lambda text: None)
+    try:
+        train_problems, held_out = load_problems(cfg)  # bad files fail here, before any model work
+        model_path, timings = find_model(cfg, train_problems, world, log)
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        train_problems, dropped_train = encode(cfg, tokenizer, train_problems, "data.dataset", log)
+        held_out, dropped_held = encode(cfg, tokenizer, held_out, "the held-out set", log)
+    except (ValueError, FileNotFoundError) as e:
+        progress.close()
+        raise SetupError(str(e)) from e
+    if folder and not resume:
+        folder.write_config(cfg)
+
+    device = resolve_device(cfg)
+    learner, live_model = build_learner(cfg, model_path, device, tokenizer)
+    engine, sync = build_engine(cfg, model_path, learner, live_model, tokenizer, device, world)
+    s = Session(cfg=cfg, world=world, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer,
+                learner=learner, engine=engine, sync=sync, scorer=Scorer.from_config(cfg),
+                sampler=PromptSampler(len(train_problems), seed=cfg.train.seed, shuffle=cfg.data.shuffle),
+                train_problems=train_problems, held_out=held_out, progress=progress, folder=folder, timings=timings)
+    state = {}
+    if resume:
+        try:
+            ckpt, state = restore_newest(run_dir, learner=learner, world=world, log=log)
+        except RuntimeError as e:
+            s.close()
+            raise SetupError(f"--resume {run_dir}: {e}") from e
+        s.start_step = state["step"]
+        s.sampler.load_state_dict(state["sampler"])
+        if "scorer" in state and hasattr(s.scorer, "load_state_dict"):
+            s.scorer.load_state_dict(state["scorer"])
+        s.sync()
+        log(f"resumed from {ckpt} (step {s.start_step})")
+    progress.update(s.start_step, "")
+    if world.is_main:
+        s.logger = MetricsLogger(run_dir, tensorboard=cfg.train.tensorboard, resume_step=s.start_step if resume else None)
+    s.initial_eval = state.get("initial_eval")
+    if s.initial_eval is None:
+        s.initial_eval = {**s.evaluate(), "data/dropped_train_prompts": dropped_train,
+                          "data/dropped_held_out_prompts": dropped_held}
+        if s.logger:
+            s.logger.log("eval", 0, s.initial_eval)
+        log(f"step 0: held-out accuracy {s.initial_eval['eval/acc']:.3f} (greedy "
+            f"{s.initial_eval.get('eval/greedy_acc', float('nan')):.3f})")
+    return s
+
+
+def find_model(cfg: Config, train_problems: list[dict], world: World, log) -> tuple[Path, dict]:
+    """The model folder: ``model.path``, or the built-in tiny model after its (cached) warm-up.
+    The first process of each node builds or finds the cache (a cache folder is per node unless
+    the user shares it); the node's other processes then read it."""
+    if cfg.model.path:
+        return Path(cfg.model.path).expanduser(), {}
+    from pacs_fast.trainer.warmup import cache_root, default_model
+    t0 = time.perf_counter()
+    first_on_node = int(os.environ.get("LOCAL_RANK", world.rank)) == 0
+    path = None
+    if first_on_node:
+        remove_dead_temporaries(cache_root(cfg))
+        path = default_model(cfg, train_problems, log=log)
+    world.barrier()
+    if not first_on_node:
+        path = default_model(cfg, train_problems, log=log)
+    return path, {"time/warmup": time.perf_counter() - t0}
