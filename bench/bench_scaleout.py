@@ -99,11 +99,24 @@ def _sum(x: float) -> float:
     return float(t)
 
 
+def make_batch(prompts, comps, rewards, G):
+    """Right-padded ``RolloutBatch`` from prompts and their G completions each."""
+    from pacs_fast.learner.base import RolloutBatch
+
+    rows = [(p, c.token_ids) for p, cs in zip(prompts, comps) for c in cs]
+    T = max(len(p) + len(r) for p, r in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    am = torch.zeros(len(rows), T, dtype=torch.long)
+    rm = torch.zeros(len(rows), T)
+    for b, (p, r) in enumerate(rows):
+        ids[b, :len(p) + len(r)] = torch.tensor(p + r)
+        am[b, :len(p) + len(r)] = 1
+        rm[b, len(p):len(p) + len(r)] = 1
+    return RolloutBatch(input_ids=ids, attention_mask=am, response_mask=rm, rewards=rewards, group_size=G)
+
+
 def worker_throughput(a) -> dict:
     import torch.distributed as dist
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from scaleout_worker import make_batch
 
     from pacs_fast.rollout.base import SamplingParams
     from pacs_fast.rollout.parallel_engines import colocated_engine_kwargs, dp_share, sync_colocated
@@ -156,11 +169,10 @@ def worker_throughput(a) -> dict:
 def worker_checkpoint(a) -> dict:
     import torch.distributed as dist
 
-    sys.path.insert(0, str(ROOT / "tests"))
     learner = _learner(a.model, 2, prompts=1, local=False)
     from pacs_fast.learner.base import RolloutBatch
 
-    ids = torch.randint(3, 1000, (2, 24), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, 60, (2, 24), generator=torch.Generator().manual_seed(0))
     rm = torch.zeros(2, 24)
     rm[:, 8:] = 1
     batch = RolloutBatch(input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=rm,

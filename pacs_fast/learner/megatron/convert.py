@@ -130,7 +130,7 @@ def hf_to_megatron(hf_state: Mapping, hf_config, *, tp_size: int = 1, tp_rank: i
 
 def merge_shard(kind: str, shards: list) -> torch.Tensor:
     """Full megatron tensor (TP=1 layout) from the ``tp`` shards of a parameter of ``kind``."""
-    if kind == "rep":
+    if kind == "rep" or len(shards) == 1:  # one shard: the full tensor itself (no copy)
         return shards[0]
     if kind == "row":
         return torch.cat(shards, dim=1)
@@ -252,7 +252,8 @@ def gather_unit(local: Mapping, rules: Mapping, hf_config, *, tp_group=None, dst
 
     tp = 1 if tp_group is None else dist.get_world_size(tp_group)
     me = 0 if tp_group is None else dist.get_rank(tp_group)
-    gathered = [dict() for _ in range(tp)]
+    receives = dst is None or me == dst
+    merged = {}
     for name, (kind, _) in rules.items():
         if name not in local:
             raise ValueError(f"no tensor for megatron parameter {name!r}")
@@ -260,19 +261,26 @@ def gather_unit(local: Mapping, rules: Mapping, hf_config, *, tp_group=None, dst
         if dtype is not None and t.dtype != dtype:
             t = t.to(dtype)
         if tp == 1 or kind == "rep":
-            parts = [t] * tp
-        elif dst is None:
-            parts = [torch.empty_like(t) for _ in range(tp)]
-            dist.all_gather(parts, t.contiguous(), group=tp_group)
+            merged[name] = t
+            continue
+        t = t.contiguous()
+        parts = None
+        if receives:
+            if kind in ("vocab", "qkv"):  # row chunks: gather straight into the full tensor (no concat copy)
+                full = torch.empty((t.shape[0] * tp, *t.shape[1:]), dtype=t.dtype, device=t.device)
+                parts = list(full.chunk(tp))
+            else:
+                parts = [torch.empty_like(t) for _ in range(tp)]
+        if dst is None:
+            dist.all_gather(parts, t, group=tp_group)
         else:
-            parts = [torch.empty_like(t) for _ in range(tp)] if me == dst else None
-            dist.gather(t.contiguous(), parts, group_dst=dst, group=tp_group)
-            parts = parts or [t] * tp
-        for r in range(tp):
-            gathered[r][name] = parts[r]
-    if dst is not None and me != dst:
+            dist.gather(t, parts, group_dst=dst, group=tp_group)
+        if receives:
+            merged[name] = full if kind in ("vocab", "qkv") else merge_shard(kind, parts)
+        del parts
+    if not receives:
         return None
-    return megatron_to_hf(gathered, hf_config, rules=rules)
+    return megatron_to_hf([merged], hf_config, rules=rules)
 
 
 @torch.no_grad()

@@ -66,7 +66,8 @@ def iter_hf_buckets(model, hf_config, *, tp_group, tp_size: int, bucket_bytes: i
     """Buckets ``[(hf_name, full tensor), ...]`` of whole units; collective over ``tp_group`` (every
     TP rank must consume the iterator to the end). ``dtype``: cast of the shards before the gather
     (the engine's dtype). ``dst=r``: only TP-group rank ``r`` receives (the others get empty lists).
-    Replicated tensors (norms) may be the live parameters themselves: use a bucket before the next
+    Tensors may share storage with the live parameters (replicated norms; every tensor at tp=1):
+    use a bucket before the next
     optimiser step, or copy it."""
     local = local_shards(model)
     manifest = weight_manifest(model, hf_config, tp_size=tp_size)

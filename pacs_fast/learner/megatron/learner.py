@@ -398,8 +398,8 @@ class MegatronLearner(Learner):
         """Every HF tensor, full, on every rank (collective over TP; gathered eagerly, so a rank that
         does not consume the iterator cannot leave the others waiting). Costs a full-model copy per
         rank: the scale-out paths use :meth:`iter_hf_weight_buckets` / :meth:`save_hf` instead."""
-        params = {p.data_ptr() for p in self.model.parameters()}
-        pairs = [(name, t.cpu().clone() if t.data_ptr() in params else t.cpu())  # replicated: no aliasing
+        params = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        pairs = [(name, t.cpu().clone() if t.untyped_storage().data_ptr() in params else t.cpu())  # no aliasing
                  for bucket in self.iter_hf_weight_buckets(1 << 62) for name, t in bucket]
         return iter(pairs)
 
