@@ -120,6 +120,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
         s.progress.close()
     summary = finish(s, wall_time=time.perf_counter() - t_start) if world.is_main else None
     summary = world.broadcast(summary)
+    world.barrier()  # every rank is done with the collectives before the engine (and its groups) goes
     s.close()
     close_world(world, learner)
     return summary

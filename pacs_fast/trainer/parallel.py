@@ -128,10 +128,9 @@ def init_world(cfg: Config) -> World:
 
 def close_world(world: World, learner) -> None:
     """Tears down what :func:`init_world` created (megatron's state and the process group)."""
-    world.barrier()
-    if world.owns_group and dist.is_available() and dist.is_initialized():
-        if hasattr(learner, "close"):
-            learner.close()
+    if world.owns_group and hasattr(learner, "close"):
+        learner.close()
+    if world.owns_group and dist.is_available() and dist.is_initialized():  # vLLM's close may have done it
         dist.destroy_process_group()
 
 
