@@ -8,16 +8,19 @@ import pacs_fast
 
 ROOT = Path(__file__).resolve().parents[1]
 # layer -> packages of pacs_fast it must not import (DESIGN.md section 2)
+CLIS = ("pacs_fast.train", "pacs_fast.eval", "pacs_fast.experiment", "pacs_fast.integrations")
 FORBIDDEN = {
     "kernels": ("pacs_fast",),
     "pacs_fast/ops": ("pacs_fast.algorithms", "pacs_fast.reward", "pacs_fast.data", "pacs_fast.rollout",
-                      "pacs_fast.learner", "pacs_fast.trainer", "pacs_fast.train", "pacs_fast.eval"),
+                      "pacs_fast.learner", "pacs_fast.trainer", *CLIS),
     "pacs_fast/algorithms": ("pacs_fast.reward", "pacs_fast.data", "pacs_fast.rollout", "pacs_fast.learner",
-                             "pacs_fast.trainer", "pacs_fast.train", "pacs_fast.eval"),
-    "pacs_fast/reward": ("pacs_fast.rollout", "pacs_fast.learner", "pacs_fast.trainer", "pacs_fast.train",
-                         "pacs_fast.eval"),
-    "pacs_fast/rollout": ("pacs_fast.learner", "pacs_fast.trainer", "pacs_fast.train", "pacs_fast.eval"),
-    "pacs_fast/learner": ("pacs_fast.rollout", "pacs_fast.trainer", "pacs_fast.train", "pacs_fast.eval"),
+                             "pacs_fast.trainer", *CLIS),
+    "pacs_fast/reward": ("pacs_fast.rollout", "pacs_fast.learner", "pacs_fast.trainer", *CLIS),
+    "pacs_fast/rollout": ("pacs_fast.learner", "pacs_fast.trainer", *CLIS),
+    "pacs_fast/learner": ("pacs_fast.rollout", "pacs_fast.trainer", *CLIS),
+    "pacs_fast/trainer": CLIS,
+    # integrations sit beside the CLIs and import downwards only
+    "pacs_fast/integrations": ("pacs_fast.train", "pacs_fast.eval", "pacs_fast.experiment"),
 }
 
 

@@ -231,7 +231,7 @@ class Learner(abc.ABC):
                                ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """:meth:`export_hf_weights` in buckets of about ``bucket_bytes`` (whole layers; each tensor
         cast to ``dtype`` as its bucket is built)."""
-        from pacs_fast.rollout.weight_sync import unit_of
+        from pacs_fast.data.checkpoint_names import unit_of
 
         bucket, size, unit = [], 0, None
         for name, t in self.export_hf_weights():

@@ -20,7 +20,6 @@ Nothing here imports vLLM; the engine is in :mod:`pacs_fast.rollout.vllm_engine`
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -28,19 +27,12 @@ from typing import Iterable, Iterator, Mapping
 
 import torch
 
+from pacs_fast.data.checkpoint_names import unit_of
+
 # Checkpoint entries that are buffers, not weights: vLLM's loaders skip them, learners do not send them.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
-_BLOCK = re.compile(r"^(.*?\.(?:layers|layer|blocks|h)\.\d+)\.")
 # Input-embedding names of the usual HF causal LMs (the target of a tied ``lm_head.weight``).
 _EMBED_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
-
-
-def unit_of(name: str) -> str:
-    """The unit a parameter belongs to: its transformer block, else its module path."""
-    m = _BLOCK.match(name)
-    if m:
-        return m.group(1)
-    return name.rpartition(".")[0] or name
 
 
 def read_checkpoint_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:

@@ -145,7 +145,7 @@ def merge_shard(kind: str, shards: list) -> torch.Tensor:
 def unit_rules(hf_config) -> list[tuple[str, dict[str, tuple[str, list[str]]]]]:
     """:func:`conversion_rules` cut into units, in checkpoint order: ``[(unit, rules), ...]`` with
     unit ``"model.embed_tokens"``, ``"model.layers.<i>"``, ``"model.norm"``, ``"lm_head"`` (the unit
-    names of :func:`pacs_fast.rollout.weight_sync.unit_of`). A unit is what a weight-sync or export
+    names of :func:`pacs_fast.data.checkpoint_names.unit_of`). A unit is what a weight-sync or export
     bucket never splits."""
     units: dict[str, dict] = {}
     for name, rule in conversion_rules(hf_config).items():
@@ -271,10 +271,31 @@ def gather_unit(local: Mapping, rules: Mapping, hf_config, *, tp_group=None, dst
                 parts = list(full.chunk(tp))
             else:
                 parts = [torch.empty_like(t) for _ in range(tp)]
-        if dst is None:
-            dist.all_gather(parts, t, group=tp_group)
+        # into the output tensors directly: gloo's collectives stage through a flat copy of the
+        # output (a second full tensor), so on CPU the shards travel point to point
+        if dst is None and t.device.type != "cpu":
+            if kind in ("vocab", "qkv"):
+                dist.all_gather_into_tensor(full, t, group=tp_group)
+            else:
+                dist.all_gather(parts, t, group=tp_group)
+        elif dst is None:
+            reqs = []
+            for r in range(tp):
+                if r == me:
+                    parts[r].copy_(t)
+                else:
+                    reqs.append(dist.isend(t, group_dst=r, group=tp_group))
+                    reqs.append(dist.irecv(parts[r], group_src=r, group=tp_group))
+            for q in reqs:
+                q.wait()
+        elif me == dst:
+            for r in range(tp):
+                if r == me:
+                    parts[r].copy_(t)
+                else:
+                    dist.recv(parts[r], group_src=r, group=tp_group)
         else:
-            dist.gather(t, parts, group_dst=dst, group=tp_group)
+            dist.send(t, group_dst=dst, group=tp_group)
         if receives:
             merged[name] = full if kind in ("vocab", "qkv") else merge_shard(kind, parts)
         del parts
