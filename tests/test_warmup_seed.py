@@ -62,11 +62,12 @@ def test_warmup_stops_at_the_target(monkeypatch, tmp_path):
 
     def fake_probe(model, tokenizer, recs, *, max_new_tokens, seed=0):
         checks.append(len(recs))
-        return 0.1 * len(checks)  # 0.1, 0.2, 0.3, ...
+        return 0.1 * len(checks)  # 0.1, 0.2, 0.3, ... (running means of two: 0.1, 0.15, 0.25)
 
     monkeypatch.setattr(wu, "probe_accuracy", fake_probe)
     kw = dict(batch_size=2, lr=1e-3, seed=0, log=lambda *a: None, check_every=2, probe_size=16)
-    assert wu.supervised_warmup(model, tok, records, steps=40, target_acc=0.25, **kw) == 8  # checks at 4, 6, 8
+    # checks at 4, 6, 8, 10: the mean of the last two (0.1, 0.15, 0.25, 0.35) first reaches 0.25 at step 8
+    assert wu.supervised_warmup(model, tok, records, steps=40, target_acc=0.25, **kw) == 8
     assert checks == [16, 16, 16]
     assert wu.supervised_warmup(model, tok, records, steps=6, target_acc=0.0, **kw) == 6
     assert len(checks) == 3  # no target: no checks
