@@ -125,7 +125,7 @@ def worker_throughput(a) -> dict:
     learner = _learner(a.model, 1, prompts=a.prompts)
     world = dist.get_world_size()
     engine = VLLMEngine(a.model, seed=0, max_model_len=256, gpu_memory_utilization=0.05,
-                        **colocated_engine_kwargs(1, world))
+                        **colocated_engine_kwargs(1, world, lockstep=a.lockstep))
     gen = torch.Generator().manual_seed(0)
     rows = []
     for step in range(a.steps + 1):  # step 0: warm-up, not counted
@@ -218,6 +218,8 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up step)")
     ap.add_argument("--bucket-bytes", type=int, default=64 << 20)
+    ap.add_argument("--lockstep", action="store_true", help="vLLM's data parallelism (engines step together) "
+                    "instead of independent engines")
     a = ap.parse_args()
     if a.worker:
         import torch.distributed as dist
@@ -235,7 +237,7 @@ def main():
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_scaleout_models_"))
     common = ["--prompts", str(a.prompts), "--group", str(a.group), "--max-new-tokens", str(a.max_new_tokens),
-              "--steps", str(a.steps), "--bucket-bytes", str(a.bucket_bytes)]
+              "--steps", str(a.steps), "--bucket-bytes", str(a.bucket_bytes)] + (["--lockstep"] if a.lockstep else [])
     if a.checkpoint_memory:
         path = make_tiny_model(tmp / "qwen05b_2l", seed=0, hidden_size=896, num_layers=2, num_heads=14,
                                num_kv_heads=2, intermediate_size=4864)
@@ -248,7 +250,8 @@ def main():
             print(f"| {k} | {', '.join(f'{x:.0f}' for x in r[k]['peak_mib_per_rank'])} | {r[k]['seconds']:.2f} |")
         return
     print(f"{a.prompts} prompts x {a.group} responses, <= {a.max_new_tokens} new tokens, tp=1, 1 thread per "
-          f"process, mean of {a.steps} steps after a warm-up step")
+          f"process, mean of {a.steps} steps after a warm-up step, "
+          f"{'lock-step (vLLM data parallelism)' if a.lockstep else 'independent'} engines")
     print("| model | processes | rollout tok/s (wall) | speed-up | tok per busiest-rank CPU s | speed-up | "
           "rollout s | logprobs s | update s | sync s | sync share | sync peak MiB/rank | step s |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|")

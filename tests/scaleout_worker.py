@@ -89,7 +89,7 @@ def main():
     rank, world, tp = dist.get_rank(), dist.get_world_size(), spec["tp"]
     dp = world // tp
     engine = VLLMEngine(spec["model"], seed=0, max_model_len=128, gpu_memory_utilization=0.05,
-                        **colocated_engine_kwargs(tp, dp))
+                        **colocated_engine_kwargs(tp, dp, lockstep=spec.get("lockstep", False)))
     t["start"] = time.perf_counter() - t0
     lay = engine.layout
     out["layout"] = (lay.tp_rank, lay.dp_rank, lay.dp_size, learner.tp_rank, learner.dp_rank)

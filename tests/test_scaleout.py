@@ -52,7 +52,7 @@ def _full_batch(gen, groups, T=12):
             "rewards": (torch.rand(B, generator=gen) < 0.5).float(), "group_size": 4}
 
 
-def _launch(tmp_path_factory, tp, nproc, equivalence=False):
+def _launch(tmp_path_factory, tp, nproc, equivalence=False, lockstep=False):
     from pacs_fast.data.tiny import make_tiny_model
 
     wd = tmp_path_factory.mktemp(f"scaleout_tp{tp}_n{nproc}")
@@ -62,7 +62,7 @@ def _launch(tmp_path_factory, tp, nproc, equivalence=False):
     model = make_tiny_model(wd / "model", seed=seed % 1000)
     prompts = [[1] + torch.randint(3, 60, (int(torch.randint(3, 8, (), generator=gen)),), generator=gen).tolist()
                for _ in range(P)]
-    spec = {"model": str(model), "tp": tp, "G": G, "prompts": prompts, "seed": seed, "max_new_tokens": 8,
+    spec = {"model": str(model), "tp": tp, "G": G, "lockstep": lockstep, "prompts": prompts, "seed": seed, "max_new_tokens": 8,
             # one right and one wrong answer per group: every group has a non-zero PACS gradient
             "rewards": torch.stack([torch.tensor([1.0, 0.0])[torch.randperm(G, generator=gen)]
                                     for _ in range(P)]).reshape(-1),
@@ -92,11 +92,13 @@ def _launch(tmp_path_factory, tp, nproc, equivalence=False):
     return spec, ranks, wd
 
 
-# (tp, processes): ~45 s, ~65 s and ~100 s on 2 CPU cores; 4 processes take ~1.5 GiB each
-@pytest.fixture(scope="module", params=[(2, 2), (1, 2), (2, 4)], ids=["tp2_dp1", "tp1_dp2", "tp2_dp2"])
+# (tp, processes, lockstep): ~45 s, ~50 s and ~100 s on 2 CPU cores; 4 processes take ~1.5 GiB each.
+# tp1_dp2: independent engines (the default); tp2_dp2: vLLM's lock-step data parallelism.
+@pytest.fixture(scope="module", params=[(2, 2, False), (1, 2, False), (2, 4, True)],
+                ids=["tp2_dp1", "tp1_dp2", "tp2_dp2_lockstep"])
 def layout(request, tmp_path_factory):
-    tp, nproc = request.param
-    return (tp, nproc) + _launch(tmp_path_factory, tp, nproc, equivalence=nproc > tp)
+    tp, nproc, lockstep = request.param
+    return (tp, nproc) + _launch(tmp_path_factory, tp, nproc, equivalence=nproc > tp, lockstep=lockstep)
 
 
 def test_every_rank_generates_its_share(layout):

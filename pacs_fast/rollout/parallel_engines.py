@@ -2,7 +2,7 @@
 and the shard-local weight sync from a tensor-parallel learner into them.
 
 Layout. With ``world = tp * dp`` processes, both vLLM (``distributed_executor_backend=
-"external_launcher"``, ``data_parallel_size=dp``) and megatron-core (default order) put tensor
+"external_launcher"``, with or without ``data_parallel_size=dp``) and megatron-core (default order) put tensor
 parallelism innermost: global rank ``r`` has ``tp_rank = r % tp`` and ``dp_rank = r // tp``; a TP
 group is ``tp`` consecutive ranks, a DP group every ``tp``-th rank. :func:`check_layout` asserts that
 vLLM's (and, when initialised, megatron's) groups are exactly these, so one TP group of the learner
@@ -12,12 +12,12 @@ Contract (every rank of the launch):
 
 - Build ``VLLMEngine(path, **colocated_engine_kwargs(tp, dp), ...)`` on every rank after the learner
   (the process group exists then; vLLM reuses it).
-- ``engine.generate(prompts, params)`` and ``engine.score(seqs)`` are **collective over the world**:
-  every rank calls them the same number of times, in the same order (vLLM's data-parallel engines
-  step together and run dummy batches when one group finishes first). The ranks of one TP group pass
-  identical prompts and seeds (their DP group's share, :func:`dp_share`); each DP group passes its
-  own; each call returns that DP group's completions on every rank of the group. An empty share is
-  allowed (the rank still joins the call).
+- ``engine.generate(prompts, params)`` and ``engine.score(seqs)`` are collective over the TP group
+  (default, independent engines) -- and over the world with ``lockstep=True``, where vLLM's
+  data-parallel engines step together: then every rank calls them the same number of times, in the
+  same order. The ranks of one TP group pass identical prompts and seeds (their DP group's share,
+  :func:`dp_share`); each DP group passes its own; each call returns that DP group's completions on
+  every rank of the group. An empty share is allowed (in lock-step mode the rank still joins).
 - Seeds: pass ``params.seed = seed + offset * n`` where ``offset`` is the index of the group's first
   prompt in the step's list (:func:`dp_share` returns it); prompt ``i`` then gets the same seed as in
   a single engine generating the whole list, so rollouts do not depend on ``dp``.
@@ -69,10 +69,18 @@ def engine_layout(tp_size: int) -> EngineLayout:
     return EngineLayout(rank, world, rank % tp_size, tp_size, rank // tp_size, world // tp_size)
 
 
-def colocated_engine_kwargs(tp_size: int, dp_size: int) -> dict:
-    """``vllm.LLM`` keyword arguments for one engine per TP group inside the torchrun processes."""
-    return {"tensor_parallel_size": int(tp_size), "data_parallel_size": int(dp_size),
-            "distributed_executor_backend": "external_launcher"}
+def colocated_engine_kwargs(tp_size: int, dp_size: int, *, lockstep: bool = False) -> dict:
+    """``vllm.LLM`` keyword arguments for one engine per TP group inside the torchrun processes.
+
+    Default: independent engines (vLLM's "external data parallelism": no ``data_parallel_size``; each
+    TP group's engine runs on its own, ``generate`` is collective over the TP group only).
+    ``lockstep=True``: vLLM's own data parallelism (``data_parallel_size=dp``): the DP engines step
+    together (one all-reduce per step, dummy steps for a group that finished), so every call is
+    collective over the world; measured slower on CPU (bench/README.md), kept as an option."""
+    kw = {"tensor_parallel_size": int(tp_size), "distributed_executor_backend": "external_launcher"}
+    if lockstep:
+        kw["data_parallel_size"] = int(dp_size)
+    return kw
 
 
 def check_layout(tp_size: int) -> EngineLayout:
@@ -85,6 +93,8 @@ def check_layout(tp_size: int) -> EngineLayout:
     from vllm.distributed import parallel_state as vps
 
     got = {"tp": list(vps.get_tp_group().ranks), "dp": list(vps.get_dp_group().ranks)}
+    if got["dp"] == [layout.rank] and got["tp"] == want["tp"]:
+        got["dp"] = want["dp"]  # vLLM's "external DP": independent engines, no data_parallel_size given
     if got != want:
         raise ValueError(f"vLLM's rank layout {got} on rank {layout.rank} is not the expected {want} "
                          "(tensor-parallel innermost); engine TP must equal learner TP")

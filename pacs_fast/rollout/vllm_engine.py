@@ -342,8 +342,8 @@ class VLLMEngine(RolloutEngine):
     def _join_data_parallel_steps(self) -> None:
         """A call with nothing to do on a data-parallel engine (colocated, ``data_parallel_size > 1``)
         still steps with the other DP groups until they finish (vLLM's DP engines step together)."""
-        if self.layout is None or self.layout.dp_size == 1:
-            return
+        if self._llm.llm_engine.vllm_config.parallel_config.data_parallel_size == 1:
+            return  # independent engines (or none colocated): nothing to join
         engine = self._llm.llm_engine
         while engine.has_unfinished_requests():
             engine.step()
