@@ -35,8 +35,8 @@ from pathlib import Path
 
 from pacs_fast.config import ATTENTIONS
 from pacs_fast.data.datasets import BENCHMARKS, Problem, load_benchmark, load_dataset
-from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, read_json,
-                                       write_text_atomic)
+from pacs_fast.evaluation.args import ArgumentParser, UsageError, check_ks, check_run_args, read_json
+from pacs_fast.files import write_text_atomic
 from pacs_fast.evaluation.report import markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, default_n, load_results, read_samples,
                                           results_from_samples, samples_path)

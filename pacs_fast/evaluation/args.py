@@ -103,16 +103,3 @@ def read_json(path: Path, what: str):
         raise UsageError(f"{path}: unreadable {what} ({e.msg} at line {e.lineno} column {e.colno})") from None
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Writes ``text`` to a temporary file next to ``path`` and renames it over ``path``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()

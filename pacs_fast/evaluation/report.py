@@ -1,12 +1,12 @@
 """The pass@k table (the paper's layout) and the pass@k curves plot."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from pacs_fast.data.datasets import DISPLAY_NAMES
 from pacs_fast.evaluation.results import recompute_pass_at_k
+from pacs_fast.files import write_atomic
 
 BENCHMARK_ORDER = ["math500", "amc23", "aime2024", "aime2025"]
 TABLE_KS = [1, 16, 256]
@@ -108,12 +108,8 @@ def plot_pass_at_k(results: list[dict[str, Any]], path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:  # written whole, then renamed over the old plot
-        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
-        os.replace(tmp, path)
+        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png"), fsync=False)
     finally:
         plt.close(fig)
-        if tmp.exists():
-            tmp.unlink()
     return path

@@ -202,20 +202,16 @@ class Learner(abc.ABC):
     def save_state(self, folder, *, is_writer: bool) -> None:
         """Writes :meth:`state_dict` to ``folder/learner.pt`` (atomically) when ``is_writer``.
         Collective in multi-process learners (each rank writes its own part there)."""
-        import os
         from pathlib import Path
+
+        from pacs_fast.files import write_atomic
 
         if not is_writer:
             return
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".learner.pt.tmp-{os.getpid()}"
-        try:
-            torch.save(self.state_dict(), tmp)
-            os.replace(tmp, folder / "learner.pt")
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        state = self.state_dict()
+        write_atomic(folder / "learner.pt", lambda tmp: torch.save(state, tmp))
 
     def load_state(self, folder) -> None:
         """Inverse of :meth:`save_state`."""

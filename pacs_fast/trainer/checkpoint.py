@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pacs_fast.trainer.run_folder import write_atomic
+from pacs_fast.files import write_text_atomic
 
 MANIFEST = "manifest.json"
 # Files of the input model folder that a checkpoint carries unchanged (the weights and config.json
@@ -123,7 +123,7 @@ def save_checkpoint(run_dir: str | Path, step: int, *, learner, model_dir: str |
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        write_atomic(ckpt_root / "latest", name + "\n")
+        write_text_atomic(ckpt_root / "latest", name + "\n")
         for old in sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     world.barrier()

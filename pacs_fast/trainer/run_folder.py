@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from pacs_fast.config import Config, load_config, parse_override, save_config, to_dict
+from pacs_fast.files import write_text_atomic
 
 # Keys a resumed run may change on its command line: they do not alter the trajectory up to the
 # checkpoint (train.steps extends or shortens the run; the others are logging / resources).
@@ -27,21 +28,6 @@ SAFE_RESUME_KEYS = frozenset({
     "train.keep_freed_memory", "rollout.gpu_memory_utilization",
 })
 CONFIG_FILE = "config.yaml"
-
-
-def write_atomic(path: str | Path, text: str) -> None:
-    """Writes ``text`` to ``path`` through a temporary file, fsync and ``os.replace``: a reader (or a
-    run killed mid-write) sees the old or the new file, never a cut one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def remove_dead_temporaries(folder: str | Path) -> list[Path]:
@@ -151,7 +137,7 @@ class RunFolder:
         self._samples.flush()
 
     def write_summary(self, summary: dict) -> None:
-        write_atomic(self.path / "summary.json", json.dumps(summary, indent=1))
+        write_text_atomic(self.path / "summary.json", json.dumps(summary, indent=1))
 
     def close(self) -> None:
         if self._samples is not None:

@@ -17,11 +17,12 @@ memory per rank is about two buckets (the gathered parts and the merged HF tenso
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Iterator
 
 import torch
+
+from pacs_fast.files import write_atomic
 
 from pacs_fast.learner.megatron.convert import gather_unit, hf_shapes, unit_rules
 
@@ -82,16 +83,6 @@ def iter_hf_buckets(model, hf_config, *, tp_group, tp_size: int, bucket_bytes: i
         del out
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 @torch.no_grad()
 def save_hf_folder(model, hf_config, folder, *, tp_group, tp_size: int, is_writer: bool,
                    participates: bool, bucket_bytes: int = 1 << 30, dtype=None,
@@ -122,18 +113,18 @@ def save_hf_folder(model, hf_config, folder, *, tp_group, tp_size: int, is_write
             continue
         name = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
         tensors = {k: v.contiguous() for k, v in bucket}
-        _atomic_write(folder / name, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+        write_atomic(folder / name, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
         weight_map.update(dict.fromkeys(tensors, name))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
     if not is_writer:
         return
     if n > 1:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        _atomic_write(folder / "model.safetensors.index.json",
+        write_atomic(folder / "model.safetensors.index.json",
                       lambda p: p.write_text(json.dumps(index, indent=2)))
     hf_config.save_pretrained(folder)
     for src in extra_files:
         src = Path(src)
         if src.is_file():
             data = src.read_bytes()
-            _atomic_write(folder / src.name, lambda p: p.write_bytes(data))
+            write_atomic(folder / src.name, lambda p: p.write_bytes(data))

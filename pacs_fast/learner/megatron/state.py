@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from pacs_fast.files import write_atomic
+
 FORMAT = "pacs_fast.megatron.shards/1"
 META = "learner_state.json"
 
@@ -51,16 +53,6 @@ def _collective_check(error: str | None) -> None:
         raise ValueError(e if r == dist.get_rank() else f"rank {r}: {e}")
 
 
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def _names(learner) -> list[str]:
     return [n for n, p in learner.model.named_parameters() if p.requires_grad]
 
@@ -77,7 +69,7 @@ def save_state(learner, folder, *, is_writer: bool) -> None:
             state = {"format": FORMAT, "tp_size": learner.tp_size, "tp_rank": learner.tp_rank,
                      "param_names": _names(learner), "optimizer": learner.optimizer.state_dict(),
                      "ref_model": ref, "steps": learner.steps}
-            _atomic_save(state, folder / shard_file(learner.tp_rank))
+            write_atomic(folder / shard_file(learner.tp_rank), lambda tmp: torch.save(state, tmp))
         if is_writer:
             folder.mkdir(parents=True, exist_ok=True)
             meta = {"format": FORMAT, "backend": "megatron", "tp_size": learner.tp_size,
