@@ -70,6 +70,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
                                     max_new_tokens=cfg.rollout.max_new_tokens, return_logprobs=True,
                                     seed=seed + offset * G)  # prompt i's seed does not depend on the layout
             comps = s.engine.generate([p["prompt_ids"] for p in problems], params)
+            s.engine.sleep()  # vLLM on CUDA frees its KV cache while the learner works (a no-op elsewhere)
             tm["time/rollout"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             rewards = s.scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
