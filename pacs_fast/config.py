@@ -164,6 +164,8 @@ class TrainConfig:
     progress: bool = _f(True, "rich progress display")
     plots: bool = _f(True, "PNG plots of the curves at the end")
     tensorboard: bool = _f(True, "TensorBoard event files")
+    log_samples: int = _f(4, "rollouts per step written to samples.jsonl and TensorBoard text (prompt, response, "
+                          "reward, score terms; 0 = none)")
 
 
 @dataclass
@@ -406,8 +408,8 @@ FLOAT_RANGES = (
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
     ("rollout.gpu_memory_utilization", 0.0, 1.0, False, True),
 )
-NONNEGATIVE_INTS = ("train.threads", "train.reward_workers", "train.eval_every", "train.save_every", "warmup.steps",
-                    "algo.reset_every", "data.eval_size")
+NONNEGATIVE_INTS = ("train.threads", "train.log_samples", "train.reward_workers", "train.eval_every",
+                    "train.save_every", "warmup.steps", "algo.reset_every")
 
 
 def _get(cfg: Config, key: str):
@@ -551,7 +553,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
                          f"per prompt), got {G}")
     for key in ("train.steps", "train.prompts_per_step", "learner.mini_batch_prompts",
                 "learner.micro_batch_prompts", "learner.epochs", "rollout.max_new_tokens", "rollout.eval_n",
-                "data.max_prompt_tokens", "learner.tp_size"):
+                "data.max_prompt_tokens", "learner.tp_size", "data.eval_size"):
         s, k = key.split(".")
         if getattr(getattr(cfg, s), k) < 1:
             raise ValueError(f"{key} must be >= 1, got {getattr(getattr(cfg, s), k)}")
@@ -567,6 +569,8 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if cfg.learner.backend == "megatron" and name == "ppo":
         raise ValueError("algo.name=ppo needs a value head, which learner.backend=megatron does not have; "
                          "use learner.backend=torch")
+    if not (cfg.algo.clip_c == 0 or 1 < cfg.algo.clip_c < float("inf")):  # NaN fails both
+        raise ValueError(f"algo.clip_c (dual clip) must be > 1 and finite, or 0 (off), got {cfg.algo.clip_c}")
     if cfg.algo.ref == "fixed" and name != "pacs":
         raise ValueError("algo.ref applies to algo.name=pacs; baselines use algo.kl_coef for a fixed reference")
     _validate_paths(cfg)
@@ -579,5 +583,3 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if cfg.model.tiny_hidden_size % 32:
         raise ValueError(f"model.tiny_hidden_size must be a multiple of 32 (head size 32), got "
                          f"{cfg.model.tiny_hidden_size}")
-    if not (cfg.algo.clip_c == 0 or 1 < cfg.algo.clip_c < float("inf")):  # NaN fails both
-        raise ValueError(f"algo.clip_c (dual clip) must be > 1 and finite, or 0 (off), got {cfg.algo.clip_c}")
