@@ -94,7 +94,8 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             # log (metrics of the data-parallel groups combined; samples of rank 0's group)
             tm["time/step"] = time.perf_counter() - t_step
             terms = getattr(learner, "last_terms", {})
-            record = step_record(batch, comps, lm, mismatch, terms, tm, epoch=s.sampler.epoch)
+            record = {**step_record(batch, comps, lm, mismatch, terms, tm, epoch=s.sampler.epoch),
+                      **getattr(s.scorer, "last", {})}  # label-noise and appeal statistics
             record = world.reduce_record(record)
             record["rollout/generating_ranks"] = world.count(any(len(c.token_ids) for cs in comps for c in cs))
             if s.logger:
