@@ -268,3 +268,22 @@ def test_checkpoints_carry_generation_config_and_tokenizer_unchanged_and_samples
         assert "+" in s["prompt"] and len(s["prompt"]) > 40  # the full prompt text, not only the problem
         assert {"response", "reward", "answer", "psi", "pred_reward"} <= set(s)
         assert 0 < s["pred_reward"] < 1
+
+
+def test_a_killed_warm_ups_temporary_folder_is_removed_and_a_live_ones_kept(tmp_path):
+    """Item 4: a warm-up killed mid-write leaves ``.tmp-<name>-<pid>`` in the model cache; the next run
+    removes it when that process is gone, and leaves a folder another running process is writing."""
+    import os
+    import subprocess
+    import sys
+
+    from pacs_fast.trainer.run_folder import remove_dead_temporaries
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f".tmp-abc-{gone.pid}"
+    live = tmp_path / f".tmp-abc-{os.getpid()}"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"partial")
+    assert remove_dead_temporaries(tmp_path) == [dead]
+    assert not dead.exists() and live.is_dir()
