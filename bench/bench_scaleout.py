@@ -100,19 +100,13 @@ def _sum(x: float) -> float:
 
 
 def make_batch(prompts, comps, rewards, G):
-    """Right-padded ``RolloutBatch`` from prompts and their G completions each."""
-    from pacs_fast.learner.base import RolloutBatch
+    """Right-padded ``RolloutBatch`` from prompts and their G completions each (the trainer's own
+    :func:`pacs_fast.trainer.batch.build_batch`, pad id 0)."""
+    from pacs_fast.trainer.batch import build_batch
 
-    rows = [(p, c.token_ids) for p, cs in zip(prompts, comps) for c in cs]
-    T = max(len(p) + len(r) for p, r in rows)
-    ids = torch.zeros(len(rows), T, dtype=torch.long)
-    am = torch.zeros(len(rows), T, dtype=torch.long)
-    rm = torch.zeros(len(rows), T)
-    for b, (p, r) in enumerate(rows):
-        ids[b, :len(p) + len(r)] = torch.tensor(p + r)
-        am[b, :len(p) + len(r)] = 1
-        rm[b, len(p):len(p) + len(r)] = 1
-    return RolloutBatch(input_ids=ids, attention_mask=am, response_mask=rm, rewards=rewards, group_size=G)
+    assert all(len(cs) == G for cs in comps)
+    return build_batch(prompts, [[c.token_ids for c in cs] for cs in comps], torch.as_tensor(rewards).tolist(),
+                       pad_id=0)
 
 
 def worker_throughput(a) -> dict:
