@@ -167,8 +167,12 @@ def test_logits_in_the_hundreds_give_fp32_autograd_exact_gradients(seed, small_b
     """Rows whose logits are ~300 (exact in fp32: hidden = e_0, weight[:, 0] = the logits, so the
     GEMM adds nothing): the saved state keeps m and log s apart, so the gradients are as exact as
     plain fp32 autograd (measured <= 3.3e-7 of the largest dW entry; one fp32 lse = m + log s,
-    rounded to ulp(300) = 3e-5, gave ~1e-5). dh = dz @ W sums terms ~300 that cancel to ~1:
-    held to 2x fp32 autograd's own error there."""
+    rounded to ulp(300) = 3e-5, gave ~1e-5). dh = dz @ W sums terms ~300 that cancel to ~1, so
+    its error is set by the conditioning, not by the result: each dz_v carries a few ulps of
+    relative rounding and the V-term sum adds more, so |error| <= c * eps32 * (|dz| @ |W|)
+    elementwise. Over 300 draws c was <= 16 for this op and <= 23 for plain fp32 autograd;
+    held to c = 64. (Comparing with autograd's own error on the same draw flaked: that error
+    is itself random and was 2.4x smaller than ours on one CI draw.)"""
     n, h, v = 8, 16, 200
     logits = 300 + torch.randn(v) * 2
     hidden = torch.zeros(n, h)
@@ -185,12 +189,15 @@ def test_logits_in_the_hundreds_give_fp32_autograd_exact_gradients(seed, small_b
     hd, wd = hidden.double().requires_grad_(), weight.double().requires_grad_()
     rl, re = reference(hd, wd, None, labels, 1.0)
     ((rl * gl.double()).sum() + (re * gh.double()).sum()).backward()
-    auto = fp32_autograd_grads(hidden, weight, None, labels, 1.0, True, gl, gh)
     err_w = (ww.grad.double() - wd.grad).abs().max().item()
     assert err_w <= 2e-6 * wd.grad.abs().max().item(), err_w
-    err_h = (hh.grad.double() - hd.grad).abs().max().item()
-    err_h_auto = (auto[0].double() - hd.grad).abs().max().item()
-    assert err_h <= 2 * err_h_auto + 1e-6 * hd.grad.abs().max().item(), (err_h, err_h_auto)
+    z = (hidden.double() @ weight.double().T).requires_grad_()  # the float64 dlogits
+    lsm = torch.log_softmax(z, -1)
+    ((lsm.gather(-1, labels[:, None]).squeeze(-1) * gl.double()).sum()
+     - ((lsm.exp() * lsm).sum(-1) * gh.double()).sum()).backward()
+    conditioning = z.grad.abs() @ weight.double().abs()  # (N, H): sum_v |dz_v| |W_v|
+    ratio = ((hh.grad.double() - hd.grad).abs() / conditioning).max().item() / 2.0 ** -24
+    assert ratio <= 64, ratio
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
