@@ -113,7 +113,9 @@ class AlgoConfig:
                        "seq-mean-token-mean | seq-mean-token-sum-norm (mean over sequences of token sums / "
                        "max_new_tokens: Dr. GRPO, verl >= 0.7.1) | token-sum | token-sum-norm (token-sum / "
                        "max_new_tokens: verl <= 0.7.0's seq-mean-token-sum-norm)")
-    gamma: float = _f(1.0, "ppo: discount")
+    gamma: float = _f(1.0, "ppo: discount; also the discount of algo.credit=sum")
+    credit: str = _f("min", "process rewards (reward.step_rewards): min (PURE's min-form: a step's return is the "
+                     "lowest step reward from it on) | sum (the summation form, discounted by algo.gamma)")
     lam: float = _f(0.95, "ppo: GAE lambda")
     vf_coef: float = _f(0.5, "ppo: value-loss coefficient")
     value_clip: float = _f(0.2, "ppo: value clipping range (0 = off)")
@@ -177,6 +179,12 @@ class RewardConfig:
                      "responses the verifier rejected (the 'appeal'); empty = none")
     fn_rate: str = _f("fixed", "fixed (algo.noise_rho1 as given) | appeal (estimate the false-negative rate online "
                       "from the appeal and write it into algo.noise_rho1 every step)")
+    step_rewards: str = _f("", "'module:function' (prompts, steps, answers) -> one reward per step of each response: "
+                           "process rewards (e.g. a PRM's scores), credited by algo.credit; needs algo.name=rloo; "
+                           "empty = outcome rewards only (pacs_fast/trainer/step_credit.py)")
+    step_split: str = _f("\n\n", "process rewards: a step ends with the token that completes this delimiter")
+    outcome_weight: float = _f(1.0, "process rewards: weight of the verifier's reward added to every step's return "
+                               "(PURE's PRM + VR; 0 = process rewards only)")
 
 
 @dataclass
@@ -406,7 +414,7 @@ FLOAT_RANGES = (
     ("algo.vf_coef", 0.0, None, True, None), ("algo.value_clip", 0.0, None, True, None),
     ("rollout.temperature", 0.0, None, False, None), ("rollout.eval_temperature", 0.0, None, True, None),
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
-    ("rollout.gpu_memory_utilization", 0.0, 1.0, False, True),
+    ("rollout.gpu_memory_utilization", 0.0, 1.0, False, True), ("reward.outcome_weight", 0.0, None, True, None),
 )
 NONNEGATIVE_INTS = ("train.threads", "train.log_samples", "train.reward_workers", "train.eval_every",
                     "train.save_every", "warmup.steps", "algo.reset_every")
@@ -519,6 +527,18 @@ def _validate_efficacy(cfg: Config) -> None:
     if cfg.algo.noise_correction != "none" and cfg.algo.name == "ppo":
         raise ValueError("algo.noise_correction applies to pacs, grpo, rloo and dr_grpo (ppo's rewards go "
                          "through GAE; not supported)")
+    _choice("algo.credit", cfg.algo.credit, ("min", "sum"))
+    if cfg.reward.step_rewards:
+        if ":" not in cfg.reward.step_rewards:
+            raise ValueError(f"reward.step_rewards must look like 'module:function', got {cfg.reward.step_rewards!r}")
+        if cfg.algo.name != "rloo":
+            raise ValueError(f"reward.step_rewards (process rewards) needs algo.name=rloo (PURE's leave-one-out "
+                             f"advantages), got algo.name={cfg.algo.name}")
+        if cfg.algo.noise_correction != "none":
+            raise ValueError("reward.step_rewards cannot be combined with algo.noise_correction (the correction "
+                             "applies to outcome-only rewards)")
+        if not cfg.reward.step_split:
+            raise ValueError("reward.step_split must not be empty (it marks where a step ends)")
 
 
 def validate(cfg: Config, *, world: int | None = None) -> None:

@@ -80,3 +80,12 @@ def test_bad_input():
         process_advantages(R, M, 3)
     with pytest.raises(ValueError, match="temperature"):
         softmin_transform(R, M, temperature=0)
+
+
+def test_outcome_added_to_every_step_by_hand():
+    # outcome R = [1, 0], weight 0.5: returns + 0.5 R on real steps; baselines the other row's G_0
+    adv = process_advantages(R, M, 2, form="min", outcome=torch.tensor([1.0, 0.0]), outcome_weight=0.5)
+    expected = torch.tensor([[0.7 - 0.5, 0.7 - 0.5, 1.2 - 0.5], [0.5 - 0.7, 0.8 - 0.7, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(adv, expected, rtol=0, atol=1e-15)
+    with pytest.raises(ValueError, match=r"outcome must be \[2\]"):
+        process_advantages(R, M, 2, outcome=torch.ones(3))

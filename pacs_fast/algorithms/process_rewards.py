@@ -71,14 +71,23 @@ def softmin_transform(step_rewards: torch.Tensor, step_mask: torch.Tensor, tempe
 
 @torch.no_grad()
 def process_advantages(step_rewards: torch.Tensor, step_mask: torch.Tensor, group_size: int, *,
-                       form: str = "min", gamma: float = 1.0) -> torch.Tensor:
+                       form: str = "min", gamma: float = 1.0, outcome: torch.Tensor | None = None,
+                       outcome_weight: float = 1.0) -> torch.Tensor:
     """Step advantages ``[B, K]``: the step's return (``form``: min | sum) minus a leave-one-out
     baseline, the mean first-step return ``G[., 0]`` of the other responses in the group (0 on padding).
-    With ``group_size = 1`` there is no baseline (the returns themselves)."""
+    With ``group_size = 1`` there is no baseline (the returns themselves).
+
+    ``outcome`` ``[B]`` (e.g. the verifier's 0/1 reward, PURE's "PRM + VR"): ``outcome_weight *
+    outcome[b]`` is added to every step's return of response ``b`` (also inside the baseline), so
+    a step's value is its process return plus the response's final reward."""
     if form not in CREDIT_FORMS:
         raise ValueError(f"form must be one of {', '.join(CREDIT_FORMS)}; got {form!r}")
     G = min_form_returns(step_rewards, step_mask) if form == "min" else sum_form_returns(step_rewards, step_mask, gamma)
     B = G.shape[0]
+    if outcome is not None:
+        if tuple(outcome.shape) != (B,):
+            raise ValueError(f"outcome must be [{B}] (one per response), got {tuple(outcome.shape)}")
+        G = torch.where(step_mask.bool(), G + outcome_weight * outcome.to(G.dtype)[:, None], torch.zeros_like(G))
     if group_size < 1 or B % group_size:
         raise ValueError(f"group_size={group_size} must divide the {B} rows")
     if group_size == 1:

@@ -50,7 +50,8 @@ class RolloutBatch:
         left ``None`` for a learner with :attr:`Learner.fuses_old_logprobs`, whose ``update`` fills it).
     old_entropy: ``[B, T]`` fp32 entropies of that policy (0 off the response; a metric).
     ref_logp: ``[B, T]`` fp32 log-probs of the reference policy (PACS ``ref``; KL of the baselines).
-    old_values, advantages, returns: ``[B, T]`` fp32 (PPO only).
+    old_values, returns: ``[B, T]`` fp32 (PPO only). advantages: ``[B, T]`` fp32 per-token advantages
+        (PPO's GAE; process-reward credit for the baselines); None = outcome advantages from ``rewards``.
     """
 
     input_ids: torch.Tensor
@@ -337,13 +338,14 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
         kw = dict(clip_low=algo.clip_low, clip_high=algo.clip_high, clip_c=algo.clip_c or None, loss_agg_mode=agg,
                   horizon=float(horizon), global_count=global_count, logp_ref=micro.ref_logp,
                   kl_coef=algo.kl_coef)
-        if algo.name == "ppo":
+        if micro.advantages is not None:  # per-token: PPO's GAE, or process-reward credit (trainer/step_credit.py)
             loss, pm = policy_loss(logp, micro.old_logp, micro.advantages, mask, **kw)
-            vloss, vm = value_loss(values, micro.old_values, micro.returns, mask,
-                                   clip_range=algo.value_clip or None, loss_agg_mode=agg,
-                                   horizon=float(horizon), global_count=global_count)
-            loss = loss + algo.vf_coef * vloss
-            pm.update(vm)
+            if algo.name == "ppo":
+                vloss, vm = value_loss(values, micro.old_values, micro.returns, mask,
+                                       clip_range=algo.value_clip or None, loss_agg_mode=agg,
+                                       horizon=float(horizon), global_count=global_count)
+                loss = loss + algo.vf_coef * vloss
+                pm.update(vm)
         else:
             rewards = micro.rewards
             if getattr(algo, "noise_correction", "none") != "none":  # noisy verifier (algorithms/noisy_labels.py)

@@ -78,9 +78,11 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             tm["time/reward"] = time.perf_counter() - t0
 
             # learn, then load the new weights into the engine
-            prompt_ids = [p["prompt_ids"] for p in problems]
-            batch = build_batch(prompt_ids, [[c.token_ids for c in cs] for cs in comps], rewards,
+            prompt_ids, responses = [p["prompt_ids"] for p in problems], [[c.token_ids for c in cs] for cs in comps]
+            batch = build_batch(prompt_ids, responses, rewards,
                                 pad_id=s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0)
+            if s.credit:  # process rewards: per-token advantages (PURE's min-form or the summation form)
+                batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)
             diagnostic = step in (1, cfg.train.steps) or bool(cfg.train.eval_every and step % cfg.train.eval_every == 0)
             try:
                 lm, mismatch = learn(cfg, learner, batch, prompt_ids, comps, seed=seed, diagnostic=diagnostic, timings=tm)
@@ -95,7 +97,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             tm["time/step"] = time.perf_counter() - t_step
             terms = getattr(learner, "last_terms", {})
             record = {**step_record(batch, comps, lm, mismatch, terms, tm, epoch=s.sampler.epoch),
-                      **getattr(s.scorer, "last", {})}  # label-noise and appeal statistics
+                      **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {})}
             record = world.reduce_record(record)
             record["rollout/generating_ranks"] = world.count(any(len(c.token_ids) for cs in comps for c in cs))
             if s.logger:

@@ -21,16 +21,25 @@ import importlib
 import numpy as np
 
 
-def load_appeal(spec: str):
-    """The callable named by ``"module:function"`` (clear error when it cannot be imported)."""
+def load_callable(spec: str, key: str):
+    """The callable named by ``spec = "module:function"`` (the config key ``key``, e.g.
+    ``reward.appeal``); a ValueError naming the key when it cannot be imported."""
     module, _, name = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"reward.appeal={spec!r} cannot be loaded: {e}") from e
+        raise ValueError(f"{key}={spec!r} cannot be loaded: {e}") from e
     if not callable(fn):
-        raise ValueError(f"reward.appeal={spec!r} is not callable")
+        raise ValueError(f"{key}={spec!r} is not callable")
     return fn
+
+
+def check_callables(cfg) -> None:
+    """Imports the user functions the config names (before any model is loaded)."""
+    rc = getattr(cfg, "reward", None)
+    for key in ("appeal", "step_rewards"):
+        if rc is not None and getattr(rc, key, ""):
+            load_callable(getattr(rc, key), f"reward.{key}")
 
 
 def flip_labels(rewards: list[float], *, fp: float, fn: float, seed: int, step: int) -> list[float]:
@@ -57,7 +66,7 @@ class Scorer:
         if rc is None:
             return cls(cfg.train.reward_workers)
         return cls(cfg.train.reward_workers, noise_fp=rc.noise_fp, noise_fn=rc.noise_fn, seed=cfg.train.seed,
-                   appeal=load_appeal(rc.appeal) if rc.appeal else None,
+                   appeal=load_callable(rc.appeal, "reward.appeal") if rc.appeal else None,
                    algo=cfg.algo if rc.fn_rate == "appeal" else None)
 
     def __init__(self, workers: int, *, noise_fp: float = 0.0, noise_fn: float = 0.0, seed: int = 0,

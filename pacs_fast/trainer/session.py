@@ -24,9 +24,10 @@ from pacs_fast.trainer.evaluation import evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
 from pacs_fast.trainer.problems import encode, load_problems
-from pacs_fast.trainer.rewards import Scorer
+from pacs_fast.trainer.rewards import Scorer, check_callables
 from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir, remove_dead_temporaries
 from pacs_fast.trainer.sampler import PromptSampler
+from pacs_fast.trainer.step_credit import StepCredit
 
 
 class SetupError(ValueError):
@@ -48,6 +49,7 @@ class Session:
     train_problems: list[dict]
     held_out: list[dict]
     progress: Progress
+    credit: StepCredit | None = None  # process rewards (reward.step_rewards), else None
     folder: RunFolder | None = None  # rank 0 only
     logger: MetricsLogger | None = None  # rank 0 only
     start_step: int = 0
@@ -73,6 +75,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
     try:
         validate(cfg)
         check_installed(cfg)
+        check_callables(cfg)  # reward.appeal / reward.step_rewards import before any model work
         if not resume:
             check_new_run_dir(run_dir)
         quiet_warnings(cfg, is_main=True)  # megatron's import-time notes
@@ -113,7 +116,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
     s = Session(cfg=cfg, world=world, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer,
                 learner=learner, engine=engine, sync=sync, scorer=Scorer.from_config(cfg),
                 sampler=PromptSampler(len(train_problems), seed=cfg.train.seed, shuffle=cfg.data.shuffle),
-                train_problems=train_problems, held_out=held_out, progress=progress, folder=folder, timings=timings)
+                train_problems=train_problems, held_out=held_out, progress=progress, folder=folder, timings=timings,
+                credit=StepCredit.from_config(cfg, tokenizer))
     state = {}
     if resume:
         try:

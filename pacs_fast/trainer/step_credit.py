@@ -1,0 +1,134 @@
+"""Process (step-level) rewards in the trainer: PURE's min-form credit assignment, or the summation form.
+
+Set ``reward.step_rewards = "module:function"`` (with ``algo.name=rloo``). Every training step the
+trainer cuts each response into steps and calls the function once for its data-parallel group's
+share of the step::
+
+    function(prompts: list[str], steps: list[list[str]], answers: list[str]) -> list[list[float]]
+
+``prompts[b]``: the text the model was prompted with (chat template included), ``steps[b]``:
+response ``b``'s steps in order, ``answers[b]``: the problem's reference answer; one entry per
+response (``G`` consecutive entries share a prompt). It returns one finite reward per step (a
+process reward model's scores, or any rule).
+
+Steps: a step ends with the token that completes an occurrence of ``reward.step_split`` (default
+``"\\n\\n"``); what follows the last delimiter is the last step. A step's text is the decode of its
+tokens, so a multi-byte character split across tokens is never cut.
+
+Advantages (``[B, T]`` per token, :func:`pacs_fast.algorithms.process_rewards.process_advantages`):
+a token of step ``k`` of response ``b`` gets
+
+    (G_k + w R_b)  -  mean over the group's other responses b' of (G'_0 + w R_b')
+
+with ``G_k = min_{j >= k} r_j`` (``algo.credit=min``, PURE) or ``sum_{j >= k} gamma^(j-k) r_j``
+(``algo.credit=sum``, ``algo.gamma``), ``R`` the verifier's reward and ``w =
+reward.outcome_weight`` (PURE's "PRM + VR"; 0 = process rewards only). They replace RLOO's outcome
+advantage in the clipped policy loss (:func:`pacs_fast.learner.base.objective`). With ``w > 0``
+and every step reward 0 the advantages are exactly RLOO's.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+
+import torch
+
+from pacs_fast.algorithms.process_rewards import process_advantages, token_advantages
+from pacs_fast.learner.base import RolloutBatch
+from pacs_fast.trainer.rewards import load_callable
+
+
+def step_ends(pieces: list[str], delimiter: str) -> list[int]:
+    """Token index one past the end of each step of a response whose tokens decode to ``pieces``
+    (one string per token): a step ends with the token holding the last character of an
+    occurrence of ``delimiter``; the tokens after the last such token are the last step. A
+    response without tokens is one empty step (``[0]``)."""
+    n = len(pieces)
+    text = "".join(pieces)
+    ends_chars = list(_cumulative(pieces))
+    out: list[int] = []
+    at = text.find(delimiter)
+    while at >= 0:
+        last_char = at + len(delimiter) - 1
+        end = bisect.bisect_right(ends_chars, last_char) + 1  # the token holding last_char, + 1
+        if not out or end > out[-1]:
+            out.append(end)
+        at = text.find(delimiter, at + len(delimiter))
+    if not out or out[-1] < n:
+        out.append(n)
+    return out
+
+
+def _cumulative(pieces):
+    total = 0
+    for p in pieces:
+        total += len(p)
+        yield total
+
+
+class StepCredit:
+    """Token advantages from the user's step rewards (see the module docstring)."""
+
+    @classmethod
+    def from_config(cls, cfg, tokenizer) -> "StepCredit | None":
+        rc = cfg.reward
+        if not rc.step_rewards:
+            return None
+        return cls(load_callable(rc.step_rewards, "reward.step_rewards"), tokenizer, split=rc.step_split,
+                   form=cfg.algo.credit, gamma=cfg.algo.gamma, outcome_weight=rc.outcome_weight)
+
+    def __init__(self, fn, tokenizer, *, split: str = "\n\n", form: str = "min", gamma: float = 1.0,
+                 outcome_weight: float = 1.0):
+        self.fn, self.tokenizer = fn, tokenizer
+        self.split, self.form, self.gamma, self.outcome_weight = split, form, float(gamma), float(outcome_weight)
+        self._piece: dict[int, str] = {}  # token id -> its text alone (a vocabulary-sized cache at most)
+        self.last: dict[str, float] = {}
+
+    def _decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        for t in ids:
+            if t not in self._piece:
+                self._piece[t] = self._decode([t])
+        return [self._piece[t] for t in ids]
+
+    def split_steps(self, ids: list[int]) -> tuple[list[int], list[str]]:
+        """``(ends, texts)``: each step's end (token index, exclusive) and text."""
+        ends = step_ends(self.pieces(ids), self.split)
+        return ends, [self._decode(ids[a:b]) for a, b in zip([0] + ends[:-1], ends)]
+
+    def advantages(self, prompt_ids: list[list[int]], responses: list[list[list[int]]], answers: list[str],
+                   batch: RolloutBatch) -> torch.Tensor:
+        """``[B, T]`` float32 token advantages for ``batch`` (built by
+        :func:`pacs_fast.trainer.batch.build_batch` from the same ``prompt_ids`` / ``responses``);
+        ``answers``: one per prompt."""
+        G = batch.group_size
+        rows = [(i, r) for i, group in enumerate(responses) for r in group]
+        split = [self.split_steps(list(r)) for _, r in rows]
+        prompts = [self.tokenizer.decode(list(p)) for p in prompt_ids]  # special tokens kept: the chat template
+        got = self.fn([prompts[i] for i, _ in rows], [texts for _, texts in split], [answers[i] for i, _ in rows])
+        got = list(got)
+        if len(got) != len(rows):
+            raise ValueError(f"reward.step_rewards returned {len(got)} lists for {len(rows)} responses")
+        K = max(len(ends) for ends, _ in split)
+        rewards = torch.zeros(len(rows), K, dtype=torch.float64)
+        mask = torch.zeros(len(rows), K, dtype=torch.bool)
+        end_cols = torch.zeros(len(rows), K, dtype=torch.long)
+        for b, ((i, _), (ends, _), r) in enumerate(zip(rows, split, got)):
+            r = [float(x) for x in r]
+            if len(r) != len(ends):
+                raise ValueError(f"reward.step_rewards returned {len(r)} rewards for response {b}, which has "
+                                 f"{len(ends)} steps")
+            if not all(math.isfinite(x) for x in r):
+                raise ValueError(f"reward.step_rewards returned a non-finite reward for response {b}: {r}")
+            rewards[b, :len(r)] = torch.tensor(r, dtype=torch.float64)
+            mask[b, :len(r)] = True
+            end_cols[b, :len(r)] = len(prompt_ids[i]) + torch.tensor(ends)
+        adv = process_advantages(rewards, mask, G, form=self.form, gamma=self.gamma,
+                                 outcome=batch.rewards.double() if self.outcome_weight else None,
+                                 outcome_weight=self.outcome_weight)
+        self.last = {"process/steps_mean": float(mask.sum(1).double().mean()),
+                     "process/step_reward_mean": float(rewards[mask].mean()),
+                     "process/min_step_reward_mean": float(torch.where(mask, rewards, math.inf).min(1).values.mean())}
+        return token_advantages(adv, end_cols, mask, batch.response_mask).float()
