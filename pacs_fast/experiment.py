@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from pacs_fast.experiment_results import _write, bootstrap_ci, report, table  # noqa: F401 (the runner's API)
 
 PRESETS = {
     "pacs": ["algo.name=pacs"],
@@ -241,122 +241,6 @@ def run_all(jobs: list[Job], config: str | None, *, workers: int, threads: int, 
             log(f"[{time.strftime('%H:%M:%S')}] start {job.arm.name} seed {job.seed} ({state})")
         time.sleep(0.5)
     return counts
-
-
-# ----------------------------------------------------------------------------- results
-def eval_curve(run_dir: Path) -> list[tuple[int, float]]:
-    from pacs_fast.trainer.metrics import read_jsonl
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [(int(r["step"]), float(r["eval/acc"])) for r in read_jsonl(path) if r.get("kind") == "eval"]
-
-
-def bootstrap_ci(diffs: np.ndarray, *, n: int = 10_000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``diffs`` (resampling seeds)."""
-    if len(diffs) < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = diffs[rng.integers(0, len(diffs), size=(n, len(diffs)))].mean(1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
-
-
-def collect(jobs: list[Job]) -> dict:
-    """Per arm and seed: step-0, final and best held-out accuracy and the curve (finished runs only)."""
-    res: dict = {}
-    for job in jobs:
-        if not (job.run_dir / "summary.json").is_file():
-            continue
-        curve = eval_curve(job.run_dir)
-        if not curve:
-            continue
-        summary = json.loads((job.run_dir / "summary.json").read_text())
-        res.setdefault(job.arm.name, {})[job.seed] = {
-            "start": curve[0][1], "final": curve[-1][1], "best": max(a for _, a in curve[1:] or curve),
-            "curve": curve, "wall_time_s": summary.get("wall_time_s")}
-    return res
-
-
-def _fmt(m, s):
-    return f"{m:.3f} ± {s:.3f}"
-
-
-def table(res: dict, arms: list[Arm], baseline: str | None) -> tuple[str, dict]:
-    lines = ["| arm | seeds | step 0 | final | best | final − " + (baseline or "—") + " (95% CI) | best − "
-             + (baseline or "—") + " (95% CI) |", "|---|---|---|---|---|---|---|"]
-    stats: dict = {}
-    base = res.get(baseline, {}) if baseline else {}
-    for arm in arms:
-        runs = res.get(arm.name, {})
-        if not runs:
-            lines.append(f"| {arm.name} | 0 | | | | | |")
-            continue
-        row = {k: np.array([runs[s][k] for s in sorted(runs)]) for k in ("start", "final", "best")}
-        st = {k: (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0) for k, v in row.items()}
-        cells = [arm.name, str(len(runs)), _fmt(*st["start"]), _fmt(*st["final"]), _fmt(*st["best"])]
-        entry = {"seeds": sorted(runs), **{k: {"mean": m, "std": s, "per_seed": row[k].tolist()}
-                                           for k, (m, s) in st.items()}}
-        for k in ("final", "best"):
-            common = sorted(set(runs) & set(base))
-            if baseline and arm.name != baseline and common:
-                d = np.array([runs[s][k] - base[s][k] for s in common])
-                lo, hi = bootstrap_ci(d)
-                cells.append(f"{d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] (n={len(d)})")
-                entry[f"{k}_minus_{baseline}"] = {"mean": float(d.mean()), "ci95": [lo, hi],
-                                                  "per_seed": d.tolist(), "seeds": common}
-            else:
-                cells.append("")
-        stats[arm.name] = entry
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines), stats
-
-
-def plot(res: dict, arms: list[Arm], path: Path, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=80)
-    for arm in arms:
-        runs = res.get(arm.name, {})
-        curves = [dict(r["curve"]) for r in runs.values()]
-        steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
-        if not steps:
-            continue
-        acc = np.array([[c[s] for s in steps] for c in curves])
-        m, sd = acc.mean(0), acc.std(0, ddof=1) if len(acc) > 1 else np.zeros(len(steps))
-        line, = ax.plot(steps, m, label=f"{arm.name} (n={len(acc)})")
-        ax.fill_between(steps, m - sd, m + sd, alpha=0.15, color=line.get_color())
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("held-out accuracy (sampled)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def report(jobs: list[Job], arms: list[Arm], baseline: str | None, out: Path, header: str) -> str:
-    res = collect(jobs)
-    text, stats = table(res, arms, baseline)
-    md = (f"{header}\n\nHeld-out sampled accuracy (mean ± std over seeds; differences paired by seed, "
-          f"percentile bootstrap over seeds, 10,000 resamples).\n\n{text}\n")
-    _write(out / "results.md", md)
-    _write(out / "results.json", json.dumps({"stats": stats, "runs": {a: {str(s): r for s, r in v.items()}
-                                                                       for a, v in res.items()}}, indent=1))
-    if res:
-        plot(res, arms, out / "curves.png", header.splitlines()[0].lstrip("# "))
-    return md
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -50,6 +50,16 @@ def test_table_pairs_by_seed():
     assert "+0.150" in text
 
 
+def test_second_table_pairs_greedy_and_pass_n():
+    mk = lambda g, p: {"start": 0.1, "final": 0.2, "best": 0.2, "greedy": g, "pass_n": p}  # noqa: E731
+    res = {"a": {0: mk(0.5, 0.9), 1: mk(0.6, 0.8)}, "b": {0: mk(0.4, 0.7), 1: mk(0.4, 0.9)}}
+    text, stats = ex.table(res, [ex.Arm("a", []), ex.Arm("b", [])], "b", ("greedy", "pass_n"))
+    assert stats["a"]["greedy_minus_b"]["per_seed"] == pytest.approx([0.1, 0.2])
+    assert stats["a"]["pass_n_minus_b"]["per_seed"] == pytest.approx([0.2, -0.1])
+    assert text.splitlines()[0] == "| arm | seeds | greedy (final) | pass@n (final) | greedy − b (95% CI) | pass@n − b (95% CI) |"
+    assert "+0.150" in text and "+0.050" in text
+
+
 def test_runner_end_to_end(tmp_path, capsys):
     out = tmp_path / "exp"
     common = ["--out", str(out), "--arms", "pacs,grpo", "--seeds", "0-1", "--baseline", "grpo", "--workers", "2",
@@ -61,6 +71,7 @@ def test_runner_end_to_end(tmp_path, capsys):
     assert len(res["stats"]["pacs"]["final_minus_grpo"]["per_seed"]) == 2
     assert (out / "curves.png").stat().st_size > 1000
     assert "| pacs | 2 |" in (out / "results.md").read_text()
+    assert "pass@n − grpo" in (out / "results.md").read_text() and "greedy" in res["stats"]["pacs"]
     capsys.readouterr()
 
     # a killed run (summary and last checkpoint gone) is resumed; one with no checkpoint restarts;

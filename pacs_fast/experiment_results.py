@@ -1,0 +1,151 @@
+"""The experiment runner's results: per arm and seed the held-out accuracy of every finished run,
+paired differences against a baseline arm with percentile-bootstrap intervals over seeds, the
+tables of ``results.md`` / ``results.json`` and the curves of ``curves.png``.
+
+Main table: sampled held-out accuracy (``eval/acc``) at step 0, at the end (*final*) and the highest
+evaluation after step 0 (*best*, optimistic by construction). Second table: the final greedy
+accuracy (``eval/greedy_acc``) and pass@n (``eval/pass@n``, n = ``rollout.eval_n``), also paired.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+def eval_records(run_dir: Path) -> list[dict]:
+    """The run's ``eval`` records of ``metrics.jsonl`` (step 0 first)."""
+    from pacs_fast.trainer.metrics import read_jsonl
+    path = run_dir / "metrics.jsonl"
+    return [r for r in read_jsonl(path) if r.get("kind") == "eval"] if path.is_file() else []
+
+
+def eval_curve(run_dir: Path) -> list[tuple[int, float]]:
+    return [(int(r["step"]), float(r["eval/acc"])) for r in eval_records(run_dir)]
+
+
+def bootstrap_ci(diffs: np.ndarray, *, n: int = 10_000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``diffs`` (resampling seeds)."""
+    if len(diffs) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = diffs[rng.integers(0, len(diffs), size=(n, len(diffs)))].mean(1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def collect(jobs: list) -> dict:
+    """Per arm and seed: step-0, final and best held-out accuracy, final greedy accuracy and
+    pass@n, and the curve (finished runs only)."""
+    res: dict = {}
+    for job in jobs:
+        if not (job.run_dir / "summary.json").is_file():
+            continue
+        records = eval_records(job.run_dir)
+        if not records:
+            continue
+        curve = [(int(r["step"]), float(r["eval/acc"])) for r in records]
+        summary = json.loads((job.run_dir / "summary.json").read_text())
+        res.setdefault(job.arm.name, {})[job.seed] = {
+            "start": curve[0][1], "final": curve[-1][1], "best": max(a for _, a in curve[1:] or curve),
+            "greedy": records[-1].get("eval/greedy_acc", float("nan")),
+            "pass_n": records[-1].get("eval/pass@n", float("nan")),
+            "curve": curve, "wall_time_s": summary.get("wall_time_s")}
+    return res
+
+
+def _fmt(m, s):
+    return f"{m:.3f} ± {s:.3f}"
+
+
+MAIN = ("start", "final", "best")
+FINAL_OTHER = ("greedy", "pass_n")
+NAMES = {"start": "step 0", "final": "final", "best": "best", "greedy": "greedy (final)", "pass_n": "pass@n (final)"}
+
+
+def table(res: dict, arms: list, baseline: str | None, keys: tuple = MAIN) -> tuple[str, dict]:
+    """Markdown table of ``keys`` (mean ± std over seeds) and, for every key but ``start``, the
+    paired difference to ``baseline``; and the same numbers as a dict."""
+    paired = [k for k in keys if k != "start"]
+    b = baseline or "—"
+    lines = ["| arm | seeds | " + " | ".join(NAMES[k] for k in keys) + " | "
+             + " | ".join(f"{NAMES[k].split(' ')[0]} − {b} (95% CI)" for k in paired) + " |",
+             "|---|---|" + "---|" * (len(keys) + len(paired))]
+    stats: dict = {}
+    base = res.get(baseline, {}) if baseline else {}
+    for arm in arms:
+        runs = res.get(arm.name, {})
+        if not runs:
+            lines.append(f"| {arm.name} | 0 |" + " |" * (len(keys) + len(paired)))
+            continue
+        row = {k: np.array([runs[s].get(k, np.nan) for s in sorted(runs)], dtype=float) for k in keys}
+        st = {k: (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0) for k, v in row.items()}
+        cells = [arm.name, str(len(runs))] + [_fmt(*st[k]) for k in keys]
+        entry = {"seeds": sorted(runs), **{k: {"mean": m, "std": s, "per_seed": row[k].tolist()}
+                                           for k, (m, s) in st.items()}}
+        for k in paired:
+            common = sorted(set(runs) & set(base))
+            if baseline and arm.name != baseline and common:
+                d = np.array([runs[s].get(k, np.nan) - base[s].get(k, np.nan) for s in common])
+                lo, hi = bootstrap_ci(d)
+                cells.append(f"{d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] (n={len(d)})")
+                entry[f"{k}_minus_{baseline}"] = {"mean": float(d.mean()), "ci95": [lo, hi],
+                                                  "per_seed": d.tolist(), "seeds": common}
+            else:
+                cells.append("")
+        stats[arm.name] = entry
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines), stats
+
+
+def plot(res: dict, arms: list, path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=80)
+    for arm in arms:
+        runs = res.get(arm.name, {})
+        curves = [dict(r["curve"]) for r in runs.values()]
+        steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        if not steps:
+            continue
+        acc = np.array([[c[s] for s in steps] for c in curves])
+        m, sd = acc.mean(0), acc.std(0, ddof=1) if len(acc) > 1 else np.zeros(len(steps))
+        line, = ax.plot(steps, m, label=f"{arm.name} (n={len(acc)})")
+        ax.fill_between(steps, m - sd, m + sd, alpha=0.15, color=line.get_color())
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("held-out accuracy (sampled)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str) -> str:
+    res = collect(jobs)
+    text, stats = table(res, arms, baseline)
+    text2, stats2 = table(res, arms, baseline, FINAL_OTHER)
+    for arm, entry in stats2.items():
+        stats.setdefault(arm, {}).update({k: v for k, v in entry.items() if k != "seeds"})
+    md = (f"{header}\n\nHeld-out sampled accuracy (mean ± std over seeds; differences paired by seed, "
+          f"percentile bootstrap over seeds, 10,000 resamples).\n\n{text}\n\n"
+          f"At the final evaluation: greedy accuracy and pass@n (n = rollout.eval_n samples per problem), "
+          f"paired the same way.\n\n{text2}\n")
+    _write(out / "results.md", md)
+    _write(out / "results.json", json.dumps({"stats": stats, "runs": {a: {str(s): r for s, r in v.items()}
+                                                                       for a, v in res.items()}}, indent=1))
+    if res:
+        plot(res, arms, out / "curves.png", header.splitlines()[0].lstrip("# "))
+    return md
