@@ -1,8 +1,9 @@
 """Process (step-level) rewards in the trainer: PURE's min-form credit assignment, or the summation form.
 
 Set ``reward.step_rewards = "module:function"`` (with ``algo.name=rloo``). Every training step the
-trainer cuts each response into steps and calls the function once for its data-parallel group's
-share of the step::
+trainer cuts each response into steps and calls the function once per process, on the responses
+that process trains on (its data-parallel group's share; the ranks of a tensor-parallel group
+each call it on the same share)::
 
     function(prompts: list[str], steps: list[list[str]], answers: list[str]) -> list[list[float]]
 
