@@ -58,6 +58,33 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
+def _kernels_of_a_source_checkout() -> None:
+    """``pacs_fast.kernels`` is the top-level ``kernels/`` folder, which setup.py installs under
+    that name. A checkout used without installing it (e.g. ``PYTHONPATH=. python bench/...`` on a
+    GPU machine with its own PyTorch) has nothing that maps it, so the folder is registered as
+    that subpackage here. Installed (also editable) copies are left alone."""
+    import importlib.util
+    import os
+    import sys
+
+    name = __name__ + ".kernels"
+    here = os.path.dirname(os.path.abspath(__file__))
+    folder = os.path.join(os.path.dirname(here), "kernels")
+    if name in sys.modules or not os.path.isfile(os.path.join(folder, "__init__.py")):
+        return
+    if importlib.util.find_spec(name) is not None:
+        return
+    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
+                                                  submodule_search_locations=[folder])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    globals()["kernels"] = module
+
+
+_kernels_of_a_source_checkout()
+
+
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
