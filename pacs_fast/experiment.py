@@ -34,7 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pacs_fast.experiment_results import _write, bootstrap_ci, report, table  # noqa: F401 (the runner's API)
+from pacs_fast.experiment_results import bootstrap_ci, report, table  # noqa: F401 (the runner's API)
+from pacs_fast.files import write_text_atomic
 
 PRESETS = {
     "pacs": ["algo.name=pacs"],
@@ -287,7 +288,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     spec = {"arms": {x.name: x.overrides for x in arms}, "seeds": seeds, "config": a.config,
             "overrides": list(a.overrides), "baseline": a.baseline}
-    _write(out / "spec.json", json.dumps(spec, indent=1))
+    write_text_atomic(out / "spec.json", json.dumps(spec, indent=1))
     header = a.title or f"# Experiment {out.name}"
     header += ("\n\nCommon settings: " + (f"`--config {a.config}` " if a.config else "")
                + " ".join(f"`{o}`" for o in a.overrides) + f"; seeds {seeds}.")

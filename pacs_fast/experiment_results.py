@@ -9,20 +9,18 @@ accuracy (``eval/greedy_acc``) and pass@n (``eval/pass@n``, n = ``rollout.eval_n
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
+
+from pacs_fast.files import write_atomic, write_text_atomic
+
 
 def eval_records(run_dir: Path) -> list[dict]:
     """The run's ``eval`` records of ``metrics.jsonl`` (step 0 first)."""
     from pacs_fast.trainer.metrics import read_jsonl
     path = run_dir / "metrics.jsonl"
     return [r for r in read_jsonl(path) if r.get("kind") == "eval"] if path.is_file() else []
-
-
-def eval_curve(run_dir: Path) -> list[tuple[int, float]]:
-    return [(int(r["step"]), float(r["eval/acc"])) for r in eval_records(run_dir)]
 
 
 def bootstrap_ci(diffs: np.ndarray, *, n: int = 10_000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
@@ -121,16 +119,8 @@ def plot(res: dict, arms: list, path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"), fsync=False)
     plt.close(fig)
-    os.replace(tmp, path)
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str) -> str:
@@ -143,8 +133,8 @@ def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str)
           f"percentile bootstrap over seeds, 10,000 resamples).\n\n{text}\n\n"
           f"At the final evaluation: greedy accuracy and pass@n (n = rollout.eval_n samples per problem), "
           f"paired the same way.\n\n{text2}\n")
-    _write(out / "results.md", md)
-    _write(out / "results.json", json.dumps({"stats": stats, "runs": {a: {str(s): r for s, r in v.items()}
+    write_text_atomic(out / "results.md", md)
+    write_text_atomic(out / "results.json", json.dumps({"stats": stats, "runs": {a: {str(s): r for s, r in v.items()}
                                                                        for a, v in res.items()}}, indent=1))
     if res:
         plot(res, arms, out / "curves.png", header.splitlines()[0].lstrip("# "))

@@ -24,12 +24,13 @@ a token of step ``k`` of response ``b`` gets
 with ``G_k = min_{j >= k} r_j`` (``algo.credit=min``, PURE) or ``sum_{j >= k} gamma^(j-k) r_j``
 (``algo.credit=sum``, ``algo.gamma``), ``R`` the verifier's reward and ``w =
 reward.outcome_weight`` (PURE's "PRM + VR"; 0 = process rewards only). They replace RLOO's outcome
-advantage in the clipped policy loss (:func:`pacs_fast.learner.base.objective`). With ``w > 0``
-and every step reward 0 the advantages are exactly RLOO's.
+advantage in the clipped policy loss (:func:`pacs_fast.learner.base.objective`). With every step
+reward 0 the advantages are ``w`` times RLOO's (exactly RLOO's at the default ``w = 1``).
 """
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 
 import torch
@@ -46,7 +47,7 @@ def step_ends(pieces: list[str], delimiter: str) -> list[int]:
     response without tokens is one empty step (``[0]``)."""
     n = len(pieces)
     text = "".join(pieces)
-    ends_chars = list(_cumulative(pieces))
+    ends_chars = list(itertools.accumulate(len(p) for p in pieces))  # token i's text ends at ends_chars[i]
     out: list[int] = []
     at = text.find(delimiter)
     while at >= 0:
@@ -58,13 +59,6 @@ def step_ends(pieces: list[str], delimiter: str) -> list[int]:
     if not out or out[-1] < n:
         out.append(n)
     return out
-
-
-def _cumulative(pieces):
-    total = 0
-    for p in pieces:
-        total += len(p)
-        yield total
 
 
 class StepCredit:
