@@ -168,3 +168,29 @@ def test_short_run_with_process_rewards(tmp_path):
     recs = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
     assert len(recs) == 2 and all(r["process/steps_mean"] >= 1 for r in recs)
     assert all(torch.isfinite(torch.tensor(r["learner/loss"])) for r in recs)
+
+
+def no_rewards(prompts, steps, answers):
+    """A broken 'process reward model': no reward for any step (every response has >= 1 step)."""
+    return [[] for _ in steps]
+
+
+def test_a_bad_return_stops_the_run_with_one_line(tmp_path):
+    """Found only once responses exist (step 1): the CLI stops with exit 1 and one line naming
+    the key and the step, and writes no checkpoint for it."""
+    import os
+    import subprocess
+    import sys
+
+    from test_train import TINY
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "pacs_fast.train", *TINY, f"warmup.cache_dir={tmp_path / 'cache'}",
+                          f"train.out_dir={tmp_path / 'runs'}", "train.run_name=r", "train.steps=2", "algo.name=rloo",
+                          "reward.step_rewards=test_step_credit:no_rewards"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: step 1: reward.step_rewards returned 0 rewards for response 0"), out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "runs" / "r" / "checkpoints").exists() or \
+        not any((tmp_path / "runs" / "r" / "checkpoints").glob("step_*"))

@@ -29,6 +29,7 @@ from pacs_fast.trainer.batch import build_batch
 from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
 from pacs_fast.trainer.metrics import read_jsonl
 from pacs_fast.trainer.parallel import close_world
+from pacs_fast.trainer.rewards import UserFunctionError
 from pacs_fast.trainer.session import Session, SetupError, start
 from pacs_fast.trainer.step import learn, sample_rows, step_record
 
@@ -116,6 +117,9 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
                       f"{last_eval.get('eval/greedy_acc', float('nan')):.3f})")
             if last or (cfg.train.save_every and step % cfg.train.save_every == 0):
                 save(s, step)
+    except UserFunctionError as e:  # reward.appeal / reward.step_rewards gave something unusable
+        s.close()
+        raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it") from e
     except BaseException:
         s.close()  # verifier workers, the engine
         raise

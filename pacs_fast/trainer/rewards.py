@@ -21,6 +21,11 @@ import importlib
 import numpy as np
 
 
+class UserFunctionError(ValueError):
+    """A user function the config names (``reward.appeal``, ``reward.step_rewards``) returned
+    something unusable; the trainer stops the run on it with this one-line message."""
+
+
 def load_callable(spec: str, key: str):
     """The callable named by ``spec = "module:function"`` (the config key ``key``, e.g.
     ``reward.appeal``); a ValueError naming the key when it cannot be imported."""
@@ -108,7 +113,7 @@ class Scorer:
         neg = [i for i, r in enumerate(rewards) if r <= 0.5]
         verdicts = list(self.appeal([texts[i] for i in neg], [answers[i] for i in neg])) if neg else []
         if len(verdicts) != len(neg):
-            raise ValueError(f"reward.appeal returned {len(verdicts)} verdicts for {len(neg)} responses")
+            raise UserFunctionError(f"reward.appeal returned {len(verdicts)} verdicts for {len(neg)} responses")
         self.counts["positives"] += sum(r > 0.5 for r in rewards)
         self.counts["overturned"] += sum(bool(v) for v in verdicts)
         self.counts["appealed"] += len(neg)

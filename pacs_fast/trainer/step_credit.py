@@ -37,7 +37,7 @@ import torch
 
 from pacs_fast.algorithms.process_rewards import process_advantages, token_advantages
 from pacs_fast.learner.base import RolloutBatch
-from pacs_fast.trainer.rewards import load_callable
+from pacs_fast.trainer.rewards import UserFunctionError, load_callable
 
 
 def step_ends(pieces: list[str], delimiter: str) -> list[int]:
@@ -105,18 +105,22 @@ class StepCredit:
         got = self.fn([prompts[i] for i, _ in rows], [texts for _, texts in split], [answers[i] for i, _ in rows])
         got = list(got)
         if len(got) != len(rows):
-            raise ValueError(f"reward.step_rewards returned {len(got)} lists for {len(rows)} responses")
+            raise UserFunctionError(f"reward.step_rewards returned {len(got)} lists for {len(rows)} responses")
         K = max(len(ends) for ends, _ in split)
         rewards = torch.zeros(len(rows), K, dtype=torch.float64)
         mask = torch.zeros(len(rows), K, dtype=torch.bool)
         end_cols = torch.zeros(len(rows), K, dtype=torch.long)
         for b, ((i, _), (ends, _), r) in enumerate(zip(rows, split, got)):
-            r = [float(x) for x in r]
+            try:
+                r = [float(x) for x in r]
+            except (TypeError, ValueError) as e:
+                raise UserFunctionError(f"reward.step_rewards returned {r!r} for response {b}: not a list of "
+                                        f"numbers ({e})") from e
             if len(r) != len(ends):
-                raise ValueError(f"reward.step_rewards returned {len(r)} rewards for response {b}, which has "
+                raise UserFunctionError(f"reward.step_rewards returned {len(r)} rewards for response {b}, which has "
                                  f"{len(ends)} steps")
             if not all(math.isfinite(x) for x in r):
-                raise ValueError(f"reward.step_rewards returned a non-finite reward for response {b}: {r}")
+                raise UserFunctionError(f"reward.step_rewards returned a non-finite reward for response {b}: {r}")
             rewards[b, :len(r)] = torch.tensor(r, dtype=torch.float64)
             mask[b, :len(r)] = True
             end_cols[b, :len(r)] = len(prompt_ids[i]) + torch.tensor(ends)
