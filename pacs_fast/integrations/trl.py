@@ -162,6 +162,34 @@ def _add_pacs_head(model, temperature: float) -> None:
     model.forward = types.MethodType(forward, model)
 
 
+def _sync_by_reload(generation) -> None:
+    """TRL's colocate weight sync, done through vLLM's ``reload_weights`` worker call.
+
+    TRL 1.16 (``VLLMGeneration.sync_weights``) calls the vLLM model's ``load_weights`` directly.
+    On a CPU, vLLM (0.32) repacks every linear layer's weight for oneDNN or, on CPUs with AMX,
+    sgl-kernel, and leaves an empty ``Parameter`` without ``weight_loader`` in its place, so that
+    call fails (``AttributeError: 'Parameter' object has no attribute 'weight_loader'``).
+    ``reload_weights`` loads into fresh parameters and packs again, which works on every CPU (it is
+    how :class:`pacs_fast.rollout.vllm_engine.VLLMEngine` syncs), then re-packs an LM head tied to
+    the embedding (the reload refreshes the embedding's weight, not the head's packed copy). One call
+    carries the whole model: the tensors are referenced, not copied (the engine runs in this process)."""
+    from pacs_fast.rollout.vllm_engine import refresh_tied_lm_heads
+
+    if getattr(generation, "enable_sleep_mode", False):
+        generation.llm.wake_up(tags=["weights"])
+        generation._llm_weights_sleeping = False
+    weights = [(name, tensor.detach()) for name, tensor in generation._iter_named_params()]
+    generation.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+    generation.llm.collective_rpc(refresh_tied_lm_heads)
+    generation.llm.reset_prefix_cache()
+
+
+def _vllm_runs_on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 def _shuffle_whole_groups(batch: dict, group_size: int) -> dict:
     """Shuffles the rows of a generation batch by whole groups (members stay contiguous and in
     order); 0-d tensors and None pass through, lists are permuted like tensors."""
@@ -211,6 +239,9 @@ class PACSTrainer(GRPOTrainer):
         else:
             warnings.warn(f"PACSTrainer: the model's LM head has {self._pacs_head_fallback}; log-probs "
                           "come from TRL's fused LM head instead of pacs_fast.linear_logprobs", stacklevel=2)
+        if self.use_vllm and args.vllm_mode == "colocate" and _vllm_runs_on_cpu():
+            generation = self.vllm_generation
+            generation.sync_weights = types.MethodType(_sync_by_reload, generation)
         if self.use_vllm and self.vllm_importance_sampling_correction:
             warnings.warn("PACSTrainer: vLLM importance-sampling correction is not applied by the PACS "
                           "loss; the reference is the trainer's recomputed rollout log-probs", stacklevel=2)

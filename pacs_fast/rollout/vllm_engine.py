@@ -69,7 +69,7 @@ def set_cpu_env_defaults() -> None:
         os.environ.setdefault(key, value)
 
 
-def _refresh_tied_lm_heads(worker) -> int:
+def refresh_tied_lm_heads(worker) -> int:
     """Runs inside the vLLM worker: re-packs each ``lm_head`` that shares the embedding weight."""
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
@@ -390,7 +390,7 @@ class VLLMEngine(RolloutEngine):
         finally:  # also after a bad entry in a stream: the buckets sent before it are in use
             if stats["buckets"] and not self._dead:
                 if stats["tied_embedding"] and self.on_cpu:
-                    self._llm.collective_rpc(_refresh_tied_lm_heads)
+                    self._llm.collective_rpc(refresh_tied_lm_heads)
                 self._llm.reset_prefix_cache()
             stats["seconds"] = time.perf_counter() - start
 
