@@ -7,6 +7,7 @@ Records are ``{"kind": "train"|"eval", "step": s, ...}``. Keys under ``time/`` a
 from __future__ import annotations
 
 import json
+import os
 import math
 from pathlib import Path
 
@@ -47,6 +48,23 @@ def _clean(v):
     return v
 
 
+def end_torn_line(path: str | Path) -> bool:
+    """Appends a newline to ``path`` when its last line is cut (no final newline), so that the next
+    record starts on a line of its own and the torn one is skipped as unreadable. Returns whether
+    it did."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return False
+        f.write(b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
 class MetricsLogger:
     """Appends records to ``run_dir/metrics.jsonl`` and TensorBoard (``run_dir/tb``).
 
@@ -57,6 +75,7 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, resume_step: int | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
+        end_torn_line(self.path)  # a run killed mid-write leaves half a record: never append to it
         self._file = open(self.path, "a", buffering=1)
         if resume_step is not None:
             self._file.write(json.dumps({"kind": "resume", "step": int(resume_step)}) + "\n")

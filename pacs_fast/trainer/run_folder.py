@@ -3,6 +3,10 @@ atomically or append-only.
 
 - :func:`claim_run_dir`: a new run refuses an existing run folder (the error names it and
   ``--resume``); an automatic name (``algo-timestamp``) takes the next free suffix.
+- :class:`RunLock`: the run that writes a folder holds an exclusive lock on its ``.run.lock`` for its
+  whole life (``fcntl.flock``: the system drops it when the process dies, however it dies). Two runs
+  started together with one ``train.run_name``, or a ``--resume`` of a folder whose run is still
+  alive, are refused before any model work; a folder left by a killed run resumes as before.
 - :func:`resume_config`: ``--resume`` reads ``config.yaml`` and checks it against the copy stored
   in the newest checkpoint; a cut or edited ``config.yaml`` is refused with a clear message, and a
   command-line override is accepted only for the keys that cannot change what was trained
@@ -12,6 +16,7 @@ atomically or append-only.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -19,6 +24,7 @@ from pathlib import Path
 
 from pacs_fast.config import Config, load_config, parse_override, save_config, to_dict
 from pacs_fast.files import write_text_atomic
+from pacs_fast.trainer.metrics import end_torn_line
 
 # Keys a resumed run may change on its command line: they do not alter the trajectory up to the
 # checkpoint (train.steps extends or shortens the run; the others are logging / resources).
@@ -28,6 +34,7 @@ SAFE_RESUME_KEYS = frozenset({
     "train.keep_freed_memory", "rollout.gpu_memory_utilization",
 })
 CONFIG_FILE = "config.yaml"
+LOCK_FILE = ".run.lock"
 
 
 def remove_dead_temporaries(folder: str | Path) -> list[Path]:
@@ -53,7 +60,40 @@ def remove_dead_temporaries(folder: str | Path) -> list[Path]:
 
 
 def _is_used(path: Path) -> bool:
-    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+    return path.exists() and (not path.is_dir() or any(p.name != LOCK_FILE for p in path.iterdir()))
+
+
+class RunLock:
+    """An exclusive, non-blocking ``flock`` on ``run_dir/.run.lock``, held until :meth:`release` (or
+    the process's end). ``new=True`` (a new run): after taking the lock, the folder must still hold
+    nothing else, so of two runs racing for one name exactly one proceeds. Raises ValueError naming
+    the folder (and the pid that holds it) otherwise."""
+
+    def __init__(self, run_dir: str | Path, *, new: bool):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / LOCK_FILE
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(self._fd)
+            self._fd = None
+            raise ValueError(f"run folder {str(self.run_dir)!r} is in use by another run (pid {holder}): wait for "
+                             f"it to end, or choose another train.run_name (nothing was changed)") from None
+        if new and _is_used(self.run_dir):
+            self.release()
+            check_new_run_dir(self.run_dir)  # raises: another run got there first
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    __del__ = release  # a run set up in-process that failed half way drops its lock with the object
 
 
 def claim_run_dir(cfg: Config) -> Path:
@@ -120,9 +160,9 @@ class RunFolder:
     :class:`pacs_fast.trainer.metrics.MetricsLogger`, ``checkpoints/`` to
     :mod:`pacs_fast.trainer.checkpoint`."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, new: bool = True):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.lock = RunLock(self.path, new=new)  # before anything is written: see RunLock
         self._samples = None
 
     def write_config(self, cfg: Config) -> None:
@@ -131,6 +171,7 @@ class RunFolder:
     def append_samples(self, rows: list[dict]) -> None:
         """Appends rollout samples (one JSON object each) to ``samples.jsonl``."""
         if self._samples is None:
+            end_torn_line(self.path / "samples.jsonl")
             self._samples = open(self.path / "samples.jsonl", "a", encoding="utf-8", buffering=1)
         for row in rows:
             self._samples.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -143,4 +184,5 @@ class RunFolder:
         if self._samples is not None:
             self._samples.close()
             self._samples = None
+        self.lock.release()
 

@@ -89,7 +89,15 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
     if cfg.train.keep_freed_memory:
         from pacs_fast.trainer.allocator import keep_freed_memory
         keep_freed_memory()
-    folder = RunFolder(run_dir) if world.is_main else None
+    folder, claim_error = None, None
+    if world.is_main:
+        try:
+            folder = RunFolder(run_dir, new=not resume)
+        except ValueError as e:  # another live run holds the folder
+            claim_error = str(e)
+    claim_error = world.broadcast(claim_error)  # every rank stops together
+    if claim_error:
+        raise SetupError(claim_error)
     if resume and world.is_main:
         remove_stale_temporaries(run_dir)
     random.seed(cfg.train.seed)
@@ -106,6 +114,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         held_out, dropped_held = encode(cfg, tokenizer, held_out, "the held-out set", log)
     except (ValueError, FileNotFoundError) as e:
         progress.close()
+        if folder:
+            folder.close()
         raise SetupError(str(e)) from e
     if folder and not resume:
         folder.write_config(cfg)
