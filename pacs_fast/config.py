@@ -185,6 +185,8 @@ class RewardConfig:
     step_split: str = _f("\n\n", "process rewards: a step ends with the token that completes this delimiter")
     outcome_weight: float = _f(1.0, "process rewards: weight of the verifier's reward added to every step's return "
                                "(PURE's PRM + VR; 0 = process rewards only)")
+    user_fn_timeout_s: float = _f(600.0, "time limit in seconds of one call of reward.appeal / reward.step_rewards; "
+                                  "a call that runs longer stops the run with the step named")
 
 
 @dataclass
@@ -415,6 +417,7 @@ FLOAT_RANGES = (
     ("rollout.temperature", 0.0, None, False, None), ("rollout.eval_temperature", 0.0, None, True, None),
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
     ("rollout.gpu_memory_utilization", 0.0, 1.0, False, True), ("reward.outcome_weight", 0.0, None, True, None),
+    ("reward.user_fn_timeout_s", 0.0, None, False, None),
 )
 NONNEGATIVE_INTS = ("train.threads", "train.log_samples", "train.reward_workers", "train.eval_every",
                     "train.save_every", "warmup.steps", "algo.reset_every")

@@ -72,15 +72,15 @@ class Scorer:
             return cls(cfg.train.reward_workers)
         return cls(cfg.train.reward_workers, noise_fp=rc.noise_fp, noise_fn=rc.noise_fn, seed=cfg.train.seed,
                    appeal=load_callable(rc.appeal, "reward.appeal") if rc.appeal else None,
-                   algo=cfg.algo if rc.fn_rate == "appeal" else None)
+                   algo=cfg.algo if rc.fn_rate == "appeal" else None, timeout_s=rc.user_fn_timeout_s)
 
     def __init__(self, workers: int, *, noise_fp: float = 0.0, noise_fn: float = 0.0, seed: int = 0,
-                 appeal=None, algo=None):
+                 appeal=None, algo=None, timeout_s: float = 600.0):
         from pacs_fast.reward import BatchScorer
         self.batch = BatchScorer(num_workers=workers)
         self.memo: dict[tuple[str, str], float] = {}
         self.noise_fp, self.noise_fn, self.seed = float(noise_fp), float(noise_fn), int(seed)
-        self.appeal = appeal
+        self.appeal, self.timeout_s = appeal, float(timeout_s)
         self.algo = algo  # written to (noise_rho1) when the false-negative rate is estimated online
         self.counts = {"positives": 0, "overturned": 0, "appealed": 0}
         self.last: dict[str, float] = {}
@@ -111,9 +111,13 @@ class Scorer:
 
     def _appeal(self, texts, answers, rewards) -> None:
         neg = [i for i, r in enumerate(rewards) if r <= 0.5]
-        verdicts = list(self.appeal([texts[i] for i in neg], [answers[i] for i in neg])) if neg else []
-        if len(verdicts) != len(neg):
-            raise UserFunctionError(f"reward.appeal returned {len(verdicts)} verdicts for {len(neg)} responses")
+        from pacs_fast.trainer.user_functions import call_with_time_limit, checked_flags
+
+        verdicts = []
+        if neg:
+            got = call_with_time_limit(self.appeal, ([texts[i] for i in neg], [answers[i] for i in neg]),
+                                       key="reward.appeal", timeout_s=self.timeout_s)
+            verdicts = checked_flags(got, len(neg), key="reward.appeal")
         self.counts["positives"] += sum(r > 0.5 for r in rewards)
         self.counts["overturned"] += sum(bool(v) for v in verdicts)
         self.counts["appealed"] += len(neg)

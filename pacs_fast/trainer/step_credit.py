@@ -38,6 +38,9 @@ import torch
 from pacs_fast.algorithms.process_rewards import process_advantages, token_advantages
 from pacs_fast.learner.base import RolloutBatch
 from pacs_fast.trainer.rewards import UserFunctionError, load_callable
+from pacs_fast.trainer.user_functions import as_list, call_with_time_limit, checked_numbers
+
+KEY = "reward.step_rewards"
 
 
 def step_ends(pieces: list[str], delimiter: str) -> list[int]:
@@ -70,11 +73,12 @@ class StepCredit:
         if not rc.step_rewards:
             return None
         return cls(load_callable(rc.step_rewards, "reward.step_rewards"), tokenizer, split=rc.step_split,
-                   form=cfg.algo.credit, gamma=cfg.algo.gamma, outcome_weight=rc.outcome_weight)
+                   form=cfg.algo.credit, gamma=cfg.algo.gamma, outcome_weight=rc.outcome_weight,
+                   timeout_s=rc.user_fn_timeout_s)
 
     def __init__(self, fn, tokenizer, *, split: str = "\n\n", form: str = "min", gamma: float = 1.0,
-                 outcome_weight: float = 1.0):
-        self.fn, self.tokenizer = fn, tokenizer
+                 outcome_weight: float = 1.0, timeout_s: float = 600.0):
+        self.fn, self.tokenizer, self.timeout_s = fn, tokenizer, float(timeout_s)
         self.split, self.form, self.gamma, self.outcome_weight = split, form, float(gamma), float(outcome_weight)
         self._piece: dict[int, str] = {}  # token id -> its text alone (a vocabulary-sized cache at most)
         self.last: dict[str, float] = {}
@@ -102,8 +106,9 @@ class StepCredit:
         rows = [(i, r) for i, group in enumerate(responses) for r in group]
         split = [self.split_steps(list(r)) for _, r in rows]
         prompts = [self.tokenizer.decode(list(p)) for p in prompt_ids]  # special tokens kept: the chat template
-        got = self.fn([prompts[i] for i, _ in rows], [texts for _, texts in split], [answers[i] for i, _ in rows])
-        got = list(got)
+        got = call_with_time_limit(self.fn, ([prompts[i] for i, _ in rows], [texts for _, texts in split],
+                                             [answers[i] for i, _ in rows]), key=KEY, timeout_s=self.timeout_s)
+        got = as_list(got, f"{len(rows)} responses", KEY)
         if len(got) != len(rows):
             raise UserFunctionError(f"reward.step_rewards returned {len(got)} lists for {len(rows)} responses")
         K = max(len(ends) for ends, _ in split)
@@ -111,16 +116,10 @@ class StepCredit:
         mask = torch.zeros(len(rows), K, dtype=torch.bool)
         end_cols = torch.zeros(len(rows), K, dtype=torch.long)
         for b, ((i, _), (ends, _), r) in enumerate(zip(rows, split, got)):
-            try:
-                r = [float(x) for x in r]
-            except (TypeError, ValueError) as e:
-                raise UserFunctionError(f"reward.step_rewards returned {r!r} for response {b}: not a list of "
-                                        f"numbers ({e})") from e
+            r = checked_numbers(r, key=KEY, what=f"response {b}")
             if len(r) != len(ends):
                 raise UserFunctionError(f"reward.step_rewards returned {len(r)} rewards for response {b}, which has "
                                  f"{len(ends)} steps")
-            if not all(math.isfinite(x) for x in r):
-                raise UserFunctionError(f"reward.step_rewards returned a non-finite reward for response {b}: {r}")
             rewards[b, :len(r)] = torch.tensor(r, dtype=torch.float64)
             mask[b, :len(r)] = True
             end_cols[b, :len(r)] = len(prompt_ids[i]) + torch.tensor(ends)

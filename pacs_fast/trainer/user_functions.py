@@ -1,0 +1,86 @@
+"""Calling the functions a config names (``reward.appeal``, ``reward.step_rewards``) safely.
+
+A user function runs with a time limit (``reward.user_fn_timeout_s``) and its return is checked by
+type before anything uses it: a list / tuple (or a 1-D numpy array / torch tensor) of numbers or
+bools. A string is never iterated by character (``"0000"`` is not four verdicts), ``None`` and nested
+lists are refused. Every failure -- a hang, an exception, a bad return -- raises
+:class:`~pacs_fast.trainer.rewards.UserFunctionError` with one line naming the key; the training
+loop turns it into a stop that names the step and saves nothing for it.
+
+A function that never returns cannot be killed from Python: it is left running in a daemon thread
+and the run stops (the process exits, the thread with it).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+
+from pacs_fast.trainer.rewards import UserFunctionError
+
+
+def call_with_time_limit(fn, args: tuple, *, key: str, timeout_s: float):
+    """``fn(*args)``, or UserFunctionError when it raises or runs longer than ``timeout_s``."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller with the key
+            box["error"] = e
+
+    worker = threading.Thread(target=run, name=f"user-fn {key}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise UserFunctionError(f"{key} did not return within {timeout_s:g} s (reward.user_fn_timeout_s)")
+    if "error" in box:
+        e = box["error"]
+        raise UserFunctionError(f"{key} raised {type(e).__name__}: {e}") from e
+    return box["value"]
+
+
+def as_list(value, what: str, key: str) -> list:
+    if hasattr(value, "tolist") and getattr(value, "ndim", 1) == 1:  # numpy array, torch tensor
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise UserFunctionError(f"{key} returned {type(value).__name__} {_short(value)} for {what}: expected a list")
+    return list(value)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Real) or (hasattr(x, "item") and getattr(x, "ndim", 1) == 0
+                                           and isinstance(x.item(), numbers.Real))
+
+
+def checked_flags(value, count: int, *, key: str) -> list[bool]:
+    """``count`` verdicts (bools, or the numbers 0 / 1) as bools."""
+    items = as_list(value, f"{count} responses", key)
+    if len(items) != count:
+        raise UserFunctionError(f"{key} returned {len(items)} verdicts for {count} responses")
+    out = []
+    for i, x in enumerate(items):
+        if not _is_number(x) or float(x) not in (0.0, 1.0):
+            raise UserFunctionError(f"{key} returned {_short(x)} as the verdict of response {i}: expected a bool "
+                                    "(or 0 / 1)")
+        out.append(bool(float(x)))
+    return out
+
+
+def checked_numbers(value, *, key: str, what: str) -> list[float]:
+    """A list of finite numbers (bools count as 0 / 1)."""
+    items = as_list(value, what, key)
+    out = []
+    for x in items:
+        if not _is_number(x):
+            raise UserFunctionError(f"{key} returned {_short(value)} for {what}: not a list of numbers")
+        x = float(x)
+        if not math.isfinite(x):
+            raise UserFunctionError(f"{key} returned a non-finite reward for {what}: {_short(value)}")
+        out.append(x)
+    return out
