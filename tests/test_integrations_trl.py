@@ -311,3 +311,105 @@ def test_gradient_accumulation_averages_micro_batch_losses(tmp_path):
     for step, value in enumerate(logged):
         assert abs(value - (losses[2 * step] + losses[2 * step + 1]) / 2) <= LOSS_TOL
     assert abs(logged[1] - math.log(2)) > 1e-4  # second pass: the policy moved since the rollout
+
+
+# ------------------------------------------------------------------ loose options (issue 23, findings 4-5)
+
+@pytest.mark.parametrize("beta", [0.0, -1.0, float("nan"), float("inf")])
+def test_beta_must_be_positive_and_finite(tmp_path, beta):
+    """beta=0 (a GRPO user's "no KL") gives an exactly zero PACS gradient; beta<0 trains against the
+    verifier; both are refused when the config is built."""
+    with pytest.raises(ValueError, match=r"PACSConfig: beta must be a finite number > 0"):
+        _config(tmp_path, beta=beta)
+
+
+def test_ignored_grpo_options_warn_once(tmp_path):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _config(tmp_path, loss_type="grpo", scale_rewards="none", epsilon=0.3)
+        _config(tmp_path)  # defaults: no warning
+    msgs = [str(w.message) for w in caught if "no effect on the PACS loss" in str(w.message)]
+    assert len(msgs) == 1 and all(k in msgs[0] for k in ("loss_type='grpo'", "scale_rewards='none'", "epsilon=0.3"))
+
+
+def test_soft_rewards_warn_once(tmp_path):
+    import warnings
+
+    from pacs_fast.integrations.trl import PACSTrainer
+
+    model, tok = _model_and_tokenizer()
+    trainer = PACSTrainer(model=model, reward_funcs=[_parity_reward, _parity_reward], args=_config(
+        tmp_path, max_steps=4, reward_weights=[0.5, 0.5], steps_per_generation=1), train_dataset=_dataset(),
+        processing_class=tok)
+    trainer.reward_funcs[1] = lambda completions, **_: [0.0] * len(completions)  # R in {0, 0.5}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    soft = [w for w in caught if "soft labels" in str(w.message)]
+    assert len(soft) == 1
+
+
+def _pacs(logp, logp_ref, mask, rewards, k):
+    return pacs_loss(logp, logp_ref, mask, rewards, group_size=k, return_terms=True)
+
+
+def test_truncated_rows_leave_the_loss_entirely():
+    """A removed row (mask_truncated_completions) has no label, weight or part in its group's score:
+    the loss equals pacs_loss over the remaining members (group size k), a removed row's reward
+    changes nothing, and a group left with one member drops out."""
+    from pacs_fast.integrations.trl import loss_over_members
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    G, T = 4, 5
+    logp = (-torch.rand(3 * G, T, generator=g, dtype=torch.float64) * 3).requires_grad_()
+    ref = logp.detach() - 0.1 * torch.randn(3 * G, T, generator=g, dtype=torch.float64)
+    mask = (torch.rand(3 * G, T, generator=g) < 0.8).double()
+    rewards = torch.tensor([1., 0, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0], dtype=torch.float64)
+    valid = torch.tensor([1, 1, 0, 1, 1, 1, 1, 1, 0, 0, 0, 1], dtype=torch.bool)  # groups keep 3, 4, 1 members
+    loss, terms = loss_over_members(_pacs, logp, ref, mask, rewards, G, valid, 2)
+    (grad,) = torch.autograd.grad(loss, logp)
+    # by hand: group 0 without row 2 (k = 3), group 1 whole (k = 4), group 2 dropped
+    keep0, keep1 = [0, 1, 3], [4, 5, 6, 7]
+    l3, _ = _pacs(logp[keep0], ref[keep0], mask[keep0], rewards[keep0], 3)
+    l4, _ = _pacs(logp[keep1], ref[keep1], mask[keep1], rewards[keep1], 4)
+    expected = (3 * l3 + 4 * l4) / 7
+    assert torch.allclose(loss, expected, rtol=1e-12, atol=0)
+    assert torch.all(grad[[2, 8, 9, 10, 11]] == 0)  # removed rows and the dropped group
+    assert torch.isnan(terms["score"][[2, 8, 9, 10, 11]]).all() and torch.isfinite(terms["score"][keep0 + keep1]).all()
+    flipped = rewards.clone()
+    flipped[2] = 1 - flipped[2]  # today: changed a group-mate's gradient (-0.143 -> -0.088 in the report)
+    loss2, _ = loss_over_members(_pacs, logp, ref, mask, flipped, G, valid, 2)
+    (grad2,) = torch.autograd.grad(loss2, logp)
+    assert torch.equal(grad, grad2) and torch.equal(loss, loss2)
+
+
+def test_mask_truncated_completions_through_the_trainer(tmp_path):
+    """With max_completion_length=3 most completions are cut: every PACS call sees only whole
+    completions' rows, in groups of their remaining size."""
+    from pacs_fast.integrations.trl import PACSTrainer
+
+    sizes, rows = [], []
+
+    class Recording(PACSTrainer):
+        def pacs_loss(self, logp, logp_ref, mask, rewards, group_size):
+            sizes.append(group_size)
+            rows.append(int(logp.shape[0]))
+            return super().pacs_loss(logp, logp_ref, mask, rewards, group_size)
+
+        def _compute_loss(self, model, inputs):
+            valid = inputs["pacs_valid"]
+            assert torch.equal(valid, inputs["completion_mask"].bool().any(dim=1))
+            self.removed = getattr(self, "removed", 0) + int((~valid).sum())
+            return super()._compute_loss(model, inputs)
+
+    model, tok = _model_and_tokenizer(seed=3)
+    trainer = Recording(model=model, reward_funcs=_parity_reward, args=_config(
+        tmp_path, max_completion_length=3, mask_truncated_completions=True, max_steps=2), train_dataset=_dataset(),
+        processing_class=tok)
+    trainer.train()
+    assert trainer.removed > 0  # the setting cut some completions: the path under test ran
+    assert all(2 <= k <= G for k in sizes) and sum(rows) <= 2 * MICRO
+    logs = [r for r in trainer.state.log_history if "loss" in r]
+    assert logs and all(math.isfinite(r["loss"]) for r in logs)

@@ -79,17 +79,19 @@ def decode_tagged_advantages(advantages: torch.Tensor, response_mask: torch.Tens
 def pacs_metrics(terms: dict, rewards: torch.Tensor) -> dict[str, float]:
     """psi / sigmoid(psi) statistics and their calibration against R (names as in
     ``python -m pacs_fast.train``): ``pacs/psi_mean``, ``pacs/psi_std``, ``pacs/pred_reward_mean``,
-    ``pacs/brier``, ``pacs/calib_gap``, ``pacs/pred_reward_pos`` / ``_neg``, ``pacs/proxy_abs_mean``."""
-    psi = terms["score"].double()
-    pred = terms["pred_reward"].double()
-    R = rewards.detach().double()
+    ``pacs/brier``, ``pacs/calib_gap``, ``pacs/pred_reward_pos`` / ``_neg``, ``pacs/proxy_abs_mean``.
+    Rows whose score is NaN (left out of the loss) are left out here too."""
+    keep = torch.isfinite(terms["score"])  # rows a loss left out (NaN terms) are not scored
+    psi = terms["score"].double()[keep]
+    pred = terms["pred_reward"].double()[keep]
+    R = rewards.detach().double()[keep]
     out = {
         "pacs/psi_mean": float(psi.mean()),
         "pacs/psi_std": float(psi.std()) if psi.numel() > 1 else 0.0,
         "pacs/pred_reward_mean": float(pred.mean()),
         "pacs/brier": float(((pred - R) ** 2).mean()),
         "pacs/calib_gap": float((pred.mean() - R.mean()).abs()),
-        "pacs/proxy_abs_mean": float(terms["proxy"].double().abs().mean()),
+        "pacs/proxy_abs_mean": float(terms["proxy"].double()[keep].abs().mean()),
     }
     for label, name in ((1.0, "pos"), (0.0, "neg")):
         sel = R == label

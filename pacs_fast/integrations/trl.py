@@ -38,6 +38,8 @@ logits); everything else in the loss is the same.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -63,6 +65,10 @@ __all__ = ["PACSConfig", "PACSTrainer", "SUPPORTED_TRL"]
 if not trl.__version__.startswith(SUPPORTED_TRL + "."):
     warnings.warn(f"pacs_fast.integrations.trl was written for trl {SUPPORTED_TRL}.x and overrides "
                   f"private GRPOTrainer methods; found trl {trl.__version__}", stacklevel=2)
+
+# GRPOConfig options that shape GRPO's loss or advantages and do not enter the PACS loss.
+IGNORED_GRPO_OPTIONS = ("loss_type", "scale_rewards", "epsilon", "epsilon_high", "delta", "importance_sampling_level")
+_GRPO_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GRPOConfig) if f.name in IGNORED_GRPO_OPTIONS}
 
 _GROUP_FIX = ("set per_device_train_batch_size (and per_device_eval_batch_size) to a multiple of "
               "num_generations (num_generations_eval), and keep PACSTrainer's own batching")
@@ -112,6 +118,15 @@ class PACSConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 0):
+            raise ValueError(f"PACSConfig: beta must be a finite number > 0, got {self.beta!r} (PACS's proxy scale, "
+                             "not a KL coefficient: beta=0 gives an exactly zero gradient, beta<0 trains against the "
+                             "verifier)")
+        ignored = [f"{name}={getattr(self, name)!r}" for name in IGNORED_GRPO_OPTIONS
+                   if getattr(self, name) != _GRPO_DEFAULTS[name]]
+        if ignored:
+            warnings.warn(f"PACSConfig: {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} GRPO's loss "
+                          "options and have no effect on the PACS loss", stacklevel=3)
         for name, options in (("score", SCORES), ("weight_mode", WEIGHT_MODES), ("proxy", PROXIES),
                               ("pacs_backend", BACKENDS)):
             if getattr(self, name) not in options:
@@ -190,6 +205,38 @@ def _vllm_runs_on_cpu() -> bool:
     return current_platform.is_cpu()
 
 
+def loss_over_members(loss_fn, logp, logp_ref, mask, rewards, group_size: int, valid, min_members: int):
+    """The PACS loss of a micro-batch from which some rows were removed (``valid[i]`` False: a
+    completion TRL masked, ``mask_truncated_completions=True``).
+
+    Semantics: a removed row has no label, no class weight and no part in its group's score; each
+    group is scored over the members it has left (RLOO's leave-one-out mean, GRPO's mean / std and
+    the class weights over those k members, i.e. ``loss_fn(..., group_size=k)``); a group left with
+    fewer than ``min_members`` (2 for the rloo / grpo scores) drops out; the loss is the mean over
+    the rows that remain (the paper's 1/B with B = those rows), 0 with a graph when none does.
+    ``terms`` are full-size, NaN on the rows that left. Returns ``(loss, terms)``."""
+    B = logp.shape[0]
+    members = valid.view(B // group_size, group_size)
+    counts = members.sum(dim=1)
+    total, rows = logp.sum() * 0.0, 0
+    terms: dict = {}
+    for k in sorted(set(counts.tolist())):
+        if k < min_members:
+            continue
+        idx = (members & (counts == k)[:, None]).reshape(-1).nonzero().squeeze(1)
+        loss_k, terms_k = loss_fn(logp[idx], logp_ref[idx], mask[idx], rewards[idx], k)
+        total = total + loss_k * idx.numel()
+        rows += idx.numel()
+        for name, value in terms_k.items():
+            if isinstance(value, torch.Tensor) and value.shape[:1] == (idx.numel(),):
+                full = terms.setdefault(name, torch.full((B, *value.shape[1:]), float("nan"), dtype=value.dtype,
+                                                         device=value.device))
+                full[idx] = value.detach()
+    for name in ("score", "pred_reward", "proxy"):
+        terms.setdefault(name, torch.full((B,), float("nan"), device=logp.device))
+    return (total / rows if rows else total), terms
+
+
 def _shuffle_whole_groups(batch: dict, group_size: int) -> dict:
     """Shuffles the rows of a generation batch by whole groups (members stay contiguous and in
     order); 0-d tensors and None pass through, lists are permuted like tensors."""
@@ -232,6 +279,7 @@ class PACSTrainer(GRPOTrainer):
             args.beta = pacs_beta
         self.pacs_beta = float(pacs_beta)
         self._pacs_rewards_per_func = None
+        self._pacs_warned_soft = False
         target = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         self._pacs_head_fallback = _head_unsupported_reason(target)
         if self._pacs_head_fallback is None:
@@ -278,10 +326,16 @@ class PACSTrainer(GRPOTrainer):
             raise ValueError("PACS needs rewards in [0, 1] (the verifier's label): the weighted sum of "
                              f"reward_funcs (reward_weights={self.reward_weights.tolist()}) gave values in "
                              f"[{float(rewards.min()):.4g}, {float(rewards.max()):.4g}]")
+        if not self._pacs_warned_soft and bool(((rewards != 0) & (rewards != 1)).any()):
+            self._pacs_warned_soft = True
+            warnings.warn("PACSTrainer: some rewards lie strictly between 0 and 1 (e.g. weighted reward functions); "
+                          "they are used as soft labels of the PACS binary cross-entropy", stacklevel=2)
         first = self.accelerator.process_index * n
         device = out["completion_ids"].device
         out["pacs_rewards"] = rewards[first:first + n].to(device=device, dtype=torch.float32)
         out["pacs_group"] = (torch.arange(first, first + n, device=device) // G)
+        if self.mask_truncated_completions:  # TRL zeroed a truncated completion's mask: it leaves the loss
+            out["pacs_valid"] = out["completion_mask"].bool().any(dim=1)
         return out
 
     def _prepare_inputs(self, generation_batch):
@@ -347,7 +401,12 @@ class PACSTrainer(GRPOTrainer):
         old = inputs.get("old_per_token_logps")
         logp_ref = logp.detach() if old is None else old
         rewards = inputs["pacs_rewards"]
-        loss, terms = self.pacs_loss(logp, logp_ref, mask, rewards, G)
+        valid = inputs.get("pacs_valid")
+        if valid is None or bool(valid.all()):
+            loss, terms = self.pacs_loss(logp, logp_ref, mask, rewards, G)
+        else:
+            min_members = 2 if self.args.score in ("rloo", "grpo") else 1
+            loss, terms = loss_over_members(self.pacs_loss, logp, logp_ref, mask, rewards, G, valid, min_members)
 
         gather = self.accelerator.gather
         all_terms = {k: gather(terms[k].float().contiguous()) for k in ("score", "pred_reward", "proxy")}
