@@ -287,15 +287,29 @@ def from_dict(d: dict, cfg: Config | None = None) -> Config:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """``"algo.beta=0.5"`` -> ``("algo.beta", 0.5)`` (the value parsed as a YAML scalar)."""
+    """``"algo.beta=0.5"`` -> ``("algo.beta", 0.5)`` (the value parsed as a YAML scalar).
+
+    A key of type ``str`` takes the text as written (``train.run_name=off`` is the name "off", not
+    YAML 1.1's False), unless it is quoted (``reward.step_split=" "``), which YAML unquotes."""
     if "=" not in text:
         raise ValueError(f"override {text!r} must look like section.key=value (e.g. algo.beta=0.5)")
     key, raw = text.split("=", 1)
+    key = key.strip()
+    quoted = len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\""
+    if _type_of(key) is str and not quoted:
+        return key, raw
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    return key.strip(), value
+    return key, value
+
+
+def _type_of(dotted: str):
+    """The declared type of ``section.key`` (None for an unknown key: set_value reports it)."""
+    section, _, key = dotted.partition(".")
+    cls = _sections().get(section)
+    return _field_types(cls).get(key) if cls is not None else None
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -324,15 +338,36 @@ def read_yaml(path: str | Path) -> dict:
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
     """Defaults, then the YAML file at ``path`` (if any), then ``section.key=value`` overrides."""
     cfg = Config()
+    given: set[str] = set()
     if path:
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"config file {str(path)!r} does not exist")
-        from_dict(read_yaml(path), cfg)
+        data = read_yaml(path)
+        from_dict(data, cfg)
+        given |= {f"{sec}.{k}" for sec, vals in data.items() if isinstance(vals, dict) for k in vals}
     for text in overrides:
         key, value = parse_override(text)
         set_value(cfg, key, value)
+        given.add(key)
+    _batch_defaults_follow_prompts(cfg, given)
     return cfg
+
+
+def _largest_divisor(n: int, cap: int) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0) if n >= 1 else cap
+
+
+def _batch_defaults_follow_prompts(cfg: Config, given: set[str]) -> None:
+    """The mini- and micro-batch sizes nobody set follow ``train.prompts_per_step``: the largest
+    divisor of it up to their default (32), so ``train.prompts_per_step=4`` alone is a valid run.
+    A value that was given (file or override) is kept as given and validated."""
+    default = LearnerConfig().mini_batch_prompts
+    if "learner.mini_batch_prompts" not in given:
+        cfg.learner.mini_batch_prompts = _largest_divisor(cfg.train.prompts_per_step, default)
+    if "learner.micro_batch_prompts" not in given:
+        cfg.learner.micro_batch_prompts = _largest_divisor(cfg.learner.mini_batch_prompts,
+                                                           LearnerConfig().micro_batch_prompts)
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
@@ -467,6 +502,29 @@ def _needs_cuda(cfg: Config) -> str | None:
     return None
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def _check_writable(key: str, folder: Path) -> None:
+    """ValueError naming ``key`` when ``folder`` (or, where it does not exist yet, its nearest existing
+    parent) cannot take a new folder: a file, a read-only mount, no permission. Tried for real (a
+    temporary folder made and removed), since root passes every permission check on a read-only
+    file system."""
+    import shutil
+    import tempfile
+
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{key} {str(folder)!r} cannot be created: {str(probe)!r} is a file")
+    try:
+        shutil.rmtree(tempfile.mkdtemp(prefix=".pacs_fast-write-test-", dir=probe))
+    except OSError as e:
+        raise ValueError(f"{key} {str(folder)!r} is not writable ({e.strerror or e} in {str(probe)!r}); choose "
+                         f"another {key}") from None
+
+
 def _validate_paths(cfg: Config) -> None:
     """Files and folders the run reads or writes, checked before any model work."""
     what = _needs_cuda(cfg)
@@ -485,6 +543,10 @@ def _validate_paths(cfg: Config) -> None:
             raise ValueError(f"model.path {cfg.model.path!r} is a file; give the Hugging Face model folder")
         if not (path / "config.json").is_file():
             raise ValueError(f"model.path {cfg.model.path!r} has no config.json: not a Hugging Face model folder")
+        if not any((path / f).is_file() for f in TOKENIZER_FILES):
+            raise ValueError(f"model.path {cfg.model.path!r} has no tokenizer files ({' / '.join(TOKENIZER_FILES)}): "
+                             f"copy the model's tokenizer into that folder")
+    _check_writable("train.out_dir", Path(cfg.train.out_dir).expanduser())
     for key in ("data.dataset", "data.eval_dataset"):
         value = _get(cfg, key)
         if not value or value in SHIPPED_DATASETS or (key == "data.dataset" and value == "arithmetic"):

@@ -129,7 +129,7 @@ def _load_problems(entry: str, args) -> tuple[str, list[Problem]]:
         name = path.name.split(".")[0]
         try:
             problems = load_dataset(path, problem_field=args.problem_field, answer_field=args.answer_field,
-                                    limit=args.limit)
+                                    limit=args.limit, field_settings="--problem-field / --answer-field")
         except UnicodeDecodeError as e:
             raise UsageError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
                              f"save the file as UTF-8") from None

@@ -63,18 +63,29 @@ class Job:
 
 
 # ----------------------------------------------------------------------------- spec
+MAX_SEEDS = 1000  # runs of one experiment; more is a typo (each seed is len(arms) training runs)
+
+
 def parse_seeds(text: str) -> list[int]:
-    """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"0,3,7"`` -> [0, 3, 7]."""
+    """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"0,3,7"`` -> [0, 3, 7]. Seeds are integers >= 0, at most
+    :data:`MAX_SEEDS` of them; anything else is a ValueError naming ``--seeds``."""
+    usage = f"--seeds {text!r}: give distinct integers >= 0 as a range or a list (e.g. 0-4 or 0,1,2)"
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
-        if "-" in part[1:]:
-            a, b = part.split("-", 1) if not part.startswith("-") else (part, part)
-            out.extend(range(int(a), int(b) + 1))
-        elif part:
-            out.append(int(part))
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        if not lo.strip().isdigit() or (dash and not hi.strip().isdigit()):
+            raise ValueError(usage)
+        a, b = int(lo), int(hi) if dash else int(lo)
+        if b < a:
+            raise ValueError(f"{usage}; {part!r} runs backwards")
+        if len(out) + b - a + 1 > MAX_SEEDS:
+            raise ValueError(f"--seeds {text!r} asks for more than {MAX_SEEDS} seeds")
+        out.extend(range(a, b + 1))
     if not out or len(set(out)) != len(out):
-        raise ValueError(f"--seeds {text!r} must list distinct integers (e.g. 0-4 or 0,1,2)")
+        raise ValueError(usage)
     return out
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -89,11 +90,17 @@ def _iter_rows(path: Path):
         return
     opener = gzip.open if name.endswith(".gz") else open
     if name.endswith(".json") or name.endswith(".json.gz"):
-        with opener(path, "rt", encoding="utf-8") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: invalid JSON: {e}") from None
+        with opener(path, "rb") as f:
+            raw = f.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = raw.count(b"\n", 0, e.start) + 1
+            raise ValueError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start} of the file)") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: invalid JSON: {e}") from None
         if not isinstance(data, list):
             raise ValueError(f"{path}: a .json dataset must hold a list of objects, got {type(data).__name__}")
         for i, row in enumerate(data, start=1):
@@ -101,8 +108,12 @@ def _iter_rows(path: Path):
         return
     if not (name.endswith(".jsonl") or name.endswith(".jsonl.gz")):
         raise ValueError(f"{path}: unsupported dataset format (use .jsonl, .jsonl.gz, .json or .parquet)")
-    with opener(path, "rt", encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
+    with opener(path, "rb") as f:
+        for i, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start} of the line)") from None
             if not line.strip():
                 continue
             try:
@@ -121,13 +132,16 @@ def _answer_text(value: Any, where: str, field_name: str) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
+        if not math.isfinite(value):  # JSON's NaN / Infinity: never trained as the text "nan"
+            raise ValueError(f"{where}: field {field_name!r} is not a finite number ({value!r})")
         return str(int(value)) if value.is_integer() else repr(value)
     raise ValueError(f"{where}: field {field_name!r} must be a string or a number, got {type(value).__name__}")
 
 
 def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_field: str = "answer",
                  id_field: str | None = None, source_field: str = "source",
-                 limit: int | None = None) -> list[Problem]:
+                 limit: int | None = None, field_settings: str = "problem_field= / answer_field= / id_field=",
+                 ) -> list[Problem]:
     """Loads math problems from a file, or a shipped dataset by name.
 
     Args:
@@ -139,6 +153,8 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
             index (0, 1, ...). Given explicitly, every row must have it.
         source_field: optional field copied into :attr:`Problem.source`.
         limit: keep the first N rows.
+        field_settings: how the caller's user names the fields, quoted by the missing-field error
+            (the trainer passes ``data.problem_key= / data.answer_key=``).
     Raises:
         FileNotFoundError: no such file. ValueError: bad JSON or a missing / empty field, naming the
         file and line (row), the field and the fields the row has.
@@ -159,7 +175,7 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
         for name in (problem_field, answer_field) + ((id_field,) if id_field else ()):
             if name not in row:
                 raise ValueError(f"{where}: missing field {name!r} (the row has: {', '.join(map(str, row))}); "
-                                 f"choose the field with problem_field= / answer_field= / id_field=")
+                                 f"choose the field with {field_settings}")
         problem = row[problem_field]
         if not isinstance(problem, str) or not problem.strip():
             raise ValueError(f"{where}: field {problem_field!r} must be a non-empty string")

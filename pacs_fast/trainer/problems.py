@@ -24,7 +24,8 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
 
     def load(path):
         return [{"id": p.id, "problem": p.problem, "answer": p.answer}
-                for p in load_dataset(path, problem_field=cfg.data.problem_key, answer_field=cfg.data.answer_key)]
+                for p in load_dataset(path, problem_field=cfg.data.problem_key, answer_field=cfg.data.answer_key,
+                                          field_settings="data.problem_key= / data.answer_key=")]
 
     train = load(cfg.data.dataset)
     if not train:

@@ -1,0 +1,90 @@
+"""Pre-flight memory check: refuses, before any model is loaded, a rollout that cannot fit.
+
+What is estimated is the peak of one decode step of the Hugging Face engine: for every row of a
+chunk (``max(rollout.n, engine batch)`` rows) four fp32 vocabulary-sized tensors (the logits, their
+temperature-scaled copy, the probabilities and the sampler's scratch), plus the rows' KV cache for
+``rollout.max_new_tokens`` tokens; model weights and activations come on top. It is compared with
+the memory the engine's device has (``MemAvailable`` of the host, or the GPU's total). It refuses the
+runs that cannot start, such as ``rollout.n=10000`` on a 151,936-token vocabulary (24 GB of
+vocabulary-sized tensors), with one line naming the keys; the default run and the configs in
+``configs/`` pass. vLLM manages its own memory (``rollout.gpu_memory_utilization``) and is not
+estimated here.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+GiB = 1024 ** 3
+VOCAB_COPIES = 4  # fp32 [rows, vocab] tensors alive at a decode step's peak (see the module docstring)
+
+
+def model_shape(cfg) -> dict:
+    """vocab, hidden, layers, kv_heads, head_dim, dtype bytes of the run's model, from its
+    ``config.json`` (or the built-in tiny model's settings); an empty dict when unknown."""
+    if not cfg.model.path:
+        H = cfg.model.tiny_hidden_size
+        return {"vocab": 128, "hidden": H, "layers": cfg.model.tiny_num_layers, "kv_heads": 1,
+                "head_dim": 32, "bytes": 4}
+    try:
+        c = json.loads((Path(cfg.model.path).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    c = c.get("text_config", c)
+    H, heads = c.get("hidden_size"), c.get("num_attention_heads")
+    if not (H and heads and c.get("vocab_size") and c.get("num_hidden_layers")):
+        return {}
+    return {"vocab": int(c["vocab_size"]), "hidden": int(H), "layers": int(c["num_hidden_layers"]),
+            "kv_heads": int(c.get("num_key_value_heads") or heads), "head_dim": int(c.get("head_dim") or H // heads),
+            "bytes": 2 if cfg.model.dtype in ("bfloat16", "float16") else 4}
+
+
+def engine_rows(cfg) -> int:
+    """Rows of the HF engine's largest decode chunk (see pacs_fast.trainer.build and rollout.hf)."""
+    batch = min(max(cfg.train.prompts_per_step * cfg.rollout.n, cfg.data.eval_size * cfg.rollout.eval_n), 1024)
+    return max(cfg.rollout.n, cfg.rollout.eval_n, batch)
+
+
+def hf_engine_bytes(cfg, shape: dict) -> int:
+    rows = engine_rows(cfg)
+    logits = VOCAB_COPIES * rows * shape["vocab"] * 4
+    kv = rows * shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * cfg.rollout.max_new_tokens * shape["bytes"]
+    return logits + kv
+
+
+def available_bytes(device: str) -> int | None:
+    """Memory the engine's device has: the GPU's total, or the host's MemAvailable (None if unknown)."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(cfg, *, available: int | None = None) -> None:
+    """ValueError naming the keys when the HF engine's decode step cannot fit (see the module)."""
+    if cfg.rollout.engine != "hf":
+        return
+    shape = model_shape(cfg)
+    if not shape:
+        return
+    if available is None:
+        device = cfg.model.device
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        available = available_bytes(device)
+    need = hf_engine_bytes(cfg, shape)
+    if available is not None and need > available:
+        raise ValueError(
+            f"rollout.n={cfg.rollout.n} (with train.prompts_per_step={cfg.train.prompts_per_step}, "
+            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}) cannot fit: the engine decodes {engine_rows(cfg):,} "
+            f"rows at once, whose logits over {shape['vocab']:,} tokens and KV cache need about "
+            f"{need / GiB:.1f} GiB, and {available / GiB:.1f} GiB are available; lower rollout.n")

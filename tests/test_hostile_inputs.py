@@ -1,0 +1,132 @@
+"""The smaller silent-wrong paths of issue 23 (finding 6): each bad input is one line naming the key,
+file or line, before any model loads; a default does not force a second key; str keys take the text
+as written."""
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from pacs_fast.config import Config, load_config, validate
+from pacs_fast.data.datasets import load_dataset
+from pacs_fast.experiment import parse_seeds
+from pacs_fast.trainer.preflight import GiB, check_memory, hf_engine_bytes, model_shape
+
+ROOT = Path(__file__).resolve().parent.parent
+QWEN = {"vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+        "num_key_value_heads": 2, "model_type": "qwen2"}
+
+
+def cli(args, capsys):
+    from pacs_fast.train import main
+    try:
+        main(args)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def qwen_folder(tmp_path, tokenizer=True) -> Path:
+    folder = tmp_path / "qwen"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN))
+    if tokenizer:
+        (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+def test_a_rollout_that_cannot_fit_is_refused_before_the_model_loads(tmp_path, capsys):
+    folder = qwen_folder(tmp_path)  # no weights: loading the model would fail differently
+    code, err = cli([f"model.path={folder}", "data.dataset=math500", "rollout.n=10000",
+                     f"train.out_dir={tmp_path / 'runs'}"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: rollout.n=10000 (with train.prompts_per_step=64") and "lower rollout.n" in err
+    # 10000 rows x 151,936 x 4 fp32 copies = 24.3 GB: more than a 24 GiB machine has
+    cfg = load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.n=10000"])
+    assert hf_engine_bytes(cfg, model_shape(cfg)) > 4 * 10000 * 151936 * 4
+
+
+def test_the_default_run_and_a_gpu_sized_run_pass_the_check(tmp_path):
+    check_memory(Config())  # the built-in model, this machine
+    folder = qwen_folder(tmp_path)
+    cfg = load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.n=8",
+                             "train.prompts_per_step=128", "rollout.max_new_tokens=4096", "model.dtype=bfloat16"])
+    check_memory(cfg, available=80 * GiB)  # an H100: 1024 rows decode in ~4 GiB of logits + KV
+    with pytest.raises(ValueError, match="lower rollout.n"):
+        check_memory(cfg, available=1 * GiB)
+    for name in ("pacs_qwen2.5_7b_deepscaler", "pacs_qwen2.5_3b_deepscaler"):
+        paper = load_config(ROOT / "configs" / f"{name}.yaml")
+        check_memory(paper, available=80 * GiB)  # vLLM: its memory is vLLM's own
+
+
+def test_a_model_folder_without_tokenizer_files(tmp_path, capsys):
+    folder = qwen_folder(tmp_path, tokenizer=False)
+    code, err = cli([f"model.path={folder}", "data.dataset=math500", f"train.out_dir={tmp_path / 'runs'}"], capsys)
+    assert code == 2 and err.count("\n") == 1 and f"model.path '{folder}' has no tokenizer files" in err, err
+
+
+@pytest.mark.parametrize("out_dir,match", [("/sys/pacs_fast_runs", "is not writable"),
+                                           ("{tmp}/file.txt/runs", "is a file")])
+def test_an_unwritable_out_dir_is_one_line(tmp_path, capsys, out_dir, match):
+    (tmp_path / "file.txt").write_text("x")
+    code, err = cli([f"train.out_dir={out_dir.format(tmp=tmp_path)}"], capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: train.out_dir") and match in err, err
+
+
+def test_dataset_errors_name_file_and_line(tmp_path):
+    rows = [{"problem": "1+1", "answer": "2"}, {"problem": "2+2", "answer": 4.0}]
+    good = "\n".join(json.dumps(r) for r in rows) + "\n"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(good.encode() + b'{"problem": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(ValueError, match=rf"{bad}:3: not UTF-8 text"):
+        load_dataset(bad)
+    gz = tmp_path / "bad.jsonl.gz"
+    gz.write_bytes(gzip.compress(b'\n{"problem": "x\xff", "answer": "1"}\n'))
+    with pytest.raises(ValueError, match=rf"{gz}:2: not UTF-8 text"):
+        load_dataset(gz)
+    js = tmp_path / "bad.json"
+    js.write_bytes(b'[\n{"problem": "a", "answer": "1"},\n{"problem": "\xff", "answer": "1"}]')
+    with pytest.raises(ValueError, match=rf"{js}:3: not UTF-8 text"):
+        load_dataset(js)
+    nan = tmp_path / "nan.jsonl"
+    nan.write_text(good + '{"problem": "3+3", "answer": NaN}\n')
+    with pytest.raises(ValueError, match=rf"{nan}:3: field 'answer' is not a finite number \(nan\)"):
+        load_dataset(nan)
+    (tmp_path / "good.jsonl").write_text(good)
+    assert [p.answer for p in load_dataset(tmp_path / "good.jsonl")] == ["2", "4"]
+
+
+def test_missing_field_names_the_trainers_keys(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
+    from pacs_fast.trainer.problems import load_problems
+    cfg = load_config(None, [f"data.dataset={data}", f"model.path={qwen_folder(tmp_path)}"])
+    with pytest.raises(ValueError, match=r"missing field 'problem'.*choose the field with data.problem_key= / "
+                                         r"data.answer_key="):
+        load_problems(cfg)
+    with pytest.raises(ValueError, match=r"choose the field with problem_field="):
+        load_dataset(data)  # the library function names its own arguments
+
+
+@pytest.mark.parametrize("text", ["5-", "0-200000", "-1", "4-2", "x", "1,1"])
+def test_experiment_seeds_are_bounded_and_named(text):
+    with pytest.raises(ValueError, match=r"^--seeds "):
+        parse_seeds(text)
+
+
+def test_prompts_per_step_alone_is_a_valid_run():
+    for P, mini in ((4, 4), (64, 32), (48, 24), (7, 7)):
+        cfg = load_config(None, [f"train.prompts_per_step={P}"])
+        validate(cfg)
+        assert cfg.learner.mini_batch_prompts == mini and cfg.learner.micro_batch_prompts == mini
+    cfg = load_config(None, ["train.prompts_per_step=8", "learner.mini_batch_prompts=4"])
+    assert (cfg.learner.mini_batch_prompts, cfg.learner.micro_batch_prompts) == (4, 4)
+    with pytest.raises(ValueError, match="learner.mini_batch_prompts=32 must divide train.prompts_per_step=4"):
+        validate(load_config(None, ["train.prompts_per_step=4", "learner.mini_batch_prompts=32"]))
+
+
+@pytest.mark.parametrize("word", ["off", "no", "on", "yes", "true", "null", "1e3"])
+def test_a_str_key_takes_the_text_as_written(word):
+    cfg = load_config(None, [f"train.run_name={word}", "train.tensorboard=off", 'reward.step_split=" "'])
+    assert cfg.train.run_name == word and cfg.train.tensorboard is False and cfg.reward.step_split == " "
