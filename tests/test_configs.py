@@ -24,6 +24,7 @@ def test_paper_recipe(name, tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (model / "tokenizer.json").write_text("{}")  # a model folder needs its tokenizer (checked too)
     data = tmp_path / "deepscaler.jsonl"
     data.write_text(json.dumps({"problem": "1+1", "answer": "2"}) + "\n")
     cfg = load_config(CONFIGS / name, [f"model.path={model}"])

@@ -203,6 +203,7 @@ def test_bad_settings_are_one_line_errors_before_any_model_work(tmp_path, capsys
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
     three = tmp_path / "three.jsonl"
     three.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(3)))
     args = {
@@ -230,6 +231,7 @@ def test_shipped_dataset_names_are_accepted(tmp_path):
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
     validate(load_config(None, ["data.dataset=math_train", "data.eval_dataset=math500", f"model.path={model}"]))
     with pytest.raises(ValueError, match="neither a shipped dataset"):
         validate(load_config(None, ["data.dataset=math_trian", f"model.path={model}"]))

@@ -104,6 +104,7 @@ def test_bad_input_fails_fast_with_a_clear_error(tmp_path, case, capsys):
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text("{}")  # looks like an HF folder: the data error comes first
+    (model_dir / "tokenizer.json").write_text("{}")
     args = {
         "no_answers": [f"data.dataset={data}", f"model.path={model_dir}"],
         "bad_model": [f"model.path={tmp_path / 'missing'}"],
