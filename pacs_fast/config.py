@@ -144,6 +144,12 @@ class LearnerConfig:
     shared_prefix: bool = _f(True, "torch learner: run the longest common prefix of each group's rows (prompt and "
                              "any shared response start) once and the rest of each row on its key/value cache "
                              "(same result, (G-1)/G less compute for that prefix)")
+    packing: str = _f("auto", "torch learner, rows run whole (no shared prefix): on = rows packed end to end "
+                      "without padding (attention kept inside each sequence), off = right-padded rows, auto = "
+                      "packed when that runs at least 20% fewer token slots (pacs_fast/learner/packing.py)")
+    max_tokens_per_micro_batch: int = _f(0, "torch learner: micro-batches cut by token count (whole groups, "
+                                         "about equal tokens each) instead of learner.micro_batch_prompts; "
+                                         "0 = off")
     tp_size: int = _f(1, "megatron: tensor-parallel size; divides the number of torchrun processes "
                       "(the rest is data parallelism)")
     critic_lr: float = _f(1e-3, "ppo: learning rate of the value head")
@@ -525,6 +531,23 @@ def _check_writable(key: str, folder: Path) -> None:
                          f"another {key}") from None
 
 
+def _validate_micro_batching(cfg: Config) -> None:
+    """learner.packing / learner.max_tokens_per_micro_batch: the torch learner's; a budget must hold
+    the largest group the rollout settings allow (checked here, before any model loads)."""
+    budget = cfg.learner.max_tokens_per_micro_batch
+    if budget < 0:
+        raise ValueError(f"learner.max_tokens_per_micro_batch must be >= 0 (0 = off), got {budget}")
+    if cfg.learner.backend == "megatron" and (budget or cfg.learner.packing == "on"):
+        raise ValueError("learner.packing=on and learner.max_tokens_per_micro_batch are torch-learner settings; "
+                         "learner.backend=megatron pads its micro-batches (set learner.packing=auto and "
+                         "learner.max_tokens_per_micro_batch=0)")
+    largest = cfg.rollout.n * (cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens)
+    if budget and budget < largest:
+        raise ValueError(f"learner.max_tokens_per_micro_batch={budget} cannot hold the largest group: rollout.n="
+                         f"{cfg.rollout.n} x (data.max_prompt_tokens={cfg.data.max_prompt_tokens} + "
+                         f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}) = {largest} tokens")
+
+
 def _validate_paths(cfg: Config) -> None:
     """Files and folders the run reads or writes, checked before any model work."""
     what = _needs_cuda(cfg)
@@ -625,6 +648,8 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
     _choice("model.device", cfg.model.device, ("auto", "cpu", "cuda"))
     _choice("model.attention", cfg.model.attention, ATTENTIONS)
+    _choice("learner.packing", cfg.learner.packing, ("auto", "on", "off"))
+    _validate_micro_batching(cfg)
     _validate_numbers(cfg)
 
     G = cfg.rollout.n

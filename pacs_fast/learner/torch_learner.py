@@ -5,7 +5,13 @@ Log-probs come from the model's final hidden states and its LM head through
 tensor is never built (``model.model`` gives the hidden states; ``lm_head.weight`` the head).
 With ``learner.shared_prefix`` the longest common prefix of each group's rows (its prompt and
 any start its ``G`` responses share) runs once and the rest of each row on top of its key/value
-cache (:mod:`pacs_fast.learner.shared_prefix`), else every row runs whole.
+cache (:mod:`pacs_fast.learner.shared_prefix`), else every row runs whole: packed end to end
+without padding (``learner.packing``, :mod:`pacs_fast.learner.packing`) or right-padded. The two
+are alternatives, not layers: the shared-prefix forward already skips the G-1 repeats of a group's
+prompt, which packing cannot; packing removes the padding of whole rows, which is where it is used
+(``learner.shared_prefix=false``, gradient checkpointing, groups without a common prefix).
+Micro-batches hold ``learner.micro_batch_prompts`` groups, or, with
+``learner.max_tokens_per_micro_batch``, whole groups of about equal token counts.
 
 Optimisation: AdamW, global grad-norm clipping, mini-batches of whole groups (one optimiser step
 each) accumulated over micro-batches of whole groups; the loss of each micro-batch is scaled so
@@ -29,6 +35,7 @@ import torch
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import (Learner, NonFiniteError, RolloutBatch, by_length, group_rows,
                                     holds_reference_model, minibatch_counts, needs_reference, objective)
+from pacs_fast.learner.packing import Packed, pack, padded_slots, token_budget_micro_batches
 from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,
                                             shared_prefix_hidden, split_groups, trained_states)
 from pacs_fast.ops.linear_logprobs import linear_logprobs
@@ -134,12 +141,18 @@ class TorchLearner(Learner):
             def scatter(x):
                 return scatter_to_rows(x, sel, T)
         else:
-            # Rows are right-padded, so the causal mask alone is exact for every real token. The last
-            # column is only ever a label, so it is not fed.
-            hidden = _decoder(model)(input_ids=ids[:, :max(T - 1, 1)],
-                                     use_cache=False).last_hidden_state[:, :T - 1]  # [b, T-1, H]
             sel = mask[:, 1:] > 0                              # positions t >= 1 that are response tokens
-            h = hidden[sel]                                    # hidden state that predicts token t
+            packed = self._packed(model, ids, batch.attention_mask.to(self.device))
+            if packed is not None:  # rows end to end, no padding (pacs_fast/learner/packing.py)
+                hidden = _decoder(model)(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                                         attention_mask=packed.attention_mask, use_cache=False).last_hidden_state
+                h = packed.gather(hidden, sel)
+            else:
+                # Rows are right-padded, so the causal mask alone is exact for every real token. The last
+                # column is only ever a label, so it is not fed.
+                hidden = _decoder(model)(input_ids=ids[:, :max(T - 1, 1)],
+                                         use_cache=False).last_hidden_state[:, :T - 1]  # [b, T-1, H]
+                h = hidden[sel]                                # hidden state that predicts token t
             labels = ids[:, 1:][sel]
 
             def scatter(x):
@@ -161,24 +174,46 @@ class TorchLearner(Learner):
             v = scatter(v.to(torch.promote_types(v.dtype, torch.float32)))
         return scatter(lp), (scatter(ent) if ent is not None else None), v
 
+    def _packed(self, model, ids: torch.Tensor, attention_mask: torch.Tensor) -> Packed | None:
+        """The packed layout of these whole rows, or None to run them padded (``learner.packing``:
+        ``auto`` packs when that runs >= 20% fewer token slots)."""
+        if self.cfg.packing == "off" or ids.shape[0] < 2:
+            return None
+        impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
+        packed = pack(ids, attention_mask, implementation=impl, dtype=next(model.parameters()).dtype)
+        if self.cfg.packing == "auto" and packed.slots > 0.8 * padded_slots(attention_mask):
+            return None
+        return packed
+
+    def _micro_batches(self, batch: RolloutBatch, limit: int) -> list[list[int]]:
+        """Group positions of ``batch`` per micro-batch: ``limit`` groups each, or, with
+        ``learner.max_tokens_per_micro_batch``, about equal real-token counts (whole groups)."""
+        budget = self.cfg.max_tokens_per_micro_batch
+        if budget:
+            tokens = batch.attention_mask.sum(-1).view(batch.num_groups, batch.group_size).sum(-1).tolist()
+            return token_budget_micro_batches([int(t) for t in tokens], budget)
+        return [list(range(s, min(s + limit, batch.num_groups))) for s in range(0, batch.num_groups, limit)]
+
     # ------------------------------------------------------------------ Learner
     @torch.no_grad()
     def compute_logprobs(self, batch: RolloutBatch, *, reference: bool = False, return_entropy: bool = False):
         model = self._model_for(reference)
         was = model.training
         model.eval()
+        parts = self._micro_batches(batch, self.cfg.micro_batch_prompts)
         try:
-            outs = [self._forward(model, batch.groups(range(s, min(s + self.cfg.micro_batch_prompts,
-                                                                    batch.num_groups))),
-                                  entropy=return_entropy, values=False)
-                    for s in range(0, batch.num_groups, self.cfg.micro_batch_prompts)]
+            outs = [self._forward(model, batch.groups(p), entropy=return_entropy, values=False) for p in parts]
         finally:
             model.train(was)
         T = batch.input_ids.shape[1]
+        rows = group_rows([g for p in parts for g in p], batch.group_size)
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1])).cpu()  # noqa: E731
-        logp = torch.cat([pad(o[0]) for o in outs])
+        logp = torch.empty(batch.num_rows, T)
+        logp[rows] = torch.cat([pad(o[0]) for o in outs]).float()
         if return_entropy:
-            return logp, torch.cat([pad(o[1]) for o in outs])
+            ent = torch.empty(batch.num_rows, T)
+            ent[rows] = torch.cat([pad(o[1]) for o in outs]).float()
+            return logp, ent
         return logp
 
     @torch.no_grad()
@@ -186,12 +221,12 @@ class TorchLearner(Learner):
         if self.value_head is None:
             raise ValueError("compute_values: algo.name is not 'ppo' (no value head)")
         T = batch.input_ids.shape[1]
-        outs = []
-        for s in range(0, batch.num_groups, self.cfg.micro_batch_prompts):
-            mb = batch.groups(range(s, min(s + self.cfg.micro_batch_prompts, batch.num_groups)))
-            _, _, v = self._forward(self.model, mb, entropy=False, values=True)
-            outs.append(torch.nn.functional.pad(v, (0, T - v.shape[1])).cpu())
-        return torch.cat(outs)
+        parts = self._micro_batches(batch, self.cfg.micro_batch_prompts)
+        out = torch.empty(batch.num_rows, T)
+        for p in parts:
+            _, _, v = self._forward(self.model, batch.groups(p), entropy=False, values=True)
+            out[group_rows(p, batch.group_size)] = torch.nn.functional.pad(v, (0, T - v.shape[1])).float().cpu()
+        return out
 
     def _prefill_old_logprobs(self, batch: RolloutBatch, first_groups: torch.Tensor) -> None:
         """Allocates ``old_logp`` / ``old_entropy`` ([B, T] fp32) and fills the rows of every group
@@ -246,15 +281,16 @@ class TorchLearner(Learner):
                 counts = minibatch_counts(mb)
                 self.optimizer.zero_grad(set_to_none=True)
                 step_metrics: dict[str, float] = {"loss": 0.0}
-                for m in range(0, mb.num_groups, micro):
-                    mcb = mb.groups(range(m, min(m + micro, mb.num_groups))).to(self.device)
+                for part in self._micro_batches(mb, micro):
+                    mcb = mb.groups(part).to(self.device)
+                    part_groups = mb_groups[torch.as_tensor(part, dtype=torch.long)]
                     logp, ent, values = self._forward(self.model, mcb, entropy=need_ent or fused_here,
                                                       values=self.value_head is not None)
                     if fused_here:
                         mcb.old_logp = logp.detach()
                         if batch.ref_logp is batch.old_logp:
                             mcb.ref_logp = mcb.old_logp
-                        rows, w = group_rows(mb_groups[m:m + micro], batch.group_size), logp.shape[1]
+                        rows, w = group_rows(part_groups, batch.group_size), logp.shape[1]
                         batch.old_logp[rows, :w] = mcb.old_logp.float().cpu()
                         batch.old_entropy[rows, :w] = ent.detach().float().cpu()
                     loss, met = objective(self.algo, mcb, logp, ent if need_ent else None, values, counts,
@@ -268,7 +304,7 @@ class TorchLearner(Learner):
                             terms.setdefault(k, []).append(v.detach().cpu())
                     if "psi" in met:
                         terms.setdefault("rewards", []).append(mcb.rewards.detach().cpu())
-                        terms.setdefault("rows", []).append(group_rows(mb_groups[m:m + micro], batch.group_size))
+                        terms.setdefault("rows", []).append(group_rows(part_groups, batch.group_size))
                 max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
                 step_metrics["grad_norm"] = float(grad_norm)

@@ -1,0 +1,125 @@
+"""Packed rows for the learner: whole sequences laid end to end in bins, without padding.
+
+A micro-batch's rows are right-padded to its longest one; on long, uneven responses most of the
+forward and backward then runs on padding. :func:`pack` lays the rows (each without its last token,
+which is only ever a label) end to end into ``nb`` bins of ``capacity`` tokens (first-fit decreasing;
+``capacity`` = the longest row, so the bins are as long as the padded batch's rows and there are
+fewer of them), with per-sequence position ids that restart at 0 and an attention mask that never
+crosses a sequence boundary (block-diagonal causal, ``[nb, 1, C, C]``: boolean for SDPA-style
+implementations, additive for ``eager``). With flash-attention (``flash_attention_2/3``) the bins are
+a single row and the boundaries come from the position ids alone (its varlen path), with no mask.
+
+Exact: every real token sees exactly the tokens it sees in the padded batch, at the same positions,
+so log-probs, entropies and gradients equal the padded forward's up to floating-point rounding (the
+matmuls run on other shapes).
+
+:func:`token_budget_micro_batches` cuts a mini-batch's groups into micro-batches of about equal token
+count (sorted first-fit decreasing), never splitting a group.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FLASH = ("flash_attention_2", "flash_attention_3")
+
+
+def first_fit_decreasing(sizes: list[int], capacity: int) -> list[list[int]]:
+    """Indices of ``sizes`` in bins whose sums stay <= ``capacity`` (each size <= capacity), the
+    largest first, each into the first bin it fits. Deterministic (ties by index)."""
+    if sizes and max(sizes) > capacity:
+        raise ValueError(f"an item of {max(sizes)} does not fit a bin of {capacity}")
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        for b, free in enumerate(room):
+            if sizes[i] <= free:
+                bins[b].append(i)
+                room[b] -= sizes[i]
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - sizes[i])
+    return bins
+
+
+@dataclass
+class Packed:
+    """A packed micro-batch. ``input_ids`` / ``position_ids`` ``[nb, C]`` int64, ``attention_mask``
+    ``[nb, 1, C, C]`` (bool, or float additive) or None (flash); ``row``, ``start``, ``length``
+    ``[b]``: the bin of row ``i``, where its tokens start there, how many it has."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+    row: torch.Tensor
+    start: torch.Tensor
+    length: torch.Tensor
+
+    @property
+    def slots(self) -> int:
+        return int(self.input_ids.numel())
+
+    def gather(self, hidden: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+        """``hidden [nb, C, H]`` at the ``(row i, position t)`` pairs where ``sel [b, T-1]`` is
+        True, in ``sel``'s row-major order (what the padded forward's ``hidden[sel]`` gives)."""
+        i, t = sel.nonzero(as_tuple=True)
+        return hidden[self.row[i], self.start[i] + t]
+
+
+def pack(ids: torch.Tensor, attention_mask: torch.Tensor, *, implementation: str = "sdpa",
+         dtype: torch.dtype = torch.float32) -> Packed:
+    """Packs the rows of a right-padded batch ``ids [b, T]`` (real tokens where ``attention_mask``
+    is 1), each without its last token (see the module docstring). ``implementation``: the model's
+    attention implementation, which decides the mask's form; ``dtype``: the additive mask's dtype."""
+    b, T = ids.shape
+    lengths = (attention_mask.sum(-1).long() - 1).clamp(min=1)  # the last real token is only a label
+    sizes = lengths.tolist()
+    flash = implementation in FLASH
+    capacity = sum(sizes) if flash else max(sizes)
+    bins = first_fit_decreasing(sizes, capacity)
+    nb = len(bins)
+    row = torch.empty(b, dtype=torch.long)
+    start = torch.empty(b, dtype=torch.long)
+    packed = torch.zeros(nb, capacity, dtype=ids.dtype)
+    pos = torch.zeros(nb, capacity, dtype=torch.long)
+    seg = torch.full((nb, capacity), -1, dtype=torch.long)  # -1: an empty slot
+    for k, members in enumerate(bins):
+        at = 0
+        for i in sorted(members):  # row order inside a bin: deterministic, readable
+            n = sizes[i]
+            row[i], start[i] = k, at
+            packed[k, at:at + n] = ids[i, :n]
+            pos[k, at:at + n] = torch.arange(n)
+            seg[k, at:at + n] = i
+            at += n
+        pos[k, at:] = torch.arange(capacity - at)  # empty slots: any valid positions, never read
+    mask = None
+    if not flash:
+        causal = torch.ones(capacity, capacity, dtype=torch.bool).tril()
+        same = seg[:, :, None] == seg[:, None, :]
+        allowed = (same & causal)[:, None]  # an empty slot sees the empty slots before it: no empty row
+        if implementation == "eager":
+            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        else:
+            mask = allowed
+    return Packed(packed.to(ids.device), pos.to(ids.device), None if mask is None else mask.to(ids.device),
+                  row.to(ids.device), start.to(ids.device), lengths.to(ids.device))
+
+
+def padded_slots(attention_mask: torch.Tensor) -> int:
+    """Token slots the padded forward runs: ``b * (T - 1)`` with ``T`` the longest row."""
+    lengths = attention_mask.sum(-1).long()
+    return int(attention_mask.shape[0] * max(int(lengths.max()) - 1, 1))
+
+
+def token_budget_micro_batches(group_tokens: list[int], budget: int) -> list[list[int]]:
+    """Positions of ``group_tokens`` (tokens of each group) cut into micro-batches of at most
+    ``budget`` tokens each, about equal (first-fit decreasing; a group is never split). ValueError
+    naming both numbers when one group alone is larger than the budget."""
+    if group_tokens and max(group_tokens) > budget:
+        raise ValueError(f"a group of {max(group_tokens)} tokens is larger than learner.max_tokens_per_micro_batch="
+                         f"{budget}: raise the budget (a group's G responses train together)")
+    bins = first_fit_decreasing(group_tokens, budget)
+    return [sorted(b) for b in bins]
