@@ -144,9 +144,9 @@ class LearnerConfig:
     shared_prefix: bool = _f(True, "torch learner: run the longest common prefix of each group's rows (prompt and "
                              "any shared response start) once and the rest of each row on its key/value cache "
                              "(same result, (G-1)/G less compute for that prefix)")
-    packing: str = _f("auto", "torch learner, rows run whole (no shared prefix): on = rows packed end to end "
-                      "without padding (attention kept inside each sequence), off = right-padded rows, auto = "
-                      "packed when that runs at least 20% fewer token slots (pacs_fast/learner/packing.py)")
+    packing: str = _f("auto", "torch learner: on = rows packed end to end without padding (attention kept "
+                      "inside each sequence), off = right-padded rows or the shared-prefix forward, auto = packed "
+                      "when that runs at least 20% fewer token slots than those (pacs_fast/learner/packing.py)")
     max_tokens_per_micro_batch: int = _f(0, "torch learner: micro-batches cut by token count (whole groups, "
                                          "about equal tokens each) instead of learner.micro_batch_prompts; "
                                          "0 = off")

@@ -58,11 +58,13 @@ def random_batch(rng, groups, G, vocab=90, empty=False, longest=9, shared_start=
     return build_batch(prompts, responses, [float(rng.random() < 0.5) for _ in range(groups * G)], pad_id=0)
 
 
-def learner_for(model, shared, algo="ppo", attn="sdpa"):
+def learner_for(model, shared, algo="ppo", attn="sdpa", packing="off"):
+    """packing="off": the shared-prefix forward against padded whole rows (learner.packing=auto could
+    replace either with packed rows; tests/test_packing.py checks those)."""
     model = copy.deepcopy(model)
     model.set_attn_implementation(attn)
     return TorchLearner(model, algo=AlgoConfig(name=algo),
-                        learner=LearnerConfig(shared_prefix=shared), temperature=0.7, horizon=9)
+                        learner=LearnerConfig(shared_prefix=shared, packing=packing), temperature=0.7, horizon=9)
 
 
 def assert_grads_close(want, got, attn="sdpa"):

@@ -114,6 +114,17 @@ def padded_slots(attention_mask: torch.Tensor) -> int:
     return int(attention_mask.shape[0] * max(int(lengths.max()) - 1, 1))
 
 
+def shared_prefix_slots(ids: torch.Tensor, attention_mask: torch.Tensor, group_size: int) -> int:
+    """Token slots the shared-prefix forward runs (:mod:`pacs_fast.learner.shared_prefix`): each
+    group's common prefix once, plus every row's rest padded to the longest rest."""
+    from pacs_fast.learner.shared_prefix import common_prefix_lengths
+
+    lengths = attention_mask.sum(-1).long()
+    prefix = common_prefix_lengths(ids, lengths, group_size)
+    rest = lengths - prefix.repeat_interleave(group_size)
+    return int(prefix.sum()) + int(ids.shape[0] * max(int(rest.max()), 1))
+
+
 def token_budget_micro_batches(group_tokens: list[int], budget: int) -> list[list[int]]:
     """Positions of ``group_tokens`` (tokens of each group) cut into micro-batches of at most
     ``budget`` tokens each, about equal (first-fit decreasing; a group is never split). ValueError

@@ -8,8 +8,10 @@ any start its ``G`` responses share) runs once and the rest of each row on top o
 cache (:mod:`pacs_fast.learner.shared_prefix`), else every row runs whole: packed end to end
 without padding (``learner.packing``, :mod:`pacs_fast.learner.packing`) or right-padded. The two
 are alternatives, not layers: the shared-prefix forward already skips the G-1 repeats of a group's
-prompt, which packing cannot; packing removes the padding of whole rows, which is where it is used
-(``learner.shared_prefix=false``, gradient checkpointing, groups without a common prefix).
+prompt, which packing cannot; packing removes the padding of whole rows. ``learner.packing=auto``
+packs when that runs at least 20% fewer token slots than the forward it replaces (padded rows, or
+the shared prefix plus each row's rest padded to the longest rest): on long, uneven responses the
+padding outweighs the prompt repeats. ``on`` always packs, ``off`` never.
 Micro-batches hold ``learner.micro_batch_prompts`` groups, or, with
 ``learner.max_tokens_per_micro_batch``, whole groups of about equal token counts.
 
@@ -35,7 +37,7 @@ import torch
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import (Learner, NonFiniteError, RolloutBatch, by_length, group_rows,
                                     holds_reference_model, minibatch_counts, needs_reference, objective)
-from pacs_fast.learner.packing import Packed, pack, padded_slots, token_budget_micro_batches
+from pacs_fast.learner.packing import Packed, pack, padded_slots, shared_prefix_slots, token_budget_micro_batches
 from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,
                                             shared_prefix_hidden, split_groups, trained_states)
 from pacs_fast.ops.linear_logprobs import linear_logprobs
@@ -131,9 +133,16 @@ class TorchLearner(Learner):
         ids = batch.input_ids.to(self.device)
         mask = batch.response_mask.to(self.device)
         b, T = ids.shape
+        att = batch.attention_mask.to(self.device)
         layout = None
         if self.cfg.shared_prefix and not getattr(model, "is_gradient_checkpointing", False):
-            layout = split_groups(ids, batch.attention_mask.to(self.device), batch.group_size)
+            layout = split_groups(ids, att, batch.group_size)
+        packed = None
+        if self.cfg.packing != "off" and (layout is None or self.cfg.packing == "auto"):
+            rival = padded_slots(att) if layout is None else shared_prefix_slots(ids, att, batch.group_size)
+            packed = self._packed(model, ids, att, rival)
+            if packed is not None:
+                layout = None  # packing runs fewer token slots than the shared-prefix forward here
         if layout is not None:  # each group's common prefix once, the rest of its G rows on top
             sel = select_trained(layout, mask, batch.group_size)
             h, labels = trained_states(*shared_prefix_hidden(_decoder(model), layout, batch.group_size), layout, sel)
@@ -142,7 +151,6 @@ class TorchLearner(Learner):
                 return scatter_to_rows(x, sel, T)
         else:
             sel = mask[:, 1:] > 0                              # positions t >= 1 that are response tokens
-            packed = self._packed(model, ids, batch.attention_mask.to(self.device))
             if packed is not None:  # rows end to end, no padding (pacs_fast/learner/packing.py)
                 hidden = _decoder(model)(input_ids=packed.input_ids, position_ids=packed.position_ids,
                                          attention_mask=packed.attention_mask, use_cache=False).last_hidden_state
@@ -174,14 +182,15 @@ class TorchLearner(Learner):
             v = scatter(v.to(torch.promote_types(v.dtype, torch.float32)))
         return scatter(lp), (scatter(ent) if ent is not None else None), v
 
-    def _packed(self, model, ids: torch.Tensor, attention_mask: torch.Tensor) -> Packed | None:
-        """The packed layout of these whole rows, or None to run them padded (``learner.packing``:
-        ``auto`` packs when that runs >= 20% fewer token slots)."""
+    def _packed(self, model, ids: torch.Tensor, attention_mask: torch.Tensor, rival_slots: int) -> Packed | None:
+        """The packed layout of these whole rows, or None for the other forward (``learner.packing``:
+        ``on`` always packs; ``auto`` packs when that runs >= 20% fewer token slots than the
+        ``rival_slots`` of the padded or shared-prefix forward)."""
         if self.cfg.packing == "off" or ids.shape[0] < 2:
             return None
         impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
         packed = pack(ids, attention_mask, implementation=impl, dtype=next(model.parameters()).dtype)
-        if self.cfg.packing == "auto" and packed.slots > 0.8 * padded_slots(attention_mask):
+        if self.cfg.packing == "auto" and packed.slots > 0.8 * rival_slots:
             return None
         return packed
 
