@@ -14,6 +14,9 @@ uniformly in [T/4, T], 0/1 rewards, G = --group-size. Time: best (min) of --repe
 forward+backward calls after --warmup untimed calls (CUDA: synchronised); the JSON also has
 the median. "GB/s" (CUDA, fused) counts the minimum traffic:
 forward reads logp, logp_ref, mask; backward reads mask and writes dlogp.
+"copy_ms": the floor measured in the same run, a device copy moving that same traffic (half read,
+half written); "fused_vs_copy" = fused / copy time, "copy_bw_fraction" its inverse (issue 22's
+target: >= 0.5 at B=1024, T=4096 and B=8192, T=1024).
 "err": max |fused - torch| over the loss and dlogp (when both ran).
 
 Usage (prints a table, writes JSON to bench/results/pacs_loss_<device>_<time>.json):
@@ -111,6 +114,24 @@ def time_fwd_bwd(fn, inputs, kw, repeat, device, warmup=2):
     return min(times), statistics.median(times), loss.detach(), x.grad.detach().clone()
 
 
+def copy_floor(traffic_bytes: int, device: str, repeat: int) -> float:
+    """Best time (s) of a device copy that moves ``traffic_bytes`` in all (reads half, writes half):
+    the memory-speed floor of a kernel with that much minimum traffic, measured in the same run."""
+    n = max(1, traffic_bytes // 2)
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeat + 2):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return min(times[2:])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -155,10 +176,14 @@ def main(argv=None):
                 results[name] = (loss, grad)
                 row[f"{name}_ms"] = 1e3 * t
                 row[f"{name}_median_ms"] = 1e3 * t_med
+            elt = inputs[0].element_size()
+            traffic = B * T * (2 * elt + 1) + B * T * (1 + elt)
+            row["copy_ms"] = 1e3 * copy_floor(traffic, args.device, args.repeat)
+            row["torch_vs_copy"] = row["torch_ms"] / row["copy_ms"]
             if "fused" in results:
-                elt = inputs[0].element_size()
-                traffic = B * T * (2 * elt + 1) + B * T * (1 + elt)
                 row["fused_GBps"] = traffic / (row["fused_ms"] * 1e-3) / 1e9
+                row["fused_vs_copy"] = row["fused_ms"] / row["copy_ms"]
+                row["copy_bw_fraction"] = row["copy_ms"] / row["fused_ms"]
                 row["speedup_vs_torch"] = row["torch_ms"] / row["fused_ms"]
                 (lf, gf), (lt, gt) = results["fused"], results["torch"]
                 row["err"] = max(float((lf.double() - lt.double()).abs()),
@@ -170,8 +195,8 @@ def main(argv=None):
             if args.device == "cuda":
                 torch.cuda.empty_cache()
 
-    cols = ["B", "T", "torch_ms", "loop_ms", "loop_over_torch", "fused_ms", "speedup_vs_torch",
-            "fused_GBps", "err"]
+    cols = ["B", "T", "copy_ms", "torch_ms", "torch_vs_copy", "loop_ms", "loop_over_torch", "fused_ms",
+            "speedup_vs_torch", "fused_GBps", "fused_vs_copy", "copy_bw_fraction", "err"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print(f"PACS loss fwd+bwd, device={args.device}, dtype={args.dtype}, G={args.group_size}, "
           f"score={args.score}, proxy={args.proxy}, torch {torch.__version__}, "

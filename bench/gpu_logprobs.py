@@ -1,6 +1,6 @@
 """GPU benchmark of the fused log-prob kernels: time, achieved TFLOP/s, workspace, error.
 
-Run on a CUDA machine (nothing here has been measured on a GPU yet):
+Run on a CUDA machine (first measured on an H100: bench/results/gpu/20261124_h100/):
 
     python bench/gpu_logprobs.py                                  # N=8192, H=4096, V=151936, bf16
     python bench/gpu_logprobs.py --shapes 4096x896x151936,8192x4096x151936 --dtype bf16
@@ -19,6 +19,11 @@ methods that recompute logits in the backward (pacs_*: logits, recompute, dhidde
 after warm-up. Workspace: ``torch.cuda.max_memory_allocated`` during one forward+backward minus
 memory allocated before it minus the returned gradients (DESIGN.md section 3). Error: max |.| vs a
 float64 reference of logp / entropy on 256 random rows.
+
+Floors, measured in the same run at each shape (:func:`gemm_floor`): ``torch.matmul`` for the
+forward's one GEMM and for the four GEMMs of a recomputing forward + backward. Every method's row
+carries ``fwd_vs_gemm`` (forward time / one GEMM) and ``fwd_bwd_vs_4gemm`` (forward + backward / four
+GEMMs); issue 22's targets are <= 1.10 for both at N=8192, H=4096, V=151,936, bf16.
 """
 from __future__ import annotations
 
@@ -144,6 +149,41 @@ def bench_case(name, n, h, v, dtype, device, iters):
             "workspace_gb": workspace / 1e9, "peak_gb": peak / 1e9, "max_err": err}
 
 
+def gemm_floor(n, h, v, dtype, device, iters, max_bytes):
+    """The floors measured in the same run: ``torch.matmul`` (cuBLAS on CUDA) for the forward's one
+    GEMM (``[N, H] @ [H, V]``) and for the four GEMMs a recomputing forward + backward executes
+    (logits, logits again, ``dh = dz @ W``, ``dW = dz^T @ h``), in ``dtype``. When the ``[N, V]``
+    operands (two of them) would pass ``max_bytes``, the vocabulary is cut into chunks and the chunk
+    times summed (``chunks`` in the result)."""
+    hidden, weight, _, _, _ = _inputs(n, h, v, dtype, device, seed=1)
+    chunks = max(1, int(-(-2 * n * v * hidden.element_size() // max_bytes)))
+    step = -(-v // chunks)
+    parts = [weight[i:i + step] for i in range(0, v, step)]
+    bufs = [(torch.empty(n, w.shape[0], dtype=dtype, device=device), torch.empty(n, w.shape[0], dtype=dtype,
+             device=device).normal_()) for w in parts]
+    dh = torch.empty(n, h, dtype=dtype, device=device)
+    dw = [torch.empty_like(w) for w in parts]
+
+    def one():
+        for w, (z, _) in zip(parts, bufs):
+            torch.matmul(hidden, w.T, out=z)
+
+    def four():
+        for k, (w, (z, dz)) in enumerate(zip(parts, bufs)):
+            torch.matmul(hidden, w.T, out=z)   # forward logits
+            torch.matmul(hidden, w.T, out=z)   # recomputed in the backward
+            torch.matmul(dz, w, out=dh)        # dh (accumulated over chunks in a real kernel)
+            torch.matmul(dz.T, hidden, out=dw[k])
+
+    for _ in range(2):
+        four()
+    _sync(device)
+    t1, t4 = _time(one, iters, device), _time(four, iters, device)
+    flop = 2 * n * h * v
+    return {"N": n, "H": h, "V": v, "gemm_fwd_ms": t1 * 1e3, "gemm4_ms": t4 * 1e3, "chunks": chunks,
+            "gemm_tflops": flop / t1 / 1e12, "gemm4_tflops": 4 * flop / t4 / 1e12}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="8192x4096x151936")
@@ -162,8 +202,14 @@ def main():
                          "for a smoke test of the script itself)")
     dtype = DTYPES[args.dtype]
     rows = []
+    floors = []
     for shape in args.shapes.split(","):
         n, h, v = (int(x) for x in shape.lower().split("x"))
+        floor = gemm_floor(n, h, v, dtype, args.device, args.iters, args.naive_max_bytes / 2)
+        floors.append(floor)
+        chunked = "" if floor["chunks"] == 1 else f" in {floor['chunks']} vocab chunks"
+        print(f"{'floor':12s} {shape}: one GEMM {floor['gemm_fwd_ms']:.2f} ms ({floor['gemm_tflops']:.0f} TFLOP/s), "
+              f"four GEMMs {floor['gemm4_ms']:.2f} ms ({floor['gemm4_tflops']:.0f} TFLOP/s){chunked}", flush=True)
         for m in args.methods.split(","):
             if m == "naive" and 4 * 4 * n * v > args.naive_max_bytes:
                 rows.append({"method": m, "N": n, "H": h, "V": v, "unavailable": "[N, V] copies too large"})
@@ -176,11 +222,15 @@ def main():
                     rows.append({"method": m, "N": n, "H": h, "V": v,
                                  "unavailable": f"{type(e).__name__}: {str(e)[:120]}"})
             r = rows[-1]
+            if "unavailable" not in r:  # every method's time as a ratio to the floors of this run
+                r["fwd_vs_gemm"] = r["fwd_ms"] / floor["gemm_fwd_ms"]
+                r["fwd_bwd_vs_4gemm"] = r["fwd_bwd_ms"] / floor["gemm4_ms"]
             if "unavailable" in r:
                 print(f"{m:12s} {shape}: unavailable ({r['unavailable']})", flush=True)
             else:
-                print(f"{m:12s} {shape}: fwd {r['fwd_ms']:.2f} ms ({r['fwd_tflops']:.0f} TFLOP/s)  "
-                      f"fwd+bwd {r['fwd_bwd_ms']:.2f} ms (executed {r['fwd_bwd_tflops_executed']:.0f}, "
+                print(f"{m:12s} {shape}: fwd {r['fwd_ms']:.2f} ms = {r['fwd_vs_gemm']:.2f}x one GEMM "
+                      f"({r['fwd_tflops']:.0f} TFLOP/s)  fwd+bwd {r['fwd_bwd_ms']:.2f} ms = "
+                      f"{r['fwd_bwd_vs_4gemm']:.2f}x four GEMMs (executed {r['fwd_bwd_tflops_executed']:.0f}, "
                       f"useful {r['fwd_bwd_tflops_useful']:.0f} TFLOP/s)  workspace {r['workspace_gb']:.3f} GB  "
                       f"err {r['max_err']}", flush=True)
     dev = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
@@ -188,7 +238,7 @@ def main():
                                    time.strftime("gpu_logprobs_%Y%m%d_%H%M%S.json"))
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out + ".tmp", "w") as f:
-        json.dump({"device": dev, "torch": torch.__version__, "rows": rows}, f, indent=1)
+        json.dump({"device": dev, "torch": torch.__version__, "floors": floors, "rows": rows}, f, indent=1)
     os.replace(out + ".tmp", out)
     print(f"wrote {out}")
     failed = [r["method"] for r in rows if "unavailable" in r and r["method"].startswith("pacs_")]

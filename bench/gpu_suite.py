@@ -162,15 +162,15 @@ class Suite:
         else:
             cmd += ["--shapes", "8192x4096x151936", "--dtype", "bf16", "--iters", "5"]
         rc, dt, tail = self.run("logprobs", cmd, 240, env)
-        rows = []
+        rows, floors = [], []
         if os.path.exists(js):
             with open(js) as f:
                 data = json.load(f)
-            rows = data["rows"]
+            rows, floors = data["rows"], data.get("floors", [])
             if not self.dry and data.get("device") == "cpu":
                 rc = rc or 1
         ok = rc == 0 and any(r["method"] == "pacs_triton" and "unavailable" not in r for r in rows)
-        self.record("logprobs", ok, dt, rows=rows, why="" if ok else f"rc {rc}: {tail[-600:]}")
+        self.record("logprobs", ok, dt, rows=rows, floors=floors, why="" if ok else f"rc {rc}: {tail[-600:]}")
         return ok
 
     def pacs_loss(self):
@@ -260,24 +260,31 @@ def report_md(res: dict, dry: bool) -> str:
     lp = res.get("logprobs")
     if lp and lp.get("rows"):
         L += ["", "## log-probs from hidden states (forward+backward with entropy)", "",
-              "| method | N x H x V | dtype | fwd ms | fwd+bwd ms | TFLOP/s useful (6NHV) | workspace GB | peak GB | max err |",
-              "|---|---|---|---:|---:|---:|---:|---:|---|"]
+              "Floors measured in the same run (torch.matmul): "
+              + "; ".join(f"{x['N']}x{x['H']}x{x['V']}: one GEMM {x['gemm_fwd_ms']:.2f} ms, four GEMMs "
+                          f"{x['gemm4_ms']:.2f} ms" for x in lp.get("floors", [])), "",
+              "| method | N x H x V | dtype | fwd ms | fwd / 1 GEMM | fwd+bwd ms | fwd+bwd / 4 GEMMs | TFLOP/s useful (6NHV) "
+              "| workspace GB | peak GB | max err |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in lp["rows"]:
             shape = f"{r['N']}x{r['H']}x{r['V']}"
             if "unavailable" in r:
-                L.append(f"| {r['method']} | {shape} | | unavailable: {r['unavailable'][:80]} | | | | | |")
+                L.append(f"| {r['method']} | {shape} | | unavailable: {r['unavailable'][:80]} | | | | | | | |")
             else:
-                L.append(f"| {r['method']} | {shape} | {r['dtype']} | {r['fwd_ms']:.2f} | {r['fwd_bwd_ms']:.2f} | "
+                ratio = (lambda k: f"{r[k]:.2f}x" if isinstance(r.get(k), (int, float)) else "-")
+                L.append(f"| {r['method']} | {shape} | {r['dtype']} | {r['fwd_ms']:.2f} | {ratio('fwd_vs_gemm')} | "
+                         f"{r['fwd_bwd_ms']:.2f} | {ratio('fwd_bwd_vs_4gemm')} | "
                          f"{r['fwd_bwd_tflops_useful']:.1f} | {r['workspace_gb']:.3f} | {r.get('peak_gb', float('nan')):.3f} | "
                          f"{r['max_err']} |")
     pl = res.get("pacs_loss")
     if pl and pl.get("rows"):
-        L += ["", "## PACS loss forward+backward", "", "| B | T | torch ms | fused ms | speedup | GB/s | err |",
-              "|---:|---:|---:|---:|---:|---:|---:|"]
+        L += ["", "## PACS loss forward+backward", "",
+              "| B | T | copy ms (floor) | torch ms | fused ms | speedup | GB/s | share of copy bandwidth | err |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in pl["rows"]:
             f = (lambda k: f"{r[k]:.3g}" if isinstance(r.get(k), (int, float)) else "-")
-            L.append(f"| {r['B']} | {r['T']} | {f('torch_ms')} | {f('fused_ms')} | {f('speedup_vs_torch')} | "
-                     f"{f('fused_GBps')} | {f('err')} |")
+            L.append(f"| {r['B']} | {r['T']} | {f('copy_ms')} | {f('torch_ms')} | {f('fused_ms')} | "
+                     f"{f('speedup_vs_torch')} | {f('fused_GBps')} | {f('copy_bw_fraction')} | {f('err')} |")
     pr = res.get("pacs_run")
     if pr and pr.get("phases"):
         L += ["", f"## PACS run: {pr.get('steps')} steps, rollout.engine={pr.get('engine')} "

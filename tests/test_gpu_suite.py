@@ -35,8 +35,13 @@ def test_dry_run_plumbing_writes_the_report(tmp_path):
         assert "unavailable" not in rows[m], rows[m]
         assert rows[m]["max_err"]["logp"] < 1e-4
     assert all("fused_ms" in r for r in rep["steps"]["pacs_loss"]["rows"])
+    # the floors measured in the same run, and every time as a ratio to them (issue 22, item 1)
+    assert all(r["fwd_vs_gemm"] > 0 and r["fwd_bwd_vs_4gemm"] > 0 for r in rows.values() if "unavailable" not in r)
+    assert rep["steps"]["logprobs"]["floors"] and all(r["copy_ms"] > 0 and r["copy_bw_fraction"] > 0
+                                                       for r in rep["steps"]["pacs_loss"]["rows"])
     md = (tmp_path / "gpu_report.md").read_text()
     assert "DRY RUN" in md and "pacs_triton_atomic" in md and "## PACS loss" in md
+    assert "fwd+bwd / 4 GEMMs" in md and "share of copy bandwidth" in md and "four GEMMs" in md
     assert not list(tmp_path.glob("*.tmp"))
 
 
