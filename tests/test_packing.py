@@ -169,3 +169,28 @@ def test_token_budget_errors():
     validate(load_config(None, ["learner.max_tokens_per_micro_batch=4192"]))
     with pytest.raises(ValueError, match="learner.packing"):
         validate(load_config(None, ["learner.packing=maybe"]))
+
+
+def test_auto_packing_replaces_the_shared_prefix_forward_where_it_runs_fewer_slots(seed):
+    """Shared prefix on: on wildly uneven rows `auto` packs (fewer token slots than the prefix once
+    plus every rest padded to the longest) and gives the shared-prefix forward's results."""
+    from pacs_fast.learner.packing import shared_prefix_slots
+    model = small_model()
+    gen = torch.Generator().manual_seed(seed)
+    batch = uneven_batch(gen, 2, 3, 128, [1, 300, 7, 45, 2, 180])
+    algo = AlgoConfig()
+    ids, att = batch.input_ids, batch.attention_mask
+    assert pack(ids, att).slots < 0.8 * shared_prefix_slots(ids, att, 2)  # the case auto should pack
+    out = {}
+    for packing in ("off", "auto"):
+        learner = TorchLearner(model, algo=algo, learner=LearnerConfig(packing=packing, shared_prefix=True))
+        assert (learner._packed(model, ids, att, shared_prefix_slots(ids, att, 2)) is not None) == (packing == "auto")
+        with torch.no_grad():
+            batch.old_logp = batch.ref_logp = learner._forward(model, batch, entropy=False, values=False)[0]
+        out[packing] = grads_of(learner, batch, algo)
+    (lp0, e0, l0, g0), (lp1, e1, l1, g1) = out["off"], out["auto"]
+    m = batch.response_mask > 0
+    assert torch.allclose(lp1[m], lp0[m], rtol=1e-5, atol=1e-5 * lp0[m].abs().max())
+    assert abs(float(l1 - l0)) <= 1e-5 * max(abs(float(l0)), 1e-3)
+    for name, g in g0.items():
+        assert (g1[name] - g).abs().max() <= 1e-5 * g.abs().max().clamp(min=1e-12), name
