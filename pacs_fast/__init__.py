@@ -6,7 +6,8 @@ dependency only matters for the names that need it):
 - ops (autograd + backend dispatch): ``token_logprobs``, ``linear_logprobs``, ``fused_pacs_loss``
 - algorithms: ``pacs_loss`` and its pieces (``reward_proxy``, ``group_scores``,
   ``class_balanced_weights``), baselines (``policy_loss``, ``grpo_loss``, ``value_loss``,
-  ``group_advantages``, ``gae``, ``kl_penalty``, ``aggregate_loss``), ``pass_at_k``
+  ``group_advantages``, ``gae``, ``kl_penalty``, ``aggregate_loss``), ``off_policy_correction``
+  (truncated / masked importance sampling against the engine's log-probs), ``pass_at_k``
 - reward: ``math_reward``, ``score_batch``, ``BatchScorer``
 - data: ``load_benchmark``, ``load_dataset``, ``build_prompt``, ``encode_prompts``
 - rollout: ``SamplingParams``, ``Completion``, ``RolloutEngine``, ``HFEngine``, ``VLLMEngine``
@@ -35,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "gae": "pacs_fast.algorithms.advantages",
     "kl_penalty": "pacs_fast.algorithms.kl",
     "aggregate_loss": "pacs_fast.algorithms.aggregation",
+    "off_policy_correction": "pacs_fast.algorithms.off_policy",
     "fused_pacs_loss": "pacs_fast.ops.pacs_loss",
     "math_reward": "pacs_fast.reward",
     "score_batch": "pacs_fast.reward",

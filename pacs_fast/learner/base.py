@@ -52,6 +52,10 @@ class RolloutBatch:
     ref_logp: ``[B, T]`` fp32 log-probs of the reference policy (PACS ``ref``; KL of the baselines).
     old_values, returns: ``[B, T]`` fp32 (PPO only). advantages: ``[B, T]`` fp32 per-token advantages
         (PPO's GAE; process-reward credit for the baselines); None = outcome advantages from ``rewards``.
+    behaviour_logp: ``[B, T]`` fp32 log-probs of the sampled tokens under the rollout engine's policy
+        (``mu``: the engine's own per-token log-probs, aligned like ``logp``), 0 off the response; the
+        input of :func:`pacs_fast.algorithms.off_policy.off_policy_correction` (docs/OFF_POLICY.md).
+        None = not collected (the trainer does not collect it yet).
     """
 
     input_ids: torch.Tensor
@@ -65,6 +69,7 @@ class RolloutBatch:
     old_values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    behaviour_logp: torch.Tensor | None = None
 
     def __post_init__(self):
         B, T = self.input_ids.shape

@@ -9,12 +9,14 @@ from pacs_fast.learner.base import RolloutBatch
 
 
 def build_batch(prompt_ids: list[list[int]], responses: list[list[list[int]]], rewards: list[float], *,
-                pad_id: int) -> RolloutBatch:
+                pad_id: int, logprobs: list[list[list[float]]] | None = None) -> RolloutBatch:
     """A :class:`RolloutBatch` from ``responses[i][j]`` (token ids of sample j of prompt i).
 
     Rows are ``prompt_ids[i] + responses[i][j]`` in prompt-major order (groups contiguous),
     right-padded with ``pad_id``; ``rewards`` is flat in the same order. An empty response keeps
     a row with no response token (it trains nothing but counts in its group).
+    ``logprobs[i][j]``: the engine's per-token log-probs of ``responses[i][j]`` (``Completion.logprobs``),
+    one per token; given, they become ``behaviour_logp`` ([B, T] fp32, 0 off the response).
     """
     if len(prompt_ids) != len(responses):
         raise ValueError(f"prompt_ids has {len(prompt_ids)} prompts but responses has {len(responses)}")
@@ -35,8 +37,17 @@ def build_batch(prompt_ids: list[list[int]], responses: list[list[list[int]]], r
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     ids[attn] = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=torch.long)
     resp = (cols >= torch.tensor(resp_start)[:, None]) & attn
+    behaviour = None
+    if logprobs is not None:
+        flat = [lp for group in logprobs for lp in group]
+        if len(flat) != len(rows) or any(len(lp) != len(r) for lp, r in
+                                         zip(flat, itertools.chain.from_iterable(responses))):
+            raise ValueError("logprobs must hold one log-prob per response token, shaped like responses")
+        behaviour = torch.zeros(len(rows), T, dtype=torch.float32)
+        behaviour[resp] = torch.tensor(list(itertools.chain.from_iterable(flat)), dtype=torch.float32)
     return RolloutBatch(input_ids=ids, attention_mask=attn.long(), response_mask=resp.float(),
-                        rewards=torch.tensor(rewards, dtype=torch.float32), group_size=G)
+                        rewards=torch.tensor(rewards, dtype=torch.float32), group_size=G,
+                        behaviour_logp=behaviour)
 
 
 def outcome_token_rewards(batch: RolloutBatch) -> torch.Tensor:
