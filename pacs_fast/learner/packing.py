@@ -134,3 +134,13 @@ def token_budget_micro_batches(group_tokens: list[int], budget: int) -> list[lis
                          f"{budget}: raise the budget (a group's G responses train together)")
     bins = first_fit_decreasing(group_tokens, budget)
     return [sorted(b) for b in bins]
+
+
+def micro_batch_groups(batch, limit: int, budget: int = 0) -> list[list[int]]:
+    """Group positions of ``batch`` (a :class:`~pacs_fast.learner.base.RolloutBatch`) per
+    micro-batch: ``limit`` consecutive groups each, or, with a token ``budget`` (> 0), whole groups of
+    about equal real-token counts (:func:`token_budget_micro_batches`). Both learners cut this way."""
+    if budget:
+        tokens = batch.attention_mask.sum(-1).view(batch.num_groups, batch.group_size).sum(-1).tolist()
+        return token_budget_micro_batches([int(t) for t in tokens], budget)
+    return [list(range(s, min(s + limit, batch.num_groups))) for s in range(0, batch.num_groups, limit)]

@@ -37,7 +37,7 @@ import torch
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import (Learner, NonFiniteError, RolloutBatch, by_length, group_rows,
                                     holds_reference_model, minibatch_counts, needs_reference, objective)
-from pacs_fast.learner.packing import Packed, pack, padded_slots, shared_prefix_slots, token_budget_micro_batches
+from pacs_fast.learner.packing import Packed, micro_batch_groups, pack, padded_slots, shared_prefix_slots
 from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,
                                             shared_prefix_hidden, split_groups, trained_states)
 from pacs_fast.ops.linear_logprobs import linear_logprobs
@@ -197,11 +197,7 @@ class TorchLearner(Learner):
     def _micro_batches(self, batch: RolloutBatch, limit: int) -> list[list[int]]:
         """Group positions of ``batch`` per micro-batch: ``limit`` groups each, or, with
         ``learner.max_tokens_per_micro_batch``, about equal real-token counts (whole groups)."""
-        budget = self.cfg.max_tokens_per_micro_batch
-        if budget:
-            tokens = batch.attention_mask.sum(-1).view(batch.num_groups, batch.group_size).sum(-1).tolist()
-            return token_budget_micro_batches([int(t) for t in tokens], budget)
-        return [list(range(s, min(s + limit, batch.num_groups))) for s in range(0, batch.num_groups, limit)]
+        return micro_batch_groups(batch, limit, self.cfg.max_tokens_per_micro_batch)
 
     # ------------------------------------------------------------------ Learner
     @torch.no_grad()

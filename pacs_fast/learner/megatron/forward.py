@@ -11,6 +11,18 @@ valid tokens of a row must be contiguous. megatron's ``GPTModel`` applies RoPE a
 sits only at the end, where causal attention keeps it from influencing valid tokens. Only the
 causal mask is passed (built here, on the batch's device: megatron's default one is built on
 CUDA); results are shifted back.
+
+Packing (``packing="on"``, or ``"auto"`` when it runs >= 20% fewer token slots). The left-aligned
+rows are laid end to end into bins (:func:`pacs_fast.learner.packing.pack`), attention gets the
+block-diagonal causal mask (megatron's local layer spec has no THD path: its ``DotProductAttention``
+refuses ``packed_seq_params``; the mask goes through its unfused softmax, which this project's
+config always selects: ``masked_softmax_fusion=False``), and RoPE gets each token's own position
+(restarting at 0 per sequence). Inside a sequence RoPE's scores depend only on relative positions, so
+the shift only matters for rounding; it keeps the angles, hence the numbers, those of the padded
+forward. megatron's ``RotaryEmbedding`` only produces positions ``0..S-1`` for a whole row, so for
+one forward it returns per-token frequencies ``[S, bins, 1, d]``, which its bshd rotation broadcasts
+like its own ``[S, 1, 1, d]``. Only the response positions' hidden states reach the LM head. Exact:
+every token attends to the same tokens at the same positions (tests/test_megatron_packing.py).
 """
 from __future__ import annotations
 
@@ -84,9 +96,46 @@ def pad_bias(vocab_size: int, local_vocab: int, tp_rank: int, device, dtype=torc
     return torch.where(ids < vocab_size, 0.0, PAD_LOGIT).to(dtype)
 
 
+@contextlib.contextmanager
+def _rope_at(model, position_ids: torch.Tensor):
+    """For the forwards inside, ``model``'s rotary embedding gives token ``(b, s)`` the angle of
+    ``position_ids[b, s]`` (``[S, B, 1, d]`` instead of positions ``0..S-1`` for every row)."""
+    rope = getattr(model, "rotary_pos_emb", None)
+    if rope is None:
+        raise ValueError("learner.packing: this model has no rotary position embedding; use learner.packing=off")
+    freqs = rope(int(position_ids.max()) + 1)  # [P, 1, 1, d]
+    per_token = freqs[position_ids.t()].squeeze(2)  # [S, B, 1, d]
+    rope.forward = lambda *args, **kwargs: per_token  # the instance attribute shadows the (cached) method
+    try:
+        yield
+    finally:
+        del rope.forward
+
+
+def _hidden(model, ids: torch.Tensor, position_ids: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+    """The decoder's final hidden states ``[B, S, H]``; ``blocked [B or 1, 1, S, S]``: True where
+    attention is not allowed (megatron's convention)."""
+    with _hidden_states_only(model):
+        return model(input_ids=ids, position_ids=position_ids, attention_mask=blocked).transpose(0, 1)
+
+
+def _packed_or_none(ids_l: torch.Tensor, att_l: torch.Tensor, packing: str):
+    """The packed layout of the left-aligned rows (``packing``: on / auto / off), or None."""
+    from pacs_fast.learner.packing import pack, padded_slots
+
+    if packing not in ("auto", "on", "off"):
+        raise ValueError(f"packing must be 'auto', 'on' or 'off', got {packing!r}")
+    if packing == "off" or ids_l.shape[0] < 2:
+        return None
+    packed = pack(ids_l, att_l, implementation="sdpa")
+    if packing == "auto" and packed.slots > 0.8 * padded_slots(att_l):
+        return None
+    return packed
+
+
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, vocab_size: int,
                    label_mask: torch.Tensor | None = None, tp_group=None, temperature: float = 1.0,
-                   return_entropy: bool = False, backend: str = "auto"):
+                   return_entropy: bool = False, backend: str = "auto", packing: str = "off"):
     """``logp[B, T]`` (fp32): ``logp[b, t] = log p(input_ids[b, t] | valid tokens before t)``.
 
     0 at padding and at the first valid token of each row (nothing predicts it). With
@@ -94,25 +143,33 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     ``vocab_size`` is the real (HF) vocabulary size; padded rows of the shard are excluded.
     ``label_mask`` (``[B, T]`` bool): only these positions are computed (others give 0 and cost no
     LM-head work), e.g. the response mask.
+    ``packing``: rows end to end without padding (see the module docstring): ``on``, ``off``, or
+    ``auto`` (when that runs >= 20% fewer token slots than the padded rows).
     Collective over ``tp_group`` (every TP rank passes the same batch).
     """
     from pacs_fast.ops.linear_logprobs import linear_logprobs
 
     B, T = input_ids.shape
     ids_l, mask_l, shift, _ = left_align(input_ids, attention_mask)
+    if label_mask is not None and label_mask.shape != input_ids.shape:
+        raise ValueError(f"label_mask must be {tuple(input_ids.shape)}, got {tuple(label_mask.shape)}")
+    W = ids_l.shape[1]
+    att_l = mask_l
     if label_mask is not None:
-        if label_mask.shape != input_ids.shape:
-            raise ValueError(f"label_mask must be {tuple(input_ids.shape)}, got {tuple(label_mask.shape)}")
         cols = torch.arange(T, device=input_ids.device)
         src = (cols.unsqueeze(0) + shift.unsqueeze(1)) % T
-        mask_l = mask_l & label_mask.bool().gather(1, src)[:, :ids_l.shape[1]]
-    W = ids_l.shape[1]
-    position_ids = torch.arange(W, device=ids_l.device).unsqueeze(0).expand(B, W)
-    causal = torch.ones(W, W, dtype=torch.bool, device=ids_l.device).triu(1).view(1, 1, W, W)
-    with _hidden_states_only(model):
-        hidden = model(input_ids=ids_l, position_ids=position_ids, attention_mask=causal)  # [W,B,H]
-    hidden = hidden.transpose(0, 1)[:, :-1]  # predicts tokens 1..W-1
+        mask_l = mask_l & label_mask.bool().gather(1, src)[:, :W]
     labels = ids_l[:, 1:].masked_fill(~mask_l[:, 1:], -100)
+    packed = _packed_or_none(ids_l, att_l, packing)
+    if packed is None:
+        position_ids = torch.arange(W, device=ids_l.device).unsqueeze(0).expand(B, W)
+        blocked = torch.ones(W, W, dtype=torch.bool, device=ids_l.device).triu(1).view(1, 1, W, W)
+        hidden = _hidden(model, ids_l, position_ids, blocked)[:, :-1]  # predicts tokens 1..W-1
+    else:  # only the labelled positions' hidden states, gathered out of the bins
+        sel = mask_l[:, 1:]
+        with _rope_at(model, packed.position_ids):
+            bins = _hidden(model, packed.input_ids, packed.position_ids, ~packed.attention_mask)
+        hidden, labels = packed.gather(bins, sel), labels[sel]
     weight = output_weight(model)
     tp_rank = 0 if tp_group is None else torch.distributed.get_rank(tp_group)
     bias = pad_bias(vocab_size, weight.shape[0], tp_rank, weight.device)
@@ -120,8 +177,10 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), bias=bias,
         temperature=temperature, return_entropy=return_entropy, tp_group=tp_group, backend=backend)
     logp, ent = (out if return_entropy else (out, None))
-    zero = logp.new_zeros(B, 1)
-    logp = unalign(torch.cat([zero, logp.view(B, W - 1)], 1), shift, T)
-    if ent is None:
-        return logp
-    return logp, unalign(torch.cat([zero, ent.view(B, W - 1)], 1), shift, T)
+
+    def full(values):  # [B, T] with 0 at padding and at each row's first token
+        if packed is not None:
+            values = values.new_zeros(B, W - 1).masked_scatter(sel, values)
+        return unalign(torch.cat([values.new_zeros(B, 1), values.view(B, W - 1)], 1), shift, T)
+
+    return full(logp) if ent is None else (full(logp), full(ent))

@@ -22,10 +22,13 @@ data-parallel gradient is a SUM all-reduce and the step equals the single-proces
 
 Optimiser: ``torch.optim.AdamW`` on each rank's local shards (AdamW is element-wise, so sharding
 does not change the update) with a tensor-parallel aware global gradient norm for clipping
-(sharded parameters counted once per shard, replicated ones once). This is megatron's
-non-distributed optimiser semantics; megatron's ZeRO-1 distributed optimiser (optimiser state
-sharded over data-parallel ranks) is not used — on CPU it needs more CUDA redirections than
-:mod:`~pacs_fast.learner.megatron.cpu_compat` makes, and the test machines have no GPU to test it.
+(sharded parameters counted once per shard, replicated ones once). With
+``learner.distributed_optimizer=true`` its state is also sharded over the data-parallel ranks
+(ZeRO-1, :mod:`~pacs_fast.learner.megatron.optimizer`): the same updates, ~1/dp of the memory.
+
+Micro-batches: ``learner.micro_batch_prompts`` groups each, or whole groups of about equal token
+counts with ``learner.max_tokens_per_micro_batch`` (per data-parallel rank); rows are packed end to
+end without padding per ``learner.packing`` (:mod:`~pacs_fast.learner.megatron.forward`).
 
 Checkpoints. :meth:`save_state` / :meth:`load_state` (the trainer's path): each rank of data-parallel
 group 0 writes its own optimiser / reference shard, nothing is gathered; exact resume under the same
@@ -63,6 +66,7 @@ from pacs_fast.learner.base import (
 )
 
 
+from pacs_fast.learner.packing import micro_batch_groups  # noqa: E402
 from pacs_fast.learner.megatron.setup import LazyHFCheckpoint, init_parallel, tp_grad_norm  # noqa: E402,F401
 
 
@@ -158,9 +162,9 @@ class MegatronLearner(Learner):
                                **overrides).to(self.device)
 
     def _make_optimizer(self):
-        lc = self.cfg
-        return torch.optim.AdamW(self.params, lr=lc.lr, betas=tuple(lc.betas), eps=lc.eps,
-                                 weight_decay=lc.weight_decay)
+        from pacs_fast.learner.megatron.optimizer import make_optimizer
+
+        return make_optimizer(self.params, self.cfg, dp_group=self.dp_group, dp_size=self.dp_size)
 
     # ------------------------------------------------------------------ forward
     def _logprobs(self, model, batch: RolloutBatch, return_entropy: bool):
@@ -176,7 +180,8 @@ class MegatronLearner(Learner):
         out = token_logprobs(model, batch.input_ids, batch.attention_mask,
                              label_mask=batch.response_mask > 0, vocab_size=self.vocab_size,
                              tp_group=self.tp_group, temperature=self.temperature,
-                             return_entropy=return_entropy, backend=self.cfg.logprob_backend)
+                             return_entropy=return_entropy, backend=self.cfg.logprob_backend,
+                             packing=self.cfg.packing)
         return out if return_entropy else (out, None)
 
     def _dp_share(self, n: int) -> list[int]:
@@ -235,22 +240,26 @@ class MegatronLearner(Learner):
             n = batch.num_groups + (-batch.num_groups) % self.dp_size
             padded = batch.groups([min(g, batch.num_groups - 1) for g in range(n)])
             mine = self._dp_share(n)
-        step = self.cfg.micro_batch_prompts
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # noqa: E731
         lps, ents = [], []
+        mine_batch = padded.groups(mine)
+        parts = micro_batch_groups(mine_batch, self.cfg.micro_batch_prompts, self.cfg.max_tokens_per_micro_batch)
+        order = [g for part in parts for g in part]
         try:
-            for s in range(0, len(mine), step):
-                lp, en = self._logprobs(model, padded.groups(mine[s:s + step]), return_entropy)
+            for part in parts:
+                lp, en = self._logprobs(model, mine_batch.groups(part), return_entropy)
                 lps.append(pad(lp))
                 if en is not None:
                     ents.append(pad(en))
         finally:
             model.train(was)
         gather = (lambda x: x) if self.local_batches else self._gather_dp
+        # back to this rank's group order (token-budget micro-batches may reorder the groups)
+        back = group_rows(torch.tensor(order, dtype=torch.long).argsort(), padded.group_size)
         empty = torch.zeros(0, T)
-        logp = gather(torch.cat(lps) if lps else empty)[:B].cpu()
+        logp = gather(torch.cat(lps)[back] if lps else empty)[:B].cpu()
         if return_entropy:
-            return logp, gather(torch.cat(ents) if ents else empty)[:B].cpu()
+            return logp, gather(torch.cat(ents)[back] if ents else empty)[:B].cpu()
         return logp
 
     # ------------------------------------------------------------------ training
@@ -323,13 +332,14 @@ class MegatronLearner(Learner):
         else:
             counts = minibatch_counts(mb)
             mine = mb.groups(self._dp_share(mb.num_groups))
-        micro = min(self.cfg.micro_batch_prompts, mine.num_groups)
+        parts = micro_batch_groups(mine, self.cfg.micro_batch_prompts, self.cfg.max_tokens_per_micro_batch)
+        share_back = group_rows(torch.tensor([g for part in parts for g in part]).argsort(), mine.group_size)
         need_ent = bool(self.algo.entropy_coef)
         self.optimizer.zero_grad(set_to_none=True)
         scalars: dict[str, torch.Tensor] = {"loss": torch.zeros((), device=self.device)}
         local_terms: dict[str, list] = {}
-        for m in range(0, mine.num_groups, micro):
-            mcb = mine.groups(range(m, min(m + micro, mine.num_groups))).to(self.device)
+        for part in parts:
+            mcb = mine.groups(part).to(self.device)
             logp, ent = self._logprobs(self.model, mcb, need_ent)
             loss, met = objective(self.algo, mcb, logp, ent, None, counts, horizon=self.horizon)
             loss.backward()
@@ -348,6 +358,7 @@ class MegatronLearner(Learner):
         stats = torch.stack([torch.as_tensor(scalars[k], device=self.device, dtype=torch.float32)
                              for k in names])
         self._all_reduce_dp([p.grad for p in self.params] + [stats])
+        local_terms = {k: [torch.cat(v)[share_back]] for k, v in local_terms.items()}  # this share's row order
         if self.local_batches:
             for k, v in local_terms.items():
                 terms.setdefault(k, []).append(torch.cat(v).cpu())

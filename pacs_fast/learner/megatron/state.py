@@ -8,7 +8,8 @@ Two formats:
   its own shards), its reference-model shard and the counters. Nothing is gathered, so the extra
   memory is one serialised copy of the rank's own optimiser state (no full-model tensor anywhere).
   Data-parallel replicas hold identical state, so only DP group 0 writes; on load every rank reads
-  its TP rank's file. Resume is exact under the same ``tp_size`` (any data-parallel size); another
+  its TP rank's file. A sharded optimiser (``learner.distributed_optimizer``) is first consolidated
+  on DP rank 0 in the same format, so checkpoints do not depend on that setting. Resume is exact under the same ``tp_size`` (any data-parallel size); another
   ``tp_size`` is refused with a clear error (convert through :func:`full_state_dict`). With
   several nodes the folder must be visible to every node on resume (a shared filesystem); when TP
   groups sit inside one node, DP group 0's files are all written by the node of global rank 0.
@@ -59,15 +60,18 @@ def _names(learner) -> list[str]:
 
 def save_state(learner, folder, *, is_writer: bool) -> None:
     """Collective: DP group 0 writes one shard file per TP rank, the writer the metadata."""
+    from pacs_fast.learner.megatron.optimizer import full_state_dict_on_dp0
+
     folder = Path(folder)
     error = None
+    optimizer = full_state_dict_on_dp0(learner.optimizer, learner.dp_rank)  # collective when sharded
     try:
         if learner.dp_rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
             ref = ({k: v.detach().cpu() for k, v in learner.ref_model.state_dict().items()}
                    if learner.ref_model is not None else None)
             state = {"format": FORMAT, "tp_size": learner.tp_size, "tp_rank": learner.tp_rank,
-                     "param_names": _names(learner), "optimizer": learner.optimizer.state_dict(),
+                     "param_names": _names(learner), "optimizer": optimizer,
                      "ref_model": ref, "steps": learner.steps}
             write_atomic(folder / shard_file(learner.tp_rank), lambda tmp: torch.save(state, tmp))
         if is_writer:
@@ -123,11 +127,14 @@ def full_state_dict(learner) -> dict:
         return {k: v.cpu().clone() for k, v in gather_to_hf(local, learner.hf_config,
                                                                tp_group=learner.tp_group).items()}
 
+    from pacs_fast.learner.megatron.optimizer import param_states
+
     names = {id(p): n for n, p in learner.model.named_parameters()}
     moments = {"exp_avg": {}, "exp_avg_sq": {}}
     step = None
+    states = param_states(learner.optimizer, learner.params, learner.dp_group)
     for p in learner.params:
-        st = learner.optimizer.state.get(p)
+        st = states.get(id(p))
         if not st:
             continue
         step = float(st["step"])
@@ -151,8 +158,12 @@ def load_full_state_dict(learner, state: dict) -> None:
     if optim is not None:
         shards = {k: hf_to_megatron(optim[k], learner.hf_config, tp_size=learner.tp_size, tp_rank=learner.tp_rank)
                   for k in ("exp_avg", "exp_avg_sq")}
+        from pacs_fast.learner.megatron.optimizer import local_state, owns
+
         for name, p in learner.model.named_parameters():
-            learner.optimizer.state[p] = {
+            if not owns(learner.optimizer, p):  # a sharded optimiser keeps its own share
+                continue
+            local_state(learner.optimizer)[p] = {
                 "step": torch.tensor(optim["step"], dtype=torch.float32),
                 "exp_avg": shards["exp_avg"][name].to(p.device, p.dtype),
                 "exp_avg_sq": shards["exp_avg_sq"][name].to(p.device, p.dtype),

@@ -1,0 +1,115 @@
+"""Worker for tests/test_megatron_packing.py: run under ``torchrun --nproc_per_node 2`` (gloo, CPU).
+
+1. forward (TP = 2): the Qwen2.5-width model's per-token log-probs, entropies, a PACS + entropy loss
+   and every parameter's gradient (gathered to HF names), padded (``packing="off"``) and packed
+   (``"on"``), on a batch of wildly uneven rows.
+2. learner (TP = 1 x DP = 2): ``MegatronLearner.update`` twice on one batch, three ways: padded rows,
+   one group per micro-batch, replicated AdamW (the baseline); the same with the optimiser sharded
+   over the two data-parallel ranks (``distributed_optimizer``); packed rows with token-budget
+   micro-batches and the sharded optimiser. Weights, optimiser state (consolidated), per-rank
+   optimiser bytes, the metrics, and a save_state / load_state round trip of the sharded optimiser.
+
+Inputs: ``<workdir>/inputs.pt``; rank 0 writes ``<workdir>/results.pt``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+
+warnings.filterwarnings("ignore")
+
+
+def forward(inputs, results):
+    from megatron.core import parallel_state as ps
+    from transformers import AutoConfig
+
+    from pacs_fast.algorithms import pacs_loss
+    from pacs_fast.learner.megatron.convert import export_hf_state_dict, load_hf_into_model
+    from pacs_fast.learner.megatron.cpu_compat import apply_cpu_compat
+    from pacs_fast.learner.megatron.forward import token_logprobs
+    from pacs_fast.learner.megatron.learner import LazyHFCheckpoint
+    from pacs_fast.learner.megatron.model import build_gpt_model
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
+    apply_cpu_compat()
+    group = ps.get_tensor_model_parallel_group()
+    spec = inputs["forward"]
+    cfg = AutoConfig.from_pretrained(spec["model"])
+    model = build_gpt_model(cfg, tp_size=2)
+    load_hf_into_model(model, LazyHFCheckpoint(spec["model"]), cfg, tp_size=2,
+                       tp_rank=ps.get_tensor_model_parallel_rank())
+    rm = spec["response_mask"]
+    for packing in ("off", "on"):
+        model.zero_grad(set_to_none=True)
+        logp, ent = token_logprobs(model, spec["input_ids"], spec["attention_mask"], label_mask=rm > 0,
+                                   vocab_size=cfg.vocab_size, tp_group=group, return_entropy=True,
+                                   backend="torch", packing=packing)
+        loss = pacs_loss(logp, spec["logp_ref"], rm, spec["rewards"], group_size=spec["group_size"])
+        loss = loss - 0.01 * (ent * rm).sum() / rm.sum()
+        loss.backward()
+        grads = export_hf_state_dict(model, cfg, tp_group=group, grads=True)
+        results[f"forward/{packing}"] = {"logp": logp.detach(), "ent": ent.detach(), "loss": loss.detach(),
+                                         "grads": grads}
+    ps.destroy_model_parallel()
+
+
+def learner(inputs, results, workdir):
+    from pacs_fast.config import AlgoConfig, LearnerConfig
+    from pacs_fast.learner.base import RolloutBatch
+    from pacs_fast.learner.megatron.learner import MegatronLearner
+    from pacs_fast.learner.megatron.optimizer import state_bytes
+
+    spec = inputs["learner"]
+    variants = {"replicated": dict(packing="off"),
+                "sharded": dict(packing="off", distributed_optimizer=True),
+                "packed_budget": dict(packing="on", distributed_optimizer=True,
+                                      max_tokens_per_micro_batch=spec["budget"])}
+    for name, extra in variants.items():
+        lcfg = LearnerConfig(**spec["learner"], backend="megatron", tp_size=1, **extra)
+        lrn = MegatronLearner(spec["model"], algo=AlgoConfig(**spec["algo"]), learner=lcfg,
+                              temperature=1.0, horizon=spec["horizon"])
+        batch = RolloutBatch(**spec["batch"])
+        batch.old_logp = lrn.compute_logprobs(batch)
+        batch.ref_logp = batch.old_logp
+        metrics = [lrn.update(batch, seed=s) for s in (3, 4)]
+        bytes_per_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(bytes_per_rank, state_bytes(lrn.optimizer))
+        out = {"old_logp": batch.old_logp, "metrics": metrics, "terms": lrn.last_terms,
+               "weights": dict(lrn.export_hf_weights()), "state": lrn.state_dict()["optimizer"],
+               "optimizer_bytes": bytes_per_rank, "sharded": type(lrn.optimizer).__name__}
+        if name == "sharded":  # the trainer's checkpoint path: consolidate, write, read back into a fresh one
+            folder = os.path.join(workdir, "state")
+            lrn.save_state(folder, is_writer=dist.get_rank() == 0)
+            before = lrn.state_dict()["optimizer"]
+            lrn.optimizer = lrn._make_optimizer()
+            lrn.load_state(folder)
+            after = lrn.state_dict()["optimizer"]
+            out["roundtrip"] = max(float((after[k][n] - before[k][n]).abs().max())
+                                   for k in ("exp_avg", "exp_avg_sq") for n in before[k])
+            out["roundtrip_step"] = (before["step"], after["step"])
+        results[f"learner/{name}"] = out
+        lrn.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", required=True)
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    inputs = torch.load(os.path.join(args.workdir, "inputs.pt"))
+    results = {}
+    forward(inputs, results)
+    learner(inputs, results, args.workdir)
+    if dist.get_rank() == 0:
+        torch.save(results, os.path.join(args.workdir, "results.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
