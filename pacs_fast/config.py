@@ -179,6 +179,17 @@ class TrainConfig:
 
 
 @dataclass
+class CorrectionConfig:
+    is_level: str = _f("none", "rollout-training mismatch correction (docs/OFF_POLICY.md): truncated importance "
+                       "weights pi_old / mu per token | sequence | none; PACS: sequence | none")
+    is_cap: float = _f(2.0, "truncation C of the importance weights: min(ratio, C)")
+    rs_level: str = _f("none", "rejection (masked IS): token | sequence | geometric | none; rejected tokens leave "
+                       "the loss and its denominator; PACS: sequence | geometric | none")
+    rs_low: float = _f(0.5, "rejection: a ratio below this is rejected")
+    rs_high: float = _f(2.0, "rejection: a ratio above this is rejected")
+
+
+@dataclass
 class RewardConfig:
     noise_fp: float = _f(0.0, "experiments: flip a wrong answer's reward 0 -> 1 with this probability (training "
                          "rewards only; seeded by train.seed and the step)")
@@ -207,6 +218,7 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
 
 
 # --------------------------------------------------------------------------- dict <-> config
@@ -549,6 +561,25 @@ def _validate_micro_batching(cfg: Config) -> None:
                          f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}) = {largest} tokens")
 
 
+def _validate_correction(cfg: Config) -> None:
+    """correction.*: levels per algorithm (PACS's score is per sequence), a positive cap, bounds around 1."""
+    c, pacs = cfg.correction, cfg.algo.name == "pacs"
+    why = " (algo.name=pacs: its score is per sequence, docs/OFF_POLICY.md)" if pacs else ""
+    for key, value, choices in (("is_level", c.is_level, ("none", "token", "sequence")),
+                                ("rs_level", c.rs_level, ("none", "token", "sequence", "geometric"))):
+        allowed = [x for x in choices if not (pacs and x == "token")]
+        if value not in allowed:
+            raise ValueError(f"correction.{key} must be one of {', '.join(allowed)}{why}; got {value!r}")
+    if not c.is_cap > 0:
+        raise ValueError(f"correction.is_cap must be > 0, got {c.is_cap}")
+    if pacs and cfg.algo.noise_correction != "none" and (c.is_level, c.rs_level) != ("none", "none"):
+        raise ValueError("correction.is_level / rs_level with algo.noise_correction: the noisy-label PACS loss takes "
+                         "no per-sample weights; use one of the two")
+    if not 0 <= c.rs_low <= 1 <= c.rs_high or c.rs_low == c.rs_high:
+        raise ValueError(f"correction.rs_low={c.rs_low} and correction.rs_high={c.rs_high} must satisfy "
+                         f"0 <= rs_low <= 1 <= rs_high (a ratio of 1, no mismatch, is always kept)")
+
+
 def _validate_paths(cfg: Config) -> None:
     """Files and folders the run reads or writes, checked before any model work."""
     what = _needs_cuda(cfg)
@@ -652,6 +683,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("learner.packing", cfg.learner.packing, ("auto", "on", "off"))
     _validate_micro_batching(cfg)
     _validate_numbers(cfg)
+    _validate_correction(cfg)
 
     G = cfg.rollout.n
     name = cfg.algo.name

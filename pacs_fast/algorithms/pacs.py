@@ -247,7 +247,7 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
               rewards: torch.Tensor, *, group_size: int, beta: float = 1.0, score: str = "rloo",
               weight_mode: str = "question", proxy: str = "logratio", return_terms: bool = False,
               cu_seqlens: torch.Tensor | None = None, check_finite: bool = False,
-              backend: str = "torch"):
+              backend: str = "torch", sample_weights: torch.Tensor | None = None):
     """The PACS loss ``L = (1/B) sum_i w_i (softplus(psi_i) - R_i psi_i)`` (paper eq. 9).
 
     ``r = reward_proxy(...)``, ``psi = group_scores(r, ...)``, ``w = class_balanced_weights(R, ...)``.
@@ -271,6 +271,10 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
             NaN/Inf at unmasked positions or ``rewards`` hold NaN/Inf or values outside ``[0, 1]``
             (costs a device sync; off by default, then nothing is checked).
         backend: ``"torch"`` (this reference), ``"triton"`` (fused kernel) or ``"auto"`` (fused on CUDA).
+        sample_weights: ``[B]`` constant factors of each sample's BCE term (off-policy correction: the
+            sequence importance weight pi_old(y_i) / mu(y_i), 0 for a rejected sample; docs/OFF_POLICY.md),
+            applied on top of ``w_i`` (and in ``terms["weight"]``); the mean stays over all B rows (the
+            caller rescales for rejected rows). Torch backend only. None: 1.
     Returns:
         0-d loss in the compute dtype (fp32; fp64 for fp64 input), or ``(loss, terms)``.
     """
@@ -296,6 +300,13 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
         if bool(((rewards < 0) | (rewards > 1)).any()):
             raise ValueError(f"{fn}: rewards must lie in [0, 1]")
 
+    if sample_weights is not None:
+        check_tensor(fn, "sample_weights", sample_weights, ndim=1, floating=True)
+        if sample_weights.shape[0] != num_rows:
+            raise ValueError(f"{fn}: sample_weights has {sample_weights.shape[0]} entries but there are {num_rows} rows")
+        if backend == "triton":
+            raise ValueError(f"{fn}: sample_weights needs backend='torch' (the fused kernel has no per-sample factor)")
+        backend = "torch"
     if backend != "torch":
         from pacs_fast.ops.backend import resolve_backend
 
@@ -311,6 +322,8 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
     r = _reward_proxy(logp, logp_ref, mask, beta, proxy, cu_seqlens)
     psi = _group_scores(r, group_size, score, GRPO_EPS)
     w = _class_balanced_weights(rewards, group_size, weight_mode, r.dtype)
+    if sample_weights is not None:
+        w = w * sample_weights.detach().to(w.dtype)
     R = rewards.detach().to(r.dtype)
     sample_loss = w * (F.softplus(psi) - R * psi)
     loss = sample_loss.sum() / num_rows

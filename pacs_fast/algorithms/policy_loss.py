@@ -53,7 +53,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                 horizon: float | None = None, global_count: float | None = None,
                 logp_ref: torch.Tensor | None = None, kl_coef: float = 0.0,
                 kl_estimator: str = "k3", kl_clamp: float | None = None,
-                check_finite: bool = False):
+                token_weights: torch.Tensor | None = None, check_finite: bool = False):
     """PPO clipped surrogate policy loss, per token, aggregated.
 
     With ``ratio = exp(logp - old_logp)`` (log-ratio clamped to ``[-20, 20]``) and advantage ``A``::
@@ -75,6 +75,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         loss_agg_mode, horizon, global_count: see :func:`~pacs_fast.algorithms.aggregation.aggregate_loss`.
         logp_ref, kl_coef, kl_estimator, kl_clamp: optional KL(pi || ref) penalty
             (see :func:`~pacs_fast.algorithms.kl.kl_penalty`); used when ``kl_coef != 0``.
+        token_weights: ``[B, T]`` constant weights of each token's clipped term (off-policy correction:
+            the importance weight pi_old / mu of decoupled PPO, :mod:`pacs_fast.algorithms.off_policy`);
+            the KL penalty is not weighted. None: 1.
         check_finite: raise ValueError naming the argument on NaN/Inf at unmasked positions.
     Returns:
         ``(loss, metrics)``: 0-d loss (fp32; fp64 for fp64 input) and detached 0-d tensors
@@ -96,6 +99,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         check_same_shape(fn, "advantages", advantages, "logp", logp)
     if mask is not None:
         check_mask(fn, mask, logp, "logp")
+    if token_weights is not None:
+        check_tensor(fn, "token_weights", token_weights, floating=True)
+        check_same_shape(fn, "token_weights", token_weights, "logp", logp)
     check_choice(fn, "loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
     clip_low, clip_high, clip_c = _check_clip(fn, clip_low, clip_high, clip_c)
     kl_coef = check_real(fn, "kl_coef", kl_coef)
@@ -140,6 +146,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         per_token = torch.where(adv < 0, torch.minimum(per_token, loss_dual), per_token)
     else:
         metrics["dual_clip_frac"] = torch.zeros((), dtype=dtype, device=logp.device)
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach().to(dtype)
     loss = _aggregate(per_token, mask, loss_agg_mode, horizon, global_count)
     with torch.no_grad():
         metrics["pg_loss"] = loss.detach().clone()

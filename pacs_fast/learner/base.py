@@ -55,7 +55,13 @@ class RolloutBatch:
     behaviour_logp: ``[B, T]`` fp32 log-probs of the sampled tokens under the rollout engine's policy
         (``mu``: the engine's own per-token log-probs, aligned like ``logp``), 0 off the response; the
         input of :func:`pacs_fast.algorithms.off_policy.off_policy_correction` (docs/OFF_POLICY.md).
-        None = not collected (the trainer does not collect it yet).
+        None = not collected.
+    is_weights: ``[B, T]`` fp32 off-policy correction weights (``pi_old / mu``, truncated; 0 at rejected
+        tokens and off the response; constant over a row's tokens at sequence level), set by
+        :mod:`pacs_fast.trainer.correction`; None = no correction.
+    kept_mask: ``[B, T]`` fp32 the response mask without the rejected tokens: the losses aggregate
+        over it (rejected tokens leave the denominators too); None = nothing rejected. PACS's proxy
+        still sums the whole ``response_mask`` (its rejection is per sequence: the row's BCE term goes).
     """
 
     input_ids: torch.Tensor
@@ -70,6 +76,8 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     behaviour_logp: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
+    kept_mask: torch.Tensor | None = None
 
     def __post_init__(self):
         B, T = self.input_ids.shape
@@ -298,10 +306,23 @@ def dealt_rows_to_sorted(n_groups: int, shares: int, group_size: int) -> torch.T
 
 
 def minibatch_counts(mb: RolloutBatch) -> dict[str, float]:
-    """Denominators of a mini-batch, for exact accumulation over its micro-batches."""
-    mask = mb.response_mask
-    return {"rows": float(mb.num_rows), "tokens": float(mask.sum()),
+    """Denominators of a mini-batch, for exact accumulation over its micro-batches (rejected tokens
+    and rows, :attr:`RolloutBatch.kept_mask`, are not counted)."""
+    mask = mb.response_mask if mb.kept_mask is None else mb.kept_mask
+    rejected = 0 if mb.kept_mask is None else int(((mb.response_mask.sum(-1) > 0) & (mask.sum(-1) == 0)).sum())
+    return {"rows": float(mb.num_rows - rejected), "tokens": float(mask.sum()),
             "seqs": float((mask.sum(-1) > 0).sum())}
+
+
+def sequence_weights(micro: RolloutBatch) -> torch.Tensor | None:
+    """``[b]`` per-row factors of PACS's BCE terms from :attr:`RolloutBatch.is_weights` (sequence level:
+    the same weight on every response token of a row, so the row's mean is that weight; 0 for a
+    rejected row; 1 for a row without response tokens), or None without correction."""
+    if micro.is_weights is None:
+        return None
+    n = micro.response_mask.sum(-1)
+    mean = (micro.is_weights * micro.response_mask).sum(-1) / n.clamp(min=1)
+    return torch.where(n > 0, mean, torch.ones_like(mean))
 
 
 def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy: torch.Tensor | None,
@@ -321,7 +342,7 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
     """
     from pacs_fast.algorithms import aggregate_loss, grpo_loss, pacs_loss, policy_loss, value_loss
 
-    mask = micro.response_mask
+    mask = micro.response_mask if micro.kept_mask is None else micro.kept_mask  # aggregation mask
     agg = resolve_loss_agg(algo)
     global_count = counts["tokens"] if agg == "token-mean" else counts["seqs"]
     metrics: dict[str, torch.Tensor] = {}
@@ -334,15 +355,17 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
                                           correction=correction, rho0=algo.noise_rho0, rho1=algo.noise_rho1,
                                           beta=algo.beta, score=algo.score, weight_mode=algo.weight, proxy=algo.proxy)
         else:
-            loss, terms = pacs_loss(logp, ref, mask, micro.rewards, group_size=micro.group_size, beta=algo.beta,
-                                    score=algo.score, weight_mode=algo.weight, proxy=algo.proxy, return_terms=True)
-        loss = loss * (micro.num_rows / counts["rows"])
+            resp = micro.response_mask  # the proxy sums every response token, rejected rows included
+            loss, terms = pacs_loss(logp, ref, resp, micro.rewards, group_size=micro.group_size, beta=algo.beta,
+                                    score=algo.score, weight_mode=algo.weight, proxy=algo.proxy, return_terms=True,
+                                    sample_weights=sequence_weights(micro))
+        loss = loss * (micro.num_rows / max(counts["rows"], 1.0))
         metrics.update(psi=terms["score"], pred_reward=terms["pred_reward"], proxy=terms["proxy"],
                        weight=terms["weight"])
     else:
         kw = dict(clip_low=algo.clip_low, clip_high=algo.clip_high, clip_c=algo.clip_c or None, loss_agg_mode=agg,
                   horizon=float(horizon), global_count=global_count, logp_ref=micro.ref_logp,
-                  kl_coef=algo.kl_coef)
+                  kl_coef=algo.kl_coef, token_weights=micro.is_weights)
         if micro.advantages is not None:  # per-token: PPO's GAE, or process-reward credit (trainer/step_credit.py)
             loss, pm = policy_loss(logp, micro.old_logp, micro.advantages, mask, **kw)
             if algo.name == "ppo":

@@ -50,6 +50,14 @@ def build_batch(prompt_ids: list[list[int]], responses: list[list[list[int]]], r
                         behaviour_logp=behaviour)
 
 
+def engine_logprobs(comps) -> list[list[list[float]]] | None:
+    """``Completion.logprobs`` of every completion (``comps[i][j]``), or None when any is missing or
+    does not hold one log-prob per token."""
+    if any(c.logprobs is None or len(c.logprobs) != len(c.token_ids) for cs in comps for c in cs):
+        return None
+    return [[list(c.logprobs) for c in cs] for cs in comps]
+
+
 def outcome_token_rewards(batch: RolloutBatch) -> torch.Tensor:
     """``[B, T]``: each row's reward on its last response token (PPO's per-token rewards)."""
     mask = batch.response_mask

@@ -25,7 +25,7 @@ from pathlib import Path
 from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.rollout.base import SamplingParams
-from pacs_fast.trainer.batch import build_batch
+from pacs_fast.trainer.batch import build_batch, engine_logprobs
 from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
 from pacs_fast.trainer.metrics import read_jsonl
 from pacs_fast.trainer.parallel import close_world
@@ -80,7 +80,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
 
             # learn, then load the new weights into the engine
             prompt_ids, responses = [p["prompt_ids"] for p in problems], [[c.token_ids for c in cs] for cs in comps]
-            batch = build_batch(prompt_ids, responses, rewards,
+            batch = build_batch(prompt_ids, responses, rewards, logprobs=engine_logprobs(comps),
                                 pad_id=s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0)
             if s.credit:  # process rewards: per-token advantages (PURE's min-form or the summation form)
                 batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)

@@ -26,12 +26,16 @@ from pacs_fast.trainer.batch import outcome_token_rewards, response_values
 
 def learn(cfg: Config, learner, batch: RolloutBatch, prompt_ids, comps, *, seed: int, diagnostic: bool,
           timings: dict) -> tuple[dict, dict]:
-    """Old / reference log-probs, then the update. Returns ``(learner metrics, mismatch metrics)``."""
+    """Old / reference log-probs, the off-policy correction (``correction``, :mod:`.correction`), then
+    the update. Returns ``(learner metrics, mismatch and correction metrics)``."""
     import time
 
+    from pacs_fast.trainer.correction import apply_correction, correction_on, proximal_logprobs
+
     t0 = time.perf_counter()
-    if not learner.fuses_old_logprobs:
+    if not learner.fuses_old_logprobs or correction_on(cfg):
         batch.old_logp, batch.old_entropy = learner.compute_logprobs(batch, return_entropy=True)
+    correction = apply_correction(cfg, batch, proximal_logprobs(cfg, learner, batch)) if correction_on(cfg) else {}
     mismatch = {}
     if cfg.rollout.temperature != 1.0:  # an extra forward at temperature 1, before the update
         mismatch = logprob_mismatch(learner, batch, prompt_ids, comps, temperature=cfg.rollout.temperature,
@@ -51,7 +55,7 @@ def learn(cfg: Config, learner, batch: RolloutBatch, prompt_ids, comps, *, seed:
     timings["time/update"] = time.perf_counter() - t0
     if cfg.rollout.temperature == 1.0:  # the old log-probs are the learner's at temperature 1
         mismatch = logprob_mismatch(learner, batch, prompt_ids, comps, temperature=1.0, extra_forward=False)
-    return metrics, mismatch
+    return metrics, {**mismatch, **correction}
 
 
 def _stats(prefix: str, x: torch.Tensor) -> dict:

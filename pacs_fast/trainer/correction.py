@@ -1,0 +1,60 @@
+"""Rollout-training mismatch correction in a step (the ``correction`` section; docs/OFF_POLICY.md).
+
+:func:`apply_correction` turns the engine's per-token log-probs of the sampled tokens
+(``batch.behaviour_logp``, the behaviour policy ``mu``) and the learner's log-probs before the update
+(the proximal policy ``pi_old``) into :attr:`RolloutBatch.is_weights` / :attr:`RolloutBatch.kept_mask`
+with :func:`pacs_fast.algorithms.off_policy.off_policy_correction`; the objective
+(:func:`pacs_fast.learner.base.objective`) then weights each token's clipped term (baselines) or each
+sample's BCE term (PACS) and aggregates over the kept tokens. Metrics go to the step record under
+``correction/``.
+
+Temperature. The engines report log-probs under the temperature-1 distribution (the
+:class:`~pacs_fast.rollout.base.RolloutEngine` contract); the learner's ``old_logp`` is at
+``rollout.temperature``. At T = 1 the ratio is ``old_logp - behaviour_logp``, exactly
+``log pi_old(y) / mu(y)``. At T != 1 the learner runs one extra no-grad forward at temperature 1 and
+the ratio is taken there: like is compared with like (the same logits, the same normaliser), and it
+measures what the correction is for (stale weights, other numerics), but it is the temperature-1
+ratio, not that of the tempered sampling distributions (close, not equal). ``rollout.top_p < 1`` is
+applied on neither side. A learner that fuses the old log-probs into its update computes them before
+it when the correction is on (the weights are needed first).
+"""
+from __future__ import annotations
+
+import torch
+
+from pacs_fast.algorithms.off_policy import off_policy_correction
+from pacs_fast.config import Config
+from pacs_fast.learner.base import RolloutBatch
+
+
+def correction_on(cfg: Config) -> bool:
+    return (cfg.correction.is_level, cfg.correction.rs_level) != ("none", "none")
+
+
+def proximal_logprobs(cfg: Config, learner, batch: RolloutBatch) -> torch.Tensor:
+    """The learner's log-probs of the batch before the update at temperature 1 (``batch.old_logp``
+    at T = 1; otherwise one extra no-grad forward). Collective like ``compute_logprobs``."""
+    if cfg.rollout.temperature == 1.0:
+        return batch.old_logp
+    saved, learner.temperature = learner.temperature, 1.0
+    try:
+        return learner.compute_logprobs(batch)
+    finally:
+        learner.temperature = saved
+
+
+def apply_correction(cfg: Config, batch: RolloutBatch, proximal: torch.Tensor) -> dict[str, float]:
+    """Sets ``batch.is_weights`` / ``batch.kept_mask`` from ``batch.behaviour_logp`` and ``proximal``
+    (``[B, T]``, see :func:`proximal_logprobs`); returns the ``correction/...`` metrics. ValueError
+    when the engine gave no log-probs."""
+    if batch.behaviour_logp is None:
+        raise ValueError("correction.is_level / rs_level need the rollout engine's log-probs of the sampled tokens, "
+                         "and this engine returned none")
+    c = cfg.correction
+    mask = batch.response_mask
+    weights, kept, metrics = off_policy_correction(proximal.float().cpu(), batch.behaviour_logp.float().cpu(),
+                                                   mask.cpu() > 0, is_level=c.is_level, is_cap=c.is_cap,
+                                                   rs_level=c.rs_level, rs_low=c.rs_low, rs_high=c.rs_high)
+    batch.is_weights = weights.to(mask.dtype)
+    batch.kept_mask = kept.to(mask.dtype)
+    return {f"correction/{k}": v for k, v in metrics.items()}
