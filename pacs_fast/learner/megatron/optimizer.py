@@ -11,8 +11,12 @@ rank is about ``1 / dp`` of the replicated one (whole tensors: the largest one b
 
 Why not megatron-core's ``DistributedOptimizer``: it needs megatron's own
 ``DistributedDataParallel`` wrapper (contiguous gradient buffers, reduce-scatter hooks), which the
-learner does not use (it all-reduces gradients itself, in one flat buffer, over gloo or NCCL);
-ZeRO-1 over the same group gives the same memory saving with the learner unchanged.
+learner does not use (it all-reduces gradients itself, in one flat buffer, over gloo or NCCL), and it
+does not build without CUDA: with the wrapper and gloo groups in place, ``get_megatron_optimizer(...,
+use_distributed_optimizer=True)`` stops in ``megatron/core/optimizer/optimizer.py`` at
+``torch.tensor([0], dtype=torch.int, device='cuda')`` with "AssertionError: Torch not compiled with
+CUDA enabled" (megatron-core 0.16.1, this project's CPU torch), so it cannot be tested here. ZeRO-1
+over the same group gives the same memory saving with the learner unchanged, and is tested on CPU.
 
 Checkpoints are unchanged: :func:`full_state_dict_on_dp0` consolidates the sharded state on
 data-parallel rank 0 in the plain ``torch.optim.AdamW`` format (global parameter indices), which is
