@@ -41,10 +41,10 @@ def _params(c: dict) -> str:
         tile = f"{k['BLOCK_N']}x{k['BLOCK_V']}x{k['BLOCK_H']}"
     elif c["module"] == "token_logprobs":
         tile = f"V{k['BLOCK_V']}"
-    elif c["fn"] == "_pacs_fwd_kernel":
-        tile = f"{k['BLOCK_G']}x{k['BLOCK_T']}"
-    else:
-        tile = f"T{k['BLOCK_T']}x{k['N_SPLIT']}"
+    elif c["fn"] == "_pacs_group_kernel":
+        tile = f"G{k['BLOCK_G']}xS{k['BLOCK_S']}"
+    else:  # the PACS streaming kernels: a [ROWS, BLOCK_T] tile
+        tile = f"{k['ROWS']}x{k['BLOCK_T']}"
     return f"{tile} w{c['num_warps']} s{c['num_stages']}"
 
 
