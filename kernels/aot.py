@@ -11,6 +11,7 @@ an architecture and a dtype) ``compile_case`` reports what the GPU compiler deci
   ``stack`` > 0 or ``spill_insts`` > 0 means spilling);
 - ``mma``: the tensor-core instruction of ``tl.dot`` in the PTX (``wgmma.mma_async`` on sm_90,
   ``mma.sync`` on sm_80, ``tcgen05.mma`` on sm_100), ``tf32`` whether any TF32 product appears;
+- ``global_access``: the PTX global load / store instructions by width (``ld.global.v4.b32`` ...);
 - ``narrow``: for each pointer-offset parameter that multiplies a row index (row strides, ``T``),
   the PTX instructions that use it in a 32-bit product (must be none: ``N * V`` passes 2^31 at
   N = 16384, V = 151,936), and ``wide``: whether it enters a 64-bit product at all.
@@ -231,6 +232,15 @@ def tensor_core_instrs(ptx: str) -> list[str]:
     return sorted(found)
 
 
+def global_access(ptx: str) -> dict:
+    """PTX global loads / stores by instruction (``ld.global.v4.b32``: 16 bytes per thread,
+    ``ld.global.b8``: one byte): how far the memory accesses were vectorised."""
+    found = {}
+    for op in re.findall(r"\b((?:ld|st)\.global(?:\.[a-z0-9]+)*)", ptx):
+        found[op] = found.get(op, 0) + 1
+    return found
+
+
 def param_uses(ptx: str, fn_name: str, index: int) -> dict:
     """How the 32-bit scalar kernel parameter number ``index`` is used in the PTX: follows the
     registers it is loaded into (and plain copies) and sorts every instruction reading them into
@@ -296,6 +306,7 @@ def compile_case(case: Case) -> dict:
     row["smem_limit"] = SMEM_LIMIT[case.arch]
     row["mma"] = tensor_core_instrs(ptx)
     row["tf32"] = bool(re.search(r"\btf32\b", ptx))
+    row["global_access"] = global_access(ptx)
     row["offsets"] = offset_report(ptx, fn, case.types, case.wide_params)
     return row
 

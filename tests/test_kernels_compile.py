@@ -130,6 +130,26 @@ def test_offset_check_flags_a_32_bit_row_offset(report):
     assert not probe["wide"]["narrow"] and probe["wide"]["wide"] > 0, probe["wide"]
 
 
+def test_pacs_padded_streams_are_vectorised(report):
+    """The PACS streaming kernels read padded [B, T] tiles with 16-byte loads (``ld.global.v4``);
+    a scalar load of a tile (32 per thread of 8-bit mask / 16-bit bf16 / 32-bit values) would
+    multiply the load instructions per byte. Allowed scalar loads: the backward's coef[row] and
+    grad (2). Packed rows start anywhere, so their loads are scalar (not checked)."""
+    bad = []
+    for c in report["cases"]:
+        if c["module"] != "pacs_loss" or not c["variant"].startswith("padded"):
+            continue
+        acc = c["global_access"]
+        scalar = {op: n for op, n in acc.items() if op.startswith("ld.global.") and ".v" not in op}
+        vec = sum(n for op, n in acc.items() if op.startswith("ld.global.v4"))
+        if vec < (3 if c["fn"] == "_pacs_sums_kernel" else 1) or sum(scalar.values()) > \
+                (2 if c["fn"] == "_pacs_bwd_kernel" else 0):
+            bad.append((c["label"], c["shapes"], acc))
+        if c["fn"] == "_pacs_bwd_kernel" and any(op.startswith("st.global.") and ".v4" not in op for op in acc):
+            bad.append((c["label"], c["shapes"], "dlogp stores not 16-byte", acc))
+    assert not bad, _fail(bad, "scalar global accesses in the PACS streaming kernels")
+
+
 # ---- the launchers use launch_config (run in this process, under the interpreter) -------------
 
 class _Recorder:
