@@ -75,7 +75,7 @@ def table(report: dict) -> str:
         ok = all(not u["narrow"] and u["wide"] > 0 for u in offs.values())
         spill = f"{c['stack']}" + (f" ({c['spill_insts']} STL/LDL)" if c["spill_insts"] else "")
         rows.append(f"| {name} | {c['variant']} | sm_{c['arch']} | {c['dtype']} | {_params(c)} | {c['shared']:,} | "
-                    f"{c['regs']} | {spill} | {_tc(c)} | {'yes' if ok else 'NO'}: {', '.join(offs)} |")
+                    f"{c['regs']} | {spill} | {_tc(c)} | {(('yes' if ok else 'NO') + ': ' + ', '.join(offs)) if offs else '-'} |")
     shapes = sorted({s for c in report["cases"] for s in c["shapes"]})
     head = (f"Triton {report['triton']}, targets {', '.join('sm_%d' % a for a in report['archs'])}; "
             f"launch parameters from each kernel's `launch_config` at: {'; '.join(shapes)}.\n\n")
