@@ -28,7 +28,10 @@ Layouts: padded (``PACKED=False``): row ``i`` starts at ``i * T`` and has ``T`` 
 ``[B, T]``). Packed (``PACKED=True``): row ``i`` is ``[cu_seqlens[i], cu_seqlens[i+1])`` of a 1-D
 buffer. ``mask`` is optional (``HAS_MASK``); a bool mask selects, a numeric mask multiplies, and
 positions where it is 0 never reach the sums (even NaN / Inf). Everything is accumulated in fp32
-(fp64 for fp64 ``logp``) whatever the input dtype.
+(fp64 for fp64 ``logp``) whatever the input dtype. Packed grids are sized from the average row
+length (no device sync): a row much longer than the average is read by its row block's N_SPLIT
+programs, several blocks each; packed rows start anywhere, so their loads are not vectorised
+(padded rows: 16-byte loads, checked by tests/test_kernels_compile.py).
 
 This module imports only triton and torch.
 """
@@ -269,7 +272,8 @@ KERNELS = ("fwd_sums", "fwd", "bwd")
 # its split), so a program has enough loads in flight; and the grid has at least MIN_PROGRAMS
 # programs (4 per SM of a 132-SM H100) where the shape allows it, tiles shrinking down to
 # MIN_TILE elements before that. Same on every architecture (arch is not used): the kernels are
-# plain loads / stores and reductions, no tensor cores, no shared-memory tiling.
+# plain loads / stores and reductions (no tensor cores; shared memory only for Triton's reductions
+# and layout conversions, <= 9 KB in the compile table).
 STREAM_BYTES = 16 * 1024
 MIN_TILE, MAX_TILE = 512, 4096
 SM_COUNT = 132
