@@ -10,7 +10,9 @@ Methods:
          research code), for B <= --loop-max-b
 
 Inputs: logp / logp_ref [B, T] (--dtype, default fp32), bool mask with response lengths drawn
-uniformly in [T/4, T], 0/1 rewards, G = --group-size. Time: best (min) of --repeat
+uniformly in [T/4, T], 0/1 rewards, G = each of --group-size. Shapes: --shapes (BxT pairs), else
+every --B x --T; with neither, CPU runs B in 256,1024,8192 x T in 512,4096 at G = 8, and
+--device cuda runs issue 22's targets, B=1024, T=4096 and B=8192, T=1024 at G = 8, 16, 64. Time: best (min) of --repeat
 forward+backward calls after --warmup untimed calls (CUDA: synchronised); the JSON also has
 the median. "GB/s" (CUDA, fused) counts the minimum traffic:
 forward reads logp, logp_ref, mask; backward reads mask and writes dlogp.
@@ -22,8 +24,9 @@ target: >= 0.5 at B=1024, T=4096 and B=8192, T=1024).
 Usage (prints a table, writes JSON to bench/results/pacs_loss_<device>_<time>.json):
 
     python bench/bench_pacs_loss.py                      # CPU: torch vs loop
-    python bench/bench_pacs_loss.py --device cuda        # + the fused kernels
+    python bench/bench_pacs_loss.py --device cuda        # + the fused kernels, issue 22's shapes
     python bench/bench_pacs_loss.py --B 256,1024 --T 512 --score grpo --repeat 10
+    python bench/bench_pacs_loss.py --device cuda --shapes 1024x4096 --group-size 8
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def make_inputs(B, T, G, dtype, device, seed=0):
+def make_inputs(B, T, dtype, device, seed=0):
     g = torch.Generator().manual_seed(seed)
     logp = (-3.0 * torch.rand(B, T, generator=g)).to(dtype)
     logp_ref = (logp.float() + 0.1 * torch.randn(B, T, generator=g)).to(dtype)
@@ -132,12 +135,38 @@ def copy_floor(traffic_bytes: int, device: str, repeat: int) -> float:
     return min(times[2:])
 
 
+CPU_B, CPU_T, CPU_G = "256,1024,8192", "512,4096", "8"
+TARGET_SHAPES, TARGET_G = "1024x4096,8192x1024", "8,16,64"  # issue 22: >= 0.5 of the copy's bandwidth
+
+
+def bench_shapes(args):
+    """[(B, T)] and [G] to run (see the module docstring for the defaults)."""
+    cuda = args.device == "cuda"
+    if args.shapes is not None and (args.B is not None or args.T is not None):
+        sys.exit("give either --shapes or --B / --T")
+    if args.shapes is not None:
+        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
+    elif args.B is None and args.T is None and cuda:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in TARGET_SHAPES.split(",")]
+    else:
+        shapes = [(int(b), int(t)) for b in (args.B or CPU_B).split(",") for t in (args.T or CPU_T).split(",")]
+    groups = [int(g) for g in (args.group_size or (TARGET_G if cuda else CPU_G)).split(",")]
+    bad = [(B, G) for B, _ in shapes for G in groups if B % G]
+    if bad:
+        sys.exit(f"B must be a multiple of every G: {bad}")
+    return shapes, groups
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--B", default="256,1024,8192")
-    ap.add_argument("--T", default="512,4096")
-    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--B", default=None, help="comma list (default: see --shapes)")
+    ap.add_argument("--T", default=None, help="comma list (default: see --shapes)")
+    ap.add_argument("--shapes", default=None,
+                    help="BxT pairs, e.g. 1024x4096,8192x1024 (default with neither --B nor --T: "
+                         f"CPU every B in {CPU_B} x T in {CPU_T}; cuda {TARGET_SHAPES})")
+    ap.add_argument("--group-size", default=None,
+                    help=f"comma list of G (default: CPU {CPU_G}, cuda {TARGET_G})")
     ap.add_argument("--score", default="rloo", choices=["rloo", "grpo"])
     ap.add_argument("--proxy", default="logratio", choices=["logratio", "mean_logp"])
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
@@ -161,12 +190,13 @@ def main(argv=None):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     with_fused = args.device == "cuda" or args.fused_interpreted
     methods = ["torch", "loop"] + (["fused"] if with_fused else [])
-    kw = dict(group_size=args.group_size, score=args.score, proxy=args.proxy)
+    shapes, groups = bench_shapes(args)
     rows = []
-    for B in map(int, args.B.split(",")):
-        for T in map(int, args.T.split(",")):
-            inputs = make_inputs(B, T, args.group_size, dtype, args.device)
-            row = dict(B=B, T=T, G=args.group_size, tokens=int(inputs[2].sum()))
+    for B, T in shapes:
+        inputs = make_inputs(B, T, dtype, args.device)
+        for G in groups:
+            kw = dict(group_size=G, score=args.score, proxy=args.proxy)
+            row = dict(B=B, T=T, G=G, tokens=int(inputs[2].sum()))
             results = {}
             for name in methods:
                 if name == "loop" and B > args.loop_max_b:
@@ -191,14 +221,15 @@ def main(argv=None):
             if "loop" in results:
                 row["loop_over_torch"] = row["loop_ms"] / row["torch_ms"]
             rows.append(row)
-            del inputs, results
-            if args.device == "cuda":
-                torch.cuda.empty_cache()
+            del results
+        del inputs
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
 
-    cols = ["B", "T", "copy_ms", "torch_ms", "torch_vs_copy", "loop_ms", "loop_over_torch", "fused_ms",
+    cols = ["B", "T", "G", "copy_ms", "torch_ms", "torch_vs_copy", "loop_ms", "loop_over_torch", "fused_ms",
             "speedup_vs_torch", "fused_GBps", "fused_vs_copy", "copy_bw_fraction", "err"]
     cols = [c for c in cols if any(c in r for r in rows)]
-    print(f"PACS loss fwd+bwd, device={args.device}, dtype={args.dtype}, G={args.group_size}, "
+    print(f"PACS loss fwd+bwd, device={args.device}, dtype={args.dtype}, G={','.join(map(str, groups))}, "
           f"score={args.score}, proxy={args.proxy}, torch {torch.__version__}, "
           f"threads={torch.get_num_threads()}, best of {args.repeat}")
     print(" | ".join(f"{c:>16}" for c in cols))

@@ -41,10 +41,10 @@ def _params(c: dict) -> str:
         tile = f"{k['BLOCK_N']}x{k['BLOCK_V']}x{k['BLOCK_H']}"
     elif c["module"] == "token_logprobs":
         tile = f"V{k['BLOCK_V']}"
-    elif c["fn"] == "_pacs_fwd_kernel":
-        tile = f"{k['BLOCK_G']}x{k['BLOCK_T']}"
-    else:
-        tile = f"T{k['BLOCK_T']}x{k['N_SPLIT']}"
+    elif c["fn"] == "_pacs_group_kernel":
+        tile = f"G{k['BLOCK_G']}xS{k['BLOCK_S']}"
+    else:  # the PACS streaming kernels: a [ROWS, BLOCK_T] tile
+        tile = f"{k['ROWS']}x{k['BLOCK_T']}"
     return f"{tile} w{c['num_warps']} s{c['num_stages']}"
 
 
@@ -75,7 +75,7 @@ def table(report: dict) -> str:
         ok = all(not u["narrow"] and u["wide"] > 0 for u in offs.values())
         spill = f"{c['stack']}" + (f" ({c['spill_insts']} STL/LDL)" if c["spill_insts"] else "")
         rows.append(f"| {name} | {c['variant']} | sm_{c['arch']} | {c['dtype']} | {_params(c)} | {c['shared']:,} | "
-                    f"{c['regs']} | {spill} | {_tc(c)} | {'yes' if ok else 'NO'}: {', '.join(offs)} |")
+                    f"{c['regs']} | {spill} | {_tc(c)} | {(('yes' if ok else 'NO') + ': ' + ', '.join(offs)) if offs else '-'} |")
     shapes = sorted({s for c in report["cases"] for s in c["shapes"]})
     head = (f"Triton {report['triton']}, targets {', '.join('sm_%d' % a for a in report['archs'])}; "
             f"launch parameters from each kernel's `launch_config` at: {'; '.join(shapes)}.\n\n")

@@ -9,7 +9,8 @@ sized to finish in < 9 minutes on one H100):
 4. ``logprobs``   bench/gpu_logprobs.py at N=8192, H=4096, V=151,936, bf16, forward+backward with
                   entropy: both Triton backwards (chunked GEMM, atomic), the torch backend, naive
                   torch and Liger's fused linear cross-entropy when installed.
-5. ``pacs_loss``  bench/bench_pacs_loss.py: fused kernels vs the torch path at B=1024, T=4096.
+5. ``pacs_loss``  bench/bench_pacs_loss.py: fused kernels vs the torch path and the copy floor at
+                  issue 22's shapes (B=1024, T=4096 and B=8192, T=1024; G = 8, 16, 64).
 6. ``pacs_run``   ``python -m pacs_fast.train`` for 20 PACS steps with vLLM rollouts (8 steps with
                   the HF engine where vLLM is not installed, named in the report) and the torch
                   learner (bf16, Triton log-probs) on a random-weight Qwen2.5-0.5B-shaped model
@@ -177,7 +178,7 @@ class Suite:
         js = os.path.join(self.out, "pacs_loss.json")
         cmd = [PY, os.path.join(HERE, "bench_pacs_loss.py"), "--out", js]
         cmd += (["--device", "cpu", "--B", "16", "--T", "64", "--repeat", "1", "--warmup", "0", "--fused-interpreted"]
-                if self.dry else ["--device", "cuda", "--B", "1024", "--T", "4096", "--repeat", "10"])
+                if self.dry else ["--device", "cuda", "--repeat", "10", "--loop-max-b", "0"])
         rc, dt, tail = self.run("pacs_loss", cmd, 120)
         rows = []
         if os.path.exists(js):
@@ -279,11 +280,11 @@ def report_md(res: dict, dry: bool) -> str:
     pl = res.get("pacs_loss")
     if pl and pl.get("rows"):
         L += ["", "## PACS loss forward+backward", "",
-              "| B | T | copy ms (floor) | torch ms | fused ms | speedup | GB/s | share of copy bandwidth | err |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| B | T | G | copy ms (floor) | torch ms | fused ms | speedup | GB/s | share of copy bandwidth | err |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in pl["rows"]:
             f = (lambda k: f"{r[k]:.3g}" if isinstance(r.get(k), (int, float)) else "-")
-            L.append(f"| {r['B']} | {r['T']} | {f('copy_ms')} | {f('torch_ms')} | {f('fused_ms')} | "
+            L.append(f"| {r['B']} | {r['T']} | {r.get('G', '-')} | {f('copy_ms')} | {f('torch_ms')} | {f('fused_ms')} | "
                      f"{f('speedup_vs_torch')} | {f('fused_GBps')} | {f('copy_bw_fraction')} | {f('err')} |")
     pr = res.get("pacs_run")
     if pr and pr.get("phases"):

@@ -11,6 +11,7 @@ an architecture and a dtype) ``compile_case`` reports what the GPU compiler deci
   ``stack`` > 0 or ``spill_insts`` > 0 means spilling);
 - ``mma``: the tensor-core instruction of ``tl.dot`` in the PTX (``wgmma.mma_async`` on sm_90,
   ``mma.sync`` on sm_80, ``tcgen05.mma`` on sm_100), ``tf32`` whether any TF32 product appears;
+- ``global_access``: the PTX global load / store instructions by width (``ld.global.v4.b32`` ...);
 - ``narrow``: for each pointer-offset parameter that multiplies a row index (row strides, ``T``),
   the PTX instructions that use it in a 32-bit product (must be none: ``N * V`` passes 2^31 at
   N = 16384, V = 151,936), and ``wide``: whether it enters a 64-bit product at all.
@@ -43,7 +44,7 @@ SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024}
 GPU_NAMES = {80: "A100", 90: "H100/H200", 100: "B200"}
 # the issue's realistic shapes: log-probs N x H x V (and V / 2 under tensor parallel 2), PACS B x T
 LOGPROB_SHAPES = (("N8192 H4096 V151936", 8192, 4096, 151936), ("N8192 H4096 V75968 (tp2)", 8192, 4096, 75968))
-PACS_SHAPE = (1024, 4096)
+PACS_SHAPES = ((1024, 4096), (8192, 1024))  # issue 22's targets for the loss at memory speed
 PACS_GROUPS = (8, 16, 64)
 _DT = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -137,22 +138,40 @@ def cases(archs=ARCHS) -> list[Case]:
                          dict(HAS_BIAS=False, ENTROPY=True, DOT_PREC=prec, UPCAST=False, NEED_DW=True,
                               NEED_DB=False, **c), nw, ns, ("stride_h", "stride_w", "n_h"), has_dot=True,
                          variant="entropy, atomic"))
-        # PACS loss (fp32 log-probs, bool mask, padded [B, T])
-        b, t = PACS_SHAPE
-        for g in PACS_GROUPS:
-            nw, ns, c = _split(KP.launch_config("fwd", B=b, T=t, G=g, dtype=torch.float32, arch=arch))
-            add(Case("pacs_loss", "fwd", "_pacs_fwd_kernel", arch, "fp32", [f"B{b} T{t} G{g}"],
-                     dict(logp_ptr=f32, ref_ptr=f32, mask_ptr="*u8", rewards_ptr=f32, cu_ptr=f32,
-                          proxy_ptr=f32, score_ptr=f32, pred_ptr=f32, weight_ptr=f32, sample_loss_ptr=f32,
-                          coef_ptr=f32, partial_ptr=f32, T="i32", G="i32", g_float="fp32",
-                          beta_hi="fp32", beta_lo="fp32", inv_b_hi="fp32", inv_b_lo="fp32",
-                          eps_hi="fp32", eps_lo="fp32"),
-                     dict(ACC=tl.float32, PACKED=False, HAS_MASK=True, HAS_REF=True, PROXY=0, SCORE=0,
-                          WEIGHT=0, **c), nw, ns, ("T",), variant=f"G={g}, rloo"))
-        nw, ns, c = _split(KP.launch_config("bwd", B=b, T=t, G=8, dtype=torch.float32, arch=arch))
-        add(Case("pacs_loss", "bwd", "_pacs_bwd_kernel", arch, "fp32", [f"B{b} T{t}"],
-                 dict(grad_ptr=f32, coef_ptr=f32, mask_ptr="*u8", cu_ptr=f32, dlogp_ptr=f32, T="i32"),
-                 dict(PACKED=False, HAS_MASK=True, **c), nw, ns, ("T",), variant="masked"))
+        # PACS loss: pass A and the backward stream the tokens (bf16 and fp32 log-probs, bool mask,
+        # padded [B, T]; packed with int32 cu_seqlens at the first shape's average length); pass B
+        # works on pass A's fp32 partials, one program per group
+        for b, t in PACS_SHAPES:
+            for dt in ("bf16", "fp32"):
+                p = f"*{dt}"
+                for packed in (False, True) if (b, t) == PACS_SHAPES[0] and dt == "fp32" else (False,):
+                    cu = "*i32" if packed else p
+                    var = "packed" if packed else "padded"
+                    wide = () if packed else ("T",)  # packed: row starts come from cu_seqlens
+                    nw, ns, c = _split(KP.launch_config("fwd_sums", B=b, T=t, G=8, dtype=_DT[dt], arch=arch))
+                    c.pop("N_SPLIT")  # the grid's second axis, not a kernel argument
+                    add(Case("pacs_loss", "fwd_sums", "_pacs_sums_kernel", arch, dt, [f"B{b} T{t}"],
+                             dict(logp_ptr=p, ref_ptr=p, mask_ptr="*u8", cu_ptr=cu, sums_ptr=f32,
+                                  cnt_ptr=f32, B="i32", T="i32"),
+                             dict(ACC=tl.float32, PACKED=packed, HAS_MASK=True, HAS_REF=True, **c),
+                             nw, ns, wide, variant=f"{var}, masked"))
+                    nw, ns, c = _split(KP.launch_config("bwd", B=b, T=t, G=1, dtype=_DT[dt], arch=arch))
+                    c.pop("N_SPLIT")
+                    add(Case("pacs_loss", "bwd", "_pacs_bwd_kernel", arch, dt, [f"B{b} T{t}"],
+                             dict(grad_ptr=f32, coef_ptr=f32, mask_ptr="*u8", cu_ptr="*i32" if packed else f32,
+                                  dlogp_ptr=p, B="i32", T="i32"),
+                             dict(PACKED=packed, HAS_MASK=True, **c), nw, ns, wide, variant=f"{var}, masked"))
+            for g in PACS_GROUPS:
+                for score in ("rloo", "grpo") if g == PACS_GROUPS[-1] else ("rloo",):
+                    nw, ns, c = _split(KP.launch_config("fwd", B=b, T=t, G=g, dtype=torch.float32, arch=arch))
+                    add(Case("pacs_loss", "fwd", "_pacs_group_kernel", arch, "fp32", [f"B{b} T{t} G{g}"],
+                             dict(sums_ptr=f32, cnt_ptr=f32, rewards_ptr=f32, proxy_ptr=f32, score_ptr=f32,
+                                  pred_ptr=f32, weight_ptr=f32, sample_loss_ptr=f32, coef_ptr=f32,
+                                  partial_ptr=f32, n_split="i32", G="i32", g_float="fp32",
+                                  beta_hi="fp32", beta_lo="fp32", inv_b_hi="fp32", inv_b_lo="fp32",
+                                  eps_hi="fp32", eps_lo="fp32"),
+                             dict(ACC=tl.float32, PROXY=0, SCORE=KP.SCORES[score], WEIGHT=0, **c), nw, ns,
+                             ("n_split",), variant=f"G={g}, {score}"))
     return list(out.values())
 
 
@@ -211,6 +230,15 @@ def tensor_core_instrs(ptx: str) -> list[str]:
     for pat in _MMA_PATTERNS:
         found.update(re.findall(pat, ptx))
     return sorted(found)
+
+
+def global_access(ptx: str) -> dict:
+    """PTX global loads / stores by instruction (``ld.global.v4.b32``: 16 bytes per thread,
+    ``ld.global.b8``: one byte): how far the memory accesses were vectorised."""
+    found = {}
+    for op in re.findall(r"\b((?:ld|st)\.global(?:\.[a-z0-9]+)*)", ptx):
+        found[op] = found.get(op, 0) + 1
+    return found
 
 
 def param_uses(ptx: str, fn_name: str, index: int) -> dict:
@@ -278,6 +306,7 @@ def compile_case(case: Case) -> dict:
     row["smem_limit"] = SMEM_LIMIT[case.arch]
     row["mma"] = tensor_core_instrs(ptx)
     row["tf32"] = bool(re.search(r"\btf32\b", ptx))
+    row["global_access"] = global_access(ptx)
     row["offsets"] = offset_report(ptx, fn, case.types, case.wide_params)
     return row
 

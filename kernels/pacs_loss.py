@@ -1,24 +1,37 @@
-"""Grouped PACS loss: one fused forward kernel and one backward kernel, plus thin launchers.
+"""Grouped PACS loss: a two-pass forward and a one-pass backward, plus thin launchers.
 
-Forward (``_pacs_fwd_kernel``), one program per group of ``G`` consecutive sequences, a
-``[BLOCK_G, BLOCK_T]`` tile streamed over the tokens:
+Every kernel that touches the tokens streams them over a 2-D grid ``(row block, token split)`` so
+that every SM has programs in flight (issue 22: the loss at memory speed); only the small
+per-group pass runs one program per group. Formulas: DESIGN.md section 1.
 
-1. masked per-sequence sums over the tokens -> proxy ``r_i`` (``logratio`` or ``mean_logp``);
+Forward, pass A (``_pacs_sums_kernel``), grid ``(cdiv(B, ROWS), N_SPLIT)``: program ``(b, s)``
+reads ``[ROWS, BLOCK_T]`` tiles of ``logp`` (``- logp_ref``, ``* mask``) at token blocks
+``s, s + N_SPLIT, s + 2 N_SPLIT, ...`` of rows ``b * ROWS ...`` (each row's own length) and
+writes the row's partial sums ``sum_t mask * x`` and ``sum_t mask`` into a ``[2, B, N_SPLIT]``
+workspace (no atomics; a program past a row's end stores zeros).
+
+Forward, pass B (``_pacs_group_kernel``), one program per group of ``G`` consecutive sequences:
+
+1. reduces the ``[G, N_SPLIT]`` partials in a fixed order -> proxy ``r_i`` (``logratio`` or
+   ``mean_logp``);
 2. group statistics -> score ``psi_i`` (``rloo`` / ``grpo`` / ``dr_grpo`` / ``naive``);
 3. class-balanced weight ``w_i`` (``question`` / ``none`` / ``only_positive`` / ``only_negative``);
-4. per-sample weighted BCE-with-logits and the group's partial loss (summed afterwards, in a fixed
-   order: deterministic, no atomics);
+4. per-sample weighted BCE-with-logits and the group's share of the loss (summed afterwards in a
+   fixed order: deterministic, no atomics);
 5. the per-sequence gradient coefficient ``coef_k = d loss / d logp[k, t] / mask[k, t]``
    (the loss is known in the forward, so the backward only scales and broadcasts it).
 
-Backward (``_pacs_bwd_kernel``): ``dlogp[k, t] = grad_loss * coef_k * mask[k, t]`` in one pass,
-grid ``(B, n_split)``, each program striding over its row's token blocks.
+Backward (``_pacs_bwd_kernel``): ``dlogp[k, t] = grad_loss * coef_k * mask[k, t]`` in one pass over
+the same kind of ``(row block, token split)`` grid.
 
 Layouts: padded (``PACKED=False``): row ``i`` starts at ``i * T`` and has ``T`` tokens (contiguous
 ``[B, T]``). Packed (``PACKED=True``): row ``i`` is ``[cu_seqlens[i], cu_seqlens[i+1])`` of a 1-D
 buffer. ``mask`` is optional (``HAS_MASK``); a bool mask selects, a numeric mask multiplies, and
 positions where it is 0 never reach the sums (even NaN / Inf). Everything is accumulated in fp32
-(fp64 for fp64 ``logp``) whatever the input dtype. Formulas: DESIGN.md section 1.
+(fp64 for fp64 ``logp``) whatever the input dtype. Packed grids are sized from the average row
+length (no device sync): a row much longer than the average is read by its row block's N_SPLIT
+programs, several blocks each; packed rows start anywhere, so their loads are not vectorised
+(padded rows: 16-byte loads, checked by tests/test_kernels_compile.py).
 
 This module imports only triton and torch.
 """
@@ -37,15 +50,81 @@ PROXIES = {"logratio": 0, "mean_logp": 1}
 MAX_GROUP_SIZE = 1024
 GRPO_EPS = 1e-6
 
+# Overrides of the launch parameters (None: ``launch_config`` decides). Tests shrink the tiles so
+# that T = 37 spans several token blocks and each program strides over several of them.
+# BLOCK_T / ROWS / N_SPLIT apply to the two streaming kernels (pass A and the backward), BLOCK_S
+# to pass B.
+CONFIG = {"BLOCK_T": None, "ROWS": None, "N_SPLIT": None, "BLOCK_S": None}
+
 
 @triton.jit
-def _pacs_fwd_kernel(
-    logp_ptr, ref_ptr, mask_ptr, rewards_ptr, cu_ptr,
-    proxy_ptr, score_ptr, pred_ptr, weight_ptr, sample_loss_ptr, coef_ptr, partial_ptr,
-    T, G, g_float, beta_hi, beta_lo, inv_b_hi, inv_b_lo, eps_hi, eps_lo,
+def _row_span(cu_ptr, rows, valid, T, PACKED: tl.constexpr):
+    """(start, length, longest length) of ``rows`` (int64; rows with ``valid`` False: length 0)."""
+    if PACKED:
+        start = tl.load(cu_ptr + rows, mask=valid, other=0).to(tl.int64)
+        length = tl.load(cu_ptr + rows + 1, mask=valid, other=0).to(tl.int64) - start
+        max_len = tl.max(length, axis=0)
+    else:
+        start = rows * T  # int64: B * T may exceed 2**31
+        length = tl.where(valid, T, 0).to(tl.int64)
+        max_len = T
+    return start, length, max_len
+
+
+@triton.jit
+def _in_rows(tt, valid, length, T, PACKED: tl.constexpr):
+    """[ROWS, BLOCK_T] mask of the token positions ``tt`` inside their rows. Padded rows compare
+    with the scalar ``T``: a per-row bound would hide the alignment and make every load scalar."""
+    if PACKED:
+        inb = tt[None, :] < length[:, None]
+    else:
+        inb = (tt[None, :] < T) & valid[:, None]
+    return inb
+
+
+@triton.jit
+def _pacs_sums_kernel(
+    logp_ptr, ref_ptr, mask_ptr, cu_ptr, sums_ptr, cnt_ptr,
+    B, T,
     ACC: tl.constexpr, PACKED: tl.constexpr, HAS_MASK: tl.constexpr, HAS_REF: tl.constexpr,
-    PROXY: tl.constexpr, SCORE: tl.constexpr, WEIGHT: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    # pass A: masked partial sums of ROWS rows over the token blocks split, split + n_split, ...
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    split = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    valid = rows < B
+    start, length, max_len = _row_span(cu_ptr, rows, valid, T, PACKED)
+    acc = tl.zeros([ROWS, BLOCK_T], dtype=ACC)
+    cnt = tl.zeros([ROWS, BLOCK_T], dtype=ACC)
+    offs_t = tl.arange(0, BLOCK_T)
+    for t0 in range(split * BLOCK_T, max_len, n_split * BLOCK_T):
+        tt = t0 + offs_t
+        inb = _in_rows(tt, valid, length, T, PACKED)
+        idx = start[:, None] + tt[None, :]
+        x = tl.load(logp_ptr + idx, mask=inb, other=0.0).to(ACC)
+        if HAS_REF:
+            x = x - tl.load(ref_ptr + idx, mask=inb, other=0.0).to(ACC)
+        if HAS_MASK:
+            m = tl.load(mask_ptr + idx, mask=inb, other=0).to(ACC)
+            # masked-out positions never reach the sums, even NaN / Inf
+            acc += tl.where(m != 0, x * m, 0.0)
+            cnt += m
+        else:
+            acc += x
+            cnt += inb.to(ACC)
+    out = rows * n_split + split  # [B, n_split] row-major: a group's partials are contiguous
+    tl.store(sums_ptr + out, tl.sum(acc, axis=1), mask=valid)
+    tl.store(cnt_ptr + out, tl.sum(cnt, axis=1), mask=valid)
+
+
+@triton.jit
+def _pacs_group_kernel(
+    sums_ptr, cnt_ptr, rewards_ptr,
+    proxy_ptr, score_ptr, pred_ptr, weight_ptr, sample_loss_ptr, coef_ptr, partial_ptr,
+    n_split, G, g_float, beta_hi, beta_lo, inv_b_hi, inv_b_lo, eps_hi, eps_lo,
+    ACC: tl.constexpr, PROXY: tl.constexpr, SCORE: tl.constexpr, WEIGHT: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     # float scalars arrive as fp32 pairs (hi + lo) so that the fp64 path keeps full precision
     beta = tl.cast(beta_hi, ACC) + tl.cast(beta_lo, ACC)
@@ -55,37 +134,18 @@ def _pacs_fwd_kernel(
     grp = tl.program_id(0).to(tl.int64)
     offs_g = tl.arange(0, BLOCK_G)
     valid_g = offs_g < G
-    rows = grp * G + offs_g  # int64: B * T may exceed 2**31
-    if PACKED:
-        start = tl.load(cu_ptr + rows, mask=valid_g, other=0).to(tl.int64)
-        end = tl.load(cu_ptr + rows + 1, mask=valid_g, other=0).to(tl.int64)
-        length = end - start
-        max_len = tl.max(length, axis=0)
-    else:
-        start = rows * T
-        length = tl.where(valid_g, T, 0).to(tl.int64)
-        max_len = T
+    rows = grp * G + offs_g
 
-    # ---- 1. masked per-sequence sums ------------------------------------------------------
-    acc = tl.zeros([BLOCK_G, BLOCK_T], dtype=ACC)
-    cnt = tl.zeros([BLOCK_G, BLOCK_T], dtype=ACC)
-    offs_t = tl.arange(0, BLOCK_T)
-    for t0 in range(0, max_len, BLOCK_T):
-        tt = t0 + offs_t
-        inb = (tt[None, :] < length[:, None]) & valid_g[:, None]
-        idx = start[:, None] + tt[None, :]
-        x = tl.load(logp_ptr + idx, mask=inb, other=0.0).to(ACC)
-        if PROXY == 0:
-            if HAS_REF:
-                x = x - tl.load(ref_ptr + idx, mask=inb, other=0.0).to(ACC)
-        if HAS_MASK:
-            m = tl.load(mask_ptr + idx, mask=inb, other=0).to(ACC)
-            # masked-out positions never reach the sums, even NaN / Inf
-            acc += tl.where(m != 0, x * m, 0.0)
-            cnt += m
-        else:
-            acc += x
-            cnt += inb.to(ACC)
+    # ---- 1. the per-sequence sums: pass A's partials, reduced in a fixed order -------------
+    acc = tl.zeros([BLOCK_G, BLOCK_S], dtype=ACC)
+    cnt = tl.zeros([BLOCK_G, BLOCK_S], dtype=ACC)
+    offs_s = tl.arange(0, BLOCK_S)
+    for s0 in range(0, n_split, BLOCK_S):
+        ss = s0 + offs_s
+        inb = valid_g[:, None] & (ss[None, :] < n_split)
+        idx = rows[:, None] * n_split + ss[None, :]
+        acc += tl.load(sums_ptr + idx, mask=inb, other=0.0)
+        cnt += tl.load(cnt_ptr + idx, mask=inb, other=0.0)
     s = tl.sum(acc, axis=1)
     n_tok = tl.sum(cnt, axis=1)
     if PROXY == 0:
@@ -164,34 +224,31 @@ def _pacs_fwd_kernel(
     tl.store(weight_ptr + rows, w, mask=valid_g)
     tl.store(sample_loss_ptr + rows, sample_loss, mask=valid_g)
     tl.store(coef_ptr + rows, coef, mask=valid_g)
-    tl.store(partial_ptr + grp, tl.sum(sample_loss, axis=0))
+    tl.store(partial_ptr + grp, tl.sum(sample_loss, axis=0) * inv_B)
 
 
 @triton.jit
 def _pacs_bwd_kernel(
     grad_ptr, coef_ptr, mask_ptr, cu_ptr, dlogp_ptr,
-    T,
-    PACKED: tl.constexpr, HAS_MASK: tl.constexpr, N_SPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
+    B, T,
+    PACKED: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     split = tl.program_id(1)
-    if PACKED:
-        start = tl.load(cu_ptr + row).to(tl.int64)
-        length = tl.load(cu_ptr + row + 1).to(tl.int64) - start
-    else:
-        start = row * T
-        length = T
-    c = tl.load(coef_ptr + row) * tl.load(grad_ptr).to(coef_ptr.dtype.element_ty)
-    offs = tl.arange(0, BLOCK_T)
-    for t0 in range(split * BLOCK_T, length, N_SPLIT * BLOCK_T):
-        tt = t0 + offs
-        inb = tt < length
-        idx = start + tt
+    n_split = tl.num_programs(1)
+    valid = rows < B
+    start, length, max_len = _row_span(cu_ptr, rows, valid, T, PACKED)
+    c = tl.load(coef_ptr + rows, mask=valid, other=0.0) * tl.load(grad_ptr).to(coef_ptr.dtype.element_ty)
+    offs_t = tl.arange(0, BLOCK_T)
+    for t0 in range(split * BLOCK_T, max_len, n_split * BLOCK_T):
+        tt = t0 + offs_t
+        inb = _in_rows(tt, valid, length, T, PACKED)
+        idx = start[:, None] + tt[None, :]
         if HAS_MASK:
             m = tl.load(mask_ptr + idx, mask=inb, other=0).to(c.dtype)
-            val = tl.where(m != 0, c * m, 0.0)
+            val = tl.where(m != 0, c[:, None] * m, 0.0)
         else:
-            val = tl.zeros([BLOCK_T], c.dtype) + c
+            val = tl.zeros([ROWS, BLOCK_T], c.dtype) + c[:, None]
         tl.store(dlogp_ptr + idx, val.to(dlogp_ptr.dtype.element_ty), mask=inb)
 
 
@@ -208,30 +265,84 @@ def _as_kernel_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
 
 
-KERNELS = ("fwd", "bwd")
+KERNELS = ("fwd_sums", "fwd", "bwd")
+
+# Grid sizing of the streaming kernels (pass A, backward). Each program reads / writes about
+# STREAM_BYTES (a [ROWS, BLOCK_T] tile of TILE elements, one tile per program when the row fits
+# its split), so a program has enough loads in flight; and the grid has at least MIN_PROGRAMS
+# programs (4 per SM of a 132-SM H100) where the shape allows it, tiles shrinking down to
+# MIN_TILE elements before that. Same on every architecture (arch is not used): the kernels are
+# plain loads / stores and reductions (no tensor cores; shared memory only for Triton's reductions
+# and layout conversions, <= 9 KB in the compile table).
+STREAM_BYTES = 16 * 1024
+MIN_TILE, MAX_TILE = 512, 4096
+SM_COUNT = 132
+MIN_PROGRAMS = 4 * SM_COUNT
+MAX_SPLIT = 1024  # grid axis 1 (CUDA limit 65,535); longer rows: each program strides further
+
+
+def _stream_config(B: int, T: int, bytes_per_token: int, max_warps: int) -> dict:
+    """``ROWS``, ``BLOCK_T``, ``N_SPLIT`` (grid ``(cdiv(B, ROWS), N_SPLIT)``) and the warps of a
+    streaming kernel over ``B`` rows of ``T`` tokens (the average, packed) of ``bytes_per_token``."""
+    T = max(1, T)
+
+    def shape(tile):
+        block_t = max(16, min(tile, triton.next_power_of_2(T)))
+        rows = max(1, tile // block_t)
+        return rows, block_t, min(MAX_SPLIT, triton.cdiv(T, block_t))
+
+    tile = min(MAX_TILE, triton.next_power_of_2(triton.cdiv(STREAM_BYTES, bytes_per_token)))
+    while tile > MIN_TILE:
+        rows, block_t, n_split = shape(tile)
+        if triton.cdiv(B, rows) * n_split >= MIN_PROGRAMS:
+            break
+        tile //= 2
+    rows, block_t, _ = shape(tile)
+    cfg = dict(ROWS=rows, BLOCK_T=block_t)
+    cfg.update({k: int(CONFIG[k]) for k in cfg if CONFIG[k] is not None})
+    cfg["N_SPLIT"] = min(MAX_SPLIT, triton.cdiv(T, cfg["BLOCK_T"]))
+    if CONFIG["N_SPLIT"] is not None:
+        cfg["N_SPLIT"] = int(CONFIG["N_SPLIT"])
+    # 8 warps only for 4096-element tiles (16 values per thread) and where max_warps allows it
+    num_warps = 8 if cfg["ROWS"] * cfg["BLOCK_T"] >= 4096 and max_warps >= 8 else 4
+    return dict(cfg, num_warps=num_warps, num_stages=3)
 
 
 def launch_config(kernel: str, *, B: int, T: int, G: int, dtype: torch.dtype, arch: int | None) -> dict:
-    """Launch parameters of ``kernel`` (``"fwd"`` or ``"bwd"``) for ``B`` sequences of ``T`` tokens
-    on average in groups of ``G`` (``dtype`` of ``logp``; ``arch`` = compute capability * 10 or
-    None). The launchers and tests/test_kernels_compile.py both call this.
+    """Launch parameters of ``kernel`` for ``B`` sequences of ``T`` tokens (on average, packed) in
+    groups of ``G`` (``dtype`` of ``logp``; ``arch`` = compute capability * 10 or None, unused:
+    every architecture gets the same). The launchers and tests/test_kernels_compile.py both call
+    this; ``CONFIG`` entries that are not None win.
 
-    fwd: one program per group holds a ``[BLOCK_G, BLOCK_T]`` tile of at most 4096 elements
-    (``BLOCK_G`` = next power of two >= G): two fp32 accumulators of 4096 / (32 * num_warps)
-    values per thread, far from the register limit on sm_80/90/100 (compile report in
-    docs/GPU.md). bwd: a memory-bound broadcast, ``BLOCK_T`` about a quarter of a row (128 to
-    1024) and up to 64 programs per row. fp64 ``logp`` (references) uses the same tiles."""
-    if kernel == "fwd":
-        block_g = max(triton.next_power_of_2(G), 2)
-        block_t = max(16, min(512, 4096 // block_g))
-        return dict(BLOCK_G=block_g, BLOCK_T=block_t, num_warps=4 if block_g * block_t <= 4096 else 8,
-                    num_stages=3)
+    fwd_sums (pass A) and bwd: ``ROWS``, ``BLOCK_T``, ``N_SPLIT`` (the grid is ``(cdiv(B, ROWS),
+    N_SPLIT)``), warps, stages. The tile ``ROWS * BLOCK_T`` is the power of two nearest above
+    STREAM_BYTES / bytes per token (pass A reads logp, logp_ref, a 1-byte mask: 9 B per fp32
+    token -> 2048, 5 B per bf16 token -> 4096; the backward reads the mask and writes dlogp: 5 B
+    fp32 / 3 B bf16 -> 4096, at most MAX_TILE = 4096), halved (down to 512) while the grid has
+    fewer than 4 programs per SM of a 132-SM GPU; ``BLOCK_T`` = min(tile, next_pow2(T)),
+    ``ROWS`` = tile / BLOCK_T (short rows: several per program), ``N_SPLIT = cdiv(T, BLOCK_T)``
+    (at most 1024). Examples (fp32): B=1024, T=4096: pass A 1x2048 tiles, grid (1024, 2) = 2048
+    programs; backward 1x4096, grid (1024, 1). B=8192, T=1024: pass A 2x1024, grid (4096, 1);
+    backward 4x1024, grid (2048, 1). Warps (from the compile report, tests/test_kernels_compile.py):
+    pass A always 4 (68-128 registers, no spills on sm_80/90/100; its bf16 4096-element tile with 8
+    warps spilled 8 B on sm_90), the backward 8 for 4096-element tiles (29-80 registers), else 4.
+
+    fwd (pass B, one program per group): ``BLOCK_G`` = next power of two >= G and ``BLOCK_S``
+    (split columns per step, BLOCK_G * BLOCK_S <= 2048 elements); pass A's N_SPLIT partials per
+    row are reduced in BLOCK_S steps. fp64 ``logp`` (references) uses the fp64-sized tiles."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    elt = torch.empty((), dtype=dtype).element_size()
+    if kernel == "fwd_sums":
+        return _stream_config(B, T, 2 * elt + 1, max_warps=4)
     if kernel == "bwd":
-        avg_len = max(1, T)
-        block_t = min(1024, max(128, triton.next_power_of_2(avg_len) // 4))
-        return dict(BLOCK_T=block_t, N_SPLIT=min(64, triton.cdiv(avg_len, block_t)), num_warps=4,
-                    num_stages=3)
-    raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        return _stream_config(B, T, elt + 1, max_warps=8)
+    n_split = _stream_config(B, T, 2 * elt + 1, max_warps=4)["N_SPLIT"]
+    block_g = max(triton.next_power_of_2(G), 2)
+    block_s = max(2, min(triton.next_power_of_2(n_split), 2048 // block_g))
+    if CONFIG["BLOCK_S"] is not None:
+        block_s = int(CONFIG["BLOCK_S"])
+    return dict(BLOCK_G=block_g, BLOCK_S=block_s, num_warps=4, num_stages=3)
 
 
 def _arch(device) -> int | None:
@@ -241,9 +352,13 @@ def _arch(device) -> int | None:
     return 10 * major + minor
 
 
+def _acc_dtypes(logp):
+    return (torch.float64, tl.float64) if logp.dtype == torch.float64 else (torch.float32, tl.float32)
+
+
 def pacs_loss_fwd(logp, logp_ref, mask, rewards, cu_seqlens, *, group_size, beta, score,
                   weight_mode, proxy):
-    """Launches the forward kernel (no validation: the caller validates).
+    """Launches the two forward kernels (no validation: the caller validates).
 
     logp: [B, T] (padded, contiguous) or [total] (packed with ``cu_seqlens`` [B + 1] int32/int64),
     any float dtype. logp_ref: same layout, or None (only with ``proxy="mean_logp"``).
@@ -255,25 +370,37 @@ def pacs_loss_fwd(logp, logp_ref, mask, rewards, cu_seqlens, *, group_size, beta
     packed = cu_seqlens is not None
     B = rewards.shape[0]
     T = 0 if packed else logp.shape[1]
+    avg = max(1, logp.numel() // B)  # tokens per row (the average when packed)
     G = int(group_size)
     n_groups = B // G
     dev = logp.device
-    acc = torch.float64 if logp.dtype == torch.float64 else torch.float32
-    outs = [torch.empty(B, device=dev, dtype=acc) for _ in range(6)]
-    partial = torch.empty(n_groups, device=dev, dtype=acc)
+    acc, acc_tl = _acc_dtypes(logp)
+    arch = _arch(dev)
     kmask = _as_kernel_mask(mask)
-    cfg = launch_config("fwd", B=B, T=max(T, 1), G=G, dtype=logp.dtype, arch=_arch(dev))
-    _pacs_fwd_kernel[(n_groups,)](
-        logp, logp if logp_ref is None else logp_ref, logp if kmask is None else kmask,
-        rewards.contiguous(), rewards if cu_seqlens is None else cu_seqlens,
-        *outs, partial, T, G, float(G), *_hi_lo(beta), *_hi_lo(1.0 / B), *_hi_lo(GRPO_EPS),
-        ACC=tl.float64 if acc == torch.float64 else tl.float32, PACKED=packed,
-        HAS_MASK=kmask is not None, HAS_REF=logp_ref is not None,
-        PROXY=PROXIES[proxy], SCORE=SCORES[score], WEIGHT=WEIGHT_MODES[weight_mode],
-        BLOCK_G=cfg["BLOCK_G"], BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["num_warps"],
+    has_ref = logp_ref is not None and proxy == "logratio"
+    # pass A: [2, B, N_SPLIT] partial sums (masked x, mask) per (row, split)
+    cfg = launch_config("fwd_sums", B=B, T=avg, G=G, dtype=logp.dtype, arch=arch)
+    n_split = cfg["N_SPLIT"]
+    ws = torch.empty((2, B, n_split), device=dev, dtype=acc)
+    _pacs_sums_kernel[(triton.cdiv(B, cfg["ROWS"]), n_split)](
+        logp, logp_ref if has_ref else logp, logp if kmask is None else kmask,
+        cu_seqlens if packed else logp, ws[0], ws[1], B, T,
+        ACC=acc_tl, PACKED=packed, HAS_MASK=kmask is not None, HAS_REF=has_ref,
+        ROWS=cfg["ROWS"], BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
-    loss = partial.sum() / B
+    # pass B: one program per group
+    outs = [torch.empty(B, device=dev, dtype=acc) for _ in range(6)]
+    partial = torch.empty(n_groups, device=dev, dtype=acc)
+    cfg = launch_config("fwd", B=B, T=avg, G=G, dtype=logp.dtype, arch=arch)
+    _pacs_group_kernel[(n_groups,)](
+        ws[0], ws[1], rewards.contiguous(), *outs, partial, n_split, G, float(G), *_hi_lo(beta),
+        *_hi_lo(1.0 / B), *_hi_lo(GRPO_EPS),
+        ACC=acc_tl, PROXY=PROXIES[proxy], SCORE=SCORES[score], WEIGHT=WEIGHT_MODES[weight_mode],
+        BLOCK_G=cfg["BLOCK_G"], BLOCK_S=cfg["BLOCK_S"], num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    loss = partial.sum()  # each group's share already carries the 1/B
     return (loss, *outs)
 
 
@@ -287,13 +414,11 @@ def pacs_loss_bwd(grad_loss, coef, mask, cu_seqlens, logp_shape, logp_dtype):
     T = 0 if packed else logp_shape[1]
     cfg = launch_config("bwd", B=B, T=max(1, dlogp.numel() // B), G=1, dtype=logp_dtype,
                         arch=_arch(coef.device))
-    block_t, n_split = cfg["BLOCK_T"], cfg["N_SPLIT"]
     kmask = _as_kernel_mask(mask)
     grad = grad_loss.reshape(1).to(coef.dtype)
-    _pacs_bwd_kernel[(B, n_split)](
-        grad, coef, dlogp if kmask is None else kmask, coef if cu_seqlens is None else cu_seqlens,
-        dlogp, T,
-        PACKED=packed, HAS_MASK=kmask is not None, N_SPLIT=n_split, BLOCK_T=block_t,
+    _pacs_bwd_kernel[(triton.cdiv(B, cfg["ROWS"]), cfg["N_SPLIT"])](
+        grad, coef, dlogp if kmask is None else kmask, cu_seqlens if packed else coef, dlogp, B, T,
+        PACKED=packed, HAS_MASK=kmask is not None, ROWS=cfg["ROWS"], BLOCK_T=cfg["BLOCK_T"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return dlogp

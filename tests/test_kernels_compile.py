@@ -4,7 +4,7 @@ One subprocess (``python -m pacs_fast.kernels.aot``, without TRITON_INTERPRET, w
 session sets) compiles every launched ``@triton.jit`` kernel for sm_80 (A100), sm_90 (H100/H200)
 and sm_100 (B200) with the launch parameters the launchers choose (``launch_config`` of each
 kernel file) at the realistic shapes of issue 13 (log-probs N=8192, H=4096, V=151,936 and V/2;
-PACS B=1024, T=4096, G=8/16/64), in bf16 and fp32; its JSON report is shared by the tests below
+PACS B=1024, T=4096 and B=8192, T=1024, G=8/16/64), in bf16 and fp32; its JSON report is shared by the tests below
 (compiled once per session; Triton's cache makes a second session fast).
 """
 import json
@@ -60,7 +60,7 @@ def test_every_launched_kernel_compiles_for_every_arch_and_dtype(report):
     assert not errors, _fail(errors, "compile failures")
     covered = {(c["module"], c["fn"], c["arch"], c["dtype"]) for c in report["cases"]}
     kernels = _launched_kernels()
-    assert len(kernels) == 7, kernels  # 2 token, 3 linear, 2 PACS: a new kernel must be added to aot.cases
+    assert len(kernels) == 8, kernels  # 2 token, 3 linear, 3 PACS: a new kernel must be added to aot.cases
     for module, fn in kernels:
         dtypes = ("fp32",) if module == "pacs_loss" else ("bf16", "fp32")
         for arch in report["archs"]:
@@ -130,6 +130,26 @@ def test_offset_check_flags_a_32_bit_row_offset(report):
     assert not probe["wide"]["narrow"] and probe["wide"]["wide"] > 0, probe["wide"]
 
 
+def test_pacs_padded_streams_are_vectorised(report):
+    """The PACS streaming kernels read padded [B, T] tiles with 16-byte loads (``ld.global.v4``);
+    a scalar load of a tile (32 per thread of 8-bit mask / 16-bit bf16 / 32-bit values) would
+    multiply the load instructions per byte. Allowed scalar loads: the backward's coef[row] and
+    grad (2). Packed rows start anywhere, so their loads are scalar (not checked)."""
+    bad = []
+    for c in report["cases"]:
+        if c["module"] != "pacs_loss" or not c["variant"].startswith("padded"):
+            continue
+        acc = c["global_access"]
+        scalar = {op: n for op, n in acc.items() if op.startswith("ld.global.") and ".v" not in op}
+        vec = sum(n for op, n in acc.items() if op.startswith("ld.global.v4"))
+        if vec < (3 if c["fn"] == "_pacs_sums_kernel" else 1) or sum(scalar.values()) > \
+                (2 if c["fn"] == "_pacs_bwd_kernel" else 0):
+            bad.append((c["label"], c["shapes"], acc))
+        if c["fn"] == "_pacs_bwd_kernel" and any(op.startswith("st.global.") and ".v4" not in op for op in acc):
+            bad.append((c["label"], c["shapes"], "dlogp stores not 16-byte", acc))
+    assert not bad, _fail(bad, "scalar global accesses in the PACS streaming kernels")
+
+
 # ---- the launchers use launch_config (run in this process, under the interpreter) -------------
 
 class _Recorder:
@@ -138,7 +158,7 @@ class _Recorder:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            self.calls.append(kwargs)
+            self.calls.append(dict(kwargs, grid=tuple(grid)))
         return launch
 
 
@@ -150,7 +170,7 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     calls = []
     for mod, names in ((KT, ("_stats_fwd_kernel", "_grad_bwd_kernel")),
                        (KL, ("_stats_fwd_kernel", "_grad_bwd_kernel", "_dlogits_kernel")),
-                       (KP, ("_pacs_fwd_kernel", "_pacs_bwd_kernel"))):
+                       (KP, ("_pacs_sums_kernel", "_pacs_group_kernel", "_pacs_bwd_kernel"))):
         for name in names:
             monkeypatch.setattr(mod, name, _Recorder(calls))
     monkeypatch.setattr(KT, "device_arch", lambda d: arch)
@@ -161,6 +181,7 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
         got = calls.pop()
         for k in keys:
             assert got[k] == cfg[k], (k, got[k], cfg[k])
+        return got
 
     n, h, v = 40, 24, 300
     x = torch.randn(n, v)
@@ -182,8 +203,13 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     logp = torch.randn(b, t)
     KP.pacs_loss_fwd(logp, logp, None, torch.ones(b), None, group_size=g, beta=1.0, score="rloo",
                      weight_mode="question", proxy="logratio")
-    check(KP.launch_config("fwd", B=b, T=t, G=g, dtype=logp.dtype, arch=arch),
-          ("BLOCK_G", "BLOCK_T", "num_warps", "num_stages"))
-    KP.pacs_loss_bwd(torch.ones(()), torch.ones(b), None, None, (b, t), logp.dtype)
-    check(KP.launch_config("bwd", B=b, T=t, G=1, dtype=logp.dtype, arch=arch),
-          ("BLOCK_T", "N_SPLIT", "num_warps", "num_stages"))
+    got = check(KP.launch_config("fwd", B=b, T=t, G=g, dtype=logp.dtype, arch=arch),
+                ("BLOCK_G", "BLOCK_S", "num_warps", "num_stages"))
+    assert got["grid"] == (b // g,)
+    for name in ("fwd_sums", "bwd"):
+        if name == "bwd":
+            KP.pacs_loss_bwd(torch.ones(()), torch.ones(b), None, None, (b, t), logp.dtype)
+        assert len(calls) == 1, calls  # pass A's launch, then the backward's
+        cfg = KP.launch_config(name, B=b, T=t, G=g if name == "fwd_sums" else 1, dtype=logp.dtype, arch=arch)
+        got = check(cfg, ("ROWS", "BLOCK_T", "num_warps", "num_stages"))
+        assert got["grid"] == (triton.cdiv(b, cfg["ROWS"]), cfg["N_SPLIT"]), (name, got["grid"], cfg)

@@ -1,13 +1,15 @@
 """Fused grouped PACS loss (Triton): autograd Function and the public ``fused_pacs_loss``.
 
 Same semantics and return values as ``pacs_fast.algorithms.pacs_loss(..., backend="torch")``;
-formulas in DESIGN.md section 1. The forward kernel computes the per-sequence proxies, the group
-scores, the class-balanced weights, the BCE terms and the per-sequence gradient coefficient in one
-launch (one program per group); the backward kernel writes ``dlogp`` in one pass.
+formulas in DESIGN.md section 1. The forward is two launches: pass A streams the tokens over a
+``(row block, token split)`` grid into per-(row, split) partial sums; pass B (one program per
+group) reduces them and computes the proxies, the group scores, the class-balanced weights, the
+BCE terms and the per-sequence gradient coefficient. The backward kernel writes ``dlogp`` in one
+pass over the same kind of grid (kernels/pacs_loss.py).
 
 Cost: the forward reads logp, logp_ref and mask once; the backward reads mask and writes dlogp
-once. Saved for backward: one ``[B]`` coefficient (plus references to mask / cu_seqlens). The loss
-is a fixed-order sum of per-group partials (deterministic, no atomics). Device syncs: none for
+once. Saved for backward: one ``[B]`` coefficient (plus references to mask / cu_seqlens). The
+partials and the loss are reduced in a fixed order (deterministic, no atomics). Device syncs: none for
 the padded layout; one to check ``cu_seqlens`` for the packed layout; one with ``check_finite``.
 """
 from __future__ import annotations

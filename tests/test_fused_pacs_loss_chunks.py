@@ -1,0 +1,255 @@
+"""The fused PACS loss over several token blocks and splits per row (interpreter on CPU).
+
+kernels/pacs_loss.py streams the tokens over a ``(row block, token split)`` grid (pass A writes
+per-(row, split) partial sums, pass B reduces them per group; the backward uses the same grid).
+At the default launch parameters the small shapes of tests/test_fused_pacs_loss.py fit one block
+per row, so here ``CONFIG`` forces tiny tiles: T = 37 spans three 16-token blocks, a program
+strides over several blocks (``N_SPLIT`` below the block count), programs lie past a row's end
+(``N_SPLIT`` above it), row blocks are ragged (``ROWS`` not dividing B) and pass B reduces the
+splits in several ragged steps (``BLOCK_S`` = 2). References: the float64 loop of
+test_fused_pacs_loss.py and the library's PyTorch path.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import triton
+
+from pacs_fast.algorithms.pacs import pacs_loss as torch_pacs_loss
+from pacs_fast.kernels import pacs_loss as KP
+from test_fused_pacs_loss import (PROXIES, SCORES, TERM_KEYS, assert_matches, check, make_inputs,
+                                  run_fused, run_loop)
+
+pytestmark = pytest.mark.interpret
+
+# (ROWS, BLOCK_T, N_SPLIT); N_SPLIT None: cdiv(T, BLOCK_T) from launch_config
+TILINGS = {
+    "block_per_program": (1, 16, None),      # T=37: 3 blocks, grid (B, 3)
+    "strided": (2, 16, 2),                   # split 0 reads blocks 0 and 2, split 1 block 1
+    "past_the_end": (8, 16, 5),              # 3 blocks, 5 splits: splits 3, 4 store zeros; B % 8 != 0
+}
+
+
+class _GridSpy:
+    """Stands in for a JITFunction: records each launch grid, then launches the real kernel."""
+
+    def __init__(self, fn, grids):
+        self.fn, self.grids = fn, grids
+
+    def __getitem__(self, grid):
+        self.grids.append(tuple(grid))
+        return self.fn[grid]
+
+
+@pytest.fixture(params=list(TILINGS))
+def tiles(request, monkeypatch):
+    """Tiny tiles for both streaming kernels and pass B; yields the recorded launch grids."""
+    rows, block_t, n_split = TILINGS[request.param]
+    for k, v in dict(ROWS=rows, BLOCK_T=block_t, N_SPLIT=n_split, BLOCK_S=2).items():
+        monkeypatch.setitem(KP.CONFIG, k, v)
+    grids = {"sums": [], "bwd": []}
+    monkeypatch.setattr(KP, "_pacs_sums_kernel", _GridSpy(KP._pacs_sums_kernel, grids["sums"]))
+    monkeypatch.setattr(KP, "_pacs_bwd_kernel", _GridSpy(KP._pacs_bwd_kernel, grids["bwd"]))
+    return dict(name=request.param, rows=rows, block_t=block_t, n_split=n_split, grids=grids)
+
+
+def _assert_split_grid(tiles, B, T):
+    """The launches really used several splits per row (else these tests would test nothing)."""
+    want_split = tiles["n_split"] or triton.cdiv(T, tiles["block_t"])
+    want = (triton.cdiv(B, tiles["rows"]), want_split)
+    assert want[1] >= 2
+    assert tiles["grids"]["sums"] and all(g == want for g in tiles["grids"]["sums"])
+    assert tiles["grids"]["bwd"] and all(g == want for g in tiles["grids"]["bwd"])
+
+
+def _torch_loss(x, logp_ref, mask, rewards, **kw):
+    loss, terms = torch_pacs_loss(x, logp_ref, mask, rewards, backend="torch", return_terms=True, **kw)
+    return loss, {k: terms[k].detach() for k in TERM_KEYS}
+
+
+@pytest.mark.parametrize("score,proxy", list(itertools.product(SCORES, PROXIES)))
+def test_split_rows_match_float64_loop(seed, tiles, score, proxy):
+    B, T, G = 12, 37, 4
+    logp, logp_ref, mask, rewards = make_inputs(B, T, empty_rows=(5,))
+    mask[7, :20] = False  # a row whose tokens all lie in later blocks
+    kw = dict(group_size=G, beta=0.7, score=score, proxy=proxy)
+    got = check(logp, logp_ref, mask, rewards, **kw)
+    _assert_split_grid(tiles, B, T)
+    assert torch.all(got[2][~mask] == 0) and torch.all(got[2][5] == 0)
+    assert got[1]["proxy"][5] == 0 and got[1]["proxy"][7] != 0
+
+
+def test_split_rows_match_torch_reference_without_mask(seed, tiles):
+    B, T, G = 9, 37, 3
+    logp, logp_ref, _, rewards = make_inputs(B, T, soft=True)
+    for score, proxy in (("grpo", "logratio"), ("rloo", "mean_logp")):
+        kw = dict(group_size=G, beta=1.3, score=score, proxy=proxy)
+        got = run_fused(logp, logp_ref, None, rewards, **kw)
+        x = logp.clone().requires_grad_(True)
+        loss, terms = _torch_loss(x, logp_ref, None, rewards, **kw)
+        loss.backward()
+        ones = torch.ones(B, T, dtype=torch.bool)
+        assert_matches(got, (loss.detach(), terms, x.grad), rtol=1e-5, atol=1e-6, grad_rtol=1e-4,
+                       grad_atol=1e-8, ctx=dict(rewards=rewards, mask=ones, **kw))
+    _assert_split_grid(tiles, B, T)
+
+
+def _packed(lengths, gen=None):
+    total = int(sum(lengths))
+    logp = -3.0 * torch.rand(total, generator=gen)
+    logp_ref = (logp + 0.3 * torch.randn(total, generator=gen)).clamp(max=0.0)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
+    return logp, logp_ref, cu
+
+
+@pytest.mark.parametrize("proxy", PROXIES)
+@pytest.mark.parametrize("with_mask", [True, False])
+def test_packed_rows_of_very_different_lengths(seed, tiles, proxy, with_mask):
+    """Rows of 0, 1, 5 and 300 tokens: with BLOCK_T = 16 the 300-token row has 19 blocks, more
+    than the splits sized from the average length, so its programs stride; the empty row's
+    programs store zeros."""
+    lengths = [0, 1, 5, 300, 17, 0, 64, 33]
+    B, G = len(lengths), 4
+    logp, logp_ref, cu = _packed(lengths)
+    mask = (torch.rand(logp.shape) > 0.3) if with_mask else None
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    for score in ("rloo", "grpo"):
+        kw = dict(group_size=G, score=score, proxy=proxy, beta=0.5, cu_seqlens=cu)
+        got = check(logp, logp_ref, mask, rewards, lengths=lengths, **kw)
+        assert got[1]["proxy"][0] == 0 and got[1]["proxy"][5] == 0
+        assert got[2].shape == logp.shape
+    avg_split = tiles["n_split"] or triton.cdiv(int(sum(lengths)) // B, tiles["block_t"])
+    assert tiles["grids"]["sums"][-1] == (triton.cdiv(B, tiles["rows"]), avg_split)
+    assert avg_split < triton.cdiv(300, tiles["block_t"])  # the long row needs several rounds
+
+
+def test_packed_equals_padded_split_rows(seed, tiles):
+    """Packed rows and the same rows padded (mask = positions < length) give the same result."""
+    lengths = torch.tensor([0, 1, 5, 37, 20, 37, 3, 36])
+    B, T, G = 8, 37, 4
+    logp, logp_ref, _, rewards = make_inputs(B, T)
+    pad_mask = torch.arange(T)[None, :] < lengths[:, None]
+    cu = torch.zeros(B + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lengths, 0)
+    kw = dict(group_size=G, score="dr_grpo", proxy="logratio")
+    padded = run_fused(logp, logp_ref, pad_mask, rewards, **kw)
+    packed = run_fused(logp[pad_mask], logp_ref[pad_mask], None, rewards, cu_seqlens=cu, **kw)
+    # the two layouts sum different tilings of the same tokens: fp32 rounding only
+    torch.testing.assert_close(packed[0], padded[0], rtol=1e-6, atol=1e-7)
+    for k in TERM_KEYS:
+        torch.testing.assert_close(packed[1][k], padded[1][k], rtol=1e-6, atol=1e-7, msg=k)
+    torch.testing.assert_close(packed[2], padded[2][pad_mask], rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
+def test_masked_non_finite_in_a_later_block_never_leaks(seed, tiles, mask_dtype):
+    B, T, G = 8, 37, 4
+    logp, logp_ref, mask, rewards = make_inputs(B, T, p_mask=0.0)
+    mask[:, [20, 33, 36]] = False  # positions in blocks 1 and 2 (BLOCK_T = 16)
+    dirty, dirty_ref = logp.clone(), logp_ref.clone()
+    dirty[:, 20] = float("nan")
+    dirty[:, 36] = float("inf")
+    dirty_ref[:, 33] = float("-inf")
+    kw = dict(group_size=G, score="grpo", proxy="mean_logp")
+    got = run_fused(dirty, dirty_ref, mask.to(mask_dtype), rewards, **kw)
+    assert torch.isfinite(got[0]) and torch.isfinite(got[2]).all()
+    assert torch.all(got[2][~mask] == 0)
+    assert_matches(got, run_loop(logp, logp_ref, mask, rewards, **kw),
+                   ctx=dict(rewards=rewards, mask=mask, **kw))
+    # control: the same Inf at an unmasked position of the last block does reach the loss
+    mask[3, 36] = True
+    bad = run_fused(dirty, dirty_ref, mask.to(mask_dtype), rewards, **kw)
+    assert torch.isnan(bad[0]) and torch.isinf(bad[1]["proxy"][3])
+    assert torch.isfinite(bad[1]["proxy"][4:]).all()  # other groups unaffected
+
+
+def test_float64_split_rows_match_the_loop_to_1e12(seed, tiles):
+    B, T, G = 12, 37, 4
+    logp, logp_ref, mask, rewards = make_inputs(B, T, soft=True, dtype=torch.float64)
+    for score, proxy in itertools.product(SCORES, PROXIES):
+        kw = dict(group_size=G, score=score, proxy=proxy, beta=0.3)
+        got = run_fused(logp, logp_ref, mask, rewards, **kw)
+        assert got[0].dtype == torch.float64 and got[2].dtype == torch.float64
+        # fp64 accumulation of <= 37 terms: errors ~1e-16 relative; 1e-12 leaves room for grpo's
+        # 1/std amplification and nothing for an fp32 rounding anywhere (~1e-7)
+        assert_matches(got, run_loop(logp, logp_ref, mask, rewards, **kw),
+                       rtol=1e-12, atol=1e-13, grad_rtol=1e-10, grad_atol=1e-15)
+    _assert_split_grid(tiles, B, T)
+
+
+def test_float64_packed_split_rows(seed, tiles):
+    lengths = [0, 1, 5, 300]
+    logp, logp_ref, cu = _packed(lengths)
+    logp, logp_ref = logp.double(), logp_ref.double()
+    mask = torch.rand(logp.shape) > 0.2
+    rewards = torch.tensor([1.0, 0.0, 0.5, 1.0], dtype=torch.float64)
+    kw = dict(group_size=2, score="rloo", proxy="logratio", cu_seqlens=cu)
+    got = run_fused(logp, logp_ref, mask, rewards, **kw)
+    assert_matches(got, run_loop(logp, logp_ref, mask, rewards, lengths=lengths, **kw),
+                   rtol=1e-12, atol=1e-13, grad_rtol=1e-10, grad_atol=1e-15)
+
+
+def test_bf16_split_rows(seed, tiles):
+    B, T, G = 12, 37, 3
+    logp, logp_ref, mask, rewards = make_inputs(B, T, dtype=torch.bfloat16)
+    for score in ("rloo", "grpo", "naive"):
+        kw = dict(group_size=G, score=score)
+        got = run_fused(logp, logp_ref, mask, rewards, **kw)
+        assert got[2].dtype == torch.bfloat16 and got[0].dtype == torch.float32
+        # inputs are bf16-valued in both; sums in fp32 vs fp64 (as in test_bf16_logp), and only
+        # the gradient is rounded to bf16 (relative 2**-8 = 3.9e-3 < 1e-2)
+        assert_matches(got, run_loop(logp, logp_ref, mask, rewards, **kw), grad_rtol=1e-2,
+                       grad_atol=1e-5, ctx=dict(rewards=rewards, mask=mask, **kw))
+    _assert_split_grid(tiles, B, T)
+
+
+def test_split_rows_are_deterministic(tiles):
+    logp, logp_ref, mask, rewards = make_inputs(16, 37, gen=torch.Generator().manual_seed(3))
+    kw = dict(group_size=8, score="grpo")
+    a = run_fused(logp, logp_ref, mask, rewards, **kw)
+    b = run_fused(logp, logp_ref, mask, rewards, **kw)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[2], b[2])
+    assert all(torch.equal(a[1][k], b[1][k]) for k in TERM_KEYS)
+
+
+def test_tilings_agree_with_one_block_per_row(seed, monkeypatch):
+    """Every tiling of the same inputs gives the same result as the default one (rounding only)."""
+    B, T, G = 12, 37, 4
+    logp, logp_ref, mask, rewards = make_inputs(B, T)
+    kw = dict(group_size=G, score="rloo", proxy="mean_logp")
+    base = run_fused(logp, logp_ref, mask, rewards, **kw)
+    for rows, block_t, n_split in TILINGS.values():
+        for k, v in dict(ROWS=rows, BLOCK_T=block_t, N_SPLIT=n_split, BLOCK_S=2).items():
+            monkeypatch.setitem(KP.CONFIG, k, v)
+        got = run_fused(logp, logp_ref, mask, rewards, **kw)
+        # fp32 sums of <= 37 terms of size <= 4 in a different order: |diff| ~ 37 * 4 * 6e-8
+        torch.testing.assert_close(got[0], base[0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got[1]["proxy"], base[1]["proxy"], rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(got[2], base[2], rtol=1e-5, atol=1e-9)
+
+
+# ---- grid sizing at the issue's shapes (pure Python: what a GPU launch would get) ---------------
+
+@pytest.mark.parametrize("B,T", [(1024, 4096), (8192, 1024)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("kernel", ["fwd_sums", "bwd"])
+def test_streaming_grid_fills_the_gpu(B, T, dtype, kernel):
+    """>= 4 programs per SM of a 132-SM GPU, each moving >= 8 KB, every token covered once."""
+    cfg = KP.launch_config(kernel, B=B, T=T, G=8, dtype=dtype, arch=90)
+    elt = torch.empty((), dtype=dtype).element_size()
+    per_token = 2 * elt + 1 if kernel == "fwd_sums" else elt + 1
+    programs = triton.cdiv(B, cfg["ROWS"]) * cfg["N_SPLIT"]
+    assert programs >= 4 * 132, cfg
+    assert cfg["ROWS"] * cfg["BLOCK_T"] * per_token >= 8 * 1024, cfg
+    assert cfg["N_SPLIT"] * cfg["BLOCK_T"] >= T and (cfg["N_SPLIT"] - 1) * cfg["BLOCK_T"] < T, cfg
+    assert cfg["ROWS"] * cfg["BLOCK_T"] <= 4096 and cfg["N_SPLIT"] <= 65535
+
+
+@pytest.mark.parametrize("G", [1, 2, 8, 16, 64, 1024])
+def test_group_pass_tile(G):
+    cfg = KP.launch_config("fwd", B=8192, T=1024, G=G, dtype=torch.float32, arch=90)
+    assert cfg["BLOCK_G"] >= G and cfg["BLOCK_G"] * cfg["BLOCK_S"] <= 2048 and cfg["BLOCK_S"] >= 2
