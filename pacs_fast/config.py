@@ -90,6 +90,10 @@ class RolloutConfig:
     eval_temperature: float = _f(1.0, "sampling temperature at evaluation (0 = greedy)")
     eval_top_p: float = _f(1.0, "nucleus sampling at evaluation")
     gpu_memory_utilization: float = _f(0.4, "vllm: share of GPU memory for the engine")
+    ranks: int = _f(0, "asynchronous rollouts: torchrun processes 1..R run rollout engines, process 0 the learner "
+                    "(torchrun --nproc_per_node R+1); 0 = engines inside the learner's processes")
+    max_staleness: int = _f(0, "with rollout.ranks: a batch trains only if the policy that generated it is at most "
+                            "this many updates old; generation runs ahead while the learner trains (0 = lock-step)")
 
 
 @dataclass
@@ -180,8 +184,9 @@ class TrainConfig:
 
 @dataclass
 class CorrectionConfig:
-    is_level: str = _f("none", "rollout-training mismatch correction (docs/OFF_POLICY.md): truncated importance "
-                       "weights pi_old / mu per token | sequence | none; PACS: sequence | none")
+    is_level: str = _f("auto", "rollout-training mismatch correction (docs/OFF_POLICY.md): truncated importance "
+                       "weights pi_old / mu per token | sequence | none; PACS: sequence | none; auto = none in "
+                       "synchronous runs, sequence (PACS) / token (baselines) with rollout.max_staleness > 0")
     is_cap: float = _f(2.0, "truncation C of the importance weights: min(ratio, C)")
     rs_level: str = _f("none", "rejection (masked IS): token | sequence | geometric | none; rejected tokens leave "
                        "the loss and its denominator; PACS: sequence | geometric | none")
@@ -561,18 +566,48 @@ def _validate_micro_batching(cfg: Config) -> None:
                          f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}) = {largest} tokens")
 
 
+def is_level(cfg: Config) -> str:
+    """``correction.is_level`` with ``auto`` resolved (none when synchronous)."""
+    if cfg.correction.is_level != "auto":
+        return cfg.correction.is_level
+    if cfg.rollout.max_staleness == 0:
+        return "none"
+    return "sequence" if cfg.algo.name == "pacs" else "token"
+
+
+def _validate_async(cfg: Config, world: int) -> None:
+    """rollout.ranks / rollout.max_staleness: engines on their own processes (torch learner, HF engine)."""
+    R, K = cfg.rollout.ranks, cfg.rollout.max_staleness
+    if R < 0 or K < 0:
+        raise ValueError(f"rollout.ranks and rollout.max_staleness must be >= 0, got {R} and {K}")
+    if K and not R:
+        raise ValueError(f"rollout.max_staleness={K} needs rollout.ranks >= 1 (engines on their own processes: "
+                         f"torchrun --nproc_per_node R+1 -m pacs_fast.train rollout.ranks=R ...)")
+    if not R:
+        return
+    if world != R + 1:
+        raise ValueError(f"rollout.ranks={R} needs {R + 1} processes (the learner + {R} engines), this launch has "
+                         f"{world} (WORLD_SIZE): torchrun --nproc_per_node {R + 1}")
+    if cfg.learner.backend != "torch" or cfg.rollout.engine != "hf":
+        raise ValueError("rollout.ranks is built for learner.backend=torch and rollout.engine=hf so far "
+                         f"(got learner.backend={cfg.learner.backend}, rollout.engine={cfg.rollout.engine})")
+    if cfg.train.prompts_per_step % R:
+        raise ValueError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of rollout.ranks={R} "
+                         "(each engine generates an equal share)")
+
+
 def _validate_correction(cfg: Config) -> None:
     """correction.*: levels per algorithm (PACS's score is per sequence), a positive cap, bounds around 1."""
     c, pacs = cfg.correction, cfg.algo.name == "pacs"
     why = " (algo.name=pacs: its score is per sequence, docs/OFF_POLICY.md)" if pacs else ""
-    for key, value, choices in (("is_level", c.is_level, ("none", "token", "sequence")),
+    for key, value, choices in (("is_level", c.is_level, ("auto", "none", "token", "sequence")),
                                 ("rs_level", c.rs_level, ("none", "token", "sequence", "geometric"))):
         allowed = [x for x in choices if not (pacs and x == "token")]
         if value not in allowed:
             raise ValueError(f"correction.{key} must be one of {', '.join(allowed)}{why}; got {value!r}")
     if not c.is_cap > 0:
         raise ValueError(f"correction.is_cap must be > 0, got {c.is_cap}")
-    if pacs and cfg.algo.noise_correction != "none" and (c.is_level, c.rs_level) != ("none", "none"):
+    if pacs and cfg.algo.noise_correction != "none" and (is_level(cfg), c.rs_level) != ("none", "none"):
         raise ValueError("correction.is_level / rs_level with algo.noise_correction: the noisy-label PACS loss takes "
                          "no per-sample weights; use one of the two")
     if not 0 <= c.rs_low <= 1 <= c.rs_high or c.rs_low == c.rs_high:
@@ -708,7 +743,9 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
                          f"(mini-batches keep whole groups)")
     if mini % micro:
         raise ValueError(f"learner.micro_batch_prompts={micro} must divide learner.mini_batch_prompts={mini}")
-    _validate_parallel(cfg, world_size() if world is None else world)
+    n_proc = world_size() if world is None else world
+    _validate_async(cfg, n_proc)
+    _validate_parallel(cfg, 1 if cfg.rollout.ranks else n_proc)  # the learner's own processes
     if cfg.learner.backend == "megatron" and name == "ppo":
         raise ValueError("algo.name=ppo needs a value head, which learner.backend=megatron does not have; "
                          "use learner.backend=torch")

@@ -8,6 +8,8 @@
     python -m pacs_fast.train --help                            # every key with its default
     torchrun --nproc_per_node 2 -m pacs_fast.train learner.backend=megatron learner.tp_size=2
                                                   # megatron-core learner, tensor parallel over 2 processes
+    torchrun --nproc_per_node 2 -m pacs_fast.train rollout.ranks=1 rollout.max_staleness=1
+                                                  # asynchronous: an engine process generates ahead of the learner
 
 With no arguments: a tiny Qwen2-architecture model with a character tokenizer is made, briefly
 fine-tuned on small-integer arithmetic (cached), and trained with PACS to answer in
@@ -77,6 +79,9 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit(2)
     from pacs_fast.trainer.loop import SetupError, TrainingStopped, train  # heavy imports after the config is good
     try:
+        if cfg.rollout.ranks:  # asynchronous: rank 0 learns, ranks 1..R generate (pacs_fast/trainer/async_loop.py)
+            from pacs_fast.trainer.async_loop import run
+            return run(cfg, run_dir, resume=bool(args.resume))
         return train(cfg, run_dir, resume=bool(args.resume))
     except SetupError as e:
         if args.debug:

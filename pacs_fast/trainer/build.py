@@ -65,8 +65,9 @@ def build_engine(cfg: Config, model_path: Path, learner: Learner, live_model, to
     runs one engine per tensor-parallel group inside these processes (``external_launcher``; engine
     TP = learner TP), synced a bucket of layers at a time gathered inside the TP group only; the HF
     engine holds a full copy per rank. The HF engine of a one-process run shares the torch
-    learner's live model (no copy, no sync)."""
-    if cfg.rollout.engine == "vllm":
+    learner's live model (no copy, no sync), as does the learner's engine of an asynchronous run
+    (``rollout.ranks``: there it only evaluates; the rollouts come from the engine ranks)."""
+    if cfg.rollout.engine == "vllm" and not cfg.rollout.ranks:
         from pacs_fast.rollout.vllm_engine import VLLMEngine
         if world.size > 1:
             from pacs_fast.rollout.parallel_engines import colocated_engine_kwargs, sync_colocated

@@ -23,12 +23,12 @@ from __future__ import annotations
 import torch
 
 from pacs_fast.algorithms.off_policy import off_policy_correction
-from pacs_fast.config import Config
+from pacs_fast.config import Config, is_level
 from pacs_fast.learner.base import RolloutBatch
 
 
 def correction_on(cfg: Config) -> bool:
-    return (cfg.correction.is_level, cfg.correction.rs_level) != ("none", "none")
+    return (is_level(cfg), cfg.correction.rs_level) != ("none", "none")
 
 
 def proximal_logprobs(cfg: Config, learner, batch: RolloutBatch) -> torch.Tensor:
@@ -53,7 +53,7 @@ def apply_correction(cfg: Config, batch: RolloutBatch, proximal: torch.Tensor) -
     c = cfg.correction
     mask = batch.response_mask
     weights, kept, metrics = off_policy_correction(proximal.float().cpu(), batch.behaviour_logp.float().cpu(),
-                                                   mask.cpu() > 0, is_level=c.is_level, is_cap=c.is_cap,
+                                                   mask.cpu() > 0, is_level=is_level(cfg), is_cap=c.is_cap,
                                                    rs_level=c.rs_level, rs_low=c.rs_low, rs_high=c.rs_high)
     batch.is_weights = weights.to(mask.dtype)
     batch.kept_mask = kept.to(mask.dtype)

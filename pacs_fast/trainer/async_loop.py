@@ -1,0 +1,188 @@
+"""Asynchronous rollouts: engines on their own processes, generating ahead of the learner within a
+staleness bound (``rollout.ranks=R``, ``rollout.max_staleness=K``).
+
+    torchrun --nproc_per_node 3 -m pacs_fast.train rollout.ranks=2 rollout.max_staleness=1
+
+Process 0 is the learner (and the only process that writes the run folder); processes ``1..R`` each
+run a rollout engine (:func:`pacs_fast.rollout.remote.serve`). They talk only through
+torch.distributed point-to-point messages (:class:`~pacs_fast.rollout.remote.RemoteEngines`).
+
+The learner's loop, step ``t``: keep requests in flight for every step ``u`` whose batch may still
+be generated within the bound (``u - 1 - version <= K``, ``version`` = updates done so far; the
+step's prompts are taken from the sampler when its request is sent), wait for step ``t``'s
+completions, score them, learn (with the off-policy correction of ``correction.*``, on by default
+when ``K > 0``), push the new weights to the engines (queued sends: the learner goes on at once),
+log, evaluate, save. An engine handles its messages in order, so a batch generated after the
+weights of version ``v`` were queued uses ``v`` or newer; ``rollout/policy_version`` and
+``rollout/staleness = t - 1 - policy_version`` (<= K) are in every record and ``samples.jsonl`` row.
+With ``K = 0`` the engines generate step ``t`` only after update ``t - 1``: the synchronous schedule
+on separate processes, with the same results as the one-process loop.
+
+Evaluation runs on the learner's process with the HF engine on its live policy. Checkpoints store
+the sampler position after the last *trained* step's prompts, so ``--resume`` trains every step once:
+the batches in flight at the stop are dropped and regenerated from the checkpoint's policy (those
+first steps then have staleness 0; the log says how many were in flight).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+
+import torch.distributed as dist
+
+from pacs_fast.config import Config
+from pacs_fast.learner.base import NonFiniteError
+from pacs_fast.rollout.base import SamplingParams
+from pacs_fast.rollout.remote import RemoteEngines, serve
+from pacs_fast.trainer.batch import build_batch, engine_logprobs
+from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
+from pacs_fast.trainer.loop import TrainingStopped, finish
+from pacs_fast.trainer.rewards import UserFunctionError
+from pacs_fast.trainer.session import Session, start
+from pacs_fast.trainer.step import learn, sample_rows, step_record
+
+
+def run(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict | None:
+    """This process's part of an asynchronous launch: the learner (rank 0: returns the summary) or
+    an engine (returns None). Creates and tears down the process group."""
+    owns = not dist.is_initialized()
+    if owns:
+        dist.init_process_group("gloo")
+    try:
+        if dist.get_rank() == 0:
+            return train_async(cfg, run_dir, resume=resume)
+        serve_engine(cfg)
+        return None
+    finally:
+        if owns and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def serve_engine(cfg: Config) -> int:
+    """An engine rank: builds the HF engine on the model folder the learner names, then serves."""
+    import torch
+
+    from pacs_fast.trainer.build import resolve_device, set_attention
+
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+
+    def build(info):
+        from transformers import AutoTokenizer
+
+        from pacs_fast.rollout.hf import HFEngine
+        tokenizer = AutoTokenizer.from_pretrained(info["model_path"])
+        engine = HFEngine(info["model_path"], tokenizer, device=resolve_device(cfg), batch_size=info["batch_size"])
+        set_attention(engine.model, cfg.model.attention)
+        return engine
+
+    return serve(build)
+
+
+def _params(cfg: Config, step: int) -> SamplingParams:
+    seed = (cfg.train.seed * 1_000_003 + step) % 2**62  # as the synchronous loop
+    return SamplingParams(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                          max_new_tokens=cfg.rollout.max_new_tokens, return_logprobs=True, seed=seed)
+
+
+def train_async(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
+    """The learner's loop (see the module docstring); returns the summary dict."""
+    t_start = time.perf_counter()
+    s = start(cfg, run_dir, resume=resume)
+    K, P = cfg.rollout.max_staleness, cfg.train.prompts_per_step
+    engines = RemoteEngines(list(range(1, cfg.rollout.ranks + 1)))
+    engines.setup({"model_path": str(s.model_path), "batch_size": getattr(s.engine, "batch_size", 64)})
+    version = s.start_step
+    if s.start_step:  # resumed: the engines start from the checkpoint's policy
+        engines.push_weights(s.learner.export_hf_weights(), version)
+        s.log(f"asynchronous resume: the batches in flight at the stop (up to {K + 1}) are regenerated "
+              f"from the step-{s.start_step} policy")
+    in_flight: deque = deque()  # (step, problems, sampler state after taking them)
+    next_step = s.start_step + 1
+    last_eval = dict(s.initial_eval)
+    clean = False
+    try:
+        for step in range(s.start_step + 1, cfg.train.steps + 1):
+            t_step, tm = time.perf_counter(), {}
+            while next_step <= cfg.train.steps and next_step - 1 - version <= K:
+                problems = [s.train_problems[i] for i in s.sampler.take(P)]
+                engines.generate(next_step, [p["prompt_ids"] for p in problems], _params(cfg, next_step))
+                in_flight.append((next_step, problems, s.sampler.state_dict()))
+                next_step += 1
+            _, problems, sampler_state = in_flight.popleft()
+            t0 = time.perf_counter()
+            comps, gen_version = engines.collect(step)
+            tm["time/rollout"] = time.perf_counter() - t0  # the learner's wait for this batch
+            t0 = time.perf_counter()
+            G = cfg.rollout.n
+            rewards = s.scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
+                               step=step)
+            tm["time/reward"] = time.perf_counter() - t0
+            prompt_ids, responses = [p["prompt_ids"] for p in problems], [[c.token_ids for c in cs] for cs in comps]
+            batch = build_batch(prompt_ids, responses, rewards, logprobs=engine_logprobs(comps),
+                                pad_id=s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0)
+            if s.credit:
+                batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)
+            diagnostic = step in (1, cfg.train.steps) or bool(cfg.train.eval_every and step % cfg.train.eval_every == 0)
+            try:
+                lm, mismatch = learn(cfg, s.learner, batch, prompt_ids, comps, seed=_params(cfg, step).seed,
+                                     diagnostic=diagnostic, timings=tm)
+            except NonFiniteError as e:
+                raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it") from e
+            version = step
+            t0 = time.perf_counter()
+            engines.push_weights(s.learner.export_hf_weights(), version)
+            tm["time/sync"] = time.perf_counter() - t0
+            tm["time/step"] = time.perf_counter() - t_step
+            terms = getattr(s.learner, "last_terms", {})
+            record = {**step_record(batch, comps, lm, mismatch, terms, tm, epoch=s.sampler.epoch),
+                      **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {}),
+                      "rollout/policy_version": gen_version, "rollout/staleness": step - 1 - gen_version,
+                      "rollout/generating_ranks": cfg.rollout.ranks}
+            s.logger.log("train", step, record)
+            _log_samples(s, step, problems, comps, rewards, terms, gen_version)
+            s.progress.update(step, f"reward {record['reward/mean']:.2f}  held-out {last_eval['eval/acc']:.2f}  "
+                                    f"staleness {step - 1 - gen_version}  {tm['time/step']:.1f}s/step")
+            last = step == cfg.train.steps
+            if last or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
+                last_eval = s.evaluate()
+                s.logger.log("eval", step, last_eval)
+                s.log(f"step {step}: held-out accuracy {last_eval['eval/acc']:.3f} (greedy "
+                      f"{last_eval.get('eval/greedy_acc', float('nan')):.3f})")
+            if last or (cfg.train.save_every and step % cfg.train.save_every == 0):
+                _save(s, step, sampler_state)
+        clean = True
+    except UserFunctionError as e:
+        raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it") from e
+    finally:
+        engines.close(wait=clean)  # after an error the engines may be gone: do not wait for them
+        s.progress.close()
+        if not clean:
+            s.close()
+    summary = finish(s, wall_time=time.perf_counter() - t_start)
+    s.close()
+    return summary
+
+
+def _log_samples(s: Session, step: int, problems, comps, rewards, terms, version: int) -> None:
+    if not s.cfg.train.log_samples:
+        return
+    rows = sample_rows(step, s.tokenizer, problems, comps, rewards, terms, s.cfg.train.log_samples)
+    s.folder.append_samples([{**r, "policy_version": version} for r in rows])
+
+
+def _save(s: Session, step: int, sampler_state: dict) -> None:
+    """Checkpoint ``step`` with the sampler where step ``step``'s prompts left it (later steps'
+    prompts, already taken for the requests in flight, are taken again on resume)."""
+    t0 = time.perf_counter()
+    state = {"sampler": sampler_state, "initial_eval": s.initial_eval}
+    if hasattr(s.scorer, "state_dict"):
+        state["scorer"] = s.scorer.state_dict()
+    try:
+        save_checkpoint(s.run_dir, step, learner=s.learner, model_dir=s.model_path,
+                        config_yaml=s.run_dir / "config.yaml", world=s.world, keep=s.cfg.train.keep_checkpoints,
+                        trainer_state=state)
+    except CheckpointError as e:
+        raise TrainingStopped(f"step {step}: {e}") from e
+    s.logger.log("checkpoint", step, {"time/checkpoint": time.perf_counter() - t0})

@@ -1,0 +1,154 @@
+"""Asynchronous rollouts (issue 20, items 2-3): ``torchrun --nproc_per_node R+1 -m pacs_fast.train
+rollout.ranks=R rollout.max_staleness=K`` on CPU (gloo), the HF engine on its own process.
+
+- K = 0 with one engine process: the lock-step schedule on two processes gives exactly the
+  one-process run's records and weights (the engine's copy receives bit-exact weights after every
+  update; the same seeds, the same prompts).
+- K = 1: every batch is at most one update old (``rollout/staleness``, ``rollout/policy_version`` in
+  every record and ``samples.jsonl`` row), the off-policy correction is on by default and measures
+  the staleness; a run killed with SIGKILL (every process) after a checkpoint and resumed trains
+  every step exactly once, and the first step after the resume is regenerated from the checkpoint's
+  policy (staleness 0).
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from pacs_fast.config import load_config, validate
+from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
+
+pytestmark = [pytest.mark.distributed]
+
+TINY = ["data.arith_ops=+", "data.arith_max_digits=1", "data.eval_size=8", "rollout.n=4", "rollout.eval_n=2",
+        "rollout.max_new_tokens=6", "train.prompts_per_step=4", "learner.mini_batch_prompts=2",
+        "learner.micro_batch_prompts=1", "warmup.steps=30", "warmup.batch_size=32", "model.tiny_hidden_size=64",
+        "model.tiny_num_layers=1", "learner.lr=3e-3", "train.progress=false", "train.plots=false",
+        "algo.entropy_coef=0.05", "train.eval_every=0", "train.save_every=1"]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env():
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+def torchrun(n: int, args, *, wait=True, timeout=300):
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={_port()}",
+           "-m", "pacs_fast.train", *args]
+    if not wait:
+        return subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    return proc.stdout + proc.stderr
+
+
+def _kill_every_process(proc) -> None:
+    """SIGKILL torchrun and its workers (torch's elastic agent starts each worker in a session of its
+    own, so killing torchrun's process group alone leaves them running)."""
+    import psutil
+
+    procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=60)
+    psutil.wait_procs(procs[1:], timeout=60)
+
+
+def _train(run):
+    return [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+
+
+@pytest.mark.timeout(300)
+def test_lockstep_engine_process_equals_the_one_process_run(tmp_path):
+    from safetensors.torch import load_file
+
+    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", "train.steps=3"]
+    env = _env()
+    proc = subprocess.run([sys.executable, "-m", "pacs_fast.train", *common, "train.run_name=one"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun(2, common + ["train.run_name=two", "rollout.ranks=1", "rollout.max_staleness=0"])
+    one = deterministic_view(read_jsonl(tmp_path / "one" / "metrics.jsonl"))
+    two = deterministic_view(read_jsonl(tmp_path / "two" / "metrics.jsonl"))
+    assert [(r["kind"], r["step"]) for r in one] == [(r["kind"], r["step"]) for r in two]
+    for a, b in zip(one, two):
+        shared = set(a) & set(b) - {"rollout/generating_ranks"}
+        assert len(shared) >= len(a) - 1 and {k: a[k] for k in shared} == {k: b[k] for k in shared}
+    for r in _train(tmp_path / "two"):
+        assert r["rollout/staleness"] == 0 and r["rollout/policy_version"] == r["step"] - 1
+        assert "correction/is_weight_mean" not in r  # correction.is_level=auto: off in lock-step
+    got = load_file(tmp_path / "two" / "checkpoints" / "step_000003" / "model.safetensors")
+    want = load_file(tmp_path / "one" / "checkpoints" / "step_000003" / "model.safetensors")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+
+
+@pytest.mark.timeout(400)
+def test_staleness_bound_and_resume_after_sigkill(tmp_path):
+    steps = 24  # ~60 ms a step here: enough of them left to kill the run mid-way
+    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", f"train.steps={steps}",
+                     "rollout.ranks=1", "rollout.max_staleness=1", "train.log_samples=2"]
+    full = tmp_path / "full"
+    torchrun(2, common + ["train.run_name=full"])
+    recs = _train(full)
+    assert [r["step"] for r in recs] == list(range(1, steps + 1))
+    assert [r["rollout/staleness"] for r in recs] == [0] + [1] * (steps - 1)  # generated one update ahead
+    for r in recs:
+        assert r["rollout/policy_version"] == r["step"] - 1 - r["rollout/staleness"]
+        assert "correction/is_weight_mean" in r and r["correction/frac_rejected"] == 0  # auto: sequence IS for PACS
+    # the stale batches are off-policy (lr 3e-3 moves the policy), the first one is not
+    assert recs[0]["correction/kl_k3"] < 1e-6 < max(r["correction/kl_k3"] for r in recs[1:])
+    samples = read_jsonl(full / "samples.jsonl", raw=True)
+    assert samples and all(s["policy_version"] == s["step"] - 1 - (s["step"] > 1) for s in samples)
+
+    split = tmp_path / "split"  # kill -9 (every process) once a checkpoint is in place, resume
+    proc = torchrun(2, common + ["train.run_name=split"], wait=False)
+    deadline = time.time() + 300
+    latest = split / "checkpoints" / "latest"
+    while time.time() < deadline and proc.poll() is None:
+        if latest.is_file() and latest.read_text().strip() >= "step_000002":
+            break
+        time.sleep(0.02)
+    _kill_every_process(proc)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    resumed_from = int(latest.read_text().strip()[len("step_"):])
+    assert resumed_from < steps
+    out = torchrun(2, ["--resume", str(split)])
+    assert "regenerated" in out
+    recs = _train(split)
+    assert [r["step"] for r in recs] == list(range(1, steps + 1))  # every step trained once, none lost
+    after = [r for r in recs if r["step"] > resumed_from]
+    assert after and after[0]["rollout/staleness"] == 0  # regenerated from the checkpoint's policy
+    assert all(r["rollout/staleness"] <= 1 for r in recs)
+
+
+@pytest.mark.parametrize("overrides,world,match", [
+    (["rollout.max_staleness=1"], 1, "rollout.max_staleness=1 needs rollout.ranks >= 1"),
+    (["rollout.ranks=1"], 3, r"rollout.ranks=1 needs 2 processes .* has 3"),
+    (["rollout.ranks=1", "rollout.engine=vllm"], 2, "rollout.ranks is built for learner.backend=torch and "
+                                                    "rollout.engine=hf"),
+    (["rollout.ranks=3"], 4, r"train.prompts_per_step=8 must be a multiple of rollout.ranks=3"),
+    (["rollout.ranks=-1"], 1, "must be >= 0"),
+])
+def test_layout_errors(overrides, world, match):
+    with pytest.raises(ValueError, match=match):
+        validate(load_config(None, ["train.prompts_per_step=8", "learner.mini_batch_prompts=8",
+                                    "learner.micro_batch_prompts=8"] + overrides), world=world)
+    validate(load_config(None, ["rollout.ranks=2", "rollout.max_staleness=2", "train.prompts_per_step=8",
+                                "learner.mini_batch_prompts=8", "learner.micro_batch_prompts=8"]), world=3)
