@@ -74,8 +74,9 @@ class Case:
 
 
 def _kernel_modules():
-    from . import linear_logprobs, pacs_loss, token_logprobs
-    return {"token_logprobs": token_logprobs, "linear_logprobs": linear_logprobs, "pacs_loss": pacs_loss}
+    from . import linear_logprobs, linear_logprobs_fwd, pacs_loss, token_logprobs
+    return {"token_logprobs": token_logprobs, "linear_logprobs": linear_logprobs,
+            "linear_logprobs_fwd": linear_logprobs_fwd, "pacs_loss": pacs_loss}
 
 
 def _split(cfg: dict):
@@ -124,6 +125,15 @@ def cases(archs=ARCHS) -> list[Case]:
                          dict(common, v_per_split="i32", inv_t="fp32", M_out=f32, S_out=f32, A_out=f32),
                          dict(HAS_BIAS=False, ENTROPY=True, DOT_PREC=prec, UPCAST=False, **c), nw, ns,
                          ("stride_h", "stride_w"), has_dot=True, variant="entropy"))
+                # the default forward (kernels/linear_logprobs_fwd.py), and its persistent variant
+                nw, ns, c = _split(KL.launch_config("stats_tiles", N=n, V=v, H=h, dtype=_DT[dt], arch=arch))
+                variants = [c["PERSISTENT"]] + ([1] if dt == "bf16" and not c["PERSISTENT"] else [])
+                for persistent in variants:
+                    add(Case("linear_logprobs_fwd", "stats_tiles", "_stats_tiles_kernel", arch, dt, [shape],
+                             dict(common, inv_t="fp32", M_out=f32, S_out=f32, A_out=f32),
+                             dict(HAS_BIAS=False, ENTROPY=True, DOT_PREC=prec, UPCAST=False,
+                                  **dict(c, PERSISTENT=persistent > 0)), nw, ns, ("stride_h", "stride_w", "N"),
+                             has_dot=True, variant="entropy" + (", persistent" if persistent else "")))
                 rowvec = dict(inv_t="fp32", LABELS="*i64", v_offset="i32", M=f32, LOGS=f32, ENT=f32,
                               GL=f32, GH=f32)
                 nw, ns, c = _split(KL.launch_config("dlogits", N=n, V=v, H=h, dtype=_DT[dt], arch=arch))
