@@ -45,12 +45,13 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tuning
+
 # Overrides of the launch parameters (None: ``launch_config`` decides); the tests shrink the
 # blocks so that the interpreter is fast and every loop has several ragged steps.
 CONFIG = {
-    "BLOCK_N": None, "BLOCK_V": None, "BLOCK_H": None, "GROUP_N": None,
-    "num_warps": None, "num_stages": None, "SPLITS": None,
-    "V_TILES": None, "PERSISTENT": None,  # stats_tiles only (kernels/linear_logprobs_fwd.py)
+    "BLOCK_N": None, "BLOCK_V": None, "BLOCK_H": None, "GROUP_N": None, "num_warps": None, "num_stages": None,
+    "SPLITS": None, "V_TILES": None, "PERSISTENT": None,  # V_TILES, PERSISTENT: stats_tiles only
     "FWD": None,  # "tiles" (None: the default) or "split": which forward ``stats_fwd`` runs
     "BWD_CHUNK_BYTES": 512 << 20,  # dz buffer of the chunked backward
 }
@@ -78,20 +79,19 @@ _TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT",
 #   stay in L2 while a group sweeps the vocabulary, so the LM head is read from DRAM N/2048 times,
 #   not N/1024 (a traffic estimate; bench/gpu_tune.py measures). fp32: as stats_fwd (0 B).
 _BF16 = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=8, num_warps=8, num_stages=3)
-_TILES16 = dict(BLOCK_N=128, BLOCK_V=256, BLOCK_H=64, GROUP_N=16, V_TILES=1, PERSISTENT=0, num_warps=8,
-                num_stages=3)
+_FP32 = dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2)
+_TILES16 = dict(_BF16, BLOCK_V=256, GROUP_N=16, V_TILES=1, PERSISTENT=0)
 _ARCH_CONFIGS = {
     ("stats_fwd", None, "16"): _BF16,
     ("stats_fwd", 100, "16"): dict(_BF16, num_stages=2),
-    ("stats_fwd", None, "32"): dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2),
+    ("stats_fwd", None, "32"): _FP32,
     ("stats_tiles", None, "16"): dict(_BF16, V_TILES=1, PERSISTENT=0),
     ("stats_tiles", 80, "16"): _TILES16,
     ("stats_tiles", 90, "16"): _TILES16,
     ("stats_tiles", 100, "16"): dict(_TILES16, BLOCK_V=128, num_stages=4),
-    ("stats_tiles", None, "32"): dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, V_TILES=1, PERSISTENT=0,
-                                      num_warps=8, num_stages=2),
+    ("stats_tiles", None, "32"): dict(_FP32, V_TILES=1, PERSISTENT=0),
     ("dlogits", None, "16"): _BF16,
-    ("dlogits", None, "32"): dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2),
+    ("dlogits", None, "32"): _FP32,
     ("grad_bwd", None, "16"): dict(_BF16, BLOCK_H=32, num_stages=2),
     ("grad_bwd", None, "32"): dict(BLOCK_N=32, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=4, num_stages=1),
 }
@@ -101,11 +101,13 @@ def launch_config(kernel: str, *, N: int, V: int, H: int, dtype: torch.dtype, ar
     """Launch parameters of ``kernel`` (one of ``KERNELS``) for hidden ``[N, H]``, weight ``[V, H]``
     of ``dtype`` on compute capability ``arch`` (80, 90, 100; None off-GPU): ``BLOCK_N``,
     ``BLOCK_V``, ``BLOCK_H``, ``GROUP_N``, ``num_warps``, ``num_stages``. The launchers and the
-    compile test both call this; ``CONFIG`` entries that are not None win."""
+    compile test both call this. Precedence: ``CONFIG`` entries that are not None, then a measured
+    table (kernels/tuning.py, written by bench/gpu_tune.py), then ``_ARCH_CONFIGS``."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     width = "32" if dtype == torch.float32 else "16"
     cfg = dict(_ARCH_CONFIGS.get((kernel, arch, width)) or _ARCH_CONFIGS[(kernel, None, width)])
+    cfg = tuning.apply(cfg, "linear_logprobs", kernel, arch, width)
     for k in _TUNABLE:
         if k in cfg and CONFIG[k] is not None:
             cfg[k] = int(CONFIG[k])
@@ -304,8 +306,7 @@ def _cfg(kernel, hidden, weight):
 
 
 def forward_kind() -> str:
-    """``CONFIG["FWD"]``: ``"tiles"`` (default: the GEMM-shaped ``stats_tiles``) or ``"split"``
-    (``_stats_fwd_kernel``: row blocks x vocab splits, each program looping over its split)."""
+    """``CONFIG["FWD"]``: ``"tiles"`` (default, ``stats_tiles``) or ``"split"`` (``_stats_fwd_kernel``)."""
     kind = CONFIG["FWD"] or "tiles"
     if kind not in FORWARDS:
         raise ValueError(f"CONFIG['FWD'] must be one of {FORWARDS}, got {kind!r}")
