@@ -6,9 +6,10 @@ Run on a CUDA machine (first measured on an H100: bench/results/gpu/20261124_h10
     python bench/gpu_logprobs.py --shapes 4096x896x151936,8192x4096x151936 --dtype bf16
     python bench/gpu_logprobs.py --device cpu --shapes 64x64x1000  # smoke test of the script
 
-Methods: ``pacs_triton`` (fused forward kernel, chunked GEMM backward: a Triton dz chunk + two
-cuBLAS GEMMs per vocab chunk, the default), ``pacs_triton_atomic`` (the same forward, the one-pass
-atomic backward kernel), ``pacs_torch`` (the chunked torch backend on cuBLAS),
+Methods: ``pacs_triton`` (the GEMM-shaped tiled forward kernel, chunked GEMM backward: a Triton dz
+chunk + two cuBLAS GEMMs per vocab chunk, the default), ``pacs_triton_split`` (the same with the
+earlier split forward, ``CONFIG["FWD"] = "split"``, for comparison), ``pacs_triton_atomic`` (the
+default forward, the one-pass atomic backward kernel), ``pacs_torch`` (the chunked torch backend on cuBLAS),
 ``naive`` (matmul -> log_softmax -> gather, entropy; skipped when [N, V] would not fit),
 ``liger_flce`` (Liger fused linear cross-entropy, loss only, no entropy) when installed.
 
@@ -52,13 +53,19 @@ def _inputs(n, h, v, dtype, device, seed=0):
 
 
 def _method(name):
-    if name in ("pacs_triton", "pacs_triton_atomic", "pacs_torch"):
+    if name in ("pacs_triton", "pacs_triton_split", "pacs_triton_atomic", "pacs_torch"):
+        from pacs_fast.kernels import linear_logprobs as K
         from pacs_fast.ops.linear_logprobs import linear_logprobs
         backend = name.split("_")[1]
         bwd = "atomic" if name.endswith("atomic") else "chunked"
+        kind = "split" if name.endswith("split") else None
 
         def fwd(h, w, y):
-            return linear_logprobs(h, w, y, return_entropy=True, backend=backend, triton_backward=bwd)
+            old, K.CONFIG["FWD"] = K.CONFIG["FWD"], kind
+            try:
+                return linear_logprobs(h, w, y, return_entropy=True, backend=backend, triton_backward=bwd)
+            finally:
+                K.CONFIG["FWD"] = old
         return fwd, True
     if name == "naive":
         def fwd(h, w, y):
@@ -188,7 +195,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="8192x4096x151936")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    ap.add_argument("--methods", default="pacs_triton,pacs_triton_atomic,pacs_torch,naive,liger_flce")
+    ap.add_argument("--methods", default="pacs_triton,pacs_triton_split,pacs_triton_atomic,pacs_torch,naive,liger_flce")
     ap.add_argument("--strict", action="store_true",
                     help="exit 1 when a pacs_* method did not run (the GPU suite: never skip silently)")
     ap.add_argument("--iters", type=int, default=10)
@@ -213,7 +220,7 @@ def main():
         for m in args.methods.split(","):
             if m == "naive" and 4 * 4 * n * v > args.naive_max_bytes:
                 rows.append({"method": m, "N": n, "H": h, "V": v, "unavailable": "[N, V] copies too large"})
-            elif m == "pacs_triton" and args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            elif m.startswith("pacs_triton") and args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
                 rows.append({"method": m, "N": n, "H": h, "V": v, "unavailable": "CPU without TRITON_INTERPRET=1"})
             else:
                 try:

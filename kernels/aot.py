@@ -75,8 +75,9 @@ class Case:
 
 
 def _kernel_modules():
-    from . import linear_logprobs, pacs_loss, token_logprobs
-    return {"token_logprobs": token_logprobs, "linear_logprobs": linear_logprobs, "pacs_loss": pacs_loss}
+    from . import linear_logprobs, linear_logprobs_fwd, pacs_loss, token_logprobs
+    return {"token_logprobs": token_logprobs, "linear_logprobs": linear_logprobs,
+            "linear_logprobs_fwd": linear_logprobs_fwd, "pacs_loss": pacs_loss}
 
 
 def _split(cfg: dict):
@@ -84,11 +85,63 @@ def _split(cfg: dict):
     return cfg.pop("num_warps"), cfg.pop("num_stages"), cfg
 
 
+LOGPROB_KERNELS = ("token_logprobs.stats_fwd", "token_logprobs.grad_bwd", "linear_logprobs.stats_fwd",
+                   "linear_logprobs.stats_tiles", "linear_logprobs.dlogits", "linear_logprobs.grad_bwd")
+
+
+def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> Case:
+    """The compile case of one launch of the log-prob kernel ``name`` (one of ``LOGPROB_KERNELS``,
+    "file.launch_config name") with the launch parameters ``cfg`` (a ``launch_config`` dict), entropy
+    on, no bias: what the launcher compiles. ``cases`` and bench/gpu_tune.py both build cases here."""
+    nw, ns, c = _split(cfg)
+    p, f32 = f"*{dt}", "*fp32"
+    if name.startswith("token_logprobs."):
+        c = dict(BLOCK_V=c["BLOCK_V"])
+        if name.endswith("stats_fwd"):
+            return Case("token_logprobs", "stats_fwd", "_stats_fwd_kernel", arch, dt, list(shapes),
+                        dict(X=p, stride_x="i32", V="i32", v_per_split="i32", inv_t="fp32",
+                             M_out=f32, S_out=f32, A_out=f32, N="i32"),
+                        dict(ENTROPY=True, **c), nw, ns, ("stride_x",), variant="entropy")
+        return Case("token_logprobs", "grad_bwd", "_grad_bwd_kernel", arch, dt, list(shapes),
+                    dict(X=p, stride_x="i32", DX=p, stride_dx="i32", V="i32", inv_t="fp32",
+                         LABELS="*i64", v_offset="i32", ignore_index="i32", M=f32, LOGS=f32,
+                         ENT=f32, GL=f32, GH=f32),
+                    dict(ENTROPY=True, **c), nw, ns, ("stride_x", "stride_dx"), variant="entropy")
+    # linear_logprobs (hidden [N, H], weight [V, H]; no LM-head bias, as in Qwen)
+    kernel = name.split(".")[1]
+    base = dict(HAS_BIAS=False, ENTROPY=True, DOT_PREC="ieee" if dt == "fp32" else None, UPCAST=False)
+    common = dict(Hd=p, stride_h="i32", W=p, stride_w="i32", B=p, N="i32", V="i32", n_h="i32")
+    rowvec = dict(inv_t="fp32", LABELS="*i64", v_offset="i32", M=f32, LOGS=f32, ENT=f32, GL=f32, GH=f32)
+    tile = {k: c[k] for k in ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N")}
+    if kernel == "stats_fwd":
+        tile.pop("GROUP_N")
+        return Case("linear_logprobs", "stats_fwd", "_stats_fwd_kernel", arch, dt, list(shapes),
+                    dict(common, v_per_split="i32", inv_t="fp32", M_out=f32, S_out=f32, A_out=f32),
+                    dict(base, **tile), nw, ns, ("stride_h", "stride_w"), has_dot=True, variant="entropy")
+    if kernel == "stats_tiles":
+        persistent = c["PERSISTENT"] > 0
+        return Case("linear_logprobs_fwd", "stats_tiles", "_stats_tiles_kernel", arch, dt, list(shapes),
+                    dict(common, inv_t="fp32", M_out=f32, S_out=f32, A_out=f32),
+                    dict(base, **tile, V_TILES=c["V_TILES"], PERSISTENT=persistent), nw, ns,
+                    ("stride_h", "stride_w", "N"), has_dot=True,
+                    variant="entropy" + (", persistent" if persistent else ""))
+    if kernel == "dlogits":
+        return Case("linear_logprobs", "dlogits", "_dlogits_kernel", arch, dt, list(shapes),
+                    dict(common, **rowvec, DZ=p, stride_dz="i32"), dict(base, **tile), nw, ns,
+                    ("stride_h", "stride_w", "stride_dz"), has_dot=True, variant="entropy")
+    if kernel == "grad_bwd":
+        return Case("linear_logprobs", "grad_bwd", "_grad_bwd_kernel", arch, dt, list(shapes),
+                    dict(common, **rowvec, DH=f32, DW=f32, DB=f32),
+                    dict(base, NEED_DW=True, NEED_DB=False, **tile), nw, ns, ("stride_h", "stride_w", "n_h"),
+                    has_dot=True, variant="entropy, atomic")
+    raise ValueError(f"unknown log-prob kernel {name!r}")
+
+
 def cases(archs=ARCHS) -> list[Case]:
     """Every kernel x arch x dtype at the realistic shapes, with the launchers' own parameters
     (``launch_config``); cases with identical compile inputs are merged (``shapes`` lists them)."""
     mods = _kernel_modules()
-    KT, KL, KP = mods["token_logprobs"], mods["linear_logprobs"], mods["pacs_loss"]
+    KP = mods["pacs_loss"]
     out: dict[str, Case] = {}
 
     def add(case: Case):
@@ -102,42 +155,14 @@ def cases(archs=ARCHS) -> list[Case]:
     f32 = "*fp32"
     for arch in archs:
         for dt in ("bf16", "fp32"):
-            p = f"*{dt}"
             for shape, n, h, v in LOGPROB_SHAPES:
-                # token_logprobs (logits [N, V])
-                nw, ns, c = _split(KT.launch_config("stats_fwd", N=n, V=v, dtype=_DT[dt], arch=arch))
-                add(Case("token_logprobs", "stats_fwd", "_stats_fwd_kernel", arch, dt, [shape],
-                         dict(X=p, stride_x="i32", V="i32", v_per_split="i32", inv_t="fp32",
-                              M_out=f32, S_out=f32, A_out=f32, N="i32"),
-                         dict(ENTROPY=True, **c), nw, ns, ("stride_x",), variant="entropy"))
-                nw, ns, c = _split(KT.launch_config("grad_bwd", N=n, V=v, dtype=_DT[dt], arch=arch))
-                add(Case("token_logprobs", "grad_bwd", "_grad_bwd_kernel", arch, dt, [shape],
-                         dict(X=p, stride_x="i32", DX=p, stride_dx="i32", V="i32", inv_t="fp32",
-                              LABELS="*i64", v_offset="i32", ignore_index="i32", M=f32, LOGS=f32,
-                              ENT=f32, GL=f32, GH=f32),
-                         dict(ENTROPY=True, **c), nw, ns, ("stride_x", "stride_dx"), variant="entropy"))
-                # linear_logprobs (hidden [N, H], weight [V, H]; no LM-head bias, as in Qwen)
-                prec = "ieee" if dt == "fp32" else None
-                common = dict(Hd=p, stride_h="i32", W=p, stride_w="i32", B=p, N="i32", V="i32", n_h="i32")
-                nw, ns, c = _split(KL.launch_config("stats_fwd", N=n, V=v, H=h, dtype=_DT[dt], arch=arch))
-                c.pop("GROUP_N")
-                add(Case("linear_logprobs", "stats_fwd", "_stats_fwd_kernel", arch, dt, [shape],
-                         dict(common, v_per_split="i32", inv_t="fp32", M_out=f32, S_out=f32, A_out=f32),
-                         dict(HAS_BIAS=False, ENTROPY=True, DOT_PREC=prec, UPCAST=False, **c), nw, ns,
-                         ("stride_h", "stride_w"), has_dot=True, variant="entropy"))
-                rowvec = dict(inv_t="fp32", LABELS="*i64", v_offset="i32", M=f32, LOGS=f32, ENT=f32,
-                              GL=f32, GH=f32)
-                nw, ns, c = _split(KL.launch_config("dlogits", N=n, V=v, H=h, dtype=_DT[dt], arch=arch))
-                add(Case("linear_logprobs", "dlogits", "_dlogits_kernel", arch, dt, [shape],
-                         dict(common, **rowvec, DZ=p, stride_dz="i32"),
-                         dict(HAS_BIAS=False, ENTROPY=True, DOT_PREC=prec, UPCAST=False, **c), nw, ns,
-                         ("stride_h", "stride_w", "stride_dz"), has_dot=True, variant="entropy"))
-                nw, ns, c = _split(KL.launch_config("grad_bwd", N=n, V=v, H=h, dtype=_DT[dt], arch=arch))
-                add(Case("linear_logprobs", "grad_bwd", "_grad_bwd_kernel", arch, dt, [shape],
-                         dict(common, **rowvec, DH=f32, DW=f32, DB=f32),
-                         dict(HAS_BIAS=False, ENTROPY=True, DOT_PREC=prec, UPCAST=False, NEED_DW=True,
-                              NEED_DB=False, **c), nw, ns, ("stride_h", "stride_w", "n_h"), has_dot=True,
-                         variant="entropy, atomic"))
+                for name in LOGPROB_KERNELS:
+                    mod, kernel = name.split(".")
+                    extra = {} if mod == "token_logprobs" else dict(H=h)
+                    cfg = mods[mod].launch_config(kernel, N=n, V=v, dtype=_DT[dt], arch=arch, **extra)
+                    add(logprob_case(name, arch, dt, cfg, [shape]))
+                    if name == "linear_logprobs.stats_tiles" and dt == "bf16" and not cfg["PERSISTENT"]:
+                        add(logprob_case(name, arch, dt, dict(cfg, PERSISTENT=1), [shape]))  # selectable
         # PACS loss: pass A and the backward stream the tokens (bf16 and fp32 log-probs, bool mask,
         # padded [B, T]; packed with int32 cu_seqlens at the first shape's average length); pass B
         # works on pass A's fp32 partials, one program per group

@@ -5,11 +5,13 @@ Shapes: hidden ``[N, H]``, weight ``[V, H]`` (same dtype: fp32/bf16/fp16, unit s
 bias ``[V]`` (any float dtype) or None; per-row fp32 vectors ``[N]``. ``tl.dot`` accumulates in fp32 (fp32 inputs
 use IEEE fp32 products, not TF32, so fp32 results match a float64 reference to ~1e-5).
 
-``stats_fwd``: grid ``(cdiv(N, BLOCK_N), SPLITS)``. Program (row block, split) computes the
-logits tiles ``[BLOCK_N, BLOCK_V]`` of its vocab range (a K-loop of ``tl.dot`` over H in
-``BLOCK_H`` steps) and folds them into an online max / sum-exp / sum ``e*(x-m)`` per row,
-writing partial ``(m, s, a)`` to ``[SPLITS, N]`` (merged on the host, O(N); the same merge
-combines tensor-parallel ranks). The target logit is an O(N*H) gather-dot on the host.
+``stats_fwd`` runs one of two forwards (``CONFIG["FWD"]``), both writing per-row partials
+``(m, s, a)`` (max, sum-exp, sum ``e*(x-m)``) to ``[S, N]``, merged on the host by the function
+that merges tensor-parallel ranks; the target logit is an O(N*H) gather-dot on the host.
+``"tiles"`` (default): kernels/linear_logprobs_fwd.py, one GEMM-shaped program per (row block,
+vocab block) tile in grouped order, S = vocab blocks. ``"split"``: grid ``(cdiv(N, BLOCK_N),
+SPLITS)``, program (row block, split) loops over the logits tiles ``[BLOCK_N, BLOCK_V]`` of its
+vocab range (a K-loop of ``tl.dot`` over H in ``BLOCK_H`` steps) with an online fold, S = SPLITS.
 
 ``grad_bwd``: grid over all ``(row block, vocab block)`` tiles, ordered in groups of
 ``GROUP_N`` row blocks so that concurrently running programs share weight tiles in L2. Each
@@ -43,14 +45,19 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tuning
+
 # Overrides of the launch parameters (None: ``launch_config`` decides); the tests shrink the
 # blocks so that the interpreter is fast and every loop has several ragged steps.
 CONFIG = {
-    "BLOCK_N": None, "BLOCK_V": None, "BLOCK_H": None, "GROUP_N": None,
-    "num_warps": None, "num_stages": None, "SPLITS": None,
+    "BLOCK_N": None, "BLOCK_V": None, "BLOCK_H": None, "GROUP_N": None, "num_warps": None, "num_stages": None,
+    "SPLITS": None, "V_TILES": None, "PERSISTENT": None,  # V_TILES, PERSISTENT: stats_tiles only
+    "FWD": None,  # "tiles" (None: the default) or "split": which forward ``stats_fwd`` runs
     "BWD_CHUNK_BYTES": 512 << 20,  # dz buffer of the chunked backward
 }
-KERNELS = ("stats_fwd", "grad_bwd", "dlogits")
+KERNELS = ("stats_fwd", "stats_tiles", "grad_bwd", "dlogits")
+FORWARDS = ("tiles", "split")
+_TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "num_warps", "num_stages")
 
 # Per-architecture launch parameters, keyed by (kernel, arch, "16" for bf16/fp16 or "32" for fp32);
 # arch None = every architecture without its own entry (and the interpreter). Chosen from the
@@ -66,13 +73,25 @@ KERNELS = ("stats_fwd", "grad_bwd", "dlogits")
 # - fp32 (IEEE FMA, no tensor cores; correctness path): 128x128x64 spilled 0.1-11 KB; stats_fwd /
 #   dlogits 128x64x32 with 8 warps, 2 stages: none; grad_bwd needs 32x64x32, 4 warps, 1 stage
 #   (64x64x32 still spilled 160-616 B).
+# - stats_tiles (default forward) bf16 128x256x64 w8 s3: sm_90 242 regs, 0 B stack, 145 KB (s4 193 KB,
+#   0 B); sm_80 255 regs, 0 B, 96 KB; sm_100 spilled 80 B (16 warps fall back to mma.sync there), so
+#   sm_100 takes 128x128x64 w8 s4 (142 regs, 0 B, 129 KB). GROUP_N=16: 16 hidden row blocks (16 MB)
+#   stay in L2 while a group sweeps the vocabulary, so the LM head is read from DRAM N/2048 times,
+#   not N/1024 (a traffic estimate; bench/gpu_tune.py measures). fp32: as stats_fwd (0 B).
 _BF16 = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=8, num_warps=8, num_stages=3)
+_FP32 = dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2)
+_TILES16 = dict(_BF16, BLOCK_V=256, GROUP_N=16, V_TILES=1, PERSISTENT=0)
 _ARCH_CONFIGS = {
     ("stats_fwd", None, "16"): _BF16,
     ("stats_fwd", 100, "16"): dict(_BF16, num_stages=2),
-    ("stats_fwd", None, "32"): dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2),
+    ("stats_fwd", None, "32"): _FP32,
+    ("stats_tiles", None, "16"): dict(_BF16, V_TILES=1, PERSISTENT=0),
+    ("stats_tiles", 80, "16"): _TILES16,
+    ("stats_tiles", 90, "16"): _TILES16,
+    ("stats_tiles", 100, "16"): dict(_TILES16, BLOCK_V=128, num_stages=4),
+    ("stats_tiles", None, "32"): dict(_FP32, V_TILES=1, PERSISTENT=0),
     ("dlogits", None, "16"): _BF16,
-    ("dlogits", None, "32"): dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2),
+    ("dlogits", None, "32"): _FP32,
     ("grad_bwd", None, "16"): dict(_BF16, BLOCK_H=32, num_stages=2),
     ("grad_bwd", None, "32"): dict(BLOCK_N=32, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=4, num_stages=1),
 }
@@ -82,13 +101,15 @@ def launch_config(kernel: str, *, N: int, V: int, H: int, dtype: torch.dtype, ar
     """Launch parameters of ``kernel`` (one of ``KERNELS``) for hidden ``[N, H]``, weight ``[V, H]``
     of ``dtype`` on compute capability ``arch`` (80, 90, 100; None off-GPU): ``BLOCK_N``,
     ``BLOCK_V``, ``BLOCK_H``, ``GROUP_N``, ``num_warps``, ``num_stages``. The launchers and the
-    compile test both call this; ``CONFIG`` entries that are not None win."""
+    compile test both call this. Precedence: ``CONFIG`` entries that are not None, then a measured
+    table (kernels/tuning.py, written by bench/gpu_tune.py), then ``_ARCH_CONFIGS``."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     width = "32" if dtype == torch.float32 else "16"
     cfg = dict(_ARCH_CONFIGS.get((kernel, arch, width)) or _ARCH_CONFIGS[(kernel, None, width)])
-    for k in ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "num_warps", "num_stages"):
-        if CONFIG[k] is not None:
+    cfg = tuning.apply(cfg, "linear_logprobs", kernel, arch, width)
+    for k in _TUNABLE:
+        if k in cfg and CONFIG[k] is not None:
             cfg[k] = int(CONFIG[k])
     cfg["BLOCK_H"] = min(cfg["BLOCK_H"], max(16, triton.next_power_of_2(max(H, 1))))
     return cfg
@@ -124,6 +145,22 @@ def _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, in
 
 
 @triton.jit
+def _online_fold(m, s, a, x, ENTROPY: tl.constexpr):
+    """Folds the logits tile ``x`` [BLOCK_N, BLOCK_V] (-inf in masked columns) into the running
+    per-row partial ``(m, s, a)`` (``ops/vocab_parallel.py``'s merge, one tile at a time)."""
+    m_new = tl.maximum(m, tl.max(x, 1))
+    ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    scale = tl.exp(m - ref)
+    xr = x - ref[:, None]
+    e = tl.exp(xr)
+    if ENTROPY:
+        a = tl.where(scale == 0.0, 0.0, scale * (a + (m - ref) * s))
+        a += tl.sum(tl.where(x == float("-inf"), 0.0, e * xr), 1)
+    s = s * scale + tl.sum(e, 1)
+    return m_new, s, a
+
+
+@triton.jit
 def _stats_fwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, v_per_split, inv_t,
                       M_out, S_out, A_out,
                       HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
@@ -142,17 +179,7 @@ def _stats_fwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, v_per_split, inv_
         cmask = cols < v_hi
         x = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, inv_t,
                          HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-        x = tl.where(cmask[None, :], x, float("-inf"))
-        m_new = tl.maximum(m, tl.max(x, 1))
-        ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        scale = tl.exp(m - ref)
-        xr = x - ref[:, None]
-        e = tl.exp(xr)
-        if ENTROPY:
-            a = tl.where(scale == 0.0, 0.0, scale * (a + (m - ref) * s))
-            a += tl.sum(tl.where(x == float("-inf"), 0.0, e * xr), 1)
-        s = s * scale + tl.sum(e, 1)
-        m = m_new
+        m, s, a = _online_fold(m, s, a, tl.where(cmask[None, :], x, float("-inf")), ENTROPY)
     out = split * N + rows
     tl.store(M_out + out, m, mask=rmask)
     tl.store(S_out + out, s, mask=rmask)
@@ -185,9 +212,12 @@ def _dlogits_tile(x, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS,
 def _tile_ids(N, V, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, GROUP_N: tl.constexpr):
     """(row block, vocab block) of this program; GROUP_N consecutive row blocks sweep the vocab
     blocks together so that concurrently running programs share weight tiles in L2."""
-    pid = tl.program_id(0)
-    n_blocks_n = tl.cdiv(N, BLOCK_N)
-    n_blocks_v = tl.cdiv(V, BLOCK_V)
+    return _grouped_tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.cdiv(V, BLOCK_V), GROUP_N)
+
+
+@triton.jit
+def _grouped_tile(pid, n_blocks_n, n_blocks_v, GROUP_N: tl.constexpr):
+    """(row block, vocab block) of tile number ``pid`` in grouped order (see ``_tile_ids``)."""
     per_group = GROUP_N * n_blocks_v
     first_n = (pid // per_group) * GROUP_N
     group_size = tl.minimum(n_blocks_n - first_n, GROUP_N)
@@ -275,8 +305,20 @@ def _cfg(kernel, hidden, weight):
                          dtype=hidden.dtype, arch=device_arch(hidden.device))
 
 
+def forward_kind() -> str:
+    """``CONFIG["FWD"]``: ``"tiles"`` (default, ``stats_tiles``) or ``"split"`` (``_stats_fwd_kernel``)."""
+    kind = CONFIG["FWD"] or "tiles"
+    if kind not in FORWARDS:
+        raise ValueError(f"CONFIG['FWD'] must be one of {FORWARDS}, got {kind!r}")
+    return kind
+
+
 def stats_fwd(hidden, weight, bias, inv_t: float, entropy: bool):
-    """Partial ``(m, s, a)`` fp32 ``[SPLITS, N]`` of the scaled logits (``a`` None w/o entropy)."""
+    """Partial ``(m, s, a)`` fp32 ``[S, N]`` of the scaled logits (``a`` None w/o entropy), to be
+    merged along dim 0: S vocab blocks of the tiled forward, or S splits of the split one."""
+    if forward_kind() == "tiles":
+        from .linear_logprobs_fwd import stats_tiles
+        return stats_tiles(hidden, weight, bias, inv_t, entropy)
     n, n_h = hidden.shape
     v = weight.shape[0]
     cfg = _cfg("stats_fwd", hidden, weight)

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tuning
+
 # Overrides of the launch parameters (None: ``launch_config`` decides). Tests shrink the blocks
 # to keep the interpreter fast and to exercise several blocks and splits on small shapes.
 CONFIG = {"BLOCK_V": None, "BLOCK_V_BWD": None, "num_warps": None, "num_stages": None, "SPLITS": None}
@@ -48,11 +50,13 @@ def launch_config(kernel: str, *, N: int, V: int, dtype: torch.dtype, arch: int 
     """Launch parameters of ``kernel`` (``"stats_fwd"`` or ``"grad_bwd"``) for logits ``[N, V]``
     of ``dtype`` on compute capability ``arch`` (e.g. 80, 90; None off-GPU): a dict with
     ``BLOCK_V``, ``num_warps``, ``num_stages``. The launchers below and the compile test both
-    call this, so the test checks exactly what runs. ``CONFIG`` entries that are not None win."""
+    call this, so the test checks exactly what runs. ``CONFIG`` entries that are not None win, then
+    a measured table (kernels/tuning.py, written by bench/gpu_tune.py), then ``_ARCH_CONFIGS``."""
     if kernel not in _ARCH_CONFIGS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     table = _ARCH_CONFIGS[kernel]
     cfg = dict(table.get(arch, table[None]))
+    cfg = tuning.apply(cfg, "token_logprobs", kernel, arch, "32" if dtype == torch.float32 else "16")
     block_key = "BLOCK_V" if kernel == "stats_fwd" else "BLOCK_V_BWD"
     if CONFIG[block_key] is not None:
         cfg["BLOCK_V"] = int(CONFIG[block_key])

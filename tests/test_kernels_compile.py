@@ -19,7 +19,7 @@ import pytest
 triton = pytest.importorskip("triton", reason="the compile checks need the triton package")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNEL_FILES = ("token_logprobs.py", "linear_logprobs.py", "pacs_loss.py")
+KERNEL_FILES = ("token_logprobs.py", "linear_logprobs.py", "linear_logprobs_fwd.py", "pacs_loss.py")
 
 # Kernels allowed to spill: (module, function, arch, dtype) -> (largest stack bytes measured, why).
 # Anything spilling that is not listed here (or spilling more than listed) fails the test.
@@ -60,7 +60,7 @@ def test_every_launched_kernel_compiles_for_every_arch_and_dtype(report):
     assert not errors, _fail(errors, "compile failures")
     covered = {(c["module"], c["fn"], c["arch"], c["dtype"]) for c in report["cases"]}
     kernels = _launched_kernels()
-    assert len(kernels) == 8, kernels  # 2 token, 3 linear, 3 PACS: a new kernel must be added to aot.cases
+    assert len(kernels) == 9, kernels  # 2 token, 4 linear, 3 PACS: a new kernel must be added to aot.cases
     for module, fn in kernels:
         dtypes = ("fp32",) if module == "pacs_loss" else ("bf16", "fp32")
         for arch in report["archs"]:
@@ -110,6 +110,7 @@ def test_fp32_dot_is_ieee_as_documented(report):
     assert not bad, _fail(bad, "fp32 tl.dot not IEEE")
     src = open(os.path.join(ROOT, "kernels", "linear_logprobs.py")).read()
     assert "IEEE fp32 products" in src
+    assert {c["fn"] for c in report["cases"] if c["has_dot"] and c["dtype"] == "fp32"} >= {"_stats_tiles_kernel"}
 
 
 def test_row_offsets_are_64_bit(report):
@@ -166,10 +167,12 @@ class _Recorder:
 def test_launchers_pass_launch_config(monkeypatch, arch):
     import torch
 
-    from pacs_fast.kernels import linear_logprobs as KL, pacs_loss as KP, token_logprobs as KT
+    from pacs_fast.kernels import linear_logprobs as KL, linear_logprobs_fwd as KLF, pacs_loss as KP, \
+        token_logprobs as KT
     calls = []
     for mod, names in ((KT, ("_stats_fwd_kernel", "_grad_bwd_kernel")),
                        (KL, ("_stats_fwd_kernel", "_grad_bwd_kernel", "_dlogits_kernel")),
+                       (KLF, ("_stats_tiles_kernel",)),
                        (KP, ("_pacs_sums_kernel", "_pacs_group_kernel", "_pacs_bwd_kernel"))):
         for name in names:
             monkeypatch.setattr(mod, name, _Recorder(calls))
@@ -192,6 +195,10 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     check(KT.launch_config("grad_bwd", N=n, V=v, dtype=x.dtype, arch=arch), ("BLOCK_V", "num_warps", "num_stages"))
     hid, w = torch.randn(n, h), torch.randn(v, h)
     keys = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "num_warps", "num_stages")
+    KL.stats_fwd(hid, w, None, 1.0, True)  # the default forward: the tiled kernel
+    check(KL.launch_config("stats_tiles", N=n, V=v, H=h, dtype=hid.dtype, arch=arch),
+          keys + ("GROUP_N", "V_TILES"))
+    monkeypatch.setitem(KL.CONFIG, "FWD", "split")
     KL.stats_fwd(hid, w, None, 1.0, True)
     check(KL.launch_config("stats_fwd", N=n, V=v, H=h, dtype=hid.dtype, arch=arch), keys)
     lab = torch.zeros(n, dtype=torch.long)

@@ -5,8 +5,10 @@
 
 Backends (same results, see ``token_logprobs`` for the non-finite semantics):
 
-- ``"triton"``: kernels/linear_logprobs.py; forward tiles over (rows, vocab) with an online
-  log-sum-exp. Backward (``triton_backward``): ``"chunked"`` (default) recomputes the logits per
+- ``"triton"``: kernels/linear_logprobs.py; forward (kernels/linear_logprobs_fwd.py): one
+  GEMM-shaped program per (row block, vocab block) tile in grouped order, each writing per-row
+  partials (max, sum-exp, entropy sum) to an fp32 ``[vocab blocks, N]`` workspace that
+  ``vocab_parallel.merge_splits`` merges (the tensor-parallel merge). Backward (``triton_backward``): ``"chunked"`` (default) recomputes the logits per
   vocabulary chunk in a Triton kernel that writes ``dz`` (input dtype), then two cuBLAS GEMMs per
   chunk (``dhidden += dz @ W_chunk``, ``dW_chunk = dz.T @ hidden``); ``"atomic"`` recomputes each
   logits tile and accumulates ``dhidden`` / ``dweight`` with fp32 atomic adds in one kernel.

@@ -1,0 +1,381 @@
+"""Measured launch tables: sweep the launch configurations of the log-prob kernels at the real shapes
+on one GPU (~8 minutes on an H100) and write the winners to ``kernels/tuned/sm_<arch>.json``, which
+every ``launch_config`` of those kernel files then reads (kernels/tuning.py: an explicit ``CONFIG``
+override wins over the measured table, which wins over the built-in compile-model table).
+
+    python bench/gpu_tune.py                          # on the GPU: writes kernels/tuned/sm_90.json on an H100
+    python bench/gpu_tune.py --kernels linear_logprobs.stats_tiles --budget-s 200
+    python bench/gpu_tune.py --dry-run                # CPU: enumerate, AOT-filter a subset, write to a temp dir
+
+Kernels (N=8192, H=4096, V=151,936, bf16 by default; ``--dtype fp32`` tunes the fp32 entries):
+``linear_logprobs.stats_tiles`` (the default forward, timed with the merge of its partials, which
+depends on BLOCK_V and V_TILES), ``linear_logprobs.dlogits`` (timed as the whole chunked backward:
+the Triton dz chunks plus the cuBLAS GEMMs), ``linear_logprobs.grad_bwd`` (the atomic backward),
+``token_logprobs.stats_fwd`` and ``token_logprobs.grad_bwd`` (logits [N, V]). The PACS loss
+kernels are not tuned: kernels/pacs_loss.py is being rewritten and its ``launch_config`` does not
+read the measured table (adding that is a change to that file, left to its owner).
+
+Per kernel: stage 1 sweeps tiles / warps / stages (pre-filtered by a register and shared-memory
+estimate), stage 2 sweeps GROUP_N (and PERSISTENT, V_TILES for the forward) around the stage-1
+winner. Every candidate is first compiled ahead of time (kernels/aot.py, the compile test's own
+checks: no spills, shared memory within the arch's limit, tensor cores for bf16) and dropped if it
+fails; survivors are run through the real launcher with the candidate set in the kernel file's
+``CONFIG`` (the override hook), checked against the built-in configuration's output, and timed
+(median of CUDA-event times). A kernel's budget share ends its sweep early (the JSON says how many
+candidates were timed out of how many enumerated). The built-in configuration is always timed
+first, so a winner is never slower than it in the same run.
+
+``--dry-run`` (no GPU): the same enumeration; only the built-in configuration and the first other
+candidate of each kernel are compiled; nothing is timed; the first other candidate that compiles
+clean is written as the "winner" (``"dry_run": true``, ``ms`` null) to a temporary folder, to test
+the plumbing (tests/test_gpu_tune.py). It refuses to write into kernels/tuned/.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+
+os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels (and AOT compiles) only, never the interpreter
+
+import torch  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from pacs_fast.kernels import aot, linear_logprobs as KL, token_logprobs as KT, tuning  # noqa: E402
+from pacs_fast.ops import vocab_parallel as vp  # noqa: E402
+
+SPECS = ("linear_logprobs.stats_tiles", "linear_logprobs.dlogits", "linear_logprobs.grad_bwd",
+         "token_logprobs.stats_fwd", "token_logprobs.grad_bwd")
+BUDGET_SHARE = {"linear_logprobs.stats_tiles": 0.35, "linear_logprobs.dlogits": 0.25,
+                "linear_logprobs.grad_bwd": 0.15, "token_logprobs.stats_fwd": 0.1, "token_logprobs.grad_bwd": 0.15}
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+MODULES = {"linear_logprobs": KL, "token_logprobs": KT}
+
+
+# ---- candidates ---------------------------------------------------------------------------------
+
+def base_config(name, n, h, v, dt, arch):
+    """The built-in configuration (no CONFIG override, no measured table)."""
+    mod, kernel = name.split(".")
+    saved = tuning.TUNED_DIR
+    tuning.TUNED_DIR = os.devnull  # no sm_<arch>.json can exist under it: no measured table
+    try:
+        with override(name, {}):
+            extra = {} if mod == "token_logprobs" else dict(H=h)
+            return MODULES[mod].launch_config(kernel, N=n, V=v, dtype=DTYPES[dt], arch=arch, **extra)
+    finally:
+        tuning.TUNED_DIR = saved
+
+
+def _tile_sweep(base, dt, arch, blocks_h, stages):
+    """Tiles BLOCK_N x BLOCK_V in {64, 128, 256}^2, BLOCK_H, warps 4 / 8, stages: kept when the fp32
+    accumulator is 16..128 registers per thread and the operand ring fits the shared memory limit."""
+    item = 4 if dt == "fp32" else 2
+    out = []
+    for bn, bv, bh, w, st in itertools.product((64, 128, 256), (64, 128, 256), blocks_h, (4, 8), stages):
+        acc = bn * bv / (32 * w)
+        if not 16 <= acc <= 128 or (bn + bv) * bh * item * st > aot.SMEM_LIMIT[arch]:
+            continue
+        out.append(dict(base, BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh, num_warps=w, num_stages=st))
+    return out
+
+
+def stage1(name, base, dt, arch):
+    if name.startswith("token_logprobs."):
+        cands = [dict(base, BLOCK_V=bv, num_warps=w, num_stages=st)
+                 for bv, w, st in itertools.product((1024, 2048, 4096, 8192), (4, 8, 16), (1, 2, 3))]
+    elif name.endswith("grad_bwd"):
+        cands = _tile_sweep(base, dt, arch, (32, 64), (1, 2, 3))
+    else:
+        cands = _tile_sweep(base, dt, arch, (32, 64, 128), (2, 3, 4, 5))
+    return _by_distance(base, cands)
+
+
+def _by_distance(base, cands):
+    """The built-in configuration first, then the others by how many parameters differ from it
+    (a local search: the budget may end the sweep), bigger tiles first among equals."""
+    def key(c):
+        return (sum(c[k] != base[k] for k in base), -c.get("BLOCK_N", 1) * c["BLOCK_V"], -c.get("BLOCK_H", 0))
+    return _dedupe([base] + sorted(cands, key=key))
+
+
+def stage2(name, best):
+    if name.startswith("token_logprobs."):
+        return []
+    extra = dict(PERSISTENT=(0, 1, 2), V_TILES=(1, 2)) if name.endswith("stats_tiles") else {}
+    keys = ["GROUP_N"] + list(extra)
+    values = [(4, 8, 16, 32, 64)] + list(extra.values())
+    return _dedupe([dict(best, **dict(zip(keys, combo))) for combo in itertools.product(*values)])
+
+
+def _dedupe(cands):
+    seen, out = set(), []
+    for c in cands:
+        k = json.dumps(c, sort_keys=True)
+        if k not in seen:
+            seen.add(k)
+            out.append(c)
+    return out
+
+
+# ---- the override hook and the compile filter -------------------------------------------------
+
+class override:
+    """Sets ``cfg`` as the kernel file's ``CONFIG`` overrides (which ``launch_config`` lets win) and
+    restores the previous values on exit; ``{}`` clears them. The stats_tiles forward is selected."""
+
+    def __init__(self, name, cfg):
+        self.mod, self.kernel = name.split(".")
+        self.cfg = cfg
+
+    def __enter__(self):
+        conf = MODULES[self.mod].CONFIG
+        self.saved = dict(conf)
+        keys = ("BLOCK_V", "BLOCK_V_BWD", "num_warps", "num_stages") if self.mod == "token_logprobs" else \
+            ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "num_warps", "num_stages")
+        for k in keys:
+            conf[k] = None
+        for k, v in self.cfg.items():
+            if self.mod == "token_logprobs" and k == "BLOCK_V" and self.kernel == "grad_bwd":
+                k = "BLOCK_V_BWD"
+            if k in keys:
+                conf[k] = v
+        if self.mod == "linear_logprobs":
+            conf["FWD"] = "tiles"
+        return self
+
+    def __exit__(self, *exc):
+        MODULES[self.mod].CONFIG.clear()
+        MODULES[self.mod].CONFIG.update(self.saved)
+
+
+def _compile_worker(case_dict):
+    r = aot.compile_case(aot.Case(**case_dict))
+    return {k: r.get(k) for k in ("error", "regs", "stack", "local", "spill_insts", "shared", "smem_limit",
+                                  "mma", "has_dot", "dtype")}
+
+
+def compile_filter(name, cands, dt, arch, jobs):
+    """``[(cfg, report)]``; ``report["ok"]``: compiles, no spills, shared memory within the limit,
+    bf16 ``tl.dot`` on tensor cores (the checks of tests/test_kernels_compile.py)."""
+    cases = [asdict(aot.logprob_case(name, arch, dt, c)) for c in cands]
+    if jobs > 1 and len(cases) > 1:
+        with ProcessPoolExecutor(jobs) as ex:
+            reports = list(ex.map(_compile_worker, cases))
+    else:
+        reports = [_compile_worker(c) for c in cases]
+    for r in reports:
+        r["ok"] = (r["error"] is None and r["stack"] == 0 and r["spill_insts"] == 0 and r["local"] == 0
+                   and r["shared"] <= r["smem_limit"] and (not r["has_dot"] or dt == "fp32" or bool(r["mma"])))
+    return list(zip(cands, reports))
+
+
+# ---- timing on the GPU --------------------------------------------------------------------------
+
+def make_runners(n, h, v, dtype, dev):
+    """``name -> (fn, compare)``: ``fn()`` runs the kernel through its launcher at the real shape and
+    returns its outputs; ``compare(out, ref)`` the largest relative difference."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    hid = torch.randn(n, h, generator=g).to(dev, dtype)
+    w = (torch.randn(v, h, generator=g) * (2 / h ** 0.5)).to(dev, dtype)
+    labels = torch.randint(0, v, (n,), generator=g).to(dev)
+    gl, gh = torch.randn(n, generator=g).to(dev), torch.randn(n, generator=g).to(dev)
+    with override("linear_logprobs.stats_tiles", {}):
+        m, s, a = vp.merge_splits(*KL.stats_fwd(hid, w, None, 1.0, True))
+    log_s, ent = torch.log(s), torch.log(s) - a / s
+    logits = hid @ w.T
+    dlogits = torch.empty_like(logits)
+
+    def rel(outs, refs):
+        return max(float((o.float() - r.float()).abs().max() / (r.float().abs().max() + 1e-6))
+                   for o, r in zip(outs, refs) if o is not None)
+
+    def stats(out):  # lse in two parts and the entropy
+        return (out[0], out[0] + torch.log(out[1]), torch.log(out[1]) - out[2] / out[1])
+    return {
+        "linear_logprobs.stats_tiles": (lambda: stats(vp.merge_splits(*KL.stats_fwd(hid, w, None, 1.0, True))), rel),
+        "linear_logprobs.dlogits": (lambda: KL.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh), rel),
+        "linear_logprobs.grad_bwd": (lambda: KL.grad_bwd(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh), rel),
+        "token_logprobs.stats_fwd": (lambda: stats(vp.merge_splits(*KT.stats_fwd(logits, 1.0, True))), rel),
+        "token_logprobs.grad_bwd": (lambda: (KT.grad_bwd(logits, dlogits, 1.0, labels, 0, -100, m, log_s, ent,
+                                                         gl, gh),), rel),
+    }
+
+
+def time_ms(fn, iters):
+    fn()  # compile + warm-up
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def sweep(name, runner, cands, ref, deadline, iters, tol, log):
+    """Times the candidates in order until ``deadline``; returns ``[(cfg, ms, err)]``."""
+    fn, compare = runner
+    out = []
+    for cfg in cands:
+        if time.time() > deadline and out:
+            break
+        with override(name, cfg):
+            try:
+                res = fn()
+                err = compare(res, ref) if ref is not None else 0.0
+                ms = time_ms(fn, iters) if err <= tol else float("inf")
+            except Exception as e:  # noqa: BLE001 - a candidate that cannot launch is skipped
+                log(f"  {name} {cfg}: {type(e).__name__}: {str(e)[:200]}")
+                continue
+        out.append((cfg, ms, err))
+        log(f"  {name} {_short(cfg)}: {ms:.3f} ms (rel err {err:.1e})")
+    return out
+
+
+def _short(cfg):
+    return " ".join(f"{k}={v}" for k, v in cfg.items())
+
+
+# ---- main -----------------------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kernels", default=",".join(SPECS))
+    ap.add_argument("--shape", default="8192x4096x151936", help="N x H x V")
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--budget-s", type=float, default=480.0, help="whole sweep, compiles included")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--out-dir", default=None, help="default kernels/tuned/ (a temporary folder with --dry-run)")
+    ap.add_argument("--arch", type=int, default=None, help="dry run: the architecture to enumerate for (90)")
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--dry-run-subset", type=int, default=2, help="candidates compiled per kernel in a dry run")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    names = args.kernels.split(",")
+    bad = [k for k in names if k not in SPECS]
+    if bad:
+        raise SystemExit(f"unknown kernels {bad}; choose from {SPECS}")
+    n, h, v = (int(x) for x in args.shape.lower().split("x"))
+    dt = args.dtype
+    default_dir = os.path.join(ROOT, "kernels", "tuned")
+    if args.dry_run:
+        arch = args.arch or 90
+        out_dir = args.out_dir or tempfile.mkdtemp(prefix="gpu_tune_dry_")
+        if os.path.realpath(out_dir) == os.path.realpath(default_dir):
+            raise SystemExit("--dry-run writes untimed 'winners': not into kernels/tuned/")
+        device = "dry run (no GPU)"
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device: use --dry-run to check the sweep without one")
+        arch = KL.device_arch(torch.device("cuda"))
+        if args.arch not in (None, arch):
+            raise SystemExit(f"--arch {args.arch} but this GPU is sm_{arch}")
+        out_dir = args.out_dir or default_dir
+        device = torch.cuda.get_device_name()
+    width = "32" if dt == "fp32" else "16"
+    runners = None if args.dry_run else make_runners(n, h, v, DTYPES[dt], "cuda")
+    tol = 1e-3 if dt == "fp32" else 2e-2  # vs the built-in config's output: summation order only
+    results = {}
+    for name in names:
+        share_end = time.time() + args.budget_s * BUDGET_SHARE[name] / sum(BUDGET_SHARE[k] for k in names)
+        base = base_config(name, n, h, v, dt, arch)
+        s1 = stage1(name, base, dt, arch)
+        s2_count = len(stage2(name, base))
+        log(f"{name}: {len(s1)} stage-1 candidates, {s2_count} stage-2 around the stage-1 winner; built-in "
+            f"{_short(base)}")
+        rec = dict(enumerated=len(s1) + s2_count, shape=f"N{n} H{h} V{v}", dtype=dt, builtin=base)
+        if args.dry_run:
+            todo = s1[:max(1, args.dry_run_subset)]
+            checked = compile_filter(name, todo, dt, arch, min(args.jobs, len(todo)))
+            ok = [c for c, r in checked if r["ok"]]
+            for c, r in checked:
+                log(f"  {'ok  ' if r['ok'] else 'DROP'} {_short(c)}: regs {r['regs']} stack {r['stack']} "
+                    f"smem {r['shared']} {r['error'] or ''}"[:300])
+            winner = next((c for c in ok if c != base), base)
+            rec.update(config=winner, ms=None, builtin_ms=None, compiled=len(checked), compile_rejected=len(checked)
+                       - len(ok), timed=0)
+        else:
+            ref = runners[name][0]()
+            torch.cuda.synchronize()
+            checked = compile_filter(name, s1, dt, arch, args.jobs)
+            ok1 = [c for c, r in checked if r["ok"]]
+            if base not in ok1:
+                ok1.insert(0, base)  # the built-in config runs today, whatever its compile report says
+            t1 = sweep(name, runners[name], ok1, ref, time.time() + 0.7 * (share_end - time.time()), args.iters,
+                       tol, log)
+            best = min(t1, key=lambda r: r[1])[0]
+            checked2 = compile_filter(name, stage2(name, best), dt, arch, args.jobs)
+            ok2 = [c for c, r in checked2 if r["ok"] and c != best]
+            t2 = sweep(name, runners[name], ok2, ref, share_end, args.iters, tol, log)
+            timed = t1 + t2
+            win_cfg, win_ms, win_err = min(timed, key=lambda r: r[1])
+            base_ms = next(ms for c, ms, _ in timed if c == base)
+            rec.update(config=win_cfg, ms=win_ms, builtin_ms=base_ms, speedup=base_ms / win_ms, rel_err=win_err,
+                       compiled=len(checked) + len(checked2),
+                       compile_rejected=sum(not r["ok"] for _, r in checked + checked2), timed=len(timed))
+            log(f"{name}: winner {_short(win_cfg)} {win_ms:.3f} ms (built-in {base_ms:.3f} ms)")
+        results[tuning.entry_key(*name.split("."), width)] = rec
+    path = write_table(out_dir, arch, device, results, args.dry_run)
+    check_read_back(path, arch, results, n, h, v, dt)
+    log(f"wrote {path} ({time.time() - t0:.0f} s)")
+    return 0
+
+
+def write_table(out_dir, arch, device, results, dry_run):
+    """Merges ``results`` into ``sm_<arch>.json`` in ``out_dir`` (other kernels' entries are kept)."""
+    import triton
+    os.makedirs(out_dir, exist_ok=True)
+    path = tuning.path_for(arch, out_dir)
+    kernels = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            kernels = json.load(f).get("kernels", {})
+    kernels.update(results)
+    data = dict(schema=tuning.SCHEMA, arch=arch, device=device, triton=triton.__version__, torch=torch.__version__,
+                dry_run=dry_run, created=time.strftime("%Y-%m-%d %H:%M:%S"), kernels=kernels)
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def check_read_back(path, arch, results, n, h, v, dt):
+    """``launch_config`` (no CONFIG override set) now returns what it returned with the winner set as
+    the override (the same, up to its clamps of blocks larger than the shape)."""
+    saved = tuning.TUNED_DIR
+    try:
+        for key, rec in results.items():
+            mod, kernel, _ = key.split(".")
+            extra = {} if mod == "token_logprobs" else dict(H=h)
+
+            def config():
+                return MODULES[mod].launch_config(kernel, N=n, V=v, dtype=DTYPES[dt], arch=arch, **extra)
+            tuning.TUNED_DIR = os.devnull
+            with override(f"{mod}.{kernel}", rec["config"]):
+                want = config()
+            tuning.TUNED_DIR = os.path.dirname(path)
+            with override(f"{mod}.{kernel}", {}):
+                got = config()
+            if got != want:
+                raise SystemExit(f"{key}: launch_config gives {got}, the table holds {rec['config']}")
+    finally:
+        tuning.TUNED_DIR = saved
+
+
+if __name__ == "__main__":
+    sys.exit(main())

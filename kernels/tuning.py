@@ -1,0 +1,77 @@
+"""Measured launch tables: ``kernels/tuned/sm_<arch>.json``, written by ``bench/gpu_tune.py``.
+
+Precedence in every ``launch_config`` that reads them (kernels/linear_logprobs.py,
+kernels/token_logprobs.py): an explicit ``CONFIG`` override of the kernel file wins, then a
+measured entry of this table, then the built-in per-arch table (chosen from the compile model).
+
+File format (one per compute capability)::
+
+    {"schema": 1, "arch": 90, "device": "NVIDIA H100 80GB HBM3", "triton": "3.9.0", "dry_run": false,
+     "kernels": {"linear_logprobs.stats_tiles.16": {"config": {"BLOCK_N": 128, ...}, "ms": ..., ...}}}
+
+keyed by ``"<kernel file>.<launch_config name>.<16 | 32>"`` (16: bf16 / fp16, 32: fp32). Only the
+keys the built-in configuration has are taken from an entry, as ints; the rest of the entry is the
+tuner's record (times, shape, candidates). ``TUNED_DIR`` (or ``$PACS_FAST_TUNED_DIR``) points
+elsewhere; a file that does not parse is ignored with one warning. This module imports only the
+standard library.
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+SCHEMA = 1
+# None: $PACS_FAST_TUNED_DIR, else the tuned/ folder beside this file
+TUNED_DIR: str | None = None
+_cache: dict = {}
+
+
+def tuned_dir() -> str:
+    return TUNED_DIR or os.environ.get("PACS_FAST_TUNED_DIR") or os.path.join(os.path.dirname(__file__), "tuned")
+
+
+def path_for(arch: int, folder: str | None = None) -> str:
+    return os.path.join(folder or tuned_dir(), f"sm_{arch}.json")
+
+
+def entry_key(module: str, kernel: str, width: str) -> str:
+    return f"{module}.{kernel}.{width}"
+
+
+def load(arch: int | None) -> dict:
+    """The ``kernels`` mapping of ``sm_<arch>.json`` ({} when absent, unreadable, or arch None),
+    re-read when the file changes."""
+    if arch is None:
+        return {}
+    path = path_for(arch)
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return {}
+    hit = _cache.get(path)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if data.get("schema") != SCHEMA or data.get("arch") != arch or not isinstance(data.get("kernels"), dict):
+            raise ValueError(f"schema {data.get('schema')!r}, arch {data.get('arch')!r}")
+        table = data["kernels"]
+    except (OSError, ValueError) as e:
+        warnings.warn(f"ignoring the tuned launch table {path}: {e}", stacklevel=3)
+        table = {}
+    _cache[path] = (stamp, table)
+    return table
+
+
+def apply(cfg: dict, module: str, kernel: str, arch: int | None, width: str) -> dict:
+    """``cfg`` (the built-in configuration) updated with the measured entry, if any."""
+    entry = load(arch).get(entry_key(module, kernel, width))
+    if not isinstance(entry, dict) or not isinstance(entry.get("config"), dict):
+        return cfg
+    out = dict(cfg)
+    for k, v in entry["config"].items():
+        if k in out and isinstance(v, (int, bool)):
+            out[k] = int(v)
+    return out
