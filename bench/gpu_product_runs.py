@@ -36,7 +36,7 @@ def megatron(model: str, out: str, dry: bool) -> dict:
     if miss:
         return {"ok": False, "missing": "megatron-core", "why": "megatron-core is not installed"}
     run_root = os.path.join(os.path.dirname(out), "runs")
-    steps = 2 if dry else 4
+    steps = 2 if dry else 3
     args = [f"model.path={model}", f"train.steps={steps}", "warmup.steps=0", "algo.name=pacs",
             "learner.backend=megatron", "learner.tp_size=1", "learner.packing=on", "rollout.engine=hf",
             "train.eval_every=0", "train.save_every=0", "train.plots=false", "train.tensorboard=false",
@@ -47,8 +47,8 @@ def megatron(model: str, out: str, dry: bool) -> dict:
                  "data.eval_size=2", "rollout.eval_n=1", "learner.logprob_backend=torch"]
     else:
         args += ["model.device=cuda", "model.dtype=bfloat16", "learner.logprob_backend=triton",
-                 "train.prompts_per_step=32", "rollout.n=8", "learner.mini_batch_prompts=32",
-                 "learner.micro_batch_prompts=8", "rollout.max_new_tokens=256", "data.eval_size=32",
+                 "train.prompts_per_step=16", "rollout.n=8", "learner.mini_batch_prompts=16",
+                 "learner.micro_batch_prompts=8", "rollout.max_new_tokens=128", "data.eval_size=16",
                  "rollout.eval_n=1"]
     import shutil
     shutil.rmtree(os.path.join(run_root, "megatron_tp1"), ignore_errors=True)

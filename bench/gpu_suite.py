@@ -15,6 +15,12 @@ sized to finish in < 9 minutes on one H100):
                   the HF engine where vLLM is not installed, named in the report) and the torch
                   learner (bf16, Triton log-probs) on a random-weight Qwen2.5-0.5B-shaped model
                   (bench/gpu_make_model.py); step time by phase from the run's metrics.jsonl.
+7. ``megatron_run`` the megatron learner at TP=1 (torchrun, one process) for 3 PACS steps with the
+                  Triton log-probs and packed rows, HF rollouts (bench/gpu_product_runs.py).
+8. ``trl_run``    the TRL adapter (PACSTrainer) for 3 steps, bf16 on the GPU.
+                  Steps 7-8 need megatron-core / trl + datasets, which a GPU image without network
+                  lacks: ``bash bench/gpu_wheels.sh`` (here) downloads them into ``.whl/`` and
+                  gpu_suite.sh installs them from there; without them the report says "not run".
 
 Writes OUT_DIR/gpu_report.md and OUT_DIR/gpu_report.json (atomically) and exits 1 with a
 ``GPU SUITE FAILED`` line naming the steps when anything did not run on the GPU.
@@ -200,7 +206,7 @@ class Suite:
         # without network has no vLLM, and its wheel is too big to carry). Measured on one H100 with
         # the HF engine: 17 s per step (13.5 s of it generating), so 8 steps fit the step's 420 s.
         self.engine = "vllm" if not self.dry and importlib.util.find_spec("vllm") is not None else "hf"
-        steps = 2 if self.dry else (20 if self.engine == "vllm" else 8)
+        steps = 2 if self.dry else (20 if self.engine == "vllm" else 6)
         run_dir = os.path.join(self.out, "runs", "pacs")
         common = [f"model.path={model}", f"train.steps={steps}", "warmup.steps=0", "algo.name=pacs",
                   "train.eval_every=0", "train.save_every=0", "train.plots=false", "train.tensorboard=false",
@@ -218,13 +224,37 @@ class Suite:
                     "rollout.gpu_memory_utilization=0.3"]
         import shutil
         shutil.rmtree(run_dir, ignore_errors=True)
-        rc, dt, tail = self.run("pacs_run", [PY, "-m", "pacs_fast.train", *common, *over], 420)
+        rc, dt, tail = self.run("pacs_run", [PY, "-m", "pacs_fast.train", *common, *over], 300)
         n_train, phases = phases_from_metrics(os.path.join(run_dir, "metrics.jsonl"))
         ok = rc == 0 and n_train == steps
         self.record("pacs_run", ok, dt + dt0, steps=n_train, phases=phases, run_dir=run_dir, overrides=common + over,
                     engine=self.engine,
                     why="" if ok else f"rc {rc}, {n_train}/{steps} train records: {tail[-800:]}")
         return ok
+
+
+def _product_run(suite, what: str, timeout: float) -> bool:
+    """bench/gpu_product_runs.py ``what`` on the suite's model (made by ``pacs_run``, or here)."""
+    model = os.path.join(suite.out, "model_tiny" if suite.dry else "model_qwen2.5-0.5b-shape")
+    if not os.path.isdir(model):
+        rc, _, tail = suite.run("make_model", [PY, os.path.join(HERE, "gpu_make_model.py"), model]
+                                + (["--tiny"] if suite.dry else []), 180)
+        if rc != 0:
+            suite.record(f"{what}_run", False, 0.0, why=f"making the model failed: {tail[-400:]}")
+            return False
+    out = os.path.join(suite.out, f"{what}_run.json")
+    rc, dt, tail = suite.run(f"{what}_run", [PY, os.path.join(HERE, "gpu_product_runs.py"), what, model, out]
+                             + (["--dry-run"] if suite.dry else []), timeout)
+    try:
+        with open(out) as f:
+            res = json.load(f)
+    except (OSError, ValueError):
+        res = {"ok": False, "why": f"rc {rc}: {tail[-600:]}"}
+    if res.get("missing"):  # not installed here: reported, not a failure of the product
+        suite.record(f"{what}_run", True, dt, not_run=f"{res['missing']} is not installed (bash bench/gpu_wheels.sh)")
+        return True
+    suite.record(f"{what}_run", res.get("ok", False), dt, **{k: v for k, v in res.items() if k not in ("ok", "seconds")})
+    return bool(res.get("ok"))
 
 
 def phases_from_metrics(path: str) -> tuple[int, dict]:
@@ -252,7 +282,8 @@ def report_md(res: dict, dry: bool) -> str:
           f"triton {env.get('triton')}, date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
           "| step | status | seconds |", "|---|---|---:|"]
     for k, r in res.items():
-        L.append(f"| {k} | {'ok' if r['ok'] else 'FAILED: ' + str(r.get('why', ''))[:200].replace('|', '/')} "
+        state = ("not run: " + r["not_run"]) if r.get("not_run") else "ok" if r["ok"] else "FAILED: " + str(r.get("why", ""))
+        L.append(f"| {k} | {state[:200].replace('|', '/')} "
                  f"| {r['seconds']} |")
     t = res.get("gpu_tests")
     if t:
@@ -301,12 +332,16 @@ def report_md(res: dict, dry: bool) -> str:
     return "\n".join(L) + "\n"
 
 
+Suite.megatron_run = lambda self: _product_run(self, "megatron", 150)
+Suite.trl_run = lambda self: _product_run(self, "trl", 120)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("--dry-run", action="store_true", help="CPU: tiny shapes, checks the suite's own plumbing")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="overall time limit (s)")
-    ap.add_argument("--steps", default="env,gpu_tests,compile,logprobs,pacs_loss,pacs_run",
+    ap.add_argument("--steps", default="env,gpu_tests,compile,logprobs,pacs_loss,pacs_run,megatron_run,trl_run",
                     help="comma-separated subset of the steps (all by default)")
     args = ap.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)

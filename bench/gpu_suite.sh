@@ -17,4 +17,9 @@ fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PY="${PYTHON:-python}"
 if [[ -z "${PYTHON:-}" && -x "$HERE/../.venv/bin/python" ]]; then PY="$HERE/../.venv/bin/python"; fi
+# Wheels brought along for a machine without network (bash bench/gpu_wheels.sh): megatron-core, trl, ...
+if compgen -G "$HERE/../.whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pacs_fast_site \
+    "$HERE"/../.whl/*.whl && export PYTHONPATH="/tmp/pacs_fast_site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 exec "$PY" "$HERE/gpu_suite.py" "$@"

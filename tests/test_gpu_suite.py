@@ -73,3 +73,30 @@ def test_phases_from_metrics(tmp_path):
     md = report_md({"pacs_run": dict(ok=True, seconds=1.0, steps=n, phases=ph)}, dry=False)
     assert "| time/rollout | 3 | 3 | 10 |" in md
     assert phases_from_metrics(str(tmp_path / "missing.jsonl")) == (0, {})
+
+
+def test_dry_run_of_the_product_runs(tmp_path):
+    """The megatron learner (TP=1 under torchrun) and the TRL adapter steps, at tiny CPU settings."""
+    proc = _run(tmp_path, "--dry-run", "--steps", "megatron_run,trl_run")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rep = json.loads((tmp_path / "gpu_report.json").read_text())
+    meg, trl = rep["steps"]["megatron_run"], rep["steps"]["trl_run"]
+    assert meg["ok"] and meg["steps"] == 2 and all(r["learner/grad_norm"] is not None for r in meg["records"])
+    assert trl["ok"] and trl["steps"] == 3 and len(trl["losses"]) == 3
+
+
+def test_a_missing_package_is_reported_as_not_run(tmp_path, monkeypatch):
+    import importlib.util
+
+    import gpu_product_runs
+    from gpu_suite import report_md
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith(("megatron", "trl"))
+                        else real(name, *a))
+    assert gpu_product_runs.main(["megatron", "unused", str(tmp_path / "m.json")]) == 3
+    assert gpu_product_runs.main(["trl", "unused", str(tmp_path / "t.json")]) == 3
+    res = json.loads((tmp_path / "m.json").read_text())
+    assert res == {"ok": False, "missing": "megatron-core", "why": "megatron-core is not installed"}
+    md = report_md({"megatron_run": dict(ok=True, seconds=0.1, not_run="megatron-core is not installed")}, dry=False)
+    assert "| megatron_run | not run: megatron-core is not installed |" in md
