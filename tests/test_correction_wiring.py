@@ -99,7 +99,7 @@ def test_grpo_token_weights_and_kept_denominator(seed):
 def test_config_refuses_token_level_for_pacs():
     from pacs_fast.config import validate
 
-    with pytest.raises(ValueError, match=r"correction.is_level must be one of none, sequence \(algo.name=pacs"):
+    with pytest.raises(ValueError, match=r"correction.is_level must be one of auto, none, sequence \(algo.name=pacs"):
         validate(load_config(None, ["correction.is_level=token"]))
     with pytest.raises(ValueError, match="correction.rs_low"):
         validate(load_config(None, ["algo.name=grpo", "correction.rs_low=1.2"]))

@@ -50,9 +50,12 @@ def random_batch(rng, groups, G, vocab=90, empty=False, longest=9, shared_start=
     their length) and each response is a copy of its group's first one with probability ``copies``."""
     prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(1, 7))] for _ in range(groups)]
     responses = []
-    for _ in range(groups):
+    for g in range(groups):
         start = [rng.randrange(3, vocab) for _ in range(shared_start)]
-        rows = [(start + [rng.randrange(3, vocab) for _ in range(longest)])[:rng.randint(0 if empty else 1, longest)]
+        # the first group's rows all keep the shared start, so the prefix reaches into a response in
+        # every draw (elsewhere an empty or cut row may stop it at the prompt)
+        low = max(shared_start, 1) if g == 0 and shared_start else (0 if empty else 1)
+        rows = [(start + [rng.randrange(3, vocab) for _ in range(longest)])[:rng.randint(low, longest)]
                 for _ in range(G)]
         responses.append([list(rows[0]) if i and rng.random() < copies else r for i, r in enumerate(rows)])
     return build_batch(prompts, responses, [float(rng.random() < 0.5) for _ in range(groups * G)], pad_id=0)
