@@ -36,7 +36,9 @@ def faults(apply: bool) -> int:
 def test_freed_memory_is_reused_without_page_faults():
     plain, kept = faults(False), faults(True)
     assert plain > 1000      # every buffer is a fresh mmap, faulted in page by page
-    assert kept < plain / 20
+    # reused, not faulted in again: on an idle machine kept is a few hundred faults against >100,000;
+    # one fresh-clone CI run on a busy machine measured 11,719 against 140,688 (12x), so the bound is 8x
+    assert kept < plain / 8
 
 
 def test_returns_false_without_glibc(monkeypatch):

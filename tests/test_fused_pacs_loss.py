@@ -351,10 +351,16 @@ def test_packed_equals_padded(seed, proxy, score):
     padded = run_fused(logp, logp_ref, pad_mask, rewards, **kw)
     packed = run_fused(p_logp, p_ref, None, rewards, cu_seqlens=cu, **kw)
     assert packed[2].shape == p_logp.shape
-    torch.testing.assert_close(packed[0], padded[0], rtol=1e-6, atol=1e-7)
+    # The two layouts sum a row's tokens in different chunk orders (fp32), so the proxies differ by
+    # rounding (a few ulp of max|r|). Centring turns that into an absolute error of the same size on
+    # psi, and grpo divides by the group's std, which multiplies it by max|r| / std: the score terms'
+    # tolerance carries that factor (a wrong row or a lost chunk is off by O(|r|), far above it).
+    r = padded[1]["proxy"].view(-1, G).double()
+    amp = 1.0 + float(r.abs().max()) * (1.0 / float(r.std(1).min().clamp(min=1e-3)) if score == "grpo" else 1.0)
+    torch.testing.assert_close(packed[0], padded[0], rtol=1e-6, atol=1e-7 * amp)
     for k in TERM_KEYS:
-        torch.testing.assert_close(packed[1][k], padded[1][k], rtol=1e-6, atol=1e-7, msg=k)
-    torch.testing.assert_close(packed[2], padded[2][pad_mask], rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(packed[1][k], padded[1][k], rtol=1e-6, atol=4e-7 * amp, msg=k)
+    torch.testing.assert_close(packed[2], padded[2][pad_mask], rtol=1e-6 * amp, atol=1e-9 * amp)
     # a mask inside the packed layout, against the float64 loop reference
     p_mask = torch.rand(p_logp.shape) > 0.3
     check(p_logp, p_ref, p_mask, rewards, cu_seqlens=cu.long(), lengths=lengths.tolist(), **kw)

@@ -141,7 +141,8 @@ def test_sharded_optimizer_equals_replicated_with_less_memory_per_rank(run):
 def test_packed_token_budget_learner_matches_padded(run):
     """Packed rows + token-budget micro-batches + the sharded optimiser vs padded rows, one group per
     micro-batch, replicated: the same log-probs and metrics to fp32 rounding; weights after two Adam
-    steps to 1e-4 of lr (eps=1e-3 bounds the step's sensitivity to a gradient's rounding at lr/eps)."""
+    steps to 1e-4 of lr (eps=1e-3 bounds the step's sensitivity to a gradient's rounding at lr/eps)
+    plus 2 ulp of the weight itself (a norm weight near 1 rounds its update to steps of 1.2e-7)."""
     _, res = run
     rep, pk = res["learner/replicated"], res["learner/packed_budget"]
     m = run[0]["learner"]["batch"]["response_mask"] > 0
@@ -153,5 +154,6 @@ def test_packed_token_budget_learner_matches_padded(run):
     for k in rep["terms"]:
         assert _close(pk["terms"][k].float(), rep["terms"][k].float(), 1e-5), k
     lr = run[0]["learner"]["learner"]["lr"]
+    ulp = torch.finfo(torch.float32).eps
     for name, w in rep["weights"].items():
-        assert float((pk["weights"][name] - w).abs().max()) <= 1e-4 * lr, name
+        assert float((pk["weights"][name] - w).abs().max()) <= 1e-4 * lr + 2 * ulp * float(w.abs().max()), name
