@@ -123,6 +123,8 @@ def test_expected_gradient_equals_actor_plus_critic(seed, score, proxy, n_prompt
     critic = grad(critic_surrogate, params)
     for g_full, g_a, g_c in zip(lhs, actor, critic):
         torch.testing.assert_close(g_full, g_a + g_c, rtol=0, atol=1e-10)
-    # both terms matter here (the identity is not satisfied trivially by one of them being zero)
-    assert max(g.abs().max().item() for g in actor) > 1e-4
-    assert max(g.abs().max().item() for g in critic) > 1e-4
+    # both terms matter here (the identity is not satisfied trivially by one of them being zero): each
+    # is >= 1e4 x the identity's tolerance, so dropping either would fail it. (Their size follows the
+    # random parameters: grpo with G=2 has flat scores, and its actor term measured 7e-5 for one seed.)
+    assert max(g.abs().max().item() for g in actor) > 1e-6
+    assert max(g.abs().max().item() for g in critic) > 1e-6
