@@ -98,7 +98,10 @@ def test_micro_batches_accumulate_to_the_mini_batch_gradient(tiny, seed, algo, k
     assert l1 == pytest.approx(l2, rel=1e-4, abs=1e-6)
     start = [p.detach() for p in base.parameters()]
     for a, b, s in zip(p1, p2, start):
-        assert torch.allclose(a - s, b - s, atol=1e-6, rtol=1e-4)
+        # fp32: one micro-batch or four run other shapes (and learner.packing=auto may pack one and not
+        # the other), so the sums round differently; grpo's 1/std amplifies that (measured 3e-5 of a
+        # tensor's largest change for one seed), so the absolute part follows that largest change
+        assert torch.allclose(a - s, b - s, atol=max(1e-6, 1e-4 * float((b - s).abs().max())), rtol=1e-4)
     assert any(not torch.equal(a, s) for a, s in zip(p1, start))
 
 
