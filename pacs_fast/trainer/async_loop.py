@@ -36,11 +36,10 @@ from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.rollout.remote import RemoteEngines, serve
 from pacs_fast.trainer.batch import build_batch, engine_logprobs
-from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
-from pacs_fast.trainer.loop import TrainingStopped, finish
+from pacs_fast.trainer.loop import TrainingStopped, finish, log_samples, save
 from pacs_fast.trainer.rewards import UserFunctionError
-from pacs_fast.trainer.session import Session, start
-from pacs_fast.trainer.step import learn, sample_rows, step_record
+from pacs_fast.trainer.session import start
+from pacs_fast.trainer.step import learn, step_record
 
 
 def run(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict | None:
@@ -141,7 +140,7 @@ def train_async(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> di
                       "rollout/policy_version": gen_version, "rollout/staleness": step - 1 - gen_version,
                       "rollout/generating_ranks": cfg.rollout.ranks}
             s.logger.log("train", step, record)
-            _log_samples(s, step, problems, comps, rewards, terms, gen_version)
+            log_samples(s, step, problems, comps, rewards, terms, extra={"policy_version": gen_version})
             s.progress.update(step, f"reward {record['reward/mean']:.2f}  held-out {last_eval['eval/acc']:.2f}  "
                                     f"staleness {step - 1 - gen_version}  {tm['time/step']:.1f}s/step")
             last = step == cfg.train.steps
@@ -151,7 +150,8 @@ def train_async(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> di
                 s.log(f"step {step}: held-out accuracy {last_eval['eval/acc']:.3f} (greedy "
                       f"{last_eval.get('eval/greedy_acc', float('nan')):.3f})")
             if last or (cfg.train.save_every and step % cfg.train.save_every == 0):
-                _save(s, step, sampler_state)
+                # the sampler as step `step` left it: the prompts of the requests in flight are taken again on resume
+                save(s, step, sampler_state)
         clean = True
     except UserFunctionError as e:
         raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it") from e
@@ -163,26 +163,3 @@ def train_async(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> di
     summary = finish(s, wall_time=time.perf_counter() - t_start)
     s.close()
     return summary
-
-
-def _log_samples(s: Session, step: int, problems, comps, rewards, terms, version: int) -> None:
-    if not s.cfg.train.log_samples:
-        return
-    rows = sample_rows(step, s.tokenizer, problems, comps, rewards, terms, s.cfg.train.log_samples)
-    s.folder.append_samples([{**r, "policy_version": version} for r in rows])
-
-
-def _save(s: Session, step: int, sampler_state: dict) -> None:
-    """Checkpoint ``step`` with the sampler where step ``step``'s prompts left it (later steps'
-    prompts, already taken for the requests in flight, are taken again on resume)."""
-    t0 = time.perf_counter()
-    state = {"sampler": sampler_state, "initial_eval": s.initial_eval}
-    if hasattr(s.scorer, "state_dict"):
-        state["scorer"] = s.scorer.state_dict()
-    try:
-        save_checkpoint(s.run_dir, step, learner=s.learner, model_dir=s.model_path,
-                        config_yaml=s.run_dir / "config.yaml", world=s.world, keep=s.cfg.train.keep_checkpoints,
-                        trainer_state=state)
-    except CheckpointError as e:
-        raise TrainingStopped(f"step {step}: {e}") from e
-    s.logger.log("checkpoint", step, {"time/checkpoint": time.perf_counter() - t0})

@@ -55,7 +55,7 @@ def engine_logprobs(comps) -> list[list[list[float]]] | None:
     does not hold one log-prob per token."""
     if any(c.logprobs is None or len(c.logprobs) != len(c.token_ids) for cs in comps for c in cs):
         return None
-    return [[list(c.logprobs) for c in cs] for cs in comps]
+    return [[c.logprobs for c in cs] for cs in comps]
 
 
 def outcome_token_rewards(batch: RolloutBatch) -> torch.Tensor:

@@ -134,20 +134,22 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     return summary
 
 
-def log_samples(s: Session, step: int, problems, comps, rewards, terms) -> None:
-    """A few rollouts of the step into ``samples.jsonl`` and TensorBoard text (rank 0)."""
+def log_samples(s: Session, step: int, problems, comps, rewards, terms, extra: dict | None = None) -> None:
+    """A few rollouts of the step into ``samples.jsonl`` (each row with ``extra``'s fields) and
+    TensorBoard text (rank 0)."""
     if not s.cfg.train.log_samples:
         return
     rows = sample_rows(step, s.tokenizer, problems, comps, rewards, terms, s.cfg.train.log_samples)
-    s.folder.append_samples(rows)
+    s.folder.append_samples([{**r, **(extra or {})} for r in rows])
     s.logger.log_text("samples", step, "\n\n".join(f"**reward {r['reward']:g}** `{r['prompt']}` → `{r['response']}`"
                                                   for r in rows))
 
 
-def save(s: Session, step: int) -> None:
-    """Checkpoint ``step`` (collective); a failure stops the run with the reason."""
+def save(s: Session, step: int, sampler_state: dict | None = None) -> None:
+    """Checkpoint ``step`` (collective); a failure stops the run with the reason. ``sampler_state``:
+    where the sampler stood after step ``step``'s prompts, when it has run ahead (default: now)."""
     t0 = time.perf_counter()
-    state = {"sampler": s.sampler.state_dict(), "initial_eval": s.initial_eval}
+    state = {"sampler": sampler_state or s.sampler.state_dict(), "initial_eval": s.initial_eval}
     if hasattr(s.scorer, "state_dict"):
         state["scorer"] = s.scorer.state_dict()
     try:
