@@ -586,7 +586,8 @@ def _validate_async(cfg: Config, world: int) -> None:
     if not R:
         return
     if world != R + 1:
-        raise ValueError(f"rollout.ranks={R} needs {R + 1} processes (the learner + {R} engines), this launch has "
+        raise ValueError(f"rollout.ranks={R} needs {R + 1} processes (the learner + {R} engine{'s' * (R > 1)}), this "
+                         f"launch has "
                          f"{world} (WORLD_SIZE): torchrun --nproc_per_node {R + 1}")
     if cfg.learner.backend != "torch" or cfg.rollout.engine != "hf":
         raise ValueError("rollout.ranks is built for learner.backend=torch and rollout.engine=hf so far "
