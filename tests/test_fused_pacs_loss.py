@@ -133,8 +133,11 @@ def grpo_grad_slack(want_terms, rewards, mask, *, group_size, beta=1.0, proxy="l
 
     ``dL/dr_k = (g_k - mean g)/den - (sum_i g_i d_i)/den^2 * d_k/((G-1) std)`` cancels almost
     exactly (for G = 2 the score is +-1/sqrt(2) whatever r is), so the fp32 rounding of ``r``
-    (~1e-7 |r|) shows up amplified by ``|r| / std``. The allowance is the size of the two
-    cancelling terms times ``2e-6 (1 + max|r| / den)``: a wrong formula is off by O(1) of it.
+    (~1e-7 |r|) shows up amplified by ``|r| / std``. Each fp32 result is within the size of the
+    two cancelling terms times ``2e-6 (1 + max|r| / den)`` of the exact gradient; two fp32
+    results (fused vs torch) are compared, so they may differ by twice that (one seed had the
+    fused gradient at 0.91x and the torch one at -0.47x of it). A wrong formula is off by O(1)
+    of the cancelling terms, ~1e5x the allowance.
     """
     G = group_size
     r = want_terms["proxy"].double().view(-1, G)
@@ -147,7 +150,7 @@ def grpo_grad_slack(want_terms, rewards, mask, *, group_size, beta=1.0, proxy="l
     t1 = (g - g.mean(1, keepdim=True)).abs() / den
     t2 = (g * d).sum(1, keepdim=True).abs() / den**2 * d.abs() / ((G - 1) * std.clamp(min=1e-30))
     amp = 1 + r.abs().amax(1, keepdim=True) / den
-    row = (2e-6 * abs(beta) * (t1 + t2) * amp).reshape(-1)
+    row = (2 * 2e-6 * abs(beta) * (t1 + t2) * amp).reshape(-1)
     if lengths is None:
         m = torch.ones(B, 1, dtype=torch.float64) if mask is None else (mask != 0).double()
         if proxy == "mean_logp":
