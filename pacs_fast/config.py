@@ -90,8 +90,10 @@ class RolloutConfig:
     eval_temperature: float = _f(1.0, "sampling temperature at evaluation (0 = greedy)")
     eval_top_p: float = _f(1.0, "nucleus sampling at evaluation")
     gpu_memory_utilization: float = _f(0.4, "vllm: share of GPU memory for the engine")
-    ranks: int = _f(0, "asynchronous rollouts: torchrun processes 1..R run rollout engines, process 0 the learner "
-                    "(torchrun --nproc_per_node R+1); 0 = engines inside the learner's processes")
+    ranks: int = _f(0, "asynchronous rollouts: torchrun processes 0..R-1 run rollout engines, the rest the learner "
+                    "(torchrun --nproc_per_node R+L); 0 = engines inside the learner's processes")
+    tp_size: int = _f(1, "with rollout.ranks and rollout.engine=vllm: tensor-parallel size of each engine "
+                      "(R / tp_size engines)")
     max_staleness: int = _f(0, "with rollout.ranks: a batch trains only if the policy that generated it is at most "
                             "this many updates old; generation runs ahead while the learner trains (0 = lock-step)")
 
@@ -428,8 +430,9 @@ def _choice(key: str, value: str, choices) -> None:
 
 
 def world_size() -> int:
-    """Number of processes of the launch (torchrun's ``WORLD_SIZE``; 1 for a plain ``python -m``)."""
-    raw = os.environ.get("WORLD_SIZE", "1")
+    """Number of processes of the launch (torchrun's ``WORLD_SIZE``; 1 for a plain ``python -m``; in an
+    asynchronous launch, whose roles set ``WORLD_SIZE`` to their own, the launch's as it was)."""
+    raw = os.environ.get("PACS_FAST_LAUNCH_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
     try:
         return int(raw)
     except ValueError:
@@ -451,8 +454,9 @@ def _validate_parallel(cfg: Config, world: int) -> None:
                              f"one process)")
         return
     if world % tp:
-        raise ValueError(f"learner.tp_size={tp} must divide the number of processes ({world}, torchrun's "
-                         f"--nproc_per_node x nodes): world = tp_size x data-parallel size")
+        where = (f"the learner's processes ({world}: torchrun's processes less rollout.ranks)" if cfg.rollout.ranks
+                 else f"the number of processes ({world}, torchrun's --nproc_per_node x nodes)")
+        raise ValueError(f"learner.tp_size={tp} must divide {where}: world = tp_size x data-parallel size")
     dp = world // tp
     mini = cfg.learner.mini_batch_prompts
     if mini % dp:
@@ -576,25 +580,35 @@ def is_level(cfg: Config) -> str:
 
 
 def _validate_async(cfg: Config, world: int) -> None:
-    """rollout.ranks / rollout.max_staleness: engines on their own processes (torch learner, HF engine)."""
-    R, K = cfg.rollout.ranks, cfg.rollout.max_staleness
+    """rollout.ranks / rollout.max_staleness / rollout.tp_size: engines on their own processes."""
+    R, K, T = cfg.rollout.ranks, cfg.rollout.max_staleness, cfg.rollout.tp_size
     if R < 0 or K < 0:
         raise ValueError(f"rollout.ranks and rollout.max_staleness must be >= 0, got {R} and {K}")
+    if T < 1:
+        raise ValueError(f"rollout.tp_size must be >= 1, got {T}")
     if K and not R:
         raise ValueError(f"rollout.max_staleness={K} needs rollout.ranks >= 1 (engines on their own processes: "
                          f"torchrun --nproc_per_node R+1 -m pacs_fast.train rollout.ranks=R ...)")
     if not R:
+        if T != 1:
+            raise ValueError(f"rollout.tp_size={T} applies with rollout.ranks (engines on their own processes); "
+                             "colocated vLLM engines take learner.tp_size")
         return
-    if world != R + 1:
-        raise ValueError(f"rollout.ranks={R} needs {R + 1} processes (the learner + {R} engine{'s' * (R > 1)}), this "
-                         f"launch has "
-                         f"{world} (WORLD_SIZE): torchrun --nproc_per_node {R + 1}")
-    if cfg.learner.backend != "torch" or cfg.rollout.engine != "hf":
-        raise ValueError("rollout.ranks is built for learner.backend=torch and rollout.engine=hf so far "
-                         f"(got learner.backend={cfg.learner.backend}, rollout.engine={cfg.rollout.engine})")
-    if cfg.train.prompts_per_step % R:
-        raise ValueError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of rollout.ranks={R} "
-                         "(each engine generates an equal share)")
+    if world <= R:
+        raise ValueError(f"rollout.ranks={R} needs more than {R} processes ({R} for the engines, at least 1 for the "
+                         f"learner); this launch has {world} (WORLD_SIZE): torchrun --nproc_per_node {R + 1}")
+    if cfg.learner.backend == "torch" and world != R + 1:
+        raise ValueError(f"rollout.ranks={R} with learner.backend=torch needs {R + 1} processes (the learner is one "
+                         f"process), this launch has {world} (WORLD_SIZE): torchrun --nproc_per_node {R + 1}, or "
+                         f"learner.backend=megatron for a learner on several")
+    if R % T:
+        raise ValueError(f"rollout.ranks={R} must be a multiple of rollout.tp_size={T} (one engine per {T} processes)")
+    if T > 1 and cfg.rollout.engine != "vllm":
+        raise ValueError(f"rollout.tp_size={T} needs rollout.engine=vllm (an HF engine is one process)")
+    engines = R // T
+    if cfg.train.prompts_per_step % engines:
+        raise ValueError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the number of "
+                         f"engines (rollout.ranks / rollout.tp_size = {engines}): each generates an equal share")
 
 
 def _validate_correction(cfg: Config) -> None:
@@ -746,7 +760,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
         raise ValueError(f"learner.micro_batch_prompts={micro} must divide learner.mini_batch_prompts={mini}")
     n_proc = world_size() if world is None else world
     _validate_async(cfg, n_proc)
-    _validate_parallel(cfg, 1 if cfg.rollout.ranks else n_proc)  # the learner's own processes
+    _validate_parallel(cfg, n_proc - cfg.rollout.ranks if cfg.rollout.ranks else n_proc)  # the learner's own processes
     if cfg.learner.backend == "megatron" and name == "ppo":
         raise ValueError("algo.name=ppo needs a value head, which learner.backend=megatron does not have; "
                          "use learner.backend=torch")

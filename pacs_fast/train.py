@@ -10,6 +10,8 @@
                                                   # megatron-core learner, tensor parallel over 2 processes
     torchrun --nproc_per_node 2 -m pacs_fast.train rollout.ranks=1 rollout.max_staleness=1
                                                   # asynchronous: an engine process generates ahead of the learner
+    torchrun --nproc_per_node 4 -m pacs_fast.train rollout.ranks=2 rollout.engine=vllm rollout.tp_size=2 \
+        learner.backend=megatron learner.tp_size=2 rollout.max_staleness=1   # the same, vLLM TP=2 + megatron TP=2
 
 With no arguments: a tiny Qwen2-architecture model with a character tokenizer is made, briefly
 fine-tuned on small-integer arithmetic (cached), and trained with PACS to answer in
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit(2)
     from pacs_fast.trainer.loop import SetupError, TrainingStopped, train  # heavy imports after the config is good
     try:
-        if cfg.rollout.ranks:  # asynchronous: rank 0 learns, ranks 1..R generate (pacs_fast/trainer/async_loop.py)
+        if cfg.rollout.ranks:  # asynchronous: ranks 0..R-1 generate, the rest learn (pacs_fast/trainer/async_loop.py)
             from pacs_fast.trainer.async_loop import run
             return run(cfg, run_dir, resume=bool(args.resume))
         return train(cfg, run_dir, resume=bool(args.resume))

@@ -140,11 +140,17 @@ def test_staleness_bound_and_resume_after_sigkill(tmp_path):
 
 @pytest.mark.parametrize("overrides,world,match", [
     (["rollout.max_staleness=1"], 1, "rollout.max_staleness=1 needs rollout.ranks >= 1"),
-    (["rollout.ranks=1"], 3, r"rollout.ranks=1 needs 2 processes .* has 3"),
-    (["rollout.ranks=1", "rollout.engine=vllm"], 2, "rollout.ranks is built for learner.backend=torch and "
-                                                    "rollout.engine=hf"),
-    (["rollout.ranks=3"], 4, r"train.prompts_per_step=8 must be a multiple of rollout.ranks=3"),
+    (["rollout.ranks=1"], 1, r"rollout.ranks=1 needs more than 1 processes .* has 1"),
+    (["rollout.ranks=1"], 3, r"rollout.ranks=1 with learner.backend=torch needs 2 processes .* has 3"),
+    (["rollout.ranks=3"], 4, r"train.prompts_per_step=8 must be a multiple of the number of engines .* = 3"),
+    (["rollout.ranks=3", "rollout.engine=vllm", "rollout.tp_size=2"], 4,
+     "rollout.ranks=3 must be a multiple of rollout.tp_size=2"),
+    (["rollout.ranks=2", "rollout.tp_size=2"], 3, "rollout.tp_size=2 needs rollout.engine=vllm"),
+    (["rollout.tp_size=2"], 1, "rollout.tp_size=2 applies with rollout.ranks"),
+    (["rollout.ranks=1", "learner.backend=megatron", "learner.tp_size=2"], 4,
+     r"learner.tp_size=2 must divide the learner's processes \(3"),
     (["rollout.ranks=-1"], 1, "must be >= 0"),
+    (["rollout.ranks=1", "rollout.tp_size=0"], 2, "rollout.tp_size must be >= 1"),
 ])
 def test_layout_errors(overrides, world, match):
     with pytest.raises(ValueError, match=match):
@@ -152,3 +158,6 @@ def test_layout_errors(overrides, world, match):
                                     "learner.micro_batch_prompts=8"] + overrides), world=world)
     validate(load_config(None, ["rollout.ranks=2", "rollout.max_staleness=2", "train.prompts_per_step=8",
                                 "learner.mini_batch_prompts=8", "learner.micro_batch_prompts=8"]), world=3)
+    validate(load_config(None, ["rollout.ranks=2", "rollout.engine=vllm", "rollout.tp_size=2", "train.prompts_per_step=8",
+                                "learner.backend=megatron", "learner.tp_size=2", "learner.mini_batch_prompts=8",
+                                "learner.micro_batch_prompts=8"]), world=6)

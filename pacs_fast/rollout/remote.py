@@ -1,23 +1,26 @@
 """Rollout engines on their own processes, driven by the learner over ``torch.distributed``.
 
 Asynchronous runs (``rollout.ranks=R``, ``rollout.max_staleness=K``; :mod:`pacs_fast.trainer.async_loop`)
-put the learner on rank 0 and one rollout engine on each of ranks ``1..R`` of a ``torchrun`` launch.
-Nothing but torch.distributed point-to-point messages connects them (gloo on CPU; the weights travel
-as CPU tensors), in the order they were sent (one tag per kind of message):
+put one rollout engine on each group of ``rollout.tp_size`` consecutive processes among ``0..R-1``
+(an HF engine per process, or a vLLM engine per tensor-parallel group) and the learner on the rest.
+Nothing but point-to-point messages on the *bridge* process group (:mod:`pacs_fast.trainer.roles`)
+connects the learner's first process (the driver) with the engines, in the order they were sent
+(one tag per kind of message):
 
-- learner -> engine: a request header (``int64 [2]``: kind, payload bytes) and its pickled payload:
-  ``generate`` (step, prompt ids, sampling parameters), ``weights`` (policy version, the names /
-  shapes / dtypes of the tensors that follow, then the tensors one flat bucket per dtype at a time),
-  ``stop``;
-- engine -> learner: the completions of a ``generate`` request (header and pickled payload) with
-  the policy version that produced them.
+- driver -> every process of an engine: a request header (``int64 [2]``: kind, payload bytes) and
+  its pickled payload: ``setup`` (model folder, engine settings), ``generate`` (step, prompt ids,
+  sampling parameters), ``weights`` (policy version, the names / shapes / dtypes of the tensors that
+  follow, then the tensors one flat bucket per dtype at a time), ``stop``;
+- the first process of an engine -> driver: the completions of a ``generate`` request (header and
+  pickled payload) with the policy version that produced them.
 
-The learner never waits on an engine to send: every learner send is ``isend`` and its buffer is kept
-until the engine took it, so a weight push costs the learner one copy of the weights, not the
-engine's generation time. An engine handles its messages in order, so a ``generate`` request sent
-after ``weights`` of version v runs on version v (or newer).
+The driver never waits on an engine to send: every driver send is queued (``isend``-like) and its
+buffer is kept until the engine took it, so a weight push costs the learner one copy of the weights,
+not the engine's generation time. An engine handles its messages in order, so a ``generate`` request
+sent after ``weights`` of version v runs on version v (or newer); the processes of a
+tensor-parallel engine get the same messages and call the engine's collectives together.
 
-:func:`serve` is an engine rank's whole life; :class:`RemoteEngines` is the learner's side.
+:func:`serve` is an engine process's whole life; :class:`RemoteEngines` is the driver's side.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import torch.distributed as dist
 
 from pacs_fast.rollout.base import Completion, SamplingParams
 
-STOP, GENERATE, WEIGHTS = 0, 1, 2
+STOP, GENERATE, WEIGHTS, SETUP = 0, 1, 2, 3
 TAG_HEAD, TAG_BODY, TAG_TENSOR, TAG_REPLY_HEAD, TAG_REPLY_BODY = 11, 12, 13, 14, 15
 
 
@@ -38,65 +41,68 @@ def _pack(obj) -> tuple[torch.Tensor, torch.Tensor]:
     return body, torch.tensor([0, body.numel()], dtype=torch.int64)
 
 
-def _recv_obj(src: int, head_tag: int, body_tag: int) -> tuple[int, object]:
+def _recv_obj(bridge: dist.ProcessGroup, src: int, head_tag: int, body_tag: int) -> tuple[int, object]:
     head = torch.empty(2, dtype=torch.int64)
-    dist.recv(head, src=src, tag=head_tag)
+    bridge.recv([head], src, head_tag).wait()
     body = torch.empty(int(head[1]), dtype=torch.uint8)
-    dist.recv(body, src=src, tag=body_tag)
+    bridge.recv([body], src, body_tag).wait()
     return int(head[0]), pickle.loads(body.numpy().tobytes())
 
 
 class RemoteEngines:
-    """The learner's handle on the engine ranks (``ranks``): requests, completions, weight pushes.
+    """The driver's handle on the engines: requests, completions, weight pushes.
 
-    ``generate(step, prompt_ids, params)`` splits the prompts over the engines (contiguous, equal
-    shares; seeds offset like the synchronous data-parallel split) and returns at once;
-    ``collect(step)`` waits for that step's completions (in prompt order) and returns them with the
-    policy version that generated them; ``push_weights(named_tensors, version)`` queues the new
-    weights for every engine and returns at once.
+    ``engines``: the bridge ranks of each engine's processes (one list per engine, its first process
+    answers). ``generate(step, prompt_ids, params)`` splits the prompts over the engines
+    (contiguous, equal shares; seeds offset like the synchronous data-parallel split) and returns at
+    once; ``collect(step)`` waits for that step's completions (in prompt order) and returns them with
+    the policy version that generated them; ``push_weights(named_tensors, version)`` queues the new
+    weights for every engine process and returns at once.
     """
 
-    def __init__(self, ranks: list[int], *, bucket_bytes: int = 256 << 20):
-        self.ranks = list(ranks)
+    def __init__(self, bridge: dist.ProcessGroup, engines: list[list[int]], *, bucket_bytes: int = 256 << 20):
+        self.bridge = bridge
+        self.engines = [list(e) for e in engines]
         self.bucket_bytes = int(bucket_bytes)
-        self._pending: deque = deque()  # (work, buffers) of isends not yet taken
-        self._asked: dict[int, list[tuple[int, int]]] = {}  # step -> [(rank, number of prompts)]
+        self._pending: deque = deque()  # (work, buffer) of sends not yet taken
+        self._asked: dict[int, list[tuple[int, int]]] = {}  # step -> [(answering rank, number of prompts)]
 
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
-        self._pending.append((dist.isend(tensor, dst=dst, tag=tag), tensor))
+        self._pending.append((self.bridge.send([tensor], dst, tag), tensor))
 
-    def _send_obj(self, kind: int, obj, dst: int) -> None:
+    def _send_obj(self, kind: int, obj, engine: list[int]) -> None:
         body, head = _pack(obj)
         head[0] = kind
-        self._isend(head, dst, TAG_HEAD)
-        self._isend(body, dst, TAG_BODY)
+        for dst in engine:
+            self._isend(head, dst, TAG_HEAD)
+            self._isend(body, dst, TAG_BODY)
 
     def _prune(self) -> None:
         while self._pending and self._pending[0][0].is_completed():
             self._pending.popleft()
 
     def setup(self, info: dict) -> None:
-        """The engines' start: model folder, tokenizer, engine settings (a blocking send: they wait for it)."""
-        for r in self.ranks:
-            dist.send_object_list([info], dst=r)
+        """The engines' start: model folder, tokenizer, engine settings (they wait for it)."""
+        for e in self.engines:
+            self._send_obj(SETUP, info, e)
 
     def generate(self, step: int, prompt_ids: list[list[int]], params: SamplingParams) -> None:
-        n, k = len(prompt_ids), len(self.ranks)
+        n, k = len(prompt_ids), len(self.engines)
         shares = [(i * n // k, (i + 1) * n // k) for i in range(k)]
         self._asked[step] = []
-        for r, (a, b) in zip(self.ranks, shares):
+        for e, (a, b) in zip(self.engines, shares):
             p = dict(vars(params))
             if p.get("seed") is not None:
                 p["seed"] = p["seed"] + a * params.n  # a prompt's seed does not depend on the split
-            self._send_obj(GENERATE, {"step": step, "prompts": prompt_ids[a:b], "params": p}, r)
-            self._asked[step].append((r, b - a))
+            self._send_obj(GENERATE, {"step": step, "prompts": prompt_ids[a:b], "params": p}, e)
+            self._asked[step].append((e[0], b - a))
         self._prune()
 
     def collect(self, step: int) -> tuple[list[list[Completion]], int]:
         """``(completions per prompt, policy version)`` of ``step`` (the oldest version among the engines)."""
         comps, versions = [], []
         for r, n in self._asked.pop(step):
-            _, reply = _recv_obj(r, TAG_REPLY_HEAD, TAG_REPLY_BODY)
+            _, reply = _recv_obj(self.bridge, r, TAG_REPLY_HEAD, TAG_REPLY_BODY)
             if reply["step"] != step or len(reply["completions"]) != n:
                 raise RuntimeError(f"engine rank {r} answered step {reply['step']} with {len(reply['completions'])} "
                                    f"prompts; expected step {step} with {n}")
@@ -127,38 +133,41 @@ class RemoteEngines:
             cur_dtype = t.dtype
         flush()
         meta = {"version": version, "buckets": [(names, str(flat.dtype), flat.numel()) for names, flat in buckets]}
-        for r in self.ranks:
-            self._send_obj(WEIGHTS, meta, r)
-            for _, flat in buckets:
-                self._isend(flat, r, TAG_TENSOR)
+        for e in self.engines:
+            self._send_obj(WEIGHTS, meta, e)
+            for dst in e:
+                for _, flat in buckets:
+                    self._isend(flat, dst, TAG_TENSOR)
         self._prune()
 
     def close(self, *, wait: bool = True) -> None:
         """Tells every engine to stop and (``wait``) waits until they took every message."""
-        for r in self.ranks:
-            self._send_obj(STOP, {}, r)
+        for e in self.engines:
+            self._send_obj(STOP, {}, e)
         while wait and self._pending:
             work, _ = self._pending.popleft()
             work.wait()
 
 
-def serve(build_engine, learner_rank: int = 0) -> int:
-    """An engine rank's loop: ``build_engine(info)`` from the learner's setup message, then answer
-    requests in order until ``stop``. Returns the number of ``generate`` requests served."""
-    box = [None]
-    dist.recv_object_list(box, src=learner_rank)
-    engine = build_engine(box[0])
+def serve(build_engine, bridge: dist.ProcessGroup, driver: int, *, answers: bool = True) -> int:
+    """An engine process's loop: ``build_engine(info)`` from the driver's setup message, then handle
+    requests in order until ``stop``; ``answers``: this is its engine's first process (it sends the
+    completions). Returns the number of ``generate`` requests served."""
+    kind, info = _recv_obj(bridge, driver, TAG_HEAD, TAG_BODY)
+    if kind == STOP:  # the learner stopped before its setup was done
+        return 0
+    engine = build_engine(info)
     version, served, pending = 0, 0, deque()
     try:
         while True:
-            kind, msg = _recv_obj(learner_rank, TAG_HEAD, TAG_BODY)
+            kind, msg = _recv_obj(bridge, driver, TAG_HEAD, TAG_BODY)
             if kind == STOP:
                 break
             if kind == WEIGHTS:
                 named = []
                 for names, dtype, numel in msg["buckets"]:
                     flat = torch.empty(numel, dtype=getattr(torch, dtype.split(".")[-1]))
-                    dist.recv(flat, src=learner_rank, tag=TAG_TENSOR)
+                    bridge.recv([flat], driver, TAG_TENSOR).wait()
                     at = 0
                     for name, shape in names:
                         size = 1
@@ -169,12 +178,13 @@ def serve(build_engine, learner_rank: int = 0) -> int:
                 engine.sync_weights(named)
                 version = msg["version"]
             elif kind == GENERATE:
-                comps = engine.generate(msg["prompts"], SamplingParams(**msg["params"])) if msg["prompts"] else []
-                reply = {"step": msg["step"], "version": version,
-                         "completions": [[vars(c) for c in cs] for cs in comps]}
-                body, head = _pack(reply)
-                pending.append((dist.isend(head, dst=learner_rank, tag=TAG_REPLY_HEAD), head))
-                pending.append((dist.isend(body, dst=learner_rank, tag=TAG_REPLY_BODY), body))
+                comps = engine.generate(msg["prompts"], SamplingParams(**msg["params"]))
+                if answers:
+                    reply = {"step": msg["step"], "version": version,
+                             "completions": [[vars(c) for c in cs] for cs in comps]}
+                    body, head = _pack(reply)
+                    pending.append((bridge.send([head], driver, TAG_REPLY_HEAD), head))
+                    pending.append((bridge.send([body], driver, TAG_REPLY_BODY), body))
                 served += 1
         for work, _ in pending:
             work.wait()

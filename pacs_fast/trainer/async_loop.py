@@ -2,26 +2,34 @@
 staleness bound (``rollout.ranks=R``, ``rollout.max_staleness=K``).
 
     torchrun --nproc_per_node 3 -m pacs_fast.train rollout.ranks=2 rollout.max_staleness=1
+    torchrun --nproc_per_node 4 -m pacs_fast.train rollout.ranks=2 rollout.engine=vllm rollout.tp_size=2 \
+        learner.backend=megatron learner.tp_size=2 rollout.max_staleness=1
 
-Process 0 is the learner (and the only process that writes the run folder); processes ``1..R`` each
-run a rollout engine (:func:`pacs_fast.rollout.remote.serve`). They talk only through
-torch.distributed point-to-point messages (:class:`~pacs_fast.rollout.remote.RemoteEngines`).
+Processes ``0..R-1`` run rollout engines (:func:`pacs_fast.rollout.remote.serve`: an HF engine per
+process, or a vLLM engine per ``rollout.tp_size`` processes), the rest the learner (the torch
+learner on one process, or megatron's tensor / data parallel learner on several), each role in a
+process group of its own (:mod:`.roles`). The learner's first process (the driver) alone talks to
+the engines, through point-to-point messages (:class:`~pacs_fast.rollout.remote.RemoteEngines`), and
+alone writes the run folder.
 
 The learner's loop, step ``t``: keep requests in flight for every step ``u`` whose batch may still
 be generated within the bound (``u - 1 - version <= K``, ``version`` = updates done so far; the
-step's prompts are taken from the sampler when its request is sent), wait for step ``t``'s
-completions, score them, learn (with the off-policy correction of ``correction.*``, on by default
-when ``K > 0``), push the new weights to the engines (queued sends: the learner goes on at once),
-log, evaluate, save. An engine handles its messages in order, so a batch generated after the
-weights of version ``v`` were queued uses ``v`` or newer; ``rollout/policy_version`` and
-``rollout/staleness = t - 1 - policy_version`` (<= K) are in every record and ``samples.jsonl`` row.
-With ``K = 0`` the engines generate step ``t`` only after update ``t - 1``: the synchronous schedule
-on separate processes, with the same results as the one-process loop.
+step's prompts are taken from the sampler when its request is sent, on every learner process alike),
+wait for step ``t``'s completions (the driver receives them and hands them to the other learner
+processes; each data-parallel group scores and trains its share, as in the synchronous loop), learn
+(with the off-policy correction of ``correction.*``, on by default when ``K > 0``), push the new
+weights to the engines (queued sends: the learner goes on at once), log, evaluate, save. An engine
+handles its messages in order, so a batch generated after the weights of version ``v`` were queued
+uses ``v`` or newer; ``rollout/policy_version`` and ``rollout/staleness = t - 1 - policy_version``
+(<= K) are in every record and ``samples.jsonl`` row. With ``K = 0`` the engines generate step ``t``
+only after update ``t - 1``: the synchronous schedule on separate processes, with the same results as
+the one-process loop.
 
-Evaluation runs on the learner's process with the HF engine on its live policy. Checkpoints store
-the sampler position after the last *trained* step's prompts, so ``--resume`` trains every step once:
-the batches in flight at the stop are dropped and regenerated from the checkpoint's policy (those
-first steps then have staleness 0; the log says how many were in flight).
+Evaluation runs on the learner's processes with the HF engine (on the torch learner's live policy,
+or synced from megatron's). Checkpoints store the sampler position after the last *trained* step's
+prompts, so ``--resume`` trains every step once: the batches in flight at the stop are dropped and
+regenerated from the checkpoint's policy (those first steps then have staleness 0; the log says how
+many were in flight).
 """
 from __future__ import annotations
 
@@ -29,45 +37,48 @@ import time
 from collections import deque
 from pathlib import Path
 
-import torch.distributed as dist
-
 from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.rollout.remote import RemoteEngines, serve
 from pacs_fast.trainer.batch import build_batch, engine_logprobs
 from pacs_fast.trainer.loop import TrainingStopped, finish, log_samples, save
+from pacs_fast.trainer.roles import Roles, close_roles, split_launch
 from pacs_fast.trainer.rewards import UserFunctionError
 from pacs_fast.trainer.session import start
 from pacs_fast.trainer.step import learn, step_record
 
 
 def run(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict | None:
-    """This process's part of an asynchronous launch: the learner (rank 0: returns the summary) or
-    an engine (returns None). Creates and tears down the process group."""
-    owns = not dist.is_initialized()
-    if owns:
-        dist.init_process_group("gloo")
+    """This process's part of an asynchronous launch: the learner (returns the summary on every
+    learner process) or an engine (returns None). Creates and tears down the process groups."""
+    roles = split_launch(cfg.rollout.ranks)
     try:
-        if dist.get_rank() == 0:
-            return train_async(cfg, run_dir, resume=resume)
-        serve_engine(cfg)
+        if roles.role == "learner":
+            return train_async(cfg, run_dir, roles, resume=resume)
+        serve_engine(cfg, roles)
         return None
     finally:
-        if owns and dist.is_initialized():
-            dist.destroy_process_group()
+        close_roles()
 
 
-def serve_engine(cfg: Config) -> int:
-    """An engine rank: builds the HF engine on the model folder the learner names, then serves."""
+def serve_engine(cfg: Config, roles: Roles) -> int:
+    """An engine process: builds its engine on the model folder the driver names, then serves."""
     import torch
 
     from pacs_fast.trainer.build import resolve_device, set_attention
 
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    tp = cfg.rollout.tp_size
 
     def build(info):
+        if cfg.rollout.engine == "vllm":
+            from pacs_fast.rollout.parallel_engines import colocated_engine_kwargs
+            from pacs_fast.rollout.vllm_engine import VLLMEngine
+            return VLLMEngine(info["model_path"], seed=cfg.train.seed, vocab_size=info["vocab_size"],
+                              gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                              **colocated_engine_kwargs(tp, len(roles.engine_ranks) // tp))
         from transformers import AutoTokenizer
 
         from pacs_fast.rollout.hf import HFEngine
@@ -76,7 +87,7 @@ def serve_engine(cfg: Config) -> int:
         set_attention(engine.model, cfg.model.attention)
         return engine
 
-    return serve(build)
+    return serve(build, roles.bridge, roles.driver, answers=roles.rank % tp == 0)
 
 
 def _params(cfg: Config, step: int) -> SamplingParams:
@@ -85,16 +96,27 @@ def _params(cfg: Config, step: int) -> SamplingParams:
                           max_new_tokens=cfg.rollout.max_new_tokens, return_logprobs=True, seed=seed)
 
 
-def train_async(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
-    """The learner's loop (see the module docstring); returns the summary dict."""
+def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool = False) -> dict:
+    """The learner's loop (see the module docstring) on every learner process; returns the summary."""
     t_start = time.perf_counter()
-    s = start(cfg, run_dir, resume=resume)
-    K, P = cfg.rollout.max_staleness, cfg.train.prompts_per_step
-    engines = RemoteEngines(list(range(1, cfg.rollout.ranks + 1)))
-    engines.setup({"model_path": str(s.model_path), "batch_size": getattr(s.engine, "batch_size", 64)})
+    tp = cfg.rollout.tp_size
+    groups = [roles.engine_ranks[i:i + tp] for i in range(0, len(roles.engine_ranks), tp)]
+    engines = RemoteEngines(roles.bridge, groups) if roles.is_driver else None  # the driver's alone
+    try:
+        s = start(cfg, run_dir, resume=resume)
+    except BaseException:
+        if engines:
+            engines.close(wait=False)  # the engines wait for their setup: let them go
+        raise
+    world, K, P = s.world, cfg.rollout.max_staleness, cfg.train.prompts_per_step
+    if engines:
+        engines.setup({"model_path": str(s.model_path), "vocab_size": len(s.tokenizer),
+                       "batch_size": getattr(s.engine, "batch_size", 64)})
     version = s.start_step
     if s.start_step:  # resumed: the engines start from the checkpoint's policy
-        engines.push_weights(s.learner.export_hf_weights(), version)
+        weights = s.learner.export_hf_weights()  # collective over megatron's tensor-parallel group
+        if engines:
+            engines.push_weights(weights, version)
         s.log(f"asynchronous resume: the batches in flight at the stop (up to {K + 1}) are regenerated "
               f"from the step-{s.start_step} policy")
     in_flight: deque = deque()  # (step, problems, sampler state after taking them)
@@ -105,14 +127,18 @@ def train_async(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> di
         for step in range(s.start_step + 1, cfg.train.steps + 1):
             t_step, tm = time.perf_counter(), {}
             while next_step <= cfg.train.steps and next_step - 1 - version <= K:
-                problems = [s.train_problems[i] for i in s.sampler.take(P)]
-                engines.generate(next_step, [p["prompt_ids"] for p in problems], _params(cfg, next_step))
+                problems = [s.train_problems[i] for i in s.sampler.take(P)]  # every learner process alike
+                if engines:
+                    engines.generate(next_step, [p["prompt_ids"] for p in problems], _params(cfg, next_step))
                 in_flight.append((next_step, problems, s.sampler.state_dict()))
                 next_step += 1
             _, problems, sampler_state = in_flight.popleft()
             t0 = time.perf_counter()
-            comps, gen_version = engines.collect(step)
+            comps, gen_version = engines.collect(step) if engines else (None, None)
+            comps, gen_version = world.broadcast((comps, gen_version))
             tm["time/rollout"] = time.perf_counter() - t0  # the learner's wait for this batch
+            problems, offset = world.share(problems)  # this data-parallel group's share, as the synchronous loop
+            comps = comps[offset:offset + len(problems)]
             t0 = time.perf_counter()
             G = cfg.rollout.n
             rewards = s.scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
@@ -131,22 +157,27 @@ def train_async(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> di
                 raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it") from e
             version = step
             t0 = time.perf_counter()
-            engines.push_weights(s.learner.export_hf_weights(), version)
+            weights = s.learner.export_hf_weights()
+            if engines:
+                engines.push_weights(weights, version)
             tm["time/sync"] = time.perf_counter() - t0
             tm["time/step"] = time.perf_counter() - t_step
             terms = getattr(s.learner, "last_terms", {})
-            record = {**step_record(batch, comps, lm, mismatch, terms, tm, epoch=s.sampler.epoch),
-                      **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {}),
-                      "rollout/policy_version": gen_version, "rollout/staleness": step - 1 - gen_version,
-                      "rollout/generating_ranks": cfg.rollout.ranks}
-            s.logger.log("train", step, record)
-            log_samples(s, step, problems, comps, rewards, terms, extra={"policy_version": gen_version})
+            record = world.reduce_record({**step_record(batch, comps, lm, mismatch, terms, tm, epoch=s.sampler.epoch),
+                                          **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {})})
+            record.update({"rollout/policy_version": gen_version, "rollout/staleness": step - 1 - gen_version,
+                           "rollout/generating_ranks": cfg.rollout.ranks})
+            if s.logger:
+                s.logger.log("train", step, record)
+                log_samples(s, step, problems, comps, rewards, terms, extra={"policy_version": gen_version})
             s.progress.update(step, f"reward {record['reward/mean']:.2f}  held-out {last_eval['eval/acc']:.2f}  "
                                     f"staleness {step - 1 - gen_version}  {tm['time/step']:.1f}s/step")
             last = step == cfg.train.steps
             if last or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
+                s.sync()  # the evaluation engine: shares the torch learner's model (a no-op), or a copy
                 last_eval = s.evaluate()
-                s.logger.log("eval", step, last_eval)
+                if s.logger:
+                    s.logger.log("eval", step, last_eval)
                 s.log(f"step {step}: held-out accuracy {last_eval['eval/acc']:.3f} (greedy "
                       f"{last_eval.get('eval/greedy_acc', float('nan')):.3f})")
             if last or (cfg.train.save_every and step % cfg.train.save_every == 0):
@@ -156,10 +187,15 @@ def train_async(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> di
     except UserFunctionError as e:
         raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it") from e
     finally:
-        engines.close(wait=clean)  # after an error the engines may be gone: do not wait for them
+        if engines:
+            engines.close(wait=clean)  # after an error the engines may be gone: do not wait for them
         s.progress.close()
         if not clean:
             s.close()
-    summary = finish(s, wall_time=time.perf_counter() - t_start)
+    summary = finish(s, wall_time=time.perf_counter() - t_start) if world.is_main else None
+    summary = world.broadcast(summary)
+    world.barrier()
     s.close()
+    if hasattr(s.learner, "close"):  # megatron's parallel state
+        s.learner.close()
     return summary

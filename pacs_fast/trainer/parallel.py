@@ -114,9 +114,7 @@ def init_world(cfg: Config) -> World:
     """Creates the process group and megatron's parallel state (``learner.backend=megatron``),
     before anything decides which process writes files. Megatron's layout: the ranks of one
     tensor-parallel group are consecutive (rank = dp_rank * tp + tp_rank)."""
-    owns = not (dist.is_available() and dist.is_initialized())
-    if cfg.rollout.ranks:  # asynchronous: this is the learner's one process; the engine ranks are not its world
-        return World(owns_group=owns)
+    owns = not (dist.is_available() and dist.is_initialized())  # asynchronous runs: the learner's own world exists
     if cfg.learner.backend == "megatron":
         from pacs_fast.learner.megatron.learner import init_parallel
         init_parallel(cfg.learner.tp_size, device=cfg.model.device)

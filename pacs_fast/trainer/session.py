@@ -165,7 +165,8 @@ def find_model(cfg: Config, train_problems: list[dict], world: World, log) -> tu
         return Path(cfg.model.path).expanduser(), {}
     from pacs_fast.trainer.warmup import cache_root, default_model
     t0 = time.perf_counter()
-    first_on_node = int(os.environ.get("LOCAL_RANK", world.rank)) == 0
+    # (an asynchronous launch's learner starts after the engine processes: its rank 0 is first there)
+    first_on_node = int(os.environ.get("LOCAL_RANK", world.rank)) == 0 or world.rank == 0
     path = None
     if first_on_node:
         remove_dead_temporaries(cache_root(cfg))
