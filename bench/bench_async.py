@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 
+import yaml
+
 
 def _port() -> int:
     with socket.socket() as s:
@@ -41,7 +43,10 @@ def one(out: str, name: str, k: int, steps: int, extra: list[str]) -> dict:
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     recs = [json.loads(x) for x in open(os.path.join(out, name, "metrics.jsonl")) if x.strip()]
     train = [r for r in recs if r["kind"] == "train"][2:]
+    cfg = yaml.safe_load(open(os.path.join(out, name, "config.yaml")))
+    rows = cfg["train"]["prompts_per_step"] * cfg["rollout"]["n"]
     return {"step_s": statistics.median(r["time/step"] for r in train),
+            "tok_s": statistics.median(rows * r["response/length"] / r["time/step"] for r in train),
             "wait_s": statistics.median(r["time/rollout"] for r in train),
             "update_s": statistics.median(r["time/update"] for r in train),
             "staleness": max(r["rollout/staleness"] for r in train)}
@@ -63,12 +68,12 @@ def main() -> None:
     base = statistics.median(x["step_s"] for x in runs[ks[0]])
     print(f"asynchronous rollouts, 1 engine + 1 learner process (CPU, 1 thread each), {a.steps} steps, "
           f"median of {a.rounds} runs of the median over steps 3..")
-    print(f"| rollout.max_staleness | s / step | steps / s vs K={ks[0]} | learner's wait for rollouts (s) "
-          f"| update (s) | max staleness |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print(f"| rollout.max_staleness | s / step | steps / s vs K={ks[0]} | rollout tokens / s | learner's wait for "
+          f"rollouts (s) | update (s) | max staleness |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for k in ks:
-        med = {key: statistics.median(x[key] for x in runs[k]) for key in ("step_s", "wait_s", "update_s")}
-        print(f"| {k} | {med['step_s']:.3f} | {base / med['step_s']:.2f}x | {med['wait_s']:.3f} | "
+        med = {key: statistics.median(x[key] for x in runs[k]) for key in ("step_s", "tok_s", "wait_s", "update_s")}
+        print(f"| {k} | {med['step_s']:.3f} | {base / med['step_s']:.2f}x | {med['tok_s']:.0f} | {med['wait_s']:.3f} | "
               f"{med['update_s']:.3f} | {max(x['staleness'] for x in runs[k])} |")
 
 

@@ -10,7 +10,9 @@ Arms: a built-in name (``pacs``, ``pacs_noweight`` = PACS with ``algo.weight=non
 ``rloo``, ``dr_grpo``, ``ppo``) or ``NAME:key=value,key=value`` (overrides on top of the common
 ones). Every run of seed ``s`` sets ``train.seed=s`` and ``warmup.seed=s``: the arms of one seed
 share one warmed-up model (built once, by the first run of that seed, before the others of that
-seed start) and the same held-out problems, so differences between arms pair up by seed.
+seed start) and the same held-out problems, so differences between arms pair up by seed. An arm
+with ``rollout.ranks=R`` (asynchronous rollouts) runs under torchrun with its R engine processes and
+the learner's (``--workers`` counts runs, not processes).
 
 Resumable: run ``<out>/runs/<arm>/seed<s>`` is skipped when it has ``summary.json``; a run with a
 checkpoint but no summary is resumed (``--resume``, which continues exactly); one without a
@@ -117,10 +119,18 @@ def make_jobs(arms: list[Arm], seeds: list[int], common: list[str], out: Path) -
     return jobs
 
 
+def processes(cfg) -> int:
+    """Processes of one run: 1, or with ``rollout.ranks=R`` (asynchronous rollouts) R engine
+    processes and the learner's (1, or ``learner.tp_size`` for megatron), launched by torchrun."""
+    if not cfg.rollout.ranks:
+        return 1
+    return cfg.rollout.ranks + (cfg.learner.tp_size if cfg.learner.backend == "megatron" else 1)
+
+
 def intended_config(config: str | None, argv: list[str]):
     from pacs_fast.config import load_config, validate
     cfg = load_config(config, argv)
-    validate(cfg, world=1)
+    validate(cfg, world=processes(cfg))
     return cfg
 
 
@@ -161,12 +171,19 @@ def job_state(job: Job, config: str | None) -> str:
 
 # ----------------------------------------------------------------------------- running
 def command(job: Job, config: str | None, state: str) -> list[str]:
+    """``python -m pacs_fast.train ...``, or under torchrun (a free port) for an asynchronous run."""
+    n = processes(intended_config(config, job.argv))
+    launch = [sys.executable, "-m", "pacs_fast.train"]
+    if n > 1:
+        import socket
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={port}",
+                  "-m", "pacs_fast.train"]
     if state == "resume":
-        return [sys.executable, "-m", "pacs_fast.train", "--resume", str(job.run_dir)]
-    cmd = [sys.executable, "-m", "pacs_fast.train"]
-    if config:
-        cmd += ["--config", config]
-    return cmd + job.argv
+        return launch + ["--resume", str(job.run_dir)]
+    return launch + (["--config", config] if config else []) + job.argv
 
 
 def warm_state(job: Job, config: str | None) -> str:

@@ -113,3 +113,17 @@ def test_warm_state_sees_other_processes_building(tmp_path):
     (root / key).mkdir()
     (root / key / "model.safetensors").write_bytes(b"x")
     assert ex.warm_state(job, None) == "ready"
+
+
+def test_asynchronous_arms_run_under_torchrun(tmp_path):
+    """An arm with rollout.ranks=R is launched by torchrun with R + 1 processes (R + learner.tp_size
+    for megatron); the others stay plain python, and the resume command keeps the launcher."""
+    arms = [ex.Arm("sync", ["algo.name=grpo"]), ex.Arm("k1", ["rollout.ranks=1", "rollout.max_staleness=1"]),
+            ex.Arm("mg", ["rollout.ranks=2", "learner.backend=megatron", "learner.tp_size=2"])]
+    jobs = ex.make_jobs(arms, [0], ["train.prompts_per_step=8"], tmp_path)
+    sync, k1, mg = (ex.command(j, None, "fresh") for j in jobs)
+    assert sync[1:3] == ["-m", "pacs_fast.train"]
+    assert k1[1:4] == ["-m", "torch.distributed.run", "--nproc_per_node=2"] and k1[5:7] == ["-m", "pacs_fast.train"]
+    assert "rollout.ranks=1" in k1 and mg[3] == "--nproc_per_node=4"
+    assert ex.command(jobs[1], None, "resume")[-2:] == ["--resume", str(jobs[1].run_dir)]
+    assert ex.command(jobs[1], None, "resume")[3] == "--nproc_per_node=2"
