@@ -43,6 +43,7 @@ from pacs_fast.learner.torch_learner import TorchLearner
 from pacs_fast.ops.linear_logprobs import linear_logprobs
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.rollout.hf import SAMPLERS, HFEngine
+from pacs_fast.trainer.batch import build_batch
 
 U32 = 2.0 ** -24  # fp32 unit roundoff
 U16 = 2.0 ** -8   # bf16 unit roundoff (8 significant bits)
@@ -130,23 +131,13 @@ def record_head_inputs(monkeypatch):
 
 
 def rollout_batch(engine, seed) -> RolloutBatch:
-    """The engine's samples (4 per prompt) as a right-padded batch with its log-probs as
+    """The engine's samples (4 per prompt) as the trainer batches them, its log-probs as
     ``behaviour_logp``."""
     prompts = [TOK(t)["input_ids"] for t in PROMPTS]
     out = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=20, seed=seed,
                                                   return_logprobs=True))
-    rows = [(p, c) for p, cs in zip(prompts, out) for c in cs]
-    T = max(len(p) + len(c.token_ids) for p, c in rows)
-    ids = torch.zeros(len(rows), T, dtype=torch.long)
-    att, resp, beh = torch.zeros_like(ids), torch.zeros(len(rows), T), torch.zeros(len(rows), T)
-    for i, (p, c) in enumerate(rows):
-        n = len(p) + len(c.token_ids)
-        ids[i, :n] = torch.tensor(p + c.token_ids)
-        att[i, :n], resp[i, len(p):n] = 1, 1
-        beh[i, len(p):n] = torch.tensor(c.logprobs)
-    batch = RolloutBatch(ids, att, resp, torch.zeros(len(rows)), group_size=4)
-    batch.behaviour_logp = beh
-    return batch
+    return build_batch(prompts, [[c.token_ids for c in cs] for cs in out], [0.0] * 4 * len(prompts),
+                       pad_id=TOK.pad_token_id, logprobs=[[c.logprobs for c in cs] for cs in out])
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -348,7 +339,8 @@ def engine_errors_vllm(folder: str, seed: int, on: bool) -> dict:
         c = eng.generate([TOK(text)["input_ids"]], SamplingParams(
             n=1, temperature=1.0, max_new_tokens=24, seed=seed + i, return_logprobs=True))[0][0]
         h = torch.cat([x for x, _ in seen[:len(c.token_ids)]])
-        errs.append((torch.tensor(c.logprobs, dtype=torch.float64) - reference_logp(h, w, torch.tensor(c.token_ids))).abs())
+        ref = reference_logp(h, w, torch.tensor(c.token_ids))
+        errs.append((torch.tensor(c.logprobs, dtype=torch.float64) - ref).abs())
         bounds.append(fp32_logp_bound(h, w))
     logits_dtype = str(seen[0][1])
     eng.close()
