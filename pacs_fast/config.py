@@ -38,6 +38,11 @@ class ModelConfig:
     tiny_hidden_size: int = _f(128, "built-in tiny model: hidden size (head size 32)")
     tiny_num_layers: int = _f(2, "built-in tiny model: number of layers")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass")
+    lm_head_fp32: bool = _f(False, "LM head in fp32 on both sides for bf16/fp16 models: the engines compute the "
+                            "logits as hidden.float() @ W.float().T (vLLM: hf_overrides head_dtype=float32) and "
+                            "the learner's log-prob op takes fp32 copies of hidden and head (gradients reach the "
+                            "bf16/fp16 parameters); narrows the rollout-training log-prob gap "
+                            "(docs/OFF_POLICY.md)")
     attention: str = _f("auto", "attention of the Hugging Face model: auto (CPU: 'short', else the model's own) | "
                         "short (pacs_fast's matmul attention for short sequences on CPU; SDPA above 48x48 "
                         "scores, 32x32 with gradients, on GPU and with dropout) | sdpa | eager | "
@@ -733,6 +738,10 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("learner.packing", cfg.learner.packing, ("auto", "on", "off"))
     _validate_micro_batching(cfg)
     _validate_numbers(cfg)
+    if cfg.model.lm_head_fp32 and cfg.model.dtype == "float32" and cfg.rollout.engine == "hf":
+        raise ValueError("model.lm_head_fp32=true has nothing to upcast: model.dtype=float32 with rollout.engine=hf "
+                         "computes the LM head in fp32 already (it applies to bfloat16 / float16 models, or a "
+                         "bf16 vLLM engine)")
     _validate_correction(cfg)
 
     G = cfg.rollout.n

@@ -83,10 +83,13 @@ class TorchLearner(Learner):
             only the first ``vocab_size`` rows of the LM head, the distribution the rollout engines
             sample from (checkpoints pad the head beyond the tokenizer, Qwen2.5: 151,936 rows for
             151,665 ids). ``None``: every row (for a head as large as the tokenizer, the same).
+        lm_head_fp32: the LM head in fp32 (``model.lm_head_fp32``): log-probs and their gradients
+            from fp32 copies of the bf16/fp16 hidden states and head weight (``linear_logprobs(...,
+            upcast=True)``); the gradients reach the parameters in their own dtype.
     """
 
     def __init__(self, model, *, algo: AlgoConfig, learner: LearnerConfig, temperature: float = 1.0,
-                 horizon: int = 1, vocab_size: int | None = None):
+                 horizon: int = 1, vocab_size: int | None = None, lm_head_fp32: bool = False):
         rows = _head(model).weight.shape[0]
         if vocab_size is not None and not 1 <= int(vocab_size) <= rows:
             raise ValueError(f"vocab_size must be in [1, {rows}] (the LM head's rows), got {vocab_size}")
@@ -97,6 +100,7 @@ class TorchLearner(Learner):
         self.cfg = learner
         self.temperature = float(temperature)
         self.horizon = int(horizon)
+        self.lm_head_fp32 = bool(lm_head_fp32)
         self.hf_config = model.config
         self.device = next(model.parameters()).device
         self.needs_ref = needs_reference(algo)
@@ -174,7 +178,7 @@ class TorchLearner(Learner):
                 raise ValueError(f"a response token id {int(labels.max())} is >= vocab_size={self.vocab_size} "
                                  f"(a padded LM-head row): the rollout engine must mask padded rows")
         out = linear_logprobs(h, weight, labels, bias=bias, temperature=self.temperature,
-                              return_entropy=entropy, backend=self.cfg.logprob_backend)
+                              return_entropy=entropy, backend=self.cfg.logprob_backend, upcast=self.lm_head_fp32)
         lp, ent = out if entropy else (out, None)
         v = None
         if values:  # in float32 at least (a group's shared values sum their rows' gradients in this dtype)

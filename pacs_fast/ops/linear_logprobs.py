@@ -25,6 +25,15 @@ Every backward gets the row's log-sum-exp in two parts (max ``m`` and ``log s``)
 
 Workspace (torch backend): ``chunk_bytes`` (two tiles) + O(N*H) (the scaled fp32 copy of the
 valid hidden rows) + O(N); plus an fp32 ``[V, H]`` accumulator when ``weight`` is not fp32.
+
+The LM head in fp32 (``upcast=True``, the learner's ``model.lm_head_fp32``): logits and their
+gradient computed from fp32 copies of bf16/fp16 ``hidden`` / ``weight``; gradients come back in
+the inputs' dtypes. Neither backend ever rounds the logits to the input dtype (the torch backend
+computes in fp32, the Triton kernels accumulate ``tl.dot`` in fp32, and products of bf16/fp16
+values are exact in fp32), so the *values* are those of an fp32 head either way. What the option
+changes: the Triton backward, which otherwise rounds ``dz`` to the input dtype before its two
+GEMMs, keeps it in fp32 (and runs IEEE fp32 dots); it costs an fp32 copy of ``weight`` from the
+forward to the backward. The torch backend computes exactly this already: no copy is made there.
 """
 from __future__ import annotations
 
@@ -39,7 +48,7 @@ TRITON_BACKWARDS = ("chunked", "atomic")
 
 def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignore_index=-100,
                     return_entropy=False, tp_group=None, backend="auto", chunk_bytes=None,
-                    triton_backward="chunked"):
+                    triton_backward="chunked", upcast=False):
     """logp (fp32 ``[...]``) of ``labels`` under ``softmax((hidden @ weight.T + bias) / temperature)``.
 
     Args:
@@ -59,6 +68,9 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
         triton_backward: Triton backend only: ``"chunked"`` (default: a Triton kernel forms a
             ``dz`` chunk, cuBLAS does ``dhidden += dz @ W`` and ``dW = dz.T @ hidden``;
             deterministic) or ``"atomic"`` (one pass, fp32 atomic adds, no ``dz`` buffer).
+        upcast: the LM head in fp32: bf16/fp16 ``hidden`` / ``weight`` enter the Triton kernels
+            as fp32 copies (the backward's ``dz`` stays fp32); gradients are returned in the
+            inputs' dtypes. The torch backend computes in fp32 regardless (see the module docstring).
 
     Returns:
         ``logp``, or ``(logp, entropy)`` with ``return_entropy``; fp32 with ``labels``' shape.
@@ -89,6 +101,8 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
     if len({x.device for x in tensors}) != 1:
         raise ValueError("hidden, weight, labels (and bias) must be on one device")
     resolved = _resolve(backend, *[x for x in tensors if x.is_floating_point()] + [labels])
+    if upcast and resolved == "triton":  # autograd casts the gradients back to the inputs' dtypes
+        hidden, weight = hidden.float(), weight.float()
     if resolved == "triton" and hidden.dtype != weight.dtype:
         raise ValueError(f"backend='triton' needs hidden and weight of one dtype; got "
                          f"hidden {hidden.dtype}, weight {weight.dtype}")

@@ -48,6 +48,8 @@ after the first EOS (kept; several EOS ids allowed), ``finish_reason`` is ``"sto
 checkpoint) has its rows ``>= len(tokenizer)`` cut from the logits before any sampling, greedy
 decoding or log-prob: such ids are never drawn and log-probs are those of the distribution over
 the real ids (the learner's with ``TorchLearner(vocab_size=len(tokenizer))``).
+*fp32 LM head* (``lm_head_fp32=True``, a bf16/fp16 model): during each call the head computes fp32
+logits from fp32 copies of the hidden states and its weight (:mod:`pacs_fast.rollout.fp32_head`).
 
 Given a live ``nn.Module`` (the trainer's policy) the engine uses it in place (no copy): the
 rollouts then always see the current weights and :meth:`HFEngine.sync_weights` is needed only
@@ -55,6 +57,7 @@ when the engine holds its own copy (loaded from a path).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 from pathlib import Path
 from typing import Iterable
@@ -63,6 +66,7 @@ import torch
 
 from pacs_fast.ops.short_attention import NAME as SHORT_ATTENTION
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
+from pacs_fast.rollout.fp32_head import fp32_lm_head, lm_head
 
 SAMPLERS = ("lean", "generate")
 # The lean loop reads its all-rows-done flag from a CUDA device only every this many steps.
@@ -159,11 +163,13 @@ class HFEngine(RolloutEngine):
         sampler: ``"lean"`` (default, the fast decode loop) or ``"generate"`` (``model.generate``).
         merge_rows: lean sampler: decode rows with identical tokens so far once (default: on CPU,
             where the loop's per-step host sync is free; see the module docstring).
+        lm_head_fp32: logits as ``hidden.float() @ W.float().T`` for a bf16/fp16 model (an fp32
+            copy of the head weight per call; see :mod:`pacs_fast.rollout.fp32_head`).
     """
 
     def __init__(self, model_or_path, tokenizer=None, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, batch_size: int = 32, sampler: str = "lean",
-                 merge_rows: bool | None = None):
+                 merge_rows: bool | None = None, lm_head_fp32: bool = False):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if batch_size < 1:
@@ -189,6 +195,9 @@ class HFEngine(RolloutEngine):
                 raise ValueError("tokenizer is required when model_or_path is a module without a name_or_path")
             tokenizer = AutoTokenizer.from_pretrained(source)
         self.tokenizer = tokenizer
+        self.lm_head_fp32 = bool(lm_head_fp32)
+        if self.lm_head_fp32:
+            lm_head(self.model)  # a ValueError now, not at the first call, for a model without one
         head = getattr(self.model, "get_output_embeddings", lambda: None)()
         rows = getattr(getattr(head, "weight", None), "shape", (None,))[0]  # None: unknown, cut anyway
         # ids >= len(tokenizer) are padded LM-head rows: cut from the logits (None: nothing to cut)
@@ -237,12 +246,14 @@ class HFEngine(RolloutEngine):
         prompts = self._check_prompts(prompt_token_ids)
         was_training = self.model.training
         self.model.eval()
+        head = fp32_lm_head(self.model) if self.lm_head_fp32 else contextlib.nullcontext()
         try:
             if params.seed is None:
-                results = self._generate_all(prompts, params)
+                with head:
+                    results = self._generate_all(prompts, params)
             else:
                 devices = [self.device] if self.device.type == "cuda" else []
-                with torch.random.fork_rng(devices=devices):
+                with torch.random.fork_rng(devices=devices), head:
                     torch.manual_seed(params.seed)
                     results = self._generate_all(prompts, params)
         finally:

@@ -26,6 +26,11 @@
   old weights of every layer a call does not touch. The learner's tensors are referenced, not
   copied: only a bucket at a time is cast to the engine dtype, so a 7B model never needs a second
   full copy.
+- **fp32 LM head** (``lm_head_fp32=True``): ``hf_overrides={"head_dtype": "float32"}``, which vLLM's
+  ``LogitsProcessor`` honours for every model that computes its logits through it (Qwen2, Llama...):
+  the head GEMM runs on ``hidden.to(fp32)`` and ``lm_head.weight.to(fp32)`` (on CUDA ``torch.mm(...,
+  out_dtype=fp32)`` without the weight copy), and the sampler's log-probs are taken from those fp32
+  logits. A no-op for an fp32 engine (``head_dtype`` equals the model dtype).
 - **sleep / wake_up**: with CUDA, ``LLM(enable_sleep_mode=True)``, ``sleep(level=1)`` offloads
   weights and drops the KV cache while the learner trains; a sync while asleep wakes the weights
   only. On CPU both are no-ops (vLLM's CPU worker has no sleep mode).
@@ -177,6 +182,8 @@ class VLLMEngine(RolloutEngine):
             ``VLLM_CPU_KVCACHE_SPACE`` variable is given).
         vocab_size: real token ids (default: ``len`` of the model folder's tokenizer); LM-head rows
             from there on are padding, masked (see the module docstring).
+        lm_head_fp32: the LM head in fp32 (``hf_overrides={"head_dtype": "float32"}``, merged into
+            any ``hf_overrides`` given; see the module docstring).
         **llm_kwargs: passed to ``vllm.LLM`` (``tensor_parallel_size``, ``enable_prefix_caching``...).
     """
 
@@ -184,7 +191,7 @@ class VLLMEngine(RolloutEngine):
                  gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
                  enable_sleep_mode: bool | str = "auto", sleep_level: int = 1,
                  sync_bucket_bytes: int = 512 << 20, cpu_kv_cache_bytes: int = 1 << 30,
-                 vocab_size: int | None = None, **llm_kwargs):
+                 vocab_size: int | None = None, lm_head_fp32: bool = False, **llm_kwargs):
         cuda = torch.cuda.is_available()
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
@@ -203,6 +210,12 @@ class VLLMEngine(RolloutEngine):
             llm_kwargs["kv_cache_memory_bytes"] = int(cpu_kv_cache_bytes)
         if self.sleep_enabled:
             llm_kwargs["enable_sleep_mode"] = True
+        if lm_head_fp32:
+            given = llm_kwargs.get("hf_overrides") or {}
+            if not isinstance(given, dict):
+                raise ValueError("lm_head_fp32=True merges head_dtype into a dict hf_overrides; a callable one "
+                                 "must set config.head_dtype = 'float32' itself")
+            llm_kwargs["hf_overrides"] = {**given, "head_dtype": "float32"}
 
         set_cpu_env_defaults()
         import vllm

@@ -78,12 +78,14 @@ def serve_engine(cfg: Config, roles: Roles) -> int:
             from pacs_fast.rollout.vllm_engine import VLLMEngine
             return VLLMEngine(info["model_path"], seed=cfg.train.seed, vocab_size=info["vocab_size"],
                               gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                              lm_head_fp32=cfg.model.lm_head_fp32,
                               **colocated_engine_kwargs(tp, len(roles.engine_ranks) // tp))
         from transformers import AutoTokenizer
 
         from pacs_fast.rollout.hf import HFEngine
         tokenizer = AutoTokenizer.from_pretrained(info["model_path"])
-        engine = HFEngine(info["model_path"], tokenizer, device=resolve_device(cfg), batch_size=info["batch_size"])
+        engine = HFEngine(info["model_path"], tokenizer, device=resolve_device(cfg), batch_size=info["batch_size"],
+                          lm_head_fp32=cfg.model.lm_head_fp32)
         set_attention(engine.model, cfg.model.attention)
         return engine
 

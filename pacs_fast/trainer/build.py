@@ -42,7 +42,7 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
     cover the tokenizer's ids only (padded LM-head rows are never sampled nor scored)."""
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
     kw = dict(algo=cfg.algo, learner=cfg.learner, temperature=cfg.rollout.temperature,
-              horizon=cfg.rollout.max_new_tokens)
+              horizon=cfg.rollout.max_new_tokens, lm_head_fp32=cfg.model.lm_head_fp32)
     if cfg.learner.backend == "megatron":
         from pacs_fast.learner.megatron.learner import MegatronLearner
         # every data-parallel group trains on the rollouts it generated itself (local batches)
@@ -66,22 +66,24 @@ def build_engine(cfg: Config, model_path: Path, learner: Learner, live_model, to
     TP = learner TP), synced a bucket of layers at a time gathered inside the TP group only; the HF
     engine holds a full copy per rank. The HF engine of a one-process run shares the torch
     learner's live model (no copy, no sync), as does the learner's engine of an asynchronous run
-    (``rollout.ranks``: there it only evaluates; the rollouts come from the engine ranks)."""
+    (``rollout.ranks``: there it only evaluates; the rollouts come from the engine ranks).
+    ``model.lm_head_fp32`` gives every engine the fp32 LM head."""
+    head = dict(lm_head_fp32=cfg.model.lm_head_fp32)
     if cfg.rollout.engine == "vllm" and not cfg.rollout.ranks:
         from pacs_fast.rollout.vllm_engine import VLLMEngine
         if world.size > 1:
             from pacs_fast.rollout.parallel_engines import colocated_engine_kwargs, sync_colocated
             engine = VLLMEngine(str(model_path), seed=cfg.train.seed, vocab_size=len(tokenizer),
                                 gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                                **colocated_engine_kwargs(world.tp, world.dp))
+                                **colocated_engine_kwargs(world.tp, world.dp), **head)
             return engine, lambda: sync_colocated(engine, learner)
         engine = VLLMEngine(str(model_path), seed=cfg.train.seed, vocab_size=len(tokenizer),
-                            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)
+                            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, **head)
     else:
         from pacs_fast.rollout.hf import HFEngine
         batch = min(max(cfg.train.prompts_per_step * cfg.rollout.n, cfg.data.eval_size * cfg.rollout.eval_n), 1024)
         if live_model is not None:
-            return HFEngine(live_model, tokenizer, batch_size=batch), (lambda: None)
-        engine = HFEngine(str(model_path), tokenizer, device=device, batch_size=batch)
+            return HFEngine(live_model, tokenizer, batch_size=batch, **head), (lambda: None)
+        engine = HFEngine(str(model_path), tokenizer, device=device, batch_size=batch, **head)
         set_attention(engine.model, cfg.model.attention)
     return engine, lambda: engine.sync_weights(learner.export_hf_weights())

@@ -135,7 +135,8 @@ def _packed_or_none(ids_l: torch.Tensor, att_l: torch.Tensor, packing: str):
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, vocab_size: int,
                    label_mask: torch.Tensor | None = None, tp_group=None, temperature: float = 1.0,
-                   return_entropy: bool = False, backend: str = "auto", packing: str = "off"):
+                   return_entropy: bool = False, backend: str = "auto", packing: str = "off",
+                   lm_head_fp32: bool = False):
     """``logp[B, T]`` (fp32): ``logp[b, t] = log p(input_ids[b, t] | valid tokens before t)``.
 
     0 at padding and at the first valid token of each row (nothing predicts it). With
@@ -145,6 +146,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     LM-head work), e.g. the response mask.
     ``packing``: rows end to end without padding (see the module docstring): ``on``, ``off``, or
     ``auto`` (when that runs >= 20% fewer token slots than the padded rows).
+    ``lm_head_fp32``: the LM head in fp32 (``linear_logprobs(..., upcast=True)``: fp32 copies of the
+    bf16 hidden states and the output-layer shard; the gradients reach them in bf16).
     Collective over ``tp_group`` (every TP rank passes the same batch).
     """
     from pacs_fast.ops.linear_logprobs import linear_logprobs
@@ -175,7 +178,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     bias = pad_bias(vocab_size, weight.shape[0], tp_rank, weight.device)
     out = linear_logprobs(
         hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), bias=bias,
-        temperature=temperature, return_entropy=return_entropy, tp_group=tp_group, backend=backend)
+        temperature=temperature, return_entropy=return_entropy, tp_group=tp_group, backend=backend,
+        upcast=lm_head_fp32)
     logp, ent = (out if return_entropy else (out, None))
 
     def full(values):  # [B, T] with 0 at padding and at each row's first token

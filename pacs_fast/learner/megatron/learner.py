@@ -90,6 +90,8 @@ class MegatronLearner(Learner):
         vocab_size: the number of real token ids (``len(tokenizer)``): LM-head rows from there on
             (checkpoint padding, as in every Qwen model) are excluded from the softmax, as the rollout
             engines mask them. ``None``: ``hf_config.vocab_size`` (every row).
+        lm_head_fp32: the LM head in fp32 (``model.lm_head_fp32``; see
+            :func:`pacs_fast.learner.megatron.forward.token_logprobs`).
 
     Every process of the launch must construct it and call every method (they are collective).
     Full batches: every rank passes the same arguments and gets the same values. DP-local batches:
@@ -99,7 +101,7 @@ class MegatronLearner(Learner):
 
     def __init__(self, model_path, *, algo, learner, temperature: float = 1.0, horizon: int = 1,
                  dtype: str = "float32", device: str = "auto", gradient_checkpointing: bool = False,
-                 local_batches: bool = False, vocab_size: int | None = None):
+                 local_batches: bool = False, vocab_size: int | None = None, lm_head_fp32: bool = False):
         from megatron.core import parallel_state as ps
         from transformers import AutoConfig
 
@@ -109,6 +111,7 @@ class MegatronLearner(Learner):
         self.cfg = learner
         self.temperature = float(temperature)
         self.horizon = int(horizon)
+        self.lm_head_fp32 = bool(lm_head_fp32)
         if algo.name == "ppo":
             raise ValueError("algo.name='ppo' needs a value head, which the megatron learner does not "
                              "have; use learner.backend=torch")
@@ -181,7 +184,7 @@ class MegatronLearner(Learner):
                              label_mask=batch.response_mask > 0, vocab_size=self.vocab_size,
                              tp_group=self.tp_group, temperature=self.temperature,
                              return_entropy=return_entropy, backend=self.cfg.logprob_backend,
-                             packing=self.cfg.packing)
+                             packing=self.cfg.packing, lm_head_fp32=self.lm_head_fp32)
         return out if return_entropy else (out, None)
 
     def _dp_share(self, n: int) -> list[int]:
