@@ -213,7 +213,17 @@ def test_policy_loss_equals_verl_vanilla_with_dual_clip_by_default(seed, mode):
     vlogp = logp.detach().clone().requires_grad_(True)
     ref, clipfrac, ppo_kl, clipfrac_lower = _verl_policy_loss(old, vlogp, adv[:, None], mask, 0.2, 0.28,
                                                               loss_agg_mode=mode, loss_scale_factor=9.0)
-    torch.testing.assert_close(ours, ref, **TOL)
+    tol = dict(TOL)
+    if mode == "seq-mean-token-mean":
+        # verl divides a row's sum S by (count + 1e-8), which moves the row mean by |S| 1e-8 / count^2;
+        # the mean over rows can cancel down to a result ~1e3x smaller than its terms (one seed: 3e-7
+        # relative). |S| <= sum over the row of |A| max(ratio, 1.28) (the dual clip only lowers it).
+        token_bound = adv.abs()[:, None] * (logp - old).detach().exp().clamp(min=1.28) * mask
+        count = mask.sum(-1)
+        rows = count > 0
+        shift = (token_bound.sum(-1)[rows] * 1e-8 / count[rows] ** 2).sum() / rows.sum()
+        tol["atol"] = TOL["atol"] + 2 * float(shift)
+    torch.testing.assert_close(ours, ref, **tol)
     torch.testing.assert_close(m["clip_frac"], clipfrac, **TOL)
     torch.testing.assert_close(m["dual_clip_frac"], clipfrac_lower, **TOL)
     torch.testing.assert_close(m["ppo_kl"], ppo_kl, **TOL)
