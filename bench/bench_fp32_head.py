@@ -31,21 +31,8 @@ from pathlib import Path
 
 import torch
 
-ROWS = 151_936
-QWEN_IDS = 151_665
-
-
-def tokenizer():
-    """A word-level tokenizer with Qwen2.5's 151,665 ids (only the ids matter here)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<|endoftext|>": 0, "<unk>": 1}
-    vocab.update({f"w{i}": i for i in range(2, QWEN_IDS)})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                   unk_token="<unk>")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_padded_vocab import QWEN_IDS, ROWS, qwen_sized_tokenizer  # noqa: E402 (the same word-level ids)
 
 
 def save_model(path: Path, layers: int, head_scale: float, tok, seed: int = 0) -> Path:
@@ -137,7 +124,7 @@ def main(argv=None) -> int:
 
     from pacs_fast.rollout.hf import HFEngine
 
-    tok = tokenizer()
+    tok = qwen_sized_tokenizer()
     prompts = prompts_of(args.prompts, args.prompt_len)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

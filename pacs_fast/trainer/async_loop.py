@@ -41,12 +41,11 @@ from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.rollout.remote import RemoteEngines, serve
-from pacs_fast.trainer.batch import build_batch, engine_logprobs
 from pacs_fast.trainer.loop import TrainingStopped, finish, log_samples, save
 from pacs_fast.trainer.roles import Roles, close_roles, split_launch
 from pacs_fast.trainer.rewards import UserFunctionError
 from pacs_fast.trainer.session import start
-from pacs_fast.trainer.step import learn, step_record
+from pacs_fast.trainer.step import learn, score_and_batch, step_record
 
 
 def run(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict | None:
@@ -141,16 +140,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
             tm["time/rollout"] = time.perf_counter() - t0  # the learner's wait for this batch
             problems, offset = world.share(problems)  # this data-parallel group's share, as the synchronous loop
             comps = comps[offset:offset + len(problems)]
-            t0 = time.perf_counter()
-            G = cfg.rollout.n
-            rewards = s.scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
-                               step=step)
-            tm["time/reward"] = time.perf_counter() - t0
-            prompt_ids, responses = [p["prompt_ids"] for p in problems], [[c.token_ids for c in cs] for cs in comps]
-            batch = build_batch(prompt_ids, responses, rewards, logprobs=engine_logprobs(comps),
-                                pad_id=s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0)
-            if s.credit:
-                batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)
+            rewards, prompt_ids, batch = score_and_batch(s, step, problems, comps, tm)
             diagnostic = step in (1, cfg.train.steps) or bool(cfg.train.eval_every and step % cfg.train.eval_every == 0)
             try:
                 lm, mismatch = learn(cfg, s.learner, batch, prompt_ids, comps, seed=_params(cfg, step).seed,

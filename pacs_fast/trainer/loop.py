@@ -25,13 +25,12 @@ from pathlib import Path
 from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.rollout.base import SamplingParams
-from pacs_fast.trainer.batch import build_batch, engine_logprobs
 from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
 from pacs_fast.trainer.metrics import read_jsonl
 from pacs_fast.trainer.parallel import close_world
 from pacs_fast.trainer.rewards import UserFunctionError
 from pacs_fast.trainer.session import Session, SetupError, start
-from pacs_fast.trainer.step import learn, sample_rows, step_record
+from pacs_fast.trainer.step import learn, sample_rows, score_and_batch, step_record
 
 __all__ = ["train", "SetupError", "TrainingStopped"]
 
@@ -73,17 +72,9 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             comps = s.engine.generate([p["prompt_ids"] for p in problems], params)
             s.engine.sleep()  # vLLM on CUDA frees its KV cache while the learner works (a no-op elsewhere)
             tm["time/rollout"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            rewards = s.scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
-                               step=step)
-            tm["time/reward"] = time.perf_counter() - t0
+            rewards, prompt_ids, batch = score_and_batch(s, step, problems, comps, tm)
 
             # learn, then load the new weights into the engine
-            prompt_ids, responses = [p["prompt_ids"] for p in problems], [[c.token_ids for c in cs] for cs in comps]
-            batch = build_batch(prompt_ids, responses, rewards, logprobs=engine_logprobs(comps),
-                                pad_id=s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0)
-            if s.credit:  # process rewards: per-token advantages (PURE's min-form or the summation form)
-                batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)
             diagnostic = step in (1, cfg.train.steps) or bool(cfg.train.eval_every and step % cfg.train.eval_every == 0)
             try:
                 lm, mismatch = learn(cfg, learner, batch, prompt_ids, comps, seed=seed, diagnostic=diagnostic, timings=tm)

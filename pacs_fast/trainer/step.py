@@ -1,5 +1,6 @@
 """One RL step's phases after the rollout, and what a step records.
 
+- :func:`score_and_batch`: the verifier's rewards and the learner's batch of a step's rollouts.
 - :func:`learn`: the learner recomputes the old (and reference) log-probs (and values + GAE for
   PPO), then updates; a learner that fuses the old log-probs into its update gets them from its
   first mini-batch's forward.
@@ -21,7 +22,27 @@ import torch
 
 from pacs_fast.config import Config
 from pacs_fast.learner.base import RolloutBatch, holds_reference_model
-from pacs_fast.trainer.batch import outcome_token_rewards, response_values
+from pacs_fast.trainer.batch import build_batch, engine_logprobs, outcome_token_rewards, response_values
+
+
+def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict
+                    ) -> tuple[list[float], list[list[int]], RolloutBatch]:
+    """The verifier's rewards of the step's completions (``timings["time/reward"]``), then the
+    learner's batch (with per-token advantages under process rewards). ``s``: the session.
+    Returns ``(rewards, prompt ids, batch)``."""
+    import time
+
+    t0 = time.perf_counter()
+    G = s.cfg.rollout.n
+    rewards = s.scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
+                       step=step)
+    timings["time/reward"] = time.perf_counter() - t0
+    prompt_ids, responses = [p["prompt_ids"] for p in problems], [[c.token_ids for c in cs] for cs in comps]
+    batch = build_batch(prompt_ids, responses, rewards, logprobs=engine_logprobs(comps),
+                        pad_id=s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0)
+    if s.credit:  # process rewards: per-token advantages (PURE's min-form or the summation form)
+        batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)
+    return rewards, prompt_ids, batch
 
 
 def learn(cfg: Config, learner, batch: RolloutBatch, prompt_ids, comps, *, seed: int, diagnostic: bool,
