@@ -290,3 +290,112 @@ def test_micro_batches_sorted_by_length_past_the_common_prefix(tiny, seed):
         while p < min(map(len, rows)) and len({r[p] for r in rows}) == 1:
             p += 1
         assert int(key[k]) == max(map(len, rows)) - p
+
+
+def _correct_with(is_level, cap):
+    """A ``correct=`` for update(): truncated IS weights at ``is_level`` (no rejection), in place."""
+    from pacs_fast.algorithms.off_policy import off_policy_correction
+
+    def correct(rows, proximal):
+        w, kept, _ = off_policy_correction(proximal.float().cpu(), rows.behaviour_logp.float().cpu(),
+                                           rows.response_mask.cpu() > 0, is_level=is_level, is_cap=cap)
+        rows.is_weights, rows.kept_mask = w.to(rows.response_mask), kept.to(rows.response_mask)
+    return correct
+
+
+def _behaviour(learner, batch, seed):
+    """Engine-like log-probs: the learner's own, shifted by noise per token, with row 0 well below
+    (its weights exceed any cap >= 1 < e^0.2): weights spread around 1 and some are truncated."""
+    gen = torch.Generator().manual_seed(seed)
+    noise = 0.4 * torch.randn(batch.response_mask.shape, generator=gen)
+    noise[0] = -noise[0].abs() - 0.2
+    return (learner.compute_logprobs(batch) + noise) * batch.response_mask
+
+
+@pytest.mark.parametrize("algo, is_level, mini, micro, epochs", [
+    ("pacs", "sequence", 4, 2, 1),   # one mini-batch of two micro-batches: every weight from the update's forward
+    ("pacs", "sequence", 2, 1, 2),   # later mini-batches and a second epoch: the no-grad pass's weights, kept
+    ("grpo", "token", 4, 4, 1),
+    ("rloo", "sequence", 2, 2, 2),
+])
+def test_fused_correction_equals_a_separate_pass(tiny, seed, algo, is_level, mini, micro, epochs):
+    """update(correct=...) sets each row's IS weights from the update's own first forward (the proximal
+    policy) and takes the same steps as weights set from a separate no-grad pass before the update.
+    Bounds: the two forwards differ only by float32 summation order (micro-batch shapes), ~1e-6 in a
+    log-prob, so ~1e-5 in a weight <= cap; the step bound is the one of the fused old log-probs above."""
+    runs = {}
+    for fused in (False, True):
+        model = fresh(tiny, seed)
+        learner = TorchLearner(model, algo=AlgoConfig(name=algo),
+                               learner=LearnerConfig(lr=10.0, eps=1e3, mini_batch_prompts=mini,
+                                                     micro_batch_prompts=micro, epochs=epochs),
+                               temperature=1.0, horizon=8)
+        assert learner.fuses_correction
+        batch = random_batch(seed)
+        batch.behaviour_logp = _behaviour(learner, batch, seed)
+        correct = _correct_with(is_level, cap=1.2)
+        if fused:
+            metrics = learner.update(batch, seed=seed, correct=correct)
+        else:
+            prepare(learner, batch)
+            correct(batch, batch.old_logp)
+            metrics = learner.update(batch, seed=seed)
+        runs[fused] = (batch, metrics, [p.detach().clone() for p in model.parameters()])
+    (b0, m0, p0), (b1, m1, p1) = runs[False], runs[True]
+    resp = b0.response_mask > 0
+    assert float(b0.is_weights[resp].std()) > 0.01 and bool((b0.is_weights[resp] == 1.2).any())  # non-trivial
+    assert torch.allclose(b1.is_weights, b0.is_weights, atol=1e-5)
+    assert torch.equal(b1.kept_mask, b0.kept_mask)
+    assert m1["loss"] == pytest.approx(m0["loss"], abs=1e-5)
+    start = [p.detach() for p in fresh(tiny, seed).parameters()]
+    moved = max(float((a - b).abs().max()) for a, b in zip(p0, start))
+    assert moved > 1e-5
+    assert max(float((a - b).abs().max()) for a, b in zip(p0, p1)) < 1e-3 * moved
+
+
+def test_fused_correction_refuses_rejection_and_a_given_old_logp(tiny, seed):
+    """Rejection changes the mini-batch's denominators, counted before the fused forwards: refused;
+    so is correct= with old_logp already given (the caller corrects then)."""
+    from pacs_fast.algorithms.off_policy import off_policy_correction
+    learner = make_learner(fresh(tiny, seed))
+    batch = random_batch(seed)
+    batch.behaviour_logp = _behaviour(learner, batch, seed)
+
+    def rejecting(rows, proximal):
+        w, kept, _ = off_policy_correction(proximal.float(), rows.behaviour_logp, rows.response_mask > 0,
+                                           is_level="sequence", rs_level="sequence", rs_low=0.9, rs_high=1.1)
+        rows.is_weights, rows.kept_mask = w, kept.float()
+    with pytest.raises(ValueError, match="rejected tokens"):
+        learner.update(batch, seed=0, correct=rejecting)
+    with pytest.raises(ValueError, match="correct= is for the fused old log-probs"):
+        learner.update(prepare(learner, random_batch(seed)), seed=0, correct=_correct_with("sequence", 2.0))
+
+
+@pytest.mark.parametrize("rs", ["none", "sequence"])
+def test_learn_fuses_the_correction_at_temperature_one_without_rejection(tiny, seed, rs):
+    """trainer.step.learn: with correction.is_level on, temperature 1 and no rejection, the update
+    corrects from its own forward (no compute_logprobs before it); with rejection on (bounds so wide
+    that nothing is rejected) the separate pass runs. Either way the batch ends with the weights of
+    its old log-probs and the record's metrics are theirs (1e-6: the same float32 numbers)."""
+    from types import SimpleNamespace
+
+    from pacs_fast.algorithms.off_policy import off_policy_correction
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.step import learn
+
+    cfg = load_config(None, ["correction.is_level=sequence", f"correction.rs_level={rs}", "correction.rs_low=1e-6",
+                             "correction.rs_high=1e6", "learner.mini_batch_prompts=4"])
+    learner = make_learner(fresh(tiny, seed))
+    batch = random_batch(seed)
+    batch.behaviour_logp = _behaviour(learner, batch, seed)
+    calls = []
+    forward = learner.compute_logprobs
+    learner.compute_logprobs = lambda *a, **k: calls.append(k) or forward(*a, **k)
+    comps = [[SimpleNamespace(logprobs=None)] * batch.group_size] * batch.num_groups  # no mismatch metrics
+    _, correction = learn(cfg, learner, batch, None, comps, seed=seed, diagnostic=False, timings={})
+    assert len(calls) == (0 if rs == "none" else 1)
+    resp = batch.response_mask > 0
+    ref, _, _ = off_policy_correction(batch.old_logp, batch.behaviour_logp, resp, is_level="sequence")
+    assert torch.allclose(batch.is_weights[resp], ref[resp], atol=1e-6)
+    assert correction["correction/is_weight_max"] > 1.0
+    assert correction["correction/is_weight_mean"] == pytest.approx(float(ref[resp].double().mean()), rel=1e-6)

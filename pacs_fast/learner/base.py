@@ -139,6 +139,9 @@ class Learner(abc.ABC):
     #: ``old_entropy`` (and ``ref_logp`` when the rollout policy is the reference) itself, from the
     #: forward of its first mini-batch (made before any optimiser step) instead of a separate pass
     fuses_old_logprobs: bool = False
+    #: whether a fused ``update`` also takes ``correct=``: it then sets the off-policy correction
+    #: (``is_weights`` / ``kept_mask``) of each row from those same log-probs (see the torch learner)
+    fuses_correction: bool = False
     #: whether the objective needs ``ref_logp`` and whether the learner holds a separate reference model
     needs_ref: bool = False
     has_value_head: bool = False

@@ -24,7 +24,10 @@ optimiser step the policy *is* the rollout policy, so the forward of the first m
 gives its old log-probs (``logp.detach()``), its entropies and, with the rollout policy as the
 reference, its ``ref_logp``. ``update`` then skips the separate no-grad pass for those groups and
 runs it only for the groups of the later mini-batches. Exact when the model has no active dropout
-(train and eval forwards agree); otherwise, and for PPO, the learner does not fuse.
+(train and eval forwards agree); otherwise, and for PPO, the learner does not fuse. The off-policy
+correction rides along (``update(correct=...)``, :attr:`~pacs_fast.learner.base.Learner.fuses_correction`):
+the proximal policy is the policy of that first forward, so each row's importance weight is set
+from it just before the row's loss.
 """
 from __future__ import annotations
 
@@ -117,6 +120,7 @@ class TorchLearner(Learner):
         self.optimizer = self._make_optimizer()
         self.last_terms: dict[str, torch.Tensor] = {}
         self.fuses_old_logprobs = algo.name != "ppo" and not _has_active_dropout(model)
+        self.fuses_correction = self.fuses_old_logprobs
 
     # ------------------------------------------------------------------ helpers
     def _params(self):
@@ -237,10 +241,12 @@ class TorchLearner(Learner):
             out[group_rows(p, batch.group_size)] = torch.nn.functional.pad(v, (0, T - v.shape[1])).float().cpu()
         return out
 
-    def _prefill_old_logprobs(self, batch: RolloutBatch, first_groups: torch.Tensor) -> None:
+    def _prefill_old_logprobs(self, batch: RolloutBatch, first_groups: torch.Tensor, correct) -> None:
         """Allocates ``old_logp`` / ``old_entropy`` ([B, T] fp32) and fills the rows of every group
         outside ``first_groups`` with a no-grad pass (those of ``first_groups`` come from the first
-        mini-batch's forward). With the rollout policy as reference, ``ref_logp`` is ``old_logp``."""
+        mini-batch's forward). With the rollout policy as reference, ``ref_logp`` is ``old_logp``.
+        With ``correct``, sets the correction of every row from these log-probs (the rows of
+        ``first_groups`` are set again from their forward)."""
         B, T = batch.input_ids.shape
         batch.old_logp = torch.zeros(B, T)
         batch.old_entropy = torch.zeros(B, T)
@@ -252,6 +258,20 @@ class TorchLearner(Learner):
             batch.old_entropy[rows, :ent.shape[1]] = ent
         if self.needs_ref and self.ref_model is None and batch.ref_logp is None:
             batch.ref_logp = batch.old_logp
+        if correct is not None:
+            correct(batch, batch.old_logp)
+
+    @staticmethod
+    def _correct_micro_batch(correct, batch: RolloutBatch, mcb: RolloutBatch, rows: torch.Tensor) -> None:
+        """The correction of a first-mini-batch micro-batch from its forward's log-probs
+        (``mcb.old_logp``), kept in ``batch`` for the later epochs."""
+        correct(mcb, mcb.old_logp)
+        if mcb.kept_mask is not None and not torch.equal(mcb.kept_mask, mcb.response_mask):
+            raise ValueError("update: correct= rejected tokens; rejection changes the mini-batch's denominators, "
+                             "which the fused update counts before its forwards (compute_logprobs first)")
+        w = mcb.is_weights.shape[1]
+        batch.is_weights[rows, :w] = mcb.is_weights.float().cpu()
+        batch.kept_mask[rows, :w] = mcb.kept_mask.float().cpu()
 
     def _rest_lengths(self, batch: RolloutBatch) -> torch.Tensor | None:
         """With the shared-prefix forward, what each group runs per row (its longest row past the
@@ -262,7 +282,13 @@ class TorchLearner(Learner):
         longest = lengths.view(batch.num_groups, batch.group_size).max(-1).values
         return longest - common_prefix_lengths(batch.input_ids, lengths, batch.group_size)
 
-    def update(self, batch: RolloutBatch, *, seed: int) -> dict[str, float]:
+    def update(self, batch: RolloutBatch, *, seed: int, correct=None) -> dict[str, float]:
+        """See :meth:`Learner.update`. ``correct(rows, proximal_logp)``, with fused old log-probs
+        only: sets ``rows.is_weights`` / ``rows.kept_mask`` of a (sub-)batch from the policy's
+        log-probs before the update, row by row and rejecting nothing (the first mini-batch's
+        denominators are counted before its forwards); the update calls it on each micro-batch of
+        the first mini-batch with that forward's log-probs, and on the other rows with the no-grad
+        pass's, so the off-policy correction costs no extra forward."""
         self.model.train()
         gen = torch.Generator().manual_seed(int(seed))
         P = batch.num_groups
@@ -272,6 +298,9 @@ class TorchLearner(Learner):
         if fuse and not self.fuses_old_logprobs:
             raise ValueError("update: batch.old_logp is None, but this learner cannot compute it in the update "
                              "(dropout is active or algo is ppo): call compute_logprobs first")
+        if correct is not None and not fuse:
+            raise ValueError("update: correct= is for the fused old log-probs (batch.old_logp None); with "
+                             "batch.old_logp given, set batch.is_weights / kept_mask before the update")
         need_ent = bool(self.algo.entropy_coef)
         sums: dict[str, float] = {}
         steps = 0
@@ -283,7 +312,7 @@ class TorchLearner(Learner):
             for start in range(0, P, mini):
                 fused_here = fuse and epoch == 0 and start == 0  # parameters are still the rollout policy's
                 if fused_here:
-                    self._prefill_old_logprobs(batch, order[:mini])
+                    self._prefill_old_logprobs(batch, order[:mini], correct)
                 # groups of similar length share a micro-batch (less padding; the sum is the same)
                 mb_groups = by_length(order[start:start + mini], batch, lengths=sort_key)
                 mb = batch.groups(mb_groups)
@@ -302,6 +331,8 @@ class TorchLearner(Learner):
                         rows, w = group_rows(part_groups, batch.group_size), logp.shape[1]
                         batch.old_logp[rows, :w] = mcb.old_logp.float().cpu()
                         batch.old_entropy[rows, :w] = ent.detach().float().cpu()
+                        if correct is not None:
+                            self._correct_micro_batch(correct, batch, mcb, rows)
                     loss, met = objective(self.algo, mcb, logp, ent if need_ent else None, values, counts,
                                           horizon=self.horizon)
                     loss.backward()

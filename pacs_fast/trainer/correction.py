@@ -16,7 +16,9 @@ the ratio is taken there: like is compared with like (the same logits, the same 
 measures what the correction is for (stale weights, other numerics), but it is the temperature-1
 ratio, not that of the tempered sampling distributions (close, not equal). ``rollout.top_p < 1`` is
 applied on neither side. A learner that fuses the old log-probs into its update computes them before
-it when the correction is on (the weights are needed first).
+it when the correction is on (the weights are needed first), except where :func:`fused_correction`:
+at temperature 1 without rejection the update sets each row's weights from its own first forward
+(``update(correct=...)``), which is the proximal policy, so the correction costs no forward.
 """
 from __future__ import annotations
 
@@ -29,6 +31,15 @@ from pacs_fast.learner.base import RolloutBatch
 
 def correction_on(cfg: Config) -> bool:
     return (is_level(cfg), cfg.correction.rs_level) != ("none", "none")
+
+
+def fused_correction(cfg: Config, learner) -> bool:
+    """Whether the learner's update computes the correction from its own first forward (no extra
+    forward before the update): it fuses the old log-probs, the proximal log-probs are those old
+    log-probs (``rollout.temperature`` 1) and nothing is rejected (``rs_level=none``: rejection
+    changes the denominators, which the update needs before its first forward)."""
+    return (correction_on(cfg) and learner.fuses_old_logprobs and getattr(learner, "fuses_correction", False)
+            and cfg.rollout.temperature == 1.0 and cfg.correction.rs_level == "none")
 
 
 def proximal_logprobs(cfg: Config, learner, batch: RolloutBatch) -> torch.Tensor:
@@ -55,6 +66,6 @@ def apply_correction(cfg: Config, batch: RolloutBatch, proximal: torch.Tensor) -
     weights, kept, metrics = off_policy_correction(proximal.float().cpu(), batch.behaviour_logp.float().cpu(),
                                                    mask.cpu() > 0, is_level=is_level(cfg), is_cap=c.is_cap,
                                                    rs_level=c.rs_level, rs_low=c.rs_low, rs_high=c.rs_high)
-    batch.is_weights = weights.to(mask.dtype)
-    batch.kept_mask = kept.to(mask.dtype)
+    batch.is_weights = weights.to(mask)
+    batch.kept_mask = kept.to(mask)
     return {f"correction/{k}": v for k, v in metrics.items()}

@@ -51,12 +51,14 @@ def learn(cfg: Config, learner, batch: RolloutBatch, prompt_ids, comps, *, seed:
     the update. Returns ``(learner metrics, mismatch and correction metrics)``."""
     import time
 
-    from pacs_fast.trainer.correction import apply_correction, correction_on, proximal_logprobs
+    from pacs_fast.trainer.correction import apply_correction, correction_on, fused_correction, proximal_logprobs
 
     t0 = time.perf_counter()
-    if not learner.fuses_old_logprobs or correction_on(cfg):
+    fused = fused_correction(cfg, learner)  # the update corrects from its own first forward
+    separate = correction_on(cfg) and not fused
+    if not learner.fuses_old_logprobs or separate:
         batch.old_logp, batch.old_entropy = learner.compute_logprobs(batch, return_entropy=True)
-    correction = apply_correction(cfg, batch, proximal_logprobs(cfg, learner, batch)) if correction_on(cfg) else {}
+    correction = apply_correction(cfg, batch, proximal_logprobs(cfg, learner, batch)) if separate else {}
     mismatch = {}
     if cfg.rollout.temperature != 1.0:  # an extra forward at temperature 1, before the update
         mismatch = logprob_mismatch(learner, batch, prompt_ids, comps, temperature=cfg.rollout.temperature,
@@ -72,7 +74,11 @@ def learn(cfg: Config, learner, batch: RolloutBatch, prompt_ids, comps, *, seed:
                                               batch.response_mask, gamma=cfg.algo.gamma, lam=cfg.algo.lam)
     timings["time/logprobs"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    metrics = learner.update(batch, seed=seed)
+    if fused:
+        metrics = learner.update(batch, seed=seed, correct=lambda rows, lp: apply_correction(cfg, rows, lp))
+        correction = apply_correction(cfg, batch, batch.old_logp)  # the metrics; the same weights, row by row
+    else:
+        metrics = learner.update(batch, seed=seed)
     timings["time/update"] = time.perf_counter() - t0
     if cfg.rollout.temperature == 1.0:  # the old log-probs are the learner's at temperature 1
         mismatch = logprob_mismatch(learner, batch, prompt_ids, comps, temperature=1.0, extra_forward=False)
