@@ -1,7 +1,8 @@
-"""Measured launch tables: sweep the launch configurations of the log-prob kernels at the real shapes
-on one GPU (~8 minutes on an H100) and write the winners to ``kernels/tuned/sm_<arch>.json``, which
-every ``launch_config`` of those kernel files then reads (kernels/tuning.py: an explicit ``CONFIG``
-override wins over the measured table, which wins over the built-in compile-model table).
+"""Measured launch tables: sweep the launch configurations of the log-prob kernels and the PACS loss
+at the real shapes on one GPU (~8 minutes on an H100) and write the winners to
+``kernels/tuned/sm_<arch>.json``, which every ``launch_config`` of those kernel files then reads
+(kernels/tuning.py: an explicit ``CONFIG`` override wins over the measured table, which wins over the
+built-in compile-model table).
 
     python bench/gpu_tune.py                          # on the GPU: writes kernels/tuned/sm_90.json on an H100
     python bench/gpu_tune.py --kernels linear_logprobs.stats_tiles --budget-s 200
@@ -11,9 +12,13 @@ Kernels (N=8192, H=4096, V=151,936, bf16 by default; ``--dtype fp32`` tunes the 
 ``linear_logprobs.stats_tiles`` (the default forward, timed with the merge of its partials, which
 depends on BLOCK_V and V_TILES), ``linear_logprobs.dlogits`` (timed as the whole chunked backward:
 the Triton dz chunks plus the cuBLAS GEMMs), ``linear_logprobs.grad_bwd`` (the atomic backward),
-``token_logprobs.stats_fwd`` and ``token_logprobs.grad_bwd`` (logits [N, V]). The PACS loss
-kernels are not tuned: kernels/pacs_loss.py is being rewritten and its ``launch_config`` does not
-read the measured table (adding that is a change to that file, left to its owner).
+``token_logprobs.stats_fwd`` and ``token_logprobs.grad_bwd`` (logits [N, V]). The PACS loss kernels
+``pacs_loss.fwd_sums`` (pass A), ``pacs_loss.fwd`` (pass B; both timed as the forward) and
+``pacs_loss.bwd`` (B=1024, T=4096 and B=8192, T=1024, G=8, ``--pacs-dtype`` fp32 log-probs) are
+shape-adaptive: their entries hold the launch policy the tiles are derived from (bytes per program,
+programs per SM, warps, stages), not tiles; bench/gpu_tune_pacs.py sweeps and times them (~20 % of
+the budget) with the same kind of compile filter (plus the compile test's PACS access checks),
+override hook (``pacs_loss.POLICY``) and "never slower" rule as below.
 
 Per kernel: stage 1 sweeps tiles / warps / stages (pre-filtered by a register and shared-memory
 estimate), stage 2 sweeps GROUP_N (and PERSISTENT, V_TILES for the forward) around the stage-1
@@ -53,10 +58,14 @@ sys.path.insert(0, ROOT)
 from pacs_fast.kernels import aot, linear_logprobs as KL, token_logprobs as KT, tuning  # noqa: E402
 from pacs_fast.ops import vocab_parallel as vp  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_tune_pacs  # noqa: E402
+
 SPECS = ("linear_logprobs.stats_tiles", "linear_logprobs.dlogits", "linear_logprobs.grad_bwd",
-         "token_logprobs.stats_fwd", "token_logprobs.grad_bwd")
-BUDGET_SHARE = {"linear_logprobs.stats_tiles": 0.35, "linear_logprobs.dlogits": 0.25,
-                "linear_logprobs.grad_bwd": 0.15, "token_logprobs.stats_fwd": 0.1, "token_logprobs.grad_bwd": 0.15}
+         "token_logprobs.stats_fwd", "token_logprobs.grad_bwd", "pacs_loss.fwd_sums", "pacs_loss.fwd", "pacs_loss.bwd")
+BUDGET_SHARE = {"linear_logprobs.stats_tiles": 0.28, "linear_logprobs.dlogits": 0.2, "linear_logprobs.grad_bwd": 0.12,
+                "token_logprobs.stats_fwd": 0.08, "token_logprobs.grad_bwd": 0.12, "pacs_loss.fwd_sums": 0.09,
+                "pacs_loss.fwd": 0.04, "pacs_loss.bwd": 0.07}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 MODULES = {"linear_logprobs": KL, "token_logprobs": KT}
 
@@ -255,7 +264,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kernels", default=",".join(SPECS))
     ap.add_argument("--shape", default="8192x4096x151936", help="N x H x V")
-    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="of the log-prob kernels")
+    ap.add_argument("--pacs-dtype", default="fp32", choices=sorted(DTYPES), help="of the PACS loss's log-probs")
     ap.add_argument("--budget-s", type=float, default=480.0, help="whole sweep, compiles included")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--out-dir", default=None, help="default kernels/tuned/ (a temporary folder with --dry-run)")
@@ -288,10 +298,12 @@ def main(argv=None):
         out_dir = args.out_dir or default_dir
         device = torch.cuda.get_device_name()
     width = "32" if dt == "fp32" else "16"
-    runners = None if args.dry_run else make_runners(n, h, v, DTYPES[dt], "cuda")
+    pacs = [k for k in names if k.startswith("pacs_loss.")]
+    lp_names = [k for k in names if k not in pacs]
+    runners = None if args.dry_run or not lp_names else make_runners(n, h, v, DTYPES[dt], "cuda")
     tol = 1e-3 if dt == "fp32" else 2e-2  # vs the built-in config's output: summation order only
     results = {}
-    for name in names:
+    for name in lp_names:
         share_end = time.time() + args.budget_s * BUDGET_SHARE[name] / sum(BUDGET_SHARE[k] for k in names)
         base = base_config(name, n, h, v, dt, arch)
         s1 = stage1(name, base, dt, arch)
@@ -330,8 +342,17 @@ def main(argv=None):
                        compile_rejected=sum(not r["ok"] for _, r in checked + checked2), timed=len(timed))
             log(f"{name}: winner {_short(win_cfg)} {win_ms:.3f} ms (built-in {base_ms:.3f} ms)")
         results[tuning.entry_key(*name.split("."), width)] = rec
+    lp_results = dict(results)
+    if pacs:
+        del runners  # the log-prob runners' GPU memory
+        budget = args.budget_s * sum(BUDGET_SHARE[k] for k in pacs) / sum(BUDGET_SHARE[k] for k in names)
+        results.update(gpu_tune_pacs.tune([k.split(".")[1] for k in pacs], arch=arch, dt=args.pacs_dtype,
+                                          budget_s=budget, shares={k.split(".")[1]: BUDGET_SHARE[k] for k in pacs},
+                                          iters=args.iters, jobs=args.jobs, dry_run=args.dry_run,
+                                          subset=args.dry_run_subset, log=log))
     path = write_table(out_dir, arch, device, results, args.dry_run)
-    check_read_back(path, arch, results, n, h, v, dt)
+    check_read_back(path, arch, lp_results, n, h, v, dt)
+    gpu_tune_pacs.check_read_back(path, arch, {k: r for k, r in results.items() if k not in lp_results})
     log(f"wrote {path} ({time.time() - t0:.0f} s)")
     return 0
 

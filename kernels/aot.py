@@ -74,6 +74,12 @@ class Case:
         return f"{self.module}.{self.fn}[{self.variant}] sm_{self.arch} {self.dtype}"
 
 
+def compile_key(case: Case) -> str:
+    """Equal for cases with identical compile inputs (whatever their shapes and labels)."""
+    return json.dumps([case.module, case.fn, case.arch, case.types, case.constexprs, case.num_warps,
+                       case.num_stages], sort_keys=True, default=str)
+
+
 def _kernel_modules():
     from . import linear_logprobs, linear_logprobs_fwd, pacs_loss, token_logprobs
     return {"token_logprobs": token_logprobs, "linear_logprobs": linear_logprobs,
@@ -137,22 +143,100 @@ def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> 
     raise ValueError(f"unknown log-prob kernel {name!r}")
 
 
+def pacs_case(kernel: str, arch: int, dt: str, cfg: dict, shapes=("tune",), packed: bool = False,
+              G: int = 8, score: str = "rloo") -> Case:
+    """The compile case of one launch of the PACS loss kernel ``kernel`` with the launch parameters
+    ``cfg`` (a ``launch_config`` dict; ``dt`` of the log-probs, pass B works on fp32 partials): bool
+    mask, logp_ref, padded ``[B, T]`` or packed with int32 cu_seqlens."""
+    KP = _kernel_modules()["pacs_loss"]
+    nw, ns, c = _split(cfg)
+    p, f32 = f"*{dt}", "*fp32"
+    var = "packed" if packed else "padded"
+    wide = () if packed else ("T",)  # packed: row starts come from cu_seqlens
+    if kernel == "fwd_sums":
+        c.pop("N_SPLIT")  # the grid's second axis, not a kernel argument
+        return Case("pacs_loss", "fwd_sums", "_pacs_sums_kernel", arch, dt, list(shapes),
+                    dict(logp_ptr=p, ref_ptr=p, mask_ptr="*u8", cu_ptr="*i32" if packed else p, sums_ptr=f32,
+                         cnt_ptr=f32, B="i32", T="i32"),
+                    dict(ACC=tl.float32, PACKED=packed, HAS_MASK=True, HAS_REF=True, **c),
+                    nw, ns, wide, variant=f"{var}, masked")
+    if kernel == "bwd":
+        c.pop("N_SPLIT")
+        return Case("pacs_loss", "bwd", "_pacs_bwd_kernel", arch, dt, list(shapes),
+                    dict(grad_ptr=f32, coef_ptr=f32, mask_ptr="*u8", cu_ptr="*i32" if packed else f32,
+                         dlogp_ptr=p, B="i32", T="i32"),
+                    dict(PACKED=packed, HAS_MASK=True, **c), nw, ns, wide, variant=f"{var}, masked")
+    if kernel == "fwd":
+        return Case("pacs_loss", "fwd", "_pacs_group_kernel", arch, "fp32", list(shapes),
+                    dict(sums_ptr=f32, cnt_ptr=f32, rewards_ptr=f32, proxy_ptr=f32, score_ptr=f32,
+                         pred_ptr=f32, weight_ptr=f32, sample_loss_ptr=f32, coef_ptr=f32,
+                         partial_ptr=f32, n_split="i32", G="i32", g_float="fp32",
+                         beta_hi="fp32", beta_lo="fp32", inv_b_hi="fp32", inv_b_lo="fp32",
+                         eps_hi="fp32", eps_lo="fp32"),
+                    dict(ACC=tl.float32, PROXY=0, SCORE=KP.SCORES[score], WEIGHT=0, **c), nw, ns,
+                    ("n_split",), variant=f"G={G}, {score}")
+    raise ValueError(f"unknown PACS loss kernel {kernel!r}")
+
+
+def pacs_cases(arch: int, dtypes=("bf16", "fp32"), kernels=("fwd_sums", "fwd", "bwd"), config=None) -> list[Case]:
+    """The PACS loss cases at ``PACS_SHAPES``: pass A and the backward (``dtypes`` of the log-probs,
+    padded; also packed at the first shape's average length in fp32); pass B on pass A's fp32
+    partials at ``PACS_GROUPS`` (rloo; grpo too at 64). ``config(kernel, B=, T=, G=, dtype=)``: the
+    launch parameters (default ``launch_config`` at ``arch``; bench/gpu_tune_pacs.py passes its
+    candidates). Not merged (``cases`` merges identical compile inputs)."""
+    KP = _kernel_modules()["pacs_loss"]
+    if config is None:
+        def config(kernel, **kw):
+            return KP.launch_config(kernel, arch=arch, **kw)
+    out = []
+    for b, t in PACS_SHAPES:
+        for dt in dtypes:
+            for packed in (False, True) if (b, t) == PACS_SHAPES[0] and dt == "fp32" else (False,):
+                for kernel in ("fwd_sums", "bwd"):
+                    if kernel in kernels:
+                        cfg = config(kernel, B=b, T=t, G=8 if kernel == "fwd_sums" else 1, dtype=_DT[dt])
+                        out.append(pacs_case(kernel, arch, dt, cfg, [f"B{b} T{t}"], packed))
+        if "fwd" in kernels:
+            dt = "fp32" if "fp32" in dtypes else dtypes[0]
+            for g in PACS_GROUPS:
+                for score in ("rloo", "grpo") if g == PACS_GROUPS[-1] else ("rloo",):
+                    cfg = config("fwd", B=b, T=t, G=g, dtype=_DT[dt])
+                    out.append(pacs_case("fwd", arch, dt, cfg, [f"B{b} T{t} G{g}"], G=g, score=score))
+    return out
+
+
+def pacs_access_problems(row: dict) -> str | None:
+    """What is wrong with the global accesses of a compiled padded PACS streaming kernel (None: all
+    fine; tests/test_kernels_compile.py asserts it, bench/gpu_tune_pacs.py filters on it): tiles
+    must be read with 16-byte loads (``ld.global.v4``; at least 3 in pass A: logp, logp_ref, mask)
+    and no scalar load but the backward's coef[row] and grad (2); the backward's dlogp stores must
+    be 16-byte. Packed rows start anywhere, so their loads are scalar (not checked)."""
+    if row["module"] != "pacs_loss" or not row["variant"].startswith("padded") or row["fn"] == "_pacs_group_kernel":
+        return None
+    acc = row["global_access"]
+    scalar = sum(n for op, n in acc.items() if op.startswith("ld.global.") and ".v" not in op)
+    vec = sum(n for op, n in acc.items() if op.startswith("ld.global.v4"))
+    bwd = row["fn"] == "_pacs_bwd_kernel"
+    if vec < (1 if bwd else 3) or scalar > (2 if bwd else 0):
+        return f"loads not 16-byte: {acc}"
+    if bwd and any(op.startswith("st.global.") and ".v4" not in op for op in acc):
+        return f"dlogp stores not 16-byte: {acc}"
+    return None
+
+
 def cases(archs=ARCHS) -> list[Case]:
     """Every kernel x arch x dtype at the realistic shapes, with the launchers' own parameters
     (``launch_config``); cases with identical compile inputs are merged (``shapes`` lists them)."""
     mods = _kernel_modules()
-    KP = mods["pacs_loss"]
     out: dict[str, Case] = {}
 
     def add(case: Case):
-        case.key = json.dumps([case.module, case.fn, case.arch, case.types, case.constexprs,
-                               case.num_warps, case.num_stages], sort_keys=True, default=str)
+        case.key = compile_key(case)
         if case.key in out:
             out[case.key].shapes.extend(case.shapes)
         else:
             out[case.key] = case
 
-    f32 = "*fp32"
     for arch in archs:
         for dt in ("bf16", "fp32"):
             for shape, n, h, v in LOGPROB_SHAPES:
@@ -163,40 +247,8 @@ def cases(archs=ARCHS) -> list[Case]:
                     add(logprob_case(name, arch, dt, cfg, [shape]))
                     if name == "linear_logprobs.stats_tiles" and dt == "bf16" and not cfg["PERSISTENT"]:
                         add(logprob_case(name, arch, dt, dict(cfg, PERSISTENT=1), [shape]))  # selectable
-        # PACS loss: pass A and the backward stream the tokens (bf16 and fp32 log-probs, bool mask,
-        # padded [B, T]; packed with int32 cu_seqlens at the first shape's average length); pass B
-        # works on pass A's fp32 partials, one program per group
-        for b, t in PACS_SHAPES:
-            for dt in ("bf16", "fp32"):
-                p = f"*{dt}"
-                for packed in (False, True) if (b, t) == PACS_SHAPES[0] and dt == "fp32" else (False,):
-                    cu = "*i32" if packed else p
-                    var = "packed" if packed else "padded"
-                    wide = () if packed else ("T",)  # packed: row starts come from cu_seqlens
-                    nw, ns, c = _split(KP.launch_config("fwd_sums", B=b, T=t, G=8, dtype=_DT[dt], arch=arch))
-                    c.pop("N_SPLIT")  # the grid's second axis, not a kernel argument
-                    add(Case("pacs_loss", "fwd_sums", "_pacs_sums_kernel", arch, dt, [f"B{b} T{t}"],
-                             dict(logp_ptr=p, ref_ptr=p, mask_ptr="*u8", cu_ptr=cu, sums_ptr=f32,
-                                  cnt_ptr=f32, B="i32", T="i32"),
-                             dict(ACC=tl.float32, PACKED=packed, HAS_MASK=True, HAS_REF=True, **c),
-                             nw, ns, wide, variant=f"{var}, masked"))
-                    nw, ns, c = _split(KP.launch_config("bwd", B=b, T=t, G=1, dtype=_DT[dt], arch=arch))
-                    c.pop("N_SPLIT")
-                    add(Case("pacs_loss", "bwd", "_pacs_bwd_kernel", arch, dt, [f"B{b} T{t}"],
-                             dict(grad_ptr=f32, coef_ptr=f32, mask_ptr="*u8", cu_ptr="*i32" if packed else f32,
-                                  dlogp_ptr=p, B="i32", T="i32"),
-                             dict(PACKED=packed, HAS_MASK=True, **c), nw, ns, wide, variant=f"{var}, masked"))
-            for g in PACS_GROUPS:
-                for score in ("rloo", "grpo") if g == PACS_GROUPS[-1] else ("rloo",):
-                    nw, ns, c = _split(KP.launch_config("fwd", B=b, T=t, G=g, dtype=torch.float32, arch=arch))
-                    add(Case("pacs_loss", "fwd", "_pacs_group_kernel", arch, "fp32", [f"B{b} T{t} G{g}"],
-                             dict(sums_ptr=f32, cnt_ptr=f32, rewards_ptr=f32, proxy_ptr=f32, score_ptr=f32,
-                                  pred_ptr=f32, weight_ptr=f32, sample_loss_ptr=f32, coef_ptr=f32,
-                                  partial_ptr=f32, n_split="i32", G="i32", g_float="fp32",
-                                  beta_hi="fp32", beta_lo="fp32", inv_b_hi="fp32", inv_b_lo="fp32",
-                                  eps_hi="fp32", eps_lo="fp32"),
-                             dict(ACC=tl.float32, PROXY=0, SCORE=KP.SCORES[score], WEIGHT=0, **c), nw, ns,
-                             ("n_split",), variant=f"G={g}, {score}"))
+        for case in pacs_cases(arch):
+            add(case)
     return list(out.values())
 
 

@@ -1,7 +1,8 @@
 """bench/gpu_tune.py --dry-run (no GPU): enumerates every kernel's sweep, AOT-compiles a small subset,
 writes sm_90.json into a temporary folder; launch_config then reads it (kernels/tuning.py), an
 explicit CONFIG override still wins, and an architecture without a table (or with an unreadable one)
-keeps the built-in configuration."""
+keeps the built-in configuration. The PACS loss's entries hold a launch policy, from which its
+launch_config still derives every shape's tiles."""
 import json
 import os
 import subprocess
@@ -14,6 +15,9 @@ pytest.importorskip("triton", reason="the tuner's compile filter needs the trito
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N, H, V = 8192, 4096, 151936
+LOGPROB_KEYS = {"linear_logprobs.stats_tiles.16", "linear_logprobs.dlogits.16", "linear_logprobs.grad_bwd.16",
+                "token_logprobs.stats_fwd.16", "token_logprobs.grad_bwd.16"}
+PACS_KEYS = {"pacs_loss.fwd_sums.32", "pacs_loss.fwd.32", "pacs_loss.bwd.32"}
 
 
 def _tune(*args, timeout=240):
@@ -42,24 +46,28 @@ def table(tmp_path_factory):
 def test_dry_run_enumerates_filters_and_writes_every_kernel(table):
     _, data = table
     assert data["schema"] == 1 and data["arch"] == 90 and data["dry_run"] is True
-    assert set(data["kernels"]) == {"linear_logprobs.stats_tiles.16", "linear_logprobs.dlogits.16",
-                                    "linear_logprobs.grad_bwd.16", "token_logprobs.stats_fwd.16",
-                                    "token_logprobs.grad_bwd.16"}
+    assert set(data["kernels"]) == LOGPROB_KEYS | PACS_KEYS
     for key, rec in data["kernels"].items():
         assert rec["ms"] is None and rec["timed"] == 0, key  # nothing is timed without a GPU
         assert rec["enumerated"] > rec["compiled"] >= 2, key  # the sweep is larger than the subset compiled
     # the compile filter really filters: 128x256 tiles spill in the backward kernels on sm_90
     assert data["kernels"]["linear_logprobs.dlogits.16"]["compile_rejected"] >= 1
+    from pacs_fast.kernels import pacs_loss as KP
+    for key in PACS_KEYS:  # a policy (not tiles), other than the built-in one
+        rec, kernel = data["kernels"][key], key.split(".")[1]
+        assert rec["builtin"] == KP.BUILTIN_POLICY[kernel] and set(rec["config"]) == set(rec["builtin"]), key
+        assert rec["config"] != rec["builtin"] and len(rec["configs"]) == 2, key
 
 
 def test_launch_config_reads_the_written_table(table, monkeypatch):
     from pacs_fast.kernels import linear_logprobs as KL, tuning
     out, data = table
     monkeypatch.setattr(tuning, "TUNED_DIR", os.devnull)  # no table: the built-in configurations
-    builtin = {k: _config(*k.split(".")[:2], 90) for k in data["kernels"]}
+    builtin = {k: _config(*k.split(".")[:2], 90) for k in LOGPROB_KEYS}
     monkeypatch.setattr(tuning, "TUNED_DIR", str(out))
     differs = 0
-    for key, rec in data["kernels"].items():
+    for key in LOGPROB_KEYS:
+        rec = data["kernels"][key]
         got = _config(*key.split(".")[:2], 90)
         assert got == rec["config"], (key, got, rec["config"])
         assert rec["builtin"] == builtin[key]
@@ -98,3 +106,72 @@ def test_dry_run_refuses_the_repository_table_folder():
                  timeout=120)
     assert proc.returncode != 0 and "not into kernels/tuned" in proc.stderr
     assert (open(path, "rb").read() if os.path.exists(path) else None) == before  # untouched
+
+
+# ---- the PACS loss: a measured policy, shape-adaptive tiles ---------------------------------------
+
+SHAPES = ((1024, 4096), (8192, 1024))
+
+
+def _pacs(kernel, b, t, arch=90, g=8, dtype=torch.float32, **kw):
+    from pacs_fast.kernels import pacs_loss as KP
+    return KP.launch_config(kernel, B=b, T=t, G=g, dtype=dtype, arch=arch, **kw)
+
+
+def _tiles(cfg):
+    return cfg["ROWS"], cfg["BLOCK_T"], cfg["N_SPLIT"], cfg["num_warps"]
+
+
+# the built-in configurations (kernels/pacs_loss.py launch_config's docstring), fp32, 132 SMs
+BUILTIN = {"fwd_sums": [(1, 2048, 2, 4), (2, 1024, 1, 4)], "bwd": [(1, 4096, 1, 8), (4, 1024, 1, 8)]}
+
+
+def test_pacs_launch_config_reads_the_dry_run_table(table, monkeypatch):
+    from pacs_fast.kernels import pacs_loss as KP, tuning
+    out, data = table
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(out))
+    for key in PACS_KEYS:
+        rec, kernel = data["kernels"][key], key.split(".")[1]
+        assert KP.launch_policy(kernel, torch.float32, 90) == rec["config"]
+        assert [_pacs(kernel, b, t) for b, t in SHAPES] == rec["configs"], key
+        assert KP.launch_policy(kernel, torch.bfloat16, 90) == KP.BUILTIN_POLICY[kernel]  # no .16 entry
+
+
+def test_pacs_measured_policy_stays_shape_adaptive(tmp_path, monkeypatch):
+    from pacs_fast.kernels import pacs_loss as KP, tuning
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    for kernel, want in BUILTIN.items():  # no table yet: the built-in configurations
+        assert [_tiles(_pacs(kernel, b, t)) for b, t in SHAPES] == want
+    (tmp_path / "sm_90.json").write_text(json.dumps({"schema": 1, "arch": 90, "kernels": {
+        "pacs_loss.fwd_sums.32": {"config": dict(KP.BUILTIN_POLICY["fwd_sums"], STREAM_BYTES=32768)},
+        "pacs_loss.bwd.32": {"config": dict(KP.BUILTIN_POLICY["bwd"], PROGRAMS_PER_SM=16, num_warps=2)},
+        "pacs_loss.fwd.32": {"config": dict(KP.BUILTIN_POLICY["fwd"], GROUP_ELEMS=512, num_warps=2)}}}))
+    # pass A: 32 KB per program -> 4096-element tiles (9 B per token), laid out per shape
+    assert [_tiles(_pacs("fwd_sums", b, t)) for b, t in SHAPES] == [(1, 4096, 1, 4), (4, 1024, 1, 4)]
+    # backward: >= 16 programs per SM -> tiles halve until the grid has 16 x 132 programs, 2 warps
+    assert [_tiles(_pacs("bwd", b, t)) for b, t in SHAPES] == [(1, 1024, 4, 2), (2, 1024, 1, 2)]
+    assert _tiles(_pacs("bwd", 1024, 4096, sm_count=114)) == (1, 2048, 2, 2)  # the device's own SM count
+    # pass B: <= 512 elements per step (G = 64, pass A's N_SPLIT = 16), 2 warps
+    got = _pacs("fwd", 64, 65536, g=64)
+    assert (got["BLOCK_G"], got["BLOCK_S"], got["num_warps"]) == (64, 8, 2)
+    # an explicit CONFIG override still wins, a POLICY override too; an unknown knob is an error
+    monkeypatch.setitem(KP.CONFIG, "ROWS", 8)
+    monkeypatch.setitem(KP.CONFIG, "BLOCK_T", 64)
+    assert _tiles(_pacs("fwd_sums", 1024, 4096)) == (8, 64, 64, 4)
+    monkeypatch.setitem(KP.CONFIG, "ROWS", None)
+    monkeypatch.setitem(KP.CONFIG, "BLOCK_T", None)
+    monkeypatch.setitem(KP.POLICY, "fwd_sums", {"STREAM_BYTES": 16384})
+    assert [_tiles(_pacs("fwd_sums", b, t)) for b, t in SHAPES] == BUILTIN["fwd_sums"]
+    monkeypatch.setitem(KP.POLICY, "fwd_sums", {"STREAM_BYTE": 1})
+    with pytest.raises(ValueError, match="unknown knobs"):
+        _pacs("fwd_sums", 1024, 4096)
+    monkeypatch.setitem(KP.POLICY, "fwd_sums", {})
+    # no table for sm_80, none for bf16 / fp64 entries: exactly the built-in configurations
+    for kernel, want in BUILTIN.items():
+        assert [_tiles(_pacs(kernel, b, t, arch=80)) for b, t in SHAPES] == want
+        assert _pacs(kernel, 1024, 4096, dtype=torch.float64) == _pacs(kernel, 1024, 4096, arch=None,
+                                                                       dtype=torch.float64)
+    monkeypatch.setattr(tuning, "TUNED_DIR", os.devnull)
+    builtin_bf16 = [_pacs(k, b, t, dtype=torch.bfloat16) for k in KP.KERNELS for b, t in SHAPES]
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    assert [_pacs(k, b, t, dtype=torch.bfloat16) for k in KP.KERNELS for b, t in SHAPES] == builtin_bf16
