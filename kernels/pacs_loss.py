@@ -362,7 +362,23 @@ def launch_config(kernel: str, *, B: int, T: int, G: int, dtype: torch.dtype, ar
     fp64-sized tiles and the built-in policy."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    elt = torch.empty((), dtype=dtype).element_size()
+    # memoised: the launchers call this on every forward / backward (host time at small shapes)
+    # (keyed on everything it reads: the overrides, the tuned table's file stamp, the module's knobs)
+    key = (kernel, B, T, G, dtype, arch, sm_count, tuple(CONFIG.items()),
+           tuple((k, tuple(v.items())) for k, v in POLICY.items()), tuning.stamp(arch),
+           tuple((k, tuple(v.items())) for k, v in BUILTIN_POLICY.items()), SM_COUNT, MIN_TILE, LARGE_TILE,
+           MAX_SPLIT)
+    hit = _CONFIGS.get(key)
+    if hit is None:
+        hit = _CONFIGS[key] = _launch_config(kernel, B, T, G, dtype, arch, sm_count)
+    return dict(hit)
+
+
+_CONFIGS: dict = {}
+
+
+def _launch_config(kernel, B, T, G, dtype, arch, sm_count) -> dict:
+    elt = dtype.itemsize
     pol = launch_policy(kernel, dtype, arch)
     if kernel == "fwd_sums":
         return _stream_config(B, T, 2 * elt + 1, pol, sm_count)
@@ -376,6 +392,7 @@ def launch_config(kernel: str, *, B: int, T: int, G: int, dtype: torch.dtype, ar
     return dict(BLOCK_G=block_g, BLOCK_S=block_s, num_warps=pol["num_warps"], num_stages=pol["num_stages"])
 
 
+@functools.lru_cache(maxsize=None)
 def _arch(device) -> int | None:
     if torch.device(device).type != "cuda":
         return None

@@ -42,6 +42,18 @@ def entry_key(module: str, kernel: str, width: str) -> str:
     return f"{module}.{kernel}.{width}"
 
 
+def stamp(arch: int | None):
+    """What identifies the table ``load(arch)`` returns now: ``(path, mtime_ns)``, ``(path, None)``
+    when absent, None for arch None (a cache key for launch configurations derived from it)."""
+    if arch is None:
+        return None
+    path = path_for(arch)
+    try:
+        return path, os.stat(path).st_mtime_ns
+    except OSError:
+        return path, None
+
+
 def load(arch: int | None) -> dict:
     """The ``kernels`` mapping of ``sm_<arch>.json`` ({} when absent, unreadable, or arch None),
     re-read when the file changes."""

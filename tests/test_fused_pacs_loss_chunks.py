@@ -12,6 +12,7 @@ test_fused_pacs_loss.py and the library's PyTorch path.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 
 import pytest
@@ -261,3 +262,34 @@ def test_streaming_grid_fills_the_gpu(B, T, dtype, kernel, builtin_policy):
 def test_group_pass_tile(G, builtin_policy):
     cfg = KP.launch_config("fwd", B=8192, T=1024, G=G, dtype=torch.float32, arch=90)
     assert cfg["BLOCK_G"] >= G and cfg["BLOCK_G"] * cfg["BLOCK_S"] <= 2048 and cfg["BLOCK_S"] >= 2
+
+
+def test_launch_config_memo_follows_every_input(builtin_policy, monkeypatch, tmp_path):
+    """launch_config is memoised (host time on every call); the memo must never return a stale
+    answer when an override, the policy, the tuned table or a module knob changes."""
+    from pacs_fast.kernels import tuning
+    kw = dict(B=1024, T=4096, G=8, dtype=torch.float32, arch=90, sm_count=132)
+    base = KP.launch_config("bwd", **kw)
+    base["ROWS"] = -1  # a caller mutating its copy does not reach the memo
+    assert KP.launch_config("bwd", **kw)["ROWS"] > 0
+    monkeypatch.setitem(KP.CONFIG, "BLOCK_T", 256)
+    assert KP.launch_config("bwd", **kw)["BLOCK_T"] == 256
+    monkeypatch.setitem(KP.CONFIG, "BLOCK_T", None)
+    monkeypatch.setitem(KP.POLICY, "bwd", {"num_warps_large": 2, "num_warps": 2})
+    assert KP.launch_config("bwd", **kw)["num_warps"] == 2
+    monkeypatch.setitem(KP.POLICY, "bwd", {})
+    assert KP.launch_config("fwd_sums", **kw)["N_SPLIT"] == 2  # fp32 pass A: 2048-token tiles, T = 4096
+    monkeypatch.setattr(KP, "MAX_SPLIT", 1)
+    assert KP.launch_config("fwd_sums", **kw)["N_SPLIT"] == 1
+    monkeypatch.setattr(KP, "MAX_SPLIT", 1024)
+    # a measured table appears, then changes: each read follows the file
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    table = {"schema": tuning.SCHEMA, "arch": 90, "kernels": {
+        "pacs_loss.bwd.32": {"config": dict(KP.BUILTIN_POLICY["bwd"], num_warps=1, num_warps_large=1)}}}
+    (tmp_path / "sm_90.json").write_text(json.dumps(table))
+    assert KP.launch_config("bwd", **kw)["num_warps"] == 1
+    table["kernels"]["pacs_loss.bwd.32"]["config"].update(num_warps=16, num_warps_large=16)
+    path = tmp_path / "sm_90.json"
+    path.write_text(json.dumps(table))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # a distinct stamp
+    assert KP.launch_config("bwd", **kw)["num_warps"] == 16

@@ -38,6 +38,7 @@ class _FusedPacsLoss(torch.autograd.Function):
         ctx.logp_shape = logp.shape
         ctx.logp_dtype = logp.dtype
         ctx.mark_non_differentiable(r, psi, pred, w, sample_loss)
+        ctx.set_materialize_grads(False)  # no zero-filled [B] grads for the five outputs without one
         return loss, r, psi, pred, w, sample_loss
 
     @staticmethod
@@ -45,7 +46,7 @@ class _FusedPacsLoss(torch.autograd.Function):
     def backward(ctx, grad_loss, *_unused):
         coef, mask, cu_seqlens = ctx.saved_tensors
         dlogp = None
-        if ctx.needs_input_grad[0]:
+        if ctx.needs_input_grad[0] and grad_loss is not None:
             dlogp = _k.pacs_loss_bwd(grad_loss, coef, mask, cu_seqlens, ctx.logp_shape,
                                      ctx.logp_dtype)
         return (dlogp,) + (None,) * 9
