@@ -18,7 +18,12 @@ the median. "GB/s" (CUDA, fused) counts the minimum traffic:
 forward reads logp, logp_ref, mask; backward reads mask and writes dlogp.
 "copy_ms": the floor measured in the same run, a device copy moving that same traffic (half read,
 half written); "fused_vs_copy" = fused / copy time, "copy_bw_fraction" its inverse (issue 22's
-target: >= 0.5 at B=1024, T=4096 and B=8192, T=1024).
+target: >= 0.5 at B=1024, T=4096 and B=8192, T=1024). These are synchronised wall-clock times: at
+these sizes they are mostly the host's launch latency (Python, autograd, three Triton launches;
+first GPU run, bench/results/gpu/20261126_h200/: ~1 ms against ~25 us of kernels).
+"*_gpu_us" (CUDA): the device time per call, the sum of its kernels' durations from the CUDA
+profiler (:func:`kernel_time`), for copy, torch and fused alike; "gpu_bw_fraction" = copy_gpu_us /
+fused_gpu_us, the share of the copy's bandwidth the fused kernels reach on the device.
 "err": max |fused - torch| over the loss and dlogp (when both ran).
 
 Usage (prints a table, writes JSON to bench/results/pacs_loss_<device>_<time>.json):
@@ -93,7 +98,8 @@ def get_method(name):
     raise ValueError(name)
 
 
-def time_fwd_bwd(fn, inputs, kw, repeat, device, warmup=2):
+def fwd_bwd_call(fn, inputs, kw):
+    """``(once, x)``: ``once()`` runs one forward + backward of ``fn`` w.r.t. a leaf copy ``x`` of logp."""
     logp, logp_ref, mask, rewards = inputs
     x = logp.detach().clone().requires_grad_(True)
 
@@ -102,7 +108,11 @@ def time_fwd_bwd(fn, inputs, kw, repeat, device, warmup=2):
         loss = fn(x, logp_ref, mask, rewards, **kw)
         loss.backward()
         return loss
+    return once, x
 
+
+def time_fwd_bwd(fn, inputs, kw, repeat, device, warmup=2):
+    once, x = fwd_bwd_call(fn, inputs, kw)
     for _ in range(max(1, warmup)):  # warm-up (and Triton compile)
         loss = once()
     times = []
@@ -117,12 +127,42 @@ def time_fwd_bwd(fn, inputs, kw, repeat, device, warmup=2):
     return min(times), statistics.median(times), loss.detach(), x.grad.detach().clone()
 
 
-def copy_floor(traffic_bytes: int, device: str, repeat: int) -> float:
-    """Best time (s) of a device copy that moves ``traffic_bytes`` in all (reads half, writes half):
-    the memory-speed floor of a kernel with that much minimum traffic, measured in the same run."""
+def kernel_time(call, iters: int) -> float | None:
+    """Device time (s) per ``call()``: the sum of the durations of the GPU kernels (and copies /
+    memsets) it launches, read from the CUDA profiler (CUPTI) over ``iters`` calls after one
+    warm-up, divided by ``iters``. What the call costs the GPU when the host runs ahead (a training
+    step's normal case, or a CUDA graph), without the host's launch latency that the synchronised
+    wall-clock columns include. None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    call()
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                call()
+            torch.cuda.synchronize()
+        us = sum(e.time_range.elapsed_us() for e in prof.events()
+                 if e.device_type == DeviceType.CUDA and not e.name.startswith("Activity Buffer"))
+    except Exception as e:  # noqa: BLE001 - a profiler that does not work here leaves the column empty
+        print(f"kernel_time: the CUDA profiler failed ({type(e).__name__}: {e}); no device-time column")
+        return None
+    return us / iters * 1e-6 if us > 0 else None
+
+
+def copy_buffers(traffic_bytes: int, device: str):
+    """A device copy that moves ``traffic_bytes`` in all (reads half, writes half): the memory-speed
+    floor of a kernel with that much minimum traffic."""
     n = max(1, traffic_bytes // 2)
     src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
-    dst = torch.empty_like(src)
+    return src, torch.empty_like(src)
+
+
+def copy_floor(traffic_bytes: int, device: str, repeat: int) -> float:
+    """Best synchronised wall time (s) of :func:`copy_buffers`' copy, measured in the same run."""
+    src, dst = copy_buffers(traffic_bytes, device)
     times = []
     for _ in range(repeat + 2):
         if device == "cuda":
@@ -206,10 +246,23 @@ def main(argv=None):
                 results[name] = (loss, grad)
                 row[f"{name}_ms"] = 1e3 * t
                 row[f"{name}_median_ms"] = 1e3 * t_med
+                if args.device == "cuda" and name != "loop":
+                    kt = kernel_time(fwd_bwd_call(get_method(name), inputs, kw)[0], args.repeat)
+                    if kt is not None:
+                        row[f"{name}_gpu_us"] = 1e6 * kt
             elt = inputs[0].element_size()
             traffic = B * T * (2 * elt + 1) + B * T * (1 + elt)
             row["copy_ms"] = 1e3 * copy_floor(traffic, args.device, args.repeat)
             row["torch_vs_copy"] = row["torch_ms"] / row["copy_ms"]
+            if args.device == "cuda":
+                src, dst = copy_buffers(traffic, args.device)
+                kt = kernel_time(lambda: dst.copy_(src), args.repeat)
+                del src, dst
+                if kt is not None:
+                    row["copy_gpu_us"] = 1e6 * kt
+                if "fused_gpu_us" in row and "copy_gpu_us" in row:
+                    row["fused_gpu_GBps"] = traffic / (row["fused_gpu_us"] * 1e-6) / 1e9
+                    row["gpu_bw_fraction"] = row["copy_gpu_us"] / row["fused_gpu_us"]
             if "fused" in results:
                 row["fused_GBps"] = traffic / (row["fused_ms"] * 1e-3) / 1e9
                 row["fused_vs_copy"] = row["fused_ms"] / row["copy_ms"]
@@ -227,7 +280,8 @@ def main(argv=None):
             torch.cuda.empty_cache()
 
     cols = ["B", "T", "G", "copy_ms", "torch_ms", "torch_vs_copy", "loop_ms", "loop_over_torch", "fused_ms",
-            "speedup_vs_torch", "fused_GBps", "fused_vs_copy", "copy_bw_fraction", "err"]
+            "speedup_vs_torch", "fused_GBps", "fused_vs_copy", "copy_bw_fraction", "copy_gpu_us", "torch_gpu_us",
+            "fused_gpu_us", "fused_gpu_GBps", "gpu_bw_fraction", "err"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print(f"PACS loss fwd+bwd, device={args.device}, dtype={args.dtype}, G={','.join(map(str, groups))}, "
           f"score={args.score}, proxy={args.proxy}, torch {torch.__version__}, "

@@ -20,6 +20,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -56,6 +57,10 @@ def megatron(model: str, out: str, dry: bool) -> dict:
            "-m", "pacs_fast.train", *args]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    output = proc.stdout + proc.stderr
+    log = os.path.splitext(out)[0] + ".log"  # the whole output, beside OUT_JSON (the suite packs it)
+    with open(log, "w") as f:
+        f.write(output)
     recs = []
     path = os.path.join(run_root, "megatron_tp1", "metrics.jsonl")
     if os.path.exists(path):
@@ -65,7 +70,26 @@ def megatron(model: str, out: str, dry: bool) -> dict:
     keep = ("time/step", "time/rollout", "time/update", "time/logprobs", "learner/loss", "learner/grad_norm")
     return {"ok": ok, "seconds": round(time.time() - t0, 1), "steps": len(train),
             "records": [{k: r.get(k) for k in keep} for r in train], "overrides": args,
-            "why": "" if ok else f"rc {proc.returncode}, {len(train)}/{steps} steps: {(proc.stdout + proc.stderr)[-1500:]}"}
+            "log": log, "why": "" if ok else f"rc {proc.returncode}, {len(train)}/{steps} steps: {first_error(output)}"}
+
+
+def first_error(output: str, limit: int = 1500) -> str:
+    """The cause of a failed torchrun run in ``output``: the CLI's one-line ``Error: ...`` if any,
+    else the first Python traceback (up to its exception line) that is not torchrun's own (its
+    closing ChildFailedError names no cause), else the output's tail."""
+    lines = [re.sub(r"^\[rank\d+\]:\s?", "", ln) for ln in output.splitlines()]
+    for ln in lines:
+        if ln.startswith("Error: "):
+            return ln[:limit]
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")]
+    for i in starts:
+        end = next((j for j in range(i + 1, len(lines)) if lines[j] and not lines[j].startswith((" ", "Traceback"))),
+                   len(lines) - 1)
+        text = "\n".join(lines[i:end + 1])
+        if "torch/distributed/run.py" in text or "ChildFailedError" in text:
+            continue
+        return text if len(text) <= limit else text[:300] + "\n...\n" + text[-(limit - 305):]
+    return output[-limit:]
 
 
 def trl(model: str, out: str, dry: bool) -> dict:

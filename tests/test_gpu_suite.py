@@ -41,7 +41,7 @@ def test_dry_run_plumbing_writes_the_report(tmp_path):
                                                        for r in rep["steps"]["pacs_loss"]["rows"])
     md = (tmp_path / "gpu_report.md").read_text()
     assert "DRY RUN" in md and "pacs_triton_atomic" in md and "## PACS loss" in md
-    assert "fwd+bwd / 4 GEMMs" in md and "share of copy bandwidth" in md and "four GEMMs" in md
+    assert "fwd+bwd / 4 GEMMs" in md and "wall share of copy" in md and "GPU share of copy" in md and "four GEMMs" in md
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -82,6 +82,7 @@ def test_dry_run_of_the_product_runs(tmp_path):
     rep = json.loads((tmp_path / "gpu_report.json").read_text())
     meg, trl = rep["steps"]["megatron_run"], rep["steps"]["trl_run"]
     assert meg["ok"] and meg["steps"] == 2 and all(r["learner/grad_norm"] is not None for r in meg["records"])
+    assert os.path.getsize(meg["log"]) > 0  # the run's whole output, kept for a failure's cause
     assert trl["ok"] and trl["steps"] == 3 and len(trl["losses"]) == 3
 
 
@@ -100,3 +101,21 @@ def test_a_missing_package_is_reported_as_not_run(tmp_path, monkeypatch):
     assert res == {"ok": False, "missing": "megatron-core", "why": "megatron-core is not installed"}
     md = report_md({"megatron_run": dict(ok=True, seconds=0.1, not_run="megatron-core is not installed")}, dry=False)
     assert "| megatron_run | not run: megatron-core is not installed |" in md
+
+
+def test_a_failed_run_reports_its_first_traceback():
+    """torchrun ends a failed run with its own summary, which names no cause (the H200 run of
+    2026-11-26 reported only that): the step's reason is the rank's first traceback."""
+    from gpu_product_runs import first_error
+    out = ("loading\n[rank0]: Traceback (most recent call last):\n[rank0]:   File \"t.py\", line 3, in f\n"
+           "[rank0]:     g()\n[rank0]: KeyError: 'x'\nlater noise\nTraceback (most recent call last):\n"
+           "  File \"run.py\", line 9\ntorch.distributed.elastic.ChildFailedError: pacs_fast.train FAILED\n")
+    why = first_error(out)
+    assert why.startswith("Traceback") and why.endswith("KeyError: 'x'") and "ChildFailedError" not in why
+    assert first_error("no traceback\njust output") == "no traceback\njust output"
+    cli = ("Error: model.device=cuda needs a CUDA GPU\nTraceback (most recent call last):\n  File \"torch/distributed/"
+           "run.py\", line 9\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    assert first_error(cli) == "Error: model.device=cuda needs a CUDA GPU"
+    assert "ChildFailedError" in first_error(cli.split("\n", 1)[1])  # only torchrun's: the tail
+    long = "Traceback (most recent call last):\n" + "".join(f"  line {i}\n" for i in range(2000)) + "ValueError: end"
+    assert len(first_error(long)) <= 1500 and first_error(long).endswith("ValueError: end")

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Issue 22's measurements in one device call (a lease is ~15 device-minutes, machine start included):
+#
+#   bash bench/gpu_lease.sh OUT_DIR [main|product|final]
+#
+# main (one ~9-minute call, the priority order of docs/GPU.md):
+#   1. suite   bench/gpu_suite.py --steps env,gpu_tests,logprobs,pacs_loss: the gpu tests, the log-prob
+#              kernels against the GEMM floors and Liger, the PACS loss against the copy floor (built-in tables)
+#   2. tune    bench/gpu_tune.py on the default forward, the chunked backward and the PACS loss (short budget),
+#              written to kernels/tuned/sm_<arch>.json of this checkout
+#   3. tuned   the same log-prob and PACS-loss benchmarks again, now reading the measured table
+#   4. shapes  the log-probs at H=896 (Qwen2.5-0.5B), H=3584 (7B) and V=32,000, against their floors and Liger
+# product (a short second call): bench/gpu_suite.py --steps env,compile,megatron_run,trl_run.
+# final (after changes made from what main showed): the gpu tests, the PACS loss (and on .old/, an
+#   earlier tree, when present), the log-probs with their alternating floors, the megatron run.
+#
+# Every phase is time-limited and independent; after each one OUT_DIR/lease.tgz holds everything so far
+# (logs, JSON, the tuned table; never a model or checkpoint), so a call cut off still returns its phases.
+# Wheels in .whl/ (bash bench/gpu_wheels.sh; liger-kernel for the comparison) are installed first.
+set -uo pipefail
+OUT="${1:?usage: bash bench/gpu_lease.sh OUT_DIR [main|product|final]}"
+MODE="${2:-main}"
+PY="${PYTHON:-python3}"
+W="${TMPDIR:-/tmp}/gpu_lease_$MODE"
+rm -rf "$W" && mkdir -p "$W" "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pacs_fast_site \
+    .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/pacs_fast_site"
+fi
+T0=$(date +%s)
+pack() {
+  tar czf "$OUT/lease.tgz.tmp" -C "$W" --exclude='model_*' --exclude='runs' --exclude='*.safetensors' \
+    --exclude='*.pt' . && mv "$OUT/lease.tgz.tmp" "$OUT/lease.tgz"
+}
+phase() {  # phase NAME LIMIT_S CMD...: runs CMD with its output in $W/NAME.log, prints the log's tail, packs
+  local name=$1 lim=$2; shift 2
+  echo "== $name: limit ${lim} s, at $(( $(date +%s) - T0 )) s"
+  timeout -k 5 "$lim" "$@" > "$W/$name.log" 2>&1
+  echo "== $name: rc $? after $(( $(date +%s) - T0 )) s"
+  grep -v "^\s*$" "$W/$name.log" | tail -n "${TAIL:-14}"
+  pack
+}
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv > "$W/nvidia_smi.csv" 2>&1
+if [[ "$MODE" == main ]]; then
+  phase suite 200 "$PY" bench/gpu_suite.py "$W/suite" --steps env,gpu_tests,logprobs,pacs_loss --budget-s 190
+  phase tune 175 "$PY" bench/gpu_tune.py --kernels \
+    linear_logprobs.stats_tiles,linear_logprobs.dlogits,pacs_loss.fwd_sums,pacs_loss.fwd,pacs_loss.bwd \
+    --budget-s 140 --out-dir "$W/tuned"
+  if compgen -G "$W/tuned/sm_*.json" > /dev/null; then mkdir -p kernels/tuned && cp "$W"/tuned/sm_*.json kernels/tuned/; fi
+  phase tuned_logprobs 70 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 --methods pacs_triton,liger_flce \
+    --iters 5 --out "$W/logprobs_tuned.json"
+  phase tuned_pacs_loss 40 "$PY" bench/bench_pacs_loss.py --device cuda --repeat 10 --loop-max-b 0 \
+    --out "$W/pacs_loss_tuned.json"
+  phase shapes 70 "$PY" bench/gpu_logprobs.py --shapes 8192x896x151936,8192x3584x151936,8192x4096x32000 \
+    --methods pacs_triton,liger_flce --iters 3 --out "$W/logprobs_shapes.json"
+elif [[ "$MODE" == final ]]; then  # ~4 minutes
+  phase pacs_loss_final 40 "$PY" bench/bench_pacs_loss.py --device cuda --repeat 10 --loop-max-b 0 \
+    --out "$W/pacs_loss_final.json"
+  if [[ -d .old/pacs_fast ]]; then  # the same benchmark on an earlier tree (git archive into .old/): A/B in one call
+    phase pacs_loss_old 35 env PYTHONPATH=".old:$PYTHONPATH" "$PY" .old/bench/bench_pacs_loss.py \
+      --device cuda --repeat 10 --loop-max-b 0 --out "$W/pacs_loss_old.json"
+  fi
+  phase logprobs_final 55 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 --methods pacs_triton,liger_flce \
+    --iters 5 --out "$W/logprobs_final.json"
+  phase gpu_tests_final 50 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests
+  phase megatron 75 "$PY" bench/gpu_suite.py "$W/suite" --steps megatron_run --budget-s 70
+else
+  phase product 330 "$PY" bench/gpu_suite.py "$W/suite" --steps env,compile,megatron_run,trl_run --budget-s 320
+fi
+echo "== done after $(( $(date +%s) - T0 )) s"
