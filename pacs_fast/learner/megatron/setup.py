@@ -57,7 +57,26 @@ def init_parallel(tp_size: int, *, device: str = "auto") -> torch.device:
         ps.initialize_model_parallel(tensor_model_parallel_size=tp_size, create_gloo_process_groups=False)
     if not use_cuda:
         apply_cpu_compat()
+    else:
+        _seed_model_parallel_rng()
     return torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+
+
+def _seed_model_parallel_rng(seed: int = 0) -> None:
+    """On CUDA, megatron's attention forks its model-parallel RNG stream around dropout, and raises
+    ("cuda rng state model-parallel-rng is not added") unless ``model_parallel_cuda_manual_seed``
+    ran (the first H200 run of the megatron learner, 2026-11-26). Seeded here unless the caller's
+    tracker already holds the stream; the CUDA default generator's state is restored (megatron's
+    call re-seeds it), so nothing else's random stream moves. Dropout is 0 in this project's
+    models: the stream's values are never drawn."""
+    from megatron.core import tensor_parallel
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    if mcore_random._MODEL_PARALLEL_RNG_TRACKER_NAME in tensor_parallel.get_cuda_rng_tracker().get_states():
+        return
+    state = torch.cuda.get_rng_state()
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    torch.cuda.set_rng_state(state)
 
 
 def _free_port() -> int:
