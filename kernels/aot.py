@@ -81,9 +81,10 @@ def compile_key(case: Case) -> str:
 
 
 def _kernel_modules():
-    from . import linear_logprobs, linear_logprobs_fwd, pacs_loss, token_logprobs
+    from . import linear_logprobs, linear_logprobs_fwd, linear_logprobs_fwd_tma, pacs_loss, token_logprobs
     return {"token_logprobs": token_logprobs, "linear_logprobs": linear_logprobs,
-            "linear_logprobs_fwd": linear_logprobs_fwd, "pacs_loss": pacs_loss}
+            "linear_logprobs_fwd": linear_logprobs_fwd, "linear_logprobs_fwd_tma": linear_logprobs_fwd_tma,
+            "pacs_loss": pacs_loss}
 
 
 def _split(cfg: dict):
@@ -131,6 +132,13 @@ def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> 
                     dict(base, **tile, V_TILES=c["V_TILES"], PERSISTENT=persistent), nw, ns,
                     ("stride_h", "stride_w", "N"), has_dot=True,
                     variant="entropy" + (", persistent" if persistent else ""))
+    if kernel == "stats_tma":  # TMA descriptors of the hidden / weight tiles (host TensorDescriptor)
+        desc = (lambda rows: f"tensordesc<{dt}[{rows}, {c['BLOCK_H']}]>")
+        return Case("linear_logprobs_fwd_tma", "stats_tma", "_stats_tma_kernel", arch, dt, list(shapes),
+                    dict(Hdesc=desc(c["BLOCK_N"]), Wdesc=desc(c["BLOCK_V"]), B=p, N="i32", V="i32", n_h="i32",
+                         inv_t="fp32", M_out=f32, S_out=f32, A_out=f32),
+                    dict(base, **tile, FLATTEN=bool(c["FLATTEN"]), WARP_SPECIALIZE=bool(c["WARP_SPECIALIZE"])),
+                    nw, ns, ("N",), has_dot=True, variant="entropy, tma, persistent")
     if kernel == "dlogits":
         return Case("linear_logprobs", "dlogits", "_dlogits_kernel", arch, dt, list(shapes),
                     dict(common, **rowvec, DZ=p, stride_dz="i32"), dict(base, **tile), nw, ns,
@@ -247,6 +255,9 @@ def cases(archs=ARCHS) -> list[Case]:
                     add(logprob_case(name, arch, dt, cfg, [shape]))
                     if name == "linear_logprobs.stats_tiles" and dt == "bf16" and not cfg["PERSISTENT"]:
                         add(logprob_case(name, arch, dt, dict(cfg, PERSISTENT=1), [shape]))  # selectable
+                if dt == "bf16" and arch >= 90:  # the selectable TMA forward (TMA: sm_90 and later)
+                    cfg = mods["linear_logprobs"].launch_config("stats_tma", N=n, V=v, H=h, dtype=_DT[dt], arch=arch)
+                    add(logprob_case("linear_logprobs.stats_tma", arch, dt, cfg, [shape]))
         for case in pacs_cases(arch):
             add(case)
     return list(out.values())
@@ -356,9 +367,21 @@ def param_uses(ptx: str, fn_name: str, index: int) -> dict:
     return dict(registers=sorted(regs | regs64), narrow=narrow, wide=len(wide))
 
 
+def _ptx_param_index(fn, types: dict) -> dict:
+    """Runtime argument -> its first PTX parameter number: a tensor descriptor of rank r
+    (``tensordesc<bf16[a, b]>``) takes 1 + 2r of them (the descriptor, its shape, its strides)."""
+    out, i = {}, 0
+    for a in fn.arg_names:
+        if a in types:
+            out[a] = i
+            t = types[a]
+            i += 1 + 2 * (t.count(",") + 1) if t.startswith("tensordesc") else 1
+    return out
+
+
 def offset_report(ptx: str, fn, types: dict, params) -> dict:
-    runtime = [a for a in fn.arg_names if a in types]
-    return {p: param_uses(ptx, fn.__name__, runtime.index(p)) for p in params}
+    index = _ptx_param_index(fn, types)
+    return {p: param_uses(ptx, fn.__name__, index[p]) for p in params}
 
 
 def compile_case(case: Case) -> dict:
@@ -383,6 +406,7 @@ def compile_case(case: Case) -> dict:
     row["smem_limit"] = SMEM_LIMIT[case.arch]
     row["mma"] = tensor_core_instrs(ptx)
     row["tf32"] = bool(re.search(r"\btf32\b", ptx))
+    row["tma_loads"] = len(re.findall(r"\bcp\.async\.bulk\.tensor\b", ptx))  # TMA copies (descriptor loads)
     row["global_access"] = global_access(ptx)
     row["offsets"] = offset_report(ptx, fn, case.types, case.wide_params)
     return row

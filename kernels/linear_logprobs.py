@@ -9,7 +9,8 @@ use IEEE fp32 products, not TF32, so fp32 results match a float64 reference to ~
 ``(m, s, a)`` (max, sum-exp, sum ``e*(x-m)``) to ``[S, N]``, merged on the host by the function
 that merges tensor-parallel ranks; the target logit is an O(N*H) gather-dot on the host.
 ``"tiles"`` (default): kernels/linear_logprobs_fwd.py, one GEMM-shaped program per (row block,
-vocab block) tile in grouped order, S = vocab blocks. ``"split"``: grid ``(cdiv(N, BLOCK_N),
+vocab block) tile in grouped order, S = vocab blocks. ``"tma"``: kernels/linear_logprobs_fwd_tma.py,
+the same tiles from TMA copies in a persistent loop (bf16 / fp16 on sm_90+, else "tiles"). ``"split"``: grid ``(cdiv(N, BLOCK_N),
 SPLITS)``, program (row block, split) loops over the logits tiles ``[BLOCK_N, BLOCK_V]`` of its
 vocab range (a K-loop of ``tl.dot`` over H in ``BLOCK_H`` steps) with an online fold, S = SPLITS.
 
@@ -51,13 +52,15 @@ from . import tuning
 # blocks so that the interpreter is fast and every loop has several ragged steps.
 CONFIG = {
     "BLOCK_N": None, "BLOCK_V": None, "BLOCK_H": None, "GROUP_N": None, "num_warps": None, "num_stages": None,
-    "SPLITS": None, "V_TILES": None, "PERSISTENT": None,  # V_TILES, PERSISTENT: stats_tiles only
-    "FWD": None,  # "tiles" (None: the default) or "split": which forward ``stats_fwd`` runs
+    "SPLITS": None, "V_TILES": None, "PERSISTENT": None,  # V_TILES: stats_tiles; PERSISTENT: stats_tiles / tma
+    "FLATTEN": None, "WARP_SPECIALIZE": None,  # stats_tma only
+    "FWD": None,  # "tiles" (None: the default), "split" or "tma": which forward ``stats_fwd`` runs
     "BWD_CHUNK_BYTES": 512 << 20,  # dz buffer of the chunked backward
 }
-KERNELS = ("stats_fwd", "stats_tiles", "grad_bwd", "dlogits")
-FORWARDS = ("tiles", "split")
-_TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "num_warps", "num_stages")
+KERNELS = ("stats_fwd", "stats_tiles", "stats_tma", "grad_bwd", "dlogits")
+FORWARDS = ("tiles", "split", "tma")
+_TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "FLATTEN", "WARP_SPECIALIZE",
+            "num_warps", "num_stages")
 
 # Per-architecture launch parameters, keyed by (kernel, arch, "16" for bf16/fp16 or "32" for fp32);
 # arch None = every architecture without its own entry (and the interpreter). Chosen from the
@@ -78,9 +81,15 @@ _TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT",
 #   sm_100 takes 128x128x64 w8 s4 (142 regs, 0 B, 129 KB). GROUP_N=16: 16 hidden row blocks (16 MB)
 #   stay in L2 while a group sweeps the vocabulary, so the LM head is read from DRAM N/2048 times,
 #   not N/1024 (a traffic estimate; bench/gpu_tune.py measures). fp32: as stats_fwd (0 B).
+# - stats_tma (kernels/linear_logprobs_fwd_tma.py, selectable, bf16 / fp16 on sm_90+), one persistent
+#   program per SM: sm_90 128x256x64 w8 s3 without FLATTEN (255 regs, 0 B stack, 145 KB; FLATTEN=1
+#   spilled 64 B there, at 4 stages too; 128x128 with FLATTEN: 168 regs, no spill, left to the tuner);
+#   sm_100 128x128x64 w8 s4 with FLATTEN (216 regs, 0 B). fp32 never takes it (the entry exists for
+#   launch_config's sake).
 _BF16 = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=8, num_warps=8, num_stages=3)
 _FP32 = dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2)
 _TILES16 = dict(_BF16, BLOCK_V=256, GROUP_N=16, V_TILES=1, PERSISTENT=0)
+_TMA16 = dict(_BF16, BLOCK_V=256, GROUP_N=16, PERSISTENT=1, FLATTEN=0, WARP_SPECIALIZE=0)
 _ARCH_CONFIGS = {
     ("stats_fwd", None, "16"): _BF16,
     ("stats_fwd", 100, "16"): dict(_BF16, num_stages=2),
@@ -90,6 +99,9 @@ _ARCH_CONFIGS = {
     ("stats_tiles", 90, "16"): _TILES16,
     ("stats_tiles", 100, "16"): dict(_TILES16, BLOCK_V=128, num_stages=4),
     ("stats_tiles", None, "32"): dict(_FP32, V_TILES=1, PERSISTENT=0),
+    ("stats_tma", None, "16"): _TMA16,
+    ("stats_tma", 100, "16"): dict(_TMA16, BLOCK_V=128, num_stages=4, FLATTEN=1),
+    ("stats_tma", None, "32"): dict(_FP32, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
     ("dlogits", None, "16"): _BF16,
     ("dlogits", None, "32"): _FP32,
     ("grad_bwd", None, "16"): dict(_BF16, BLOCK_H=32, num_stages=2),
@@ -306,7 +318,8 @@ def _cfg(kernel, hidden, weight):
 
 
 def forward_kind() -> str:
-    """``CONFIG["FWD"]``: ``"tiles"`` (default, ``stats_tiles``) or ``"split"`` (``_stats_fwd_kernel``)."""
+    """``CONFIG["FWD"]``: ``"tiles"`` (default, ``stats_tiles``), ``"split"`` (``_stats_fwd_kernel``)
+    or ``"tma"`` (``stats_tma`` where ``tma_usable``, else ``stats_tiles``)."""
     kind = CONFIG["FWD"] or "tiles"
     if kind not in FORWARDS:
         raise ValueError(f"CONFIG['FWD'] must be one of {FORWARDS}, got {kind!r}")
@@ -316,7 +329,13 @@ def forward_kind() -> str:
 def stats_fwd(hidden, weight, bias, inv_t: float, entropy: bool):
     """Partial ``(m, s, a)`` fp32 ``[S, N]`` of the scaled logits (``a`` None w/o entropy), to be
     merged along dim 0: S vocab blocks of the tiled forward, or S splits of the split one."""
-    if forward_kind() == "tiles":
+    kind = forward_kind()
+    if kind == "tma":
+        from .linear_logprobs_fwd_tma import stats_tma, tma_usable
+        if tma_usable(hidden, weight):
+            return stats_tma(hidden, weight, bias, inv_t, entropy)
+        kind = "tiles"
+    if kind == "tiles":
         from .linear_logprobs_fwd import stats_tiles
         return stats_tiles(hidden, weight, bias, inv_t, entropy)
     n, n_h = hidden.shape

@@ -1,0 +1,93 @@
+"""The persistent TMA forward of linear_logprobs (kernels/linear_logprobs_fwd_tma.py,
+``CONFIG["FWD"] = "tma"``) under the interpreter against float64, with the bounds and inputs of
+tests/test_linear_logprobs_fwd.py (same partial contract as the tiled forward): odd N and V, an H
+(40) that is not a multiple of BLOCK_H (16), so the last K step reads the descriptor's zero fill;
+several tiles per persistent program; extreme logits; bias with a whole vocab tile at -inf;
+temperature; and forward + backward through the op. Inputs a TMA descriptor cannot take (fp32, a
+row stride that is not 16-byte aligned) fall back to the tiled forward. Its sm_90 / sm_100 compile
+(TMA copies feeding wgmma / tcgen05, no spills) is checked in tests/test_kernels_compile.py.
+"""
+import math
+
+import pytest
+import torch
+
+from pacs_fast.ops import vocab_parallel as vp
+from test_linear_logprobs_fwd import H, N, V, _blocks, _bounds, _inputs, _reference
+
+pytestmark = [pytest.mark.interpret,
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
+
+
+def _tma(monkeypatch, **kw):
+    return _blocks(monkeypatch, FWD="tma", **kw)
+
+
+@pytest.mark.parametrize("scale,temperature,bias", [(0.5, 1.3, True), (1e3, 1.0, False), (0.5, 0.7, False)])
+@pytest.mark.parametrize("persistent,flatten", [(1, 0), (3, 1)])
+def test_tma_stats_match_float64(seed, monkeypatch, scale, temperature, bias, persistent, flatten):
+    """bf16 partials per 16-wide vocab block: each block's max, and the merged two-part lse and
+    entropy, within the first-order rounding bounds of test_linear_logprobs_fwd; the grid of
+    ``persistent`` x 4 programs (4 "SMs" off-GPU) strides over the 3 x 13 tiles."""
+    K = _tma(monkeypatch, PERSISTENT=persistent, FLATTEN=flatten)
+    from pacs_fast.kernels import linear_logprobs_fwd_tma as T
+    launched = []
+    real = T.stats_tma
+    monkeypatch.setattr(T, "stats_tma", lambda *a: launched.append(1) or real(*a))
+    hidden, weight, b = _inputs(torch.bfloat16, scale, bias)
+    inv_t = 1.0 / temperature
+    m_p, s_p, a_p = K.stats_fwd(hidden, weight, b, inv_t, True)
+    assert launched  # the TMA kernel ran, not the fallback
+    n_blocks = math.ceil(V / 16)
+    assert m_p.shape == s_p.shape == a_p.shape == (n_blocks, N)
+    x, lse, ent, cmax, sens, spread = _reference(hidden, weight, b, inv_t)
+    lse_tol, ent_tol = _bounds(cmax, sens, spread, V)
+    blk_max = torch.stack([x[:, i * 16:(i + 1) * 16].amax(1) for i in range(n_blocks)])
+    assert torch.equal(torch.isneginf(m_p), torch.isneginf(blk_max))
+    fin = torch.isfinite(blk_max)
+    assert ((m_p.double() - blk_max).abs()[fin] <= (2 * H * U_ * cmax).expand_as(blk_max)[fin]).all()
+    m, s, a = vp.merge_splits(m_p, s_p, a_p)
+    two_part = m.double() + s.double().log()
+    assert ((two_part - lse).abs() <= lse_tol).all(), ((two_part - lse).abs() / lse_tol).max()
+    ent_k = s.double().log() - a.double() / s.double()
+    assert ((ent_k - ent).abs() <= ent_tol).all(), ((ent_k - ent).abs() / ent_tol).max()
+
+
+U_ = 2.0 ** -24
+
+
+def test_without_entropy_only_m_and_s(seed, monkeypatch):
+    K = _tma(monkeypatch)
+    hidden, weight, b = _inputs(torch.bfloat16, 0.5, True)
+    with_ent = K.stats_fwd(hidden, weight, b, 1.0, True)
+    m, s, a = K.stats_fwd(hidden, weight, b, 1.0, False)
+    assert a is None and torch.equal(m, with_ent[0]) and torch.equal(s, with_ent[1])
+
+
+@pytest.mark.parametrize("case", ["fp32", "unaligned rows"])
+def test_inputs_a_descriptor_cannot_take_fall_back_to_the_tiled_forward(seed, monkeypatch, case):
+    """Same partials as FWD="tiles" (bit for bit: the same kernel runs), and stats_tma is not called."""
+    from pacs_fast.kernels import linear_logprobs_fwd_tma as T
+    K = _tma(monkeypatch)
+    monkeypatch.setattr(T, "stats_tma", lambda *a: pytest.fail("stats_tma ran on inputs TMA cannot take"))
+    hidden, weight, b = _inputs(torch.float32 if case == "fp32" else torch.bfloat16, 0.5, True)
+    if case == "unaligned rows":  # rows of 36 bf16 = 72 B: not a multiple of 16
+        hidden = torch.empty(N, 36, dtype=hidden.dtype)[:, :36].copy_(hidden[:, :36])
+        weight = weight[:, :36].contiguous()
+        assert (hidden.stride(0) * hidden.element_size()) % 16
+    assert not T.tma_usable(hidden, weight)
+    got = K.stats_fwd(hidden, weight, b, 0.9, True)
+    monkeypatch.setitem(K.CONFIG, "FWD", "tiles")
+    want = K.stats_fwd(hidden, weight, b, 0.9, True)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("temperature,entropy,bias", [(0.7, True, False), (1.0, True, True)])
+def test_autograd_op_with_the_tma_forward(seed, monkeypatch, temperature, entropy, bias):
+    """Forward + backward through ``linear_logprobs`` (TMA forward, chunked backward) under the
+    value and gradient checks of tests/test_linear_logprobs.py (float64 reference, ignored rows)."""
+    from test_linear_logprobs import check
+    _tma(monkeypatch, PERSISTENT=2)
+    check(torch.bfloat16, "triton", temperature, entropy, bias, v=V)
