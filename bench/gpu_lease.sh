@@ -45,15 +45,16 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version 
 if [[ "$MODE" == main ]]; then
   phase suite 200 "$PY" bench/gpu_suite.py "$W/suite" --steps env,gpu_tests,logprobs,pacs_loss --budget-s 190
   phase tune 175 "$PY" bench/gpu_tune.py --kernels \
-    linear_logprobs.stats_tiles,linear_logprobs.dlogits,pacs_loss.fwd_sums,pacs_loss.fwd,pacs_loss.bwd \
+    linear_logprobs.stats_tiles,linear_logprobs.stats_tma,linear_logprobs.dlogits,pacs_loss.fwd_sums,pacs_loss.fwd,pacs_loss.bwd \
     --budget-s 140 --out-dir "$W/tuned"
   if compgen -G "$W/tuned/sm_*.json" > /dev/null; then mkdir -p kernels/tuned && cp "$W"/tuned/sm_*.json kernels/tuned/; fi
-  phase tuned_logprobs 70 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 --methods pacs_triton,liger_flce \
+  phase tuned_logprobs 70 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \
+    --methods pacs_triton,pacs_triton_tma,liger_flce \
     --iters 5 --out "$W/logprobs_tuned.json"
   phase tuned_pacs_loss 40 "$PY" bench/bench_pacs_loss.py --device cuda --repeat 10 --loop-max-b 0 \
     --out "$W/pacs_loss_tuned.json"
   phase shapes 70 "$PY" bench/gpu_logprobs.py --shapes 8192x896x151936,8192x3584x151936,8192x4096x32000 \
-    --methods pacs_triton,liger_flce --iters 3 --out "$W/logprobs_shapes.json"
+    --methods pacs_triton,pacs_triton_tma,liger_flce --iters 3 --out "$W/logprobs_shapes.json"
 elif [[ "$MODE" == final ]]; then  # ~4 minutes
   phase pacs_loss_final 40 "$PY" bench/bench_pacs_loss.py --device cuda --repeat 10 --loop-max-b 0 \
     --out "$W/pacs_loss_final.json"
@@ -61,7 +62,8 @@ elif [[ "$MODE" == final ]]; then  # ~4 minutes
     phase pacs_loss_old 35 env PYTHONPATH=".old:$PYTHONPATH" "$PY" .old/bench/bench_pacs_loss.py \
       --device cuda --repeat 10 --loop-max-b 0 --out "$W/pacs_loss_old.json"
   fi
-  phase logprobs_final 55 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 --methods pacs_triton,liger_flce \
+  phase logprobs_final 55 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \
+    --methods pacs_triton,pacs_triton_tma,liger_flce \
     --iters 5 --out "$W/logprobs_final.json"
   phase gpu_tests_final 50 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests
   phase megatron 75 "$PY" bench/gpu_suite.py "$W/suite" --steps megatron_run --budget-s 70

@@ -8,7 +8,9 @@ Run on a CUDA machine (first measured on an H100: bench/results/gpu/20261124_h10
 
 Methods: ``pacs_triton`` (the GEMM-shaped tiled forward kernel, chunked GEMM backward: a Triton dz
 chunk + two cuBLAS GEMMs per vocab chunk, the default), ``pacs_triton_split`` (the same with the
-earlier split forward, ``CONFIG["FWD"] = "split"``, for comparison), ``pacs_triton_atomic`` (the
+earlier split forward, ``CONFIG["FWD"] = "split"``, for comparison), ``pacs_triton_tma`` (the persistent
+TMA forward, ``CONFIG["FWD"] = "tma"``, kernels/linear_logprobs_fwd_tma.py; on a GPU before sm_90 it
+falls back to the tiled one), ``pacs_triton_atomic`` (the
 default forward, the one-pass atomic backward kernel), ``pacs_torch`` (the chunked torch backend on cuBLAS),
 ``naive`` (matmul -> log_softmax -> gather, entropy; skipped when [N, V] would not fit),
 ``liger_flce`` (Liger fused linear cross-entropy, loss only, no entropy) when installed.
@@ -56,12 +58,12 @@ def _inputs(n, h, v, dtype, device, seed=0):
 
 
 def _method(name):
-    if name in ("pacs_triton", "pacs_triton_split", "pacs_triton_atomic", "pacs_torch"):
+    if name in ("pacs_triton", "pacs_triton_split", "pacs_triton_tma", "pacs_triton_atomic", "pacs_torch"):
         from pacs_fast.kernels import linear_logprobs as K
         from pacs_fast.ops.linear_logprobs import linear_logprobs
         backend = name.split("_")[1]
         bwd = "atomic" if name.endswith("atomic") else "chunked"
-        kind = "split" if name.endswith("split") else None
+        kind = "split" if name.endswith("split") else "tma" if name.endswith("tma") else None
 
         def fwd(h, w, y):
             old, K.CONFIG["FWD"] = K.CONFIG["FWD"], kind
@@ -229,7 +231,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="8192x4096x151936")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    ap.add_argument("--methods", default="pacs_triton,pacs_triton_split,pacs_triton_atomic,pacs_torch,naive,liger_flce")
+    ap.add_argument("--methods", default="pacs_triton,pacs_triton_tma,pacs_triton_split,pacs_triton_atomic,pacs_torch,"
+                                         "naive,liger_flce")
     ap.add_argument("--strict", action="store_true",
                     help="exit 1 when a pacs_* method did not run (the GPU suite: never skip silently)")
     ap.add_argument("--iters", type=int, default=10)

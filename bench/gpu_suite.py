@@ -168,7 +168,7 @@ class Suite:
         env = _env()
         if self.dry:
             cmd += ["--device", "cpu", "--shapes", "16x32x300", "--dtype", "fp32", "--iters", "1",
-                    "--methods", "pacs_triton,pacs_triton_split,pacs_triton_atomic,pacs_torch,naive"]
+                    "--methods", "pacs_triton,pacs_triton_tma,pacs_triton_split,pacs_triton_atomic,pacs_torch,naive"]
             env["TRITON_INTERPRET"] = "1"
         else:
             cmd += ["--shapes", "8192x4096x151936", "--dtype", "bf16", "--iters", "5"]

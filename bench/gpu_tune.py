@@ -10,7 +10,8 @@ built-in compile-model table).
 
 Kernels (N=8192, H=4096, V=151,936, bf16 by default; ``--dtype fp32`` tunes the fp32 entries):
 ``linear_logprobs.stats_tiles`` (the default forward, timed with the merge of its partials, which
-depends on BLOCK_V and V_TILES), ``linear_logprobs.dlogits`` (timed as the whole chunked backward:
+depends on BLOCK_V and V_TILES), ``linear_logprobs.stats_tma`` (the selectable persistent TMA forward,
+the same way; stage 2 adds PERSISTENT and FLATTEN), ``linear_logprobs.dlogits`` (timed as the whole chunked backward:
 the Triton dz chunks plus the cuBLAS GEMMs), ``linear_logprobs.grad_bwd`` (the atomic backward),
 ``token_logprobs.stats_fwd`` and ``token_logprobs.grad_bwd`` (logits [N, V]). The PACS loss kernels
 ``pacs_loss.fwd_sums`` (pass A), ``pacs_loss.fwd`` (pass B; both timed as the forward) and
@@ -61,9 +62,11 @@ from pacs_fast.ops import vocab_parallel as vp  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_tune_pacs  # noqa: E402
 
-SPECS = ("linear_logprobs.stats_tiles", "linear_logprobs.dlogits", "linear_logprobs.grad_bwd",
-         "token_logprobs.stats_fwd", "token_logprobs.grad_bwd", "pacs_loss.fwd_sums", "pacs_loss.fwd", "pacs_loss.bwd")
-BUDGET_SHARE = {"linear_logprobs.stats_tiles": 0.28, "linear_logprobs.dlogits": 0.2, "linear_logprobs.grad_bwd": 0.12,
+SPECS = ("linear_logprobs.stats_tiles", "linear_logprobs.stats_tma", "linear_logprobs.dlogits",
+         "linear_logprobs.grad_bwd", "token_logprobs.stats_fwd", "token_logprobs.grad_bwd", "pacs_loss.fwd_sums",
+         "pacs_loss.fwd", "pacs_loss.bwd")
+BUDGET_SHARE = {"linear_logprobs.stats_tiles": 0.28, "linear_logprobs.stats_tma": 0.2,
+                "linear_logprobs.dlogits": 0.2, "linear_logprobs.grad_bwd": 0.12,
                 "token_logprobs.stats_fwd": 0.08, "token_logprobs.grad_bwd": 0.12, "pacs_loss.fwd_sums": 0.09,
                 "pacs_loss.fwd": 0.04, "pacs_loss.bwd": 0.07}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -120,7 +123,8 @@ def _by_distance(base, cands):
 def stage2(name, best):
     if name.startswith("token_logprobs."):
         return []
-    extra = dict(PERSISTENT=(0, 1, 2), V_TILES=(1, 2)) if name.endswith("stats_tiles") else {}
+    extra = dict(PERSISTENT=(0, 1, 2), V_TILES=(1, 2)) if name.endswith("stats_tiles") else \
+        dict(PERSISTENT=(1, 2), FLATTEN=(0, 1)) if name.endswith("stats_tma") else {}
     keys = ["GROUP_N"] + list(extra)
     values = [(4, 8, 16, 32, 64)] + list(extra.values())
     return _dedupe([dict(best, **dict(zip(keys, combo))) for combo in itertools.product(*values)])
@@ -140,7 +144,8 @@ def _dedupe(cands):
 
 class override:
     """Sets ``cfg`` as the kernel file's ``CONFIG`` overrides (which ``launch_config`` lets win) and
-    restores the previous values on exit; ``{}`` clears them. The stats_tiles forward is selected."""
+    restores the previous values on exit; ``{}`` clears them. The forward it selects: the TMA one for
+    ``linear_logprobs.stats_tma``, else the tiled one."""
 
     def __init__(self, name, cfg):
         self.mod, self.kernel = name.split(".")
@@ -150,7 +155,8 @@ class override:
         conf = MODULES[self.mod].CONFIG
         self.saved = dict(conf)
         keys = ("BLOCK_V", "BLOCK_V_BWD", "num_warps", "num_stages") if self.mod == "token_logprobs" else \
-            ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "num_warps", "num_stages")
+            ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "FLATTEN", "WARP_SPECIALIZE",
+             "num_warps", "num_stages")
         for k in keys:
             conf[k] = None
         for k, v in self.cfg.items():
@@ -159,7 +165,7 @@ class override:
             if k in keys:
                 conf[k] = v
         if self.mod == "linear_logprobs":
-            conf["FWD"] = "tiles"
+            conf["FWD"] = "tma" if self.kernel == "stats_tma" else "tiles"
         return self
 
     def __exit__(self, *exc):
@@ -212,6 +218,8 @@ def make_runners(n, h, v, dtype, dev):
         return (out[0], out[0] + torch.log(out[1]), torch.log(out[1]) - out[2] / out[1])
     return {
         "linear_logprobs.stats_tiles": (lambda: stats(vp.merge_splits(*KL.stats_fwd(hid, w, None, 1.0, True))), rel),
+        # stats_fwd under override("linear_logprobs.stats_tma", ...) runs the TMA forward (FWD="tma")
+        "linear_logprobs.stats_tma": (lambda: stats(vp.merge_splits(*KL.stats_fwd(hid, w, None, 1.0, True))), rel),
         "linear_logprobs.dlogits": (lambda: KL.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh), rel),
         "linear_logprobs.grad_bwd": (lambda: KL.grad_bwd(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh), rel),
         "token_logprobs.stats_fwd": (lambda: stats(vp.merge_splits(*KT.stats_fwd(logits, 1.0, True))), rel),

@@ -31,7 +31,8 @@ def test_dry_run_plumbing_writes_the_report(tmp_path):
     rep = json.loads((tmp_path / "gpu_report.json").read_text())
     assert rep["dry_run"] and rep["ok"] and set(rep["steps"]) == {"env", "logprobs", "pacs_loss"}
     rows = {r["method"]: r for r in rep["steps"]["logprobs"]["rows"]}
-    for m in ("pacs_triton", "pacs_triton_split", "pacs_triton_atomic", "pacs_torch", "naive"):  # every method ran
+    for m in ("pacs_triton", "pacs_triton_tma", "pacs_triton_split", "pacs_triton_atomic", "pacs_torch",
+              "naive"):  # every method ran
         assert "unavailable" not in rows[m], rows[m]
         assert rows[m]["max_err"]["logp"] < 1e-4
     assert all("fused_ms" in r for r in rep["steps"]["pacs_loss"]["rows"])
