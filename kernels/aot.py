@@ -81,9 +81,9 @@ def compile_key(case: Case) -> str:
 
 
 def _kernel_modules():
-    from . import linear_logprobs, linear_logprobs_fwd, linear_logprobs_fwd_tma, pacs_loss, token_logprobs
+    from . import linear_logprobs, linear_logprobs_fwd, linear_logprobs_tma, pacs_loss, token_logprobs
     return {"token_logprobs": token_logprobs, "linear_logprobs": linear_logprobs,
-            "linear_logprobs_fwd": linear_logprobs_fwd, "linear_logprobs_fwd_tma": linear_logprobs_fwd_tma,
+            "linear_logprobs_fwd": linear_logprobs_fwd, "linear_logprobs_tma": linear_logprobs_tma,
             "pacs_loss": pacs_loss}
 
 
@@ -134,11 +134,18 @@ def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> 
                     variant="entropy" + (", persistent" if persistent else ""))
     if kernel == "stats_tma":  # TMA descriptors of the hidden / weight tiles (host TensorDescriptor)
         desc = (lambda rows: f"tensordesc<{dt}[{rows}, {c['BLOCK_H']}]>")
-        return Case("linear_logprobs_fwd_tma", "stats_tma", "_stats_tma_kernel", arch, dt, list(shapes),
+        return Case("linear_logprobs_tma", "stats_tma", "_stats_tma_kernel", arch, dt, list(shapes),
                     dict(Hdesc=desc(c["BLOCK_N"]), Wdesc=desc(c["BLOCK_V"]), B=p, N="i32", V="i32", n_h="i32",
                          inv_t="fp32", M_out=f32, S_out=f32, A_out=f32),
                     dict(base, **tile, FLATTEN=bool(c["FLATTEN"]), WARP_SPECIALIZE=bool(c["WARP_SPECIALIZE"])),
                     nw, ns, ("N",), has_dot=True, variant="entropy, tma, persistent")
+    if kernel == "dlogits_tma":
+        desc = (lambda rows: f"tensordesc<{dt}[{rows}, {c['BLOCK_H']}]>")
+        return Case("linear_logprobs_tma", "dlogits_tma", "_dlogits_tma_kernel", arch, dt, list(shapes),
+                    dict(Hdesc=desc(c["BLOCK_N"]), Wdesc=desc(c["BLOCK_V"]), B=p, N="i32", V="i32", n_h="i32",
+                         **rowvec, DZ=p, stride_dz="i32"),
+                    dict(base, **tile, FLATTEN=bool(c["FLATTEN"]), WARP_SPECIALIZE=bool(c["WARP_SPECIALIZE"])),
+                    nw, ns, ("stride_dz",), has_dot=True, variant="entropy, tma, persistent")
     if kernel == "dlogits":
         return Case("linear_logprobs", "dlogits", "_dlogits_kernel", arch, dt, list(shapes),
                     dict(common, **rowvec, DZ=p, stride_dz="i32"), dict(base, **tile), nw, ns,
@@ -255,9 +262,10 @@ def cases(archs=ARCHS) -> list[Case]:
                     add(logprob_case(name, arch, dt, cfg, [shape]))
                     if name == "linear_logprobs.stats_tiles" and dt == "bf16" and not cfg["PERSISTENT"]:
                         add(logprob_case(name, arch, dt, dict(cfg, PERSISTENT=1), [shape]))  # selectable
-                if dt == "bf16" and arch >= 90:  # the selectable TMA forward (TMA: sm_90 and later)
-                    cfg = mods["linear_logprobs"].launch_config("stats_tma", N=n, V=v, H=h, dtype=_DT[dt], arch=arch)
-                    add(logprob_case("linear_logprobs.stats_tma", arch, dt, cfg, [shape]))
+                if dt == "bf16" and arch >= 90:  # the selectable TMA kernels (TMA: sm_90 and later)
+                    for kernel in ("stats_tma", "dlogits_tma"):
+                        cfg = mods["linear_logprobs"].launch_config(kernel, N=n, V=v, H=h, dtype=_DT[dt], arch=arch)
+                        add(logprob_case(f"linear_logprobs.{kernel}", arch, dt, cfg, [shape]))
         for case in pacs_cases(arch):
             add(case)
     return list(out.values())

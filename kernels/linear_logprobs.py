@@ -9,7 +9,7 @@ use IEEE fp32 products, not TF32, so fp32 results match a float64 reference to ~
 ``(m, s, a)`` (max, sum-exp, sum ``e*(x-m)``) to ``[S, N]``, merged on the host by the function
 that merges tensor-parallel ranks; the target logit is an O(N*H) gather-dot on the host.
 ``"tiles"`` (default): kernels/linear_logprobs_fwd.py, one GEMM-shaped program per (row block,
-vocab block) tile in grouped order, S = vocab blocks. ``"tma"``: kernels/linear_logprobs_fwd_tma.py,
+vocab block) tile in grouped order, S = vocab blocks. ``"tma"``: kernels/linear_logprobs_tma.py,
 the same tiles from TMA copies in a persistent loop (bf16 / fp16 on sm_90+, else "tiles"). ``"split"``: grid ``(cdiv(N, BLOCK_N),
 SPLITS)``, program (row block, split) loops over the logits tiles ``[BLOCK_N, BLOCK_V]`` of its
 vocab range (a K-loop of ``tl.dot`` over H in ``BLOCK_H`` steps) with an online fold, S = SPLITS.
@@ -30,7 +30,8 @@ bench/README.md). For bf16/fp16 inputs ``dz`` is rounded to the input dtype befo
 backward ``tl.dot``s (tensor cores), as in the forward GEMM; fp32 inputs keep fp32.
 
 ``grad_bwd_chunked`` (the default backward on GPU): vocabulary chunks sized from a memory
-budget; per chunk ``_dlogits_kernel`` recomputes the logits tiles (the same ``tl.dot`` K-loop)
+budget; per chunk ``_dlogits_kernel`` (or, with ``CONFIG["DLOGITS"] = "tma"``, the persistent TMA
+kernel of kernels/linear_logprobs_tma.py) recomputes the logits tiles (the same ``tl.dot`` K-loop)
 and writes ``dz`` rounded to the input dtype into one ``[n_chunk, v_chunk]`` buffer, then two
 cuBLAS GEMMs: ``dhidden += dz @ W[chunk]`` (fp32 accumulator) and ``dW[chunk] = dz.T @ hidden``
 (written once when the chunk holds every row). No atomics, deterministic, and the GEMMs run at
@@ -55,9 +56,10 @@ CONFIG = {
     "SPLITS": None, "V_TILES": None, "PERSISTENT": None,  # V_TILES: stats_tiles; PERSISTENT: stats_tiles / tma
     "FLATTEN": None, "WARP_SPECIALIZE": None,  # stats_tma only
     "FWD": None,  # "tiles" (None: the default), "split" or "tma": which forward ``stats_fwd`` runs
+    "DLOGITS": None,  # None (the pointer kernel) or "tma": which dz kernel the chunked backward runs
     "BWD_CHUNK_BYTES": 512 << 20,  # dz buffer of the chunked backward
 }
-KERNELS = ("stats_fwd", "stats_tiles", "stats_tma", "grad_bwd", "dlogits")
+KERNELS = ("stats_fwd", "stats_tiles", "stats_tma", "grad_bwd", "dlogits", "dlogits_tma")
 FORWARDS = ("tiles", "split", "tma")
 _TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "FLATTEN", "WARP_SPECIALIZE",
             "num_warps", "num_stages")
@@ -81,11 +83,13 @@ _TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT",
 #   sm_100 takes 128x128x64 w8 s4 (142 regs, 0 B, 129 KB). GROUP_N=16: 16 hidden row blocks (16 MB)
 #   stay in L2 while a group sweeps the vocabulary, so the LM head is read from DRAM N/2048 times,
 #   not N/1024 (a traffic estimate; bench/gpu_tune.py measures). fp32: as stats_fwd (0 B).
-# - stats_tma (kernels/linear_logprobs_fwd_tma.py, selectable, bf16 / fp16 on sm_90+), one persistent
+# - stats_tma (kernels/linear_logprobs_tma.py, selectable, bf16 / fp16 on sm_90+), one persistent
 #   program per SM: sm_90 128x256x64 w8 s3 without FLATTEN (255 regs, 0 B stack, 145 KB; FLATTEN=1
 #   spilled 64 B there, at 4 stages too; 128x128 with FLATTEN: 168 regs, no spill, left to the tuner);
-#   sm_100 128x128x64 w8 s4 with FLATTEN (216 regs, 0 B). fp32 never takes it (the entry exists for
-#   launch_config's sake).
+#   sm_100 128x128x64 w8 s4 with FLATTEN (216 regs, 0 B). dlogits_tma (the chunked backward's dz
+#   kernel, CONFIG["DLOGITS"] = "tma"): 128x128x64 w8 s4 with FLATTEN, as the measured pointer
+#   dlogits (sm_90 128 regs, 161 KB; sm_100 211 regs; 128x256 spilled 40 B on sm_90). fp32 never
+#   takes either (the entries exist for launch_config's sake).
 _BF16 = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=8, num_warps=8, num_stages=3)
 _FP32 = dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2)
 _TILES16 = dict(_BF16, BLOCK_V=256, GROUP_N=16, V_TILES=1, PERSISTENT=0)
@@ -102,6 +106,8 @@ _ARCH_CONFIGS = {
     ("stats_tma", None, "16"): _TMA16,
     ("stats_tma", 100, "16"): dict(_TMA16, BLOCK_V=128, num_stages=4, FLATTEN=1),
     ("stats_tma", None, "32"): dict(_FP32, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
+    ("dlogits_tma", None, "16"): dict(_BF16, num_stages=4, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
+    ("dlogits_tma", None, "32"): dict(_FP32, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
     ("dlogits", None, "16"): _BF16,
     ("dlogits", None, "32"): _FP32,
     ("grad_bwd", None, "16"): dict(_BF16, BLOCK_H=32, num_stages=2),
@@ -331,7 +337,7 @@ def stats_fwd(hidden, weight, bias, inv_t: float, entropy: bool):
     merged along dim 0: S vocab blocks of the tiled forward, or S splits of the split one."""
     kind = forward_kind()
     if kind == "tma":
-        from .linear_logprobs_fwd_tma import stats_tma, tma_usable
+        from .linear_logprobs_tma import stats_tma, tma_usable
         if tma_usable(hidden, weight):
             return stats_tma(hidden, weight, bias, inv_t, entropy)
         kind = "tiles"
@@ -444,6 +450,13 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
     cfg = _cfg("dlogits", hidden, weight)
     bn, bv = cfg["BLOCK_N"], cfg["BLOCK_V"]
     entropy = gh is not None
+    if CONFIG["DLOGITS"] not in (None, "tma"):
+        raise ValueError(f"CONFIG['DLOGITS'] must be None or 'tma', got {CONFIG['DLOGITS']!r}")
+    tma = None
+    if CONFIG["DLOGITS"] == "tma":
+        from . import linear_logprobs_tma as tma
+        if not tma.tma_usable(hidden, weight):
+            tma = None  # the pointer kernel
     buf = torch.empty(n_c * v_c, dtype=hidden.dtype, device=dev)
     for n0 in range(0, n, n_c):
         n1 = min(n, n0 + n_c)
@@ -451,15 +464,20 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
         for v0 in range(0, v, v_c):
             v1 = min(v, v0 + v_c)
             dz = buf[: (n1 - n0) * (v1 - v0)].view(n1 - n0, v1 - v0)
-            grid = (triton.cdiv(n1 - n0, bn) * triton.cdiv(v1 - v0, bv),)
-            _dlogits_kernel[grid](
-                h_c, hidden.stride(0), weight[v0:], weight.stride(0),
-                bias[v0:] if bias is not None else hidden, n1 - n0, v1 - v0, n_h, inv_t,
-                labels[n0:], v_offset + v0, m[n0:], log_s[n0:], (ent if entropy else m)[n0:], gl[n0:],
-                (gh if entropy else gl)[n0:], dz, dz.stride(0),
-                HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=_prec(hidden), UPCAST=_upcast(hidden),
-                BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"],
-                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            if tma is not None:
+                tma.dlogits_tma(h_c, weight[v0:v1], bias[v0:] if bias is not None else None, inv_t, labels[n0:],
+                                v_offset + v0, m[n0:], log_s[n0:], ent[n0:] if entropy else None, gl[n0:],
+                                gh[n0:] if entropy else None, dz, entropy)
+            else:
+                grid = (triton.cdiv(n1 - n0, bn) * triton.cdiv(v1 - v0, bv),)
+                _dlogits_kernel[grid](
+                    h_c, hidden.stride(0), weight[v0:], weight.stride(0),
+                    bias[v0:] if bias is not None else hidden, n1 - n0, v1 - v0, n_h, inv_t,
+                    labels[n0:], v_offset + v0, m[n0:], log_s[n0:], (ent if entropy else m)[n0:], gl[n0:],
+                    (gh if entropy else gl)[n0:], dz, dz.stride(0),
+                    HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=_prec(hidden), UPCAST=_upcast(hidden),
+                    BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"],
+                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
             dh[n0:n1] += _mm_f32(dz, weight[v0:v1])
             if dw is not None:
                 if one_pass_dw:  # every row in this chunk: dW[v0:v1] final, written once

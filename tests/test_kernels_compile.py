@@ -19,7 +19,7 @@ import pytest
 triton = pytest.importorskip("triton", reason="the compile checks need the triton package")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNEL_FILES = ("token_logprobs.py", "linear_logprobs.py", "linear_logprobs_fwd.py", "linear_logprobs_fwd_tma.py",
+KERNEL_FILES = ("token_logprobs.py", "linear_logprobs.py", "linear_logprobs_fwd.py", "linear_logprobs_tma.py",
                 "pacs_loss.py")
 
 # Kernels allowed to spill: (module, function, arch, dtype) -> (largest stack bytes measured, why).
@@ -61,7 +61,7 @@ def test_every_launched_kernel_compiles_for_every_arch_and_dtype(report):
     assert not errors, _fail(errors, "compile failures")
     covered = {(c["module"], c["fn"], c["arch"], c["dtype"]) for c in report["cases"]}
     kernels = _launched_kernels()
-    assert len(kernels) == 10, kernels  # 2 token, 5 linear, 3 PACS: a new kernel must be added to aot.cases
+    assert len(kernels) == 11, kernels  # 2 token, 6 linear, 3 PACS: a new kernel must be added to aot.cases
     for module, fn in kernels:
         dtypes = ("fp32",) if module == "pacs_loss" else ("bf16",) if module.endswith("_tma") else ("bf16", "fp32")
         for arch in report["archs"]:
@@ -167,11 +167,11 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
 
     from pacs_fast.kernels import linear_logprobs as KL, linear_logprobs_fwd as KLF, pacs_loss as KP, \
         token_logprobs as KT
-    from pacs_fast.kernels import linear_logprobs_fwd_tma as KLT
+    from pacs_fast.kernels import linear_logprobs_tma as KLT
     calls = []
     for mod, names in ((KT, ("_stats_fwd_kernel", "_grad_bwd_kernel")),
                        (KL, ("_stats_fwd_kernel", "_grad_bwd_kernel", "_dlogits_kernel")),
-                       (KLF, ("_stats_tiles_kernel",)), (KLT, ("_stats_tma_kernel",)),
+                       (KLF, ("_stats_tiles_kernel",)), (KLT, ("_stats_tma_kernel", "_dlogits_tma_kernel")),
                        (KP, ("_pacs_sums_kernel", "_pacs_group_kernel", "_pacs_bwd_kernel"))):
         for name in names:
             monkeypatch.setattr(mod, name, _Recorder(calls))
@@ -204,6 +204,12 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     KL.stats_fwd(hid.bfloat16(), w.bfloat16(), None, 1.0, True)
     check(KL.launch_config("stats_tma", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch),
           keys + ("GROUP_N", "FLATTEN", "WARP_SPECIALIZE"))
+    monkeypatch.setitem(KL.CONFIG, "DLOGITS", "tma")
+    KL.grad_bwd_chunked(hid.bfloat16(), w.bfloat16(), None, 1.0, torch.zeros(n, dtype=torch.long), 0, one, one,
+                        one, one, one)
+    check(KL.launch_config("dlogits_tma", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch),
+          keys + ("GROUP_N", "FLATTEN", "WARP_SPECIALIZE"))
+    monkeypatch.setitem(KL.CONFIG, "DLOGITS", None)
     lab = torch.zeros(n, dtype=torch.long)
     KL.grad_bwd(hid, w, None, 1.0, lab, 0, one, one, one, one, one)
     check(KL.launch_config("grad_bwd", N=n, V=v, H=h, dtype=hid.dtype, arch=arch), keys + ("GROUP_N",))
@@ -225,10 +231,12 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
         assert got["grid"] == (triton.cdiv(b, cfg["ROWS"]), cfg["N_SPLIT"]), (name, got["grid"], cfg)
 
 
-def test_tma_forward_loads_by_tma(report):
-    """The selectable TMA forward (kernels/linear_logprobs_fwd_tma.py) really issues TMA copies
-    (``cp.async.bulk.tensor``) on sm_90 and sm_100; every other kernel loads through pointers."""
-    tma = [c for c in report["cases"] if c["fn"] == "_stats_tma_kernel"]
-    assert {c["arch"] for c in tma} >= {90, 100}
+def test_tma_kernels_load_by_tma(report):
+    """The selectable TMA kernels (kernels/linear_logprobs_tma.py: the forward and the chunked
+    backward's dz kernel) really issue TMA copies (``cp.async.bulk.tensor``) on sm_90 and sm_100;
+    every other kernel loads through pointers."""
+    names = ("_stats_tma_kernel", "_dlogits_tma_kernel")
+    tma = [c for c in report["cases"] if c["fn"] in names]
+    assert {(c["fn"], c["arch"]) for c in tma} >= {(f, a) for f in names for a in (90, 100)}
     assert all(c["tma_loads"] >= 2 for c in tma), [(c["label"], c["tma_loads"]) for c in tma]
-    assert not [c["label"] for c in report["cases"] if c["fn"] != "_stats_tma_kernel" and c.get("tma_loads")]
+    assert not [c["label"] for c in report["cases"] if c["fn"] not in names and c.get("tma_loads")]

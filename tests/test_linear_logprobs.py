@@ -292,13 +292,15 @@ def test_bad_arguments():
 @pytest.mark.parametrize("triton_backward,forward", [("chunked", "tiles"), ("atomic", "tiles"), ("chunked", "tma")])
 def test_real_shape_bf16_on_gpu_matches_float64(seed, monkeypatch, triton_backward, forward):
     """Compiled kernels at the real shape (N=8192, H=4096, V=151,936, bf16, entropy, 10% ignored
-    rows), both backwards and the selectable TMA forward (kernels/linear_logprobs_fwd_tma.py; the
-    tiled one where the GPU predates sm_90), against a float64 reference of the same bf16 inputs (computed in row
+    rows), both backwards and the selectable TMA kernels (kernels/linear_logprobs_tma.py: forward and
+    dz; the pointer kernels where the GPU predates sm_90), against a float64 reference of the same
+    bf16 inputs (computed in row
     chunks; dW checked on 256 random vocabulary rows plus every label's row). Tolerances: logp /
     entropy 1e-3 + 1e-5 |x| (fp32 accumulation of H bf16 products); gradients 2e-2 of the largest
     entry (dz is rounded to bf16 before the dh / dW GEMMs, as in every bf16 LM-head backward)."""
     from pacs_fast.kernels import linear_logprobs as K
     monkeypatch.setitem(K.CONFIG, "FWD", forward)
+    monkeypatch.setitem(K.CONFIG, "DLOGITS", "tma" if forward == "tma" else None)
     n, h, v = 8192, 4096, 151936
     dev = "cuda"
     hidden = torch.randn(n, h, device=dev).bfloat16()

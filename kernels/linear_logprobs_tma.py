@@ -1,0 +1,172 @@
+"""Persistent TMA versions of the two GEMM-shaped ``linear_logprobs`` kernels (Hopper and later).
+
+``_stats_tma_kernel`` (``CONFIG["FWD"] = "tma"``): the same per-tile partials as
+kernels/linear_logprobs_fwd.py (``(m, s, a)`` per row and vocab block, ``[n_vblocks, N]`` fp32,
+merged by ``vocab_parallel.merge_splits``). ``_dlogits_tma_kernel`` (``CONFIG["DLOGITS"] = "tma"``):
+the chunked backward's ``dz`` tiles, as ``_dlogits_kernel`` of kernels/linear_logprobs.py (same
+``_dlogits_tile`` epilogue), before the two cuBLAS GEMMs. Both compute their logits tiles the way
+the fastest Triton GEMMs on Hopper are written:
+
+- the hidden and weight tiles arrive by tensor-memory-accelerator copies (host ``TensorDescriptor``s
+  ``[BLOCK_N, BLOCK_H]`` and ``[BLOCK_V, BLOCK_H]``): no per-thread address arithmetic or masks in the
+  K-loop, out-of-range rows, columns and the H tail read as zeros (so a ragged H needs no mask);
+- a persistent grid (``PERSISTENT`` programs per SM) strides over the tiles in the grouped order of
+  the other forward (``GROUP_N`` row blocks sweep a band of vocab blocks together, sharing L2);
+- ``tl.range(..., flatten=FLATTEN)`` lets Triton's software pipeliner overlap the next tile's first
+  loads with this tile's epilogue (the online log-sum-exp and entropy fold, or ``dz``), the part a
+  GEMM does not have; ``WARP_SPECIALIZE`` asks for Triton's automatic warp specialisation of that
+  loop where the compiler supports it (it is a no-op on sm_90 in Triton 3.9).
+
+Why: on one H200 (2026-11-26) the tiled forward took 1.3x cuBLAS's GEMM of the same shape, 96 % of
+it in the tile kernel, and the backward's recompute kernel is the same GEMM shape
+(bench/results/gpu/20261126_h200/). These variants are selectable and measured side by side
+(``bench/gpu_logprobs.py`` method ``pacs_triton_tma`` selects both); they become the default only
+where a GPU run shows them faster. Used for bf16 / fp16 inputs on sm_90+ (and the interpreter) with
+16-byte aligned rows; anything else falls back to the pointer kernels (``tma_usable``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .linear_logprobs import _cfg, _dlogits_tile, _grouped_tile, _prec, _upcast, device_arch
+from .linear_logprobs_fwd import num_sms
+
+
+@triton.jit
+def _tma_logits(Hdesc, Wdesc, B, V, n_h, inv_t, r0, c0, HAS_BIAS: tl.constexpr, DOT_PREC: tl.constexpr,
+                UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The scaled logits tile ``[BLOCK_N, BLOCK_V]`` at rows ``r0..``, vocab ids ``c0..`` (rows and
+    columns past the descriptors' shapes, and the H tail, read as zeros)."""
+    acc = tl.zeros((BLOCK_N, BLOCK_V), tl.float32)
+    for k in range(tl.cdiv(n_h, BLOCK_H)):
+        h = Hdesc.load([r0, k * BLOCK_H])
+        w = Wdesc.load([c0, k * BLOCK_H])
+        if UPCAST:
+            h = h.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(h, w.T, acc, input_precision=DOT_PREC)
+    if HAS_BIAS:
+        cols = c0 + tl.arange(0, BLOCK_V)
+        acc += tl.load(B + cols, mask=cols < V, other=0.0).to(tl.float32)[None, :]
+    return acc * inv_t
+
+
+@triton.jit
+def _stats_tma_kernel(Hdesc, Wdesc, B, N, V, n_h, inv_t, M_out, S_out, A_out,
+                      HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, DOT_PREC: tl.constexpr,
+                      UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+                      BLOCK_H: tl.constexpr, GROUP_N: tl.constexpr, FLATTEN: tl.constexpr,
+                      WARP_SPECIALIZE: tl.constexpr):
+    n_blocks_n = tl.cdiv(N, BLOCK_N)
+    n_blocks_v = tl.cdiv(V, BLOCK_V)
+    for t in tl.range(tl.program_id(0), n_blocks_n * n_blocks_v, tl.num_programs(0), flatten=FLATTEN,
+                      warp_specialize=WARP_SPECIALIZE):
+        pid_n, pid_v = _grouped_tile(t, n_blocks_n, n_blocks_v, GROUP_N)
+        x = _tma_logits(Hdesc, Wdesc, B, V, n_h, inv_t, pid_n * BLOCK_N, pid_v * BLOCK_V, HAS_BIAS, DOT_PREC,
+                        UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
+        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        rmask = rows < N
+        x = tl.where((cols < V)[None, :], x, float("-inf"))
+        m = tl.max(x, 1)
+        xr = x - tl.where(m == float("-inf"), 0.0, m)[:, None]
+        e = tl.exp(xr)
+        s = tl.sum(e, 1)
+        out = pid_v.to(tl.int64) * N + rows
+        tl.store(M_out + out, m, mask=rmask)
+        tl.store(S_out + out, s, mask=rmask)
+        if ENTROPY:  # e == 0 exactly where x = -inf (0 * -inf) or exp underflows (e * xr = 0)
+            tl.store(A_out + out, tl.sum(tl.where(e == 0.0, 0.0, e * xr), 1), mask=rmask)
+
+
+@triton.jit
+def _dlogits_tma_kernel(Hdesc, Wdesc, B, N, V, n_h, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, DZ, stride_dz,
+                        HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, DOT_PREC: tl.constexpr,
+                        UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+                        BLOCK_H: tl.constexpr, GROUP_N: tl.constexpr, FLATTEN: tl.constexpr,
+                        WARP_SPECIALIZE: tl.constexpr):
+    # one chunk, as _dlogits_kernel: the descriptors, LABELS/M/... start at the chunk's first row and
+    # vocab id (``v_offset`` = that id minus the shard's first id); DZ is [N, V] with row stride stride_dz
+    n_blocks_n = tl.cdiv(N, BLOCK_N)
+    n_blocks_v = tl.cdiv(V, BLOCK_V)
+    for t in tl.range(tl.program_id(0), n_blocks_n * n_blocks_v, tl.num_programs(0), flatten=FLATTEN,
+                      warp_specialize=WARP_SPECIALIZE):
+        pid_n, pid_v = _grouped_tile(t, n_blocks_n, n_blocks_v, GROUP_N)
+        x = _tma_logits(Hdesc, Wdesc, B, V, n_h, inv_t, pid_n * BLOCK_N, pid_v * BLOCK_V, HAS_BIAS, DOT_PREC,
+                        UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
+        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        rmask = rows < N
+        cmask = cols < V
+        dz = _dlogits_tile(x, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY)
+        tl.store(DZ + rows[:, None].to(tl.int64) * stride_dz + cols[None, :], dz.to(DZ.dtype.element_ty),
+                 mask=rmask[:, None] & cmask[None, :])
+
+
+def tma_usable(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """bf16 / fp16 inputs of one dtype, unit stride along H, 16-byte aligned bases and row strides
+    (what a TMA descriptor needs), on sm_90+ or under the interpreter (``TensorDescriptor`` on CPU
+    tensors); fp32 keeps the tiled forward (IEEE products, a correctness path)."""
+    if hidden.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != hidden.dtype:
+        return False
+    for t in (hidden, weight):
+        if t.dim() != 2 or t.stride(1) != 1 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+            return False
+    arch = device_arch(hidden.device)
+    return arch is None or arch >= 90
+
+
+def workspace_bytes(n: int, v: int, cfg: dict) -> int:
+    """Bytes of the three fp32 ``[n_vblocks, N]`` partial arrays (entropy on)."""
+    return 3 * 4 * n * triton.cdiv(v, cfg["BLOCK_V"])
+
+
+def stats_tma(hidden, weight, bias, inv_t: float, entropy: bool):
+    """Partial ``(m, s, a)`` fp32 ``[cdiv(V, BLOCK_V), N]`` of the scaled logits (``a`` None without
+    entropy), as ``linear_logprobs_fwd.stats_tiles``; the caller checks ``tma_usable`` first."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    n, n_h = hidden.shape
+    v = weight.shape[0]
+    cfg = _cfg("stats_tma", hidden, weight)
+    bn, bv, bh = cfg["BLOCK_N"], cfg["BLOCK_V"], cfg["BLOCK_H"]
+    n_vb = triton.cdiv(v, bv)
+    m = torch.empty(n_vb, n, dtype=torch.float32, device=hidden.device)
+    s = torch.empty_like(m)
+    a = torch.empty_like(m) if entropy else s
+    if n > 0 and v > 0:
+        hdesc = TensorDescriptor(hidden, [n, n_h], [hidden.stride(0), 1], [bn, bh])
+        wdesc = TensorDescriptor(weight, [v, n_h], [weight.stride(0), 1], [bv, bh])
+        n_tiles = triton.cdiv(n, bn) * n_vb
+        grid = (max(1, min(n_tiles, cfg["PERSISTENT"] * num_sms(hidden.device))),)
+        _stats_tma_kernel[grid](
+            hdesc, wdesc, bias if bias is not None else hidden, n, v, n_h, inv_t, m, s, a,
+            HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=_prec(hidden), UPCAST=_upcast(hidden),
+            BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh, GROUP_N=cfg["GROUP_N"], FLATTEN=bool(cfg["FLATTEN"]),
+            WARP_SPECIALIZE=bool(cfg["WARP_SPECIALIZE"]), num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"])
+    return m, s, (a if entropy else None)
+
+
+def dlogits_tma(h_c, w_c, b_c, inv_t, labels, v_offset, m, log_s, ent, gl, gh, dz, entropy: bool):
+    """``dz`` [n_c, v_c] (input dtype) of one chunk of the chunked backward: rows ``h_c`` [n_c, H],
+    vocab rows ``w_c`` [v_c, H] (``b_c`` [>= v_c] or None), the per-row vectors starting at the
+    chunk's first row; the caller checks ``tma_usable(h_c, w_c)`` first."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    n, n_h = h_c.shape
+    v = w_c.shape[0]
+    cfg = _cfg("dlogits_tma", h_c, w_c)
+    bn, bv, bh = cfg["BLOCK_N"], cfg["BLOCK_V"], cfg["BLOCK_H"]
+    hdesc = TensorDescriptor(h_c, [n, n_h], [h_c.stride(0), 1], [bn, bh])
+    wdesc = TensorDescriptor(w_c, [v, n_h], [w_c.stride(0), 1], [bv, bh])
+    n_tiles = triton.cdiv(n, bn) * triton.cdiv(v, bv)
+    grid = (max(1, min(n_tiles, cfg["PERSISTENT"] * num_sms(h_c.device))),)
+    _dlogits_tma_kernel[grid](
+        hdesc, wdesc, b_c if b_c is not None else h_c, n, v, n_h, inv_t, labels, v_offset, m, log_s,
+        ent if entropy else m, gl, gh if entropy else gl, dz, dz.stride(0),
+        HAS_BIAS=b_c is not None, ENTROPY=entropy, DOT_PREC=_prec(h_c), UPCAST=_upcast(h_c),
+        BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh, GROUP_N=cfg["GROUP_N"], FLATTEN=bool(cfg["FLATTEN"]),
+        WARP_SPECIALIZE=bool(cfg["WARP_SPECIALIZE"]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
