@@ -44,8 +44,8 @@ phase() {  # phase NAME LIMIT_S CMD...: runs CMD with its output in $W/NAME.log,
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv > "$W/nvidia_smi.csv" 2>&1
 if [[ "$MODE" == main ]]; then
   phase suite 200 "$PY" bench/gpu_suite.py "$W/suite" --steps env,gpu_tests,logprobs,pacs_loss --budget-s 190
-  phase tune 175 "$PY" bench/gpu_tune.py --kernels \
-    linear_logprobs.stats_tiles,linear_logprobs.stats_tma,linear_logprobs.dlogits,pacs_loss.fwd_sums,pacs_loss.fwd,pacs_loss.bwd \
+  K=linear_logprobs.stats_tiles,linear_logprobs.stats_tma,linear_logprobs.dlogits,linear_logprobs.dlogits_tma
+  phase tune 175 "$PY" bench/gpu_tune.py --kernels "$K,pacs_loss.fwd_sums,pacs_loss.fwd,pacs_loss.bwd" \
     --budget-s 140 --out-dir "$W/tuned"
   if compgen -G "$W/tuned/sm_*.json" > /dev/null; then mkdir -p kernels/tuned && cp "$W"/tuned/sm_*.json kernels/tuned/; fi
   phase tuned_logprobs 70 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \

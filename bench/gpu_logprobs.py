@@ -9,8 +9,8 @@ Run on a CUDA machine (first measured on an H100: bench/results/gpu/20261124_h10
 Methods: ``pacs_triton`` (the GEMM-shaped tiled forward kernel, chunked GEMM backward: a Triton dz
 chunk + two cuBLAS GEMMs per vocab chunk, the default), ``pacs_triton_split`` (the same with the
 earlier split forward, ``CONFIG["FWD"] = "split"``, for comparison), ``pacs_triton_tma`` (the persistent
-TMA forward, ``CONFIG["FWD"] = "tma"``, kernels/linear_logprobs_fwd_tma.py; on a GPU before sm_90 it
-falls back to the tiled one), ``pacs_triton_atomic`` (the
+TMA kernels, ``CONFIG["FWD"] = "tma"`` and ``CONFIG["DLOGITS"] = "tma"``, kernels/linear_logprobs_tma.py;
+on a GPU before sm_90 they fall back to the tiled forward and the pointer dz kernel), ``pacs_triton_atomic`` (the
 default forward, the one-pass atomic backward kernel), ``pacs_torch`` (the chunked torch backend on cuBLAS),
 ``naive`` (matmul -> log_softmax -> gather, entropy; skipped when [N, V] would not fit),
 ``liger_flce`` (Liger fused linear cross-entropy, loss only, no entropy) when installed.
@@ -63,14 +63,9 @@ def _method(name):
         from pacs_fast.ops.linear_logprobs import linear_logprobs
         backend = name.split("_")[1]
         bwd = "atomic" if name.endswith("atomic") else "chunked"
-        kind = "split" if name.endswith("split") else "tma" if name.endswith("tma") else None
 
-        def fwd(h, w, y):
-            old, K.CONFIG["FWD"] = K.CONFIG["FWD"], kind
-            try:
-                return linear_logprobs(h, w, y, return_entropy=True, backend=backend, triton_backward=bwd)
-            finally:
-                K.CONFIG["FWD"] = old
+        def fwd(h, w, y):  # the forward / dz kernel choices are set around the whole case (bench_case)
+            return linear_logprobs(h, w, y, return_entropy=True, backend=backend, triton_backward=bwd)
         return fwd, True
     if name == "naive":
         def fwd(h, w, y):
@@ -132,7 +127,25 @@ def _time_alternating(fa, fb, iters, device):
     return statistics.median(ta), statistics.median(tb)
 
 
+KERNEL_CHOICES = {"pacs_triton_split": dict(FWD="split"), "pacs_triton_tma": dict(FWD="tma", DLOGITS="tma")}
+
+
 def bench_case(name, n, h, v, dtype, device, iters, floor_calls=None):
+    """One method's row; ``KERNEL_CHOICES[name]`` is set in kernels/linear_logprobs.py's ``CONFIG``
+    for the whole case (forward and backward) and restored after."""
+    choices = KERNEL_CHOICES.get(name, {})
+    if not choices:
+        return _bench_case(name, n, h, v, dtype, device, iters, floor_calls)
+    from pacs_fast.kernels import linear_logprobs as K
+    saved = {k: K.CONFIG[k] for k in choices}
+    K.CONFIG.update(choices)
+    try:
+        return _bench_case(name, n, h, v, dtype, device, iters, floor_calls)
+    finally:
+        K.CONFIG.update(saved)
+
+
+def _bench_case(name, n, h, v, dtype, device, iters, floor_calls=None):
     fwd, recompute = _method(name)
     hidden, weight, labels, gl, gh = _inputs(n, h, v, dtype, device)
     hidden.requires_grad_(), weight.requires_grad_()

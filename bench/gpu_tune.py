@@ -11,7 +11,8 @@ built-in compile-model table).
 Kernels (N=8192, H=4096, V=151,936, bf16 by default; ``--dtype fp32`` tunes the fp32 entries):
 ``linear_logprobs.stats_tiles`` (the default forward, timed with the merge of its partials, which
 depends on BLOCK_V and V_TILES), ``linear_logprobs.stats_tma`` (the selectable persistent TMA forward,
-the same way; stage 2 adds PERSISTENT and FLATTEN), ``linear_logprobs.dlogits`` (timed as the whole chunked backward:
+the same way; stage 2 adds PERSISTENT and FLATTEN), ``linear_logprobs.dlogits_tma`` (the chunked backward
+with the TMA dz kernel, likewise), ``linear_logprobs.dlogits`` (timed as the whole chunked backward:
 the Triton dz chunks plus the cuBLAS GEMMs), ``linear_logprobs.grad_bwd`` (the atomic backward),
 ``token_logprobs.stats_fwd`` and ``token_logprobs.grad_bwd`` (logits [N, V]). The PACS loss kernels
 ``pacs_loss.fwd_sums`` (pass A), ``pacs_loss.fwd`` (pass B; both timed as the forward) and
@@ -63,12 +64,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_tune_pacs  # noqa: E402
 
 SPECS = ("linear_logprobs.stats_tiles", "linear_logprobs.stats_tma", "linear_logprobs.dlogits",
-         "linear_logprobs.grad_bwd", "token_logprobs.stats_fwd", "token_logprobs.grad_bwd", "pacs_loss.fwd_sums",
-         "pacs_loss.fwd", "pacs_loss.bwd")
+         "linear_logprobs.dlogits_tma", "linear_logprobs.grad_bwd", "token_logprobs.stats_fwd",
+         "token_logprobs.grad_bwd", "pacs_loss.fwd_sums", "pacs_loss.fwd", "pacs_loss.bwd")
 BUDGET_SHARE = {"linear_logprobs.stats_tiles": 0.28, "linear_logprobs.stats_tma": 0.2,
-                "linear_logprobs.dlogits": 0.2, "linear_logprobs.grad_bwd": 0.12,
-                "token_logprobs.stats_fwd": 0.08, "token_logprobs.grad_bwd": 0.12, "pacs_loss.fwd_sums": 0.09,
-                "pacs_loss.fwd": 0.04, "pacs_loss.bwd": 0.07}
+                "linear_logprobs.dlogits": 0.2, "linear_logprobs.dlogits_tma": 0.15,
+                "linear_logprobs.grad_bwd": 0.12, "token_logprobs.stats_fwd": 0.08, "token_logprobs.grad_bwd": 0.12,
+                "pacs_loss.fwd_sums": 0.09, "pacs_loss.fwd": 0.04, "pacs_loss.bwd": 0.07}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 MODULES = {"linear_logprobs": KL, "token_logprobs": KT}
 
@@ -124,7 +125,7 @@ def stage2(name, best):
     if name.startswith("token_logprobs."):
         return []
     extra = dict(PERSISTENT=(0, 1, 2), V_TILES=(1, 2)) if name.endswith("stats_tiles") else \
-        dict(PERSISTENT=(1, 2), FLATTEN=(0, 1)) if name.endswith("stats_tma") else {}
+        dict(PERSISTENT=(1, 2), FLATTEN=(0, 1)) if name.endswith("_tma") else {}
     keys = ["GROUP_N"] + list(extra)
     values = [(4, 8, 16, 32, 64)] + list(extra.values())
     return _dedupe([dict(best, **dict(zip(keys, combo))) for combo in itertools.product(*values)])
@@ -166,6 +167,7 @@ class override:
                 conf[k] = v
         if self.mod == "linear_logprobs":
             conf["FWD"] = "tma" if self.kernel == "stats_tma" else "tiles"
+            conf["DLOGITS"] = "tma" if self.kernel == "dlogits_tma" else None
         return self
 
     def __exit__(self, *exc):
@@ -221,6 +223,9 @@ def make_runners(n, h, v, dtype, dev):
         # stats_fwd under override("linear_logprobs.stats_tma", ...) runs the TMA forward (FWD="tma")
         "linear_logprobs.stats_tma": (lambda: stats(vp.merge_splits(*KL.stats_fwd(hid, w, None, 1.0, True))), rel),
         "linear_logprobs.dlogits": (lambda: KL.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh), rel),
+        # the chunked backward with the TMA dz kernel (override(...dlogits_tma) sets DLOGITS="tma")
+        "linear_logprobs.dlogits_tma": (lambda: KL.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh),
+                                        rel),
         "linear_logprobs.grad_bwd": (lambda: KL.grad_bwd(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh), rel),
         "token_logprobs.stats_fwd": (lambda: stats(vp.merge_splits(*KT.stats_fwd(logits, 1.0, True))), rel),
         "token_logprobs.grad_bwd": (lambda: (KT.grad_bwd(logits, dlogits, 1.0, labels, 0, -100, m, log_s, ent,
