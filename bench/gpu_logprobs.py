@@ -87,24 +87,8 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _time(fn, iters, device):
-    ts = []
-    for _ in range(iters):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(b) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
 def _event_time(fn, device):
+    """Seconds of one ``fn()``: CUDA events around it (synchronised), else the host clock."""
     if device != "cuda":
         t0 = time.perf_counter()
         fn()
@@ -115,6 +99,10 @@ def _event_time(fn, device):
     b.record()
     torch.cuda.synchronize()
     return a.elapsed_time(b) / 1e3
+
+
+def _time(fn, iters, device):
+    return statistics.median(_event_time(fn, device) for _ in range(iters))
 
 
 def _time_alternating(fa, fb, iters, device):

@@ -132,20 +132,15 @@ def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> 
                     dict(base, **tile, V_TILES=c["V_TILES"], PERSISTENT=persistent), nw, ns,
                     ("stride_h", "stride_w", "N"), has_dot=True,
                     variant="entropy" + (", persistent" if persistent else ""))
-    if kernel == "stats_tma":  # TMA descriptors of the hidden / weight tiles (host TensorDescriptor)
+    if kernel in ("stats_tma", "dlogits_tma"):  # TMA descriptors of the hidden / weight tiles (host TensorDescriptor)
         desc = (lambda rows: f"tensordesc<{dt}[{rows}, {c['BLOCK_H']}]>")
-        return Case("linear_logprobs_tma", "stats_tma", "_stats_tma_kernel", arch, dt, list(shapes),
-                    dict(Hdesc=desc(c["BLOCK_N"]), Wdesc=desc(c["BLOCK_V"]), B=p, N="i32", V="i32", n_h="i32",
-                         inv_t="fp32", M_out=f32, S_out=f32, A_out=f32),
+        types = dict(Hdesc=desc(c["BLOCK_N"]), Wdesc=desc(c["BLOCK_V"]), B=p, N="i32", V="i32", n_h="i32")
+        types.update(dict(inv_t="fp32", M_out=f32, S_out=f32, A_out=f32) if kernel == "stats_tma" else
+                     dict(rowvec, DZ=p, stride_dz="i32"))
+        return Case("linear_logprobs_tma", kernel, f"_{kernel}_kernel", arch, dt, list(shapes), types,
                     dict(base, **tile, FLATTEN=bool(c["FLATTEN"]), WARP_SPECIALIZE=bool(c["WARP_SPECIALIZE"])),
-                    nw, ns, ("N",), has_dot=True, variant="entropy, tma, persistent")
-    if kernel == "dlogits_tma":
-        desc = (lambda rows: f"tensordesc<{dt}[{rows}, {c['BLOCK_H']}]>")
-        return Case("linear_logprobs_tma", "dlogits_tma", "_dlogits_tma_kernel", arch, dt, list(shapes),
-                    dict(Hdesc=desc(c["BLOCK_N"]), Wdesc=desc(c["BLOCK_V"]), B=p, N="i32", V="i32", n_h="i32",
-                         **rowvec, DZ=p, stride_dz="i32"),
-                    dict(base, **tile, FLATTEN=bool(c["FLATTEN"]), WARP_SPECIALIZE=bool(c["WARP_SPECIALIZE"])),
-                    nw, ns, ("stride_dz",), has_dot=True, variant="entropy, tma, persistent")
+                    nw, ns, ("N",) if kernel == "stats_tma" else ("stride_dz",), has_dot=True,
+                    variant="entropy, tma, persistent")
     if kernel == "dlogits":
         return Case("linear_logprobs", "dlogits", "_dlogits_kernel", arch, dt, list(shapes),
                     dict(common, **rowvec, DZ=p, stride_dz="i32"), dict(base, **tile), nw, ns,

@@ -118,33 +118,35 @@ def tma_usable(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
     return arch is None or arch >= 90
 
 
-def workspace_bytes(n: int, v: int, cfg: dict) -> int:
-    """Bytes of the three fp32 ``[n_vblocks, N]`` partial arrays (entropy on)."""
-    return 3 * 4 * n * triton.cdiv(v, cfg["BLOCK_V"])
+def _descriptors(hidden, weight, cfg):
+    """``(hidden descriptor, weight descriptor, grid)`` of a persistent TMA launch: blocks
+    ``[BLOCK_N, BLOCK_H]`` / ``[BLOCK_V, BLOCK_H]``, ``PERSISTENT`` programs per SM (at most one per tile)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    (n, n_h), v = hidden.shape, weight.shape[0]
+    bn, bv, bh = cfg["BLOCK_N"], cfg["BLOCK_V"], cfg["BLOCK_H"]
+    hdesc = TensorDescriptor(hidden, [n, n_h], [hidden.stride(0), 1], [bn, bh])
+    wdesc = TensorDescriptor(weight, [v, n_h], [weight.stride(0), 1], [bv, bh])
+    n_tiles = triton.cdiv(n, bn) * triton.cdiv(v, bv)
+    return hdesc, wdesc, (max(1, min(n_tiles, cfg["PERSISTENT"] * num_sms(hidden.device))),)
 
 
 def stats_tma(hidden, weight, bias, inv_t: float, entropy: bool):
     """Partial ``(m, s, a)`` fp32 ``[cdiv(V, BLOCK_V), N]`` of the scaled logits (``a`` None without
     entropy), as ``linear_logprobs_fwd.stats_tiles``; the caller checks ``tma_usable`` first."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     n, n_h = hidden.shape
     v = weight.shape[0]
     cfg = _cfg("stats_tma", hidden, weight)
-    bn, bv, bh = cfg["BLOCK_N"], cfg["BLOCK_V"], cfg["BLOCK_H"]
-    n_vb = triton.cdiv(v, bv)
-    m = torch.empty(n_vb, n, dtype=torch.float32, device=hidden.device)
+    m = torch.empty(triton.cdiv(v, cfg["BLOCK_V"]), n, dtype=torch.float32, device=hidden.device)
     s = torch.empty_like(m)
     a = torch.empty_like(m) if entropy else s
     if n > 0 and v > 0:
-        hdesc = TensorDescriptor(hidden, [n, n_h], [hidden.stride(0), 1], [bn, bh])
-        wdesc = TensorDescriptor(weight, [v, n_h], [weight.stride(0), 1], [bv, bh])
-        n_tiles = triton.cdiv(n, bn) * n_vb
-        grid = (max(1, min(n_tiles, cfg["PERSISTENT"] * num_sms(hidden.device))),)
+        hdesc, wdesc, grid = _descriptors(hidden, weight, cfg)
         _stats_tma_kernel[grid](
             hdesc, wdesc, bias if bias is not None else hidden, n, v, n_h, inv_t, m, s, a,
             HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=_prec(hidden), UPCAST=_upcast(hidden),
-            BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh, GROUP_N=cfg["GROUP_N"], FLATTEN=bool(cfg["FLATTEN"]),
+            BLOCK_N=cfg["BLOCK_N"], BLOCK_V=cfg["BLOCK_V"], BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"],
+            FLATTEN=bool(cfg["FLATTEN"]),
             WARP_SPECIALIZE=bool(cfg["WARP_SPECIALIZE"]), num_warps=cfg["num_warps"],
             num_stages=cfg["num_stages"])
     return m, s, (a if entropy else None)
@@ -154,19 +156,14 @@ def dlogits_tma(h_c, w_c, b_c, inv_t, labels, v_offset, m, log_s, ent, gl, gh, d
     """``dz`` [n_c, v_c] (input dtype) of one chunk of the chunked backward: rows ``h_c`` [n_c, H],
     vocab rows ``w_c`` [v_c, H] (``b_c`` [>= v_c] or None), the per-row vectors starting at the
     chunk's first row; the caller checks ``tma_usable(h_c, w_c)`` first."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     n, n_h = h_c.shape
     v = w_c.shape[0]
     cfg = _cfg("dlogits_tma", h_c, w_c)
-    bn, bv, bh = cfg["BLOCK_N"], cfg["BLOCK_V"], cfg["BLOCK_H"]
-    hdesc = TensorDescriptor(h_c, [n, n_h], [h_c.stride(0), 1], [bn, bh])
-    wdesc = TensorDescriptor(w_c, [v, n_h], [w_c.stride(0), 1], [bv, bh])
-    n_tiles = triton.cdiv(n, bn) * triton.cdiv(v, bv)
-    grid = (max(1, min(n_tiles, cfg["PERSISTENT"] * num_sms(h_c.device))),)
+    hdesc, wdesc, grid = _descriptors(h_c, w_c, cfg)
     _dlogits_tma_kernel[grid](
         hdesc, wdesc, b_c if b_c is not None else h_c, n, v, n_h, inv_t, labels, v_offset, m, log_s,
         ent if entropy else m, gl, gh if entropy else gl, dz, dz.stride(0),
         HAS_BIAS=b_c is not None, ENTROPY=entropy, DOT_PREC=_prec(h_c), UPCAST=_upcast(h_c),
-        BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh, GROUP_N=cfg["GROUP_N"], FLATTEN=bool(cfg["FLATTEN"]),
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_V=cfg["BLOCK_V"], BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"],
+        FLATTEN=bool(cfg["FLATTEN"]),
         WARP_SPECIALIZE=bool(cfg["WARP_SPECIALIZE"]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
