@@ -20,6 +20,7 @@
 set -uo pipefail
 OUT="${1:?usage: bash bench/gpu_lease.sh OUT_DIR [main|product|final]}"
 MODE="${2:-main}"
+case "$MODE" in main|product|final) ;; *) echo "gpu_lease.sh: mode must be main, product or final, got '$MODE'" >&2; exit 2;; esac
 PY="${PYTHON:-python3}"
 W="${TMPDIR:-/tmp}/gpu_lease_$MODE"
 rm -rf "$W" && mkdir -p "$W" "$OUT"
