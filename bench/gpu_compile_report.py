@@ -37,7 +37,9 @@ def run_aot(out: str, archs: str | None = None, modules: str | None = None, jobs
 
 def _params(c: dict) -> str:
     k = c["constexprs"]
-    if c["module"].startswith("linear_logprobs"):
+    if c["module"] == "linear_logprobs_finish":
+        tile = f"{k['BLOCK_R']} rows, S{k['BLOCK_S']}, H{k['BLOCK_H']}"
+    elif c["module"].startswith("linear_logprobs"):
         tile = f"{k['BLOCK_N']}x{k['BLOCK_V']}x{k['BLOCK_H']}"
     elif c["module"] == "token_logprobs":
         tile = f"V{k['BLOCK_V']}"
@@ -63,7 +65,8 @@ def table(report: dict) -> str:
     rows = ["| kernel | variant | arch | dtype | launch (tile, warps, stages) | shared B | regs | stack B (spills) "
             "| tensor cores | 64-bit row offsets |",
             "|---|---|---|---|---|---:|---:|---:|---|---|"]
-    order = {"token_logprobs": 0, "linear_logprobs": 1, "linear_logprobs_fwd": 1, "pacs_loss": 2}
+    order = {"token_logprobs": 0, "linear_logprobs": 1, "linear_logprobs_fwd": 1, "linear_logprobs_tma": 1,
+             "linear_logprobs_finish": 1, "pacs_loss": 2}
     cases = sorted(report["cases"], key=lambda c: (order.get(c["module"], 9), c["fn"], c["variant"], c["dtype"], c["arch"]))
     for c in cases:
         name = f"{c['module']}.{c['fn']}"

@@ -81,10 +81,11 @@ def compile_key(case: Case) -> str:
 
 
 def _kernel_modules():
-    from . import linear_logprobs, linear_logprobs_fwd, linear_logprobs_tma, pacs_loss, token_logprobs
+    from . import (linear_logprobs, linear_logprobs_finish, linear_logprobs_fwd, linear_logprobs_tma, pacs_loss,
+                   token_logprobs)
     return {"token_logprobs": token_logprobs, "linear_logprobs": linear_logprobs,
             "linear_logprobs_fwd": linear_logprobs_fwd, "linear_logprobs_tma": linear_logprobs_tma,
-            "pacs_loss": pacs_loss}
+            "linear_logprobs_finish": linear_logprobs_finish, "pacs_loss": pacs_loss}
 
 
 def _split(cfg: dict):
@@ -151,6 +152,19 @@ def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> 
                     dict(base, NEED_DW=True, NEED_DB=False, **tile), nw, ns, ("stride_h", "stride_w", "n_h"),
                     has_dot=True, variant="entropy, atomic")
     raise ValueError(f"unknown log-prob kernel {name!r}")
+
+
+def finish_case(arch: int, dt: str) -> Case:
+    """The forward's finish (merge of the partials + target gather-dot; fixed launch parameters,
+    the same at every shape), entropy on, no bias."""
+    from . import linear_logprobs_finish as F
+    p, f32 = f"*{dt}", "*fp32"
+    return Case("linear_logprobs_finish", "finish", "_finish_kernel", arch, dt, ["every log-prob shape"],
+                dict(M=f32, S=f32, A=f32, n_split="i32", N="i32", Hd=p, stride_h="i32", W=p, stride_w="i32",
+                     B=p, LABELS="*i64", v_offset="i32", V="i32", n_h="i32", inv_t="fp32",
+                     M_out=f32, S_out=f32, A_out=f32, T_out=f32),
+                dict(HAS_BIAS=False, ENTROPY=True, BLOCK_R=F.BLOCK_R, BLOCK_S=F.BLOCK_S, BLOCK_H=F.BLOCK_H),
+                F.NUM_WARPS, 3, ("stride_h", "stride_w", "N"), variant="entropy")
 
 
 def pacs_case(kernel: str, arch: int, dt: str, cfg: dict, shapes=("tune",), packed: bool = False,
@@ -261,6 +275,7 @@ def cases(archs=ARCHS) -> list[Case]:
                     for kernel in ("stats_tma", "dlogits_tma"):
                         cfg = mods["linear_logprobs"].launch_config(kernel, N=n, V=v, H=h, dtype=_DT[dt], arch=arch)
                         add(logprob_case(f"linear_logprobs.{kernel}", arch, dt, cfg, [shape]))
+            add(finish_case(arch, dt))
         for case in pacs_cases(arch):
             add(case)
     return list(out.values())

@@ -6,8 +6,9 @@ bias ``[V]`` (any float dtype) or None; per-row fp32 vectors ``[N]``. ``tl.dot``
 use IEEE fp32 products, not TF32, so fp32 results match a float64 reference to ~1e-5).
 
 ``stats_fwd`` runs one of two forwards (``CONFIG["FWD"]``), both writing per-row partials
-``(m, s, a)`` (max, sum-exp, sum ``e*(x-m)``) to ``[S, N]``, merged on the host by the function
-that merges tensor-parallel ranks; the target logit is an O(N*H) gather-dot on the host.
+``(m, s, a)`` (max, sum-exp, sum ``e*(x-m)``) to ``[S, N]``; kernels/linear_logprobs_finish.py then
+merges them (the merge that combines tensor-parallel ranks) and computes the target logit, an
+O(N*H) gather-dot, in one pass.
 ``"tiles"`` (default): kernels/linear_logprobs_fwd.py, one GEMM-shaped program per (row block,
 vocab block) tile in grouped order, S = vocab blocks. ``"tma"``: kernels/linear_logprobs_tma.py,
 the same tiles from TMA copies in a persistent loop (bf16 / fp16 on sm_90+, else "tiles"). ``"split"``: grid ``(cdiv(N, BLOCK_N),
@@ -42,6 +43,8 @@ The row's log-sum-exp reaches both backward kernels in two parts, ``m`` (row max
 logits in the hundreds (3e-5 at 300) is an error of that size in every ``p`` of the row.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -414,13 +417,39 @@ def plan_bwd_chunks(n: int, v: int, itemsize: int, budget: int) -> tuple[int, in
     return max(1, min(n, budget // (itemsize * v_c))), v_c
 
 
-def _mm_f32(a, b):
-    """``a @ b`` as fp32 with fp32 accumulation (cuBLAS writes fp32 directly from bf16 inputs)."""
-    if a.dtype == torch.float32:
-        return torch.mm(a, b)
-    if a.is_cuda:
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return torch.mm(a.float(), b.float())  # CPU (tests): same values, fp32 products
+@functools.lru_cache(maxsize=None)
+def fp32_out_gemm(device) -> bool:
+    """Whether cuBLAS on ``device`` writes, and accumulates into, an fp32 matrix from bf16 inputs
+    (``torch.mm`` / ``torch.addmm`` with ``out_dtype=torch.float32``; accumulating into an fp32
+    ``self`` came with a later torch than ``mm``'s): tried once per device on a small product and
+    checked against fp32 arithmetic. False off-GPU (the CPU has neither overload)."""
+    try:
+        g = torch.Generator(device=device).manual_seed(0)
+        a = torch.randn(64, 40, device=device, generator=g).to(torch.bfloat16)
+        b = torch.randn(40, 48, device=device, generator=g).to(torch.bfloat16)
+        c = torch.randn(64, 48, device=device, generator=g)
+        ref = a.float() @ b.float()
+        acc = c + ref
+        torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
+        d = torch.empty(64, 48, device=device)
+        torch.mm(a, b, out_dtype=torch.float32, out=d)
+        return bool(torch.allclose(c, acc, rtol=1e-5, atol=1e-4) and torch.allclose(d, ref, rtol=1e-5, atol=1e-4))
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def _gemm_f32_(out, a, b, accumulate: bool):
+    """``out = a @ b`` (or ``out += a @ b``) into the fp32 ``out`` with fp32 accumulation. bf16 / fp16
+    inputs on a GPU whose torch supports it (``fp32_out_gemm``): cuBLAS writes (beta = 0) or
+    accumulates (beta = 1) fp32 directly, with no fp32 temporary of the product; else the product
+    is formed in fp32 first (same values: fp32 products of exact bf16 values, fp32 sums)."""
+    if a.dtype != torch.float32 and a.is_cuda and fp32_out_gemm(a.device):
+        if accumulate:
+            return torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+        return torch.mm(a, b, out_dtype=torch.float32, out=out)
+    if a.dtype != torch.float32:
+        a, b = a.float(), b.float()
+    return out.addmm_(a, b) if accumulate else torch.mm(a, b, out=out)
 
 
 def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, ent, gl, gh,
@@ -439,11 +468,12 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
         budget = int(CONFIG["BWD_CHUNK_BYTES"]) if chunk_bytes is None else int(chunk_bytes)
         n_c, v_c = plan_bwd_chunks(n, v, hidden.element_size(), budget)
     one_pass_dw = n_c >= n
-    dh = torch.zeros(n, n_h, dtype=torch.float32, device=dev)
+    # the first vocab chunk writes each row of dh, the first row chunk each row of dW (no zero fill)
+    alloc = torch.empty if (n > 0 and v > 0) else torch.zeros
+    dh = alloc(n, n_h, dtype=torch.float32, device=dev)
     dw = None
     if need_weight_grad:
-        dw = torch.empty(v, n_h, dtype=weight.dtype, device=dev) if one_pass_dw and n > 0 \
-            else torch.zeros(v, n_h, dtype=torch.float32, device=dev)  # accumulated over row chunks
+        dw = alloc(v, n_h, dtype=weight.dtype if one_pass_dw else torch.float32, device=dev)
     db = torch.zeros(v, dtype=torch.float32, device=dev) if bias is not None and need_bias_grad else None
     if n == 0 or v == 0:
         return dh, dw, db
@@ -478,12 +508,12 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
                     HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=_prec(hidden), UPCAST=_upcast(hidden),
                     BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"],
                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-            dh[n0:n1] += _mm_f32(dz, weight[v0:v1])
+            _gemm_f32_(dh[n0:n1], dz, weight[v0:v1], accumulate=v0 > 0)  # the first vocab chunk writes
             if dw is not None:
                 if one_pass_dw:  # every row in this chunk: dW[v0:v1] final, written once
                     torch.mm(dz.t(), h_c, out=dw[v0:v1])
                 else:
-                    dw[v0:v1] += _mm_f32(dz.t(), h_c)
+                    _gemm_f32_(dw[v0:v1], dz.t(), h_c, accumulate=n0 > 0)
             if db is not None:
                 db[v0:v1] += dz.sum(0, dtype=torch.float32)
     return dh, dw, db

@@ -11,9 +11,9 @@ vocab blocks together, so the programs resident at one time share their weight t
 hidden blocks) in L2 instead of streaming the 1.2 GB LM head once per row block.
 
 Each program writes its partial to column ``rows`` of row ``vocab block`` of three fp32 workspace
-arrays ``[n_vblocks, N]``; the caller merges them along dim 0 with the same function that merges
-tensor-parallel ranks (``vocab_parallel.merge_splits``), so the two-part log-sum-exp ``(m, log s)``
-and the entropy come out of exactly the math the split forward and the TP path use. Workspace:
+arrays ``[n_vblocks, N]``; kernels/linear_logprobs_finish.py merges them along dim 0 with the math
+that merges tensor-parallel ranks (``vocab_parallel.merge_splits``), so the two-part log-sum-exp
+``(m, log s)`` and the entropy come out of the math the split forward and the TP path use. Workspace:
 ``12 * N * cdiv(V, V_TILES * BLOCK_V)`` bytes; at N=8192, V=151,936 that is 116.7 MB for
 ``BLOCK_V = 128`` (1,187 vocab blocks) and 58.4 MB for 256 (594 blocks), plus the merge's
 temporaries of the same order (a few ``[n_vblocks, N]`` fp32 arrays).
@@ -21,7 +21,7 @@ temporaries of the same order (a few ``[n_vblocks, N]`` fp32 arrays).
 ``PERSISTENT`` (launch_config / ``CONFIG``): 0 launches one program per tile; k > 0 launches
 ``k * SMs`` programs that stride over the tile numbers (same grouped order, so the set of tiles in
 flight is the same), which removes the per-program launch and prologue cost at the price of a
-loop. The target logit stays an O(N*H) gather-dot on the host (``ops/linear_logprobs.py``).
+loop. The target logit is an O(N*H) gather-dot, in the same finishing kernel as the merge.
 """
 from __future__ import annotations
 

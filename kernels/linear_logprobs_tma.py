@@ -2,7 +2,7 @@
 
 ``_stats_tma_kernel`` (``CONFIG["FWD"] = "tma"``): the same per-tile partials as
 kernels/linear_logprobs_fwd.py (``(m, s, a)`` per row and vocab block, ``[n_vblocks, N]`` fp32,
-merged by ``vocab_parallel.merge_splits``). ``_dlogits_tma_kernel`` (``CONFIG["DLOGITS"] = "tma"``):
+merged by kernels/linear_logprobs_finish.py). ``_dlogits_tma_kernel`` (``CONFIG["DLOGITS"] = "tma"``):
 the chunked backward's ``dz`` tiles, as ``_dlogits_kernel`` of kernels/linear_logprobs.py (same
 ``_dlogits_tile`` epilogue), before the two cuBLAS GEMMs. Both compute their logits tiles the way
 the fastest Triton GEMMs on Hopper are written:

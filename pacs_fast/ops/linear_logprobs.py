@@ -7,8 +7,9 @@ Backends (same results, see ``token_logprobs`` for the non-finite semantics):
 
 - ``"triton"``: kernels/linear_logprobs.py; forward (kernels/linear_logprobs_fwd.py): one
   GEMM-shaped program per (row block, vocab block) tile in grouped order, each writing per-row
-  partials (max, sum-exp, entropy sum) to an fp32 ``[vocab blocks, N]`` workspace that
-  ``vocab_parallel.merge_splits`` merges (the tensor-parallel merge). Backward (``triton_backward``): ``"chunked"`` (default) recomputes the logits per
+  partials (max, sum-exp, entropy sum) to an fp32 ``[vocab blocks, N]`` workspace; one more kernel
+  (kernels/linear_logprobs_finish.py) merges them (the tensor-parallel merge) and gathers the
+  target logits. Backward (``triton_backward``): ``"chunked"`` (default) recomputes the logits per
   vocabulary chunk in a Triton kernel that writes ``dz`` (input dtype), then two cuBLAS GEMMs per
   chunk (``dhidden += dz @ W_chunk``, ``dW_chunk = dz.T @ hidden``); ``"atomic"`` recomputes each
   logits tile and accumulates ``dhidden`` / ``dweight`` with fp32 atomic adds in one kernel.
@@ -148,20 +149,23 @@ class _LinearLogprobs(torch.autograd.Function):
         owned = (local >= 0) & (local < v_local)
         safe = torch.where(owned, local, torch.zeros_like(local))
         cd = chunked.compute_dtype(hidden)
-        target = _target_logit(h, weight, bias, safe, owned, inv_t, h_scaled=torch_path).to(cd)
 
         if v_local == 0 or n_valid == 0:
+            target = _target_logit(h, weight, bias, safe, owned, inv_t, h_scaled=torch_path).to(cd)
             m = torch.full((n_valid,), float("-inf"), dtype=cd, device=hidden.device)
             s = torch.zeros(n_valid, dtype=cd, device=hidden.device)
             a = s.clone() if entropy else None
         elif torch_path:
+            target = _target_logit(h, weight, bias, safe, owned, inv_t, h_scaled=True).to(cd)
             tile = chunked.plan_chunks(n_valid, v_local, chunk_bytes, prefer_rows=True)
             fill = _gemm_fill(h, weight, bias, inv_t)
             m, s, a = chunked.forward_stats(n_valid, v_local, tile, fill, entropy, hidden.device,
                                             v_outer=True, clamp=_may_have_neg_inf(bias), dtype=cd)
-        else:
+        else:  # the tiles' partials, then one kernel merges them and computes the target logits
             from pacs_fast.kernels import linear_logprobs as K
-            m, s, a = vp.merge_splits(*K.stats_fwd(h, weight.contiguous(), bias, inv_t, entropy))
+            from pacs_fast.kernels.linear_logprobs_finish import finish
+            w = weight.contiguous()
+            m, s, a, target = finish(*K.stats_fwd(h, w, bias, inv_t, entropy), h, w, bias, lab, v_off, inv_t)
         del h
         m, s, a, target = vp.allreduce_stats(m, s, a, target, group)
         ones = torch.ones(n_valid, dtype=torch.bool, device=hidden.device)
