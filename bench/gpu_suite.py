@@ -45,6 +45,13 @@ PY = sys.executable
 BUDGET_S = 540  # 9 minutes
 
 
+# what the GPU image has of the kernel stacks a next step could use (CuTe DSL, Liger, QuACK, flash-attn)
+# and of the product's optional engines: recorded by the env step, None where not installed
+OPTIONAL_PACKAGES = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "cuda-bindings", "cuda-python",
+                     "quack-kernels", "liger-kernel", "flash-attn", "vllm", "megatron-core", "trl", "transformers",
+                     "numpy")
+
+
 def _env(**extra):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -99,8 +106,15 @@ class Suite:
                 "dev = torch.cuda.get_device_name() if cuda else 'cpu'\n"
                 "cap = torch.cuda.get_device_capability() if cuda else None\n"
                 "t = torch.zeros(1, device='cuda' if cuda else 'cpu')\n"
+                "from importlib import metadata\n"
+                "def ver(p):\n"
+                "    try:\n"
+                "        return metadata.version(p)\n"
+                "    except metadata.PackageNotFoundError:\n"
+                "        return None\n"
+                f"pkgs = {{p: ver(p) for p in {OPTIONAL_PACKAGES!r}}}\n"
                 "print(json.dumps(dict(cuda=cuda, device=dev, capability=cap, torch=torch.__version__,"
-                " triton=triton.__version__, auto_backend=resolve_backend('auto', t))))\n")
+                " triton=triton.__version__, auto_backend=resolve_backend('auto', t), packages=pkgs)))\n")
         rc, dt, tail = self.run("env", [PY, "-c", code], 120)
         info = {}
         try:
@@ -284,6 +298,9 @@ def report_md(res: dict, dry: bool) -> str:
     env = res.get("env", {})
     L += [f"Device: {env.get('device')} (capability {env.get('capability')}), torch {env.get('torch')}, "
           f"triton {env.get('triton')}, date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
+          "Installed: " + (", ".join(f"{p} {v}" for p, v in (env.get("packages") or {}).items() if v) or "-")
+          + "; not installed: " + (", ".join(p for p, v in (env.get("packages") or {}).items() if not v) or "-")
+          + ".", "",
           "| step | status | seconds |", "|---|---|---:|"]
     for k, r in res.items():
         state = ("not run: " + r["not_run"]) if r.get("not_run") else "ok" if r["ok"] else "FAILED: " + str(r.get("why", ""))

@@ -42,6 +42,10 @@ def test_dry_run_plumbing_writes_the_report(tmp_path):
                                                        for r in rep["steps"]["pacs_loss"]["rows"])
     md = (tmp_path / "gpu_report.md").read_text()
     assert "DRY RUN" in md and "pacs_triton_atomic" in md and "## PACS loss" in md
+    # the image's kernel stacks are recorded (is CuTe DSL there?): versions here, None where missing
+    pkgs = rep["steps"]["env"]["packages"]
+    assert pkgs["transformers"] and "nvidia-cutlass-dsl" in pkgs and "Installed: " in md
+    assert f"transformers {pkgs['transformers']}" in md
     assert "fwd+bwd / 4 GEMMs" in md and "wall share of copy" in md and "GPU share of copy" in md and "four GEMMs" in md
     assert not list(tmp_path.glob("*.tmp"))
 
