@@ -442,12 +442,16 @@ def _gemm_f32_(out, a, b, accumulate: bool):
     """``out = a @ b`` (or ``out += a @ b``) into the fp32 ``out`` with fp32 accumulation. bf16 / fp16
     inputs on a GPU whose torch supports it (``fp32_out_gemm``): cuBLAS writes (beta = 0) or
     accumulates (beta = 1) fp32 directly, with no fp32 temporary of the product; else the product
-    is formed in fp32 first (same values: fp32 products of exact bf16 values, fp32 sums)."""
-    if a.dtype != torch.float32 and a.is_cuda and fp32_out_gemm(a.device):
-        if accumulate:
-            return torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
-        return torch.mm(a, b, out_dtype=torch.float32, out=out)
-    if a.dtype != torch.float32:
+    is formed in fp32 first (same values: fp32 products of exact bf16 values, fp32 sums): on a GPU
+    by ``torch.mm(..., out_dtype=torch.float32)``, on the CPU from fp32 copies of the inputs."""
+    if a.dtype != torch.float32 and a.is_cuda:
+        if fp32_out_gemm(a.device):
+            if accumulate:
+                return torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+            return torch.mm(a, b, out_dtype=torch.float32, out=out)
+        prod = torch.mm(a, b, out_dtype=torch.float32)  # an fp32 product, no fp32 copy of the inputs
+        return out.add_(prod) if accumulate else out.copy_(prod)
+    if a.dtype != torch.float32:  # CPU (tests): the same values from fp32 copies
         a, b = a.float(), b.float()
     return out.addmm_(a, b) if accumulate else torch.mm(a, b, out=out)
 
