@@ -8,7 +8,8 @@
 #              kernels against the GEMM floors and Liger, the PACS loss against the copy floor (built-in tables)
 #   2. tune    bench/gpu_tune.py on the default forward, the chunked backward and the PACS loss (short budget),
 #              written to kernels/tuned/sm_<arch>.json of this checkout
-#   3. tuned   the same log-prob and PACS-loss benchmarks again, now reading the measured table
+#   3. tuned   the same log-prob and PACS-loss benchmarks again, now reading the measured table (the log-probs
+#              with --profile: each Triton variant's device time per kernel, tile kernels against the glue)
 #   4. shapes  the log-probs at H=896 (Qwen2.5-0.5B), H=3584 (7B) and V=32,000, against their floors and Liger
 # product (a short second call): bench/gpu_suite.py --steps env,compile,megatron_run,trl_run.
 # final (after changes made from what main showed): the gpu tests, the PACS loss (and on .old/, an
@@ -51,7 +52,7 @@ if [[ "$MODE" == main ]]; then
   if compgen -G "$W/tuned/sm_*.json" > /dev/null; then mkdir -p kernels/tuned && cp "$W"/tuned/sm_*.json kernels/tuned/; fi
   phase tuned_logprobs 70 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \
     --methods pacs_triton,pacs_triton_tma,liger_flce \
-    --iters 5 --out "$W/logprobs_tuned.json"
+    --iters 5 --profile --out "$W/logprobs_tuned.json"
   phase tuned_pacs_loss 40 "$PY" bench/bench_pacs_loss.py --device cuda --repeat 10 --loop-max-b 0 \
     --out "$W/pacs_loss_tuned.json"
   phase shapes 70 "$PY" bench/gpu_logprobs.py --shapes 8192x896x151936,8192x3584x151936,8192x4096x32000 \
@@ -65,7 +66,7 @@ elif [[ "$MODE" == final ]]; then  # ~4 minutes
   fi
   phase logprobs_final 55 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \
     --methods pacs_triton,pacs_triton_tma,liger_flce \
-    --iters 5 --out "$W/logprobs_final.json"
+    --iters 5 --profile --out "$W/logprobs_final.json"
   phase gpu_tests_final 50 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests
   phase megatron 75 "$PY" bench/gpu_suite.py "$W/suite" --steps megatron_run --budget-s 70
 else

@@ -30,6 +30,10 @@ GEMMs); issue 22's targets are <= 1.10 for both at N=8192, H=4096, V=151,936, bf
 the floor timed in alternation with the method (GEMM, method, GEMM, method, ...: medians of each,
 ``gemm_fwd_ms_adjacent`` / ``gemm4_ms_adjacent``): on the first H200 run the same forward measured
 16.9 and 18.5 ms depending on where in the run it was timed, against one floor measured at the start.
+
+``--profile`` adds, per ``pacs_triton*`` method, its device time per kernel from the CUDA profiler
+(``fwd_kernels``, ``fwd_bwd_kernels``: the tile kernels against the merge, the cuBLAS GEMMs and the
+glue), the breakdown the first H200 run needed a hand-written profile for.
 """
 from __future__ import annotations
 
@@ -115,25 +119,63 @@ def _time_alternating(fa, fb, iters, device):
     return statistics.median(ta), statistics.median(tb)
 
 
+def kernel_shares(events, top: int = 8) -> list[dict]:
+    """``[{"kernel", "us", "share"}]`` from ``(name, microseconds)`` pairs: durations summed per name,
+    the ``top`` largest first, the rest as one ``"(other)"`` row; shares of the total."""
+    per: dict[str, float] = {}
+    for name, us in events:
+        per[name] = per.get(name, 0.0) + us
+    total = sum(per.values()) or 1.0
+    ranked = sorted(per.items(), key=lambda kv: -kv[1])
+    rows = [{"kernel": k[:80], "us": round(v, 1), "share": round(v / total, 4)} for k, v in ranked[:top]]
+    rest = sum(v for _, v in ranked[top:])
+    if rest:
+        rows.append({"kernel": "(other)", "us": round(rest, 1), "share": round(rest / total, 4)})
+    return rows
+
+
+def kernel_breakdown(fn, calls: int = 2) -> list[dict] | None:
+    """Where one ``fn()``'s device time goes: the CUDA profiler's kernel (and copy / memset) durations
+    over ``calls`` calls after one warm-up, per kernel name, in microseconds per call (``kernel_shares``).
+    None off-GPU or when the profiler does not work there."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        events = [(e.name, e.time_range.elapsed_us() / calls) for e in prof.events()
+                  if e.device_type == DeviceType.CUDA and not e.name.startswith("Activity Buffer")]
+    except Exception as e:  # noqa: BLE001 - the timings stand without the breakdown
+        print(f"kernel_breakdown: the CUDA profiler failed ({type(e).__name__}: {e})", flush=True)
+        return None
+    return kernel_shares(events)
+
+
 KERNEL_CHOICES = {"pacs_triton_split": dict(FWD="split"), "pacs_triton_tma": dict(FWD="tma", DLOGITS="tma")}
 
 
-def bench_case(name, n, h, v, dtype, device, iters, floor_calls=None):
+def bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=False):
     """One method's row; ``KERNEL_CHOICES[name]`` is set in kernels/linear_logprobs.py's ``CONFIG``
     for the whole case (forward and backward) and restored after."""
     choices = KERNEL_CHOICES.get(name, {})
     if not choices:
-        return _bench_case(name, n, h, v, dtype, device, iters, floor_calls)
+        return _bench_case(name, n, h, v, dtype, device, iters, floor_calls, profile)
     from pacs_fast.kernels import linear_logprobs as K
     saved = {k: K.CONFIG[k] for k in choices}
     K.CONFIG.update(choices)
     try:
-        return _bench_case(name, n, h, v, dtype, device, iters, floor_calls)
+        return _bench_case(name, n, h, v, dtype, device, iters, floor_calls, profile)
     finally:
         K.CONFIG.update(saved)
 
 
-def _bench_case(name, n, h, v, dtype, device, iters, floor_calls=None):
+def _bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=False):
     fwd, recompute = _method(name)
     hidden, weight, labels, gl, gh = _inputs(n, h, v, dtype, device)
     hidden.requires_grad_(), weight.requires_grad_()
@@ -175,6 +217,9 @@ def _bench_case(name, n, h, v, dtype, device, iters, floor_calls=None):
         g4, t_fb = _time_alternating(four, f_b, iters, device)
         adjacent = {"gemm_fwd_ms_adjacent": g1 * 1e3, "gemm4_ms_adjacent": g4 * 1e3,
                     "fwd_vs_gemm": t_f / g1, "fwd_bwd_vs_4gemm": t_fb / g4}
+    if profile and device == "cuda":  # where the device time goes, per kernel (forward; forward + backward)
+        adjacent["fwd_kernels"] = kernel_breakdown(f_only)
+        adjacent["fwd_bwd_kernels"] = kernel_breakdown(f_b)
     flop = 2 * n * h * v
     rows = torch.randperm(n)[:256].to(hidden.device)
     with torch.no_grad():
@@ -240,6 +285,9 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--naive-max-bytes", type=float, default=40e9,
                     help="skip naive when its fp32 [N, V] copies (~4 of them) exceed this")
+    ap.add_argument("--profile", action="store_true",
+                    help="also record each method's device time per kernel (CUDA profiler), forward and "
+                         "forward + backward: the tile kernels against the glue around them")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -262,7 +310,8 @@ def main():
                 rows.append({"method": m, "N": n, "H": h, "V": v, "unavailable": "CPU without TRITON_INTERPRET=1"})
             else:
                 try:
-                    rows.append(bench_case(m, n, h, v, dtype, args.device, args.iters, floor_calls))
+                    rows.append(bench_case(m, n, h, v, dtype, args.device, args.iters, floor_calls,
+                                           profile=args.profile and m.startswith("pacs_triton")))
                 except Exception as e:  # noqa: BLE001 - reported in the table
                     rows.append({"method": m, "N": n, "H": h, "V": v,
                                  "unavailable": f"{type(e).__name__}: {str(e)[:120]}"})
@@ -278,6 +327,10 @@ def main():
                       f"{r['fwd_bwd_vs_4gemm']:.2f}x four GEMMs (executed {r['fwd_bwd_tflops_executed']:.0f}, "
                       f"useful {r['fwd_bwd_tflops_useful']:.0f} TFLOP/s)  workspace {r['workspace_gb']:.3f} GB  "
                       f"err {r['max_err']}", flush=True)
+                for part in ("fwd_kernels", "fwd_bwd_kernels"):
+                    if r.get(part):
+                        print(f"    {part}: " + "; ".join(f"{k['kernel'][:40]} {k['us'] / 1e3:.2f} ms "
+                                                        f"({k['share']:.0%})" for k in r[part]), flush=True)
     dev = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    time.strftime("gpu_logprobs_%Y%m%d_%H%M%S.json"))

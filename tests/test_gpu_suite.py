@@ -65,6 +65,21 @@ def test_usage_error():
     assert proc.returncode == 2 and "usage" in proc.stderr
 
 
+def test_kernel_shares_sums_per_kernel_and_folds_the_tail():
+    """gpu_logprobs --profile: per-kernel device time (summed over launches), largest first, the rest
+    folded into one row, shares of the total."""
+    from gpu_logprobs import kernel_breakdown, kernel_shares
+    ev = [("_stats_tiles_kernel", 700.0), ("_finish_kernel", 20.0), ("_stats_tiles_kernel", 100.0),
+          ("cast", 5.0), ("memset", 3.0), ("gather", 2.0)]
+    rows = kernel_shares(ev, top=2)
+    assert [r["kernel"] for r in rows] == ["_stats_tiles_kernel", "_finish_kernel", "(other)"]
+    assert [r["us"] for r in rows] == [800.0, 20.0, 10.0]
+    assert abs(sum(r["share"] for r in rows) - 1) < 1e-3 and rows[0]["share"] == round(800 / 830, 4)
+    assert kernel_shares([]) == []
+    if not torch.cuda.is_available():
+        assert kernel_breakdown(lambda: None) is None  # no GPU: no breakdown, the timings stand
+
+
 def test_phases_from_metrics(tmp_path):
     from gpu_suite import phases_from_metrics, report_md
     recs = [{"kind": "eval", "step": 0, "time/eval": 3.0}]
