@@ -15,9 +15,12 @@ def churn():                           # a training step in miniature: many buff
         live = [torch.ones(2_000_000) + i for i in range(12)]   # 12 x 8 MB, plus temporaries
         del live
 churn()                                # warm-up: the heap grows once
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-churn()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+counts = []
+for _ in range(3):                     # the fewest faults of three churns: faults the host causes on its own
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt   # schedule (e.g. NUMA balancing) miss one of them
+    churn()
+    counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(min(counts))
 """
 
 
@@ -36,8 +39,10 @@ def faults(apply: bool) -> int:
 def test_freed_memory_is_reused_without_page_faults():
     plain, kept = faults(False), faults(True)
     assert plain > 1000      # every buffer is a fresh mmap, faulted in page by page
-    # reused, not faulted in again: on an idle machine kept is a few hundred faults against >100,000;
-    # one fresh-clone CI run on a busy machine measured 11,719 against 140,688 (12x), so the bound is 8x
+    # reused, not faulted in again: on an idle machine kept is a few hundred faults against >100,000.
+    # Fresh-clone CI runs on a busy machine measured 11,719 and 19,531 against 140,688 (12x, 7.2x) for a
+    # single churn: faults the host adds on its own schedule; the fewest of three churns (SCRIPT) is the
+    # allocator's own count, and the bound stays 8x
     assert kept < plain / 8
 
 
