@@ -182,6 +182,22 @@ def _online_fold(m, s, a, x, ENTROPY: tl.constexpr):
 
 
 @triton.jit
+def _tile_stats(x, cmask, ENTROPY: tl.constexpr):
+    """The per-row partial ``(m, s, a)`` of one logits tile ``x`` [BLOCK_N, BLOCK_V] whose columns
+    outside ``cmask`` do not exist (``_online_fold`` from the empty partial, without its dead rescale
+    terms); ``a`` is ``s`` (unused) without ``ENTROPY``."""
+    x = tl.where(cmask[None, :], x, float("-inf"))
+    m = tl.max(x, 1)
+    xr = x - tl.where(m == float("-inf"), 0.0, m)[:, None]
+    e = tl.exp(xr)
+    s = tl.sum(e, 1)
+    a = s
+    if ENTROPY:  # e == 0 exactly where x = -inf (0 * -inf) or exp underflows (e * xr = 0)
+        a = tl.sum(tl.where(e == 0.0, 0.0, e * xr), 1)
+    return m, s, a
+
+
+@triton.jit
 def _stats_fwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, v_per_split, inv_t,
                       M_out, S_out, A_out,
                       HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .linear_logprobs import _cfg, _grouped_tile, _logits_tile, _online_fold, _prec, _upcast
+from .linear_logprobs import _cfg, _grouped_tile, _logits_tile, _online_fold, _prec, _tile_stats, _upcast
 
 
 @triton.jit
@@ -41,19 +41,12 @@ def _tile_partial(t, Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t, n_blocks_n,
     pid_n, pid_v = _grouped_tile(t, n_blocks_n, n_blocks_v, GROUP_N)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    if V_TILES == 1:  # _online_fold from the empty partial, without its (dead) rescale terms
+    if V_TILES == 1:
         cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
         cmask = cols < V
         x = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, inv_t,
                          HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-        x = tl.where(cmask[None, :], x, float("-inf"))
-        m = tl.max(x, 1)
-        xr = x - tl.where(m == float("-inf"), 0.0, m)[:, None]
-        e = tl.exp(xr)
-        s = tl.sum(e, 1)
-        a = s  # unused without ENTROPY
-        if ENTROPY:  # e == 0 exactly where x = -inf (0 * -inf) or exp underflows (e * xr = 0)
-            a = tl.sum(tl.where(e == 0.0, 0.0, e * xr), 1)
+        m, s, a = _tile_stats(x, cmask, ENTROPY)
     else:
         m = tl.full((BLOCK_N,), float("-inf"), tl.float32)
         s = tl.zeros((BLOCK_N,), tl.float32)

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .linear_logprobs import _cfg, _dlogits_tile, _grouped_tile, _prec, _upcast, device_arch
+from .linear_logprobs import _cfg, _dlogits_tile, _grouped_tile, _prec, _tile_stats, _upcast, device_arch
 from .linear_logprobs_fwd import num_sms
 
 
@@ -54,6 +54,17 @@ def _tma_logits(Hdesc, Wdesc, B, V, n_h, inv_t, r0, c0, HAS_BIAS: tl.constexpr, 
 
 
 @triton.jit
+def _tma_tile(t, Hdesc, Wdesc, B, V, n_h, inv_t, n_blocks_n, n_blocks_v, HAS_BIAS: tl.constexpr,
+              DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+              BLOCK_H: tl.constexpr, GROUP_N: tl.constexpr):
+    """Tile number ``t`` of the grouped order: its scaled logits, row and vocab ids, vocab block."""
+    pid_n, pid_v = _grouped_tile(t, n_blocks_n, n_blocks_v, GROUP_N)
+    x = _tma_logits(Hdesc, Wdesc, B, V, n_h, inv_t, pid_n * BLOCK_N, pid_v * BLOCK_V, HAS_BIAS, DOT_PREC,
+                    UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
+    return x, pid_n * BLOCK_N + tl.arange(0, BLOCK_N), pid_v * BLOCK_V + tl.arange(0, BLOCK_V), pid_v
+
+
+@triton.jit
 def _stats_tma_kernel(Hdesc, Wdesc, B, N, V, n_h, inv_t, M_out, S_out, A_out,
                       HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, DOT_PREC: tl.constexpr,
                       UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -63,22 +74,15 @@ def _stats_tma_kernel(Hdesc, Wdesc, B, N, V, n_h, inv_t, M_out, S_out, A_out,
     n_blocks_v = tl.cdiv(V, BLOCK_V)
     for t in tl.range(tl.program_id(0), n_blocks_n * n_blocks_v, tl.num_programs(0), flatten=FLATTEN,
                       warp_specialize=WARP_SPECIALIZE):
-        pid_n, pid_v = _grouped_tile(t, n_blocks_n, n_blocks_v, GROUP_N)
-        x = _tma_logits(Hdesc, Wdesc, B, V, n_h, inv_t, pid_n * BLOCK_N, pid_v * BLOCK_V, HAS_BIAS, DOT_PREC,
-                        UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        x, rows, cols, pid_v = _tma_tile(t, Hdesc, Wdesc, B, V, n_h, inv_t, n_blocks_n, n_blocks_v, HAS_BIAS,
+                                         DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H, GROUP_N)
         rmask = rows < N
-        x = tl.where((cols < V)[None, :], x, float("-inf"))
-        m = tl.max(x, 1)
-        xr = x - tl.where(m == float("-inf"), 0.0, m)[:, None]
-        e = tl.exp(xr)
-        s = tl.sum(e, 1)
+        m, s, a = _tile_stats(x, cols < V, ENTROPY)
         out = pid_v.to(tl.int64) * N + rows
         tl.store(M_out + out, m, mask=rmask)
         tl.store(S_out + out, s, mask=rmask)
-        if ENTROPY:  # e == 0 exactly where x = -inf (0 * -inf) or exp underflows (e * xr = 0)
-            tl.store(A_out + out, tl.sum(tl.where(e == 0.0, 0.0, e * xr), 1), mask=rmask)
+        if ENTROPY:
+            tl.store(A_out + out, a, mask=rmask)
 
 
 @triton.jit
@@ -93,11 +97,8 @@ def _dlogits_tma_kernel(Hdesc, Wdesc, B, N, V, n_h, inv_t, LABELS, v_offset, M, 
     n_blocks_v = tl.cdiv(V, BLOCK_V)
     for t in tl.range(tl.program_id(0), n_blocks_n * n_blocks_v, tl.num_programs(0), flatten=FLATTEN,
                       warp_specialize=WARP_SPECIALIZE):
-        pid_n, pid_v = _grouped_tile(t, n_blocks_n, n_blocks_v, GROUP_N)
-        x = _tma_logits(Hdesc, Wdesc, B, V, n_h, inv_t, pid_n * BLOCK_N, pid_v * BLOCK_V, HAS_BIAS, DOT_PREC,
-                        UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        x, rows, cols, _ = _tma_tile(t, Hdesc, Wdesc, B, V, n_h, inv_t, n_blocks_n, n_blocks_v, HAS_BIAS,
+                                     DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H, GROUP_N)
         rmask = rows < N
         cmask = cols < V
         dz = _dlogits_tile(x, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY)

@@ -156,10 +156,7 @@ def test_vocab_shards_merge_to_the_unsharded_result(seed, monkeypatch, dtype):
     parts = []
     for lo, hi in ((0, 97), (97, V)):
         m, s, a = vp.merge_splits(*K.stats_fwd(hidden, weight[lo:hi], b[lo:hi], inv_t, True))
-        local = labels - lo
-        owned = (local >= 0) & (local < hi - lo)
-        t = _target_logit(hidden, weight[lo:hi], b[lo:hi], torch.where(owned, local, 0), owned, inv_t,
-                          h_scaled=False)
+        t = _target_logit(hidden, weight[lo:hi], b[lo:hi], labels, lo, inv_t, h_scaled=False)
         parts.append((m, s, a, t))
     m, s, a = vp.merge(*parts[0][:3], *parts[1][:3])
     target = parts[0][3] + parts[1][3]

@@ -145,18 +145,15 @@ class _LinearLogprobs(torch.autograd.Function):
         lab = labels if valid_idx is None else labels.index_select(0, valid_idx)
         torch_path = backend == "torch"
         h = _prepare(hidden, valid_idx, inv_t, torch_path)
-        local = lab - v_off
-        owned = (local >= 0) & (local < v_local)
-        safe = torch.where(owned, local, torch.zeros_like(local))
         cd = chunked.compute_dtype(hidden)
+        if torch_path or v_local == 0 or n_valid == 0:  # (the Triton path's finish kernel computes it)
+            target = _target_logit(h, weight, bias, lab, v_off, inv_t, h_scaled=torch_path).to(cd)
 
         if v_local == 0 or n_valid == 0:
-            target = _target_logit(h, weight, bias, safe, owned, inv_t, h_scaled=torch_path).to(cd)
             m = torch.full((n_valid,), float("-inf"), dtype=cd, device=hidden.device)
             s = torch.zeros(n_valid, dtype=cd, device=hidden.device)
             a = s.clone() if entropy else None
         elif torch_path:
-            target = _target_logit(h, weight, bias, safe, owned, inv_t, h_scaled=True).to(cd)
             tile = chunked.plan_chunks(n_valid, v_local, chunk_bytes, prefer_rows=True)
             fill = _gemm_fill(h, weight, bias, inv_t)
             m, s, a = chunked.forward_stats(n_valid, v_local, tile, fill, entropy, hidden.device,
@@ -274,10 +271,14 @@ class _LinearLogprobs(torch.autograd.Function):
         return dhidden, dweight, dbias, None, None, None, None, None, None, None
 
 
-def _target_logit(h, weight, bias, safe, owned, inv_t, h_scaled):
-    """x[i, y_i] (scaled) as an O(N*H) gather-dot; 0 for rows whose target is on another rank."""
+def _target_logit(h, weight, bias, lab, v_off, inv_t, h_scaled):
+    """x[i, y_i] (scaled) as an O(N*H) gather-dot of the rows ``lab - v_off`` of this shard's
+    ``weight``; 0 for rows whose target is on another rank."""
     if h.shape[0] == 0 or weight.shape[0] == 0:
         return torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
+    local = lab - v_off
+    owned = (local >= 0) & (local < weight.shape[0])
+    safe = torch.where(owned, local, torch.zeros_like(local))
     cd = chunked.compute_dtype(h)
     w_rows = weight.index_select(0, safe).to(cd)
     t = (h.to(cd) * w_rows).sum(1)
