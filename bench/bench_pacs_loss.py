@@ -46,6 +46,8 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from cuda_profile import device_events  # noqa: E402
 
 
 def make_inputs(B, T, dtype, device, seed=0):
@@ -132,24 +134,10 @@ def kernel_time(call, iters: int) -> float | None:
     memsets) it launches, read from the CUDA profiler (CUPTI) over ``iters`` calls after one
     warm-up, divided by ``iters``. What the call costs the GPU when the host runs ahead (a training
     step's normal case, or a CUDA graph), without the host's launch latency that the synchronised
-    wall-clock columns include. None without CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-    call()
-    torch.cuda.synchronize()
-    try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(iters):
-                call()
-            torch.cuda.synchronize()
-        us = sum(e.time_range.elapsed_us() for e in prof.events()
-                 if e.device_type == DeviceType.CUDA and not e.name.startswith("Activity Buffer"))
-    except Exception as e:  # noqa: BLE001 - a profiler that does not work here leaves the column empty
-        print(f"kernel_time: the CUDA profiler failed ({type(e).__name__}: {e}); no device-time column")
-        return None
-    return us / iters * 1e-6 if us > 0 else None
+    wall-clock columns include. None without CUDA (or a working profiler): no device-time column."""
+    events = device_events(call, iters)
+    us = sum(us for _, us in events) if events else 0.0
+    return us * 1e-6 if us > 0 else None
 
 
 def copy_buffers(traffic_bytes: int, device: str):

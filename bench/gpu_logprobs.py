@@ -47,6 +47,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cuda_profile import device_events  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -138,23 +140,8 @@ def kernel_breakdown(fn, calls: int = 2) -> list[dict] | None:
     """Where one ``fn()``'s device time goes: the CUDA profiler's kernel (and copy / memset) durations
     over ``calls`` calls after one warm-up, per kernel name, in microseconds per call (``kernel_shares``).
     None off-GPU or when the profiler does not work there."""
-    if not torch.cuda.is_available():
-        return None
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-        events = [(e.name, e.time_range.elapsed_us() / calls) for e in prof.events()
-                  if e.device_type == DeviceType.CUDA and not e.name.startswith("Activity Buffer")]
-    except Exception as e:  # noqa: BLE001 - the timings stand without the breakdown
-        print(f"kernel_breakdown: the CUDA profiler failed ({type(e).__name__}: {e})", flush=True)
-        return None
-    return kernel_shares(events)
+    events = device_events(fn, calls)
+    return None if events is None else kernel_shares(events)
 
 
 KERNEL_CHOICES = {"pacs_triton_split": dict(FWD="split"), "pacs_triton_tma": dict(FWD="tma", DLOGITS="tma")}

@@ -59,13 +59,11 @@ def load(arch: int | None) -> dict:
     re-read when the file changes."""
     if arch is None:
         return {}
-    path = path_for(arch)
-    try:
-        stamp = os.stat(path).st_mtime_ns
-    except OSError:
+    path, mtime = stamp(arch)
+    if mtime is None:
         return {}
     hit = _cache.get(path)
-    if hit is not None and hit[0] == stamp:
+    if hit is not None and hit[0] == mtime:
         return hit[1]
     try:
         with open(path) as f:
@@ -76,7 +74,7 @@ def load(arch: int | None) -> dict:
     except (OSError, ValueError) as e:
         warnings.warn(f"ignoring the tuned launch table {path}: {e}", stacklevel=3)
         table = {}
-    _cache[path] = (stamp, table)
+    _cache[path] = (mtime, table)
     return table
 
 

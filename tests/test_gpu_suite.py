@@ -80,6 +80,17 @@ def test_kernel_shares_sums_per_kernel_and_folds_the_tail():
         assert kernel_breakdown(lambda: None) is None  # no GPU: no breakdown, the timings stand
 
 
+def test_device_events_profiles_warm_up_plus_calls(monkeypatch):
+    """The benchmarks' CUDA-profiler helper runs one warm-up and then ``calls`` calls under the
+    profiler; on a CPU (CUDA faked present) the profiler runs and finds no device event."""
+    import cuda_profile
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    n = []
+    assert cuda_profile.device_events(lambda: n.append(torch.ones(8).sum()), 3) == []
+    assert len(n) == 4
+
+
 def test_phases_from_metrics(tmp_path):
     from gpu_suite import phases_from_metrics, report_md
     recs = [{"kind": "eval", "step": 0, "time/eval": 3.0}]
