@@ -39,6 +39,9 @@ def _params(c: dict) -> str:
     k = c["constexprs"]
     if c["module"] == "linear_logprobs_finish":
         tile = f"{k['BLOCK_R']} rows, S{k['BLOCK_S']}, H{k['BLOCK_H']}"
+    elif c["module"] == "linear_logprobs_gluon":  # its tiles are its descriptors' blocks
+        (bn, bh), (bv, _) = c["blocks"]["Hdesc"], c["blocks"]["Wdesc"]
+        tile = f"{bn}x{bv}x{bh}"
     elif c["module"].startswith("linear_logprobs"):
         tile = f"{k['BLOCK_N']}x{k['BLOCK_V']}x{k['BLOCK_H']}"
     elif c["module"] == "token_logprobs":

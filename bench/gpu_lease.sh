@@ -11,9 +11,12 @@
 #   3. tuned   the same log-prob and PACS-loss benchmarks again, now reading the measured table (the log-probs
 #              with --profile: each Triton variant's device time per kernel, tile kernels against the glue)
 #   4. shapes  the log-probs at H=896 (Qwen2.5-0.5B), H=3584 (7B) and V=32,000, against their floors and Liger
+#   The warp-specialised Gluon forward (kernels/linear_logprobs_gluon.py) joins the tuning and phases 3-4
+#   only once its float64 check (tests/test_linear_logprobs_gluon.py, in a time-limited subprocess) has
+#   passed in this call: a wrong mbarrier protocol hangs rather than fails.
 # product (a short second call): bench/gpu_suite.py --steps env,compile,megatron_run,trl_run.
-# final (after changes made from what main showed): the gpu tests, the PACS loss (and on .old/, an
-#   earlier tree, when present), the log-probs with their alternating floors, the megatron run.
+# final (after changes made from what main showed): the Gluon forward's check, the PACS loss (and on .old/,
+#   an earlier tree, when present), the log-probs with their alternating floors, the gpu tests, the megatron run.
 #
 # Every phase is time-limited and independent; after each one OUT_DIR/lease.tgz holds everything so far
 # (logs, JSON, the tuned table; never a model or checkpoint), so a call cut off still returns its phases.
@@ -43,29 +46,54 @@ phase() {  # phase NAME LIMIT_S CMD...: runs CMD with its output in $W/NAME.log,
   grep -v "^\s*$" "$W/$name.log" | tail -n "${TAIL:-14}"
   pack
 }
+passed() {  # passed JUNIT_XML TEST_NAME: that test ran and passed (no failure, error or skip element)
+  "$PY" - "$1" "$2" <<'EOF'
+import sys
+import xml.etree.ElementTree as ET
+try:
+    cases = list(ET.parse(sys.argv[1]).getroot().iter("testcase"))
+except (OSError, ET.ParseError):
+    sys.exit(1)
+sys.exit(0 if any(c.get("name") == sys.argv[2] and not list(c) for c in cases) else 1)
+EOF
+}
+GLUON_TEST=test_gluon_forward_matches_float64_on_hopper
+gluon_methods() {  # gluon_methods JUNIT_XML: sets GLUON (bench method) and GLUON_K (tuner kernel) when it passed
+  GLUON="" GLUON_K=""
+  if passed "$1" "$GLUON_TEST"; then
+    GLUON=",pacs_triton_gluon" GLUON_K=",linear_logprobs.stats_gluon"
+    echo "== the Gluon forward passed its float64 check: measured below"
+  else
+    echo "== the Gluon forward did not pass its float64 check in this call: left out"
+  fi
+}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv > "$W/nvidia_smi.csv" 2>&1
 if [[ "$MODE" == main ]]; then
   phase suite 200 "$PY" bench/gpu_suite.py "$W/suite" --steps env,gpu_tests,logprobs,pacs_loss --budget-s 190
-  K=linear_logprobs.stats_tiles,linear_logprobs.stats_tma,linear_logprobs.dlogits,linear_logprobs.dlogits_tma
+  gluon_methods "$W/suite/gpu_tests.xml"
+  K=linear_logprobs.stats_tiles,linear_logprobs.stats_tma,linear_logprobs.dlogits,linear_logprobs.dlogits_tma$GLUON_K
   phase tune 175 "$PY" bench/gpu_tune.py --kernels "$K,pacs_loss.fwd_sums,pacs_loss.fwd,pacs_loss.bwd" \
     --budget-s 140 --out-dir "$W/tuned"
   if compgen -G "$W/tuned/sm_*.json" > /dev/null; then mkdir -p kernels/tuned && cp "$W"/tuned/sm_*.json kernels/tuned/; fi
-  phase tuned_logprobs 70 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \
-    --methods pacs_triton,pacs_triton_tma,liger_flce \
+  phase tuned_logprobs 90 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \
+    --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" \
     --iters 5 --profile --out "$W/logprobs_tuned.json"
   phase tuned_pacs_loss 40 "$PY" bench/bench_pacs_loss.py --device cuda --repeat 10 --loop-max-b 0 \
     --out "$W/pacs_loss_tuned.json"
-  phase shapes 70 "$PY" bench/gpu_logprobs.py --shapes 8192x896x151936,8192x3584x151936,8192x4096x32000 \
-    --methods pacs_triton,pacs_triton_tma,liger_flce --iters 3 --out "$W/logprobs_shapes.json"
-elif [[ "$MODE" == final ]]; then  # ~4 minutes
+  phase shapes 90 "$PY" bench/gpu_logprobs.py --shapes 8192x896x151936,8192x3584x151936,8192x4096x32000 \
+    --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" --iters 3 --out "$W/logprobs_shapes.json"
+elif [[ "$MODE" == final ]]; then  # ~5 minutes
+  phase gluon_check 110 "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_linear_logprobs_gluon.py \
+    --junitxml="$W/gluon_check.xml"
+  gluon_methods "$W/gluon_check.xml"
   phase pacs_loss_final 40 "$PY" bench/bench_pacs_loss.py --device cuda --repeat 10 --loop-max-b 0 \
     --out "$W/pacs_loss_final.json"
   if [[ -d .old/pacs_fast ]]; then  # the same benchmark on an earlier tree (git archive into .old/): A/B in one call
     phase pacs_loss_old 35 env PYTHONPATH=".old:$PYTHONPATH" "$PY" .old/bench/bench_pacs_loss.py \
       --device cuda --repeat 10 --loop-max-b 0 --out "$W/pacs_loss_old.json"
   fi
-  phase logprobs_final 55 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \
-    --methods pacs_triton,pacs_triton_tma,liger_flce \
+  phase logprobs_final 75 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \
+    --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" \
     --iters 5 --profile --out "$W/logprobs_final.json"
   phase gpu_tests_final 50 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests
   phase megatron 75 "$PY" bench/gpu_suite.py "$W/suite" --steps megatron_run --budget-s 70

@@ -10,7 +10,11 @@ Methods: ``pacs_triton`` (the GEMM-shaped tiled forward kernel, chunked GEMM bac
 chunk + two cuBLAS GEMMs per vocab chunk, the default), ``pacs_triton_split`` (the same with the
 earlier split forward, ``CONFIG["FWD"] = "split"``, for comparison), ``pacs_triton_tma`` (the persistent
 TMA kernels, ``CONFIG["FWD"] = "tma"`` and ``CONFIG["DLOGITS"] = "tma"``, kernels/linear_logprobs_tma.py;
-on a GPU before sm_90 they fall back to the tiled forward and the pointer dz kernel), ``pacs_triton_atomic`` (the
+on a GPU before sm_90 they fall back to the tiled forward and the pointer dz kernel), ``pacs_triton_gluon`` (the
+warp-specialised Gluon forward, ``CONFIG["FWD"] = "gluon"``, kernels/linear_logprobs_gluon.py, with the
+default backward; Hopper only, elsewhere the tiled forward; not in the default list: bench/gpu_lease.sh
+adds it once its float64 check has passed on the GPU, since a broken mbarrier protocol hangs instead of
+failing), ``pacs_triton_atomic`` (the
 default forward, the one-pass atomic backward kernel), ``pacs_torch`` (the chunked torch backend on cuBLAS),
 ``naive`` (matmul -> log_softmax -> gather, entropy; skipped when [N, V] would not fit),
 ``liger_flce`` (Liger fused linear cross-entropy, loss only, no entropy) when installed.
@@ -64,7 +68,8 @@ def _inputs(n, h, v, dtype, device, seed=0):
 
 
 def _method(name):
-    if name in ("pacs_triton", "pacs_triton_split", "pacs_triton_tma", "pacs_triton_atomic", "pacs_torch"):
+    if name in ("pacs_triton", "pacs_triton_split", "pacs_triton_tma", "pacs_triton_gluon", "pacs_triton_atomic",
+                "pacs_torch"):
         from pacs_fast.kernels import linear_logprobs as K
         from pacs_fast.ops.linear_logprobs import linear_logprobs
         backend = name.split("_")[1]
@@ -144,7 +149,8 @@ def kernel_breakdown(fn, calls: int = 2) -> list[dict] | None:
     return None if events is None else kernel_shares(events)
 
 
-KERNEL_CHOICES = {"pacs_triton_split": dict(FWD="split"), "pacs_triton_tma": dict(FWD="tma", DLOGITS="tma")}
+KERNEL_CHOICES = {"pacs_triton_split": dict(FWD="split"), "pacs_triton_tma": dict(FWD="tma", DLOGITS="tma"),
+                  "pacs_triton_gluon": dict(FWD="gluon")}
 
 
 def bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=False):

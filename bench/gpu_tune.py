@@ -11,7 +11,8 @@ built-in compile-model table).
 Kernels (N=8192, H=4096, V=151,936, bf16 by default; ``--dtype fp32`` tunes the fp32 entries):
 ``linear_logprobs.stats_tiles`` (the default forward, timed with the merge of its partials, which
 depends on BLOCK_V and V_TILES), ``linear_logprobs.stats_tma`` (the selectable persistent TMA forward,
-the same way; stage 2 adds PERSISTENT and FLATTEN), ``linear_logprobs.dlogits_tma`` (the chunked backward
+the same way; stage 2 adds PERSISTENT and FLATTEN), ``linear_logprobs.stats_gluon`` (the selectable
+warp-specialised Gluon forward, sm_90 only, the same way; stage 2 sweeps GROUP_N), ``linear_logprobs.dlogits_tma`` (the chunked backward
 with the TMA dz kernel, likewise), ``linear_logprobs.dlogits`` (timed as the whole chunked backward:
 the Triton dz chunks plus the cuBLAS GEMMs), ``linear_logprobs.grad_bwd`` (the atomic backward),
 ``token_logprobs.stats_fwd`` and ``token_logprobs.grad_bwd`` (logits [N, V]). The PACS loss kernels
@@ -63,10 +64,12 @@ from pacs_fast.ops import vocab_parallel as vp  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_tune_pacs  # noqa: E402
 
-SPECS = ("linear_logprobs.stats_tiles", "linear_logprobs.stats_tma", "linear_logprobs.dlogits",
+SPECS = ("linear_logprobs.stats_tiles", "linear_logprobs.stats_tma", "linear_logprobs.stats_gluon",
+         "linear_logprobs.dlogits",
          "linear_logprobs.dlogits_tma", "linear_logprobs.grad_bwd", "token_logprobs.stats_fwd",
          "token_logprobs.grad_bwd", "pacs_loss.fwd_sums", "pacs_loss.fwd", "pacs_loss.bwd")
 BUDGET_SHARE = {"linear_logprobs.stats_tiles": 0.28, "linear_logprobs.stats_tma": 0.2,
+                "linear_logprobs.stats_gluon": 0.2,
                 "linear_logprobs.dlogits": 0.2, "linear_logprobs.dlogits_tma": 0.15,
                 "linear_logprobs.grad_bwd": 0.12, "token_logprobs.stats_fwd": 0.08, "token_logprobs.grad_bwd": 0.12,
                 "pacs_loss.fwd_sums": 0.09, "pacs_loss.fwd": 0.04, "pacs_loss.bwd": 0.07}
@@ -146,7 +149,7 @@ def _dedupe(cands):
 class override:
     """Sets ``cfg`` as the kernel file's ``CONFIG`` overrides (which ``launch_config`` lets win) and
     restores the previous values on exit; ``{}`` clears them. The forward it selects: the TMA one for
-    ``linear_logprobs.stats_tma``, else the tiled one."""
+    ``linear_logprobs.stats_tma``, the Gluon one for ``linear_logprobs.stats_gluon``, else the tiled one."""
 
     def __init__(self, name, cfg):
         self.mod, self.kernel = name.split(".")
@@ -166,7 +169,7 @@ class override:
             if k in keys:
                 conf[k] = v
         if self.mod == "linear_logprobs":
-            conf["FWD"] = "tma" if self.kernel == "stats_tma" else "tiles"
+            conf["FWD"] = {"stats_tma": "tma", "stats_gluon": "gluon"}.get(self.kernel, "tiles")
             conf["DLOGITS"] = "tma" if self.kernel == "dlogits_tma" else None
         return self
 
@@ -222,6 +225,8 @@ def make_runners(n, h, v, dtype, dev):
         "linear_logprobs.stats_tiles": (lambda: stats(vp.merge_splits(*KL.stats_fwd(hid, w, None, 1.0, True))), rel),
         # stats_fwd under override("linear_logprobs.stats_tma", ...) runs the TMA forward (FWD="tma")
         "linear_logprobs.stats_tma": (lambda: stats(vp.merge_splits(*KL.stats_fwd(hid, w, None, 1.0, True))), rel),
+        "linear_logprobs.stats_gluon": (lambda: stats(vp.merge_splits(*KL.stats_fwd(hid, w, None, 1.0, True))),
+                                        rel),
         "linear_logprobs.dlogits": (lambda: KL.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh), rel),
         # the chunked backward with the TMA dz kernel (override(...dlogits_tma) sets DLOGITS="tma")
         "linear_logprobs.dlogits_tma": (lambda: KL.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh),
@@ -316,6 +321,9 @@ def main(argv=None):
     runners = None if args.dry_run or not lp_names else make_runners(n, h, v, DTYPES[dt], "cuda")
     tol = 1e-3 if dt == "fp32" else 2e-2  # vs the built-in config's output: summation order only
     results = {}
+    if arch != 90 and "linear_logprobs.stats_gluon" in lp_names:  # wgmma: Hopper only
+        log(f"linear_logprobs.stats_gluon: skipped (a Hopper kernel; this is sm_{arch})")
+        lp_names.remove("linear_logprobs.stats_gluon")
     for name in lp_names:
         share_end = time.time() + args.budget_s * BUDGET_SHARE[name] / sum(BUDGET_SHARE[k] for k in names)
         base = base_config(name, n, h, v, dt, arch)

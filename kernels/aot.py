@@ -81,11 +81,12 @@ def compile_key(case: Case) -> str:
 
 
 def _kernel_modules():
-    from . import (linear_logprobs, linear_logprobs_finish, linear_logprobs_fwd, linear_logprobs_tma, pacs_loss,
-                   token_logprobs)
+    from . import (linear_logprobs, linear_logprobs_finish, linear_logprobs_fwd, linear_logprobs_gluon,
+                   linear_logprobs_tma, pacs_loss, token_logprobs)
     return {"token_logprobs": token_logprobs, "linear_logprobs": linear_logprobs,
             "linear_logprobs_fwd": linear_logprobs_fwd, "linear_logprobs_tma": linear_logprobs_tma,
-            "linear_logprobs_finish": linear_logprobs_finish, "pacs_loss": pacs_loss}
+            "linear_logprobs_gluon": linear_logprobs_gluon, "linear_logprobs_finish": linear_logprobs_finish,
+            "pacs_loss": pacs_loss}
 
 
 def _split(cfg: dict):
@@ -142,6 +143,15 @@ def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> 
                     dict(base, **tile, FLATTEN=bool(c["FLATTEN"]), WARP_SPECIALIZE=bool(c["WARP_SPECIALIZE"])),
                     nw, ns, ("N",) if kernel == "stats_tma" else ("stride_dz",), has_dot=True,
                     variant="entropy, tma, persistent")
+    if kernel == "stats_gluon":  # Gluon: the descriptors' types carry their shared-memory layouts
+        from .linear_logprobs_gluon import shared_layout
+        desc = (lambda rows: f"tensordesc<{dt}[{rows}, {c['BLOCK_H']}],"
+                             f"{shared_layout([rows, c['BLOCK_H']], _DT[dt])!r}>")
+        return Case("linear_logprobs_gluon", kernel, "_stats_gluon_kernel", arch, dt, list(shapes),
+                    dict(Hdesc=desc(c["BLOCK_N"]), Wdesc=desc(c["BLOCK_V"]), B=p, N="i32", V="i32", n_h="i32",
+                         inv_t="fp32", M_out=f32, S_out=f32, A_out=f32),
+                    dict(HAS_BIAS=False, ENTROPY=True, GROUP_N=c["GROUP_N"], STAGES=ns, LOADER_REGS=40, num_warps=nw),
+                    nw, ns, ("N",), has_dot=True, variant="entropy, tma, warp-specialised, persistent")
     if kernel == "dlogits":
         return Case("linear_logprobs", "dlogits", "_dlogits_kernel", arch, dt, list(shapes),
                     dict(common, **rowvec, DZ=p, stride_dz="i32"), dict(base, **tile), nw, ns,
@@ -272,7 +282,7 @@ def cases(archs=ARCHS) -> list[Case]:
                     if name == "linear_logprobs.stats_tiles" and dt == "bf16" and not cfg["PERSISTENT"]:
                         add(logprob_case(name, arch, dt, dict(cfg, PERSISTENT=1), [shape]))  # selectable
                 if dt == "bf16" and arch >= 90:  # the selectable TMA kernels (TMA: sm_90 and later)
-                    for kernel in ("stats_tma", "dlogits_tma"):
+                    for kernel in ("stats_tma", "dlogits_tma") + (("stats_gluon",) if arch == 90 else ()):
                         cfg = mods["linear_logprobs"].launch_config(kernel, N=n, V=v, H=h, dtype=_DT[dt], arch=arch)
                         add(logprob_case(f"linear_logprobs.{kernel}", arch, dt, cfg, [shape]))
             add(finish_case(arch, dt))
@@ -302,6 +312,8 @@ def _attrs(fn, types: dict) -> dict:
 def compile_fn(fn, types: dict, constexprs: dict, arch: int, num_warps: int, num_stages: int):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():  # a @gluon.jit kernel (layouts explicit; staging its own)
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     src = ASTSource(fn, _signature(fn, types, constexprs), constexprs, _attrs(fn, types))
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})
@@ -387,13 +399,14 @@ def param_uses(ptx: str, fn_name: str, index: int) -> dict:
 
 def _ptx_param_index(fn, types: dict) -> dict:
     """Runtime argument -> its first PTX parameter number: a tensor descriptor of rank r
-    (``tensordesc<bf16[a, b]>``) takes 1 + 2r of them (the descriptor, its shape, its strides)."""
+    (``tensordesc<bf16[a, b]>``, a Gluon one with its layout after the block) takes 1 + 2r of them
+    (the descriptor, its shape, its strides)."""
     out, i = {}, 0
     for a in fn.arg_names:
         if a in types:
             out[a] = i
             t = types[a]
-            i += 1 + 2 * (t.count(",") + 1) if t.startswith("tensordesc") else 1
+            i += 1 + 2 * (t[t.index("[") + 1:t.index("]")].count(",") + 1) if t.startswith("tensordesc") else 1
     return out
 
 
@@ -425,7 +438,11 @@ def compile_case(case: Case) -> dict:
     row["mma"] = tensor_core_instrs(ptx)
     row["tf32"] = bool(re.search(r"\btf32\b", ptx))
     row["tma_loads"] = len(re.findall(r"\bcp\.async\.bulk\.tensor\b", ptx))  # TMA copies (descriptor loads)
+    # warp specialisation: the partitions' register budgets (``setmaxnreg.inc`` / ``.dec``)
+    row["setmaxnreg"] = sorted({f"{d} {n}" for d, n in re.findall(r"setmaxnreg\.(inc|dec)\.\S+\s+(\d+)", ptx)})
     row["global_access"] = global_access(ptx)
+    row["blocks"] = {a: [int(x) for x in t[t.index("[") + 1:t.index("]")].split(",")]  # descriptors' blocks
+                     for a, t in case.types.items() if t.startswith("tensordesc")}
     row["offsets"] = offset_report(ptx, fn, case.types, case.wide_params)
     return row
 

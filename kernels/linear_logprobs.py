@@ -58,12 +58,12 @@ CONFIG = {
     "BLOCK_N": None, "BLOCK_V": None, "BLOCK_H": None, "GROUP_N": None, "num_warps": None, "num_stages": None,
     "SPLITS": None, "V_TILES": None, "PERSISTENT": None,  # V_TILES: stats_tiles; PERSISTENT: stats_tiles / tma
     "FLATTEN": None, "WARP_SPECIALIZE": None,  # stats_tma only
-    "FWD": None,  # "tiles" (None: the default), "split" or "tma": which forward ``stats_fwd`` runs
+    "FWD": None,  # "tiles" (None: the default), "split", "tma" or "gluon": which forward ``stats_fwd`` runs
     "DLOGITS": None,  # None (the pointer kernel) or "tma": which dz kernel the chunked backward runs
     "BWD_CHUNK_BYTES": 512 << 20,  # dz buffer of the chunked backward
 }
-KERNELS = ("stats_fwd", "stats_tiles", "stats_tma", "grad_bwd", "dlogits", "dlogits_tma")
-FORWARDS = ("tiles", "split", "tma")
+KERNELS = ("stats_fwd", "stats_tiles", "stats_tma", "stats_gluon", "grad_bwd", "dlogits", "dlogits_tma")
+FORWARDS = ("tiles", "split", "tma", "gluon")
 _TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "FLATTEN", "WARP_SPECIALIZE",
             "num_warps", "num_stages")
 
@@ -93,6 +93,10 @@ _TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT",
 #   kernel, CONFIG["DLOGITS"] = "tma"): 128x128x64 w8 s4 with FLATTEN, as the measured pointer
 #   dlogits (sm_90 128 regs, 161 KB; sm_100 211 regs; 128x256 spilled 40 B on sm_90). fp32 never
 #   takes either (the entries exist for launch_config's sake).
+# - stats_gluon (kernels/linear_logprobs_gluon.py, selectable, bf16 / fp16 on sm_90 only): 128x256x64,
+#   8 consumer warps + 1 loader warp, 4 stages (Triton 3.9 and 3.6: 168 launch registers, raised to 240
+#   for the consumers by setmaxnreg, loader 40; no spill; 197 KB shared; 3 stages: 148 KB). PERSISTENT:
+#   programs per SM (one: 197 KB of shared memory leaves room for no second).
 _BF16 = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=8, num_warps=8, num_stages=3)
 _FP32 = dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2)
 _TILES16 = dict(_BF16, BLOCK_V=256, GROUP_N=16, V_TILES=1, PERSISTENT=0)
@@ -109,6 +113,8 @@ _ARCH_CONFIGS = {
     ("stats_tma", None, "16"): _TMA16,
     ("stats_tma", 100, "16"): dict(_TMA16, BLOCK_V=128, num_stages=4, FLATTEN=1),
     ("stats_tma", None, "32"): dict(_FP32, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
+    ("stats_gluon", None, "16"): dict(_BF16, BLOCK_V=256, GROUP_N=16, PERSISTENT=1, num_stages=4),
+    ("stats_gluon", None, "32"): dict(_FP32, PERSISTENT=1),
     ("dlogits_tma", None, "16"): dict(_BF16, num_stages=4, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
     ("dlogits_tma", None, "32"): dict(_FP32, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
     ("dlogits", None, "16"): _BF16,
@@ -343,8 +349,9 @@ def _cfg(kernel, hidden, weight):
 
 
 def forward_kind() -> str:
-    """``CONFIG["FWD"]``: ``"tiles"`` (default, ``stats_tiles``), ``"split"`` (``_stats_fwd_kernel``)
-    or ``"tma"`` (``stats_tma`` where ``tma_usable``, else ``stats_tiles``)."""
+    """``CONFIG["FWD"]``: ``"tiles"`` (default, ``stats_tiles``), ``"split"`` (``_stats_fwd_kernel``),
+    ``"tma"`` (``stats_tma`` where ``tma_usable``, else ``stats_tiles``) or ``"gluon"`` (the
+    warp-specialised ``stats_gluon`` where ``gluon_usable``: a Hopper GPU; else ``stats_tiles``)."""
     kind = CONFIG["FWD"] or "tiles"
     if kind not in FORWARDS:
         raise ValueError(f"CONFIG['FWD'] must be one of {FORWARDS}, got {kind!r}")
@@ -355,6 +362,11 @@ def stats_fwd(hidden, weight, bias, inv_t: float, entropy: bool):
     """Partial ``(m, s, a)`` fp32 ``[S, N]`` of the scaled logits (``a`` None w/o entropy), to be
     merged along dim 0: S vocab blocks of the tiled forward, or S splits of the split one."""
     kind = forward_kind()
+    if kind == "gluon":
+        from .linear_logprobs_gluon import gluon_usable, stats_gluon
+        if gluon_usable(hidden, weight):
+            return stats_gluon(hidden, weight, bias, inv_t, entropy)
+        kind = "tiles"
     if kind == "tma":
         from .linear_logprobs_tma import stats_tma, tma_usable
         if tma_usable(hidden, weight):

@@ -20,7 +20,7 @@ triton = pytest.importorskip("triton", reason="the compile checks need the trito
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNEL_FILES = ("token_logprobs.py", "linear_logprobs.py", "linear_logprobs_fwd.py", "linear_logprobs_tma.py",
-                "linear_logprobs_finish.py", "pacs_loss.py")
+                "linear_logprobs_gluon.py", "linear_logprobs_finish.py", "pacs_loss.py")
 
 # Kernels allowed to spill: (module, function, arch, dtype) -> (largest stack bytes measured, why).
 # Anything spilling that is not listed here (or spilling more than listed) fails the test.
@@ -43,11 +43,12 @@ def report(tmp_path_factory):
 
 
 def _launched_kernels():
-    """Every ``@triton.jit`` function of the kernel files that a launcher launches (``name[grid]``)."""
+    """Every ``@triton.jit`` / ``@gluon.jit`` function of the kernel files that a launcher launches
+    (``name[grid]``)."""
     found = set()
     for f in KERNEL_FILES:
         src = open(os.path.join(ROOT, "kernels", f)).read()
-        jit = re.findall(r"@triton\.jit\s*\ndef (\w+)", src)
+        jit = re.findall(r"@(?:triton|gluon)\.jit\s*\ndef (\w+)", src)
         found |= {(f[:-3], name) for name in jit if re.search(rf"\b{name}\[", src)}
     return found
 
@@ -61,11 +62,14 @@ def test_every_launched_kernel_compiles_for_every_arch_and_dtype(report):
     assert not errors, _fail(errors, "compile failures")
     covered = {(c["module"], c["fn"], c["arch"], c["dtype"]) for c in report["cases"]}
     kernels = _launched_kernels()
-    assert len(kernels) == 12, kernels  # 2 token, 7 linear, 3 PACS: a new kernel must be added to aot.cases
+    assert len(kernels) == 13, kernels  # 2 token, 8 linear, 3 PACS: a new kernel must be added to aot.cases
     for module, fn in kernels:
-        dtypes = ("fp32",) if module == "pacs_loss" else ("bf16",) if module.endswith("_tma") else ("bf16", "fp32")
+        tma = module.endswith(("_tma", "_gluon"))
+        dtypes = ("fp32",) if module == "pacs_loss" else ("bf16",) if tma else ("bf16", "fp32")
         for arch in report["archs"]:
-            if module.endswith("_tma") and arch < 90:  # TMA exists from sm_90 on; the launcher falls back
+            if tma and arch < 90:  # TMA exists from sm_90 on; the launcher falls back
+                continue
+            if module.endswith("_gluon") and arch != 90:  # wgmma: Hopper only; the launcher falls back
                 continue
             for dt in dtypes:
                 assert (module, fn, arch, dt) in covered, f"{module}.{fn} sm_{arch} {dt} not compiled"
@@ -167,11 +171,12 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
 
     from pacs_fast.kernels import linear_logprobs as KL, linear_logprobs_fwd as KLF, pacs_loss as KP, \
         token_logprobs as KT
-    from pacs_fast.kernels import linear_logprobs_tma as KLT
+    from pacs_fast.kernels import linear_logprobs_gluon as KLG, linear_logprobs_tma as KLT
     calls = []
     for mod, names in ((KT, ("_stats_fwd_kernel", "_grad_bwd_kernel")),
                        (KL, ("_stats_fwd_kernel", "_grad_bwd_kernel", "_dlogits_kernel")),
                        (KLF, ("_stats_tiles_kernel",)), (KLT, ("_stats_tma_kernel", "_dlogits_tma_kernel")),
+                       (KLG, ("_stats_gluon_kernel",)),
                        (KP, ("_pacs_sums_kernel", "_pacs_group_kernel", "_pacs_bwd_kernel"))):
         for name in names:
             monkeypatch.setattr(mod, name, _Recorder(calls))
@@ -204,6 +209,15 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     KL.stats_fwd(hid.bfloat16(), w.bfloat16(), None, 1.0, True)
     check(KL.launch_config("stats_tma", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch),
           keys + ("GROUP_N", "FLATTEN", "WARP_SPECIALIZE"))
+    monkeypatch.setitem(KL.CONFIG, "FWD", "gluon")  # Hopper only: elsewhere the tiled kernel runs
+    monkeypatch.setattr(KLG, "device_arch", lambda d: arch)
+    KL.stats_fwd(hid.bfloat16(), w.bfloat16(), None, 1.0, True)
+    if arch == 90:
+        cfg = KL.launch_config("stats_gluon", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch)
+        got = check(cfg, ("GROUP_N", "num_warps"))
+        assert got["STAGES"] == cfg["num_stages"] and got["grid"] == (min(4 * cfg["PERSISTENT"], 2),)
+    else:
+        check(KL.launch_config("stats_tiles", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch), keys)
     monkeypatch.setitem(KL.CONFIG, "DLOGITS", "tma")
     KL.grad_bwd_chunked(hid.bfloat16(), w.bfloat16(), None, 1.0, torch.zeros(n, dtype=torch.long), 0, one, one,
                         one, one, one)
@@ -236,7 +250,23 @@ def test_tma_kernels_load_by_tma(report):
     backward's dz kernel) really issue TMA copies (``cp.async.bulk.tensor``) on sm_90 and sm_100;
     every other kernel loads through pointers."""
     names = ("_stats_tma_kernel", "_dlogits_tma_kernel")
-    tma = [c for c in report["cases"] if c["fn"] in names]
-    assert {(c["fn"], c["arch"]) for c in tma} >= {(f, a) for f in names for a in (90, 100)}
+    tma = [c for c in report["cases"] if c["fn"] in names + ("_stats_gluon_kernel",)]
+    assert {(c["fn"], c["arch"]) for c in tma} >= {(f, a) for f in names for a in (90, 100)} | {
+        ("_stats_gluon_kernel", 90)}
     assert all(c["tma_loads"] >= 2 for c in tma), [(c["label"], c["tma_loads"]) for c in tma]
-    assert not [c["label"] for c in report["cases"] if c["fn"] not in names and c.get("tma_loads")]
+    assert not [c["label"] for c in report["cases"] if c not in tma and c.get("tma_loads")]
+
+
+def test_gluon_forward_is_warp_specialised(report):
+    """kernels/linear_logprobs_gluon.py really splits its warps by role on sm_90: the loader warp's
+    warpgroup gives registers back (``setmaxnreg.dec``) and the wgmma warps take them
+    (``setmaxnreg.inc`` above the launch budget), with no spill; no other kernel is warp-specialised
+    (Triton's ``warp_specialize`` flag is a no-op on sm_90, and sm_100 kernels do not use it here)."""
+    gluon = [c for c in report["cases"] if c["fn"] == "_stats_gluon_kernel"]
+    assert gluon and all(c["arch"] == 90 for c in gluon)
+    for c in gluon:
+        incs = [int(x.split()[1]) for x in c["setmaxnreg"] if x.startswith("inc")]
+        decs = [int(x.split()[1]) for x in c["setmaxnreg"] if x.startswith("dec")]
+        assert decs and min(decs) <= 40 and max(incs, default=0) > c["regs"], (c["label"], c["setmaxnreg"], c["regs"])
+        assert any(m.startswith("wgmma.mma_async") for m in c["mma"]), c["mma"]
+    assert not [c["label"] for c in report["cases"] if c["fn"] != "_stats_gluon_kernel" and c["setmaxnreg"]]

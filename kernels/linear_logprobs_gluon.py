@@ -1,0 +1,205 @@
+"""Warp-specialised Hopper forward of ``linear_logprobs`` in Gluon (``CONFIG["FWD"] = "gluon"``).
+
+The same per-tile partials as kernels/linear_logprobs_fwd.py and kernels/linear_logprobs_tma.py
+(``(m, s, a)`` per row and vocab block, ``[n_vblocks, N]`` fp32, merged by
+kernels/linear_logprobs_finish.py), computed the way the Hopper GEMMs near cuBLAS are: a persistent
+grid walks the grouped tile order, and inside each program the warps are split by role
+(``gl.warp_specialize``):
+
+- a 1-warp **loader** partition issues the TMA copies of the hidden tile ``[BLOCK_N, BLOCK_H]`` and
+  the weight tile ``[BLOCK_V, BLOCK_H]`` into a ``STAGES``-deep shared-memory ring (``ready`` /
+  ``empty`` mbarriers per slot), running ahead across tiles: while the consumers fold one tile's
+  logits, the next tile's first slots are already loading;
+- the default partition (``num_warps`` = 8: two warpgroups, 64 rows each) issues the wgmma of each
+  slot (``is_async``; the previous slot is released once its wgmma has retired), then runs the
+  epilogue on the fp32 accumulator in registers: bias, temperature, the vocabulary tail masked to
+  ``-inf``, row max, sum of exponentials and the entropy term, stored as the tile's partial.
+
+Why: Triton 3.6 / 3.9 do not warp-specialise the ``tl.range`` loops of the other two forwards on
+sm_90 (the flag compiles to the same code), and on one H200 (2026-11-26) the pointer tile kernel ran
+at 1.25-1.3x cuBLAS's GEMM of the same shape. Gluon exposes the roles, barriers and register split
+directly; Triton's own Hopper tutorial kernel of this structure (a loader warp feeding 8 wgmma
+warps) measured 0.96-1.05x cuBLAS at K >= 1024 (its numbers). Hopper only (wgmma), bf16 / fp16
+with 16-byte aligned rows (``gluon_usable``); the interpreter cannot run Gluon, so off a Hopper GPU
+the op keeps the tiled forward. Compiled for sm_90 in tests/test_kernels_compile.py; checked against
+float64 on a Hopper GPU by tests/test_linear_logprobs_gluon.py and timed by ``bench/gpu_logprobs.py``
+(method ``pacs_triton_gluon``) beside the default: neither has run yet (no GPU since it was written).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_init, \
+    warpgroup_mma_wait
+
+from .linear_logprobs import _cfg, device_arch
+from .linear_logprobs_fwd import num_sms
+
+# the TMA global -> shared copy: ``async_load`` in Triton 3.9, ``async_copy_global_to_shared`` in 3.6 (the
+# GPU image's version); the same leading arguments (descriptor, coordinates, barrier, destination)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+LOADER_REGS = 40  # registers per thread of the loader warp (its warpgroup gives the rest to the consumers)
+
+
+@gluon.constexpr_function
+def _mma_layout(block_n, block_v, num_warps):
+    """The wgmma accumulator layout of a ``[block_n, block_v]`` tile over ``num_warps`` warps: warps
+    stacked along the rows (16 rows each, so every row's reduction stays inside one warp), one
+    instruction as wide as the tile allows (n <= 256, dividing ``block_v``)."""
+    if block_n < 16 * num_warps:
+        raise ValueError(f"BLOCK_N={block_n} needs >= 16 rows per warp for {num_warps} warps")
+    n = min(256, block_v)
+    while block_v % n:
+        n -= 8
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+
+@gluon.jit
+def _tile_coords(t, n_blocks_n, n_blocks_v, GROUP_N: gl.constexpr):
+    """(row block, vocab block) of tile ``t`` in the grouped order of the other forwards
+    (``_grouped_tile``): GROUP_N row blocks sweep the vocabulary together, sharing weight tiles in L2."""
+    per_group = GROUP_N * n_blocks_v
+    first_n = (t // per_group) * GROUP_N
+    group_size = min(n_blocks_n - first_n, GROUP_N)
+    return first_n + (t % per_group) % group_size, (t % per_group) // group_size
+
+
+@gluon.jit
+def _schedule(N, V, n_h, BLOCK_N: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_H: gl.constexpr):
+    """Row blocks, vocab blocks and K steps: both partitions walk the same (tile, K step) sequence,
+    tiles ``program_id, program_id + num_programs, ...`` of the grouped order."""
+    return gl.cdiv(N, BLOCK_N), gl.cdiv(V, BLOCK_V), gl.cdiv(n_h, BLOCK_H)
+
+
+@gluon.jit
+def _loader(Hdesc, Wdesc, h_bufs, w_bufs, ready, empty, N, V, n_h, GROUP_N: gl.constexpr):
+    BLOCK_N: gl.constexpr = Hdesc.block_type.shape[0]
+    BLOCK_H: gl.constexpr = Hdesc.block_type.shape[1]
+    BLOCK_V: gl.constexpr = Wdesc.block_type.shape[0]
+    STAGES: gl.constexpr = h_bufs.type.shape[0]
+    n_blocks_n, n_blocks_v, n_k = _schedule(N, V, n_h, BLOCK_N, BLOCK_V, BLOCK_H)
+    i = 0  # slot uses so far: slot i % STAGES, round i // STAGES (the consumers count the same)
+    for t in range(gl.program_id(0), n_blocks_n * n_blocks_v, gl.num_programs(0)):
+        pid_n, pid_v = _tile_coords(t, n_blocks_n, n_blocks_v, GROUP_N)
+        for k in range(n_k):
+            slot = i % STAGES
+            # a fresh mbarrier counts as having completed the phase before its first: round 0 passes
+            mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, Hdesc.block_type.nbytes + Wdesc.block_type.nbytes)
+            _tma_load(Hdesc, [pid_n * BLOCK_N, k * BLOCK_H], bar, h_bufs.index(slot))
+            _tma_load(Wdesc, [pid_v * BLOCK_V, k * BLOCK_H], bar, w_bufs.index(slot))
+            i += 1
+
+
+@gluon.jit
+def _mma_stats(h_bufs, w_bufs, ready, empty, B, N, V, n_h, inv_t, M_out, S_out, A_out,
+               HAS_BIAS: gl.constexpr, ENTROPY: gl.constexpr, GROUP_N: gl.constexpr, BLOCK_N: gl.constexpr,
+               BLOCK_V: gl.constexpr, BLOCK_H: gl.constexpr, num_warps: gl.constexpr):
+    STAGES: gl.constexpr = h_bufs.type.shape[0]
+    acc_layout: gl.constexpr = _mma_layout(BLOCK_N, BLOCK_V, num_warps)
+    n_blocks_n, n_blocks_v, n_k = _schedule(N, V, n_h, BLOCK_N, BLOCK_V, BLOCK_H)
+    i = 0
+    for t in range(gl.program_id(0), n_blocks_n * n_blocks_v, gl.num_programs(0)):
+        pid_n, pid_v = _tile_coords(t, n_blocks_n, n_blocks_v, GROUP_N)
+        acc = warpgroup_mma_init(gl.zeros((BLOCK_N, BLOCK_V), gl.float32, acc_layout))
+        for k in range(n_k):
+            slot = i % STAGES
+            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+            acc = warpgroup_mma(h_bufs.index(slot), w_bufs.index(slot).permute((1, 0)), acc, use_acc=k > 0,
+                                is_async=True)
+            # the previous slot's wgmma has retired once at most this one is in flight: free its slot
+            warpgroup_mma_wait(1, (acc, ))
+            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=k > 0)
+            i += 1
+        acc = warpgroup_mma_wait(0, (acc, ))
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1)
+
+        # the tile's partial, as _tile_stats of kernels/linear_logprobs.py
+        cols = pid_v * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, acc_layout))
+        cmask = cols < V
+        x = acc
+        if HAS_BIAS:
+            x = x + gl.load(B + cols, mask=cmask, other=0.0).to(gl.float32)[None, :]
+        x = gl.where(cmask[None, :], x * inv_t, float("-inf"))
+        m = gl.max(x, axis=1)
+        xr = x - gl.where(m == float("-inf"), 0.0, m)[:, None]
+        e = gl.exp(xr)
+        rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+        rmask = rows < N
+        out = pid_v.to(gl.int64) * N + rows
+        gl.store(M_out + out, m, mask=rmask)
+        gl.store(S_out + out, gl.sum(e, axis=1), mask=rmask)
+        if ENTROPY:  # e == 0 exactly where x = -inf (0 * -inf) or exp underflows (e * xr = 0)
+            gl.store(A_out + out, gl.sum(gl.where(e == 0.0, 0.0, e * xr), axis=1), mask=rmask)
+
+
+@gluon.jit
+def _stats_gluon_kernel(Hdesc, Wdesc, B, N, V, n_h, inv_t, M_out, S_out, A_out,
+                        HAS_BIAS: gl.constexpr, ENTROPY: gl.constexpr, GROUP_N: gl.constexpr,
+                        STAGES: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    BLOCK_N: gl.constexpr = Hdesc.block_type.shape[0]
+    BLOCK_H: gl.constexpr = Hdesc.block_type.shape[1]
+    BLOCK_V: gl.constexpr = Wdesc.block_type.shape[0]
+    h_bufs = gl.allocate_shared_memory(Hdesc.dtype, [STAGES, BLOCK_N, BLOCK_H], Hdesc.layout)
+    w_bufs = gl.allocate_shared_memory(Wdesc.dtype, [STAGES, BLOCK_V, BLOCK_H], Wdesc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    gl.warp_specialize([
+        (_mma_stats, (h_bufs, w_bufs, ready, empty, B, N, V, n_h, inv_t, M_out, S_out, A_out, HAS_BIAS, ENTROPY,
+                      GROUP_N, BLOCK_N, BLOCK_V, BLOCK_H, num_warps)),
+        (_loader, (Hdesc, Wdesc, h_bufs, w_bufs, ready, empty, N, V, n_h, GROUP_N)),
+    ], [1], [LOADER_REGS])
+
+
+def gl_dtype(dtype: torch.dtype):
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+
+
+def shared_layout(block: list[int], dtype: torch.dtype):
+    """The swizzled shared layout a TMA copy and wgmma both read (the same on host and in the
+    compile test's signature)."""
+    return gl.NVMMASharedLayout.get_default_for(block, gl_dtype(dtype))
+
+
+def gluon_usable(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """A Hopper GPU (sm_90: wgmma), bf16 / fp16 inputs of one dtype with unit stride along H and
+    16-byte aligned bases and row strides (what a TMA descriptor needs)."""
+    if device_arch(hidden.device) != 90:
+        return False
+    if hidden.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != hidden.dtype:
+        return False
+    return all(t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
+               and (t.stride(0) * t.element_size()) % 16 == 0 for t in (hidden, weight))
+
+
+def stats_gluon(hidden, weight, bias, inv_t: float, entropy: bool):
+    """Partial ``(m, s, a)`` fp32 ``[cdiv(V, BLOCK_V), N]`` of the scaled logits (``a`` None without
+    entropy), as ``linear_logprobs_fwd.stats_tiles``; the caller checks ``gluon_usable`` first."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    n, n_h = hidden.shape
+    v = weight.shape[0]
+    cfg = _cfg("stats_gluon", hidden, weight)
+    bn, bv, bh = cfg["BLOCK_N"], cfg["BLOCK_V"], cfg["BLOCK_H"]
+    m = torch.empty(triton.cdiv(v, bv), n, dtype=torch.float32, device=hidden.device)
+    s = torch.empty_like(m)
+    a = torch.empty_like(m) if entropy else s
+    if n > 0 and v > 0:
+        hdesc = TensorDescriptor(hidden, [n, n_h], [hidden.stride(0), 1], [bn, bh],
+                                 shared_layout([bn, bh], hidden.dtype))
+        wdesc = TensorDescriptor(weight, [v, n_h], [weight.stride(0), 1], [bv, bh],
+                                 shared_layout([bv, bh], weight.dtype))
+        n_tiles = triton.cdiv(n, bn) * triton.cdiv(v, bv)
+        grid = (max(1, min(n_tiles, cfg["PERSISTENT"] * num_sms(hidden.device))),)
+        _stats_gluon_kernel[grid](
+            hdesc, wdesc, bias if bias is not None else hidden, n, v, n_h, inv_t, m, s, a,
+            HAS_BIAS=bias is not None, ENTROPY=entropy, GROUP_N=cfg["GROUP_N"], STAGES=cfg["num_stages"],
+            LOADER_REGS=LOADER_REGS, num_warps=cfg["num_warps"])
+    return m, s, (a if entropy else None)

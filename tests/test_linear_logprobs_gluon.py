@@ -1,0 +1,207 @@
+"""The warp-specialised Gluon forward of linear_logprobs (kernels/linear_logprobs_gluon.py,
+``CONFIG["FWD"] = "gluon"``).
+
+The Triton interpreter cannot run Gluon, so on this machine the tests check what surrounds the
+kernel: which inputs it takes (a Hopper GPU, bf16 / fp16 rows a TMA descriptor can read), that every
+other input gets the tiled forward bit for bit, and its accumulator layout. Its sm_90 compile (TMA
+copies feeding wgmma, the loader / consumer register split, no spills) is checked in
+tests/test_kernels_compile.py.
+
+On a Hopper GPU (``-m gpu``) the kernel runs against float64 in a subprocess with a time limit: a
+wrong mbarrier phase deadlocks instead of failing, and the limit turns that into a failure that does
+not take the rest of the GPU suite with it. Bounds there follow tests/test_linear_logprobs_fwd.py
+(first-order rounding of an fp32 accumulation of H exact bf16 products, u = 2^-24), with a factor 8
+instead of 2 for the tensor cores' accumulation order; a wrong tile, mask or merge is O(1) off.
+"""
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+U = 2.0 ** -24
+GPU_CHECK_TIMEOUT_S = 90
+
+
+def _spy(monkeypatch):
+    from pacs_fast.kernels import linear_logprobs_gluon as G
+    calls, real = [], G.stats_gluon
+    monkeypatch.setattr(G, "stats_gluon", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_off_hopper_the_gluon_choice_runs_the_tiled_forward(seed, monkeypatch, dtype):
+    """``FWD="gluon"`` where the kernel cannot run (here: no GPU; fp32 anywhere) gives the tiled
+    forward's partials bit for bit, and the Gluon launcher is never called."""
+    from test_linear_logprobs_fwd import _blocks, _inputs
+    K = _blocks(monkeypatch)
+    hidden, weight, b = _inputs(dtype, 0.5, True)
+    want = K.stats_fwd(hidden, weight, b, 1 / 0.7, True)
+    launched = _spy(monkeypatch)
+    monkeypatch.setitem(K.CONFIG, "FWD", "gluon")
+    got = K.stats_fwd(hidden, weight, b, 1 / 0.7, True)
+    assert not launched
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+def test_gluon_usable_needs_hopper_and_rows_a_descriptor_reads(monkeypatch):
+    from pacs_fast.kernels import linear_logprobs_gluon as G
+    h, w = torch.randn(8, 64).bfloat16(), torch.randn(40, 64).bfloat16()
+    for arch, want in ((None, False), (80, False), (90, True), (100, False)):
+        monkeypatch.setattr(G, "device_arch", lambda d, a=arch: a)
+        assert G.gluon_usable(h, w) is want, arch
+    monkeypatch.setattr(G, "device_arch", lambda d: 90)
+    assert G.gluon_usable(h.half(), w.half())
+    assert not G.gluon_usable(h.float(), w.float())  # fp32: IEEE products, the tiled forward
+    assert not G.gluon_usable(h, w.half())  # mixed dtypes
+    assert not G.gluon_usable(h[:, :7].contiguous(), w[:, :7].contiguous())  # 14-byte rows
+    assert not G.gluon_usable(h.t().contiguous().t(), w)  # H not the unit-stride dimension
+    assert not G.gluon_usable(torch.randn(8 * 64 + 1).bfloat16()[1:].view(8, 64), w)  # base off by 2 bytes
+
+
+def test_accumulator_layout_keeps_each_row_inside_one_warp():
+    """Warps stack along the rows (a row's max / sums reduce within a warp), the widest wgmma that
+    divides the vocab block, and a clear error where a warp would get fewer than 16 rows."""
+    from pacs_fast.kernels import linear_logprobs_gluon as G
+    lay = G._mma_layout(128, 256, 8)
+    assert list(lay.warps_per_cta) == [8, 1] and list(lay.instr_shape) == [16, 256, 16]
+    assert list(G._mma_layout(64, 96, 4).instr_shape) == [16, 96, 16]
+    assert list(G._mma_layout(64, 384, 4).instr_shape) == [16, 192, 16]
+    with pytest.raises(ValueError, match="BLOCK_N=64"):
+        G._mma_layout(64, 256, 8)
+
+
+@pytest.mark.interpret
+def test_the_gpu_check_passes_the_tiled_forward(seed, monkeypatch):
+    """The GPU check's own code (references, bounds, masks, shapes), run here on the tiled forward
+    under the interpreter at small shapes with small blocks: on the GPU a failure is the kernel's."""
+    from test_linear_logprobs_fwd import _blocks
+    _blocks(monkeypatch, FWD=None)
+    _check_partials(37, 40, 801, torch.bfloat16, 1.0, True, 0.7, dev="cpu", fwd="tiles")
+    _check_partials(37, 40, 203, torch.bfloat16, 30.0, False, 1.0, dev="cpu", fwd="tiles")
+    _check_op(40, 40, 300, dev="cpu", fwd="tiles")
+
+
+@pytest.mark.gpu
+def test_gluon_forward_matches_float64_on_hopper():
+    """The kernel on the GPU, in a subprocess limited to GPU_CHECK_TIMEOUT_S (see the module
+    docstring): ``_gpu_check`` below."""
+    major, minor = torch.cuda.get_device_capability()
+    if major != 9:
+        pytest.skip(f"the Gluon forward is Hopper-only (wgmma); this GPU is sm_{major}{minor}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    try:
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpu-check"], cwd=HERE, env=env,
+                              capture_output=True, text=True, timeout=GPU_CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the Gluon check did not finish in {GPU_CHECK_TIMEOUT_S} s (a deadlocked pipeline?):\n"
+                    f"{(e.stdout or b'')[-2000:]!r}")
+    assert proc.returncode == 0 and "GLUON CHECK OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def _reference(h, w, b, inv_t, rows):
+    """float64 logits of ``rows``, their log-sum-exp, entropy, and the bounds' ingredients."""
+    h64, w64 = h[rows].double(), w.double()
+    x = (h64 @ w64.T + (0 if b is None else b.double())) * inv_t
+    lse = torch.logsumexp(x, 1)
+    lsm = x - lse[:, None]
+    p = lsm.exp()
+    ent = -torch.where(p > 0, p * lsm, torch.zeros_like(p)).sum(1)
+    c = (h64.abs() @ w64.abs().T + (0 if b is None else b.double().abs().nan_to_num(posinf=0))) * inv_t
+    cmax = torch.where(torch.isfinite(x), c, torch.zeros_like(c)).amax(1)
+    sens = torch.where(p > 0, p * (lsm + ent[:, None]).abs(), torch.zeros_like(p)).sum(1)
+    spread = torch.where(p > 0, p * (x - x.amax(1, keepdim=True)).abs(), torch.zeros_like(p)).sum(1)
+    return x, lse, ent, cmax, sens, spread
+
+
+def _check_partials(n, h_dim, v, dtype, scale, bias, temperature, dev="cuda", fwd="gluon"):
+    """The partials of forward ``fwd`` against float64: each vocab block's max, the merged two-part
+    log-sum-exp and the entropy (``fwd="tiles"`` on CPU checks this check, see below)."""
+    from pacs_fast.kernels import linear_logprobs as K
+    from pacs_fast.kernels import linear_logprobs_gluon as G
+    from pacs_fast.ops import vocab_parallel as vp
+    hidden = torch.randn(n, h_dim, device=dev)
+    hidden[1] *= 30  # a sharply peaked row
+    weight = torch.randn(v, h_dim, device=dev) * scale / h_dim ** 0.5
+    b = None
+    if bias:
+        b = torch.randn(v, device=dev) * scale
+        b[256:512] = float("-inf")  # one whole 256-wide vocab block masked in every row
+        b[700] = float("-inf")
+    hidden, weight = hidden.to(dtype), weight.to(dtype)
+    b = None if b is None else b.to(dtype)
+    inv_t = 1.0 / temperature
+    assert fwd != "gluon" or G.gluon_usable(hidden, weight)
+    saved = K.CONFIG["FWD"]
+    K.CONFIG["FWD"] = fwd
+    m_p, s_p, a_p = K.stats_fwd(hidden, weight, b, inv_t, True)
+    m_q, s_q, a_q = K.stats_fwd(hidden, weight, b, inv_t, False)
+    K.CONFIG["FWD"] = saved
+    kernel = "stats_gluon" if fwd == "gluon" else "stats_tiles"
+    bv = K.launch_config(kernel, N=n, V=v, H=h_dim, dtype=dtype, arch=K.device_arch(dev))["BLOCK_V"]
+    assert m_p.shape == (math.ceil(v / bv), n) and a_q is None
+    assert torch.equal(m_p, m_q) and torch.equal(s_p, s_q)  # entropy off: the same m and s
+    m, s, a = vp.merge_splits(m_p, s_p, a_p)
+    for r0 in range(0, n, 256):
+        rows = torch.arange(r0, min(n, r0 + 256), device=dev)
+        x, lse, ent, cmax, sens, spread = _reference(hidden, weight, b, inv_t, rows)
+        blk = torch.stack([x[:, i * bv:(i + 1) * bv].amax(1) for i in range(m_p.shape[0])])
+        got = m_p[:, rows].double()
+        assert torch.equal(torch.isneginf(got), torch.isneginf(blk))
+        fin = torch.isfinite(blk)
+        assert ((got - blk).abs()[fin] <= (8 * h_dim * U * cmax).expand_as(blk)[fin]).all()
+        lse_tol = 8 * (h_dim * U * cmax + v * U)
+        ent_tol = 8 * (h_dim * U * cmax * sens + v * U * (spread + 1))
+        two_part = m[rows].double() + s[rows].double().log()
+        assert ((two_part - lse).abs() <= lse_tol).all(), ((two_part - lse).abs() / lse_tol).max()
+        ent_k = s[rows].double().log() - a[rows].double() / s[rows].double()
+        assert ((ent_k - ent).abs() <= ent_tol).all(), ((ent_k - ent).abs() / ent_tol).max()
+    print(f"partials ok: N={n} H={h_dim} V={v} {dtype} scale={scale} bias={bias} T={temperature}", flush=True)
+
+
+def _check_op(n=8192, h=4096, v=151936, dev="cuda", fwd="gluon"):
+    """The op's forward (log-probs and entropy, bf16, 10 % ignored rows; the real shape by default)
+    on 256 random rows against float64, with the bound of test_linear_logprobs.py's real-shape test."""
+    from pacs_fast.kernels import linear_logprobs as K
+    from pacs_fast.ops.linear_logprobs import linear_logprobs
+    hidden = torch.randn(n, h, device=dev).bfloat16()
+    weight = (torch.randn(v, h, device=dev) * (2 / h ** 0.5)).bfloat16()
+    labels = torch.randint(0, v, (n,), device=dev)
+    labels[torch.rand(n, device=dev) < 0.1] = -100
+    saved = K.CONFIG["FWD"]
+    K.CONFIG["FWD"] = fwd
+    with torch.no_grad():
+        logp, ent = linear_logprobs(hidden, weight, labels, return_entropy=True, backend="triton")
+    K.CONFIG["FWD"] = saved
+    rows = torch.randperm(n, device=dev)[:256]
+    x = hidden[rows].double() @ weight.double().T
+    lsm = torch.log_softmax(x, -1)
+    ok = labels[rows] != -100
+    lp_ref = lsm.gather(1, labels[rows].clamp(min=0)[:, None]).squeeze(1)
+    ent_ref = -(lsm.exp() * lsm).sum(-1)
+    tol = 1e-3 + 1e-5 * x.abs().amax(-1)
+    assert ((logp[rows].double() - lp_ref).abs()[ok] <= tol[ok]).all()
+    assert ((ent[rows].double() - ent_ref).abs()[ok] <= tol[ok]).all()
+    assert (logp[labels == -100] == 0).all() and (ent[labels == -100] == 0).all()
+    print(f"op ok: N={n} H={h} V={v}", flush=True)
+
+
+def _gpu_check():
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for dtype in (torch.bfloat16, torch.float16):
+        _check_partials(1000, 896, 32001, dtype, 1.0, True, 0.7)  # odd N and V: ragged row and vocab tiles
+        _check_partials(300, 200, 5000, dtype, 30.0, False, 1.0)  # H = 3 x 64 + 8: the descriptor's zero fill
+    _check_partials(8192, 4096, 151936, torch.bfloat16, 1.0, False, 1.0)  # the real shape, every tile
+    _check_op()
+    print("GLUON CHECK OK", flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--gpu-check"]:
+    sys.path.insert(0, os.path.dirname(HERE))
+    _gpu_check()
