@@ -11,11 +11,11 @@
 #   3. tuned   the same log-prob and PACS-loss benchmarks again, now reading the measured table (the log-probs
 #              with --profile: each Triton variant's device time per kernel, tile kernels against the glue)
 #   4. shapes  the log-probs at H=896 (Qwen2.5-0.5B), H=3584 (7B) and V=32,000, against their floors and Liger
-#   The warp-specialised Gluon forward (kernels/linear_logprobs_gluon.py) joins the tuning and phases 3-4
-#   only once its float64 check (tests/test_linear_logprobs_gluon.py, in a time-limited subprocess) has
+#   The warp-specialised Gluon kernels (kernels/linear_logprobs_gluon.py) join the tuning and phases 3-4
+#   only once their float64 check (tests/test_linear_logprobs_gluon.py, in a time-limited subprocess) has
 #   passed in this call: a wrong mbarrier protocol hangs rather than fails.
 # product (a short second call): bench/gpu_suite.py --steps env,compile,megatron_run,trl_run.
-# final (after changes made from what main showed): the Gluon forward's check, the PACS loss (and on .old/,
+# final (after changes made from what main showed): the Gluon kernels' check, the PACS loss (and on .old/,
 #   an earlier tree, when present), the log-probs with their alternating floors, the gpu tests, the megatron run.
 #
 # Every phase is time-limited and independent; after each one OUT_DIR/lease.tgz holds everything so far
@@ -57,14 +57,14 @@ except (OSError, ET.ParseError):
 sys.exit(0 if any(c.get("name") == sys.argv[2] and not list(c) for c in cases) else 1)
 EOF
 }
-GLUON_TEST=test_gluon_forward_matches_float64_on_hopper
+GLUON_TEST=test_gluon_kernels_match_float64_on_hopper
 gluon_methods() {  # gluon_methods JUNIT_XML: sets GLUON (bench method) and GLUON_K (tuner kernel) when it passed
   GLUON="" GLUON_K=""
   if passed "$1" "$GLUON_TEST"; then
-    GLUON=",pacs_triton_gluon" GLUON_K=",linear_logprobs.stats_gluon"
-    echo "== the Gluon forward passed its float64 check: measured below"
+    GLUON=",pacs_triton_gluon" GLUON_K=",linear_logprobs.stats_gluon,linear_logprobs.dlogits_gluon"
+    echo "== the Gluon kernels passed their float64 check: measured below"
   else
-    echo "== the Gluon forward did not pass its float64 check in this call: left out"
+    echo "== the Gluon kernels did not pass their float64 check in this call: left out"
   fi
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv > "$W/nvidia_smi.csv" 2>&1

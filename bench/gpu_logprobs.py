@@ -11,8 +11,9 @@ chunk + two cuBLAS GEMMs per vocab chunk, the default), ``pacs_triton_split`` (t
 earlier split forward, ``CONFIG["FWD"] = "split"``, for comparison), ``pacs_triton_tma`` (the persistent
 TMA kernels, ``CONFIG["FWD"] = "tma"`` and ``CONFIG["DLOGITS"] = "tma"``, kernels/linear_logprobs_tma.py;
 on a GPU before sm_90 they fall back to the tiled forward and the pointer dz kernel), ``pacs_triton_gluon`` (the
-warp-specialised Gluon forward, ``CONFIG["FWD"] = "gluon"``, kernels/linear_logprobs_gluon.py, with the
-default backward; Hopper only, elsewhere the tiled forward; not in the default list: bench/gpu_lease.sh
+warp-specialised Gluon kernels, ``CONFIG["FWD"] = "gluon"`` and ``CONFIG["DLOGITS"] = "gluon"``,
+kernels/linear_logprobs_gluon.py: the forward and the chunked backward's dz kernel; Hopper only, elsewhere
+the tiled forward and the pointer dz kernel; not in the default list: bench/gpu_lease.sh
 adds it once its float64 check has passed on the GPU, since a broken mbarrier protocol hangs instead of
 failing), ``pacs_triton_atomic`` (the
 default forward, the one-pass atomic backward kernel), ``pacs_torch`` (the chunked torch backend on cuBLAS),
@@ -150,7 +151,7 @@ def kernel_breakdown(fn, calls: int = 2) -> list[dict] | None:
 
 
 KERNEL_CHOICES = {"pacs_triton_split": dict(FWD="split"), "pacs_triton_tma": dict(FWD="tma", DLOGITS="tma"),
-                  "pacs_triton_gluon": dict(FWD="gluon")}
+                  "pacs_triton_gluon": dict(FWD="gluon", DLOGITS="gluon")}
 
 
 def bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=False):

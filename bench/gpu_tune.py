@@ -12,7 +12,8 @@ Kernels (N=8192, H=4096, V=151,936, bf16 by default; ``--dtype fp32`` tunes the 
 ``linear_logprobs.stats_tiles`` (the default forward, timed with the merge of its partials, which
 depends on BLOCK_V and V_TILES), ``linear_logprobs.stats_tma`` (the selectable persistent TMA forward,
 the same way; stage 2 adds PERSISTENT and FLATTEN), ``linear_logprobs.stats_gluon`` (the selectable
-warp-specialised Gluon forward, sm_90 only, the same way; stage 2 sweeps GROUP_N), ``linear_logprobs.dlogits_tma`` (the chunked backward
+warp-specialised Gluon forward, sm_90 only, the same way; stage 2 sweeps GROUP_N), ``linear_logprobs.dlogits_gluon``
+(the chunked backward with the Gluon dz kernel, likewise), ``linear_logprobs.dlogits_tma`` (the chunked backward
 with the TMA dz kernel, likewise), ``linear_logprobs.dlogits`` (timed as the whole chunked backward:
 the Triton dz chunks plus the cuBLAS GEMMs), ``linear_logprobs.grad_bwd`` (the atomic backward),
 ``token_logprobs.stats_fwd`` and ``token_logprobs.grad_bwd`` (logits [N, V]). The PACS loss kernels
@@ -65,11 +66,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_tune_pacs  # noqa: E402
 
 SPECS = ("linear_logprobs.stats_tiles", "linear_logprobs.stats_tma", "linear_logprobs.stats_gluon",
-         "linear_logprobs.dlogits",
+         "linear_logprobs.dlogits", "linear_logprobs.dlogits_gluon",
          "linear_logprobs.dlogits_tma", "linear_logprobs.grad_bwd", "token_logprobs.stats_fwd",
          "token_logprobs.grad_bwd", "pacs_loss.fwd_sums", "pacs_loss.fwd", "pacs_loss.bwd")
 BUDGET_SHARE = {"linear_logprobs.stats_tiles": 0.28, "linear_logprobs.stats_tma": 0.2,
-                "linear_logprobs.stats_gluon": 0.2,
+                "linear_logprobs.stats_gluon": 0.2, "linear_logprobs.dlogits_gluon": 0.15,
                 "linear_logprobs.dlogits": 0.2, "linear_logprobs.dlogits_tma": 0.15,
                 "linear_logprobs.grad_bwd": 0.12, "token_logprobs.stats_fwd": 0.08, "token_logprobs.grad_bwd": 0.12,
                 "pacs_loss.fwd_sums": 0.09, "pacs_loss.fwd": 0.04, "pacs_loss.bwd": 0.07}
@@ -149,7 +150,8 @@ def _dedupe(cands):
 class override:
     """Sets ``cfg`` as the kernel file's ``CONFIG`` overrides (which ``launch_config`` lets win) and
     restores the previous values on exit; ``{}`` clears them. The forward it selects: the TMA one for
-    ``linear_logprobs.stats_tma``, the Gluon one for ``linear_logprobs.stats_gluon``, else the tiled one."""
+    ``linear_logprobs.stats_tma``, the Gluon one for ``linear_logprobs.stats_gluon``, else the tiled one;
+    the dz kernel: TMA or Gluon for ``dlogits_tma`` / ``dlogits_gluon``, else the pointer one."""
 
     def __init__(self, name, cfg):
         self.mod, self.kernel = name.split(".")
@@ -170,7 +172,7 @@ class override:
                 conf[k] = v
         if self.mod == "linear_logprobs":
             conf["FWD"] = {"stats_tma": "tma", "stats_gluon": "gluon"}.get(self.kernel, "tiles")
-            conf["DLOGITS"] = "tma" if self.kernel == "dlogits_tma" else None
+            conf["DLOGITS"] = {"dlogits_tma": "tma", "dlogits_gluon": "gluon"}.get(self.kernel)
         return self
 
     def __exit__(self, *exc):
@@ -231,6 +233,8 @@ def make_runners(n, h, v, dtype, dev):
         # the chunked backward with the TMA dz kernel (override(...dlogits_tma) sets DLOGITS="tma")
         "linear_logprobs.dlogits_tma": (lambda: KL.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh),
                                         rel),
+        "linear_logprobs.dlogits_gluon": (lambda: KL.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl,
+                                                                      gh), rel),
         "linear_logprobs.grad_bwd": (lambda: KL.grad_bwd(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh), rel),
         "token_logprobs.stats_fwd": (lambda: stats(vp.merge_splits(*KT.stats_fwd(logits, 1.0, True))), rel),
         "token_logprobs.grad_bwd": (lambda: (KT.grad_bwd(logits, dlogits, 1.0, labels, 0, -100, m, log_s, ent,
@@ -321,9 +325,9 @@ def main(argv=None):
     runners = None if args.dry_run or not lp_names else make_runners(n, h, v, DTYPES[dt], "cuda")
     tol = 1e-3 if dt == "fp32" else 2e-2  # vs the built-in config's output: summation order only
     results = {}
-    if arch != 90 and "linear_logprobs.stats_gluon" in lp_names:  # wgmma: Hopper only
-        log(f"linear_logprobs.stats_gluon: skipped (a Hopper kernel; this is sm_{arch})")
-        lp_names.remove("linear_logprobs.stats_gluon")
+    for name in [k for k in lp_names if k.endswith("_gluon") and arch != 90]:  # wgmma: Hopper only
+        log(f"{name}: skipped (a Hopper kernel; this is sm_{arch})")
+        lp_names.remove(name)
     for name in lp_names:
         share_end = time.time() + args.budget_s * BUDGET_SHARE[name] / sum(BUDGET_SHARE[k] for k in names)
         base = base_config(name, n, h, v, dt, arch)

@@ -143,15 +143,19 @@ def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> 
                     dict(base, **tile, FLATTEN=bool(c["FLATTEN"]), WARP_SPECIALIZE=bool(c["WARP_SPECIALIZE"])),
                     nw, ns, ("N",) if kernel == "stats_tma" else ("stride_dz",), has_dot=True,
                     variant="entropy, tma, persistent")
-    if kernel == "stats_gluon":  # Gluon: the descriptors' types carry their shared-memory layouts
-        from .linear_logprobs_gluon import shared_layout
-        desc = (lambda rows: f"tensordesc<{dt}[{rows}, {c['BLOCK_H']}],"
-                             f"{shared_layout([rows, c['BLOCK_H']], _DT[dt])!r}>")
-        return Case("linear_logprobs_gluon", kernel, "_stats_gluon_kernel", arch, dt, list(shapes),
-                    dict(Hdesc=desc(c["BLOCK_N"]), Wdesc=desc(c["BLOCK_V"]), B=p, N="i32", V="i32", n_h="i32",
-                         inv_t="fp32", M_out=f32, S_out=f32, A_out=f32),
-                    dict(HAS_BIAS=False, ENTROPY=True, GROUP_N=c["GROUP_N"], STAGES=ns, LOADER_REGS=40, num_warps=nw),
-                    nw, ns, ("N",), has_dot=True, variant="entropy, tma, warp-specialised, persistent")
+    if kernel in ("stats_gluon", "dlogits_gluon"):  # Gluon: descriptor types carry their shared layouts
+        from .linear_logprobs_gluon import LOADER_REGS, shared_layout
+        desc = (lambda rows, cols: f"tensordesc<{dt}[{rows}, {cols}],{shared_layout([rows, cols], _DT[dt])!r}>")
+        types = dict(Hdesc=desc(c["BLOCK_N"], c["BLOCK_H"]), Wdesc=desc(c["BLOCK_V"], c["BLOCK_H"]))
+        if kernel == "dlogits_gluon":
+            types["DZdesc"] = desc(c["BLOCK_N"], c["BLOCK_V"])
+        types.update(B=p, N="i32", V="i32", n_h="i32")
+        types.update(dict(inv_t="fp32", M_out=f32, S_out=f32, A_out=f32) if kernel == "stats_gluon" else rowvec)
+        return Case("linear_logprobs_gluon", kernel, f"_{kernel}_kernel", arch, dt, list(shapes), types,
+                    dict(HAS_BIAS=False, ENTROPY=True, GROUP_N=c["GROUP_N"], STAGES=ns, LOADER_REGS=LOADER_REGS,
+                         num_warps=nw),
+                    nw, ns, ("N",) if kernel == "stats_gluon" else (), has_dot=True,
+                    variant="entropy, tma, warp-specialised, persistent")
     if kernel == "dlogits":
         return Case("linear_logprobs", "dlogits", "_dlogits_kernel", arch, dt, list(shapes),
                     dict(common, **rowvec, DZ=p, stride_dz="i32"), dict(base, **tile), nw, ns,
@@ -282,7 +286,7 @@ def cases(archs=ARCHS) -> list[Case]:
                     if name == "linear_logprobs.stats_tiles" and dt == "bf16" and not cfg["PERSISTENT"]:
                         add(logprob_case(name, arch, dt, dict(cfg, PERSISTENT=1), [shape]))  # selectable
                 if dt == "bf16" and arch >= 90:  # the selectable TMA kernels (TMA: sm_90 and later)
-                    for kernel in ("stats_tma", "dlogits_tma") + (("stats_gluon",) if arch == 90 else ()):
+                    for kernel in ("stats_tma", "dlogits_tma") + (("stats_gluon", "dlogits_gluon") if arch == 90 else ()):
                         cfg = mods["linear_logprobs"].launch_config(kernel, N=n, V=v, H=h, dtype=_DT[dt], arch=arch)
                         add(logprob_case(f"linear_logprobs.{kernel}", arch, dt, cfg, [shape]))
             add(finish_case(arch, dt))

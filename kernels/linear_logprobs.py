@@ -59,10 +59,11 @@ CONFIG = {
     "SPLITS": None, "V_TILES": None, "PERSISTENT": None,  # V_TILES: stats_tiles; PERSISTENT: stats_tiles / tma
     "FLATTEN": None, "WARP_SPECIALIZE": None,  # stats_tma only
     "FWD": None,  # "tiles" (None: the default), "split", "tma" or "gluon": which forward ``stats_fwd`` runs
-    "DLOGITS": None,  # None (the pointer kernel) or "tma": which dz kernel the chunked backward runs
+    "DLOGITS": None,  # None (the pointer kernel), "tma" or "gluon": which dz kernel the chunked backward runs
     "BWD_CHUNK_BYTES": 512 << 20,  # dz buffer of the chunked backward
 }
-KERNELS = ("stats_fwd", "stats_tiles", "stats_tma", "stats_gluon", "grad_bwd", "dlogits", "dlogits_tma")
+KERNELS = ("stats_fwd", "stats_tiles", "stats_tma", "stats_gluon", "grad_bwd", "dlogits", "dlogits_tma",
+           "dlogits_gluon")
 FORWARDS = ("tiles", "split", "tma", "gluon")
 _TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "FLATTEN", "WARP_SPECIALIZE",
             "num_warps", "num_stages")
@@ -96,7 +97,9 @@ _TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT",
 # - stats_gluon (kernels/linear_logprobs_gluon.py, selectable, bf16 / fp16 on sm_90 only): 128x256x64,
 #   8 consumer warps + 1 loader warp, 4 stages (Triton 3.9 and 3.6: 168 launch registers, raised to 240
 #   for the consumers by setmaxnreg, loader 40; no spill; 197 KB shared; 3 stages: 148 KB). PERSISTENT:
-#   programs per SM (one: 197 KB of shared memory leaves room for no second).
+#   programs per SM (one: 197 KB of shared memory leaves room for no second). dlogits_gluon (its dz kernel,
+#   CONFIG["DLOGITS"] = "gluon"): 128x128x64, 4 stages (164 KB with the dz staging tile of the TMA store;
+#   128x256 spilled 8 B, 256x128 64 B).
 _BF16 = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=8, num_warps=8, num_stages=3)
 _FP32 = dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2)
 _TILES16 = dict(_BF16, BLOCK_V=256, GROUP_N=16, V_TILES=1, PERSISTENT=0)
@@ -115,6 +118,8 @@ _ARCH_CONFIGS = {
     ("stats_tma", None, "32"): dict(_FP32, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
     ("stats_gluon", None, "16"): dict(_BF16, BLOCK_V=256, GROUP_N=16, PERSISTENT=1, num_stages=4),
     ("stats_gluon", None, "32"): dict(_FP32, PERSISTENT=1),
+    ("dlogits_gluon", None, "16"): dict(_BF16, num_stages=4, PERSISTENT=1),
+    ("dlogits_gluon", None, "32"): dict(_FP32, PERSISTENT=1),
     ("dlogits_tma", None, "16"): dict(_BF16, num_stages=4, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
     ("dlogits_tma", None, "32"): dict(_FP32, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
     ("dlogits", None, "16"): _BF16,
@@ -512,13 +517,17 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
     cfg = _cfg("dlogits", hidden, weight)
     bn, bv = cfg["BLOCK_N"], cfg["BLOCK_V"]
     entropy = gh is not None
-    if CONFIG["DLOGITS"] not in (None, "tma"):
-        raise ValueError(f"CONFIG['DLOGITS'] must be None or 'tma', got {CONFIG['DLOGITS']!r}")
-    tma = None
+    if CONFIG["DLOGITS"] not in (None, "tma", "gluon"):
+        raise ValueError(f"CONFIG['DLOGITS'] must be None, 'tma' or 'gluon', got {CONFIG['DLOGITS']!r}")
+    fast = None  # the TMA or Gluon dz kernel, where it takes these inputs (else the pointer kernel)
     if CONFIG["DLOGITS"] == "tma":
         from . import linear_logprobs_tma as tma
-        if not tma.tma_usable(hidden, weight):
-            tma = None  # the pointer kernel
+        if tma.tma_usable(hidden, weight):
+            fast = tma.dlogits_tma
+    elif CONFIG["DLOGITS"] == "gluon":
+        from . import linear_logprobs_gluon as glu
+        if glu.gluon_usable(hidden, weight):
+            fast = glu.dlogits_gluon  # per chunk where its dz can be a TMA store target (dz_usable)
     buf = torch.empty(n_c * v_c, dtype=hidden.dtype, device=dev)
     for n0 in range(0, n, n_c):
         n1 = min(n, n0 + n_c)
@@ -526,10 +535,10 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
         for v0 in range(0, v, v_c):
             v1 = min(v, v0 + v_c)
             dz = buf[: (n1 - n0) * (v1 - v0)].view(n1 - n0, v1 - v0)
-            if tma is not None:
-                tma.dlogits_tma(h_c, weight[v0:v1], bias[v0:] if bias is not None else None, inv_t, labels[n0:],
-                                v_offset + v0, m[n0:], log_s[n0:], ent[n0:] if entropy else None, gl[n0:],
-                                gh[n0:] if entropy else None, dz, entropy)
+            if fast is not None and (CONFIG["DLOGITS"] == "tma" or glu.dz_usable(dz)):
+                fast(h_c, weight[v0:v1], bias[v0:] if bias is not None else None, inv_t, labels[n0:],
+                     v_offset + v0, m[n0:], log_s[n0:], ent[n0:] if entropy else None, gl[n0:],
+                     gh[n0:] if entropy else None, dz, entropy)
             else:
                 grid = (triton.cdiv(n1 - n0, bn) * triton.cdiv(v1 - v0, bv),)
                 _dlogits_kernel[grid](

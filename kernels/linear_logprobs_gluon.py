@@ -31,8 +31,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_init, \
-    warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
+    warpgroup_mma_init, warpgroup_mma_wait
 
 from .linear_logprobs import _cfg, device_arch
 from .linear_logprobs_fwd import num_sms
@@ -40,6 +40,7 @@ from .linear_logprobs_fwd import num_sms
 # the TMA global -> shared copy: ``async_load`` in Triton 3.9, ``async_copy_global_to_shared`` in 3.6 (the
 # GPU image's version); the same leading arguments (descriptor, coordinates, barrier, destination)
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 LOADER_REGS = 40  # registers per thread of the loader warp (its warpgroup gives the rest to the consumers)
 
@@ -96,35 +97,43 @@ def _loader(Hdesc, Wdesc, h_bufs, w_bufs, ready, empty, N, V, n_h, GROUP_N: gl.c
 
 
 @gluon.jit
+def _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, c0, V, inv_t, HAS_BIAS: gl.constexpr,
+                 acc_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_V: gl.constexpr):
+    """The consumers' side of one tile: the wgmma of its ``n_k`` slots from slot use ``i`` on, then
+    the scaled logits ``(h @ W.T + b) / T`` [BLOCK_N, BLOCK_V] fp32 in registers, their vocab ids
+    ``c0 + 0..BLOCK_V`` and the next slot use."""
+    STAGES: gl.constexpr = h_bufs.type.shape[0]
+    acc = warpgroup_mma_init(gl.zeros((BLOCK_N, BLOCK_V), gl.float32, acc_layout))
+    for k in range(n_k):
+        slot = i % STAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        acc = warpgroup_mma(h_bufs.index(slot), w_bufs.index(slot).permute((1, 0)), acc, use_acc=k > 0,
+                            is_async=True)
+        # the previous slot's wgmma has retired once at most this one is in flight: free its slot
+        warpgroup_mma_wait(1, (acc, ))
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=k > 0)
+        i += 1
+    x = warpgroup_mma_wait(0, (acc, ))
+    mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1)
+    cols = c0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, acc_layout))
+    if HAS_BIAS:
+        x = x + gl.load(B + cols, mask=cols < V, other=0.0).to(gl.float32)[None, :]
+    return x * inv_t, cols, i
+
+
+@gluon.jit
 def _mma_stats(h_bufs, w_bufs, ready, empty, B, N, V, n_h, inv_t, M_out, S_out, A_out,
                HAS_BIAS: gl.constexpr, ENTROPY: gl.constexpr, GROUP_N: gl.constexpr, BLOCK_N: gl.constexpr,
                BLOCK_V: gl.constexpr, BLOCK_H: gl.constexpr, num_warps: gl.constexpr):
-    STAGES: gl.constexpr = h_bufs.type.shape[0]
     acc_layout: gl.constexpr = _mma_layout(BLOCK_N, BLOCK_V, num_warps)
     n_blocks_n, n_blocks_v, n_k = _schedule(N, V, n_h, BLOCK_N, BLOCK_V, BLOCK_H)
     i = 0
     for t in range(gl.program_id(0), n_blocks_n * n_blocks_v, gl.num_programs(0)):
         pid_n, pid_v = _tile_coords(t, n_blocks_n, n_blocks_v, GROUP_N)
-        acc = warpgroup_mma_init(gl.zeros((BLOCK_N, BLOCK_V), gl.float32, acc_layout))
-        for k in range(n_k):
-            slot = i % STAGES
-            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-            acc = warpgroup_mma(h_bufs.index(slot), w_bufs.index(slot).permute((1, 0)), acc, use_acc=k > 0,
-                                is_async=True)
-            # the previous slot's wgmma has retired once at most this one is in flight: free its slot
-            warpgroup_mma_wait(1, (acc, ))
-            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=k > 0)
-            i += 1
-        acc = warpgroup_mma_wait(0, (acc, ))
-        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1)
-
+        x, cols, i = _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, pid_v * BLOCK_V, V, inv_t, HAS_BIAS,
+                                  acc_layout, BLOCK_N, BLOCK_V)
         # the tile's partial, as _tile_stats of kernels/linear_logprobs.py
-        cols = pid_v * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, acc_layout))
-        cmask = cols < V
-        x = acc
-        if HAS_BIAS:
-            x = x + gl.load(B + cols, mask=cmask, other=0.0).to(gl.float32)[None, :]
-        x = gl.where(cmask[None, :], x * inv_t, float("-inf"))
+        x = gl.where((cols < V)[None, :], x, float("-inf"))
         m = gl.max(x, axis=1)
         xr = x - gl.where(m == float("-inf"), 0.0, m)[:, None]
         e = gl.exp(xr)
@@ -138,22 +147,84 @@ def _mma_stats(h_bufs, w_bufs, ready, empty, B, N, V, n_h, inv_t, M_out, S_out, 
 
 
 @gluon.jit
+def _mma_dlogits(h_bufs, w_bufs, ready, empty, dz_smem, DZdesc, B, N, V, n_h, inv_t, LABELS, v_offset, M, LOGS,
+                 ENT, GL, GH, HAS_BIAS: gl.constexpr, ENTROPY: gl.constexpr, GROUP_N: gl.constexpr,
+                 BLOCK_N: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_H: gl.constexpr, num_warps: gl.constexpr):
+    acc_layout: gl.constexpr = _mma_layout(BLOCK_N, BLOCK_V, num_warps)
+    n_blocks_n, n_blocks_v, n_k = _schedule(N, V, n_h, BLOCK_N, BLOCK_V, BLOCK_H)
+    i = 0
+    for t in range(gl.program_id(0), n_blocks_n * n_blocks_v, gl.num_programs(0)):
+        pid_n, pid_v = _tile_coords(t, n_blocks_n, n_blocks_v, GROUP_N)
+        x, cols, i = _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, pid_v * BLOCK_V, V, inv_t, HAS_BIAS,
+                                  acc_layout, BLOCK_N, BLOCK_V)
+        # dz = dx / T of the tile, as _dlogits_tile of kernels/linear_logprobs.py
+        rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+        rmask = rows < N
+        m = gl.load(M + rows, mask=rmask, other=0.0)
+        log_s = gl.load(LOGS + rows, mask=rmask, other=0.0)
+        g = gl.load(GL + rows, mask=rmask, other=0.0)
+        xr = (x - m[:, None]) - log_s[:, None]  # the two-part lse
+        p = gl.exp(xr)
+        if ENTROPY:
+            gh = gl.load(GH + rows, mask=rmask, other=0.0)
+            c = g + gh * gl.load(ENT + rows, mask=rmask, other=0.0)
+            dz = gl.where(x == float("-inf"), 0.0, -p * (gh[:, None] * xr + c[:, None]))
+        else:
+            dz = -p * g[:, None]
+        labels = gl.load(LABELS + rows, mask=rmask, other=-1) - v_offset
+        dz = (dz + gl.where(cols[None, :] == labels[:, None], g[:, None], 0.0)) * inv_t
+        # rows / columns past the chunk are clipped by the TMA store; the previous tile's store must
+        # have read the staging tile before it is overwritten
+        tma.store_wait(0)
+        dz_smem.store(dz.to(dz_smem.dtype))
+        fence_async_shared()
+        _tma_store(DZdesc, [pid_n * BLOCK_N, pid_v * BLOCK_V], dz_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _ring(Hdesc, Wdesc, STAGES: gl.constexpr):
+    """The operand ring: ``STAGES`` hidden and weight tiles, a ``ready`` (loaded) and an ``empty``
+    (consumed) mbarrier per slot."""
+    h_bufs = gl.allocate_shared_memory(Hdesc.dtype, [STAGES] + Hdesc.block_type.shape, Hdesc.layout)
+    w_bufs = gl.allocate_shared_memory(Wdesc.dtype, [STAGES] + Wdesc.block_type.shape, Wdesc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    return h_bufs, w_bufs, ready, empty
+
+
+@gluon.jit
 def _stats_gluon_kernel(Hdesc, Wdesc, B, N, V, n_h, inv_t, M_out, S_out, A_out,
                         HAS_BIAS: gl.constexpr, ENTROPY: gl.constexpr, GROUP_N: gl.constexpr,
                         STAGES: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
     BLOCK_N: gl.constexpr = Hdesc.block_type.shape[0]
     BLOCK_H: gl.constexpr = Hdesc.block_type.shape[1]
     BLOCK_V: gl.constexpr = Wdesc.block_type.shape[0]
-    h_bufs = gl.allocate_shared_memory(Hdesc.dtype, [STAGES, BLOCK_N, BLOCK_H], Hdesc.layout)
-    w_bufs = gl.allocate_shared_memory(Wdesc.dtype, [STAGES, BLOCK_V, BLOCK_H], Wdesc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+    h_bufs, w_bufs, ready, empty = _ring(Hdesc, Wdesc, STAGES)
     gl.warp_specialize([
         (_mma_stats, (h_bufs, w_bufs, ready, empty, B, N, V, n_h, inv_t, M_out, S_out, A_out, HAS_BIAS, ENTROPY,
                       GROUP_N, BLOCK_N, BLOCK_V, BLOCK_H, num_warps)),
+        (_loader, (Hdesc, Wdesc, h_bufs, w_bufs, ready, empty, N, V, n_h, GROUP_N)),
+    ], [1], [LOADER_REGS])
+
+
+@gluon.jit
+def _dlogits_gluon_kernel(Hdesc, Wdesc, DZdesc, B, N, V, n_h, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH,
+                          HAS_BIAS: gl.constexpr, ENTROPY: gl.constexpr, GROUP_N: gl.constexpr,
+                          STAGES: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    # one chunk of the chunked backward, as _dlogits_tma_kernel: the descriptors and LABELS/M/... start
+    # at the chunk's first row and vocab id; DZdesc is the chunk's [N, V] dz (input dtype)
+    BLOCK_N: gl.constexpr = Hdesc.block_type.shape[0]
+    BLOCK_H: gl.constexpr = Hdesc.block_type.shape[1]
+    BLOCK_V: gl.constexpr = Wdesc.block_type.shape[0]
+    h_bufs, w_bufs, ready, empty = _ring(Hdesc, Wdesc, STAGES)
+    dz_smem = gl.allocate_shared_memory(DZdesc.dtype, DZdesc.block_type.shape, DZdesc.layout)
+    gl.warp_specialize([
+        (_mma_dlogits, (h_bufs, w_bufs, ready, empty, dz_smem, DZdesc, B, N, V, n_h, inv_t, LABELS, v_offset, M,
+                        LOGS, ENT, GL, GH, HAS_BIAS, ENTROPY, GROUP_N, BLOCK_N, BLOCK_V, BLOCK_H, num_warps)),
         (_loader, (Hdesc, Wdesc, h_bufs, w_bufs, ready, empty, N, V, n_h, GROUP_N)),
     ], [1], [LOADER_REGS])
 
@@ -203,3 +274,32 @@ def stats_gluon(hidden, weight, bias, inv_t: float, entropy: bool):
             HAS_BIAS=bias is not None, ENTROPY=entropy, GROUP_N=cfg["GROUP_N"], STAGES=cfg["num_stages"],
             LOADER_REGS=LOADER_REGS, num_warps=cfg["num_warps"])
     return m, s, (a if entropy else None)
+
+
+def dz_usable(dz: torch.Tensor) -> bool:
+    """The chunk's ``dz`` [n_c, v_c] can be a TMA store target: unit stride along the vocabulary,
+    16-byte aligned base and row stride (a last vocab chunk of odd width is not; the pointer kernel
+    writes it)."""
+    return dz.stride(1) == 1 and dz.data_ptr() % 16 == 0 and (dz.stride(0) * dz.element_size()) % 16 == 0
+
+
+def dlogits_gluon(h_c, w_c, b_c, inv_t, labels, v_offset, m, log_s, ent, gl_, gh, dz, entropy: bool):
+    """``dz`` [n_c, v_c] (input dtype) of one chunk of the chunked backward, as
+    ``linear_logprobs_tma.dlogits_tma``; the caller checks ``gluon_usable(h_c, w_c)`` and
+    ``dz_usable(dz)`` first."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    n, n_h = h_c.shape
+    v = w_c.shape[0]
+    cfg = _cfg("dlogits_gluon", h_c, w_c)
+    bn, bv, bh = cfg["BLOCK_N"], cfg["BLOCK_V"], cfg["BLOCK_H"]
+    hdesc = TensorDescriptor(h_c, [n, n_h], [h_c.stride(0), 1], [bn, bh], shared_layout([bn, bh], h_c.dtype))
+    wdesc = TensorDescriptor(w_c, [v, n_h], [w_c.stride(0), 1], [bv, bh], shared_layout([bv, bh], w_c.dtype))
+    dzdesc = TensorDescriptor(dz, [n, v], [dz.stride(0), 1], [bn, bv], shared_layout([bn, bv], dz.dtype))
+    n_tiles = triton.cdiv(n, bn) * triton.cdiv(v, bv)
+    grid = (max(1, min(n_tiles, cfg["PERSISTENT"] * num_sms(h_c.device))),)
+    _dlogits_gluon_kernel[grid](
+        hdesc, wdesc, dzdesc, b_c if b_c is not None else h_c, n, v, n_h, inv_t, labels, v_offset, m, log_s,
+        ent if entropy else m, gl_, gh if entropy else gl_,
+        HAS_BIAS=b_c is not None, ENTROPY=entropy, GROUP_N=cfg["GROUP_N"], STAGES=cfg["num_stages"],
+        LOADER_REGS=LOADER_REGS, num_warps=cfg["num_warps"])

@@ -16,7 +16,7 @@ pytest.importorskip("triton", reason="the tuner's compile filter needs the trito
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N, H, V = 8192, 4096, 151936
 LOGPROB_KEYS = {"linear_logprobs.stats_tiles.16", "linear_logprobs.stats_tma.16", "linear_logprobs.stats_gluon.16",
-                "linear_logprobs.dlogits.16",
+                "linear_logprobs.dlogits.16", "linear_logprobs.dlogits_gluon.16",
                 "linear_logprobs.dlogits_tma.16", "linear_logprobs.grad_bwd.16", "token_logprobs.stats_fwd.16", "token_logprobs.grad_bwd.16"}
 PACS_KEYS = {"pacs_loss.fwd_sums.32", "pacs_loss.fwd.32", "pacs_loss.bwd.32"}
 

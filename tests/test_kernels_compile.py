@@ -62,7 +62,7 @@ def test_every_launched_kernel_compiles_for_every_arch_and_dtype(report):
     assert not errors, _fail(errors, "compile failures")
     covered = {(c["module"], c["fn"], c["arch"], c["dtype"]) for c in report["cases"]}
     kernels = _launched_kernels()
-    assert len(kernels) == 13, kernels  # 2 token, 8 linear, 3 PACS: a new kernel must be added to aot.cases
+    assert len(kernels) == 14, kernels  # 2 token, 9 linear, 3 PACS: a new kernel must be added to aot.cases
     for module, fn in kernels:
         tma = module.endswith(("_tma", "_gluon"))
         dtypes = ("fp32",) if module == "pacs_loss" else ("bf16",) if tma else ("bf16", "fp32")
@@ -176,7 +176,7 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     for mod, names in ((KT, ("_stats_fwd_kernel", "_grad_bwd_kernel")),
                        (KL, ("_stats_fwd_kernel", "_grad_bwd_kernel", "_dlogits_kernel")),
                        (KLF, ("_stats_tiles_kernel",)), (KLT, ("_stats_tma_kernel", "_dlogits_tma_kernel")),
-                       (KLG, ("_stats_gluon_kernel",)),
+                       (KLG, ("_stats_gluon_kernel", "_dlogits_gluon_kernel")),
                        (KP, ("_pacs_sums_kernel", "_pacs_group_kernel", "_pacs_bwd_kernel"))):
         for name in names:
             monkeypatch.setattr(mod, name, _Recorder(calls))
@@ -223,6 +223,19 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
                         one, one, one)
     check(KL.launch_config("dlogits_tma", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch),
           keys + ("GROUP_N", "FLATTEN", "WARP_SPECIALIZE"))
+    # Hopper only, like the Gluon forward, and per vocab chunk whose dz rows a TMA store can write:
+    # [40, 256] (512-byte rows) yes, the last [40, 44] (88-byte rows) no: the pointer kernel
+    monkeypatch.setitem(KL.CONFIG, "DLOGITS", "gluon")
+    KL.grad_bwd_chunked(hid.bfloat16(), w.bfloat16(), None, 1.0, torch.zeros(n, dtype=torch.long), 0, one, one,
+                        one, one, one, chunk_bytes=(n, 256))
+    pointer = KL.launch_config("dlogits", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch)
+    check(pointer, keys)
+    if arch == 90:
+        cfg = KL.launch_config("dlogits_gluon", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch)
+        got = check(cfg, ("GROUP_N", "num_warps"))
+        assert got["STAGES"] == cfg["num_stages"]
+    else:
+        check(pointer, keys)
     monkeypatch.setitem(KL.CONFIG, "DLOGITS", None)
     lab = torch.zeros(n, dtype=torch.long)
     KL.grad_bwd(hid, w, None, 1.0, lab, 0, one, one, one, one, one)
@@ -250,23 +263,28 @@ def test_tma_kernels_load_by_tma(report):
     backward's dz kernel) really issue TMA copies (``cp.async.bulk.tensor``) on sm_90 and sm_100;
     every other kernel loads through pointers."""
     names = ("_stats_tma_kernel", "_dlogits_tma_kernel")
-    tma = [c for c in report["cases"] if c["fn"] in names + ("_stats_gluon_kernel",)]
+    tma = [c for c in report["cases"] if c["fn"] in names + GLUON_KERNELS]
     assert {(c["fn"], c["arch"]) for c in tma} >= {(f, a) for f in names for a in (90, 100)} | {
-        ("_stats_gluon_kernel", 90)}
+        (f, 90) for f in GLUON_KERNELS}
     assert all(c["tma_loads"] >= 2 for c in tma), [(c["label"], c["tma_loads"]) for c in tma]
     assert not [c["label"] for c in report["cases"] if c not in tma and c.get("tma_loads")]
 
 
-def test_gluon_forward_is_warp_specialised(report):
-    """kernels/linear_logprobs_gluon.py really splits its warps by role on sm_90: the loader warp's
-    warpgroup gives registers back (``setmaxnreg.dec``) and the wgmma warps take them
-    (``setmaxnreg.inc`` above the launch budget), with no spill; no other kernel is warp-specialised
-    (Triton's ``warp_specialize`` flag is a no-op on sm_90, and sm_100 kernels do not use it here)."""
-    gluon = [c for c in report["cases"] if c["fn"] == "_stats_gluon_kernel"]
-    assert gluon and all(c["arch"] == 90 for c in gluon)
+GLUON_KERNELS = ("_stats_gluon_kernel", "_dlogits_gluon_kernel")
+
+
+def test_gluon_kernels_are_warp_specialised(report):
+    """kernels/linear_logprobs_gluon.py (the forward and the dz kernel) really splits its warps by role
+    on sm_90: the loader warp's warpgroup gives registers back (``setmaxnreg.dec``) and the wgmma warps
+    take them (``setmaxnreg.inc`` above the launch budget), with no spill; no other kernel is
+    warp-specialised (Triton's ``warp_specialize`` flag is a no-op on sm_90, and sm_100 kernels do not
+    use it here). The dz kernel writes through a TMA store (a third bulk-tensor copy)."""
+    gluon = [c for c in report["cases"] if c["fn"] in GLUON_KERNELS]
+    assert {c["fn"] for c in gluon} == set(GLUON_KERNELS) and all(c["arch"] == 90 for c in gluon)
+    assert all(c["tma_loads"] >= 3 for c in gluon if c["fn"] == "_dlogits_gluon_kernel")
     for c in gluon:
         incs = [int(x.split()[1]) for x in c["setmaxnreg"] if x.startswith("inc")]
         decs = [int(x.split()[1]) for x in c["setmaxnreg"] if x.startswith("dec")]
         assert decs and min(decs) <= 40 and max(incs, default=0) > c["regs"], (c["label"], c["setmaxnreg"], c["regs"])
         assert any(m.startswith("wgmma.mma_async") for m in c["mma"]), c["mma"]
-    assert not [c["label"] for c in report["cases"] if c["fn"] != "_stats_gluon_kernel" and c["setmaxnreg"]]
+    assert not [c["label"] for c in report["cases"] if c["fn"] not in GLUON_KERNELS and c["setmaxnreg"]]

@@ -1,5 +1,5 @@
-"""The warp-specialised Gluon forward of linear_logprobs (kernels/linear_logprobs_gluon.py,
-``CONFIG["FWD"] = "gluon"``).
+"""The warp-specialised Gluon kernels of linear_logprobs (kernels/linear_logprobs_gluon.py): the forward
+(``CONFIG["FWD"] = "gluon"``) and the chunked backward's dz kernel (``CONFIG["DLOGITS"] = "gluon"``).
 
 The Triton interpreter cannot run Gluon, so on this machine the tests check what surrounds the
 kernel: which inputs it takes (a Hopper GPU, bf16 / fp16 rows a TMA descriptor can read), that every
@@ -50,6 +50,39 @@ def test_off_hopper_the_gluon_choice_runs_the_tiled_forward(seed, monkeypatch, d
         assert torch.equal(g, w)
 
 
+@pytest.mark.interpret
+def test_off_hopper_the_gluon_dz_choice_runs_the_pointer_kernel(seed, monkeypatch):
+    """``DLOGITS="gluon"`` off Hopper: the chunked backward's gradients equal the pointer dz kernel's
+    bit for bit, and the Gluon launcher is never called."""
+    from pacs_fast.kernels import linear_logprobs_gluon as G
+    from test_linear_logprobs_fwd import _blocks
+    K = _blocks(monkeypatch)
+    n, h, v = 37, 40, 203
+    hidden, weight = torch.randn(n, h).bfloat16(), torch.randn(v, h).bfloat16()
+    m_p, s_p, a_p = K.stats_fwd(hidden, weight, None, 1.0, True)
+    from pacs_fast.ops import vocab_parallel as vp
+    m, s, a = vp.merge_splits(m_p, s_p, a_p)
+    args = (hidden, weight, None, 1.0, torch.randint(0, v, (n,)), 0, m, s.log(), s.log() - a / s, torch.randn(n),
+            torch.randn(n))
+    want = K.grad_bwd_chunked(*args, chunk_bytes=(16, 64))
+    calls = []
+    monkeypatch.setattr(G, "dlogits_gluon", lambda *a, **k: calls.append(1))
+    monkeypatch.setitem(K.CONFIG, "DLOGITS", "gluon")
+    got = K.grad_bwd_chunked(*args, chunk_bytes=(16, 64))
+    assert not calls
+    for g, w in zip(got, want):
+        assert (g is None and w is None) or torch.equal(g, w)
+
+
+def test_dz_usable_needs_rows_a_tma_store_writes():
+    from pacs_fast.kernels import linear_logprobs_gluon as G
+    buf = torch.empty(40 * 257 + 8, dtype=torch.bfloat16)
+    assert G.dz_usable(buf[:40 * 256].view(40, 256))
+    assert not G.dz_usable(buf[:40 * 257].view(40, 257))  # 514-byte rows
+    assert not G.dz_usable(buf[1:1 + 40 * 64].view(40, 64))  # base off by 2 bytes
+    assert not G.dz_usable(buf[:40 * 64].view(64, 40).t())  # vocab not the unit-stride dimension
+
+
 def test_gluon_usable_needs_hopper_and_rows_a_descriptor_reads(monkeypatch):
     from pacs_fast.kernels import linear_logprobs_gluon as G
     h, w = torch.randn(8, 64).bfloat16(), torch.randn(40, 64).bfloat16()
@@ -86,10 +119,11 @@ def test_the_gpu_check_passes_the_tiled_forward(seed, monkeypatch):
     _check_partials(37, 40, 801, torch.bfloat16, 1.0, True, 0.7, dev="cpu", fwd="tiles")
     _check_partials(37, 40, 203, torch.bfloat16, 30.0, False, 1.0, dev="cpu", fwd="tiles")
     _check_op(40, 40, 300, dev="cpu", fwd="tiles")
+    _check_grads(40, 40, 300, dev="cpu", fwd="tiles", dlogits=None, chunk=(16, 128), bias=True, temperature=0.7)
 
 
 @pytest.mark.gpu
-def test_gluon_forward_matches_float64_on_hopper():
+def test_gluon_kernels_match_float64_on_hopper():
     """The kernel on the GPU, in a subprocess limited to GPU_CHECK_TIMEOUT_S (see the module
     docstring): ``_gpu_check`` below."""
     major, minor = torch.cuda.get_device_capability()
@@ -192,6 +226,60 @@ def _check_op(n=8192, h=4096, v=151936, dev="cuda", fwd="gluon"):
     print(f"op ok: N={n} H={h} V={v}", flush=True)
 
 
+def _check_grads(n=8192, h_dim=4096, v=151936, dev="cuda", fwd="gluon", dlogits="gluon", chunk=None, bias=False,
+                 temperature=1.0):
+    """Forward + backward through the op (bf16, entropy, 10 % ignored rows) with the forward ``fwd``
+    and the chunked backward's dz kernel ``dlogits`` against float64: dh on every row, dW on 256
+    random vocabulary rows plus every label's row, within 2e-2 of the largest entry (dz is rounded
+    to bf16 before the two GEMMs, as in every bf16 LM-head backward: test_linear_logprobs.py's
+    real-shape bound). ``chunk``: the backward's (rows, vocab) chunk, None for its default budget."""
+    from pacs_fast.kernels import linear_logprobs as K
+    from pacs_fast.ops.linear_logprobs import linear_logprobs
+    hidden = torch.randn(n, h_dim, device=dev).bfloat16()
+    weight = (torch.randn(v, h_dim, device=dev) * (2 / h_dim ** 0.5)).bfloat16()
+    b = (torch.randn(v, device=dev) * 0.5).bfloat16() if bias else None
+    labels = torch.randint(0, v, (n,), device=dev)
+    labels[torch.rand(n, device=dev) < 0.1] = -100
+    g_l, g_h = torch.randn(n, device=dev), torch.randn(n, device=dev)
+    hh, ww = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    saved = {k: K.CONFIG[k] for k in ("FWD", "DLOGITS")}
+    K.CONFIG.update(FWD=fwd, DLOGITS=dlogits)
+    try:
+        logp, ent = linear_logprobs(hh, ww, labels, bias=b, temperature=temperature, return_entropy=True,
+                                    backend="triton", chunk_bytes=chunk)
+        ((logp * g_l).sum() + (ent * g_h).sum()).backward()
+    finally:
+        K.CONFIG.update(saved)
+    valid = labels != -100
+    cols = torch.unique(torch.cat([torch.randint(0, v, (256,), device=dev), labels[valid]]))
+    w64 = weight.double()
+    dw_ref = torch.zeros(cols.numel(), h_dim, dtype=torch.float64, device=dev)
+    dh_ref = torch.zeros(n, h_dim, dtype=torch.float64, device=dev)
+    for r0 in range(0, n, 512):
+        r = slice(r0, min(n, r0 + 512))
+        h64 = hidden[r].double()
+        x = (h64 @ w64.T + (0 if b is None else b.double())) / temperature
+        lsm = torch.log_softmax(x, -1)
+        p = lsm.exp()
+        ent_ref = -(p * lsm).sum(-1)
+        ok = valid[r]
+        safe = torch.where(ok, labels[r], 0)
+        gl64 = torch.where(ok, g_l[r].double(), 0.0)
+        gh64 = torch.where(ok, g_h[r].double(), 0.0)
+        dz = -p * (gl64[:, None] + gh64[:, None] * (lsm + ent_ref[:, None]))
+        dz[torch.arange(dz.shape[0], device=dev), safe] += gl64
+        dz /= temperature
+        dh_ref[r] = dz @ w64
+        dw_ref += dz[:, cols].T @ h64
+        del x, lsm, p, dz
+    err_h = (hh.grad.double() - dh_ref).abs().max().item()
+    err_w = (ww.grad[cols].double() - dw_ref).abs().max().item()
+    assert err_h <= 2e-2 * dh_ref.abs().max().item(), (err_h, dh_ref.abs().max().item())
+    assert err_w <= 2e-2 * dw_ref.abs().max().item(), (err_w, dw_ref.abs().max().item())
+    assert (hh.grad[~valid] == 0).all()
+    print(f"grads ok: N={n} H={h_dim} V={v} chunk={chunk} bias={bias} T={temperature}", flush=True)
+
+
 def _gpu_check():
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     for dtype in (torch.bfloat16, torch.float16):
@@ -199,6 +287,10 @@ def _gpu_check():
         _check_partials(300, 200, 5000, dtype, 30.0, False, 1.0)  # H = 3 x 64 + 8: the descriptor's zero fill
     _check_partials(8192, 4096, 151936, torch.bfloat16, 1.0, False, 1.0)  # the real shape, every tile
     _check_op()
+    # dz chunks [1000, 1024] by the Gluon kernel, the last [1000, 257] (514-byte rows) by the pointer one
+    _check_grads(1000, 896, 32001, chunk=(1000, 1024), bias=True, temperature=0.7)
+    _check_grads(300, 200, 5000, chunk=(128, 2048))  # row chunks; H = 3 x 64 + 8
+    _check_grads()  # the real shape, the default chunking
     print("GLUON CHECK OK", flush=True)
 
 
