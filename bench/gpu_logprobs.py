@@ -13,10 +13,10 @@ TMA kernels, ``CONFIG["FWD"] = "tma"`` and ``CONFIG["DLOGITS"] = "tma"``, kernel
 on a GPU before sm_90 they fall back to the tiled forward and the pointer dz kernel), ``pacs_triton_gluon`` (the
 warp-specialised Gluon kernels, ``CONFIG["FWD"] = "gluon"`` and ``CONFIG["DLOGITS"] = "gluon"``,
 kernels/linear_logprobs_gluon.py: the forward and the chunked backward's dz kernel; Hopper only, elsewhere
-the tiled forward and the pointer dz kernel; not in the default list: bench/gpu_lease.sh
-adds it once its float64 check has passed on the GPU, since a broken mbarrier protocol hangs instead of
-failing), ``pacs_triton_atomic`` (the
-default forward, the one-pass atomic backward kernel), ``pacs_torch`` (the chunked torch backend on cuBLAS),
+the tiled forward and the pointer dz kernel; ``pacs_triton_gluon_fwd`` / ``_dz``: one of the two; not in the
+default list: bench/gpu_lease.sh adds them once their float64 checks have passed on the GPU, since a broken
+mbarrier protocol hangs instead of failing), ``pacs_triton_atomic`` (the default forward, the one-pass
+atomic backward kernel), ``pacs_torch`` (the chunked torch backend on cuBLAS),
 ``naive`` (matmul -> log_softmax -> gather, entropy; skipped when [N, V] would not fit),
 ``liger_flce`` (Liger fused linear cross-entropy, loss only, no entropy) when installed.
 
@@ -69,8 +69,8 @@ def _inputs(n, h, v, dtype, device, seed=0):
 
 
 def _method(name):
-    if name in ("pacs_triton", "pacs_triton_split", "pacs_triton_tma", "pacs_triton_gluon", "pacs_triton_atomic",
-                "pacs_torch"):
+    if name in ("pacs_triton", "pacs_triton_split", "pacs_triton_tma", "pacs_triton_gluon", "pacs_triton_gluon_fwd",
+                "pacs_triton_gluon_dz", "pacs_triton_atomic", "pacs_torch"):
         from pacs_fast.kernels import linear_logprobs as K
         from pacs_fast.ops.linear_logprobs import linear_logprobs
         backend = name.split("_")[1]
@@ -151,7 +151,8 @@ def kernel_breakdown(fn, calls: int = 2) -> list[dict] | None:
 
 
 KERNEL_CHOICES = {"pacs_triton_split": dict(FWD="split"), "pacs_triton_tma": dict(FWD="tma", DLOGITS="tma"),
-                  "pacs_triton_gluon": dict(FWD="gluon", DLOGITS="gluon")}
+                  "pacs_triton_gluon": dict(FWD="gluon", DLOGITS="gluon"), "pacs_triton_gluon_fwd": dict(FWD="gluon"),
+                  "pacs_triton_gluon_dz": dict(DLOGITS="gluon")}
 
 
 def bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=False):

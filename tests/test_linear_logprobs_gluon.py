@@ -23,7 +23,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 U = 2.0 ** -24
-GPU_CHECK_TIMEOUT_S = 90
+GPU_CHECK_TIMEOUT_S = 60  # each; normal runs: compile + checks ~20-30 s (an estimate: not yet run)
 
 
 def _spy(monkeypatch):
@@ -122,21 +122,30 @@ def test_the_gpu_check_passes_the_tiled_forward(seed, monkeypatch):
     _check_grads(40, 40, 300, dev="cpu", fwd="tiles", dlogits=None, chunk=(16, 128), bias=True, temperature=0.7)
 
 
-@pytest.mark.gpu
-def test_gluon_kernels_match_float64_on_hopper():
-    """The kernel on the GPU, in a subprocess limited to GPU_CHECK_TIMEOUT_S (see the module
-    docstring): ``_gpu_check`` below."""
+def _run_gpu_check(kernel):
+    """``_gpu_check(kernel)`` on the GPU in a subprocess limited to GPU_CHECK_TIMEOUT_S (see the
+    module docstring); each kernel separately, so that one that hangs does not hide the other."""
     major, minor = torch.cuda.get_device_capability()
     if major != 9:
-        pytest.skip(f"the Gluon forward is Hopper-only (wgmma); this GPU is sm_{major}{minor}")
+        pytest.skip(f"the Gluon kernels are Hopper-only (wgmma); this GPU is sm_{major}{minor}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     try:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpu-check"], cwd=HERE, env=env,
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpu-check", kernel], cwd=HERE, env=env,
                               capture_output=True, text=True, timeout=GPU_CHECK_TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the Gluon check did not finish in {GPU_CHECK_TIMEOUT_S} s (a deadlocked pipeline?):\n"
-                    f"{(e.stdout or b'')[-2000:]!r}")
+        pytest.fail(f"the Gluon {kernel} check did not finish in {GPU_CHECK_TIMEOUT_S} s (a deadlocked "
+                    f"pipeline?):\n{(e.stdout or b'')[-2000:]!r}")
     assert proc.returncode == 0 and "GLUON CHECK OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+@pytest.mark.gpu
+def test_gluon_forward_matches_float64_on_hopper():
+    _run_gpu_check("forward")
+
+
+@pytest.mark.gpu
+def test_gluon_dz_kernel_matches_float64_on_hopper():
+    _run_gpu_check("dz")
 
 
 def _reference(h, w, b, inv_t, rows):
@@ -280,20 +289,22 @@ def _check_grads(n=8192, h_dim=4096, v=151936, dev="cuda", fwd="gluon", dlogits=
     print(f"grads ok: N={n} H={h_dim} V={v} chunk={chunk} bias={bias} T={temperature}", flush=True)
 
 
-def _gpu_check():
+def _gpu_check(kernel):
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
-    for dtype in (torch.bfloat16, torch.float16):
-        _check_partials(1000, 896, 32001, dtype, 1.0, True, 0.7)  # odd N and V: ragged row and vocab tiles
-        _check_partials(300, 200, 5000, dtype, 30.0, False, 1.0)  # H = 3 x 64 + 8: the descriptor's zero fill
-    _check_partials(8192, 4096, 151936, torch.bfloat16, 1.0, False, 1.0)  # the real shape, every tile
-    _check_op()
-    # dz chunks [1000, 1024] by the Gluon kernel, the last [1000, 257] (514-byte rows) by the pointer one
-    _check_grads(1000, 896, 32001, chunk=(1000, 1024), bias=True, temperature=0.7)
-    _check_grads(300, 200, 5000, chunk=(128, 2048))  # row chunks; H = 3 x 64 + 8
-    _check_grads()  # the real shape, the default chunking
+    if kernel == "forward":
+        for dtype in (torch.bfloat16, torch.float16):
+            _check_partials(1000, 896, 32001, dtype, 1.0, True, 0.7)  # odd N and V: ragged row and vocab tiles
+            _check_partials(300, 200, 5000, dtype, 30.0, False, 1.0)  # H = 3 x 64 + 8: the descriptor's zero fill
+        _check_partials(8192, 4096, 151936, torch.bfloat16, 1.0, False, 1.0)  # the real shape, every tile
+        _check_op()
+    else:  # the dz kernel behind the tiled forward
+        # dz chunks [1000, 1024] by the Gluon kernel, the last [1000, 257] (514-byte rows) by the pointer one
+        _check_grads(1000, 896, 32001, fwd="tiles", chunk=(1000, 1024), bias=True, temperature=0.7)
+        _check_grads(300, 200, 5000, fwd="tiles", chunk=(128, 2048))  # row chunks; H = 3 x 64 + 8
+        _check_grads(fwd="tiles")  # the real shape, the default chunking
     print("GLUON CHECK OK", flush=True)
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--gpu-check"]:
+if __name__ == "__main__" and sys.argv[1:2] == ["--gpu-check"]:
     sys.path.insert(0, os.path.dirname(HERE))
-    _gpu_check()
+    _gpu_check(sys.argv[2])
