@@ -6,8 +6,10 @@ Run on a CUDA machine (first measured on an H100: bench/results/gpu/20261124_h10
     python bench/gpu_logprobs.py --shapes 4096x896x151936,8192x4096x151936 --dtype bf16
     python bench/gpu_logprobs.py --device cpu --shapes 64x64x1000  # smoke test of the script
 
-Methods: ``pacs_triton`` (the GEMM-shaped tiled forward kernel, chunked GEMM backward: a Triton dz
-chunk + two cuBLAS GEMMs per vocab chunk, the default), ``pacs_triton_split`` (the same with the
+Methods: ``pacs_triton`` (the default: the GEMM-shaped tiled forward kernel, chunked GEMM backward: a
+Triton dz chunk + two cuBLAS GEMMs per vocab chunk; where the tuned table holds a measured kernel choice,
+the kernels it names; each row records its ``forward_kind`` / ``dz_kind``), ``pacs_triton_tiles`` (the
+tiled forward and the pointer dz kernel whatever the table says), ``pacs_triton_split`` (the same with the
 earlier split forward, ``CONFIG["FWD"] = "split"``, for comparison), ``pacs_triton_tma`` (the persistent
 TMA kernels, ``CONFIG["FWD"] = "tma"`` and ``CONFIG["DLOGITS"] = "tma"``, kernels/linear_logprobs_tma.py;
 on a GPU before sm_90 they fall back to the tiled forward and the pointer dz kernel), ``pacs_triton_gluon`` (the
@@ -69,8 +71,8 @@ def _inputs(n, h, v, dtype, device, seed=0):
 
 
 def _method(name):
-    if name in ("pacs_triton", "pacs_triton_split", "pacs_triton_tma", "pacs_triton_gluon", "pacs_triton_gluon_fwd",
-                "pacs_triton_gluon_dz", "pacs_triton_atomic", "pacs_torch"):
+    if name == "pacs_torch" or name.startswith("pacs_triton") and (name in KERNEL_CHOICES or name in (
+            "pacs_triton", "pacs_triton_atomic")):
         from pacs_fast.kernels import linear_logprobs as K
         from pacs_fast.ops.linear_logprobs import linear_logprobs
         backend = name.split("_")[1]
@@ -151,8 +153,10 @@ def kernel_breakdown(fn, calls: int = 2) -> list[dict] | None:
 
 
 KERNEL_CHOICES = {"pacs_triton_split": dict(FWD="split"), "pacs_triton_tma": dict(FWD="tma", DLOGITS="tma"),
-                  "pacs_triton_gluon": dict(FWD="gluon", DLOGITS="gluon"), "pacs_triton_gluon_fwd": dict(FWD="gluon"),
-                  "pacs_triton_gluon_dz": dict(DLOGITS="gluon")}
+                  "pacs_triton_gluon": dict(FWD="gluon", DLOGITS="gluon"),
+                  "pacs_triton_gluon_fwd": dict(FWD="gluon", DLOGITS="pointer"),
+                  "pacs_triton_gluon_dz": dict(FWD="tiles", DLOGITS="gluon"),
+                  "pacs_triton_tiles": dict(FWD="tiles", DLOGITS="pointer")}
 
 
 def bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=False):
@@ -230,7 +234,19 @@ def _bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=F
             "fwd_tflops": flop / t_f / 1e12,
             "fwd_bwd_tflops_executed": (4 if recompute else 3) * flop / t_fb / 1e12,
             "fwd_bwd_tflops_useful": 3 * flop / t_fb / 1e12,
-            "workspace_gb": workspace / 1e9, "peak_gb": peak / 1e9, "max_err": err, **adjacent}
+            "workspace_gb": workspace / 1e9, "peak_gb": peak / 1e9, "max_err": err, **adjacent,
+            **_kernel_kinds(name, hidden)}
+
+
+def _kernel_kinds(name, hidden):
+    """Which forward and dz kernel a ``pacs_triton*`` method selected (``pacs_triton``: the measured
+    choice of the tuned table where there is one; a kernel also falls back per input, see
+    kernels/linear_logprobs.py)."""
+    if not name.startswith("pacs_triton"):
+        return {}
+    from pacs_fast.kernels import linear_logprobs as K
+    arch, width = K.device_arch(hidden.device), K._width(hidden.dtype)
+    return {"forward_kind": K.forward_kind(arch, width), "dz_kind": K.dz_kind(arch, width)}
 
 
 def gemm_floor(n, h, v, dtype, device, iters, max_bytes):

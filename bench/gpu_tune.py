@@ -34,6 +34,13 @@ fails; survivors are run through the real launcher with the candidate set in the
 candidates were timed out of how many enumerated). The built-in configuration is always timed
 first, so a winner is never slower than it in the same run.
 
+Kernels that do the same job (the forwards ``stats_tiles`` / ``stats_tma`` / ``stats_gluon``, the dz
+kernels ``dlogits`` / ``dlogits_tma`` / ``dlogits_gluon``): when a run sweeps two or more of them, each
+with its winning configuration is timed again in alternation, and the fastest median becomes the
+table's measured choice (``linear_logprobs.forward.16`` / ``linear_logprobs.dz.16``), which
+``forward_kind`` / ``dz_kind`` of kernels/linear_logprobs.py then follow when ``CONFIG`` names none:
+the fastest kernel becomes the default on that architecture, with the timings in the JSON.
+
 ``--dry-run`` (no GPU): the same enumeration; only the built-in configuration and the first other
 candidate of each kernel are compiled; nothing is timed; the first other candidate that compiles
 clean is written as the "winner" (``"dry_run": true``, ``ms`` null) to a temporary folder, to test
@@ -172,7 +179,7 @@ class override:
                 conf[k] = v
         if self.mod == "linear_logprobs":
             conf["FWD"] = {"stats_tma": "tma", "stats_gluon": "gluon"}.get(self.kernel, "tiles")
-            conf["DLOGITS"] = {"dlogits_tma": "tma", "dlogits_gluon": "gluon"}.get(self.kernel)
+            conf["DLOGITS"] = {"dlogits_tma": "tma", "dlogits_gluon": "gluon"}.get(self.kernel, "pointer")
         return self
 
     def __exit__(self, *exc):
@@ -276,6 +283,44 @@ def sweep(name, runner, cands, ref, deadline, iters, tol, log):
     return out
 
 
+# ---- the measured kernel choice ------------------------------------------------------------------
+
+# kernels doing the same job (tuner name -> the kernel_kind value that selects it)
+CHOICES = {"forward": {"linear_logprobs.stats_tiles": "tiles", "linear_logprobs.stats_tma": "tma",
+                       "linear_logprobs.stats_gluon": "gluon"},
+           "dz": {"linear_logprobs.dlogits": "pointer", "linear_logprobs.dlogits_tma": "tma",
+                  "linear_logprobs.dlogits_gluon": "gluon"}}
+CHOICE_ROUNDS = 3
+
+
+def choose(job, kinds, results, runners, width, iters, shape, dry_run, log):
+    """The table entry ``linear_logprobs.<job>.<width>`` (read by ``forward_kind`` / ``dz_kind``): the
+    fastest of the ``kinds`` swept in this run (at least two), each with its winning configuration,
+    timed in alternation CHOICE_ROUNDS times (medians), since a clock that drifts through the run
+    (the H200's fell from 1980 to ~1550 MHz under load) would favour whichever was timed first; a
+    kind whose every candidate disagreed with the built-in output (ms inf) is not a candidate. A dry
+    run names the first swept kind other than the default, untimed (plumbing only)."""
+    swept = {name: results[f"{name}.{width}"]["config"] for name in kinds if f"{name}.{width}" in results
+             and (dry_run or results[f"{name}.{width}"]["ms"] not in (None, float("inf")))}
+    if len(swept) < 2:
+        return None
+    rec = dict(configs={kinds[name]: cfg for name, cfg in swept.items()},
+               shape=f"N{shape['n']} H{shape['h']} V{shape['v']}", dtype=shape["dt"], rounds=CHOICE_ROUNDS,
+               rule="fastest median of alternating timings, each kind with its tuned configuration")
+    if dry_run:
+        default = "tiles" if job == "forward" else "pointer"
+        return dict(rec, choice=next(kinds[name] for name in swept if kinds[name] != default), ms=None, rounds=0)
+    times = {name: [] for name in swept}
+    for _ in range(CHOICE_ROUNDS):
+        for name, cfg in swept.items():
+            with override(name, cfg):
+                times[name].append(time_ms(runners[name][0], iters))
+    ms = {kinds[name]: statistics.median(t) for name, t in times.items()}
+    picked = min(ms, key=ms.get)
+    log(f"linear_logprobs.{job}: {picked} " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()))
+    return dict(rec, choice=picked, ms=ms)
+
+
 def _short(cfg):
     return " ".join(f"{k}={v}" for k, v in cfg.items())
 
@@ -368,6 +413,10 @@ def main(argv=None):
             log(f"{name}: winner {_short(win_cfg)} {win_ms:.3f} ms (built-in {base_ms:.3f} ms)")
         results[tuning.entry_key(*name.split("."), width)] = rec
     lp_results = dict(results)
+    for job, kinds in CHOICES.items():
+        rec = choose(job, kinds, lp_results, runners, width, args.iters, dict(n=n, h=h, v=v, dt=dt), args.dry_run, log)
+        if rec is not None:
+            results[tuning.entry_key("linear_logprobs", job, width)] = rec
     if pacs:
         del runners  # the log-prob runners' GPU memory
         budget = args.budget_s * sum(BUDGET_SHARE[k] for k in pacs) / sum(BUDGET_SHARE[k] for k in names)
@@ -377,7 +426,8 @@ def main(argv=None):
                                           subset=args.dry_run_subset, log=log))
     path = write_table(out_dir, arch, device, results, args.dry_run)
     check_read_back(path, arch, lp_results, n, h, v, dt)
-    gpu_tune_pacs.check_read_back(path, arch, {k: r for k, r in results.items() if k not in lp_results})
+    check_choices_read_back(path, arch, results, width)
+    gpu_tune_pacs.check_read_back(path, arch, {k: r for k, r in results.items() if k.startswith("pacs_loss.")})
     log(f"wrote {path} ({time.time() - t0:.0f} s)")
     return 0
 
@@ -398,6 +448,22 @@ def write_table(out_dir, arch, device, results, dry_run):
         json.dump(data, f, indent=1)
     os.replace(path + ".tmp", path)
     return path
+
+
+def check_choices_read_back(path, arch, results, width):
+    """``forward_kind`` / ``dz_kind`` (no CONFIG override) now return the choices written."""
+    saved, saved_cfg = tuning.TUNED_DIR, {k: KL.CONFIG[k] for k in ("FWD", "DLOGITS")}
+    try:
+        tuning.TUNED_DIR = os.path.dirname(path)
+        KL.CONFIG.update(FWD=None, DLOGITS=None)
+        for job, read in (("forward", KL.forward_kind), ("dz", KL.dz_kind)):
+            rec = results.get(tuning.entry_key("linear_logprobs", job, width))
+            if rec is not None and read(arch, width) != rec["choice"]:
+                raise SystemExit(f"linear_logprobs.{job}: {read.__name__} gives {read(arch, width)!r}, "
+                                 f"the table holds {rec['choice']!r}")
+    finally:
+        tuning.TUNED_DIR = saved
+        KL.CONFIG.update(saved_cfg)
 
 
 def check_read_back(path, arch, results, n, h, v, dt):

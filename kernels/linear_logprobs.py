@@ -5,13 +5,16 @@ Shapes: hidden ``[N, H]``, weight ``[V, H]`` (same dtype: fp32/bf16/fp16, unit s
 bias ``[V]`` (any float dtype) or None; per-row fp32 vectors ``[N]``. ``tl.dot`` accumulates in fp32 (fp32 inputs
 use IEEE fp32 products, not TF32, so fp32 results match a float64 reference to ~1e-5).
 
-``stats_fwd`` runs one of two forwards (``CONFIG["FWD"]``), both writing per-row partials
+``stats_fwd`` runs one of four forwards (``forward_kind``: ``CONFIG["FWD"]``, else the tuned table's
+measured choice, else "tiles"), all writing per-row partials
 ``(m, s, a)`` (max, sum-exp, sum ``e*(x-m)``) to ``[S, N]``; kernels/linear_logprobs_finish.py then
 merges them (the merge that combines tensor-parallel ranks) and computes the target logit, an
 O(N*H) gather-dot, in one pass.
 ``"tiles"`` (default): kernels/linear_logprobs_fwd.py, one GEMM-shaped program per (row block,
 vocab block) tile in grouped order, S = vocab blocks. ``"tma"``: kernels/linear_logprobs_tma.py,
-the same tiles from TMA copies in a persistent loop (bf16 / fp16 on sm_90+, else "tiles"). ``"split"``: grid ``(cdiv(N, BLOCK_N),
+the same tiles from TMA copies in a persistent loop (bf16 / fp16 on sm_90+, else "tiles"). ``"gluon"``:
+kernels/linear_logprobs_gluon.py, the same tiles from a warp-specialised Gluon kernel (Hopper only,
+else "tiles"). ``"split"``: grid ``(cdiv(N, BLOCK_N),
 SPLITS)``, program (row block, split) loops over the logits tiles ``[BLOCK_N, BLOCK_V]`` of its
 vocab range (a K-loop of ``tl.dot`` over H in ``BLOCK_H`` steps) with an online fold, S = SPLITS.
 
@@ -31,8 +34,8 @@ bench/README.md). For bf16/fp16 inputs ``dz`` is rounded to the input dtype befo
 backward ``tl.dot``s (tensor cores), as in the forward GEMM; fp32 inputs keep fp32.
 
 ``grad_bwd_chunked`` (the default backward on GPU): vocabulary chunks sized from a memory
-budget; per chunk ``_dlogits_kernel`` (or, with ``CONFIG["DLOGITS"] = "tma"``, the persistent TMA
-kernel of kernels/linear_logprobs_tma.py) recomputes the logits tiles (the same ``tl.dot`` K-loop)
+budget; per chunk ``_dlogits_kernel`` (or, by ``dz_kind``, the persistent TMA kernel of
+kernels/linear_logprobs_tma.py or the Gluon one) recomputes the logits tiles (the same ``tl.dot`` K-loop)
 and writes ``dz`` rounded to the input dtype into one ``[n_chunk, v_chunk]`` buffer, then two
 cuBLAS GEMMs: ``dhidden += dz @ W[chunk]`` (fp32 accumulator) and ``dW[chunk] = dz.T @ hidden``
 (written once when the chunk holds every row). No atomics, deterministic, and the GEMMs run at
@@ -58,13 +61,17 @@ CONFIG = {
     "BLOCK_N": None, "BLOCK_V": None, "BLOCK_H": None, "GROUP_N": None, "num_warps": None, "num_stages": None,
     "SPLITS": None, "V_TILES": None, "PERSISTENT": None,  # V_TILES: stats_tiles; PERSISTENT: stats_tiles / tma
     "FLATTEN": None, "WARP_SPECIALIZE": None,  # stats_tma only
-    "FWD": None,  # "tiles" (None: the default), "split", "tma" or "gluon": which forward ``stats_fwd`` runs
-    "DLOGITS": None,  # None (the pointer kernel), "tma" or "gluon": which dz kernel the chunked backward runs
+    # which forward ``stats_fwd`` runs: "tiles", "split", "tma" or "gluon"; which dz kernel the chunked
+    # backward runs: "pointer", "tma" or "gluon". None: the measured choice of the tuned table
+    # (``forward_kind`` / ``dz_kind``), else "tiles" / "pointer"
+    "FWD": None,
+    "DLOGITS": None,
     "BWD_CHUNK_BYTES": 512 << 20,  # dz buffer of the chunked backward
 }
 KERNELS = ("stats_fwd", "stats_tiles", "stats_tma", "stats_gluon", "grad_bwd", "dlogits", "dlogits_tma",
            "dlogits_gluon")
 FORWARDS = ("tiles", "split", "tma", "gluon")
+DZ_KERNELS = ("pointer", "tma", "gluon")
 _TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "FLATTEN", "WARP_SPECIALIZE",
             "num_warps", "num_stages")
 
@@ -353,20 +360,40 @@ def _cfg(kernel, hidden, weight):
                          dtype=hidden.dtype, arch=device_arch(hidden.device))
 
 
-def forward_kind() -> str:
-    """``CONFIG["FWD"]``: ``"tiles"`` (default, ``stats_tiles``), ``"split"`` (``_stats_fwd_kernel``),
-    ``"tma"`` (``stats_tma`` where ``tma_usable``, else ``stats_tiles``) or ``"gluon"`` (the
-    warp-specialised ``stats_gluon`` where ``gluon_usable``: a Hopper GPU; else ``stats_tiles``)."""
-    kind = CONFIG["FWD"] or "tiles"
+def _width(dtype: torch.dtype) -> str:
+    return "32" if dtype == torch.float32 else "16"
+
+
+def forward_kind(arch: int | None = None, width: str = "16") -> str:
+    """Which forward ``stats_fwd`` runs: ``CONFIG["FWD"]`` when set, else the measured choice
+    ``linear_logprobs.forward.<width>`` of ``kernels/tuned/sm_<arch>.json`` (bench/gpu_tune.py writes it
+    when it timed several forwards in one run), else ``"tiles"``. ``"tiles"``: ``stats_tiles``;
+    ``"split"``: ``_stats_fwd_kernel``; ``"tma"``: ``stats_tma`` where ``tma_usable``; ``"gluon"``: the
+    warp-specialised ``stats_gluon`` where ``gluon_usable`` (a Hopper GPU); else ``stats_tiles``."""
+    kind = CONFIG["FWD"]
+    if kind is None:
+        kind = tuning.choice(tuning.entry_key("linear_logprobs", "forward", width), arch, FORWARDS) or "tiles"
     if kind not in FORWARDS:
         raise ValueError(f"CONFIG['FWD'] must be one of {FORWARDS}, got {kind!r}")
+    return kind
+
+
+def dz_kind(arch: int | None = None, width: str = "16") -> str:
+    """Which dz kernel the chunked backward runs, as ``forward_kind``: ``CONFIG["DLOGITS"]``, else the
+    measured choice ``linear_logprobs.dz.<width>``, else ``"pointer"`` (``_dlogits_kernel``); ``"tma"``
+    and ``"gluon"`` where they take the inputs (else the pointer kernel)."""
+    kind = CONFIG["DLOGITS"]
+    if kind is None:
+        kind = tuning.choice(tuning.entry_key("linear_logprobs", "dz", width), arch, DZ_KERNELS) or "pointer"
+    if kind not in DZ_KERNELS:
+        raise ValueError(f"CONFIG['DLOGITS'] must be one of {DZ_KERNELS}, got {kind!r}")
     return kind
 
 
 def stats_fwd(hidden, weight, bias, inv_t: float, entropy: bool):
     """Partial ``(m, s, a)`` fp32 ``[S, N]`` of the scaled logits (``a`` None w/o entropy), to be
     merged along dim 0: S vocab blocks of the tiled forward, or S splits of the split one."""
-    kind = forward_kind()
+    kind = forward_kind(device_arch(hidden.device), _width(hidden.dtype))
     if kind == "gluon":
         from .linear_logprobs_gluon import gluon_usable, stats_gluon
         if gluon_usable(hidden, weight):
@@ -517,14 +544,13 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
     cfg = _cfg("dlogits", hidden, weight)
     bn, bv = cfg["BLOCK_N"], cfg["BLOCK_V"]
     entropy = gh is not None
-    if CONFIG["DLOGITS"] not in (None, "tma", "gluon"):
-        raise ValueError(f"CONFIG['DLOGITS'] must be None, 'tma' or 'gluon', got {CONFIG['DLOGITS']!r}")
+    kind = dz_kind(device_arch(dev), _width(hidden.dtype))
     fast = None  # the TMA or Gluon dz kernel, where it takes these inputs (else the pointer kernel)
-    if CONFIG["DLOGITS"] == "tma":
+    if kind == "tma":
         from . import linear_logprobs_tma as tma
         if tma.tma_usable(hidden, weight):
             fast = tma.dlogits_tma
-    elif CONFIG["DLOGITS"] == "gluon":
+    elif kind == "gluon":
         from . import linear_logprobs_gluon as glu
         if glu.gluon_usable(hidden, weight):
             fast = glu.dlogits_gluon  # per chunk where its dz can be a TMA store target (dz_usable)
@@ -535,7 +561,7 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
         for v0 in range(0, v, v_c):
             v1 = min(v, v0 + v_c)
             dz = buf[: (n1 - n0) * (v1 - v0)].view(n1 - n0, v1 - v0)
-            if fast is not None and (CONFIG["DLOGITS"] == "tma" or glu.dz_usable(dz)):
+            if fast is not None and (kind == "tma" or glu.dz_usable(dz)):
                 fast(h_c, weight[v0:v1], bias[v0:] if bias is not None else None, inv_t, labels[n0:],
                      v_offset + v0, m[n0:], log_s[n0:], ent[n0:] if entropy else None, gl[n0:],
                      gh[n0:] if entropy else None, dz, entropy)

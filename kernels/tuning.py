@@ -14,7 +14,9 @@ File format (one per compute capability)::
 
 keyed by ``"<kernel file>.<launch_config name>.<16 | 32>"`` (16: bf16 / fp16, 32: fp32). Only the
 keys the built-in configuration has are taken from an entry, as ints; the rest of the entry is the
-tuner's record (times, shape, candidates). ``TUNED_DIR`` (or ``$PACS_FAST_TUNED_DIR``) points
+tuner's record (times, shape, candidates). Entries of another kind hold a measured kernel *choice*
+(``"linear_logprobs.forward.16": {"choice": "gluon", "ms": {...}}``: which of several kernels doing
+the same job ran fastest, timed in alternation in one run; ``choice`` reads them). ``TUNED_DIR`` (or ``$PACS_FAST_TUNED_DIR``) points
 elsewhere; a file that does not parse is ignored with one warning. This module imports only the
 standard library.
 """
@@ -88,3 +90,15 @@ def apply(cfg: dict, module: str, kernel: str, arch: int | None, width: str) -> 
         if k in out and isinstance(v, (int, bool)):
             out[k] = int(v)
     return out
+
+
+def choice(key: str, arch: int | None, allowed) -> str | None:
+    """The measured choice ``key`` of ``sm_<arch>.json`` (None when absent; one warning and None
+    when it names something not in ``allowed``, e.g. a kernel this version no longer has)."""
+    entry = load(arch).get(key)
+    picked = entry.get("choice") if isinstance(entry, dict) else None
+    if picked is None or picked in allowed:
+        return picked
+    warnings.warn(f"ignoring the measured choice {key} = {picked!r} of {path_for(arch)}: not one of {tuple(allowed)}",
+                  stacklevel=3)
+    return None

@@ -19,6 +19,7 @@ LOGPROB_KEYS = {"linear_logprobs.stats_tiles.16", "linear_logprobs.stats_tma.16"
                 "linear_logprobs.dlogits.16", "linear_logprobs.dlogits_gluon.16",
                 "linear_logprobs.dlogits_tma.16", "linear_logprobs.grad_bwd.16", "token_logprobs.stats_fwd.16", "token_logprobs.grad_bwd.16"}
 PACS_KEYS = {"pacs_loss.fwd_sums.32", "pacs_loss.fwd.32", "pacs_loss.bwd.32"}
+CHOICE_KEYS = {"linear_logprobs.forward.16", "linear_logprobs.dz.16"}  # which forward / dz kernel runs
 
 
 def _tune(*args, timeout=240):
@@ -47,7 +48,11 @@ def table(tmp_path_factory):
 def test_dry_run_enumerates_filters_and_writes_every_kernel(table):
     _, data = table
     assert data["schema"] == 1 and data["arch"] == 90 and data["dry_run"] is True
-    assert set(data["kernels"]) == LOGPROB_KEYS | PACS_KEYS
+    assert set(data["kernels"]) == LOGPROB_KEYS | PACS_KEYS | CHOICE_KEYS
+    for key in CHOICE_KEYS:  # untimed in a dry run: the first swept kind other than the default
+        rec = data["kernels"].pop(key)
+        assert rec["ms"] is None and rec["choice"] == "tma" and set(rec["configs"]) == {
+            "tiles" if key.endswith("forward.16") else "pointer", "tma", "gluon"}, (key, rec)
     for key, rec in data["kernels"].items():
         assert rec["ms"] is None and rec["timed"] == 0, key  # nothing is timed without a GPU
         assert rec["enumerated"] > rec["compiled"] >= 2, key  # the sweep is larger than the subset compiled
@@ -83,6 +88,32 @@ def test_launch_config_reads_the_written_table(table, monkeypatch):
     want80 = _config("linear_logprobs", "stats_tiles", 80)
     monkeypatch.setattr(tuning, "TUNED_DIR", str(out))
     assert _config("linear_logprobs", "stats_tiles", 80) == want80
+
+
+def test_kernel_choice_reads_the_measured_table(table, tmp_path, monkeypatch):
+    """With no CONFIG choice, ``forward_kind`` / ``dz_kind`` take the table's measured choice for that
+    architecture and width (else "tiles" / "pointer"); CONFIG wins; a choice this version does not
+    have is ignored with a warning."""
+    from pacs_fast.kernels import linear_logprobs as KL, tuning
+    out, _ = table
+    monkeypatch.setitem(KL.CONFIG, "FWD", None)
+    monkeypatch.setitem(KL.CONFIG, "DLOGITS", None)
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(out))
+    assert (KL.forward_kind(90, "16"), KL.dz_kind(90, "16")) == ("tma", "tma")
+    assert (KL.forward_kind(90, "32"), KL.dz_kind(90, "32")) == ("tiles", "pointer")  # no fp32 choice
+    assert (KL.forward_kind(80, "16"), KL.dz_kind(None, "16")) == ("tiles", "pointer")  # no table / no GPU
+    monkeypatch.setitem(KL.CONFIG, "FWD", "gluon")
+    monkeypatch.setitem(KL.CONFIG, "DLOGITS", "pointer")
+    assert (KL.forward_kind(90, "16"), KL.dz_kind(90, "16")) == ("gluon", "pointer")
+    monkeypatch.setitem(KL.CONFIG, "FWD", None)
+    (tmp_path / "sm_90.json").write_text(json.dumps({"schema": 1, "arch": 90, "kernels": {
+        "linear_logprobs.forward.16": {"choice": "cute"}}}))
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    with pytest.warns(UserWarning, match="ignoring the measured choice linear_logprobs.forward.16"):
+        assert KL.forward_kind(90, "16") == "tiles"
+    monkeypatch.setitem(KL.CONFIG, "FWD", "cute")
+    with pytest.raises(ValueError, match="CONFIG\\['FWD'\\]"):
+        KL.forward_kind(90, "16")
 
 
 def test_unreadable_table_is_ignored_with_a_warning(tmp_path, monkeypatch):

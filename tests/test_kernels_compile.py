@@ -236,7 +236,7 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
         assert got["STAGES"] == cfg["num_stages"]
     else:
         check(pointer, keys)
-    monkeypatch.setitem(KL.CONFIG, "DLOGITS", None)
+    monkeypatch.setitem(KL.CONFIG, "DLOGITS", "pointer")
     lab = torch.zeros(n, dtype=torch.long)
     KL.grad_bwd(hid, w, None, 1.0, lab, 0, one, one, one, one, one)
     check(KL.launch_config("grad_bwd", N=n, V=v, H=h, dtype=hid.dtype, arch=arch), keys + ("GROUP_N",))

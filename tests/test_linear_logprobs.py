@@ -300,7 +300,7 @@ def test_real_shape_bf16_on_gpu_matches_float64(seed, monkeypatch, triton_backwa
     entry (dz is rounded to bf16 before the dh / dW GEMMs, as in every bf16 LM-head backward)."""
     from pacs_fast.kernels import linear_logprobs as K
     monkeypatch.setitem(K.CONFIG, "FWD", forward)
-    monkeypatch.setitem(K.CONFIG, "DLOGITS", "tma" if forward == "tma" else None)
+    monkeypatch.setitem(K.CONFIG, "DLOGITS", "tma" if forward == "tma" else "pointer")
     n, h, v = 8192, 4096, 151936
     dev = "cuda"
     hidden = torch.randn(n, h, device=dev).bfloat16()
