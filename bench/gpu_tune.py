@@ -285,7 +285,7 @@ def sweep(name, runner, cands, ref, deadline, iters, tol, log):
 
 # ---- the measured kernel choice ------------------------------------------------------------------
 
-# kernels doing the same job (tuner name -> the kernel_kind value that selects it)
+# kernels doing the same job (tuner name -> the forward_kind / dz_kind value that selects it)
 CHOICES = {"forward": {"linear_logprobs.stats_tiles": "tiles", "linear_logprobs.stats_tma": "tma",
                        "linear_logprobs.stats_gluon": "gluon"},
            "dz": {"linear_logprobs.dlogits": "pointer", "linear_logprobs.dlogits_tma": "tma",
@@ -314,7 +314,11 @@ def choose(job, kinds, results, runners, width, iters, shape, dry_run, log):
     for _ in range(CHOICE_ROUNDS):
         for name, cfg in swept.items():
             with override(name, cfg):
-                times[name].append(time_ms(runners[name][0], iters))
+                try:
+                    times[name].append(time_ms(runners[name][0], iters))
+                except Exception as e:  # noqa: BLE001 - it ran in its sweep; if not now, it is not chosen
+                    log(f"  {name}: {type(e).__name__}: {str(e)[:200]}")
+                    times[name].append(float("inf"))
     ms = {kinds[name]: statistics.median(t) for name, t in times.items()}
     picked = min(ms, key=ms.get)
     log(f"linear_logprobs.{job}: {picked} " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()))

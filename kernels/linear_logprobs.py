@@ -54,6 +54,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
+from .linear_logprobs_launch import ARCH_CONFIGS
 
 # Overrides of the launch parameters (None: ``launch_config`` decides); the tests shrink the
 # blocks so that the interpreter is fast and every loop has several ragged steps.
@@ -70,82 +71,22 @@ CONFIG = {
 }
 KERNELS = ("stats_fwd", "stats_tiles", "stats_tma", "stats_gluon", "grad_bwd", "dlogits", "dlogits_tma",
            "dlogits_gluon")
-FORWARDS = ("tiles", "split", "tma", "gluon")
-DZ_KERNELS = ("pointer", "tma", "gluon")
+FORWARDS = ("tiles", "split", "tma", "gluon")  # the first: the built-in default (forward_kind)
+DZ_KERNELS = ("pointer", "tma", "gluon")  # likewise (dz_kind)
 _TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "FLATTEN", "WARP_SPECIALIZE",
             "num_warps", "num_stages")
-
-# Per-architecture launch parameters, keyed by (kernel, arch, "16" for bf16/fp16 or "32" for fp32);
-# arch None = every architecture without its own entry (and the interpreter). Chosen from the
-# ahead-of-time compile report (``python bench/gpu_compile_report.py``; table in docs/GPU.md;
-# tests/test_kernels_compile.py asserts compile, shared memory, no spills and tensor-core use for
-# exactly these). Candidates were compiled for sm_80/90/100 at N=8192, H=4096, V=151,936:
-#
-# - stats_fwd / dlogits bf16, 128x128x64, 8 warps, 3 stages: no spills on sm_80/90 (64/97 KB smem);
-#   on sm_100 stats_fwd spilled 16 B at 3 stages, 0 at 2 stages (65 KB): sm_100 uses 2.
-# - grad_bwd (atomic) bf16: 128x128x64 spilled 232/104/104 B (sm_80/90/100); 128x128x32 at 2 stages
-#   has none (64-81 KB) and keeps the atomic traffic of 128x128 tiles (64x128x64 also spill-free,
-#   but twice the dhidden atomics).
-# - fp32 (IEEE FMA, no tensor cores; correctness path): 128x128x64 spilled 0.1-11 KB; stats_fwd /
-#   dlogits 128x64x32 with 8 warps, 2 stages: none; grad_bwd needs 32x64x32, 4 warps, 1 stage
-#   (64x64x32 still spilled 160-616 B).
-# - stats_tiles (default forward) bf16 128x256x64 w8 s3: sm_90 242 regs, 0 B stack, 145 KB (s4 193 KB,
-#   0 B); sm_80 255 regs, 0 B, 96 KB; sm_100 spilled 80 B (16 warps fall back to mma.sync there), so
-#   sm_100 takes 128x128x64 w8 s4 (142 regs, 0 B, 129 KB). GROUP_N=16: 16 hidden row blocks (16 MB)
-#   stay in L2 while a group sweeps the vocabulary, so the LM head is read from DRAM N/2048 times,
-#   not N/1024 (a traffic estimate; bench/gpu_tune.py measures). fp32: as stats_fwd (0 B).
-# - stats_tma (kernels/linear_logprobs_tma.py, selectable, bf16 / fp16 on sm_90+), one persistent
-#   program per SM: sm_90 128x256x64 w8 s3 without FLATTEN (255 regs, 0 B stack, 145 KB; FLATTEN=1
-#   spilled 64 B there, at 4 stages too; 128x128 with FLATTEN: 168 regs, no spill, left to the tuner);
-#   sm_100 128x128x64 w8 s4 with FLATTEN (216 regs, 0 B). dlogits_tma (the chunked backward's dz
-#   kernel, CONFIG["DLOGITS"] = "tma"): 128x128x64 w8 s4 with FLATTEN, as the measured pointer
-#   dlogits (sm_90 128 regs, 161 KB; sm_100 211 regs; 128x256 spilled 40 B on sm_90). fp32 never
-#   takes either (the entries exist for launch_config's sake).
-# - stats_gluon (kernels/linear_logprobs_gluon.py, selectable, bf16 / fp16 on sm_90 only): 128x256x64,
-#   8 consumer warps + 1 loader warp, 4 stages (Triton 3.9 and 3.6: 168 launch registers, raised to 240
-#   for the consumers by setmaxnreg, loader 40; no spill; 197 KB shared; 3 stages: 148 KB). PERSISTENT:
-#   programs per SM (one: 197 KB of shared memory leaves room for no second). dlogits_gluon (its dz kernel,
-#   CONFIG["DLOGITS"] = "gluon"): 128x128x64, 4 stages (164 KB with the dz staging tile of the TMA store;
-#   128x256 spilled 8 B, 256x128 64 B).
-_BF16 = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=8, num_warps=8, num_stages=3)
-_FP32 = dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2)
-_TILES16 = dict(_BF16, BLOCK_V=256, GROUP_N=16, V_TILES=1, PERSISTENT=0)
-_TMA16 = dict(_BF16, BLOCK_V=256, GROUP_N=16, PERSISTENT=1, FLATTEN=0, WARP_SPECIALIZE=0)
-_ARCH_CONFIGS = {
-    ("stats_fwd", None, "16"): _BF16,
-    ("stats_fwd", 100, "16"): dict(_BF16, num_stages=2),
-    ("stats_fwd", None, "32"): _FP32,
-    ("stats_tiles", None, "16"): dict(_BF16, V_TILES=1, PERSISTENT=0),
-    ("stats_tiles", 80, "16"): _TILES16,
-    ("stats_tiles", 90, "16"): _TILES16,
-    ("stats_tiles", 100, "16"): dict(_TILES16, BLOCK_V=128, num_stages=4),
-    ("stats_tiles", None, "32"): dict(_FP32, V_TILES=1, PERSISTENT=0),
-    ("stats_tma", None, "16"): _TMA16,
-    ("stats_tma", 100, "16"): dict(_TMA16, BLOCK_V=128, num_stages=4, FLATTEN=1),
-    ("stats_tma", None, "32"): dict(_FP32, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
-    ("stats_gluon", None, "16"): dict(_BF16, BLOCK_V=256, GROUP_N=16, PERSISTENT=1, num_stages=4),
-    ("stats_gluon", None, "32"): dict(_FP32, PERSISTENT=1),
-    ("dlogits_gluon", None, "16"): dict(_BF16, num_stages=4, PERSISTENT=1),
-    ("dlogits_gluon", None, "32"): dict(_FP32, PERSISTENT=1),
-    ("dlogits_tma", None, "16"): dict(_BF16, num_stages=4, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
-    ("dlogits_tma", None, "32"): dict(_FP32, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
-    ("dlogits", None, "16"): _BF16,
-    ("dlogits", None, "32"): _FP32,
-    ("grad_bwd", None, "16"): dict(_BF16, BLOCK_H=32, num_stages=2),
-    ("grad_bwd", None, "32"): dict(BLOCK_N=32, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=4, num_stages=1),
-}
-
 
 def launch_config(kernel: str, *, N: int, V: int, H: int, dtype: torch.dtype, arch: int | None) -> dict:
     """Launch parameters of ``kernel`` (one of ``KERNELS``) for hidden ``[N, H]``, weight ``[V, H]``
     of ``dtype`` on compute capability ``arch`` (80, 90, 100; None off-GPU): ``BLOCK_N``,
     ``BLOCK_V``, ``BLOCK_H``, ``GROUP_N``, ``num_warps``, ``num_stages``. The launchers and the
     compile test both call this. Precedence: ``CONFIG`` entries that are not None, then a measured
-    table (kernels/tuning.py, written by bench/gpu_tune.py), then ``_ARCH_CONFIGS``."""
+    table (kernels/tuning.py, written by bench/gpu_tune.py), then the built-in table
+    (``ARCH_CONFIGS`` of kernels/linear_logprobs_launch.py)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     width = "32" if dtype == torch.float32 else "16"
-    cfg = dict(_ARCH_CONFIGS.get((kernel, arch, width)) or _ARCH_CONFIGS[(kernel, None, width)])
+    cfg = dict(ARCH_CONFIGS.get((kernel, arch, width)) or ARCH_CONFIGS[(kernel, None, width)])
     cfg = tuning.apply(cfg, "linear_logprobs", kernel, arch, width)
     for k in _TUNABLE:
         if k in cfg and CONFIG[k] is not None:
@@ -370,23 +311,24 @@ def forward_kind(arch: int | None = None, width: str = "16") -> str:
     when it timed several forwards in one run), else ``"tiles"``. ``"tiles"``: ``stats_tiles``;
     ``"split"``: ``_stats_fwd_kernel``; ``"tma"``: ``stats_tma`` where ``tma_usable``; ``"gluon"``: the
     warp-specialised ``stats_gluon`` where ``gluon_usable`` (a Hopper GPU); else ``stats_tiles``."""
-    kind = CONFIG["FWD"]
-    if kind is None:
-        kind = tuning.choice(tuning.entry_key("linear_logprobs", "forward", width), arch, FORWARDS) or "tiles"
-    if kind not in FORWARDS:
-        raise ValueError(f"CONFIG['FWD'] must be one of {FORWARDS}, got {kind!r}")
-    return kind
+    return _kind("FWD", "forward", FORWARDS, arch, width)
 
 
 def dz_kind(arch: int | None = None, width: str = "16") -> str:
     """Which dz kernel the chunked backward runs, as ``forward_kind``: ``CONFIG["DLOGITS"]``, else the
     measured choice ``linear_logprobs.dz.<width>``, else ``"pointer"`` (``_dlogits_kernel``); ``"tma"``
     and ``"gluon"`` where they take the inputs (else the pointer kernel)."""
-    kind = CONFIG["DLOGITS"]
+    return _kind("DLOGITS", "dz", DZ_KERNELS, arch, width)
+
+
+def _kind(config_key: str, job: str, allowed: tuple, arch: int | None, width: str) -> str:
+    """``CONFIG[config_key]``, else the table's measured choice ``linear_logprobs.<job>.<width>``, else
+    ``allowed[0]`` (the built-in default)."""
+    kind = CONFIG[config_key]
     if kind is None:
-        kind = tuning.choice(tuning.entry_key("linear_logprobs", "dz", width), arch, DZ_KERNELS) or "pointer"
-    if kind not in DZ_KERNELS:
-        raise ValueError(f"CONFIG['DLOGITS'] must be one of {DZ_KERNELS}, got {kind!r}")
+        kind = tuning.choice(tuning.entry_key("linear_logprobs", job, width), arch, allowed) or allowed[0]
+    if kind not in allowed:
+        raise ValueError(f"CONFIG[{config_key!r}] must be one of {allowed}, got {kind!r}")
     return kind
 
 

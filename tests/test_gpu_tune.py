@@ -207,3 +207,40 @@ def test_pacs_measured_policy_stays_shape_adaptive(tmp_path, monkeypatch):
     builtin_bf16 = [_pacs(k, b, t, dtype=torch.bfloat16) for k in KP.KERNELS for b, t in SHAPES]
     monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
     assert [_pacs(k, b, t, dtype=torch.bfloat16) for k in KP.KERNELS for b, t in SHAPES] == builtin_bf16
+
+
+def test_choose_times_the_kinds_in_alternation_and_takes_the_fastest_median(monkeypatch):
+    """bench/gpu_tune.py's measured choice with the GPU timer replaced: the kinds' winners are timed
+    round-robin (never one kind's rounds back to back), each under its own override (forward kind and
+    configuration), the fastest median wins, a kind whose sweep matched nothing (ms inf) or that
+    fails now is not chosen, and fewer than two candidates give no entry."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "bench"))
+    interpret = os.environ.get("TRITON_INTERPRET")
+    try:
+        import gpu_tune  # drops TRITON_INTERPRET from the environment (it compiles for real GPUs)
+    finally:
+        if interpret is not None:  # this test process keeps the interpreter for every later kernel
+            os.environ["TRITON_INTERPRET"] = interpret
+    from pacs_fast.kernels import linear_logprobs as KL
+    kinds = gpu_tune.CHOICES["forward"]
+    cfg = {name: dict(BLOCK_N=64 + i) for i, name in enumerate(kinds)}
+    results = {f"{name}.16": dict(config=cfg[name], ms=1.0) for name in kinds}
+    order, fake = [], {"tiles": [5.0, 9.0, 5.0], "tma": [4.0, 4.5, 100.0], "gluon": [3.0]}
+
+    def time_ms(fn, iters):
+        kind, block_n = KL.CONFIG["FWD"], KL.CONFIG["BLOCK_N"]
+        assert block_n == cfg[next(n for n, k in kinds.items() if k == kind)]["BLOCK_N"]  # its own config
+        order.append(kind)
+        if kind == "gluon":
+            raise RuntimeError("launch failed")
+        return fake[kind][sum(k == kind for k in order) - 1]
+    monkeypatch.setattr(gpu_tune, "time_ms", time_ms)
+    runners = {name: (lambda: None, None) for name in kinds}
+    shape = dict(n=8, h=4, v=16, dt="bf16")
+    rec = gpu_tune.choose("forward", kinds, results, runners, "16", 1, shape, False, lambda m: None)
+    assert rec["choice"] == "tma" and rec["ms"]["tiles"] == 5.0 and rec["ms"]["tma"] == 4.5
+    assert rec["ms"]["gluon"] == float("inf") and order == ["tiles", "tma", "gluon"] * 3
+    results["linear_logprobs.stats_tma.16"]["ms"] = float("inf")  # its sweep matched nothing
+    del results["linear_logprobs.stats_gluon.16"]
+    assert gpu_tune.choose("forward", kinds, results, runners, "16", 1, shape, False, lambda m: None) is None
+    assert KL.CONFIG["FWD"] is None and KL.CONFIG["BLOCK_N"] is None  # the overrides are undone
