@@ -157,6 +157,16 @@ def _tile_stats(x, cmask, ENTROPY: tl.constexpr):
 
 
 @triton.jit
+def _store_partial(M_out, S_out, A_out, out, rmask, m, s, a, ENTROPY: tl.constexpr):
+    """Stores one tile's per-row partial ``(m, s, a)`` at flat offsets ``out`` (``block * N + rows``)
+    of the ``[S, N]`` outputs, rows outside ``rmask`` skipped."""
+    tl.store(M_out + out, m, mask=rmask)
+    tl.store(S_out + out, s, mask=rmask)
+    if ENTROPY:
+        tl.store(A_out + out, a, mask=rmask)
+
+
+@triton.jit
 def _stats_fwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, v_per_split, inv_t,
                       M_out, S_out, A_out,
                       HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
@@ -176,11 +186,7 @@ def _stats_fwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, v_per_split, inv_
         x = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, inv_t,
                          HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
         m, s, a = _online_fold(m, s, a, tl.where(cmask[None, :], x, float("-inf")), ENTROPY)
-    out = split * N + rows
-    tl.store(M_out + out, m, mask=rmask)
-    tl.store(S_out + out, s, mask=rmask)
-    if ENTROPY:
-        tl.store(A_out + out, a, mask=rmask)
+    _store_partial(M_out, S_out, A_out, split * N + rows, rmask, m, s, a, ENTROPY)
 
 
 @triton.jit
@@ -487,15 +493,17 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
     bn, bv = cfg["BLOCK_N"], cfg["BLOCK_V"]
     entropy = gh is not None
     kind = dz_kind(device_arch(dev), _width(hidden.dtype))
-    fast = None  # the TMA or Gluon dz kernel, where it takes these inputs (else the pointer kernel)
+    # the TMA or Gluon dz kernel where it takes these inputs, and which chunks' dz it can write
+    # (the Gluon one's TMA store needs 16-byte rows); the pointer kernel for everything else
+    fast, writes = None, None
     if kind == "tma":
         from . import linear_logprobs_tma as tma
         if tma.tma_usable(hidden, weight):
-            fast = tma.dlogits_tma
+            fast, writes = tma.dlogits_tma, (lambda dz: True)
     elif kind == "gluon":
         from . import linear_logprobs_gluon as glu
         if glu.gluon_usable(hidden, weight):
-            fast = glu.dlogits_gluon  # per chunk where its dz can be a TMA store target (dz_usable)
+            fast, writes = glu.dlogits_gluon, glu.dz_usable
     buf = torch.empty(n_c * v_c, dtype=hidden.dtype, device=dev)
     for n0 in range(0, n, n_c):
         n1 = min(n, n0 + n_c)
@@ -503,7 +511,7 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
         for v0 in range(0, v, v_c):
             v1 = min(v, v0 + v_c)
             dz = buf[: (n1 - n0) * (v1 - v0)].view(n1 - n0, v1 - v0)
-            if fast is not None and (kind == "tma" or glu.dz_usable(dz)):
+            if fast is not None and writes(dz):
                 fast(h_c, weight[v0:v1], bias[v0:] if bias is not None else None, inv_t, labels[n0:],
                      v_offset + v0, m[n0:], log_s[n0:], ent[n0:] if entropy else None, gl[n0:],
                      gh[n0:] if entropy else None, dz, entropy)

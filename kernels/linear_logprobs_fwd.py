@@ -29,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .linear_logprobs import _cfg, _grouped_tile, _logits_tile, _online_fold, _prec, _tile_stats, _upcast
+from .linear_logprobs import _cfg, _grouped_tile, _logits_tile, _online_fold, _prec, _store_partial, _tile_stats, \
+    _upcast
 
 
 @triton.jit
@@ -57,11 +58,7 @@ def _tile_partial(t, Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t, n_blocks_n,
             x = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, inv_t,
                              HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
             m, s, a = _online_fold(m, s, a, tl.where(cmask[None, :], x, float("-inf")), ENTROPY)
-    out = pid_v.to(tl.int64) * N + rows
-    tl.store(M_out + out, m, mask=rmask)
-    tl.store(S_out + out, s, mask=rmask)
-    if ENTROPY:
-        tl.store(A_out + out, a, mask=rmask)
+    _store_partial(M_out, S_out, A_out, pid_v.to(tl.int64) * N + rows, rmask, m, s, a, ENTROPY)
 
 
 @triton.jit

@@ -30,7 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .linear_logprobs import _cfg, _dlogits_tile, _grouped_tile, _prec, _tile_stats, _upcast, device_arch
+from .linear_logprobs import _cfg, _dlogits_tile, _grouped_tile, _prec, _store_partial, _tile_stats, _upcast, \
+    device_arch
 from .linear_logprobs_fwd import num_sms
 
 
@@ -76,13 +77,8 @@ def _stats_tma_kernel(Hdesc, Wdesc, B, N, V, n_h, inv_t, M_out, S_out, A_out,
                       warp_specialize=WARP_SPECIALIZE):
         x, rows, cols, pid_v = _tma_tile(t, Hdesc, Wdesc, B, V, n_h, inv_t, n_blocks_n, n_blocks_v, HAS_BIAS,
                                          DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H, GROUP_N)
-        rmask = rows < N
         m, s, a = _tile_stats(x, cols < V, ENTROPY)
-        out = pid_v.to(tl.int64) * N + rows
-        tl.store(M_out + out, m, mask=rmask)
-        tl.store(S_out + out, s, mask=rmask)
-        if ENTROPY:
-            tl.store(A_out + out, a, mask=rmask)
+        _store_partial(M_out, S_out, A_out, pid_v.to(tl.int64) * N + rows, rows < N, m, s, a, ENTROPY)
 
 
 @triton.jit
