@@ -54,6 +54,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
+from .base2 import LOG2E, LN2, T_MIN, natural_partial, ref2, rescale2
 from .linear_logprobs_launch import ARCH_CONFIGS
 
 # Overrides of the launch parameters (None: ``launch_config`` decides); the tests shrink the
@@ -103,10 +104,17 @@ def device_arch(device) -> int | None:
     return 10 * major + minor
 
 
+# The epilogues work in base 2 (kernels/base2.py) on the unscaled logits ``y = h @ W.T + b``
+# (``x = y * inv_t``): ``(x - m) log2(e)`` is one FMA of y. Per logit the forward issues a max, that
+# FMA, an ex2, an add and (entropy) a clamp and an FMA; a few per-row operations follow.
+
+
 @triton.jit
-def _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, inv_t,
+def _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h,
                  HAS_BIAS: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The unscaled logits ``y = hidden[rows] @ weight[cols].T + bias[cols]`` fp32 [BLOCK_N, BLOCK_V]
+    (0 outside the rows / cols); the epilogues fold ``inv_t`` in."""
     acc = tl.zeros((BLOCK_N, BLOCK_V), tl.float32)
     for k0 in range(0, n_h, BLOCK_H):
         ks = k0 + tl.arange(0, BLOCK_H)
@@ -121,39 +129,42 @@ def _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, in
         acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PREC)
     if HAS_BIAS:
         acc += tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    return acc * inv_t
+    return acc
 
 
 @triton.jit
-def _online_fold(m, s, a, x, ENTROPY: tl.constexpr):
-    """Folds the logits tile ``x`` [BLOCK_N, BLOCK_V] (-inf in masked columns) into the running
-    per-row partial ``(m, s, a)`` (``ops/vocab_parallel.py``'s merge, one tile at a time)."""
-    m_new = tl.maximum(m, tl.max(x, 1))
-    ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    scale = tl.exp(m - ref)
-    xr = x - ref[:, None]
-    e = tl.exp(xr)
+def _online_fold(my, s, a, y, c, ENTROPY: tl.constexpr):
+    """Folds the unscaled logits tile ``y`` [BLOCK_N, BLOCK_V] (-inf in masked columns) into the running
+    per-row base-2 sums ``(my, s, a)`` (``my``: max of y; ``s``, ``a``: relative to ``ref2(my, c)``,
+    kernels/base2.py; ``natural_partial`` turns them into the merge's partial), ``c = inv_t log2(e)``:
+    ``ops/vocab_parallel.py``'s merge, one tile at a time."""
+    my_new = tl.maximum(my, tl.max(y, 1))
+    d = rescale2(my, my_new, c)
+    scale = tl.exp2(d)
+    t = tl.fma(y, c, -ref2(my_new, c)[:, None])
+    e = tl.exp2(t)
     if ENTROPY:
-        a = tl.where(scale == 0.0, 0.0, scale * (a + (m - ref) * s))
-        a += tl.sum(tl.where(x == float("-inf"), 0.0, e * xr), 1)
+        a = tl.where(scale == 0.0, 0.0, scale * (a + d * s))
+        a += tl.sum(e * tl.maximum(t, T_MIN), 1)
     s = s * scale + tl.sum(e, 1)
-    return m_new, s, a
+    return my_new, s, a
 
 
 @triton.jit
-def _tile_stats(x, cmask, ENTROPY: tl.constexpr):
-    """The per-row partial ``(m, s, a)`` of one logits tile ``x`` [BLOCK_N, BLOCK_V] whose columns
-    outside ``cmask`` do not exist (``_online_fold`` from the empty partial, without its dead rescale
-    terms); ``a`` is ``s`` (unused) without ``ENTROPY``."""
-    x = tl.where(cmask[None, :], x, float("-inf"))
-    m = tl.max(x, 1)
-    xr = x - tl.where(m == float("-inf"), 0.0, m)[:, None]
-    e = tl.exp(xr)
+def _tile_stats(y, cmask, inv_t, ENTROPY: tl.constexpr):
+    """The per-row partial ``(m, s, a)`` of ``x = y * inv_t`` for one unscaled logits tile ``y``
+    [BLOCK_N, BLOCK_V] whose columns outside ``cmask`` do not exist (``_online_fold`` from the empty
+    partial, without its dead rescale terms); ``a`` is ``s`` (unused) without ``ENTROPY``."""
+    y = tl.where(cmask[None, :], y, float("-inf"))
+    my = tl.max(y, 1)
+    c = inv_t * LOG2E
+    t = tl.fma(y, c, -ref2(my, c)[:, None])
+    e = tl.exp2(t)
     s = tl.sum(e, 1)
     a = s
-    if ENTROPY:  # e == 0 exactly where x = -inf (0 * -inf) or exp underflows (e * xr = 0)
-        a = tl.sum(tl.where(e == 0.0, 0.0, e * xr), 1)
-    return m, s, a
+    if ENTROPY:
+        a = tl.sum(e * tl.maximum(t, T_MIN), 1)
+    return natural_partial(my, s, a, inv_t, ENTROPY)
 
 
 @triton.jit
@@ -177,37 +188,40 @@ def _stats_fwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, v_per_split, inv_
     rmask = rows < N
     v_lo = split * v_per_split
     v_hi = tl.minimum(V, v_lo + v_per_split)
-    m = tl.full((BLOCK_N,), float("-inf"), tl.float32)
+    my = tl.full((BLOCK_N,), float("-inf"), tl.float32)
     s = tl.zeros((BLOCK_N,), tl.float32)
     a = tl.zeros((BLOCK_N,), tl.float32)
     for v0 in range(v_lo, v_hi, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
         cmask = cols < v_hi
-        x = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, inv_t,
+        y = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h,
                          HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-        m, s, a = _online_fold(m, s, a, tl.where(cmask[None, :], x, float("-inf")), ENTROPY)
+        my, s, a = _online_fold(my, s, a, tl.where(cmask[None, :], y, float("-inf")), inv_t * LOG2E, ENTROPY)
+    m, s, a = natural_partial(my, s, a, inv_t, ENTROPY)
     _store_partial(M_out, S_out, A_out, split * N + rows, rmask, m, s, a, ENTROPY)
 
 
 @triton.jit
-def _dlogits_tile(x, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH,
+def _dlogits_tile(y, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH,
                   ENTROPY: tl.constexpr):
-    """dz = dx * inv_t of a recomputed logits tile ``x`` (scaled); 0 outside the rows/cols."""
+    """dz = dx * inv_t of a recomputed unscaled logits tile ``y`` (``x = y * inv_t``); entries outside
+    the rows / cols are not defined (the stores mask them; ``_grad_bwd_kernel`` zeroes them). Base 2
+    as the forward: ``x - m`` is one FMA of y, ``(x - m - log s) log2(e)`` a second, then one ex2;
+    ``inv_t`` and ``ln 2`` are folded into per-row factors."""
     m = tl.load(M + rows, mask=rmask, other=0.0)
     log_s = tl.load(LOGS + rows, mask=rmask, other=0.0)
-    gl = tl.load(GL + rows, mask=rmask, other=0.0)
-    xr = (x - m[:, None]) - log_s[:, None]  # two-part lse (module docstring)
-    p = tl.exp(xr)
-    if ENTROPY:
-        gh = tl.load(GH + rows, mask=rmask, other=0.0)
+    gl = tl.load(GL + rows, mask=rmask, other=0.0) * inv_t
+    # two-part lse (module docstring): x - m first, one rounding
+    t = tl.fma(tl.fma(y, inv_t, -m[:, None]), LOG2E, -(log_s * LOG2E)[:, None])
+    p = tl.exp2(t)
+    if ENTROPY:  # dz = -p (gh (x - lse) + gl + gh H) inv_t, with (x - lse) = t ln 2
+        gh = tl.load(GH + rows, mask=rmask, other=0.0) * inv_t
         c = gl + gh * tl.load(ENT + rows, mask=rmask, other=0.0)
-        dz = -p * (gh[:, None] * xr + c[:, None])
-        dz = tl.where(x == float("-inf"), 0.0, dz)
+        dz = -p * tl.fma(tl.maximum(t, T_MIN), (gh * LN2)[:, None], c[:, None])
     else:
-        dz = -p * gl[:, None]
-    labels = tl.load(LABELS + rows, mask=rmask, other=-1) - v_offset
-    dz += tl.where(cols[None, :] == labels[:, None], gl[:, None], 0.0)
-    return tl.where(rmask[:, None] & cmask[None, :], dz * inv_t, 0.0)
+        dz = p * -gl[:, None]
+    labels = (tl.load(LABELS + rows, mask=rmask, other=-1) - v_offset).to(tl.int32)  # a 32-bit compare below
+    return dz + tl.where(cols[None, :] == labels[:, None], gl[:, None], 0.0)
 
 
 @triton.jit
@@ -241,9 +255,9 @@ def _dlogits_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t,
     cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     rmask = rows < N
     cmask = cols < V
-    x = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, inv_t,
+    y = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h,
                      HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-    dz = _dlogits_tile(x, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY)
+    dz = _dlogits_tile(y, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY)
     tl.store(DZ + rows[:, None].to(tl.int64) * stride_dz + cols[None, :], dz.to(DZ.dtype.element_ty),
              mask=rmask[:, None] & cmask[None, :])
 
@@ -262,9 +276,10 @@ def _grad_bwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t,
     cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     rmask = rows < N
     cmask = cols < V
-    x = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, inv_t,
+    y = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h,
                      HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-    dz = _dlogits_tile(x, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY)
+    dz = _dlogits_tile(y, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY)
+    dz = tl.where(rmask[:, None] & cmask[None, :], dz, 0.0)  # the dots and the bias sum read every entry
     if NEED_DB:
         tl.atomic_add(DB + cols, tl.sum(dz, 0), mask=cmask, sem="relaxed")
     dz_in = dz.to(Hd.dtype.element_ty)

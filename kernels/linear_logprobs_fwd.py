@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .base2 import LOG2E, natural_partial
 from .linear_logprobs import _cfg, _grouped_tile, _logits_tile, _online_fold, _prec, _store_partial, _tile_stats, \
     _upcast
 
@@ -45,19 +46,21 @@ def _tile_partial(t, Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t, n_blocks_n,
     if V_TILES == 1:
         cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
         cmask = cols < V
-        x = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, inv_t,
+        y = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h,
                          HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-        m, s, a = _tile_stats(x, cmask, ENTROPY)
+        m, s, a = _tile_stats(y, cmask, inv_t, ENTROPY)
     else:
-        m = tl.full((BLOCK_N,), float("-inf"), tl.float32)
+        my = tl.full((BLOCK_N,), float("-inf"), tl.float32)
         s = tl.zeros((BLOCK_N,), tl.float32)
         a = tl.zeros((BLOCK_N,), tl.float32)
         for j in range(V_TILES):
             cols = (pid_v * V_TILES + j) * BLOCK_V + tl.arange(0, BLOCK_V)
             cmask = cols < V
-            x = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h, inv_t,
+            y = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h,
                              HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-            m, s, a = _online_fold(m, s, a, tl.where(cmask[None, :], x, float("-inf")), ENTROPY)
+            my, s, a = _online_fold(my, s, a, tl.where(cmask[None, :], y, float("-inf")), inv_t * LOG2E,
+                                    ENTROPY)
+        m, s, a = natural_partial(my, s, a, inv_t, ENTROPY)
     _store_partial(M_out, S_out, A_out, pid_v.to(tl.int64) * N + rows, rmask, m, s, a, ENTROPY)
 
 

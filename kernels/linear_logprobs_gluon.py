@@ -34,6 +34,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_init, warpgroup_mma_wait
 
+from .base2 import LN2, LOG2E, T_MIN, natural_partial, ref2
 from .linear_logprobs import _cfg, device_arch
 from .linear_logprobs_fwd import num_sms
 
@@ -97,10 +98,10 @@ def _loader(Hdesc, Wdesc, h_bufs, w_bufs, ready, empty, N, V, n_h, GROUP_N: gl.c
 
 
 @gluon.jit
-def _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, c0, V, inv_t, HAS_BIAS: gl.constexpr,
+def _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, c0, V, HAS_BIAS: gl.constexpr,
                  acc_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_V: gl.constexpr):
     """The consumers' side of one tile: the wgmma of its ``n_k`` slots from slot use ``i`` on, then
-    the scaled logits ``(h @ W.T + b) / T`` [BLOCK_N, BLOCK_V] fp32 in registers, their vocab ids
+    the unscaled logits ``y = h @ W.T + b`` [BLOCK_N, BLOCK_V] fp32 in registers, their vocab ids
     ``c0 + 0..BLOCK_V`` and the next slot use."""
     STAGES: gl.constexpr = h_bufs.type.shape[0]
     acc = warpgroup_mma_init(gl.zeros((BLOCK_N, BLOCK_V), gl.float32, acc_layout))
@@ -118,7 +119,7 @@ def _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, c0, V, inv_t, HAS_BIAS
     cols = c0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, acc_layout))
     if HAS_BIAS:
         x = x + gl.load(B + cols, mask=cols < V, other=0.0).to(gl.float32)[None, :]
-    return x * inv_t, cols, i
+    return x, cols, i
 
 
 @gluon.jit
@@ -130,20 +131,22 @@ def _mma_stats(h_bufs, w_bufs, ready, empty, B, N, V, n_h, inv_t, M_out, S_out, 
     i = 0
     for t in range(gl.program_id(0), n_blocks_n * n_blocks_v, gl.num_programs(0)):
         pid_n, pid_v = _tile_coords(t, n_blocks_n, n_blocks_v, GROUP_N)
-        x, cols, i = _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, pid_v * BLOCK_V, V, inv_t, HAS_BIAS,
+        y, cols, i = _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, pid_v * BLOCK_V, V, HAS_BIAS,
                                   acc_layout, BLOCK_N, BLOCK_V)
-        # the tile's partial, as _tile_stats of kernels/linear_logprobs.py
-        x = gl.where((cols < V)[None, :], x, float("-inf"))
-        m = gl.max(x, axis=1)
-        xr = x - gl.where(m == float("-inf"), 0.0, m)[:, None]
-        e = gl.exp(xr)
+        # the tile's partial, as _tile_stats of kernels/linear_logprobs.py (base-2 sums, kernels/base2.py)
+        y = gl.where((cols < V)[None, :], y, float("-inf"))
+        my = gl.max(y, axis=1)
+        c = inv_t * LOG2E
+        z = gl.fma(y, c, -ref2(my, c)[:, None])
+        e = gl.exp2(z)
+        m, s, a = natural_partial(my, gl.sum(e, axis=1), gl.sum(e * gl.maximum(z, T_MIN), axis=1), inv_t, ENTROPY)
         rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
         rmask = rows < N
         out = pid_v.to(gl.int64) * N + rows
         gl.store(M_out + out, m, mask=rmask)
-        gl.store(S_out + out, gl.sum(e, axis=1), mask=rmask)
-        if ENTROPY:  # e == 0 exactly where x = -inf (0 * -inf) or exp underflows (e * xr = 0)
-            gl.store(A_out + out, gl.sum(gl.where(e == 0.0, 0.0, e * xr), axis=1), mask=rmask)
+        gl.store(S_out + out, s, mask=rmask)
+        if ENTROPY:
+            gl.store(A_out + out, a, mask=rmask)
 
 
 @gluon.jit
@@ -155,24 +158,24 @@ def _mma_dlogits(h_bufs, w_bufs, ready, empty, dz_smem, DZdesc, B, N, V, n_h, in
     i = 0
     for t in range(gl.program_id(0), n_blocks_n * n_blocks_v, gl.num_programs(0)):
         pid_n, pid_v = _tile_coords(t, n_blocks_n, n_blocks_v, GROUP_N)
-        x, cols, i = _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, pid_v * BLOCK_V, V, inv_t, HAS_BIAS,
+        y, cols, i = _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, pid_v * BLOCK_V, V, HAS_BIAS,
                                   acc_layout, BLOCK_N, BLOCK_V)
-        # dz = dx / T of the tile, as _dlogits_tile of kernels/linear_logprobs.py
+        # dz = dx / T of the tile, as _dlogits_tile of kernels/linear_logprobs.py (base 2, from y)
         rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
         rmask = rows < N
         m = gl.load(M + rows, mask=rmask, other=0.0)
         log_s = gl.load(LOGS + rows, mask=rmask, other=0.0)
-        g = gl.load(GL + rows, mask=rmask, other=0.0)
-        xr = (x - m[:, None]) - log_s[:, None]  # the two-part lse
-        p = gl.exp(xr)
+        g = gl.load(GL + rows, mask=rmask, other=0.0) * inv_t
+        z = gl.fma(gl.fma(y, inv_t, -m[:, None]), LOG2E, -(log_s * LOG2E)[:, None])  # the two-part lse
+        p = gl.exp2(z)
         if ENTROPY:
-            gh = gl.load(GH + rows, mask=rmask, other=0.0)
+            gh = gl.load(GH + rows, mask=rmask, other=0.0) * inv_t
             c = g + gh * gl.load(ENT + rows, mask=rmask, other=0.0)
-            dz = gl.where(x == float("-inf"), 0.0, -p * (gh[:, None] * xr + c[:, None]))
+            dz = -p * gl.fma(gl.maximum(z, T_MIN), (gh * LN2)[:, None], c[:, None])
         else:
-            dz = -p * g[:, None]
-        labels = gl.load(LABELS + rows, mask=rmask, other=-1) - v_offset
-        dz = (dz + gl.where(cols[None, :] == labels[:, None], g[:, None], 0.0)) * inv_t
+            dz = p * -g[:, None]
+        labels = (gl.load(LABELS + rows, mask=rmask, other=-1) - v_offset).to(gl.int32)
+        dz = dz + gl.where(cols[None, :] == labels[:, None], g[:, None], 0.0)
         # rows / columns past the chunk are clipped by the TMA store; the previous tile's store must
         # have read the staging tile before it is overwritten
         tma.store_wait(0)

@@ -16,7 +16,9 @@ they were chosen from. This module imports nothing.
 #   but twice the dhidden atomics).
 # - fp32 (IEEE FMA, no tensor cores; correctness path): 128x128x64 spilled 0.1-11 KB; stats_fwd /
 #   dlogits 128x64x32 with 8 warps, 2 stages: none; grad_bwd needs 32x64x32, 4 warps, 1 stage
-#   (64x64x32 still spilled 160-616 B).
+#   (64x64x32 still spilled 160-616 B). stats_fwd fp32 on sm_90 / sm_100: 2 stages spilled 16 / 24 B
+#   once its online fold kept base-2 sums (kernels/base2.py: one more per-row value live), 1 stage none
+#   (178 / 176 regs); it is the fp32 correctness path of a forward that is not the default.
 # - stats_tiles (default forward) bf16 128x256x64 w8 s3: sm_90 242 regs, 0 B stack, 145 KB (s4 193 KB,
 #   0 B); sm_80 255 regs, 0 B, 96 KB; sm_100 spilled 80 B (16 warps fall back to mma.sync there), so
 #   sm_100 takes 128x128x64 w8 s4 (142 regs, 0 B, 129 KB). GROUP_N=16: 16 hidden row blocks (16 MB)
@@ -35,6 +37,13 @@ they were chosen from. This module imports nothing.
 #   programs per SM (one: 197 KB of shared memory leaves room for no second). dlogits_gluon (its dz kernel,
 #   CONFIG["DLOGITS"] = "gluon"): 128x128x64, 4 stages (164 KB with the dz staging tile of the TMA store;
 #   128x256 spilled 8 B, 256x128 64 B).
+#
+# The numbers above were taken before the base-2 epilogues (kernels/base2.py), which need fewer
+# registers; recompiled with them (Triton 3.9), several candidates that spilled no longer do:
+# grad_bwd 128x128x64 on sm_90 (209 regs, was 16 B), stats_fwd sm_100 at 3 stages (was 16 B),
+# stats_tiles 128x256x64 on sm_100 (225 regs, was 80 B), stats_tma with FLATTEN on sm_90 (was 64 B),
+# dz tiles of 128x256: dlogits (was 480 B), dlogits_tma (was 24 B), dlogits_gluon at 3 stages (was 8 B,
+# 209 KB). The choices above stay until a GPU times the new candidates (bench/gpu_tune.py sweeps them).
 _BF16 = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=8, num_warps=8, num_stages=3)
 _FP32 = dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2)
 _TILES16 = dict(_BF16, BLOCK_V=256, GROUP_N=16, V_TILES=1, PERSISTENT=0)
@@ -43,6 +52,8 @@ ARCH_CONFIGS = {
     ("stats_fwd", None, "16"): _BF16,
     ("stats_fwd", 100, "16"): dict(_BF16, num_stages=2),
     ("stats_fwd", None, "32"): _FP32,
+    ("stats_fwd", 90, "32"): dict(_FP32, num_stages=1),
+    ("stats_fwd", 100, "32"): dict(_FP32, num_stages=1),
     ("stats_tiles", None, "16"): dict(_BF16, V_TILES=1, PERSISTENT=0),
     ("stats_tiles", 80, "16"): _TILES16,
     ("stats_tiles", 90, "16"): _TILES16,

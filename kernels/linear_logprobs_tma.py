@@ -36,9 +36,9 @@ from .linear_logprobs_fwd import num_sms
 
 
 @triton.jit
-def _tma_logits(Hdesc, Wdesc, B, V, n_h, inv_t, r0, c0, HAS_BIAS: tl.constexpr, DOT_PREC: tl.constexpr,
+def _tma_logits(Hdesc, Wdesc, B, V, n_h, r0, c0, HAS_BIAS: tl.constexpr, DOT_PREC: tl.constexpr,
                 UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
-    """The scaled logits tile ``[BLOCK_N, BLOCK_V]`` at rows ``r0..``, vocab ids ``c0..`` (rows and
+    """The unscaled logits tile ``y`` ``[BLOCK_N, BLOCK_V]`` at rows ``r0..``, vocab ids ``c0..`` (rows and
     columns past the descriptors' shapes, and the H tail, read as zeros)."""
     acc = tl.zeros((BLOCK_N, BLOCK_V), tl.float32)
     for k in range(tl.cdiv(n_h, BLOCK_H)):
@@ -51,18 +51,18 @@ def _tma_logits(Hdesc, Wdesc, B, V, n_h, inv_t, r0, c0, HAS_BIAS: tl.constexpr, 
     if HAS_BIAS:
         cols = c0 + tl.arange(0, BLOCK_V)
         acc += tl.load(B + cols, mask=cols < V, other=0.0).to(tl.float32)[None, :]
-    return acc * inv_t
+    return acc
 
 
 @triton.jit
-def _tma_tile(t, Hdesc, Wdesc, B, V, n_h, inv_t, n_blocks_n, n_blocks_v, HAS_BIAS: tl.constexpr,
+def _tma_tile(t, Hdesc, Wdesc, B, V, n_h, n_blocks_n, n_blocks_v, HAS_BIAS: tl.constexpr,
               DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
               BLOCK_H: tl.constexpr, GROUP_N: tl.constexpr):
-    """Tile number ``t`` of the grouped order: its scaled logits, row and vocab ids, vocab block."""
+    """Tile number ``t`` of the grouped order: its unscaled logits, row and vocab ids, vocab block."""
     pid_n, pid_v = _grouped_tile(t, n_blocks_n, n_blocks_v, GROUP_N)
-    x = _tma_logits(Hdesc, Wdesc, B, V, n_h, inv_t, pid_n * BLOCK_N, pid_v * BLOCK_V, HAS_BIAS, DOT_PREC,
+    y = _tma_logits(Hdesc, Wdesc, B, V, n_h, pid_n * BLOCK_N, pid_v * BLOCK_V, HAS_BIAS, DOT_PREC,
                     UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-    return x, pid_n * BLOCK_N + tl.arange(0, BLOCK_N), pid_v * BLOCK_V + tl.arange(0, BLOCK_V), pid_v
+    return y, pid_n * BLOCK_N + tl.arange(0, BLOCK_N), pid_v * BLOCK_V + tl.arange(0, BLOCK_V), pid_v
 
 
 @triton.jit
@@ -75,9 +75,9 @@ def _stats_tma_kernel(Hdesc, Wdesc, B, N, V, n_h, inv_t, M_out, S_out, A_out,
     n_blocks_v = tl.cdiv(V, BLOCK_V)
     for t in tl.range(tl.program_id(0), n_blocks_n * n_blocks_v, tl.num_programs(0), flatten=FLATTEN,
                       warp_specialize=WARP_SPECIALIZE):
-        x, rows, cols, pid_v = _tma_tile(t, Hdesc, Wdesc, B, V, n_h, inv_t, n_blocks_n, n_blocks_v, HAS_BIAS,
+        y, rows, cols, pid_v = _tma_tile(t, Hdesc, Wdesc, B, V, n_h, n_blocks_n, n_blocks_v, HAS_BIAS,
                                          DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H, GROUP_N)
-        m, s, a = _tile_stats(x, cols < V, ENTROPY)
+        m, s, a = _tile_stats(y, cols < V, inv_t, ENTROPY)
         _store_partial(M_out, S_out, A_out, pid_v.to(tl.int64) * N + rows, rows < N, m, s, a, ENTROPY)
 
 
@@ -93,11 +93,11 @@ def _dlogits_tma_kernel(Hdesc, Wdesc, B, N, V, n_h, inv_t, LABELS, v_offset, M, 
     n_blocks_v = tl.cdiv(V, BLOCK_V)
     for t in tl.range(tl.program_id(0), n_blocks_n * n_blocks_v, tl.num_programs(0), flatten=FLATTEN,
                       warp_specialize=WARP_SPECIALIZE):
-        x, rows, cols, _ = _tma_tile(t, Hdesc, Wdesc, B, V, n_h, inv_t, n_blocks_n, n_blocks_v, HAS_BIAS,
+        y, rows, cols, _ = _tma_tile(t, Hdesc, Wdesc, B, V, n_h, n_blocks_n, n_blocks_v, HAS_BIAS,
                                      DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H, GROUP_N)
         rmask = rows < N
         cmask = cols < V
-        dz = _dlogits_tile(x, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY)
+        dz = _dlogits_tile(y, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY)
         tl.store(DZ + rows[:, None].to(tl.int64) * stride_dz + cols[None, :], dz.to(DZ.dtype.element_ty),
                  mask=rmask[:, None] & cmask[None, :])
 

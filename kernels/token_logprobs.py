@@ -1,7 +1,9 @@
 """Triton kernels: per-row softmax statistics of a logits matrix, and the recomputed gradient.
 
 Shapes: logits ``[N, V]`` (fp32/bf16/fp16, unit stride along V), per-row fp32 vectors ``[N]``.
-All arithmetic is fp32; the temperature is folded in (``x = logits * inv_t``).
+All arithmetic is fp32; the temperature is folded in (``x = logits * inv_t``), and the exponentials
+are taken in base 2 (kernels/base2.py: one ex2 instruction per logit, sums moved to natural units once
+per row).
 
 ``stats_fwd``: grid ``(N, SPLITS)``; program (row, split) streams its contiguous vocab range in
 ``BLOCK_V`` blocks with an online max / sum-exp (and sum ``e * (x - m)`` for the entropy) and
@@ -27,6 +29,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
+from .base2 import LN2, LOG2E, T_MIN, natural_partial, ref2, rescale2
 
 # Overrides of the launch parameters (None: ``launch_config`` decides). Tests shrink the blocks
 # to keep the interpreter fast and to exercise several blocks and splits on small shapes.
@@ -84,23 +87,24 @@ def _stats_fwd_kernel(X, stride_x, V, v_per_split, inv_t,
     v_lo = split * v_per_split
     v_hi = tl.minimum(V, v_lo + v_per_split)
     x_row = X + row.to(tl.int64) * stride_x
-    m = tl.full((), float("-inf"), tl.float32)
+    c = inv_t * LOG2E  # base-2 sums relative to ref2 of the running max of y (kernels/base2.py)
+    my = tl.full((), float("-inf"), tl.float32)
     s = tl.zeros((), tl.float32)
     a = tl.zeros((), tl.float32)
     for off in range(v_lo, v_hi, BLOCK_V):
         cols = off + tl.arange(0, BLOCK_V)
-        x = tl.load(x_row + cols, mask=cols < v_hi, other=float("-inf")).to(tl.float32) * inv_t
-        m_new = tl.maximum(m, tl.max(x, 0))
-        # reference point; 0 while everything seen is -inf (avoids inf - inf)
-        ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        scale = tl.exp(m - ref)  # 0 while m = -inf
-        xr = x - ref
-        e = tl.exp(xr)
+        y = tl.load(x_row + cols, mask=cols < v_hi, other=float("-inf")).to(tl.float32)
+        my_new = tl.maximum(my, tl.max(y, 0))
+        d = rescale2(my, my_new, c)
+        scale = tl.exp2(d)
+        t = tl.fma(y, c, -ref2(my_new, c))
+        e = tl.exp2(t)
         if ENTROPY:
-            a = tl.where(scale == 0.0, 0.0, scale * (a + (m - ref) * s))
-            a += tl.sum(tl.where(x == float("-inf"), 0.0, e * xr), 0)
+            a = tl.where(scale == 0.0, 0.0, scale * (a + d * s))
+            a += tl.sum(e * tl.maximum(t, T_MIN), 0)
         s = s * scale + tl.sum(e, 0)
-        m = m_new
+        my = my_new
+    m, s, a = natural_partial(my, s, a, inv_t, ENTROPY)
     out = split * N + row
     tl.store(M_out + out, m)
     tl.store(S_out + out, s)
@@ -118,19 +122,19 @@ def _grad_bwd_kernel(X, stride_x, DX, stride_dx, V, inv_t,
     cmask = cols < V
     label = tl.load(LABELS + row)
     valid = label != ignore_index
-    x = tl.load(X + row.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0).to(tl.float32) * inv_t
-    gl = tl.load(GL + row)
-    xr = (x - tl.load(M + row)) - tl.load(LOGS + row)  # two-part lse: see the module docstring
-    p = tl.exp(xr)
-    if ENTROPY:
-        gh = tl.load(GH + row)
+    y = tl.load(X + row.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
+    gl = tl.load(GL + row) * inv_t
+    # two-part lse (module docstring), in base 2 as the forward: x - m first, one rounding
+    t = tl.fma(tl.fma(y, inv_t, -tl.load(M + row)), LOG2E, -tl.load(LOGS + row) * LOG2E)
+    p = tl.exp2(t)
+    if ENTROPY:  # dx = -p (gh xr + gl + gh H) with xr = t ln 2, the factor inv_t folded into gl, gh
+        gh = tl.load(GH + row) * inv_t
         c = gl + gh * tl.load(ENT + row)
-        dx = -p * (gh * xr + c)
-        dx = tl.where(x == float("-inf"), 0.0, dx)
+        dx = -p * tl.fma(tl.maximum(t, T_MIN), gh * LN2, c)
     else:
-        dx = -p * gl
-    dx += tl.where(cols == label - v_offset, gl, 0.0)
-    dx = tl.where(valid, dx * inv_t, 0.0)
+        dx = p * -gl
+    dx += tl.where(cols == (label - v_offset).to(tl.int32), gl, 0.0)
+    dx = tl.where(valid, dx, 0.0)
     tl.store(DX + row.to(tl.int64) * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=cmask)
 
 
