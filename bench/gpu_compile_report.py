@@ -2,7 +2,9 @@
 
 Runs ``python -m pacs_fast.kernels.aot`` (no GPU needed; TRITON_INTERPRET is removed from its
 environment) or reads its JSON, and prints a markdown table: launch parameters, shared memory,
-registers, spills, tensor-core instruction, 64-bit row offsets. ``--update-doc docs/GPU.md``
+registers, spills, tensor-core instruction, the softmax epilogue's FP32 instructions and ex2 per logit
+(static SASS counts over the logits a thread holds; the fp32 rows include the FMA dot itself), 64-bit
+row offsets. ``--update-doc docs/GPU.md``
 rewrites the table between the ``compile-table`` markers of that file (so the doc is generated,
 never typed by hand).
 
@@ -66,8 +68,8 @@ def _tc(c: dict) -> str:
 
 def table(report: dict) -> str:
     rows = ["| kernel | variant | arch | dtype | launch (tile, warps, stages) | shared B | regs | stack B (spills) "
-            "| tensor cores | 64-bit row offsets |",
-            "|---|---|---|---|---|---:|---:|---:|---|---|"]
+            "| tensor cores | FP32 instr. / ex2 per logit | 64-bit row offsets |",
+            "|---|---|---|---|---|---:|---:|---:|---|---:|---|"]
     order = {"token_logprobs": 0, "linear_logprobs": 1, "linear_logprobs_fwd": 1, "linear_logprobs_tma": 1,
              "linear_logprobs_finish": 1, "pacs_loss": 2}
     cases = sorted(report["cases"], key=lambda c: (order.get(c["module"], 9), c["fn"], c["variant"], c["dtype"], c["arch"]))
@@ -75,13 +77,14 @@ def table(report: dict) -> str:
         name = f"{c['module']}.{c['fn']}"
         if c.get("error"):
             rows.append(f"| {name} | {c['variant']} | sm_{c['arch']} | {c['dtype']} | {_params(c)} | "
-                        f"COMPILE ERROR: {c['error'][:80]} | | | | |")
+                        f"COMPILE ERROR: {c['error'][:80]} | | | | | |")
             continue
         offs = c["offsets"]
         ok = all(not u["narrow"] and u["wide"] > 0 for u in offs.values())
         spill = f"{c['stack']}" + (f" ({c['spill_insts']} STL/LDL)" if c["spill_insts"] else "")
+        per = f"{c['alu_per_logit']:g} / {c['ex2_per_logit']:g}" if "alu_per_logit" in c else "-"
         rows.append(f"| {name} | {c['variant']} | sm_{c['arch']} | {c['dtype']} | {_params(c)} | {c['shared']:,} | "
-                    f"{c['regs']} | {spill} | {_tc(c)} | {(('yes' if ok else 'NO') + ': ' + ', '.join(offs)) if offs else '-'} |")
+                    f"{c['regs']} | {spill} | {_tc(c)} | {per} | {(('yes' if ok else 'NO') + ': ' + ', '.join(offs)) if offs else '-'} |")
     shapes = sorted({s for c in report["cases"] for s in c["shapes"]})
     head = (f"Triton {report['triton']}, targets {', '.join('sm_%d' % a for a in report['archs'])}; "
             f"launch parameters from each kernel's `launch_config` at: {'; '.join(shapes)}.\n\n")

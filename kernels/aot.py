@@ -340,8 +340,30 @@ def _resource_usage(cubin: bytes) -> dict:
     regs, stack, static_shared, local = (int(x) for x in m.groups())
     spills = len(re.findall(r"\b(?:STL|LDL)(?:\.\w+)*\b", sass))
     tc = sorted(set(re.findall(r"\b(HGMMA|HMMA|UTC\w*MMA)\b", sass)))
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)", sass, re.M)
     return dict(regs=regs, stack=stack, static_shared=static_shared, local=local, spill_insts=spills,
-                sass_mma=tc)
+                sass_mma=tc, fp32_alu={k: sum(op == k for op, _ in ops) for k in FP32_ALU},
+                ex2=sum(op == "MUFU" and mod.startswith(".EX2") for op, mod in ops),
+                ex2_guards=len(re.findall(r"FSETP\.GEU\.AND\s[^;]*-126\b", sass)))
+
+
+# the FP32 pipe's instructions of the softmax epilogues (the GEMM itself runs on tensor cores); an ex2
+# "guard" is the compare that ``tl.exp`` / non-ftz ``ex2.approx.f32`` puts before MUFU.EX2 for denormals
+FP32_ALU = ("FADD", "FMUL", "FFMA", "FMNMX", "FSEL", "FSETP")
+
+
+def logits_per_thread(row: dict) -> int | None:
+    """Logits one thread handles per tile (``[BLOCK_N, BLOCK_V]`` over the tile's threads) of a log-prob
+    kernel, per vocab block of a streaming token_logprobs kernel; None for other kernels. SASS counts of
+    the epilogue divided by it are instructions per logit (the epilogue is straight-line code per tile)."""
+    k, threads = row["constexprs"], 32 * row["num_warps"]
+    if row["module"] == "token_logprobs":
+        return int(k["BLOCK_V"]) // threads
+    if row["module"] == "linear_logprobs_gluon":
+        return row["blocks"]["Hdesc"][0] * row["blocks"]["Wdesc"][0] // threads
+    if row["module"] in ("linear_logprobs", "linear_logprobs_fwd", "linear_logprobs_tma"):
+        return int(k["BLOCK_N"]) * int(k["BLOCK_V"]) // threads
+    return None
 
 
 _MMA_PATTERNS = (r"wgmma\.mma_async\.[\w.]+", r"tcgen05\.mma\.[\w:.]+", r"mma\.sync\.aligned\.[\w.]+")
@@ -448,6 +470,10 @@ def compile_case(case: Case) -> dict:
     row["blocks"] = {a: [int(x) for x in t[t.index("[") + 1:t.index("]")].split(",")]  # descriptors' blocks
                      for a, t in case.types.items() if t.startswith("tensordesc")}
     row["offsets"] = offset_report(ptx, fn, case.types, case.wide_params)
+    per = logits_per_thread(row)
+    if per:  # the epilogue's cost per logit (tests/test_kernels_compile.py bounds it)
+        row["alu_per_logit"] = round(sum(row["fp32_alu"].values()) / per, 2)
+        row["ex2_per_logit"] = round(row["ex2"] / per, 2)
     return row
 
 

@@ -288,3 +288,25 @@ def test_gluon_kernels_are_warp_specialised(report):
         assert decs and min(decs) <= 40 and max(incs, default=0) > c["regs"], (c["label"], c["setmaxnreg"], c["regs"])
         assert any(m.startswith("wgmma.mma_async") for m in c["mma"]), c["mma"]
     assert not [c["label"] for c in report["cases"] if c["fn"] not in GLUON_KERNELS and c["setmaxnreg"]]
+
+
+def test_softmax_epilogues_use_exp2_without_denormal_guards(report):
+    """The log-prob kernels' epilogues work in base 2 (kernels/base2.py): every ``exp`` is one
+    ``MUFU.EX2`` with no denormal guard (the ``FSETP.GEU ... -126`` compare and two multiplies that
+    ``tl.exp`` adds), about one per logit, and few FP32 instructions around it. Counted in the SASS:
+    with ``tl.exp`` the bf16 tiles took 13-18 FP32 instructions per ex2 on sm_80 / sm_90 and one
+    guard per logit; in base 2 they take 4-9 (the max, the FMA of ``(x - m) log2 e``, the sum, the
+    entropy's clamp and FMA, the dz epilogue's FMAs, plus per-row work and the cross-thread reductions).
+    fp32 rows are excluded from the budget: their dot is itself FFMA."""
+    rows = [c for c in report["cases"] if "alu_per_logit" in c and not c.get("error")]
+    assert {c["fn"] for c in rows} >= {"_stats_tiles_kernel", "_dlogits_kernel", "_stats_gluon_kernel",
+                                       "_dlogits_gluon_kernel", "_stats_tma_kernel", "_stats_fwd_kernel"}
+    assert not [(c["label"], c["ex2_guards"]) for c in rows if c["ex2_guards"]]
+    tc = [c for c in rows if c["dtype"] != "fp32"]
+    heavy = [(c["label"], c["alu_per_logit"], c["ex2_per_logit"]) for c in tc
+             if c["ex2"] == 0 or sum(c["fp32_alu"].values()) / c["ex2"] > 10]
+    assert not heavy, _fail(heavy, "more than 10 FP32 instructions per ex2")
+    # one ex2 per logit where the epilogue is one straight-line copy per tile (sm_100's TMA loops are
+    # software-pipelined into several copies)
+    many = [(c["label"], c["ex2_per_logit"]) for c in tc if c["arch"] < 100 and not 1 <= c["ex2_per_logit"] <= 1.3]
+    assert not many, _fail(many, "not about one ex2 per logit")
