@@ -66,7 +66,8 @@ import torch  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from pacs_fast.kernels import aot, linear_logprobs as KL, token_logprobs as KT, tuning  # noqa: E402
+from pacs_fast.kernels import aot, linear_logprobs as KL, linear_logprobs_bwd as KLB, token_logprobs as KT, \
+    tuning  # noqa: E402
 from pacs_fast.ops import vocab_parallel as vp  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -236,11 +237,11 @@ def make_runners(n, h, v, dtype, dev):
         "linear_logprobs.stats_tma": (lambda: stats(vp.merge_splits(*KL.stats_fwd(hid, w, None, 1.0, True))), rel),
         "linear_logprobs.stats_gluon": (lambda: stats(vp.merge_splits(*KL.stats_fwd(hid, w, None, 1.0, True))),
                                         rel),
-        "linear_logprobs.dlogits": (lambda: KL.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh), rel),
+        "linear_logprobs.dlogits": (lambda: KLB.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh), rel),
         # the chunked backward with the TMA dz kernel (override(...dlogits_tma) sets DLOGITS="tma")
-        "linear_logprobs.dlogits_tma": (lambda: KL.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh),
+        "linear_logprobs.dlogits_tma": (lambda: KLB.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh),
                                         rel),
-        "linear_logprobs.dlogits_gluon": (lambda: KL.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl,
+        "linear_logprobs.dlogits_gluon": (lambda: KLB.grad_bwd_chunked(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl,
                                                                       gh), rel),
         "linear_logprobs.grad_bwd": (lambda: KL.grad_bwd(hid, w, None, 1.0, labels, 0, m, log_s, ent, gl, gh), rel),
         "token_logprobs.stats_fwd": (lambda: stats(vp.merge_splits(*KT.stats_fwd(logits, 1.0, True))), rel),

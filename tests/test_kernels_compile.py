@@ -20,7 +20,7 @@ triton = pytest.importorskip("triton", reason="the compile checks need the trito
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNEL_FILES = ("token_logprobs.py", "linear_logprobs.py", "linear_logprobs_fwd.py", "linear_logprobs_tma.py",
-                "linear_logprobs_gluon.py", "linear_logprobs_finish.py", "pacs_loss.py")
+                "linear_logprobs_gluon.py", "linear_logprobs_finish.py", "linear_logprobs_bwd.py", "pacs_loss.py")
 
 # Kernels allowed to spill: (module, function, arch, dtype) -> (largest stack bytes measured, why).
 # Anything spilling that is not listed here (or spilling more than listed) fails the test.
@@ -45,11 +45,12 @@ def report(tmp_path_factory):
 def _launched_kernels():
     """Every ``@triton.jit`` / ``@gluon.jit`` function of the kernel files that a launcher launches
     (``name[grid]``)."""
+    srcs = {f: open(os.path.join(ROOT, "kernels", f)).read() for f in KERNEL_FILES}
+    launches = "\n".join(srcs.values())  # a launcher may sit in another file (linear_logprobs_bwd.py)
     found = set()
-    for f in KERNEL_FILES:
-        src = open(os.path.join(ROOT, "kernels", f)).read()
+    for f, src in srcs.items():
         jit = re.findall(r"@(?:triton|gluon)\.jit\s*\ndef (\w+)", src)
-        found |= {(f[:-3], name) for name in jit if re.search(rf"\b{name}\[", src)}
+        found |= {(f[:-3], name) for name in jit if re.search(rf"\b{name}\[", launches)}
     return found
 
 
@@ -171,7 +172,7 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
 
     from pacs_fast.kernels import linear_logprobs as KL, linear_logprobs_fwd as KLF, pacs_loss as KP, \
         token_logprobs as KT
-    from pacs_fast.kernels import linear_logprobs_gluon as KLG, linear_logprobs_tma as KLT
+    from pacs_fast.kernels import linear_logprobs_bwd as KLB, linear_logprobs_gluon as KLG, linear_logprobs_tma as KLT
     calls = []
     for mod, names in ((KT, ("_stats_fwd_kernel", "_grad_bwd_kernel")),
                        (KL, ("_stats_fwd_kernel", "_grad_bwd_kernel", "_dlogits_kernel")),
@@ -219,14 +220,14 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     else:
         check(KL.launch_config("stats_tiles", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch), keys)
     monkeypatch.setitem(KL.CONFIG, "DLOGITS", "tma")
-    KL.grad_bwd_chunked(hid.bfloat16(), w.bfloat16(), None, 1.0, torch.zeros(n, dtype=torch.long), 0, one, one,
+    KLB.grad_bwd_chunked(hid.bfloat16(), w.bfloat16(), None, 1.0, torch.zeros(n, dtype=torch.long), 0, one, one,
                         one, one, one)
     check(KL.launch_config("dlogits_tma", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch),
           keys + ("GROUP_N", "FLATTEN", "WARP_SPECIALIZE"))
     # Hopper only, like the Gluon forward, and per vocab chunk whose dz rows a TMA store can write:
     # [40, 256] (512-byte rows) yes, the last [40, 44] (88-byte rows) no: the pointer kernel
     monkeypatch.setitem(KL.CONFIG, "DLOGITS", "gluon")
-    KL.grad_bwd_chunked(hid.bfloat16(), w.bfloat16(), None, 1.0, torch.zeros(n, dtype=torch.long), 0, one, one,
+    KLB.grad_bwd_chunked(hid.bfloat16(), w.bfloat16(), None, 1.0, torch.zeros(n, dtype=torch.long), 0, one, one,
                         one, one, one, chunk_bytes=(n, 256))
     pointer = KL.launch_config("dlogits", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch)
     check(pointer, keys)
@@ -240,7 +241,7 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     lab = torch.zeros(n, dtype=torch.long)
     KL.grad_bwd(hid, w, None, 1.0, lab, 0, one, one, one, one, one)
     check(KL.launch_config("grad_bwd", N=n, V=v, H=h, dtype=hid.dtype, arch=arch), keys + ("GROUP_N",))
-    KL.grad_bwd_chunked(hid, w, None, 1.0, lab, 0, one, one, one, one, one)
+    KLB.grad_bwd_chunked(hid, w, None, 1.0, lab, 0, one, one, one, one, one)
     check(KL.launch_config("dlogits", N=n, V=v, H=h, dtype=hid.dtype, arch=arch), keys + ("GROUP_N",))
     b, t, g = 16, 50, 8
     logp = torch.randn(b, t)

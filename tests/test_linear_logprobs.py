@@ -150,7 +150,7 @@ def test_triton_backward_variants_match_float64(seed, small_blocks, dtype, tempe
 
 
 def test_plan_bwd_chunks():
-    from pacs_fast.kernels.linear_logprobs import plan_bwd_chunks
+    from pacs_fast.kernels.linear_logprobs_bwd import plan_bwd_chunks
     assert plan_bwd_chunks(8192, 151936, 2, 512 << 20) == (8192, 32768)  # every row, 5 vocab chunks
     assert plan_bwd_chunks(8192, 1000, 2, 512 << 20) == (8192, 1000)
     n, v = plan_bwd_chunks(1 << 20, 151936, 2, 64 << 20)  # too many rows for 1024 columns

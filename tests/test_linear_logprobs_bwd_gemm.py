@@ -1,18 +1,18 @@
-"""The chunked Triton backward's GEMMs into fp32 (kernels/linear_logprobs.py ``_gemm_f32_``): the
+"""The chunked Triton backward's GEMMs into fp32 (kernels/linear_logprobs_bwd.py ``_gemm_f32_``): the
 first vocab chunk *writes* each row of ``dhidden`` and the first row chunk each row of ``dweight``
 (no zero fill), later chunks accumulate; on a GPU whose torch has it, cuBLAS writes / accumulates
 fp32 straight from bf16 (``fp32_out_gemm``), with no fp32 temporary of the product.
 
 Checked here: the CPU fallback's values against float64; that the probe says no (and does not
 raise) where the overloads are missing; and that no element of the uninitialised buffers is ever
-read before it is written, by filling every ``torch.empty`` of the kernel file with NaN and
+read before it is written, by filling every ``torch.empty`` of the kernel files with NaN and
 getting bit-identical, finite gradients in every chunking. The float64 checks of the whole
 backward are tests/test_linear_logprobs.py's.
 """
 import pytest
 import torch
 
-from pacs_fast.kernels import linear_logprobs as K
+from pacs_fast.kernels import linear_logprobs as K, linear_logprobs_bwd as KB
 from pacs_fast.ops.linear_logprobs import linear_logprobs
 from test_linear_logprobs import make_inputs
 
@@ -23,7 +23,7 @@ U = 2.0 ** -24
 
 def test_probe_says_no_without_the_overloads():
     """The CPU has no ``mm`` / ``addmm`` ``out_dtype`` overloads: the probe returns False."""
-    assert K.fp32_out_gemm(torch.device("cpu")) is False
+    assert KB.fp32_out_gemm(torch.device("cpu")) is False
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -40,8 +40,8 @@ def test_write_then_accumulate_matches_float64(dtype, transposed):
     else:
         a1, a2 = a1.t(), a2.t()
     out = torch.full((33, 17), float("nan"))
-    K._gemm_f32_(out, a1, b1, accumulate=False)
-    K._gemm_f32_(out, a2, b2, accumulate=True)
+    KB._gemm_f32_(out, a1, b1, accumulate=False)
+    KB._gemm_f32_(out, a2, b2, accumulate=True)
     ref = a1.double() @ b1.double() + a2.double() @ b2.double()
     mag = a1.double().abs() @ b1.double().abs() + a2.double().abs() @ b2.double().abs()
     assert ((out.double() - ref).abs() <= (2 * k + 2) * U * mag).all()
@@ -77,6 +77,7 @@ def test_no_uninitialised_element_is_read(monkeypatch, dtype, chunk_bytes):
 
     clean = grads()
     monkeypatch.setattr(K, "torch", _NaNEmpty())
+    monkeypatch.setattr(KB, "torch", _NaNEmpty())
     poisoned = grads()
     for c, p in zip(clean, poisoned):
         assert torch.isfinite(c).all()

@@ -54,7 +54,7 @@ def test_off_hopper_the_gluon_choice_runs_the_tiled_forward(seed, monkeypatch, d
 def test_off_hopper_the_gluon_dz_choice_runs_the_pointer_kernel(seed, monkeypatch):
     """``DLOGITS="gluon"`` off Hopper: the chunked backward's gradients equal the pointer dz kernel's
     bit for bit, and the Gluon launcher is never called."""
-    from pacs_fast.kernels import linear_logprobs_gluon as G
+    from pacs_fast.kernels import linear_logprobs_bwd as KB, linear_logprobs_gluon as G
     from test_linear_logprobs_fwd import _blocks
     K = _blocks(monkeypatch)
     n, h, v = 37, 40, 203
@@ -64,11 +64,11 @@ def test_off_hopper_the_gluon_dz_choice_runs_the_pointer_kernel(seed, monkeypatc
     m, s, a = vp.merge_splits(m_p, s_p, a_p)
     args = (hidden, weight, None, 1.0, torch.randint(0, v, (n,)), 0, m, s.log(), s.log() - a / s, torch.randn(n),
             torch.randn(n))
-    want = K.grad_bwd_chunked(*args, chunk_bytes=(16, 64))
+    want = KB.grad_bwd_chunked(*args, chunk_bytes=(16, 64))
     calls = []
     monkeypatch.setattr(G, "dlogits_gluon", lambda *a, **k: calls.append(1))
     monkeypatch.setitem(K.CONFIG, "DLOGITS", "gluon")
-    got = K.grad_bwd_chunked(*args, chunk_bytes=(16, 64))
+    got = KB.grad_bwd_chunked(*args, chunk_bytes=(16, 64))
     assert not calls
     for g, w in zip(got, want):
         assert (g is None and w is None) or torch.equal(g, w)

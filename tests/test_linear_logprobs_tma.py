@@ -110,7 +110,7 @@ def test_autograd_op_with_the_tma_kernels(seed, monkeypatch, temperature, entrop
 def test_dz_kernel_falls_back_and_rejects_an_unknown_choice(seed, monkeypatch):
     """fp32 inputs take the pointer dz kernel with DLOGITS="tma" (same result bit for bit); an
     unknown CONFIG["DLOGITS"] is a one-line error naming the key."""
-    from pacs_fast.kernels import linear_logprobs_tma as T
+    from pacs_fast.kernels import linear_logprobs_bwd as KB, linear_logprobs_tma as T
     K = _tma(monkeypatch)
     monkeypatch.setattr(T, "dlogits_tma", lambda *a: pytest.fail("dlogits_tma ran on fp32 inputs"))
     hidden, weight, b = _inputs(torch.float32, 0.5, True)
@@ -119,11 +119,11 @@ def test_dz_kernel_falls_back_and_rejects_an_unknown_choice(seed, monkeypatch):
     m, s, a = vp.merge_splits(*K.stats_fwd(hidden, weight, b, 0.9, True))  # the rows' real statistics
     log_s = s.log()
     args = (hidden, weight, b, 0.9, labels, 0, m, log_s, log_s - a / s, torch.randn(n), torch.randn(n))
-    got = K.grad_bwd_chunked(*args, chunk_bytes=(8, 64))
+    got = KB.grad_bwd_chunked(*args, chunk_bytes=(8, 64))
     monkeypatch.setitem(K.CONFIG, "DLOGITS", None)
-    want = K.grad_bwd_chunked(*args, chunk_bytes=(8, 64))
+    want = KB.grad_bwd_chunked(*args, chunk_bytes=(8, 64))
     for g, w in zip(got, want):
         assert torch.isfinite(g).all() and torch.equal(g, w)
     monkeypatch.setitem(K.CONFIG, "DLOGITS", "cublas")
     with pytest.raises(ValueError, match="DLOGITS"):
-        K.grad_bwd_chunked(*args)
+        KB.grad_bwd_chunked(*args)

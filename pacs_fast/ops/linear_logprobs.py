@@ -250,14 +250,14 @@ class _LinearLogprobs(torch.autograd.Function):
                     db.mul_(inv_t)
             dh.mul_(inv_t)
         else:
-            from pacs_fast.kernels import linear_logprobs as K
+            from pacs_fast.kernels import linear_logprobs as K, linear_logprobs_bwd as KB
             if triton_backward == "atomic":
                 dh, dw, db = K.grad_bwd(h, weight.contiguous(), bias, inv_t, lab, v_off, m, log_s, ent,
                                         gl, gh, need_weight_grad=need_w, need_bias_grad=need_b)
             else:
-                dh, dw, db = K.grad_bwd_chunked(h, weight.contiguous(), bias, inv_t, lab, v_off, m, log_s,
-                                                ent, gl, gh, need_weight_grad=need_w, need_bias_grad=need_b,
-                                                chunk_bytes=chunk_bytes)
+                dh, dw, db = KB.grad_bwd_chunked(h, weight.contiguous(), bias, inv_t, lab, v_off, m, log_s,
+                                                 ent, gl, gh, need_weight_grad=need_w, need_bias_grad=need_b,
+                                                 chunk_bytes=chunk_bytes)
         del h
         vp.allreduce_sum_(dh, group)
         dhidden = torch.zeros(n, n_h, dtype=hidden.dtype, device=hidden.device) \
