@@ -31,10 +31,15 @@ def _inputs(seed):
     return hidden, weight, bias, labels, gl, gh, logits
 
 
-def _small_blocks():
+def _small_blocks(setitem=None):
+    """Small launch blocks; ``setitem`` (the test's ``monkeypatch.setitem``) undoes them after the test,
+    the spawned ranks set them for good."""
     from pacs_fast.kernels import linear_logprobs as KL, token_logprobs as KT
-    KT.CONFIG.update(BLOCK_V=16, BLOCK_V_BWD=16, SPLITS=2, num_warps=1)
-    KL.CONFIG.update(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16, SPLITS=2, num_warps=1, num_stages=1)
+    setitem = setitem or (lambda d, k, v: d.__setitem__(k, v))
+    for k, v in dict(BLOCK_V=16, BLOCK_V_BWD=16, SPLITS=2, num_warps=1).items():
+        setitem(KT.CONFIG, k, v)
+    for k, v in dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16, SPLITS=2, num_warps=1, num_stages=1).items():
+        setitem(KL.CONFIG, k, v)
 
 
 def _run(hidden, weight, bias, labels, gl, gh, logits, backend, group=None):
@@ -66,9 +71,9 @@ def _worker(rank, world, init_file, seed, result_dir):
     dist.destroy_process_group()
 
 
-def test_two_ranks_equal_single_process(seed, tmp_path):
+def test_two_ranks_equal_single_process(seed, tmp_path, monkeypatch):
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), seed, str(tmp_path)), nprocs=2, join=True)
-    _small_blocks()
+    _small_blocks(monkeypatch.setitem)
     hidden, weight, bias, labels, gl, gh, logits = _inputs(seed)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for be in BACKENDS:
