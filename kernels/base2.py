@@ -3,18 +3,17 @@
 The kernels evaluate ``exp(x - m)`` as ``exp2(t)``, ``t = (x - m) log2(e)``: one ``ex2.approx.ftz``
 instruction per logit, where ``tl.exp`` adds a multiply by log2(e) and a denormal guard (a compare
 and two multiplies; the flushed terms are below 2**-126 of the row's largest). The logits arrive
-unscaled, ``y`` with ``x = y * inv_t`` (inv_t > 0), so that ``t`` is one FMA of ``y``:
+unscaled, ``y`` with ``x = y * inv_t`` (inv_t > 0), and the row max is taken of ``y``:
 
-    t = y * c - ref,    c = fp32(inv_t * log2 e),    ref = fp32(my * c),    my = the row max of y.
+    t = (y - my) * c,    c = fp32(inv_t * log2 e),    my = the row max of y,
 
-``ref`` is rounded: an fp32 reference 441 (logits 300) is off by up to 1.5e-5 from ``my * c``, which
-as a shift of every ``t`` of the row would be an error of that size in every probability. So the sums
-``s = sum 2**t`` and ``a = sum 2**t * t`` are taken relative to the fp32 number ``ref`` itself (exact
-in real arithmetic: ``t`` is then ``(y - my) c`` plus the row constant ``my c - ref``), and
-``natural_partial`` moves them, once per row, to the partial the merge expects: relative to
-``m = fp32(my * inv_t)`` and in natural units. The two rounding residues it needs, ``my c - ref`` and
-``my inv_t - m``, are exact (one FMA each). What remains per logit is the rounding of ``t`` itself
-and the relative error of ``c``, both proportional to ``|x - m|``, as with ``exp(x - m)``.
+a subtraction that is exact for the large terms (Sterbenz) and one multiply, whatever the logits'
+magnitude (a -1e30 padding bias, a vocabulary block masked in full). The sums ``s = sum 2**t`` and
+``a = sum 2**t t`` are then relative to ``my * inv_t`` exactly, while the partial the merge expects
+is relative to ``m = fp32(my * inv_t)``; ``natural_partial`` moves them there once per row with the
+exact rounding residue of that product (one FMA) and into natural units. Without it, a temperature
+would shift every term of a row by up to ulp(m) / 2 (1.5e-5 at logits of 300) as the rounding of
+``logits * inv_t`` did before.
 """
 import triton
 import triton.language as tl
@@ -27,28 +26,21 @@ T_MIN = tl.constexpr(-1024.0)
 
 
 @triton.jit
-def ref2(my, c):
-    """The base-2 reference ``fp32(my * c)`` of rows whose unscaled max is ``my`` (0 where my = -inf:
-    every term of such a row is 0, and -inf - -inf would be NaN)."""
-    return tl.where(my == float("-inf"), 0.0, my) * c
-
-
-@triton.jit
-def rescale2(my_old, my_new, c):
-    """``ref2(my_old) - ref2(my_new)``: the exponent that moves running sums from the old reference
-    to the new one (-inf for the empty partial, whose sums are 0)."""
-    return tl.where(my_old == float("-inf"), float("-inf"), ref2(my_old, c) - ref2(my_new, c))
+def finite_max(my):
+    """The reference of rows whose max of y is ``my``: ``my``, or 0 where it is -inf (every term of
+    such a row is 0, and -inf - -inf would be NaN)."""
+    return tl.where(my == float("-inf"), 0.0, my)
 
 
 @triton.jit
 def natural_partial(my, s, a, inv_t, ENTROPY: tl.constexpr):
     """The partial ``(m, s, a)`` of ``x = y * inv_t`` that the merge expects (``m = fp32(my * inv_t)``,
-    ``s = sum exp(x - m)``, ``a = sum exp(x - m) (x - m)``) from base-2 sums relative to
-    ``ref2(my, c)``: ``s = sum 2**t`` and ``a = sum 2**t t``. Per row; see the module docstring."""
-    c = inv_t * LOG2E
+    ``s = sum exp(x - m)``, ``a = sum exp(x - m) (x - m)``) from base-2 sums relative to ``my * inv_t``:
+    ``s = sum 2**t``, ``a = sum 2**t t``. Per row; see the module docstring. The shift ``k`` (base 2) is
+    below 0.4 wherever |m| < 2**22; bounded by 1 it keeps rows of absurd magnitude finite."""
     m = my * inv_t
-    k = tl.fma(my, inv_t, -m) * LOG2E - tl.fma(my, c, -ref2(my, c))  # exact residues, then base 2
-    k = tl.where(my == float("-inf"), 0.0, k)
+    k = tl.where(my == float("-inf"), 0.0, tl.fma(my, inv_t, -m) * LOG2E)  # the product's exact residue
+    k = tl.minimum(tl.maximum(k, -1.0), 1.0)
     scale = tl.exp2(k)
     if ENTROPY:
         a = (a + k * s) * (scale * LN2)

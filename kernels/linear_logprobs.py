@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
-from .base2 import LOG2E, LN2, T_MIN, natural_partial, ref2, rescale2
+from .base2 import LOG2E, LN2, T_MIN, finite_max, natural_partial
 from .linear_logprobs_launch import ARCH_CONFIGS
 
 # Overrides of the launch parameters (None: ``launch_config`` decides); the tests shrink the
@@ -103,8 +103,8 @@ def device_arch(device) -> int | None:
 
 
 # The epilogues work in base 2 (kernels/base2.py) on the unscaled logits ``y = h @ W.T + b``
-# (``x = y * inv_t``): ``(x - m) log2(e)`` is one FMA of y. Per logit the forward issues a max, that
-# FMA, an ex2, an add and (entropy) a clamp and an FMA; a few per-row operations follow.
+# (``x = y * inv_t``): per logit the forward issues a max, a subtraction and a multiply, an ex2, an add
+# and (entropy) a clamp and an FMA; a few per-row operations follow.
 
 
 @triton.jit
@@ -133,13 +133,14 @@ def _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h,
 @triton.jit
 def _online_fold(my, s, a, y, c, ENTROPY: tl.constexpr):
     """Folds the unscaled logits tile ``y`` [BLOCK_N, BLOCK_V] (-inf in masked columns) into the running
-    per-row base-2 sums ``(my, s, a)`` (``my``: max of y; ``s``, ``a``: relative to ``ref2(my, c)``,
-    kernels/base2.py; ``natural_partial`` turns them into the merge's partial), ``c = inv_t log2(e)``:
+    per-row base-2 sums ``(my, s, a)`` (``my``: max of y; ``s``, ``a``: relative to it, kernels/base2.py;
+    ``natural_partial`` turns them into the merge's partial), ``c = inv_t log2(e)``:
     ``ops/vocab_parallel.py``'s merge, one tile at a time."""
     my_new = tl.maximum(my, tl.max(y, 1))
-    d = rescale2(my, my_new, c)
+    ref = finite_max(my_new)
+    d = (my - ref) * c  # -inf for the empty partial
     scale = tl.exp2(d)
-    t = tl.fma(y, c, -ref2(my_new, c)[:, None])
+    t = (y - ref[:, None]) * c
     e = tl.exp2(t)
     if ENTROPY:
         a = tl.where(scale == 0.0, 0.0, scale * (a + d * s))
@@ -155,8 +156,7 @@ def _tile_stats(y, cmask, inv_t, ENTROPY: tl.constexpr):
     partial, without its dead rescale terms); ``a`` is ``s`` (unused) without ``ENTROPY``."""
     y = tl.where(cmask[None, :], y, float("-inf"))
     my = tl.max(y, 1)
-    c = inv_t * LOG2E
-    t = tl.fma(y, c, -ref2(my, c)[:, None])
+    t = (y - finite_max(my)[:, None]) * (inv_t * LOG2E)
     e = tl.exp2(t)
     s = tl.sum(e, 1)
     a = s

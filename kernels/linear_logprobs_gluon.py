@@ -34,7 +34,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_init, warpgroup_mma_wait
 
-from .base2 import LN2, LOG2E, T_MIN, natural_partial, ref2
+from .base2 import LN2, LOG2E, T_MIN, finite_max, natural_partial
 from .linear_logprobs import _cfg, device_arch
 from .linear_logprobs_fwd import num_sms
 
@@ -136,8 +136,7 @@ def _mma_stats(h_bufs, w_bufs, ready, empty, B, N, V, n_h, inv_t, M_out, S_out, 
         # the tile's partial, as _tile_stats of kernels/linear_logprobs.py (base-2 sums, kernels/base2.py)
         y = gl.where((cols < V)[None, :], y, float("-inf"))
         my = gl.max(y, axis=1)
-        c = inv_t * LOG2E
-        z = gl.fma(y, c, -ref2(my, c)[:, None])
+        z = (y - finite_max(my)[:, None]) * (inv_t * LOG2E)
         e = gl.exp2(z)
         m, s, a = natural_partial(my, gl.sum(e, axis=1), gl.sum(e * gl.maximum(z, T_MIN), axis=1), inv_t, ENTROPY)
         rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))

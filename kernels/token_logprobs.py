@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
-from .base2 import LN2, LOG2E, T_MIN, natural_partial, ref2, rescale2
+from .base2 import LN2, LOG2E, T_MIN, finite_max, natural_partial
 
 # Overrides of the launch parameters (None: ``launch_config`` decides). Tests shrink the blocks
 # to keep the interpreter fast and to exercise several blocks and splits on small shapes.
@@ -87,7 +87,7 @@ def _stats_fwd_kernel(X, stride_x, V, v_per_split, inv_t,
     v_lo = split * v_per_split
     v_hi = tl.minimum(V, v_lo + v_per_split)
     x_row = X + row.to(tl.int64) * stride_x
-    c = inv_t * LOG2E  # base-2 sums relative to ref2 of the running max of y (kernels/base2.py)
+    c = inv_t * LOG2E  # base-2 sums relative to the running max of y (kernels/base2.py)
     my = tl.full((), float("-inf"), tl.float32)
     s = tl.zeros((), tl.float32)
     a = tl.zeros((), tl.float32)
@@ -95,12 +95,12 @@ def _stats_fwd_kernel(X, stride_x, V, v_per_split, inv_t,
         cols = off + tl.arange(0, BLOCK_V)
         y = tl.load(x_row + cols, mask=cols < v_hi, other=float("-inf")).to(tl.float32)
         my_new = tl.maximum(my, tl.max(y, 0))
-        d = rescale2(my, my_new, c)
-        scale = tl.exp2(d)
-        t = tl.fma(y, c, -ref2(my_new, c))
+        ref = finite_max(my_new)  # 0 while everything seen is -inf (avoids inf - inf)
+        scale = tl.exp2((my - ref) * c)  # 0 while my = -inf
+        t = (y - ref) * c
         e = tl.exp2(t)
         if ENTROPY:
-            a = tl.where(scale == 0.0, 0.0, scale * (a + d * s))
+            a = tl.where(scale == 0.0, 0.0, scale * (a + (my - ref) * c * s))
             a += tl.sum(e * tl.maximum(t, T_MIN), 0)
         s = s * scale + tl.sum(e, 0)
         my = my_new

@@ -296,8 +296,8 @@ def test_softmax_epilogues_use_exp2_without_denormal_guards(report):
     ``MUFU.EX2`` with no denormal guard (the ``FSETP.GEU ... -126`` compare and two multiplies that
     ``tl.exp`` adds), about one per logit, and few FP32 instructions around it. Counted in the SASS:
     with ``tl.exp`` the bf16 tiles took 13-18 FP32 instructions per ex2 on sm_80 / sm_90 and one
-    guard per logit; in base 2 they take 4-9 (the max, the FMA of ``(x - m) log2 e``, the sum, the
-    entropy's clamp and FMA, the dz epilogue's FMAs, plus per-row work and the cross-thread reductions).
+    guard per logit; in base 2 they take 4-9 (the max, ``(y - my) c``, the sum, the entropy's clamp and
+    FMA, the dz epilogue's FMAs, plus per-row work and the cross-thread reductions).
     fp32 rows are excluded from the budget: their dot is itself FFMA."""
     rows = [c for c in report["cases"] if "alu_per_logit" in c and not c.get("error")]
     assert {c["fn"] for c in rows} >= {"_stats_tiles_kernel", "_dlogits_kernel", "_stats_gluon_kernel",

@@ -275,6 +275,34 @@ def test_non_finite_inputs(seed, small_blocks, backend):
     assert torch.isfinite(leaves[0].grad[ok]).all()
 
 
+@pytest.mark.parametrize("fwd", ["tiles", "split"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_huge_finite_mask_values(seed, small_blocks, monkeypatch, backend, fwd):
+    """A -1e30 bias (the megatron learner pads its vocabulary shards so; HF-style masks use
+    finfo.min) over a whole vocab tile and a few columns, with a temperature: the tile whose max is
+    -1e30 has a partial of that magnitude, which the merge must weigh by 0 without producing NaN
+    (the kernels' rounding corrections are bounded there, kernels/base2.py). Values and gradients
+    as for -inf masks: the float64 reference's, and no gradient on the masked columns."""
+    from pacs_fast.kernels import linear_logprobs as K
+    monkeypatch.setitem(K.CONFIG, "FWD", fwd)
+    n, h, v = 9, 16, 200
+    hidden = torch.randn(n, h)
+    weight = torch.randn(v, h) * 0.3
+    bias = torch.zeros(v)
+    bias[64:128] = -1e30  # vocab tile 1 (BLOCK_V = 64) entirely masked
+    bias[193:] = -3.4e38  # the last columns (vocabulary padding), about finfo(float32).min
+    labels = torch.randint(0, 64, (n,))
+    leaves = [t.clone().requires_grad_() for t in (hidden, weight)]
+    logp, ent = linear_logprobs(leaves[0], leaves[1], labels, bias=bias, return_entropy=True,
+                                backend=backend, temperature=0.6)
+    (logp.sum() + 0.5 * ent.sum()).backward()
+    rl, re = reference(hidden, weight, bias, labels, 0.6)
+    torch.testing.assert_close(logp.double(), rl, rtol=0, atol=2e-5)
+    torch.testing.assert_close(ent.double(), re, rtol=0, atol=2e-5)
+    assert torch.isfinite(leaves[0].grad).all() and torch.isfinite(leaves[1].grad).all()
+    assert not leaves[1].grad[64:128].any() and not leaves[1].grad[193:].any()
+
+
 def test_bad_arguments():
     h, w = torch.randn(4, 8), torch.randn(10, 8)
     y = torch.zeros(4, dtype=torch.long)

@@ -136,6 +136,31 @@ def test_leading_shape_and_only_entropy_gradient(seed, small_blocks, backend):
     torch.testing.assert_close(logits.grad.double(), xr.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_huge_finite_mask_values(seed, small_blocks, backend):
+    """Logits masked with -1e30 / about finfo.min instead of -inf (a row masked in full but for its
+    target, a block of columns, the last columns), with a temperature: the float64 reference's values,
+    finite gradients, none on the masked entries (kernels/base2.py bounds its rounding correction for
+    such magnitudes; finfo.min / 0.6 is -inf in fp32; at T = 0.6 the rounding residue of
+    fp32(-1e30 / T) is +4e22, whose exp2 would overflow)."""
+    n, v = 6, 600
+    logits = torch.randn(n, v) * 3
+    logits[2, :] = -1e30
+    logits[2, 7] = 1.0
+    logits[:, 256:560] = -1e30  # the whole second split (256-wide: SPLITS = 3, BLOCK_V = 256 here) and more
+    logits[:, 593:] = -3.4e38
+    labels = torch.randint(0, 256, (n,))
+    labels[2] = 7
+    x = logits.clone().requires_grad_()
+    lp, en = token_logprobs(x, labels, return_entropy=True, backend=backend, temperature=0.6)
+    (lp.sum() + 0.5 * en.sum()).backward()
+    rl, re = reference(logits, labels, 0.6)
+    # logits ~3 / 0.6 put logp near -25: fp32 resolves it to ~2e-6, hence the relative part
+    torch.testing.assert_close(lp.double(), rl, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(en.double(), re, rtol=2e-6, atol=2e-6)
+    assert torch.isfinite(x.grad).all() and not x.grad[:, 256:560].any() and not x.grad[:, 593:].any()
+
+
 @pytest.mark.parametrize("backend,temperature", [("torch", 1.0), pytest.param("triton", 1.0, marks=pytest.mark.interpret),
                                                  pytest.param("triton", 0.7, marks=pytest.mark.interpret)])
 @pytest.mark.parametrize("chunk_bytes", [None, 4 * 2 * 8 * 64])  # whole rows / vocab-chunked (torch)

@@ -157,7 +157,7 @@ class _LinearLogprobs(torch.autograd.Function):
             tile = chunked.plan_chunks(n_valid, v_local, chunk_bytes, prefer_rows=True)
             fill = _gemm_fill(h, weight, bias, inv_t)
             m, s, a = chunked.forward_stats(n_valid, v_local, tile, fill, entropy, hidden.device,
-                                            v_outer=True, clamp=_may_have_neg_inf(bias), dtype=cd)
+                                            v_outer=True, clamp=_may_have_neg_inf(bias, inv_t), dtype=cd)
         else:  # the tiles' partials, then one kernel merges them and computes the target logits
             from pacs_fast.kernels import linear_logprobs as K
             from pacs_fast.kernels.linear_logprobs_finish import finish
@@ -239,7 +239,7 @@ class _LinearLogprobs(torch.autograd.Function):
                         db[v0:v1] += dx.sum(0)
 
                 chunked.backward_tiles(n_valid, v_local, tile, fill_rel, gh, coef_c, consume,
-                                       hidden.device, v_outer=True, clamp=_may_have_neg_inf(bias))
+                                       hidden.device, v_outer=True, clamp=_may_have_neg_inf(bias, inv_t))
                 # one-hot term: dx[i, y_i] += gl_i (on the rank that owns y_i)
                 g_t = torch.where(owned, gl, torch.zeros_like(gl))
                 dh.addcmul_(weight.index_select(0, safe).to(cd), g_t.unsqueeze(1))
@@ -313,10 +313,11 @@ def _gemm_fill(h, weight, bias, inv_t, lse=None):
     return fill
 
 
-def _may_have_neg_inf(bias) -> bool:
-    """GEMM tiles hold -inf only through a -inf bias entry (overflow makes the row NaN anyway),
-    so the -inf guard (one clamp pass per tile) is needed only then."""
-    return bias is not None and bool(torch.isneginf(bias).any())
+def _may_have_neg_inf(bias, inv_t: float) -> bool:
+    """GEMM tiles hold -inf only through the bias (overflow of the GEMM itself makes the row NaN
+    anyway): a -inf entry, or a finite mask value such as finfo.min that ``1 / temperature`` > 1
+    scales past the fp32 range; the -inf guard (one clamp pass per tile) is needed only then."""
+    return bias is not None and bool((bias.float() * inv_t < -1e37).any())
 
 
 def _scatter(dst, src, idx):
