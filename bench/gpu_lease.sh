@@ -17,6 +17,8 @@
 # product (a short second call): bench/gpu_suite.py --steps env,compile,megatron_run,trl_run.
 # final (after changes made from what main showed): the Gluon kernels' check, the PACS loss (and on .old/,
 #   an earlier tree, when present), the log-probs with their alternating floors, the gpu tests, the megatron run.
+#   With .old/ (e.g. mkdir .old && git archive a29a09a | tar -x -C .old: the tl.exp epilogues), the default
+#   log-prob path of both trees at H=896 and H=4096, each against floors timed in alternation with it.
 #
 # Every phase is time-limited and independent; after each one OUT_DIR/lease.tgz holds everything so far
 # (logs, JSON, the tuned table; never a model or checkpoint), so a call cut off still returns its phases.
@@ -83,7 +85,7 @@ if [[ "$MODE" == main ]]; then
     --out "$W/pacs_loss_tuned.json"
   phase shapes 90 "$PY" bench/gpu_logprobs.py --shapes 8192x896x151936,8192x3584x151936,8192x4096x32000 \
     --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" --iters 3 --out "$W/logprobs_shapes.json"
-elif [[ "$MODE" == final ]]; then  # ~5 minutes
+elif [[ "$MODE" == final ]]; then  # ~5 minutes (~7 with .old/)
   phase gluon_check 140 "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_linear_logprobs_gluon.py \
     --junitxml="$W/gluon_check.xml"
   gluon_methods "$W/gluon_check.xml"
@@ -96,6 +98,12 @@ elif [[ "$MODE" == final ]]; then  # ~5 minutes
   phase logprobs_final 75 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \
     --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" \
     --iters 5 --profile --out "$W/logprobs_final.json"
+  if [[ -d .old/pacs_fast ]]; then  # A/B of the default log-prob path: the earlier tree, then this one
+    AB=(--shapes 8192x896x151936,8192x4096x151936 --methods pacs_triton --iters 5)
+    phase logprobs_ab_old 60 env PYTHONPATH=".old:$PYTHONPATH" "$PY" .old/bench/gpu_logprobs.py "${AB[@]}" \
+      --out "$W/logprobs_ab_old.json"
+    phase logprobs_ab_new 60 "$PY" bench/gpu_logprobs.py "${AB[@]}" --out "$W/logprobs_ab_new.json"
+  fi
   phase gpu_tests_final 50 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests
   phase megatron 75 "$PY" bench/gpu_suite.py "$W/suite" --steps megatron_run --budget-s 70
 else
