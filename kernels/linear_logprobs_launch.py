@@ -41,7 +41,7 @@ they were chosen from. This module imports nothing.
 # The numbers above were taken before the base-2 epilogues (kernels/base2.py), which need fewer
 # registers; recompiled with them (Triton 3.9), several candidates that spilled no longer do:
 # grad_bwd 128x128x64 on sm_90 (209 regs, was 16 B), stats_fwd sm_100 at 3 stages (was 16 B),
-# stats_tiles 128x256x64 on sm_100 (225 regs, was 80 B), stats_tma with FLATTEN on sm_90 (was 64 B),
+# stats_tiles 128x256x64 on sm_100 (254 regs, was 80 B), stats_tma with FLATTEN on sm_90 (was 64 B),
 # dz tiles of 128x256: dlogits (was 480 B), dlogits_tma (was 24 B), dlogits_gluon at 3 stages (was 8 B,
 # 209 KB). The choices above stay until a GPU times the new candidates (bench/gpu_tune.py sweeps them).
 _BF16 = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=8, num_warps=8, num_stages=3)
