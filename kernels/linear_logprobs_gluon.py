@@ -34,8 +34,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_init, warpgroup_mma_wait
 
-from .base2 import LN2, LOG2E, T_MIN, finite_max, natural_partial
-from .linear_logprobs import _cfg, device_arch
+from .linear_logprobs import _cfg, _dlogits_tile, _store_partial, _tile_stats, device_arch
 from .linear_logprobs_fwd import num_sms
 
 # the TMA global -> shared copy: ``async_load`` in Triton 3.9, ``async_copy_global_to_shared`` in 3.6 (the
@@ -133,19 +132,10 @@ def _mma_stats(h_bufs, w_bufs, ready, empty, B, N, V, n_h, inv_t, M_out, S_out, 
         pid_n, pid_v = _tile_coords(t, n_blocks_n, n_blocks_v, GROUP_N)
         y, cols, i = _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, pid_v * BLOCK_V, V, HAS_BIAS,
                                   acc_layout, BLOCK_N, BLOCK_V)
-        # the tile's partial, as _tile_stats of kernels/linear_logprobs.py (base-2 sums, kernels/base2.py)
-        y = gl.where((cols < V)[None, :], y, float("-inf"))
-        my = gl.max(y, axis=1)
-        z = (y - finite_max(my)[:, None]) * (inv_t * LOG2E)
-        e = gl.exp2(z)
-        m, s, a = natural_partial(my, gl.sum(e, axis=1), gl.sum(e * gl.maximum(z, T_MIN), axis=1), inv_t, ENTROPY)
+        # the tile's partial: kernels/linear_logprobs.py's epilogue, on the accumulator's layout
+        m, s, a = _tile_stats(y, cols < V, inv_t, ENTROPY)
         rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
-        rmask = rows < N
-        out = pid_v.to(gl.int64) * N + rows
-        gl.store(M_out + out, m, mask=rmask)
-        gl.store(S_out + out, s, mask=rmask)
-        if ENTROPY:
-            gl.store(A_out + out, a, mask=rmask)
+        _store_partial(M_out, S_out, A_out, pid_v.to(gl.int64) * N + rows, rows < N, m, s, a, ENTROPY)
 
 
 @gluon.jit
@@ -159,22 +149,10 @@ def _mma_dlogits(h_bufs, w_bufs, ready, empty, dz_smem, DZdesc, B, N, V, n_h, in
         pid_n, pid_v = _tile_coords(t, n_blocks_n, n_blocks_v, GROUP_N)
         y, cols, i = _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, pid_v * BLOCK_V, V, HAS_BIAS,
                                   acc_layout, BLOCK_N, BLOCK_V)
-        # dz = dx / T of the tile, as _dlogits_tile of kernels/linear_logprobs.py (base 2, from y)
+        # dz = dx / T of the tile: kernels/linear_logprobs.py's epilogue, on the accumulator's layout
         rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
-        rmask = rows < N
-        m = gl.load(M + rows, mask=rmask, other=0.0)
-        log_s = gl.load(LOGS + rows, mask=rmask, other=0.0)
-        g = gl.load(GL + rows, mask=rmask, other=0.0) * inv_t
-        z = gl.fma(gl.fma(y, inv_t, -m[:, None]), LOG2E, -(log_s * LOG2E)[:, None])  # the two-part lse
-        p = gl.exp2(z)
-        if ENTROPY:
-            gh = gl.load(GH + rows, mask=rmask, other=0.0) * inv_t
-            c = g + gh * gl.load(ENT + rows, mask=rmask, other=0.0)
-            dz = -p * gl.fma(gl.maximum(z, T_MIN), (gh * LN2)[:, None], c[:, None])
-        else:
-            dz = p * -g[:, None]
-        labels = (gl.load(LABELS + rows, mask=rmask, other=-1) - v_offset).to(gl.int32)
-        dz = dz + gl.where(cols[None, :] == labels[:, None], g[:, None], 0.0)
+        dz = _dlogits_tile(y, rows, cols, rows < N, cols < V, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH,
+                           ENTROPY)
         # rows / columns past the chunk are clipped by the TMA store; the previous tile's store must
         # have read the staging tile before it is overwritten
         tma.store_wait(0)

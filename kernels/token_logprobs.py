@@ -96,11 +96,12 @@ def _stats_fwd_kernel(X, stride_x, V, v_per_split, inv_t,
         y = tl.load(x_row + cols, mask=cols < v_hi, other=float("-inf")).to(tl.float32)
         my_new = tl.maximum(my, tl.max(y, 0))
         ref = finite_max(my_new)  # 0 while everything seen is -inf (avoids inf - inf)
-        scale = tl.exp2((my - ref) * c)  # 0 while my = -inf
+        d = (my - ref) * c  # -inf while my = -inf: scale 0
+        scale = tl.exp2(d)
         t = (y - ref) * c
         e = tl.exp2(t)
         if ENTROPY:
-            a = tl.where(scale == 0.0, 0.0, scale * (a + (my - ref) * c * s))
+            a = tl.where(scale == 0.0, 0.0, scale * (a + d * s))
             a += tl.sum(e * tl.maximum(t, T_MIN), 0)
         s = s * scale + tl.sum(e, 0)
         my = my_new
