@@ -272,11 +272,22 @@ def test_packed_equals_padded(seed, proxy, score):
     b = flat_lp.clone().requires_grad_(True)
     loss_pk, terms_pk = pacs_loss(b, flat_ref, flat_mask, rewards, cu_seqlens=cu, **kw)
     loss_pk.backward()
-    torch.testing.assert_close(loss_pk, loss_pad, rtol=1e-6, atol=1e-7)
+    # the two paths sum a sequence's tokens in different orders: proxies ~1e-7 of the summed magnitudes
+    # apart. grpo divides the centred proxies by their group's std, which multiplies that by
+    # magnitude / std (close proxies: seed 1744087821 failed a fixed 1e-6 by 1.4e-6, seed 4008374841 the
+    # gradient's 1e-7 by 5.8e-7); the other scores keep the fixed bounds (cond = 1)
+    cond = torch.ones(B)
+    if score == "grpo":
+        prox = terms_pad["proxy"].detach().reshape(groups, G)
+        std = prox.std(dim=1, keepdim=True, correction=1)
+        mag = 0.7 * ((logp.abs() + logp_ref.abs()) * mask).sum(1).reshape(groups, G)  # beta * sum |terms|
+        cond = (mag.amax(dim=1, keepdim=True) / (std + EPS)).clamp_min(1.0).expand(groups, G).reshape(-1)
+    torch.testing.assert_close(loss_pk, loss_pad, rtol=1e-6 * cond.max().item(), atol=1e-7)
     for k in terms_pad:
-        torch.testing.assert_close(terms_pk[k], terms_pad[k], rtol=1e-6, atol=1e-6)
+        assert ((terms_pk[k] - terms_pad[k]).abs() <= 1e-6 * cond * (1 + terms_pad[k].abs())).all(), k
     sel = pos < torch.tensor(keep)[:, None]
-    torch.testing.assert_close(b.grad, a.grad[sel], rtol=1e-6, atol=1e-7)
+    tok_cond = cond[:, None].expand(B, T)[sel]
+    assert ((b.grad - a.grad[sel]).abs() <= 1e-7 * tok_cond + 1e-6 * tok_cond * a.grad[sel].abs()).all()
     assert (a.grad[~mask] == 0).all()
 
 
