@@ -6,14 +6,15 @@
 # main (one ~9-minute call, the priority order of docs/GPU.md):
 #   1. suite   bench/gpu_suite.py --steps env,gpu_tests,logprobs,pacs_loss: the gpu tests, the log-prob
 #              kernels against the GEMM floors and Liger, the PACS loss against the copy floor (built-in tables)
-#   2. tune    bench/gpu_tune.py on the default forward, the chunked backward and the PACS loss (short budget),
-#              written to kernels/tuned/sm_<arch>.json of this checkout
-#   3. tuned   the same log-prob and PACS-loss benchmarks again, now reading the measured table (the log-probs
-#              with --profile: each Triton variant's device time per kernel, tile kernels against the glue)
+#   2. tune    bench/gpu_tune.py on the log-prob forwards and dz kernels (short budget), written to
+#              kernels/tuned/sm_<arch>.json of this checkout (the PACS loss keeps the table measured before)
+#   3. tuned   the log-prob benchmark again, now reading the measured table (with --profile: each Triton
+#              variant's device time per kernel, tile kernels against the glue)
 #   4. shapes  the log-probs at H=896 (Qwen2.5-0.5B), H=3584 (7B) and V=32,000, against their floors and Liger
 #   The warp-specialised Gluon kernels (kernels/linear_logprobs_gluon.py) join the tuning and phases 3-4
 #   only once their float64 check (tests/test_linear_logprobs_gluon.py, in a time-limited subprocess) has
-#   passed in this call: a wrong mbarrier protocol hangs rather than fails.
+#   passed in this call: a wrong mbarrier protocol hangs rather than fails; their ping-pong launches join
+#   the tuning (--pingpong) only where their own check passed too.
 # product (a short second call): bench/gpu_suite.py --steps env,compile,megatron_run,trl_run.
 # final (after changes made from what main showed): the Gluon kernels' check, the PACS loss (and on .old/,
 #   an earlier tree, when present), the log-probs with their alternating floors, the gpu tests, the megatron run.
@@ -59,9 +60,10 @@ except (OSError, ET.ParseError):
 sys.exit(0 if any(c.get("name") == sys.argv[2] and not list(c) for c in cases) else 1)
 EOF
 }
-gluon_methods() {  # gluon_methods JUNIT_XML: GLUON (bench method) and GLUON_K (tuner kernels) of the Gluon
-  # kernels whose float64 check passed in this call (a kernel that fails or hangs is left out)
-  GLUON="" GLUON_K=""
+gluon_methods() {  # gluon_methods JUNIT_XML: GLUON (bench method), GLUON_K (tuner kernels) and PINGPONG (tuner
+  # kernels whose ping-pong launch joins the sweep) of the Gluon kernels whose float64 check passed in this
+  # call (a kernel that fails or hangs is left out)
+  GLUON="" GLUON_K="" PINGPONG=""
   local fwd=0 dz=0
   passed "$1" test_gluon_forward_matches_float64_on_hopper && fwd=1
   passed "$1" test_gluon_dz_kernel_matches_float64_on_hopper && dz=1
@@ -69,20 +71,21 @@ gluon_methods() {  # gluon_methods JUNIT_XML: GLUON (bench method) and GLUON_K (
   elif (( dz )); then GLUON=",pacs_triton_gluon_dz"; fi
   (( fwd )) && GLUON_K="$GLUON_K,linear_logprobs.stats_gluon"
   (( dz )) && GLUON_K="$GLUON_K,linear_logprobs.dlogits_gluon"
-  echo "== Gluon kernels that passed their float64 check here: forward $fwd, dz $dz"
+  (( fwd )) && passed "$1" test_gluon_pingpong_forward_matches_float64_on_hopper && PINGPONG="linear_logprobs.stats_gluon"
+  (( dz )) && passed "$1" test_gluon_pingpong_dz_kernel_matches_float64_on_hopper && \
+    PINGPONG="$PINGPONG,linear_logprobs.dlogits_gluon"
+  echo "== Gluon kernels that passed their float64 check here: forward $fwd, dz $dz; ping-pong: ${PINGPONG:-none}"
 }
 if [[ "$MODE" == main ]]; then
-  phase suite 200 "$PY" bench/gpu_suite.py "$W/suite" --steps env,gpu_tests,logprobs,pacs_loss --budget-s 190
+  phase suite 230 "$PY" bench/gpu_suite.py "$W/suite" --steps env,gpu_tests,logprobs,pacs_loss --budget-s 220
   gluon_methods "$W/suite/gpu_tests.xml"
   K=linear_logprobs.stats_tiles,linear_logprobs.stats_tma,linear_logprobs.dlogits,linear_logprobs.dlogits_tma$GLUON_K
-  phase tune 175 "$PY" bench/gpu_tune.py --kernels "$K,pacs_loss.fwd_sums,pacs_loss.fwd,pacs_loss.bwd" \
-    --budget-s 140 --out-dir "$W/tuned"
+  # the log-prob kernels only: the PACS loss's table was measured on 2026-11-26 (0.68-0.74 of the copy)
+  phase tune 175 "$PY" bench/gpu_tune.py --kernels "$K" --pingpong "$PINGPONG" --budget-s 140 --out-dir "$W/tuned"
   if compgen -G "$W/tuned/sm_*.json" > /dev/null; then mkdir -p kernels/tuned && cp "$W"/tuned/sm_*.json kernels/tuned/; fi
   phase tuned_logprobs 90 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \
     --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" \
     --iters 5 --profile --out "$W/logprobs_tuned.json"
-  phase tuned_pacs_loss 40 "$PY" bench/bench_pacs_loss.py --device cuda --repeat 10 --loop-max-b 0 \
-    --out "$W/pacs_loss_tuned.json"
   phase shapes 90 "$PY" bench/gpu_logprobs.py --shapes 8192x896x151936,8192x3584x151936,8192x4096x32000 \
     --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" --iters 3 --out "$W/logprobs_shapes.json"
 elif [[ "$MODE" == final ]]; then  # ~5 minutes (~7 with .old/)

@@ -25,7 +25,8 @@ the budget) with the same kind of compile filter (plus the compile test's PACS a
 override hook (``pacs_loss.POLICY``) and "never slower" rule as below.
 
 Per kernel: stage 1 sweeps tiles / warps / stages (pre-filtered by a register and shared-memory
-estimate), stage 2 sweeps GROUP_N (and PERSISTENT, V_TILES for the forward) around the stage-1
+estimate; ``--pingpong linear_logprobs.stats_gluon,...``: those Gluon kernels' ping-pong launches too,
+PINGPONG=1 with 4-warp consumers, the built-in one timed second), stage 2 sweeps GROUP_N (and PERSISTENT, V_TILES for the forward) around the stage-1
 winner. Every candidate is first compiled ahead of time (kernels/aot.py, the compile test's own
 checks: no spills, shared memory within the arch's limit, tensor cores for bf16) and dropped if it
 fails; survivors are run through the real launcher with the candidate set in the kernel file's
@@ -68,6 +69,7 @@ sys.path.insert(0, ROOT)
 
 from pacs_fast.kernels import aot, linear_logprobs as KL, linear_logprobs_bwd as KLB, token_logprobs as KT, \
     tuning  # noqa: E402
+from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS  # noqa: E402
 from pacs_fast.ops import vocab_parallel as vp  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -114,14 +116,20 @@ def _tile_sweep(base, dt, arch, blocks_h, stages):
     return out
 
 
-def stage1(name, base, dt, arch):
+def stage1(name, base, dt, arch, pingpong=False):
+    """Stage-1 candidates, the built-in first. ``pingpong`` (the Gluon kernels): also their ping-pong
+    launches (PINGPONG=1, 4-warp consumers), the built-in one second (``PINGPONG_CONFIGS``)."""
     if name.startswith("token_logprobs."):
         cands = [dict(base, BLOCK_V=bv, num_warps=w, num_stages=st)
                  for bv, w, st in itertools.product((1024, 2048, 4096, 8192), (4, 8, 16), (1, 2, 3))]
     elif name.endswith("grad_bwd"):
         cands = _tile_sweep(base, dt, arch, (32, 64), (1, 2, 3))
     else:
-        cands = _tile_sweep(base, dt, arch, (32, 64, 128), (2, 3, 4, 5))
+        cands = _tile_sweep(base, dt, arch, (32, 64, 128), (2, 3, 4, 5, 6))
+    kernel = name.split(".")[1]
+    if pingpong and kernel in PINGPONG_CONFIGS:
+        cands += [dict(c, PINGPONG=1) for c in cands if c["num_warps"] == 4]
+        return _dedupe([base, dict(base, **PINGPONG_CONFIGS[kernel])] + _by_distance(base, cands)[1:])
     return _by_distance(base, cands)
 
 
@@ -170,7 +178,7 @@ class override:
         self.saved = dict(conf)
         keys = ("BLOCK_V", "BLOCK_V_BWD", "num_warps", "num_stages") if self.mod == "token_logprobs" else \
             ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "FLATTEN", "WARP_SPECIALIZE",
-             "num_warps", "num_stages")
+             "PINGPONG", "num_warps", "num_stages")
         for k in keys:
             conf[k] = None
         for k, v in self.cfg.items():
@@ -342,6 +350,10 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--out-dir", default=None, help="default kernels/tuned/ (a temporary folder with --dry-run)")
     ap.add_argument("--arch", type=int, default=None, help="dry run: the architecture to enumerate for (90)")
+    ap.add_argument("--pingpong", default="",
+                    help="comma-separated Gluon kernels (linear_logprobs.stats_gluon, linear_logprobs.dlogits_gluon) "
+                         "whose ping-pong launches join the sweep; only those whose GPU check passed on this machine "
+                         "(a wrong mbarrier protocol hangs)")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--dry-run-subset", type=int, default=2, help="candidates compiled per kernel in a dry run")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -381,7 +393,7 @@ def main(argv=None):
     for name in lp_names:
         share_end = time.time() + args.budget_s * BUDGET_SHARE[name] / sum(BUDGET_SHARE[k] for k in names)
         base = base_config(name, n, h, v, dt, arch)
-        s1 = stage1(name, base, dt, arch)
+        s1 = stage1(name, base, dt, arch, name in args.pingpong.split(","))
         s2_count = len(stage2(name, base))
         log(f"{name}: {len(s1)} stage-1 candidates, {s2_count} stage-2 around the stage-1 winner; built-in "
             f"{_short(base)}")

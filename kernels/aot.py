@@ -144,7 +144,7 @@ def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> 
                     nw, ns, ("N",) if kernel == "stats_tma" else ("stride_dz",), has_dot=True,
                     variant="entropy, tma, persistent")
     if kernel in ("stats_gluon", "dlogits_gluon"):  # Gluon: descriptor types carry their shared layouts
-        from .linear_logprobs_gluon import LOADER_REGS, shared_layout
+        from .linear_logprobs_gluon import CONSUMER_REGS, LOADER_REGS, shared_layout
         desc = (lambda rows, cols: f"tensordesc<{dt}[{rows}, {cols}],{shared_layout([rows, cols], _DT[dt])!r}>")
         types = dict(Hdesc=desc(c["BLOCK_N"], c["BLOCK_H"]), Wdesc=desc(c["BLOCK_V"], c["BLOCK_H"]))
         if kernel == "dlogits_gluon":
@@ -152,10 +152,10 @@ def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> 
         types.update(B=p, N="i32", V="i32", n_h="i32")
         types.update(dict(inv_t="fp32", M_out=f32, S_out=f32, A_out=f32) if kernel == "stats_gluon" else rowvec)
         return Case("linear_logprobs_gluon", kernel, f"_{kernel}_kernel", arch, dt, list(shapes), types,
-                    dict(HAS_BIAS=False, ENTROPY=True, GROUP_N=c["GROUP_N"], STAGES=ns, LOADER_REGS=LOADER_REGS,
-                         num_warps=nw),
+                    dict(HAS_BIAS=False, ENTROPY=True, GROUP_N=c["GROUP_N"], STAGES=ns, PINGPONG=bool(c["PINGPONG"]),
+                         LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=nw),
                     nw, ns, ("N",) if kernel == "stats_gluon" else (), has_dot=True,
-                    variant="entropy, tma, warp-specialised, persistent")
+                    variant="entropy, tma, warp-specialised, persistent" + (", ping-pong" if c["PINGPONG"] else ""))
     if kernel == "dlogits":
         return Case("linear_logprobs", "dlogits", "_dlogits_kernel", arch, dt, list(shapes),
                     dict(common, **rowvec, DZ=p, stride_dz="i32"), dict(base, **tile), nw, ns,
@@ -265,6 +265,7 @@ def pacs_access_problems(row: dict) -> str | None:
 def cases(archs=ARCHS) -> list[Case]:
     """Every kernel x arch x dtype at the realistic shapes, with the launchers' own parameters
     (``launch_config``); cases with identical compile inputs are merged (``shapes`` lists them)."""
+    from .linear_logprobs_launch import PINGPONG_CONFIGS
     mods = _kernel_modules()
     out: dict[str, Case] = {}
 
@@ -289,6 +290,9 @@ def cases(archs=ARCHS) -> list[Case]:
                     for kernel in ("stats_tma", "dlogits_tma") + (("stats_gluon", "dlogits_gluon") if arch == 90 else ()):
                         cfg = mods["linear_logprobs"].launch_config(kernel, N=n, V=v, H=h, dtype=_DT[dt], arch=arch)
                         add(logprob_case(f"linear_logprobs.{kernel}", arch, dt, cfg, [shape]))
+                        if kernel in PINGPONG_CONFIGS:  # their selectable ping-pong launch
+                            cfg = dict(cfg, **PINGPONG_CONFIGS[kernel])
+                            add(logprob_case(f"linear_logprobs.{kernel}", arch, dt, cfg, [shape]))
             add(finish_case(arch, dt))
         for case in pacs_cases(arch):
             add(case)
@@ -359,8 +363,9 @@ def logits_per_thread(row: dict) -> int | None:
     k, threads = row["constexprs"], 32 * row["num_warps"]
     if row["module"] == "token_logprobs":
         return int(k["BLOCK_V"]) // threads
-    if row["module"] == "linear_logprobs_gluon":
-        return row["blocks"]["Hdesc"][0] * row["blocks"]["Wdesc"][0] // threads
+    if row["module"] == "linear_logprobs_gluon":  # ping-pong: two consumer partitions, each its own copy
+        copies = 2 if k.get("PINGPONG") == "True" else 1
+        return copies * row["blocks"]["Hdesc"][0] * row["blocks"]["Wdesc"][0] // threads
     if row["module"] in ("linear_logprobs", "linear_logprobs_fwd", "linear_logprobs_tma"):
         return int(k["BLOCK_N"]) * int(k["BLOCK_V"]) // threads
     return None

@@ -61,6 +61,7 @@ CONFIG = {
     "BLOCK_N": None, "BLOCK_V": None, "BLOCK_H": None, "GROUP_N": None, "num_warps": None, "num_stages": None,
     "SPLITS": None, "V_TILES": None, "PERSISTENT": None,  # V_TILES: stats_tiles; PERSISTENT: stats_tiles / tma
     "FLATTEN": None, "WARP_SPECIALIZE": None,  # stats_tma only
+    "PINGPONG": None,  # stats_gluon / dlogits_gluon: 1 = two consumer warpgroups of num_warps on alternate tiles
     # which forward ``stats_fwd`` runs: "tiles", "split", "tma" or "gluon"; which dz kernel the chunked
     # backward runs: "pointer", "tma" or "gluon". None: the measured choice of the tuned table
     # (``forward_kind`` / ``dz_kind``), else "tiles" / "pointer"
@@ -73,7 +74,7 @@ KERNELS = ("stats_fwd", "stats_tiles", "stats_tma", "stats_gluon", "grad_bwd", "
 FORWARDS = ("tiles", "split", "tma", "gluon")  # the first: the built-in default (forward_kind)
 DZ_KERNELS = ("pointer", "tma", "gluon")  # likewise (dz_kind)
 _TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "FLATTEN", "WARP_SPECIALIZE",
-            "num_warps", "num_stages")
+            "PINGPONG", "num_warps", "num_stages")
 
 def launch_config(kernel: str, *, N: int, V: int, H: int, dtype: torch.dtype, arch: int | None) -> dict:
     """Launch parameters of ``kernel`` (one of ``KERNELS``) for hidden ``[N, H]``, weight ``[V, H]``

@@ -14,6 +14,11 @@ grid walks the grouped tile order, and inside each program the warps are split b
   slot (``is_async``; the previous slot is released once its wgmma has retired), then runs the
   epilogue on the fp32 accumulator in registers: bias, temperature, the vocabulary tail masked to
   ``-inf``, row max, sum of exponentials and the entropy term, stored as the tile's partial.
+- ``PINGPONG=1`` (the launches of kernels/linear_logprobs_launch.py's ``PINGPONG_CONFIGS``): two
+  consumer partitions of ``num_warps`` = 4 (one warpgroup each) take alternate tiles of the program,
+  each with its own accumulator, and take turns on the tensor cores (``turn`` mbarriers): while one
+  runs its tile's epilogue, the other's wgmma run, so the epilogue no longer idles the tensor cores
+  (the schedule CUTLASS calls ping-pong). The loader and the ring are the same.
 
 Why: Triton 3.6 / 3.9 do not warp-specialise the ``tl.range`` loops of the other two forwards on
 sm_90 (the flag compiles to the same code), and on one H200 (2026-11-26) the pointer tile kernel ran
@@ -22,8 +27,9 @@ directly; Triton's own Hopper tutorial kernel of this structure (a loader warp f
 warps) measured 0.96-1.05x cuBLAS at K >= 1024 (its numbers). Hopper only (wgmma), bf16 / fp16
 with 16-byte aligned rows (``gluon_usable``); the interpreter cannot run Gluon, so off a Hopper GPU
 the op keeps the tiled forward. Compiled for sm_90 in tests/test_kernels_compile.py; checked against
-float64 on a Hopper GPU by tests/test_linear_logprobs_gluon.py and timed by ``bench/gpu_logprobs.py``
-(method ``pacs_triton_gluon``) beside the default: neither has run yet (no GPU since it was written).
+float64 on a Hopper GPU by tests/test_linear_logprobs_gluon.py (both launches) and timed by
+``bench/gpu_logprobs.py`` (method ``pacs_triton_gluon``) beside the default, the ping-pong launch by the
+tuner (``--pingpong``): none of it has run yet (no GPU since it was written).
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 LOADER_REGS = 40  # registers per thread of the loader warp (its warpgroup gives the rest to the consumers)
+CONSUMER_REGS = 232  # ping-pong: the second consumer warpgroup's (2 x 128 x 232 + 128 x 40 <= 64K registers)
 
 
 @gluon.constexpr_function
@@ -97,12 +104,23 @@ def _loader(Hdesc, Wdesc, h_bufs, w_bufs, ready, empty, N, V, n_h, GROUP_N: gl.c
 
 
 @gluon.jit
-def _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, c0, V, HAS_BIAS: gl.constexpr,
-                 acc_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_V: gl.constexpr):
-    """The consumers' side of one tile: the wgmma of its ``n_k`` slots from slot use ``i`` on, then
-    the unscaled logits ``y = h @ W.T + b`` [BLOCK_N, BLOCK_V] fp32 in registers, their vocab ids
-    ``c0 + 0..BLOCK_V`` and the next slot use."""
+def _tile_logits(h_bufs, w_bufs, ready, empty, turn, i, q, n_k, B, c0, V, HAS_BIAS: gl.constexpr,
+                 acc_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_V: gl.constexpr,
+                 CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr):
+    """A consumer's side of one tile (its ``q``-th): the wgmma of its ``n_k`` slots from slot use ``i``
+    on, then the unscaled logits ``y = h @ W.T + b`` [BLOCK_N, BLOCK_V] fp32 in registers, their vocab
+    ids ``c0 + 0..BLOCK_V`` and the next slot use.
+
+    Ping-pong (``CONSUMERS`` = 2): the two consumers' mainloops take turns (``turn[c]``: consumer ``c``
+    may start). Besides keeping the tensor cores on one tile at a time, this is what makes the ``ready``
+    waits sound: an mbarrier wait tells phases apart by parity only, so a consumer must not wait on a
+    slot use while an earlier use of that slot is still loading; once the other consumer has waited
+    on every slot of the tile before, every earlier use has landed."""
     STAGES: gl.constexpr = h_bufs.type.shape[0]
+    if CONSUMERS > 1:
+        # consumer 0's q-th tile follows consumer 1's (q-1)-th (q = 0: a fresh barrier passes parity 1);
+        # consumer 1's q-th follows consumer 0's q-th
+        mbarrier.wait(turn.index(CONSUMER), (q & 1) ^ (1 - CONSUMER))
     acc = warpgroup_mma_init(gl.zeros((BLOCK_N, BLOCK_V), gl.float32, acc_layout))
     for k in range(n_k):
         slot = i % STAGES
@@ -113,6 +131,8 @@ def _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, c0, V, HAS_BIAS: gl.co
         warpgroup_mma_wait(1, (acc, ))
         mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=k > 0)
         i += 1
+    if CONSUMERS > 1:  # every wgmma of this tile is issued: the other consumer's mainloop may start
+        mbarrier.arrive(turn.index(1 - CONSUMER), count=1)
     x = warpgroup_mma_wait(0, (acc, ))
     mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1)
     cols = c0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, acc_layout))
@@ -122,16 +142,22 @@ def _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, c0, V, HAS_BIAS: gl.co
 
 
 @gluon.jit
-def _mma_stats(h_bufs, w_bufs, ready, empty, B, N, V, n_h, inv_t, M_out, S_out, A_out,
+def _mma_stats(h_bufs, w_bufs, ready, empty, turn, B, N, V, n_h, inv_t, M_out, S_out, A_out,
                HAS_BIAS: gl.constexpr, ENTROPY: gl.constexpr, GROUP_N: gl.constexpr, BLOCK_N: gl.constexpr,
-               BLOCK_V: gl.constexpr, BLOCK_H: gl.constexpr, num_warps: gl.constexpr):
+               BLOCK_V: gl.constexpr, BLOCK_H: gl.constexpr, num_warps: gl.constexpr,
+               CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr):
     acc_layout: gl.constexpr = _mma_layout(BLOCK_N, BLOCK_V, num_warps)
     n_blocks_n, n_blocks_v, n_k = _schedule(N, V, n_h, BLOCK_N, BLOCK_V, BLOCK_H)
-    i = 0
-    for t in range(gl.program_id(0), n_blocks_n * n_blocks_v, gl.num_programs(0)):
+    # this consumer's tiles: every CONSUMERS-th of the program's (the loader's order), from its CONSUMER-th
+    i = CONSUMER * n_k
+    q = 0
+    for t in range(gl.program_id(0) + CONSUMER * gl.num_programs(0), n_blocks_n * n_blocks_v,
+                   CONSUMERS * gl.num_programs(0)):
         pid_n, pid_v = _tile_coords(t, n_blocks_n, n_blocks_v, GROUP_N)
-        y, cols, i = _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, pid_v * BLOCK_V, V, HAS_BIAS,
-                                  acc_layout, BLOCK_N, BLOCK_V)
+        y, cols, i = _tile_logits(h_bufs, w_bufs, ready, empty, turn, i, q, n_k, B, pid_v * BLOCK_V, V,
+                                  HAS_BIAS, acc_layout, BLOCK_N, BLOCK_V, CONSUMER, CONSUMERS)
+        i += (CONSUMERS - 1) * n_k  # the other consumer's tile
+        q += 1
         # the tile's partial: kernels/linear_logprobs.py's epilogue, on the accumulator's layout
         m, s, a = _tile_stats(y, cols < V, inv_t, ENTROPY)
         rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
@@ -139,16 +165,21 @@ def _mma_stats(h_bufs, w_bufs, ready, empty, B, N, V, n_h, inv_t, M_out, S_out, 
 
 
 @gluon.jit
-def _mma_dlogits(h_bufs, w_bufs, ready, empty, dz_smem, DZdesc, B, N, V, n_h, inv_t, LABELS, v_offset, M, LOGS,
-                 ENT, GL, GH, HAS_BIAS: gl.constexpr, ENTROPY: gl.constexpr, GROUP_N: gl.constexpr,
-                 BLOCK_N: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_H: gl.constexpr, num_warps: gl.constexpr):
+def _mma_dlogits(h_bufs, w_bufs, ready, empty, turn, dz_smem, DZdesc, B, N, V, n_h, inv_t, LABELS, v_offset, M,
+                 LOGS, ENT, GL, GH, HAS_BIAS: gl.constexpr, ENTROPY: gl.constexpr, GROUP_N: gl.constexpr,
+                 BLOCK_N: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_H: gl.constexpr, num_warps: gl.constexpr,
+                 CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr):
     acc_layout: gl.constexpr = _mma_layout(BLOCK_N, BLOCK_V, num_warps)
     n_blocks_n, n_blocks_v, n_k = _schedule(N, V, n_h, BLOCK_N, BLOCK_V, BLOCK_H)
-    i = 0
-    for t in range(gl.program_id(0), n_blocks_n * n_blocks_v, gl.num_programs(0)):
+    i = CONSUMER * n_k  # as _mma_stats
+    q = 0
+    for t in range(gl.program_id(0) + CONSUMER * gl.num_programs(0), n_blocks_n * n_blocks_v,
+                   CONSUMERS * gl.num_programs(0)):
         pid_n, pid_v = _tile_coords(t, n_blocks_n, n_blocks_v, GROUP_N)
-        y, cols, i = _tile_logits(h_bufs, w_bufs, ready, empty, i, n_k, B, pid_v * BLOCK_V, V, HAS_BIAS,
-                                  acc_layout, BLOCK_N, BLOCK_V)
+        y, cols, i = _tile_logits(h_bufs, w_bufs, ready, empty, turn, i, q, n_k, B, pid_v * BLOCK_V, V,
+                                  HAS_BIAS, acc_layout, BLOCK_N, BLOCK_V, CONSUMER, CONSUMERS)
+        i += (CONSUMERS - 1) * n_k
+        q += 1
         # dz = dx / T of the tile: kernels/linear_logprobs.py's epilogue, on the accumulator's layout
         rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
         dz = _dlogits_tile(y, rows, cols, rows < N, cols < V, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH,
@@ -163,9 +194,9 @@ def _mma_dlogits(h_bufs, w_bufs, ready, empty, dz_smem, DZdesc, B, N, V, n_h, in
 
 
 @gluon.jit
-def _ring(Hdesc, Wdesc, STAGES: gl.constexpr):
+def _ring(Hdesc, Wdesc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
     """The operand ring: ``STAGES`` hidden and weight tiles, a ``ready`` (loaded) and an ``empty``
-    (consumed) mbarrier per slot."""
+    (consumed) mbarrier per slot; with two consumers, their ``turn`` mbarriers (else ``ready`` stands in)."""
     h_bufs = gl.allocate_shared_memory(Hdesc.dtype, [STAGES] + Hdesc.block_type.shape, Hdesc.layout)
     w_bufs = gl.allocate_shared_memory(Wdesc.dtype, [STAGES] + Wdesc.block_type.shape, Wdesc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -173,40 +204,69 @@ def _ring(Hdesc, Wdesc, STAGES: gl.constexpr):
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
-    return h_bufs, w_bufs, ready, empty
+    turn = ready
+    if CONSUMERS > 1:
+        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.init(turn.index(c), count=1)
+    return h_bufs, w_bufs, ready, empty, turn
 
 
 @gluon.jit
 def _stats_gluon_kernel(Hdesc, Wdesc, B, N, V, n_h, inv_t, M_out, S_out, A_out,
                         HAS_BIAS: gl.constexpr, ENTROPY: gl.constexpr, GROUP_N: gl.constexpr,
-                        STAGES: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                        STAGES: gl.constexpr, PINGPONG: gl.constexpr, LOADER_REGS: gl.constexpr,
+                        CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
     BLOCK_N: gl.constexpr = Hdesc.block_type.shape[0]
     BLOCK_H: gl.constexpr = Hdesc.block_type.shape[1]
     BLOCK_V: gl.constexpr = Wdesc.block_type.shape[0]
-    h_bufs, w_bufs, ready, empty = _ring(Hdesc, Wdesc, STAGES)
-    gl.warp_specialize([
-        (_mma_stats, (h_bufs, w_bufs, ready, empty, B, N, V, n_h, inv_t, M_out, S_out, A_out, HAS_BIAS, ENTROPY,
-                      GROUP_N, BLOCK_N, BLOCK_V, BLOCK_H, num_warps)),
-        (_loader, (Hdesc, Wdesc, h_bufs, w_bufs, ready, empty, N, V, n_h, GROUP_N)),
-    ], [1], [LOADER_REGS])
+    h_bufs, w_bufs, ready, empty, turn = _ring(Hdesc, Wdesc, STAGES, 1 + PINGPONG)
+    if PINGPONG:  # two consumer warpgroups on alternate tiles: one's epilogue under the other's wgmma
+        gl.warp_specialize([
+            (_mma_stats, (h_bufs, w_bufs, ready, empty, turn, B, N, V, n_h, inv_t, M_out, S_out, A_out, HAS_BIAS,
+                          ENTROPY, GROUP_N, BLOCK_N, BLOCK_V, BLOCK_H, num_warps, 0, 2)),
+            (_mma_stats, (h_bufs, w_bufs, ready, empty, turn, B, N, V, n_h, inv_t, M_out, S_out, A_out, HAS_BIAS,
+                          ENTROPY, GROUP_N, BLOCK_N, BLOCK_V, BLOCK_H, num_warps, 1, 2)),
+            (_loader, (Hdesc, Wdesc, h_bufs, w_bufs, ready, empty, N, V, n_h, GROUP_N)),
+        ], [num_warps, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:  # one consumer partition (num_warps / 4 warpgroups) on every tile
+        gl.warp_specialize([
+            (_mma_stats, (h_bufs, w_bufs, ready, empty, turn, B, N, V, n_h, inv_t, M_out, S_out, A_out, HAS_BIAS,
+                          ENTROPY, GROUP_N, BLOCK_N, BLOCK_V, BLOCK_H, num_warps, 0, 1)),
+            (_loader, (Hdesc, Wdesc, h_bufs, w_bufs, ready, empty, N, V, n_h, GROUP_N)),
+        ], [1], [LOADER_REGS])
 
 
 @gluon.jit
 def _dlogits_gluon_kernel(Hdesc, Wdesc, DZdesc, B, N, V, n_h, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH,
                           HAS_BIAS: gl.constexpr, ENTROPY: gl.constexpr, GROUP_N: gl.constexpr,
-                          STAGES: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                          STAGES: gl.constexpr, PINGPONG: gl.constexpr, LOADER_REGS: gl.constexpr,
+                          CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
     # one chunk of the chunked backward, as _dlogits_tma_kernel: the descriptors and LABELS/M/... start
     # at the chunk's first row and vocab id; DZdesc is the chunk's [N, V] dz (input dtype)
     BLOCK_N: gl.constexpr = Hdesc.block_type.shape[0]
     BLOCK_H: gl.constexpr = Hdesc.block_type.shape[1]
     BLOCK_V: gl.constexpr = Wdesc.block_type.shape[0]
-    h_bufs, w_bufs, ready, empty = _ring(Hdesc, Wdesc, STAGES)
+    h_bufs, w_bufs, ready, empty, turn = _ring(Hdesc, Wdesc, STAGES, 1 + PINGPONG)
     dz_smem = gl.allocate_shared_memory(DZdesc.dtype, DZdesc.block_type.shape, DZdesc.layout)
-    gl.warp_specialize([
-        (_mma_dlogits, (h_bufs, w_bufs, ready, empty, dz_smem, DZdesc, B, N, V, n_h, inv_t, LABELS, v_offset, M,
-                        LOGS, ENT, GL, GH, HAS_BIAS, ENTROPY, GROUP_N, BLOCK_N, BLOCK_V, BLOCK_H, num_warps)),
-        (_loader, (Hdesc, Wdesc, h_bufs, w_bufs, ready, empty, N, V, n_h, GROUP_N)),
-    ], [1], [LOADER_REGS])
+    if PINGPONG:  # each consumer stages its dz tiles for the TMA store in its own buffer
+        dz_smem_1 = gl.allocate_shared_memory(DZdesc.dtype, DZdesc.block_type.shape, DZdesc.layout)
+        gl.warp_specialize([
+            (_mma_dlogits, (h_bufs, w_bufs, ready, empty, turn, dz_smem, DZdesc, B, N, V, n_h, inv_t, LABELS,
+                            v_offset, M, LOGS, ENT, GL, GH, HAS_BIAS, ENTROPY, GROUP_N, BLOCK_N, BLOCK_V, BLOCK_H,
+                            num_warps, 0, 2)),
+            (_mma_dlogits, (h_bufs, w_bufs, ready, empty, turn, dz_smem_1, DZdesc, B, N, V, n_h, inv_t, LABELS,
+                            v_offset, M, LOGS, ENT, GL, GH, HAS_BIAS, ENTROPY, GROUP_N, BLOCK_N, BLOCK_V, BLOCK_H,
+                            num_warps, 1, 2)),
+            (_loader, (Hdesc, Wdesc, h_bufs, w_bufs, ready, empty, N, V, n_h, GROUP_N)),
+        ], [num_warps, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_mma_dlogits, (h_bufs, w_bufs, ready, empty, turn, dz_smem, DZdesc, B, N, V, n_h, inv_t, LABELS,
+                            v_offset, M, LOGS, ENT, GL, GH, HAS_BIAS, ENTROPY, GROUP_N, BLOCK_N, BLOCK_V, BLOCK_H,
+                            num_warps, 0, 1)),
+            (_loader, (Hdesc, Wdesc, h_bufs, w_bufs, ready, empty, N, V, n_h, GROUP_N)),
+        ], [1], [LOADER_REGS])
 
 
 def gl_dtype(dtype: torch.dtype):
@@ -252,7 +312,8 @@ def stats_gluon(hidden, weight, bias, inv_t: float, entropy: bool):
         _stats_gluon_kernel[grid](
             hdesc, wdesc, bias if bias is not None else hidden, n, v, n_h, inv_t, m, s, a,
             HAS_BIAS=bias is not None, ENTROPY=entropy, GROUP_N=cfg["GROUP_N"], STAGES=cfg["num_stages"],
-            LOADER_REGS=LOADER_REGS, num_warps=cfg["num_warps"])
+            PINGPONG=bool(cfg["PINGPONG"]), LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS,
+            num_warps=cfg["num_warps"])
     return m, s, (a if entropy else None)
 
 
@@ -282,4 +343,5 @@ def dlogits_gluon(h_c, w_c, b_c, inv_t, labels, v_offset, m, log_s, ent, gl_, gh
         hdesc, wdesc, dzdesc, b_c if b_c is not None else h_c, n, v, n_h, inv_t, labels, v_offset, m, log_s,
         ent if entropy else m, gl_, gh if entropy else gl_,
         HAS_BIAS=b_c is not None, ENTROPY=entropy, GROUP_N=cfg["GROUP_N"], STAGES=cfg["num_stages"],
-        LOADER_REGS=LOADER_REGS, num_warps=cfg["num_warps"])
+        PINGPONG=bool(cfg["PINGPONG"]), LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS,
+        num_warps=cfg["num_warps"])

@@ -37,6 +37,13 @@ they were chosen from. This module imports nothing.
 #   programs per SM (one: 197 KB of shared memory leaves room for no second). dlogits_gluon (its dz kernel,
 #   CONFIG["DLOGITS"] = "gluon"): 128x128x64, 4 stages (164 KB with the dz staging tile of the TMA store;
 #   128x256 spilled 8 B, 256x128 64 B).
+#   PINGPONG=1 (``PINGPONG_CONFIGS`` below; selectable, the tuner's second candidate of each): two consumer
+#   warpgroups of 4 warps, each on its own tiles (alternate tiles of the program), so that one's softmax
+#   epilogue runs while the other's wgmma run. Per consumer, 128 fp32 accumulator registers: stats_gluon
+#   128x128x64, 6 stages (198 KB; 64x256 at 5 stages: 206 KB), dlogits_gluon 64x256x64, 4 stages (231 KB
+#   with two dz staging tiles; 128x128 spilled 16 B under Triton 3.6.0, the GPU image's, none under 3.9).
+#   Launch registers 168; setmaxnreg: the first consumer 256, the second 232 (CONSUMER_REGS), loader 40;
+#   no spill under Triton 3.9 and 3.6.0.
 #
 # The numbers above were taken before the base-2 epilogues (kernels/base2.py), which need fewer
 # registers; recompiled with them (Triton 3.9), several candidates that spilled no longer do:
@@ -62,14 +69,23 @@ ARCH_CONFIGS = {
     ("stats_tma", None, "16"): _TMA16,
     ("stats_tma", 100, "16"): dict(_TMA16, BLOCK_V=128, num_stages=4, FLATTEN=1),
     ("stats_tma", None, "32"): dict(_FP32, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
-    ("stats_gluon", None, "16"): dict(_BF16, BLOCK_V=256, GROUP_N=16, PERSISTENT=1, num_stages=4),
-    ("stats_gluon", None, "32"): dict(_FP32, PERSISTENT=1),
-    ("dlogits_gluon", None, "16"): dict(_BF16, num_stages=4, PERSISTENT=1),
-    ("dlogits_gluon", None, "32"): dict(_FP32, PERSISTENT=1),
+    ("stats_gluon", None, "16"): dict(_BF16, BLOCK_V=256, GROUP_N=16, PERSISTENT=1, num_stages=4, PINGPONG=0),
+    ("stats_gluon", None, "32"): dict(_FP32, PERSISTENT=1, PINGPONG=0),
+    ("dlogits_gluon", None, "16"): dict(_BF16, num_stages=4, PERSISTENT=1, PINGPONG=0),
+    ("dlogits_gluon", None, "32"): dict(_FP32, PERSISTENT=1, PINGPONG=0),
     ("dlogits_tma", None, "16"): dict(_BF16, num_stages=4, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
     ("dlogits_tma", None, "32"): dict(_FP32, PERSISTENT=1, FLATTEN=1, WARP_SPECIALIZE=0),
     ("dlogits", None, "16"): _BF16,
     ("dlogits", None, "32"): _FP32,
     ("grad_bwd", None, "16"): dict(_BF16, BLOCK_H=32, num_stages=2),
     ("grad_bwd", None, "32"): dict(BLOCK_N=32, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=4, num_stages=1),
+}
+
+# The ping-pong launches of the Gluon kernels (kernels/linear_logprobs_gluon.py, PINGPONG=1), whole: the
+# tuner times them second (bench/gpu_tune.py --pingpong) and the GPU check runs them.
+PINGPONG_CONFIGS = {
+    "stats_gluon": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=16, num_warps=4, num_stages=6, PERSISTENT=1,
+                        PINGPONG=1),
+    "dlogits_gluon": dict(BLOCK_N=64, BLOCK_V=256, BLOCK_H=64, GROUP_N=8, num_warps=4, num_stages=4, PERSISTENT=1,
+                          PINGPONG=1),
 }

@@ -36,6 +36,19 @@ def _config(mod, kernel, arch):
     return KL.launch_config(kernel, N=N, V=V, H=H, dtype=torch.bfloat16, arch=arch)
 
 
+def _import_gpu_tune(monkeypatch):
+    """bench/gpu_tune.py imported in-process; it drops TRITON_INTERPRET from the environment (it compiles
+    for real GPUs), which this test process keeps for every later kernel."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "bench"))
+    interpret = os.environ.get("TRITON_INTERPRET")
+    try:
+        import gpu_tune
+    finally:
+        if interpret is not None:
+            os.environ["TRITON_INTERPRET"] = interpret
+    return gpu_tune
+
+
 @pytest.fixture(scope="module")
 def table(tmp_path_factory):
     out = tmp_path_factory.mktemp("tuned")
@@ -63,6 +76,42 @@ def test_dry_run_enumerates_filters_and_writes_every_kernel(table):
         rec, kernel = data["kernels"][key], key.split(".")[1]
         assert rec["builtin"] == KP.BUILTIN_POLICY[kernel] and set(rec["config"]) == set(rec["builtin"]), key
         assert rec["config"] != rec["builtin"] and len(rec["configs"]) == 2, key
+
+
+def test_pingpong_sweep_times_the_pingpong_launch_second(tmp_path, monkeypatch):
+    """``--pingpong KERNELS`` adds those Gluon kernels' ping-pong launches: the built-in one right after the
+    built-in cooperative launch (so a short budget still times it), it compiles clean for sm_90 (the dry
+    run's winner is the first other candidate that does), and launch_config then reads PINGPONG=1 back.
+    Without the flag no candidate is a ping-pong one (a wrong mbarrier protocol hangs, so the lease script
+    passes it only after the ping-pong GPU check has passed)."""
+    from pacs_fast.kernels import tuning
+    from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS
+    # the candidate lists, from a separate process (importing gpu_tune here would drop TRITON_INTERPRET
+    # while it imports kernel modules: their kernels would no longer run under the interpreter)
+    script = ("import json, sys; sys.path.insert(0, 'bench'); import gpu_tune as g; out = {}\n"
+              "for k in ('stats_gluon', 'dlogits_gluon'):\n"
+              "    n = 'linear_logprobs.' + k; b = g.base_config(n, 8192, 4096, 151936, 'bf16', 90)\n"
+              "    out[k] = [b, g.stage1(n, b, 'bf16', 90), g.stage1(n, b, 'bf16', 90, pingpong=True)]\n"
+              "print('CANDIDATES', json.dumps(out))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lists = json.loads(proc.stdout.split("CANDIDATES", 1)[1])
+    for kernel, (base, plain, pp) in lists.items():
+        assert not any(c.get("PINGPONG") for c in plain) and plain[0] == base
+        assert pp[:2] == [base, dict(base, **PINGPONG_CONFIGS[kernel])]
+        assert all(c["num_warps"] == 4 for c in pp if c["PINGPONG"]) and len(pp) > len(plain)
+    kernels = ",".join(f"linear_logprobs.{k}" for k in PINGPONG_CONFIGS)
+    proc = _tune("--dry-run", "--pingpong", kernels, "--kernels", kernels, "--out-dir", str(tmp_path), "--jobs", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "sm_90.json").read_text())["kernels"]
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    for kernel, pp in PINGPONG_CONFIGS.items():
+        rec = data[f"linear_logprobs.{kernel}.16"]
+        assert rec["builtin"]["PINGPONG"] == 0 and rec["config"] == dict(rec["builtin"], **pp), rec
+        assert rec["compile_rejected"] == 0
+        assert _config("linear_logprobs", kernel, 90) == dict(rec["config"])
 
 
 def test_launch_config_reads_the_written_table(table, monkeypatch):
@@ -214,13 +263,7 @@ def test_choose_times_the_kinds_in_alternation_and_takes_the_fastest_median(monk
     round-robin (never one kind's rounds back to back), each under its own override (forward kind and
     configuration), the fastest median wins, a kind whose sweep matched nothing (ms inf) or that
     fails now is not chosen, and fewer than two candidates give no entry."""
-    monkeypatch.syspath_prepend(os.path.join(ROOT, "bench"))
-    interpret = os.environ.get("TRITON_INTERPRET")
-    try:
-        import gpu_tune  # drops TRITON_INTERPRET from the environment (it compiles for real GPUs)
-    finally:
-        if interpret is not None:  # this test process keeps the interpreter for every later kernel
-            os.environ["TRITON_INTERPRET"] = interpret
+    gpu_tune = _import_gpu_tune(monkeypatch)
     from pacs_fast.kernels import linear_logprobs as KL
     kinds = gpu_tune.CHOICES["forward"]
     cfg = {name: dict(BLOCK_N=64 + i) for i, name in enumerate(kinds)}

@@ -279,7 +279,8 @@ def test_gluon_kernels_are_warp_specialised(report):
     on sm_90: the loader warp's warpgroup gives registers back (``setmaxnreg.dec``) and the wgmma warps
     take them (``setmaxnreg.inc`` above the launch budget), with no spill; no other kernel is
     warp-specialised (Triton's ``warp_specialize`` flag is a no-op on sm_90, and sm_100 kernels do not
-    use it here). The dz kernel writes through a TMA store (a third bulk-tensor copy)."""
+    use it here). The dz kernel writes through a TMA store (a third bulk-tensor copy). Each kernel's
+    ping-pong launch (``PINGPONG_CONFIGS``) is compiled too, with both consumer partitions raised."""
     gluon = [c for c in report["cases"] if c["fn"] in GLUON_KERNELS]
     assert {c["fn"] for c in gluon} == set(GLUON_KERNELS) and all(c["arch"] == 90 for c in gluon)
     assert all(c["tma_loads"] >= 3 for c in gluon if c["fn"] == "_dlogits_gluon_kernel")
@@ -288,6 +289,10 @@ def test_gluon_kernels_are_warp_specialised(report):
         decs = [int(x.split()[1]) for x in c["setmaxnreg"] if x.startswith("dec")]
         assert decs and min(decs) <= 40 and max(incs, default=0) > c["regs"], (c["label"], c["setmaxnreg"], c["regs"])
         assert any(m.startswith("wgmma.mma_async") for m in c["mma"]), c["mma"]
+        # ping-pong: two consumer partitions, each raised above the launch budget (one in the cooperative launch)
+        raised = len({n for n in incs if n > c["regs"]})
+        assert raised == (2 if c["constexprs"]["PINGPONG"] == "True" else 1), (c["label"], c["setmaxnreg"])
+    assert {c["fn"] for c in gluon if c["constexprs"]["PINGPONG"] == "True"} == set(GLUON_KERNELS)
     assert not [c["label"] for c in report["cases"] if c["fn"] not in GLUON_KERNELS and c["setmaxnreg"]]
 
 

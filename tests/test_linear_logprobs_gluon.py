@@ -108,6 +108,22 @@ def test_accumulator_layout_keeps_each_row_inside_one_warp():
     assert list(G._mma_layout(64, 384, 4).instr_shape) == [16, 192, 16]
     with pytest.raises(ValueError, match="BLOCK_N=64"):
         G._mma_layout(64, 256, 8)
+    # the ping-pong launches' 4-warp consumers (one warpgroup per tile)
+    assert list(G._mma_layout(128, 128, 4).instr_shape) == [16, 128, 16]
+    assert list(G._mma_layout(64, 256, 4).warps_per_cta) == [4, 1]
+
+
+def test_the_pingpong_check_runs_the_pingpong_launches(monkeypatch):
+    """The ping-pong GPU checks really launch PINGPONG_CONFIGS (every key of it), not the default."""
+    from pacs_fast.kernels import linear_logprobs_gluon as G
+    from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS
+    monkeypatch.setattr(G, "_cfg", G._cfg)  # restored after the test
+    h, w = torch.randn(8, 4096).bfloat16(), torch.randn(40, 4096).bfloat16()
+    assert all(G._cfg(k, h, w)["PINGPONG"] == 0 for k in PINGPONG_CONFIGS)
+    _pingpong_launches()
+    for kernel, pp in PINGPONG_CONFIGS.items():
+        cfg = G._cfg(kernel, h, w)
+        assert {k: cfg[k] for k in pp} == pp, kernel
 
 
 @pytest.mark.interpret
@@ -148,6 +164,18 @@ def test_gluon_dz_kernel_matches_float64_on_hopper():
     _run_gpu_check("dz")
 
 
+@pytest.mark.gpu
+def test_gluon_pingpong_forward_matches_float64_on_hopper():
+    """The same checks on the ping-pong launch (PINGPONG_CONFIGS: two consumer warpgroups on alternate
+    tiles, whose turn barriers are what keeps their ``ready`` waits sound)."""
+    _run_gpu_check("forward-pingpong")
+
+
+@pytest.mark.gpu
+def test_gluon_pingpong_dz_kernel_matches_float64_on_hopper():
+    _run_gpu_check("dz-pingpong")
+
+
 def _reference(h, w, b, inv_t, rows):
     """float64 logits of ``rows``, their log-sum-exp, entropy, and the bounds' ingredients."""
     h64, w64 = h[rows].double(), w.double()
@@ -186,8 +214,7 @@ def _check_partials(n, h_dim, v, dtype, scale, bias, temperature, dev="cuda", fw
     m_p, s_p, a_p = K.stats_fwd(hidden, weight, b, inv_t, True)
     m_q, s_q, a_q = K.stats_fwd(hidden, weight, b, inv_t, False)
     K.CONFIG["FWD"] = saved
-    kernel = "stats_gluon" if fwd == "gluon" else "stats_tiles"
-    bv = K.launch_config(kernel, N=n, V=v, H=h_dim, dtype=dtype, arch=K.device_arch(dev))["BLOCK_V"]
+    bv = (G._cfg("stats_gluon", hidden, weight) if fwd == "gluon" else K._cfg("stats_tiles", hidden, weight))["BLOCK_V"]
     assert m_p.shape == (math.ceil(v / bv), n) and a_q is None
     assert torch.equal(m_p, m_q) and torch.equal(s_p, s_q)  # entropy off: the same m and s
     m, s, a = vp.merge_splits(m_p, s_p, a_p)
@@ -289,8 +316,19 @@ def _check_grads(n=8192, h_dim=4096, v=151936, dev="cuda", fwd="gluon", dlogits=
     print(f"grads ok: N={n} H={h_dim} V={v} chunk={chunk} bias={bias} T={temperature}", flush=True)
 
 
+def _pingpong_launches():
+    """The Gluon launchers take the ping-pong launch (``PINGPONG_CONFIGS``) from here on (this process only)."""
+    from pacs_fast.kernels import linear_logprobs_gluon as G
+    from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS
+    real = G._cfg
+    G._cfg = lambda kernel, h, w: dict(real(kernel, h, w), **PINGPONG_CONFIGS.get(kernel, {}))
+
+
 def _gpu_check(kernel):
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    if kernel.endswith("-pingpong"):
+        _pingpong_launches()
+        kernel = kernel[:-len("-pingpong")]
     if kernel == "forward":
         for dtype in (torch.bfloat16, torch.float16):
             _check_partials(1000, 896, 32001, dtype, 1.0, True, 0.7)  # odd N and V: ragged row and vocab tiles
