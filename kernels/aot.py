@@ -38,6 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import LAUNCH_OPTIONS
+
 ARCHS = (80, 90, 100)
 # per-block shared memory limits (opt-in maximum): A100 163 KB, H100/H200 227 KB, B200 227 KB
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024}
@@ -324,7 +326,7 @@ def compile_fn(fn, types: dict, constexprs: dict, arch: int, num_warps: int, num
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     src = ASTSource(fn, _signature(fn, types, constexprs), constexprs, _attrs(fn, types))
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+                          options={"num_warps": num_warps, "num_stages": num_stages, **LAUNCH_OPTIONS})
 
 
 def _resource_usage(cubin: bytes) -> dict:

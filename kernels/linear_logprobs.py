@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import tuning
+from . import LAUNCH_OPTIONS, tuning
 from .base2 import LOG2E, LN2, T_MIN, finite_max, natural_partial
 from .linear_logprobs_launch import ARCH_CONFIGS
 
@@ -393,7 +393,7 @@ def stats_fwd(hidden, weight, bias, inv_t: float, entropy: bool):
             n, v, n_h, per, inv_t, m, s, a,
             HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=_prec(hidden), UPCAST=_upcast(hidden),
             BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh,
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **LAUNCH_OPTIONS)
     return m, s, (a if entropy else None)
 
 
@@ -420,5 +420,5 @@ def grad_bwd(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, ent, gl, g
             HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=_prec(hidden), UPCAST=_upcast(hidden),
             NEED_DW=dw is not None, NEED_DB=db is not None,
             BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **LAUNCH_OPTIONS)
     return dh, dw, db

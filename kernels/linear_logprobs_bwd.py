@@ -14,7 +14,7 @@ import functools
 import torch
 import triton
 
-from . import linear_logprobs as KL
+from . import LAUNCH_OPTIONS, linear_logprobs as KL
 
 
 def plan_bwd_chunks(n: int, v: int, itemsize: int, budget: int) -> tuple[int, int]:
@@ -132,7 +132,7 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
                     (gh if entropy else gl)[n0:], dz, dz.stride(0),
                     HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=KL._prec(hidden), UPCAST=KL._upcast(hidden),
                     BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"],
-                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **LAUNCH_OPTIONS)
             _gemm_f32_(dh[n0:n1], dz, weight[v0:v1], accumulate=v0 > 0)  # the first vocab chunk writes
             if dw is not None:
                 if one_pass_dw:  # every row in this chunk: dW[v0:v1] final, written once

@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import LAUNCH_OPTIONS
+
 BLOCK_R = 16    # rows per program (N = 8192: 512 programs)
 BLOCK_S = 32    # partial rows (vocab blocks) per step of the merge
 BLOCK_H = 256   # hidden columns per step of the gather-dot
@@ -109,5 +111,5 @@ def finish(m, s, a, hidden, weight, bias, labels, v_offset: int, inv_t: float):
         bias if bias is not None else hidden, labels, int(v_offset), weight.shape[0], hidden.shape[1],
         float(inv_t), m_out, s_out, a_out if entropy else s_out, t_out,
         HAS_BIAS=bias is not None, ENTROPY=entropy, BLOCK_R=BLOCK_R, BLOCK_S=BLOCK_S, BLOCK_H=BLOCK_H,
-        num_warps=NUM_WARPS)
+        num_warps=NUM_WARPS, **LAUNCH_OPTIONS)
     return m_out, s_out, a_out, t_out

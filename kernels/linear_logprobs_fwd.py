@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import LAUNCH_OPTIONS
 from .base2 import LOG2E, natural_partial
 from .linear_logprobs import _cfg, _grouped_tile, _logits_tile, _online_fold, _prec, _store_partial, _tile_stats, \
     _upcast
@@ -115,5 +116,5 @@ def stats_tiles(hidden, weight, bias, inv_t: float, entropy: bool):
             n, v, n_h, inv_t, m, s, a,
             HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=_prec(hidden), UPCAST=_upcast(hidden),
             BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"], V_TILES=vt,
-            PERSISTENT=persistent > 0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            PERSISTENT=persistent > 0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **LAUNCH_OPTIONS)
     return m, s, (a if entropy else None)

@@ -40,6 +40,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_init, warpgroup_mma_wait
 
+from . import LAUNCH_OPTIONS
 from .linear_logprobs import _cfg, _dlogits_tile, _store_partial, _tile_stats, device_arch
 from .linear_logprobs_fwd import num_sms
 
@@ -313,7 +314,7 @@ def stats_gluon(hidden, weight, bias, inv_t: float, entropy: bool):
             hdesc, wdesc, bias if bias is not None else hidden, n, v, n_h, inv_t, m, s, a,
             HAS_BIAS=bias is not None, ENTROPY=entropy, GROUP_N=cfg["GROUP_N"], STAGES=cfg["num_stages"],
             PINGPONG=bool(cfg["PINGPONG"]), LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS,
-            num_warps=cfg["num_warps"])
+            num_warps=cfg["num_warps"], **LAUNCH_OPTIONS)
     return m, s, (a if entropy else None)
 
 
@@ -344,4 +345,4 @@ def dlogits_gluon(h_c, w_c, b_c, inv_t, labels, v_offset, m, log_s, ent, gl_, gh
         ent if entropy else m, gl_, gh if entropy else gl_,
         HAS_BIAS=b_c is not None, ENTROPY=entropy, GROUP_N=cfg["GROUP_N"], STAGES=cfg["num_stages"],
         PINGPONG=bool(cfg["PINGPONG"]), LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS,
-        num_warps=cfg["num_warps"])
+        num_warps=cfg["num_warps"], **LAUNCH_OPTIONS)

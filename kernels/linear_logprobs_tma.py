@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import LAUNCH_OPTIONS
 from .linear_logprobs import _cfg, _dlogits_tile, _grouped_tile, _prec, _store_partial, _tile_stats, _upcast, \
     device_arch
 from .linear_logprobs_fwd import num_sms
@@ -145,7 +146,7 @@ def stats_tma(hidden, weight, bias, inv_t: float, entropy: bool):
             BLOCK_N=cfg["BLOCK_N"], BLOCK_V=cfg["BLOCK_V"], BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"],
             FLATTEN=bool(cfg["FLATTEN"]),
             WARP_SPECIALIZE=bool(cfg["WARP_SPECIALIZE"]), num_warps=cfg["num_warps"],
-            num_stages=cfg["num_stages"])
+            num_stages=cfg["num_stages"], **LAUNCH_OPTIONS)
     return m, s, (a if entropy else None)
 
 
@@ -163,4 +164,5 @@ def dlogits_tma(h_c, w_c, b_c, inv_t, labels, v_offset, m, log_s, ent, gl, gh, d
         HAS_BIAS=b_c is not None, ENTROPY=entropy, DOT_PREC=_prec(h_c), UPCAST=_upcast(h_c),
         BLOCK_N=cfg["BLOCK_N"], BLOCK_V=cfg["BLOCK_V"], BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"],
         FLATTEN=bool(cfg["FLATTEN"]),
-        WARP_SPECIALIZE=bool(cfg["WARP_SPECIALIZE"]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        WARP_SPECIALIZE=bool(cfg["WARP_SPECIALIZE"]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **LAUNCH_OPTIONS)

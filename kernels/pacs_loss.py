@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import tuning
+from . import LAUNCH_OPTIONS, tuning
 
 SCORES = {"rloo": 0, "grpo": 1, "dr_grpo": 2, "naive": 3}
 WEIGHT_MODES = {"question": 0, "none": 1, "only_positive": 2, "only_negative": 3}
@@ -437,7 +437,7 @@ def pacs_loss_fwd(logp, logp_ref, mask, rewards, cu_seqlens, *, group_size, beta
         cu_seqlens if packed else logp, ws[0], ws[1], B, T,
         ACC=acc_tl, PACKED=packed, HAS_MASK=kmask is not None, HAS_REF=has_ref,
         ROWS=cfg["ROWS"], BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        num_stages=cfg["num_stages"], **LAUNCH_OPTIONS,
     )
     # pass B: one program per group
     outs = [torch.empty(B, device=dev, dtype=acc) for _ in range(6)]
@@ -448,7 +448,7 @@ def pacs_loss_fwd(logp, logp_ref, mask, rewards, cu_seqlens, *, group_size, beta
         *_hi_lo(1.0 / B), *_hi_lo(GRPO_EPS),
         ACC=acc_tl, PROXY=PROXIES[proxy], SCORE=SCORES[score], WEIGHT=WEIGHT_MODES[weight_mode],
         BLOCK_G=cfg["BLOCK_G"], BLOCK_S=cfg["BLOCK_S"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        num_stages=cfg["num_stages"], **LAUNCH_OPTIONS,
     )
     loss = partial.sum()  # each group's share already carries the 1/B
     return (loss, *outs)
@@ -469,6 +469,6 @@ def pacs_loss_bwd(grad_loss, coef, mask, cu_seqlens, logp_shape, logp_dtype):
     _pacs_bwd_kernel[(triton.cdiv(B, cfg["ROWS"]), cfg["N_SPLIT"])](
         grad, coef, dlogp if kmask is None else kmask, cu_seqlens if packed else coef, dlogp, B, T,
         PACKED=packed, HAS_MASK=kmask is not None, ROWS=cfg["ROWS"], BLOCK_T=cfg["BLOCK_T"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **LAUNCH_OPTIONS,
     )
     return dlogp

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import tuning
+from . import LAUNCH_OPTIONS, tuning
 from .base2 import LN2, LOG2E, T_MIN, finite_max, natural_partial
 
 # Overrides of the launch parameters (None: ``launch_config`` decides). Tests shrink the blocks
@@ -163,7 +163,7 @@ def stats_fwd(logits: torch.Tensor, inv_t: float, entropy: bool):
     if n > 0:
         _stats_fwd_kernel[(n, splits)](logits, logits.stride(0), v, per, inv_t, m, s, a, n,
                                        ENTROPY=entropy, BLOCK_V=block, num_warps=cfg["num_warps"],
-                                       num_stages=cfg["num_stages"])
+                                       num_stages=cfg["num_stages"], **LAUNCH_OPTIONS)
     return m, s, (a if entropy else None)
 
 
@@ -180,5 +180,6 @@ def grad_bwd(logits, dlogits, inv_t, labels, v_offset, ignore_index, m, log_s, e
         _grad_bwd_kernel[(n, triton.cdiv(v, block))](
             logits, logits.stride(0), dlogits, dlogits.stride(0), v, inv_t,
             labels, v_offset, ignore_index, m, log_s, ent if entropy else m, gl, gh if entropy else gl,
-            ENTROPY=entropy, BLOCK_V=block, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            ENTROPY=entropy, BLOCK_V=block, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            **LAUNCH_OPTIONS)
     return dlogits
