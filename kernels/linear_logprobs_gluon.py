@@ -116,7 +116,8 @@ def _tile_logits(h_bufs, w_bufs, ready, empty, turn, i, q, n_k, B, c0, V, HAS_BI
     may start). Besides keeping the tensor cores on one tile at a time, this is what makes the ``ready``
     waits sound: an mbarrier wait tells phases apart by parity only, so a consumer must not wait on a
     slot use while an earlier use of that slot is still loading; once the other consumer has waited
-    on every slot of the tile before, every earlier use has landed."""
+    on every slot of the tile before, every earlier use has landed. tests/test_gluon_protocol.py
+    model-checks this protocol (the loader's and the consumers' barrier operations, in this order)."""
     STAGES: gl.constexpr = h_bufs.type.shape[0]
     if CONSUMERS > 1:
         # consumer 0's q-th tile follows consumer 1's (q-1)-th (q = 0: a fresh barrier passes parity 1);
