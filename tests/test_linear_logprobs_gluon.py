@@ -138,20 +138,49 @@ def test_the_gpu_check_passes_the_tiled_forward(seed, monkeypatch):
     _check_grads(40, 40, 300, dev="cpu", fwd="tiles", dlogits="pointer", chunk=(16, 128), bias=True, temperature=0.7)
 
 
+_HUNG = set()  # checks that timed out in this session
+
+
 def _run_gpu_check(kernel):
     """``_gpu_check(kernel)`` on the GPU in a subprocess limited to GPU_CHECK_TIMEOUT_S (see the
-    module docstring); each kernel separately, so that one that hangs does not hide the other."""
+    module docstring); each kernel separately, so that one that hangs does not hide the other. A
+    ping-pong check is not started where the same kernel's cooperative check hung (they share the
+    loader and the ring; a second hang would only spend the lease's time)."""
     major, minor = torch.cuda.get_device_capability()
     if major != 9:
         pytest.skip(f"the Gluon kernels are Hopper-only (wgmma); this GPU is sm_{major}{minor}")
+    base = kernel.removesuffix("-pingpong")
+    if base != kernel and base in _HUNG:
+        pytest.fail(f"not run: the cooperative {base} check hung in this session")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     try:
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpu-check", kernel], cwd=HERE, env=env,
                               capture_output=True, text=True, timeout=GPU_CHECK_TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
+        _HUNG.add(kernel)
         pytest.fail(f"the Gluon {kernel} check did not finish in {GPU_CHECK_TIMEOUT_S} s (a deadlocked "
                     f"pipeline?):\n{(e.stdout or b'')[-2000:]!r}")
     assert proc.returncode == 0 and "GLUON CHECK OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def test_a_hung_check_spares_the_lease_the_pingpong_one(monkeypatch):
+    """A cooperative check that times out fails, and the same kernel's ping-pong check then fails
+    at once without a subprocess (it would most likely hang the same way); the other kernel's runs."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(sys.modules[__name__], "_HUNG", set())
+    started = []
+
+    def run(cmd, **kw):
+        started.append(cmd[-1])
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+    monkeypatch.setattr(subprocess, "run", run)
+    with pytest.raises(pytest.fail.Exception, match="did not finish"):
+        _run_gpu_check("forward")
+    with pytest.raises(pytest.fail.Exception, match="hung in this session"):
+        _run_gpu_check("forward-pingpong")
+    with pytest.raises(pytest.fail.Exception, match="did not finish"):
+        _run_gpu_check("dz-pingpong")
+    assert started == ["forward", "dz-pingpong"]
 
 
 @pytest.mark.gpu
