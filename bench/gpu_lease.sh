@@ -60,7 +60,7 @@ except (OSError, ET.ParseError):
 sys.exit(0 if any(c.get("name") == sys.argv[2] and not list(c) for c in cases) else 1)
 EOF
 }
-gluon_methods() {  # gluon_methods JUNIT_XML: GLUON (bench method), GLUON_K (tuner kernels) and PINGPONG (tuner
+gluon_methods() {  # gluon_methods JUNIT_XML: GLUON (bench methods), GLUON_K (tuner kernels) and PINGPONG (tuner
   # kernels whose ping-pong launch joins the sweep) of the Gluon kernels whose float64 check passed in this
   # call (a kernel that fails or hangs is left out)
   GLUON="" GLUON_K="" PINGPONG=""
@@ -74,6 +74,8 @@ gluon_methods() {  # gluon_methods JUNIT_XML: GLUON (bench method), GLUON_K (tun
   (( fwd )) && passed "$1" test_gluon_pingpong_forward_matches_float64_on_hopper && PINGPONG="linear_logprobs.stats_gluon"
   (( dz )) && passed "$1" test_gluon_pingpong_dz_kernel_matches_float64_on_hopper && \
     PINGPONG="$PINGPONG,linear_logprobs.dlogits_gluon"
+  # both ping-pong launches checked: they are also benchmarked as a method of their own
+  [[ "$PINGPONG" == linear_logprobs.stats_gluon,linear_logprobs.dlogits_gluon ]] && GLUON="$GLUON,pacs_triton_gluon_pp"
   echo "== Gluon kernels that passed their float64 check here: forward $fwd, dz $dz; ping-pong: ${PINGPONG:-none}"
 }
 if [[ "$MODE" == main ]]; then

@@ -15,7 +15,8 @@ TMA kernels, ``CONFIG["FWD"] = "tma"`` and ``CONFIG["DLOGITS"] = "tma"``, kernel
 on a GPU before sm_90 they fall back to the tiled forward and the pointer dz kernel), ``pacs_triton_gluon`` (the
 warp-specialised Gluon kernels, ``CONFIG["FWD"] = "gluon"`` and ``CONFIG["DLOGITS"] = "gluon"``,
 kernels/linear_logprobs_gluon.py: the forward and the chunked backward's dz kernel; Hopper only, elsewhere
-the tiled forward and the pointer dz kernel; ``pacs_triton_gluon_fwd`` / ``_dz``: one of the two; not in the
+the tiled forward and the pointer dz kernel; ``pacs_triton_gluon_fwd`` / ``_dz``: one of the two;
+``pacs_triton_gluon_pp``: both with their ping-pong launches (``PINGPONG_CONFIGS``); not in the
 default list: bench/gpu_lease.sh adds them once their float64 checks have passed on the GPU, since a broken
 mbarrier protocol hangs instead of failing), ``pacs_triton_atomic`` (the default forward, the one-pass
 atomic backward kernel), ``pacs_torch`` (the chunked torch backend on cuBLAS),
@@ -156,7 +157,9 @@ KERNEL_CHOICES = {"pacs_triton_split": dict(FWD="split"), "pacs_triton_tma": dic
                   "pacs_triton_gluon": dict(FWD="gluon", DLOGITS="gluon"),
                   "pacs_triton_gluon_fwd": dict(FWD="gluon", DLOGITS="pointer"),
                   "pacs_triton_gluon_dz": dict(FWD="tiles", DLOGITS="gluon"),
+                  "pacs_triton_gluon_pp": dict(FWD="gluon", DLOGITS="gluon"),
                   "pacs_triton_tiles": dict(FWD="tiles", DLOGITS="pointer")}
+PINGPONG_METHODS = ("pacs_triton_gluon_pp",)  # the Gluon kernels' ping-pong launches (PINGPONG_CONFIGS)
 
 
 def bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=False):
@@ -169,7 +172,16 @@ def bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=Fa
     saved = {k: K.CONFIG[k] for k in choices}
     K.CONFIG.update(choices)
     try:
-        return _bench_case(name, n, h, v, dtype, device, iters, floor_calls, profile)
+        if name not in PINGPONG_METHODS:
+            return _bench_case(name, n, h, v, dtype, device, iters, floor_calls, profile)
+        from pacs_fast.kernels import linear_logprobs_gluon as G
+        from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS
+        saved_cfg = G._cfg  # each Gluon kernel with its own ping-pong launch
+        G._cfg = lambda kernel, h_, w_: dict(saved_cfg(kernel, h_, w_), **PINGPONG_CONFIGS.get(kernel, {}))
+        try:
+            return _bench_case(name, n, h, v, dtype, device, iters, floor_calls, profile)
+        finally:
+            G._cfg = saved_cfg
     finally:
         K.CONFIG.update(saved)
 

@@ -80,6 +80,30 @@ def test_kernel_shares_sums_per_kernel_and_folds_the_tail():
         assert kernel_breakdown(lambda: None) is None  # no GPU: no breakdown, the timings stand
 
 
+def test_pingpong_method_runs_both_gluon_kernels_with_their_pingpong_launches(monkeypatch):
+    """``pacs_triton_gluon_pp``: for the whole case the forward and the dz kernel are the Gluon ones
+    and their launchers read PINGPONG_CONFIGS; after it, the defaults again."""
+    import gpu_logprobs
+    from pacs_fast.kernels import linear_logprobs as K, linear_logprobs_gluon as G
+    from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS
+    h, w = torch.randn(8, 4096).bfloat16(), torch.randn(40, 4096).bfloat16()
+    seen = {}
+
+    def case(name, *args):
+        seen.update(fwd=K.CONFIG["FWD"], dz=K.CONFIG["DLOGITS"],
+                    **{k: G._cfg(k, h, w) for k in PINGPONG_CONFIGS})
+        return {"method": name}
+    monkeypatch.setattr(gpu_logprobs, "_bench_case", case)
+    before = {k: G._cfg(k, h, w) for k in PINGPONG_CONFIGS}
+    assert gpu_logprobs.bench_case("pacs_triton_gluon_pp", 8, 4096, 40, torch.bfloat16, "cpu", 1) == {
+        "method": "pacs_triton_gluon_pp"}
+    assert seen["fwd"] == "gluon" and seen["dz"] == "gluon"
+    for kernel, pp in PINGPONG_CONFIGS.items():
+        assert {k: seen[kernel][k] for k in pp} == pp and before[kernel]["PINGPONG"] == 0
+        assert G._cfg(kernel, h, w) == before[kernel]
+    assert K.CONFIG["FWD"] is None and K.CONFIG["DLOGITS"] is None
+
+
 def test_device_events_profiles_warm_up_plus_calls(monkeypatch):
     """The benchmarks' CUDA-profiler helper runs one warm-up and then ``calls`` calls under the
     profiler; on a CPU (CUDA faked present) the profiler runs and finds no device event."""
