@@ -125,10 +125,11 @@ def stage1(name, base, dt, arch, pingpong=False):
     elif name.endswith("grad_bwd"):
         cands = _tile_sweep(base, dt, arch, (32, 64), (1, 2, 3))
     else:
-        cands = _tile_sweep(base, dt, arch, (32, 64, 128), (2, 3, 4, 5, 6))
+        cands = _tile_sweep(base, dt, arch, (32, 64, 128), (2, 3, 4, 5))
     kernel = name.split(".")[1]
-    if pingpong and kernel in PINGPONG_CONFIGS:
-        cands += [dict(c, PINGPONG=1) for c in cands if c["num_warps"] == 4]
+    if pingpong and kernel in PINGPONG_CONFIGS:  # one 4-warp consumer per tile: smaller tiles, deeper rings
+        cands += [dict(c, PINGPONG=1) for c in _tile_sweep(base, dt, arch, (32, 64, 128), (3, 4, 5, 6))
+                  if c["num_warps"] == 4]
         return _dedupe([base, dict(base, **PINGPONG_CONFIGS[kernel])] + _by_distance(base, cands)[1:])
     return _by_distance(base, cands)
 
