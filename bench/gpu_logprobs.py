@@ -157,9 +157,8 @@ KERNEL_CHOICES = {"pacs_triton_split": dict(FWD="split"), "pacs_triton_tma": dic
                   "pacs_triton_gluon": dict(FWD="gluon", DLOGITS="gluon"),
                   "pacs_triton_gluon_fwd": dict(FWD="gluon", DLOGITS="pointer"),
                   "pacs_triton_gluon_dz": dict(FWD="tiles", DLOGITS="gluon"),
-                  "pacs_triton_gluon_pp": dict(FWD="gluon", DLOGITS="gluon"),
+                  "pacs_triton_gluon_pp": dict(FWD="gluon", DLOGITS="gluon", PINGPONG=1),
                   "pacs_triton_tiles": dict(FWD="tiles", DLOGITS="pointer")}
-PINGPONG_METHODS = ("pacs_triton_gluon_pp",)  # the Gluon kernels' ping-pong launches (PINGPONG_CONFIGS)
 
 
 def bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=False):
@@ -172,16 +171,7 @@ def bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=Fa
     saved = {k: K.CONFIG[k] for k in choices}
     K.CONFIG.update(choices)
     try:
-        if name not in PINGPONG_METHODS:
-            return _bench_case(name, n, h, v, dtype, device, iters, floor_calls, profile)
-        from pacs_fast.kernels import linear_logprobs_gluon as G
-        from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS
-        saved_cfg = G._cfg  # each Gluon kernel with its own ping-pong launch
-        G._cfg = lambda kernel, h_, w_: dict(saved_cfg(kernel, h_, w_), **PINGPONG_CONFIGS.get(kernel, {}))
-        try:
-            return _bench_case(name, n, h, v, dtype, device, iters, floor_calls, profile)
-        finally:
-            G._cfg = saved_cfg
+        return _bench_case(name, n, h, v, dtype, device, iters, floor_calls, profile)
     finally:
         K.CONFIG.update(saved)
 

@@ -53,7 +53,7 @@ import triton.language as tl
 
 from . import LAUNCH_OPTIONS, tuning
 from .base2 import LOG2E, LN2, T_MIN, finite_max, natural_partial
-from .linear_logprobs_launch import ARCH_CONFIGS
+from .linear_logprobs_launch import ARCH_CONFIGS, PINGPONG_CONFIGS
 
 # Overrides of the launch parameters (None: ``launch_config`` decides); the tests shrink the
 # blocks so that the interpreter is fast and every loop has several ragged steps.
@@ -61,7 +61,9 @@ CONFIG = {
     "BLOCK_N": None, "BLOCK_V": None, "BLOCK_H": None, "GROUP_N": None, "num_warps": None, "num_stages": None,
     "SPLITS": None, "V_TILES": None, "PERSISTENT": None,  # V_TILES: stats_tiles; PERSISTENT: stats_tiles / tma
     "FLATTEN": None, "WARP_SPECIALIZE": None,  # stats_tma only
-    "PINGPONG": None,  # stats_gluon / dlogits_gluon: 1 = two consumer warpgroups of num_warps on alternate tiles
+    # stats_gluon / dlogits_gluon: 1 = their ping-pong launch (two consumer warpgroups on alternate tiles; the
+    # launch's tiles from PINGPONG_CONFIGS unless the keys above name others), 0 = the cooperative one
+    "PINGPONG": None,
     # which forward ``stats_fwd`` runs: "tiles", "split", "tma" or "gluon"; which dz kernel the chunked
     # backward runs: "pointer", "tma" or "gluon". None: the measured choice of the tuned table
     # (``forward_kind`` / ``dz_kind``), else "tiles" / "pointer"
@@ -80,7 +82,8 @@ def launch_config(kernel: str, *, N: int, V: int, H: int, dtype: torch.dtype, ar
     """Launch parameters of ``kernel`` (one of ``KERNELS``) for hidden ``[N, H]``, weight ``[V, H]``
     of ``dtype`` on compute capability ``arch`` (80, 90, 100; None off-GPU): ``BLOCK_N``,
     ``BLOCK_V``, ``BLOCK_H``, ``GROUP_N``, ``num_warps``, ``num_stages``. The launchers and the
-    compile test both call this. Precedence: ``CONFIG`` entries that are not None, then a measured
+    compile test both call this. Precedence: ``CONFIG`` entries that are not None, then (the Gluon
+    kernels with ``CONFIG["PINGPONG"]`` = 1) their ping-pong launch ``PINGPONG_CONFIGS``, then a measured
     table (kernels/tuning.py, written by bench/gpu_tune.py), then the built-in table
     (``ARCH_CONFIGS`` of kernels/linear_logprobs_launch.py)."""
     if kernel not in KERNELS:
@@ -88,6 +91,8 @@ def launch_config(kernel: str, *, N: int, V: int, H: int, dtype: torch.dtype, ar
     width = "32" if dtype == torch.float32 else "16"
     cfg = dict(ARCH_CONFIGS.get((kernel, arch, width)) or ARCH_CONFIGS[(kernel, None, width)])
     cfg = tuning.apply(cfg, "linear_logprobs", kernel, arch, width)
+    if CONFIG["PINGPONG"] and kernel in PINGPONG_CONFIGS:  # the ping-pong launch as a whole
+        cfg.update(PINGPONG_CONFIGS[kernel])
     for k in _TUNABLE:
         if k in cfg and CONFIG[k] is not None:
             cfg[k] = int(CONFIG[k])

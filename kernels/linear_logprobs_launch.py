@@ -81,8 +81,9 @@ ARCH_CONFIGS = {
     ("grad_bwd", None, "32"): dict(BLOCK_N=32, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=4, num_stages=1),
 }
 
-# The ping-pong launches of the Gluon kernels (kernels/linear_logprobs_gluon.py, PINGPONG=1), whole: the
-# tuner times them second (bench/gpu_tune.py --pingpong) and the GPU check runs them.
+# The ping-pong launches of the Gluon kernels (kernels/linear_logprobs_gluon.py, PINGPONG=1), whole:
+# CONFIG["PINGPONG"] = 1 selects them (launch_config), the tuner times them second (bench/gpu_tune.py
+# --pingpong), the GPU checks and the benchmark's pacs_triton_gluon_pp run them.
 PINGPONG_CONFIGS = {
     "stats_gluon": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=16, num_warps=4, num_stages=6, PERSISTENT=1,
                         PINGPONG=1),

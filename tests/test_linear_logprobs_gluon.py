@@ -115,15 +115,19 @@ def test_accumulator_layout_keeps_each_row_inside_one_warp():
 
 def test_the_pingpong_check_runs_the_pingpong_launches(monkeypatch):
     """The ping-pong GPU checks really launch PINGPONG_CONFIGS (every key of it), not the default."""
-    from pacs_fast.kernels import linear_logprobs_gluon as G
+    from pacs_fast.kernels import linear_logprobs as K, linear_logprobs_gluon as G
     from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS
-    monkeypatch.setattr(G, "_cfg", G._cfg)  # restored after the test
+    monkeypatch.setitem(K.CONFIG, "PINGPONG", None)  # restored after the test
     h, w = torch.randn(8, 4096).bfloat16(), torch.randn(40, 4096).bfloat16()
     assert all(G._cfg(k, h, w)["PINGPONG"] == 0 for k in PINGPONG_CONFIGS)
     _pingpong_launches()
     for kernel, pp in PINGPONG_CONFIGS.items():
         cfg = G._cfg(kernel, h, w)
         assert {k: cfg[k] for k in pp} == pp, kernel
+    # other kernels are untouched, and an explicit key still wins over the ping-pong launch
+    assert "PINGPONG" not in K._cfg("stats_tiles", h, w)
+    monkeypatch.setitem(K.CONFIG, "num_stages", 5)
+    assert G._cfg("stats_gluon", h, w) == dict(PINGPONG_CONFIGS["stats_gluon"], num_stages=5)
 
 
 @pytest.mark.interpret
@@ -347,10 +351,8 @@ def _check_grads(n=8192, h_dim=4096, v=151936, dev="cuda", fwd="gluon", dlogits=
 
 def _pingpong_launches():
     """The Gluon launchers take the ping-pong launch (``PINGPONG_CONFIGS``) from here on (this process only)."""
-    from pacs_fast.kernels import linear_logprobs_gluon as G
-    from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS
-    real = G._cfg
-    G._cfg = lambda kernel, h, w: dict(real(kernel, h, w), **PINGPONG_CONFIGS.get(kernel, {}))
+    from pacs_fast.kernels import linear_logprobs as K
+    K.CONFIG["PINGPONG"] = 1
 
 
 def _gpu_check(kernel):
