@@ -365,6 +365,11 @@ def main(argv=None):
     bad = [k for k in names if k not in SPECS]
     if bad:
         raise SystemExit(f"unknown kernels {bad}; choose from {SPECS}")
+    pingpong = [k for k in args.pingpong.split(",") if k]
+    bad = [k for k in pingpong if k not in names or k.split(".")[1] not in PINGPONG_CONFIGS]
+    if bad:
+        raise SystemExit(f"--pingpong {bad}: only Gluon kernels swept in this run (--kernels) have a ping-pong "
+                         f"launch: {[f'linear_logprobs.{k}' for k in PINGPONG_CONFIGS]}")
     n, h, v = (int(x) for x in args.shape.lower().split("x"))
     dt = args.dtype
     default_dir = os.path.join(ROOT, "kernels", "tuned")
@@ -394,7 +399,7 @@ def main(argv=None):
     for name in lp_names:
         share_end = time.time() + args.budget_s * BUDGET_SHARE[name] / sum(BUDGET_SHARE[k] for k in names)
         base = base_config(name, n, h, v, dt, arch)
-        s1 = stage1(name, base, dt, arch, name in args.pingpong.split(","))
+        s1 = stage1(name, base, dt, arch, name in pingpong)
         s2_count = len(stage2(name, base))
         log(f"{name}: {len(s1)} stage-1 candidates, {s2_count} stage-2 around the stage-1 winner; built-in "
             f"{_short(base)}")

@@ -114,6 +114,16 @@ def test_pingpong_sweep_times_the_pingpong_launch_second(tmp_path, monkeypatch):
         assert _config("linear_logprobs", kernel, 90) == dict(rec["config"])
 
 
+def test_pingpong_names_only_swept_gluon_kernels():
+    """``--pingpong`` naming a kernel without a ping-pong launch, or one not swept, is a one-line error
+    before anything is compiled."""
+    for pp in ("linear_logprobs.stats_tiles", "linear_logprobs.dlogits_gluon"):
+        proc = _tune("--dry-run", "--kernels", "linear_logprobs.stats_tiles,linear_logprobs.stats_gluon",
+                     "--pingpong", pp, timeout=60)
+        assert proc.returncode != 0 and "stage-1" not in proc.stdout, proc.stdout[-500:]
+        assert proc.stderr.strip().splitlines()[-1].startswith(f"--pingpong ['{pp}']"), proc.stderr[-500:]
+
+
 def test_launch_config_reads_the_written_table(table, monkeypatch):
     from pacs_fast.kernels import linear_logprobs as KL, tuning
     out, data = table
