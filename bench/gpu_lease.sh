@@ -6,8 +6,9 @@
 # main (one ~9-minute call, the priority order of docs/GPU.md):
 #   1. suite   bench/gpu_suite.py --steps env,gpu_tests,logprobs,pacs_loss: the gpu tests, the log-prob
 #              kernels against the GEMM floors and Liger, the PACS loss against the copy floor (built-in tables)
-#   2. tune    bench/gpu_tune.py on the log-prob forwards and dz kernels (short budget), written to
-#              kernels/tuned/sm_<arch>.json of this checkout (the PACS loss keeps the table measured before)
+#   2. tune    bench/gpu_tune.py on the log-prob forwards and dz kernels (short budget; the finalists timed
+#              again at H=896, --also-h), written to kernels/tuned/sm_<arch>.json of this checkout (the PACS
+#              loss keeps the table measured before)
 #   3. tuned   the log-prob benchmark again, now reading the measured table (with --profile: each Triton
 #              variant's device time per kernel, tile kernels against the glue)
 #   4. shapes  the log-probs at H=896 (Qwen2.5-0.5B), H=3584 (7B) and V=32,000, against their floors and Liger
@@ -83,7 +84,8 @@ if [[ "$MODE" == main ]]; then
   gluon_methods "$W/suite/gpu_tests.xml"
   K=linear_logprobs.stats_tiles,linear_logprobs.stats_tma,linear_logprobs.dlogits,linear_logprobs.dlogits_tma$GLUON_K
   # the log-prob kernels only: the PACS loss's table was measured on 2026-11-26 (0.68-0.74 of the copy)
-  phase tune 175 "$PY" bench/gpu_tune.py --kernels "$K" --pingpong "$PINGPONG" --budget-s 140 --out-dir "$W/tuned"
+  phase tune 175 "$PY" bench/gpu_tune.py --kernels "$K" --pingpong "$PINGPONG" --also-h 896 --budget-s 140 \
+    --out-dir "$W/tuned"
   if compgen -G "$W/tuned/sm_*.json" > /dev/null; then mkdir -p kernels/tuned && cp "$W"/tuned/sm_*.json kernels/tuned/; fi
   phase tuned_logprobs 90 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \
     --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" \

@@ -74,7 +74,6 @@ def _inputs(n, h, v, dtype, device, seed=0):
 def _method(name):
     if name == "pacs_torch" or name.startswith("pacs_triton") and (name in KERNEL_CHOICES or name in (
             "pacs_triton", "pacs_triton_atomic")):
-        from pacs_fast.kernels import linear_logprobs as K
         from pacs_fast.ops.linear_logprobs import linear_logprobs
         backend = name.split("_")[1]
         bwd = "atomic" if name.endswith("atomic") else "chunked"
@@ -247,8 +246,8 @@ def _kernel_kinds(name, hidden):
     if not name.startswith("pacs_triton"):
         return {}
     from pacs_fast.kernels import linear_logprobs as K
-    arch, width = K.device_arch(hidden.device), K._width(hidden.dtype)
-    return {"forward_kind": K.forward_kind(arch, width), "dz_kind": K.dz_kind(arch, width)}
+    arch, width, h = K.device_arch(hidden.device), K._width(hidden.dtype), hidden.shape[1]
+    return {"forward_kind": K.forward_kind(arch, width, h), "dz_kind": K.dz_kind(arch, width, h)}
 
 
 def gemm_floor(n, h, v, dtype, device, iters, max_bytes):

@@ -42,6 +42,11 @@ table's measured choice (``linear_logprobs.forward.16`` / ``linear_logprobs.dz.1
 ``forward_kind`` / ``dz_kind`` of kernels/linear_logprobs.py then follow when ``CONFIG`` names none:
 the fastest kernel becomes the default on that architecture, with the timings in the JSON.
 
+``--also-h 896`` (bench/gpu_tune_shapes.py): each log-prob kernel's finalists (the fastest few of its
+sweep, the built-in launch, the ping-pong one) timed again at those hidden sizes, N and V unchanged, and
+the kinds chosen again there: ``by_h`` parts of the entries, which a launch at the nearest hidden size
+takes (kernels/tuning.py). ALSO_H_SHARE of the budget per hidden size, taken from the sweeps'.
+
 ``--dry-run`` (no GPU): the same enumeration; only the built-in configuration and the first other
 candidate of each kernel are compiled; nothing is timed; the first other candidate that compiles
 clean is written as the "winner" (``"dry_run": true``, ``ms`` null) to a temporary folder, to test
@@ -50,7 +55,6 @@ the plumbing (tests/test_gpu_tune.py). It refuses to write into kernels/tuned/.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
@@ -74,6 +78,8 @@ from pacs_fast.ops import vocab_parallel as vp  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_tune_pacs  # noqa: E402
+from gpu_tune_candidates import stage1, stage2  # noqa: E402
+import gpu_tune_shapes  # noqa: E402
 
 SPECS = ("linear_logprobs.stats_tiles", "linear_logprobs.stats_tma", "linear_logprobs.stats_gluon",
          "linear_logprobs.dlogits", "linear_logprobs.dlogits_gluon",
@@ -85,6 +91,7 @@ BUDGET_SHARE = {"linear_logprobs.stats_tiles": 0.28, "linear_logprobs.stats_tma"
                 "linear_logprobs.grad_bwd": 0.12, "token_logprobs.stats_fwd": 0.08, "token_logprobs.grad_bwd": 0.12,
                 "pacs_loss.fwd_sums": 0.09, "pacs_loss.fwd": 0.04, "pacs_loss.bwd": 0.07}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+ALSO_H_SHARE = 0.08  # of --budget-s per extra hidden size (finalists only, no compiles)
 MODULES = {"linear_logprobs": KL, "token_logprobs": KT}
 
 
@@ -101,65 +108,6 @@ def base_config(name, n, h, v, dt, arch):
             return MODULES[mod].launch_config(kernel, N=n, V=v, dtype=DTYPES[dt], arch=arch, **extra)
     finally:
         tuning.TUNED_DIR = saved
-
-
-def _tile_sweep(base, dt, arch, blocks_h, stages):
-    """Tiles BLOCK_N x BLOCK_V in {64, 128, 256}^2, BLOCK_H, warps 4 / 8, stages: kept when the fp32
-    accumulator is 16..128 registers per thread and the operand ring fits the shared memory limit."""
-    item = 4 if dt == "fp32" else 2
-    out = []
-    for bn, bv, bh, w, st in itertools.product((64, 128, 256), (64, 128, 256), blocks_h, (4, 8), stages):
-        acc = bn * bv / (32 * w)
-        if not 16 <= acc <= 128 or (bn + bv) * bh * item * st > aot.SMEM_LIMIT[arch]:
-            continue
-        out.append(dict(base, BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh, num_warps=w, num_stages=st))
-    return out
-
-
-def stage1(name, base, dt, arch, pingpong=False):
-    """Stage-1 candidates, the built-in first. ``pingpong`` (the Gluon kernels): also their ping-pong
-    launches (PINGPONG=1, 4-warp consumers), the built-in one second (``PINGPONG_CONFIGS``)."""
-    if name.startswith("token_logprobs."):
-        cands = [dict(base, BLOCK_V=bv, num_warps=w, num_stages=st)
-                 for bv, w, st in itertools.product((1024, 2048, 4096, 8192), (4, 8, 16), (1, 2, 3))]
-    elif name.endswith("grad_bwd"):
-        cands = _tile_sweep(base, dt, arch, (32, 64), (1, 2, 3))
-    else:
-        cands = _tile_sweep(base, dt, arch, (32, 64, 128), (2, 3, 4, 5))
-    kernel = name.split(".")[1]
-    if pingpong and kernel in PINGPONG_CONFIGS:  # one 4-warp consumer per tile: smaller tiles, deeper rings
-        cands += [dict(c, PINGPONG=1) for c in _tile_sweep(base, dt, arch, (32, 64, 128), (3, 4, 5, 6))
-                  if c["num_warps"] == 4]
-        return _dedupe([base, dict(base, **PINGPONG_CONFIGS[kernel])] + _by_distance(base, cands)[1:])
-    return _by_distance(base, cands)
-
-
-def _by_distance(base, cands):
-    """The built-in configuration first, then the others by how many parameters differ from it
-    (a local search: the budget may end the sweep), bigger tiles first among equals."""
-    def key(c):
-        return (sum(c[k] != base[k] for k in base), -c.get("BLOCK_N", 1) * c["BLOCK_V"], -c.get("BLOCK_H", 0))
-    return _dedupe([base] + sorted(cands, key=key))
-
-
-def stage2(name, best):
-    if name.startswith("token_logprobs."):
-        return []
-    extra = dict(PERSISTENT=(0, 1, 2), V_TILES=(1, 2)) if name.endswith("stats_tiles") else \
-        dict(PERSISTENT=(1, 2), FLATTEN=(0, 1)) if name.endswith("_tma") else {}
-    keys = ["GROUP_N"] + list(extra)
-    values = [(4, 8, 16, 32, 64)] + list(extra.values())
-    return _dedupe([dict(best, **dict(zip(keys, combo))) for combo in itertools.product(*values)])
-
-
-def _dedupe(cands):
-    seen, out = set(), []
-    for c in cands:
-        k = json.dumps(c, sort_keys=True)
-        if k not in seen:
-            seen.add(k)
-            out.append(c)
-    return out
 
 
 # ---- the override hook and the compile filter -------------------------------------------------
@@ -315,7 +263,8 @@ def choose(job, kinds, results, runners, width, iters, shape, dry_run, log):
     if len(swept) < 2:
         return None
     rec = dict(configs={kinds[name]: cfg for name, cfg in swept.items()},
-               shape=f"N{shape['n']} H{shape['h']} V{shape['v']}", dtype=shape["dt"], rounds=CHOICE_ROUNDS,
+               shape=f"N{shape['n']} H{shape['h']} V{shape['v']}", h=shape["h"], dtype=shape["dt"],
+               rounds=CHOICE_ROUNDS,
                rule="fastest median of alternating timings, each kind with its tuned configuration")
     if dry_run:
         default = "tiles" if job == "forward" else "pointer"
@@ -355,6 +304,8 @@ def main(argv=None):
                     help="comma-separated Gluon kernels (linear_logprobs.stats_gluon, linear_logprobs.dlogits_gluon) "
                          "whose ping-pong launches join the sweep; only those whose GPU check passed on this machine "
                          "(a wrong mbarrier protocol hangs)")
+    ap.add_argument("--also-h", default="", help="comma-separated hidden sizes at which the log-prob kernels' "
+                    "finalists are timed again (per-hidden-size entries), e.g. 896")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--dry-run-subset", type=int, default=2, help="candidates compiled per kernel in a dry run")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -371,6 +322,15 @@ def main(argv=None):
         raise SystemExit(f"--pingpong {bad}: only Gluon kernels swept in this run (--kernels) have a ping-pong "
                          f"launch: {[f'linear_logprobs.{k}' for k in PINGPONG_CONFIGS]}")
     n, h, v = (int(x) for x in args.shape.lower().split("x"))
+    try:
+        also_h = [int(x) for x in args.also_h.split(",") if x]
+    except ValueError:
+        raise SystemExit(f"--also-h {args.also_h!r}: comma-separated hidden sizes, e.g. 896,3584") from None
+    if any(x <= 0 or x % 16 or x == h for x in also_h):
+        raise SystemExit(f"--also-h {args.also_h!r}: positive multiples of 16 other than the main shape's H={h}")
+    budget_s = args.budget_s * (1 - ALSO_H_SHARE * len(also_h))
+    if budget_s <= 0:
+        raise SystemExit(f"--also-h: {len(also_h)} hidden sizes leave no budget for the sweeps")
     dt = args.dtype
     default_dir = os.path.join(ROOT, "kernels", "tuned")
     if args.dry_run:
@@ -392,18 +352,19 @@ def main(argv=None):
     lp_names = [k for k in names if k not in pacs]
     runners = None if args.dry_run or not lp_names else make_runners(n, h, v, DTYPES[dt], "cuda")
     tol = 1e-3 if dt == "fp32" else 2e-2  # vs the built-in config's output: summation order only
-    results = {}
+    results, timed_by = {}, {}
     for name in [k for k in lp_names if k.endswith("_gluon") and arch != 90]:  # wgmma: Hopper only
         log(f"{name}: skipped (a Hopper kernel; this is sm_{arch})")
         lp_names.remove(name)
     for name in lp_names:
-        share_end = time.time() + args.budget_s * BUDGET_SHARE[name] / sum(BUDGET_SHARE[k] for k in names)
+        share_end = time.time() + budget_s * BUDGET_SHARE[name] / sum(BUDGET_SHARE[k] for k in names)
         base = base_config(name, n, h, v, dt, arch)
         s1 = stage1(name, base, dt, arch, name in pingpong)
         s2_count = len(stage2(name, base))
         log(f"{name}: {len(s1)} stage-1 candidates, {s2_count} stage-2 around the stage-1 winner; built-in "
             f"{_short(base)}")
-        rec = dict(enumerated=len(s1) + s2_count, shape=f"N{n} H{h} V{v}", dtype=dt, builtin=base)
+        rec = dict(enumerated=len(s1) + s2_count, shape=f"N{n} H{h} V{v}", dtype=dt, builtin=base,
+                   **({"h": h} if name.startswith("linear_logprobs.") else {}))  # token_logprobs: no H
         if args.dry_run:
             todo = s1[:max(1, args.dry_run_subset)]
             checked = compile_filter(name, todo, dt, arch, min(args.jobs, len(todo)))
@@ -427,7 +388,7 @@ def main(argv=None):
             checked2 = compile_filter(name, stage2(name, best), dt, arch, args.jobs)
             ok2 = [c for c, r in checked2 if r["ok"] and c != best]
             t2 = sweep(name, runners[name], ok2, ref, share_end, args.iters, tol, log)
-            timed = t1 + t2
+            timed = timed_by[name] = t1 + t2
             win_cfg, win_ms, win_err = min(timed, key=lambda r: r[1])
             base_ms = next(ms for c, ms, _ in timed if c == base)
             rec.update(config=win_cfg, ms=win_ms, builtin_ms=base_ms, speedup=base_ms / win_ms, rel_err=win_err,
@@ -440,9 +401,14 @@ def main(argv=None):
         rec = choose(job, kinds, lp_results, runners, width, args.iters, dict(n=n, h=h, v=v, dt=dt), args.dry_run, log)
         if rec is not None:
             results[tuning.entry_key("linear_logprobs", job, width)] = rec
+    for h2 in also_h if lp_names else ():
+        gpu_tune_shapes.tune_at(sys.modules[__name__], h2, [k for k in lp_names if k.startswith("linear_logprobs.")],
+                                timed_by, results, n=n, v=v, dt=dt, width=width,
+                                iters=args.iters, tol=tol, budget_s=args.budget_s * ALSO_H_SHARE,
+                                dry_run=args.dry_run, log=log)
     if pacs:
         del runners  # the log-prob runners' GPU memory
-        budget = args.budget_s * sum(BUDGET_SHARE[k] for k in pacs) / sum(BUDGET_SHARE[k] for k in names)
+        budget = budget_s * sum(BUDGET_SHARE[k] for k in pacs) / sum(BUDGET_SHARE[k] for k in names)
         results.update(gpu_tune_pacs.tune([k.split(".")[1] for k in pacs], arch=arch, dt=args.pacs_dtype,
                                           budget_s=budget, shares={k.split(".")[1]: BUDGET_SHARE[k] for k in pacs},
                                           iters=args.iters, jobs=args.jobs, dry_run=args.dry_run,
@@ -474,16 +440,21 @@ def write_table(out_dir, arch, device, results, dry_run):
 
 
 def check_choices_read_back(path, arch, results, width):
-    """``forward_kind`` / ``dz_kind`` (no CONFIG override) now return the choices written."""
+    """``forward_kind`` / ``dz_kind`` (no CONFIG override) now return the choices written, at the main
+    shape's hidden size and at each of ``by_h``'s."""
     saved, saved_cfg = tuning.TUNED_DIR, {k: KL.CONFIG[k] for k in ("FWD", "DLOGITS")}
     try:
         tuning.TUNED_DIR = os.path.dirname(path)
         KL.CONFIG.update(FWD=None, DLOGITS=None)
         for job, read in (("forward", KL.forward_kind), ("dz", KL.dz_kind)):
             rec = results.get(tuning.entry_key("linear_logprobs", job, width))
-            if rec is not None and read(arch, width) != rec["choice"]:
-                raise SystemExit(f"linear_logprobs.{job}: {read.__name__} gives {read(arch, width)!r}, "
-                                 f"the table holds {rec['choice']!r}")
+            if rec is None:
+                continue
+            for h, want in [(rec.get("h"), rec["choice"])] + [(int(k), r["choice"]) for k, r in
+                                                               rec.get("by_h", {}).items()]:
+                if read(arch, width, h) != want:
+                    raise SystemExit(f"linear_logprobs.{job} at H={h}: {read.__name__} gives "
+                                     f"{read(arch, width, h)!r}, the table holds {want!r}")
     finally:
         tuning.TUNED_DIR = saved
         KL.CONFIG.update(saved_cfg)
@@ -491,23 +462,25 @@ def check_choices_read_back(path, arch, results, width):
 
 def check_read_back(path, arch, results, n, h, v, dt):
     """``launch_config`` (no CONFIG override set) now returns what it returned with the winner set as
-    the override (the same, up to its clamps of blocks larger than the shape)."""
+    the override (the same, up to its clamps of blocks larger than the shape), at the main shape and
+    at each hidden size of the entry's ``by_h``."""
     saved = tuning.TUNED_DIR
     try:
         for key, rec in results.items():
             mod, kernel, _ = key.split(".")
-            extra = {} if mod == "token_logprobs" else dict(H=h)
+            for at_h, cfg in [(h, rec["config"])] + [(int(k), r["config"]) for k, r in rec.get("by_h", {}).items()]:
+                extra = {} if mod == "token_logprobs" else dict(H=at_h)
 
-            def config():
-                return MODULES[mod].launch_config(kernel, N=n, V=v, dtype=DTYPES[dt], arch=arch, **extra)
-            tuning.TUNED_DIR = os.devnull
-            with override(f"{mod}.{kernel}", rec["config"]):
-                want = config()
-            tuning.TUNED_DIR = os.path.dirname(path)
-            with override(f"{mod}.{kernel}", {}):
-                got = config()
-            if got != want:
-                raise SystemExit(f"{key}: launch_config gives {got}, the table holds {rec['config']}")
+                def config():
+                    return MODULES[mod].launch_config(kernel, N=n, V=v, dtype=DTYPES[dt], arch=arch, **extra)
+                tuning.TUNED_DIR = os.devnull
+                with override(f"{mod}.{kernel}", cfg):
+                    want = config()
+                tuning.TUNED_DIR = os.path.dirname(path)
+                with override(f"{mod}.{kernel}", {}):
+                    got = config()
+                if got != want:
+                    raise SystemExit(f"{key} at H={at_h}: launch_config gives {got}, the table holds {cfg}")
     finally:
         tuning.TUNED_DIR = saved
 

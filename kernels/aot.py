@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import LAUNCH_OPTIONS
+from . import LAUNCH_OPTIONS, tuning
 
 ARCHS = (80, 90, 100)
 # per-block shared memory limits (opt-in maximum): A100 163 KB, H100/H200 227 KB, B200 227 KB
@@ -279,8 +279,11 @@ def cases(archs=ARCHS) -> list[Case]:
             out[case.key] = case
 
     for arch in archs:
+        # the launches a measured table chose at other hidden sizes too (kernels/tuning.py ``by_h``)
+        shapes = LOGPROB_SHAPES + tuple((f"N8192 H{h} V151936 (tuned)", 8192, h, 151936)
+                                        for h in tuning.hidden_sizes(arch))
         for dt in ("bf16", "fp32"):
-            for shape, n, h, v in LOGPROB_SHAPES:
+            for shape, n, h, v in shapes:
                 for name in LOGPROB_KERNELS:
                     mod, kernel = name.split(".")
                     extra = {} if mod == "token_logprobs" else dict(H=h)
@@ -321,10 +324,11 @@ def _attrs(fn, types: dict) -> dict:
 
 def compile_fn(fn, types: dict, constexprs: dict, arch: int, num_warps: int, num_stages: int):
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     if getattr(fn, "is_gluon", lambda: False)():  # a @gluon.jit kernel (layouts explicit; staging its own)
-        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
-    src = ASTSource(fn, _signature(fn, types, constexprs), constexprs, _attrs(fn, types))
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        from triton.compiler import ASTSource as Source
+    src = Source(fn, _signature(fn, types, constexprs), constexprs, _attrs(fn, types))
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages, **LAUNCH_OPTIONS})
 

@@ -84,13 +84,13 @@ def launch_config(kernel: str, *, N: int, V: int, H: int, dtype: torch.dtype, ar
     ``BLOCK_V``, ``BLOCK_H``, ``GROUP_N``, ``num_warps``, ``num_stages``. The launchers and the
     compile test both call this. Precedence: ``CONFIG`` entries that are not None, then (the Gluon
     kernels with ``CONFIG["PINGPONG"]`` = 1) their ping-pong launch ``PINGPONG_CONFIGS``, then a measured
-    table (kernels/tuning.py, written by bench/gpu_tune.py), then the built-in table
-    (``ARCH_CONFIGS`` of kernels/linear_logprobs_launch.py)."""
+    table (kernels/tuning.py, written by bench/gpu_tune.py; its measurement at the hidden size nearest
+    ``H``), then the built-in table (``ARCH_CONFIGS`` of kernels/linear_logprobs_launch.py)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     width = "32" if dtype == torch.float32 else "16"
     cfg = dict(ARCH_CONFIGS.get((kernel, arch, width)) or ARCH_CONFIGS[(kernel, None, width)])
-    cfg = tuning.apply(cfg, "linear_logprobs", kernel, arch, width)
+    cfg = tuning.apply(cfg, "linear_logprobs", kernel, arch, width, H)
     if CONFIG["PINGPONG"] and kernel in PINGPONG_CONFIGS:  # the ping-pong launch as a whole
         cfg.update(PINGPONG_CONFIGS[kernel])
     for k in _TUNABLE:
@@ -330,28 +330,28 @@ def _width(dtype: torch.dtype) -> str:
     return "32" if dtype == torch.float32 else "16"
 
 
-def forward_kind(arch: int | None = None, width: str = "16") -> str:
+def forward_kind(arch: int | None = None, width: str = "16", h: int | None = None) -> str:
     """Which forward ``stats_fwd`` runs: ``CONFIG["FWD"]`` when set, else the measured choice
     ``linear_logprobs.forward.<width>`` of ``kernels/tuned/sm_<arch>.json`` (bench/gpu_tune.py writes it
-    when it timed several forwards in one run), else ``"tiles"``. ``"tiles"``: ``stats_tiles``;
+    when it timed several forwards in one run; the one measured at the hidden size nearest ``h``), else ``"tiles"``. ``"tiles"``: ``stats_tiles``;
     ``"split"``: ``_stats_fwd_kernel``; ``"tma"``: ``stats_tma`` where ``tma_usable``; ``"gluon"``: the
     warp-specialised ``stats_gluon`` where ``gluon_usable`` (a Hopper GPU); else ``stats_tiles``."""
-    return _kind("FWD", "forward", FORWARDS, arch, width)
+    return _kind("FWD", "forward", FORWARDS, arch, width, h)
 
 
-def dz_kind(arch: int | None = None, width: str = "16") -> str:
+def dz_kind(arch: int | None = None, width: str = "16", h: int | None = None) -> str:
     """Which dz kernel the chunked backward runs, as ``forward_kind``: ``CONFIG["DLOGITS"]``, else the
     measured choice ``linear_logprobs.dz.<width>``, else ``"pointer"`` (``_dlogits_kernel``); ``"tma"``
     and ``"gluon"`` where they take the inputs (else the pointer kernel)."""
-    return _kind("DLOGITS", "dz", DZ_KERNELS, arch, width)
+    return _kind("DLOGITS", "dz", DZ_KERNELS, arch, width, h)
 
 
-def _kind(config_key: str, job: str, allowed: tuple, arch: int | None, width: str) -> str:
+def _kind(config_key: str, job: str, allowed: tuple, arch: int | None, width: str, h: int | None) -> str:
     """``CONFIG[config_key]``, else the table's measured choice ``linear_logprobs.<job>.<width>``, else
     ``allowed[0]`` (the built-in default)."""
     kind = CONFIG[config_key]
     if kind is None:
-        kind = tuning.choice(tuning.entry_key("linear_logprobs", job, width), arch, allowed) or allowed[0]
+        kind = tuning.choice(tuning.entry_key("linear_logprobs", job, width), arch, allowed, h) or allowed[0]
     if kind not in allowed:
         raise ValueError(f"CONFIG[{config_key!r}] must be one of {allowed}, got {kind!r}")
     return kind
@@ -360,7 +360,7 @@ def _kind(config_key: str, job: str, allowed: tuple, arch: int | None, width: st
 def stats_fwd(hidden, weight, bias, inv_t: float, entropy: bool):
     """Partial ``(m, s, a)`` fp32 ``[S, N]`` of the scaled logits (``a`` None w/o entropy), to be
     merged along dim 0: S vocab blocks of the tiled forward, or S splits of the split one."""
-    kind = forward_kind(device_arch(hidden.device), _width(hidden.dtype))
+    kind = forward_kind(device_arch(hidden.device), _width(hidden.dtype), hidden.shape[1])
     if kind == "gluon":
         from .linear_logprobs_gluon import gluon_usable, stats_gluon
         if gluon_usable(hidden, weight):

@@ -100,7 +100,7 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
     cfg = KL._cfg("dlogits", hidden, weight)
     bn, bv = cfg["BLOCK_N"], cfg["BLOCK_V"]
     entropy = gh is not None
-    kind = KL.dz_kind(KL.device_arch(dev), KL._width(hidden.dtype))
+    kind = KL.dz_kind(KL.device_arch(dev), KL._width(hidden.dtype), hidden.shape[1])
     # the TMA or Gluon dz kernel where it takes these inputs, and which chunks' dz it can write
     # (the Gluon one's TMA store needs 16-byte rows); the pointer kernel for everything else
     fast, writes = None, None

@@ -19,11 +19,19 @@ tuner's record (times, shape, candidates). Entries of another kind hold a measur
 the same job ran fastest, timed in alternation in one run; ``choice`` reads them). ``TUNED_DIR`` (or ``$PACS_FAST_TUNED_DIR``) points
 elsewhere; a file that does not parse is ignored with one warning. This module imports only the
 standard library.
+
+Per hidden size: an entry measured at hidden size ``"h"`` (else the ``H<n>`` of its ``"shape"``) may
+hold ``"by_h": {"896": {"config": {...}, ...}}`` (a choice entry: ``{"896": {"choice": "gluon", ...}}``),
+the winners re-timed at other hidden sizes (bench/gpu_tune.py ``--also-h``). A launch at hidden size
+``H`` takes the measurement whose hidden size is nearest to ``H`` in ratio (a K loop of a similar
+length), the entry itself when it has no ``by_h`` or ``H`` is not given.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import warnings
 
 SCHEMA = 1
@@ -80,9 +88,42 @@ def load(arch: int | None) -> dict:
     return table
 
 
-def apply(cfg: dict, module: str, kernel: str, arch: int | None, width: str) -> dict:
-    """``cfg`` (the built-in configuration) updated with the measured entry, if any."""
-    entry = load(arch).get(entry_key(module, kernel, width))
+def measured_h(entry: dict) -> int | None:
+    """The hidden size an entry was measured at: its ``"h"``, else the ``H<n>`` of its ``"shape"``."""
+    if isinstance(entry.get("h"), int):
+        return entry["h"]
+    hit = re.search(r"\bH(\d+)\b", str(entry.get("shape", "")))
+    return int(hit.group(1)) if hit else None
+
+
+def nearest(entry, h: int | None):
+    """The part of ``entry`` measured nearest to hidden size ``h`` (ratio distance; ties: the
+    entry itself): the entry, or one of its ``by_h`` values."""
+    by_h = entry.get("by_h") if isinstance(entry, dict) else None
+    if h is None or h <= 0 or not isinstance(by_h, dict):
+        return entry
+    own = measured_h(entry)
+    best, dist = entry, abs(math.log(h / own)) if own else math.inf
+    for key, sub in sorted(by_h.items()):
+        if isinstance(sub, dict) and str(key).isdigit() and int(key) > 0 and abs(math.log(h / int(key))) < dist:
+            best, dist = sub, abs(math.log(h / int(key)))
+    return best
+
+
+def hidden_sizes(arch: int | None, module: str = "linear_logprobs") -> list[int]:
+    """The hidden sizes of the ``by_h`` measurements of ``module``'s entries in ``sm_<arch>.json``
+    (sorted; [] without a table): the compile test compiles the launches chosen at each."""
+    out = set()
+    for key, entry in load(arch).items():
+        if key.startswith(module + ".") and isinstance(entry, dict) and isinstance(entry.get("by_h"), dict):
+            out.update(int(k) for k in entry["by_h"] if str(k).isdigit() and int(k) > 0)
+    return sorted(out)
+
+
+def apply(cfg: dict, module: str, kernel: str, arch: int | None, width: str, h: int | None = None) -> dict:
+    """``cfg`` (the built-in configuration) updated with the measured entry, if any (at hidden size
+    ``h``: the entry's measurement nearest to it, ``nearest``)."""
+    entry = nearest(load(arch).get(entry_key(module, kernel, width)), h)
     if not isinstance(entry, dict) or not isinstance(entry.get("config"), dict):
         return cfg
     out = dict(cfg)
@@ -92,10 +133,11 @@ def apply(cfg: dict, module: str, kernel: str, arch: int | None, width: str) -> 
     return out
 
 
-def choice(key: str, arch: int | None, allowed) -> str | None:
-    """The measured choice ``key`` of ``sm_<arch>.json`` (None when absent; one warning and None
-    when it names something not in ``allowed``, e.g. a kernel this version no longer has)."""
-    entry = load(arch).get(key)
+def choice(key: str, arch: int | None, allowed, h: int | None = None) -> str | None:
+    """The measured choice ``key`` of ``sm_<arch>.json`` (at hidden size ``h``: the measurement nearest
+    to it; None when absent; one warning and None when it names something not in ``allowed``, e.g. a
+    kernel this version no longer has)."""
+    entry = nearest(load(arch).get(key), h)
     picked = entry.get("choice") if isinstance(entry, dict) else None
     if picked is None or picked in allowed:
         return picked

@@ -52,7 +52,7 @@ def _import_gpu_tune(monkeypatch):
 @pytest.fixture(scope="module")
 def table(tmp_path_factory):
     out = tmp_path_factory.mktemp("tuned")
-    proc = _tune("--dry-run", "--out-dir", str(out), "--jobs", "2")
+    proc = _tune("--dry-run", "--out-dir", str(out), "--jobs", "2", "--also-h", "896")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "stage-1 candidates" in proc.stdout
     return out, json.loads((out / "sm_90.json").read_text())
@@ -62,11 +62,12 @@ def test_dry_run_enumerates_filters_and_writes_every_kernel(table):
     _, data = table
     assert data["schema"] == 1 and data["arch"] == 90 and data["dry_run"] is True
     assert set(data["kernels"]) == LOGPROB_KEYS | PACS_KEYS | CHOICE_KEYS
+    kernels = dict(data["kernels"])  # (the fixture's table is shared with the other tests)
     for key in CHOICE_KEYS:  # untimed in a dry run: the first swept kind other than the default
-        rec = data["kernels"].pop(key)
+        rec = kernels.pop(key)
         assert rec["ms"] is None and rec["choice"] == "tma" and set(rec["configs"]) == {
             "tiles" if key.endswith("forward.16") else "pointer", "tma", "gluon"}, (key, rec)
-    for key, rec in data["kernels"].items():
+    for key, rec in kernels.items():
         assert rec["ms"] is None and rec["timed"] == 0, key  # nothing is timed without a GPU
         assert rec["enumerated"] > rec["compiled"] >= 2, key  # the sweep is larger than the subset compiled
     # the compile filter really filters: the atomic backward's 128x256x32 tiles spill on sm_90 (72 B)
@@ -147,6 +148,109 @@ def test_launch_config_reads_the_written_table(table, monkeypatch):
     want80 = _config("linear_logprobs", "stats_tiles", 80)
     monkeypatch.setattr(tuning, "TUNED_DIR", str(out))
     assert _config("linear_logprobs", "stats_tiles", 80) == want80
+
+
+def test_per_hidden_size_entries_are_read_at_the_nearest_hidden_size(table, monkeypatch):
+    """``--also-h 896`` adds ``by_h["896"]`` to every linear_logprobs entry (a dry run writes the built-in
+    launch and the default kinds there, untimed); launch_config and the kind choices then take the H=896
+    measurement for hidden sizes nearer 896 than 4096 in ratio (the crossover is sqrt(896 * 4096) ~ 1916)
+    and the main one otherwise; token_logprobs (no hidden size) has none."""
+    from pacs_fast.kernels import linear_logprobs as KL, tuning
+    out, data = table
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(out))
+    monkeypatch.setitem(KL.CONFIG, "FWD", None)
+    monkeypatch.setitem(KL.CONFIG, "DLOGITS", None)
+    visible = 0
+    for key in LOGPROB_KEYS:
+        rec = data["kernels"][key]
+        if key.startswith("token_logprobs."):
+            assert "by_h" not in rec and "h" not in rec, key
+            continue
+        sub = rec["by_h"]["896"]
+        assert rec["h"] == 4096 and sub["h"] == 896 and sub["config"] == rec["builtin"] and sub["ms"] is None, key
+        kernel = key.split(".")[1]
+        for h, want in ((896, sub["config"]), (1536, sub["config"]), (2048, rec["config"]), (4096, rec["config"]),
+                        (8192, rec["config"])):
+            got = KL.launch_config(kernel, N=N, V=V, H=h, dtype=torch.bfloat16, arch=90)
+            assert got == want, (key, h, got, want)
+        visible += rec["config"] != sub["config"]
+    assert visible >= 1  # some main winner differs from its H=896 entry, so the per-H read is visible
+    for job, read, main, small in (("forward", KL.forward_kind, "tma", "tiles"), ("dz", KL.dz_kind, "tma", "pointer")):
+        rec = data["kernels"][f"linear_logprobs.{job}.16"]
+        assert rec["choice"] == main and rec["by_h"]["896"]["choice"] == small
+        assert [read(90, "16", h) for h in (None, 896, 1536, 3584)] == [main, small, small, main]
+
+
+def test_nearest_measurement_by_hidden_size():
+    """kernels/tuning.py ``nearest``: ratio distance, the entry itself on a tie or without a hidden size
+    to compare (no ``h``: the ``H<n>`` of its shape), ``by_h`` keys that are not sizes ignored."""
+    from pacs_fast.kernels import tuning
+    entry = {"shape": "N8192 H4096 V151936", "config": "main",
+             "by_h": {"896": {"config": "small"}, "16384": {"config": "big"}, "x": {"config": "bad"}, "0": {}}}
+    pick = lambda h: tuning.nearest(entry, h)["config"]  # noqa: E731
+    assert [pick(h) for h in (None, 0, 64, 896, 1915, 1917, 4096, 8191, 8193, 10 ** 6)] == \
+        ["main", "main", "small", "small", "small", "main", "main", "main", "big", "big"]
+    assert pick(2 * 4096) == "main"  # a tie (8192 is as far from 4096 as from 16384): the entry itself
+    assert tuning.nearest(dict(entry, h=16384), 12000)["config"] == "main"  # "h" wins over the shape
+    assert tuning.nearest({"config": "only", "by_h": {"896": {"config": "small"}}}, 4096)["config"] == "small"
+    assert tuning.nearest(None, 896) is None and tuning.nearest({"config": 1}, 896) == {"config": 1}
+
+
+def test_tune_at_times_the_finalists_at_another_hidden_size():
+    """bench/gpu_tune_shapes.py with the GPU replaced: per kernel, the four fastest distinct configurations
+    of its main sweep that matched (never one with ms inf), the built-in one and the ping-pong built-in
+    are timed at the new hidden size, the fastest there becomes ``by_h``; the kinds are chosen again
+    among the H winners."""
+    import types
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import gpu_tune_shapes as S
+    finally:
+        sys.path.pop(0)
+    from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS
+    base = dict(BLOCK_N=128, GROUP_N=8, PINGPONG=0)
+    pp = dict(base, **PINGPONG_CONFIGS["stats_gluon"])
+    c = [dict(base, GROUP_N=g) for g in (1, 2, 3, 4, 5, 6)]
+    timed = {"linear_logprobs.stats_gluon": [(base, 9.0, 0), (pp, 8.0, 0), (c[0], 1.0, 0), (c[1], float("inf"), 0),
+                                             (c[2], 3.0, 0), (c[0], 2.0, 0), (c[3], 4.0, 0), (c[4], 5.0, 0),
+                                             (c[5], 6.0, 0)],
+             "linear_logprobs.stats_tiles": [(base, 2.0, 0), (c[0], 1.0, 0)]}
+    assert S.finalists(timed["linear_logprobs.stats_gluon"], base, pp) == [c[0], c[2], c[3], c[4], base, pp]
+    assert S.finalists([(c[0], 1.0, 0), (pp, float("inf"), 0)], base, pp) == [c[0], base]
+    at_h = {"linear_logprobs.stats_gluon": {json.dumps(pp): 0.5, json.dumps(c[0]): 0.7},
+            "linear_logprobs.stats_tiles": {json.dumps(base): 0.6}}
+    swept, chosen = {}, []
+
+    def sweep(name, runner, cands, ref, deadline, iters, tol, log):
+        swept[name] = cands
+        return [(cfg, at_h[name].get(json.dumps(cfg), 9.9), 0.0) for cfg in cands]
+
+    def choose(job, kinds, results, runners, width, iters, shape, dry_run, log):
+        chosen.append((job, shape["h"], {k: r["config"] for k, r in results.items()}))
+        return {"choice": "gluon", "ms": {}}
+    g = types.SimpleNamespace(make_runners=lambda n, h, v, dt, dev: {k: (lambda: None, None) for k in timed},
+                              DTYPES={"bf16": None}, PINGPONG_CONFIGS=PINGPONG_CONFIGS, sweep=sweep, choose=choose,
+                              CHOICES={"forward": {"linear_logprobs.stats_tiles": "tiles",
+                                                   "linear_logprobs.stats_gluon": "gluon"}, "dz": {}},
+                              _short=str)
+    results = {f"{k}.16": {"builtin": base, "config": c[0]} for k in timed}
+    results["linear_logprobs.forward.16"] = {"choice": "tiles"}
+    S.tune_at(g, 896, list(timed), timed, results, n=8, v=16, dt="bf16", width="16", iters=1, tol=0.1,
+              budget_s=10, dry_run=False, log=lambda m: None)
+    assert swept["linear_logprobs.stats_gluon"] == [c[0], c[2], c[3], c[4], base, pp]
+    assert swept["linear_logprobs.stats_tiles"] == [c[0], base]  # no ping-pong launch was swept
+    sub = results["linear_logprobs.stats_gluon.16"]["by_h"]["896"]
+    assert (sub["config"], sub["ms"], sub["builtin_ms"], sub["main_config_ms"]) == (pp, 0.5, 9.9, 0.7)
+    assert results["linear_logprobs.stats_tiles.16"]["by_h"]["896"]["config"] == base
+    assert chosen == [("forward", 896, {"linear_logprobs.stats_gluon.16": pp, "linear_logprobs.stats_tiles.16": base})]
+    assert results["linear_logprobs.forward.16"]["by_h"]["896"] == {"choice": "gluon", "ms": {}, "h": 896}
+
+
+def test_also_h_rejects_bad_sizes_before_compiling():
+    for bad in ("896,abc", "900", "4096", "-896"):
+        proc = _tune("--dry-run", "--kernels", "linear_logprobs.stats_tiles", "--also-h", bad, timeout=60)
+        assert proc.returncode != 0 and "stage-1" not in proc.stdout, (bad, proc.stdout[-500:])
+        assert proc.stderr.strip().splitlines()[-1].startswith("--also-h"), (bad, proc.stderr[-500:])
 
 
 def test_kernel_choice_reads_the_measured_table(table, tmp_path, monkeypatch):
@@ -297,3 +401,46 @@ def test_choose_times_the_kinds_in_alternation_and_takes_the_fastest_median(monk
     del results["linear_logprobs.stats_gluon.16"]
     assert gpu_tune.choose("forward", kinds, results, runners, "16", 1, shape, False, lambda m: None) is None
     assert KL.CONFIG["FWD"] is None and KL.CONFIG["BLOCK_N"] is None  # the overrides are undone
+
+
+def test_compile_cases_include_the_launches_measured_at_other_hidden_sizes(tmp_path, monkeypatch):
+    """kernels/aot.py ``cases`` (what tests/test_kernels_compile.py compiles and checks) adds each hidden
+    size of the table's ``by_h`` entries as a shape, so a launch chosen only at H=896 is compiled and
+    checked too (spills, shared memory, tensor cores); without such entries the cases are unchanged."""
+    from pacs_fast.kernels import aot, tuning
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    before = {c.key: list(c.shapes) for c in aot.cases((90,))}
+    assert not any("tuned" in s for shapes in before.values() for s in shapes)
+    main = _config("linear_logprobs", "stats_tiles", 90)
+    small = dict(main, num_stages=2, GROUP_N=8)
+    (tmp_path / "sm_90.json").write_text(json.dumps({"schema": 1, "arch": 90, "kernels": {
+        "linear_logprobs.stats_tiles.16": {"h": 4096, "config": main, "by_h": {"896": {"config": small}}}}}))
+    after = {c.key: c for c in aot.cases((90,))}
+    new = [c for k, c in after.items() if k not in before]
+    # the launch and its selectable persistent variant (cases() compiles both for the tiled forward)
+    assert sorted(c.constexprs["PERSISTENT"] for c in new) == [False, True], [c.label() for c in new]
+    for c in new:
+        assert (c.kernel, c.num_stages, c.constexprs["GROUP_N"]) == ("stats_tiles", 2, 8)
+        assert c.shapes == ["N8192 H896 V151936 (tuned)"]
+    assert tuning.hidden_sizes(90) == [896] and tuning.hidden_sizes(80) == []
+
+
+def test_tune_at_writes_no_entry_when_no_finalist_matches():
+    """A kernel whose finalists all fail or disagree with the reference at the new hidden size gets no
+    ``by_h`` entry (the main measurement keeps serving that size)."""
+    import types
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import gpu_tune_shapes as S
+    finally:
+        sys.path.pop(0)
+    base = dict(BLOCK_N=128)
+    timed = {"linear_logprobs.stats_tiles": [(base, 1.0, 0)], "linear_logprobs.dlogits": [(base, 1.0, 0)]}
+    outcome = {"linear_logprobs.stats_tiles": [], "linear_logprobs.dlogits": [(base, float("inf"), 1.0)]}
+    g = types.SimpleNamespace(make_runners=lambda *a: {k: (lambda: None, None) for k in timed}, DTYPES={"bf16": None},
+                              PINGPONG_CONFIGS={}, sweep=lambda name, *a: outcome[name], choose=None, CHOICES={},
+                              _short=str)
+    results = {f"{k}.16": {"builtin": base, "config": base} for k in timed}
+    added = S.tune_at(g, 896, list(timed), timed, results, n=8, v=16, dt="bf16", width="16", iters=1, tol=0.1,
+                      budget_s=10, dry_run=False, log=lambda m: None)
+    assert added == {} and not any("by_h" in r for r in results.values())
