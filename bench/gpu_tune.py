@@ -43,7 +43,8 @@ table's measured choice (``linear_logprobs.forward.16`` / ``linear_logprobs.dz.1
 the fastest kernel becomes the default on that architecture, with the timings in the JSON.
 
 ``--also-h 896`` (bench/gpu_tune_shapes.py): each log-prob kernel's finalists (the fastest few of its
-sweep, the built-in launch, the ping-pong one) timed again at those hidden sizes, N and V unchanged, and
+sweep, the built-in launch, the ping-pong one; then its other timed launches while the budget lasts)
+timed again at those hidden sizes, N and V unchanged, and
 the kinds chosen again there: ``by_h`` parts of the entries, which a launch at the nearest hidden size
 takes (kernels/tuning.py). ALSO_H_SHARE of the budget per hidden size, taken from the sweeps'.
 
@@ -91,7 +92,7 @@ BUDGET_SHARE = {"linear_logprobs.stats_tiles": 0.28, "linear_logprobs.stats_tma"
                 "linear_logprobs.grad_bwd": 0.12, "token_logprobs.stats_fwd": 0.08, "token_logprobs.grad_bwd": 0.12,
                 "pacs_loss.fwd_sums": 0.09, "pacs_loss.fwd": 0.04, "pacs_loss.bwd": 0.07}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-ALSO_H_SHARE = 0.08  # of --budget-s per extra hidden size (finalists only, no compiles)
+ALSO_H_SHARE = 0.08  # of --budget-s per extra hidden size (launches timed in the sweep: no compiles)
 MODULES = {"linear_logprobs": KL, "token_logprobs": KT}
 
 

@@ -7,7 +7,9 @@ and the softmax epilogue, the pipeline's fill and drain and the last wave weigh 
 tiled forward at 1.64x its GEMM at H=896 against 1.35x at H=4096, with the launch chosen at H=4096).
 So for each extra hidden size ``h`` and each log-prob kernel swept, the finalists (the ``FINALISTS``
 fastest distinct configurations of the main sweep, the built-in one, and the built-in ping-pong launch
-when it was swept) are timed again at N x h x V. No compile: H is a runtime argument of every kernel
+when it was swept), then the main sweep's other configurations, fastest first, until the budget ends
+(a launch that lost at H=4096, e.g. smaller tiles with two programs resident per SM, may win at
+H=896), are timed again at N x h x V. No compile: H is a runtime argument of every kernel
 (both sizes are multiples of 16, Triton's only specialisation of it), so they are the kernels already
 compiled. Each is checked against the default path's output at that shape, as in the main sweep, and
 the fastest becomes ``by_h[h]`` of the kernel's entry; then the kinds doing the same job are timed in
@@ -27,21 +29,21 @@ FINALISTS = 4
 
 
 def finalists(timed, base, pingpong_base=None, k=FINALISTS):
-    """Configurations to time again at another shape, from the main sweep's ``timed`` ``[(cfg, ms,
-    err)]``: the ``k`` fastest distinct ones that matched the reference (finite ms), then the built-in
-    ``base`` (always: the comparison of every record) and ``pingpong_base`` if it was timed and matched."""
+    """The order in which the main sweep's configurations are timed again at another shape, from its
+    ``timed`` ``[(cfg, ms, err)]``: the ``k`` fastest distinct ones that matched the reference (finite
+    ms), the built-in ``base`` (always: every record's comparison), ``pingpong_base`` if it was timed and
+    matched, then every other configuration that matched, fastest first (the budget may end the list:
+    all of them ran in the main sweep, so none compiles again)."""
     ok = sorted((r for r in timed if math.isfinite(r[1])), key=lambda r: r[1])
-    out = []
+    ranked = []
     for cfg, _, _ in ok:
-        if len(out) == k:
-            break
+        if cfg not in ranked:
+            ranked.append(cfg)
+    head = ranked[:k] + [base] + ([pingpong_base] if pingpong_base in ranked else [])
+    out = []
+    for cfg in head + ranked[k:]:
         if cfg not in out:
             out.append(cfg)
-    if base not in out:
-        out.append(base)
-    if pingpong_base is not None and pingpong_base not in out and any(
-            c == pingpong_base and math.isfinite(ms) for c, ms, _ in timed):
-        out.append(pingpong_base)
     return out
 
 
@@ -51,10 +53,11 @@ def tune_at(g, h, names, timed_by, results, *, n, v, dt, width, iters, tol, budg
     adds ``by_h[str(h)]`` to their entries and to the choice entries ``results`` holds. ``g``: the
     bench/gpu_tune module (its runners, timer, override and ``choose``). Returns the records added."""
     shape = f"N{n} H{h} V{v}"
-    deadline = time.time() + budget_s
+    end = time.time() + budget_s
     runners = None if dry_run else g.make_runners(n, h, v, g.DTYPES[dt], "cuda")
     at_h, added = {}, {}
-    for name in names:
+    for i, name in enumerate(names):
+        deadline = time.time() + max(0.0, end - time.time()) / (len(names) - i)  # an equal share of what is left
         rec = results[f"{name}.{width}"]
         base = rec["builtin"]
         pp = dict(base, **g.PINGPONG_CONFIGS[name.split(".")[1]]) \
@@ -64,7 +67,9 @@ def tune_at(g, h, names, timed_by, results, *, n, v, dt, width, iters, tol, budg
             sub = dict(config=base, ms=None, builtin_ms=None, h=h, shape=shape, timed=0, candidates=len(cands))
         else:
             ref = runners[name][0]()
-            timed = g.sweep(name, runners[name], cands, ref, deadline, iters, tol, log)
+            head = FINALISTS + 2  # the finalists, the built-in and ping-pong launches: always; the rest while time is left
+            timed = g.sweep(name, runners[name], cands[:head], ref, math.inf, iters, tol, log) + \
+                g.sweep(name, runners[name], cands[head:], ref, deadline, iters, tol, log)
             cfg, ms, err = min(timed, key=lambda r: r[1]) if timed else (None, math.inf, None)
             if not math.isfinite(ms):  # none launched, or none matched the reference here: the main entry serves
                 log(f"{name} at H={h}: no finalist ran and matched; no entry")
@@ -73,7 +78,7 @@ def tune_at(g, h, names, timed_by, results, *, n, v, dt, width, iters, tol, budg
             sub = dict(config=cfg, ms=ms, builtin_ms=base_ms, rel_err=err, h=h, shape=shape, timed=len(timed),
                        candidates=len(cands), main_config_ms=next((t for c, t, _ in timed if c == rec["config"]),
                                                                   None))
-            log(f"{name} at H={h}: {g._short(cfg)} {ms:.3f} ms (built-in {base_ms:.3f} ms)")
+            log(f"{name} at H={h}: {g._short(cfg)} {ms:.3f} ms (built-in {base_ms} ms, {len(timed)} timed)")
         rec.setdefault("by_h", {})[str(h)] = sub
         at_h[f"{name}.{width}"] = sub
         added[f"{name}.{width}"] = sub

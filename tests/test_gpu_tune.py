@@ -199,8 +199,9 @@ def test_nearest_measurement_by_hidden_size():
 def test_tune_at_times_the_finalists_at_another_hidden_size():
     """bench/gpu_tune_shapes.py with the GPU replaced: per kernel, the four fastest distinct configurations
     of its main sweep that matched (never one with ms inf), the built-in one and the ping-pong built-in
-    are timed at the new hidden size, the fastest there becomes ``by_h``; the kinds are chosen again
-    among the H winners."""
+    are timed at the new hidden size whatever the budget, then the main sweep's other matching ones
+    while the budget lasts; the fastest there becomes ``by_h`` (here one that was only sixth at the
+    main shape); the kinds are chosen again among the H winners."""
     import types
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     try:
@@ -215,14 +216,14 @@ def test_tune_at_times_the_finalists_at_another_hidden_size():
                                              (c[2], 3.0, 0), (c[0], 2.0, 0), (c[3], 4.0, 0), (c[4], 5.0, 0),
                                              (c[5], 6.0, 0)],
              "linear_logprobs.stats_tiles": [(base, 2.0, 0), (c[0], 1.0, 0)]}
-    assert S.finalists(timed["linear_logprobs.stats_gluon"], base, pp) == [c[0], c[2], c[3], c[4], base, pp]
+    assert S.finalists(timed["linear_logprobs.stats_gluon"], base, pp) == [c[0], c[2], c[3], c[4], base, pp, c[5]]
     assert S.finalists([(c[0], 1.0, 0), (pp, float("inf"), 0)], base, pp) == [c[0], base]
-    at_h = {"linear_logprobs.stats_gluon": {json.dumps(pp): 0.5, json.dumps(c[0]): 0.7},
+    at_h = {"linear_logprobs.stats_gluon": {json.dumps(pp): 0.5, json.dumps(c[0]): 0.7, json.dumps(c[5]): 0.4},
             "linear_logprobs.stats_tiles": {json.dumps(base): 0.6}}
     swept, chosen = {}, []
 
     def sweep(name, runner, cands, ref, deadline, iters, tol, log):
-        swept[name] = cands
+        swept.setdefault(name, []).append((cands, deadline == float("inf")))
         return [(cfg, at_h[name].get(json.dumps(cfg), 9.9), 0.0) for cfg in cands]
 
     def choose(job, kinds, results, runners, width, iters, shape, dry_run, log):
@@ -237,12 +238,14 @@ def test_tune_at_times_the_finalists_at_another_hidden_size():
     results["linear_logprobs.forward.16"] = {"choice": "tiles"}
     S.tune_at(g, 896, list(timed), timed, results, n=8, v=16, dt="bf16", width="16", iters=1, tol=0.1,
               budget_s=10, dry_run=False, log=lambda m: None)
-    assert swept["linear_logprobs.stats_gluon"] == [c[0], c[2], c[3], c[4], base, pp]
-    assert swept["linear_logprobs.stats_tiles"] == [c[0], base]  # no ping-pong launch was swept
+    # the head without a deadline, the rest with one
+    assert swept["linear_logprobs.stats_gluon"] == [([c[0], c[2], c[3], c[4], base, pp], True), ([c[5]], False)]
+    assert swept["linear_logprobs.stats_tiles"] == [([c[0], base], True), ([], False)]  # no ping-pong launch swept
     sub = results["linear_logprobs.stats_gluon.16"]["by_h"]["896"]
-    assert (sub["config"], sub["ms"], sub["builtin_ms"], sub["main_config_ms"]) == (pp, 0.5, 9.9, 0.7)
+    assert (sub["config"], sub["ms"], sub["builtin_ms"], sub["main_config_ms"]) == (c[5], 0.4, 9.9, 0.7)
     assert results["linear_logprobs.stats_tiles.16"]["by_h"]["896"]["config"] == base
-    assert chosen == [("forward", 896, {"linear_logprobs.stats_gluon.16": pp, "linear_logprobs.stats_tiles.16": base})]
+    assert chosen == [("forward", 896, {"linear_logprobs.stats_gluon.16": c[5],
+                                        "linear_logprobs.stats_tiles.16": base})]
     assert results["linear_logprobs.forward.16"]["by_h"]["896"] == {"choice": "gluon", "ms": {}, "h": 896}
 
 
