@@ -68,8 +68,7 @@ def tune_at(g, h, names, timed_by, results, *, n, v, dt, width, iters, tol, budg
         else:
             ref = runners[name][0]()
             head = FINALISTS + 2  # the finalists, the built-in and ping-pong launches: always; the rest while time is left
-            timed = g.sweep(name, runners[name], cands[:head], ref, math.inf, iters, tol, log) + \
-                g.sweep(name, runners[name], cands[head:], ref, deadline, iters, tol, log)
+            timed = g.sweep_head_first(name, runners[name], cands, head, ref, deadline, iters, tol, log)
             cfg, ms, err = min(timed, key=lambda r: r[1]) if timed else (None, math.inf, None)
             if not math.isfinite(ms):  # none launched, or none matched the reference here: the main entry serves
                 log(f"{name} at H={h}: no finalist ran and matched; no entry")

@@ -222,15 +222,16 @@ def test_tune_at_times_the_finalists_at_another_hidden_size():
             "linear_logprobs.stats_tiles": {json.dumps(base): 0.6}}
     swept, chosen = {}, []
 
-    def sweep(name, runner, cands, ref, deadline, iters, tol, log):
-        swept.setdefault(name, []).append((cands, deadline == float("inf")))
+    def sweep_head_first(name, runner, cands, head, ref, deadline, iters, tol, log):
+        swept[name] = (cands, head)
         return [(cfg, at_h[name].get(json.dumps(cfg), 9.9), 0.0) for cfg in cands]
 
     def choose(job, kinds, results, runners, width, iters, shape, dry_run, log):
         chosen.append((job, shape["h"], {k: r["config"] for k, r in results.items()}))
         return {"choice": "gluon", "ms": {}}
     g = types.SimpleNamespace(make_runners=lambda n, h, v, dt, dev: {k: (lambda: None, None) for k in timed},
-                              DTYPES={"bf16": None}, PINGPONG_CONFIGS=PINGPONG_CONFIGS, sweep=sweep, choose=choose,
+                              DTYPES={"bf16": None}, PINGPONG_CONFIGS=PINGPONG_CONFIGS, sweep_head_first=sweep_head_first,
+                              choose=choose,
                               CHOICES={"forward": {"linear_logprobs.stats_tiles": "tiles",
                                                    "linear_logprobs.stats_gluon": "gluon"}, "dz": {}},
                               _short=str)
@@ -238,9 +239,9 @@ def test_tune_at_times_the_finalists_at_another_hidden_size():
     results["linear_logprobs.forward.16"] = {"choice": "tiles"}
     S.tune_at(g, 896, list(timed), timed, results, n=8, v=16, dt="bf16", width="16", iters=1, tol=0.1,
               budget_s=10, dry_run=False, log=lambda m: None)
-    # the head without a deadline, the rest with one
-    assert swept["linear_logprobs.stats_gluon"] == [([c[0], c[2], c[3], c[4], base, pp], True), ([c[5]], False)]
-    assert swept["linear_logprobs.stats_tiles"] == [([c[0], base], True), ([], False)]  # no ping-pong launch swept
+    # the first six (four finalists, the built-in and ping-pong launches) whatever the budget
+    assert swept["linear_logprobs.stats_gluon"] == ([c[0], c[2], c[3], c[4], base, pp, c[5]], 6)
+    assert swept["linear_logprobs.stats_tiles"] == ([c[0], base], 6)  # no ping-pong launch swept
     sub = results["linear_logprobs.stats_gluon.16"]["by_h"]["896"]
     assert (sub["config"], sub["ms"], sub["builtin_ms"], sub["main_config_ms"]) == (c[5], 0.4, 9.9, 0.7)
     assert results["linear_logprobs.stats_tiles.16"]["by_h"]["896"]["config"] == base
@@ -441,9 +442,28 @@ def test_tune_at_writes_no_entry_when_no_finalist_matches():
     timed = {"linear_logprobs.stats_tiles": [(base, 1.0, 0)], "linear_logprobs.dlogits": [(base, 1.0, 0)]}
     outcome = {"linear_logprobs.stats_tiles": [], "linear_logprobs.dlogits": [(base, float("inf"), 1.0)]}
     g = types.SimpleNamespace(make_runners=lambda *a: {k: (lambda: None, None) for k in timed}, DTYPES={"bf16": None},
-                              PINGPONG_CONFIGS={}, sweep=lambda name, *a: outcome[name], choose=None, CHOICES={},
+                              PINGPONG_CONFIGS={}, sweep_head_first=lambda name, *a: outcome[name], choose=None, CHOICES={},
                               _short=str)
     results = {f"{k}.16": {"builtin": base, "config": base} for k in timed}
     added = S.tune_at(g, 896, list(timed), timed, results, n=8, v=16, dt="bf16", width="16", iters=1, tol=0.1,
                       budget_s=10, dry_run=False, log=lambda m: None)
     assert added == {} and not any("by_h" in r for r in results.values())
+
+
+def test_sweep_times_the_head_whatever_the_deadline(monkeypatch):
+    """``sweep_head_first``: with the deadline already past (a compile filter that used up a short share),
+    the built-in launch and the built-in ping-pong one (the head) are still both timed; of the rest, only
+    the one ``sweep`` always times."""
+    gpu_tune = _import_gpu_tune(monkeypatch)
+    from pacs_fast.kernels import linear_logprobs as KL
+    timed = []
+
+    def time_ms(fn, iters):
+        timed.append(KL.CONFIG["BLOCK_N"])
+        return float(KL.CONFIG["BLOCK_N"])
+    monkeypatch.setattr(gpu_tune, "time_ms", time_ms)
+    cands = [dict(BLOCK_N=b) for b in (1, 2, 3, 4)]
+    out = gpu_tune.sweep_head_first("linear_logprobs.stats_gluon", (lambda: None, lambda o, r: 0.0), cands, 2, None,
+                                    0.0, 1, 0.1, lambda m: None)
+    assert timed == [1, 2, 3] and [ms for _, ms, _ in out] == [1.0, 2.0, 3.0]
+    assert KL.CONFIG["BLOCK_N"] is None
