@@ -26,10 +26,12 @@ override hook (``pacs_loss.POLICY``) and "never slower" rule as below.
 
 Per kernel: stage 1 sweeps tiles / warps / stages (pre-filtered by a register and shared-memory
 estimate; ``--pingpong linear_logprobs.stats_gluon,...``: those Gluon kernels' ping-pong launches too,
-PINGPONG=1 with 4-warp consumers, the built-in one timed second, whatever the budget), stage 2 sweeps GROUP_N (and PERSISTENT, V_TILES for the forward) around the stage-1
-winner. Every candidate is first compiled ahead of time (kernels/aot.py, the compile test's own
-checks: no spills, shared memory within the arch's limit, tensor cores for bf16) and dropped if it
-fails; survivors are run through the real launcher with the candidate set in the kernel file's
+PINGPONG=1 with 4-warp consumers, the built-in one timed second, whatever the budget), stage 2 sweeps
+GROUP_N (and PERSISTENT, V_TILES for the forward) around the stage-1 winner. Every candidate is first
+compiled ahead of time (kernels/aot.py, the compile test's own checks: no spills, shared memory within
+the arch's limit, tensor cores for bf16) and dropped if it fails, in batches of COMPILE_BATCH per
+compile process, each batch timed before the next is compiled (so a short share is spent on the
+nearest candidates, compiled and timed, not on compiling ones never timed); survivors are run through the real launcher with the candidate set in the kernel file's
 ``CONFIG`` (the override hook), checked against the built-in configuration's output, and timed
 (median of CUDA-event times). A kernel's budget share ends its sweep early (the JSON says how many
 candidates were timed out of how many enumerated). The built-in configuration is always timed
@@ -56,6 +58,7 @@ the plumbing (tests/test_gpu_tune.py). It refuses to write into kernels/tuned/.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -92,6 +95,7 @@ BUDGET_SHARE = {"linear_logprobs.stats_tiles": 0.28, "linear_logprobs.stats_tma"
                 "linear_logprobs.grad_bwd": 0.12, "token_logprobs.stats_fwd": 0.08, "token_logprobs.grad_bwd": 0.12,
                 "pacs_loss.fwd_sums": 0.09, "pacs_loss.fwd": 0.04, "pacs_loss.bwd": 0.07}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+COMPILE_BATCH = 2  # candidates per compile process in each batch of compile_and_sweep
 ALSO_H_SHARE = 0.08  # of --budget-s per extra hidden size (launches timed in the sweep: no compiles)
 MODULES = {"linear_logprobs": KL, "token_logprobs": KT}
 
@@ -152,11 +156,14 @@ def _compile_worker(case_dict):
                                   "mma", "has_dot", "dtype")}
 
 
-def compile_filter(name, cands, dt, arch, jobs):
+def compile_filter(name, cands, dt, arch, jobs, pool=None):
     """``[(cfg, report)]``; ``report["ok"]``: compiles, no spills, shared memory within the limit,
-    bf16 ``tl.dot`` on tensor cores (the checks of tests/test_kernels_compile.py)."""
+    bf16 ``tl.dot`` on tensor cores (the checks of tests/test_kernels_compile.py). ``pool``: an
+    executor to compile in (else one of ``jobs`` processes, or this process)."""
     cases = [asdict(aot.logprob_case(name, arch, dt, c)) for c in cands]
-    if jobs > 1 and len(cases) > 1:
+    if pool is not None:
+        reports = list(pool.map(_compile_worker, cases))
+    elif jobs > 1 and len(cases) > 1:
         with ProcessPoolExecutor(jobs) as ex:
             reports = list(ex.map(_compile_worker, cases))
     else:
@@ -240,6 +247,26 @@ def sweep(name, runner, cands, ref, deadline, iters, tol, log):
         out.append((cfg, ms, err))
         log(f"  {name} {_short(cfg)}: {ms:.3f} ms (rel err {err:.1e})")
     return out
+
+
+def compile_and_sweep(name, runner, cands, head, ref, deadline, dt, arch, jobs, iters, tol, log, always=None):
+    """Compile-filters ``cands`` in batches (``COMPILE_BATCH`` per compile process), timing each batch's
+    survivors before compiling the next, until ``deadline``: a short budget goes to the nearest
+    candidates compiled *and* timed, not to compiling candidates that are never timed. The first
+    ``head`` candidates are timed whatever the deadline; ``always`` (the built-in launch) is timed even
+    if its compile report fails (it runs today). Returns ``(checked, timed)``: ``[(cfg, report)]`` and
+    ``[(cfg, ms, err)]``."""
+    checked, timed = [], []
+    size = max(head, COMPILE_BATCH * max(1, jobs))
+    with ProcessPoolExecutor(jobs) if jobs > 1 else contextlib.nullcontext() as pool:
+        for i in range(0, len(cands), size):
+            if i and time.time() > deadline:
+                break
+            batch = compile_filter(name, cands[i:i + size], dt, arch, 1, pool)
+            checked += batch
+            ok = [c for c, r in batch if r["ok"] or c == always]
+            timed += sweep_head_first(name, runner, ok, max(0, head - i), ref, deadline, iters, tol, log) if ok else []
+    return checked, timed
 
 
 def sweep_head_first(name, runner, cands, head, ref, deadline, iters, tol, log):
@@ -385,18 +412,14 @@ def main(argv=None):
         else:
             ref = runners[name][0]()
             torch.cuda.synchronize()
-            checked = compile_filter(name, s1, dt, arch, args.jobs)
-            ok1 = [c for c, r in checked if r["ok"]]
-            if base not in ok1:
-                ok1.insert(0, base)  # the built-in config runs today, whatever its compile report says
-            # the built-in launch (and the built-in ping-pong one, second) whatever the budget: the compile
-            # filter may have used up a short share, and they are what the kind choice compares
-            t1 = sweep_head_first(name, runners[name], ok1, 2 if name in pingpong else 1, ref,
-                                  time.time() + 0.7 * (share_end - time.time()), args.iters, tol, log)
+            # the built-in launch (and the built-in ping-pong one, second) whatever the budget: they are
+            # what the kind choice compares
+            checked, t1 = compile_and_sweep(name, runners[name], s1, 2 if name in pingpong else 1, ref,
+                                            time.time() + 0.7 * (share_end - time.time()), dt, arch, args.jobs,
+                                            args.iters, tol, log, always=base)
             best = min(t1, key=lambda r: r[1])[0]
-            checked2 = compile_filter(name, stage2(name, best), dt, arch, args.jobs)
-            ok2 = [c for c, r in checked2 if r["ok"] and c != best]
-            t2 = sweep(name, runners[name], ok2, ref, share_end, args.iters, tol, log)
+            checked2, t2 = compile_and_sweep(name, runners[name], [c for c in stage2(name, best) if c != best], 0,
+                                             ref, share_end, dt, arch, args.jobs, args.iters, tol, log)
             timed = timed_by[name] = t1 + t2
             win_cfg, win_ms, win_err = min(timed, key=lambda r: r[1])
             base_ms = next(ms for c, ms, _ in timed if c == base)

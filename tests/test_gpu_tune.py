@@ -467,3 +467,39 @@ def test_sweep_times_the_head_whatever_the_deadline(monkeypatch):
                                     0.0, 1, 0.1, lambda m: None)
     assert timed == [1, 2, 3] and [ms for _, ms, _ in out] == [1.0, 2.0, 3.0]
     assert KL.CONFIG["BLOCK_N"] is None
+
+
+def test_compile_and_sweep_compiles_in_batches_and_times_each_before_the_next(monkeypatch):
+    """``compile_and_sweep`` with the compiler and the GPU clock replaced (1 s per timing): batches of
+    COMPILE_BATCH x jobs candidates, each batch's survivors timed before the next batch is compiled, no
+    batch started after the deadline; the built-in launch is timed though its report failed, a
+    candidate whose compile failed is not; with the deadline already past, the head is still timed."""
+    import types
+    gpu_tune = _import_gpu_tune(monkeypatch)
+    from pacs_fast.kernels import linear_logprobs as KL
+    clock, batches, timed = [0.0], [], []
+    monkeypatch.setattr(gpu_tune, "time", types.SimpleNamespace(time=lambda: clock[0]))
+
+    def compile_filter(name, cands, dt, arch, jobs, pool=None):
+        batches.append([c["BLOCK_N"] for c in cands])
+        return [(c, {"ok": c["BLOCK_N"] not in (0, 2)}) for c in cands]
+
+    def time_ms(fn, iters):
+        timed.append(KL.CONFIG["BLOCK_N"])
+        clock[0] += 1.0
+        return 1.0
+    monkeypatch.setattr(gpu_tune, "compile_filter", compile_filter)
+    monkeypatch.setattr(gpu_tune, "time_ms", time_ms)
+    monkeypatch.setattr(gpu_tune, "COMPILE_BATCH", 2)
+    cands = [dict(BLOCK_N=i) for i in range(20)]
+    runner = (lambda: None, lambda out, ref: 0.0)
+    args = ("linear_logprobs.stats_tiles", runner, cands, 2, None)
+    checked, t = gpu_tune.compile_and_sweep(*args, 5.5, "bf16", 90, 2, 1, 0.1, lambda m: None, always=cands[0])
+    # batch 1: three timed by t=3; batch 2 until t=6 > 5.5 (7 compiled, not timed); no third batch
+    assert batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert timed == [0, 1, 3, 4, 5, 6] and [c["BLOCK_N"] for c, _, _ in t] == timed and len(checked) == 8
+    batches.clear(), timed.clear()
+    clock[0] = 100.0  # the deadline long past: the head (built-in, ping-pong) and sweep's one, then stop
+    gpu_tune.compile_and_sweep(*args, 5.5, "bf16", 90, 2, 1, 0.1, lambda m: None, always=cands[0])
+    assert batches == [[0, 1, 2, 3]] and timed == [0, 1, 3]
+    assert KL.CONFIG["BLOCK_N"] is None  # the overrides are undone
