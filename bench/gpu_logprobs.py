@@ -236,18 +236,24 @@ def _bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=F
             "fwd_bwd_tflops_executed": (4 if recompute else 3) * flop / t_fb / 1e12,
             "fwd_bwd_tflops_useful": 3 * flop / t_fb / 1e12,
             "workspace_gb": workspace / 1e9, "peak_gb": peak / 1e9, "max_err": err, **adjacent,
-            **_kernel_kinds(name, hidden)}
+            **_kernel_kinds(name, hidden, weight)}
 
 
-def _kernel_kinds(name, hidden):
+def _kernel_kinds(name, hidden, weight):
     """Which forward and dz kernel a ``pacs_triton*`` method selected (``pacs_triton``: the measured
     choice of the tuned table where there is one; a kernel also falls back per input, see
-    kernels/linear_logprobs.py)."""
+    kernels/linear_logprobs.py), and their launch parameters at this shape (the tuned table's
+    measurement at the nearest hidden size, where it has one)."""
     if not name.startswith("pacs_triton"):
         return {}
     from pacs_fast.kernels import linear_logprobs as K
     arch, width, h = K.device_arch(hidden.device), K._width(hidden.dtype), hidden.shape[1]
-    return {"forward_kind": K.forward_kind(arch, width, h), "dz_kind": K.dz_kind(arch, width, h)}
+    fwd, dz = K.forward_kind(arch, width, h), K.dz_kind(arch, width, h)
+    kernels = {"forward": {"tiles": "stats_tiles", "split": "stats_fwd", "tma": "stats_tma", "gluon": "stats_gluon"}[fwd],
+               "dz": {"pointer": "dlogits", "tma": "dlogits_tma", "gluon": "dlogits_gluon"}[dz]}
+    launch = {job: dict(kernel=k, **K.launch_config(k, N=hidden.shape[0], V=weight.shape[0], H=h,
+                                                    dtype=hidden.dtype, arch=arch)) for job, k in kernels.items()}
+    return {"forward_kind": fwd, "dz_kind": dz, "launch": launch}
 
 
 def gemm_floor(n, h, v, dtype, device, iters, max_bytes):

@@ -104,6 +104,30 @@ def test_pingpong_method_runs_both_gluon_kernels_with_their_pingpong_launches(mo
     assert K.CONFIG["FWD"] is None and K.CONFIG["DLOGITS"] is None
 
 
+def test_logprob_rows_record_the_kernels_and_launches_at_their_shape(tmp_path, monkeypatch):
+    """Each ``pacs_triton*`` row of gpu_logprobs records which forward and dz kernel ran and their launch
+    parameters at the row's shape: with a tuned table measured at H=4096 and H=896 (``by_h``), an H=896
+    row shows the H=896 choice and launch, an H=4096 row the main ones; other methods record nothing."""
+    import json
+    import gpu_logprobs
+    from pacs_fast.kernels import linear_logprobs as K, tuning
+    monkeypatch.setattr(tuning, "TUNED_DIR", os.devnull)  # the built-in launches
+    base = K.launch_config("stats_tiles", N=64, V=512, H=4096, dtype=torch.bfloat16, arch=90)
+    gl = K.launch_config("stats_gluon", N=64, V=512, H=4096, dtype=torch.bfloat16, arch=90)
+    (tmp_path / "sm_90.json").write_text(json.dumps({"schema": 1, "arch": 90, "kernels": {
+        "linear_logprobs.stats_gluon.16": {"h": 4096, "config": gl, "by_h": {"896": {"config": dict(gl, GROUP_N=4)}}},
+        "linear_logprobs.forward.16": {"h": 4096, "choice": "tiles", "by_h": {"896": {"choice": "gluon"}}}}}))
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    monkeypatch.setattr(K, "device_arch", lambda device: 90)
+    w = torch.zeros(512, 1).bfloat16()
+    small = gpu_logprobs._kernel_kinds("pacs_triton", torch.zeros(64, 896).bfloat16(), w)
+    big = gpu_logprobs._kernel_kinds("pacs_triton", torch.zeros(64, 4096).bfloat16(), w)
+    assert (small["forward_kind"], big["forward_kind"], small["dz_kind"]) == ("gluon", "tiles", "pointer")
+    assert small["launch"]["forward"] == dict(gl, GROUP_N=4, kernel="stats_gluon")
+    assert big["launch"]["forward"] == dict(base, kernel="stats_tiles") and small["launch"]["dz"]["kernel"] == "dlogits"
+    assert gpu_logprobs._kernel_kinds("liger_flce", torch.zeros(64, 896), w) == {}
+
+
 def test_device_events_profiles_warm_up_plus_calls(monkeypatch):
     """The benchmarks' CUDA-profiler helper runs one warm-up and then ``calls`` calls under the
     profiler; on a CPU (CUDA faked present) the profiler runs and finds no device event."""
