@@ -428,6 +428,9 @@ def main(argv=None):
                        compile_rejected=sum(not r["ok"] for _, r in checked + checked2), timed=len(timed))
             log(f"{name}: winner {_short(win_cfg)} {win_ms:.3f} ms (built-in {base_ms:.3f} ms)")
         results[tuning.entry_key(*name.split("."), width)] = rec
+        # written after every kernel (atomically): a later candidate that hangs until the caller's timeout
+        # kills the run (a Gluon launch never run on this GPU) loses only the kernels not yet measured
+        write_table(out_dir, arch, device, results, args.dry_run)
     lp_results = dict(results)
     for job, kinds in CHOICES.items():
         rec = choose(job, kinds, lp_results, runners, width, args.iters, dict(n=n, h=h, v=v, dt=dt), args.dry_run, log)

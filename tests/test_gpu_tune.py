@@ -503,3 +503,24 @@ def test_compile_and_sweep_compiles_in_batches_and_times_each_before_the_next(mo
     gpu_tune.compile_and_sweep(*args, 5.5, "bf16", 90, 2, 1, 0.1, lambda m: None, always=cands[0])
     assert batches == [[0, 1, 2, 3]] and timed == [0, 1, 3]
     assert KL.CONFIG["BLOCK_N"] is None  # the overrides are undone
+
+
+def test_table_is_written_after_every_kernel(tmp_path, monkeypatch):
+    """A run killed in its second kernel (a hanging candidate, the caller's timeout) leaves the first
+    kernel's measured entry in the table (written atomically after each kernel), nothing of the second."""
+    gpu_tune = _import_gpu_tune(monkeypatch)
+    calls = []
+
+    def compile_filter(name, cands, dt, arch, jobs, pool=None):
+        calls.append(name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed while the second kernel runs")
+        return [(c, dict(ok=True, regs=100, stack=0, shared=1000, error=None)) for c in cands]
+    monkeypatch.setattr(gpu_tune, "compile_filter", compile_filter)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_tune.main(["--dry-run", "--out-dir", str(tmp_path), "--jobs", "1",
+                       "--kernels", "linear_logprobs.stats_tiles,linear_logprobs.dlogits"])
+    kernels = json.loads((tmp_path / "sm_90.json").read_text())["kernels"]
+    assert list(kernels) == ["linear_logprobs.stats_tiles.16"] and calls == ["linear_logprobs.stats_tiles",
+                                                                             "linear_logprobs.dlogits"]
+    assert not list(tmp_path.glob("*.tmp"))
