@@ -31,8 +31,9 @@ GROUP_N (and PERSISTENT, V_TILES for the forward) around the stage-1 winner. Eve
 compiled ahead of time (kernels/aot.py, the compile test's own checks: no spills, shared memory within
 the arch's limit, tensor cores for bf16) and dropped if it fails, in batches of COMPILE_BATCH per
 compile process, each batch timed before the next is compiled (so a short share is spent on the
-nearest candidates, compiled and timed, not on compiling ones never timed); survivors are run through the real launcher with the candidate set in the kernel file's
-``CONFIG`` (the override hook), checked against the built-in configuration's output, and timed
+nearest candidates, compiled and timed, not on compiling ones never timed); survivors are run
+through the real launcher with the candidate set in the kernel file's ``CONFIG`` (the override hook,
+bench/gpu_tune_table.py), checked against the built-in configuration's output, and timed
 (median of CUDA-event times). A kernel's budget share ends its sweep early (the JSON says how many
 candidates were timed out of how many enumerated). The built-in configuration is always timed
 first, so a winner is never slower than it in the same run.
@@ -59,7 +60,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -84,6 +84,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_tune_pacs  # noqa: E402
 from gpu_tune_candidates import stage1, stage2  # noqa: E402
 import gpu_tune_shapes  # noqa: E402
+from gpu_tune_table import (DTYPES, MODULES, check_choices_read_back, check_read_back, override,  # noqa: E402,F401
+                            write_table)
 
 SPECS = ("linear_logprobs.stats_tiles", "linear_logprobs.stats_tma", "linear_logprobs.stats_gluon",
          "linear_logprobs.dlogits", "linear_logprobs.dlogits_gluon",
@@ -94,10 +96,8 @@ BUDGET_SHARE = {"linear_logprobs.stats_tiles": 0.28, "linear_logprobs.stats_tma"
                 "linear_logprobs.dlogits": 0.2, "linear_logprobs.dlogits_tma": 0.15,
                 "linear_logprobs.grad_bwd": 0.12, "token_logprobs.stats_fwd": 0.08, "token_logprobs.grad_bwd": 0.12,
                 "pacs_loss.fwd_sums": 0.09, "pacs_loss.fwd": 0.04, "pacs_loss.bwd": 0.07}
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 COMPILE_BATCH = 2  # candidates per compile process in each batch of compile_and_sweep
 ALSO_H_SHARE = 0.08  # of --budget-s per extra hidden size (launches timed in the sweep: no compiles)
-MODULES = {"linear_logprobs": KL, "token_logprobs": KT}
 
 
 # ---- candidates ---------------------------------------------------------------------------------
@@ -115,40 +115,7 @@ def base_config(name, n, h, v, dt, arch):
         tuning.TUNED_DIR = saved
 
 
-# ---- the override hook and the compile filter -------------------------------------------------
-
-class override:
-    """Sets ``cfg`` as the kernel file's ``CONFIG`` overrides (which ``launch_config`` lets win) and
-    restores the previous values on exit; ``{}`` clears them. The forward it selects: the TMA one for
-    ``linear_logprobs.stats_tma``, the Gluon one for ``linear_logprobs.stats_gluon``, else the tiled one;
-    the dz kernel: TMA or Gluon for ``dlogits_tma`` / ``dlogits_gluon``, else the pointer one."""
-
-    def __init__(self, name, cfg):
-        self.mod, self.kernel = name.split(".")
-        self.cfg = cfg
-
-    def __enter__(self):
-        conf = MODULES[self.mod].CONFIG
-        self.saved = dict(conf)
-        keys = ("BLOCK_V", "BLOCK_V_BWD", "num_warps", "num_stages") if self.mod == "token_logprobs" else \
-            ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "FLATTEN", "WARP_SPECIALIZE",
-             "PINGPONG", "num_warps", "num_stages")
-        for k in keys:
-            conf[k] = None
-        for k, v in self.cfg.items():
-            if self.mod == "token_logprobs" and k == "BLOCK_V" and self.kernel == "grad_bwd":
-                k = "BLOCK_V_BWD"
-            if k in keys:
-                conf[k] = v
-        if self.mod == "linear_logprobs":
-            conf["FWD"] = {"stats_tma": "tma", "stats_gluon": "gluon"}.get(self.kernel, "tiles")
-            conf["DLOGITS"] = {"dlogits_tma": "tma", "dlogits_gluon": "gluon"}.get(self.kernel, "pointer")
-        return self
-
-    def __exit__(self, *exc):
-        MODULES[self.mod].CONFIG.clear()
-        MODULES[self.mod].CONFIG.update(self.saved)
-
+# ---- the compile filter (the override hook: gpu_tune_table.py) ----------------------------------
 
 def _compile_worker(case_dict):
     r = aot.compile_case(aot.Case(**case_dict))
@@ -454,70 +421,6 @@ def main(argv=None):
     gpu_tune_pacs.check_read_back(path, arch, {k: r for k, r in results.items() if k.startswith("pacs_loss.")})
     log(f"wrote {path} ({time.time() - t0:.0f} s)")
     return 0
-
-
-def write_table(out_dir, arch, device, results, dry_run):
-    """Merges ``results`` into ``sm_<arch>.json`` in ``out_dir`` (other kernels' entries are kept)."""
-    import triton
-    os.makedirs(out_dir, exist_ok=True)
-    path = tuning.path_for(arch, out_dir)
-    kernels = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            kernels = json.load(f).get("kernels", {})
-    kernels.update(results)
-    data = dict(schema=tuning.SCHEMA, arch=arch, device=device, triton=triton.__version__, torch=torch.__version__,
-                dry_run=dry_run, created=time.strftime("%Y-%m-%d %H:%M:%S"), kernels=kernels)
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(path + ".tmp", path)
-    return path
-
-
-def check_choices_read_back(path, arch, results, width):
-    """``forward_kind`` / ``dz_kind`` (no CONFIG override) now return the choices written, at the main
-    shape's hidden size and at each of ``by_h``'s."""
-    saved, saved_cfg = tuning.TUNED_DIR, {k: KL.CONFIG[k] for k in ("FWD", "DLOGITS")}
-    try:
-        tuning.TUNED_DIR = os.path.dirname(path)
-        KL.CONFIG.update(FWD=None, DLOGITS=None)
-        for job, read in (("forward", KL.forward_kind), ("dz", KL.dz_kind)):
-            rec = results.get(tuning.entry_key("linear_logprobs", job, width))
-            if rec is None:
-                continue
-            for h, want in [(rec.get("h"), rec["choice"])] + [(int(k), r["choice"]) for k, r in
-                                                               rec.get("by_h", {}).items()]:
-                if read(arch, width, h) != want:
-                    raise SystemExit(f"linear_logprobs.{job} at H={h}: {read.__name__} gives "
-                                     f"{read(arch, width, h)!r}, the table holds {want!r}")
-    finally:
-        tuning.TUNED_DIR = saved
-        KL.CONFIG.update(saved_cfg)
-
-
-def check_read_back(path, arch, results, n, h, v, dt):
-    """``launch_config`` (no CONFIG override set) now returns what it returned with the winner set as
-    the override (the same, up to its clamps of blocks larger than the shape), at the main shape and
-    at each hidden size of the entry's ``by_h``."""
-    saved = tuning.TUNED_DIR
-    try:
-        for key, rec in results.items():
-            mod, kernel, _ = key.split(".")
-            for at_h, cfg in [(h, rec["config"])] + [(int(k), r["config"]) for k, r in rec.get("by_h", {}).items()]:
-                extra = {} if mod == "token_logprobs" else dict(H=at_h)
-
-                def config():
-                    return MODULES[mod].launch_config(kernel, N=n, V=v, dtype=DTYPES[dt], arch=arch, **extra)
-                tuning.TUNED_DIR = os.devnull
-                with override(f"{mod}.{kernel}", cfg):
-                    want = config()
-                tuning.TUNED_DIR = os.path.dirname(path)
-                with override(f"{mod}.{kernel}", {}):
-                    got = config()
-                if got != want:
-                    raise SystemExit(f"{key} at H={at_h}: launch_config gives {got}, the table holds {cfg}")
-    finally:
-        tuning.TUNED_DIR = saved
 
 
 if __name__ == "__main__":
