@@ -239,6 +239,14 @@ def _bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=F
             **_kernel_kinds(name, hidden, weight)}
 
 
+def _launch_str(lc):
+    """``128x256x64 w8 s3 G16`` (+ the other knobs that are set) of a launch_config dict."""
+    rest = " ".join(f"{k}={v}" for k, v in lc.items() if k not in ("kernel", "BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N",
+                                                                    "num_warps", "num_stages") and v)
+    return (f"{lc['BLOCK_N']}x{lc['BLOCK_V']}x{lc['BLOCK_H']} w{lc['num_warps']} s{lc['num_stages']} "
+            f"G{lc['GROUP_N']}" + (f" {rest}" if rest else ""))
+
+
 def _kernel_kinds(name, hidden, weight):
     """Which forward and dz kernel a ``pacs_triton*`` method selected (``pacs_triton``: the measured
     choice of the tuned table where there is one; a kernel also falls back per input, see
@@ -345,6 +353,9 @@ def main():
                       f"{r['fwd_bwd_vs_4gemm']:.2f}x four GEMMs (executed {r['fwd_bwd_tflops_executed']:.0f}, "
                       f"useful {r['fwd_bwd_tflops_useful']:.0f} TFLOP/s)  workspace {r['workspace_gb']:.3f} GB  "
                       f"err {r['max_err']}", flush=True)
+                if r.get("launch"):  # which kernels ran, with which tiles (a tuned table's choice at this shape)
+                    print("    " + "; ".join(f"{job} {lc['kernel']} {_launch_str(lc)}" for job, lc in r["launch"].items()),
+                          flush=True)
                 for part in ("fwd_kernels", "fwd_bwd_kernels"):
                     if r.get(part):
                         print(f"    {part}: " + "; ".join(f"{k['kernel'][:40]} {k['us'] / 1e3:.2f} ms "

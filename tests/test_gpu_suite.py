@@ -126,6 +126,9 @@ def test_logprob_rows_record_the_kernels_and_launches_at_their_shape(tmp_path, m
     assert small["launch"]["forward"] == dict(gl, GROUP_N=4, kernel="stats_gluon")
     assert big["launch"]["forward"] == dict(base, kernel="stats_tiles") and small["launch"]["dz"]["kernel"] == "dlogits"
     assert gpu_logprobs._kernel_kinds("liger_flce", torch.zeros(64, 896), w) == {}
+    line = gpu_logprobs._launch_str(small["launch"]["forward"])  # as the benchmark prints it under the row
+    assert line.startswith(f"{gl['BLOCK_N']}x{gl['BLOCK_V']}x{gl['BLOCK_H']} w{gl['num_warps']} s{gl['num_stages']} G4")
+    assert "PERSISTENT=1" in line and "PINGPONG" not in line  # knobs set to 0 are left out
 
 
 def test_device_events_profiles_warm_up_plus_calls(monkeypatch):
