@@ -96,16 +96,17 @@ def measured_h(entry: dict) -> int | None:
     return int(hit.group(1)) if hit else None
 
 
-def nearest(entry, h: int | None):
+def nearest(entry, h: int | None, field: str | None = None):
     """The part of ``entry`` measured nearest to hidden size ``h`` (ratio distance; ties: the
-    entry itself): the entry, or one of its ``by_h`` values."""
+    entry itself): the entry, or one of its ``by_h`` values (with ``field``: only one holding it)."""
     by_h = entry.get("by_h") if isinstance(entry, dict) else None
     if h is None or h <= 0 or not isinstance(by_h, dict):
         return entry
     own = measured_h(entry)
     best, dist = entry, abs(math.log(h / own)) if own else math.inf
     for key, sub in sorted(by_h.items()):
-        if isinstance(sub, dict) and str(key).isdigit() and int(key) > 0 and abs(math.log(h / int(key))) < dist:
+        if isinstance(sub, dict) and (field is None or field in sub) and str(key).isdigit() and int(key) > 0 \
+                and abs(math.log(h / int(key))) < dist:
             best, dist = sub, abs(math.log(h / int(key)))
     return best
 
@@ -123,7 +124,7 @@ def hidden_sizes(arch: int | None, module: str = "linear_logprobs") -> list[int]
 def apply(cfg: dict, module: str, kernel: str, arch: int | None, width: str, h: int | None = None) -> dict:
     """``cfg`` (the built-in configuration) updated with the measured entry, if any (at hidden size
     ``h``: the entry's measurement nearest to it, ``nearest``)."""
-    entry = nearest(load(arch).get(entry_key(module, kernel, width)), h)
+    entry = nearest(load(arch).get(entry_key(module, kernel, width)), h, "config")
     if not isinstance(entry, dict) or not isinstance(entry.get("config"), dict):
         return cfg
     out = dict(cfg)
@@ -137,7 +138,7 @@ def choice(key: str, arch: int | None, allowed, h: int | None = None) -> str | N
     """The measured choice ``key`` of ``sm_<arch>.json`` (at hidden size ``h``: the measurement nearest
     to it; None when absent; one warning and None when it names something not in ``allowed``, e.g. a
     kernel this version no longer has)."""
-    entry = nearest(load(arch).get(key), h)
+    entry = nearest(load(arch).get(key), h, "choice")
     picked = entry.get("choice") if isinstance(entry, dict) else None
     if picked is None or picked in allowed:
         return picked

@@ -194,6 +194,9 @@ def test_nearest_measurement_by_hidden_size():
     assert tuning.nearest(dict(entry, h=16384), 12000)["config"] == "main"  # "h" wins over the shape
     assert tuning.nearest({"config": "only", "by_h": {"896": {"config": "small"}}}, 4096)["config"] == "small"
     assert tuning.nearest(None, 896) is None and tuning.nearest({"config": 1}, 896) == {"config": 1}
+    # a by_h part without the field asked for (a hand-edited table) is passed over: the entry serves
+    odd = {"h": 4096, "config": "main", "by_h": {"896": {"ms": 1.0}, "16384": {"config": "big"}}}
+    assert tuning.nearest(odd, 896, "config")["config"] == "main" and tuning.nearest(odd, 896) == {"ms": 1.0}
 
 
 def test_tune_at_times_the_finalists_at_another_hidden_size():
