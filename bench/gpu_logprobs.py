@@ -257,8 +257,7 @@ def _kernel_kinds(name, hidden, weight):
     from pacs_fast.kernels import linear_logprobs as K
     arch, width, h = K.device_arch(hidden.device), K._width(hidden.dtype), hidden.shape[1]
     fwd, dz = K.forward_kind(arch, width, h), K.dz_kind(arch, width, h)
-    kernels = {"forward": {"tiles": "stats_tiles", "split": "stats_fwd", "tma": "stats_tma", "gluon": "stats_gluon"}[fwd],
-               "dz": {"pointer": "dlogits", "tma": "dlogits_tma", "gluon": "dlogits_gluon"}[dz]}
+    kernels = {"forward": K.FORWARD_KERNEL[fwd], "dz": K.DZ_KERNEL[dz]}
     launch = {job: dict(kernel=k, **K.launch_config(k, N=hidden.shape[0], V=weight.shape[0], H=h,
                                                     dtype=hidden.dtype, arch=arch)) for job, k in kernels.items()}
     return {"forward_kind": fwd, "dz_kind": dz, "launch": launch}

@@ -75,6 +75,9 @@ KERNELS = ("stats_fwd", "stats_tiles", "stats_tma", "stats_gluon", "grad_bwd", "
            "dlogits_gluon")
 FORWARDS = ("tiles", "split", "tma", "gluon")  # the first: the built-in default (forward_kind)
 DZ_KERNELS = ("pointer", "tma", "gluon")  # likewise (dz_kind)
+# the launch_config kernel each forward / dz kind launches (where it takes the inputs)
+FORWARD_KERNEL = {"tiles": "stats_tiles", "split": "stats_fwd", "tma": "stats_tma", "gluon": "stats_gluon"}
+DZ_KERNEL = {"pointer": "dlogits", "tma": "dlogits_tma", "gluon": "dlogits_gluon"}
 _TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "FLATTEN", "WARP_SPECIALIZE",
             "PINGPONG", "num_warps", "num_stages")
 
@@ -333,7 +336,8 @@ def _width(dtype: torch.dtype) -> str:
 def forward_kind(arch: int | None = None, width: str = "16", h: int | None = None) -> str:
     """Which forward ``stats_fwd`` runs: ``CONFIG["FWD"]`` when set, else the measured choice
     ``linear_logprobs.forward.<width>`` of ``kernels/tuned/sm_<arch>.json`` (bench/gpu_tune.py writes it
-    when it timed several forwards in one run; the one measured at the hidden size nearest ``h``), else ``"tiles"``. ``"tiles"``: ``stats_tiles``;
+    when it timed several forwards in one run; the one measured at the hidden size nearest ``h``), else
+    ``"tiles"``. ``"tiles"``: ``stats_tiles``;
     ``"split"``: ``_stats_fwd_kernel``; ``"tma"``: ``stats_tma`` where ``tma_usable``; ``"gluon"``: the
     warp-specialised ``stats_gluon`` where ``gluon_usable`` (a Hopper GPU); else ``stats_tiles``."""
     return _kind("FWD", "forward", FORWARDS, arch, width, h)
