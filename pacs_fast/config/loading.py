@@ -1,0 +1,204 @@
+"""A :class:`Config` from and to a dict, a YAML file and ``section.key=value`` overrides; ``--help``."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pacs_fast.config.schema import Config, LearnerConfig
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _sections(cfg_cls=Config) -> dict[str, type]:
+    hints = typing.get_type_hints(cfg_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cfg_cls)}
+
+
+def _field_types(section_cls) -> dict[str, Any]:
+    hints = typing.get_type_hints(section_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
+
+
+def _coerce(key: str, value: Any, typ) -> Any:
+    """Checks ``value`` against the field type (ints are accepted for floats)."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "3e-5" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif typ is str:
+        if value is None:
+            return ""
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif typ is list:
+        if isinstance(value, (list, tuple)):
+            return list(value)
+    raise ValueError(f"config key {key!r} expects {getattr(typ, '__name__', typ)}, got {value!r}")
+
+
+def _unknown(key: str, valid: list[str]) -> ValueError:
+    close = difflib.get_close_matches(key, valid, n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    return ValueError(f"unknown config key {key!r}{hint}; see --help for the valid keys")
+
+
+def all_keys() -> list[str]:
+    return [f"{s}.{k}" for s, cls in _sections().items() for k in _field_types(cls)]
+
+
+def set_value(cfg: Config, dotted: str, value: Any) -> None:
+    """Sets ``cfg.<section>.<key> = value`` after checking the key and the value's type."""
+    parts = dotted.split(".")
+    if len(parts) != 2:
+        raise _unknown(dotted, all_keys())
+    section, key = parts
+    sections = _sections()
+    if section not in sections:
+        raise _unknown(dotted, all_keys())
+    types = _field_types(sections[section])
+    if key not in types:
+        raise _unknown(dotted, all_keys())
+    setattr(getattr(cfg, section), key, _coerce(dotted, value, types[key]))
+
+
+def from_dict(d: dict, cfg: Config | None = None) -> Config:
+    """Applies a nested dict (as in the YAML file) onto ``cfg`` (default: a fresh Config)."""
+    cfg = cfg if cfg is not None else Config()
+    if not isinstance(d, dict):
+        raise ValueError(f"config must be a mapping of sections, got {type(d).__name__}")
+    for section, values in d.items():
+        if section not in _sections():
+            raise _unknown(str(section), list(_sections()))
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ValueError(f"config section {section!r} must be a mapping, got {values!r}")
+        for key, value in values.items():
+            set_value(cfg, f"{section}.{key}", value)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"algo.beta=0.5"`` -> ``("algo.beta", 0.5)`` (the value parsed as a YAML scalar).
+
+    A key of type ``str`` takes the text as written (``train.run_name=off`` is the name "off", not
+    YAML 1.1's False), unless it is quoted (``reward.step_split=" "``), which YAML unquotes."""
+    if "=" not in text:
+        raise ValueError(f"override {text!r} must look like section.key=value (e.g. algo.beta=0.5)")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    quoted = len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\""
+    if _type_of(key) is str and not quoted:
+        return key, raw
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def _type_of(dotted: str):
+    """The declared type of ``section.key`` (None for an unknown key: set_value reports it)."""
+    section, _, key = dotted.partition(".")
+    cls = _sections().get(section)
+    return _field_types(cls).get(key) if cls is not None else None
+
+
+def read_yaml(path: str | Path) -> dict:
+    """The mapping in a YAML config file; a ValueError naming the file (and line) for anything else."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"config file {str(path)!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ValueError(f"config file {str(path)!r} cannot be read: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"config file {str(path)!r}:{where}: YAML syntax error: {what}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
+    """Defaults, then the YAML file at ``path`` (if any), then ``section.key=value`` overrides."""
+    cfg = Config()
+    given: set[str] = set()
+    if path:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config file {str(path)!r} does not exist")
+        data = read_yaml(path)
+        from_dict(data, cfg)
+        given |= {f"{sec}.{k}" for sec, vals in data.items() if isinstance(vals, dict) for k in vals}
+    for text in overrides:
+        key, value = parse_override(text)
+        set_value(cfg, key, value)
+        given.add(key)
+    _batch_defaults_follow_prompts(cfg, given)
+    return cfg
+
+
+def _largest_divisor(n: int, cap: int) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0) if n >= 1 else cap
+
+
+def _batch_defaults_follow_prompts(cfg: Config, given: set[str]) -> None:
+    """The mini- and micro-batch sizes nobody set follow ``train.prompts_per_step``: the largest
+    divisor of it up to their default (32), so ``train.prompts_per_step=4`` alone is a valid run.
+    A value that was given (file or override) is kept as given and validated."""
+    default = LearnerConfig().mini_batch_prompts
+    if "learner.mini_batch_prompts" not in given:
+        cfg.learner.mini_batch_prompts = _largest_divisor(cfg.train.prompts_per_step, default)
+    if "learner.micro_batch_prompts" not in given:
+        cfg.learner.micro_batch_prompts = _largest_divisor(cfg.learner.mini_batch_prompts,
+                                                           LearnerConfig().micro_batch_prompts)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Writes the config as YAML atomically (a temporary file, fsync, then ``os.replace``)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def help_text() -> str:
+    """Every key with its type, default and help (used by ``--help``)."""
+    lines = []
+    defaults = Config()
+    for section, cls in _sections().items():
+        lines.append(f"{section}:")
+        for f in dataclasses.fields(cls):
+            default = getattr(getattr(defaults, section), f.name)
+            typ = _field_types(cls)[f.name]
+            lines.append(f"  {section}.{f.name} ({typ.__name__}, default {default!r})")
+            lines.append(f"      {f.metadata.get('help', '')}")
+    return "\n".join(lines)

