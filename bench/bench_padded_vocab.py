@@ -125,7 +125,7 @@ def sampler_micro(rows: int, real: int, repeats: int) -> list[tuple[str, float]]
     """Fastest ms (of ``repeats``; the minimum resists other processes' load) of the sampling step
     alone on ``[rows, ROWS]`` fp32 logits: the HF sampler on all rows vs on the real ids (a view,
     and the contiguous copy the engine makes), and the vLLM hook's -inf fill of the padded columns."""
-    from pacs_fast.rollout.hf import sample_tokens
+    from pacs_fast.rollout.sampling import sample_tokens
 
     logits = torch.randn(rows, ROWS) * 3
 

@@ -10,7 +10,8 @@ import torch
 
 from pacs_fast.data.tiny import build_char_tokenizer, make_tiny_model
 from pacs_fast.rollout.base import SamplingParams
-from pacs_fast.rollout.hf import _MIN_BUCKET_ROWS, HFEngine, sample_tokens, top_p_remove_mask
+from pacs_fast.rollout.hf import _MIN_BUCKET_ROWS, HFEngine
+from pacs_fast.rollout.sampling import sample_tokens, top_p_remove_mask
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@
   KV cache is repeated ``n`` times (``cache.batch_repeat_interleave``), then one token per step is
   sampled for all rows: argmax when ``temperature == 0``, else inverse-CDF sampling (one uniform
   per row, ``cumsum`` + ``searchsorted``) from ``softmax(logits / temperature)`` after top-p
-  filtering with the semantics of transformers' ``TopPLogitsWarper`` (:func:`top_p_remove_mask`).
+  filtering with the semantics of transformers' ``TopPLogitsWarper`` (:mod:`pacs_fast.rollout.sampling`).
   Finished rows are fed the pad id; the loop stops at ``max_new_tokens`` or once every row has
   emitted an EOS. That check reads one count from the device: every step on CPU, every
   ``_CUDA_DONE_CHECK_EVERY`` steps on CUDA (a few wasted steps at the end instead of a host sync
@@ -67,6 +67,7 @@ import torch
 from pacs_fast.ops.short_attention import NAME as SHORT_ATTENTION
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
 from pacs_fast.rollout.fp32_head import fp32_lm_head, lm_head
+from pacs_fast.rollout.sampling import LogprobRecorder, MaskPaddedRows, sample_tokens
 
 SAMPLERS = ("lean", "generate")
 # The lean loop reads its all-rows-done flag from a CUDA device only every this many steps.
@@ -76,77 +77,6 @@ _CUDA_DONE_CHECK_EVERY = 4
 _MIN_BUCKET_ROWS = 128
 # The lean loop drops finished rows from its batch once they are this fraction of the active rows.
 _COMPACT_FRACTION = 0.125
-
-
-def top_p_remove_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Which tokens nucleus (top-p) filtering removes, as transformers' ``TopPLogitsWarper``.
-
-    logits: ``[rows, V]`` float (already temperature-scaled). Returns a ``[rows, V]`` bool mask,
-    True where the token is dropped: sorted by ascending probability, a token is dropped when the
-    cumulative probability up to and including it is ``<= 1 - top_p`` (so the kept set is the
-    smallest one whose probability is ``>= top_p``); the most likely token is always kept.
-    """
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
-    drop_sorted = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= (1.0 - top_p)
-    drop_sorted[..., -1] = False
-    return drop_sorted.scatter(-1, order, drop_sorted)
-
-
-def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """One token per row from ``[rows, V]`` float32 logits: ``[rows]`` int64.
-
-    ``temperature == 0``: argmax. Else a draw from ``softmax(logits / temperature)`` restricted by
-    :func:`top_p_remove_mask` (``top_p == 1`` keeps every token), by inverse CDF: one uniform
-    ``u`` per row, the first token whose cumulative probability exceeds ``u * total``
-    (zero-probability tokens are never drawn). Uses the global torch RNG of ``logits.device``.
-    """
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    scaled = logits / temperature if temperature != 1 else logits
-    if top_p < 1:
-        scaled = scaled.masked_fill(top_p_remove_mask(scaled, top_p), float("-inf"))
-    cdf = scaled.softmax(dim=-1).cumsum_(dim=-1)
-    u = torch.rand((cdf.shape[0], 1), device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
-
-
-class _MaskPaddedRows:
-    """A logits processor that sets the scores of ids ``>= vocab_size`` (padded rows) to -inf."""
-
-    def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if scores.shape[1] <= self.vocab_size:
-            return scores
-        return torch.cat([scores[:, :self.vocab_size], scores.new_full(
-            (scores.shape[0], scores.shape[1] - self.vocab_size), float("-inf"))], dim=1)
-
-
-class _LogprobRecorder:
-    """A logits processor that records log-softmax(raw logits)[sampled token] per step.
-
-    Placed in ``logits_processor=`` it runs before the temperature / top-p warpers (transformers
-    merges custom processors before the warpers), so it sees unscaled logits. The token sampled at
-    step t appears in ``input_ids`` at step t+1; the last one is read from the final sequences.
-    """
-
-    def __init__(self):
-        self.prev: torch.Tensor | None = None  # [rows, V] float32 log-probs of the previous step
-        self.steps: list[torch.Tensor] = []    # per step [rows] float32
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.prev is not None:
-            self.steps.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
-        self.prev = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def finish(self, sequences: torch.LongTensor) -> torch.Tensor:
-        """``[rows, steps]`` log-probs of the generated tokens."""
-        if self.prev is not None:
-            self.steps.append(self.prev.gather(1, sequences[:, -1:]).squeeze(1))
-            self.prev = None
-        return torch.stack(self.steps, dim=1) if self.steps else torch.empty(0)
 
 
 class HFEngine(RolloutEngine):
@@ -479,9 +409,9 @@ class HFEngine(RolloutEngine):
         input_ids, attention = self._left_pad(rows)
         width = input_ids.shape[1]
         device = self.device
-        recorder = _LogprobRecorder() if params.return_logprobs else None
+        recorder = LogprobRecorder() if params.return_logprobs else None
         # the padded rows are masked first: the recorder and the sampler see the real ids only
-        processors = [p for p in (_MaskPaddedRows(self.vocab_cut) if self.vocab_cut else None, recorder) if p]
+        processors = [p for p in (MaskPaddedRows(self.vocab_cut) if self.vocab_cut else None, recorder) if p]
         out = self.model.generate(
             input_ids=input_ids.to(device), attention_mask=attention.to(device),
             generation_config=self._generation_config(params),
