@@ -25,8 +25,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def seed():
-    """A fresh seed per test run (printed on failure) so random inputs differ between runs."""
-    s = int.from_bytes(os.urandom(4), "little")
+    """A fresh seed per test run (printed on failure) so random inputs differ between runs;
+    ``PACS_FAST_TEST_SEED=<n>`` replays a printed one."""
+    given = os.environ.get("PACS_FAST_TEST_SEED")
+    s = int(given) if given else int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(s)
     print(f"seed={s}")
     return s
