@@ -258,7 +258,7 @@ class _LinearLogprobs(torch.autograd.Function):
                 dh, dw, db = KB.grad_bwd_chunked(h, weight.contiguous(), bias, inv_t, lab, v_off, m, log_s,
                                                  ent, gl, gh, need_weight_grad=need_w, need_bias_grad=need_b,
                                                  chunk_bytes=chunk_bytes)
-        del h
+        h = None  # the (scaled) hidden copy is freed before the all-reduce (the closure above shares this cell)
         vp.allreduce_sum_(dh, group)
         dhidden = torch.zeros(n, n_h, dtype=hidden.dtype, device=hidden.device) \
             if valid_idx is not None else None
