@@ -209,6 +209,14 @@ def grpo_score_slack(want_terms, *, group_size, **_):
     return (1e-6 * amp * (1 + want_terms["score"].double().view(-1, group_size).abs())).reshape(-1)
 
 
+def grad_slack(want_terms, rewards, mask, *, score="rloo", **kw):
+    """The fp32 allowance of two results' gradients for ``score`` (:func:`grpo_grad_slack` or
+    :func:`linear_grad_slack`), per token of ``mask``'s layout."""
+    if score == "grpo":
+        return grpo_grad_slack(want_terms, rewards, mask, **kw)
+    return linear_grad_slack(want_terms, rewards, mask, score=score, **kw)
+
+
 def _assert_close(name, a, b, rtol, atol, slack=None):
     a, b = a.double(), b.double()
     if slack is None:
@@ -235,8 +243,7 @@ def assert_matches(got, want, *, rtol=2e-5, atol=2e-6, grad_rtol=2e-4, grad_atol
         slack = None if k in ("proxy", "weight") else row_slack
         _assert_close(k, t1[k], t2[k], rtol, atol, slack)
     assert g1.shape == g2.shape
-    grad_slack = None if not fp32 else grpo_grad_slack(t2, **ctx) if fp32_grpo else linear_grad_slack(t2, **ctx)
-    _assert_close("grad", g1, g2, grad_rtol, grad_atol, grad_slack)
+    _assert_close("grad", g1, g2, grad_rtol, grad_atol, grad_slack(t2, **ctx) if fp32 else None)
 
 
 def check(logp, logp_ref, mask, rewards, ref_mask=None, lengths=None, tol=None, **kw):
@@ -403,11 +410,9 @@ def test_packed_equals_padded(seed, proxy, score):
     torch.testing.assert_close(packed[0], padded[0], rtol=1e-6, atol=1e-7 * amp)
     for k in TERM_KEYS:
         torch.testing.assert_close(packed[1][k], padded[1][k], rtol=1e-6, atol=4e-7 * amp, msg=k)
-    if score == "grpo":  # the gradient's cancelling terms carry the rounding (see grpo_grad_slack)
-        slack = grpo_grad_slack(padded[1], rewards, pad_mask, **kw)[pad_mask]
-        _assert_close("grad", packed[2], padded[2][pad_mask], 1e-6, 1e-9, slack)
-    else:
-        torch.testing.assert_close(packed[2], padded[2][pad_mask], rtol=1e-6 * amp, atol=1e-9 * amp)
+    # the gradient's cancelling terms carry that rounding (see grad_slack)
+    slack = grad_slack(padded[1], rewards, pad_mask, **kw)[pad_mask]
+    _assert_close("grad", packed[2], padded[2][pad_mask], 1e-6, 1e-9, slack)
     # a mask inside the packed layout, against the float64 loop reference
     p_mask = torch.rand(p_logp.shape) > 0.3
     check(p_logp, p_ref, p_mask, rewards, cu_seqlens=cu.long(), lengths=lengths.tolist(), **kw)
