@@ -217,7 +217,8 @@ def grad_slack(want_terms, rewards, mask, *, score="rloo", **kw):
     return linear_grad_slack(want_terms, rewards, mask, score=score, **kw)
 
 
-def _assert_close(name, a, b, rtol, atol, slack=None):
+def assert_close_within(name, a, b, rtol, atol, slack=None):
+    """``|a - b| <= atol + rtol |b|``, plus ``slack`` per element where one is given."""
     a, b = a.double(), b.double()
     if slack is None:
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
@@ -236,14 +237,14 @@ def assert_matches(got, want, *, rtol=2e-5, atol=2e-6, grad_rtol=2e-4, grad_atol
     fp32_grpo = fp32 and ctx.get("score") == "grpo"
     row_slack = grpo_score_slack(t2, **ctx) if fp32_grpo else None
     loss_slack = None if row_slack is None else row_slack.mean()
-    _assert_close("loss", l1, l2, rtol, atol, loss_slack)
+    assert_close_within("loss", l1, l2, rtol, atol, loss_slack)
     for k in TERM_KEYS:
         assert t1[k].dtype == l1.dtype and t1[k].shape == t2[k].shape, k
         assert not t1[k].requires_grad, k
         slack = None if k in ("proxy", "weight") else row_slack
-        _assert_close(k, t1[k], t2[k], rtol, atol, slack)
+        assert_close_within(k, t1[k], t2[k], rtol, atol, slack)
     assert g1.shape == g2.shape
-    _assert_close("grad", g1, g2, grad_rtol, grad_atol, grad_slack(t2, **ctx) if fp32 else None)
+    assert_close_within("grad", g1, g2, grad_rtol, grad_atol, grad_slack(t2, **ctx) if fp32 else None)
 
 
 def check(logp, logp_ref, mask, rewards, ref_mask=None, lengths=None, tol=None, **kw):
@@ -412,7 +413,7 @@ def test_packed_equals_padded(seed, proxy, score):
         torch.testing.assert_close(packed[1][k], padded[1][k], rtol=1e-6, atol=4e-7 * amp, msg=k)
     # the gradient's cancelling terms carry that rounding (see grad_slack)
     slack = grad_slack(padded[1], rewards, pad_mask, **kw)[pad_mask]
-    _assert_close("grad", packed[2], padded[2][pad_mask], 1e-6, 1e-9, slack)
+    assert_close_within("grad", packed[2], padded[2][pad_mask], 1e-6, 1e-9, slack)
     # a mask inside the packed layout, against the float64 loop reference
     p_mask = torch.rand(p_logp.shape) > 0.3
     check(p_logp, p_ref, p_mask, rewards, cu_seqlens=cu.long(), lengths=lengths.tolist(), **kw)

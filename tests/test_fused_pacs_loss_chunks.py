@@ -21,7 +21,7 @@ import triton
 
 from pacs_fast.algorithms.pacs import pacs_loss as torch_pacs_loss
 from pacs_fast.kernels import pacs_loss as KP
-from test_fused_pacs_loss import (PROXIES, SCORES, TERM_KEYS, _assert_close, assert_matches, check, grad_slack,
+from test_fused_pacs_loss import (PROXIES, SCORES, TERM_KEYS, assert_close_within, assert_matches, check, grad_slack,
                                   make_inputs, run_fused, run_loop)
 
 pytestmark = pytest.mark.interpret
@@ -146,7 +146,7 @@ def test_packed_equals_padded_split_rows(seed, tiles):
     for k in TERM_KEYS:
         torch.testing.assert_close(packed[1][k], padded[1][k], rtol=1e-6, atol=4e-7 * amp, msg=k)
     slack = grad_slack(padded[1], rewards, pad_mask, **kw)[pad_mask]  # dr_grpo's gradient cancels
-    _assert_close("grad", packed[2], padded[2][pad_mask], 1e-6, 1e-9, slack)
+    assert_close_within("grad", packed[2], padded[2][pad_mask], 1e-6, 1e-9, slack)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -234,7 +234,7 @@ def test_tilings_agree_with_one_block_per_row(seed, monkeypatch):
         # fp32 sums of <= 37 terms of size <= 4 in a different order: |diff| ~ 37 * 4 * 6e-8
         torch.testing.assert_close(got[0], base[0], rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(got[1]["proxy"], base[1]["proxy"], rtol=1e-6, atol=1e-5)
-        _assert_close("grad", got[2], base[2], 1e-5, 1e-9, grad_slack(base[1], rewards, mask, **kw))
+        assert_close_within("grad", got[2], base[2], 1e-5, 1e-9, grad_slack(base[1], rewards, mask, **kw))
 
 
 # ---- grid sizing at the shapes (pure Python: what a GPU launch would get) ---------------

@@ -4,26 +4,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pacs_fast.config.schema import Config, LearnerConfig
+from pacs_fast.config.schema import Config, LearnerConfig, field_types, section_classes
 
 def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
-
-
-def _sections(cfg_cls=Config) -> dict[str, type]:
-    hints = typing.get_type_hints(cfg_cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cfg_cls)}
-
-
-def _field_types(section_cls) -> dict[str, Any]:
-    hints = typing.get_type_hints(section_cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
 
 
 def _coerce(key: str, value: Any, typ) -> Any:
@@ -60,7 +49,7 @@ def _unknown(key: str, valid: list[str]) -> ValueError:
 
 
 def all_keys() -> list[str]:
-    return [f"{s}.{k}" for s, cls in _sections().items() for k in _field_types(cls)]
+    return [f"{s}.{k}" for s, cls in section_classes().items() for k in field_types(cls)]
 
 
 def set_value(cfg: Config, dotted: str, value: Any) -> None:
@@ -69,10 +58,10 @@ def set_value(cfg: Config, dotted: str, value: Any) -> None:
     if len(parts) != 2:
         raise _unknown(dotted, all_keys())
     section, key = parts
-    sections = _sections()
+    sections = section_classes()
     if section not in sections:
         raise _unknown(dotted, all_keys())
-    types = _field_types(sections[section])
+    types = field_types(sections[section])
     if key not in types:
         raise _unknown(dotted, all_keys())
     setattr(getattr(cfg, section), key, _coerce(dotted, value, types[key]))
@@ -84,8 +73,8 @@ def from_dict(d: dict, cfg: Config | None = None) -> Config:
     if not isinstance(d, dict):
         raise ValueError(f"config must be a mapping of sections, got {type(d).__name__}")
     for section, values in d.items():
-        if section not in _sections():
-            raise _unknown(str(section), list(_sections()))
+        if section not in section_classes():
+            raise _unknown(str(section), list(section_classes()))
         if values is None:
             continue
         if not isinstance(values, dict):
@@ -117,8 +106,8 @@ def parse_override(text: str) -> tuple[str, Any]:
 def _type_of(dotted: str):
     """The declared type of ``section.key`` (None for an unknown key: set_value reports it)."""
     section, _, key = dotted.partition(".")
-    cls = _sections().get(section)
-    return _field_types(cls).get(key) if cls is not None else None
+    cls = section_classes().get(section)
+    return field_types(cls).get(key) if cls is not None else None
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -194,11 +183,11 @@ def help_text() -> str:
     """Every key with its type, default and help (used by ``--help``)."""
     lines = []
     defaults = Config()
-    for section, cls in _sections().items():
+    for section, cls in section_classes().items():
         lines.append(f"{section}:")
         for f in dataclasses.fields(cls):
             default = getattr(getattr(defaults, section), f.name)
-            typ = _field_types(cls)[f.name]
+            typ = field_types(cls)[f.name]
             lines.append(f"  {section}.{f.name} ({typ.__name__}, default {default!r})")
             lines.append(f"      {f.metadata.get('help', '')}")
     return "\n".join(lines)

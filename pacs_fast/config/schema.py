@@ -1,7 +1,10 @@
 """The run configuration's sections: nested dataclasses, every field with a default and a one-line help."""
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
+from typing import Any
 
 ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo")
 
@@ -214,3 +217,14 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+
+
+def field_types(cls) -> dict[str, Any]:
+    """Field name -> type of a config dataclass (``Config``'s fields are its section classes)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def section_classes() -> dict[str, type]:
+    """Section name (``model``, ``algo``, ...) -> its dataclass."""
+    return field_types(Config)

@@ -4,8 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pacs_fast.config.loading import _field_types, _sections
-from pacs_fast.config.schema import ALGORITHMS, Config
+from pacs_fast.config.schema import ALGORITHMS, Config, field_types, section_classes
 
 def _choice(key: str, value: str, choices) -> None:
     if value not in choices:
@@ -79,8 +78,8 @@ def _validate_numbers(cfg: Config) -> None:
     """Every float finite (NaN / inf name their key), every ranged value in its range."""
     import math
 
-    for section, cls in _sections().items():
-        for name, typ in _field_types(cls).items():
+    for section, cls in section_classes().items():
+        for name, typ in field_types(cls).items():
             v = getattr(getattr(cfg, section), name)
             if typ is float and not math.isfinite(v):
                 raise ValueError(f"{section}.{name} must be a finite number, got {v}")
