@@ -41,7 +41,7 @@ from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.rollout.remote import RemoteEngines, serve
-from pacs_fast.trainer.loop import TrainingStopped, finish, log_samples, save
+from pacs_fast.trainer.loop import TrainingStopped, evaluate_and_report, finish, log_samples, save
 from pacs_fast.trainer.roles import Roles, close_roles, split_launch
 from pacs_fast.trainer.rewards import UserFunctionError
 from pacs_fast.trainer.session import start
@@ -167,11 +167,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
             last = step == cfg.train.steps
             if last or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
                 s.sync()  # the evaluation engine: shares the torch learner's model (a no-op), or a copy
-                last_eval = s.evaluate()
-                if s.logger:
-                    s.logger.log("eval", step, last_eval)
-                s.log(f"step {step}: held-out accuracy {last_eval['eval/acc']:.3f} (greedy "
-                      f"{last_eval.get('eval/greedy_acc', float('nan')):.3f})")
+                last_eval = evaluate_and_report(s, step)
             if last or (cfg.train.save_every and step % cfg.train.save_every == 0):
                 # the sampler as step `step` left it: the prompts of the requests in flight are taken again on resume
                 save(s, step, sampler_state)

@@ -101,11 +101,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             # evaluate, save
             last = step == cfg.train.steps
             if last or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
-                last_eval = s.evaluate()
-                if s.logger:
-                    s.logger.log("eval", step, last_eval)
-                s.log(f"step {step}: held-out accuracy {last_eval['eval/acc']:.3f} (greedy "
-                      f"{last_eval.get('eval/greedy_acc', float('nan')):.3f})")
+                last_eval = evaluate_and_report(s, step)
             if last or (cfg.train.save_every and step % cfg.train.save_every == 0):
                 save(s, step)
     except UserFunctionError as e:  # reward.appeal / reward.step_rewards gave something unusable
@@ -134,6 +130,17 @@ def log_samples(s: Session, step: int, problems, comps, rewards, terms, extra: d
     s.folder.append_samples([{**r, **(extra or {})} for r in rows])
     s.logger.log_text("samples", step, "\n\n".join(f"**reward {r['reward']:g}** `{r['prompt']}` → `{r['response']}`"
                                                   for r in rows))
+
+
+def evaluate_and_report(s: Session, step: int) -> dict:
+    """The held-out evaluation after ``step`` (collective), logged as ``eval`` metrics and printed
+    (rank 0); returns its metrics."""
+    result = s.evaluate()
+    if s.logger:
+        s.logger.log("eval", step, result)
+    s.log(f"step {step}: held-out accuracy {result['eval/acc']:.3f} (greedy "
+          f"{result.get('eval/greedy_acc', float('nan')):.3f})")
+    return result
 
 
 def save(s: Session, step: int, sampler_state: dict | None = None) -> None:
