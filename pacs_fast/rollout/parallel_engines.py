@@ -41,6 +41,8 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from pacs_fast.collective import collective_check
+
 
 @dataclass(frozen=True)
 class EngineLayout:
@@ -116,20 +118,6 @@ def dp_share(items: Sequence, dp_rank: int, dp_size: int) -> tuple[list, int]:
         raise ValueError(f"{len(items)} prompts cannot be shared evenly by {dp_size} data-parallel groups")
     k = len(items) // dp_size
     return list(items[dp_rank * k:(dp_rank + 1) * k]), dp_rank * k
-
-
-def collective_check(error: str | None) -> None:
-    """Raise ``ValueError`` on every rank when any rank has an ``error`` (the lowest rank's message)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        if error:
-            raise ValueError(error)
-        return
-    errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    bad = [(r, e) for r, e in enumerate(errors) if e]
-    if bad:
-        r, e = bad[0]
-        raise ValueError(e if r == dist.get_rank() else f"rank {r}: {e}")
 
 
 def check_manifest(engine, manifest) -> None:

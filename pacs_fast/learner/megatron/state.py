@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from pacs_fast.collective import collective_check
 from pacs_fast.files import write_atomic
 
 FORMAT = "pacs_fast.megatron.shards/1"
@@ -38,20 +39,6 @@ META = "learner_state.json"
 
 def shard_file(tp_rank: int) -> str:
     return f"learner_tp{tp_rank}_dp0.pt"
-
-
-def _collective_check(error: str | None) -> None:
-    """Raise on every rank when any rank reports an error (its message, with that rank)."""
-    if dist.get_world_size() == 1:
-        if error:
-            raise ValueError(error)
-        return
-    errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    bad = [(r, e) for r, e in enumerate(errors) if e]
-    if bad:
-        r, e = bad[0]
-        raise ValueError(e if r == dist.get_rank() else f"rank {r}: {e}")
 
 
 def _names(learner) -> list[str]:
@@ -83,7 +70,7 @@ def save_state(learner, folder, *, is_writer: bool) -> None:
             os.replace(tmp, folder / META)
     except OSError as e:
         error = f"save_state: writing {folder}: {e.strerror or e} ({type(e).__name__})"
-    _collective_check(error)
+    collective_check(error)
     if dist.get_world_size() > 1:
         dist.barrier()
 
@@ -109,7 +96,7 @@ def load_state(learner, folder) -> None:
             raise ValueError(f"{path}: the checkpoint has no reference model but this run needs one")
     except (OSError, ValueError, KeyError, RuntimeError, json.JSONDecodeError) as e:
         error = f"load_state: {e}" if isinstance(e, ValueError) else f"load_state: {path}: {type(e).__name__}: {e}"
-    _collective_check(error)
+    collective_check(error)
     learner.optimizer = learner._make_optimizer()
     learner.optimizer.load_state_dict(state["optimizer"])
     if learner.ref_model is not None:
