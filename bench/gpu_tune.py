@@ -22,7 +22,7 @@ the Triton dz chunks plus the cuBLAS GEMMs), ``linear_logprobs.grad_bwd`` (the a
 shape-adaptive: their entries hold the launch policy the tiles are derived from (bytes per program,
 programs per SM, warps, stages), not tiles; bench/gpu_tune_pacs.py sweeps and times them (~20 % of
 the budget) with the same kind of compile filter (plus the compile test's PACS access checks),
-override hook (``pacs_loss.POLICY``) and "never slower" rule as below.
+override hook (``pacs_loss_launch.POLICY``) and "never slower" rule as below.
 
 Per kernel: stage 1 sweeps tiles / warps / stages (pre-filtered by a register and shared-memory
 estimate; ``--pingpong linear_logprobs.stats_gluon,...``: those Gluon kernels' ping-pong launches too,

@@ -1,14 +1,14 @@
-"""The PACS loss part of bench/gpu_tune.py: tunes the launch POLICY of kernels/pacs_loss.py.
+"""The PACS loss part of bench/gpu_tune.py: tunes the launch POLICY of kernels/pacs_loss_launch.py.
 
 The loss's launch parameters are shape-adaptive (``launch_config`` derives ROWS, BLOCK_T, N_SPLIT
 and BLOCK_S from B and T), so what is measured and stored is not a tile but the shape-independent
-policy the tiles are derived from (``pacs_loss.BUILTIN_POLICY``): for the streaming kernels
+policy the tiles are derived from (``pacs_loss_launch.BUILTIN_POLICY``): for the streaming kernels
 (``fwd_sums`` = pass A, ``bwd``) the bytes per program (STREAM_BYTES), the largest tile (MAX_TILE),
 the programs per SM the grid aims at (PROGRAMS_PER_SM), the warps below / from 4096-element tiles
 (num_warps / num_warps_large) and num_stages; for pass B (``fwd``) its elements per step
 (GROUP_ELEMS) and num_warps. A candidate policy is timed at the real shapes (``SHAPES``: B=1024,
 T=4096 and B=8192, T=1024, G=8, fp32 log-probs by default, bool mask, padded) through the real
-launchers ``pacs_loss_fwd`` / ``pacs_loss_bwd`` with the candidate set as ``pacs_loss.POLICY`` (the
+launchers ``pacs_loss_fwd`` / ``pacs_loss_bwd`` with the candidate set as ``pacs_loss_launch.POLICY`` (the
 explicit override), and scored by the time summed over the shapes. Pass A and pass B are timed
 together as the forward (pass B reads pass A's partials; pass A's N_SPLIT sizes pass B's steps),
 one kernel's policy swept at a time with the other's fixed: pass A (stage 1: the knobs above but
@@ -40,7 +40,7 @@ from dataclasses import asdict
 
 import torch
 
-from pacs_fast.kernels import aot, pacs_loss as KP, tuning
+from pacs_fast.kernels import aot, pacs_loss as KP, pacs_loss_launch as KPL, tuning
 
 SHAPES = aot.PACS_SHAPES  # (B, T): (1024, 4096), (8192, 1024)
 G = 8
@@ -57,7 +57,7 @@ REPS = 20  # rounds over the shapes per CUDA graph
 
 
 class override:
-    """Sets ``policies`` ({kernel: full policy}) as ``pacs_loss.POLICY`` (the built-in policy for the
+    """Sets ``policies`` ({kernel: full policy}) as ``pacs_loss_launch.POLICY`` (the built-in policy for the
     kernels not named; None: no policy override at all, the measured table applies) with no
     ``CONFIG`` tile override; restores both on exit."""
 
@@ -65,22 +65,22 @@ class override:
         self.policies = policies
 
     def __enter__(self):
-        self.saved = ({k: dict(v) for k, v in KP.POLICY.items()}, dict(KP.CONFIG))
-        for k in KP.KERNELS:
-            KP.POLICY[k] = {} if self.policies is None else dict(self.policies.get(k, KP.BUILTIN_POLICY[k]))
-        KP.CONFIG.update({k: None for k in KP.CONFIG})
+        self.saved = ({k: dict(v) for k, v in KPL.POLICY.items()}, dict(KPL.CONFIG))
+        for k in KPL.KERNELS:
+            KPL.POLICY[k] = {} if self.policies is None else dict(self.policies.get(k, KPL.BUILTIN_POLICY[k]))
+        KPL.CONFIG.update({k: None for k in KPL.CONFIG})
         return self
 
     def __exit__(self, *exc):
-        KP.POLICY.clear()
-        KP.POLICY.update(self.saved[0])
-        KP.CONFIG.update(self.saved[1])
+        KPL.POLICY.clear()
+        KPL.POLICY.update(self.saved[0])
+        KPL.CONFIG.update(self.saved[1])
 
 
 def configs(kernel, policies, dt, arch, sm):
     """``kernel``'s launch configurations at ``SHAPES`` (G=8) under ``policies``."""
     with override(policies):
-        return [KP.launch_config(kernel, B=b, T=t, G=G, dtype=DTYPES[dt], arch=arch, sm_count=sm) for b, t in SHAPES]
+        return [KPL.launch_config(kernel, B=b, T=t, G=G, dtype=DTYPES[dt], arch=arch, sm_count=sm) for b, t in SHAPES]
 
 
 def candidates(kernel, sweep, chosen, dt, arch, sm):
@@ -111,7 +111,7 @@ def compile_filter(kernel, cands, chosen, dt, arch, sm, jobs):
     for p in cands:
         with override(dict(chosen, **{kernel: p})):
             cases = [c for s in {None, sm} for c in aot.pacs_cases(
-                arch, (dt,), (kernel,), lambda k, **kw: KP.launch_config(k, arch=arch, sm_count=s, **kw))]
+                arch, (dt,), (kernel,), lambda k, **kw: KPL.launch_config(k, arch=arch, sm_count=s, **kw))]
         keys.append([aot.compile_key(c) for c in cases])
         todo.update({aot.compile_key(c): asdict(c) for c in cases})
     names = list(todo)
@@ -259,22 +259,22 @@ def tune(kernels, *, arch, dt, budget_s, shares, iters, jobs, dry_run, subset, l
     ``launch_config`` reads), ``configs`` the launch configurations it gives at ``SHAPES`` on this GPU,
     times in ms of one forward / backward summed over the shapes. ``dry_run``: nothing is timed; the
     first ``subset`` candidates are compiled and the first other one that compiles clean is written."""
-    sm = None if dry_run else KP._sm_count(torch.device("cuda"))
+    sm = None if dry_run else KPL._sm_count(torch.device("cuda"))
     width = "32" if dt == "fp32" else "16"
-    chosen = {k: dict(KP.BUILTIN_POLICY[k]) for k in KP.KERNELS}
+    chosen = {k: dict(KPL.BUILTIN_POLICY[k]) for k in KPL.KERNELS}
     bench = None if dry_run else Bench(dt, iters, log)
     tol = 1e-3  # vs the current policy's outputs: fp32 summation order only
     shape = ", ".join(f"B{b} T{t}" for b, t in SHAPES) + f"; G{G}; padded, bool mask"
     results = {}
-    for kernel in [k for k in KP.KERNELS if k in kernels]:  # pass A before pass B (its N_SPLIT)
+    for kernel in [k for k in KPL.KERNELS if k in kernels]:  # pass A before pass B (its N_SPLIT)
         which = "bwd" if kernel == "bwd" else "fwd"
         end = time.time() + budget_s * shares[kernel] / sum(shares[k] for k in kernels)
         stages = [candidates(kernel, sw, chosen, dt, arch, sm) for sw, _ in STAGES[kernel][:1]]
         n_more = sum(len(candidates(kernel, sw, chosen, dt, arch, sm)) - 1 for sw, _ in STAGES[kernel][1:])
         log(f"pacs_loss.{kernel}: {len(stages[0])} stage-1 candidates (distinct launches at the real shapes), "
             f"{n_more} in later stages; built-in policy {_short(chosen[kernel])}")
-        rec = dict(enumerated=len(stages[0]) + n_more, shape=shape, dtype=dt, sm_count=sm or KP.SM_COUNT,
-                   builtin=dict(KP.BUILTIN_POLICY[kernel]),
+        rec = dict(enumerated=len(stages[0]) + n_more, shape=shape, dtype=dt, sm_count=sm or KPL.SM_COUNT,
+                   builtin=dict(KPL.BUILTIN_POLICY[kernel]),
                    timed_as="forward (pass A + pass B)" if which == "fwd" else "backward")
         if dry_run:
             checked = compile_filter(kernel, stages[0][:max(1, subset)], chosen, dt, arch, sm, jobs)
@@ -324,14 +324,14 @@ def check_read_back(path, arch, results):
         for key, rec in results.items():
             _, kernel, width = key.split(".")
             dt = "fp32" if width == "32" else "bf16"
-            pols = {k: table[tuning.entry_key("pacs_loss", k, width)]["config"] for k in KP.KERNELS
+            pols = {k: table[tuning.entry_key("pacs_loss", k, width)]["config"] for k in KPL.KERNELS
                     if tuning.entry_key("pacs_loss", k, width) in table}
             tuning.TUNED_DIR = os.devnull
             want = configs(kernel, pols, dt, arch, None)
             tuning.TUNED_DIR = os.path.dirname(path)
             with override(None):
-                got_policy = KP.launch_policy(kernel, DTYPES[dt], arch)
-                got = [KP.launch_config(kernel, B=b, T=t, G=G, dtype=DTYPES[dt], arch=arch) for b, t in SHAPES]
+                got_policy = KPL.launch_policy(kernel, DTYPES[dt], arch)
+                got = [KPL.launch_config(kernel, B=b, T=t, G=G, dtype=DTYPES[dt], arch=arch) for b, t in SHAPES]
             if got_policy != rec["config"] or got != want:
                 raise SystemExit(f"{key}: launch_policy gives {got_policy} ({got}), the table holds {rec['config']}")
     finally:

@@ -1,9 +1,9 @@
 """Measured launch tables: ``kernels/tuned/sm_<arch>.json``, written by ``bench/gpu_tune.py``.
 
 Precedence in every ``launch_config`` that reads them (kernels/linear_logprobs.py,
-kernels/token_logprobs.py, kernels/pacs_loss.py): an explicit ``CONFIG`` override of the kernel file
+kernels/token_logprobs.py, kernels/pacs_loss_launch.py): an explicit ``CONFIG`` override of the kernel file
 wins, then a measured entry of this table, then the built-in per-arch table (chosen from the compile
-model). The PACS loss's entries hold its shape-independent launch policy (``pacs_loss.launch_policy``:
+model). The PACS loss's entries hold its shape-independent launch policy (``pacs_loss_launch.launch_policy``:
 bytes per program, programs per SM, warps, stages), from which its ``launch_config`` still derives
 every shape's tiles.
 

@@ -20,7 +20,7 @@ import torch
 import triton
 
 from pacs_fast.algorithms.pacs import pacs_loss as torch_pacs_loss
-from pacs_fast.kernels import pacs_loss as KP
+from pacs_fast.kernels import pacs_loss as KP, pacs_loss_launch as KPL
 from test_fused_pacs_loss import (PROXIES, SCORES, TERM_KEYS, assert_close_within, assert_matches, check, grad_slack,
                                   make_inputs, run_fused, run_loop)
 
@@ -50,7 +50,7 @@ def tiles(request, monkeypatch):
     """Tiny tiles for both streaming kernels and pass B; yields the recorded launch grids."""
     rows, block_t, n_split = TILINGS[request.param]
     for k, v in dict(ROWS=rows, BLOCK_T=block_t, N_SPLIT=n_split, BLOCK_S=2).items():
-        monkeypatch.setitem(KP.CONFIG, k, v)
+        monkeypatch.setitem(KPL.CONFIG, k, v)
     grids = {"sums": [], "bwd": []}
     monkeypatch.setattr(KP, "_pacs_sums_kernel", _GridSpy(KP._pacs_sums_kernel, grids["sums"]))
     monkeypatch.setattr(KP, "_pacs_bwd_kernel", _GridSpy(KP._pacs_bwd_kernel, grids["bwd"]))
@@ -229,7 +229,7 @@ def test_tilings_agree_with_one_block_per_row(seed, monkeypatch):
     base = run_fused(logp, logp_ref, mask, rewards, **kw)
     for rows, block_t, n_split in TILINGS.values():
         for k, v in dict(ROWS=rows, BLOCK_T=block_t, N_SPLIT=n_split, BLOCK_S=2).items():
-            monkeypatch.setitem(KP.CONFIG, k, v)
+            monkeypatch.setitem(KPL.CONFIG, k, v)
         got = run_fused(logp, logp_ref, mask, rewards, **kw)
         # fp32 sums of <= 37 terms of size <= 4 in a different order: |diff| ~ 37 * 4 * 6e-8
         torch.testing.assert_close(got[0], base[0], rtol=1e-6, atol=1e-6)
@@ -251,7 +251,7 @@ def builtin_policy(monkeypatch):
 @pytest.mark.parametrize("kernel", ["fwd_sums", "bwd"])
 def test_streaming_grid_fills_the_gpu(B, T, dtype, kernel, builtin_policy):
     """>= 4 programs per SM of a 132-SM GPU, each moving >= 8 KB, every token covered once."""
-    cfg = KP.launch_config(kernel, B=B, T=T, G=8, dtype=dtype, arch=90)
+    cfg = KPL.launch_config(kernel, B=B, T=T, G=8, dtype=dtype, arch=90)
     elt = torch.empty((), dtype=dtype).element_size()
     per_token = 2 * elt + 1 if kernel == "fwd_sums" else elt + 1
     programs = triton.cdiv(B, cfg["ROWS"]) * cfg["N_SPLIT"]
@@ -263,7 +263,7 @@ def test_streaming_grid_fills_the_gpu(B, T, dtype, kernel, builtin_policy):
 
 @pytest.mark.parametrize("G", [1, 2, 8, 16, 64, 1024])
 def test_group_pass_tile(G, builtin_policy):
-    cfg = KP.launch_config("fwd", B=8192, T=1024, G=G, dtype=torch.float32, arch=90)
+    cfg = KPL.launch_config("fwd", B=8192, T=1024, G=G, dtype=torch.float32, arch=90)
     assert cfg["BLOCK_G"] >= G and cfg["BLOCK_G"] * cfg["BLOCK_S"] <= 2048 and cfg["BLOCK_S"] >= 2
 
 
@@ -272,27 +272,27 @@ def test_launch_config_memo_follows_every_input(builtin_policy, monkeypatch, tmp
     answer when an override, the policy, the tuned table or a module knob changes."""
     from pacs_fast.kernels import tuning
     kw = dict(B=1024, T=4096, G=8, dtype=torch.float32, arch=90, sm_count=132)
-    base = KP.launch_config("bwd", **kw)
+    base = KPL.launch_config("bwd", **kw)
     base["ROWS"] = -1  # a caller mutating its copy does not reach the memo
-    assert KP.launch_config("bwd", **kw)["ROWS"] > 0
-    monkeypatch.setitem(KP.CONFIG, "BLOCK_T", 256)
-    assert KP.launch_config("bwd", **kw)["BLOCK_T"] == 256
-    monkeypatch.setitem(KP.CONFIG, "BLOCK_T", None)
-    monkeypatch.setitem(KP.POLICY, "bwd", {"num_warps_large": 2, "num_warps": 2})
-    assert KP.launch_config("bwd", **kw)["num_warps"] == 2
-    monkeypatch.setitem(KP.POLICY, "bwd", {})
-    assert KP.launch_config("fwd_sums", **kw)["N_SPLIT"] == 2  # fp32 pass A: 2048-token tiles, T = 4096
-    monkeypatch.setattr(KP, "MAX_SPLIT", 1)
-    assert KP.launch_config("fwd_sums", **kw)["N_SPLIT"] == 1
-    monkeypatch.setattr(KP, "MAX_SPLIT", 1024)
+    assert KPL.launch_config("bwd", **kw)["ROWS"] > 0
+    monkeypatch.setitem(KPL.CONFIG, "BLOCK_T", 256)
+    assert KPL.launch_config("bwd", **kw)["BLOCK_T"] == 256
+    monkeypatch.setitem(KPL.CONFIG, "BLOCK_T", None)
+    monkeypatch.setitem(KPL.POLICY, "bwd", {"num_warps_large": 2, "num_warps": 2})
+    assert KPL.launch_config("bwd", **kw)["num_warps"] == 2
+    monkeypatch.setitem(KPL.POLICY, "bwd", {})
+    assert KPL.launch_config("fwd_sums", **kw)["N_SPLIT"] == 2  # fp32 pass A: 2048-token tiles, T = 4096
+    monkeypatch.setattr(KPL, "MAX_SPLIT", 1)
+    assert KPL.launch_config("fwd_sums", **kw)["N_SPLIT"] == 1
+    monkeypatch.setattr(KPL, "MAX_SPLIT", 1024)
     # a measured table appears, then changes: each read follows the file
     monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
     table = {"schema": tuning.SCHEMA, "arch": 90, "kernels": {
-        "pacs_loss.bwd.32": {"config": dict(KP.BUILTIN_POLICY["bwd"], num_warps=1, num_warps_large=1)}}}
+        "pacs_loss.bwd.32": {"config": dict(KPL.BUILTIN_POLICY["bwd"], num_warps=1, num_warps_large=1)}}}
     (tmp_path / "sm_90.json").write_text(json.dumps(table))
-    assert KP.launch_config("bwd", **kw)["num_warps"] == 1
+    assert KPL.launch_config("bwd", **kw)["num_warps"] == 1
     table["kernels"]["pacs_loss.bwd.32"]["config"].update(num_warps=16, num_warps_large=16)
     path = tmp_path / "sm_90.json"
     path.write_text(json.dumps(table))
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # a distinct stamp
-    assert KP.launch_config("bwd", **kw)["num_warps"] == 16
+    assert KPL.launch_config("bwd", **kw)["num_warps"] == 16

@@ -72,10 +72,10 @@ def test_dry_run_enumerates_filters_and_writes_every_kernel(table):
         assert rec["enumerated"] > rec["compiled"] >= 2, key  # the sweep is larger than the subset compiled
     # the compile filter really filters: the atomic backward's 128x256x32 tiles spill on sm_90 (72 B)
     assert data["kernels"]["linear_logprobs.grad_bwd.16"]["compile_rejected"] >= 1
-    from pacs_fast.kernels import pacs_loss as KP
+    from pacs_fast.kernels import pacs_loss_launch as KPL
     for key in PACS_KEYS:  # a policy (not tiles), other than the built-in one
         rec, kernel = data["kernels"][key], key.split(".")[1]
-        assert rec["builtin"] == KP.BUILTIN_POLICY[kernel] and set(rec["config"]) == set(rec["builtin"]), key
+        assert rec["builtin"] == KPL.BUILTIN_POLICY[kernel] and set(rec["config"]) == set(rec["builtin"]), key
         assert rec["config"] != rec["builtin"] and len(rec["configs"]) == 2, key
 
 
@@ -316,38 +316,38 @@ SHAPES = ((1024, 4096), (8192, 1024))
 
 
 def _pacs(kernel, b, t, arch=90, g=8, dtype=torch.float32, **kw):
-    from pacs_fast.kernels import pacs_loss as KP
-    return KP.launch_config(kernel, B=b, T=t, G=g, dtype=dtype, arch=arch, **kw)
+    from pacs_fast.kernels import pacs_loss_launch as KPL
+    return KPL.launch_config(kernel, B=b, T=t, G=g, dtype=dtype, arch=arch, **kw)
 
 
 def _tiles(cfg):
     return cfg["ROWS"], cfg["BLOCK_T"], cfg["N_SPLIT"], cfg["num_warps"]
 
 
-# the built-in configurations (kernels/pacs_loss.py launch_config's docstring), fp32, 132 SMs
+# the built-in configurations (kernels/pacs_loss_launch.py launch_config's docstring), fp32, 132 SMs
 BUILTIN = {"fwd_sums": [(1, 2048, 2, 4), (2, 1024, 1, 4)], "bwd": [(1, 4096, 1, 8), (4, 1024, 1, 8)]}
 
 
 def test_pacs_launch_config_reads_the_dry_run_table(table, monkeypatch):
-    from pacs_fast.kernels import pacs_loss as KP, tuning
+    from pacs_fast.kernels import pacs_loss_launch as KPL, tuning
     out, data = table
     monkeypatch.setattr(tuning, "TUNED_DIR", str(out))
     for key in PACS_KEYS:
         rec, kernel = data["kernels"][key], key.split(".")[1]
-        assert KP.launch_policy(kernel, torch.float32, 90) == rec["config"]
+        assert KPL.launch_policy(kernel, torch.float32, 90) == rec["config"]
         assert [_pacs(kernel, b, t) for b, t in SHAPES] == rec["configs"], key
-        assert KP.launch_policy(kernel, torch.bfloat16, 90) == KP.BUILTIN_POLICY[kernel]  # no .16 entry
+        assert KPL.launch_policy(kernel, torch.bfloat16, 90) == KPL.BUILTIN_POLICY[kernel]  # no .16 entry
 
 
 def test_pacs_measured_policy_stays_shape_adaptive(tmp_path, monkeypatch):
-    from pacs_fast.kernels import pacs_loss as KP, tuning
+    from pacs_fast.kernels import pacs_loss_launch as KPL, tuning
     monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
     for kernel, want in BUILTIN.items():  # no table yet: the built-in configurations
         assert [_tiles(_pacs(kernel, b, t)) for b, t in SHAPES] == want
     (tmp_path / "sm_90.json").write_text(json.dumps({"schema": 1, "arch": 90, "kernels": {
-        "pacs_loss.fwd_sums.32": {"config": dict(KP.BUILTIN_POLICY["fwd_sums"], STREAM_BYTES=32768)},
-        "pacs_loss.bwd.32": {"config": dict(KP.BUILTIN_POLICY["bwd"], PROGRAMS_PER_SM=16, num_warps=2)},
-        "pacs_loss.fwd.32": {"config": dict(KP.BUILTIN_POLICY["fwd"], GROUP_ELEMS=512, num_warps=2)}}}))
+        "pacs_loss.fwd_sums.32": {"config": dict(KPL.BUILTIN_POLICY["fwd_sums"], STREAM_BYTES=32768)},
+        "pacs_loss.bwd.32": {"config": dict(KPL.BUILTIN_POLICY["bwd"], PROGRAMS_PER_SM=16, num_warps=2)},
+        "pacs_loss.fwd.32": {"config": dict(KPL.BUILTIN_POLICY["fwd"], GROUP_ELEMS=512, num_warps=2)}}}))
     # pass A: 32 KB per program -> 4096-element tiles (9 B per token), laid out per shape
     assert [_tiles(_pacs("fwd_sums", b, t)) for b, t in SHAPES] == [(1, 4096, 1, 4), (4, 1024, 1, 4)]
     # backward: >= 16 programs per SM -> tiles halve until the grid has 16 x 132 programs, 2 warps
@@ -357,26 +357,26 @@ def test_pacs_measured_policy_stays_shape_adaptive(tmp_path, monkeypatch):
     got = _pacs("fwd", 64, 65536, g=64)
     assert (got["BLOCK_G"], got["BLOCK_S"], got["num_warps"]) == (64, 8, 2)
     # an explicit CONFIG override still wins, a POLICY override too; an unknown knob is an error
-    monkeypatch.setitem(KP.CONFIG, "ROWS", 8)
-    monkeypatch.setitem(KP.CONFIG, "BLOCK_T", 64)
+    monkeypatch.setitem(KPL.CONFIG, "ROWS", 8)
+    monkeypatch.setitem(KPL.CONFIG, "BLOCK_T", 64)
     assert _tiles(_pacs("fwd_sums", 1024, 4096)) == (8, 64, 64, 4)
-    monkeypatch.setitem(KP.CONFIG, "ROWS", None)
-    monkeypatch.setitem(KP.CONFIG, "BLOCK_T", None)
-    monkeypatch.setitem(KP.POLICY, "fwd_sums", {"STREAM_BYTES": 16384})
+    monkeypatch.setitem(KPL.CONFIG, "ROWS", None)
+    monkeypatch.setitem(KPL.CONFIG, "BLOCK_T", None)
+    monkeypatch.setitem(KPL.POLICY, "fwd_sums", {"STREAM_BYTES": 16384})
     assert [_tiles(_pacs("fwd_sums", b, t)) for b, t in SHAPES] == BUILTIN["fwd_sums"]
-    monkeypatch.setitem(KP.POLICY, "fwd_sums", {"STREAM_BYTE": 1})
+    monkeypatch.setitem(KPL.POLICY, "fwd_sums", {"STREAM_BYTE": 1})
     with pytest.raises(ValueError, match="unknown knobs"):
         _pacs("fwd_sums", 1024, 4096)
-    monkeypatch.setitem(KP.POLICY, "fwd_sums", {})
+    monkeypatch.setitem(KPL.POLICY, "fwd_sums", {})
     # no table for sm_80, none for bf16 / fp64 entries: exactly the built-in configurations
     for kernel, want in BUILTIN.items():
         assert [_tiles(_pacs(kernel, b, t, arch=80)) for b, t in SHAPES] == want
         assert _pacs(kernel, 1024, 4096, dtype=torch.float64) == _pacs(kernel, 1024, 4096, arch=None,
                                                                        dtype=torch.float64)
     monkeypatch.setattr(tuning, "TUNED_DIR", os.devnull)
-    builtin_bf16 = [_pacs(k, b, t, dtype=torch.bfloat16) for k in KP.KERNELS for b, t in SHAPES]
+    builtin_bf16 = [_pacs(k, b, t, dtype=torch.bfloat16) for k in KPL.KERNELS for b, t in SHAPES]
     monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
-    assert [_pacs(k, b, t, dtype=torch.bfloat16) for k in KP.KERNELS for b, t in SHAPES] == builtin_bf16
+    assert [_pacs(k, b, t, dtype=torch.bfloat16) for k in KPL.KERNELS for b, t in SHAPES] == builtin_bf16
 
 
 def test_choose_times_the_kinds_in_alternation_and_takes_the_fastest_median(monkeypatch):

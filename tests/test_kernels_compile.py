@@ -209,7 +209,7 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     import torch
 
     from pacs_fast.kernels import linear_logprobs as KL, linear_logprobs_fwd as KLF, pacs_loss as KP, \
-        token_logprobs as KT
+        pacs_loss_launch as KPL, token_logprobs as KT
     from pacs_fast.kernels import linear_logprobs_bwd as KLB, linear_logprobs_gluon as KLG, linear_logprobs_tma as KLT
     calls = []
     for mod, names in ((KT, ("_stats_fwd_kernel", "_grad_bwd_kernel")),
@@ -285,14 +285,14 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     logp = torch.randn(b, t)
     KP.pacs_loss_fwd(logp, logp, None, torch.ones(b), None, group_size=g, beta=1.0, score="rloo",
                      weight_mode="question", proxy="logratio")
-    got = check(KP.launch_config("fwd", B=b, T=t, G=g, dtype=logp.dtype, arch=arch),
+    got = check(KPL.launch_config("fwd", B=b, T=t, G=g, dtype=logp.dtype, arch=arch),
                 ("BLOCK_G", "BLOCK_S", "num_warps", "num_stages"))
     assert got["grid"] == (b // g,)
     for name in ("fwd_sums", "bwd"):
         if name == "bwd":
             KP.pacs_loss_bwd(torch.ones(()), torch.ones(b), None, None, (b, t), logp.dtype)
         assert len(calls) == 1, calls  # pass A's launch, then the backward's
-        cfg = KP.launch_config(name, B=b, T=t, G=g if name == "fwd_sums" else 1, dtype=logp.dtype, arch=arch)
+        cfg = KPL.launch_config(name, B=b, T=t, G=g if name == "fwd_sums" else 1, dtype=logp.dtype, arch=arch)
         got = check(cfg, ("ROWS", "BLOCK_T", "num_warps", "num_stages"))
         assert got["grid"] == (triton.cdiv(b, cfg["ROWS"]), cfg["N_SPLIT"]), (name, got["grid"], cfg)
 
