@@ -5,6 +5,10 @@
   vocab padding, TP sharding).
 - :mod:`.forward`: per-token log-probs through the vocab-parallel ``linear_logprobs``.
 - :mod:`.learner`: :class:`MegatronLearner`, the :class:`~pacs_fast.learner.base.Learner`.
+- :mod:`.data_parallel`: its data-parallel shares, same-batch check, gathers and reductions.
+- :mod:`.setup`: the parallel state, the lazy HF checkpoint reader, the TP-aware gradient norm.
+- :mod:`.optimizer`: AdamW, optionally sharded over the data-parallel ranks (ZeRO-1).
+- :mod:`.export` / :mod:`.state`: the policy as an HF folder; the checkpoint state of the rest.
 - :mod:`.cpu_compat`: the CUDA -> CPU redirections megatron-core needs without a GPU.
 
 megatron-core is imported lazily (inside functions): importing these modules is cheap.

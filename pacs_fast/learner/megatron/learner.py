@@ -64,10 +64,15 @@ from pacs_fast.learner.base import (
     needs_reference,
     objective,
 )
-
-
-from pacs_fast.learner.packing import micro_batch_groups  # noqa: E402
-from pacs_fast.learner.megatron.setup import LazyHFCheckpoint, init_parallel, tp_grad_norm  # noqa: E402,F401
+from pacs_fast.learner.megatron.data_parallel import (
+    all_reduce_sum,
+    check_same_batch,
+    dp_share,
+    gather_dp,
+    local_mini_batch_groups,
+)
+from pacs_fast.learner.megatron.setup import LazyHFCheckpoint, init_parallel, tp_grad_norm
+from pacs_fast.learner.packing import micro_batch_groups
 
 
 # ----------------------------------------------------------------------------- the learner
@@ -187,47 +192,14 @@ class MegatronLearner(Learner):
                              packing=self.cfg.packing, lm_head_fp32=self.lm_head_fp32)
         return out if return_entropy else (out, None)
 
-    def _dp_share(self, n: int) -> list[int]:
-        """This data-parallel rank's contiguous share of ``range(n)`` groups (equal shares)."""
-        if n % self.dp_size:
-            raise ValueError(f"{n} groups cannot be split evenly over {self.dp_size} data-parallel "
-                             "ranks: make learner.mini/micro_batch_prompts multiples of it")
-        k = n // self.dp_size
-        return list(range(self.dp_rank * k, (self.dp_rank + 1) * k))
-
     def _check_same_batch(self, batch: RolloutBatch) -> None:
-        """Ranks that compute on the same rows must be given the same batch: all ranks (full
-        batches) or the ranks of each TP group (DP-local batches). A cheap fingerprint compared over
-        those ranks turns a silent divergence into a ValueError on each of them."""
-        if self.local_batches and self.tp_size == 1:
-            return
-        group = self.tp_group if self.local_batches else None
-        if dist.get_world_size(group) == 1:
-            return
-        ids = batch.input_ids.to(torch.float64)
-        w = (torch.arange(ids.numel(), dtype=torch.float64) % 1009 + 1).view_as(ids)
-        fp = torch.stack([ids.sum(), (ids * w.to(ids.device)).sum(), batch.rewards.double().sum(),
-                          batch.response_mask.double().sum(), torch.tensor(float(ids.numel()),
-                                                                            dtype=torch.float64)])
-        fp = torch.nan_to_num(fp, nan=1.5e300).to(self.device)  # NaN rewards: equal, not "different"
-        lo, hi = fp.clone(), fp.clone()
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
-        if not torch.equal(lo, hi):
-            if self.local_batches:
-                raise ValueError("batch: the ranks of one tensor-parallel group were given different batches; "
-                                 "with local_batches=True the ranks of a TP group must pass the same batch "
-                                 "(their data-parallel group's share)")
-            raise ValueError("batch: the processes were given different batches; every rank of a "
-                             "megatron launch must pass the same rollout batch")
+        """Full batches: every rank must pass the same batch; DP-local: the ranks of a TP group."""
+        if not (self.local_batches and self.tp_size == 1):  # (DP-local at TP 1: no rank shares its rows)
+            check_same_batch(batch, self.tp_group if self.local_batches else None, local_batches=self.local_batches,
+                             device=self.device)
 
     def _gather_dp(self, local: torch.Tensor) -> torch.Tensor:
-        """Concatenation over data-parallel ranks (in rank order) of equally shaped tensors."""
-        if self.dp_size == 1:
-            return local
-        parts = [torch.empty_like(local) for _ in range(self.dp_size)]
-        dist.all_gather(parts, local.contiguous(), group=self.dp_group)
-        return torch.cat(parts)
+        return gather_dp(local, self.dp_group, self.dp_size)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: RolloutBatch, *, reference: bool = False, return_entropy: bool = False):
@@ -242,7 +214,7 @@ class MegatronLearner(Learner):
         else:  # groups padded (by repeating the last) to split evenly over data-parallel ranks
             n = batch.num_groups + (-batch.num_groups) % self.dp_size
             padded = batch.groups([min(g, batch.num_groups - 1) for g in range(n)])
-            mine = self._dp_share(n)
+            mine = dp_share(n, self.dp_size, self.dp_rank)
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # noqa: E731
         lps, ents = [], []
         mine_batch = padded.groups(mine)
@@ -266,38 +238,13 @@ class MegatronLearner(Learner):
         return logp
 
     # ------------------------------------------------------------------ training
-    def _all_reduce_dp(self, tensors: list[torch.Tensor]) -> None:
-        """SUM all-reduce over data-parallel ranks, through one flat fp32 buffer."""
-        if self.dp_size == 1 or not tensors:
-            return
-        flat = torch.cat([t.reshape(-1).float() for t in tensors])
-        dist.all_reduce(flat, group=self.dp_group)
-        offset = 0
-        for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
-
-    def _local_mini_batches(self, P: int) -> int:
-        """DP-local batches: groups per local mini-batch; every data-parallel group must hold the
-        same number of groups (the same number of optimiser steps everywhere)."""
-        n = torch.tensor([float(P), -float(P)], device=self.device)
-        if self.dp_size > 1:
-            dist.all_reduce(n, op=dist.ReduceOp.MAX, group=self.dp_group)
-        if n[0] != -n[1]:
-            raise ValueError(f"update: the data-parallel groups hold different numbers of groups (this one {P}, "
-                             f"between {int(-n[1])} and {int(n[0])}); give each the same share of the step's prompts")
-        mini = min(self.cfg.mini_batch_prompts, P * self.dp_size)
-        if mini % self.dp_size:
-            raise ValueError(f"update: a mini-batch of {mini} groups cannot be split over {self.dp_size} "
-                             "data-parallel groups")
-        return mini // self.dp_size
-
     def update(self, batch: RolloutBatch, *, seed: int) -> dict[str, float]:
         self._check_same_batch(batch)
         self.model.train()
         gen = torch.Generator().manual_seed(int(seed))
         P = batch.num_groups
-        mini = self._local_mini_batches(P) if self.local_batches else min(self.cfg.mini_batch_prompts, P)
+        mini = (local_mini_batch_groups(P, self.cfg.mini_batch_prompts, self.dp_group, self.dp_size, self.device)
+                if self.local_batches else min(self.cfg.mini_batch_prompts, P))
         sums: dict[str, float] = {}
         terms: dict[str, list] = {}
         steps = 0
@@ -334,7 +281,7 @@ class MegatronLearner(Learner):
                 counts = dict(zip(sorted(counts), c.tolist()))
         else:
             counts = minibatch_counts(mb)
-            mine = mb.groups(self._dp_share(mb.num_groups))
+            mine = mb.groups(dp_share(mb.num_groups, self.dp_size, self.dp_rank))
         parts = micro_batch_groups(mine, self.cfg.micro_batch_prompts, self.cfg.max_tokens_per_micro_batch)
         share_back = group_rows(torch.tensor([g for part in parts for g in part]).argsort(), mine.group_size)
         need_ent = bool(self.algo.entropy_coef)
@@ -360,7 +307,7 @@ class MegatronLearner(Learner):
         names = sorted(scalars)
         stats = torch.stack([torch.as_tensor(scalars[k], device=self.device, dtype=torch.float32)
                              for k in names])
-        self._all_reduce_dp([p.grad for p in self.params] + [stats])
+        all_reduce_sum([p.grad for p in self.params] + [stats], self.dp_group, self.dp_size)
         local_terms = {k: [torch.cat(v)[share_back]] for k, v in local_terms.items()}  # this share's row order
         if self.local_batches:
             for k, v in local_terms.items():
