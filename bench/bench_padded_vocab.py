@@ -194,7 +194,8 @@ def main(argv=None) -> int:
                 del eng
             if args.skip_vllm:
                 continue
-            from pacs_fast.rollout.vllm_engine import VLLMEngine, _mask_padded_rows
+            from pacs_fast.rollout.vllm_engine import VLLMEngine
+            from pacs_fast.rollout.vllm_worker import mask_padded_rows
 
             veng = VLLMEngine(path, max_model_len=512, cpu_kv_cache_bytes=256 << 20, vocab_size=ROWS)
             assert veng.vocab_size is None  # started unmasked
@@ -203,7 +204,7 @@ def main(argv=None) -> int:
                 def set_up():
                     veng._allowed_ids = list(range(real)) if allowed else None
                     if hook:
-                        assert all(veng.llm.collective_rpc(_mask_padded_rows, args=(real,)))
+                        assert all(veng.llm.collective_rpc(mask_padded_rows, args=(real,)))
                     else:
                         veng.llm.collective_rpc(_unhook_padded_rows)
                 return set_up

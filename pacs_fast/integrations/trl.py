@@ -188,7 +188,7 @@ def _sync_by_reload(generation) -> None:
     how :class:`pacs_fast.rollout.vllm_engine.VLLMEngine` syncs), then re-packs an LM head tied to
     the embedding (the reload refreshes the embedding's weight, not the head's packed copy). One call
     carries the whole model: the tensors are referenced, not copied (the engine runs in this process)."""
-    from pacs_fast.rollout.vllm_engine import refresh_tied_lm_heads
+    from pacs_fast.rollout.vllm_worker import refresh_tied_lm_heads
 
     if getattr(generation, "enable_sleep_mode", False):
         generation.llm.wake_up(tags=["weights"])

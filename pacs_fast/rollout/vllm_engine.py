@@ -13,9 +13,9 @@
   other ``logprobs_mode`` values are refused). :meth:`VLLMEngine.score` gives teacher-forced
   log-probs of given sequences (``prompt_logprobs``) for a vLLM-vs-learner mismatch check.
 - **padded vocabulary rows** (an LM head with more rows than the tokenizer has ids, as every Qwen
-  checkpoint): a forward hook on the worker's ``LogitsProcessor`` sets the logits of ids
-  ``>= len(tokenizer)`` to -inf, so they are never sampled (greedy included) and the raw log-probs
-  (and :meth:`~VLLMEngine.score`) are those of the distribution over the real ids. vLLM's own
+  checkpoint): a forward hook on the worker's ``LogitsProcessor`` (:mod:`.vllm_worker`) sets the
+  logits of ids ``>= len(tokenizer)`` to -inf, so they are never sampled (greedy included) and the
+  raw log-probs (and :meth:`~VLLMEngine.score`) are those of the distribution over the real ids. vLLM's own
   ``allowed_token_ids`` is not used for this: its raw log-probs are taken before that mask applies,
   and a list of ~150k ids per request costs more (bench/bench_padded_vocab.py); it is only the
   fallback for a model without a ``LogitsProcessor`` (log-probs then unmasked, with a warning).
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import gc
 import logging
 import os
@@ -61,6 +60,7 @@ from typing import Iterable
 import torch
 
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
+from pacs_fast.rollout.vllm_worker import mask_padded_rows, refresh_tied_lm_heads
 from pacs_fast.rollout.weight_sync import WeightSpec, iter_buckets, prepare, tensor_bytes
 
 CPU_ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1"}
@@ -72,47 +72,6 @@ def set_cpu_env_defaults() -> None:
         return
     for key, value in CPU_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
-
-
-def refresh_tied_lm_heads(worker) -> int:
-    """Runs inside the vLLM worker: re-packs each ``lm_head`` that shares the embedding weight."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-
-    model = worker.model_runner.get_model()
-    embeds = [m.weight for m in model.modules()
-              if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)]
-    count = 0
-    for m in model.modules():
-        if isinstance(m, ParallelLMHead) and any(m.weight is w for w in embeds):
-            m.quant_method.process_weights_after_loading(m)
-            count += 1
-    return count
-
-
-def _mask_padded_rows(worker, vocab_size: int) -> int:
-    """Runs inside the vLLM worker: hooks every ``LogitsProcessor`` so that logits of ids
-    ``>= vocab_size`` are -inf (before vLLM's raw log-probs, sampling and prompt log-probs).
-    Returns how many were hooked (again on a second call: the old hook is replaced)."""
-    from vllm.model_executor.layers.logits_processor import LogitsProcessor
-
-    count = 0
-    for m in worker.model_runner.get_model().modules():
-        if isinstance(m, LogitsProcessor):
-            old = getattr(m, "_pacs_fast_vocab_hook", None)
-            if old is not None:
-                old.remove()
-            m._pacs_fast_vocab_hook = m.register_forward_hook(functools.partial(_fill_padded_rows, vocab_size),
-                                                              with_kwargs=True)
-            count += 1
-    return count
-
-
-def _fill_padded_rows(vocab_size: int, module, args, kwargs, logits):
-    # None: a tensor-parallel rank without logits; skip_gather: a vocabulary shard (batch-sharded
-    # sampling, which the engine refuses to hook: it uses allowed_token_ids then)
-    if logits is not None and not kwargs.get("skip_gather") and logits.shape[-1] > vocab_size:
-        logits[..., vocab_size:] = float("-inf")
-    return logits
 
 
 # vLLM's in-place reload warns about every layer a call does not load: with buckets (or a subset
@@ -263,7 +222,7 @@ class VLLMEngine(RolloutEngine):
         vocab_size = int(vocab_size)
         # batch-sharded sampling computes vocabulary shards of the logits, past the hook's reach
         sharded = getattr(self._llm.llm_engine.vllm_config.parallel_config, "enable_batch_sharded_sampling", False)
-        if not sharded and all(self._llm.collective_rpc(_mask_padded_rows, args=(vocab_size,))):
+        if not sharded and all(self._llm.collective_rpc(mask_padded_rows, args=(vocab_size,))):
             return vocab_size, None
         logging.getLogger(__name__).warning(
             "VLLMEngine: no LogitsProcessor to hook in %s (or batch-sharded sampling): padded rows are "
