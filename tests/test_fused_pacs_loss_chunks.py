@@ -21,8 +21,8 @@ import triton
 
 from pacs_fast.algorithms.pacs import pacs_loss as torch_pacs_loss
 from pacs_fast.kernels import pacs_loss as KP, pacs_loss_launch as KPL
-from test_fused_pacs_loss import (PROXIES, SCORES, TERM_KEYS, assert_close_within, assert_matches, check, grad_slack,
-                                  make_inputs, run_fused, run_loop)
+from fused_pacs_loss_checks import (PROXIES, SCORES, TERM_KEYS, assert_close_within, assert_matches, check,
+                                    grad_slack, make_inputs, run_fused, run_loop)
 
 pytestmark = pytest.mark.interpret
 
