@@ -1,8 +1,7 @@
 """bench/gpu_tune.py --dry-run (no GPU): enumerates every kernel's sweep, AOT-compiles a small subset,
 writes sm_90.json into a temporary folder; launch_config then reads it (kernels/tuning.py), an
-explicit CONFIG override still wins, and an architecture without a table (or with an unreadable one)
-keeps the built-in configuration. The PACS loss's entries hold a launch policy, from which its
-launch_config still derives every shape's tiles."""
+explicit CONFIG override still wins, and an architecture without a table keeps the built-in
+configuration. How a table is read without the tuner: tests/test_tuned_tables.py."""
 import json
 import os
 import subprocess
@@ -181,24 +180,6 @@ def test_per_hidden_size_entries_are_read_at_the_nearest_hidden_size(table, monk
         assert [read(90, "16", h) for h in (None, 896, 1536, 3584)] == [main, small, small, main]
 
 
-def test_nearest_measurement_by_hidden_size():
-    """kernels/tuning.py ``nearest``: ratio distance, the entry itself on a tie or without a hidden size
-    to compare (no ``h``: the ``H<n>`` of its shape), ``by_h`` keys that are not sizes ignored."""
-    from pacs_fast.kernels import tuning
-    entry = {"shape": "N8192 H4096 V151936", "config": "main",
-             "by_h": {"896": {"config": "small"}, "16384": {"config": "big"}, "x": {"config": "bad"}, "0": {}}}
-    pick = lambda h: tuning.nearest(entry, h)["config"]  # noqa: E731
-    assert [pick(h) for h in (None, 0, 64, 896, 1915, 1917, 4096, 8191, 8193, 10 ** 6)] == \
-        ["main", "main", "small", "small", "small", "main", "main", "main", "big", "big"]
-    assert pick(2 * 4096) == "main"  # a tie (8192 is as far from 4096 as from 16384): the entry itself
-    assert tuning.nearest(dict(entry, h=16384), 12000)["config"] == "main"  # "h" wins over the shape
-    assert tuning.nearest({"config": "only", "by_h": {"896": {"config": "small"}}}, 4096)["config"] == "small"
-    assert tuning.nearest(None, 896) is None and tuning.nearest({"config": 1}, 896) == {"config": 1}
-    # a by_h part without the field asked for (a hand-edited table) is passed over: the entry serves
-    odd = {"h": 4096, "config": "main", "by_h": {"896": {"ms": 1.0}, "16384": {"config": "big"}}}
-    assert tuning.nearest(odd, 896, "config")["config"] == "main" and tuning.nearest(odd, 896) == {"ms": 1.0}
-
-
 def test_tune_at_times_the_finalists_at_another_hidden_size():
     """bench/gpu_tune_shapes.py with the GPU replaced: per kernel, the four fastest distinct configurations
     of its main sweep that matched (never one with ms inf), the built-in one and the ping-pong built-in
@@ -286,21 +267,6 @@ def test_kernel_choice_reads_the_measured_table(table, tmp_path, monkeypatch):
         KL.forward_kind(90, "16")
 
 
-def test_unreadable_table_is_ignored_with_a_warning(tmp_path, monkeypatch):
-    from pacs_fast.kernels import tuning
-    monkeypatch.setattr(tuning, "TUNED_DIR", os.devnull)
-    want = _config("linear_logprobs", "dlogits", 90)
-    (tmp_path / "sm_90.json").write_text('{"schema": 1, "arch": 90, "kernels": ')  # cut short
-    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
-    with pytest.warns(UserWarning, match="ignoring the tuned launch table"):
-        assert _config("linear_logprobs", "dlogits", 90) == want
-    # an entry's unknown keys and non-integers are ignored; known keys are taken
-    (tmp_path / "sm_90.json").write_text(json.dumps({"schema": 1, "arch": 90, "kernels": {
-        "linear_logprobs.dlogits.16": {"config": {"num_stages": 4, "BOGUS": 1, "BLOCK_N": "x"}}}}))
-    os.utime(tmp_path / "sm_90.json", ns=(1, 2))  # a new stamp: re-read
-    assert _config("linear_logprobs", "dlogits", 90) == dict(want, num_stages=4)
-
-
 def test_dry_run_refuses_the_repository_table_folder():
     path = os.path.join(ROOT, "kernels", "tuned", "sm_90.json")
     before = open(path, "rb").read() if os.path.exists(path) else None
@@ -320,14 +286,6 @@ def _pacs(kernel, b, t, arch=90, g=8, dtype=torch.float32, **kw):
     return KPL.launch_config(kernel, B=b, T=t, G=g, dtype=dtype, arch=arch, **kw)
 
 
-def _tiles(cfg):
-    return cfg["ROWS"], cfg["BLOCK_T"], cfg["N_SPLIT"], cfg["num_warps"]
-
-
-# the built-in configurations (kernels/pacs_loss_launch.py launch_config's docstring), fp32, 132 SMs
-BUILTIN = {"fwd_sums": [(1, 2048, 2, 4), (2, 1024, 1, 4)], "bwd": [(1, 4096, 1, 8), (4, 1024, 1, 8)]}
-
-
 def test_pacs_launch_config_reads_the_dry_run_table(table, monkeypatch):
     from pacs_fast.kernels import pacs_loss_launch as KPL, tuning
     out, data = table
@@ -337,46 +295,6 @@ def test_pacs_launch_config_reads_the_dry_run_table(table, monkeypatch):
         assert KPL.launch_policy(kernel, torch.float32, 90) == rec["config"]
         assert [_pacs(kernel, b, t) for b, t in SHAPES] == rec["configs"], key
         assert KPL.launch_policy(kernel, torch.bfloat16, 90) == KPL.BUILTIN_POLICY[kernel]  # no .16 entry
-
-
-def test_pacs_measured_policy_stays_shape_adaptive(tmp_path, monkeypatch):
-    from pacs_fast.kernels import pacs_loss_launch as KPL, tuning
-    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
-    for kernel, want in BUILTIN.items():  # no table yet: the built-in configurations
-        assert [_tiles(_pacs(kernel, b, t)) for b, t in SHAPES] == want
-    (tmp_path / "sm_90.json").write_text(json.dumps({"schema": 1, "arch": 90, "kernels": {
-        "pacs_loss.fwd_sums.32": {"config": dict(KPL.BUILTIN_POLICY["fwd_sums"], STREAM_BYTES=32768)},
-        "pacs_loss.bwd.32": {"config": dict(KPL.BUILTIN_POLICY["bwd"], PROGRAMS_PER_SM=16, num_warps=2)},
-        "pacs_loss.fwd.32": {"config": dict(KPL.BUILTIN_POLICY["fwd"], GROUP_ELEMS=512, num_warps=2)}}}))
-    # pass A: 32 KB per program -> 4096-element tiles (9 B per token), laid out per shape
-    assert [_tiles(_pacs("fwd_sums", b, t)) for b, t in SHAPES] == [(1, 4096, 1, 4), (4, 1024, 1, 4)]
-    # backward: >= 16 programs per SM -> tiles halve until the grid has 16 x 132 programs, 2 warps
-    assert [_tiles(_pacs("bwd", b, t)) for b, t in SHAPES] == [(1, 1024, 4, 2), (2, 1024, 1, 2)]
-    assert _tiles(_pacs("bwd", 1024, 4096, sm_count=114)) == (1, 2048, 2, 2)  # the device's own SM count
-    # pass B: <= 512 elements per step (G = 64, pass A's N_SPLIT = 16), 2 warps
-    got = _pacs("fwd", 64, 65536, g=64)
-    assert (got["BLOCK_G"], got["BLOCK_S"], got["num_warps"]) == (64, 8, 2)
-    # an explicit CONFIG override still wins, a POLICY override too; an unknown knob is an error
-    monkeypatch.setitem(KPL.CONFIG, "ROWS", 8)
-    monkeypatch.setitem(KPL.CONFIG, "BLOCK_T", 64)
-    assert _tiles(_pacs("fwd_sums", 1024, 4096)) == (8, 64, 64, 4)
-    monkeypatch.setitem(KPL.CONFIG, "ROWS", None)
-    monkeypatch.setitem(KPL.CONFIG, "BLOCK_T", None)
-    monkeypatch.setitem(KPL.POLICY, "fwd_sums", {"STREAM_BYTES": 16384})
-    assert [_tiles(_pacs("fwd_sums", b, t)) for b, t in SHAPES] == BUILTIN["fwd_sums"]
-    monkeypatch.setitem(KPL.POLICY, "fwd_sums", {"STREAM_BYTE": 1})
-    with pytest.raises(ValueError, match="unknown knobs"):
-        _pacs("fwd_sums", 1024, 4096)
-    monkeypatch.setitem(KPL.POLICY, "fwd_sums", {})
-    # no table for sm_80, none for bf16 / fp64 entries: exactly the built-in configurations
-    for kernel, want in BUILTIN.items():
-        assert [_tiles(_pacs(kernel, b, t, arch=80)) for b, t in SHAPES] == want
-        assert _pacs(kernel, 1024, 4096, dtype=torch.float64) == _pacs(kernel, 1024, 4096, arch=None,
-                                                                       dtype=torch.float64)
-    monkeypatch.setattr(tuning, "TUNED_DIR", os.devnull)
-    builtin_bf16 = [_pacs(k, b, t, dtype=torch.bfloat16) for k in KPL.KERNELS for b, t in SHAPES]
-    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
-    assert [_pacs(k, b, t, dtype=torch.bfloat16) for k in KPL.KERNELS for b, t in SHAPES] == builtin_bf16
 
 
 def test_choose_times_the_kinds_in_alternation_and_takes_the_fastest_median(monkeypatch):

@@ -1,0 +1,104 @@
+"""The measured launch tables as ``launch_config`` reads them (kernels/tuning.py), without running
+the tuner (tests/test_gpu_tune.py runs its dry run): the entry measured at the nearest hidden size,
+an unreadable table ignored with a warning, and the PACS loss's measured policy, from which
+``launch_config`` still derives every shape's tiles."""
+import json
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the launch configurations are computed with triton's helpers")
+
+SHAPES = ((1024, 4096), (8192, 1024))
+
+
+def _dlogits_config():
+    from pacs_fast.kernels import linear_logprobs as KL
+    return KL.launch_config("dlogits", N=8192, V=151936, H=4096, dtype=torch.bfloat16, arch=90)
+
+
+def _pacs(kernel, b, t, arch=90, g=8, dtype=torch.float32, **kw):
+    from pacs_fast.kernels import pacs_loss_launch as KPL
+    return KPL.launch_config(kernel, B=b, T=t, G=g, dtype=dtype, arch=arch, **kw)
+
+
+def _tiles(cfg):
+    return cfg["ROWS"], cfg["BLOCK_T"], cfg["N_SPLIT"], cfg["num_warps"]
+
+
+# the built-in configurations (kernels/pacs_loss_launch.py launch_config's docstring), fp32, 132 SMs
+BUILTIN = {"fwd_sums": [(1, 2048, 2, 4), (2, 1024, 1, 4)], "bwd": [(1, 4096, 1, 8), (4, 1024, 1, 8)]}
+
+
+def test_nearest_measurement_by_hidden_size():
+    """kernels/tuning.py ``nearest``: ratio distance, the entry itself on a tie or without a hidden size
+    to compare (no ``h``: the ``H<n>`` of its shape), ``by_h`` keys that are not sizes ignored."""
+    from pacs_fast.kernels import tuning
+    entry = {"shape": "N8192 H4096 V151936", "config": "main",
+             "by_h": {"896": {"config": "small"}, "16384": {"config": "big"}, "x": {"config": "bad"}, "0": {}}}
+    pick = lambda h: tuning.nearest(entry, h)["config"]  # noqa: E731
+    assert [pick(h) for h in (None, 0, 64, 896, 1915, 1917, 4096, 8191, 8193, 10 ** 6)] == \
+        ["main", "main", "small", "small", "small", "main", "main", "main", "big", "big"]
+    assert pick(2 * 4096) == "main"  # a tie (8192 is as far from 4096 as from 16384): the entry itself
+    assert tuning.nearest(dict(entry, h=16384), 12000)["config"] == "main"  # "h" wins over the shape
+    assert tuning.nearest({"config": "only", "by_h": {"896": {"config": "small"}}}, 4096)["config"] == "small"
+    assert tuning.nearest(None, 896) is None and tuning.nearest({"config": 1}, 896) == {"config": 1}
+    # a by_h part without the field asked for (a hand-edited table) is passed over: the entry serves
+    odd = {"h": 4096, "config": "main", "by_h": {"896": {"ms": 1.0}, "16384": {"config": "big"}}}
+    assert tuning.nearest(odd, 896, "config")["config"] == "main" and tuning.nearest(odd, 896) == {"ms": 1.0}
+
+
+def test_unreadable_table_is_ignored_with_a_warning(tmp_path, monkeypatch):
+    from pacs_fast.kernels import tuning
+    monkeypatch.setattr(tuning, "TUNED_DIR", os.devnull)
+    want = _dlogits_config()
+    (tmp_path / "sm_90.json").write_text('{"schema": 1, "arch": 90, "kernels": ')  # cut short
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    with pytest.warns(UserWarning, match="ignoring the tuned launch table"):
+        assert _dlogits_config() == want
+    # an entry's unknown keys and non-integers are ignored; known keys are taken
+    (tmp_path / "sm_90.json").write_text(json.dumps({"schema": 1, "arch": 90, "kernels": {
+        "linear_logprobs.dlogits.16": {"config": {"num_stages": 4, "BOGUS": 1, "BLOCK_N": "x"}}}}))
+    os.utime(tmp_path / "sm_90.json", ns=(1, 2))  # a new stamp: re-read
+    assert _dlogits_config() == dict(want, num_stages=4)
+
+
+def test_pacs_measured_policy_stays_shape_adaptive(tmp_path, monkeypatch):
+    from pacs_fast.kernels import pacs_loss_launch as KPL, tuning
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    for kernel, want in BUILTIN.items():  # no table yet: the built-in configurations
+        assert [_tiles(_pacs(kernel, b, t)) for b, t in SHAPES] == want
+    (tmp_path / "sm_90.json").write_text(json.dumps({"schema": 1, "arch": 90, "kernels": {
+        "pacs_loss.fwd_sums.32": {"config": dict(KPL.BUILTIN_POLICY["fwd_sums"], STREAM_BYTES=32768)},
+        "pacs_loss.bwd.32": {"config": dict(KPL.BUILTIN_POLICY["bwd"], PROGRAMS_PER_SM=16, num_warps=2)},
+        "pacs_loss.fwd.32": {"config": dict(KPL.BUILTIN_POLICY["fwd"], GROUP_ELEMS=512, num_warps=2)}}}))
+    # pass A: 32 KB per program -> 4096-element tiles (9 B per token), laid out per shape
+    assert [_tiles(_pacs("fwd_sums", b, t)) for b, t in SHAPES] == [(1, 4096, 1, 4), (4, 1024, 1, 4)]
+    # backward: >= 16 programs per SM -> tiles halve until the grid has 16 x 132 programs, 2 warps
+    assert [_tiles(_pacs("bwd", b, t)) for b, t in SHAPES] == [(1, 1024, 4, 2), (2, 1024, 1, 2)]
+    assert _tiles(_pacs("bwd", 1024, 4096, sm_count=114)) == (1, 2048, 2, 2)  # the device's own SM count
+    # pass B: <= 512 elements per step (G = 64, pass A's N_SPLIT = 16), 2 warps
+    got = _pacs("fwd", 64, 65536, g=64)
+    assert (got["BLOCK_G"], got["BLOCK_S"], got["num_warps"]) == (64, 8, 2)
+    # an explicit CONFIG override still wins, a POLICY override too; an unknown knob is an error
+    monkeypatch.setitem(KPL.CONFIG, "ROWS", 8)
+    monkeypatch.setitem(KPL.CONFIG, "BLOCK_T", 64)
+    assert _tiles(_pacs("fwd_sums", 1024, 4096)) == (8, 64, 64, 4)
+    monkeypatch.setitem(KPL.CONFIG, "ROWS", None)
+    monkeypatch.setitem(KPL.CONFIG, "BLOCK_T", None)
+    monkeypatch.setitem(KPL.POLICY, "fwd_sums", {"STREAM_BYTES": 16384})
+    assert [_tiles(_pacs("fwd_sums", b, t)) for b, t in SHAPES] == BUILTIN["fwd_sums"]
+    monkeypatch.setitem(KPL.POLICY, "fwd_sums", {"STREAM_BYTE": 1})
+    with pytest.raises(ValueError, match="unknown knobs"):
+        _pacs("fwd_sums", 1024, 4096)
+    monkeypatch.setitem(KPL.POLICY, "fwd_sums", {})
+    # no table for sm_80, none for bf16 / fp64 entries: exactly the built-in configurations
+    for kernel, want in BUILTIN.items():
+        assert [_tiles(_pacs(kernel, b, t, arch=80)) for b, t in SHAPES] == want
+        assert _pacs(kernel, 1024, 4096, dtype=torch.float64) == _pacs(kernel, 1024, 4096, arch=None,
+                                                                       dtype=torch.float64)
+    monkeypatch.setattr(tuning, "TUNED_DIR", os.devnull)
+    builtin_bf16 = [_pacs(k, b, t, dtype=torch.bfloat16) for k in KPL.KERNELS for b, t in SHAPES]
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    assert [_pacs(k, b, t, dtype=torch.bfloat16) for k in KPL.KERNELS for b, t in SHAPES] == builtin_bf16
