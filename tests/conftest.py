@@ -23,12 +23,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+def draw_seed() -> int:
+    """A fresh random seed, or ``$PACS_FAST_TEST_SEED`` when set (replaying a printed one). For the
+    places the ``seed`` fixture cannot reach (module-scoped fixtures, GPU-check subprocesses):
+    ``from conftest import draw_seed``; print what it returns."""
+    given = os.environ.get("PACS_FAST_TEST_SEED")
+    return int(given) if given else int.from_bytes(os.urandom(4), "little")
+
+
 @pytest.fixture
 def seed():
     """A fresh seed per test run (printed on failure) so random inputs differ between runs;
     ``PACS_FAST_TEST_SEED=<n>`` replays a printed one."""
-    given = os.environ.get("PACS_FAST_TEST_SEED")
-    s = int(given) if given else int.from_bytes(os.urandom(4), "little")
+    s = draw_seed()
     torch.manual_seed(s)
     print(f"seed={s}")
     return s

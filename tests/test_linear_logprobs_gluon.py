@@ -21,6 +21,8 @@ import sys
 import pytest
 import torch
 
+from conftest import draw_seed
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 U = 2.0 ** -24
 GPU_CHECK_TIMEOUT_S = 60  # each; normal runs: compile + checks ~20-30 s (an estimate: not yet run)
@@ -356,7 +358,9 @@ def _pingpong_launches():
 
 
 def _gpu_check(kernel):
-    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    seed = draw_seed()
+    print(f"seed={seed}", flush=True)
+    torch.manual_seed(seed)
     if kernel.endswith("-pingpong"):
         _pingpong_launches()
         kernel = kernel[:-len("-pingpong")]

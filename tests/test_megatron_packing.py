@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import draw_seed
+
 VOCAB = 151_936  # Qwen2.5's LM-head rows
 
 pytest.importorskip("megatron.core", reason="needs megatron-core")
@@ -65,7 +67,7 @@ def run(tmp_path_factory):
     from pacs_fast.data.tiny import make_tiny_model, tiny_qwen2_config
 
     wd = tmp_path_factory.mktemp("megatron_packing")
-    seed = int.from_bytes(os.urandom(4), "little")
+    seed = draw_seed()
     print(f"seed={seed}")
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):

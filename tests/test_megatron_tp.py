@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import draw_seed
+
 pytest.importorskip("megatron.core", reason="needs megatron-core")
 transformers = pytest.importorskip("transformers")
 
@@ -77,7 +79,7 @@ def run(tmp_path_factory):
     from pacs_fast.data.tiny import make_tiny_model
 
     wd = tmp_path_factory.mktemp("megatron")
-    seed = int.from_bytes(os.urandom(4), "little")
+    seed = draw_seed()
     print(f"seed={seed}")
     gen = torch.Generator().manual_seed(seed)
     models = {"tied": str(make_tiny_model(wd / "tied", seed=seed % 1000)),

