@@ -3,7 +3,7 @@ rollout.ranks=R rollout.max_staleness=K`` on CPU (gloo), the HF engine on its ow
 
 - K = 0 with one engine process: the lock-step schedule on two processes gives exactly the
   one-process run's records and weights (the engine's copy receives bit-exact weights after every
-  update; the same seeds, the same prompts).
+  update; the same seeds, the same prompts), a fixed reference reset on schedule included.
 - K = 1: every batch is at most one update old (``rollout/staleness``, ``rollout/policy_version`` in
   every record and ``samples.jsonl`` row), the off-policy correction is on by default and measures
   the staleness; a run killed with SIGKILL (every process) after a checkpoint and resumed trains
@@ -79,7 +79,9 @@ def _train(run):
 def test_lockstep_engine_process_equals_the_one_process_run(tmp_path):
     from safetensors.torch import load_file
 
-    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", "train.steps=3"]
+    # a fixed reference reset before step 3 (algo.reset_every): the engine-process loop resets it as the one-process one
+    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", "train.steps=3",
+                     "algo.ref=fixed", "algo.reset_every=2"]
     env = _env()
     proc = subprocess.run([sys.executable, "-m", "pacs_fast.train", *common, "train.run_name=one"], env=env,
                           capture_output=True, text=True, timeout=300)

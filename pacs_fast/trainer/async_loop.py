@@ -41,7 +41,8 @@ from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.rollout.remote import RemoteEngines, serve
-from pacs_fast.trainer.loop import TrainingStopped, evaluate_and_report, finish, log_samples, save
+from pacs_fast.trainer.loop import (TrainingStopped, evaluate_and_report, finish, log_samples,
+                                   reset_reference_if_due, save)
 from pacs_fast.trainer.roles import Roles, close_roles, split_launch
 from pacs_fast.trainer.rewards import UserFunctionError
 from pacs_fast.trainer.session import start
@@ -134,6 +135,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
                 in_flight.append((next_step, problems, s.sampler.state_dict()))
                 next_step += 1
             _, problems, sampler_state = in_flight.popleft()
+            reset_reference_if_due(cfg, s.learner, step)  # as the synchronous loop (the reference is the learner's)
             t0 = time.perf_counter()
             comps, gen_version = engines.collect(step) if engines else (None, None)
             comps, gen_version = world.broadcast((comps, gen_version))

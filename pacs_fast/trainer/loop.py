@@ -58,9 +58,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     try:
         for step in range(s.start_step + 1, cfg.train.steps + 1):
             t_step, tm = time.perf_counter(), {}
-            if (cfg.algo.name == "pacs" and cfg.algo.ref == "fixed" and cfg.algo.reset_every
-                    and step > 1 and (step - 1) % cfg.algo.reset_every == 0):
-                learner.reset_reference(reset_optimizer=cfg.algo.reset_optimizer)
+            reset_reference_if_due(cfg, learner, step)
 
             # rollout and score this data-parallel group's share of the step's prompts
             t0 = time.perf_counter()
@@ -119,6 +117,17 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     s.close()
     close_world(world, learner)
     return summary
+
+
+def reset_reference_if_due(cfg: Config, learner, step: int) -> bool:
+    """PACS with ``algo.ref=fixed algo.reset_every=K``: before steps K+1, 2K+1, ... the reference
+    becomes the current policy (and, with ``algo.reset_optimizer``, the optimiser starts afresh).
+    Returns whether it reset. Collective where the learner is (megatron)."""
+    a = cfg.algo
+    if not (a.name == "pacs" and a.ref == "fixed" and a.reset_every and step > 1 and (step - 1) % a.reset_every == 0):
+        return False
+    learner.reset_reference(reset_optimizer=a.reset_optimizer)
+    return True
 
 
 def log_samples(s: Session, step: int, problems, comps, rewards, terms, extra: dict | None = None) -> None:
