@@ -68,6 +68,8 @@ def test_unknown_yaml_section_and_missing_file(tmp_path):
     (["rollout.engine=sglang"], "rollout.engine must be one of"),
     (["learner.backend=jax"], "learner.backend must be one of"),
     (["algo.ref=fixed", "algo.name=grpo"], "algo.ref applies to"),
+    (["algo.reset_every=2"], "algo.reset_every=2 resets a fixed reference and needs algo.ref=fixed"),
+    (["algo.reset_every=2", "algo.name=grpo"], "needs algo.ref=fixed"),
     (["rollout.top_p=0"], "rollout.top_p"),
     (["rollout.temperature=0"], "rollout.temperature"),
     (["model.path=/definitely/not/here"], "model.path .* does not exist"),

@@ -354,6 +354,9 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
         raise ValueError(f"algo.clip_c (dual clip) must be > 1 and finite, or 0 (off), got {cfg.algo.clip_c}")
     if cfg.algo.ref == "fixed" and name != "pacs":
         raise ValueError("algo.ref applies to algo.name=pacs; baselines use algo.kl_coef for a fixed reference")
+    if cfg.algo.reset_every and cfg.algo.ref != "fixed":
+        raise ValueError(f"algo.reset_every={cfg.algo.reset_every} resets a fixed reference and needs algo.ref=fixed "
+                         f"(algo.ref={cfg.algo.ref}: the reference is already the rollout policy at every step)")
     _validate_paths(cfg)
     _validate_efficacy(cfg)
     if cfg.data.dataset == "arithmetic":
