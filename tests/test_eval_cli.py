@@ -189,6 +189,7 @@ def test_k_larger_than_n_is_an_error_naming_both(model_dir, dataset, tmp_path, c
     ("--samples-per-call", "0"), ("--limit", "0"), ("--time-limit", "0"), ("--time-limit", "nan"),
     ("--gpu-memory-utilization", "1.5"), ("--max-model-len", "0"), ("--scorer-workers", "-1"),
     ("--attention", "bogus"), ("--engine", "bogus"), ("--n", "toy=0"), ("--k", "0"), ("--n", "other=2"),
+    ("--device", "tpu"), ("--device", "meta"), ("--device", "cuda:99"),
 ])
 def test_every_argument_is_checked_before_the_model_loads(model_dir, dataset, tmp_path, capsys, no_model_load,
                                                            flag, value):

