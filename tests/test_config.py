@@ -70,6 +70,8 @@ def test_unknown_yaml_section_and_missing_file(tmp_path):
     (["algo.ref=fixed", "algo.name=grpo"], "algo.ref applies to"),
     (["algo.reset_every=2"], "algo.reset_every=2 resets a fixed reference and needs algo.ref=fixed"),
     (["algo.reset_every=2", "algo.name=grpo"], "needs algo.ref=fixed"),
+    # it crashed at the first reset (no reference model is kept for a proxy that uses none)
+    (["algo.ref=fixed", "algo.proxy=mean_logp", "algo.reset_every=2"], "algo.ref=fixed needs algo.proxy=logratio"),
     (["rollout.top_p=0"], "rollout.top_p"),
     (["rollout.temperature=0"], "rollout.temperature"),
     (["model.path=/definitely/not/here"], "model.path .* does not exist"),

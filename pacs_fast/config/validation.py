@@ -354,6 +354,9 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
         raise ValueError(f"algo.clip_c (dual clip) must be > 1 and finite, or 0 (off), got {cfg.algo.clip_c}")
     if cfg.algo.ref == "fixed" and name != "pacs":
         raise ValueError("algo.ref applies to algo.name=pacs; baselines use algo.kl_coef for a fixed reference")
+    if cfg.algo.ref == "fixed" and cfg.algo.proxy == "mean_logp":
+        raise ValueError("algo.ref=fixed needs algo.proxy=logratio: algo.proxy=mean_logp (r = beta * mean log pi) "
+                         "uses no reference policy")
     if cfg.algo.reset_every and cfg.algo.ref != "fixed":
         raise ValueError(f"algo.reset_every={cfg.algo.reset_every} resets a fixed reference and needs algo.ref=fixed "
                          f"(algo.ref={cfg.algo.ref}: the reference is already the rollout policy at every step)")
