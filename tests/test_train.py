@@ -68,8 +68,11 @@ def test_run_outputs(tmp_path, cache, seed):
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, cache):
+    # a fixed reference reset before steps 3, 5, 7, 9: the resumed step 4 equals the uninterrupted one only if
+    # step 3's checkpoint restored it; an entropy bonus moves the policy even when every reward is 0
     common = TINY + [f"warmup.cache_dir={cache}", "train.steps=10", "train.eval_every=5", "train.save_every=3",
-                     f"train.out_dir={tmp_path}", "train.seed=3"]
+                     f"train.out_dir={tmp_path}", "train.seed=3", "algo.ref=fixed", "algo.reset_every=2",
+                     "algo.entropy_coef=0.05"]
     # warm the cache in-process first so both runs start alike and quickly
     full = run_cli(common + ["train.run_name=full"])
     out, _ = full.communicate(timeout=300)

@@ -18,8 +18,10 @@ from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
 HAS_MEGATRON = importlib.util.find_spec("megatron") is not None
 
 # 4 prompts x 4 samples, 1 layer; heads 4 / kv heads 2 (hidden 128) split over tp=2.
-# An entropy bonus gives a gradient even when every reward is 0, so the weights always move.
-TINY = ["learner.backend=megatron", "learner.tp_size=2", "data.arith_max_digits=1", "data.eval_size=8",
+# An entropy bonus gives a gradient even when every reward is 0, so the weights always move. A fixed
+# reference, reset to the policy before step 3, is in every checkpoint: the resumed step 4 equals the
+# uninterrupted one only if step 3's checkpoint restored it (a fresh start would hold the initial policy).
+TINY = ["learner.backend=megatron", "learner.tp_size=2", "algo.ref=fixed", "algo.reset_every=2", "data.arith_max_digits=1", "data.eval_size=8",
         "rollout.n=4", "rollout.eval_n=2", "rollout.max_new_tokens=6", "train.prompts_per_step=4",
         "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=1", "warmup.steps=30",
         "warmup.batch_size=32", "model.tiny_hidden_size=128", "model.tiny_num_layers=1", "learner.lr=3e-3",
@@ -54,7 +56,7 @@ def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path):
     from transformers import AutoModelForCausalLM
 
     common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}"]
-    out = torchrun(common + ["train.steps=2", "train.run_name=split"])
+    out = torchrun(common + ["train.steps=3", "train.run_name=split"])
     # rank 0 alone prints (the other rank would repeat every line) and writes
     assert out.count("step 0: held-out accuracy") == 1, out[-3000:]
     assert out.count("run folder") == 1
@@ -62,18 +64,18 @@ def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path):
     assert len(list(tmp_path.rglob("metrics.jsonl"))) == 1
     assert len(list((split / "tb").iterdir())) == 1
     recs = read_jsonl(split / "metrics.jsonl")
-    assert [(r["kind"], r["step"]) for r in recs] == [("eval", 0), ("train", 1), ("eval", 1), ("checkpoint", 1),
-                                                     ("train", 2), ("eval", 2), ("checkpoint", 2)]
+    assert [(r["kind"], r["step"]) for r in recs] == [("eval", 0), *[(k, s) for s in (1, 2, 3)
+                                                                     for k in ("train", "eval", "checkpoint")]]
     for r in (r for r in recs if r["kind"] == "train"):
         assert r["learner/grad_norm"] > 0
         # the HF engine's rollout log-probs vs the TP=2 learner's: the same weights, float noise only
         assert 0 <= r["rollout/logprob_diff_mean"] <= r["rollout/logprob_diff_max"] < 1e-3
-    assert sorted(p.name for p in (split / "checkpoints").glob("step_*")) == ["step_000001", "step_000002"]
+    assert sorted(p.name for p in (split / "checkpoints").glob("step_*")) == ["step_000002", "step_000003"]
     assert not list((split / "checkpoints").glob(".tmp-*"))
 
-    out = torchrun(["--resume", str(split), "train.steps=3"])
-    assert out.count("resumed from") == 1 and "(step 2)" in out
-    full_out = torchrun(common + ["train.steps=3", "train.run_name=full"])
+    out = torchrun(["--resume", str(split), "train.steps=4"])
+    assert out.count("resumed from") == 1 and "(step 3)" in out
+    full_out = torchrun(common + ["train.steps=4", "train.run_name=full"])
     assert "resumed" not in full_out
     a = deterministic_view(read_jsonl(tmp_path / "full" / "metrics.jsonl"))
     b = deterministic_view(read_jsonl(split / "metrics.jsonl"))
@@ -81,9 +83,9 @@ def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path):
     assert a == b
 
     # the exported checkpoint: loadable by transformers, equal to the uninterrupted run's, trained
-    ckpt = split / "checkpoints" / "step_000003"
+    ckpt = split / "checkpoints" / "step_000004"
     got, want = load_file(ckpt / "model.safetensors"), load_file(tmp_path / "full" / "checkpoints" /
-                                                                 "step_000003" / "model.safetensors")
+                                                                 "step_000004" / "model.safetensors")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
     start = AutoModelForCausalLM.from_pretrained(next((tmp_path / "cache" / "warmup").iterdir()),

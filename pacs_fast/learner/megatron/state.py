@@ -55,7 +55,8 @@ def save_state(learner, folder, *, is_writer: bool) -> None:
     try:
         if learner.dp_rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
-            ref = ({k: v.detach().cpu() for k, v in learner.ref_model.state_dict().items()}
+            # megatron's state dicts hold ``_extra_state`` entries that are None (no Transformer Engine)
+            ref = ({k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in learner.ref_model.state_dict().items()}
                    if learner.ref_model is not None else None)
             state = {"format": FORMAT, "tp_size": learner.tp_size, "tp_rank": learner.tp_rank,
                      "param_names": _names(learner), "optimizer": optimizer,
