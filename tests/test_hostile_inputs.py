@@ -10,7 +10,7 @@ import pytest
 from pacs_fast.config import Config, load_config, validate
 from pacs_fast.data.datasets import load_dataset
 from pacs_fast.experiment import parse_seeds
-from pacs_fast.trainer.preflight import GiB, check_memory, hf_engine_bytes, model_shape
+from pacs_fast.trainer.preflight import GiB, check_memory, check_tensor_parallel, hf_engine_bytes, model_shape
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN = {"vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
@@ -58,6 +58,24 @@ def test_the_default_run_and_a_gpu_sized_run_pass_the_check(tmp_path):
     for name in ("pacs_qwen2.5_7b_deepscaler", "pacs_qwen2.5_3b_deepscaler"):
         paper = load_config(ROOT / "configs" / f"{name}.yaml")
         check_memory(paper, available=80 * GiB)  # vLLM: its memory is vLLM's own
+
+
+def test_a_tensor_parallel_size_megatron_cannot_shard_is_refused_before_the_model_loads(tmp_path):
+    """It used to pass validation, warm up, and fail in megatron's model build with a traceback."""
+    folder = qwen_folder(tmp_path)  # Qwen2.5-0.5B: 14 heads, 2 key/value heads
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 4864}))
+    mega = ["learner.backend=megatron", f"model.path={folder}"]
+    check_tensor_parallel(load_config(None, mega + ["learner.tp_size=2"]))  # 14, 2 and 4864 split in two
+    with pytest.raises(ValueError, match=r"^learner.tp_size=4 cannot shard model.path=.*: num_attention_heads=14, "
+                                         r"num_key_value_heads=2 are not a multiple of 4$"):
+        check_tensor_parallel(load_config(None, mega + ["learner.tp_size=4"]))
+    check_tensor_parallel(load_config(None, ["learner.tp_size=4", f"model.path={folder}"]))  # the torch learner
+    # the built-in tiny model: hidden 64 has 2 heads of 32 and 1 key/value head
+    with pytest.raises(ValueError, match=r"tiny_hidden_size=64\): num_key_value_heads=1 is not a multiple of 2"):
+        check_tensor_parallel(load_config(None, ["learner.backend=megatron", "learner.tp_size=2",
+                                                 "model.tiny_hidden_size=64"]))
+    check_tensor_parallel(load_config(None, ["learner.backend=megatron", "learner.tp_size=2"]))  # hidden 128
 
 
 def test_a_model_folder_without_tokenizer_files(tmp_path, capsys):

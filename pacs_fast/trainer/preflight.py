@@ -1,4 +1,6 @@
-"""Pre-flight memory check: refuses, before any model is loaded, a rollout that cannot fit.
+"""Pre-flight checks from the model's ``config.json``, before any model is loaded: a rollout that
+cannot fit in memory (below) and a ``learner.tp_size`` megatron cannot shard the model over
+(:func:`check_tensor_parallel`).
 
 What is estimated is the peak of one decode step of the Hugging Face engine: for every row of a
 chunk (``max(rollout.n, engine batch)`` rows) four fp32 vocabulary-sized tensors (the logits, their
@@ -20,12 +22,15 @@ VOCAB_COPIES = 4  # fp32 [rows, vocab] tensors alive at a decode step's peak (se
 
 
 def model_shape(cfg) -> dict:
-    """vocab, hidden, layers, kv_heads, head_dim, dtype bytes of the run's model, from its
-    ``config.json`` (or the built-in tiny model's settings); an empty dict when unknown."""
+    """vocab, hidden, layers, heads, kv_heads, head_dim, intermediate (None when the config does not
+    say), dtype bytes of the run's model, from its ``config.json`` (or the built-in tiny model's
+    settings); an empty dict when unknown."""
     if not cfg.model.path:
-        H = cfg.model.tiny_hidden_size
-        return {"vocab": 128, "hidden": H, "layers": cfg.model.tiny_num_layers, "kv_heads": 1,
-                "head_dim": 32, "bytes": 4}
+        from pacs_fast.trainer.warmup import tiny_model_kwargs
+
+        t = tiny_model_kwargs(cfg)
+        return {"vocab": 128, "hidden": t["hidden_size"], "layers": t["num_layers"], "heads": t["num_heads"],
+                "kv_heads": t["num_kv_heads"], "head_dim": 32, "intermediate": t["intermediate_size"], "bytes": 4}
     try:
         c = json.loads((Path(cfg.model.path).expanduser() / "config.json").read_text())
     except (OSError, ValueError):
@@ -34,8 +39,9 @@ def model_shape(cfg) -> dict:
     H, heads = c.get("hidden_size"), c.get("num_attention_heads")
     if not (H and heads and c.get("vocab_size") and c.get("num_hidden_layers")):
         return {}
-    return {"vocab": int(c["vocab_size"]), "hidden": int(H), "layers": int(c["num_hidden_layers"]),
+    return {"vocab": int(c["vocab_size"]), "hidden": int(H), "layers": int(c["num_hidden_layers"]), "heads": int(heads),
             "kv_heads": int(c.get("num_key_value_heads") or heads), "head_dim": int(c.get("head_dim") or H // heads),
+            "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None,
             "bytes": 2 if cfg.model.dtype in ("bfloat16", "float16") else 4}
 
 
@@ -88,3 +94,21 @@ def check_memory(cfg, *, available: int | None = None) -> None:
             f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}) cannot fit: the engine decodes {engine_rows(cfg):,} "
             f"rows at once, whose logits over {shape['vocab']:,} tokens and KV cache need about "
             f"{need / GiB:.1f} GiB, and {available / GiB:.1f} GiB are available; lower rollout.n")
+
+
+def check_tensor_parallel(cfg) -> None:
+    """ValueError naming ``learner.tp_size`` when megatron cannot shard the model over it: the
+    attention heads, the key/value heads and the MLP width must all be multiples of it (checked
+    from ``config.json`` before the model loads; megatron would refuse it after the warm-up)."""
+    tp = cfg.learner.tp_size
+    if cfg.learner.backend != "megatron" or tp <= 1:
+        return
+    shape = model_shape(cfg)
+    sizes = (("num_attention_heads", shape.get("heads")), ("num_key_value_heads", shape.get("kv_heads")),
+             ("intermediate_size", shape.get("intermediate")))
+    bad = [f"{name}={n}" for name, n in sizes if n and n % tp]
+    if bad:
+        model = (f"model.path={cfg.model.path}" if cfg.model.path
+                 else f"the built-in tiny model (model.tiny_hidden_size={cfg.model.tiny_hidden_size})")
+        raise ValueError(f"learner.tp_size={tp} cannot shard {model}: {', '.join(bad)} "
+                         f"{'is' if len(bad) == 1 else 'are'} not a multiple of {tp}")

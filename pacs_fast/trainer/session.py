@@ -23,7 +23,7 @@ from pacs_fast.trainer.checkpoint import remove_stale_temporaries, restore_newes
 from pacs_fast.trainer.evaluation import evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
-from pacs_fast.trainer.preflight import check_memory
+from pacs_fast.trainer.preflight import check_memory, check_tensor_parallel
 from pacs_fast.trainer.problems import encode, load_problems
 from pacs_fast.trainer.rewards import Scorer, check_callables
 from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir, remove_dead_temporaries
@@ -78,6 +78,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         check_installed(cfg)
         check_callables(cfg)  # reward.appeal / reward.step_rewards import before any model work
         check_memory(cfg)  # a rollout that cannot fit is refused before any model loads
+        check_tensor_parallel(cfg)  # so is a tensor-parallel size megatron cannot shard the model over
         if not resume:
             check_new_run_dir(run_dir)
         quiet_warnings(cfg, is_main=True)  # megatron's import-time notes
