@@ -76,6 +76,12 @@ def test_a_tensor_parallel_size_megatron_cannot_shard_is_refused_before_the_mode
         check_tensor_parallel(load_config(None, ["learner.backend=megatron", "learner.tp_size=2",
                                                  "model.tiny_hidden_size=64"]))
     check_tensor_parallel(load_config(None, ["learner.backend=megatron", "learner.tp_size=2"]))  # hidden 128
+    # vLLM engines on their own processes (rollout.tp_size): 14 heads over 4 ranks cannot be split; 2 key/value
+    # heads over 2 ranks can, and so can 1 over 2 (replicated)
+    with pytest.raises(ValueError, match="rollout.tp_size=4 .* num_attention_heads=14"):
+        check_tensor_parallel(load_config(None, [f"model.path={folder}", "rollout.tp_size=4"]))
+    check_tensor_parallel(load_config(None, [f"model.path={folder}", "rollout.tp_size=2"]))
+    check_tensor_parallel(load_config(None, ["model.tiny_hidden_size=64", "rollout.tp_size=2"]))
 
 
 def test_a_model_folder_without_tokenizer_files(tmp_path, capsys):

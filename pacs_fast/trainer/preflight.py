@@ -99,11 +99,18 @@ def check_memory(cfg, *, available: int | None = None) -> None:
 def check_tensor_parallel(cfg) -> None:
     """ValueError naming ``learner.tp_size`` when megatron cannot shard the model over it: the
     attention heads, the key/value heads and the MLP width must all be multiples of it (checked
-    from ``config.json`` before the model loads; megatron would refuse it after the warm-up)."""
+    from ``config.json`` before the model loads; megatron would refuse it after the warm-up). Also
+    ``rollout.tp_size`` (vLLM engines on their own processes): the heads a multiple of it, the
+    key/value heads a multiple or a divisor of it (vLLM replicates them)."""
+    shape = model_shape(cfg)
+    T, heads, kv = cfg.rollout.tp_size, shape.get("heads"), shape.get("kv_heads")
+    if T > 1 and heads and kv and (heads % T or (kv % T if kv >= T else T % kv)):
+        raise ValueError(f"rollout.tp_size={T} cannot shard the model over vLLM's tensor-parallel ranks: "
+                         f"num_attention_heads={heads} must be a multiple of it and num_key_value_heads={kv} a "
+                         f"multiple or a divisor of it")
     tp = cfg.learner.tp_size
     if cfg.learner.backend != "megatron" or tp <= 1:
         return
-    shape = model_shape(cfg)
     sizes = (("num_attention_heads", shape.get("heads")), ("num_key_value_heads", shape.get("kv_heads")),
              ("intermediate_size", shape.get("intermediate")))
     bad = [f"{name}={n}" for name, n in sizes if n and n % tp]
