@@ -111,9 +111,10 @@ def check_tensor_parallel(cfg) -> None:
     tp = cfg.learner.tp_size
     if cfg.learner.backend != "megatron" or tp <= 1:
         return
-    sizes = (("num_attention_heads", shape.get("heads")), ("num_key_value_heads", shape.get("kv_heads")),
-             ("intermediate_size", shape.get("intermediate")))
-    bad = [f"{name}={n}" for name, n in sizes if n and n % tp]
+    from pacs_fast.learner.megatron.model import unshardable  # megatron's own rule (imports no megatron)
+
+    bad = unshardable(tp, num_attention_heads=heads, num_key_value_heads=kv,
+                      intermediate_size=shape.get("intermediate"))
     if bad:
         model = (f"model.path={cfg.model.path}" if cfg.model.path
                  else f"the built-in tiny model (model.tiny_hidden_size={cfg.model.tiny_hidden_size})")

@@ -58,6 +58,12 @@ def head_dim(hf_config) -> int:
     return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 
 
+def unshardable(tp_size: int, **sizes: int | None) -> list[str]:
+    """``"name=value"`` of each of ``sizes`` (attention heads, key/value heads, MLP width) that
+    ``tp_size`` tensor-parallel ranks cannot split evenly (None: unknown, skipped)."""
+    return [f"{name}={n}" for name, n in sizes.items() if n and n % tp_size]
+
+
 def transformer_config_from_hf(hf_config, *, tp_size: int = 1, params_dtype=torch.float32, **overrides):
     """A megatron ``TransformerConfig`` equivalent to ``hf_config`` (dropout 0, no fusions).
 
@@ -68,11 +74,10 @@ def transformer_config_from_hf(hf_config, *, tp_size: int = 1, params_dtype=torc
     check_hf_config(hf_config)
     n_heads = hf_config.num_attention_heads
     n_kv = getattr(hf_config, "num_key_value_heads", None) or n_heads
-    if n_heads % tp_size or n_kv % tp_size:
-        raise ValueError(f"tp_size={tp_size} must divide num_attention_heads={n_heads} and "
-                         f"num_key_value_heads={n_kv}")
-    if hf_config.intermediate_size % tp_size:
-        raise ValueError(f"tp_size={tp_size} must divide intermediate_size={hf_config.intermediate_size}")
+    bad = unshardable(tp_size, num_attention_heads=n_heads, num_key_value_heads=n_kv,
+                      intermediate_size=hf_config.intermediate_size)
+    if bad:
+        raise ValueError(f"tp_size={tp_size} must divide {', '.join(bad)}")
     kwargs = dict(
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
