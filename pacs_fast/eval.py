@@ -82,7 +82,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmarks", default=DEFAULT_BENCHMARKS,
                    help=f"comma-separated: {', '.join(BENCHMARKS)} or dataset files (default: all four)")
     p.add_argument("--n", type=_n_spec, default=None,
-                   help="samples per problem: N, or name=N,... (default: 32 for math500, 512 otherwise)")
+                   help="samples per problem: N, or name=N,... (default: 32 for math500, 512 otherwise; "
+                        "1 at --temperature 0)")
     p.add_argument("--k", type=_int_list, default=None, help="k values (default 1,2,4,...,256 capped at n)")
     p.add_argument("--table-k", type=_int_list, default=None, help="k shown in table.md (default 1,16,256)")
     p.add_argument("--engine", choices=["hf", "vllm", "auto"], default="auto",
@@ -141,12 +142,16 @@ def _load_problems(entry: str, args) -> tuple[str, list[Problem]]:
     return name, problems
 
 
-def _n_for(name: str, spec) -> int:
-    if spec is None:
-        return default_n(name)
-    if isinstance(spec, int):
-        return spec
-    return spec.get(name, default_n(name))
+def _n_for(name: str, spec, temperature: float) -> int:
+    """Samples per problem of one benchmark: ``--n`` when it names one, else the paper's; at
+    ``--temperature 0`` (greedy decoding, every sample the same) 1, and more is an error."""
+    given = spec if isinstance(spec, int) else None if spec is None else spec.get(name)
+    if temperature == 0:
+        if given is not None and given > 1:
+            raise UsageError(f"--n {given} with --temperature 0: greedy decoding gives every sample of a problem "
+                             f"the same response; use --n 1 (the default at temperature 0) or a temperature > 0")
+        return 1
+    return default_n(name) if given is None else given
 
 
 def _dtype(name: str, cuda: bool):
@@ -239,7 +244,7 @@ def run(argv: list[str]) -> int:
         raise UsageError(f"--n names {sorted(set(args.n) - set(sets))}, not among the benchmarks {list(sets)}")
     if not sets:
         raise UsageError("--benchmarks names no benchmark")
-    ns = {b: _n_for(b, args.n) for b in sets}
+    ns = {b: _n_for(b, args.n, args.temperature) for b in sets}
     check_ks(args.k, ns)
     config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p,
               "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, "system": SYSTEM_PROMPT,

@@ -89,6 +89,22 @@ def test_end_to_end_tiny_model(model_dir, tmp_path, capsys):
     assert "temperature" in capsys.readouterr().err
 
 
+def test_greedy_decoding_takes_one_sample_per_problem(model_dir, dataset, tmp_path, capsys):
+    """At --temperature 0 every sample of a problem is the same response: n defaults to 1 (not the
+    paper's 32 / 512 copies of it), and an explicit --n above 1 is refused before the model loads."""
+    out = tmp_path / "run"
+    for n in ("2", "toy=3"):
+        assert ev.main([*_run_args(model_dir, dataset, out), "--n", n, "--temperature", "0"]) == 2
+        _one_line_error(capsys, f"--n {n.split('=')[-1]}", "--temperature 0")
+        assert not out.exists()
+    args = _run_args(model_dir, dataset, out, "--temperature", "0", "--limit", "2")
+    i = args.index("--n")
+    assert ev.main(args[:i] + args[i + 2:]) == 0  # no --n
+    toy = json.loads((out / "results.json").read_text())["benchmarks"]["toy"]
+    assert toy["n"] == 1 and toy["ks"] == [1] and toy["num_problems"] == 2
+    assert all(len(r["responses"]) == 1 for r in read_samples(out / "samples_toy.jsonl").values())
+
+
 def test_resume_after_interruption(model_dir, dataset, tmp_path, monkeypatch):
     calls = []
     real = HFEngine.generate
