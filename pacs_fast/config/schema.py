@@ -78,7 +78,8 @@ class RolloutConfig:
     top_p: float = _f(1.0, "nucleus sampling of rollouts")
     max_new_tokens: int = _f(12, "maximum response length in tokens")
     eval_n: int = _f(4, "samples per held-out problem (accuracy = mean over them)")
-    eval_temperature: float = _f(1.0, "sampling temperature at evaluation (0 = greedy)")
+    eval_temperature: float = _f(1.0, "sampling temperature at evaluation (0 = greedy: one response per "
+                               "problem, generated once and counted rollout.eval_n times)")
     eval_top_p: float = _f(1.0, "nucleus sampling at evaluation")
     gpu_memory_utilization: float = _f(0.4, "vllm: share of GPU memory for the engine")
     ranks: int = _f(0, "asynchronous rollouts: torchrun processes 0..R-1 run rollout engines, the rest the learner "

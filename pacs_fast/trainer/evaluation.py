@@ -22,12 +22,17 @@ def evaluate_share(cfg: Config, engine, scorer: Scorer, problems: list[dict], of
     of its first problem in the whole set). Lists, for :func:`merge`."""
     prompts = [p["prompt_ids"] for p in problems]
     n = cfg.rollout.eval_n
-    params = SamplingParams(n=n, temperature=cfg.rollout.eval_temperature, top_p=cfg.rollout.eval_top_p,
+    # greedy decoding (eval_temperature 0) gives every sample of a problem the same response: one is
+    # generated and counted n times
+    draws = n if cfg.rollout.eval_temperature > 0 else 1
+    params = SamplingParams(n=draws, temperature=cfg.rollout.eval_temperature, top_p=cfg.rollout.eval_top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens,
                             seed=cfg.train.seed + EVAL_SEED_OFFSET + offset * n)
     comps = engine.generate(prompts, params)
-    out = {"rewards": scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(n)]),
-           "lengths": [len(c.token_ids) for cs in comps for c in cs], "greedy": []}
+    rewards = scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(draws)])
+    lengths = [len(c.token_ids) for cs in comps for c in cs]
+    out = {"rewards": [r for r in rewards for _ in range(n // draws)],
+           "lengths": [x for x in lengths for _ in range(n // draws)], "greedy": []}
     if cfg.rollout.eval_temperature > 0:
         greedy = engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens))
         out["greedy"] = scorer([cs[0].text for cs in greedy], [p["answer"] for p in problems])
