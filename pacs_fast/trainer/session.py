@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pacs_fast.config import Config, validate
+from pacs_fast.config import Config, unused_settings, validate
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
 from pacs_fast.trainer.checkpoint import remove_stale_temporaries, restore_newest
 from pacs_fast.trainer.evaluation import evaluate
@@ -108,6 +108,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
     torch.manual_seed(cfg.train.seed)
     progress = Progress(cfg.train.steps, enabled=cfg.train.progress and world.is_main)
     log = progress.print if world.is_main else (lambda text: None)
+    for line in unused_settings(cfg):
+        log(f"warning: {line}")
     try:
         train_problems, held_out = load_problems(cfg)  # bad files fail here, before any model work
         model_path, timings = find_model(cfg, train_problems, world, log)

@@ -1,0 +1,84 @@
+"""Settings that a run's other settings make have no effect: a warning each, never an error.
+
+``algo.clip_high=0.28`` with ``algo.name=pacs`` (PACS clips no ratio), ``algo.score=naive`` with a
+baseline, ``data.eval_dataset`` with the built-in task: each is a value the user chose (it differs
+from the default) that the run then never reads. They are warnings, not errors, so that one config
+file can serve several algorithms (``python -m pacs_fast.experiment`` runs the same settings under
+every arm). Combinations that cannot run at all are :func:`~pacs_fast.config.validate`'s.
+"""
+from __future__ import annotations
+
+from pacs_fast.config.schema import Config
+from pacs_fast.config.validation import is_level
+
+PACS_ONLY = ("algo.beta", "algo.proxy", "algo.score", "algo.weight")
+BASELINES_ONLY = ("algo.clip_low", "algo.clip_high", "algo.clip_c", "algo.kl_coef")
+PPO_ONLY = ("algo.lam", "algo.vf_coef", "algo.value_clip", "learner.critic_lr")
+PROCESS_REWARDS_ONLY = ("algo.credit", "reward.step_split", "reward.outcome_weight")
+TINY_MODEL_ONLY = ("model.tiny_hidden_size", "model.tiny_num_layers", "warmup.steps", "warmup.batch_size",
+                   "warmup.lr", "warmup.target_acc", "warmup.check_every", "warmup.seed")
+ARITHMETIC_ONLY = ("data.arith_max_digits", "data.arith_ops", "data.arith_train_size", "data.arith_terms",
+                   "data.arith_seed")
+FILE_DATASETS_ONLY = ("data.eval_dataset", "data.problem_key", "data.answer_key")
+
+
+def _get(cfg: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
+    """(keys, why they have no effect) for each condition of ``cfg`` under which those keys are not read."""
+    a, name = cfg.algo, cfg.algo.name
+    out = []
+    if name != "pacs":
+        out.append((PACS_ONLY + ("algo.reset_optimizer",), f"with algo.name={name} (PACS's settings)"))
+    else:
+        out.append((BASELINES_ONLY, "with algo.name=pacs (the baselines' ratio clipping and KL penalty)"))
+        if a.ref != "fixed" or not a.reset_every:
+            out.append((("algo.reset_optimizer",), "without algo.ref=fixed and algo.reset_every > 0 (no reset)"))
+        if a.entropy_coef == 0:
+            out.append((("algo.loss_agg",), "with algo.name=pacs and algo.entropy_coef=0 (it aggregates the "
+                                            "baselines' token losses and the entropy bonus only)"))
+    if name != "ppo":
+        out.append((PPO_ONLY, f"with algo.name={name} (PPO's value head and GAE)"))
+        if not (cfg.reward.step_rewards and a.credit == "sum"):
+            out.append((("algo.gamma",), f"with algo.name={name} (the discount of PPO and of process rewards "
+                                         f"with algo.credit=sum)"))
+    if not cfg.reward.step_rewards:
+        out.append((PROCESS_REWARDS_ONLY, "without reward.step_rewards (process rewards)"))
+    if a.noise_correction == "none":
+        out.append((("algo.noise_rho0", "algo.noise_rho1"), "with algo.noise_correction=none"))
+    if is_level(cfg) == "none":
+        out.append((("correction.is_cap",), "with correction.is_level resolving to none"))
+    if cfg.correction.rs_level == "none":
+        out.append((("correction.rs_low", "correction.rs_high"), "with correction.rs_level=none"))
+    if cfg.rollout.eval_temperature == 0:
+        out.append((("rollout.eval_top_p",), "with rollout.eval_temperature=0 (greedy decoding)"))
+    if cfg.rollout.engine != "vllm":
+        out.append((("rollout.gpu_memory_utilization",), f"with rollout.engine={cfg.rollout.engine} (vLLM's)"))
+    if cfg.learner.backend != "torch":
+        out.append((("learner.shared_prefix",), f"with learner.backend={cfg.learner.backend} (the torch "
+                                                f"learner's)"))
+    if cfg.model.path:
+        out.append((TINY_MODEL_ONLY, "with model.path set (the built-in tiny model's size and warm-up)"))
+    if cfg.data.dataset == "arithmetic":
+        out.append((FILE_DATASETS_ONLY, "with data.dataset=arithmetic (the built-in task holds out its own "
+                                        "problems and has no fields)"))
+    else:
+        out.append((ARITHMETIC_ONLY, f"with data.dataset={cfg.data.dataset} (the built-in task's)"))
+    return out
+
+
+def unused_settings(cfg: Config) -> list[str]:
+    """One line per setting that differs from its default yet has no effect in this run, naming the
+    key, its value and the setting that makes it idle. Empty when every chosen value is read."""
+    default = Config()
+    lines, seen = [], set()
+    for keys, why in _rules(cfg):
+        for key in keys:
+            value = _get(cfg, key)
+            if key not in seen and value != _get(default, key):
+                seen.add(key)
+                lines.append(f"{key}={value} has no effect {why}")
+    return lines
