@@ -7,6 +7,7 @@ test_pacs_gradient_identity. All in float64; tolerances are rounding-level (1e-1
 import itertools
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -244,3 +245,68 @@ def test_scorer_noise_appeal_and_online_fn_rate():
         assert noisy(["\\boxed{4}"] * 200, ["4"] * 200) == [1.0] * 200  # evaluation stays clean
     finally:
         noisy.close()
+
+
+def substring_appeal(texts, answers):
+    """A lenient second check for the data-parallel test: the gold answer anywhere in the text."""
+    return [a in t for t, a in zip(texts, answers)]
+
+
+def _responses(seed, step, n=24):
+    rng = np.random.default_rng([seed, step])
+    return ([f"\\boxed{{{x}}}" for x in rng.integers(0, 30, n)], [str(x) for x in rng.integers(0, 12, n)])
+
+
+def _dp_scorer_worker(rank, init_file, seed, result_dir):
+    import json
+
+    import torch.distributed as dist
+
+    from pacs_fast.config import AlgoConfig
+    from pacs_fast.trainer.parallel import World
+    from pacs_fast.trainer.rewards import Scorer
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    world = World(rank=rank, size=2, tp=1, dp=2, dp_rank=rank)
+    algo = AlgoConfig(noise_correction="backward")
+    scorer = Scorer(0, noise_fp=0.1, noise_fn=0.3, seed=seed, appeal=substring_appeal, algo=algo,
+                    gather=world.gather_dp)
+    out = []
+    for step in (1, 2, 3):
+        texts, answers = _responses(seed, step)
+        mine, first = world.share(list(zip(texts, answers)))
+        rewards = scorer([t for t, _ in mine], [a for _, a in mine], step=step, first=first)
+        out.append({"rewards": rewards, "rho1": algo.noise_rho1, "counts": dict(scorer.counts)})
+    scorer.close()
+    dist.destroy_process_group()
+    with open(f"{result_dir}/rank{rank}.json", "w") as f:
+        json.dump(out, f)
+
+
+def test_data_parallel_groups_flip_and_estimate_as_one_process(tmp_path, seed):
+    """With several data-parallel groups each scores its share of the step: the label flips are drawn
+    by a response's index in the whole step (not its index in the share, which repeated the same
+    draws in every share), and the appeal counts are summed over the groups, so every group trains
+    with the same false-negative rate, the one a single process computes (two gloo processes,
+    compared exactly with one scorer over the whole step)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from pacs_fast.config import AlgoConfig
+    from pacs_fast.trainer.rewards import Scorer
+
+    seed = seed % 10_000
+    mp.spawn(_dp_scorer_worker, args=(str(tmp_path / "init"), seed, str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    algo = AlgoConfig(noise_correction="backward")
+    whole = Scorer(0, noise_fp=0.1, noise_fn=0.3, seed=seed, appeal=substring_appeal, algo=algo)
+    try:
+        for step, (a, b) in enumerate(zip(*ranks), start=1):
+            rewards = whole(*_responses(seed, step), step=step)
+            assert a["rewards"] + b["rewards"] == rewards
+            assert a["counts"] == b["counts"] == whole.counts
+            assert a["rho1"] == b["rho1"] == algo.noise_rho1
+        assert whole.counts["overturned"] > 0 and 0 < algo.noise_rho1 < 0.95  # the estimate was exercised
+    finally:
+        whole.close()

@@ -142,7 +142,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
             tm["time/rollout"] = time.perf_counter() - t0  # the learner's wait for this batch
             problems, offset = world.share(problems)  # this data-parallel group's share, as the synchronous loop
             comps = comps[offset:offset + len(problems)]
-            rewards, prompt_ids, batch = score_and_batch(s, step, problems, comps, tm)
+            rewards, prompt_ids, batch = score_and_batch(s, step, problems, comps, tm, offset=offset)
             diagnostic = step in (1, cfg.train.steps) or bool(cfg.train.eval_every and step % cfg.train.eval_every == 0)
             try:
                 lm, mismatch = learn(cfg, s.learner, batch, prompt_ids, comps, seed=_params(cfg, step).seed,

@@ -70,7 +70,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             comps = s.engine.generate([p["prompt_ids"] for p in problems], params)
             s.engine.sleep()  # vLLM on CUDA frees its KV cache while the learner works (a no-op elsewhere)
             tm["time/rollout"] = time.perf_counter() - t0
-            rewards, prompt_ids, batch = score_and_batch(s, step, problems, comps, tm)
+            rewards, prompt_ids, batch = score_and_batch(s, step, problems, comps, tm, offset=offset)
 
             # learn, then load the new weights into the engine
             diagnostic = step in (1, cfg.train.steps) or bool(cfg.train.eval_every and step % cfg.train.eval_every == 0)

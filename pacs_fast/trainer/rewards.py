@@ -3,13 +3,16 @@ verifier, label flips at given rates and an online false-negative-rate estimate 
 
 Label noise (``reward.noise_fp`` / ``reward.noise_fn``): training rewards (calls with a ``step``)
 are flipped 0 -> 1 with probability ``noise_fp`` and 1 -> 0 with ``noise_fn``, independently per
-response, by a generator seeded with ``(train.seed, step)``: the same step flips the same
-responses, so a resumed run sees the same labels. Evaluation (``step=None``) is always clean.
+response, by a generator seeded with ``(train.seed, step)`` and drawn by the response's index in
+the whole step (``first``: the index of a data-parallel group's first response): the same step
+flips the same responses whatever the process layout, and a resumed run sees the same labels.
+Evaluation (``step=None``) is always clean.
 
 Appeal (``reward.appeal = "module:function"``, called as ``function(texts, answers) -> [bool]``):
 a second, more lenient check of the responses labelled 0. With a verifier that has (next to) no
 false positives, the false-negative rate is ``rho1 = P(R~=0 | R=1) = n_overturned / (n_pos +
-n_overturned)``, counted over all training steps so far (:attr:`Scorer.fn_rate`). With
+n_overturned)``, counted over all training steps so far and over every data-parallel group's
+share (``gather``, so that every group uses the same rate) (:attr:`Scorer.fn_rate`). With
 ``reward.fn_rate=appeal`` it is written into ``algo.noise_rho1`` after every training call, so the
 learner's correction (``algo.noise_correction``) uses it on that step's batch. The appeal only
 estimates the rate; the labels the learner sees stay the verifier's.
@@ -47,12 +50,13 @@ def check_callables(cfg) -> None:
             load_callable(getattr(rc, key), f"reward.{key}")
 
 
-def flip_labels(rewards: list[float], *, fp: float, fn: float, seed: int, step: int) -> list[float]:
+def flip_labels(rewards: list[float], *, fp: float, fn: float, seed: int, step: int, first: int = 0) -> list[float]:
     """``rewards`` (0/1) with each 0 turned into 1 with probability ``fp`` and each 1 into 0 with
-    probability ``fn``; deterministic in ``(seed, step)`` and the order of the rewards."""
+    probability ``fn``; deterministic in ``(seed, step)`` and the rewards' indices in the step
+    (``first``: the index of ``rewards[0]``), so a step split into shares flips as the whole would."""
     if not fp and not fn:
         return list(rewards)
-    u = np.random.default_rng([int(seed) % 2**63, int(step), 0xF11B]).random(len(rewards))
+    u = np.random.default_rng([int(seed) % 2**63, int(step), 0xF11B]).random(first + len(rewards))[first:]
     out = []
     for r, x in zip(rewards, u):
         pos = r > 0.5
@@ -65,23 +69,28 @@ class Scorer:
     """Verifier rewards, memoised (the verifier is a pure function; G samples often repeat)."""
 
     @classmethod
-    def from_config(cls, cfg) -> "Scorer":
-        """The scorer a run's config asks for (``train.reward_workers``, the ``reward`` section)."""
+    def from_config(cls, cfg, gather=None) -> "Scorer":
+        """The scorer a run's config asks for (``train.reward_workers``, the ``reward`` section);
+        ``gather``: :meth:`World.gather_dp` of a multi-process run."""
         rc = getattr(cfg, "reward", None)
         if rc is None:
             return cls(cfg.train.reward_workers)
         return cls(cfg.train.reward_workers, noise_fp=rc.noise_fp, noise_fn=rc.noise_fn, seed=cfg.train.seed,
                    appeal=load_callable(rc.appeal, "reward.appeal") if rc.appeal else None,
-                   algo=cfg.algo if rc.fn_rate == "appeal" else None, timeout_s=rc.user_fn_timeout_s)
+                   algo=cfg.algo if rc.fn_rate == "appeal" else None, timeout_s=rc.user_fn_timeout_s,
+                   gather=gather)
 
     def __init__(self, workers: int, *, noise_fp: float = 0.0, noise_fn: float = 0.0, seed: int = 0,
-                 appeal=None, algo=None, timeout_s: float = 600.0):
+                 appeal=None, algo=None, timeout_s: float = 600.0, gather=None):
         from pacs_fast.reward import BatchScorer
         self.batch = BatchScorer(num_workers=workers)
         self.memo: dict[tuple[str, str], float] = {}
         self.noise_fp, self.noise_fn, self.seed = float(noise_fp), float(noise_fn), int(seed)
         self.appeal, self.timeout_s = appeal, float(timeout_s)
         self.algo = algo  # written to (noise_rho1) when the false-negative rate is estimated online
+        # [the object of every data-parallel group] from each group's (collective: every group scores
+        # each training step); None = one group
+        self.gather = gather
         self.counts = {"positives": 0, "overturned": 0, "appealed": 0}
         self.last: dict[str, float] = {}
 
@@ -95,13 +104,16 @@ class Scorer:
             self.memo.update(zip(todo, (float(x) for x in res.scores)))
         return [self.memo[(t, a)] for t, a in zip(texts, answers)]
 
-    def __call__(self, texts: list[str], answers: list[str], *, step: int | None = None) -> list[float]:
+    def __call__(self, texts: list[str], answers: list[str], *, step: int | None = None,
+                 first: int = 0) -> list[float]:
         """Rewards of ``texts`` against ``answers``; ``step``: the training step (None at evaluation,
-        which is never noisy and never appealed)."""
+        which is never noisy and never appealed); ``first``: the index of ``texts[0]`` among the
+        step's responses (a data-parallel group's share starts there). A training call with an
+        appeal is collective over the data-parallel groups."""
         rewards = self.clean(texts, answers)
         if step is None:
             return rewards
-        rewards = flip_labels(rewards, fp=self.noise_fp, fn=self.noise_fn, seed=self.seed, step=step)
+        rewards = flip_labels(rewards, fp=self.noise_fp, fn=self.noise_fn, seed=self.seed, step=step, first=first)
         self.last = {"reward/flipped_frac": float(np.mean([a != b for a, b in
                                                            zip(rewards, self.clean(texts, answers))]))
                      if rewards else 0.0}
@@ -118,9 +130,11 @@ class Scorer:
             got = call_with_time_limit(self.appeal, ([texts[i] for i in neg], [answers[i] for i in neg]),
                                        key="reward.appeal", timeout_s=self.timeout_s)
             verdicts = checked_flags(got, len(neg), key="reward.appeal")
-        self.counts["positives"] += sum(r > 0.5 for r in rewards)
-        self.counts["overturned"] += sum(bool(v) for v in verdicts)
-        self.counts["appealed"] += len(neg)
+        mine = {"positives": sum(r > 0.5 for r in rewards), "overturned": sum(bool(v) for v in verdicts),
+                "appealed": len(neg)}
+        for part in (self.gather(mine) if self.gather else [mine]):  # every group's share of the step
+            for key, value in part.items():
+                self.counts[key] += int(value)
         rate = self.fn_rate
         self.last["reward/fn_rate_estimate"] = rate if rate is not None else float("nan")
         if self.algo is not None and rate is not None:

@@ -128,8 +128,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
     device = resolve_device(cfg)
     learner, live_model = build_learner(cfg, model_path, device, tokenizer)
     engine, sync = build_engine(cfg, model_path, learner, live_model, tokenizer, device, world)
+    scorer = Scorer.from_config(cfg, gather=world.gather_dp if world.dp > 1 else None)  # one rate for every group
     s = Session(cfg=cfg, world=world, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer,
-                learner=learner, engine=engine, sync=sync, scorer=Scorer.from_config(cfg),
+                learner=learner, engine=engine, sync=sync, scorer=scorer,
                 sampler=PromptSampler(len(train_problems), seed=cfg.train.seed, shuffle=cfg.data.shuffle),
                 train_problems=train_problems, held_out=held_out, progress=progress, folder=folder, timings=timings,
                 credit=StepCredit.from_config(cfg, tokenizer))

@@ -25,17 +25,18 @@ from pacs_fast.learner.base import RolloutBatch, holds_reference_model
 from pacs_fast.trainer.batch import build_batch, engine_logprobs, outcome_token_rewards, response_values
 
 
-def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict
+def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *, offset: int = 0
                     ) -> tuple[list[float], list[list[int]], RolloutBatch]:
     """The verifier's rewards of the step's completions (``timings["time/reward"]``), then the
-    learner's batch (with per-token advantages under process rewards). ``s``: the session.
-    Returns ``(rewards, prompt ids, batch)``."""
+    learner's batch (with per-token advantages under process rewards). ``s``: the session;
+    ``offset``: the index of ``problems[0]`` among the step's prompts (this data-parallel group's
+    share). Returns ``(rewards, prompt ids, batch)``."""
     import time
 
     t0 = time.perf_counter()
     G = s.cfg.rollout.n
     rewards = s.scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
-                       step=step)
+                       step=step, first=offset * G)
     timings["time/reward"] = time.perf_counter() - t0
     prompt_ids, responses = [p["prompt_ids"] for p in problems], [[c.token_ids for c in cs] for cs in comps]
     batch = build_batch(prompt_ids, responses, rewards, logprobs=engine_logprobs(comps),
