@@ -100,8 +100,10 @@ def test_defaults_and_shipped_configs_set_nothing_idle():
     (["rollout.gpu_memory_utilization=0.2"], ["rollout.gpu_memory_utilization=0.2 has no effect with "
                                               "rollout.engine=hf"]),
     (["rollout.engine=vllm", "rollout.gpu_memory_utilization=0.2"], []),
-    (["rollout.eval_temperature=0", "rollout.eval_top_p=0.9"], ["rollout.eval_top_p=0.9 has no effect with "
-                                                                "rollout.eval_temperature=0"]),
+    (["rollout.eval_temperature=0", "rollout.eval_top_p=0.9", "rollout.eval_n=8"],
+     ["rollout.eval_top_p=0.9 has no effect with rollout.eval_temperature=0",
+      "rollout.eval_n=8 has no effect with rollout.eval_temperature=0"]),
+    (["rollout.eval_n=8"], []),
     (["learner.backend=megatron", "learner.shared_prefix=false"], ["learner.shared_prefix=False has no effect"]),
     (["data.eval_dataset=math500"], ["data.eval_dataset=math500 has no effect with data.dataset=arithmetic"]),
     (["data.dataset=math_train", "model.path=/m", "data.arith_terms=3", "warmup.steps=5"],

@@ -54,7 +54,8 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if cfg.correction.rs_level == "none":
         out.append((("correction.rs_low", "correction.rs_high"), "with correction.rs_level=none"))
     if cfg.rollout.eval_temperature == 0:
-        out.append((("rollout.eval_top_p",), "with rollout.eval_temperature=0 (greedy decoding)"))
+        out.append((("rollout.eval_top_p", "rollout.eval_n"), "with rollout.eval_temperature=0 (greedy decoding: "
+                                                             "one response per problem)"))
     if cfg.rollout.engine != "vllm":
         out.append((("rollout.gpu_memory_utilization",), f"with rollout.engine={cfg.rollout.engine} (vLLM's)"))
     if cfg.learner.backend != "torch":
