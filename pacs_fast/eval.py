@@ -162,6 +162,20 @@ def _dtype(name: str, cuda: bool):
     return getattr(torch, name)
 
 
+ENGINE_FLAGS = {"hf": ("device", "batch_size", "attention"), "vllm": ("gpu_memory_utilization", "max_model_len")}
+
+
+def _warn_idle_engine_flags(args, engine: str) -> None:
+    """One warning line on stderr per flag of the other engine given a value other than its default."""
+    defaults = _run_parser().parse_args(["--model", "m"])
+    for other, names in ENGINE_FLAGS.items():
+        for name in names:
+            if other != engine and getattr(args, name) != getattr(defaults, name):
+                flag = "--" + name.replace("_", "-")
+                print(f"warning: {flag} {getattr(args, name)} has no effect with --engine {engine} (it is the "
+                      f"{other} engine's)", file=sys.stderr)
+
+
 def _make_engine(args):
     import torch
 
@@ -175,6 +189,7 @@ def _make_engine(args):
                 engine = "vllm"
             except ImportError:
                 pass
+    _warn_idle_engine_flags(args, engine)
     if engine == "vllm":
         try:
             from pacs_fast.rollout.vllm_engine import VLLMEngine

@@ -105,6 +105,18 @@ def test_greedy_decoding_takes_one_sample_per_problem(model_dir, dataset, tmp_pa
     assert all(len(r["responses"]) == 1 for r in read_samples(out / "samples_toy.jsonl").values())
 
 
+def test_the_other_engines_flags_are_named_as_idle(model_dir, dataset, tmp_path, capsys):
+    """--max-model-len / --gpu-memory-utilization are vLLM's: with the hf engine they are named in a
+    warning (once each), not silently dropped; the hf engine's own flags are not."""
+    args = _run_args(model_dir, dataset, tmp_path / "run", "--limit", "1", "--max-model-len", "64",
+                     "--gpu-memory-utilization", "0.5", "--batch-size", "8")
+    assert ev.main(args) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: --max-model-len 64 has no effect with --engine hf") == 1, err
+    assert err.count("warning: --gpu-memory-utilization 0.5 has no effect with --engine hf") == 1, err
+    assert "--batch-size" not in err
+
+
 def test_resume_after_interruption(model_dir, dataset, tmp_path, monkeypatch):
     calls = []
     real = HFEngine.generate
