@@ -260,7 +260,7 @@ def run(argv: list[str]) -> int:
     if not sets:
         raise UsageError("--benchmarks names no benchmark")
     ns = {b: _n_for(b, args.n, args.temperature) for b in sets}
-    check_ks(args.k, ns)
+    check_ks(args.k, ns, greedy=args.temperature == 0)
     config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p,
               "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, "system": SYSTEM_PROMPT,
               "instruction": INSTRUCTION, "engine": args.engine}

@@ -97,6 +97,10 @@ def test_greedy_decoding_takes_one_sample_per_problem(model_dir, dataset, tmp_pa
         assert ev.main([*_run_args(model_dir, dataset, out), "--n", n, "--temperature", "0"]) == 2
         _one_line_error(capsys, f"--n {n.split('=')[-1]}", "--temperature 0")
         assert not out.exists()
+    args = _run_args(model_dir, dataset, out, "--temperature", "0", "--k", "1,4")
+    i = args.index("--n")
+    assert ev.main(args[:i] + args[i + 2:]) == 2
+    _one_line_error(capsys, "--k 4 with --temperature 0", "only pass@1")
     args = _run_args(model_dir, dataset, out, "--temperature", "0", "--limit", "2")
     i = args.index("--n")
     assert ev.main(args[:i] + args[i + 2:]) == 0  # no --n

@@ -97,10 +97,14 @@ def check_run_args(args) -> None:
         raise UsageError(f"--out {args.out}: is a file, not a folder")
 
 
-def check_ks(ks: list[int] | None, ns: dict[str, int]) -> None:
-    """``--k`` against the samples per problem of each benchmark: pass@k needs ``k <= n``."""
+def check_ks(ks: list[int] | None, ns: dict[str, int], *, greedy: bool = False) -> None:
+    """``--k`` against the samples per problem of each benchmark: pass@k needs ``k <= n``
+    (``greedy``: ``--temperature 0``, one sample per problem)."""
     for bench, n in ns.items():
         too_big = [k for k in ks or () if k > n]
+        if too_big and greedy:
+            raise UsageError(f"--k {max(too_big)} with --temperature 0: greedy decoding takes one sample per "
+                             f"problem, so only pass@1 exists; use --k 1 or a temperature > 0")
         if too_big:
             raise UsageError(f"--k {max(too_big)} is larger than --n {n} (samples per problem of {bench}): "
                              f"pass@k needs k <= n; lower --k or raise --n")
