@@ -64,3 +64,11 @@ def test_greedy_evaluation_generates_each_problem_once(engine, seed, temperature
     else:  # sampled: eval_n samples per problem, then one greedy decode for eval/greedy_acc
         assert engine.calls == [(5, 4, 1.0), (5, 1, 0.0)]
         assert 0.0 <= out["eval/acc"] <= out["eval/pass@n"] <= 1.0 and "eval/greedy_acc" in out
+
+
+def test_eval_line_prints_greedy_only_when_measured_apart():
+    from pacs_fast.trainer.evaluation import eval_line
+
+    assert eval_line(5, {"eval/acc": 0.4125, "eval/greedy_acc": 0.5}) == \
+        "step 5: held-out accuracy 0.412 (greedy 0.500)"
+    assert eval_line(0, {"eval/acc": 0.25}) == "step 0: held-out accuracy 0.250"  # eval_temperature 0: no 'nan'

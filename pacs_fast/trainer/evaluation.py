@@ -53,3 +53,11 @@ def evaluate(cfg: Config, engine, scorer: Scorer, problems: list[dict], world) -
         out["eval/greedy_acc"] = float(np.mean([r for p in parts for r in p["greedy"]]))
     out["time/eval"] = time.perf_counter() - t0
     return out
+
+
+def eval_line(step: int, result: dict) -> str:
+    """The printed line of an evaluation: ``step 5: held-out accuracy 0.412 (greedy 0.438)``; at
+    ``rollout.eval_temperature=0`` the accuracy is the greedy one and is printed alone."""
+    greedy = result.get("eval/greedy_acc")
+    return (f"step {step}: held-out accuracy {result['eval/acc']:.3f}"
+            + ("" if greedy is None else f" (greedy {greedy:.3f})"))

@@ -26,6 +26,7 @@ from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
+from pacs_fast.trainer.evaluation import eval_line
 from pacs_fast.trainer.metrics import read_jsonl
 from pacs_fast.trainer.parallel import close_world
 from pacs_fast.trainer.rewards import UserFunctionError
@@ -147,8 +148,7 @@ def evaluate_and_report(s: Session, step: int) -> dict:
     result = s.evaluate()
     if s.logger:
         s.logger.log("eval", step, result)
-    s.log(f"step {step}: held-out accuracy {result['eval/acc']:.3f} (greedy "
-          f"{result.get('eval/greedy_acc', float('nan')):.3f})")
+    s.log(eval_line(step, result))
     return result
 
 

@@ -20,7 +20,7 @@ import torch
 from pacs_fast.config import Config, unused_settings, validate
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
 from pacs_fast.trainer.checkpoint import remove_stale_temporaries, restore_newest
-from pacs_fast.trainer.evaluation import evaluate
+from pacs_fast.trainer.evaluation import eval_line, evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
 from pacs_fast.trainer.preflight import check_memory, check_tensor_parallel
@@ -156,8 +156,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
                           "data/dropped_held_out_prompts": dropped_held}
         if s.logger:
             s.logger.log("eval", 0, s.initial_eval)
-        log(f"step 0: held-out accuracy {s.initial_eval['eval/acc']:.3f} (greedy "
-            f"{s.initial_eval.get('eval/greedy_acc', float('nan')):.3f})")
+        log(eval_line(0, s.initial_eval))
     return s
 
 
