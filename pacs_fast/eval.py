@@ -167,10 +167,10 @@ ENGINE_FLAGS = {"hf": ("device", "batch_size", "attention"), "vllm": ("gpu_memor
 
 def _warn_idle_engine_flags(args, engine: str) -> None:
     """One warning line on stderr per flag of the other engine given a value other than its default."""
-    defaults = _run_parser().parse_args(["--model", "m"])
+    parser = _run_parser()
     for other, names in ENGINE_FLAGS.items():
         for name in names:
-            if other != engine and getattr(args, name) != getattr(defaults, name):
+            if other != engine and getattr(args, name) != parser.get_default(name):
                 flag = "--" + name.replace("_", "-")
                 print(f"warning: {flag} {getattr(args, name)} has no effect with --engine {engine} (it is the "
                       f"{other} engine's)", file=sys.stderr)

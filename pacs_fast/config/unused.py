@@ -9,7 +9,7 @@ every arm). Combinations that cannot run at all are :func:`~pacs_fast.config.val
 from __future__ import annotations
 
 from pacs_fast.config.schema import Config
-from pacs_fast.config.validation import is_level
+from pacs_fast.config.validation import _get, is_level
 
 PACS_ONLY = ("algo.beta", "algo.proxy", "algo.score", "algo.weight")
 BASELINES_ONLY = ("algo.clip_low", "algo.clip_high", "algo.clip_c", "algo.kl_coef")
@@ -20,11 +20,6 @@ TINY_MODEL_ONLY = ("model.tiny_hidden_size", "model.tiny_num_layers", "warmup.st
 ARITHMETIC_ONLY = ("data.arith_max_digits", "data.arith_ops", "data.arith_train_size", "data.arith_terms",
                    "data.arith_seed")
 FILE_DATASETS_ONLY = ("data.eval_dataset", "data.problem_key", "data.answer_key")
-
-
-def _get(cfg: Config, key: str):
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
 
 
 def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:

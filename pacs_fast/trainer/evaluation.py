@@ -31,8 +31,9 @@ def evaluate_share(cfg: Config, engine, scorer: Scorer, problems: list[dict], of
     comps = engine.generate(prompts, params)
     rewards = scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(draws)])
     lengths = [len(c.token_ids) for cs in comps for c in cs]
-    out = {"rewards": [r for r in rewards for _ in range(n // draws)],
-           "lengths": [x for x in lengths for _ in range(n // draws)], "greedy": []}
+    copies = n // draws
+    out = {"rewards": [r for r in rewards for _ in range(copies)],
+           "lengths": [x for x in lengths for _ in range(copies)], "greedy": []}
     if cfg.rollout.eval_temperature > 0:
         greedy = engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens))
         out["greedy"] = scorer([cs[0].text for cs in greedy], [p["answer"] for p in problems])
