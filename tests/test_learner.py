@@ -93,9 +93,15 @@ def test_micro_batches_accumulate_to_the_mini_batch_gradient(tiny, seed, algo, k
             b.ref_logp = b.old_logp + noise
         metrics = learner.update(b, seed=seed)
         assert metrics["grad_norm"] > 0
-        results.append(([p.detach().clone() for p in learner._params()], metrics["loss"]))
-    (p1, l1), (p2, l2) = results
-    assert l1 == pytest.approx(l2, rel=1e-4, abs=1e-6)
+        results.append(([p.detach().clone() for p in learner._params()], metrics))
+    (p1, m1), (p2, m2) = results
+    # every logged metric (loss, clip fractions, KL estimates, the advantages' means) is the
+    # mini-batch's, whatever its micro-batches: the rows have 2..13 tokens, so weighting a per-row
+    # mean by the micro-batch's token share (not its row share) moved it by 0.3-4% (seeds 1-3)
+    assert set(m1) == set(m2)
+    for k in m1:
+        if k != "grad_norm":
+            assert m1[k] == pytest.approx(m2[k], rel=1e-4, abs=1e-6), k
     start = [p.detach() for p in base.parameters()]
     for a, b, s in zip(p1, p2, start):
         # fp32: one micro-batch or four run other shapes (and learner.packing=auto may pack one and not

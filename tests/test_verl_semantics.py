@@ -313,7 +313,7 @@ def test_trainer_config_algo_clip_c_reaches_the_loss():
     import dataclasses
 
     from pacs_fast.config import Config, validate
-    from pacs_fast.learner.base import RolloutBatch, objective
+    from pacs_fast.learner.base import RolloutBatch, minibatch_counts, objective
 
     cfg = Config()
     assert cfg.algo.clip_c == 3.0
@@ -327,7 +327,7 @@ def test_trainer_config_algo_clip_c_reaches_the_loss():
     micro = RolloutBatch(input_ids=torch.zeros(B, T, dtype=torch.long), attention_mask=torch.ones(B, T,
                          dtype=torch.long), response_mask=mask, rewards=torch.tensor([1.0, 0.0, 0.0, 0.0]),
                          group_size=4, old_logp=old)
-    counts = {"rows": float(B), "tokens": float(mask.sum()), "seqs": float(B)}
+    counts = minibatch_counts(micro)
     losses = {}
     for c in (3.0, 0.0):
         algo = dataclasses.replace(cfg.algo, name="grpo", clip_c=c)

@@ -314,7 +314,7 @@ def minibatch_counts(mb: RolloutBatch) -> dict[str, float]:
     mask = mb.response_mask if mb.kept_mask is None else mb.kept_mask
     rejected = 0 if mb.kept_mask is None else int(((mb.response_mask.sum(-1) > 0) & (mask.sum(-1) == 0)).sum())
     return {"rows": float(mb.num_rows - rejected), "tokens": float(mask.sum()),
-            "seqs": float((mask.sum(-1) > 0).sum())}
+            "seqs": float((mask.sum(-1) > 0).sum()), "all_rows": float(mb.num_rows)}
 
 
 def sequence_weights(micro: RolloutBatch) -> torch.Tensor | None:
@@ -384,10 +384,14 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
                 rewards = corrected_rewards(rewards, algo.noise_correction, algo.noise_rho0, algo.noise_rho1)
             loss, pm = grpo_loss(logp, micro.old_logp, mask, rewards, group_size=micro.group_size,
                                  advantage=algo.name, **kw)
-        # policy_loss' ratios are per micro-batch means: weight them by the micro-batch's share.
-        share = float(mask.sum()) / max(counts["tokens"], 1.0)
+        # pg_loss / kl / vf_loss are already scaled by the mini-batch's counts; the other metrics are
+        # micro-batch means, weighted by the micro-batch's share: of the tokens for the per-token
+        # fractions and KL estimates, of the rows for the advantages' means (one value per row)
+        token_share = float(mask.sum()) / max(counts["tokens"], 1.0)
+        row_share = micro.num_rows / max(counts["all_rows"], 1.0)
         for k, v in pm.items():
-            metrics[k] = v * (1.0 if k in ("pg_loss", "kl", "vf_loss") else share)
+            metrics[k] = v * (1.0 if k in ("pg_loss", "kl", "vf_loss") else
+                              row_share if k in ("adv_mean", "adv_abs_mean") else token_share)
     if algo.entropy_coef:
         ent = aggregate_loss(entropy, mask, agg, horizon=float(horizon), global_count=global_count)
         loss = loss - algo.entropy_coef * ent
