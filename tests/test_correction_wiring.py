@@ -106,6 +106,21 @@ def test_config_refuses_token_level_for_pacs():
     validate(load_config(None, ["algo.name=grpo", "correction.is_level=token", "correction.rs_level=token"]))
 
 
+def test_config_refuses_a_correction_with_noisy_label_pacs_naming_what_turned_it_on():
+    from pacs_fast.config import validate
+
+    noisy = ["algo.noise_correction=backward", "algo.noise_rho1=0.1"]
+    # auto is on with asynchronous rollouts: the message says so, as the user set neither key
+    with pytest.raises(ValueError, match=r"^correction.is_level=auto \(on with rollout.max_staleness=2\) with "
+                                         r"algo.noise_correction=backward: .* set correction.is_level=none"):
+        validate(load_config(None, noisy + ["rollout.ranks=1", "rollout.max_staleness=2"]), world=2)
+    with pytest.raises(ValueError, match=r"^correction.rs_level=geometric with algo.noise_correction=backward"):
+        validate(load_config(None, noisy + ["correction.rs_level=geometric"]))
+    validate(load_config(None, noisy))  # synchronous: auto is off
+    validate(load_config(None, noisy + ["rollout.ranks=1", "rollout.max_staleness=2", "correction.is_level=none"]),
+             world=2)
+
+
 TINY = ["data.arith_ops=+", "data.arith_max_digits=1", "data.eval_size=8", "rollout.n=4", "rollout.eval_n=2",
         "rollout.max_new_tokens=6", "train.prompts_per_step=4", "learner.mini_batch_prompts=2",
         "learner.micro_batch_prompts=1", "warmup.steps=30", "warmup.batch_size=32", "model.tiny_hidden_size=64",
