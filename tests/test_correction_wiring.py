@@ -106,21 +106,6 @@ def test_config_refuses_token_level_for_pacs():
     validate(load_config(None, ["algo.name=grpo", "correction.is_level=token", "correction.rs_level=token"]))
 
 
-def test_config_refuses_a_correction_with_noisy_label_pacs_naming_what_turned_it_on():
-    from pacs_fast.config import validate
-
-    noisy = ["algo.noise_correction=backward", "algo.noise_rho1=0.1"]
-    # auto is on with asynchronous rollouts: the message says so, as the user set neither key
-    with pytest.raises(ValueError, match=r"^correction.is_level=auto \(on with rollout.max_staleness=2\) with "
-                                         r"algo.noise_correction=backward: .* set correction.is_level=none"):
-        validate(load_config(None, noisy + ["rollout.ranks=1", "rollout.max_staleness=2"]), world=2)
-    with pytest.raises(ValueError, match=r"^correction.rs_level=geometric with algo.noise_correction=backward"):
-        validate(load_config(None, noisy + ["correction.rs_level=geometric"]))
-    validate(load_config(None, noisy))  # synchronous: auto is off
-    validate(load_config(None, noisy + ["rollout.ranks=1", "rollout.max_staleness=2", "correction.is_level=none"]),
-             world=2)
-
-
 TINY = ["data.arith_ops=+", "data.arith_max_digits=1", "data.eval_size=8", "rollout.n=4", "rollout.eval_n=2",
         "rollout.max_new_tokens=6", "train.prompts_per_step=4", "learner.mini_batch_prompts=2",
         "learner.micro_batch_prompts=1", "warmup.steps=30", "warmup.batch_size=32", "model.tiny_hidden_size=64",
@@ -130,7 +115,10 @@ TINY = ["data.arith_ops=+", "data.arith_max_digits=1", "data.eval_size=8", "roll
 
 @pytest.mark.parametrize("extra", [["algo.name=grpo", "correction.is_level=token", "correction.rs_level=token"],
                                    ["correction.is_level=sequence", "correction.rs_level=geometric",
-                                    "rollout.temperature=0.8"]])
+                                    "rollout.temperature=0.8"],
+                                   # with PACS's noisy-label correction (its corrected BCE takes the weights)
+                                   ["correction.is_level=sequence", "correction.rs_level=sequence",
+                                    "algo.noise_correction=backward", "algo.noise_rho1=0.2", "reward.noise_fn=0.2"]])
 def test_trainer_records_the_correction(tmp_path, extra):
     from pacs_fast.trainer import train
     from pacs_fast.trainer.metrics import read_jsonl

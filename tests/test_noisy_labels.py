@@ -21,7 +21,7 @@ from pacs_fast.algorithms.noisy_labels import (
     forward_rewards,
     pacs_loss_noisy,
 )
-from test_pacs_gradient_identity import batch_for, enumerate_group_samples, grad
+from test_pacs_gradient_identity import V, batch_for, enumerate_group_samples, grad
 
 
 def noise_patterns(labels, rho0, rho1):
@@ -178,10 +178,61 @@ def test_objective_applies_the_correction():
     surrogate = pacs_loss(logp, old, mask, (R - 0.1) / 0.6, group_size=G, weight_mode="none")
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(loss, surrogate)
+    # with an off-policy correction each row's corrected term takes its sequence weight
+    batch.is_weights = (0.5 + torch.rand(B, T, generator=g)) * mask
+    loss_w, _ = objective(algo, batch, logp, None, None, counts, horizon=T)
+    seq_w = (batch.is_weights * mask).sum(-1) / mask.sum(-1)
+    ref_w, _ = pacs_loss_noisy(logp, old, mask, R, group_size=G, correction="backward", rho0=0.1, rho1=0.3,
+                               weight_mode="none", sample_weights=seq_w)
+    torch.testing.assert_close(loss_w, ref_w)
+    assert abs(float(loss_w - loss)) > 1e-3
+    batch.is_weights = None
     algo = AlgoConfig(name="dr_grpo", noise_correction="backward", noise_rho0=0.1, noise_rho1=0.3)
     loss, _ = objective(algo, batch, logp, None, None, counts, horizon=T)
     plain, _ = objective(AlgoConfig(name="dr_grpo"), batch, logp, None, None, counts, horizon=T)
     torch.testing.assert_close(loss, plain / 0.6)  # centred rewards: backward = a 1/D rescale
+
+
+@pytest.mark.parametrize("correction", ["backward", "forward"])
+def test_noisy_pacs_with_sample_weights_recovers_the_on_policy_loss(seed, correction):
+    """Both corrections at once: groups drawn from a behaviour policy mu, labels flipped at rho0 /
+    rho1, each row's corrected BCE weighted by pi(y_i) / mu(y_i) (sample_weights). Enumerating every
+    group and flip pattern, the expected loss and its gradient equal the same loss's under pi (and,
+    for the backward correction, the clean loss's). Exact where a row's term depends on its own
+    sequence only (score=naive, weight=none; docs/OFF_POLICY.md), so float64 rounding bounds (1e-10)."""
+    rho0, rho1 = random_rates(seed)
+    gen = torch.Generator().manual_seed(seed)
+    G = 2
+    theta0 = torch.randn(1, V, generator=gen, dtype=torch.float64).requires_grad_(True)
+    theta1 = torch.randn(1, V, V, generator=gen, dtype=torch.float64).requires_grad_(True)
+    mu0, mu1 = torch.randn(1, V, generator=gen, dtype=torch.float64), torch.randn(1, V, V, generator=gen, dtype=torch.float64)
+    ref0, ref1 = torch.randn(1, V, generator=gen, dtype=torch.float64), torch.randn(1, V, V, generator=gen, dtype=torch.float64)
+    rewards_table = [[1.0, 0.0, 1.0]]
+    kw = dict(group_size=G, correction=correction, rho0=rho0, rho1=rho1, score="naive", weight_mode="none")
+    under_mu = unweighted_mu = under_pi = clean = 0.0
+    for joint in enumerate_group_samples(1, G):
+        logp, logp_ref, mask, R = batch_for(joint, theta0, theta1, ref0, ref1, rewards_table)
+        logp_mu, _, _, _ = batch_for(joint, mu0, mu1, ref0, ref1, rewards_table)
+        seq_pi, seq_mu = (logp.detach() * mask).sum(-1), (logp_mu * mask).sum(-1)
+        p_pi, p_mu = seq_pi.sum().exp(), seq_mu.sum().exp()
+        clean = clean + p_pi * pacs_loss(logp, logp_ref, mask, R, group_size=G, score="naive", weight_mode="none")
+        for p, obs in noise_patterns(R.tolist(), rho0, rho1):
+            weighted, terms = pacs_loss_noisy(logp, logp_ref, mask, obs, sample_weights=(seq_pi - seq_mu).exp(), **kw)
+            plain, _ = pacs_loss_noisy(logp, logp_ref, mask, obs, **kw)
+            under_mu = under_mu + p_mu * p * weighted
+            unweighted_mu = unweighted_mu + p_mu * p * plain
+            under_pi = under_pi + p_pi * p * plain
+    params = (theta0, theta1)
+    assert abs(under_mu.item() - under_pi.item()) < 1e-10
+    assert abs(unweighted_mu.item() - under_pi.item()) > 1e-4  # without the weights mu's expectation differs
+    for a, b in zip(grad(under_mu, params, retain_graph=True), grad(under_pi, params, retain_graph=True)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    if correction == "backward":
+        assert abs(under_mu.item() - clean.item()) < 1e-10
+        for a, b in zip(grad(under_mu, params, retain_graph=True), grad(clean, params)):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="sample_weights has shape"):
+        pacs_loss_noisy(logp, logp_ref, mask, obs, sample_weights=torch.ones(G + 1, dtype=torch.float64), **kw)
 
 
 def test_bad_rates():

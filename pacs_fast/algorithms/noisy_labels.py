@@ -113,18 +113,27 @@ def corrected_bce(psi: torch.Tensor, noisy: torch.Tensor, correction: str, rho0:
 def pacs_loss_noisy(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Tensor | None,
                     rewards: torch.Tensor, *, group_size: int, correction: str, rho0: float, rho1: float,
                     beta: float = 1.0, score: str = "rloo", weight_mode: str = "question",
-                    proxy: str = "logratio"):
+                    proxy: str = "logratio", sample_weights: torch.Tensor | None = None):
     """The PACS loss with a noisy-label correction of its BCE: ``(1/B) sum_i w_i l~(psi_i, R~_i)``.
 
     Same arguments and returned terms as :func:`pacs_fast.algorithms.pacs_loss` (padded layout,
     torch path) with ``return_terms=True``; ``rewards`` are the observed (noisy) 0/1 labels and the
-    class weights are computed from them. Returns ``(loss, terms)``.
+    class weights are computed from them. ``sample_weights``: ``[B]`` constant factors of each
+    sample's corrected BCE term, as in ``pacs_loss`` (the off-policy correction's sequence importance
+    weight, 0 for a rejected sample). The two corrections compose: the importance weight turns the
+    expectation over the rollout policy into one over the training policy, the corrected BCE the
+    expectation over the label noise into the clean BCE. Returns ``(loss, terms)``.
     """
     from pacs_fast.algorithms.pacs import class_balanced_weights, group_scores, reward_proxy
 
     r = reward_proxy(logp, logp_ref, mask, beta=beta, proxy=proxy)
     psi = group_scores(r, group_size, score)
     w = class_balanced_weights(rewards, group_size, weight_mode).to(r.dtype)
+    if sample_weights is not None:
+        if sample_weights.shape != (r.shape[0],):
+            raise ValueError(f"pacs_loss_noisy: sample_weights has shape {tuple(sample_weights.shape)}, "
+                             f"expected ({r.shape[0]},): one factor per row")
+        w = w * sample_weights.detach().to(w.dtype)
     sample_loss = w * corrected_bce(psi, rewards.detach(), correction, rho0, rho1)
     loss = sample_loss.sum() / r.shape[0]
     terms = {"proxy": r.detach(), "score": psi.detach(), "pred_reward": torch.sigmoid(psi.detach()),

@@ -204,13 +204,6 @@ def _validate_correction(cfg: Config) -> None:
             raise ValueError(f"correction.{key} must be one of {', '.join(allowed)}{why}; got {value!r}")
     if not c.is_cap > 0:
         raise ValueError(f"correction.is_cap must be > 0, got {c.is_cap}")
-    if pacs and cfg.algo.noise_correction != "none" and (is_level(cfg), c.rs_level) != ("none", "none"):
-        on = [f"correction.is_level={c.is_level}" + (f" (on with rollout.max_staleness={cfg.rollout.max_staleness})"
-                                                     if c.is_level == "auto" else "")] if is_level(cfg) != "none" else []
-        on += [f"correction.rs_level={c.rs_level}"] if c.rs_level != "none" else []
-        raise ValueError(f"{' and '.join(on)} with algo.noise_correction={cfg.algo.noise_correction}: the noisy-label "
-                         f"PACS loss takes no per-sample weights; set correction.is_level=none and "
-                         f"correction.rs_level=none, or algo.noise_correction=none")
     if not 0 <= c.rs_low <= 1 <= c.rs_high or c.rs_low == c.rs_high:
         raise ValueError(f"correction.rs_low={c.rs_low} and correction.rs_high={c.rs_high} must satisfy "
                          f"0 <= rs_low <= 1 <= rs_high (a ratio of 1, no mismatch, is always kept)")

@@ -352,13 +352,14 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
     if algo.name == "pacs":
         ref = micro.ref_logp if algo.proxy == "logratio" else None
         correction = getattr(algo, "noise_correction", "none")
+        resp = micro.response_mask  # the proxy sums every response token, rejected rows included
         if correction != "none":  # noisy verifier: corrected BCE (pacs_fast/algorithms/noisy_labels.py)
             from pacs_fast.algorithms.noisy_labels import pacs_loss_noisy
-            loss, terms = pacs_loss_noisy(logp, ref, mask, micro.rewards, group_size=micro.group_size,
+            loss, terms = pacs_loss_noisy(logp, ref, resp, micro.rewards, group_size=micro.group_size,
                                           correction=correction, rho0=algo.noise_rho0, rho1=algo.noise_rho1,
-                                          beta=algo.beta, score=algo.score, weight_mode=algo.weight, proxy=algo.proxy)
+                                          beta=algo.beta, score=algo.score, weight_mode=algo.weight, proxy=algo.proxy,
+                                          sample_weights=sequence_weights(micro))
         else:
-            resp = micro.response_mask  # the proxy sums every response token, rejected rows included
             loss, terms = pacs_loss(logp, ref, resp, micro.rewards, group_size=micro.group_size, beta=algo.beta,
                                     score=algo.score, weight_mode=algo.weight, proxy=algo.proxy, return_terms=True,
                                     sample_weights=sequence_weights(micro))
