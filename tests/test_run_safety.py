@@ -127,9 +127,13 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_older_one(finished, tmp
         deterministic_view(read_jsonl(finished / "metrics.jsonl"))
 
 
-def test_a_full_disk_is_reported_and_the_last_good_checkpoint_kept(tmp_path, capsys, cache, monkeypatch):
+@pytest.mark.parametrize("writer", ["torch.save", "safetensors"])
+def test_a_full_disk_is_reported_and_the_last_good_checkpoint_kept(tmp_path, capsys, cache, monkeypatch, writer):
     import pacs_fast.trainer.checkpoint as ckpt
-    real_save, calls = torch.save, []
+    from safetensors import SafetensorError
+
+    from pacs_fast.learner import TorchLearner
+    real_save, real_hf, calls = torch.save, TorchLearner.save_hf, []
 
     def save(obj, f, *a, **kw):  # the second checkpoint's learner state hits a full disk
         calls.append(1)
@@ -137,10 +141,20 @@ def test_a_full_disk_is_reported_and_the_last_good_checkpoint_kept(tmp_path, cap
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(obj, f, *a, **kw)
 
-    monkeypatch.setattr(ckpt.torch, "save", save)
+    def save_hf(self, path):  # the second checkpoint's weights do: safetensors raises its own error type,
+        calls.append(1)  # not an OSError (the megatron learner's writer; it escaped as a traceback)
+        if len(calls) >= 2:
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return real_hf(self, path)
+
+    if writer == "torch.save":
+        monkeypatch.setattr(ckpt.torch, "save", save)
+    else:
+        monkeypatch.setattr(TorchLearner, "save_hf", save_hf)
     code, _, err = cli(TINY + STEPS + [f"warmup.cache_dir={cache}", f"train.out_dir={tmp_path}", "train.run_name=r"],
                        capsys)
     monkeypatch.setattr(ckpt.torch, "save", real_save)
+    monkeypatch.setattr(TorchLearner, "save_hf", real_hf)
     root = tmp_path / "r" / "checkpoints"
     assert code == 1 and "No space left on device" in err and "step_000002 is intact" in err, err
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000002"]

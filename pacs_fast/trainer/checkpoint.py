@@ -109,8 +109,8 @@ def save_checkpoint(run_dir: str | Path, step: int, *, learner, model_dir: str |
             manifest = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
             (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": manifest}, indent=1))
             _fsync_tree(tmp)
-    except (OSError, RuntimeError) as e:
-        failure = e
+    except Exception as e:  # noqa: BLE001 - OSError, torch's RuntimeError, safetensors' SafetensorError, ...:
+        failure = e  # every rank learns of it below (a rank that raised alone would leave the others waiting)
     if world.any(failure is not None):
         if world.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
