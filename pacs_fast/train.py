@@ -27,6 +27,7 @@ before the optimiser step, and nothing non-finite is saved.
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 
@@ -94,6 +95,12 @@ def main(argv: list[str] | None = None) -> dict:
         if args.debug:
             raise
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:  # a full disk outside a checkpoint (metrics, samples, TensorBoard, plots)
+        if args.debug or e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"error: no space left on device writing {e.filename or 'into ' + str(run_dir)}; free some and continue "
+              f"with --resume {run_dir} (from its last checkpoint)", file=sys.stderr)
         sys.exit(1)
 
 

@@ -161,6 +161,30 @@ def test_a_full_disk_is_reported_and_the_last_good_checkpoint_kept(tmp_path, cap
     assert ckpt.problem_of(root / "step_000002") is None
 
 
+def test_a_full_disk_while_logging_is_one_line_and_the_run_resumes(finished, tmp_path, capsys, cache, monkeypatch):
+    from pacs_fast.trainer.metrics import MetricsLogger
+    real_log, calls = MetricsLogger.log, []
+
+    def log(self, kind, step, values):  # the disk fills as step 3's record is appended
+        calls.append(kind)
+        if kind == "train" and step == 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+        return real_log(self, kind, step, values)
+
+    monkeypatch.setattr(MetricsLogger, "log", log)
+    args = TINY + STEPS + [f"warmup.cache_dir={cache}", f"train.out_dir={tmp_path}", "train.run_name=r"]
+    code, _, err = cli(args, capsys)
+    monkeypatch.setattr(MetricsLogger, "log", real_log)
+    run = tmp_path / "r"
+    errors = [line for line in err.splitlines() if "error" in line.lower()]  # no traceback, one line
+    assert code == 1 and len(errors) == 1 and errors[0].startswith("error: "), err
+    assert f"no space left on device writing {run / 'metrics.jsonl'}" in errors[0] and f"--resume {run}" in errors[0]
+    code, _, err = cli(["--resume", str(run)], capsys)  # space freed: steps 3 and 4 run again from step 2
+    assert code == 0, err
+    assert deterministic_view(read_jsonl(run / "metrics.jsonl")) == \
+        deterministic_view(read_jsonl(finished / "metrics.jsonl"))
+
+
 def test_a_non_finite_gradient_stops_the_run_before_the_step(tmp_path, capsys, cache, monkeypatch):
     import pacs_fast.learner.torch_learner as tl
     real, calls = tl.objective, []
