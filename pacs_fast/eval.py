@@ -284,6 +284,27 @@ def run(argv: list[str]) -> int:
     return 0
 
 
+def _check_prompt_lengths(engine_name: str, engine, tokenizer, sets, todo) -> None:
+    """A prompt that does not fit the engine's context (vLLM's max_model_len) is a UsageError naming the
+    benchmark, the problem and the limit, raised before anything is generated (not in the middle of
+    a benchmark, as the engine would)."""
+    from pacs_fast.data.prompts import encode_prompts
+
+    limit = getattr(engine, "max_model_len", None)
+    if not limit:
+        return
+    for bench, problems in sets.items():
+        lengths = {i: len(p) for i, p in zip(todo[bench], encode_prompts(tokenizer, [problems[i].problem
+                                                                                   for i in todo[bench]]))}
+        long = [i for i, n in lengths.items() if n >= limit]
+        if long:
+            i = max(long, key=lengths.get)
+            raise UsageError(f"{bench}: {len(long)} of {len(problems)} prompts do not fit the {engine_name} engine's "
+                             f"context of {limit} tokens (prompt and response), the longest problem {i} "
+                             f"(id {problems[i].id}) with {lengths[i]} prompt tokens; give a larger --max-model-len "
+                             f"if the model allows it, or leave the benchmark out")
+
+
 def _generate(args, out_dir: Path, sets, ns, todo) -> None:
     from pacs_fast.data.prompts import build_prompt, encode_prompts, has_chat_template
     from pacs_fast.reward.batch import BatchScorer
@@ -295,6 +316,7 @@ def _generate(args, out_dir: Path, sets, ns, todo) -> None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.model)
+    _check_prompt_lengths(engine_name, engine, tokenizer, sets, todo)
     scorer = BatchScorer(args.scorer_workers, time_limit=args.time_limit)
     bar = _progress(sum(len(t) for t in todo.values()), args.no_progress)
     t0, samples_done = time.perf_counter(), 0

@@ -121,6 +121,31 @@ def test_the_other_engines_flags_are_named_as_idle(model_dir, dataset, tmp_path,
     assert "--batch-size" not in err
 
 
+def test_a_prompt_longer_than_the_engines_context_is_named_before_generating(model_dir, tmp_path, monkeypatch,
+                                                                              capsys):
+    """vLLM refuses a prompt of max_model_len tokens or more: the eval names the benchmark, the problem
+    and the limit before the first call (the engine's own check fired mid-benchmark, on 'prompt 1')."""
+    rows = [{"id": f"q{i}", "problem": f"{i}+{i}=" + "1" * (40 * (i == 2)), "answer": str(2 * i)} for i in range(4)]
+    data = tmp_path / "toy.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    real, calls = ev._make_engine, []
+
+    def with_context(args):  # the hf engine, given a context as a VLLMEngine has one
+        name, engine = real(args)
+        engine.max_model_len = 120  # the prompts are ~100 tokens (system prompt, instruction), problem 2's 140
+        return name, engine
+
+    monkeypatch.setattr(ev, "_make_engine", with_context)
+    monkeypatch.setattr(HFEngine, "generate", lambda self, *a: calls.append(1))
+    out = tmp_path / "run"
+    assert ev.main(_run_args(model_dir, data, out)) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: toy: 1 of 4 prompts do not fit the hf engine's "
+                                                     "context of 120 tokens"), errors
+    assert "problem 2 (id q2) with 142 prompt tokens" in errors[0] and "--max-model-len" in errors[0]
+    assert calls == [] and not (out / "samples_toy.jsonl").exists()
+
+
 def test_resume_after_interruption(model_dir, dataset, tmp_path, monkeypatch):
     calls = []
     real = HFEngine.generate
