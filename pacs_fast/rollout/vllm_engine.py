@@ -74,6 +74,16 @@ def set_cpu_env_defaults() -> None:
         os.environ.setdefault(key, value)
 
 
+def derived_max_model_len(model_path) -> int:
+    """The context (``max_model_len``, prompt + response tokens) vLLM gives an engine on
+    ``model_path`` by default: derived by vLLM itself from ``config.json`` (RoPE scaling included)
+    and the tokenizer's ``model_max_length``, without loading weights (~20 ms after vLLM's import)."""
+    set_cpu_env_defaults()
+    from vllm.config import ModelConfig
+
+    return int(ModelConfig(model=str(model_path)).max_model_len)
+
+
 # vLLM's in-place reload warns about every layer a call does not load: with buckets (or a subset
 # sync) that is every other layer, every call. The engine checked completeness itself, so these
 # loggers are quieted during a sync (in-process engines; a separate engine process keeps its logs).

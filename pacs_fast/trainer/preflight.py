@@ -1,6 +1,7 @@
 """Pre-flight checks from the model's ``config.json``, before any model is loaded: a rollout that
-cannot fit in memory (below) and a ``learner.tp_size`` megatron cannot shard the model over
-(:func:`check_tensor_parallel`).
+cannot fit in memory (below), a ``learner.tp_size`` megatron cannot shard the model over
+(:func:`check_tensor_parallel`), and the model's context for the prompts' check
+(:func:`model_context`, used by :func:`pacs_fast.trainer.problems.check_context`).
 
 What is estimated is the peak of one decode step of the Hugging Face engine: for every row of a
 chunk (``max(rollout.n, engine batch)`` rows) four fp32 vocabulary-sized tensors (the logits, their
@@ -120,3 +121,24 @@ def check_tensor_parallel(cfg) -> None:
                  else f"the built-in tiny model (model.tiny_hidden_size={cfg.model.tiny_hidden_size})")
         raise ValueError(f"learner.tp_size={tp} cannot shard {model}: {', '.join(bad)} "
                          f"{'is' if len(bad) == 1 else 'are'} not a multiple of {tp}")
+
+
+def model_context(cfg, model_path) -> int | None:
+    """Tokens one sequence (prompt + response) may hold in the run's rollout engine, before any
+    model loads; None when unknown. ``rollout.engine=vllm``: the ``max_model_len`` vLLM derives for
+    the folder (its engine refuses a prompt that reaches it and cuts a response there). HF engine:
+    ``max_position_embeddings`` (positions past it are ones the model was not trained on); unknown
+    when the config scales RoPE, whose reach each scaling type defines differently."""
+    if cfg.rollout.engine == "vllm":
+        from pacs_fast.rollout.vllm_engine import derived_max_model_len
+        try:
+            return derived_max_model_len(model_path)
+        except Exception:  # a folder vLLM cannot read: its own error comes when the engine loads
+            return None
+    try:
+        c = json.loads((Path(model_path).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    c = c.get("text_config", c)
+    n = c.get("max_position_embeddings") or c.get("n_positions")
+    return int(n) if n and not c.get("rope_scaling") else None

