@@ -364,6 +364,15 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
             raise ValueError(f"data.arith_max_digits must be in 1..9, got {cfg.data.arith_max_digits}")
         if not cfg.data.arith_ops or set(cfg.data.arith_ops) - set("+-*"):
             raise ValueError(f"data.arith_ops must be a non-empty subset of '+-*', got {cfg.data.arith_ops!r}")
+        if cfg.data.arith_train_size < 1:
+            raise ValueError(f"data.arith_train_size must be >= 1, got {cfg.data.arith_train_size}")
+        # the family's distinct problems (pacs_fast.data.arithmetic draws them)
+        total = len(set(cfg.data.arith_ops)) ** (cfg.data.arith_terms - 1) * 10 ** (cfg.data.arith_max_digits
+                                                                                    * cfg.data.arith_terms)
+        if cfg.data.eval_size >= total:
+            raise ValueError(f"data.eval_size={cfg.data.eval_size} leaves no training problems: the built-in task "
+                             f"with data.arith_max_digits={cfg.data.arith_max_digits}, data.arith_ops="
+                             f"{cfg.data.arith_ops!r} and data.arith_terms={cfg.data.arith_terms} has {total}")
     if cfg.model.tiny_hidden_size % 32:
         raise ValueError(f"model.tiny_hidden_size must be a multiple of 32 (head size 32), got "
                          f"{cfg.model.tiny_hidden_size}")
