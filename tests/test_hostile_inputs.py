@@ -10,7 +10,8 @@ import pytest
 from pacs_fast.config import Config, load_config, validate
 from pacs_fast.data.datasets import load_dataset
 from pacs_fast.experiment import parse_seeds
-from pacs_fast.trainer.preflight import GiB, check_memory, check_tensor_parallel, hf_engine_bytes, model_shape
+from pacs_fast.trainer.preflight import (GiB, check_memory, check_tensor_parallel, hf_engine_bytes, learner_bytes,
+                                        model_params, model_shape)
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN = {"vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
@@ -54,10 +55,57 @@ def test_the_default_run_and_a_gpu_sized_run_pass_the_check(tmp_path):
                              "train.prompts_per_step=128", "rollout.max_new_tokens=4096", "model.dtype=bfloat16"])
     check_memory(cfg, available=80 * GiB)  # an H100: 1024 rows decode in ~4 GiB of logits + KV
     with pytest.raises(ValueError, match="lower rollout.n"):
-        check_memory(cfg, available=1 * GiB)
+        check_memory(cfg, available=2 * GiB)  # the learner's 1.3 GiB fit, the decode step does not
     for name in ("pacs_qwen2.5_7b_deepscaler", "pacs_qwen2.5_3b_deepscaler"):
         paper = load_config(ROOT / "configs" / f"{name}.yaml")
         check_memory(paper, available=80 * GiB)  # vLLM: its memory is vLLM's own
+
+
+QWEN7B = {"vocab_size": 152064, "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+          "num_key_value_heads": 4, "intermediate_size": 18944, "model_type": "qwen2"}
+
+
+@pytest.mark.parametrize("config", [QWEN7B, {**QWEN, "intermediate_size": 4864, "tie_word_embeddings": True}])
+def test_the_parameter_count_is_a_tight_lower_bound(config):
+    """Counted from the config as the memory check counts them, against transformers' own model
+    (on the meta device): never more, and within 8% (Qwen2.5-7B's untied head is the gap; biases and
+    norms are a few per mille)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf = AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        true = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf).parameters())
+    shape = {"vocab": config["vocab_size"], "hidden": config["hidden_size"], "layers": config["num_hidden_layers"],
+             "heads": config["num_attention_heads"], "kv_heads": config["num_key_value_heads"],
+             "head_dim": config["hidden_size"] // config["num_attention_heads"],
+             "intermediate": config["intermediate_size"], "bytes": 2}
+    counted = model_params(shape)
+    tied = config.get("tie_word_embeddings", False)
+    assert counted <= true and counted > (0.999 if tied else 0.92) * true, (counted, true)
+
+
+def test_a_learner_that_cannot_fit_is_refused_before_the_model_loads(tmp_path, capsys):
+    """A model whose weights, gradients and AdamW moments alone exceed the device is one line: the
+    built-in model with 100,000 layers (it took 20 GB and was still building when stopped), and a
+    Qwen2.5-7B-shaped model in fp32 on an 80 GiB GPU (7.07e9 x 16 bytes = 105 GiB)."""
+    code, err = cli(["model.tiny_num_layers=100000", f"train.out_dir={tmp_path / 'runs'}"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: the built-in tiny model (model.tiny_hidden_size=128, model.tiny_num_layers=100000) "
+                          "cannot be trained here"), err
+    folder = tmp_path / "q7"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN7B))
+    fp32 = load_config(None, [f"model.path={folder}", "data.dataset=math500"])
+    with pytest.raises(ValueError, match=r"need at least 105\.\d GiB per learner process"):
+        check_memory(fp32, available=80 * GiB)
+    bf16 = load_config(None, [f"model.path={folder}", "data.dataset=math500", "model.dtype=bfloat16",
+                              "rollout.n=8", "train.prompts_per_step=8"])
+    check_memory(bf16, available=80 * GiB)  # 53 GiB of weights, gradients and moments
+    assert learner_bytes(bf16, model_shape(bf16)) == 4 * 2 * model_params(model_shape(bf16))
+    paper = load_config(ROOT / "configs" / "pacs_qwen2.5_7b_deepscaler.yaml", [f"model.path={folder}"])
+    assert learner_bytes(paper, model_shape(paper)) == learner_bytes(bf16, model_shape(bf16)) // 4  # tp_size=4
+    check_memory(paper, available=80 * GiB)
 
 
 def test_a_tensor_parallel_size_megatron_cannot_shard_is_refused_before_the_model_loads(tmp_path):
@@ -154,3 +202,19 @@ def test_prompts_per_step_alone_is_a_valid_run():
 def test_a_str_key_takes_the_text_as_written(word):
     cfg = load_config(None, [f"train.run_name={word}", "train.tensorboard=off", 'reward.step_split=" "'])
     assert cfg.train.run_name == word and cfg.train.tensorboard is False and cfg.reward.step_split == " "
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["data.arith_train_size=0"], r"^data.arith_train_size must be >= 1, got 0$"),
+    (["data.arith_max_digits=1", "data.eval_size=100"],
+     r"^data.eval_size=100 leaves no training problems: .* data.arith_max_digits=1, data.arith_ops='\+' and "
+     r"data.arith_terms=2 has 100$"),
+    (["data.arith_max_digits=1", "data.arith_ops=++-", "data.eval_size=200"], r"has 200$"),  # 2 operators
+])
+def test_the_built_in_task_sizes_name_their_keys(overrides, match):
+    """They were the data module's own words ('train_size must be >= 1 ...'), without the key."""
+    with pytest.raises(ValueError, match=match):
+        validate(load_config(None, overrides))
+    fewer = [o if not o.startswith("data.eval_size") else "data.eval_size=99" for o in overrides]
+    if fewer != overrides:
+        validate(load_config(None, fewer))  # one problem is left to train on

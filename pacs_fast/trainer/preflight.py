@@ -1,9 +1,13 @@
-"""Pre-flight checks from the model's ``config.json``, before any model is loaded: a rollout that
-cannot fit in memory (below), a ``learner.tp_size`` megatron cannot shard the model over
+"""Pre-flight checks from the model's ``config.json``, before any model is loaded: a learner or a
+rollout that cannot fit in memory (below), a ``learner.tp_size`` megatron cannot shard the model over
 (:func:`check_tensor_parallel`), and the model's context for the prompts' check
 (:func:`model_context`, used by :func:`pacs_fast.trainer.problems.check_context`).
 
-What is estimated is the peak of one decode step of the Hugging Face engine: for every row of a
+The learner's floor (:func:`learner_bytes`) is its share of the weights, gradients and AdamW moments
+in the model's dtype: a lower bound (megatron's fp32 master weights and activations come on top), so
+it refuses only runs that cannot start, such as a 7B model in fp32 on an 80 GiB GPU.
+
+For the rollout, what is estimated is the peak of one decode step of the Hugging Face engine: for every row of a
 chunk (``max(rollout.n, engine batch)`` rows) four fp32 vocabulary-sized tensors (the logits, their
 temperature-scaled copy, the probabilities and the sampler's scratch), plus the rows' KV cache for
 ``rollout.max_new_tokens`` tokens; model weights and activations come on top. It is compared with
@@ -74,10 +78,27 @@ def available_bytes(device: str) -> int | None:
     return None
 
 
+def model_params(shape: dict) -> int:
+    """Parameters of the model, at least: the embedding counted once (tied or not), each layer's
+    attention projections and, where the config gives its width, its gated MLP (norms and biases,
+    a few per mille, left out)."""
+    H, hd = shape["hidden"], shape["head_dim"]
+    attention = 2 * H * shape["heads"] * hd + 2 * H * shape["kv_heads"] * hd
+    mlp = 3 * H * shape["intermediate"] if shape["intermediate"] else 0
+    return shape["vocab"] * H + shape["layers"] * (attention + mlp)
+
+
+def learner_bytes(cfg, shape: dict) -> int:
+    """The least memory one learner process holds: its share (``learner.tp_size``) of the weights and
+    their gradients, and of AdamW's two moments unless ``learner.distributed_optimizer`` shards them
+    over the data-parallel ranks, all in the model's dtype (activations come on top)."""
+    copies = 2 if cfg.learner.distributed_optimizer else 4
+    return model_params(shape) * shape["bytes"] * copies // max(cfg.learner.tp_size, 1)
+
+
 def check_memory(cfg, *, available: int | None = None) -> None:
-    """ValueError naming the keys when the HF engine's decode step cannot fit (see the module)."""
-    if cfg.rollout.engine != "hf":
-        return
+    """ValueError naming the keys when the learner's weights, gradients and optimiser moments, or the
+    HF engine's decode step, cannot fit in the memory of the run's device (see the module)."""
     shape = model_shape(cfg)
     if not shape:
         return
@@ -88,8 +109,22 @@ def check_memory(cfg, *, available: int | None = None) -> None:
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
         available = available_bytes(device)
+    if available is None:
+        return
+    need = learner_bytes(cfg, shape)
+    if need > available:
+        model = (f"model.path={cfg.model.path}" if cfg.model.path else
+                 f"the built-in tiny model (model.tiny_hidden_size={cfg.model.tiny_hidden_size}, "
+                 f"model.tiny_num_layers={cfg.model.tiny_num_layers})")
+        raise ValueError(
+            f"{model} cannot be trained here: its {model_params(shape) / 1e9:.2f}B parameters' weights, gradients"
+            f"{'' if cfg.learner.distributed_optimizer else ' and AdamW moments'} in model.dtype={cfg.model.dtype} "
+            f"need at least {need / GiB:.1f} GiB per learner process (learner.tp_size={cfg.learner.tp_size}), and "
+            f"{available / GiB:.1f} GiB are available")
+    if cfg.rollout.engine != "hf":
+        return
     need = hf_engine_bytes(cfg, shape)
-    if available is not None and need > available:
+    if need > available:
         raise ValueError(
             f"rollout.n={cfg.rollout.n} (with train.prompts_per_step={cfg.train.prompts_per_step}, "
             f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}) cannot fit: the engine decodes {engine_rows(cfg):,} "
