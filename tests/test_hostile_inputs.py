@@ -10,8 +10,8 @@ import pytest
 from pacs_fast.config import Config, load_config, validate
 from pacs_fast.data.datasets import load_dataset
 from pacs_fast.experiment import parse_seeds
-from pacs_fast.trainer.preflight import (GiB, check_memory, check_tensor_parallel, hf_engine_bytes, learner_bytes,
-                                        model_params, model_shape)
+from pacs_fast.trainer.preflight import (GiB, check_cpus, check_memory, check_tensor_parallel, hf_engine_bytes,
+                                        learner_bytes, model_params, model_shape)
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN = {"vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
@@ -218,3 +218,15 @@ def test_the_built_in_task_sizes_name_their_keys(overrides, match):
     fewer = [o if not o.startswith("data.eval_size") else "data.eval_size=99" for o in overrides]
     if fewer != overrides:
         validate(load_config(None, fewer))  # one problem is left to train on
+
+
+def test_more_reward_workers_than_cpus_is_one_line(tmp_path, capsys):
+    """train.reward_workers=1000 on this machine was still starting processes after two minutes."""
+    from pacs_fast.trainer.preflight import usable_cpus
+    n = usable_cpus()
+    code, err = cli([f"train.reward_workers={n + 1}", f"train.out_dir={tmp_path / 'runs'}"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: train.reward_workers={n + 1} is more than the {n} CPUs this process may use")
+    check_cpus(load_config(None, ["train.reward_workers=16"]), cpus=16)
+    with pytest.raises(ValueError, match="use at most 16"):
+        check_cpus(load_config(None, ["train.reward_workers=17"]), cpus=16)

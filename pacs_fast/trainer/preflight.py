@@ -1,7 +1,8 @@
 """Pre-flight checks from the model's ``config.json``, before any model is loaded: a learner or a
 rollout that cannot fit in memory (below), a ``learner.tp_size`` megatron cannot shard the model over
-(:func:`check_tensor_parallel`), and the model's context for the prompts' check
-(:func:`model_context`, used by :func:`pacs_fast.trainer.problems.check_context`).
+(:func:`check_tensor_parallel`), more reward workers than CPUs (:func:`check_cpus`), and the model's
+context for the prompts' check (:func:`model_context`, used by
+:func:`pacs_fast.trainer.problems.check_context`).
 
 The learner's floor (:func:`learner_bytes`) is its share of the weights, gradients and AdamW moments
 in the model's dtype: a lower bound (megatron's fp32 master weights and activations come on top), so
@@ -177,3 +178,20 @@ def model_context(cfg, model_path) -> int | None:
     c = c.get("text_config", c)
     n = c.get("max_position_embeddings") or c.get("n_positions")
     return int(n) if n and not c.get("rope_scaling") else None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity, which a batch scheduler's allocation sets)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def check_cpus(cfg, *, cpus: int | None = None) -> None:
+    """ValueError naming ``train.reward_workers`` when it asks for more scoring processes than this
+    process has CPUs: each worker scores on one CPU, so more gain nothing, and 1,000 of them took
+    minutes to start."""
+    cpus = usable_cpus() if cpus is None else cpus
+    if cfg.train.reward_workers > cpus:
+        raise ValueError(f"train.reward_workers={cfg.train.reward_workers} is more than the {cpus} CPUs this "
+                         f"process may use (each worker is a process scoring on one CPU); use at most {cpus}")

@@ -23,7 +23,7 @@ from pacs_fast.trainer.checkpoint import remove_stale_temporaries, restore_newes
 from pacs_fast.trainer.evaluation import eval_line, evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
-from pacs_fast.trainer.preflight import check_memory, check_tensor_parallel, model_context
+from pacs_fast.trainer.preflight import check_cpus, check_memory, check_tensor_parallel, model_context
 from pacs_fast.trainer.problems import check_context, encode, load_problems
 from pacs_fast.trainer.rewards import Scorer, check_callables
 from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir, remove_dead_temporaries
@@ -77,7 +77,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         validate(cfg)
         check_installed(cfg)
         check_callables(cfg)  # reward.appeal / reward.step_rewards import before any model work
-        check_memory(cfg)  # a rollout that cannot fit is refused before any model loads
+        check_memory(cfg)  # a learner or a rollout that cannot fit is refused before any model loads
+        check_cpus(cfg)  # so are more reward workers than CPUs
         check_tensor_parallel(cfg)  # so is a tensor-parallel size megatron cannot shard the model over
         if not resume:
             check_new_run_dir(run_dir)
