@@ -127,3 +127,14 @@ def test_asynchronous_arms_run_under_torchrun(tmp_path):
     assert "rollout.ranks=1" in k1 and mg[3] == "--nproc_per_node=4"
     assert ex.command(jobs[1], None, "resume")[-2:] == ["--resume", str(jobs[1].run_dir)]
     assert ex.command(jobs[1], None, "resume")[3] == "--nproc_per_node=2"
+
+
+def test_more_threads_per_run_than_cpus_is_one_line(tmp_path, capsys):
+    """--threads above the CPUs this process may use is refused before any run starts (each run's
+    train.threads would be refused by the trainer itself, once per job)."""
+    import os
+    n = len(os.sched_getaffinity(0))
+    assert ex.main(["--arms", "pacs", "--seeds", "1", "--threads", str(n + 1), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert f"--threads {n + 1} (per run) is more than the {n} CPUs" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x").exists()

@@ -220,13 +220,16 @@ def test_the_built_in_task_sizes_name_their_keys(overrides, match):
         validate(load_config(None, fewer))  # one problem is left to train on
 
 
-def test_more_reward_workers_than_cpus_is_one_line(tmp_path, capsys):
-    """train.reward_workers=1000 on this machine was still starting processes after two minutes."""
+def test_more_threads_or_reward_workers_than_cpus_is_one_line(tmp_path, capsys):
+    """train.reward_workers=1000 on this machine was still starting processes after two minutes;
+    train.threads=1000000 crashed the process (the tokenizer's thread pool could not start)."""
     from pacs_fast.trainer.preflight import usable_cpus
     n = usable_cpus()
     code, err = cli([f"train.reward_workers={n + 1}", f"train.out_dir={tmp_path / 'runs'}"], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"error: train.reward_workers={n + 1} is more than the {n} CPUs this process may use")
-    check_cpus(load_config(None, ["train.reward_workers=16"]), cpus=16)
+    code, err = cli([f"train.threads={n + 1}", f"train.out_dir={tmp_path / 'runs'}"], capsys)
+    assert code == 2 and err.startswith(f"error: train.threads={n + 1} is more than the {n} CPUs"), err
+    check_cpus(load_config(None, ["train.reward_workers=16", "train.threads=16"]), cpus=16)
     with pytest.raises(ValueError, match="use at most 16"):
         check_cpus(load_config(None, ["train.reward_workers=17"]), cpus=16)

@@ -1,6 +1,6 @@
 """Pre-flight checks from the model's ``config.json``, before any model is loaded: a learner or a
 rollout that cannot fit in memory (below), a ``learner.tp_size`` megatron cannot shard the model over
-(:func:`check_tensor_parallel`), more reward workers than CPUs (:func:`check_cpus`), and the model's
+(:func:`check_tensor_parallel`), more threads or reward workers than CPUs (:func:`check_cpus`), and the model's
 context for the prompts' check (:func:`model_context`, used by
 :func:`pacs_fast.trainer.problems.check_context`).
 
@@ -188,10 +188,14 @@ def usable_cpus() -> int:
 
 
 def check_cpus(cfg, *, cpus: int | None = None) -> None:
-    """ValueError naming ``train.reward_workers`` when it asks for more scoring processes than this
-    process has CPUs: each worker scores on one CPU, so more gain nothing, and 1,000 of them took
-    minutes to start."""
+    """ValueError naming ``train.threads`` or ``train.reward_workers`` when it asks for more threads
+    or scoring processes than this process has CPUs: more gain nothing, 1,000 reward workers took
+    minutes to start, and ``train.threads=1000000`` exhausted the threads the OS allows (the
+    tokenizer's thread pool then crashed the process)."""
     cpus = usable_cpus() if cpus is None else cpus
+    if cfg.train.threads > cpus:
+        raise ValueError(f"train.threads={cfg.train.threads} is more than the {cpus} CPUs this process may use; "
+                         f"use at most {cpus} (0 = torch's default)")
     if cfg.train.reward_workers > cpus:
         raise ValueError(f"train.reward_workers={cfg.train.reward_workers} is more than the {cpus} CPUs this "
                          f"process may use (each worker is a process scoring on one CPU); use at most {cpus}")

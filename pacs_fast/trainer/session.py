@@ -78,7 +78,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         check_installed(cfg)
         check_callables(cfg)  # reward.appeal / reward.step_rewards import before any model work
         check_memory(cfg)  # a learner or a rollout that cannot fit is refused before any model loads
-        check_cpus(cfg)  # so are more reward workers than CPUs
+        check_cpus(cfg)  # so are more threads or reward workers than CPUs
         check_tensor_parallel(cfg)  # so is a tensor-parallel size megatron cannot shard the model over
         if not resume:
             check_new_run_dir(run_dir)
