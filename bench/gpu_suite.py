@@ -65,6 +65,26 @@ def _write_json(path, obj):
     os.replace(path + ".tmp", path)
 
 
+def junit_counts(xml) -> tuple[dict, list[str]]:
+    """``(counts, skipped)`` of a pytest JUnit file: tests / failures / errors / skipped summed over its
+    suites, and each skip as ``classname::name: reason``. A module skipped at collection has the
+    message "collection skipped" and its reason in the element's text: both are kept."""
+    counts = dict(tests=0, failures=0, errors=0, skipped=0)
+    skipped = []
+    try:
+        root = ET.parse(xml).getroot()
+        for ts in root.iter("testsuite"):
+            for k in counts:
+                counts[k] += int(ts.get(k, 0))
+        for tc in root.iter("testcase"):
+            for sk in tc.findall("skipped"):
+                why = " ".join(x for x in (sk.get("message", ""), (sk.text or "").strip()) if x)
+                skipped.append(f"{tc.get('classname')}::{tc.get('name')}: {why}")
+    except (OSError, ET.ParseError):
+        pass
+    return counts, skipped
+
+
 class Suite:
     def __init__(self, out: str, dry: bool, budget_s: float):
         self.out, self.dry, self.deadline = out, dry, time.time() + budget_s
@@ -143,18 +163,7 @@ class Suite:
             return ok
         rc, dt, tail = self.run("gpu_tests", [PY, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
                                               f"--junitxml={xml}", "tests"], 200)
-        counts = dict(tests=0, failures=0, errors=0, skipped=0)
-        skipped = []
-        try:
-            root = ET.parse(xml).getroot()
-            for ts in root.iter("testsuite"):
-                for k in counts:
-                    counts[k] += int(ts.get(k, 0))
-            for tc in root.iter("testcase"):
-                for sk in tc.findall("skipped"):
-                    skipped.append(f"{tc.get('classname')}::{tc.get('name')}: {sk.get('message', '')}")
-        except (OSError, ET.ParseError):
-            pass
+        counts, skipped = junit_counts(xml)
         # a test file skipped whole because an optional package is absent (verl on a GPU image
         # without network) is reported as not installed here, like the product runs' missing wheels
         absent = [t for t in skipped if "not installed" in t]

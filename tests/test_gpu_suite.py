@@ -201,3 +201,15 @@ def test_a_failed_run_reports_its_first_traceback():
     assert "ChildFailedError" in first_error(cli.split("\n", 1)[1])  # only torchrun's: the tail
     long = "Traceback (most recent call last):\n" + "".join(f"  line {i}\n" for i in range(2000)) + "ValueError: end"
     assert len(first_error(long)) <= 1500 and first_error(long).endswith("ValueError: end")
+
+
+def test_a_module_skipped_at_collection_keeps_its_reason():
+    """The H200 run of 2026-11-27 reported gpu_tests FAILED for ``test_integrations_verl.py``, skipped
+    whole because verl is not installed there: JUnit gives such a skip the message "collection
+    skipped" and the reason in the element's text, which the suite now reads (that JUnit file is kept)."""
+    from gpu_suite import junit_counts
+    xml = os.path.join(ROOT, "bench", "results", "gpu", "20261127_h200", "1_main", "suite", "gpu_tests.xml")
+    counts, skipped = junit_counts(xml)
+    assert counts == dict(tests=12, failures=0, errors=0, skipped=1)
+    assert len(skipped) == 1 and "verl not installed" in skipped[0] and "collection skipped" in skipped[0]
+    assert junit_counts(os.path.join(ROOT, "no", "such.xml")) == (dict(tests=0, failures=0, errors=0, skipped=0), [])
