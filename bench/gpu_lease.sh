@@ -83,7 +83,10 @@ if [[ "$MODE" == main ]]; then
   phase suite 230 "$PY" bench/gpu_suite.py "$W/suite" --steps env,gpu_tests,logprobs,pacs_loss --budget-s 220
   gluon_methods "$W/suite/gpu_tests.xml"
   K=linear_logprobs.stats_tiles,linear_logprobs.stats_tma,linear_logprobs.dlogits,linear_logprobs.dlogits_tma$GLUON_K
-  # the log-prob kernels only: the PACS loss's table was measured on 2026-11-26 (0.68-0.74 of the copy)
+  # the log-prob kernels only: the PACS loss's table was measured on 2026-11-26 (0.68-0.74 of the copy);
+  # the tuner merges into the table it finds in --out-dir, so it starts from this checkout's (on
+  # 2026-11-27 it started from an empty folder and the table it wrote had lost the PACS loss's entries)
+  mkdir -p "$W/tuned" && cp kernels/tuned/sm_*.json "$W/tuned/" 2>/dev/null
   phase tune 175 "$PY" bench/gpu_tune.py --kernels "$K" --pingpong "$PINGPONG" --also-h 896 --budget-s 140 \
     --out-dir "$W/tuned"
   if compgen -G "$W/tuned/sm_*.json" > /dev/null; then mkdir -p kernels/tuned && cp "$W"/tuned/sm_*.json kernels/tuned/; fi
