@@ -305,9 +305,10 @@ def main(argv=None) -> int:
             raise ValueError(f"--baseline {a.baseline!r} is not one of the arms")
         if a.workers < 1 or a.threads < 1:
             raise ValueError("--workers and --threads must be >= 1")
-        from pacs_fast.trainer.preflight import usable_cpus
-        if a.threads > usable_cpus():
-            raise ValueError(f"--threads {a.threads} (per run) is more than the {usable_cpus()} CPUs this process may use")
+        from pacs_fast.reward.batch import usable_cpus
+        cpus = usable_cpus()
+        if a.threads > cpus:
+            raise ValueError(f"--threads {a.threads} (per run) is more than the {cpus} CPUs this process may use")
         seeds = parse_seeds(a.seeds)
         out = Path(a.out)
         jobs = make_jobs(arms, seeds, [*a.overrides, f"train.threads={a.threads}"], out)

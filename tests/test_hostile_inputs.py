@@ -223,7 +223,7 @@ def test_the_built_in_task_sizes_name_their_keys(overrides, match):
 def test_more_threads_or_reward_workers_than_cpus_is_one_line(tmp_path, capsys):
     """train.reward_workers=1000 on this machine was still starting processes after two minutes;
     train.threads=1000000 crashed the process (the tokenizer's thread pool could not start)."""
-    from pacs_fast.trainer.preflight import usable_cpus
+    from pacs_fast.reward.batch import usable_cpus
     n = usable_cpus()
     code, err = cli([f"train.reward_workers={n + 1}", f"train.out_dir={tmp_path / 'runs'}"], capsys)
     assert code == 2 and err.count("\n") == 1, err

@@ -89,7 +89,9 @@ def check_run_args(args) -> None:
                             ("--max-model-len", args.max_model_len, 1), ("--scorer-workers", args.scorer_workers, 0),
                             ("--seed", args.seed, 0)):
         _at_least(flag, value, lo)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from pacs_fast.reward.batch import usable_cpus
+
+    cpus = usable_cpus()
     if args.scorer_workers is not None and args.scorer_workers > cpus:
         raise UsageError(f"--scorer-workers {args.scorer_workers} is more than the {cpus} CPUs this process may use "
                          f"(each worker is a process scoring on one CPU); use at most {cpus}")

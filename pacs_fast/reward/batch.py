@@ -144,6 +144,11 @@ class _Worker:
                 pass
 
 
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity, which a batch scheduler's allocation sets)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
 class BatchScorer:
     """A reusable pool of verifier processes with a per-item time limit.
 
@@ -161,8 +166,7 @@ class BatchScorer:
                  grace: float = 1.0, chunk_size: int = 32,
                  worker_alarm: bool = True):
         if num_workers is None:
-            num_workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                              else (os.cpu_count() or 1), 16)
+            num_workers = min(usable_cpus(), 16)
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if not time_limit > 0:

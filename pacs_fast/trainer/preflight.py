@@ -180,18 +180,13 @@ def model_context(cfg, model_path) -> int | None:
     return int(n) if n and not c.get("rope_scaling") else None
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity, which a batch scheduler's allocation sets)."""
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def check_cpus(cfg, *, cpus: int | None = None) -> None:
     """ValueError naming ``train.threads`` or ``train.reward_workers`` when it asks for more threads
     or scoring processes than this process has CPUs: more gain nothing, 1,000 reward workers took
     minutes to start, and ``train.threads=1000000`` exhausted the threads the OS allows (the
     tokenizer's thread pool then crashed the process)."""
+    from pacs_fast.reward.batch import usable_cpus
+
     cpus = usable_cpus() if cpus is None else cpus
     if cfg.train.threads > cpus:
         raise ValueError(f"train.threads={cfg.train.threads} is more than the {cpus} CPUs this process may use; "
