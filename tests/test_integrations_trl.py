@@ -222,6 +222,9 @@ from pacs_fast.data.tiny import make_tiny_model
 from pacs_fast.integrations.trl import PACSConfig, PACSTrainer
 
 out_dir = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from vllm_cpu_path import cpu_gemm_path
+expected = cpu_gemm_path()
 path = make_tiny_model(os.path.join(out_dir, "model"), hidden_size=64, num_layers=1, num_heads=2,
                        num_kv_heads=1, intermediate_size=128)
 calls = []
@@ -250,7 +253,7 @@ logs = [r for r in trainer.state.log_history if "loss" in r]
 json.dump({"losses": [r["loss"] for r in logs], "ref64": calls,
            "logp_diff": [r.get("sampling/sampling_logp_difference/mean") for r in logs],
            "changed": any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters()),
-           "packed": packed, "amx": bool(torch.cpu._is_amx_tile_supported())},
+           "packed": packed, "expected": expected, "amx": bool(torch.cpu._is_amx_tile_supported())},
           open(os.path.join(out_dir, "result.json"), "w"))
 '''
 
@@ -261,21 +264,24 @@ def test_three_steps_with_trl_vllm_colocate(tmp_path):
     """TRL's vLLM colocate mode (generation in an in-process vLLM engine, weights synced each
     generation). Runs in a subprocess: colocate mode sets up torch.distributed in the process.
 
-    Depends on the CPU kind, and runs the path this CPU takes: vLLM repacks the (bf16) linear weights
-    with sgl-kernel on CPUs with AMX and with oneDNN on the others, leaving empty Parameters that
-    TRL's own sync (``load_weights``) cannot load into; PACSTrainer syncs through ``reload_weights``
-    instead. The test checks the weights were repacked (the failure mode is live) and that the
-    log-prob gap after each sync stays small (a stale or half-applied sync, e.g. a tied LM head
-    left unpacked, gives ~0.1-0.5)."""
+    Runs the path this CPU takes (printed): where vLLM repacks the (bf16) linear weights (sgl-kernel
+    with AMX, oneDNN with AVX-512 BF16) it leaves empty Parameters that TRL's own sync
+    (``load_weights``) cannot load into, and elsewhere (AVX2-only CPUs) it keeps them; PACSTrainer
+    syncs through ``reload_weights`` on both. The test checks the engine took the path vLLM's own
+    dispatcher names for this CPU (``tests/vllm_cpu_path.py``), that the losses are PACS's, and that
+    the log-prob gap after each sync stays small (a stale or half-applied sync, e.g. a tied LM head
+    left unpacked, gives ~0.1-0.5). The non-repacked path is also forced on every CPU in
+    ``tests/test_vllm_engine.py::test_bf16_engine_sync_on_this_cpu``."""
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCH_COMPILE_DISABLE="1",
                VLLM_CPU_KVCACHE_SPACE="1", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), OMP_NUM_THREADS="2")
-    proc = subprocess.run([sys.executable, "-c", _VLLM_SCRIPT, str(tmp_path)], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", _VLLM_SCRIPT, str(tmp_path), os.path.dirname(__file__)], env=env, capture_output=True,
                           text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads((tmp_path / "result.json").read_text())
-    print(f"CPU with AMX: {res['amx']}; vLLM layers repacked: {len(res['packed'])}")
-    assert res["packed"], "vLLM kept its linear weights: the repacking this test guards against did not happen"
+    print(f"CPU with AMX: {res['amx']}; vLLM's bf16 GEMM path: {res['expected']}; layers repacked: "
+          f"{len(res['packed'])}")
+    assert bool(res["packed"]) == (res["expected"] == "repacked")  # the engine took the path vLLM names
     assert len(res["losses"]) == len(res["ref64"]) == 3
     assert all(math.isfinite(x) for x in res["losses"]) and res["changed"]
     for logged, ref in zip(res["losses"], res["ref64"]):

@@ -302,16 +302,20 @@ _BF16_SYNC_SCRIPT = r'''
 import json, sys, torch
 sys.path.insert(0, sys.argv[2])
 from test_vllm_engine import hf_model, learner_step, max_diff, random_seqs
+from vllm_cpu_path import cpu_gemm_path, force_torch_linear
 from pacs_fast.data.tiny import make_tiny_model
 from pacs_fast.rollout.vllm_engine import VLLMEngine
 
+if sys.argv[4] == "torch_linear":
+    force_torch_linear()
+expected = cpu_gemm_path()
 path = make_tiny_model(sys.argv[1], hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=128)
 eng = VLLMEngine(str(path), seed=0, dtype="bfloat16", max_model_len=256, cpu_kv_cache_bytes=64 << 20)
 model = hf_model(path)
 vllm_model = eng._llm.llm_engine.model_executor.driver_worker.model_runner.model
 packed = [n for n, m in vllm_model.named_modules() if hasattr(m, "cpu_linear") and m.weight.numel() == 0]
 gen = torch.Generator().manual_seed(int(sys.argv[3]))
-res = {"packed": len(packed), "amx": bool(torch.cpu._is_amx_tile_supported()), "before": [], "after": []}
+res = {"packed": len(packed), "expected": expected, "amx": bool(torch.cpu._is_amx_tile_supported()), "before": [], "after": []}
 for _ in range(2):
     learner_step(model, random_seqs(gen, 4))
     seqs = random_seqs(gen, 5)
@@ -325,11 +329,16 @@ print("RESULT", json.dumps(res))
 
 @needs_vllm
 @pytest.mark.vllm
-def test_bf16_engine_sync_on_this_cpu(tmp_path, seed):
-    """The engine in bf16, the dtype vLLM picks for an fp32 model on x86 CPUs, whose linear weights it
-    repacks (sgl-kernel on CPUs with AMX, oneDNN on the others: the path this CPU takes is printed).
-    After each sync the engine's teacher-forced log-probs are the learner's up to bf16 rounding
-    (measured ~5e-3 here; a stale layer or tied head gives 0.5-1.8), so the bound is 0.05."""
+@pytest.mark.parametrize("path", ["this_cpu", "torch_linear"])
+def test_bf16_engine_sync_on_this_cpu(tmp_path, seed, path):
+    """The engine in bf16, the dtype vLLM picks for an fp32 model on x86 CPUs. vLLM's CPU backend
+    repacks the linear weights where it can (sgl-kernel with AMX, oneDNN with AVX-512 BF16) and keeps
+    them elsewhere (AVX2-only CPUs: ``torch.nn.functional.linear``); ``this_cpu`` runs the path this
+    CPU takes (printed), ``torch_linear`` forces the fallback path on any CPU. On each path, after
+    each sync the engine's teacher-forced log-probs are the learner's up to bf16 rounding (measured
+    ~5e-3 here; a stale layer or tied head gives 0.5-1.8), so the bound is 0.05. The engine's layers
+    are repacked exactly when vLLM's own dispatcher repacks a bf16 layer on this CPU
+    (``tests/vllm_cpu_path.py``)."""
     import json
     import os
     import subprocess
@@ -337,11 +346,13 @@ def test_bf16_engine_sync_on_this_cpu(tmp_path, seed):
 
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCH_COMPILE_DISABLE="1", OMP_NUM_THREADS="2")
     proc = subprocess.run([sys.executable, "-c", _BF16_SYNC_SCRIPT, str(tmp_path / "m"), os.path.dirname(__file__),
-                           str(seed % 10**6)], env=env, capture_output=True, text=True, timeout=300)
+                           str(seed % 10**6), path], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.split("RESULT ", 1)[1])
-    print(f"CPU with AMX: {res['amx']}; repacked layers: {res['packed']}; max |vLLM - learner| before sync "
-          f"{res['before']}, after {res['after']}")
-    assert res["packed"] > 0  # the repacked-weight path is the one under test
+    print(f"CPU with AMX: {res['amx']}; vLLM's bf16 GEMM path: {res['expected']}; repacked layers: {res['packed']}; "
+          f"max |vLLM - learner| before sync {res['before']}, after {res['after']}")
+    assert (res["packed"] > 0) == (res["expected"] == "repacked")  # the engine took the path vLLM's dispatcher names
+    if path == "torch_linear":
+        assert res["packed"] == 0  # the fallback was forced
     assert min(res["before"]) > 0.1  # each learner step moved the model: the check can fail
     assert max(res["after"]) < 0.05
