@@ -11,7 +11,7 @@ import torch
 from pacs_fast.data.tiny import build_char_tokenizer, make_tiny_model
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.rollout.hf import _MIN_BUCKET_ROWS, HFEngine
-from pacs_fast.rollout.sampling import sample_tokens, top_p_remove_mask
+from pacs_fast.rollout.sampling import row_keys, row_uniforms, sample_tokens, top_p_remove_mask
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +199,47 @@ def test_chunking_keeps_prompts_and_order(model_dir, lean, seed, batch_size):
     a, b = small.generate(prompts, sampled), small.generate(prompts, sampled)
     assert [len(cs) for cs in a] == [n] * len(prompts)
     assert ids(a) == ids(b)
+
+
+@pytest.mark.parametrize("sampler,merge_rows", [("lean", False), ("lean", True), ("generate", None)],
+                         ids=["lean_unmerged", "lean_merged", "generate"])
+def test_a_prompts_samples_do_not_depend_on_the_call(model_dir, seed, sampler, merge_rows):
+    """Sample j of prompt i is seeded with s + i*n + j: a data-parallel split of the prompts (each
+    share called with its first prompt's seed, as the trainer's loop does) and another batch size
+    give the one-call samples token for token. Before, one generator per call made a prompt's
+    samples depend on its share, and megatron with two data-parallel ranks did not reproduce the
+    one-process run (issue 41)."""
+    rng = random.Random(seed)
+    prompts = _random_prompts(rng, 7)
+    n, s = 3, seed % 2**40
+    big = HFEngine(model_dir, batch_size=64, sampler=sampler, merge_rows=merge_rows)
+    small = HFEngine(big.model, big.tokenizer, batch_size=4, sampler=sampler, merge_rows=merge_rows)
+    params = lambda first: SamplingParams(n=n, temperature=1.0, top_p=0.95, max_new_tokens=8,  # noqa: E731
+                                          seed=s + first * n, return_logprobs=True)
+    ids = lambda out: [[c.token_ids for c in cs] for cs in out]  # noqa: E731
+    whole = ids(big.generate(prompts, params(0)))
+    assert ids(big.generate(prompts[:3], params(0))) + ids(big.generate(prompts[3:], params(3))) == whole
+    assert ids(small.generate(prompts, params(0))) == whole
+    assert len({tuple(t) for cs in whole for t in cs}) > len(prompts)  # the samples differ: the check can fail
+
+
+def test_row_uniforms_are_uniform_and_independent(seed):
+    """The lean sampler's per-row uniforms: Kolmogorov-Smirnov distance to U(0, 1) and correlations
+    between neighbouring rows (consecutive seeds) and consecutive steps within ~5 standard errors."""
+    rows = 20_000
+    keys = row_keys([seed + r for r in range(rows)])
+    u = torch.stack([row_uniforms(keys, t) for t in range(3)]).double()  # [steps, rows]
+    assert bool(((u > 0) & (u < 1)).all())
+    x = u.flatten().sort().values
+    grid = torch.arange(1, x.numel() + 1, dtype=torch.float64) / x.numel()
+    assert (x - grid).abs().max() < 2.0 / math.sqrt(x.numel())  # KS: p ~ 1e-3.5 at 1.95/sqrt(N)
+
+    def corr(a, b):
+        a, b = a - a.mean(), b - b.mean()
+        return float((a * b).sum() / (a.norm() * b.norm()))
+    bound = 5 / math.sqrt(rows)
+    assert abs(corr(u[0, :-1], u[0, 1:])) < bound and abs(corr(u[0], u[1])) < bound and abs(corr(u[1], u[2])) < bound
+    assert torch.equal(row_uniforms(row_keys([seed + 5]), 1), row_uniforms(keys[5:6], 1))  # a row's draw is its own
 
 
 def test_lean_chunks_bucket_equal_lengths(lean):

@@ -39,8 +39,14 @@
 Both samplers draw from the same distribution and are greedy-identical, but they consume random
 numbers differently: the same seed gives different samples under the two.
 Common to both: the model's own generation defaults are NOT applied (runs match vLLM's explicit
-sampling parameters); with ``params.seed`` the call runs under ``torch.random.fork_rng`` seeded
-with it (same call, same completions; the caller's global RNG is untouched); responses are cut
+sampling parameters); with ``params.seed = s`` sample ``j`` of prompt ``i`` is seeded with
+``s + i * n + j`` (as vLLM's per-request seeds), so a prompt's samples do not depend on the other
+prompts of the call: a data-parallel split of the prompts (each share called with its first
+prompt's seed) gives the one-process samples. The lean sampler draws each row's uniforms from a
+counter-based hash of (its seed, step) (:func:`~pacs_fast.rollout.sampling.row_uniforms`: also
+independent of chunking, merging and compaction); ``"generate"`` runs each prompt under
+``torch.random.fork_rng`` seeded with ``s + i * n``. Without a seed the draws come from the global
+RNG. The caller's global RNG is untouched with a seed; responses are cut
 after the first EOS (kept; several EOS ids allowed), ``finish_reason`` is ``"stop"`` or
 ``"length"``; with ``return_logprobs`` each sampled token's log-prob under the *unscaled*
 (temperature 1) logits is returned; the model's ``training`` flag is restored.
@@ -67,7 +73,7 @@ import torch
 from pacs_fast.ops.short_attention import NAME as SHORT_ATTENTION
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
 from pacs_fast.rollout.fp32_head import fp32_lm_head, lm_head
-from pacs_fast.rollout.sampling import LogprobRecorder, MaskPaddedRows, sample_tokens
+from pacs_fast.rollout.sampling import LogprobRecorder, MaskPaddedRows, row_keys, row_uniforms, sample_tokens
 
 SAMPLERS = ("lean", "generate")
 # The lean loop reads its all-rows-done flag from a CUDA device only every this many steps.
@@ -178,34 +184,42 @@ class HFEngine(RolloutEngine):
         self.model.eval()
         head = fp32_lm_head(self.model) if self.lm_head_fp32 else contextlib.nullcontext()
         try:
-            if params.seed is None:
-                with head:
-                    results = self._generate_all(prompts, params)
-            else:
-                devices = [self.device] if self.device.type == "cuda" else []
-                with torch.random.fork_rng(devices=devices), head:
-                    torch.manual_seed(params.seed)
-                    results = self._generate_all(prompts, params)
+            with head:
+                results = self._generate_all(prompts, params)
         finally:
             self.model.train(was_training)
         return [results[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
     def _generate_all(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """All ``len(prompts) * n`` completions, prompt-major."""
+        n = params.n
         if self.sampler == "generate":
-            rows = [p for p in prompts for _ in range(params.n)]
+            if params.seed is None:
+                return self._generate_rows([p for p in prompts for _ in range(n)], params)
             results: list[Completion] = []
-            for start in range(0, len(rows), self.batch_size):
-                results.extend(self._generate_batch(rows[start:start + self.batch_size], params))
+            devices = [self.device] if self.device.type == "cuda" else []
+            for i, p in enumerate(prompts):  # each prompt under its own seed (see the module docstring)
+                with torch.random.fork_rng(devices=devices):
+                    torch.manual_seed((params.seed + i * n) % 2**63)
+                    results.extend(self._generate_rows([p] * n, params))
             return results
+        base = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()))
         by_prompt: list[list[Completion]] = [[] for _ in prompts]
         merge = self.device.type == "cpu" if self.merge_rows is None else self.merge_rows
         decode = self._merged_batch if merge else self._lean_batch
-        for chunk in self._lean_chunks(prompts, params.n):
-            comps = decode([prompts[i] for i in chunk], params)
+        for chunk in self._lean_chunks(prompts, n):
+            keys = row_keys([base + i * n + j for i in chunk for j in range(n)], self.device)
+            comps = decode([prompts[i] for i in chunk], params, keys)
             for k, i in enumerate(chunk):
                 by_prompt[i] = comps[k * params.n:(k + 1) * params.n]
         return [c for comps in by_prompt for c in comps]
+
+    def _generate_rows(self, rows: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """``model.generate`` on ``rows`` in chunks of ``batch_size``."""
+        results: list[Completion] = []
+        for start in range(0, len(rows), self.batch_size):
+            results.extend(self._generate_batch(rows[start:start + self.batch_size], params))
+        return results
 
     def _lean_chunks(self, prompts: list[list[int]], n: int) -> list[list[int]]:
         """Prompt indices per lean chunk: at most ``max(1, batch_size // n)`` prompts each, in order
@@ -282,8 +296,9 @@ class HFEngine(RolloutEngine):
         return cache, self._next_logits(out), prompt_mask, position_ids, padded
 
     @torch.inference_mode()
-    def _lean_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        """``len(prompts) * n`` completions (prompt-major) with the lean decode loop."""
+    def _lean_batch(self, prompts: list[list[int]], params: SamplingParams, keys: torch.Tensor) -> list[Completion]:
+        """``len(prompts) * n`` completions (prompt-major) with the lean decode loop; ``keys``: the
+        rows' :func:`~pacs_fast.rollout.sampling.row_keys`."""
         model, device, n = self.model, self.device, params.n
         steps_max, rows = params.max_new_tokens, len(prompts) * n
         cache, logits, prompt_mask, position_ids, padded = self._prefill(prompts, "batch_repeat_interleave")
@@ -308,9 +323,10 @@ class HFEngine(RolloutEngine):
         row_ids = None     # None: all rows, in order
         steps = steps_max
         for t in range(steps_max):
-            nxt = sample_tokens(logits, params.temperature, params.top_p)
-            nxt = nxt.masked_fill_(done, self.pad_id)
             at = slice(None) if row_ids is None else row_ids
+            u = row_uniforms(keys[at], t) if params.temperature > 0 else None
+            nxt = sample_tokens(logits, params.temperature, params.top_p, u)
+            nxt = nxt.masked_fill_(done, self.pad_id)
             tokens[at, t] = nxt
             if logprobs is not None:
                 logprobs[at, t] = logits.log_softmax(dim=-1).gather(1, nxt[:, None]).squeeze(1)
@@ -338,7 +354,7 @@ class HFEngine(RolloutEngine):
                                  logprobs[:, :steps].cpu() if logprobs is not None else None)
 
     @torch.inference_mode()
-    def _merged_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def _merged_batch(self, prompts: list[list[int]], params: SamplingParams, keys: torch.Tensor) -> list[Completion]:
         """``len(prompts) * n`` completions (prompt-major) with the lean loop on merged rows.
 
         A *node* is one row of the decoded batch (of the model's forward and KV cache); it stands
@@ -369,7 +385,8 @@ class HFEngine(RolloutEngine):
         steps = steps_max
         merging = True    # some node holds more than one row; else one row per node (as unmerged)
         for t in range(steps_max):
-            nxt = sample_tokens(logits.index_select(0, node_of), params.temperature, params.top_p)
+            u = row_uniforms(keys[row_ids], t) if params.temperature > 0 else None
+            nxt = sample_tokens(logits.index_select(0, node_of), params.temperature, params.top_p, u)
             tokens[row_ids, t] = nxt
             if logprobs is not None:
                 logprobs[row_ids, t] = logits.log_softmax(dim=-1)[node_of, nxt]

@@ -1,9 +1,40 @@
 """Token sampling for the HF engine: nucleus (top-p) filtering with transformers' semantics, inverse-CDF
-draws, and the two logits processors ``model.generate`` is given (padded vocabulary rows masked; the
-sampled tokens' log-probs under the raw logits recorded)."""
+draws from per-row counter-based uniforms, and the two logits processors ``model.generate`` is given
+(padded vocabulary rows masked; the sampled tokens' log-probs under the raw logits recorded)."""
 from __future__ import annotations
 
 import torch
+
+_M32 = 0xFFFFFFFF
+_MIX = 0x45D9F3B  # a 32-bit integer hash multiplier (< 2**31: products of 32-bit lanes fit in int64)
+_GOLDEN = 0x9E3779B9
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche hash of int64 tensors holding values in ``[0, 2**32)``."""
+    x = x ^ (x >> 16)
+    x = (x * _MIX) & _M32
+    x = x ^ (x >> 16)
+    x = (x * _MIX) & _M32
+    return x ^ (x >> 16)
+
+
+def row_keys(row_seeds: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[rows]`` int64 keys for :func:`row_uniforms` from one integer seed per output row (any
+    Python ints; taken modulo 2**64)."""
+    seeds = [int(s) % 2**64 for s in row_seeds]
+    lo = torch.tensor([s & _M32 for s in seeds], dtype=torch.int64, device=device)
+    hi = torch.tensor([s >> 32 for s in seeds], dtype=torch.int64, device=device)
+    return _mix32(_mix32(hi) ^ lo)
+
+
+def row_uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
+    """``[rows]`` float32 uniforms in ``(0, 1)`` for decoding step ``step``: a hash of (row key,
+    step), so a row's draws depend on its own seed and position only, not on which rows share its
+    batch, how they are chunked, merged or compacted, nor on the process layout."""
+    h = _mix32(keys ^ ((step * _GOLDEN + 1) & _M32))
+    h = _mix32(h ^ _GOLDEN)
+    return (h >> 8).to(torch.float32) * 2.0 ** -24 + 2.0 ** -25
 
 
 def top_p_remove_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -20,13 +51,15 @@ def top_p_remove_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return drop_sorted.scatter(-1, order, drop_sorted)
 
 
-def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
+                  uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row from ``[rows, V]`` float32 logits: ``[rows]`` int64.
 
     ``temperature == 0``: argmax. Else a draw from ``softmax(logits / temperature)`` restricted by
     :func:`top_p_remove_mask` (``top_p == 1`` keeps every token), by inverse CDF: one uniform
     ``u`` per row, the first token whose cumulative probability exceeds ``u * total``
-    (zero-probability tokens are never drawn). Uses the global torch RNG of ``logits.device``.
+    (zero-probability tokens are never drawn). ``uniforms``: the ``[rows]`` values of ``u`` in
+    (0, 1) (e.g. :func:`row_uniforms`); default: drawn from the global torch RNG of the device.
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -34,7 +67,9 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> tor
     if top_p < 1:
         scaled = scaled.masked_fill(top_p_remove_mask(scaled, top_p), float("-inf"))
     cdf = scaled.softmax(dim=-1).cumsum_(dim=-1)
-    u = torch.rand((cdf.shape[0], 1), device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
+    u = torch.rand((cdf.shape[0], 1), device=cdf.device, dtype=cdf.dtype) if uniforms is None else \
+        uniforms.to(device=cdf.device, dtype=cdf.dtype)[:, None]
+    u = u * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
 
 

@@ -44,9 +44,9 @@ from pacs_fast.rollout.remote import RemoteEngines, serve
 from pacs_fast.trainer.loop import (TrainingStopped, evaluate_and_report, finish, log_samples,
                                    reset_reference_if_due, save)
 from pacs_fast.trainer.roles import Roles, close_roles, split_launch
-from pacs_fast.trainer.rewards import UserFunctionError
 from pacs_fast.trainer.session import start
-from pacs_fast.trainer.step import learn, score_and_batch, step_record
+from pacs_fast.trainer.step import TOKEN_MEANS, learn, score_and_batch, step_record
+from pacs_fast.trainer.user_functions import UserFunctionError
 
 
 def run(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict | None:
@@ -158,7 +158,8 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
             tm["time/step"] = time.perf_counter() - t_step
             terms = getattr(s.learner, "last_terms", {})
             record = world.reduce_record({**step_record(batch, comps, lm, mismatch, terms, tm, epoch=s.sampler.epoch),
-                                          **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {})})
+                                          **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {})},
+                                         TOKEN_MEANS)
             record.update({"rollout/policy_version": gen_version, "rollout/staleness": step - 1 - gen_version,
                            "rollout/generating_ranks": cfg.rollout.ranks})
             if s.logger:

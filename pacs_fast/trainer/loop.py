@@ -29,9 +29,9 @@ from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
 from pacs_fast.trainer.evaluation import eval_line
 from pacs_fast.trainer.metrics import read_jsonl
 from pacs_fast.trainer.parallel import close_world
-from pacs_fast.trainer.rewards import UserFunctionError
 from pacs_fast.trainer.session import Session, SetupError, start
-from pacs_fast.trainer.step import learn, sample_rows, score_and_batch, step_record
+from pacs_fast.trainer.step import TOKEN_MEANS, learn, sample_rows, score_and_batch, step_record
+from pacs_fast.trainer.user_functions import UserFunctionError
 
 __all__ = ["train", "SetupError", "TrainingStopped"]
 
@@ -89,7 +89,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             terms = getattr(learner, "last_terms", {})
             record = {**step_record(batch, comps, lm, mismatch, terms, tm, epoch=s.sampler.epoch),
                       **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {})}
-            record = world.reduce_record(record)
+            record = world.reduce_record(record, TOKEN_MEANS)
             record["rollout/generating_ranks"] = world.count(any(len(c.token_ids) for cs in comps for c in cs))
             if s.logger:
                 s.logger.log("train", step, record)

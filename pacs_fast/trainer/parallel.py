@@ -78,21 +78,30 @@ class World:
         dist.all_reduce(t)
         return int(t.item())
 
-    def reduce_record(self, record: dict) -> dict:
+    def reduce_record(self, record: dict, weights: dict[str, str] | None = None) -> dict:
         """One step's metrics over the data-parallel groups (each computed on its own, equal share):
-        ``perf/*`` throughputs add up, ``time/*`` take the slowest group, the rest the mean."""
+        ``perf/*`` throughputs add up, ``time/*`` take the slowest group, the rest the mean.
+        ``weights``: ``{key: weight_key}`` for means over something other than the share (e.g. a
+        per-token mean, weighted by each group's token count ``record[weight_key]``), so the result
+        is what one process computes on the whole step; the weight keys themselves add up."""
         if self.dp == 1:
             return record
+        weights = weights or {}
         parts = self.gather_dp(record)
         out = {}
         for key in record:
-            vals = [p[key] for p in parts if isinstance(p.get(key), (int, float)) and p.get(key) == p.get(key)]
+            ok = [p for p in parts if isinstance(p.get(key), (int, float)) and p.get(key) == p.get(key)]
+            vals = [p[key] for p in ok]
             if not vals:
                 out[key] = record[key]
-            elif key.startswith("perf/"):
+            elif key.startswith("perf/") or key in weights.values():  # throughputs, counts: add up
                 out[key] = float(sum(vals))
             elif key.startswith("time/"):
                 out[key] = float(max(vals))
+            elif key in weights and all(isinstance(p.get(weights[key]), (int, float)) for p in ok) and \
+                    sum(p[weights[key]] for p in ok) > 0:
+                w = [p[weights[key]] for p in ok]
+                out[key] = float(sum(v * x for v, x in zip(vals, w)) / sum(w))
             else:
                 out[key] = float(sum(vals) / len(vals))
         return out

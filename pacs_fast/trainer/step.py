@@ -130,6 +130,11 @@ def logprob_mismatch(learner, batch, prompt_ids, comps, *, temperature: float, e
     return {"rollout/logprob_diff_mean": float(diff.double().mean()), "rollout/logprob_diff_max": float(diff.max())}
 
 
+# Keys of a step record that are means over response tokens: over data-parallel groups they are
+# weighted by each group's token count (World.reduce_record), as one process would compute them.
+TOKEN_MEANS = {"entropy": "response/tokens", "rollout/logprob_diff_mean": "response/tokens"}
+
+
 def step_record(batch: RolloutBatch, comps, learner_metrics: dict, mismatch: dict, terms: dict,
                 timings: dict, *, epoch: int) -> dict:
     """The metrics of one step (a ``train`` record of ``metrics.jsonl``)."""
@@ -140,7 +145,7 @@ def step_record(batch: RolloutBatch, comps, learner_metrics: dict, mismatch: dic
         "reward/mean": float(R.mean()), "reward/acc": float((R > 0.5).float().mean()),
         "reward/all_correct_groups": float((groups.min(1).values > 0.5).float().mean()),
         "reward/all_wrong_groups": float((groups.max(1).values < 0.5).float().mean()),
-        "response/length": n_tokens / len(R),
+        "response/length": n_tokens / len(R), "response/tokens": n_tokens,
         "response/stop_frac": float(np.mean([c.finish_reason == "stop" for cs in comps for c in cs])),
         "entropy": float((batch.old_entropy * mask).sum() / max(n_tokens, 1.0)),
         **mismatch,
