@@ -59,10 +59,11 @@ def resolve(args) -> tuple[object, Path]:
     if args.resume:
         if args.config:
             raise ValueError("--resume uses the run's own config.yaml; drop --config")
-        from pacs_fast.trainer.checkpoint import checkpoints_newest_first, problem_of
+        from pacs_fast.trainer.checkpoint import check_resumable, checkpoints_newest_first, problem_of
         run_dir = Path(args.resume)
         intact = [p for p in checkpoints_newest_first(run_dir) if problem_of(p) is None]
         cfg = resume_config(run_dir, args.overrides, checkpoint=intact[0] if intact else None)
+        check_resumable(run_dir, cfg.train.steps)
     else:
         cfg = load_config(args.config, args.overrides)
         validate(cfg)

@@ -140,7 +140,7 @@ def test_staleness_bound_and_resume_after_sigkill(tmp_path):
     assert all(r["rollout/staleness"] <= 1 for r in recs)
     # each step trained the uninterrupted run's prompts (the last rows logged for a step are the
     # resumed run's): none lost, none taken twice
-    first = {run: {r["step"]: r["prompt"] for r in read_jsonl(run / "samples.jsonl", raw=True) if r["row"] == 0}
+    first = {run: {r["step"]: r["prompt"] for r in read_jsonl(run / "samples.jsonl") if r["row"] == 0}
              for run in (full, split)}
     assert sorted(first[split]) == list(range(1, steps + 1)) and first[split] == first[full]
 

@@ -326,3 +326,67 @@ def test_a_killed_warm_ups_temporary_folder_is_removed_and_a_live_ones_kept(tmp_
         (folder / "model.safetensors").write_bytes(b"partial")
     assert remove_dead_temporaries(tmp_path) == [dead]
     assert not dead.exists() and live.is_dir()
+
+
+def _drop_checkpoint(run: Path, step: int) -> None:
+    """As if the run had been killed before writing checkpoint ``step``."""
+    shutil.rmtree(run / "checkpoints" / f"step_{step:06d}")
+    (run / "checkpoints" / "latest").write_text("step_000002\n")
+
+
+def test_resume_with_nothing_left_to_train_reports_the_checkpoints_model(finished, tmp_path, capsys):
+    """``--resume train.steps=S`` where S is the checkpoint's step and the last evaluation is older
+    (here: step 2's evaluation removed, as with ``train.eval_every=0``): the checkpoint's model is
+    evaluated and the summary reports it. Before, nothing ran and the summary's ``acc_after`` was the
+    step-0 accuracy of a model that had trained (issue 41)."""
+    run = copy_run(finished, tmp_path)
+    _drop_checkpoint(run, 4)
+    step2 = next(r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "eval" and r["step"] == 2)
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_text("".join(x for x in lines if not ('"eval"' in x and '"step": 2,' in x)))
+    code, out, err = cli(["--resume", str(run), "train.steps=2"], capsys)
+    assert code == 0, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_eval_step"] == 2 and summary["steps"] == 2
+    assert summary["acc_after"] == step2["eval/acc"] and "step 2: held-out accuracy" in out
+
+
+def test_resume_below_the_checkpoints_step_is_refused(finished, tmp_path, capsys):
+    run = copy_run(finished, tmp_path)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    code, _, err = cli(["--resume", str(run), "train.steps=1"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "train.steps=1 is below the step of its checkpoint step_000004 (4)" in err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_a_resumed_run_supersedes_its_redone_samples(finished, tmp_path, capsys):
+    """Killed after checkpoint 2 with steps 3-4 already logged: the resumed run redoes them, and
+    ``samples.jsonl`` (read as the metrics are) holds each step's rows once, equal to the
+    uninterrupted run's; the file is append-only (a resume marker, the old rows kept)."""
+    run = copy_run(finished, tmp_path)
+    _drop_checkpoint(run, 4)
+    code, _, err = cli(["--resume", str(run)], capsys)
+    assert code == 0, err
+    rows, want = read_jsonl(run / "samples.jsonl"), read_jsonl(finished / "samples.jsonl")
+    assert [r["step"] for r in rows] == [r["step"] for r in want] and len({r["step"] for r in rows}) == 4
+    assert [(r["prompt"], r["response"], r["reward"]) for r in rows] == \
+        [(r["prompt"], r["response"], r["reward"]) for r in want]
+    raw = read_jsonl(run / "samples.jsonl", raw=True)
+    assert {"kind": "resume", "step": 2} in raw and len(raw) == len(want) + 1 + sum(r["step"] > 2 for r in want)
+
+
+def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(finished, tmp_path, capsys):
+    """A run that stopped before its first checkpoint was a dead end (its name refused, ``--resume``
+    failing after loading the model): ``--resume`` now starts it again from step 0 in its folder,
+    earlier records superseded, and it equals the uninterrupted run."""
+    run = copy_run(finished, tmp_path)
+    shutil.rmtree(run / "checkpoints")
+    (run / "summary.json").unlink()
+    code, out, err = cli(["--resume", str(run)], capsys)
+    assert code == 0, err
+    assert "has no checkpoint yet: starting it again from step 0" in out
+    assert deterministic_view(read_jsonl(run / "metrics.jsonl")) == \
+        deterministic_view(read_jsonl(finished / "metrics.jsonl"))
+    assert {"kind": "resume", "step": -1} in read_jsonl(run / "metrics.jsonl", raw=True)
+    assert json.loads((run / "summary.json").read_text())["final_eval_step"] == 4

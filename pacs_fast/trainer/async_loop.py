@@ -41,8 +41,8 @@ from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.rollout.remote import RemoteEngines, serve
-from pacs_fast.trainer.loop import (TrainingStopped, evaluate_and_report, finish, log_samples,
-                                   reset_reference_if_due, save)
+from pacs_fast.trainer.loop import (TrainingStopped, evaluate_and_report, evaluate_unless_reported, finish,
+                                   log_samples, reset_reference_if_due, save)
 from pacs_fast.trainer.roles import Roles, close_roles, split_launch
 from pacs_fast.trainer.session import start
 from pacs_fast.trainer.step import TOKEN_MEANS, learn, score_and_batch, step_record
@@ -174,6 +174,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
             if last or (cfg.train.save_every and step % cfg.train.save_every == 0):
                 # the sampler as step `step` left it: the prompts of the requests in flight are taken again on resume
                 save(s, step, sampler_state)
+        evaluate_unless_reported(s)
         clean = True
     except UserFunctionError as e:
         raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it") from e

@@ -179,6 +179,31 @@ def checkpoints_newest_first(run_dir: str | Path) -> list[Path]:
     return sorted((p for p in root.glob("step_*") if p.is_dir()), key=lambda p: p.name, reverse=True)
 
 
+def step_of(path: Path) -> int:
+    """The step of checkpoint folder ``path`` (``step_000040`` -> 40)."""
+    return int(path.name[len("step_"):])
+
+
+def check_resumable(run_dir: str | Path, steps: int) -> int | None:
+    """Before anything loads, for ``--resume``: the step of the newest intact checkpoint (None when
+    the run has none yet: it restarts from step 0). ValueError naming the key or folder when
+    ``train.steps`` is below that step (a run cannot go back), or when checkpoints exist and none is
+    intact."""
+    run_dir = Path(run_dir)
+    found = checkpoints_newest_first(run_dir)
+    if not found:
+        return None
+    intact = [p for p in found if problem_of(p) is None]
+    if not intact:
+        raise ValueError(f"--resume {run_dir}: no usable checkpoint ({found[0].name}: {problem_of(found[0])}"
+                         f"{f'; {len(found) - 1} older ones too' if len(found) > 1 else ''})")
+    step = step_of(intact[0])
+    if steps < step:
+        raise ValueError(f"--resume {run_dir}: train.steps={steps} is below the step of its checkpoint "
+                         f"{intact[0].name} ({step}); a run cannot go back: give train.steps >= {step}")
+    return step
+
+
 def restore_newest(run_dir: str | Path, *, learner, world, log=print) -> tuple[Path, dict]:
     """Loads the newest usable checkpoint of ``run_dir`` into ``learner``: one whose files match its
     manifest and load. Each newer one skipped is reported by file. Collective (rank 0 checks the

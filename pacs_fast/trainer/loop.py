@@ -103,6 +103,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
                 last_eval = evaluate_and_report(s, step)
             if last or (cfg.train.save_every and step % cfg.train.save_every == 0):
                 save(s, step)
+        evaluate_unless_reported(s)
     except UserFunctionError as e:  # reward.appeal / reward.step_rewards gave something unusable
         s.close()
         raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it") from e
@@ -152,6 +153,20 @@ def evaluate_and_report(s: Session, step: int) -> dict:
     return result
 
 
+def evaluate_unless_reported(s: Session) -> None:
+    """A resumed run with nothing left to train (``train.steps`` = its checkpoint's step) whose last
+    evaluation is older than that step (e.g. ``train.eval_every=0``) evaluates its model now, so
+    the summary reports the model the run ends with, not an older one. Collective."""
+    if s.start_step < s.cfg.train.steps:
+        return  # the loop's last step evaluated
+    missing = None
+    if s.world.is_main:
+        evals = [r for r in read_jsonl(s.run_dir / "metrics.jsonl") if r["kind"] == "eval"]
+        missing = not evals or evals[-1]["step"] != s.start_step
+    if s.world.broadcast(missing):
+        evaluate_and_report(s, s.start_step)
+
+
 def save(s: Session, step: int, sampler_state: dict | None = None) -> None:
     """Checkpoint ``step`` (collective); a failure stops the run with the reason. ``sampler_state``:
     where the sampler stood after step ``step``'s prompts, when it has run ahead (default: now)."""
@@ -196,7 +211,7 @@ def finish(s: Session, *, wall_time: float) -> dict:
 
 def calibration_of(run_dir: Path):
     """(predicted reward, reward) pairs of the logged samples, for the calibration plot (None if none)."""
-    rows = read_jsonl(run_dir / "samples.jsonl", raw=True)
+    rows = read_jsonl(run_dir / "samples.jsonl")  # the rows a resumed run redid count once
     pairs = [(r["pred_reward"], r["reward"]) for r in rows if r.get("pred_reward") is not None]
     return ([p for p, _ in pairs], [r for _, r in pairs]) if pairs else None
 

@@ -20,7 +20,9 @@ def read_jsonl(path: str | Path, *, raw: bool = False) -> list[dict]:
     The file is append-only: a resumed run appends ``{"kind": "resume", "step": s}`` and then
     re-runs the steps after its checkpoint ``s``. By default the records superseded that way (those
     written before the marker with a step after ``s``) and the markers are left out, which gives the
-    run's history as an uninterrupted run would have written it; ``raw=True`` returns every line."""
+    run's history as an uninterrupted run would have written it; ``raw=True`` returns every line.
+    A run restarted from step 0 (it had no checkpoint) writes the marker with step -1: every earlier
+    record is superseded. ``samples.jsonl`` carries the same markers."""
     out = []
     p = Path(path)
     if not p.exists():

@@ -12,7 +12,8 @@ atomically or append-only.
   command-line override is accepted only for the keys that cannot change what was trained
   (:data:`SAFE_RESUME_KEYS`: more steps, logging, threads).
 - :class:`RunFolder`: ``config.yaml`` and ``summary.json`` (atomic), ``samples.jsonl``
-  (append-only: a few rollouts per step, with their prompt, response, reward and score terms).
+  (append-only: a few rollouts per step, with their prompt, response, reward and score terms; a
+  resumed run appends a resume marker, as in ``metrics.jsonl``).
 """
 from __future__ import annotations
 
@@ -176,6 +177,13 @@ class RunFolder:
         for row in rows:
             self._samples.write(json.dumps(row, ensure_ascii=False) + "\n")
         self._samples.flush()
+
+    def mark_resume(self, step: int) -> None:
+        """A resumed run appends ``{"kind": "resume", "step": step}`` to ``samples.jsonl`` (as to
+        ``metrics.jsonl``): the rows a killed run wrote after its checkpoint are superseded by the
+        redone steps' (see :func:`pacs_fast.trainer.metrics.read_jsonl`)."""
+        if (self.path / "samples.jsonl").is_file():
+            self.append_samples([{"kind": "resume", "step": int(step)}])
 
     def write_summary(self, summary: dict) -> None:
         write_text_atomic(self.path / "summary.json", json.dumps(summary, indent=1))

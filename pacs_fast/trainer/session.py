@@ -19,7 +19,7 @@ import torch
 
 from pacs_fast.config import Config, unused_settings, validate
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
-from pacs_fast.trainer.checkpoint import remove_stale_temporaries, restore_newest
+from pacs_fast.trainer.checkpoint import checkpoints_newest_first, remove_stale_temporaries, restore_newest
 from pacs_fast.trainer.evaluation import eval_line, evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
@@ -138,7 +138,11 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
                 train_problems=train_problems, held_out=held_out, progress=progress, folder=folder, timings=timings,
                 credit=StepCredit.from_config(cfg, tokenizer))
     state = {}
-    if resume:
+    # a run stopped before its first checkpoint starts again from step 0 in its folder (earlier records superseded)
+    restart = bool(world.broadcast(resume and not checkpoints_newest_first(run_dir) if world.is_main else None))
+    if restart:
+        log(f"{run_dir} has no checkpoint yet: starting it again from step 0")
+    elif resume:
         try:
             ckpt, state = restore_newest(run_dir, learner=learner, world=world, log=log)
         except RuntimeError as e:
@@ -152,7 +156,10 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         log(f"resumed from {ckpt} (step {s.start_step})")
     progress.update(s.start_step, "")
     if world.is_main:
-        s.logger = MetricsLogger(run_dir, tensorboard=cfg.train.tensorboard, resume_step=s.start_step if resume else None)
+        marker = (-1 if restart else s.start_step) if resume else None  # -1: every earlier record superseded
+        s.logger = MetricsLogger(run_dir, tensorboard=cfg.train.tensorboard, resume_step=marker)
+        if marker is not None:
+            folder.mark_resume(marker)
     s.initial_eval = state.get("initial_eval")
     if s.initial_eval is None:
         s.initial_eval = {**s.evaluate(), "data/dropped_train_prompts": dropped_train,
