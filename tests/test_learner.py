@@ -100,7 +100,7 @@ def test_micro_batches_accumulate_to_the_mini_batch_gradient(tiny, seed, algo, k
     # mean by the micro-batch's token share (not its row share) moved it by 0.3-4% (seeds 1-3)
     assert set(m1) == set(m2)
     for k in m1:
-        if k != "grad_norm":
+        if k != "grad_norm" and not k.startswith("forward/"):  # forward/*: how many forwards ran, by design not
             assert m1[k] == pytest.approx(m2[k], rel=1e-4, abs=1e-6), k
     start = [p.detach() for p in base.parameters()]
     for a, b, s in zip(p1, p2, start):

@@ -194,3 +194,35 @@ def test_auto_packing_replaces_the_shared_prefix_forward_where_it_runs_fewer_slo
     assert abs(float(l1 - l0)) <= 1e-5 * max(abs(float(l0)), 1e-3)
     for name, g in g0.items():
         assert (g1[name] - g).abs().max() <= 1e-5 * g.abs().max().clamp(min=1e-12), name
+
+
+def test_packing_on_packs_with_the_shared_prefix_on_and_the_update_says_which_forward_ran(seed):
+    """``learner.packing=on`` with ``learner.shared_prefix=true`` (the default) packs, on rows where
+    ``auto`` keeps the shared-prefix forward (long shared prompts, equal lengths); the update's
+    metrics name the forward that ran and its token slots. Before, ``on`` never packed while the
+    shared prefix was on, with no word of it (issue 41)."""
+    from pacs_fast.learner.packing import shared_prefix_slots
+
+    gen = torch.Generator().manual_seed(seed)
+    G, groups, prompt, resp = 4, 2, 40, 6
+    rows = []
+    for g in range(groups):
+        p = torch.randint(3, 128, (prompt,), generator=gen)
+        rows += [torch.cat([p, torch.randint(3, 128, (resp,), generator=gen)]) for _ in range(G)]
+    ids = torch.stack(rows)
+    att = torch.ones_like(ids)
+    mask = torch.zeros(ids.shape)
+    mask[:, prompt:] = 1
+    batch = RolloutBatch(ids, att, mask, torch.randint(0, 2, (len(rows),), generator=gen).float(), group_size=G)
+    assert pack(ids, att).slots > 0.8 * shared_prefix_slots(ids, att, G)  # auto keeps the shared prefix here
+    ran = {}
+    for packing in ("auto", "on", "off"):
+        learner = TorchLearner(small_model(), algo=AlgoConfig(),
+                               learner=LearnerConfig(packing=packing, shared_prefix=True, mini_batch_prompts=2,
+                                                     micro_batch_prompts=1))
+        out = learner.update(batch, seed=0)
+        ran[packing] = {k: out[f"forward/{k}"] for k in ("packed", "shared_prefix", "padded")}
+        assert out["forward/token_slots"] > 0
+    assert ran["auto"]["packed"] == 0 and ran["auto"]["shared_prefix"] > 0
+    assert ran["on"]["packed"] > 0 and ran["on"]["shared_prefix"] == 0 == ran["on"]["padded"]
+    assert ran["off"]["packed"] == 0 and ran["off"]["shared_prefix"] > 0

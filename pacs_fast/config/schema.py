@@ -143,8 +143,9 @@ class LearnerConfig:
                              "any shared response start) once and the rest of each row on its key/value cache "
                              "(same result, (G-1)/G less compute for that prefix)")
     packing: str = _f("auto", "on = rows packed end to end without padding (attention kept inside each "
-                      "sequence), off = right-padded rows (torch: or the shared-prefix forward), auto = packed "
-                      "when that runs at least 20% fewer token slots than those (pacs_fast/learner/packing.py)")
+                      "sequence; torch: instead of the shared-prefix forward too), off = right-padded rows (torch: "
+                      "or the shared-prefix forward), auto = packed when that runs at least 20% fewer token slots "
+                      "than those (pacs_fast/learner/packing.py); each step records learner/forward/*")
     max_tokens_per_micro_batch: int = _f(0, "micro-batches cut by token count (whole groups, about equal tokens "
                                          "each) instead of learner.micro_batch_prompts; 0 = off (megatron: per "
                                          "data-parallel rank)")

@@ -11,7 +11,10 @@ are alternatives, not layers: the shared-prefix forward already skips the G-1 re
 prompt, which packing cannot; packing removes the padding of whole rows. ``learner.packing=auto``
 packs when that runs at least 20% fewer token slots than the forward it replaces (padded rows, or
 the shared prefix plus each row's rest padded to the longest rest): on long, uneven responses the
-padding outweighs the prompt repeats. ``on`` always packs, ``off`` never.
+padding outweighs the prompt repeats. ``on`` always packs (instead of the shared-prefix forward
+too), ``off`` never. :meth:`TorchLearner.update` returns how many forwards of each kind ran
+(``forward/packed``, ``forward/shared_prefix``, ``forward/padded``) and their ``forward/token_slots``;
+the trainer records them as ``learner/forward/...`` every step.
 Micro-batches hold ``learner.micro_batch_prompts`` groups, or, with
 ``learner.max_tokens_per_micro_batch``, whole groups of about equal token counts.
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import Counter
 from typing import Iterable, Iterator
 
 import torch
@@ -72,6 +76,9 @@ def _has_active_dropout(model) -> bool:
     items = cfg.to_dict().items() if hasattr(cfg, "to_dict") else ()
     return any(("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and not isinstance(v, bool)
                and v > 0 for k, v in items)
+
+
+FORWARD_KINDS = ("packed", "shared_prefix", "padded")
 
 
 class TorchLearner(Learner):
@@ -119,6 +126,7 @@ class TorchLearner(Learner):
             torch.nn.init.zeros_(self.value_head.bias)
         self.optimizer = self._make_optimizer()
         self.last_terms: dict[str, torch.Tensor] = {}
+        self.forwards: Counter = Counter()  # forwards of each kind (FORWARD_KINDS) and token slots since update()
         self.fuses_old_logprobs = algo.name != "ppo" and not _has_active_dropout(model)
         self.fuses_correction = self.fuses_old_logprobs
 
@@ -145,12 +153,13 @@ class TorchLearner(Learner):
         layout = None
         if self.cfg.shared_prefix and not getattr(model, "is_gradient_checkpointing", False):
             layout = split_groups(ids, att, batch.group_size)
-        packed = None
-        if self.cfg.packing != "off" and (layout is None or self.cfg.packing == "auto"):
-            rival = padded_slots(att) if layout is None else shared_prefix_slots(ids, att, batch.group_size)
-            packed = self._packed(model, ids, att, rival)
-            if packed is not None:
-                layout = None  # packing runs fewer token slots than the shared-prefix forward here
+        rival = padded_slots(att) if layout is None else shared_prefix_slots(ids, att, batch.group_size)
+        packed = self._packed(model, ids, att, rival)  # on: always; auto: when it runs fewer token slots
+        if packed is not None:
+            layout = None
+        kind = "packed" if packed is not None else ("shared_prefix" if layout is not None else "padded")
+        self.forwards[kind] += 1
+        self.forwards["token_slots"] += packed.slots if packed is not None else rival
         if layout is not None:  # each group's common prefix once, the rest of its G rows on top
             sel = select_trained(layout, mask, batch.group_size)
             h, labels = trained_states(*shared_prefix_hidden(_decoder(model), layout, batch.group_size), layout, sel)
@@ -194,7 +203,7 @@ class TorchLearner(Learner):
         """The packed layout of these whole rows, or None for the other forward (``learner.packing``:
         ``on`` always packs; ``auto`` packs when that runs >= 20% fewer token slots than the
         ``rival_slots`` of the padded or shared-prefix forward)."""
-        if self.cfg.packing == "off" or ids.shape[0] < 2:
+        if self.cfg.packing == "off" or (ids.shape[0] < 2 and self.cfg.packing == "auto"):
             return None
         impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
         packed = pack(ids, attention_mask, implementation=impl, dtype=next(model.parameters()).dtype)
@@ -290,6 +299,7 @@ class TorchLearner(Learner):
         the first mini-batch with that forward's log-probs, and on the other rows with the no-grad
         pass's, so the off-policy correction costs no extra forward."""
         self.model.train()
+        self.forwards.clear()
         gen = torch.Generator().manual_seed(int(seed))
         P = batch.num_groups
         mini = min(self.cfg.mini_batch_prompts, P)
@@ -359,6 +369,8 @@ class TorchLearner(Learner):
                 steps += 1
         out = {k: v / steps for k, v in sums.items()}
         out["optimizer_steps"] = float(steps)
+        # which forward ran (learner.packing / learner.shared_prefix), counted over the update's forwards
+        out.update({f"forward/{k}": float(self.forwards[k]) for k in FORWARD_KINDS + ("token_slots",)})
         self.last_terms = {k: torch.cat(v) for k, v in terms.items()}
         return out
 
