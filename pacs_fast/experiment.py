@@ -8,8 +8,9 @@ subprocesses and writes a table and curves.
 
 Arms: a built-in name (``pacs``, ``pacs_noweight`` = PACS with ``algo.weight=none``, ``grpo``,
 ``rloo``, ``dr_grpo``, ``ppo``) or ``NAME:key=value,key=value`` (overrides on top of the common
-ones). Every run of seed ``s`` sets ``train.seed=s`` and ``warmup.seed=s``: the arms of one seed
-share one warmed-up model (built once, by the first run of that seed, before the others of that
+ones; split on the commas outside brackets, so ``learner.betas=[0.9,0.95]`` is one value).
+Every run of seed ``s`` sets ``train.seed=s`` and ``warmup.seed=s``: the arms of one seed share one
+warmed-up model (built once, by the first run of that seed, before the others of that
 seed start) and the same held-out problems, so differences between arms pair up by seed. An arm
 with ``rollout.ranks=R`` (asynchronous rollouts) runs under torchrun with its R engine processes and
 the learner's (``--workers`` counts runs, not processes).
@@ -19,6 +20,16 @@ checkpoint but no summary is resumed (``--resume``, which continues exactly); on
 checkpoint is restarted from scratch. A run folder whose ``config.yaml`` differs from the config the
 spec asks for is an error (never silently mixed); ``--restart-mismatched`` deletes and reruns it.
 
+One runner per ``<out>`` at a time: the runner holds the trainer's run lock (:class:`RunLock`) on
+``<out>/.run.lock`` while it works, and checks the lock of every run folder before it touches any;
+a second runner, or a live run in one of the folders, is refused (exit status 2, nothing changed).
+A run folder is deleted only when it is provably this experiment's own dead run: its lock is free
+and its ``config.yaml`` is the one the spec asks for (or, with ``--restart-mismatched``, another);
+a folder with files but no ``config.yaml`` is refused. The runner sets ``train.seed``,
+``warmup.seed``, ``train.out_dir``, ``train.run_name`` and ``train.threads`` itself; giving them as
+overrides is an error (use ``--seeds``, ``--out``, ``--threads``). Exit status: 0 when every run
+finished, 1 when one failed (after the report is written), 2 for bad arguments or a refused folder.
+
 Outputs (written atomically): ``<out>/results.md`` (final and best held-out accuracy, mean ± std
 over seeds; paired differences against ``--baseline`` with a bootstrap 95% interval over seeds),
 ``<out>/results.json`` (every number, per seed), ``<out>/curves.png`` (held-out accuracy against
@@ -26,7 +37,6 @@ step, mean with a ±1 std band per arm).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -36,24 +46,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pacs_fast.experiment_args import (MAX_SEEDS, PRESETS, Arm, check_resources, parse_args,  # noqa: F401 (API)
+                                       parse_arm, parse_arms, parse_seeds)
 from pacs_fast.experiment_results import bootstrap_ci, report, table  # noqa: F401 (the runner's API)
 from pacs_fast.files import write_text_atomic
 
-PRESETS = {
-    "pacs": ["algo.name=pacs"],
-    "pacs_noweight": ["algo.name=pacs", "algo.weight=none"],
-    "grpo": ["algo.name=grpo"],
-    "rloo": ["algo.name=rloo"],
-    "dr_grpo": ["algo.name=dr_grpo"],
-    "ppo": ["algo.name=ppo"],
-}
-QUIET = ["train.progress=false", "train.tensorboard=false", "train.plots=false"]
-
-
-@dataclass
-class Arm:
-    name: str
-    overrides: list[str]
+QUIET = ["train.progress=false", "train.tensorboard=false", "train.plots=false"]  # defaults: the user's win
 
 
 @dataclass
@@ -65,55 +63,12 @@ class Job:
 
 
 # ----------------------------------------------------------------------------- spec
-MAX_SEEDS = 1000  # runs of one experiment; more is a typo (each seed is len(arms) training runs)
-
-
-def parse_seeds(text: str) -> list[int]:
-    """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"0,3,7"`` -> [0, 3, 7]. Seeds are integers >= 0, at most
-    :data:`MAX_SEEDS` of them; anything else is a ValueError naming ``--seeds``."""
-    usage = f"--seeds {text!r}: give distinct integers >= 0 as a range or a list (e.g. 0-4 or 0,1,2)"
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, dash, hi = part.partition("-")
-        if not lo.strip().isdigit() or (dash and not hi.strip().isdigit()):
-            raise ValueError(usage)
-        a, b = int(lo), int(hi) if dash else int(lo)
-        if b < a:
-            raise ValueError(f"{usage}; {part!r} runs backwards")
-        if len(out) + b - a + 1 > MAX_SEEDS:
-            raise ValueError(f"--seeds {text!r} asks for more than {MAX_SEEDS} seeds")
-        out.extend(range(a, b + 1))
-    if not out or len(set(out)) != len(out):
-        raise ValueError(usage)
-    return out
-
-
-def parse_arm(text: str) -> Arm:
-    """A preset name, or ``NAME:key=value,key=value``."""
-    name, sep, rest = text.partition(":")
-    name = name.strip()
-    if not name or not name.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"arm {text!r}: the name must be letters, digits, '_' or '-'")
-    if not sep:
-        if name not in PRESETS:
-            raise ValueError(f"arm {name!r} is not a preset ({', '.join(PRESETS)}); give NAME:key=value,...")
-        return Arm(name, list(PRESETS[name]))
-    overrides = [o.strip() for o in rest.split(",") if o.strip()]
-    for o in overrides:
-        if "=" not in o:
-            raise ValueError(f"arm {name!r}: override {o!r} must look like section.key=value")
-    return Arm(name, overrides)
-
-
 def make_jobs(arms: list[Arm], seeds: list[int], common: list[str], out: Path) -> list[Job]:
     jobs = []
     for s in seeds:  # seed-major: the first job of a seed builds its warm-up
         for arm in arms:
             run_dir = out / "runs" / arm.name / f"seed{s}"
-            argv = [*common, *QUIET, *arm.overrides, f"train.seed={s}", f"warmup.seed={s}",
+            argv = [*QUIET, *common, *arm.overrides, f"train.seed={s}", f"warmup.seed={s}",
                     f"train.out_dir={run_dir.parent}", f"train.run_name={run_dir.name}"]
             jobs.append(Job(arm, s, run_dir, argv))
     return jobs
@@ -155,9 +110,9 @@ def job_state(job: Job, config: str | None) -> str:
     if saved.is_file():
         want = to_dict(intended_config(config, job.argv))
         have = to_dict(load_config(saved))
-        for d in (want, have):  # where the folder lives and the thread count are not the experiment's settings
-            d["train"].pop("out_dir", None)
-            d["train"].pop("threads", None)
+        for d in (want, have):  # where the folder lives, threads and logging are not the experiment's settings
+            for key in ("out_dir", "threads", "progress", "tensorboard", "plots"):
+                d["train"].pop(key, None)
         diff = config_differences(want, have)
         if diff:
             return "mismatch:" + "; ".join(diff[:4])
@@ -167,6 +122,60 @@ def job_state(job: Job, config: str | None) -> str:
     if ckpts.is_dir() and any(ckpts.glob("step_*")):
         return "resume"
     return "fresh"
+
+
+# ----------------------------------------------------------------------------- the folders
+def take_lock(folder: Path, what: str):
+    """The trainer's run lock (:class:`~pacs_fast.trainer.run_folder.RunLock`) on ``folder``, for
+    the caller to release; a ValueError naming ``folder`` while a live process holds it."""
+    from pacs_fast.trainer.run_folder import LOCK_FILE, RunLock
+    try:
+        return RunLock(folder, new=False)
+    except OSError as e:
+        raise ValueError(f"{what} {str(folder)!r}: cannot take its lock ({e.strerror})") from None
+    except ValueError:
+        holder = (folder / LOCK_FILE).read_text(errors="replace").strip() or "?"
+        raise ValueError(f"{what} {str(folder)!r} is in use by a live {'runner' if what == '--out' else 'run'} "
+                         f"(pid {holder}): wait for it to end, or use another --out (nothing was changed)") from None
+
+
+def plan(jobs: list[Job], config: str | None, *, restart_mismatched: bool) -> tuple[list[tuple[Job, str]], int]:
+    """The jobs to run with their state (see :func:`job_state`), and how many are done already.
+
+    Every existing run folder is checked before any is changed: one whose lock a live process holds,
+    one with files but no ``config.yaml`` (not provably this experiment's run) and, without
+    ``restart_mismatched``, one made with other settings are ValueErrors naming the folder. Then the
+    experiment's own dead runs that start afresh (no checkpoint, or mismatched) are deleted under
+    their lock."""
+    from pacs_fast.trainer.run_folder import CONFIG_FILE, LOCK_FILE
+    todo, delete, done = [], [], 0
+    for job in jobs:
+        folder, files = job.run_dir, []
+        if folder.exists():
+            if not folder.is_dir():
+                raise ValueError(f"run folder {str(folder)!r} is a file: move it away or use another --out")
+            files = [p.name for p in folder.iterdir() if p.name != LOCK_FILE]
+            if files and CONFIG_FILE not in files:
+                raise ValueError(f"{str(folder)!r} holds files but no {CONFIG_FILE}: it is not a run of this "
+                                 f"experiment; move it away or use another --out (nothing was changed)")
+            take_lock(folder, "run folder").release()
+        state = job_state(job, config)
+        if state.startswith("mismatch:"):
+            if not restart_mismatched:
+                raise ValueError(f"{folder} was made with other settings ({state[9:]}); use another --out, "
+                                 f"or --restart-mismatched to delete and rerun it")
+            state = "fresh"
+        if state == "done":
+            done += 1
+            continue
+        if state == "fresh" and files:  # started, no checkpoint (or mismatched): restart, never mix
+            delete.append(folder)
+        todo.append((job, state))
+    for folder in delete:
+        lock = take_lock(folder, "run folder")
+        shutil.rmtree(folder)  # the lock file with it; the lock itself drops on release
+        lock.release()
+    return todo, done
 
 
 # ----------------------------------------------------------------------------- running
@@ -207,25 +216,11 @@ def warm_state(job: Job, config: str | None) -> str:
     return "missing"
 
 
-def run_all(jobs: list[Job], config: str | None, *, workers: int, threads: int, restart_mismatched: bool,
-            log=print, timeout: float | None = None) -> dict[str, int]:
-    """Runs what is not finished, ``workers`` at a time; returns counts by outcome."""
-    todo: list[tuple[Job, str]] = []
-    counts = {"done_before": 0, "finished": 0, "failed": 0}
-    for job in jobs:
-        state = job_state(job, config)
-        if state.startswith("mismatch:"):
-            if not restart_mismatched:
-                raise ValueError(f"{job.run_dir} was made with other settings ({state[9:]}); use another --out, "
-                                 f"or --restart-mismatched to delete and rerun it")
-            shutil.rmtree(job.run_dir)
-            state = "fresh"
-        if state == "done":
-            counts["done_before"] += 1
-            continue
-        if state == "fresh" and job.run_dir.exists():  # started, no checkpoint: restart, never mix
-            shutil.rmtree(job.run_dir)
-        todo.append((job, state))
+def run_jobs(todo: list[tuple[Job, str]], config: str | None, *, workers: int, threads: int, log=print,
+             timeout: float | None = None) -> dict[str, int]:
+    """Runs the planned ``(job, state)`` pairs (see :func:`plan`), ``workers`` at a time, each killed
+    after ``timeout`` seconds (None: no limit); returns how many finished and failed."""
+    counts = {"finished": 0, "failed": 0}
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "PYTHONUNBUFFERED": "1"}
     running: list[tuple[Job, subprocess.Popen, float, object]] = []
@@ -273,67 +268,60 @@ def run_all(jobs: list[Job], config: str | None, *, workers: int, threads: int, 
 
 
 # ----------------------------------------------------------------------------- CLI
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m pacs_fast.experiment", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="experiment folder (runs/, results.md, results.json, curves.png)")
-    p.add_argument("--arms", default="", help=f"comma-separated presets ({', '.join(PRESETS)})")
-    p.add_argument("--arm", action="append", default=[], help="NAME:key=value,key=value (repeatable)")
-    p.add_argument("--seeds", default="0-4", help="e.g. 0-4 or 0,2,5")
-    p.add_argument("--baseline", default=None, help="arm the others are compared with (paired by seed)")
-    p.add_argument("--config", default=None, help="YAML config common to every run")
-    p.add_argument("--workers", type=int, default=1, help="runs at a time")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    p.add_argument("--timeout", type=float, default=0, help="kill a run after this many seconds (0 = never)")
-    p.add_argument("--report", action="store_true", help="only write the table and plots from finished runs")
-    p.add_argument("--restart-mismatched", action="store_true",
-                   help="delete and rerun run folders made with other settings")
-    p.add_argument("--title", default="", help="first line of results.md")
-    p.add_argument("overrides", nargs="*", help="section.key=value for every run")
-    return p.parse_args(argv)
-
-
 def main(argv=None) -> int:
-    a = parse_args(argv)
-    try:
-        arms = [parse_arm(x) for x in a.arms.split(",") if x.strip()] + [parse_arm(x) for x in a.arm]
-        if not arms:
-            raise ValueError("no arms: give --arms and/or --arm")
-        if len({x.name for x in arms}) != len(arms):
-            raise ValueError("arm names must be distinct")
-        if a.baseline and a.baseline not in {x.name for x in arms}:
-            raise ValueError(f"--baseline {a.baseline!r} is not one of the arms")
-        if a.workers < 1 or a.threads < 1:
-            raise ValueError("--workers and --threads must be >= 1")
-        from pacs_fast.reward.batch import usable_cpus
-        cpus = usable_cpus()
-        if a.threads > cpus:
-            raise ValueError(f"--threads {a.threads} (per run) is more than the {cpus} CPUs this process may use")
+    a = parse_args(argv, description=__doc__.split("\n\n")[0])
+    try:  # every argument error here, before anything is written or started
+        arms = parse_arms(a)
+        check_resources(a)
         seeds = parse_seeds(a.seeds)
         out = Path(a.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {str(out)!r} is a file, not a folder")
         jobs = make_jobs(arms, seeds, [*a.overrides, f"train.threads={a.threads}"], out)
-        for job in jobs:  # bad settings fail here, before any run starts
+        for job in jobs:  # bad settings fail here
             intended_config(a.config, job.argv)
+        if a.report and not any(job.run_dir.is_dir() for job in jobs):
+            what = "holds no runs of these arms and seeds" if out.is_dir() else "does not exist"
+            raise ValueError(f"--report: {str(out)!r} {what} (nothing was written)")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    spec = {"arms": {x.name: x.overrides for x in arms}, "seeds": seeds, "config": a.config,
-            "overrides": list(a.overrides), "baseline": a.baseline}
-    write_text_atomic(out / "spec.json", json.dumps(spec, indent=1))
     header = a.title or f"# Experiment {out.name}"
     header += ("\n\nCommon settings: " + (f"`--config {a.config}` " if a.config else "")
                + " ".join(f"`{o}`" for o in a.overrides) + f"; seeds {seeds}.")
-    if not a.report:
-        try:
-            counts = run_all(jobs, a.config, workers=a.workers, threads=a.threads,
-                             restart_mismatched=a.restart_mismatched, timeout=a.timeout or None)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(f"runs: {counts['done_before']} already done, {counts['finished']} finished now, "
-              f"{counts['failed']} failed", flush=True)
-    print(report(jobs, arms, a.baseline, out, header))
+    if a.report:  # reads finished runs only: fine beside a live runner
+        print(report(jobs, arms, a.baseline, out, header))
+        return 0
+    try:
+        lock = take_lock(out, "--out")  # held to the end: one runner per folder
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return run_experiment(a, jobs, arms, seeds, out, header)
+    finally:
+        lock.release()
+
+
+def run_experiment(a, jobs: list[Job], arms: list[Arm], seeds: list[int], out: Path, header: str) -> int:
+    """Plans (any refusal: exit status 2, nothing changed), records ``spec.json``, runs, reports;
+    exit status 1 when a run failed."""
+    try:
+        todo, done = plan(jobs, a.config, restart_mismatched=a.restart_mismatched)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    spec = {"arms": {x.name: x.overrides for x in arms}, "seeds": seeds, "config": a.config,
+            "overrides": list(a.overrides), "baseline": a.baseline}
+    write_text_atomic(out / "spec.json", json.dumps(spec, indent=1))
+    counts = run_jobs(todo, a.config, workers=a.workers, threads=a.threads, timeout=a.timeout)
+    print(f"runs: {done} already done, {counts['finished']} finished now, {counts['failed']} failed", flush=True)
+    print(report(jobs, arms, a.baseline, out, header), flush=True)
+    failed = [job for job in jobs if not (job.run_dir / "summary.json").is_file()]
+    if failed:
+        logs = ", ".join(f"{job.run_dir}.log" for job in failed[:3]) + (", ..." if len(failed) > 3 else "")
+        print(f"error: {len(failed)} of {len(jobs)} runs failed (see {logs}); exit status 1", file=sys.stderr)
+        return 1
     return 0
 
 
