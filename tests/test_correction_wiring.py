@@ -103,6 +103,10 @@ def test_config_refuses_token_level_for_pacs():
         validate(load_config(None, ["correction.is_level=token"]))
     with pytest.raises(ValueError, match="correction.rs_low"):
         validate(load_config(None, ["algo.name=grpo", "correction.rs_low=1.2"]))
+    # equal bounds satisfy 0 <= rs_low <= 1 <= rs_high: the message says what is wrong with them (issue 41)
+    with pytest.raises(ValueError, match=r"correction.rs_low and correction.rs_high are both 1.0: .* rejects every "
+                                         r"token with any mismatch"):
+        validate(load_config(None, ["algo.name=grpo", "correction.rs_low=1", "correction.rs_high=1"]))
     validate(load_config(None, ["algo.name=grpo", "correction.is_level=token", "correction.rs_level=token"]))
 
 

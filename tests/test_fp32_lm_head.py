@@ -380,7 +380,8 @@ def test_config_key_validation_and_wiring(tmp_path):
     with pytest.raises(ValueError, match=r"model\.lm_head_fp32=true has nothing to upcast"):
         validate(load_config(None, ok), world=1)
     validate(load_config(None, ok + ["model.dtype=bfloat16"]), world=1)
-    validate(load_config(None, ok + ["model.dtype=float16"]), world=1)
+    with pytest.raises(ValueError, match=r"model.dtype=float16 cannot train here: .*no loss scaling"):
+        validate(load_config(None, ok + ["model.dtype=float16"]), world=1)  # AdamW's eps underflows (issue 41)
     validate(load_config(None, ok + ["rollout.engine=vllm"]), world=1)  # a CUDA vLLM engine is bf16
     with pytest.raises(ValueError, match="lm_head_fp32"):
         load_config(None, ["model.lm_head_fp32=maybe"])

@@ -163,10 +163,21 @@ def test_token_budget_update_equals_one_micro_batch(seed, agg, name):
 def test_token_budget_errors():
     with pytest.raises(ValueError, match=r"a group of 50 tokens is larger than learner.max_tokens_per_micro_batch=40"):
         token_budget_micro_batches([10, 50], 40)
-    with pytest.raises(ValueError, match=r"learner.max_tokens_per_micro_batch=1000 cannot hold the largest group: "
-                                         r"rollout.n=8 x \(data.max_prompt_tokens=512 \+ rollout.max_new_tokens=12\) = 4192 tokens"):
-        validate(load_config(None, ["learner.max_tokens_per_micro_batch=1000"]))
-    validate(load_config(None, ["learner.max_tokens_per_micro_batch=4192"]))
+    with pytest.raises(ValueError, match=r"learner.max_tokens_per_micro_batch=100 cannot hold a group of full-length "
+                                         r"responses: rollout.n=8 x \(a prompt of at least 1 token \+ "
+                                         r"rollout.max_new_tokens=12\) = 104 tokens"):
+        validate(load_config(None, ["learner.max_tokens_per_micro_batch=100"]))
+    # the budget is checked against the real prompts (before, against data.max_prompt_tokens=512: a budget
+    # that fits the data was refused, issue 41)
+    from pacs_fast.trainer.problems import check_token_budget
+    cfg = load_config(None, ["learner.max_tokens_per_micro_batch=1000"])
+    validate(cfg)
+    problems = [{"id": "a", "prompt_ids": [1] * 30}, {"id": "b", "prompt_ids": [1] * 114}]
+    check_token_budget(cfg, "data.dataset", problems[:1])  # 8 x (30 + 12) = 336 fits
+    with pytest.raises(ValueError, match=r"learner.max_tokens_per_micro_batch=1000 cannot hold the largest group of "
+                                         r"data.dataset: rollout.n=8 x \(its longest prompt, problem 'b', 114 tokens \+ "
+                                         r"rollout.max_new_tokens=12\) = 1008 tokens; raise it to 1008"):
+        check_token_budget(cfg, "data.dataset", problems)
     with pytest.raises(ValueError, match="learner.packing"):
         validate(load_config(None, ["learner.packing=maybe"]))
 

@@ -19,7 +19,8 @@ def _f(default, help: str, **kw):
 @dataclass
 class ModelConfig:
     path: str = _f("", "Hugging Face model folder; empty = the built-in tiny Qwen2 model (made and cached)")
-    dtype: str = _f("float32", "parameter dtype of the learner: float32 | bfloat16 (CPU: use float32)")
+    dtype: str = _f("float32", "parameter dtype of the learner: float32 | bfloat16 (CPU: use float32; float16 is "
+                    "refused: no loss scaling)")
     device: str = _f("auto", "auto | cpu | cuda")
     tiny_hidden_size: int = _f(128, "built-in tiny model: hidden size (head size 32)")
     tiny_num_layers: int = _f(2, "built-in tiny model: number of layers")

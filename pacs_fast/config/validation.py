@@ -145,11 +145,13 @@ def _validate_micro_batching(cfg: Config) -> None:
     if cfg.learner.distributed_optimizer and cfg.learner.backend != "megatron":
         raise ValueError("learner.distributed_optimizer=true shards the optimiser over data-parallel ranks, which "
                          "only learner.backend=megatron has (the torch learner is one process)")
-    largest = cfg.rollout.n * (cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens)
-    if budget and budget < largest:
-        raise ValueError(f"learner.max_tokens_per_micro_batch={budget} cannot hold the largest group: rollout.n="
-                         f"{cfg.rollout.n} x (data.max_prompt_tokens={cfg.data.max_prompt_tokens} + "
-                         f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}) = {largest} tokens")
+    # the real prompts are checked once tokenised (pacs_fast.trainer.problems.check_token_budget);
+    # here only what no data can fit: a group of n one-token prompts with full-length responses
+    smallest = cfg.rollout.n * (1 + cfg.rollout.max_new_tokens)
+    if budget and budget < smallest:
+        raise ValueError(f"learner.max_tokens_per_micro_batch={budget} cannot hold a group of full-length responses: "
+                         f"rollout.n={cfg.rollout.n} x (a prompt of at least 1 token + rollout.max_new_tokens="
+                         f"{cfg.rollout.max_new_tokens}) = {smallest} tokens")
 
 
 def is_level(cfg: Config) -> str:
@@ -204,9 +206,13 @@ def _validate_correction(cfg: Config) -> None:
             raise ValueError(f"correction.{key} must be one of {', '.join(allowed)}{why}; got {value!r}")
     if not c.is_cap > 0:
         raise ValueError(f"correction.is_cap must be > 0, got {c.is_cap}")
-    if not 0 <= c.rs_low <= 1 <= c.rs_high or c.rs_low == c.rs_high:
+    if not 0 <= c.rs_low <= 1 <= c.rs_high:
         raise ValueError(f"correction.rs_low={c.rs_low} and correction.rs_high={c.rs_high} must satisfy "
                          f"0 <= rs_low <= 1 <= rs_high (a ratio of 1, no mismatch, is always kept)")
+    if c.rs_low == c.rs_high:
+        raise ValueError(f"correction.rs_low and correction.rs_high are both {c.rs_low}: the band [rs_low, rs_high] "
+                         f"then keeps only ratios of exactly 1 and rejects every token with any mismatch; widen it "
+                         f"(e.g. rs_low=0.999 rs_high=1.001), or set correction.rs_level=none to reject nothing")
 
 
 def _validate_paths(cfg: Config) -> None:
@@ -306,7 +312,11 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("rollout.engine", cfg.rollout.engine, ("hf", "vllm"))
     _choice("learner.backend", cfg.learner.backend, ("torch", "megatron"))
     _choice("learner.logprob_backend", cfg.learner.logprob_backend, ("auto", "triton", "torch"))
-    _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
+    if cfg.model.dtype == "float16":
+        raise ValueError("model.dtype=float16 cannot train here: the learner keeps its weights and AdamW moments in "
+                         "the model's dtype with no loss scaling, and AdamW's eps=1e-8 is 0 in float16 (the run "
+                         "stops at its first steps); use bfloat16 (or float32)")
+    _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16"))
     _choice("model.device", cfg.model.device, ("auto", "cpu", "cuda"))
     _choice("model.attention", cfg.model.attention, ATTENTIONS)
     _choice("learner.packing", cfg.learner.packing, ("auto", "on", "off"))

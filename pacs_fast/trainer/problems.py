@@ -91,3 +91,21 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
             log(f"WARNING: {what}: {short} of {len(lengths)} prompts leave fewer than rollout.max_new_tokens={new} "
                 f"tokens of the model's context of {context}: {cut}; {longest}; {drop}, or lower "
                 f"rollout.max_new_tokens")
+
+
+def check_token_budget(cfg: Config, what: str, problems: list[dict]) -> None:
+    """``learner.max_tokens_per_micro_batch`` (when set) against the largest group these encoded
+    training prompts can give: ``rollout.n x (longest prompt + rollout.max_new_tokens)`` tokens.
+    A ValueError naming the key, the longest prompt and the budget that fits, before any model
+    loads (the learner would refuse the group at its first step)."""
+    budget = cfg.learner.max_tokens_per_micro_batch
+    if not budget or not problems:
+        return
+    lengths = [len(p["prompt_ids"]) for p in problems]
+    i = max(range(len(lengths)), key=lengths.__getitem__)
+    largest = cfg.rollout.n * (lengths[i] + cfg.rollout.max_new_tokens)
+    if budget < largest:
+        raise ValueError(f"learner.max_tokens_per_micro_batch={budget} cannot hold the largest group of {what}: "
+                         f"rollout.n={cfg.rollout.n} x (its longest prompt, problem {problems[i].get('id', i)!r}, "
+                         f"{lengths[i]} tokens + rollout.max_new_tokens={cfg.rollout.max_new_tokens}) = {largest} "
+                         f"tokens; raise it to {largest}, or lower data.max_prompt_tokens to drop the long prompts")

@@ -24,7 +24,7 @@ from pacs_fast.trainer.evaluation import eval_line, evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
 from pacs_fast.trainer.preflight import check_cpus, check_memory, check_tensor_parallel, model_context
-from pacs_fast.trainer.problems import check_context, encode, load_problems
+from pacs_fast.trainer.problems import check_context, check_token_budget, encode, load_problems
 from pacs_fast.trainer.rewards import Scorer, check_callables
 from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir, remove_dead_temporaries
 from pacs_fast.trainer.sampler import PromptSampler
@@ -120,6 +120,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         held_out, dropped_held = encode(cfg, tokenizer, held_out, "the held-out set", log)
         check_context(cfg, model_context(cfg, model_path), [("data.dataset", train_problems),
                                                              ("the held-out set", held_out)], log)
+        check_token_budget(cfg, "data.dataset", train_problems)
     except (ValueError, FileNotFoundError) as e:
         progress.close()
         if folder:
