@@ -35,7 +35,7 @@ setup(
     packages=packages,
     package_dir={"pacs_fast.kernels": "kernels"},
     package_data={"pacs_fast.data": ["benchmarks/*.jsonl", "benchmarks/*.jsonl.gz", "benchmarks/*.md"],
-                  "pacs_fast.kernels": ["tuned/*.json"]},  # measured launch tables (bench/gpu_tune.py)
+                  "pacs_fast.kernels": ["tuned/*.json"]},  # measured launch tables (bench/gpu/tune.py)
     install_requires=[
         "torch>=2.4",  # satisfied by the CPU build torch==2.13.0
         "numpy",

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "gpu"))
 from cuda_profile import device_events  # noqa: E402
 
 

@@ -17,7 +17,7 @@ an architecture and a dtype; kernels/aot_cases.py builds them, re-exported here)
   N = 16384, V = 151,936), and ``wide``: whether it enters a 64-bit product at all.
 
 Run ``python -m pacs_fast.kernels.aot --json out.json`` (TRITON_INTERPRET must be unset: the
-interpreter replaces the kernels by Python functions). ``bench/gpu_compile_report.py`` turns the
+interpreter replaces the kernels by Python functions). ``bench/gpu/compile_report.py`` turns the
 JSON into the table of docs/GPU.md; tests/test_kernels_compile.py asserts on it.
 This module imports only triton and torch (and the kernel modules beside it).
 """

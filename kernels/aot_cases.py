@@ -1,8 +1,8 @@
 """The compile cases of kernels/aot.py: every launched kernel x architecture x dtype with the launch
 parameters its launcher picks (``launch_config``) at the realistic shapes, as ``Case`` records (the
 kernel, its argument types, constexprs, warps and stages), and the PACS loss's access check on a compiled
-case's report. ``cases`` is what tests/test_kernels_compile.py compiles; bench/gpu_tune.py and
-bench/gpu_tune_pacs.py build their candidates' cases with ``logprob_case`` / ``pacs_case``. Building a
+case's report. ``cases`` is what tests/test_kernels_compile.py compiles; bench/gpu/tune.py and
+bench/gpu/tune_pacs.py build their candidates' cases with ``logprob_case`` / ``pacs_case``. Building a
 case compiles nothing. This module imports only torch and triton (and the kernel modules beside it).
 """
 from __future__ import annotations
@@ -74,7 +74,7 @@ LOGPROB_KERNELS = ("token_logprobs.stats_fwd", "token_logprobs.grad_bwd", "linea
 def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> Case:
     """The compile case of one launch of the log-prob kernel ``name`` (one of ``LOGPROB_KERNELS``,
     "file.launch_config name") with the launch parameters ``cfg`` (a ``launch_config`` dict), entropy
-    on, no bias: what the launcher compiles. ``cases`` and bench/gpu_tune.py both build cases here."""
+    on, no bias: what the launcher compiles. ``cases`` and bench/gpu/tune.py both build cases here."""
     nw, ns, c = _split(cfg)
     p, f32 = f"*{dt}", "*fp32"
     if name.startswith("token_logprobs."):
@@ -193,7 +193,7 @@ def pacs_cases(arch: int, dtypes=("bf16", "fp32"), kernels=("fwd_sums", "fwd", "
     """The PACS loss cases at ``PACS_SHAPES``: pass A and the backward (``dtypes`` of the log-probs,
     padded; also packed at the first shape's average length in fp32); pass B on pass A's fp32
     partials at ``PACS_GROUPS`` (rloo; grpo too at 64). ``config(kernel, B=, T=, G=, dtype=)``: the
-    launch parameters (default ``launch_config`` at ``arch``; bench/gpu_tune_pacs.py passes its
+    launch parameters (default ``launch_config`` at ``arch``; bench/gpu/tune_pacs.py passes its
     candidates). Not merged (``cases`` merges identical compile inputs)."""
     KP = _kernel_modules()["pacs_loss"]
     if config is None:
@@ -218,7 +218,7 @@ def pacs_cases(arch: int, dtypes=("bf16", "fp32"), kernels=("fwd_sums", "fwd", "
 
 def pacs_access_problems(row: dict) -> str | None:
     """What is wrong with the global accesses of a compiled padded PACS streaming kernel (None: all
-    fine; tests/test_kernels_compile.py asserts it, bench/gpu_tune_pacs.py filters on it): tiles
+    fine; tests/test_kernels_compile.py asserts it, bench/gpu/tune_pacs.py filters on it): tiles
     must be read with 16-byte loads (``ld.global.v4``; at least 3 in pass A: logp, logp_ref, mask)
     and no scalar load but the backward's coef[row] and grad (2); the backward's dlogp stores must
     be 16-byte. Packed rows start anywhere, so their loads are scalar (not checked)."""

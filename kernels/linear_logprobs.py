@@ -44,6 +44,14 @@ cuBLAS speed; the price is the ``dz`` buffer (the budget) and one extra read/wri
 The row's log-sum-exp reaches both backward kernels in two parts, ``m`` (row max) and ``log s``
 (``xr = (x - m) - log s``): a single fp32 ``lse = m + log s`` is rounded to ulp(m), which for
 logits in the hundreds (3e-5 at 300) is an error of that size in every ``p`` of the row.
+
+Layers (no import cycle; tests/test_import_graph.py): this module dispatches and sits on top. The
+``@triton.jit`` helpers every variant shares are in kernels/linear_logprobs_tiles.py; ``CONFIG``,
+``launch_config`` and the other host-side launch helpers in kernels/linear_logprobs_launch.py (this module
+re-exports ``CONFIG`` and ``launch_config``, the interface the ops layer, tests and benchmarks use). The
+variants (_fwd, _tma, _gluon, _finish) import only those two (and kernels/base2.py), never this module;
+it imports them at call time (a launcher replaced on its module, as the tests do, takes effect).
+kernels/linear_logprobs_bwd.py sits above this module (it launches ``_dlogits_kernel`` from here).
 """
 from __future__ import annotations
 
@@ -52,136 +60,15 @@ import triton
 import triton.language as tl
 
 from . import LAUNCH_OPTIONS, tuning
-from .base2 import LOG2E, LN2, T_MIN, finite_max, natural_partial
-from .linear_logprobs_launch import ARCH_CONFIGS, PINGPONG_CONFIGS
+from .base2 import LOG2E, natural_partial
+from .linear_logprobs_launch import CONFIG, _cfg, _prec, _upcast, _width, device_arch, launch_config  # noqa: F401
+from .linear_logprobs_tiles import _dlogits_tile, _logits_tile, _online_fold, _store_partial, _tile_ids
 
-# Overrides of the launch parameters (None: ``launch_config`` decides); the tests shrink the
-# blocks so that the interpreter is fast and every loop has several ragged steps.
-CONFIG = {
-    "BLOCK_N": None, "BLOCK_V": None, "BLOCK_H": None, "GROUP_N": None, "num_warps": None, "num_stages": None,
-    "SPLITS": None, "V_TILES": None, "PERSISTENT": None,  # V_TILES: stats_tiles; PERSISTENT: stats_tiles / tma
-    "FLATTEN": None, "WARP_SPECIALIZE": None,  # stats_tma only
-    # stats_gluon / dlogits_gluon: 1 = their ping-pong launch (two consumer warpgroups on alternate tiles; the
-    # launch's tiles from PINGPONG_CONFIGS unless the keys above name others), 0 = the cooperative one
-    "PINGPONG": None,
-    # which forward ``stats_fwd`` runs: "tiles", "split", "tma" or "gluon"; which dz kernel the chunked
-    # backward runs: "pointer", "tma" or "gluon". None: the measured choice of the tuned table
-    # (``forward_kind`` / ``dz_kind``), else "tiles" / "pointer"
-    "FWD": None,
-    "DLOGITS": None,
-    "BWD_CHUNK_BYTES": 512 << 20,  # dz buffer of the chunked backward
-}
-KERNELS = ("stats_fwd", "stats_tiles", "stats_tma", "stats_gluon", "grad_bwd", "dlogits", "dlogits_tma",
-           "dlogits_gluon")
 FORWARDS = ("tiles", "split", "tma", "gluon")  # the first: the built-in default (forward_kind)
 DZ_KERNELS = ("pointer", "tma", "gluon")  # likewise (dz_kind)
 # the launch_config kernel each forward / dz kind launches (where it takes the inputs)
 FORWARD_KERNEL = {"tiles": "stats_tiles", "split": "stats_fwd", "tma": "stats_tma", "gluon": "stats_gluon"}
 DZ_KERNEL = {"pointer": "dlogits", "tma": "dlogits_tma", "gluon": "dlogits_gluon"}
-_TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "FLATTEN", "WARP_SPECIALIZE",
-            "PINGPONG", "num_warps", "num_stages")
-
-def launch_config(kernel: str, *, N: int, V: int, H: int, dtype: torch.dtype, arch: int | None) -> dict:
-    """Launch parameters of ``kernel`` (one of ``KERNELS``) for hidden ``[N, H]``, weight ``[V, H]``
-    of ``dtype`` on compute capability ``arch`` (80, 90, 100; None off-GPU): ``BLOCK_N``,
-    ``BLOCK_V``, ``BLOCK_H``, ``GROUP_N``, ``num_warps``, ``num_stages``. The launchers and the
-    compile test both call this. Precedence: ``CONFIG`` entries that are not None, then (the Gluon
-    kernels with ``CONFIG["PINGPONG"]`` = 1) their ping-pong launch ``PINGPONG_CONFIGS``, then a measured
-    table (kernels/tuning.py, written by bench/gpu_tune.py; its measurement at the hidden size nearest
-    ``H``), then the built-in table (``ARCH_CONFIGS`` of kernels/linear_logprobs_launch.py)."""
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    width = "32" if dtype == torch.float32 else "16"
-    cfg = dict(ARCH_CONFIGS.get((kernel, arch, width)) or ARCH_CONFIGS[(kernel, None, width)])
-    cfg = tuning.apply(cfg, "linear_logprobs", kernel, arch, width, H)
-    if CONFIG["PINGPONG"] and kernel in PINGPONG_CONFIGS:  # the ping-pong launch as a whole
-        cfg.update(PINGPONG_CONFIGS[kernel])
-    for k in _TUNABLE:
-        if k in cfg and CONFIG[k] is not None:
-            cfg[k] = int(CONFIG[k])
-    cfg["BLOCK_H"] = min(cfg["BLOCK_H"], max(16, triton.next_power_of_2(max(H, 1))))
-    return cfg
-
-
-def device_arch(device) -> int | None:
-    """Compute capability * 10 of a CUDA device (90 for an H100), None for other devices."""
-    if torch.device(device).type != "cuda":
-        return None
-    major, minor = torch.cuda.get_device_capability(device)
-    return 10 * major + minor
-
-
-# The epilogues work in base 2 (kernels/base2.py) on the unscaled logits ``y = h @ W.T + b``
-# (``x = y * inv_t``): per logit the forward issues a max, a subtraction and a multiply, an ex2, an add
-# and (entropy) a clamp and an FMA; a few per-row operations follow.
-
-
-@triton.jit
-def _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h,
-                 HAS_BIAS: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
-    """The unscaled logits ``y = hidden[rows] @ weight[cols].T + bias[cols]`` fp32 [BLOCK_N, BLOCK_V]
-    (0 outside the rows / cols); the epilogues fold ``inv_t`` in."""
-    acc = tl.zeros((BLOCK_N, BLOCK_V), tl.float32)
-    for k0 in range(0, n_h, BLOCK_H):
-        ks = k0 + tl.arange(0, BLOCK_H)
-        kmask = ks < n_h
-        h = tl.load(Hd + rows[:, None].to(tl.int64) * stride_h + ks[None, :],
-                    mask=rmask[:, None] & kmask[None, :], other=0.0)
-        w = tl.load(W + cols[:, None].to(tl.int64) * stride_w + ks[None, :],
-                    mask=cmask[:, None] & kmask[None, :], other=0.0)
-        if UPCAST:
-            h = h.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PREC)
-    if HAS_BIAS:
-        acc += tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    return acc
-
-
-@triton.jit
-def _online_fold(my, s, a, y, c, ENTROPY: tl.constexpr):
-    """Folds the unscaled logits tile ``y`` [BLOCK_N, BLOCK_V] (-inf in masked columns) into the running
-    per-row base-2 sums ``(my, s, a)`` (``my``: max of y; ``s``, ``a``: relative to it, kernels/base2.py;
-    ``natural_partial`` turns them into the merge's partial), ``c = inv_t log2(e)``:
-    ``ops/vocab_parallel.py``'s merge, one tile at a time."""
-    my_new = tl.maximum(my, tl.max(y, 1))
-    ref = finite_max(my_new)
-    d = (my - ref) * c  # -inf for the empty partial
-    scale = tl.exp2(d)
-    t = (y - ref[:, None]) * c
-    e = tl.exp2(t)
-    if ENTROPY:
-        a = tl.where(scale == 0.0, 0.0, scale * (a + d * s))
-        a += tl.sum(e * tl.maximum(t, T_MIN), 1)
-    s = s * scale + tl.sum(e, 1)
-    return my_new, s, a
-
-
-@triton.jit
-def _tile_stats(y, cmask, inv_t, ENTROPY: tl.constexpr):
-    """The per-row partial ``(m, s, a)`` of ``x = y * inv_t`` for one unscaled logits tile ``y``
-    [BLOCK_N, BLOCK_V] whose columns outside ``cmask`` do not exist (``_online_fold`` from the empty
-    partial, without its dead rescale terms); ``a`` is ``s`` (unused) without ``ENTROPY``."""
-    y = tl.where(cmask[None, :], y, float("-inf"))
-    my = tl.max(y, 1)
-    t = (y - finite_max(my)[:, None]) * (inv_t * LOG2E)
-    e = tl.exp2(t)
-    s = tl.sum(e, 1)
-    a = s
-    if ENTROPY:
-        a = tl.sum(e * tl.maximum(t, T_MIN), 1)
-    return natural_partial(my, s, a, inv_t, ENTROPY)
-
-
-@triton.jit
-def _store_partial(M_out, S_out, A_out, out, rmask, m, s, a, ENTROPY: tl.constexpr):
-    """Stores one tile's per-row partial ``(m, s, a)`` at flat offsets ``out`` (``block * N + rows``)
-    of the ``[S, N]`` outputs, rows outside ``rmask`` skipped."""
-    tl.store(M_out + out, m, mask=rmask)
-    tl.store(S_out + out, s, mask=rmask)
-    if ENTROPY:
-        tl.store(A_out + out, a, mask=rmask)
 
 
 @triton.jit
@@ -206,47 +93,6 @@ def _stats_fwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, v_per_split, inv_
         my, s, a = _online_fold(my, s, a, tl.where(cmask[None, :], y, float("-inf")), inv_t * LOG2E, ENTROPY)
     m, s, a = natural_partial(my, s, a, inv_t, ENTROPY)
     _store_partial(M_out, S_out, A_out, split * N + rows, rmask, m, s, a, ENTROPY)
-
-
-@triton.jit
-def _dlogits_tile(y, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH,
-                  ENTROPY: tl.constexpr):
-    """dz = dx * inv_t of a recomputed unscaled logits tile ``y`` (``x = y * inv_t``); entries outside
-    the rows / cols are not defined (the stores mask them; ``_grad_bwd_kernel`` zeroes them). Base 2
-    as the forward: ``x - m`` is one FMA of y, ``(x - m - log s) log2(e)`` a second, then one ex2;
-    ``inv_t`` and ``ln 2`` are folded into per-row factors."""
-    m = tl.load(M + rows, mask=rmask, other=0.0)
-    log_s = tl.load(LOGS + rows, mask=rmask, other=0.0)
-    gl = tl.load(GL + rows, mask=rmask, other=0.0) * inv_t
-    # two-part lse (module docstring): x - m first, one rounding
-    t = tl.fma(tl.fma(y, inv_t, -m[:, None]), LOG2E, -(log_s * LOG2E)[:, None])
-    p = tl.exp2(t)
-    if ENTROPY:  # dz = -p (gh (x - lse) + gl + gh H) inv_t, with (x - lse) = t ln 2
-        gh = tl.load(GH + rows, mask=rmask, other=0.0) * inv_t
-        c = gl + gh * tl.load(ENT + rows, mask=rmask, other=0.0)
-        dz = -p * tl.fma(tl.maximum(t, T_MIN), (gh * LN2)[:, None], c[:, None])
-    else:
-        dz = p * -gl[:, None]
-    labels = (tl.load(LABELS + rows, mask=rmask, other=-1) - v_offset).to(tl.int32)  # a 32-bit compare below
-    return dz + tl.where(cols[None, :] == labels[:, None], gl[:, None], 0.0)
-
-
-@triton.jit
-def _tile_ids(N, V, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, GROUP_N: tl.constexpr):
-    """(row block, vocab block) of this program; GROUP_N consecutive row blocks sweep the vocab
-    blocks together so that concurrently running programs share weight tiles in L2."""
-    return _grouped_tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.cdiv(V, BLOCK_V), GROUP_N)
-
-
-@triton.jit
-def _grouped_tile(pid, n_blocks_n, n_blocks_v, GROUP_N: tl.constexpr):
-    """(row block, vocab block) of tile number ``pid`` in grouped order (see ``_tile_ids``)."""
-    per_group = GROUP_N * n_blocks_v
-    first_n = (pid // per_group) * GROUP_N
-    group_size = tl.minimum(n_blocks_n - first_n, GROUP_N)
-    pid_n = first_n + (pid % per_group) % group_size
-    pid_v = (pid % per_group) // group_size
-    return pid_n, pid_v
 
 
 @triton.jit
@@ -312,30 +158,9 @@ def _grad_bwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t,
                           mask=cmask[:, None] & kmask[None, :], sem="relaxed")
 
 
-def _prec(t: torch.Tensor):
-    """IEEE fp32 products for fp32 inputs (TF32 would cost ~1e-3 relative error in the logits);
-    the default (tensor cores) for bf16/fp16."""
-    return "ieee" if t.dtype == torch.float32 else None
-
-
-def _upcast(t: torch.Tensor) -> bool:
-    """Triton 3.9's interpreter returns garbage for bf16 ``tl.dot``; there (only) the bf16 tiles
-    are widened to fp32 after loading (same values; dz is still rounded to bf16 first)."""
-    return t.device.type != "cuda" and t.dtype == torch.bfloat16
-
-
-def _cfg(kernel, hidden, weight):
-    return launch_config(kernel, N=hidden.shape[0], V=weight.shape[0], H=hidden.shape[1],
-                         dtype=hidden.dtype, arch=device_arch(hidden.device))
-
-
-def _width(dtype: torch.dtype) -> str:
-    return "32" if dtype == torch.float32 else "16"
-
-
 def forward_kind(arch: int | None = None, width: str = "16", h: int | None = None) -> str:
     """Which forward ``stats_fwd`` runs: ``CONFIG["FWD"]`` when set, else the measured choice
-    ``linear_logprobs.forward.<width>`` of ``kernels/tuned/sm_<arch>.json`` (bench/gpu_tune.py writes it
+    ``linear_logprobs.forward.<width>`` of ``kernels/tuned/sm_<arch>.json`` (bench/gpu/tune.py writes it
     when it timed several forwards in one run; the one measured at the hidden size nearest ``h``), else
     ``"tiles"``. ``"tiles"``: ``stats_tiles``;
     ``"split"``: ``_stats_fwd_kernel``; ``"tma"``: ``stats_tma`` where ``tma_usable``; ``"gluon"``: the

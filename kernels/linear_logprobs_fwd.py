@@ -31,8 +31,8 @@ import triton.language as tl
 
 from . import LAUNCH_OPTIONS
 from .base2 import LOG2E, natural_partial
-from .linear_logprobs import _cfg, _grouped_tile, _logits_tile, _online_fold, _prec, _store_partial, _tile_stats, \
-    _upcast
+from .linear_logprobs_launch import _cfg, _prec, _upcast, num_sms
+from .linear_logprobs_tiles import _grouped_tile, _logits_tile, _online_fold, _store_partial, _tile_stats
 
 
 @triton.jit
@@ -82,14 +82,6 @@ def _stats_tiles_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t, M_out, S
         _tile_partial(tl.program_id(0), Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t, n_blocks_n,
                       n_blocks_v, M_out, S_out, A_out, HAS_BIAS, ENTROPY, DOT_PREC, UPCAST,
                       BLOCK_N, BLOCK_V, BLOCK_H, GROUP_N, V_TILES)
-
-
-def num_sms(device) -> int:
-    """Streaming multiprocessors of a CUDA device; 4 elsewhere (the interpreter: a persistent
-    launch there still has several programs, each looping over many tiles)."""
-    if torch.device(device).type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def workspace_bytes(n: int, v: int, cfg: dict) -> int:

@@ -28,7 +28,7 @@ warps) measured 0.96-1.05x cuBLAS at K >= 1024 (its numbers). Hopper only (wgmma
 with 16-byte aligned rows (``gluon_usable``); the interpreter cannot run Gluon, so off a Hopper GPU
 the op keeps the tiled forward. Compiled for sm_90 in tests/test_kernels_compile.py; checked against
 float64 on a Hopper GPU by tests/test_linear_logprobs_gluon.py (both launches) and timed by
-``bench/gpu_logprobs.py`` (method ``pacs_triton_gluon``) beside the default, the ping-pong launch by the
+``bench/gpu/logprobs.py`` (method ``pacs_triton_gluon``) beside the default, the ping-pong launch by the
 tuner (``--pingpong``): none of it has run yet (no GPU since it was written).
 """
 from __future__ import annotations
@@ -41,8 +41,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
     warpgroup_mma_init, warpgroup_mma_wait
 
 from . import LAUNCH_OPTIONS
-from .linear_logprobs import _cfg, _dlogits_tile, _store_partial, _tile_stats, device_arch
-from .linear_logprobs_fwd import num_sms
+from .linear_logprobs_launch import _cfg, device_arch, num_sms
+from .linear_logprobs_tiles import _dlogits_tile, _store_partial, _tile_stats
 
 # the TMA global -> shared copy: ``async_load`` in Triton 3.9, ``async_copy_global_to_shared`` in 3.6 (the
 # GPU image's version); the same leading arguments (descriptor, coordinates, barrier, destination)
@@ -160,7 +160,7 @@ def _mma_stats(h_bufs, w_bufs, ready, empty, turn, B, N, V, n_h, inv_t, M_out, S
                                   HAS_BIAS, acc_layout, BLOCK_N, BLOCK_V, CONSUMER, CONSUMERS)
         i += (CONSUMERS - 1) * n_k  # the other consumer's tile
         q += 1
-        # the tile's partial: kernels/linear_logprobs.py's epilogue, on the accumulator's layout
+        # the tile's partial: kernels/linear_logprobs_tiles.py's epilogue, on the accumulator's layout
         m, s, a = _tile_stats(y, cols < V, inv_t, ENTROPY)
         rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
         _store_partial(M_out, S_out, A_out, pid_v.to(gl.int64) * N + rows, rows < N, m, s, a, ENTROPY)
@@ -182,7 +182,7 @@ def _mma_dlogits(h_bufs, w_bufs, ready, empty, turn, dz_smem, DZdesc, B, N, V, n
                                   HAS_BIAS, acc_layout, BLOCK_N, BLOCK_V, CONSUMER, CONSUMERS)
         i += (CONSUMERS - 1) * n_k
         q += 1
-        # dz = dx / T of the tile: kernels/linear_logprobs.py's epilogue, on the accumulator's layout
+        # dz = dx / T of the tile: kernels/linear_logprobs_tiles.py's epilogue, on the accumulator's layout
         rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
         dz = _dlogits_tile(y, rows, cols, rows < N, cols < V, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH,
                            ENTROPY)

@@ -1,11 +1,42 @@
-"""Built-in launch parameters of the ``linear_logprobs`` kernels (kernels/linear_logprobs.py's
-``launch_config`` reads them last, after ``CONFIG`` and a measured table), with the compile results
-they were chosen from. This module imports nothing.
+"""Launch parameters of the ``linear_logprobs`` kernels, host side: ``CONFIG`` (the explicit overrides, and
+which forward / dz kernel runs), the built-in per-architecture table ``ARCH_CONFIGS`` with the compile
+results it was chosen from, the ping-pong launches ``PINGPONG_CONFIGS``, and ``launch_config``, which the
+launchers of every variant (kernels/linear_logprobs.py, _fwd.py, _tma.py, _gluon.py, _bwd.py) and the
+compile cases (kernels/aot_cases.py) call; plus the small per-input helpers they share (``device_arch``,
+``num_sms``, ``_prec``, ``_upcast``, ``_cfg``). The device-side tiles they share are in
+kernels/linear_logprobs_tiles.py. This module imports only torch, triton and kernels/tuning.py.
 """
+from __future__ import annotations
+
+import torch
+import triton
+
+from . import tuning
+
+# Overrides of the launch parameters (None: ``launch_config`` decides); the tests shrink the
+# blocks so that the interpreter is fast and every loop has several ragged steps.
+CONFIG = {
+    "BLOCK_N": None, "BLOCK_V": None, "BLOCK_H": None, "GROUP_N": None, "num_warps": None, "num_stages": None,
+    "SPLITS": None, "V_TILES": None, "PERSISTENT": None,  # V_TILES: stats_tiles; PERSISTENT: stats_tiles / tma
+    "FLATTEN": None, "WARP_SPECIALIZE": None,  # stats_tma only
+    # stats_gluon / dlogits_gluon: 1 = their ping-pong launch (two consumer warpgroups on alternate tiles; the
+    # launch's tiles from PINGPONG_CONFIGS unless the keys above name others), 0 = the cooperative one
+    "PINGPONG": None,
+    # which forward ``stats_fwd`` runs: "tiles", "split", "tma" or "gluon"; which dz kernel the chunked
+    # backward runs: "pointer", "tma" or "gluon". None: the measured choice of the tuned table
+    # (``forward_kind`` / ``dz_kind`` of kernels/linear_logprobs.py), else "tiles" / "pointer"
+    "FWD": None,
+    "DLOGITS": None,
+    "BWD_CHUNK_BYTES": 512 << 20,  # dz buffer of the chunked backward
+}
+KERNELS = ("stats_fwd", "stats_tiles", "stats_tma", "stats_gluon", "grad_bwd", "dlogits", "dlogits_tma",
+           "dlogits_gluon")
+_TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT", "FLATTEN", "WARP_SPECIALIZE",
+            "PINGPONG", "num_warps", "num_stages")
 
 # Per-architecture launch parameters, keyed by (kernel, arch, "16" for bf16/fp16 or "32" for fp32);
 # arch None = every architecture without its own entry (and the interpreter). Chosen from the
-# ahead-of-time compile report (``python bench/gpu_compile_report.py``; table in docs/GPU.md;
+# ahead-of-time compile report (``python bench/gpu/compile_report.py``; table in docs/GPU.md;
 # tests/test_kernels_compile.py asserts compile, shared memory, no spills and tensor-core use for
 # exactly these). Candidates were compiled for sm_80/90/100 at N=8192, H=4096, V=151,936:
 #
@@ -23,7 +54,7 @@ they were chosen from. This module imports nothing.
 #   0 B); sm_80 255 regs, 0 B, 96 KB; sm_100 spilled 80 B (16 warps fall back to mma.sync there), so
 #   sm_100 takes 128x128x64 w8 s4 (142 regs, 0 B, 129 KB). GROUP_N=16: 16 hidden row blocks (16 MB)
 #   stay in L2 while a group sweeps the vocabulary, so the LM head is read from DRAM N/2048 times,
-#   not N/1024 (a traffic estimate; bench/gpu_tune.py measures). fp32: as stats_fwd (0 B).
+#   not N/1024 (a traffic estimate; bench/gpu/tune.py measures). fp32: as stats_fwd (0 B).
 # - stats_tma (kernels/linear_logprobs_tma.py, selectable, bf16 / fp16 on sm_90+), one persistent
 #   program per SM: sm_90 128x256x64 w8 s3 without FLATTEN (255 regs, 0 B stack, 145 KB; FLATTEN=1
 #   spilled 64 B there, at 4 stages too; 128x128 with FLATTEN: 168 regs, no spill, left to the tuner);
@@ -50,7 +81,7 @@ they were chosen from. This module imports nothing.
 # grad_bwd 128x128x64 on sm_90 (209 regs, was 16 B), stats_fwd sm_100 at 3 stages (was 16 B),
 # stats_tiles 128x256x64 on sm_100 (254 regs, was 80 B), stats_tma with FLATTEN on sm_90 (was 64 B),
 # dz tiles of 128x256: dlogits (was 480 B), dlogits_tma (was 24 B), dlogits_gluon at 3 stages (was 8 B,
-# 209 KB). The choices above stay until a GPU times the new candidates (bench/gpu_tune.py sweeps them).
+# 209 KB). The choices above stay until a GPU times the new candidates (bench/gpu/tune.py sweeps them).
 _BF16 = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=8, num_warps=8, num_stages=3)
 _FP32 = dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2)
 _TILES16 = dict(_BF16, BLOCK_V=256, GROUP_N=16, V_TILES=1, PERSISTENT=0)
@@ -82,7 +113,7 @@ ARCH_CONFIGS = {
 }
 
 # The ping-pong launches of the Gluon kernels (kernels/linear_logprobs_gluon.py, PINGPONG=1), whole:
-# CONFIG["PINGPONG"] = 1 selects them (launch_config), the tuner times them second (bench/gpu_tune.py
+# CONFIG["PINGPONG"] = 1 selects them (launch_config), the tuner times them second (bench/gpu/tune.py
 # --pingpong), the GPU checks and the benchmark's pacs_triton_gluon_pp run them.
 PINGPONG_CONFIGS = {
     "stats_gluon": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=16, num_warps=4, num_stages=6, PERSISTENT=1,
@@ -90,3 +121,64 @@ PINGPONG_CONFIGS = {
     "dlogits_gluon": dict(BLOCK_N=64, BLOCK_V=256, BLOCK_H=64, GROUP_N=8, num_warps=4, num_stages=4, PERSISTENT=1,
                           PINGPONG=1),
 }
+
+
+def launch_config(kernel: str, *, N: int, V: int, H: int, dtype: torch.dtype, arch: int | None) -> dict:
+    """Launch parameters of ``kernel`` (one of ``KERNELS``) for hidden ``[N, H]``, weight ``[V, H]``
+    of ``dtype`` on compute capability ``arch`` (80, 90, 100; None off-GPU): ``BLOCK_N``,
+    ``BLOCK_V``, ``BLOCK_H``, ``GROUP_N``, ``num_warps``, ``num_stages``. The launchers and the
+    compile test both call this. Precedence: ``CONFIG`` entries that are not None, then (the Gluon
+    kernels with ``CONFIG["PINGPONG"]`` = 1) their ping-pong launch ``PINGPONG_CONFIGS``, then a measured
+    table (kernels/tuning.py, written by bench/gpu/tune.py; its measurement at the hidden size nearest
+    ``H``), then the built-in table ``ARCH_CONFIGS``."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    width = _width(dtype)
+    cfg = dict(ARCH_CONFIGS.get((kernel, arch, width)) or ARCH_CONFIGS[(kernel, None, width)])
+    cfg = tuning.apply(cfg, "linear_logprobs", kernel, arch, width, H)
+    if CONFIG["PINGPONG"] and kernel in PINGPONG_CONFIGS:  # the ping-pong launch as a whole
+        cfg.update(PINGPONG_CONFIGS[kernel])
+    for k in _TUNABLE:
+        if k in cfg and CONFIG[k] is not None:
+            cfg[k] = int(CONFIG[k])
+    cfg["BLOCK_H"] = min(cfg["BLOCK_H"], max(16, triton.next_power_of_2(max(H, 1))))
+    return cfg
+
+
+def device_arch(device) -> int | None:
+    """Compute capability * 10 of a CUDA device (90 for an H100), None for other devices."""
+    if torch.device(device).type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def num_sms(device) -> int:
+    """Streaming multiprocessors of a CUDA device; 4 elsewhere (the interpreter: a persistent
+    launch there still has several programs, each looping over many tiles)."""
+    if torch.device(device).type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _cfg(kernel, hidden, weight):
+    """``launch_config`` of ``kernel`` for these inputs on their device."""
+    return launch_config(kernel, N=hidden.shape[0], V=weight.shape[0], H=hidden.shape[1],
+                         dtype=hidden.dtype, arch=device_arch(hidden.device))
+
+
+def _prec(t: torch.Tensor):
+    """IEEE fp32 products for fp32 inputs (TF32 would cost ~1e-3 relative error in the logits);
+    the default (tensor cores) for bf16/fp16."""
+    return "ieee" if t.dtype == torch.float32 else None
+
+
+def _upcast(t: torch.Tensor) -> bool:
+    """Triton 3.9's interpreter returns garbage for bf16 ``tl.dot``; there (only) the bf16 tiles
+    are widened to fp32 after loading (same values; dz is still rounded to bf16 first)."""
+    return t.device.type != "cuda" and t.dtype == torch.bfloat16
+
+
+def _width(dtype: torch.dtype) -> str:
+    """The tables' dtype key: "32" for fp32, "16" for bf16 / fp16."""
+    return "32" if dtype == torch.float32 else "16"

@@ -4,8 +4,8 @@
 kernels/linear_logprobs_fwd.py (``(m, s, a)`` per row and vocab block, ``[n_vblocks, N]`` fp32,
 merged by kernels/linear_logprobs_finish.py). ``_dlogits_tma_kernel`` (``CONFIG["DLOGITS"] = "tma"``):
 the chunked backward's ``dz`` tiles, as ``_dlogits_kernel`` of kernels/linear_logprobs.py (same
-``_dlogits_tile`` epilogue), before the two cuBLAS GEMMs. Both compute their logits tiles the way
-the fastest Triton GEMMs on Hopper are written:
+``_dlogits_tile`` epilogue, from kernels/linear_logprobs_tiles.py), before the two cuBLAS GEMMs. Both
+compute their logits tiles the way the fastest Triton GEMMs on Hopper are written:
 
 - the hidden and weight tiles arrive by tensor-memory-accelerator copies (host ``TensorDescriptor``s
   ``[BLOCK_N, BLOCK_H]`` and ``[BLOCK_V, BLOCK_H]``): no per-thread address arithmetic or masks in the
@@ -20,7 +20,7 @@ the fastest Triton GEMMs on Hopper are written:
 Why: on one H200 (2026-11-26) the tiled forward took 1.3x cuBLAS's GEMM of the same shape, 96 % of
 it in the tile kernel, and the backward's recompute kernel is the same GEMM shape
 (bench/results/gpu/20261126_h200/). These variants are selectable and measured side by side
-(``bench/gpu_logprobs.py`` method ``pacs_triton_tma`` selects both); they become the default only
+(``bench/gpu/logprobs.py`` method ``pacs_triton_tma`` selects both); they become the default only
 where a GPU run shows them faster. Used for bf16 / fp16 inputs on sm_90+ (and the interpreter) with
 16-byte aligned rows; anything else falls back to the pointer kernels (``tma_usable``).
 """
@@ -31,9 +31,8 @@ import triton
 import triton.language as tl
 
 from . import LAUNCH_OPTIONS
-from .linear_logprobs import _cfg, _dlogits_tile, _grouped_tile, _prec, _store_partial, _tile_stats, _upcast, \
-    device_arch
-from .linear_logprobs_fwd import num_sms
+from .linear_logprobs_launch import _cfg, _prec, _upcast, device_arch, num_sms
+from .linear_logprobs_tiles import _dlogits_tile, _grouped_tile, _store_partial, _tile_stats
 
 
 @triton.jit

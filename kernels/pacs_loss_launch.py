@@ -1,6 +1,6 @@
 """Launch parameters of the grouped PACS loss kernels (kernels/pacs_loss.py): ``launch_config``
 derives every shape's tiles and grid from a shape-independent launch policy (``launch_policy``:
-built-in, or measured per architecture by bench/gpu_tune.py into kernels/tuned/sm_<arch>.json).
+built-in, or measured per architecture by bench/gpu/tune.py into kernels/tuned/sm_<arch>.json).
 ``CONFIG`` and ``POLICY`` are the explicit overrides. This module imports only triton, torch and
 kernels/tuning.py.
 """
@@ -33,7 +33,7 @@ BUILTIN_POLICY = {
                 num_stages=3),
 }
 # Explicit overrides of the policy, per kernel (e.g. POLICY["bwd"]["STREAM_BYTES"] = 32768); they
-# win over the measured table, as CONFIG's tile overrides do. bench/gpu_tune_pacs.py sets candidates here.
+# win over the measured table, as CONFIG's tile overrides do. bench/gpu/tune_pacs.py sets candidates here.
 POLICY = {k: {} for k in KERNELS}
 MIN_TILE, LARGE_TILE = 512, 4096
 SM_COUNT = 132  # an H100 / H200; the launchers pass the device's own count

@@ -36,7 +36,7 @@ from .base2 import LN2, LOG2E, T_MIN, finite_max, natural_partial
 CONFIG = {"BLOCK_V": None, "BLOCK_V_BWD": None, "num_warps": None, "num_stages": None, "SPLITS": None}
 
 # Per-architecture launch parameters (``arch`` = compute capability * 10; None: interpreter/CPU).
-# Chosen from the ahead-of-time compile report (``python bench/gpu_compile_report.py``, table in
+# Chosen from the ahead-of-time compile report (``python bench/gpu/compile_report.py``, table in
 # docs/GPU.md; asserted by tests/test_kernels_compile.py): both kernels stream one row with
 # BLOCK_V / (32 * num_warps) elements per thread, use no shared memory beyond the reduction
 # scratch, and stay far below the register limit (no spills) on sm_80 / sm_90 / sm_100.
@@ -54,7 +54,7 @@ def launch_config(kernel: str, *, N: int, V: int, dtype: torch.dtype, arch: int 
     of ``dtype`` on compute capability ``arch`` (e.g. 80, 90; None off-GPU): a dict with
     ``BLOCK_V``, ``num_warps``, ``num_stages``. The launchers below and the compile test both
     call this, so the test checks exactly what runs. ``CONFIG`` entries that are not None win, then
-    a measured table (kernels/tuning.py, written by bench/gpu_tune.py), then ``_ARCH_CONFIGS``."""
+    a measured table (kernels/tuning.py, written by bench/gpu/tune.py), then ``_ARCH_CONFIGS``."""
     if kernel not in _ARCH_CONFIGS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     table = _ARCH_CONFIGS[kernel]

@@ -1,6 +1,6 @@
-"""Measured launch tables: ``kernels/tuned/sm_<arch>.json``, written by ``bench/gpu_tune.py``.
+"""Measured launch tables: ``kernels/tuned/sm_<arch>.json``, written by ``bench/gpu/tune.py``.
 
-Precedence in every ``launch_config`` that reads them (kernels/linear_logprobs.py,
+Precedence in every ``launch_config`` that reads them (kernels/linear_logprobs_launch.py,
 kernels/token_logprobs.py, kernels/pacs_loss_launch.py): an explicit ``CONFIG`` override of the kernel file
 wins, then a measured entry of this table, then the built-in per-arch table (chosen from the compile
 model). The PACS loss's entries hold its shape-independent launch policy (``pacs_loss_launch.launch_policy``:
@@ -22,7 +22,7 @@ standard library.
 
 Per hidden size: an entry measured at hidden size ``"h"`` (else the ``H<n>`` of its ``"shape"``) may
 hold ``"by_h": {"896": {"config": {...}, ...}}`` (a choice entry: ``{"896": {"choice": "gluon", ...}}``),
-the winners re-timed at other hidden sizes (bench/gpu_tune.py ``--also-h``). A launch at hidden size
+the winners re-timed at other hidden sizes (bench/gpu/tune.py ``--also-h``). A launch at hidden size
 ``H`` takes the measurement whose hidden size is nearest to ``H`` in ratio (a K loop of a similar
 length), the entry itself when it has no ``by_h`` or ``H`` is not given.
 """

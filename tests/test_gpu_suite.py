@@ -1,4 +1,4 @@
-"""bench/gpu_suite.sh: its plumbing on CPU (--dry-run) and its loud failure without a GPU.
+"""bench/gpu/suite.sh: its plumbing on CPU (--dry-run) and its loud failure without a GPU.
 
 The full dry run (all six steps, including 2 PACS steps of the tiny model) takes ~3 minutes on
 this 2-core machine, so CI runs the quick steps; the report writer's run-metrics parsing is tested
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUITE = os.path.join(ROOT, "bench", "gpu_suite.sh")
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+SUITE = os.path.join(ROOT, "bench", "gpu", "suite.sh")
+sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
 
 
 def _run(out, *args):
@@ -66,9 +66,9 @@ def test_usage_error():
 
 
 def test_kernel_shares_sums_per_kernel_and_folds_the_tail():
-    """gpu_logprobs --profile: per-kernel device time (summed over launches), largest first, the rest
+    """bench/gpu/logprobs.py --profile: per-kernel device time (summed over launches), largest first, the rest
     folded into one row, shares of the total."""
-    from gpu_logprobs import kernel_breakdown, kernel_shares
+    from logprobs import kernel_breakdown, kernel_shares
     ev = [("_stats_tiles_kernel", 700.0), ("_finish_kernel", 20.0), ("_stats_tiles_kernel", 100.0),
           ("cast", 5.0), ("memset", 3.0), ("gather", 2.0)]
     rows = kernel_shares(ev, top=2)
@@ -83,7 +83,7 @@ def test_kernel_shares_sums_per_kernel_and_folds_the_tail():
 def test_pingpong_method_runs_both_gluon_kernels_with_their_pingpong_launches(monkeypatch):
     """``pacs_triton_gluon_pp``: for the whole case the forward and the dz kernel are the Gluon ones
     and their launchers read PINGPONG_CONFIGS; after it, the defaults again."""
-    import gpu_logprobs
+    import logprobs as gpu_logprobs
     from pacs_fast.kernels import linear_logprobs as K, linear_logprobs_gluon as G
     from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS
     h, w = torch.randn(8, 4096).bfloat16(), torch.randn(40, 4096).bfloat16()
@@ -105,11 +105,11 @@ def test_pingpong_method_runs_both_gluon_kernels_with_their_pingpong_launches(mo
 
 
 def test_logprob_rows_record_the_kernels_and_launches_at_their_shape(tmp_path, monkeypatch):
-    """Each ``pacs_triton*`` row of gpu_logprobs records which forward and dz kernel ran and their launch
+    """Each ``pacs_triton*`` row of bench/gpu/logprobs.py records which forward and dz kernel ran and their launch
     parameters at the row's shape: with a tuned table measured at H=4096 and H=896 (``by_h``), an H=896
     row shows the H=896 choice and launch, an H=4096 row the main ones; other methods record nothing."""
     import json
-    import gpu_logprobs
+    import logprobs as gpu_logprobs
     from pacs_fast.kernels import linear_logprobs as K, tuning
     monkeypatch.setattr(tuning, "TUNED_DIR", os.devnull)  # the built-in launches
     base = K.launch_config("stats_tiles", N=64, V=512, H=4096, dtype=torch.bfloat16, arch=90)
@@ -143,7 +143,7 @@ def test_device_events_profiles_warm_up_plus_calls(monkeypatch):
 
 
 def test_phases_from_metrics(tmp_path):
-    from gpu_suite import phases_from_metrics, report_md
+    from suite import phases_from_metrics, report_md
     recs = [{"kind": "eval", "step": 0, "time/eval": 3.0}]
     recs += [{"kind": "train", "step": s, "time/rollout": 10.0 if s == 1 else float(s),
               "time/update": 1.0, "perf/tokens_per_s": 100.0} for s in range(1, 5)]
@@ -171,8 +171,8 @@ def test_dry_run_of_the_product_runs(tmp_path):
 def test_a_missing_package_is_reported_as_not_run(tmp_path, monkeypatch):
     import importlib.util
 
-    import gpu_product_runs
-    from gpu_suite import report_md
+    import product_runs as gpu_product_runs
+    from suite import report_md
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith(("megatron", "trl"))
@@ -188,7 +188,7 @@ def test_a_missing_package_is_reported_as_not_run(tmp_path, monkeypatch):
 def test_a_failed_run_reports_its_first_traceback():
     """torchrun ends a failed run with its own summary, which names no cause (the H200 run of
     2026-11-26 reported only that): the step's reason is the rank's first traceback."""
-    from gpu_product_runs import first_error
+    from product_runs import first_error
     out = ("loading\n[rank0]: Traceback (most recent call last):\n[rank0]:   File \"t.py\", line 3, in f\n"
            "[rank0]:     g()\n[rank0]: KeyError: 'x'\nlater noise\nTraceback (most recent call last):\n"
            "  File \"run.py\", line 9\ntorch.distributed.elastic.ChildFailedError: pacs_fast.train FAILED\n")
@@ -207,7 +207,7 @@ def test_a_module_skipped_at_collection_keeps_its_reason():
     """The H200 run of 2026-11-27 reported gpu_tests FAILED for ``test_integrations_verl.py``, skipped
     whole because verl is not installed there: JUnit gives such a skip the message "collection
     skipped" and the reason in the element's text, which the suite now reads (that JUnit file is kept)."""
-    from gpu_suite import junit_counts
+    from suite import junit_counts
     xml = os.path.join(ROOT, "bench", "results", "gpu", "20261127_h200", "1_main", "suite", "gpu_tests.xml")
     counts, skipped = junit_counts(xml)
     assert counts == dict(tests=12, failures=0, errors=0, skipped=1)

@@ -1,4 +1,4 @@
-"""bench/gpu_tune.py --dry-run (no GPU): enumerates every kernel's sweep, AOT-compiles a small subset,
+"""bench/gpu/tune.py --dry-run (no GPU): enumerates every kernel's sweep, AOT-compiles a small subset,
 writes sm_90.json into a temporary folder; launch_config then reads it (kernels/tuning.py), an
 explicit CONFIG override still wins, and an architecture without a table keeps the built-in
 configuration. How a table is read without the tuner: tests/test_tuned_tables.py."""
@@ -24,7 +24,7 @@ CHOICE_KEYS = {"linear_logprobs.forward.16", "linear_logprobs.dz.16"}  # which f
 def _tune(*args, timeout=240):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_tune.py"), *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu", "tune.py"), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -36,12 +36,12 @@ def _config(mod, kernel, arch):
 
 
 def _import_gpu_tune(monkeypatch):
-    """bench/gpu_tune.py imported in-process; it drops TRITON_INTERPRET from the environment (it compiles
+    """bench/gpu/tune.py imported in-process; it drops TRITON_INTERPRET from the environment (it compiles
     for real GPUs), which this test process keeps for every later kernel."""
-    monkeypatch.syspath_prepend(os.path.join(ROOT, "bench"))
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "bench", "gpu"))
     interpret = os.environ.get("TRITON_INTERPRET")
     try:
-        import gpu_tune
+        import tune as gpu_tune
     finally:
         if interpret is not None:
             os.environ["TRITON_INTERPRET"] = interpret
@@ -86,9 +86,9 @@ def test_pingpong_sweep_times_the_pingpong_launch_second(tmp_path, monkeypatch):
     passes it only after the ping-pong GPU check has passed)."""
     from pacs_fast.kernels import tuning
     from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS
-    # the candidate lists, from a separate process (importing gpu_tune here would drop TRITON_INTERPRET
+    # the candidate lists, from a separate process (importing bench/gpu/tune.py here would drop TRITON_INTERPRET
     # while it imports kernel modules: their kernels would no longer run under the interpreter)
-    script = ("import json, sys; sys.path.insert(0, 'bench'); import gpu_tune as g; out = {}\n"
+    script = ("import json, sys; sys.path.insert(0, 'bench/gpu'); import tune as g; out = {}\n"
               "for k in ('stats_gluon', 'dlogits_gluon'):\n"
               "    n = 'linear_logprobs.' + k; b = g.base_config(n, 8192, 4096, 151936, 'bf16', 90)\n"
               "    out[k] = [b, g.stage1(n, b, 'bf16', 90), g.stage1(n, b, 'bf16', 90, pingpong=True)]\n"
@@ -181,15 +181,15 @@ def test_per_hidden_size_entries_are_read_at_the_nearest_hidden_size(table, monk
 
 
 def test_tune_at_times_the_finalists_at_another_hidden_size():
-    """bench/gpu_tune_shapes.py with the GPU replaced: per kernel, the four fastest distinct configurations
+    """bench/gpu/tune_shapes.py with the GPU replaced: per kernel, the four fastest distinct configurations
     of its main sweep that matched (never one with ms inf), the built-in one and the ping-pong built-in
     are timed at the new hidden size whatever the budget, then the main sweep's other matching ones
     while the budget lasts; the fastest there becomes ``by_h`` (here one that was only sixth at the
     main shape); the kinds are chosen again among the H winners."""
     import types
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
     try:
-        import gpu_tune_shapes as S
+        import tune_shapes as S
     finally:
         sys.path.pop(0)
     from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS
@@ -298,7 +298,7 @@ def test_pacs_launch_config_reads_the_dry_run_table(table, monkeypatch):
 
 
 def test_choose_times_the_kinds_in_alternation_and_takes_the_fastest_median(monkeypatch):
-    """bench/gpu_tune.py's measured choice with the GPU timer replaced: the kinds' winners are timed
+    """bench/gpu/tune.py's measured choice with the GPU timer replaced: the kinds' winners are timed
     round-robin (never one kind's rounds back to back), each under its own override (forward kind and
     configuration), the fastest median wins, a kind whose sweep matched nothing (ms inf) or that
     fails now is not chosen, and fewer than two candidates give no entry."""
@@ -354,9 +354,9 @@ def test_tune_at_writes_no_entry_when_no_finalist_matches():
     """A kernel whose finalists all fail or disagree with the reference at the new hidden size gets no
     ``by_h`` entry (the main measurement keeps serving that size)."""
     import types
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
     try:
-        import gpu_tune_shapes as S
+        import tune_shapes as S
     finally:
         sys.path.pop(0)
     base = dict(BLOCK_N=128)

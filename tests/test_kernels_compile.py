@@ -182,7 +182,7 @@ def test_pacs_padded_streams_are_vectorised(report):
     a scalar load of a tile (32 per thread of 8-bit mask / 16-bit bf16 / 32-bit values) would
     multiply the load instructions per byte. Allowed scalar loads: the backward's coef[row] and
     grad (2); its dlogp stores are 16-byte. Packed rows start anywhere, so their loads are scalar
-    (not checked). The check is ``aot.pacs_access_problems`` (bench/gpu_tune_pacs.py filters its
+    (not checked). The check is ``aot.pacs_access_problems`` (bench/gpu/tune_pacs.py filters its
     candidates with it)."""
     from pacs_fast.kernels import aot
     bad = [(c["label"], c["shapes"], aot.pacs_access_problems(c)) for c in report["cases"]
@@ -211,6 +211,7 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     from pacs_fast.kernels import linear_logprobs as KL, linear_logprobs_fwd as KLF, pacs_loss as KP, \
         pacs_loss_launch as KPL, token_logprobs as KT
     from pacs_fast.kernels import linear_logprobs_bwd as KLB, linear_logprobs_gluon as KLG, linear_logprobs_tma as KLT
+    from pacs_fast.kernels import linear_logprobs_launch as KLL
     calls = []
     for mod, names in ((KT, ("_stats_fwd_kernel", "_grad_bwd_kernel")),
                        (KL, ("_stats_fwd_kernel", "_grad_bwd_kernel", "_dlogits_kernel")),
@@ -220,7 +221,8 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
         for name in names:
             monkeypatch.setattr(mod, name, _Recorder(calls))
     monkeypatch.setattr(KT, "device_arch", lambda d: arch)
-    monkeypatch.setattr(KL, "device_arch", lambda d: arch)
+    monkeypatch.setattr(KL, "device_arch", lambda d: arch)  # the dispatcher's kernel choice
+    monkeypatch.setattr(KLL, "device_arch", lambda d: arch)  # every launcher's launch_config (_cfg)
     monkeypatch.setattr(KP, "_arch", lambda d: arch)
 
     def check(cfg, keys):

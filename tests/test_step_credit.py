@@ -122,7 +122,10 @@ def test_bad_returns_name_the_key():
     tok, pids, rids, batch = char_batch(["1+1="], [["a;b", "c"]], [1.0, 0.0])
     for fn, match in ((lambda p, s, a: [[1.0]], "returned 1 lists for 2 responses"),
                       (lambda p, s, a: [[1.0], [1.0]], "returned 1 rewards for response 0, which has 2 steps"),
-                      (lambda p, s, a: [[1.0, float("nan")], [0.0]], "non-finite")):
+                      (lambda p, s, a: [[1.0, float("nan")], [0.0]], "non-finite"),
+                      # finite in float64 but overflowing the float32 update (it stopped blaming learner.lr)
+                      (lambda p, s, a: [[1.0, 1e30], [0.0]], r"returned a step reward of 1e\+30 for response 0: "
+                                                             r"step rewards must lie within \+-1e\+06")):
         with pytest.raises(ValueError, match="reward.step_rewards " + match if "non" not in match else match):
             StepCredit(fn, tok, split=";").advantages(pids, rids, ["2"], batch)
 

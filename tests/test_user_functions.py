@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pacs_fast.trainer.rewards import UserFunctionError
+from pacs_fast.trainer.user_functions import UserFunctionError
 from pacs_fast.trainer.user_functions import call_with_time_limit, checked_flags, checked_numbers
 
 from test_run_safety import cache, cli  # noqa: F401  (fixture)

@@ -23,10 +23,7 @@ import importlib
 
 import numpy as np
 
-
-class UserFunctionError(ValueError):
-    """A user function the config names (``reward.appeal``, ``reward.step_rewards``) returned
-    something unusable; the trainer stops the run on it with this one-line message."""
+from pacs_fast.trainer.user_functions import call_with_time_limit, checked_flags
 
 
 def load_callable(spec: str, key: str):
@@ -123,8 +120,6 @@ class Scorer:
 
     def _appeal(self, texts, answers, rewards) -> None:
         neg = [i for i, r in enumerate(rewards) if r <= 0.5]
-        from pacs_fast.trainer.user_functions import call_with_time_limit, checked_flags
-
         verdicts = []
         if neg:
             got = call_with_time_limit(self.appeal, ([texts[i] for i in neg], [answers[i] for i in neg]),

@@ -37,10 +37,13 @@ import torch
 
 from pacs_fast.algorithms.process_rewards import process_advantages, token_advantages
 from pacs_fast.learner.base import RolloutBatch
-from pacs_fast.trainer.rewards import UserFunctionError, load_callable
-from pacs_fast.trainer.user_functions import as_list, call_with_time_limit, checked_numbers
+from pacs_fast.trainer.rewards import load_callable
+from pacs_fast.trainer.user_functions import UserFunctionError, as_list, call_with_time_limit, checked_numbers
 
 KEY = "reward.step_rewards"
+# Step rewards are scores, not magnitudes: beyond this the float32 advantages, loss and gradients of
+# the update overflow (1e30 passed the finite check and stopped the run blaming learner.lr).
+MAX_STEP_REWARD = 1e6
 
 
 def step_ends(pieces: list[str], delimiter: str) -> list[int]:
@@ -117,6 +120,11 @@ class StepCredit:
         end_cols = torch.zeros(len(rows), K, dtype=torch.long)
         for b, ((i, _), (ends, _), r) in enumerate(zip(rows, split, got)):
             r = checked_numbers(r, key=KEY, what=f"response {b}")
+            big = [x for x in r if abs(x) > MAX_STEP_REWARD]
+            if big:
+                raise UserFunctionError(f"{KEY} returned a step reward of {big[0]:g} for response {b}: step rewards "
+                                        f"must lie within +-{MAX_STEP_REWARD:g} (the update computes in float32; "
+                                        f"rescale the scores)")
             if len(r) != len(ends):
                 raise UserFunctionError(f"reward.step_rewards returned {len(r)} rewards for response {b}, which has "
                                  f"{len(ends)} steps")

@@ -4,8 +4,9 @@ A user function runs with a time limit (``reward.user_fn_timeout_s``) and its re
 type before anything uses it: a list / tuple (or a 1-D numpy array / torch tensor) of numbers or
 bools. A string is never iterated by character (``"0000"`` is not four verdicts), ``None`` and nested
 lists are refused. Every failure -- a hang, an exception, a bad return -- raises
-:class:`~pacs_fast.trainer.rewards.UserFunctionError` with one line naming the key; the training
-loop turns it into a stop that names the step and saves nothing for it.
+:class:`UserFunctionError` with one line naming the key; the training loop turns it into a stop that
+names the step and saves nothing for it. This module imports nothing from the rest of ``pacs_fast``
+(pacs_fast/trainer/rewards.py and step_credit.py call it).
 
 A function that never returns cannot be killed from Python: it is left running in a daemon thread
 and the run stops (the process exits, the thread with it).
@@ -16,7 +17,10 @@ import math
 import numbers
 import threading
 
-from pacs_fast.trainer.rewards import UserFunctionError
+
+class UserFunctionError(ValueError):
+    """A user function the config names (``reward.appeal``, ``reward.step_rewards``) returned
+    something unusable; the trainer stops the run on it with this one-line message."""
 
 
 def call_with_time_limit(fn, args: tuple, *, key: str, timeout_s: float):

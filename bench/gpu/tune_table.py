@@ -1,4 +1,4 @@
-"""bench/gpu_tune.py's hook into the kernel files and its table: ``override`` (a candidate set as the
+"""bench/gpu/tune.py's hook into the kernel files and its table: ``override`` (a candidate set as the
 kernel file's ``CONFIG``, which ``launch_config`` lets win), ``write_table`` (the measured entries merged
 into ``sm_<arch>.json``, atomically) and the read-back checks that ``launch_config``, ``forward_kind`` and
 ``dz_kind`` then return what was written, at the main shape and at each measured hidden size.

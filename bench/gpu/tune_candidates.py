@@ -1,4 +1,4 @@
-"""Launch candidates of bench/gpu_tune.py's sweeps: stage 1 (tiles, warps, stages; the Gluon kernels'
+"""Launch candidates of bench/gpu/tune.py's sweeps: stage 1 (tiles, warps, stages; the Gluon kernels'
 ping-pong launches with ``pingpong``), stage 2 (GROUP_N and the forwards' grid knobs around the
 stage-1 winner), ordered as a local search from the built-in configuration. Pure functions of the
 built-in configuration, the dtype and the architecture's shared-memory limit: nothing is compiled or run.

@@ -2,9 +2,9 @@
 
 Run on a CUDA machine (first measured on an H100: bench/results/gpu/20261124_h100/):
 
-    python bench/gpu_logprobs.py                                  # N=8192, H=4096, V=151936, bf16
-    python bench/gpu_logprobs.py --shapes 4096x896x151936,8192x4096x151936 --dtype bf16
-    python bench/gpu_logprobs.py --device cpu --shapes 64x64x1000  # smoke test of the script
+    python bench/gpu/logprobs.py                                  # N=8192, H=4096, V=151936, bf16
+    python bench/gpu/logprobs.py --shapes 4096x896x151936,8192x4096x151936 --dtype bf16
+    python bench/gpu/logprobs.py --device cpu --shapes 64x64x1000  # smoke test of the script
 
 Methods: ``pacs_triton`` (the default: the GEMM-shaped tiled forward kernel, chunked GEMM backward: a
 Triton dz chunk + two cuBLAS GEMMs per vocab chunk; where the tuned table holds a measured kernel choice,
@@ -17,7 +17,7 @@ warp-specialised Gluon kernels, ``CONFIG["FWD"] = "gluon"`` and ``CONFIG["DLOGIT
 kernels/linear_logprobs_gluon.py: the forward and the chunked backward's dz kernel; Hopper only, elsewhere
 the tiled forward and the pointer dz kernel; ``pacs_triton_gluon_fwd`` / ``_dz``: one of the two;
 ``pacs_triton_gluon_pp``: both with their ping-pong launches (``PINGPONG_CONFIGS``); not in the
-default list: bench/gpu_lease.sh adds them once their float64 checks have passed on the GPU, since a broken
+default list: bench/gpu/lease.sh adds them once their float64 checks have passed on the GPU, since a broken
 mbarrier protocol hangs instead of failing), ``pacs_triton_atomic`` (the default forward, the one-pass
 atomic backward kernel), ``pacs_torch`` (the chunked torch backend on cuBLAS),
 ``naive`` (matmul -> log_softmax -> gather, entropy; skipped when [N, V] would not fit),
@@ -54,8 +54,9 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
 from cuda_profile import device_events  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -360,7 +361,7 @@ def main():
                         print(f"    {part}: " + "; ".join(f"{k['kernel'][:40]} {k['us'] / 1e3:.2f} ms "
                                                         f"({k['share']:.0%})" for k in r[part]), flush=True)
     dev = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+    out = args.out or os.path.join(HERE, "..", "results",
                                    time.strftime("gpu_logprobs_%Y%m%d_%H%M%S.json"))
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out + ".tmp", "w") as f:

@@ -5,7 +5,7 @@ Shape (Qwen2.5-0.5B's config.json): hidden 896, intermediate 4,864, 24 layers, 1
 tokenizer is pacs_fast's character tokenizer (the built-in arithmetic task needs no other), so
 the vocabulary rows past its ~100 tokens are padding rows, as in every Qwen checkpoint.
 
-    python bench/gpu_make_model.py OUT_DIR [--tiny]    # --tiny: a 2-layer hidden-128 model (CPU dry run)
+    python bench/gpu/make_model.py OUT_DIR [--tiny]    # --tiny: a 2-layer hidden-128 model (CPU dry run)
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,

@@ -2,21 +2,21 @@
 # Wheels for a GPU machine without network (docs/GPU.md): what the GPU suite's product runs need and a
 # stock PyTorch image lacks, at the versions of requirements/ci.lock, for CPython 3.12 on x86-64.
 #
-#   bash bench/gpu_wheels.sh [DIR]        # here, with network; DIR defaults to .whl (git-ignored)
+#   bash bench/gpu/wheels.sh [DIR]        # here, with network; DIR defaults to .whl (git-ignored)
 #
 # Then, on the GPU machine, before the suite:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site DIR/*.whl && export PYTHONPATH=/tmp/site
 # megatron-core (the megatron learner at TP=1), trl + datasets (the TRL adapter), math-verify (the
 # verifier). vLLM is not among them (too large to carry): the suite says so and uses the HF engine.
 set -euo pipefail
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-DIR="${1:-$HERE/../.whl}"
-LOCK="$HERE/../requirements/ci.lock"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DIR="${1:-$ROOT/.whl}"
+LOCK="$ROOT/requirements/ci.lock"
 NAMES=(megatron-core trl datasets dill multiprocess math-verify latex2sympy2-extended antlr4-python3-runtime)
 PINS=()
 for n in "${NAMES[@]}"; do
   pin=$(grep -i "^$n==" "$LOCK" || true)
-  [[ -n "$pin" ]] || { echo "gpu_wheels: $n is not in $LOCK" >&2; exit 2; }
+  [[ -n "$pin" ]] || { echo "bench/gpu/wheels.sh: $n is not in $LOCK" >&2; exit 2; }
   PINS+=("${pin%% *}")
 done
 mkdir -p "$DIR"

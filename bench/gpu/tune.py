@@ -4,9 +4,9 @@ at the real shapes on one GPU (~8 minutes on an H100) and write the winners to
 (kernels/tuning.py: an explicit ``CONFIG`` override wins over the measured table, which wins over the
 built-in compile-model table).
 
-    python bench/gpu_tune.py                          # on the GPU: writes kernels/tuned/sm_90.json on an H100
-    python bench/gpu_tune.py --kernels linear_logprobs.stats_tiles --budget-s 200
-    python bench/gpu_tune.py --dry-run                # CPU: enumerate, AOT-filter a subset, write to a temp dir
+    python bench/gpu/tune.py                          # on the GPU: writes kernels/tuned/sm_90.json on an H100
+    python bench/gpu/tune.py --kernels linear_logprobs.stats_tiles --budget-s 200
+    python bench/gpu/tune.py --dry-run                # CPU: enumerate, AOT-filter a subset, write to a temp dir
 
 Kernels (N=8192, H=4096, V=151,936, bf16 by default; ``--dtype fp32`` tunes the fp32 entries):
 ``linear_logprobs.stats_tiles`` (the default forward, timed with the merge of its partials, which
@@ -20,7 +20,7 @@ the Triton dz chunks plus the cuBLAS GEMMs), ``linear_logprobs.grad_bwd`` (the a
 ``pacs_loss.fwd_sums`` (pass A), ``pacs_loss.fwd`` (pass B; both timed as the forward) and
 ``pacs_loss.bwd`` (B=1024, T=4096 and B=8192, T=1024, G=8, ``--pacs-dtype`` fp32 log-probs) are
 shape-adaptive: their entries hold the launch policy the tiles are derived from (bytes per program,
-programs per SM, warps, stages), not tiles; bench/gpu_tune_pacs.py sweeps and times them (~20 % of
+programs per SM, warps, stages), not tiles; bench/gpu/tune_pacs.py sweeps and times them (~20 % of
 the budget) with the same kind of compile filter (plus the compile test's PACS access checks),
 override hook (``pacs_loss_launch.POLICY``) and "never slower" rule as below.
 
@@ -33,7 +33,7 @@ the arch's limit, tensor cores for bf16) and dropped if it fails, in batches of 
 compile process, each batch timed before the next is compiled (so a short share is spent on the
 nearest candidates, compiled and timed, not on compiling ones never timed); survivors are run
 through the real launcher with the candidate set in the kernel file's ``CONFIG`` (the override hook,
-bench/gpu_tune_table.py), checked against the built-in configuration's output, and timed
+bench/gpu/tune_table.py), checked against the built-in configuration's output, and timed
 (median of CUDA-event times). A kernel's budget share ends its sweep early (the JSON says how many
 candidates were timed out of how many enumerated). The built-in configuration is always timed
 first, so a winner is never slower than it in the same run.
@@ -45,7 +45,7 @@ table's measured choice (``linear_logprobs.forward.16`` / ``linear_logprobs.dz.1
 ``forward_kind`` / ``dz_kind`` of kernels/linear_logprobs.py then follow when ``CONFIG`` names none:
 the fastest kernel becomes the default on that architecture, with the timings in the JSON.
 
-``--also-h 896`` (bench/gpu_tune_shapes.py): each log-prob kernel's finalists (the fastest few of its
+``--also-h 896`` (bench/gpu/tune_shapes.py): each log-prob kernel's finalists (the fastest few of its
 sweep, the built-in launch, the ping-pong one; then its other timed launches while the budget lasts)
 timed again at those hidden sizes, N and V unchanged, and
 the kinds chosen again there: ``by_h`` parts of the entries, which a launch at the nearest hidden size
@@ -72,7 +72,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels (and AOT compiles) 
 
 import torch  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from pacs_fast.kernels import aot, linear_logprobs as KL, linear_logprobs_bwd as KLB, token_logprobs as KT, \
@@ -81,11 +81,11 @@ from pacs_fast.kernels.linear_logprobs_launch import PINGPONG_CONFIGS  # noqa: E
 from pacs_fast.ops import vocab_parallel as vp  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_tune_pacs  # noqa: E402
-from gpu_tune_candidates import stage1, stage2  # noqa: E402
-import gpu_tune_shapes  # noqa: E402
-from gpu_tune_table import (DTYPES, MODULES, check_choices_read_back, check_read_back, override,  # noqa: E402,F401
-                            write_table)
+import tune_pacs  # noqa: E402
+from tune_candidates import stage1, stage2  # noqa: E402
+import tune_shapes  # noqa: E402
+from tune_table import (DTYPES, MODULES, check_choices_read_back, check_read_back, override,  # noqa: E402,F401
+                        write_table)
 
 SPECS = ("linear_logprobs.stats_tiles", "linear_logprobs.stats_tma", "linear_logprobs.stats_gluon",
          "linear_logprobs.dlogits", "linear_logprobs.dlogits_gluon",
@@ -115,7 +115,7 @@ def base_config(name, n, h, v, dt, arch):
         tuning.TUNED_DIR = saved
 
 
-# ---- the compile filter (the override hook: gpu_tune_table.py) ----------------------------------
+# ---- the compile filter (the override hook: tune_table.py) --------------------------------------
 
 def _compile_worker(case_dict):
     r = aot.compile_case(aot.Case(**case_dict))
@@ -404,21 +404,21 @@ def main(argv=None):
         if rec is not None:
             results[tuning.entry_key("linear_logprobs", job, width)] = rec
     for h2 in also_h if lp_names else ():
-        gpu_tune_shapes.tune_at(sys.modules[__name__], h2, [k for k in lp_names if k.startswith("linear_logprobs.")],
+        tune_shapes.tune_at(sys.modules[__name__], h2, [k for k in lp_names if k.startswith("linear_logprobs.")],
                                 timed_by, results, n=n, v=v, dt=dt, width=width,
                                 iters=args.iters, tol=tol, budget_s=args.budget_s * ALSO_H_SHARE,
                                 dry_run=args.dry_run, log=log)
     if pacs:
         del runners  # the log-prob runners' GPU memory
         budget = budget_s * sum(BUDGET_SHARE[k] for k in pacs) / sum(BUDGET_SHARE[k] for k in names)
-        results.update(gpu_tune_pacs.tune([k.split(".")[1] for k in pacs], arch=arch, dt=args.pacs_dtype,
+        results.update(tune_pacs.tune([k.split(".")[1] for k in pacs], arch=arch, dt=args.pacs_dtype,
                                           budget_s=budget, shares={k.split(".")[1]: BUDGET_SHARE[k] for k in pacs},
                                           iters=args.iters, jobs=args.jobs, dry_run=args.dry_run,
                                           subset=args.dry_run_subset, log=log))
     path = write_table(out_dir, arch, device, results, args.dry_run)
     check_read_back(path, arch, lp_results, n, h, v, dt)
     check_choices_read_back(path, arch, results, width)
-    gpu_tune_pacs.check_read_back(path, arch, {k: r for k, r in results.items() if k.startswith("pacs_loss.")})
+    tune_pacs.check_read_back(path, arch, {k: r for k, r in results.items() if k.startswith("pacs_loss.")})
     log(f"wrote {path} ({time.time() - t0:.0f} s)")
     return 0
 

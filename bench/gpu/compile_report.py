@@ -8,9 +8,9 @@ row offsets. ``--update-doc docs/GPU.md``
 rewrites the table between the ``compile-table`` markers of that file (so the doc is generated,
 never typed by hand).
 
-    python bench/gpu_compile_report.py                           # compile (about 1-3 min on 2 cores) and print
-    python bench/gpu_compile_report.py --update-doc docs/GPU.md  # and refresh the doc
-    python bench/gpu_compile_report.py --json aot.json           # table of an earlier run
+    python bench/gpu/compile_report.py                           # compile (about 1-3 min on 2 cores) and print
+    python bench/gpu/compile_report.py --update-doc docs/GPU.md  # and refresh the doc
+    python bench/gpu/compile_report.py --json aot.json           # table of an earlier run
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START, END = "<!-- compile-table:start -->", "<!-- compile-table:end -->"
 
 

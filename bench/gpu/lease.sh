@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 22's measurements in one device call (a lease is ~15 device-minutes, machine start included):
 #
-#   bash bench/gpu_lease.sh OUT_DIR [main|product|final]
+#   bash bench/gpu/lease.sh OUT_DIR [main|product|final]
 #
 # main (one ~9-minute call, the priority order of docs/GPU.md):
-#   1. suite   bench/gpu_suite.py --steps env,gpu_tests,logprobs,pacs_loss: the gpu tests, the log-prob
+#   1. suite   bench/gpu/suite.py --steps env,gpu_tests,logprobs,pacs_loss: the gpu tests, the log-prob
 #              kernels against the GEMM floors and Liger, the PACS loss against the copy floor (built-in tables)
-#   2. tune    bench/gpu_tune.py on the log-prob forwards and dz kernels (short budget; the finalists timed
+#   2. tune    bench/gpu/tune.py on the log-prob forwards and dz kernels (short budget; the finalists timed
 #              again at H=896, --also-h), written to kernels/tuned/sm_<arch>.json of this checkout (the PACS
 #              loss keeps the table measured before)
 #   3. tuned   the log-prob benchmark again, now reading the measured table (with --profile: each Triton
@@ -16,7 +16,7 @@
 #   only once their float64 check (tests/test_linear_logprobs_gluon.py, in a time-limited subprocess) has
 #   passed in this call: a wrong mbarrier protocol hangs rather than fails; their ping-pong launches join
 #   the tuning (--pingpong) only where their own check passed too.
-# product (a short second call): bench/gpu_suite.py --steps env,compile,megatron_run,trl_run.
+# product (a short second call): bench/gpu/suite.py --steps env,compile,megatron_run,trl_run.
 # final (after changes made from what main showed): the Gluon kernels' check, the PACS loss (and on .old/,
 #   an earlier tree, when present), the log-probs with their alternating floors, the gpu tests, the megatron run.
 #   With .old/ (e.g. mkdir .old && git archive a29a09a | tar -x -C .old: the tl.exp epilogues), the default
@@ -24,11 +24,11 @@
 #
 # Every phase is time-limited and independent; after each one OUT_DIR/lease.tgz holds everything so far
 # (logs, JSON, the tuned table; never a model or checkpoint), so a call cut off still returns its phases.
-# Wheels in .whl/ (bash bench/gpu_wheels.sh; liger-kernel for the comparison) are installed first.
+# Wheels in .whl/ (bash bench/gpu/wheels.sh; liger-kernel for the comparison) are installed first.
 set -uo pipefail
-OUT="${1:?usage: bash bench/gpu_lease.sh OUT_DIR [main|product|final]}"
+OUT="${1:?usage: bash bench/gpu/lease.sh OUT_DIR [main|product|final]}"
 MODE="${2:-main}"
-case "$MODE" in main|product|final) ;; *) echo "gpu_lease.sh: mode must be main, product or final, got '$MODE'" >&2; exit 2;; esac
+case "$MODE" in main|product|final) ;; *) echo "bench/gpu/lease.sh: mode must be main, product or final, got '$MODE'" >&2; exit 2;; esac
 PY="${PYTHON:-python3}"
 W="${TMPDIR:-/tmp}/gpu_lease_$MODE"
 rm -rf "$W" && mkdir -p "$W" "$OUT"
@@ -80,20 +80,20 @@ gluon_methods() {  # gluon_methods JUNIT_XML: GLUON (bench methods), GLUON_K (tu
   echo "== Gluon kernels that passed their float64 check here: forward $fwd, dz $dz; ping-pong: ${PINGPONG:-none}"
 }
 if [[ "$MODE" == main ]]; then
-  phase suite 230 "$PY" bench/gpu_suite.py "$W/suite" --steps env,gpu_tests,logprobs,pacs_loss --budget-s 220
+  phase suite 230 "$PY" bench/gpu/suite.py "$W/suite" --steps env,gpu_tests,logprobs,pacs_loss --budget-s 220
   gluon_methods "$W/suite/gpu_tests.xml"
   K=linear_logprobs.stats_tiles,linear_logprobs.stats_tma,linear_logprobs.dlogits,linear_logprobs.dlogits_tma$GLUON_K
   # the log-prob kernels only: the PACS loss's table was measured on 2026-11-26 (0.68-0.74 of the copy);
   # the tuner merges into the table it finds in --out-dir, so it starts from this checkout's (on
   # 2026-11-27 it started from an empty folder and the table it wrote had lost the PACS loss's entries)
   mkdir -p "$W/tuned" && cp kernels/tuned/sm_*.json "$W/tuned/" 2>/dev/null
-  phase tune 175 "$PY" bench/gpu_tune.py --kernels "$K" --pingpong "$PINGPONG" --also-h 896 --budget-s 140 \
+  phase tune 175 "$PY" bench/gpu/tune.py --kernels "$K" --pingpong "$PINGPONG" --also-h 896 --budget-s 140 \
     --out-dir "$W/tuned"
   if compgen -G "$W/tuned/sm_*.json" > /dev/null; then mkdir -p kernels/tuned && cp "$W"/tuned/sm_*.json kernels/tuned/; fi
-  phase tuned_logprobs 90 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \
+  phase tuned_logprobs 90 "$PY" bench/gpu/logprobs.py --shapes 8192x4096x151936 \
     --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" \
     --iters 5 --profile --out "$W/logprobs_tuned.json"
-  phase shapes 90 "$PY" bench/gpu_logprobs.py --shapes 8192x896x151936,8192x3584x151936,8192x4096x32000 \
+  phase shapes 90 "$PY" bench/gpu/logprobs.py --shapes 8192x896x151936,8192x3584x151936,8192x4096x32000 \
     --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" --iters 3 --out "$W/logprobs_shapes.json"
 elif [[ "$MODE" == final ]]; then  # ~6 minutes (~8 with .old/)
   phase gluon_check 200 "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_linear_logprobs_gluon.py \
@@ -105,18 +105,20 @@ elif [[ "$MODE" == final ]]; then  # ~6 minutes (~8 with .old/)
     phase pacs_loss_old 35 env PYTHONPATH=".old:$PYTHONPATH" "$PY" .old/bench/bench_pacs_loss.py \
       --device cuda --repeat 10 --loop-max-b 0 --out "$W/pacs_loss_old.json"
   fi
-  phase logprobs_final 75 "$PY" bench/gpu_logprobs.py --shapes 8192x4096x151936 \
+  phase logprobs_final 75 "$PY" bench/gpu/logprobs.py --shapes 8192x4096x151936 \
     --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" \
     --iters 5 --profile --out "$W/logprobs_final.json"
   if [[ -d .old/pacs_fast ]]; then  # A/B of the default log-prob path: the earlier tree, then this one
     AB=(--shapes 8192x896x151936,8192x4096x151936 --methods pacs_triton --iters 5)
-    phase logprobs_ab_old 60 env PYTHONPATH=".old:$PYTHONPATH" "$PY" .old/bench/gpu_logprobs.py "${AB[@]}" \
+    OLD_LP=.old/bench/gpu/logprobs.py
+    [[ -f "$OLD_LP" ]] || OLD_LP=.old/bench/gpu_logprobs.py  # a tree from before bench/gpu/ existed
+    phase logprobs_ab_old 60 env PYTHONPATH=".old:$PYTHONPATH" "$PY" "$OLD_LP" "${AB[@]}" \
       --out "$W/logprobs_ab_old.json"
-    phase logprobs_ab_new 60 "$PY" bench/gpu_logprobs.py "${AB[@]}" --out "$W/logprobs_ab_new.json"
+    phase logprobs_ab_new 60 "$PY" bench/gpu/logprobs.py "${AB[@]}" --out "$W/logprobs_ab_new.json"
   fi
   phase gpu_tests_final 50 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests
-  phase megatron 75 "$PY" bench/gpu_suite.py "$W/suite" --steps megatron_run --budget-s 70
+  phase megatron 75 "$PY" bench/gpu/suite.py "$W/suite" --steps megatron_run --budget-s 70
 else
-  phase product 330 "$PY" bench/gpu_suite.py "$W/suite" --steps env,compile,megatron_run,trl_run --budget-s 320
+  phase product 330 "$PY" bench/gpu/suite.py "$W/suite" --steps env,compile,megatron_run,trl_run --budget-s 320
 fi
 echo "== done after $(( $(date +%s) - T0 )) s"

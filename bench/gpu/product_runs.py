@@ -1,7 +1,7 @@
 """More of the product on one GPU (issue 22 item 5), for the GPU suite:
 
-    python bench/gpu_product_runs.py megatron MODEL OUT_JSON [--dry-run]
-    python bench/gpu_product_runs.py trl MODEL OUT_JSON [--dry-run]
+    python bench/gpu/product_runs.py megatron MODEL OUT_JSON [--dry-run]
+    python bench/gpu/product_runs.py trl MODEL OUT_JSON [--dry-run]
 
 - ``megatron``: the megatron learner at TP=1 (one process, ``torchrun --nproc_per_node 1``) for a few
   PACS steps of ``python -m pacs_fast.train`` with the Triton log-probs (HF rollouts: a GPU image
@@ -10,7 +10,7 @@
   (bf16 on CUDA), a parity reward; the logged losses and the wall time per step.
 
 Each writes ``OUT_JSON``: ``{"ok", "why", ...}``. A package that is missing (megatron-core, trl,
-datasets: ``bash bench/gpu_wheels.sh`` brings them as wheels) gives ``ok: false`` with
+datasets: ``bash bench/gpu/wheels.sh`` brings them as wheels) gives ``ok: false`` with
 ``"missing": NAME``, which the suite reports as not run, not as a failure of the product.
 ``--dry-run``: CPU, fp32, tiny settings (checks the plumbing).
 """
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _missing(*names: str) -> str | None:

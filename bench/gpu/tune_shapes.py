@@ -1,4 +1,4 @@
-"""Per-hidden-size entries of bench/gpu_tune.py (``--also-h 896,...``): the main sweep's finalists timed
+"""Per-hidden-size entries of bench/gpu/tune.py (``--also-h 896,...``): the main sweep's finalists timed
 again at other hidden sizes.
 
 The tuner sweeps at one shape (N=8192, H=4096, V=151,936). A launch that wins there need not win at
@@ -13,7 +13,7 @@ H=896), are timed again at N x h x V. No compile: H is a runtime argument of eve
 (both sizes are multiples of 16, Triton's only specialisation of it), so they are the kernels already
 compiled. Each is checked against the default path's output at that shape, as in the main sweep, and
 the fastest becomes ``by_h[h]`` of the kernel's entry; then the kinds doing the same job are timed in
-alternation at ``h`` with their ``h`` winners (bench/gpu_tune.py ``choose``) for ``by_h[h]`` of the
+alternation at ``h`` with their ``h`` winners (bench/gpu/tune.py ``choose``) for ``by_h[h]`` of the
 choice entry. kernels/tuning.py gives a launch the measurement at the hidden size nearest its own
 (ratio distance: H=1536 takes H=896's, H=2048 H=4096's).
 
@@ -51,7 +51,7 @@ def tune_at(g, h, names, timed_by, results, *, n, v, dt, width, iters, tol, budg
     """Times ``names`` (log-prob kernels swept at the main shape; ``timed_by[name]`` their timings,
     ``results`` the table entries being written, keyed ``<name>.<width>``) at hidden size ``h`` and
     adds ``by_h[str(h)]`` to their entries and to the choice entries ``results`` holds. ``g``: the
-    bench/gpu_tune module (its runners, timer, override and ``choose``). Returns the records added."""
+    bench/gpu/tune.py module (its runners, timer, override and ``choose``). Returns the records added."""
     shape = f"N{n} H{h} V{v}"
     end = time.time() + budget_s
     runners = None if dry_run else g.make_runners(n, h, v, g.DTYPES[dt], "cuda")

@@ -1,12 +1,12 @@
-"""One-command GPU validation (driven by ``bash bench/gpu_suite.sh OUT_DIR [--dry-run]``).
+"""One-command GPU validation (driven by ``bash bench/gpu/suite.sh OUT_DIR [--dry-run]``).
 
 Steps (each in its own process, log in OUT_DIR/logs/<step>.log, time-limited; the whole suite is
 sized to finish in < 9 minutes on one H100):
 
 1. ``env``        CUDA present, device name, torch / triton versions, backend "auto" resolves to Triton.
 2. ``gpu_tests``  every ``pytest -m gpu`` test; any failure, error or skip fails the suite.
-3. ``compile``    the ahead-of-time compile table (bench/gpu_compile_report.py) for this Triton.
-4. ``logprobs``   bench/gpu_logprobs.py at N=8192, H=4096, V=151,936, bf16, forward+backward with
+3. ``compile``    the ahead-of-time compile table (bench/gpu/compile_report.py) for this Triton.
+4. ``logprobs``   bench/gpu/logprobs.py at N=8192, H=4096, V=151,936, bf16, forward+backward with
                   entropy: both Triton backwards (chunked GEMM, atomic), the torch backend, naive
                   torch and Liger's fused linear cross-entropy when installed.
 5. ``pacs_loss``  bench/bench_pacs_loss.py: fused kernels vs the torch path and the copy floor at
@@ -14,13 +14,13 @@ sized to finish in < 9 minutes on one H100):
 6. ``pacs_run``   ``python -m pacs_fast.train`` for 20 PACS steps with vLLM rollouts (8 steps with
                   the HF engine where vLLM is not installed, named in the report) and the torch
                   learner (bf16, Triton log-probs) on a random-weight Qwen2.5-0.5B-shaped model
-                  (bench/gpu_make_model.py); step time by phase from the run's metrics.jsonl.
+                  (bench/gpu/make_model.py); step time by phase from the run's metrics.jsonl.
 7. ``megatron_run`` the megatron learner at TP=1 (torchrun, one process) for 3 PACS steps with the
-                  Triton log-probs and packed rows, HF rollouts (bench/gpu_product_runs.py).
+                  Triton log-probs and packed rows, HF rollouts (bench/gpu/product_runs.py).
 8. ``trl_run``    the TRL adapter (PACSTrainer) for 3 steps, bf16 on the GPU.
                   Steps 7-8 need megatron-core / trl + datasets, which a GPU image without network
-                  lacks: ``bash bench/gpu_wheels.sh`` (here) downloads them into ``.whl/`` and
-                  gpu_suite.sh installs them from there; without them the report says "not run".
+                  lacks: ``bash bench/gpu/wheels.sh`` (here) downloads them into ``.whl/`` and
+                  bench/gpu/suite.sh installs them from there; without them the report says "not run".
 
 Writes OUT_DIR/gpu_report.md and OUT_DIR/gpu_report.json (atomically) and exits 1 with a
 ``GPU SUITE FAILED`` line naming the steps when anything did not run on the GPU.
@@ -39,8 +39,9 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+HERE = os.path.dirname(os.path.abspath(__file__))  # bench/gpu
+BENCH = os.path.dirname(HERE)
+ROOT = os.path.dirname(BENCH)
 PY = sys.executable
 BUDGET_S = 540  # 9 minutes
 
@@ -175,7 +176,7 @@ class Suite:
 
     def compile_table(self):
         js, md = os.path.join(self.out, "compile.json"), os.path.join(self.out, "compile_table.md")
-        cmd = [PY, os.path.join(HERE, "gpu_compile_report.py"), "--save-json", js, "--out", md,
+        cmd = [PY, os.path.join(HERE, "compile_report.py"), "--save-json", js, "--out", md,
                "--jobs", str(min(8, os.cpu_count() or 1))]
         if self.dry:
             cmd += ["--archs", "90", "--modules", "pacs_loss"]
@@ -187,7 +188,7 @@ class Suite:
 
     def logprobs(self):
         js = os.path.join(self.out, "logprobs.json")
-        cmd = [PY, os.path.join(HERE, "gpu_logprobs.py"), "--strict", "--out", js]
+        cmd = [PY, os.path.join(HERE, "logprobs.py"), "--strict", "--out", js]
         env = _env()
         if self.dry:
             cmd += ["--device", "cpu", "--shapes", "16x32x300", "--dtype", "fp32", "--iters", "1",
@@ -209,7 +210,7 @@ class Suite:
 
     def pacs_loss(self):
         js = os.path.join(self.out, "pacs_loss.json")
-        cmd = [PY, os.path.join(HERE, "bench_pacs_loss.py"), "--out", js]
+        cmd = [PY, os.path.join(BENCH, "bench_pacs_loss.py"), "--out", js]
         cmd += (["--device", "cpu", "--B", "16", "--T", "64", "--repeat", "1", "--warmup", "0", "--fused-interpreted"]
                 if self.dry else ["--device", "cuda", "--repeat", "10", "--loop-max-b", "0"])
         rc, dt, tail = self.run("pacs_loss", cmd, 120)
@@ -223,7 +224,7 @@ class Suite:
 
     def pacs_run(self):
         model = os.path.join(self.out, "model_tiny" if self.dry else "model_qwen2.5-0.5b-shape")
-        rc, dt0, tail = self.run("make_model", [PY, os.path.join(HERE, "gpu_make_model.py"), model]
+        rc, dt0, tail = self.run("make_model", [PY, os.path.join(HERE, "make_model.py"), model]
                                  + (["--tiny"] if self.dry else []), 180)
         if rc != 0:
             self.record("pacs_run", False, dt0, why=f"making the model failed: {tail[-400:]}")
@@ -261,16 +262,16 @@ class Suite:
 
 
 def _product_run(suite, what: str, timeout: float) -> bool:
-    """bench/gpu_product_runs.py ``what`` on the suite's model (made by ``pacs_run``, or here)."""
+    """bench/gpu/product_runs.py ``what`` on the suite's model (made by ``pacs_run``, or here)."""
     model = os.path.join(suite.out, "model_tiny" if suite.dry else "model_qwen2.5-0.5b-shape")
     if not os.path.isdir(model):
-        rc, _, tail = suite.run("make_model", [PY, os.path.join(HERE, "gpu_make_model.py"), model]
+        rc, _, tail = suite.run("make_model", [PY, os.path.join(HERE, "make_model.py"), model]
                                 + (["--tiny"] if suite.dry else []), 180)
         if rc != 0:
             suite.record(f"{what}_run", False, 0.0, why=f"making the model failed: {tail[-400:]}")
             return False
     out = os.path.join(suite.out, f"{what}_run.json")
-    rc, dt, tail = suite.run(f"{what}_run", [PY, os.path.join(HERE, "gpu_product_runs.py"), what, model, out]
+    rc, dt, tail = suite.run(f"{what}_run", [PY, os.path.join(HERE, "product_runs.py"), what, model, out]
                              + (["--dry-run"] if suite.dry else []), timeout)
     try:
         with open(out) as f:
@@ -278,7 +279,7 @@ def _product_run(suite, what: str, timeout: float) -> bool:
     except (OSError, ValueError):
         res = {"ok": False, "why": f"rc {rc}: {tail[-600:]}"}
     if res.get("missing"):  # not installed here: reported, not a failure of the product
-        suite.record(f"{what}_run", True, dt, not_run=f"{res['missing']} is not installed (bash bench/gpu_wheels.sh)")
+        suite.record(f"{what}_run", True, dt, not_run=f"{res['missing']} is not installed (bash bench/gpu/wheels.sh)")
         return True
     suite.record(f"{what}_run", res.get("ok", False), dt, **{k: v for k, v in res.items() if k not in ("ok", "seconds")})
     return bool(res.get("ok"))

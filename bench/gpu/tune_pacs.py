@@ -1,4 +1,4 @@
-"""The PACS loss part of bench/gpu_tune.py: tunes the launch POLICY of kernels/pacs_loss_launch.py.
+"""The PACS loss part of bench/gpu/tune.py: tunes the launch POLICY of kernels/pacs_loss_launch.py.
 
 The loss's launch parameters are shape-adaptive (``launch_config`` derives ROWS, BLOCK_T, N_SPLIT
 and BLOCK_S from B and T), so what is measured and stored is not a tile but the shape-independent
@@ -251,7 +251,7 @@ def _short(p):
     return " ".join(f"{k}={v}" for k, v in p.items())
 
 
-# ---- the driver (called by bench/gpu_tune.py) -----------------------------------------------------
+# ---- the driver (called by bench/gpu/tune.py) -----------------------------------------------------
 
 def tune(kernels, *, arch, dt, budget_s, shares, iters, jobs, dry_run, subset, log):
     """Tunes ``kernels`` (of ``fwd_sums``, ``fwd``, ``bwd``) within ``budget_s`` (split by ``shares``);

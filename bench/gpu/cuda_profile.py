@@ -1,5 +1,5 @@
-"""Device time per call from the CUDA profiler, for the benchmarks (bench_pacs_loss.py's device-time
-columns, gpu_logprobs.py's ``--profile`` breakdown)."""
+"""Device time per call from the CUDA profiler, for the benchmarks (bench/bench_pacs_loss.py's device-time
+columns, bench/gpu/logprobs.py's ``--profile`` breakdown)."""
 from __future__ import annotations
 
 import torch
