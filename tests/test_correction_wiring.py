@@ -137,3 +137,18 @@ def test_trainer_records_the_correction(tmp_path, extra):
         assert r["correction/frac_truncated"] == 0 and r["correction/frac_rejected"] == 0
         assert abs(r["correction/kl_k1"]) < 1e-3 and 0 <= r["correction/kl_k3"] < 1e-5
         assert r["learner/grad_norm"] > 0
+
+
+def test_a_truncated_sampling_distribution_is_named_at_the_start():
+    """rollout.top_p < 1 with the correction on: the weights compare untruncated distributions, so
+    the run says so at its start (before: weights 1.0, nothing rejected, no word, issue 41); not
+    with top_p = 1, nor without a correction."""
+    from pacs_fast.trainer.correction import correction_warnings
+
+    on = ["rollout.ranks=1", "rollout.max_staleness=1"]  # asynchronous: the correction is on by default
+    lines = correction_warnings(load_config(None, on + ["rollout.top_p=0.9"]))
+    assert len(lines) == 1 and "rollout.top_p=0.9 truncates the sampling distribution" in lines[0]
+    assert "use rollout.top_p=1 for an exact correction" in lines[0]
+    assert correction_warnings(load_config(None, on)) == []
+    assert correction_warnings(load_config(None, ["rollout.top_p=0.9"])) == []  # synchronous: no correction
+    assert correction_warnings(load_config(None, ["rollout.top_p=0.9", "algo.name=grpo", "correction.is_level=token"]))

@@ -15,7 +15,7 @@ Temperature. The engines report log-probs under the temperature-1 distribution (
 the ratio is taken there: like is compared with like (the same logits, the same normaliser), and it
 measures what the correction is for (stale weights, other numerics), but it is the temperature-1
 ratio, not that of the tempered sampling distributions (close, not equal). ``rollout.top_p < 1`` is
-applied on neither side. A learner that fuses the old log-probs into its update computes them before
+applied on neither side: the run says so at its start (:func:`correction_warnings`). A learner that fuses the old log-probs into its update computes them before
 it when the correction is on (the weights are needed first), except where :func:`fused_correction`:
 at temperature 1 without rejection the update sets each row's weights from its own first forward
 (``update(correct=...)``), which is the proximal policy, so the correction costs no forward.
@@ -31,6 +31,18 @@ from pacs_fast.learner.base import RolloutBatch
 
 def correction_on(cfg: Config) -> bool:
     return (is_level(cfg), cfg.correction.rs_level) != ("none", "none")
+
+
+def correction_warnings(cfg: Config) -> list[str]:
+    """Lines to print at the start of a run whose correction cannot be what it claims: with
+    ``rollout.top_p < 1`` the behaviour policy is the nucleus (renormalised), which neither side of
+    the ratio includes, so the weights measure stale weights and numerics only, not the truncation."""
+    if not correction_on(cfg) or cfg.rollout.top_p >= 1:
+        return []
+    return [f"rollout.top_p={cfg.rollout.top_p:g} truncates the sampling distribution, and the off-policy correction "
+            f"(correction.is_level={is_level(cfg)}, rs_level={cfg.correction.rs_level}) compares the untruncated "
+            f"distributions: its weights do not include the truncation (a sampled token's behaviour probability is "
+            f"p / Z, Z the nucleus's mass); use rollout.top_p=1 for an exact correction (docs/OFF_POLICY.md)"]
 
 
 def fused_correction(cfg: Config, learner) -> bool:

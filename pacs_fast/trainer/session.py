@@ -20,6 +20,7 @@ import torch
 from pacs_fast.config import Config, unused_settings, validate
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
 from pacs_fast.trainer.checkpoint import checkpoints_newest_first, remove_stale_temporaries, restore_newest
+from pacs_fast.trainer.correction import correction_warnings
 from pacs_fast.trainer.evaluation import eval_line, evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
@@ -109,7 +110,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
     torch.manual_seed(cfg.train.seed)
     progress = Progress(cfg.train.steps, enabled=cfg.train.progress and world.is_main)
     log = progress.print if world.is_main else (lambda text: None)
-    for line in unused_settings(cfg):
+    for line in unused_settings(cfg) + correction_warnings(cfg):
         log(f"warning: {line}")
     try:
         train_problems, held_out = load_problems(cfg)  # bad files fail here, before any model work
