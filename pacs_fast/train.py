@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
 from pathlib import Path
 
@@ -72,6 +73,14 @@ def resolve(args) -> tuple[object, Path]:
     return cfg, run_dir
 
 
+def fail(message: str, code: int) -> None:
+    """Prints ``error: message`` once per launch (under torchrun every rank fails alike: global rank
+    0 prints) and exits with ``code``."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     try:
@@ -79,8 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as e:
         if args.debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e), 2)
     from pacs_fast.trainer.loop import SetupError, TrainingStopped, train  # heavy imports after the config is good
     try:
         if cfg.rollout.ranks:  # asynchronous: ranks 0..R-1 generate, the rest learn (pacs_fast/trainer/async_loop.py)
@@ -90,13 +98,11 @@ def main(argv: list[str] | None = None) -> dict:
     except SetupError as e:
         if args.debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e), 2)
     except TrainingStopped as e:
         if args.debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        fail(str(e), 1)
     except OSError as e:  # a full disk outside a checkpoint (metrics, samples, TensorBoard, plots)
         if args.debug or e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

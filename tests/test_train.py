@@ -121,8 +121,9 @@ def test_bad_input_fails_fast_with_a_clear_error(tmp_path, case, capsys):
         "bad_batch": ["train.prompts_per_step=6", "learner.mini_batch_prompts=4"],
         "no_checkpoint": ["--resume", str(tmp_path)],
     }[case]
-    if case == "no_checkpoint":
+    if case == "no_checkpoint":  # a damaged one (with none at all, --resume starts the run again from step 0)
         (tmp_path / "config.yaml").write_text("train:\n  steps: 2\n")
+        (tmp_path / "checkpoints" / "step_000001").mkdir(parents=True)
     else:
         args = args + [f"train.out_dir={tmp_path / 'runs'}"]
     with pytest.raises(SystemExit) as e:

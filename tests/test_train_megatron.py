@@ -129,6 +129,23 @@ def test_cli_rejects_a_bad_layout_before_any_work(tmp_path, monkeypatch, capsys)
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.distributed
+def test_a_config_error_under_torchrun_is_printed_once(tmp_path):
+    """Every rank fails alike on a bad setting; only global rank 0 prints the line (it was printed
+    once per rank, issue 41). Each rank exits 2; torchrun then reports the failed workers itself and
+    exits 1 (its status for any failed worker), as the README says."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                           f"--master_port={_free_port()}", "-m", "pacs_fast.train", "algo.beta=abc",
+                           f"train.out_dir={tmp_path}"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.count("error: config key 'algo.beta' expects float, got 'abc'") == 1, proc.stderr[-3000:]
+    assert "exitcode  : 2" in proc.stderr  # the worker's own status, in torchrun's report
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.megatron
 @pytest.mark.distributed
 @pytest.mark.timeout(400)
