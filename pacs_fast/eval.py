@@ -33,7 +33,11 @@ import time
 import zlib
 from pathlib import Path
 
-from pacs_fast.config import ATTENTIONS
+from pacs_fast.openmp import quiet_openmp_waits
+
+quiet_openmp_waits()  # before torch loads: idle OpenMP threads sleep instead of spinning (pacs_fast/openmp.py)
+
+from pacs_fast.config import ATTENTIONS  # noqa: E402
 from pacs_fast.data.datasets import BENCHMARKS, Problem, load_benchmark, load_dataset
 from pacs_fast.evaluation.args import ArgumentParser, UsageError, check_ks, check_run_args, read_json
 from pacs_fast.files import write_text_atomic

@@ -32,8 +32,12 @@ import os
 import sys
 from pathlib import Path
 
-from pacs_fast.config import help_text, load_config, validate
-from pacs_fast.trainer.run_folder import claim_run_dir, resume_config
+from pacs_fast.openmp import quiet_openmp_waits
+
+quiet_openmp_waits()  # before torch loads: idle OpenMP threads sleep instead of spinning (pacs_fast/openmp.py)
+
+from pacs_fast.config import help_text, load_config, validate  # noqa: E402
+from pacs_fast.trainer.run_folder import claim_run_dir, resume_config  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None):
