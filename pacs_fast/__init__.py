@@ -6,7 +6,8 @@ dependency only matters for the names that need it):
 - ops (autograd + backend dispatch): ``token_logprobs``, ``linear_logprobs``, ``fused_pacs_loss``
 - algorithms: ``pacs_loss`` and its pieces (``reward_proxy``, ``group_scores``,
   ``class_balanced_weights``), baselines (``policy_loss``, ``grpo_loss``, ``value_loss``,
-  ``group_advantages``, ``gae``, ``kl_penalty``, ``aggregate_loss``), ``off_policy_correction``
+  ``gspo_policy_loss``, ``cispo_policy_loss``, ``group_advantages``, ``gae``, ``kl_penalty``,
+  ``aggregate_loss``, ``overlong_penalty``), ``off_policy_correction``
   (truncated / masked importance sampling against the engine's log-probs), ``pass_at_k``
 - reward: ``math_reward``, ``score_batch``, ``BatchScorer``
 - data: ``load_benchmark``, ``load_dataset``, ``build_prompt``, ``encode_prompts``
@@ -32,6 +33,9 @@ _EXPORTS: dict[str, str] = {
     "policy_loss": "pacs_fast.algorithms.policy_loss",
     "grpo_loss": "pacs_fast.algorithms.policy_loss",
     "value_loss": "pacs_fast.algorithms.policy_loss",
+    "gspo_policy_loss": "pacs_fast.algorithms.sequence_losses",
+    "cispo_policy_loss": "pacs_fast.algorithms.sequence_losses",
+    "overlong_penalty": "pacs_fast.algorithms.overlong",
     "group_advantages": "pacs_fast.algorithms.advantages",
     "gae": "pacs_fast.algorithms.advantages",
     "kl_penalty": "pacs_fast.algorithms.kl",

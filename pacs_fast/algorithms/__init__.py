@@ -5,7 +5,8 @@
 - Baselines: :func:`policy_loss` (PPO clipped surrogate, DAPO clip-higher, dual clip, KL),
   :func:`grpo_loss` (GRPO / Dr. GRPO / RLOO), :func:`value_loss` (module :mod:`.policy_loss`);
   :func:`group_advantages`, :func:`gae` (:mod:`.advantages`); :func:`kl_penalty` (:mod:`.kl`);
-  :func:`aggregate_loss` (:mod:`.aggregation`).
+  :func:`aggregate_loss` (:mod:`.aggregation`); :func:`gspo_policy_loss`, :func:`cispo_policy_loss`
+  (:mod:`.sequence_losses`); :func:`overlong_penalty` (DAPO's overlong reward shaping, :mod:`.overlong`).
 - Evaluation: :func:`pass_at_k` (:mod:`.pass_at_k`).
 """
 from pacs_fast.algorithms.advantages import gae, group_advantages, masked_whiten
@@ -21,11 +22,13 @@ from pacs_fast.algorithms.pacs import (
     reward_proxy,
 )
 from pacs_fast.algorithms.pass_at_k import pass_at_k
+from pacs_fast.algorithms.overlong import overlong_penalty
 from pacs_fast.algorithms.policy_loss import grpo_loss, policy_loss, value_loss
+from pacs_fast.algorithms.sequence_losses import cispo_policy_loss, gspo_policy_loss
 
 __all__ = [
     "KL_ESTIMATORS", "LOSS_AGG_MODES", "PROXIES", "SCORES", "WEIGHT_MODES",
-    "aggregate_loss", "class_balanced_weights", "gae", "group_advantages", "group_scores",
-    "grpo_loss", "kl_penalty", "masked_mean", "masked_whiten", "pacs_loss", "pass_at_k",
-    "policy_loss", "reward_proxy", "value_loss",
+    "aggregate_loss", "cispo_policy_loss", "class_balanced_weights", "gae", "group_advantages", "group_scores",
+    "grpo_loss", "gspo_policy_loss", "kl_penalty", "masked_mean", "masked_whiten", "overlong_penalty", "pacs_loss",
+    "pass_at_k", "policy_loss", "reward_proxy", "value_loss",
 ]

@@ -6,7 +6,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo")
+ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo", "gspo", "cispo")
+# (algo.clip_low, algo.clip_high) of the algorithms whose defaults are not the shared 0.2 / 0.2: filled in by
+# load_config when neither the file nor the command line gives the key (pacs_fast.algorithms.sequence_losses)
+CLIP_DEFAULTS = {"gspo": (3e-4, 4e-4), "cispo": (10.0, 0.2)}
 
 
 def _f(default, help: str, **kw):
@@ -89,11 +92,19 @@ class RolloutConfig:
                       "(R / tp_size engines)")
     max_staleness: int = _f(0, "with rollout.ranks: a batch trains only if the policy that generated it is at most "
                             "this many updates old; generation runs ahead while the learner trains (0 = lock-step)")
+    filter_groups: bool = _f(False, "DAPO's dynamic sampling: keep only the groups whose verifier rewards differ and "
+                             "draw more prompts until train.prompts_per_step groups are kept (off for every "
+                             "algorithm by default: PACS learns from all-correct / all-wrong groups, "
+                             "pacs_fast/trainer/rollout_step.py)")
+    max_gen_batches: int = _f(10, "with rollout.filter_groups: generation rounds per step at most (each draws "
+                              "train.prompts_per_step prompts); then the step trains on what was kept, with a warning")
 
 
 @dataclass
 class AlgoConfig:
-    name: str = _f("pacs", "pacs | grpo | ppo | rloo | dr_grpo")
+    name: str = _f("pacs", "pacs | grpo | ppo | rloo | dr_grpo | gspo (sequence-level ratio, Zheng et al. 2025) | "
+                   "cispo (clipped-IS-weight REINFORCE, MiniMax-M1); gspo/cispo as verl's loss modes, with GRPO's "
+                   "group-normalised advantages")
     beta: float = _f(1.0, "pacs: scale of the reward proxy r = beta * sum(logp - logp_ref)")
     proxy: str = _f("logratio", "pacs: reward proxy: logratio | mean_logp")
     score: str = _f("rloo", "pacs: score psi from the group's proxies: rloo | grpo | dr_grpo | naive")
@@ -101,14 +112,18 @@ class AlgoConfig:
     ref: str = _f("rollout", "pacs: reference policy: rollout (policy before this step) | fixed (reset every K)")
     reset_every: int = _f(0, "pacs ref=fixed: reset the reference to the policy every K steps (0 = never)")
     reset_optimizer: bool = _f(True, "pacs ref=fixed: re-initialise the optimiser state at each reset")
-    clip_low: float = _f(0.2, "grpo/ppo/rloo/dr_grpo: ratio clip 1 - eps_low")
-    clip_high: float = _f(0.2, "grpo/ppo/rloo/dr_grpo: ratio clip 1 + eps_high (DAPO: 0.28)")
-    clip_c: float = _f(3.0, "grpo/ppo/rloo/dr_grpo: dual clip (Ye et al. 2020): a token with a negative advantage "
+    clip_low: float = _f(0.2, "baselines: ratio clip 1 - eps_low; not given: 0.2, gspo 3e-4 (the paper's), cispo 10 "
+                         "(verl's CISPO recipe: >= 1 = no lower bound on the IS weight; only cispo takes >= 1)")
+    clip_high: float = _f(0.2, "baselines: ratio clip 1 + eps_high (DAPO: 0.28); not given: 0.2, gspo 4e-4 (the "
+                          "paper's), cispo 0.2 (verl's recipe; TRL's epsilon_high=5 ratio cap is clip_high=4)")
+    clip_c: float = _f(3.0, "grpo/ppo/rloo/dr_grpo (not gspo/cispo): dual clip (Ye et al. 2020): a token with a "
+                       "negative advantage "
                        "loses at most -A * clip_c however large its ratio (> 1; 0 = off). Default 3.0 = verl's "
                        "clip_ratio_c, always on in verl and so in the paper's GRPO/PPO baselines")
-    kl_coef: float = _f(0.0, "grpo/ppo/rloo/dr_grpo: k3 KL penalty to the initial policy (0 = off, no reference model)")
+    kl_coef: float = _f(0.0, "baselines: k3 KL penalty to the initial policy (0 = off, no reference model)")
     loss_agg: str = _f("auto", "baselines' token aggregation (verl's loss_agg_mode): auto (dr_grpo: "
-                       "seq-mean-token-sum-norm, else token-mean) | token-mean | seq-mean-token-sum | "
+                       "seq-mean-token-sum-norm, gspo: seq-mean-token-mean, else token-mean) | token-mean | "
+                       "seq-mean-token-sum | "
                        "seq-mean-token-mean | seq-mean-token-sum-norm (mean over sequences of token sums / "
                        "max_new_tokens: Dr. GRPO, verl >= 0.7.1) | token-sum | token-sum-norm (token-sum / "
                        "max_new_tokens: verl <= 0.7.0's seq-mean-token-sum-norm)")
@@ -155,6 +170,10 @@ class LearnerConfig:
     distributed_optimizer: bool = _f(False, "megatron: AdamW state sharded over the data-parallel ranks (ZeRO-1, "
                                      "torch's ZeroRedundancyOptimizer); same updates, same checkpoints")
     critic_lr: float = _f(1e-3, "ppo: learning rate of the value head")
+    mask_truncated: bool = _f(False, "responses that end at rollout.max_new_tokens without EOS (finish_reason length) "
+                              "leave the loss (DAPO's overlong filtering; TRL's mask_truncated_completions): "
+                              "baselines zero their tokens (advantages still from the whole group), PACS scores "
+                              "each group over the members left (pacs_fast/algorithms/overlong.py)")
 
 
 @dataclass
@@ -182,7 +201,8 @@ class TrainConfig:
 class CorrectionConfig:
     is_level: str = _f("auto", "rollout-training mismatch correction (docs/OFF_POLICY.md): truncated importance "
                        "weights pi_old / mu per token | sequence | none; PACS: sequence | none; auto = none in "
-                       "synchronous runs, sequence (PACS) / token (baselines) with rollout.max_staleness > 0")
+                       "synchronous runs, sequence (PACS, GSPO) / token (other baselines) with rollout.max_staleness "
+                       "> 0")
     is_cap: float = _f(2.0, "truncation C of the importance weights: min(ratio, C)")
     rs_level: str = _f("none", "rejection (masked IS): token | sequence | geometric | none; rejected tokens leave "
                        "the loss and its denominator; PACS: sequence | geometric | none")
@@ -205,6 +225,11 @@ class RewardConfig:
     step_split: str = _f("\n\n", "process rewards: a step ends with the token that completes this delimiter")
     outcome_weight: float = _f(1.0, "process rewards: weight of the verifier's reward added to every step's return "
                                "(PURE's PRM + VR; 0 = process rewards only)")
+    overlong_buffer_len: int = _f(0, "DAPO's soft overlong punishment (verl's DAPO reward manager): responses longer "
+                                  "than rollout.max_new_tokens - this many tokens get min(-(L - (max_new_tokens - "
+                                  "buffer)) / buffer * reward.overlong_penalty, 0) added to the reward (pacs: the "
+                                  "label clip(R + penalty, 0, 1)); 0 = off")
+    overlong_penalty: float = _f(1.0, "the overlong penalty at L = rollout.max_new_tokens (verl's penalty_factor)")
     user_fn_timeout_s: float = _f(600.0, "time limit in seconds of one call of reward.appeal / reward.step_rewards; "
                                   "a call that runs longer stops the run with the step named")
 

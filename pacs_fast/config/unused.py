@@ -35,6 +35,10 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
         if a.entropy_coef == 0:
             out.append((("algo.loss_agg",), "with algo.name=pacs and algo.entropy_coef=0 (it aggregates the "
                                             "baselines' token losses and the entropy bonus only)"))
+    if name in ("gspo", "cispo"):
+        out.append((("algo.clip_c",), f"with algo.name={name} (PPO's dual clip; {name} has none, as in verl)"))
+    if not cfg.reward.overlong_buffer_len:
+        out.append((("reward.overlong_penalty",), "with reward.overlong_buffer_len=0 (no overlong shaping)"))
     if name != "ppo":
         out.append((PPO_ONLY, f"with algo.name={name} (PPO's value head and GAE)"))
         if not (cfg.reward.step_rewards and a.credit == "sum"):
@@ -51,6 +55,8 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if cfg.rollout.eval_temperature == 0:
         out.append((("rollout.eval_top_p", "rollout.eval_n"), "with rollout.eval_temperature=0 (greedy decoding: "
                                                              "one response per problem)"))
+    if not cfg.rollout.filter_groups:
+        out.append((("rollout.max_gen_batches",), "without rollout.filter_groups (dynamic sampling)"))
     if cfg.rollout.engine != "vllm":
         out.append((("rollout.gpu_memory_utilization",), f"with rollout.engine={cfg.rollout.engine} (vLLM's)"))
     if cfg.learner.backend != "torch":

@@ -56,14 +56,14 @@ FLOAT_RANGES = (
     ("learner.lr", 0.0, 1.0, False, True), ("learner.eps", 0.0, 1.0, False, True),
     ("learner.weight_decay", 0.0, None, True, None), ("learner.grad_clip", 0.0, None, True, None),
     ("learner.critic_lr", 0.0, 1.0, False, True), ("warmup.lr", 0.0, 1.0, False, True),
-    ("algo.beta", 0.0, None, False, None), ("algo.clip_low", 0.0, 1.0, True, False),
+    ("algo.beta", 0.0, None, False, None), ("algo.clip_low", 0.0, None, True, None),  # < 1 but cispo: _validate_clips
     ("algo.clip_high", 0.0, None, True, None), ("algo.kl_coef", 0.0, None, True, None),
     ("algo.gamma", 0.0, 1.0, True, True), ("algo.lam", 0.0, 1.0, True, True),
     ("algo.vf_coef", 0.0, None, True, None), ("algo.value_clip", 0.0, None, True, None),
     ("rollout.temperature", 0.0, None, False, None), ("rollout.eval_temperature", 0.0, None, True, None),
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
     ("rollout.gpu_memory_utilization", 0.0, 1.0, False, True), ("reward.outcome_weight", 0.0, None, True, None),
-    ("reward.user_fn_timeout_s", 0.0, None, False, None),
+    ("reward.user_fn_timeout_s", 0.0, None, False, None), ("reward.overlong_penalty", 0.0, None, True, None),
 )
 NONNEGATIVE_INTS = ("train.threads", "train.log_samples", "train.reward_workers", "train.eval_every",
                     "train.save_every", "warmup.steps", "algo.reset_every")
@@ -155,17 +155,23 @@ def _validate_micro_batching(cfg: Config) -> None:
 
 
 def is_level(cfg: Config) -> str:
-    """``correction.is_level`` with ``auto`` resolved (none when synchronous)."""
+    """``correction.is_level`` with ``auto`` resolved (none when synchronous; per sequence for the
+    objectives whose term is per sequence: PACS's score, GSPO's sequence ratio)."""
     if cfg.correction.is_level != "auto":
         return cfg.correction.is_level
     if cfg.rollout.max_staleness == 0:
         return "none"
-    return "sequence" if cfg.algo.name == "pacs" else "token"
+    return "sequence" if cfg.algo.name in ("pacs", "gspo") else "token"
 
 
 def _validate_async(cfg: Config, world: int) -> None:
     """rollout.ranks / rollout.max_staleness / rollout.tp_size: engines on their own processes."""
     R, K, T = cfg.rollout.ranks, cfg.rollout.max_staleness, cfg.rollout.tp_size
+    if cfg.rollout.max_gen_batches < 1:
+        raise ValueError(f"rollout.max_gen_batches must be >= 1, got {cfg.rollout.max_gen_batches}")
+    if cfg.rollout.filter_groups and R:
+        raise ValueError("rollout.filter_groups (dynamic sampling) is not supported with asynchronous rollouts yet "
+                         "(rollout.ranks > 0): use the colocated layout (rollout.ranks=0)")
     if R < 0 or K < 0:
         raise ValueError(f"rollout.ranks and rollout.max_staleness must be >= 0, got {R} and {K}")
     if T < 1:
@@ -296,6 +302,21 @@ def _validate_efficacy(cfg: Config) -> None:
             raise ValueError("reward.step_split must not be empty (it marks where a step ends)")
 
 
+def _validate_clips_and_overlong(cfg: Config) -> None:
+    """algo.clip_low < 1 (the ratio's lower bound 1 - clip_low stays > 0) except for cispo, whose
+    clip_low >= 1 means no lower bound on its IS weight; reward.overlong_buffer_len within the
+    response length (verl's DAPO reward manager asserts 0 < buffer <= max_resp_len)."""
+    if cfg.algo.clip_low >= 1 and cfg.algo.name != "cispo":
+        raise ValueError(f"algo.clip_low must be in [0, 1) (the ratio's lower bound is 1 - clip_low; only "
+                         f"algo.name=cispo takes >= 1, no lower bound), got {cfg.algo.clip_low}")
+    buffer, max_new = cfg.reward.overlong_buffer_len, cfg.rollout.max_new_tokens
+    if buffer < 0:
+        raise ValueError(f"reward.overlong_buffer_len must be >= 0 (0 = off), got {buffer}")
+    if buffer > max_new:
+        raise ValueError(f"reward.overlong_buffer_len={buffer} must be <= rollout.max_new_tokens={max_new} (the "
+                         f"penalty starts at max_new_tokens - overlong_buffer_len tokens)")
+
+
 def validate(cfg: Config, *, world: int | None = None) -> None:
     """Rejects impossible settings with a ValueError naming the key. Checks files exist, not their content.
 
@@ -332,7 +353,8 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     name = cfg.algo.name
     if G < 1:
         raise ValueError(f"rollout.n must be >= 1, got {G}")
-    needs_group = name in ("grpo", "rloo", "dr_grpo") or (name == "pacs" and cfg.algo.score in ("rloo", "grpo"))
+    needs_group = (name in ("grpo", "rloo", "dr_grpo", "gspo", "cispo")
+                   or (name == "pacs" and cfg.algo.score in ("rloo", "grpo")))
     if needs_group and G < 2:
         what = f"algo.score={cfg.algo.score}" if name == "pacs" else f"algo.name={name}"
         raise ValueError(f"rollout.n must be >= 2 for {what} (group-relative baselines need several responses "
@@ -367,6 +389,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if cfg.algo.reset_every and cfg.algo.ref != "fixed":
         raise ValueError(f"algo.reset_every={cfg.algo.reset_every} resets a fixed reference and needs algo.ref=fixed "
                          f"(algo.ref={cfg.algo.ref}: the reference is already the rollout policy at every step)")
+    _validate_clips_and_overlong(cfg)
     _validate_paths(cfg)
     _validate_efficacy(cfg)
     if cfg.data.dataset == "arithmetic":

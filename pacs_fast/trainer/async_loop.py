@@ -44,6 +44,7 @@ from pacs_fast.rollout.remote import RemoteEngines, serve
 from pacs_fast.trainer.loop import (TrainingStopped, evaluate_and_report, evaluate_unless_reported, finish,
                                    log_samples, reset_reference_if_due, save)
 from pacs_fast.trainer.roles import Roles, close_roles, split_launch
+from pacs_fast.trainer.rollout_step import sampling_params, step_seed
 from pacs_fast.trainer.session import start
 from pacs_fast.trainer.step import TOKEN_MEANS, learn, score_and_batch, step_record
 from pacs_fast.trainer.user_functions import UserFunctionError
@@ -93,9 +94,7 @@ def serve_engine(cfg: Config, roles: Roles) -> int:
 
 
 def _params(cfg: Config, step: int) -> SamplingParams:
-    seed = (cfg.train.seed * 1_000_003 + step) % 2**62  # as the synchronous loop
-    return SamplingParams(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                          max_new_tokens=cfg.rollout.max_new_tokens, return_logprobs=True, seed=seed)
+    return sampling_params(cfg, step_seed(cfg, step))  # as the synchronous loop
 
 
 def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool = False) -> dict:

@@ -24,13 +24,13 @@ from pathlib import Path
 
 from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
-from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
 from pacs_fast.trainer.evaluation import eval_line
 from pacs_fast.trainer.metrics import read_jsonl
 from pacs_fast.trainer.parallel import close_world
+from pacs_fast.trainer.rollout_step import NoGroupKept, rollout_step
 from pacs_fast.trainer.session import Session, SetupError, start
-from pacs_fast.trainer.step import TOKEN_MEANS, learn, sample_rows, score_and_batch, step_record
+from pacs_fast.trainer.step import TOKEN_MEANS, learn, sample_rows, step_record
 from pacs_fast.trainer.user_functions import UserFunctionError
 
 __all__ = ["train", "SetupError", "TrainingStopped"]
@@ -53,7 +53,6 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     t_start = time.perf_counter()
     s = start(cfg, run_dir, resume=resume)
     world, learner = s.world, s.learner
-    P, G = cfg.train.prompts_per_step, cfg.rollout.n
     last_eval = dict(s.initial_eval)
     gc.freeze()  # what lives now lives to the end: keep it out of the collector's full passes
     try:
@@ -61,17 +60,14 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             t_step, tm = time.perf_counter(), {}
             reset_reference_if_due(cfg, learner, step)
 
-            # rollout and score this data-parallel group's share of the step's prompts
-            t0 = time.perf_counter()
-            problems, offset = world.share([s.train_problems[i] for i in s.sampler.take(P)])
-            seed = (cfg.train.seed * 1_000_003 + step) % 2**62
-            params = SamplingParams(n=G, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                    max_new_tokens=cfg.rollout.max_new_tokens, return_logprobs=True,
-                                    seed=seed + offset * G)  # prompt i's seed does not depend on the layout
-            comps = s.engine.generate([p["prompt_ids"] for p in problems], params)
-            s.engine.sleep()  # vLLM on CUDA frees its KV cache while the learner works (a no-op elsewhere)
-            tm["time/rollout"] = time.perf_counter() - t0
-            rewards, prompt_ids, batch = score_and_batch(s, step, problems, comps, tm, offset=offset)
+            # rollout and score this data-parallel group's share of the step's prompts (dynamic sampling:
+            # rounds of prompts until enough groups with differing rewards are kept)
+            try:
+                r = rollout_step(s, step, tm)
+            except NoGroupKept as e:
+                raise TrainingStopped(f"step {step}: {e}") from e
+            problems, comps, rewards, prompt_ids, batch, seed = r.problems, r.comps, r.rewards, r.prompt_ids, \
+                r.batch, r.seed
 
             # learn, then load the new weights into the engine
             diagnostic = step in (1, cfg.train.steps) or bool(cfg.train.eval_every and step % cfg.train.eval_every == 0)
@@ -88,7 +84,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             tm["time/step"] = time.perf_counter() - t_step
             terms = getattr(learner, "last_terms", {})
             record = {**step_record(batch, comps, lm, mismatch, terms, tm, epoch=s.sampler.epoch),
-                      **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {})}
+                      **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {}), **r.metrics}
             record = world.reduce_record(record, TOKEN_MEANS)
             record["rollout/generating_ranks"] = world.count(any(len(c.token_ids) for cs in comps for c in cs))
             if s.logger:

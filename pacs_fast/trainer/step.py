@@ -23,24 +23,30 @@ import torch
 from pacs_fast.config import Config
 from pacs_fast.learner.base import RolloutBatch, holds_reference_model
 from pacs_fast.trainer.batch import build_batch, engine_logprobs, outcome_token_rewards, response_values
+from pacs_fast.trainer.overlong import shape_batch, truncated_rows
 
 
-def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *, offset: int = 0
-                    ) -> tuple[list[float], list[list[int]], RolloutBatch]:
+def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *, offset: int = 0,
+                    rewards: list[float] | None = None) -> tuple[list[float], list[list[int]], RolloutBatch]:
     """The verifier's rewards of the step's completions (``timings["time/reward"]``), then the
-    learner's batch (with per-token advantages under process rewards). ``s``: the session;
+    learner's batch (with per-token advantages under process rewards; overlong shaping and filtering
+    from :mod:`.overlong`, whose ``reward/overlong_*`` metrics also go into ``timings``, the entries of
+    the step's record made so far; the returned ``rewards`` are the verifier's). ``s``: the session;
     ``offset``: the index of ``problems[0]`` among the step's prompts (this data-parallel group's
     share). Returns ``(rewards, prompt ids, batch)``."""
     import time
 
     t0 = time.perf_counter()
     G = s.cfg.rollout.n
-    rewards = s.scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
-                       step=step, first=offset * G)
+    if rewards is None:  # (dynamic sampling scores each round before it keeps a group: pacs_fast/trainer/rollout_step.py)
+        rewards = s.scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
+                           step=step, first=offset * G)
     timings["time/reward"] = time.perf_counter() - t0
     prompt_ids, responses = [p["prompt_ids"] for p in problems], [[c.token_ids for c in cs] for cs in comps]
     batch = build_batch(prompt_ids, responses, rewards, logprobs=engine_logprobs(comps),
                         pad_id=s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0)
+    # reward.overlong_buffer_len, learner.mask_truncated (trainer/overlong.py); its metrics join the record
+    timings.update(shape_batch(s.cfg, batch, comps))
     if s.credit:  # process rewards: per-token advantages (PURE's min-form or the summation form)
         batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)
     return rewards, prompt_ids, batch
@@ -96,6 +102,10 @@ def pacs_metrics(terms: dict) -> dict:
     if "psi" not in terms:
         return {}
     psi, pred, R = terms["psi"], terms["pred_reward"].double(), terms["rewards"].double()
+    kept = torch.isfinite(psi)  # learner.mask_truncated: rows that left the loss have no score (NaN)
+    if not bool(kept.all()):
+        psi, pred, R = psi[kept], pred[kept], R[kept]
+        terms = {**terms, "proxy": terms["proxy"][kept]}
     out = {**_stats("pacs/psi", psi), **_stats("pacs/pred_reward", pred)}
     out["pacs/brier"] = float(((pred - R) ** 2).mean())
     out["pacs/calib_gap"] = float((pred.mean() - R.mean()).abs())
@@ -138,7 +148,8 @@ TOKEN_MEANS = {"entropy": "response/tokens", "rollout/logprob_diff_mean": "respo
 def step_record(batch: RolloutBatch, comps, learner_metrics: dict, mismatch: dict, terms: dict,
                 timings: dict, *, epoch: int) -> dict:
     """The metrics of one step (a ``train`` record of ``metrics.jsonl``)."""
-    mask, R = batch.response_mask, batch.rewards
+    mask = batch.response_mask
+    R = batch.rewards if batch.verifier_rewards is None else batch.verifier_rewards  # the verifier's
     groups = R.view(-1, batch.group_size)
     n_tokens = float(mask.sum())
     return {
@@ -147,6 +158,7 @@ def step_record(batch: RolloutBatch, comps, learner_metrics: dict, mismatch: dic
         "reward/all_wrong_groups": float((groups.max(1).values < 0.5).float().mean()),
         "response/length": n_tokens / len(R), "response/tokens": n_tokens,
         "response/stop_frac": float(np.mean([c.finish_reason == "stop" for cs in comps for c in cs])),
+        "response/truncated_frac": float(truncated_rows(comps).double().mean()),
         "entropy": float((batch.old_entropy * mask).sum() / max(n_tokens, 1.0)),
         **mismatch,
         **{f"learner/{k}": v for k, v in learner_metrics.items()},
@@ -170,7 +182,8 @@ def sample_rows(step: int, tokenizer, problems: list[dict], comps, rewards: list
         for name in ("psi", "pred_reward", "proxy", "weight"):
             if name in terms and len(terms[name]) == len(rows):
                 for r, v in zip(rows, terms[name].tolist()):
-                    per_row.setdefault(r, {})[name] = v
+                    if v == v:  # NaN: the row left the loss (learner.mask_truncated)
+                        per_row.setdefault(r, {})[name] = v
     out = []
     for row in range(min(k, len(rewards))):
         i, j = divmod(row, G)

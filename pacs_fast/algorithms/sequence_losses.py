@@ -1,0 +1,210 @@
+"""GSPO and CISPO policy losses, with verl's definitions (``compute_policy_loss_gspo`` /
+``compute_policy_loss_cispo`` in ``verl.trainer.ppo.core_algos``, 0.9.1; ``tests/test_sequence_losses.py``
+checks values and gradients against the installed verl).
+
+**GSPO** (Zheng et al. 2025, arXiv 2507.18071): one importance ratio per sequence, the geometric mean
+of the token ratios over the response, ``s_i = exp(mean_t (logp - old_logp))``, applied per token in
+the form with a stop-gradient, ``s_i,t = sg[s_i] * exp(logp_t - sg[logp_t])`` (value ``s_i``, gradient
+``s_i * grad logp_t``), clipped to ``[1 - clip_low, 1 + clip_high]`` as PPO clips a token ratio::
+
+    l_t = max(-A s_i,t, -A clip(s_i,t, 1 - clip_low, 1 + clip_high))     (log s_i,t clamped at <= 10)
+
+with the paper's small range (``GSPO_CLIP``: 3e-4 / 4e-4) and ``seq-mean-token-mean`` aggregation (the
+paper's sequence-level objective; verl's function default). No dual clip. Differences from TRL
+(``importance_sampling_level="sequence"``): TRL computes ``s_i`` without the stop-gradient form (one
+``[B, 1]`` ratio whose gradient spreads ``s_i / |y_i|`` over the tokens, which is the same gradient
+under ``seq-mean-token-mean``), does not clamp the log-ratio at 10, and aggregates with its own
+``loss_type`` (default ``"dapo"``: token-mean, which weighs long sequences more). We follow verl because
+the token form lets per-token factors (the off-policy correction's weights, per-token advantages) multiply
+each token's term, and the clamp keeps ``exp`` finite for a far-moved policy. Here the sequence
+mean runs over ``mask`` (the tokens that train: off-policy rejection and ``learner.mask_truncated``
+remove tokens from it), as verl's runs over the ``response_mask`` it is given.
+
+**CISPO** (MiniMax-M1, arXiv 2506.13585): REINFORCE with a clipped, stop-gradient token importance
+weight, ``l_t = -sg[clip(ratio_t, 1 - clip_low, 1 + clip_high)] * A * logp_t`` (ratio log clamped to
+``[-20, 20]``, as verl), ``token-mean`` aggregation. Every token keeps a gradient (none is clipped
+out, unlike PPO's surrogate); the loss *value* is the weighted ``-A logp``, not a surrogate near 0.
+Defaults ``CISPO_CLIP`` = (10.0, 0.2): verl's CISPO recipe (``examples/cispo_trainer``:
+``clip_ratio_low=10``, ``clip_ratio_high=0.2``); a ``clip_low >= 1`` puts the lower bound at or below
+0, i.e. no lower bound, which is what MiniMax describes ("we did not impose a lower bound on the IS
+weight by setting eps_low to a large value; we only tuned eps_high"). TRL's ``loss_type="cispo"``
+differs: it clamps only from above, at ``epsilon_high`` itself (a ratio cap, recommended 5.0, i.e.
+``clip_high=4.0`` here), never from below, and has no log-ratio clamp; we keep verl's two-sided form
+(``clip_low >= 1`` gives TRL's one-sided one) so that one ``algo.clip_*`` pair means the same in every
+algorithm of the trainer.
+
+Both take ``token_weights`` (the off-policy correction's importance weights, constant) that multiply
+each token's term before aggregation, as verl's ``rollout_is_weights``; the KL penalty is not
+weighted. Metrics: detached 0-d tensors (no device sync).
+"""
+from __future__ import annotations
+
+import torch
+
+from pacs_fast.algorithms._checks import (
+    check_choice,
+    check_finite_values,
+    check_mask,
+    check_real,
+    check_same_shape,
+    check_tensor,
+    compute_dtype,
+    mask_nonzero,
+    mask_select,
+)
+from pacs_fast.algorithms.aggregation import LOSS_AGG_MODES, _aggregate, masked_mean
+from pacs_fast.algorithms.kl import KL_ESTIMATORS, _kl_penalty
+
+#: (clip_low, clip_high) defaults: GSPO's paper (section 5.1), verl's CISPO recipe (module docstring)
+GSPO_CLIP = (3e-4, 4e-4)
+CISPO_CLIP = (10.0, 0.2)
+GSPO_LOG_RATIO_MAX = 10.0   # verl clamps log s_i,t from above only
+CISPO_LOG_RATIO_CLAMP = 20.0
+
+
+def _check(fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, clip_low, clip_high,
+           horizon, global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite):
+    check_tensor(fn, "logp", logp, ndim=2, floating=True)
+    check_tensor(fn, "old_logp", old_logp, floating=True)
+    check_same_shape(fn, "old_logp", old_logp, "logp", logp)
+    check_tensor(fn, "advantages", advantages, ndim=(1, 2), floating=True)
+    if advantages.dim() == 1 and advantages.shape[0] != logp.shape[0]:
+        raise ValueError(f"{fn}: advantages has {advantages.shape[0]} entries but logp has {logp.shape[0]} rows")
+    if advantages.dim() == 2:
+        check_same_shape(fn, "advantages", advantages, "logp", logp)
+    if mask is not None:
+        check_mask(fn, mask, logp, "logp")
+    if token_weights is not None:
+        check_tensor(fn, "token_weights", token_weights, floating=True)
+        check_same_shape(fn, "token_weights", token_weights, "logp", logp)
+    check_choice(fn, "loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    clip_low = check_real(fn, "clip_low", clip_low, nonneg=True)
+    clip_high = check_real(fn, "clip_high", clip_high, nonneg=True)
+    kl_coef = check_real(fn, "kl_coef", kl_coef)
+    check_choice(fn, "kl_estimator", kl_estimator, KL_ESTIMATORS)
+    if kl_coef != 0:
+        if logp_ref is None:
+            raise ValueError(f"{fn}: logp_ref is required when kl_coef != 0")
+        check_tensor(fn, "logp_ref", logp_ref, floating=True)
+        check_same_shape(fn, "logp_ref", logp_ref, "logp", logp)
+    if kl_clamp is not None:
+        kl_clamp = check_real(fn, "kl_clamp", kl_clamp, positive=True)
+    if horizon is not None:
+        horizon = check_real(fn, "horizon", horizon, positive=True)
+    if global_count is not None:
+        global_count = check_real(fn, "global_count", global_count, nonneg=True)
+    if check_finite:
+        where = mask_nonzero(mask)
+        for name, t in (("logp", logp), ("old_logp", old_logp)) + ((("logp_ref", logp_ref),) if kl_coef else ()):
+            check_finite_values(fn, name, t, where)
+        check_finite_values(fn, "advantages", advantages, where if advantages.dim() == 2 else None)
+    return clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count
+
+
+def _finish(per_token, logp, log_ratio, mask, token_weights, mode, horizon, global_count, logp_ref, kl_coef,
+            kl_estimator, kl_clamp, metrics):
+    """Weights, aggregation, the KL penalty and the shared metrics (as :func:`policy_loss`)."""
+    dtype = per_token.dtype
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach().to(dtype)
+    loss = _aggregate(per_token, mask, mode, horizon, global_count)
+    with torch.no_grad():
+        lr = log_ratio.detach()
+        metrics["pg_loss"] = loss.detach().clone()
+        metrics["ppo_kl"] = masked_mean(-lr, mask)
+        metrics["approx_kl"] = masked_mean(torch.expm1(lr.clamp(max=CISPO_LOG_RATIO_CLAMP)) - lr, mask)
+    if kl_coef != 0:
+        kl_loss = _aggregate(_kl_penalty(logp, logp_ref, kl_estimator, kl_clamp), mask, mode, horizon, global_count)
+        metrics["kl"] = kl_loss.detach().clone()
+        loss = loss + kl_coef * kl_loss
+    return loss, metrics
+
+
+def gspo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                     mask: torch.Tensor | None, *, clip_low: float = GSPO_CLIP[0], clip_high: float = GSPO_CLIP[1],
+                     loss_agg_mode: str = "seq-mean-token-mean", horizon: float | None = None,
+                     global_count: float | None = None, logp_ref: torch.Tensor | None = None,
+                     kl_coef: float = 0.0, kl_estimator: str = "k3", kl_clamp: float | None = None,
+                     token_weights: torch.Tensor | None = None, check_finite: bool = False):
+    """GSPO's clipped sequence-ratio surrogate (module docstring), aggregated.
+
+    Args:
+        logp, old_logp: ``[B, T]`` current (differentiable) and rollout-policy (detached) log-probs.
+        advantages: ``[B]`` or ``[B, T]`` (detached); GSPO uses group-normalised outcome advantages
+            (:func:`~pacs_fast.algorithms.advantages.group_advantages` with ``"grpo"``).
+        mask: ``[B, T]`` bool or 0/1, or None; the sequence mean of the log-ratio runs over it.
+        clip_low, clip_high: bounds ``[1 - clip_low, 1 + clip_high]`` of ``s_i`` (paper: 3e-4 / 4e-4).
+        loss_agg_mode, horizon, global_count: see :func:`~pacs_fast.algorithms.aggregation.aggregate_loss`.
+        logp_ref, kl_coef, kl_estimator, kl_clamp: optional KL penalty (as :func:`policy_loss`).
+        token_weights: ``[B, T]`` constant factors of each token's term (off-policy correction).
+    Returns:
+        ``(loss, metrics)``: ``pg_loss``, ``clip_frac`` (tokens whose clipped term is active, verl's
+        ``pg_clipfrac``), ``clip_frac_high`` / ``clip_frac_low`` (``s_i`` above / below the range with
+        ``A > 0`` / ``A < 0``), ``seq_ratio_mean`` (mean ``s_i`` over non-empty sequences), ``ppo_kl``,
+        ``approx_kl`` (per token, as :func:`policy_loss`), and ``kl`` with the penalty on.
+    """
+    fn = "gspo_policy_loss"
+    clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count = _check(
+        fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, clip_low, clip_high, horizon,
+        global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite)
+    dtype = compute_dtype(logp)
+    lp = logp.to(dtype)
+    adv = advantages.detach().to(dtype)
+    adv = adv[:, None] if adv.dim() == 1 else adv
+    log_ratio = lp - old_logp.detach().to(dtype)
+    m = torch.ones_like(lp) if mask is None else mask_select(torch.ones_like(lp), mask)
+    seq_len = m.sum(-1).clamp(min=1)
+    seq_log_ratio = mask_select(log_ratio.detach(), mask).sum(-1) / seq_len
+    log_s = (lp - lp.detach() + seq_log_ratio[:, None]).clamp(max=GSPO_LOG_RATIO_MAX)
+    s = torch.exp(log_s)
+    loss_unclipped = -adv * s
+    loss_clipped = -adv * s.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(loss_unclipped, loss_clipped)
+    metrics = {}
+    with torch.no_grad():
+        sd = s.detach()
+        metrics["clip_frac"] = masked_mean((loss_clipped > loss_unclipped).to(dtype), mask)
+        metrics["clip_frac_high"] = masked_mean(((sd > 1 + clip_high) & (adv > 0)).to(dtype), mask)
+        metrics["clip_frac_low"] = masked_mean(((sd < 1 - clip_low) & (adv < 0)).to(dtype), mask)
+        nonempty = m.sum(-1) > 0
+        seq_ratio = seq_log_ratio.clamp(max=GSPO_LOG_RATIO_MAX).exp()
+        metrics["seq_ratio_mean"] = (torch.where(nonempty, seq_ratio, 0.0).sum()
+                                     / nonempty.sum().clamp(min=1).to(dtype))
+    return _finish(per_token, logp, log_ratio, mask, token_weights, loss_agg_mode, horizon, global_count,
+                   logp_ref, kl_coef, kl_estimator, kl_clamp, metrics)
+
+
+def cispo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                      mask: torch.Tensor | None, *, clip_low: float = CISPO_CLIP[0],
+                      clip_high: float = CISPO_CLIP[1], loss_agg_mode: str = "token-mean",
+                      horizon: float | None = None, global_count: float | None = None,
+                      logp_ref: torch.Tensor | None = None, kl_coef: float = 0.0, kl_estimator: str = "k3",
+                      kl_clamp: float | None = None, token_weights: torch.Tensor | None = None,
+                      check_finite: bool = False):
+    """CISPO's clipped-IS-weight REINFORCE loss (module docstring), aggregated.
+
+    Args: as :func:`gspo_policy_loss`; ``clip_low`` may be >= 1 (no lower bound on the weight).
+    Returns:
+        ``(loss, metrics)``: ``pg_loss``, ``clip_frac`` (tokens whose weight was clipped, verl's
+        ``pg_clipfrac``), ``clip_frac_high`` / ``clip_frac_low`` (ratio above / below the range),
+        ``ppo_kl``, ``approx_kl``, and ``kl`` with the penalty on.
+    """
+    fn = "cispo_policy_loss"
+    clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count = _check(
+        fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, clip_low, clip_high, horizon,
+        global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite)
+    dtype = compute_dtype(logp)
+    lp = logp.to(dtype)
+    adv = advantages.detach().to(dtype)
+    adv = adv[:, None] if adv.dim() == 1 else adv
+    log_ratio = (lp - old_logp.detach().to(dtype)).clamp(-CISPO_LOG_RATIO_CLAMP, CISPO_LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio.detach())
+    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_token = -weight * adv * lp
+    metrics = {}
+    with torch.no_grad():
+        metrics["clip_frac"] = masked_mean((ratio != weight).to(dtype), mask)
+        metrics["clip_frac_high"] = masked_mean((ratio > 1 + clip_high).to(dtype), mask)
+        metrics["clip_frac_low"] = masked_mean((ratio < 1 - clip_low).to(dtype), mask)
+    return _finish(per_token, logp, log_ratio, mask, token_weights, loss_agg_mode, horizon, global_count,
+                   logp_ref, kl_coef, kl_estimator, kl_clamp, metrics)
