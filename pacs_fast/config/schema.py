@@ -192,7 +192,11 @@ class TrainConfig:
     reward_workers: int = _f(0, "verifier worker processes (0 = score in the trainer process)")
     progress: bool = _f(True, "rich progress display")
     plots: bool = _f(True, "PNG plots of the curves at the end")
-    tensorboard: bool = _f(True, "TensorBoard event files")
+    tensorboard: bool = _f(True, "TensorBoard event files (false: none, as leaving tensorboard out of train.loggers)")
+    loggers: list = _f(["tensorboard"], "experiment trackers: any of tensorboard, wandb, mlflow, trackio (jsonl: "
+                       "metrics.jsonl, always written), e.g. [tensorboard,wandb]; pip install 'pacs_fast[loggers]' "
+                       "(pacs_fast/trainer/trackers.py)")
+    project: str = _f("pacs_fast", "the W&B / MLflow experiment / trackio project the run logs to")
     log_samples: int = _f(4, "rollouts per step written to samples.jsonl and TensorBoard text (prompt, response, "
                           "reward, score terms; 0 = none)")
 

@@ -133,8 +133,10 @@ def log_samples(s: Session, step: int, problems, comps, rewards, terms, extra: d
     TensorBoard text (rank 0)."""
     if not s.cfg.train.log_samples:
         return
-    rows = sample_rows(step, s.tokenizer, problems, comps, rewards, terms, s.cfg.train.log_samples)
-    s.folder.append_samples([{**r, **(extra or {})} for r in rows])
+    rows = [{**r, **(extra or {})} for r in sample_rows(step, s.tokenizer, problems, comps, rewards, terms,
+                                                           s.cfg.train.log_samples)]
+    s.folder.append_samples(rows)
+    s.logger.log_samples(step, rows)
     s.logger.log_text("samples", step, "\n\n".join(f"**reward {r['reward']:g}** `{r['prompt']}` → `{r['response']}`"
                                                   for r in rows))
 
@@ -183,7 +185,6 @@ def save(s: Session, step: int, sampler_state: dict | None = None) -> None:
 def finish(s: Session, *, wall_time: float) -> dict:
     """Writes ``summary.json`` (and the plots) from ``metrics.jsonl``: the first and the last
     recorded evaluation, so a resumed or re-resumed run reports what it measured."""
-    s.logger.close()
     records = read_jsonl(s.run_dir / "metrics.jsonl")
     evals = [r for r in records if r["kind"] == "eval"]
     first, final = evals[0], evals[-1]
@@ -196,7 +197,8 @@ def finish(s: Session, *, wall_time: float) -> dict:
     }
     if s.cfg.train.plots:
         from pacs_fast.trainer.plots import plot_run
-        plot_run(s.run_dir, records, calibration_of(s.run_dir))
+        s.logger.log_images(plot_run(s.run_dir, records, calibration_of(s.run_dir)))
+    s.logger.close()
     s.folder.write_summary(summary)
     greedy = (f"  (greedy {summary['greedy_acc_before']:.3f} -> {summary['greedy_acc_after']:.3f})"
               if summary["greedy_acc_before"] is not None and summary["greedy_acc_after"] is not None else "")

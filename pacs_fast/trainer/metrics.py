@@ -68,15 +68,18 @@ def end_torn_line(path: str | Path) -> bool:
 
 
 class MetricsLogger:
-    """Appends records to ``run_dir/metrics.jsonl`` and TensorBoard (``run_dir/tb``).
+    """Appends records to ``run_dir/metrics.jsonl`` and TensorBoard (``run_dir/tb``), and hands them to
+    the experiment ``trackers`` of ``train.loggers`` (:mod:`pacs_fast.trainer.trackers`).
 
     The file is only ever appended to. ``resume_step``: a ``resume`` marker is appended (records
     after that step, written by a killed run after its last checkpoint, are superseded: see
     :func:`read_jsonl`) and TensorBoard events after it are purged.
     """
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, resume_step: int | None = None):
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, resume_step: int | None = None,
+                 trackers: list | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.trackers = list(trackers or [])  # W&B / MLflow / trackio (pacs_fast/trainer/trackers.py)
         end_torn_line(self.path)  # a run killed mid-write leaves half a record: never append to it
         self._file = open(self.path, "a", buffering=1)
         if resume_step is not None:
@@ -98,6 +101,8 @@ class MetricsLogger:
             for k, v in values.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     self.tb.add_scalar(f"{kind}/{k}", v, step)
+        for t in self.trackers:
+            t.log(kind, int(step), values)
         return record
 
     def log_text(self, tag: str, step: int, text: str) -> None:
@@ -105,7 +110,19 @@ class MetricsLogger:
         if self.tb is not None:
             self.tb.add_text(tag, text, step)
 
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        """The step's logged samples as a table in each tracker."""
+        for t in self.trackers:
+            t.log_samples(int(step), rows)
+
+    def log_images(self, paths: list) -> None:
+        for t in self.trackers:
+            t.log_images(list(paths))
+
     def close(self) -> None:
+        for t in self.trackers:
+            t.close()
+        self.trackers = []
         self._file.close()
         if self.tb is not None:
             self.tb.flush()

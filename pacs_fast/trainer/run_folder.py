@@ -32,7 +32,7 @@ from pacs_fast.trainer.metrics import end_torn_line
 SAFE_RESUME_KEYS = frozenset({
     "train.steps", "train.eval_every", "train.save_every", "train.keep_checkpoints", "train.progress",
     "train.plots", "train.tensorboard", "train.threads", "train.reward_workers", "train.log_samples",
-    "train.keep_freed_memory", "rollout.gpu_memory_utilization", "reward.user_fn_timeout_s",
+    "train.keep_freed_memory", "rollout.gpu_memory_utilization", "reward.user_fn_timeout_s", "train.loggers",
 })
 CONFIG_FILE = "config.yaml"
 LOCK_FILE = ".run.lock"

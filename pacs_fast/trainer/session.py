@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pacs_fast.config import Config, unused_settings, validate
+from pacs_fast.config import Config, to_dict, unused_settings, validate
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
 from pacs_fast.trainer.checkpoint import checkpoints_newest_first, remove_stale_temporaries, restore_newest
 from pacs_fast.trainer.correction import correction_warnings
@@ -30,6 +30,7 @@ from pacs_fast.trainer.rewards import Scorer, check_callables
 from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir, remove_dead_temporaries
 from pacs_fast.trainer.sampler import PromptSampler
 from pacs_fast.trainer.step_credit import StepCredit
+from pacs_fast.trainer.trackers import check_trackers, open_trackers
 
 
 class SetupError(ValueError):
@@ -80,6 +81,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         check_callables(cfg)  # reward.appeal / reward.step_rewards import before any model work
         check_memory(cfg)  # a learner or a rollout that cannot fit is refused before any model loads
         check_cpus(cfg)  # so are more threads or reward workers than CPUs
+        check_trackers(cfg)  # a missing tracker library or W&B login, likewise
         check_tensor_parallel(cfg)  # so is a tensor-parallel size megatron cannot shard the model over
         if not resume:
             check_new_run_dir(run_dir)
@@ -159,7 +161,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
     progress.update(s.start_step, "")
     if world.is_main:
         marker = (-1 if restart else s.start_step) if resume else None  # -1: every earlier record superseded
-        s.logger = MetricsLogger(run_dir, tensorboard=cfg.train.tensorboard, resume_step=marker)
+        s.logger = MetricsLogger(run_dir, tensorboard=cfg.train.tensorboard and "tensorboard" in cfg.train.loggers,
+                                 resume_step=marker, trackers=open_trackers(cfg, run_dir, to_dict(cfg)))
         if marker is not None:
             folder.mark_resume(marker)
     s.initial_eval = state.get("initial_eval")

@@ -1,0 +1,189 @@
+"""Experiment trackers beside ``metrics.jsonl`` (always written): ``train.loggers``, any of
+``tensorboard`` (the default), ``wandb``, ``mlflow``, ``trackio`` (``jsonl`` names the file that is
+always there). The libraries are the optional extra ``pip install 'pacs_fast[loggers]'``.
+
+Each tracker gets, under the run folder's name and ``train.project``: the resolved config (once), every
+record of ``metrics.jsonl`` as ``<kind>/<key>`` scalars at its step (``train/reward/mean``, ``eval/acc``,
+``checkpoint/time/checkpoint``; MLflow writes ``@`` as ``_at_``), each step's logged samples as a table (``samples``: step, prompt, response, answer,
+reward, psi / pred_reward where PACS recorded them), and the run's plots at the end. The metric names
+map to verl's and TRL's in docs/TRACKERS.md.
+
+Where they write (nothing leaves the machine unless the user configured it to):
+- ``wandb``: ``run_dir/wandb`` (``WANDB_MODE=offline`` keeps it there for ``wandb sync`` later); online
+  needs a login (``wandb login`` / ``WANDB_API_KEY``), checked before any model loads.
+- ``mlflow``: ``MLFLOW_TRACKING_URI`` when set (a server or a database), else MLflow's file store in
+  ``run_dir/mlruns`` (its maintenance-mode filesystem backend, switched on for that folder only).
+- ``trackio``: its local store (``TRACKIO_DIR``, default ``~/.cache/huggingface/trackio``); ``trackio
+  show --project <train.project>`` opens the dashboard.
+
+A resumed run continues the same tracker runs (ids kept in ``run_dir/trackers.json``, written
+atomically); the steps it redoes after its checkpoint are logged again at the same step numbers.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import netrc
+import os
+import re
+from pathlib import Path
+
+from pacs_fast.files import write_text_atomic
+
+LOGGERS = ("tensorboard", "jsonl", "wandb", "mlflow", "trackio")
+IDS_FILE = "trackers.json"
+_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
+
+
+def _wandb_logged_in() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("//")[-1].split("/")[0]
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def check_trackers(cfg) -> None:
+    """ValueError naming ``train.loggers`` for an unknown name, a tracker whose library is missing, or
+    W&B online without a login; before anything loads."""
+    names = cfg.train.loggers
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"train.loggers must be a list of names ({', '.join(LOGGERS)}), e.g. "
+                         f"train.loggers=[tensorboard,wandb]; got {names!r}")
+    for name in names:
+        if name not in LOGGERS:
+            raise ValueError(f"train.loggers: unknown logger {name!r}; choose from {', '.join(LOGGERS)}")
+        package = _PACKAGES.get(name)
+        if package and importlib.util.find_spec(package) is None:
+            raise ValueError(f"train.loggers={name} needs the {package} package: pip install 'pacs_fast[loggers]'")
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if "wandb" in names and mode not in ("offline", "disabled", "dryrun") and not _wandb_logged_in():
+        raise ValueError("train.loggers=wandb: not logged in to W&B; run `wandb login` or set WANDB_API_KEY, or "
+                         "WANDB_MODE=offline to keep the run in the run folder (`wandb sync` it later)")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _scalars(kind: str, values: dict) -> dict:
+    """``{kind}/{key}`` (the key alone when it already starts with ``kind/``, e.g. ``eval/acc``) for the
+    finite numbers of a record."""
+    return {(k if k.startswith(kind + "/") else f"{kind}/{k}"): float(v) for k, v in values.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")}
+
+
+def _mlflow_name(name: str) -> str:
+    """MLflow's metric names allow letters, digits and ``_-. :/`` only (``eval/pass@n`` -> ``eval/pass_at_n``)."""
+    return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", name.replace("@", "_at_"))
+
+
+SAMPLE_COLUMNS = ("step", "prompt", "response", "answer", "reward", "psi", "pred_reward")
+
+
+def _rows(rows: list[dict]) -> list[list]:
+    return [[r.get(c) for c in SAMPLE_COLUMNS] for r in rows]
+
+
+class WandbTracker:
+    def __init__(self, cfg, run_dir: Path, config: dict, run_id: str | None):
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(project=cfg.train.project, name=run_dir.name, dir=str(run_dir), config=config,
+                              id=run_id, resume="allow")
+        for kind in ("train", "eval", "checkpoint"):
+            self.run.define_metric(f"{kind}/*", step_metric="step")
+        self.id = self.run.id
+
+    def log(self, kind: str, step: int, values: dict) -> None:
+        self.run.log({**_scalars(kind, values), "step": step})
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        self.run.log({"samples": self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=_rows(rows)), "step": step})
+
+    def log_images(self, paths: list[Path]) -> None:
+        self.run.log({f"plots/{p.stem}": self.wandb.Image(str(p)) for p in paths})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowTracker:
+    def __init__(self, cfg, run_dir: Path, config: dict, run_id: str | None):
+        import mlflow
+
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
+        self.mlflow = mlflow
+        mlflow.set_experiment(cfg.train.project)
+        self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_dir.name)
+        self.id = self.run.info.run_id
+        if not run_id:
+            mlflow.log_params({k: str(v)[:500] for k, v in _flat(config).items()})
+
+    def log(self, kind: str, step: int, values: dict) -> None:
+        self.mlflow.log_metrics({_mlflow_name(k): v for k, v in _scalars(kind, values).items()}, step=step)
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        table = {c: [r.get(c) for r in rows] for c in SAMPLE_COLUMNS}
+        self.mlflow.log_table(table, artifact_file=f"samples/step_{step:06d}.json")
+
+    def log_images(self, paths: list[Path]) -> None:
+        for p in paths:
+            self.mlflow.log_artifact(str(p), artifact_path="plots")
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+class TrackioTracker:
+    def __init__(self, cfg, run_dir: Path, config: dict, run_id: str | None):
+        import trackio
+
+        self.trackio = trackio
+        self.run = trackio.init(project=cfg.train.project, name=run_dir.name, config=config, resume="allow",
+                                embed=False, auto_log_cpu=False, auto_log_gpu=False)
+        self.id = run_dir.name
+
+    def log(self, kind: str, step: int, values: dict) -> None:
+        self.trackio.log(_scalars(kind, values), step=step)
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        self.trackio.log({"samples": self.trackio.Table(columns=list(SAMPLE_COLUMNS), data=_rows(rows))}, step=step)
+
+    def log_images(self, paths: list[Path]) -> None:
+        self.trackio.log({f"plots/{p.stem}": self.trackio.Image(str(p)) for p in paths})
+
+    def close(self) -> None:
+        self.trackio.finish()
+
+
+TRACKERS = {"wandb": WandbTracker, "mlflow": MlflowTracker, "trackio": TrackioTracker}
+
+
+def open_trackers(cfg, run_dir: str | Path, config: dict) -> list:
+    """The trackers of ``train.loggers`` other than TensorBoard and the JSONL file, each continuing
+    the run it started before when ``run_dir/trackers.json`` names one (a resumed run)."""
+    run_dir = Path(run_dir)
+    path = run_dir / IDS_FILE
+    ids = json.loads(path.read_text()) if path.is_file() else {}
+    out = []
+    for name in cfg.train.loggers:
+        if name in TRACKERS:
+            tracker = TRACKERS[name](cfg, run_dir, config, ids.get(name))
+            ids[name] = tracker.id
+            out.append(tracker)
+    if out:
+        write_text_atomic(path, json.dumps(ids, indent=1))
+    return out

@@ -1,0 +1,107 @@
+"""train.loggers (pacs_fast/trainer/trackers.py): a short run logs its config, metrics, samples and plots
+to W&B (offline files), MLflow (its file store in the run folder) and trackio (a local store), and its
+resume continues the same tracker runs; bad values and a missing login are one line before any model
+loads."""
+import json
+import os
+import sqlite3
+
+import pytest
+
+from pacs_fast.config import load_config
+from pacs_fast.trainer.trackers import check_trackers
+
+from test_train import TINY
+
+
+def cli(args, capsys):
+    from pacs_fast.train import main
+    code = 0
+    try:
+        main(args)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("value,match", [
+    ("[tensorboard,neptune]", "train.loggers: unknown logger 'neptune'"),
+    ("[[wandb]]", "train.loggers must be a list of names"),
+])
+def test_bad_names_are_refused(value, match):
+    with pytest.raises(ValueError, match=match):
+        check_trackers(load_config(None, [f"train.loggers={value}"]))
+
+
+def test_wandb_online_without_a_login_and_a_missing_library_are_refused(monkeypatch, tmp_path):
+    import importlib.util
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    with pytest.raises(ValueError, match=r"train.loggers=wandb: not logged in to W&B; .*WANDB_MODE=offline"):
+        check_trackers(load_config(None, ["train.loggers=[wandb]"]))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check_trackers(load_config(None, ["train.loggers=[wandb]"]))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    with pytest.raises(ValueError, match=r"train.loggers=mlflow needs the mlflow package: pip install"):
+        check_trackers(load_config(None, ["train.loggers=[mlflow]"]))
+
+
+def test_the_cli_refuses_before_loading(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    code, _, err = cli(TINY + [f"train.out_dir={tmp_path}", "train.run_name=r", "train.loggers=[wandb]"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "not logged in to W&B" in err
+    assert not (tmp_path / "r").exists() or not any(p.name != ".run.lock" for p in (tmp_path / "r").iterdir())
+
+
+def test_a_run_reaches_every_tracker_and_its_resume_continues_them(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    common = TINY + [f"warmup.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path}", "train.run_name=r",
+                     "train.steps=2", "train.eval_every=1", "train.save_every=1", "train.log_samples=2",
+                     "train.loggers=[tensorboard,wandb,mlflow,trackio]", "train.project=pf-test"]
+    code, _, err = cli(common, capsys)
+    assert code == 0, err
+    run = tmp_path / "r"
+    ids = json.loads((run / "trackers.json").read_text())
+    assert set(ids) == {"wandb", "mlflow", "trackio"}
+    assert (run / "tb").is_dir()
+    # W&B: the offline run under the run folder (its transaction log names the metrics and the config; the
+    # samples tables and the plots are its media files)
+    offline = [p for p in (run / "wandb").glob(f"offline-run-*-{ids['wandb']}")]
+    assert len(offline) == 1
+    log = (offline[0] / f"run-{ids['wandb']}.wandb").read_bytes()
+    assert log.count(b"train/reward/mean") >= 2 and b"eval/pass@n" in log and b"algo" in log
+    media = offline[0] / "files" / "media"
+    assert len(list((media / "table").glob("samples_*.table.json"))) == 2
+    assert {p.name.split("_")[0] for p in (media / "images" / "plots").glob("*.png")} == {"curves", "calibration"}
+    # MLflow: the file store in the run folder, every step's metric, the config as params, samples tables
+    import mlflow
+    client = mlflow.MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
+    history = client.get_metric_history(ids["mlflow"], "train/reward/mean")
+    assert [m.step for m in history] == [1, 2]
+    assert client.get_run(ids["mlflow"]).data.params["algo.name"] == "pacs"
+    assert {a.path for a in client.list_artifacts(ids["mlflow"], "samples")} == \
+        {"samples/step_000001.json", "samples/step_000002.json"}
+    assert any(a.path.endswith("curves.png") for a in client.list_artifacts(ids["mlflow"], "plots"))
+    # trackio: the local store holds the project's run and its metrics
+    db = tmp_path / "trackio" / "pf-test.db"
+    with sqlite3.connect(db) as con:
+        tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+        assert "metrics" in tables
+        n = con.execute("select count(*) from metrics").fetchone()[0]
+    assert n >= 2
+    # resume two more steps: the same tracker runs continue
+    code, _, err = cli(["--resume", str(run), "train.steps=3"], capsys)
+    assert code == 0, err
+    assert json.loads((run / "trackers.json").read_text()) == ids
+    history = client.get_metric_history(ids["mlflow"], "train/reward/mean")
+    assert [m.step for m in history] == [1, 2, 3]
