@@ -75,13 +75,19 @@ def _train(run):
     return [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
 
 
+# dynamic sampling (rollout.filter_groups): both loops call the same generate-filter-refill round; flipped labels
+# mix the groups of the barely warmed-up model, so some steps refill
+FILTER = ["rollout.filter_groups=true", "rollout.max_gen_batches=3", "reward.noise_fp=0.3"]
+
+
 @pytest.mark.timeout(300)
-def test_lockstep_engine_process_equals_the_one_process_run(tmp_path):
+@pytest.mark.parametrize("filtering", [False, True], ids=["plain", "dynamic_sampling"])
+def test_lockstep_engine_process_equals_the_one_process_run(tmp_path, filtering):
     from safetensors.torch import load_file
 
     # a fixed reference reset before step 3 (algo.reset_every): the engine-process loop resets it as the one-process one
     common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", "train.steps=3",
-                     "algo.ref=fixed", "algo.reset_every=2"]
+                     "algo.ref=fixed", "algo.reset_every=2"] + (FILTER if filtering else [])
     env = _env()
     proc = subprocess.run([sys.executable, "-m", "pacs_fast.train", *common, "train.run_name=one"], env=env,
                           capture_output=True, text=True, timeout=300)
@@ -99,6 +105,22 @@ def test_lockstep_engine_process_equals_the_one_process_run(tmp_path):
     got = load_file(tmp_path / "two" / "checkpoints" / "step_000003" / "model.safetensors")
     want = load_file(tmp_path / "one" / "checkpoints" / "step_000003" / "model.safetensors")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    if filtering:  # refill rounds ran, in both loops alike
+        assert any(r["rollout/gen_rounds"] > 1 for r in _train(tmp_path / "two"))
+
+
+@pytest.mark.timeout(300)
+def test_dynamic_sampling_ahead_of_the_learner_keeps_the_staleness_bound(tmp_path):
+    """K = 1 with rollout.filter_groups: the engine generates a batch ahead while a step may take several;
+    every trained group is at most one update old and each step's record says how many rounds it took."""
+    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", "train.steps=4",
+                     "train.run_name=ds", "rollout.ranks=1", "rollout.max_staleness=1"] + FILTER
+    torchrun(2, common)
+    recs = _train(tmp_path / "ds")
+    assert [r["step"] for r in recs] == [1, 2, 3, 4]
+    for r in recs:
+        assert 0 <= r["rollout/staleness_mean"] <= r["rollout/staleness"] <= 1
+        assert r["rollout/prompts_drawn"] == 4 * r["rollout/gen_rounds"] and r["rollout/trained_groups"] >= 1
 
 
 @pytest.mark.timeout(400)

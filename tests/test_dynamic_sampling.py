@@ -12,7 +12,7 @@ import torch
 from pacs_fast.config import load_config, validate
 from pacs_fast.rollout.base import Completion
 from pacs_fast.trainer.parallel import World
-from pacs_fast.trainer.rollout_step import ROUND_SEED_STRIDE, NoGroupKept, rollout_step, step_seed
+from pacs_fast.trainer.rollout_step import NoGroupKept, batch_seed, rollout_step
 from pacs_fast.trainer.sampler import PromptSampler
 from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
 
@@ -40,7 +40,7 @@ def session(overrides, *, shuffle=False):
     problems = [{"id": i, "prompt_ids": [i, 1, 2], "answer": "1"} for i in range(len(PATTERN))]
     logs = []
     scorer = lambda texts, answers, step, first: [float(t == a) for t, a in zip(texts, answers)]  # noqa: E731
-    return SimpleNamespace(cfg=cfg, world=World(), engine=FakeEngine(), scorer=scorer, credit=None,
+    return SimpleNamespace(cfg=cfg, world=World(), engine=FakeEngine(), scorer=scorer, credit=None, batches=0,
                            sampler=PromptSampler(len(problems), seed=0, shuffle=shuffle), train_problems=problems,
                            tokenizer=SimpleNamespace(pad_token_id=0), log=logs.append, logs=logs)
 
@@ -56,8 +56,7 @@ def test_keeps_the_groups_whose_rewards_differ_in_draw_order():
     assert r.metrics == {"rollout/gen_rounds": 3.0, "rollout/prompts_drawn": 12.0, "rollout/trained_groups": 4.0,
                          "rollout/kept_frac": 4 / 12}
     assert s.sampler.position == 12 and not s.logs  # every drawn prompt consumed (resume draws what comes next)
-    seed = step_seed(s.cfg, 3)
-    assert [c[1] for c in s.engine.calls] == [seed + r_ * ROUND_SEED_STRIDE for r_ in range(3)]
+    assert [c[1] for c in s.engine.calls] == [batch_seed(s.cfg, b) for b in (1, 2, 3)] and s.batches == 3
     assert "time/rollout" in tm and "time/reward" in tm
 
 
@@ -100,8 +99,6 @@ def test_what_filtering_removes_for_pacs_and_for_grpo(seed):
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (["rollout.filter_groups=true", "rollout.ranks=1", "rollout.max_staleness=1"],
-     "not supported with asynchronous rollouts"),
     (["rollout.filter_groups=true", "rollout.max_gen_batches=0"], "rollout.max_gen_batches must be >= 1"),
 ])
 def test_config_errors(overrides, match):

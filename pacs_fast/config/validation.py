@@ -169,9 +169,6 @@ def _validate_async(cfg: Config, world: int) -> None:
     R, K, T = cfg.rollout.ranks, cfg.rollout.max_staleness, cfg.rollout.tp_size
     if cfg.rollout.max_gen_batches < 1:
         raise ValueError(f"rollout.max_gen_batches must be >= 1, got {cfg.rollout.max_gen_batches}")
-    if cfg.rollout.filter_groups and R:
-        raise ValueError("rollout.filter_groups (dynamic sampling) is not supported with asynchronous rollouts yet "
-                         "(rollout.ranks > 0): use the colocated layout (rollout.ranks=0)")
     if R < 0 or K < 0:
         raise ValueError(f"rollout.ranks and rollout.max_staleness must be >= 0, got {R} and {K}")
     if T < 1:

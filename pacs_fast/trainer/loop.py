@@ -169,7 +169,8 @@ def save(s: Session, step: int, sampler_state: dict | None = None) -> None:
     """Checkpoint ``step`` (collective); a failure stops the run with the reason. ``sampler_state``:
     where the sampler stood after step ``step``'s prompts, when it has run ahead (default: now)."""
     t0 = time.perf_counter()
-    state = {"sampler": sampler_state or s.sampler.state_dict(), "initial_eval": s.initial_eval}
+    state = {"sampler": sampler_state or s.sampler.state_dict(), "initial_eval": s.initial_eval,
+             "batches": s.batches}
     if hasattr(s.scorer, "state_dict"):
         state["scorer"] = s.scorer.state_dict()
     try:

@@ -56,6 +56,7 @@ class Session:
     folder: RunFolder | None = None  # rank 0 only
     logger: MetricsLogger | None = None  # rank 0 only
     start_step: int = 0
+    batches: int = 0  # generation batches consumed so far (one per step without rollout.filter_groups)
     initial_eval: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
 
@@ -153,6 +154,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
             s.close()
             raise SetupError(f"--resume {run_dir}: {e}") from e
         s.start_step = state["step"]
+        s.batches = int(state.get("batches", s.start_step))  # (checkpoints before dynamic sampling: one per step)
         s.sampler.load_state_dict(state["sampler"])
         if "scorer" in state and hasattr(s.scorer, "load_state_dict"):
             s.scorer.load_state_dict(state["scorer"])
