@@ -39,9 +39,9 @@ import triton.language as tl
 
 from . import LAUNCH_OPTIONS
 # the cases (what is compiled, with which launch parameters), re-exported: aot.cases, aot.Case, ...
-from .aot_cases import (ARCHS, GPU_NAMES, LOGPROB_KERNELS, LOGPROB_SHAPES, PACS_GROUPS, PACS_SHAPES,  # noqa: F401
-                        SMEM_LIMIT, Case, _kernel_modules, cases, compile_key, finish_case, logprob_case,
-                        pacs_access_problems, pacs_case, pacs_cases)
+from .aot_cases import (ARCHS, DEFAULT_ONLY_ARCHS, GPU_NAMES, LOGPROB_KERNELS, LOGPROB_SHAPES,  # noqa: F401
+                        PACS_GROUPS, PACS_SHAPES, SMEM_LIMIT, Case, _kernel_modules, cases, compile_key, finish_case,
+                        logprob_case, pacs_access_problems, pacs_case, pacs_cases)
 
 def _bin(tool: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
@@ -235,10 +235,31 @@ def _compile_worker(case_dict):
     return compile_case(Case(**case_dict))
 
 
-def run(archs=ARCHS, jobs: int = 1, modules=None) -> list[dict]:
-    """Compiles ``cases(archs)`` (only those of the kernel files in ``modules`` when given)."""
+@triton.jit
+def _target_probe(X, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    tl.store(X + cols, tl.load(X + cols) * 2)
+
+
+def target_problem(arch: int) -> str | None:
+    """Why the installed Triton cannot compile for ``arch`` (None: it can): a trivial kernel compiled
+    through the whole pipeline (its ptxas included)."""
+    try:
+        compile_fn(_target_probe, dict(X="*fp32"), dict(BLOCK=128), arch, 4, 1)
+    except Exception as e:  # reported in the JSON's ``skipped_archs``
+        return f"{type(e).__name__}: {str(e).strip()[:300]}"
+    return None
+
+
+def run(archs=ARCHS, jobs: int = 1, modules=None, skipped: dict | None = None) -> list[dict]:
+    """Compiles ``cases(archs)`` (only those of the kernel files in ``modules`` when given) for the archs
+    the installed Triton can target (``target_problem``; the others go into ``skipped``: arch -> why)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter replaces the kernels by Python code")
+    problems = {a: target_problem(a) for a in archs}
+    if skipped is not None:
+        skipped.update({a: p for a, p in problems.items() if p})
+    archs = tuple(a for a in archs if not problems[a])
     todo = [asdict(c) for c in cases(archs) if modules is None or c.module in modules]
     if jobs <= 1:
         return [_compile_worker(c) for c in todo]
@@ -276,13 +297,15 @@ def probe_offsets(arch: int = 90) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", required=True, help="write the per-case report here (atomically)")
-    ap.add_argument("--archs", default=",".join(map(str, ARCHS)), help="e.g. 80,90,100")
+    ap.add_argument("--archs", default=",".join(map(str, ARCHS)), help="e.g. 80,90,100 (default: every arch)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--modules", default=None, help="only these kernel files, e.g. pacs_loss,token_logprobs")
     args = ap.parse_args(argv)
     archs = tuple(int(a) for a in args.archs.split(","))
-    rows = run(archs, args.jobs, None if args.modules is None else args.modules.split(","))
-    report = dict(triton=triton.__version__, archs=archs, cases=rows, probe=probe_offsets(90))
+    skipped = {}
+    rows = run(archs, args.jobs, None if args.modules is None else args.modules.split(","), skipped)
+    report = dict(triton=triton.__version__, archs=[a for a in archs if a not in skipped], cases=rows,
+                  skipped_archs={str(a): why for a, why in skipped.items()}, probe=probe_offsets(90))
     tmp = args.json + ".tmp"
     with open(tmp, "w") as f:
         json.dump(report, f, indent=1)

@@ -10,6 +10,9 @@ measured choice, else "tiles"), all writing per-row partials
 ``(m, s, a)`` (max, sum-exp, sum ``e*(x-m)``) to ``[S, N]``; kernels/linear_logprobs_finish.py then
 merges them (the merge that combines tensor-parallel ranks) and computes the target logit, an
 O(N*H) gather-dot, in one pass.
+Before a TMA or Gluon kernel runs, kernels/dispatch.py checks it (the inputs it takes, its import and
+Triton API, its shared memory), and any error of it hands the work to the next (Gluon -> TMA -> tiled) with
+one warning; ``PACS_FAST_KERNELS=safe`` keeps to the tiled kernels.
 ``"tiles"`` (default): kernels/linear_logprobs_fwd.py, one GEMM-shaped program per (row block,
 vocab block) tile in grouped order, S = vocab blocks. ``"tma"``: kernels/linear_logprobs_tma.py,
 the same tiles from TMA copies in a persistent loop (bf16 / fp16 on sm_90+, else "tiles"). ``"gluon"``:
@@ -50,7 +53,8 @@ Layers (no import cycle; tests/test_import_graph.py): this module dispatches and
 ``launch_config`` and the other host-side launch helpers in kernels/linear_logprobs_launch.py (this module
 re-exports ``CONFIG`` and ``launch_config``, the interface the ops layer, tests and benchmarks use). The
 variants (_fwd, _tma, _gluon, _finish) import only those two (and kernels/base2.py), never this module;
-it imports them at call time (a launcher replaced on its module, as the tests do, takes effect).
+it imports them at call time, through kernels/dispatch.py (a launcher replaced on its module, as the tests
+do, takes effect).
 kernels/linear_logprobs_bwd.py sits above this module (it launches ``_dlogits_kernel`` from here).
 """
 from __future__ import annotations
@@ -59,7 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import LAUNCH_OPTIONS, tuning
+from . import LAUNCH_OPTIONS, dispatch, tuning
 from .base2 import LOG2E, natural_partial
 from .linear_logprobs_launch import CONFIG, _cfg, _prec, _upcast, _width, device_arch, launch_config  # noqa: F401
 from .linear_logprobs_tiles import _dlogits_tile, _logits_tile, _online_fold, _store_partial, _tile_ids
@@ -164,7 +168,8 @@ def forward_kind(arch: int | None = None, width: str = "16", h: int | None = Non
     when it timed several forwards in one run; the one measured at the hidden size nearest ``h``), else
     ``"tiles"``. ``"tiles"``: ``stats_tiles``;
     ``"split"``: ``_stats_fwd_kernel``; ``"tma"``: ``stats_tma`` where ``tma_usable``; ``"gluon"``: the
-    warp-specialised ``stats_gluon`` where ``gluon_usable`` (a Hopper GPU); else ``stats_tiles``."""
+    warp-specialised ``stats_gluon`` where ``gluon_usable`` (a Hopper GPU); else ``stats_tiles``.
+    ``PACS_FAST_KERNELS=safe``: never "tma" / "gluon" (kernels/dispatch.py)."""
     return _kind("FWD", "forward", FORWARDS, arch, width, h)
 
 
@@ -183,26 +188,32 @@ def _kind(config_key: str, job: str, allowed: tuple, arch: int | None, width: st
         kind = tuning.choice(tuning.entry_key("linear_logprobs", job, width), arch, allowed, h) or allowed[0]
     if kind not in allowed:
         raise ValueError(f"CONFIG[{config_key!r}] must be one of {allowed}, got {kind!r}")
+    if kind in ("tma", "gluon") and dispatch.mode() == "safe":  # PACS_FAST_KERNELS=safe: portable kernels
+        return allowed[0]
     return kind
 
 
 def stats_fwd(hidden, weight, bias, inv_t: float, entropy: bool):
     """Partial ``(m, s, a)`` fp32 ``[S, N]`` of the scaled logits (``a`` None w/o entropy), to be
-    merged along dim 0: S vocab blocks of the tiled forward, or S splits of the split one."""
+    merged along dim 0: S vocab blocks of the tiled forward, or S splits of the split one. A Gluon or
+    TMA forward is checked before it runs and falls back (Gluon -> TMA -> tiled) on any error, with one
+    warning (kernels/dispatch.py); the tiled forward's errors reach the caller (the ops layer's torch path)."""
     kind = forward_kind(device_arch(hidden.device), _width(hidden.dtype), hidden.shape[1])
-    if kind == "gluon":
-        from .linear_logprobs_gluon import gluon_usable, stats_gluon
-        if gluon_usable(hidden, weight):
-            return stats_gluon(hidden, weight, bias, inv_t, entropy)
-        kind = "tiles"
-    if kind == "tma":
-        from .linear_logprobs_tma import stats_tma, tma_usable
-        if tma_usable(hidden, weight):
-            return stats_tma(hidden, weight, bias, inv_t, entropy)
-        kind = "tiles"
-    if kind == "tiles":
-        from .linear_logprobs_fwd import stats_tiles
-        return stats_tiles(hidden, weight, bias, inv_t, entropy)
+    if kind == "split":
+        return _stats_split(hidden, weight, bias, inv_t, entropy)
+    family, mod = dispatch.choose(kind, FORWARD_KERNEL, hidden, weight)
+    while family != "tiles":
+        try:
+            return getattr(mod, FORWARD_KERNEL[family])(hidden, weight, bias, inv_t, entropy)
+        except Exception as e:  # compile or launch error: the next family (one warning)
+            family, mod = dispatch.choose(dispatch.failed(family, FORWARD_KERNEL[family], e), FORWARD_KERNEL,
+                                          hidden, weight)
+    from .linear_logprobs_fwd import stats_tiles
+    return stats_tiles(hidden, weight, bias, inv_t, entropy)
+
+
+def _stats_split(hidden, weight, bias, inv_t: float, entropy: bool):
+    """The split forward (``CONFIG["FWD"] = "split"``): grid (row blocks, vocab splits)."""
     n, n_h = hidden.shape
     v = weight.shape[0]
     cfg = _cfg("stats_fwd", hidden, weight)

@@ -14,7 +14,10 @@ import functools
 import torch
 import triton
 
-from . import LAUNCH_OPTIONS, linear_logprobs as KL
+from . import LAUNCH_OPTIONS, dispatch, linear_logprobs as KL
+
+DZ_FAMILY = {"gluon": "gluon", "tma": "tma", "pointer": "tiles"}  # dz_kind -> kernels/dispatch.py family
+DZ_KERNEL = {"gluon": "dlogits_gluon", "tma": "dlogits_tma"}  # family -> its dz launcher (and launch_config)
 
 
 def plan_bwd_chunks(n: int, v: int, itemsize: int, budget: int) -> tuple[int, int]:
@@ -101,17 +104,10 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
     bn, bv = cfg["BLOCK_N"], cfg["BLOCK_V"]
     entropy = gh is not None
     kind = KL.dz_kind(KL.device_arch(dev), KL._width(hidden.dtype), hidden.shape[1])
-    # the TMA or Gluon dz kernel where it takes these inputs, and which chunks' dz it can write
-    # (the Gluon one's TMA store needs 16-byte rows); the pointer kernel for everything else
-    fast, writes = None, None
-    if kind == "tma":
-        from . import linear_logprobs_tma as tma
-        if tma.tma_usable(hidden, weight):
-            fast, writes = tma.dlogits_tma, (lambda dz: True)
-    elif kind == "gluon":
-        from . import linear_logprobs_gluon as glu
-        if glu.gluon_usable(hidden, weight):
-            fast, writes = glu.dlogits_gluon, glu.dz_usable
+    # the TMA or Gluon dz kernel where it takes these inputs and is usable here (kernels/dispatch.py), and
+    # which chunks' dz it can write (the Gluon one's TMA store needs 16-byte rows); the pointer kernel for
+    # everything else, and for the chunk (and the rest) when it fails (Gluon -> TMA -> pointer, one warning)
+    family, mod = dispatch.choose(DZ_FAMILY[kind], DZ_KERNEL, hidden, weight)
     buf = torch.empty(n_c * v_c, dtype=hidden.dtype, device=dev)
     for n0 in range(0, n, n_c):
         n1 = min(n, n0 + n_c)
@@ -119,11 +115,19 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
         for v0 in range(0, v, v_c):
             v1 = min(v, v0 + v_c)
             dz = buf[: (n1 - n0) * (v1 - v0)].view(n1 - n0, v1 - v0)
-            if fast is not None and writes(dz):
-                fast(h_c, weight[v0:v1], bias[v0:] if bias is not None else None, inv_t, labels[n0:],
-                     v_offset + v0, m[n0:], log_s[n0:], ent[n0:] if entropy else None, gl[n0:],
-                     gh[n0:] if entropy else None, dz, entropy)
-            else:
+            done = False
+            while family != "tiles" and (family != "gluon" or mod.dz_usable(dz)):
+                try:
+                    getattr(mod, DZ_KERNEL[family])(
+                        h_c, weight[v0:v1], bias[v0:] if bias is not None else None, inv_t, labels[n0:],
+                        v_offset + v0, m[n0:], log_s[n0:], ent[n0:] if entropy else None, gl[n0:],
+                        gh[n0:] if entropy else None, dz, entropy)
+                    done = True
+                    break
+                except Exception as e:  # compile or launch error: this chunk (and the rest) by the next family
+                    family, mod = dispatch.choose(dispatch.failed(family, DZ_KERNEL[family], e), DZ_KERNEL,
+                                                  hidden, weight)
+            if not done:
                 grid = (triton.cdiv(n1 - n0, bn) * triton.cdiv(v1 - v0, bv),)
                 KL._dlogits_kernel[grid](
                     h_c, hidden.stride(0), weight[v0:], weight.stride(0),

@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
     warpgroup_mma_init, warpgroup_mma_wait
 
 from . import LAUNCH_OPTIONS
-from .linear_logprobs_launch import _cfg, device_arch, num_sms
+from .linear_logprobs_launch import _cfg, descriptor_inputs, device_arch, num_sms
 from .linear_logprobs_tiles import _dlogits_tile, _store_partial, _tile_stats
 
 # the TMA global -> shared copy: ``async_load`` in Triton 3.9, ``async_copy_global_to_shared`` in 3.6 (the
@@ -283,13 +283,9 @@ def shared_layout(block: list[int], dtype: torch.dtype):
 
 def gluon_usable(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
     """A Hopper GPU (sm_90: wgmma), bf16 / fp16 inputs of one dtype with unit stride along H and
-    16-byte aligned bases and row strides (what a TMA descriptor needs)."""
-    if device_arch(hidden.device) != 90:
-        return False
-    if hidden.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != hidden.dtype:
-        return False
-    return all(t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
-               and (t.stride(0) * t.element_size()) % 16 == 0 for t in (hidden, weight))
+    16-byte aligned bases and row strides (what a TMA descriptor needs: ``descriptor_inputs``). The
+    dispatcher checks the same (kernels/dispatch.py ``takes``) before it imports this module."""
+    return device_arch(hidden.device) == 90 and descriptor_inputs(hidden, weight)
 
 
 def stats_gluon(hidden, weight, bias, inv_t: float, entropy: bool):

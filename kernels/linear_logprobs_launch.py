@@ -3,7 +3,7 @@ which forward / dz kernel runs), the built-in per-architecture table ``ARCH_CONF
 results it was chosen from, the ping-pong launches ``PINGPONG_CONFIGS``, and ``launch_config``, which the
 launchers of every variant (kernels/linear_logprobs.py, _fwd.py, _tma.py, _gluon.py, _bwd.py) and the
 compile cases (kernels/aot_cases.py) call; plus the small per-input helpers they share (``device_arch``,
-``num_sms``, ``_prec``, ``_upcast``, ``_cfg``). The device-side tiles they share are in
+``num_sms``, ``descriptor_inputs``, ``_prec``, ``_upcast``, ``_cfg``). The device-side tiles they share are in
 kernels/linear_logprobs_tiles.py. This module imports only torch, triton and kernels/tuning.py.
 """
 from __future__ import annotations
@@ -151,6 +151,16 @@ def device_arch(device) -> int | None:
         return None
     major, minor = torch.cuda.get_device_capability(device)
     return 10 * major + minor
+
+
+def descriptor_inputs(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """bf16 / fp16 ``hidden`` and ``weight`` of one dtype, 2-D with unit stride along H, 16-byte aligned
+    bases and row strides: what a TMA descriptor reads (the TMA and Gluon kernels; fp32 keeps the tiled
+    kernels' IEEE products)."""
+    if hidden.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != hidden.dtype:
+        return False
+    return all(t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
+               and (t.stride(0) * t.element_size()) % 16 == 0 for t in (hidden, weight))
 
 
 def num_sms(device) -> int:

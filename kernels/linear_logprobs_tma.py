@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from . import LAUNCH_OPTIONS
-from .linear_logprobs_launch import _cfg, _prec, _upcast, device_arch, num_sms
+from .linear_logprobs_launch import _cfg, _prec, _upcast, descriptor_inputs, device_arch, num_sms
 from .linear_logprobs_tiles import _dlogits_tile, _grouped_tile, _store_partial, _tile_stats
 
 
@@ -104,15 +104,11 @@ def _dlogits_tma_kernel(Hdesc, Wdesc, B, N, V, n_h, inv_t, LABELS, v_offset, M, 
 
 def tma_usable(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
     """bf16 / fp16 inputs of one dtype, unit stride along H, 16-byte aligned bases and row strides
-    (what a TMA descriptor needs), on sm_90+ or under the interpreter (``TensorDescriptor`` on CPU
-    tensors); fp32 keeps the tiled forward (IEEE products, a correctness path)."""
-    if hidden.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != hidden.dtype:
-        return False
-    for t in (hidden, weight):
-        if t.dim() != 2 or t.stride(1) != 1 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
-            return False
+    (what a TMA descriptor needs: ``descriptor_inputs``), on sm_90+ or under the interpreter
+    (``TensorDescriptor`` on CPU tensors); fp32 keeps the tiled forward (IEEE products, a correctness path).
+    The dispatcher checks the same (kernels/dispatch.py ``takes``) before it imports this module."""
     arch = device_arch(hidden.device)
-    return arch is None or arch >= 90
+    return (arch is None or arch >= 90) and descriptor_inputs(hidden, weight)
 
 
 def _descriptors(hidden, weight, cfg):

@@ -26,12 +26,12 @@ the same kind of ``(row block, token split)`` grid.
 
 Layouts: padded (``PACKED=False``): row ``i`` starts at ``i * T`` and has ``T`` tokens (contiguous
 ``[B, T]``). Packed (``PACKED=True``): row ``i`` is ``[cu_seqlens[i], cu_seqlens[i+1])`` of a 1-D
-buffer. ``mask`` is optional (``HAS_MASK``); a bool mask selects, a numeric mask multiplies, and
-positions where it is 0 never reach the sums (even NaN / Inf). Everything is accumulated in fp32
-(fp64 for fp64 ``logp``) whatever the input dtype. Packed grids are sized from the average row
-length (no device sync): a row much longer than the average is read by its row block's N_SPLIT
-programs, several blocks each; packed rows start anywhere, so their loads are not vectorised
-(padded rows: 16-byte loads, checked by tests/test_kernels_compile.py).
+buffer (spans clamped into the buffer, ``_row_span``). ``mask`` is optional (``HAS_MASK``); a bool mask
+selects, a numeric mask multiplies, and positions where it is 0 never reach the sums (even NaN / Inf).
+Everything is accumulated in fp32 (fp64 for fp64 ``logp``) whatever the input dtype. Packed grids are
+sized from the average row length (no device sync): a row much longer than the average is read by its
+row block's N_SPLIT programs, several blocks each; packed rows start anywhere, so their loads are not
+vectorised (padded rows: 16-byte loads, checked by tests/test_kernels_compile.py).
 
 The launch parameters (tiles, grid, warps; the overrides ``CONFIG`` and ``POLICY``) are
 kernels/pacs_loss_launch.py's. This module imports only triton, torch and that module.
@@ -57,10 +57,14 @@ GRPO_EPS = 1e-6
 
 @triton.jit
 def _row_span(cu_ptr, rows, valid, T, PACKED: tl.constexpr):
-    """(start, length, longest length) of ``rows`` (int64; rows with ``valid`` False: length 0)."""
+    """(start, length, longest length) of ``rows`` (int64; rows with ``valid`` False: length 0). Packed:
+    ``T`` is the buffer's length, and each span is clamped into ``[0, T)`` (``cu_seqlens`` is not checked
+    on the host, which would be a device sync: a wrong one gives wrong sums, never an access outside)."""
     if PACKED:
         start = tl.load(cu_ptr + rows, mask=valid, other=0).to(tl.int64)
-        length = tl.load(cu_ptr + rows + 1, mask=valid, other=0).to(tl.int64) - start
+        end = tl.load(cu_ptr + rows + 1, mask=valid, other=0).to(tl.int64)
+        start = tl.minimum(tl.maximum(start, 0), T)
+        length = tl.minimum(tl.maximum(end, start), T) - start
         max_len = tl.max(length, axis=0)
     else:
         start = rows * T  # int64: B * T may exceed 2**31
@@ -280,7 +284,7 @@ def pacs_loss_fwd(logp, logp_ref, mask, rewards, cu_seqlens, *, group_size, beta
     """
     packed = cu_seqlens is not None
     B = rewards.shape[0]
-    T = 0 if packed else logp.shape[1]
+    T = logp.shape[0] if packed else logp.shape[1]  # packed: the buffer's length (the spans' bound)
     avg = max(1, logp.numel() // B)  # tokens per row (the average when packed)
     G = int(group_size)
     n_groups = B // G
@@ -322,7 +326,7 @@ def pacs_loss_bwd(grad_loss, coef, mask, cu_seqlens, logp_shape, logp_dtype):
     dlogp = torch.empty(logp_shape, device=coef.device, dtype=logp_dtype)
     if dlogp.numel() == 0:
         return dlogp
-    T = 0 if packed else logp_shape[1]
+    T = logp_shape[0] if packed else logp_shape[1]
     cfg = launch_config("bwd", B=B, T=max(1, dlogp.numel() // B), G=1, dtype=logp_dtype,
                         arch=_arch(coef.device), sm_count=_sm_count(coef.device))
     kmask = _as_kernel_mask(mask)

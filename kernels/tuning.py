@@ -9,7 +9,8 @@ every shape's tiles.
 
 File format (one per compute capability)::
 
-    {"schema": 1, "arch": 90, "device": "NVIDIA H100 80GB HBM3", "triton": "3.9.0", "dry_run": false,
+    {"schema": 1, "arch": 90, "device": "NVIDIA H100 80GB HBM3", "triton": "3.9.0", "torch": "2.13.0+cu130",
+     "dry_run": false,
      "kernels": {"linear_logprobs.stats_tiles.16": {"config": {"BLOCK_N": 128, ...}, "ms": ..., ...}}}
 
 keyed by ``"<kernel file>.<launch_config name>.<16 | 32>"`` (16: bf16 / fp16, 32: fp32). Only the
@@ -17,8 +18,17 @@ keys the built-in configuration has are taken from an entry, as ints; the rest o
 tuner's record (times, shape, candidates). Entries of another kind hold a measured kernel *choice*
 (``"linear_logprobs.forward.16": {"choice": "gluon", "ms": {...}}``: which of several kernels doing
 the same job ran fastest, timed in alternation in one run; ``choice`` reads them). ``TUNED_DIR`` (or ``$PACS_FAST_TUNED_DIR``) points
-elsewhere; a file that does not parse is ignored with one warning. This module imports only the
-standard library.
+elsewhere; a file that does not parse is ignored with one warning.
+
+Versions: a table records the Triton, torch and device it was measured with (``"triton"``, ``"torch"``,
+``"device"``; bench/gpu/tune_table.py writes them). Launch parameters and kernel choices measured under one
+Triton (or torch) need not hold, or even compile spill-free, under another, so a table whose recorded
+Triton or torch major.minor differs from the running ones is not used: one warning line names the
+mismatch and the built-in choices serve (``version_mismatch``). A table that records no versions (a
+hand-written one) is read. ``IGNORE_VERSIONS`` (``ignoring_versions()``) reads tables whatever they record:
+the compile cases (kernels/aot_cases.py) compile a table's launches under CI's Triton that way, beside the
+built-in ones the running Triton would get. This module imports only the standard library (triton and
+torch for their versions, at call time).
 
 Per hidden size: an entry measured at hidden size ``"h"`` (else the ``H<n>`` of its ``"shape"``) may
 hold ``"by_h": {"896": {"config": {...}, ...}}`` (a choice entry: ``{"896": {"choice": "gluon", ...}}``),
@@ -28,6 +38,8 @@ length), the entry itself when it has no ``by_h`` or ``H`` is not given.
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import math
 import os
@@ -37,7 +49,11 @@ import warnings
 SCHEMA = 1
 # None: $PACS_FAST_TUNED_DIR, else the tuned/ folder beside this file
 TUNED_DIR: str | None = None
+# True: tables are read whatever Triton / torch they were measured with (the compile cases' second view)
+IGNORE_VERSIONS = False
+VERSIONED = ("triton", "torch")  # the packages whose major.minor a table must share with the running ones
 _cache: dict = {}
+_warned: set = set()
 
 
 def tuned_dir() -> str:
@@ -53,39 +69,93 @@ def entry_key(module: str, kernel: str, width: str) -> str:
 
 
 def stamp(arch: int | None):
-    """What identifies the table ``load(arch)`` returns now: ``(path, mtime_ns)``, ``(path, None)``
-    when absent, None for arch None (a cache key for launch configurations derived from it)."""
+    """What identifies the table ``load(arch)`` returns now: ``(path, mtime_ns, IGNORE_VERSIONS)``, with
+    mtime None when absent; None for arch None (a cache key for launch configurations derived from it)."""
     if arch is None:
         return None
     path = path_for(arch)
     try:
-        return path, os.stat(path).st_mtime_ns
+        return path, os.stat(path).st_mtime_ns, IGNORE_VERSIONS
     except OSError:
-        return path, None
+        return path, None, IGNORE_VERSIONS
 
 
 def load(arch: int | None) -> dict:
-    """The ``kernels`` mapping of ``sm_<arch>.json`` ({} when absent, unreadable, or arch None),
-    re-read when the file changes."""
+    """The ``kernels`` mapping of ``sm_<arch>.json`` ({} when absent, unreadable, measured with another
+    Triton / torch major.minor (``version_mismatch``; one warning each), or arch None), re-read when the
+    file changes."""
     if arch is None:
         return {}
-    path, mtime = stamp(arch)
+    path, mtime, _ = stamp(arch)
     if mtime is None:
         return {}
     hit = _cache.get(path)
-    if hit is not None and hit[0] == mtime:
-        return hit[1]
+    if hit is None or hit[0] != mtime:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            if data.get("schema") != SCHEMA or data.get("arch") != arch or not isinstance(data.get("kernels"), dict):
+                raise ValueError(f"schema {data.get('schema')!r}, arch {data.get('arch')!r}")
+        except (OSError, ValueError) as e:
+            warnings.warn(f"ignoring the tuned launch table {path}: {e}", stacklevel=3)
+            data = {"kernels": {}}
+        hit = _cache[path] = (mtime, data, version_mismatch(data))
+    why = None if IGNORE_VERSIONS else hit[2]
+    if why is None:
+        return hit[1]["kernels"]
+    if (path, mtime) not in _warned:
+        _warned.add((path, mtime))
+        warnings.warn(f"ignoring the tuned launch table {path}: {why}; using the built-in launch choices "
+                      f"(re-measure with bench/gpu/tune.py under this Triton)", stacklevel=3)
+    return {}
+
+
+def running_versions() -> dict:
+    """``{"triton": ..., "torch": ...}``: the running packages' ``__version__`` (None when not importable)."""
+    out = {}
+    for name in VERSIONED:
+        try:
+            out[name] = str(importlib.import_module(name).__version__)
+        except Exception:  # not installed (a table is then not usable anyway)
+            out[name] = None
+    return out
+
+
+def major_minor(version) -> tuple[int, int] | None:
+    """``(3, 6)`` for ``"3.6.0"`` / ``"3.6.0+git..."``, ``(2, 11)`` for ``"2.11.0+cu130"``; None if unparsable."""
+    hit = re.match(r"\s*(\d+)\.(\d+)", str(version)) if version is not None else None
+    return (int(hit.group(1)), int(hit.group(2))) if hit else None
+
+
+def version_mismatch(data: dict, running: dict | None = None) -> str | None:
+    """Why a table (the parsed JSON) does not fit the running Triton / torch (None: it does): a recorded
+    version whose major.minor differs from the running one's. Versions the table does not record are not
+    compared (hand-written tables)."""
+    running = running_versions() if running is None else running
+    bad = [f"{name.capitalize() if name == 'triton' else name} {data[name]} (running {running.get(name)})"
+           for name in VERSIONED
+           if data.get(name) is not None and major_minor(data[name]) != major_minor(running.get(name))]
+    return ("measured with " + ", ".join(bad)) if bad else None
+
+
+@contextlib.contextmanager
+def ignoring_versions(on: bool = True):
+    """Within: tables are read whatever Triton / torch they record (``IGNORE_VERSIONS``)."""
+    global IGNORE_VERSIONS
+    saved, IGNORE_VERSIONS = IGNORE_VERSIONS, on
     try:
-        with open(path) as f:
-            data = json.load(f)
-        if data.get("schema") != SCHEMA or data.get("arch") != arch or not isinstance(data.get("kernels"), dict):
-            raise ValueError(f"schema {data.get('schema')!r}, arch {data.get('arch')!r}")
-        table = data["kernels"]
-    except (OSError, ValueError) as e:
-        warnings.warn(f"ignoring the tuned launch table {path}: {e}", stacklevel=3)
-        table = {}
-    _cache[path] = (mtime, table)
-    return table
+        yield
+    finally:
+        IGNORE_VERSIONS = saved
+
+
+def table_version_mismatch(arch: int | None) -> str | None:
+    """``version_mismatch`` of ``sm_<arch>.json`` against the running versions (None when absent,
+    unreadable or fitting); no warning."""
+    with ignoring_versions():
+        load(arch)
+    hit = _cache.get(path_for(arch)) if arch is not None else None
+    return hit[2] if hit is not None and hit[0] == stamp(arch)[1] else None
 
 
 def measured_h(entry: dict) -> int | None:

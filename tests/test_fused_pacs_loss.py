@@ -323,13 +323,30 @@ def _bad_calls():
 
 
 @pytest.mark.parametrize("i", range(len(_bad_calls())))
-def test_bad_input_names_argument(i):
+def test_bad_input_names_argument(i, monkeypatch):
+    monkeypatch.setenv("PACS_FAST_DEBUG_CHECKS", "1")  # the cu_seqlens values are checked only then (a sync)
     call, name = _bad_calls()[i]
     args = on_device(*call.pop("args"))
     if "cu_seqlens" in call:
         call["cu_seqlens"] = on_device(call["cu_seqlens"])
     with pytest.raises(ValueError, match=name):
         fused_pacs_loss(*args, **call)
+
+
+def test_wrong_cu_seqlens_without_the_debug_checks_stay_in_bounds(monkeypatch):
+    """Without ``PACS_FAST_DEBUG_CHECKS`` the values of ``cu_seqlens`` are not read on the host (no
+    sync): a wrong one gives a wrong loss, but every span is clamped into the buffer, forward and backward
+    (without the clamp these spans read outside it: the interpreter's process dies of a segfault)."""
+    monkeypatch.delenv("PACS_FAST_DEBUG_CHECKS", raising=False)
+    logp, ref, _, R = make_inputs(8, 5)
+    flat = on_device(logp.reshape(-1).contiguous()).requires_grad_()
+    good = torch.tensor([0, 5, 10, 15, 20, 25, 30, 35, 40])
+    for cu in (torch.tensor([-7, 5, 10, 15, 20, 25, 30, 35, 10 ** 6]), good.flip(0)):
+        loss = fused_pacs_loss(flat, on_device(ref.reshape(-1).contiguous()), None, on_device(R), group_size=4,
+                               cu_seqlens=on_device(cu))
+        loss.backward()
+        assert flat.grad.shape == flat.shape
+        flat.grad = None
 
 
 def test_cpu_without_interpreter_raises(monkeypatch):

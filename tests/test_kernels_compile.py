@@ -4,8 +4,11 @@ One subprocess (``python -m pacs_fast.kernels.aot``, without TRITON_INTERPRET, w
 session sets) compiles every launched ``@triton.jit`` kernel for sm_80 (A100), sm_90 (H100/H200)
 and sm_100 (B200) with the launch parameters the launchers choose (``launch_config`` of each
 kernel file) at the realistic shapes of issue 13 (log-probs N=8192, H=4096, V=151,936 and V/2;
-PACS B=1024, T=4096 and B=8192, T=1024, G=8/16/64), in bf16 and fp32; its JSON report is shared by the tests below
-(compiled once per session; Triton's cache makes a second session fast).
+PACS B=1024, T=4096 and B=8192, T=1024, G=8/16/64), in bf16 and fp32, and the default launches only
+(``DEFAULT_LAUNCHES``: what the dispatcher runs there without a measured table) for sm_86 (A10), sm_89 (L4)
+and sm_120 (RTX 50; shared memory 99 KB per block), each arch where the installed Triton can target it
+(Triton 3.9: all six); its JSON report is shared by the tests below (compiled once per session; Triton's cache
+makes a second session fast).
 """
 import json
 import os
@@ -96,16 +99,33 @@ def _fail(rows, what):
     return f"{what}:\n" + "\n".join(f"  {r}" for r in rows)
 
 
+# what aot_cases.DEFAULT_ONLY_ARCHS compile: the kernels the dispatcher runs there by default
+DEFAULT_LAUNCHES = {("token_logprobs", "_stats_fwd_kernel", "bf16"), ("token_logprobs", "_grad_bwd_kernel", "bf16"),
+                    ("linear_logprobs_fwd", "_stats_tiles_kernel", "bf16"),
+                    ("linear_logprobs", "_dlogits_kernel", "bf16"),
+                    ("linear_logprobs_finish", "_finish_kernel", "bf16"),
+                    ("pacs_loss", "_pacs_sums_kernel", "fp32"), ("pacs_loss", "_pacs_bwd_kernel", "fp32"),
+                    ("pacs_loss", "_pacs_group_kernel", "fp32")}
+
+
 def test_every_launched_kernel_compiles_for_every_arch_and_dtype(report):
+    from pacs_fast.kernels import aot
     errors = [(c["label"], c["error"]) for c in report["cases"] if c["error"]]
     assert not errors, _fail(errors, "compile failures")
     covered = {(c["module"], c["fn"], c["arch"], c["dtype"]) for c in report["cases"]}
     kernels = _launched_kernels()
     assert len(kernels) == 14, kernels  # 2 token, 9 linear, 3 PACS: a new kernel must be added to aot.cases
+    # every arch compiled, or skipped with the reason (the installed Triton cannot target it); Triton 3.9: none
+    assert sorted(report["archs"] + [int(a) for a in report["skipped_archs"]]) == sorted(aot.ARCHS), report["archs"]
+    if triton.__version__.startswith("3.9"):
+        assert not report["skipped_archs"], report["skipped_archs"]
+    for arch in set(report["archs"]) & set(aot.DEFAULT_ONLY_ARCHS):  # the default launches only
+        got = {(c["module"], c["fn"], c["dtype"]) for c in report["cases"] if c["arch"] == arch}
+        assert got == DEFAULT_LAUNCHES, (arch, got ^ DEFAULT_LAUNCHES)
     for module, fn in kernels:
         tma = module.endswith(("_tma", "_gluon"))
         dtypes = ("fp32",) if module == "pacs_loss" else ("bf16",) if tma else ("bf16", "fp32")
-        for arch in report["archs"]:
+        for arch in set(report["archs"]) - set(aot.DEFAULT_ONLY_ARCHS):
             if tma and arch < 90:  # TMA exists from sm_90 on; the launcher falls back
                 continue
             if module.endswith("_gluon") and arch != 90:  # wgmma: Hopper only; the launcher falls back
@@ -130,7 +150,8 @@ def test_no_register_spills(report):
     assert not bad, _fail(bad, "register spills (add a measured exception to SPILL_EXCEPTIONS only with a reason)")
 
 
-TENSOR_CORE = {80: "mma.sync.aligned", 90: "wgmma.mma_async", 100: "tcgen05.mma"}
+TENSOR_CORE = {80: "mma.sync.aligned", 86: "mma.sync.aligned", 89: "mma.sync.aligned", 90: "wgmma.mma_async",
+               100: "tcgen05.mma", 120: "mma.sync.aligned"}
 
 
 def test_bf16_dot_lowers_to_tensor_cores(report):
@@ -139,7 +160,7 @@ def test_bf16_dot_lowers_to_tensor_cores(report):
         if c["has_dot"] and c["dtype"] == "bf16":
             want = TENSOR_CORE[c["arch"]]
             ok = any(m.startswith(want) for m in c["mma"])
-            if c["arch"] in (80, 90):  # the PTX instruction names the operand type
+            if c["arch"] != 100:  # the PTX instruction names the operand type
                 ok = ok and any(m.startswith(want) and "bf16" in m for m in c["mma"])
             if not ok:
                 bad.append((c["label"], c["mma"]))
@@ -246,10 +267,13 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     monkeypatch.setitem(KL.CONFIG, "FWD", "split")
     KL.stats_fwd(hid, w, None, 1.0, True)
     check(KL.launch_config("stats_fwd", N=n, V=v, H=h, dtype=hid.dtype, arch=arch), keys)
-    monkeypatch.setitem(KL.CONFIG, "FWD", "tma")  # bf16 rows of 48 B: a TMA descriptor takes them
+    monkeypatch.setitem(KL.CONFIG, "FWD", "tma")  # bf16 rows of 48 B: a TMA descriptor takes them (sm_90+)
     KL.stats_fwd(hid.bfloat16(), w.bfloat16(), None, 1.0, True)
-    check(KL.launch_config("stats_tma", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch),
-          keys + ("GROUP_N", "FLATTEN", "WARP_SPECIALIZE"))
+    if arch == 80:  # no TMA before sm_90: the tiled kernel (kernels/dispatch.py ``takes``)
+        check(KL.launch_config("stats_tiles", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch), keys)
+    else:
+        check(KL.launch_config("stats_tma", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch),
+              keys + ("GROUP_N", "FLATTEN", "WARP_SPECIALIZE"))
     monkeypatch.setitem(KL.CONFIG, "FWD", "gluon")  # Hopper only: elsewhere the tiled kernel runs
     monkeypatch.setattr(KLG, "device_arch", lambda d: arch)
     KL.stats_fwd(hid.bfloat16(), w.bfloat16(), None, 1.0, True)
@@ -263,8 +287,11 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     monkeypatch.setitem(KL.CONFIG, "DLOGITS", "tma")
     KLB.grad_bwd_chunked(hid.bfloat16(), w.bfloat16(), None, 1.0, torch.zeros(n, dtype=torch.long), 0, one, one,
                         one, one, one)
-    check(KL.launch_config("dlogits_tma", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch),
-          keys + ("GROUP_N", "FLATTEN", "WARP_SPECIALIZE"))
+    if arch == 80:
+        check(KL.launch_config("dlogits", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch), keys)
+    else:
+        check(KL.launch_config("dlogits_tma", N=n, V=v, H=h, dtype=torch.bfloat16, arch=arch),
+              keys + ("GROUP_N", "FLATTEN", "WARP_SPECIALIZE"))
     # Hopper only, like the Gluon forward, and per vocab chunk whose dz rows a TMA store can write:
     # [40, 256] (512-byte rows) yes, the last [40, 44] (88-byte rows) no: the pointer kernel
     monkeypatch.setitem(KL.CONFIG, "DLOGITS", "gluon")
@@ -357,3 +384,24 @@ def test_softmax_epilogues_use_exp2_without_denormal_guards(report):
     # software-pipelined into several copies)
     many = [(c["label"], c["ex2_per_logit"]) for c in tc if c["arch"] < 100 and not 1 <= c["ex2_per_logit"] <= 1.3]
     assert not many, _fail(many, "not about one ex2 per logit")
+
+
+def test_dispatch_shared_memory_estimate_bounds_the_compiled_launches(report):
+    """kernels/dispatch.py checks a TMA / Gluon launch's shared memory against the device's before it
+    selects the kernel, from its tiles (``smem_bytes``: the stage ring, the dz staging tiles, 2 KB of slack).
+    Against the compiled launches (the measured table's too): never below what the compiler allocated,
+    within 2 KB of it on sm_90 (sm_100's TMA dz kernel needs no layout-conversion buffer: an over-estimate
+    there), and within every arch's limit, so the check never turns away a compiled launch."""
+    from pacs_fast.kernels import dispatch
+    rows = [c for c in report["cases"] if c["fn"] in ("_stats_tma_kernel", "_dlogits_tma_kernel") + GLUON_KERNELS]
+    assert len(rows) >= 8
+    for c in rows:
+        k = c["constexprs"]
+        if c["fn"] in GLUON_KERNELS:
+            (bn, bh), (bv, _) = c["blocks"]["Hdesc"], c["blocks"]["Wdesc"]
+        else:
+            bn, bv, bh = (int(k[x]) for x in ("BLOCK_N", "BLOCK_V", "BLOCK_H"))
+        cfg = dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh, num_stages=c["num_stages"], PINGPONG=k.get("PINGPONG") == "True")
+        est = dispatch.smem_bytes(c["kernel"], cfg, 2)
+        assert c["shared"] <= est <= c["smem_limit"], (c["label"], c["shared"], est)
+        assert c["arch"] != 90 or est - c["shared"] <= 2048, (c["label"], c["shared"], est)

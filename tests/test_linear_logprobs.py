@@ -12,7 +12,9 @@ import torch
 from pacs_fast.ops.linear_logprobs import linear_logprobs
 
 pytestmark = [pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),  # interpreter on NaN/-inf
-              pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")]
+              pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning"),
+              # a kernel error must fail these tests, not fall back to the torch path (kernels/dispatch.py)
+              pytest.mark.filterwarnings("error::pacs_fast.kernels.dispatch.KernelFallbackWarning")]
 
 N, H, V = 37, 40, 1003
 
@@ -303,15 +305,20 @@ def test_huge_finite_mask_values(seed, small_blocks, monkeypatch, backend, fwd):
     assert not leaves[1].grad[64:128].any() and not leaves[1].grad[193:].any()
 
 
-def test_bad_arguments():
+def test_bad_arguments(monkeypatch):
     h, w = torch.randn(4, 8), torch.randn(10, 8)
     y = torch.zeros(4, dtype=torch.long)
     with pytest.raises(ValueError, match="weight"):
         linear_logprobs(h, torch.randn(10, 7), y)
     with pytest.raises(ValueError, match="bias"):
         linear_logprobs(h, w, y, bias=torch.randn(9))
-    with pytest.raises(ValueError, match="labels"):
-        linear_logprobs(h, w, torch.full((4,), 10))
+    # a label out of range is a device value: NaN for its row (no host sync), a ValueError with the debug checks
+    bad = torch.tensor([3, 10, -100, -1])
+    logp = linear_logprobs(h, w, bad)
+    assert logp[0].isfinite() and logp[1].isnan() and logp[2] == 0 and logp[3].isnan()
+    monkeypatch.setenv("PACS_FAST_DEBUG_CHECKS", "1")
+    with pytest.raises(ValueError, match=r"labels must be in \[0, 10\).*label 10 at row 1"):
+        linear_logprobs(h, w, bad)
     with pytest.raises(ValueError, match="chunk_bytes"):
         linear_logprobs(h, w, y, chunk_bytes=0)
 

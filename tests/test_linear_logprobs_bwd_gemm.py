@@ -16,7 +16,8 @@ from pacs_fast.kernels import linear_logprobs as K, linear_logprobs_bwd as KB
 from pacs_fast.ops.linear_logprobs import linear_logprobs
 from test_linear_logprobs import make_inputs
 
-pytestmark = [pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
+pytestmark = [pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+              pytest.mark.filterwarnings("error::pacs_fast.kernels.dispatch.KernelFallbackWarning")]  # no fallback
 
 U = 2.0 ** -24
 

@@ -22,7 +22,8 @@ from pacs_fast.ops.linear_logprobs import _target_logit, linear_logprobs
 
 pytestmark = [pytest.mark.interpret,
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
+              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+              pytest.mark.filterwarnings("error::pacs_fast.kernels.dispatch.KernelFallbackWarning")]  # no fallback
 
 N, H, V = 37, 40, 203
 U = 2.0 ** -24

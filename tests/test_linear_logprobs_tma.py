@@ -19,7 +19,8 @@ from test_linear_logprobs_fwd import H, N, V, _blocks, _bounds, _inputs, _refere
 
 pytestmark = [pytest.mark.interpret,
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
+              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+              pytest.mark.filterwarnings("error::pacs_fast.kernels.dispatch.KernelFallbackWarning")]  # no fallback
 
 
 def _tma(monkeypatch, **kw):

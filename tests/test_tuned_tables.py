@@ -2,6 +2,7 @@
 the tuner (tests/test_gpu_tune.py runs its dry run): the entry measured at the nearest hidden size,
 an unreadable table ignored with a warning, and the PACS loss's measured policy, from which
 ``launch_config`` still derives every shape's tiles."""
+import itertools
 import json
 import os
 
@@ -102,3 +103,108 @@ def test_pacs_measured_policy_stays_shape_adaptive(tmp_path, monkeypatch):
     builtin_bf16 = [_pacs(k, b, t, dtype=torch.bfloat16) for k in KPL.KERNELS for b, t in SHAPES]
     monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
     assert [_pacs(k, b, t, dtype=torch.bfloat16) for k in KPL.KERNELS for b, t in SHAPES] == builtin_bf16
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _builtin_keys(module, kernel, width):
+    """The launch parameters an entry of ``module.kernel.width`` may set: the built-in configuration's."""
+    from pacs_fast.kernels import linear_logprobs as KL, pacs_loss_launch as KPL, token_logprobs as KT
+    dtype = torch.float32 if width == "32" else torch.bfloat16
+    if module == "pacs_loss":
+        return set(KPL.BUILTIN_POLICY[kernel])
+    if module == "token_logprobs":
+        return set(KT.launch_config(kernel, N=8192, V=151936, dtype=dtype, arch=None))
+    return set(KL.launch_config(kernel, N=8192, V=151936, H=4096, dtype=dtype, arch=None)) | {"PINGPONG"}
+
+
+def test_committed_tables_record_what_they_were_measured_with():
+    """Every kernels/tuned/sm_<arch>.json: the schema, its arch, the device, Triton and torch of the
+    measurement (kernels/tuning.py does not use a table whose Triton or torch major.minor differs from the
+    running ones), not a dry run, and entries that are either a launch of the built-in keys (ints) or a
+    kernel choice the dispatcher knows (at every measured hidden size). sm_90's provenance (docs/GPU.md,
+    bench/results/gpu/20261127_h200/README.md): one H200, torch 2.11.0+cu130, Triton 3.6.0."""
+    import glob
+
+    from pacs_fast.kernels import linear_logprobs as KL, tuning
+    paths = sorted(glob.glob(os.path.join(ROOT, "kernels", "tuned", "sm_*.json")))
+    assert paths
+    for path in paths:
+        data = json.load(open(path))
+        arch = int(os.path.basename(path)[3:-5])
+        assert data["schema"] == tuning.SCHEMA and data["arch"] == arch and data["dry_run"] is False, path
+        assert isinstance(data["device"], str) and data["device"].startswith("NVIDIA "), path
+        assert all(tuning.major_minor(data[name]) for name in tuning.VERSIONED), path
+        for key, entry in data["kernels"].items():
+            module, kernel, width = key.split(".")
+            assert width in ("16", "32") and isinstance(entry, dict), key
+            parts = [entry] + list(entry.get("by_h", {}).values())
+            if module == "linear_logprobs" and kernel in ("forward", "dz"):
+                allowed = KL.FORWARDS if kernel == "forward" else KL.DZ_KERNELS
+                assert all(p["choice"] in allowed for p in parts), key
+                continue
+            keys = _builtin_keys(module, kernel, width)
+            for p in parts:
+                assert set(p["config"]) <= keys and all(isinstance(v, int) for v in p["config"].values()), key
+    sm90 = json.load(open(os.path.join(ROOT, "kernels", "tuned", "sm_90.json")))
+    assert (sm90["device"], sm90["triton"], sm90["torch"]) == ("NVIDIA H200", "3.6.0", "2.11.0+cu130")
+    readme = open(os.path.join(ROOT, "bench", "results", "gpu", "20261127_h200", "README.md")).read()
+    assert "torch 2.11.0+cu130, Triton **3.6.0**" in readme and "H200" in readme
+
+
+_STAMPS = itertools.count(10)
+
+
+def _write(path, **fields):
+    table = {"schema": 1, "arch": 90, "kernels": {
+        "linear_logprobs.dlogits.16": {"config": {"num_stages": 4}},
+        "linear_logprobs.forward.16": {"choice": "tma"}}}
+    path.write_text(json.dumps(dict(table, **fields)))
+    stamp = next(_STAMPS)  # a new mtime each time: re-read
+    os.utime(path, ns=(stamp, stamp))
+
+
+def test_a_table_measured_under_other_versions_is_ignored_with_one_warning(tmp_path, monkeypatch):
+    """The table's recorded Triton and torch must share the running ones' major.minor (a patch release or a
+    local build suffix does not matter); otherwise one warning line names the mismatch, the built-in launch
+    and kernel choice serve, and later reads are silent. A table recording no versions is read. The compile
+    cases read every table (``ignoring_versions``)."""
+    import warnings
+
+    from pacs_fast.kernels import linear_logprobs as KL, tuning
+    monkeypatch.setitem(KL.CONFIG, "FWD", None)
+    monkeypatch.setattr(tuning, "TUNED_DIR", os.devnull)
+    want = _dlogits_config()
+    running = tuning.running_versions()
+    (tri_maj, tri_min), (pt_maj, pt_min) = tuning.major_minor(running["triton"]), tuning.major_minor(running["torch"])
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    table = tmp_path / "sm_90.json"
+    for fields in (dict(triton=f"{tri_maj}.{tri_min}.99", torch=f"{pt_maj}.{pt_min}.7+cu999", device="NVIDIA X"), {}):
+        _write(table, **fields)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert _dlogits_config() == dict(want, num_stages=4) and KL.forward_kind(90, "16") == "tma"
+    other_torch = f"{pt_maj}.{pt_min + 1}.0"
+    for fields, named in ((dict(triton="2.1.0", torch=running["torch"]), r"Triton 2\.1\.0 \(running "),
+                          (dict(triton=running["triton"], torch=other_torch), rf"torch {other_torch} \(running ")):
+        _write(table, **fields)
+        with pytest.warns(UserWarning, match=r"ignoring the tuned launch table .*sm_90\.json: measured with "
+                                             + named) as seen:
+            assert _dlogits_config() == want
+        assert len([w for w in seen if "tuned launch table" in str(w.message)]) == 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per table: the next reads are silent
+            assert _dlogits_config() == want and KL.forward_kind(90, "16") == "tiles"
+            assert tuning.table_version_mismatch(90) and not tuning.table_version_mismatch(80)
+            with tuning.ignoring_versions():
+                assert _dlogits_config() == dict(want, num_stages=4)
+
+
+def test_the_committed_table_is_ignored_where_its_versions_do_not_run():
+    """sm_90.json was measured under Triton 3.6 / torch 2.11: under CI's Triton 3.9 / torch 2.13 the
+    launches are the built-in ones (and kernels/aot_cases.py compiles both)."""
+    from pacs_fast.kernels import tuning
+    running = tuning.running_versions()
+    fits = (tuning.major_minor(running["triton"]), tuning.major_minor(running["torch"])) == ((3, 6), (2, 11))
+    assert bool(tuning.table_version_mismatch(90)) is not fits

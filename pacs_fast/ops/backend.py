@@ -5,6 +5,8 @@ import os
 
 import torch
 
+from pacs_fast.kernels import dispatch
+
 BACKENDS = ("auto", "triton", "torch")
 
 
@@ -26,16 +28,27 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
     ``auto``: Triton when the tensors are on CUDA and Triton is installed, else torch.
     ``triton``: compiled on CUDA tensors; on CPU tensors only under ``TRITON_INTERPRET=1``
     (the Triton interpreter, used by the tests), otherwise a ValueError says why.
+    ``PACS_FAST_KERNELS=torch`` (kernels/dispatch.py): ``auto`` and ``triton`` both give torch (an
+    unknown value of the variable: a ValueError naming it).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if dispatch.mode() == "torch":
+        return "torch"
     on_cuda = all(t.is_cuda for t in tensors)
     if backend == "auto":
         return "triton" if on_cuda and triton_available() else "torch"
     if backend == "triton":
-        if not triton_available():
-            raise ValueError("backend='triton' needs the triton package (pip install 'pacs_fast[triton]')")
-        if not on_cuda and not triton_interpreted():
-            raise ValueError("backend='triton' on CPU tensors needs TRITON_INTERPRET=1 (the Triton "
-                             "interpreter); use backend='torch' or 'auto' on CPU")
+        require_triton(*tensors)
     return backend
+
+
+def require_triton(*tensors: torch.Tensor) -> None:
+    """A ValueError unless Triton kernels can run on these tensors: the package installed, and the
+    tensors on CUDA or the interpreter on (``TRITON_INTERPRET=1``). The Triton-only ops (the fused PACS
+    loss) call this whatever ``PACS_FAST_KERNELS`` says."""
+    if not triton_available():
+        raise ValueError("backend='triton' needs the triton package (pip install 'pacs_fast[triton]')")
+    if not all(t.is_cuda for t in tensors) and not triton_interpreted():
+        raise ValueError("backend='triton' on CPU tensors needs TRITON_INTERPRET=1 (the Triton "
+                         "interpreter); use backend='torch' or 'auto' on CPU")

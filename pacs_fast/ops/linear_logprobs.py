@@ -22,10 +22,24 @@ Every backward gets the row's log-sum-exp in two parts (max ``m`` and ``log s``)
   floor of an op whose upstream gradient arrives after the forward), written / accumulated in
   place (``mm(out=)`` then ``addmm_``) into one fp32 ``[V, H]`` buffer and one ``[N, H]``
   buffer. The target logit and its one-hot gradient are O(N*H) gathers, outside the tiles.
-  Rows with ``ignore_index`` are dropped before any GEMM (prompt/padding tokens cost nothing).
+
+Which Triton kernels run, and the fallback when one cannot (kernels/dispatch.py): the forward takes the
+Gluon, TMA or tiled kernel its table / ``CONFIG`` names, each checked before it is chosen and replaced by
+the next (Gluon -> TMA -> tiled) on any import, compile or launch error; an error of the tiled kernels
+(forward or backward) gives this module's torch path, with the same results. One warning line per
+failing family and reason; a failed kernel is not tried again in the process. ``PACS_FAST_KERNELS=safe``
+runs the tiled Triton kernels only, ``PACS_FAST_KERNELS=torch`` the torch path (docs/GPU.md).
+
+No device-to-host sync in the forward or backward (a step can be captured in a CUDA graph): rows whose
+label is ``ignore_index`` are computed with their hidden row zeroed and their results and gradients
+masked to 0, not dropped (dropping needs their count on the host); a label outside ``[0, V)`` gives NaN
+``logp`` / entropy for its row and no gradient (``PACS_FAST_DEBUG_CHECKS=1``: a ValueError naming it,
+one sync); every bias gets the torch path's -inf guard (checking for -inf would read the bias).
+Callers that select their rows first (the learners) pay nothing for the ignored ones.
 
 Workspace (torch backend): ``chunk_bytes`` (two tiles) + O(N*H) (the scaled fp32 copy of the
-valid hidden rows) + O(N); plus an fp32 ``[V, H]`` accumulator when ``weight`` is not fp32.
+hidden rows) + O(N); plus an fp32 ``[V, H]`` accumulator when ``weight`` is not fp32. The Triton
+backend: the kernels' own, plus one copy of ``hidden`` with the ignored rows zeroed.
 
 The LM head in fp32 (``upcast=True``, the learner's ``model.lm_head_fp32``): logits and their
 gradient computed from fp32 copies of bf16/fp16 ``hidden`` / ``weight``; gradients come back in
@@ -39,6 +53,8 @@ forward to the backward. The torch backend computes exactly this already: no cop
 from __future__ import annotations
 
 import torch
+
+from pacs_fast.kernels import dispatch
 
 from . import chunked, vocab_parallel as vp
 from .token_logprobs import _resolve
@@ -56,14 +72,20 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
         hidden: ``[..., H]`` fp32/bf16/fp16.
         weight: ``[V, H]`` LM-head weight (with ``tp_group``: this rank's contiguous vocab shard,
             shards in rank order, as a Megatron column-parallel output layer holds it).
-        labels: ``[...]`` integer global vocabulary ids; ``ignore_index`` rows give 0, no gradient.
+        labels: ``[...]`` integer global vocabulary ids; ``ignore_index`` rows give 0, no gradient;
+            an id outside ``[0, V)`` gives NaN for its row (not checked on the host: with
+            ``PACS_FAST_DEBUG_CHECKS=1`` it raises a ValueError naming the row).
         bias: optional ``[V]`` (the shard's slice under ``tp_group``).
         temperature: positive float folded into the logits.
         return_entropy: also return the differentiable entropy of each row's distribution.
         tp_group: process group over which the vocabulary is sharded. Values equal the unsharded
             computation on every rank; ``hidden``'s gradient is all-reduced over the group (the
             full gradient on every rank), ``weight``'s/``bias``' gradients are the local shards'.
-        backend: ``"auto"`` | ``"triton"`` | ``"torch"``.
+        backend: ``"auto"`` | ``"triton"`` | ``"torch"``. The environment variable
+            ``PACS_FAST_KERNELS`` overrides the kernels: ``safe`` runs the portable tiled Triton
+            kernels only (no Gluon / TMA), ``torch`` the chunked PyTorch path (for ``"auto"`` and
+            ``"triton"`` alike); unset or ``auto``: the measured / built-in choice, with the checked
+            fallback Gluon -> TMA -> tiled Triton -> PyTorch on any kernel error (one warning).
         chunk_bytes: scratch budget in bytes: the torch backend's logits tiles (default 64 MiB),
             the Triton ``chunked`` backward's ``dz`` buffer (default 512 MiB).
         triton_backward: Triton backend only: ``"chunked"`` (default: a Triton kernel forms a
@@ -116,17 +138,53 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
     return (logp, ent.view(lead)) if return_entropy else logp
 
 
-def _prepare(hidden, valid_idx, inv_t, torch_path: bool):
-    """Valid rows of hidden, contiguous. The torch backend gets them in fp32 and already scaled
-    by 1/T (so each tile is one GEMM); the Triton kernels scale in fp32 inside the tile."""
-    h = hidden if valid_idx is None else hidden.index_select(0, valid_idx)
-    if torch_path:
-        cd = chunked.compute_dtype(hidden)
-        if h.dtype != cd or (inv_t != 1.0 and h is hidden):
-            h = h.to(cd) if h.dtype != cd else h.clone()
-        if inv_t != 1.0:
-            h.mul_(inv_t)
-    return h.contiguous()
+FWD_KERNEL = "forward (stats_tiles + finish)"  # kernels/dispatch.py names of the tiled kernels' jobs
+BWD_KERNEL = {"chunked": "dlogits (chunked backward)", "atomic": "grad_bwd (atomic backward)"}
+
+
+def _row_masks(labels, ignore_index: int, v_glob: int, check: bool = True):
+    """``(keep, bad)`` ``[N]`` bool on the device, with no host sync: ``keep`` the rows that count (label
+    in ``[0, v_glob)``), ``bad`` those whose label is neither that nor ``ignore_index``. With
+    ``PACS_FAST_DEBUG_CHECKS=1`` (and ``check``) a bad label raises here (one device sync)."""
+    ignored = labels == ignore_index
+    in_range = (labels >= 0) & (labels < v_glob)
+    bad = ~ignored & ~in_range
+    if check and dispatch.debug_checks() and bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"labels must be in [0, {v_glob}) or equal ignore_index={ignore_index}: label "
+                         f"{int(labels[i])} at row {i} ({dispatch.DEBUG_ENV} check)")
+    return in_range & ~ignored, bad
+
+
+def _prepare(hidden, keep, inv_t, torch_path: bool):
+    """Hidden rows with the rows that do not count zeroed (their NaN / Inf never reach a gradient: their
+    ``dz`` is 0 only for finite logits), contiguous; a new tensor (selecting the rows instead would need
+    their count on the host). The torch backend gets them in fp32 and already scaled by 1/T (so each tile
+    is one GEMM); the Triton kernels scale in fp32 inside the tile."""
+    if not torch_path:
+        return torch.where(keep.unsqueeze(1), hidden, hidden.new_zeros(())).contiguous()
+    h = hidden.to(chunked.compute_dtype(hidden)).contiguous()
+    if h is hidden:
+        h = h.clone()
+    h.masked_fill_(~keep.unsqueeze(1), 0.0)
+    if inv_t != 1.0:
+        h.mul_(inv_t)
+    return h
+
+
+def _torch_stats(h, weight, bias, labels, v_off, inv_t, entropy, chunk_bytes):
+    """Per-row ``(m, s, a or None, target)`` of the torch backend (``h`` from ``_prepare(torch_path=True)``)."""
+    n, v_local, cd = h.shape[0], weight.shape[0], h.dtype
+    target = _target_logit(h, weight, bias, labels, v_off, inv_t, h_scaled=True).to(cd)
+    if v_local == 0 or n == 0:
+        m = torch.full((n,), float("-inf"), dtype=cd, device=h.device)
+        s = torch.zeros(n, dtype=cd, device=h.device)
+        return m, s, (s.clone() if entropy else None), target
+    tile = chunked.plan_chunks(n, v_local, chunk_bytes, prefer_rows=True)
+    fill = _gemm_fill(h, weight, bias, inv_t)
+    m, s, a = chunked.forward_stats(n, v_local, tile, fill, entropy, h.device, v_outer=True,
+                                    clamp=_may_have_neg_inf(bias, inv_t), dtype=cd)
+    return m, s, a, target
 
 
 class _LinearLogprobs(torch.autograd.Function):
@@ -134,47 +192,33 @@ class _LinearLogprobs(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, labels, inv_t, ignore_index, entropy, group, backends,
                 chunk_bytes):
         backend, triton_backward = backends
-        n = hidden.shape[0]
-        v_local = weight.shape[0]
+        n, v_local = hidden.shape[0], weight.shape[0]
         v_off, v_glob = vp.shard_offset(v_local, group)
-        valid = labels != ignore_index
-        if bool(((labels < 0) | (labels >= v_glob)).logical_and(valid).any()):
-            raise ValueError(f"labels must be in [0, {v_glob}) or equal ignore_index={ignore_index}")
-        n_valid = int(valid.sum())
-        valid_idx = None if n_valid == n else valid.nonzero().squeeze(1)
-        lab = labels if valid_idx is None else labels.index_select(0, valid_idx)
-        torch_path = backend == "torch"
-        h = _prepare(hidden, valid_idx, inv_t, torch_path)
-        cd = chunked.compute_dtype(hidden)
-        if torch_path or v_local == 0 or n_valid == 0:  # (the Triton path's finish kernel computes it)
-            target = _target_logit(h, weight, bias, lab, v_off, inv_t, h_scaled=torch_path).to(cd)
-
-        if v_local == 0 or n_valid == 0:
-            m = torch.full((n_valid,), float("-inf"), dtype=cd, device=hidden.device)
-            s = torch.zeros(n_valid, dtype=cd, device=hidden.device)
-            a = s.clone() if entropy else None
-        elif torch_path:
-            tile = chunked.plan_chunks(n_valid, v_local, chunk_bytes, prefer_rows=True)
-            fill = _gemm_fill(h, weight, bias, inv_t)
-            m, s, a = chunked.forward_stats(n_valid, v_local, tile, fill, entropy, hidden.device,
-                                            v_outer=True, clamp=_may_have_neg_inf(bias, inv_t), dtype=cd)
-        else:  # the tiles' partials, then one kernel merges them and computes the target logits
-            from pacs_fast.kernels import linear_logprobs as K
-            from pacs_fast.kernels.linear_logprobs_finish import finish
-            w = weight.contiguous()
-            m, s, a, target = finish(*K.stats_fwd(h, w, bias, inv_t, entropy), h, w, bias, lab, v_off, inv_t)
-        del h
-        m, s, a, target = vp.allreduce_stats(m, s, a, target, group)
-        ones = torch.ones(n_valid, dtype=torch.bool, device=hidden.device)
-        lse, logp_v, ent_v = vp.finalize(m, s, a, target, ones)
-        logp = torch.zeros(n, dtype=cd, device=hidden.device)
-        ent = torch.zeros(n, dtype=cd, device=hidden.device)
-        _scatter(logp, logp_v, valid_idx)
-        if entropy:
-            _scatter(ent, ent_v, valid_idx)
+        keep, bad = _row_masks(labels, ignore_index, v_glob)  # no host sync (rows are masked, not dropped)
+        stats = None
+        if backend == "triton" and dispatch.broken("tiles", FWD_KERNEL):
+            backend = "torch"  # the tiled kernels failed earlier in this process (warned then)
+        if backend == "triton" and n > 0 and v_local > 0:
+            try:  # the tiles' partials (Gluon / TMA / tiled: kernels/dispatch.py), then the finish kernel
+                from pacs_fast.kernels import linear_logprobs as K
+                from pacs_fast.kernels.linear_logprobs_finish import finish
+                h, w = _prepare(hidden, keep, inv_t, False), weight.contiguous()
+                stats = finish(*K.stats_fwd(h, w, bias, inv_t, entropy), h, w, bias, labels, v_off, inv_t)
+            except Exception as e:  # any import / compile / launch error: the torch path (one warning)
+                dispatch.failed("tiles", FWD_KERNEL, e)
+                backend = "torch"
+            h = None
+        if stats is None:
+            stats = _torch_stats(_prepare(hidden, keep, inv_t, True), weight, bias, labels, v_off, inv_t, entropy,
+                                 chunk_bytes)
+        m, s, a, target = vp.allreduce_stats(*stats, group)
+        lse, logp, ent_k = vp.finalize(m, s, a, target, keep)  # rows that do not count: 0
+        nan = torch.full((), float("nan"), dtype=logp.dtype, device=logp.device)
+        logp = torch.where(bad, nan, logp)  # a label out of range: NaN (PACS_FAST_DEBUG_CHECKS=1 raises)
+        ent = torch.where(bad, nan, ent_k) if entropy else torch.zeros_like(logp)
         # the backward gets lse in two parts (m, log s): one fp32 lse rounds to ulp(m)
-        ctx.save_for_backward(hidden, weight, bias, labels, m, torch.log(s), ent_v if entropy else m)
-        ctx.cfg = (inv_t, ignore_index, entropy, group, backend, triton_backward, chunk_bytes, v_off)
+        ctx.save_for_backward(hidden, weight, bias, labels, m, torch.log(s), ent_k if entropy else m)
+        ctx.cfg = (inv_t, ignore_index, entropy, group, backend, triton_backward, chunk_bytes, v_off, v_glob)
         ctx.set_materialize_grads(False)
         if not entropy:
             ctx.mark_non_differentiable(ent)
@@ -183,92 +227,91 @@ class _LinearLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_logp, g_ent):
         hidden, weight, bias, labels, m, log_s, ent = ctx.saved_tensors
-        inv_t, ignore_index, entropy, group, backend, triton_backward, chunk_bytes, v_off = ctx.cfg
-        n, n_h = hidden.shape
-        v_local = weight.shape[0]
-        valid = labels != ignore_index
-        n_valid = m.shape[0]
-        valid_idx = None if n_valid == n else valid.nonzero().squeeze(1)
-
-        def pick(g):
-            g = g.to(m.dtype)  # (upstream grads may be expanded views: make them dense)
-            return g.contiguous() if valid_idx is None else g.index_select(0, valid_idx)
-
+        inv_t, ignore_index, entropy, group, backend, triton_backward, chunk_bytes, v_off, v_glob = ctx.cfg
+        keep = _row_masks(labels, ignore_index, v_glob, check=False)[0]
         cd = m.dtype
-        gl = torch.zeros(n_valid, dtype=cd, device=hidden.device) if g_logp is None else pick(g_logp)
-        gh = pick(g_ent) if (entropy and g_ent is not None) else None
-        lab = labels if valid_idx is None else labels.index_select(0, valid_idx)
-        local = lab - v_off
-        owned = (local >= 0) & (local < v_local)
-        safe = torch.where(owned, local, torch.zeros_like(local))
-        torch_path = backend == "torch"
-        h = _prepare(hidden, valid_idx, inv_t, torch_path)
+        zeros = torch.zeros((), dtype=cd, device=hidden.device)
+        # rows that do not count get no gradient (dense: upstream grads may be expanded views)
+        gl = torch.zeros_like(m) if g_logp is None else torch.where(keep, g_logp.to(cd), zeros)
+        gh = torch.where(keep, g_ent.to(cd), zeros) if (entropy and g_ent is not None) else None
         need_w = ctx.needs_input_grad[1]  # frozen LM head: skip dW (one GEMM of four)
         need_b = bias is not None and ctx.needs_input_grad[2]
-
-        if torch_path:
-            # every row of dh / dW is first *written* by the tile at v0 == 0 / n0 == 0 (a GEMM
-            # with beta = 0), then accumulated into: no zero fill, no read of a zero buffer
-            alloc = torch.empty if (n_valid and v_local) else torch.zeros
-            dh = alloc(n_valid, n_h, dtype=cd, device=hidden.device)
-            dw = alloc(v_local, n_h, dtype=cd, device=hidden.device) if need_w else None
-            db = torch.zeros(v_local, dtype=cd, device=hidden.device) if need_b else None
-            if n_valid and v_local:
-                # tiles give dx (w.r.t. the scaled logits): dW = dx^T (h/T), dh = dx W / T
-                # tiles hold x - m; 1/s and -gh log s folded into the row coefficients
-                gh, coef_c = chunked.fold_two_part_lse(gl, gh, ent, log_s)
-                tile = chunked.plan_chunks(n_valid, v_local, chunk_bytes, prefer_rows=True)
-                fill_rel = _gemm_fill(h, weight, bias, inv_t, m)
-                w_cache = {}
-
-                def consume(n0, n1, v0, v1, dx):
-                    w_c = w_cache.get(v0)
-                    if w_c is None:
-                        w_cache.clear()
-                        w_c = w_cache[v0] = weight[v0:v1].to(cd)
-                    if v0 == 0:
-                        torch.mm(dx, w_c, out=dh[n0:n1])
-                    else:
-                        dh[n0:n1].addmm_(dx, w_c)
-                    if dw is not None:
-                        if n0 == 0:
-                            torch.mm(dx.t(), h[n0:n1], out=dw[v0:v1])
-                        else:
-                            dw[v0:v1].addmm_(dx.t(), h[n0:n1])
-                    if db is not None:
-                        db[v0:v1] += dx.sum(0)
-
-                chunked.backward_tiles(n_valid, v_local, tile, fill_rel, gh, coef_c, consume,
-                                       hidden.device, v_outer=True, clamp=_may_have_neg_inf(bias, inv_t))
-                # one-hot term: dx[i, y_i] += gl_i (on the rank that owns y_i)
-                g_t = torch.where(owned, gl, torch.zeros_like(gl))
-                dh.addcmul_(weight.index_select(0, safe).to(cd), g_t.unsqueeze(1))
-                if dw is not None:
-                    dw.index_add_(0, safe, h * g_t.unsqueeze(1))
-                if db is not None:
-                    db.index_add_(0, safe, g_t)
-                    db.mul_(inv_t)
-            dh.mul_(inv_t)
-        else:
-            from pacs_fast.kernels import linear_logprobs as K, linear_logprobs_bwd as KB
-            if triton_backward == "atomic":
-                dh, dw, db = K.grad_bwd(h, weight.contiguous(), bias, inv_t, lab, v_off, m, log_s, ent,
-                                        gl, gh, need_weight_grad=need_w, need_bias_grad=need_b)
-            else:
-                dh, dw, db = KB.grad_bwd_chunked(h, weight.contiguous(), bias, inv_t, lab, v_off, m, log_s,
-                                                 ent, gl, gh, need_weight_grad=need_w, need_bias_grad=need_b,
-                                                 chunk_bytes=chunk_bytes)
-        h = None  # the (scaled) hidden copy is freed before the all-reduce (the closure above shares this cell)
+        grads = None
+        if backend == "triton" and dispatch.broken("tiles", BWD_KERNEL[triton_backward]):
+            backend = "torch"
+        if backend == "triton" and hidden.shape[0] > 0 and weight.shape[0] > 0:
+            try:
+                from pacs_fast.kernels import linear_logprobs as K, linear_logprobs_bwd as KB
+                h = _prepare(hidden, keep, inv_t, False)
+                run = K.grad_bwd if triton_backward == "atomic" else KB.grad_bwd_chunked
+                extra = {} if triton_backward == "atomic" else dict(chunk_bytes=chunk_bytes)
+                grads = run(h, weight.contiguous(), bias, inv_t, labels, v_off, m, log_s, ent, gl, gh,
+                            need_weight_grad=need_w, need_bias_grad=need_b, **extra)
+            except Exception as e:  # any import / compile / launch error: the torch path (one warning)
+                dispatch.failed("tiles", BWD_KERNEL[triton_backward], e)
+            h = None
+        if grads is None:
+            grads = _torch_backward(_prepare(hidden, keep, inv_t, True), weight, bias, labels, v_off, inv_t,
+                                    m, log_s, ent, gl, gh, need_w, need_b, chunk_bytes)
+        dh, dw, db = grads
         vp.allreduce_sum_(dh, group)
-        dhidden = torch.zeros(n, n_h, dtype=hidden.dtype, device=hidden.device) \
-            if valid_idx is not None else None
-        if valid_idx is not None:
-            dhidden.index_copy_(0, valid_idx, dh.to(hidden.dtype))
-        else:
-            dhidden = dh.to(hidden.dtype)
+        dhidden = dh.to(hidden.dtype)
         dweight = dw.to(weight.dtype) if dw is not None else None
         dbias = db.to(bias.dtype) if db is not None else None
         return dhidden, dweight, dbias, None, None, None, None, None, None, None
+
+
+def _torch_backward(h, weight, bias, labels, v_off, inv_t, m, log_s, ent, gl, gh, need_w, need_b, chunk_bytes):
+    """``(dh, dW or None, db or None)`` in the compute dtype by the torch backend (``h``: fp32 rows scaled
+    by 1/T, from ``_prepare(torch_path=True)``; rows that do not count have ``gl = gh = 0``)."""
+    n, n_h = h.shape
+    v_local, cd = weight.shape[0], m.dtype
+    local = labels - v_off
+    owned = (local >= 0) & (local < v_local)
+    safe = torch.where(owned, local, torch.zeros_like(local))
+    # every row of dh / dW is first *written* by the tile at v0 == 0 / n0 == 0 (a GEMM
+    # with beta = 0), then accumulated into: no zero fill, no read of a zero buffer
+    alloc = torch.empty if (n and v_local) else torch.zeros
+    dh = alloc(n, n_h, dtype=cd, device=h.device)
+    dw = alloc(v_local, n_h, dtype=cd, device=h.device) if need_w else None
+    db = torch.zeros(v_local, dtype=cd, device=h.device) if need_b else None
+    if n and v_local:
+        # tiles give dx (w.r.t. the scaled logits): dW = dx^T (h/T), dh = dx W / T
+        # tiles hold x - m; 1/s and -gh log s folded into the row coefficients
+        gh, coef_c = chunked.fold_two_part_lse(gl, gh, ent, log_s)
+        tile = chunked.plan_chunks(n, v_local, chunk_bytes, prefer_rows=True)
+        fill_rel = _gemm_fill(h, weight, bias, inv_t, m)
+        w_cache = {}
+
+        def consume(n0, n1, v0, v1, dx):
+            w_c = w_cache.get(v0)
+            if w_c is None:
+                w_cache.clear()
+                w_c = w_cache[v0] = weight[v0:v1].to(cd)
+            if v0 == 0:
+                torch.mm(dx, w_c, out=dh[n0:n1])
+            else:
+                dh[n0:n1].addmm_(dx, w_c)
+            if dw is not None:
+                if n0 == 0:
+                    torch.mm(dx.t(), h[n0:n1], out=dw[v0:v1])
+                else:
+                    dw[v0:v1].addmm_(dx.t(), h[n0:n1])
+            if db is not None:
+                db[v0:v1] += dx.sum(0)
+
+        chunked.backward_tiles(n, v_local, tile, fill_rel, gh, coef_c, consume,
+                               h.device, v_outer=True, clamp=_may_have_neg_inf(bias, inv_t))
+        # one-hot term: dx[i, y_i] += gl_i (on the rank that owns y_i)
+        g_t = torch.where(owned, gl, torch.zeros_like(gl))
+        dh.addcmul_(weight.index_select(0, safe).to(cd), g_t.unsqueeze(1))
+        if dw is not None:
+            dw.index_add_(0, safe, h * g_t.unsqueeze(1))
+        if db is not None:
+            db.index_add_(0, safe, g_t)
+            db.mul_(inv_t)
+    dh.mul_(inv_t)
+    return dh, dw, db
 
 
 def _target_logit(h, weight, bias, lab, v_off, inv_t, h_scaled):
@@ -316,12 +359,6 @@ def _gemm_fill(h, weight, bias, inv_t, lse=None):
 def _may_have_neg_inf(bias, inv_t: float) -> bool:
     """GEMM tiles hold -inf only through the bias (overflow of the GEMM itself makes the row NaN
     anyway): a -inf entry, or a finite mask value such as finfo.min that ``1 / temperature`` > 1
-    scales past the fp32 range; the -inf guard (one clamp pass per tile) is needed only then."""
-    return bias is not None and bool((bias.float() * inv_t < -1e37).any())
-
-
-def _scatter(dst, src, idx):
-    if idx is None:
-        dst.copy_(src)
-    else:
-        dst.index_copy_(0, idx, src)
+    scales past the fp32 range; then the -inf guard (one clamp pass per tile) is needed. Whether the
+    bias holds one is a device value (a host sync to read): every bias gets the guard."""
+    return bias is not None

@@ -9,8 +9,11 @@ pass over the same kind of grid (kernels/pacs_loss.py).
 
 Cost: the forward reads logp, logp_ref and mask once; the backward reads mask and writes dlogp
 once. Saved for backward: one ``[B]`` coefficient (plus references to mask / cu_seqlens). The
-partials and the loss are reduced in a fixed order (deterministic, no atomics). Device syncs: none for
-the padded layout; one to check ``cu_seqlens`` for the packed layout; one with ``check_finite``.
+partials and the loss are reduced in a fixed order (deterministic, no atomics). Device syncs: none
+(a step can be captured in a CUDA graph). The checks that read device values are opt-in: ``cu_seqlens``
+with ``PACS_FAST_DEBUG_CHECKS=1`` (kernels/dispatch.py; one sync; without it a wrong ``cu_seqlens``
+gives a wrong loss, never a read outside ``logp``: the kernels clamp each row's span into the buffer),
+non-finite values and rewards outside [0, 1] with ``check_finite=True`` (one sync).
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ import math
 import torch
 
 from pacs_fast.kernels import pacs_loss as _k
-from pacs_fast.ops.backend import resolve_backend
+from pacs_fast.kernels import dispatch
+from pacs_fast.ops.backend import require_triton
 
 SCORES = tuple(_k.SCORES)
 WEIGHT_MODES = tuple(_k.WEIGHT_MODES)
@@ -118,7 +122,8 @@ def _validate(logp, logp_ref, mask, rewards, group_size, beta, score, weight_mod
 
 
 def _check_cu_seqlens(cu, total: int) -> None:
-    """One device sync: a wrong cu_seqlens would otherwise give silently wrong sums."""
+    """One device sync (``PACS_FAST_DEBUG_CHECKS=1`` only): a wrong cu_seqlens would otherwise give
+    silently wrong sums (the kernels clamp the spans: never an access outside ``logp``)."""
     bad = (cu[0] != 0) | (cu[-1] != total) | (cu[1:] < cu[:-1]).any()
     if bool(bad):
         raise ValueError(f"{_FN}: cu_seqlens must start at 0, be non-decreasing and end at "
@@ -164,7 +169,8 @@ def fused_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, scor
         return_terms: also return a dict of detached [B] tensors: "proxy" r, "score" psi,
             "pred_reward" sigmoid(psi), "weight" w, "sample_loss" w*(softplus(psi) - R*psi).
         cu_seqlens: [B + 1] integer offsets of the packed rows (``cu_seqlens[0] == 0``,
-            non-decreasing, ``cu_seqlens[-1] == total``; checked with one device sync).
+            non-decreasing, ``cu_seqlens[-1] == total``; checked, with one device sync, only when
+            ``PACS_FAST_DEBUG_CHECKS=1``: otherwise a wrong one gives a wrong loss, read in bounds).
         check_finite: raise ValueError on NaN/Inf in logp / logp_ref at unmasked positions, or on
             rewards that are non-finite or outside [0, 1] (one device sync). Otherwise non-finite
             unmasked inputs propagate to the loss.
@@ -175,7 +181,7 @@ def fused_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, scor
     """
     _validate(logp, logp_ref, mask, rewards, group_size, beta, score, weight_mode, proxy,
                   cu_seqlens)
-    resolve_backend("triton", logp)
+    require_triton(logp)
     if proxy == "mean_logp":
         logp_ref = None  # not read
     if cu_seqlens is not None:
@@ -183,7 +189,8 @@ def fused_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, scor
         if cu_seqlens.dtype not in (torch.int32, torch.int64):
             cu_seqlens = cu_seqlens.long()
         cu_seqlens = cu_seqlens.contiguous()
-        _check_cu_seqlens(cu_seqlens, logp.shape[0])
+        if dispatch.debug_checks():  # a device sync: opt-in
+            _check_cu_seqlens(cu_seqlens, logp.shape[0])
     if check_finite:
         _check_finite(logp, logp_ref, mask, rewards)
     acc = torch.float64 if logp.dtype == torch.float64 else torch.float32

@@ -64,11 +64,20 @@ def finalize(m, s, a, target, valid):
     return lse, logp, ent
 
 
+_OFFSETS: dict = {}
+
+
 def shard_offset(local_vocab: int, group) -> tuple[int, int]:
     """``(first global vocab id of this rank's shard, global vocab size)``; shards are contiguous
-    and in rank order (as in Megatron's ``VocabParallelEmbedding`` / column-parallel LM head)."""
+    and in rank order (as in Megatron's ``VocabParallelEmbedding`` / column-parallel LM head). The
+    all-gather of the shard sizes (and its device-to-host read) runs once per (group, shard size):
+    the shards of an LM head do not change within a run."""
     if group is None:
         return 0, local_vocab
+    try:
+        return _OFFSETS[(group, local_vocab)]
+    except (KeyError, TypeError):  # first call (TypeError: a group that cannot be a key)
+        pass
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
     mine = torch.tensor([local_vocab], dtype=torch.int64)
     if dist.get_backend(group) == "nccl":
@@ -77,7 +86,12 @@ def shard_offset(local_vocab: int, group) -> tuple[int, int]:
     dist.all_gather(sizes, mine, group=group)
     sizes = [int(t.item()) for t in sizes]
     rank = dist.get_rank(group)
-    return sum(sizes[:rank]), sum(sizes)
+    out = sum(sizes[:rank]), sum(sizes)
+    try:
+        _OFFSETS[(group, local_vocab)] = out
+    except TypeError:
+        pass
+    return out
 
 
 def allreduce_stats(m, s, a, target, group):
