@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Issue 22's measurements in one device call (a lease is ~15 device-minutes, machine start included):
 #
-#   bash bench/gpu/lease.sh OUT_DIR [main|product|final]
+#   bash bench/gpu/lease.sh OUT_DIR [main|product|final|learner]
 #
+# The next lease runs `learner` first (the principal gap: the learner at real lengths), then `main`.
+# learner (~7 minutes, first): the varlen attention's gpu tests, then bench/gpu/learner.py (issue 38): one
+#   learner update (log-probs, PACS loss, backward, AdamW), bf16, Qwen2.5-1.5B / 0.5B shapes, packed varlen vs
+#   padded vs dense mask, main shape first (1.5B at 4k), 360 s budget (rows not started are listed as such).
 # main (one ~9-minute call, the priority order of docs/GPU.md):
 #   1. suite   bench/gpu/suite.py --steps env,gpu_tests,logprobs,pacs_loss: the gpu tests, the log-prob
 #              kernels against the GEMM floors and Liger, the PACS loss against the copy floor (built-in tables)
@@ -26,9 +30,9 @@
 # (logs, JSON, the tuned table; never a model or checkpoint), so a call cut off still returns its phases.
 # Wheels in .whl/ (bash bench/gpu/wheels.sh; liger-kernel for the comparison) are installed first.
 set -uo pipefail
-OUT="${1:?usage: bash bench/gpu/lease.sh OUT_DIR [main|product|final]}"
+OUT="${1:?usage: bash bench/gpu/lease.sh OUT_DIR [main|product|final|learner]}"
 MODE="${2:-main}"
-case "$MODE" in main|product|final) ;; *) echo "bench/gpu/lease.sh: mode must be main, product or final, got '$MODE'" >&2; exit 2;; esac
+case "$MODE" in main|product|final|learner) ;; *) echo "bench/gpu/lease.sh: mode must be main, product, final or learner, got '$MODE'" >&2; exit 2;; esac
 PY="${PYTHON:-python3}"
 W="${TMPDIR:-/tmp}/gpu_lease_$MODE"
 rm -rf "$W" && mkdir -p "$W" "$OUT"
@@ -118,6 +122,10 @@ elif [[ "$MODE" == final ]]; then  # ~6 minutes (~8 with .old/)
   fi
   phase gpu_tests_final 50 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests
   phase megatron 75 "$PY" bench/gpu/suite.py "$W/suite" --steps megatron_run --budget-s 70
+elif [[ "$MODE" == learner ]]; then
+  phase varlen_tests 120 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_varlen_attention.py \
+    --junitxml="$W/varlen_tests.xml"
+  phase learner 400 "$PY" bench/gpu/learner.py --out "$W/learner" --budget-s 360
 else
   phase product 330 "$PY" bench/gpu/suite.py "$W/suite" --steps env,compile,megatron_run,trl_run --budget-s 320
 fi

@@ -18,6 +18,9 @@ sized to finish in < 9 minutes on one H100):
 7. ``megatron_run`` the megatron learner at TP=1 (torchrun, one process) for 3 PACS steps with the
                   Triton log-probs and packed rows, HF rollouts (bench/gpu/product_runs.py).
 8. ``trl_run``    the TRL adapter (PACSTrainer) for 3 steps, bf16 on the GPU.
+9. ``learner``    (not in the default list: ``--steps ...,learner``; bench/gpu/lease.sh runs it as a phase of
+                  its own) bench/gpu/learner.py: one learner update, packed varlen / padded / dense mask,
+                  Qwen2.5-1.5B and 0.5B shapes, tokens/s, MFU, peak memory, time shares.
                   Steps 7-8 need megatron-core / trl + datasets, which a GPU image without network
                   lacks: ``bash bench/gpu/wheels.sh`` (here) downloads them into ``.whl/`` and
                   bench/gpu/suite.sh installs them from there; without them the report says "not run".
@@ -362,6 +365,10 @@ def report_md(res: dict, dry: bool) -> str:
         for k, v in pr["phases"].items():
             first = "-" if v["first_step"] is None else f"{v['first_step']:.4g}"
             L.append(f"| {k} | {v['mean']:.4g} | {v['median']:.4g} | {first} |")
+    lr = res.get("learner")
+    if lr and lr.get("table_md") and os.path.exists(lr["table_md"]):
+        with open(lr["table_md"]) as f:
+            L += ["", f.read().replace("# Learner update", "## learner update", 1)]
     comp = res.get("compile")
     if comp and comp.get("table_md") and os.path.exists(comp["table_md"]):
         with open(comp["table_md"]) as f:
@@ -369,6 +376,24 @@ def report_md(res: dict, dry: bool) -> str:
     return "\n".join(L) + "\n"
 
 
+def _learner_step(suite) -> bool:
+    """bench/gpu/learner.py into OUT_DIR/learner/ (dry run: the tiny shape at one length)."""
+    out = os.path.join(suite.out, "learner")
+    cmd = [PY, os.path.join(HERE, "learner.py"), "--out", out]
+    cmd += ["--dry-run", "--lengths", "4k"] if suite.dry else ["--budget-s", "150"]
+    rc, dt, tail = suite.run("learner", cmd, 200)
+    try:
+        with open(os.path.join(out, "learner.json")) as f:
+            rows = json.load(f)["rows"]
+    except (OSError, ValueError):
+        rows = []
+    ok = rc == 0 and any(r.get("tokens_per_s") for r in rows)
+    suite.record("learner", ok, dt, rows=rows, table_md=os.path.join(out, "learner.md"),
+                 why="" if ok else f"rc {rc}: {tail[-600:]}")
+    return ok
+
+
+Suite.learner = _learner_step
 Suite.megatron_run = lambda self: _product_run(self, "megatron", 150)
 Suite.trl_run = lambda self: _product_run(self, "trl", 120)
 

@@ -162,6 +162,11 @@ class LearnerConfig:
                       "sequence; torch: instead of the shared-prefix forward too), off = right-padded rows (torch: "
                       "or the shared-prefix forward), auto = packed when that runs at least 20% fewer token slots "
                       "than those (pacs_fast/learner/packing.py); each step records learner/forward/*")
+    packed_attention: str = _f("auto", "packed rows: varlen = sequences end to end with their boundaries "
+                               "(cu_seqlens) through a varlen / document-masked attention that never builds the "
+                               "[S, S] mask (pacs_fast/ops/varlen_attention.py), dense = the block-diagonal mask, "
+                               "auto = varlen where it is the model's exact attention (Qwen2/LLaMA-style causal "
+                               "GQA, no sliding window), else dense (flash_attention_2: its own varlen path)")
     max_tokens_per_micro_batch: int = _f(0, "micro-batches cut by token count (whole groups, about equal tokens "
                                          "each) instead of learner.micro_batch_prompts; 0 = off (megatron: per "
                                          "data-parallel rank)")

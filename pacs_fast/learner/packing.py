@@ -8,6 +8,10 @@ fewer of them), with per-sequence position ids that restart at 0 and an attentio
 crosses a sequence boundary (block-diagonal causal, ``[nb, 1, C, C]``: boolean for SDPA-style
 implementations, additive for ``eager``). With flash-attention (``flash_attention_2/3``) the bins are
 a single row and the boundaries come from the position ids alone (its varlen path), with no mask.
+With ``varlen=True`` (``learner.packed_attention``, :func:`packed_attention_mode`) the rows also form
+one row, with no mask, and carry ``cu_seqlens`` (int32 ``[b + 1]``) and their longest length:
+:func:`packed_hidden` passes them to :mod:`pacs_fast.ops.varlen_attention`, which attends inside each
+sequence without building the ``[C, C]`` mask or computing its masked blocks.
 
 Exact: every real token sees exactly the tokens it sees in the padded batch, at the same positions,
 so log-probs, entropies and gradients equal the padded forward's up to floating-point rounding (the
@@ -18,11 +22,14 @@ count (sorted first-fit decreasing), never splitting a group.
 """
 from __future__ import annotations
 
+import functools
+import sys
 from dataclasses import dataclass
 
 import torch
 
 FLASH = ("flash_attention_2", "flash_attention_3")
+PACKED_ATTENTION = ("auto", "varlen", "dense")
 
 
 def first_fit_decreasing(sizes: list[int], capacity: int) -> list[list[int]]:
@@ -48,7 +55,8 @@ def first_fit_decreasing(sizes: list[int], capacity: int) -> list[list[int]]:
 class Packed:
     """A packed micro-batch. ``input_ids`` / ``position_ids`` ``[nb, C]`` int64, ``attention_mask``
     ``[nb, 1, C, C]`` (bool, or float additive) or None (flash); ``row``, ``start``, ``length``
-    ``[b]``: the bin of row ``i``, where its tokens start there, how many it has."""
+    ``[b]``: the bin of row ``i``, where its tokens start there, how many it has. Varlen layout:
+    ``cu_seqlens`` int32 ``[b + 1]`` (the boundaries in the single row) and ``max_length``."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -56,6 +64,8 @@ class Packed:
     row: torch.Tensor
     start: torch.Tensor
     length: torch.Tensor
+    cu_seqlens: torch.Tensor | None = None
+    max_length: int = 0
 
     @property
     def slots(self) -> int:
@@ -69,14 +79,15 @@ class Packed:
 
 
 def pack(ids: torch.Tensor, attention_mask: torch.Tensor, *, implementation: str = "sdpa",
-         dtype: torch.dtype = torch.float32) -> Packed:
+         dtype: torch.dtype = torch.float32, varlen: bool = False) -> Packed:
     """Packs the rows of a right-padded batch ``ids [b, T]`` (real tokens where ``attention_mask``
     is 1), each without its last token (see the module docstring). ``implementation``: the model's
-    attention implementation, which decides the mask's form; ``dtype``: the additive mask's dtype."""
+    attention implementation, which decides the mask's form; ``dtype``: the additive mask's dtype;
+    ``varlen``: one row, no mask, ``cu_seqlens`` set."""
     b, T = ids.shape
     lengths = (attention_mask.sum(-1).long() - 1).clamp(min=1)  # the last real token is only a label
     sizes = lengths.tolist()
-    flash = implementation in FLASH
+    flash = implementation in FLASH or varlen
     capacity = sum(sizes) if flash else max(sizes)
     bins = first_fit_decreasing(sizes, capacity)
     nb = len(bins)
@@ -104,8 +115,77 @@ def pack(ids: torch.Tensor, attention_mask: torch.Tensor, *, implementation: str
             mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
         else:
             mask = allowed
+    cu = None
+    if varlen:  # one bin, its rows in row order (sorted(members) above)
+        from pacs_fast.ops.varlen_attention import cu_seqlens
+
+        cu = cu_seqlens(sizes, ids.device)
     return Packed(packed.to(ids.device), pos.to(ids.device), None if mask is None else mask.to(ids.device),
-                  row.to(ids.device), start.to(ids.device), lengths.to(ids.device))
+                  row.to(ids.device), start.to(ids.device), lengths.to(ids.device), cu, max(sizes, default=0))
+
+
+def packed_attention_mode(model, setting: str = "auto") -> str:
+    """How packed rows attend (``learner.packed_attention``): ``"flash"`` (the model runs
+    flash-attention: its own varlen path), ``"varlen"`` (:mod:`pacs_fast.ops.varlen_attention`) or
+    ``"dense"`` (the block-diagonal mask). ``auto``: varlen where it is the model's exact attention,
+    else dense with one warning line naming why; ``varlen`` refuses (ValueError) where it is not."""
+    from pacs_fast.ops.varlen_attention import base_implementation, unsupported
+
+    if setting not in PACKED_ATTENTION:
+        raise ValueError(f"learner.packed_attention must be one of {PACKED_ATTENTION}, got {setting!r}")
+    if base_implementation(model.config) in FLASH:
+        return "flash"
+    if setting == "dense":
+        return "dense"
+    why = unsupported(model.config)
+    if why is None:
+        return "varlen"
+    if setting == "varlen":
+        raise ValueError(f"learner.packed_attention=varlen cannot run this model: {why}; use "
+                         f"learner.packed_attention=dense")
+    _dense_once(why)
+    return "dense"
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_once(why: str) -> None:
+    print(f"pacs_fast: packed rows use the dense block-diagonal mask ({why})", file=sys.stderr, flush=True)
+
+
+def restores_attention(method):
+    """Decorates a learner's public method: at the end of the outermost call, every model its
+    varlen packed forwards switched (``self._switched``: ``(model, base)`` pairs, ``self._depth``
+    the calls in progress) gets its attention implementation back. The switch lasts the whole
+    call, backward included (gradient checkpointing recomputes attention there)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        self._depth += 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._depth -= 1
+            if not self._depth:
+                from pacs_fast.ops.varlen_attention import restore
+
+                while self._switched:
+                    restore(*self._switched.pop())
+    return call
+
+
+def packed_hidden(decoder, packed: Packed) -> torch.Tensor:
+    """The decoder's last hidden states ``[nb, C, H]`` on ``packed`` (varlen: the boundaries go to
+    the attention function as transformers' ``cu_seq_lens_q/k`` / ``max_length_q/k`` keywords, and
+    no mask is built; the model must be switched by :func:`pacs_fast.ops.varlen_attention.activate`)."""
+    if packed.cu_seqlens is None:
+        return decoder(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                       attention_mask=packed.attention_mask, use_cache=False).last_hidden_state
+    from pacs_fast.ops.varlen_attention import varlen_forward
+
+    cu, m = packed.cu_seqlens, packed.max_length
+    with varlen_forward():
+        return decoder(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                       use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=m,
+                       max_length_k=m).last_hidden_state
 
 
 def padded_slots(attention_mask: torch.Tensor) -> int:

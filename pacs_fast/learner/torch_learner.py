@@ -12,9 +12,11 @@ prompt, which packing cannot; packing removes the padding of whole rows. ``learn
 packs when that runs at least 20% fewer token slots than the forward it replaces (padded rows, or
 the shared prefix plus each row's rest padded to the longest rest): on long, uneven responses the
 padding outweighs the prompt repeats. ``on`` always packs (instead of the shared-prefix forward
-too), ``off`` never. :meth:`TorchLearner.update` returns how many forwards of each kind ran
-(``forward/packed``, ``forward/shared_prefix``, ``forward/padded``) and their ``forward/token_slots``;
-the trainer records them as ``learner/forward/...`` every step.
+too), ``off`` never. Packed rows attend through :mod:`pacs_fast.ops.varlen_attention` (one row,
+``cu_seqlens``, no ``[S, S]`` mask) or the dense block-diagonal mask: ``learner.packed_attention``.
+:meth:`TorchLearner.update` returns how many forwards of each kind ran (``forward/packed``,
+``forward/shared_prefix``, ``forward/padded``) and their ``forward/token_slots``; the trainer records
+them as ``learner/forward/...`` every step.
 Micro-batches hold ``learner.micro_batch_prompts`` groups, or, with
 ``learner.max_tokens_per_micro_batch``, whole groups of about equal token counts.
 
@@ -44,9 +46,11 @@ import torch
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import (Learner, NonFiniteError, RolloutBatch, by_length, group_rows,
                                     holds_reference_model, minibatch_counts, needs_reference, objective)
-from pacs_fast.learner.packing import Packed, micro_batch_groups, pack, padded_slots, shared_prefix_slots
+from pacs_fast.learner.packing import (Packed, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
+                                      padded_slots, restores_attention, shared_prefix_slots)
 from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,
                                             shared_prefix_hidden, split_groups, trained_states)
+from pacs_fast.ops import varlen_attention
 from pacs_fast.ops.linear_logprobs import linear_logprobs
 
 
@@ -129,6 +133,8 @@ class TorchLearner(Learner):
         self.forwards: Counter = Counter()  # forwards of each kind (FORWARD_KINDS) and token slots since update()
         self.fuses_old_logprobs = algo.name != "ppo" and not _has_active_dropout(model)
         self.fuses_correction = self.fuses_old_logprobs
+        self._switched: list = []  # (model, its attention implementation) switched to varlen attention
+        self._depth = 0  # public calls in progress (restores_attention)
 
     # ------------------------------------------------------------------ helpers
     def _params(self):
@@ -169,9 +175,7 @@ class TorchLearner(Learner):
         else:
             sel = mask[:, 1:] > 0                              # positions t >= 1 that are response tokens
             if packed is not None:  # rows end to end, no padding (pacs_fast/learner/packing.py)
-                hidden = _decoder(model)(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                                         attention_mask=packed.attention_mask, use_cache=False).last_hidden_state
-                h = packed.gather(hidden, sel)
+                h = packed.gather(packed_hidden(_decoder(model), packed), sel)
             else:
                 # Rows are right-padded, so the causal mask alone is exact for every real token. The last
                 # column is only ever a label, so it is not fed.
@@ -202,13 +206,19 @@ class TorchLearner(Learner):
     def _packed(self, model, ids: torch.Tensor, attention_mask: torch.Tensor, rival_slots: int) -> Packed | None:
         """The packed layout of these whole rows, or None for the other forward (``learner.packing``:
         ``on`` always packs; ``auto`` packs when that runs >= 20% fewer token slots than the
-        ``rival_slots`` of the padded or shared-prefix forward)."""
+        ``rival_slots`` of the padded or shared-prefix forward). Attention: ``learner.packed_attention``
+        (:func:`~pacs_fast.learner.packing.packed_attention_mode`); varlen switches ``model`` to
+        :mod:`pacs_fast.ops.varlen_attention` until the public call ends (``packing.restores_attention``)."""
         if self.cfg.packing == "off" or (ids.shape[0] < 2 and self.cfg.packing == "auto"):
             return None
-        impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
-        packed = pack(ids, attention_mask, implementation=impl, dtype=next(model.parameters()).dtype)
+        varlen = packed_attention_mode(model, self.cfg.packed_attention) == "varlen"
+        impl = varlen_attention.base_implementation(model.config)
+        packed = pack(ids, attention_mask, implementation=impl, dtype=next(model.parameters()).dtype, varlen=varlen)
         if self.cfg.packing == "auto" and packed.slots > 0.8 * rival_slots:
             return None
+        base = varlen_attention.activate(model) if varlen else None
+        if base is not None:
+            self._switched.append((model, base))
         return packed
 
     def _micro_batches(self, batch: RolloutBatch, limit: int) -> list[list[int]]:
@@ -217,6 +227,7 @@ class TorchLearner(Learner):
         return micro_batch_groups(batch, limit, self.cfg.max_tokens_per_micro_batch)
 
     # ------------------------------------------------------------------ Learner
+    @restores_attention
     @torch.no_grad()
     def compute_logprobs(self, batch: RolloutBatch, *, reference: bool = False, return_entropy: bool = False):
         model = self._model_for(reference)
@@ -238,6 +249,7 @@ class TorchLearner(Learner):
             return logp, ent
         return logp
 
+    @restores_attention
     @torch.no_grad()
     def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
         if self.value_head is None:
@@ -291,6 +303,7 @@ class TorchLearner(Learner):
         longest = lengths.view(batch.num_groups, batch.group_size).max(-1).values
         return longest - common_prefix_lengths(batch.input_ids, lengths, batch.group_size)
 
+    @restores_attention
     def update(self, batch: RolloutBatch, *, seed: int, correct=None) -> dict[str, float]:
         """See :meth:`Learner.update`. ``correct(rows, proximal_logp)``, with fused old log-probs
         only: sets ``rows.is_weights`` / ``rows.kept_mask`` of a (sub-)batch from the policy's

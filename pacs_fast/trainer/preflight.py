@@ -6,7 +6,13 @@ context for the prompts' check (:func:`model_context`, used by
 
 The learner's floor (:func:`learner_bytes`) is its share of the weights, gradients and AdamW moments
 in the model's dtype: a lower bound (megatron's fp32 master weights and activations come on top), so
-it refuses only runs that cannot start, such as a 7B model in fp32 on an 80 GiB GPU.
+it refuses only runs that cannot start, such as a 7B model in fp32 on an 80 GiB GPU. On top of it,
+:func:`learner_memory` adds the activations of a micro-batch (per token: :func:`activation_bytes_per_token`,
+with and without ``model.gradient_checkpointing``) and the log-prob workspace, printed by
+:func:`print_learner_memory` (``print_learner_memory(load_config("run.yaml", ["key=value"]))``).
+Refused: a ``learner.max_tokens_per_micro_batch`` budget whose micro-batch cannot fit, or, without a
+budget, a single group of full-length rows (the least a micro-batch holds); :func:`memory_warnings`
+names a micro-batch of ``learner.micro_batch_prompts`` full-length groups that may not.
 
 For the rollout, what is estimated is the peak of one decode step of the Hugging Face engine: for every row of a
 chunk (``max(rollout.n, engine batch)`` rows) four fp32 vocabulary-sized tensors (the logits, their
@@ -122,15 +128,166 @@ def check_memory(cfg, *, available: int | None = None) -> None:
             f"{'' if cfg.learner.distributed_optimizer else ' and AdamW moments'} in model.dtype={cfg.model.dtype} "
             f"need at least {need / GiB:.1f} GiB per learner process (learner.tp_size={cfg.learner.tp_size}), and "
             f"{available / GiB:.1f} GiB are available")
-    if cfg.rollout.engine != "hf":
-        return
     need = hf_engine_bytes(cfg, shape)
-    if need > available:
+    if cfg.rollout.engine == "hf" and need > available:
         raise ValueError(
             f"rollout.n={cfg.rollout.n} (with train.prompts_per_step={cfg.train.prompts_per_step}, "
             f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}) cannot fit: the engine decodes {engine_rows(cfg):,} "
             f"rows at once, whose logits over {shape['vocab']:,} tokens and KV cache need about "
             f"{need / GiB:.1f} GiB, and {available / GiB:.1f} GiB are available; lower rollout.n")
+    budget = cfg.learner.max_tokens_per_micro_batch
+    mem = learner_memory(cfg, shape, tokens=budget or group_tokens(cfg), device=_device(cfg))
+    available, engine = learner_available(cfg, available)
+    if mem["total"] > available:
+        what = (f"learner.max_tokens_per_micro_batch={budget}" if budget else
+                f"one group of rollout.n={cfg.rollout.n} full-length rows (data.max_prompt_tokens="
+                f"{cfg.data.max_prompt_tokens}, rollout.max_new_tokens={cfg.rollout.max_new_tokens}: "
+                f"{mem['tokens']:,} tokens)")
+        raise ValueError(
+            f"{what} cannot fit in the learner: with model.gradient_checkpointing={cfg.model.gradient_checkpointing}, "
+            f"{mem['per_token'] / 1024:.0f} KiB of activations per token x {mem['tokens']:,} tokens = "
+            f"{mem['activations'] / GiB:.1f} GiB on top of {(mem['total'] - mem['activations']) / GiB:.1f} GiB of "
+            f"weights, gradients, optimiser state and log-prob workspace, and {available / GiB:.1f} GiB are "
+            f"available{engine}; {'lower the budget, ' if budget else ''}set model.gradient_checkpointing=true or use "
+            f"a larger device")
+
+
+NORM_COPY = 4  # bytes per element of the fp32 copy Hugging Face's RMSNorm saves of its input
+
+
+def activation_bytes_per_token(shape: dict, *, recompute: bool = False, tp: int = 1, attention: str = "flash",
+                               longest: int = 0) -> float:
+    """Bytes the backward keeps per token of a micro-batch, all layers (the torch learner's Hugging
+    Face decoder; megatron's is close). One Qwen2 / LLaMA decoder layer, ``b`` the model dtype's
+    bytes, ``H`` hidden, ``Hq = heads x head_dim``, ``Hkv = kv_heads x head_dim``, ``F`` the MLP width
+    (0 when the config does not say: a lower bound), ``a`` heads, ``t`` = ``tp`` (tensor parallel
+    shards what is between the norms)::
+
+        A = 2 (4 + b) H                 two RMSNorms: the fp32 copy of the input and the normalised output
+          + b (3 Hq + 2 Hkv) / t        q, k (after RoPE), v, the attention output, o_proj's contiguous input
+          + 4 b F / t                   the MLP: gate, up, silu(gate), silu(gate) * up
+          + 4 a / t                     the attention's fp32 log-sum-exp
+
+    (Korthikanti et al. 2022 count ``34 H + 5 a S`` per token per layer for a GPT layer in fp16 with
+    dropout; ``5 a S`` is the score matrices', which flash / varlen attention never keeps.) Without
+    recompute: ``L A + (4 + b) H`` (the final norm). With ``model.gradient_checkpointing``: each
+    layer's input, ``L b H``, plus one layer recomputed in the backward, ``A``, plus the final norm.
+    ``attention``: ``"flash"`` (flash / varlen / SDPA without a mask: no ``S`` term), ``"eager"``
+    (``+ a S (4 + b) / t`` per layer: fp32 probabilities and their cast, ``S`` = ``longest``);
+    the dense packed mask is counted per micro-batch (:func:`dense_mask_bytes`)."""
+    b, H, L = shape["bytes"], shape["hidden"], shape["layers"]
+    a, hd = shape["heads"], shape["head_dim"]
+    F = shape.get("intermediate") or 0
+    layer = 2 * (NORM_COPY + b) * H + (b * (3 * a * hd + 2 * shape["kv_heads"] * hd) + 4 * b * F + 4 * a) / tp
+    if attention == "eager":
+        layer += a * longest * (4 + b) / tp
+    body = L * b * H + layer if recompute else L * layer
+    return body + (NORM_COPY + b) * H
+
+
+def dense_mask_bytes(shape: dict, tokens: int, longest: int) -> int:
+    """``learner.packed_attention=dense``: bins of ``longest`` tokens, each with a boolean
+    ``[S, S]`` mask (shared) and the float bias SDPA's masked kernel keeps for the backward, per layer."""
+    bins = -(-tokens // max(longest, 1))
+    return bins * longest * longest * (1 + shape["layers"] * shape["bytes"])
+
+
+def logprob_workspace_bytes(shape: dict, tokens: int, *, device: str = "cuda", lm_head_fp32: bool = False,
+                            tp: int = 1) -> int:
+    """The log-prob op's scratch (pacs_fast/ops/linear_logprobs.py): the Triton backward's ``dz``
+    chunk (512 MiB; CPU: two 64 MiB tiles), fp32 (max, sum-exp, entropy) partials per 128-column
+    block of this rank's ``V / tp`` vocabulary and token (``12 N cdiv(V / tp, 128)``, kernels/
+    linear_logprobs_fwd.py), the gathered hidden states and their gradient; with ``model.lm_head_fp32``
+    also fp32 copies of the head and its gradient and of the hidden states. ``tokens`` bounds the
+    response tokens the op sees."""
+    V, H, b = -(-shape["vocab"] // max(tp, 1)), shape["hidden"], shape["bytes"]
+    out = (512 << 20) + 12 * -(-V // 128) * tokens if device == "cuda" else 128 << 20
+    out += 2 * tokens * H * b
+    if lm_head_fp32:
+        out += 2 * V * H * 4 + tokens * H * 4
+    return out
+
+
+def group_tokens(cfg) -> int:
+    """Tokens of one group of full-length rows as the learner runs it: ``G (P + R)``, or ``P + G R``
+    with the shared-prefix forward (torch, no gradient checkpointing, ``learner.packing`` not ``on``)."""
+    G, P, R = cfg.rollout.n, cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
+    shared = (cfg.learner.backend == "torch" and cfg.learner.shared_prefix and not cfg.model.gradient_checkpointing
+              and cfg.learner.packing != "on")
+    return P + G * R if shared else G * (P + R)
+
+
+def learner_available(cfg, available: int) -> tuple[int, str]:
+    """The device memory the learner has, and a note: without ``rollout.ranks`` a vLLM engine on the
+    same GPU keeps ``rollout.gpu_memory_utilization`` of it while the learner runs."""
+    if cfg.rollout.engine == "vllm" and not cfg.rollout.ranks and _device(cfg) == "cuda":
+        share = cfg.rollout.gpu_memory_utilization
+        return int(available * (1 - share)), f" (the rest of rollout.gpu_memory_utilization={share})"
+    return available, ""
+
+
+def _device(cfg) -> str:
+    if cfg.model.device != "auto":
+        return cfg.model.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None, device: str = "cuda") -> dict:
+    """Bytes one learner process holds at a micro-batch's peak, by part: ``weights``, ``gradients``,
+    ``optimizer`` (AdamW's two moments in the model's dtype; 0 with ``learner.distributed_optimizer``,
+    sharded over the data-parallel ranks), each divided by ``learner.tp_size``; ``activations`` =
+    ``tokens`` x :func:`activation_bytes_per_token` (``model.gradient_checkpointing``; ``tokens``
+    defaults to the micro-batch: the token budget, else ``learner.micro_batch_prompts`` groups of
+    :func:`group_tokens`), plus :func:`dense_mask_bytes` with ``learner.packed_attention=dense``;
+    ``workspace`` (:func:`logprob_workspace_bytes`); ``total``; ``tokens``, ``per_token``."""
+    shape = shape or model_shape(cfg)
+    lc, tp = cfg.learner, max(cfg.learner.tp_size, 1)
+    if tokens is None:
+        micro = min(lc.micro_batch_prompts, lc.mini_batch_prompts, cfg.train.prompts_per_step)
+        tokens = lc.max_tokens_per_micro_batch or micro * group_tokens(cfg)
+    longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    attention = "eager" if cfg.model.attention == "eager" else "flash"
+    per_token = activation_bytes_per_token(shape, recompute=cfg.model.gradient_checkpointing, tp=tp,
+                                           attention=attention, longest=longest)
+    weights = model_params(shape) * shape["bytes"] // tp
+    out = {"weights": weights, "gradients": weights, "optimizer": 0 if lc.distributed_optimizer else 2 * weights,
+           "activations": int(tokens * per_token), "tokens": int(tokens), "per_token": per_token,
+           "workspace": logprob_workspace_bytes(shape, tokens, device=device, lm_head_fp32=cfg.model.lm_head_fp32,
+                                                tp=tp)}
+    if lc.backend == "torch" and lc.packed_attention == "dense" and lc.packing != "off":
+        out["activations"] += dense_mask_bytes(shape, tokens, longest)
+    out["total"] = sum(out[k] for k in ("weights", "gradients", "optimizer", "activations", "workspace"))
+    return out
+
+
+def format_learner_memory(cfg, mem: dict | None = None) -> str:
+    """The breakdown of :func:`learner_memory`, one part a line, in GiB."""
+    mem = mem or learner_memory(cfg)
+    rows = [(k, mem[k]) for k in ("weights", "gradients", "optimizer", "activations", "workspace", "total")]
+    head = (f"learner memory per process (model.dtype={cfg.model.dtype}, learner.tp_size={cfg.learner.tp_size}, "
+            f"model.gradient_checkpointing={cfg.model.gradient_checkpointing}): {mem['tokens']:,} tokens per "
+            f"micro-batch x {mem['per_token'] / 1024:.1f} KiB of activations per token")
+    return "\n".join([head] + [f"  {k:<12}{v / GiB:9.2f} GiB" for k, v in rows])
+
+
+def memory_warnings(cfg, *, available: int | None = None) -> list[str]:
+    """A line when a micro-batch of ``learner.micro_batch_prompts`` full-length groups (no token
+    budget) would not fit the device, though one group does (:func:`check_memory` refuses that)."""
+    shape = model_shape(cfg)
+    available = available if available is not None else available_bytes(_device(cfg)) if shape else None
+    if not shape or available is None or cfg.learner.max_tokens_per_micro_batch:
+        return []
+    available = learner_available(cfg, available)[0]
+    mem = learner_memory(cfg, shape, device=_device(cfg))
+    if mem["total"] <= available:
+        return []
+    fit = (available - (mem["total"] - mem["activations"])) / max(mem["per_token"], 1)
+    return [f"a micro-batch of learner.micro_batch_prompts={cfg.learner.micro_batch_prompts} groups of full-length "
+            f"rows ({mem['tokens']:,} tokens) needs about {mem['total'] / GiB:.1f} GiB in the learner and "
+            f"{available / GiB:.1f} GiB are available: set learner.max_tokens_per_micro_batch (about "
+            f"{max(int(fit), 0):,} tokens fit) or model.gradient_checkpointing=true"]
 
 
 def check_tensor_parallel(cfg) -> None:
@@ -194,3 +351,14 @@ def check_cpus(cfg, *, cpus: int | None = None) -> None:
     if cfg.train.reward_workers > cpus:
         raise ValueError(f"train.reward_workers={cfg.train.reward_workers} is more than the {cpus} CPUs this "
                          f"process may use (each worker is a process scoring on one CPU); use at most {cpus}")
+
+
+
+def print_learner_memory(cfg, *, available: int | None = None) -> dict:
+    """Prints the learner's memory breakdown (:func:`format_learner_memory`) and any
+    :func:`memory_warnings` line for ``cfg`` (a loaded run config); returns the breakdown."""
+    mem = learner_memory(cfg, device=_device(cfg))
+    print(format_learner_memory(cfg, mem))
+    for line in memory_warnings(cfg, available=available):
+        print(f"warning: {line}")
+    return mem

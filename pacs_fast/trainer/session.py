@@ -24,7 +24,7 @@ from pacs_fast.trainer.correction import correction_warnings
 from pacs_fast.trainer.evaluation import eval_line, evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
-from pacs_fast.trainer.preflight import check_cpus, check_memory, check_tensor_parallel, model_context
+from pacs_fast.trainer.preflight import check_cpus, check_memory, check_tensor_parallel, memory_warnings, model_context
 from pacs_fast.trainer.problems import check_context, check_token_budget, encode, load_problems
 from pacs_fast.trainer.rewards import Scorer, check_callables
 from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir, remove_dead_temporaries
@@ -113,7 +113,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
     torch.manual_seed(cfg.train.seed)
     progress = Progress(cfg.train.steps, enabled=cfg.train.progress and world.is_main)
     log = progress.print if world.is_main else (lambda text: None)
-    for line in unused_settings(cfg) + correction_warnings(cfg):
+    for line in unused_settings(cfg) + correction_warnings(cfg) + memory_warnings(cfg):
         log(f"warning: {line}")
     try:
         train_problems, held_out = load_problems(cfg)  # bad files fail here, before any model work

@@ -3,8 +3,11 @@
 - :mod:`.model`: ``GPTModel`` from a Hugging Face Qwen2 / Llama config.
 - :mod:`.convert`: HF <-> megatron weights (fused QKV per query group, ``[gate; up]`` halves,
   vocab padding, TP sharding).
-- :mod:`.forward`: per-token log-probs through the vocab-parallel ``linear_logprobs``.
+- :mod:`.core_attention`: the layer spec's core attention (megatron's, plus varlen THD for packed rows).
+- :mod:`.forward`: per-token log-probs through the vocab-parallel ``linear_logprobs`` (padded, or packed
+  as THD or with the dense block-diagonal mask).
 - :mod:`.learner`: :class:`MegatronLearner`, the :class:`~pacs_fast.learner.base.Learner`.
+- :mod:`.fused`: its old log-probs and off-policy correction from the update's own first forward.
 - :mod:`.data_parallel`: its data-parallel shares, same-batch check, gathers and reductions.
 - :mod:`.setup`: the parallel state, the lazy HF checkpoint reader, the TP-aware gradient norm.
 - :mod:`.optimizer`: AdamW, optionally sharded over the data-parallel ranks (ZeRO-1).

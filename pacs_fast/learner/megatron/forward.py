@@ -13,16 +13,25 @@ causal mask is passed (built here, on the batch's device: megatron's default one
 CUDA); results are shifted back.
 
 Packing (``packing="on"``, or ``"auto"`` when it runs >= 20% fewer token slots). The left-aligned
-rows are laid end to end into bins (:func:`pacs_fast.learner.packing.pack`), attention gets the
-block-diagonal causal mask (megatron's local layer spec has no THD path: its ``DotProductAttention``
-refuses ``packed_seq_params``; the mask goes through its unfused softmax, which this project's
-config always selects: ``masked_softmax_fusion=False``), and RoPE gets each token's own position
-(restarting at 0 per sequence). Inside a sequence RoPE's scores depend only on relative positions, so
-the shift only matters for rounding; it keeps the angles, hence the numbers, those of the padded
-forward. megatron's ``RotaryEmbedding`` only produces positions ``0..S-1`` for a whole row, so for
-one forward it returns per-token frequencies ``[S, bins, 1, d]``, which its bshd rotation broadcasts
-like its own ``[S, 1, 1, d]``. Only the response positions' hidden states reach the LM head. Exact:
-every token attends to the same tokens at the same positions (tests/test_megatron_packing.py).
+rows are laid end to end (:func:`pacs_fast.learner.packing.pack`), each keeping its own positions
+(restarting at 0), and attention never crosses a boundary. Two layouts (``packed_attention``):
+
+- ``varlen`` (``auto``): THD. All rows form one sequence of ``t`` tokens (``[t, 1, h]`` inside the
+  decoder) with megatron ``PackedSeqParams`` (``qkv_format="thd"``, ``cu_seqlens``, the longest row:
+  :func:`~pacs_fast.learner.megatron.core_attention.thd_params`). megatron's THD RoPE restarts the
+  angles at 0 in each sequence and the layer spec's core attention
+  (:mod:`~pacs_fast.learner.megatron.core_attention`) attends inside each sequence with a varlen
+  kernel: no ``[t, t]`` mask or score matrix, no work across sequences.
+- ``dense``: rows packed into bins of the longest row's size, the block-diagonal causal mask
+  ``[bins, 1, C, C]`` through megatron's unfused softmax (``masked_softmax_fusion=False``), and RoPE
+  at each token's own position: megatron's ``RotaryEmbedding`` only produces positions ``0..S-1``
+  for a whole row, so for one forward it returns per-token frequencies ``[S, bins, 1, d]``, which its
+  bshd rotation broadcasts like its own ``[S, 1, 1, d]``.
+
+Inside a sequence RoPE's scores depend only on relative positions, so the restart only matters for
+rounding; it keeps the angles, hence the numbers, those of the padded forward. Only the response
+positions' hidden states reach the LM head. Exact: every token attends to the same tokens at the same
+positions (tests/test_megatron_packing.py, tests/test_megatron_thd.py).
 """
 from __future__ import annotations
 
@@ -32,6 +41,8 @@ import torch
 
 #: Logit bias of the vocabulary rows added for tensor-parallel padding (excluded from softmax).
 PAD_LOGIT = -1e30
+#: ``learner.packed_attention``: packed rows as THD through a varlen kernel (auto, varlen) or the dense mask
+PACKED_ATTENTION = ("auto", "varlen", "dense")
 
 
 def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor):
@@ -119,24 +130,43 @@ def _hidden(model, ids: torch.Tensor, position_ids: torch.Tensor, blocked: torch
         return model(input_ids=ids, position_ids=position_ids, attention_mask=blocked).transpose(0, 1)
 
 
-def _packed_or_none(ids_l: torch.Tensor, att_l: torch.Tensor, packing: str):
-    """The packed layout of the left-aligned rows (``packing``: on / auto / off), or None."""
+def _packed_or_none(ids_l: torch.Tensor, att_l: torch.Tensor, packing: str, thd: bool):
+    """The packed layout of the left-aligned rows (``packing``: on / auto / off), or None; ``thd``:
+    one row without a mask (all sequences end to end), else bins with the block-diagonal mask."""
     from pacs_fast.learner.packing import pack, padded_slots
 
     if packing not in ("auto", "on", "off"):
         raise ValueError(f"packing must be 'auto', 'on' or 'off', got {packing!r}")
     if packing == "off" or ids_l.shape[0] < 2:
         return None
-    packed = pack(ids_l, att_l, implementation="sdpa")
+    packed = pack(ids_l, att_l, implementation="flash_attention_2" if thd else "sdpa")  # flash: one row, no mask
     if packing == "auto" and packed.slots > 0.8 * padded_slots(att_l):
         return None
     return packed
 
 
+def _thd_hidden(model, packed) -> torch.Tensor:
+    """The decoder's final hidden states ``[1, t, H]`` on the single packed row, THD (see the module)."""
+    from pacs_fast.learner.megatron.core_attention import thd_params
+
+    start, length = packed.start.cpu(), packed.length.cpu()
+    order = start.argsort()
+    cu = torch.zeros(len(order) + 1, dtype=torch.int32)
+    cu[1:] = length[order].cumsum(0)
+    if packed.input_ids.shape[0] != 1 or not torch.equal(cu[:-1].long(), start[order]) \
+            or int(cu[-1]) != packed.input_ids.shape[1]:
+        raise AssertionError("THD packing: the rows must lie end to end in one row")
+    params = thd_params(cu, int(length.max()), packed.input_ids.device)
+    with _hidden_states_only(model):
+        out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                    packed_seq_params=params)  # [t, 1, H]
+    return out.transpose(0, 1)
+
+
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, vocab_size: int,
                    label_mask: torch.Tensor | None = None, tp_group=None, temperature: float = 1.0,
                    return_entropy: bool = False, backend: str = "auto", packing: str = "off",
-                   lm_head_fp32: bool = False):
+                   packed_attention: str = "auto", lm_head_fp32: bool = False):
     """``logp[B, T]`` (fp32): ``logp[b, t] = log p(input_ids[b, t] | valid tokens before t)``.
 
     0 at padding and at the first valid token of each row (nothing predicts it). With
@@ -146,6 +176,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     LM-head work), e.g. the response mask.
     ``packing``: rows end to end without padding (see the module docstring): ``on``, ``off``, or
     ``auto`` (when that runs >= 20% fewer token slots than the padded rows).
+    ``packed_attention``: how packed rows attend: ``varlen`` / ``auto`` (THD, a varlen kernel) or
+    ``dense`` (the block-diagonal mask); see the module docstring.
     ``lm_head_fp32``: the LM head in fp32 (``linear_logprobs(..., upcast=True)``: fp32 copies of the
     bf16 hidden states and the output-layer shard; the gradients reach them in bf16).
     Collective over ``tp_group`` (every TP rank passes the same batch).
@@ -163,15 +195,21 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         src = (cols.unsqueeze(0) + shift.unsqueeze(1)) % T
         mask_l = mask_l & label_mask.bool().gather(1, src)[:, :W]
     labels = ids_l[:, 1:].masked_fill(~mask_l[:, 1:], -100)
-    packed = _packed_or_none(ids_l, att_l, packing)
+    if packed_attention not in PACKED_ATTENTION:
+        raise ValueError(f"packed_attention must be one of {PACKED_ATTENTION}, got {packed_attention!r}")
+    thd = packed_attention != "dense"  # auto: THD is exact for every model build_gpt_model makes
+    packed = _packed_or_none(ids_l, att_l, packing, thd)
     if packed is None:
         position_ids = torch.arange(W, device=ids_l.device).unsqueeze(0).expand(B, W)
         blocked = torch.ones(W, W, dtype=torch.bool, device=ids_l.device).triu(1).view(1, 1, W, W)
         hidden = _hidden(model, ids_l, position_ids, blocked)[:, :-1]  # predicts tokens 1..W-1
     else:  # only the labelled positions' hidden states, gathered out of the bins
         sel = mask_l[:, 1:]
-        with _rope_at(model, packed.position_ids):
-            bins = _hidden(model, packed.input_ids, packed.position_ids, ~packed.attention_mask)
+        if thd:
+            bins = _thd_hidden(model, packed)
+        else:
+            with _rope_at(model, packed.position_ids):
+                bins = _hidden(model, packed.input_ids, packed.position_ids, ~packed.attention_mask)
         hidden, labels = packed.gather(bins, sel), labels[sel]
     weight = output_weight(model)
     tp_rank = 0 if tp_group is None else torch.distributed.get_rank(tp_group)

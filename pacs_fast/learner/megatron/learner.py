@@ -28,7 +28,10 @@ does not change the update) with a tensor-parallel aware global gradient norm fo
 
 Micro-batches: ``learner.micro_batch_prompts`` groups each, or whole groups of about equal token
 counts with ``learner.max_tokens_per_micro_batch`` (per data-parallel rank); rows are packed end to
-end without padding per ``learner.packing`` (:mod:`~pacs_fast.learner.megatron.forward`).
+end without padding per ``learner.packing``, as THD through a varlen attention or with the dense
+block-diagonal mask per ``learner.packed_attention`` (:mod:`~pacs_fast.learner.megatron.forward`).
+The old log-probs and the off-policy correction come from the update's own first forward
+(:attr:`fuses_old_logprobs`, :attr:`fuses_correction`, :mod:`.fused`).
 
 Checkpoints. :meth:`save_state` / :meth:`load_state` (the trainer's path): each rank of data-parallel
 group 0 writes its own optimiser / reference shard, nothing is gathered; exact resume under the same
@@ -41,8 +44,9 @@ Non-finite loss or gradient norm: :class:`~pacs_fast.learner.base.NonFiniteError
 before the optimiser step (decided with one all-reduce).
 
 Not supported (ValueError or documented gap): PPO (no value head), pipeline parallelism, sequence
-parallelism (needs Transformer Engine), Transformer Engine / flash attention layer specs (megatron's
-local spec is used on GPU too), fp32 master weights for ``dtype="bfloat16"`` (as the torch learner).
+parallelism (needs Transformer Engine), Transformer Engine layer specs (megatron's local spec, with
+the varlen core attention of :mod:`.core_attention`, runs on the GPU too), fp32 master weights for
+``dtype="bfloat16"`` (as the torch learner).
 """
 from __future__ import annotations
 
@@ -54,7 +58,6 @@ import torch.distributed as dist
 
 from pacs_fast.learner.base import (
     Learner,
-    NonFiniteError,
     RolloutBatch,
     by_length,
     dealt_rows_to_sorted,
@@ -71,7 +74,8 @@ from pacs_fast.learner.megatron.data_parallel import (
     gather_dp,
     local_mini_batch_groups,
 )
-from pacs_fast.learner.megatron.setup import LazyHFCheckpoint, init_parallel, tp_grad_norm
+from pacs_fast.learner.megatron.setup import (LazyHFCheckpoint, init_parallel, raise_if_non_finite,
+                                             tp_grad_norm)
 from pacs_fast.learner.packing import micro_batch_groups
 
 
@@ -159,6 +163,9 @@ class MegatronLearner(Learner):
             self.ref_model.requires_grad_(False).eval()
         del hf_state
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # no dropout: the update's first forward gives the old log-probs and the correction (.fused)
+        c = self.model.config
+        self.fuses_old_logprobs = self.fuses_correction = c.hidden_dropout == 0 and c.attention_dropout == 0
         self.optimizer = self._make_optimizer()
         self.steps = 0
         self.last_terms: dict[str, torch.Tensor] = {}
@@ -189,7 +196,8 @@ class MegatronLearner(Learner):
                              label_mask=batch.response_mask > 0, vocab_size=self.vocab_size,
                              tp_group=self.tp_group, temperature=self.temperature,
                              return_entropy=return_entropy, backend=self.cfg.logprob_backend,
-                             packing=self.cfg.packing, lm_head_fp32=self.lm_head_fp32)
+                             packing=self.cfg.packing, lm_head_fp32=self.lm_head_fp32,
+                             packed_attention=getattr(self.cfg, "packed_attention", "auto"))
         return out if return_entropy else (out, None)
 
     def _check_same_batch(self, batch: RolloutBatch) -> None:
@@ -238,8 +246,20 @@ class MegatronLearner(Learner):
         return logp
 
     # ------------------------------------------------------------------ training
-    def update(self, batch: RolloutBatch, *, seed: int) -> dict[str, float]:
+    def update(self, batch: RolloutBatch, *, seed: int, correct=None) -> dict[str, float]:
+        """See :meth:`Learner.update`. With ``batch.old_logp`` None the old log-probs (and
+        ``correct(rows, proximal_logp)``'s off-policy weights) come from the first mini-batch's own
+        forwards and one no-grad pass over the other groups (:mod:`.fused`), as the torch learner's."""
+        from pacs_fast.learner.megatron.fused import FusedOldLogprobs
+
         self._check_same_batch(batch)
+        fuse = batch.old_logp is None
+        if fuse and not self.fuses_old_logprobs:
+            raise ValueError("update: batch.old_logp is None, but this learner cannot compute it in the update "
+                             "(dropout is active): call compute_logprobs first")
+        if correct is not None and not fuse:
+            raise ValueError("update: correct= is for the fused old log-probs (batch.old_logp None); with "
+                             "batch.old_logp given, set batch.is_weights / kept_mask before the update")
         self.model.train()
         gen = torch.Generator().manual_seed(int(seed))
         P = batch.num_groups
@@ -248,17 +268,19 @@ class MegatronLearner(Learner):
         sums: dict[str, float] = {}
         terms: dict[str, list] = {}
         steps = 0
-        for _ in range(self.cfg.epochs):
+        for epoch in range(self.cfg.epochs):
             order = torch.randperm(P, generator=gen)
             for start in range(0, P, mini):
+                fused = (FusedOldLogprobs(self, batch, order[:mini], correct)  # still the rollout policy
+                         if fuse and epoch == 0 and start == 0 else None)
                 # last_terms: rows in the (local) mini-batch's length-sorted order, as the torch learner
                 rows = group_rows(by_length(order[start:start + mini], batch), batch.group_size)
                 if self.local_batches:  # this group's share of the mini-batch, sorted by length
                     step_metrics = self._mini_batch(batch.groups(by_length(order[start:start + mini], batch)),
-                                                    terms, rows)
+                                                    terms, rows, fused)
                 else:  # sorted by length, dealt over the DP ranks (balanced shares, little padding)
                     dealt = by_length(order[start:start + mini], batch, shares=self.dp_size)
-                    step_metrics = self._mini_batch(batch.groups(dealt), terms, rows)
+                    step_metrics = self._mini_batch(batch.groups(dealt), terms, rows, fused)
                 for k, v in step_metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
                 steps += 1
@@ -268,10 +290,11 @@ class MegatronLearner(Learner):
         self.last_terms = {k: torch.cat(v) for k, v in terms.items()}
         return out
 
-    def _mini_batch(self, mb: RolloutBatch, terms: dict[str, list], rows: torch.Tensor) -> dict[str, float]:
+    def _mini_batch(self, mb: RolloutBatch, terms: dict[str, list], rows: torch.Tensor, fused=None) -> dict[str, float]:
         """One optimiser step on mini-batch ``mb`` (full batches: the whole mini-batch, of which this
         DP rank takes its share; DP-local: this group's part of it), in micro-batches; gradients
-        summed over DP ranks; TP-aware clipping; AdamW."""
+        summed over DP ranks; TP-aware clipping; AdamW. ``fused``: the first mini-batch's
+        :class:`~.fused.FusedOldLogprobs` (its old log-probs from these forwards)."""
         if self.local_batches:
             mine = mb
             counts = minibatch_counts(mb)
@@ -290,8 +313,10 @@ class MegatronLearner(Learner):
         local_terms: dict[str, list] = {}
         for part in parts:
             mcb = mine.groups(part).to(self.device)
-            logp, ent = self._logprobs(self.model, mcb, need_ent)
-            loss, met = objective(self.algo, mcb, logp, ent, None, counts, horizon=self.horizon)
+            logp, ent = self._logprobs(self.model, mcb, need_ent or fused is not None)
+            if fused is not None:
+                fused.take(mcb, logp, ent)
+            loss, met = objective(self.algo, mcb, logp, ent if need_ent else None, None, counts, horizon=self.horizon)
             loss.backward()
             scalars["loss"] += loss.detach().float()
             for k, v in met.items():
@@ -308,20 +333,22 @@ class MegatronLearner(Learner):
         stats = torch.stack([torch.as_tensor(scalars[k], device=self.device, dtype=torch.float32)
                              for k in names])
         all_reduce_sum([p.grad for p in self.params] + [stats], self.dp_group, self.dp_size)
-        local_terms = {k: [torch.cat(v)[share_back]] for k, v in local_terms.items()}  # this share's row order
-        if self.local_batches:
-            for k, v in local_terms.items():
-                terms.setdefault(k, []).append(torch.cat(v).cpu())
-        else:
-            back = dealt_rows_to_sorted(mb.num_groups, self.dp_size, mb.group_size)
-            for k, v in local_terms.items():  # rows of the whole mini-batch, in its sorted order
-                terms.setdefault(k, []).append(self._gather_dp(torch.cat(v)).cpu()[back])
+
+        def to_sorted(x):  # this rank's rows in micro-batch order -> the whole mini-batch's, in its sorted order
+            x = x[share_back]
+            if self.local_batches:
+                return x.cpu()
+            return self._gather_dp(x).cpu()[dealt_rows_to_sorted(mb.num_groups, self.dp_size, mb.group_size)]
+        for k, v in local_terms.items():
+            terms.setdefault(k, []).append(to_sorted(torch.cat(v)))
+        if fused is not None:
+            fused.finish(to_sorted, rows)
         if local_terms:
             terms.setdefault("rows", []).append(rows)
         grad_norm = tp_grad_norm(self.params, self.tp_group)
         out = {k: float(v) for k, v in zip(names, stats)}
         out["grad_norm"] = float(grad_norm)
-        self._raise_if_non_finite(out["loss"], out["grad_norm"])
+        raise_if_non_finite(self.steps, out["loss"], out["grad_norm"], self.optimizer, self.device)
         if self.cfg.grad_clip > 0:  # as torch.nn.utils.clip_grad_norm_
             coef = torch.clamp(self.cfg.grad_clip / (grad_norm + 1e-6), max=1.0)
             for p in self.params:
@@ -329,21 +356,6 @@ class MegatronLearner(Learner):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return out
-
-    def _raise_if_non_finite(self, loss: float, grad_norm: float) -> None:
-        """``NonFiniteError`` on every rank when any rank saw a non-finite loss or gradient norm
-        (one MAX all-reduce over the world, so the ranks decide together and none is left waiting)."""
-        import math
-
-        flags = torch.tensor([float(not math.isfinite(loss)), float(not math.isfinite(grad_norm))],
-                             device=self.device)
-        if dist.get_world_size() > 1:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        if flags.any():
-            self.optimizer.zero_grad(set_to_none=True)
-            what = ", ".join(f"{k}={v}" if not math.isfinite(v) else f"{k} (on another rank)"
-                             for k, v, f in (("loss", loss, flags[0]), ("grad_norm", grad_norm, flags[1])) if f)
-            raise NonFiniteError(self.steps, what)
 
     # ------------------------------------------------------------------ reference / weights
     @torch.no_grad()

@@ -3,7 +3,9 @@
 Supported: ``Qwen2ForCausalLM`` (QKV bias) and ``LlamaForCausalLM`` (no biases) style decoders —
 RoPE (default rope type, non-interleaved halves as in HF), grouped-query attention, SwiGLU MLP,
 RMSNorm, tied or untied input/output embeddings. Built with megatron's *local* layer spec (no
-Transformer Engine), dropout 0, fp32 parameters unless ``params_dtype`` says otherwise.
+Transformer Engine), dropout 0, fp32 parameters unless ``params_dtype`` says otherwise; its core
+attention is :mod:`~pacs_fast.learner.megatron.core_attention`'s (megatron's ``DotProductAttention``
+plus a varlen path for packed THD rows).
 
 The vocabulary is padded to a multiple of the tensor-parallel size (see
 :func:`padded_vocab_size`); :mod:`pacs_fast.learner.megatron.convert` fills and strips the pad.
@@ -122,8 +124,11 @@ def build_gpt_model(hf_config, *, tp_size: int = 1, params_dtype=torch.float32, 
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from pacs_fast.learner.megatron.core_attention import core_attention_class
+
     config = transformer_config_from_hf(hf_config, tp_size=tp_size, params_dtype=params_dtype, **overrides)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = core_attention_class()  # + packed (THD) rows
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

@@ -1,6 +1,7 @@
 """Process setup for the megatron learner: ``torch.distributed`` + megatron's parallel state
 (:func:`init_parallel`), a lazy view of an HF checkpoint (:class:`LazyHFCheckpoint`) and the
-tensor-parallel aware gradient norm (:func:`tp_grad_norm`).
+tensor-parallel aware gradient norm (:func:`tp_grad_norm`), and the ranks' joint non-finite check
+(:func:`raise_if_non_finite`).
 
 Rank layout (megatron's default order, tensor-parallel innermost): global rank
 ``r = dp_rank * tp_size + tp_rank``; the TP groups are consecutive ranks. vLLM's external-launcher
@@ -131,3 +132,21 @@ def tp_grad_norm(params, tp_group) -> torch.Tensor:
     if tp_group is not None and dist.get_world_size(tp_group) > 1:
         dist.all_reduce(sq, group=tp_group)
     return sq.sqrt()
+
+
+def raise_if_non_finite(steps: int, loss: float, grad_norm: float, optimizer, device) -> None:
+    """``NonFiniteError`` on every rank when any rank saw a non-finite loss or gradient norm (one MAX
+    all-reduce over the world, so the ranks decide together and none is left waiting); the
+    optimiser's gradients are dropped first."""
+    import math
+
+    from pacs_fast.learner.base import NonFiniteError
+
+    flags = torch.tensor([float(not math.isfinite(loss)), float(not math.isfinite(grad_norm))], device=device)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if flags.any():
+        optimizer.zero_grad(set_to_none=True)
+        what = ", ".join(f"{k}={v}" if not math.isfinite(v) else f"{k} (on another rank)"
+                         for k, v, f in (("loss", loss, flags[0]), ("grad_norm", grad_norm, flags[1])) if f)
+        raise NonFiniteError(steps, what)

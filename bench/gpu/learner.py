@@ -1,0 +1,340 @@
+"""One learner update on one GPU: tokens/s, MFU, peak memory and where the time goes (issue 38).
+
+    python bench/gpu/learner.py --out OUT_DIR [--budget-s 180] [--steps 3]
+    python bench/gpu/learner.py --out OUT_DIR --dry-run         # CPU, tiny shape, seconds (CI)
+
+The real step: ``TorchLearner.update`` on one rollout batch (fused old log-probs: one forward and one
+backward per micro-batch, the log-probs from hidden states, the PACS loss, AdamW), bf16, random weights
+of a Qwen2.5-1.5B shape (28 layers, hidden 1536, 12 / 2 heads, FFN 8960) and a Qwen2.5-0.5B shape
+(24 layers, hidden 896, 14 / 2 heads, FFN 4864), vocabulary 151,936, tied embeddings. Responses after
+a 256-token prompt: every row 1k, 4k, 16k or 32k tokens (groups of 2, about 32k tokens per update),
+and ``mix``: lognormal lengths (median 1k, sigma 1, cap 16k), 4 groups of 8 (``--dry-run``: ``k`` is one
+token, the mix median 16, cap 64, one group; a 2-layer hidden-64 model in fp32). Learners: ``torch packed
+varlen`` (learner.packed_attention=varlen), ``torch packed dense`` (the block-diagonal mask; not run
+where the memory model says its masks do not fit), ``torch padded + SDPA`` (learner.packing=off), and
+``megatron packed THD`` (not run: its THD core attention is pending). The micro-batch token budget
+comes from the memory model (pacs_fast/trainer/preflight.py) at 80% of the GPU, with
+``model.gradient_checkpointing`` when one group does not fit without it; a row that still runs out of
+memory says so. Order: the main shape first (1.5B at 4k, packed), each row skipped cleanly once
+``--budget-s`` is spent. Per row: one untimed update, ``--steps`` timed ones (median), one profiled
+(torch.profiler: device time in attention, LM head + loss, optimiser, the rest). Writes
+OUT/learner.json (one row per learner x shape x length: ``hidden``, ``response_tokens``, ``tokens_per_s``,
+``mfu``, ``peak_gb``, ...) and OUT/learner.md (the table, with the FLOP formula beside it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+
+import torch  # noqa: E402
+
+SHAPES = {  # name: (layers, hidden, heads, kv_heads, ffn)
+    "qwen2.5-1.5b": (28, 1536, 12, 2, 8960),
+    "qwen2.5-0.5b": (24, 896, 14, 2, 4864),
+}
+TINY = {"tiny": (2, 64, 4, 2, 128)}
+LEARNERS = {
+    "torch packed varlen": dict(packing="on", packed_attention="varlen"),
+    "torch padded + SDPA": dict(packing="off"),
+    "torch packed dense": dict(packing="on", packed_attention="dense"),
+    "megatron packed THD": None,
+}
+MEGATRON_PENDING = "not run: megatron THD core attention pending"
+PROMPT = 256
+ATTENTION = ("flash", "fmha", "attention", "attn", "varlen", "sdpa", "scaled_dot_product")
+LOGPROB = ("linearlogprobs", "linear_logprobs", "bench.lm_head_loss", "dlogits", "_stats_", "_finish_kernel",
+           "_grad_bwd", "_pacs_", "fusedpacsloss")
+OPTIMIZER = ("optimizer.step", "optimizer.zero_grad", "adamw", "clip_grad")
+
+
+def lengths_for(spec: str, seed: int, dry: bool) -> tuple[list[int], int]:
+    """Response lengths of the batch and its group size for ``spec`` (``1k`` ... or ``mix``)."""
+    if spec == "mix":
+        gen = torch.Generator().manual_seed(seed)
+        med, cap, n = (16, 64, 8) if dry else (1024, 16384, 32)
+        x = torch.exp(math.log(med) + torch.randn(n, generator=gen)).round().clamp(1, cap)
+        return x.long().tolist(), 8
+    L = int(spec[:-1]) * (1 if dry else 1024) if spec.endswith("k") else int(spec)
+    rows = max(2, 2 * math.ceil((64 if dry else 32768) / (2 * L)))
+    return [L] * rows, 2
+
+
+def make_batch(lengths, G, vocab, prompt, seed):
+    from pacs_fast.learner.base import RolloutBatch
+
+    gen = torch.Generator().manual_seed(seed)
+    T = prompt + max(lengths)
+    ids = torch.randint(3, vocab, (len(lengths), T), generator=gen)
+    att = torch.zeros(len(lengths), T, dtype=torch.long)
+    resp = torch.zeros(len(lengths), T)
+    for i, n in enumerate(lengths):
+        att[i, :prompt + n], resp[i, prompt:prompt + n] = 1, 1
+    rewards = torch.randint(0, 2, (len(lengths),), generator=gen).float()
+    return RolloutBatch(ids * att, att, resp, rewards, group_size=G)
+
+
+def make_model(dims, vocab, dtype, device, max_len):
+    from transformers import Qwen2ForCausalLM
+
+    from pacs_fast.data.tiny import tiny_qwen2_config
+
+    layers, hidden, heads, kv, ffn = dims
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(tiny_qwen2_config(vocab, hidden_size=hidden, num_layers=layers, num_heads=heads,
+                                                   num_kv_heads=kv, intermediate_size=ffn, max_positions=max_len))
+    model.set_attn_implementation("sdpa")
+    return model.to(dtype)
+
+
+def plan(shape, lengths, G, prompt, mem_bytes, dense, ckpt_only=False):
+    """``(gradient checkpointing, token budget, predicted bytes, why not)`` from the memory model: a
+    micro-batch's activations within 80% of the device after weights, gradients, AdamW moments and
+    the log-prob workspace; checkpointing only when one group does not fit without it."""
+    from pacs_fast.trainer.preflight import (activation_bytes_per_token, dense_mask_bytes, logprob_workspace_bytes,
+                                             model_params)
+
+    group = max(sum(prompt + n for n in lengths[g:g + G]) for g in range(0, len(lengths), G))
+    total = sum(prompt + n for n in lengths)
+    static = 4 * model_params(shape) * shape["bytes"] + logprob_workspace_bytes(shape, total)
+    room = 0.8 * mem_bytes - static
+    for ckpt in ((True,) if ckpt_only else (False, True)):
+        per = activation_bytes_per_token(shape, recompute=ckpt)
+        extra = dense_mask_bytes(shape, group, prompt + max(lengths)) if dense else 0
+        budget = min(total, int((room - extra) / per)) if room > extra else 0
+        if budget >= group:
+            return ckpt, budget, static + budget * per + extra, None
+    return True, group, None, (f"not run: {group:,} tokens per group need {(group * per + extra) / 2**30:.0f} GiB "
+                               f"of activations{' and dense masks' if dense else ''}, {max(room, 0) / 2**30:.0f} "
+                               f"GiB left")
+
+
+def profile_shares(step) -> dict | None:
+    """Device-time shares of one ``step()``: attention, lm_head+loss, optimizer, other (torch.profiler;
+    each kernel by the op that launched it and its parents, else by its name)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        events = prof.events()
+    except Exception as e:  # noqa: BLE001 - the timings stand without it
+        print(f"profiler failed: {type(e).__name__}: {e}", flush=True)
+        return None
+
+    def kind(name):
+        n = name.lower()
+        for cat, keys in (("optimizer", OPTIMIZER), ("lm_head+loss", LOGPROB), ("attention", ATTENTION)):
+            if any(k in n for k in keys):
+                return cat
+        return None
+
+    sums = dict.fromkeys(("attention", "lm_head+loss", "optimizer", "other"), 0.0)
+    attributed = 0.0
+    for e in events:
+        if e.device_type != DeviceType.CPU or not getattr(e, "kernels", None):
+            continue
+        cat, p = None, e
+        while p is not None and cat is None:
+            cat, p = kind(p.name), p.cpu_parent
+        for k in e.kernels:
+            sums[cat or kind(k.name) or "other"] += k.duration
+            attributed += k.duration
+    total = sum(e.time_range.elapsed_us() for e in events if e.device_type == DeviceType.CUDA
+                and not e.name.startswith("Activity Buffer"))
+    sums["other"] += max(total - attributed, 0.0)  # kernels no op claimed
+    return {k: v / max(sum(sums.values()), 1e-9) for k, v in sums.items()}
+
+
+def run_row(model, shape, shape_name, learner_name, spec, args, device, mem_bytes, t_end) -> dict:
+    """One table row: plan, warm up, time, profile (a CUDA out-of-memory retries once with gradient
+    checkpointing, then the row says it did not fit)."""
+    lengths, G = lengths_for(spec, 0, args.dry_run)
+    P = args.prompt
+    row = {"learner": learner_name, "shape": shape_name, "hidden": shape["hidden"], "spec": spec,
+           "response_tokens": "mix" if spec == "mix" else lengths[0], "rows": len(lengths),
+           "tokens": sum(P + n for n in lengths)}
+    if LEARNERS[learner_name] is None:
+        return {**row, "not_run": MEGATRON_PENDING}
+    if time.time() > t_end:
+        return {**row, "not_run": "time budget spent"}
+    dense = "dense" in learner_name
+    ckpt, budget, pred, why = plan(shape, lengths, G, P, mem_bytes, dense)
+    if why and not args.dry_run:
+        return {**row, "not_run": why}
+    try:
+        return measure(model, shape, learner_name, lengths, G, args, device, {**row, "gradient_checkpointing": ckpt,
+                       "token_budget": budget, "predicted_gb": pred and pred / 2**30})
+    except torch.cuda.OutOfMemoryError as e:
+        first = f"out of memory ({'with' if ckpt else 'without'} checkpointing, budget {budget:,}): {str(e)[:100]}"
+    _cleanup(model, device)
+    ckpt2, budget2, pred2, why2 = plan(shape, lengths, G, P, mem_bytes, dense, ckpt_only=True)
+    if ckpt or why2 or time.time() > t_end:
+        return {**row, "not_run": first}
+    try:
+        return measure(model, shape, learner_name, lengths, G, args, device, {**row, "gradient_checkpointing": True,
+                       "token_budget": budget2, "predicted_gb": pred2 / 2**30, "retried_after": first})
+    except torch.cuda.OutOfMemoryError as e:
+        _cleanup(model, device)
+        return {**row, "not_run": f"{first}; with checkpointing: out of memory too ({str(e)[:80]})"}
+
+
+def _cleanup(model, device):
+    model.zero_grad(set_to_none=True)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def measure(model, shape, learner_name, lengths, G, args, device, row) -> dict:
+    from pacs_fast.config import AlgoConfig, LearnerConfig
+    from pacs_fast.learner import flops, torch_learner
+    from pacs_fast.learner.torch_learner import TorchLearner
+
+    if row["gradient_checkpointing"]:
+        model.gradient_checkpointing_enable()
+    else:
+        model.gradient_checkpointing_disable()
+    groups = len(lengths) // G
+    lc = LearnerConfig(lr=1e-6, shared_prefix=False, mini_batch_prompts=groups, micro_batch_prompts=groups,
+                       max_tokens_per_micro_batch=row["token_budget"], **LEARNERS[learner_name])
+    learner = TorchLearner(model, algo=AlgoConfig(), learner=lc, horizon=max(lengths))
+    batch = make_batch(lengths, G, shape["vocab"], args.prompt, 0)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    wrap = torch.profiler.record_function
+
+    def step():
+        batch.old_logp = batch.ref_logp = None
+        with wrap("bench.update"):
+            learner.update(batch, seed=1)
+
+    ll, obj = torch_learner.linear_logprobs, torch_learner.objective
+    torch_learner.linear_logprobs = lambda *a, **k: _in(wrap, "bench.lm_head_loss", ll, a, k)
+    torch_learner.objective = lambda *a, **k: _in(wrap, "bench.lm_head_loss", obj, a, k)
+    try:
+        step()  # warm-up: kernels compile, the optimiser allocates its moments
+        sync()
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(1 if args.dry_run else args.steps):
+            t0 = time.perf_counter()
+            step()
+            sync()
+            times.append(time.perf_counter() - t0)
+        row["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+        row["shares"] = profile_shares(step) if device == "cuda" else None
+        row["forwards"] = {k: v for k, v in learner.forwards.items()}
+    finally:
+        torch_learner.linear_logprobs, torch_learner.objective = ll, obj
+        del learner
+        _cleanup(model, device)
+    sec = statistics.median(times)
+    fed = [args.prompt + n - 1 for n in lengths]  # the last token is only a label
+    f = flops.update_flops(shape, fed, head_tokens=sum(lengths))
+    peak = flops.peak_flops(torch.cuda.get_device_name()) if device == "cuda" else None
+    row.update(seconds=sec, tokens_per_s=row["tokens"] / sec, flops=f["total"], mfu=flops.mfu(f["total"], sec, peak),
+               attention_flop_share=f["attention"] / f["total"])
+    return row
+
+
+def _in(wrap, name, fn, a, k):
+    with wrap(name):
+        return fn(*a, **k)
+
+
+def table(rows, device, formula) -> str:
+    L = [f"# Learner update ({device})", "", f"MFU: {formula}.", "",
+         "| learner | shape | response | tokens | ckpt | tok/s | MFU | peak / predicted GB | attention | LM head+loss "
+         "| optimiser | other |", "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        head = f"| {r['learner']} | {r['shape']} | {r['spec']} | {r['tokens']:,} |"
+        if "not_run" in r:
+            L.append(f"{head} | {r['not_run']} | | | | | | |")
+            continue
+        s = r.get("shares") or {}
+        pct = [f"{100 * s[k]:.0f}%" if k in s else "-" for k in ("attention", "lm_head+loss", "optimizer", "other")]
+        mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.1f}"
+        peak += "" if r.get("predicted_gb") is None else f" / {r['predicted_gb']:.1f}"
+        L.append(f"{head} {'yes' if r['gradient_checkpointing'] else 'no'} | {r['tokens_per_s']:,.0f} | {mfu} | "
+                 f"{peak} | " + " | ".join(pct) + " |")
+    return "\n".join(L) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="folder for learner.json and learner.md")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, a tiny shape and tiny lengths (seconds)")
+    ap.add_argument("--budget-s", type=float, default=180.0, help="rows not started after this many seconds")
+    ap.add_argument("--steps", type=int, default=3, help="timed updates per row (median)")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--lengths", default="4k,mix,16k,32k,1k")
+    ap.add_argument("--learners", default=",".join(LEARNERS))
+    args = ap.parse_args(argv)
+    from pacs_fast.learner.flops import FORMULA, shape_of
+
+    t0 = time.time()
+    t_end = t0 + args.budget_s
+    device = "cpu" if args.dry_run else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("bench/gpu/learner.py: no CUDA device (use --dry-run on CPU)", file=sys.stderr)
+        return 2
+    args.prompt = 8 if args.dry_run else PROMPT
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    vocab = 512 if args.dry_run else 151936
+    mem_bytes = torch.cuda.get_device_properties(0).total_memory if device == "cuda" else 8 << 30
+    shapes = TINY if args.dry_run else {k: SHAPES[k] for k in args.shapes.split(",")}
+    specs = args.lengths.split(",")
+    names = args.learners.split(",")
+    rows = []
+    os.makedirs(args.out, exist_ok=True)
+    for shape_name, dims in shapes.items():
+        top = max(lengths_for(sp, 0, args.dry_run)[0][0] if sp != "mix" else 16384 for sp in specs)
+        model = None
+        for spec in specs:
+            for name in names:
+                if model is None and LEARNERS[name] is not None and time.time() < t_end:
+                    model = make_model(dims, vocab, dtype, device, args.prompt + top + 8)
+                shape = shape_of(model.config if model is not None else _config(dims, vocab),
+                                 2 if dtype == torch.bfloat16 else 4)
+                row = run_row(model, shape, shape_name, name, spec, args, device, mem_bytes, t_end)
+                rows.append(row)
+                mfu = "-" if row.get("mfu") is None else f"{100 * row['mfu']:.1f}%"
+                done = row.get("not_run") or f"{row['tokens_per_s']:,.0f} tok/s, MFU {mfu}"
+                print(f"[{time.time() - t0:6.1f} s] {name} | {shape_name} | {spec}: {done}", flush=True)
+                _write(args.out, rows, device, FORMULA)
+        del model
+    print(table(rows, device, FORMULA))
+    return 0
+
+
+def _config(dims, vocab):
+    from pacs_fast.data.tiny import tiny_qwen2_config
+
+    layers, hidden, heads, kv, ffn = dims
+    return tiny_qwen2_config(vocab, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv,
+                             intermediate_size=ffn)
+
+
+def _write(out, rows, device, formula):
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)"
+    with open(os.path.join(out, "learner.json.tmp"), "w") as f:
+        json.dump({"device": name, "formula": formula, "rows": rows}, f, indent=1, default=str)
+    os.replace(os.path.join(out, "learner.json.tmp"), os.path.join(out, "learner.json"))
+    with open(os.path.join(out, "learner.md.tmp"), "w") as f:
+        f.write(table(rows, name, formula))
+    os.replace(os.path.join(out, "learner.md.tmp"), os.path.join(out, "learner.md"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""FLOPs of a learner update, counted from the model's shape (for MFU beside every learner table).
+
+For sequences of lengths ``s_i`` (``T = sum s_i`` tokens through the decoder) and ``T_head`` tokens
+through the LM head (the torch learner runs the head on response tokens only; default ``T``)::
+
+    FLOPs = 6 P_layers T  +  6 V H T_head  +  6 L Hq sum_i s_i^2
+
+term by term (:data:`FORMULA` prints it beside the tables):
+
+- dense layers, forward + backward: ``6 x P_layers x T``, with ``P_layers = L (H (Hq + 2 Hkv) + Hq H
+  + 3 H F)`` the matmul weights of the decoder layers (q, k, v, o projections and the gated MLP;
+  ``Hq = heads x head_dim``, ``Hkv = kv_heads x head_dim``; norms, biases, RoPE, the embedding
+  lookup are not matmuls and not counted);
+- LM head: ``6 x V x H x T_head``;
+- causal attention: forward ``2 x 2 x s^2 / 2 x Hq`` per layer per sequence (``QK^T`` and ``PV``,
+  half the square under the causal mask), ``x 3`` for forward + backward: ``6 L Hq sum_i s_i^2``.
+
+Recomputation (gradient checkpointing) is not counted: it is work, not useful work. MFU = FLOPs /
+(seconds x the device's dense bf16 peak, :data:`PEAK_BF16`), as verl's FLOP counter and Megatron's
+report count it.
+"""
+from __future__ import annotations
+
+FORMULA = ("FLOPs = 6*P_layers*T + 6*V*H*T_head + 3*(2*2*L*Hq*sum(s^2)/2), P_layers = L*(H*(Hq+2*Hkv) + Hq*H "
+           "+ 3*H*F), T tokens, T_head tokens through the LM head, s each sequence's length; recompute not counted; "
+           "MFU = FLOPs / (time * dense bf16 peak)")
+# dense bf16 tensor-core peaks (FLOP/s), without sparsity; matched in this order against the device name
+PEAK_BF16 = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("GH200", 989e12),
+             ("A100", 312e12))
+
+
+def shape_of(config, dtype_bytes: int = 2) -> dict:
+    """The shape dict (vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, bytes) of a
+    Hugging Face config (the keys :mod:`pacs_fast.trainer.preflight` reads from ``config.json``)."""
+    c = getattr(config, "text_config", None) or config
+    heads = c.num_attention_heads
+    return {"vocab": c.vocab_size, "hidden": c.hidden_size, "layers": c.num_hidden_layers, "heads": heads,
+            "kv_heads": getattr(c, "num_key_value_heads", None) or heads,
+            "head_dim": getattr(c, "head_dim", None) or c.hidden_size // heads,
+            "intermediate": getattr(c, "intermediate_size", None), "bytes": dtype_bytes}
+
+
+def layer_params(shape: dict) -> int:
+    """``P_layers``: the matmul weights of all decoder layers (see the module docstring)."""
+    H, hq, hkv = shape["hidden"], shape["heads"] * shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
+    return shape["layers"] * (H * (hq + 2 * hkv) + hq * H + 3 * H * (shape.get("intermediate") or 0))
+
+
+def update_flops(shape: dict, lengths: list[int], head_tokens: int | None = None) -> dict:
+    """Useful FLOPs of one forward + backward over sequences of ``lengths`` (see the module
+    docstring): ``{"dense", "head", "attention", "total"}``."""
+    T = sum(lengths)
+    head_tokens = T if head_tokens is None else head_tokens
+    hq = shape["heads"] * shape["head_dim"]
+    out = {"dense": 6 * layer_params(shape) * T, "head": 6 * shape["vocab"] * shape["hidden"] * head_tokens,
+           "attention": 3 * 2 * 2 * shape["layers"] * hq * sum(s * s for s in lengths) // 2}
+    out["total"] = out["dense"] + out["head"] + out["attention"]
+    return out
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The dense bf16 peak of a device by its name (``torch.cuda.get_device_name()``), else None."""
+    for key, peak in PEAK_BF16:
+        if key.lower() in (device_name or "").lower():
+            return peak
+    return None
+
+
+def mfu(flops: float, seconds: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation: ``flops / (seconds x peak)`` (None without a peak or a time)."""
+    return flops / (seconds * peak) if peak and seconds > 0 else None

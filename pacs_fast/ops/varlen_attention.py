@@ -1,0 +1,341 @@
+"""Document-masked (varlen) attention for packed rows, as a Hugging Face attention implementation.
+
+A packed micro-batch is ONE row of ``N = sum(lengths)`` tokens whose sequences lie end to end, with
+position ids that restart at 0 (RoPE is applied by the model before attention, from those ids, so it
+is already per sequence) and boundaries ``cu_seqlens`` (int32 ``[n + 1]``). :func:`attend` runs each
+sequence's causal attention and nothing across a boundary, without ever building the ``[N, N]`` mask
+of the whole row (the dense packed path builds ``[bins, 1, S, S]``, which forces SDPA off its flash
+kernels and computes every masked block). Backends (:data:`BACKENDS`), ``"auto"`` picking the first
+usable one:
+
+- ``varlen_attn``: ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10, CUDA, fp16/bf16; its
+  causal switch is ``is_causal=True`` in 2.10, ``window_size=(-1, 0)`` later; grouped-query attention
+  by ``enable_gqa`` where the signature has it, else the key/value heads are repeated);
+- ``flash_attn``: flash-attn's ``flash_attn_varlen_func`` when installed (CUDA, fp16/bf16);
+- ``flex``: ``flex_attention`` with a document block mask built from ``cu_seqlens`` (compiled on CUDA;
+  eager elsewhere, which materialises the scores: for tests only);
+- ``sdpa``: one attention call per group of equal-length sequences (``[g, h, L, d]``, ``is_causal``):
+  :func:`pacs_fast.ops.short_attention.short_attention` (two matmuls for short ones on the CPU, else
+  SDPA's flash kernel). The CPU path, what CI proves exact; anywhere else the fallback.
+
+``PACS_FAST_VARLEN_BACKEND`` forces one. Registration: :func:`activate` switches a model to
+``"pacs_fast_varlen:<base>"``, where ``<base>`` is the implementation it had (``sdpa``, ``eager``,
+``pacs_fast_short``): attention calls that carry ``cu_seq_lens_q`` (the keyword transformers passes
+from the model's forward to the attention function, as for flash-attention's varlen path) go to
+:func:`attend`; every other call (padded rows, the shared-prefix forward with its key/value cache, a
+decode step) goes to ``<base>``'s function with ``<base>``'s masks, unchanged. While
+:func:`varlen_forward` is active the mask builder returns None (no ``[N, N]`` mask from the packed
+position ids). :func:`restore` puts the base name back. :func:`unsupported` says why a model cannot
+use it (sliding-window layers, attention dropout, a model family whose attention is not a plain
+Qwen2/LLaMA-style causal GQA, a flash-attention base, which is already varlen).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+import os
+import sys
+
+import torch
+
+NAME = "pacs_fast_varlen"
+BACKENDS = ("varlen_attn", "flash_attn", "flex", "sdpa")
+# model families whose attention module applies RoPE from position_ids and calls the attention
+# interface with **kwargs (causal, GQA): what attend() computes
+FAMILIES = ("qwen2", "qwen3", "llama", "mistral")
+FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
+_ACTIVE = contextvars.ContextVar("pacs_fast_varlen_forward", default=False)
+_FAILED: set = set()  # (backend, device type, dtype) that raised here once: not tried again
+
+
+def base_implementation(config) -> str:
+    """The implementation a model runs apart from its packed forwards (its name without ours)."""
+    name = getattr(config, "_attn_implementation", None) or "sdpa"
+    return name.split(":", 1)[1] if name.startswith(NAME + ":") else name
+
+
+def unsupported(config) -> str | None:
+    """Why :func:`attend` would not be this model's exact attention (None: it is)."""
+    base = base_implementation(config)
+    kind = getattr(config, "model_type", "?")
+    if kind not in FAMILIES:
+        return f"model_type={kind} (varlen attention is implemented for {', '.join(FAMILIES)})"
+    if base in FLASH or base.startswith("flex"):
+        return f"the model's attention is {base}"
+    layers = getattr(config, "layer_types", None) or []
+    window = getattr(config, "sliding_window", None)
+    if "sliding_attention" in layers or (kind == "mistral" and window):
+        return f"the model has sliding-window attention (sliding_window={window})"
+    if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+        return f"attention_dropout={config.attention_dropout} > 0"
+    return None
+
+
+def cu_seqlens(lengths: list[int], device=None) -> torch.Tensor:
+    """``[0, l0, l0 + l1, ...]`` as int32 (the layout every varlen kernel takes)."""
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    out[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    return out.to(device) if device is not None else out
+
+
+# ------------------------------------------------------------------------------------------- kernels
+@functools.lru_cache(maxsize=None)
+def _varlen_params() -> frozenset:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def _varlen_attn(q, k, v, cu, max_len, scale):
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = _varlen_params()
+    kw = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if "scale" in params:
+        kw["scale"] = scale
+    elif abs(scale - q.shape[-1] ** -0.5) > 1e-12 * scale:
+        raise NotImplementedError("this torch's varlen_attn has no scale argument")
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in params:
+            kw["enable_gqa"] = True
+        else:
+            k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
+    return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+
+
+def _flash_attn(q, k, v, cu, max_len, scale):
+    from flash_attn import flash_attn_varlen_func
+
+    return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, softmax_scale=scale, causal=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def _flex(q, k, v, cu, max_len, scale):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    N = q.shape[0]
+    doc = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=q.device), cu.diff().long(), output_size=N)
+
+    def document_causal(b, h, qi, ki):
+        return (doc[qi] == doc[ki]) & (qi >= ki)
+
+    cuda = q.device.type == "cuda"
+    mask = create_block_mask(document_causal, None, None, N, N, device=q.device, _compile=cuda)
+    fn = _compiled_flex() if cuda else flex_attention
+    out = fn(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=mask,
+             scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    return out[0].transpose(0, 1)
+
+
+def _sdpa_groups(q, k, v, cu, max_len, scale):
+    """One causal attention per group of equal-length sequences; ``[N, h, d]`` back in token order.
+    Each group is ``[g, h, L, d]``: two matmuls where :mod:`pacs_fast.ops.short_attention` finds them
+    faster with gradients (up to 32 x 32 scores on the CPU), else SDPA (its flash kernel, grouped-query
+    heads unrepeated). The choice does not depend on the grad mode, so a no-grad forward (old log-probs)
+    gives bit for bit the log-probs of the training forward."""
+    from pacs_fast.ops.short_attention import MAX_SCORES_TRAIN, short_attention
+
+    N, h, d = q.shape
+    starts = cu.tolist()
+    if q.device.type == "cpu" and max_len * max_len <= MAX_SCORES_TRAIN and len(starts) > 2:
+        return _short_padded(q, k, v, starts, max_len, scale)
+    by_len: dict[int, list[int]] = {}
+    for s, e in zip(starts[:-1], starts[1:]):
+        by_len.setdefault(e - s, []).append(s)
+    outs, where = [], []
+    for n, st in by_len.items():
+        if len(st) == 1:  # a view, no gather
+            idx = torch.arange(st[0], st[0] + n, device=q.device)
+            qg, kg, vg = (x[st[0]:st[0] + n].transpose(0, 1)[None] for x in (q, k, v))
+        else:
+            idx = (torch.tensor(st, device=q.device)[:, None] + torch.arange(n, device=q.device)).reshape(-1)
+            qg, kg, vg = (x.index_select(0, idx).view(len(st), n, x.shape[1], d).transpose(1, 2) for x in (q, k, v))
+        if q.device.type == "cpu" and n * n <= MAX_SCORES_TRAIN:  # the same path with and without gradients
+            o = short_attention(None, qg, kg, vg, None, scaling=scale, is_causal=True)[0]  # [g, n, h, d]
+        else:
+            o = torch.nn.functional.scaled_dot_product_attention(
+                qg, kg, vg, is_causal=n > 1, scale=scale, enable_gqa=kg.shape[1] != h).transpose(1, 2)
+        outs.append(o.reshape(-1, h, d))
+        where.append(idx)
+    if len(outs) == 1:  # one length: the group is the whole row, in order
+        return outs[0]
+    return q.new_zeros(N, h, d).index_copy(0, torch.cat(where), torch.cat(outs))
+
+
+def _short_padded(q, k, v, starts, max_len, scale):
+    """Short sequences on the CPU: all of them padded to ``max_len`` in one ``[n, h, L, d]`` batch
+    and one matmul attention whose mask keeps each query on its own sequence's keys up to itself
+    (padded queries see their sequence too, so no row is empty; their outputs are dropped)."""
+    from pacs_fast.ops.short_attention import short_attention
+
+    N, h, d = q.shape
+    st = torch.tensor(starts[:-1])
+    lengths = torch.tensor(starts[1:]) - st
+    pos = torch.arange(max_len)
+    valid = pos[None, :] < lengths[:, None]                                    # [n, L]
+    idx = (st[:, None] + pos[None, :]).clamp(max=N - 1)
+    qg, kg, vg = (x[idx].transpose(1, 2) for x in (q, k, v))                  # [n, heads, L, d]
+    allowed = (valid[:, None, :] & torch.ones(max_len, max_len, dtype=torch.bool).tril())[:, None]
+    o = short_attention(None, qg, kg, vg, allowed, scaling=scale)[0]          # [n, L, h, d]
+    return o[valid]
+
+
+_KERNELS = {"varlen_attn": _varlen_attn, "flash_attn": _flash_attn, "flex": _flex, "sdpa": _sdpa_groups}
+
+
+def usable(backend: str, q: torch.Tensor) -> bool:
+    """Whether ``backend`` can run on ``q``'s device and dtype here (imports, not a launch)."""
+    return _usable(backend, q.device.type, q.device.index, q.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _usable(backend: str, device: str, index, dtype) -> bool:
+    if backend == "sdpa":
+        return True
+    if backend == "flex":
+        try:
+            import torch.nn.attention.flex_attention  # noqa: F401
+        except ImportError:
+            return False
+        return device == "cuda"
+    if device != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return False
+    try:
+        if backend == "varlen_attn":
+            from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+        else:
+            from flash_attn import flash_attn_varlen_func  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(index)[0] >= 8
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(msg: str) -> None:
+    print(f"pacs_fast: {msg}", file=sys.stderr, flush=True)
+
+
+def pick_backend(q: torch.Tensor, backend: str | None = None) -> str:
+    """``backend`` (or ``PACS_FAST_VARLEN_BACKEND``, default ``auto``) resolved for ``q``."""
+    backend = backend or os.environ.get("PACS_FAST_VARLEN_BACKEND", "auto")
+    if backend != "auto":
+        if backend not in BACKENDS:
+            raise ValueError(f"PACS_FAST_VARLEN_BACKEND must be auto or one of {BACKENDS}, got {backend!r}")
+        return backend
+    return next(b for b in BACKENDS if usable(b, q) and (b, q.device.type, q.dtype) not in _FAILED)
+
+
+def attend(q, k, v, cu: torch.Tensor, max_len: int, scale: float | None = None, *,
+           backend: str | None = None) -> torch.Tensor:
+    """Causal attention inside each sequence of a packed row: ``q [N, h, d]``, ``k, v [N, h_kv, d]``
+    (``h`` a multiple of ``h_kv``), ``cu`` int32 ``[n + 1]`` boundaries on ``q``'s device, ``max_len``
+    the longest sequence (a host int: no device sync). Returns ``[N, h, d]``. A backend that fails
+    (compile, launch) falls back to the next usable one with one warning line."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    name = pick_backend(q, backend)
+    key = (q.device.type, q.dtype)
+    order = [name] + [b for b in BACKENDS[BACKENDS.index(name) + 1:] if usable(b, q) and (b, *key) not in _FAILED]
+    for i, b in enumerate(order):
+        try:
+            return _KERNELS[b](q, k, v, cu, max_len, scale)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one warning, then the next backend, this one not tried again
+            if i == len(order) - 1:
+                raise
+            _FAILED.add((b, *key))
+            _warn_once(f"varlen attention backend {b} failed ({type(e).__name__}: {str(e)[:160]}); using "
+                       f"{order[i + 1]}")
+    raise AssertionError("unreachable")
+
+
+# ------------------------------------------------------------------------ the transformers interface
+def _base_function(name: str, module):
+    from transformers import AttentionInterface
+
+    if name != "eager" and name in AttentionInterface._global_mapping:
+        return AttentionInterface._global_mapping[name]
+    return sys.modules[type(module).__module__].eager_attention_forward  # the model's own eager attention
+
+
+def varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                     is_causal=None, *, base: str = "sdpa", cu_seq_lens_q=None, cu_seq_lens_k=None,
+                     max_length_q=None, max_length_k=None, sliding_window=None, **kwargs):
+    """transformers' attention signature: ``query [1, h, N, d]``, key / value ``[1, h_kv, N, d]``;
+    returns ``([1, N, h, d], None)``. Without ``cu_seq_lens_q``, ``base``'s function (see the module)."""
+    if cu_seq_lens_q is None:
+        if sliding_window is not None:
+            kwargs["sliding_window"] = sliding_window
+        return _base_function(base, module)(module, query, key, value, attention_mask, dropout=dropout,
+                                            scaling=scaling, is_causal=is_causal, **kwargs)
+    if query.shape[0] != 1:
+        raise ValueError(f"varlen attention takes one packed row, got a batch of {query.shape[0]}")
+    if sliding_window is not None or dropout:
+        raise ValueError(f"varlen attention has no sliding window ({sliding_window}) or dropout ({dropout}): use "
+                         f"learner.packed_attention=dense")
+    if cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q and not torch.equal(cu_seq_lens_k,
+                                                                                          cu_seq_lens_q):
+        raise ValueError("varlen attention: cu_seq_lens_k must equal cu_seq_lens_q (self-attention)")
+    max_len = int(max_length_q) if max_length_q is not None else int(cu_seq_lens_q.diff().max())
+    out = attend(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+                 cu_seq_lens_q.to(device=query.device, dtype=torch.int32), max_len, scaling)
+    return out[None], None
+
+
+def _mask(*args, base: str, **kwargs):
+    """The mask builder of ``base``, or None inside :func:`varlen_forward`."""
+    if _ACTIVE.get():
+        return None
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    return ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[base](*args, **kwargs)
+
+
+def register(base: str) -> str:
+    """Registers ``"pacs_fast_varlen:<base>"`` (attention and masks) and returns that name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    if base == NAME or base.startswith(NAME + ":"):
+        raise ValueError(f"{base} is already varlen")
+    if base not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        raise ValueError(f"no mask function for the attention implementation {base!r}")
+    name = f"{NAME}:{base}"
+    AttentionInterface.register(name, functools.partial(varlen_attention, base=base))
+    AttentionMaskInterface.register(name, functools.partial(_mask, base=base))
+    return name
+
+
+def activate(model) -> str | None:
+    """Switches ``model`` to the varlen implementation over its current one; returns the base name
+    to :func:`restore` (None when it was already switched)."""
+    config = model.config
+    current = getattr(config, "_attn_implementation", None) or "sdpa"
+    if current.startswith(NAME + ":"):
+        return None
+    config._attn_implementation = register(current)
+    return current
+
+
+def restore(model, base: str) -> None:
+    """Back to ``base``, unless someone set another implementation in between."""
+    if getattr(model.config, "_attn_implementation", None) == f"{NAME}:{base}":
+        model.config._attn_implementation = base
+
+
+@contextlib.contextmanager
+def varlen_forward():
+    """Inside: the varlen implementation builds no mask (the packed forward passes ``cu_seq_lens_*``)."""
+    token = _ACTIVE.set(True)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)

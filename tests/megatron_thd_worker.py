@@ -1,0 +1,141 @@
+"""Worker for tests/test_megatron_thd.py: run under ``torchrun --nproc_per_node 2`` (gloo, CPU).
+
+1. forward, TP = 1 (two replicas) and TP = 2: per-token log-probs, entropies, a PACS + entropy loss
+   and every parameter's gradient (gathered to HF names) of the padded rows (``packing="off"``), the
+   dense-mask packed rows (``packed_attention="dense"``) and the THD rows (``"varlen"``), on uneven
+   rows of 1 to 300 tokens and (TP = 2) on rows up to ~1.4k tokens; how many attention calls took
+   the dense ``[S, S]`` path during the THD forward; the THD path's refusal of attention dropout.
+2. learner, TP = 2 and TP = 1 x DP = 2: ``MegatronLearner.update`` with the off-policy correction
+   set from a separate ``compute_logprobs`` pass, and fused (``update(correct=...)``, old log-probs
+   left None): old log-probs, entropies, weights, metrics, the updated weights and the rows forwarded.
+
+Inputs: ``<workdir>/inputs.pt``; rank 0 writes ``<workdir>/results.pt``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+
+warnings.filterwarnings("ignore")
+
+
+def forward(inputs, results):
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from transformers import AutoConfig
+
+    from pacs_fast.algorithms import pacs_loss
+    from pacs_fast.learner.megatron.convert import export_hf_state_dict, load_hf_into_model
+    from pacs_fast.learner.megatron.cpu_compat import apply_cpu_compat
+    from pacs_fast.learner.megatron.forward import token_logprobs
+    from pacs_fast.learner.megatron.learner import LazyHFCheckpoint
+    from pacs_fast.learner.megatron.model import build_gpt_model
+
+    dense_calls = []
+    dense_forward = DotProductAttention.forward
+
+    def counting(self, *args, **kwargs):  # the [b, heads, S, S] path
+        dense_calls.append(1)
+        return dense_forward(self, *args, **kwargs)
+
+    DotProductAttention.forward = counting
+    cfg = AutoConfig.from_pretrained(inputs["model"])
+    for tp in (1, 2):
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, create_gloo_process_groups=False)
+        apply_cpu_compat()
+        group = ps.get_tensor_model_parallel_group() if tp > 1 else None
+        model = build_gpt_model(cfg, tp_size=tp)
+        load_hf_into_model(model, LazyHFCheckpoint(inputs["model"]), cfg, tp_size=tp,
+                           tp_rank=ps.get_tensor_model_parallel_rank())
+        for name, spec in inputs["batches"].items():
+            if tp not in spec["tp"]:
+                continue
+            rm = spec["response_mask"]
+            for mode in spec["modes"]:
+                model.zero_grad(set_to_none=True)
+                dense_calls.clear()
+                logp, ent = token_logprobs(model, spec["input_ids"], spec["attention_mask"], label_mask=rm > 0,
+                                           vocab_size=cfg.vocab_size, tp_group=group, return_entropy=True,
+                                           backend="torch", packing="off" if mode == "padded" else "on",
+                                           packed_attention="varlen" if mode == "thd" else "dense")
+                loss = pacs_loss(logp, spec["logp_ref"], rm, spec["rewards"], group_size=spec["group_size"])
+                loss = loss - 0.01 * (ent * rm).sum() / rm.sum()
+                loss.backward()
+                grads = export_hf_state_dict(model, cfg, tp_group=group, grads=True)
+                results[f"forward/tp{tp}/{name}/{mode}"] = {
+                    "logp": logp.detach(), "ent": ent.detach(), "loss": loss.detach(), "grads": grads,
+                    "dense_calls": len(dense_calls)}
+        if tp == 2:  # attention dropout while training: the THD path refuses (the dense one would differ)
+            spec = inputs["batches"]["uneven"]
+            model.decoder.layers[0].self_attention.core_attention.attention_dropout.p = 0.1
+            try:
+                token_logprobs(model, spec["input_ids"], spec["attention_mask"], vocab_size=cfg.vocab_size,
+                               tp_group=group, backend="torch", packing="on", packed_attention="varlen")
+                results["dropout_error"] = None
+            except ValueError as e:
+                results["dropout_error"] = str(e)
+        ps.destroy_model_parallel()
+    DotProductAttention.forward = dense_forward
+
+
+def learner(inputs, results):
+    from pacs_fast.algorithms.off_policy import off_policy_correction
+    from pacs_fast.config import AlgoConfig, LearnerConfig
+    from pacs_fast.learner.base import RolloutBatch
+    from pacs_fast.learner.megatron.learner import MegatronLearner
+
+    spec = inputs["learner"]
+
+    def correct(rows, proximal):  # truncated sequence-level IS weights, no rejection (the trainer's fused case)
+        w, kept, _ = off_policy_correction(proximal.float().cpu(), rows.behaviour_logp.float().cpu(),
+                                           rows.response_mask.cpu() > 0, is_level="sequence", is_cap=1.2)
+        rows.is_weights, rows.kept_mask = w.to(rows.response_mask), kept.to(rows.response_mask)
+
+    for tp in (2, 1):
+        for fused in (False, True):
+            lcfg = LearnerConfig(**spec["learner"], backend="megatron", tp_size=tp)
+            lrn = MegatronLearner(spec["model"], algo=AlgoConfig(**spec["algo"]), learner=lcfg, temperature=1.0,
+                                  horizon=spec["horizon"])
+            batch = RolloutBatch(**spec["batch"])
+            batch.behaviour_logp = (lrn.compute_logprobs(batch) + spec["noise"]) * batch.response_mask
+            rows_run, plain = [], lrn._logprobs  # rows this rank forwards from here on (no-grad pass + update)
+            lrn._logprobs = lambda model, b, ent: (rows_run.append(b.num_rows), plain(model, b, ent))[1]
+            if fused:
+                flags = (lrn.fuses_old_logprobs, lrn.fuses_correction)
+                metrics = lrn.update(batch, seed=spec["seed"], correct=correct)
+            else:
+                flags = None
+                batch.old_logp, batch.old_entropy = lrn.compute_logprobs(batch, return_entropy=True)
+                batch.ref_logp = batch.old_logp
+                correct(batch, batch.old_logp)
+                metrics = lrn.update(batch, seed=spec["seed"])
+            results[f"learner/tp{tp}/{'fused' if fused else 'separate'}"] = {
+                "flags": flags, "metrics": metrics, "old_logp": batch.old_logp, "old_entropy": batch.old_entropy,
+                "ref_is_old": batch.ref_logp is batch.old_logp, "is_weights": batch.is_weights,
+                "kept_mask": batch.kept_mask, "weights": dict(lrn.export_hf_weights()), "rows_run": sum(rows_run),
+                "dp": lrn.dp_size}
+            lrn.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", required=True)
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    inputs = torch.load(os.path.join(args.workdir, "inputs.pt"))
+    results = {}
+    forward(inputs, results)
+    learner(inputs, results)
+    if dist.get_rank() == 0:
+        torch.save(results, os.path.join(args.workdir, "results.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""bench/gpu/learner.py (issue 38, item 5): its dry run on the CPU (tiny shape, tiny lengths) writes the
+JSON and the table, one row per learner x length, the megatron THD row named as pending; its memory plan
+for the real shapes on an 80 GiB GPU is what the GPU run will do."""
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("gpu_learner_bench", ROOT / "bench" / "gpu" / "learner.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dry_run_writes_rows_for_every_learner(tmp_path):
+    mod = bench()
+    assert mod.main(["--out", str(tmp_path), "--dry-run", "--lengths", "4k,mix"]) == 0
+    data = json.loads((tmp_path / "learner.json").read_text())
+    rows = data["rows"]
+    assert [(r["learner"], r["spec"]) for r in rows] == [(n, s) for s in ("4k", "mix") for n in mod.LEARNERS]
+    for r in rows:
+        assert {"hidden", "response_tokens", "tokens"} <= set(r)
+        if r["learner"].startswith("megatron"):
+            assert r["not_run"] == "not run: megatron THD core attention pending"
+        else:
+            assert r["tokens_per_s"] > 0 and r["mfu"] is None and r["peak_gb"] is None and r["flops"] > 0
+            assert r["forwards"]["packed" if "packed" in r["learner"] else "padded"] >= 1
+    assert "FLOPs = 6*P_layers*T" in (tmp_path / "learner.md").read_text()
+
+
+def test_memory_plan_for_the_real_shapes():
+    mod = bench()
+    from pacs_fast.learner.flops import shape_of
+
+    h100 = 80 * 2**30
+    big = shape_of(mod._config(mod.SHAPES["qwen2.5-1.5b"], 151936), 2)
+    plan = lambda spec, dense=False: mod.plan(big, *mod.lengths_for(spec, 0, False), 256, h100, dense)  # noqa: E731
+    ckpt, budget, pred, why = plan("4k")
+    assert not ckpt and why is None and budget >= 2 * (256 + 4096) and pred < 0.8 * h100
+    ckpt, budget, pred, why = plan("32k")
+    assert ckpt and why is None and budget >= 2 * (256 + 32768)
+    assert plan("32k", dense=True)[3].startswith("not run: ")  # its [S, S] masks alone are ~100 GiB
+    assert plan("4k", dense=True)[3] is None

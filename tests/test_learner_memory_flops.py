@@ -1,0 +1,96 @@
+"""The learner's memory model (pacs_fast/trainer/preflight.py) and FLOP count (pacs_fast/learner/flops.py)
+against hand computations on a tiny shape; the preflight refuses a micro-batch that cannot fit and
+accepts one that can (issue 38, items 3-4)."""
+import json
+
+import pytest
+
+from pacs_fast.config import load_config
+from pacs_fast.learner import flops
+from pacs_fast.trainer import preflight
+from pacs_fast.trainer.preflight import GiB
+
+TINY = {"vocab": 100, "hidden": 8, "layers": 2, "heads": 2, "kv_heads": 1, "head_dim": 4, "intermediate": 16,
+        "bytes": 2}
+QWEN05 = {"vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+          "num_key_value_heads": 2, "intermediate_size": 4864, "model_type": "qwen2"}
+
+
+def test_activation_bytes_per_token_by_hand():
+    # one layer: norms 2 (4 + 2) 8 = 96; q k v, out, o_proj input 2 (3*8 + 2*4) = 64; MLP 4*2*16 = 128; lse 4*2 = 8
+    layer = 96 + 64 + 128 + 8
+    final = (4 + 2) * 8
+    assert preflight.activation_bytes_per_token(TINY) == 2 * layer + final
+    assert preflight.activation_bytes_per_token(TINY, recompute=True) == 2 * 2 * 8 + layer + final
+    assert preflight.activation_bytes_per_token(TINY, tp=2) == 2 * (96 + (64 + 128 + 8) / 2) + final
+    # eager attention keeps a S (4 + b) more per token per layer
+    assert preflight.activation_bytes_per_token(TINY, attention="eager", longest=10) == 2 * (layer + 2 * 10 * 6) + final
+    assert preflight.dense_mask_bytes(TINY, 25, 10) == 3 * 100 * (1 + 2 * 2)
+
+
+def test_update_flops_by_hand_and_against_the_model():
+    # P_layers = 2 (8 (8 + 2*4) + 8*8 + 3*8*16) = 1152
+    assert flops.layer_params(TINY) == 1152
+    f = flops.update_flops(TINY, [3, 5], head_tokens=4)
+    assert f == {"dense": 6 * 1152 * 8, "head": 6 * 100 * 8 * 4, "attention": 6 * 2 * 8 * (9 + 25),
+                 "total": 6 * 1152 * 8 + 6 * 100 * 8 * 4 + 6 * 2 * 8 * 34}
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf = AutoConfig.for_model(**{**QWEN05, "vocab_size": 1000})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    matmul = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
+    assert flops.layer_params(flops.shape_of(hf)) == matmul
+    assert flops.peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and flops.peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert flops.peak_flops("NVIDIA H200") == 989e12 and flops.peak_flops("cpu") is None
+    assert flops.mfu(989e12, 2.0, 989e12) == 0.5 and flops.mfu(1.0, 1.0, None) is None
+
+
+def qwen_cfg(tmp_path, *overrides):
+    folder = tmp_path / "q05"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(QWEN05))
+    return load_config(None, [f"model.path={folder}", "data.dataset=math500", "model.dtype=bfloat16", "rollout.n=8",
+                              "rollout.max_new_tokens=4096", *overrides])
+
+
+def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
+    cfg = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=16384")
+    shape = preflight.model_shape(cfg)
+    mem = preflight.learner_memory(cfg, device="cuda")
+    w = preflight.model_params(shape) * 2
+    per = preflight.activation_bytes_per_token(shape)
+    ws = (512 << 20) + 12 * -(-151936 // 128) * 16384 + 2 * 16384 * 896 * 2
+    assert mem == {"weights": w, "gradients": w, "optimizer": 2 * w, "activations": int(16384 * per),
+                   "tokens": 16384, "per_token": per, "workspace": ws, "total": 4 * w + int(16384 * per) + ws}
+    preflight.print_learner_memory(cfg, available=80 * GiB)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("learner memory per process") and [x.split()[0] for x in out[1:]] == [
+        "weights", "gradients", "optimizer", "activations", "workspace", "total"]
+    # no budget: learner.micro_batch_prompts=32 groups x 8 rows x (512 + 4096) tokens; the shared prefix runs once
+    nob = qwen_cfg(tmp_path, "learner.packing=on")
+    assert preflight.learner_memory(nob)["tokens"] == 32 * 8 * 4608
+    assert preflight.group_tokens(qwen_cfg(tmp_path)) == 512 + 8 * 4096
+
+
+def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_path):
+    big = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=200000")
+    with pytest.raises(ValueError, match=r"^learner.max_tokens_per_micro_batch=200000 cannot fit in the learner: "
+                                         r"with model.gradient_checkpointing=False, 1\d{3} KiB of activations per "
+                                         r"token x 200,000 tokens = 2\d\d\.\d GiB .* lower the budget"):
+        preflight.check_memory(big, available=80 * GiB)
+    preflight.check_memory(qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=32768"), available=80 * GiB)
+    preflight.check_memory(qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=200000",
+                                    "model.gradient_checkpointing=true"), available=80 * GiB)
+    # no budget: a single group of full-length rows is the floor
+    group = qwen_cfg(tmp_path, "rollout.n=64", "rollout.max_new_tokens=16384", "learner.packing=on",
+                     "rollout.engine=vllm")
+    with pytest.raises(ValueError, match=r"^one group of rollout.n=64 full-length rows .*1,081,344 tokens"):
+        preflight.check_memory(group, available=80 * GiB)
+    nob = qwen_cfg(tmp_path)  # one group fits; 32 of them may not: a warning line, not a refusal
+    preflight.check_memory(nob, available=80 * GiB)
+    (line,) = preflight.memory_warnings(nob, available=80 * GiB)
+    assert "set learner.max_tokens_per_micro_batch (about" in line
+    assert preflight.memory_warnings(qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=32768"),
+                                     available=80 * GiB) == []

@@ -1,0 +1,179 @@
+"""The megatron learner's packed rows in THD layout (issue 38) and its fused off-policy correction,
+on CPU / gloo under ``torchrun --nproc_per_node 2`` (tests/megatron_thd_worker.py).
+
+- THD (one row, ``PackedSeqParams`` with ``cu_seqlens``, megatron's per-sequence RoPE, the varlen
+  core attention of :mod:`pacs_fast.learner.megatron.core_attention`) vs the dense block-diagonal
+  mask vs padded rows, at TP = 1 and TP = 2, a GQA model (4 / 2 heads, 2 / 1 per rank at TP = 2),
+  rows of 1 to 300 tokens with left padding and (TP = 2) rows up to ~1.4k tokens: log-probs,
+  entropies, the loss and every parameter's gradient agree per sequence to 1e-5 (fp32); no attention
+  call of the THD forward takes the dense ``[S, S]`` path.
+- Fused correction, TP = 2 and TP = 1 x DP = 2 (full batches: the first mini-batch's values gathered
+  over the data-parallel ranks): the update's own first forward gives the separate pass's old
+  log-probs, entropies and importance weights, and the same update, forwarding the first mini-batch's
+  rows once instead of twice.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import draw_seed
+
+pytest.importorskip("megatron.core", reason="needs megatron-core")
+pytest.importorskip("transformers")
+
+pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
+
+WORKER = Path(__file__).with_name("megatron_thd_worker.py")
+VOCAB = 250  # odd for TP = 2: the padded vocabulary row must not count
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rows(gen, lengths, vocab, *, left_pad: bool):
+    """``[B, T]`` ids / attention / response masks: optional left padding, a prompt of 1-12 tokens,
+    the response, right padding (the rollout layout)."""
+    B = len(lengths)
+    pads = [int(torch.randint(0, 4, (), generator=gen)) if left_pad else 0 for _ in lengths]
+    T = max(p + n for p, n in zip(pads, lengths))
+    ids = torch.zeros(B, T, dtype=torch.long)
+    am = torch.zeros(B, T, dtype=torch.long)
+    rm = torch.zeros(B, T)
+    for b, (p, n) in enumerate(zip(pads, lengths)):
+        prompt = min(n, 1 + int(torch.randint(0, 12, (), generator=gen)))
+        ids[b, p:p + n] = torch.randint(3, vocab, (n,), generator=gen)
+        am[b, p:p + n] = 1
+        rm[b, p + prompt:p + n] = 1
+    return ids, am, rm
+
+
+def _forward_batch(gen, lengths, *, tp, modes):
+    ids, am, rm = _rows(gen, lengths, VOCAB, left_pad=True)
+    B = len(lengths)
+    return {"input_ids": ids, "attention_mask": am, "response_mask": rm, "group_size": 4,
+            "rewards": (torch.rand(B, generator=gen) < 0.5).float(),
+            "logp_ref": -3 * torch.rand(B, ids.shape[1], generator=gen) * rm, "tp": tp, "modes": modes}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from transformers import Qwen2ForCausalLM
+
+    from pacs_fast.data.tiny import make_tiny_model, tiny_qwen2_config
+
+    wd = tmp_path_factory.mktemp("megatron_thd")
+    seed = draw_seed()
+    print(f"seed={seed}")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        Qwen2ForCausalLM(tiny_qwen2_config(VOCAB, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                                           intermediate_size=256, max_positions=2048)).save_pretrained(wd / "qwen")
+    batches = {"uneven": _forward_batch(gen, [1, 300, 7, 45, 2, 180, 33, 120], tp=(1, 2),
+                                        modes=("padded", "dense", "thd")),
+               "long": _forward_batch(gen, [1400, 5, 230, 64], tp=(2,), modes=("dense", "thd"))}
+    lengths = [int(x) for x in torch.randint(14, 48, (16,), generator=gen)]  # >= 2 response tokens each
+    lids, lam, lrm = _rows(gen, lengths, 128, left_pad=False)
+    noise = 0.4 * torch.randn(lrm.shape, generator=gen)
+    noise[0] = -noise[0].abs() - 0.2  # row 0's weights exceed the cap: some are truncated
+    learner = {
+        "model": str(make_tiny_model(wd / "tiny", seed=seed % 1000, tie_word_embeddings=False)),
+        "horizon": lids.shape[1], "seed": seed % 1000, "noise": noise,
+        "algo": {"name": "pacs", "beta": 1.0, "score": "rloo", "weight": "question", "entropy_coef": 0.01},
+        # two mini-batches x two epochs: the first mini-batch's weights from its forwards, the rest from
+        # the no-grad pass, both kept for the second epoch; eps 1e-3 as tests/test_megatron_tp.py
+        "learner": {"lr": 1e-3, "eps": 1e-3, "grad_clip": 1.0, "mini_batch_prompts": 2, "micro_batch_prompts": 1,
+                    "epochs": 2, "logprob_backend": "torch", "packing": "on"},
+        "batch": {"input_ids": lids, "attention_mask": lam, "response_mask": lrm,
+                  "rewards": (torch.rand(16, generator=gen) < 0.5).float(), "group_size": 4},
+    }
+    inputs = {"model": str(wd / "qwen"), "batches": batches, "learner": learner}
+    torch.save(inputs, wd / "inputs.pt")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+           str(WORKER), "--workdir", str(wd)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    if proc.returncode != 0:
+        pytest.fail(f"megatron THD worker failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")
+    return inputs, torch.load(wd / "results.pt")
+
+
+def _close(a, b, rel):
+    """``a`` within ``rel`` of ``b``'s largest magnitude (entries near 0 carry the absolute part)."""
+    return float((a - b).abs().max()) <= rel * max(float(b.abs().max()), 1e-12)
+
+
+def _per_sequence_close(a, b, mask, rel):
+    """Every row's response values within ``rel`` of that row's largest magnitude."""
+    return all(_close(a[i][mask[i]], b[i][mask[i]], rel) for i in range(mask.shape[0]) if mask[i].any())
+
+
+@pytest.mark.parametrize("tp, batch, ref", [(1, "uneven", "padded"), (1, "uneven", "dense"),
+                                            (2, "uneven", "padded"), (2, "uneven", "dense"), (2, "long", "dense")])
+def test_thd_equals_dense_mask_and_padded(run, tp, batch, ref):
+    inputs, res = run
+    thd, base = res[f"forward/tp{tp}/{batch}/thd"], res[f"forward/tp{tp}/{batch}/{ref}"]
+    m = inputs["batches"][batch]["response_mask"] > 0
+    assert bool((base["ent"][m] > 0).all())  # a live entropy on every response token
+    assert not thd["logp"][~m].any() and not thd["ent"][~m].any()  # nothing computed outside the response
+    assert _per_sequence_close(thd["logp"], base["logp"], m, 1e-5)
+    assert _per_sequence_close(thd["ent"], base["ent"], m, 1e-5)
+    assert abs(float(thd["loss"] - base["loss"])) <= 1e-5 * abs(float(base["loss"]))
+    assert thd["grads"].keys() == base["grads"].keys() and len(base["grads"]) > 10
+    for name, g in base["grads"].items():
+        assert g.abs().max() > 0, name
+        assert _close(thd["grads"][name], g, 1e-5), name
+    # THD never takes the [S, S] path; the others do, once per layer
+    assert thd["dense_calls"] == 0 and base["dense_calls"] == 2
+
+
+def test_thd_refuses_attention_dropout(run):
+    _, res = run
+    assert "attention dropout" in res["dropout_error"] and "packed_attention=dense" in res["dropout_error"]
+
+
+def test_packed_attention_setting_is_checked():
+    from pacs_fast.learner.megatron.forward import token_logprobs
+
+    ids = torch.ones(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="packed_attention must be one of"):
+        token_logprobs(None, ids, torch.ones_like(ids), vocab_size=8, packing="on", packed_attention="flash")
+
+
+@pytest.mark.parametrize("tp", [2, 1])
+def test_fused_correction_equals_a_separate_pass(run, tp):
+    """update(correct=...) with old_logp None: the weights come from the update's own first forward
+    (and the no-grad pass for the later mini-batch) and match those of a separate pass before it; so
+    do the old log-probs, the entropies, the metrics and the updated weights (the two forwards differ
+    at most by float32 summation order)."""
+    _, res = run
+    sep, fus = res[f"learner/tp{tp}/separate"], res[f"learner/tp{tp}/fused"]
+    assert fus["flags"] == (True, True) and fus["ref_is_old"]
+    resp = sep["kept_mask"] > 0
+    w = sep["is_weights"][resp]
+    assert float(w.std()) > 0.01 and bool((w == 1.2).any())  # spread, some truncated: non-trivial
+    assert torch.allclose(fus["is_weights"], sep["is_weights"], atol=1e-5)
+    assert torch.equal(fus["kept_mask"], sep["kept_mask"])
+    assert torch.allclose(fus["old_logp"], sep["old_logp"], atol=1e-5)
+    assert torch.allclose(fus["old_entropy"], sep["old_entropy"], atol=1e-5)
+    assert fus["metrics"].keys() == sep["metrics"].keys()
+    for k, v in sep["metrics"].items():
+        assert fus["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    # two Adam steps per epoch on gradients equal up to rounding: 1e-4 of lr plus 2 ulp of the weight
+    lr, ulp = run[0]["learner"]["learner"]["lr"], torch.finfo(torch.float32).eps
+    for name, t in sep["weights"].items():
+        assert float((fus["weights"][name] - t).abs().max()) <= 1e-4 * lr + 2 * ulp * float(t.abs().max()), name
+    # no wasted forward: the fused update skips exactly the first mini-batch's rows (this rank's share)
+    spec = run[0]["learner"]
+    first = spec["learner"]["mini_batch_prompts"] * spec["batch"]["group_size"] // fus["dp"]
+    assert fus["rows_run"] == sep["rows_run"] - first
