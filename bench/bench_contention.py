@@ -2,13 +2,13 @@
 OpenMP wait policies, as a user who runs eval beside training (or two experiments) meets it.
 
     python bench/bench_contention.py                       # 20 steps per run, 2 rounds
-    python bench/bench_contention.py --steps 12 --rounds 1 --policies default,PASSIVE
+    python bench/bench_contention.py --steps 12 --rounds 2 --policies default,spin10000,spin1000,PASSIVE
 
 Each cell is the median ``time/step`` of a run's steps (the first step left out) in seconds; the
-side-by-side cell is the slower of the two runs. ``default`` leaves ``OMP_WAIT_POLICY`` unset in the
-child's environment *and* tells the trainer not to set it (``PACS_FAST_OMP_WAIT_POLICY=keep``), so it is
-libgomp's own default (spin ~300k iterations at every barrier before sleeping); ``PASSIVE`` sleeps at
-once. Policies alternate within each round (A/B, B/A), medians over rounds. The built-in model's
+side-by-side cell is the slower of the two runs. Every cell tells the trainer to set nothing itself
+(``PACS_FAST_OMP_WAIT_POLICY=keep``): ``default`` is libgomp's own (spin ~300k iterations at every
+barrier before sleeping), ``spinN`` sets ``GOMP_SPINCOUNT=N`` (the trainer's default is 10000,
+pacs_fast/openmp.py), ``PASSIVE`` sleeps at once. Policies alternate within each round (A/B, B/A), medians over rounds. The built-in model's
 warm-up is built once first (cached) so that no run includes it.
 """
 from __future__ import annotations
@@ -28,10 +28,13 @@ QUIET = ["train.progress=false", "train.tensorboard=false", "train.plots=false",
 
 
 def _env(policy: str) -> dict:
+    """``default``: libgomp's own; ``PASSIVE`` / ``ACTIVE``: OMP_WAIT_POLICY; ``spinN``: GOMP_SPINCOUNT=N
+    (idle threads spin N iterations, then sleep; libgomp's default is 300,000)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    if policy == "default":
-        env["PACS_FAST_OMP_WAIT_POLICY"] = "keep"
-    else:
+    env["PACS_FAST_OMP_WAIT_POLICY"] = "keep"  # the trainer sets nothing itself: the cell's setting alone
+    if policy.startswith("spin"):
+        env["GOMP_SPINCOUNT"] = policy[4:]
+    elif policy != "default":
         env["OMP_WAIT_POLICY"] = policy
     return env
 
@@ -45,7 +48,7 @@ def _launch(out: Path, name: str, steps: int, cache: Path, policy: str) -> subpr
 def _step_time(run: Path) -> float:
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     times = [r["time/step"] for r in recs if r.get("kind") == "train"][1:]
-    return statistics.median(times)
+    return statistics.median(times) if times else float("nan")
 
 
 def measure(out: Path, steps: int, cache: Path, policy: str, together: int, tag: str) -> float:
@@ -77,7 +80,7 @@ def main(argv=None) -> None:
                     t = measure(out, a.steps, cache, policy, together, f"r{r}-{policy}-{together}")
                     cells.setdefault((policy, together), []).append(t)
                     print(f"round {r}: {policy:8s} x{together}: {t:.3f} s/step", flush=True)
-    print(f"\n| OMP_WAIT_POLICY | one run (s/step) | two side by side (s/step, slower run) | slowdown |")
+    print(f"\n| setting | one run (s/step) | two side by side (s/step, slower run) | slowdown |")
     print("|---|---:|---:|---:|")
     for policy in policies:
         one, two = statistics.median(cells[(policy, 1)]), statistics.median(cells[(policy, 2)])

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from pacs_fast.openmp import quiet_openmp_waits
 
-quiet_openmp_waits()  # before torch loads: idle OpenMP threads sleep instead of spinning (pacs_fast/openmp.py)
+quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, then sleep (pacs_fast/openmp.py)
 
 from pacs_fast.config import ATTENTIONS  # noqa: E402
 from pacs_fast.data.datasets import BENCHMARKS, Problem, load_benchmark, load_dataset

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from pacs_fast.openmp import quiet_openmp_waits
 
-quiet_openmp_waits()  # before torch loads: idle OpenMP threads sleep instead of spinning (pacs_fast/openmp.py)
+quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, then sleep (pacs_fast/openmp.py)
 
 from pacs_fast.config import help_text, load_config, validate  # noqa: E402
 from pacs_fast.trainer.run_folder import claim_run_dir, resume_config  # noqa: E402
