@@ -61,15 +61,23 @@ def test_the_cli_refuses_before_loading(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "r").exists() or not any(p.name != ".run.lock" for p in (tmp_path / "r").iterdir())
 
 
-def test_a_run_reaches_every_tracker_and_its_resume_continues_them(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+def _train(args, tmp_path):
+    """The CLI in a subprocess: trackio reads TRACKIO_DIR when it is first imported."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WANDB_MODE": "offline", "TRACKIO_DIR": str(tmp_path / "trackio"), "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run([sys.executable, "-m", "pacs_fast.train", *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_run_reaches_every_tracker_and_its_resume_continues_them(tmp_path, monkeypatch):
     common = TINY + [f"warmup.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path}", "train.run_name=r",
                      "train.steps=2", "train.eval_every=1", "train.save_every=1", "train.log_samples=2",
                      "train.loggers=[tensorboard,wandb,mlflow,trackio]", "train.project=pf-test"]
-    code, _, err = cli(common, capsys)
-    assert code == 0, err
+    _train(common, tmp_path)
     run = tmp_path / "r"
     ids = json.loads((run / "trackers.json").read_text())
     assert set(ids) == {"wandb", "mlflow", "trackio"}
@@ -85,6 +93,7 @@ def test_a_run_reaches_every_tracker_and_its_resume_continues_them(tmp_path, cap
     assert {p.name.split("_")[0] for p in (media / "images" / "plots").glob("*.png")} == {"curves", "calibration"}
     # MLflow: the file store in the run folder, every step's metric, the config as params, samples tables
     import mlflow
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # reading the run folder's file store (as the run did)
     client = mlflow.MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
     history = client.get_metric_history(ids["mlflow"], "train/reward/mean")
     assert [m.step for m in history] == [1, 2]
@@ -100,8 +109,7 @@ def test_a_run_reaches_every_tracker_and_its_resume_continues_them(tmp_path, cap
         n = con.execute("select count(*) from metrics").fetchone()[0]
     assert n >= 2
     # resume two more steps: the same tracker runs continue
-    code, _, err = cli(["--resume", str(run), "train.steps=3"], capsys)
-    assert code == 0, err
+    _train(["--resume", str(run), "train.steps=3"], tmp_path)
     assert json.loads((run / "trackers.json").read_text()) == ids
     history = client.get_metric_history(ids["mlflow"], "train/reward/mean")
     assert [m.step for m in history] == [1, 2, 3]
