@@ -47,6 +47,51 @@ def _check_clip(fn, clip_low, clip_high, clip_c):
     return clip_low, clip_high, clip_c
 
 
+def check_policy_inputs(fn: str, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, logp_ref,
+                        kl_coef, kl_estimator, kl_clamp, horizon, global_count, check_finite):
+    """The checks every clipped / importance-weighted policy loss makes (policy_loss, GSPO, CISPO):
+    shapes and dtypes of ``logp`` / ``old_logp`` / ``advantages`` / ``mask`` / ``token_weights``, the
+    aggregation, the KL penalty's settings, and (``check_finite``) NaN / Inf at unmasked positions.
+    ValueError names ``fn`` and the argument. Returns ``(kl_coef, kl_clamp, horizon, global_count)``
+    as floats (or None)."""
+    check_tensor(fn, "logp", logp, ndim=2, floating=True)
+    check_tensor(fn, "old_logp", old_logp, floating=True)
+    check_same_shape(fn, "old_logp", old_logp, "logp", logp)
+    check_tensor(fn, "advantages", advantages, ndim=(1, 2), floating=True)
+    if advantages.dim() == 1 and advantages.shape[0] != logp.shape[0]:
+        raise ValueError(f"{fn}: advantages has {advantages.shape[0]} entries but logp has "
+                         f"{logp.shape[0]} rows")
+    if advantages.dim() == 2:
+        check_same_shape(fn, "advantages", advantages, "logp", logp)
+    if mask is not None:
+        check_mask(fn, mask, logp, "logp")
+    if token_weights is not None:
+        check_tensor(fn, "token_weights", token_weights, floating=True)
+        check_same_shape(fn, "token_weights", token_weights, "logp", logp)
+    check_choice(fn, "loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    kl_coef = check_real(fn, "kl_coef", kl_coef)
+    check_choice(fn, "kl_estimator", kl_estimator, KL_ESTIMATORS)
+    if kl_coef != 0:
+        if logp_ref is None:
+            raise ValueError(f"{fn}: logp_ref is required when kl_coef != 0")
+        check_tensor(fn, "logp_ref", logp_ref, floating=True)
+        check_same_shape(fn, "logp_ref", logp_ref, "logp", logp)
+    if kl_clamp is not None:
+        kl_clamp = check_real(fn, "kl_clamp", kl_clamp, positive=True)
+    if horizon is not None:
+        horizon = check_real(fn, "horizon", horizon, positive=True)
+    if global_count is not None:
+        global_count = check_real(fn, "global_count", global_count, nonneg=True)
+    if check_finite:
+        where = mask_nonzero(mask)
+        check_finite_values(fn, "logp", logp, where)
+        check_finite_values(fn, "old_logp", old_logp, where)
+        check_finite_values(fn, "advantages", advantages, where if advantages.dim() == 2 else None)
+        if kl_coef != 0:
+            check_finite_values(fn, "logp_ref", logp_ref, where)
+    return kl_coef, kl_clamp, horizon, global_count
+
+
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor | None, *, clip_low: float = 0.2, clip_high: float | None = None,
                 clip_c: float | None = 3.0, loss_agg_mode: str = "token-mean",
@@ -88,42 +133,10 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         ``kl`` (mean KL penalty) when the penalty is on.
     """
     fn = "policy_loss"
-    check_tensor(fn, "logp", logp, ndim=2, floating=True)
-    check_tensor(fn, "old_logp", old_logp, floating=True)
-    check_same_shape(fn, "old_logp", old_logp, "logp", logp)
-    check_tensor(fn, "advantages", advantages, ndim=(1, 2), floating=True)
-    if advantages.dim() == 1 and advantages.shape[0] != logp.shape[0]:
-        raise ValueError(f"{fn}: advantages has {advantages.shape[0]} entries but logp has "
-                         f"{logp.shape[0]} rows")
-    if advantages.dim() == 2:
-        check_same_shape(fn, "advantages", advantages, "logp", logp)
-    if mask is not None:
-        check_mask(fn, mask, logp, "logp")
-    if token_weights is not None:
-        check_tensor(fn, "token_weights", token_weights, floating=True)
-        check_same_shape(fn, "token_weights", token_weights, "logp", logp)
-    check_choice(fn, "loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    kl_coef, kl_clamp, horizon, global_count = check_policy_inputs(
+        fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, logp_ref, kl_coef, kl_estimator,
+        kl_clamp, horizon, global_count, check_finite)
     clip_low, clip_high, clip_c = _check_clip(fn, clip_low, clip_high, clip_c)
-    kl_coef = check_real(fn, "kl_coef", kl_coef)
-    check_choice(fn, "kl_estimator", kl_estimator, KL_ESTIMATORS)
-    if kl_coef != 0:
-        if logp_ref is None:
-            raise ValueError(f"{fn}: logp_ref is required when kl_coef != 0")
-        check_tensor(fn, "logp_ref", logp_ref, floating=True)
-        check_same_shape(fn, "logp_ref", logp_ref, "logp", logp)
-    if kl_clamp is not None:
-        kl_clamp = check_real(fn, "kl_clamp", kl_clamp, positive=True)
-    if horizon is not None:
-        horizon = check_real(fn, "horizon", horizon, positive=True)
-    if global_count is not None:
-        global_count = check_real(fn, "global_count", global_count, nonneg=True)
-    if check_finite:
-        where = mask_nonzero(mask)
-        check_finite_values(fn, "logp", logp, where)
-        check_finite_values(fn, "old_logp", old_logp, where)
-        check_finite_values(fn, "advantages", advantages, where if advantages.dim() == 2 else None)
-        if kl_coef != 0:
-            check_finite_values(fn, "logp_ref", logp_ref, where)
 
     dtype = compute_dtype(logp)
     adv = advantages.detach().to(dtype)

@@ -41,19 +41,10 @@ from __future__ import annotations
 
 import torch
 
-from pacs_fast.algorithms._checks import (
-    check_choice,
-    check_finite_values,
-    check_mask,
-    check_real,
-    check_same_shape,
-    check_tensor,
-    compute_dtype,
-    mask_nonzero,
-    mask_select,
-)
-from pacs_fast.algorithms.aggregation import LOSS_AGG_MODES, _aggregate, masked_mean
-from pacs_fast.algorithms.kl import KL_ESTIMATORS, _kl_penalty
+from pacs_fast.algorithms._checks import check_real, compute_dtype, mask_select
+from pacs_fast.algorithms.aggregation import _aggregate, masked_mean
+from pacs_fast.algorithms.kl import _kl_penalty
+from pacs_fast.algorithms.policy_loss import check_policy_inputs
 
 #: (clip_low, clip_high) defaults: GSPO's paper (section 5.1), verl's CISPO recipe (module docstring)
 GSPO_CLIP = (3e-4, 4e-4)
@@ -64,40 +55,13 @@ CISPO_LOG_RATIO_CLAMP = 20.0
 
 def _check(fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, clip_low, clip_high,
            horizon, global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite):
-    check_tensor(fn, "logp", logp, ndim=2, floating=True)
-    check_tensor(fn, "old_logp", old_logp, floating=True)
-    check_same_shape(fn, "old_logp", old_logp, "logp", logp)
-    check_tensor(fn, "advantages", advantages, ndim=(1, 2), floating=True)
-    if advantages.dim() == 1 and advantages.shape[0] != logp.shape[0]:
-        raise ValueError(f"{fn}: advantages has {advantages.shape[0]} entries but logp has {logp.shape[0]} rows")
-    if advantages.dim() == 2:
-        check_same_shape(fn, "advantages", advantages, "logp", logp)
-    if mask is not None:
-        check_mask(fn, mask, logp, "logp")
-    if token_weights is not None:
-        check_tensor(fn, "token_weights", token_weights, floating=True)
-        check_same_shape(fn, "token_weights", token_weights, "logp", logp)
-    check_choice(fn, "loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    """policy_loss's input checks (:func:`~pacs_fast.algorithms.policy_loss.check_policy_inputs`) and
+    the two clip ranges (>= 0; no dual clip here)."""
+    kl_coef, kl_clamp, horizon, global_count = check_policy_inputs(
+        fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, logp_ref, kl_coef, kl_estimator,
+        kl_clamp, horizon, global_count, check_finite)
     clip_low = check_real(fn, "clip_low", clip_low, nonneg=True)
     clip_high = check_real(fn, "clip_high", clip_high, nonneg=True)
-    kl_coef = check_real(fn, "kl_coef", kl_coef)
-    check_choice(fn, "kl_estimator", kl_estimator, KL_ESTIMATORS)
-    if kl_coef != 0:
-        if logp_ref is None:
-            raise ValueError(f"{fn}: logp_ref is required when kl_coef != 0")
-        check_tensor(fn, "logp_ref", logp_ref, floating=True)
-        check_same_shape(fn, "logp_ref", logp_ref, "logp", logp)
-    if kl_clamp is not None:
-        kl_clamp = check_real(fn, "kl_clamp", kl_clamp, positive=True)
-    if horizon is not None:
-        horizon = check_real(fn, "horizon", horizon, positive=True)
-    if global_count is not None:
-        global_count = check_real(fn, "global_count", global_count, nonneg=True)
-    if check_finite:
-        where = mask_nonzero(mask)
-        for name, t in (("logp", logp), ("old_logp", old_logp)) + ((("logp_ref", logp_ref),) if kl_coef else ()):
-            check_finite_values(fn, name, t, where)
-        check_finite_values(fn, "advantages", advantages, where if advantages.dim() == 2 else None)
     return clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count
 
 
