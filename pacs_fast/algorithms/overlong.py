@@ -19,8 +19,8 @@ The baselines get ``R + penalty`` unclipped, as verl's DAPO recipe (their advant
 of rewards, any real value works).
 
 **Dropping responses from PACS's groups** (``learner.mask_truncated``): :func:`loss_over_members`
-scores each group over the members it has left, as :func:`pacs_fast.integrations.trl.loss_over_members`
-does for TRL's ``mask_truncated_completions`` (a removed row has no label, no class weight and no
+scores each group over the members it has left, the semantics the TRL adapter (which calls it) gives
+TRL's ``mask_truncated_completions`` (a removed row has no label, no class weight and no
 part in its group's score; a group left with fewer than ``min_members`` drops out).
 """
 from __future__ import annotations

@@ -54,6 +54,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("pacs_fast.integrations.trl needs TRL (tested with trl==1.16.0): "
                       "pip install 'pacs_fast[trl]' 'torch==2.13.0'") from e
 
+from pacs_fast.algorithms.overlong import loss_over_members as _loss_over_members
 from pacs_fast.algorithms.pacs import BACKENDS, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
 from pacs_fast.integrations._groups import check_whole_groups, pacs_metrics
 from pacs_fast.ops.linear_logprobs import linear_logprobs
@@ -215,26 +216,11 @@ def loss_over_members(loss_fn, logp, logp_ref, mask, rewards, group_size: int, v
     fewer than ``min_members`` (2 for the rloo / grpo scores) drops out; the loss is the mean over
     the rows that remain (the paper's 1/B with B = those rows), 0 with a graph when none does.
     ``terms`` are full-size, NaN on the rows that left. Returns ``(loss, terms)``."""
-    B = logp.shape[0]
-    members = valid.view(B // group_size, group_size)
-    counts = members.sum(dim=1)
-    total, rows = logp.sum() * 0.0, 0
-    terms: dict = {}
-    for k in sorted(set(counts.tolist())):
-        if k < min_members:
-            continue
-        idx = (members & (counts == k)[:, None]).reshape(-1).nonzero().squeeze(1)
-        loss_k, terms_k = loss_fn(logp[idx], logp_ref[idx], mask[idx], rewards[idx], k)
-        total = total + loss_k * idx.numel()
-        rows += idx.numel()
-        for name, value in terms_k.items():
-            if isinstance(value, torch.Tensor) and value.shape[:1] == (idx.numel(),):
-                full = terms.setdefault(name, torch.full((B, *value.shape[1:]), float("nan"), dtype=value.dtype,
-                                                         device=value.device))
-                full[idx] = value.detach()
+    total, terms, rows = _loss_over_members(
+        lambda idx, k: loss_fn(logp[idx], logp_ref[idx], mask[idx], rewards[idx], k), valid, group_size, min_members)
     for name in ("score", "pred_reward", "proxy"):
-        terms.setdefault(name, torch.full((B,), float("nan"), device=logp.device))
-    return (total / rows if rows else total), terms
+        terms.setdefault(name, torch.full((logp.shape[0],), float("nan"), device=logp.device))
+    return (total / rows if rows else logp.sum() * 0.0), terms
 
 
 def _shuffle_whole_groups(batch: dict, group_size: int) -> dict:
