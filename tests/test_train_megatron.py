@@ -167,6 +167,9 @@ def test_two_data_parallel_ranks_reproduce_one_process(tmp_path):
     one, two = (deterministic_view(read_jsonl(tmp_path / name / "metrics.jsonl")) for name in ("one", "two"))
     assert [(r["kind"], r["step"]) for r in one] == [(r["kind"], r["step"]) for r in two]
     assert [r["kind"] for r in one].count("train") == 2
+    # the layout that ran: two data-parallel groups each generated its share, against one
+    assert {r["rollout/generating_ranks"] for r in two if r["kind"] == "train"} == {2}
+    assert {r["rollout/generating_ranks"] for r in one if r["kind"] == "train"} == {1}
     for a, b in zip(one, two):
         exact = [k for k in a if k.startswith(("reward/", "eval/", "length/", "response/")) or k == "kind"]
         assert {k: a[k] for k in exact} == {k: b.get(k) for k in exact}, (a["kind"], a["step"])
