@@ -377,12 +377,13 @@ def test_fused_correction_refuses_rejection_and_a_given_old_logp(tiny, seed):
         learner.update(prepare(learner, random_batch(seed)), seed=0, correct=_correct_with("sequence", 2.0))
 
 
-@pytest.mark.parametrize("rs", ["none", "sequence"])
-def test_learn_fuses_the_correction_at_temperature_one_without_rejection(tiny, seed, rs):
+@pytest.mark.parametrize("rs,fused", [("none", "true"), ("sequence", "true"), ("none", "false")])
+def test_learn_fuses_the_correction_at_temperature_one_without_rejection(tiny, seed, rs, fused):
     """trainer.step.learn: with correction.is_level on, temperature 1 and no rejection, the update
     corrects from its own forward (no compute_logprobs before it); with rejection on (bounds so wide
-    that nothing is rejected) the separate pass runs. Either way the batch ends with the weights of
-    its old log-probs and the record's metrics are theirs (1e-6: the same float32 numbers)."""
+    that nothing is rejected), or with correction.fused=false, the separate pass runs. Either way the
+    batch ends with the weights of its old log-probs and the record's metrics are theirs (1e-6: the
+    same float32 numbers); ``correction/fused`` says which pass ran."""
     from types import SimpleNamespace
 
     from pacs_fast.algorithms.off_policy import off_policy_correction
@@ -390,7 +391,7 @@ def test_learn_fuses_the_correction_at_temperature_one_without_rejection(tiny, s
     from pacs_fast.trainer.step import learn
 
     cfg = load_config(None, ["correction.is_level=sequence", f"correction.rs_level={rs}", "correction.rs_low=1e-6",
-                             "correction.rs_high=1e6", "learner.mini_batch_prompts=4"])
+                             "correction.rs_high=1e6", "learner.mini_batch_prompts=4", f"correction.fused={fused}"])
     learner = make_learner(fresh(tiny, seed))
     batch = random_batch(seed)
     batch.behaviour_logp = _behaviour(learner, batch, seed)
@@ -399,7 +400,9 @@ def test_learn_fuses_the_correction_at_temperature_one_without_rejection(tiny, s
     learner.compute_logprobs = lambda *a, **k: calls.append(k) or forward(*a, **k)
     comps = [[SimpleNamespace(logprobs=None)] * batch.group_size] * batch.num_groups  # no mismatch metrics
     _, correction = learn(cfg, learner, batch, None, comps, seed=seed, diagnostic=False, timings={})
-    assert len(calls) == (0 if rs == "none" else 1)
+    one_pass = rs == "none" and fused == "true"
+    assert len(calls) == (0 if one_pass else 1)
+    assert correction["correction/fused"] == float(one_pass)
     resp = batch.response_mask > 0
     ref, _, _ = off_policy_correction(batch.old_logp, batch.behaviour_logp, resp, is_level="sequence")
     assert torch.allclose(batch.is_weights[resp], ref[resp], atol=1e-6)

@@ -217,6 +217,9 @@ class CorrectionConfig:
                        "the loss and its denominator; PACS: sequence | geometric | none")
     rs_low: float = _f(0.5, "rejection: a ratio below this is rejected")
     rs_high: float = _f(2.0, "rejection: a ratio above this is rejected")
+    fused: bool = _f(True, "where the learner can (no dropout, rollout.temperature 1, rs_level none), the update "
+                     "takes pi_old from its own first forward; false = one extra no-grad forward before the "
+                     "update (the same weights up to float32 summation order; to cross-check)")
 
 
 @dataclass

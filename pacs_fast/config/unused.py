@@ -49,7 +49,7 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if a.noise_correction == "none":
         out.append((("algo.noise_rho0", "algo.noise_rho1"), "with algo.noise_correction=none"))
     if is_level(cfg) == "none":
-        out.append((("correction.is_cap",), "with correction.is_level resolving to none"))
+        out.append((("correction.is_cap", "correction.fused"), "with correction.is_level resolving to none"))
     if cfg.correction.rs_level == "none":
         out.append((("correction.rs_low", "correction.rs_high"), "with correction.rs_level=none"))
     if cfg.rollout.eval_temperature == 0:

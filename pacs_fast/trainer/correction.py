@@ -49,8 +49,9 @@ def fused_correction(cfg: Config, learner) -> bool:
     """Whether the learner's update computes the correction from its own first forward (no extra
     forward before the update): it fuses the old log-probs, the proximal log-probs are those old
     log-probs (``rollout.temperature`` 1) and nothing is rejected (``rs_level=none``: rejection
-    changes the denominators, which the update needs before its first forward)."""
-    return (correction_on(cfg) and learner.fuses_old_logprobs and learner.fuses_correction
+    changes the denominators, which the update needs before its first forward), unless
+    ``correction.fused`` is false."""
+    return (correction_on(cfg) and cfg.correction.fused and learner.fuses_old_logprobs and learner.fuses_correction
             and cfg.rollout.temperature == 1.0 and cfg.correction.rs_level == "none")
 
 

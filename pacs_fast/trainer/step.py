@@ -89,6 +89,8 @@ def learn(cfg: Config, learner, batch: RolloutBatch, prompt_ids, comps, *, seed:
     timings["time/update"] = time.perf_counter() - t0
     if cfg.rollout.temperature == 1.0:  # the old log-probs are the learner's at temperature 1
         mismatch = logprob_mismatch(learner, batch, prompt_ids, comps, temperature=1.0, extra_forward=False)
+    if correction_on(cfg):  # which pass gave pi_old (correction.fused)
+        correction["correction/fused"] = float(fused)
     return metrics, {**mismatch, **correction}
 
 
