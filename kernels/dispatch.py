@@ -5,7 +5,8 @@ Families, fastest first (``FAMILIES``, also the fallback order): ``"gluon"`` (ke
 warp-specialised, Hopper), ``"tma"`` (kernels/linear_logprobs_tma.py: TMA copies, sm_90 and later),
 ``"tiles"`` (the portable pointer kernels: the tiled forward kernels/linear_logprobs_fwd.py, the finish
 kernel, the pointer dz kernel, the atomic backward); below them the ops layer's chunked PyTorch path
-(pacs_fast/ops/linear_logprobs.py), which catches the tiled kernels' errors.
+(pacs_fast/ops/linear_logprobs.py), which catches the tiled kernels' errors. The other ops' kernels
+(``token_logprobs``, the PACS loss) are one tiled family each with the same fallback to their torch path.
 
 Before a Gluon / TMA kernel is selected (``choose``):
 
@@ -57,6 +58,11 @@ _warned: set = set()  # (family, reason) already warned about
 
 class KernelFallbackWarning(UserWarning):
     """A kernel family could not run; the next one ran instead (one warning per family and reason)."""
+
+
+class KernelFailed(RuntimeError):
+    """An op whose torch path lives in a higher layer (the PACS loss: pacs_fast/algorithms/pacs.py) had its
+    kernel fail (recorded and warned by ``failed``); the caller catches this and runs that path."""
 
 
 def mode() -> str:

@@ -240,8 +240,9 @@ def test_bad_arguments():
     x = torch.randn(4, 10)
     with pytest.raises(ValueError, match="labels"):
         token_logprobs(x, torch.randint(0, 10, (5,)))
-    with pytest.raises(ValueError, match="labels"):
-        token_logprobs(x, torch.tensor([0, 1, 2, 10]))
+    # a label out of range is not checked on the host (no device sync): NaN for its row
+    # (tests/test_kernel_fallback_ops.py: PACS_FAST_DEBUG_CHECKS=1 raises)
+    assert token_logprobs(x, torch.tensor([0, 1, 2, 10]))[3].isnan()
     with pytest.raises(ValueError, match="temperature"):
         token_logprobs(x, torch.zeros(4, dtype=torch.long), temperature=0)
     with pytest.raises(ValueError, match="backend"):

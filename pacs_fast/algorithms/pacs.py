@@ -312,12 +312,16 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
 
         backend = resolve_backend(backend, logp)
     if backend == "triton":
+        from pacs_fast.kernels.dispatch import KernelFailed
         from pacs_fast.ops.pacs_loss import fused_pacs_loss
 
-        return fused_pacs_loss(logp, logp_ref, mask, rewards, group_size=group_size, beta=beta,
-                               score=score, weight_mode=weight_mode, proxy=proxy,
-                               return_terms=return_terms, cu_seqlens=cu_seqlens,
-                               check_finite=False)
+        try:
+            return fused_pacs_loss(logp, logp_ref, mask, rewards, group_size=group_size, beta=beta,
+                                   score=score, weight_mode=weight_mode, proxy=proxy,
+                                   return_terms=return_terms, cu_seqlens=cu_seqlens,
+                                   check_finite=False)
+        except KernelFailed:  # the kernel cannot run here (warned once): the torch path below
+            pass
 
     r = _reward_proxy(logp, logp_ref, mask, beta, proxy, cu_seqlens)
     psi = _group_scores(r, group_size, score, GRPO_EPS)

@@ -142,20 +142,6 @@ FWD_KERNEL = "forward (stats_tiles + finish)"  # kernels/dispatch.py names of th
 BWD_KERNEL = {"chunked": "dlogits (chunked backward)", "atomic": "grad_bwd (atomic backward)"}
 
 
-def _row_masks(labels, ignore_index: int, v_glob: int, check: bool = True):
-    """``(keep, bad)`` ``[N]`` bool on the device, with no host sync: ``keep`` the rows that count (label
-    in ``[0, v_glob)``), ``bad`` those whose label is neither that nor ``ignore_index``. With
-    ``PACS_FAST_DEBUG_CHECKS=1`` (and ``check``) a bad label raises here (one device sync)."""
-    ignored = labels == ignore_index
-    in_range = (labels >= 0) & (labels < v_glob)
-    bad = ~ignored & ~in_range
-    if check and dispatch.debug_checks() and bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
-        raise ValueError(f"labels must be in [0, {v_glob}) or equal ignore_index={ignore_index}: label "
-                         f"{int(labels[i])} at row {i} ({dispatch.DEBUG_ENV} check)")
-    return in_range & ~ignored, bad
-
-
 def _prepare(hidden, keep, inv_t, torch_path: bool):
     """Hidden rows with the rows that do not count zeroed (their NaN / Inf never reach a gradient: their
     ``dz`` is 0 only for finite logits), contiguous; a new tensor (selecting the rows instead would need
@@ -194,7 +180,7 @@ class _LinearLogprobs(torch.autograd.Function):
         backend, triton_backward = backends
         n, v_local = hidden.shape[0], weight.shape[0]
         v_off, v_glob = vp.shard_offset(v_local, group)
-        keep, bad = _row_masks(labels, ignore_index, v_glob)  # no host sync (rows are masked, not dropped)
+        keep, bad = vp.label_masks(labels, ignore_index, v_glob)  # no host sync (rows are masked, not dropped)
         stats = None
         if backend == "triton" and dispatch.broken("tiles", FWD_KERNEL):
             backend = "torch"  # the tiled kernels failed earlier in this process (warned then)
@@ -228,7 +214,7 @@ class _LinearLogprobs(torch.autograd.Function):
     def backward(ctx, g_logp, g_ent):
         hidden, weight, bias, labels, m, log_s, ent = ctx.saved_tensors
         inv_t, ignore_index, entropy, group, backend, triton_backward, chunk_bytes, v_off, v_glob = ctx.cfg
-        keep = _row_masks(labels, ignore_index, v_glob, check=False)[0]
+        keep = vp.label_masks(labels, ignore_index, v_glob, check=False)[0]
         cd = m.dtype
         zeros = torch.zeros((), dtype=cd, device=hidden.device)
         # rows that do not count get no gradient (dense: upstream grads may be expanded views)

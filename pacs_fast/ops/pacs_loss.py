@@ -51,12 +51,35 @@ class _FusedPacsLoss(torch.autograd.Function):
         coef, mask, cu_seqlens = ctx.saved_tensors
         dlogp = None
         if ctx.needs_input_grad[0] and grad_loss is not None:
-            dlogp = _k.pacs_loss_bwd(grad_loss, coef, mask, cu_seqlens, ctx.logp_shape,
-                                     ctx.logp_dtype)
+            args = (grad_loss, coef, mask, cu_seqlens, ctx.logp_shape, ctx.logp_dtype)
+            if not dispatch.broken("tiles", BWD_KERNEL):
+                try:
+                    dlogp = _k.pacs_loss_bwd(*args)
+                except Exception as e:  # an import / compile / launch error: the torch twin (one warning)
+                    dispatch.failed("tiles", BWD_KERNEL, e)
+            if dlogp is None:
+                dlogp = _torch_backward(*args)
         return (dlogp,) + (None,) * 9
 
 
+def _torch_backward(grad_loss, coef, mask, cu_seqlens, logp_shape, logp_dtype):
+    """The backward kernel's torch twin (its fallback): ``dlogp = grad_loss * coef[row] * mask`` (0 where
+    the mask is 0, whatever the coefficient), with no host sync (packed rows found by a search)."""
+    c = coef * grad_loss.reshape(()).to(coef.dtype)
+    if cu_seqlens is None:
+        per = c[:, None].expand(logp_shape)
+    else:
+        pos = torch.arange(logp_shape[0], device=coef.device)
+        row = torch.searchsorted(cu_seqlens[1:].to(torch.long), pos, right=True).clamp_max(coef.shape[0] - 1)
+        per = c[row]
+    if mask is not None:
+        per = torch.where(mask != 0, per * mask.to(c.dtype), torch.zeros((), dtype=c.dtype, device=c.device))
+    return per.to(logp_dtype).contiguous()
+
+
 _FN = "fused_pacs_loss"
+FWD_KERNEL = "PACS loss forward"  # kernels/dispatch.py names of this op's kernels
+BWD_KERNEL = "PACS loss backward"
 
 
 def _check_choice(name: str, value, options) -> None:
@@ -197,9 +220,15 @@ def fused_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, scor
     rewards = rewards.detach().to(acc).contiguous()
     ref_c = None if logp_ref is None else logp_ref.detach().contiguous()
     mask_c = None if mask is None else mask.detach().contiguous()
-    loss, r, psi, pred, w, sample_loss = _FusedPacsLoss.apply(
-        logp.contiguous(), ref_c, mask_c, rewards, cu_seqlens, group_size, float(beta), score,
-        weight_mode, proxy)
+    if dispatch.broken("tiles", FWD_KERNEL):
+        raise dispatch.KernelFailed(f"{_FN}: the forward kernel failed earlier in this process")
+    try:
+        loss, r, psi, pred, w, sample_loss = _FusedPacsLoss.apply(
+            logp.contiguous(), ref_c, mask_c, rewards, cu_seqlens, group_size, float(beta), score,
+            weight_mode, proxy)
+    except Exception as e:  # an import / compile / launch error: recorded, warned once, and raised as
+        dispatch.failed("tiles", FWD_KERNEL, e)  # KernelFailed (algorithms.pacs_loss runs its torch path)
+        raise dispatch.KernelFailed(f"{_FN}: {dispatch._reason(e)}") from e
     if not return_terms:
         return loss
     return loss, dict(zip(TERM_KEYS, (r, psi, pred, w, sample_loss)))

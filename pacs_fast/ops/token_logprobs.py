@@ -10,14 +10,24 @@ backward recomputes ``p`` block by block). Backends: ``"triton"`` (kernels/token
 Non-finite logits (documented, tested): ``-inf`` entries are allowed (probability 0, no NaN in
 the entropy or gradients; a ``-inf`` target gives ``logp = -inf``); a row with any NaN or
 ``+inf`` logit, or with all logits ``-inf``, gives NaN ``logp``/``entropy`` and NaN gradient for
-that row. Rows whose label is ``ignore_index`` give 0 and a zero gradient whatever their logits.
+that row. Rows whose label is ``ignore_index`` give 0 and a zero gradient whatever their logits; a
+label neither that nor in ``[0, V)`` gives NaN ``logp``/``entropy`` and a zero gradient for its row
+(``PACS_FAST_DEBUG_CHECKS=1`` raises instead, one device sync).
+
+Device syncs: none in the forward or the backward (a step can be captured in a CUDA graph). The Triton
+kernels fall back to the torch path on an import / compile error, with one warning (kernels/dispatch.py).
 """
 from __future__ import annotations
 
 import torch
 
+from pacs_fast.kernels import dispatch
+
 from . import chunked, vocab_parallel as vp
 from .backend import resolve_backend
+
+FWD_KERNEL = "token_logprobs forward"  # kernels/dispatch.py names of this op's Triton kernels
+BWD_KERNEL = "token_logprobs backward"
 
 
 def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return_entropy=False,
@@ -69,9 +79,9 @@ class _TokenLogprobs(torch.autograd.Function):
     def forward(ctx, logits, labels, inv_t, ignore_index, entropy, inplace, group, backend, chunk_bytes):
         n, v_local = logits.shape
         v_off, v_glob = vp.shard_offset(v_local, group)
-        valid = labels != ignore_index
-        if bool(((labels < 0) | (labels >= v_glob)).logical_and(valid).any()):
-            raise ValueError(f"labels must be in [0, {v_glob}) or equal ignore_index={ignore_index}")
+        valid, bad = vp.label_masks(labels, ignore_index, v_glob)  # no host sync
+        # a label out of range is treated as ignored from here on (backward included), NaN at the end
+        labels = torch.where(bad, torch.full((), ignore_index, dtype=labels.dtype, device=labels.device), labels)
         local = labels - v_off
         owned = valid & (local >= 0) & (local < v_local)
         safe = torch.where(owned, local, torch.zeros_like(local))
@@ -80,10 +90,19 @@ class _TokenLogprobs(torch.autograd.Function):
                              torch.zeros((), dtype=cd, device=logits.device)) \
             if v_local > 0 else torch.zeros(n, dtype=cd, device=logits.device)
 
+        stats = None
+        if backend == "triton" and dispatch.broken("tiles", FWD_KERNEL):
+            backend = "torch"  # failed earlier in this process (warned then)
         if backend == "triton":
-            from pacs_fast.kernels import token_logprobs as K
-            m, s, a = vp.merge_splits(*K.stats_fwd(logits, inv_t, entropy)) if v_local > 0 \
-                else _empty(n, entropy, logits.device)
+            try:
+                from pacs_fast.kernels import token_logprobs as K
+                stats = vp.merge_splits(*K.stats_fwd(logits, inv_t, entropy)) if v_local > 0 \
+                    else _empty(n, entropy, logits.device)
+            except Exception as e:  # any import / compile / launch error: the torch path (one warning)
+                dispatch.failed("tiles", FWD_KERNEL, e)
+                backend = "torch"
+        if stats is not None:
+            m, s, a = stats
         else:
             tile = chunked.plan_chunks(n, v_local, chunk_bytes)
             fill = _fill(logits, inv_t)
@@ -94,8 +113,9 @@ class _TokenLogprobs(torch.autograd.Function):
         ctx.save_for_backward(logits, labels, m, torch.log(s), ent if entropy else m)
         ctx.cfg = (inv_t, ignore_index, entropy, inplace, backend, chunk_bytes, v_off)
         ctx.set_materialize_grads(False)
-        if ent is None:
-            ent = torch.zeros_like(logp)
+        nan = torch.full((), float("nan"), dtype=logp.dtype, device=logp.device)
+        logp = torch.where(bad, nan, logp)  # a label out of range: NaN (PACS_FAST_DEBUG_CHECKS=1 raises)
+        ent = torch.zeros_like(logp) if ent is None else torch.where(bad, nan, ent)
         ctx.mark_non_differentiable(*(() if entropy else (ent,)))
         return logp, ent
 
@@ -113,10 +133,13 @@ class _TokenLogprobs(torch.autograd.Function):
         grad = logits if inplace else torch.empty_like(logits)
         if n == 0 or v_local == 0:
             return (grad.zero_(),) + (None,) * 8
-        if backend == "triton":
-            from pacs_fast.kernels import token_logprobs as K
-            K.grad_bwd(logits, grad, inv_t, labels, v_off, ignore_index, m, log_s, ent, gl, gh)
-            return (grad,) + (None,) * 8
+        if backend == "triton" and not dispatch.broken("tiles", BWD_KERNEL):
+            try:
+                from pacs_fast.kernels import token_logprobs as K
+                K.grad_bwd(logits, grad, inv_t, labels, v_off, ignore_index, m, log_s, ent, gl, gh)
+                return (grad,) + (None,) * 8
+            except Exception as e:  # an import / compile error (before any write): the torch path below
+                dispatch.failed("tiles", BWD_KERNEL, e)
 
         # torch backend: dx = gl onehot - p (gh (x - lse) + gl + gh H), times inv_t, with
         # p = exp(x - m) / s: the tiles hold x - m (exact for the large entries) and 1 / s and
@@ -126,7 +149,6 @@ class _TokenLogprobs(torch.autograd.Function):
         local = labels - v_off
         owned = valid & (local >= 0) & (local < v_local)
         tile = chunked.plan_chunks(n, v_local, chunk_bytes)
-        has_ignored = bool((~valid).any())
         fill = _fill(logits, inv_t)
         direct = grad.dtype == m.dtype and tile[1] == v_local
 
@@ -134,12 +156,11 @@ class _TokenLogprobs(torch.autograd.Function):
             return grad[n0:n1] if direct else None
 
         def consume(n0, n1, v0, v1, dx):
+            # the one-hot term without a host sync: one scatter per row (0 where the label is elsewhere)
             rows = owned[n0:n1] & (local[n0:n1] >= v0) & (local[n0:n1] < v1)
-            idx = rows.nonzero().squeeze(1)
-            if idx.numel():
-                dx.index_put_((idx, local[n0:n1][idx] - v0), gl[n0:n1][idx] * inv_t, accumulate=True)
-            if has_ignored:
-                dx.masked_fill_(~valid[n0:n1].unsqueeze(1), 0.0)
+            col = (local[n0:n1] - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)
+            dx.scatter_add_(1, col, torch.where(rows, gl[n0:n1] * inv_t, 0.0).to(dx.dtype).unsqueeze(1))
+            dx.masked_fill_(~valid[n0:n1].unsqueeze(1), 0.0)  # ignored rows: 0 whatever their logits
             dst = grad[n0:n1, v0:v1]
             if dst.data_ptr() != dx.data_ptr():
                 dst.copy_(dx)

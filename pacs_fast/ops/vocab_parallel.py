@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from pacs_fast.kernels import dispatch
+
 NEG_INF = float("-inf")
 
 
@@ -65,6 +67,20 @@ def finalize(m, s, a, target, valid):
 
 
 _OFFSETS: dict = {}
+
+
+def label_masks(labels, ignore_index: int, v_glob: int, check: bool = True):
+    """``(keep, bad)`` ``[N]`` bool on the device, with no host sync: ``keep`` the rows that count (label
+    in ``[0, v_glob)``), ``bad`` those whose label is neither that nor ``ignore_index`` (the ops give them
+    NaN). With ``PACS_FAST_DEBUG_CHECKS=1`` (and ``check``) a bad label raises here (one device sync)."""
+    ignored = labels == ignore_index
+    in_range = (labels >= 0) & (labels < v_glob)
+    bad = ~ignored & ~in_range
+    if check and dispatch.debug_checks() and bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"labels must be in [0, {v_glob}) or equal ignore_index={ignore_index}: label "
+                         f"{int(labels[i])} at row {i} ({dispatch.DEBUG_ENV} check)")
+    return in_range & ~ignored, bad
 
 
 def shard_offset(local_vocab: int, group) -> tuple[int, int]:
