@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from . import LAUNCH_OPTIONS
-from .pacs_loss_launch import _arch, _sm_count, launch_config
+from .pacs_loss_launch import _arch, _sm_count, launch_config, launch_configs  # noqa: F401 (launch_config: aot_cases)
 
 SCORES = {"rloo": 0, "grpo": 1, "dr_grpo": 2, "naive": 3}
 WEIGHT_MODES = {"question": 0, "none": 1, "only_positive": 2, "only_negative": 3}
@@ -293,27 +293,30 @@ def pacs_loss_fwd(logp, logp_ref, mask, rewards, cu_seqlens, *, group_size, beta
     arch, sms = _arch(dev), _sm_count(dev)
     kmask = _as_kernel_mask(mask)
     has_ref = logp_ref is not None and proxy == "logratio"
-    # pass A: [2, B, N_SPLIT] partial sums (masked x, mask) per (row, split)
-    cfg = launch_config("fwd_sums", B=B, T=avg, G=G, dtype=logp.dtype, arch=arch, sm_count=sms)
-    n_split = cfg["N_SPLIT"]
-    ws = torch.empty((2, B, n_split), device=dev, dtype=acc)
-    _pacs_sums_kernel[(triton.cdiv(B, cfg["ROWS"]), n_split)](
+    sums, grp = launch_configs(("fwd_sums", "fwd"), B=B, T=avg, G=G, dtype=logp.dtype, arch=arch, sm_count=sms)
+    n_split = sums["N_SPLIT"]
+    # two allocations: pass A's [2, B, N_SPLIT] partial sums, five [B] terms and the [groups] loss shares in
+    # one; the coefficient the backward saves in its own (views share a version counter: an in-place edit
+    # of a returned term must not invalidate the saved one)
+    buf = torch.empty(2 * B * n_split + 5 * B + n_groups, device=dev, dtype=acc)
+    ws = buf[:2 * B * n_split].view(2, B, n_split)
+    outs = (*buf[2 * B * n_split:2 * B * n_split + 5 * B].view(5, B).unbind(0), torch.empty(B, device=dev, dtype=acc))
+    partial = buf[2 * B * n_split + 5 * B:]
+    # pass A: partial sums (masked x, mask) per (row, split)
+    _pacs_sums_kernel[(-(-B // sums["ROWS"]), n_split)](
         logp, logp_ref if has_ref else logp, logp if kmask is None else kmask,
         cu_seqlens if packed else logp, ws[0], ws[1], B, T,
         ACC=acc_tl, PACKED=packed, HAS_MASK=kmask is not None, HAS_REF=has_ref,
-        ROWS=cfg["ROWS"], BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **LAUNCH_OPTIONS,
+        ROWS=sums["ROWS"], BLOCK_T=sums["BLOCK_T"], num_warps=sums["num_warps"],
+        num_stages=sums["num_stages"], **LAUNCH_OPTIONS,
     )
     # pass B: one program per group
-    outs = [torch.empty(B, device=dev, dtype=acc) for _ in range(6)]
-    partial = torch.empty(n_groups, device=dev, dtype=acc)
-    cfg = launch_config("fwd", B=B, T=avg, G=G, dtype=logp.dtype, arch=arch, sm_count=sms)
     _pacs_group_kernel[(n_groups,)](
         ws[0], ws[1], rewards.contiguous(), *outs, partial, n_split, G, float(G), *_hi_lo(beta),
         *_hi_lo(1.0 / B), *_hi_lo(GRPO_EPS),
         ACC=acc_tl, PROXY=PROXIES[proxy], SCORE=SCORES[score], WEIGHT=WEIGHT_MODES[weight_mode],
-        BLOCK_G=cfg["BLOCK_G"], BLOCK_S=cfg["BLOCK_S"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **LAUNCH_OPTIONS,
+        BLOCK_G=grp["BLOCK_G"], BLOCK_S=grp["BLOCK_S"], num_warps=grp["num_warps"],
+        num_stages=grp["num_stages"], **LAUNCH_OPTIONS,
     )
     loss = partial.sum()  # each group's share already carries the 1/B
     return (loss, *outs)
@@ -327,11 +330,11 @@ def pacs_loss_bwd(grad_loss, coef, mask, cu_seqlens, logp_shape, logp_dtype):
     if dlogp.numel() == 0:
         return dlogp
     T = logp_shape[0] if packed else logp_shape[1]
-    cfg = launch_config("bwd", B=B, T=max(1, dlogp.numel() // B), G=1, dtype=logp_dtype,
-                        arch=_arch(coef.device), sm_count=_sm_count(coef.device))
+    cfg, = launch_configs(("bwd",), B=B, T=max(1, dlogp.numel() // B), G=1, dtype=logp_dtype,
+                          arch=_arch(coef.device), sm_count=_sm_count(coef.device))
     kmask = _as_kernel_mask(mask)
     grad = grad_loss.reshape(1).to(coef.dtype)
-    _pacs_bwd_kernel[(triton.cdiv(B, cfg["ROWS"]), cfg["N_SPLIT"])](
+    _pacs_bwd_kernel[(-(-B // cfg["ROWS"]), cfg["N_SPLIT"])](
         grad, coef, dlogp if kmask is None else kmask, cu_seqlens if packed else coef, dlogp, B, T,
         PACKED=packed, HAS_MASK=kmask is not None, ROWS=cfg["ROWS"], BLOCK_T=cfg["BLOCK_T"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **LAUNCH_OPTIONS,

@@ -111,13 +111,24 @@ def launch_config(kernel: str, *, B: int, T: int, G: int, dtype: torch.dtype, ar
     fp64-sized tiles and the built-in policy."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    # memoised: the launchers call this on every forward / backward (host time at small shapes)
-    # (keyed on everything it reads: the overrides, the tuned table's file stamp, the module's knobs)
-    # (bounded: packed batches give a new average T almost every step)
-    state = (tuple(CONFIG.items()), tuple((k, tuple(v.items())) for k, v in POLICY.items()), tuning.stamp(arch),
-             tuple((k, tuple(v.items())) for k, v in BUILTIN_POLICY.items()), SM_COUNT, MIN_TILE, LARGE_TILE,
-             MAX_SPLIT)
-    return dict(_launch_config(kernel, B, T, G, dtype, arch, sm_count, state))
+    return dict(_launch_config(kernel, B, T, G, dtype, arch, sm_count, _state(arch)))
+
+
+def launch_configs(kernels, *, B: int, T: int, G: int, dtype: torch.dtype, arch: int | None,
+                   sm_count: int | None = None) -> tuple:
+    """``launch_config`` of each of ``kernels`` (the launchers' per-call path: what it reads is keyed
+    once for all of them; the dicts are the memo's own, read-only)."""
+    state = _state(arch)
+    return tuple(_launch_config(k, B, T, G, dtype, arch, sm_count, state) for k in kernels)
+
+
+def _state(arch):
+    """What ``_launch_config`` reads besides its arguments: the overrides, the tuned table's file stamp,
+    the module's knobs. Its results are memoised on it (the launchers ask on every forward / backward:
+    host time at small shapes; bounded: packed batches give a new average T almost every step)."""
+    return (tuple(CONFIG.items()), tuple((k, tuple(v.items())) for k, v in POLICY.items()), tuning.stamp(arch),
+            tuple((k, tuple(v.items())) for k, v in BUILTIN_POLICY.items()), SM_COUNT, MIN_TILE, LARGE_TILE,
+            MAX_SPLIT)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -137,6 +148,7 @@ def _launch_config(kernel, B, T, G, dtype, arch, sm_count, state) -> dict:
     return dict(BLOCK_G=block_g, BLOCK_S=block_s, num_warps=pol["num_warps"], num_stages=pol["num_stages"])
 
 
+@functools.lru_cache(maxsize=None)
 @functools.lru_cache(maxsize=None)
 def _arch(device) -> int | None:
     if torch.device(device).type != "cuda":
