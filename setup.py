@@ -22,6 +22,7 @@ extras = {
     "test": [
         "pytest>=8",
         "pytest-timeout>=2.3",
+        "pytest-xdist>=3.6",  # the README's test command runs two workers (tests/conftest.py)
         "hypothesis>=6.100",
         "triton>=3.6,<3.10",  # the tested range (see "triton" above)
         "pyarrow>=14",

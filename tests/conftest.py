@@ -5,6 +5,14 @@ the variable must be set before any ``@triton.jit`` function is defined, hence h
 """
 import os
 
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:
+    # `pytest -n 2` (the README's command): two workers share the cores, so each computes on one thread,
+    # and OpenMP threads sleep soon after a parallel region (pacs_fast/openmp.py: spinning threads of two
+    # processes slow each other 10-40x); set before torch loads libgomp, inherited by every subprocess
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+
 import torch
 
 if not torch.cuda.is_available():
@@ -21,6 +29,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+    if XDIST_WORKER:
+        # the files with multi-process tests (the longest) first: with `--dist loadfile` the workers take
+        # whole files in this order, so the short ones fill in at the end instead of one long file ending
+        # the run alone (every worker collects the same order, as xdist requires)
+        heavy = {item.path for item in items if "distributed" in item.keywords}
+        items.sort(key=lambda item: item.path not in heavy)
 
 
 def draw_seed() -> int:
