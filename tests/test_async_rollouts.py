@@ -125,7 +125,7 @@ def test_dynamic_sampling_ahead_of_the_learner_keeps_the_staleness_bound(tmp_pat
 
 @pytest.mark.timeout(400)
 def test_staleness_bound_and_resume_after_sigkill(tmp_path):
-    steps = 24  # ~60 ms a step here: enough of them left to kill the run mid-way
+    steps = 12  # ~60-200 ms a step here: after step 2's checkpoint, 10 steps (>= 0.6 s) left to kill it mid-way
     common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", f"train.steps={steps}",
                      "rollout.ranks=1", "rollout.max_staleness=1", "train.log_samples=2"]
     full = tmp_path / "full"

@@ -270,3 +270,28 @@ def test_two_step_run_with_overlong_shaping_and_filtering(tmp_path, cache, name)
             assert key in r and math.isfinite(r[key]), (key, r.get(key))
         assert r["reward/overlong_penalty_mean"] <= 0 and 0 <= r["response/truncated_frac"] <= 1
     assert any(r["reward/overlong_frac"] > 0 for r in recs)
+
+
+def test_a_batch_cut_everywhere_is_a_warning():
+    """learner.mask_truncated with every response of a batch cut at max_new_tokens (a random model that
+    never stops; the Qwen-width trial of issue 40): the step would train nothing, silently (loss 0,
+    gradient 0); the trainer says so in one line. One response that stops: no warning."""
+    from types import SimpleNamespace
+
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.step import score_and_batch
+
+    cfg = load_config(None, ["learner.mask_truncated=true", "rollout.n=2", "rollout.max_new_tokens=3"])
+    lines = []
+    s = SimpleNamespace(cfg=cfg, scorer=lambda texts, answers, **k: [1.0, 0.0] * (len(texts) // 2), credit=None,
+                        tokenizer=SimpleNamespace(pad_token_id=0), log=lines.append)
+
+    def comp(reason):
+        return SimpleNamespace(text="7", token_ids=[5, 6, 7], finish_reason=reason, logprobs=None)
+    problems = [{"prompt_ids": [1, 2], "answer": "7"}] * 2
+    _, _, batch = score_and_batch(s, 3, problems, [[comp("length")] * 2] * 2, {})
+    assert bool(batch.truncated.all()) and len(lines) == 1
+    assert lines[0].startswith("warning: step 3: learner.mask_truncated takes every response of this batch out "
+                               "of the loss (all 4 ended at rollout.max_new_tokens=3 without EOS)")
+    score_and_batch(s, 4, problems, [[comp("length"), comp("stop")], [comp("length")] * 2], {})
+    assert len(lines) == 1

@@ -47,6 +47,10 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
                         pad_id=s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0)
     # reward.overlong_buffer_len, learner.mask_truncated (trainer/overlong.py); its metrics join the record
     timings.update(shape_batch(s.cfg, batch, comps))
+    if batch.truncated is not None and len(batch.truncated) and bool(batch.truncated.all()):
+        s.log(f"warning: step {step}: learner.mask_truncated takes every response of this batch out of the loss "
+              f"(all {len(batch.truncated)} ended at rollout.max_new_tokens={s.cfg.rollout.max_new_tokens} without "
+              f"EOS): it trains nothing; raise rollout.max_new_tokens")
     if s.credit:  # process rewards: per-token advantages (PURE's min-form or the summation form)
         batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)
     return rewards, prompt_ids, batch
