@@ -12,7 +12,9 @@ and ``mix``: lognormal lengths (median 1k, sigma 1, cap 16k), 4 groups of 8 (``-
 token, the mix median 16, cap 64, one group; a 2-layer hidden-64 model in fp32). Learners: ``torch packed
 varlen`` (learner.packed_attention=varlen), ``torch packed dense`` (the block-diagonal mask; not run
 where the memory model says its masks do not fit), ``torch padded + SDPA`` (learner.packing=off), and
-``megatron packed THD`` (not run: its THD core attention is pending). The micro-batch token budget
+``megatron packed THD`` (``MegatronLearner`` at TP = 1 on a one-process group, learner.packing=on: its own
+core attention on THD rows, pacs_fast/learner/megatron/core_attention.py; the same random weights, saved
+once per shape and loaded by its converter; ``--dry-run`` runs it on CPU / gloo). The micro-batch token budget
 comes from the memory model (pacs_fast/trainer/preflight.py) at 80% of the GPU, with
 ``model.gradient_checkpointing`` when one group does not fit without it; a row that still runs out of
 memory says so. Order: the main shape first (1.5B at 4k, packed), each row skipped cleanly once
@@ -24,6 +26,7 @@ OUT/learner.json (one row per learner x shape x length: ``hidden``, ``response_t
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -45,9 +48,8 @@ LEARNERS = {
     "torch packed varlen": dict(packing="on", packed_attention="varlen"),
     "torch padded + SDPA": dict(packing="off"),
     "torch packed dense": dict(packing="on", packed_attention="dense"),
-    "megatron packed THD": None,
+    "megatron packed THD": dict(packing="on", backend="megatron"),
 }
-MEGATRON_PENDING = "not run: megatron THD core attention pending"
 PROMPT = 256
 ATTENTION = ("flash", "fmha", "attention", "attn", "varlen", "sdpa", "scaled_dot_product")
 LOGPROB = ("linearlogprobs", "linear_logprobs", "bench.lm_head_loss", "dlogits", "_stats_", "_finish_kernel",
@@ -164,8 +166,8 @@ def run_row(model, shape, shape_name, learner_name, spec, args, device, mem_byte
     row = {"learner": learner_name, "shape": shape_name, "hidden": shape["hidden"], "spec": spec,
            "response_tokens": "mix" if spec == "mix" else lengths[0], "rows": len(lengths),
            "tokens": sum(P + n for n in lengths)}
-    if LEARNERS[learner_name] is None:
-        return {**row, "not_run": MEGATRON_PENDING}
+    if LEARNERS[learner_name].get("backend") == "megatron" and importlib.util.find_spec("megatron") is None:
+        return {**row, "not_run": "megatron-core is not installed"}
     if time.time() > t_end:
         return {**row, "not_run": "time budget spent"}
     dense = "dense" in learner_name
@@ -195,19 +197,41 @@ def _cleanup(model, device):
         torch.cuda.empty_cache()
 
 
-def measure(model, shape, learner_name, lengths, G, args, device, row) -> dict:
-    from pacs_fast.config import AlgoConfig, LearnerConfig
-    from pacs_fast.learner import flops, torch_learner
-    from pacs_fast.learner.torch_learner import TorchLearner
+def saved_model(model, out: str) -> str:
+    """The HF folder of ``model``'s weights (written once per shape under ``out``), which the megatron
+    learner loads through its converter."""
+    path = os.path.join(out, "model_" + "_".join(str(v) for v in (model.config.num_hidden_layers,
+                                                                   model.config.hidden_size)))
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        model.save_pretrained(path + ".tmp")
+        os.replace(path + ".tmp", path)
+    return path
 
+
+def make_learner(model, learner_name, lengths, G, args, row):
+    """The learner of ``learner_name`` on ``model``'s weights (torch: the live model; megatron: its copy)."""
+    from pacs_fast.config import AlgoConfig, LearnerConfig
+
+    groups = len(lengths) // G
+    lc = LearnerConfig(lr=1e-6, shared_prefix=False, mini_batch_prompts=groups, micro_batch_prompts=groups,
+                       max_tokens_per_micro_batch=row["token_budget"], **LEARNERS[learner_name])
+    if lc.backend == "megatron":
+        from pacs_fast.learner.megatron.learner import MegatronLearner
+        dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
+        return MegatronLearner(saved_model(model, args.out), algo=AlgoConfig(), learner=lc, horizon=max(lengths),
+                               dtype=dtype, gradient_checkpointing=row["gradient_checkpointing"])
+    from pacs_fast.learner.torch_learner import TorchLearner
     if row["gradient_checkpointing"]:
         model.gradient_checkpointing_enable()
     else:
         model.gradient_checkpointing_disable()
-    groups = len(lengths) // G
-    lc = LearnerConfig(lr=1e-6, shared_prefix=False, mini_batch_prompts=groups, micro_batch_prompts=groups,
-                       max_tokens_per_micro_batch=row["token_budget"], **LEARNERS[learner_name])
-    learner = TorchLearner(model, algo=AlgoConfig(), learner=lc, horizon=max(lengths))
+    return TorchLearner(model, algo=AlgoConfig(), learner=lc, horizon=max(lengths))
+
+
+def measure(model, shape, learner_name, lengths, G, args, device, row) -> dict:
+    from pacs_fast.learner import flops, torch_learner
+
+    learner = make_learner(model, learner_name, lengths, G, args, row)
     batch = make_batch(lengths, G, shape["vocab"], args.prompt, 0)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     wrap = torch.profiler.record_function
@@ -233,7 +257,7 @@ def measure(model, shape, learner_name, lengths, G, args, device, row) -> dict:
             times.append(time.perf_counter() - t0)
         row["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
         row["shares"] = profile_shares(step) if device == "cuda" else None
-        row["forwards"] = {k: v for k, v in learner.forwards.items()}
+        row["forwards"] = {k: v for k, v in getattr(learner, "forwards", {}).items()}
     finally:
         torch_learner.linear_logprobs, torch_learner.objective = ll, obj
         del learner
@@ -303,7 +327,7 @@ def main(argv=None) -> int:
         model = None
         for spec in specs:
             for name in names:
-                if model is None and LEARNERS[name] is not None and time.time() < t_end:
+                if model is None and time.time() < t_end:
                     model = make_model(dims, vocab, dtype, device, args.prompt + top + 8)
                 shape = shape_of(model.config if model is not None else _config(dims, vocab),
                                  2 if dtype == torch.bfloat16 else 4)

@@ -6,7 +6,8 @@
 # The next lease runs `learner` first (the principal gap: the learner at real lengths), then `main`.
 # learner (~7 minutes, first): the varlen attention's gpu tests, then bench/gpu/learner.py (issue 38): one
 #   learner update (log-probs, PACS loss, backward, AdamW), bf16, Qwen2.5-1.5B / 0.5B shapes, packed varlen vs
-#   padded vs dense mask, main shape first (1.5B at 4k), 360 s budget (rows not started are listed as such).
+#   padded vs dense mask vs megatron packed THD (TP = 1), main shape first (1.5B at 4k), 360 s budget (rows
+#   not started are listed as such).
 # main (one ~9-minute call, the priority order of docs/GPU.md):
 #   1. suite   bench/gpu/suite.py --steps env,gpu_tests,logprobs,pacs_loss: the gpu tests, the log-prob
 #              kernels against the GEMM floors and Liger, the PACS loss against the copy floor (built-in tables)
