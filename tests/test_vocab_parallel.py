@@ -111,3 +111,32 @@ def test_merge_is_exact_and_handles_empty_partials(seed):
     torch.testing.assert_close(lse, torch.logsumexp(x, 1))
     p = torch.softmax(x, 1)
     torch.testing.assert_close(ent, -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(1))
+
+
+def test_the_shard_offsets_are_cached_without_keeping_the_group_alive(tmp_path):
+    """shard_offset all-gathers once per (group, shard size), and its cache holds the group weakly: a
+    destroyed group is freed then, not at interpreter exit (a gloo group torn down at exit can abort the
+    process: one xdist run's spawned rank died with SIGABRT, "terminate called without an active
+    exception", while the cache held its group). In a subprocess: the process group is global state."""
+    import subprocess
+    import sys
+    code = f"""
+import gc, weakref, torch.distributed as dist
+from pacs_fast.ops import vocab_parallel as vp
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'init'}", rank=0, world_size=1)
+calls = []
+real = dist.all_gather
+dist.all_gather = lambda *a, **k: calls.append(1) or real(*a, **k)
+group = dist.new_group([0])
+assert vp.shard_offset(10, group) == (0, 10) and vp.shard_offset(10, group) == (0, 10) and len(calls) == 1
+assert vp.shard_offset(12, group) == (0, 12) and len(calls) == 2
+ref = weakref.ref(group)
+dist.destroy_process_group(group)
+del group
+gc.collect()
+assert ref() is None, "the cache keeps a destroyed group alive"
+dist.destroy_process_group()
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

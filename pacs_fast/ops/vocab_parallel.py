@@ -15,6 +15,8 @@ rescaled to the global max (``allreduce_stats``). All tensors here are fp32 ``[N
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.distributed as dist
 
@@ -66,7 +68,9 @@ def finalize(m, s, a, target, valid):
     return lse, logp, ent
 
 
-_OFFSETS: dict = {}
+# group -> {local vocab: (offset, global vocab)}; weak on the group, so that a destroyed process group is not
+# kept alive here until interpreter exit (a gloo group torn down then can abort the process)
+_OFFSETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def label_masks(labels, ignore_index: int, v_glob: int, check: bool = True):
@@ -91,8 +95,8 @@ def shard_offset(local_vocab: int, group) -> tuple[int, int]:
     if group is None:
         return 0, local_vocab
     try:
-        return _OFFSETS[(group, local_vocab)]
-    except (KeyError, TypeError):  # first call (TypeError: a group that cannot be a key)
+        return _OFFSETS[group][local_vocab]
+    except (KeyError, TypeError):  # first call (TypeError: a group that cannot be a weak key)
         pass
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
     mine = torch.tensor([local_vocab], dtype=torch.int64)
@@ -104,7 +108,7 @@ def shard_offset(local_vocab: int, group) -> tuple[int, int]:
     rank = dist.get_rank(group)
     out = sum(sizes[:rank]), sum(sizes)
     try:
-        _OFFSETS[(group, local_vocab)] = out
+        _OFFSETS.setdefault(group, {})[local_vocab] = out
     except TypeError:
         pass
     return out
