@@ -18,7 +18,7 @@ import torch
 
 from pacs_fast.kernels import dispatch
 from pacs_fast.ops.token_logprobs import token_logprobs
-from test_kernel_dispatch import NoHostSync
+from test_kernel_dispatch import NoHostSync, _spy
 
 pytestmark = [pytest.mark.interpret,
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
@@ -35,16 +35,6 @@ def fresh(monkeypatch):
     dispatch.reset()
     yield
     dispatch.reset()
-
-
-def _spy(monkeypatch, module, name, fail):
-    calls = []
-
-    def wrapped(*a, **k):
-        calls.append(1)
-        raise fail
-    monkeypatch.setattr(module, name, wrapped)
-    return calls
 
 
 def _fallbacks(fn):

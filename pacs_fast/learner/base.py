@@ -180,6 +180,18 @@ class Learner(abc.ABC):
         ``old_logp``, ``old_entropy`` (and ``ref_logp`` when the rollout policy is the reference).
         Returns metrics averaged over the mini-batches (``loss``, ``grad_norm``, ...)."""
 
+    def _fuses_in_update(self, batch: RolloutBatch, correct, why_not: str) -> bool:
+        """Whether this ``update`` computes the old log-probs itself (``batch.old_logp`` None), after the
+        checks both learners share; ``why_not`` names what stops a learner that cannot (ValueError)."""
+        fuse = batch.old_logp is None
+        if fuse and not self.fuses_old_logprobs:
+            raise ValueError(f"update: batch.old_logp is None, but this learner cannot compute it in the update "
+                             f"({why_not}): call compute_logprobs first")
+        if correct is not None and not fuse:
+            raise ValueError("update: correct= is for the fused old log-probs (batch.old_logp None); with "
+                             "batch.old_logp given, set batch.is_weights / kept_mask before the update")
+        return fuse
+
     @abc.abstractmethod
     def reset_reference(self, *, reset_optimizer: bool) -> None:
         """Copies the policy into the reference (PACS ``ref=fixed``); optionally re-initialises

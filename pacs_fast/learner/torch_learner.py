@@ -317,13 +317,7 @@ class TorchLearner(Learner):
         P = batch.num_groups
         mini = min(self.cfg.mini_batch_prompts, P)
         micro = min(self.cfg.micro_batch_prompts, mini)
-        fuse = batch.old_logp is None
-        if fuse and not self.fuses_old_logprobs:
-            raise ValueError("update: batch.old_logp is None, but this learner cannot compute it in the update "
-                             "(dropout is active or algo is ppo): call compute_logprobs first")
-        if correct is not None and not fuse:
-            raise ValueError("update: correct= is for the fused old log-probs (batch.old_logp None); with "
-                             "batch.old_logp given, set batch.is_weights / kept_mask before the update")
+        fuse = self._fuses_in_update(batch, correct, "dropout is active or algo is ppo")
         need_ent = bool(self.algo.entropy_coef)
         sums: dict[str, float] = {}
         steps = 0

@@ -253,13 +253,7 @@ class MegatronLearner(Learner):
         from pacs_fast.learner.megatron.fused import FusedOldLogprobs
 
         self._check_same_batch(batch)
-        fuse = batch.old_logp is None
-        if fuse and not self.fuses_old_logprobs:
-            raise ValueError("update: batch.old_logp is None, but this learner cannot compute it in the update "
-                             "(dropout is active): call compute_logprobs first")
-        if correct is not None and not fuse:
-            raise ValueError("update: correct= is for the fused old log-probs (batch.old_logp None); with "
-                             "batch.old_logp given, set batch.is_weights / kept_mask before the update")
+        fuse = self._fuses_in_update(batch, correct, "dropout is active")
         self.model.train()
         gen = torch.Generator().manual_seed(int(seed))
         P = batch.num_groups
