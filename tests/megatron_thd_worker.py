@@ -4,7 +4,8 @@
    and every parameter's gradient (gathered to HF names) of the padded rows (``packing="off"``), the
    dense-mask packed rows (``packed_attention="dense"``) and the THD rows (``"varlen"``), on uneven
    rows of 1 to 300 tokens and (TP = 2) on rows up to ~1.4k tokens; how many attention calls took
-   the dense ``[S, S]`` path during the THD forward; the THD path's refusal of attention dropout.
+   the dense ``[S, S]`` path during the THD forward; how many rows reached the LM head; the THD
+   path's refusal of attention dropout.
 2. learner, TP = 2 and TP = 1 x DP = 2: ``MegatronLearner.update`` with the off-policy correction
    set from a separate ``compute_logprobs`` pass, and fused (``update(correct=...)``, old log-probs
    left None): old log-probs, entropies, weights, metrics, the updated weights and the rows forwarded.
@@ -14,6 +15,7 @@ Inputs: ``<workdir>/inputs.pt``; rank 0 writes ``<workdir>/results.pt``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import warnings
 
@@ -43,6 +45,15 @@ def forward(inputs, results):
         return dense_forward(self, *args, **kwargs)
 
     DotProductAttention.forward = counting
+    head_op = importlib.import_module("pacs_fast.ops.linear_logprobs")  # token_logprobs imports it per call
+    head_rows = []
+    head = head_op.linear_logprobs
+
+    def counting_head(hidden, *args, **kwargs):  # the rows that reach the LM head
+        head_rows.append(hidden.shape[0])
+        return head(hidden, *args, **kwargs)
+
+    head_op.linear_logprobs = counting_head
     cfg = AutoConfig.from_pretrained(inputs["model"])
     for tp in (1, 2):
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, create_gloo_process_groups=False)
@@ -58,6 +69,7 @@ def forward(inputs, results):
             for mode in spec["modes"]:
                 model.zero_grad(set_to_none=True)
                 dense_calls.clear()
+                head_rows.clear()
                 logp, ent = token_logprobs(model, spec["input_ids"], spec["attention_mask"], label_mask=rm > 0,
                                            vocab_size=cfg.vocab_size, tp_group=group, return_entropy=True,
                                            backend="torch", packing="off" if mode == "padded" else "on",
@@ -68,7 +80,7 @@ def forward(inputs, results):
                 grads = export_hf_state_dict(model, cfg, tp_group=group, grads=True)
                 results[f"forward/tp{tp}/{name}/{mode}"] = {
                     "logp": logp.detach(), "ent": ent.detach(), "loss": loss.detach(), "grads": grads,
-                    "dense_calls": len(dense_calls)}
+                    "dense_calls": len(dense_calls), "head_rows": sum(head_rows)}
         if tp == 2:  # attention dropout while training: the THD path refuses (the dense one would differ)
             spec = inputs["batches"]["uneven"]
             model.decoder.layers[0].self_attention.core_attention.attention_dropout.p = 0.1

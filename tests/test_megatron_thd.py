@@ -6,7 +6,8 @@ on CPU / gloo under ``torchrun --nproc_per_node 2`` (tests/megatron_thd_worker.p
   mask vs padded rows, at TP = 1 and TP = 2, a GQA model (4 / 2 heads, 2 / 1 per rank at TP = 2),
   rows of 1 to 300 tokens with left padding and (TP = 2) rows up to ~1.4k tokens: log-probs,
   entropies, the loss and every parameter's gradient agree per sequence to 1e-5 (fp32); no attention
-  call of the THD forward takes the dense ``[S, S]`` path.
+  call of the THD forward takes the dense ``[S, S]`` path; in every layout only the response tokens'
+  hidden states reach the LM head.
 - Fused correction, TP = 2 and TP = 1 x DP = 2 (full batches: the first mini-batch's values gathered
   over the data-parallel ranks): the update's own first forward gives the separate pass's old
   log-probs, entropies and importance weights, and the same update, forwarding the first mini-batch's
@@ -119,6 +120,8 @@ def test_thd_equals_dense_mask_and_padded(run, tp, batch, ref):
         assert _close(thd["grads"][name], g, 1e-5), name
     # THD never takes the [S, S] path; the others do, once per layer
     assert thd["dense_calls"] == 0 and base["dense_calls"] == 2
+    # padded or packed, only the response tokens reach the LM head (each has a prompt token before it)
+    assert thd["head_rows"] == base["head_rows"] == int(m.sum())
 
 
 def test_thd_refuses_attention_dropout(run):

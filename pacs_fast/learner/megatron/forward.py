@@ -10,7 +10,8 @@ valid tokens of a row must be contiguous. megatron's ``GPTModel`` applies RoPE a
 (positions then equal ``cumsum(attention_mask) - 1``, as in the HF / vLLM convention) and padding
 sits only at the end, where causal attention keeps it from influencing valid tokens. Only the
 causal mask is passed (built here, on the batch's device: megatron's default one is built on
-CUDA); results are shifted back.
+CUDA); results are shifted back. Padded or packed, only the labelled positions' hidden states (the
+response tokens, given ``label_mask``) reach the LM head: prompt and padding cost no vocabulary work.
 
 Packing (``packing="on"``, or ``"auto"`` when it runs >= 20% fewer token slots). The left-aligned
 rows are laid end to end (:func:`pacs_fast.learner.packing.pack`), each keeping its own positions
@@ -29,8 +30,7 @@ rows are laid end to end (:func:`pacs_fast.learner.packing.pack`), each keeping 
   bshd rotation broadcasts like its own ``[S, 1, 1, d]``.
 
 Inside a sequence RoPE's scores depend only on relative positions, so the restart only matters for
-rounding; it keeps the angles, hence the numbers, those of the padded forward. Only the response
-positions' hidden states reach the LM head. Exact: every token attends to the same tokens at the same
+rounding; it keeps the angles, hence the numbers, those of the padded forward. Exact: every token attends to the same tokens at the same
 positions (tests/test_megatron_packing.py, tests/test_megatron_thd.py).
 """
 from __future__ import annotations
@@ -199,18 +199,19 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         raise ValueError(f"packed_attention must be one of {PACKED_ATTENTION}, got {packed_attention!r}")
     thd = packed_attention != "dense"  # auto: THD is exact for every model build_gpt_model makes
     packed = _packed_or_none(ids_l, att_l, packing, thd)
+    sel = mask_l[:, 1:]  # the labelled positions: only their hidden states reach the LM head
     if packed is None:
         position_ids = torch.arange(W, device=ids_l.device).unsqueeze(0).expand(B, W)
         blocked = torch.ones(W, W, dtype=torch.bool, device=ids_l.device).triu(1).view(1, 1, W, W)
-        hidden = _hidden(model, ids_l, position_ids, blocked)[:, :-1]  # predicts tokens 1..W-1
-    else:  # only the labelled positions' hidden states, gathered out of the bins
-        sel = mask_l[:, 1:]
+        hidden = _hidden(model, ids_l, position_ids, blocked)[:, :-1][sel]  # predicts tokens 1..W-1
+    else:  # gathered out of the bins
         if thd:
             bins = _thd_hidden(model, packed)
         else:
             with _rope_at(model, packed.position_ids):
                 bins = _hidden(model, packed.input_ids, packed.position_ids, ~packed.attention_mask)
-        hidden, labels = packed.gather(bins, sel), labels[sel]
+        hidden = packed.gather(bins, sel)
+    labels = labels[sel]
     weight = output_weight(model)
     tp_rank = 0 if tp_group is None else torch.distributed.get_rank(tp_group)
     bias = pad_bias(vocab_size, weight.shape[0], tp_rank, weight.device)
@@ -221,8 +222,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     logp, ent = (out if return_entropy else (out, None))
 
     def full(values):  # [B, T] with 0 at padding and at each row's first token
-        if packed is not None:
-            values = values.new_zeros(B, W - 1).masked_scatter(sel, values)
+        values = values.new_zeros(B, W - 1).masked_scatter(sel, values)
         return unalign(torch.cat([values.new_zeros(B, 1), values.view(B, W - 1)], 1), shift, T)
 
     return full(logp) if ent is None else (full(logp), full(ent))
