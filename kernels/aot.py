@@ -24,6 +24,8 @@ This module imports only triton and torch (and the kernel modules beside it).
 from __future__ import annotations
 
 import argparse
+import hashlib
+import inspect
 import json
 import os
 import re
@@ -77,6 +79,24 @@ def compile_fn(fn, types: dict, constexprs: dict, arch: int, num_warps: int, num
 
 
 def _resource_usage(cubin: bytes) -> dict:
+    """What ``cuobjdump`` reads in ``cubin`` (:func:`_disassemble`), kept in Triton's cache beside the
+    compiled kernels (``TRITON_CACHE_DIR``, default ``~/.triton/cache``): disassembling the SASS is most of a
+    cached compile's time. The key is the cubin and the parser's own source, so a changed parser or
+    kernel reads afresh."""
+    from triton.runtime.cache import get_cache_manager
+
+    key = hashlib.sha256(cubin + _PARSER_KEY).hexdigest()
+    cache = get_cache_manager(key)
+    hit = cache.get_file("resource_usage.json")
+    if hit is not None:
+        with open(hit) as f:
+            return json.load(f)
+    usage = _disassemble(cubin)
+    cache.put(json.dumps(usage), "resource_usage.json", binary=False)
+    return usage
+
+
+def _disassemble(cubin: bytes) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
         path = f.name
@@ -103,6 +123,7 @@ def _resource_usage(cubin: bytes) -> dict:
 # the FP32 pipe's instructions of the softmax epilogues (the GEMM itself runs on tensor cores); an ex2
 # "guard" is the compare that ``tl.exp`` / non-ftz ``ex2.approx.f32`` puts before MUFU.EX2 for denormals
 FP32_ALU = ("FADD", "FMUL", "FFMA", "FMNMX", "FSEL", "FSETP")
+_PARSER_KEY = (inspect.getsource(_disassemble) + repr(FP32_ALU)).encode()
 
 
 def logits_per_thread(row: dict) -> int | None:

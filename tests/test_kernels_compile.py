@@ -95,6 +95,19 @@ def test_aot_compile_keeps_fp_fusion_when_the_default_turns_it_off(tmp_path):
     assert out["0"][1]["FFMA"] > 0
 
 
+def test_disassembly_is_cached_by_cubin(tmp_path, monkeypatch):
+    """kernels/aot.py keeps each cubin's cuobjdump reading in Triton's cache (most of a cached compile's
+    time): read once per cubin, again for another cubin, from TRITON_CACHE_DIR."""
+    from pacs_fast.kernels import aot
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    read = []
+    monkeypatch.setattr(aot, "_disassemble", lambda cubin: read.append(cubin) or {"regs": len(cubin)})
+    assert [aot._resource_usage(c) for c in (b"cubin", b"cubin", b"other cubin")] == \
+        [{"regs": 5}, {"regs": 5}, {"regs": 11}]
+    assert read == [b"cubin", b"other cubin"]
+    assert len(list(tmp_path.rglob("resource_usage.json"))) == 2
+
+
 def _fail(rows, what):
     return f"{what}:\n" + "\n".join(f"  {r}" for r in rows)
 
