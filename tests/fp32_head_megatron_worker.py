@@ -1,10 +1,10 @@
 """Worker for tests/test_fp32_lm_head.py: ``torchrun --nproc_per_node 2`` (gloo, CPU), TP = 2.
 
 A bf16 megatron-core model (from the HF folder ``argv[1]``) computes token log-probs with
-``lm_head_fp32=True`` for the backend ``argv[3]`` (vocab-parallel ``linear_logprobs``); the op's
-inputs are captured (hidden states, this rank's head shard, labels, log-probs and their upstream
-gradient), the shards gathered, and rank 0 saves them with the head weight's bf16 gradient to
-``argv[2]`` for the test to compare with float64.
+``lm_head_fp32=True`` for each backend of ``argv[3]`` (comma-separated; vocab-parallel
+``linear_logprobs``); the op's inputs are captured (hidden states, this rank's head shard, labels,
+log-probs and their upstream gradient), the shards gathered, and rank 0 saves them with the head
+weight's bf16 gradient, per backend, to ``argv[2]`` for the test to compare with float64.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch.distributed as dist
 warnings.filterwarnings("ignore")
 
 
-def main(folder: str, out: str, backend: str, vocab: int) -> None:
+def main(folder: str, out: str, backends: list[str], vocab: int) -> None:
     from megatron.core import parallel_state as ps
     from transformers import AutoConfig
 
@@ -43,24 +43,29 @@ def main(folder: str, out: str, backend: str, vocab: int) -> None:
         return lp
 
     op.linear_logprobs = spy
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, vocab, (4, 24), generator=gen)
-    logp = token_logprobs(model, ids, torch.ones_like(ids), vocab_size=vocab, tp_group=group, backend=backend,
-                          lm_head_fp32=True)
-    (hidden, shard, labels, lp), = calls
-    upstream = []
-    lp.register_hook(lambda g: upstream.append(g.detach().clone()))
-    (logp * torch.randn(logp.shape, generator=gen)).sum().backward()
-    gathered = {}
-    for name, t in (("weight", shard), ("grad", output_weight(model).grad)):
-        parts = [torch.empty_like(t) for _ in range(2)]
-        dist.all_gather(parts, t.contiguous(), group=group)
-        gathered[name] = torch.cat(parts)
+    results = {}
+    for backend in backends:
+        calls.clear()
+        model.zero_grad(set_to_none=True)
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(3, vocab, (4, 24), generator=gen)
+        logp = token_logprobs(model, ids, torch.ones_like(ids), vocab_size=vocab, tp_group=group, backend=backend,
+                              lm_head_fp32=True)
+        (hidden, shard, labels, lp), = calls
+        upstream = []
+        lp.register_hook(lambda g: upstream.append(g.detach().clone()))
+        (logp * torch.randn(logp.shape, generator=gen)).sum().backward()
+        gathered = {}
+        for name, t in (("weight", shard), ("grad", output_weight(model).grad)):
+            parts = [torch.empty_like(t) for _ in range(2)]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            gathered[name] = torch.cat(parts)
+        results[backend] = {"hidden": hidden, "labels": labels, "logp": lp.detach(), "upstream": upstream[0],
+                            **gathered}
     if dist.get_rank() == 0:
-        torch.save({"hidden": hidden, "labels": labels, "logp": lp.detach(), "upstream": upstream[0],
-                    **gathered}, out)
+        torch.save(results, out)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4]))

@@ -36,6 +36,7 @@ import sys
 import pytest
 import torch
 
+from conftest import draw_seed
 from pacs_fast.config import AlgoConfig, LearnerConfig, load_config, validate
 from pacs_fast.data.tiny import build_char_tokenizer, tiny_qwen2_config
 from pacs_fast.learner.base import RolloutBatch
@@ -269,16 +270,16 @@ def test_learner_head_gradient_reaches_the_bf16_weight(seed, monkeypatch):
 MEGATRON_WORKER = os.path.join(os.path.dirname(__file__), "fp32_head_megatron_worker.py")
 
 
-@pytest.mark.megatron
-@pytest.mark.distributed
-@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_megatron_tp2_fp32_head(tmp_path, seed, backend):
-    """The megatron learner's op (TP = 2: each rank a vocabulary half of the bf16 head) with the
-    option: log-probs within the fp32 bound, the head's bf16 gradient the float64 one up to its
-    rounding (same bounds as the torch learner's); padded rows get no gradient."""
+@pytest.fixture(scope="module")
+def megatron_tp2(tmp_path_factory):
+    """One ``torchrun --nproc_per_node 2`` of tests/fp32_head_megatron_worker.py for both backends."""
     import socket
 
+    if importlib.util.find_spec("megatron") is None:
+        pytest.skip("megatron-core is not installed")
+    tmp_path = tmp_path_factory.mktemp("fp32_head_megatron")
+    seed = draw_seed()
+    print(f"seed={seed}")
     head_model(seed).save_pretrained(tmp_path / "model")
     TOK.save_pretrained(tmp_path / "model")
     with socket.socket() as s:
@@ -287,10 +288,20 @@ def test_megatron_tp2_fp32_head(tmp_path, seed, backend):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                            f"--master_port={port}", MEGATRON_WORKER, str(tmp_path / "model"),
-                           str(tmp_path / "out.pt"), backend, str(REAL)],
+                           str(tmp_path / "out.pt"), "torch,triton", str(REAL)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    r = torch.load(tmp_path / "out.pt")
+    return torch.load(tmp_path / "out.pt")
+
+
+@pytest.mark.megatron
+@pytest.mark.distributed
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_megatron_tp2_fp32_head(megatron_tp2, backend):
+    """The megatron learner's op (TP = 2: each rank a vocabulary half of the bf16 head) with the
+    option: log-probs within the fp32 bound, the head's bf16 gradient the float64 one up to its
+    rounding (same bounds as the torch learner's); padded rows get no gradient."""
+    r = megatron_tp2[backend]
     h, labels, w = r["hidden"], r["labels"], r["weight"][:REAL]
     keep = labels != -100
     assert h.dtype == r["weight"].dtype == r["grad"].dtype == torch.bfloat16
