@@ -24,6 +24,13 @@ HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU; none on this machine")
 
 
+def pytest_configure(config):
+    # pytest-xdist orders its work units by their number of tests unless told not to; the order
+    # pytest_collection_modifyitems gives them is the one wanted (every worker collects the same)
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
     for item in items:
@@ -31,8 +38,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
     if XDIST_WORKER:
         # the files with multi-process tests (the longest) first: with `--dist loadfile` the workers take
-        # whole files in this order, so the short ones fill in at the end instead of one long file ending
-        # the run alone (every worker collects the same order, as xdist requires)
+        # whole files in this order (pytest_configure), so the short ones fill in at the end instead of one
+        # long file ending the run alone (every worker collects the same order, as xdist requires)
         heavy = {item.path for item in items if "distributed" in item.keywords}
         items.sort(key=lambda item: item.path not in heavy)
 
