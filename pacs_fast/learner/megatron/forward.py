@@ -30,8 +30,9 @@ rows are laid end to end (:func:`pacs_fast.learner.packing.pack`), each keeping 
   bshd rotation broadcasts like its own ``[S, 1, 1, d]``.
 
 Inside a sequence RoPE's scores depend only on relative positions, so the restart only matters for
-rounding; it keeps the angles, hence the numbers, those of the padded forward. Exact: every token attends to the same tokens at the same
-positions (tests/test_megatron_packing.py, tests/test_megatron_thd.py).
+rounding; it keeps the angles, hence the numbers, those of the padded forward. Exact: every token
+attends to the same tokens at the same positions (tests/test_megatron_packing.py,
+tests/test_megatron_thd.py).
 """
 from __future__ import annotations
 
