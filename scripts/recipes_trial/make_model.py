@@ -27,8 +27,9 @@ cfg = tiny_qwen2_config(151936, hidden_size=896, num_layers=2, num_heads=14, num
 cfg.eos_token_id = hf_tok.convert_tokens_to_ids("<|im_end|>")
 cfg.pad_token_id = hf_tok.convert_tokens_to_ids("<|endoftext|>")
 cfg.bos_token_id = None
-Qwen2ForCausalLM(cfg).save_pretrained(out / "qwen")
+model = Qwen2ForCausalLM(cfg)
+model.save_pretrained(out / "qwen")
 with open(out / "data.jsonl", "w") as f:
     for i, r in enumerate(rows[:200]):
         f.write(json.dumps({"id": f"g{i}", "problem": r.get("problem") or r.get("question"), "answer": str(r["answer"])}) + "\n")
-print("vocab", len(hf_tok), "params", sum(p.numel() for p in Qwen2ForCausalLM(cfg).parameters()))
+print("vocab", len(hf_tok), "params", sum(p.numel() for p in model.parameters()))

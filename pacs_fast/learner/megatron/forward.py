@@ -195,7 +195,6 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         cols = torch.arange(T, device=input_ids.device)
         src = (cols.unsqueeze(0) + shift.unsqueeze(1)) % T
         mask_l = mask_l & label_mask.bool().gather(1, src)[:, :W]
-    labels = ids_l[:, 1:].masked_fill(~mask_l[:, 1:], -100)
     if packed_attention not in PACKED_ATTENTION:
         raise ValueError(f"packed_attention must be one of {PACKED_ATTENTION}, got {packed_attention!r}")
     thd = packed_attention != "dense"  # auto: THD is exact for every model build_gpt_model makes
@@ -212,7 +211,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             with _rope_at(model, packed.position_ids):
                 bins = _hidden(model, packed.input_ids, packed.position_ids, ~packed.attention_mask)
         hidden = packed.gather(bins, sel)
-    labels = labels[sel]
+    labels = ids_l[:, 1:][sel]
     weight = output_weight(model)
     tp_rank = 0 if tp_group is None else torch.distributed.get_rank(tp_group)
     bias = pad_bias(vocab_size, weight.shape[0], tp_rank, weight.device)
