@@ -3,6 +3,7 @@
 On a machine without CUDA the Triton kernels run under the Triton interpreter on CPU tensors;
 the variable must be set before any ``@triton.jit`` function is defined, hence here, first.
 """
+import importlib.util
 import os
 
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
@@ -22,6 +23,10 @@ import pytest  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU; none on this machine")
+# For files that only launch megatron in subprocesses: a find_spec check, not pytest.importorskip, so that
+# collecting them (on every xdist worker) does not import megatron-core (~2.6 s of CPU each time).
+requires_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
+                                       reason="needs megatron-core")
 
 
 def pytest_configure(config):

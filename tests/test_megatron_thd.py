@@ -24,13 +24,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import draw_seed
+from conftest import draw_seed, requires_megatron
 from rollout_rows import rollout_rows as _rows
 
-pytest.importorskip("megatron.core", reason="needs megatron-core")
 pytest.importorskip("transformers")
 
-pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
+pytestmark = [requires_megatron, pytest.mark.megatron, pytest.mark.distributed]
 
 WORKER = Path(__file__).with_name("megatron_thd_worker.py")
 VOCAB = 250  # odd for TP = 2: the padded vocabulary row must not count

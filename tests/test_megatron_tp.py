@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import draw_seed
+from conftest import draw_seed, requires_megatron
 
-pytest.importorskip("megatron.core", reason="needs megatron-core")
 transformers = pytest.importorskip("transformers")
 
-pytestmark = [pytest.mark.megatron, pytest.mark.distributed]
+pytestmark = [requires_megatron, pytest.mark.megatron, pytest.mark.distributed]
 
 WORKER = Path(__file__).with_name("megatron_worker.py")
 G = 4          # group size
