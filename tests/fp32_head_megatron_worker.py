@@ -1,15 +1,18 @@
-"""Worker for tests/test_fp32_lm_head.py: ``torchrun --nproc_per_node 2`` (gloo, CPU), TP = 2.
+"""Worker for tests/test_fp32_lm_head.py, TP = 2 on two gloo ranks: ``run(folder)`` in the session's
+megatron launch (tests/megatron_launch.py), or alone: ``torchrun --nproc_per_node 2
+tests/fp32_head_megatron_worker.py --workdir F``.
 
-A bf16 megatron-core model (from the HF folder ``argv[1]``) computes token log-probs with
-``lm_head_fp32=True`` for each backend of ``argv[3]`` (comma-separated; vocab-parallel
+A bf16 megatron-core model (the HF folder ``F/model``) computes token log-probs with
+``lm_head_fp32=True`` for each backend of ``inputs.pt``'s ``backends`` (vocab-parallel
 ``linear_logprobs``); the op's inputs are captured (hidden states, this rank's head shard, labels,
 log-probs and their upstream gradient), the shards gathered, and rank 0 saves them with the head
-weight's bf16 gradient, per backend, to ``argv[2]`` for the test to compare with float64.
+weight's bf16 gradient, per backend, to ``F/results.pt`` for the test to compare with float64.
 """
 from __future__ import annotations
 
+import argparse
 import importlib
-import sys
+import os
 import warnings
 
 import torch
@@ -18,7 +21,8 @@ import torch.distributed as dist
 warnings.filterwarnings("ignore")
 
 
-def main(folder: str, out: str, backends: list[str], vocab: int) -> None:
+def run(workdir: str) -> None:
+    """On the default process group (tests/megatron_launch_worker.py creates it)."""
     from megatron.core import parallel_state as ps
     from transformers import AutoConfig
 
@@ -28,6 +32,8 @@ def main(folder: str, out: str, backends: list[str], vocab: int) -> None:
     from pacs_fast.learner.megatron.model import build_gpt_model
     from pacs_fast.learner.megatron.setup import init_parallel
 
+    inputs = torch.load(os.path.join(workdir, "inputs.pt"))
+    folder, backends, vocab = os.path.join(workdir, "model"), inputs["backends"], inputs["vocab"]
     init_parallel(2)
     group = ps.get_tensor_model_parallel_group()
     cfg = AutoConfig.from_pretrained(folder)
@@ -62,10 +68,22 @@ def main(folder: str, out: str, backends: list[str], vocab: int) -> None:
             gathered[name] = torch.cat(parts)
         results[backend] = {"hidden": hidden, "labels": labels, "logp": lp.detach(), "upstream": upstream[0],
                             **gathered}
+    op.linear_logprobs = real
+    ps.destroy_model_parallel()
     if dist.get_rank() == 0:
-        torch.save(results, out)
+        torch.save(results, os.path.join(workdir, "results.pt"))
+    dist.barrier()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", required=True)
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    run(args.workdir)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4]))
+    main()

@@ -1,4 +1,5 @@
-"""Worker for tests/test_megatron_thd.py: run under ``torchrun --nproc_per_node 2`` (gloo, CPU).
+"""Worker for tests/test_megatron_thd.py: ``run(folder)`` in the session's megatron launch
+(tests/megatron_launch.py), or alone: ``torchrun --nproc_per_node 2 tests/megatron_thd_worker.py --workdir F``.
 
 1. forward, TP = 1 (two replicas) and TP = 2: per-token log-probs, entropies, a PACS + entropy loss
    and every parameter's gradient (gathered to HF names) of the padded rows (``packing="off"``), the
@@ -92,6 +93,7 @@ def forward(inputs, results):
                 results["dropout_error"] = str(e)
         ps.destroy_model_parallel()
     DotProductAttention.forward = dense_forward
+    head_op.linear_logprobs = head
 
 
 def learner(inputs, results):
@@ -133,19 +135,24 @@ def learner(inputs, results):
             lrn.close()
 
 
+def run(workdir: str) -> None:
+    """Both parts on the default process group (tests/megatron_launch_worker.py creates it)."""
+    inputs = torch.load(os.path.join(workdir, "inputs.pt"))
+    results = {}
+    forward(inputs, results)
+    learner(inputs, results)
+    if dist.get_rank() == 0:
+        torch.save(results, os.path.join(workdir, "results.pt"))
+    dist.barrier()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
     args = ap.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    inputs = torch.load(os.path.join(args.workdir, "inputs.pt"))
-    results = {}
-    forward(inputs, results)
-    learner(inputs, results)
-    if dist.get_rank() == 0:
-        torch.save(results, os.path.join(args.workdir, "results.pt"))
-    dist.barrier()
+    run(args.workdir)
     dist.destroy_process_group()
 
 

@@ -1,6 +1,5 @@
-"""Worker for tests/test_megatron_*.py: run under ``torchrun --nproc_per_node 2`` (gloo, CPU).
-
-One launch serves all multi-process checks (process start + megatron import are the cost):
+"""Worker for tests/test_megatron_tp.py: ``run(folder)`` in the session's megatron launch
+(tests/megatron_launch.py), or alone: ``torchrun --nproc_per_node 2 tests/megatron_worker.py --workdir F``.
 
 1. parity: for TP = 1 (two data-parallel replicas) and TP = 2, for the tied and the untied tiny
    model: per-token log-probs, the PACS loss and its gradients (gathered to HF names).
@@ -59,6 +58,19 @@ def parity(inputs, results, variants):
         ps.destroy_model_parallel()
 
 
+def run(workdir: str, parts=("parity", "learner")) -> None:
+    """On the default process group (tests/megatron_launch_worker.py creates it)."""
+    inputs = torch.load(os.path.join(workdir, "inputs.pt"))
+    results = {}
+    if "parity" in parts:
+        parity(inputs, results, inputs["variants"])
+    if "learner" in parts:
+        learner_step(inputs, results, workdir)
+    if dist.get_rank() == 0:
+        torch.save(results, os.path.join(workdir, "results.pt"))
+    dist.barrier()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
@@ -66,16 +78,7 @@ def main():
     args = ap.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    inputs = torch.load(os.path.join(args.workdir, "inputs.pt"))
-    results = {}
-    parts = args.parts.split(",")
-    if "parity" in parts:
-        parity(inputs, results, inputs["variants"])
-    if "learner" in parts:
-        learner_step(inputs, results, args.workdir)
-    if dist.get_rank() == 0:
-        torch.save(results, os.path.join(args.workdir, "results.pt"))
-    dist.barrier()
+    run(args.workdir, args.parts.split(","))
     dist.destroy_process_group()
 
 

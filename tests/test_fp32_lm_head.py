@@ -6,7 +6,7 @@ only the head's arithmetic is measured:
 
 - the HF engine (both samplers) and the vLLM engine (``head_dtype=float32``): the fp32 head is
   within an fp32 bound that follows the logits' conditioning, and the bf16 head is outside it;
-- the torch learner (torch and Triton backends) and the megatron learner's op (TP = 2, torchrun)
+- the torch learner (torch and Triton backends) and the megatron learner's op (TP = 2, two ranks)
   within the same bound;
 - engine vs learner on a model with no decoder layer (its hidden states are a function of the
   token alone, so they are the same in both): the whole gap is the two heads', fp32-small when on;
@@ -267,31 +267,24 @@ def test_learner_head_gradient_reaches_the_bf16_weight(seed, monkeypatch):
     assert bool(((grad[:REAL].double() - ref).abs() <= bound).all())
 
 
-MEGATRON_WORKER = os.path.join(os.path.dirname(__file__), "fp32_head_megatron_worker.py")
+def prepare_megatron_inputs(wd) -> None:
+    """tests/fp32_head_megatron_worker.py's model and ``inputs.pt`` in ``wd`` (tests/megatron_launch.py:
+    once per session)."""
+    seed = draw_seed()
+    (wd / "seed.txt").write_text(str(seed))
+    head_model(seed).save_pretrained(wd / "model")
+    TOK.save_pretrained(wd / "model")
+    torch.save({"backends": ["torch", "triton"], "vocab": REAL}, wd / "inputs.pt")
 
 
 @pytest.fixture(scope="module")
-def megatron_tp2(tmp_path_factory):
-    """One ``torchrun --nproc_per_node 2`` of tests/fp32_head_megatron_worker.py for both backends."""
-    import socket
-
+def megatron_tp2(request, tmp_path_factory):
+    """The worker's results for both backends, from the session's megatron launch."""
     if importlib.util.find_spec("megatron") is None:
         pytest.skip("megatron-core is not installed")
-    tmp_path = tmp_path_factory.mktemp("fp32_head_megatron")
-    seed = draw_seed()
-    print(f"seed={seed}")
-    head_model(seed).save_pretrained(tmp_path / "model")
-    TOK.save_pretrained(tmp_path / "model")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                           f"--master_port={port}", MEGATRON_WORKER, str(tmp_path / "model"),
-                           str(tmp_path / "out.pt"), "torch,triton", str(REAL)],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(tmp_path / "out.pt")
+    from megatron_launch import megatron_folder
+
+    return torch.load(megatron_folder(request, tmp_path_factory, "test_fp32_lm_head.py") / "results.pt")
 
 
 @pytest.mark.megatron

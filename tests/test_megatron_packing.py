@@ -1,5 +1,6 @@
 """The megatron learner on long, uneven rows (issue 21): packed rows, token-budget micro-batches and the
-data-parallel-sharded optimiser, on CPU / gloo under ``torchrun --nproc_per_node 2``.
+data-parallel-sharded optimiser, on CPU / gloo on two ranks (tests/megatron_packing_worker.py, in the
+session's one megatron launch: tests/megatron_launch.py).
 
 - Packed vs padded, TP = 2, a Qwen2.5-width model (hidden 896, 14 / 2 heads, 151,936 vocabulary rows,
   tied head, 2 layers), rows of 1 to 300 tokens with left padding: per-token log-probs, entropies,
@@ -16,16 +17,13 @@ equals the replicated run) is in tests/test_train_scaleout.py.
 from __future__ import annotations
 
 import math
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import draw_seed, requires_megatron
+from megatron_launch import megatron_folder
 from rollout_rows import rollout_rows as _rows
 
 VOCAB = 151_936  # Qwen2.5's LM-head rows
@@ -34,24 +32,15 @@ pytest.importorskip("transformers")
 
 pytestmark = [requires_megatron, pytest.mark.megatron, pytest.mark.distributed]
 
-WORKER = Path(__file__).with_name("megatron_packing_worker.py")
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def prepare_megatron_inputs(wd: Path) -> None:
+    """The worker's models and ``inputs.pt`` in ``wd`` (tests/megatron_launch.py: once per session)."""
     from transformers import Qwen2ForCausalLM
 
     from pacs_fast.data.tiny import make_tiny_model, tiny_qwen2_config
 
-    wd = tmp_path_factory.mktemp("megatron_packing")
     seed = draw_seed()
-    print(f"seed={seed}")
+    (wd / "seed.txt").write_text(str(seed))
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -78,13 +67,13 @@ def run(tmp_path_factory):
                   "rewards": (torch.rand(16, generator=gen) < 0.5).float(), "group_size": 4},
     }
     torch.save({"forward": forward, "learner": learner}, wd / "inputs.pt")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
-           str(WORKER), "--workdir", str(wd)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
-    if proc.returncode != 0:
-        pytest.fail(f"megatron packing worker failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")
-    return {"forward": forward, "learner": learner}, torch.load(wd / "results.pt")
+
+
+@pytest.fixture(scope="module")
+def run(request, tmp_path_factory):
+    """(inputs, results) of tests/megatron_packing_worker.py, from the session's megatron launch."""
+    wd = megatron_folder(request, tmp_path_factory, "test_megatron_packing.py")
+    return torch.load(wd / "inputs.pt"), torch.load(wd / "results.pt")
 
 
 def _close(a, b, rel):

@@ -1,5 +1,6 @@
 """The megatron learner's packed rows in THD layout (issue 38) and its fused off-policy correction,
-on CPU / gloo under ``torchrun --nproc_per_node 2`` (tests/megatron_thd_worker.py).
+on CPU / gloo on two ranks (tests/megatron_thd_worker.py, in the session's one megatron launch:
+tests/megatron_launch.py).
 
 - THD (one row, ``PackedSeqParams`` with ``cu_seqlens``, megatron's per-sequence RoPE, the varlen
   core attention of :mod:`pacs_fast.learner.megatron.core_attention`) vs the dense block-diagonal
@@ -15,30 +16,20 @@ on CPU / gloo under ``torchrun --nproc_per_node 2`` (tests/megatron_thd_worker.p
 """
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import draw_seed, requires_megatron
+from megatron_launch import megatron_folder
 from rollout_rows import rollout_rows as _rows
 
 pytest.importorskip("transformers")
 
 pytestmark = [requires_megatron, pytest.mark.megatron, pytest.mark.distributed]
 
-WORKER = Path(__file__).with_name("megatron_thd_worker.py")
 VOCAB = 250  # odd for TP = 2: the padded vocabulary row must not count
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _forward_batch(gen, lengths, *, tp, modes):
@@ -49,15 +40,14 @@ def _forward_batch(gen, lengths, *, tp, modes):
             "logp_ref": -3 * torch.rand(B, ids.shape[1], generator=gen) * rm, "tp": tp, "modes": modes}
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def prepare_megatron_inputs(wd: Path) -> None:
+    """The worker's models and ``inputs.pt`` in ``wd`` (tests/megatron_launch.py: once per session)."""
     from transformers import Qwen2ForCausalLM
 
     from pacs_fast.data.tiny import make_tiny_model, tiny_qwen2_config
 
-    wd = tmp_path_factory.mktemp("megatron_thd")
     seed = draw_seed()
-    print(f"seed={seed}")
+    (wd / "seed.txt").write_text(str(seed))
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -83,13 +73,13 @@ def run(tmp_path_factory):
     }
     inputs = {"model": str(wd / "qwen"), "batches": batches, "learner": learner}
     torch.save(inputs, wd / "inputs.pt")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
-           str(WORKER), "--workdir", str(wd)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
-    if proc.returncode != 0:
-        pytest.fail(f"megatron THD worker failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")
-    return inputs, torch.load(wd / "results.pt")
+
+
+@pytest.fixture(scope="module")
+def run(request, tmp_path_factory):
+    """(inputs, results) of tests/megatron_thd_worker.py, from the session's megatron launch."""
+    wd = megatron_folder(request, tmp_path_factory, "test_megatron_thd.py")
+    return torch.load(wd / "inputs.pt"), torch.load(wd / "results.pt")
 
 
 def _close(a, b, rel):

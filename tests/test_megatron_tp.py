@@ -1,35 +1,25 @@
 """Megatron-core tensor-parallel learner: TP=2 (and TP=1 x DP=2) vs transformers, on CPU/gloo.
 
-One ``torchrun --nproc_per_node 2 tests/megatron_worker.py`` launch (module fixture) computes
-everything on the megatron side; the tests compare it with the Hugging Face model and the PyTorch
+tests/megatron_worker.py, on two gloo ranks in the session's one megatron launch (tests/megatron_launch.py),
+computes everything on the megatron side; the tests compare it with the Hugging Face model and the PyTorch
 learner on the same weights and the same fresh random batch.
 """
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import draw_seed, requires_megatron
+from megatron_launch import megatron_folder
 
 transformers = pytest.importorskip("transformers")
 
 pytestmark = [requires_megatron, pytest.mark.megatron, pytest.mark.distributed]
 
-WORKER = Path(__file__).with_name("megatron_worker.py")
 G = 4          # group size
 TOL = 2e-5     # fp32, tiny model: observed differences are ~1e-6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _padded_batch(gen, B, T, *, left_pad: bool):
@@ -73,13 +63,12 @@ def _llama_model(path, seed) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def prepare_megatron_inputs(wd: Path) -> None:
+    """The worker's models and ``inputs.pt`` in ``wd`` (tests/megatron_launch.py: once per session)."""
     from pacs_fast.data.tiny import make_tiny_model
 
-    wd = tmp_path_factory.mktemp("megatron")
     seed = draw_seed()
-    print(f"seed={seed}")
+    (wd / "seed.txt").write_text(str(seed))
     gen = torch.Generator().manual_seed(seed)
     models = {"tied": str(make_tiny_model(wd / "tied", seed=seed % 1000)),
               "untied": str(make_tiny_model(wd / "untied", seed=seed % 1000 + 1, tie_word_embeddings=False)),
@@ -106,13 +95,13 @@ def run(tmp_path_factory):
                   response_mask=rm, rewards=rewards, logp_ref=-5 * torch.rand(B, T, generator=gen) * rm,
                   group_size=G, learner=learner)
     torch.save(inputs, wd / "inputs.pt")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           f"--master_port={_free_port()}", str(WORKER), "--workdir", str(wd)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
-    if proc.returncode != 0:
-        pytest.fail(f"megatron worker failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")
-    return inputs, torch.load(wd / "results.pt"), wd
+
+
+@pytest.fixture(scope="module")
+def run(request, tmp_path_factory):
+    """(inputs, results, folder) of tests/megatron_worker.py, from the session's megatron launch."""
+    wd = megatron_folder(request, tmp_path_factory, "test_megatron_tp.py")
+    return torch.load(wd / "inputs.pt"), torch.load(wd / "results.pt"), wd
 
 
 def _hf(path):
