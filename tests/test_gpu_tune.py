@@ -28,6 +28,33 @@ def _tune(*args, timeout=240):
                           capture_output=True, text=True, timeout=timeout)
 
 
+_REFUSALS = r'''
+import contextlib, io, json, sys
+sys.path.insert(0, "bench/gpu")
+import tune
+out = []
+for argv in json.loads(sys.argv[1]):
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            tune.main(argv)
+        out.append({"exit": None, "stdout": printed.getvalue()})
+    except SystemExit as e:
+        out.append({"exit": str(e.code), "stdout": printed.getvalue()})
+print("RESULT", json.dumps(out))
+'''
+
+
+def _refusals(argvs):
+    """``tune.main(argv)`` for each argv in one fresh process (a process each cost ~1.5 s of CPU):
+    [{"exit": the SystemExit message or None, "stdout": what it printed}]."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _REFUSALS, json.dumps(argvs)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("RESULT ", 1)[1])
+
+
 def _config(mod, kernel, arch):
     from pacs_fast.kernels import linear_logprobs as KL, token_logprobs as KT
     if mod == "token_logprobs":
@@ -117,11 +144,12 @@ def test_pingpong_sweep_times_the_pingpong_launch_second(tmp_path, monkeypatch):
 def test_pingpong_names_only_swept_gluon_kernels():
     """``--pingpong`` naming a kernel without a ping-pong launch, or one not swept, is a one-line error
     before anything is compiled."""
-    for pp in ("linear_logprobs.stats_tiles", "linear_logprobs.dlogits_gluon"):
-        proc = _tune("--dry-run", "--kernels", "linear_logprobs.stats_tiles,linear_logprobs.stats_gluon",
-                     "--pingpong", pp, timeout=60)
-        assert proc.returncode != 0 and "stage-1" not in proc.stdout, proc.stdout[-500:]
-        assert proc.stderr.strip().splitlines()[-1].startswith(f"--pingpong ['{pp}']"), proc.stderr[-500:]
+    pps = ("linear_logprobs.stats_tiles", "linear_logprobs.dlogits_gluon")
+    got = _refusals([["--dry-run", "--kernels", "linear_logprobs.stats_tiles,linear_logprobs.stats_gluon",
+                      "--pingpong", pp] for pp in pps])
+    for pp, r in zip(pps, got):
+        assert r["exit"] is not None and "stage-1" not in r["stdout"], (pp, r)
+        assert r["exit"].startswith(f"--pingpong ['{pp}']"), (pp, r)
 
 
 def test_launch_config_reads_the_written_table(table, monkeypatch):
@@ -235,10 +263,11 @@ def test_tune_at_times_the_finalists_at_another_hidden_size():
 
 
 def test_also_h_rejects_bad_sizes_before_compiling():
-    for bad in ("896,abc", "900", "4096", "-896"):
-        proc = _tune("--dry-run", "--kernels", "linear_logprobs.stats_tiles", "--also-h", bad, timeout=60)
-        assert proc.returncode != 0 and "stage-1" not in proc.stdout, (bad, proc.stdout[-500:])
-        assert proc.stderr.strip().splitlines()[-1].startswith("--also-h"), (bad, proc.stderr[-500:])
+    bads = ("896,abc", "900", "4096", "-896")
+    got = _refusals([["--dry-run", "--kernels", "linear_logprobs.stats_tiles", "--also-h", bad] for bad in bads])
+    for bad, r in zip(bads, got):
+        assert r["exit"] is not None and "stage-1" not in r["stdout"], (bad, r)
+        assert r["exit"].startswith("--also-h"), (bad, r)
 
 
 def test_kernel_choice_reads_the_measured_table(table, tmp_path, monkeypatch):

@@ -208,16 +208,30 @@ def test_clip_defaults_follow_the_algorithm(overrides, low, high, tmp_path):
     (["algo.name=cispo", "algo.clip_low=nan"], "algo.clip_low must be a finite number"),
     (["algo.name=gsp0"], "algo.name must be one of"),
 ])
-def test_bad_values_refused_before_loading(overrides, key, tmp_path):
-    """One line naming the key, exit 2, before any model or engine loads (train.py validates first)."""
+def test_bad_values_refused_before_loading(overrides, key, tmp_path, capsys):
+    """One line naming the key, exit 2, before any model or engine loads (train.py validates first).
+    The CLI's entry point in this process (a fresh interpreter per case cost ~1.4 s of CPU each); the
+    command line itself: the next test."""
+    from pacs_fast.train import main
+
+    with pytest.raises(SystemExit) as e:
+        main([*overrides, f"train.out_dir={tmp_path}"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and key in lines[0], err
+    assert not any(tmp_path.iterdir())  # nothing was created
+
+
+def test_a_bad_value_on_the_command_line_exits_2_with_one_line(tmp_path):
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "pacs_fast.train", *overrides, f"train.out_dir={tmp_path}"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "pacs_fast.train", "algo.name=gspo", "algo.clip_low=-1e-4",
+                        f"train.out_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
-    assert len(lines) == 1 and key in lines[0], r.stderr
-    assert not any(tmp_path.iterdir())  # nothing was created
+    assert len(lines) == 1 and "algo.clip_low must be in [0, inf)" in lines[0], r.stderr
+    assert not any(tmp_path.iterdir())
 
 
 def test_off_policy_correction_level_follows_the_objective():
