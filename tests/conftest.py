@@ -57,6 +57,19 @@ def draw_seed() -> int:
     return int(given) if given else int.from_bytes(os.urandom(4), "little")
 
 
+def copy_as_killed_in_checkpoint(run, dest, step: int):
+    """A copy of the finished run folder ``run`` at ``dest``, as a SIGKILL while step ``step`` wrote its
+    checkpoint leaves a run: that step's records written, its checkpoint folder not in place
+    (``latest`` names step ``step - 1``), no summary. ``--resume dest`` must redo step ``step`` on."""
+    import shutil
+
+    shutil.copytree(run, dest)
+    shutil.rmtree(dest / "checkpoints" / f"step_{step:06d}")
+    (dest / "checkpoints" / "latest").write_text(f"step_{step - 1:06d}")
+    (dest / "summary.json").unlink()
+    return dest
+
+
 @pytest.fixture
 def seed():
     """A fresh seed per test run (printed on failure) so random inputs differ between runs;

@@ -10,7 +10,6 @@ weight's bf16 gradient, per backend, to ``F/results.pt`` for the test to compare
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import warnings
@@ -75,15 +74,7 @@ def run(workdir: str) -> None:
     dist.barrier()
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workdir", required=True)
-    args = ap.parse_args()
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    run(args.workdir)
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    from megatron_launch_worker import run_alone
+
+    run_alone(run)

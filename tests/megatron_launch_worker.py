@@ -7,6 +7,7 @@ state destroyed and every function it spied on restored, so the next worker star
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 import warnings
@@ -26,6 +27,17 @@ def main(pairs: list[str]) -> None:
             print(f"=== {name}: {folder}", file=sys.stderr, flush=True)
         importlib.import_module(name).run(folder)
         dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_alone(run) -> None:
+    """A worker's ``run`` as the whole launch: ``torchrun --nproc_per_node 2 tests/<worker>.py --workdir F``."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", required=True)
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    run(args.workdir)
     dist.destroy_process_group()
 
 

@@ -14,7 +14,6 @@ Inputs: ``<workdir>/inputs.pt``; rank 0 writes ``<workdir>/results.pt``.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import warnings
 
@@ -112,15 +111,7 @@ def run(workdir: str) -> None:
     dist.barrier()
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workdir", required=True)
-    args = ap.parse_args()
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    run(args.workdir)
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    from megatron_launch_worker import run_alone
+
+    run_alone(run)

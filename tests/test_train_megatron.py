@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from conftest import copy_as_killed_in_checkpoint
 from pacs_fast.config import load_config, validate
 from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
 
@@ -56,8 +57,6 @@ def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path):
     it (step 4's records written, its checkpoint not: ``latest`` names step 3) resumes under torchrun
     and gives the same records and bit-identical weights. (Continuing a finished run for more steps,
     ``--resume RUN train.steps=N``, is checked under torchrun in tests/test_async_scaleout.py.)"""
-    import shutil
-
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
@@ -79,11 +78,7 @@ def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path):
     assert sorted(p.name for p in (full / "checkpoints").glob("step_*")) == ["step_000003", "step_000004"]
     assert not list((full / "checkpoints").glob(".tmp-*"))
 
-    split = tmp_path / "split"
-    shutil.copytree(full, split)
-    shutil.rmtree(split / "checkpoints" / "step_000004")
-    (split / "checkpoints" / "latest").write_text("step_000003")
-    (split / "summary.json").unlink()
+    split = copy_as_killed_in_checkpoint(full, tmp_path / "split", 4)
     out = torchrun(["--resume", str(split)])
     assert out.count("resumed from") == 1 and "(step 3)" in out
     a = deterministic_view(read_jsonl(full / "metrics.jsonl"))

