@@ -58,11 +58,11 @@ def _launch(files: list[str], base: Path) -> dict:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=600)
+        out, err = proc.communicate(timeout=400)  # under pytest.ini's 600 s per test
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         out, err = proc.communicate()
-        return {"ok": False, "log": f"timed out after 600 s\n{err[-6000:]}"}
+        return {"ok": False, "log": f"timed out after 400 s\n{err[-6000:]}"}
     return {"ok": proc.returncode == 0, "log": f"rc={proc.returncode}\n{err[-6000:]}"}
 
 
