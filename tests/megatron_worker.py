@@ -13,7 +13,6 @@ Inputs come from ``<workdir>/inputs.pt`` (written by the test); rank 0 writes
 """
 from __future__ import annotations
 
-import argparse
 import os
 import time
 import warnings
@@ -58,28 +57,15 @@ def parity(inputs, results, variants):
         ps.destroy_model_parallel()
 
 
-def run(workdir: str, parts=("parity", "learner")) -> None:
-    """On the default process group (tests/megatron_launch_worker.py creates it)."""
+def run(workdir: str) -> None:
+    """Both parts on the default process group (tests/megatron_launch_worker.py creates it)."""
     inputs = torch.load(os.path.join(workdir, "inputs.pt"))
     results = {}
-    if "parity" in parts:
-        parity(inputs, results, inputs["variants"])
-    if "learner" in parts:
-        learner_step(inputs, results, workdir)
+    parity(inputs, results, inputs["variants"])
+    learner_step(inputs, results, workdir)
     if dist.get_rank() == 0:
         torch.save(results, os.path.join(workdir, "results.pt"))
     dist.barrier()
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workdir", required=True)
-    ap.add_argument("--parts", default="parity,learner")
-    args = ap.parse_args()
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    run(args.workdir, args.parts.split(","))
-    dist.destroy_process_group()
 
 
 def learner_step(inputs, results, workdir):
@@ -140,4 +126,6 @@ def learner_step(inputs, results, workdir):
 
 
 if __name__ == "__main__":
-    main()
+    from megatron_launch_worker import run_alone
+
+    run_alone(run)

@@ -312,7 +312,7 @@ import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 from test_fp32_lm_head import engine_errors_vllm
 seed = int(sys.argv[3])
-print("RESULT", json.dumps({on: engine_errors_vllm(f"{sys.argv[2]}/m{int(on)}", seed, on) for on in (False, True)}))
+print("RESULT", json.dumps([engine_errors_vllm(f"{sys.argv[2]}/m{int(on)}", seed, on) for on in (False, True)]))
 '''
 
 
@@ -364,7 +364,7 @@ def test_vllm_fp32_head_is_within_the_fp32_bound(tmp_path, seed):
     proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, os.path.dirname(__file__), str(tmp_path),
                            str(seed % 10**6)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = {k == "true": v for k, v in json.loads(proc.stdout.split("RESULT ", 1)[1]).items()}
+    res = dict(zip((False, True), json.loads(proc.stdout.split("RESULT ", 1)[1])))  # the bf16 head, the fp32 head
     on, off = (torch.tensor(res[k]["err"]) for k in (True, False))
     print(f"vLLM |logp - float64|: fp32 head max {on.max():.2e}, bf16 head max {off.max():.2e}")
     assert res[True]["logits_dtype"] == "torch.float32" and res[False]["logits_dtype"] == "torch.bfloat16"
