@@ -24,6 +24,7 @@ extras = {
         "pytest-timeout>=2.3",
         "pytest-xdist>=3.6",  # the README's test command runs two workers (tests/conftest.py)
         "hypothesis>=6.100",
+        "filelock>=3.12",  # tests/megatron_launch.py: one megatron launch per session across xdist workers
         "triton>=3.6,<3.10",  # the tested range (see "triton" above)
         "pyarrow>=14",
         "megatron-core>=0.16,<0.17",
