@@ -30,6 +30,7 @@ import argparse
 import errno
 import os
 import sys
+import time
 from pathlib import Path
 
 from pacs_fast.openmp import quiet_openmp_waits
@@ -77,11 +78,20 @@ def resolve(args) -> tuple[object, Path]:
     return cfg, run_dir
 
 
+# torchrun stops every worker as soon as one exits with an error: the other ranks wait this long before
+# exiting, so that rank 0, failing alike, prints its line and exits first (a faster rank 1 once had
+# rank 0 stopped before it printed: the launch failed with no error line)
+PEER_EXIT_DELAY_S = 10.0
+
+
 def fail(message: str, code: int) -> None:
     """Prints ``error: message`` once per launch (under torchrun every rank fails alike: global rank
-    0 prints) and exits with ``code``."""
+    0 prints) and exits with ``code``; the other ranks exit :data:`PEER_EXIT_DELAY_S` later (or are
+    stopped by torchrun once rank 0 has exited)."""
     if os.environ.get("RANK", "0") == "0":
         print(f"error: {message}", file=sys.stderr, flush=True)
+    else:
+        time.sleep(PEER_EXIT_DELAY_S)
     sys.exit(code)
 
 

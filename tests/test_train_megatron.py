@@ -133,6 +133,24 @@ def test_cli_rejects_a_bad_layout_before_any_work(tmp_path, monkeypatch, capsys)
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_only_rank_0_prints_a_failure_and_it_exits_first(rank, monkeypatch, capsys):
+    """torchrun stops every worker once one has failed: a rank 1 that exited first once had rank 0
+    stopped before it printed (a CI run: no error line at all). The other ranks exit later."""
+    import pacs_fast.train as cli
+
+    slept = []
+    monkeypatch.setattr(cli.time, "sleep", slept.append)
+    monkeypatch.setenv("RANK", rank)
+    with pytest.raises(SystemExit) as e:
+        cli.fail("bad key", 2)
+    assert e.value.code == 2
+    if rank == "0":
+        assert capsys.readouterr().err == "error: bad key\n" and slept == []
+    else:
+        assert capsys.readouterr().err == "" and slept == [cli.PEER_EXIT_DELAY_S] and cli.PEER_EXIT_DELAY_S >= 5
+
+
 @pytest.mark.distributed
 def test_a_config_error_under_torchrun_is_printed_once(tmp_path):
     """Every rank fails alike on a bad setting; only global rank 0 prints the line (it was printed
