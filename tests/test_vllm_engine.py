@@ -160,6 +160,25 @@ def test_engine_leaves_process_state_alone(tiny_path, engine):
 
 @needs_vllm
 @pytest.mark.vllm
+def test_cpu_engine_runs_vllm_eagerly(engine):
+    """On the CPU vLLM runs without torch.compile. TORCH_COMPILE_DISABLE=1 alone came too late: torch
+    reads it once, when its dynamo config is first imported (transformers imports it), so vLLM's own
+    @torch.compile helpers were traced and compiled in every engine process (the vocab-parallel
+    embedding's input mask, used at TP > 1, here called directly: a fresh function for dynamo)."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU behaviour: on CUDA vLLM compiles by design")
+    from torch._dynamo.utils import counters
+    from vllm.model_executor.layers.vocab_parallel_embedding import get_masked_input_and_mask
+
+    before = {k: dict(v) for k, v in counters.items()}
+    masked, outside = get_masked_input_and_mask(torch.tensor([3, 40, 70, 63]), 32, 64, 0, 64, 64)
+    assert masked.tolist() == [0, 8, 0, 31] and outside.tolist() == [True, False, True, False]
+    assert {k: dict(v) for k, v in counters.items()} == before  # nothing traced or compiled
+    assert torch._dynamo.config.disable
+
+
+@needs_vllm
+@pytest.mark.vllm
 def test_generate_counts_and_seed(engine, seed):
     gen = torch.Generator().manual_seed(seed)
     prompts = random_seqs(gen, 3)

