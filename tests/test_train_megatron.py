@@ -196,5 +196,10 @@ def test_two_data_parallel_ranks_reproduce_one_process(tmp_path):
         exact = [k for k in a if k.startswith(("reward/", "eval/", "length/", "response/")) or k == "kind"]
         assert {k: a[k] for k in exact} == {k: b.get(k) for k in exact}, (a["kind"], a["step"])
         for k, v in a.items():
-            if isinstance(v, float) and k not in exact and k != "rollout/generating_ranks":
+            if k.startswith("rollout/logprob_diff_"):
+                # the HF engine's log-probs vs the learner's: float noise whose size depends on how each
+                # layout batches its GEMMs (3.1e-6 on two ranks vs 4.2e-6 on one with ATen's AVX2
+                # kernels, equal with its AVX-512 ones): bounded on both, not compared
+                assert 0 <= v < 1e-3 and 0 <= b[k] < 1e-3, (k, v, b[k])
+            elif isinstance(v, float) and k not in exact and k != "rollout/generating_ranks":
                 assert b[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
