@@ -201,11 +201,15 @@ def test_checkpoint_resumes_under_another_tp_size(run):
 def test_reference_model_and_reset(run, torch_step):
     _, res, _ = run
     got = res["learner/tp2"]
+    # The same weights in another module: the CPU GEMM may block them differently at other addresses, a
+    # few float32 ulps of log-probs up to ~6 in size (ulp 4.8e-7; 1.43e-6 seen once): 1e-5 (~20 ulps),
+    # ten times below the update's own change (> 1e-4, asserted below).
+    same = 1e-5
     # the fixed reference still gives the initial policy's log-probs after the update ...
-    assert float((got["ref_after_update"] - got["old_logp"]).abs().max()) < 1e-6
+    assert float((got["ref_after_update"] - got["old_logp"]).abs().max()) < same
     # ... and the updated policy after a reset
     assert float((got["policy_after_update"] - got["old_logp"]).abs().max()) > 1e-4
-    assert float((got["ref_after_reset"] - got["policy_after_update"]).abs().max()) < 1e-6
+    assert float((got["ref_after_reset"] - got["policy_after_update"]).abs().max()) < same
 
 
 def test_ranks_with_different_batches_raise(run):
