@@ -4,9 +4,9 @@
 # constrained by requirements/ci.lock (refresh: `bash scripts/lock.sh`). Idempotent: rerunning only
 # installs what is missing. `python scripts/check_lock.py` compares the result with the lock.
 #
-# The packages go in with uv (`uv pip install`, pinned below): the same files pip would take, ~3x
-# faster (this script: 107 s with pip, see bench/README.md "Setup time"). uv writes no bytecode;
-# Python caches each module's on its first import.
+# The packages go in with uv (`uv pip install`, pinned below): the same files pip would take, ~4x
+# faster (103 s with pip, 26 s this way: bench/bench_setup.sh, bench/README.md "Setup time"). uv writes
+# no bytecode; Python caches each module's on its first import.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
