@@ -38,12 +38,13 @@ from pacs_fast.openmp import quiet_openmp_waits
 quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, then sleep (pacs_fast/openmp.py)
 
 from pacs_fast.config import ATTENTIONS  # noqa: E402
-from pacs_fast.data.datasets import BENCHMARKS, Problem, load_benchmark, load_dataset
-from pacs_fast.evaluation.args import ArgumentParser, UsageError, check_ks, check_run_args, read_json
+from pacs_fast.data.datasets import BENCHMARKS
+from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, load_benchmarks,
+                                       read_json)
 from pacs_fast.files import write_text_atomic
 from pacs_fast.evaluation.report import markdown_table, plot_pass_at_k
-from pacs_fast.evaluation.results import (append_records, default_n, load_results, read_samples,
-                                          results_from_samples, samples_path)
+from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, load_results,
+                                          problem_digest, read_samples, results_from_samples, samples_path)
 
 DEFAULT_BENCHMARKS = "math500,amc23,aime2024,aime2025"
 SAMPLING_KEYS = ("model", "temperature", "top_p", "max_tokens", "seed", "n", "system", "instruction")
@@ -121,31 +122,6 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def _load_problems(entry: str, args) -> tuple[str, list[Problem]]:
-    """One ``--benchmarks`` entry: its name and problems (an error names the file; empty is an error)."""
-    if entry in BENCHMARKS:
-        name, problems = entry, load_benchmark(entry, limit=args.limit)
-    else:
-        path = Path(entry)
-        if not path.exists():
-            raise UsageError(f"unknown benchmark {entry!r} (known: {', '.join(BENCHMARKS)}; or a dataset file)")
-        if not path.is_file():
-            raise UsageError(f"--benchmarks {entry}: not a file")
-        name = path.name.split(".")[0]
-        try:
-            problems = load_dataset(path, problem_field=args.problem_field, answer_field=args.answer_field,
-                                    limit=args.limit, field_settings="--problem-field / --answer-field")
-        except UnicodeDecodeError as e:
-            raise UsageError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
-                             f"save the file as UTF-8") from None
-        except (ValueError, OSError, ImportError) as e:
-            msg = str(e)
-            raise UsageError(msg if str(path) in msg else f"{path}: {msg}") from None
-    if not problems:
-        raise UsageError(f"benchmark {name} ({entry}) holds no problems")
-    return name, problems
-
-
 def _n_for(name: str, spec, temperature: float) -> int:
     """Samples per problem of one benchmark: ``--n`` when it names one, else the paper's; at
     ``--temperature 0`` (greedy decoding, every sample the same) 1, and more is an error."""
@@ -258,7 +234,7 @@ def run(argv: list[str]) -> int:
     model_id = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     label = args.label or Path(args.model.rstrip("/")).name
     out_dir = Path(args.out or Path("eval_results") / label)
-    sets = dict(_load_problems(e.strip(), args) for e in args.benchmarks.split(",") if e.strip())
+    sets, sources = load_benchmarks(args.benchmarks, args)
     if isinstance(args.n, dict) and set(args.n) - set(sets):
         raise UsageError(f"--n names {sorted(set(args.n) - set(sets))}, not among the benchmarks {list(sets)}")
     if not sets:
@@ -271,6 +247,8 @@ def run(argv: list[str]) -> int:
     _check_config(out_dir, config, args.overwrite)
 
     done = {b: read_samples(samples_path(out_dir, b), repair=True) for b in sets}
+    for b, problems in sets.items():  # a resume continues the same problems, or refuses
+        check_records_match(samples_path(out_dir, b), done[b], problems, sources[b])
     todo = {b: [i for i in range(len(probs)) if i not in done[b]] for b, probs in sets.items()}
     total = sum(len(t) for t in todo.values())
     skipped = sum(len(sets[b]) - len(todo[b]) for b in sets)
@@ -351,6 +329,7 @@ def _generate(args, out_dir: Path, sets, ns, todo) -> None:
                     pos += len(comp)
                     records.append({
                         "benchmark": bench, "index": i, "id": problems[i].id, "answer": problems[i].answer,
+                        "problem_sha1": problem_digest(problems[i].problem),
                         "prompt": prompt_text, "n": n, "num_correct": int(sum(s >= 1.0 for s in sc)), "scores": sc, "statuses": st,
                         "finish_reasons": [c.finish_reason for c in comp],
                         "num_tokens": [len(c.token_ids) for c in comp],

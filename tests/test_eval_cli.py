@@ -181,6 +181,77 @@ def test_resume_after_interruption(model_dir, dataset, tmp_path, monkeypatch):
     res = json.loads((out / "results.json").read_text())
     assert res["limit"] == 3  # 3 of the 4 problems were asked for, and all 3 are done
     assert res["benchmarks"]["toy"]["num_problems"] == 3 and res["benchmarks"]["toy"]["complete"]
+    # a smaller --limit on the same folder: pass@k over the 2 problems asked for (it was over all 3 on file)
+    ev.main(_run_args(model_dir, dataset, out, "--limit", "2", *common))
+    assert calls == [1, 1, 1, 1]
+    toy = json.loads((out / "results.json").read_text())["benchmarks"]["toy"]
+    assert toy["num_problems"] == 2 and toy["ids"] == ["q0", "q1"] and toy["complete"]
+    assert sorted(read_samples(path)) == [0, 1, 2]  # the third problem's samples stay on file
+
+
+def _record(i, problem, answer, *, digest=True, prompt=None):
+    from pacs_fast.evaluation.results import problem_digest
+
+    rec = {"benchmark": "toy", "index": i, "id": f"q{i}", "answer": answer, "n": 2, "scores": [1.0, 0.0],
+           "statuses": ["ok", "wrong"], "prompt": prompt if prompt is not None else f"<s>{problem}\nAnswer:"}
+    if digest:
+        rec["problem_sha1"] = problem_digest(problem)
+    return rec
+
+
+@pytest.mark.parametrize("change, match", [
+    ("problem", "its problem text differs"), ("answer", "its answer differs"),
+    ("legacy_problem", "its problem text differs"), ("id", "its id differs")])
+def test_resume_refuses_samples_of_an_edited_dataset(model_dir, dataset, tmp_path, capsys, no_model_load, change,
+                                                      match):
+    """A dataset file edited after an interrupted run: its samples were "resumed" and scored against the old
+    answers, the results reported complete (hostile sweep, 2026-11-28)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    rows = [json.loads(x) for x in dataset.read_text().splitlines()]
+    recs = [_record(i, r["problem"], r["answer"]) for i, r in enumerate(rows[:2])]
+    if change == "problem":
+        recs[1]["problem_sha1"] = _record(1, "1+2=", "2")["problem_sha1"]
+    elif change == "answer":
+        recs[1]["answer"] = "3"
+    elif change == "id":
+        recs[1]["id"] = "other"
+    else:  # a record written before problem_sha1 existed: its prompt must hold the problem
+        recs[1] = _record(1, "x", rows[1]["answer"], digest=False, prompt="<s>7+7=\nAnswer:")
+    (out / "samples_toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert ev.main(_run_args(model_dir, dataset, out)) == 2
+    _one_line_error(capsys, "samples_toy.jsonl: problem 1 was sampled from another version of", match,
+                    "--overwrite")
+    assert not (out / "results.json").exists()
+
+
+def test_resume_accepts_its_own_and_legacy_records(model_dir, dataset, tmp_path, no_model_load):
+    out = tmp_path / "run"
+    out.mkdir()
+    rows = [json.loads(x) for x in dataset.read_text().splitlines()]
+    recs = [_record(i, r["problem"], r["answer"], digest=i % 2 == 0) for i, r in enumerate(rows)]
+    (out / "samples_toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert ev.main(_run_args(model_dir, dataset, out)) == 0  # nothing to generate: the model never loads
+    assert json.loads((out / "results.json").read_text())["benchmarks"]["toy"]["num_problems"] == 4
+
+
+def test_two_benchmarks_with_one_name_are_refused(model_dir, dataset, tmp_path, capsys, no_model_load):
+    """``a/toy.jsonl,b/toy.jsonl``: both wrote samples_toy.jsonl, the first set silently dropped."""
+    other = tmp_path / "b" / "toy.jsonl"
+    other.parent.mkdir()
+    other.write_text('{"problem": "9+9=", "answer": "18"}\n')
+    args = _run_args(model_dir, dataset, tmp_path / "run")
+    args[args.index("--benchmarks") + 1] = f"{dataset},{other}"
+    assert ev.main(args) == 2
+    _one_line_error(capsys, "--benchmarks", str(dataset), str(other), "'toy'", "rename one")
+    assert not (tmp_path / "run").exists()
+    shipped = tmp_path / "amc23.jsonl"  # a file named like a shipped benchmark
+    shipped.write_text('{"problem": "9+9=", "answer": "18"}\n')
+    args[args.index("--benchmarks") + 1] = f"amc23,{shipped}"
+    assert ev.main(args) == 2
+    _one_line_error(capsys, "amc23", str(shipped))
+    sets, sources = ev.load_benchmarks(f"{dataset},{dataset}", ev._run_parser().parse_args(args))
+    assert list(sets) == ["toy"] and sources == {"toy": str(dataset.resolve())}  # the same file twice: one set
 
 
 def test_compare_two_results(tmp_path, capsys):

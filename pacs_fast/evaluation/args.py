@@ -12,6 +12,8 @@ import os
 import re
 from pathlib import Path
 
+from pacs_fast.model_files import TOKENIZER_FILES, has_tokenizer, weights_problem
+
 
 class UsageError(Exception):
     """A bad argument or input file: the CLI prints ``error: <message>`` and exits with code 2."""
@@ -39,6 +41,12 @@ def check_model(model: str) -> None:
             raise UsageError(f"--model {model}: is a file; give the model's folder (the one holding config.json)")
         if not (path / "config.json").is_file():
             raise UsageError(f"--model {model}: no config.json in that folder (not a Hugging Face model folder)")
+        if not has_tokenizer(path):  # transformers would build an empty tokenizer without a word
+            raise UsageError(f"--model {model}: no tokenizer files in that folder ({' / '.join(TOKENIZER_FILES)}); "
+                             f"copy the model's tokenizer into it")
+        problem = weights_problem(path)
+        if problem:
+            raise UsageError(f"--model {model}: {problem}; copy the model's weights again")
         return
     if not _REPO_ID.fullmatch(model) or model.startswith((".", "~")):
         raise UsageError(f"--model {model}: no such folder")
@@ -131,3 +139,48 @@ def read_json(path: Path, what: str):
         raise UsageError(f"{path}: unreadable {what} ({e.msg} at line {e.lineno} column {e.colno})") from None
 
 
+def load_benchmarks(text: str, args) -> tuple[dict, dict]:
+    """``--benchmarks`` (comma-separated names or dataset files): ``({name: problems}, {name: source})``, the
+    source being the shipped benchmark's name or the file's absolute path. Two different sources with one
+    name (``a/ds.jsonl,b/ds.jsonl``, or a file ``math500.jsonl`` beside the shipped ``math500``) are a
+    UsageError: each name has one samples file, and the later set would silently replace the first."""
+    from pacs_fast.data.datasets import BENCHMARKS
+
+    sets, sources = {}, {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        name, problems = _load_problems(entry, args)
+        source = entry if entry in BENCHMARKS else str(Path(entry).resolve())
+        if sources.get(name, source) != source:
+            raise UsageError(f"--benchmarks: {sources[name]} and {entry} are both named {name!r} (a dataset file is "
+                             f"named by its stem; its samples go to samples_{name}.jsonl); rename one of them")
+        sets[name], sources[name] = problems, source
+    return sets, sources
+
+
+def _load_problems(entry: str, args) -> tuple[str, list]:
+    """One ``--benchmarks`` entry: its name and problems (an error names the file; empty is an error)."""
+    from pacs_fast.data.datasets import BENCHMARKS, load_benchmark, load_dataset
+
+    if entry in BENCHMARKS:
+        name, problems = entry, load_benchmark(entry, limit=args.limit)
+    else:
+        path = Path(entry)
+        if not path.exists():
+            raise UsageError(f"unknown benchmark {entry!r} (known: {', '.join(BENCHMARKS)}; or a dataset file)")
+        if not path.is_file():
+            raise UsageError(f"--benchmarks {entry}: not a file")
+        name = path.name.split(".")[0]
+        try:
+            problems = load_dataset(path, problem_field=args.problem_field, answer_field=args.answer_field,
+                                    limit=args.limit, field_settings="--problem-field / --answer-field")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                             f"save the file as UTF-8") from None
+        except (ValueError, OSError, ImportError) as e:
+            msg = str(e)
+            raise UsageError(msg if str(path) in msg else f"{path}: {msg}") from None
+    if not problems:
+        raise UsageError(f"benchmark {name} ({entry}) holds no problems")
+    return name, problems

@@ -4,17 +4,21 @@ A run directory holds one samples file per benchmark, ``samples_<benchmark>.json
 line per problem, appended as soon as the problem's samples are generated and scored; ``prompt`` is
 the exact text the model continued (chat template included), ``responses`` what it wrote::
 
-    {"benchmark": "amc23", "index": 0, "id": "0", "answer": "27",
+    {"benchmark": "amc23", "index": 0, "id": "0", "answer": "27", "problem_sha1": "5d41402a...",
      "prompt": "<|im_start|>system\nYou are a helpful assistant.<|im_end|>...", "n": 512,
      "num_correct": 311, "scores": [1.0, 0.0, ...], "statuses": ["ok", "no_answer", ...],
      "finish_reasons": ["stop", "length", ...], "num_tokens": [812, 4096, ...],
      "responses": ["...", ...]}
+
+``problem_sha1`` (:func:`problem_digest`) ties a record to the problem text it answered: a resume checks
+every record against the benchmark as it is now (:func:`check_records_match`).
 
 ``results.json`` keeps, per benchmark, the per-problem correct counts (so any pass@k can be
 recomputed later) next to pass@k for the chosen k.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -85,6 +89,34 @@ def read_samples(path: str | Path, *, repair: bool = False) -> dict[int, dict[st
     return records
 
 
+def problem_digest(problem: str) -> str:
+    """SHA-1 (hex) of a problem's text, kept in its samples record (``problem_sha1``)."""
+    return hashlib.sha1(problem.encode("utf-8")).hexdigest()
+
+
+def check_records_match(path: str | Path, records: dict[int, dict[str, Any]], problems, source: str) -> None:
+    """ValueError when a record of the samples file ``path`` answered another problem than ``problems[index]``
+    now is (``source``: the benchmark entry, named in the error): an edited dataset file, or other
+    ``--problem-field`` / ``--answer-field``. Compared: the id, the gold answer and the problem text
+    (``problem_sha1``; records written before it existed: the problem must appear in their prompt).
+    Records past the end of ``problems`` (an earlier run with a larger ``--limit``) are not compared."""
+    for i, rec in sorted(records.items()):
+        if i >= len(problems):
+            break
+        p = problems[i]
+        if "problem_sha1" in rec:
+            same_text = rec["problem_sha1"] == problem_digest(p.problem)
+        else:
+            same_text = p.problem in str(rec.get("prompt", p.problem))
+        what = [name for name, same in (("id", str(rec.get("id")) == str(p.id)),
+                                        ("answer", str(rec.get("answer")) == str(p.answer)),
+                                        ("problem text", same_text)) if not same]
+        if what:
+            raise ValueError(f"{path}: problem {i} was sampled from another version of {source} (its "
+                             f"{' and '.join(what)} differ{'s' if len(what) == 1 else ''}: {source} changed since); "
+                             f"use another --out, or --overwrite to start afresh")
+
+
 def append_records(path: str | Path, records: list[dict[str, Any]]) -> None:
     """Appends records (one JSON line each) and flushes them to disk."""
     with open(path, "a", encoding="utf-8") as f:
@@ -135,7 +167,8 @@ def results_from_samples(out_dir: str | Path, benchmarks: list[str] | None = Non
                          meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """The results of a run directory (every ``samples_*.jsonl`` there, or the given benchmarks).
 
-    ``expected`` (benchmark -> number of problems) marks a benchmark ``complete`` or not.
+    ``expected`` (benchmark -> number of problems of this run) marks a benchmark ``complete`` or not, and
+    leaves out records past that number (samples of an earlier run with a larger ``--limit``).
     """
     out_dir = Path(out_dir)
     if benchmarks is None:
@@ -146,6 +179,8 @@ def results_from_samples(out_dir: str | Path, benchmarks: list[str] | None = Non
     results["benchmarks"] = {}
     for b in benchmarks:
         recs = read_samples(samples_path(out_dir, b))
+        if expected is not None and b in expected:
+            recs = {i: r for i, r in recs.items() if i < expected[b]}
         if not recs:
             continue
         summary = summarize_benchmark(list(recs.values()), ks)
