@@ -231,6 +231,10 @@ def hf_folder(tmp_path: Path) -> Path:
     ("run_name_escape", "train.run_name '../x' must be a plain folder name"),
     ("yaml", "YAML syntax error"),
     ("three_rows", "too few to hold out an evaluation split"),
+    ("seed_huge", "train.seed must be in 0..4294967295, got 99999999999999999999"),  # was a traceback after the
+    ("seed_2_62", "train.seed must be in 0..4294967295"),                            # model had loaded
+    ("warmup_seed_huge", "warmup.seed must be in 0..4294967295 (or -1 = train.seed)"),
+    ("arith_seed_negative", "data.arith_seed must be in 0..4294967295, got -3"),
 ])
 def test_bad_settings_are_one_line_errors_before_any_model_work(tmp_path, capsys, case, match, monkeypatch):
     monkeypatch.setattr("pacs_fast.trainer.build.build_learner", lambda *a, **k: pytest.fail("model work started"))
@@ -251,6 +255,8 @@ def test_bad_settings_are_one_line_errors_before_any_model_work(tmp_path, capsys
         "model_empty": [f"model.path={tmp_path / 'empty'}"], "out_dir_file": [f"train.out_dir={tmp_path / 'file'}"],
         "run_name_escape": ["train.run_name=../x"], "yaml": ["--config", str(tmp_path / "bad.yaml")],
         "three_rows": [f"data.dataset={three}", f"model.path={model}"],
+        "seed_huge": ["train.seed=99999999999999999999"], "seed_2_62": [f"train.seed={2**62}"],
+        "warmup_seed_huge": ["warmup.seed=99999999999999999999"], "arith_seed_negative": ["data.arith_seed=-3"],
     }[case]
     if torch.cuda.is_available() and case == "triton":
         pytest.skip("this machine has CUDA: the triton backend is valid here")
@@ -349,6 +355,17 @@ def test_resume_with_nothing_left_to_train_reports_the_checkpoints_model(finishe
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_eval_step"] == 2 and summary["steps"] == 2
     assert summary["acc_after"] == step2["eval/acc"] and "step 2: held-out accuracy" in out
+
+
+def test_resume_of_a_checkpoint_folder_is_refused_and_names_the_run(finished, tmp_path, capsys):
+    """A checkpoint holds a copy of ``config.yaml``; taken for a run folder, it was "resumed" from step 0
+    inside the checkpoint (its own metrics, samples and nested checkpoints written there)."""
+    run = copy_run(finished, tmp_path)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    code, _, err = cli(["--resume", str(run / "checkpoints" / "step_000004"), "train.steps=6"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "is a checkpoint of the run in" in err and err.rstrip().endswith(f"--resume {run.resolve()}"), err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
 def test_resume_below_the_checkpoints_step_is_refused(finished, tmp_path, capsys):

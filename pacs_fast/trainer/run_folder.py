@@ -135,6 +135,11 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
         raise ValueError(f"--resume {run_dir}: no such run folder")
     if not saved.is_file():
         raise ValueError(f"--resume {run_dir}: no {CONFIG_FILE} there (is it a run folder?)")
+    run = run_dir.resolve().parent.parent
+    if run_dir.resolve().parent.name == "checkpoints" and (run / CONFIG_FILE).is_file():
+        # a checkpoint holds a copy of config.yaml: taken for a run, it would start again from step 0 in there
+        raise ValueError(f"--resume {run_dir}: that is a checkpoint of the run in {run}; resume the run (it "
+                         f"continues from its newest intact checkpoint): --resume {run}")
     try:
         cfg = load_config(saved)
     except ValueError as e:
