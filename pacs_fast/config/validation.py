@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from pacs_fast.config.schema import ALGORITHMS, Config, field_types, section_classes
+from pacs_fast.model_files import TOKENIZER_FILES, has_tokenizer, weights_problem
 
 def _choice(key: str, value: str, choices) -> None:
     if value not in choices:
@@ -113,7 +114,6 @@ def _needs_cuda(cfg: Config) -> str | None:
     return None
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
 def _check_writable(key: str, folder: Path) -> None:
@@ -236,9 +236,12 @@ def _validate_paths(cfg: Config) -> None:
             raise ValueError(f"model.path {cfg.model.path!r} is a file; give the Hugging Face model folder")
         if not (path / "config.json").is_file():
             raise ValueError(f"model.path {cfg.model.path!r} has no config.json: not a Hugging Face model folder")
-        if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        if not has_tokenizer(path):
             raise ValueError(f"model.path {cfg.model.path!r} has no tokenizer files ({' / '.join(TOKENIZER_FILES)}): "
                              f"copy the model's tokenizer into that folder")
+        problem = weights_problem(path)
+        if problem:
+            raise ValueError(f"model.path {cfg.model.path!r}: {problem}; copy the model's weights again")
     _check_writable("train.out_dir", Path(cfg.train.out_dir).expanduser())
     for key in ("data.dataset", "data.eval_dataset"):
         value = _get(cfg, key)
@@ -264,6 +267,12 @@ def _validate_efficacy(cfg: Config) -> None:
         raise ValueError(f"data.arith_terms must be in 2..4, got {cfg.data.arith_terms}")
     if cfg.warmup.seed < -1:
         raise ValueError(f"warmup.seed must be >= 0 (or -1 = train.seed), got {cfg.warmup.seed}")
+    # the seeds feed numpy (< 2**32) and torch generators (int64, after the sampler's seed * 1,000,003 + epoch)
+    for key in ("train.seed", "warmup.seed", "data.arith_seed"):
+        v = _get(cfg, key)
+        if not (-1 if key == "warmup.seed" else 0) <= v < 2**32:
+            raise ValueError(f"{key} must be in 0..{2**32 - 1}{' (or -1 = train.seed)' if key == 'warmup.seed' else ''}, "
+                             f"got {v}")
     if not 0.0 <= cfg.warmup.target_acc < 1.0 or cfg.warmup.check_every < 1:
         raise ValueError(f"warmup.target_acc must be in [0, 1) and warmup.check_every >= 1, got "
                          f"{cfg.warmup.target_acc}, {cfg.warmup.check_every}")

@@ -1,0 +1,66 @@
+"""What a Hugging Face model folder must hold before a model is loaded from it, checked without loading it.
+
+Both command lines call these before any model work (``model.path`` of ``python -m pacs_fast.train``,
+``--model`` of ``python -m pacs_fast.eval``), so that a folder without its tokenizer, or with a weights
+file cut short by an interrupted copy, is one line naming the file instead of a traceback from the loader
+(or, for a missing tokenizer, an empty tokenizer that transformers builds without a word). Imports
+nothing from the rest of the package.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def has_tokenizer(folder: str | Path) -> bool:
+    """Whether ``folder`` holds one of :data:`TOKENIZER_FILES`."""
+    return any((Path(folder) / f).is_file() for f in TOKENIZER_FILES)
+
+
+def safetensors_problem(path: str | Path) -> str | None:
+    """Why the safetensors file ``path`` cannot be loaded, or None. Reads only its header: 8 bytes of
+    header length, the JSON header, then every tensor's ``data_offsets`` must end within the file, and the
+    file must end where the last tensor does (a copy cut short, or bytes appended, otherwise)."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{path} is cut short ({size} bytes: not even a safetensors header)"
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            return f"{path} is cut short ({size:,} bytes, its header alone says {n + 8:,})"
+        try:
+            header = json.loads(f.read(n))
+            ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            return f"{path} is not a safetensors file (unreadable header)"
+    expected = 8 + n + max(ends, default=0)
+    if size != expected:
+        return (f"{path} is cut short ({size:,} bytes of the {expected:,} its header describes)" if size < expected
+                else f"{path} has {size - expected:,} bytes after its last tensor (a damaged file)")
+    return None
+
+
+def weights_problem(folder: str | Path) -> str | None:
+    """Why the weights in ``folder`` cannot be loaded, or None: a ``*.safetensors`` file that
+    :func:`safetensors_problem` finds damaged, or a shard that ``model.safetensors.index.json`` names and
+    the folder lacks. Folders without safetensors (``.bin`` weights, or a hub id) are not checked."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return f"{index} is unreadable (not the JSON of a safetensors index)"
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            return f"{index} names {len(missing)} shard(s) the folder lacks ({', '.join(missing[:3])})"
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = safetensors_problem(path)
+        if problem:
+            return problem
+    return None

@@ -1,0 +1,87 @@
+"""A model folder's weights and tokenizer, checked before any model loads (pacs_fast/model_files.py): a
+folder copied without its tokenizer, or with a weights file cut short, was a traceback from the loader in
+both command lines (hostile sweep, 2026-11-28)."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from pacs_fast import eval as ev
+from pacs_fast.model_files import has_tokenizer, safetensors_problem, weights_problem
+
+
+@pytest.fixture
+def weights(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_file({"a.weight": torch.randn(7, 3), "b.bias": torch.randn(5, dtype=torch.bfloat16)}, str(path))
+    return path
+
+
+def test_an_intact_file_passes_and_loads(weights):
+    assert safetensors_problem(weights) is None and weights_problem(weights.parent) is None
+    assert set(load_file(str(weights))) == {"a.weight", "b.bias"}
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("cut_data", "is cut short"), ("cut_header", "its header alone says"), ("four_bytes", "not even a safetensors"),
+    ("appended", "bytes after its last tensor"), ("garbage", "unreadable header")])
+def test_a_damaged_file_is_named_and_safetensors_agrees_it_is_broken(weights, damage, match):
+    data = weights.read_bytes()
+    weights.write_bytes({"cut_data": data[:-9], "cut_header": data[:40], "four_bytes": data[:4],
+                         "appended": data + b"\0" * 3, "garbage": (20).to_bytes(8, "little") + b"{not json}" * 2 + data[28:]
+                         }[damage])
+    problem = weights_problem(weights.parent)
+    assert problem and str(weights) in problem and match in problem, problem
+    if damage != "appended":  # the loader itself fails on these (extra bytes it ignores, but they mean damage)
+        with pytest.raises(Exception):
+            load_file(str(weights))
+
+
+def test_an_index_naming_a_missing_shard_is_named(weights):
+    index = weights.parent / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"a.weight": weights.name, "c": "model-00002-of-00002.safetensors"}}))
+    assert "names 1 shard(s) the folder lacks (model-00002-of-00002.safetensors)" in weights_problem(weights.parent)
+    index.write_text("{")
+    assert "unreadable" in weights_problem(weights.parent)
+
+
+def test_tokenizer_files(tmp_path):
+    assert not has_tokenizer(tmp_path)
+    (tmp_path / "vocab.json").write_text("{}")
+    assert has_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["no_tokenizer", "cut_weights"])
+def test_both_command_lines_refuse_the_folder_before_loading(tmp_path, capsys, monkeypatch, damage):
+    from pacs_fast.data.tiny import make_tiny_model
+    from pacs_fast.model_files import TOKENIZER_FILES
+    from pacs_fast.train import main as train_main
+
+    model = make_tiny_model(tmp_path / "m", seed=0)
+    capsys.readouterr()  # the model writer's progress bar
+    if damage == "no_tokenizer":
+        for name in TOKENIZER_FILES + ("special_tokens_map.json",):
+            (model / name).unlink(missing_ok=True)
+        needles = ("tokenizer files",)
+    else:
+        w = model / "model.safetensors"
+        w.write_bytes(w.read_bytes()[:1000])
+        needles = (str(w), "is cut short")
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(40)))
+    monkeypatch.setattr(ev, "_make_engine", lambda args: pytest.fail("the eval CLI loaded the model"))
+    assert ev.main(["--model", str(model), "--benchmarks", str(data), "--out", str(tmp_path / "ev")]) == 2
+    monkeypatch.setattr("pacs_fast.trainer.build.build_learner", lambda *a, **k: pytest.fail("model work started"))
+    code = None
+    try:
+        train_main([f"model.path={model}", f"data.dataset={data}", f"train.out_dir={tmp_path / 'runs'}"])
+    except SystemExit as e:
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and "Traceback" not in err, err
+    assert lines[0].startswith(f"error: --model {model}") and lines[1].find(f"model.path {str(model)!r}") >= 0, err
+    assert all(n in line for n in needles for line in lines), err
+    assert not (tmp_path / "ev").exists() and not (tmp_path / "runs").exists()
