@@ -154,6 +154,26 @@ def test_unimportable_function_fails_before_any_model_work(tmp_path):
     assert not (tmp_path / "cache").exists()  # no warm-up (no model) was started
 
 
+@pytest.mark.parametrize("body, raised", [("raise RuntimeError('no config here')", "RuntimeError: no config here"),
+                                           ("def f(:", "SyntaxError")])
+def test_a_module_that_fails_to_import_is_one_line_naming_the_key(tmp_path, monkeypatch, body, raised):
+    """Before, only a missing module or function was caught: a module raising while it ran (or not
+    parsing) gave a traceback and exit 1 (hostile sweep, 2026-11-28)."""
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer import train
+    from pacs_fast.trainer.loop import SetupError
+    name = f"user_fn_{abs(hash(body)) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(body + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(None, ["algo.name=rloo", f"reward.step_rewards={name}:f", f"warmup.cache_dir={tmp_path / 'c'}"])
+    with pytest.raises(SetupError) as info:
+        train(cfg, tmp_path / "run")
+    msg = str(info.value)
+    assert msg.startswith(f"reward.step_rewards='{name}:f' cannot be loaded: importing {name} raised") and \
+        raised in msg and "\n" not in msg, msg
+    assert not (tmp_path / "c").exists()
+
+
 def test_short_run_with_process_rewards(tmp_path):
     from test_train import TINY
 

@@ -34,6 +34,9 @@ def load_callable(spec: str, key: str):
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"{key}={spec!r} cannot be loaded: {e}") from e
+    except Exception as e:  # the module itself fails: a SyntaxError, or an error raised while it runs
+        raise ValueError(f"{key}={spec!r} cannot be loaded: importing {module} raised {type(e).__name__}: "
+                         f"{e}") from e
     if not callable(fn):
         raise ValueError(f"{key}={spec!r} is not callable")
     return fn
