@@ -58,6 +58,22 @@ def test_unknown_yaml_section_and_missing_file(tmp_path):
         C.load_config(tmp_path / "nope.yaml")
 
 
+@pytest.mark.parametrize("text, line, key", [("algo:\n  beta: 1\n  beta: 2\n", 3, "beta"),
+                                             ("algo:\n  beta: 1\ntrain:\n  steps: 3\nalgo:\n  name: grpo\n", 5, "algo")])
+def test_a_key_given_twice_in_a_yaml_file_is_refused(tmp_path, text, line, key):
+    """PyYAML keeps the last of two equal keys: the run silently used ``beta: 2`` (or dropped a whole first
+    ``algo:`` section) that the file's reader may take for the first (hostile sweep, 2026-11-28)."""
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ValueError, match=f"line {line}, .*key '{key}' is given twice"):
+        C.load_config(p)
+    p.write_text("algo: &b {beta: 3, name: grpo}\ntrain: {steps: 7}\n")
+    assert C.load_config(p).algo.beta == 3
+    from pacs_fast.config.loading import read_yaml
+    p.write_text("a: &b {beta: 1, name: grpo}\nalgo:\n  <<: *b\n  beta: 2\n")  # a merge key, then an override
+    assert read_yaml(p)["algo"] == {"beta": 2, "name": "grpo"}
+
+
 @pytest.mark.parametrize("overrides, match", [
     (["train.prompts_per_step=12", "learner.mini_batch_prompts=8"], "mini_batch_prompts=8 must divide"),
     (["learner.mini_batch_prompts=8", "learner.micro_batch_prompts=3"], "micro_batch_prompts=3 must divide"),

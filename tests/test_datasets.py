@@ -74,6 +74,20 @@ def test_user_jsonl_with_custom_fields(tmp_path):
     assert [p.id for p in ps] == ["0", "1"]
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".jsonl.gz"])
+def test_a_byte_order_mark_opening_the_file_is_not_data(tmp_path, suffix):
+    """Windows editors save UTF-8 with a BOM; the first row was refused as invalid JSON."""
+    rows = [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": "4"}]
+    text = json.dumps(rows) if suffix == ".json" else "".join(json.dumps(r) + "\n" for r in rows)
+    data = b"\xef\xbb\xbf" + text.encode()
+    path = tmp_path / f"bom{suffix}"
+    path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    assert [(p.problem, p.answer) for p in load_dataset(path)] == [("1+1?", "2"), ("2+2?", "4")]
+    if suffix == ".json":  # inside the data a BOM is a character like any other
+        path.write_bytes(data.replace(b"2+2", b"\xef\xbb\xbf2+2"))
+        assert [p.problem for p in load_dataset(path)][1] == "\ufeff2+2?"
+
+
 def test_user_parquet(tmp_path):
     pa = pytest.importorskip("pyarrow", reason="pyarrow is the 'parquet' extra")
     import pyarrow.parquet as pq

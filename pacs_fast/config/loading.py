@@ -110,6 +110,23 @@ def _type_of(dotted: str):
     return field_types(cls).get(key) if cls is not None else None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last one silently:
+    ``beta: 1`` then ``beta: 2`` under ``algo:`` ran with 2, and a repeated section dropped the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: its keys may be overridden here
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice in one mapping",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict:
     """The mapping in a YAML config file; a ValueError naming the file (and line) for anything else."""
     path = Path(path)
@@ -120,7 +137,7 @@ def read_yaml(path: str | Path) -> dict:
     except OSError as e:
         raise ValueError(f"config file {str(path)!r} cannot be read: {e.strerror or e}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -93,7 +93,7 @@ def _iter_rows(path: Path):
         with opener(path, "rb") as f:
             raw = f.read()
         try:
-            text = raw.decode("utf-8")
+            text = raw.decode("utf-8-sig")  # a leading byte-order mark (Windows editors write one) is not data
         except UnicodeDecodeError as e:
             line = raw.count(b"\n", 0, e.start) + 1
             raise ValueError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start} of the file)") from None
@@ -111,7 +111,7 @@ def _iter_rows(path: Path):
     with opener(path, "rb") as f:
         for i, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if i == 1 else "utf-8")  # a byte-order mark opening the file is not data
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start} of the line)") from None
             if not line.strip():
