@@ -149,7 +149,6 @@ def _launch_config(kernel, B, T, G, dtype, arch, sm_count, state) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def _arch(device) -> int | None:
     if torch.device(device).type != "cuda":
         return None

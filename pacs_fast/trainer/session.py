@@ -122,8 +122,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         train_problems, dropped_train = encode(cfg, tokenizer, train_problems, "data.dataset", log)
         held_out, dropped_held = encode(cfg, tokenizer, held_out, "the held-out set", log)
-        check_context(cfg, model_context(cfg, model_path), [("data.dataset", train_problems),
-                                                             ("the held-out set", held_out)], log)
+        # rank 0's reading on every rank: vLLM's derivation imports vLLM (~3 s), which learner-only ranks never need
+        context = world.broadcast(model_context(cfg, model_path) if world.is_main else None)
+        check_context(cfg, context, [("data.dataset", train_problems), ("the held-out set", held_out)], log)
         check_token_budget(cfg, "data.dataset", train_problems)
     except (ValueError, FileNotFoundError) as e:
         progress.close()
