@@ -3,6 +3,7 @@ OpenMP wait policies, as a user who runs eval beside training (or two experiment
 
     python bench/bench_contention.py                       # 20 steps per run, 2 rounds
     python bench/bench_contention.py --steps 12 --rounds 2 --policies default,spin10000,spin1000,PASSIVE
+    python bench/bench_contention.py --policies spin10000,spin10000+t1         # also: one torch thread per run
 
 Each cell is the median ``time/step`` of a run's steps (the first step left out) in seconds; the
 side-by-side cell is the slower of the two runs. Every cell tells the trainer to set nothing itself
@@ -29,13 +30,19 @@ QUIET = ["train.progress=false", "train.tensorboard=false", "train.plots=false",
 
 def _env(policy: str) -> dict:
     """``default``: libgomp's own; ``PASSIVE`` / ``ACTIVE``: OMP_WAIT_POLICY; ``spinN``: GOMP_SPINCOUNT=N
-    (idle threads spin N iterations, then sleep; libgomp's default is 300,000)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    (idle threads spin N iterations, then sleep; libgomp's default is 300,000); ``tN``: N torch threads
+    (OMP_NUM_THREADS=N; default: one per core). Joined with ``+``: ``spin10000+t1``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     env["PACS_FAST_OMP_WAIT_POLICY"] = "keep"  # the trainer sets nothing itself: the cell's setting alone
-    if policy.startswith("spin"):
-        env["GOMP_SPINCOUNT"] = policy[4:]
-    elif policy != "default":
-        env["OMP_WAIT_POLICY"] = policy
+    for part in policy.split("+"):
+        if part.startswith("spin"):
+            env["GOMP_SPINCOUNT"] = part[4:]
+        elif part.startswith("t") and part[1:].isdigit():
+            env["OMP_NUM_THREADS"] = part[1:]
+        elif part in ("PASSIVE", "ACTIVE"):
+            env["OMP_WAIT_POLICY"] = part
+        elif part != "default":
+            raise SystemExit(f"unknown policy part {part!r} in {policy!r}")
     return env
 
 
