@@ -1,4 +1,4 @@
-"""A model folder's weights and tokenizer, checked before any model loads (pacs_fast/model_files.py): a
+"""A model folder's weights and tokenizer, checked before any model loads (pacs_fast/config/model_files.py): a
 folder copied without its tokenizer, or with a weights file cut short, was a traceback from the loader in
 both command lines (hostile sweep, 2026-11-28)."""
 import json
@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pacs_fast import eval as ev
-from pacs_fast.model_files import has_tokenizer, safetensors_problem, weights_problem
+from pacs_fast.config.model_files import has_tokenizer, safetensors_problem, weights_problem
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_tokenizer_files(tmp_path):
 @pytest.mark.parametrize("damage", ["no_tokenizer", "cut_weights"])
 def test_both_command_lines_refuse_the_folder_before_loading(tmp_path, capsys, monkeypatch, damage):
     from pacs_fast.data.tiny import make_tiny_model
-    from pacs_fast.model_files import TOKENIZER_FILES
+    from pacs_fast.config.model_files import TOKENIZER_FILES
     from pacs_fast.train import main as train_main
 
     model = make_tiny_model(tmp_path / "m", seed=0)

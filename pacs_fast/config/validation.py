@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from pacs_fast.config.schema import ALGORITHMS, Config, field_types, section_classes
-from pacs_fast.model_files import TOKENIZER_FILES, has_tokenizer, weights_problem
+from pacs_fast.config.model_files import TOKENIZER_FILES, has_tokenizer, weights_problem
 
 def _choice(key: str, value: str, choices) -> None:
     if value not in choices:

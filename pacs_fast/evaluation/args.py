@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from pacs_fast.model_files import TOKENIZER_FILES, has_tokenizer, weights_problem
+from pacs_fast.config.model_files import TOKENIZER_FILES, has_tokenizer, weights_problem
 
 
 class UsageError(Exception):
