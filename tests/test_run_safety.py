@@ -334,6 +334,26 @@ def test_a_killed_warm_ups_temporary_folder_is_removed_and_a_live_ones_kept(tmp_
     assert not dead.exists() and live.is_dir()
 
 
+def test_the_warm_up_removes_a_killed_warm_ups_folder_where_it_writes(tmp_path):
+    """The warm-up writes ``<cache>/warmup/.tmp-<key>-<pid>``; the clean-up looked in ``<cache>`` only, so a
+    killed warm-up's folder stayed for good (hostile sweep, 2026-11-28)."""
+    import subprocess
+    import sys
+
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.warmup import default_model, warmup_key
+    cfg = load_config(None, [f"warmup.cache_dir={tmp_path}"])
+    final = tmp_path / "warmup" / warmup_key(cfg)
+    final.mkdir(parents=True)
+    (final / "model.safetensors").write_bytes(b"cached")  # the cached model: nothing is built
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / "warmup" / f".tmp-{final.name}-{gone.pid}"
+    dead.mkdir()
+    assert default_model(cfg, [], log=lambda text: None) == final
+    assert not dead.exists() and final.is_dir()
+
+
 def _drop_checkpoint(run: Path, step: int) -> None:
     """As if the run had been killed before writing checkpoint ``step``."""
     shutil.rmtree(run / "checkpoints" / f"step_{step:06d}")

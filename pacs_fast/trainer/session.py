@@ -27,7 +27,7 @@ from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
 from pacs_fast.trainer.preflight import check_cpus, check_memory, check_tensor_parallel, memory_warnings, model_context
 from pacs_fast.trainer.problems import check_context, check_token_budget, encode, load_problems
 from pacs_fast.trainer.rewards import Scorer, check_callables
-from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir, remove_dead_temporaries
+from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir
 from pacs_fast.trainer.sampler import PromptSampler
 from pacs_fast.trainer.step_credit import StepCredit
 from pacs_fast.trainer.trackers import check_trackers, open_trackers
@@ -184,14 +184,13 @@ def find_model(cfg: Config, train_problems: list[dict], world: World, log) -> tu
     the user shares it); the node's other processes then read it."""
     if cfg.model.path:
         return Path(cfg.model.path).expanduser(), {}
-    from pacs_fast.trainer.warmup import cache_root, default_model
+    from pacs_fast.trainer.warmup import default_model
     t0 = time.perf_counter()
     # (an asynchronous launch's learner starts after the engine processes: its rank 0 is first there)
     first_on_node = int(os.environ.get("LOCAL_RANK", world.rank)) == 0 or world.rank == 0
     path = None
     if first_on_node:
-        remove_dead_temporaries(cache_root(cfg))
-        path = default_model(cfg, train_problems, log=log)
+        path = default_model(cfg, train_problems, log=log)  # it removes a killed warm-up's temporary folder
     world.barrier()
     if not first_on_node:
         path = default_model(cfg, train_problems, log=log)

@@ -152,6 +152,10 @@ def default_model(cfg: Config, train_records: list[dict], *, log=print) -> Path:
     from pacs_fast.data.tiny import make_tiny_model
 
     final = cache_root(cfg) / "warmup" / warmup_key(cfg)
+    if final.parent.is_dir():  # a warm-up killed while writing left .tmp-<key>-<pid> here
+        from pacs_fast.trainer.run_folder import remove_dead_temporaries
+
+        remove_dead_temporaries(final.parent)
     if (final / "model.safetensors").exists():
         log(f"using the cached warmed-up tiny model {final}")
         return final
