@@ -51,6 +51,22 @@ def test_wandb_online_without_a_login_and_a_missing_library_are_refused(monkeypa
         check_trackers(load_config(None, ["train.loggers=[mlflow]"]))
 
 
+def test_an_installed_tracker_that_fails_to_import_is_refused_before_loading(monkeypatch, tmp_path):
+    """``find_spec`` alone passed a tracker whose import then failed after the run folder was made (a
+    traceback; hostile sweep, 2026-11-28): the package is imported by the check."""
+    import sys
+
+    fake = tmp_path / "trackio"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('cannot import name x from broken_dep')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "trackio" or m.startswith("trackio.")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ValueError, match=r"train.loggers=trackio: importing the trackio package failed \(ImportError: "
+                                         r"cannot import name x from broken_dep\); repair it"):
+        check_trackers(load_config(None, ["train.loggers=[tensorboard,trackio]"]))
+
+
 def test_the_cli_refuses_before_loading(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)

@@ -58,6 +58,13 @@ def check_trackers(cfg) -> None:
         package = _PACKAGES.get(name)
         if package and importlib.util.find_spec(package) is None:
             raise ValueError(f"train.loggers={name} needs the {package} package: pip install 'pacs_fast[loggers]'")
+        if package:  # installed but broken (a dependency missing, a version clash): now, not after the model loads
+            try:
+                importlib.import_module(package)
+            except Exception as e:
+                raise ValueError(f"train.loggers={name}: importing the {package} package failed "
+                                 f"({type(e).__name__}: {e}); repair it (pip install 'pacs_fast[loggers]') or "
+                                 f"leave {name} out") from e
     mode = os.environ.get("WANDB_MODE", "").lower()
     if "wandb" in names and mode not in ("offline", "disabled", "dryrun") and not _wandb_logged_in():
         raise ValueError("train.loggers=wandb: not logged in to W&B; run `wandb login` or set WANDB_API_KEY, or "
