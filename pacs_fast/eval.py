@@ -33,7 +33,7 @@ import time
 import zlib
 from pathlib import Path
 
-from pacs_fast.openmp import quiet_openmp_waits
+from pacs_fast.openmp import quiet_openmp_waits, threads_beside_other_jobs
 
 quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, then sleep (pacs_fast/openmp.py)
 
@@ -182,6 +182,11 @@ def _make_engine(args):
     from pacs_fast.rollout.hf import HFEngine
 
     device = args.device or ("cuda" if cuda else "cpu")
+    shared = threads_beside_other_jobs(torch.get_num_threads()) if device == "cpu" else None
+    if shared:  # other jobs on this CPU (a training run beside): take the free cores only (pacs_fast/openmp.py)
+        torch.set_num_threads(shared[0])
+        print(f"other processes keep {shared[1]:.1f} of this machine's CPUs busy: {shared[0]} torch thread(s) "
+              f"(OMP_NUM_THREADS sets them)", file=sys.stderr)
     hf = HFEngine(args.model, device=device, dtype=_dtype(args.dtype, device.startswith("cuda")),
                   batch_size=args.batch_size)
     from pacs_fast.ops.short_attention import use_attention

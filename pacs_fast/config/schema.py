@@ -191,7 +191,8 @@ class TrainConfig:
     keep_checkpoints: int = _f(2, "checkpoints kept (older ones are deleted)")
     out_dir: str = _f("runs", "parent folder of run folders")
     run_name: str = _f("", "run folder name; empty = algo-timestamp")
-    threads: int = _f(0, "torch CPU threads (0 = torch's default: every core; torchrun sets 1 per process)")
+    threads: int = _f(0, "torch CPU threads (0 = every core, or on the CPU the cores other processes leave free "
+                         "when the run starts; torchrun sets 1 per process)")
     keep_freed_memory: bool = _f(True, "glibc: keep freed memory in the process instead of page-faulting it back "
                                  "every step (pacs_fast/trainer/allocator.py)")
     reward_workers: int = _f(0, "verifier worker processes (0 = score in the trainer process)")

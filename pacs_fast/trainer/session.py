@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from pacs_fast.config import Config, to_dict, unused_settings, validate
+from pacs_fast.openmp import threads_beside_other_jobs
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
 from pacs_fast.trainer.checkpoint import checkpoints_newest_first, remove_stale_temporaries, restore_newest
 from pacs_fast.trainer.correction import correction_warnings
@@ -92,8 +93,13 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         raise SetupError(str(e)) from e
     quiet_warnings(cfg, world.is_main)
     run_dir = Path(world.broadcast(str(run_dir)))  # a timestamped name could differ between ranks
+    shared = None
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    elif resolve_device(cfg) == "cpu":  # other jobs on this CPU: take the free cores only (pacs_fast/openmp.py)
+        shared = threads_beside_other_jobs(torch.get_num_threads())
+        if shared:
+            torch.set_num_threads(shared[0])
     if cfg.train.keep_freed_memory:
         from pacs_fast.trainer.allocator import keep_freed_memory
         keep_freed_memory()
@@ -115,6 +121,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
     log = progress.print if world.is_main else (lambda text: None)
     for line in unused_settings(cfg) + correction_warnings(cfg) + memory_warnings(cfg):
         log(f"warning: {line}")
+    if shared:
+        log(f"other processes keep {shared[1]:.1f} of this machine's CPUs busy: {shared[0]} torch thread(s) "
+            f"(train.threads sets them)")
     try:
         train_problems, held_out = load_problems(cfg)  # bad files fail here, before any model work
         model_path, timings = find_model(cfg, train_problems, world, log)
