@@ -107,7 +107,7 @@ def check_records_match(path: str | Path, records: dict[int, dict[str, Any]], pr
         if "problem_sha1" in rec:
             same_text = rec["problem_sha1"] == problem_digest(p.problem)
         else:
-            same_text = p.problem in str(rec.get("prompt", p.problem))
+            same_text = p.problem.strip() in str(rec.get("prompt", p.problem))  # (a template may trim it)
         what = [name for name, same in (("id", str(rec.get("id")) == str(p.id)),
                                         ("answer", str(rec.get("answer")) == str(p.answer)),
                                         ("problem text", same_text)) if not same]
