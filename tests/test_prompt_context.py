@@ -53,6 +53,13 @@ def test_prompts_that_leave_less_than_max_new_tokens_are_a_warning_per_set(engin
     assert "1 of 3 prompts" in lines[0] and "problem 'p1') has 53 tokens" in lines[0]
     assert "1 of 2 prompts" in lines[1] and "problem 'p0') has 60 tokens" in lines[1]
     assert ("vLLM ends their responses at the context" in lines[0]) == (engine == "vllm")
+    assert "data.max_prompt_tokens=52 or lower drops them, or rollout.max_new_tokens=11 or lower" in lines[0]
+    lines.clear()
+    # a rollout.max_new_tokens at or past the context itself: dropping prompts cannot help (hostile sweep)
+    check_context(load_config(None, [f"rollout.engine={engine}", "rollout.max_new_tokens=100000"]), 64,
+                  [("data.dataset", problems([4, 3]))], lines.append)
+    assert len(lines) == 1 and "max_prompt_tokens" not in lines[0], lines
+    assert lines[0].endswith("rollout.max_new_tokens=60 or lower leaves room for every response"), lines
     lines.clear()
     check_context(cfg, 64, [("data.dataset", problems([52, 1]))], lines.append)
     check_context(cfg, None, [("data.dataset", problems([500]))], lines.append)  # unknown context

@@ -88,9 +88,10 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
         if short:
             cut = ("vLLM ends their responses at the context" if vllm
                    else "the HF engine generates past the model's max_position_embeddings")
+            room = f"rollout.max_new_tokens={max(context - lengths[i], 1)} or lower leaves room for every response"
+            fix = room if new >= context else f"{drop}, or {room}"  # no prompt leaves room for new >= context
             log(f"WARNING: {what}: {short} of {len(lengths)} prompts leave fewer than rollout.max_new_tokens={new} "
-                f"tokens of the model's context of {context}: {cut}; {longest}; {drop}, or lower "
-                f"rollout.max_new_tokens")
+                f"tokens of the model's context of {context}: {cut}; {longest}; {fix}")
 
 
 def check_token_budget(cfg: Config, what: str, problems: list[dict]) -> None:
