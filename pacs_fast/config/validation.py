@@ -4,8 +4,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pacs_fast.config.schema import ALGORITHMS, Config, field_types, section_classes
 from pacs_fast.config.model_files import TOKENIZER_FILES, has_tokenizer, weights_problem
+from pacs_fast.config.schema import ALGORITHMS, Config, field_types, section_classes
+
 
 def _choice(key: str, value: str, choices) -> None:
     if value not in choices:
@@ -112,8 +113,6 @@ def _needs_cuda(cfg: Config) -> str | None:
     if cfg.learner.logprob_backend == "triton":
         return "learner.logprob_backend=triton (compiled Triton kernels)"
     return None
-
-
 
 
 def _check_writable(key: str, folder: Path) -> None:
