@@ -61,7 +61,7 @@ def _free_port() -> int:
 
 def _launch(nproc: int, args: list[str]) -> dict:
     out = Path(tempfile.mkdtemp(prefix="bench_scaleout_")) / "result.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONWARNINGS": "ignore",
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            f"--master_port={_free_port()}", __file__, "--worker", "--out", str(out), *args]

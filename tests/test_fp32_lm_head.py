@@ -360,7 +360,7 @@ def test_vllm_fp32_head_is_within_the_fp32_bound(tmp_path, seed):
     fp32 head) one after the other in one fresh process: its start (imports) costs more than either
     engine, and two processes cost ~11 s more CPU a CI run (issue 41)."""
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCH_COMPILE_DISABLE="1",
-               VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, os.path.dirname(__file__), str(tmp_path),
                            str(seed % 10**6)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -73,7 +73,7 @@ def _launch(tmp_path_factory, tp, nproc, equivalence=False, lockstep=False):
                         "micro_batch_prompts": 1, "weight_decay": 0.01, "logprob_backend": "torch"},
             "full_batch": _full_batch(gen, 4)}
     torch.save(spec, wd / "spec.pt")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "VLLM_CPU_KVCACHE_SPACE": "1",
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            f"--master_port={_free_port()}", str(WORKER), "--workdir", str(wd)]

@@ -139,7 +139,7 @@ def engine(tiny_path):
     from pacs_fast.rollout.vllm_engine import VLLMEngine
 
     rng, threads = torch.random.get_rng_state(), torch.get_num_threads()
-    eng = VLLMEngine(tiny_path, seed=0, max_model_len=256, cpu_kv_cache_bytes=64 << 20)
+    eng = VLLMEngine(tiny_path, seed=0, max_model_len=256)  # the default KV cache (tests/test_vllm_kv_cache.py)
     START.update(rng_kept=torch.equal(rng, torch.random.get_rng_state()),
                  threads_kept=threads == torch.get_num_threads())
     yield eng

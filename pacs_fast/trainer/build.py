@@ -59,6 +59,26 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
     return TorchLearner(model, vocab_size=len(tokenizer), **kw), model
 
 
+def generate_batch(cfg: Config) -> int:
+    """Sequences the largest ``generate`` call of a step holds (a step's rollouts, or the held-out
+    evaluation), at most 1,024."""
+    return min(max(cfg.train.prompts_per_step * cfg.rollout.n, cfg.data.eval_size * cfg.rollout.eval_n), 1024)
+
+
+def vllm_cpu_sizes(cfg: Config, model_path, tp: int = 1) -> dict:
+    """``VLLMEngine`` keywords that size a CPU engine to the run (none with CUDA, where vLLM takes
+    ``rollout.gpu_memory_utilization``): its context is the longest sequence the run can make
+    (``data.max_prompt_tokens + rollout.max_new_tokens``: longer prompts were dropped), within the
+    model's own, and its KV cache holds one ``generate`` call's sequences of that length at once
+    (:func:`pacs_fast.rollout.vllm_setup.cpu_kv_cache_size`): a Qwen2.5-1.5B shape at its full
+    32,768-token context needs 1.75 GiB for one sequence, which the fixed 1 GiB could not hold."""
+    if torch.cuda.is_available():
+        return {}
+    from pacs_fast.rollout.vllm_setup import CPU_MAX_NUM_SEQS, derived_max_model_len
+    context = min(cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens, derived_max_model_len(model_path))
+    return dict(max_model_len=context, cpu_kv_cache_sequences=min(generate_batch(cfg), CPU_MAX_NUM_SEQS * tp))
+
+
 def build_engine(cfg: Config, model_path: Path, learner: Learner, live_model, tokenizer, device: str, world):
     """``(engine, sync)``: this rank's rollout engine and the function that loads the learner's
     weights into it after an update (collective). Every rank has an engine: under torchrun, vLLM
@@ -75,13 +95,15 @@ def build_engine(cfg: Config, model_path: Path, learner: Learner, live_model, to
             from pacs_fast.rollout.parallel_engines import colocated_engine_kwargs, sync_colocated
             engine = VLLMEngine(str(model_path), seed=cfg.train.seed, vocab_size=len(tokenizer),
                                 gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                                **colocated_engine_kwargs(world.tp, world.dp), **head)
+                                **colocated_engine_kwargs(world.tp, world.dp), **head,
+                                **vllm_cpu_sizes(cfg, model_path, world.tp))
             return engine, lambda: sync_colocated(engine, learner)
         engine = VLLMEngine(str(model_path), seed=cfg.train.seed, vocab_size=len(tokenizer),
-                            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, **head)
+                            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, **head,
+                            **vllm_cpu_sizes(cfg, model_path))
     else:
         from pacs_fast.rollout.hf import HFEngine
-        batch = min(max(cfg.train.prompts_per_step * cfg.rollout.n, cfg.data.eval_size * cfg.rollout.eval_n), 1024)
+        batch = generate_batch(cfg)
         if live_model is not None:
             return HFEngine(live_model, tokenizer, batch_size=batch, **head), (lambda: None)
         engine = HFEngine(str(model_path), tokenizer, device=device, batch_size=batch, **head)

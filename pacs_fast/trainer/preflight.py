@@ -323,7 +323,7 @@ def model_context(cfg, model_path) -> int | None:
     ``max_position_embeddings`` (positions past it are ones the model was not trained on); unknown
     when the config scales RoPE, whose reach each scaling type defines differently."""
     if cfg.rollout.engine == "vllm":
-        from pacs_fast.rollout.vllm_engine import derived_max_model_len
+        from pacs_fast.rollout.vllm_setup import derived_max_model_len
         try:
             return derived_max_model_len(model_path)
         except Exception:  # a folder vLLM cannot read: its own error comes when the engine loads

@@ -9,7 +9,7 @@ set -u
 cd "$(dirname "$0")/../.."; . .venv/bin/activate
 T=${1:-/tmp/recipes_trial}; M=$T/qwen; D=$T/data.jsonl; O=$T/runs
 [ -f $M/config.json ] || python scripts/recipes_trial/make_model.py $T
-export OMP_NUM_THREADS=2 WANDB_MODE=offline PYTHONWARNINGS=ignore VLLM_CPU_KVCACHE_SPACE=2
+export OMP_NUM_THREADS=2 WANDB_MODE=offline PYTHONWARNINGS=ignore
 rm -rf $O; mkdir -p $O
 C="model.path=$M data.dataset=$D data.eval_dataset=$D data.eval_size=8 rollout.n=4 rollout.max_new_tokens=16
  rollout.eval_n=2 train.prompts_per_step=4 learner.mini_batch_prompts=4 learner.micro_batch_prompts=2 train.steps=2

@@ -1,0 +1,87 @@
+"""What a vLLM engine is given before it starts: the CPU environment, its context, its KV cache.
+
+Read without loading weights (vLLM's own ``ModelConfig``, ~20 ms after vLLM's import), so a caller
+can size an engine, or check a run against it, before any model loads.
+
+**The KV cache on CPU.** vLLM's CPU backend takes a fixed KV cache (``kv_cache_memory_bytes``), not
+a fraction of host RAM, and refuses to start when the cache cannot hold one sequence of
+``max_model_len`` tokens. :func:`cpu_kv_cache_size` sizes it to what the engine must hold: room for
+``sequences`` sequences of ``max_model_len`` tokens, at most 1 GiB, but never less than one whole
+sequence. A fixed 1 GiB was both too small and too large: a Qwen2.5-1.5B shape in fp32 needs
+1.75 GiB for one sequence of its 32,768-token context (the engine failed after the learner had
+loaded), and the 2-layer test model needs ~1 MiB per sequence (1 GiB cost ~1 GiB of resident memory
+and ~1.4 CPU-seconds per engine start).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+CPU_ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1"}
+CPU_KV_CACHE_CAP = 1 << 30  # the most the sizing takes unless one sequence needs more
+CPU_BLOCK_TOKENS = 128      # vLLM's CPU block size for standard attention (platforms/cpu.py)
+CPU_MAX_NUM_SEQS = 256      # vLLM's default max_num_seqs for an offline LLM on CPU (per rank)
+
+
+def set_cpu_env_defaults() -> None:
+    """Without CUDA: run vLLM in this process, without ``torch.compile``; user values win."""
+    if torch.cuda.is_available():
+        return
+    for key, value in CPU_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    # torch reads TORCH_COMPILE_DISABLE once, when torch._dynamo's config is first imported, and
+    # transformers imports it before any engine is built: the variable alone came too late, so vLLM's
+    # own @torch.compile helpers (its sampler's log-probs, the vocab-parallel embedding's input mask)
+    # were traced and compiled with inductor in every engine process.
+    if os.environ["TORCH_COMPILE_DISABLE"] == "1":
+        from torch._dynamo import config as dynamo_config
+
+        dynamo_config.disable = True
+
+
+def _model_config(model_path, **kwargs):
+    set_cpu_env_defaults()
+    from vllm.config import ModelConfig
+
+    return ModelConfig(model=str(model_path), **kwargs)
+
+
+def derived_max_model_len(model_path) -> int:
+    """The context (``max_model_len``, prompt + response tokens) vLLM gives an engine on
+    ``model_path`` by default: derived by vLLM itself from ``config.json`` (RoPE scaling included)
+    and the tokenizer's ``model_max_length``, without loading weights (~20 ms after vLLM's import)."""
+    return int(_model_config(model_path).max_model_len)
+
+
+def kv_cache_layout(model_path, *, dtype: str, tensor_parallel_size: int = 1,
+                    max_model_len: int | None = None) -> tuple[int, int]:
+    """``(bytes, max_model_len)``: the bytes one token's keys and values take in one engine rank's
+    KV cache (``2 x attention layers x KV heads per rank x head size x dtype size``; an upper bound
+    for models whose layers share or compress their cache), and the context the engine will have.
+    ``dtype`` is the engine's (``"float32"``, ``"bfloat16"``...); a ``max_model_len`` past the
+    model's context raises vLLM's own ValueError."""
+    from vllm.config import ParallelConfig
+
+    config = _model_config(model_path, dtype=dtype, max_model_len=max_model_len)
+    parallel = ParallelConfig(tensor_parallel_size=int(tensor_parallel_size))
+    layers = config.get_num_layers_by_block_type(parallel, "attention")
+    per_token = 2 * layers * config.get_num_kv_heads(parallel) * config.get_head_size() * config.dtype.itemsize
+    return int(per_token), int(config.max_model_len)
+
+
+def cpu_kv_cache_size(bytes_per_token: int, max_model_len: int, sequences: int = CPU_MAX_NUM_SEQS,
+                      cap: int | None = None) -> int:
+    """The KV cache of a CPU engine, in bytes: ``sequences`` sequences of ``max_model_len`` tokens
+    (each rounded up to whole blocks), at most ``cap`` (default :data:`CPU_KV_CACHE_CAP`), and
+    never less than one whole sequence plus the block vLLM's pool holds back and one of slack, so
+    the engine starts at any context (vLLM then runs fewer sequences at once when they are long)."""
+    cap = CPU_KV_CACHE_CAP if cap is None else int(cap)
+    if bytes_per_token < 1 or max_model_len < 1 or sequences < 1:
+        raise ValueError(f"cpu_kv_cache_size: bytes_per_token, max_model_len and sequences must be >= 1, got "
+                         f"{bytes_per_token}, {max_model_len}, {sequences}")
+    blocks = -(-int(max_model_len) // CPU_BLOCK_TOKENS)
+    block_bytes = CPU_BLOCK_TOKENS * int(bytes_per_token)
+    one = (blocks + 2) * block_bytes  # one sequence, the null block and a block of slack
+    wanted = (int(sequences) * blocks + 2) * block_bytes
+    return int(max(one, min(wanted, cap)))
