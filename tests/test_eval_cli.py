@@ -235,6 +235,28 @@ def test_resume_accepts_its_own_and_legacy_records(model_dir, dataset, tmp_path,
     assert json.loads((out / "results.json").read_text())["benchmarks"]["toy"]["num_problems"] == 4
 
 
+def test_resume_refuses_samples_of_another_engine_or_dtype(model_dir, dataset, tmp_path, capsys):
+    """``--engine auto`` / ``--dtype auto`` are recorded resolved (hf and float32 on this CPU), and a resume
+    made with another engine or dtype is refused: such samples were resumed, and the settings file then
+    named only the last engine (and no dtype at all)."""
+    out = tmp_path / "run"
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1", "--engine", "auto")) == 0
+    path = out / "run_config.json"
+    settings = json.loads(path.read_text())
+    assert (settings["engine"], settings["dtype"]) == ("hf", "float32")
+    for key, other in (("dtype", "bfloat16"), ("engine", "vllm")):
+        path.write_text(json.dumps({**settings, key: other}))
+        capsys.readouterr()
+        assert ev.main(_run_args(model_dir, dataset, out, "--limit", "2")) == 2
+        _one_line_error(capsys, "holds samples made with other settings", f"({key} differ", "--overwrite")
+    assert sorted(read_samples(out / "samples_toy.jsonl")) == [0]  # nothing was added
+    # a settings file from before they were recorded resolved ("auto", no dtype) resumes, and records them
+    path.write_text(json.dumps({**{k: v for k, v in settings.items() if k != "dtype"}, "engine": "auto"}))
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "2", "--dtype", "float32")) == 0
+    assert sorted(read_samples(out / "samples_toy.jsonl")) == [0, 1]
+    assert {k: json.loads(path.read_text())[k] for k in ("engine", "dtype")} == {"engine": "hf", "dtype": "float32"}
+
+
 def test_two_benchmarks_with_one_name_are_refused(model_dir, dataset, tmp_path, capsys, no_model_load):
     """``a/toy.jsonl,b/toy.jsonl``: both wrote samples_toy.jsonl, the first set silently dropped."""
     other = tmp_path / "b" / "toy.jsonl"
