@@ -82,6 +82,9 @@ _TUNABLE = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N", "V_TILES", "PERSISTENT",
 # stats_tiles 128x256x64 on sm_100 (254 regs, was 80 B), stats_tma with FLATTEN on sm_90 (was 64 B),
 # dz tiles of 128x256: dlogits (was 480 B), dlogits_tma (was 24 B), dlogits_gluon at 3 stages (was 8 B,
 # 209 KB). The choices above stay until a GPU times the new candidates (bench/gpu/tune.py sweeps them).
+# Under Triton 3.6.0 (torch 2.11's) three of them spill a little (tests/test_kernels_compile.py,
+# SPILL_EXCEPTIONS): stats_tiles sm_80 bf16 with entropy (32 B; 128x128 tiles would not) and the fp32
+# stats_fwd on sm_90 / sm_100 with entropy (32 / 24 B).
 _BF16 = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, GROUP_N=8, num_warps=8, num_stages=3)
 _FP32 = dict(BLOCK_N=128, BLOCK_V=64, BLOCK_H=32, GROUP_N=8, num_warps=8, num_stages=2)
 _TILES16 = dict(_BF16, BLOCK_V=256, GROUP_N=16, V_TILES=1, PERSISTENT=0)

@@ -25,10 +25,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNEL_FILES = ("token_logprobs.py", "linear_logprobs.py", "linear_logprobs_fwd.py", "linear_logprobs_tma.py",
                 "linear_logprobs_gluon.py", "linear_logprobs_finish.py", "linear_logprobs_bwd.py", "pacs_loss.py")
 
-# Kernels allowed to spill: (module, function, arch, dtype) -> (largest stack bytes measured, why).
-# Anything spilling that is not listed here (or spilling more than listed) fails the test.
+# Kernels allowed to spill: (module, function, arch, dtype) -> (largest stack bytes measured, why); a fifth
+# element, a Triton minor ("3.6"), limits an entry to that Triton. Anything spilling that is not listed here
+# (or spilling more than listed) fails the test.
 SPILL_EXCEPTIONS = {
+    # Triton 3.6.0 (torch 2.11's, the GPU image's; setup.py's tested range is 3.6-3.9), compiled on 2026-11-28:
+    # three launches chosen spill-free under 3.9 spill a little; every other launch is spill-free there too.
+    ("linear_logprobs_fwd", "_stats_tiles_kernel", 80, "bf16", "3.6"): (
+        32, "entropy on, not persistent: 255 regs, 8 STL/LDL (3.9: 255 regs, none). 128x128 tiles compile "
+            "spill-free (176 regs) but halve the reuse of each hidden tile; sm_80 has no measurement to choose by"),
+    ("linear_logprobs", "_stats_fwd_kernel", 90, "fp32", "3.6"): (
+        32, "entropy on: 33 STL/LDL; the fp32 correctness path of the split forward, not a default"),
+    ("linear_logprobs", "_stats_fwd_kernel", 100, "fp32", "3.6"): (
+        24, "entropy on: 13 STL/LDL; the fp32 correctness path of the split forward, not a default"),
 }
+
+
+def _spill_allowance(report, c):
+    """The exception of compile case ``c``: the entry for any Triton, else the one for the report's minor."""
+    key = (c["module"], c["fn"], c["arch"], c["dtype"])
+    minor = ".".join(report["triton"].split(".")[:2])
+    return SPILL_EXCEPTIONS.get(key) or SPILL_EXCEPTIONS.get((*key, minor))
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +174,7 @@ def test_no_register_spills(report):
     bad = []
     for c in report["cases"]:
         spilled = c["stack"] > 0 or c["spill_insts"] > 0 or c["local"] > 0
-        allowed = SPILL_EXCEPTIONS.get((c["module"], c["fn"], c["arch"], c["dtype"]))
+        allowed = _spill_allowance(report, c)
         if spilled and (allowed is None or c["stack"] > allowed[0]):
             bad.append((c["label"], f"regs {c['regs']} stack {c['stack']} B, {c['spill_insts']} STL/LDL"))
     assert not bad, _fail(bad, "register spills (add a measured exception to SPILL_EXCEPTIONS only with a reason)")
