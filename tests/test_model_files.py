@@ -70,7 +70,7 @@ def test_both_command_lines_refuse_the_folder_before_loading(tmp_path, capsys, m
         needles = (str(w), "is cut short")
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"problem": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(40)))
-    monkeypatch.setattr(ev, "_make_engine", lambda args: pytest.fail("the eval CLI loaded the model"))
+    monkeypatch.setattr(ev, "_make_engine", lambda *args: pytest.fail("the eval CLI loaded the model"))
     assert ev.main(["--model", str(model), "--benchmarks", str(data), "--out", str(tmp_path / "ev")]) == 2
     monkeypatch.setattr("pacs_fast.trainer.build.build_learner", lambda *a, **k: pytest.fail("model work started"))
     code = None
