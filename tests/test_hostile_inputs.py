@@ -132,6 +132,39 @@ def test_a_tensor_parallel_size_megatron_cannot_shard_is_refused_before_the_mode
     check_tensor_parallel(load_config(None, ["model.tiny_hidden_size=64", "rollout.tp_size=2"]))
 
 
+# small widths (the memory check comes first), the settings that matter as the real configs have them
+SMALL = {"vocab_size": 1024, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "intermediate_size": 256}
+LLAMA31 = {**SMALL, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "max_position_embeddings": 131072,
+           "rope_theta": 500000.0, "hidden_act": "silu",
+           "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192}}
+
+
+@pytest.mark.parametrize("change", ["llama3_rope", "yarn_rope", "sliding_window"])
+def test_a_model_megatron_cannot_build_is_refused_before_the_model_loads(tmp_path, capsys, change):
+    """Llama-3.1's RoPE scaling, the YaRN block Qwen2.5's model cards add for long contexts, Qwen2's sliding
+    windows: megatron's builder raised on every rank with a traceback, after the run folder was made."""
+    from pacs_fast.trainer.preflight import check_megatron_model
+
+    folder = qwen_folder(tmp_path)
+    config = {**QWEN, **SMALL, "rope_theta": 1e6, "max_position_embeddings": 32768}
+    config = {"llama3_rope": LLAMA31, "sliding_window": {**config, "use_sliding_window": True, "sliding_window": 4096},
+              "yarn_rope": {**config, "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                       "original_max_position_embeddings": 32768}}}[change]
+    (folder / "config.json").write_text(json.dumps(config))
+    runs = tmp_path / "runs"
+    code, err = cli(["learner.backend=megatron", f"model.path={folder}", "data.dataset=math500",
+                     f"train.out_dir={runs}"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"learner.backend=megatron cannot build model.path={folder}: hf_config" in err and \
+        "learner.backend=torch trains it" in err, err
+    assert not runs.exists()  # nothing made
+    check_megatron_model(load_config(None, [f"model.path={folder}"]))  # the torch learner takes it
+    (folder / "config.json").write_text(json.dumps({**QWEN, **SMALL, "rope_theta": 1e6}))
+    check_megatron_model(load_config(None, ["learner.backend=megatron", f"model.path={folder}"]))
+
+
 def test_a_model_folder_without_tokenizer_files(tmp_path, capsys):
     folder = qwen_folder(tmp_path, tokenizer=False)
     code, err = cli([f"model.path={folder}", "data.dataset=math500", f"train.out_dir={tmp_path / 'runs'}"], capsys)

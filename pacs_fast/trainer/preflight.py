@@ -1,8 +1,8 @@
 """Pre-flight checks from the model's ``config.json``, before any model is loaded: a learner or a
 rollout that cannot fit in memory (below), a ``learner.tp_size`` megatron cannot shard the model over
-(:func:`check_tensor_parallel`), more threads or reward workers than CPUs (:func:`check_cpus`), and the model's
-context for the prompts' check (:func:`model_context`, used by
-:func:`pacs_fast.trainer.problems.check_context`).
+(:func:`check_tensor_parallel`), a model megatron cannot build (:func:`check_megatron_model`), more
+threads or reward workers than CPUs (:func:`check_cpus`), and the model's context for the prompts'
+check (:func:`model_context`, used by :func:`pacs_fast.trainer.problems.check_context`).
 
 The learner's floor (:func:`learner_bytes`) is its share of the weights, gradients and AdamW moments
 in the model's dtype: a lower bound (megatron's fp32 master weights and activations come on top), so
@@ -314,6 +314,31 @@ def check_tensor_parallel(cfg) -> None:
                  else f"the built-in tiny model (model.tiny_hidden_size={cfg.model.tiny_hidden_size})")
         raise ValueError(f"learner.tp_size={tp} cannot shard {model}: {', '.join(bad)} "
                          f"{'is' if len(bad) == 1 else 'are'} not a multiple of {tp}")
+
+
+def check_megatron_model(cfg) -> None:
+    """ValueError naming ``learner.backend=megatron`` and ``model.path`` when megatron's builder cannot
+    reproduce the model (a RoPE scaling such as Llama-3.1's or YaRN, sliding windows, another
+    architecture: :func:`pacs_fast.learner.megatron.model.check_hf_config`), read from ``config.json``
+    before any model loads; it was a traceback on every rank after the run folder had been made. A
+    folder transformers cannot read is left to the model's own error."""
+    if cfg.learner.backend != "megatron" or not cfg.model.path:
+        return
+    folder = Path(cfg.model.path).expanduser()
+    if not (folder / "config.json").is_file():
+        return
+    from transformers import AutoConfig
+
+    from pacs_fast.learner.megatron.model import check_hf_config  # imports no megatron
+    try:
+        hf_config = AutoConfig.from_pretrained(folder)
+    except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
+        return
+    try:
+        check_hf_config(hf_config)
+    except ValueError as e:
+        raise ValueError(f"learner.backend=megatron cannot build model.path={cfg.model.path}: {e}; "
+                         f"learner.backend=torch trains it") from None
 
 
 def model_context(cfg, model_path) -> int | None:
