@@ -161,6 +161,23 @@ def test_huge_finite_mask_values(seed, small_blocks, backend):
     assert torch.isfinite(x.grad).all() and not x.grad[:, 256:560].any() and not x.grad[:, 593:].any()
 
 
+def _fma_rounds_once() -> bool:
+    """Whether ``tl.fma`` rounds once where these kernels run. On a GPU it is ``fma.rn.f32``; Triton 3.9's
+    interpreter emulates that, Triton 3.6's computes ``x * y + z`` in float32 (two roundings). Probe:
+    (1 + 2^-12)^2 - (1 + 2^-11) is 2^-24 exactly, 0 after rounding the product to float32."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def probe(X, Y, Z, OUT):
+        tl.store(OUT, tl.fma(tl.load(X), tl.load(Y), tl.load(Z)))
+
+    x = torch.tensor([1 + 2.0 ** -12])
+    out = torch.zeros(1)
+    probe[(1,)](x, x, torch.tensor([-(1 + 2.0 ** -11)]), out)
+    return out.item() == 2.0 ** -24
+
+
 @pytest.mark.parametrize("backend,temperature", [("torch", 1.0), pytest.param("triton", 1.0, marks=pytest.mark.interpret),
                                                  pytest.param("triton", 0.7, marks=pytest.mark.interpret)])
 @pytest.mark.parametrize("chunk_bytes", [None, 4 * 2 * 8 * 64])  # whole rows / vocab-chunked (torch)
@@ -171,7 +188,9 @@ def test_logits_in_the_hundreds_give_fp32_autograd_exact_gradients(seed, small_b
     of the largest entry over 20 draws, plain fp32 autograd <= 2.5e-7. Bound 1e-6. With a temperature
     the Triton kernels fold it into the FMA that subtracts the max (kernels/base2.py) instead of
     rounding ``logits * inv_t`` to ulp(430) first: that rounding gave 5.9e-6 at T = 0.7, as it does in
-    the torch path (which divides the logits first, as the frameworks do; not held to this bound)."""
+    the torch path (which divides the logits first, as the frameworks do; not held to this bound), and
+    as it does under Triton 3.6's interpreter, whose fma rounds the product first (2.7e-6 measured): there
+    the bound is the rounding's, 1e-5."""
     n, v = 8, 200
     logits = 300 + torch.randn(n, v) * 2
     labels = torch.randint(0, v, (n,))
@@ -184,7 +203,8 @@ def test_logits_in_the_hundreds_give_fp32_autograd_exact_gradients(seed, small_b
     rl, re = reference(xd / temperature, labels)
     ((rl * gl.double()).sum() + (re * gh.double()).sum()).backward()
     err = (x.grad.double() - xd.grad).abs().max().item()
-    assert err <= 1e-6 * xd.grad.abs().max().item(), err
+    bound = 1e-6 if temperature == 1.0 or _fma_rounds_once() else 1e-5
+    assert err <= bound * xd.grad.abs().max().item(), err
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
