@@ -81,13 +81,15 @@ FILTER = ["rollout.filter_groups=true", "rollout.max_gen_batches=3", "reward.noi
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("filtering", [False, True], ids=["plain", "dynamic_sampling"])
+@pytest.mark.parametrize("filtering", [False, True], ids=["plain_bf16", "dynamic_sampling"])
 def test_lockstep_engine_process_equals_the_one_process_run(tmp_path, filtering):
+    """The plain case in bf16: the engine process's HF engine, built from the folder, sampled in fp32
+    (its default dtype) while the one-process run's shares the learner's bf16 model (real-shape sweep)."""
     from safetensors.torch import load_file
 
     # a fixed reference reset before step 3 (algo.reset_every): the engine-process loop resets it as the one-process one
     common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", "train.steps=3",
-                     "algo.ref=fixed", "algo.reset_every=2"] + (FILTER if filtering else [])
+                     "algo.ref=fixed", "algo.reset_every=2"] + (FILTER if filtering else ["model.dtype=bfloat16"])
     env = _env()
     proc = subprocess.run([sys.executable, "-m", "pacs_fast.train", *common, "train.run_name=one"], env=env,
                           capture_output=True, text=True, timeout=300)

@@ -68,7 +68,7 @@ def serve_engine(cfg: Config, roles: Roles) -> int:
     """An engine process: builds its engine on the model folder the driver names, then serves."""
     import torch
 
-    from pacs_fast.trainer.build import resolve_device, set_attention, vllm_cpu_sizes
+    from pacs_fast.trainer.build import model_dtype, resolve_device, set_attention, vllm_cpu_sizes
 
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -87,7 +87,8 @@ def serve_engine(cfg: Config, roles: Roles) -> int:
 
         from pacs_fast.rollout.hf import HFEngine
         tokenizer = AutoTokenizer.from_pretrained(info["model_path"])
-        engine = HFEngine(info["model_path"], tokenizer, device=resolve_device(cfg), batch_size=info["batch_size"],
+        engine = HFEngine(info["model_path"], tokenizer, device=resolve_device(cfg), dtype=model_dtype(cfg),
+                          batch_size=info["batch_size"],
                           lm_head_fp32=cfg.model.lm_head_fp32)
         set_attention(engine.model, cfg.model.attention)
         return engine

@@ -37,10 +37,16 @@ def set_attention(model, attention: str) -> None:
         raise ValueError(f"model.attention={attention!r} cannot be used with this model: {e}") from e
 
 
+def model_dtype(cfg: Config) -> torch.dtype:
+    """``model.dtype`` as a torch dtype: the learner's, and that of every HF engine (a copy built from
+    the folder samples in the learner's dtype, as the shared live model of a one-process run does)."""
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
+
+
 def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tuple[Learner, object]:
     """The learner for ``learner.backend`` and, for the torch learner, its live HF model. Log-probs
     cover the tokenizer's ids only (padded LM-head rows are never sampled nor scored)."""
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
+    dtype = model_dtype(cfg)
     kw = dict(algo=cfg.algo, learner=cfg.learner, temperature=cfg.rollout.temperature,
               horizon=cfg.rollout.max_new_tokens, lm_head_fp32=cfg.model.lm_head_fp32)
     if cfg.learner.backend == "megatron":
@@ -106,6 +112,6 @@ def build_engine(cfg: Config, model_path: Path, learner: Learner, live_model, to
         batch = generate_batch(cfg)
         if live_model is not None:
             return HFEngine(live_model, tokenizer, batch_size=batch, **head), (lambda: None)
-        engine = HFEngine(str(model_path), tokenizer, device=device, batch_size=batch, **head)
+        engine = HFEngine(str(model_path), tokenizer, device=device, dtype=model_dtype(cfg), batch_size=batch, **head)
         set_attention(engine.model, cfg.model.attention)
     return engine, lambda: engine.sync_weights(learner.export_hf_weights())
