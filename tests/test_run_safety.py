@@ -282,6 +282,12 @@ def test_shipped_dataset_names_are_accepted(tmp_path):
 
 def test_checkpoints_carry_generation_config_and_tokenizer_unchanged_and_samples_keep_prompts(tmp_path, capsys):
     model = hf_folder(tmp_path)
+    # config.json as released checkpoints have it (transformers 4's keys): transformers 5 wrote the checkpoint's
+    # with rope_parameters only, which a transformers-4 loader read as rope_theta 10,000 (the real-shape sweep)
+    legacy = json.loads((model / "config.json").read_text())
+    legacy.pop("rope_parameters", None)
+    legacy.update(rope_theta=20000.0, torch_dtype="bfloat16")
+    (model / "config.json").write_text(json.dumps(legacy))
     data = tmp_path / "d.jsonl"
     rows = [{"problem": f"{i}+{i}", "answer": str(2 * i)} for i in range(20)]
     rows += [{"problem": "1+" * 40 + "1", "answer": "41"} for _ in range(5)]  # 20% too long
@@ -302,9 +308,12 @@ def test_checkpoints_carry_generation_config_and_tokenizer_unchanged_and_samples
     for f in model.iterdir():
         if f.name not in ("config.json", "model.safetensors"):
             assert (ckpt / f.name).read_bytes() == f.read_bytes(), f.name
-    from transformers import GenerationConfig
+    from transformers import AutoConfig, GenerationConfig
     assert GenerationConfig.from_pretrained(ckpt).eos_token_id == json.loads(
         (model / "generation_config.json").read_text())["eos_token_id"]
+    saved = json.loads((ckpt / "config.json").read_text())
+    assert saved["rope_theta"] == 20000.0 and saved["torch_dtype"] == saved["dtype"] == "float32", saved
+    assert AutoConfig.from_pretrained(ckpt).rope_parameters == AutoConfig.from_pretrained(model).rope_parameters
     first_eval = read_jsonl(tmp_path / "r" / "metrics.jsonl")[0]
     assert first_eval["data/dropped_train_prompts"] == pytest.approx(dropped / total)
     samples = read_jsonl(tmp_path / "r" / "samples.jsonl", raw=True)
