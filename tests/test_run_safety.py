@@ -104,6 +104,27 @@ def test_resume_refuses_a_cut_or_changed_config(finished, tmp_path, capsys, dama
     assert code == 2 and match in err and err.count("\n") == 1, err
 
 
+def test_a_run_from_another_runs_checkpoint_writes_checkpoints_it_can_resume(finished, tmp_path, capsys):
+    """model.path = an earlier run's step_N (a second stage): the old manifest.json, trainer_state.json and
+    config.yaml were copied in as model files, the new manifest listed the old one's size, and no checkpoint
+    of the new run could ever be resumed (the real-shape sweep)."""
+    from pacs_fast.trainer.checkpoint import problem_of
+
+    source = finished / "checkpoints" / "step_000004"
+    args = [a for a in TINY if not a.startswith(("warmup.", "model.tiny"))]
+    code, _, err = cli(args + [f"model.path={source}", "train.steps=2", "train.save_every=1", f"train.out_dir={tmp_path}",
+                               "train.run_name=stage2"], capsys)
+    assert code == 0, err
+    for step in (1, 2):
+        ckpt = tmp_path / "stage2" / "checkpoints" / f"step_{step:06d}"
+        assert problem_of(ckpt) is None
+        assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == step
+        assert "steps: 2" in (ckpt / "config.yaml").read_text()
+    code, out, err = cli(["--resume", str(tmp_path / "stage2"), "train.steps=3"], capsys)
+    assert code == 0 and "(step 2)" in out, err
+    assert [r["step"] for r in read_jsonl(tmp_path / "stage2" / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3]
+
+
 def test_resume_accepts_a_safe_override_and_continues(finished, tmp_path, capsys):
     run = copy_run(finished, tmp_path)
     code, _, err = cli(["--resume", str(run), "train.steps=5"], capsys)

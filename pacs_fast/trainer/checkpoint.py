@@ -53,12 +53,19 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# What a checkpoint holds besides the model (this module's, the megatron learner's): never copied from a
+# model folder that is itself a checkpoint (a second-stage run from another run's step_N), where the old
+# manifest.json was listed in the new one and then replaced, so no checkpoint of that run could be resumed.
+CHECKPOINT_OWN_FILES = (MANIFEST, "trainer_state.json", "config.yaml", "learner_state.json")
+
+
 def model_side_files(model_dir: str | Path) -> list[Path]:
-    """The files of a Hugging Face model folder that are not weights nor ``config.json``."""
+    """The files of a Hugging Face model folder that are not weights, ``config.json`` nor a
+    checkpoint's own files (:data:`CHECKPOINT_OWN_FILES`)."""
     model_dir = Path(model_dir)
     return sorted(p for p in model_dir.iterdir() if p.is_file() and p.name != "config.json"
                   and not p.name.endswith(WEIGHT_SUFFIXES) and not p.name.endswith(".index.json")
-                  and not p.name.startswith("."))
+                  and not p.name.startswith(".") and p.name not in CHECKPOINT_OWN_FILES)
 
 
 def keep_input_config_keys(saved: Path, original: Path) -> None:
@@ -122,7 +129,8 @@ def save_checkpoint(run_dir: str | Path, step: int, *, learner, model_dir: str |
         if world.is_main:
             keep_input_config_keys(tmp / "config.json", Path(model_dir) / "config.json")
             for f in model_side_files(model_dir):
-                shutil.copy2(f, tmp / f.name)
+                if not (tmp / f.name).exists():  # what the learner wrote stays
+                    shutil.copy2(f, tmp / f.name)
             shutil.copy2(config_yaml, tmp / "config.yaml")
             with open(tmp / "trainer_state.pt", "wb") as fh:
                 torch.save({**trainer_state, "step": step, "rng": rng_state()}, fh)
