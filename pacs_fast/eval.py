@@ -296,25 +296,51 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def _check_prompt_lengths(engine_name: str, engine, tokenizer, sets, todo) -> None:
+def _positions(model) -> int | None:
+    """``max_position_embeddings`` of the model folder's config.json (None: unknown, or RoPE scaled)."""
+    try:
+        c = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    c = c.get("text_config", c)
+    n = c.get("max_position_embeddings")
+    return int(n) if n and not c.get("rope_scaling") else None
+
+
+def _check_prompt_lengths(args, engine_name: str, engine, tokenizer, sets, todo) -> None:
     """A prompt that does not fit the engine's context (vLLM's max_model_len) is a UsageError naming the
     benchmark, the problem and the limit, raised before anything is generated (not in the middle of
-    a benchmark, as the engine would)."""
+    a benchmark, as the engine would). A prompt that leaves fewer than ``--max-tokens`` of the context
+    (vLLM's, or the HF engine's ``max_position_embeddings``) is one warning line per benchmark: vLLM
+    ends those responses at the context, the HF engine generates past the positions the model was
+    trained on, so the two engines' pass@k differ (the trainer warns alike)."""
     from pacs_fast.data.prompts import encode_prompts
 
     limit = getattr(engine, "max_model_len", None)
-    if not limit:
+    context = limit or _positions(args.model)
+    if not context:
         return
     for bench, problems in sets.items():
         lengths = {i: len(p) for i, p in zip(todo[bench], encode_prompts(tokenizer, [problems[i].problem
                                                                                    for i in todo[bench]]))}
-        long = [i for i, n in lengths.items() if n >= limit]
+        if not lengths:
+            continue
+        long = [i for i, n in lengths.items() if limit and n >= limit]
         if long:
             i = max(long, key=lengths.get)
             raise UsageError(f"{bench}: {len(long)} of {len(problems)} prompts do not fit the {engine_name} engine's "
                              f"context of {limit} tokens (prompt and response), the longest problem {i} "
                              f"(id {problems[i].id}) with {lengths[i]} prompt tokens; give a larger --max-model-len "
                              f"if the model allows it, or leave the benchmark out")
+        short = [i for i, n in lengths.items() if n + args.max_tokens > context]
+        if short:
+            i = max(short, key=lengths.get)
+            cut = ("vLLM ends their responses at the context" if limit
+                   else "the HF engine generates past the model's max_position_embeddings")
+            print(f"warning: {bench}: {len(short)} of {len(lengths)} prompts leave fewer than --max-tokens "
+                  f"{args.max_tokens} tokens of the model's context of {context} tokens: {cut}; the longest, "
+                  f"problem {i} (id {problems[i].id}), has {lengths[i]} prompt tokens; --max-tokens "
+                  f"{max(context - lengths[i], 1)} or lower leaves room for every response", file=sys.stderr)
 
 
 def _generate(args, out_dir: Path, sets, ns, todo) -> None:
@@ -328,7 +354,7 @@ def _generate(args, out_dir: Path, sets, ns, todo) -> None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.model)
-    _check_prompt_lengths(engine_name, engine, tokenizer, sets, todo)
+    _check_prompt_lengths(args, engine_name, engine, tokenizer, sets, todo)
     scorer = BatchScorer(args.scorer_workers, time_limit=args.time_limit)
     bar = _progress(sum(len(t) for t in todo.values()), args.no_progress)
     t0, samples_done = time.perf_counter(), 0

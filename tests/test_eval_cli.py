@@ -183,6 +183,23 @@ def test_a_vllm_engine_on_cpu_gets_the_context_its_prompts_need(model_dir, datas
     assert ev.vllm_cpu_sizes(args, sets, todo, ns)["max_model_len"] == 512
 
 
+def test_responses_the_context_cannot_hold_are_named(model_dir, dataset, tmp_path, capsys):
+    """Prompt + --max-tokens past the model's context: vLLM ends the responses there, the HF engine generates
+    past max_position_embeddings, silently, so the two engines' pass@k differed (the trainer warns alike)."""
+    import shutil
+
+    short = tmp_path / "short_context"
+    shutil.copytree(model_dir, short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 120}))  # prompts ~100
+    assert ev.main(_run_args(short, dataset, tmp_path / "run", "--max-tokens", "30", "--limit", "2")) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: toy:")]
+    assert len(warnings) == 1 and "prompts leave fewer than --max-tokens 30 tokens of the model's context of 120" \
+        in warnings[0] and "the HF engine generates past" in warnings[0] and "or lower leaves room" in warnings[0]
+    assert ev.main(_run_args(short, dataset, tmp_path / "run2", "--max-tokens", "6", "--limit", "2")) == 0
+    assert "warning: toy:" not in capsys.readouterr().err
+
+
 def test_resume_after_interruption(model_dir, dataset, tmp_path, monkeypatch):
     calls = []
     real = HFEngine.generate
