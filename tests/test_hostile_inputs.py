@@ -46,6 +46,11 @@ def test_a_rollout_that_cannot_fit_is_refused_before_the_model_loads(tmp_path, c
     # 10000 rows x 151,936 x 4 fp32 copies = 24.3 GB: more than a 24 GiB machine has
     cfg = load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.n=10000"])
     assert hf_engine_bytes(cfg, model_shape(cfg)) > 4 * 10000 * 151936 * 4
+    # the KV cache holds each row's prompt too (it counted the response tokens only): 24 layers x 2 x 2 heads x 64
+    longer = load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.n=10000",
+                                "data.max_prompt_tokens=1024"])
+    grown = hf_engine_bytes(longer, model_shape(longer)) - hf_engine_bytes(cfg, model_shape(cfg))
+    assert grown == 10000 * 24 * 2 * 2 * 64 * 512 * 4
 
 
 def test_the_default_run_and_a_gpu_sized_run_pass_the_check(tmp_path):

@@ -17,8 +17,8 @@ names a micro-batch of ``learner.micro_batch_prompts`` full-length groups that m
 For the rollout, what is estimated is the peak of one decode step of the Hugging Face engine: for every row of a
 chunk (``max(rollout.n, engine batch)`` rows) four fp32 vocabulary-sized tensors (the logits, their
 temperature-scaled copy, the probabilities and the sampler's scratch), plus the rows' KV cache for
-``rollout.max_new_tokens`` tokens; model weights and activations come on top. It is compared with
-the memory the engine's device has (``MemAvailable`` of the host, or the GPU's total). It refuses the
+``data.max_prompt_tokens + rollout.max_new_tokens`` tokens; model weights and activations come on top.
+It is compared with the memory the engine's device has (``MemAvailable`` of the host, or the GPU's total). It refuses the
 runs that cannot start, such as ``rollout.n=10000`` on a 151,936-token vocabulary (24 GB of
 vocabulary-sized tensors), with one line naming the keys; the default run and the configs in
 ``configs/`` pass. vLLM manages its own memory (``rollout.gpu_memory_utilization``) and is not
@@ -66,7 +66,8 @@ def engine_rows(cfg) -> int:
 def hf_engine_bytes(cfg, shape: dict) -> int:
     rows = engine_rows(cfg)
     logits = VOCAB_COPIES * rows * shape["vocab"] * 4
-    kv = rows * shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * cfg.rollout.max_new_tokens * shape["bytes"]
+    tokens = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens  # the cache holds the prompt too
+    kv = rows * shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * tokens * shape["bytes"]
     return logits + kv
 
 
