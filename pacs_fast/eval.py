@@ -38,6 +38,7 @@ from pacs_fast.openmp import quiet_openmp_waits, threads_beside_other_jobs
 quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, then sleep (pacs_fast/openmp.py)
 
 from pacs_fast.config import ATTENTIONS  # noqa: E402
+from pacs_fast.config.model_files import trained_positions
 from pacs_fast.data.datasets import BENCHMARKS
 from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, load_benchmarks,
                                        read_json)
@@ -296,17 +297,6 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def _positions(model) -> int | None:
-    """``max_position_embeddings`` of the model folder's config.json (None: unknown, or RoPE scaled)."""
-    try:
-        c = json.loads((Path(model) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    c = c.get("text_config", c)
-    n = c.get("max_position_embeddings")
-    return int(n) if n and not c.get("rope_scaling") else None
-
-
 def _check_prompt_lengths(args, engine_name: str, engine, tokenizer, sets, todo) -> None:
     """A prompt that does not fit the engine's context (vLLM's max_model_len) is a UsageError naming the
     benchmark, the problem and the limit, raised before anything is generated (not in the middle of
@@ -317,7 +307,7 @@ def _check_prompt_lengths(args, engine_name: str, engine, tokenizer, sets, todo)
     from pacs_fast.data.prompts import encode_prompts
 
     limit = getattr(engine, "max_model_len", None)
-    context = limit or _positions(args.model)
+    context = limit or trained_positions(args.model)
     if not context:
         return
     for bench, problems in sets.items():

@@ -20,6 +20,19 @@ def has_tokenizer(folder: str | Path) -> bool:
     return any((Path(folder) / f).is_file() for f in TOKENIZER_FILES)
 
 
+def trained_positions(folder: str | Path) -> int | None:
+    """The positions the model in ``folder`` was trained on (``max_position_embeddings`` or ``n_positions``
+    of its config.json); None when unknown: no readable config, or a RoPE scaling, whose reach each
+    scaling type defines differently."""
+    try:
+        c = json.loads((Path(folder).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    c = c.get("text_config", c) if isinstance(c, dict) else {}
+    n = c.get("max_position_embeddings") or c.get("n_positions")
+    return int(n) if n and not c.get("rope_scaling") else None
+
+
 def safetensors_problem(path: str | Path) -> str | None:
     """Why the safetensors file ``path`` cannot be loaded, or None. Reads only its header: 8 bytes of
     header length, the JSON header, then every tensor's ``data_offsets`` must end within the file, and the

@@ -88,8 +88,7 @@ def serve_engine(cfg: Config, roles: Roles) -> int:
         from pacs_fast.rollout.hf import HFEngine
         tokenizer = AutoTokenizer.from_pretrained(info["model_path"])
         engine = HFEngine(info["model_path"], tokenizer, device=resolve_device(cfg), dtype=model_dtype(cfg),
-                          batch_size=info["batch_size"],
-                          lm_head_fp32=cfg.model.lm_head_fp32)
+                          batch_size=info["batch_size"], lm_head_fp32=cfg.model.lm_head_fp32)
         set_attention(engine.model, cfg.model.attention)
         return engine
 

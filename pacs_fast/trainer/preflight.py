@@ -354,13 +354,9 @@ def model_context(cfg, model_path) -> int | None:
             return derived_max_model_len(model_path)
         except Exception:  # a folder vLLM cannot read: its own error comes when the engine loads
             return None
-    try:
-        c = json.loads((Path(model_path).expanduser() / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    c = c.get("text_config", c)
-    n = c.get("max_position_embeddings") or c.get("n_positions")
-    return int(n) if n and not c.get("rope_scaling") else None
+    from pacs_fast.config.model_files import trained_positions
+
+    return trained_positions(model_path)
 
 
 def check_cpus(cfg, *, cpus: int | None = None) -> None:
