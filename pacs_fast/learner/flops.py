@@ -30,14 +30,16 @@ PEAK_BF16 = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H2
 
 
 def shape_of(config, dtype_bytes: int = 2) -> dict:
-    """The shape dict (vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, bytes) of a
+    """The shape dict (vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, tied, bytes) of a
     Hugging Face config (the keys :mod:`pacs_fast.trainer.preflight` reads from ``config.json``)."""
     c = getattr(config, "text_config", None) or config
     heads = c.num_attention_heads
     return {"vocab": c.vocab_size, "hidden": c.hidden_size, "layers": c.num_hidden_layers, "heads": heads,
             "kv_heads": getattr(c, "num_key_value_heads", None) or heads,
             "head_dim": getattr(c, "head_dim", None) or c.hidden_size // heads,
-            "intermediate": getattr(c, "intermediate_size", None), "bytes": dtype_bytes}
+            "intermediate": getattr(c, "intermediate_size", None),
+            "tied": bool(getattr(config, "tie_word_embeddings", getattr(c, "tie_word_embeddings", True))),
+            "bytes": dtype_bytes}
 
 
 def layer_params(shape: dict) -> int:

@@ -35,26 +35,42 @@ VOCAB_COPIES = 4  # fp32 [rows, vocab] tensors alive at a decode step's peak (se
 
 def model_shape(cfg) -> dict:
     """vocab, hidden, layers, heads, kv_heads, head_dim, intermediate (None when the config does not
-    say), dtype bytes of the run's model, from its ``config.json`` (or the built-in tiny model's
-    settings); an empty dict when unknown."""
+    say), tied (the LM head shares the embedding), dtype bytes of the run's model, from its
+    ``config.json`` (or the built-in tiny model's settings); an empty dict when unknown."""
     if not cfg.model.path:
         from pacs_fast.trainer.warmup import tiny_model_kwargs
 
         t = tiny_model_kwargs(cfg)
         return {"vocab": 128, "hidden": t["hidden_size"], "layers": t["num_layers"], "heads": t["num_heads"],
-                "kv_heads": t["num_kv_heads"], "head_dim": 32, "intermediate": t["intermediate_size"], "bytes": 4}
+                "kv_heads": t["num_kv_heads"], "head_dim": 32, "intermediate": t["intermediate_size"], "tied": True,
+                "bytes": 4}
     try:
         c = json.loads((Path(cfg.model.path).expanduser() / "config.json").read_text())
     except (OSError, ValueError):
         return {}
-    c = c.get("text_config", c)
+    top, c = c, c.get("text_config", c)
     H, heads = c.get("hidden_size"), c.get("num_attention_heads")
     if not (H and heads and c.get("vocab_size") and c.get("num_hidden_layers")):
         return {}
     return {"vocab": int(c["vocab_size"]), "hidden": int(H), "layers": int(c["num_hidden_layers"]), "heads": int(heads),
             "kv_heads": int(c.get("num_key_value_heads") or heads), "head_dim": int(c.get("head_dim") or H // heads),
-            "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None,
+            "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None, "tied": _tied(top),
             "bytes": 2 if cfg.model.dtype in ("bfloat16", "float16") else 4}
+
+
+def _tied(config: dict) -> bool:
+    """Whether the LM head is the embedding: ``tie_word_embeddings`` of ``config.json`` (top level, else
+    its ``text_config``), else the default of transformers' config class for its ``model_type`` (False for
+    Qwen2 and Llama, True for GPT-2), else True (the parameter count stays a lower bound)."""
+    for c in (config, config.get("text_config") or {}):
+        if isinstance(c.get("tie_word_embeddings"), bool):
+            return c["tie_word_embeddings"]
+    try:
+        from transformers import AutoConfig
+
+        return bool(AutoConfig.for_model(config["model_type"]).tie_word_embeddings)
+    except Exception:  # no or an unknown model_type: count the head once
+        return True
 
 
 def engine_rows(cfg) -> int:
@@ -87,13 +103,14 @@ def available_bytes(device: str) -> int | None:
 
 
 def model_params(shape: dict) -> int:
-    """Parameters of the model, at least: the embedding counted once (tied or not), each layer's
-    attention projections and, where the config gives its width, its gated MLP (norms and biases,
-    a few per mille, left out)."""
+    """Parameters of the model, at least: the embedding, and the LM head unless it is the embedding
+    (``shape["tied"]``, default True), each layer's attention projections and, where the config gives
+    its width, its gated MLP (norms and biases, a few per mille, left out)."""
     H, hd = shape["hidden"], shape["head_dim"]
     attention = 2 * H * shape["heads"] * hd + 2 * H * shape["kv_heads"] * hd
     mlp = 3 * H * shape["intermediate"] if shape["intermediate"] else 0
-    return shape["vocab"] * H + shape["layers"] * (attention + mlp)
+    embeddings = 1 if shape.get("tied", True) else 2
+    return embeddings * shape["vocab"] * H + shape["layers"] * (attention + mlp)
 
 
 def learner_bytes(cfg, shape: dict) -> int:
