@@ -131,6 +131,13 @@ def test_resume_accepts_a_safe_override_and_continues(finished, tmp_path, capsys
     assert code == 0, err
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
     assert steps == [1, 2, 3, 4, 5]
+    # the summary's wall time is the run's: the resumed checkpoint's (steps 1-4) plus this session's
+    before = json.loads((run / "checkpoints" / "step_000004" / "trainer_state.json").read_text())["wall_time_s"]
+    first = json.loads((finished / "summary.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    assert 0 < before < first["wall_time_s"] and 0 < summary["session_wall_time_s"] < summary["wall_time_s"]
+    assert summary["wall_time_s"] == pytest.approx(before + summary["session_wall_time_s"], rel=1e-9)
+    assert first["wall_time_s"] == first["session_wall_time_s"]
 
 
 def test_a_truncated_latest_checkpoint_falls_back_to_the_older_one(finished, tmp_path, capsys):

@@ -157,6 +157,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
         if engines:
             engines.close(wait=False)  # the engines wait for their setup: let them go
         raise
+    s.t_start = t_start
     world, K = s.world, cfg.rollout.max_staleness
     if engines:
         engines.setup({"model_path": str(s.model_path), "vocab_size": len(s.tokenizer),

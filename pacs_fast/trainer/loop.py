@@ -52,6 +52,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     :class:`TrainingStopped` when a step cannot go on."""
     t_start = time.perf_counter()
     s = start(cfg, run_dir, resume=resume)
+    s.t_start = t_start
     world, learner = s.world, s.learner
     last_eval = dict(s.initial_eval)
     gc.freeze()  # what lives now lives to the end: keep it out of the collector's full passes
@@ -170,7 +171,7 @@ def save(s: Session, step: int, sampler_state: dict | None = None) -> None:
     where the sampler stood after step ``step``'s prompts, when it has run ahead (default: now)."""
     t0 = time.perf_counter()
     state = {"sampler": sampler_state or s.sampler.state_dict(), "initial_eval": s.initial_eval,
-             "batches": s.batches}
+             "batches": s.batches, "wall_time_s": s.wall_time()}
     if hasattr(s.scorer, "state_dict"):
         state["scorer"] = s.scorer.state_dict()
     try:
@@ -185,14 +186,17 @@ def save(s: Session, step: int, sampler_state: dict | None = None) -> None:
 
 def finish(s: Session, *, wall_time: float) -> dict:
     """Writes ``summary.json`` (and the plots) from ``metrics.jsonl``: the first and the last
-    recorded evaluation, so a resumed or re-resumed run reports what it measured."""
+    recorded evaluation, so a resumed or re-resumed run reports what it measured. ``wall_time``:
+    this session's; ``wall_time_s`` adds the earlier sessions' up to the checkpoint it resumed from
+    (the time of steps a kill lost is not counted), ``session_wall_time_s`` is this session's."""
     records = read_jsonl(s.run_dir / "metrics.jsonl")
     evals = [r for r in records if r["kind"] == "eval"]
     first, final = evals[0], evals[-1]
     summary = {
         "acc_before": first["eval/acc"], "acc_after": final["eval/acc"],
         "greedy_acc_before": first.get("eval/greedy_acc"), "greedy_acc_after": final.get("eval/greedy_acc"),
-        "final_eval_step": final["step"], "steps": s.cfg.train.steps, "wall_time_s": wall_time,
+        "final_eval_step": final["step"], "steps": s.cfg.train.steps,
+        "wall_time_s": s.wall_before + wall_time, "session_wall_time_s": wall_time,
         "train_time_s": sum(r.get("time/step", 0.0) for r in records if r["kind"] == "train"),
         **s.timings, "run_dir": str(s.run_dir),
     }
@@ -203,8 +207,9 @@ def finish(s: Session, *, wall_time: float) -> dict:
     s.folder.write_summary(summary)
     greedy = (f"  (greedy {summary['greedy_acc_before']:.3f} -> {summary['greedy_acc_after']:.3f})"
               if summary["greedy_acc_before"] is not None and summary["greedy_acc_after"] is not None else "")
+    session = f" (this session {wall_time:.0f} s)" if s.wall_before else ""
     print(f"\nheld-out accuracy: {summary['acc_before']:.3f} -> {summary['acc_after']:.3f}{greedy}  |  wall time "
-          f"{wall_time:.0f} s  |  run folder {s.run_dir}", flush=True)
+          f"{summary['wall_time_s']:.0f} s{session}  |  run folder {s.run_dir}", flush=True)
     return summary
 
 

@@ -61,6 +61,12 @@ class Session:
     batches: int = 0  # generation batches consumed so far (one per step without rollout.filter_groups)
     initial_eval: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
+    wall_before: float = 0.0  # wall time of the kept steps in earlier sessions (the checkpoint resumed from)
+    t_start: float = field(default_factory=time.perf_counter)  # when this session started (train() sets it)
+
+    def wall_time(self) -> float:
+        """Wall time of the run so far: earlier sessions up to the resumed checkpoint, then this one."""
+        return self.wall_before + time.perf_counter() - self.t_start
 
     def log(self, text: str) -> None:
         if self.world.is_main:
@@ -167,6 +173,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
             raise SetupError(f"--resume {run_dir}: {e}") from e
         s.start_step = state["step"]
         s.batches = int(state.get("batches", s.start_step))  # (checkpoints before dynamic sampling: one per step)
+        s.wall_before = float(state.get("wall_time_s", 0.0))  # (checkpoints before it: this session only)
         s.sampler.load_state_dict(state["sampler"])
         if "scorer" in state and hasattr(s.scorer, "load_state_dict"):
             s.scorer.load_state_dict(state["scorer"])
