@@ -85,6 +85,24 @@ def test_global_batch_size_scales_like_per_sample_mode():
     plain = fn(logp, old, adv, action_mask=mask)[0]
     scaled = fn(logp, old, adv, action_mask=mask, dp_size=4, global_batch_size=64)[0]
     assert abs(float(scaled.detach()) - float(plain.detach()) * 8 / 64 * 4) <= TOL
+    # the metric is the micro-batch's mean loss whatever the scaling (it was the scaled value)
+    assert fn.last_metrics["pacs/loss"] == pytest.approx(float(plain.detach()), abs=TOL)
+
+
+@pytest.mark.parametrize("beta", [0.0, -1.0, float("inf"), None])
+def test_a_beta_that_cannot_train_is_refused(beta):
+    with pytest.raises(ValueError, match=r"^PACSPolicyLoss: beta must be a finite number > 0"):
+        PACSPolicyLoss(group_size=4, beta=beta)
+
+
+def test_a_call_without_action_mask_names_it():
+    exps, R, mask, logp, old = _experiences(2, 4, 5, 2, per_exp=8)
+    pacs_advantages(exps, 4)
+    with pytest.raises(ValueError, match=r"^PACSPolicyLoss needs action_mask"):
+        PACSPolicyLoss(group_size=4)(logp, old, exps[0].advantages)
+    exps[0].action_mask = None
+    with pytest.raises(ValueError, match=r"^pacs_advantages: experience.action_mask is None"):
+        pacs_advantages(exps, 4)
 
 
 def test_shuffled_replay_buffer_gives_a_clear_error():
@@ -112,6 +130,10 @@ def test_check_args_names_the_settings():
     with pytest.raises(ValueError) as e:
         check_args(ok)
     assert "train.micro_batch_size (12)" in str(e.value) and "algo.kl.init_coef" in str(e.value)
+    ok.train.micro_batch_size, ok.algo.kl.init_coef = 16, 0.0
+    ok.algo.advantage = SimpleNamespace(is_correction_enable=True)  # vLLM IS correction: not applied by PACS
+    with pytest.raises(ValueError, match="algo.advantage.is_correction_enable must be False"):
+        check_args(ok)
 
 
 def test_rewards_outside_unit_interval_are_refused():

@@ -329,6 +329,51 @@ def test_beta_must_be_positive_and_finite(tmp_path, beta):
         _config(tmp_path, beta=beta)
 
 
+def test_numpy_beta_is_a_number_and_ref_model_sync_is_refused(tmp_path):
+    """beta from a numpy config (np.float32) is accepted; sync_ref_model names itself (TRL's own check
+    blamed 'beta=0.0', the value the adapter hides from TRL's constructor)."""
+    import numpy as np
+
+    assert _config(tmp_path, beta=np.float32(0.5)).beta == 0.5
+    with pytest.raises(ValueError, match=r"^PACS: sync_ref_model is not supported"):
+        _config(tmp_path, sync_ref_model=True)
+
+
+def test_a_triton_pacs_backend_off_cuda_is_refused_when_the_trainer_is_built(tmp_path, monkeypatch):
+    """It failed at the first loss step, deep in the op, naming backend= instead of pacs_backend."""
+    from pacs_fast.integrations.trl import PACSTrainer
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    model, tok = _model_and_tokenizer()
+    with pytest.raises(ValueError, match=r"^PACSConfig: pacs_backend='triton' cannot run on cpu: .*TRITON_INTERPRET"):
+        PACSTrainer(model=model, reward_funcs=_parity_reward, args=_config(tmp_path, pacs_backend="triton"),
+                    train_dataset=_dataset(), processing_class=tok)
+
+
+def test_weights_that_add_up_to_one_are_not_refused_for_rounding(tmp_path):
+    """0.1 x 10 sums to 1.0000001 in fp32: it was refused as 'values in [1, 1]'. The sum is clamped
+    into [0, 1] within 1e-5; past that the error names the completion and its value to 9 digits.
+    The model card cites PACS (it cited GRPO's paper, DeepSeekMath)."""
+    from pacs_fast.integrations.trl import PACSTrainer
+
+    model, tok = _model_and_tokenizer()
+    one = lambda completions, **_: [1.0] * len(completions)  # noqa: E731
+    trainer = PACSTrainer(model=model, reward_funcs=[one] * 10, args=_config(
+        tmp_path, max_steps=1, reward_weights=[0.1] * 10, steps_per_generation=1), train_dataset=_dataset(),
+        processing_class=tok)
+    assert float((torch.full((1, 10), 1.0) * trainer.reward_weights).sum()) > 1  # the rounding is there
+    seen, loss_fn = [], trainer.pacs_loss
+    trainer.pacs_loss = lambda logp, ref, mask, rewards, g: seen.append(rewards) or loss_fn(logp, ref, mask, rewards, g)
+    trainer.train()
+    assert seen and all(bool((r == 1.0).all()) for r in seen)  # the labels the loss got
+    trainer.reward_weights = torch.full((10,), 0.1001)
+    with pytest.raises(ValueError, match=r"gave 1.000999\d* for completion 0 "):
+        trainer.train()
+    trainer.create_model_card()
+    card = (tmp_path / "README.md").read_text()
+    assert "2509.02522" in card and "Implicit Actor Critic Coupling" in card and "DeepSeekMath" not in card
+
+
 def test_ignored_grpo_options_warn_once(tmp_path):
     import warnings
 

@@ -98,6 +98,43 @@ def test_global_batch_info_scales_like_seq_mean():
     assert abs(float(scaled.detach()) - float(plain.detach()) * 8 / 32 * 2) <= TOL
 
 
+def test_the_loss_metric_is_the_micro_batch_mean_whatever_the_scaling():
+    """verl averages a loss function's metrics over micro-batches: actor/pacs/loss is the micro-batch's
+    mean loss (it was the scaled one: 4x too small with 4 micro-batches of a mini-batch)."""
+    b = _batch(2, 4, 5, 4)
+    adv, _ = _advantages(b)
+    cfg = _actor_config(4)
+    fn = core_algos.get_policy_loss_fn("pacs")
+    plain, m_plain = fn(b["old"], b["logp"], adv, b["mask"], "token-mean", cfg, None)
+    cfg.global_batch_info.update(global_batch_size=32, dp_size=1)
+    scaled, m_scaled = fn(b["old"], b["logp"], adv, b["mask"], "token-mean", cfg, None)
+    assert m_plain["actor/pacs/loss"] == m_scaled["actor/pacs/loss"] == pytest.approx(float(plain.detach()), abs=TOL)
+    assert float(scaled.detach()) == pytest.approx(float(plain.detach()) / 4, abs=TOL)
+
+
+@pytest.mark.parametrize("beta", [0.0, -1.0, float("nan"), True, "1"])
+def test_a_beta_that_cannot_train_is_refused(beta):
+    """beta scales PACS's proxy: 0 trains nothing, < 0 trains against the verifier (TRL's adapter refused
+    them already; verl's registered them)."""
+    with pytest.raises(ValueError, match=r"^register_pacs_loss: beta must be a finite number > 0"):
+        pv.register_pacs_loss("pacs_test_bad_beta", beta=beta)
+    assert pv.register_pacs_loss("pacs_test_np_beta", beta=np.float32(0.5)) is not None  # numpy scalars are numbers
+
+
+def test_uids_of_another_shape_and_rows_without_a_response_are_one_clear_line():
+    b = _batch(2, 4, 5, 8)
+    est = core_algos.get_adv_estimator_fn("pacs")
+    for uid in (np.stack([b["uid"], b["uid"]], axis=1), b["uid"][:6]):
+        with pytest.raises(ValueError, match=r"uids \(data.non_tensor_batch\['uid'\]\) must be one hashable id per "
+                                             r"row, shape \[8\]; got shape"):
+            est(token_level_rewards=b["tlr"], response_mask=b["mask"], index=uid, config=AlgoConfig())
+    adv, _ = _advantages(b)
+    mask = b["mask"].clone()
+    mask[5] = 0
+    with pytest.raises(ValueError, match=r"^PACS: row 5 of the micro-batch has no response token in its mask"):
+        core_algos.get_policy_loss_fn("pacs")(b["old"], b["logp"], adv, mask, "token-mean", _actor_config(4), None)
+
+
 def test_split_or_shuffled_groups_give_a_clear_error():
     b = _batch(2, 4, 5, 5)
     adv, _ = _advantages(b)

@@ -16,9 +16,24 @@ exact; soft rewards keep about 2e-6 absolute precision in fp32 (values < 2 * GRO
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 GROUP_TAGS = 16
+
+
+def check_beta(beta, where: str) -> float:
+    """PACS's beta as a float: a finite real number > 0 (numpy scalars too); else a ValueError
+    naming ``where``. beta scales the proxy r_i = beta * sum_t (logp - logp_ref) (paper eq. 8); it is
+    not a KL coefficient: 0 gives an exactly zero gradient and a negative beta trains against the
+    verifier."""
+    ok = isinstance(beta, numbers.Real) and not isinstance(beta, bool) and math.isfinite(float(beta)) and beta > 0
+    if not ok:
+        raise ValueError(f"{where}: beta must be a finite number > 0, got {beta!r} (PACS's proxy scale, not a KL "
+                         "coefficient: beta=0 gives an exactly zero gradient, beta<0 trains against the verifier)")
+    return float(beta)
 
 
 def check_batch_rows(num_rows: int, group_size: int, fix: str) -> None:
@@ -58,11 +73,14 @@ def encode_tagged_advantages(rewards: torch.Tensor, group_index: torch.Tensor,
 def decode_tagged_advantages(advantages: torch.Tensor, response_mask: torch.Tensor, fix: str):
     """Inverse of ``encode_tagged_advantages``: ``(rewards [B] fp64, tags [B] int64)``.
 
-    Raises ValueError (ending in ``fix``) when a row has no response token, when the value is
-    not constant over a row's response tokens, or when it is not of the encoded form."""
+    Raises ValueError naming the row when a row has no response token, and (ending in ``fix``) when
+    the value is not constant over a row's response tokens or not of the encoded form."""
     m = response_mask.bool()
-    if not bool(m.any(dim=-1).all()):
-        raise ValueError(f"PACS: a row has no response token, so its reward cannot be read; {fix}")
+    empty = (~m.any(dim=-1)).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"PACS: row {empty[0]} of the micro-batch has no response token in its mask "
+                         f"({len(empty)} such rows), so its reward cannot be read; every response needs at least "
+                         "one token (its EOS) under the mask")
     a = advantages.detach().to(torch.float64)
     big = torch.finfo(torch.float64).max
     hi = torch.where(m, a, -big).amax(dim=-1)

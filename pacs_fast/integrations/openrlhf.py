@@ -33,6 +33,7 @@ import torch
 
 from pacs_fast.algorithms.pacs import BACKENDS, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
 from pacs_fast.integrations._groups import (
+    check_beta,
     check_whole_groups,
     decode_tagged_advantages,
     encode_tagged_advantages,
@@ -72,6 +73,9 @@ def check_args(args) -> None:
         problems.append("train.dynamic_batch_enable must be False")
     if _get(args, "ds.packing_samples", False):
         problems.append("ds.packing_samples must be False")
+    if _get(args, "algo.advantage.is_correction_enable", False):
+        problems.append("algo.advantage.is_correction_enable must be False (the PACS loss does not apply vLLM's "
+                        "importance-sampling correction: rollout_log_probs is not read)")
     if float(_get(args, "algo.kl.init_coef", 0.0)) > 0 and not _get(args, "algo.kl.use_loss", False):
         problems.append("algo.kl.init_coef > 0 without algo.kl.use_loss puts a KL term into the reward; "
                         "set algo.kl.init_coef=0 (or algo.kl.use_loss)")
@@ -90,6 +94,9 @@ def pacs_advantages(experiences, n_samples_per_prompt: int):
     for exp in experiences:
         if exp.index is None:
             raise ValueError("pacs_advantages: experience.index is None (needs OpenRLHF's sample positions)")
+        if exp.action_mask is None:
+            raise ValueError("pacs_advantages: experience.action_mask is None (packed samples, ds.packing_samples, "
+                             "are not supported)")
         rewards = exp.rewards.reshape(-1)
         group = torch.as_tensor(list(exp.index), device=rewards.device) // n
         exp.advantages = encode_tagged_advantages(rewards, group, exp.action_mask)
@@ -115,7 +122,8 @@ class PACSPolicyLoss(torch.nn.Module):
         if int(group_size) < 1:
             raise ValueError(f"PACSPolicyLoss: group_size must be >= 1, got {group_size}")
         self.group_size = int(group_size)
-        self.options = dict(beta=float(beta), score=score, weight_mode=weight_mode, proxy=proxy, backend=backend)
+        self.options = dict(beta=check_beta(beta, "PACSPolicyLoss"), score=score, weight_mode=weight_mode,
+                            proxy=proxy, backend=backend)
         self.last_metrics: dict[str, float] = {}
 
     def forward(self, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
@@ -124,15 +132,18 @@ class PACSPolicyLoss(torch.nn.Module):
                 global_batch_size: float | None = None):
         """``[B, A]`` tensors of one micro-batch (whole groups) ->
         ``(loss, clip_ratio, ppo_kl, vllm_kl=None, is_filter_ratio=None)``."""
-        mask = torch.ones_like(log_probs, dtype=torch.bool) if action_mask is None else action_mask
+        if action_mask is None:  # the tags sit on action tokens only: the mask says which those are
+            raise ValueError("PACSPolicyLoss needs action_mask (the experience's action mask): pacs_advantages writes "
+                             "each sample's reward and group on its action tokens only")
+        mask = action_mask
         rewards, tags = decode_tagged_advantages(advantages, mask, _FIX)
         check_whole_groups(tags, self.group_size, _FIX)
         loss, terms = pacs_loss(log_probs, old_log_probs, mask, rewards.to(log_probs.device),
                                 group_size=self.group_size, return_terms=True, **self.options)
+        self.last_metrics = {**pacs_metrics(terms, rewards), "pacs/loss": float(loss.detach())}  # the micro-batch's
         if global_batch_size is not None:
             loss = loss * (log_probs.shape[0] / float(global_batch_size) * float(dp_size))
         m = mask.to(log_probs.dtype)
         ppo_kl = ((old_log_probs - log_probs.detach()) * m).sum() / m.sum().clamp(min=1)
         clip_ratio = torch.zeros((), dtype=loss.dtype, device=loss.device)
-        self.last_metrics = {**pacs_metrics(terms, rewards), "pacs/loss": float(loss.detach())}
         return loss, clip_ratio, ppo_kl, None, None

@@ -39,7 +39,7 @@ logits); everything else in the loss is the same.
 from __future__ import annotations
 
 import dataclasses
-import math
+import textwrap
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -56,7 +56,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from pacs_fast.algorithms.overlong import loss_over_members as _loss_over_members
 from pacs_fast.algorithms.pacs import BACKENDS, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
-from pacs_fast.integrations._groups import check_whole_groups, pacs_metrics
+from pacs_fast.integrations._groups import check_beta, check_whole_groups, pacs_metrics
+from pacs_fast.ops.backend import require_triton
 from pacs_fast.ops.linear_logprobs import linear_logprobs
 
 SUPPORTED_TRL = "1.16"
@@ -70,6 +71,8 @@ if not trl.__version__.startswith(SUPPORTED_TRL + "."):
 # GRPOConfig options that shape GRPO's loss or advantages and do not enter the PACS loss.
 IGNORED_GRPO_OPTIONS = ("loss_type", "scale_rewards", "epsilon", "epsilon_high", "delta", "importance_sampling_level")
 _GRPO_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GRPOConfig) if f.name in IGNORED_GRPO_OPTIONS}
+
+REWARD_ROUNDING = 1e-5  # fp32 rounding of a weighted sum of reward functions (~1e-6 for 20 functions)
 
 _GROUP_FIX = ("set per_device_train_batch_size (and per_device_eval_batch_size) to a multiple of "
               "num_generations (num_generations_eval), and keep PACSTrainer's own batching")
@@ -95,6 +98,9 @@ def check_group_settings(args) -> None:
                              f"num_generations_eval={Ge}")
         if args.score in ("rloo", "grpo") and Ge < 2:
             raise ValueError(f"PACS score={args.score!r} needs num_generations_eval >= 2, got {Ge}")
+    if args.sync_ref_model:
+        raise ValueError("PACS: sync_ref_model is not supported: PACS loads no reference model (its reference is "
+                         "the rollout policy's log-probs); leave sync_ref_model=False")
     if args.top_entropy_quantile < 1.0:
         raise ValueError("PACS: top_entropy_quantile < 1 is not supported (the PACS loss is per sequence)")
     if args.off_policy_mask_threshold is not None:
@@ -119,10 +125,7 @@ class PACSConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 0):
-            raise ValueError(f"PACSConfig: beta must be a finite number > 0, got {self.beta!r} (PACS's proxy scale, "
-                             "not a KL coefficient: beta=0 gives an exactly zero gradient, beta<0 trains against the "
-                             "verifier)")
+        check_beta(self.beta, "PACSConfig")
         ignored = [f"{name}={getattr(self, name)!r}" for name in IGNORED_GRPO_OPTIONS
                    if getattr(self, name) != _GRPO_DEFAULTS[name]]
         if ignored:
@@ -248,6 +251,17 @@ class PACSTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "pacs"]
     _name = "PACS"
+    _paper = {  # TRL's model card cites it (GRPOTrainer's would cite DeepSeekMath)
+        "title": "Implicit Actor Critic Coupling via a Supervised Learning Framework for RLVR",
+        "id": "2509.02522",
+        "citation": textwrap.dedent("""\
+            @article{li2025pacs,
+                title        = {{Implicit Actor Critic Coupling via a Supervised Learning Framework for RLVR}},
+                author       = {Jiaming Li and Longze Chen and Ze Gong and Yukun Chen and Lu Wang and Wanwei He and Run Luo and Min Yang},
+                year         = 2025,
+                eprint       = {arXiv:2509.02522},
+            }"""),
+    }
 
     def __init__(self, model, reward_funcs, args=None, **kwargs):
         if args is None:
@@ -264,6 +278,12 @@ class PACSTrainer(GRPOTrainer):
         finally:
             args.beta = pacs_beta
         self.pacs_beta = float(pacs_beta)
+        if args.pacs_backend == "triton":  # refused here, not at the first loss step
+            try:
+                require_triton(torch.empty(0, device=self.accelerator.device))
+            except ValueError as e:
+                raise ValueError(f"PACSConfig: pacs_backend='triton' cannot run on {self.accelerator.device}: {e}; "
+                                 "pacs_backend='auto' takes the fused kernel on CUDA and torch elsewhere") from None
         self._pacs_rewards_per_func = None
         self._pacs_warned_soft = False
         target = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
@@ -308,10 +328,15 @@ class PACSTrainer(GRPOTrainer):
             raise ValueError("PACS needs a reward for every completion: every reward function returned "
                              "None for some completion")
         rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
-        if bool(((rewards < 0) | (rewards > 1)).any()):
+        # weights that add up to 1 (0.1 x 10) can sum a little past it in fp32: that much is rounding
+        outside = (rewards < -REWARD_ROUNDING) | (rewards > 1 + REWARD_ROUNDING)
+        if bool(outside.any()):
+            bad = int(outside.nonzero()[0])
+            lo, hi = float(rewards.min()), float(rewards.max())
             raise ValueError("PACS needs rewards in [0, 1] (the verifier's label): the weighted sum of "
-                             f"reward_funcs (reward_weights={self.reward_weights.tolist()}) gave values in "
-                             f"[{float(rewards.min()):.4g}, {float(rewards.max()):.4g}]")
+                             f"reward_funcs (reward_weights={self.reward_weights.tolist()}) gave "
+                             f"{float(rewards[bad]):.9g} for completion {bad} (values in [{lo:.9g}, {hi:.9g}])")
+        rewards = rewards.clamp(0.0, 1.0)
         if not self._pacs_warned_soft and bool(((rewards != 0) & (rewards != 1)).any()):
             self._pacs_warned_soft = True
             warnings.warn("PACSTrainer: some rewards lie strictly between 0 and 1 (e.g. weighted reward functions); "

@@ -48,6 +48,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from pacs_fast.algorithms.pacs import PROXIES, SCORES, WEIGHT_MODES, pacs_loss
 from pacs_fast.integrations._groups import (
+    check_beta,
     check_whole_groups,
     decode_tagged_advantages,
     encode_tagged_advantages,
@@ -140,6 +141,9 @@ def compute_pacs_advantage(token_level_rewards: torch.Tensor, response_mask: tor
         raise ValueError("PACS advantage estimator: algorithm.use_kl_in_reward must be False "
                          "(PACS needs the verifier's reward in [0, 1])")
     uid = np.asarray(index)
+    if uid.ndim != 1 or uid.shape[0] != token_level_rewards.shape[0]:
+        raise ValueError(f"PACS advantage estimator: the prompt uids (data.non_tensor_batch['uid']) must be one "
+                         f"hashable id per row, shape [{token_level_rewards.shape[0]}]; got shape {tuple(uid.shape)}")
     starts = np.concatenate([[True], uid[1:] != uid[:-1]])
     run = np.cumsum(starts) - 1
     if len(set(uid[starts].tolist())) != int(starts.sum()):
@@ -169,12 +173,12 @@ def _pacs_policy_loss(options: dict):
         check_whole_groups(tags, G, _FIX)
         loss, terms = pacs_loss(log_prob, old_log_prob, response_mask, rewards.to(log_prob.device),
                                 group_size=G, return_terms=True, **options)
+        metrics = {f"actor/{k}": v for k, v in pacs_metrics(terms, rewards).items()}
+        metrics["actor/pacs/loss"] = float(loss.detach())  # the micro-batch's mean (verl averages over them)
         info = _get(config, "global_batch_info", None) or {}
         global_batch_size = info.get("global_batch_size")
         if global_batch_size is not None:
             loss = loss * (log_prob.shape[0] / float(global_batch_size) * float(info.get("dp_size", 1)))
-        metrics = {f"actor/{k}": v for k, v in pacs_metrics(terms, rewards).items()}
-        metrics["actor/pacs/loss"] = float(loss.detach())
         return loss, metrics
 
     return compute_policy_loss_pacs
@@ -187,6 +191,7 @@ def register_pacs_loss(name: str = "pacs", **options) -> Any:
     if unknown:
         raise ValueError(f"register_pacs_loss: unknown options {sorted(unknown)}; known: {sorted(PACS_DEFAULTS)}")
     merged = {**PACS_DEFAULTS, **options}
+    merged["beta"] = check_beta(merged["beta"], "register_pacs_loss")
     for key, allowed in (("score", SCORES), ("weight_mode", WEIGHT_MODES), ("proxy", PROXIES)):
         if merged[key] not in allowed:
             raise ValueError(f"register_pacs_loss: {key} must be one of {allowed}, got {merged[key]!r}")
