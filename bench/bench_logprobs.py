@@ -5,7 +5,7 @@ Each (method, shape) case runs in a fresh subprocess so that its peak memory is 
     workspace = peak RSS during forward+backward - RSS before it - returned gradient buffers
 
 (the inputs exist before the baseline is taken; dhidden [N, H] and dweight [V, H] fp32 are the
-gradient buffers every method must return, DESIGN.md section 3). Peak RSS is ``ru_maxrss``
+gradient buffers every method must return). Peak RSS is ``ru_maxrss``
 (the process high-water mark); the baseline is taken after a tiny warm-up call of the same
 method (which loads libraries and thread pools) and after the inputs were created without
 transients. glibc may keep freed small blocks resident, so RSS over-counts rather than

@@ -2,7 +2,7 @@
 
 Every kernel that touches the tokens streams them over a 2-D grid ``(row block, token split)`` so
 that every SM has programs in flight (issue 22: the loss at memory speed); only the small
-per-group pass runs one program per group. Formulas: DESIGN.md section 1.
+per-group pass runs one program per group. Formulas: the docstrings of pacs_fast/algorithms/pacs.py.
 
 Forward, pass A (``_pacs_sums_kernel``), grid ``(cdiv(B, ROWS), N_SPLIT)``: program ``(b, s)``
 reads ``[ROWS, BLOCK_T]`` tiles of ``logp`` (``- logp_ref``, ``* mask``) at token blocks

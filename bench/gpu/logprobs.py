@@ -28,7 +28,7 @@ methods that recompute logits in the backward (pacs_*: logits, recompute, dhidde
 ``6*N*H*V`` for naive and Liger FLCE (no recompute); the table reports TFLOP/s on the *useful*
 ``6*N*H*V`` too, so methods are comparable. Time: median of ``--iters`` CUDA-event timed calls
 after warm-up. Workspace: ``torch.cuda.max_memory_allocated`` during one forward+backward minus
-memory allocated before it minus the returned gradients (DESIGN.md section 3). Error: max |.| vs a
+memory allocated before it minus the returned gradients. Error: max |.| vs a
 float64 reference of logp / entropy on 256 random rows.
 
 Floors, measured in the same run at each shape (:func:`gemm_floor`): ``torch.matmul`` for the

@@ -11,7 +11,7 @@ added to the verifier's reward: 0 up to ``L_max - buffer_len`` tokens, then fall
 ``-penalty_factor`` at ``L = L_max``.
 
 **How a shaped reward enters PACS.** PACS's reward is the *label* of a binary cross-entropy, which
-must lie in ``[0, 1]`` (DESIGN.md section 1; soft labels allowed), while a shaped reward can be
+must lie in ``[0, 1]`` (:mod:`pacs_fast.algorithms.pacs`; soft labels allowed), while a shaped reward can be
 negative. :func:`shaped_rewards` therefore gives PACS ``clip(R + penalty, 0, 1)``: a correct response
 inside the buffer becomes a soft label ``1 + penalty`` (less credible the longer it runs; at
 ``penalty <= -1`` it counts as wrong), and a wrong one stays 0 (it cannot be more wrong than wrong).

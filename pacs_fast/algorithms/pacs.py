@@ -6,8 +6,7 @@ binary cross-entropy between ``sigmoid(psi_i)`` and the verifier reward ``R_i``:
 
     L = (1/B) * sum_i w_i * (softplus(psi_i) - R_i * psi_i)
 
-Exact semantics (masked sums, unbiased std, eps) are in DESIGN.md section 1 and in the docstrings
-below. Everything here is plain differentiable PyTorch (any device); ``pacs_loss(backend="triton")``
+Exact semantics (masked sums, unbiased std, eps) are in the docstrings below. Everything here is plain differentiable PyTorch (any device); ``pacs_loss(backend="triton")``
 dispatches to the fused kernel in :mod:`pacs_fast.ops.pacs_loss`, which has the same contract.
 
 Layouts. *Padded*: ``logp``/``logp_ref``/``mask`` are ``[B, T]``. *Packed* (varlen): pass

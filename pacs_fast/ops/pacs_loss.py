@@ -1,7 +1,7 @@
 """Fused grouped PACS loss (Triton): autograd Function and the public ``fused_pacs_loss``.
 
 Same semantics and return values as ``pacs_fast.algorithms.pacs_loss(..., backend="torch")``;
-formulas in DESIGN.md section 1. The forward is two launches: pass A streams the tokens over a
+formulas in :mod:`pacs_fast.algorithms.pacs`. The forward is two launches: pass A streams the tokens over a
 ``(row block, token split)`` grid into per-(row, split) partial sums; pass B (one program per
 group) reduces them and computes the proxies, the group scores, the class-balanced weights, the
 BCE terms and the per-sequence gradient coefficient. The backward kernel writes ``dlogp`` in one
@@ -174,7 +174,7 @@ def fused_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, scor
                     check_finite=False):
     """Grouped PACS loss with the fused Triton kernels (CUDA, or the interpreter on CPU).
 
-    Same contract as ``pacs_fast.algorithms.pacs_loss``; formulas in DESIGN.md section 1.
+    Same contract as ``pacs_fast.algorithms.pacs_loss``; formulas in :mod:`pacs_fast.algorithms.pacs`.
 
     Args:
         logp: [B, T] log-probs of the sampled tokens under the trained policy (any float dtype;
@@ -188,7 +188,7 @@ def fused_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, scor
             ``n_0 = G - n_1``, ``w_i = R_i G/(2 n_1) + (1 - R_i) G/(2 n_0)`` in mixed groups.
         group_size: G (2..1024 here; 1 allowed for dr_grpo/naive); groups are B/G contiguous rows.
         beta, score ("rloo" | "grpo" | "dr_grpo" | "naive"), weight_mode ("question" | "none" |
-            "only_positive" | "only_negative"), proxy ("logratio" | "mean_logp"): DESIGN.md 1.
+            "only_positive" | "only_negative"), proxy ("logratio" | "mean_logp"): as there.
         return_terms: also return a dict of detached [B] tensors: "proxy" r, "score" psi,
             "pred_reward" sigmoid(psi), "weight" w, "sample_loss" w*(softplus(psi) - R*psi).
         cu_seqlens: [B + 1] integer offsets of the packed rows (``cu_seqlens[0] == 0``,

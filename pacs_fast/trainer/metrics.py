@@ -149,8 +149,11 @@ class Progress:
             self._p.update(self._task, completed=step, info=info)
 
     def print(self, text: str) -> None:
+        """One line above the bar, as given: no rich markup (``[tensorboard,wandb]`` or ``[/tmp/x]`` in a
+        message is text) and no wrapping at the console's width (a redirected run's log keeps one line
+        per message)."""
         if self._p is not None:
-            self._p.console.print(text)
+            self._p.console.print(text, markup=False, soft_wrap=True)
         else:
             print(text, flush=True)
 
