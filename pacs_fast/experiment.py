@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pacs_fast.experiment_args import (MAX_SEEDS, PRESETS, Arm, check_resources, parse_args,  # noqa: F401 (API)
-                                       parse_arm, parse_arms, parse_seeds)
+                                       parse_arm, parse_arms, parse_seeds, settings_from_spec)
 from pacs_fast.experiment_results import bootstrap_ci, report, table  # noqa: F401 (the runner's API)
 from pacs_fast.files import write_text_atomic
 
@@ -271,9 +271,9 @@ def run_jobs(todo: list[tuple[Job, str]], config: str | None, *, workers: int, t
 def main(argv=None) -> int:
     a = parse_args(argv, description=__doc__.split("\n\n")[0])
     try:  # every argument error here, before anything is written or started
-        arms = parse_arms(a)
+        arms = settings_from_spec(a) if a.report and not (a.arms.strip() or a.arm) else parse_arms(a)
         check_resources(a)
-        seeds = parse_seeds(a.seeds)
+        seeds = parse_seeds("0-4" if a.seeds is None else a.seeds)
         out = Path(a.out)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {str(out)!r} is a file, not a folder")

@@ -3,8 +3,10 @@ keys the runner sets itself, each checked before any run starts (a ValueError na
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 PRESETS = {
     "pacs": ["algo.name=pacs"],
@@ -119,6 +121,30 @@ def check_timeout(value: float | None) -> None:
         raise ValueError(f"--timeout {value:g}: give a positive number of seconds (leave --timeout out for no limit)")
 
 
+def settings_from_spec(args) -> list[Arm]:
+    """For ``--report`` without ``--arms`` / ``--arm``: the arms of ``<out>/spec.json`` (what the runner
+    recorded), and its seeds, config, overrides and baseline where the command line gives none
+    (``args`` is updated). A ValueError naming ``--out`` when there is no readable spec."""
+    path = Path(args.out) / "spec.json"
+    try:
+        spec = json.loads(path.read_text())
+        arms = [Arm(str(name), [str(o) for o in overrides]) for name, overrides in spec["arms"].items()]
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
+        raise ValueError(f"--report without --arms / --arm reads the arms from {path}, which cannot be read "
+                         f"({type(e).__name__}); give --arms / --arm") from None
+    if args.seeds is None:
+        args.seeds = ",".join(str(s) for s in spec.get("seeds") or [])
+    if args.config is None:
+        args.config = spec.get("config")
+    if not args.overrides:
+        args.overrides = list(spec.get("overrides") or [])
+    if args.baseline is None:
+        args.baseline = spec.get("baseline")
+    if args.baseline and args.baseline not in {x.name for x in arms}:
+        raise ValueError(f"--baseline {args.baseline!r} is not one of the arms")
+    return arms
+
+
 def parse_arms(args) -> list[Arm]:
     """The arms of ``--arms`` (presets only) and ``--arm``: named uniquely, owning none of
     :data:`RUNNER_KEYS`, with ``--baseline`` among them."""
@@ -173,7 +199,8 @@ def parse_args(argv=None, description: str = ""):
     p.add_argument("--arms", default="", help=f"comma-separated presets ({', '.join(PRESETS)})")
     p.add_argument("--arm", action="append", default=[],
                    help="NAME:section.key=value,section.key=value (repeatable; list values in brackets)")
-    p.add_argument("--seeds", default="0-4", help="e.g. 0-4 or 0,2,5 (sets train.seed and warmup.seed)")
+    p.add_argument("--seeds", default=None, help="e.g. 0-4 or 0,2,5 (sets train.seed and warmup.seed; default "
+                                                "0-4, with --report alone the recorded ones)")
     p.add_argument("--baseline", default=None, help="arm the others are compared with (paired by seed)")
     p.add_argument("--config", default=None, help="YAML config common to every run")
     p.add_argument("--workers", type=int, default=1, help="runs at a time")
@@ -181,7 +208,8 @@ def parse_args(argv=None, description: str = ""):
     p.add_argument("--timeout", type=float, default=None,
                    help="kill a run after this many seconds (> 0; a killed run counts as failed; default: no limit)")
     p.add_argument("--report", action="store_true",
-                   help="only write the table and plots from the finished runs of an existing --out")
+                   help="only write the table and plots from the finished runs of an existing --out (without "
+                        "--arms / --arm: the arms, seeds, config and overrides its spec.json recorded)")
     p.add_argument("--restart-mismatched", action="store_true",
                    help="delete and rerun this experiment's run folders made with other settings")
     p.add_argument("--title", default="", help="first line of results.md")

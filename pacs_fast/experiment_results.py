@@ -87,7 +87,8 @@ def table(res: dict, arms: list, baseline: str | None, keys: tuple = MAIN) -> tu
             if baseline and arm.name != baseline and common:
                 d = np.array([runs[s].get(k, np.nan) - base[s].get(k, np.nan) for s in common])
                 lo, hi = bootstrap_ci(d)
-                cells.append(f"{d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] (n={len(d)})")
+                ci = f"[{lo:+.3f}, {hi:+.3f}]" if len(d) > 1 else "[no interval: one seed]"
+                cells.append(f"{d.mean():+.3f} {ci} (n={len(d)})")
                 entry[f"{k}_minus_{baseline}"] = {"mean": float(d.mean()), "ci95": [lo, hi],
                                                   "per_seed": d.tolist(), "seeds": common}
             else:

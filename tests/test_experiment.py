@@ -72,6 +72,11 @@ def test_runner_end_to_end(tmp_path, capsys):
     assert (out / "curves.png").stat().st_size > 1000
     assert "| pacs | 2 |" in (out / "results.md").read_text()
     assert "pass@n − grpo" in (out / "results.md").read_text() and "greedy" in res["stats"]["pacs"]
+    # --report alone (the docs' command) takes the arms, seeds, settings and baseline spec.json recorded
+    before = (out / "results.md").read_text()
+    (out / "results.md").unlink()
+    assert ex.main(["--out", str(out), "--report"]) == 0
+    assert (out / "results.md").read_text() == before
     capsys.readouterr()
 
     # a killed run (summary and last checkpoint gone) is resumed; one with no checkpoint restarts;

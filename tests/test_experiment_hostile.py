@@ -180,4 +180,15 @@ def test_report_on_a_folder_without_runs_creates_nothing(tmp_path, capsys):
     empty.mkdir()
     assert ex.main(["--out", str(empty), "--arms", "pacs", "--report"]) == 2
     assert str(empty) in one_line_error(capsys) and list(empty.iterdir()) == []
+    # without --arms: the arms come from spec.json, which an empty folder does not have
+    assert ex.main(["--out", str(empty), "--report"]) == 2
+    err = one_line_error(capsys)
+    assert str(empty / "spec.json") in err and "--arms" in err and list(empty.iterdir()) == []
+
+
+def test_one_seed_has_no_interval_and_says_so():
+    """A bootstrap over one seed has no interval: the table said [+nan, +nan]."""
+    res = {"a": {0: {"start": 0.2, "final": 0.5, "best": 0.6}}, "b": {0: {"start": 0.2, "final": 0.4, "best": 0.4}}}
+    text, stats = ex.table(res, [ex.Arm("a", []), ex.Arm("b", [])], "b")
+    assert "+0.100 [no interval: one seed] (n=1)" in text and "nan" not in text
 
