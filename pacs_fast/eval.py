@@ -94,10 +94,11 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--table-k", type=_int_list, default=None, help="k shown in table.md (default 1,16,256)")
     p.add_argument("--engine", choices=["hf", "vllm", "auto"], default="auto",
                    help="rollout engine (auto: vllm when CUDA and vllm are available, else hf)")
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--max-tokens", type=int, default=4096, help="max new tokens per response")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (default 0.6, the "
+                   "paper's; 0 = greedy, one sample per problem)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default 0.95, the paper's)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="max new tokens per response (default 4096)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (smoke runs)")
     p.add_argument("--out", default=None, help="output folder (default eval_results/<model name>)")
     p.add_argument("--label", default=None, help="model name in tables and plots (default: folder name)")

@@ -43,6 +43,7 @@ def test_broadcasting_and_edges():
     np.testing.assert_allclose(out, [0.0, 1.0, 0.3], rtol=1e-14, atol=0)
     assert pass_at_k(5, 2, 4) == 1.0  # n - c < k: every k-subset has a correct sample
     assert np.asarray(pass_at_k(5, 2, 1)).shape == ()
+    assert not np.signbit(pass_at_k(8, 0, 4)).any()  # no correct sample: 0.0, printed "0.0", not "-0.0"
 
 
 @pytest.mark.parametrize("n,c,k,match", [

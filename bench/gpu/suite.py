@@ -11,7 +11,7 @@ sized to finish in < 9 minutes on one H100):
                   torch and Liger's fused linear cross-entropy when installed.
 5. ``pacs_loss``  bench/bench_pacs_loss.py: fused kernels vs the torch path and the copy floor at
                   issue 22's shapes (B=1024, T=4096 and B=8192, T=1024; G = 8, 16, 64).
-6. ``pacs_run``   ``python -m pacs_fast.train`` for 20 PACS steps with vLLM rollouts (8 steps with
+6. ``pacs_run``   ``python -m pacs_fast.train`` for 20 PACS steps with vLLM rollouts (6 steps with
                   the HF engine where vLLM is not installed, named in the report) and the torch
                   learner (bf16, Triton log-probs) on a random-weight Qwen2.5-0.5B-shaped model
                   (bench/gpu/make_model.py); step time by phase from the run's metrics.jsonl.
@@ -235,7 +235,7 @@ class Suite:
         import importlib.util
         # vLLM where it is installed; else the HF engine, named in the report (a stock PyTorch image
         # without network has no vLLM, and its wheel is too big to carry). Measured on one H100 with
-        # the HF engine: 17 s per step (13.5 s of it generating), so 8 steps fit the step's 420 s.
+        # the HF engine: 17 s per step (13.5 s of it generating), so 6 steps and the start-up fit the step's limit.
         self.engine = "vllm" if not self.dry and importlib.util.find_spec("vllm") is not None else "hf"
         steps = 2 if self.dry else (20 if self.engine == "vllm" else 6)
         run_dir = os.path.join(self.out, "runs", "pacs")

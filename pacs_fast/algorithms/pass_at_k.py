@@ -35,5 +35,5 @@ def pass_at_k(n, c, k):
             flat_out[idx] = 1.0
             continue
         i = np.arange(ni - ci + 1, ni + 1, dtype=np.float64)
-        flat_out[idx] = -np.expm1(np.sum(np.log1p(-ki / i)))
+        flat_out[idx] = -np.expm1(np.sum(np.log1p(-ki / i))) + 0.0  # + 0.0: c = 0 gives 0.0, not -0.0
     return out.reshape(n.shape)
