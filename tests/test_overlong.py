@@ -295,3 +295,34 @@ def test_a_batch_cut_everywhere_is_a_warning():
                                "of the loss (all 4 ended at rollout.max_new_tokens=3 without EOS)")
     score_and_batch(s, 4, problems, [[comp("length"), comp("stop")], [comp("length")] * 2], {})
     assert len(lines) == 1
+
+
+def test_a_buffer_most_responses_fall_in_is_a_warning_at_the_first_step():
+    """reward.overlong_buffer_len=4 at max_new_tokens=12 on a task whose answers take 11-12 tokens put every
+    response in the buffer and collapsed every seed (docs/EFFICACY.md), without a word. The first step of
+    a run (or of a resumed session) names the share and the keys; later steps and a buffer few responses
+    reach stay quiet."""
+    from types import SimpleNamespace
+
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.step import score_and_batch
+
+    cfg = load_config(None, ["rollout.n=2", "rollout.max_new_tokens=12", "reward.overlong_buffer_len=4"])
+    lines = []
+    s = SimpleNamespace(cfg=cfg, scorer=lambda texts, answers, **k: [1.0, 0.0] * (len(texts) // 2), credit=None,
+                        tokenizer=SimpleNamespace(pad_token_id=0), log=lines.append, start_step=0)
+
+    def comp(n):
+        return SimpleNamespace(text="7", token_ids=list(range(3, 3 + n)), finish_reason="stop", logprobs=None)
+    problems = [{"prompt_ids": [1, 2], "answer": "7"}] * 2
+    long, short = [[comp(11), comp(12)]] * 2, [[comp(5), comp(6)]] * 2
+    timings = {}
+    score_and_batch(s, 1, problems, long, timings)
+    assert timings["reward/overlong_frac"] == 1.0 and len(lines) == 1
+    assert lines[0].startswith("warning: step 1: 100% of the responses are longer than rollout.max_new_tokens - "
+                               "reward.overlong_buffer_len = 8 tokens and take the overlong penalty"), lines[0]
+    score_and_batch(s, 2, problems, long, {})  # not the session's first step
+    assert len(lines) == 1
+    s.start_step, lines[:] = 5, []
+    score_and_batch(s, 6, problems, short, {})  # a resumed session's first step, responses before the buffer
+    assert lines == []

@@ -26,6 +26,9 @@ from pacs_fast.trainer.batch import build_batch, engine_logprobs, outcome_token_
 from pacs_fast.trainer.overlong import shape_batch, truncated_rows
 
 
+OVERLONG_WARN_FRAC = 0.5  # DAPO's buffer (4k of a 20k limit) sits past most responses; half in it is a mistake
+
+
 def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *, offset: int = 0,
                     rewards: list[float] | None = None) -> tuple[list[float], list[list[int]], RolloutBatch]:
     """The verifier's rewards of the step's completions (``timings["time/reward"]``), then the
@@ -46,7 +49,16 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
     batch = build_batch(prompt_ids, responses, rewards, logprobs=engine_logprobs(comps),
                         pad_id=s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0)
     # reward.overlong_buffer_len, learner.mask_truncated (trainer/overlong.py); its metrics join the record
-    timings.update(shape_batch(s.cfg, batch, comps))
+    shaping = shape_batch(s.cfg, batch, comps)
+    timings.update(shaping)
+    frac = shaping.get("reward/overlong_frac", 0.0)
+    if frac >= OVERLONG_WARN_FRAC and step == s.start_step + 1:
+        start = s.cfg.rollout.max_new_tokens - s.cfg.reward.overlong_buffer_len
+        s.log(f"warning: step {step}: {frac:.0%} of the responses are longer than rollout.max_new_tokens - "
+              f"reward.overlong_buffer_len = {start} tokens and take the overlong penalty; a buffer that starts "
+              f"before the task's usual length rewards short answers (docs/EFFICACY.md: a 4-token buffer at "
+              f"max_new_tokens=12 collapsed every seed): raise rollout.max_new_tokens or lower "
+              f"reward.overlong_buffer_len")
     if batch.truncated is not None and len(batch.truncated) and bool(batch.truncated.all()):
         s.log(f"warning: step {step}: learner.mask_truncated takes every response of this batch out of the loss "
               f"(all {len(batch.truncated)} ended at rollout.max_new_tokens={s.cfg.rollout.max_new_tokens} without "
