@@ -94,6 +94,15 @@ def mask_select(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return torch.where(mask != 0, x * mask.to(x.dtype), 0.0)
 
 
+def zero_masked(x: torch.Tensor | None, keep: torch.Tensor | None) -> torch.Tensor | None:
+    """``x`` with 0 at the positions ``keep`` (bool, broadcastable) leaves out: whatever stands there
+    (padding's NaN / Inf included) then never enters a product, so neither the loss nor a gradient
+    sees it (``0 * NaN`` in a backward is NaN). None passes through."""
+    if x is None or keep is None:
+        return x
+    return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
 def mask_nonzero(mask: torch.Tensor | None) -> torch.Tensor | None:
     if mask is None or mask.dtype == torch.bool:
         return mask

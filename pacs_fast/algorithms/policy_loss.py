@@ -26,6 +26,7 @@ from pacs_fast.algorithms._checks import (
     check_tensor,
     compute_dtype,
     mask_nonzero,
+    zero_masked,
 )
 from pacs_fast.algorithms.advantages import group_advantages
 from pacs_fast.algorithms.aggregation import LOSS_AGG_MODES, _aggregate, masked_mean
@@ -137,6 +138,12 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, logp_ref, kl_coef, kl_estimator,
         kl_clamp, horizon, global_count, check_finite)
     clip_low, clip_high, clip_c = _check_clip(fn, clip_low, clip_high, clip_c)
+    # what stands at masked positions (padding's NaN / Inf) never enters a product (its gradient would be NaN)
+    keep = mask_nonzero(mask)
+    logp, old_logp, logp_ref, token_weights = (zero_masked(x, keep)
+                                               for x in (logp, old_logp, logp_ref, token_weights))
+    if advantages.dim() == 2:
+        advantages = zero_masked(advantages, keep)
 
     dtype = compute_dtype(logp)
     adv = advantages.detach().to(dtype)
@@ -227,6 +234,8 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     if mask is not None:
         check_mask(fn, mask, values, "values")
     check_choice(fn, "loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    keep = mask_nonzero(mask)  # padding's NaN / Inf never enters a product (nor its gradient)
+    values, old_values, returns = (zero_masked(x, keep) for x in (values, old_values, returns))
     if clip_range is not None:
         clip_range = check_real(fn, "clip_range", clip_range, nonneg=True)
     if horizon is not None:

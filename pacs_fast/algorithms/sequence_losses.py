@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from pacs_fast.algorithms._checks import check_real, compute_dtype, mask_select
+from pacs_fast.algorithms._checks import check_real, compute_dtype, mask_nonzero, mask_select, zero_masked
 from pacs_fast.algorithms.aggregation import _aggregate, masked_mean
 from pacs_fast.algorithms.kl import _kl_penalty
 from pacs_fast.algorithms.policy_loss import check_policy_inputs
@@ -63,6 +63,16 @@ def _check(fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, c
     clip_low = check_real(fn, "clip_low", clip_low, nonneg=True)
     clip_high = check_real(fn, "clip_high", clip_high, nonneg=True)
     return clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count
+
+
+def _zero_padding(mask, logp, old_logp, advantages, logp_ref, token_weights):
+    """The tensors with 0 where ``mask`` leaves a token out: padding's NaN / Inf never enters a product,
+    so its gradient stays 0 (``0 * NaN`` in a backward is NaN)."""
+    keep = mask_nonzero(mask)
+    if advantages.dim() == 2:
+        advantages = zero_masked(advantages, keep)
+    return (zero_masked(logp, keep), zero_masked(old_logp, keep), advantages, zero_masked(logp_ref, keep),
+            zero_masked(token_weights, keep))
 
 
 def _finish(per_token, logp, log_ratio, mask, token_weights, mode, horizon, global_count, logp_ref, kl_coef,
@@ -111,6 +121,8 @@ def gspo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
     clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count = _check(
         fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, clip_low, clip_high, horizon,
         global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite)
+    logp, old_logp, advantages, logp_ref, token_weights = _zero_padding(mask, logp, old_logp, advantages, logp_ref,
+                                                                        token_weights)
     dtype = compute_dtype(logp)
     lp = logp.to(dtype)
     adv = advantages.detach().to(dtype)
@@ -157,6 +169,8 @@ def cispo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
     clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count = _check(
         fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, clip_low, clip_high, horizon,
         global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite)
+    logp, old_logp, advantages, logp_ref, token_weights = _zero_padding(mask, logp, old_logp, advantages, logp_ref,
+                                                                        token_weights)
     dtype = compute_dtype(logp)
     lp = logp.to(dtype)
     adv = advantages.detach().to(dtype)
