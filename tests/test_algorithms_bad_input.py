@@ -156,3 +156,20 @@ def test_baselines_bad_input():
         gae(logp, logp, mask, gamma=1.5)
     with pytest.raises(ValueError, match="mask"):
         gae(logp, logp, mask[:2])
+
+
+def test_eps_zero_never_gives_nan_for_a_group_of_equal_values():
+    """eps = 0 was accepted and an all-correct group (std 0) gave 0 / 0: NaN advantages and a NaN grpo_loss
+    (algorithms sweep). Advantages take 0 there, as with eps > 0; the differentiable PACS score refuses 0
+    (its gradient at equal proxies, every on-policy first step, is 1/eps)."""
+    from pacs_fast.algorithms import grpo_loss, group_advantages, group_scores
+
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0])
+    adv = group_advantages(rewards, 4, "grpo", eps=0.0)
+    assert torch.equal(adv[:4], torch.zeros(4))
+    torch.testing.assert_close(adv[4:], (rewards[4:] - 0.5) / rewards[4:].std(), rtol=0, atol=0)
+    logp = -torch.rand(8, 3, requires_grad=True)
+    loss, _ = grpo_loss(logp, logp.detach(), None, rewards, group_size=4, eps=0.0)
+    assert torch.isfinite(loss)
+    with pytest.raises(ValueError, match=r"^group_scores: eps must be > 0, got 0.0"):
+        group_scores(torch.zeros(4), 4, "grpo", eps=0.0)

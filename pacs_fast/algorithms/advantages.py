@@ -34,6 +34,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo",
     ``compute_grpo_outcome_advantage`` sets mean 0 and std 1 for a single-response group,
     ``compute_rloo_outcome_advantage`` leaves the score unchanged), the advantage is ``R_i``
     (``R_i / (1 + eps)`` for ``"grpo"`` with ``norm_std``): plain REINFORCE without a baseline.
+    With ``eps=0`` a ``"grpo"`` group of equal rewards (std 0) gets advantage 0, as with ``eps > 0``.
 
     Args:
         rewards: ``[B]`` scalar rewards per response (any real dtype).
@@ -53,7 +54,8 @@ def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo",
     if mode == "rloo":
         out = centered * (group_size / (group_size - 1))
     elif mode == "grpo" and norm_std:
-        out = centered / (g.std(dim=1, keepdim=True, correction=1) + eps)
+        scale = g.std(dim=1, keepdim=True, correction=1) + eps
+        out = torch.where(scale > 0, centered / scale, 0.0)  # eps = 0 and equal rewards: 0, not 0 / 0
     else:
         out = centered
     return out.reshape(-1)

@@ -6,7 +6,8 @@ binary cross-entropy between ``sigmoid(psi_i)`` and the verifier reward ``R_i``:
 
     L = (1/B) * sum_i w_i * (softplus(psi_i) - R_i * psi_i)
 
-Exact semantics (masked sums, unbiased std, eps) are in the docstrings below. Everything here is plain differentiable PyTorch (any device); ``pacs_loss(backend="triton")``
+Exact semantics (masked sums, unbiased std, eps) are in the docstrings below. Everything here is
+plain differentiable PyTorch (any device); ``pacs_loss(backend="triton")``
 dispatches to the fused kernel in :mod:`pacs_fast.ops.pacs_loss`, which has the same contract.
 
 Layouts. *Padded*: ``logp``/``logp_ref``/``mask`` are ``[B, T]``. *Packed* (varlen): pass
@@ -209,12 +210,13 @@ def group_scores(proxy: torch.Tensor, group_size: int, score: str = "rloo", *,
 
     Args:
         proxy: ``[B]`` float tensor (differentiable). Returns ``[B]``, same dtype.
+        eps: > 0 (the grpo score's gradient at equal proxies is ``1/eps``).
     """
     fn = "group_scores"
     check_choice(fn, "score", score, SCORES)
     check_tensor(fn, "proxy", proxy, ndim=1, floating=True)
     check_group_size(fn, group_size, proxy.shape[0], "proxy")
-    eps = check_real(fn, "eps", eps, nonneg=True)
+    eps = check_real(fn, "eps", eps, positive=True)  # 0: 0 / 0 for equal proxies (every on-policy first step)
     if group_size == 1 and score in ("rloo", "grpo"):
         raise ValueError(f"{fn}: group_size=1 is not allowed with score={score!r} (needs G >= 2)")
     return _group_scores(proxy, group_size, score, eps)
