@@ -129,3 +129,19 @@ def test_normalised_fast_path_needs_no_math_verify_import():
             "assert score_item('\\\\fbox{\u0661\u0662}', '12').score == 1.0; "
             "assert 'math_verify' not in sys.modules and 'sympy' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("sep", ["~", "\\;", "\\thinspace ", "{,}", "\u2009", "\\,"])
+def test_a_run_of_groups_is_matched_from_its_first_group_only(sep):
+    """A run of digit groups whose end is no number (a 4-digit tail) was tried again from every one of its
+    groups, each trial scanning the rest: quadratic (100 KB of '1~234~234...' took 30 s in the parent of the
+    scorer, before any item timer; algorithms sweep). No match may start right after a digit and a separator,
+    so each run is scanned from its first group only; what is ungrouped is unchanged."""
+    from pacs_fast.reward.verifier import _GROUPED_RE
+
+    run = "1" + (sep + "234") * 50 + "5"
+    starts = [i for i in range(len(run)) if _GROUPED_RE.match(run, i)]
+    assert starts == [], starts
+    assert normalize_math_text(run) == run
+    assert normalize_math_text(f"is{sep}1{sep}000{sep}000 and 12{sep}345") == "is" + sep + "1000000 and 12345"
+    assert normalize_math_text(f"1234{sep}567{sep}890") == f"1234{sep}567{sep}890"  # no number: left whole

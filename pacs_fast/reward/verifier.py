@@ -107,8 +107,14 @@ _BOX_RE = re.compile(r"\\(?:boxed[ \t\n\r]+|fbox[ \t\n\r]*)(?=\{)")
 # A digit-group separator: LaTeX spaces, {,}, Unicode thin / narrow / no-break / punctuation spaces,
 # the Arabic thousands separator. A number is 1-3 digits then groups of exactly 3, one separator kind.
 _SEP = (r"\\[,!;: ]|~|\{,\}|\\thinspace(?![A-Za-z])[ ]?|[\u2009\u202f\u00a0\u2008\u066c]")
-_GROUPED_RE = re.compile(r"(?<![0-9.,])([0-9]{1,3})(" + _SEP + r")([0-9]{3}(?:(?:" + _SEP + r")[0-9]{3})*)"
-                         r"(?![0-9]|,[0-9]|(?:" + _SEP + r")[0-9])")  # not followed by more digit groups
+# Never start inside a run of groups (right after a digit and a separator): the match at the run's first
+# group covers it, or the run is not a number. Without this every group of a run that fails at its end
+# was tried again as a start, each trial scanning the rest: quadratic (100 KB of "1~234~234..." took 30 s).
+_SEP_LITERALS = ("\\,", "\\!", "\\;", "\\:", "\\ ", "~", "{,}", "\\thinspace", "\\thinspace ", "\u2009", "\u202f",
+                 "\u00a0", "\u2008", "\u066c")
+_NOT_MID_RUN = "".join(f"(?<![0-9]{re.escape(s)})" for s in _SEP_LITERALS)
+_GROUPED_RE = re.compile(r"(?<![0-9.])(?<![0-9],)" + _NOT_MID_RUN + r"([0-9]{1,3})(" + _SEP + r")([0-9]{3}(?:(?:" + _SEP
+                         + r")[0-9]{3})*)(?![0-9]|,[0-9]|(?:" + _SEP + r")[0-9])")  # not followed by more groups
 _NON_ASCII_DIGIT_RE = re.compile(r"(?![0-9])\d")  # \d on str is Unicode category Nd
 _DECIMAL_SEP_RE = re.compile(r"(?<=[0-9])[\u066b\uff0e](?=[0-9])")
 
