@@ -173,3 +173,33 @@ def test_eps_zero_never_gives_nan_for_a_group_of_equal_values():
     assert torch.isfinite(loss)
     with pytest.raises(ValueError, match=r"^group_scores: eps must be > 0, got 0.0"):
         group_scores(torch.zeros(4), 4, "grpo", eps=0.0)
+
+
+def test_auto_backend_takes_torch_past_the_fused_kernels_group_limit(monkeypatch):
+    """backend='auto' on CUDA resolves to the fused kernel, which takes G <= 1024: G = 1030 raised 'use
+    backend=torch' instead of taking it (algorithms sweep). Simulated here: auto resolves to triton."""
+    import pacs_fast.ops.backend as backend_mod
+
+    monkeypatch.setattr(backend_mod, "resolve_backend", lambda backend, *tensors: "triton")
+    G = 1030
+    g = torch.Generator().manual_seed(0)
+    logp, ref = -torch.rand(G, 3, generator=g, dtype=torch.float64), -torch.rand(G, 3, generator=g, dtype=torch.float64)
+    rewards = (torch.rand(G, generator=g) < 0.5).double()
+    auto = pacs_loss(logp, ref, None, rewards, group_size=G, backend="auto")
+    assert torch.equal(auto, pacs_loss(logp, ref, None, rewards, group_size=G, backend="torch"))
+
+
+def test_small_integer_cu_seqlens_and_numpy_scalars_are_taken():
+    """cu_seqlens of int16 / int8 / uint8 raised NotImplementedError in the torch path (segment_reduce);
+    numpy's int64 group_size and float32 beta were refused as not an int / not a real number."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(1)
+    logp, ref = -torch.rand(10, generator=g, dtype=torch.float64), -torch.rand(10, generator=g, dtype=torch.float64)
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    cu = torch.tensor([0, 3, 5, 6, 10])
+    want = pacs_loss(logp, ref, None, rewards, group_size=2, beta=0.5, cu_seqlens=cu)
+    for dtype in (torch.int16, torch.int8, torch.uint8, torch.int32):
+        assert torch.equal(pacs_loss(logp, ref, None, rewards, group_size=2, beta=0.5, cu_seqlens=cu.to(dtype)), want)
+    assert torch.equal(pacs_loss(logp, ref, None, rewards, group_size=np.int64(2), beta=np.float32(0.5),
+                                 cu_seqlens=cu), want)

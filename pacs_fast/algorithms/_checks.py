@@ -6,6 +6,7 @@ offending argument. Shape/dtype/option checks never synchronise with the device;
 """
 from __future__ import annotations
 
+import numbers
 from typing import Sequence
 
 import torch
@@ -44,8 +45,9 @@ def check_mask(fn: str, mask, like: torch.Tensor, like_arg: str) -> None:
 
 
 def check_group_size(fn: str, group_size, batch: int, batch_arg: str) -> int:
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or group_size < 1:
         raise ValueError(f"{fn}: group_size must be a positive int, got {group_size!r}")
+    group_size = int(group_size)  # numpy integers too
     if batch % group_size != 0:
         raise ValueError(f"{fn}: batch size {batch} (from {batch_arg}) is not divisible by "
                          f"group_size={group_size}; groups are contiguous rows of equal size")
@@ -53,7 +55,7 @@ def check_group_size(fn: str, group_size, batch: int, batch_arg: str) -> int:
 
 
 def check_real(fn: str, arg: str, value, *, positive: bool = False, nonneg: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars are Real too
         raise ValueError(f"{fn}: {arg} must be a real number, got {value!r}")
     value = float(value)
     if value != value or value in (float("inf"), float("-inf")):

@@ -103,7 +103,10 @@ def _row_sums(x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
     """Per-sequence sums: ``x[B,T] -> [B]`` or packed ``x[N] -> [B]`` (segment sum, no Python loop)."""
     if cu_seqlens is None:
         return x.sum(-1)
-    # cu_seqlens has been validated, so skip the op's own (synchronising) check.
+    # cu_seqlens has been validated, so skip the op's own (synchronising) check; segment_reduce takes
+    # int32 / int64 offsets only (int16 / int8 / uint8 raised NotImplementedError; the fused kernel casts)
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        cu_seqlens = cu_seqlens.long()
     return torch.segment_reduce(x, "sum", offsets=cu_seqlens, unsafe=True)
 
 
@@ -308,10 +311,16 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
         if backend == "triton":
             raise ValueError(f"{fn}: sample_weights needs backend='torch' (the fused kernel has no per-sample factor)")
         backend = "torch"
+    asked = backend
     if backend != "torch":
         from pacs_fast.ops.backend import resolve_backend
 
         backend = resolve_backend(backend, logp)
+    if backend == "triton" and asked == "auto":
+        from pacs_fast.kernels.pacs_loss import MAX_GROUP_SIZE
+
+        if group_size > MAX_GROUP_SIZE:  # the fused kernel's limit: "auto" takes the torch path
+            backend = "torch"
     if backend == "triton":
         from pacs_fast.kernels.dispatch import KernelFailed
         from pacs_fast.ops.pacs_loss import fused_pacs_loss
