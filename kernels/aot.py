@@ -275,7 +275,7 @@ def target_problem(arch: int) -> str | None:
 def run(archs=ARCHS, jobs: int = 1, modules=None, skipped: dict | None = None) -> list[dict]:
     """Compiles ``cases(archs)`` (only those of the kernel files in ``modules`` when given) for the archs
     the installed Triton can target (``target_problem``; the others go into ``skipped``: arch -> why)."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes"):  # as Triton reads it
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter replaces the kernels by Python code")
     problems = {a: target_problem(a) for a in archs}
     if skipped is not None:

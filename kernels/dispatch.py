@@ -19,9 +19,10 @@ Before a Gluon / TMA kernel is selected (``choose``):
    (``shared_limit``: Triton's driver, else torch). Otherwise the next family is tried, with one warning.
 
 A launch that raises anyway (compile or launch error) is retried with the next family (``failed``): one
-``KernelFallbackWarning`` line per (family, reason), naming the kernel and the error, and the family's
+``KernelFallbackWarning`` line per (family, kernel, reason), naming the kernel and the error, and the family's
 kernel is not tried again in this process (the next call neither retries nor warns). Out-of-memory errors
-are not the kernel's fault and pass through. Errors surfacing asynchronously from a kernel that already ran
+are not the kernel's fault and pass through, and so does a launch value the user set that no kernel can
+take (``tuning.LaunchConfigError``: a typo in ``CONFIG`` / ``POLICY``, a block of 0). Errors surfacing asynchronously from a kernel that already ran
 cannot be caught here.
 
 Environment (read on every call):
@@ -53,7 +54,7 @@ NAMES = {"gluon": "Gluon kernel", "tma": "TMA kernel", "tiles": "tiled Triton ke
 SMEM_SLACK = 2048  # barriers and reduction scratch beside the tiles (compiled sm_90 launches: 0.5-1.3 KB)
 
 _broken: dict = {}  # (family, kernel) -> reason: not tried again in this process
-_warned: set = set()  # (family, reason) already warned about
+_warned: set = set()  # (family, kernel, reason) already warned about
 
 
 class KernelFallbackWarning(UserWarning):
@@ -103,10 +104,12 @@ def _reason(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[:300]}".rstrip(": ")
 
 
-def warn_once(family: str, reason: str, message: str) -> None:
-    if (family, reason) not in _warned:
-        _warned.add((family, reason))
+def warn_once(family: str, kernel: str, reason: str, message: str) -> None:
+    """One warning per (family, kernel, reason): one cause breaking several ops' kernels names each. Warned
+    before it is recorded, so that under ``-W error`` every call raises alike."""
+    if (family, kernel, reason) not in _warned:
         warnings.warn(f"pacs_fast: {message}", KernelFallbackWarning, stacklevel=4)
+        _warned.add((family, kernel, reason))
 
 
 def failed(family: str, kernel: str, err: BaseException, key: str | None = None) -> str:
@@ -114,14 +117,17 @@ def failed(family: str, kernel: str, err: BaseException, key: str | None = None)
     ``key="import"``: the whole family), warns once per (family, reason) and returns the family to run
     instead. Re-raises what is not the kernel's fault (out of memory, interrupts)."""
     import torch
+
+    from .tuning import LaunchConfigError
     if isinstance(err, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)) or \
-            not isinstance(err, Exception):
+            not isinstance(err, Exception) or isinstance(err, LaunchConfigError):  # (the user's value: theirs)
         raise err
     reason = _reason(err)
-    _broken[(family, key or kernel)] = reason
     to = next_family(family)
-    warn_once(family, reason, f"the {NAMES[family]} {kernel} failed ({reason}); running the {NAMES[to]} "
-                              f"instead from now on ({ENV}=safe or =torch chooses a path up front)")
+    warn_once(family, kernel, reason, f"the {NAMES[family]} {kernel} failed ({reason}); running the "
+                                      f"{NAMES[to]} instead from now on ({ENV}=safe or =torch chooses a path up "
+                                      "front)")
+    _broken[(family, key or kernel)] = reason
     return to
 
 
@@ -232,8 +238,8 @@ def choose(family: str, kernels: dict, hidden, weight):
         need = smem_bytes(kernel, L._cfg(kernel, hidden, weight), hidden.element_size()) if limit else 0
         if limit and need > limit:
             reason = f"its launch needs ~{need} B of shared memory per block, the device has {limit} B"
-            warn_once(family, reason, f"the {NAMES[family]} {kernel} is not used: {reason}; running the "
-                                      f"{NAMES[next_family(family)]} instead")
+            warn_once(family, kernel, reason, f"the {NAMES[family]} {kernel} is not used: {reason}; running the "
+                                              f"{NAMES[next_family(family)]} instead")
             family = next_family(family)
             continue
         return family, mod

@@ -187,7 +187,7 @@ def _kind(config_key: str, job: str, allowed: tuple, arch: int | None, width: st
     if kind is None:
         kind = tuning.choice(tuning.entry_key("linear_logprobs", job, width), arch, allowed, h) or allowed[0]
     if kind not in allowed:
-        raise ValueError(f"CONFIG[{config_key!r}] must be one of {allowed}, got {kind!r}")
+        raise tuning.LaunchConfigError(f"CONFIG[{config_key!r}] must be one of {allowed}, got {kind!r}")
     if kind in ("tma", "gluon") and dispatch.mode() == "safe":  # PACS_FAST_KERNELS=safe: portable kernels
         return allowed[0]
     return kind
@@ -220,7 +220,7 @@ def _stats_split(hidden, weight, bias, inv_t: float, entropy: bool):
     bn, bv, bh = cfg["BLOCK_N"], cfg["BLOCK_V"], cfg["BLOCK_H"]
     n_blocks = triton.cdiv(n, bn)
     if CONFIG["SPLITS"] is not None:
-        splits = int(CONFIG["SPLITS"])
+        splits = tuning.override("SPLITS", CONFIG["SPLITS"])
     elif hidden.device.type == "cuda":
         sms = torch.cuda.get_device_properties(hidden.device).multi_processor_count
         splits = triton.cdiv(4 * sms, n_blocks)

@@ -14,7 +14,7 @@ import functools
 import torch
 import triton
 
-from . import LAUNCH_OPTIONS, dispatch, linear_logprobs as KL
+from . import LAUNCH_OPTIONS, dispatch, linear_logprobs as KL, tuning
 
 DZ_FAMILY = {"gluon": "gluon", "tma": "tma", "pointer": "tiles"}  # dz_kind -> kernels/dispatch.py family
 DZ_KERNEL = {"gluon": "dlogits_gluon", "tma": "dlogits_tma"}  # family -> its dz launcher (and launch_config)
@@ -88,7 +88,8 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
     if isinstance(chunk_bytes, (tuple, list)):  # an explicit (rows, vocab) chunk (tests)
         n_c, v_c = (max(1, int(c)) for c in chunk_bytes)
     else:
-        budget = int(KL.CONFIG["BWD_CHUNK_BYTES"]) if chunk_bytes is None else int(chunk_bytes)
+        budget = (tuning.override("BWD_CHUNK_BYTES", KL.CONFIG["BWD_CHUNK_BYTES"]) if chunk_bytes is None
+                  else int(chunk_bytes))
         n_c, v_c = plan_bwd_chunks(n, v, hidden.element_size(), budget)
     one_pass_dw = n_c >= n
     # the first vocab chunk writes each row of dh, the first row chunk each row of dW (no zero fill)

@@ -143,7 +143,7 @@ def launch_config(kernel: str, *, N: int, V: int, H: int, dtype: torch.dtype, ar
         cfg.update(PINGPONG_CONFIGS[kernel])
     for k in _TUNABLE:
         if k in cfg and CONFIG[k] is not None:
-            cfg[k] = int(CONFIG[k])
+            cfg[k] = tuning.override(k, CONFIG[k])
     cfg["BLOCK_H"] = min(cfg["BLOCK_H"], max(16, triton.next_power_of_2(max(H, 1))))
     return cfg
 

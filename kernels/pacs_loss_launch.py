@@ -49,8 +49,9 @@ def launch_policy(kernel: str, dtype: torch.dtype, arch: int | None) -> dict:
     if dtype in _WIDTHS:
         pol = tuning.apply(pol, "pacs_loss", kernel, arch, _WIDTHS[dtype])
     if set(POLICY[kernel]) - set(pol):
-        raise ValueError(f"POLICY[{kernel!r}]: unknown knobs {sorted(set(POLICY[kernel]) - set(pol))}")
-    pol.update({k: int(v) for k, v in POLICY[kernel].items() if v is not None})
+        raise tuning.LaunchConfigError(f"POLICY[{kernel!r}]: unknown knobs {sorted(set(POLICY[kernel]) - set(pol))}; "
+                                       f"known: {sorted(pol)}")
+    pol.update({k: tuning.override(k, v, f"POLICY[{kernel!r}]") for k, v in POLICY[kernel].items() if v is not None})
     return pol
 
 
@@ -73,10 +74,10 @@ def _stream_config(B: int, T: int, bytes_per_token: int, pol: dict, sm_count: in
         tile //= 2
     rows, block_t, _ = shape(tile)
     cfg = dict(ROWS=rows, BLOCK_T=block_t)
-    cfg.update({k: int(CONFIG[k]) for k in cfg if CONFIG[k] is not None})
+    cfg.update({k: tuning.override(k, CONFIG[k]) for k in cfg if CONFIG[k] is not None})
     cfg["N_SPLIT"] = min(MAX_SPLIT, triton.cdiv(T, cfg["BLOCK_T"]))
     if CONFIG["N_SPLIT"] is not None:
-        cfg["N_SPLIT"] = int(CONFIG["N_SPLIT"])
+        cfg["N_SPLIT"] = tuning.override("N_SPLIT", CONFIG["N_SPLIT"])
     large = cfg["ROWS"] * cfg["BLOCK_T"] >= LARGE_TILE
     return dict(cfg, num_warps=pol["num_warps_large" if large else "num_warps"], num_stages=pol["num_stages"])
 
@@ -144,7 +145,7 @@ def _launch_config(kernel, B, T, G, dtype, arch, sm_count, state) -> dict:
     block_g = max(triton.next_power_of_2(G), 2)
     block_s = max(2, min(triton.next_power_of_2(n_split), pol["GROUP_ELEMS"] // block_g))
     if CONFIG["BLOCK_S"] is not None:
-        block_s = int(CONFIG["BLOCK_S"])
+        block_s = tuning.override("BLOCK_S", CONFIG["BLOCK_S"])
     return dict(BLOCK_G=block_g, BLOCK_S=block_s, num_warps=pol["num_warps"], num_stages=pol["num_stages"])
 
 

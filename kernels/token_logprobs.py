@@ -62,10 +62,10 @@ def launch_config(kernel: str, *, N: int, V: int, dtype: torch.dtype, arch: int 
     cfg = tuning.apply(cfg, "token_logprobs", kernel, arch, "32" if dtype == torch.float32 else "16")
     block_key = "BLOCK_V" if kernel == "stats_fwd" else "BLOCK_V_BWD"
     if CONFIG[block_key] is not None:
-        cfg["BLOCK_V"] = int(CONFIG[block_key])
+        cfg["BLOCK_V"] = tuning.override(block_key, CONFIG[block_key])
     for k in ("num_warps", "num_stages"):
         if CONFIG[k] is not None:
-            cfg[k] = int(CONFIG[k])
+            cfg[k] = tuning.override(k, CONFIG[k])
     cfg["BLOCK_V"] = min(cfg["BLOCK_V"], max(16, triton.next_power_of_2(max(V, 1))))
     return cfg
 
@@ -141,7 +141,7 @@ def _grad_bwd_kernel(X, stride_x, DX, stride_dx, V, inv_t,
 
 def _splits(n_rows: int, n_cols: int, block_v: int, device) -> int:
     if CONFIG["SPLITS"] is not None:
-        return max(1, min(int(CONFIG["SPLITS"]), triton.cdiv(n_cols, block_v)))
+        return max(1, min(tuning.override("SPLITS", CONFIG["SPLITS"]), triton.cdiv(n_cols, block_v)))
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count

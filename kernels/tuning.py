@@ -54,10 +54,55 @@ IGNORE_VERSIONS = False
 VERSIONED = ("triton", "torch")  # the packages whose major.minor a table must share with the running ones
 _cache: dict = {}
 _warned: set = set()
+# Launch values a kernel can take: blocks and warps are powers of two, counts >= 1, flags >= 0. A grid of
+# 0 programs launches nothing (outputs of torch.empty come back as they were) and GROUP_N = 0 divides by
+# zero on the device, so a value outside these is never launched.
+_POW2 = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "BLOCK_V_BWD", "BLOCK_T", "BLOCK_S", "num_warps", "num_warps_large")
+_AT_LEAST_1 = ("GROUP_N", "V_TILES", "SPLITS", "ROWS", "N_SPLIT", "num_stages", "BWD_CHUNK_BYTES",
+               "STREAM_BYTES", "PROGRAMS_PER_SM", "MAX_TILE", "GROUP_ELEMS")
+_AT_LEAST_0 = ("PERSISTENT", "FLATTEN", "WARP_SPECIALIZE", "PINGPONG")
+
+
+class LaunchConfigError(ValueError):
+    """A launch value the user set (a kernel file's ``CONFIG`` / ``POLICY``, a kernel choice) that no kernel
+    can take: raised to the caller, never taken for a kernel failure (which would fall back and switch the
+    kernel off for the process, hiding the typo)."""
+
+
+def launch_value_problem(key: str, value) -> str | None:
+    """Why ``value`` cannot be launch parameter ``key`` (None: it can; keys without a rule: any int)."""
+    if isinstance(value, bool):
+        value = int(value)
+    if not isinstance(value, int):
+        return f"not an int ({type(value).__name__})"
+    if key in _POW2 and (value < 1 or value & (value - 1)):
+        return "not a power of two >= 1"
+    if key in _AT_LEAST_1 and value < 1:
+        return "not >= 1"
+    if key in _AT_LEAST_0 and value < 0:
+        return "not >= 0"
+    return None
+
+
+def override(key: str, value, where: str = "CONFIG") -> int:
+    """An explicit override ``where[key] = value`` as an int; a ``LaunchConfigError`` naming it when no
+    kernel can take it (a float, a string, 0 or a negative count, a block that is no power of two)."""
+    import numbers
+
+    if isinstance(value, numbers.Integral):
+        value = int(value)
+    problem = launch_value_problem(key, value)
+    if problem:
+        raise LaunchConfigError(f"{where}[{key!r}] = {value!r}: {problem}")
+    return value
 
 
 def tuned_dir() -> str:
-    return TUNED_DIR or os.environ.get("PACS_FAST_TUNED_DIR") or os.path.join(os.path.dirname(__file__), "tuned")
+    env = os.environ.get("PACS_FAST_TUNED_DIR")
+    if not TUNED_DIR and env and not os.path.isdir(env) and ("dir", env) not in _warned:
+        _warned.add(("dir", env))
+        warnings.warn(f"PACS_FAST_TUNED_DIR={env!r} is not a folder: no measured launch table is read", stacklevel=3)
+    return TUNED_DIR or env or os.path.join(os.path.dirname(__file__), "tuned")
 
 
 def path_for(arch: int, folder: str | None = None) -> str:
@@ -94,8 +139,12 @@ def load(arch: int | None) -> dict:
         try:
             with open(path) as f:
                 data = json.load(f)
-            if data.get("schema") != SCHEMA or data.get("arch") != arch or not isinstance(data.get("kernels"), dict):
-                raise ValueError(f"schema {data.get('schema')!r}, arch {data.get('arch')!r}")
+            if not isinstance(data, dict):
+                raise ValueError(f"not a JSON object ({type(data).__name__})")
+            if data.get("schema") != SCHEMA or data.get("arch") != arch:
+                raise ValueError(f"schema {data.get('schema')!r}, arch {data.get('arch')!r} (expected {SCHEMA}, {arch})")
+            if not isinstance(data.get("kernels"), dict):
+                raise ValueError(f"its \"kernels\" is not an object ({type(data.get('kernels')).__name__})")
         except (OSError, ValueError) as e:
             warnings.warn(f"ignoring the tuned launch table {path}: {e}", stacklevel=3)
             data = {"kernels": {}}
@@ -200,7 +249,13 @@ def apply(cfg: dict, module: str, kernel: str, arch: int | None, width: str, h: 
     out = dict(cfg)
     for k, v in entry["config"].items():
         if k in out and isinstance(v, (int, bool)):
-            out[k] = int(v)
+            problem = launch_value_problem(k, v)
+            if problem is None:
+                out[k] = int(v)
+            elif (path_for(arch), module, kernel, k, v) not in _warned:
+                _warned.add((path_for(arch), module, kernel, k, v))
+                warnings.warn(f"ignoring {entry_key(module, kernel, width)} {k} = {v!r} of the tuned launch table "
+                              f"{path_for(arch)}: {problem}; the built-in value serves", stacklevel=3)
     return out
 
 
@@ -212,6 +267,8 @@ def choice(key: str, arch: int | None, allowed, h: int | None = None) -> str | N
     picked = entry.get("choice") if isinstance(entry, dict) else None
     if picked is None or picked in allowed:
         return picked
-    warnings.warn(f"ignoring the measured choice {key} = {picked!r} of {path_for(arch)}: not one of {tuple(allowed)}",
-                  stacklevel=3)
+    if (path_for(arch), key, repr(picked)) not in _warned:  # once, not on every launch
+        _warned.add((path_for(arch), key, repr(picked)))
+        warnings.warn(f"ignoring the measured choice {key} = {picked!r} of {path_for(arch)}: not one of "
+                      f"{tuple(allowed)}", stacklevel=3)
     return None

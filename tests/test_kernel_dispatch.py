@@ -303,3 +303,55 @@ def test_debug_checks_catch_bad_labels_and_cu_seqlens(monkeypatch):
     with pytest.raises(ValueError, match="cu_seqlens must start at 0"):
         fused_pacs_loss(logp, logp, None, torch.tensor([1.0, 0, 0, 1]), group_size=2,
                         cu_seqlens=torch.tensor([0, 3, 6, 9, 13]))
+
+
+def test_a_launch_value_no_kernel_can_take_is_raised_not_taken_for_a_kernel_failure(seed, monkeypatch):
+    """CONFIG[GROUP_N] = 0 launched nothing and returned garbage; CONFIG[FWD] = 'Tiles' (a typo) was taken
+    for a kernel failure: the torch path ran with a warning and the Triton path stayed off for the process,
+    even once the typo was fixed (kernel dispatch sweep). Both raise LaunchConfigError (a ValueError) now,
+    record nothing, and the fixed value runs the Triton kernels."""
+    from pacs_fast.kernels import linear_logprobs as K, linear_logprobs_fwd as KF, tuning
+    tiles = _spy(monkeypatch, KF, "stats_tiles")
+    for key, value in (("GROUP_N", 0), ("FWD", "Tiles")):
+        monkeypatch.setitem(K.CONFIG, key, value)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(tuning.LaunchConfigError, match=rf"CONFIG\['{key}'\]"):
+                _run()
+        assert not [w for w in seen if issubclass(w.category, dispatch.KernelFallbackWarning)]
+        assert not dispatch._broken
+    monkeypatch.setitem(K.CONFIG, "GROUP_N", 2)
+    monkeypatch.setitem(K.CONFIG, "FWD", None)
+    before = len(tiles)
+    assert _run() == [] and len(tiles) == before + 1
+
+
+def test_one_cause_breaking_every_op_is_named_for_each(seed, monkeypatch):
+    """One reason, three ops: each op's fallback is announced (it was one warning for the first op, the
+    token log-probs and the PACS loss then fell back silently)."""
+    from pacs_fast.algorithms import pacs_loss
+    from pacs_fast.kernels import linear_logprobs_fwd as KF, pacs_loss as KP, token_logprobs as KT
+    from pacs_fast.ops.token_logprobs import token_logprobs
+    cause = PermissionError("simulated: the Triton cache is not writable")
+    for mod, name in ((KF, "stats_tiles"), (KT, "stats_fwd"), (KP, "pacs_loss_fwd")):
+        _spy(monkeypatch, mod, name, cause)
+    first = _run()  # (it records its own warnings)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        token_logprobs(torch.randn(6, 33), torch.randint(0, 33, (6,)), backend="triton")
+        pacs_loss(-torch.rand(4, 5), -torch.rand(4, 5), None, torch.tensor([1.0, 0, 1, 1]), group_size=2,
+                  backend="triton")
+    warned = first + [str(w.message) for w in seen if issubclass(w.category, dispatch.KernelFallbackWarning)]
+    assert len(warned) == 3 and all("not writable" in m for m in warned), warned
+    assert [m.split(" failed")[0].split("kernel ")[1] for m in warned] == [
+        "forward (stats_tiles + finish)", "token_logprobs forward", "PACS loss forward"]
+
+
+@pytest.mark.parametrize("value,on", [("1", True), ("true", True), ("ON", True), ("yes", True), ("0", False),
+                                      ("false", False), ("off", False), ("no", False), ("", False)])
+def test_triton_interpret_is_read_as_triton_reads_it(monkeypatch, value, on):
+    """TRITON_INTERPRET=false was 'interpreter on' here and off for Triton: a fallback warning about '0 active
+    drivers' instead of the one-line error for Triton on CPU tensors."""
+    from pacs_fast.ops.backend import triton_interpreted
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert triton_interpreted() is on

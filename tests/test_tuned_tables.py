@@ -208,3 +208,97 @@ def test_the_committed_table_is_ignored_where_its_versions_do_not_run():
     running = tuning.running_versions()
     fits = (tuning.major_minor(running["triton"]), tuning.major_minor(running["torch"])) == ((3, 6), (2, 11))
     assert bool(tuning.table_version_mismatch(90)) is not fits
+
+
+def _table(tmp_path, kernels, **top):
+    (tmp_path / "sm_90.json").write_text(json.dumps({"schema": 1, "arch": 90, "kernels": kernels, **top}))
+
+
+@pytest.mark.parametrize("key,value", [("GROUP_N", 0), ("PERSISTENT", -1), ("BLOCK_N", 96), ("num_warps", 0)])
+def test_a_table_value_no_kernel_can_take_is_ignored_with_one_warning(tmp_path, monkeypatch, key, value):
+    """A hand-edited entry {"GROUP_N": 0} launched a grid of 0 programs: log-probs off by 1e29 with no
+    error for the fallback to catch (kernel dispatch sweep). Such a value is ignored, named once."""
+    import warnings
+
+    from pacs_fast.kernels import linear_logprobs as KL, tuning
+    monkeypatch.setattr(tuning, "TUNED_DIR", os.devnull)
+    want = KL.launch_config("stats_tiles", N=8192, V=151936, H=4096, dtype=torch.bfloat16, arch=90)
+    _table(tmp_path, {"linear_logprobs.stats_tiles.16": {"config": {key: value, "num_stages": 2}}})
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            got = KL.launch_config("stats_tiles", N=8192, V=151936, H=4096, dtype=torch.bfloat16, arch=90)
+    assert got == dict(want, num_stages=2)  # the valid value of the entry is still taken
+    msgs = [str(w.message) for w in caught]
+    assert len(msgs) == 1 and f"linear_logprobs.stats_tiles.16 {key} = {value}" in msgs[0] and "sm_90.json" in msgs[0]
+
+
+@pytest.mark.parametrize("text,why", [("[]", "not a JSON object (list)"), ("null", "not a JSON object (NoneType)"),
+                                      ('{"schema": 1, "arch": 90, "kernels": []}', '"kernels" is not an object')])
+def test_a_table_of_another_shape_is_ignored_naming_the_file(tmp_path, monkeypatch, text, why):
+    """A JSON list or null raised AttributeError inside every op (taken for a kernel failure, the Triton
+    path then off for the process, the file never named); a list of kernels was blamed on 'schema 1, arch 90'."""
+    from pacs_fast.kernels import tuning
+    monkeypatch.setattr(tuning, "TUNED_DIR", os.devnull)
+    want = _dlogits_config()
+    (tmp_path / "sm_90.json").write_text(text)
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    import re
+    with pytest.warns(UserWarning, match=re.escape(f"ignoring the tuned launch table {tmp_path / 'sm_90.json'}: ")
+                      + ".*" + re.escape(why)):
+        assert _dlogits_config() == want
+
+
+@pytest.mark.parametrize("module,key,value,match", [
+    ("linear_logprobs", "GROUP_N", 0, r"CONFIG\['GROUP_N'\] = 0: not >= 1"),
+    ("linear_logprobs", "GROUP_N", -1, r"CONFIG\['GROUP_N'\] = -1: not >= 1"),
+    ("linear_logprobs", "BLOCK_N", 16.7, r"CONFIG\['BLOCK_N'\] = 16.7: not an int \(float\)"),
+    ("linear_logprobs", "BLOCK_V", "64", r"CONFIG\['BLOCK_V'\] = '64': not an int \(str\)"),
+    ("token_logprobs", "BLOCK_V_BWD", -64, r"CONFIG\['BLOCK_V_BWD'\] = -64: not a power of two"),
+    ("pacs_loss_launch", "N_SPLIT", 0, r"CONFIG\['N_SPLIT'\] = 0: not >= 1"),
+])
+def test_an_override_no_kernel_can_take_is_a_launch_config_error(monkeypatch, module, key, value, match):
+    """CONFIG[GROUP_N] = -1 corrupted the process's memory, = 0 gave log-probs off by 8.9; 16.7 was cut to
+    16 and '64' taken (kernel dispatch sweep). Now a LaunchConfigError (a ValueError) naming the key."""
+    import importlib
+
+    from pacs_fast.kernels import tuning
+    mod = importlib.import_module(f"pacs_fast.kernels.{module}")
+    monkeypatch.setitem(mod.CONFIG, key, value)
+    with pytest.raises(tuning.LaunchConfigError, match=match):
+        if module == "linear_logprobs":
+            mod.launch_config("stats_tiles", N=64, V=512, H=64, dtype=torch.float32, arch=None)
+        elif module == "token_logprobs":
+            mod.launch_config("grad_bwd", N=64, V=512, dtype=torch.float32, arch=None)
+        else:
+            mod.launch_config("fwd_sums", B=16, T=64, G=4, dtype=torch.float32, arch=None)
+
+
+def test_a_policy_typo_and_a_missing_tuned_dir_are_named(monkeypatch, tmp_path):
+    import warnings
+
+    from pacs_fast.kernels import pacs_loss_launch as KPL, tuning
+    monkeypatch.setitem(KPL.POLICY, "bwd", {"STREAM_BYTE": 1 << 16})
+    with pytest.raises(tuning.LaunchConfigError, match=r"POLICY\['bwd'\]: unknown knobs \['STREAM_BYTE'\]; known: "):
+        _pacs("bwd", 64, 64, arch=None)
+    missing = tmp_path / "nope"
+    monkeypatch.setenv("PACS_FAST_TUNED_DIR", str(missing))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tuning.tuned_dir()
+        tuning.tuned_dir()
+    assert [str(w.message) for w in caught] == [f"PACS_FAST_TUNED_DIR={str(missing)!r} is not a folder: no "
+                                                "measured launch table is read"]
+
+
+def test_an_unknown_measured_choice_warns_once_not_on_every_launch(tmp_path, monkeypatch):
+    import warnings
+
+    from pacs_fast.kernels import tuning
+    _table(tmp_path, {"linear_logprobs.forward.16": {"choice": "cutlass"}})
+    monkeypatch.setattr(tuning, "TUNED_DIR", str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        picks = [tuning.choice("linear_logprobs.forward.16", 90, ("tiles", "tma")) for _ in range(4)]
+    assert picks == [None] * 4 and len(caught) == 1 and "'cutlass'" in str(caught[0].message)

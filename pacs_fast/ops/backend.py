@@ -19,7 +19,9 @@ def triton_available() -> bool:
 
 
 def triton_interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """``$TRITON_INTERPRET`` as Triton reads it: on for 1 / true / on / yes (any case), off for anything else
+    ("false" and "off" included: Triton then compiles for a GPU)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
 def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
