@@ -203,3 +203,10 @@ def test_small_integer_cu_seqlens_and_numpy_scalars_are_taken():
         assert torch.equal(pacs_loss(logp, ref, None, rewards, group_size=2, beta=0.5, cu_seqlens=cu.to(dtype)), want)
     assert torch.equal(pacs_loss(logp, ref, None, rewards, group_size=np.int64(2), beta=np.float32(0.5),
                                  cu_seqlens=cu), want)
+
+
+def test_complex_rewards_are_refused_by_the_advantages_as_by_pacs_loss():
+    from pacs_fast.algorithms import group_advantages
+    with pytest.raises(ValueError, match=r"^group_advantages: rewards must be real numbers, got torch.complex64"):
+        group_advantages(torch.tensor([1 + 1j, 0j]), 2)
+    assert torch.equal(group_advantages(torch.tensor([True, False]), 2, "dr_grpo"), torch.tensor([0.5, -0.5]))

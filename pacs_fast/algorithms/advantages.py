@@ -44,6 +44,8 @@ def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo",
     fn = "group_advantages"
     check_choice(fn, "mode", mode, ADVANTAGE_MODES)
     check_tensor(fn, "rewards", rewards, ndim=1)
+    if rewards.is_complex():  # (its imaginary part was dropped silently)
+        raise ValueError(f"{fn}: rewards must be real numbers, got {rewards.dtype}")
     check_group_size(fn, group_size, rewards.shape[0], "rewards")
     eps = check_real(fn, "eps", eps, nonneg=True)
     dtype = compute_dtype(rewards) if rewards.is_floating_point() else torch.float32
