@@ -68,7 +68,9 @@ def _kernels_of_a_source_checkout() -> None:
     """``pacs_fast.kernels`` is the top-level ``kernels/`` folder, which setup.py installs under
     that name. A checkout used without installing it (e.g. ``PYTHONPATH=. python bench/...`` on a
     GPU machine with its own PyTorch) has nothing that maps it, so the folder is registered as
-    that subpackage here. Installed (also editable) copies are left alone."""
+    that subpackage here. Installed (also editable) copies are left alone, unless an editable install of
+    another tree maps it while this package is a checkout with its own ``kernels/`` (a second worktree
+    on ``PYTHONPATH``): this checkout's kernels then serve, not the other tree's."""
     import importlib.util
     import os
     import sys
@@ -78,7 +80,13 @@ def _kernels_of_a_source_checkout() -> None:
     folder = os.path.join(os.path.dirname(here), "kernels")
     if name in sys.modules or not os.path.isfile(os.path.join(folder, "__init__.py")):
         return
-    if importlib.util.find_spec(name) is not None:
+    spec = importlib.util.find_spec(name)
+    # a checkout of this project (setup.py beside it, its kernels/ has the dispatcher), not a site-packages
+    # folder that happens to hold another package named kernels
+    checkout = all(os.path.isfile(p) for p in (os.path.join(os.path.dirname(here), "setup.py"),
+                                                os.path.join(folder, "dispatch.py")))
+    if spec is not None and (not checkout or spec.origin is None
+                             or os.path.realpath(os.path.dirname(spec.origin)) == os.path.realpath(folder)):
         return
     spec = importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
                                                   submodule_search_locations=[folder])

@@ -27,3 +27,21 @@ def test_kernels_import_from_a_checkout_that_is_not_installed(tmp_path):
     package, kernels, aot = out.stdout.split()
     assert Path(package) == ROOT / "pacs_fast" / "__init__.py"
     assert Path(kernels) == ROOT / "kernels" / "__init__.py" and Path(aot) == ROOT / "kernels" / "aot.py"
+
+
+def test_a_second_checkout_on_the_path_imports_its_own_kernels(tmp_path):
+    """With this tree installed editable, a second checkout (a worktree) run with PYTHONPATH=<it> imported
+    its own pacs_fast but this tree's kernels, silently (kernel dispatch sweep): a developer testing a kernel
+    change ran the other tree's kernels."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    for part in ("pacs_fast", "kernels"):
+        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "setup.py", copy / "setup.py")
+    probe = "import pacs_fast.kernels.dispatch as d, pacs_fast; print(pacs_fast.__file__); print(d.__file__)"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(copy)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    package, dispatch = out.stdout.split()
+    assert Path(package) == copy / "pacs_fast" / "__init__.py" and Path(dispatch) == copy / "kernels" / "dispatch.py"
