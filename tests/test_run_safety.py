@@ -464,3 +464,18 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(finished,
         deterministic_view(read_jsonl(finished / "metrics.jsonl"))
     assert {"kind": "resume", "step": -1} in read_jsonl(run / "metrics.jsonl", raw=True)
     assert json.loads((run / "summary.json").read_text())["final_eval_step"] == 4
+
+
+def test_a_stop_right_after_the_last_save_is_settled_by_the_resume(finished, tmp_path, capsys):
+    """Ctrl-C between checkpoint step 4's rename and its 'latest' / pruning left latest at step 2 and three
+    checkpoints for keep_checkpoints=2, and a resume with nothing left to train saved nothing, so they stayed
+    so for good (a next stage reading checkpoints/latest got the older model; interrupt sweep). The resume
+    now points latest at the checkpoint it resumed from and prunes the older ones."""
+    run = copy_run(finished, tmp_path)
+    root = run / "checkpoints"
+    shutil.copytree(root / "step_000002", root / "step_000001")  # an older one the save had not pruned yet
+    (root / "latest").write_text("step_000002\n")
+    code, _, err = cli(["--resume", str(run)], capsys)
+    assert code == 0, err
+    assert (root / "latest").read_text() == "step_000004\n"
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000002", "step_000004"]

@@ -255,6 +255,18 @@ def restore_newest(run_dir: str | Path, *, learner, world, log=print) -> tuple[P
     raise CheckpointError(f"no usable checkpoint under {root}" + (" (all were skipped, see above)" if names else ""))
 
 
+def settle_after_resume(run_dir: str | Path, restored: Path, keep: int) -> None:
+    """What a save stopped right after its rename left undone (Ctrl-C there): ``latest`` names the checkpoint
+    the run resumed from, and of it and the older ones only the newest ``keep`` stay (0: all). Newer,
+    damaged ones are left: the run writes them again. Rank 0 only."""
+    root = Path(run_dir) / "checkpoints"
+    if latest_name(run_dir) != restored.name:
+        write_text_atomic(root / "latest", restored.name + "\n")
+    older = sorted(p for p in root.glob("step_*") if p.is_dir() and p.name <= restored.name)
+    for old in older[:-keep] if keep else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
     """Removes ``.tmp-step_*`` folders left by a run killed while writing; returns them."""
     stale = list((Path(run_dir) / "checkpoints").glob(".tmp-*"))

@@ -20,7 +20,8 @@ import torch
 from pacs_fast.config import Config, to_dict, unused_settings, validate
 from pacs_fast.openmp import threads_beside_other_jobs
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
-from pacs_fast.trainer.checkpoint import checkpoints_newest_first, remove_stale_temporaries, restore_newest
+from pacs_fast.trainer.checkpoint import (checkpoints_newest_first, remove_stale_temporaries, restore_newest,
+                                          settle_after_resume)
 from pacs_fast.trainer.correction import correction_warnings
 from pacs_fast.trainer.evaluation import eval_line, evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress
@@ -171,6 +172,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         except RuntimeError as e:
             s.close()
             raise SetupError(f"--resume {run_dir}: {e}") from e
+        if world.is_main:  # a stop right after the last save's rename left latest and the pruning behind
+            settle_after_resume(run_dir, ckpt, cfg.train.keep_checkpoints)
         s.start_step = state["step"]
         s.batches = int(state.get("batches", s.start_step))  # (checkpoints before dynamic sampling: one per step)
         s.wall_before = float(state.get("wall_time_s", 0.0))  # (checkpoints before it: this session only)
