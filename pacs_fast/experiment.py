@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -49,6 +50,7 @@ from pathlib import Path
 from pacs_fast.experiment_args import (MAX_SEEDS, PRESETS, Arm, check_resources, parse_args,  # noqa: F401 (API)
                                        parse_arm, parse_arms, parse_seeds, settings_from_spec)
 from pacs_fast.experiment_results import bootstrap_ci, report, table  # noqa: F401 (the runner's API)
+from pacs_fast import signals
 from pacs_fast.files import write_text_atomic
 
 QUIET = ["train.progress=false", "train.tensorboard=false", "train.plots=false"]  # defaults: the user's win
@@ -216,6 +218,27 @@ def warm_state(job: Job, config: str | None) -> str:
     return "missing"
 
 
+STOP_GRACE_S = 60.0  # a run stopped by the runner closes its engine and workers; then it is killed
+
+
+def stop_runs(procs: list, log=print) -> None:
+    """Sends SIGTERM to each running trainer (it stops as on Ctrl-C; torchrun passes it on to its ranks), waits
+    up to :data:`STOP_GRACE_S`, then kills what is left: none is left running on its own (a SIGTERM to the
+    runner used to orphan its trainer, which went on holding its run folder's lock)."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.time() + STOP_GRACE_S
+    for p in live:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    if live:
+        log(f"stopped {len(live)} run(s); the same command resumes them")
+
+
 def run_jobs(todo: list[tuple[Job, str]], config: str | None, *, workers: int, threads: int, log=print,
              timeout: float | None = None) -> dict[str, int]:
     """Runs the planned ``(job, state)`` pairs (see :func:`plan`), ``workers`` at a time, each killed
@@ -225,51 +248,69 @@ def run_jobs(todo: list[tuple[Job, str]], config: str | None, *, workers: int, t
            "PYTHONUNBUFFERED": "1"}
     running: list[tuple[Job, subprocess.Popen, float, object]] = []
     building: set[int] = set()  # seeds whose warm-up one running job is building
-    while todo or running:
-        for job, proc, t0, fh in list(running):
-            if proc.poll() is None:
-                if timeout and time.time() - t0 > timeout:
-                    proc.kill()
-                continue
-            fh.close()
-            running.remove((job, proc, t0, fh))
-            building.discard(job.seed)
-            ok = proc.returncode == 0 and (job.run_dir / "summary.json").is_file()
-            counts["finished" if ok else "failed"] += 1
-            log(f"[{time.strftime('%H:%M:%S')}] {job.arm.name} seed {job.seed}: "
-                f"{'done' if ok else f'FAILED (exit {proc.returncode}; see {job.run_dir}.log)'} "
-                f"in {time.time() - t0:.0f} s")
-        while todo and len(running) < workers:
-            pick = None
-            for i, (job, state) in enumerate(todo):
-                if job.seed in building:
+    try:
+        while todo or running:
+            for job, proc, t0, fh in list(running):
+                if proc.poll() is None:
+                    if timeout and time.time() - t0 > timeout:
+                        proc.kill()
                     continue
-                warm = "ready" if state == "resume" else warm_state(job, config)
-                if warm == "ready":
-                    pick = i
+                fh.close()
+                running.remove((job, proc, t0, fh))
+                building.discard(job.seed)
+                ok = proc.returncode == 0 and (job.run_dir / "summary.json").is_file()
+                counts["finished" if ok else "failed"] += 1
+                log(f"[{time.strftime('%H:%M:%S')}] {job.arm.name} seed {job.seed}: "
+                    f"{'done' if ok else f'FAILED (exit {proc.returncode}; see {job.run_dir}.log)'} "
+                    f"in {time.time() - t0:.0f} s")
+            while todo and len(running) < workers:
+                pick = None
+                for i, (job, state) in enumerate(todo):
+                    if job.seed in building:
+                        continue
+                    warm = "ready" if state == "resume" else warm_state(job, config)
+                    if warm == "ready":
+                        pick = i
+                        break
+                    if warm == "missing" and not any(j.seed == job.seed for j, *_ in running):
+                        pick = i
+                        building.add(job.seed)
+                        break
+                if pick is None:
                     break
-                if warm == "missing" and not any(j.seed == job.seed for j, *_ in running):
-                    pick = i
-                    building.add(job.seed)
-                    break
-            if pick is None:
-                break
-            job, state = todo.pop(pick)
-            job.run_dir.parent.mkdir(parents=True, exist_ok=True)
-            fh = open(f"{job.run_dir}.log", "a")
-            cmd = command(job, config, state)
-            fh.write(f"$ {' '.join(cmd)}\n")
-            fh.flush()
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-            running.append((job, proc, time.time(), fh))
-            log(f"[{time.strftime('%H:%M:%S')}] start {job.arm.name} seed {job.seed} ({state})")
-        time.sleep(0.5)
+                job, state = todo.pop(pick)
+                job.run_dir.parent.mkdir(parents=True, exist_ok=True)
+                fh = open(f"{job.run_dir}.log", "a")
+                cmd = command(job, config, state)
+                fh.write(f"$ {' '.join(cmd)}\n")
+                fh.flush()
+                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+                running.append((job, proc, time.time(), fh))
+                log(f"[{time.strftime('%H:%M:%S')}] start {job.arm.name} seed {job.seed} ({state})")
+            time.sleep(0.5)
+    except BaseException:  # Ctrl-C, SIGTERM / SIGHUP (pacs_fast/signals.py): the runs started stop too
+        stop_runs([proc for _, proc, _, _ in running], log)
+        raise
     return counts
 
 
 # ----------------------------------------------------------------------------- CLI
 def main(argv=None) -> int:
     a = parse_args(argv, description=__doc__.split("\n\n")[0])
+    try:
+        return _main(a)
+    except KeyboardInterrupt:
+        return _stopped(signal.SIGINT)
+    except signals.Stopped as e:
+        return _stopped(e.signum)
+
+
+def _stopped(signum: int) -> int:
+    print(f"stopped by {signals.name(signum)}: run the same command again to resume", file=sys.stderr, flush=True)
+    return signals.exit_status(signum)
+
+
+def _main(a) -> int:
     try:  # every argument error here, before anything is written or started
         arms = settings_from_spec(a) if a.report and not (a.arms.strip() or a.arm) else parse_arms(a)
         check_resources(a)
@@ -326,4 +367,5 @@ def run_experiment(a, jobs: list[Job], arms: list[Arm], seeds: list[int], out: P
 
 
 if __name__ == "__main__":
+    signals.raise_on_stop_signals()
     sys.exit(main())

@@ -29,10 +29,12 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
+from pacs_fast import signals
 from pacs_fast.openmp import quiet_openmp_waits
 
 quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, then sleep (pacs_fast/openmp.py)
@@ -88,11 +90,20 @@ def fail(message: str, code: int) -> None:
     """Prints ``error: message`` once per launch (under torchrun every rank fails alike: global rank
     0 prints) and exits with ``code``; the other ranks exit :data:`PEER_EXIT_DELAY_S` later (or are
     stopped by torchrun once rank 0 has exited)."""
+    signals.default_stop_signals()  # torchrun's stop of the waiting ranks ends them quietly
     if os.environ.get("RANK", "0") == "0":
         print(f"error: {message}", file=sys.stderr, flush=True)
     else:
         time.sleep(PEER_EXIT_DELAY_S)
     sys.exit(code)
+
+
+def stopped(signum: int, run_dir: Path) -> None:
+    """One line (global rank 0) and exit status 128 + the signal (130 for Ctrl-C, 143 for SIGTERM)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"\nstopped by {signals.name(signum)}: continue with --resume {run_dir} (from its last checkpoint)",
+              file=sys.stderr, flush=True)
+    sys.exit(signals.exit_status(signum))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -104,6 +115,9 @@ def main(argv: list[str] | None = None) -> dict:
             raise
         fail(str(e), 2)
     from pacs_fast.trainer.loop import SetupError, TrainingStopped, train  # heavy imports after the config is good
+    if __name__ == "__main__":  # the command line, not a caller's process
+        signals.raise_on_stop_signals()
+        signals.die_with_launcher()
     try:
         if cfg.rollout.ranks:  # asynchronous: ranks 0..R-1 generate, the rest learn (pacs_fast/trainer/async_loop.py)
             from pacs_fast.trainer.async_loop import run
@@ -117,6 +131,14 @@ def main(argv: list[str] | None = None) -> dict:
         if args.debug:
             raise
         fail(str(e), 1)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        stopped(signal.SIGINT, run_dir)
+    except signals.Stopped as e:
+        if args.debug:
+            raise
+        stopped(e.signum, run_dir)
     except OSError as e:  # a full disk outside a checkpoint (metrics, samples, TensorBoard, plots)
         if args.debug or e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

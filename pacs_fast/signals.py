@@ -1,0 +1,64 @@
+"""How the command-line tools stop on a signal: SIGTERM (a scheduler's stop, ``kill``) and SIGHUP (a closed
+terminal) end a run as Ctrl-C does, through the same clean-up, with one line and exit status 128 + the signal;
+under torchrun a rank also stops when its launcher dies. Used by ``python -m pacs_fast.train`` and
+``python -m pacs_fast.experiment`` (only when run as commands: a caller's own process keeps its handlers)."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP, raised in the main thread (a BaseException, as KeyboardInterrupt: no ``except
+    Exception`` swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
+def raise_on_stop_signals() -> None:
+    """SIGTERM and SIGHUP raise :class:`Stopped` where their handler is the default (``nohup``'s ignored
+    SIGHUP stays ignored)."""
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _raise_stopped)
+
+
+def default_stop_signals() -> None:
+    """Undoes :func:`raise_on_stop_signals` (a rank that is exiting anyway ends quietly when stopped)."""
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is _raise_stopped:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+def die_with_launcher() -> None:
+    """Under torchrun every rank runs in a session of its own: a launcher killed with -9 (or by the OOM
+    killer) left its ranks training, holding the run lock. PR_SET_PDEATHSIG has the kernel send the rank
+    SIGTERM when the launcher dies (Linux; elsewhere nothing changes)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # no prctl: the rank outlives a killed launcher, as before
+        return
+    if os.getppid() == 1:  # the launcher died before the request was in place
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def exit_status(signum: int) -> int:
+    """128 + the signal: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP (the shells' convention)."""
+    return 128 + int(signum)
+
+
+def name(signum: int) -> str:
+    return signal.Signals(signum).name

@@ -1,0 +1,98 @@
+"""Stopping the command-line tools with a signal (the interrupt sweep of 2026-11-28): SIGTERM stops a training
+run as Ctrl-C does, with one line and exit status 143, and it resumes; a SIGTERM to the experiment runner stops
+the trainer it started (it went on alone, holding its run folder); under torchrun a rank stops when its
+launcher dies (a launcher killed with -9 left both ranks training)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pacs_fast.trainer.metrics import read_jsonl
+
+from test_train import TINY
+
+SMALL = TINY + ["train.steps=4", "train.eval_every=2", "train.save_every=2", "warmup.steps=0"]
+
+
+def _wait_for(path: Path, proc, timeout=240.0):
+    t0 = time.time()
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.time() - t0 < timeout, f"{path} did not appear"
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (nobody reaps it in a container without init) is gone for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_stops_a_run_with_one_line_and_it_resumes(tmp_path):
+    cmd = [sys.executable, "-m", "pacs_fast.train", *SMALL, f"train.out_dir={tmp_path}", "train.run_name=r",
+           f"warmup.cache_dir={tmp_path / 'cache'}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    run = tmp_path / "r"
+    _wait_for(run / "checkpoints" / "step_000002" / "manifest.json", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-2000:]
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert lines[-1] == f"stopped by SIGTERM: continue with --resume {run} (from its last checkpoint)", err[-2000:]
+    assert "Traceback" not in err
+    done = subprocess.run([sys.executable, "-m", "pacs_fast.train", "--resume", str(run)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_sigterm_to_the_experiment_runner_stops_the_run_it_started(tmp_path):
+    out = tmp_path / "exp"
+    cmd = [sys.executable, "-m", "pacs_fast.experiment", "--out", str(out), "--arms", "pacs", "--seeds", "0",
+           f"warmup.cache_dir={tmp_path / 'cache'}", *SMALL]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    run = out / "runs" / "pacs" / "seed0"
+    _wait_for(run / "checkpoints" / "step_000002" / "manifest.json", proc)
+    trainer = int((run / ".run.lock").read_text().split()[0])
+    assert trainer != proc.pid and _alive(trainer)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1] == "stopped by SIGTERM: run the same command again to resume", err[-2000:]
+    assert not _alive(trainer)  # it stopped with the runner (it went on alone, holding the lock)
+    assert not (run / "summary.json").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_rank_stops_when_its_launcher_is_killed(tmp_path):
+    """As torchrun starts a rank (a session of its own, TORCHELASTIC_RUN_ID set): the launcher killed with -9,
+    the rank gets SIGTERM from the kernel and stops through its handler."""
+    marker = tmp_path / "stopped"
+    rank = ("import time, sys\nfrom pacs_fast import signals\nsignals.raise_on_stop_signals()\n"
+            "signals.die_with_launcher()\nprint('ready', flush=True)\ntry:\n    time.sleep(120)\n"
+            f"except signals.Stopped as e:\n    open({str(marker)!r}, 'w').write(signals.name(e.signum))\n")
+    launcher = ("import subprocess, sys, time, os\n"
+                "p = subprocess.Popen([sys.executable, '-c', sys.argv[1]], start_new_session=True,\n"
+                "                     env=dict(os.environ, TORCHELASTIC_RUN_ID='x'), stdout=subprocess.PIPE, text=True)\n"
+                "assert p.stdout.readline().strip() == 'ready'\nprint(p.pid, flush=True)\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", launcher, rank], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    t0 = time.time()
+    while _alive(child) and time.time() - t0 < 30:
+        time.sleep(0.1)
+    assert not _alive(child)
+    assert marker.read_text() == "SIGTERM"
