@@ -62,6 +62,9 @@ def test_on_policy_is_identity(is_level, rs_level):
     w, kept, met = off_policy_correction(PROX, PROX.clone(), MASK, is_level=is_level, rs_level=rs_level)
     assert torch.equal(w, MASK.to(w.dtype)) and torch.equal(kept, MASK.bool())
     assert met["kl_k1"] == 0.0 and met["kl_k3"] == 0.0 and met["frac_rejected"] == 0.0
+    for cap in (1.0, 0.5):  # on-policy weights are 1: a cap <= 1 truncates nothing, and "none" never does
+        _, _, low = off_policy_correction(PROX, PROX.clone(), MASK, is_level=is_level, is_cap=cap, rs_level=rs_level)
+        assert low["frac_truncated"] == (0.0 if is_level == "none" or cap == 1.0 else 1.0), (cap, low)
 
 
 def test_metrics_by_hand():

@@ -96,12 +96,13 @@ def rejection_mask(token_log_ratio: torch.Tensor, mask: torch.Tensor, level: str
 
 
 def correction_metrics(token_log_ratio: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor,
-                       kept_mask: torch.Tensor, cap: float) -> dict[str, float]:
+                       kept_mask: torch.Tensor, cap: float, level: str = "token") -> dict[str, float]:
     """Scalars for the step record (under ``correction/``), over the response tokens of ``mask``.
 
     ``kl_k1`` / ``kl_k3`` estimate KL(mu || pi_old) per token from samples of mu: ``-lr`` and
-    ``(r - 1) - log r`` with ``r = exp(lr)``. ``frac_truncated``: tokens whose untruncated weight
-    exceeded ``cap`` (weights equal to ``cap``); ``frac_rejected``: tokens removed by the mask.
+    ``(r - 1) - log r`` with ``r = exp(lr)``. ``frac_truncated``: tokens whose untruncated weight at the
+    IS ``level`` exceeded ``cap`` (0 for ``"none"``: nothing is truncated, whatever ``cap`` is; a weight
+    equal to a cap <= 1 is not a truncation); ``frac_rejected``: tokens removed by the mask.
     """
     m = mask.to(torch.bool)
     n = int(m.sum())
@@ -111,10 +112,17 @@ def correction_metrics(token_log_ratio: torch.Tensor, mask: torch.Tensor, weight
     w = weights[m]
     seq_lr = token_log_ratio.sum(-1)[m.any(-1)]
     k3 = (lr.clamp(max=_MAX_LOG).exp() - 1.0) - lr
+    log_cap = torch.tensor(float(cap), dtype=token_log_ratio.dtype).log()
+    if level == "none":
+        truncated = torch.zeros_like(lr, dtype=torch.bool)
+    elif level == "token":
+        truncated = lr > log_cap
+    else:
+        truncated = (token_log_ratio.sum(-1, keepdim=True) > log_cap).expand_as(m)[m]
     return {
         "is_weight_mean": float(w.mean()),
         "is_weight_max": float(w.max()),
-        "frac_truncated": float((w >= cap).float().mean()),
+        "frac_truncated": float(truncated.float().mean()),
         "frac_rejected": float(1.0 - kept_mask.to(torch.bool)[m].float().mean()),
         "kl_k1": float((-lr).mean()),
         "kl_k3": float(k3.mean()),
@@ -136,5 +144,5 @@ def off_policy_correction(proximal_logp: torch.Tensor, behaviour_logp: torch.Ten
     tok, _ = log_ratios(proximal_logp, behaviour_logp, mask)
     weights = truncated_is_weights(tok, mask, is_level, is_cap)
     kept = rejection_mask(tok, mask, rs_level, rs_low, rs_high)
-    metrics = correction_metrics(tok, mask, weights, kept, is_cap)  # weights before rejection
+    metrics = correction_metrics(tok, mask, weights, kept, is_cap, is_level)  # weights before rejection
     return torch.where(kept, weights, 0.0), kept, metrics
