@@ -46,6 +46,7 @@ from pacs_fast.files import write_text_atomic
 from pacs_fast.evaluation.report import markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, load_results,
                                           problem_digest, read_samples, results_from_samples, samples_path)
+from pacs_fast.trainer.run_folder import RunLock
 
 DEFAULT_BENCHMARKS = "math500,amc23,aime2024,aime2025"
 SAMPLING_KEYS = ("model", "temperature", "top_p", "max_tokens", "seed", "n", "system", "instruction")
@@ -276,6 +277,10 @@ def run(argv: list[str]) -> int:
               "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, "system": SYSTEM_PROMPT,
               "instruction": INSTRUCTION}
     config["engine"], config["dtype"] = _engine_and_dtype(args)
+    try:  # one eval per --out: a second appended every sample again, and its --overwrite deleted the first's
+        lock = RunLock(out_dir, new=False, what="--out", other="choose another --out")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     _check_config(out_dir, config, args.overwrite)
 
     done = {b: read_samples(samples_path(out_dir, b), repair=True) for b in sets}
@@ -295,6 +300,7 @@ def run(argv: list[str]) -> int:
                                    expected={b: len(p) for b, p in sets.items()})
     print(write_reports(out_dir, results, args.table_k))
     print(f"wrote {out_dir / 'results.json'}, table.md, pass_at_k.png", file=sys.stderr)
+    lock.release()
     return 0
 
 

@@ -465,3 +465,22 @@ def test_samples_keep_the_prompt_next_to_the_responses(model_dir, tmp_path):
     rec = read_samples(out / "samples_one.jsonl")[0]
     assert rec["prompt"] == build_prompt(AutoTokenizer.from_pretrained(model_dir), "3+4=")
     assert "3+4=" in rec["prompt"] and len(rec["responses"]) == 2
+
+
+def test_a_second_eval_on_a_live_out_is_refused_and_touches_nothing(model_dir, dataset, tmp_path, capsys,
+                                                                     no_model_load):
+    """Two evals into one --out appended every sample twice, and a second one's --overwrite deleted the
+    live one's samples (interrupt sweep). The second is one line, exit 2, and the folder is unchanged."""
+    from pacs_fast.trainer.run_folder import RunLock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "samples_toy.jsonl").write_text("")
+    live = RunLock(out, new=False)  # another open file description: held against the CLI's
+    try:
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        assert ev.main(_run_args(model_dir, dataset, out, "--overwrite")) == 2
+        _one_line_error(capsys, f"--out '{out}' is in use by another run (pid", "choose another --out")
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    finally:
+        live.release()

@@ -70,7 +70,8 @@ class RunLock:
     nothing else, so of two runs racing for one name exactly one proceeds. Raises ValueError naming
     the folder (and the pid that holds it) otherwise."""
 
-    def __init__(self, run_dir: str | Path, *, new: bool):
+    def __init__(self, run_dir: str | Path, *, new: bool, what: str = "run folder",
+                 other: str = "choose another train.run_name"):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / LOCK_FILE
@@ -81,8 +82,8 @@ class RunLock:
             holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(self._fd)
             self._fd = None
-            raise ValueError(f"run folder {str(self.run_dir)!r} is in use by another run (pid {holder}): wait for "
-                             f"it to end, or choose another train.run_name (nothing was changed)") from None
+            raise ValueError(f"{what} {str(self.run_dir)!r} is in use by another run (pid {holder}): wait for "
+                             f"it to end, or {other} (nothing was changed)") from None
         if new and _is_used(self.run_dir):
             self.release()
             check_new_run_dir(self.run_dir)  # raises: another run got there first
