@@ -15,7 +15,8 @@ from pacs_fast.trainer.metrics import read_jsonl
 
 from test_train import TINY
 
-SMALL = TINY + ["train.steps=4", "train.eval_every=2", "train.save_every=2", "warmup.steps=0"]
+# far more steps than run before the signal (a short run could finish before it arrives)
+LONG = TINY + ["train.steps=100000", "train.eval_every=0", "train.save_every=2", "warmup.steps=0"]
 
 
 def _wait_for(path: Path, proc, timeout=240.0):
@@ -38,7 +39,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_sigterm_stops_a_run_with_one_line_and_it_resumes(tmp_path):
-    cmd = [sys.executable, "-m", "pacs_fast.train", *SMALL, f"train.out_dir={tmp_path}", "train.run_name=r",
+    cmd = [sys.executable, "-m", "pacs_fast.train", *LONG, f"train.out_dir={tmp_path}", "train.run_name=r",
            f"warmup.cache_dir={tmp_path / 'cache'}"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -50,29 +51,34 @@ def test_sigterm_stops_a_run_with_one_line_and_it_resumes(tmp_path):
     lines = [x for x in err.splitlines() if x.strip()]
     assert lines[-1] == f"stopped by SIGTERM: continue with --resume {run} (from its last checkpoint)", err[-2000:]
     assert "Traceback" not in err
-    done = subprocess.run([sys.executable, "-m", "pacs_fast.train", "--resume", str(run)], capture_output=True,
-                          text=True, env=env, timeout=300)
+    last = int((run / "checkpoints" / "latest").read_text().strip().split("_")[1])
+    done = subprocess.run([sys.executable, "-m", "pacs_fast.train", "--resume", str(run), f"train.steps={last}"],
+                          capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
-    assert steps == [1, 2, 3, 4]
+    assert steps == list(range(1, last + 1)) and (run / "summary.json").is_file()
 
 
 def test_sigterm_to_the_experiment_runner_stops_the_run_it_started(tmp_path):
     out = tmp_path / "exp"
     cmd = [sys.executable, "-m", "pacs_fast.experiment", "--out", str(out), "--arms", "pacs", "--seeds", "0",
-           f"warmup.cache_dir={tmp_path / 'cache'}", *SMALL]
+           f"warmup.cache_dir={tmp_path / 'cache'}", *LONG]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     run = out / "runs" / "pacs" / "seed0"
     _wait_for(run / "checkpoints" / "step_000002" / "manifest.json", proc)
     trainer = int((run / ".run.lock").read_text().split()[0])
     assert trainer != proc.pid and _alive(trainer)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err[-2000:]
-    assert err.strip().splitlines()[-1] == "stopped by SIGTERM: run the same command again to resume", err[-2000:]
-    assert not _alive(trainer)  # it stopped with the runner (it went on alone, holding the lock)
-    assert not (run / "summary.json").exists()
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 143, err[-2000:]
+        assert err.strip().splitlines()[-1] == "stopped by SIGTERM: run the same command again to resume", err[-2000:]
+        assert not _alive(trainer)  # it stopped with the runner (it went on alone, holding the lock)
+        assert not (run / "summary.json").exists()
+    finally:
+        if _alive(trainer):
+            os.kill(trainer, signal.SIGKILL)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
