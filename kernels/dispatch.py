@@ -19,11 +19,11 @@ Before a Gluon / TMA kernel is selected (``choose``):
    (``shared_limit``: Triton's driver, else torch). Otherwise the next family is tried, with one warning.
 
 A launch that raises anyway (compile or launch error) is retried with the next family (``failed``): one
-``KernelFallbackWarning`` line per (family, kernel, reason), naming the kernel and the error, and the family's
-kernel is not tried again in this process (the next call neither retries nor warns). Out-of-memory errors
-are not the kernel's fault and pass through, and so does a launch value the user set that no kernel can
-take (``tuning.LaunchConfigError``: a typo in ``CONFIG`` / ``POLICY``, a block of 0). Errors surfacing asynchronously from a kernel that already ran
-cannot be caught here.
+``KernelFallbackWarning`` line per (family, kernel, reason), naming the kernel and the error, and the
+family's kernel is not tried again in this process (the next call neither retries nor warns). Out-of-memory
+errors are not the kernel's fault and pass through, and so does a launch value the user set that no kernel
+can take (``tuning.LaunchConfigError``: a typo in ``CONFIG`` / ``POLICY``, a block of 0). Errors surfacing
+asynchronously from a kernel that already ran cannot be caught here.
 
 Environment (read on every call):
 
@@ -114,7 +114,7 @@ def warn_once(family: str, kernel: str, reason: str, message: str) -> None:
 
 def failed(family: str, kernel: str, err: BaseException, key: str | None = None) -> str:
     """``kernel`` of ``family`` raised ``err`` (call inside the ``except``): records it (not tried again;
-    ``key="import"``: the whole family), warns once per (family, reason) and returns the family to run
+    ``key="import"``: the whole family), warns once per (family, kernel, reason) and returns the family to run
     instead. Re-raises what is not the kernel's fault (out of memory, interrupts)."""
     import torch
 

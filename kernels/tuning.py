@@ -42,6 +42,7 @@ import contextlib
 import importlib
 import json
 import math
+import numbers
 import os
 import re
 import warnings
@@ -87,8 +88,6 @@ def launch_value_problem(key: str, value) -> str | None:
 def override(key: str, value, where: str = "CONFIG") -> int:
     """An explicit override ``where[key] = value`` as an int; a ``LaunchConfigError`` naming it when no
     kernel can take it (a float, a string, 0 or a negative count, a block that is no power of two)."""
-    import numbers
-
     if isinstance(value, numbers.Integral):
         value = int(value)
     problem = launch_value_problem(key, value)
@@ -142,7 +141,8 @@ def load(arch: int | None) -> dict:
             if not isinstance(data, dict):
                 raise ValueError(f"not a JSON object ({type(data).__name__})")
             if data.get("schema") != SCHEMA or data.get("arch") != arch:
-                raise ValueError(f"schema {data.get('schema')!r}, arch {data.get('arch')!r} (expected {SCHEMA}, {arch})")
+                raise ValueError(f"schema {data.get('schema')!r}, arch {data.get('arch')!r} "
+                                 f"(expected {SCHEMA}, {arch})")
             if not isinstance(data.get("kernels"), dict):
                 raise ValueError(f"its \"kernels\" is not an object ({type(data.get('kernels')).__name__})")
         except (OSError, ValueError) as e:

@@ -16,10 +16,9 @@ exact; soft rewards keep about 2e-6 absolute precision in fp32 (values < 2 * GRO
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
+
+from pacs_fast.algorithms._checks import check_real
 
 GROUP_TAGS = 16
 
@@ -29,11 +28,12 @@ def check_beta(beta, where: str) -> float:
     naming ``where``. beta scales the proxy r_i = beta * sum_t (logp - logp_ref) (paper eq. 8); it is
     not a KL coefficient: 0 gives an exactly zero gradient and a negative beta trains against the
     verifier."""
-    ok = isinstance(beta, numbers.Real) and not isinstance(beta, bool) and math.isfinite(float(beta)) and beta > 0
-    if not ok:
+    try:
+        return check_real(where, "beta", beta, positive=True)
+    except ValueError:
         raise ValueError(f"{where}: beta must be a finite number > 0, got {beta!r} (PACS's proxy scale, not a KL "
-                         "coefficient: beta=0 gives an exactly zero gradient, beta<0 trains against the verifier)")
-    return float(beta)
+                         "coefficient: beta=0 gives an exactly zero gradient, beta<0 trains against the "
+                         "verifier)") from None
 
 
 def check_batch_rows(num_rows: int, group_size: int, fix: str) -> None:

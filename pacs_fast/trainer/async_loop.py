@@ -225,7 +225,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
         s.progress.close()
         if not clean:
             s.close()
-    summary = finish(s, wall_time=time.perf_counter() - t_start) if world.is_main else None
+    summary = finish(s) if world.is_main else None
     summary = world.broadcast(summary)
     world.barrier()
     s.close()

@@ -110,7 +110,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     finally:
         gc.unfreeze()
         s.progress.close()
-    summary = finish(s, wall_time=time.perf_counter() - t_start) if world.is_main else None
+    summary = finish(s) if world.is_main else None
     summary = world.broadcast(summary)
     world.barrier()  # every rank is done with the collectives before the engine (and its groups) goes
     s.close()
@@ -184,11 +184,12 @@ def save(s: Session, step: int, sampler_state: dict | None = None) -> None:
         s.logger.log("checkpoint", step, {"time/checkpoint": time.perf_counter() - t0})
 
 
-def finish(s: Session, *, wall_time: float) -> dict:
+def finish(s: Session) -> dict:
     """Writes ``summary.json`` (and the plots) from ``metrics.jsonl``: the first and the last
-    recorded evaluation, so a resumed or re-resumed run reports what it measured. ``wall_time``:
-    this session's; ``wall_time_s`` adds the earlier sessions' up to the checkpoint it resumed from
-    (the time of steps a kill lost is not counted), ``session_wall_time_s`` is this session's."""
+    recorded evaluation, so a resumed or re-resumed run reports what it measured. ``wall_time_s``
+    adds the earlier sessions' up to the checkpoint it resumed from (the time of steps a kill lost is
+    not counted) to this session's, ``session_wall_time_s`` (from ``s.t_start``)."""
+    wall_time = time.perf_counter() - s.t_start
     records = read_jsonl(s.run_dir / "metrics.jsonl")
     evals = [r for r in records if r["kind"] == "eval"]
     first, final = evals[0], evals[-1]

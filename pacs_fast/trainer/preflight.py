@@ -18,8 +18,8 @@ For the rollout, what is estimated is the peak of one decode step of the Hugging
 chunk (``max(rollout.n, engine batch)`` rows) four fp32 vocabulary-sized tensors (the logits, their
 temperature-scaled copy, the probabilities and the sampler's scratch), plus the rows' KV cache for
 ``data.max_prompt_tokens + rollout.max_new_tokens`` tokens; model weights and activations come on top.
-It is compared with the memory the engine's device has (``MemAvailable`` of the host, or the GPU's total). It refuses the
-runs that cannot start, such as ``rollout.n=10000`` on a 151,936-token vocabulary (24 GB of
+It is compared with the memory the engine's device has (``MemAvailable`` of the host, or the GPU's total).
+It refuses the runs that cannot start, such as ``rollout.n=10000`` on a 151,936-token vocabulary (24 GB of
 vocabulary-sized tensors), with one line naming the keys; the default run and the configs in
 ``configs/`` pass. vLLM manages its own memory (``rollout.gpu_memory_utilization``) and is not
 estimated here.
