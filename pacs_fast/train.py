@@ -115,10 +115,10 @@ def main(argv: list[str] | None = None) -> dict:
             raise
         fail(str(e), 2)
     from pacs_fast.trainer.loop import SetupError, TrainingStopped, train  # heavy imports after the config is good
-    if __name__ == "__main__":  # the command line, not a caller's process
-        signals.raise_on_stop_signals()
-        signals.die_with_launcher()
     try:
+        if __name__ == "__main__":  # the command line, not a caller's process (inside the try: a signal that
+            signals.raise_on_stop_signals()  # comes at once is the one line too)
+            signals.die_with_launcher()
         if cfg.rollout.ranks:  # asynchronous: ranks 0..R-1 generate, the rest learn (pacs_fast/trainer/async_loop.py)
             from pacs_fast.trainer.async_loop import run
             return run(cfg, run_dir, resume=bool(args.resume))
