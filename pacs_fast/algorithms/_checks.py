@@ -31,9 +31,16 @@ def check_tensor(fn: str, arg: str, t, *, ndim: int | Sequence[int] | None = Non
 
 
 def check_same_shape(fn: str, arg: str, t: torch.Tensor, ref_arg: str, ref: torch.Tensor) -> None:
+    """``t`` has ``ref``'s shape and sits on its device."""
     if t.shape != ref.shape:
         raise ValueError(f"{fn}: {arg} has shape {tuple(t.shape)} but {ref_arg} has shape "
                          f"{tuple(ref.shape)}; they must match")
+    check_same_device(fn, arg, t, ref_arg, ref)
+
+
+def check_same_device(fn: str, arg: str, t: torch.Tensor, ref_arg: str, ref: torch.Tensor) -> None:
+    if t.device != ref.device:
+        raise ValueError(f"{fn}: {arg} is on {t.device} but {ref_arg} is on {ref.device}")
 
 
 def check_mask(fn: str, mask, like: torch.Tensor, like_arg: str) -> None:

@@ -46,10 +46,12 @@ def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo",
     check_tensor(fn, "rewards", rewards, ndim=1)
     if rewards.is_complex():  # (its imaginary part was dropped silently)
         raise ValueError(f"{fn}: rewards must be real numbers, got {rewards.dtype}")
-    check_group_size(fn, group_size, rewards.shape[0], "rewards")
+    group_size = check_group_size(fn, group_size, rewards.shape[0], "rewards")
     eps = check_real(fn, "eps", eps, nonneg=True)
     dtype = compute_dtype(rewards) if rewards.is_floating_point() else torch.float32
     g = rewards.to(dtype).reshape(-1, group_size)
+    if g.shape[0] == 0:  # no groups (std over none would warn)
+        return g.reshape(-1)
     if group_size == 1:  # verl: mean 0, std 1 (no baseline)
         return (g / (1.0 + eps) if mode == "grpo" and norm_std else g).reshape(-1)
     centered = g - g.mean(dim=1, keepdim=True)

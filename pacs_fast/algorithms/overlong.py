@@ -25,6 +25,8 @@ part in its group's score; a group left with fewer than ``min_members`` drops ou
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from pacs_fast.algorithms._checks import check_real, check_tensor
@@ -43,14 +45,16 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, penal
     """
     fn = "overlong_penalty"
     check_tensor(fn, "lengths", lengths, ndim=1)
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+    if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral) or max_len < 1:
         raise ValueError(f"{fn}: max_len must be a positive int, got {max_len!r}")
-    if isinstance(buffer_len, bool) or not isinstance(buffer_len, int) or not 0 < buffer_len <= max_len:
+    if isinstance(buffer_len, bool) or not isinstance(buffer_len, numbers.Integral) or not 0 < buffer_len <= max_len:
         raise ValueError(f"{fn}: buffer_len must be an int in [1, max_len={max_len}], got {buffer_len!r}")
+    max_len, buffer_len = int(max_len), int(buffer_len)  # numpy integers too
     penalty_factor = check_real(fn, "penalty_factor", penalty_factor, nonneg=True)
     dtype = torch.float64 if lengths.dtype == torch.float64 else torch.float32
     exceed = lengths.to(dtype) - (max_len - buffer_len)
-    return (-exceed / buffer_len * penalty_factor).clamp(max=0.0)
+    # + 0.0: a length at the buffer's start gives 0.0, not -0.0 (-(0) / buffer_len)
+    return (-exceed / buffer_len * penalty_factor).clamp(max=0.0) + 0.0
 
 
 def shaped_rewards(rewards: torch.Tensor, penalty: torch.Tensor, *, label: bool) -> torch.Tensor:

@@ -14,6 +14,8 @@ Layouts. *Padded*: ``logp``/``logp_ref``/``mask`` are ``[B, T]``. *Packed* (varl
 ``cu_seqlens`` (int ``[B+1]``, ``cu_seqlens[0] == 0``, non-decreasing, ``cu_seqlens[-1] ==
 total_tokens``); ``logp``/``logp_ref``/``mask`` are then 1-D ``[total_tokens]`` and sequence ``i``
 owns tokens ``cu_seqlens[i]:cu_seqlens[i+1]``. ``mask`` may be ``None`` (every token counts).
+These offsets are checked on CPU tensors; on a GPU only with ``PACS_FAST_DEBUG_CHECKS=1`` (the check
+would be a host sync, as for the fused kernel), never inside ``torch.compile``.
 Groups are ``group_size`` contiguous rows (sequences).
 
 Dtypes. Inputs may be any float dtype; computation is fp32 (fp64 when the input is fp64) and the
@@ -64,24 +66,37 @@ def _check_tokens(fn: str, logp, logp_ref, mask, cu_seqlens, *, need_ref: bool) 
         if cu_seqlens.device != logp.device:
             raise ValueError(f"{fn}: cu_seqlens is on {cu_seqlens.device} but logp is on {logp.device}")
         num_rows = cu_seqlens.numel() - 1
-        # One device sync: a wrong cu_seqlens would otherwise give silently wrong sums.
-        bad = (cu_seqlens[0] != 0) | (cu_seqlens[-1] != logp.numel()) | (cu_seqlens.diff() < 0).any()
-        if bool(bad):
-            raise ValueError(f"{fn}: cu_seqlens must start at 0, be non-decreasing and end at "
-                             f"logp.numel()={logp.numel()}; got {cu_seqlens.tolist()[:8]}...")
+        if _values_checked(cu_seqlens):  # a wrong cu_seqlens would otherwise give silently wrong sums
+            _check_offsets(fn, cu_seqlens, logp)
     if need_ref:
         check_tensor(fn, "logp_ref", logp_ref, floating=True)
         check_same_shape(fn, "logp_ref", logp_ref, "logp", logp)
-        if logp_ref.device != logp.device:
-            raise ValueError(f"{fn}: logp_ref is on {logp_ref.device} but logp is on {logp.device}")
     elif logp_ref is not None:
         check_tensor(fn, "logp_ref", logp_ref, floating=True)
         check_same_shape(fn, "logp_ref", logp_ref, "logp", logp)
     if mask is not None:
         check_mask(fn, mask, logp, "logp")
-        if mask.device != logp.device:
-            raise ValueError(f"{fn}: mask is on {mask.device} but logp is on {logp.device}")
     return num_rows
+
+
+def _values_checked(t: torch.Tensor) -> bool:
+    """Whether checks that read device values run: on CPU tensors (free), or anywhere with
+    ``PACS_FAST_DEBUG_CHECKS=1``; never while ``torch.compile`` traces (data-dependent) or on ``meta``.
+    On a GPU the default costs no host sync, as the fused kernel (kernels/dispatch.py)."""
+    if t.device.type == "meta" or torch.compiler.is_compiling():
+        return False
+    if t.device.type == "cpu":
+        return True
+    from pacs_fast.kernels.dispatch import debug_checks
+
+    return debug_checks()
+
+
+def _check_offsets(fn: str, cu_seqlens: torch.Tensor, logp: torch.Tensor) -> None:
+    bad = (cu_seqlens[0] != 0) | (cu_seqlens[-1] != logp.numel()) | (cu_seqlens.diff() < 0).any()
+    if bool(bad):
+        raise ValueError(f"{fn}: cu_seqlens must start at 0, be non-decreasing and end at "
+                         f"logp.numel()={logp.numel()}; got {cu_seqlens.tolist()[:8]}...")
 
 
 def _check_rewards(fn: str, rewards, num_rows: int, rows_from: str, device: torch.device) -> None:
@@ -218,7 +233,7 @@ def group_scores(proxy: torch.Tensor, group_size: int, score: str = "rloo", *,
     fn = "group_scores"
     check_choice(fn, "score", score, SCORES)
     check_tensor(fn, "proxy", proxy, ndim=1, floating=True)
-    check_group_size(fn, group_size, proxy.shape[0], "proxy")
+    group_size = check_group_size(fn, group_size, proxy.shape[0], "proxy")
     eps = check_real(fn, "eps", eps, positive=True)  # 0: 0 / 0 for equal proxies (every on-policy first step)
     if group_size == 1 and score in ("rloo", "grpo"):
         raise ValueError(f"{fn}: group_size=1 is not allowed with score={score!r} (needs G >= 2)")
@@ -242,7 +257,7 @@ def class_balanced_weights(rewards: torch.Tensor, group_size: int,
     fn = "class_balanced_weights"
     check_choice(fn, "weight_mode", weight_mode, WEIGHT_MODES)
     check_tensor(fn, "rewards", rewards, ndim=1)
-    check_group_size(fn, group_size, rewards.shape[0], "rewards")
+    group_size = check_group_size(fn, group_size, rewards.shape[0], "rewards")
     dtype = compute_dtype(rewards) if rewards.is_floating_point() else torch.float32
     return _class_balanced_weights(rewards, group_size, weight_mode, dtype)
 
@@ -266,7 +281,10 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
         rewards: ``[B]`` verifier rewards in ``[0, 1]`` (0/1 or soft).
         group_size: ``G``; rows ``[kG, (k+1)G)`` are the responses to one prompt. ``B % G == 0``.
         beta: proxy scale. score: rloo | grpo | dr_grpo | naive. weight_mode: question | none |
-            only_positive | only_negative. proxy: logratio | mean_logp.
+            only_positive | only_negative. proxy: logratio | mean_logp. ``score="grpo"`` divides by
+            the group's std + 1e-6: where a group's proxies are equal (``logp == logp_ref``, the first
+            mini-batch of an on-policy step) its gradient is ``(delta_ij - 1/G) / 1e-6``, ~1e6x rloo's
+            (:func:`group_scores`); rloo (the default) has no such point.
         return_terms: also return a dict of detached ``[B]`` tensors with exactly the keys
             ``"proxy"`` (r), ``"score"`` (psi), ``"pred_reward"`` (sigmoid(psi)), ``"weight"`` (w) and
             ``"sample_loss"`` (``w_i (softplus(psi_i) - R_i psi_i)``, before the 1/B mean).
@@ -290,7 +308,7 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
     beta = check_real(fn, "beta", beta)
     num_rows = _check_tokens(fn, logp, logp_ref, mask, cu_seqlens, need_ref=proxy == "logratio")
     _check_rewards(fn, rewards, num_rows, "logp" if cu_seqlens is None else "cu_seqlens", logp.device)
-    check_group_size(fn, group_size, num_rows, "rewards")
+    group_size = check_group_size(fn, group_size, num_rows, "rewards")  # numpy integers become int
     if group_size == 1 and score in ("rloo", "grpo"):
         raise ValueError(f"{fn}: group_size=1 is not allowed with score={score!r} (needs G >= 2)")
     if num_rows == 0:

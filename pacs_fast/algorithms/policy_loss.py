@@ -22,6 +22,7 @@ from pacs_fast.algorithms._checks import (
     check_finite_values,
     check_mask,
     check_real,
+    check_same_device,
     check_same_shape,
     check_tensor,
     compute_dtype,
@@ -44,7 +45,7 @@ def _check_clip(fn, clip_low, clip_high, clip_c):
         clip_c = check_real(fn, "clip_c", clip_c)
         if clip_c <= 1:
             raise ValueError(f"{fn}: clip_c (dual-clip bound on the ratio for negative advantages) "
-                             f"must be > 1, got {clip_c}")
+                             f"must be > 1 (None turns it off), got {clip_c}")
     return clip_low, clip_high, clip_c
 
 
@@ -62,6 +63,7 @@ def check_policy_inputs(fn: str, logp, old_logp, advantages, mask, token_weights
     if advantages.dim() == 1 and advantages.shape[0] != logp.shape[0]:
         raise ValueError(f"{fn}: advantages has {advantages.shape[0]} entries but logp has "
                          f"{logp.shape[0]} rows")
+    check_same_device(fn, "advantages", advantages, "logp", logp)
     if advantages.dim() == 2:
         check_same_shape(fn, "advantages", advantages, "logp", logp)
     if mask is not None:

@@ -54,3 +54,13 @@ def require_triton(*tensors: torch.Tensor) -> None:
     if not all(t.is_cuda for t in tensors) and not triton_interpreted():
         raise ValueError("backend='triton' on CPU tensors needs TRITON_INTERPRET=1 (the Triton "
                          "interpreter); use backend='torch' or 'auto' on CPU")
+
+
+def refuse_double_backward(op: str, instead: str) -> None:
+    """Called first in a backward that is not itself differentiable (it writes into buffers, or runs a
+    kernel). Grad mode is on inside a backward only under ``create_graph=True``: there this raises, where
+    autograd would otherwise return gradients cut from the graph (second derivatives of 0 in a Hessian)
+    or fail inside an ``out=`` op with a message that does not say why."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"{op} is differentiable once: its backward cannot run with create_graph=True "
+                           f"(double backward, Hessians, gradient penalties); {instead}")

@@ -162,9 +162,19 @@ def backward_tiles(n_rows, n_cols, tile, fill_rel, coef_x, coef_c, consume, devi
         consume(n0, n1, v0, v1, tile_grad(xr, pb, cx, coef_c[n0:n1], clamp))
 
 
+def _spans(total, step):
+    """``[(a, min(a + step, total)), ...]`` covering ``[0, total)``. One span without ``range`` when it
+    fits: under ``torch.compile`` a ``range`` over the (symbolic) token count pins it, so every new
+    count recompiled (the recompile limit then left the op eager)."""
+    if total == 0:
+        return []
+    if step >= total:
+        return [(0, total)]
+    return [(a, min(a + step, total)) for a in range(0, total, step)]
+
+
 def _tiles(n_rows, n_cols, nc, vc, v_outer):
-    rows = [(n0, min(n0 + nc, n_rows)) for n0 in range(0, n_rows, nc)]
-    cols = [(v0, min(v0 + vc, n_cols)) for v0 in range(0, n_cols, vc)]
+    rows, cols = _spans(n_rows, nc), _spans(n_cols, vc)
     if v_outer:
         return [(n0, n1, v0, v1) for v0, v1 in cols for n0, n1 in rows]
     return [(n0, n1, v0, v1) for n0, n1 in rows for v0, v1 in cols]

@@ -57,6 +57,7 @@ import torch
 from pacs_fast.kernels import dispatch
 
 from . import chunked, vocab_parallel as vp
+from .backend import refuse_double_backward
 from .token_logprobs import _resolve
 
 
@@ -66,7 +67,7 @@ TRITON_BACKWARDS = ("chunked", "atomic")
 def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignore_index=-100,
                     return_entropy=False, tp_group=None, backend="auto", chunk_bytes=None,
                     triton_backward="chunked", upcast=False):
-    """logp (fp32 ``[...]``) of ``labels`` under ``softmax((hidden @ weight.T + bias) / temperature)``.
+    """logp (fp32 ``[...]``; float64 for float64 inputs) of ``labels`` under ``softmax((hidden @ weight.T + bias) / temperature)``.
 
     Args:
         hidden: ``[..., H]`` fp32/bf16/fp16.
@@ -96,7 +97,9 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
             inputs' dtypes. The torch backend computes in fp32 regardless (see the module docstring).
 
     Returns:
-        ``logp``, or ``(logp, entropy)`` with ``return_entropy``; fp32 with ``labels``' shape.
+        ``logp``, or ``(logp, entropy)`` with ``return_entropy``; fp32 (float64 for float64 ``hidden``
+        and ``weight``) with ``labels``' shape. Differentiable once (a ``create_graph=True`` backward: a
+        RuntimeError saying so).
     """
     for name, t in (("hidden", hidden), ("weight", weight)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
@@ -212,6 +215,7 @@ class _LinearLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
+        refuse_double_backward("linear_logprobs", "use torch.log_softmax of hidden @ weight.T for those")
         hidden, weight, bias, labels, m, log_s, ent = ctx.saved_tensors
         inv_t, ignore_index, entropy, group, backend, triton_backward, chunk_bytes, v_off, v_glob = ctx.cfg
         keep = vp.label_masks(labels, ignore_index, v_glob, check=False)[0]

@@ -18,12 +18,13 @@ non-finite values and rewards outside [0, 1] with ``check_finite=True`` (one syn
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
 from pacs_fast.kernels import pacs_loss as _k
 from pacs_fast.kernels import dispatch
-from pacs_fast.ops.backend import require_triton
+from pacs_fast.ops.backend import refuse_double_backward, require_triton
 
 SCORES = tuple(_k.SCORES)
 WEIGHT_MODES = tuple(_k.WEIGHT_MODES)
@@ -46,8 +47,8 @@ class _FusedPacsLoss(torch.autograd.Function):
         return loss, r, psi, pred, w, sample_loss
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, *_unused):
+        refuse_double_backward("the fused PACS loss", "pacs_loss(backend='torch') is twice differentiable")
         coef, mask, cu_seqlens = ctx.saved_tensors
         dlogp = None
         if ctx.needs_input_grad[0] and grad_loss is not None:
@@ -125,8 +126,9 @@ def _validate(logp, logp_ref, mask, rewards, group_size, beta, score, weight_mod
     if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != logp.shape
                              or mask.is_complex()):
         raise ValueError(f"{_FN}: mask must be a bool/real tensor shaped like logp {tuple(logp.shape)}")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or group_size < 1:
         raise ValueError(f"{_FN}: group_size must be a positive int, got {group_size!r}")
+    group_size = int(group_size)  # numpy integers too, as pacs_loss takes them
     if group_size > _k.MAX_GROUP_SIZE:
         raise ValueError(f"{_FN}: group_size must be <= {_k.MAX_GROUP_SIZE} for the fused kernel, "
                          f"got {group_size}; use backend='torch'")

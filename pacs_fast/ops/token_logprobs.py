@@ -24,7 +24,7 @@ import torch
 from pacs_fast.kernels import dispatch
 
 from . import chunked, vocab_parallel as vp
-from .backend import resolve_backend
+from .backend import refuse_double_backward, resolve_backend
 
 FWD_KERNEL = "token_logprobs forward"  # kernels/dispatch.py names of this op's Triton kernels
 BWD_KERNEL = "token_logprobs backward"
@@ -41,13 +41,15 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
         temperature: positive float folded into the logits.
         return_entropy: also return the (differentiable) entropy of each row's distribution.
         inplace_backward: write the gradient into ``logits``' storage (saves one ``[N, V]``
-            buffer); ``logits`` must not be used after the backward.
+            buffer); ``logits`` must not be used after the backward, and must not be (a view of) a
+            leaf tensor such as a parameter (a ValueError).
         tp_group: ``torch.distributed`` process group over which the vocabulary is sharded.
         backend: ``"auto"`` | ``"triton"`` | ``"torch"`` (see ``pacs_fast.ops.backend``).
         chunk_bytes: torch backend only: scratch budget for tiles (default 64 MiB).
 
     Returns:
-        ``logp`` fp32 ``[...]``, or ``(logp, entropy)`` with ``return_entropy``.
+        ``logp`` fp32 ``[...]`` (float64 for float64 logits), or ``(logp, entropy)`` with ``return_entropy``.
+        Differentiable once (a ``create_graph=True`` backward: a RuntimeError saying so).
     """
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() < 1:
         raise ValueError("logits must be a floating-point tensor [..., V]")
@@ -61,6 +63,9 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
                          f"{tuple(logits.shape[:-1])}")
     if labels.device != logits.device:
         raise ValueError("labels must be on the same device as logits")
+    if inplace_backward and logits.requires_grad and (logits if logits._base is None else logits._base).is_leaf:
+        raise ValueError("inplace_backward=True would write the gradient over logits, which are (a view of) a leaf "
+                         "tensor (a parameter or an input): pass logits computed in the graph, e.g. the LM head's output")
     t = chunked.check_temperature(temperature)
     resolved = _resolve(backend, logits)
     lead = labels.shape
@@ -121,6 +126,7 @@ class _TokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
+        refuse_double_backward("token_logprobs", "use torch.log_softmax for those")
         logits, labels, m, log_s, ent = ctx.saved_tensors
         inv_t, ignore_index, entropy, inplace, backend, chunk_bytes, v_off = ctx.cfg
         n, v_local = logits.shape
@@ -161,9 +167,8 @@ class _TokenLogprobs(torch.autograd.Function):
             col = (local[n0:n1] - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)
             dx.scatter_add_(1, col, torch.where(rows, gl[n0:n1] * inv_t, 0.0).to(dx.dtype).unsqueeze(1))
             dx.masked_fill_(~valid[n0:n1].unsqueeze(1), 0.0)  # ignored rows: 0 whatever their logits
-            dst = grad[n0:n1, v0:v1]
-            if dst.data_ptr() != dx.data_ptr():
-                dst.copy_(dx)
+            if not direct:  # else dx is already that tile of grad (out_tile)
+                grad[n0:n1, v0:v1].copy_(dx)
 
         def fill_rel(n0, n1, v0, v1, out):
             return torch.sub(fill(n0, n1, v0, v1, out), m_safe[n0:n1].unsqueeze(1), out=out)
