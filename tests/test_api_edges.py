@@ -50,7 +50,8 @@ def test_token_logprobs_compiles_whole():
     _compiled_equals_eager(step, logits, labels)
 
 
-def test_linear_logprobs_does_not_recompile_per_token_count():
+@pytest.mark.parametrize("op", ["linear_logprobs", "token_logprobs"])
+def test_the_log_prob_ops_do_not_recompile_per_token_count(op):
     """RL batches change their token count every step. A ``range`` over the (symbolic) count pinned it: each
     new count compiled again until dynamo's recompile limit (8) left the op eager."""
     w = torch.randn(11, 6, requires_grad=True)
@@ -58,6 +59,8 @@ def test_linear_logprobs_does_not_recompile_per_token_count():
 
     @torch.compile(backend=counter, fullgraph=True)
     def step(h, lab):
+        if op == "token_logprobs":
+            return pf.token_logprobs(h @ w.t(), lab, backend="torch").sum()
         return pf.linear_logprobs(h, w, lab, backend="torch").sum()
 
     for n in range(40, 47):
