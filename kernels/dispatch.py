@@ -122,6 +122,8 @@ def failed(family: str, kernel: str, err: BaseException, key: str | None = None)
     if isinstance(err, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)) or \
             not isinstance(err, Exception) or isinstance(err, LaunchConfigError):  # (the user's value: theirs)
         raise err
+    if torch.compiler.is_compiling():  # dynamo tracing a launcher: its error says nothing of the kernel
+        raise err
     reason = _reason(err)
     to = next_family(family)
     warn_once(family, kernel, reason, f"the {NAMES[family]} {kernel} failed ({reason}); running the "

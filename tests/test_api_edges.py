@@ -194,3 +194,49 @@ def test_boundary_values_of_the_small_helpers():
             assert out.shape == (0,) and out.dtype == torch.float32
     with pytest.raises(ValueError, match=r"clip_c .* must be > 1 \(None turns it off\)"):
         pf.policy_loss(-torch.rand(2, 3), -torch.rand(2, 3), torch.randn(2), None, clip_c=0)
+
+
+@pytest.mark.interpret
+def test_the_triton_path_under_torch_compile_runs_its_kernels_outside_the_graph(monkeypatch):
+    """Dynamo traced into the Triton launchers; an error of that tracing was taken for a kernel failure: one
+    fallback warning, and the Triton path off for the rest of the process. Now the graph breaks at the op and
+    the kernels run as in eager mode (here under the interpreter): equal results, no warning, nothing marked
+    broken, and the kernels did run."""
+    from pacs_fast.kernels import dispatch
+    from pacs_fast.kernels import linear_logprobs as KL
+    from pacs_fast.kernels import pacs_loss as KP
+    from pacs_fast.kernels import token_logprobs as KT
+    from test_kernel_dispatch import _spy
+
+    dispatch.reset()
+    calls = {name: _spy(monkeypatch, mod, fn) for name, mod, fn in
+             (("linear", KL, "stats_fwd"), ("token", KT, "stats_fwd"), ("pacs", KP, "pacs_loss_fwd"))}
+    gen = torch.Generator().manual_seed(6)
+    h, w = torch.randn(12, 16, generator=gen), torch.randn(50, 16, generator=gen)
+    lab = torch.randint(0, 50, (12,), generator=gen)
+    ref = -torch.rand(4, 3, generator=gen)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+
+    def step(x):
+        lp, ent = pf.linear_logprobs(x, w, lab, backend="triton", return_entropy=True)
+        lp2 = pf.token_logprobs(x @ w.t(), lab, backend="triton")
+        pl = pf.pacs_loss(lp.view(4, 3), ref, None, rewards, group_size=2, backend="triton")
+        return pl + 0.1 * ent.sum() + 0.01 * lp2.sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dispatch.KernelFallbackWarning)
+        _compiled_equals_eager_breaking(step, h)
+    assert not dispatch._broken
+    assert all(len(c) >= 2 for c in calls.values()), {k: len(c) for k, c in calls.items()}  # eager + compiled
+    dispatch.reset()
+
+
+def _compiled_equals_eager_breaking(step, x):
+    out = []
+    for fn in (step, torch.compile(step, backend="aot_eager")):
+        xi = x.detach().clone().requires_grad_()
+        val = fn(xi)
+        val.backward()
+        out.append((val.detach(), xi.grad))
+    (v0, g0), (v1, g1) = out
+    assert torch.equal(v1, v0) and torch.equal(g1, g0)  # the same kernels on the same inputs

@@ -64,3 +64,19 @@ def refuse_double_backward(op: str, instead: str) -> None:
     if torch.is_grad_enabled():
         raise RuntimeError(f"{op} is differentiable once: its backward cannot run with create_graph=True "
                            f"(double backward, Hessians, gradient penalties); {instead}")
+
+
+@torch.compiler.disable
+def _eager(function, *args):
+    return function(*args)
+
+
+def apply_outside_graph(function, *args):
+    """``function(*args)`` (an autograd ``Function.apply`` whose path launches Triton kernels). Under
+    ``torch.compile`` the graph breaks here and it runs as in eager mode: the launchers (tuned tables, the
+    checked fallbacks, file reads) are not traceable, and an error of dynamo's tracing inside them was taken
+    for a kernel failure (the Triton path then switched off for the process). ``fullgraph=True`` around these
+    ops needs ``backend="torch"``."""
+    if torch.compiler.is_compiling():
+        return _eager(function, *args)
+    return function(*args)

@@ -57,7 +57,7 @@ import torch
 from pacs_fast.kernels import dispatch
 
 from . import chunked, vocab_parallel as vp
-from .backend import refuse_double_backward
+from .backend import apply_outside_graph, refuse_double_backward
 from .token_logprobs import _resolve
 
 
@@ -134,9 +134,9 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
                          f"hidden {hidden.dtype}, weight {weight.dtype}")
     lead = labels.shape
     h2 = hidden.reshape(-1, hidden.shape[-1])
-    logp, ent = _LinearLogprobs.apply(h2, weight, bias, labels.reshape(-1).long().contiguous(), 1.0 / t,
-                                      int(ignore_index), bool(return_entropy), tp_group,
-                                      (resolved, triton_backward), chunk_bytes)
+    run = apply_outside_graph if resolved == "triton" else (lambda f, *a: f(*a))
+    logp, ent = run(_LinearLogprobs.apply, h2, weight, bias, labels.reshape(-1).long().contiguous(), 1.0 / t,
+                    int(ignore_index), bool(return_entropy), tp_group, (resolved, triton_backward), chunk_bytes)
     logp = logp.view(lead)
     return (logp, ent.view(lead)) if return_entropy else logp
 

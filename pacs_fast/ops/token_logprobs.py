@@ -24,7 +24,7 @@ import torch
 from pacs_fast.kernels import dispatch
 
 from . import chunked, vocab_parallel as vp
-from .backend import refuse_double_backward, resolve_backend
+from .backend import apply_outside_graph, refuse_double_backward, resolve_backend
 
 FWD_KERNEL = "token_logprobs forward"  # kernels/dispatch.py names of this op's Triton kernels
 BWD_KERNEL = "token_logprobs backward"
@@ -72,9 +72,9 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
     x2 = logits.reshape(-1, logits.shape[-1])
     if x2.shape[-1] > 0 and x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    logp, ent = _TokenLogprobs.apply(x2, labels.reshape(-1).long().contiguous(), 1.0 / t, int(ignore_index),
-                                     bool(return_entropy), bool(inplace_backward), tp_group,
-                                     resolved, chunk_bytes)
+    run = apply_outside_graph if resolved == "triton" else (lambda f, *a: f(*a))
+    logp, ent = run(_TokenLogprobs.apply, x2, labels.reshape(-1).long().contiguous(), 1.0 / t, int(ignore_index),
+                    bool(return_entropy), bool(inplace_backward), tp_group, resolved, chunk_bytes)
     logp = logp.view(lead)
     return (logp, ent.view(lead)) if return_entropy else logp
 
