@@ -71,12 +71,12 @@ def _eager(function, *args):
     return function(*args)
 
 
-def apply_outside_graph(function, *args):
-    """``function(*args)`` (an autograd ``Function.apply`` whose path launches Triton kernels). Under
-    ``torch.compile`` the graph breaks here and it runs as in eager mode: the launchers (tuned tables, the
+def apply_op(function, *args, triton: bool):
+    """``function(*args)`` (an autograd ``Function.apply``). With ``triton`` (its path launches Triton kernels)
+    under ``torch.compile`` the graph breaks here and it runs as in eager mode: the launchers (tuned tables, the
     checked fallbacks, file reads) are not traceable, and an error of dynamo's tracing inside them was taken
     for a kernel failure (the Triton path then switched off for the process). ``fullgraph=True`` around these
-    ops needs ``backend="torch"``."""
-    if torch.compiler.is_compiling():
+    ops needs ``backend="torch"``, whose path dynamo traces."""
+    if triton and torch.compiler.is_compiling():
         return _eager(function, *args)
     return function(*args)

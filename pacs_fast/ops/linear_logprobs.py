@@ -57,7 +57,7 @@ import torch
 from pacs_fast.kernels import dispatch
 
 from . import chunked, vocab_parallel as vp
-from .backend import apply_outside_graph, refuse_double_backward
+from .backend import apply_op, refuse_double_backward
 from .token_logprobs import _resolve
 
 
@@ -67,7 +67,8 @@ TRITON_BACKWARDS = ("chunked", "atomic")
 def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignore_index=-100,
                     return_entropy=False, tp_group=None, backend="auto", chunk_bytes=None,
                     triton_backward="chunked", upcast=False):
-    """logp (fp32 ``[...]``; float64 for float64 inputs) of ``labels`` under ``softmax((hidden @ weight.T + bias) / temperature)``.
+    """logp (fp32 ``[...]``; float64 for float64 inputs) of ``labels`` under
+    ``softmax((hidden @ weight.T + bias) / temperature)``.
 
     Args:
         hidden: ``[..., H]`` fp32/bf16/fp16.
@@ -134,9 +135,9 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
                          f"hidden {hidden.dtype}, weight {weight.dtype}")
     lead = labels.shape
     h2 = hidden.reshape(-1, hidden.shape[-1])
-    run = apply_outside_graph if resolved == "triton" else (lambda f, *a: f(*a))
-    logp, ent = run(_LinearLogprobs.apply, h2, weight, bias, labels.reshape(-1).long().contiguous(), 1.0 / t,
-                    int(ignore_index), bool(return_entropy), tp_group, (resolved, triton_backward), chunk_bytes)
+    logp, ent = apply_op(_LinearLogprobs.apply, h2, weight, bias, labels.reshape(-1).long().contiguous(), 1.0 / t,
+                         int(ignore_index), bool(return_entropy), tp_group, (resolved, triton_backward), chunk_bytes,
+                         triton=resolved == "triton")
     logp = logp.view(lead)
     return (logp, ent.view(lead)) if return_entropy else logp
 

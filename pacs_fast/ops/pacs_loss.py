@@ -24,7 +24,7 @@ import torch
 
 from pacs_fast.kernels import pacs_loss as _k
 from pacs_fast.kernels import dispatch
-from pacs_fast.ops.backend import apply_outside_graph, refuse_double_backward, require_triton
+from pacs_fast.ops.backend import apply_op, refuse_double_backward, require_triton
 
 SCORES = tuple(_k.SCORES)
 WEIGHT_MODES = tuple(_k.WEIGHT_MODES)
@@ -225,9 +225,9 @@ def fused_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, scor
     if dispatch.broken("tiles", FWD_KERNEL):
         raise dispatch.KernelFailed(f"{_FN}: the forward kernel failed earlier in this process")
     try:
-        loss, r, psi, pred, w, sample_loss = apply_outside_graph(
+        loss, r, psi, pred, w, sample_loss = apply_op(
             _FusedPacsLoss.apply, logp.contiguous(), ref_c, mask_c, rewards, cu_seqlens, group_size, float(beta),
-            score, weight_mode, proxy)
+            score, weight_mode, proxy, triton=True)
     except Exception as e:  # an import / compile / launch error: recorded, warned once, and raised as
         dispatch.failed("tiles", FWD_KERNEL, e)  # KernelFailed (algorithms.pacs_loss runs its torch path)
         raise dispatch.KernelFailed(f"{_FN}: {dispatch._reason(e)}") from e

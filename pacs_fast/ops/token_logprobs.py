@@ -24,7 +24,7 @@ import torch
 from pacs_fast.kernels import dispatch
 
 from . import chunked, vocab_parallel as vp
-from .backend import apply_outside_graph, refuse_double_backward, resolve_backend
+from .backend import apply_op, refuse_double_backward, resolve_backend
 
 FWD_KERNEL = "token_logprobs forward"  # kernels/dispatch.py names of this op's Triton kernels
 BWD_KERNEL = "token_logprobs backward"
@@ -64,17 +64,18 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
     if labels.device != logits.device:
         raise ValueError("labels must be on the same device as logits")
     if inplace_backward and logits.requires_grad and (logits if logits._base is None else logits._base).is_leaf:
-        raise ValueError("inplace_backward=True would write the gradient over logits, which are (a view of) a leaf "
-                         "tensor (a parameter or an input): pass logits computed in the graph, e.g. the LM head's output")
+        raise ValueError("inplace_backward=True would write the gradient over logits, which are (a view of) a "
+                         "leaf tensor (a parameter or an input): pass logits computed in the graph, e.g. the LM "
+                         "head's output")
     t = chunked.check_temperature(temperature)
     resolved = _resolve(backend, logits)
     lead = labels.shape
     x2 = logits.reshape(-1, logits.shape[-1])
     if x2.shape[-1] > 0 and x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    run = apply_outside_graph if resolved == "triton" else (lambda f, *a: f(*a))
-    logp, ent = run(_TokenLogprobs.apply, x2, labels.reshape(-1).long().contiguous(), 1.0 / t, int(ignore_index),
-                    bool(return_entropy), bool(inplace_backward), tp_group, resolved, chunk_bytes)
+    logp, ent = apply_op(_TokenLogprobs.apply, x2, labels.reshape(-1).long().contiguous(), 1.0 / t, int(ignore_index),
+                         bool(return_entropy), bool(inplace_backward), tp_group, resolved, chunk_bytes,
+                         triton=resolved == "triton")
     logp = logp.view(lead)
     return (logp, ent.view(lead)) if return_entropy else logp
 
