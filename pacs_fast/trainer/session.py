@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pacs_fast.config import Config, to_dict, unused_settings, validate
+from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
 from pacs_fast.openmp import threads_beside_other_jobs
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
 from pacs_fast.trainer.checkpoint import (checkpoints_newest_first, remove_stale_temporaries, restore_newest,
@@ -128,7 +128,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
     torch.manual_seed(cfg.train.seed)
     progress = Progress(cfg.train.steps, enabled=cfg.train.progress and world.is_main)
     log = progress.print if world.is_main else (lambda text: None)
-    for line in unused_settings(cfg) + correction_warnings(cfg) + memory_warnings(cfg):
+    for line in unused_settings(cfg) + hazard_warnings(cfg) + correction_warnings(cfg) + memory_warnings(cfg):
         log(f"warning: {line}")
     if shared:
         log(f"other processes keep {shared[1]:.1f} of this machine's CPUs busy: {shared[0]} torch thread(s) "

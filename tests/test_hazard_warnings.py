@@ -1,0 +1,49 @@
+"""Settings that run but train badly are named at the start of a run (``pacs_fast/config/hazards.py``).
+
+The warning must be true: the grpo score's gradient at equal proxies (every step's first mini-batch, the
+policy equal to its reference) is checked to be ~1e6 times rloo's on the same batch, and a run prints it."""
+import pytest
+import torch
+
+import pacs_fast as pf
+from pacs_fast.config import hazard_warnings, load_config
+
+
+@pytest.mark.parametrize("overrides,warned", [
+    (["algo.score=grpo"], True),
+    (["algo.score=grpo", "algo.ref=fixed", "algo.reset_every=5"], True),
+    ([], False),  # rloo
+    (["algo.score=dr_grpo"], False),
+    (["algo.score=grpo", "algo.proxy=mean_logp"], False),  # not a log ratio: no step starts at equal proxies
+    (["algo.name=grpo"], False),  # the baseline's advantages normalise rewards, which carry no gradient
+])
+def test_the_grpo_score_is_named_where_it_applies(overrides, warned):
+    lines = hazard_warnings(load_config(None, overrides))
+    assert bool(lines) == warned
+    if warned:
+        assert len(lines) == 1 and lines[0].startswith("algo.score=grpo ") and "algo.score=rloo" in lines[0]
+
+
+def test_what_it_says_holds():
+    """At equal proxies (logp == logp_ref) the grpo score's gradient is (delta - 1/G) / 1e-6."""
+    gen = torch.Generator().manual_seed(0)
+    ref = -torch.rand(8, 6, generator=gen, dtype=torch.float64)
+    rewards = torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1], dtype=torch.float64)
+    grads = {}
+    for score in ("rloo", "grpo"):
+        logp = ref.clone().requires_grad_()
+        pf.pacs_loss(logp, ref, None, rewards, group_size=4, score=score).backward()
+        grads[score] = logp.grad.abs().max().item()
+    assert grads["grpo"] > 1e5 * grads["rloo"] > 0, grads
+
+
+def test_a_run_prints_it_once(tmp_path, capsys):
+    from pacs_fast.train import main
+
+    main(["algo.score=grpo", "train.steps=1", "train.prompts_per_step=2", "rollout.n=2",
+          "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=2", "warmup.steps=0", "data.eval_size=4",
+          "rollout.eval_n=1", "train.eval_every=0", "rollout.max_new_tokens=4", f"train.out_dir={tmp_path}",
+          "train.run_name=r", f"warmup.cache_dir={tmp_path / 'cache'}", "train.progress=false", "train.plots=false",
+          "train.tensorboard=false", "model.tiny_hidden_size=64", "model.tiny_num_layers=1"])
+    out = capsys.readouterr()
+    assert (out.out + out.err).count("warning: algo.score=grpo divides by the std") == 1, (out.out + out.err)[-2000:]
