@@ -117,6 +117,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None, help="vllm engine context length")
     p.add_argument("--scorer-workers", type=int, default=None, help="verifier processes (default: CPUs)")
     p.add_argument("--time-limit", type=float, default=5.0, help="verifier seconds per response")
+    p.add_argument("--extraction", default="reference", choices=("reference", "boxed"),
+                   help="what the verifier reads: reference (PACS's: a 'final answer is' phrase, else the boxed "
+                        "answers, else the last expression) or boxed (only complete \\boxed{} answers)")
     p.add_argument("--problem-field", default="problem", help="question field of dataset files")
     p.add_argument("--answer-field", default="answer", help="gold answer field of dataset files")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -233,6 +236,8 @@ def _check_config(out_dir: Path, config: dict, overwrite: bool) -> None:
         diff += [f"n[{b}]" for b, n in config["n"].items() if b in old.get("n", {}) and old["n"][b] != n]
         # the engine and dtype (files written before they were recorded resolved: "auto" or none, not compared)
         diff += [k for k in ("engine", "dtype") if old.get(k) not in (None, "auto") and old[k] != config[k]]
+        if old.get("extraction", "reference") != config["extraction"]:  # (recorded since it exists)
+            diff.append("extraction")
         if diff:
             raise UsageError(f"{out_dir} holds samples made with other settings ({', '.join(diff)} "
                              f"differ; see {path}). Use another --out, or --overwrite to start afresh.")
@@ -277,6 +282,7 @@ def run(argv: list[str]) -> int:
               "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, "system": SYSTEM_PROMPT,
               "instruction": INSTRUCTION}
     config["engine"], config["dtype"] = _engine_and_dtype(args)
+    config["extraction"] = args.extraction
     try:  # one eval per --out: a second appended every sample again, and its --overwrite deleted the first's
         lock = RunLock(out_dir, new=False, what="--out", other="choose another --out")
     except ValueError as e:
@@ -352,7 +358,7 @@ def _generate(args, out_dir: Path, sets, ns, todo) -> None:
 
         tokenizer = AutoTokenizer.from_pretrained(args.model)
     _check_prompt_lengths(args, engine_name, engine, tokenizer, sets, todo)
-    scorer = BatchScorer(args.scorer_workers, time_limit=args.time_limit)
+    scorer = BatchScorer(args.scorer_workers, time_limit=args.time_limit, extraction=args.extraction)
     bar = _progress(sum(len(t) for t in todo.values()), args.no_progress)
     t0, samples_done = time.perf_counter(), 0
     try:

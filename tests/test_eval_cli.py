@@ -484,3 +484,17 @@ def test_a_second_eval_on_a_live_out_is_refused_and_touches_nothing(model_dir, d
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     finally:
         live.release()
+
+
+def test_the_extraction_is_recorded_and_a_resume_keeps_it(model_dir, dataset, tmp_path, capsys):
+    """``--extraction boxed`` scores with the boxed-only reading (the stored scores come from it) and is
+    recorded; a resume with the other reading is refused (its scores would mix two verifiers)."""
+    out = tmp_path / "run"
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1", "--extraction", "boxed")) == 0
+    assert json.loads((out / "run_config.json").read_text())["extraction"] == "boxed"
+    capsys.readouterr()
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "2")) == 2
+    _one_line_error(capsys, "holds samples made with other settings", "(extraction differ", "--overwrite")
+    assert sorted(read_samples(out / "samples_toy.jsonl")) == [0]  # nothing was added
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "2", "--extraction", "boxed")) == 0
+    assert sorted(read_samples(out / "samples_toy.jsonl")) == [0, 1]

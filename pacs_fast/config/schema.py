@@ -226,6 +226,10 @@ class CorrectionConfig:
 
 @dataclass
 class RewardConfig:
+    extraction: str = _f("reference", "what the verifier reads from a response: reference (PACS's: math-verify's "
+                         "'final answer is' phrase, else the \\boxed{} answers, else the last expression) | boxed "
+                         "(only complete \\boxed{} answers: an unfinished, hedged or unboxed response scores 0)")
+    time_limit_s: float = _f(5.0, "verifier seconds per response (python -m pacs_fast.eval --time-limit)")
     noise_fp: float = _f(0.0, "experiments: flip a wrong answer's reward 0 -> 1 with this probability (training "
                          "rewards only; seeded by train.seed and the step)")
     noise_fn: float = _f(0.0, "experiments: flip a right answer's reward 1 -> 0 with this probability")

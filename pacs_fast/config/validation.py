@@ -66,6 +66,7 @@ FLOAT_RANGES = (
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
     ("rollout.gpu_memory_utilization", 0.0, 1.0, False, True), ("reward.outcome_weight", 0.0, None, True, None),
     ("reward.user_fn_timeout_s", 0.0, None, False, None), ("reward.overlong_penalty", 0.0, None, True, None),
+    ("reward.time_limit_s", 0.0, None, False, None),
 )
 NONNEGATIVE_INTS = ("train.threads", "train.log_samples", "train.reward_workers", "train.eval_every",
                     "train.save_every", "warmup.steps", "algo.reset_every")
@@ -277,6 +278,7 @@ def _validate_efficacy(cfg: Config) -> None:
                          f"{cfg.warmup.target_acc}, {cfg.warmup.check_every}")
     _choice("algo.noise_correction", cfg.algo.noise_correction, ("none", "backward", "forward"))
     _choice("reward.fn_rate", cfg.reward.fn_rate, ("fixed", "appeal"))
+    _choice("reward.extraction", cfg.reward.extraction, ("reference", "boxed"))
     for key in ("reward.noise_fp", "reward.noise_fn", "algo.noise_rho0", "algo.noise_rho1"):
         s, k = key.split(".")
         v = getattr(getattr(cfg, s), k)

@@ -1,12 +1,13 @@
 """Verifiable rewards: math answer equivalence (math-verify) with time limits.
 
-- :func:`math_reward` scores one response (the PACS reference semantics).
+- :func:`math_reward` scores one response (the PACS reference semantics; ``extraction="boxed"`` reads
+  only complete ``\\boxed{}`` answers).
 - :class:`BatchScorer` / :func:`score_batch` score thousands in worker processes, each item within
   a time limit, with counts of timeouts and parse failures.
 """
 from pacs_fast.reward.batch import BatchResult, BatchScorer, get_scorer, score_batch
-from pacs_fast.reward.verifier import (DEFAULT_TIME_LIMIT, STATUSES, ScoredItem, gold_parses, math_reward,
-                                       score_item)
+from pacs_fast.reward.verifier import (DEFAULT_TIME_LIMIT, EXTRACTIONS, STATUSES, ScoredItem, boxed_answers,
+                                       gold_parses, math_reward, score_item)
 
-__all__ = ["BatchResult", "BatchScorer", "DEFAULT_TIME_LIMIT", "STATUSES", "ScoredItem", "get_scorer",
-           "gold_parses", "math_reward", "score_batch", "score_item"]
+__all__ = ["BatchResult", "BatchScorer", "DEFAULT_TIME_LIMIT", "EXTRACTIONS", "STATUSES", "ScoredItem",
+           "boxed_answers", "get_scorer", "gold_parses", "math_reward", "score_batch", "score_item"]

@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Callable, Sequence
 
 from pacs_fast.reward.verifier import (DEFAULT_TIME_LIMIT, ERROR, NO_ANSWER, STATUSES, TIMEOUT,
-                                       _fast_score, score_item, warm_up)
+                                       _fast_score, check_extraction, score_item, warm_up)
 
 
 @dataclass
@@ -68,7 +68,7 @@ class BatchResult:
         return self.counts.get(NO_ANSWER, 0)
 
 
-def _worker_main(recv_conn, send_conn, time_limit: float | None) -> None:
+def _worker_main(recv_conn, send_conn, time_limit: float | None, extraction: str = "reference") -> None:
     """Worker loop: receive a chunk ``[(index, response, answer), ...]``, reply per item."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
     warm_up()  # imports and grammar caches, untimed: the parent sends items (with deadlines) after "ready"
@@ -81,12 +81,12 @@ def _worker_main(recv_conn, send_conn, time_limit: float | None) -> None:
         if chunk is None:
             return
         for index, response, answer in chunk:
-            item = score_item(response, answer, time_limit)
+            item = score_item(response, answer, time_limit, extraction)
             send_conn.send((index, item.score, item.status))
 
 
 def _worker_entry() -> None:
-    """Entry point of a worker interpreter: ``argv = [recv_fd, send_fd, time_limit]``."""
+    """Entry point of a worker interpreter: ``argv = [recv_fd, send_fd, time_limit, extraction]``."""
     try:  # die with the parent even when stuck in C code (Linux)
         import ctypes
 
@@ -95,7 +95,7 @@ def _worker_entry() -> None:
         pass
     recv_fd, send_fd = int(sys.argv[1]), int(sys.argv[2])
     time_limit = None if sys.argv[3] == "none" else float(sys.argv[3])
-    _worker_main(Connection(recv_fd, writable=False), Connection(send_fd, readable=False), time_limit)
+    _worker_main(Connection(recv_fd, writable=False), Connection(send_fd, readable=False), time_limit, sys.argv[4])
 
 
 _WORKER_CODE = "import sys; from pacs_fast.reward.batch import _worker_entry; _worker_entry()"
@@ -105,7 +105,7 @@ class _Worker:
     """One verifier interpreter started with ``subprocess`` (not ``multiprocessing``: no fork of a
     process holding CUDA state, and no re-import of the user's ``__main__``)."""
 
-    def __init__(self, time_limit: float | None):
+    def __init__(self, time_limit: float | None, extraction: str):
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         env = dict(os.environ)
@@ -114,7 +114,7 @@ class _Worker:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _WORKER_CODE, str(to_child_r), str(from_child_w),
-                 "none" if time_limit is None else repr(time_limit)],
+                 "none" if time_limit is None else repr(time_limit), extraction],
                 pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, env=env, close_fds=True)
         finally:
             os.close(to_child_r)
@@ -160,11 +160,12 @@ class BatchScorer:
         chunk_size: items per message to a worker (smaller chunks are used near the end of a batch).
         worker_alarm: ``False`` switches the in-worker alarm off, leaving every limit to the parent's
             watchdog (kill + replace); the tests use it to exercise that path.
+        extraction: what is read from a response: ``"reference"`` | ``"boxed"`` (pacs_fast/reward/verifier.py).
     """
 
     def __init__(self, num_workers: int | None = None, *, time_limit: float = DEFAULT_TIME_LIMIT,
                  grace: float = 1.0, chunk_size: int = 32,
-                 worker_alarm: bool = True):
+                 worker_alarm: bool = True, extraction: str = "reference"):
         if num_workers is None:
             num_workers = min(usable_cpus(), 16)
         if num_workers < 0:
@@ -175,6 +176,7 @@ class BatchScorer:
             raise ValueError(f"grace must be >= 0, got {grace}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.extraction = check_extraction(extraction)
         self.num_workers = num_workers
         self.time_limit = float(time_limit)
         self.grace = float(grace)
@@ -190,12 +192,12 @@ class BatchScorer:
         if self._closed:
             raise RuntimeError("BatchScorer is closed")
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self.time_limit if self.worker_alarm else None))
+            self._workers.append(_Worker(self.time_limit if self.worker_alarm else None, self.extraction))
 
     def _replace(self, w: _Worker) -> _Worker:
         w.kill()
         self.workers_replaced += 1
-        new = _Worker(self.time_limit if self.worker_alarm else None)
+        new = _Worker(self.time_limit if self.worker_alarm else None, self.extraction)
         self._workers[self._workers.index(w)] = new
         return new
 
@@ -241,7 +243,7 @@ class BatchScorer:
         if n:
             if self.num_workers == 0:
                 for i, (r, a) in enumerate(zip(responses, answers)):
-                    item = score_item(r, a, self.time_limit)
+                    item = score_item(r, a, self.time_limit, self.extraction)
                     scores[i], statuses[i] = item.score, item.status
                     if callback:
                         callback(i + 1)
@@ -358,23 +360,24 @@ class BatchScorer:
 _default: BatchScorer | None = None
 
 
-def get_scorer(num_workers: int | None = None, time_limit: float = DEFAULT_TIME_LIMIT) -> BatchScorer:
+def get_scorer(num_workers: int | None = None, time_limit: float = DEFAULT_TIME_LIMIT,
+               extraction: str = "reference") -> BatchScorer:
     """A process-wide scorer, created on first use and reused while the settings stay the same."""
     global _default
-    if _default is not None and (_default.time_limit != float(time_limit)
+    if _default is not None and (_default.time_limit != float(time_limit) or _default.extraction != extraction
                                  or (num_workers is not None and _default.num_workers != num_workers)):
         _default.close()
         _default = None
     if _default is None:
-        _default = BatchScorer(num_workers, time_limit=time_limit)
+        _default = BatchScorer(num_workers, time_limit=time_limit, extraction=extraction)
     return _default
 
 
 def score_batch(responses: Sequence[str], answers: Sequence[str] | str, *, num_workers: int | None = None,
-                time_limit: float = DEFAULT_TIME_LIMIT,
+                time_limit: float = DEFAULT_TIME_LIMIT, extraction: str = "reference",
                 callback: Callable[[int], None] | None = None) -> BatchResult:
     """Scores a batch with the shared :func:`get_scorer` pool (see :class:`BatchScorer`)."""
-    return get_scorer(num_workers, time_limit).score(responses, answers, callback=callback)
+    return get_scorer(num_workers, time_limit, extraction).score(responses, answers, callback=callback)
 
 
 @atexit.register

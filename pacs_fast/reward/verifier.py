@@ -26,6 +26,14 @@ separator U+066B and the full-width full stop U+FF0E between digits become ``.``
 between digit groups is left alone (``1 000`` may be a list), as is a comma (math-verify reads
 ``1,000`` itself).
 
+**Extraction** (``extraction=``, ``reward.extraction``, ``eval --extraction``): ``"reference"`` (the
+default: the PACS reference above) or ``"boxed"``: only the complete ``\\boxed{...}`` of a response are
+read (their set, as above), and a response without one scores 0 (``no_answer``). The reference reads
+more: with no box it takes a "final answer is" phrase's leading number, or the last number in the text,
+so an unfinished or truncated response, a hedge ("the answer is 5 or 6") or a negation ("the answer is
+not 5") can score 1 against a gold 5. Asked for ``\\boxed{}`` by the prompt, a model that answers
+without one gets no reward under ``"boxed"``.
+
 math-verify's own timeouts use ``signal.alarm`` with whole seconds and are swallowed inside the
 library, so here they are switched off and one wall-clock limit per item is enforced with
 ``signal.setitimer`` (main thread only). Some hostile inputs (huge integer powers) spend their
@@ -60,6 +68,7 @@ ERROR = "error"            # an unexpected exception or a crashed worker (score 
 STATUSES = (OK, NO_ANSWER, GOLD_ERROR, TIMEOUT, ERROR)
 
 DEFAULT_TIME_LIMIT = 5.0   # seconds per item (math-verify's own default per parse / verify call)
+EXTRACTIONS = ("reference", "boxed")  # what is read from a response (module docstring)
 
 _quiet_done = False
 
@@ -117,6 +126,11 @@ _GROUPED_RE = re.compile(r"(?<![0-9.])(?<![0-9],)" + _NOT_MID_RUN + r"([0-9]{1,3
                          + r")[0-9]{3})*)(?![0-9]|,[0-9]|(?:" + _SEP + r")[0-9])")  # not followed by more groups
 _NON_ASCII_DIGIT_RE = re.compile(r"(?![0-9])\d")  # \d on str is Unicode category Nd
 _DECIMAL_SEP_RE = re.compile(r"(?<=[0-9])[\u066b\uff0e](?=[0-9])")
+# a dash other than '-' (figure / en dash, small / full-width hyphen-minus) where a minus sign is meant
+_DASH_MINUS_RE = re.compile(r"[\u2012\u2013\ufe63\uff0d](?=[ \t]*[0-9.])")
+_DEGREE_RE = re.compile(r"(?<=[0-9}])[ \t]*\u00b0")  # 90° -> 90^\circ
+# a full stop closing a box's number ("\boxed{12.}"): math-verify reads no answer there
+_BOX_STOP_RE = re.compile(r"(\\boxed\{[^{}]{0,64}?[0-9])\.[ \t]*(?=\})")
 
 
 def _ungroup(m: re.Match) -> str:
@@ -132,15 +146,39 @@ def _ungroup(m: re.Match) -> str:
 def normalize_math_text(text: str) -> str:
     """Rewrites the written forms math-verify misses into ones it reads (module docstring):
     ``\\boxed {x}`` / ``\\fbox{x}`` -> ``\\boxed{x}``, ``1\\,000`` (and other digit-group separators)
-    -> ``1000``, non-ASCII decimal digits -> ASCII. Idempotent; linear time."""
+    -> ``1000``, non-ASCII decimal digits -> ASCII, a figure / en dash or full-width minus before a number
+    -> ``-``, ``90°`` -> ``90^\\circ``, ``\\boxed{12.}`` -> ``\\boxed{12}``. Idempotent; linear time."""
     if not isinstance(text, str):
         return text
     if not text.isascii():
         text = _NON_ASCII_DIGIT_RE.sub(lambda m: str(unicodedata.decimal(m.group(0))), text)
         text = _DECIMAL_SEP_RE.sub(".", text)
+        text = _DEGREE_RE.sub(r"^\\circ", _DASH_MINUS_RE.sub("-", text))
     if "\\boxed" in text or "\\fbox" in text:
-        text = _BOX_RE.sub(r"\\boxed", text)
+        text = _BOX_STOP_RE.sub(r"\1", _BOX_RE.sub(r"\\boxed", text))
     return _GROUPED_RE.sub(_ungroup, text)
+
+
+def boxed_answers(text: str) -> str:
+    """The complete ``\\boxed{...}`` of ``text`` (normalised), each as written, joined by spaces; ``""``
+    when there is none. A box left open (a truncated response) does not count. Linear time."""
+    out, start = [], text.find("\\boxed{")
+    while start >= 0:
+        depth, i = 0, start + 6
+        while i < len(text):
+            c = text[i]
+            if c == "\\":
+                i += 2  # an escaped character (\{, \}) never opens or closes the box
+                continue
+            depth += (c == "{") - (c == "}")
+            i += 1
+            if depth == 0:
+                out.append(text[start:i])
+                break
+        else:
+            break  # open to the end: no later box can be complete either
+        start = text.find("\\boxed{", i)
+    return " ".join(out)
 
 
 # -- the fast path: integer gold, one boxed integer ------------------------------------------------
@@ -197,19 +235,20 @@ def _fast_score(response: str, answer: str) -> ScoredItem | None:
     return item
 
 
-def _score_unlimited(response: str, answer: str) -> ScoredItem:
-    """The reference comparison with no time limit (callers bound the time): the fast path when it
-    applies (on the text as written, then on the normalised text), else math-verify."""
+def _score_unlimited(response: str, answer: str, extraction: str = "reference") -> ScoredItem:
+    """The comparison with no time limit (callers bound the time): the fast path when it applies (on the
+    text as written, then on the normalised text; exact under either extraction), else math-verify."""
     item = _fast_integer_score(response, answer)
     if item is not None:
         return item
     response, answer = normalize_math_text(response), normalize_math_text(answer)
     item = _fast_integer_score(response, answer)
-    return item if item is not None else _score_math_verify(response, answer)
+    return item if item is not None else _score_math_verify(response, answer, extraction)
 
 
-def _score_math_verify(response: str, answer: str) -> ScoredItem:
-    """The reference comparison through math-verify (after :func:`normalize_math_text`), no time limit."""
+def _score_math_verify(response: str, answer: str, extraction: str = "reference") -> ScoredItem:
+    """The comparison through math-verify (after :func:`normalize_math_text`), no time limit. ``"boxed"``:
+    math-verify reads only the response's complete boxes (:func:`boxed_answers`)."""
     from math_verify import parse, verify
 
     _quiet_math_verify()
@@ -222,7 +261,11 @@ def _score_math_verify(response: str, answer: str) -> ScoredItem:
         return ScoredItem(0.0, GOLD_ERROR)
     if not gold:
         return ScoredItem(0.0, GOLD_ERROR)
-    _, pred_cfg = _configs()
+    gold_cfg, pred_cfg = _configs()
+    if extraction == "boxed":
+        response, pred_cfg = boxed_answers(response), gold_cfg
+        if not response:
+            return ScoredItem(0.0, NO_ANSWER)
     try:
         pred = parse(response, pred_cfg, parsing_timeout=None)
     except ItemTimeout:
@@ -256,8 +299,16 @@ def warm_up() -> None:
         _warm_done = True
 
 
-def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TIME_LIMIT) -> ScoredItem:
-    """Scores one response with a status. Never raises on model output.
+def check_extraction(extraction) -> str:
+    if extraction not in EXTRACTIONS:
+        raise ValueError(f"extraction must be one of {EXTRACTIONS}, got {extraction!r}")
+    return extraction
+
+
+def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TIME_LIMIT,
+               extraction: str = "reference") -> ScoredItem:
+    """Scores one response with a status. Never raises on model output (an unknown ``extraction``: a
+    ValueError). ``extraction``: ``"reference"`` | ``"boxed"`` (module docstring).
 
     ``time_limit`` (seconds, float) is enforced with ``signal.setitimer`` when called from the main
     thread; from another thread (or with ``None``) the item runs without a limit. Items the exact
@@ -265,6 +316,7 @@ def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TI
     process first runs :func:`warm_up` (math-verify's import) outside the limit. The caller's
     SIGALRM handler and timer are restored afterwards.
     """
+    check_extraction(extraction)
     if not isinstance(response, str):
         return ScoredItem(0.0, ERROR)
     answer = str(answer)
@@ -276,7 +328,7 @@ def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TI
                  and threading.current_thread() is threading.main_thread())
     if not use_alarm:
         try:
-            return _score_unlimited(response, answer)
+            return _score_unlimited(response, answer, extraction)
         except Exception:
             return ScoredItem(0.0, ERROR)
 
@@ -291,7 +343,7 @@ def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TI
     try:
         signal.setitimer(signal.ITIMER_REAL, limit)
         try:
-            return _score_unlimited(response, answer)
+            return _score_unlimited(response, answer, extraction)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except ItemTimeout:
@@ -305,16 +357,18 @@ def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TI
             signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), old_interval)
 
 
-def math_reward(response: str, answer: str, *, time_limit: float | None = DEFAULT_TIME_LIMIT) -> float:
+def math_reward(response: str, answer: str, *, time_limit: float | None = DEFAULT_TIME_LIMIT,
+                extraction: str = "reference") -> float:
     """1.0 if ``response`` states an answer equivalent to ``answer`` (gold, LaTeX), else 0.0.
 
-    The PACS reference semantics (see the module docstring). Never raises on model output:
-    parse errors, timeouts and garbage all score 0.0.
+    The PACS reference semantics (see the module docstring); ``extraction="boxed"`` reads only the
+    response's complete ``\\boxed{}``. Never raises on model output: parse errors, timeouts and garbage
+    all score 0.0.
 
     >>> math_reward("... so the answer is $\\\\boxed{0.5}$.", "\\\\frac{1}{2}")
     1.0
     """
-    return score_item(response, answer, time_limit).score
+    return score_item(response, answer, time_limit, extraction).score
 
 
 def gold_parses(answer: str) -> bool:

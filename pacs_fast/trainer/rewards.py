@@ -78,12 +78,13 @@ class Scorer:
         return cls(cfg.train.reward_workers, noise_fp=rc.noise_fp, noise_fn=rc.noise_fn, seed=cfg.train.seed,
                    appeal=load_callable(rc.appeal, "reward.appeal") if rc.appeal else None,
                    algo=cfg.algo if rc.fn_rate == "appeal" else None, timeout_s=rc.user_fn_timeout_s,
-                   gather=gather)
+                   gather=gather, extraction=rc.extraction, time_limit=rc.time_limit_s)
 
     def __init__(self, workers: int, *, noise_fp: float = 0.0, noise_fn: float = 0.0, seed: int = 0,
-                 appeal=None, algo=None, timeout_s: float = 600.0, gather=None):
+                 appeal=None, algo=None, timeout_s: float = 600.0, gather=None, extraction: str = "reference",
+                 time_limit: float = 5.0):
         from pacs_fast.reward import BatchScorer
-        self.batch = BatchScorer(num_workers=workers)
+        self.batch = BatchScorer(num_workers=workers, extraction=extraction, time_limit=time_limit)
         self.memo: dict[tuple[str, str], float] = {}
         self.noise_fp, self.noise_fn, self.seed = float(noise_fp), float(noise_fn), int(seed)
         self.appeal, self.timeout_s = appeal, float(timeout_s)

@@ -1,0 +1,97 @@
+"""``extraction="boxed"`` (``reward.extraction``, ``eval --extraction``): only complete ``\\boxed{}`` answers
+are read. The reference extraction (PACS's, math-verify's own) pays responses that never state an answer:
+an unfinished one (the last number in the text), a hedge or a negation after "the answer is", a box cut off
+by the token limit. Measured on the shipped sets' reference solutions cut at 80% of the text before their
+answer (first 1,500 of each): 16.7% of gsm8k's and 6.5% of math_train's score 1 under the reference, 0% and
+2.1% under boxed (README, "Reward"). Also the written
+forms math-verify misses (``\\boxed{12.}``, an en dash for a minus, ``90°``), now normalised in both modes."""
+import json
+
+import pytest
+
+from pacs_fast.reward import BatchScorer, boxed_answers, math_reward, score_item
+from pacs_fast.reward.verifier import NO_ANSWER
+
+# (response, gold): no answer is stated, or a wrong one; the reference pays each of them
+UNEARNED = [
+    ("Let me compute. First, 2+3 = 5. Then we multiply by", "5"),          # unfinished: the last number
+    ("There are 12 edges, then", "12"),
+    ("The answer is not 5.", "5"),                                          # negation
+    ("The answer is 5 or 6.", "5"),                                         # hedge
+    ("The final answer is 2k+2", "2"),                                      # a leading number of an expression
+    ("So \\boxed{\\frac{1}{2} + \\sqrt", "\\frac{1}{2}"),                   # a box cut off at the token limit
+    ("\\boxed{6}. My final answer is $5$? No.", "5"),                       # a phrase outranking the box
+]
+EARNED = [
+    ("so the answer is \\boxed{5}.", "5"),
+    ("We get $\\boxed{\\dfrac{1}{2}}$", "0.5"),
+    ("\\boxed{3} and \\boxed{5}", "3, 5"),                                  # several boxes: their set, as before
+    ("the set is \\boxed{\\{1, 2\\}} done", "\\{1,2\\}"),                    # escaped braces inside a box
+    ("\\boxed{12.}", "12"),                                                 # normalised (math-verify read none)
+    ("\\boxed{\u20137}", "-7"),                                             # en dash as a minus
+    ("\\boxed{90\u00b0}", "90"),                                            # a degree sign
+]
+
+
+@pytest.mark.parametrize("response,gold", UNEARNED)
+def test_boxed_reads_no_unstated_answer(response, gold):
+    from math_verify import parse, verify
+
+    assert verify(parse("\\boxed{" + gold + "}"), parse(response))  # math-verify's own verdict: paid
+    assert math_reward(response, gold) == 1.0  # the reference extraction is unchanged
+    assert math_reward(response, gold, extraction="boxed") == 0.0
+
+
+@pytest.mark.parametrize("response,gold", EARNED)
+def test_both_extractions_pay_a_boxed_answer(response, gold):
+    assert math_reward(response, gold) == 1.0
+    assert math_reward(response, gold, extraction="boxed") == 1.0
+
+
+def test_the_normalised_forms_were_missed_before():
+    from math_verify import parse, verify
+
+    for response, gold in EARNED[-3:]:
+        assert not verify(parse("\\boxed{" + gold + "}"), parse(response)), response
+
+
+def test_a_response_without_a_complete_box_has_no_answer():
+    assert score_item("The answer is 5.", "5", extraction="boxed").status == NO_ANSWER
+    assert boxed_answers("a \\boxed{1} b \\boxed{\\frac{1}{2}} c \\boxed{2 + \\sqrt") == "\\boxed{1} \\boxed{\\frac{1}{2}}"
+    assert boxed_answers("\\boxed{" * 50_000) == ""  # open boxes: none, and no quadratic rescan
+    with pytest.raises(ValueError, match="extraction must be one of"):
+        score_item("x", "1", extraction="strict")
+
+
+def test_shipped_golds_boxed_score_one_in_boxed_mode():
+    """Every gold answer of the shipped benchmarks, boxed at the end of a response, is paid (a perfect model
+    loses nothing to the stricter extraction)."""
+    from pacs_fast.data.datasets import shipped_path
+
+    golds = []
+    for name in ("aime2024", "aime2025", "amc23", "math500"):
+        golds += [json.loads(line)["answer"] for line in open(shipped_path(name))]
+    scores = [math_reward(f"... so the answer is \\boxed{{{g}}}.", g, extraction="boxed") for g in golds]
+    missed = [g for g, s in zip(golds, scores) if s != 1.0]
+    assert len(golds) == 600 and not missed, missed[:10]
+
+
+def test_worker_processes_score_as_inline():
+    texts = [r for r, _ in UNEARNED + EARNED]
+    golds = [g for _, g in UNEARNED + EARNED]
+    with BatchScorer(num_workers=1, extraction="boxed") as pool:
+        assert pool.score(texts, golds).scores == [0.0] * len(UNEARNED) + [1.0] * len(EARNED)
+
+
+def test_the_trainer_and_its_config_pass_it_on():
+    from pacs_fast.config import load_config, validate
+    from pacs_fast.trainer.rewards import Scorer
+
+    cfg = load_config(None, ["reward.extraction=boxed", "reward.time_limit_s=2.5"])
+    scorer = Scorer.from_config(cfg)
+    assert (scorer.batch.extraction, scorer.batch.time_limit) == ("boxed", 2.5)
+    assert scorer.clean(["The answer is not 5.", "\\boxed{5}"], ["5", "5"]) == [0.0, 1.0]
+    for bad, key in ((["reward.extraction=strict"], "reward.extraction"), (["reward.time_limit_s=0"],
+                                                                          "reward.time_limit_s")):
+        with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+            validate(load_config(None, bad), world=1)
