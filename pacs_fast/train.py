@@ -101,8 +101,9 @@ def fail(message: str, code: int) -> None:
 def stopped(signum: int, run_dir: Path) -> None:
     """One line (global rank 0) and exit status 128 + the signal (130 for Ctrl-C, 143 for SIGTERM)."""
     if os.environ.get("RANK", "0") == "0":
-        print(f"\nstopped by {signals.name(signum)}: continue with --resume {run_dir} (from its last checkpoint)",
-              file=sys.stderr, flush=True)
+        then = (f"continue with --resume {run_dir} (from its last checkpoint)" if (run_dir / "config.yaml").is_file()
+                else "it stopped before its setup finished (nothing to resume): run the same command again")
+        print(f"\nstopped by {signals.name(signum)}: {then}", file=sys.stderr, flush=True)
     sys.exit(signals.exit_status(signum))
 
 

@@ -154,8 +154,7 @@ def save_checkpoint(run_dir: str | Path, step: int, *, learner, model_dir: str |
             shutil.rmtree(final)
         os.replace(tmp, final)
         write_text_atomic(ckpt_root / "latest", name + "\n")
-        for old in sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune(ckpt_root, final, keep)
     world.barrier()
     return final
 
@@ -206,7 +205,7 @@ def problem_of(path: Path) -> str | None:
 
 def checkpoints_newest_first(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
-    return sorted((p for p in root.glob("step_*") if p.is_dir()), key=lambda p: p.name, reverse=True)
+    return sorted((p for p in root.glob("step_*") if p.is_dir() and _step_of(p) >= 0), key=_step_of, reverse=True)
 
 
 def step_of(path: Path) -> int:
@@ -262,7 +261,24 @@ def settle_after_resume(run_dir: str | Path, restored: Path, keep: int) -> None:
     root = Path(run_dir) / "checkpoints"
     if latest_name(run_dir) != restored.name:
         write_text_atomic(root / "latest", restored.name + "\n")
-    older = sorted(p for p in root.glob("step_*") if p.is_dir() and p.name <= restored.name)
+    prune(root, restored, keep)
+
+
+def _step_of(folder: Path) -> int:
+    """:func:`step_of`, -1 for a folder named otherwise (never pruned)."""
+    try:
+        return step_of(folder)
+    except ValueError:
+        return -1
+
+
+def prune(root: Path, newest: Path, keep: int) -> None:
+    """Of ``newest`` and the checkpoints older than it, only the newest ``keep`` stay (0: all). Newer ones are
+    left alone: damaged ones a resume skipped (the run writes those steps again and replaces them). Pruning
+    over every folder deleted the checkpoint just written and the one the run resumed from, keeping only
+    the damaged newer one: the run could not be resumed."""
+    upto = _step_of(newest)
+    older = sorted((p for p in root.glob("step_*") if p.is_dir() and 0 <= _step_of(p) <= upto), key=_step_of)
     for old in older[:-keep] if keep else []:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pacs_fast.files import write_atomic
+
 PANELS = [
     ("train", "reward/mean", "train reward"),
     ("eval", "eval/acc", "held-out accuracy (sampled)"),
@@ -46,8 +48,7 @@ def plot_run(run_dir: str | Path, records: list[dict], calibration=None) -> list
             ax.axis("off")
         fig.tight_layout()
         path = out_dir / "curves.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        _save(fig, path)
         written.append(path)
     if calibration is not None and len(calibration[0]):
         import numpy as np
@@ -67,7 +68,16 @@ def plot_run(run_dir: str | Path, records: list[dict], calibration=None) -> list
         ax.set_title("PACS calibration", fontsize=9)
         fig.tight_layout()
         path = out_dir / "calibration.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        _save(fig, path)
         written.append(path)
     return written
+
+
+def _save(fig, path: Path) -> None:
+    """Written whole, then renamed over the old plot (a kill mid-write left a 0-byte PNG in its place)."""
+    import matplotlib.pyplot as plt
+
+    try:
+        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"), fsync=False)
+    finally:
+        plt.close(fig)

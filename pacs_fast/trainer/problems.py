@@ -5,9 +5,23 @@ format (``prompt``); other datasets go through the chat template (:mod:`pacs_fas
 """
 from __future__ import annotations
 
+import hashlib
+import json
+
 import torch
 
 from pacs_fast.config import Config
+
+
+def data_digest(train: list[dict], held_out: list[dict]) -> str:
+    """SHA-1 of the training and held-out problems and answers, in order (kept in each checkpoint: a resume
+    on edited, moved or replaced data would not continue the same training)."""
+    h = hashlib.sha1()
+    for rows in (train, held_out):
+        for row in rows:
+            h.update(json.dumps([row.get("problem"), row.get("answer")], ensure_ascii=False).encode("utf-8"))
+        h.update(b"|")
+    return h.hexdigest()
 
 
 def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:

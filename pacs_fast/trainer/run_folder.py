@@ -73,9 +73,14 @@ class RunLock:
     def __init__(self, run_dir: str | Path, *, new: bool, what: str = "run folder",
                  other: str = "choose another train.run_name"):
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / LOCK_FILE
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = None
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a read-only mount, no permission: one line, not a traceback
+            raise ValueError(f"{what} {str(self.run_dir)!r} cannot be written ({e.strerror or e}): a run writes its "
+                             f"lock, metrics and checkpoints there (nothing was changed)") from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -135,7 +140,10 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
     if not run_dir.is_dir():
         raise ValueError(f"--resume {run_dir}: no such run folder")
     if not saved.is_file():
-        raise ValueError(f"--resume {run_dir}: no {CONFIG_FILE} there (is it a run folder?)")
+        copies = sorted((run_dir / "checkpoints").glob(f"step_*/{CONFIG_FILE}"))
+        hint = (f"; the newest checkpoint holds a copy of the run's config: {copies[-1]}" if copies else
+                " (is it a run folder? a run stopped before its setup finished has none: run its command again)")
+        raise ValueError(f"--resume {run_dir}: no {CONFIG_FILE} there{hint}")
     run = run_dir.resolve().parent.parent
     if run_dir.resolve().parent.name == "checkpoints" and (run / CONFIG_FILE).is_file():
         # a checkpoint holds a copy of config.yaml: taken for a run, it would start again from step 0 in there
@@ -149,7 +157,8 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
     if checkpoint is not None and (checkpoint / CONFIG_FILE).is_file():
         stored = to_dict(load_config(checkpoint / CONFIG_FILE))
         now = to_dict(cfg)
-        diff = [f"{s}.{k}" for s in now for k in now[s] if now[s][k] != stored.get(s, {}).get(k)]
+        diff = [f"{s}.{k}" for s in now for k in now[s]
+                if now[s][k] != stored.get(s, {}).get(k) and f"{s}.{k}" not in SAFE_RESUME_KEYS]  # (overrides)
         if diff:
             raise ValueError(f"--resume {run_dir}: {CONFIG_FILE} differs from the config stored in {checkpoint.name} "
                              f"({', '.join(diff[:5])}{', ...' if len(diff) > 5 else ''}); restore it (e.g. copy "
@@ -157,6 +166,7 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
     for text in overrides:
         key, value = parse_override(text)
         if key not in SAFE_RESUME_KEYS:
+            load_config(None, [text])  # an unknown key or a bad value: that error, naming it
             raise ValueError(f"--resume: {key} cannot change in a resumed run (it would not continue the same "
                              f"training); allowed: {', '.join(sorted(SAFE_RESUME_KEYS))}")
     return load_config(saved, overrides)

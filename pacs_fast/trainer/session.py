@@ -7,6 +7,7 @@ run either resumed from its newest usable checkpoint or its starting policy eval
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -20,15 +21,15 @@ import torch
 from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
 from pacs_fast.openmp import threads_beside_other_jobs
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
-from pacs_fast.trainer.checkpoint import (checkpoints_newest_first, remove_stale_temporaries, restore_newest,
-                                          settle_after_resume)
+from pacs_fast.trainer.checkpoint import (checkpoints_newest_first, problem_of, remove_stale_temporaries,
+                                          restore_newest, settle_after_resume)
 from pacs_fast.trainer.correction import correction_warnings
 from pacs_fast.trainer.evaluation import eval_line, evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
 from pacs_fast.trainer.preflight import (check_cpus, check_megatron_model, check_memory, check_tensor_parallel,
                                          memory_warnings, model_context)
-from pacs_fast.trainer.problems import check_context, check_token_budget, encode, load_problems
+from pacs_fast.trainer.problems import check_context, check_token_budget, data_digest, encode, load_problems
 from pacs_fast.trainer.rewards import Scorer, check_callables
 from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir
 from pacs_fast.trainer.sampler import PromptSampler
@@ -63,6 +64,7 @@ class Session:
     initial_eval: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     wall_before: float = 0.0  # wall time of the kept steps in earlier sessions (the checkpoint resumed from)
+    data_sha1: str = ""  # problems.data_digest of the training and held-out problems (kept in each checkpoint)
     t_start: float = field(default_factory=time.perf_counter)  # when this session started (train() sets it)
 
     def wall_time(self) -> float:
@@ -135,6 +137,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
             f"(train.threads sets them)")
     try:
         train_problems, held_out = load_problems(cfg)  # bad files fail here, before any model work
+        data_sha1 = data_digest(train_problems, held_out)
+        if resume:
+            check_same_data(run_dir, cfg, data_sha1)
         model_path, timings = find_model(cfg, train_problems, world, log)
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -149,7 +154,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         if folder:
             folder.close()
         raise SetupError(str(e)) from e
-    if folder and not resume:
+    if folder:  # a resume records its overrides (SAFE_RESUME_KEYS): the next resume and checkpoints read them
         folder.write_config(cfg)
 
     device = resolve_device(cfg)
@@ -160,7 +165,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
                 learner=learner, engine=engine, sync=sync, scorer=scorer,
                 sampler=PromptSampler(len(train_problems), seed=cfg.train.seed, shuffle=cfg.data.shuffle),
                 train_problems=train_problems, held_out=held_out, progress=progress, folder=folder, timings=timings,
-                credit=StepCredit.from_config(cfg, tokenizer))
+                credit=StepCredit.from_config(cfg, tokenizer), data_sha1=data_sha1)
     state = {}
     # a run stopped before its first checkpoint starts again from step 0 in its folder (earlier records superseded)
     restart = bool(world.broadcast(resume and not checkpoints_newest_first(run_dir) if world.is_main else None))
@@ -177,7 +182,11 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         s.start_step = state["step"]
         s.batches = int(state.get("batches", s.start_step))  # (checkpoints before dynamic sampling: one per step)
         s.wall_before = float(state.get("wall_time_s", 0.0))  # (checkpoints before it: this session only)
-        s.sampler.load_state_dict(state["sampler"])
+        try:
+            s.sampler.load_state_dict(state["sampler"])
+        except ValueError as e:  # (a checkpoint from before the data digest: its problem count differs)
+            s.close()
+            raise SetupError(f"--resume {run_dir}: {e}; restore data.dataset as it was") from e
         if "scorer" in state and hasattr(s.scorer, "load_state_dict"):
             s.scorer.load_state_dict(state["scorer"])
         s.sync()
@@ -216,3 +225,17 @@ def find_model(cfg: Config, train_problems: list[dict], world: World, log) -> tu
     if not first_on_node:
         path = default_model(cfg, train_problems, log=log)
     return path, {"time/warmup": time.perf_counter() - t0}
+
+
+def check_same_data(run_dir: Path, cfg: Config, data_sha1: str) -> None:
+    """ValueError before any model work when the problems differ from those of the checkpoint a resume
+    continues from (its ``trainer_state.json``; checkpoints from before the digest: not checked)."""
+    intact = [p for p in checkpoints_newest_first(run_dir) if problem_of(p) is None]
+    try:
+        stored = json.loads((intact[0] / "trainer_state.json").read_text()).get("data_sha1") if intact else None
+    except (OSError, ValueError):
+        stored = None
+    if stored and stored != data_sha1:
+        raise ValueError(f"--resume {run_dir}: the problems differ from those {intact[0].name} trained on "
+                         f"(data.dataset {cfg.data.dataset!r} or data.eval_dataset was edited, moved or replaced): "
+                         f"restore them, or start a new run from its weights (model.path={intact[0]})")
