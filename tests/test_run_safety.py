@@ -96,8 +96,9 @@ def test_resume_refuses_a_cut_or_changed_config(finished, tmp_path, capsys, dama
     args = ["--resume", str(run)]
     if damage == "cut":
         cfg.write_text(cfg.read_text()[: len(cfg.read_text()) // 3] + "\n  - [")
-    elif damage == "edited":
-        cfg.write_text(cfg.read_text().replace("steps: 4", "steps: 300", 1))
+    elif damage == "edited":  # a key a resume cannot change (the safe ones, e.g. train.steps, are overrides)
+        assert "  beta: 1.0\n" in cfg.read_text()
+        cfg.write_text(cfg.read_text().replace("  beta: 1.0\n", "  beta: 2.0\n", 1))
     else:
         args.append("algo.beta=2.0")
     code, _, err = cli(args, capsys)
