@@ -72,6 +72,10 @@ def resolve(args) -> tuple[object, Path]:
         intact = [p for p in checkpoints_newest_first(run_dir) if problem_of(p) is None]
         cfg = resume_config(run_dir, args.overrides, checkpoint=intact[0] if intact else None)
         check_resumable(run_dir, cfg.train.steps)
+        if cfg.model.path and not Path(cfg.model.path).expanduser().exists() and intact:
+            raise ValueError(f"--resume {run_dir}: model.path {cfg.model.path!r} no longer exists; the run's "
+                             f"checkpoints hold the model: copy one out (cp -r {intact[0]} DIR) and continue with "
+                             f"--resume {run_dir} model.path=DIR")
     else:
         cfg = load_config(args.config, args.overrides)
         validate(cfg)

@@ -131,3 +131,32 @@ def test_plots_are_written_whole(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         plots.plot_run(tmp_path, records)
     assert {p: p.read_bytes() for p in first} == good  # the old plot stays whole
+
+
+def test_a_run_whose_model_folder_is_gone_resumes_from_a_copy(finished, tmp_path, capsys, cache):  # noqa: F811
+    """Its checkpoints hold the model, but model.path could not change on --resume: a dead end."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(finished / "checkpoints" / "step_000004", model)
+    args = TINY + [f"warmup.cache_dir={cache}", f"train.out_dir={tmp_path}", "train.run_name=r", "train.steps=1",
+                   "train.save_every=1", f"model.path={model}"]
+    code, _, err = cli(args, capsys)
+    assert code == 0, err
+    run = tmp_path / "r"
+    code, _, err = cli(["--resume", str(run), f"model.path={finished}"], capsys)  # the old one still exists
+    assert code == 2 and "model.path cannot change in a resumed run" in err, err
+    shutil.rmtree(model)
+    code, _, err = cli(["--resume", str(run), "train.steps=2"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "no longer exists" in err and "model.path=DIR" in err, err
+    inside = run / "checkpoints" / "step_000001"
+    code, _, err = cli(["--resume", str(run), "train.steps=2", f"model.path={inside}"], capsys)
+    assert code == 2 and "is inside the run" in err, err
+    moved = tmp_path / "moved"
+    shutil.copytree(inside, moved)
+    code, out, err = cli(["--resume", str(run), "train.steps=2", f"model.path={moved}"], capsys)
+    assert code == 0 and "step_000001 (step 1)" in out, err
+    assert f"path: {moved}" in (run / "config.yaml").read_text()
+    code, _, err = cli(["--resume", str(run), "train.steps=3"], capsys)  # recorded: a plain resume continues
+    assert code == 0, err
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3]

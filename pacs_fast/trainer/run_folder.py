@@ -10,7 +10,8 @@ atomically or append-only.
 - :func:`resume_config`: ``--resume`` reads ``config.yaml`` and checks it against the copy stored
   in the newest checkpoint; a cut or edited ``config.yaml`` is refused with a clear message, and a
   command-line override is accepted only for the keys that cannot change what was trained
-  (:data:`SAFE_RESUME_KEYS`: more steps, logging, threads).
+  (:data:`SAFE_RESUME_KEYS`: more steps, logging, threads), and ``model.path`` when the recorded folder is
+  gone (the checkpoint restores the weights; a folder inside the run is refused: pruning deletes it).
 - :class:`RunFolder`: ``config.yaml`` and ``summary.json`` (atomic), ``samples.jsonl``
   (append-only: a few rollouts per step, with their prompt, response, reward and score terms; a
   resumed run appends a resume marker, as in ``metrics.jsonl``).
@@ -158,18 +159,36 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
         stored = to_dict(load_config(checkpoint / CONFIG_FILE))
         now = to_dict(cfg)
         diff = [f"{s}.{k}" for s in now for k in now[s]
-                if now[s][k] != stored.get(s, {}).get(k) and f"{s}.{k}" not in SAFE_RESUME_KEYS]  # (overrides)
+                if now[s][k] != stored.get(s, {}).get(k) and f"{s}.{k}" not in SAFE_RESUME_KEYS  # (overrides)
+                and not (f"{s}.{k}" == "model.path" and _gone(stored.get(s, {}).get(k)))]  # (a moved model)
         if diff:
             raise ValueError(f"--resume {run_dir}: {CONFIG_FILE} differs from the config stored in {checkpoint.name} "
                              f"({', '.join(diff[:5])}{', ...' if len(diff) > 5 else ''}); restore it (e.g. copy "
                              f"{checkpoint / CONFIG_FILE}) or start a new run")
     for text in overrides:
         key, value = parse_override(text)
+        if key == "model.path" and _gone(cfg.model.path):
+            _check_moved_model(run_dir, cfg.model.path, value)
+            continue
         if key not in SAFE_RESUME_KEYS:
             load_config(None, [text])  # an unknown key or a bad value: that error, naming it
             raise ValueError(f"--resume: {key} cannot change in a resumed run (it would not continue the same "
                              f"training); allowed: {', '.join(sorted(SAFE_RESUME_KEYS))}")
     return load_config(saved, overrides)
+
+
+def _gone(model_path) -> bool:
+    return bool(model_path) and not Path(str(model_path)).expanduser().exists()
+
+
+def _check_moved_model(run_dir: Path, old: str, new) -> None:
+    """``model.path`` may change on ``--resume`` only when the recorded folder is gone (moved, deleted): the
+    checkpoint restores the weights, the folder gives the architecture, tokenizer and files each checkpoint
+    copies. Not a folder inside the run: pruning would delete it while the run reads it."""
+    new_path = Path(str(new)).expanduser().resolve()
+    if new_path == run_dir.resolve() or run_dir.resolve() in new_path.parents:
+        raise ValueError(f"--resume {run_dir}: model.path={new} is inside the run, whose pruning deletes old "
+                         f"checkpoints; copy it out first (cp -r {new} DIR) and give model.path=DIR")
 
 
 class RunFolder:
