@@ -160,3 +160,18 @@ def test_a_run_whose_model_folder_is_gone_resumes_from_a_copy(finished, tmp_path
     code, _, err = cli(["--resume", str(run), "train.steps=3"], capsys)  # recorded: a plain resume continues
     assert code == 0, err
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3]
+
+
+def test_a_run_folder_given_as_a_model_names_its_checkpoint(finished, tmp_path, capsys):  # noqa: F811
+    """``eval --model RUN`` / ``model.path=RUN`` said only "no config.json"; ``RUN/checkpoints/latest`` (a text
+    file) only "is a file"."""
+    from pacs_fast import eval as ev
+    from pacs_fast.config import load_config, validate
+
+    newest = finished / "checkpoints" / "step_000004"
+    for given in (finished, finished / "checkpoints", finished / "checkpoints" / "latest"):
+        with pytest.raises(ValueError, match=f"that is a training run: give one of its checkpoints, e.g. the newest, "
+                                             f"{newest}"):
+            validate(load_config(None, [f"model.path={given}", "data.dataset=math500"]), world=1)
+        assert ev.main(["--model", str(given), "--benchmarks", "math500", "--out", str(tmp_path / "e")]) == 2
+        assert f"e.g. the newest, {newest}" in capsys.readouterr().err

@@ -15,6 +15,17 @@ from pathlib import Path
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
+def run_folder_hint(folder: str | Path) -> str:
+    """``"; ..."`` naming the checkpoint to give when ``folder`` is a training run (or its ``checkpoints``),
+    else ``""``. A checkpoint, not the run, is a model folder."""
+    folder = Path(folder)
+    root = folder if folder.name == "checkpoints" else folder / "checkpoints"
+    steps = sorted(p for p in root.glob("step_*") if (p / "config.json").is_file()) if root.is_dir() else []
+    if not steps:
+        return ""
+    return f"; that is a training run: give one of its checkpoints, e.g. the newest, {steps[-1]}"
+
+
 def has_tokenizer(folder: str | Path) -> bool:
     """Whether ``folder`` holds one of :data:`TOKENIZER_FILES`."""
     return any((Path(folder) / f).is_file() for f in TOKENIZER_FILES)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pacs_fast.config.model_files import TOKENIZER_FILES, has_tokenizer, weights_problem
+from pacs_fast.config.model_files import TOKENIZER_FILES, has_tokenizer, run_folder_hint, weights_problem
 from pacs_fast.config.schema import ALGORITHMS, Config, field_types, section_classes
 
 
@@ -233,9 +233,11 @@ def _validate_paths(cfg: Config) -> None:
             raise ValueError(f"model.path {cfg.model.path!r} does not exist (give a Hugging Face model folder, "
                              f"or leave it empty for the built-in tiny model)")
         if not path.is_dir():
-            raise ValueError(f"model.path {cfg.model.path!r} is a file; give the Hugging Face model folder")
+            raise ValueError(f"model.path {cfg.model.path!r} is a file; give the Hugging Face model folder"
+                             f"{run_folder_hint(path.parent)}")
         if not (path / "config.json").is_file():
-            raise ValueError(f"model.path {cfg.model.path!r} has no config.json: not a Hugging Face model folder")
+            raise ValueError(f"model.path {cfg.model.path!r} has no config.json: not a Hugging Face model folder"
+                             f"{run_folder_hint(path)}")
         if not has_tokenizer(path):
             raise ValueError(f"model.path {cfg.model.path!r} has no tokenizer files ({' / '.join(TOKENIZER_FILES)}): "
                              f"copy the model's tokenizer into that folder")

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from pacs_fast.config.model_files import TOKENIZER_FILES, has_tokenizer, weights_problem
+from pacs_fast.config.model_files import TOKENIZER_FILES, has_tokenizer, run_folder_hint, weights_problem
 
 
 class UsageError(Exception):
@@ -38,9 +38,11 @@ def check_model(model: str) -> None:
     path = Path(model).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise UsageError(f"--model {model}: is a file; give the model's folder (the one holding config.json)")
+            raise UsageError(f"--model {model}: is a file; give the model's folder (the one holding config.json)"
+                             f"{run_folder_hint(path.parent)}")
         if not (path / "config.json").is_file():
-            raise UsageError(f"--model {model}: no config.json in that folder (not a Hugging Face model folder)")
+            raise UsageError(f"--model {model}: no config.json in that folder (not a Hugging Face model folder)"
+                             f"{run_folder_hint(path)}")
         if not has_tokenizer(path):  # transformers would build an empty tokenizer without a word
             raise UsageError(f"--model {model}: no tokenizer files in that folder ({' / '.join(TOKENIZER_FILES)}); "
                              f"copy the model's tokenizer into it")
