@@ -41,7 +41,7 @@ from pacs_fast.config import ATTENTIONS  # noqa: E402
 from pacs_fast.config.model_files import trained_positions
 from pacs_fast.data.datasets import BENCHMARKS
 from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, load_benchmarks,
-                                       read_json)
+                                       model_label, read_json)
 from pacs_fast.files import write_text_atomic
 from pacs_fast.evaluation.report import markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, load_results,
@@ -269,7 +269,7 @@ def run(argv: list[str]) -> int:
     from pacs_fast.data.prompts import INSTRUCTION, SYSTEM_PROMPT
 
     model_id = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
-    label = args.label or Path(args.model.rstrip("/")).name
+    label = args.label or model_label(args.model)
     out_dir = Path(args.out or Path("eval_results") / label)
     sets, sources = load_benchmarks(args.benchmarks, args)
     if isinstance(args.n, dict) and set(args.n) - set(sets):
@@ -421,7 +421,7 @@ def report(argv: list[str]) -> int:
     if cfg.exists():
         meta["settings"] = read_json(cfg, "run settings file")
         meta["model"] = meta["settings"].get("model")
-    meta["label"] = args.label or (Path(meta["model"]).name if meta.get("model") else out_dir.name)
+    meta["label"] = args.label or (model_label(meta["model"]) if meta.get("model") else out_dir.name)
     try:
         results = results_from_samples(out_dir, ks=args.k, meta=meta)
     except ValueError as e:

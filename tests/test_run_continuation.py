@@ -175,3 +175,11 @@ def test_a_run_folder_given_as_a_model_names_its_checkpoint(finished, tmp_path, 
             validate(load_config(None, [f"model.path={given}", "data.dataset=math500"]), world=1)
         assert ev.main(["--model", str(given), "--benchmarks", "math500", "--out", str(tmp_path / "e")]) == 2
         assert f"e.g. the newest, {newest}" in capsys.readouterr().err
+
+
+def test_checkpoints_of_two_runs_get_two_labels():
+    from pacs_fast.evaluation.args import model_label
+
+    assert model_label("runs/a/checkpoints/step_000060/") == "a-step_000060"
+    assert model_label("runs/b/checkpoints/step_000060") == "b-step_000060"
+    assert model_label("/models/Qwen2.5-0.5B") == "Qwen2.5-0.5B"

@@ -186,3 +186,13 @@ def _load_problems(entry: str, args) -> tuple[str, list]:
     if not problems:
         raise UsageError(f"benchmark {name} ({entry}) holds no problems")
     return name, problems
+
+
+def model_label(model: str) -> str:
+    """The default label (and ``eval_results/`` folder) of a model: its folder's name, with its run's name
+    for a training checkpoint (``RUN/checkpoints/step_000060`` -> ``RUN-step_000060``): the same step of two
+    runs gave two rows labelled alike, and their evals one default folder."""
+    path = Path(model.rstrip("/"))
+    if path.parent.name == "checkpoints" and path.parent.parent.name:
+        return f"{path.parent.parent.name}-{path.name}"
+    return path.name
