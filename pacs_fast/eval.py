@@ -102,7 +102,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (smoke runs)")
     p.add_argument("--out", default=None, help="output folder (default eval_results/<model name>)")
-    p.add_argument("--label", default=None, help="model name in tables and plots (default: folder name)")
+    p.add_argument("--label", default=None,
+                   help="model name in tables and plots (default: folder name; RUN-step_N for a training checkpoint)")
     p.add_argument("--overwrite", action="store_true", help="discard existing samples in --out")
     p.add_argument("--samples-per-call", type=int, default=2048,
                    help="samples generated per engine call; also the resume granularity")
