@@ -95,3 +95,9 @@ def test_the_trainer_and_its_config_pass_it_on():
                                                                           "reward.time_limit_s")):
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
             validate(load_config(None, bad), world=1)
+
+
+def test_a_dash_between_numbers_stays_a_dash():
+    from pacs_fast.reward.verifier import normalize_math_text
+
+    assert normalize_math_text("pages 3\u20135, x = \u20132") == "pages 3\u20135, x = -2"  # a range; a minus sign

@@ -126,8 +126,9 @@ _GROUPED_RE = re.compile(r"(?<![0-9.])(?<![0-9],)" + _NOT_MID_RUN + r"([0-9]{1,3
                          + r")[0-9]{3})*)(?![0-9]|,[0-9]|(?:" + _SEP + r")[0-9])")  # not followed by more groups
 _NON_ASCII_DIGIT_RE = re.compile(r"(?![0-9])\d")  # \d on str is Unicode category Nd
 _DECIMAL_SEP_RE = re.compile(r"(?<=[0-9])[\u066b\uff0e](?=[0-9])")
-# a dash other than '-' (figure / en dash, small / full-width hyphen-minus) where a minus sign is meant
-_DASH_MINUS_RE = re.compile(r"[\u2012\u2013\ufe63\uff0d](?=[ \t]*[0-9.])")
+# a dash other than '-' (figure / en dash, small / full-width hyphen-minus) where a minus sign is meant: before a
+# number, not right after one (``3–5`` is a range)
+_DASH_MINUS_RE = re.compile(r"(?<![0-9A-Za-z)\]}.])[\u2012\u2013\ufe63\uff0d](?=[ \t]*[0-9.])")
 _DEGREE_RE = re.compile(r"(?<=[0-9}])[ \t]*\u00b0")  # 90° -> 90^\circ
 # a full stop closing a box's number ("\boxed{12.}"): math-verify reads no answer there
 _BOX_STOP_RE = re.compile(r"(\\boxed\{[^{}]{0,64}?[0-9])\.[ \t]*(?=\})")
