@@ -40,7 +40,7 @@ from pacs_fast.openmp import quiet_openmp_waits
 quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, then sleep (pacs_fast/openmp.py)
 
 from pacs_fast.config import help_text, load_config, validate  # noqa: E402
-from pacs_fast.trainer.run_folder import claim_run_dir, resume_config  # noqa: E402
+from pacs_fast.trainer.run_folder import check_moved_files, claim_run_dir, resume_config  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None):
@@ -72,10 +72,7 @@ def resolve(args) -> tuple[object, Path]:
         intact = [p for p in checkpoints_newest_first(run_dir) if problem_of(p) is None]
         cfg = resume_config(run_dir, args.overrides, checkpoint=intact[0] if intact else None)
         check_resumable(run_dir, cfg.train.steps)
-        if cfg.model.path and not Path(cfg.model.path).expanduser().exists() and intact:
-            raise ValueError(f"--resume {run_dir}: model.path {cfg.model.path!r} no longer exists; the run's "
-                             f"checkpoints hold the model: copy one out (cp -r {intact[0]} DIR) and continue with "
-                             f"--resume {run_dir} model.path=DIR")
+        check_moved_files(run_dir, cfg, intact[0] if intact else None)
     else:
         cfg = load_config(args.config, args.overrides)
         validate(cfg)

@@ -57,6 +57,26 @@ def test_resume_overrides_are_recorded_and_read_by_the_next_resume(finished, tmp
     assert steps == list(range(1, 9))
 
 
+def test_a_moved_dataset_file_is_given_again_and_checked(finished, tmp_path, capsys, cache):  # noqa: F811
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(40)))
+    args = TINY + [f"warmup.cache_dir={cache}", f"train.out_dir={tmp_path}", "train.run_name=r", "train.steps=1",
+                   "train.save_every=1", f"data.dataset={data}", f"model.path={finished / 'checkpoints' / 'step_000004'}"]
+    code, _, err = cli(args, capsys)
+    assert code == 0, err
+    run, moved = tmp_path / "r", tmp_path / "elsewhere.jsonl"
+    data.rename(moved)
+    code, _, err = cli(["--resume", str(run), "train.steps=2"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "data.dataset" in err and "no longer exists" in err, err
+    other = tmp_path / "other.jsonl"
+    other.write_text(moved.read_text().replace('"answer": "0"', '"answer": "7"'))
+    code, _, err = cli(["--resume", str(run), "train.steps=2", f"data.dataset={other}"], capsys)
+    assert code == 2 and "the problems differ" in err, err  # moved, but not the same problems
+    code, out, err = cli(["--resume", str(run), "train.steps=2", f"data.dataset={moved}"], capsys)
+    assert code == 0 and "(step 1)" in out, err
+    assert f"dataset: {moved}" in (run / "config.yaml").read_text()
+
+
 @pytest.mark.parametrize("edit", ["changed", "shorter"])
 def test_a_resume_on_other_data_is_one_line_before_any_model_work(finished, tmp_path, capsys, cache, monkeypatch,  # noqa: F811
                                                                   edit):

@@ -10,8 +10,9 @@ atomically or append-only.
 - :func:`resume_config`: ``--resume`` reads ``config.yaml`` and checks it against the copy stored
   in the newest checkpoint; a cut or edited ``config.yaml`` is refused with a clear message, and a
   command-line override is accepted only for the keys that cannot change what was trained
-  (:data:`SAFE_RESUME_KEYS`: more steps, logging, threads), and ``model.path`` when the recorded folder is
-  gone (the checkpoint restores the weights; a folder inside the run is refused: pruning deletes it).
+  (:data:`SAFE_RESUME_KEYS`: more steps, logging, threads), and :data:`MOVABLE_KEYS` (``model.path``, the
+  data files) when the recorded one is gone (the checkpoint restores the weights, the problems' digest is
+  checked; a model folder inside the run is refused: pruning deletes it).
 - :class:`RunFolder`: ``config.yaml`` and ``summary.json`` (atomic), ``samples.jsonl``
   (append-only: a few rollouts per step, with their prompt, response, reward and score terms; a
   resumed run appends a resume marker, as in ``metrics.jsonl``).
@@ -24,7 +25,8 @@ import os
 import time
 from pathlib import Path
 
-from pacs_fast.config import Config, load_config, parse_override, save_config, to_dict
+from pacs_fast.config import SHIPPED_DATASETS, Config, load_config, parse_override, save_config, to_dict
+from pacs_fast.config.validation import _get
 from pacs_fast.files import write_text_atomic
 from pacs_fast.trainer.metrics import end_torn_line
 
@@ -35,6 +37,9 @@ SAFE_RESUME_KEYS = frozenset({
     "train.plots", "train.tensorboard", "train.threads", "train.reward_workers", "train.log_samples",
     "train.keep_freed_memory", "rollout.gpu_memory_utilization", "reward.user_fn_timeout_s", "train.loggers",
 })
+# may change on --resume when the recorded file or folder is gone (moved, deleted): the checkpoint restores the
+# weights, and the problems must have the digest the checkpoint kept (pacs_fast/trainer/session.py)
+MOVABLE_KEYS = frozenset({"model.path", "data.dataset", "data.eval_dataset"})
 CONFIG_FILE = "config.yaml"
 LOCK_FILE = ".run.lock"
 
@@ -160,15 +165,16 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
         now = to_dict(cfg)
         diff = [f"{s}.{k}" for s in now for k in now[s]
                 if now[s][k] != stored.get(s, {}).get(k) and f"{s}.{k}" not in SAFE_RESUME_KEYS  # (overrides)
-                and not (f"{s}.{k}" == "model.path" and _gone(stored.get(s, {}).get(k)))]  # (a moved model)
+                and not (f"{s}.{k}" in MOVABLE_KEYS and _gone(stored.get(s, {}).get(k)))]  # (moved files)
         if diff:
             raise ValueError(f"--resume {run_dir}: {CONFIG_FILE} differs from the config stored in {checkpoint.name} "
                              f"({', '.join(diff[:5])}{', ...' if len(diff) > 5 else ''}); restore it (e.g. copy "
                              f"{checkpoint / CONFIG_FILE}) or start a new run")
     for text in overrides:
         key, value = parse_override(text)
-        if key == "model.path" and _gone(cfg.model.path):
-            _check_moved_model(run_dir, cfg.model.path, value)
+        if key in MOVABLE_KEYS and _gone(_get(cfg, key)):  # the data: the problems' digest is checked later
+            if key == "model.path":
+                _check_moved_model(run_dir, cfg.model.path, value)
             continue
         if key not in SAFE_RESUME_KEYS:
             load_config(None, [text])  # an unknown key or a bad value: that error, naming it
@@ -177,8 +183,24 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
     return load_config(saved, overrides)
 
 
-def _gone(model_path) -> bool:
-    return bool(model_path) and not Path(str(model_path)).expanduser().exists()
+def _gone(path) -> bool:
+    """A recorded file or folder that no longer exists (a shipped dataset's name, or none, is never gone)."""
+    return bool(path) and str(path) not in SHIPPED_DATASETS + ("arithmetic",) and \
+        not Path(str(path)).expanduser().exists()
+
+
+def check_moved_files(run_dir: Path, cfg: Config, newest: Path | None) -> None:
+    """For ``--resume``: a recorded model folder or data file that is gone is one line saying how to continue
+    (its new place as an override; for the model, a checkpoint's copy), before any model work."""
+    if _gone(cfg.model.path) and newest is not None:
+        raise ValueError(f"--resume {run_dir}: model.path {cfg.model.path!r} no longer exists; the run's checkpoints "
+                         f"hold the model: copy one out (cp -r {newest} DIR) and continue with --resume {run_dir} "
+                         f"model.path=DIR")
+    for key in ("data.dataset", "data.eval_dataset"):
+        if _gone(_get(cfg, key)):
+            raise ValueError(f"--resume {run_dir}: {key} {_get(cfg, key)!r} no longer exists; give its new place: "
+                             f"--resume {run_dir} {key}=PATH (the same problems: the checkpoint's digest of them is "
+                             f"checked)")
 
 
 def _check_moved_model(run_dir: Path, old: str, new) -> None:
