@@ -46,6 +46,7 @@ from pacs_fast.files import write_text_atomic
 from pacs_fast.evaluation.report import markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, load_results,
                                           problem_digest, read_samples, results_from_samples, samples_path)
+from pacs_fast.reward.verifier import EXTRACTIONS
 from pacs_fast.trainer.run_folder import RunLock
 
 DEFAULT_BENCHMARKS = "math500,amc23,aime2024,aime2025"
@@ -118,7 +119,7 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None, help="vllm engine context length")
     p.add_argument("--scorer-workers", type=int, default=None, help="verifier processes (default: CPUs)")
     p.add_argument("--time-limit", type=float, default=5.0, help="verifier seconds per response")
-    p.add_argument("--extraction", default="reference", choices=("reference", "boxed"),
+    p.add_argument("--extraction", default="reference", choices=EXTRACTIONS,
                    help="what the verifier reads: reference (PACS's: a 'final answer is' phrase, else the boxed "
                         "answers, else the last expression) or boxed (only complete \\boxed{} answers)")
     p.add_argument("--problem-field", default="problem", help="question field of dataset files")

@@ -67,9 +67,9 @@ def resolve(args) -> tuple[object, Path]:
     if args.resume:
         if args.config:
             raise ValueError("--resume uses the run's own config.yaml; drop --config")
-        from pacs_fast.trainer.checkpoint import check_resumable, checkpoints_newest_first, problem_of
+        from pacs_fast.trainer.checkpoint import check_resumable, intact_checkpoints
         run_dir = Path(args.resume)
-        intact = [p for p in checkpoints_newest_first(run_dir) if problem_of(p) is None]
+        intact = intact_checkpoints(run_dir)
         cfg = resume_config(run_dir, args.overrides, checkpoint=intact[0] if intact else None)
         check_resumable(run_dir, cfg.train.steps)
         check_moved_files(run_dir, cfg, intact[0] if intact else None)

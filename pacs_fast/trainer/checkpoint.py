@@ -208,6 +208,11 @@ def checkpoints_newest_first(run_dir: str | Path) -> list[Path]:
     return sorted((p for p in root.glob("step_*") if p.is_dir() and _step_of(p) >= 0), key=_step_of, reverse=True)
 
 
+def intact_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The checkpoints of ``run_dir`` whose files match their manifest, newest first."""
+    return [p for p in checkpoints_newest_first(run_dir) if problem_of(p) is None]
+
+
 def step_of(path: Path) -> int:
     """The step of checkpoint folder ``path`` (``step_000040`` -> 40)."""
     return int(path.name[len("step_"):])
@@ -222,7 +227,7 @@ def check_resumable(run_dir: str | Path, steps: int) -> int | None:
     found = checkpoints_newest_first(run_dir)
     if not found:
         return None
-    intact = [p for p in found if problem_of(p) is None]
+    intact = intact_checkpoints(run_dir)
     if not intact:
         raise ValueError(f"--resume {run_dir}: no usable checkpoint ({found[0].name}: {problem_of(found[0])}"
                          f"{f'; {len(found) - 1} older ones too' if len(found) > 1 else ''})")

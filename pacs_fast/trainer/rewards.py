@@ -23,6 +23,7 @@ import importlib
 
 import numpy as np
 
+from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT
 from pacs_fast.trainer.user_functions import call_with_time_limit, checked_flags
 
 
@@ -82,7 +83,7 @@ class Scorer:
 
     def __init__(self, workers: int, *, noise_fp: float = 0.0, noise_fn: float = 0.0, seed: int = 0,
                  appeal=None, algo=None, timeout_s: float = 600.0, gather=None, extraction: str = "reference",
-                 time_limit: float = 5.0):
+                 time_limit: float = DEFAULT_TIME_LIMIT):
         from pacs_fast.reward import BatchScorer
         self.batch = BatchScorer(num_workers=workers, extraction=extraction, time_limit=time_limit)
         self.memo: dict[tuple[str, str], float] = {}

@@ -21,7 +21,7 @@ import torch
 from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
 from pacs_fast.openmp import threads_beside_other_jobs
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
-from pacs_fast.trainer.checkpoint import (checkpoints_newest_first, problem_of, remove_stale_temporaries,
+from pacs_fast.trainer.checkpoint import (checkpoints_newest_first, intact_checkpoints, remove_stale_temporaries,
                                           restore_newest, settle_after_resume)
 from pacs_fast.trainer.correction import correction_warnings
 from pacs_fast.trainer.evaluation import eval_line, evaluate
@@ -230,7 +230,7 @@ def find_model(cfg: Config, train_problems: list[dict], world: World, log) -> tu
 def check_same_data(run_dir: Path, cfg: Config, data_sha1: str) -> None:
     """ValueError before any model work when the problems differ from those of the checkpoint a resume
     continues from (its ``trainer_state.json``; checkpoints from before the digest: not checked)."""
-    intact = [p for p in checkpoints_newest_first(run_dir) if problem_of(p) is None]
+    intact = intact_checkpoints(run_dir)
     try:
         stored = json.loads((intact[0] / "trainer_state.json").read_text()).get("data_sha1") if intact else None
     except (OSError, ValueError):
