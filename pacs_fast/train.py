@@ -40,6 +40,7 @@ from pacs_fast.openmp import quiet_openmp_waits
 quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, then sleep (pacs_fast/openmp.py)
 
 from pacs_fast.config import help_text, load_config, validate  # noqa: E402
+from pacs_fast.gc_heap import freeze_at_start_up  # noqa: E402
 from pacs_fast.trainer.run_folder import check_moved_files, claim_run_dir, resume_config  # noqa: E402
 
 
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
             raise
         fail(str(e), 2)
     from pacs_fast.trainer.loop import SetupError, TrainingStopped, train  # heavy imports after the config is good
+    if __name__ == "__main__":  # the imports live as long as the process: no collection walks them
+        freeze_at_start_up()  # (pacs_fast/gc_heap.py; a caller's own process is left alone)
     try:
         if __name__ == "__main__":  # the command line, not a caller's process (inside the try: a signal that
             signals.raise_on_stop_signals()  # comes at once is the one line too)

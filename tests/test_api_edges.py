@@ -240,3 +240,17 @@ def _compiled_equals_eager_breaking(step, x):
         out.append((val.detach(), xi.grad))
     (v0, g0), (v1, g1) = out
     assert torch.equal(v1, v0) and torch.equal(g1, g0)  # the same kernels on the same inputs
+
+
+def test_importing_the_ops_does_not_load_dynamo():
+    """``torch.compiler.disable`` (the graph break of the Triton path above) imports ``torch._dynamo``,
+    ~1 s of CPU: made on the first call under ``torch.compile``, not when ``pacs_fast.ops`` is imported,
+    so a process that never compiles (a script using the loss, a command line that stops at a config
+    error) does not pay for it."""
+    import subprocess
+    import sys
+
+    probe = "import sys, pacs_fast.ops, pacs_fast.train; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False"]

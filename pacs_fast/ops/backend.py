@@ -66,9 +66,16 @@ def refuse_double_backward(op: str, instead: str) -> None:
                            f"(double backward, Hessians, gradient penalties); {instead}")
 
 
-@torch.compiler.disable
-def _eager(function, *args):
-    return function(*args)
+_eager = None
+
+
+def _run_eager(function, *args):
+    # torch.compiler.disable imports torch._dynamo (~1 s): made on the first call under torch.compile,
+    # not at import, so processes that never compile do not pay for it.
+    global _eager
+    if _eager is None:
+        _eager = torch.compiler.disable(lambda fn, *a: fn(*a))
+    return _eager(function, *args)
 
 
 def apply_op(function, *args, triton: bool):
@@ -78,5 +85,5 @@ def apply_op(function, *args, triton: bool):
     for a kernel failure (the Triton path then switched off for the process). ``fullgraph=True`` around these
     ops needs ``backend="torch"``, whose path dynamo traces."""
     if triton and torch.compiler.is_compiling():
-        return _eager(function, *args)
+        return _run_eager(function, *args)
     return function(*args)

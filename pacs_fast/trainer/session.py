@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
+from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.openmp import threads_beside_other_jobs
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
 from pacs_fast.trainer.checkpoint import (checkpoints_newest_first, intact_checkpoints, remove_stale_temporaries,
@@ -158,7 +159,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         folder.write_config(cfg)
 
     device = resolve_device(cfg)
+    freeze_long_lived()  # transformers, megatron-core, the tokenizer, the problems (pacs_fast/gc_heap.py)
     learner, live_model = build_learner(cfg, model_path, device, tokenizer)
+    freeze_long_lived()  # the learner's model: vLLM's collections while it builds an engine skip both
     engine, sync = build_engine(cfg, model_path, learner, live_model, tokenizer, device, world)
     scorer = Scorer.from_config(cfg, gather=world.gather_dp if world.dp > 1 else None)  # one rate for every group
     s = Session(cfg=cfg, world=world, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer,

@@ -1,0 +1,73 @@
+"""The command line freezes its long-lived heap at start-up (pacs_fast/gc_heap.py); a library call does not.
+
+``python -m pacs_fast.train`` (run here as the command line runs it: ``runpy`` as ``__main__``) must have
+frozen the imports before the learner is built, and the learner's model before the engine is built, so
+that the collections of an engine's start (vLLM's) walk neither; an object made after the last freeze
+is still tracked (the check tells the two apart). Called as a library (``trainer.train(cfg)`` in this
+test process) nothing is frozen: the caller's heap may hold its own cyclic garbage. The CPU it saves is
+measured in bench/bench_startup.py, not asserted here.
+"""
+import gc
+import json
+import subprocess
+import sys
+
+from pacs_fast.gc_heap import freeze_long_lived
+
+TINY = ["data.arith_ops=+", "data.arith_max_digits=1", "data.eval_size=2", "rollout.n=2", "rollout.eval_n=1",
+        "rollout.max_new_tokens=4", "train.prompts_per_step=2", "learner.mini_batch_prompts=2",
+        "learner.micro_batch_prompts=1", "warmup.steps=5", "warmup.batch_size=8", "model.tiny_hidden_size=32",
+        "model.tiny_num_layers=1", "train.progress=false", "train.plots=false", "train.tensorboard=false",
+        "train.steps=1", "train.eval_every=0", "train.save_every=0"]
+
+PROBE = r"""
+import gc, json, runpy, sys
+import pacs_fast.trainer.session as session
+
+seen = {}
+real_learner, real_engine = session.build_learner, session.build_engine
+
+def tracked(obj):  # in a generation a collection walks (a frozen object is in none of them)
+    return any(o is obj for o in gc.get_objects())
+
+def build_learner(cfg, model_path, device, tokenizer, *a, **k):
+    seen["frozen_before_learner"] = gc.get_freeze_count()
+    seen["tokenizer_tracked"] = tracked(tokenizer)
+    return real_learner(cfg, model_path, device, tokenizer, *a, **k)
+
+def build_engine(cfg, model_path, learner, live_model, *a, **k):
+    seen["frozen_before_engine"] = gc.get_freeze_count()
+    seen["model_tracked"] = tracked(live_model)
+    fresh = [["made after the freeze"]]  # (a dict of strings alone is never tracked; a list always is)
+    seen["fresh_tracked"] = tracked(fresh)
+    return real_engine(cfg, model_path, learner, live_model, *a, **k)
+
+session.build_learner, session.build_engine = build_learner, build_engine
+sys.argv = ["pacs_fast.train", *sys.argv[1:]]
+runpy.run_module("pacs_fast.train", run_name="__main__")
+print("RESULT " + json.dumps(seen))
+"""
+
+
+def test_the_command_line_freezes_the_imports_and_the_model_before_the_engine(tmp_path):
+    args = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}"]
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.split("RESULT ", 1)[1])
+    print(seen)
+    assert seen["frozen_before_learner"] > 100_000  # torch and transformers (~470,000 with megatron and vLLM)
+    assert not seen["tokenizer_tracked"] and not seen["model_tracked"]
+    assert seen["frozen_before_engine"] > seen["frozen_before_learner"]  # the model's modules and parameters
+    assert seen["fresh_tracked"]  # the check sees an object made after the freeze
+
+
+def test_a_library_call_freezes_nothing(tmp_path):
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer import train
+
+    before = gc.get_freeze_count()
+    freeze_long_lived()  # no command line owns this process
+    assert gc.get_freeze_count() == before
+    cfg = load_config(None, TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}"])
+    train(cfg, tmp_path / "run")
+    assert gc.get_freeze_count() == before
