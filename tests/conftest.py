@@ -70,6 +70,21 @@ def copy_as_killed_in_checkpoint(run, dest, step: int):
     return dest
 
 
+@pytest.fixture(scope="session")
+def warm_cache(tmp_path_factory):
+    """One ``warmup.cache_dir`` for the whole test session, shared by the xdist workers: each distinct
+    warmed-up tiny model is built once per CI run instead of once per test (2-4 s of CPU each). The
+    trainer's cache is safe to share between processes (pacs_fast/trainer/warmup.py: a model is built
+    under a temporary name and renamed into place). Tests of the warm-up or of its cache folder use a
+    folder of their own."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the xdist workers of this session
+    path = root / "warmup_cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 @pytest.fixture
 def seed():
     """A fresh seed per test run (printed on failure) so random inputs differ between runs;

@@ -82,13 +82,13 @@ FILTER = ["rollout.filter_groups=true", "rollout.max_gen_batches=3", "reward.noi
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("filtering", [False, True], ids=["plain_bf16", "dynamic_sampling"])
-def test_lockstep_engine_process_equals_the_one_process_run(tmp_path, filtering):
+def test_lockstep_engine_process_equals_the_one_process_run(tmp_path, filtering, warm_cache):
     """The plain case in bf16: the engine process's HF engine, built from the folder, sampled in fp32
     (its default dtype) while the one-process run's shares the learner's bf16 model (real-shape sweep)."""
     from safetensors.torch import load_file
 
     # a fixed reference reset before step 3 (algo.reset_every): the engine-process loop resets it as the one-process one
-    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", "train.steps=3",
+    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}", "train.steps=3",
                      "algo.ref=fixed", "algo.reset_every=2"] + (FILTER if filtering else ["model.dtype=bfloat16"])
     env = _env()
     proc = subprocess.run([sys.executable, "-m", "pacs_fast.train", *common, "train.run_name=one"], env=env,
@@ -112,10 +112,10 @@ def test_lockstep_engine_process_equals_the_one_process_run(tmp_path, filtering)
 
 
 @pytest.mark.timeout(300)
-def test_dynamic_sampling_ahead_of_the_learner_keeps_the_staleness_bound(tmp_path):
+def test_dynamic_sampling_ahead_of_the_learner_keeps_the_staleness_bound(tmp_path, warm_cache):
     """K = 1 with rollout.filter_groups: the engine generates a batch ahead while a step may take several;
     every trained group is at most one update old and each step's record says how many rounds it took."""
-    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", "train.steps=4",
+    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}", "train.steps=4",
                      "train.run_name=ds", "rollout.ranks=1", "rollout.max_staleness=1"] + FILTER
     torchrun(2, common)
     recs = _train(tmp_path / "ds")
@@ -126,9 +126,9 @@ def test_dynamic_sampling_ahead_of_the_learner_keeps_the_staleness_bound(tmp_pat
 
 
 @pytest.mark.timeout(400)
-def test_staleness_bound_and_resume_after_sigkill(tmp_path):
+def test_staleness_bound_and_resume_after_sigkill(tmp_path, warm_cache):
     steps = 12  # ~60-200 ms a step here: after step 2's checkpoint, 10 steps (>= 0.6 s) left to kill it mid-way
-    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", f"train.steps={steps}",
+    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}", f"train.steps={steps}",
                      "rollout.ranks=1", "rollout.max_staleness=1", "train.log_samples=2"]
     full = tmp_path / "full"
     torchrun(2, common + ["train.run_name=full"])

@@ -52,8 +52,8 @@ def _train(run):
 
 
 @pytest.mark.timeout(300)
-def test_tensor_parallel_vllm_engine_and_megatron_learner_in_lockstep(tmp_path):
-    torchrun(4, TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", "train.steps=3",
+def test_tensor_parallel_vllm_engine_and_megatron_learner_in_lockstep(tmp_path, warm_cache):
+    torchrun(4, TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}", "train.steps=3",
                         "train.run_name=run", "rollout.ranks=2", "rollout.tp_size=2", "learner.tp_size=2",
                         "rollout.max_staleness=0"])
     recs = _train(tmp_path / "run")
@@ -67,8 +67,8 @@ def test_tensor_parallel_vllm_engine_and_megatron_learner_in_lockstep(tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_vllm_engine_and_data_parallel_megatron_one_step_stale_then_resume(tmp_path):
-    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}", "train.run_name=run",
+def test_vllm_engine_and_data_parallel_megatron_one_step_stale_then_resume(tmp_path, warm_cache):
+    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}", "train.run_name=run",
                      "rollout.ranks=1", "rollout.max_staleness=1", "learner.tp_size=1"]
     run = tmp_path / "run"
     torchrun(3, common + ["train.steps=4"])

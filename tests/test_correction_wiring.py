@@ -123,11 +123,11 @@ TINY = ["data.arith_ops=+", "data.arith_max_digits=1", "data.eval_size=8", "roll
                                    # with PACS's noisy-label correction (its corrected BCE takes the weights)
                                    ["correction.is_level=sequence", "correction.rs_level=sequence",
                                     "algo.noise_correction=backward", "algo.noise_rho1=0.2", "reward.noise_fn=0.2"]])
-def test_trainer_records_the_correction(tmp_path, extra):
+def test_trainer_records_the_correction(tmp_path, extra, warm_cache):
     from pacs_fast.trainer import train
     from pacs_fast.trainer.metrics import read_jsonl
 
-    cfg = load_config(None, TINY + extra + [f"warmup.cache_dir={tmp_path / 'cache'}"])
+    cfg = load_config(None, TINY + extra + [f"warmup.cache_dir={warm_cache}"])
     train(cfg, tmp_path / "run")
     recs = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in recs] == [1, 2]

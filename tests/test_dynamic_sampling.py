@@ -106,11 +106,11 @@ def test_config_errors(overrides, match):
         validate(load_config(None, overrides), world=2)
 
 
-def test_a_run_with_dynamic_sampling_resumes_exactly(tmp_path, capsys):
+def test_a_run_with_dynamic_sampling_resumes_exactly(tmp_path, capsys, warm_cache):
     from pacs_fast.train import main
     from test_train import TINY
 
-    common = TINY + [f"warmup.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path}", "train.steps=4",
+    common = TINY + [f"warmup.cache_dir={warm_cache}", f"train.out_dir={tmp_path}", "train.steps=4",
                      "train.save_every=2", "train.eval_every=4", "rollout.filter_groups=true",
                      "rollout.max_gen_batches=3", "train.tensorboard=false",
                      "reward.noise_fp=0.3"]  # the barely warmed-up model solves nothing: flipped labels mix the groups

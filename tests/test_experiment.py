@@ -60,10 +60,10 @@ def test_second_table_pairs_greedy_and_pass_n():
     assert "+0.150" in text and "+0.050" in text
 
 
-def test_runner_end_to_end(tmp_path, capsys):
+def test_runner_end_to_end(tmp_path, capsys, warm_cache):
     out = tmp_path / "exp"
     common = ["--out", str(out), "--arms", "pacs,grpo", "--seeds", "0-1", "--baseline", "grpo", "--workers", "2",
-              f"warmup.cache_dir={tmp_path / 'cache'}", *TINY]
+              f"warmup.cache_dir={warm_cache}", *TINY]
     assert ex.main(common) == 0
     res = json.loads((out / "results.json").read_text())
     assert set(res["stats"]) == {"pacs", "grpo"}
@@ -86,7 +86,7 @@ def test_runner_end_to_end(tmp_path, capsys):
     newest = sorted((killed / "checkpoints").glob("step_*"))[-1]
     shutil.rmtree(newest)
     assert ex.job_state(ex.make_jobs([ex.parse_arm("pacs")], [1], [*TINY, "train.threads=1",
-                                      f"warmup.cache_dir={tmp_path / 'cache'}"], out)[0], None) == "resume"
+                                      f"warmup.cache_dir={warm_cache}"], out)[0], None) == "resume"
     early = out / "runs" / "grpo" / "seed0"
     (early / "summary.json").unlink()
     shutil.rmtree(early / "checkpoints")

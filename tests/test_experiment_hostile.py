@@ -21,7 +21,7 @@ def one_line_error(capsys) -> str:
     return err
 
 
-def test_a_live_run_folder_is_never_deleted_or_reused(tmp_path, capsys):
+def test_a_live_run_folder_is_never_deleted_or_reused(tmp_path, capsys, warm_cache):
     """A trainer still in its warm-up holds its run folder's lock and has written nothing else yet:
     the runner must not take that folder for a fresh one (deleting the live run's lock)."""
     from pacs_fast.trainer.run_folder import LOCK_FILE, RunLock
@@ -31,7 +31,7 @@ def test_a_live_run_folder_is_never_deleted_or_reused(tmp_path, capsys):
     inode = (run / LOCK_FILE).stat().st_ino
     try:
         code = ex.main(["--out", str(out), "--arms", "pacs", "--seeds", "0", "--timeout", "60",
-                        f"warmup.cache_dir={tmp_path / 'cache'}", *TINY])
+                        f"warmup.cache_dir={warm_cache}", *TINY])
         err = capsys.readouterr().err
         assert code == 2, err
         assert err.count("\n") == 1 and str(run) in err and "in use" in err, err
@@ -41,7 +41,7 @@ def test_a_live_run_folder_is_never_deleted_or_reused(tmp_path, capsys):
         live.release()
 
 
-def test_a_second_runner_on_the_same_out_is_refused(tmp_path, capsys, monkeypatch):
+def test_a_second_runner_on_the_same_out_is_refused(tmp_path, capsys, monkeypatch, warm_cache):
     """Two runners with one --out: the second refuses (naming the folder) while the first lives; the
     first's run is untouched. The runs here are stand-ins that hold the trainer's run lock."""
     fake_trainer = ("import sys, time; from pacs_fast.trainer.run_folder import RunLock; "
@@ -50,7 +50,7 @@ def test_a_second_runner_on_the_same_out_is_refused(tmp_path, capsys, monkeypatc
                                                                    str(job.run_dir)])
     out = tmp_path / "exp"
     args = ["--out", str(out), "--arms", "pacs", "--seeds", "0", "--timeout", "15", "--threads", "1",
-            f"warmup.cache_dir={tmp_path / 'cache'}", *TINY]
+            f"warmup.cache_dir={warm_cache}", *TINY]
     first: list[int] = []
     thread = threading.Thread(target=lambda: first.append(ex.main(args)))
     thread.start()
@@ -70,7 +70,7 @@ def test_a_second_runner_on_the_same_out_is_refused(tmp_path, capsys, monkeypatc
     assert first == [1]  # its run was killed by --timeout: a failure, said so in the exit status
 
 
-def test_a_folder_that_is_not_its_own_run_is_kept(tmp_path, capsys):
+def test_a_folder_that_is_not_its_own_run_is_kept(tmp_path, capsys, warm_cache):
     """A run folder with files but no config.yaml is not provably this experiment's run: refused,
     not deleted."""
     out = tmp_path / "exp"
@@ -78,26 +78,26 @@ def test_a_folder_that_is_not_its_own_run_is_kept(tmp_path, capsys):
     run.mkdir(parents=True)
     (run / "notes.txt").write_text("mine")
     code = ex.main(["--out", str(out), "--arms", "pacs", "--seeds", "0", "--timeout", "60",
-                    f"warmup.cache_dir={tmp_path / 'cache'}", *TINY])
+                    f"warmup.cache_dir={warm_cache}", *TINY])
     err = one_line_error(capsys)
     assert code == 2 and str(run) in err and "config.yaml" in err
     assert (run / "notes.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
-def test_timeout_must_be_positive(tmp_path, capsys, value):
+def test_timeout_must_be_positive(tmp_path, capsys, value, warm_cache):
     out = tmp_path / "exp"
     code = ex.main(["--out", str(out), "--arms", "pacs", "--seeds", "0", "--timeout", value,
-                    f"warmup.cache_dir={tmp_path / 'cache'}", *TINY])
+                    f"warmup.cache_dir={warm_cache}", *TINY])
     err = one_line_error(capsys)
     assert code == 2 and f"--timeout {value}" in err and "positive" in err, err
     assert not out.exists()
 
 
-def test_failed_runs_make_a_nonzero_exit_after_the_report(tmp_path, capsys):
+def test_failed_runs_make_a_nonzero_exit_after_the_report(tmp_path, capsys, warm_cache):
     out = tmp_path / "exp"
     code = ex.main(["--out", str(out), "--arms", "pacs", "--seeds", "0", "--timeout", "0.1",
-                    f"warmup.cache_dir={tmp_path / 'cache'}", *TINY])
+                    f"warmup.cache_dir={warm_cache}", *TINY])
     printed = capsys.readouterr()
     assert code == 1, printed
     assert (out / "results.md").is_file()
@@ -112,10 +112,10 @@ def test_failed_runs_make_a_nonzero_exit_after_the_report(tmp_path, capsys):
     (["--arm", "x:algo.name=grpo,train.run_name=mine"], "train.run_name", "--out"),
     (["--arm", "x:train.threads=2"], "train.threads", "--threads"),
 ])
-def test_keys_the_runner_owns_are_refused(tmp_path, capsys, args, key, flag):
+def test_keys_the_runner_owns_are_refused(tmp_path, capsys, args, key, flag, warm_cache):
     out = tmp_path / "exp"
     code = ex.main(["--out", str(out), "--arms", "pacs", "--seeds", "0", "--timeout", "60",
-                    f"warmup.cache_dir={tmp_path / 'cache'}", *TINY, *args])
+                    f"warmup.cache_dir={warm_cache}", *TINY, *args])
     err = one_line_error(capsys)
     assert code == 2 and key in err and flag in err, err
     assert not out.exists()

@@ -37,13 +37,13 @@ def test_what_it_says_holds():
     assert grads["grpo"] > 1e5 * grads["rloo"] > 0, grads
 
 
-def test_a_run_prints_it_once(tmp_path, capsys):
+def test_a_run_prints_it_once(tmp_path, capsys, warm_cache):
     from pacs_fast.train import main
 
     main(["algo.score=grpo", "train.steps=1", "train.prompts_per_step=2", "rollout.n=2",
           "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=2", "warmup.steps=0", "data.eval_size=4",
           "rollout.eval_n=1", "train.eval_every=0", "rollout.max_new_tokens=4", f"train.out_dir={tmp_path}",
-          "train.run_name=r", f"warmup.cache_dir={tmp_path / 'cache'}", "train.progress=false", "train.plots=false",
+          "train.run_name=r", f"warmup.cache_dir={warm_cache}", "train.progress=false", "train.plots=false",
           "train.tensorboard=false", "model.tiny_hidden_size=64", "model.tiny_num_layers=1"])
     out = capsys.readouterr()
     assert (out.out + out.err).count("warning: algo.score=grpo divides by the std") == 1, (out.out + out.err)[-2000:]

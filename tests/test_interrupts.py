@@ -38,9 +38,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_sigterm_stops_a_run_with_one_line_and_it_resumes(tmp_path):
+def test_sigterm_stops_a_run_with_one_line_and_it_resumes(tmp_path, warm_cache):
     cmd = [sys.executable, "-m", "pacs_fast.train", *LONG, f"train.out_dir={tmp_path}", "train.run_name=r",
-           f"warmup.cache_dir={tmp_path / 'cache'}"]
+           f"warmup.cache_dir={warm_cache}"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     run = tmp_path / "r"
@@ -59,10 +59,10 @@ def test_sigterm_stops_a_run_with_one_line_and_it_resumes(tmp_path):
     assert steps == list(range(1, last + 1)) and (run / "summary.json").is_file()
 
 
-def test_sigterm_to_the_experiment_runner_stops_the_run_it_started(tmp_path):
+def test_sigterm_to_the_experiment_runner_stops_the_run_it_started(tmp_path, warm_cache):
     out = tmp_path / "exp"
     cmd = [sys.executable, "-m", "pacs_fast.experiment", "--out", str(out), "--arms", "pacs", "--seeds", "0",
-           f"warmup.cache_dir={tmp_path / 'cache'}", *LONG]
+           f"warmup.cache_dir={warm_cache}", *LONG]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     run = out / "runs" / "pacs" / "seed0"

@@ -89,7 +89,7 @@ def test_a_process_spinning_beside_is_seen_busy():
     assert seen >= 0.7, seen  # one core spins (the other xdist worker may add to it, never take from it)
 
 
-def test_the_trainer_takes_the_free_cores_beside_another_job(tmp_path, monkeypatch, capsys):
+def test_the_trainer_takes_the_free_cores_beside_another_job(tmp_path, monkeypatch, capsys, warm_cache):
     import torch
 
     import pacs_fast.openmp as om
@@ -102,7 +102,7 @@ def test_the_trainer_takes_the_free_cores_beside_another_job(tmp_path, monkeypat
     torch.set_num_threads(2)
     try:
         main(TINY + ["train.steps=1", "train.eval_every=0", f"train.out_dir={tmp_path}",
-                     f"warmup.cache_dir={tmp_path / 'cache'}"])
+                     f"warmup.cache_dir={warm_cache}"])
         used = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)

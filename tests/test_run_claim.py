@@ -23,8 +23,8 @@ from test_train import TINY
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_two_runs_started_together_with_one_name(tmp_path):
-    args = [sys.executable, "-m", "pacs_fast.train", *TINY, "train.steps=1", f"warmup.cache_dir={tmp_path / 'c'}",
+def test_two_runs_started_together_with_one_name(tmp_path, warm_cache):
+    args = [sys.executable, "-m", "pacs_fast.train", *TINY, "train.steps=1", f"warmup.cache_dir={warm_cache}",
             f"train.out_dir={tmp_path}", "train.run_name=same", "train.eval_every=0"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1")

@@ -19,8 +19,8 @@ STEPS = ["train.steps=4", "train.eval_every=2", "train.save_every=2", "train.kee
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
+def cache(warm_cache):
+    return str(warm_cache)  # the session's shared warm-up cache (conftest.py)
 
 
 def cli(args, capsys):

@@ -256,8 +256,8 @@ def test_cispo_takes_clip_low_above_one_and_help_lists_both():
 # ----------------------------------------------------------------------------- a run of each
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
+def cache(warm_cache):
+    return str(warm_cache)  # the session's shared warm-up cache (conftest.py)
 
 
 @pytest.mark.parametrize("name", ["gspo", "cispo"])

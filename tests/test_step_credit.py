@@ -174,14 +174,14 @@ def test_a_module_that_fails_to_import_is_one_line_naming_the_key(tmp_path, monk
     assert not (tmp_path / "c").exists()
 
 
-def test_short_run_with_process_rewards(tmp_path):
+def test_short_run_with_process_rewards(tmp_path, warm_cache):
     from test_train import TINY
 
     from pacs_fast.config import load_config
     from pacs_fast.trainer import train
     from pacs_fast.trainer.metrics import read_jsonl
     CALLS.clear()
-    cfg = load_config(None, TINY + [f"warmup.cache_dir={tmp_path / 'cache'}", "train.steps=2", "train.eval_every=0",
+    cfg = load_config(None, TINY + [f"warmup.cache_dir={warm_cache}", "train.steps=2", "train.eval_every=0",
                                     "train.save_every=0", "algo.name=rloo", "train.tensorboard=false",
                                     "train.plots=false", "reward.step_rewards=test_step_credit:digit_steps",
                                     "reward.step_split=1"])  # wiring only: the splitting is checked above
@@ -198,7 +198,7 @@ def no_rewards(prompts, steps, answers):
     return [[] for _ in steps]
 
 
-def test_a_bad_return_stops_the_run_with_one_line(tmp_path):
+def test_a_bad_return_stops_the_run_with_one_line(tmp_path, warm_cache):
     """Found only once responses exist (step 1): the CLI stops with exit 1 and one line naming
     the key and the step, and writes no checkpoint for it."""
     import os
@@ -207,7 +207,7 @@ def test_a_bad_return_stops_the_run_with_one_line(tmp_path):
 
     from test_train import TINY
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-m", "pacs_fast.train", *TINY, f"warmup.cache_dir={tmp_path / 'cache'}",
+    out = subprocess.run([sys.executable, "-m", "pacs_fast.train", *TINY, f"warmup.cache_dir={warm_cache}",
                           f"train.out_dir={tmp_path / 'runs'}", "train.run_name=r", "train.steps=2", "algo.name=rloo",
                           "reward.step_rewards=test_step_credit:no_rewards"],
                          env=env, capture_output=True, text=True, timeout=300)

@@ -89,8 +89,8 @@ def _train(args, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_a_run_reaches_every_tracker_and_its_resume_continues_them(tmp_path, monkeypatch):
-    common = TINY + [f"warmup.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path}", "train.run_name=r",
+def test_a_run_reaches_every_tracker_and_its_resume_continues_them(tmp_path, monkeypatch, warm_cache):
+    common = TINY + [f"warmup.cache_dir={warm_cache}", f"train.out_dir={tmp_path}", "train.run_name=r",
                      "train.steps=2", "train.eval_every=1", "train.save_every=1", "train.log_samples=2",
                      "train.loggers=[tensorboard,wandb,mlflow,trackio]", "train.project=pf-test"]
     _train(common, tmp_path)

@@ -19,8 +19,8 @@ TINY = ["data.arith_ops=+", "data.arith_max_digits=1", "data.eval_size=8", "roll
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
+def cache(warm_cache):
+    return str(warm_cache)  # the session's shared warm-up cache (conftest.py)
 
 
 def run_cli(args, **kw):

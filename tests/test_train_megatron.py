@@ -52,7 +52,7 @@ def torchrun(args, timeout=300, nproc=2) -> str:
 @pytest.mark.distributed
 @pytest.mark.timeout(400)
 @pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed")
-def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path):
+def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path, warm_cache):
     """One uninterrupted 4-step run; a copy of its folder as a SIGKILL during step 4's checkpoint leaves
     it (step 4's records written, its checkpoint not: ``latest`` names step 3) resumes under torchrun
     and gives the same records and bit-identical weights. (Continuing a finished run for more steps,
@@ -60,7 +60,9 @@ def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}"]
+    from pacs_fast.trainer.warmup import warmup_key
+
+    common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}"]
     out = torchrun(common + ["train.steps=4", "train.run_name=full"])
     # rank 0 alone prints (the other rank would repeat every line) and writes
     assert out.count("step 0: held-out accuracy") == 1, out[-3000:]
@@ -92,7 +94,7 @@ def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path):
                                                                  "model.safetensors")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
-    start = AutoModelForCausalLM.from_pretrained(next((tmp_path / "cache" / "warmup").iterdir()),
+    start = AutoModelForCausalLM.from_pretrained(warm_cache / "warmup" / warmup_key(load_config(None, common)),
                                                  dtype=torch.float32)
     assert model.config.hidden_size == 128
     moved = max((p - start.state_dict()[n]).abs().max().item() for n, p in model.state_dict().items())
@@ -172,7 +174,7 @@ def test_a_config_error_under_torchrun_is_printed_once(tmp_path):
 @pytest.mark.distributed
 @pytest.mark.timeout(400)
 @pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed")
-def test_two_data_parallel_ranks_reproduce_one_process(tmp_path):
+def test_two_data_parallel_ranks_reproduce_one_process(tmp_path, warm_cache):
     """Megatron at TP=1 on two processes (two data-parallel groups, each generating and training its
     share) against the same run on one process, record for record: the same samples (rewards,
     lengths, held-out accuracy exactly; a prompt's samples are seeded by its index, not by the
@@ -183,7 +185,7 @@ def test_two_data_parallel_ranks_reproduce_one_process(tmp_path):
     common = [a for a in TINY if not a.startswith(("learner.tp_size", "algo.ref", "algo.reset_every",
                                                     "learner.mini_batch_prompts"))] + [
         "learner.tp_size=1", "learner.mini_batch_prompts=4", "train.steps=2", "train.save_every=0", f"train.out_dir={tmp_path}",
-        f"warmup.cache_dir={tmp_path / 'cache'}", "train.tensorboard=false"]
+        f"warmup.cache_dir={warm_cache}", "train.tensorboard=false"]
     torchrun(common + ["train.run_name=one"], nproc=1)
     torchrun(common + ["train.run_name=two"], nproc=2)
     one, two = (deterministic_view(read_jsonl(tmp_path / name / "metrics.jsonl")) for name in ("one", "two"))

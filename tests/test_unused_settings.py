@@ -117,13 +117,13 @@ def test_each_rule_names_the_key_its_value_and_why(overrides, expected):
         assert sum(line.startswith(want) for line in lines) == 1, (want, lines)
 
 
-def test_the_run_prints_them_once(tmp_path, capsys):
+def test_the_run_prints_them_once(tmp_path, capsys, warm_cache):
     from pacs_fast.train import main
 
     main(["algo.name=grpo", "algo.score=naive", "train.steps=1", "train.prompts_per_step=2", "rollout.n=2",
           "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=2", "warmup.steps=0", "data.eval_size=4",
           "rollout.eval_n=1", "train.eval_every=0", "rollout.max_new_tokens=4", f"train.out_dir={tmp_path}",
-          "train.run_name=r", f"warmup.cache_dir={tmp_path / 'cache'}", "train.progress=false", "train.plots=false",
+          "train.run_name=r", f"warmup.cache_dir={warm_cache}", "train.progress=false", "train.plots=false",
           "train.tensorboard=false", "model.tiny_hidden_size=64", "model.tiny_num_layers=1"])
     out = capsys.readouterr()
     text = out.out + out.err
