@@ -22,6 +22,7 @@ import gzip
 import json
 import math
 from dataclasses import dataclass, field
+from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,9 @@ def _answer_text(value: Any, where: str, field_name: str) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):  # JSON's NaN / Infinity: never trained as the text "nan"
             raise ValueError(f"{where}: field {field_name!r} is not a finite number ({value!r})")
-        return str(int(value)) if value.is_integer() else repr(value)
+        # positional, the shortest digits that round-trip: 7.2e-05 -> "0.000072" (math-verify reads the "e"
+        # of "7.2e-05" as Euler's number)
+        return str(int(value)) if value.is_integer() else format(Decimal(repr(value)), "f")
     raise ValueError(f"{where}: field {field_name!r} must be a string or a number, got {type(value).__name__}")
 
 

@@ -108,7 +108,8 @@ def _parse_gold(answer: str):
     from math_verify import parse
 
     gold_cfg, _ = _configs()
-    return parse("\\boxed{" + answer + "}", gold_cfg, parsing_timeout=None)
+    # a gold answer ending a sentence ("5.", scraped data) is the number: the full stop closing the box goes
+    return parse(_BOX_STOP_RE.sub(r"\1", "\\boxed{" + answer + "}"), gold_cfg, parsing_timeout=None)
 
 
 # -- normalisation of written forms math-verify misses ----------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import torch
 
@@ -55,6 +56,81 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
         held = [train[i] for i in order[:n_eval]]
         train = [train[i] for i in order[n_eval:]]
     return train, held
+
+
+_COMMAND_RE = re.compile(r"\\[A-Za-z]+")
+_WORD_RE = re.compile(r"[A-Za-z]{2,}")
+GOLD_SAMPLE = 512  # training answers checked by check_gold_answers (all held-out ones are)
+
+
+def _held_out_name(cfg: Config) -> str:
+    return f"data.eval_dataset {cfg.data.eval_dataset!r}" if cfg.data.eval_dataset else "the held-out split"
+
+
+def _reads_like_prose(answer: str) -> bool:
+    """A gold answer that is a worked solution (GSM8K's ``... #### 72``) or a question (swapped keys) rather
+    than a final answer: a line break, ``####``, or 8 or more words outside LaTeX commands (the shipped
+    sets' answers have at most 3)."""
+    return "\n" in answer or "####" in answer or len(_WORD_RE.findall(_COMMAND_RE.sub("", answer))) >= 8
+
+
+def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[str]:
+    """Lines about the held-out set a user would want before training: smaller than ``data.eval_size``
+    asked (a short ``data.eval_dataset``, or one row in five of a small ``data.dataset``), and problems
+    it shares with the training set (the same file given twice, duplicated rows): its accuracy then
+    includes problems the run trains on."""
+    lines = []
+    if cfg.data.dataset == "arithmetic":
+        return lines
+    if len(held_out) < cfg.data.eval_size:
+        why = "its rows" if cfg.data.eval_dataset else f"one row in five of data.dataset's {len(train) + len(held_out)}"
+        lines.append(f"{_held_out_name(cfg)} holds {len(held_out)} problem{'s' * (len(held_out) != 1)} ({why}), fewer than "
+                     f"data.eval_size={cfg.data.eval_size}")
+    prose = [row for row in train + held_out if _reads_like_prose(row["answer"])]
+    if prose:
+        lines.append(f"{len(prose)} of the {len(train) + len(held_out)} gold answers read like worked solutions or "
+                     f"questions, not final answers (a line break, '####', or 8 words or more; e.g. "
+                     f"{prose[0].get('id', '')!r}: {prose[0]['answer'][:60]!r}): the verifier matches a response's "
+                     f"final answer against all of it; is data.answer_key={cfg.data.answer_key} the final-answer field?")
+    seen = {" ".join(row["problem"].split()) for row in train}
+    shared = sum(" ".join(row["problem"].split()) in seen for row in held_out)
+    if shared:
+        lines.append(f"{shared} of the {len(held_out)} problems of {_held_out_name(cfg)} are also training problems "
+                     f"(data.dataset): the held-out accuracy includes problems the run trains on")
+    return lines
+
+
+def check_gold_answers(cfg: Config, train: list[dict], held_out: list[dict], log) -> None:
+    """Gold answers no response can match (pacs_fast/reward/gold_check.py): every held-out answer and up to
+    ``GOLD_SAMPLE`` training answers (seeded) are scored as ``\\boxed{<gold>}`` with the run's verifier.
+    Some unmatchable: a warning naming how many and one of them. All of those checked in a set: a
+    ValueError (every reward, or the held-out accuracy, would be 0 whatever the model writes), except
+    for the training set of a run trained on process rewards alone (``reward.outcome_weight=0``)."""
+    if cfg.data.dataset == "arithmetic":
+        return
+    from pacs_fast.reward.gold_check import unmatchable_golds
+
+    picked = train
+    if len(train) > GOLD_SAMPLE:
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.train.seed))
+        picked = [train[i] for i in order[:GOLD_SAMPLE].tolist()]
+    outcome_trains = not (cfg.reward.step_rewards and cfg.reward.outcome_weight == 0)
+    for what, rows, total, fatal in (("data.dataset", picked, len(train), outcome_trains),
+                                     (_held_out_name(cfg), held_out, len(held_out), True)):
+        bad = unmatchable_golds([row["answer"] for row in rows], extraction=cfg.reward.extraction,
+                                time_limit=cfg.reward.time_limit_s)
+        if not bad:
+            continue
+        row = rows[bad[0]]
+        example = f"e.g. {row.get('id', bad[0])!r}: answer {row['answer'][:60]!r}"
+        checked = f"of {len(rows)} checked" if len(rows) < total else f"of {total}"
+        if fatal and len(bad) == len(rows):
+            key = f"data.answer_key={cfg.data.answer_key}"
+            raise ValueError(f"{what}: none of the {len(rows)} gold answers checked can be matched by the verifier, even by a response that states them as \\boxed{{<answer>}} "
+                             f"({example}): every reward would be 0; is {key} the field holding the answer?")
+        log(f"warning: {what}: {len(bad)} {checked} gold answers cannot be matched by the verifier, even by a "
+            f"response that states them as \\boxed{{<answer>}} ({example}): those problems score 0 whatever "
+            f"the model writes")
 
 
 def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> tuple[list[dict], float]:

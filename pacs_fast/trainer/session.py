@@ -30,7 +30,8 @@ from pacs_fast.trainer.metrics import MetricsLogger, Progress
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
 from pacs_fast.trainer.preflight import (check_cpus, check_megatron_model, check_memory, check_tensor_parallel,
                                          memory_warnings, model_context)
-from pacs_fast.trainer.problems import check_context, check_token_budget, data_digest, encode, load_problems
+from pacs_fast.trainer.problems import (check_context, check_gold_answers, check_token_budget, data_digest, data_warnings,
+                                        encode, load_problems)
 from pacs_fast.trainer.rewards import Scorer, check_callables
 from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir
 from pacs_fast.trainer.sampler import PromptSampler
@@ -141,6 +142,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         data_sha1 = data_digest(train_problems, held_out)
         if resume:
             check_same_data(run_dir, cfg, data_sha1)
+        for line in data_warnings(cfg, train_problems, held_out):
+            log(f"warning: {line}")
+        check_gold_answers(cfg, train_problems, held_out, log)  # answers no response can match: before any model
         model_path, timings = find_model(cfg, train_problems, world, log)
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(model_path)

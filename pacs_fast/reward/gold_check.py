@@ -1,0 +1,34 @@
+"""Gold answers no response can match: found before a run or an evaluation starts.
+
+A gold answer the verifier cannot match even against a response that states it (``\\boxed{<gold>}``)
+gives every response a reward of 0, silently: a label column the verifier cannot read (``data.answer_key``
+naming the wrong field, ``#### 72`` left in a GSM8K answer), a form math-verify does not parse as
+written. :func:`unmatchable_golds` scores ``\\boxed{gold}`` against each distinct gold with the verifier
+the run uses; the trainer and ``python -m pacs_fast.eval`` report what it finds before any model loads
+(pacs_fast/trainer/problems.py: ``check_gold_answers``). Integers take the verifier's exact fast path
+(microseconds); a LaTeX gold goes through math-verify (~2 ms each here), so the trainer checks every
+held-out answer and a seeded sample of the training answers.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT, check_extraction, score_item
+
+
+def unmatchable_golds(answers: Sequence[str], *, extraction: str = "reference",
+                      time_limit: float | None = DEFAULT_TIME_LIMIT) -> list[int]:
+    """Indices into ``answers`` (strings) of the gold answers that the response ``\\boxed{<gold>}``
+    does not score 1 against (``score_item`` with this ``extraction`` and per-item ``time_limit``).
+    Each distinct answer is scored once."""
+    check_extraction(extraction)
+    verdict: dict[str, bool] = {}
+    bad = []
+    for i, answer in enumerate(answers):
+        answer = str(answer)
+        if answer not in verdict:
+            verdict[answer] = score_item("\\boxed{" + answer + "}", answer, time_limit=time_limit,
+                                         extraction=extraction).score >= 1.0
+        if not verdict[answer]:
+            bad.append(i)
+    return bad

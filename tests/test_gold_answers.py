@@ -1,0 +1,146 @@
+"""Gold answers and held-out sets a user brings (bring-your-own-data sweep): what no response can match, or
+what does not measure what it says, is reported before any model loads.
+
+- A float answer is written positionally (``7.2e-05`` -> ``0.000072``: math-verify read the ``e`` as Euler's
+  number, so the right answer scored 0); a gold answer ending a sentence (``5.``) is the number.
+- ``unmatchable_golds``: the answers the verifier cannot match even against ``\\boxed{<gold>}``; the trainer
+  warns about some and refuses a set where all are (every reward would be 0).
+- ``data_warnings``: a held-out set smaller than ``data.eval_size``, one that shares problems with the
+  training set, gold answers that read like worked solutions or questions (GSM8K's ``#### 72``, swapped keys).
+"""
+import json
+
+import pytest
+
+from pacs_fast.config import load_config
+from pacs_fast.data.datasets import _answer_text, load_dataset
+from pacs_fast.reward import score_item
+from pacs_fast.reward import gold_check
+from pacs_fast.trainer.problems import check_gold_answers, data_warnings, load_problems
+
+GSM8K_SOLUTION = "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether.\n#### 72"
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_float_answer_is_written_so_that_the_right_answer_matches(tmp_path):
+    assert [_answer_text(v, "w", "a") for v in (7.2e-05, 1e-5, -3.5e-07, 0.5, 12.0)] == \
+        ["0.000072", "0.00001", "-0.00000035", "0.5", "12"]
+    path = _write(tmp_path / "f.jsonl", [{"problem": "tiny?", "answer": 7.2e-05}])
+    gold = load_dataset(path)[0].answer
+    assert score_item("\\boxed{0.000072}", gold).score == 1.0
+    assert score_item("\\boxed{0.000073}", gold).score == 0.0
+
+
+@pytest.mark.parametrize("response,want", [("\\boxed{5}", 1.0), ("The final answer is 5.", 1.0), ("\\boxed{5.}", 1.0),
+                                           ("\\boxed{6}", 0.0), ("\\boxed{5.5}", 0.0)])
+def test_a_gold_answer_ending_a_sentence_is_the_number(response, want):
+    assert score_item(response, "5.").score == want
+    assert score_item(response.replace("5", "43_5", 1) if want else response, "43_5.").score == want  # math_train's
+
+
+def test_unmatchable_golds_scores_each_distinct_answer_once(monkeypatch):
+    calls = []
+    real = gold_check.score_item
+    monkeypatch.setattr(gold_check, "score_item", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    answers = ["12", "\\text{}", "\\frac{1}{2}", "12", "\\text{}", "x^2+1"]
+    assert gold_check.unmatchable_golds(answers) == [1, 4]
+    assert sorted(calls) == sorted(set(answers))
+
+
+def _cfg(tmp_path, rows, *extra, held=None):
+    args = [f"data.dataset={_write(tmp_path / 'train.jsonl', rows)}", "data.eval_size=4", *extra]
+    if held is not None:
+        args.append(f"data.eval_dataset={_write(tmp_path / 'held.jsonl', held)}")
+    cfg = load_config(None, args)
+    return cfg, *load_problems(cfg)
+
+
+def test_some_unmatchable_answers_are_a_warning_all_of_them_an_error(tmp_path):
+    rows = [{"id": f"r{i}", "problem": f"p{i}", "answer": "\\text{}" if i % 5 == 0 else str(i)} for i in range(30)]
+    cfg, train, held = _cfg(tmp_path, rows, held=[{"problem": "q", "answer": "3"}])
+    lines = []
+    check_gold_answers(cfg, train, held, lines.append)
+    assert len(lines) == 1 and lines[0].startswith("warning: data.dataset: 6 of 30 gold answers cannot be matched")
+    assert "e.g. 'r0': answer '\\\\text{}'" in lines[0]
+
+    cfg, train, held = _cfg(tmp_path, [{"problem": f"p{i}", "answer": "\\text{}"} for i in range(30)],
+                            held=[{"problem": "q", "answer": "3"}])
+    with pytest.raises(ValueError, match=r"^data.dataset: none of the 30 gold answers checked can be matched .*"
+                                         r"is data.answer_key=answer the field holding the answer\?$"):
+        check_gold_answers(cfg, train, held, lines.append)
+    # trained on process rewards alone, the verifier's reward does not train: a warning
+    cfg.reward.step_rewards, cfg.reward.outcome_weight = "m:f", 0.0
+    lines.clear()
+    check_gold_answers(cfg, train, held, lines.append)
+    assert len(lines) == 1 and "30 of 30 gold answers" in lines[0]
+    # a held-out set nothing can match is refused whatever trains
+    cfg, train, held = _cfg(tmp_path, rows[1:5], held=[{"problem": "q", "answer": "}"}])
+    with pytest.raises(ValueError, match=r"^data.eval_dataset '.*held.jsonl': none of the 1 gold answers"):
+        check_gold_answers(cfg, train, held, lines.append)
+
+
+def test_a_large_training_set_is_checked_on_a_seeded_sample(tmp_path, monkeypatch):
+    from pacs_fast.trainer import problems
+
+    monkeypatch.setattr(problems, "GOLD_SAMPLE", 10)
+    rows = [{"problem": f"p{i}", "answer": "\\text{}" if i == 0 else str(i)} for i in range(200)]
+    cfg, train, held = _cfg(tmp_path, rows, held=[{"problem": "q", "answer": "3"}])
+    seen = []
+    real = gold_check.unmatchable_golds
+    monkeypatch.setattr(gold_check, "unmatchable_golds", lambda answers, **k: seen.append(list(answers)) or real(answers, **k))
+    check_gold_answers(cfg, train, held, lambda line: None)
+    assert [len(a) for a in seen] == [10, 1]
+
+
+def test_held_out_sets_that_do_not_measure_what_they_say(tmp_path):
+    rows = [{"problem": f"What is {i}+1?", "answer": str(i + 1)} for i in range(6)]
+    cfg, train, held = _cfg(tmp_path, rows)  # one row in five of 6: 1 held out, 4 asked
+    assert data_warnings(cfg, train, held) == [
+        "the held-out split holds 1 problem (one row in five of data.dataset's 6), fewer than data.eval_size=4"]
+    cfg, train, held = _cfg(tmp_path, rows * 5)  # every row five times: the held-out rows are trained on too
+    lines = data_warnings(cfg, train, held)
+    assert lines == ["4 of the 4 problems of the held-out split are also training problems (data.dataset): the "
+                     "held-out accuracy includes problems the run trains on"]
+    cfg, train, held = _cfg(tmp_path, rows, held=rows[:2])  # the training file given again, short
+    lines = data_warnings(cfg, train, held)
+    assert len(lines) == 2 and "holds 2 problems (its rows), fewer than data.eval_size=4" in lines[0]
+    assert lines[1].startswith("2 of the 2 problems of data.eval_dataset")
+    cfg, train, held = _cfg(tmp_path, rows, held=[{"problem": "new", "answer": "1"}] * 4)
+    assert data_warnings(cfg, train, held) == []
+
+
+@pytest.mark.parametrize("answer", [GSM8K_SOLUTION, "What is the sum of the first ten positive odd integers here?"])
+def test_answers_that_read_like_solutions_or_questions(tmp_path, answer):
+    rows = [{"id": f"r{i}", "problem": f"p{i}", "answer": answer if i < 3 else str(i)} for i in range(25)]
+    cfg, train, held = _cfg(tmp_path, rows)
+    lines = data_warnings(cfg, train, held)
+    assert len(lines) == 1 and lines[0].startswith("3 of the 25 gold answers read like worked solutions or questions")
+    assert lines[0].endswith("is data.answer_key=answer the final-answer field?")
+
+
+def test_the_shipped_sets_raise_no_warning():
+    for name in ("math_train", "gsm8k_train"):
+        cfg = load_config(None, [f"data.dataset={name}", "data.eval_size=64"])
+        train, held = load_problems(cfg)
+        lines = data_warnings(cfg, train, held)
+        check_gold_answers(cfg, train, held, lines.append)
+        assert lines == [], (name, lines)
+
+
+def test_a_run_with_no_matchable_answer_stops_before_any_model(tmp_path, monkeypatch):
+    from pacs_fast.trainer import session, train
+    from pacs_fast.trainer.loop import SetupError
+
+    from pacs_fast.data.tiny import make_tiny_model
+
+    make_tiny_model(tmp_path / "model", seed=0)
+    monkeypatch.setattr(session, "find_model", lambda *a, **k: pytest.fail("a model was looked for"))
+    path = _write(tmp_path / "d.jsonl", [{"problem": f"p{i}", "answer": "}"} for i in range(10)])
+    cfg = load_config(None, [f"data.dataset={path}", f"model.path={tmp_path / 'model'}", f"train.out_dir={tmp_path}",
+                             "train.progress=false"])
+    with pytest.raises(SetupError, match="none of the 8 gold answers checked can be matched"):
+        train(cfg, tmp_path / "run")
