@@ -145,3 +145,24 @@ def test_chat_template_is_used():
     assert text == f"<system>{SYSTEM_PROMPT}\n<user>Q? {INSTRUCTION}\n<assistant>"
     assert tok.decode(encode_prompts(tok, ["Q?"])[0]) == text
     assert build_prompt(tok, "Q?", use_chat_template=False).startswith(SYSTEM_PROMPT + "\n\nUser: ")
+
+
+def test_a_template_without_a_system_role_gets_the_system_text_in_the_user_message():
+    """Gemma's templates raise "System role not supported" (a jinja traceback ended the run before); the
+    system text then opens the one user message, as Gemma's own templates do with it."""
+    from pacs_fast.data.prompts import takes_system_message
+
+    tok = build_char_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+                         "{{ raise_exception('System role not supported') }}{% endif %}"
+                         "<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<model>{% endif %}")
+    assert not takes_system_message(tok)
+    text = build_prompt(tok, "Q?")
+    assert text == f"<user>{SYSTEM_PROMPT}\n\nQ? {INSTRUCTION}\n<model>"
+    assert encode_prompts(tok, ["Q?"])[0] == tok(text, add_special_tokens=False)["input_ids"]
+    assert build_prompt(tok, "Q?", system=None) == f"<user>Q? {INSTRUCTION}\n<model>"
+    # a template that fails whatever it is given: one ValueError naming the template, both tries
+    tok.chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
+    with pytest.raises(ValueError, match=r"^the tokenizer's chat template cannot render the prompt \(TemplateError: "
+                                         r"Conversation roles must alternate; without a system message: "):
+        build_prompt(tok, "Q?")

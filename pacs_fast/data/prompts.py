@@ -11,7 +11,8 @@ the plain format::
     {system}\\n\\nUser: {problem} {instruction}\\nAssistant:
 
 (the ``{system}\\n\\n`` part is left out when ``system`` is ``None`` or empty, and the instruction
-when ``instruction`` is ``None`` or empty).
+when ``instruction`` is ``None`` or empty). A chat template that refuses a system message (Gemma's) gets
+one user message, ``{system}\\n\\n{problem} {instruction}``.
 """
 from __future__ import annotations
 
@@ -38,6 +39,20 @@ def build_messages(problem: str, *, system: str | None = SYSTEM_PROMPT,
     return messages
 
 
+def _render(tokenizer, messages: list[dict[str, str]]) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def takes_system_message(tokenizer) -> bool:
+    """Whether the tokenizer's chat template renders a system message (Gemma's raise "System role not
+    supported"; :func:`build_prompt` then puts the system text first in the user message)."""
+    try:
+        _render(tokenizer, build_messages("1+1?"))
+        return True
+    except Exception:
+        return False
+
+
 def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
@@ -54,8 +69,19 @@ def build_prompt(tokenizer, problem: str, *, system: str | None = SYSTEM_PROMPT,
     if use_chat_template:
         if not has_chat_template(tokenizer):
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
-        return tokenizer.apply_chat_template(build_messages(problem, system=system, instruction=instruction),
-                                             tokenize=False, add_generation_prompt=True)
+        try:
+            return _render(tokenizer, build_messages(problem, system=system, instruction=instruction))
+        except Exception as e:  # jinja2's TemplateError: Gemma's templates raise "System role not supported"
+            if not system:
+                raise ValueError(f"the tokenizer's chat template cannot render the prompt ({type(e).__name__}: {e})") \
+                    from None
+            first = e
+        # a template without a system role: the system message goes first in the user's (as Gemma's own does)
+        try:
+            return _render(tokenizer, [{"role": "user", "content": f"{system}\n\n{user_text(problem, instruction)}"}])
+        except Exception as e:
+            raise ValueError(f"the tokenizer's chat template cannot render the prompt ({type(first).__name__}: {first}; "
+                             f"without a system message: {type(e).__name__}: {e})") from None
     head = f"{system}\n\n" if system else ""
     return f"{head}{PLAIN_USER_PREFIX}{user_text(problem, instruction)}\n{PLAIN_ASSISTANT_PREFIX}"
 

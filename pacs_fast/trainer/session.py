@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
+from pacs_fast.data.prompts import has_chat_template, takes_system_message
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.openmp import threads_beside_other_jobs
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
@@ -148,6 +149,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         model_path, timings = find_model(cfg, train_problems, world, log)
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if has_chat_template(tokenizer) and not takes_system_message(tokenizer):
+            log("note: the chat template of model.path takes no system message: the system prompt goes first in "
+                "the user message (pacs_fast/data/prompts.py)")
         train_problems, dropped_train = encode(cfg, tokenizer, train_problems, "data.dataset", log)
         held_out, dropped_held = encode(cfg, tokenizer, held_out, "the held-out set", log)
         # rank 0's reading on every rank: vLLM's derivation imports vLLM (~3 s), which learner-only ranks never need
