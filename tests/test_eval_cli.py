@@ -421,6 +421,34 @@ def test_non_utf8_benchmark_file_is_named(model_dir, tmp_path, capsys, no_model_
     _one_line_error(capsys, str(bad), "UTF-8")
 
 
+def test_a_file_named_like_a_shipped_benchmark_is_refused(model_dir, tmp_path, capsys, no_model_load):
+    """Bring-your-own-data sweep: ``x/math500.jsonl`` was keyed and labelled as MATH-500 (compared with the
+    real one), and the next eval of the shipped set in that folder said "math500 changed"."""
+    mine = tmp_path / "x" / "math500.jsonl"
+    mine.parent.mkdir()
+    mine.write_text(json.dumps({"problem": "1+1=", "answer": "2"}) + "\n")
+    assert ev.main(_run_args(model_dir, mine, tmp_path / "run")) == 2
+    _one_line_error(capsys, str(mine), "'math500' is a shipped benchmark's; rename the file")
+
+
+def test_a_home_relative_file_and_a_json_lines_json_file_load(tmp_path, monkeypatch):
+    """``~`` in a dataset path is the home folder (the loader read it literally); a ``.json`` file of one
+    object per line (what ``datasets``' ``Dataset.to_json`` writes) loads (it was "invalid JSON: Extra data")."""
+    from pacs_fast.data.datasets import load_dataset
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    rows = [{"problem": f"{i}+1=", "answer": str(i + 1)} for i in range(3)]
+    (tmp_path / "lines.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = load_dataset("~/lines.json")
+    assert [(p.problem, p.answer) for p in got] == [(r["problem"], r["answer"]) for r in rows]
+    (tmp_path / "bad.json").write_text(json.dumps(rows[0]) + "\n{cut\n")
+    with pytest.raises(ValueError, match=r"bad.json:2: invalid JSON .*not one JSON document"):
+        load_dataset(tmp_path / "bad.json")
+    (tmp_path / "broken.json").write_text("[{cut")
+    with pytest.raises(ValueError, match=r"broken.json: invalid JSON: Expecting property name"):
+        load_dataset(tmp_path / "broken.json")
+
+
 def test_empty_benchmark_is_an_error(model_dir, tmp_path, capsys, no_model_load):
     """Issue 17 item 7: an empty benchmark used to exit 0 with empty results."""
     empty = tmp_path / "empty.jsonl"

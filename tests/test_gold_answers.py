@@ -144,3 +144,23 @@ def test_a_run_with_no_matchable_answer_stops_before_any_model(tmp_path, monkeyp
                              "train.progress=false"])
     with pytest.raises(SetupError, match="none of the 8 gold answers checked can be matched"):
         train(cfg, tmp_path / "run")
+
+
+def test_eval_warns_about_a_files_gold_answers(tmp_path):
+    """``python -m pacs_fast.eval --benchmarks my.jsonl``: the same two checks, on the first 512 answers, before
+    any model loads (printed by ``_load_problems`` for user files; the shipped sets pass both)."""
+    import argparse
+
+    from pacs_fast.evaluation.args import gold_warnings
+
+    rows = [{"id": f"r{i}", "problem": f"p{i}", "answer": GSM8K_SOLUTION if i < 2 else "}" if i == 5 else str(i)}
+            for i in range(8)]
+    problems = load_dataset(_write(tmp_path / "mine.jsonl", rows))
+    args = argparse.Namespace(answer_field="answer", extraction="boxed", time_limit=5.0)
+    lines = gold_warnings(problems, args)
+    assert len(lines) == 2
+    assert lines[0].startswith("2 of 8 gold answers read like worked solutions or questions") and \
+        lines[0].endswith("is --answer-field answer the final-answer field?")
+    assert lines[1].startswith("1 of 8 gold answers cannot be matched by the verifier") and "'r5': '}'" in lines[1]
+    assert gold_warnings(problems, args, sample=6)[1].startswith("1 of 6 gold answers checked cannot")
+    assert gold_warnings(load_dataset("math_train", limit=300), args) == []

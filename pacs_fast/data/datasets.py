@@ -101,7 +101,17 @@ def _iter_rows(path: Path):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: invalid JSON: {e}") from None
+            if e.msg != "Extra data":
+                raise ValueError(f"{path}: invalid JSON: {e}") from None
+            # one object per line in a .json file (what datasets' Dataset.to_json writes by default)
+            for i, line in enumerate(text.splitlines(), start=1):
+                if line.strip():
+                    try:
+                        yield f"{path}:{i}", json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{path}:{i}: invalid JSON ({e.msg} at column {e.colno}; read as one "
+                                         f"object per line: the file is not one JSON document)") from None
+            return
         if not isinstance(data, list):
             raise ValueError(f"{path}: a .json dataset must hold a list of objects, got {type(data).__name__}")
         for i, row in enumerate(data, start=1):
@@ -148,7 +158,8 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
     """Loads math problems from a file, or a shipped dataset by name.
 
     Args:
-        path: a ``.jsonl`` / ``.jsonl.gz`` / ``.json`` (list of objects) / ``.parquet`` file, or a
+        path: a ``.jsonl`` / ``.jsonl.gz`` / ``.json`` (a list of objects, or one per line) / ``.parquet`` file
+            (``~`` expanded), or a
             shipped name (see :func:`available_datasets`).
         problem_field, answer_field: the fields holding the question and the gold answer (numbers
             are turned into text: ``27.0`` -> ``"27"``).
@@ -166,7 +177,7 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
         raise ValueError(f"limit must be >= 0, got {limit}")
     if isinstance(path, str) and path in {**BENCHMARKS, **TRAIN_SETS}:
         path = shipped_path(path)
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"dataset file not found: {path}")
     out: list[Problem] = []

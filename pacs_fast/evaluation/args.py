@@ -10,6 +10,7 @@ import importlib.util
 import math
 import os
 import re
+import sys
 from pathlib import Path
 
 from pacs_fast.config.model_files import TOKENIZER_FILES, has_tokenizer, run_folder_hint, weights_problem
@@ -168,12 +169,15 @@ def _load_problems(entry: str, args) -> tuple[str, list]:
     if entry in BENCHMARKS:
         name, problems = entry, load_benchmark(entry, limit=args.limit)
     else:
-        path = Path(entry)
+        path = Path(entry).expanduser()
         if not path.exists():
             raise UsageError(f"unknown benchmark {entry!r} (known: {', '.join(BENCHMARKS)}; or a dataset file)")
         if not path.is_file():
             raise UsageError(f"--benchmarks {entry}: not a file")
         name = path.name.split(".")[0]
+        if name in BENCHMARKS:  # its results would be filed, and compared, as the shipped set's
+            raise UsageError(f"--benchmarks {entry}: the file's name {name!r} is a shipped benchmark's; rename the "
+                             f"file (its results are keyed by the name)")
         try:
             problems = load_dataset(path, problem_field=args.problem_field, answer_field=args.answer_field,
                                     limit=args.limit, field_settings="--problem-field / --answer-field")
@@ -185,7 +189,32 @@ def _load_problems(entry: str, args) -> tuple[str, list]:
             raise UsageError(msg if str(path) in msg else f"{path}: {msg}") from None
     if not problems:
         raise UsageError(f"benchmark {name} ({entry}) holds no problems")
+    if entry not in BENCHMARKS:
+        for line in gold_warnings(problems, args):
+            print(f"warning: {entry}: {line}", file=sys.stderr)
     return name, problems
+
+
+def gold_warnings(problems: list, args, sample: int = 512) -> list[str]:
+    """A user file's gold answers that read like worked solutions or questions, and those the verifier cannot
+    match even as ``\\boxed{<gold>}`` (the first ``sample`` checked): pacs_fast/reward/gold_check.py."""
+    from pacs_fast.reward.gold_check import reads_like_prose, unmatchable_golds
+
+    lines = []
+    prose = [p for p in problems if reads_like_prose(p.answer)]
+    if prose:
+        lines.append(f"{len(prose)} of {len(problems)} gold answers read like worked solutions or questions, not "
+                     f"final answers (e.g. {prose[0].id!r}: {prose[0].answer[:60]!r}); is --answer-field "
+                     f"{args.answer_field} the final-answer field?")
+    checked = problems[:sample]
+    bad = unmatchable_golds([p.answer for p in checked], extraction=args.extraction,
+                            time_limit=args.time_limit)
+    if bad:
+        first = checked[bad[0]]
+        lines.append(f"{len(bad)} of {len(checked)} gold answers{' checked' * (len(checked) < len(problems))} cannot "
+                     f"be matched by the verifier, even by a response that states them as \\boxed{{<answer>}} "
+                     f"(e.g. {first.id!r}: {first.answer[:60]!r}): those problems score 0 whatever the model writes")
+    return lines
 
 
 def model_label(model: str) -> str:

@@ -11,9 +11,20 @@ held-out answer and a seeded sample of the training answers.
 """
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT, check_extraction, score_item
+
+_COMMAND_RE = re.compile(r"\\[A-Za-z]+")
+_WORD_RE = re.compile(r"[A-Za-z]{2,}")
+
+
+def reads_like_prose(answer: str) -> bool:
+    """A gold answer that is a worked solution (GSM8K's ``... #### 72``) or a question (swapped fields)
+    rather than a final answer: a line break, ``####``, or 8 or more words outside LaTeX commands (the
+    shipped sets' answers have at most 3). math-verify matches a response's final answer against all of it."""
+    return "\n" in answer or "####" in answer or len(_WORD_RE.findall(_COMMAND_RE.sub("", answer))) >= 8
 
 
 def unmatchable_golds(answers: Sequence[str], *, extraction: str = "reference",

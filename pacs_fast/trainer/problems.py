@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 
 import torch
 
@@ -58,20 +57,11 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
     return train, held
 
 
-_COMMAND_RE = re.compile(r"\\[A-Za-z]+")
-_WORD_RE = re.compile(r"[A-Za-z]{2,}")
 GOLD_SAMPLE = 512  # training answers checked by check_gold_answers (all held-out ones are)
 
 
 def _held_out_name(cfg: Config) -> str:
     return f"data.eval_dataset {cfg.data.eval_dataset!r}" if cfg.data.eval_dataset else "the held-out split"
-
-
-def _reads_like_prose(answer: str) -> bool:
-    """A gold answer that is a worked solution (GSM8K's ``... #### 72``) or a question (swapped keys) rather
-    than a final answer: a line break, ``####``, or 8 or more words outside LaTeX commands (the shipped
-    sets' answers have at most 3)."""
-    return "\n" in answer or "####" in answer or len(_WORD_RE.findall(_COMMAND_RE.sub("", answer))) >= 8
 
 
 def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[str]:
@@ -86,7 +76,9 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
         why = "its rows" if cfg.data.eval_dataset else f"one row in five of data.dataset's {len(train) + len(held_out)}"
         lines.append(f"{_held_out_name(cfg)} holds {len(held_out)} problem{'s' * (len(held_out) != 1)} ({why}), fewer than "
                      f"data.eval_size={cfg.data.eval_size}")
-    prose = [row for row in train + held_out if _reads_like_prose(row["answer"])]
+    from pacs_fast.reward.gold_check import reads_like_prose
+
+    prose = [row for row in train + held_out if reads_like_prose(row["answer"])]
     if prose:
         lines.append(f"{len(prose)} of the {len(train) + len(held_out)} gold answers read like worked solutions or "
                      f"questions, not final answers (a line break, '####', or 8 words or more; e.g. "
