@@ -166,3 +166,40 @@ def test_a_template_without_a_system_role_gets_the_system_text_in_the_user_messa
     with pytest.raises(ValueError, match=r"^the tokenizer's chat template cannot render the prompt \(TemplateError: "
                                          r"Conversation roles must alternate; without a system message: "):
         build_prompt(tok, "Q?")
+
+
+def test_a_problem_already_ending_with_the_instruction_gets_it_once():
+    tok = build_char_tokenizer()
+    once = build_prompt(tok, "What is 1+1?")
+    assert build_prompt(tok, f"What is 1+1? {INSTRUCTION}") == once
+    assert build_prompt(tok, f"What is 1+1? {INSTRUCTION}\n") == once.replace(INSTRUCTION, INSTRUCTION + "\n")
+    assert once.count(INSTRUCTION) == 1
+
+
+def _chatml(tok, generation_header=True):
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                         + ("{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}" if generation_header else ""))
+    return tok
+
+
+def test_prompt_warnings_name_what_the_template_will_not_build_as_meant():
+    """Bring-your-own-data sweep: a problem holding a chat template was wrapped in a second one, a template
+    that ignores add_generation_prompt left prompts without an assistant header, and a base model's EOS
+    (<|endoftext|>) is not the template's end of turn (<|im_end|>): responses ran past their turn. Each warned."""
+    from pacs_fast.data.prompts import prompt_warnings
+
+    tok = _chatml(build_char_tokenizer())
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert prompt_warnings(tok, ["What is 1+1?", "2+2?"], [end, tok.eos_token_id]) == []
+    lines = prompt_warnings(tok, ["<|im_start|>user\nWhat is 1+1?<|im_end|>", "2+2?"], [end])
+    assert lines == ["1 of 2 problems already hold the chat template's special tokens (e.g. '<|im_start|>'): each "
+                     "is wrapped in the template again; give the problems as plain text"]
+    lines = prompt_warnings(tok, ["2+2?"], [tok.eos_token_id])
+    assert len(lines) == 1 and lines[0].startswith(f"the chat template ends an assistant turn with '<|im_end|>' (id {end}), "
+                                                   f"which is not a stop token")
+    tok = _chatml(build_char_tokenizer(), generation_header=False)
+    assert prompt_warnings(tok, ["2+2?"], [end]) == [
+        "the chat template adds nothing for add_generation_prompt: each prompt ends after the user's turn, with no "
+        "assistant header for the model to answer after"]
+    assert prompt_warnings(build_char_tokenizer(), ["<s>x"], [0]) == []  # no template: the plain format

@@ -25,10 +25,13 @@ PLAIN_ASSISTANT_PREFIX = "Assistant:"
 
 
 def user_text(problem: str, instruction: str | None = INSTRUCTION) -> str:
-    """The user message: the problem, a space, the instruction (as PACS builds it)."""
+    """The user message: the problem, a space, the instruction (as PACS builds it). A problem that already
+    ends with the instruction (a dataset prepared in this format) is left as it is, not given it twice."""
     if not isinstance(problem, str):
         raise ValueError(f"problem must be a string, got {type(problem).__name__}")
-    return f"{problem} {instruction}" if instruction else problem
+    if not instruction or problem.rstrip().endswith(instruction):
+        return problem
+    return f"{problem} {instruction}"
 
 
 def build_messages(problem: str, *, system: str | None = SYSTEM_PROMPT,
@@ -102,3 +105,50 @@ def encode_prompts(tokenizer, problems: Iterable[str], *, system: str | None = S
         return []
     enc = tokenizer(texts, add_special_tokens=not use_chat_template)
     return [list(ids) for ids in enc["input_ids"]]
+
+
+def _special_tokens(tokenizer) -> dict[int, str]:
+    """id -> text of the tokenizer's special tokens: the named ones and every added token marked special
+    (``<|im_start|>`` / ``<|im_end|>`` are added tokens, not always among ``all_special_tokens``)."""
+    out = dict(zip(tokenizer.all_special_ids, tokenizer.all_special_tokens))
+    for i, token in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        if getattr(token, "special", False):
+            out[int(i)] = str(token)
+    return out
+
+
+def prompt_warnings(tokenizer, problems: list[str], stop_ids: list[int]) -> list[str]:
+    """Lines about prompts the chat template will not build as meant: problems that already hold the
+    template's special tokens (wrapped in it a second time), a template that adds no assistant header
+    (``add_generation_prompt`` changes nothing: the prompt ends after the user's turn), and an end-of-turn
+    token that is not among ``stop_ids`` (the generation's stop tokens: responses run on past their turn,
+    e.g. a base Qwen2.5 model, whose EOS is ``<|endoftext|>``, under its ``<|im_end|>`` template)."""
+    if not has_chat_template(tokenizer):
+        return []
+    lines = []
+    special = _special_tokens(tokenizer)
+    markers = [t for t in special.values() if len(t) > 2 and t != tokenizer.unk_token]
+    held = [p for p in problems if any(m in p for m in markers)]
+    if held:
+        mark = next(m for m in markers if m in held[0])
+        lines.append(f"{len(held)} of {len(problems)} problems already hold the chat template's special tokens "
+                     f"(e.g. {mark!r}): each is wrapped in the template again; give the problems as plain text")
+    messages = [{"role": "user", "content": "Q"}]
+    try:
+        with_header = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        without = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        turn = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": "A\u2063"}],
+                                             tokenize=False)
+    except Exception:  # (a template that cannot render this is reported where the prompts are built)
+        return lines
+    if with_header == without:
+        lines.append("the chat template adds nothing for add_generation_prompt: each prompt ends after the "
+                     "user's turn, with no assistant header for the model to answer after")
+    after = turn.split("A\u2063", 1)[1] if "A\u2063" in turn else ""
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after.strip() else []
+    if ids and ids[0] in special and ids[0] not in stop_ids:
+        name = special[ids[0]]
+        lines.append(f"the chat template ends an assistant turn with {name!r} (id {ids[0]}), which is not a stop token "
+                     f"(EOS of the tokenizer and generation_config.json: {stop_ids}): responses run past the end "
+                     f"of their turn until rollout.max_new_tokens; add it to generation_config.json's eos_token_id")
+    return lines

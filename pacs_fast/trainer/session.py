@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
-from pacs_fast.data.prompts import has_chat_template, takes_system_message
+from pacs_fast.data.prompts import has_chat_template, prompt_warnings, takes_system_message
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.openmp import threads_beside_other_jobs
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
@@ -152,6 +152,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         if has_chat_template(tokenizer) and not takes_system_message(tokenizer):
             log("note: the chat template of model.path takes no system message: the system prompt goes first in "
                 "the user message (pacs_fast/data/prompts.py)")
+        problems = [p["problem"] for p in train_problems[:2000] if "prompt" not in p]
+        for line in prompt_warnings(tokenizer, problems, _stop_ids(model_path, tokenizer)) if problems else []:
+            log(f"warning: {line}")
         train_problems, dropped_train = encode(cfg, tokenizer, train_problems, "data.dataset", log)
         held_out, dropped_held = encode(cfg, tokenizer, held_out, "the held-out set", log)
         # rank 0's reading on every rank: vLLM's derivation imports vLLM (~3 s), which learner-only ranks never need
@@ -217,6 +220,19 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
             s.logger.log("eval", 0, s.initial_eval)
         log(eval_line(0, s.initial_eval))
     return s
+
+
+def _stop_ids(model_path, tokenizer) -> list[int]:
+    """The EOS ids generation stops at (the engines': the tokenizer's and generation_config.json's)."""
+    from transformers import GenerationConfig
+
+    ids = [tokenizer.eos_token_id]
+    try:
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except (OSError, ValueError):  # no generation_config.json
+        eos = None
+    ids += eos if isinstance(eos, (list, tuple)) else [eos]
+    return sorted({int(i) for i in ids if i is not None})
 
 
 def find_model(cfg: Config, train_problems: list[dict], world: World, log) -> tuple[Path, dict]:
