@@ -203,3 +203,27 @@ def test_prompt_warnings_name_what_the_template_will_not_build_as_meant():
         "the chat template adds nothing for add_generation_prompt: each prompt ends after the user's turn, with no "
         "assistant header for the model to answer after"]
     assert prompt_warnings(build_char_tokenizer(), ["<s>x"], [0]) == []  # no template: the plain format
+
+
+def test_verl_parquet_nested_fields_and_decimal_answers(tmp_path):
+    """Bring-your-own-data sweep: verl's parquet layout (``prompt`` as chat messages, the answer in
+    ``reward_model.ground_truth``) could not be read, dotted field names were taken literally, and a
+    parquet decimal column was refused ("got Decimal")."""
+    from decimal import Decimal
+
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"What is {i}+1?"}],
+             "reward_model": {"ground_truth": str(i + 1), "style": "rule"}, "price": Decimal(f"{i}.50")}
+            for i in range(3)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "verl.parquet")
+    got = load_dataset(tmp_path / "verl.parquet", problem_field="prompt", answer_field="reward_model.ground_truth")
+    assert [(p.problem, p.answer) for p in got] == [(f"What is {i}+1?", str(i + 1)) for i in range(3)]
+    got = load_dataset(tmp_path / "verl.parquet", problem_field="prompt", answer_field="price")
+    assert [p.answer for p in got] == ["0.5", "1.5", "2.5"]
+    with pytest.raises(ValueError, match=r"missing field 'reward_model.truth' .*a dotted name reads a nested one"):
+        load_dataset(tmp_path / "verl.parquet", problem_field="prompt", answer_field="reward_model.truth")
+    path = tmp_path / "dotted.jsonl"  # a literal dotted key wins over the nested reading
+    path.write_text(json.dumps({"q": "1+1?", "a.b": "2", "a": {"b": "3"}}) + "\n")
+    assert load_dataset(path, problem_field="q", answer_field="a.b")[0].answer == "2"

@@ -43,8 +43,9 @@ class ModelConfig:
 class DataConfig:
     dataset: str = _f("arithmetic", "'arithmetic' (built-in task), a shipped set (math_train, gsm8k_train) or a "
                       "JSONL/parquet file with problem/answer fields")
-    problem_key: str = _f("problem", "field holding the question")
-    answer_key: str = _f("answer", "field holding the gold answer")
+    problem_key: str = _f("problem", "field holding the question (a dotted name reads a nested field; chat messages, "
+                          "as verl's 'prompt' column: the last user message)")
+    answer_key: str = _f("answer", "field holding the gold answer (verl's parquet: reward_model.ground_truth)")
     eval_dataset: str = _f("", "held-out set: a shipped benchmark (math500, amc23, aime2024, aime2025) or a "
                            "JSONL/parquet file; empty = a held-out split of the training data")
     eval_size: int = _f(128, "number of held-out problems evaluated")

@@ -133,6 +133,22 @@ def _iter_rows(path: Path):
                 raise ValueError(f"{path}:{i}: invalid JSON ({e.msg} at column {e.colno})") from None
 
 
+_MISSING = object()
+
+
+def _field(row: dict, name: str):
+    """``row[name]``; a dotted ``name`` not in the row reads nested objects (verl's parquet files keep the
+    answer in ``reward_model.ground_truth``). ``_MISSING`` when absent."""
+    if name in row:
+        return row[name]
+    value = row
+    for part in name.split(".") if "." in name else [None]:
+        if part is None or not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
 def _answer_text(value: Any, where: str, field_name: str) -> str:
     if isinstance(value, str):
         if not value.strip():
@@ -142,6 +158,11 @@ def _answer_text(value: Any, where: str, field_name: str) -> str:
         raise ValueError(f"{where}: field {field_name!r} must be a string or a number, got {value!r}")
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, Decimal):  # a parquet decimal column
+        if not value.is_finite():
+            raise ValueError(f"{where}: field {field_name!r} is not a finite number ({value})")
+        text = format(value.normalize(), "f")
+        return text if text not in ("-0",) else "0"
     if isinstance(value, float):
         if not math.isfinite(value):  # JSON's NaN / Infinity: never trained as the text "nan"
             raise ValueError(f"{where}: field {field_name!r} is not a finite number ({value!r})")
@@ -162,7 +183,9 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
             (``~`` expanded), or a
             shipped name (see :func:`available_datasets`).
         problem_field, answer_field: the fields holding the question and the gold answer (numbers
-            are turned into text: ``27.0`` -> ``"27"``).
+            are turned into text: ``27.0`` -> ``"27"``); a dotted name reads a nested field
+            (``reward_model.ground_truth``), and a problem given as chat messages (verl's ``prompt``
+            column) is its last user message.
         id_field: the field holding a unique id; by default ``"id"`` when present, else the row
             index (0, 1, ...). Given explicitly, every row must have it.
         source_field: optional field copied into :attr:`Problem.source`.
@@ -186,16 +209,23 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
             break
         if not isinstance(row, dict):
             raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        values = {}
         for name in (problem_field, answer_field) + ((id_field,) if id_field else ()):
-            if name not in row:
+            values[name] = _field(row, name)
+            if values[name] is _MISSING:
                 raise ValueError(f"{where}: missing field {name!r} (the row has: {', '.join(map(str, row))}); "
-                                 f"choose the field with {field_settings}")
-        problem = row[problem_field]
+                                 f"choose the field with {field_settings} (a dotted name reads a nested one: "
+                                 f"reward_model.ground_truth)")
+        problem = values[problem_field]
+        if isinstance(problem, list) and problem and all(isinstance(m, dict) and "content" in m for m in problem):
+            # chat messages (verl's "prompt" column): the last user message is the problem
+            users = [m["content"] for m in problem if m.get("role") == "user"]
+            problem = users[-1] if users else problem
         if not isinstance(problem, str) or not problem.strip():
             raise ValueError(f"{where}: field {problem_field!r} must be a non-empty string")
-        answer = _answer_text(row[answer_field], where, answer_field)
+        answer = _answer_text(values[answer_field], where, answer_field)
         if id_field:
-            pid = str(row[id_field])
+            pid = str(values[id_field])
         else:
             pid = str(row["id"]) if "id" in row and row["id"] is not None else str(len(out))
         used = {problem_field, answer_field, id_field or "id", source_field}
