@@ -345,8 +345,10 @@ def _check_prompt_lengths(args, engine_name: str, engine, tokenizer, sets, todo)
                    else "the HF engine generates past the model's max_position_embeddings")
             print(f"warning: {bench}: {len(short)} of {len(lengths)} prompts leave fewer than --max-tokens "
                   f"{args.max_tokens} tokens of the model's context of {context} tokens: {cut}; the longest, "
-                  f"problem {i} (id {problems[i].id}), has {lengths[i]} prompt tokens; --max-tokens "
-                  f"{max(context - lengths[i], 1)} or lower leaves room for every response", file=sys.stderr)
+                  f"problem {i} (id {problems[i].id}), has {lengths[i]} prompt tokens; " +
+                  (f"--max-tokens {context - lengths[i]} or lower leaves room for every response"
+                   if lengths[i] < context else "no --max-tokens leaves room for it: that prompt alone fills the "
+                   "context"), file=sys.stderr)
 
 
 def _generate(args, out_dir: Path, sets, ns, todo) -> None:

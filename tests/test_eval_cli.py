@@ -198,6 +198,12 @@ def test_responses_the_context_cannot_hold_are_named(model_dir, dataset, tmp_pat
         in warnings[0] and "the HF engine generates past" in warnings[0] and "or lower leaves room" in warnings[0]
     assert ev.main(_run_args(short, dataset, tmp_path / "run2", "--max-tokens", "6", "--limit", "2")) == 0
     assert "warning: toy:" not in capsys.readouterr().err
+    # a prompt longer than the context: no --max-tokens can help (it said "--max-tokens 1 or lower leaves room")
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 40}))
+    assert ev.main(_run_args(short, dataset, tmp_path / "run3", "--max-tokens", "6", "--limit", "1")) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: toy:")]
+    assert len(warnings) == 1 and warnings[0].endswith("no --max-tokens leaves room for it: that prompt alone fills "
+                                                       "the context"), warnings
 
 
 def test_resume_after_interruption(model_dir, dataset, tmp_path, monkeypatch):

@@ -66,6 +66,22 @@ def test_prompts_that_leave_less_than_max_new_tokens_are_a_warning_per_set(engin
     assert lines == []
 
 
+def test_a_prompt_that_fills_the_context_gets_advice_that_can_help():
+    """Bring-your-own-data sweep: a prompt of 131 tokens for a 64-token context was told
+    "rollout.max_new_tokens=1 or lower leaves room" (nothing can), and a drop that drops every prompt."""
+    cfg = load_config(None, ["rollout.engine=hf", "rollout.max_new_tokens=8"])
+    lines = []
+    check_context(cfg, 64, [("data.dataset", problems([131, 10]))], lines.append)
+    assert len(lines) == 1 and lines[0].endswith("data.max_prompt_tokens=56 or lower drops them"), lines
+    lines.clear()
+    check_context(cfg, 64, [("data.dataset", problems([131, 70]))], lines.append)
+    assert len(lines) == 1 and lines[0].endswith("every prompt has more than 56 tokens: give a model with a longer "
+                                                 "context (max_position_embeddings) or shorter problems"), lines
+    with pytest.raises(ValueError, match="every prompt has more than 56 tokens"):
+        check_context(load_config(None, ["rollout.engine=vllm", "rollout.max_new_tokens=8"]), 64,
+                      [("data.dataset", problems([131, 70]))], lines.append)
+
+
 def test_hf_context_is_max_position_embeddings_unless_rope_is_scaled(tmp_path):
     cfg = load_config(None, ["rollout.engine=hf"])
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))

@@ -157,11 +157,15 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
     if not context:
         return
     new, vllm = cfg.rollout.max_new_tokens, cfg.rollout.engine == "vllm"
-    drop = f"data.max_prompt_tokens={context - new if context > new else context - 1} or lower drops them"
+    threshold = context - new if context > new else context - 1
+    drop = f"data.max_prompt_tokens={threshold} or lower drops them"
     for what, problems in sets:
         lengths = [len(p["prompt_ids"]) for p in problems]
         i = max(range(len(lengths)), key=lengths.__getitem__)
         longest = f"the longest (problem {problems[i].get('id', i)!r}) has {lengths[i]} tokens, chat template included"
+        if all(n > threshold for n in lengths):  # dropping would leave nothing, and no response length helps
+            drop = (f"every prompt has more than {threshold} tokens: give a model with a longer context "
+                    f"(max_position_embeddings) or shorter problems")
         over = sum(n >= context for n in lengths)
         if vllm and over:
             raise ValueError(f"{what}: {over} of {len(lengths)} prompts do not fit the model's context of {context} "
@@ -170,8 +174,10 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
         if short:
             cut = ("vLLM ends their responses at the context" if vllm
                    else "the HF engine generates past the model's max_position_embeddings")
-            room = f"rollout.max_new_tokens={max(context - lengths[i], 1)} or lower leaves room for every response"
-            fix = room if new >= context else f"{drop}, or {room}"  # no prompt leaves room for new >= context
+            room = f"rollout.max_new_tokens={context - lengths[i]} or lower leaves room for every response"
+            # no response length leaves room once the longest prompt fills the context, nor a drop when new >= context
+            fix = drop if lengths[i] >= context or all(n > threshold for n in lengths) else \
+                room if new >= context else f"{drop}, or {room}"
             log(f"WARNING: {what}: {short} of {len(lengths)} prompts leave fewer than rollout.max_new_tokens={new} "
                 f"tokens of the model's context of {context}: {cut}; {longest}; {fix}")
 
