@@ -44,7 +44,7 @@ from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, che
                                        model_label, read_json)
 from pacs_fast.files import write_text_atomic
 from pacs_fast.gc_heap import freeze_at_start_up
-from pacs_fast.evaluation.report import markdown_table, plot_pass_at_k
+from pacs_fast.evaluation.report import comparison_warnings, markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, load_results,
                                           problem_digest, read_samples, results_from_samples, samples_path)
 from pacs_fast.reward.verifier import EXTRACTIONS
@@ -461,6 +461,8 @@ def compare(argv: list[str]) -> int:
             raise UsageError(f"--labels: {len(labels)} labels for {len(results)} results files")
         for r, lab in zip(results, labels):
             r["label"] = lab
+    for line in comparison_warnings(results):
+        print(f"warning: {line}", file=sys.stderr)
     table = markdown_table(results, args.table_k)
     plot_pass_at_k(results, args.out)
     if args.table:

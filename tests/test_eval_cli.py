@@ -350,9 +350,19 @@ def test_compare_two_results(tmp_path, capsys):
     assert table[2].startswith("| base |") and table[3].startswith("| pacs |")
     assert f"**{100 * _hand_pass_at_k(4, [2, 3, 4], 1):.2f}**" in table[3]
     assert png.stat().st_size > 1000
-    capsys.readouterr()
+    assert "warning" not in capsys.readouterr().err
     assert ev.main(["compare", *map(str, files), "--out", str(png), "--labels", "a"]) == 2
     assert "labels" in capsys.readouterr().err
+    # another problem set under the same name, and a label twice: compared without a word before
+    # (bring-your-own-data sweep); a warning each, the table still written
+    for label, ids in (("base", ["0", "1"]), ("pacs", ["0", "1", "2"])):
+        res = json.loads((tmp_path / f"{label}.json").read_text())
+        res["benchmarks"]["aime2024"].update(ids=ids, num_problems=len(ids))
+        (tmp_path / f"{label}.json").write_text(json.dumps(res))
+    assert ev.main(["compare", *map(str, files), str(files[0]), "--out", str(png)]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert err == ["warning: AIME 2024: the results evaluated different problems (base: 2, pacs: 3, base: 2 problems): "
+                   "their pass@k are not comparable", "warning: 2 rows share a label ('base'): name them with --labels"]
 
 
 def _one_line_error(capsys, *needles):

@@ -36,6 +36,26 @@ def table_ks(n_min: int, ks: list[int] | None = None) -> list[int]:
     return out
 
 
+def comparison_warnings(results: list[dict[str, Any]]) -> list[str]:
+    """What makes a table of these results mislead (``python -m pacs_fast.eval compare``): a benchmark whose
+    results hold different problems (another file of the same name, a ``--limit``: their pass@k are not
+    comparable), and two rows with one label (``--labels`` names them)."""
+    lines = []
+    for b in _ordered({b for r in results for b in r["benchmarks"]}):
+        held = [(i, r["benchmarks"][b]) for i, r in enumerate(results) if b in r["benchmarks"]]
+        keys = {tuple(sorted(map(str, br.get("ids") or []))) or br.get("num_problems") for _, br in held}
+        if len(keys) > 1:
+            sizes = ", ".join(f"{_label(results[i], i)}: {br.get('num_problems', '?')}" for i, br in held)
+            lines.append(f"{DISPLAY_NAMES.get(b, b)}: the results evaluated different problems ({sizes} problems): "
+                         f"their pass@k are not comparable")
+    labels = [_label(r, i) for i, r in enumerate(results)]
+    repeated = sorted({x for x in labels if labels.count(x) > 1})
+    if repeated:
+        shared = sum(labels.count(x) for x in repeated)
+        lines.append(f"{shared} rows share a label ({', '.join(map(repr, repeated))}): name them with --labels")
+    return lines
+
+
 def markdown_table(results: list[dict[str, Any]], ks: list[int] | None = None) -> str:
     """One row per model, one column group per benchmark (MATH-500, AMC23, AIME 2024, AIME 2025,
     then others), pass@k in percent with two decimals, the best value of each column in bold,
