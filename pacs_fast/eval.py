@@ -43,10 +43,10 @@ from pacs_fast.data.datasets import BENCHMARKS
 from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, load_benchmarks,
                                        model_label, read_json)
 from pacs_fast.files import write_text_atomic
-from pacs_fast.gc_heap import freeze_at_start_up
 from pacs_fast.evaluation.report import comparison_warnings, markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, load_results,
                                           problem_digest, read_samples, results_from_samples, samples_path)
+from pacs_fast.gc_heap import freeze_at_start_up
 from pacs_fast.reward.verifier import EXTRACTIONS
 from pacs_fast.trainer.run_folder import RunLock
 

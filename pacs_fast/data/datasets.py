@@ -141,9 +141,11 @@ def _field(row: dict, name: str):
     answer in ``reward_model.ground_truth``). ``_MISSING`` when absent."""
     if name in row:
         return row[name]
+    if "." not in name:
+        return _MISSING
     value = row
-    for part in name.split(".") if "." in name else [None]:
-        if part is None or not isinstance(value, dict) or part not in value:
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
             return _MISSING
         value = value[part]
     return value
@@ -162,7 +164,7 @@ def _answer_text(value: Any, where: str, field_name: str) -> str:
         if not value.is_finite():
             raise ValueError(f"{where}: field {field_name!r} is not a finite number ({value})")
         text = format(value.normalize(), "f")
-        return text if text not in ("-0",) else "0"
+        return "0" if text == "-0" else text
     if isinstance(value, float):
         if not math.isfinite(value):  # JSON's NaN / Infinity: never trained as the text "nan"
             raise ValueError(f"{where}: field {field_name!r} is not a finite number ({value!r})")

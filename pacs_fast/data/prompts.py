@@ -83,8 +83,8 @@ def build_prompt(tokenizer, problem: str, *, system: str | None = SYSTEM_PROMPT,
         try:
             return _render(tokenizer, [{"role": "user", "content": f"{system}\n\n{user_text(problem, instruction)}"}])
         except Exception as e:
-            raise ValueError(f"the tokenizer's chat template cannot render the prompt ({type(first).__name__}: {first}; "
-                             f"without a system message: {type(e).__name__}: {e})") from None
+            raise ValueError(f"the tokenizer's chat template cannot render the prompt ({type(first).__name__}: "
+                             f"{first}; without a system message: {type(e).__name__}: {e})") from None
     head = f"{system}\n\n" if system else ""
     return f"{head}{PLAIN_USER_PREFIX}{user_text(problem, instruction)}\n{PLAIN_ASSISTANT_PREFIX}"
 

@@ -74,8 +74,8 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
         return lines
     if len(held_out) < cfg.data.eval_size:
         why = "its rows" if cfg.data.eval_dataset else f"one row in five of data.dataset's {len(train) + len(held_out)}"
-        lines.append(f"{_held_out_name(cfg)} holds {len(held_out)} problem{'s' * (len(held_out) != 1)} ({why}), fewer than "
-                     f"data.eval_size={cfg.data.eval_size}")
+        lines.append(f"{_held_out_name(cfg)} holds {len(held_out)} problem{'s' * (len(held_out) != 1)} ({why}), "
+                     f"fewer than data.eval_size={cfg.data.eval_size}")
     from pacs_fast.reward.gold_check import reads_like_prose
 
     prose = [row for row in train + held_out if reads_like_prose(row["answer"])]
@@ -83,7 +83,8 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
         lines.append(f"{len(prose)} of the {len(train) + len(held_out)} gold answers read like worked solutions or "
                      f"questions, not final answers (a line break, '####', or 8 words or more; e.g. "
                      f"{prose[0].get('id', '')!r}: {prose[0]['answer'][:60]!r}): the verifier matches a response's "
-                     f"final answer against all of it; is data.answer_key={cfg.data.answer_key} the final-answer field?")
+                     f"final answer against all of it; is data.answer_key={cfg.data.answer_key} the final-answer "
+                     f"field?")
     seen = {" ".join(row["problem"].split()) for row in train}
     shared = sum(" ".join(row["problem"].split()) in seen for row in held_out)
     if shared:
@@ -118,8 +119,9 @@ def check_gold_answers(cfg: Config, train: list[dict], held_out: list[dict], log
         checked = f"of {len(rows)} checked" if len(rows) < total else f"of {total}"
         if fatal and len(bad) == len(rows):
             key = f"data.answer_key={cfg.data.answer_key}"
-            raise ValueError(f"{what}: none of the {len(rows)} gold answers checked can be matched by the verifier, even by a response that states them as \\boxed{{<answer>}} "
-                             f"({example}): every reward would be 0; is {key} the field holding the answer?")
+            raise ValueError(f"{what}: none of the {len(rows)} gold answers checked can be matched by the verifier, "
+                             f"even by a response that states them as \\boxed{{<answer>}} ({example}): every reward "
+                             f"would be 0; is {key} the field holding the answer?")
         log(f"warning: {what}: {len(bad)} {checked} gold answers cannot be matched by the verifier, even by a "
             f"response that states them as \\boxed{{<answer>}} ({example}): those problems score 0 whatever "
             f"the model writes")
@@ -158,14 +160,14 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
         return
     new, vllm = cfg.rollout.max_new_tokens, cfg.rollout.engine == "vllm"
     threshold = context - new if context > new else context - 1
-    drop = f"data.max_prompt_tokens={threshold} or lower drops them"
+    drop_them = f"data.max_prompt_tokens={threshold} or lower drops them"
     for what, problems in sets:
         lengths = [len(p["prompt_ids"]) for p in problems]
         i = max(range(len(lengths)), key=lengths.__getitem__)
         longest = f"the longest (problem {problems[i].get('id', i)!r}) has {lengths[i]} tokens, chat template included"
-        if all(n > threshold for n in lengths):  # dropping would leave nothing, and no response length helps
-            drop = (f"every prompt has more than {threshold} tokens: give a model with a longer context "
-                    f"(max_position_embeddings) or shorter problems")
+        none_fit = all(n > threshold for n in lengths)  # dropping would leave nothing, no response length helps
+        drop = (f"every prompt has more than {threshold} tokens: give a model with a longer context "
+                f"(max_position_embeddings) or shorter problems") if none_fit else drop_them
         over = sum(n >= context for n in lengths)
         if vllm and over:
             raise ValueError(f"{what}: {over} of {len(lengths)} prompts do not fit the model's context of {context} "
@@ -176,8 +178,7 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
                    else "the HF engine generates past the model's max_position_embeddings")
             room = f"rollout.max_new_tokens={context - lengths[i]} or lower leaves room for every response"
             # no response length leaves room once the longest prompt fills the context, nor a drop when new >= context
-            fix = drop if lengths[i] >= context or all(n > threshold for n in lengths) else \
-                room if new >= context else f"{drop}, or {room}"
+            fix = drop if lengths[i] >= context or none_fit else room if new >= context else f"{drop}, or {room}"
             log(f"WARNING: {what}: {short} of {len(lengths)} prompts leave fewer than rollout.max_new_tokens={new} "
                 f"tokens of the model's context of {context}: {cut}; {longest}; {fix}")
 

@@ -31,8 +31,8 @@ from pacs_fast.trainer.metrics import MetricsLogger, Progress
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
 from pacs_fast.trainer.preflight import (check_cpus, check_megatron_model, check_memory, check_tensor_parallel,
                                          memory_warnings, model_context)
-from pacs_fast.trainer.problems import (check_context, check_gold_answers, check_token_budget, data_digest, data_warnings,
-                                        encode, load_problems)
+from pacs_fast.trainer.problems import (check_context, check_gold_answers, check_token_budget, data_digest,
+                                        data_warnings, encode, load_problems)
 from pacs_fast.trainer.rewards import Scorer, check_callables
 from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir
 from pacs_fast.trainer.sampler import PromptSampler
