@@ -227,3 +227,20 @@ def test_verl_parquet_nested_fields_and_decimal_answers(tmp_path):
     path = tmp_path / "dotted.jsonl"  # a literal dotted key wins over the nested reading
     path.write_text(json.dumps({"q": "1+1?", "a.b": "2", "a": {"b": "3"}}) + "\n")
     assert load_dataset(path, problem_field="q", answer_field="a.b")[0].answer == "2"
+
+
+def test_prompts_are_encoded_a_chunk_at_a_time_with_the_same_ids(monkeypatch):
+    """encode_prompts tokenises ENCODE_CHUNK prompts per call (one call over a 100k-row set held +2 GB,
+    bench/bench_encode_memory.py): chunk edges change no id."""
+    from pacs_fast.data import prompts
+
+    tok = build_char_tokenizer()
+    problems = [f"What is {i}+{i * 7}?" for i in range(10)]
+    want = [tok(build_prompt(tok, p))["input_ids"] for p in problems]
+    monkeypatch.setattr(prompts, "ENCODE_CHUNK", 3)
+    calls = []
+    real = type(tok).__call__
+    monkeypatch.setattr(type(tok), "__call__", lambda self, texts, **k: calls.append(len(texts)) or real(self, texts, **k))
+    assert encode_prompts(tok, iter(problems)) == want
+    assert calls == [3, 3, 3, 1]
+    assert encode_prompts(tok, []) == []
