@@ -41,7 +41,8 @@ quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, th
 
 from pacs_fast.config import help_text, load_config, validate  # noqa: E402
 from pacs_fast.gc_heap import freeze_at_start_up  # noqa: E402
-from pacs_fast.trainer.run_folder import check_moved_files, claim_run_dir, resume_config  # noqa: E402
+from pacs_fast.trainer.run_folder import (check_moved_files, claim_run_dir, record_absolute_paths,  # noqa: E402
+                                         resume_config)
 
 
 def parse_args(argv: list[str] | None = None):
@@ -77,6 +78,7 @@ def resolve(args) -> tuple[object, Path]:
     else:
         cfg = load_config(args.config, args.overrides)
         validate(cfg)
+        record_absolute_paths(cfg)  # config.yaml names the files wherever --resume runs from
         run_dir = claim_run_dir(cfg)
     validate(cfg)
     return cfg, run_dir

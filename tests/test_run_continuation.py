@@ -77,6 +77,32 @@ def test_a_moved_dataset_file_is_given_again_and_checked(finished, tmp_path, cap
     assert f"dataset: {moved}" in (run / "config.yaml").read_text()
 
 
+def test_relative_paths_are_recorded_whole_and_a_resume_runs_from_any_folder(finished, tmp_path, capsys, cache,  # noqa: F811
+                                                                            monkeypatch):
+    """Bring-your-own-data sweep: config.yaml kept ``data.dataset: d/six.jsonl`` as given, and a ``--resume``
+    from another folder said the data "no longer exists"."""
+    import os
+
+    import yaml
+
+    (tmp_path / "d").mkdir()
+    data = tmp_path / "d" / "six.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(40)))
+    model = finished / "checkpoints" / "step_000004"
+    monkeypatch.chdir(tmp_path)
+    args = TINY + [f"warmup.cache_dir={cache}", "train.out_dir=runs", "train.run_name=r", "train.steps=1",
+                   "train.save_every=1", "data.dataset=d/six.jsonl", f"model.path={os.path.relpath(model)}"]
+    code, _, err = cli(args, capsys)
+    assert code == 0, err
+    run = tmp_path / "runs" / "r"
+    recorded = yaml.safe_load((run / "config.yaml").read_text())
+    assert recorded["data"]["dataset"] == str(data) and recorded["model"]["path"] == str(model)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    code, out, err = cli(["--resume", str(run), "train.steps=2"], capsys)
+    assert code == 0 and "(step 1)" in out, err
+
+
 @pytest.mark.parametrize("edit", ["changed", "shorter"])
 def test_a_resume_on_other_data_is_one_line_before_any_model_work(finished, tmp_path, capsys, cache, monkeypatch,  # noqa: F811
                                                                   edit):

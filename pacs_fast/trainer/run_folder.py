@@ -189,6 +189,18 @@ def _gone(path) -> bool:
         not Path(str(path)).expanduser().exists()
 
 
+def record_absolute_paths(cfg: Config) -> None:
+    """A new run's files (:data:`MOVABLE_KEYS`) as absolute paths (``os.path.abspath``: a symlink stays one),
+    so that its ``config.yaml`` names them wherever ``--resume`` is run from (a relative ``data.dataset``
+    was "no longer there" from another folder). Shipped names, hub ids and paths that do not exist here stay
+    as given."""
+    for key in sorted(MOVABLE_KEYS):
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value and not _gone(value) and value not in SHIPPED_DATASETS + ("arithmetic",):
+            setattr(getattr(cfg, section), name, os.path.abspath(os.path.expanduser(value)))
+
+
 def check_moved_files(run_dir: Path, cfg: Config, newest: Path | None) -> None:
     """For ``--resume``: a recorded model folder or data file that is gone is one line saying how to continue
     (its new place as an override; for the model, a checkpoint's copy), before any model work."""
