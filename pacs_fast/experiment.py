@@ -85,9 +85,13 @@ def processes(cfg) -> int:
 
 
 def intended_config(config: str | None, argv: list[str]):
+    """The config a job's trainer records in its ``config.yaml`` (its files as absolute paths, as the trainer
+    writes them: a relative ``data.dataset`` otherwise read as another setting on the next run)."""
     from pacs_fast.config import load_config, validate
+    from pacs_fast.trainer.run_folder import record_absolute_paths
     cfg = load_config(config, argv)
     validate(cfg, world=processes(cfg))
+    record_absolute_paths(cfg)
     return cfg
 
 

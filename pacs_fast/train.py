@@ -75,6 +75,7 @@ def resolve(args) -> tuple[object, Path]:
         cfg = resume_config(run_dir, args.overrides, checkpoint=intact[0] if intact else None)
         check_resumable(run_dir, cfg.train.steps)
         check_moved_files(run_dir, cfg, intact[0] if intact else None)
+        record_absolute_paths(cfg)  # a moved file's new place, given relative, is recorded whole too
     else:
         cfg = load_config(args.config, args.overrides)
         validate(cfg)

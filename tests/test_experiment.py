@@ -143,3 +143,24 @@ def test_more_threads_per_run_than_cpus_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"--threads {n + 1} (per run) is more than the {n} CPUs" in err and err.count("\n") == 1, err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_relative_data_file_is_not_another_setting_on_the_next_run(tmp_path, monkeypatch):
+    """The trainer records its files as absolute paths (config.yaml, run_folder.record_absolute_paths): the
+    runner's comparison of a finished run with the job takes them alike, or a relative data.dataset read as
+    another setting ("mismatch") when the experiment was run again."""
+    from pacs_fast.config import save_config
+
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"problem": f"{i}+1=", "answer": str(i + 1)}) + "\n"
+                                              for i in range(30)))
+    from pacs_fast.data.tiny import make_tiny_model
+
+    make_tiny_model(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    job = ex.make_jobs([ex.parse_arm("pacs")], [0], ["data.dataset=d.jsonl", "model.path=m"], tmp_path / "out")[0]
+    cfg = ex.intended_config(None, job.argv)
+    assert cfg.data.dataset == str(tmp_path / "d.jsonl") and cfg.model.path == str(tmp_path / "m")
+    job.run_dir.mkdir(parents=True)
+    save_config(cfg, job.run_dir / "config.yaml")  # as the trainer wrote it
+    (job.run_dir / "summary.json").write_text("{}")
+    assert ex.job_state(job, None) == "done"
