@@ -123,6 +123,10 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--extraction", default="reference", choices=EXTRACTIONS,
                    help="what the verifier reads: reference (PACS's: a 'final answer is' phrase, else the boxed "
                         "answers, else the last expression) or boxed (only complete \\boxed{} answers)")
+    p.add_argument("--system-prompt", default="pacs",
+                   help="system message: pacs (the paper's, the trainer's default), '' (none) or the text")
+    p.add_argument("--instruction", default="pacs",
+                   help="text after each problem: pacs (the paper's \\boxed{} instruction), '' (none) or the text")
     p.add_argument("--problem-field", default="problem", help="question field of dataset files")
     p.add_argument("--answer-field", default="answer", help="gold answer field of dataset files")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -131,6 +135,14 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+def _prompt_kwargs(args) -> dict:
+    """``system`` / ``instruction`` of every prompt from ``--system-prompt`` / ``--instruction``."""
+    from pacs_fast.data.prompts import prompt_parts
+
+    system, instruction = prompt_parts(args.system_prompt, args.instruction)
+    return {"system": system, "instruction": instruction}
+
+
 def _n_for(name: str, spec, temperature: float) -> int:
     """Samples per problem of one benchmark: ``--n`` when it names one, else the paper's; at
     ``--temperature 0`` (greedy decoding, every sample the same) 1, and more is an error."""
@@ -189,7 +201,8 @@ def vllm_cpu_sizes(args, sets, todo, ns) -> dict:
     from pacs_fast.rollout.vllm_setup import CPU_MAX_NUM_SEQS, derived_max_model_len
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    longest = max(len(p) for b in sets for p in encode_prompts(tokenizer, [sets[b][i].problem for i in todo[b]]))
+    longest = max(len(p) for b in sets
+                  for p in encode_prompts(tokenizer, [sets[b][i].problem for i in todo[b]], **_prompt_kwargs(args)))
     sequences = max(args.samples_per_call, *ns.values())  # one call: samples_per_call // n prompts, n samples each
     return {"max_model_len": min(longest + args.max_tokens, derived_max_model_len(args.model)),
             "cpu_kv_cache_sequences": min(sequences, CPU_MAX_NUM_SEQS)}
@@ -269,8 +282,6 @@ def write_reports(out_dir: Path, results: dict, table_k=None) -> str:
 def run(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
     check_run_args(args)  # numbers, choices, the model folder, --out: before anything loads
-    from pacs_fast.data.prompts import INSTRUCTION, SYSTEM_PROMPT
-
     model_id = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     label = args.label or model_label(args.model)
     out_dir = Path(args.out or Path("eval_results") / label)
@@ -282,8 +293,7 @@ def run(argv: list[str]) -> int:
     ns = {b: _n_for(b, args.n, args.temperature) for b in sets}
     check_ks(args.k, ns, greedy=args.temperature == 0)
     config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p,
-              "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, "system": SYSTEM_PROMPT,
-              "instruction": INSTRUCTION}
+              "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, **_prompt_kwargs(args)}
     config["engine"], config["dtype"] = _engine_and_dtype(args)
     config["extraction"] = args.extraction
     try:  # one eval per --out: a second appended every sample again, and its --overwrite deleted the first's
@@ -327,8 +337,8 @@ def _check_prompt_lengths(args, engine_name: str, engine, tokenizer, sets, todo)
     if not context:
         return
     for bench, problems in sets.items():
-        lengths = {i: len(p) for i, p in zip(todo[bench], encode_prompts(tokenizer, [problems[i].problem
-                                                                                   for i in todo[bench]]))}
+        texts = [problems[i].problem for i in todo[bench]]
+        lengths = {i: len(p) for i, p in zip(todo[bench], encode_prompts(tokenizer, texts, **_prompt_kwargs(args)))}
         if not lengths:
             continue
         long = [i for i, n in lengths.items() if limit and n >= limit]
@@ -379,9 +389,10 @@ def _generate(args, out_dir: Path, sets, ns, todo) -> None:
                 seed = zlib.crc32(f"{args.seed}:{bench}:{start}".encode()) & 0x7FFFFFFF
                 params = SamplingParams(n=n, temperature=args.temperature, top_p=args.top_p,
                                         max_new_tokens=args.max_tokens, seed=seed)
-                prompts = encode_prompts(tokenizer, [problems[i].problem for i in idx])
+                prompts = encode_prompts(tokenizer, [problems[i].problem for i in idx], **_prompt_kwargs(args))
                 chat = has_chat_template(tokenizer)  # the exact prompt text, kept next to the responses
-                prompt_texts = [build_prompt(tokenizer, problems[i].problem, use_chat_template=chat) for i in idx]
+                prompt_texts = [build_prompt(tokenizer, problems[i].problem, use_chat_template=chat,
+                                            **_prompt_kwargs(args)) for i in idx]
                 outs = engine.generate(prompts, params)
                 texts = [c.text for comp in outs for c in comp]
                 answers = [problems[i].answer for i, comp in zip(idx, outs) for _ in comp]

@@ -244,3 +244,22 @@ def test_prompts_are_encoded_a_chunk_at_a_time_with_the_same_ids(monkeypatch):
     assert encode_prompts(tok, iter(problems)) == want
     assert calls == [3, 3, 3, 1]
     assert encode_prompts(tok, []) == []
+
+
+def test_the_system_prompt_and_instruction_are_settings():
+    """data.system_prompt / data.instruction (eval: --system-prompt / --instruction): 'pacs' is the paper's
+    text, '' none (verl data that carries its own instruction), anything else the text itself."""
+    from pacs_fast.config import load_config
+    from pacs_fast.config.unused import unused_settings
+    from pacs_fast.data.prompts import prompt_parts
+    from pacs_fast.trainer.problems import encode
+
+    assert prompt_parts() == (SYSTEM_PROMPT, INSTRUCTION)
+    assert prompt_parts("", "") == (None, None) and prompt_parts("Be brief.", "Answer:") == ("Be brief.", "Answer:")
+    tok = build_char_tokenizer()
+    cfg = load_config(None, ["data.dataset=math_train", "data.system_prompt=", "data.instruction=Answer in a box."])
+    (got,), _ = encode(cfg, tok, [{"problem": "1+1?", "answer": "2"}], "x", print)
+    assert tok.decode(got["prompt_ids"], skip_special_tokens=True) == "User: 1+1? Answer in a box.\nAssistant:"
+    cfg = load_config(None, ["data.system_prompt=Be brief."])  # the built-in task has its own prompt format
+    assert unused_settings(cfg) == ["data.system_prompt=Be brief. has no effect with data.dataset=arithmetic (the "
+                                    "built-in task has its own prompt format)"]

@@ -511,6 +511,25 @@ def test_samples_keep_the_prompt_next_to_the_responses(model_dir, tmp_path):
     assert "3+4=" in rec["prompt"] and len(rec["responses"]) == 2
 
 
+def test_the_system_prompt_and_instruction_flags_reach_the_prompts_and_the_settings(model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from pacs_fast.data.prompts import build_prompt
+
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"id": "a", "problem": "3+4=", "answer": "7"}) + "\n")
+    out = tmp_path / "run"
+    assert ev.main(_run_args(model_dir, data, out, "--scorer-workers", "0", "--system-prompt", "",
+                             "--instruction", "Box it.")) == 0
+    rec = read_samples(out / "samples_one.jsonl")[0]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    assert rec["prompt"] == build_prompt(tok, "3+4=", system=None, instruction="Box it.") != build_prompt(tok, "3+4=")
+    settings = json.loads((out / "run_config.json").read_text())
+    assert settings["system"] is None and settings["instruction"] == "Box it."
+    # another instruction in the same folder would mix two prompt formats: refused
+    assert ev.main(_run_args(model_dir, data, out, "--scorer-workers", "0")) == 2
+
+
 def test_a_second_eval_on_a_live_out_is_refused_and_touches_nothing(model_dir, dataset, tmp_path, capsys,
                                                                      no_model_load):
     """Two evals into one --out appended every sample twice, and a second one's --overwrite deleted the

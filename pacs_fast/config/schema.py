@@ -49,6 +49,11 @@ class DataConfig:
     eval_dataset: str = _f("", "held-out set: a shipped benchmark (math500, amc23, aime2024, aime2025) or a "
                            "JSONL/parquet file; empty = a held-out split of the training data")
     eval_size: int = _f(128, "number of held-out problems evaluated")
+    system_prompt: str = _f("pacs", "system message of every prompt: pacs (the paper's, 'You are a helpful "
+                            "assistant.'), '' (none) or the text")
+    instruction: str = _f("pacs", "text after each problem in the user message: pacs (the paper's 'Please reason "
+                          "step by step, and put your final answer within \\boxed{}.'), '' (none: the problem as "
+                          "given, e.g. verl data that carries its own) or the text")
     max_prompt_tokens: int = _f(512, "longer prompts are dropped (the paper's limit is 512; more than 5% dropped is a "
                                 "warning; the shares are logged as data/dropped_train_prompts and "
                                 "data/dropped_held_out_prompts in the step-0 eval record)")

@@ -20,6 +20,7 @@ TINY_MODEL_ONLY = ("model.tiny_hidden_size", "model.tiny_num_layers", "warmup.st
 ARITHMETIC_ONLY = ("data.arith_max_digits", "data.arith_ops", "data.arith_train_size", "data.arith_terms",
                    "data.arith_seed")
 FILE_DATASETS_ONLY = ("data.eval_dataset", "data.problem_key", "data.answer_key")
+PROMPT_KEYS = ("data.system_prompt", "data.instruction")
 
 
 def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
@@ -67,6 +68,7 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if cfg.data.dataset == "arithmetic":
         out.append((FILE_DATASETS_ONLY, "with data.dataset=arithmetic (the built-in task holds out its own "
                                         "problems and has no fields)"))
+        out.append((PROMPT_KEYS, "with data.dataset=arithmetic (the built-in task has its own prompt format)"))
     else:
         out.append((ARITHMETIC_ONLY, f"with data.dataset={cfg.data.dataset} (the built-in task's)"))
     return out

@@ -25,6 +25,16 @@ PLAIN_ASSISTANT_PREFIX = "Assistant:"
 ENCODE_CHUNK = 1024  # prompts tokenised per call by encode_prompts
 
 
+def prompt_parts(system_prompt: str = "pacs", instruction: str = "pacs") -> tuple[str | None, str | None]:
+    """``(system, instruction)`` for :func:`build_prompt` from the settings ``data.system_prompt`` /
+    ``data.instruction`` (eval: ``--system-prompt`` / ``--instruction``): ``"pacs"`` is the paper's text,
+    ``""`` none, anything else the text itself."""
+    def pick(value: str, paper: str) -> str | None:
+        return paper if value == "pacs" else (value or None)
+
+    return pick(system_prompt, SYSTEM_PROMPT), pick(instruction, INSTRUCTION)
+
+
 def user_text(problem: str, instruction: str | None = INSTRUCTION) -> str:
     """The user message: the problem, a space, the instruction (as PACS builds it). A problem that already
     ends with the instruction (a dataset prepared in this format) is left as it is, not given it twice."""

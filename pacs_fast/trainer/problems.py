@@ -133,8 +133,9 @@ def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> tupl
     if problems and "prompt" in problems[0]:
         ids = [tokenizer.encode(p["prompt"], add_special_tokens=False) for p in problems]
     else:
-        from pacs_fast.data.prompts import encode_prompts
-        ids = encode_prompts(tokenizer, [p["problem"] for p in problems])
+        from pacs_fast.data.prompts import encode_prompts, prompt_parts
+        system, instruction = prompt_parts(cfg.data.system_prompt, cfg.data.instruction)
+        ids = encode_prompts(tokenizer, [p["problem"] for p in problems], system=system, instruction=instruction)
     out = [{**p, "prompt_ids": i} for p, i in zip(problems, ids) if 0 < len(i) <= cfg.data.max_prompt_tokens]
     dropped = 1.0 - len(out) / max(len(problems), 1)
     if len(out) < len(problems):

@@ -149,7 +149,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         model_path, timings = find_model(cfg, train_problems, world, log)
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        if has_chat_template(tokenizer) and not takes_system_message(tokenizer):
+        if cfg.data.system_prompt and has_chat_template(tokenizer) and not takes_system_message(tokenizer):
             log("note: the chat template of model.path takes no system message: the system prompt goes first in "
                 "the user message (pacs_fast/data/prompts.py)")
         problems = [p["problem"] for p in train_problems[:2000] if "prompt" not in p]
