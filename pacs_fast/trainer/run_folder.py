@@ -190,10 +190,10 @@ def _gone(path) -> bool:
 
 
 def record_absolute_paths(cfg: Config) -> None:
-    """A new run's files (:data:`MOVABLE_KEYS`) as absolute paths (``os.path.abspath``: a symlink stays one),
-    so that its ``config.yaml`` names them wherever ``--resume`` is run from (a relative ``data.dataset``
-    was "no longer there" from another folder). Shipped names, hub ids and paths that do not exist here stay
-    as given."""
+    """A run's files (:data:`MOVABLE_KEYS`) as absolute paths (``os.path.abspath``: a symlink stays one), so
+    that its ``config.yaml`` names them wherever ``--resume`` is run from (a relative ``data.dataset`` was "no
+    longer there" from another folder). Called for a new run, for a resume's overrides and by the experiment
+    runner's comparison. Shipped names, hub ids and paths that do not exist here stay as given."""
     for key in sorted(MOVABLE_KEYS):
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
