@@ -85,6 +85,17 @@ _MIN_BUCKET_ROWS = 128
 _COMPACT_FRACTION = 0.125
 
 
+def eos_token_ids(tokenizer, generation_config) -> list[int]:
+    """The ids generation stops at: the tokenizer's EOS, then the generation config's (an id or a list;
+    ``generation_config`` may be None), each once, in that order."""
+    ids: list[int] = []
+    for value in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
+        for v in (value if isinstance(value, (list, tuple)) else [value]):
+            if v is not None and int(v) not in ids:
+                ids.append(int(v))
+    return ids
+
+
 class HFEngine(RolloutEngine):
     """Rollouts with a Hugging Face causal LM (see the module docstring for the two samplers).
 
@@ -146,13 +157,7 @@ class HFEngine(RolloutEngine):
 
     # -- helpers ---------------------------------------------------------------------------------
     def _eos_ids(self) -> list[int]:
-        ids: list[int] = []
-        gen_cfg = getattr(self.model, "generation_config", None)
-        for value in (self.tokenizer.eos_token_id, getattr(gen_cfg, "eos_token_id", None)):
-            for v in (value if isinstance(value, (list, tuple)) else [value]):
-                if v is not None and int(v) not in ids:
-                    ids.append(int(v))
-        return ids
+        return eos_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
 
     @property
     def device(self) -> torch.device:

@@ -40,6 +40,7 @@ SAFE_RESUME_KEYS = frozenset({
 # may change on --resume when the recorded file or folder is gone (moved, deleted): the checkpoint restores the
 # weights, and the problems must have the digest the checkpoint kept (pacs_fast/trainer/session.py)
 MOVABLE_KEYS = frozenset({"model.path", "data.dataset", "data.eval_dataset"})
+_BUILT_IN_DATA = SHIPPED_DATASETS + ("arithmetic",)  # data.dataset names that are not files
 CONFIG_FILE = "config.yaml"
 LOCK_FILE = ".run.lock"
 
@@ -185,7 +186,7 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
 
 def _gone(path) -> bool:
     """A recorded file or folder that no longer exists (a shipped dataset's name, or none, is never gone)."""
-    return bool(path) and str(path) not in SHIPPED_DATASETS + ("arithmetic",) and \
+    return bool(path) and str(path) not in _BUILT_IN_DATA and \
         not Path(str(path)).expanduser().exists()
 
 
@@ -197,7 +198,7 @@ def record_absolute_paths(cfg: Config) -> None:
     for key in sorted(MOVABLE_KEYS):
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
-        if value and not _gone(value) and value not in SHIPPED_DATASETS + ("arithmetic",):
+        if value and value not in _BUILT_IN_DATA and Path(value).expanduser().exists():
             setattr(getattr(cfg, section), name, os.path.abspath(os.path.expanduser(value)))
 
 

@@ -223,16 +223,16 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
 
 
 def _stop_ids(model_path, tokenizer) -> list[int]:
-    """The EOS ids generation stops at (the engines': the tokenizer's and generation_config.json's)."""
+    """The EOS ids generation stops at, as the HF engine reads them (tokenizer, then generation_config.json)."""
     from transformers import GenerationConfig
 
-    ids = [tokenizer.eos_token_id]
+    from pacs_fast.rollout.hf import eos_token_ids
+
     try:
-        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+        generation_config = GenerationConfig.from_pretrained(model_path)
     except (OSError, ValueError):  # no generation_config.json
-        eos = None
-    ids += eos if isinstance(eos, (list, tuple)) else [eos]
-    return sorted({int(i) for i in ids if i is not None})
+        generation_config = None
+    return eos_token_ids(tokenizer, generation_config)
 
 
 def find_model(cfg: Config, train_problems: list[dict], world: World, log) -> tuple[Path, dict]:
