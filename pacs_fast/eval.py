@@ -18,8 +18,9 @@ Other commands::
     python -m pacs_fast.eval report --out DIR [--k 1,2,4]          # recompute from the samples
     python -m pacs_fast.eval compare a.json b.json --out plot.png [--table table.md]
 
-A benchmark entry may also be a dataset file (``.jsonl`` / ``.jsonl.gz`` / ``.json`` / ``.parquet``;
-``--problem-field`` / ``--answer-field`` name its fields); its name is the file's stem.
+A benchmark entry may also be a dataset file (``.jsonl`` / ``.jsonl.gz`` / ``.json`` / ``.parquet`` / ``.arrow``;
+``--problem-field`` / ``--answer-field`` name its fields), or a folder or glob of one split's shards (a hub
+download); its name is the file's stem, or the folder's name.
 
 Every argument, the model folder and every benchmark file are checked before the model loads; an
 error is one line (``error: ...`` naming the flag or file) and exit code 2 (``--debug``: the traceback).
@@ -89,7 +90,8 @@ def _run_parser() -> argparse.ArgumentParser:
                                 epilog="Other commands: 'report --out DIR', 'compare A.json B.json --out plot.png'")
     p.add_argument("--model", required=True, help="Hugging Face model folder (or hub id already cached)")
     p.add_argument("--benchmarks", default=DEFAULT_BENCHMARKS,
-                   help=f"comma-separated: {', '.join(BENCHMARKS)} or dataset files (default: all four)")
+                   help=f"comma-separated: {', '.join(BENCHMARKS)} or dataset files, folders or globs "
+                        f"(default: all four)")
     p.add_argument("--n", type=_n_spec, default=None,
                    help="samples per problem: N, or name=N,... (default: 32 for math500, 512 otherwise; "
                         "1 at --temperature 0)")

@@ -41,13 +41,13 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = _f("arithmetic", "'arithmetic' (built-in task), a shipped set (math_train, gsm8k_train) or a "
-                      "JSONL/parquet file with problem/answer fields")
+    dataset: str = _f("arithmetic", "'arithmetic' (built-in task), a shipped set (math_train, gsm8k_train), or a "
+                      "JSONL/parquet/Arrow file, folder or glob of shards (one split) with problem/answer fields")
     problem_key: str = _f("problem", "field holding the question (a dotted name reads a nested field; chat messages, "
                           "as verl's 'prompt' column: the last user message)")
     answer_key: str = _f("answer", "field holding the gold answer (verl's parquet: reward_model.ground_truth)")
     eval_dataset: str = _f("", "held-out set: a shipped benchmark (math500, amc23, aime2024, aime2025) or a "
-                           "JSONL/parquet file; empty = a held-out split of the training data")
+                           "JSONL/parquet/Arrow file, folder or glob; empty = a held-out split of the training data")
     eval_size: int = _f(128, "number of held-out problems evaluated")
     system_prompt: str = _f("pacs", "system message of every prompt: pacs (the paper's, 'You are a helpful "
                             "assistant.'), '' (none) or the text")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pacs_fast.config.dataset_files import dataset_exists, dataset_files
 from pacs_fast.config.model_files import TOKENIZER_FILES, has_tokenizer, run_folder_hint, weights_problem
 from pacs_fast.config.schema import ALGORITHMS, Config, field_types, section_classes
 
@@ -249,9 +250,13 @@ def _validate_paths(cfg: Config) -> None:
         value = _get(cfg, key)
         if not value or value in SHIPPED_DATASETS or (key == "data.dataset" and value == "arithmetic"):
             continue
-        if not Path(value).expanduser().is_file():
+        if not dataset_exists(value):
             raise ValueError(f"{key} {value!r} is neither a shipped dataset ({', '.join(SHIPPED_DATASETS)}"
-                             f"{', arithmetic' if key == 'data.dataset' else ''}) nor an existing file")
+                             f"{', arithmetic' if key == 'data.dataset' else ''}) nor an existing file, folder or glob")
+        try:  # a folder of several splits or subsets, a glob of no data file
+            dataset_files(value)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"{key}: {e}") from None
     if cfg.data.dataset != "arithmetic" and not cfg.model.path:
         raise ValueError("data.dataset is not the built-in task but model.path is empty: the built-in tiny model "
                          "only knows the built-in arithmetic task; set model.path to a Hugging Face model folder")

@@ -1,6 +1,7 @@
 """Data: math problem sets (shipped benchmarks, user JSONL / parquet), prompts, the tiny model.
 
-Submodules: ``datasets`` (:func:`load_benchmark`, :func:`load_dataset`, :class:`Problem`),
+Submodules: ``datasets`` (:func:`load_benchmark`, :func:`load_dataset`, :class:`Problem`; the files of a folder
+or glob of shards: :mod:`pacs_fast.config.dataset_files`),
 ``prompts`` (:func:`build_prompt`, :func:`encode_prompts`, the paper's system prompt and
 instruction), ``tiny`` (a tiny Qwen2 model + char tokenizer) and ``arithmetic`` (the built-in task).
 """

@@ -1,4 +1,5 @@
-"""Math problem sets: the shipped benchmarks / training sets, and user files (JSONL or parquet).
+"""Math problem sets: the shipped benchmarks / training sets, and user files (JSONL, parquet or Arrow; a folder
+or glob of shards: :mod:`pacs_fast.config.dataset_files`).
 
 Shipped with the package (``pacs_fast/data/benchmarks/``, provenance in ``PROVENANCE.md`` there;
 no hub access needed):
@@ -19,6 +20,7 @@ Every row becomes a :class:`Problem` ``(id, problem, answer, source, meta)``.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from pacs_fast.config.dataset_files import dataset_files
 
 BENCHMARKS: dict[str, str] = {
     "math500": "math500.jsonl",
@@ -81,13 +85,26 @@ def load_benchmark(name: str, *, limit: int | None = None) -> list[Problem]:
 def _iter_rows(path: Path):
     """Yields ``(where, row)``: ``where`` is ``file:line`` (JSONL) or ``file row N`` (others), 1-based."""
     name = path.name.lower()
-    if name.endswith(".parquet"):
+    if name.endswith(".parquet") or name.endswith(".arrow"):
         try:
+            import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError as e:
             raise ImportError(f"reading {path} needs pyarrow: pip install 'pacs_fast[parquet]'") from e
-        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
-            yield f"{path} row {i}", row
+        if name.endswith(".parquet"):
+            batches = pq.ParquetFile(path).iter_batches()
+        else:  # Dataset.save_to_disk's shards: Arrow IPC streams (an Arrow IPC file is read as well)
+            source = pa.memory_map(str(path))
+            try:
+                batches = pa.ipc.open_stream(source)
+            except pa.ArrowInvalid:
+                reader = pa.ipc.open_file(source)
+                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        i = 0  # a batch at a time: a whole table's rows as Python objects at once took several times the file
+        for batch in batches:
+            for row in batch.to_pylist():
+                i += 1
+                yield f"{path} row {i}", row
         return
     opener = gzip.open if name.endswith(".gz") else open
     if name.endswith(".json") or name.endswith(".json.gz"):
@@ -118,7 +135,7 @@ def _iter_rows(path: Path):
             yield f"{path} row {i}", row
         return
     if not (name.endswith(".jsonl") or name.endswith(".jsonl.gz")):
-        raise ValueError(f"{path}: unsupported dataset format (use .jsonl, .jsonl.gz, .json or .parquet)")
+        raise ValueError(f"{path}: unsupported dataset format (use .jsonl, .jsonl.gz, .json, .parquet or .arrow)")
     with opener(path, "rb") as f:
         for i, raw in enumerate(f, start=1):
             try:
@@ -178,12 +195,14 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
                  id_field: str | None = None, source_field: str = "source",
                  limit: int | None = None, field_settings: str = "problem_field= / answer_field= / id_field=",
                  ) -> list[Problem]:
-    """Loads math problems from a file, or a shipped dataset by name.
+    """Loads math problems from a file, a folder or glob of shards, or a shipped dataset by name.
 
     Args:
-        path: a ``.jsonl`` / ``.jsonl.gz`` / ``.json`` (a list of objects, or one per line) / ``.parquet`` file
-            (``~`` expanded), or a
-            shipped name (see :func:`available_datasets`).
+        path: a ``.jsonl`` / ``.jsonl.gz`` / ``.json`` (a list of objects, or one per line) / ``.parquet`` /
+            ``.arrow`` file; a folder of such shards (a hub download, ``Dataset.save_to_disk``'s folder) or a
+            glob (``dir/data/train-*.parquet``): :func:`pacs_fast.config.dataset_files.dataset_files`, which
+            refuses a folder holding several splits or subsets; ``~`` expanded; or a shipped name (see
+            :func:`available_datasets`).
         problem_field, answer_field: the fields holding the question and the gold answer (numbers
             are turned into text: ``27.0`` -> ``"27"``); a dotted name reads a nested field
             (``reward_model.ground_truth``), and a problem given as chat messages (verl's ``prompt``
@@ -195,18 +214,16 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
         field_settings: how the caller's user names the fields, quoted by the missing-field error
             (the trainer passes ``data.problem_key= / data.answer_key=``).
     Raises:
-        FileNotFoundError: no such file. ValueError: bad JSON or a missing / empty field, naming the
+        FileNotFoundError: no such file (or nothing in the folder / glob). ValueError: a folder of several
+        splits, subsets or formats; bad JSON or a missing / empty field, naming the
         file and line (row), the field and the fields the row has.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     if isinstance(path, str) and path in {**BENCHMARKS, **TRAIN_SETS}:
         path = shipped_path(path)
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
     out: list[Problem] = []
-    for where, row in _iter_rows(path):
+    for where, row in itertools.chain.from_iterable(_iter_rows(f) for f in dataset_files(path)):
         if limit is not None and len(out) >= limit:
             break
         if not isinstance(row, dict):

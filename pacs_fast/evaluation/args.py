@@ -162,22 +162,36 @@ def load_benchmarks(text: str, args) -> tuple[dict, dict]:
     return sets, sources
 
 
+def benchmark_name(path: Path) -> str:
+    """What a user dataset is filed under (``samples_<name>.jsonl``): a file's stem; for a folder or glob, the
+    nearest folder not named like a split or ``data`` (``aime25/data/test-*.parquet`` -> ``aime25``)."""
+    from pacs_fast.config.dataset_files import SPLIT_WORDS, is_glob
+
+    if path.is_file():
+        return path.name.split(".")[0]
+    parts = [p for p in (path.parts[:-1] if is_glob(str(path)) else path.parts) if p not in ("/", "")]
+    while parts and (is_glob(parts[-1]) or parts[-1].lower() in {"data", "default", *SPLIT_WORDS}):
+        parts.pop()
+    return parts[-1] if parts else path.name
+
+
 def _load_problems(entry: str, args) -> tuple[str, list]:
     """One ``--benchmarks`` entry: its name and problems (an error names the file; empty is an error)."""
+    from pacs_fast.config.dataset_files import dataset_exists
     from pacs_fast.data.datasets import BENCHMARKS, load_benchmark, load_dataset
 
     if entry in BENCHMARKS:
         name, problems = entry, load_benchmark(entry, limit=args.limit)
     else:
         path = Path(entry).expanduser()
-        if not path.exists():
-            raise UsageError(f"unknown benchmark {entry!r} (known: {', '.join(BENCHMARKS)}; or a dataset file)")
-        if not path.is_file():
-            raise UsageError(f"--benchmarks {entry}: not a file")
-        name = path.name.split(".")[0]
+        if not dataset_exists(entry):
+            raise UsageError(f"unknown benchmark {entry!r} (known: {', '.join(BENCHMARKS)}; or a dataset file, "
+                             f"folder or glob)")
+        name = benchmark_name(path)
         if name in BENCHMARKS:  # its results would be filed, and compared, as the shipped set's
-            raise UsageError(f"--benchmarks {entry}: the file's name {name!r} is a shipped benchmark's; rename the "
-                             f"file (its results are keyed by the name)")
+            kind = "file" if path.is_file() else "folder"
+            raise UsageError(f"--benchmarks {entry}: the {kind}'s name {name!r} is a shipped benchmark's; rename the "
+                             f"{kind} (its results are keyed by the name)")
         try:
             problems = load_dataset(path, problem_field=args.problem_field, answer_field=args.answer_field,
                                     limit=args.limit, field_settings="--problem-field / --answer-field")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pacs_fast.config import SHIPPED_DATASETS, Config, load_config, parse_override, save_config, to_dict
 from pacs_fast.config.validation import _get
+from pacs_fast.config.dataset_files import dataset_exists
 from pacs_fast.files import write_text_atomic
 from pacs_fast.trainer.metrics import end_torn_line
 
@@ -185,9 +186,9 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
 
 
 def _gone(path) -> bool:
-    """A recorded file or folder that no longer exists (a shipped dataset's name, or none, is never gone)."""
-    return bool(path) and str(path) not in _BUILT_IN_DATA and \
-        not Path(str(path)).expanduser().exists()
+    """A recorded file or folder (or a glob) that no longer exists (a shipped dataset's name, or none, is never
+    gone)."""
+    return bool(path) and str(path) not in _BUILT_IN_DATA and not dataset_exists(str(path))
 
 
 def record_absolute_paths(cfg: Config) -> None:
@@ -198,7 +199,7 @@ def record_absolute_paths(cfg: Config) -> None:
     for key in sorted(MOVABLE_KEYS):
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
-        if value and value not in _BUILT_IN_DATA and Path(value).expanduser().exists():
+        if value and value not in _BUILT_IN_DATA and dataset_exists(value):  # (a glob that matches too)
             setattr(getattr(cfg, section), name, os.path.abspath(os.path.expanduser(value)))
 
 

@@ -1,0 +1,129 @@
+"""Where a dataset's rows live: one file, a folder of shards, or a glob (what :mod:`.model_files` is to a model
+folder: the run's settings are checked with it before anything loads; :mod:`pacs_fast.data.datasets` reads them).
+
+What a user has after ``huggingface-cli download --repo-type dataset ORG/NAME --local-dir DIR`` is a folder:
+``DIR/data/train-00000-of-00004.parquet`` ... (often beside ``test-*`` shards, and sometimes one folder per
+subset: GSM8K's ``main/`` and ``socratic/``). ``Dataset.save_to_disk`` writes ``.arrow`` shards with
+``state.json`` / ``dataset_info.json``, and a ``DatasetDict`` one such folder per split.
+
+:func:`dataset_files` turns ``data.dataset`` (or eval's ``--benchmarks`` entry) into the files to read, in
+order, and refuses a folder whose files are not one set of rows: several splits (``train-*`` and
+``test-*``), several folders (two subsets), or several formats. The error names the folder and what to give
+instead (a split's folder, or a glob such as ``DIR/data/train-*.parquet``).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+from pathlib import Path
+
+# how a name ends -> its format (the order matters: ".jsonl.gz" before ".json")
+SUFFIXES = (".jsonl.gz", ".jsonl", ".json.gz", ".json", ".parquet", ".arrow")
+# what Dataset.save_to_disk / DatasetDict.save_to_disk write beside the rows (JSON, but not rows)
+METADATA_FILES = frozenset({"state.json", "dataset_info.json", "dataset_dict.json"})
+# the split names the hub's file naming uses (datasets' data_files patterns), by the split they mean
+SPLIT_WORDS = {"train": "train", "training": "train", "test": "test", "testing": "test", "eval": "test",
+               "evaluation": "test", "validation": "validation", "valid": "validation", "val": "validation",
+               "dev": "validation"}
+GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def data_format(path: str | Path) -> str | None:
+    """The format of a data file by its name (``".parquet"``, ``".jsonl.gz"``, ...), or None."""
+    name = Path(path).name.lower()
+    return next((s for s in SUFFIXES if name.endswith(s)), None)
+
+
+def is_glob(text: str) -> bool:
+    return bool(GLOB_CHARS.search(text))
+
+
+def _split_of(rel: Path) -> str | None:
+    """The split a shard belongs to by the hub's naming (``train-00000-of-00002.parquet``, ``test.jsonl``,
+    ``train/data-00000-of-00001.arrow``), or None when its path names none."""
+    words = [w for part in rel.parts[:-1] for w in re.split(r"[-_.]", part.lower())]
+    name = rel.name.lower()
+    fmt = data_format(name) or ""
+    words += re.split(r"[-_.]", name[: len(name) - len(fmt)])
+    return next((SPLIT_WORDS[w] for w in words if w in SPLIT_WORDS), None)
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    """The data files under ``folder`` (hidden files and folders, and save_to_disk's metadata, left out)."""
+    out = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        out += [Path(root) / f for f in sorted(files)
+                if not f.startswith(".") and f not in METADATA_FILES and data_format(f)]
+    return out
+
+
+def _check_one_set(where: str, files: list[Path], root: Path) -> None:
+    """``files`` are one set of rows: one format, one split, one folder; else a ValueError naming ``where``."""
+    formats = sorted({data_format(f) for f in files})
+    if len(formats) > 1:
+        raise ValueError(f"{where} holds data files of several formats ({', '.join(formats)}); give one of "
+                         f"them as a glob (e.g. '{root / ('*' + formats[0])}')")
+    splits = sorted({s for s in (_split_of(f.relative_to(root)) for f in files) if s})
+    if len(splits) > 1:  # each split's files, to choose from
+        choices = []
+        for split in splits:
+            example = next(f for f in files if _split_of(f.relative_to(root)) == split)
+            prefix = _split_prefix(example)  # "train" of the hub's "train-00000-of-00002"; "" when a folder names it
+            # a glob in quotes, so that a shell passes it on as it is
+            choices.append(f"'{example.parent / (prefix + '*' + formats[0])}'" if prefix else str(example.parent))
+        raise ValueError(f"{where} holds several splits ({', '.join(splits)}); give one split's files: "
+                         f"{' or '.join(choices)}")
+    parents = sorted({f.parent for f in files})
+    if len(parents) > 1:
+        names = ", ".join(str(p.relative_to(root)) + "/" for p in parents[:4])
+        raise ValueError(f"{where} holds data files in several folders ({names}{' ...' * (len(parents) > 4)}): "
+                         f"subsets or splits of the dataset; give one folder")
+
+
+def _split_prefix(path: Path) -> str:
+    """``train`` of ``train-00000-of-00002.parquet``: the name up to and including its split word."""
+    m = re.match(r"(.*?(?:^|[-_.]))(" + "|".join(SPLIT_WORDS) + r")(?=[-_.]|$)", path.name.lower())
+    return path.name[: m.end()] if m else ""
+
+
+def dataset_files(spec: str | Path) -> list[Path]:
+    """The files holding the rows of ``spec``, in reading order: ``[spec]`` for a file; a folder's data files
+    (searched through its subfolders, in name order: shards ``-00000-of-N`` first to last); a glob's matching
+    data files in name order. ``~`` is expanded.
+
+    Raises:
+        FileNotFoundError: nothing there (a glob that matches no data file).
+        ValueError: a folder (or glob) whose files are not one set of rows: several formats, several splits
+            (``train-*`` and ``test-*``) or several folders (a dataset's subsets); the message says what to give.
+    """
+    text = os.path.expanduser(str(spec))
+    path = Path(text)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = _folder_files(path)
+        if not files:
+            raise FileNotFoundError(f"dataset folder {path} holds no data file ({', '.join(SUFFIXES)})")
+        _check_one_set(f"dataset folder {path}", files, path)
+        return files
+    if is_glob(text):
+        files = sorted(Path(p) for p in glob.glob(text, recursive=True)
+                       if os.path.isfile(p) and data_format(p) and Path(p).name not in METADATA_FILES)
+        if not files:
+            raise FileNotFoundError(f"no dataset file matches {text} ({', '.join(SUFFIXES)})")
+        root = Path(os.path.commonpath([str(f.parent) for f in files]))
+        _check_one_set(f"dataset glob {text}", files, root)
+        return files
+    hint = ""
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", str(spec)) and not str(spec).startswith("."):
+        hint = (f" (a hub dataset? download it first: huggingface-cli download --repo-type dataset {spec} "
+                f"--local-dir DIR, then give DIR)")
+    raise FileNotFoundError(f"dataset file not found: {path}{hint}")
+
+
+def dataset_exists(spec: str | Path) -> bool:
+    """A file, a folder, or a glob that matches something (what a run records and a resume looks for)."""
+    text = os.path.expanduser(str(spec))
+    return os.path.exists(text) or (is_glob(text) and bool(glob.glob(text, recursive=True)))
