@@ -44,6 +44,7 @@ from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.rollout.remote import RemoteEngines, serve
 from pacs_fast.trainer.loop import (TrainingStopped, evaluate_and_report, evaluate_unless_reported, finish,
                                    log_samples, reset_reference_if_due, save)
+from pacs_fast.trainer.problems import prompt_lists
 from pacs_fast.trainer.roles import Roles, close_roles, split_launch
 from pacs_fast.trainer.rollout_step import NoGroupKept, Round, batch_seed, rollout_step, sampling_params
 from pacs_fast.trainer.session import start
@@ -114,7 +115,7 @@ class RemoteRounds:
         s, cfg = self.s, self.s.cfg
         problems = [s.train_problems[i] for i in s.sampler.take(cfg.train.prompts_per_step)]
         if self.engines:
-            self.engines.generate(self.next_index, [p["prompt_ids"] for p in problems],
+            self.engines.generate(self.next_index, prompt_lists(problems),
                                   sampling_params(cfg, batch_seed(cfg, self.next_index)))
         self.in_flight.append((self.next_index, problems, s.sampler.state_dict()))
         self.next_index += 1

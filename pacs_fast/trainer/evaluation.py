@@ -12,6 +12,7 @@ import numpy as np
 
 from pacs_fast.config import Config
 from pacs_fast.rollout.base import SamplingParams
+from pacs_fast.trainer.problems import prompt_lists
 from pacs_fast.trainer.rewards import Scorer
 
 EVAL_SEED_OFFSET = 99_991  # the same seed every evaluation: evaluations of one run pair up
@@ -20,7 +21,7 @@ EVAL_SEED_OFFSET = 99_991  # the same seed every evaluation: evaluations of one 
 def evaluate_share(cfg: Config, engine, scorer: Scorer, problems: list[dict], offset: int) -> dict:
     """Rewards and lengths of this group's share of the held-out problems (``offset``: the index
     of its first problem in the whole set). Lists, for :func:`merge`."""
-    prompts = [p["prompt_ids"] for p in problems]
+    prompts = prompt_lists(problems)
     n = cfg.rollout.eval_n
     # greedy decoding (eval_temperature 0) gives every sample of a problem the same response: one is
     # generated and counted n times

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
 
 import torch
 
@@ -129,13 +130,23 @@ def check_gold_answers(cfg: Config, train: list[dict], held_out: list[dict], log
 
 def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> tuple[list[dict], float]:
     """Adds ``prompt_ids`` to each problem and drops prompts longer than ``data.max_prompt_tokens``.
-    Returns the kept problems and the dropped share; more than 5% dropped is a warning."""
-    if problems and "prompt" in problems[0]:
-        ids = [tokenizer.encode(p["prompt"], add_special_tokens=False) for p in problems]
-    else:
-        from pacs_fast.data.prompts import encode_prompts, prompt_parts
-        system, instruction = prompt_parts(cfg.data.system_prompt, cfg.data.instruction)
-        ids = encode_prompts(tokenizer, [p["problem"] for p in problems], system=system, instruction=instruction)
+    Returns the kept problems and the dropped share; more than 5% dropped is a warning.
+
+    ``prompt_ids`` is an ``array('i')`` (4 bytes a token; a Python list of ints takes ~36: a 1M-row set of
+    150-token prompts held ~5 GB in every rank). Readers take ``len`` and iterate; what leaves the trainer
+    (an engine's prompts, a decode) goes through :func:`prompt_lists`. An ``array`` is not a list: adding
+    it to one, or writing it as JSON, fails loudly instead of doing something else."""
+    from pacs_fast.data.prompts import ENCODE_CHUNK, encode_prompts, prompt_parts
+
+    system, instruction = prompt_parts(cfg.data.system_prompt, cfg.data.instruction)
+    ids = []
+    for start in range(0, len(problems), ENCODE_CHUNK):  # a chunk's lists at a time, then compact arrays
+        part = problems[start:start + ENCODE_CHUNK]
+        if "prompt" in part[0]:  # the built-in task's own prompt format
+            lists = [tokenizer.encode(p["prompt"], add_special_tokens=False) for p in part]
+        else:
+            lists = encode_prompts(tokenizer, [p["problem"] for p in part], system=system, instruction=instruction)
+        ids += [array("i", x) for x in lists]
     out = [{**p, "prompt_ids": i} for p, i in zip(problems, ids) if 0 < len(i) <= cfg.data.max_prompt_tokens]
     dropped = 1.0 - len(out) / max(len(problems), 1)
     if len(out) < len(problems):
@@ -147,6 +158,11 @@ def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> tupl
     if not out:
         raise ValueError(f"{what}: no prompt fits data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
     return out, dropped
+
+
+def prompt_lists(problems: list[dict]) -> list[list[int]]:
+    """The problems' ``prompt_ids`` as lists of ints (what engines, tokenizers and batches take)."""
+    return [list(p["prompt_ids"]) for p in problems]
 
 
 def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[dict]]], log) -> None:

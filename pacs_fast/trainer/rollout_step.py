@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from pacs_fast.learner.base import RolloutBatch
 from pacs_fast.rollout.base import SamplingParams
+from pacs_fast.trainer.problems import prompt_lists
 from pacs_fast.trainer.step import score_and_batch
 
 BATCH_SEED_STRIDE = 2 ** 20  # seeds of consecutive generation batches lie this far apart (> prompts x G)
@@ -106,7 +107,7 @@ class LocalRounds:
         s.batches += 1
         problems, offset = s.world.share([s.train_problems[i] for i in s.sampler.take(cfg.train.prompts_per_step)])
         seed = batch_seed(cfg, s.batches) + offset * cfg.rollout.n
-        comps = s.engine.generate([p["prompt_ids"] for p in problems], sampling_params(cfg, seed))
+        comps = s.engine.generate(prompt_lists(problems), sampling_params(cfg, seed))
         return Round(problems, offset, comps, s.batches)
 
     def pause(self) -> None:

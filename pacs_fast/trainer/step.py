@@ -24,6 +24,7 @@ from pacs_fast.config import Config
 from pacs_fast.learner.base import RolloutBatch, holds_reference_model
 from pacs_fast.trainer.batch import build_batch, engine_logprobs, outcome_token_rewards, response_values
 from pacs_fast.trainer.overlong import shape_batch, truncated_rows
+from pacs_fast.trainer.problems import prompt_lists
 
 
 OVERLONG_WARN_FRAC = 0.5  # DAPO's buffer (4k of a 20k limit) sits past most responses; half in it is a mistake
@@ -45,7 +46,7 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
         rewards = s.scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
                            step=step, first=offset * G)
     timings["time/reward"] = time.perf_counter() - t0
-    prompt_ids, responses = [p["prompt_ids"] for p in problems], [[c.token_ids for c in cs] for cs in comps]
+    prompt_ids, responses = prompt_lists(problems), [[c.token_ids for c in cs] for cs in comps]
     batch = build_batch(prompt_ids, responses, rewards, logprobs=engine_logprobs(comps),
                         pad_id=s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else 0)
     # reward.overlong_buffer_len, learner.mask_truncated (trainer/overlong.py); its metrics join the record
@@ -205,7 +206,7 @@ def sample_rows(step: int, tokenizer, problems: list[dict], comps, rewards: list
     out = []
     for row in range(min(k, len(rewards))):
         i, j = divmod(row, G)
-        out.append({"step": step, "row": row, "prompt": tokenizer.decode(problems[i]["prompt_ids"]),
+        out.append({"step": step, "row": row, "prompt": tokenizer.decode(list(problems[i]["prompt_ids"])),
                     "response": comps[i][j].text, "answer": problems[i]["answer"], "reward": rewards[row],
                     **per_row.get(row, {})})
     return out
