@@ -78,6 +78,14 @@ def test_subsets_and_mixed_formats_are_refused(tmp_path):
     assert len(load_dataset(gsm / "main")) == 2
     with pytest.raises(ValueError, match="several folders"):  # a glob across both subsets as well
         load_dataset(f"{gsm}/*/train-*.parquet")
+    named = tmp_path / "named"  # a test split beside a file that names no split: reading both mixes them
+    _parquet(named / "problems.parquet", _rows(0, 2))
+    _parquet(named / "test.parquet", _rows(0, 1, "test"))
+    with pytest.raises(ValueError, match=rf"several splits \(test and files that name none, such as "
+                                         rf"problems\.parquet\); give one split's files: '{named}/test\*\.parquet' "
+                                         rf"or {named}/problems\.parquet$"):
+        load_dataset(named)
+    assert len(load_dataset(named / "problems.parquet")) == 2
     mixed = tmp_path / "mixed"
     _parquet(mixed / "a.parquet", _rows(0, 1))
     (mixed / "b.jsonl").write_text(json.dumps(_rows(1, 1)[0]) + "\n")

@@ -20,8 +20,9 @@ from pathlib import Path
 
 # how a name ends -> its format (the order matters: ".jsonl.gz" before ".json")
 SUFFIXES = (".jsonl.gz", ".jsonl", ".json.gz", ".json", ".parquet", ".arrow")
-# what Dataset.save_to_disk / DatasetDict.save_to_disk write beside the rows (JSON, but not rows)
-METADATA_FILES = frozenset({"state.json", "dataset_info.json", "dataset_dict.json"})
+# what Dataset.save_to_disk / DatasetDict.save_to_disk write beside the rows, and the hub's older dataset_infos.json
+# (JSON, but not rows)
+METADATA_FILES = frozenset({"state.json", "dataset_info.json", "dataset_dict.json", "dataset_infos.json"})
 # the split names the hub's file naming uses (datasets' data_files patterns), by the split they mean
 SPLIT_WORDS = {"train": "train", "training": "train", "test": "test", "testing": "test", "eval": "test",
                "evaluation": "test", "validation": "validation", "valid": "validation", "val": "validation",
@@ -65,16 +66,20 @@ def _check_one_set(where: str, files: list[Path], root: Path) -> None:
     if len(formats) > 1:
         raise ValueError(f"{where} holds data files of several formats ({', '.join(formats)}); give one of "
                          f"them as a glob (e.g. '{root / ('*' + formats[0])}')")
-    splits = sorted({s for s in (_split_of(f.relative_to(root)) for f in files) if s})
-    if len(splits) > 1:  # each split's files, to choose from
+    split_of = {f: _split_of(f.relative_to(root)) for f in files}
+    splits = sorted({s for s in split_of.values() if s})
+    unnamed = [f for f in files if split_of[f] is None]
+    if len(splits) > 1 or (splits and unnamed):  # each split's files, to choose from
         choices = []
         for split in splits:
-            example = next(f for f in files if _split_of(f.relative_to(root)) == split)
+            example = next(f for f in files if split_of[f] == split)
             prefix = _split_prefix(example)  # "train" of the hub's "train-00000-of-00002"; "" when a folder names it
             # a glob in quotes, so that a shell passes it on as it is
             choices.append(f"'{example.parent / (prefix + '*' + formats[0])}'" if prefix else str(example.parent))
-        raise ValueError(f"{where} holds several splits ({', '.join(splits)}); give one split's files: "
-                         f"{' or '.join(choices)}")
+        what = ", ".join(splits) + (f" and files that name none, such as {unnamed[0].name}" if unnamed else "")
+        if unnamed:
+            choices.append(str(unnamed[0]))
+        raise ValueError(f"{where} holds several splits ({what}); give one split's files: {' or '.join(choices)}")
     parents = sorted({f.parent for f in files})
     if len(parents) > 1:
         names = ", ".join(str(p.relative_to(root)) + "/" for p in parents[:4])
