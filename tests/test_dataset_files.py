@@ -7,6 +7,7 @@ rows (a train and a test split, two subsets) is refused with what to give instea
 train on the test split, or mix the subsets, without a word.
 """
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -180,3 +181,64 @@ def test_eval_takes_a_hub_folder_under_its_name(tmp_path):
     _parquet(shipped / "data" / "test-00000-of-00001.parquet", _rows(0, 1))
     with pytest.raises(UsageError, match="the folder's name 'math500' is a shipped benchmark's; rename the folder"):
         load_benchmarks(str(shipped), args)
+
+
+def test_relative_paths_links_and_names_from_the_review(tmp_path, monkeypatch):
+    """Review of 2026-11-28: a relative glob run from ``proj[v2]/`` was recorded with ``[v2]`` unescaped (then
+    refused: it matched nothing); eval filed ``data/test-*.parquet`` typed inside a hub download under
+    ``test-*`` and ``.`` under ``''``; a linked data folder was "no data file"; the hub hint named local paths;
+    test.jsonl and eval.jsonl were one split."""
+    from pacs_fast.config import load_config
+    from pacs_fast.config.dataset_files import absolute_spec
+    from pacs_fast.evaluation.args import benchmark_name
+    from pacs_fast.trainer.run_folder import record_absolute_paths
+
+    proj = tmp_path / "proj[v2]"
+    _hub_download(proj / "aime25")
+    monkeypatch.chdir(proj / "aime25")
+    cfg = load_config(None, ["data.dataset=data/train-*.parquet"])
+    record_absolute_paths(cfg)
+    assert cfg.data.dataset == absolute_spec("data/train-*.parquet") and "proj[[]v2]" in cfg.data.dataset
+    assert len(load_dataset(cfg.data.dataset)) == 7  # the recorded glob still reads the same files
+    for typed in ("data/test-*.parquet", "data", "."):
+        assert benchmark_name(Path(typed)) == "aime25", typed
+    monkeypatch.setenv("HOME", str(proj))
+    assert absolute_spec("~/aime25/data/train-*.parquet") == cfg.data.dataset
+    assert len(load_dataset("~/aime25/data/train-*.parquet")) == 7
+
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "data").symlink_to(proj / "aime25" / "data" / ".." / "data")
+    (proj / "aime25" / "data" / "loop").symlink_to(proj / "aime25")  # a link back up: searched once, no hang
+    with pytest.raises(ValueError, match="several splits"):  # found through the link (was "holds no data file")
+        load_dataset(linked)
+
+    with pytest.raises(FileNotFoundError) as e:
+        load_dataset("data/missing.jsonl")
+    assert "huggingface-cli" not in str(e.value)
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("test.jsonl", "eval.jsonl"):
+        (two / name).write_text(json.dumps(_rows(0, 1)[0]) + "\n")
+    with pytest.raises(ValueError, match=r"several splits \(eval, test\)"):
+        load_dataset(two)
+    parts = tmp_path / "parts"  # a split beside several files that name none: no glob takes only them
+    _parquet(parts / "test.parquet", _rows(0, 1))
+    for i in range(3):
+        _parquet(parts / f"part-{i}.parquet", _rows(i, 1))
+    with pytest.raises(ValueError, match="or a folder holding only the 3 files that name no split$"):
+        load_dataset(parts)
+
+
+def test_json_lines_in_a_json_file_split_at_newlines_only(tmp_path):
+    """U+2028 / U+0085 inside a string are JSON text, not line ends (str.splitlines split there); a one-row
+    ``Dataset.to_json`` file is one object on one line (it was "must hold a list of objects")."""
+    rows = [{"problem": "a\u2028b\u0085c", "answer": "1"}, {"problem": "d", "answer": "2"}]
+    path = tmp_path / "lines.json"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert [p.problem for p in load_dataset(path)] == ["a\u2028b\u0085c", "d"]
+    path.write_text(json.dumps(rows[1]) + "\n")
+    assert [p.problem for p in load_dataset(path)] == ["d"]
+    path.write_text(json.dumps({"problem": "d", "answer": "2"}, indent=1))  # a JSON document of one object
+    with pytest.raises(ValueError, match="must hold a list of objects, got dict"):
+        load_dataset(path)

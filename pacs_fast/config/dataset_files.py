@@ -23,10 +23,10 @@ SUFFIXES = (".jsonl.gz", ".jsonl", ".json.gz", ".json", ".parquet", ".arrow")
 # what Dataset.save_to_disk / DatasetDict.save_to_disk write beside the rows, and the hub's older dataset_infos.json
 # (JSON, but not rows)
 METADATA_FILES = frozenset({"state.json", "dataset_info.json", "dataset_dict.json", "dataset_infos.json"})
-# the split names the hub's file naming uses (datasets' data_files patterns), by the split they mean
-SPLIT_WORDS = {"train": "train", "training": "train", "test": "test", "testing": "test", "eval": "test",
-               "evaluation": "test", "validation": "validation", "valid": "validation", "val": "validation",
-               "dev": "validation"}
+# the split names the hub's file naming uses (datasets' data_files patterns); each word is a split of its own
+# (a folder with test.jsonl and eval.jsonl holds two sets of rows, whatever either is called)
+SPLIT_WORDS = frozenset({"train", "training", "test", "testing", "eval", "evaluation", "validation", "valid", "val",
+                         "dev"})
 GLOB_CHARS = re.compile(r"[*?\[]")
 
 
@@ -47,13 +47,19 @@ def _split_of(rel: Path) -> str | None:
     name = rel.name.lower()
     fmt = data_format(name) or ""
     words += re.split(r"[-_.]", name[: len(name) - len(fmt)])
-    return next((SPLIT_WORDS[w] for w in words if w in SPLIT_WORDS), None)
+    return next((w for w in words if w in SPLIT_WORDS), None)
 
 
 def _folder_files(folder: Path) -> list[Path]:
-    """The data files under ``folder`` (hidden files and folders, and save_to_disk's metadata, left out)."""
-    out = []
-    for root, dirs, files in os.walk(folder):
+    """The data files under ``folder`` (hidden files and folders, and save_to_disk's metadata, left out; a
+    linked subfolder is searched, once)."""
+    out, seen = [], set()
+    for root, dirs, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:  # a link back up the tree
+            dirs[:] = []
+            continue
+        seen.add(real)
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         out += [Path(root) / f for f in sorted(files)
                 if not f.startswith(".") and f not in METADATA_FILES and data_format(f)]
@@ -77,8 +83,10 @@ def _check_one_set(where: str, files: list[Path], root: Path) -> None:
             # a glob in quotes, so that a shell passes it on as it is
             choices.append(f"'{example.parent / (prefix + '*' + formats[0])}'" if prefix else str(example.parent))
         what = ", ".join(splits) + (f" and files that name none, such as {unnamed[0].name}" if unnamed else "")
-        if unnamed:
+        if len(unnamed) == 1:
             choices.append(str(unnamed[0]))
+        elif unnamed:  # no glob takes only them: a folder of their own
+            choices.append(f"a folder holding only the {len(unnamed)} files that name no split")
         raise ValueError(f"{where} holds several splits ({what}); give one split's files: {' or '.join(choices)}")
     parents = sorted({f.parent for f in files})
     if len(parents) > 1:
@@ -103,8 +111,7 @@ def dataset_files(spec: str | Path) -> list[Path]:
         ValueError: a folder (or glob) whose files are not one set of rows: several formats, several splits
             (``train-*`` and ``test-*``) or several folders (a dataset's subsets); the message says what to give.
     """
-    text = os.path.expanduser(str(spec))
-    path = Path(text)
+    path = Path(os.path.expanduser(str(spec)))  # (a name that holds "[" or "*" is itself first)
     if path.is_file():
         return [path]
     if path.is_dir():
@@ -113,7 +120,8 @@ def dataset_files(spec: str | Path) -> list[Path]:
             raise FileNotFoundError(f"dataset folder {path} holds no data file ({', '.join(SUFFIXES)})")
         _check_one_set(f"dataset folder {path}", files, path)
         return files
-    if is_glob(text):
+    if is_glob(str(spec)):
+        text = absolute_spec(str(spec))
         files = sorted(Path(p) for p in glob.glob(text, recursive=True)
                        if os.path.isfile(p) and data_format(p) and Path(p).name not in METADATA_FILES)
         if not files:
@@ -122,13 +130,25 @@ def dataset_files(spec: str | Path) -> list[Path]:
         _check_one_set(f"dataset glob {text}", files, root)
         return files
     hint = ""
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", str(spec)) and not str(spec).startswith("."):
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", str(spec)) and not str(spec).startswith(".") and not data_format(spec):
         hint = (f" (a hub dataset? download it first: huggingface-cli download --repo-type dataset {spec} "
                 f"--local-dir DIR, then give DIR)")
     raise FileNotFoundError(f"dataset file not found: {path}{hint}")
 
 
+def absolute_spec(spec: str) -> str:
+    """``spec`` as an absolute path (``~`` expanded), a glob staying the same glob: the folder joined onto a
+    relative one is escaped (a run started in ``proj[v2]/`` read ``[v2]`` as a character class)."""
+    if not is_glob(spec) or os.path.exists(os.path.expanduser(spec)):  # (a file whose name holds "[" is a file)
+        return os.path.abspath(os.path.expanduser(spec))
+    head, sep, rest = spec.partition("/")
+    if head.startswith("~") and os.path.expanduser(head) != head:
+        return glob.escape(os.path.expanduser(head)) + sep + rest
+    return spec if os.path.isabs(spec) else os.path.join(glob.escape(os.getcwd()), spec)
+
+
 def dataset_exists(spec: str | Path) -> bool:
     """A file, a folder, or a glob that matches something (what a run records and a resume looks for)."""
-    text = os.path.expanduser(str(spec))
-    return os.path.exists(text) or (is_glob(text) and bool(glob.glob(text, recursive=True)))
+    if is_glob(str(spec)) and not os.path.exists(os.path.expanduser(str(spec))):
+        return bool(glob.glob(absolute_spec(str(spec)), recursive=True))
+    return os.path.exists(os.path.expanduser(str(spec)))

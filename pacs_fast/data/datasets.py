@@ -120,8 +120,9 @@ def _iter_rows(path: Path):
         except json.JSONDecodeError as e:
             if e.msg != "Extra data":
                 raise ValueError(f"{path}: invalid JSON: {e}") from None
-            # one object per line in a .json file (what datasets' Dataset.to_json writes by default)
-            for i, line in enumerate(text.splitlines(), start=1):
+            # one object per line in a .json file (what datasets' Dataset.to_json writes by default); split at
+            # "\n" only, as a .jsonl file is: str.splitlines also splits at U+2028 / U+0085, which JSON strings hold
+            for i, line in enumerate(text.split("\n"), start=1):
                 if line.strip():
                     try:
                         yield f"{path}:{i}", json.loads(line)
@@ -129,6 +130,8 @@ def _iter_rows(path: Path):
                         raise ValueError(f"{path}:{i}: invalid JSON ({e.msg} at column {e.colno}; read as one "
                                          f"object per line: the file is not one JSON document)") from None
             return
+        if isinstance(data, dict) and text.strip().count("\n") == 0:
+            data = [data]  # one object on one line: Dataset.to_json of a one-row dataset
         if not isinstance(data, list):
             raise ValueError(f"{path}: a .json dataset must hold a list of objects, got {type(data).__name__}")
         for i, row in enumerate(data, start=1):

@@ -154,25 +154,31 @@ def load_benchmarks(text: str, args) -> tuple[dict, dict]:
         if not entry:
             continue
         name, problems = _load_problems(entry, args)
-        source = entry if entry in BENCHMARKS else str(Path(entry).resolve())
+        source = entry if entry in BENCHMARKS else str(Path(entry).expanduser().resolve())
         if sources.get(name, source) != source:
-            raise UsageError(f"--benchmarks: {sources[name]} and {entry} are both named {name!r} (a dataset file is "
-                             f"named by its stem; its samples go to samples_{name}.jsonl); rename one of them")
+            raise UsageError(f"--benchmarks: {sources[name]} and {entry} are both named {name!r} (a dataset is named "
+                             f"by its file's stem, or by its folder's name; its samples go to samples_{name}.jsonl); "
+                             f"rename one of them")
         sets[name], sources[name] = problems, source
     return sets, sources
 
 
 def benchmark_name(path: Path) -> str:
     """What a user dataset is filed under (``samples_<name>.jsonl``): a file's stem; for a folder or glob, the
-    nearest folder not named like a split or ``data`` (``aime25/data/test-*.parquet`` -> ``aime25``)."""
+    nearest folder not named like a split or ``data`` (``aime25/data/test-*.parquet`` -> ``aime25``, typed from
+    anywhere: ``data/test-*.parquet`` inside ``aime25/``, or ``.``)."""
     from pacs_fast.config.dataset_files import SPLIT_WORDS, is_glob
 
     if path.is_file():
         return path.name.split(".")[0]
-    parts = [p for p in (path.parts[:-1] if is_glob(str(path)) else path.parts) if p not in ("/", "")]
-    while parts and (is_glob(parts[-1]) or parts[-1].lower() in {"data", "default", *SPLIT_WORDS}):
+    parts = list(path.parts)
+    while parts and is_glob(parts[-1]):  # the folder a glob's matches are in (typed: the folder may hold "[")
         parts.pop()
-    return parts[-1] if parts else path.name
+    folder = Path(os.path.abspath(Path(*parts) if parts else "."))
+    for name in (folder, *folder.parents):
+        if name.name and name.name.lower() not in {"data", "default", *SPLIT_WORDS}:
+            return name.name
+    return folder.name or "dataset"
 
 
 def _load_problems(entry: str, args) -> tuple[str, list]:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pacs_fast.config import SHIPPED_DATASETS, Config, load_config, parse_override, save_config, to_dict
 from pacs_fast.config.validation import _get
-from pacs_fast.config.dataset_files import dataset_exists
+from pacs_fast.config.dataset_files import absolute_spec, dataset_exists
 from pacs_fast.files import write_text_atomic
 from pacs_fast.trainer.metrics import end_torn_line
 
@@ -195,12 +195,13 @@ def record_absolute_paths(cfg: Config) -> None:
     """A run's files (:data:`MOVABLE_KEYS`) as absolute paths (``os.path.abspath``: a symlink stays one), so
     that its ``config.yaml`` names them wherever ``--resume`` is run from (a relative ``data.dataset`` was "no
     longer there" from another folder). Called for a new run, for a resume's overrides and by the experiment
-    runner's comparison. Shipped names, hub ids and paths that do not exist here stay as given."""
+    runner's comparison. Shipped names, hub ids and paths that do not exist here stay as given; a dataset glob
+    that matches stays a glob (:func:`pacs_fast.config.dataset_files.absolute_spec`)."""
     for key in sorted(MOVABLE_KEYS):
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
         if value and value not in _BUILT_IN_DATA and dataset_exists(value):  # (a glob that matches too)
-            setattr(getattr(cfg, section), name, os.path.abspath(os.path.expanduser(value)))
+            setattr(getattr(cfg, section), name, absolute_spec(value))
 
 
 def check_moved_files(run_dir: Path, cfg: Config, newest: Path | None) -> None:
