@@ -80,6 +80,13 @@ def test_a_prompt_that_fills_the_context_gets_advice_that_can_help():
     with pytest.raises(ValueError, match="every prompt has more than 56 tokens"):
         check_context(load_config(None, ["rollout.engine=vllm", "rollout.max_new_tokens=8"]), 64,
                       [("data.dataset", problems([131, 70]))], lines.append)
+    lines.clear()
+    # every prompt fits the context but none leaves max_new_tokens (a 4k-context model at 4,000 new tokens): a
+    # shorter response helps, a longer-context model is not needed (review: the advice named only the model)
+    check_context(load_config(None, ["rollout.engine=hf", "rollout.max_new_tokens=4000"]), 4096,
+                  [("data.dataset", problems([150, 300]))], lines.append)
+    assert len(lines) == 1 and lines[0].endswith("rollout.max_new_tokens=3796 or lower leaves room for every "
+                                                 "response"), lines
 
 
 def test_hf_context_is_max_position_embeddings_unless_rope_is_scaled(tmp_path):

@@ -54,8 +54,16 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
             raise ValueError(f"data.dataset {cfg.data.dataset!r} has {len(train)} rows: too few to hold out an "
                              f"evaluation split (one row in five, at least 5 rows); give data.eval_dataset")
         held = [train[i] for i in order[:n_eval]]
-        train = [train[i] for i in order[n_eval:]]
+        # a problem the file repeats stays out of training when one copy is held out (math_train repeats one:
+        # with some seeds the held-out accuracy included a problem the run trained on)
+        kept = {_problem_key(row) for row in held}
+        train = [train[i] for i in order[n_eval:] if _problem_key(train[i]) not in kept]
     return train, held
+
+
+def _problem_key(row: dict) -> str:
+    """A problem's text with its white space normalised (what makes two rows the same problem)."""
+    return " ".join(row["problem"].split())
 
 
 GOLD_SAMPLE = 512  # training answers checked by check_gold_answers (all held-out ones are)
@@ -73,7 +81,9 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
     lines = []
     if cfg.data.dataset == "arithmetic":
         return lines
-    if len(held_out) < cfg.data.eval_size:
+    from pacs_fast.data.datasets import BENCHMARKS
+
+    if len(held_out) < cfg.data.eval_size and cfg.data.eval_dataset not in BENCHMARKS:  # (a benchmark's size is known)
         why = "its rows" if cfg.data.eval_dataset else f"one row in five of data.dataset's {len(train) + len(held_out)}"
         lines.append(f"{_held_out_name(cfg)} holds {len(held_out)} problem{'s' * (len(held_out) != 1)} ({why}), "
                      f"fewer than data.eval_size={cfg.data.eval_size}")
@@ -86,8 +96,8 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
                      f"{prose[0].get('id', '')!r}: {prose[0]['answer'][:60]!r}): the verifier matches a response's "
                      f"final answer against all of it; is data.answer_key={cfg.data.answer_key} the final-answer "
                      f"field?")
-    seen = {" ".join(row["problem"].split()) for row in train}
-    shared = sum(" ".join(row["problem"].split()) in seen for row in held_out)
+    seen = {_problem_key(row) for row in train}
+    shared = sum(_problem_key(row) in seen for row in held_out)
     if shared:
         lines.append(f"{shared} of the {len(held_out)} problems of {_held_out_name(cfg)} are also training problems "
                      f"(data.dataset): the held-out accuracy includes problems the run trains on")
@@ -182,7 +192,7 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
         lengths = [len(p["prompt_ids"]) for p in problems]
         i = max(range(len(lengths)), key=lengths.__getitem__)
         longest = f"the longest (problem {problems[i].get('id', i)!r}) has {lengths[i]} tokens, chat template included"
-        none_fit = all(n > threshold for n in lengths)  # dropping would leave nothing, no response length helps
+        none_fit = all(n > threshold for n in lengths)  # dropping would leave nothing
         drop = (f"every prompt has more than {threshold} tokens: give a model with a longer context "
                 f"(max_position_embeddings) or shorter problems") if none_fit else drop_them
         over = sum(n >= context for n in lengths)
@@ -194,8 +204,9 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
             cut = ("vLLM ends their responses at the context" if vllm
                    else "the HF engine generates past the model's max_position_embeddings")
             room = f"rollout.max_new_tokens={context - lengths[i]} or lower leaves room for every response"
-            # no response length leaves room once the longest prompt fills the context, nor a drop when new >= context
-            fix = drop if lengths[i] >= context or none_fit else room if new >= context else f"{drop}, or {room}"
+            # no response length leaves room once the longest prompt fills the context; when dropping would leave
+            # nothing (or new >= context), a shorter response is what helps (4k-context models at max_new_tokens=4000)
+            fix = drop if lengths[i] >= context else room if none_fit or new >= context else f"{drop}, or {room}"
             log(f"WARNING: {what}: {short} of {len(lengths)} prompts leave fewer than rollout.max_new_tokens={new} "
                 f"tokens of the model's context of {context}: {cut}; {longest}; {fix}")
 
