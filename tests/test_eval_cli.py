@@ -365,6 +365,27 @@ def test_compare_two_results(tmp_path, capsys):
                    "their pass@k are not comparable", "warning: 2 rows share a label ('base'): name them with --labels"]
 
 
+def test_compare_tells_two_files_apart_whose_rows_have_no_id():
+    """Two user files of one name without an id field both number their rows 0..N-1: the ids matched, and
+    compare said nothing (review of 2026-11-28). The results now keep a digest of the problems' texts."""
+    from pacs_fast.evaluation.report import comparison_warnings
+    from pacs_fast.evaluation.results import problem_digest, summarize_benchmark
+
+    def result(label, problems):
+        records = [{"index": i, "id": str(i), "n": 2, "scores": [1.0, 0.0], "problem_sha1": problem_digest(p)}
+                   for i, p in enumerate(problems)]
+        return {"label": label, "benchmarks": {"mine": summarize_benchmark(records)}}
+
+    a, b = result("a", ["1+1=", "2+2="]), result("b", ["3+3=", "4+4="])
+    assert a["benchmarks"]["mine"]["ids"] == b["benchmarks"]["mine"]["ids"]
+    assert comparison_warnings([a, b]) == ["mine: the results evaluated different problems (a: 2, b: 2 problems): "
+                                           "their pass@k are not comparable"]
+    assert comparison_warnings([a, result("c", ["2+2=", "1+1="])]) == []  # the same problems in another order
+    old = result("old", ["3+3=", "4+4="])
+    del old["benchmarks"]["mine"]["problems_sha1"]  # results.json written before the digest: the ids decide
+    assert comparison_warnings([a, old]) == []
+
+
 def _one_line_error(capsys, *needles):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err

@@ -43,7 +43,10 @@ def comparison_warnings(results: list[dict[str, Any]]) -> list[str]:
     lines = []
     for b in _ordered({b for r in results for b in r["benchmarks"]}):
         held = [(i, r["benchmarks"][b]) for i, r in enumerate(results) if b in r["benchmarks"]]
-        keys = {tuple(sorted(map(str, br.get("ids") or []))) or br.get("num_problems") for _, br in held}
+        if all(br.get("problems_sha1") for _, br in held):  # the problems' texts, where every result has them
+            keys = {br["problems_sha1"] for _, br in held}
+        else:  # results written before: their ids (rows without an id field are numbered 0..N-1)
+            keys = {tuple(sorted(map(str, br.get("ids") or []))) or br.get("num_problems") for _, br in held}
         if len(keys) > 1:
             sizes = ", ".join(f"{_label(results[i], i)}: {br.get('num_problems', '?')}" for i, br in held)
             lines.append(f"{DISPLAY_NAMES.get(b, b)}: the results evaluated different problems ({sizes} problems): "

@@ -126,6 +126,13 @@ def append_records(path: str | Path, records: list[dict[str, Any]]) -> None:
         os.fsync(f.fileno())
 
 
+def _problems_digest(records: list[dict[str, Any]]) -> str | None:
+    """SHA-1 of the records' ``problem_sha1`` values, sorted (None when a record predates them)."""
+    if not all("problem_sha1" in r for r in records):
+        return None
+    return hashlib.sha1("\n".join(sorted(r["problem_sha1"] for r in records)).encode()).hexdigest()
+
+
 def summarize_benchmark(records: list[dict[str, Any]], ks: list[int] | None = None) -> dict[str, Any]:
     """pass@k and bookkeeping for one benchmark from its problem records (ordered by index).
 
@@ -154,6 +161,8 @@ def summarize_benchmark(records: list[dict[str, Any]], ks: list[int] | None = No
         "ks": ks,
         "pass_at_k": {str(k): float(pass_at_k(n, c, k).mean()) for k in ks},
         "ids": [str(r.get("id", r["index"])) for r in records],
+        # the problems' texts (eval compare: two files of one name whose rows have no id field share the ids 0..N-1)
+        "problems_sha1": _problems_digest(records),
         "correct_counts": [int(x) for x in c],
         "status_counts": status_counts,
         "finish_reasons": finish_counts,
