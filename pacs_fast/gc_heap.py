@@ -34,8 +34,13 @@ def freeze_at_start_up() -> None:
 
 
 def freeze_long_lived() -> None:
-    """Moves every object the collector tracks now into its permanent generation (``gc.freeze()``) if a
-    command line owns this process (:func:`freeze_at_start_up`); otherwise does nothing. Called at a
-    start-up phase boundary, with the objects that live for the whole run alive."""
+    """Collects, then moves every object the collector tracks now into its permanent generation
+    (``gc.freeze()``) if a command line owns this process (:func:`freeze_at_start_up`); otherwise does
+    nothing. Called at a start-up phase boundary, with the objects that live for the whole run alive.
+
+    The collection first (as vLLM's ``freeze_gc_heap`` does): cyclic garbage frozen would stay until the
+    process ends, a model loader's cycle holding tensors included. After the import-time freeze it walks only
+    what start-up made since (46-306 objects pending, 0.01-0.17 s of CPU, on the Qwen2.5-width trial run)."""
     if _enabled:
+        gc.collect()
         gc.freeze()
