@@ -76,6 +76,12 @@ def prepare_megatron_inputs(wd: Path) -> None:
               "llama": _llama_model(wd / "llama", seed)}
     B, T = 2 * G, 14
     ids, am, rm = _padded_batch(gen, B, T, left_pad=True)
+    # the tiny models' pad id (0) as a real token in half the rows: Hugging Face's embedding gives its row no
+    # gradient from those lookups (padding_idx), and megatron's must not either (the sweep of 2026-11-28 found
+    # grad_norm 7.31 torch vs 8.39 megatron); llama has no pad id: 0 is an ordinary token there
+    for b in range(0, B, 2):
+        real = am[b].nonzero().flatten()
+        ids[b, real[len(real) // 2]] = 0
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0])[torch.randperm(B, generator=gen)]
     # the learner batch: 4 groups, right-padded (RolloutBatch convention)
     lids, lam, lrm = _padded_batch(gen, 4 * G, T, left_pad=False)
