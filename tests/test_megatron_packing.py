@@ -136,6 +136,9 @@ def test_packed_token_budget_learner_matches_padded(run):
         assert a.keys() == b.keys()
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * (abs(b["loss"]) + loss_scale), "loss"
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * max(abs(b["grad_norm"]), 1e-6), "grad_norm"
+        # which forward ran, as the torch learner records it (the megatron learner recorded none: sweep 2026-11-28)
+        assert b["forward/padded"] > 0 and b["forward/packed"] == 0 == b["forward/shared_prefix"]
+        assert a["forward/packed"] > 0 and 0 < a["forward/token_slots"] < b["forward/token_slots"]
     for k in rep["terms"]:
         assert _close(pk["terms"][k].float(), rep["terms"][k].float(), 1e-5), k
     lr = run[0]["learner"]["learner"]["lr"]

@@ -30,6 +30,14 @@ import torch
 
 FLASH = ("flash_attention_2", "flash_attention_3")
 PACKED_ATTENTION = ("auto", "varlen", "dense")
+# which forward ran, counted over an update's forwards with their token slots: a step's learner/forward/* (the
+# megatron learner has no shared-prefix forward: 0 there)
+FORWARD_KINDS = ("packed", "shared_prefix", "padded")
+
+
+def forward_metrics(forwards) -> dict[str, float]:
+    """``forward/<kind>`` and ``forward/token_slots`` of a counter of forwards (:data:`FORWARD_KINDS`)."""
+    return {f"forward/{k}": float(forwards[k]) for k in FORWARD_KINDS + ("token_slots",)}
 
 
 def first_fit_decreasing(sizes: list[int], capacity: int) -> list[list[int]]:

@@ -46,7 +46,7 @@ import torch
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import (Learner, NonFiniteError, RolloutBatch, by_length, group_rows,
                                     holds_reference_model, minibatch_counts, needs_reference, objective)
-from pacs_fast.learner.packing import (Packed, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
+from pacs_fast.learner.packing import (Packed, forward_metrics, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
                                       padded_slots, restores_attention, shared_prefix_slots)
 from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,
                                             shared_prefix_hidden, split_groups, trained_states)
@@ -82,7 +82,6 @@ def _has_active_dropout(model) -> bool:
                and v > 0 for k, v in items)
 
 
-FORWARD_KINDS = ("packed", "shared_prefix", "padded")
 
 
 class TorchLearner(Learner):
@@ -377,7 +376,7 @@ class TorchLearner(Learner):
         out = {k: v / steps for k, v in sums.items()}
         out["optimizer_steps"] = float(steps)
         # which forward ran (learner.packing / learner.shared_prefix), counted over the update's forwards
-        out.update({f"forward/{k}": float(self.forwards[k]) for k in FORWARD_KINDS + ("token_slots",)})
+        out.update(forward_metrics(self.forwards))
         self.last_terms = {k: torch.cat(v) for k, v in terms.items()}
         return out
 

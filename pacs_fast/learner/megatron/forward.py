@@ -167,7 +167,7 @@ def _thd_hidden(model, packed) -> torch.Tensor:
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, vocab_size: int,
                    label_mask: torch.Tensor | None = None, tp_group=None, temperature: float = 1.0,
                    return_entropy: bool = False, backend: str = "auto", packing: str = "off",
-                   packed_attention: str = "auto", lm_head_fp32: bool = False):
+                   packed_attention: str = "auto", lm_head_fp32: bool = False, forwards=None):
     """``logp[B, T]`` (fp32): ``logp[b, t] = log p(input_ids[b, t] | valid tokens before t)``.
 
     0 at padding and at the first valid token of each row (nothing predicts it). With
@@ -181,6 +181,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     ``dense`` (the block-diagonal mask); see the module docstring.
     ``lm_head_fp32``: the LM head in fp32 (``linear_logprobs(..., upcast=True)``: fp32 copies of the
     bf16 hidden states and the output-layer shard; the gradients reach them in bf16).
+    ``forwards`` (a ``Counter``): counts this forward as ``packed`` or ``padded`` and its ``token_slots``
+    (:func:`pacs_fast.learner.packing.forward_metrics`).
     Collective over ``tp_group`` (every TP rank passes the same batch).
     """
     from pacs_fast.ops.linear_logprobs import linear_logprobs
@@ -200,6 +202,11 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     thd = packed_attention != "dense"  # auto: THD is exact for every model build_gpt_model makes
     packed = _packed_or_none(ids_l, att_l, packing, thd)
     sel = mask_l[:, 1:]  # the labelled positions: only their hidden states reach the LM head
+    if forwards is not None:
+        from pacs_fast.learner.packing import padded_slots
+
+        forwards["packed" if packed is not None else "padded"] += 1
+        forwards["token_slots"] += packed.slots if packed is not None else padded_slots(att_l)
     if packed is None:
         position_ids = torch.arange(W, device=ids_l.device).unsqueeze(0).expand(B, W)
         blocked = torch.ones(W, W, dtype=torch.bool, device=ids_l.device).triu(1).view(1, 1, W, W)

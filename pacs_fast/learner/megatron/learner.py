@@ -50,6 +50,7 @@ the varlen core attention of :mod:`.core_attention`, runs on the GPU too), fp32 
 """
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -76,7 +77,7 @@ from pacs_fast.learner.megatron.data_parallel import (
 )
 from pacs_fast.learner.megatron.setup import (LazyHFCheckpoint, init_parallel, raise_if_non_finite,
                                              tp_grad_norm)
-from pacs_fast.learner.packing import micro_batch_groups
+from pacs_fast.learner.packing import forward_metrics, micro_batch_groups
 
 
 # ----------------------------------------------------------------------------- the learner
@@ -169,6 +170,7 @@ class MegatronLearner(Learner):
         self.optimizer = self._make_optimizer()
         self.steps = 0
         self.last_terms: dict[str, torch.Tensor] = {}
+        self.forwards: Counter = Counter()  # forwards of each kind and token slots since update() (learner/forward/*)
 
     def _build(self, dtype, overrides):
         from pacs_fast.learner.megatron.model import build_gpt_model
@@ -197,7 +199,7 @@ class MegatronLearner(Learner):
                              tp_group=self.tp_group, temperature=self.temperature,
                              return_entropy=return_entropy, backend=self.cfg.logprob_backend,
                              packing=self.cfg.packing, lm_head_fp32=self.lm_head_fp32,
-                             packed_attention=getattr(self.cfg, "packed_attention", "auto"))
+                             packed_attention=getattr(self.cfg, "packed_attention", "auto"), forwards=self.forwards)
         return out if return_entropy else (out, None)
 
     def _check_same_batch(self, batch: RolloutBatch) -> None:
@@ -253,6 +255,7 @@ class MegatronLearner(Learner):
         from pacs_fast.learner.megatron.fused import FusedOldLogprobs
 
         self._check_same_batch(batch)
+        self.forwards.clear()
         fuse = self._fuses_in_update(batch, correct, "dropout is active")
         self.model.train()
         gen = torch.Generator().manual_seed(int(seed))
@@ -281,6 +284,7 @@ class MegatronLearner(Learner):
         self.steps += 1
         out = {k: v / steps for k, v in sums.items()}
         out["optimizer_steps"] = float(steps)
+        out.update(forward_metrics(self.forwards))  # which forward ran (learner.packing), as the torch learner's
         self.last_terms = {k: torch.cat(v) for k, v in terms.items()}
         return out
 
