@@ -74,6 +74,21 @@ def test_a_key_given_twice_in_a_yaml_file_is_refused(tmp_path, text, line, key):
     assert read_yaml(p)["algo"] == {"beta": 2, "name": "grpo"}
 
 
+def test_on_and_off_in_a_yaml_file_are_text_for_a_text_key(tmp_path):
+    """YAML 1.1 reads on / off / yes / no as booleans: ``packing: on`` in a config file failed with "expects str,
+    got True" (its values are auto / on / off), while learner.packing=on worked on the command line (long-response
+    sweep, 2026-11-28). A config file now has YAML 1.2's booleans (true / false); a bool key takes the words."""
+    p = tmp_path / "c.yaml"
+    p.write_text("learner:\n  packing: on\n  shared_prefix: no\nmodel:\n  gradient_checkpointing: Yes\n"
+                 "train:\n  run_name: off\n  progress: false\n  plots: TRUE\n")
+    cfg = C.load_config(p)
+    assert (cfg.learner.packing, cfg.learner.shared_prefix, cfg.model.gradient_checkpointing) == ("on", False, True)
+    assert (cfg.train.run_name, cfg.train.progress, cfg.train.plots) == ("off", False, True)
+    p.write_text("train:\n  progress: maybe\n")
+    with pytest.raises(ValueError, match="config key 'train.progress' expects bool, got 'maybe'"):
+        C.load_config(p)
+
+
 @pytest.mark.parametrize("overrides, match", [
     (["train.prompts_per_step=12", "learner.mini_batch_prompts=8"], "mini_batch_prompts=8 must divide"),
     (["learner.mini_batch_prompts=8", "learner.micro_batch_prompts=3"], "micro_batch_prompts=3 must divide"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,17 @@ def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
+# YAML 1.1's other booleans: a config file reads them as text (see _UniqueKeyLoader), a bool key takes them
+_BOOL_WORDS = {"yes": True, "no": False, "on": True, "off": False, "true": True, "false": False}
+
+
 def _coerce(key: str, value: Any, typ) -> Any:
     """Checks ``value`` against the field type (ints are accepted for floats)."""
     if typ is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, str) and value.lower() in _BOOL_WORDS:  # a config file's yes / no / on / off
+            return _BOOL_WORDS[value.lower()]
     elif typ is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -125,6 +132,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                                                         key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+# Booleans as YAML 1.2 has them (true / false): YAML 1.1 also reads on / off / yes / no as booleans, so that
+# ``packing: on`` in a config file was True for a key whose values are auto / on / off ("expects str, got True").
+# A bool key takes those words as text (_coerce).
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                       list("tTfF"))
 
 
 def read_yaml(path: str | Path) -> dict:
