@@ -70,12 +70,29 @@ def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
     w = preflight.model_params(shape) * 2
     per = preflight.activation_bytes_per_token(shape)
     ws = (512 << 20) + 12 * -(-151936 // 128) * 16384 + 2 * 16384 * 896 * 2
+    tied = 0  # QWEN05 as written has an untied head (transformers' default); the tied model's is below
+    backward = 4 * w + int(16384 * per) + ws + tied
     assert mem == {"weights": w, "gradients": w, "optimizer": 2 * w, "activations": int(16384 * per),
-                   "tokens": 16384, "per_token": per, "workspace": ws, "total": 4 * w + int(16384 * per) + ws}
+                   "tokens": 16384, "per_token": per, "workspace": ws, "tied_gradient": tied,
+                   "optimizer_step": w,  # a GPU's foreach AdamW: a sqrt copy of every moment at once
+                   "backward": backward, "step": 4 * w + w, "total": max(backward, 5 * w)}
+    # on the CPU the per-tensor step makes two copies of the largest tensor (the [V, H] embedding)
+    assert preflight.learner_memory(cfg, device="cpu")["optimizer_step"] == 2 * 151936 * 896 * 2
+    # a head tied to the embedding (Qwen2.5-0.5B's): the lookup's dense [V, H] gradient, alive while it is added
+    # into the head's at the end of the backward (measured on the CPU: bench/bench_learner_memory.py)
+    (tmp_path / "tied").mkdir()
+    (tmp_path / "tied" / "config.json").write_text(json.dumps({**QWEN05, "tie_word_embeddings": True}))
+    tied_cfg = load_config(None, [f"model.path={tmp_path / 'tied'}", "model.dtype=bfloat16",
+                                  "learner.max_tokens_per_micro_batch=16384"])
+    tied_mem = preflight.learner_memory(tied_cfg)
+    assert tied_mem["tied_gradient"] == 151936 * 896 * 2
+    assert tied_mem["backward"] == 4 * tied_mem["weights"] + tied_mem["activations"] + tied_mem["workspace"] + \
+        151936 * 896 * 2
+    assert preflight.learner_memory(qwen_cfg(tmp_path, "learner.distributed_optimizer=true"))["optimizer_step"] == 0
     preflight.print_learner_memory(cfg, available=80 * GiB)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("learner memory per process") and [x.split()[0] for x in out[1:]] == [
-        "weights", "gradients", "optimizer", "activations", "workspace", "total"]
+        "weights", "gradients", "optimizer", "activations", "workspace", "tied_gradient", "optimizer_step", "total"]
     # no budget: learner.micro_batch_prompts=32 groups x 8 rows x (512 + 4096) tokens; the shared prefix runs once
     nob = qwen_cfg(tmp_path, "learner.packing=on")
     assert preflight.learner_memory(nob)["tokens"] == 32 * 8 * 4608
@@ -102,3 +119,26 @@ def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_pa
     assert "set learner.max_tokens_per_micro_batch (about" in line
     assert preflight.memory_warnings(qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=32768"),
                                      available=80 * GiB) == []
+    # a budget past the whole mini-batch is never filled: a run of 2 x 128 tokens a step with a budget of
+    # 3,000,000 was refused as "31.5 GiB" (long-response sweep, 2026-11-28)
+    small = ["train.prompts_per_step=1", "learner.mini_batch_prompts=1", "learner.micro_batch_prompts=1",
+             "rollout.n=2", "rollout.max_new_tokens=64", "data.max_prompt_tokens=64"]
+    huge = qwen_cfg(tmp_path, *small, "learner.max_tokens_per_micro_batch=3000000")
+    assert preflight.largest_micro_batch(huge) == 64 + 2 * 64  # the shared prefix once, then each response
+    preflight.check_memory(huge, available=80 * GiB)
+
+
+def test_on_the_cpu_the_processes_of_a_host_share_its_memory(tmp_path, monkeypatch):
+    """torchrun's ranks on one CPU host each hold a learner: the check compared one process's need with the
+    whole host's memory (megatron TP=2: 2 x 13.7 GiB accepted against 17.4 GiB; sweep of 2026-11-28)."""
+    cfg = qwen_cfg(tmp_path, "model.device=cpu", "model.dtype=float32", "learner.max_tokens_per_micro_batch=4096",
+                   "rollout.engine=vllm")  # (the HF engine's decode estimate is not what is checked here)
+    need = preflight.learner_memory(cfg, device="cpu")["total"]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    preflight.check_memory(cfg, available=int(1.5 * need))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="are available to each of the 2 processes that share this host's memory"):
+        preflight.check_memory(cfg, available=int(1.5 * need))
+    gpu = qwen_cfg(tmp_path, "model.device=cuda", "learner.max_tokens_per_micro_batch=4096", "rollout.engine=vllm",
+                   "rollout.ranks=1")  # a rank's own GPU
+    preflight.check_memory(gpu, available=int(1.5 * preflight.learner_memory(gpu)["total"]))

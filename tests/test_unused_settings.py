@@ -105,6 +105,9 @@ def test_defaults_and_shipped_configs_set_nothing_idle():
       "rollout.eval_n=8 has no effect with rollout.eval_temperature=0"]),
     (["rollout.eval_n=8"], []),
     (["learner.backend=megatron", "learner.shared_prefix=false"], ["learner.shared_prefix=False has no effect"]),
+    (["learner.packing=off", "learner.packed_attention=varlen"],
+     ["learner.packed_attention=varlen has no effect with learner.packing=off"]),
+    (["learner.packing=on", "learner.packed_attention=varlen"], []),
     (["data.eval_dataset=math500"], ["data.eval_dataset=math500 has no effect with data.dataset=arithmetic"]),
     (["data.dataset=math_train", "model.path=/m", "data.arith_terms=3", "warmup.steps=5"],
      ["warmup.steps=5 has no effect with model.path set", "data.arith_terms=3 has no effect with "

@@ -63,6 +63,8 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if cfg.learner.backend != "torch":
         out.append((("learner.shared_prefix",), f"with learner.backend={cfg.learner.backend} (the torch "
                                                 f"learner's)"))
+    if cfg.learner.packing == "off":
+        out.append((("learner.packed_attention",), "with learner.packing=off (how packed rows attend)"))
     if cfg.model.path:
         out.append((TINY_MODEL_ONLY, "with model.path set (the built-in tiny model's size and warm-up)"))
     if cfg.data.dataset == "arithmetic":
