@@ -88,7 +88,6 @@ def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
     assert tied_mem["tied_gradient"] == 151936 * 896 * 2
     assert tied_mem["backward"] == 4 * tied_mem["weights"] + tied_mem["activations"] + tied_mem["workspace"] + \
         151936 * 896 * 2
-    assert preflight.learner_memory(qwen_cfg(tmp_path, "learner.distributed_optimizer=true"))["optimizer_step"] == 0
     preflight.print_learner_memory(cfg, available=80 * GiB)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("learner memory per process") and [x.split()[0] for x in out[1:]] == [
@@ -132,13 +131,57 @@ def test_on_the_cpu_the_processes_of_a_host_share_its_memory(tmp_path, monkeypat
     """torchrun's ranks on one CPU host each hold a learner: the check compared one process's need with the
     whole host's memory (megatron TP=2: 2 x 13.7 GiB accepted against 17.4 GiB; sweep of 2026-11-28)."""
     cfg = qwen_cfg(tmp_path, "model.device=cpu", "model.dtype=float32", "learner.max_tokens_per_micro_batch=4096",
-                   "rollout.engine=vllm")  # (the HF engine's decode estimate is not what is checked here)
+                   "rollout.engine=vllm", "learner.backend=megatron")  # (the HF engine's decode is not checked here)
+    monkeypatch.setenv("WORLD_SIZE", "2")
     need = preflight.learner_memory(cfg, device="cpu")["total"]
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     preflight.check_memory(cfg, available=int(1.5 * need))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    with pytest.raises(ValueError, match="are available to each of the 2 processes that share this host's memory"):
+    with pytest.raises(ValueError, match="are available to each of the 2 learner processes that share this host's"):
         preflight.check_memory(cfg, available=int(1.5 * need))
     gpu = qwen_cfg(tmp_path, "model.device=cuda", "learner.max_tokens_per_micro_batch=4096", "rollout.engine=vllm",
                    "rollout.ranks=1")  # a rank's own GPU
     preflight.check_memory(gpu, available=int(1.5 * preflight.learner_memory(gpu)["total"]))
+
+
+def test_a_data_parallel_rank_plans_for_its_share_and_an_async_launch_for_its_learners(tmp_path, monkeypatch):
+    """Review of 2026-11-28: megatron's data-parallel ranks each train their share of a mini-batch (local batches),
+    so a budget past a rank's share is never filled (the whole mini-batch's 294,912 tokens were held against the
+    device at DP=2); ZeRO splits the moments over the ranks instead of removing them (and with one rank shards
+    nothing); an asynchronous launch's engine ranks are not learner processes sharing the host."""
+    ckpt = ["learner.backend=megatron", "model.gradient_checkpointing=true", "train.prompts_per_step=8",
+            "learner.mini_batch_prompts=8", "learner.micro_batch_prompts=8", "rollout.engine=vllm"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = qwen_cfg(tmp_path, *ckpt, "learner.max_tokens_per_micro_batch=1000000")
+    assert preflight.learner_layout(cfg) == (2, 1)
+    group = 8 * (512 + 4096)  # megatron runs no shared prefix
+    assert preflight.largest_micro_batch(cfg) == 4 * group  # a rank's 4 of the 8 groups
+    assert preflight.largest_micro_batch(qwen_cfg(tmp_path, *ckpt)) == 4 * group  # micro_batch_prompts=8 > 4
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert preflight.largest_micro_batch(cfg) == 8 * group
+    w = preflight.learner_memory(cfg)["weights"]
+    one = preflight.learner_memory(qwen_cfg(tmp_path, *ckpt, "learner.distributed_optimizer=true"))
+    assert one["optimizer"] == 2 * w and one["optimizer_step"] == w  # one rank: nothing to shard
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    four = preflight.learner_memory(qwen_cfg(tmp_path, *ckpt, "learner.distributed_optimizer=true"))
+    assert four["optimizer"] == 2 * w // 4 and four["optimizer_step"] == w // 4
+    # an asynchronous launch on one CPU host: 2 engine ranks and 1 learner; only the learner counts
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    async_cfg = qwen_cfg(tmp_path, *ckpt, "rollout.ranks=2", "model.device=cpu")
+    assert preflight.learner_layout(async_cfg) == (1, 1)
+    torch_cfg = qwen_cfg(tmp_path, "model.device=cpu", "rollout.ranks=2", "rollout.engine=vllm")
+    assert preflight.learner_layout(torch_cfg) == (1, 1)  # the torch learner is one process
+
+
+def test_forward_counts_add_up_over_the_data_parallel_groups(monkeypatch):
+    """``learner/forward/*`` are this rank's forwards and token slots: a step's record sums them over the groups,
+    as one process running the whole step would count them (they were averaged; review of 2026-11-28)."""
+    from pacs_fast.trainer.parallel import World
+
+    world = World(dp=2, size=2)
+    parts = [{"learner/forward/padded": 2.0, "learner/forward/token_slots": 160.0, "learner/loss": 1.0},
+             {"learner/forward/padded": 2.0, "learner/forward/token_slots": 120.0, "learner/loss": 3.0}]
+    monkeypatch.setattr(world, "gather_dp", lambda record: parts)
+    out = world.reduce_record(dict(parts[0]))
+    assert out == {"learner/forward/padded": 4.0, "learner/forward/token_slots": 280.0, "learner/loss": 2.0}

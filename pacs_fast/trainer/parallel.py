@@ -80,7 +80,8 @@ class World:
 
     def reduce_record(self, record: dict, weights: dict[str, str] | None = None) -> dict:
         """One step's metrics over the data-parallel groups (each computed on its own, equal share):
-        ``perf/*`` throughputs add up, ``time/*`` take the slowest group, the rest the mean.
+        ``perf/*`` throughputs and ``learner/forward/*`` counts (forwards, token slots) add up, ``time/*``
+        take the slowest group, the rest the mean.
         ``weights``: ``{key: weight_key}`` for means over something other than the share (e.g. a
         per-token mean, weighted by each group's token count ``record[weight_key]``), so the result
         is what one process computes on the whole step; the weight keys themselves add up."""
@@ -94,7 +95,7 @@ class World:
             vals = [p[key] for p in ok]
             if not vals:
                 out[key] = record[key]
-            elif key.startswith("perf/") or key in weights.values():  # throughputs, counts: add up
+            elif key.startswith(("perf/", "learner/forward/")) or key in weights.values():  # throughputs, counts
                 out[key] = float(sum(vals))
             elif key.startswith("time/"):
                 out[key] = float(max(vals))

@@ -113,12 +113,34 @@ def model_params(shape: dict) -> int:
     return embeddings * shape["vocab"] * H + shape["layers"] * (attention + mlp)
 
 
+def learner_layout(cfg) -> tuple[int, int]:
+    """(data-parallel size, learner processes on this host) of the launch: the megatron learner's processes are
+    the launch's (:func:`pacs_fast.config.validation.world_size`) less ``rollout.ranks``, ``learner.tp_size`` to a
+    data-parallel rank; torchrun's ``LOCAL_WORLD_SIZE`` counts this host's, the engine ranks among them when the
+    launch has them (one host assumed); the torch learner is one process."""
+    import os
+
+    from pacs_fast.config.validation import world_size
+
+    if cfg.learner.backend != "megatron":
+        return 1, 1
+    learners = max(world_size() - cfg.rollout.ranks, 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) - cfg.rollout.ranks
+    return max(learners // max(cfg.learner.tp_size, 1), 1), min(max(local, 1), learners)
+
+
+def _moment_shards(cfg) -> int:
+    """Ranks AdamW's moments are split over: the data-parallel ranks with ``learner.distributed_optimizer``
+    (megatron's make_optimizer shards only when there are 2 or more), else 1."""
+    return learner_layout(cfg)[0] if cfg.learner.distributed_optimizer else 1
+
+
 def learner_bytes(cfg, shape: dict) -> int:
     """The least memory one learner process holds: its share (``learner.tp_size``) of the weights and
-    their gradients, and of AdamW's two moments unless ``learner.distributed_optimizer`` shards them
-    over the data-parallel ranks, all in the model's dtype (activations come on top)."""
-    copies = 2 if cfg.learner.distributed_optimizer else 4
-    return model_params(shape) * shape["bytes"] * copies // max(cfg.learner.tp_size, 1)
+    their gradients, and of AdamW's two moments (split over the data-parallel ranks with
+    ``learner.distributed_optimizer``), all in the model's dtype (activations come on top)."""
+    weights = model_params(shape) * shape["bytes"] // max(cfg.learner.tp_size, 1)
+    return 2 * weights + 2 * weights // _moment_shards(cfg)
 
 
 def check_memory(cfg, *, available: int | None = None) -> None:
@@ -144,7 +166,8 @@ def check_memory(cfg, *, available: int | None = None) -> None:
                  f"model.tiny_num_layers={cfg.model.tiny_num_layers})")
         raise ValueError(
             f"{model} cannot be trained here: its {model_params(shape) / 1e9:.2f}B parameters' weights, gradients"
-            f"{'' if cfg.learner.distributed_optimizer else ' and AdamW moments'} in model.dtype={cfg.model.dtype} "
+            f" and AdamW moments{' (split over the data-parallel ranks)' * (_moment_shards(cfg) > 1)} in "
+            f"model.dtype={cfg.model.dtype} "
             f"need at least {need / GiB:.1f} GiB per learner process (learner.tp_size={cfg.learner.tp_size}), and "
             f"{available / GiB:.1f} GiB are available{shared}")
     need = hf_engine_bytes(cfg, shape)
@@ -161,11 +184,14 @@ def check_memory(cfg, *, available: int | None = None) -> None:
     available, engine = learner_available(cfg, available)
     base = mem["weights"] + mem["gradients"] + mem["optimizer"]
     if mem["step"] > available:
+        fix = ("a larger learner.tp_size, learner.distributed_optimizer=true with 2 or more data-parallel ranks, "
+               if cfg.learner.backend == "megatron" else
+               "learner.backend=megatron with learner.tp_size > 1, " if cfg.model.dtype != "float32" else
+               "model.dtype=bfloat16, learner.backend=megatron with learner.tp_size > 1, ")
         raise ValueError(
             f"the optimiser step cannot fit in the learner: {base / GiB:.1f} GiB of weights, gradients and AdamW "
             f"moments and {mem['optimizer_step'] / GiB:.1f} GiB of its temporaries, and {available / GiB:.1f} GiB "
-            f"are available{engine}{shared}; set learner.distributed_optimizer=true, a larger learner.tp_size or "
-            f"use a larger device")
+            f"are available{engine}{shared}; use {fix}or a larger device")
     if mem["backward"] > available:
         what = (f"learner.max_tokens_per_micro_batch={budget}" if budget else
                 f"one group of rollout.n={cfg.rollout.n} full-length rows (data.max_prompt_tokens="
@@ -183,14 +209,12 @@ def check_memory(cfg, *, available: int | None = None) -> None:
 
 
 def _per_local_process(cfg, available: int) -> tuple[int, str]:
-    """On the CPU the processes of one host (torchrun's ``LOCAL_WORLD_SIZE``) share its memory: each one's
-    share, and a note (a GPU's memory is its own rank's)."""
-    import os
-
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    """On the CPU the learner processes of one host (:func:`learner_layout`) share its memory: each one's share,
+    and a note (a GPU's memory is its own rank's; engine ranks of an asynchronous launch are not counted)."""
+    local = learner_layout(cfg)[1]
     if _device(cfg) != "cpu" or local <= 1:
         return available, ""
-    return available // local, f" to each of the {local} processes that share this host's memory"
+    return available // local, f" to each of the {local} learner processes that share this host's memory"
 
 
 NORM_COPY = 4  # bytes per element of the fp32 copy Hugging Face's RMSNorm saves of its input
@@ -276,31 +300,32 @@ def _device(cfg) -> str:
 
 
 def largest_micro_batch(cfg) -> int:
-    """Tokens of the largest micro-batch the run can make: its token budget (``learner.max_tokens_per_micro_batch``,
-    at most a whole mini-batch of full-length groups: a budget past that is never filled), else
-    ``learner.micro_batch_prompts`` groups of :func:`group_tokens`."""
-    lc = cfg.learner
-    mini = min(lc.mini_batch_prompts, cfg.train.prompts_per_step) * group_tokens(cfg)
+    """Tokens of the largest micro-batch a learner process can make: its token budget
+    (``learner.max_tokens_per_micro_batch``, at most its whole mini-batch of full-length groups: a budget past
+    that is never filled), else ``learner.micro_batch_prompts`` groups of :func:`group_tokens`. A data-parallel
+    rank's mini-batch is its share (:func:`learner_layout`; the megatron learner's local batches)."""
+    lc, dp = cfg.learner, learner_layout(cfg)[0]
+    mini = max(min(lc.mini_batch_prompts, cfg.train.prompts_per_step) // dp, 1)  # groups of a rank's mini-batch
     if lc.max_tokens_per_micro_batch:
-        return min(lc.max_tokens_per_micro_batch, mini)
-    return min(lc.micro_batch_prompts, lc.mini_batch_prompts, cfg.train.prompts_per_step) * group_tokens(cfg)
+        return min(lc.max_tokens_per_micro_batch, mini * group_tokens(cfg))
+    return min(lc.micro_batch_prompts, mini) * group_tokens(cfg)
 
 
 def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None, device: str = "cuda") -> dict:
     """Bytes one learner process holds at its peak, by part: ``weights``, ``gradients``, ``optimizer``
-    (AdamW's two moments in the model's dtype; 0 with ``learner.distributed_optimizer``, sharded over the
-    data-parallel ranks), each divided by ``learner.tp_size``; ``activations`` = ``tokens`` x
+    (AdamW's two moments in the model's dtype; split over the data-parallel ranks with
+    ``learner.distributed_optimizer``), each divided by ``learner.tp_size``; ``activations`` = ``tokens`` x
     :func:`activation_bytes_per_token` (``model.gradient_checkpointing``; ``tokens`` defaults to
     :func:`largest_micro_batch`), plus :func:`dense_mask_bytes` with ``learner.packed_attention=dense``;
     ``workspace`` (:func:`logprob_workspace_bytes`); ``tied_gradient``: with a head tied to the embedding, the
     embedding lookup's dense ``[V, H]`` gradient, alive while it is added into the head's at the end of the
     backward; ``optimizer_step``: AdamW's temporaries (``torch.optim.AdamW``'s defaults: on a GPU its foreach
-    step makes a ``sqrt`` copy of every moment at once, ~the weights; on the CPU its per-tensor step two copies
-    of the largest tensor; none with the sharded optimiser's accounting); ``backward`` (weights, gradients,
+    step makes a ``sqrt`` copy of every moment it steps at once, ~the weights (their share with the sharded
+    optimiser); on the CPU its per-tensor step two copies of the largest tensor); ``backward`` (weights, gradients,
     moments, activations, workspace, tied gradient) and ``step`` (weights, gradients, moments, temporaries)
     peaks, ``total`` the larger; ``tokens``, ``per_token``. Measured on the CPU (a 2-layer Qwen2.5-0.5B-width
-    model in fp32, bench/bench_learner_memory.py): the total within 2-12% of the measured peak, against 16-33%
-    low without the last two terms."""
+    model in fp32, bench/bench_learner_memory.py): the total 1.7-9.8% under the measured peak, against 13-26%
+    under without the last two terms."""
     shape = shape or model_shape(cfg)
     lc, tp = cfg.learner, max(cfg.learner.tp_size, 1)
     if tokens is None:
@@ -310,7 +335,8 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     per_token = activation_bytes_per_token(shape, recompute=cfg.model.gradient_checkpointing, tp=tp,
                                            attention=attention, longest=longest)
     weights = model_params(shape) * shape["bytes"] // tp
-    out = {"weights": weights, "gradients": weights, "optimizer": 0 if lc.distributed_optimizer else 2 * weights,
+    shards = _moment_shards(cfg)
+    out = {"weights": weights, "gradients": weights, "optimizer": 2 * weights // shards,
            "activations": int(tokens * per_token), "tokens": int(tokens), "per_token": per_token,
            "workspace": logprob_workspace_bytes(shape, tokens, device=device, lm_head_fp32=cfg.model.lm_head_fp32,
                                                 tp=tp)}
@@ -319,7 +345,7 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     H, b = shape["hidden"], shape["bytes"]
     out["tied_gradient"] = shape["vocab"] * H * b // tp if shape.get("tied", True) else 0
     largest = max(shape["vocab"] * H, H * (shape["intermediate"] or 0)) * b // tp
-    out["optimizer_step"] = 0 if lc.distributed_optimizer else weights if device == "cuda" else 2 * largest
+    out["optimizer_step"] = weights // shards if device == "cuda" else 2 * largest
     base = out["weights"] + out["gradients"] + out["optimizer"]
     out["backward"] = base + out["activations"] + out["workspace"] + out["tied_gradient"]
     out["step"] = base + out["optimizer_step"]
@@ -345,7 +371,7 @@ def memory_warnings(cfg, *, available: int | None = None) -> list[str]:
     available = available if available is not None else available_bytes(_device(cfg)) if shape else None
     if not shape or available is None or cfg.learner.max_tokens_per_micro_batch:
         return []
-    available = learner_available(cfg, available)[0]
+    available = learner_available(cfg, _per_local_process(cfg, available)[0])[0]
     mem = learner_memory(cfg, shape, device=_device(cfg))
     if mem["total"] <= available:
         return []

@@ -106,7 +106,7 @@ class MegatronLearner(Learner):
     Every process of the launch must construct it and call every method (they are collective).
     Full batches: every rank passes the same arguments and gets the same values. DP-local batches:
     the ranks of a TP group pass the same batch; ``compute_logprobs`` / ``last_terms`` are the
-    local rows; ``update``'s metrics are the same on every rank.
+    local rows; ``update``'s metrics are the same on every rank, but for ``forward/*`` (this rank's forwards).
     """
 
     def __init__(self, model_path, *, algo, learner, temperature: float = 1.0, horizon: int = 1,
