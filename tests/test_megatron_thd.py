@@ -144,6 +144,8 @@ def test_fused_correction_equals_a_separate_pass(run, tp):
     assert torch.allclose(fus["old_entropy"], sep["old_entropy"], atol=1e-5)
     assert fus["metrics"].keys() == sep["metrics"].keys()
     for k, v in sep["metrics"].items():
+        if k.startswith("forward/"):  # how many forwards ran: the fused update runs its no-grad pass inside
+            continue
         assert fus["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
     # two Adam steps per epoch on gradients equal up to rounding: 1e-4 of lr plus 2 ulp of the weight
     lr, ulp = run[0]["learner"]["learner"]["lr"], torch.finfo(torch.float32).eps

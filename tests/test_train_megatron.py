@@ -203,5 +203,7 @@ def test_two_data_parallel_ranks_reproduce_one_process(tmp_path, warm_cache):
                 # layout batches its GEMMs (3.1e-6 on two ranks vs 4.2e-6 on one with ATen's AVX2
                 # kernels, equal with its AVX-512 ones): bounded on both, not compared
                 assert 0 <= v < 1e-3 and 0 <= b[k] < 1e-3, (k, v, b[k])
+            elif k.startswith("learner/forward/"):  # how each layout ran (a group pads its own micro-batches),
+                assert k != "learner/forward/token_slots" or (v > 0 and b[k] > 0), (k, v, b[k])  # not the result
             elif isinstance(v, float) and k not in exact and k != "rollout/generating_ranks":
                 assert b[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
