@@ -142,7 +142,7 @@ def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> tupl
     """Adds ``prompt_ids`` to each problem and drops prompts longer than ``data.max_prompt_tokens``.
     Returns the kept problems and the dropped share; more than 5% dropped is a warning.
 
-    ``prompt_ids`` is an ``array('i')`` (4 bytes a token; a Python list of ints takes ~36: a 1M-row set of
+    ``prompt_ids`` is an ``array('i')`` (4 bytes a token; a Python list of ints takes ~32: a 1M-row set of
     150-token prompts held ~5 GB in every rank). Readers take ``len`` and iterate; what leaves the trainer
     (an engine's prompts, a decode) goes through :func:`prompt_lists`. An ``array`` is not a list: adding
     it to one, or writing it as JSON, fails loudly instead of doing something else."""
