@@ -27,6 +27,7 @@ estimated here.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 GiB = 1024 ** 3
@@ -118,8 +119,6 @@ def learner_layout(cfg) -> tuple[int, int]:
     the launch's (:func:`pacs_fast.config.validation.world_size`) less ``rollout.ranks``, ``learner.tp_size`` to a
     data-parallel rank; torchrun's ``LOCAL_WORLD_SIZE`` counts this host's, the engine ranks among them when the
     launch has them (one host assumed); the torch learner is one process."""
-    import os
-
     from pacs_fast.config.validation import world_size
 
     if cfg.learner.backend != "megatron":
@@ -150,12 +149,7 @@ def check_memory(cfg, *, available: int | None = None) -> None:
     if not shape:
         return
     if available is None:
-        device = cfg.model.device
-        if device == "auto":
-            import torch
-
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        available = available_bytes(device)
+        available = available_bytes(_device(cfg))
     if available is None:
         return
     available, shared = _per_local_process(cfg, available)
