@@ -16,19 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 
 import yaml
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one(out: str, name: str, k: int, steps: int, extra: list[str]) -> dict:
@@ -38,7 +31,7 @@ def one(out: str, name: str, k: int, steps: int, extra: list[str]) -> dict:
             "rollout.eval_n=1", "train.prompts_per_step=8", "learner.mini_batch_prompts=8",
             "learner.micro_batch_prompts=8", "rollout.max_new_tokens=24", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            "-m", "pacs_fast.train", *args]
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     recs = [json.loads(x) for x in open(os.path.join(out, name, "metrics.jsonl")) if x.strip()]

@@ -40,14 +40,9 @@ def _args():
 
 
 def _launch(args):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench_megatron_")
     argv = [a for a in sys.argv[1:]] + ["--workdir", workdir]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            __file__, *argv]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     sys.exit(subprocess.call(cmd, env=env))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,11 +43,8 @@ def _args():
 
 
 def _launch():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     argv = sys.argv[1:] + ["--workdir", tempfile.mkdtemp(prefix="bench_megatron_learner_")]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            __file__, *argv]
     sys.exit(subprocess.call(cmd, env={**os.environ, "PYTHONWARNINGS": "ignore"}))
 

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,18 +52,12 @@ def _reset_peak() -> int:
     return _rss_kib("VmRSS")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(nproc: int, args: list[str]) -> dict:
     out = Path(tempfile.mkdtemp(prefix="bench_scaleout_")) / "result.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={_free_port()}", __file__, "--worker", "--out", str(out), *args]
+           "--standalone", __file__, "--worker", "--out", str(out), *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"worker failed:\n{proc.stderr[-4000:]}")

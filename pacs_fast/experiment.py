@@ -186,15 +186,11 @@ def plan(jobs: list[Job], config: str | None, *, restart_mismatched: bool) -> tu
 
 # ----------------------------------------------------------------------------- running
 def command(job: Job, config: str | None, state: str) -> list[str]:
-    """``python -m pacs_fast.train ...``, or under torchrun (a free port) for an asynchronous run."""
+    """``python -m pacs_fast.train ...``, or under ``torchrun --standalone`` for an asynchronous run."""
     n = processes(intended_config(config, job.argv))
     launch = [sys.executable, "-m", "pacs_fast.train"]
-    if n > 1:
-        import socket
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={port}",
+    if n > 1:  # --standalone: torchrun binds its store to a port it picks, so runs side by side never collide
+        launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--standalone",
                   "-m", "pacs_fast.train"]
     if state == "resume":
         return launch + ["--resume", str(job.run_dir)]

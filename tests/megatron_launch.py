@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import traceback
@@ -35,12 +34,6 @@ WORKERS = {
 LAUNCHER = Path(__file__).with_name("megatron_launch_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(files: list[str], base: Path) -> dict:
     """Prepares each file's folder under ``base`` and runs all their workers in one launch."""
     pairs = []
@@ -52,7 +45,7 @@ def _launch(files: list[str], base: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            str(LAUNCHER), *pairs]
     # own session: on a timeout the launcher and its workers are killed together
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -12,7 +12,6 @@ rollout.ranks=R rollout.max_staleness=K`` on CPU (gloo), the HF engine on its ow
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,12 +31,6 @@ TINY = ["data.arith_ops=+", "data.arith_max_digits=1", "data.eval_size=8", "roll
         "algo.entropy_coef=0.05", "train.eval_every=0", "train.save_every=1"]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -46,7 +39,7 @@ def _env():
 
 
 def torchrun(n: int, args, *, wait=True, timeout=300):
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--standalone",
            "-m", "pacs_fast.train", *args]
     if not wait:
         return subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -11,7 +11,6 @@ rollout.tp_size=T learner.backend=megatron ...`` on CPU (gloo), each role in its
 """
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 
@@ -34,13 +33,10 @@ FP32_LOGPROB_TOL = 1e-4
 
 
 def torchrun(n: int, args, timeout=300):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={port}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--standalone",
            "-m", "pacs_fast.train", *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]

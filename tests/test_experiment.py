@@ -129,6 +129,9 @@ def test_asynchronous_arms_run_under_torchrun(tmp_path):
     sync, k1, mg = (ex.command(j, None, "fresh") for j in jobs)
     assert sync[1:3] == ["-m", "pacs_fast.train"]
     assert k1[1:4] == ["-m", "torch.distributed.run", "--nproc_per_node=2"] and k1[5:7] == ["-m", "pacs_fast.train"]
+    # torchrun binds its own store's port: a port probed here could be taken before torchrun binds it
+    # (EADDRINUSE, seen in CI between parallel launches)
+    assert k1[4] == "--standalone" and not any(a.startswith("--master") for a in k1 + mg)
     assert "rollout.ranks=1" in k1 and mg[3] == "--nproc_per_node=4"
     assert ex.command(jobs[1], None, "resume")[-2:] == ["--resume", str(jobs[1].run_dir)]
     assert ex.command(jobs[1], None, "resume")[3] == "--nproc_per_node=2"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,12 +29,6 @@ SCORE_TOL = 1e-4
 # DP-local vs full-batch update: the same gradient sum in another order (float32 reassociation,
 # ~1e-7 relative), through two AdamW steps with eps=1e-3 (amplification <= lr/eps = 3): 1e-5.
 EQUIV_TOL = 1e-5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _full_batch(gen, groups, T=12):
@@ -76,7 +69,7 @@ def _launch(tmp_path_factory, tp, nproc, equivalence=False, lockstep=False):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={_free_port()}", str(WORKER), "--workdir", str(wd)]
+           "--standalone", str(WORKER), "--workdir", str(wd)]
     if equivalence:
         cmd.append("--equivalence")
     # own session: on a timeout the launcher and its workers are killed together (no orphans)

