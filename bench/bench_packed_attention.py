@@ -51,7 +51,7 @@ def main(argv=None):
 
     from pacs_fast.config import AlgoConfig, LearnerConfig
     from pacs_fast.data.tiny import tiny_qwen2_config
-    from pacs_fast.learner.base import minibatch_counts, objective
+    from pacs_fast.learner.objective import minibatch_counts, objective
     from pacs_fast.learner.packing import restores_attention
     from pacs_fast.learner.torch_learner import TorchLearner
     from pacs_fast.ops.short_attention import use_attention

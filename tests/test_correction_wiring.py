@@ -16,7 +16,8 @@ import torch
 from pacs_fast.algorithms import pacs_loss
 from pacs_fast.algorithms.off_policy import off_policy_correction
 from pacs_fast.config import AlgoConfig, load_config
-from pacs_fast.learner.base import RolloutBatch, minibatch_counts, objective
+from pacs_fast.learner.base import RolloutBatch
+from pacs_fast.learner.objective import minibatch_counts, objective
 
 
 def _batch(gen, B=8, T=9, G=4, dtype=torch.float64):

@@ -158,7 +158,8 @@ def test_forward_reinforce_gradient_is_scaled_clean_gradient(seed):
 
 def test_objective_applies_the_correction():
     from pacs_fast.config import AlgoConfig
-    from pacs_fast.learner.base import RolloutBatch, minibatch_counts, objective
+    from pacs_fast.learner.base import RolloutBatch
+    from pacs_fast.learner.objective import minibatch_counts, objective
     from pacs_fast.algorithms import grpo_loss
 
     g = torch.Generator().manual_seed(0)

@@ -142,7 +142,7 @@ def _batch(gen, G=4, groups=3, T=6):
 
 
 def _objective(algo, mb, logp, counts=None):
-    from pacs_fast.learner.base import minibatch_counts, objective
+    from pacs_fast.learner.objective import minibatch_counts, objective
     x = logp.clone().requires_grad_()
     loss, met = objective(algo, mb, x, None, None, minibatch_counts(mb) if counts is None else counts, horizon=6)
     (g,) = torch.autograd.grad(loss, x)
@@ -153,7 +153,7 @@ def _objective(algo, mb, logp, counts=None):
 def test_truncated_rows_leave_the_baselines_loss(seed, name):
     """Their tokens leave the loss and its denominators; the advantages still come from the whole group."""
     from pacs_fast.config import load_config
-    from pacs_fast.learner.base import resolve_loss_agg
+    from pacs_fast.learner.objective import resolve_loss_agg
     wide = ["algo.clip_low=0.2", "algo.clip_high=0.2"] if name == "gspo" else []  # not every row clipped out
     algo = load_config(None, [f"algo.name={name}"] + wide).algo
     mb, logp = _batch(torch.Generator().manual_seed(seed))
@@ -176,7 +176,7 @@ def test_truncated_rows_leave_pacs_groups(seed, score):
     over the members it has left (rloo: a group left with one member drops out); the loss is the mean
     over the rows that stay; a truncated row's reward changes nothing; micro-batches sum exactly."""
     from pacs_fast.config import load_config
-    from pacs_fast.learner.base import minibatch_counts
+    from pacs_fast.learner.objective import minibatch_counts
     algo = load_config(None, ["algo.name=pacs", f"algo.score={score}"]).algo
     mb, logp = _batch(torch.Generator().manual_seed(seed))
     loss, g, met = _objective(algo, mb, logp)

@@ -16,7 +16,8 @@ import torch
 
 from pacs_fast.config import AlgoConfig, LearnerConfig, load_config, validate
 from pacs_fast.data.tiny import tiny_qwen2_config
-from pacs_fast.learner.base import RolloutBatch, minibatch_counts, objective
+from pacs_fast.learner.base import RolloutBatch
+from pacs_fast.learner.objective import minibatch_counts, objective
 from pacs_fast.learner.packing import first_fit_decreasing, pack, padded_slots, token_budget_micro_batches
 from pacs_fast.learner.torch_learner import TorchLearner
 

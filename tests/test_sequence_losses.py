@@ -155,7 +155,7 @@ def test_objective_dispatch_weights_and_accumulation(seed, name):
     """algo.name=gspo|cispo reaches the loss with GRPO's advantages, the algorithm's own clips and
     aggregation, the k3 KL and the off-policy weights; two micro-batches sum to the mini-batch's loss."""
     from pacs_fast.config import load_config
-    from pacs_fast.learner.base import minibatch_counts, objective, resolve_loss_agg
+    from pacs_fast.learner.objective import minibatch_counts, objective, resolve_loss_agg
 
     gen = torch.Generator().manual_seed(seed)
     algo = load_config(None, [f"algo.name={name}", "algo.kl_coef=0.05"]).algo

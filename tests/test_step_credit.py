@@ -96,7 +96,7 @@ def test_zero_step_rewards_give_rloo_through_the_objective(seed):
     """Every step reward 0, w = 1: the process advantages are RLOO's outcome advantages, so the
     learner's objective (per-token path) equals its outcome path (RLOO through grpo_loss)."""
     from pacs_fast.config import AlgoConfig
-    from pacs_fast.learner.base import minibatch_counts, objective
+    from pacs_fast.learner.objective import minibatch_counts, objective
     g = torch.Generator().manual_seed(seed)
     words = ["x;y", "zz", "a;b;c", "q", "r;s", "tt;u", "v", "w;w"]
     tok, pids, rids, batch = char_batch(["1+2=", "3+4="], [words[:4], words[4:]],

@@ -11,7 +11,8 @@ import torch
 
 from pacs_fast.config import AlgoConfig, Config, load_config
 from pacs_fast.config.unused import unused_settings
-from pacs_fast.learner.base import RolloutBatch, minibatch_counts, objective
+from pacs_fast.learner.base import RolloutBatch
+from pacs_fast.learner.objective import minibatch_counts, objective
 
 # a value other than the default for every key of the algo section the objective could read
 CHANGED = {"beta": 0.5, "proxy": "mean_logp", "score": "naive", "weight": "none", "clip_low": 0.1,

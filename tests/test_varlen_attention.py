@@ -15,7 +15,8 @@ import torch
 
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.data.tiny import tiny_qwen2_config
-from pacs_fast.learner.base import RolloutBatch, minibatch_counts, objective
+from pacs_fast.learner.base import RolloutBatch
+from pacs_fast.learner.objective import minibatch_counts, objective
 from pacs_fast.learner.packing import pack, packed_attention_mode, restores_attention
 from pacs_fast.learner.torch_learner import TorchLearner
 from pacs_fast.ops import varlen_attention as va

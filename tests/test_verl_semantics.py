@@ -166,7 +166,7 @@ def test_both_of_verls_seq_mean_token_sum_norm_definitions_are_offered():
     name, a factor B from the mean; verl >= 0.7.1 takes the mean. The name follows current verl,
     the sum is ``token-sum-norm``; the trainer's dr_grpo uses the mean (Dr. GRPO's objective)."""
     from pacs_fast.config import AlgoConfig
-    from pacs_fast.learner.base import resolve_loss_agg
+    from pacs_fast.learner.objective import resolve_loss_agg
 
     loss_mat = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
@@ -320,7 +320,8 @@ def test_trainer_config_algo_clip_c_reaches_the_loss():
     import dataclasses
 
     from pacs_fast.config import Config, validate
-    from pacs_fast.learner.base import RolloutBatch, minibatch_counts, objective
+    from pacs_fast.learner.base import RolloutBatch
+    from pacs_fast.learner.objective import minibatch_counts, objective
 
     cfg = Config()
     assert cfg.algo.clip_c == 3.0

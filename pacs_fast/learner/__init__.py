@@ -5,7 +5,8 @@
 - :class:`TorchLearner` (:mod:`.torch_learner`): PyTorch, one process.
 - the Megatron-core tensor-parallel learner (:mod:`.megatron`), selected with ``learner.backend=megatron``.
 """
-from pacs_fast.learner.base import Learner, RolloutBatch, minibatch_counts, objective
+from pacs_fast.learner.base import Learner, RolloutBatch
+from pacs_fast.learner.objective import minibatch_counts, objective
 from pacs_fast.learner.torch_learner import TorchLearner
 
 __all__ = ["Learner", "RolloutBatch", "TorchLearner", "minibatch_counts", "objective"]

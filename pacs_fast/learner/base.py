@@ -1,4 +1,5 @@
-"""The learner interface and the objective every learner shares.
+"""The learner interface, the batch it trains on, and how a batch is cut into micro-batches
+(the loss every learner shares is :mod:`pacs_fast.learner.objective`).
 
 A learner owns the policy being trained (and, where needed, a reference policy and a value head),
 its optimiser, and turns a :class:`RolloutBatch` into gradient steps. The trainer only talks to
@@ -18,7 +19,6 @@ from typing import Iterable, Iterator
 
 import torch
 
-from pacs_fast.config import AlgoConfig
 
 
 class NonFiniteError(RuntimeError):
@@ -277,28 +277,7 @@ class Learner(abc.ABC):
             yield bucket
 
 
-# ----------------------------------------------------------------------------- the objective
-
-def resolve_loss_agg(algo: AlgoConfig) -> str:
-    """``algo.loss_agg`` with ``auto`` resolved per algorithm (Dr. GRPO: constant-horizon token sums)."""
-    if algo.loss_agg != "auto":
-        return algo.loss_agg
-    return {"dr_grpo": "seq-mean-token-sum-norm", "gspo": "seq-mean-token-mean"}.get(algo.name, "token-mean")
-
-
-def needs_reference(algo: AlgoConfig) -> bool:
-    """Whether the objective uses ``ref_logp``."""
-    if algo.name == "pacs":
-        return algo.proxy == "logratio"
-    return algo.kl_coef != 0
-
-
-def holds_reference_model(algo: AlgoConfig) -> bool:
-    """Whether a separate reference model is kept (else ``ref_logp`` is the rollout policy's)."""
-    if algo.name == "pacs":
-        return algo.proxy == "logratio" and algo.ref == "fixed"
-    return algo.kl_coef != 0
-
+# ----------------------------------------------------------------------------- batching
 
 def by_length(group_ids: torch.Tensor, batch: RolloutBatch, *, shares: int = 1,
               lengths: torch.Tensor | None = None) -> torch.Tensor:
@@ -324,140 +303,3 @@ def dealt_rows_to_sorted(n_groups: int, shares: int, group_size: int) -> torch.T
     j = torch.arange(n_groups)
     pos = (j % shares) * (n_groups // shares) + j // shares   # where sorted group j sits when dealt
     return group_rows(pos, group_size)
-
-
-def loss_mask(micro: RolloutBatch) -> torch.Tensor:
-    """``[b, T]`` the tokens the losses aggregate over: the response, less rejected tokens
-    (:attr:`RolloutBatch.kept_mask`) and less the rows of :attr:`RolloutBatch.truncated`."""
-    mask = micro.response_mask if micro.kept_mask is None else micro.kept_mask
-    if micro.truncated is not None:
-        mask = mask * (~micro.truncated.bool()).to(mask.dtype)[:, None]
-    return mask
-
-
-def minibatch_counts(mb: RolloutBatch) -> dict[str, float]:
-    """Denominators of a mini-batch, for exact accumulation over its micro-batches (rejected tokens
-    and rows, :attr:`RolloutBatch.kept_mask`, and truncated rows, :attr:`RolloutBatch.truncated`, are
-    not counted). ``member_rows``: PACS's rows that stay in groups of at least 2 (its rloo / grpo scores)."""
-    mask = loss_mask(mb)
-    member = (torch.ones(mb.num_rows, dtype=torch.bool) if mb.truncated is None
-              else ~mb.truncated.bool().cpu())  # still in its group (PACS scores the members)
-    counted = member.clone()
-    if mb.kept_mask is not None:  # rejected rows stay members, their BCE term goes
-        counted &= ~((mb.response_mask.sum(-1) > 0) & (mb.kept_mask.sum(-1) == 0)).cpu()
-    in_pairs = (member.view(-1, mb.group_size).sum(1) >= 2).repeat_interleave(mb.group_size)
-    return {"rows": float(counted.sum()), "member_rows": float((counted & in_pairs).sum()),
-            "tokens": float(mask.sum()), "seqs": float((mask.sum(-1) > 0).sum()), "all_rows": float(mb.num_rows)}
-
-
-def sequence_weights(micro: RolloutBatch) -> torch.Tensor | None:
-    """``[b]`` per-row factors of PACS's BCE terms from :attr:`RolloutBatch.is_weights` (sequence level:
-    the same weight on every response token of a row, so the row's mean is that weight; 0 for a
-    rejected row; 1 for a row without response tokens), or None without correction."""
-    if micro.is_weights is None:
-        return None
-    n = micro.response_mask.sum(-1)
-    mean = (micro.is_weights * micro.response_mask).sum(-1) / n.clamp(min=1)
-    return torch.where(n > 0, mean, torch.ones_like(mean))
-
-
-def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy: torch.Tensor | None,
-              values: torch.Tensor | None, counts: dict[str, float], *, horizon: int):
-    """The training loss of one micro-batch, scaled so that summing it over the micro-batches of a
-    mini-batch gives the mini-batch loss exactly (whole groups per micro-batch).
-
-    Args:
-        algo: the algorithm settings. micro: the micro-batch (with ``old_logp``/``ref_logp``/PPO
-            fields as the algorithm needs). logp: ``[b, T]`` differentiable policy log-probs.
-        entropy: ``[b, T]`` differentiable entropies (needed when ``entropy_coef != 0``).
-        values: ``[b, T]`` differentiable values (PPO). counts: :func:`minibatch_counts` of the
-            enclosing mini-batch. horizon: max response length (Dr. GRPO's constant divisor).
-    Returns:
-        ``(loss, metrics)``: 0-d loss; metrics a dict of detached 0-d tensors or ``[b]`` tensors
-        (``psi``, ``pred_reward``, ``proxy``, ``weight`` for PACS).
-    """
-    from pacs_fast.algorithms import aggregate_loss, grpo_loss, policy_loss, value_loss
-
-    mask = loss_mask(micro)  # aggregation mask
-    agg = resolve_loss_agg(algo)
-    global_count = counts["tokens"] if agg == "token-mean" else counts["seqs"]
-    metrics: dict[str, torch.Tensor] = {}
-    if algo.name == "pacs":
-        loss, terms = _pacs_objective(algo, micro, logp, counts)
-        metrics.update(psi=terms["score"], pred_reward=terms["pred_reward"], proxy=terms["proxy"],
-                       weight=terms["weight"])
-    else:
-        kw = dict(clip_low=algo.clip_low, clip_high=algo.clip_high, clip_c=algo.clip_c or None, loss_agg_mode=agg,
-                  horizon=float(horizon), global_count=global_count, logp_ref=micro.ref_logp,
-                  kl_coef=algo.kl_coef, token_weights=micro.is_weights)
-        rewards = micro.rewards
-        if getattr(algo, "noise_correction", "none") != "none":  # noisy verifier (algorithms/noisy_labels.py)
-            from pacs_fast.algorithms.noisy_labels import corrected_rewards
-            rewards = corrected_rewards(rewards, algo.noise_correction, algo.noise_rho0, algo.noise_rho1)
-        if algo.name in ("gspo", "cispo"):  # verl's loss modes on GRPO's advantages (algorithms/sequence_losses.py)
-            from pacs_fast.algorithms import group_advantages
-            from pacs_fast.algorithms.sequence_losses import cispo_policy_loss, gspo_policy_loss
-            kw.pop("clip_c")  # no dual clip in either (verl)
-            adv = micro.advantages if micro.advantages is not None else group_advantages(rewards, micro.group_size,
-                                                                                          "grpo")
-            loss, pm = (gspo_policy_loss if algo.name == "gspo" else cispo_policy_loss)(
-                logp, micro.old_logp, adv, mask, **kw)
-            pm.update(adv_mean=adv.mean(), adv_abs_mean=adv.abs().mean())
-        elif micro.advantages is not None:  # per-token: PPO's GAE, or process-reward credit (trainer/step_credit.py)
-            loss, pm = policy_loss(logp, micro.old_logp, micro.advantages, mask, **kw)
-            if algo.name == "ppo":
-                vloss, vm = value_loss(values, micro.old_values, micro.returns, mask,
-                                       clip_range=algo.value_clip or None, loss_agg_mode=agg,
-                                       horizon=float(horizon), global_count=global_count)
-                loss = loss + algo.vf_coef * vloss
-                pm.update(vm)
-        else:
-            loss, pm = grpo_loss(logp, micro.old_logp, mask, rewards, group_size=micro.group_size,
-                                 advantage=algo.name, **kw)
-        # pg_loss / kl / vf_loss are already scaled by the mini-batch's counts; the other metrics are
-        # micro-batch means, weighted by the micro-batch's share: of the tokens for the per-token
-        # fractions and KL estimates, of the rows for the advantages' means (one value per row)
-        token_share = float(mask.sum()) / max(counts["tokens"], 1.0)
-        row_share = micro.num_rows / max(counts["all_rows"], 1.0)
-        for k, v in pm.items():
-            metrics[k] = v * (1.0 if k in ("pg_loss", "kl", "vf_loss") else
-                              row_share if k in ("adv_mean", "adv_abs_mean", "seq_ratio_mean") else token_share)
-    if algo.entropy_coef:
-        ent = aggregate_loss(entropy, mask, agg, horizon=float(horizon), global_count=global_count)
-        loss = loss - algo.entropy_coef * ent
-    return loss, metrics
-
-
-def _pacs_objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, counts: dict[str, float]):
-    """PACS's loss of a micro-batch, scaled by the mini-batch's rows. With :attr:`RolloutBatch.truncated`
-    the truncated rows leave their groups (no label, no class weight, no part in the score; a group
-    left with fewer members than its score needs drops out), as TRL's ``mask_truncated_completions``
-    in :mod:`pacs_fast.integrations.trl` (:func:`pacs_fast.algorithms.overlong.loss_over_members`)."""
-    from pacs_fast.algorithms import pacs_loss
-
-    ref = micro.ref_logp if algo.proxy == "logratio" else None
-    correction = getattr(algo, "noise_correction", "none")
-    resp = micro.response_mask  # the proxy sums every response token, rejected rows included
-    weights = sequence_weights(micro)
-
-    def rows(idx, k):  # the loss of rows idx (whole groups of k)
-        pick = (lambda t: t) if idx is None else (lambda t: None if t is None else t[idx])
-        common = dict(group_size=k, beta=algo.beta, score=algo.score, weight_mode=algo.weight, proxy=algo.proxy,
-                      sample_weights=pick(weights))
-        if correction != "none":  # noisy verifier: corrected BCE (pacs_fast/algorithms/noisy_labels.py)
-            from pacs_fast.algorithms.noisy_labels import pacs_loss_noisy
-            return pacs_loss_noisy(pick(logp), pick(ref), pick(resp), pick(micro.rewards), correction=correction,
-                                   rho0=algo.noise_rho0, rho1=algo.noise_rho1, **common)
-        return pacs_loss(pick(logp), pick(ref), pick(resp), pick(micro.rewards), return_terms=True, **common)
-
-    if micro.truncated is None:
-        loss, terms = rows(None, micro.group_size)
-        return loss * (micro.num_rows / max(counts["rows"], 1.0)), terms
-    from pacs_fast.algorithms.overlong import loss_over_members
-
-    pairs = algo.score in ("rloo", "grpo")
-    total, terms, _ = loss_over_members(rows, ~micro.truncated.bool(), micro.group_size, 2 if pairs else 1)
-    for name in ("score", "pred_reward", "proxy", "weight"):  # NaN on the rows that left
-        terms.setdefault(name, torch.full((micro.num_rows,), float("nan"), device=logp.device))
-    total = logp.sum() * 0.0 if total is None else total
-    return total / max(counts["member_rows" if pairs else "rows"], 1.0), terms

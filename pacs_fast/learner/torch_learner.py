@@ -22,7 +22,7 @@ Micro-batches hold ``learner.micro_batch_prompts`` groups, or, with
 
 Optimisation: AdamW, global grad-norm clipping, mini-batches of whole groups (one optimiser step
 each) accumulated over micro-batches of whole groups; the loss of each micro-batch is scaled so
-that the accumulated gradient equals the mini-batch's (see :func:`pacs_fast.learner.base.objective`).
+that the accumulated gradient equals the mini-batch's (see :func:`pacs_fast.learner.objective.objective`).
 
 Fused old log-probs (:attr:`~pacs_fast.learner.base.Learner.fuses_old_logprobs`): before the first
 optimiser step the policy *is* the rollout policy, so the forward of the first mini-batch already
@@ -44,8 +44,8 @@ from typing import Iterable, Iterator
 import torch
 
 from pacs_fast.config import AlgoConfig, LearnerConfig
-from pacs_fast.learner.base import (Learner, NonFiniteError, RolloutBatch, by_length, group_rows,
-                                    holds_reference_model, minibatch_counts, needs_reference, objective)
+from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, group_rows
+from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
 from pacs_fast.learner.packing import (Packed, forward_metrics, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
                                       padded_slots, restores_attention, shared_prefix_slots)
 from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,

@@ -4,7 +4,7 @@
 (``batch.behaviour_logp``, the behaviour policy ``mu``) and the learner's log-probs before the update
 (the proximal policy ``pi_old``) into :attr:`RolloutBatch.is_weights` / :attr:`RolloutBatch.kept_mask`
 with :func:`pacs_fast.algorithms.off_policy.off_policy_correction`; the objective
-(:func:`pacs_fast.learner.base.objective`) then weights each token's clipped term (baselines) or each
+(:func:`pacs_fast.learner.objective.objective`) then weights each token's clipped term (baselines) or each
 sample's BCE term (PACS) and aggregates over the kept tokens. Metrics go to the step record under
 ``correction/``.
 

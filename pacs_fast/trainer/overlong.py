@@ -13,7 +13,7 @@ the asynchronous loop alike), after the verifier and before anything reads ``bat
   from :func:`shape_batch`.
 - ``learner.mask_truncated``: the rows whose response ended at ``rollout.max_new_tokens`` without EOS
   (``finish_reason == "length"``) are marked in ``batch.truncated`` and leave the loss
-  (:func:`pacs_fast.learner.base.loss_mask`, and for PACS its groups). Every step records
+  (:func:`pacs_fast.learner.objective.loss_mask`, and for PACS its groups). Every step records
   ``response/truncated_frac`` (:func:`truncated_rows`), with or without it.
 """
 from __future__ import annotations

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from pacs_fast.config import Config
-from pacs_fast.learner.base import RolloutBatch, holds_reference_model
+from pacs_fast.learner.base import RolloutBatch
+from pacs_fast.learner.objective import holds_reference_model
 from pacs_fast.trainer.batch import build_batch, engine_logprobs, outcome_token_rewards, response_values
 from pacs_fast.trainer.overlong import shape_batch, truncated_rows
 from pacs_fast.trainer.problems import prompt_lists

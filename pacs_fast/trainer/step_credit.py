@@ -24,7 +24,7 @@ a token of step ``k`` of response ``b`` gets
 with ``G_k = min_{j >= k} r_j`` (``algo.credit=min``, PURE) or ``sum_{j >= k} gamma^(j-k) r_j``
 (``algo.credit=sum``, ``algo.gamma``), ``R`` the verifier's reward and ``w =
 reward.outcome_weight`` (PURE's "PRM + VR"; 0 = process rewards only). They replace RLOO's outcome
-advantage in the clipped policy loss (:func:`pacs_fast.learner.base.objective`). With every step
+advantage in the clipped policy loss (:func:`pacs_fast.learner.objective.objective`). With every step
 reward 0 the advantages are ``w`` times RLOO's (exactly RLOO's at the default ``w = 1``).
 """
 from __future__ import annotations

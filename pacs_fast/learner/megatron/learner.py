@@ -17,7 +17,7 @@ Parallel layout: ``world = tp_size x dp``. Tensor parallelism shards attention h
 and the vocabulary; the LM head's vocab shard goes straight into the vocab-parallel
 :func:`pacs_fast.ops.linear_logprobs` (no gather of the logits). Data parallelism gives each of the
 ``dp`` replicas an equal share of the *whole groups* of every mini-batch; micro-batch losses are
-scaled by the full mini-batch's counts (:func:`pacs_fast.learner.base.objective`), so the
+scaled by the full mini-batch's counts (:func:`pacs_fast.learner.objective.objective`), so the
 data-parallel gradient is a SUM all-reduce and the step equals the single-process step.
 
 Optimiser: ``torch.optim.AdamW`` on each rank's local shards (AdamW is element-wise, so sharding
@@ -57,17 +57,8 @@ from typing import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from pacs_fast.learner.base import (
-    Learner,
-    RolloutBatch,
-    by_length,
-    dealt_rows_to_sorted,
-    group_rows,
-    holds_reference_model,
-    minibatch_counts,
-    needs_reference,
-    objective,
-)
+from pacs_fast.learner.base import Learner, RolloutBatch, by_length, dealt_rows_to_sorted, group_rows
+from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
 from pacs_fast.learner.megatron.data_parallel import (
     all_reduce_sum,
     check_same_batch,
