@@ -53,7 +53,7 @@ def megatron(model: str, out: str, dry: bool) -> dict:
                  "rollout.eval_n=1"]
     import shutil
     shutil.rmtree(os.path.join(run_root, "megatron_tp1"), ignore_errors=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--master_port=29533",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--standalone",
            "-m", "pacs_fast.train", *args]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
