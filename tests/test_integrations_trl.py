@@ -274,7 +274,7 @@ def test_three_steps_with_trl_vllm_colocate(tmp_path):
     ``tests/test_vllm_engine.py::test_bf16_engine_sync_on_this_cpu``."""
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCH_COMPILE_DISABLE="1",
                VLLM_CPU_KVCACHE_SPACE="1", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), OMP_NUM_THREADS="2")
+               MASTER_ADDR="127.0.0.1", MASTER_PORT="0", OMP_NUM_THREADS="2")
     proc = subprocess.run([sys.executable, "-c", _VLLM_SCRIPT, str(tmp_path), os.path.dirname(__file__)], env=env, capture_output=True,
                           text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
