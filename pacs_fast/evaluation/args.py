@@ -245,3 +245,11 @@ def model_label(model: str) -> str:
     if path.parent.name == "checkpoints" and path.parent.parent.name:
         return f"{path.parent.parent.name}-{path.name}"
     return path.name
+
+
+def prompt_kwargs(args) -> dict:
+    """``system`` / ``instruction`` of every prompt from ``--system-prompt`` / ``--instruction``."""
+    from pacs_fast.data.prompts import prompt_parts
+
+    system, instruction = prompt_parts(args.system_prompt, args.instruction)
+    return {"system": system, "instruction": instruction}

