@@ -2,6 +2,8 @@
 
 The warning must be true: the grpo score's gradient at equal proxies (every step's first mini-batch, the
 policy equal to its reference) is checked to be ~1e6 times rloo's on the same batch, and a run prints it."""
+import re
+
 import pytest
 import torch
 
@@ -22,6 +24,10 @@ def test_the_grpo_score_is_named_where_it_applies(overrides, warned):
     assert bool(lines) == warned
     if warned:
         assert len(lines) == 1 and lines[0].startswith("algo.score=grpo ") and "algo.score=rloo" in lines[0]
+        # every key it names exists (it once sent users to train.grad_clip, which the CLI refuses)
+        from pacs_fast.config import all_keys
+        named = set(re.findall(r"\b([a-z]+\.[a-z_0-9]+)\b", lines[0]))
+        assert "learner.grad_clip" in named and named <= set(all_keys()), named - set(all_keys())
 
 
 def test_what_it_says_holds():
