@@ -163,6 +163,35 @@ def test_token_budget_update_equals_one_micro_batch(seed, agg, name):
         assert (cut[n] - one[n]).abs().max() <= 1e-12 * float(one[n].abs().max()), n  # issue: <= 1e-6
 
 
+def test_a_token_budget_cuts_micro_batches_whatever_micro_batch_prompts_says(seed):
+    """With learner.max_tokens_per_micro_batch set, learner.micro_batch_prompts is not read (the help and the
+    unused-settings warning say so): 1 or 5 groups (5 does not divide the mini-batch's 6, accepted with a budget)
+    give the same forwards and the same gradients, bit for bit (a sweep found the key silently ignored)."""
+    model = small_model()
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 40, (24,), generator=gen).tolist()
+    batch = uneven_batch(gen, 4, 6, 128, lengths)
+    budget = 2 * max(lengths) * 4
+    seen, forwards = {}, {}
+    for micro in (1, 5):
+        m = copy.deepcopy(model)
+        lc = LearnerConfig(mini_batch_prompts=6, micro_batch_prompts=micro, max_tokens_per_micro_batch=budget,
+                           shared_prefix=False, packing="off", grad_clip=0.0)
+        learner = TorchLearner(m, algo=AlgoConfig(), learner=lc)
+        learner.optimizer.step = lambda m=m, micro=micro: seen.update(
+            {micro: {n: p.grad.clone() for n, p in m.named_parameters()}})
+        forwards[micro] = learner.update(copy.deepcopy(batch), seed=1)["forward/padded"]
+    assert 1 < forwards[1] == forwards[5] < 6  # the budget's cut: neither 6 single groups nor 2 of up to 5
+    assert all(torch.equal(seen[1][n], seen[5][n]) for n in seen[1])
+    cfg = load_config(None, ["learner.max_tokens_per_micro_batch=4096", "learner.micro_batch_prompts=5"])
+    validate(cfg)  # (without the budget: "must divide learner.mini_batch_prompts=32")
+    from pacs_fast.config import unused_settings
+    assert unused_settings(cfg) == ["learner.micro_batch_prompts=5 has no effect with "
+                                    "learner.max_tokens_per_micro_batch set (micro-batches are cut by tokens)"]
+    assert unused_settings(load_config(None, ["train.prompts_per_step=12", "learner.max_tokens_per_micro_batch=4096"]))\
+        == []  # the micro-batch size that follows the prompts (12, not 32) was not set by anyone
+
+
 def test_token_budget_errors():
     with pytest.raises(ValueError, match=r"a group of 50 tokens is larger than learner.max_tokens_per_micro_batch=40"):
         token_budget_micro_batches([10, 50], 40)

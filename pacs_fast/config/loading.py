@@ -211,8 +211,13 @@ def _batch_defaults_follow_prompts(cfg: Config, given: set[str]) -> None:
     if "learner.mini_batch_prompts" not in given:
         cfg.learner.mini_batch_prompts = _largest_divisor(cfg.train.prompts_per_step, default)
     if "learner.micro_batch_prompts" not in given:
-        cfg.learner.micro_batch_prompts = _largest_divisor(cfg.learner.mini_batch_prompts,
-                                                           LearnerConfig().micro_batch_prompts)
+        cfg.learner.micro_batch_prompts = default_micro_batch_prompts(cfg.learner.mini_batch_prompts)
+
+
+def default_micro_batch_prompts(mini_batch_prompts: int) -> int:
+    """``learner.micro_batch_prompts`` when nobody sets it: the largest divisor of the mini-batch up to
+    the default (32)."""
+    return _largest_divisor(mini_batch_prompts, LearnerConfig().micro_batch_prompts)
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

@@ -159,7 +159,7 @@ class LearnerConfig:
     grad_clip: float = _f(1.0, "clip the global gradient norm (0 = off)")
     mini_batch_prompts: int = _f(32, "prompts (groups) per optimiser step; divides train.prompts_per_step")
     micro_batch_prompts: int = _f(32, "prompts (groups) per forward/backward; divides learner.mini_batch_prompts "
-                                  "(megatron: per data-parallel rank)")
+                                  "(megatron: per data-parallel rank); not read with learner.max_tokens_per_micro_batch")
     epochs: int = _f(1, "passes over each rollout batch")
     logprob_backend: str = _f("auto", "linear_logprobs backend: auto | triton | torch")
     shared_prefix: bool = _f(True, "torch learner: run the longest common prefix of each group's rows (prompt and "

@@ -8,6 +8,7 @@ every arm). Combinations that cannot run at all are :func:`~pacs_fast.config.val
 """
 from __future__ import annotations
 
+from pacs_fast.config.loading import default_micro_batch_prompts
 from pacs_fast.config.schema import Config
 from pacs_fast.config.validation import _get, is_level
 
@@ -63,6 +64,9 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if cfg.learner.backend != "torch":
         out.append((("learner.shared_prefix",), f"with learner.backend={cfg.learner.backend} (the torch "
                                                 f"learner's)"))
+    if cfg.learner.max_tokens_per_micro_batch:
+        out.append((("learner.micro_batch_prompts",), "with learner.max_tokens_per_micro_batch set (micro-batches "
+                                                      "are cut by tokens)"))
     if cfg.learner.packing == "off":
         out.append((("learner.packed_attention",), "with learner.packing=off (how packed rows attend)"))
     if cfg.model.path:
@@ -80,6 +84,8 @@ def unused_settings(cfg: Config) -> list[str]:
     """One line per setting that differs from its default yet has no effect in this run, naming the
     key, its value and the setting that makes it idle. Empty when every chosen value is read."""
     default = Config()
+    # what loading gives a micro-batch size nobody set (it follows the mini-batch)
+    default.learner.micro_batch_prompts = default_micro_batch_prompts(cfg.learner.mini_batch_prompts)
     lines, seen = [], set()
     for keys, why in _rules(cfg):
         for key in keys:

@@ -386,7 +386,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if P % mini:
         raise ValueError(f"learner.mini_batch_prompts={mini} must divide train.prompts_per_step={P} "
                          f"(mini-batches keep whole groups)")
-    if mini % micro:
+    if mini % micro and not cfg.learner.max_tokens_per_micro_batch:  # (a token budget cuts instead)
         raise ValueError(f"learner.micro_batch_prompts={micro} must divide learner.mini_batch_prompts={mini}")
     n_proc = world_size() if world is None else world
     _validate_async(cfg, n_proc)

@@ -116,7 +116,7 @@ class MegatronLearner(Learner):
         if algo.name == "ppo":
             raise ValueError("algo.name='ppo' needs a value head, which the megatron learner does not "
                              "have; use learner.backend=torch")
-        if learner.mini_batch_prompts % learner.micro_batch_prompts:
+        if learner.mini_batch_prompts % learner.micro_batch_prompts and not learner.max_tokens_per_micro_batch:
             raise ValueError(f"learner.micro_batch_prompts={learner.micro_batch_prompts} must divide "
                              f"learner.mini_batch_prompts={learner.mini_batch_prompts}")
         params_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
