@@ -48,7 +48,7 @@ from pacs_fast.trainer.problems import prompt_lists
 from pacs_fast.trainer.roles import Roles, close_roles, split_launch
 from pacs_fast.trainer.rollout_step import NoGroupKept, Round, batch_seed, rollout_step, sampling_params
 from pacs_fast.trainer.session import start
-from pacs_fast.trainer.step import TOKEN_MEANS, learn, step_record
+from pacs_fast.trainer.step import TOKEN_MEANS, learn, step_record, terms_over_groups
 from pacs_fast.trainer.user_functions import UserFunctionError
 
 
@@ -198,7 +198,8 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
             tm["time/sync"] = time.perf_counter() - t0
             tm["time/step"] = time.perf_counter() - t_step
             terms = getattr(s.learner, "last_terms", {})
-            record = world.reduce_record({**step_record(batch, comps, lm, mismatch, terms, tm, epoch=s.sampler.epoch),
+            whole = terms_over_groups(world, terms)  # every group's rows (the samples below show this group's)
+            record = world.reduce_record({**step_record(batch, comps, lm, mismatch, whole, tm, epoch=s.sampler.epoch),
                                           **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {}),
                                           **r.metrics}, TOKEN_MEANS)
             record.update({"rollout/policy_version": gen_version, "rollout/staleness": step - 1 - gen_version,

@@ -81,7 +81,10 @@ class World:
     def reduce_record(self, record: dict, weights: dict[str, str] | None = None) -> dict:
         """One step's metrics over the data-parallel groups (each computed on its own, equal share):
         ``perf/*`` throughputs and ``learner/forward/*`` counts (forwards, token slots) add up, ``time/*``
-        take the slowest group, the rest the mean.
+        take the slowest group, ``*_max`` / ``*_min`` the largest / smallest, the rest the mean (a value
+        every group computed alike, e.g. from gathered rows, stays as it is). A statistic that is none of
+        these (a standard deviation, a mean over a subset of rows) must be computed from every group's
+        rows, not reduced here.
         ``weights``: ``{key: weight_key}`` for means over something other than the share (e.g. a
         per-token mean, weighted by each group's token count ``record[weight_key]``), so the result
         is what one process computes on the whole step; the weight keys themselves add up."""
@@ -97,12 +100,16 @@ class World:
                 out[key] = record[key]
             elif key.startswith(("perf/", "learner/forward/")) or key in weights.values():  # throughputs, counts
                 out[key] = float(sum(vals))
-            elif key.startswith("time/"):
+            elif key.startswith("time/") or key.endswith("_max"):
                 out[key] = float(max(vals))
+            elif key.endswith("_min"):
+                out[key] = float(min(vals))
             elif key in weights and all(isinstance(p.get(weights[key]), (int, float)) for p in ok) and \
                     sum(p[weights[key]] for p in ok) > 0:
                 w = [p[weights[key]] for p in ok]
                 out[key] = float(sum(v * x for v, x in zip(vals, w)) / sum(w))
+            elif all(v == vals[0] for v in vals):
+                out[key] = float(vals[0])
             else:
                 out[key] = float(sum(vals) / len(vals))
         return out

@@ -162,7 +162,24 @@ def logprob_mismatch(learner, batch, prompt_ids, comps, *, temperature: float, e
 
 # Keys of a step record that are means over response tokens: over data-parallel groups they are
 # weighted by each group's token count (World.reduce_record), as one process would compute them.
-TOKEN_MEANS = {"entropy": "response/tokens", "rollout/logprob_diff_mean": "response/tokens"}
+TOKEN_MEANS = {k: "response/tokens" for k in (
+    "entropy", "rollout/logprob_diff_mean", "correction/is_weight_mean", "correction/frac_truncated",
+    "correction/frac_rejected", "correction/kl_k1", "correction/kl_k3")}
+PACS_TERMS = ("psi", "pred_reward", "rewards", "proxy")  # the per-row terms pacs_metrics reads
+
+
+def terms_over_groups(world, terms: dict) -> dict:
+    """PACS's per-row terms (:data:`PACS_TERMS`) of every data-parallel group, concatenated: what one process
+    holds for the whole step, so that :func:`pacs_metrics` (a standard deviation, means over the rows of one
+    label, the calibration gap) is the whole step's, not a mean of the groups' own. ``terms`` itself when
+    ``world.dp == 1``; collective otherwise (every rank calls it)."""
+    if world.dp == 1:
+        return terms
+    mine = {k: terms[k].detach().cpu() for k in PACS_TERMS if k in terms}
+    parts = [p for p in world.gather_dp(mine) if "psi" in p]  # (a group without rows has no terms)
+    if not parts:
+        return {}
+    return {k: torch.cat([p[k] for p in parts]) for k in PACS_TERMS if all(k in p for p in parts)}
 
 
 def step_record(batch: RolloutBatch, comps, learner_metrics: dict, mismatch: dict, terms: dict,
