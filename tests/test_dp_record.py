@@ -29,13 +29,16 @@ def _step(seed):
         n = int(torch.randint(4 if b < half else 1, T if b < half else 4, (), generator=gen))
         mask[b, 1:1 + n] = 1
     rewards = torch.cat([(torch.rand(half, generator=gen) < 0.8), (torch.rand(half, generator=gen) < 0.2)]).double()
+    # overlong shaping: the learner trains on soft labels, the verifier said `rewards` (reward.overlong_buffer_len)
+    shaped = (rewards - 0.75 * (torch.rand(B, generator=gen) < 0.3).double()).clamp(min=0)
     batch = RolloutBatch(torch.randint(3, 50, (B, T), generator=gen), torch.ones(B, T, dtype=torch.long), mask,
-                         rewards, group_size=G)
+                         shaped, group_size=G)
+    batch.verifier_rewards = rewards
     batch.old_entropy = torch.rand(B, T, generator=gen) * 3
     psi = torch.randn(B, generator=gen, dtype=torch.float64) * torch.tensor([0.2] * half + [2.0] * half,
                                                                            dtype=torch.float64)
-    terms = {"psi": psi, "pred_reward": torch.sigmoid(psi), "proxy": psi * 0.5, "rewards": rewards,
-             "rows": torch.arange(B)}
+    terms = {"psi": psi, "pred_reward": torch.sigmoid(psi), "proxy": psi * 0.5, "rewards": shaped,
+             "rows": torch.arange(B)}  # (the learner's: the labels it trained on, its rows of the batch)
     proximal = -torch.rand(B, T, generator=gen) * mask
     spread = torch.tensor([[0.05]] * half + [[0.6]] * half)
     behaviour = (proximal + torch.randn(B, T, generator=gen) * spread) * mask
@@ -47,14 +50,14 @@ def _step(seed):
 def _record(batch, comps, terms, proximal, behaviour, rows, world):
     """The record of the rows ``rows`` (a share, or everything), built as the loop builds it."""
     share = batch.groups(list(range(rows.start // G, rows.stop // G)))
-    mine = {k: v[rows] for k, v in terms.items()}
+    mine = {**{k: v[rows] for k, v in terms.items()}, "rows": terms["rows"][rows] - rows.start}  # the share's rows
     mask = batch.response_mask[rows] > 0
     _, _, corr = off_policy_correction(proximal[rows], behaviour[rows], mask, is_level="token", is_cap=2.0)
     diff = (proximal[rows] - behaviour[rows]).abs()[mask]
     mismatch = {"rollout/logprob_diff_mean": float(diff.double().mean()), "rollout/logprob_diff_max": float(diff.max())}
     timings = {"time/step": 1.0, "time/rollout": 0.5}
     record = step_record(share, comps[rows.start // G:rows.stop // G], {"loss": 0.5}, mismatch,
-                         terms_over_groups(world, mine), timings, epoch=0)
+                         terms_over_groups(world, mine, share), timings, epoch=0)
     return {**record, **{f"correction/{k}": v for k, v in corr.items()}}
 
 
@@ -99,3 +102,18 @@ def test_two_groups_record_what_one_process_records(seed):
         assert two[k] == pytest.approx(one[k], rel=1e-6, abs=1e-9), k  # ~1e-8; the wrong reductions are off by > 1e-3
     assert two["response/tokens"] == one["response/tokens"]
     assert two["correction/seq_log_ratio_mean"] == pytest.approx(one["correction/seq_log_ratio_mean"], rel=1e-6)
+
+
+def test_the_score_is_calibrated_against_the_verifier_not_the_shaped_label():
+    """With overlong shaping the learner's labels are soft (0.25 for a correct response in the buffer): pacs/* compare
+    sigmoid(psi) with what the verifier said, as reward/* and the calibration plot do (a sweep found
+    pacs/pred_reward_pos NaN: no label was exactly 1)."""
+    batch, comps, terms, proximal, behaviour = _step(3)
+    R, pred = batch.verifier_rewards, terms["pred_reward"]
+    assert not torch.equal(terms["rewards"], R) and bool((terms["rewards"][R > 0.5] < 1).any())
+    rec = _record(batch, comps, terms, proximal, behaviour, slice(0, G * GROUPS), World())
+    assert rec["pacs/pred_reward_pos"] == pytest.approx(float(pred[R > 0.5].mean()))
+    assert rec["pacs/pred_reward_neg"] == pytest.approx(float(pred[R <= 0.5].mean()))
+    assert rec["pacs/calib_gap"] == pytest.approx(float((pred.mean() - R.mean()).abs()))
+    assert rec["pacs/brier"] == pytest.approx(float(((pred - R) ** 2).mean()))
+    assert rec["reward/mean"] == pytest.approx(float(R.mean()))

@@ -198,7 +198,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
             tm["time/sync"] = time.perf_counter() - t0
             tm["time/step"] = time.perf_counter() - t_step
             terms = getattr(s.learner, "last_terms", {})
-            whole = terms_over_groups(world, terms)  # every group's rows (the samples below show this group's)
+            whole = terms_over_groups(world, terms, batch)  # every group's rows (the samples below show this group's)
             record = world.reduce_record({**step_record(batch, comps, lm, mismatch, whole, tm, epoch=s.sampler.epoch),
                                           **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {}),
                                           **r.metrics}, TOKEN_MEANS)

@@ -118,7 +118,9 @@ def _stats(prefix: str, x: torch.Tensor) -> dict:
 
 
 def pacs_metrics(terms: dict) -> dict:
-    """psi / predicted-reward statistics and the calibration of sigmoid(psi) against R."""
+    """psi / predicted-reward statistics and the calibration of sigmoid(psi) against R, the verifier's
+    reward of each row (``terms["rewards"]``, see :func:`terms_over_groups`; ``pred_reward_pos`` /
+    ``_neg``: the rows with R > 0.5 / R <= 0.5, as ``reward/acc`` counts them)."""
     if "psi" not in terms:
         return {}
     psi, pred, R = terms["psi"], terms["pred_reward"].double(), terms["rewards"].double()
@@ -129,8 +131,7 @@ def pacs_metrics(terms: dict) -> dict:
     out = {**_stats("pacs/psi", psi), **_stats("pacs/pred_reward", pred)}
     out["pacs/brier"] = float(((pred - R) ** 2).mean())
     out["pacs/calib_gap"] = float((pred.mean() - R.mean()).abs())
-    for lab, name in ((1.0, "pos"), (0.0, "neg")):
-        sel = R == lab
+    for sel, name in ((R > 0.5, "pos"), (R <= 0.5, "neg")):
         out[f"pacs/pred_reward_{name}"] = float(pred[sel].mean()) if sel.any() else float("nan")
     out["pacs/proxy_abs_mean"] = float(terms["proxy"].abs().mean())
     return out
@@ -168,11 +169,15 @@ TOKEN_MEANS = {k: "response/tokens" for k in (
 PACS_TERMS = ("psi", "pred_reward", "rewards", "proxy")  # the per-row terms pacs_metrics reads
 
 
-def terms_over_groups(world, terms: dict) -> dict:
-    """PACS's per-row terms (:data:`PACS_TERMS`) of every data-parallel group, concatenated: what one process
-    holds for the whole step, so that :func:`pacs_metrics` (a standard deviation, means over the rows of one
-    label, the calibration gap) is the whole step's, not a mean of the groups' own. ``terms`` itself when
-    ``world.dp == 1``; collective otherwise (every rank calls it)."""
+def terms_over_groups(world, terms: dict, batch: RolloutBatch) -> dict:
+    """PACS's per-row terms (:data:`PACS_TERMS`) for the step record: ``rewards`` the verifier's
+    (``batch.verifier_rewards`` where ``reward.overlong_buffer_len`` trained on shaped labels: sigmoid(psi) is
+    calibrated against what the verifier said, as ``reward/*`` and the calibration plot are), and every
+    data-parallel group's rows concatenated, what one process holds for the whole step, so that
+    :func:`pacs_metrics` (a standard deviation, means over the rows of one label, the calibration gap) is the
+    whole step's, not a mean of the groups' own. Collective when ``world.dp > 1`` (every rank calls it)."""
+    if "psi" in terms and "rows" in terms and batch.verifier_rewards is not None:
+        terms = {**terms, "rewards": batch.verifier_rewards.detach().cpu().to(terms["rewards"].dtype)[terms["rows"]]}
     if world.dp == 1:
         return terms
     mine = {k: terms[k].detach().cpu() for k in PACS_TERMS if k in terms}
