@@ -67,6 +67,13 @@ def end_torn_line(path: str | Path) -> bool:
     return True
 
 
+def scalar_metrics(kind: str, values: dict) -> dict:
+    """``{name: value}`` of a record's finite numbers as TensorBoard and the trackers name them: ``{kind}/{key}``,
+    the key alone when it already starts with ``kind/`` (``eval/acc``, ``train/reward/mean``)."""
+    return {(k if k.startswith(kind + "/") else f"{kind}/{k}"): float(v) for k, v in values.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
 class MetricsLogger:
     """Appends records to ``run_dir/metrics.jsonl`` and TensorBoard (``run_dir/tb``), and hands them to
     the experiment ``trackers`` of ``train.loggers`` (:mod:`pacs_fast.trainer.trackers`).
@@ -88,8 +95,11 @@ class MetricsLogger:
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
+                # a session-start event at every start, the first included: TensorBoard's loader takes the
+                # first one it reads for the run's start and purges only at a later one (the resume's), so
+                # a fresh run without one showed the steps a resume redid twice
                 self.tb = SummaryWriter(str(Path(run_dir) / "tb"),
-                                        purge_step=(resume_step + 1) if resume_step is not None else None)
+                                        purge_step=(resume_step + 1) if resume_step is not None else 0)
             except ImportError:  # tensorboard missing: JSONL only
                 self.tb = None
 
@@ -98,9 +108,8 @@ class MetricsLogger:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self.tb is not None:
-            for k, v in values.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    self.tb.add_scalar(f"{kind}/{k}", v, step)
+            for name, v in scalar_metrics(kind, values).items():
+                self.tb.add_scalar(name, v, step)
         for t in self.trackers:
             t.log(kind, int(step), values)
         return record

@@ -29,6 +29,7 @@ import re
 from pathlib import Path
 
 from pacs_fast.files import write_text_atomic
+from pacs_fast.trainer.metrics import scalar_metrics
 
 LOGGERS = ("tensorboard", "jsonl", "wandb", "mlflow", "trackio")
 IDS_FILE = "trackers.json"
@@ -82,13 +83,6 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _scalars(kind: str, values: dict) -> dict:
-    """``{kind}/{key}`` (the key alone when it already starts with ``kind/``, e.g. ``eval/acc``) for the
-    finite numbers of a record."""
-    return {(k if k.startswith(kind + "/") else f"{kind}/{k}"): float(v) for k, v in values.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")}
-
-
 def _mlflow_name(name: str) -> str:
     """MLflow's metric names allow letters, digits and ``_-. :/`` only (``eval/pass@n`` -> ``eval/pass_at_n``)."""
     return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", name.replace("@", "_at_"))
@@ -113,7 +107,7 @@ class WandbTracker:
         self.id = self.run.id
 
     def log(self, kind: str, step: int, values: dict) -> None:
-        self.run.log({**_scalars(kind, values), "step": step})
+        self.run.log({**scalar_metrics(kind, values), "step": step})
 
     def log_samples(self, step: int, rows: list[dict]) -> None:
         self.run.log({"samples": self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=_rows(rows)), "step": step})
@@ -140,7 +134,7 @@ class MlflowTracker:
             mlflow.log_params({k: str(v)[:500] for k, v in _flat(config).items()})
 
     def log(self, kind: str, step: int, values: dict) -> None:
-        self.mlflow.log_metrics({_mlflow_name(k): v for k, v in _scalars(kind, values).items()}, step=step)
+        self.mlflow.log_metrics({_mlflow_name(k): v for k, v in scalar_metrics(kind, values).items()}, step=step)
 
     def log_samples(self, step: int, rows: list[dict]) -> None:
         table = {c: [r.get(c) for r in rows] for c in SAMPLE_COLUMNS}
@@ -164,7 +158,7 @@ class TrackioTracker:
         self.id = run_dir.name
 
     def log(self, kind: str, step: int, values: dict) -> None:
-        self.trackio.log(_scalars(kind, values), step=step)
+        self.trackio.log(scalar_metrics(kind, values), step=step)
 
     def log_samples(self, step: int, rows: list[dict]) -> None:
         self.trackio.log({"samples": self.trackio.Table(columns=list(SAMPLE_COLUMNS), data=_rows(rows))}, step=step)
