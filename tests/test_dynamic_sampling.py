@@ -81,6 +81,39 @@ def test_no_group_kept_stops_with_the_reason():
         rollout_step(s, 1, {})
 
 
+class NoisyScorer:
+    """A noisy verifier as :class:`pacs_fast.trainer.rewards.Scorer` is one: ``clean`` gives the verifier's labels,
+    a call flips the responses named in ``flip`` ((problem id, response index), read from the text) and leaves
+    its own flip rate in ``last``."""
+
+    def __init__(self, flip):
+        self.flip, self.last = set(flip), {}
+
+    def clean(self, texts, answers):
+        return [float(t.split(":")[2] == a) for t, a in zip(texts, answers)]
+
+    def __call__(self, texts, answers, step, first):
+        clean = self.clean(texts, answers)
+        noisy = [1 - r if tuple(map(int, t.split(":")[:2])) in self.flip else r for t, r in zip(texts, clean)]
+        self.last = {"reward/flipped_frac": sum(a != b for a, b in zip(noisy, clean)) / len(clean)}
+        return noisy
+
+
+def test_the_flip_rate_of_a_noisy_verifier_is_the_trained_rows(monkeypatch):
+    """With dynamic sampling the scorer runs once per round; the step's reward/flipped_frac is over the rows that
+    train, as reward/* are (it was the last round's: 0.25 recorded against 0.31 trained in a sweep)."""
+    s = session(["rollout.filter_groups=true", "rollout.max_gen_batches=5"])
+    s.engine.generate = lambda prompt_ids, params: [
+        [Completion(token_ids=[5, 6], text=f"{p[0]}:{j}:{PATTERN[p[0]][j]}", finish_reason="stop", logprobs=[-1.0] * 2)
+         for j in range(params.n)] for p in prompt_ids]
+    s.scorer = NoisyScorer({(0, 0), (1, 1), (2, 0), (6, 0), (9, 1), (10, 0), (10, 1)})
+    r = rollout_step(s, 3, {})
+    trained = [(p["id"], j) for p in r.problems for j in range(G)]
+    want = sum(t in s.scorer.flip for t in trained) / len(trained)
+    assert r.metrics["reward/flipped_frac"] == want
+    assert s.scorer.last["reward/flipped_frac"] != want  # the last round's own rate (what the record held)
+
+
 def test_what_filtering_removes_for_pacs_and_for_grpo(seed):
     """An all-correct group gives GRPO zero gradient (nothing to filter out), PACS a non-zero one
     (filtering changes PACS's objective): why rollout.filter_groups is off by default for PACS."""

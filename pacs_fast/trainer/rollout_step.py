@@ -169,6 +169,10 @@ def rollout_step(s, step: int, timings: dict, rounds=None) -> StepRollouts:
     metrics = {"rollout/gen_rounds": float(n_rounds), "rollout/prompts_drawn": float(n_rounds * P),
                "rollout/trained_groups": float(k * world.dp),  # the same on every rank
                "rollout/kept_frac": len(kept_problems) / (n_rounds * P / world.dp)}  # equal shares: the mean is global
+    if "reward/flipped_frac" in getattr(s.scorer, "last", {}):  # a noisy verifier: over the rows that train, as
+        # reward/* (the scorer's own value is its last round's)
+        clean = s.scorer.clean([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)])
+        metrics["reward/flipped_frac"] = sum(a != b for a, b in zip(rewards, clean)) / max(len(clean), 1)
     versions = [v for v in kept_versions[:k] if v is not None]
     if versions:  # asynchronous: each group's staleness (the policy that generated it vs the one it trains)
         metrics["rollout/staleness_mean"] = sum(step - 1 - v for v in versions) / len(versions)
