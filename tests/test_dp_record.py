@@ -13,7 +13,7 @@ from pacs_fast.algorithms.off_policy import off_policy_correction
 from pacs_fast.learner.base import RolloutBatch
 from pacs_fast.rollout.base import Completion
 from pacs_fast.trainer.parallel import World
-from pacs_fast.trainer.step import TOKEN_MEANS, step_record, terms_over_groups
+from pacs_fast.trainer.step import WEIGHTED_MEANS, step_record, terms_over_groups
 
 G, GROUPS, T = 4, 4, 7
 
@@ -87,7 +87,7 @@ def test_two_groups_record_what_one_process_records(seed):
     group1 = OneOfTwo(1, [first[0].sent[0]])
     part1 = _record(*step, halves[1], group1)
     group0 = OneOfTwo(0, [first[1].sent[0], part1])
-    two = group0.reduce_record(_record(*step, halves[0], group0), TOKEN_MEANS)
+    two = group0.reduce_record(_record(*step, halves[0], group0), WEIGHTED_MEANS)
     assert not group0.others and not group1.others  # every collective was answered, in the loop's order
     # the shares differ where the mean of each group's own statistic is not the whole step's (the old reduction)
     alone = [_record(*step, rows, World()) for rows in (slice(0, B // 2), slice(B // 2, B))]
@@ -102,6 +102,14 @@ def test_two_groups_record_what_one_process_records(seed):
         assert two[k] == pytest.approx(one[k], rel=1e-6, abs=1e-9), k  # ~1e-8; the wrong reductions are off by > 1e-3
     assert two["response/tokens"] == one["response/tokens"]
     assert two["correction/seq_log_ratio_mean"] == pytest.approx(one["correction/seq_log_ratio_mean"], rel=1e-6)
+
+
+def test_a_mean_over_process_steps_is_weighted_by_each_groups_steps():
+    """process/step_reward_mean is a mean over reasoning steps: two groups with 6 and 2 steps."""
+    world = OneOfTwo(0, [{"process/steps": 2.0, "process/step_reward_mean": 1.0, "process/steps_mean": 1.0}])
+    mine = {"process/steps": 6.0, "process/step_reward_mean": 0.0, "process/steps_mean": 3.0}
+    assert world.reduce_record(mine, WEIGHTED_MEANS) == {"process/steps": 8.0, "process/step_reward_mean": 0.25,
+                                                         "process/steps_mean": 2.0}
 
 
 def test_the_score_is_calibrated_against_the_verifier_not_the_shaped_label():

@@ -90,6 +90,7 @@ def test_token_advantages_by_hand(form, w):
             col += n
     torch.testing.assert_close(adv, expected, rtol=0, atol=1e-6)
     assert credit.last["process/steps_mean"] == pytest.approx((3 + 2 + 1 + 2) / 4)
+    assert credit.last["process/steps"] == 8  # the weight of step_reward_mean over data-parallel groups
 
 
 def test_zero_step_rewards_give_rloo_through_the_objective(seed):

@@ -161,11 +161,13 @@ def logprob_mismatch(learner, batch, prompt_ids, comps, *, temperature: float, e
     return {"rollout/logprob_diff_mean": float(diff.double().mean()), "rollout/logprob_diff_max": float(diff.max())}
 
 
-# Keys of a step record that are means over response tokens: over data-parallel groups they are
-# weighted by each group's token count (World.reduce_record), as one process would compute them.
-TOKEN_MEANS = {k: "response/tokens" for k in (
+# Keys of a step record that are means over something other than the rows (response tokens, process steps):
+# over data-parallel groups they are weighted by each group's count (World.reduce_record), as one process
+# would compute them.
+WEIGHTED_MEANS = {**{k: "response/tokens" for k in (
     "entropy", "rollout/logprob_diff_mean", "correction/is_weight_mean", "correction/frac_truncated",
-    "correction/frac_rejected", "correction/kl_k1", "correction/kl_k3")}
+    "correction/frac_rejected", "correction/kl_k1", "correction/kl_k3")},
+    "process/step_reward_mean": "process/steps"}
 PACS_TERMS = ("psi", "pred_reward", "rewards", "proxy")  # the per-row terms pacs_metrics reads
 
 

@@ -134,7 +134,7 @@ class StepCredit:
         adv = process_advantages(rewards, mask, G, form=self.form, gamma=self.gamma,
                                  outcome=batch.rewards.double() if self.outcome_weight else None,
                                  outcome_weight=self.outcome_weight)
-        self.last = {"process/steps_mean": float(mask.sum(1).double().mean()),
+        self.last = {"process/steps_mean": float(mask.sum(1).double().mean()), "process/steps": float(mask.sum()),
                      "process/step_reward_mean": float(rewards[mask].mean()),
                      "process/min_step_reward_mean": float(torch.where(mask, rewards, math.inf).min(1).values.mean())}
         return token_advantages(adv, end_cols, mask, batch.response_mask).float()
