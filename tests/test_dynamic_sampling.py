@@ -53,6 +53,8 @@ def test_keeps_the_groups_whose_rewards_differ_in_draw_order():
     assert [p["id"] for p in r.problems] == [1, 3, 6, 8]
     assert r.rewards == [0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
     assert r.batch.num_groups == 4 and r.batch.rewards.tolist() == r.rewards
+    # generation throughput: every round's 24 responses of 2 tokens, not only the 8 that train
+    assert r.metrics.pop("perf/rollout_tokens_per_s") == pytest.approx(3 * 4 * G * 2 / tm["time/rollout"])
     assert r.metrics == {"rollout/gen_rounds": 3.0, "rollout/prompts_drawn": 12.0, "rollout/trained_groups": 4.0,
                          "rollout/kept_frac": 4 / 12}
     assert s.sampler.position == 12 and not s.logs  # every drawn prompt consumed (resume draws what comes next)

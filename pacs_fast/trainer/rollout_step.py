@@ -133,11 +133,12 @@ def rollout_step(s, step: int, timings: dict, rounds=None) -> StepRollouts:
                             r.sampler_state)
     need = P // world.dp
     kept_problems, kept_comps, kept_rewards, kept_versions = [], [], [], []
-    n_rounds, gen_time, score_time, last = 0, 0.0, 0.0, None
+    n_rounds, gen_time, score_time, last, gen_tokens = 0, 0.0, 0.0, None, 0
     while n_rounds < cfg.rollout.max_gen_batches and world.any(len(kept_problems) < need):
         t0 = time.perf_counter()
         last = r = rounds.next()
         gen_time += time.perf_counter() - t0
+        gen_tokens += sum(len(c.token_ids) for cs in r.comps for c in cs)
         t0 = time.perf_counter()
         rewards = s.scorer([c.text for cs in r.comps for c in cs],
                            [p["answer"] for p in r.problems for _ in range(G)], step=step,
@@ -168,7 +169,9 @@ def rollout_step(s, step: int, timings: dict, rounds=None) -> StepRollouts:
     timings["time/reward"] = timings.get("time/reward", 0.0) + score_time
     metrics = {"rollout/gen_rounds": float(n_rounds), "rollout/prompts_drawn": float(n_rounds * P),
                "rollout/trained_groups": float(k * world.dp),  # the same on every rank
-               "rollout/kept_frac": len(kept_problems) / (n_rounds * P / world.dp)}  # equal shares: the mean is global
+               "rollout/kept_frac": len(kept_problems) / (n_rounds * P / world.dp),  # equal shares: the mean is global
+               # every round's responses over the time spent generating them (the trained rows are fewer)
+               "perf/rollout_tokens_per_s": gen_tokens / max(gen_time, 1e-9)}
     if "reward/flipped_frac" in getattr(s.scorer, "last", {}):  # a noisy verifier: over the rows that train, as
         # reward/* (the scorer's own value is its last round's)
         clean = s.scorer.clean([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)])
