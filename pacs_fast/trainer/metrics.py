@@ -68,8 +68,9 @@ def end_torn_line(path: str | Path) -> bool:
 
 
 def scalar_metrics(kind: str, values: dict) -> dict:
-    """``{name: value}`` of a record's finite numbers as TensorBoard and the trackers name them: ``{kind}/{key}``,
-    the key alone when it already starts with ``kind/`` (``eval/acc``, ``train/reward/mean``)."""
+    """``{name: value}`` of a record's finite numbers as TensorBoard and the trackers name them: ``{kind}/{key}``
+    (``reward/mean`` of a train record: ``train/reward/mean``), the key alone when it already starts with
+    ``kind/`` (``eval/acc`` of an eval record)."""
     return {(k if k.startswith(kind + "/") else f"{kind}/{k}"): float(v) for k, v in values.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
