@@ -200,3 +200,29 @@ def test_two_data_parallel_ranks_reproduce_one_process(tmp_path, warm_cache):
                 assert k != "learner/forward/token_slots" or (v > 0 and b[k] > 0), (k, v, b[k])  # not the result
             elif isinstance(v, float) and k not in exact and k != "rollout/generating_ranks":
                 assert b[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+
+
+@pytest.mark.megatron
+@pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed")
+def test_one_process_megatron_sets_up_twice_in_one_interpreter():
+    """One process, no torchrun: megatron's group is made on an in-process store (no probed port), and a second
+    run in the same interpreter (a notebook, library use) makes it again; the first set-up leaves RANK /
+    WORLD_SIZE in the environment, which once sent the second to env:// without MASTER_ADDR (review of
+    2026-11-29)."""
+    script = """
+import os
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from pacs_fast.learner.megatron.setup import init_parallel
+for attempt in range(2):
+    init_parallel(1, device="cpu")
+    assert dist.get_world_size() == 1 and "MASTER_PORT" not in os.environ, attempt
+    ps.destroy_model_parallel()
+    dist.destroy_process_group()
+print("twice ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, "-c", script], env={**env, "PYTHONWARNINGS": "ignore"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "twice ok" in proc.stdout, proc.stderr[-3000:]

@@ -40,9 +40,9 @@ def init_parallel(tp_size: int, *, device: str = "auto") -> torch.device:
         raise ValueError(f"device={device!r}: the megatron learner runs on the GPU when one is present "
                          "(its CPU path is only for machines without one); use device='auto'")
     if not dist.is_initialized():
-        # plain `python -m pacs_fast.train`: one process, its group on an in-process store (no port to
-        # probe and bind later, which another process may take in between)
-        alone = "WORLD_SIZE" not in os.environ
+        # plain `python -m pacs_fast.train` (or a second run in the same process): one process, its group on an
+        # in-process store (no port to probe and bind later, which another process may take in between)
+        alone = "MASTER_ADDR" not in os.environ and os.environ.get("WORLD_SIZE", "1") == "1"
         if alone:
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         if use_cuda:
