@@ -175,3 +175,18 @@ def test_check_config_lists_every_bad_setting():
     msg = str(e.value)
     for key in ("trainer.balance_batch", "algorithm.adv_estimator", "ppo_micro_batch_size_per_gpu (12)"):
         assert key in msg
+
+
+def test_the_adapters_pacs_metrics_are_the_trainers():
+    """The adapters' ``pacs/*`` (integrations/_groups.py) mean what the trainer's do (trainer/step.py), soft rewards
+    included: positives and negatives split at 0.5 as reward/acc counts (they once split at R == 1 / R == 0)."""
+    from pacs_fast.integrations._groups import pacs_metrics as adapter
+    from pacs_fast.trainer.step import pacs_metrics as trainer
+
+    gen = torch.Generator().manual_seed(0)
+    psi = torch.randn(12, generator=gen, dtype=torch.float64)
+    R = torch.tensor([1, 0.75, 0.25, 0, 1, 0, 0.6, 0.4, 1, 1, 0, 0], dtype=torch.float64)
+    ours = adapter({"score": psi, "pred_reward": torch.sigmoid(psi), "proxy": psi / 2}, R)
+    theirs = trainer({"psi": psi, "pred_reward": torch.sigmoid(psi), "proxy": psi / 2, "rewards": R})
+    assert set(ours) <= set(theirs) and all(ours[k] == pytest.approx(theirs[k]) for k in ours), (ours, theirs)
+    assert ours["pacs/pred_reward_pos"] == pytest.approx(float(torch.sigmoid(psi)[R > 0.5].mean()))

@@ -111,7 +111,6 @@ def pacs_metrics(terms: dict, rewards: torch.Tensor) -> dict[str, float]:
         "pacs/calib_gap": float((pred.mean() - R.mean()).abs()),
         "pacs/proxy_abs_mean": float(terms["proxy"].double()[keep].abs().mean()),
     }
-    for label, name in ((1.0, "pos"), (0.0, "neg")):
-        sel = R == label
+    for sel, name in ((R > 0.5, "pos"), (R <= 0.5, "neg")):  # split as reward/acc counts (and the trainer)
         out[f"pacs/pred_reward_{name}"] = float(pred[sel].mean()) if bool(sel.any()) else float("nan")
     return out

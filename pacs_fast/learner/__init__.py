@@ -1,7 +1,7 @@
 """Learners: the policy's optimiser side.
 
 - :class:`Learner` / :class:`RolloutBatch` (:mod:`.base`): the interface the trainer uses and the
-  batch it passes; :func:`objective` is the loss every learner shares.
+  batch it passes; :func:`objective` (:mod:`.objective`) is the loss every learner shares.
 - :class:`TorchLearner` (:mod:`.torch_learner`): PyTorch, one process.
 - the Megatron-core tensor-parallel learner (:mod:`.megatron`), selected with ``learner.backend=megatron``.
 """
