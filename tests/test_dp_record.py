@@ -26,8 +26,8 @@ def _step(seed):
     half = B // 2
     mask = torch.zeros(B, T)
     for b in range(B):
-        n = int(torch.randint(4 if b < half else 1, T if b < half else 4, (), generator=gen))
-        mask[b, 1:1 + n] = 1
+        n = int(torch.randint(4 if b < half else 0, T if b < half else 4, (), generator=gen))
+        mask[b, 1:1 + n] = 1 if b < B - 1 else 0  # (the last row empty: seq_log_ratio_mean counts fewer rows there)
     rewards = torch.cat([(torch.rand(half, generator=gen) < 0.8), (torch.rand(half, generator=gen) < 0.2)]).double()
     # overlong shaping: the learner trains on soft labels, the verifier said `rewards` (reward.overlong_buffer_len)
     shaped = (rewards - 0.75 * (torch.rand(B, generator=gen) < 0.3).double()).clamp(min=0)
@@ -37,8 +37,7 @@ def _step(seed):
     batch.old_entropy = torch.rand(B, T, generator=gen) * 3
     psi = torch.randn(B, generator=gen, dtype=torch.float64) * torch.tensor([0.2] * half + [2.0] * half,
                                                                            dtype=torch.float64)
-    terms = {"psi": psi, "pred_reward": torch.sigmoid(psi), "proxy": psi * 0.5, "rewards": shaped,
-             "rows": torch.arange(B)}  # (the learner's: the labels it trained on, its rows of the batch)
+    terms = {"psi": psi, "pred_reward": torch.sigmoid(psi), "proxy": psi * 0.5, "rewards": shaped}  # per row
     proximal = -torch.rand(B, T, generator=gen) * mask
     spread = torch.tensor([[0.05]] * half + [[0.6]] * half)
     behaviour = (proximal + torch.randn(B, T, generator=gen) * spread) * mask
@@ -50,7 +49,11 @@ def _step(seed):
 def _record(batch, comps, terms, proximal, behaviour, rows, world):
     """The record of the rows ``rows`` (a share, or everything), built as the loop builds it."""
     share = batch.groups(list(range(rows.start // G, rows.stop // G)))
-    mine = {**{k: v[rows] for k, v in terms.items()}, "rows": terms["rows"][rows] - rows.start}  # the share's rows
+    # the learner's terms: its rows of this batch in its own order (shuffled, length-sorted), once per epoch
+    # (learner.epochs=2), with the labels it trained on
+    order = torch.Generator().manual_seed(rows.start)
+    local = torch.cat([torch.randperm(rows.stop - rows.start, generator=order) for _ in range(2)])
+    mine = {**{k: v[rows.start + local] for k, v in terms.items()}, "rows": local}
     mask = batch.response_mask[rows] > 0
     _, _, corr = off_policy_correction(proximal[rows], behaviour[rows], mask, is_level="token", is_cap=2.0)
     diff = (proximal[rows] - behaviour[rows]).abs()[mask]
@@ -92,16 +95,16 @@ def test_two_groups_record_what_one_process_records(seed):
     # the shares differ where the mean of each group's own statistic is not the whole step's (the old reduction)
     alone = [_record(*step, rows, World()) for rows in (slice(0, B // 2), slice(B // 2, B))]
     for k in ("pacs/calib_gap", "pacs/psi_std", "pacs/pred_reward_pos", "correction/is_weight_max",
-              "correction/seq_log_ratio_min", "correction/kl_k1", "rollout/logprob_diff_max", "entropy"):
+              "correction/seq_log_ratio_min", "correction/kl_k1", "rollout/logprob_diff_max", "entropy",
+              "correction/seq_log_ratio_mean"):
         assert abs((alone[0][k] + alone[1][k]) / 2 - one[k]) > 1e-3 * max(abs(one[k]), 1e-3), k
     skip = {"perf/tokens_per_s", "perf/rollout_tokens_per_s",  # throughputs: each group's own, added up
-            "response/tokens",  # the weight of the token means: added up, as one process counts them
-            "correction/seq_log_ratio_mean"}  # a mean over rows with tokens: the groups' mean (every row has one)
+            "response/tokens", "correction/seqs"}  # the weights of the means: added up, as one process counts them
     assert set(one) == set(two)
     for k in sorted(set(one) - skip):  # float32 means (the entropy's, the correction's) summed in another order:
         assert two[k] == pytest.approx(one[k], rel=1e-6, abs=1e-9), k  # ~1e-8; the wrong reductions are off by > 1e-3
     assert two["response/tokens"] == one["response/tokens"]
-    assert two["correction/seq_log_ratio_mean"] == pytest.approx(one["correction/seq_log_ratio_mean"], rel=1e-6)
+    assert two["correction/seqs"] == one["correction/seqs"]
 
 
 def test_a_mean_over_process_steps_is_weighted_by_each_groups_steps():

@@ -127,6 +127,7 @@ def correction_metrics(token_log_ratio: torch.Tensor, mask: torch.Tensor, weight
         "kl_k1": float((-lr).mean()),
         "kl_k3": float(k3.mean()),
         "seq_log_ratio_mean": float(seq_lr.mean()),
+        "seqs": float(seq_lr.numel()),  # the rows with response tokens (the weight of seq_log_ratio_mean)
         "seq_log_ratio_min": float(seq_lr.min()),
         "seq_log_ratio_max": float(seq_lr.max()),
     }

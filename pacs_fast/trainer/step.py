@@ -167,7 +167,7 @@ def logprob_mismatch(learner, batch, prompt_ids, comps, *, temperature: float, e
 WEIGHTED_MEANS = {**{k: "response/tokens" for k in (
     "entropy", "rollout/logprob_diff_mean", "correction/is_weight_mean", "correction/frac_truncated",
     "correction/frac_rejected", "correction/kl_k1", "correction/kl_k3")},
-    "process/step_reward_mean": "process/steps"}
+    "process/step_reward_mean": "process/steps", "correction/seq_log_ratio_mean": "correction/seqs"}
 PACS_TERMS = ("psi", "pred_reward", "rewards", "proxy")  # the per-row terms pacs_metrics reads
 
 
