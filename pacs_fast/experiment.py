@@ -324,6 +324,11 @@ def _main(a) -> int:
         if a.report and not any(job.run_dir.is_dir() for job in jobs):
             what = "holds no runs of these arms and seeds" if out.is_dir() else "does not exist"
             raise ValueError(f"--report: {str(out)!r} {what} (nothing was written)")
+        for job in jobs if a.report else []:  # a table of these settings holds only runs made with them
+            state = job_state(job, a.config)
+            if state.startswith("mismatch:"):
+                raise ValueError(f"--report: {job.run_dir} was made with other settings ({state[9:]}): give the "
+                                 f"settings it ran with, or --report alone (spec.json's) (nothing was written)")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -54,7 +54,19 @@ def collect(jobs: list) -> dict:
 
 
 def _fmt(m, s):
-    return f"{m:.3f} ± {s:.3f}"
+    """mean ± std; the mean alone where there is no spread to show (one seed: std undefined)."""
+    return f"{m:.3f}" if s != s else f"{m:.3f} ± {s:.3f}"
+
+
+def _json_safe(x):
+    """``x`` with NaN / inf floats as null (strict JSON: a missing interval or value is null, not NaN)."""
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    return x
 
 
 MAIN = ("start", "final", "best")
@@ -71,6 +83,7 @@ def table(res: dict, arms: list, baseline: str | None, keys: tuple = MAIN) -> tu
              + " | ".join(f"{NAMES[k].split(' ')[0]} − {b} (95% CI)" for k in paired) + " |",
              "|---|---|" + "---|" * (len(keys) + len(paired))]
     stats: dict = {}
+    notes: list[str] = []
     base = res.get(baseline, {}) if baseline else {}
     for arm in arms:
         runs = res.get(arm.name, {})
@@ -78,7 +91,7 @@ def table(res: dict, arms: list, baseline: str | None, keys: tuple = MAIN) -> tu
             lines.append(f"| {arm.name} | 0 |" + " |" * (len(keys) + len(paired)))
             continue
         row = {k: np.array([runs[s].get(k, np.nan) for s in sorted(runs)], dtype=float) for k in keys}
-        st = {k: (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0) for k, v in row.items()}
+        st = {k: (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else float("nan")) for k, v in row.items()}
         cells = [arm.name, str(len(runs))] + [_fmt(*st[k]) for k in keys]
         entry = {"seeds": sorted(runs), **{k: {"mean": m, "std": s, "per_seed": row[k].tolist()}
                                            for k, (m, s) in st.items()}}
@@ -95,7 +108,11 @@ def table(res: dict, arms: list, baseline: str | None, keys: tuple = MAIN) -> tu
                 cells.append("")
         stats[arm.name] = entry
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines), stats
+        alone = sorted(set(runs) - set(base))
+        if baseline and arm.name != baseline and paired and alone:  # the mean and the difference differ in seeds
+            notes.append(f"{arm.name}: seed(s) {alone} have no finished {baseline} run: the differences pair "
+                         f"seeds {sorted(set(runs) & set(base))}, the mean takes all {len(runs)}")
+    return "\n".join(lines + ([""] + [f"- {n}" for n in notes] if notes else [])), stats
 
 
 def plot(res: dict, arms: list, path: Path, title: str) -> None:
@@ -124,8 +141,21 @@ def plot(res: dict, arms: list, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def unfinished(jobs: list, res: dict) -> list[str]:
+    """One line per arm whose runs of some seeds did not finish (not in the tables)."""
+    missing: dict = {}
+    for job in jobs:
+        if job.seed not in res.get(job.arm.name, {}):
+            missing.setdefault(job.arm.name, []).append(job.seed)
+    return [f"{arm}: seed(s) {seeds} did not finish (no summary.json and held-out evaluations): not in the tables"
+            for arm, seeds in missing.items()]
+
+
 def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str) -> str:
     res = collect(jobs)
+    missing = unfinished(jobs, res)
+    if missing:
+        header += "\n\n" + "\n".join(f"- {line}" for line in missing)
     text, stats = table(res, arms, baseline)
     text2, stats2 = table(res, arms, baseline, FINAL_OTHER)
     for arm, entry in stats2.items():
@@ -135,8 +165,8 @@ def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str)
           f"At the final evaluation: greedy accuracy and pass@n (n = rollout.eval_n samples per problem), "
           f"paired the same way.\n\n{text2}\n")
     write_text_atomic(out / "results.md", md)
-    write_text_atomic(out / "results.json", json.dumps({"stats": stats, "runs": {a: {str(s): r for s, r in v.items()}
-                                                                       for a, v in res.items()}}, indent=1))
+    write_text_atomic(out / "results.json", json.dumps(_json_safe({"stats": stats, "runs": {
+        a: {str(s): r for s, r in v.items()} for a, v in res.items()}}), indent=1, allow_nan=False))
     if res:
         plot(res, arms, out / "curves.png", header.splitlines()[0].lstrip("# "))
     return md

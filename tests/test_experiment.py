@@ -50,6 +50,29 @@ def test_table_pairs_by_seed():
     assert "+0.150" in text
 
 
+def test_what_the_tables_cannot_pair_or_spread_is_said(tmp_path, monkeypatch):
+    """An arm's mean over seeds the baseline lacks is named next to the paired difference; one seed shows no
+    '± 0.000' (its std is undefined); results.json is strict JSON (a missing interval is null, not NaN); an
+    unfinished run is named above the tables (a sweep read +0.219 paired against +0.031 from the means, with
+    nothing saying a seed was left out)."""
+    mk = lambda final: {"start": 0.1, "final": final, "best": final, "greedy": float("nan"),  # noqa: E731
+                        "pass_n": 0.5, "curve": [(0, 0.1), (5, final)]}
+    res = {"a": {0: mk(0.5), 1: mk(0.7), 2: mk(0.1)}, "b": {0: mk(0.4), 1: mk(0.5)}, "c": {0: mk(0.3)}}
+    arms = [ex.Arm("a", []), ex.Arm("b", []), ex.Arm("c", [])]
+    text, stats = ex.table(res, arms, "b")
+    assert "- a: seed(s) [2] have no finished b run: the differences pair seeds [0, 1], the mean takes all 3" in text
+    row_c = next(line for line in text.splitlines() if line.startswith("| c |"))
+    assert row_c.startswith("| c | 1 | 0.100 | 0.300 | 0.300 |") and "±" not in row_c
+    assert np.isnan(stats["c"]["final"]["std"])
+    jobs = ex.make_jobs(arms, [0, 1, 2], [], tmp_path)
+    monkeypatch.setattr("pacs_fast.experiment_results.collect", lambda jobs: res)  # (finished runs, as read)
+    md = ex.report(jobs, arms, "b", tmp_path, "# t")
+    assert "- b: seed(s) [2] did not finish" in md and "- c: seed(s) [1, 2] did not finish" in md
+    strict = json.loads((tmp_path / "results.json").read_text(),
+                        parse_constant=lambda c: pytest.fail(f"results.json holds {c}"))
+    assert strict["stats"]["c"]["final"]["std"] is None and strict["runs"]["a"]["0"]["greedy"] is None
+
+
 def test_second_table_pairs_greedy_and_pass_n():
     mk = lambda g, p: {"start": 0.1, "final": 0.2, "best": 0.2, "greedy": g, "pass_n": p}  # noqa: E731
     res = {"a": {0: mk(0.5, 0.9), 1: mk(0.6, 0.8)}, "b": {0: mk(0.4, 0.7), 1: mk(0.4, 0.9)}}
@@ -97,9 +120,14 @@ def test_runner_end_to_end(tmp_path, capsys, warm_cache):
     assert "--resume" in log
     assert (killed / "summary.json").is_file() and (early / "summary.json").is_file()
 
-    # other settings in an existing folder: refused, not mixed
+    # other settings in an existing folder: refused, not mixed; and not reported as if they were these settings
     assert ex.main([*common, "algo.beta=0.5"]) == 2
     assert "other settings" in capsys.readouterr().err
+    before = (out / "results.md").read_text()
+    assert ex.main([*common, "train.steps=50", "--report"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --report:") and "was made with other settings (train.steps" in err, err
+    assert (out / "results.md").read_text() == before  # (it was rewritten with the wrong settings in its header)
 
 
 def test_warm_state_sees_other_processes_building(tmp_path):
