@@ -386,6 +386,30 @@ def test_compare_tells_two_files_apart_whose_rows_have_no_id():
     assert comparison_warnings([a, old]) == []
 
 
+def test_compare_names_the_sampling_settings_that_differ():
+    """Greedy against sampled, another extraction: compare said nothing and bolded the sampled run (a sweep);
+    the settings run_config.json records are compared (not n or the seed: pass@k is unbiased in n)."""
+    from pacs_fast.evaluation.report import comparison_warnings, markdown_table
+    from pacs_fast.evaluation.results import summarize_benchmark
+
+    def result(label, **settings):
+        records = [{"index": i, "id": str(i), "n": 4, "scores": [1.0, 0.0, 0.0, 1.0]} for i in range(3)]
+        base = {"temperature": 0.6, "top_p": 0.95, "max_tokens": 4096, "seed": 0, "n": {"mine": 4},
+                "extraction": "reference"}
+        return {"label": label, "settings": {**base, **settings}, "benchmarks": {"mine": summarize_benchmark(records)}}
+
+    a = result("a")
+    assert comparison_warnings([a, result("b", seed=1, n={"mine": 8})]) == []
+    lines = comparison_warnings([a, result("b", temperature=1.0, extraction="boxed"), {**result("c"), "settings": None}])
+    assert lines == ["the results were made with other settings (temperature: a '0.6', b '1.0'; extraction: a "
+                     "'reference', b 'boxed'): their pass@k compare the settings too"]
+    # Avg. pass@1 where only other k were stored: from the counts, as the pass@1 cell is
+    c = result("c")
+    c["benchmarks"]["mine"]["pass_at_k"] = {"2": c["benchmarks"]["mine"]["pass_at_k"]["2"]}
+    row = next(line for line in markdown_table([c], [1, 2]).splitlines() if line.startswith("| c |"))
+    assert row == "| c | 50.00 | 83.33 | 50.00 |", row  # (Avg. pass@1 was "-")
+
+
 def _one_line_error(capsys, *needles):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err

@@ -39,7 +39,8 @@ def table_ks(n_min: int, ks: list[int] | None = None) -> list[int]:
 def comparison_warnings(results: list[dict[str, Any]]) -> list[str]:
     """What makes a table of these results mislead (``python -m pacs_fast.eval compare``): a benchmark whose
     results hold different problems (another file of the same name, a ``--limit``: their pass@k are not
-    comparable), and two rows with one label (``--labels`` names them)."""
+    comparable), results made with other sampling settings (:data:`COMPARED_SETTINGS`), and two rows with one
+    label (``--labels`` names them)."""
     lines = []
     for b in _ordered({b for r in results for b in r["benchmarks"]}):
         held = [(i, r["benchmarks"][b]) for i, r in enumerate(results) if b in r["benchmarks"]]
@@ -52,11 +53,27 @@ def comparison_warnings(results: list[dict[str, Any]]) -> list[str]:
             lines.append(f"{DISPLAY_NAMES.get(b, b)}: the results evaluated different problems ({sizes} problems): "
                          f"their pass@k are not comparable")
     labels = [_label(r, i) for i, r in enumerate(results)]
+    lines += _settings_warnings(results, labels)
     repeated = sorted({x for x in labels if labels.count(x) > 1})
     if repeated:
         shared = sum(labels.count(x) for x in repeated)
         lines.append(f"{shared} rows share a label ({', '.join(map(repr, repeated))}): name them with --labels")
     return lines
+
+
+# the sampling settings of run_config.json that change pass@k (n and the seed do not: pass@k is unbiased in n)
+COMPARED_SETTINGS = ("temperature", "top_p", "max_tokens", "system", "instruction", "extraction", "engine", "dtype")
+
+
+def _settings_warnings(results: list[dict[str, Any]], labels: list[str]) -> list[str]:
+    """One line naming the sampling settings that differ between results that recorded theirs (``settings``):
+    greedy against sampled, another response budget, prompt or verifier extraction."""
+    held = [(lab, r["settings"]) for lab, r in zip(labels, results) if isinstance(r.get("settings"), dict)]
+    diff = [k for k in COMPARED_SETTINGS if len({repr(st.get(k)) for _, st in held}) > 1]
+    if not diff:
+        return []
+    shown = "; ".join(f"{k}: " + ", ".join(f"{lab} {str(st.get(k))[:40]!r}" for lab, st in held) for k in diff)
+    return [f"the results were made with other settings ({shown}): their pass@k compare the settings too"]
 
 
 def markdown_table(results: list[dict[str, Any]], ks: list[int] | None = None) -> str:
@@ -83,8 +100,9 @@ def markdown_table(results: list[dict[str, Any]], ks: list[int] | None = None) -
             if v is None:
                 v = recompute_pass_at_k(br, [k]).get(str(k))
             row.append(None if v is None else 100.0 * v)
-        p1 = [100.0 * r["benchmarks"][b]["pass_at_k"]["1"] for b in benches
-              if b in r["benchmarks"] and "1" in r["benchmarks"][b]["pass_at_k"]]
+        p1 = [100.0 * v for b in benches if b in r["benchmarks"]  # (pass@1 from the counts where not stored)
+              for v in [r["benchmarks"][b]["pass_at_k"].get("1", recompute_pass_at_k(r["benchmarks"][b], [1]).get("1"))]
+              if v is not None]
         row.append(sum(p1) / len(p1) if p1 and len(p1) == len(benches) else None)
         values.append(row)
     headers = [f"{DISPLAY_NAMES.get(b, b)} pass@{k}" for b, k in columns] + ["Avg. pass@1"]
