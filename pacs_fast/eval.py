@@ -349,12 +349,20 @@ def report(argv: list[str]) -> int:
     cfg = out_dir / "run_config.json"
     if not out_dir.is_dir():
         raise UsageError(f"--out {out_dir}: no such folder")
+    # the run's own results.json: its benchmarks, the problems each asked for (a --limit), its label
+    prev = load_results(out_dir / "results.json") if (out_dir / "results.json").is_file() else {}
+    benchmarks, expected = (list(prev["benchmarks"]) or None, {}) if prev else (None, None)
+    for b, br in prev.get("benchmarks", {}).items():
+        if br.get("expected_problems") or br.get("complete"):  # (files before expected_problems: complete ones)
+            expected[b] = br.get("expected_problems") or br["num_problems"]
+    meta.update({k: prev[k] for k in ("model", "label", "limit") if k in prev})
     if cfg.exists():
         meta["settings"] = read_json(cfg, "run settings file")
         meta["model"] = meta["settings"].get("model")
-    meta["label"] = args.label or (model_label(meta["model"]) if meta.get("model") else out_dir.name)
+    meta["label"] = args.label or meta.get("label") or (model_label(meta["model"]) if meta.get("model")
+                                                        else out_dir.name)
     try:
-        results = results_from_samples(out_dir, ks=args.k, meta=meta)
+        results = results_from_samples(out_dir, benchmarks, ks=args.k, meta=meta, expected=expected)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if not results["benchmarks"]:

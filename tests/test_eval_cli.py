@@ -91,6 +91,24 @@ def test_end_to_end_tiny_model(model_dir, tmp_path, capsys):
     assert "temperature" in capsys.readouterr().err
 
 
+def test_report_recomputes_what_the_run_asked_for(model_dir, tmp_path):
+    """`eval report` after a --limit run over a folder that holds more samples (an earlier, larger run): the
+    recomputed results cover the problems that run asked for, under its label and limit (they took every
+    sample, relabelled by the model folder, and lost `complete` / `limit`: a sweep)."""
+    rows = [{"id": f"q{i}", "problem": f"{i}+1=", "answer": str(i + 1)} for i in range(3)]
+    data = tmp_path / "toy.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    assert ev.main(_run_args(model_dir, data, out, "--scorer-workers", "1")) == 0  # all 3 problems
+    assert ev.main(_run_args(model_dir, data, out, "--limit", "2", "--label", "tiny", "--scorer-workers", "1")) == 0
+    run = json.loads((out / "results.json").read_text())
+    assert len(read_samples(out / "samples_toy.jsonl")) == 3 and run["benchmarks"]["toy"]["num_problems"] == 2
+    assert ev.main(["report", "--out", str(out)]) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert again["benchmarks"] == run["benchmarks"]
+    assert (again["label"], again["limit"]) == ("tiny", 2) and again["benchmarks"]["toy"]["complete"]
+
+
 def test_greedy_decoding_takes_one_sample_per_problem(model_dir, dataset, tmp_path, capsys):
     """At --temperature 0 every sample of a problem is the same response: n defaults to 1 (not the
     paper's 32 / 512 copies of it), and an explicit --n above 1 is refused before the model loads."""

@@ -195,6 +195,7 @@ def results_from_samples(out_dir: str | Path, benchmarks: list[str] | None = Non
         summary = summarize_benchmark(list(recs.values()), ks)
         if expected is not None and b in expected:
             summary["complete"] = summary["num_problems"] >= expected[b]
+            summary["expected_problems"] = int(expected[b])  # (what `eval report` recomputes over)
         results["benchmarks"][b] = summary
     return results
 
