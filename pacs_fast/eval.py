@@ -350,7 +350,12 @@ def report(argv: list[str]) -> int:
     if not out_dir.is_dir():
         raise UsageError(f"--out {out_dir}: no such folder")
     # the run's own results.json: its benchmarks, the problems each asked for (a --limit), its label
-    prev = load_results(out_dir / "results.json") if (out_dir / "results.json").is_file() else {}
+    prev = {}
+    if (out_dir / "results.json").is_file():
+        try:
+            prev = load_results(out_dir / "results.json")
+        except ValueError as e:  # what report is for: write it again, from every samples file
+            print(f"warning: {e}: recomputing from every samples file in {out_dir}", file=sys.stderr)
     benchmarks, expected = (list(prev["benchmarks"]) or None, {}) if prev else (None, None)
     for b, br in prev.get("benchmarks", {}).items():
         if br.get("expected_problems") or br.get("complete"):  # (files before expected_problems: complete ones)

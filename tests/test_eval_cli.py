@@ -554,8 +554,10 @@ def test_unreadable_files_are_named(tmp_path, capsys):
     _one_line_error(capsys, str(bad))
     (tmp_path / "run_config.json").write_text("{cut")
     (tmp_path / "samples_toy.jsonl").write_text(json.dumps({"index": 0, "n": 1, "scores": [1.0]}) + "\n")
-    assert ev.main(["report", "--out", str(tmp_path)]) == 2
-    _one_line_error(capsys, "run_config.json")
+    assert ev.main(["report", "--out", str(tmp_path)]) == 2  # (the unreadable results.json: a warning, rewritten)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"warning: {bad}: not a readable results file") and len(err) == 2, err
+    assert err[1].startswith("error: ") and "run_config.json" in err[1]
 
 
 def test_samples_keep_the_prompt_next_to_the_responses(model_dir, tmp_path):
