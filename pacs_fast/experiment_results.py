@@ -4,7 +4,9 @@ tables of ``results.md`` / ``results.json`` and the curves of ``curves.png``.
 
 Main table: sampled held-out accuracy (``eval/acc``) at step 0, at the end (*final*) and the highest
 evaluation after step 0 (*best*, optimistic by construction). Second table: the final greedy
-accuracy (``eval/greedy_acc``) and pass@n (``eval/pass@n``, n = ``rollout.eval_n``), also paired.
+accuracy (``eval/greedy_acc``) and pass@n (``eval/pass@n``, n = ``rollout.eval_n``), also paired. At
+``rollout.eval_temperature=0`` (read from each run's ``config.yaml``) the accuracy is the greedy one and
+there is no second table.
 """
 from __future__ import annotations
 
@@ -49,8 +51,20 @@ def collect(jobs: list) -> dict:
             "start": curve[0][1], "final": curve[-1][1], "best": max(a for _, a in curve[1:] or curve),
             "greedy": records[-1].get("eval/greedy_acc", float("nan")),
             "pass_n": records[-1].get("eval/pass@n", float("nan")),
-            "curve": curve, "wall_time_s": summary.get("wall_time_s")}
+            "curve": curve, "wall_time_s": summary.get("wall_time_s"),
+            "eval_temperature": _eval_temperature(job.run_dir)}
     return res
+
+
+def _eval_temperature(run_dir: Path) -> float | None:
+    """``rollout.eval_temperature`` of the run (its ``config.yaml``): at 0 the held-out accuracy is greedy."""
+    import yaml
+
+    try:
+        value = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("rollout", {}).get("eval_temperature")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _fmt(m, s):
@@ -115,7 +129,7 @@ def table(res: dict, arms: list, baseline: str | None, keys: tuple = MAIN) -> tu
     return "\n".join(lines + ([""] + [f"- {n}" for n in notes] if notes else [])), stats
 
 
-def plot(res: dict, arms: list, path: Path, title: str) -> None:
+def plot(res: dict, arms: list, path: Path, title: str, kind: str = "sampled") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -132,7 +146,7 @@ def plot(res: dict, arms: list, path: Path, title: str) -> None:
         line, = ax.plot(steps, m, label=f"{arm.name} (n={len(acc)})")
         ax.fill_between(steps, m - sd, m + sd, alpha=0.15, color=line.get_color())
     ax.set_xlabel("RL step")
-    ax.set_ylabel("held-out accuracy (sampled)")
+    ax.set_ylabel(f"held-out accuracy ({kind})")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -157,16 +171,26 @@ def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str)
     if missing:
         header += "\n\n" + "\n".join(f"- {line}" for line in missing)
     text, stats = table(res, arms, baseline)
-    text2, stats2 = table(res, arms, baseline, FINAL_OTHER)
-    for arm, entry in stats2.items():
-        stats.setdefault(arm, {}).update({k: v for k, v in entry.items() if k != "seeds"})
-    md = (f"{header}\n\nHeld-out sampled accuracy (mean ± std over seeds; differences paired by seed, "
-          f"percentile bootstrap over seeds, 10,000 resamples).\n\n{text}\n\n"
-          f"At the final evaluation: greedy accuracy and pass@n (n = rollout.eval_n samples per problem), "
-          f"paired the same way.\n\n{text2}\n")
+    temps = {r.get("eval_temperature") for runs in res.values() for r in runs.values()}
+    greedy = temps == {0.0}  # rollout.eval_temperature=0: eval/acc is the greedy accuracy, one response a problem
+    kind = "greedy" if greedy else "sampled"
+    md = (f"{header}\n\nHeld-out {kind} accuracy (mean ± std over seeds; differences paired by seed, "
+          f"percentile bootstrap over seeds, 10,000 resamples).\n\n{text}\n\n")
+    if len(temps) > 1:
+        md += (f"The runs were evaluated at different rollout.eval_temperature ({sorted(temps, key=str)}): their "
+               f"accuracies are not the same quantity.\n\n")
+    if greedy:
+        md += ("rollout.eval_temperature=0: the accuracy above is greedy (one response per problem); there is no "
+               "separate greedy accuracy or pass@n.\n")
+    else:
+        text2, stats2 = table(res, arms, baseline, FINAL_OTHER)
+        for arm, entry in stats2.items():
+            stats.setdefault(arm, {}).update({k: v for k, v in entry.items() if k != "seeds"})
+        md += (f"At the final evaluation: greedy accuracy and pass@n (n = rollout.eval_n samples per problem), "
+               f"paired the same way.\n\n{text2}\n")
     write_text_atomic(out / "results.md", md)
     write_text_atomic(out / "results.json", json.dumps(_json_safe({"stats": stats, "runs": {
         a: {str(s): r for s, r in v.items()} for a, v in res.items()}}), indent=1, allow_nan=False))
     if res:
-        plot(res, arms, out / "curves.png", header.splitlines()[0].lstrip("# "))
+        plot(res, arms, out / "curves.png", header.splitlines()[0].lstrip("# "), kind)
     return md

@@ -73,6 +73,22 @@ def test_what_the_tables_cannot_pair_or_spread_is_said(tmp_path, monkeypatch):
     assert strict["stats"]["c"]["final"]["std"] is None and strict["runs"]["a"]["0"]["greedy"] is None
 
 
+def test_greedy_evaluations_are_labelled_greedy(tmp_path, monkeypatch):
+    """rollout.eval_temperature=0: eval/acc is the greedy accuracy and there is no eval/greedy_acc; the tables
+    called it sampled and showed a NaN greedy column and pass@1 as pass@n (a sweep)."""
+    mk = lambda final, t: {"start": 0.1, "final": final, "best": final, "greedy": float("nan"),  # noqa: E731
+                           "pass_n": final, "curve": [(0, 0.1), (5, final)], "eval_temperature": t}
+    arms = [ex.Arm("a", []), ex.Arm("b", [])]
+    jobs = ex.make_jobs(arms, [0, 1], [], tmp_path)
+    res = {"a": {0: mk(0.5, 0.0), 1: mk(0.7, 0.0)}, "b": {0: mk(0.4, 0.0), 1: mk(0.5, 0.0)}}
+    monkeypatch.setattr("pacs_fast.experiment_results.collect", lambda jobs: res)
+    md = ex.report(jobs, arms, "b", tmp_path, "# t")
+    assert "Held-out greedy accuracy" in md and "sampled" not in md and "pass@n (final)" not in md and "nan" not in md
+    res["b"][1]["eval_temperature"] = 0.6
+    md = ex.report(jobs, arms, "b", tmp_path, "# t")
+    assert "Held-out sampled accuracy" in md and "evaluated at different rollout.eval_temperature ([0.0, 0.6])" in md
+
+
 def test_second_table_pairs_greedy_and_pass_n():
     mk = lambda g, p: {"start": 0.1, "final": 0.2, "best": 0.2, "greedy": g, "pass_n": p}  # noqa: E731
     res = {"a": {0: mk(0.5, 0.9), 1: mk(0.6, 0.8)}, "b": {0: mk(0.4, 0.7), 1: mk(0.4, 0.9)}}
