@@ -126,6 +126,11 @@ def table(res: dict, arms: list, baseline: str | None, keys: tuple = MAIN) -> tu
         if baseline and arm.name != baseline and paired and alone:  # the mean and the difference differ in seeds
             notes.append(f"{arm.name}: seed(s) {alone} have no finished {baseline} run: the differences pair "
                          f"seeds {sorted(set(runs) & set(base))}, the mean takes all {len(runs)}")
+    few = sorted({len(e[f"{k}_minus_{baseline}"]["seeds"]) for e in stats.values() for k in paired
+                  if f"{k}_minus_{baseline}" in e} & {2, 3, 4})
+    if few:  # the percentile bootstrap over n seeds covers less than its level when n is small
+        notes.append(f"with {' or '.join(map(str, few))} paired seeds the percentile bootstrap's interval is narrower "
+                     f"than 95% (at 2 seeds it is the range of the two differences)")
     return "\n".join(lines + ([""] + [f"- {n}" for n in notes] if notes else [])), stats
 
 

@@ -61,6 +61,7 @@ def test_what_the_tables_cannot_pair_or_spread_is_said(tmp_path, monkeypatch):
     arms = [ex.Arm("a", []), ex.Arm("b", []), ex.Arm("c", [])]
     text, stats = ex.table(res, arms, "b")
     assert "- a: seed(s) [2] have no finished b run: the differences pair seeds [0, 1], the mean takes all 3" in text
+    assert "- with 2 paired seeds the percentile bootstrap's interval is narrower than 95%" in text
     row_c = next(line for line in text.splitlines() if line.startswith("| c |"))
     assert row_c.startswith("| c | 1 | 0.100 | 0.300 | 0.300 |") and "±" not in row_c
     assert np.isnan(stats["c"]["final"]["std"])
