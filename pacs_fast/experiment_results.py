@@ -176,7 +176,8 @@ def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str)
     if missing:
         header += "\n\n" + "\n".join(f"- {line}" for line in missing)
     text, stats = table(res, arms, baseline)
-    temps = {r.get("eval_temperature") for runs in res.values() for r in runs.values()}
+    temps = {r["eval_temperature"] for runs in res.values() for r in runs.values()
+             if r.get("eval_temperature") is not None}
     greedy = temps == {0.0}  # rollout.eval_temperature=0: eval/acc is the greedy accuracy, one response a problem
     kind = "greedy" if greedy else "sampled"
     md = (f"{header}\n\nHeld-out {kind} accuracy (mean ± std over seeds; differences paired by seed, "
