@@ -97,6 +97,9 @@ def test_defaults_and_shipped_configs_set_nothing_idle():
     (["algo.loss_agg=token-sum", "algo.entropy_coef=0.01"], []),
     (["correction.is_cap=3"], ["correction.is_cap=3.0 has no effect with correction.is_level resolving to none"]),
     (["correction.is_level=sequence", "correction.is_cap=3"], []),
+    (["algo.name=ppo", "correction.is_level=token", "correction.fused=false"],
+     ["correction.fused=False has no effect with algo.name=ppo"]),
+    (["algo.name=grpo", "correction.is_level=token", "correction.fused=false"], []),
     (["correction.rs_high=3"], ["correction.rs_high=3.0 has no effect with correction.rs_level=none"]),
     (["rollout.gpu_memory_utilization=0.2"], ["rollout.gpu_memory_utilization=0.2 has no effect with "
                                               "rollout.engine=hf"]),

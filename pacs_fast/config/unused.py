@@ -52,6 +52,9 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
         out.append((("algo.noise_rho0", "algo.noise_rho1"), "with algo.noise_correction=none"))
     if is_level(cfg) == "none":
         out.append((("correction.is_cap", "correction.fused"), "with correction.is_level resolving to none"))
+    if name == "ppo":
+        out.append((("correction.fused",), "with algo.name=ppo (its learner computes the old log-probs in a pass "
+                                           "of their own: nothing to fuse)"))
     if cfg.correction.rs_level == "none":
         out.append((("correction.rs_low", "correction.rs_high"), "with correction.rs_level=none"))
     if cfg.rollout.eval_temperature == 0:
