@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from pacs_fast.algorithms._checks import check_real
+from pacs_fast.algorithms.score_metrics import score_metrics
 
 GROUP_TAGS = 16
 
@@ -95,22 +96,7 @@ def decode_tagged_advantages(advantages: torch.Tensor, response_mask: torch.Tens
 
 
 def pacs_metrics(terms: dict, rewards: torch.Tensor) -> dict[str, float]:
-    """psi / sigmoid(psi) statistics and their calibration against R (names as in
-    ``python -m pacs_fast.train``): ``pacs/psi_mean``, ``pacs/psi_std``, ``pacs/pred_reward_mean``,
-    ``pacs/brier``, ``pacs/calib_gap``, ``pacs/pred_reward_pos`` / ``_neg``, ``pacs/proxy_abs_mean``.
-    Rows whose score is NaN (left out of the loss) are left out here too."""
-    keep = torch.isfinite(terms["score"])  # rows a loss left out (NaN terms) are not scored
-    psi = terms["score"].double()[keep]
-    pred = terms["pred_reward"].double()[keep]
-    R = rewards.detach().double()[keep]
-    out = {
-        "pacs/psi_mean": float(psi.mean()),
-        "pacs/psi_std": float(psi.std()) if psi.numel() > 1 else 0.0,
-        "pacs/pred_reward_mean": float(pred.mean()),
-        "pacs/brier": float(((pred - R) ** 2).mean()),
-        "pacs/calib_gap": float((pred.mean() - R.mean()).abs()),
-        "pacs/proxy_abs_mean": float(terms["proxy"].double()[keep].abs().mean()),
-    }
-    for sel, name in ((R > 0.5, "pos"), (R <= 0.5, "neg")):  # split as reward/acc counts (and the trainer)
-        out[f"pacs/pred_reward_{name}"] = float(pred[sel].mean()) if bool(sel.any()) else float("nan")
-    return out
+    """psi / sigmoid(psi) statistics and their calibration against R, as ``python -m pacs_fast.train`` records
+    them (:func:`pacs_fast.algorithms.score_metrics.score_metrics`); rows whose score is NaN (left out of the
+    loss) are left out here too."""
+    return score_metrics(terms["score"], terms["pred_reward"], rewards, terms["proxy"])

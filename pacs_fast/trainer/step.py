@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pacs_fast.algorithms.score_metrics import score_metrics
 from pacs_fast.config import Config
 from pacs_fast.learner.base import RolloutBatch
 from pacs_fast.learner.objective import holds_reference_model
@@ -112,29 +113,12 @@ def learn(cfg: Config, learner, batch: RolloutBatch, prompt_ids, comps, *, seed:
     return metrics, {**mismatch, **correction}
 
 
-def _stats(prefix: str, x: torch.Tensor) -> dict:
-    x = x.double()
-    return {f"{prefix}_mean": float(x.mean()), f"{prefix}_std": float(x.std()) if x.numel() > 1 else 0.0}
-
-
 def pacs_metrics(terms: dict) -> dict:
     """psi / predicted-reward statistics and the calibration of sigmoid(psi) against R, the verifier's
-    reward of each row (``terms["rewards"]``, see :func:`terms_over_groups`; ``pred_reward_pos`` /
-    ``_neg``: the rows with R > 0.5 / R <= 0.5, as ``reward/acc`` counts them)."""
+    reward of each row (``terms["rewards"]``, see :func:`terms_over_groups`): :func:`score_metrics`."""
     if "psi" not in terms:
         return {}
-    psi, pred, R = terms["psi"], terms["pred_reward"].double(), terms["rewards"].double()
-    kept = torch.isfinite(psi)  # learner.mask_truncated: rows that left the loss have no score (NaN)
-    if not bool(kept.all()):
-        psi, pred, R = psi[kept], pred[kept], R[kept]
-        terms = {**terms, "proxy": terms["proxy"][kept]}
-    out = {**_stats("pacs/psi", psi), **_stats("pacs/pred_reward", pred)}
-    out["pacs/brier"] = float(((pred - R) ** 2).mean())
-    out["pacs/calib_gap"] = float((pred.mean() - R.mean()).abs())
-    for sel, name in ((R > 0.5, "pos"), (R <= 0.5, "neg")):
-        out[f"pacs/pred_reward_{name}"] = float(pred[sel].mean()) if sel.any() else float("nan")
-    out["pacs/proxy_abs_mean"] = float(terms["proxy"].abs().mean())
-    return out
+    return score_metrics(terms["psi"], terms["pred_reward"], terms["rewards"], terms["proxy"])
 
 
 def logprob_mismatch(learner, batch, prompt_ids, comps, *, temperature: float, extra_forward: bool) -> dict:
