@@ -348,12 +348,14 @@ print("RESULT", json.dumps(res))
 
 @needs_vllm
 @pytest.mark.vllm
-@pytest.mark.parametrize("path", ["this_cpu", "torch_linear"])
+@pytest.mark.parametrize("path", ["this_cpu", "avx2_isa", "torch_linear"])
 def test_bf16_engine_sync_on_this_cpu(tmp_path, seed, path):
     """The engine in bf16, the dtype vLLM picks for an fp32 model on x86 CPUs. vLLM's CPU backend
     repacks the linear weights where it can (sgl-kernel with AMX, oneDNN with AVX-512 BF16) and keeps
     them elsewhere (AVX2-only CPUs: ``torch.nn.functional.linear``); ``this_cpu`` runs the path this
-    CPU takes (printed), ``torch_linear`` forces the fallback path on any CPU. On each path, after
+    CPU takes (printed); ``avx2_isa`` caps ATen and oneDNN at AVX2 (``ATEN_CPU_CAPABILITY``,
+    ``ONEDNN_MAX_CPU_ISA``), so that on a CPU without AMX vLLM's own oneDNN attempt fails and it
+    falls back as on an AVX2-only CPU; ``torch_linear`` forces the fallback path on any CPU. On each path, after
     each sync the engine's teacher-forced log-probs are the learner's up to bf16 rounding (measured
     ~5e-3 here; a stale layer or tied head gives 0.5-1.8), so the bound is 0.05. The engine's layers
     are repacked exactly when vLLM's own dispatcher repacks a bf16 layer on this CPU
@@ -364,6 +366,8 @@ def test_bf16_engine_sync_on_this_cpu(tmp_path, seed, path):
     import sys
 
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCH_COMPILE_DISABLE="1", OMP_NUM_THREADS="2")
+    if path == "avx2_isa":
+        env.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
     proc = subprocess.run([sys.executable, "-c", _BF16_SYNC_SCRIPT, str(tmp_path / "m"), os.path.dirname(__file__),
                            str(seed % 10**6), path], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -373,5 +377,7 @@ def test_bf16_engine_sync_on_this_cpu(tmp_path, seed, path):
     assert (res["packed"] > 0) == (res["expected"] == "repacked")  # the engine took the path vLLM's dispatcher names
     if path == "torch_linear":
         assert res["packed"] == 0  # the fallback was forced
+    if path == "avx2_isa" and not res["amx"]:  # (sgl-kernel's AMX path does not go through oneDNN)
+        assert res["expected"] == "torch linear" and res["packed"] == 0  # oneDNN had no bf16 kernel at AVX2
     assert min(res["before"]) > 0.1  # each learner step moved the model: the check can fail
     assert max(res["after"]) < 0.05
