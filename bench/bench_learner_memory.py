@@ -1,4 +1,4 @@
-"""The learner memory estimate (``pacs_fast.trainer.preflight.learner_memory``) against a measured peak (CPU).
+"""The learner memory estimate (``pacs_fast.trainer.memory_model.learner_memory``) against a measured peak (CPU).
 
     python bench/bench_learner_memory.py --model /tmp/mm/qwen          # the Qwen2.5-width trial model, fp32
     python bench/bench_learner_memory.py --model DIR --tokens 128,4096,8192 --checkpointing false,true
@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 from pacs_fast.config import load_config
 from pacs_fast.learner.base import RolloutBatch
 from pacs_fast.trainer.build import build_learner
-from pacs_fast.trainer.preflight import learner_memory
+from pacs_fast.trainer.memory_model import learner_memory
 
 def status(key):
     return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))

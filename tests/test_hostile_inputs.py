@@ -10,8 +10,8 @@ import pytest
 from pacs_fast.config import Config, load_config, validate
 from pacs_fast.data.datasets import load_dataset
 from pacs_fast.experiment import parse_seeds
-from pacs_fast.trainer.preflight import (GiB, check_cpus, check_memory, check_tensor_parallel, hf_engine_bytes,
-                                        learner_bytes, model_params, model_shape)
+from pacs_fast.trainer.memory_model import GiB, hf_engine_bytes, learner_bytes, model_params, model_shape
+from pacs_fast.trainer.preflight import check_cpus, check_memory, check_tensor_parallel
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN = {"vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,

@@ -1,4 +1,4 @@
-"""The learner's memory model (pacs_fast/trainer/preflight.py) and FLOP count (pacs_fast/learner/flops.py)
+"""The learner's memory model (pacs_fast/trainer/memory_model.py) and FLOP count (pacs_fast/learner/flops.py)
 against hand computations on a tiny shape; the preflight refuses a micro-batch that cannot fit and
 accepts one that can (issue 38, items 3-4)."""
 import json
@@ -7,8 +7,8 @@ import pytest
 
 from pacs_fast.config import load_config
 from pacs_fast.learner import flops
-from pacs_fast.trainer import preflight
-from pacs_fast.trainer.preflight import GiB
+from pacs_fast.trainer import memory_model, preflight
+from pacs_fast.trainer.memory_model import GiB
 
 TINY = {"vocab": 100, "hidden": 8, "layers": 2, "heads": 2, "kv_heads": 1, "head_dim": 4, "intermediate": 16,
         "bytes": 2}
@@ -20,12 +20,12 @@ def test_activation_bytes_per_token_by_hand():
     # one layer: norms 2 (4 + 2) 8 = 96; q k v, out, o_proj input 2 (3*8 + 2*4) = 64; MLP 4*2*16 = 128; lse 4*2 = 8
     layer = 96 + 64 + 128 + 8
     final = (4 + 2) * 8
-    assert preflight.activation_bytes_per_token(TINY) == 2 * layer + final
-    assert preflight.activation_bytes_per_token(TINY, recompute=True) == 2 * 2 * 8 + layer + final
-    assert preflight.activation_bytes_per_token(TINY, tp=2) == 2 * (96 + (64 + 128 + 8) / 2) + final
+    assert memory_model.activation_bytes_per_token(TINY) == 2 * layer + final
+    assert memory_model.activation_bytes_per_token(TINY, recompute=True) == 2 * 2 * 8 + layer + final
+    assert memory_model.activation_bytes_per_token(TINY, tp=2) == 2 * (96 + (64 + 128 + 8) / 2) + final
     # eager attention keeps a S (4 + b) more per token per layer
-    assert preflight.activation_bytes_per_token(TINY, attention="eager", longest=10) == 2 * (layer + 2 * 10 * 6) + final
-    assert preflight.dense_mask_bytes(TINY, 25, 10) == 3 * 100 * (1 + 2 * 2)
+    assert memory_model.activation_bytes_per_token(TINY, attention="eager", longest=10) == 2 * (layer + 2 * 10 * 6) + final
+    assert memory_model.dense_mask_bytes(TINY, 25, 10) == 3 * 100 * (1 + 2 * 2)
 
 
 def test_update_flops_by_hand_and_against_the_model():
@@ -49,7 +49,7 @@ def test_update_flops_by_hand_and_against_the_model():
             config = AutoConfig.for_model(**QWEN05, tie_word_embeddings=tie)
             params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
             assert flops.shape_of(config)["tied"] is tie
-            assert 0.997 * params < preflight.model_params(flops.shape_of(config)) <= params, tie
+            assert 0.997 * params < memory_model.model_params(flops.shape_of(config)) <= params, tie
     assert flops.peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and flops.peak_flops("NVIDIA H100 PCIe") == 756e12
     assert flops.peak_flops("NVIDIA H200") == 989e12 and flops.peak_flops("cpu") is None
     assert flops.mfu(989e12, 2.0, 989e12) == 0.5 and flops.mfu(1.0, 1.0, None) is None
@@ -65,10 +65,10 @@ def qwen_cfg(tmp_path, *overrides):
 
 def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
     cfg = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=16384")
-    shape = preflight.model_shape(cfg)
-    mem = preflight.learner_memory(cfg, device="cuda")
-    w = preflight.model_params(shape) * 2
-    per = preflight.activation_bytes_per_token(shape)
+    shape = memory_model.model_shape(cfg)
+    mem = memory_model.learner_memory(cfg, device="cuda")
+    w = memory_model.model_params(shape) * 2
+    per = memory_model.activation_bytes_per_token(shape)
     ws = (512 << 20) + 12 * -(-151936 // 128) * 16384 + 2 * 16384 * 896 * 2
     tied = 0  # QWEN05 as written has an untied head (transformers' default); the tied model's is below
     backward = 4 * w + int(16384 * per) + ws + tied
@@ -77,14 +77,14 @@ def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
                    "optimizer_step": w,  # a GPU's foreach AdamW: a sqrt copy of every moment at once
                    "backward": backward, "step": 4 * w + w, "total": max(backward, 5 * w)}
     # on the CPU the per-tensor step makes two copies of the largest tensor (the [V, H] embedding)
-    assert preflight.learner_memory(cfg, device="cpu")["optimizer_step"] == 2 * 151936 * 896 * 2
+    assert memory_model.learner_memory(cfg, device="cpu")["optimizer_step"] == 2 * 151936 * 896 * 2
     # a head tied to the embedding (Qwen2.5-0.5B's): the lookup's dense [V, H] gradient, alive while it is added
     # into the head's at the end of the backward (measured on the CPU: bench/bench_learner_memory.py)
     (tmp_path / "tied").mkdir()
     (tmp_path / "tied" / "config.json").write_text(json.dumps({**QWEN05, "tie_word_embeddings": True}))
     tied_cfg = load_config(None, [f"model.path={tmp_path / 'tied'}", "model.dtype=bfloat16",
                                   "learner.max_tokens_per_micro_batch=16384"])
-    tied_mem = preflight.learner_memory(tied_cfg)
+    tied_mem = memory_model.learner_memory(tied_cfg)
     assert tied_mem["tied_gradient"] == 151936 * 896 * 2
     assert tied_mem["backward"] == 4 * tied_mem["weights"] + tied_mem["activations"] + tied_mem["workspace"] + \
         151936 * 896 * 2
@@ -94,8 +94,8 @@ def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
         "weights", "gradients", "optimizer", "activations", "workspace", "tied_gradient", "optimizer_step", "total"]
     # no budget: learner.micro_batch_prompts=32 groups x 8 rows x (512 + 4096) tokens; the shared prefix runs once
     nob = qwen_cfg(tmp_path, "learner.packing=on")
-    assert preflight.learner_memory(nob)["tokens"] == 32 * 8 * 4608
-    assert preflight.group_tokens(qwen_cfg(tmp_path)) == 512 + 8 * 4096
+    assert memory_model.learner_memory(nob)["tokens"] == 32 * 8 * 4608
+    assert memory_model.group_tokens(qwen_cfg(tmp_path)) == 512 + 8 * 4096
 
 
 def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_path):
@@ -123,7 +123,7 @@ def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_pa
     small = ["train.prompts_per_step=1", "learner.mini_batch_prompts=1", "learner.micro_batch_prompts=1",
              "rollout.n=2", "rollout.max_new_tokens=64", "data.max_prompt_tokens=64"]
     huge = qwen_cfg(tmp_path, *small, "learner.max_tokens_per_micro_batch=3000000")
-    assert preflight.largest_micro_batch(huge) == 64 + 2 * 64  # the shared prefix once, then each response
+    assert memory_model.largest_micro_batch(huge) == 64 + 2 * 64  # the shared prefix once, then each response
     preflight.check_memory(huge, available=80 * GiB)
 
 
@@ -133,7 +133,7 @@ def test_on_the_cpu_the_processes_of_a_host_share_its_memory(tmp_path, monkeypat
     cfg = qwen_cfg(tmp_path, "model.device=cpu", "model.dtype=float32", "learner.max_tokens_per_micro_batch=4096",
                    "rollout.engine=vllm", "learner.backend=megatron")  # (the HF engine's decode is not checked here)
     monkeypatch.setenv("WORLD_SIZE", "2")
-    need = preflight.learner_memory(cfg, device="cpu")["total"]
+    need = memory_model.learner_memory(cfg, device="cpu")["total"]
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     preflight.check_memory(cfg, available=int(1.5 * need))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
@@ -141,7 +141,7 @@ def test_on_the_cpu_the_processes_of_a_host_share_its_memory(tmp_path, monkeypat
         preflight.check_memory(cfg, available=int(1.5 * need))
     gpu = qwen_cfg(tmp_path, "model.device=cuda", "learner.max_tokens_per_micro_batch=4096", "rollout.engine=vllm",
                    "rollout.ranks=1")  # a rank's own GPU
-    preflight.check_memory(gpu, available=int(1.5 * preflight.learner_memory(gpu)["total"]))
+    preflight.check_memory(gpu, available=int(1.5 * memory_model.learner_memory(gpu)["total"]))
 
 
 def test_a_data_parallel_rank_plans_for_its_share_and_an_async_launch_for_its_learners(tmp_path, monkeypatch):
@@ -153,25 +153,25 @@ def test_a_data_parallel_rank_plans_for_its_share_and_an_async_launch_for_its_le
             "learner.mini_batch_prompts=8", "learner.micro_batch_prompts=8", "rollout.engine=vllm"]
     monkeypatch.setenv("WORLD_SIZE", "2")
     cfg = qwen_cfg(tmp_path, *ckpt, "learner.max_tokens_per_micro_batch=1000000")
-    assert preflight.learner_layout(cfg) == (2, 1)
+    assert memory_model.learner_layout(cfg) == (2, 1)
     group = 8 * (512 + 4096)  # megatron runs no shared prefix
-    assert preflight.largest_micro_batch(cfg) == 4 * group  # a rank's 4 of the 8 groups
-    assert preflight.largest_micro_batch(qwen_cfg(tmp_path, *ckpt)) == 4 * group  # micro_batch_prompts=8 > 4
+    assert memory_model.largest_micro_batch(cfg) == 4 * group  # a rank's 4 of the 8 groups
+    assert memory_model.largest_micro_batch(qwen_cfg(tmp_path, *ckpt)) == 4 * group  # micro_batch_prompts=8 > 4
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert preflight.largest_micro_batch(cfg) == 8 * group
-    w = preflight.learner_memory(cfg)["weights"]
-    one = preflight.learner_memory(qwen_cfg(tmp_path, *ckpt, "learner.distributed_optimizer=true"))
+    assert memory_model.largest_micro_batch(cfg) == 8 * group
+    w = memory_model.learner_memory(cfg)["weights"]
+    one = memory_model.learner_memory(qwen_cfg(tmp_path, *ckpt, "learner.distributed_optimizer=true"))
     assert one["optimizer"] == 2 * w and one["optimizer_step"] == w  # one rank: nothing to shard
     monkeypatch.setenv("WORLD_SIZE", "4")
-    four = preflight.learner_memory(qwen_cfg(tmp_path, *ckpt, "learner.distributed_optimizer=true"))
+    four = memory_model.learner_memory(qwen_cfg(tmp_path, *ckpt, "learner.distributed_optimizer=true"))
     assert four["optimizer"] == 2 * w // 4 and four["optimizer_step"] == w // 4
     # an asynchronous launch on one CPU host: 2 engine ranks and 1 learner; only the learner counts
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
     async_cfg = qwen_cfg(tmp_path, *ckpt, "rollout.ranks=2", "model.device=cpu")
-    assert preflight.learner_layout(async_cfg) == (1, 1)
+    assert memory_model.learner_layout(async_cfg) == (1, 1)
     torch_cfg = qwen_cfg(tmp_path, "model.device=cpu", "rollout.ranks=2", "rollout.engine=vllm")
-    assert preflight.learner_layout(torch_cfg) == (1, 1)  # the torch learner is one process
+    assert memory_model.learner_layout(torch_cfg) == (1, 1)  # the torch learner is one process
 
 
 def test_forward_counts_add_up_over_the_data_parallel_groups(monkeypatch):

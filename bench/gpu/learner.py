@@ -15,7 +15,7 @@ where the memory model says its masks do not fit), ``torch padded + SDPA`` (lear
 ``megatron packed THD`` (``MegatronLearner`` at TP = 1 on a one-process group, learner.packing=on: its own
 core attention on THD rows, pacs_fast/learner/megatron/core_attention.py; the same random weights, saved
 once per shape and loaded by its converter; ``--dry-run`` runs it on CPU / gloo). The micro-batch token budget
-comes from the memory model (pacs_fast/trainer/preflight.py) at 80% of the GPU, with
+comes from the memory model (pacs_fast/trainer/memory_model.py) at 80% of the GPU, with
 ``model.gradient_checkpointing`` when one group does not fit without it; a row that still runs out of
 memory says so. Order: the main shape first (1.5B at 4k, packed), each row skipped cleanly once
 ``--budget-s`` is spent. Per row: one untimed update, ``--steps`` timed ones (median), one profiled
@@ -101,8 +101,8 @@ def plan(shape, lengths, G, prompt, mem_bytes, dense, ckpt_only=False):
     """``(gradient checkpointing, token budget, predicted bytes, why not)`` from the memory model: a
     micro-batch's activations within 80% of the device after weights, gradients, AdamW moments and
     the log-prob workspace; checkpointing only when one group does not fit without it."""
-    from pacs_fast.trainer.preflight import (activation_bytes_per_token, dense_mask_bytes, logprob_workspace_bytes,
-                                             model_params)
+    from pacs_fast.trainer.memory_model import (activation_bytes_per_token, dense_mask_bytes, logprob_workspace_bytes,
+                                                model_params)
 
     group = max(sum(prompt + n for n in lengths[g:g + G]) for g in range(0, len(lengths), G))
     total = sum(prompt + n for n in lengths)

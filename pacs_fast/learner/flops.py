@@ -31,7 +31,7 @@ PEAK_BF16 = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H2
 
 def shape_of(config, dtype_bytes: int = 2) -> dict:
     """The shape dict (vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, tied, bytes) of a
-    Hugging Face config (the keys :mod:`pacs_fast.trainer.preflight` reads from ``config.json``)."""
+    Hugging Face config (the keys :mod:`pacs_fast.trainer.memory_model` reads from ``config.json``)."""
     c = getattr(config, "text_config", None) or config
     heads = c.num_attention_heads
     return {"vocab": c.vocab_size, "hidden": c.hidden_size, "layers": c.num_hidden_layers, "heads": heads,

@@ -1,0 +1,257 @@
+"""What a run needs in memory, from the model's ``config.json`` (or the built-in tiny model's
+settings), before any model is loaded: the model's shape (:func:`model_shape`), the learner's share
+of weights, gradients and AdamW moments (:func:`learner_bytes`), the activations of a micro-batch and
+the log-prob workspace (:func:`learner_memory`), and the Hugging Face engine's decode step
+(:func:`hf_engine_bytes`). :mod:`pacs_fast.trainer.preflight` compares them with the device's memory.
+
+The learner's floor (:func:`learner_bytes`) is its share of the weights, gradients and AdamW moments
+in the model's dtype: a lower bound (megatron's fp32 master weights and activations come on top), so
+it refuses only runs that cannot start, such as a 7B model in fp32 on an 80 GiB GPU. On top of it,
+:func:`learner_memory` adds the activations of a micro-batch (per token: :func:`activation_bytes_per_token`,
+with and without ``model.gradient_checkpointing``) and the log-prob workspace.
+
+For the rollout, what is estimated is the peak of one decode step of the Hugging Face engine: for every row of a
+chunk (``max(rollout.n, engine batch)`` rows) four fp32 vocabulary-sized tensors (the logits, their
+temperature-scaled copy, the probabilities and the sampler's scratch), plus the rows' KV cache for
+``data.max_prompt_tokens + rollout.max_new_tokens`` tokens; model weights and activations come on top.
+vLLM manages its own memory (``rollout.gpu_memory_utilization``) and is not estimated here.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+GiB = 1024 ** 3
+VOCAB_COPIES = 4  # fp32 [rows, vocab] tensors alive at a decode step's peak (see the module docstring)
+
+
+def model_shape(cfg) -> dict:
+    """vocab, hidden, layers, heads, kv_heads, head_dim, intermediate (None when the config does not
+    say), tied (the LM head shares the embedding), dtype bytes of the run's model, from its
+    ``config.json`` (or the built-in tiny model's settings); an empty dict when unknown."""
+    if not cfg.model.path:
+        from pacs_fast.trainer.warmup import tiny_model_kwargs
+
+        t = tiny_model_kwargs(cfg)
+        return {"vocab": 128, "hidden": t["hidden_size"], "layers": t["num_layers"], "heads": t["num_heads"],
+                "kv_heads": t["num_kv_heads"], "head_dim": 32, "intermediate": t["intermediate_size"], "tied": True,
+                "bytes": 4}
+    try:
+        c = json.loads((Path(cfg.model.path).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    top, c = c, c.get("text_config", c)
+    H, heads = c.get("hidden_size"), c.get("num_attention_heads")
+    if not (H and heads and c.get("vocab_size") and c.get("num_hidden_layers")):
+        return {}
+    return {"vocab": int(c["vocab_size"]), "hidden": int(H), "layers": int(c["num_hidden_layers"]), "heads": int(heads),
+            "kv_heads": int(c.get("num_key_value_heads") or heads), "head_dim": int(c.get("head_dim") or H // heads),
+            "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None, "tied": _tied(top),
+            "bytes": 2 if cfg.model.dtype in ("bfloat16", "float16") else 4}
+
+
+def _tied(config: dict) -> bool:
+    """Whether the LM head is the embedding: ``tie_word_embeddings`` of ``config.json`` (top level, else
+    its ``text_config``), else the default of transformers' config class for its ``model_type`` (False for
+    Qwen2 and Llama, True for GPT-2), else True (the parameter count stays a lower bound)."""
+    for c in (config, config.get("text_config") or {}):
+        if isinstance(c.get("tie_word_embeddings"), bool):
+            return c["tie_word_embeddings"]
+    try:
+        from transformers import AutoConfig
+
+        return bool(AutoConfig.for_model(config["model_type"]).tie_word_embeddings)
+    except Exception:  # no or an unknown model_type: count the head once
+        return True
+
+
+def engine_rows(cfg) -> int:
+    """Rows of the HF engine's largest decode chunk (see pacs_fast.trainer.build and rollout.hf)."""
+    batch = min(max(cfg.train.prompts_per_step * cfg.rollout.n, cfg.data.eval_size * cfg.rollout.eval_n), 1024)
+    return max(cfg.rollout.n, cfg.rollout.eval_n, batch)
+
+
+def hf_engine_bytes(cfg, shape: dict) -> int:
+    rows = engine_rows(cfg)
+    logits = VOCAB_COPIES * rows * shape["vocab"] * 4
+    tokens = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens  # the cache holds the prompt too
+    kv = rows * shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * tokens * shape["bytes"]
+    return logits + kv
+
+
+def model_params(shape: dict) -> int:
+    """Parameters of the model, at least: the embedding, and the LM head unless it is the embedding
+    (``shape["tied"]``, default True), each layer's attention projections and, where the config gives
+    its width, its gated MLP (norms and biases, a few per mille, left out)."""
+    H, hd = shape["hidden"], shape["head_dim"]
+    attention = 2 * H * shape["heads"] * hd + 2 * H * shape["kv_heads"] * hd
+    mlp = 3 * H * shape["intermediate"] if shape["intermediate"] else 0
+    embeddings = 1 if shape.get("tied", True) else 2
+    return embeddings * shape["vocab"] * H + shape["layers"] * (attention + mlp)
+
+
+def learner_layout(cfg) -> tuple[int, int]:
+    """(data-parallel size, learner processes on this host) of the launch: the megatron learner's processes are
+    the launch's (:func:`pacs_fast.config.validation.world_size`) less ``rollout.ranks``, ``learner.tp_size`` to a
+    data-parallel rank; torchrun's ``LOCAL_WORLD_SIZE`` counts this host's, the engine ranks among them when the
+    launch has them (one host assumed); the torch learner is one process."""
+    from pacs_fast.config.validation import world_size
+
+    if cfg.learner.backend != "megatron":
+        return 1, 1
+    learners = max(world_size() - cfg.rollout.ranks, 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) - cfg.rollout.ranks
+    return max(learners // max(cfg.learner.tp_size, 1), 1), min(max(local, 1), learners)
+
+
+def moment_shards(cfg) -> int:
+    """Ranks AdamW's moments are split over: the data-parallel ranks with ``learner.distributed_optimizer``
+    (megatron's make_optimizer shards only when there are 2 or more), else 1."""
+    return learner_layout(cfg)[0] if cfg.learner.distributed_optimizer else 1
+
+
+def learner_bytes(cfg, shape: dict) -> int:
+    """The least memory one learner process holds: its share (``learner.tp_size``) of the weights and
+    their gradients, and of AdamW's two moments (split over the data-parallel ranks with
+    ``learner.distributed_optimizer``), all in the model's dtype (activations come on top)."""
+    weights = model_params(shape) * shape["bytes"] // max(cfg.learner.tp_size, 1)
+    return 2 * weights + 2 * weights // moment_shards(cfg)
+
+
+NORM_COPY = 4  # bytes per element of the fp32 copy Hugging Face's RMSNorm saves of its input
+
+
+def activation_bytes_per_token(shape: dict, *, recompute: bool = False, tp: int = 1, attention: str = "flash",
+                               longest: int = 0) -> float:
+    """Bytes the backward keeps per token of a micro-batch, all layers (the torch learner's Hugging
+    Face decoder; megatron's is close). One Qwen2 / LLaMA decoder layer, ``b`` the model dtype's
+    bytes, ``H`` hidden, ``Hq = heads x head_dim``, ``Hkv = kv_heads x head_dim``, ``F`` the MLP width
+    (0 when the config does not say: a lower bound), ``a`` heads, ``t`` = ``tp`` (tensor parallel
+    shards what is between the norms)::
+
+        A = 2 (4 + b) H                 two RMSNorms: the fp32 copy of the input and the normalised output
+          + b (3 Hq + 2 Hkv) / t        q, k (after RoPE), v, the attention output, o_proj's contiguous input
+          + 4 b F / t                   the MLP: gate, up, silu(gate), silu(gate) * up
+          + 4 a / t                     the attention's fp32 log-sum-exp
+
+    (Korthikanti et al. 2022 count ``34 H + 5 a S`` per token per layer for a GPT layer in fp16 with
+    dropout; ``5 a S`` is the score matrices', which flash / varlen attention never keeps.) Without
+    recompute: ``L A + (4 + b) H`` (the final norm). With ``model.gradient_checkpointing``: each
+    layer's input, ``L b H``, plus one layer recomputed in the backward, ``A``, plus the final norm.
+    ``attention``: ``"flash"`` (flash / varlen / SDPA without a mask: no ``S`` term), ``"eager"``
+    (``+ a S (4 + b) / t`` per layer: fp32 probabilities and their cast, ``S`` = ``longest``);
+    the dense packed mask is counted per micro-batch (:func:`dense_mask_bytes`)."""
+    b, H, L = shape["bytes"], shape["hidden"], shape["layers"]
+    a, hd = shape["heads"], shape["head_dim"]
+    F = shape.get("intermediate") or 0
+    layer = 2 * (NORM_COPY + b) * H + (b * (3 * a * hd + 2 * shape["kv_heads"] * hd) + 4 * b * F + 4 * a) / tp
+    if attention == "eager":
+        layer += a * longest * (4 + b) / tp
+    body = L * b * H + layer if recompute else L * layer
+    return body + (NORM_COPY + b) * H
+
+
+def dense_mask_bytes(shape: dict, tokens: int, longest: int) -> int:
+    """``learner.packed_attention=dense``: bins of ``longest`` tokens, each with a boolean
+    ``[S, S]`` mask (shared) and the float bias SDPA's masked kernel keeps for the backward, per layer."""
+    bins = -(-tokens // max(longest, 1))
+    return bins * longest * longest * (1 + shape["layers"] * shape["bytes"])
+
+
+def logprob_workspace_bytes(shape: dict, tokens: int, *, device: str = "cuda", lm_head_fp32: bool = False,
+                            tp: int = 1) -> int:
+    """The log-prob op's scratch (pacs_fast/ops/linear_logprobs.py): the Triton backward's ``dz``
+    chunk (512 MiB; CPU: two 64 MiB tiles), fp32 (max, sum-exp, entropy) partials per 128-column
+    block of this rank's ``V / tp`` vocabulary and token (``12 N cdiv(V / tp, 128)``, kernels/
+    linear_logprobs_fwd.py), the gathered hidden states and their gradient; with ``model.lm_head_fp32``
+    also fp32 copies of the head and its gradient and of the hidden states. ``tokens`` bounds the
+    response tokens the op sees."""
+    V, H, b = -(-shape["vocab"] // max(tp, 1)), shape["hidden"], shape["bytes"]
+    out = (512 << 20) + 12 * -(-V // 128) * tokens if device == "cuda" else 128 << 20
+    out += 2 * tokens * H * b
+    if lm_head_fp32:
+        out += 2 * V * H * 4 + tokens * H * 4
+    return out
+
+
+def group_tokens(cfg) -> int:
+    """Tokens of one group of full-length rows as the learner runs it: ``G (P + R)``, or ``P + G R``
+    with the shared-prefix forward (torch, no gradient checkpointing, ``learner.packing`` not ``on``)."""
+    G, P, R = cfg.rollout.n, cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
+    shared = (cfg.learner.backend == "torch" and cfg.learner.shared_prefix and not cfg.model.gradient_checkpointing
+              and cfg.learner.packing != "on")
+    return P + G * R if shared else G * (P + R)
+
+
+def run_device(cfg) -> str:
+    if cfg.model.device != "auto":
+        return cfg.model.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def largest_micro_batch(cfg) -> int:
+    """Tokens of the largest micro-batch a learner process can make: its token budget
+    (``learner.max_tokens_per_micro_batch``, at most its whole mini-batch of full-length groups: a budget past
+    that is never filled), else ``learner.micro_batch_prompts`` groups of :func:`group_tokens`. A data-parallel
+    rank's mini-batch is its share (:func:`learner_layout`; the megatron learner's local batches)."""
+    lc, dp = cfg.learner, learner_layout(cfg)[0]
+    mini = max(min(lc.mini_batch_prompts, cfg.train.prompts_per_step) // dp, 1)  # groups of a rank's mini-batch
+    if lc.max_tokens_per_micro_batch:
+        return min(lc.max_tokens_per_micro_batch, mini * group_tokens(cfg))
+    return min(lc.micro_batch_prompts, mini) * group_tokens(cfg)
+
+
+def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None, device: str = "cuda") -> dict:
+    """Bytes one learner process holds at its peak, by part: ``weights``, ``gradients``, ``optimizer``
+    (AdamW's two moments in the model's dtype; split over the data-parallel ranks with
+    ``learner.distributed_optimizer``), each divided by ``learner.tp_size``; ``activations`` = ``tokens`` x
+    :func:`activation_bytes_per_token` (``model.gradient_checkpointing``; ``tokens`` defaults to
+    :func:`largest_micro_batch`), plus :func:`dense_mask_bytes` with ``learner.packed_attention=dense``;
+    ``workspace`` (:func:`logprob_workspace_bytes`); ``tied_gradient``: with a head tied to the embedding, the
+    embedding lookup's dense ``[V, H]`` gradient, alive while it is added into the head's at the end of the
+    backward; ``optimizer_step``: AdamW's temporaries (``torch.optim.AdamW``'s defaults: on a GPU its foreach
+    step makes a ``sqrt`` copy of every moment it steps at once, ~the weights (their share with the sharded
+    optimiser); on the CPU its per-tensor step two copies of the largest tensor); ``backward`` (weights, gradients,
+    moments, activations, workspace, tied gradient) and ``step`` (weights, gradients, moments, temporaries)
+    peaks, ``total`` the larger; ``tokens``, ``per_token``. Measured on the CPU (a 2-layer Qwen2.5-0.5B-width
+    model in fp32, bench/bench_learner_memory.py): the total 1.7-9.8% under the measured peak, against 13-26%
+    under without the last two terms."""
+    shape = shape or model_shape(cfg)
+    lc, tp = cfg.learner, max(cfg.learner.tp_size, 1)
+    if tokens is None:
+        tokens = largest_micro_batch(cfg)
+    longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    attention = "eager" if cfg.model.attention == "eager" else "flash"
+    per_token = activation_bytes_per_token(shape, recompute=cfg.model.gradient_checkpointing, tp=tp,
+                                           attention=attention, longest=longest)
+    weights = model_params(shape) * shape["bytes"] // tp
+    shards = moment_shards(cfg)
+    out = {"weights": weights, "gradients": weights, "optimizer": 2 * weights // shards,
+           "activations": int(tokens * per_token), "tokens": int(tokens), "per_token": per_token,
+           "workspace": logprob_workspace_bytes(shape, tokens, device=device, lm_head_fp32=cfg.model.lm_head_fp32,
+                                                tp=tp)}
+    if lc.backend == "torch" and lc.packed_attention == "dense" and lc.packing != "off":
+        out["activations"] += dense_mask_bytes(shape, tokens, longest)
+    H, b = shape["hidden"], shape["bytes"]
+    out["tied_gradient"] = shape["vocab"] * H * b // tp if shape.get("tied", True) else 0
+    largest = max(shape["vocab"] * H, H * (shape["intermediate"] or 0)) * b // tp
+    out["optimizer_step"] = weights // shards if device == "cuda" else 2 * largest
+    base = out["weights"] + out["gradients"] + out["optimizer"]
+    out["backward"] = base + out["activations"] + out["workspace"] + out["tied_gradient"]
+    out["step"] = base + out["optimizer_step"]
+    out["total"] = max(out["backward"], out["step"])
+    return out
+
+
+def format_learner_memory(cfg, mem: dict | None = None) -> str:
+    """The breakdown of :func:`learner_memory`, one part a line, in GiB."""
+    mem = mem or learner_memory(cfg)
+    rows = [(k, mem[k]) for k in ("weights", "gradients", "optimizer", "activations", "workspace", "tied_gradient",
+                                  "optimizer_step", "total")]
+    head = (f"learner memory per process (model.dtype={cfg.model.dtype}, learner.tp_size={cfg.learner.tp_size}, "
+            f"model.gradient_checkpointing={cfg.model.gradient_checkpointing}): {mem['tokens']:,} tokens per "
+            f"micro-batch x {mem['per_token'] / 1024:.1f} KiB of activations per token")
+    return "\n".join([head] + [f"  {k:<15}{v / GiB:9.2f} GiB" for k, v in rows])
