@@ -84,9 +84,9 @@ def test_rows_ending_at_different_steps(model_dir, seed, monkeypatch, compact_fr
     """Many EOS ids so rows stop at different steps while the lean loop drops finished rows from
     its batch: each response is still cut at its first EOS, and its log-probs equal a full
     forward over its own prompt + response (a row mixed up with another's cache would not)."""
-    import pacs_fast.rollout.hf as hf
+    import pacs_fast.rollout.lean_decode as lean_decode
 
-    monkeypatch.setattr(hf, "_COMPACT_FRACTION", compact_fraction)
+    monkeypatch.setattr(lean_decode, "_COMPACT_FRACTION", compact_fraction)
     rng = random.Random(seed)
     prompts = _random_prompts(rng, 6)
     eng = HFEngine(model_dir, batch_size=256, sampler="lean", merge_rows=merge)
