@@ -26,7 +26,7 @@ Written against trl 1.16.0 (``SUPPORTED_TRL``): it overrides GRPOTrainer's priva
   KL term: ``PACSConfig.beta`` is PACS's beta (the proxy scale, paper eq. 8; default 1.0), not
   TRL's KL coefficient, and no reference model is loaded.
 - Metrics (TRL's logger): ``pacs/loss``, ``pacs/psi_mean``, ``pacs/psi_std``,
-  ``pacs/pred_reward_mean``, ``pacs/pred_reward_pos`` / ``_neg``, ``pacs/brier``,
+  ``pacs/pred_reward_mean`` / ``_std``, ``pacs/pred_reward_pos`` / ``_neg``, ``pacs/brier``,
   ``pacs/calib_gap``, ``pacs/proxy_abs_mean``, plus TRL's reward / entropy metrics.
 
 Not supported (clear errors at config time): ``top_entropy_quantile < 1``,
