@@ -303,6 +303,7 @@ def _bad_calls():
         (dict(args=(logp, ref, mask, R), group_size=3), "group_size"),
         (dict(args=(logp, ref, mask, R), group_size=1, score="rloo"), "group_size"),
         (dict(args=(logp, ref, mask, R), group_size=1, score="grpo"), "group_size"),
+        (dict(args=(logp, ref, mask, R), group_size=1, score="dr_grpo"), "group_size"),
         (dict(args=(logp, ref, mask, R), group_size=0), "group_size"),
         (dict(args=(logp, ref, mask, R), group_size=2.0), "group_size"),
         (dict(args=(logp, ref[:, :4], mask, R), group_size=4), "logp_ref"),

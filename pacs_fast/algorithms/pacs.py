@@ -40,6 +40,9 @@ from pacs_fast.algorithms._checks import (
 )
 
 SCORES = ("rloo", "grpo", "dr_grpo", "naive")
+# the scores that compare a response with the rest of its group: undefined or identically 0 (no gradient) for a
+# group of one (dr_grpo: psi = r - mean = 0), so they need G >= 2
+GROUP_SCORES = ("rloo", "grpo", "dr_grpo")
 WEIGHT_MODES = ("question", "none", "only_positive", "only_negative")
 PROXIES = ("logratio", "mean_logp")
 BACKENDS = ("torch", "triton", "auto")
@@ -235,7 +238,7 @@ def group_scores(proxy: torch.Tensor, group_size: int, score: str = "rloo", *,
     check_tensor(fn, "proxy", proxy, ndim=1, floating=True)
     group_size = check_group_size(fn, group_size, proxy.shape[0], "proxy")
     eps = check_real(fn, "eps", eps, positive=True)  # 0: 0 / 0 for equal proxies (every on-policy first step)
-    if group_size == 1 and score in ("rloo", "grpo"):
+    if group_size == 1 and score in GROUP_SCORES:
         raise ValueError(f"{fn}: group_size=1 is not allowed with score={score!r} (needs G >= 2)")
     return _group_scores(proxy, group_size, score, eps)
 
@@ -309,7 +312,7 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
     num_rows = _check_tokens(fn, logp, logp_ref, mask, cu_seqlens, need_ref=proxy == "logratio")
     _check_rewards(fn, rewards, num_rows, "logp" if cu_seqlens is None else "cu_seqlens", logp.device)
     group_size = check_group_size(fn, group_size, num_rows, "rewards")  # numpy integers become int
-    if group_size == 1 and score in ("rloo", "grpo"):
+    if group_size == 1 and score in GROUP_SCORES:
         raise ValueError(f"{fn}: group_size=1 is not allowed with score={score!r} (needs G >= 2)")
     if num_rows == 0:
         raise ValueError(f"{fn}: rewards is empty (B = 0)")

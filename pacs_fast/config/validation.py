@@ -369,7 +369,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if G < 1:
         raise ValueError(f"rollout.n must be >= 1, got {G}")
     needs_group = (name in ("grpo", "rloo", "dr_grpo", "gspo", "cispo")
-                   or (name == "pacs" and cfg.algo.score in ("rloo", "grpo")))
+                   or (name == "pacs" and cfg.algo.score in ("rloo", "grpo", "dr_grpo")))  # algorithms.pacs.GROUP_SCORES
     if needs_group and G < 2:
         what = f"algo.score={cfg.algo.score}" if name == "pacs" else f"algo.name={name}"
         raise ValueError(f"rollout.n must be >= 2 for {what} (group-relative baselines need several responses "

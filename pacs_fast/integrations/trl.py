@@ -55,7 +55,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
                       "pip install 'pacs_fast[trl]' 'torch==2.13.0'") from e
 
 from pacs_fast.algorithms.overlong import loss_over_members as _loss_over_members
-from pacs_fast.algorithms.pacs import BACKENDS, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
+from pacs_fast.algorithms.pacs import BACKENDS, GROUP_SCORES, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
 from pacs_fast.integrations._groups import check_beta, check_whole_groups, pacs_metrics
 from pacs_fast.ops.backend import require_triton
 from pacs_fast.ops.linear_logprobs import linear_logprobs
@@ -88,7 +88,7 @@ def check_group_settings(args) -> None:
             f"{args.per_device_train_batch_size} is not a multiple of num_generations={G} (a PACS "
             f"score couples the {G} completions of a prompt); use e.g. "
             f"per_device_train_batch_size={G * max(1, args.per_device_train_batch_size // G)}")
-    if args.score in ("rloo", "grpo") and G < 2:
+    if args.score in GROUP_SCORES and G < 2:
         raise ValueError(f"PACS score={args.score!r} needs num_generations >= 2, got {G}")
     if args.eval_strategy != "no":
         Ge = args.num_generations_eval or G
@@ -96,7 +96,7 @@ def check_group_settings(args) -> None:
             raise ValueError(f"PACS evaluation needs whole groups: per_device_eval_batch_size="
                              f"{args.per_device_eval_batch_size} is not a multiple of "
                              f"num_generations_eval={Ge}")
-        if args.score in ("rloo", "grpo") and Ge < 2:
+        if args.score in GROUP_SCORES and Ge < 2:
             raise ValueError(f"PACS score={args.score!r} needs num_generations_eval >= 2, got {Ge}")
     if args.sync_ref_model:
         raise ValueError("PACS: sync_ref_model is not supported: PACS loads no reference model (its reference is "
@@ -416,7 +416,7 @@ class PACSTrainer(GRPOTrainer):
         if valid is None or bool(valid.all()):
             loss, terms = self.pacs_loss(logp, logp_ref, mask, rewards, G)
         else:
-            min_members = 2 if self.args.score in ("rloo", "grpo") else 1
+            min_members = 2 if self.args.score in GROUP_SCORES else 1
             loss, terms = loss_over_members(self.pacs_loss, logp, logp_ref, mask, rewards, G, valid, min_members)
 
         gather = self.accelerator.gather

@@ -142,6 +142,7 @@ def _pacs_objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, c
     left with fewer members than its score needs drops out), as TRL's ``mask_truncated_completions``
     in :mod:`pacs_fast.integrations.trl` (:func:`pacs_fast.algorithms.overlong.loss_over_members`)."""
     from pacs_fast.algorithms import pacs_loss
+    from pacs_fast.algorithms.pacs import GROUP_SCORES
 
     ref = micro.ref_logp if algo.proxy == "logratio" else None
     correction = getattr(algo, "noise_correction", "none")
@@ -163,7 +164,7 @@ def _pacs_objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, c
         return loss * (micro.num_rows / max(counts["rows"], 1.0)), terms
     from pacs_fast.algorithms.overlong import loss_over_members
 
-    pairs = algo.score in ("rloo", "grpo")
+    pairs = algo.score in GROUP_SCORES
     total, terms, _ = loss_over_members(rows, ~micro.truncated.bool(), micro.group_size, 2 if pairs else 1)
     for name in ("score", "pred_reward", "proxy", "weight"):  # NaN on the rows that left
         terms.setdefault(name, torch.full((micro.num_rows,), float("nan"), device=logp.device))

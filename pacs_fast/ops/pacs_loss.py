@@ -132,7 +132,7 @@ def _validate(logp, logp_ref, mask, rewards, group_size, beta, score, weight_mod
     if group_size > _k.MAX_GROUP_SIZE:
         raise ValueError(f"{_FN}: group_size must be <= {_k.MAX_GROUP_SIZE} for the fused kernel, "
                          f"got {group_size}; use backend='torch'")
-    if group_size < 2 and score in ("rloo", "grpo"):
+    if group_size < 2 and score in ("rloo", "grpo", "dr_grpo"):  # algorithms.pacs.GROUP_SCORES (a layer above)
         raise ValueError(f"{_FN}: group_size=1 is not allowed with score={score!r} (needs G >= 2)")
     if B % group_size:
         raise ValueError(f"{_FN}: batch size {B} (from rewards) is not divisible by "
