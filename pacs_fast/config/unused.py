@@ -49,9 +49,13 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if not cfg.reward.step_rewards:
         out.append((PROCESS_REWARDS_ONLY, "without reward.step_rewards (process rewards)"))
     if a.noise_correction == "none":
-        out.append((("algo.noise_rho0", "algo.noise_rho1"), "with algo.noise_correction=none"))
+        out.append((("algo.noise_rho0", "algo.noise_rho1", "reward.fn_rate"),
+                    "with algo.noise_correction=none (the noisy-label correction reads the rates)"))
     if is_level(cfg) == "none":
         out.append((("correction.is_cap", "correction.fused"), "with correction.is_level resolving to none"))
+    if cfg.rollout.temperature != 1.0 or cfg.correction.rs_level != "none":
+        out.append((("correction.fused",), "with rollout.temperature != 1 or correction.rs_level set (the "
+                                           "correction needs a forward of its own then)"))
     if name == "ppo":
         out.append((("correction.fused",), "with algo.name=ppo (its learner computes the old log-probs in a pass "
                                            "of their own: nothing to fuse)"))
@@ -67,13 +71,30 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if cfg.learner.backend != "torch":
         out.append((("learner.shared_prefix",), f"with learner.backend={cfg.learner.backend} (the torch "
                                                 f"learner's)"))
+        if cfg.rollout.engine == "vllm":
+            out.append((("model.attention",), f"with learner.backend={cfg.learner.backend} and rollout.engine=vllm "
+                                              f"(it sets the Hugging Face models' attention)"))
+    if cfg.model.gradient_checkpointing:
+        out.append((("learner.shared_prefix",), "with model.gradient_checkpointing=true (the shared-prefix "
+                                                "forward is not used then)"))
+    if cfg.learner.packing == "on":
+        out.append((("learner.shared_prefix",), "with learner.packing=on (packed rows replace the shared-prefix "
+                                                "forward)"))
     if cfg.learner.max_tokens_per_micro_batch:
         out.append((("learner.micro_batch_prompts",), "with learner.max_tokens_per_micro_batch set (micro-batches "
                                                       "are cut by tokens)"))
     if cfg.learner.packing == "off":
         out.append((("learner.packed_attention",), "with learner.packing=off (how packed rows attend)"))
+    elif cfg.model.attention in ("flash_attention_2", "flash_attention_3"):  # learner/packing.py's FLASH
+        out.append((("learner.packed_attention",), f"with model.attention={cfg.model.attention} (packed rows "
+                                                   f"take flash-attention's own varlen path)"))
     if cfg.model.path:
         out.append((TINY_MODEL_ONLY, "with model.path set (the built-in tiny model's size and warm-up)"))
+    elif not cfg.warmup.steps:
+        out.append((("warmup.batch_size", "warmup.lr", "warmup.target_acc", "warmup.check_every"),
+                    "with warmup.steps=0 (no warm-up)"))
+    if not {"wandb", "mlflow", "trackio"} & set(cfg.train.loggers):
+        out.append((("train.project",), "without wandb, mlflow or trackio in train.loggers"))
     if cfg.data.dataset == "arithmetic":
         out.append((FILE_DATASETS_ONLY, "with data.dataset=arithmetic (the built-in task holds out its own "
                                         "problems and has no fields)"))
