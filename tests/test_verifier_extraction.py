@@ -63,6 +63,16 @@ def test_a_response_without_a_complete_box_has_no_answer():
         score_item("x", "1", extraction="strict")
 
 
+def test_a_time_limit_past_the_timer_is_refused():
+    """1e10 s overflowed ``signal.setitimer`` inside the scoring try: every answer, right ones included,
+    scored 0 with status "error" (inline) or the worker pool raised a traceback. Refused now; 1e6 s scores."""
+    for call in (lambda: score_item("\\boxed{\\frac{1}{2}}", "0.5", time_limit=1e10),
+                 lambda: BatchScorer(0, time_limit=1e10)):
+        with pytest.raises(ValueError, match="time_limit must be at most 1e\\+06 seconds"):
+            call()
+    assert score_item("\\boxed{\\frac{1}{2}}", "0.5", time_limit=1e6).score == 1.0
+
+
 def test_shipped_golds_boxed_score_one_in_boxed_mode():
     """Every gold answer of the shipped benchmarks, boxed at the end of a response, is paid (a perfect model
     loses nothing to the stricter extraction)."""

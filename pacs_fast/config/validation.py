@@ -66,8 +66,10 @@ FLOAT_RANGES = (
     ("rollout.temperature", 0.0, None, False, None), ("rollout.eval_temperature", 0.0, None, True, None),
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
     ("rollout.gpu_memory_utilization", 0.0, 1.0, False, True), ("reward.outcome_weight", 0.0, None, True, None),
-    ("reward.user_fn_timeout_s", 0.0, None, False, None), ("reward.overlong_penalty", 0.0, None, True, None),
-    ("reward.time_limit_s", 0.0, None, False, None),
+    # the timeouts at most 1e6 s (pacs_fast.reward.verifier.MAX_TIME_LIMIT): 1e10 overflowed the OS timer (every
+    # answer scored 0 as an error) and thread joins (a traceback after the model had loaded)
+    ("reward.user_fn_timeout_s", 0.0, 1e6, False, True), ("reward.overlong_penalty", 0.0, None, True, None),
+    ("reward.time_limit_s", 0.0, 1e6, False, True),
 )
 NONNEGATIVE_INTS = ("train.threads", "train.log_samples", "train.reward_workers", "train.eval_every",
                     "train.save_every", "warmup.steps", "algo.reset_every")

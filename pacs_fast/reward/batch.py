@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Callable, Sequence
 
 from pacs_fast.reward.verifier import (DEFAULT_TIME_LIMIT, ERROR, NO_ANSWER, STATUSES, TIMEOUT,
-                                       _fast_score, check_extraction, score_item, warm_up)
+                                       _fast_score, check_extraction, check_time_limit, score_item, warm_up)
 
 
 @dataclass
@@ -172,6 +172,7 @@ class BatchScorer:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if not time_limit > 0:
             raise ValueError(f"time_limit must be > 0 seconds, got {time_limit}")
+        check_time_limit(time_limit)
         if grace < 0:
             raise ValueError(f"grace must be >= 0, got {grace}")
         if chunk_size < 1:

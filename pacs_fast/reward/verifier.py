@@ -68,6 +68,8 @@ ERROR = "error"            # an unexpected exception or a crashed worker (score 
 STATUSES = (OK, NO_ANSWER, GOLD_ERROR, TIMEOUT, ERROR)
 
 DEFAULT_TIME_LIMIT = 5.0   # seconds per item (math-verify's own default per parse / verify call)
+# the longest time limit taken: the OS timer overflows near 9.3e9 s, and past a day a limit is no limit
+MAX_TIME_LIMIT = 1e6
 EXTRACTIONS = ("reference", "boxed")  # what is read from a response (module docstring)
 
 _quiet_done = False
@@ -301,6 +303,13 @@ def warm_up() -> None:
         _warm_done = True
 
 
+def check_time_limit(time_limit):
+    """``time_limit`` if it is None or at most :data:`MAX_TIME_LIMIT` seconds, else a ValueError."""
+    if time_limit is not None and not time_limit <= MAX_TIME_LIMIT:
+        raise ValueError(f"time_limit must be at most {MAX_TIME_LIMIT:g} seconds (None: no limit), got {time_limit}")
+    return time_limit
+
+
 def check_extraction(extraction) -> str:
     if extraction not in EXTRACTIONS:
         raise ValueError(f"extraction must be one of {EXTRACTIONS}, got {extraction!r}")
@@ -316,9 +325,11 @@ def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TI
     thread; from another thread (or with ``None``) the item runs without a limit. Items the exact
     fast path decides (see the module docstring) return at once. Otherwise the first call of a
     process first runs :func:`warm_up` (math-verify's import) outside the limit. The caller's
-    SIGALRM handler and timer are restored afterwards.
+    SIGALRM handler and timer are restored afterwards. A ``time_limit`` above :data:`MAX_TIME_LIMIT`
+    is a ValueError (1e10 s overflowed the timer, and every item scored 0 as an error).
     """
     check_extraction(extraction)
+    check_time_limit(time_limit)
     if not isinstance(response, str):
         return ScoredItem(0.0, ERROR)
     answer = str(answer)
