@@ -94,6 +94,9 @@ def test_on_and_off_in_a_yaml_file_are_text_for_a_text_key(tmp_path):
     (["learner.mini_batch_prompts=8", "learner.micro_batch_prompts=3"], "micro_batch_prompts=3 must divide"),
     (["rollout.n=1"], "rollout.n must be >= 2"),
     (["rollout.n=1", "algo.name=grpo"], "rollout.n must be >= 2"),
+    (["rollout.n=1", "algo.name=ppo", "rollout.filter_groups=true"], "rollout.filter_groups=true needs rollout.n >= 2"),
+    (["rollout.temperature=1e-40"], r"rollout.temperature must be in \[0.01, inf\)"),  # logits / T: inf, NaN loss
+    (["rollout.eval_temperature=1e-40"], "rollout.eval_temperature must be 0 \\(greedy\\) or >= 0.01"),
     (["reward.time_limit_s=1e10"], r"reward.time_limit_s must be in \(0, 1e\+06\]"),  # overflowed the timer
     (["reward.user_fn_timeout_s=1e10"], r"reward.user_fn_timeout_s must be in \(0, 1e\+06\]"),
     # PACS's dr_grpo score r - mean is 0 for a group of one: accepted, it never trained (grad_norm 0)

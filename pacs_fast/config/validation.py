@@ -54,6 +54,9 @@ ATTENTIONS = ("auto", "short", "sdpa", "eager", "flash_attention_2", "flash_atte
 # Names data.dataset / data.eval_dataset accept besides files (pacs_fast.data.datasets ships them;
 # tests/test_config.py checks this list against it).
 SHIPPED_DATASETS = ("math_train", "gsm8k_train", "math500", "amc23", "aime2024", "aime2025")
+# The lowest sampling temperature taken (vLLM warns of inf / NaN below it; the HF sampler's scaled logits
+# overflowed at 1e-40).
+MIN_TEMPERATURE = 0.01
 # (key, lowest, highest, lowest allowed?, highest allowed?) for every float that has a range.
 FLOAT_RANGES = (
     ("learner.lr", 0.0, 1.0, False, True), ("learner.eps", 0.0, 1.0, False, True),
@@ -63,7 +66,8 @@ FLOAT_RANGES = (
     ("algo.clip_high", 0.0, None, True, None), ("algo.kl_coef", 0.0, None, True, None),
     ("algo.gamma", 0.0, 1.0, True, True), ("algo.lam", 0.0, 1.0, True, True),
     ("algo.vf_coef", 0.0, None, True, None), ("algo.value_clip", 0.0, None, True, None),
-    ("rollout.temperature", 0.0, None, False, None), ("rollout.eval_temperature", 0.0, None, True, None),
+    # sampling temperatures at least MIN_TEMPERATURE (eval: or 0, greedy): 1e-40 scaled the logits to inf / NaN
+    ("rollout.temperature", MIN_TEMPERATURE, None, True, None), ("rollout.eval_temperature", 0.0, None, True, None),
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
     ("rollout.gpu_memory_utilization", 0.0, 1.0, False, True), ("reward.outcome_weight", 0.0, None, True, None),
     # the timeouts at most 1e6 s (pacs_fast.reward.verifier.MAX_TIME_LIMIT): 1e10 overflowed the OS timer (every
@@ -96,6 +100,9 @@ def _validate_numbers(cfg: Config) -> None:
         if bad_lo or bad_hi:
             interval = f"{'[' if lo_ok else '('}{lo:g}, {'inf)' if hi is None else f'{hi:g}' + (']' if hi_ok else ')')}"
             raise ValueError(f"{key} must be in {interval}, got {v}")
+    if 0 < cfg.rollout.eval_temperature < MIN_TEMPERATURE:
+        raise ValueError(f"rollout.eval_temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got "
+                         f"{cfg.rollout.eval_temperature}")
     for key in NONNEGATIVE_INTS:
         if _get(cfg, key) < 0:
             raise ValueError(f"{key} must be >= 0, got {_get(cfg, key)}")
@@ -376,6 +383,9 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
         what = f"algo.score={cfg.algo.score}" if name == "pacs" else f"algo.name={name}"
         raise ValueError(f"rollout.n must be >= 2 for {what} (group-relative baselines need several responses "
                          f"per prompt), got {G}")
+    if cfg.rollout.filter_groups and G < 2:
+        raise ValueError(f"rollout.filter_groups=true needs rollout.n >= 2, got {G}: it keeps the groups whose "
+                         f"rewards differ, and a group of one response never does")
     for key in ("train.steps", "train.prompts_per_step", "learner.mini_batch_prompts",
                 "learner.micro_batch_prompts", "learner.epochs", "rollout.max_new_tokens", "rollout.eval_n",
                 "data.max_prompt_tokens", "learner.tp_size", "data.eval_size"):

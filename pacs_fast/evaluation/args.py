@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from pacs_fast.config.model_files import TOKENIZER_FILES, has_tokenizer, run_folder_hint, weights_problem
+from pacs_fast.config.validation import MIN_TEMPERATURE
+from pacs_fast.reward.verifier import MAX_TIME_LIMIT
 
 
 class UsageError(Exception):
@@ -92,9 +94,12 @@ def check_device(device: str | None) -> None:
 def check_run_args(args) -> None:
     """Every number and choice of a run, the model and ``--out`` (benchmarks: :func:`check_ks` and the loader)."""
     _finite("--temperature", args.temperature, lo=0.0, lo_ok=True)
+    if 0 < args.temperature < MIN_TEMPERATURE:
+        raise UsageError(f"--temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {args.temperature} "
+                         f"(1e-40 turned the scaled logits into inf / NaN: every answer was noise)")
     _finite("--top-p", args.top_p, lo=0.0, lo_ok=False, hi=1.0)
     _finite("--gpu-memory-utilization", args.gpu_memory_utilization, lo=0.0, lo_ok=False, hi=1.0)
-    _finite("--time-limit", args.time_limit, lo=0.0, lo_ok=False)
+    _finite("--time-limit", args.time_limit, lo=0.0, lo_ok=False, hi=MAX_TIME_LIMIT)
     for flag, value, lo in (("--max-tokens", args.max_tokens, 1), ("--limit", args.limit, 1),
                             ("--samples-per-call", args.samples_per_call, 1), ("--batch-size", args.batch_size, 1),
                             ("--max-model-len", args.max_model_len, 1), ("--scorer-workers", args.scorer_workers, 0),
