@@ -130,16 +130,34 @@ def test_the_shipped_sets_raise_no_warning():
         lines = data_warnings(cfg, train, held)
         check_gold_answers(cfg, train, held, lines.append)
         assert lines == [], (name, lines)
-    # math_train repeats one problem (train/algebra/2463.json and 24377.json); with train.seed=46 one copy lands in
+    # math_train repeats one problem (train/algebra/2463.json and 24377.json); with split seed 46 one copy lands in
     # the held-out split: the other now stays out of training (it warned "1 of the 128 problems ... are also
     # training problems", review of 2026-11-28)
-    cfg = load_config(None, ["data.dataset=math_train", "train.seed=46"])
+    cfg = load_config(None, ["data.dataset=math_train", "data.split_seed=46"])
     train, held = load_problems(cfg)
     assert data_warnings(cfg, train, held) == [] and len(train) + len(held) == 7496 - 1
     # a shipped benchmark smaller than data.eval_size is what it is: no line (a short user file still gets one)
-    for bench in ("aime2024", "aime2025", "amc23", "math500"):
+    for bench in ("aime2024", "aime2025", "amc23"):
         cfg = load_config(None, ["data.dataset=math_train", f"data.eval_dataset={bench}"])
         assert data_warnings(cfg, *load_problems(cfg)) == [], bench
+    # one larger than data.eval_size is cut to its first problems: a line says so (MATH-500 was evaluated on 128 of
+    # its 500 problems without a word, a sweep of 2026-11-29), none when every problem is asked for
+    cfg = load_config(None, ["data.dataset=math_train", "data.eval_dataset=math500"])
+    assert data_warnings(cfg, *load_problems(cfg)) == [
+        "data.eval_dataset 'math500' holds 500 problems and the run evaluates its first 128 (data.eval_size=128): "
+        "eval/acc is not the whole set's; set data.eval_size=500 to evaluate every problem"]
+    cfg = load_config(None, ["data.dataset=math_train", "data.eval_dataset=math500", "data.eval_size=500"])
+    assert data_warnings(cfg, *load_problems(cfg)) == []
+
+
+def test_the_held_out_split_of_a_file_does_not_follow_train_seed():
+    """The split of a training file is seeded by data.split_seed, not train.seed: runs with different seeds
+    trained and were evaluated on different problems (their results did not pair up)."""
+    def held(*overrides):
+        return [row["problem"] for row in load_problems(load_config(None, ["data.dataset=gsm8k_train", *overrides]))[1]]
+
+    assert held("train.seed=0") == held("train.seed=1") == held("data.split_seed=0", "train.seed=7")
+    assert held("data.split_seed=1") != held("data.split_seed=0")
 
 
 def test_a_run_with_no_matchable_answer_stops_before_any_model(tmp_path, monkeypatch):

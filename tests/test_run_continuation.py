@@ -229,3 +229,23 @@ def test_checkpoints_of_two_runs_get_two_labels():
     assert model_label("runs/a/checkpoints/step_000060/") == "a-step_000060"
     assert model_label("runs/b/checkpoints/step_000060") == "b-step_000060"
     assert model_label("/models/Qwen2.5-0.5B") == "Qwen2.5-0.5B"
+
+
+def test_resume_keeps_the_split_of_a_run_from_before_split_seed_and_takes_unchanged_values(tmp_path):
+    """A run whose config.yaml predates data.split_seed split its training file by train.seed: resumed, it keeps
+    that split (the seed is taken from train.seed), while a new run's recorded split_seed stands. An override
+    equal to the run's own value changes nothing and is taken (algo.beta=1.0 was refused as a change)."""
+    from pacs_fast.config import load_config, save_config
+    from pacs_fast.trainer.run_folder import resume_config
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    for run in (old, new):
+        run.mkdir()
+        save_config(load_config(None, ["data.dataset=gsm8k_train", "train.seed=5"]), run / "config.yaml")
+    text = (old / "config.yaml").read_text()
+    (old / "config.yaml").write_text("".join(line for line in text.splitlines(True) if "split_seed" not in line))
+    assert "split_seed" in (new / "config.yaml").read_text()
+    assert resume_config(old).data.split_seed == 5 and resume_config(new).data.split_seed == 0
+    assert resume_config(new, ["algo.beta=1.0"]).algo.beta == 1.0
+    with pytest.raises(ValueError, match="algo.beta cannot change in a resumed run"):
+        resume_config(new, ["algo.beta=0.5"])

@@ -47,7 +47,10 @@ class DataConfig:
                           "as verl's 'prompt' column: the last user message)")
     answer_key: str = _f("answer", "field holding the gold answer (verl's parquet: reward_model.ground_truth)")
     eval_dataset: str = _f("", "held-out set: a shipped benchmark (math500, amc23, aime2024, aime2025) or a "
-                           "JSONL/parquet/Arrow file, folder or glob; empty = a held-out split of the training data")
+                           "JSONL/parquet/Arrow file, folder or glob; empty = a held-out split of the training data "
+                           "(data.split_seed)")
+    split_seed: int = _f(0, "seed of that held-out split of a training file (fixed, so that train.seed changes "
+                         "the run, not which problems it trains and is evaluated on)")
     eval_size: int = _f(128, "number of held-out problems evaluated")
     system_prompt: str = _f("pacs", "system message of every prompt: pacs (the paper's, 'You are a helpful "
                             "assistant.'), '' (none) or the text")

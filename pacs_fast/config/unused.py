@@ -20,7 +20,7 @@ TINY_MODEL_ONLY = ("model.tiny_hidden_size", "model.tiny_num_layers", "warmup.st
                    "warmup.lr", "warmup.target_acc", "warmup.check_every", "warmup.seed")
 ARITHMETIC_ONLY = ("data.arith_max_digits", "data.arith_ops", "data.arith_train_size", "data.arith_terms",
                    "data.arith_seed")
-FILE_DATASETS_ONLY = ("data.eval_dataset", "data.problem_key", "data.answer_key")
+FILE_DATASETS_ONLY = ("data.eval_dataset", "data.problem_key", "data.answer_key", "data.split_seed")
 PROMPT_KEYS = ("data.system_prompt", "data.instruction")
 
 
@@ -101,6 +101,8 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
         out.append((PROMPT_KEYS, "with data.dataset=arithmetic (the built-in task has its own prompt format)"))
     else:
         out.append((ARITHMETIC_ONLY, f"with data.dataset={cfg.data.dataset} (the built-in task's)"))
+        if cfg.data.eval_dataset:
+            out.append((("data.split_seed",), "with data.eval_dataset set (no split of the training data)"))
     return out
 
 

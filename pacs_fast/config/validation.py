@@ -284,7 +284,7 @@ def _validate_efficacy(cfg: Config) -> None:
     if cfg.warmup.seed < -1:
         raise ValueError(f"warmup.seed must be >= 0 (or -1 = train.seed), got {cfg.warmup.seed}")
     # the seeds feed numpy (< 2**32) and torch generators (int64, after the sampler's seed * 1,000,003 + epoch)
-    for key in ("train.seed", "warmup.seed", "data.arith_seed"):
+    for key in ("train.seed", "warmup.seed", "data.arith_seed", "data.split_seed"):
         v = _get(cfg, key)
         if not (-1 if key == "warmup.seed" else 0) <= v < 2**32:
             raise ValueError(f"{key} must be in 0..{2**32 - 1}{' (or -1 = train.seed)' if key == 'warmup.seed' else ''}, "

@@ -47,8 +47,9 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
         raise ValueError(f"data.dataset {cfg.data.dataset!r} has no rows")
     if cfg.data.eval_dataset:
         held = load(cfg.data.eval_dataset)[: cfg.data.eval_size]
-    else:  # a seeded held-out split of the training file
-        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.train.seed)).tolist()
+    else:  # a seeded held-out split of the training file: data.split_seed, so that every train.seed trains and
+        # is evaluated on the same problems (their results pair up, as the built-in task's with data.arith_seed)
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.data.split_seed)).tolist()
         n_eval = min(cfg.data.eval_size, len(train) // 5)
         if n_eval == 0:
             raise ValueError(f"data.dataset {cfg.data.dataset!r} has {len(train)} rows: too few to hold out an "
@@ -73,9 +74,20 @@ def _held_out_name(cfg: Config) -> str:
     return f"data.eval_dataset {cfg.data.eval_dataset!r}" if cfg.data.eval_dataset else "the held-out split"
 
 
+def _eval_dataset_size(cfg: Config) -> int:
+    """Problems in ``data.eval_dataset`` (a shipped benchmark's known size, else the file's rows)."""
+    from pacs_fast.data.datasets import BENCHMARK_SIZES, load_dataset
+
+    if cfg.data.eval_dataset in BENCHMARK_SIZES:
+        return BENCHMARK_SIZES[cfg.data.eval_dataset]
+    return len(load_dataset(cfg.data.eval_dataset, problem_field=cfg.data.problem_key, answer_field=cfg.data.answer_key,
+                            field_settings="data.problem_key= / data.answer_key="))
+
+
 def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[str]:
     """Lines about the held-out set a user would want before training: smaller than ``data.eval_size``
-    asked (a short ``data.eval_dataset``, or one row in five of a small ``data.dataset``), and problems
+    asked (a short ``data.eval_dataset``, or one row in five of a small ``data.dataset``), cut to its first
+    ``data.eval_size`` problems (a ``data.eval_dataset`` that holds more: its accuracy is not the set's), and problems
     it shares with the training set (the same file given twice, duplicated rows): its accuracy then
     includes problems the run trains on."""
     lines = []
@@ -87,6 +99,12 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
         why = "its rows" if cfg.data.eval_dataset else f"one row in five of data.dataset's {len(train) + len(held_out)}"
         lines.append(f"{_held_out_name(cfg)} holds {len(held_out)} problem{'s' * (len(held_out) != 1)} ({why}), "
                      f"fewer than data.eval_size={cfg.data.eval_size}")
+    if cfg.data.eval_dataset and len(held_out) == cfg.data.eval_size:
+        whole = _eval_dataset_size(cfg)
+        if whole > len(held_out):
+            lines.append(f"{_held_out_name(cfg)} holds {whole} problems and the run evaluates its first "
+                         f"{len(held_out)} (data.eval_size={cfg.data.eval_size}): eval/acc is not the whole set's; "
+                         f"set data.eval_size={whole} to evaluate every problem")
     from pacs_fast.reward.gold_check import reads_like_prose
 
     prose = [row for row in train + held_out if reads_like_prose(row["answer"])]

@@ -25,7 +25,8 @@ import os
 import time
 from pathlib import Path
 
-from pacs_fast.config import SHIPPED_DATASETS, Config, load_config, parse_override, save_config, to_dict
+from pacs_fast.config import (SHIPPED_DATASETS, Config, load_config, parse_override, read_yaml, save_config,
+                              to_dict)
 from pacs_fast.config.validation import _get
 from pacs_fast.config.dataset_files import absolute_spec, dataset_exists
 from pacs_fast.files import write_text_atomic
@@ -158,12 +159,12 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
         raise ValueError(f"--resume {run_dir}: that is a checkpoint of the run in {run}; resume the run (it "
                          f"continues from its newest intact checkpoint): --resume {run}")
     try:
-        cfg = load_config(saved)
+        cfg = load_run_config(saved)
     except ValueError as e:
         raise ValueError(f"--resume {run_dir}: {CONFIG_FILE} is unreadable or cut ({e}); the copy in the newest "
                          f"checkpoint (checkpoints/step_*/{CONFIG_FILE}) holds the run's config") from None
     if checkpoint is not None and (checkpoint / CONFIG_FILE).is_file():
-        stored = to_dict(load_config(checkpoint / CONFIG_FILE))
+        stored = to_dict(load_run_config(checkpoint / CONFIG_FILE))
         now = to_dict(cfg)
         diff = [f"{s}.{k}" for s in now for k in now[s]
                 if now[s][k] != stored.get(s, {}).get(k) and f"{s}.{k}" not in SAFE_RESUME_KEYS  # (overrides)
@@ -180,9 +181,21 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
             continue
         if key not in SAFE_RESUME_KEYS:
             load_config(None, [text])  # an unknown key or a bad value: that error, naming it
+            if _get(load_run_config(saved, [text]), key) == _get(cfg, key):
+                continue  # the value the run has already: nothing changes
             raise ValueError(f"--resume: {key} cannot change in a resumed run (it would not continue the same "
                              f"training); allowed: {', '.join(sorted(SAFE_RESUME_KEYS))}")
-    return load_config(saved, overrides)
+    return load_run_config(saved, overrides)
+
+
+def load_run_config(path: str | Path, overrides: list[str] | tuple = ()) -> Config:
+    """A run's ``config.yaml`` (:func:`~pacs_fast.config.load_config`); one written before ``data.split_seed``
+    existed gets it set to the run's ``train.seed``, which seeded its held-out split then (the resumed run trains
+    and evaluates on the problems it started with)."""
+    cfg = load_config(path, overrides)
+    if "split_seed" not in (read_yaml(path).get("data") or {}):
+        cfg.data.split_seed = cfg.train.seed
+    return cfg
 
 
 def _gone(path) -> bool:
