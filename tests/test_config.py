@@ -147,3 +147,22 @@ def test_cli_reports_bad_config_before_any_work(capsys):
         main(["algo.bta=1"])
     assert e.value.code == 2
     assert "unknown config key 'algo.bta'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["train.out_dir="], "train.out_dir is empty"),  # wrote the run folder into the current directory
+    (["train.run_name= "], "train.run_name ' ' must be a plain folder name"),
+    (["data.arith_ops=+-+"], "data.arith_ops must be a non-empty subset of '\\+-\\*', each operator once"),
+])
+def test_names_and_operators_a_sweep_found_accepted(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        C.validate(C.load_config(None, overrides))
+
+
+def test_an_unwritable_warm_up_cache_is_named_before_any_work(tmp_path):
+    """warmup.cache_dir on a file was a NotADirectoryError traceback after the data had loaded."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ValueError, match="warmup.cache_dir .* cannot be created: .* is a file"):
+        C.validate(C.load_config(None, [f"warmup.cache_dir={afile / 'sub'}"]))
+    C.validate(C.load_config(None, [f"warmup.cache_dir={tmp_path / 'new' / 'cache'}"]))

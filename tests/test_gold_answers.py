@@ -193,3 +193,17 @@ def test_eval_warns_about_a_files_gold_answers(tmp_path):
     assert lines[1].startswith("1 of 8 gold answers cannot be matched by the verifier") and "'r5': '}'" in lines[1]
     assert gold_warnings(problems, args, sample=6)[1].startswith("1 of 6 gold answers checked cannot")
     assert gold_warnings(load_dataset("math_train", limit=300), args) == []
+
+
+def test_the_built_in_task_says_when_it_has_fewer_problems_than_asked():
+    """data.arith_train_size past the family's distinct problems was capped without a word (1e12 gave the same
+    9,872 problems as the default); the default itself asks for all there are."""
+    cfg = load_config(None, ["data.arith_train_size=50000"])
+    train, held = load_problems(cfg)
+    assert data_warnings(cfg, train, held) == [
+        f"data.arith_train_size=50000 is more than the built-in task has with these settings: it trains on its "
+        f"{len(train)} problems (every distinct one less the held-out ones)"]
+    assert len(train) == 10_000 - 128
+    for over in ([], ["data.arith_train_size=500"]):
+        cfg = load_config(None, over)
+        assert data_warnings(cfg, *load_problems(cfg)) == [], over

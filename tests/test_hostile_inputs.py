@@ -258,7 +258,7 @@ def test_a_str_key_takes_the_text_as_written(word):
     (["data.arith_max_digits=1", "data.eval_size=100"],
      r"^data.eval_size=100 leaves no training problems: .* data.arith_max_digits=1, data.arith_ops='\+' and "
      r"data.arith_terms=2 has 100$"),
-    (["data.arith_max_digits=1", "data.arith_ops=++-", "data.eval_size=200"], r"has 200$"),  # 2 operators
+    (["data.arith_max_digits=1", "data.arith_ops=+-", "data.eval_size=200"], r"has 200$"),  # 2 operators
 ])
 def test_the_built_in_task_sizes_name_their_keys(overrides, match):
     """They were the data module's own words ('train_size must be >= 1 ...'), without the key."""

@@ -63,7 +63,8 @@ class DataConfig:
     shuffle: bool = _f(True, "shuffle the training problems every epoch")
     arith_max_digits: int = _f(2, "built-in task: operands have 1..max_digits digits")
     arith_ops: str = _f("+", "built-in task: operators to draw from (subset of '+-*')")
-    arith_train_size: int = _f(20000, "built-in task: number of training problems")
+    arith_train_size: int = _f(20000, "built-in task: number of training problems (at most the distinct problems "
+                               "less data.eval_size: 9,872 with the default settings)")
     arith_terms: int = _f(2, "built-in task: operands per problem (3 = two-step problems such as 12+7-30)")
     arith_seed: int = _f(0, "built-in task: seed of the problem set and its train/held-out split (fixed, so "
                          "train.seed changes the run, not the problems)")

@@ -126,6 +126,12 @@ def _needs_cuda(cfg: Config) -> str | None:
     return None
 
 
+def warmup_cache_root(cfg: Config) -> Path:
+    """Where warmed-up tiny models are cached: ``warmup.cache_dir``, else ``$PACS_FAST_CACHE``, else
+    ``~/.cache/pacs_fast``."""
+    return Path(cfg.warmup.cache_dir or os.environ.get("PACS_FAST_CACHE") or "~/.cache/pacs_fast").expanduser()
+
+
 def _check_writable(key: str, folder: Path) -> None:
     """ValueError naming ``key`` when ``folder`` (or, where it does not exist yet, its nearest existing
     parent) cannot take a new folder: a file, a read-only mount, no permission. Tried for real (a
@@ -254,7 +260,11 @@ def _validate_paths(cfg: Config) -> None:
         problem = weights_problem(path)
         if problem:
             raise ValueError(f"model.path {cfg.model.path!r}: {problem}; copy the model's weights again")
+    if not cfg.train.out_dir.strip():
+        raise ValueError("train.out_dir is empty: give the folder runs go in ('.' for the current one)")
     _check_writable("train.out_dir", Path(cfg.train.out_dir).expanduser())
+    if not cfg.model.path:  # the built-in tiny model is made (and warmed up) in the cache
+        _check_writable("warmup.cache_dir", warmup_cache_root(cfg))
     for key in ("data.dataset", "data.eval_dataset"):
         value = _get(cfg, key)
         if not value or value in SHIPPED_DATASETS or (key == "data.dataset" and value == "arithmetic"):
@@ -273,8 +283,10 @@ def _validate_paths(cfg: Config) -> None:
     if out.exists() and not out.is_dir():
         raise ValueError(f"train.out_dir {cfg.train.out_dir!r} is a file, not a folder")
     name = cfg.train.run_name
-    if name and (name in (".", "..") or name.startswith(".") or any(c in name for c in '/\\\0')):
-        raise ValueError(f"train.run_name {name!r} must be a plain folder name (no '/', '\\\\', no leading '.')")
+    if name and (name in (".", "..") or name.startswith(".") or any(c in name for c in '/\\\0')
+                 or name != name.strip()):
+        raise ValueError(f"train.run_name {name!r} must be a plain folder name (no '/', '\\\\', no leading '.', "
+                         f"no leading or trailing space)")
 
 
 def _validate_efficacy(cfg: Config) -> None:
@@ -422,8 +434,10 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if cfg.data.dataset == "arithmetic":
         if not 1 <= cfg.data.arith_max_digits <= 9:
             raise ValueError(f"data.arith_max_digits must be in 1..9, got {cfg.data.arith_max_digits}")
-        if not cfg.data.arith_ops or set(cfg.data.arith_ops) - set("+-*"):
-            raise ValueError(f"data.arith_ops must be a non-empty subset of '+-*', got {cfg.data.arith_ops!r}")
+        if (not cfg.data.arith_ops or set(cfg.data.arith_ops) - set("+-*")
+                or len(set(cfg.data.arith_ops)) != len(cfg.data.arith_ops)):
+            raise ValueError(f"data.arith_ops must be a non-empty subset of '+-*', each operator once, got "
+                             f"{cfg.data.arith_ops!r}")
         if cfg.data.arith_train_size < 1:
             raise ValueError(f"data.arith_train_size must be >= 1, got {cfg.data.arith_train_size}")
         # the family's distinct problems (pacs_fast.data.arithmetic draws them)

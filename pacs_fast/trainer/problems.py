@@ -92,6 +92,10 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
     includes problems the run trains on."""
     lines = []
     if cfg.data.dataset == "arithmetic":
+        asked = cfg.data.arith_train_size
+        if len(train) < asked != type(cfg.data)().arith_train_size:  # (the default asks for all there are)
+            lines.append(f"data.arith_train_size={asked} is more than the built-in task has with these settings: "
+                         f"it trains on its {len(train)} problems (every distinct one less the held-out ones)")
         return lines
     from pacs_fast.data.datasets import BENCHMARKS
 

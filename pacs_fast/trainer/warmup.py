@@ -31,8 +31,9 @@ WARMUP_VERSION = 6
 
 
 def cache_root(cfg: Config) -> Path:
-    root = cfg.warmup.cache_dir or os.environ.get("PACS_FAST_CACHE") or "~/.cache/pacs_fast"
-    return Path(root).expanduser()
+    from pacs_fast.config.validation import warmup_cache_root
+
+    return warmup_cache_root(cfg)
 
 
 def warmup_seed(cfg: Config) -> int:
