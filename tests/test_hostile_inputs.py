@@ -178,6 +178,28 @@ def test_a_model_megatron_cannot_build_is_refused_before_the_model_loads(tmp_pat
     check_megatron_model(load_config(None, ["learner.backend=megatron", f"model.path={folder}"]))
 
 
+def test_varlen_attention_a_model_cannot_take_is_refused_before_the_model_loads(tmp_path, capsys):
+    """learner.packed_attention=varlen with a model whose attention it would not reproduce (here Qwen2's
+    sliding windows) was refused at the first packed forward, after the model and the engine had loaded."""
+    from pacs_fast.trainer.preflight import check_packed_attention
+
+    folder = qwen_folder(tmp_path)
+    (folder / "config.json").write_text(json.dumps({**QWEN, **SMALL, "use_sliding_window": True,
+                                                    "sliding_window": 4096, "max_window_layers": 0}))
+    runs = tmp_path / "runs"
+    code, err = cli([f"model.path={folder}", "data.dataset=math500", "learner.packing=on",
+                     "learner.packed_attention=varlen", f"train.out_dir={runs}"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"learner.packed_attention=varlen cannot run model.path={folder}: the model has sliding-window" in err, err
+    assert not runs.exists()
+    for ok in (["learner.packed_attention=auto"], ["learner.packing=off"], ["model.attention=flash_attention_2"]):
+        check_packed_attention(load_config(None, [f"model.path={folder}", "learner.packing=on",
+                                                  "learner.packed_attention=varlen", *ok]))  # (the last one wins)
+    (folder / "config.json").write_text(json.dumps({**QWEN, **SMALL}))
+    check_packed_attention(load_config(None, [f"model.path={folder}", "learner.packing=on",
+                                              "learner.packed_attention=varlen"]))
+
+
 def test_a_model_folder_without_tokenizer_files(tmp_path, capsys):
     folder = qwen_folder(tmp_path, tokenizer=False)
     code, err = cli([f"model.path={folder}", "data.dataset=math500", f"train.out_dir={tmp_path / 'runs'}"], capsys)

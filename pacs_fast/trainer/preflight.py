@@ -186,6 +186,32 @@ def check_megatron_model(cfg) -> None:
                          f"learner.backend=torch trains it") from None
 
 
+def check_packed_attention(cfg) -> None:
+    """ValueError naming ``learner.packed_attention=varlen`` when the model's ``config.json`` says varlen attention
+    would not be its exact attention (:func:`pacs_fast.ops.varlen_attention.unsupported`: another family, sliding
+    windows, attention dropout, flex attention), before the model loads; it was refused at the first packed
+    forward, after the model and the engine had loaded. Flash-attention models take their own varlen path."""
+    lc = cfg.learner
+    if lc.backend != "torch" or lc.packing == "off" or lc.packed_attention != "varlen" or not cfg.model.path:
+        return
+    from pacs_fast.ops.varlen_attention import FLASH, unsupported
+
+    folder = Path(cfg.model.path).expanduser()
+    if cfg.model.attention in FLASH or not (folder / "config.json").is_file():
+        return
+    from transformers import AutoConfig
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
+        return
+    why = unsupported(config)
+    if why is None and cfg.model.attention.startswith("flex"):
+        why = f"the model's attention is {cfg.model.attention}"
+    if why:
+        raise ValueError(f"learner.packed_attention=varlen cannot run model.path={cfg.model.path}: {why}; use "
+                         f"learner.packed_attention=dense or auto")
+
+
 def model_context(cfg, model_path) -> int | None:
     """Tokens one sequence (prompt + response) may hold in the run's rollout engine, before any
     model loads; None when unknown. ``rollout.engine=vllm``: the ``max_model_len`` vLLM derives for

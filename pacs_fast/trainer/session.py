@@ -29,8 +29,8 @@ from pacs_fast.trainer.correction import correction_warnings
 from pacs_fast.trainer.evaluation import eval_line, evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
-from pacs_fast.trainer.preflight import (check_cpus, check_megatron_model, check_memory, check_tensor_parallel,
-                                         memory_warnings, model_context)
+from pacs_fast.trainer.preflight import (check_cpus, check_megatron_model, check_memory, check_packed_attention,
+                                         check_tensor_parallel, memory_warnings, model_context)
 from pacs_fast.trainer.problems import (check_context, check_gold_answers, check_token_budget, data_digest,
                                         data_warnings, encode, load_problems)
 from pacs_fast.trainer.rewards import Scorer, check_callables
@@ -99,6 +99,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool) -> Session:
         check_trackers(cfg)  # a missing tracker library or W&B login, likewise
         check_tensor_parallel(cfg)  # so is a tensor-parallel size megatron cannot shard the model over
         check_megatron_model(cfg)  # and a model megatron's builder cannot reproduce
+        check_packed_attention(cfg)  # or learner.packed_attention=varlen cannot run
         if not resume:
             check_new_run_dir(run_dir)
         quiet_warnings(cfg, is_main=True)  # megatron's import-time notes
