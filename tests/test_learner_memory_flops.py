@@ -24,7 +24,8 @@ def test_activation_bytes_per_token_by_hand():
     assert memory_model.activation_bytes_per_token(TINY, recompute=True) == 2 * 2 * 8 + layer + final
     assert memory_model.activation_bytes_per_token(TINY, tp=2) == 2 * (96 + (64 + 128 + 8) / 2) + final
     # eager attention keeps a S (4 + b) more per token per layer
-    assert memory_model.activation_bytes_per_token(TINY, attention="eager", longest=10) == 2 * (layer + 2 * 10 * 6) + final
+    eager = memory_model.activation_bytes_per_token(TINY, attention="eager", longest=10)
+    assert eager == 2 * (layer + 2 * 10 * 6) + final
     assert memory_model.dense_mask_bytes(TINY, 25, 10) == 3 * 100 * (1 + 2 * 2)
 
 

@@ -389,8 +389,9 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     name = cfg.algo.name
     if G < 1:
         raise ValueError(f"rollout.n must be >= 1, got {G}")
+    # PACS's scores that need a group: algorithms.pacs.GROUP_SCORES (a layer above)
     needs_group = (name in ("grpo", "rloo", "dr_grpo", "gspo", "cispo")
-                   or (name == "pacs" and cfg.algo.score in ("rloo", "grpo", "dr_grpo")))  # algorithms.pacs.GROUP_SCORES
+                   or (name == "pacs" and cfg.algo.score in ("rloo", "grpo", "dr_grpo")))
     if needs_group and G < 2:
         what = f"algo.score={cfg.algo.score}" if name == "pacs" else f"algo.name={name}"
         raise ValueError(f"rollout.n must be >= 2 for {what} (group-relative baselines need several responses "

@@ -87,13 +87,14 @@ def _eval_dataset_size(cfg: Config) -> int:
 def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[str]:
     """Lines about the held-out set a user would want before training: smaller than ``data.eval_size``
     asked (a short ``data.eval_dataset``, or one row in five of a small ``data.dataset``), cut to its first
-    ``data.eval_size`` problems (a ``data.eval_dataset`` that holds more: its accuracy is not the set's), and problems
-    it shares with the training set (the same file given twice, duplicated rows): its accuracy then
-    includes problems the run trains on."""
+    ``data.eval_size`` problems (a ``data.eval_dataset`` that holds more: its accuracy is not the set's), and
+    problems it shares with the training set (the same file given twice, duplicated rows): its accuracy then
+    includes problems the run trains on; for the built-in task, a ``data.arith_train_size`` it cannot give."""
     lines = []
     if cfg.data.dataset == "arithmetic":
         asked = cfg.data.arith_train_size
-        if len(train) < asked != type(cfg.data)().arith_train_size:  # (the default asks for all there are)
+        default = type(cfg.data)().arith_train_size  # (more than the default family has: it asks for all there are)
+        if len(train) < asked and asked != default:
             lines.append(f"data.arith_train_size={asked} is more than the built-in task has with these settings: "
                          f"it trains on its {len(train)} problems (every distinct one less the held-out ones)")
         return lines
