@@ -53,3 +53,17 @@ def test_a_run_prints_it_once(tmp_path, capsys, warm_cache):
           "train.tensorboard=false", "model.tiny_hidden_size=64", "model.tiny_num_layers=1"])
     out = capsys.readouterr()
     assert (out.out + out.err).count("warning: algo.score=grpo divides by the std") == 1, (out.out + out.err)[-2000:]
+
+
+@pytest.mark.parametrize("overrides,warned", [
+    (["algo.name=gspo", "algo.clip_high=0.28"], True),  # a DAPO config's clip_high, GSPO's default clip_low 3e-4
+    (["algo.name=gspo", "algo.clip_low=0.2"], True),
+    (["algo.name=gspo"], False),
+    (["algo.name=gspo", "algo.clip_low=0.2", "algo.clip_high=0.28"], False),  # odd for GSPO, but of one scale
+    (["algo.name=grpo", "algo.clip_high=0.28"], False),
+])
+def test_a_lopsided_gspo_clip_range_is_named(overrides, warned):
+    lines = hazard_warnings(load_config(None, overrides))
+    assert bool(lines) == warned, lines
+    if warned:
+        assert lines[0].startswith("algo.clip_low=") and "with algo.name=gspo" in lines[0]

@@ -6,6 +6,10 @@ policy equal to its reference (``r = 0`` in every group, ``algo.ref=rollout``; a
 ``ref=fixed``): there the gradient is ``(delta_ij - 1/G) / 1e-6``. Measured on the built-in task: gradient
 norms of 1.8e6-3.2e6 a step against 3.6-6.0 with ``rloo``, so ``learner.grad_clip`` sets the update's size and
 the eps its direction.
+
+``algo.name=gspo`` with one clip bound of GSPO's scale (its defaults 3e-4 / 4e-4, which a bound nobody set takes)
+and the other of a token ratio's (a config's ``algo.clip_high=0.28`` for DAPO carries over to a GSPO arm of an
+experiment): a sequence ratio range such as [1 - 3e-4, 1.28], lopsided by three orders of magnitude.
 """
 from __future__ import annotations
 
@@ -21,4 +25,10 @@ def hazard_warnings(cfg: Config) -> list[str]:
                    "the proxies equal (the policy is its reference): gradients of ~1e6 (learner/grad_norm), so "
                    "learner.grad_clip sets the update's size and the 1e-6 its direction; algo.score=rloo (the "
                    "default) has no such point")
+    lo, hi = a.clip_low, a.clip_high
+    if a.name == "gspo" and min(lo, hi) > 0 and max(lo, hi) / min(lo, hi) > 100:
+        apart = max(lo, hi) / min(lo, hi)
+        out.append(f"algo.clip_low={lo:g} and algo.clip_high={hi:g} with algo.name=gspo are {apart:.0f}x apart: "
+                   f"GSPO's sequence ratio takes clips of its own scale (3e-4 / 4e-4, the defaults a bound nobody "
+                   f"set takes); set both, e.g. algo.clip_low=3e-4 algo.clip_high=4e-4")
     return out
