@@ -82,3 +82,40 @@ def test_vllm_engine_and_data_parallel_megatron_one_step_stale_then_resume(tmp_p
     assert [r["step"] for r in recs] == list(range(1, 7))  # every step once
     assert [r["rollout/staleness"] for r in recs[4:]] == [0, 1]  # step 5 regenerated from the step-4 policy
     assert recs[4]["rollout/logprob_diff_max"] <= FP32_LOGPROB_TOL  # the engine got the checkpoint's weights
+
+
+def _records(run, kind):
+    skip = ("time/", "perf/", "rollout/generating_ranks", "rollout/staleness", "rollout/policy_version")
+    return [{k: v for k, v in r.items() if not k.startswith(skip)}
+            for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == kind]
+
+
+# rewards mixed (label noise) and two epochs: the step-2 policy ends some responses early, so that two engines
+# sampling differently give different evaluations (the built-in model alone answers at full length here)
+EVAL_PAIR = ["rollout.engine=vllm", "learner.backend=megatron", "rollout.gpu_memory_utilization=0.05",
+             "data.arith_ops=+", "data.arith_max_digits=1", "data.eval_size=4", "rollout.n=2", "rollout.eval_n=1",
+             "rollout.max_new_tokens=6", "train.prompts_per_step=4", "learner.mini_batch_prompts=4",
+             "learner.micro_batch_prompts=1", "warmup.steps=200", "warmup.batch_size=32", "model.tiny_hidden_size=64",
+             "model.tiny_num_layers=1", "learner.lr=3e-3", "algo.entropy_coef=0.05", "learner.epochs=2",
+             "reward.noise_fp=0.3", "train.eval_every=0", "train.save_every=2", "train.steps=2", "train.progress=false",
+             "train.plots=false", "train.tensorboard=false"]
+
+
+@pytest.mark.timeout(300)
+def test_lockstep_vllm_engine_evaluates_as_the_one_process_run(tmp_path, warm_cache):
+    """K=0 with one vLLM engine process and a megatron learner process gives the one-process vLLM run's
+    records, the evaluations included: the held-out prompts go to the engine ranks. They had been generated
+    by an HF copy of the model on every learner process (a memory cost beside a sharded learner), with other
+    samples than the run's engine (a sweep of 2026-11-29: eval/response_length 5.75 against 5.25)."""
+    common = EVAL_PAIR + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}"]
+    torchrun(1, common + ["train.run_name=one"])
+    torchrun(2, common + ["train.run_name=two", "rollout.ranks=1", "rollout.max_staleness=0"])
+    for kind in ("train", "eval"):
+        one, two = _records(tmp_path / "one", kind), _records(tmp_path / "two", kind)
+        assert [r["step"] for r in one] == [r["step"] for r in two] == ([1, 2] if kind == "train" else [0, 2])
+        for a, b in zip(one, two):
+            for key in a.keys() & b.keys():
+                same = a[key] == b[key] if not isinstance(b[key], float) else \
+                    a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9, nan_ok=True)
+                assert same, (kind, a["step"], key, a[key], b[key])
+    assert _records(tmp_path / "one", "eval")[-1]["eval/response_length"] < 6  # the evaluation can tell engines apart

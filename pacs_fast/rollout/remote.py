@@ -66,6 +66,7 @@ class RemoteEngines:
         self.bucket_bytes = int(bucket_bytes)
         self._pending: deque = deque()  # (work, buffer) of sends not yet taken
         self._asked: dict[int, list[tuple[int, int]]] = {}  # step -> [(answering rank, number of prompts)]
+        self._early: dict[tuple[int, int], dict] = {}  # (rank, step) -> a reply received while waiting for another
 
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         self._pending.append((self.bridge.send([tensor], dst, tag), tensor))
@@ -98,11 +99,22 @@ class RemoteEngines:
             self._asked[step].append((e[0], b - a))
         self._prune()
 
+    def _reply(self, rank: int, step: int) -> dict:
+        """Engine ``rank``'s reply to request ``step``: an engine answers in the order it was asked, so the
+        replies to earlier requests that come first are kept for their own :meth:`collect`."""
+        while (rank, step) not in self._early:
+            _, reply = _recv_obj(self.bridge, rank, TAG_REPLY_HEAD, TAG_REPLY_BODY)
+            if reply["step"] not in self._asked and reply["step"] != step:
+                raise RuntimeError(f"engine rank {rank} answered step {reply['step']}, which was not asked")
+            self._early[(rank, reply["step"])] = reply
+        return self._early.pop((rank, step))
+
     def collect(self, step: int) -> tuple[list[list[Completion]], int]:
-        """``(completions per prompt, policy version)`` of ``step`` (the oldest version among the engines)."""
+        """``(completions per prompt, policy version)`` of ``step`` (the oldest version among the engines).
+        Requests may be collected in any order (an evaluation's before the batches in flight)."""
         comps, versions = [], []
         for r, n in self._asked.pop(step):
-            _, reply = _recv_obj(self.bridge, r, TAG_REPLY_HEAD, TAG_REPLY_BODY)
+            reply = self._reply(r, step)
             if reply["step"] != step or len(reply["completions"]) != n:
                 raise RuntimeError(f"engine rank {r} answered step {reply['step']} with {len(reply['completions'])} "
                                    f"prompts; expected step {step} with {n}")

@@ -27,8 +27,10 @@ its groups) are in every record and ``samples.jsonl`` row. With ``K = 0`` the en
 only after update ``t - 1``: the synchronous schedule on separate processes, with the same results as
 the one-process loop.
 
-Evaluation runs on the learner's processes with the HF engine (on the torch learner's live policy,
-or synced from megatron's). Checkpoints store the sampler position after the last *trained* step's
+Evaluation: with vLLM engines the held-out prompts go to the engine ranks like a batch, after the
+weights of the step they evaluate (:class:`EngineRanksEval`: no learner process holds a model copy
+for it, and the records equal the one-process vLLM run's); with HF engines it runs on the learner's
+processes (on the torch learner's live policy, or an HF copy synced from megatron's). Checkpoints store the sampler position after the last *trained* step's
 prompts, so ``--resume`` trains every step once: the batches in flight at the stop are dropped and
 regenerated from the checkpoint's policy (those first steps then have staleness 0; the log says how
 many were in flight).
@@ -41,6 +43,7 @@ from pathlib import Path
 
 from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
+from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams
 from pacs_fast.rollout.remote import RemoteEngines, serve
 from pacs_fast.trainer.loop import (TrainingStopped, evaluate_and_report, evaluate_unless_reported, finish,
                                    log_samples, reset_reference_if_due, save)
@@ -146,23 +149,62 @@ class RemoteRounds:
                 self.engines.collect(index)
 
 
+class EngineRanksEval(RolloutEngine):
+    """The evaluation engine of an asynchronous run with vLLM engines, on every learner process: the driver
+    sends the held-out prompts to the engine ranks (behind the weights of the step being evaluated, which
+    they apply first) and hands the completions to the other learner processes. Seeds as a one-process
+    engine's (:meth:`RemoteEngines.generate` offsets each engine's share), so the evaluation is the
+    synchronous run's."""
+
+    generates_for_every_rank = True  # pacs_fast.trainer.evaluation.evaluate: the whole set, not a share
+
+    def __init__(self, engines: RemoteEngines | None, world):
+        self.engines, self.world, self.requests = engines, world, 0
+
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        self.requests += 1
+        comps = None
+        if self.engines:
+            key = -self.requests  # (generation batches are numbered from 1)
+            self.engines.generate(key, prompt_token_ids, params)
+            comps, _ = self.engines.collect(key)
+        return self.world.broadcast(comps)
+
+    def sync_weights(self, named_tensors) -> None:  # the loop pushes every update to the engines
+        pass
+
+
 def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool = False) -> dict:
     """The learner's loop (see the module docstring) on every learner process; returns the summary."""
     t_start = time.perf_counter()
     tp = cfg.rollout.tp_size
     groups = [roles.engine_ranks[i:i + tp] for i in range(0, len(roles.engine_ranks), tp)]
     engines = RemoteEngines(roles.bridge, groups) if roles.is_driver else None  # the driver's alone
+    ready = []
+
+    def setup_engines(model_path, tokenizer):
+        from pacs_fast.trainer.build import generate_batch
+
+        if engines:
+            engines.setup({"model_path": str(model_path), "vocab_size": len(tokenizer),
+                           "batch_size": generate_batch(cfg)})
+        ready.append(True)
+
+    def engine_ranks_eval(model_path, tokenizer, world):  # the step-0 evaluation needs the engines set up
+        setup_engines(model_path, tokenizer)
+        return EngineRanksEval(engines, world), (lambda: None)
+
     try:
-        s = start(cfg, run_dir, resume=resume)
+        s = start(cfg, run_dir, resume=resume,
+                  engine_builder=engine_ranks_eval if cfg.rollout.engine == "vllm" else None)
     except BaseException:
         if engines:
             engines.close(wait=False)  # the engines wait for their setup: let them go
         raise
     s.t_start = t_start
     world, K = s.world, cfg.rollout.max_staleness
-    if engines:
-        engines.setup({"model_path": str(s.model_path), "vocab_size": len(s.tokenizer),
-                       "batch_size": getattr(s.engine, "batch_size", 64)})
+    if not ready:
+        setup_engines(s.model_path, s.tokenizer)
     version = s.start_step
     if s.start_step:  # resumed: the engines start from the checkpoint's policy
         weights = s.learner.export_hf_weights()  # collective over megatron's tensor-parallel group

@@ -91,8 +91,9 @@ def build_engine(cfg: Config, model_path: Path, learner: Learner, live_model, to
     runs one engine per tensor-parallel group inside these processes (``external_launcher``; engine
     TP = learner TP), synced a bucket of layers at a time gathered inside the TP group only; the HF
     engine holds a full copy per rank. The HF engine of a one-process run shares the torch
-    learner's live model (no copy, no sync), as does the learner's engine of an asynchronous run
-    (``rollout.ranks``: there it only evaluates; the rollouts come from the engine ranks).
+    learner's live model (no copy, no sync), as does the learner's engine of an asynchronous run with HF
+    engines (``rollout.ranks``: there it only evaluates; the rollouts come from the engine ranks; with vLLM
+    engines the evaluation goes to them too: :class:`pacs_fast.trainer.async_loop.EngineRanksEval`).
     ``model.lm_head_fp32`` gives every engine the fp32 LM head."""
     head = dict(lm_head_fp32=cfg.model.lm_head_fp32)
     if cfg.rollout.engine == "vllm" and not cfg.rollout.ranks:

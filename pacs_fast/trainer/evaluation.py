@@ -43,10 +43,14 @@ def evaluate_share(cfg: Config, engine, scorer: Scorer, problems: list[dict], of
 
 def evaluate(cfg: Config, engine, scorer: Scorer, problems: list[dict], world) -> dict:
     """Held-out metrics (``eval/acc``: mean reward of ``eval_n`` samples per problem; ``pass@n``;
-    greedy accuracy; mean response length), the same on every rank. Collective."""
+    greedy accuracy; mean response length), the same on every rank. Collective. An engine that
+    ``generates_for_every_rank`` (the engine ranks of an asynchronous run) takes the whole set at once."""
     t0 = time.perf_counter()
-    mine, offset = world.split(problems)
-    parts = world.gather_dp(evaluate_share(cfg, engine, scorer, mine, offset))
+    if getattr(engine, "generates_for_every_rank", False):
+        parts = [evaluate_share(cfg, engine, scorer, problems, 0)]
+    else:
+        mine, offset = world.split(problems)
+        parts = world.gather_dp(evaluate_share(cfg, engine, scorer, mine, offset))
     rewards = [r for p in parts for r in p["rewards"]]
     per_problem = np.asarray(rewards).reshape(len(problems), cfg.rollout.eval_n)
     out = {"eval/acc": float(np.mean(rewards)), "eval/pass@n": float((per_problem.max(1) > 0.5).mean()),
