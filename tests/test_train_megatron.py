@@ -178,9 +178,17 @@ def test_two_data_parallel_ranks_reproduce_one_process(tmp_path, warm_cache):
     common = [a for a in TINY if not a.startswith(("learner.tp_size", "algo.ref", "algo.reset_every",
                                                     "learner.mini_batch_prompts"))] + [
         "learner.tp_size=1", "learner.mini_batch_prompts=4", "train.steps=2", "train.save_every=0", f"train.out_dir={tmp_path}",
-        f"warmup.cache_dir={warm_cache}", "train.tensorboard=false"]
+        f"warmup.cache_dir={warm_cache}", "train.tensorboard=false", "train.log_samples=12"]
     torchrun(common + ["train.run_name=one"], nproc=1)
     torchrun(common + ["train.run_name=two"], nproc=2)
+    # samples.jsonl: the step's first 12 of 16 rows, 8 of them in data-parallel group 0's share (it held only those)
+    samples = [read_jsonl(tmp_path / name / "samples.jsonl", raw=True) for name in ("one", "two")]
+    assert [(r["step"], r["row"]) for r in samples[0]] == [(r["step"], r["row"]) for r in samples[1]] \
+        == [(step, row) for step in (1, 2) for row in range(12)]
+    for a, b in zip(*samples):
+        assert {k: a[k] for k in ("prompt", "response", "answer", "reward")} == \
+            {k: b[k] for k in ("prompt", "response", "answer", "reward")}
+        assert b["psi"] == pytest.approx(a["psi"], rel=1e-4, abs=1e-6)
     one, two = (deterministic_view(read_jsonl(tmp_path / name / "metrics.jsonl")) for name in ("one", "two"))
     assert [(r["kind"], r["step"]) for r in one] == [(r["kind"], r["step"]) for r in two]
     assert [r["kind"] for r in one].count("train") == 2

@@ -91,7 +91,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             record["rollout/generating_ranks"] = world.count(any(len(c.token_ids) for cs in comps for c in cs))
             if s.logger:
                 s.logger.log("train", step, record)
-                log_samples(s, step, problems, comps, rewards, terms)
+            log_samples(s, step, problems, comps, rewards, terms)  # (collective with data parallelism)
             s.progress.update(step, f"reward {record['reward/mean']:.2f}  held-out {last_eval['eval/acc']:.2f}  "
                                     f"{tm['time/step']:.1f}s/step")
 
@@ -131,12 +131,21 @@ def reset_reference_if_due(cfg: Config, learner, step: int) -> bool:
 
 
 def log_samples(s: Session, step: int, problems, comps, rewards, terms, extra: dict | None = None) -> None:
-    """A few rollouts of the step into ``samples.jsonl`` (each row with ``extra``'s fields) and
-    TensorBoard text (rank 0)."""
-    if not s.cfg.train.log_samples:
+    """The step's first ``train.log_samples`` rollouts into ``samples.jsonl`` (each row with ``extra``'s
+    fields) and TensorBoard text (rank 0). Collective with data parallelism: each group holds its share of
+    the step's rows (the first group's first), so they are gathered, numbered as one process numbers them;
+    rank 0's share alone held fewer rows than asked (4 of 8 on two ranks)."""
+    k = s.cfg.train.log_samples
+    if not k or (s.world.dp == 1 and not s.logger):
         return
-    rows = [{**r, **(extra or {})} for r in sample_rows(step, s.tokenizer, problems, comps, rewards, terms,
-                                                           s.cfg.train.log_samples)]
+    rows = sample_rows(step, s.tokenizer, problems, comps, rewards, terms, k)
+    if s.world.dp > 1:
+        rows, shares = [], s.world.gather_dp(rows)
+        for share in shares:  # the shares in data-parallel order: a row's number counts the groups' rows before it
+            rows += [{**r, "row": r["row"] + len(rows)} for r in share][:k - len(rows)]
+    if not s.logger:
+        return
+    rows = [{**r, **(extra or {})} for r in rows]
     s.folder.append_samples(rows)
     s.logger.log_samples(step, rows)
     s.logger.log_text("samples", step, "\n\n".join(f"**reward {r['reward']:g}** `{r['prompt']}` → `{r['response']}`"
