@@ -126,6 +126,34 @@ def test_a_run_from_another_runs_checkpoint_writes_checkpoints_it_can_resume(fin
     assert [r["step"] for r in read_jsonl(tmp_path / "stage2" / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3]
 
 
+def test_a_resume_on_another_number_of_data_parallel_groups_says_it_trains_otherwise(finished, tmp_path, capsys):
+    """A checkpoint records its data-parallel groups; resumed on another number with several mini-batches per
+    step (each group draws from its own share), the run warns that the steps that follow differ (a sweep of
+    2026-11-29: 2 -> 1 process, 18 values of steps 3-4 differed, without a word)."""
+    run = copy_run(finished, tmp_path)
+    import torch
+
+    ckpt = run / "checkpoints" / "step_000004"
+    assert json.loads((ckpt / "trainer_state.json").read_text())["data_parallel"] == 1
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    torch.save({**state, "data_parallel": 2}, ckpt / "trainer_state.pt")  # as if trained on two groups
+    manifest = json.loads((ckpt / "manifest.json").read_text())  # (it holds every file's size)
+    manifest["files"]["trainer_state.pt"] = (ckpt / "trainer_state.pt").stat().st_size
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    code, out, err = cli(["--resume", str(run), "train.steps=5"], capsys)
+    assert code == 0, err
+    assert ("warning: the run trained on 2 data-parallel groups and resumes on 1: with learner.mini_batch_prompts=2 "
+            "< train.prompts_per_step=4 each group draws its mini-batches from its own share") in out, out
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.session import layout_change_warning
+    one_step = load_config(None, ["train.prompts_per_step=4", "learner.mini_batch_prompts=4"])
+    assert layout_change_warning(one_step, 2, 1) is None  # one optimiser step per step: the same training
+    assert layout_change_warning(one_step, None, 1) is None  # a checkpoint from before the key
+    assert "rollout.filter_groups=true" in layout_change_warning(
+        load_config(None, ["train.prompts_per_step=4", "learner.mini_batch_prompts=4", "rollout.filter_groups=true"]),
+        1, 2)
+
+
 def test_resume_accepts_a_safe_override_and_continues(finished, tmp_path, capsys):
     run = copy_run(finished, tmp_path)
     code, _, err = cli(["--resume", str(run), "train.steps=5"], capsys)

@@ -181,7 +181,8 @@ def save(s: Session, step: int, sampler_state: dict | None = None) -> None:
     where the sampler stood after step ``step``'s prompts, when it has run ahead (default: now)."""
     t0 = time.perf_counter()
     state = {"sampler": sampler_state or s.sampler.state_dict(), "initial_eval": s.initial_eval,
-             "batches": s.batches, "wall_time_s": s.wall_time(), "data_sha1": s.data_sha1}
+             "batches": s.batches, "wall_time_s": s.wall_time(), "data_sha1": s.data_sha1,
+             "data_parallel": s.world.dp}  # (a resume on another number of groups trains otherwise: session)
     if hasattr(s.scorer, "state_dict"):
         state["scorer"] = s.scorer.state_dict()
     try:

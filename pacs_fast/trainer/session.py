@@ -209,6 +209,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
             raise SetupError(f"--resume {run_dir}: {e}; restore data.dataset as it was") from e
         if "scorer" in state and hasattr(s.scorer, "load_state_dict"):
             s.scorer.load_state_dict(state["scorer"])
+        line = layout_change_warning(cfg, state.get("data_parallel"), world.dp)
+        if line:
+            log(f"warning: {line}")
         s.sync()
         log(f"resumed from {ckpt} (step {s.start_step})")
     progress.update(s.start_step, "")
@@ -226,6 +229,22 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
             s.logger.log("eval", 0, s.initial_eval)
         log(eval_line(0, s.initial_eval))
     return s
+
+
+def layout_change_warning(cfg: Config, before: int | None, now: int) -> str | None:
+    """The line for a resume on another number of data-parallel groups than the checkpoint's (``before``;
+    None: a checkpoint that did not record it) where that changes the training that follows: with several
+    mini-batches per step or dynamic sampling each group draws from its own share of the step."""
+    if before is None or before == now:
+        return None
+    mini, per_step = cfg.learner.mini_batch_prompts, cfg.train.prompts_per_step
+    if mini >= per_step and not cfg.rollout.filter_groups:
+        return None  # one optimiser step per step: the layout gives the same training (README)
+    why = (f"learner.mini_batch_prompts={mini} < train.prompts_per_step={per_step}" if mini < per_step
+           else "rollout.filter_groups=true")
+    return (f"the run trained on {before} data-parallel group{'s' * (before != 1)} and resumes on {now}: with "
+            f"{why} each group draws its mini-batches from its own share of the step, so the steps from here "
+            f"differ from an uninterrupted run (resume on {before} to continue it exactly)")
 
 
 def _stop_ids(model_path, tokenizer) -> list[int]:
