@@ -170,6 +170,8 @@ def test_staleness_bound_and_resume_after_sigkill(tmp_path, warm_cache):
     (["rollout.ranks=3", "rollout.engine=vllm", "rollout.tp_size=2"], 4,
      "rollout.ranks=3 must be a multiple of rollout.tp_size=2"),
     (["rollout.ranks=2", "rollout.tp_size=2"], 3, "rollout.tp_size=2 needs rollout.engine=vllm"),
+    # the engine first: "rollout.ranks=1 must be a multiple of rollout.tp_size=2" named the wrong fix
+    (["rollout.ranks=1", "rollout.tp_size=2"], 2, "rollout.tp_size=2 needs rollout.engine=vllm"),
     (["rollout.tp_size=2"], 1, "rollout.tp_size=2 applies with rollout.ranks"),
     (["rollout.ranks=1", "learner.backend=megatron", "learner.tp_size=2"], 4,
      r"learner.tp_size=2 must divide the learner's processes \(3"),

@@ -204,10 +204,10 @@ def _validate_async(cfg: Config, world: int) -> None:
         raise ValueError(f"rollout.ranks={R} with learner.backend=torch needs {R + 1} processes (the learner is one "
                          f"process), this launch has {world} (WORLD_SIZE): torchrun --nproc_per_node {R + 1}, or "
                          f"learner.backend=megatron for a learner on several")
-    if R % T:
-        raise ValueError(f"rollout.ranks={R} must be a multiple of rollout.tp_size={T} (one engine per {T} processes)")
     if T > 1 and cfg.rollout.engine != "vllm":
         raise ValueError(f"rollout.tp_size={T} needs rollout.engine=vllm (an HF engine is one process)")
+    if R % T:
+        raise ValueError(f"rollout.ranks={R} must be a multiple of rollout.tp_size={T} (one engine per {T} processes)")
     engines = R // T
     if cfg.train.prompts_per_step % engines:
         raise ValueError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the number of "
