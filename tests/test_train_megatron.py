@@ -178,9 +178,11 @@ def test_two_data_parallel_ranks_reproduce_one_process(tmp_path, warm_cache):
     common = [a for a in TINY if not a.startswith(("learner.tp_size", "algo.ref", "algo.reset_every",
                                                     "learner.mini_batch_prompts"))] + [
         "learner.tp_size=1", "learner.mini_batch_prompts=4", "train.steps=2", "train.save_every=0", f"train.out_dir={tmp_path}",
-        f"warmup.cache_dir={warm_cache}", "train.tensorboard=false", "train.log_samples=12"]
-    torchrun(common + ["train.run_name=one"], nproc=1)
-    torchrun(common + ["train.run_name=two"], nproc=2)
+        f"warmup.cache_dir={warm_cache}", "train.tensorboard=false", "train.log_samples=12",
+        "learner.distributed_optimizer=true"]  # (the same updates, sharded over two groups; nothing to shard in one)
+    idle = "warning: learner.distributed_optimizer=True has no effect with one data-parallel group"
+    assert idle in torchrun(common + ["train.run_name=one"], nproc=1)
+    assert idle not in torchrun(common + ["train.run_name=two"], nproc=2)
     # samples.jsonl: the step's first 12 of 16 rows, 8 of them in data-parallel group 0's share (it held only those)
     samples = [read_jsonl(tmp_path / name / "samples.jsonl", raw=True) for name in ("one", "two")]
     assert [(r["step"], r["row"]) for r in samples[0]] == [(r["step"], r["row"]) for r in samples[1]] \
