@@ -67,3 +67,18 @@ def test_a_lopsided_gspo_clip_range_is_named(overrides, warned):
     assert bool(lines) == warned, lines
     if warned:
         assert lines[0].startswith("algo.clip_low=") and "with algo.name=gspo" in lines[0]
+
+
+@pytest.mark.parametrize("per_step,mini,warned", [
+    (37, None, True),   # a mini-batch of 1: 37 optimiser steps per rollout batch, silently (a sweep of 2026-11-29)
+    (70, None, True),   # 14: 5 steps
+    (64, None, False),  # 32: 2 steps
+    (160, None, False),  # 32: 5 steps of the default size, as asked
+    (37, 37, False),
+])
+def test_many_optimiser_steps_from_a_small_mini_batch_are_named(per_step, mini, warned):
+    overrides = [f"train.prompts_per_step={per_step}"] + ([f"learner.mini_batch_prompts={mini}"] if mini else [])
+    lines = [line for line in hazard_warnings(load_config(None, overrides)) if "optimiser steps" in line]
+    assert bool(lines) == warned, lines
+    if warned:
+        assert lines[0].startswith("learner.mini_batch_prompts=") and f"e.g. {per_step} for one step" in lines[0]

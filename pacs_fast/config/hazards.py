@@ -10,6 +10,10 @@ the eps its direction.
 ``algo.name=gspo`` with one clip bound of GSPO's scale (its defaults 3e-4 / 4e-4, which a bound nobody set takes)
 and the other of a token ratio's (a config's ``algo.clip_high=0.28`` for DAPO carries over to a GSPO arm of an
 experiment): a sequence ratio range such as [1 - 3e-4, 1.28], lopsided by three orders of magnitude.
+
+More than 4 optimiser steps per rollout batch from a mini-batch under 32 groups: what a prompt count with no
+divisor near 32 gives when ``learner.mini_batch_prompts`` is not set (``train.prompts_per_step=37``: 37 steps of
+one group, each further off-policy than the last).
 """
 from __future__ import annotations
 
@@ -25,6 +29,11 @@ def hazard_warnings(cfg: Config) -> list[str]:
                    "the proxies equal (the policy is its reference): gradients of ~1e6 (learner/grad_norm), so "
                    "learner.grad_clip sets the update's size and the 1e-6 its direction; algo.score=rloo (the "
                    "default) has no such point")
+    mini, per_step = cfg.learner.mini_batch_prompts, cfg.train.prompts_per_step
+    if mini < 32 and per_step // mini > 4:
+        out.append(f"learner.mini_batch_prompts={mini} makes {per_step // mini} optimiser steps per rollout batch of "
+                   f"train.prompts_per_step={per_step} (unset, it is the largest divisor up to 32), each further "
+                   f"off-policy than the last; set learner.mini_batch_prompts (e.g. {per_step} for one step)")
     lo, hi = a.clip_low, a.clip_high
     if a.name == "gspo" and min(lo, hi) > 0 and max(lo, hi) / min(lo, hi) > 100:
         apart = max(lo, hi) / min(lo, hi)

@@ -203,23 +203,15 @@ def _largest_divisor(n: int, cap: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0) if n >= 1 else cap
 
 
-def _nearest_divisor(n: int, target: int) -> int:
-    """The divisor of ``n`` nearest ``target`` by ratio (the smaller on a tie); ``target`` when ``n < 1``."""
-    if n < 1:
-        return target
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (max(d / target, target / d), d))
-
-
 def _batch_defaults_follow_prompts(cfg: Config, given: set[str]) -> None:
-    """The mini- and micro-batch sizes nobody set follow ``train.prompts_per_step``, so that
-    ``train.prompts_per_step=4`` alone is a valid run: the mini-batch is the divisor of it nearest
-    the default (32) by ratio, so that the optimiser steps per rollout batch stay near
-    ``prompts_per_step / 32`` (37 prompts: one step of 37, not 37 steps of one, as the largest divisor
-    up to 32 gave); the micro-batch the largest divisor of the mini-batch up to 32 (its memory).
-    A value that was given (file or override) is kept as given and validated."""
+    """The mini- and micro-batch sizes nobody set follow ``train.prompts_per_step``: the largest
+    divisor of it up to their default (32), so ``train.prompts_per_step=4`` alone is a valid run (and
+    a multiple of the data-parallel size wherever 32 is). A prompt count with no divisor near 32 (37:
+    a mini-batch of 1) makes many optimiser steps per rollout batch: a hazard warning says so
+    (:mod:`pacs_fast.config.hazards`). A value that was given (file or override) is kept as given and validated."""
     default = LearnerConfig().mini_batch_prompts
     if "learner.mini_batch_prompts" not in given:
-        cfg.learner.mini_batch_prompts = _nearest_divisor(cfg.train.prompts_per_step, default)
+        cfg.learner.mini_batch_prompts = _largest_divisor(cfg.train.prompts_per_step, default)
     if "learner.micro_batch_prompts" not in given:
         cfg.learner.micro_batch_prompts = default_micro_batch_prompts(cfg.learner.mini_batch_prompts)
 

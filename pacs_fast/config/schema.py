@@ -162,7 +162,7 @@ class LearnerConfig:
     eps: float = _f(1e-8, "AdamW eps")
     grad_clip: float = _f(1.0, "clip the global gradient norm (0 = off)")
     mini_batch_prompts: int = _f(32, "prompts (groups) per optimiser step; divides train.prompts_per_step "
-                                 "(unset: the divisor of train.prompts_per_step nearest 32)")
+                                 "(unset: its largest divisor up to 32)")
     micro_batch_prompts: int = _f(32, "prompts (groups) per forward/backward; divides learner.mini_batch_prompts "
                                   "(megatron: per data-parallel rank); not read with learner.max_tokens_per_micro_batch")
     epochs: int = _f(1, "passes over each rollout batch")
