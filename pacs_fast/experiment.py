@@ -115,7 +115,12 @@ def job_state(job: Job, config: str | None) -> str:
     saved = job.run_dir / "config.yaml"
     if saved.is_file():
         want = to_dict(intended_config(config, job.argv))
-        have = to_dict(load_config(saved))
+        have_cfg = load_config(saved)
+        have = to_dict(have_cfg)
+        if (have["data"]["split_seed"] == have["train"]["seed"] != want["data"]["split_seed"] == 0
+                and have_cfg.data.dataset != "arithmetic" and not have_cfg.data.eval_dataset):
+            # a run from before data.split_seed, resumed once: its split follows its train.seed (run_folder.py)
+            have["data"]["split_seed"] = 0
         for d in (want, have):  # where the folder lives, threads and logging are not the experiment's settings
             for key in ("out_dir", "threads", "progress", "tensorboard", "plots"):
                 d["train"].pop(key, None)

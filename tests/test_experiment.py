@@ -212,3 +212,30 @@ def test_a_relative_data_file_is_not_another_setting_on_the_next_run(tmp_path, m
     save_config(cfg, job.run_dir / "config.yaml")  # as the trainer wrote it
     (job.run_dir / "summary.json").write_text("{}")
     assert ex.job_state(job, None) == "done"
+
+
+def test_a_run_from_before_split_seed_is_not_another_setting_after_its_resume(tmp_path, monkeypatch):
+    """A run made before data.split_seed split its training file by train.seed; its resume records that seed as
+    data.split_seed (run_folder.load_run_config). The runner's next comparison once read it as another setting
+    ("mismatch: data.split_seed: 3 in the folder, 0 asked for"); a run recorded with another split seed still is."""
+    from pacs_fast.config import save_config
+    from pacs_fast.data.tiny import make_tiny_model
+    from pacs_fast.trainer.run_folder import resume_config
+
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"problem": f"{i}+1=", "answer": str(i + 1)}) + "\n"
+                                              for i in range(30)))
+    make_tiny_model(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    job = ex.make_jobs([ex.parse_arm("pacs")], [3], ["data.dataset=d.jsonl", "model.path=m"], tmp_path / "out")[0]
+    job.run_dir.mkdir(parents=True)
+    save_config(ex.intended_config(None, job.argv), job.run_dir / "config.yaml")
+    saved = job.run_dir / "config.yaml"
+    saved.write_text("".join(line for line in saved.read_text().splitlines(True) if "split_seed" not in line))
+    assert ex.job_state(job, None) == "fresh"  # (no checkpoint yet) the old folder matches
+    cfg = resume_config(job.run_dir)
+    assert cfg.data.split_seed == 3
+    save_config(cfg, saved)  # as the resumed run records it
+    assert ex.job_state(job, None) == "fresh"
+    cfg.data.split_seed = 4
+    save_config(cfg, saved)
+    assert ex.job_state(job, None).startswith("mismatch:data.split_seed: 4 in the folder, 0 asked for")

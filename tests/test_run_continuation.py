@@ -246,6 +246,16 @@ def test_resume_keeps_the_split_of_a_run_from_before_split_seed_and_takes_unchan
     (old / "config.yaml").write_text("".join(line for line in text.splitlines(True) if "split_seed" not in line))
     assert "split_seed" in (new / "config.yaml").read_text()
     assert resume_config(old).data.split_seed == 5 and resume_config(new).data.split_seed == 0
+    assert resume_config(old, ["data.split_seed=5"]).data.split_seed == 5  # its own value: taken
+    with pytest.raises(ValueError, match="data.split_seed cannot change in a resumed run"):
+        resume_config(old, ["data.split_seed=0"])
+    # the built-in task (and a given data.eval_dataset) has no split of a file: nothing to keep, no idle key set
+    arith = tmp_path / "arith"
+    arith.mkdir()
+    save_config(load_config(None, ["train.seed=5"]), arith / "config.yaml")
+    text = (arith / "config.yaml").read_text()
+    (arith / "config.yaml").write_text("".join(line for line in text.splitlines(True) if "split_seed" not in line))
+    assert resume_config(arith).data.split_seed == 0
     assert resume_config(new, ["algo.beta=1.0"]).algo.beta == 1.0
     with pytest.raises(ValueError, match="algo.beta cannot change in a resumed run"):
         resume_config(new, ["algo.beta=0.5"])

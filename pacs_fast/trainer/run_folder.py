@@ -190,12 +190,19 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
 
 def load_run_config(path: str | Path, overrides: list[str] | tuple = ()) -> Config:
     """A run's ``config.yaml`` (:func:`~pacs_fast.config.load_config`); one written before ``data.split_seed``
-    existed gets it set to the run's ``train.seed``, which seeded its held-out split then (the resumed run trains
-    and evaluates on the problems it started with)."""
+    existed, whose held-out set is a split of its training file, gets it set to the run's ``train.seed``, which
+    seeded that split then (the resumed run trains and evaluates on the problems it started with)."""
     cfg = load_config(path, overrides)
-    if "split_seed" not in (read_yaml(path).get("data") or {}):
+    if is_legacy_split(read_yaml(path), cfg) and not any(o.startswith("data.split_seed=") for o in overrides):
         cfg.data.split_seed = cfg.train.seed
     return cfg
+
+
+def is_legacy_split(saved: dict, cfg: Config) -> bool:
+    """Whether ``saved`` (a ``config.yaml``'s mapping, loaded as ``cfg``) is from before ``data.split_seed`` and
+    split a training file (the built-in task and a given ``data.eval_dataset`` have no such split)."""
+    return ("split_seed" not in (saved.get("data") or {}) and cfg.data.dataset != "arithmetic"
+            and not cfg.data.eval_dataset)
 
 
 def _gone(path) -> bool:
