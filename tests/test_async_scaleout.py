@@ -65,9 +65,13 @@ def test_tensor_parallel_vllm_engine_and_megatron_learner_in_lockstep(tmp_path, 
 @pytest.mark.timeout(400)
 def test_vllm_engine_and_data_parallel_megatron_one_step_stale_then_resume(tmp_path, warm_cache):
     common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}", "train.run_name=run",
-                     "rollout.ranks=1", "rollout.max_staleness=1", "learner.tp_size=1"]
+                     "rollout.ranks=1", "rollout.max_staleness=1", "learner.tp_size=1", "train.eval_every=2"]
     run = tmp_path / "run"
     torchrun(3, common + ["train.steps=4"])
+    # the evaluation after step 2 goes to the engine behind batch 3, in flight: its reply comes first and is kept
+    # for the step that collects it (RemoteEngines._reply); the run's own records show every batch trained once
+    evals = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 2, 4] and all(0 <= r["eval/acc"] <= 1 for r in evals)
     recs = _train(run)
     assert [r["rollout/staleness"] for r in recs] == [0, 1, 1, 1]
     assert [r["rollout/policy_version"] for r in recs] == [0, 0, 1, 2]

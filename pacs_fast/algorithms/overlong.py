@@ -68,7 +68,7 @@ def loss_over_members(loss_fn, valid: torch.Tensor, group_size: int, min_members
 
     ``loss_fn(idx, k)`` must return ``(mean loss over rows idx, terms)`` for the rows ``idx`` (whole
     groups of ``k`` members each, contiguous, in order), e.g. ``pacs_loss(logp[idx], ..., group_size=k)``.
-    Groups left with fewer than ``min_members`` valid rows (2 for the rloo / grpo scores) drop out.
+    Groups left with fewer than ``min_members`` valid rows (2 for the rloo / grpo / dr_grpo scores) drop out.
 
     Returns ``(loss_sum, terms, rows)``: the *sum* of the per-row losses over the rows that remain
     (connected to the graph, 0 when none remains), ``terms`` with every ``[n]`` tensor of ``loss_fn``

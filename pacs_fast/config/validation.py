@@ -54,9 +54,7 @@ ATTENTIONS = ("auto", "short", "sdpa", "eager", "flash_attention_2", "flash_atte
 # Names data.dataset / data.eval_dataset accept besides files (pacs_fast.data.datasets ships them;
 # tests/test_config.py checks this list against it).
 SHIPPED_DATASETS = ("math_train", "gsm8k_train", "math500", "amc23", "aime2024", "aime2025")
-# The lowest sampling temperature taken (vLLM warns of inf / NaN below it; the HF sampler's scaled logits
-# overflowed at 1e-40).
-MIN_TEMPERATURE = 0.01
+MIN_TEMPERATURE = 0.01  # the lowest sampling temperature (vLLM warns of NaN below; the HF sampler's overflowed)
 # (key, lowest, highest, lowest allowed?, highest allowed?) for every float that has a range.
 FLOAT_RANGES = (
     ("learner.lr", 0.0, 1.0, False, True), ("learner.eps", 0.0, 1.0, False, True),
@@ -66,12 +64,10 @@ FLOAT_RANGES = (
     ("algo.clip_high", 0.0, None, True, None), ("algo.kl_coef", 0.0, None, True, None),
     ("algo.gamma", 0.0, 1.0, True, True), ("algo.lam", 0.0, 1.0, True, True),
     ("algo.vf_coef", 0.0, None, True, None), ("algo.value_clip", 0.0, None, True, None),
-    # sampling temperatures at least MIN_TEMPERATURE (eval: or 0, greedy): 1e-40 scaled the logits to inf / NaN
     ("rollout.temperature", MIN_TEMPERATURE, None, True, None), ("rollout.eval_temperature", 0.0, None, True, None),
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
     ("rollout.gpu_memory_utilization", 0.0, 1.0, False, True), ("reward.outcome_weight", 0.0, None, True, None),
-    # the timeouts at most 1e6 s (pacs_fast.reward.verifier.MAX_TIME_LIMIT): 1e10 overflowed the OS timer (every
-    # answer scored 0 as an error) and thread joins (a traceback after the model had loaded)
+    # timeouts at most 1e6 s (reward.verifier.MAX_TIME_LIMIT): 1e10 overflowed the OS timer and thread joins
     ("reward.user_fn_timeout_s", 0.0, 1e6, False, True), ("reward.overlong_penalty", 0.0, None, True, None),
     ("reward.time_limit_s", 0.0, 1e6, False, True),
 )
@@ -263,8 +259,8 @@ def _validate_paths(cfg: Config) -> None:
     if not cfg.train.out_dir.strip():
         raise ValueError("train.out_dir is empty: give the folder runs go in ('.' for the current one)")
     _check_writable("train.out_dir", Path(cfg.train.out_dir).expanduser())
-    if not cfg.model.path:  # the built-in tiny model is made (and warmed up) in the cache
-        _check_writable("warmup.cache_dir", warmup_cache_root(cfg))
+    if not cfg.model.path and not warmup_cache_root(cfg).is_dir():  # (an existing cache may be a read-only,
+        _check_writable("warmup.cache_dir", warmup_cache_root(cfg))  # shared one: its models are only read)
     for key in ("data.dataset", "data.eval_dataset"):
         value = _get(cfg, key)
         if not value or value in SHIPPED_DATASETS or (key == "data.dataset" and value == "arithmetic"):
@@ -299,8 +295,8 @@ def _validate_efficacy(cfg: Config) -> None:
     for key in ("train.seed", "warmup.seed", "data.arith_seed", "data.split_seed"):
         v = _get(cfg, key)
         if not (-1 if key == "warmup.seed" else 0) <= v < 2**32:
-            raise ValueError(f"{key} must be in 0..{2**32 - 1}{' (or -1 = train.seed)' if key == 'warmup.seed' else ''}, "
-                             f"got {v}")
+            also = " (or -1 = train.seed)" if key == "warmup.seed" else ""
+            raise ValueError(f"{key} must be in 0..{2**32 - 1}{also}, got {v}")
     if not 0.0 <= cfg.warmup.target_acc < 1.0 or cfg.warmup.check_every < 1:
         raise ValueError(f"warmup.target_acc must be in [0, 1) and warmup.check_every >= 1, got "
                          f"{cfg.warmup.target_acc}, {cfg.warmup.check_every}")

@@ -216,7 +216,7 @@ def loss_over_members(loss_fn, logp, logp_ref, mask, rewards, group_size: int, v
     Semantics: a removed row has no label, no class weight and no part in its group's score; each
     group is scored over the members it has left (RLOO's leave-one-out mean, GRPO's mean / std and
     the class weights over those k members, i.e. ``loss_fn(..., group_size=k)``); a group left with
-    fewer than ``min_members`` (2 for the rloo / grpo scores) drops out; the loss is the mean over
+    fewer than ``min_members`` (2 for the rloo / grpo / dr_grpo scores) drops out; the loss is the mean over
     the rows that remain (the paper's 1/B with B = those rows), 0 with a graph when none does.
     ``terms`` are full-size, NaN on the rows that left. Returns ``(loss, terms)``."""
     total, terms, rows = _loss_over_members(

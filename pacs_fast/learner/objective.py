@@ -46,7 +46,8 @@ def loss_mask(micro: RolloutBatch) -> torch.Tensor:
 def minibatch_counts(mb: RolloutBatch) -> dict[str, float]:
     """Denominators of a mini-batch, for exact accumulation over its micro-batches (rejected tokens
     and rows, :attr:`RolloutBatch.kept_mask`, and truncated rows, :attr:`RolloutBatch.truncated`, are
-    not counted). ``member_rows``: PACS's rows that stay in groups of at least 2 (its rloo / grpo scores)."""
+    not counted). ``member_rows``: PACS's rows that stay in groups of at least 2 (its rloo / grpo / dr_grpo
+    scores: ``algorithms.pacs.GROUP_SCORES``)."""
     mask = loss_mask(mb)
     member = (torch.ones(mb.num_rows, dtype=torch.bool) if mb.truncated is None
               else ~mb.truncated.bool().cpu())  # still in its group (PACS scores the members)

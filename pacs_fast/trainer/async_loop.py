@@ -30,10 +30,10 @@ the one-process loop.
 Evaluation: with vLLM engines the held-out prompts go to the engine ranks like a batch, after the
 weights of the step they evaluate (:class:`EngineRanksEval`: no learner process holds a model copy
 for it, and the records equal the one-process vLLM run's); with HF engines it runs on the learner's
-processes (on the torch learner's live policy, or an HF copy synced from megatron's). Checkpoints store the sampler position after the last *trained* step's
-prompts, so ``--resume`` trains every step once: the batches in flight at the stop are dropped and
-regenerated from the checkpoint's policy (those first steps then have staleness 0; the log says how
-many were in flight).
+processes (on the torch learner's live policy, or an HF copy synced from megatron's).
+Checkpoints store the sampler position after the last *trained* step's prompts, so ``--resume``
+trains every step once: the batches in flight at the stop are dropped and regenerated from the
+checkpoint's policy (those first steps then have staleness 0; the log says how many were in flight).
 """
 from __future__ import annotations
 
@@ -240,7 +240,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
             tm["time/sync"] = time.perf_counter() - t0
             tm["time/step"] = time.perf_counter() - t_step
             terms = getattr(s.learner, "last_terms", {})
-            whole = terms_over_groups(world, terms, batch)  # every group's rows (the samples below show this group's)
+            whole = terms_over_groups(world, terms, batch)  # every group's rows
             record = world.reduce_record({**step_record(batch, comps, lm, mismatch, whole, tm, epoch=s.sampler.epoch),
                                           **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {}),
                                           **r.metrics}, WEIGHTED_MEANS)

@@ -41,13 +41,19 @@ def evaluate_share(cfg: Config, engine, scorer: Scorer, problems: list[dict], of
     return out
 
 
+def _unscored(texts: list[str], answers: list[str]) -> list[float]:
+    """The scorer of the ranks whose scores are not used (rank 0's are broadcast)."""
+    return [0.0] * len(texts)
+
+
 def evaluate(cfg: Config, engine, scorer: Scorer, problems: list[dict], world) -> dict:
     """Held-out metrics (``eval/acc``: mean reward of ``eval_n`` samples per problem; ``pass@n``;
     greedy accuracy; mean response length), the same on every rank. Collective. An engine that
     ``generates_for_every_rank`` (the engine ranks of an asynchronous run) takes the whole set at once."""
     t0 = time.perf_counter()
-    if getattr(engine, "generates_for_every_rank", False):
-        parts = [evaluate_share(cfg, engine, scorer, problems, 0)]
+    if getattr(engine, "generates_for_every_rank", False):  # every rank generates (collective), rank 0 scores
+        mine = evaluate_share(cfg, engine, scorer if world.is_main else _unscored, problems, 0)
+        parts = [world.broadcast(mine)]
     else:
         mine, offset = world.split(problems)
         parts = world.gather_dp(evaluate_share(cfg, engine, scorer, mine, offset))

@@ -81,10 +81,10 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             s.sync()
             tm["time/sync"] = time.perf_counter() - t0
 
-            # log (metrics of the data-parallel groups combined; samples of rank 0's group)
+            # log (metrics and samples of the data-parallel groups combined)
             tm["time/step"] = time.perf_counter() - t_step
             terms = getattr(learner, "last_terms", {})
-            whole = terms_over_groups(world, terms, batch)  # every group's rows (the samples below show this group's)
+            whole = terms_over_groups(world, terms, batch)  # every group's rows
             record = {**step_record(batch, comps, lm, mismatch, whole, tm, epoch=s.sampler.epoch),
                       **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {}), **r.metrics}
             record = world.reduce_record(record, WEIGHTED_MEANS)
