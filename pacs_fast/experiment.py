@@ -110,6 +110,7 @@ def config_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
 def job_state(job: Job, config: str | None) -> str:
     """``done`` | ``resume`` | ``fresh`` | ``mismatch:<why>``."""
     from pacs_fast.config import load_config, to_dict
+    from pacs_fast.trainer.run_folder import splits_training_file
     if not job.run_dir.exists():
         return "fresh"
     saved = job.run_dir / "config.yaml"
@@ -117,8 +118,8 @@ def job_state(job: Job, config: str | None) -> str:
         want = to_dict(intended_config(config, job.argv))
         have_cfg = load_config(saved)
         have = to_dict(have_cfg)
-        if (have["data"]["split_seed"] == have["train"]["seed"] != want["data"]["split_seed"] == 0
-                and have_cfg.data.dataset != "arithmetic" and not have_cfg.data.eval_dataset):
+        legacy = have_cfg.data.split_seed == have_cfg.train.seed and splits_training_file(have_cfg)
+        if legacy and want["data"]["split_seed"] == 0:
             # a run from before data.split_seed, resumed once: its split follows its train.seed (run_folder.py)
             have["data"]["split_seed"] = 0
         for d in (want, have):  # where the folder lives, threads and logging are not the experiment's settings

@@ -17,7 +17,7 @@ one group, each further off-policy than the last).
 """
 from __future__ import annotations
 
-from pacs_fast.config.schema import Config
+from pacs_fast.config.schema import Config, LearnerConfig
 
 
 def hazard_warnings(cfg: Config) -> list[str]:
@@ -30,7 +30,7 @@ def hazard_warnings(cfg: Config) -> list[str]:
                    "learner.grad_clip sets the update's size and the 1e-6 its direction; algo.score=rloo (the "
                    "default) has no such point")
     mini, per_step = cfg.learner.mini_batch_prompts, cfg.train.prompts_per_step
-    if mini < 32 and per_step // mini > 4:
+    if mini < LearnerConfig().mini_batch_prompts and per_step // mini > 4:
         out.append(f"learner.mini_batch_prompts={mini} makes {per_step // mini} optimiser steps per rollout batch of "
                    f"train.prompts_per_step={per_step} (unset, it is the largest divisor up to 32), each further "
                    f"off-policy than the last; set learner.mini_batch_prompts (e.g. {per_step} for one step)")

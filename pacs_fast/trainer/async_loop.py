@@ -180,31 +180,25 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
     tp = cfg.rollout.tp_size
     groups = [roles.engine_ranks[i:i + tp] for i in range(0, len(roles.engine_ranks), tp)]
     engines = RemoteEngines(roles.bridge, groups) if roles.is_driver else None  # the driver's alone
-    ready = []
 
-    def setup_engines(model_path, tokenizer):
+    def evaluation_engine(model_path, tokenizer, world, build):
+        """The engines' setup (the step-0 evaluation may need them), then the learner's evaluation engine:
+        the engine ranks with vLLM, else ``build()``'s HF engine."""
         from pacs_fast.trainer.build import generate_batch
 
         if engines:
             engines.setup({"model_path": str(model_path), "vocab_size": len(tokenizer),
                            "batch_size": generate_batch(cfg)})
-        ready.append(True)
-
-    def engine_ranks_eval(model_path, tokenizer, world):  # the step-0 evaluation needs the engines set up
-        setup_engines(model_path, tokenizer)
-        return EngineRanksEval(engines, world), (lambda: None)
+        return (EngineRanksEval(engines, world), (lambda: None)) if cfg.rollout.engine == "vllm" else build()
 
     try:
-        s = start(cfg, run_dir, resume=resume,
-                  engine_builder=engine_ranks_eval if cfg.rollout.engine == "vllm" else None)
+        s = start(cfg, run_dir, resume=resume, engine_builder=evaluation_engine)
     except BaseException:
         if engines:
             engines.close(wait=False)  # the engines wait for their setup: let them go
         raise
     s.t_start = t_start
     world, K = s.world, cfg.rollout.max_staleness
-    if not ready:
-        setup_engines(s.model_path, s.tokenizer)
     version = s.start_step
     if s.start_step:  # resumed: the engines start from the checkpoint's policy
         weights = s.learner.export_hf_weights()  # collective over megatron's tensor-parallel group

@@ -201,8 +201,13 @@ def load_run_config(path: str | Path, overrides: list[str] | tuple = ()) -> Conf
 def is_legacy_split(saved: dict, cfg: Config) -> bool:
     """Whether ``saved`` (a ``config.yaml``'s mapping, loaded as ``cfg``) is from before ``data.split_seed`` and
     split a training file (the built-in task and a given ``data.eval_dataset`` have no such split)."""
-    return ("split_seed" not in (saved.get("data") or {}) and cfg.data.dataset != "arithmetic"
-            and not cfg.data.eval_dataset)
+    return "split_seed" not in (saved.get("data") or {}) and splits_training_file(cfg)
+
+
+def splits_training_file(cfg: Config) -> bool:
+    """Whether the held-out set is a split of the training file (not the built-in task's own, not a
+    ``data.eval_dataset``)."""
+    return cfg.data.dataset != "arithmetic" and not cfg.data.eval_dataset
 
 
 def _gone(path) -> bool:

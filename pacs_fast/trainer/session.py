@@ -90,8 +90,8 @@ class Session:
 
 def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None) -> Session:
     """Sets up a run (see the module docstring). Raises :class:`SetupError` for bad input.
-    ``engine_builder(model_path, tokenizer, world)``: ``(engine, sync)`` instead of
-    :func:`~pacs_fast.trainer.build.build_engine`'s (an asynchronous run evaluating on its engine ranks)."""
+    ``engine_builder(model_path, tokenizer, world, build)``: ``(engine, sync)`` in place of ``build()``, which
+    gives :func:`~pacs_fast.trainer.build.build_engine`'s (an asynchronous run: its engines' setup first)."""
     try:
         validate(cfg)
         check_installed(cfg)
@@ -179,10 +179,10 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     freeze_long_lived()  # transformers, megatron-core, the tokenizer, the problems (pacs_fast/gc_heap.py)
     learner, live_model = build_learner(cfg, model_path, device, tokenizer)
     freeze_long_lived()  # the learner's model: vLLM's collections while it builds an engine skip both
-    if engine_builder is not None:
-        engine, sync = engine_builder(model_path, tokenizer, world)
-    else:
-        engine, sync = build_engine(cfg, model_path, learner, live_model, tokenizer, device, world)
+    def build():
+        return build_engine(cfg, model_path, learner, live_model, tokenizer, device, world)
+
+    engine, sync = build() if engine_builder is None else engine_builder(model_path, tokenizer, world, build)
     scorer = Scorer.from_config(cfg, gather=world.gather_dp if world.dp > 1 else None)  # one rate for every group
     s = Session(cfg=cfg, world=world, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer,
                 learner=learner, engine=engine, sync=sync, scorer=scorer,

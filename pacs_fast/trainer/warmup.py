@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from pacs_fast.config import Config
+from pacs_fast.config.validation import warmup_cache_root
 
 # Part of every cache key: bump it whenever the warm-up's result changes for the same settings, or a cached
 # model made by the earlier code is reused. 6: the HF sampler seeds each row on its own (rollout/sampling.py),
@@ -31,9 +32,7 @@ WARMUP_VERSION = 6
 
 
 def cache_root(cfg: Config) -> Path:
-    from pacs_fast.config.validation import warmup_cache_root
-
-    return warmup_cache_root(cfg)
+    return warmup_cache_root(cfg)  # (validation probes the same folder before any work)
 
 
 def warmup_seed(cfg: Config) -> int:
