@@ -18,6 +18,7 @@ Each rank writes ``<workdir>/rank{r}.pt``; the test reads them all.
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import time
 import warnings
@@ -86,6 +87,13 @@ def main():
                         **colocated_engine_kwargs(tp, dp, lockstep=spec.get("lockstep", False)))
     t["start"] = time.perf_counter() - t0
     lay = engine.layout
+    # vLLM's CPU all-reduce of the TP group: its shared memory, named after this job, names removed after the start
+    from vllm.distributed.parallel_state import get_tp_group
+
+    shm = get_tp_group().device_communicator.dist_module
+    name = getattr(shm, "group_name", "")
+    out["shm"] = (type(shm).__name__, name, glob.glob(os.path.join("/dev/shm", glob.escape(name.lstrip("/")) + "*")),
+                  f"{os.environ['MASTER_ADDR']}_{os.environ['MASTER_PORT']}")
     out["layout"] = (lay.tp_rank, lay.dp_rank, lay.dp_size, learner.tp_rank, learner.dp_rank)
 
     # 1. rollout: this DP group's share of the step's prompts

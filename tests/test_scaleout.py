@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +115,19 @@ def test_every_rank_generates_its_share(layout):
     assert seen == spec["prompts"]
     if dp > 1:
         assert ranks[0]["prompts"] != ranks[tp]["prompts"]
+
+
+def test_the_all_reduce_shared_memory_is_named_after_the_job(layout):
+    """vLLM's CPU all-reduce keeps each rank's buffer in /dev/shm; under external_launcher its names had no job in
+    them, so a second run beside this one (or any run after a killed one) failed at its engine's start ("create
+    shm in SHMManager failed. errno: 17"): rollout/vllm_setup.job_named_cpu_shm."""
+    tp, _, _, ranks, _ = layout
+    for r, out in enumerate(ranks):
+        kind, name, left, job = out["shm"]
+        group = "-".join(str(g) for g in range(r // tp * tp, (r // tp + 1) * tp))
+        assert kind == "_CPUSHMDistributed"  # the shared-memory path, not vLLM's fallback to torch.distributed
+        assert name == f"pacs_fast-{re.sub(r'[^A-Za-z0-9.]', '_', job)}-tp:0-[{group}]-cpushm"
+        assert left == []  # mapped by the group's ranks, no name left to collide with or leak
 
 
 def test_an_empty_share_joins_the_other_groups(layout):

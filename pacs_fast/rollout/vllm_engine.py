@@ -64,7 +64,8 @@ import torch
 
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
-from pacs_fast.rollout.vllm_setup import CPU_MAX_NUM_SEQS, cpu_kv_cache_size, kv_cache_layout, set_cpu_env_defaults
+from pacs_fast.rollout.vllm_setup import (CPU_MAX_NUM_SEQS, cpu_kv_cache_size, job_named_cpu_shm, kv_cache_layout,
+                                          set_cpu_env_defaults)
 from pacs_fast.rollout.vllm_worker import mask_padded_rows, refresh_tied_lm_heads
 from pacs_fast.rollout.weight_sync import WeightSpec, iter_buckets, prepare, tensor_bytes
 
@@ -186,7 +187,8 @@ class VLLMEngine(RolloutEngine):
         from vllm.v1.engine.core_client import InprocClient
 
         freeze_long_lived()  # in a command line's process: vLLM's collections while building skip the imports
-        with _ProcessStateGuard():
+        shared = llm_kwargs.get("distributed_executor_backend") == "external_launcher" and current_platform.is_cpu()
+        with _ProcessStateGuard(), job_named_cpu_shm() if shared else contextlib.nullcontext():
             self._llm = vllm.LLM(self.model_path, seed=seed, dtype=dtype,
                                  gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                                  logprobs_mode="raw_logprobs", **llm_kwargs)

@@ -11,10 +11,24 @@ sequence. A fixed 1 GiB was both too small and too large: a Qwen2.5-1.5B shape i
 1.75 GiB for one sequence of its 32,768-token context (the engine failed after the learner had
 loaded), and the 2-layer test model needs ~1 MiB per sequence (1 GiB cost ~1 GiB of resident memory
 and ~1.4 CPU-seconds per engine start).
+
+**The shared memory of a CPU tensor-parallel engine.** vLLM's CPU all-reduce puts each rank's buffer in a
+POSIX shared-memory segment (``/dev/shm``) named after ``VLLM_DIST_IDENT``, the group and the rank; its
+CPU worker sets that variable from the distributed init method's port, which under
+``external_launcher`` (``env://``) is nothing. So every CPU engine of one rank layout on a machine used
+the same names: a second run beside the first failed at its engine's start ("create shm in SHMManager
+failed. errno: 17"), and so did every later run once one had been killed with its segments in place.
+:func:`job_named_cpu_shm` names them after this job's rendezvous address (``MASTER_ADDR:MASTER_PORT``,
+which no other live job holds), removes a killed run's segments of those names first, and removes the
+names once every rank of the group has mapped its segments, so that a run killed later leaves nothing
+behind (the memory itself is freed with the last mapping).
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
+import re
 
 import torch
 
@@ -85,3 +99,49 @@ def cpu_kv_cache_size(bytes_per_token: int, max_model_len: int, sequences: int =
     one = (blocks + 2) * block_bytes  # one sequence, the null block and a block of slack
     wanted = (int(sequences) * blocks + 2) * block_bytes
     return int(max(one, min(wanted, cap)))
+
+
+SHM_DIR = "/dev/shm"
+
+
+def _remove_segments(name: str) -> None:
+    """Removes the names of group ``name``'s segments (vLLM's C++ adds ``_<rank>``) from ``/dev/shm``."""
+    for path in glob.glob(os.path.join(SHM_DIR, glob.escape(name.lstrip("/")) + "_*")):
+        with contextlib.suppress(FileNotFoundError):  # another rank of the group removed it first
+            os.unlink(path)
+
+
+@contextlib.contextmanager
+def job_named_cpu_shm():
+    """Around the start of a CPU engine under ``external_launcher``: vLLM's shared-memory segments get
+    names unique to this job, and those names are removed when the start returns (module docstring). The
+    segments stay mapped by the engine's ranks and are freed with their last mapping."""
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    shm_class = getattr(cpu_communicator, "_CPUSHMDistributed", None)
+    if shm_class is None or not isinstance(shm_class.__dict__.get("make_group_name"), staticmethod):
+        yield  # another vLLM: its own naming
+        return
+    job = re.sub(r"[^A-Za-z0-9.]", "_", f"{os.environ.get('MASTER_ADDR', '')}_{os.environ.get('MASTER_PORT', '')}")
+    vllm_name = shm_class.__dict__["make_group_name"]
+    names: set[str] = set()
+
+    def make_group_name(communicator) -> str:
+        # vLLM's name, with this job in the place of its empty VLLM_DIST_IDENT (set just before, by its worker)
+        os.environ["VLLM_DIST_IDENT"] = f"pacs_fast-{job}"
+        name = vllm_name.__func__(communicator)
+        if name not in names:
+            # a segment of this name now is a killed run's (no live job holds this rendezvous address) and
+            # not this group's: no rank makes its segment before every rank of the group has asked the name
+            # (vLLM's collectives in between)
+            _remove_segments(name)
+            names.add(name)
+        return name
+
+    shm_class.make_group_name = staticmethod(make_group_name)
+    try:
+        yield
+    finally:
+        shm_class.make_group_name = vllm_name
+        for name in names:  # every rank of each group mapped its segments before the start returned (a barrier)
+            _remove_segments(name)
