@@ -78,3 +78,17 @@ def test_a_failed_start_restores_the_naming_and_removes_its_names(monkeypatch):
         assert _CPUSHMDistributed.__dict__["make_group_name"] is vllm_naming
     finally:
         made.unlink(missing_ok=True)
+
+
+def test_without_a_rendezvous_address_vllm_names_its_segments(monkeypatch):
+    """A process group set up without torchrun's MASTER_ADDR / MASTER_PORT has no job name that other live jobs
+    cannot hold: vLLM's own naming stays, and no segment is removed."""
+    from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+
+    from pacs_fast.rollout.vllm_setup import job_named_cpu_shm
+
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    monkeypatch.setenv("VLLM_DIST_IDENT", "//")
+    with job_named_cpu_shm():
+        assert _CPUSHMDistributed.make_group_name(SimpleNamespace(unique_name="tp:0", ranks=[0, 1])) == \
+            "//-tp:0-[0-1]-cpushm"

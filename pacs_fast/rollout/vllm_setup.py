@@ -119,8 +119,9 @@ def job_named_cpu_shm():
     from vllm.distributed.device_communicators import cpu_communicator
 
     shm_class = getattr(cpu_communicator, "_CPUSHMDistributed", None)
-    if shm_class is None or not isinstance(shm_class.__dict__.get("make_group_name"), staticmethod):
-        yield  # another vLLM: its own naming
+    if (shm_class is None or not isinstance(shm_class.__dict__.get("make_group_name"), staticmethod)
+            or not os.environ.get("MASTER_PORT")):
+        yield  # another vLLM, or a process group set up without torchrun's rendezvous: vLLM's own naming
         return
     job = re.sub(r"[^A-Za-z0-9.]", "_", f"{os.environ.get('MASTER_ADDR', '')}_{os.environ.get('MASTER_PORT', '')}")
     vllm_name = shm_class.__dict__["make_group_name"]
