@@ -209,19 +209,13 @@ def warm_state(job: Job, config: str | None) -> str:
     cfg = intended_config(config, job.argv)
     if cfg.model.path:
         return "ready"
-    from pacs_fast.trainer.warmup import cache_root, warmup_key
+    from pacs_fast.folder_build import building_now
+    from pacs_fast.trainer.warmup import cache_root, is_complete, warmup_key
     root, key = cache_root(cfg) / "warmup", warmup_key(cfg)
-    if (root / key / "model.safetensors").exists():
+    if is_complete(root / key):
         return "ready"
-    for tmp in root.glob(f".tmp-{key}-*"):  # named by the building process's id
-        try:
-            os.kill(int(tmp.name.rsplit("-", 1)[1]), 0)
-            return "building"
-        except (ValueError, ProcessLookupError):
-            continue  # left by a process that died
-        except PermissionError:
-            return "building"
-    return "missing"
+    # a live builder holds its temporary's lock (a killed one's, in any container, is released)
+    return "building" if building_now(root, key) else "missing"
 
 
 STOP_GRACE_S = 60.0  # a run stopped by the runner closes its engine and workers; then it is killed

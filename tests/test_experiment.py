@@ -148,20 +148,33 @@ def test_runner_end_to_end(tmp_path, capsys, warm_cache):
 
 
 def test_warm_state_sees_other_processes_building(tmp_path):
+    """Building is a held lock, not a live process id: a container's killed build left ``.tmp-<key>-1``, and
+    pid 1 is alive everywhere, so the runner waited without end (concurrency sweep, 2026-11-29)."""
+    import fcntl
     import os
-    from pacs_fast.trainer.warmup import warmup_key
+    from pacs_fast.trainer.warmup import MODEL_FILES, warmup_key
     from pacs_fast.config import load_config
     job = ex.make_jobs([ex.parse_arm("pacs")], [0], [f"warmup.cache_dir={tmp_path}"], tmp_path / "out")[0]
     key = warmup_key(load_config(None, job.argv))
     root = tmp_path / "warmup"
     root.mkdir()
     assert ex.warm_state(job, None) == "missing"
-    (root / f".tmp-{key}-999999999").mkdir()  # a dead process's leftover
+    (root / f".tmp-{key}-1").mkdir()  # before the locks: a killed container's build, pid 1
+    (root / f".build-{key}-0dead").mkdir()
+    (root / f".build-{key}-0dead.lock").touch()  # a killed build: its lock is free
     assert ex.warm_state(job, None) == "missing"
-    (root / f".tmp-{key}-{os.getpid()}").mkdir()  # a live one
-    assert ex.warm_state(job, None) == "building"
+    (root / f".build-{key}-1live").mkdir()
+    fd = os.open(root / f".build-{key}-1live.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a live one
+        assert ex.warm_state(job, None) == "building"
+    finally:
+        os.close(fd)
     (root / key).mkdir()
     (root / key / "model.safetensors").write_bytes(b"x")
+    assert ex.warm_state(job, None) == "missing"  # a folder without its tokenizer is no cached model
+    for name in MODEL_FILES:
+        (root / key / name).write_bytes(b"x")
     assert ex.warm_state(job, None) == "ready"
 
 

@@ -382,42 +382,99 @@ def test_checkpoints_carry_generation_config_and_tokenizer_unchanged_and_samples
 
 
 def test_a_killed_warm_ups_temporary_folder_is_removed_and_a_live_ones_kept(tmp_path):
-    """Item 4: a warm-up killed mid-write leaves ``.tmp-<name>-<pid>`` in the model cache; the next run
-    removes it when that process is gone, and leaves a folder another running process is writing."""
+    """Item 4: a warm-up killed mid-write leaves its temporary folder in the model cache; the next run removes it
+    when its builder is gone, and leaves a folder another running process is writing. Older temporaries
+    (``.tmp-<name>-<pid>``, before the builds' locks) go by their process id, as they did."""
+    import fcntl
     import os
     import subprocess
     import sys
 
-    from pacs_fast.trainer.run_folder import remove_dead_temporaries
+    from pacs_fast.folder_build import remove_dead_builds
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    dead = tmp_path / f".tmp-abc-{gone.pid}"
-    live = tmp_path / f".tmp-abc-{os.getpid()}"
-    for folder in (dead, live):
+    old_dead, old_live = tmp_path / f".tmp-abc-{gone.pid}", tmp_path / f".tmp-abc-{os.getpid()}"
+    dead, live = tmp_path / ".build-abc-0dead", tmp_path / ".build-abc-1live"
+    for folder in (old_dead, old_live, dead, live):
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"partial")
-    assert remove_dead_temporaries(tmp_path) == [dead]
-    assert not dead.exists() and live.is_dir()
+    (tmp_path / ".build-abc-0dead.lock").touch()  # its builder was killed: nobody holds the lock
+    fd = os.open(tmp_path / ".build-abc-1live.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a live builder (this process)
+    try:
+        assert sorted(remove_dead_builds(tmp_path)) == sorted([dead, old_dead])
+    finally:
+        os.close(fd)
+    assert not dead.exists() and not (tmp_path / ".build-abc-0dead.lock").exists() and not old_dead.exists()
+    assert live.is_dir() and old_live.is_dir()
 
 
-def test_the_warm_up_removes_a_killed_warm_ups_folder_where_it_writes(tmp_path):
-    """The warm-up writes ``<cache>/warmup/.tmp-<key>-<pid>``; the clean-up looked in ``<cache>`` only, so a
-    killed warm-up's folder stayed for good (hostile sweep, 2026-11-28)."""
+def test_a_builder_in_another_pid_namespace_is_seen_alive(tmp_path):
+    """A container's builder has another process id (pid 1 is alive everywhere, its own pid may be free here):
+    the temporary's lock, held by the kernel for whichever process took it, tells. Before the locks, a run in
+    one container removed the folder another container was writing; the model renamed into the cache then had
+    no tokenizer, and every later run failed with "no prompt fits" (concurrency sweep, 2026-11-29). Here the
+    builder is a child process that holds the lock and reports a process id that does not exist."""
     import subprocess
     import sys
 
+    from pacs_fast.folder_build import building_now, remove_dead_builds
+    from pacs_fast.trainer.warmup import MODEL_FILES
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from pacs_fast.folder_build import build_folder\n"
+        f"with build_folder({str(tmp_path / 'key')!r}) as tmp:\n"
+        "    print(tmp.name, flush=True)\n"
+        "    sys.stdin.readline()  # the test's go\n"
+        f"    for name in {MODEL_FILES!r}:\n"
+        "        (tmp / name).write_text('x')\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        name = child.stdout.readline().strip()
+        assert name.startswith(".build-key-")
+        assert building_now(tmp_path, "key")
+        assert remove_dead_builds(tmp_path) == [] and (tmp_path / name).is_dir()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.wait(timeout=60) == 0
+    finally:
+        child.kill()
+    assert sorted(p.name for p in (tmp_path / "key").iterdir()) == sorted(MODEL_FILES)  # whole, renamed in
+    assert [p.name for p in tmp_path.iterdir()] == ["key"] and not building_now(tmp_path, "key")
+
+
+def test_the_warm_up_removes_a_killed_warm_ups_folder_where_it_writes(tmp_path):
+    """The warm-up writes ``<cache>/warmup/.build-<key>-<token>``; the clean-up looked in ``<cache>`` only, so a
+    killed warm-up's folder stayed for good (hostile sweep, 2026-11-28)."""
     from pacs_fast.config import load_config
-    from pacs_fast.trainer.warmup import default_model, warmup_key
+    from pacs_fast.trainer.warmup import MODEL_FILES, default_model, warmup_key
     cfg = load_config(None, [f"warmup.cache_dir={tmp_path}"])
     final = tmp_path / "warmup" / warmup_key(cfg)
     final.mkdir(parents=True)
-    (final / "model.safetensors").write_bytes(b"cached")  # the cached model: nothing is built
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    dead = tmp_path / "warmup" / f".tmp-{final.name}-{gone.pid}"
+    for name in MODEL_FILES:
+        (final / name).write_bytes(b"cached")  # the cached model: nothing is built
+    dead = tmp_path / "warmup" / f".build-{final.name}-0dead"
     dead.mkdir()
+    (dead.parent / (dead.name + ".lock")).touch()
     assert default_model(cfg, [], log=lambda text: None) == final
     assert not dead.exists() and final.is_dir()
+
+
+def test_an_incomplete_cached_model_is_built_again(tmp_path):
+    """A model folder in the cache without its tokenizer (renamed there by a build another process had emptied,
+    before the builds' locks) made every later run fail with "no prompt fits data.max_prompt_tokens": it is
+    built again, with one warning."""
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.warmup import MODEL_FILES, default_model, warmup_key
+    cfg = load_config(None, [f"warmup.cache_dir={tmp_path}", "warmup.steps=0", "model.tiny_hidden_size=32",
+                             "model.tiny_num_layers=1"])
+    final = tmp_path / "warmup" / warmup_key(cfg)
+    final.mkdir(parents=True)
+    (final / "model.safetensors").write_bytes(b"weights without a tokenizer")
+    said = []
+    assert default_model(cfg, [], log=said.append) == final
+    assert all((final / name).is_file() for name in MODEL_FILES)
+    assert [line for line in said if line.startswith("warning:")] == [
+        f"warning: the cached warmed-up model {final} lacks one of {', '.join(MODEL_FILES)}: built again"]
 
 
 def _drop_checkpoint(run: Path, step: int) -> None:

@@ -47,28 +47,6 @@ CONFIG_FILE = "config.yaml"
 LOCK_FILE = ".run.lock"
 
 
-def remove_dead_temporaries(folder: str | Path) -> list[Path]:
-    """Removes ``.tmp-<name>-<pid>`` entries of ``folder`` whose process is gone (left by a run
-    killed while writing, e.g. a warm-up into the model cache); returns them."""
-    import shutil
-
-    removed = []
-    for p in Path(folder).glob(".tmp-*-*"):
-        pid = p.name.rsplit("-", 1)[1]
-        if not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # still running (another run is writing it)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-        removed.append(p)
-    return removed
-
-
 def _is_used(path: Path) -> bool:
     return path.exists() and (not path.is_dir() or any(p.name != LOCK_FILE for p in path.iterdir()))
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -145,39 +144,44 @@ def supervised_warmup(model, tokenizer, records: list[dict], *, steps: int, batc
     return steps
 
 
+# what a warmed-up model folder holds (the weights, the config, the character tokenizer); a folder in the
+# cache without one of them was renamed there by a build another process had emptied (before the builds' locks)
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
+
+
+def is_complete(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in MODEL_FILES)
+
+
 def default_model(cfg: Config, train_records: list[dict], *, log=print) -> Path:
-    """Path of the (cached) warmed-up tiny model for ``cfg``; builds it on first use."""
+    """Path of the (cached) warmed-up tiny model for ``cfg``; builds it on first use (under a temporary
+    name and its lock, pacs_fast/folder_build.py: runs, containers and nodes may share the cache)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pacs_fast.data.tiny import make_tiny_model
+    from pacs_fast.folder_build import build_folder, remove_dead_builds
 
     final = cache_root(cfg) / "warmup" / warmup_key(cfg)
-    if final.parent.is_dir():  # a warm-up killed while writing left .tmp-<key>-<pid> here
-        from pacs_fast.trainer.run_folder import remove_dead_temporaries
-
-        remove_dead_temporaries(final.parent)
-    if (final / "model.safetensors").exists():
+    if final.parent.is_dir():  # a warm-up killed while writing left its temporary folder here
+        remove_dead_builds(final.parent)
+    if is_complete(final):
         log(f"using the cached warmed-up tiny model {final}")
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    seed = warmup_seed(cfg)
-    make_tiny_model(tmp, seed=seed, **tiny_model_kwargs(cfg))
-    if cfg.warmup.steps:
-        log(f"supervised warm-up of the tiny model ({cfg.warmup.steps} steps; cached in {final})")
-        model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(tmp)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            supervised_warmup(model, tokenizer, train_records, steps=cfg.warmup.steps,
-                              batch_size=cfg.warmup.batch_size, lr=cfg.warmup.lr, seed=seed, log=log,
-                              target_acc=cfg.warmup.target_acc, check_every=cfg.warmup.check_every,
-                              max_new_tokens=cfg.rollout.max_new_tokens)
-        model.save_pretrained(tmp, safe_serialization=True)
-    try:
-        os.replace(tmp, final)
-    except OSError:  # another process finished the same model first
-        shutil.rmtree(tmp, ignore_errors=True)
+    if final.exists():
+        log(f"warning: the cached warmed-up model {final} lacks one of {', '.join(MODEL_FILES)}: built again")
+        shutil.rmtree(final, ignore_errors=True)
+    with build_folder(final) as tmp:
+        seed = warmup_seed(cfg)
+        make_tiny_model(tmp, seed=seed, **tiny_model_kwargs(cfg))
+        if cfg.warmup.steps:
+            log(f"supervised warm-up of the tiny model ({cfg.warmup.steps} steps; cached in {final})")
+            model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(tmp)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                supervised_warmup(model, tokenizer, train_records, steps=cfg.warmup.steps,
+                                  batch_size=cfg.warmup.batch_size, lr=cfg.warmup.lr, seed=seed, log=log,
+                                  target_acc=cfg.warmup.target_acc, check_every=cfg.warmup.check_every,
+                                  max_new_tokens=cfg.rollout.max_new_tokens)
+            model.save_pretrained(tmp, safe_serialization=True)
     return final
