@@ -70,6 +70,27 @@ def test_automatic_names_never_collide(tmp_path):
     assert second != first and second.name.startswith(first.name)
 
 
+def test_automatic_names_chosen_in_one_second_both_run(tmp_path):
+    """Two runs without train.run_name started within one second chose one name before either held its lock;
+    the second was refused ("in use by another run ... choose another train.run_name", a name the user never
+    chose; concurrency sweep, 2026-11-29). The later claim takes the next free suffix; a given name is refused."""
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.run_folder import RunFolderTaken, claim_run_dir, claim_run_folder
+    cfg = load_config(None, [f"train.out_dir={tmp_path}"])
+    name = claim_run_dir(cfg)
+    assert claim_run_dir(cfg) == name  # both runs' choice, before either claims it
+    first = claim_run_folder(name, new=True, automatic=True)
+    second = claim_run_folder(name, new=True, automatic=True)  # the first holds its lock, nothing written yet
+    (tmp_path / f"{name.name}-3").mkdir()
+    (tmp_path / f"{name.name}-3" / "config.yaml").write_text("{}")  # another run's folder, finished
+    third = claim_run_folder(name, new=True, automatic=True)
+    assert [f.path.name for f in (first, second, third)] == [name.name, f"{name.name}-2", f"{name.name}-4"]
+    with pytest.raises(RunFolderTaken, match="is in use by another run"):
+        claim_run_folder(name, new=True, automatic=False)  # a name the user gave is never changed
+    for folder in (first, second, third):
+        folder.lock.release()
+
+
 def test_resume_of_a_finished_run_keeps_its_results(finished, tmp_path, capsys):
     run = copy_run(finished, tmp_path)
     summary = json.loads((run / "summary.json").read_text())

@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -45,6 +46,10 @@ MOVABLE_KEYS = frozenset({"model.path", "data.dataset", "data.eval_dataset"})
 _BUILT_IN_DATA = SHIPPED_DATASETS + ("arithmetic",)  # data.dataset names that are not files
 CONFIG_FILE = "config.yaml"
 LOCK_FILE = ".run.lock"
+
+
+class RunFolderTaken(ValueError):
+    """The folder holds another run, or another live run holds its lock."""
 
 
 def _is_used(path: Path) -> bool:
@@ -74,8 +79,8 @@ class RunLock:
             holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(self._fd)
             self._fd = None
-            raise ValueError(f"{what} {str(self.run_dir)!r} is in use by another run (pid {holder}): wait for "
-                             f"it to end, or {other} (nothing was changed)") from None
+            raise RunFolderTaken(f"{what} {str(self.run_dir)!r} is in use by another run (pid {holder}): wait "
+                                 f"for it to end, or {other} (nothing was changed)") from None
         if new and _is_used(self.run_dir):
             self.release()
             check_new_run_dir(self.run_dir)  # raises: another run got there first
@@ -106,14 +111,33 @@ def claim_run_dir(cfg: Config) -> Path:
     return run_dir
 
 
+_AUTOMATIC_NAME = re.compile(r"(.+-\d{8}-\d{6})(?:-(\d+))?")
+
+
+def claim_run_folder(run_dir: str | Path, *, new: bool, automatic: bool) -> "RunFolder":
+    """``RunFolder(run_dir, new=new)``, locked. A run without ``train.run_name`` (``automatic``) whose name
+    another run took between :func:`claim_run_dir`'s choice and this lock (two runs started within one
+    second) takes the next free suffix instead of being refused."""
+    run_dir = Path(run_dir)
+    for _ in range(1000):
+        try:
+            return RunFolder(run_dir, new=new)
+        except RunFolderTaken:
+            parts = _AUTOMATIC_NAME.fullmatch(run_dir.name) if automatic and new else None
+            if parts is None:
+                raise
+            run_dir = run_dir.with_name(f"{parts[1]}-{int(parts[2] or 1) + 1}")
+    raise ValueError(f"no free run folder name after {run_dir}: give train.run_name")
+
+
 def check_new_run_dir(run_dir: str | Path) -> None:
     """ValueError when ``run_dir`` already holds something (a run folder is never overwritten)."""
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"run folder {str(run_dir)!r} is a file")
     if _is_used(run_dir):
-        raise ValueError(f"run folder {str(run_dir)!r} already exists: continue it with "
-                         f"`--resume {run_dir}`, or choose another train.run_name (nothing was overwritten)")
+        raise RunFolderTaken(f"run folder {str(run_dir)!r} already exists: continue it with "
+                             f"`--resume {run_dir}`, or choose another train.run_name (nothing was overwritten)")
 
 
 def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, checkpoint: Path | None = None) -> Config:

@@ -34,7 +34,7 @@ from pacs_fast.trainer.preflight import (check_cpus, check_megatron_model, check
 from pacs_fast.trainer.problems import (check_context, check_gold_answers, check_token_budget, data_digest,
                                         data_warnings, encode, load_problems)
 from pacs_fast.trainer.rewards import Scorer, check_callables
-from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir
+from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir, claim_run_folder
 from pacs_fast.trainer.sampler import PromptSampler
 from pacs_fast.trainer.step_credit import StepCredit
 from pacs_fast.trainer.trackers import check_trackers, open_trackers
@@ -102,14 +102,13 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         check_tensor_parallel(cfg)  # so is a tensor-parallel size megatron cannot shard the model over
         check_megatron_model(cfg)  # and a model megatron's builder cannot reproduce
         check_packed_attention(cfg)  # or learner.packed_attention=varlen cannot run
-        if not resume:
+        if not resume and cfg.train.run_name:  # (an automatic name another run took moves on: claim_run_folder)
             check_new_run_dir(run_dir)
         quiet_warnings(cfg, is_main=True)  # megatron's import-time notes
         world = init_world(cfg)
     except ValueError as e:
         raise SetupError(str(e)) from e
     quiet_warnings(cfg, world.is_main)
-    run_dir = Path(world.broadcast(str(run_dir)))  # a timestamped name could differ between ranks
     shared = None
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -123,12 +122,14 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     folder, claim_error = None, None
     if world.is_main:
         try:
-            folder = RunFolder(run_dir, new=not resume)
+            folder = claim_run_folder(run_dir, new=not resume, automatic=not cfg.train.run_name)
+            run_dir = folder.path
         except ValueError as e:  # another live run holds the folder
             claim_error = str(e)
-    claim_error = world.broadcast(claim_error)  # every rank stops together
-    if claim_error:
+    claim_error, run_dir = world.broadcast((claim_error, str(run_dir)))  # every rank stops together, or
+    if claim_error:  # takes rank 0's folder (a timestamped name could differ between ranks)
         raise SetupError(claim_error)
+    run_dir = Path(run_dir)
     if resume and world.is_main:
         remove_stale_temporaries(run_dir)
     random.seed(cfg.train.seed)
