@@ -170,3 +170,43 @@ def test_tensorboard_shows_each_step_once_after_a_resume(tmp_path, fresh_by):
         assert got == want
     else:  # the earlier runs' files: the resume's event is the first the loader reads (documented, not fixed)
         assert [s for s, _ in got].count(5) == 2
+
+
+TRACKIO_PAIR = r"""
+import json, sys
+from pathlib import Path
+from types import SimpleNamespace
+from pacs_fast.trainer.trackers import TrackioTracker
+
+cfg, root = SimpleNamespace(train=SimpleNamespace(project="pf-test")), Path(sys.argv[1])
+a = TrackioTracker(cfg, root / "A" / "seed0", {"seed": 0}, None)
+a.log("train", 1, {"loss": 1.0})
+a.close()
+b = TrackioTracker(cfg, root / "B" / "seed0", {"seed": 1}, None)  # another run, the same folder name
+b.log("train", 1, {"loss": 2.0})
+b.close()
+again = TrackioTracker(cfg, root / "A" / "seed0", {"seed": 0}, a.id)  # run A resumed: the id from trackers.json
+again.log("train", 2, {"loss": 0.5})
+again.close()
+print("IDS " + json.dumps([a.id, b.id, again.id]))
+"""
+
+
+def test_trackio_runs_of_one_folder_name_stay_apart(tmp_path):
+    """trackio knows a run by its name: every run named after its folder's (``seed0`` of another out_dir, each arm
+    of an experiment) was continued as one trackio run, the metrics of both in it (concurrency sweep,
+    2026-11-29). A new run's name gets a suffix of its own; a resumed run continues its own."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", TRACKIO_PAIR, str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b, again = json.loads(proc.stdout.split("IDS ", 1)[1])
+    assert a != b and again == a and a.startswith("seed0-") and b.startswith("seed0-")
+    with sqlite3.connect(tmp_path / "trackio" / "pf-test.db") as con:
+        steps = {}
+        for name, step in con.execute("select run_name, step from metrics order by id"):
+            steps.setdefault(name, []).append(step)
+    assert steps == {a: [1, 2], b: [1]}

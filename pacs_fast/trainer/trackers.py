@@ -25,6 +25,7 @@ import importlib.util
 import json
 import netrc
 import os
+import uuid
 import re
 from pathlib import Path
 
@@ -153,9 +154,12 @@ class TrackioTracker:
         import trackio
 
         self.trackio = trackio
-        self.run = trackio.init(project=cfg.train.project, name=run_dir.name, config=config, resume="allow",
-                                embed=False, auto_log_cpu=False, auto_log_gpu=False)
-        self.id = run_dir.name
+        # trackio knows a run by its name: a new run's gets a suffix of its own, or every run of one folder name
+        # (another out_dir's seed0, an experiment's arms) was continued as one run, their metrics mixed
+        self.id = run_id or f"{run_dir.name}-{uuid.uuid4().hex[:6]}"
+        self.run = trackio.init(project=cfg.train.project, name=self.id, config=config,
+                                resume="allow" if run_id else "never", embed=False, auto_log_cpu=False,
+                                auto_log_gpu=False)
 
     def log(self, kind: str, step: int, values: dict) -> None:
         self.trackio.log(scalar_metrics(kind, values), step=step)
