@@ -169,9 +169,11 @@ def _check_config(out_dir: Path, config: dict, overwrite: bool) -> None:
         diff += [k for k in ("engine", "dtype") if old.get(k) not in (None, "auto") and old[k] != config[k]]
         if old.get("extraction", "reference") != config["extraction"]:  # (recorded since it exists)
             diff.append("extraction")
-        if diff:
-            raise UsageError(f"{out_dir} holds samples made with other settings ({', '.join(diff)} "
-                             f"differ; see {path}). Use another --out, or --overwrite to start afresh.")
+        if diff:  # (--overwrite's cost said: two runs' checkpoints of one name share a default --out)
+            whose = f"another model's ({old.get('model')}), " if "model" in diff else ""
+            raise UsageError(f"{out_dir} holds samples made with other settings ({whose}{', '.join(diff)} "
+                             f"differ; see {path}). Use another --out (or --label), or --overwrite to delete "
+                             f"those samples and start afresh.")
         config = {**old, **config, "n": {**old.get("n", {}), **config["n"]}}
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(config, indent=2) + "\n")

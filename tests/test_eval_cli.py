@@ -326,6 +326,14 @@ def test_resume_refuses_samples_of_another_engine_or_dtype(model_dir, dataset, t
         capsys.readouterr()
         assert ev.main(_run_args(model_dir, dataset, out, "--limit", "2")) == 2
         _one_line_error(capsys, "holds samples made with other settings", f"({key} differ", "--overwrite")
+    # another run's checkpoint of one name (an experiment's arms: runs/pacs/seed0, runs/grpo/seed0) shares the
+    # default --out: the line names that model, and what --overwrite would delete (concurrency sweep, 2026-11-29)
+    path.write_text(json.dumps({**settings, "model": "/runs/grpo/seed0/checkpoints/step_000003"}))
+    capsys.readouterr()
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "2")) == 2
+    _one_line_error(capsys, "another model's (/runs/grpo/seed0/checkpoints/step_000003), model differ",
+                    "--out (or --label), or --overwrite to delete those samples")
+    path.write_text(json.dumps(settings))
     assert sorted(read_samples(out / "samples_toy.jsonl")) == [0]  # nothing was added
     # a settings file from before they were recorded resolved ("auto", no dtype) resumes, and records them
     path.write_text(json.dumps({**{k: v for k, v in settings.items() if k != "dtype"}, "engine": "auto"}))
