@@ -52,6 +52,7 @@ def test_resume_of_a_live_run_is_refused(finished, tmp_path, capsys):  # noqa: F
     finally:
         lock.release()
     assert code == 2 and "in use by another run" in err and f"pid {os.getpid()}" in err and err.count("\n") == 1
+    assert "stop it first" in err and "train.run_name" not in err  # (a resume's folder is given: no other name)
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".run.lock"} == before
     code, _, err = cli(["--resume", str(run), "train.steps=5"], capsys)  # the owner is gone: it resumes
     assert code == 0, err

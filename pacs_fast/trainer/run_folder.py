@@ -262,7 +262,9 @@ class RunFolder:
 
     def __init__(self, path: str | Path, *, new: bool = True):
         self.path = Path(path)
-        self.lock = RunLock(self.path, new=new)  # before anything is written: see RunLock
+        # before anything is written: see RunLock (a resumed run's folder is its own: only waiting helps)
+        self.lock = RunLock(self.path, new=new, other="choose another train.run_name" if new else
+                            "stop it first (two runs must not write one folder)")
         self._samples = None
 
     def write_config(self, cfg: Config) -> None:
