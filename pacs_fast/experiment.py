@@ -245,7 +245,7 @@ def run_jobs(todo: list[tuple[Job, str]], config: str | None, *, workers: int, t
     after ``timeout`` seconds (None: no limit); returns how many finished and failed."""
     counts = {"finished": 0, "failed": 0}
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", signals.RUNNER_PID_VAR: str(os.getpid())}  # (a trainer dies with the runner)
     running: list[tuple[Job, subprocess.Popen, float, object]] = []
     building: set[int] = set()  # seeds whose warm-up one running job is building
     try:

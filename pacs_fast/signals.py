@@ -39,11 +39,17 @@ def default_stop_signals() -> None:
             signal.signal(sig, signal.SIG_DFL)
 
 
+# set by ``python -m pacs_fast.experiment`` in the environment of the trainers it starts: its process id
+RUNNER_PID_VAR = "PACS_FAST_RUNNER_PID"
+
+
 def die_with_launcher() -> None:
     """Under torchrun every rank runs in a session of its own: a launcher killed with -9 (or by the OOM
-    killer) left its ranks training, holding the run lock. PR_SET_PDEATHSIG has the kernel send the rank
-    SIGTERM when the launcher dies (Linux; elsewhere nothing changes)."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+    killer) left its ranks training, holding the run lock; so did a trainer the experiment runner started
+    (``RUNNER_PID_VAR``). PR_SET_PDEATHSIG has the kernel send the process SIGTERM when its launcher
+    dies (Linux; elsewhere nothing changes)."""
+    runner = None if "TORCHELASTIC_RUN_ID" in os.environ else os.environ.get(RUNNER_PID_VAR)
+    if ("TORCHELASTIC_RUN_ID" not in os.environ and not runner) or not sys.platform.startswith("linux"):
         return
     try:
         import ctypes
@@ -51,8 +57,9 @@ def die_with_launcher() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except Exception:  # no prctl: the rank outlives a killed launcher, as before
         return
-    if os.getppid() == 1:  # the launcher died before the request was in place
-        os.kill(os.getpid(), signal.SIGTERM)
+    parent = os.getppid()
+    if parent == 1 or (runner and runner.isdigit() and parent != int(runner)):
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher died before the request was in place
 
 
 def exit_status(signum: int) -> int:

@@ -82,17 +82,21 @@ def test_sigterm_to_the_experiment_runner_stops_the_run_it_started(tmp_path, war
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_rank_stops_when_its_launcher_is_killed(tmp_path):
-    """As torchrun starts a rank (a session of its own, TORCHELASTIC_RUN_ID set): the launcher killed with -9,
-    the rank gets SIGTERM from the kernel and stops through its handler. (The rank says 'ready' inside its
-    try: the signal can come as soon as the launcher has read it; fresh-clone CI once caught it before.)"""
+@pytest.mark.parametrize("launcher_env", ["TORCHELASTIC_RUN_ID='x'", "PACS_FAST_RUNNER_PID=str(os.getpid())"],
+                         ids=["torchrun", "experiment_runner"])
+def test_a_rank_stops_when_its_launcher_is_killed(tmp_path, launcher_env):
+    """As torchrun starts a rank (a session of its own, TORCHELASTIC_RUN_ID set), or the experiment runner a
+    trainer (its pid in PACS_FAST_RUNNER_PID; such a trainer kept running, holding its run's lock, after a
+    runner killed with -9: concurrency sweep, 2026-11-29): the launcher killed with -9, the rank gets SIGTERM
+    from the kernel and stops through its handler. (The rank says 'ready' inside its try: the signal can come
+    as soon as the launcher has read it; fresh-clone CI once caught it before.)"""
     marker = tmp_path / "stopped"
     rank = ("import time, sys\nfrom pacs_fast import signals\nsignals.raise_on_stop_signals()\n"
             "signals.die_with_launcher()\ntry:\n    print('ready', flush=True)\n    time.sleep(120)\n"
             f"except signals.Stopped as e:\n    open({str(marker)!r}, 'w').write(signals.name(e.signum))\n")
     launcher = ("import subprocess, sys, time, os\n"
                 "p = subprocess.Popen([sys.executable, '-c', sys.argv[1]], start_new_session=True,\n"
-                "                     env=dict(os.environ, TORCHELASTIC_RUN_ID='x'), stdout=subprocess.PIPE, text=True)\n"
+                f"                     env=dict(os.environ, {launcher_env}), stdout=subprocess.PIPE, text=True)\n"
                 "assert p.stdout.readline().strip() == 'ready'\nprint(p.pid, flush=True)\ntime.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", launcher, rank], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
