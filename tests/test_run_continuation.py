@@ -229,6 +229,11 @@ def test_checkpoints_of_two_runs_get_two_labels():
     assert model_label("runs/a/checkpoints/step_000060/") == "a-step_000060"
     assert model_label("runs/b/checkpoints/step_000060") == "b-step_000060"
     assert model_label("/models/Qwen2.5-0.5B") == "Qwen2.5-0.5B"
+    # an experiment's arms: every arm's runs are named seed<s> (their evals shared one default folder, whose
+    # refusal then offered --overwrite over the other arm's samples: concurrency sweep, 2026-11-29)
+    assert model_label("exp/runs/pacs/seed0/checkpoints/step_000003") == "pacs-seed0-step_000003"
+    assert model_label("exp/runs/grpo/seed0/checkpoints/step_000003/") == "grpo-seed0-step_000003"
+    assert model_label("runs/seed0/checkpoints/step_000003") == "seed0-step_000003"  # a run named seed0 alone
 
 
 def test_resume_keeps_the_split_of_a_run_from_before_split_seed_and_takes_unchanged_values(tmp_path):

@@ -245,10 +245,15 @@ def gold_warnings(problems: list, args, sample: int = 512) -> list[str]:
 def model_label(model: str) -> str:
     """The default label (and ``eval_results/`` folder) of a model: its folder's name, with its run's name
     for a training checkpoint (``RUN/checkpoints/step_000060`` -> ``RUN-step_000060``): the same step of two
-    runs gave two rows labelled alike, and their evals one default folder."""
+    runs gave two rows labelled alike, and their evals one default folder. An experiment's run
+    (``<out>/runs/<arm>/seed<s>``, pacs_fast/experiment.py) is named by its arm too (``pacs-seed0-step_000060``):
+    every arm's runs are named ``seed<s>``."""
     path = Path(model.rstrip("/"))
     if path.parent.name == "checkpoints" and path.parent.parent.name:
-        return f"{path.parent.parent.name}-{path.name}"
+        run = path.parent.parent
+        if re.fullmatch(r"seed\d+", run.name) and run.parent.name and run.parent.parent.name == "runs":
+            return f"{run.parent.name}-{run.name}-{path.name}"
+        return f"{run.name}-{path.name}"
     return path.name
 
 

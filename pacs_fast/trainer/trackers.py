@@ -25,8 +25,8 @@ import importlib.util
 import json
 import netrc
 import os
-import uuid
 import re
+import uuid
 from pathlib import Path
 
 from pacs_fast.files import write_text_atomic
