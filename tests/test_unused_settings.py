@@ -56,8 +56,15 @@ def test_flagged_algorithm_keys_leave_the_objective_unchanged(seed, name):
     mask = batch.response_mask
     logp0 = batch.old_logp + 0.6 * torch.randn(mask.shape, generator=gen, dtype=torch.float64) * mask
     logp0[1] = batch.old_logp[1] + 1.5 * mask[1]  # ratio e^1.5 > clip_c = 3 on a row with reward 0: the dual clip binds
+    # the ratio clips bind whatever the draw (a draw with no ratio past 1.2 on a positive advantage left
+    # clip_high=0.28 idle, CI seed 204539824): e^0.3 = 1.35 > 1 + 0.28 on row 0 (reward 1, advantage > 0),
+    # e^-0.3 = 0.74 < 1 - 0.2 on row 2 (reward 0 in the same group, advantage < 0)
+    logp0[0] = batch.old_logp[0] + 0.3 * mask[0]
+    logp0[2] = batch.old_logp[2] - 0.3 * mask[2]
     if name == "ppo":
         batch.advantages[1] = -batch.advantages[1].abs()
+        batch.advantages[0] = batch.advantages[0].abs()
+        batch.advantages[2] = -batch.advantages[2].abs()
     values0 = batch.old_values + 0.5 * torch.randn(mask.shape, generator=gen, dtype=torch.float64) * mask \
         if name == "ppo" else None
     base = _objective(AlgoConfig(name=name), batch, logp0, values0)
