@@ -131,6 +131,44 @@ def test_sample_tokens_greedy_and_support(seed):
     assert sample_tokens(onehot, 1.0, 1.0).tolist() == [0, 17, 49]
 
 
+def test_a_uniform_at_the_top_never_draws_a_filtered_token(seed):
+    """The largest uniforms (1 - 2**-24, and 1 itself from a caller) on rows whose last tokens are filtered
+    (-inf: a padded vocabulary, or top-p): the draw is the last token with probability > 0. Before, u = 1
+    (one row_uniforms draw in 2**24) gave the last id, a filtered one."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(64, 40, generator=g) * 3
+    keep = 1 + torch.randint(0, 39, (64,), generator=g)  # row r: tokens >= keep[r] filtered
+    logits[torch.arange(40)[None, :] >= keep[:, None]] = float("-inf")
+    for u in (1.0, 1 - 2.0 ** -24, 2.0 ** -149):  # 2**-149: the least float32 (a cdf never lies below it)
+        for temperature, top_p in ((1.0, 1.0), (0.7, 1.0), (1.0, 0.9)):
+            tok = sample_tokens(logits, temperature, top_p, torch.full((64,), u))
+            allowed = torch.isfinite(logits)
+            if top_p < 1:
+                allowed &= ~top_p_remove_mask(logits / temperature, top_p)
+            assert allowed.gather(1, tok[:, None]).all(), (u, temperature, top_p)
+            # and the draw is at its end of the distribution: what lies beyond it (before it, for the least u)
+            # is below float32's resolution of the cumulative probability
+            probs = (logits.double() / temperature).masked_fill(~allowed, float("-inf")).softmax(1)
+            beyond = torch.arange(40)[None, :] > tok[:, None] if u > 0.5 else torch.arange(40)[None, :] < tok[:, None]
+            assert float(probs.masked_fill(~beyond, 0).sum(1).max()) < 2.0 ** -22, (u, temperature, top_p)
+
+
+def test_row_uniforms_stay_inside_the_unit_interval(monkeypatch):
+    """Every value the hash can give, mapped: strictly inside (0, 1) in float32, symmetric about 1/2, and
+    the row that drew 1.0 before (CI seed 4263220347, row 10543, step 0) draws below 1."""
+    assert float(row_uniforms(row_keys([4263220347 + 10543]), 0)) < 1
+    from pacs_fast.rollout import sampling
+    calls, real = [], sampling._mix32
+    every_top_23_bits = torch.arange(0, 2 ** 32, 2 ** 9, dtype=torch.int64)
+    monkeypatch.setattr(sampling, "_mix32", lambda x: calls.append(1) or (every_top_23_bits if len(calls) == 2
+                                                                         else real(x)))  # the second hash
+    u = row_uniforms(torch.zeros(2 ** 23, dtype=torch.int64), 0)
+    assert len(calls) == 2
+    assert u.dtype == torch.float32 and float(u.min()) > 0 and float(u.max()) < 1
+    assert u.unique().numel() == 2 ** 23  # no two hash values share a float
+    assert torch.equal(u + u.flip(0), torch.ones_like(u))
+
+
 def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     """Pearson statistic over bins with expected count >= 5 (the rest pooled into one bin)."""
     total = counts.sum()

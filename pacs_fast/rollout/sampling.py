@@ -34,7 +34,10 @@ def row_uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
     batch, how they are chunked, merged or compacted, nor on the process layout."""
     h = _mix32(keys ^ ((step * _GOLDEN + 1) & _M32))
     h = _mix32(h ^ _GOLDEN)
-    return (h >> 8).to(torch.float32) * 2.0 ** -24 + 2.0 ** -25
+    # (2k + 1) / 2**24 for the hash's top 23 bits k: every value is a float32 exactly, the smallest 2**-24 and
+    # the largest 1 - 2**-24. (k / 2**24 + 2**-25 over 24 bits rounded its top value to 1.0 in float32: one
+    # draw in 2**24 was u = 1, past every token's cumulative probability.)
+    return ((h >> 9) * 2 + 1).to(torch.float32) * 2.0 ** -24
 
 
 def top_p_remove_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -69,8 +72,13 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
     cdf = scaled.softmax(dim=-1).cumsum_(dim=-1)
     u = torch.rand((cdf.shape[0], 1), device=cdf.device, dtype=cdf.dtype) if uniforms is None else \
         uniforms.to(device=cdf.device, dtype=cdf.dtype)[:, None]
-    u = u * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
+    total = cdf[:, -1:].contiguous()
+    token = torch.searchsorted(cdf, u * total, right=True)
+    # u * total can round up to total itself (u = 1 - 2**-24 and total in [1, 2) is a tie in float32; torch.rand
+    # never gives 1 but a caller's uniforms may): no cdf entry exceeds it, so the draw is the last token with
+    # probability > 0 (the first whose cdf reaches total), never a later, filtered one
+    last = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(token, last).squeeze(1)
 
 
 class MaskPaddedRows:
