@@ -77,6 +77,32 @@ def test_the_cli_refuses_before_loading(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "r").exists() or not any(p.name != ".run.lock" for p in (tmp_path / "r").iterdir())
 
 
+def test_an_mlflow_store_this_mlflow_lacks_is_refused_before_loading(tmp_path, capsys, monkeypatch):
+    """``MLFLOW_TRACKING_URI=sqlite:///...`` (MLflow's suggested local database) with mlflow-skinny, which the
+    loggers extra installs (no SQLAlchemy: requirements/ci.lock has none), or an unknown scheme: one line naming the
+    URI before anything loads; MLflow raised at the run's first set_experiment, after the warm-up and the model load
+    (a traceback; sweep of 2026-11-29). A server URI is taken without contacting it."""
+    import importlib.util
+
+    assert importlib.util.find_spec("sqlalchemy") is None  # what the loggers extra installs: the refused path runs
+    db = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", db)
+    code, out, err = cli(TINY + [f"train.out_dir={tmp_path}", "train.run_name=r", "train.loggers=[mlflow]"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: train.loggers=mlflow: MLFLOW_TRACKING_URI={db} is a database") and \
+        "pip install sqlalchemy alembic" in err
+    assert "warm-up" not in out + err and not (tmp_path / "mlflow.db").exists()
+    assert not (tmp_path / "r").exists() or not any(p.name != ".run.lock" for p in (tmp_path / "r").iterdir())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuch://host/x")
+    with pytest.raises(ValueError, match=r"MLFLOW_TRACKING_URI=nosuch://host/x: MLflow has no tracking store for "
+                                         r"the scheme 'nosuch' \(it takes .*file, http, https"):
+        check_trackers(load_config(None, ["train.loggers=[tensorboard,mlflow]"]))
+    check_trackers(load_config(None, ["train.loggers=[tensorboard]"]))  # not a logger of this run: not read
+    for fine in ("http://127.0.0.1:9/", f"file://{tmp_path}/store", str(tmp_path / "plain")):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", fine)
+        check_trackers(load_config(None, ["train.loggers=[mlflow]"]))
+
+
 def _train(args, tmp_path):
     """The CLI in a subprocess: trackio reads TRACKIO_DIR when it is first imported."""
     import subprocess

@@ -26,6 +26,7 @@ import json
 import netrc
 import os
 import re
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -67,10 +68,43 @@ def check_trackers(cfg) -> None:
                 raise ValueError(f"train.loggers={name}: importing the {package} package failed "
                                  f"({type(e).__name__}: {e}); repair it (pip install 'pacs_fast[loggers]') or "
                                  f"leave {name} out") from e
+    if "mlflow" in names:
+        _check_mlflow_uri()
     mode = os.environ.get("WANDB_MODE", "").lower()
     if "wandb" in names and mode not in ("offline", "disabled", "dryrun") and not _wandb_logged_in():
         raise ValueError("train.loggers=wandb: not logged in to W&B; run `wandb login` or set WANDB_API_KEY, or "
                          "WANDB_MODE=offline to keep the run in the run folder (`wandb sync` it later)")
+
+
+_MLFLOW_DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
+
+
+def _check_mlflow_uri() -> None:
+    """``MLFLOW_TRACKING_URI``, when set, must name a store this MLflow has: a database (``sqlite:``,
+    ``postgresql:``, ...) needs SQLAlchemy, which mlflow-skinny (the ``loggers`` extra) leaves out, and MLflow
+    found that out only at the run's first ``set_experiment``, after the model loaded (a traceback)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return
+    try:  # MLflow's own scheme -> store table (private: a later MLflow that moved it skips the check)
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry as registry
+    except ImportError:
+        return
+    try:
+        registry.get_store_builder(uri)
+        return
+    except Exception:  # UnsupportedModelRegistryStoreURIException, or a URI MLflow cannot parse
+        pass
+    scheme = urllib.parse.urlparse(uri).scheme.split("+")[0].lower()
+    head = f"train.loggers=mlflow: MLFLOW_TRACKING_URI={uri}"
+    if scheme in _MLFLOW_DATABASES and importlib.util.find_spec("sqlalchemy") is None:
+        raise ValueError(f"{head} is a database, and MLflow's database store needs SQLAlchemy and Alembic, which "
+                         f"mlflow-skinny (what pacs_fast[loggers] installs) leaves out: pip install sqlalchemy alembic "
+                         f"(or the full mlflow), or unset MLFLOW_TRACKING_URI for the file store in the run folder")
+    known = ", ".join(sorted(k for k in getattr(registry, "_registry", {}) if k))
+    raise ValueError(f"{head}: MLflow has no tracking store for the scheme {scheme!r}"
+                     + (f" (it takes {known})" if known else "") + "; fix the URI or unset MLFLOW_TRACKING_URI for "
+                     "the file store in the run folder")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
