@@ -93,6 +93,11 @@ def test_an_mlflow_store_this_mlflow_lacks_is_refused_before_loading(tmp_path, c
         "pip install sqlalchemy alembic" in err
     assert "warm-up" not in out + err and not (tmp_path / "mlflow.db").exists()
     assert not (tmp_path / "r").exists() or not any(p.name != ".run.lock" for p in (tmp_path / "r").iterdir())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql+psycopg2://pf:s3cret@db.example:5432/mlflow")
+    with pytest.raises(ValueError, match=r"MLFLOW_TRACKING_URI=postgresql\+psycopg2://pf:\*\*\*@db.example:5432/mlflow "
+                                         r"is a database") as e:
+        check_trackers(load_config(None, ["train.loggers=[mlflow]"]))
+    assert "s3cret" not in str(e.value)  # the password stays out of the message
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuch://host/x")
     with pytest.raises(ValueError, match=r"MLFLOW_TRACKING_URI=nosuch://host/x: MLflow has no tracking store for "
                                          r"the scheme 'nosuch' \(it takes .*file, http, https"):

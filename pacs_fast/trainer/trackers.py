@@ -95,7 +95,10 @@ def _check_mlflow_uri() -> None:
         return
     except Exception:  # UnsupportedModelRegistryStoreURIException, or a URI MLflow cannot parse
         pass
-    scheme = urllib.parse.urlparse(uri).scheme.split("+")[0].lower()
+    parts = urllib.parse.urlsplit(uri)
+    scheme = parts.scheme.split("+")[0].lower()
+    if parts.password:  # a database URI's password stays out of the message (and the logs it lands in)
+        uri = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
     head = f"train.loggers=mlflow: MLFLOW_TRACKING_URI={uri}"
     if scheme in _MLFLOW_DATABASES and importlib.util.find_spec("sqlalchemy") is None:
         raise ValueError(f"{head} is a database, and MLflow's database store needs SQLAlchemy and Alembic, which "
