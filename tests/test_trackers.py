@@ -108,6 +108,26 @@ def test_an_mlflow_store_this_mlflow_lacks_is_refused_before_loading(tmp_path, c
         check_trackers(load_config(None, ["train.loggers=[mlflow]"]))
 
 
+def test_a_trackio_store_that_cannot_be_written_is_refused_before_loading(tmp_path):
+    """trackio swallows its write errors: with ``TRACKIO_DIR`` under a file, a run said "metrics logged to ...",
+    exited 0 and stored nothing (sweep of 2026-11-29). Now one line, before the warm-up, nothing in the run folder.
+    In a subprocess: trackio reads TRACKIO_DIR when it is first imported."""
+    import subprocess
+    import sys
+
+    (tmp_path / "afile").write_text("")
+    store = tmp_path / "afile" / "trackio"
+    env = {**os.environ, "TRACKIO_DIR": str(store), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pacs_fast.train", *TINY, f"train.out_dir={tmp_path}",
+                           "train.run_name=r", "train.loggers=[tensorboard,trackio]"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"error: train.loggers=trackio: its local store {store} (TRACKIO_DIR, default "
+                                  f"HF_HOME/trackio) cannot be written (Not a directory)"), proc.stderr
+    assert "warm-up" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "r").exists() or not any(p.name != ".run.lock" for p in (tmp_path / "r").iterdir())
+
+
 def _train(args, tmp_path):
     """The CLI in a subprocess: trackio reads TRACKIO_DIR when it is first imported."""
     import subprocess

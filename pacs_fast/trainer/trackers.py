@@ -26,6 +26,7 @@ import json
 import netrc
 import os
 import re
+import tempfile
 import urllib.parse
 import uuid
 from pathlib import Path
@@ -70,6 +71,8 @@ def check_trackers(cfg) -> None:
                                  f"leave {name} out") from e
     if "mlflow" in names:
         _check_mlflow_uri()
+    if "trackio" in names:
+        _check_trackio_dir()
     mode = os.environ.get("WANDB_MODE", "").lower()
     if "wandb" in names and mode not in ("offline", "disabled", "dryrun") and not _wandb_logged_in():
         raise ValueError("train.loggers=wandb: not logged in to W&B; run `wandb login` or set WANDB_API_KEY, or "
@@ -108,6 +111,24 @@ def _check_mlflow_uri() -> None:
     raise ValueError(f"{head}: MLflow has no tracking store for the scheme {scheme!r}"
                      + (f" (it takes {known})" if known else "") + "; fix the URI or unset MLFLOW_TRACKING_URI for "
                      "the file store in the run folder")
+
+
+def _check_trackio_dir() -> None:
+    """trackio's local store must be a folder this process can write: trackio swallows its write errors, so a
+    run whose ``TRACKIO_DIR`` could not be created said "metrics logged to <dir>", finished with exit code 0 and
+    stored nothing."""
+    try:
+        from trackio.utils import TRACKIO_DIR  # the folder trackio resolved at import (TRACKIO_DIR or HF_HOME/trackio)
+    except ImportError:
+        return
+    where = Path(TRACKIO_DIR)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=where, prefix=".pacs_fast-write-check-"):
+            pass
+    except OSError as e:
+        raise ValueError(f"train.loggers=trackio: its local store {where} (TRACKIO_DIR, default HF_HOME/trackio) "
+                         f"cannot be written ({e.strerror or e}); set TRACKIO_DIR to a folder you can write") from e
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
