@@ -9,6 +9,8 @@ nothing from the rest of the package.
 from __future__ import annotations
 
 import json
+import os
+import re
 import struct
 from pathlib import Path
 
@@ -88,3 +90,31 @@ def weights_problem(folder: str | Path) -> str | None:
         if problem:
             return problem
     return None
+
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# what a model folder needs (config, tokenizer, weights); a hub repository's other formats (gguf, onnx, flax,
+# tf, the original checkpoints) are left on the hub
+HUB_MODEL_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "*.py"]
+
+
+def hub_model_folder(name: str, key: str = "model.path") -> Path | None:
+    """The local snapshot folder of the Hugging Face Hub model ``name`` (``org/model``), downloaded (config,
+    tokenizer, safetensors weights) or, offline (``HF_HUB_OFFLINE=1``), taken from the cache; ``None`` when
+    ``name`` is not shaped like a hub id. ValueError naming ``key`` when the hub (or the cache) does not give it."""
+    if not _REPO_ID.fullmatch(name) or name.startswith((".", "~")):
+        return None
+    from huggingface_hub import snapshot_download
+
+    offline = any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
+                  for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    try:
+        return Path(snapshot_download(name, allow_patterns=HUB_MODEL_FILES, local_files_only=offline))
+    except Exception as e:  # not found, gated, no network, not cached offline
+        if offline:
+            raise ValueError(f"{key} {name!r} is not a folder here, nor in the Hugging Face cache (offline: "
+                             f"HF_HUB_OFFLINE); give a model folder, or a hub id that is cached") from e
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"{key} {name!r} is not a folder here, and the Hugging Face Hub did not give it "
+                         f"({type(e).__name__}{': ' + why[:200] if why else ''}); give a model folder, or a hub id "
+                         f"you can download") from e

@@ -21,7 +21,9 @@ def _f(default, help: str, **kw):
 
 @dataclass
 class ModelConfig:
-    path: str = _f("", "Hugging Face model folder; empty = the built-in tiny Qwen2 model (made and cached)")
+    path: str = _f("", "Hugging Face model folder, or hub id (org/name: its snapshot is downloaded, or taken from "
+                       "the cache offline, and recorded as the folder); empty = the built-in tiny Qwen2 model (made "
+                       "and cached)")
     dtype: str = _f("float32", "parameter dtype of the learner: float32 | bfloat16 (CPU: use float32; float16 is "
                     "refused: no loss scaling)")
     device: str = _f("auto", "auto | cpu | cuda")

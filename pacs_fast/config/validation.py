@@ -5,7 +5,8 @@ import os
 from pathlib import Path
 
 from pacs_fast.config.dataset_files import dataset_exists, dataset_files
-from pacs_fast.config.model_files import TOKENIZER_FILES, has_tokenizer, run_folder_hint, weights_problem
+from pacs_fast.config.model_files import (TOKENIZER_FILES, has_tokenizer, hub_model_folder, run_folder_hint,
+                                          weights_problem)
 from pacs_fast.config.schema import ALGORITHMS, Config, field_types, section_classes
 
 
@@ -242,8 +243,11 @@ def _validate_paths(cfg: Config) -> None:
     if cfg.model.path:
         path = Path(cfg.model.path).expanduser()
         if not path.exists():
-            raise ValueError(f"model.path {cfg.model.path!r} does not exist (give a Hugging Face model folder, "
-                             f"or leave it empty for the built-in tiny model)")
+            snapshot = hub_model_folder(cfg.model.path)  # a hub id: its snapshot folder (the revision in its path)
+            if snapshot is None:
+                raise ValueError(f"model.path {cfg.model.path!r} does not exist (give a Hugging Face model folder or "
+                                 f"hub id, or leave it empty for the built-in tiny model)")
+            cfg.model.path, path = str(snapshot), snapshot
         if not path.is_dir():
             raise ValueError(f"model.path {cfg.model.path!r} is a file; give the Hugging Face model folder"
                              f"{run_folder_hint(path.parent)}")
