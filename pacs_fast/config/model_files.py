@@ -98,6 +98,13 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 HUB_MODEL_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "*.py"]
 
 
+def hf_hub_offline() -> bool:
+    """Whether Hugging Face's offline mode is on (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``, as
+    huggingface_hub reads them: 1 / true / yes / on)."""
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
 def hub_model_folder(name: str, key: str = "model.path") -> Path | None:
     """The local snapshot folder of the Hugging Face Hub model ``name`` (``org/model``), downloaded (config,
     tokenizer, safetensors weights) or, offline (``HF_HUB_OFFLINE=1``), taken from the cache; ``None`` when
@@ -106,8 +113,7 @@ def hub_model_folder(name: str, key: str = "model.path") -> Path | None:
         return None
     from huggingface_hub import snapshot_download
 
-    offline = any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
-                  for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    offline = hf_hub_offline()
     try:
         return Path(snapshot_download(name, allow_patterns=HUB_MODEL_FILES, local_files_only=offline))
     except Exception as e:  # not found, gated, no network, not cached offline

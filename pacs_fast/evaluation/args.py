@@ -13,7 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-from pacs_fast.config.model_files import TOKENIZER_FILES, has_tokenizer, run_folder_hint, weights_problem
+from pacs_fast.config.model_files import (TOKENIZER_FILES, has_tokenizer, hf_hub_offline, run_folder_hint,
+                                          weights_problem)
 from pacs_fast.config.validation import MIN_TEMPERATURE
 from pacs_fast.reward.verifier import MAX_TIME_LIMIT
 
@@ -30,10 +31,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-
-
-def _offline() -> bool:
-    return any(os.environ.get(k, "").lower() in ("1", "true", "yes") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def check_model(model: str) -> None:
@@ -55,7 +52,7 @@ def check_model(model: str) -> None:
         return
     if not _REPO_ID.fullmatch(model) or model.startswith((".", "~")):
         raise UsageError(f"--model {model}: no such folder")
-    if _offline():
+    if hf_hub_offline():
         from huggingface_hub import try_to_load_from_cache
 
         if not isinstance(try_to_load_from_cache(model, "config.json"), str):
