@@ -50,21 +50,37 @@ def test_token_logprobs_compiles_whole():
     _compiled_equals_eager(step, logits, labels)
 
 
+@pytest.mark.parametrize("chunk", [None, (8, 4)], ids=["one_tile", "tiles"])
 @pytest.mark.parametrize("op", ["linear_logprobs", "token_logprobs"])
-def test_the_log_prob_ops_do_not_recompile_per_token_count(op):
+def test_the_log_prob_ops_do_not_recompile_per_token_count(op, chunk, seed):
     """RL batches change their token count every step. A ``range`` over the (symbolic) count pinned it: each
-    new count compiled again until dynamo's recompile limit (8) left the op eager."""
-    w = torch.randn(11, 6, requires_grad=True)
+    new count compiled again until dynamo's recompile limit (8) left the op eager. With several row tiles (a
+    micro-batch past ~260 tokens at V = 32k; forced here by an [8, 4] tile) dynamo traced the tile loop, whose
+    trip count is the token count's: it now runs as an opaque custom op. Values and gradients equal eager's
+    (the same tile loop in both: 1e-6 relative covers the GEMM's reduction order)."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(11, 6, generator=gen, requires_grad=True)
     counter = CompileCounter()
 
-    @torch.compile(backend=counter, fullgraph=True)
-    def step(h, lab):
+    def loss(h, lab):
         if op == "token_logprobs":
-            return pf.token_logprobs(h @ w.t(), lab, backend="torch").sum()
-        return pf.linear_logprobs(h, w, lab, backend="torch").sum()
+            logp, ent = pf.token_logprobs(h @ w.t(), lab, backend="torch", chunk_bytes=chunk, return_entropy=True)
+        else:
+            logp, ent = pf.linear_logprobs(h, w, lab, backend="torch", chunk_bytes=chunk, return_entropy=True)
+        return logp.sum() - 0.3 * ent.sum()
 
+    step = torch.compile(loss, backend=counter, fullgraph=True)
     for n in range(40, 47):
-        step(torch.randn(n, 6, requires_grad=True), torch.randint(0, 11, (n,))).backward()
+        h = torch.randn(n, 6, generator=gen)
+        lab = torch.randint(0, 11, (n,), generator=gen)
+        lab[3] = -100  # an ignored row
+        got = []
+        for fn in (loss, step):
+            hi = h.clone().requires_grad_()
+            val = fn(hi, lab)
+            got.append((val.detach(), *torch.autograd.grad(val, [hi, w])))
+        for a, b in zip(got[0], got[1]):
+            torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
     # the first count, then one dynamic-shape graph for all the others
     assert counter.frame_count <= 2, counter.frame_count
 

@@ -17,6 +17,10 @@ upstream grads ``gl`` (of logp) and ``gh`` (of entropy), and ``S = sum p x = lse
 
 and ``d/d(raw logits) = dx / temperature``. The one-hot term is added by the caller (a scatter
 for the token op, an ``index_add`` on dW / dh for the linear op). Tile element ops are in place.
+
+Under ``torch.compile`` the ops call these loops through ``torch.library`` custom ops (defined beside
+each op), which dynamo keeps opaque: traced, a loop over ``ceil(N / rows per tile)`` tiles pins the
+token count ``N`` and every new count compiles again.
 """
 from __future__ import annotations
 
@@ -178,6 +182,21 @@ def _tiles(n_rows, n_cols, nc, vc, v_outer):
     if v_outer:
         return [(n0, n1, v0, v1) for v0, v1 in cols for n0, n1 in rows]
     return [(n0, n1, v0, v1) for n0, n1 in rows for v0, v1 in cols]
+
+
+def encode_chunk(chunk_bytes) -> list[int]:
+    """``chunk_bytes`` (None, a byte budget or a ``(rows, cols)`` tile shape) as a list of ints, the form a
+    ``torch.library`` custom op takes: ``[]``, ``[budget]`` or ``[rows, cols]``."""
+    if chunk_bytes is None:
+        return []
+    if isinstance(chunk_bytes, (tuple, list)):
+        return [int(c) for c in chunk_bytes]
+    return [int(chunk_bytes)]
+
+
+def decode_chunk(chunk: list[int]):
+    """The inverse of ``encode_chunk``."""
+    return None if not chunk else chunk[0] if len(chunk) == 1 else tuple(chunk)
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:

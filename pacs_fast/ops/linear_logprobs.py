@@ -170,11 +170,19 @@ def _torch_stats(h, weight, bias, labels, v_off, inv_t, entropy, chunk_bytes):
         m = torch.full((n,), float("-inf"), dtype=cd, device=h.device)
         s = torch.zeros(n, dtype=cd, device=h.device)
         return m, s, (s.clone() if entropy else None), target
+    if torch.compiler.is_compiling():  # the tile loop as one opaque op (see _tile_stats_op)
+        m, s, a = _tile_stats_op(h, weight, bias, inv_t, entropy, chunked.encode_chunk(chunk_bytes))
+        return m, s, (a if entropy else None), target
+    return (*_tile_stats(h, weight, bias, inv_t, entropy, chunk_bytes), target)
+
+
+def _tile_stats(h, weight, bias, inv_t, entropy, chunk_bytes):
+    """Per-row ``(m, s, a or None)`` of the logits ``h @ weight.T + bias / T`` over GEMM tiles."""
+    n, v_local = h.shape[0], weight.shape[0]
     tile = chunked.plan_chunks(n, v_local, chunk_bytes, prefer_rows=True)
     fill = _gemm_fill(h, weight, bias, inv_t)
-    m, s, a = chunked.forward_stats(n, v_local, tile, fill, entropy, h.device, v_outer=True,
-                                    clamp=_may_have_neg_inf(bias, inv_t), dtype=cd)
-    return m, s, a, target
+    return chunked.forward_stats(n, v_local, tile, fill, entropy, h.device, v_outer=True,
+                                 clamp=_may_have_neg_inf(bias, inv_t), dtype=h.dtype)
 
 
 class _LinearLogprobs(torch.autograd.Function):
@@ -241,6 +249,10 @@ class _LinearLogprobs(torch.autograd.Function):
             except Exception as e:  # any import / compile / launch error: the torch path (one warning)
                 dispatch.failed("tiles", BWD_KERNEL[triton_backward], e)
             h = None
+        if grads is None and torch.compiler.is_compiling():  # the tile loops as one opaque op
+            dh, dw, db = _torch_backward_op(_prepare(hidden, keep, inv_t, True), weight, bias, labels, v_off, inv_t,
+                                            m, log_s, ent, gl, gh, need_w, need_b, chunked.encode_chunk(chunk_bytes))
+            grads = dh, (dw if need_w else None), (db if need_b else None)
         if grads is None:
             grads = _torch_backward(_prepare(hidden, keep, inv_t, True), weight, bias, labels, v_off, inv_t,
                                     m, log_s, ent, gl, gh, need_w, need_b, chunk_bytes)
@@ -303,6 +315,39 @@ def _torch_backward(h, weight, bias, labels, v_off, inv_t, m, log_s, ent, gl, gh
             db.mul_(inv_t)
     dh.mul_(inv_t)
     return dh, dw, db
+
+
+# Under torch.compile the tile loops run as torch.library custom ops, opaque to dynamo: a loop over
+# ceil(N / rows per tile) tiles traced by dynamo pins the token count N (every new count compiled again
+# until dynamo's recompile limit left the op eager). Eager calls never go through them (an op's first
+# eager call imports torch._dynamo, ~1 s).
+@torch.library.custom_op("pacs_fast::linear_tile_stats", mutates_args=())
+def _tile_stats_op(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, inv_t: float, entropy: bool,
+                   chunk: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m, s, a = _tile_stats(h, weight, bias, inv_t, entropy, chunked.decode_chunk(chunk))
+    return m, s, (a if a is not None else m.new_empty(0))
+
+
+@_tile_stats_op.register_fake
+def _(h, weight, bias, inv_t, entropy, chunk):
+    n = h.shape[0]
+    return h.new_empty(n), h.new_empty(n), h.new_empty(n if entropy else 0)
+
+
+@torch.library.custom_op("pacs_fast::linear_tile_grad", mutates_args=())
+def _torch_backward_op(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+                       v_off: int, inv_t: float, m: torch.Tensor, log_s: torch.Tensor, ent: torch.Tensor,
+                       gl: torch.Tensor, gh: torch.Tensor | None, need_w: bool, need_b: bool,
+                       chunk: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dh, dw, db = _torch_backward(h, weight, bias, labels, v_off, inv_t, m, log_s, ent, gl, gh, need_w, need_b,
+                                 chunked.decode_chunk(chunk))
+    return dh, (dw if dw is not None else h.new_empty(0)), (db if db is not None else h.new_empty(0))
+
+
+@_torch_backward_op.register_fake
+def _(h, weight, bias, labels, v_off, inv_t, m, log_s, ent, gl, gh, need_w, need_b, chunk):
+    return (h.new_empty(h.shape), h.new_empty(weight.shape) if need_w else h.new_empty(0),
+            h.new_empty(weight.shape[0]) if need_b else h.new_empty(0))
 
 
 def _target_logit(h, weight, bias, lab, v_off, inv_t, h_scaled):

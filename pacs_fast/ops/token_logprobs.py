@@ -42,7 +42,8 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
         return_entropy: also return the (differentiable) entropy of each row's distribution.
         inplace_backward: write the gradient into ``logits``' storage (saves one ``[N, V]``
             buffer); ``logits`` must not be used after the backward, and must not be (a view of) a
-            leaf tensor such as a parameter (a ValueError).
+            leaf tensor such as a parameter (a ValueError). Under ``torch.compile`` (torch backend) the
+            gradient gets a buffer of its own.
         tp_group: ``torch.distributed`` process group over which the vocabulary is sharded.
         backend: ``"auto"`` | ``"triton"`` | ``"torch"`` (see ``pacs_fast.ops.backend``).
         chunk_bytes: torch backend only: scratch budget for tiles (default 64 MiB).
@@ -109,10 +110,11 @@ class _TokenLogprobs(torch.autograd.Function):
                 backend = "torch"
         if stats is not None:
             m, s, a = stats
+        elif torch.compiler.is_compiling():  # the tile loop as one opaque op (see _tile_stats_op)
+            m, s, a = _tile_stats_op(logits, inv_t, entropy, chunked.encode_chunk(chunk_bytes))
+            a = a if entropy else None
         else:
-            tile = chunked.plan_chunks(n, v_local, chunk_bytes)
-            fill = _fill(logits, inv_t)
-            m, s, a = chunked.forward_stats(n, v_local, tile, fill, entropy, logits.device, dtype=cd)
+            m, s, a = _tile_stats(logits, inv_t, entropy, chunk_bytes)
         m, s, a, target = vp.allreduce_stats(m, s, a, target, group)
         lse, logp, ent = vp.finalize(m, s, a, target, valid)
         # the backward gets lse in two parts (m, log s): one fp32 lse rounds to ulp(m)
@@ -148,35 +150,85 @@ class _TokenLogprobs(torch.autograd.Function):
             except Exception as e:  # an import / compile error (before any write): the torch path below
                 dispatch.failed("tiles", BWD_KERNEL, e)
 
-        # torch backend: dx = gl onehot - p (gh (x - lse) + gl + gh H), times inv_t, with
-        # p = exp(x - m) / s: the tiles hold x - m (exact for the large entries) and 1 / s and
-        # -gh log s are folded into the per-row coefficients (chunked.fold_two_part_lse)
-        coef_x, coef_c = chunked.fold_two_part_lse(gl, gh, ent, log_s, inv_t)
-        m_safe = torch.where(valid, m, torch.zeros_like(m))
-        local = labels - v_off
-        owned = valid & (local >= 0) & (local < v_local)
-        tile = chunked.plan_chunks(n, v_local, chunk_bytes)
-        fill = _fill(logits, inv_t)
-        direct = grad.dtype == m.dtype and tile[1] == v_local
-
-        def out_tile(n0, n1, v0, v1):  # whole fp32 rows of the gradient: compute there directly
-            return grad[n0:n1] if direct else None
-
-        def consume(n0, n1, v0, v1, dx):
-            # the one-hot term without a host sync: one scatter per row (0 where the label is elsewhere)
-            rows = owned[n0:n1] & (local[n0:n1] >= v0) & (local[n0:n1] < v1)
-            col = (local[n0:n1] - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)
-            dx.scatter_add_(1, col, torch.where(rows, gl[n0:n1] * inv_t, 0.0).to(dx.dtype).unsqueeze(1))
-            dx.masked_fill_(~valid[n0:n1].unsqueeze(1), 0.0)  # ignored rows: 0 whatever their logits
-            if not direct:  # else dx is already that tile of grad (out_tile)
-                grad[n0:n1, v0:v1].copy_(dx)
-
-        def fill_rel(n0, n1, v0, v1, out):
-            return torch.sub(fill(n0, n1, v0, v1, out), m_safe[n0:n1].unsqueeze(1), out=out)
-
-        chunked.backward_tiles(n, v_local, tile, fill_rel, coef_x, coef_c, consume,
-                               logits.device, out_tile=out_tile)
+        if torch.compiler.is_compiling():  # the tile loop as one opaque op; the gradient gets its own buffer
+            return (_tile_grad_op(logits, labels, m, log_s, ent, gl, gh, inv_t, ignore_index, v_off,
+                                  chunked.encode_chunk(chunk_bytes)),) + (None,) * 8
+        _tile_grad(grad, logits, labels, m, log_s, ent, gl, gh, inv_t, ignore_index, v_off, chunk_bytes)
         return (grad,) + (None,) * 8
+
+
+def _tile_stats(logits, inv_t, entropy, chunk_bytes):
+    """Torch backend forward: per-row ``(m, s, a or None)`` of ``logits * inv_t`` over tiles."""
+    n, v_local = logits.shape
+    tile = chunked.plan_chunks(n, v_local, chunk_bytes)
+    return chunked.forward_stats(n, v_local, tile, _fill(logits, inv_t), entropy, logits.device,
+                                 dtype=chunked.compute_dtype(logits))
+
+
+def _tile_grad(grad, logits, labels, m, log_s, ent, gl, gh, inv_t, ignore_index, v_off, chunk_bytes):
+    """Torch backend backward: writes d(loss)/d(logits) into ``grad`` (``[N, V_local]``, may be ``logits``).
+
+    dx = gl onehot - p (gh (x - lse) + gl + gh H), times inv_t, with p = exp(x - m) / s: the tiles hold
+    x - m (exact for the large entries) and 1 / s and -gh log s are folded into the per-row coefficients
+    (chunked.fold_two_part_lse)."""
+    n, v_local = logits.shape
+    valid = labels != ignore_index
+    coef_x, coef_c = chunked.fold_two_part_lse(gl, gh, ent, log_s, inv_t)
+    m_safe = torch.where(valid, m, torch.zeros_like(m))
+    local = labels - v_off
+    owned = valid & (local >= 0) & (local < v_local)
+    tile = chunked.plan_chunks(n, v_local, chunk_bytes)
+    fill = _fill(logits, inv_t)
+    direct = grad.dtype == m.dtype and tile[1] == v_local
+
+    def out_tile(n0, n1, v0, v1):  # whole fp32 rows of the gradient: compute there directly
+        return grad[n0:n1] if direct else None
+
+    def consume(n0, n1, v0, v1, dx):
+        # the one-hot term without a host sync: one scatter per row (0 where the label is elsewhere)
+        rows = owned[n0:n1] & (local[n0:n1] >= v0) & (local[n0:n1] < v1)
+        col = (local[n0:n1] - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)
+        dx.scatter_add_(1, col, torch.where(rows, gl[n0:n1] * inv_t, 0.0).to(dx.dtype).unsqueeze(1))
+        dx.masked_fill_(~valid[n0:n1].unsqueeze(1), 0.0)  # ignored rows: 0 whatever their logits
+        if not direct:  # else dx is already that tile of grad (out_tile)
+            grad[n0:n1, v0:v1].copy_(dx)
+
+    def fill_rel(n0, n1, v0, v1, out):
+        return torch.sub(fill(n0, n1, v0, v1, out), m_safe[n0:n1].unsqueeze(1), out=out)
+
+    chunked.backward_tiles(n, v_local, tile, fill_rel, coef_x, coef_c, consume, logits.device, out_tile=out_tile)
+
+
+# Under torch.compile the tile loops run as torch.library custom ops, opaque to dynamo: a loop over
+# ceil(N / rows per tile) tiles traced by dynamo pins the token count N (every new count compiled again
+# until dynamo's recompile limit left the op eager). Eager calls never go through them (an op's first
+# eager call imports torch._dynamo, ~1 s).
+@torch.library.custom_op("pacs_fast::token_tile_stats", mutates_args=())
+def _tile_stats_op(logits: torch.Tensor, inv_t: float, entropy: bool,
+                   chunk: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m, s, a = _tile_stats(logits, inv_t, entropy, chunked.decode_chunk(chunk))
+    return m, s, (a if a is not None else m.new_empty(0))
+
+
+@_tile_stats_op.register_fake
+def _(logits, inv_t, entropy, chunk):
+    n, cd = logits.shape[0], chunked.compute_dtype(logits)
+    return logits.new_empty(n, dtype=cd), logits.new_empty(n, dtype=cd), logits.new_empty(n if entropy else 0,
+                                                                                            dtype=cd)
+
+
+@torch.library.custom_op("pacs_fast::token_tile_grad", mutates_args=())
+def _tile_grad_op(logits: torch.Tensor, labels: torch.Tensor, m: torch.Tensor, log_s: torch.Tensor,
+                  ent: torch.Tensor, gl: torch.Tensor, gh: torch.Tensor | None, inv_t: float, ignore_index: int,
+                  v_off: int, chunk: list[int]) -> torch.Tensor:
+    grad = torch.empty_like(logits)
+    _tile_grad(grad, logits, labels, m, log_s, ent, gl, gh, inv_t, ignore_index, v_off, chunked.decode_chunk(chunk))
+    return grad
+
+
+@_tile_grad_op.register_fake
+def _(logits, labels, m, log_s, ent, gl, gh, inv_t, ignore_index, v_off, chunk):
+    return torch.empty_like(logits)
 
 
 def _resolve(backend, *tensors):
