@@ -217,3 +217,20 @@ def test_global_count_makes_micro_batches_add_up(seed, mode):
     parts = sum(aggregate_loss(loss_mat[s], mask[s], mode, horizon=7, global_count=count)
                 for s in (slice(0, 2), slice(2, 6)))
     torch.testing.assert_close(parts, full, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_global_count_over_data_parallel_ranks_is_divided_by_the_world_size(seed, mode):
+    """DDP averages the ranks' gradients: with the documented ``global_count`` (the count over every rank
+    / world) the average of the ranks' gradients is the whole batch's; the count alone gives 1/world of it."""
+    gen = torch.Generator().manual_seed(seed)
+    loss_mat = torch.randn(8, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(8, 5, generator=gen) < 0.6
+    mask[1] = False
+    (full,) = torch.autograd.grad(aggregate_loss(loss_mat, mask, mode, horizon=7), loss_mat)
+    count = float(mask.sum()) if mode == "token-mean" else float((mask.sum(-1) > 0).sum())
+    world = 2
+    for gc, want in ((count / world, full), (count, full / world)):
+        ranks = [torch.autograd.grad(aggregate_loss(loss_mat[s], mask[s], mode, horizon=7, global_count=gc),
+                                     loss_mat)[0] for s in (slice(0, 4), slice(4, 8))]
+        torch.testing.assert_close(sum(ranks) / world, want, rtol=1e-12, atol=1e-12)  # DDP's all-reduce mean

@@ -21,8 +21,12 @@ are left out of the sequence means (they count neither in the numerator nor the 
 does the same). A batch without any response token gives a 0 loss that is still connected to the
 graph (zero gradients). ``global_count`` replaces the denominator (total tokens for ``token-mean``,
 total non-empty sequences for the ``seq-mean-*`` modes: verl's ``batch_num_tokens`` /
-``global_batch_size``), for gradient accumulation over micro-batches or data-parallel ranks;
-``"token-sum"`` and ``"token-sum-norm"`` are sums, already additive over micro-batches, and ignore it.
+``global_batch_size``), for gradient accumulation over micro-batches: each micro-batch's loss is then its
+share of the whole batch's, and their gradients add up to the whole batch's. Over data-parallel ranks,
+DDP and FSDP *average* the ranks' gradients: pass the whole batch's count (over every rank) divided by
+the world size, or the gradient is the world size times too small (verl's ``agg_loss`` multiplies by
+``dp_size`` for the same reason). ``"token-sum"`` and ``"token-sum-norm"`` are sums, already additive
+over micro-batches, and ignore it (under DDP their loss needs a factor of the world size).
 """
 from __future__ import annotations
 
@@ -90,7 +94,8 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor | None, mode: str 
         horizon: the constant divisor of ``"seq-mean-token-sum-norm"`` / ``"token-sum-norm"``
             (default ``T``; pass the generation's maximum length to keep it fixed).
         global_count: optional denominator override (tokens or sequences, see module docstring);
-            ignored by ``"token-sum"`` / ``"token-sum-norm"``.
+            ignored by ``"token-sum"`` / ``"token-sum-norm"``. Under DDP / FSDP (gradients averaged
+            over ranks): the count over all ranks divided by the world size.
     Returns:
         0-d tensor.
     """

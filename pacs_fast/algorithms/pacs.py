@@ -15,7 +15,9 @@ Layouts. *Padded*: ``logp``/``logp_ref``/``mask`` are ``[B, T]``. *Packed* (varl
 total_tokens``); ``logp``/``logp_ref``/``mask`` are then 1-D ``[total_tokens]`` and sequence ``i``
 owns tokens ``cu_seqlens[i]:cu_seqlens[i+1]``. ``mask`` may be ``None`` (every token counts).
 These offsets are checked on CPU tensors; on a GPU only with ``PACS_FAST_DEBUG_CHECKS=1`` (the check
-would be a host sync, as for the fused kernel), never inside ``torch.compile``.
+would be a host sync, as for the fused kernel), never inside ``torch.compile``. The packed layout
+is differentiable once (its per-sequence sums are ``torch.segment_reduce``, which has no double
+backward; ``torch.func.grad`` works); the padded layout also takes a ``create_graph=True`` backward.
 Groups are ``group_size`` contiguous rows (sequences).
 
 Dtypes. Inputs may be any float dtype; computation is fp32 (fp64 when the input is fp64) and the
