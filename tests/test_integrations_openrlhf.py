@@ -95,6 +95,14 @@ def test_a_beta_that_cannot_train_is_refused(beta):
         PACSPolicyLoss(group_size=4, beta=beta)
 
 
+def test_a_group_of_one_with_a_group_score_is_refused_when_built():
+    """It was accepted and failed at the first update, in pacs_loss's words (after the rollouts)."""
+    with pytest.raises(ValueError, match=r"^PACSPolicyLoss: group_size=1 \(n_samples_per_prompt\) is not allowed "
+                                         r"with score='rloo'"):
+        PACSPolicyLoss(group_size=1)
+    PACSPolicyLoss(group_size=1, score="naive")  # a score of the response alone takes groups of one
+
+
 def test_a_call_without_action_mask_names_it():
     exps, R, mask, logp, old = _experiences(2, 4, 5, 2, per_exp=8)
     pacs_advantages(exps, 4)

@@ -87,6 +87,22 @@ def test_soft_rewards_pass_through_within_fp32_precision():
     assert tags.tolist() == [0] * 4 + [1] * 4
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_advantages_keep_0_1_rewards_and_refuse_soft_ones(dtype):
+    """A stack that casts its batch to bf16 / fp16 rounds R + 2 * tag (< 32) to steps of 1/8 / 1/32: a soft
+    reward 0.3 was read back as 0.25 with no word; 0/1 rewards and the tags are exact in either dtype."""
+    from pacs_fast.integrations._groups import decode_tagged_advantages
+
+    b = _batch(2, 4, 5, 3)
+    adv, _ = _advantages(b)
+    R, tags = decode_tagged_advantages(adv.to(dtype), b["mask"], "fix")
+    assert R.tolist() == b["R"].tolist() and tags.tolist() == [0] * 4 + [1] * 4
+    soft = _batch(2, 4, 5, 3, soft=True)
+    adv, _ = _advantages(soft)
+    with pytest.raises(ValueError, match=f"advantages arrive as {dtype}, which rounds the soft rewards"):
+        decode_tagged_advantages(adv.to(dtype), soft["mask"], "fix")
+
+
 def test_global_batch_info_scales_like_seq_mean():
     """The loss scales as verl's seq-mean modes; its actor/pacs/loss metric stays the micro-batch's mean
     (verl averages metrics over micro-batches: the scaled value was 4x too small with 4 of them)."""

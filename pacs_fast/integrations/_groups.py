@@ -12,7 +12,8 @@ nothing else per sequence, so the adapters' advantage step writes, on every resp
     advantages[i, t] = R_i + 2 * (k_i mod GROUP_TAGS)        (R_i in [0, 1], k_i the group index)
 
 and the loss reads ``R_i`` and a group tag back (``decode_tagged_advantages``). 0/1 rewards are
-exact; soft rewards keep about 2e-6 absolute precision in fp32 (values < 2 * GROUP_TAGS = 32).
+exact in any float dtype; soft rewards keep about 2e-6 absolute precision in fp32 (values < 2 * GROUP_TAGS
+= 32), and bf16 / fp16 advantages (which would round them) are refused when they carry soft rewards.
 """
 from __future__ import annotations
 
@@ -92,6 +93,14 @@ def decode_tagged_advantages(advantages: torch.Tensor, response_mask: torch.Tens
                          f"PACS advantage step (constant per row, in [0, {2 * GROUP_TAGS})); {fix}")
     tags = torch.floor(hi / 2.0).clamp(max=GROUP_TAGS - 1)
     rewards = (hi - 2.0 * tags).clamp(0.0, 1.0)
+    low = advantages.is_floating_point() and torch.finfo(advantages.dtype).eps > torch.finfo(torch.float32).eps
+    if low and bool(((rewards != 0) & (rewards != 1)).any()):
+        # bf16 / fp16 hold R + 2 * tag (< 32) in steps of 1/8 / 1/32 near the top: 0/1 rewards stay exact,
+        # a soft reward is rounded (0.3 read back as 0.25)
+        i = int(((rewards != 0) & (rewards != 1)).nonzero()[0, 0])
+        raise ValueError(f"PACS: the advantages arrive as {advantages.dtype}, which rounds the soft rewards "
+                         f"they carry (row {i} reads {float(rewards[i]):.6g}); keep the advantages in float32 "
+                         "(0/1 rewards pass in any dtype)")
     return rewards, tags.to(torch.int64)
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from pacs_fast.algorithms.pacs import BACKENDS, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
+from pacs_fast.algorithms.pacs import BACKENDS, GROUP_SCORES, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
 from pacs_fast.integrations._groups import (
     check_beta,
     check_whole_groups,
@@ -121,6 +121,9 @@ class PACSPolicyLoss(torch.nn.Module):
                 raise ValueError(f"PACSPolicyLoss: {name} must be one of {allowed}, got {value!r}")
         if int(group_size) < 1:
             raise ValueError(f"PACSPolicyLoss: group_size must be >= 1, got {group_size}")
+        if int(group_size) == 1 and score in GROUP_SCORES:  # at construction, not at the first update
+            raise ValueError(f"PACSPolicyLoss: group_size=1 (n_samples_per_prompt) is not allowed with "
+                             f"score={score!r}, which compares a response with its group mates (needs >= 2)")
         self.group_size = int(group_size)
         self.options = dict(beta=check_beta(beta, "PACSPolicyLoss"), score=score, weight_mode=weight_mode,
                             proxy=proxy, backend=backend)
