@@ -52,7 +52,26 @@ def test_tokenizer_files(tmp_path):
     assert has_tokenizer(tmp_path)
 
 
-@pytest.mark.parametrize("damage", ["no_tokenizer", "cut_weights"])
+def test_token_ids_are_read_from_the_tokenizer_files_as_transformers_counts_them(tmp_path):
+    """tokenizer_ids (no transformers) against len(tokenizer): the BPE tokenizer.json of the tiny model, then
+    with added tokens (tokenizer.json's added_tokens, tokenizer_config.json's added_tokens_decoder)."""
+    from transformers import AutoTokenizer
+
+    from pacs_fast.config.model_files import tokenizer_ids, vocab_problem
+    from pacs_fast.data.tiny import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "m", seed=0)
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = json.loads((model / "config.json").read_text())["vocab_size"]
+    assert tokenizer_ids(model) == len(tok) <= rows and vocab_problem(model) is None
+    tok.add_tokens([f"<x{i}>" for i in range(rows - len(tok) + 2)])
+    tok.save_pretrained(model)
+    assert tokenizer_ids(model) == len(AutoTokenizer.from_pretrained(model)) == rows + 2
+    assert f"token ids up to {rows + 1} but the model has {rows} embedding rows" in vocab_problem(model)
+    assert tokenizer_ids(tmp_path) is None and vocab_problem(tmp_path) is None  # nothing to read: not judged
+
+
+@pytest.mark.parametrize("damage", ["no_tokenizer", "cut_weights", "tokens_past_the_rows"])
 def test_both_command_lines_refuse_the_folder_before_loading(tmp_path, capsys, monkeypatch, damage):
     from pacs_fast.data.tiny import make_tiny_model
     from pacs_fast.config.model_files import TOKENIZER_FILES
@@ -64,10 +83,18 @@ def test_both_command_lines_refuse_the_folder_before_loading(tmp_path, capsys, m
         for name in TOKENIZER_FILES + ("special_tokens_map.json",):
             (model / name).unlink(missing_ok=True)
         needles = ("tokenizer files",)
-    else:
+    elif damage == "cut_weights":
         w = model / "model.safetensors"
         w.write_bytes(w.read_bytes()[:1000])
         needles = (str(w), "is cut short")
+    else:  # tokens added to the tokenizer, the model not resized: a traceback after loading (hostile sweep)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model)
+        rows = json.loads((model / "config.json").read_text())["vocab_size"]
+        tok.add_tokens([f"<x{i}>" for i in range(rows - len(tok) + 3)])
+        tok.save_pretrained(model)
+        needles = (f"embedding rows", "resize_token_embeddings")
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"problem": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(40)))
     monkeypatch.setattr(ev, "_make_engine", lambda *args: pytest.fail("the eval CLI loaded the model"))
@@ -85,3 +112,30 @@ def test_both_command_lines_refuse_the_folder_before_loading(tmp_path, capsys, m
     assert lines[0].startswith(f"error: --model {model}") and lines[1].find(f"model.path {str(model)!r}") >= 0, err
     assert all(n in line for n in needles for line in lines), err
     assert not (tmp_path / "ev").exists() and not (tmp_path / "runs").exists()
+
+
+def test_train_checks_the_loaded_tokenizer_when_its_files_cannot_be_read(tmp_path, capsys, monkeypatch):
+    """A tokenizer whose files tokenizer_ids cannot read (a sentencepiece tokenizer.model alone) passes
+    validation; the loaded tokenizer's length is checked before the learner is built."""
+    from transformers import AutoTokenizer
+
+    import pacs_fast.config.model_files as model_files
+    from pacs_fast.data.tiny import make_tiny_model
+    from pacs_fast.train import main as train_main
+
+    model = make_tiny_model(tmp_path / "m", seed=0)
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = json.loads((model / "config.json").read_text())["vocab_size"]
+    tok.add_tokens([f"<x{i}>" for i in range(rows - len(tok) + 1)])
+    tok.save_pretrained(model)
+    capsys.readouterr()
+    monkeypatch.setattr(model_files, "tokenizer_ids", lambda folder: None)
+    monkeypatch.setattr("pacs_fast.trainer.session.build_learner", lambda *a, **k: pytest.fail("model work started"))
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(40)))
+    with pytest.raises(SystemExit) as e:
+        train_main([f"model.path={model}", f"data.dataset={data}", f"train.out_dir={tmp_path / 'runs'}",
+                    "train.progress=false"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err, err
+    assert f"token ids up to {rows} but the model has {rows} embedding rows" in err.strip().splitlines()[-1], err

@@ -1,9 +1,10 @@
 """What a Hugging Face model folder must hold before a model is loaded from it, checked without loading it.
 
 Both command lines call these before any model work (``model.path`` of ``python -m pacs_fast.train``,
-``--model`` of ``python -m pacs_fast.eval``), so that a folder without its tokenizer, or with a weights
-file cut short by an interrupted copy, is one line naming the file instead of a traceback from the loader
-(or, for a missing tokenizer, an empty tokenizer that transformers builds without a word). Imports
+``--model`` of ``python -m pacs_fast.eval``), so that a folder without its tokenizer, with a weights
+file cut short by an interrupted copy, or with a tokenizer whose added tokens have no embedding row, is one
+line naming the cause instead of a traceback from the loader (or, for a missing tokenizer, an empty
+tokenizer that transformers builds without a word). Imports
 nothing from the rest of the package.
 """
 from __future__ import annotations
@@ -44,6 +45,48 @@ def trained_positions(folder: str | Path) -> int | None:
     c = c.get("text_config", c) if isinstance(c, dict) else {}
     n = c.get("max_position_embeddings") or c.get("n_positions")
     return int(n) if n and not c.get("rope_scaling") else None
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def tokenizer_ids(folder: str | Path) -> int | None:
+    """One past the largest token id the tokenizer files of ``folder`` define (its vocabulary and added tokens:
+    ``tokenizer.json``, ``tokenizer_config.json``'s ``added_tokens_decoder``); None when neither is readable."""
+    folder = Path(folder).expanduser()
+    ids = []
+    tok = _json(folder / "tokenizer.json")
+    if isinstance(tok, dict):
+        vocab = (tok.get("model") or {}).get("vocab")
+        if isinstance(vocab, dict):
+            ids += [v for v in vocab.values() if isinstance(v, int)]
+        elif isinstance(vocab, list):  # Unigram: [token, score] pairs, ids in order
+            ids.append(len(vocab) - 1)
+        ids += [t["id"] for t in tok.get("added_tokens") or [] if isinstance(t, dict) and isinstance(t.get("id"), int)]
+    cfg = _json(folder / "tokenizer_config.json")
+    if isinstance(cfg, dict) and isinstance(cfg.get("added_tokens_decoder"), dict):
+        ids += [int(k) for k in cfg["added_tokens_decoder"] if str(k).isdigit()]
+    return max(ids) + 1 if ids else None
+
+
+def vocab_problem(folder: str | Path, ids: int | None = None) -> str | None:
+    """Why the tokenizer of ``folder`` does not fit its model, or None: a token id past the model's embedding /
+    LM-head rows (``vocab_size`` of config.json), as tokens added to a tokenizer without resizing the model
+    leave; such an id fails in the embedding lookup (a traceback after loading) or gets no log-prob.
+    ``ids``: the loaded tokenizer's ``len`` (default: read from the tokenizer files)."""
+    c = _json(Path(folder).expanduser() / "config.json")
+    c = c.get("text_config", c) if isinstance(c, dict) else {}
+    rows = c.get("vocab_size") if isinstance(c, dict) else None
+    ids = tokenizer_ids(folder) if ids is None else ids
+    if not isinstance(rows, int) or ids is None or ids <= rows:
+        return None
+    return (f"its tokenizer has token ids up to {ids - 1} but the model has {rows} embedding rows (vocab_size in "
+            f"config.json): ids {rows}-{ids - 1} (tokens added to the tokenizer) have no row; resize the model's "
+            f"embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer)), then save_pretrained)")
 
 
 def safetensors_problem(path: str | Path) -> str | None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pacs_fast.config.dataset_files import dataset_exists, dataset_files
 from pacs_fast.config.model_files import (TOKENIZER_FILES, has_tokenizer, hub_model_folder, run_folder_hint,
-                                          weights_problem)
+                                          vocab_problem, weights_problem)
 from pacs_fast.config.schema import ALGORITHMS, Config, field_types, section_classes
 
 
@@ -260,6 +260,9 @@ def _validate_paths(cfg: Config) -> None:
         problem = weights_problem(path)
         if problem:
             raise ValueError(f"model.path {cfg.model.path!r}: {problem}; copy the model's weights again")
+        problem = vocab_problem(path)
+        if problem:
+            raise ValueError(f"model.path {cfg.model.path!r}: {problem}")
     if not cfg.train.out_dir.strip():
         raise ValueError("train.out_dir is empty: give the folder runs go in ('.' for the current one)")
     _check_writable("train.out_dir", Path(cfg.train.out_dir).expanduser())

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from pacs_fast.config.model_files import (TOKENIZER_FILES, has_tokenizer, hf_hub_offline, run_folder_hint,
-                                          weights_problem)
+                                          vocab_problem, weights_problem)
 from pacs_fast.config.validation import MIN_TEMPERATURE
 from pacs_fast.reward.verifier import MAX_TIME_LIMIT
 
@@ -49,6 +49,9 @@ def check_model(model: str) -> None:
         problem = weights_problem(path)
         if problem:
             raise UsageError(f"--model {model}: {problem}; copy the model's weights again")
+        problem = vocab_problem(path)
+        if problem:
+            raise UsageError(f"--model {model}: {problem}")
         return
     if not _REPO_ID.fullmatch(model) or model.startswith((".", "~")):
         raise UsageError(f"--model {model}: no such folder")

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
+from pacs_fast.config.model_files import vocab_problem
 from pacs_fast.data.prompts import has_chat_template, prompt_warnings, takes_system_message
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.openmp import threads_beside_other_jobs
@@ -156,6 +157,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         model_path, timings = find_model(cfg, train_problems, world, log)
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(model_path)
+        problem = vocab_problem(model_path, len(tokenizer))  # (validation read the files; this, the loaded one)
+        if problem:
+            raise ValueError(f"model.path {str(model_path)!r}: {problem}")
         if cfg.data.system_prompt and has_chat_template(tokenizer) and not takes_system_message(tokenizer):
             log("note: the chat template of model.path takes no system message: the system prompt goes first in "
                 "the user message (pacs_fast/data/prompts.py)")
