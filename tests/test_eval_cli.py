@@ -429,6 +429,14 @@ def test_compare_names_the_sampling_settings_that_differ():
     lines = comparison_warnings([a, result("b", temperature=1.0, extraction="boxed"), {**result("c"), "settings": None}])
     assert lines == ["the results were made with other settings (temperature: a '0.6', b '1.0'; extraction: a "
                      "'reference', b 'boxed'): their pass@k compare the settings too"]
+    # results written before a setting was recorded: no extraction meant the reference one, and an unrecorded
+    # dtype is unknown, not a difference (an upgrade sweep read "extraction: 'None' ... 'reference'")
+    old = result("old")
+    del old["settings"]["extraction"]
+    assert comparison_warnings([a, old, result("new", dtype="float32")]) == []
+    assert comparison_warnings([old, result("new", dtype="float32"), result("bf", dtype="bfloat16")]) == [
+        "the results were made with other settings (dtype: old (not recorded), new 'float32', bf 'bfloat16'): their "
+        "pass@k compare the settings too"]
     # Avg. pass@1 where only other k were stored: from the counts, as the pass@1 cell is
     c = result("c")
     c["benchmarks"]["mine"]["pass_at_k"] = {"2": c["benchmarks"]["mine"]["pass_at_k"]["2"]}

@@ -63,16 +63,21 @@ def comparison_warnings(results: list[dict[str, Any]]) -> list[str]:
 
 # the sampling settings of run_config.json that change pass@k (n and the seed do not: pass@k is unbiased in n)
 COMPARED_SETTINGS = ("temperature", "top_p", "max_tokens", "system", "instruction", "extraction", "engine", "dtype")
+# what results written before a setting was recorded used (the verifier's only extraction then)
+LEGACY_SETTINGS = {"extraction": "reference"}
 
 
 def _settings_warnings(results: list[dict[str, Any]], labels: list[str]) -> list[str]:
     """One line naming the sampling settings that differ between results that recorded theirs (``settings``):
     greedy against sampled, another response budget, prompt or verifier extraction."""
-    held = [(lab, r["settings"]) for lab, r in zip(labels, results) if isinstance(r.get("settings"), dict)]
-    diff = [k for k in COMPARED_SETTINGS if len({repr(st.get(k)) for _, st in held}) > 1]
+    held = [(lab, {**LEGACY_SETTINGS, **r["settings"]}) for lab, r in zip(labels, results)
+            if isinstance(r.get("settings"), dict)]
+    # a setting a result did not record (written before it was) is unknown there, not a difference
+    diff = [k for k in COMPARED_SETTINGS if len({repr(st[k]) for _, st in held if k in st}) > 1]
     if not diff:
         return []
-    shown = "; ".join(f"{k}: " + ", ".join(f"{lab} {str(st.get(k))[:40]!r}" for lab, st in held) for k in diff)
+    shown = "; ".join(f"{k}: " + ", ".join(f"{lab} {str(st[k])[:40]!r}" if k in st else f"{lab} (not recorded)"
+                                          for lab, st in held) for k in diff)
     return [f"the results were made with other settings ({shown}): their pass@k compare the settings too"]
 
 
