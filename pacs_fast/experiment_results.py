@@ -52,7 +52,8 @@ def collect(jobs: list) -> dict:
             "greedy": records[-1].get("eval/greedy_acc", float("nan")),
             "pass_n": records[-1].get("eval/pass@n", float("nan")),
             "curve": curve, "wall_time_s": summary.get("wall_time_s"),
-            "eval_temperature": _eval_temperature(job.run_dir)}
+            "eval_temperature": _eval_temperature(job.run_dir),
+            "code_versions": summary.get("code_versions") or ["unrecorded"]}
     return res
 
 
@@ -182,6 +183,14 @@ def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str)
     kind = "greedy" if greedy else "sampled"
     md = (f"{header}\n\nHeld-out {kind} accuracy (mean ± std over seeds; differences paired by seed, "
           f"percentile bootstrap over seeds, 10,000 resamples).\n\n{text}\n\n")
+    versions: dict = {}  # the pacs_fast versions that trained each run (summary.json; older runs: unrecorded)
+    for arm, runs in res.items():
+        for seed, r in runs.items():
+            versions.setdefault(" then ".join(r.get("code_versions") or ["unrecorded"]), []).append(f"{arm}/seed{seed}")
+    if len(versions) > 1:
+        md += ("The runs were trained by different pacs_fast code (sampling, training or defaults may differ between "
+               "versions; pair runs of one version): " + "; ".join(f"{v}: {', '.join(runs)}"
+                                                                 for v, runs in sorted(versions.items())) + ".\n\n")
     if len(temps) > 1:
         md += (f"The runs were evaluated at different rollout.eval_temperature ({sorted(temps, key=str)}): their "
                f"accuracies are not the same quantity.\n\n")

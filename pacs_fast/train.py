@@ -76,6 +76,16 @@ def resolve(args) -> tuple[object, Path]:
         check_resumable(run_dir, cfg.train.steps)
         check_moved_files(run_dir, cfg, intact[0] if intact else None)
         record_absolute_paths(cfg)  # a moved file's new place, given relative, is recorded whole too
+        try:
+            validate(cfg)
+        except ValueError as e:  # a value the run's own config.yaml holds, which this version refuses
+            if any(o.split("=", 1)[0].strip() in str(e) for o in args.overrides):
+                raise
+            where = f"model.path={intact[0]}" if intact else "its command"
+            raise ValueError(f"{e} (from {run_dir / 'config.yaml'}, which an earlier pacs_fast accepted; a resume "
+                             f"cannot change it: start a new run from the run's weights with {where} and a value "
+                             f"this version takes)") from None
+        return cfg, run_dir
     else:
         cfg = load_config(args.config, args.overrides)
         validate(cfg)

@@ -90,6 +90,24 @@ def test_greedy_evaluations_are_labelled_greedy(tmp_path, monkeypatch):
     assert "Held-out sampled accuracy" in md and "evaluated at different rollout.eval_temperature ([0.0, 0.6])" in md
 
 
+def test_runs_of_different_pacs_fast_code_are_named(tmp_path, monkeypatch):
+    """An experiment continued after an upgrade put runs of two versions (another sampler) in one mean with no
+    word (a sweep of runs made by older versions); the versions come from each run's summary.json."""
+    mk = lambda v: {"start": 0.1, "final": 0.5, "best": 0.5, "greedy": 0.5, "pass_n": 0.5,  # noqa: E731
+                    "curve": [(0, 0.1), (5, 0.5)], "code_versions": v}
+    arms = [ex.Arm("a", []), ex.Arm("b", [])]
+    jobs = ex.make_jobs(arms, [0, 1], [], tmp_path)
+    res = {"a": {0: mk(["0.1.0+g1"]), 1: mk(["0.1.0+g1"])}, "b": {0: mk(["0.1.0+g1"]), 1: mk(["0.1.0+g1"])}}
+    monkeypatch.setattr("pacs_fast.experiment_results.collect", lambda jobs: res)
+    assert "different pacs_fast code" not in ex.report(jobs, arms, "b", tmp_path, "# t")
+    res["a"][1]["code_versions"] = ["unrecorded", "0.1.0+g2"]
+    res["b"][1]["code_versions"] = ["0.1.0+g2"]
+    md = ex.report(jobs, arms, "b", tmp_path, "# t")
+    assert ("trained by different pacs_fast code (sampling, training or defaults may differ between versions; pair "
+            "runs of one version): 0.1.0+g1: a/seed0, b/seed0; 0.1.0+g2: b/seed1; unrecorded then 0.1.0+g2: a/seed1"
+            ) in md, md
+
+
 def test_second_table_pairs_greedy_and_pass_n():
     mk = lambda g, p: {"start": 0.1, "final": 0.2, "best": 0.2, "greedy": g, "pass_n": p}  # noqa: E731
     res = {"a": {0: mk(0.5, 0.9), 1: mk(0.6, 0.8)}, "b": {0: mk(0.4, 0.7), 1: mk(0.4, 0.9)}}

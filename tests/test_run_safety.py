@@ -126,6 +126,25 @@ def test_resume_refuses_a_cut_or_changed_config(finished, tmp_path, capsys, dama
     assert code == 2 and match in err and err.count("\n") == 1, err
 
 
+def test_a_stored_value_this_version_refuses_names_its_source_and_the_way_on(finished, tmp_path, capsys):
+    """An older pacs_fast took rollout.temperature=0.005; this one refuses it, and a resume of such a run
+    said only 'rollout.temperature must be in [0.01, inf)', a value the user never typed and cannot change
+    (a sweep of runs made by older versions)."""
+    run = copy_run(finished, tmp_path)
+    ckpt = run / "checkpoints" / "step_000004"
+    for f in (run / "config.yaml", ckpt / "config.yaml"):
+        text = f.read_text()
+        assert "  temperature: 1.0\n" in text
+        f.write_text(text.replace("  temperature: 1.0\n", "  temperature: 0.005\n", 1))
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["config.yaml"] = (ckpt / "config.yaml").stat().st_size
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = cli(["--resume", str(run)], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "rollout.temperature must be" in err and f"(from {run / 'config.yaml'}, which an earlier pacs_fast" in err
+    assert f"model.path={ckpt}" in err, err
+
+
 def test_a_run_from_another_runs_checkpoint_writes_checkpoints_it_can_resume(finished, tmp_path, capsys):
     """model.path = an earlier run's step_N (a second stage): the old manifest.json, trainer_state.json and
     config.yaml were copied in as model files, the new manifest listed the old one's size, and no checkpoint
@@ -175,6 +194,22 @@ def test_a_resume_on_another_number_of_data_parallel_groups_says_it_trains_other
         1, 2)
 
 
+def test_a_checkpoint_whose_manifest_lists_itself_resumes(finished, tmp_path, capsys):
+    """Second-stage runs written before 56e09eb (2026-11-28) listed the copied-in manifest.json, with the old
+    one's size, in their own manifest: every such checkpoint was refused as 'truncated or changed' (a sweep of
+    runs made by older versions). A manifest cannot vouch for its own size: that entry is not checked."""
+    from pacs_fast.trainer.checkpoint import problem_of
+
+    run = copy_run(finished, tmp_path)
+    ckpt = run / "checkpoints" / "step_000004"
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["manifest.json"] = (ckpt / "manifest.json").stat().st_size + 24
+    (ckpt / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    assert problem_of(ckpt) is None
+    code, out, err = cli(["--resume", str(run), "train.steps=5"], capsys)
+    assert code == 0 and "(step 4)" in out and "truncated" not in out + err, err
+
+
 def test_resume_accepts_a_safe_override_and_continues(finished, tmp_path, capsys):
     run = copy_run(finished, tmp_path)
     code, _, err = cli(["--resume", str(run), "train.steps=5"], capsys)
@@ -188,6 +223,48 @@ def test_resume_accepts_a_safe_override_and_continues(finished, tmp_path, capsys
     assert 0 < before < first["wall_time_s"] and 0 < summary["session_wall_time_s"] < summary["wall_time_s"]
     assert summary["wall_time_s"] == pytest.approx(before + summary["session_wall_time_s"], rel=1e-9)
     assert first["wall_time_s"] == first["session_wall_time_s"]
+    from pacs_fast.code_version import code_version  # the same code wrote and resumed it: no note, one version
+    assert summary["code_versions"] == first["code_versions"] == [code_version()]
+    assert "note: the checkpoint was written by" not in err
+
+
+def _rewrite_trainer_state(ckpt: Path, **changes) -> None:
+    """Edits a checkpoint's trainer_state.pt (None: drop the key), keeping its manifest true."""
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    for key, value in changes.items():
+        state.pop(key, None) if value is None else state.__setitem__(key, value)
+    torch.save(state, ckpt / "trainer_state.pt")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["trainer_state.pt"] = (ckpt / "trainer_state.pt").stat().st_size
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("written_by", ["unrecorded", "0.0.9+gdeadbeef0000"])
+def test_a_resume_under_other_code_says_so_and_the_summary_lists_the_versions(finished, tmp_path, capsys,
+                                                                               written_by):
+    """A run from an older pacs_fast resumed under a newer one diverged from the older code's own resume from
+    its third step with no word (its sampler had changed; a sweep of runs made by older versions); checkpoints
+    recorded no version, and one without wall_time_s was counted as 0 s of earlier sessions."""
+    from pacs_fast.code_version import code_version
+
+    run = copy_run(finished, tmp_path)
+    old = dict(code_versions=None, wall_time_s=None) if written_by == "unrecorded" else \
+        dict(code_versions=[written_by])
+    _rewrite_trainer_state(run / "checkpoints" / "step_000004", **old)
+    code, out, err = cli(["--resume", str(run), "train.steps=5"], capsys)
+    assert code == 0, err
+    was = ("a pacs_fast that did not record its version (before 2026-11-29)" if written_by == "unrecorded"
+           else f"pacs_fast {written_by}")
+    assert f"note: the checkpoint was written by {was} and the run continues under {code_version()}" in out + err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["code_versions"] == [written_by, code_version()]
+    ckpt = json.loads((run / "checkpoints" / "step_000005" / "trainer_state.json").read_text())
+    assert ckpt["code_versions"] == [written_by, code_version()]
+    if written_by == "unrecorded":  # unknown, not 0 s: the summary says so, and so does the next checkpoint
+        assert summary["wall_time_s"] is None and ckpt["wall_time_s"] is None
+        assert "(the earlier sessions' was not recorded)" in out
+    else:
+        assert summary["wall_time_s"] > summary["session_wall_time_s"] > 0
 
 
 def test_a_truncated_latest_checkpoint_falls_back_to_the_older_one(finished, tmp_path, capsys):

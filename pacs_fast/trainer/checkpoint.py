@@ -134,7 +134,8 @@ def save_checkpoint(run_dir: str | Path, step: int, *, learner, model_dir: str |
             shutil.copy2(config_yaml, tmp / "config.yaml")
             with open(tmp / "trainer_state.pt", "wb") as fh:
                 torch.save({**trainer_state, "step": step, "rng": rng_state()}, fh)
-            readable = {k: v for k, v in trainer_state.items() if isinstance(v, (int, float, str, dict, list))}
+            readable = {k: v for k, v in trainer_state.items()
+                        if v is None or isinstance(v, (int, float, str, dict, list))}
             (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **readable}, indent=1, default=str))
             manifest = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
             (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": manifest}, indent=1))
@@ -195,6 +196,8 @@ def problem_of(path: Path) -> str | None:
     except (OSError, ValueError) as e:
         return f"{path / MANIFEST} is unreadable ({e})"
     for rel, size in manifest.get("files", {}).items():
+        if rel == MANIFEST:  # listed in itself by runs from a checkpoint before 2026-11-28 (the old one's size)
+            continue
         f = path / rel
         if not f.is_file():
             return f"{f} is missing"

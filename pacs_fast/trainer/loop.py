@@ -22,6 +22,7 @@ import gc
 import time
 from pathlib import Path
 
+from pacs_fast.code_version import code_version
 from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
@@ -182,7 +183,8 @@ def save(s: Session, step: int, sampler_state: dict | None = None) -> None:
     t0 = time.perf_counter()
     state = {"sampler": sampler_state or s.sampler.state_dict(), "initial_eval": s.initial_eval,
              "batches": s.batches, "wall_time_s": s.wall_time(), "data_sha1": s.data_sha1,
-             "data_parallel": s.world.dp}  # (a resume on another number of groups trains otherwise: session)
+             "data_parallel": s.world.dp,  # (a resume on another number of groups trains otherwise: session)
+             "code_versions": run_code_versions(s)}
     if hasattr(s.scorer, "state_dict"):
         state["scorer"] = s.scorer.state_dict()
     try:
@@ -208,9 +210,9 @@ def finish(s: Session) -> dict:
         "acc_before": first["eval/acc"], "acc_after": final["eval/acc"],
         "greedy_acc_before": first.get("eval/greedy_acc"), "greedy_acc_after": final.get("eval/greedy_acc"),
         "final_eval_step": final["step"], "steps": s.cfg.train.steps,
-        "wall_time_s": s.wall_before + wall_time, "session_wall_time_s": wall_time,
+        "wall_time_s": None if s.wall_before is None else s.wall_before + wall_time, "session_wall_time_s": wall_time,
         "train_time_s": sum(r.get("time/step", 0.0) for r in records if r["kind"] == "train"),
-        **s.timings, "run_dir": str(s.run_dir),
+        **s.timings, "run_dir": str(s.run_dir), "code_versions": run_code_versions(s),
     }
     if s.cfg.train.plots:
         from pacs_fast.trainer.plots import plot_run
@@ -219,10 +221,21 @@ def finish(s: Session) -> dict:
     s.folder.write_summary(summary)
     greedy = (f"  (greedy {summary['greedy_acc_before']:.3f} -> {summary['greedy_acc_after']:.3f})"
               if summary["greedy_acc_before"] is not None and summary["greedy_acc_after"] is not None else "")
-    session = f" (this session {wall_time:.0f} s)" if s.wall_before else ""
-    print(f"\nheld-out accuracy: {summary['acc_before']:.3f} -> {summary['acc_after']:.3f}{greedy}  |  wall time "
-          f"{summary['wall_time_s']:.0f} s{session}  |  run folder {s.run_dir}", flush=True)
+    if summary["wall_time_s"] is None:  # resumed from a checkpoint that did not record it
+        wall = f"wall time of this session {wall_time:.0f} s (the earlier sessions' was not recorded)"
+    else:
+        session = f" (this session {wall_time:.0f} s)" if s.wall_before else ""
+        wall = f"wall time {summary['wall_time_s']:.0f} s{session}"
+    print(f"\nheld-out accuracy: {summary['acc_before']:.3f} -> {summary['acc_after']:.3f}{greedy}  |  {wall}  |  "
+          f"run folder {s.run_dir}", flush=True)
     return summary
+
+
+def run_code_versions(s: Session) -> list[str]:
+    """The pacs_fast versions that trained the run so far, in order, this one last (``"unrecorded"`` first for a
+    run resumed from a checkpoint written before versions were recorded)."""
+    now = code_version()
+    return s.code_versions + ([now] if not s.code_versions or s.code_versions[-1] != now else [])
 
 
 def calibration_of(run_dir: Path):

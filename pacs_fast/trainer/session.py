@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
+from pacs_fast.code_version import code_version, resume_note
 from pacs_fast.config.model_files import vocab_problem
 from pacs_fast.data.prompts import has_chat_template, prompt_warnings, takes_system_message
 from pacs_fast.gc_heap import freeze_long_lived
@@ -67,13 +68,16 @@ class Session:
     batches: int = 0  # generation batches consumed so far (one per step without rollout.filter_groups)
     initial_eval: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
-    wall_before: float = 0.0  # wall time of the kept steps in earlier sessions (the checkpoint resumed from)
+    wall_before: float | None = 0.0  # wall time of the kept steps in earlier sessions (the checkpoint resumed
+    # from); None when that checkpoint did not record it (written before 2026-11-28)
+    code_versions: list[str] = field(default_factory=list)  # the pacs_fast versions that trained the run, in order
     data_sha1: str = ""  # problems.data_digest of the training and held-out problems (kept in each checkpoint)
     t_start: float = field(default_factory=time.perf_counter)  # when this session started (train() sets it)
 
-    def wall_time(self) -> float:
-        """Wall time of the run so far: earlier sessions up to the resumed checkpoint, then this one."""
-        return self.wall_before + time.perf_counter() - self.t_start
+    def wall_time(self) -> float | None:
+        """Wall time of the run so far: earlier sessions up to the resumed checkpoint, then this one (None when
+        the earlier sessions' is unknown)."""
+        return None if self.wall_before is None else self.wall_before + time.perf_counter() - self.t_start
 
     def log(self, text: str) -> None:
         if self.world.is_main:
@@ -209,7 +213,12 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
             settle_after_resume(run_dir, ckpt, cfg.train.keep_checkpoints)
         s.start_step = state["step"]
         s.batches = int(state.get("batches", s.start_step))  # (checkpoints before dynamic sampling: one per step)
-        s.wall_before = float(state.get("wall_time_s", 0.0))  # (checkpoints before it: this session only)
+        wall = state.get("wall_time_s")  # (None: a checkpoint from before it was recorded, or from such a run)
+        s.wall_before = None if wall is None else float(wall)
+        line = resume_note(state.get("code_versions"), code_version())
+        if line:
+            log(line)
+        s.code_versions = list(state.get("code_versions") or ["unrecorded"])
         try:
             s.sampler.load_state_dict(state["sampler"])
         except ValueError as e:  # (a checkpoint from before the data digest: its problem count differs)
