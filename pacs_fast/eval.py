@@ -9,7 +9,11 @@ MATH-500 and 512 for AMC23 / AIME 2024 / AIME 2025, k = 1, 2, 4, ..., 256 capped
 writes into ``--out`` (default ``eval_results/<model folder name>``):
 
 - ``samples_<benchmark>.jsonl``: one line per problem (responses, scores, statuses), appended as
-  generated; rerunning the same command resumes where an interrupted run stopped;
+  generated; rerunning the same command resumes where an interrupted run stopped. Each problem samples
+  under its own seed (``--seed``, the benchmark and its index): a resumed run, a larger ``--limit`` and
+  another ``--samples-per-call`` sample every problem under the seed one uninterrupted run gives it (the
+  same samples with the HF engine, whose draws do not depend on the batch; vLLM's batched kernels may round
+  a near tie otherwise);
 - ``results.json`` (pass@k + per-problem correct counts), ``table.md`` (the paper's layout),
   ``pass_at_k.png`` (curves), ``run_config.json`` (the settings; a resume must match them).
 
@@ -278,6 +282,17 @@ def _check_prompt_lengths(args, engine_name: str, engine, tokenizer, sets, todo)
                    "context"), file=sys.stderr)
 
 
+def _consecutive_calls(indices: list[int], per_call: int) -> list[list[int]]:
+    """``indices`` (ascending) cut into calls of at most ``per_call`` consecutive problem indices."""
+    calls: list[list[int]] = []
+    for i in indices:
+        if calls and len(calls[-1]) < per_call and calls[-1][-1] == i - 1:
+            calls[-1].append(i)
+        else:
+            calls.append([i])
+    return calls
+
+
 def _generate(args, out_dir: Path, sets, ns, todo) -> None:
     from pacs_fast.data.prompts import build_prompt, encode_prompts, has_chat_template
     from pacs_fast.reward.batch import BatchScorer
@@ -298,14 +313,13 @@ def _generate(args, out_dir: Path, sets, ns, todo) -> None:
             n = ns[bench]
             per_call = max(1, args.samples_per_call // n)
             path = samples_path(out_dir, bench)
-            # Calls cover a fixed grid of problem indices, so a resumed run seeds them as the first did.
-            for start in range(0, len(problems), per_call):
-                idx = [i for i in todo[bench] if start <= i < start + per_call]
-                if not idx:
-                    continue
-                seed = zlib.crc32(f"{args.seed}:{bench}:{start}".encode()) & 0x7FFFFFFF
+            # Problem i samples under seed base + i * n (the engines give prompt j of a call seed + j * n): its
+            # samples do not depend on which call it lands in, so a resumed run, a larger --limit or another
+            # --samples-per-call sample every problem as one run would (calls are runs of consecutive indices).
+            base = zlib.crc32(f"{args.seed}:{bench}".encode()) & 0x7FFFFFFF
+            for idx in _consecutive_calls(todo[bench], per_call):
                 params = SamplingParams(n=n, temperature=args.temperature, top_p=args.top_p,
-                                        max_new_tokens=args.max_tokens, seed=seed)
+                                        max_new_tokens=args.max_tokens, seed=base + idx[0] * n)
                 prompts = encode_prompts(tokenizer, [problems[i].problem for i in idx], **prompt_kwargs(args))
                 chat = has_chat_template(tokenizer)  # the exact prompt text, kept next to the responses
                 prompt_texts = [build_prompt(tokenizer, problems[i].problem, use_chat_template=chat,

@@ -91,6 +91,27 @@ def test_end_to_end_tiny_model(model_dir, tmp_path, capsys):
     assert "temperature" in capsys.readouterr().err
 
 
+def test_a_problem_samples_alike_whatever_call_it_lands_in(model_dir, tmp_path):
+    """Seeds were per engine call (a grid of --samples-per-call): a --limit raised later, or another
+    --samples-per-call, put a problem at another place in its call and gave it other samples than one run
+    (a sweep of runs across versions). Each problem now has its seed: one run of 5 problems in calls of 2
+    equals a run of 3 continued to 5 in calls of 3 and 1, response for response (the HF engine's draws do
+    not depend on the batch)."""
+    rows = [{"id": f"q{i}", "problem": f"{i}+{i}=", "answer": str(2 * i)} for i in range(5)]
+    data = tmp_path / "toy.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["--model", str(model_dir), "--benchmarks", str(data), "--n", "2", "--max-tokens", "6", "--engine", "hf",
+            "--no-progress", "--scorer-workers", "1", "--temperature", "1.0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert ev.main(args + ["--out", str(one), "--samples-per-call", "4"]) == 0  # calls of 2 problems
+    assert ev.main(args + ["--out", str(two), "--samples-per-call", "6", "--limit", "3"]) == 0
+    assert ev.main(args + ["--out", str(two), "--samples-per-call", "2"]) == 0  # the rest, one problem a call
+    a, b = read_samples(one / "samples_toy.jsonl"), read_samples(two / "samples_toy.jsonl")
+    assert sorted(a) == sorted(b) == list(range(5))
+    assert [a[i]["responses"] for i in range(5)] == [b[i]["responses"] for i in range(5)]
+    assert len({tuple(a[i]["responses"]) for i in range(5)}) > 1  # sampled, not one fixed answer
+
+
 def test_report_recomputes_what_the_run_asked_for(model_dir, tmp_path):
     """`eval report` after a --limit run over a folder that holds more samples (an earlier, larger run): the
     recomputed results cover the problems that run asked for, under its label and limit (they took every
