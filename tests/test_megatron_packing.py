@@ -119,9 +119,12 @@ def test_sharded_optimizer_equals_replicated_with_less_memory_per_rank(run):
 
 def test_packed_token_budget_learner_matches_padded(run):
     """Packed rows + token-budget micro-batches + the sharded optimiser vs padded rows, one group per
-    micro-batch, replicated: the same log-probs and metrics to fp32 rounding; weights after two Adam
-    steps to 1e-4 of lr (eps=1e-3 bounds the step's sensitivity to a gradient's rounding at lr/eps)
-    plus 2 ulp of the weight itself (a norm weight near 1 rounds its update to steps of 1.2e-7)."""
+    micro-batch, replicated: the same log-probs and metrics to fp32 rounding; weights after two Adam steps
+    to 1e-3 of lr plus 2 ulp of the weight itself (a norm weight near 1 rounds its update to steps of 1.2e-7).
+    Why 1e-3 x lr: Adam normalises its step, so a real difference in the gradients (a token weighted 1% off)
+    moves a weight by ~1e-2 x lr or more, while rounding moves it by at most lr/eps (eps=1e-3) times a
+    gradient entry's rounding, which binds only for entries near 0: measured <= 1e-5 x lr on 8 draws, and
+    1.25e-4 x lr (o_proj) on one CI draw, which failed the former bound of 1e-4 x lr."""
     _, res = run
     rep, pk = res["learner/replicated"], res["learner/packed_budget"]
     m = run[0]["learner"]["batch"]["response_mask"] > 0
@@ -144,4 +147,5 @@ def test_packed_token_budget_learner_matches_padded(run):
     lr = run[0]["learner"]["learner"]["lr"]
     ulp = torch.finfo(torch.float32).eps
     for name, w in rep["weights"].items():
-        assert float((pk["weights"][name] - w).abs().max()) <= 1e-4 * lr + 2 * ulp * float(w.abs().max()), name
+        bound = 1e-3 * lr + 2 * ulp * float(w.abs().max())
+        assert float((pk["weights"][name] - w).abs().max()) <= bound, (name, bound)
