@@ -147,10 +147,12 @@ def test_fused_correction_equals_a_separate_pass(run, tp):
         if k.startswith("forward/"):  # how many forwards ran: the fused update runs its no-grad pass inside
             continue
         assert fus["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
-    # two Adam steps per epoch on gradients equal up to rounding: 1e-4 of lr plus 2 ulp of the weight
+    # two Adam steps per epoch on gradients equal up to rounding: 1e-3 of lr plus 2 ulp of the weight (Adam
+    # amplifies the rounding of near-zero gradient entries up to lr/eps; a real gradient difference moves a
+    # weight by ~1e-2 x lr or more: see tests/test_megatron_packing.py, where 1e-4 x lr failed one draw)
     lr, ulp = run[0]["learner"]["learner"]["lr"], torch.finfo(torch.float32).eps
     for name, t in sep["weights"].items():
-        assert float((fus["weights"][name] - t).abs().max()) <= 1e-4 * lr + 2 * ulp * float(t.abs().max()), name
+        assert float((fus["weights"][name] - t).abs().max()) <= 1e-3 * lr + 2 * ulp * float(t.abs().max()), name
     # no wasted forward: the fused update skips exactly the first mini-batch's rows (this rank's share)
     spec = run[0]["learner"]
     first = spec["learner"]["mini_batch_prompts"] * spec["batch"]["group_size"] // fus["dp"]
