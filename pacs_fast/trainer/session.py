@@ -18,8 +18,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
 from pacs_fast.code_version import code_version, resume_note
+from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
 from pacs_fast.config.model_files import vocab_problem
 from pacs_fast.data.prompts import has_chat_template, prompt_warnings, takes_system_message
 from pacs_fast.gc_heap import freeze_long_lived
