@@ -385,6 +385,36 @@ def test_ignored_grpo_options_warn_once(tmp_path):
     assert len(msgs) == 1 and all(k in msgs[0] for k in ("loss_type='grpo'", "scale_rewards='none'", "epsilon=0.3"))
 
 
+def test_settings_that_cannot_give_a_pacs_label_are_caught_before_training(tmp_path):
+    """A sweep of the adapter in real TRL use: multi_objective_aggregation='normalize_then_sum' was accepted and
+    ignored (PACS trained on the raw sum); a reward model's logits and weights summing past 1 failed only at the
+    first step whose reward left [0, 1] (hours into a run); beta=0.04 from a GRPO recipe trained ~25x slower
+    with no word; one ignored option read 'is GRPO's loss options and have no effect'."""
+    import warnings
+
+    from pacs_fast.integrations.trl import PACSTrainer
+    from pacs_fast.integrations.trl_checks import check_reward_funcs
+
+    with pytest.raises(ValueError, match=r"^PACSConfig: multi_objective_aggregation='normalize_then_sum' normalises"):
+        _config(tmp_path, multi_objective_aggregation="normalize_then_sum")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _config(tmp_path, beta=0.04)
+        _config(tmp_path, loss_type="grpo")
+        check_reward_funcs([_parity_reward, _parity_reward], [0.5, 0.5])  # sums to 1: no warning
+        check_reward_funcs([_parity_reward, _parity_reward], [1.0, 1.0])
+    msgs = [str(w.message) for w in caught]
+    assert len(msgs) == 3, msgs
+    assert msgs[0].startswith("PACSConfig: beta=0.04 scales PACS's reward proxy") and "~25x smaller" in msgs[0]
+    assert msgs[1] == "PACSConfig: loss_type='grpo' is a GRPO loss option with no effect on the PACS loss"
+    assert msgs[2].startswith("PACSTrainer: reward_weights=[1.0, 1.0] sum to 2")
+    model, tok = _model_and_tokenizer()
+    for rm in ("some/reward-model", model):
+        with pytest.raises(ValueError, match=r"^PACSTrainer: reward_funcs\[1\] is (the|a) reward model"):
+            PACSTrainer(model=model, reward_funcs=[_parity_reward, rm], args=_config(tmp_path),
+                        train_dataset=_dataset(), processing_class=tok)
+
+
 def test_soft_rewards_warn_once(tmp_path):
     import warnings
 

@@ -20,7 +20,8 @@ def score_metrics(psi: torch.Tensor, pred_reward: torch.Tensor, rewards: torch.T
     out = {}
     for name, x in (("psi", psi), ("pred_reward", pred)):
         out[f"pacs/{name}_mean"] = float(x.mean())
-        out[f"pacs/{name}_std"] = float(x.std()) if x.numel() > 1 else 0.0
+        # one row: no spread (0); no row (every score NaN): as undefined as the mean beside it
+        out[f"pacs/{name}_std"] = float(x.std()) if x.numel() > 1 else 0.0 if x.numel() else float("nan")
     out["pacs/brier"] = float(((pred - R) ** 2).mean())
     out["pacs/calib_gap"] = float((pred.mean() - R.mean()).abs())
     for sel, name in ((R > 0.5, "pos"), (R <= 0.5, "neg")):

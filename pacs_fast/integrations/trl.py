@@ -57,6 +57,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from pacs_fast.algorithms.overlong import loss_over_members as _loss_over_members
 from pacs_fast.algorithms.pacs import BACKENDS, GROUP_SCORES, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
 from pacs_fast.integrations._groups import check_beta, check_whole_groups, pacs_metrics
+from pacs_fast.integrations.trl_checks import check_group_settings, check_reward_funcs
 from pacs_fast.ops.backend import require_triton
 from pacs_fast.ops.linear_logprobs import linear_logprobs
 
@@ -76,37 +77,6 @@ REWARD_ROUNDING = 1e-5  # fp32 rounding of a weighted sum of reward functions (~
 
 _GROUP_FIX = ("set per_device_train_batch_size (and per_device_eval_batch_size) to a multiple of "
               "num_generations (num_generations_eval), and keep PACSTrainer's own batching")
-
-
-def check_group_settings(args) -> None:
-    """Raises ValueError naming the TRL arguments when micro-batches could split a group, or when
-    an option PACS does not support is set."""
-    G = args.num_generations
-    if args.per_device_train_batch_size % G:
-        raise ValueError(
-            f"PACS needs whole groups in every micro-batch: per_device_train_batch_size="
-            f"{args.per_device_train_batch_size} is not a multiple of num_generations={G} (a PACS "
-            f"score couples the {G} completions of a prompt); use e.g. "
-            f"per_device_train_batch_size={G * max(1, args.per_device_train_batch_size // G)}")
-    if args.score in GROUP_SCORES and G < 2:
-        raise ValueError(f"PACS score={args.score!r} needs num_generations >= 2, got {G}")
-    if args.eval_strategy != "no":
-        Ge = args.num_generations_eval or G
-        if args.per_device_eval_batch_size % Ge:
-            raise ValueError(f"PACS evaluation needs whole groups: per_device_eval_batch_size="
-                             f"{args.per_device_eval_batch_size} is not a multiple of "
-                             f"num_generations_eval={Ge}")
-        if args.score in GROUP_SCORES and Ge < 2:
-            raise ValueError(f"PACS score={args.score!r} needs num_generations_eval >= 2, got {Ge}")
-    if args.sync_ref_model:
-        raise ValueError("PACS: sync_ref_model is not supported: PACS loads no reference model (its reference is "
-                         "the rollout policy's log-probs); leave sync_ref_model=False")
-    if args.top_entropy_quantile < 1.0:
-        raise ValueError("PACS: top_entropy_quantile < 1 is not supported (the PACS loss is per sequence)")
-    if args.off_policy_mask_threshold is not None:
-        raise ValueError("PACS: off_policy_mask_threshold is not supported")
-    if args.entropy_coef != 0.0 or args.use_adaptive_entropy:
-        raise ValueError("PACS: entropy_coef / use_adaptive_entropy are not supported")
 
 
 @dataclass
@@ -129,8 +99,16 @@ class PACSConfig(GRPOConfig):
         ignored = [f"{name}={getattr(self, name)!r}" for name in IGNORED_GRPO_OPTIONS
                    if getattr(self, name) != _GRPO_DEFAULTS[name]]
         if ignored:
-            warnings.warn(f"PACSConfig: {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} GRPO's loss "
-                          "options and have no effect on the PACS loss", stacklevel=3)
+            what = "is a GRPO loss option" if len(ignored) == 1 else "are GRPO loss options"
+            warnings.warn(f"PACSConfig: {', '.join(ignored)} {what} with no effect on the PACS loss", stacklevel=3)
+        if self.multi_objective_aggregation != "sum_then_normalize":  # TRL's default; PACS takes the raw sum
+            raise ValueError(f"PACSConfig: multi_objective_aggregation={self.multi_objective_aggregation!r} "
+                             "normalises each reward function within its group, out of [0, 1]; PACS trains on the "
+                             "weighted sum of the rewards as its label (in [0, 1]): leave the default")
+        if self.beta < 0.1:
+            warnings.warn(f"PACSConfig: beta={self.beta:g} scales PACS's reward proxy and with it the gradient "
+                          f"(~{1 / self.beta:.0f}x smaller than at the paper's beta=1); a GRPO recipe's KL "
+                          "coefficient does not carry over", stacklevel=3)
         for name, options in (("score", SCORES), ("weight_mode", WEIGHT_MODES), ("proxy", PROXIES),
                               ("pacs_backend", BACKENDS)):
             if getattr(self, name) not in options:
@@ -270,6 +248,7 @@ class PACSTrainer(GRPOTrainer):
         if not isinstance(args, PACSConfig):
             raise TypeError(f"PACSTrainer needs args=PACSConfig(...), got {type(args).__name__}")
         check_group_settings(args)
+        check_reward_funcs(reward_funcs, args.reward_weights)
         # TRL reads args.beta as a KL coefficient: hide PACS's beta during its constructor so that
         # no reference model is loaded and no KL term is added (self.beta stays 0.0).
         pacs_beta, args.beta = args.beta, 0.0

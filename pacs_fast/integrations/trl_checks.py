@@ -1,0 +1,61 @@
+"""Checks of a TRL setup for PACS, made before TRL loads anything (:mod:`pacs_fast.integrations.trl`): groups that
+a micro-batch could split, options PACS does not support, reward functions whose rewards cannot be PACS's label.
+Imports nothing from TRL (they read the config's fields).
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from pacs_fast.algorithms.pacs import GROUP_SCORES
+
+
+def check_group_settings(args) -> None:
+    """Raises ValueError naming the TRL arguments when micro-batches could split a group, or when
+    an option PACS does not support is set."""
+    G = args.num_generations
+    if args.per_device_train_batch_size % G:
+        raise ValueError(
+            f"PACS needs whole groups in every micro-batch: per_device_train_batch_size="
+            f"{args.per_device_train_batch_size} is not a multiple of num_generations={G} (a PACS "
+            f"score couples the {G} completions of a prompt); use e.g. "
+            f"per_device_train_batch_size={G * max(1, args.per_device_train_batch_size // G)}")
+    if args.score in GROUP_SCORES and G < 2:
+        raise ValueError(f"PACS score={args.score!r} needs num_generations >= 2, got {G}")
+    if args.eval_strategy != "no":
+        Ge = args.num_generations_eval or G
+        if args.per_device_eval_batch_size % Ge:
+            raise ValueError(f"PACS evaluation needs whole groups: per_device_eval_batch_size="
+                             f"{args.per_device_eval_batch_size} is not a multiple of "
+                             f"num_generations_eval={Ge}")
+        if args.score in GROUP_SCORES and Ge < 2:
+            raise ValueError(f"PACS score={args.score!r} needs num_generations_eval >= 2, got {Ge}")
+    if args.sync_ref_model:
+        raise ValueError("PACS: sync_ref_model is not supported: PACS loads no reference model (its reference is "
+                         "the rollout policy's log-probs); leave sync_ref_model=False")
+    if args.top_entropy_quantile < 1.0:
+        raise ValueError("PACS: top_entropy_quantile < 1 is not supported (the PACS loss is per sequence)")
+    if args.off_policy_mask_threshold is not None:
+        raise ValueError("PACS: off_policy_mask_threshold is not supported")
+    if args.entropy_coef != 0.0 or args.use_adaptive_entropy:
+        raise ValueError("PACS: entropy_coef / use_adaptive_entropy are not supported")
+
+
+def check_reward_funcs(reward_funcs, weights) -> None:
+    """Before TRL loads anything: a reward model (a path or a ``PreTrainedModel``: TRL scores with its raw logit,
+    unbounded) is refused, and weights whose positive part sums past 1 warn (functions in [0, 1] can then give a
+    weighted reward above 1, which stops the run at that step). PACS's label must lie in [0, 1]."""
+    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    for i, f in enumerate(funcs):
+        if isinstance(f, (str, torch.nn.Module)):
+            what = f"the reward model {f!r}" if isinstance(f, str) else f"a reward model ({type(f).__name__})"
+            raise ValueError(f"PACSTrainer: reward_funcs[{i}] is {what}, whose scores are unbounded logits; PACS "
+                             "needs rewards in [0, 1] (the verifier's label): pass a function that returns "
+                             "sigmoid(score) of the model, or a 0/1 verdict")
+    if weights is not None:
+        total = sum(max(float(w), 0.0) for w in weights)
+        if total > 1 + 1e-5:
+            warnings.warn(f"PACSTrainer: reward_weights={list(weights)} sum to {total:g}: reward functions in [0, 1] "
+                          "can then give a weighted reward above 1, which PACS refuses at the step it happens; "
+                          "scale the weights to sum to 1", stacklevel=3)
