@@ -20,6 +20,15 @@ not the engine's generation time. An engine handles its messages in order, so a 
 sent after ``weights`` of version v runs on version v (or newer); the processes of a
 tensor-parallel engine get the same messages and call the engine's collectives together.
 
+When the engine took a send is known from that order, not asked of the send: a gloo send reports itself
+complete only once ``wait()`` was called on it, so polling ``is_completed()`` freed nothing and the driver
+kept every push (one CPU copy of the weights per step: 1.6 MB a step for the tiny model, its RSS 0.5 ->
+3.3 GB over 1,837 steps; a sweep of long runs). The reply to a ``generate`` request means its engine's
+processes took every message sent them up to that request: those sends are waited on (at once) and
+freed then. An engine keeps its own replies' buffers likewise until the driver took them: it waits on
+the oldest once more than ``replies_ahead`` (setup; the driver's staleness bound + 3) are outstanding,
+which a driver within its bound never reaches.
+
 :func:`serve` is an engine process's whole life; :class:`RemoteEngines` is the driver's side.
 """
 from __future__ import annotations
@@ -64,12 +73,27 @@ class RemoteEngines:
         self.bridge = bridge
         self.engines = [list(e) for e in engines]
         self.bucket_bytes = int(bucket_bytes)
-        self._pending: deque = deque()  # (work, buffer) of sends not yet taken
+        self._pending: dict[int, deque] = {}  # destination rank -> (sequence number, work, buffer) not yet freed
+        self._sent = 0  # sequence number of the last send
         self._asked: dict[int, list[tuple[int, int]]] = {}  # step -> [(answering rank, number of prompts)]
+        self._marks: dict[tuple[int, int], tuple[list[int], int]] = {}  # (rank, step) -> (engine, its last send)
         self._early: dict[tuple[int, int], dict] = {}  # (rank, step) -> a reply received while waiting for another
 
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
-        self._pending.append((self.bridge.send([tensor], dst, tag), tensor))
+        self._sent += 1
+        self._pending.setdefault(dst, deque()).append((self._sent, self.bridge.send([tensor], dst, tag), tensor))
+
+    def pending_sends(self) -> int:
+        """Sends whose buffers are still kept (those an engine may not have taken yet)."""
+        return sum(len(q) for q in self._pending.values())
+
+    def _release(self, engine: list[int], upto: int) -> None:
+        """Frees the sends to ``engine``'s processes up to sequence number ``upto``: its reply to a later request
+        says they were taken (``wait`` returns at once; gloo marks a send complete only there)."""
+        for dst in engine:
+            q = self._pending.get(dst)
+            while q and q[0][0] <= upto:
+                q.popleft()[1].wait()
 
     def _send_obj(self, kind: int, obj, engine: list[int]) -> None:
         body, head = _pack(obj)
@@ -77,10 +101,6 @@ class RemoteEngines:
         for dst in engine:
             self._isend(head, dst, TAG_HEAD)
             self._isend(body, dst, TAG_BODY)
-
-    def _prune(self) -> None:
-        while self._pending and self._pending[0][0].is_completed():
-            self._pending.popleft()
 
     def setup(self, info: dict) -> None:
         """The engines' start: model folder, tokenizer, engine settings (they wait for it)."""
@@ -97,7 +117,7 @@ class RemoteEngines:
                 p["seed"] = p["seed"] + a * params.n  # a prompt's seed does not depend on the split
             self._send_obj(GENERATE, {"step": step, "prompts": prompt_ids[a:b], "params": p}, e)
             self._asked[step].append((e[0], b - a))
-        self._prune()
+            self._marks[(e[0], step)] = (e, self._sent)
 
     def _reply(self, rank: int, step: int) -> dict:
         """Engine ``rank``'s reply to request ``step``: an engine answers in the order it was asked, so the
@@ -107,6 +127,9 @@ class RemoteEngines:
             if reply["step"] not in self._asked and reply["step"] != step:
                 raise RuntimeError(f"engine rank {rank} answered step {reply['step']}, which was not asked")
             self._early[(rank, reply["step"])] = reply
+            engine, upto = self._marks.pop((rank, reply["step"]), (None, 0))
+            if engine:
+                self._release(engine, upto)
         return self._early.pop((rank, step))
 
     def collect(self, step: int) -> tuple[list[list[Completion]], int]:
@@ -120,7 +143,6 @@ class RemoteEngines:
                                    f"prompts; expected step {step} with {n}")
             comps += [[Completion(**c) for c in cs] for cs in reply["completions"]]
             versions.append(reply["version"])
-        self._prune()
         return comps, min(versions)
 
     def push_weights(self, named_tensors, version: int) -> None:
@@ -150,15 +172,14 @@ class RemoteEngines:
             for dst in e:
                 for _, flat in buckets:
                     self._isend(flat, dst, TAG_TENSOR)
-        self._prune()
 
     def close(self, *, wait: bool = True) -> None:
         """Tells every engine to stop and (``wait``) waits until they took every message."""
         for e in self.engines:
             self._send_obj(STOP, {}, e)
-        while wait and self._pending:
-            work, _ = self._pending.popleft()
-            work.wait()
+        if wait:
+            for e in self.engines:
+                self._release(e, self._sent)
 
 
 def serve(build_engine, bridge: dist.ProcessGroup, driver: int, *, answers: bool = True) -> int:
@@ -169,7 +190,8 @@ def serve(build_engine, bridge: dist.ProcessGroup, driver: int, *, answers: bool
     if kind == STOP:  # the learner stopped before its setup was done
         return 0
     engine = build_engine(info)
-    version, served, pending = 0, 0, deque()
+    version, served, pending = 0, 0, deque()  # pending: (work, buffer) of this engine's replies, 2 sends each
+    ahead = max(1, int(info.get("replies_ahead", 4)))
     try:
         while True:
             kind, msg = _recv_obj(bridge, driver, TAG_HEAD, TAG_BODY)
@@ -197,6 +219,8 @@ def serve(build_engine, bridge: dist.ProcessGroup, driver: int, *, answers: bool
                     body, head = _pack(reply)
                     pending.append((bridge.send([head], driver, TAG_REPLY_HEAD), head))
                     pending.append((bridge.send([body], driver, TAG_REPLY_BODY), body))
+                    while len(pending) > 2 * ahead:  # the driver took the older ones (see the module docstring)
+                        pending.popleft()[0].wait()
                 served += 1
         for work, _ in pending:
             work.wait()

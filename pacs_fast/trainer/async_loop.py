@@ -188,7 +188,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
 
         if engines:
             engines.setup({"model_path": str(model_path), "vocab_size": len(tokenizer),
-                           "batch_size": generate_batch(cfg)})
+                           "batch_size": generate_batch(cfg), "replies_ahead": cfg.rollout.max_staleness + 3})
         return (EngineRanksEval(engines, world), (lambda: None)) if cfg.rollout.engine == "vllm" else build()
 
     try:
