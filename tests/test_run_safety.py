@@ -663,3 +663,21 @@ def test_a_stop_right_after_the_last_save_is_settled_by_the_resume(finished, tmp
     assert code == 0, err
     assert (root / "latest").read_text() == "step_000004\n"
     assert sorted(p.name for p in root.glob("step_*")) == ["step_000002", "step_000004"]
+
+
+def test_read_jsonl_keeps_the_asked_keys_and_splits_at_newlines_only(tmp_path):
+    """finish() read every key of metrics.jsonl and every sample's prompt and response to draw a few curves and
+    two floats a sample (+0.65 GB at the end of a 100k-step run; a sweep of long runs): ``keys`` keeps what
+    is asked. A response holding U+2028 (written with ensure_ascii=False) was cut there by str.splitlines, and
+    its row skipped as unreadable."""
+    path = tmp_path / "samples.jsonl"
+    rows = [{"kind": "sample", "step": 1, "response": "a\u2028b", "reward": 1.0, "pred_reward": 0.7},
+            {"kind": "sample", "step": 2, "response": "c", "reward": 0.0, "pred_reward": 0.4},
+            {"kind": "resume", "step": 1},
+            {"kind": "sample", "step": 2, "response": "d\u2029", "reward": 1.0, "pred_reward": 0.6}]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows) + '{"kind": "sam', encoding="utf-8")
+    assert [r["response"] for r in read_jsonl(path)] == ["a\u2028b", "d\u2029"]  # the redone step 2 once
+    assert read_jsonl(path, keys=("reward", "pred_reward")) == [
+        {"kind": "sample", "step": 1, "reward": 1.0, "pred_reward": 0.7},
+        {"kind": "sample", "step": 2, "reward": 1.0, "pred_reward": 0.6}]
+    assert len(read_jsonl(path, raw=True)) == 4

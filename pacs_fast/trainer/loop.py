@@ -29,6 +29,7 @@ from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
 from pacs_fast.trainer.evaluation import eval_line
 from pacs_fast.trainer.metrics import read_jsonl
 from pacs_fast.trainer.parallel import close_world
+from pacs_fast.trainer.plots import PANELS  # (matplotlib is imported only to draw)
 from pacs_fast.trainer.rollout_step import NoGroupKept, rollout_step
 from pacs_fast.trainer.session import Session, SetupError, start
 from pacs_fast.trainer.step import WEIGHTED_MEANS, learn, sample_rows, step_record, terms_over_groups
@@ -203,7 +204,8 @@ def finish(s: Session) -> dict:
     adds the earlier sessions' up to the checkpoint it resumed from (the time of steps a kill lost is
     not counted) to this session's, ``session_wall_time_s`` (from ``s.t_start``)."""
     wall_time = time.perf_counter() - s.t_start
-    records = read_jsonl(s.run_dir / "metrics.jsonl")
+    records = read_jsonl(s.run_dir / "metrics.jsonl",  # what the summary and the plots read, not every key
+                         keys={"eval/acc", "eval/greedy_acc", "time/step"} | {key for _, key, _ in PANELS})
     evals = [r for r in records if r["kind"] == "eval"]
     first, final = evals[0], evals[-1]
     summary = {
@@ -240,7 +242,7 @@ def run_code_versions(s: Session) -> list[str]:
 
 def calibration_of(run_dir: Path):
     """(predicted reward, reward) pairs of the logged samples, for the calibration plot (None if none)."""
-    rows = read_jsonl(run_dir / "samples.jsonl")  # the rows a resumed run redid count once
+    rows = read_jsonl(run_dir / "samples.jsonl", keys=("pred_reward", "reward"))  # redone rows count once
     pairs = [(r["pred_reward"], r["reward"]) for r in rows if r.get("pred_reward") is not None]
     return ([p for p, _ in pairs], [r for _, r in pairs]) if pairs else None
 

@@ -14,7 +14,7 @@ from pathlib import Path
 NONDETERMINISTIC_PREFIXES = ("time/", "perf/")
 
 
-def read_jsonl(path: str | Path, *, raw: bool = False) -> list[dict]:
+def read_jsonl(path: str | Path, *, raw: bool = False, keys=None) -> list[dict]:
     """The records of a metrics file (a torn last line is skipped).
 
     The file is append-only: a resumed run appends ``{"kind": "resume", "step": s}`` and then
@@ -22,20 +22,29 @@ def read_jsonl(path: str | Path, *, raw: bool = False) -> list[dict]:
     written before the marker with a step after ``s``) and the markers are left out, which gives the
     run's history as an uninterrupted run would have written it; ``raw=True`` returns every line.
     A run restarted from step 0 (it had no checkpoint) writes the marker with step -1: every earlier
-    record is superseded. ``samples.jsonl`` carries the same markers."""
+    record is superseded. ``samples.jsonl`` carries the same markers.
+
+    ``keys``: keep only these keys of each record (and ``kind`` / ``step``): the file is read a line at a
+    time, so a long run's history costs its kept values, not the file's text (a 100k-step run's files held
+    ~0.2 GB of text, and every sample's prompt and response, at the end of training; a sweep of long runs).
+    Lines end at ``\n`` only (``str.splitlines`` also split at U+2028 inside a response's text)."""
     out = []
     p = Path(path)
     if not p.exists():
         return out
-    for line in p.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not raw and rec.get("kind") == "resume":
-            out = [r for r in out if r.get("step", 0) <= rec["step"]]
-            continue
-        out.append(rec)
+    keep = None if keys is None else set(keys) | {"kind", "step"}
+    with open(p, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            if not raw and rec.get("kind") == "resume":
+                out = [r for r in out if r.get("step", 0) <= rec["step"]]
+                continue
+            out.append(rec if keep is None else {k: v for k, v in rec.items() if k in keep})
     return out
 
 
