@@ -38,11 +38,7 @@ def trained_positions(folder: str | Path) -> int | None:
     """The positions the model in ``folder`` was trained on (``max_position_embeddings`` or ``n_positions``
     of its config.json); None when unknown: no readable config, or a RoPE scaling, whose reach each
     scaling type defines differently."""
-    try:
-        c = json.loads((Path(folder).expanduser() / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    c = c.get("text_config", c) if isinstance(c, dict) else {}
+    c = _text_config(folder)
     n = c.get("max_position_embeddings") or c.get("n_positions")
     return int(n) if n and not c.get("rope_scaling") else None
 
@@ -52,6 +48,14 @@ def _json(path: Path):
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def _text_config(folder: str | Path) -> dict:
+    """The language model's part of ``folder``'s config.json (its ``text_config`` when it has one); {} when
+    unreadable."""
+    c = _json(Path(folder).expanduser() / "config.json")
+    c = c.get("text_config", c) if isinstance(c, dict) else {}
+    return c if isinstance(c, dict) else {}
 
 
 def tokenizer_ids(folder: str | Path) -> int | None:
@@ -78,9 +82,7 @@ def vocab_problem(folder: str | Path, ids: int | None = None) -> str | None:
     LM-head rows (``vocab_size`` of config.json), as tokens added to a tokenizer without resizing the model
     leave; such an id fails in the embedding lookup (a traceback after loading) or gets no log-prob.
     ``ids``: the loaded tokenizer's ``len`` (default: read from the tokenizer files)."""
-    c = _json(Path(folder).expanduser() / "config.json")
-    c = c.get("text_config", c) if isinstance(c, dict) else {}
-    rows = c.get("vocab_size") if isinstance(c, dict) else None
+    rows = _text_config(folder).get("vocab_size")
     ids = tokenizer_ids(folder) if ids is None else ids
     if not isinstance(rows, int) or ids is None or ids <= rows:
         return None

@@ -172,7 +172,7 @@ def evaluate_unless_reported(s: Session) -> None:
         return  # the loop's last step evaluated
     missing = None
     if s.world.is_main:
-        evals = [r for r in read_jsonl(s.run_dir / "metrics.jsonl") if r["kind"] == "eval"]
+        evals = [r for r in read_jsonl(s.run_dir / "metrics.jsonl", keys=()) if r["kind"] == "eval"]
         missing = not evals or evals[-1]["step"] != s.start_step
     if s.world.broadcast(missing):
         evaluate_and_report(s, s.start_step)
