@@ -79,8 +79,8 @@ def loop_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, score
             psi = (r - r.mean()) / (r.std() + 1e-6)
         R = rewards[sl]
         n_pos = R.sum()
-        n_neg = G - n_pos
-        if weight_mode == "question" and 0 < n_pos < G:
+        n_neg = (1 - R).sum()
+        if weight_mode == "question" and n_pos > 0 and n_neg > 0:
             w = R * G / (2 * n_pos) + (1 - R) * G / (2 * n_neg)
         else:
             w = torch.ones_like(R)

@@ -179,9 +179,10 @@ def _pacs_group_kernel(
     R = tl.load(rewards_ptr + rows, mask=valid_g, other=0.0).to(ACC)
     if WEIGHT == 0:
         # question: sklearn "balanced" inside groups holding both labels; soft rewards count
-        # fractionally (n_1 = sum R, n_0 = G - n_1), w = R G/(2 n_1) + (1 - R) G/(2 n_0)
+        # fractionally (n_1 = sum R, n_0 = sum (1 - R)), w = R G/(2 n_1) + (1 - R) G/(2 n_0); n_0 summed,
+        # not G - n_1: with rewards near 1 that difference cancels (n_0 = 1e-3 off by 1e-4 relative in fp32)
         n_pos = tl.sum(R, axis=0)
-        n_neg = Gf - n_pos
+        n_neg = tl.sum(tl.where(valid_g, 1.0 - R, 0.0), axis=0)
         mixed = (n_pos > 0) & (n_neg > 0)
         w_pos = Gf / (2.0 * tl.where(mixed, n_pos, 1.0))
         w_neg = Gf / (2.0 * tl.where(mixed, n_neg, 1.0))

@@ -9,7 +9,7 @@ import types
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pacs_fast.algorithms import class_balanced_weights, group_scores, pacs_loss, reward_proxy
@@ -185,6 +185,9 @@ def test_value_and_grad_match_float64_reference_fp64(seed, groups, G, T, score, 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**case_strategy, mask_kind=st.sampled_from(["bool", "float"]))
+# soft rewards [1, 0.99898] in one group: the loss was 2.0e-5 off while n_0 was G - n_1 (a CI-like draw)
+@example(seed=370, groups=1, G=2, T=5, score="dr_grpo", weight_mode="question", proxy="mean_logp", beta=0.05,
+         soft=True, empty_rows=False, mask_kind="bool")
 def test_value_and_grad_match_float64_reference_fp32(seed, groups, G, T, score, weight_mode, proxy, beta,
                                                       soft, empty_rows, mask_kind):
     ref, loss, terms, grad, mask = run_against_reference(seed, groups, G, T, score, weight_mode, proxy,
@@ -202,6 +205,26 @@ def test_value_and_grad_match_float64_reference_fp32(seed, groups, G, T, score, 
     assert torch.isfinite(grad).all()
     assert (grad.double() - want).abs().max().item() <= 2e-5 * cond**2 * _scale(want.flatten().tolist())
     assert (grad[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_soft_rewards_near_one_keep_the_fp32_weights_accurate(backend, seed):
+    """A group whose soft rewards are all near 1 (a hypothesis draw: R = [1, 0.99898]): n_0 = G - n_1
+    cancelled in fp32 (n_0 = 1.0e-3 off by 1e-4 relative, the weight of the second sample 5.8e-5 off, the
+    loss 2e-5), n_0 = sum(1 - R) is exact here. Every weight within 4 ulps of fp32 of the float64 one (the
+    divisions and the sum round a few times); before the fix the second weight was ~500 ulps off."""
+    gen = torch.Generator().manual_seed(seed)
+    G = 4
+    rewards = 1.0 - torch.rand(2 * G, generator=gen) * 1e-3   # fp32, every one in (0.999, 1]
+    rewards[0] = 1.0
+    logp = -torch.rand(2 * G, 5, generator=gen)
+    mask = torch.ones(2 * G, 5, dtype=torch.bool)
+    _, terms = pacs_loss(logp, logp, mask, rewards, group_size=G, weight_mode="question", return_terms=True,
+                         backend=backend)
+    R = rewards.double().view(-1, G)
+    n1, n0 = R.sum(1, keepdim=True), (1 - R).sum(1, keepdim=True)
+    want = (R * G / (2 * n1) + (1 - R) * G / (2 * n0)).view(-1)
+    assert (terms["weight"].double() - want).abs().max().item() <= 4 * 2**-24 * want.abs().max().item()
 
 
 def test_terms_have_exactly_the_documented_keys_and_are_consistent(seed):

@@ -184,7 +184,9 @@ def _class_balanced_weights(rewards: torch.Tensor, group_size: int, weight_mode:
         return 1.0 - R
     g = R.reshape(-1, group_size)
     n_pos = g.sum(dim=1, keepdim=True)
-    n_neg = group_size - n_pos
+    # summed, not G - n_pos: with soft rewards near 1 that difference cancels (fp32: n_neg = 1e-3 off by
+    # 1e-4 relative, the weights as much); each 1 - R is exact for R >= 1/2
+    n_neg = (1.0 - g).sum(dim=1, keepdim=True)
     mixed = (n_pos > 0) & (n_neg > 0)
     w = (g * (group_size / (2.0 * torch.where(mixed, n_pos, 1.0)))
          + (1.0 - g) * (group_size / (2.0 * torch.where(mixed, n_neg, 1.0))))
@@ -252,8 +254,8 @@ def class_balanced_weights(rewards: torch.Tensor, group_size: int,
     - ``"question"``: in a group with both labels, ``w_i = G / (2 n_{R_i})`` with ``n_c`` the number
       of responses in the group with label ``c`` (sklearn's "balanced"); groups with a single label
       get ``w_i = 1``. Soft rewards ``R in [0, 1]`` count fractionally:
-      ``n_1 = sum_g R_j``, ``n_0 = G - n_1`` and ``w_i = R_i G/(2 n_1) + (1-R_i) G/(2 n_0)`` when
-      ``0 < n_1 < G`` (identical to the above for 0/1 rewards; the weights of a group still sum to G).
+      ``n_1 = sum_g R_j``, ``n_0 = sum_g (1 - R_j)`` (= G - n_1) and
+      ``w_i = R_i G/(2 n_1) + (1-R_i) G/(2 n_0)`` when ``0 < n_1 < G`` (identical to the above for 0/1 rewards; the weights of a group still sum to G).
     - ``"none"``: 1;  ``"only_positive"``: ``R_i``;  ``"only_negative"``: ``1 - R_i``
 
     Args:

@@ -187,7 +187,7 @@ def fused_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, scor
             Values at positions where the mask is 0 never reach the result, even NaN / Inf.
         rewards: [B] verifier rewards in [0, 1] (0/1 or soft; float, int or bool). With
             ``weight_mode="question"`` soft rewards count fractionally: ``n_1 = sum_g R``,
-            ``n_0 = G - n_1``, ``w_i = R_i G/(2 n_1) + (1 - R_i) G/(2 n_0)`` in mixed groups.
+            ``n_0 = sum_g (1 - R)``, ``w_i = R_i G/(2 n_1) + (1 - R_i) G/(2 n_0)`` in mixed groups.
         group_size: G (2..1024 here; 1 allowed for naive); groups are B/G contiguous rows.
         beta, score ("rloo" | "grpo" | "dr_grpo" | "naive"), weight_mode ("question" | "none" |
             "only_positive" | "only_negative"), proxy ("logratio" | "mean_logp"): as there.
