@@ -18,11 +18,12 @@ import importlib
 import json
 import os
 import subprocess
-import sys
 import traceback
 from pathlib import Path
 
 import pytest
+
+from forked_torchrun import MEGATRON, launch_env, torchrun_command
 
 # test file -> (its worker module: tests/<module>.py with run(folder); the file's fixture that reads the results)
 WORKERS = {
@@ -42,11 +43,8 @@ def _launch(files: list[str], base: Path) -> dict:
         folder.mkdir(parents=True)
         importlib.import_module(name[:-3]).prepare_megatron_inputs(folder)
         pairs.append(f"{WORKERS[name][0]}={folder}")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-           str(LAUNCHER), *pairs]
+    env = launch_env()
+    cmd = torchrun_command(2, str(LAUNCHER), *pairs, preload=MEGATRON)  # ranks forked, megatron-core preloaded
     # own session: on a timeout the launcher and its workers are killed together
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

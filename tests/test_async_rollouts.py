@@ -10,7 +10,6 @@ rollout.ranks=R rollout.max_staleness=K`` on CPU (gloo), the HF engine on its ow
   every step exactly once, and the first step after the resume is regenerated from the checkpoint's
   policy (staleness 0).
 """
-import os
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import time
 import pytest
 import torch
 
+from forked_torchrun import launch_env, torchrun_command
 from pacs_fast.config import load_config, validate
 from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
 
@@ -31,20 +31,14 @@ TINY = ["data.arith_ops=+", "data.arith_max_digits=1", "data.eval_size=8", "roll
         "algo.entropy_coef=0.05", "train.eval_every=0", "train.save_every=1"]
 
 
-def _env():
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    return env
-
-
-def torchrun(n: int, args, *, wait=True, timeout=300):
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--standalone",
-           "-m", "pacs_fast.train", *args]
+def torchrun(n: int, args, *, wait=True, timeout=300, forked=True):
+    """``forked``: the ranks forked from an interpreter with torch and transformers imported
+    (tests/forked_torchrun.py); otherwise torchrun's own fresh processes, as users start them."""
+    cmd = torchrun_command(n, "-m", "pacs_fast.train", *args, forked=forked)
     if not wait:
-        return subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        return subprocess.Popen(cmd, env=launch_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     return proc.stdout + proc.stderr
 
@@ -83,8 +77,7 @@ def test_lockstep_engine_process_equals_the_one_process_run(tmp_path, filtering,
     # a fixed reference reset before step 3 (algo.reset_every): the engine-process loop resets it as the one-process one
     common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}", "train.steps=3",
                      "algo.ref=fixed", "algo.reset_every=2"] + (FILTER if filtering else ["model.dtype=bfloat16"])
-    env = _env()
-    proc = subprocess.run([sys.executable, "-m", "pacs_fast.train", *common, "train.run_name=one"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "pacs_fast.train", *common, "train.run_name=one"], env=launch_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     torchrun(2, common + ["train.run_name=two", "rollout.ranks=1", "rollout.max_staleness=0"])
@@ -124,7 +117,7 @@ def test_staleness_bound_and_resume_after_sigkill(tmp_path, warm_cache):
     common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}", f"train.steps={steps}",
                      "rollout.ranks=1", "rollout.max_staleness=1", "train.log_samples=2"]
     full = tmp_path / "full"
-    torchrun(2, common + ["train.run_name=full"])
+    torchrun(2, common + ["train.run_name=full"], forked=False)  # this test: the processes users get
     recs = _train(full)
     assert [r["step"] for r in recs] == list(range(1, steps + 1))
     assert [r["rollout/staleness"] for r in recs] == [0] + [1] * (steps - 1)  # generated one update ahead
@@ -137,7 +130,7 @@ def test_staleness_bound_and_resume_after_sigkill(tmp_path, warm_cache):
     assert samples and all(s["policy_version"] == s["step"] - 1 - (s["step"] > 1) for s in samples)
 
     split = tmp_path / "split"  # kill -9 (every process) once a checkpoint is in place, resume
-    proc = torchrun(2, common + ["train.run_name=split"], wait=False)
+    proc = torchrun(2, common + ["train.run_name=split"], wait=False, forked=False)
     deadline = time.time() + 300
     latest = split / "checkpoints" / "latest"
     while time.time() < deadline and proc.poll() is None:
@@ -148,7 +141,7 @@ def test_staleness_bound_and_resume_after_sigkill(tmp_path, warm_cache):
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     resumed_from = int(latest.read_text().strip()[len("step_"):])
     assert resumed_from < steps
-    out = torchrun(2, ["--resume", str(split)])
+    out = torchrun(2, ["--resume", str(split)], forked=False)
     assert "regenerated" in out
     recs = _train(split)
     assert [r["step"] for r in recs] == list(range(1, steps + 1))  # every step trained once, none lost

@@ -10,12 +10,11 @@ rollout.tp_size=T learner.backend=megatron ...`` on CPU (gloo), each role in its
   with more steps continues (the engine gets the checkpoint's weights) and trains each step once.
 """
 import importlib.util
-import os
 import subprocess
-import sys
 
 import pytest
 
+from forked_torchrun import BOTH, launch_env, torchrun_command
 from pacs_fast.trainer.metrics import read_jsonl
 
 pytestmark = [pytest.mark.distributed,
@@ -33,12 +32,9 @@ FP32_LOGPROB_TOL = 1e-4
 
 
 def torchrun(n: int, args, timeout=300):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--standalone",
-           "-m", "pacs_fast.train", *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    # the ranks forked from an interpreter with vLLM and megatron-core imported (tests/forked_torchrun.py)
+    cmd = torchrun_command(n, "-m", "pacs_fast.train", *args, preload=BOTH)
+    proc = subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     return proc.stdout + proc.stderr
 

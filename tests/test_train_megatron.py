@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import copy_as_killed_in_checkpoint
+from forked_torchrun import MEGATRON, launch_env, torchrun_command
 from pacs_fast.config import load_config, validate
 from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
 
@@ -29,13 +30,12 @@ TINY = ["learner.backend=megatron", "learner.tp_size=2", "algo.ref=fixed", "algo
         "train.plots=false", "train.seed=5"]
 
 
-def torchrun(args, timeout=300, nproc=2) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1"}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
-           "-m", "pacs_fast.train", *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+def torchrun(args, timeout=300, nproc=2, forked=True) -> str:
+    """``forked``: the ranks forked from an interpreter with megatron-core imported (tests/forked_torchrun.py);
+    otherwise torchrun's own fresh processes, as users start them."""
+    cmd = torchrun_command(nproc, "-m", "pacs_fast.train", *args, preload=MEGATRON, forked=forked)
+    proc = subprocess.run(cmd, env=launch_env(PYTHONUNBUFFERED="1"), capture_output=True, text=True,
+                          timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     return out
@@ -56,7 +56,7 @@ def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path, warm_cache):
     from pacs_fast.trainer.warmup import warmup_key
 
     common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}"]
-    out = torchrun(common + ["train.steps=4", "train.run_name=full"])
+    out = torchrun(common + ["train.steps=4", "train.run_name=full"], forked=False)  # as users launch it
     # rank 0 alone prints (the other rank would repeat every line) and writes
     assert out.count("step 0: held-out accuracy") == 1, out[-3000:]
     assert out.count("run folder") == 1
@@ -74,7 +74,7 @@ def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path, warm_cache):
     assert not list((full / "checkpoints").glob(".tmp-*"))
 
     split = copy_as_killed_in_checkpoint(full, tmp_path / "split", 4)
-    out = torchrun(["--resume", str(split)])
+    out = torchrun(["--resume", str(split)], forked=False)
     assert out.count("resumed from") == 1 and "(step 3)" in out
     a = deterministic_view(read_jsonl(full / "metrics.jsonl"))
     b = deterministic_view(read_jsonl(split / "metrics.jsonl"))

