@@ -230,8 +230,10 @@ def make_learner(model, learner_name, lengths, G, args, row):
 
 def measure(model, shape, learner_name, lengths, G, args, device, row) -> dict:
     from pacs_fast.learner import flops, torch_learner
+    from pacs_fast.ops import varlen_attention
 
     learner = make_learner(model, learner_name, lengths, G, args, row)
+    varlen_attention.KERNEL_CALLS.clear()
     batch = make_batch(lengths, G, shape["vocab"], args.prompt, 0)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     wrap = torch.profiler.record_function
@@ -258,6 +260,8 @@ def measure(model, shape, learner_name, lengths, G, args, device, row) -> dict:
         row["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
         row["shares"] = profile_shares(step) if device == "cuda" else None
         row["forwards"] = {k: v for k, v in getattr(learner, "forwards", {}).items()}
+        # the packed attention's kernel(s) that answered (a failing one falls back with one stderr line)
+        row["attention_kernels"] = dict(varlen_attention.KERNEL_CALLS)
     finally:
         torch_learner.linear_logprobs, torch_learner.objective = ll, obj
         del learner
@@ -281,7 +285,8 @@ def table(rows, device, formula) -> str:
          "| learner | shape | response | tokens | ckpt | tok/s | MFU | peak / predicted GB | attention | LM head+loss "
          "| optimiser | other |", "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        head = f"| {r['learner']} | {r['shape']} | {r['spec']} | {r['tokens']:,} |"
+        kernels = ", ".join(sorted(r.get("attention_kernels") or {}))
+        head = f"| {r['learner']}{f' ({kernels})' if kernels else ''} | {r['shape']} | {r['spec']} | {r['tokens']:,} |"
         if "not_run" in r:
             L.append(f"{head} | {r['not_run']} | | | | | | |")
             continue

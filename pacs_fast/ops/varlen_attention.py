@@ -31,6 +31,7 @@ Qwen2/LLaMA-style causal GQA, a flash-attention base, which is already varlen).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import functools
@@ -48,6 +49,8 @@ FAMILIES = ("qwen2", "qwen3", "llama", "mistral")
 FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
 _ACTIVE = contextvars.ContextVar("pacs_fast_varlen_forward", default=False)
 _FAILED: set = set()  # (backend, device type, dtype) that raised here once: not tried again
+# backend -> calls of attend() it answered in this process (a benchmark reads which kernel really ran)
+KERNEL_CALLS: collections.Counter = collections.Counter()
 
 
 def base_implementation(config) -> str:
@@ -245,7 +248,9 @@ def attend(q, k, v, cu: torch.Tensor, max_len: int, scale: float | None = None, 
     order = [name] + [b for b in BACKENDS[BACKENDS.index(name) + 1:] if usable(b, q) and (b, *key) not in _FAILED]
     for i, b in enumerate(order):
         try:
-            return _KERNELS[b](q, k, v, cu, max_len, scale)
+            out = _KERNELS[b](q, k, v, cu, max_len, scale)
+            KERNEL_CALLS[b] += 1
+            return out
         except torch.cuda.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - one warning, then the next backend, this one not tried again
