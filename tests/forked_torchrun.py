@@ -11,7 +11,7 @@ same environment torchrun gives every rank (``RANK``, ``WORLD_SIZE``, ``MASTER_A
 CPU instead of 28-34 s, with records identical to the plain launch's.
 
 What it does not test: a rank starting as a fresh interpreter. The tests of that path (a config error
-printed once, a SIGKILL of every process and the resume, a TP=2 megatron run and its resume) launch
+printed once, a run killed with SIGKILL and its resume, a TP=2 megatron resume) launch
 ``python -m torch.distributed.run`` as users do (:func:`torchrun_command` with ``forked=False``).
 
     python tests/forked_torchrun.py --preload torch,vllm --nproc_per_node=2 --standalone -m pacs_fast.train ...

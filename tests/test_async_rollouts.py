@@ -117,7 +117,7 @@ def test_staleness_bound_and_resume_after_sigkill(tmp_path, warm_cache):
     common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}", f"train.steps={steps}",
                      "rollout.ranks=1", "rollout.max_staleness=1", "train.log_samples=2"]
     full = tmp_path / "full"
-    torchrun(2, common + ["train.run_name=full"], forked=False)  # this test: the processes users get
+    torchrun(2, common + ["train.run_name=full"])
     recs = _train(full)
     assert [r["step"] for r in recs] == list(range(1, steps + 1))
     assert [r["rollout/staleness"] for r in recs] == [0] + [1] * (steps - 1)  # generated one update ahead
@@ -130,7 +130,7 @@ def test_staleness_bound_and_resume_after_sigkill(tmp_path, warm_cache):
     assert samples and all(s["policy_version"] == s["step"] - 1 - (s["step"] > 1) for s in samples)
 
     split = tmp_path / "split"  # kill -9 (every process) once a checkpoint is in place, resume
-    proc = torchrun(2, common + ["train.run_name=split"], wait=False, forked=False)
+    proc = torchrun(2, common + ["train.run_name=split"], wait=False, forked=False)  # the processes users get
     deadline = time.time() + 300
     latest = split / "checkpoints" / "latest"
     while time.time() < deadline and proc.poll() is None:

@@ -56,7 +56,7 @@ def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path, warm_cache):
     from pacs_fast.trainer.warmup import warmup_key
 
     common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}"]
-    out = torchrun(common + ["train.steps=4", "train.run_name=full"], forked=False)  # as users launch it
+    out = torchrun(common + ["train.steps=4", "train.run_name=full"])
     # rank 0 alone prints (the other rank would repeat every line) and writes
     assert out.count("step 0: held-out accuracy") == 1, out[-3000:]
     assert out.count("run folder") == 1
@@ -74,7 +74,7 @@ def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path, warm_cache):
     assert not list((full / "checkpoints").glob(".tmp-*"))
 
     split = copy_as_killed_in_checkpoint(full, tmp_path / "split", 4)
-    out = torchrun(["--resume", str(split)], forked=False)
+    out = torchrun(["--resume", str(split)], forked=False)  # fresh processes, as users launch it
     assert out.count("resumed from") == 1 and "(step 3)" in out
     a = deterministic_view(read_jsonl(full / "metrics.jsonl"))
     b = deterministic_view(read_jsonl(split / "metrics.jsonl"))
