@@ -71,13 +71,16 @@ def _launch(argv: list[str]) -> None:
 
     quiet_openmp_waits()
     import importlib
+    import importlib.util
 
     for name in filter(None, preload):
+        if importlib.util.find_spec(name.split(".")[0]) is None:
+            continue  # not installed: a rank that needs it fails as in a plain launch
         if name == "vllm":
             from vllm import LLM  # noqa: F401  (the engine class pulls in most of vLLM's import time)
         else:
             importlib.import_module(name)
-    # torchrun's options, then the target: "-m MODULE" or the first argument not starting with "-"
+    # torchrun's options (as --name=value), then the target: "-m MODULE" or the first argument not starting with "-"
     i = next(k for k, a in enumerate(argv) if a == "-m" or not a.startswith("-"))
     if argv[i] == "-m":
         rank_argv = [_MODULE, argv[i + 1], *argv[i + 2:]]
