@@ -36,6 +36,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pacs_fast.algorithms._stable import bce_with_logits
+
 CORRECTIONS = ("none", "backward", "forward")
 
 
@@ -76,7 +78,7 @@ def corrected_rewards(noisy: torch.Tensor, correction: str, rho0: float, rho1: f
 def bce_backward(psi: torch.Tensor, noisy: torch.Tensor, rho0: float, rho1: float) -> torch.Tensor:
     """Per-sample backward-corrected BCE ``[B]``: ``softplus(psi) - R^ psi`` with ``R^`` the
     surrogate label (unbiased for the clean BCE)."""
-    return F.softplus(psi) - backward_rewards(noisy.to(psi.dtype), rho0, rho1) * psi
+    return bce_with_logits(psi, backward_rewards(noisy.to(psi.dtype), rho0, rho1))
 
 
 def bce_forward(psi: torch.Tensor, noisy: torch.Tensor, rho0: float, rho1: float) -> torch.Tensor:
@@ -102,7 +104,7 @@ def corrected_bce(psi: torch.Tensor, noisy: torch.Tensor, correction: str, rho0:
                   rho1: float) -> torch.Tensor:
     """Per-sample PACS BCE ``[B]`` under ``correction`` (none | backward | forward)."""
     if correction == "none":
-        return F.softplus(psi) - noisy.to(psi.dtype) * psi
+        return bce_with_logits(psi, noisy.to(psi.dtype))
     if correction == "backward":
         return bce_backward(psi, noisy, rho0, rho1)
     if correction == "forward":

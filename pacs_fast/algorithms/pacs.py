@@ -26,7 +26,6 @@ returned loss and terms have that compute dtype.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from pacs_fast.algorithms._checks import (
     check_choice,
@@ -40,6 +39,7 @@ from pacs_fast.algorithms._checks import (
     mask_nonzero,
     mask_select,
 )
+from pacs_fast.algorithms._stable import bce_with_logits
 
 SCORES = ("rloo", "grpo", "dr_grpo", "naive")
 # the scores that compare a response with the rest of its group: undefined or identically 0 (no gradient) for a
@@ -255,7 +255,8 @@ def class_balanced_weights(rewards: torch.Tensor, group_size: int,
       of responses in the group with label ``c`` (sklearn's "balanced"); groups with a single label
       get ``w_i = 1``. Soft rewards ``R in [0, 1]`` count fractionally:
       ``n_1 = sum_g R_j``, ``n_0 = sum_g (1 - R_j)`` (= G - n_1) and
-      ``w_i = R_i G/(2 n_1) + (1-R_i) G/(2 n_0)`` when ``0 < n_1 < G`` (identical to the above for 0/1 rewards; the weights of a group still sum to G).
+      ``w_i = R_i G/(2 n_1) + (1-R_i) G/(2 n_0)`` when ``0 < n_1 < G`` (identical to the above for 0/1
+      rewards; the weights of a group still sum to G).
     - ``"none"``: 1;  ``"only_positive"``: ``R_i``;  ``"only_negative"``: ``1 - R_i``
 
     Args:
@@ -364,7 +365,7 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
     if sample_weights is not None:
         w = w * sample_weights.detach().to(w.dtype)
     R = rewards.detach().to(r.dtype)
-    sample_loss = w * (F.softplus(psi) - R * psi)
+    sample_loss = w * bce_with_logits(psi, R)  # softplus(psi) - R psi without its cancellation
     loss = sample_loss.sum() / num_rows
     if not return_terms:
         return loss
