@@ -17,6 +17,7 @@ from pacs_fast.algorithms._checks import (
     check_tensor,
     compute_dtype,
 )
+from pacs_fast.algorithms._stable import k3
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOG_RATIO_CLAMP = 20.0
@@ -31,7 +32,7 @@ def _kl_penalty(logp, logp_ref, estimator, clamp):
         return 0.5 * d * d
     if clamp is not None:
         d = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    kl = torch.expm1(d) - d
+    kl = k3(d)  # e^d - 1 - d, accurate at small d (algorithms/_stable.py)
     if clamp is not None:
         kl = kl.clamp(-clamp, clamp)
     return kl

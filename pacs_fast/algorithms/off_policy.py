@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from pacs_fast.algorithms._checks import check_choice, check_mask, check_real, check_same_shape, check_tensor
+from pacs_fast.algorithms._stable import k3
 
 IS_LEVELS = ("none", "token", "sequence")
 RS_LEVELS = ("none", "token", "sequence", "geometric")
@@ -111,7 +112,8 @@ def correction_metrics(token_log_ratio: torch.Tensor, mask: torch.Tensor, weight
     lr = token_log_ratio[m]
     w = weights[m]
     seq_lr = token_log_ratio.sum(-1)[m.any(-1)]
-    k3 = (lr.clamp(max=_MAX_LOG).exp() - 1.0) - lr
+    lr_c = lr.clamp(max=_MAX_LOG)
+    k3_est = k3(lr_c) + (lr_c - lr)  # (e^lr - 1) - lr, exp clamped; accurate at small lr (_stable.py)
     log_cap = torch.tensor(float(cap), dtype=token_log_ratio.dtype).log()
     if level == "none":
         truncated = torch.zeros_like(lr, dtype=torch.bool)
@@ -125,7 +127,7 @@ def correction_metrics(token_log_ratio: torch.Tensor, mask: torch.Tensor, weight
         "frac_truncated": float(truncated.float().mean()),
         "frac_rejected": float(1.0 - kept_mask.to(torch.bool)[m].float().mean()),
         "kl_k1": float((-lr).mean()),
-        "kl_k3": float(k3.mean()),
+        "kl_k3": float(k3_est.mean()),
         "seq_log_ratio_mean": float(seq_lr.mean()),
         "seqs": float(seq_lr.numel()),  # the rows with response tokens (the weight of seq_log_ratio_mean)
         "seq_log_ratio_min": float(seq_lr.min()),

@@ -29,6 +29,7 @@ from pacs_fast.algorithms._checks import (
     mask_nonzero,
     zero_masked,
 )
+from pacs_fast.algorithms._stable import k3
 from pacs_fast.algorithms.advantages import group_advantages
 from pacs_fast.algorithms.aggregation import LOSS_AGG_MODES, _aggregate, masked_mean
 from pacs_fast.algorithms.kl import KL_ESTIMATORS, _kl_penalty
@@ -174,7 +175,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     with torch.no_grad():
         metrics["pg_loss"] = loss.detach().clone()
         metrics["ppo_kl"] = masked_mean(-log_ratio.detach(), mask)
-        metrics["approx_kl"] = masked_mean(torch.expm1(log_ratio.detach()) - log_ratio.detach(), mask)
+        metrics["approx_kl"] = masked_mean(k3(log_ratio.detach()), mask)
     if kl_coef != 0:
         kl = _kl_penalty(logp, logp_ref, kl_estimator, kl_clamp)
         kl_loss = _aggregate(kl, mask, loss_agg_mode, horizon, global_count)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import torch
 
 from pacs_fast.algorithms._checks import check_real, compute_dtype, mask_nonzero, mask_select, zero_masked
+from pacs_fast.algorithms._stable import k3
 from pacs_fast.algorithms.aggregation import _aggregate, masked_mean
 from pacs_fast.algorithms.kl import _kl_penalty
 from pacs_fast.algorithms.policy_loss import check_policy_inputs
@@ -86,7 +87,8 @@ def _finish(per_token, logp, log_ratio, mask, token_weights, mode, horizon, glob
         lr = log_ratio.detach()
         metrics["pg_loss"] = loss.detach().clone()
         metrics["ppo_kl"] = masked_mean(-lr, mask)
-        metrics["approx_kl"] = masked_mean(torch.expm1(lr.clamp(max=CISPO_LOG_RATIO_CLAMP)) - lr, mask)
+        lr_c = lr.clamp(max=CISPO_LOG_RATIO_CLAMP)
+        metrics["approx_kl"] = masked_mean(k3(lr_c) + (lr_c - lr), mask)
     if kl_coef != 0:
         kl_loss = _aggregate(_kl_penalty(logp, logp_ref, kl_estimator, kl_clamp), mask, mode, horizon, global_count)
         metrics["kl"] = kl_loss.detach().clone()
