@@ -54,11 +54,14 @@ def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo",
         return g.reshape(-1)
     if group_size == 1:  # verl: mean 0, std 1 (no baseline)
         return (g / (1.0 + eps) if mode == "grpo" and norm_std else g).reshape(-1)
-    centered = g - g.mean(dim=1, keepdim=True)
+    # shifted by the group's first reward before centring (as pacs._group_scores): a group of equal soft
+    # rewards centres to exactly 0; its mean's 1-ulp error over 1/(std + eps) gave |A| up to 0.1 in fp32
+    d = g - g[:, :1]
+    centered = d - d.mean(dim=1, keepdim=True)
     if mode == "rloo":
         out = centered * (group_size / (group_size - 1))
     elif mode == "grpo" and norm_std:
-        scale = g.std(dim=1, keepdim=True, correction=1) + eps
+        scale = d.std(dim=1, keepdim=True, correction=1) + eps
         out = torch.where(scale > 0, centered / scale, 0.0)  # eps = 0 and equal rewards: 0, not 0 / 0
     else:
         out = centered
@@ -75,10 +78,16 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor | None, *, shift_mean: boo
     entry near zero showed as a 2e-7 relative difference (tests/test_verl_semantics.py)."""
     sel = torch.ones_like(x, dtype=torch.bool) if mask is None else mask_nonzero(mask)
     n = sel.sum().to(x.dtype)
-    xs = torch.where(sel, x, 0.0)
-    mean = xs.sum() / (n + 1e-8)
-    var = torch.where(sel, (x - mean) ** 2, 0.0).sum() / (n + 1e-8) * (n / (n - 1).clamp(min=1))
-    out = (x - mean) * torch.rsqrt(var + eps)
+    # in differences from one selected entry c (its index found on the device: no host sync), so that equal
+    # entries keep their digits (a constant input gave 2.4e-3 for ~1e-4 / n in fp32): verl's mean
+    # sum(x) / (n + 1e-8) is c + (sum(d) - 1e-8 c) / (n + 1e-8)
+    c = x.reshape(-1)[sel.reshape(-1).to(torch.uint8).argmax()]
+    d = torch.where(sel, x - c, 0.0)
+    mean_d = (d.sum() - c * 1e-8) / (n + 1e-8)
+    centred = d - mean_d
+    mean = c + mean_d
+    var = torch.where(sel, centred ** 2, 0.0).sum() / (n + 1e-8) * (n / (n - 1).clamp(min=1))
+    out = centred * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
     return torch.where(sel, out, 0.0)

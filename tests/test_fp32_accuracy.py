@@ -1,0 +1,114 @@
+"""fp32 accuracy where a textbook form cancels (an audit of fp32 against float64 on the same inputs, cast up).
+
+Each case is one the old form got wrong by far more than the quantity's conditioning allows, and each bound
+is a few fp32 roundings of the quantity's own scale (said at each assertion): the BCE of a confident sample,
+the k3 KL estimator at small log-ratios, GRPO advantages of a group of equal soft rewards, the leave-one-out
+baseline of near-equal process returns, and whitening a constant.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pacs_fast.algorithms import group_advantages, kl_penalty, pacs_loss
+from pacs_fast.algorithms.advantages import masked_whiten
+from pacs_fast.algorithms.off_policy import correction_metrics
+from pacs_fast.algorithms.process_rewards import process_advantages
+
+EPS32 = 2.0 ** -24  # fp32's unit roundoff
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_the_bce_of_confident_samples_keeps_its_digits(backend):
+    """psi = +-16, +-10 with the label it predicts, and psi = 6.9 with R = 0.999: softplus(psi) - R psi cancelled
+    (0 for 1.1e-7 at psi = 16, R = 1) and autograd's sigmoid(psi) - R with it (34% off). The sample loss and its
+    gradient within 8 roundings of their own size (the relative condition number is |psi| <= 16, but each
+    form here takes the large linear part exactly)."""
+    psi_want = torch.tensor([16.0, -16.0, 10.0, -10.0, 6.9, 0.0])
+    R = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.999, 0.3])
+    B = psi_want.numel()
+    # score "naive" with proxy "logratio": psi_i = beta * sum_t (logp - logp_ref) over the one token of row i
+    logp = (psi_want - 5.0)[:, None].clone().requires_grad_(True)
+    logp_ref = torch.full((B, 1), -5.0)
+    loss, terms = pacs_loss(logp, logp_ref, None, R, group_size=1, score="naive", weight_mode="none",
+                            proxy="logratio", return_terms=True, backend=backend)
+    loss.backward()
+    psi = terms["score"].double()
+    Rd = R.double()
+    want_loss = F.softplus(psi) - Rd * psi
+    want_grad = (torch.sigmoid(psi) - Rd) / B
+    got_loss = terms["sample_loss"].double()
+    assert ((got_loss - want_loss).abs() <= 8 * EPS32 * want_loss.abs()).all(), (got_loss, want_loss)
+    # sigmoid(psi) - R is a difference of two terms of at most min(sigmoid, 1 - sigmoid) and min(R, 1 - R) after
+    # the exact linear part: within 8 roundings of those (psi = 6.9 with R = 0.999 sits at the optimum, where
+    # the difference cancels whatever the form: 1e-3 - 1.007e-3)
+    sig = torch.sigmoid(psi)
+    scale = want_grad.abs() + (torch.minimum(sig, 1 - sig) + torch.minimum(Rd, 1 - Rd)) / B
+    got_grad = logp.grad.double().reshape(-1)
+    assert ((got_grad - want_grad).abs() <= 8 * EPS32 * scale).all(), (got_grad, want_grad)
+
+
+def test_k3_at_small_log_ratios_keeps_its_digits(seed):
+    """e^d - 1 - d at |d| <= 1e-4 is ~d^2/2: expm1(d) - d kept eps / |d| of it (100% over 4k tokens) and its
+    gradient (expm1(d) + 1) - 1 as much. Value and gradient within 8 roundings of themselves, the mean over the
+    tokens too (a sum of positive terms: no cancellation left); the two metrics that log it likewise."""
+    gen = torch.Generator().manual_seed(seed)
+    d = (torch.rand(4096, generator=gen) * 2 - 1) * 1e-4
+    d[0], d[1], d[2] = 0.3, -0.7, 3.0  # both sides of the series' edge at |d| = 1/2
+    logp = torch.zeros_like(d, requires_grad=True)
+    kl = kl_penalty(logp, d, "k3")  # d = logp_ref - logp
+    kl.sum().backward()
+    dd = d.double()
+    want = _k3_exact(d)  # (float64's expm1(d) - d cancels too: 77 fp32 roundings at d = 5e-11)
+    assert ((kl.double() - want).abs() <= 8 * EPS32 * want).all()
+    assert ((logp.grad.double() + torch.expm1(dd)).abs() <= 8 * EPS32 * torch.expm1(dd).abs()).all()
+    mask = torch.ones(1, d.numel(), dtype=torch.bool)
+    lr = -d[None]  # the metric's k3 is in log(pi / mu) = -d with d = log(mu / pi)
+    m = correction_metrics(lr, mask, torch.ones_like(lr), mask, cap=2.0)
+    want_mean = _k3_exact(-d).mean().item()
+    assert abs(m["kl_k3"] - want_mean) <= 8 * EPS32 * want_mean
+
+
+def _k3_exact(d: torch.Tensor) -> torch.Tensor:
+    """e^d - 1 - d of each fp32 value, in 40-digit arithmetic (mpmath), as float64."""
+    import mpmath
+
+    with mpmath.workdps(40):
+        return torch.tensor([float(mpmath.expm1(mpmath.mpf(x)) - mpmath.mpf(x)) for x in d.double().tolist()],
+                            dtype=torch.float64)
+
+
+@pytest.mark.parametrize("eps", [1e-6, 0.0])
+def test_a_group_of_equal_soft_rewards_has_advantage_zero(eps):
+    """Centred on its fp32 mean, a group of eight 0.1s was off by one ulp, and 1 / (std + eps) made that
+    |A| up to 0.1 (0.8-0.99 with eps = 0), every response the same sign: exactly 0 now."""
+    values = [0.1, 0.3, 0.7, 0.9, 0.99, -0.1, 1.3, 1.0 / 3]
+    rewards = torch.tensor(values).repeat_interleave(8)
+    for mode in ("grpo", "dr_grpo", "rloo"):
+        adv = group_advantages(rewards, 8, mode, eps=eps)
+        assert (adv == 0).all(), (mode, adv.view(-1, 8)[:, 0])
+
+
+def test_near_equal_process_returns_keep_their_leave_one_out_baseline(seed):
+    """First-step returns near 1 with a spread of 1e-3: (sum - v) / (G - 1) lost 4 digits (1.7e-4 of max |A|).
+    The advantages are differences of fp32 returns, which near-equal values take exactly: within 8 roundings
+    of the largest advantage."""
+    gen = torch.Generator().manual_seed(seed)
+    G, K = 8, 3
+    step_rewards = 1.0 - torch.rand(4 * G, K, generator=gen) * 1e-3
+    mask = torch.ones(4 * G, K, dtype=torch.bool)
+    got = process_advantages(step_rewards, mask, G, form="min")
+    want = process_advantages(step_rewards.double(), mask, G, form="min")
+    assert (got.double() - want).abs().max().item() <= 8 * EPS32 * want.abs().max().item()
+
+
+def test_whitening_a_constant_gives_zero():
+    """verl's masked_whiten of a constant is c 1e-8 / (n + 1e-8) / sqrt(1e-8) (~1e-4 c / n); its fp32 mean's
+    rounding gave up to 2.4e-3. Within 8 roundings of that true value's scale, masked entries 0."""
+    x = torch.full((4, 300), 0.7)
+    mask = torch.ones_like(x, dtype=torch.bool)
+    mask[:, 250:] = False
+    x[~mask] = float("nan")  # never read
+    got = masked_whiten(x, mask)
+    want = masked_whiten(x.double(), mask)
+    assert (got[~mask] == 0).all()
+    assert (got.double() - want).abs().max().item() <= 8 * EPS32 * max(want.abs().max().item(), 1e-4)
