@@ -112,3 +112,18 @@ def test_whitening_a_constant_gives_zero():
     want = masked_whiten(x.double(), mask)
     assert (got[~mask] == 0).all()
     assert (got.double() - want).abs().max().item() <= 8 * EPS32 * max(want.abs().max().item(), 1e-4)
+
+
+def test_packed_row_sums_on_the_cpu_are_as_accurate_as_padded_ones(seed):
+    """A packed row's proxy is a segment sum; on the CPU torch.segment_reduce sums a segment in one
+    sequential pass (the padded .sum is pairwise): at 32k tokens fp32 kept 8.7e-6 of the sum for 6.1e-8.
+    Within 8 roundings of the sum of |terms| for rows of 32k, 1k and 1 tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [32768, 1000, 1]
+    logp = -torch.rand(sum(lengths), generator=gen) * 3
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    r = pacs_loss(logp.requires_grad_(True), None, None, torch.tensor([1.0, 0.0, 1.0]), group_size=3,
+                  proxy="mean_logp", cu_seqlens=cu, return_terms=True, backend="torch")[1]["proxy"]
+    for i, n in enumerate(lengths):
+        seg = logp.detach()[cu[i]:cu[i + 1]].double()
+        assert abs(r[i].item() - seg.mean().item()) <= 8 * EPS32 * seg.abs().mean().item(), (n, r[i].item())
