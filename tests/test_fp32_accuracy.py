@@ -144,3 +144,18 @@ def test_gae_over_a_long_response_keeps_its_digits(seed):
     assert adv.dtype == ret.dtype == torch.float32
     assert (adv.double() - adv64).abs().max().item() <= 2 * EPS32 * adv64.abs().max().item()
     assert (ret.double() - ret64).abs().max().item() <= 2 * EPS32 * ret64.abs().max().item()
+
+
+def test_k3_saves_one_tensor_and_takes_second_order_and_torch_func():
+    """The series would keep ~15 intermediates of the input's size for its backward; k3 keeps d alone and its
+    gradient stays differentiable (the README's promise for the baselines' losses: create_graph and torch.func)."""
+    from pacs_fast.algorithms._stable import k3
+
+    saved = []
+    d = torch.randn(64, dtype=torch.float64, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        k3(d).sum()
+    assert saved == [d.shape]
+    assert torch.autograd.gradgradcheck(k3, (d[:6].detach().requires_grad_(True),))
+    grad = torch.func.grad(lambda x: kl_penalty(x, torch.zeros_like(x), "k3").sum())(d.detach())
+    assert torch.allclose(grad, -torch.expm1(-d.detach()))  # d/dlogp of k3(logp_ref - logp)
