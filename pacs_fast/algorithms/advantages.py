@@ -16,6 +16,7 @@ from pacs_fast.algorithms._checks import (
     compute_dtype,
     mask_nonzero,
 )
+from pacs_fast.algorithms._stable import centred_in_groups
 
 ADVANTAGE_MODES = ("grpo", "dr_grpo", "rloo")
 
@@ -54,14 +55,11 @@ def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo",
         return g.reshape(-1)
     if group_size == 1:  # verl: mean 0, std 1 (no baseline)
         return (g / (1.0 + eps) if mode == "grpo" and norm_std else g).reshape(-1)
-    # shifted by the group's first reward before centring (as pacs._group_scores): a group of equal soft
-    # rewards centres to exactly 0; its mean's 1-ulp error over 1/(std + eps) gave |A| up to 0.1 in fp32
-    d = g - g[:, :1]
-    centered = d - d.mean(dim=1, keepdim=True)
+    centered = centred_in_groups(g)  # a group of equal rewards: exactly 0
     if mode == "rloo":
         out = centered * (group_size / (group_size - 1))
     elif mode == "grpo" and norm_std:
-        scale = d.std(dim=1, keepdim=True, correction=1) + eps
+        scale = centered.std(dim=1, keepdim=True, correction=1) + eps
         out = torch.where(scale > 0, centered / scale, 0.0)  # eps = 0 and equal rewards: 0, not 0 / 0
     else:
         out = centered

@@ -39,7 +39,7 @@ from pacs_fast.algorithms._checks import (
     mask_nonzero,
     mask_select,
 )
-from pacs_fast.algorithms._stable import bce_with_logits
+from pacs_fast.algorithms._stable import bce_with_logits, centred_in_groups
 
 SCORES = ("rloo", "grpo", "dr_grpo", "naive")
 # the scores that compare a response with the rest of its group: undefined or identically 0 (no gradient) for a
@@ -160,12 +160,7 @@ def _safe_sqrt(v: torch.Tensor) -> torch.Tensor:
 def _group_scores(r: torch.Tensor, group_size: int, score: str, eps: float) -> torch.Tensor:
     if score == "naive":
         return r
-    g = r.reshape(-1, group_size)
-    # Shift by the group's first proxy before averaging (same value, better rounding): a group of
-    # equal proxies then has centered values of exactly 0 instead of +-1 ulp noise that grpo's
-    # 1/(std + eps) would amplify.
-    d = g - g[:, :1].detach()
-    centered = d - d.mean(dim=1, keepdim=True)
+    centered = centred_in_groups(r.reshape(-1, group_size))
     if score == "dr_grpo":
         out = centered
     elif score == "rloo":
