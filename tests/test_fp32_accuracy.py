@@ -17,6 +17,14 @@ from pacs_fast.algorithms.process_rewards import process_advantages
 EPS32 = 2.0 ** -24  # fp32's unit roundoff
 
 
+def _pacs(backend):
+    from functools import partial
+
+    from pacs_fast.ops.pacs_loss import fused_pacs_loss
+
+    return partial(pacs_loss, backend="torch") if backend == "torch" else fused_pacs_loss
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_the_bce_of_confident_samples_keeps_its_digits(backend):
     """psi = +-16, +-10 with the label it predicts, and psi = 6.9 with R = 0.999: softplus(psi) - R psi cancelled
@@ -29,8 +37,9 @@ def test_the_bce_of_confident_samples_keeps_its_digits(backend):
     # score "naive" with proxy "logratio": psi_i = beta * sum_t (logp - logp_ref) over the one token of row i
     logp = (psi_want - 5.0)[:, None].clone().requires_grad_(True)
     logp_ref = torch.full((B, 1), -5.0)
-    loss, terms = pacs_loss(logp, logp_ref, None, R, group_size=1, score="naive", weight_mode="none",
-                            proxy="logratio", return_terms=True, backend=backend)
+    # the fused op itself for "triton": pacs_loss would fall back to the torch path if the kernel failed
+    loss, terms = _pacs(backend)(logp, logp_ref, None, R, group_size=1, score="naive", weight_mode="none",
+                                 proxy="logratio", return_terms=True)
     loss.backward()
     psi = terms["score"].double()
     Rd = R.double()
