@@ -12,7 +12,8 @@ dependency only matters for the names that need it):
 - reward: ``math_reward``, ``score_batch``, ``BatchScorer``
 - data: ``load_benchmark``, ``load_dataset``, ``build_prompt``, ``encode_prompts``
 - rollout: ``SamplingParams``, ``Completion``, ``RolloutEngine``, ``HFEngine``, ``VLLMEngine``
-- learner / trainer: ``Learner``, ``RolloutBatch``, ``TorchLearner``, ``Config``, ``load_config``
+- learner / trainer: ``Learner``, ``RolloutBatch``, ``TorchLearner``, ``fuse_layers`` (a Hugging Face model's
+  RMSNorm and SwiGLU through Liger-Kernel, on a GPU), ``Config``, ``load_config``
   (the Megatron learner lives in ``pacs_fast.learner.megatron``; megatron-core is heavy to import)
 """
 from __future__ import annotations
@@ -57,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "Learner": "pacs_fast.learner.base",
     "RolloutBatch": "pacs_fast.learner.base",
     "TorchLearner": "pacs_fast.learner.torch_learner",
+    "fuse_layers": "pacs_fast.learner.fused_layers",
     "Config": "pacs_fast.config",
     "load_config": "pacs_fast.config",
 }

@@ -10,7 +10,8 @@ of a Qwen2.5-1.5B shape (28 layers, hidden 1536, 12 / 2 heads, FFN 8960) and a Q
 a 256-token prompt: every row 1k, 4k, 16k or 32k tokens (groups of 2, about 32k tokens per update),
 and ``mix``: lognormal lengths (median 1k, sigma 1, cap 16k), 4 groups of 8 (``--dry-run``: ``k`` is one
 token, the mix median 16, cap 64, one group; a 2-layer hidden-64 model in fp32). Learners: ``torch packed
-varlen`` (learner.packed_attention=varlen), ``torch packed dense`` (the block-diagonal mask; not run
+varlen`` (learner.packed_attention=varlen), the same with ``learner.fused_layers=on`` (RMSNorm and SwiGLU
+through Liger-Kernel; ``--dry-run``: their torch twins), ``torch packed dense`` (the block-diagonal mask; not run
 where the memory model says its masks do not fit), ``torch padded + SDPA`` (learner.packing=off), and
 ``megatron packed THD`` (``MegatronLearner`` at TP = 1 on a one-process group, learner.packing=on: its own
 core attention on THD rows, pacs_fast/learner/megatron/core_attention.py; the same random weights, saved
@@ -46,6 +47,7 @@ SHAPES = {  # name: (layers, hidden, heads, kv_heads, ffn)
 TINY = {"tiny": (2, 64, 4, 2, 128)}
 LEARNERS = {
     "torch packed varlen": dict(packing="on", packed_attention="varlen"),
+    "torch packed varlen + Liger layers": dict(packing="on", packed_attention="varlen", fused_layers="on"),
     "torch padded + SDPA": dict(packing="off"),
     "torch packed dense": dict(packing="on", packed_attention="dense"),
     "megatron packed THD": dict(packing="on", backend="megatron"),
@@ -168,6 +170,9 @@ def run_row(model, shape, shape_name, learner_name, spec, args, device, mem_byte
            "tokens": sum(P + n for n in lengths)}
     if LEARNERS[learner_name].get("backend") == "megatron" and importlib.util.find_spec("megatron") is None:
         return {**row, "not_run": "megatron-core is not installed"}
+    if (LEARNERS[learner_name].get("fused_layers") == "on" and not args.dry_run
+            and importlib.util.find_spec("liger_kernel") is None):
+        return {**row, "not_run": "liger-kernel is not installed"}
     if time.time() > t_end:
         return {**row, "not_run": "time budget spent"}
     dense = "dense" in learner_name
@@ -220,7 +225,11 @@ def make_learner(model, learner_name, lengths, G, args, row):
         dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
         return MegatronLearner(saved_model(model, args.out), algo=AlgoConfig(), learner=lc, horizon=max(lengths),
                                dtype=dtype, gradient_checkpointing=row["gradient_checkpointing"])
+    from pacs_fast.learner.fused_layers import fuse_layers, liger_ops, torch_ops, unfuse_layers
     from pacs_fast.learner.torch_learner import TorchLearner
+    unfuse_layers(model)  # the rows share one model: each row fuses it or not
+    if lc.fused_layers == "on":  # (dry run: the ops' torch twins; Liger's kernels need a GPU)
+        row["fused_layers"] = fuse_layers(model, ops=torch_ops() if args.dry_run else liger_ops())
     if row["gradient_checkpointing"]:
         model.gradient_checkpointing_enable()
     else:

@@ -4,10 +4,11 @@
 #   bash bench/gpu/lease.sh OUT_DIR [main|product|final|learner]
 #
 # The next lease runs `learner` first (the principal gap: the learner at real lengths), then `main`.
-# learner (~7 minutes, first): the varlen attention's gpu tests, then bench/gpu/learner.py (issue 38): one
-#   learner update (log-probs, PACS loss, backward, AdamW), bf16, Qwen2.5-1.5B / 0.5B shapes, packed varlen vs
-#   padded vs dense mask vs megatron packed THD (TP = 1), main shape first (1.5B at 4k), 360 s budget (rows
-#   not started are listed as such).
+# learner (~7 minutes, first): the gpu tests of the varlen attention and of Liger's fused layers, then
+#   bench/gpu/learner.py (issue 38): one learner update (log-probs, PACS loss, backward, AdamW), bf16,
+#   Qwen2.5-1.5B / 0.5B shapes, packed varlen (with and without learner.fused_layers=on: carry liger-kernel in
+#   .whl) vs padded vs dense mask vs megatron packed THD (TP = 1), main shape first (1.5B at 4k), 360 s budget
+#   (rows not started are listed as such).
 # main (one ~9-minute call, the priority order of docs/GPU.md):
 #   1. suite   bench/gpu/suite.py --steps env,gpu_tests,logprobs,pacs_loss: the gpu tests, the log-prob
 #              kernels against the GEMM floors and Liger, the PACS loss against the copy floor (built-in tables)
@@ -124,8 +125,8 @@ elif [[ "$MODE" == final ]]; then  # ~6 minutes (~8 with .old/)
   phase gpu_tests_final 50 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests
   phase megatron 75 "$PY" bench/gpu/suite.py "$W/suite" --steps megatron_run --budget-s 70
 elif [[ "$MODE" == learner ]]; then
-  phase varlen_tests 120 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_varlen_attention.py \
-    --junitxml="$W/varlen_tests.xml"
+  phase learner_tests 120 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_varlen_attention.py \
+    tests/test_fused_layers.py --junitxml="$W/learner_tests.xml"
   phase learner 400 "$PY" bench/gpu/learner.py --out "$W/learner" --budget-s 360
 else
   phase product 330 "$PY" bench/gpu/suite.py "$W/suite" --steps env,compile,megatron_run,trl_run --budget-s 320

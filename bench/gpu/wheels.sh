@@ -7,7 +7,7 @@
 # Then, on the GPU machine, before the suite:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site DIR/*.whl && export PYTHONPATH=/tmp/site
 # megatron-core (the megatron learner at TP=1), trl + datasets (the TRL adapter), math-verify (the
-# verifier). vLLM is not among them (too large to carry): the suite says so and uses the HF engine.
+# verifier), liger-kernel. vLLM is not among them (too large to carry): the suite says so and uses the HF engine.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DIR="${1:-$ROOT/.whl}"
@@ -19,6 +19,9 @@ for n in "${NAMES[@]}"; do
   [[ -n "$pin" ]] || { echo "bench/gpu/wheels.sh: $n is not in $LOCK" >&2; exit 2; }
   PINS+=("${pin%% *}")
 done
+# liger-kernel (not in the lock: the comparison in bench/gpu/logprobs.py and learner.fused_layers=on), the
+# version bench/README.md's tables were measured with
+PINS+=("liger-kernel==0.8.5")
 mkdir -p "$DIR"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \

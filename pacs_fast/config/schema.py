@@ -182,6 +182,10 @@ class LearnerConfig:
                                "[S, S] mask (pacs_fast/ops/varlen_attention.py), dense = the block-diagonal mask, "
                                "auto = varlen where it is the model's exact attention (Qwen2/LLaMA-style causal "
                                "GQA, no sliding window), else dense (flash_attention_2: its own varlen path)")
+    fused_layers: str = _f("off", "torch learner: on = the model's RMSNorm and SwiGLU MLP through Liger-Kernel's fused "
+                           "Triton ops (this model instance only; same roundings; needs a CUDA GPU and liger-kernel), "
+                           "auto = on where those are there, else off, off = the model's own ops "
+                           "(pacs_fast/learner/fused_layers.py; default off until measured on a GPU)")
     max_tokens_per_micro_batch: int = _f(0, "micro-batches cut by token count (whole groups, about equal tokens "
                                          "each) instead of learner.micro_batch_prompts; 0 = off (megatron: per "
                                          "data-parallel rank)")

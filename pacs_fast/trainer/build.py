@@ -18,6 +18,14 @@ def check_installed(cfg: Config) -> None:
     if cfg.learner.backend == "megatron" and importlib.util.find_spec("megatron") is None:
         raise ValueError("learner.backend=megatron but megatron-core is not installed "
                          "(pip install 'pacs_fast[megatron]'); or use learner.backend=torch")
+    if cfg.learner.fused_layers == "on":
+        if cfg.learner.backend == "megatron":
+            raise ValueError("learner.fused_layers=on is for the torch learner (megatron's local layer spec fuses "
+                             "its norms and RoPE only with Transformer Engine); use learner.fused_layers=off")
+        from pacs_fast.learner.fused_layers import why_not
+        reason = why_not(resolve_device(cfg))
+        if reason:
+            raise ValueError(f"learner.fused_layers=on: {reason}; or use learner.fused_layers=auto / off")
 
 
 def resolve_device(cfg: Config) -> str:
@@ -57,12 +65,16 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
                                vocab_size=len(tokenizer), **kw), None
     from transformers import AutoModelForCausalLM
 
+    from pacs_fast.learner.fused_layers import apply_fused_layers
     from pacs_fast.learner.torch_learner import TorchLearner
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
     set_attention(model, cfg.model.attention)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    return TorchLearner(model, vocab_size=len(tokenizer), **kw), model
+    fused = apply_fused_layers(model, cfg.learner.fused_layers, device)  # before the reference model's copy
+    learner = TorchLearner(model, vocab_size=len(tokenizer), **kw)
+    learner.fused_layers = fused
+    return learner, model
 
 
 def generate_batch(cfg: Config) -> int:
