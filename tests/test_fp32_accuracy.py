@@ -199,3 +199,21 @@ def test_the_log_prob_of_a_confident_token_keeps_its_digits(op, backend, seed):
     assert float(want[lead].min()) > -1e-3 and float(want[~lead].max()) < -10  # the rows are what they say
     err = (got.double() - want).abs()
     assert (err <= 16 * EPS32 * (1 + want.abs())).all(), (err / EPS32).max()
+
+
+def test_whitening_half_precision_inputs_computes_in_fp32(seed):
+    """masked_whiten on bf16 / fp16 advantages: it summed in the input dtype, so fp16's token count of 131,072
+    was inf (every output NaN) and bf16's sums over 32k tokens kept ~3 digits (7.9e-3 off in an audit). Now fp32
+    inside, one rounding to the input dtype at the end: within half an ulp of the float64 result of the same
+    inputs, plus fp32's own (negligible) error."""
+    gen = torch.Generator().manual_seed(seed)
+    for dtype, shape in ((torch.float16, (8, 16384)), (torch.bfloat16, (8, 4096))):
+        x = (torch.randn(shape, generator=gen) * 2 + 0.5).to(dtype)
+        mask = torch.arange(shape[1])[None, :] < torch.randint(shape[1] // 2, shape[1] + 1, (shape[0], 1),
+                                                                 generator=gen)
+        got = masked_whiten(x, mask)
+        want = masked_whiten(x.double(), mask)
+        assert got.dtype == dtype and bool(torch.isfinite(got).all())
+        half_ulp = torch.finfo(dtype).eps / 2  # the unit roundoff of dtype (eps is the gap above 1)
+        err = (got.double() - want).abs()
+        assert (err <= half_ulp * want.abs() * 1.01 + 1e-6).all(), (dtype, float((err / want.abs()).max()))

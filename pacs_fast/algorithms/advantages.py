@@ -73,7 +73,9 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor | None, *, shift_mean: boo
 
     As verl's ``masked_whiten``: its masked means divide by ``count + 1e-8`` and the variance then
     takes Bessel's ``count / (count - 1)``; that 1e-8 moves the result by ~1e-9 relative, which an
-    entry near zero showed as a 2e-7 relative difference (tests/test_verl_semantics.py)."""
+    entry near zero showed as a 2e-7 relative difference (tests/test_verl_semantics.py). Computed in fp32 at
+    least and returned in ``x``'s dtype (bf16 / fp16 inputs: one rounding at the end)."""
+    out_dtype, x = x.dtype, x.to(compute_dtype(x))  # in fp32 at least: an fp16 count of 65,504+ tokens is inf
     sel = torch.ones_like(x, dtype=torch.bool) if mask is None else mask_nonzero(mask)
     n = sel.sum().to(x.dtype)
     # in differences from one selected entry c (its index found on the device: no host sync), so that equal
@@ -88,7 +90,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor | None, *, shift_mean: boo
     out = centred * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
-    return torch.where(sel, out, 0.0)
+    return torch.where(sel, out, 0.0).to(out_dtype)
 
 
 @torch.no_grad()
