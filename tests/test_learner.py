@@ -408,3 +408,27 @@ def test_learn_fuses_the_correction_at_temperature_one_without_rejection(tiny, s
     assert torch.allclose(batch.is_weights[resp], ref[resp], atol=1e-6)
     assert correction["correction/is_weight_max"] > 1.0
     assert correction["correction/is_weight_mean"] == pytest.approx(float(ref[resp].double().mean()), rel=1e-6)
+
+
+def test_ppo_values_of_a_bf16_model_are_computed_in_fp32(tiny, seed):
+    """The value head of a bf16 model is fp32 and takes the bf16 hidden states upcast: a bf16 head computed
+    each value with 3 digits (7.8e-3 off at |v| ~ 1 for H = 896 in the bf16 audit, against 5.6e-7 in fp32).
+    The head's outputs within fp32 rounding of float64 on the same inputs, and they are the values returned."""
+    model = fresh(tiny, seed % 1000).to(torch.bfloat16)
+    learner = make_learner(model, algo="ppo")
+    head = learner.value_head
+    assert head.weight.dtype == torch.float32
+    with torch.no_grad():
+        head.weight.normal_(0, 0.5)
+        head.bias.fill_(0.3)
+    seen = []
+    hook = head.register_forward_hook(lambda m, args, out: seen.append((args[0].detach(), out.detach())))
+    batch = random_batch(seed)
+    values = learner.compute_values(batch)
+    hook.remove()
+    h, out = seen[0]
+    assert h.dtype == out.dtype == torch.float32
+    want = torch.nn.functional.linear(h.double(), head.weight.double(), head.bias.double())
+    assert float((out.double() - want).abs().max()) <= 1e-5 * float(want.abs().max())
+    got = values[batch.response_mask > 0]
+    assert got.abs().max() > 0.1 and bool(torch.isin(got, out.float().reshape(-1)).all())  # the head's own values

@@ -124,7 +124,10 @@ class TorchLearner(Learner):
         self.has_value_head = algo.name == "ppo"
         if self.has_value_head:
             hidden = model.config.hidden_size
-            self.value_head = torch.nn.Linear(hidden, 1).to(self.device, dtype=next(model.parameters()).dtype)
+            # in float32 at least: a bf16 head computed each value with 3 digits (7.8e-3 off at |v| ~ 1, H = 896,
+            # against 5.6e-7 in fp32 from the same bf16 hidden states: bf16 audit, 2026-11-29)
+            dtype = torch.promote_types(next(model.parameters()).dtype, torch.float32)
+            self.value_head = torch.nn.Linear(hidden, 1).to(self.device, dtype=dtype)
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
         self.optimizer = self._make_optimizer()
@@ -198,8 +201,7 @@ class TorchLearner(Learner):
         lp, ent = out if entropy else (out, None)
         v = None
         if values:  # in float32 at least (a group's shared values sum their rows' gradients in this dtype)
-            v = self.value_head(h).squeeze(-1)
-            v = scatter(v.to(torch.promote_types(v.dtype, torch.float32)))
+            v = scatter(self.value_head(h.to(self.value_head.weight.dtype)).squeeze(-1))
         return scatter(lp), (scatter(ent) if ent is not None else None), v
 
     def _packed(self, model, ids: torch.Tensor, attention_mask: torch.Tensor, rival_slots: int) -> Packed | None:
