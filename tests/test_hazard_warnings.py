@@ -82,3 +82,35 @@ def test_many_optimiser_steps_from_a_small_mini_batch_are_named(per_step, mini, 
     assert bool(lines) == warned, lines
     if warned:
         assert lines[0].startswith("learner.mini_batch_prompts=") and f"e.g. {per_step} for one step" in lines[0]
+
+
+@pytest.mark.parametrize("overrides,warned", [
+    (["model.dtype=bfloat16", "learner.lr=1e-6"], True),  # the PACS recipe's lr
+    (["model.dtype=bfloat16", "learner.lr=1e-5", "learner.backend=megatron"], True),
+    (["model.dtype=bfloat16"], False),  # the default learner.lr, 1e-4 (the built-in task's)
+    ([], False),  # float32
+])
+def test_pure_bf16_training_at_a_small_learning_rate_is_named(overrides, warned):
+    lines = [x for x in hazard_warnings(load_config(None, overrides)) if x.startswith("model.dtype=bfloat16 ")]
+    assert bool(lines) == warned
+    if warned:
+        from pacs_fast.config import all_keys
+        named = set(re.findall(r"\b([a-z]+\.[a-z_0-9]+)\b", lines[0]))
+        assert {"learner.lr", "model.dtype", "model.lm_head_fp32"} <= named <= set(all_keys()), named
+
+
+def test_a_bf16_adamw_step_at_lr_1e6_leaves_most_weights_unchanged():
+    """What the bf16 warning says: AdamW on bf16 weights ~ N(0, 0.02) at lr 1e-6 moves few of them (its step is
+    ~lr, under half a bf16 step of most weights); the same steps on fp32 weights move all of them."""
+    gen = torch.Generator().manual_seed(0)
+    w32 = torch.randn(20000, generator=gen) * 0.02
+    moved = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        w = w32.to(dtype).requires_grad_(True)
+        w0 = w.detach().clone()
+        opt = torch.optim.AdamW([w], lr=1e-6, weight_decay=0.0)
+        for _ in range(10):
+            w.grad = torch.randn(20000, generator=gen).to(dtype)
+            opt.step()
+        moved[dtype] = float((w.detach() != w0).float().mean())
+    assert moved[torch.bfloat16] < 0.05 and moved[torch.float32] > 0.99, moved
