@@ -263,7 +263,9 @@ def test_learner_head_gradient_reaches_the_bf16_weight(seed, monkeypatch):
     (lp_rows * coef * batch.response_mask).sum().backward()
     ref, bound = head_weight_grad(h, w, labels, upstream[0])
     grad = model.lm_head.weight.grad
-    assert grad.dtype == torch.bfloat16 and not bool(grad[REAL:].any())
+    assert learner.master is not None and grad is None  # moved into its fp32 master as it was made (bf16 values)
+    grad = dict(zip(map(id, learner.master.params), learner.master.masters))[id(model.lm_head.weight)].grad
+    assert torch.equal(grad.to(torch.bfloat16).float(), grad) and not bool(grad[REAL:].any())
     assert bool(((grad[:REAL].double() - ref).abs() <= bound).all())
 
 

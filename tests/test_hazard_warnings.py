@@ -85,9 +85,11 @@ def test_many_optimiser_steps_from_a_small_mini_batch_are_named(per_step, mini, 
 
 
 @pytest.mark.parametrize("overrides,warned", [
-    (["model.dtype=bfloat16", "learner.lr=1e-6"], True),  # the PACS recipe's lr
-    (["model.dtype=bfloat16", "learner.lr=1e-5", "learner.backend=megatron"], True),
-    (["model.dtype=bfloat16"], False),  # the default learner.lr, 1e-4 (the built-in task's)
+    (["model.dtype=bfloat16", "learner.lr=1e-6", "learner.master_weights=false"], True),  # the PACS recipe's lr
+    (["model.dtype=bfloat16", "learner.lr=1e-5", "learner.backend=megatron", "learner.master_weights=false"], True),
+    (["model.dtype=bfloat16", "learner.lr=1e-6"], False),  # fp32 master weights (the default)
+    (["model.dtype=bfloat16", "learner.lr=1e-6", "learner.backend=megatron"], False),
+    (["model.dtype=bfloat16", "learner.master_weights=false"], False),  # the default learner.lr, 1e-4
     ([], False),  # float32
 ])
 def test_pure_bf16_training_at_a_small_learning_rate_is_named(overrides, warned):
@@ -96,7 +98,7 @@ def test_pure_bf16_training_at_a_small_learning_rate_is_named(overrides, warned)
     if warned:
         from pacs_fast.config import all_keys
         named = set(re.findall(r"\b([a-z]+\.[a-z_0-9]+)\b", lines[0]))
-        assert {"learner.lr", "model.dtype", "model.lm_head_fp32"} <= named <= set(all_keys()), named
+        assert {"learner.lr", "model.dtype"} <= named <= set(all_keys()), named
 
 
 def test_a_bf16_adamw_step_at_lr_1e6_leaves_most_weights_unchanged():

@@ -60,7 +60,8 @@ def test_the_default_run_and_a_gpu_sized_run_pass_the_check(tmp_path):
                              "train.prompts_per_step=128", "rollout.max_new_tokens=4096", "model.dtype=bfloat16"])
     check_memory(cfg, available=80 * GiB)  # an H100: 1024 rows decode in ~4 GiB of logits + KV
     with pytest.raises(ValueError, match="lower rollout.n"):
-        check_memory(cfg, available=2 * GiB)  # the learner's 1.3 GiB fit, the decode step does not
+        check_memory(cfg, available=4 * GiB)  # the learner's 3.0 GiB (with fp32 master weights) fit, the decode
+        # step does not
     for name in ("pacs_qwen2.5_7b_deepscaler", "pacs_qwen2.5_3b_deepscaler"):
         paper = load_config(ROOT / "configs" / f"{name}.yaml")
         check_memory(paper, available=80 * GiB)  # vLLM: its memory is vLLM's own
@@ -101,7 +102,8 @@ def test_the_parameter_count_is_a_tight_lower_bound(tmp_path, config):
 def test_a_learner_that_cannot_fit_is_refused_before_the_model_loads(tmp_path, capsys):
     """A model whose weights, gradients and AdamW moments alone exceed the device is one line: the
     built-in model with 100,000 layers (it took 20 GB and was still building when stopped), and a
-    Qwen2.5-7B-shaped model in fp32 on an 80 GiB GPU (7.62e9 x 16 bytes = 113 GiB)."""
+    Qwen2.5-7B-shaped model in fp32 on an 80 GiB GPU (7.62e9 x 16 bytes = 113 GiB), or in bf16 with fp32 master
+    weights (18 bytes a parameter: 128 GiB; without them 8 bytes, 57 GiB, fit)."""
     code, err = cli(["model.tiny_num_layers=100000", f"train.out_dir={tmp_path / 'runs'}"], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith("error: the built-in tiny model (model.tiny_hidden_size=128, model.tiny_num_layers=100000) "
@@ -114,8 +116,13 @@ def test_a_learner_that_cannot_fit_is_refused_before_the_model_loads(tmp_path, c
         check_memory(fp32, available=80 * GiB)
     bf16 = load_config(None, [f"model.path={folder}", "data.dataset=math500", "model.dtype=bfloat16",
                               "rollout.n=8", "train.prompts_per_step=8"])
-    check_memory(bf16, available=80 * GiB)  # 57 GiB of weights, gradients and moments
-    assert learner_bytes(bf16, model_shape(bf16)) == 4 * 2 * model_params(model_shape(bf16))
+    with pytest.raises(ValueError, match=r"in model.dtype=bfloat16 need at least 127\.\d GiB per learner process"):
+        check_memory(bf16, available=80 * GiB)
+    assert learner_bytes(bf16, model_shape(bf16)) == 18 * model_params(model_shape(bf16))
+    pure = load_config(None, [f"model.path={folder}", "data.dataset=math500", "model.dtype=bfloat16",
+                              "rollout.n=8", "train.prompts_per_step=8", "learner.master_weights=false"])
+    check_memory(pure, available=80 * GiB)  # 57 GiB of weights, gradients and moments
+    assert learner_bytes(pure, model_shape(pure)) == 4 * 2 * model_params(model_shape(pure))
     paper = load_config(ROOT / "configs" / "pacs_qwen2.5_7b_deepscaler.yaml", [f"model.path={folder}"])
     assert learner_bytes(paper, model_shape(paper)) == learner_bytes(bf16, model_shape(bf16)) // 4  # tp_size=4
     check_memory(paper, available=80 * GiB)

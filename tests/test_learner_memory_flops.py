@@ -65,10 +65,11 @@ def qwen_cfg(tmp_path, *overrides):
 
 
 def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
-    cfg = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=16384")
+    cfg = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=16384", "learner.master_weights=false")
     shape = memory_model.model_shape(cfg)
     mem = memory_model.learner_memory(cfg, device="cuda")
-    w = memory_model.model_params(shape) * 2
+    P = memory_model.model_params(shape)
+    w = P * 2
     per = memory_model.activation_bytes_per_token(shape)
     ws = (512 << 20) + 12 * -(-151936 // 128) * 16384 + 2 * 16384 * 896 * 2
     tied = 0  # QWEN05 as written has an untied head (transformers' default); the tied model's is below
@@ -79,6 +80,15 @@ def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
                    "backward": backward, "step": 4 * w + w, "total": max(backward, 5 * w)}
     # on the CPU the per-tensor step makes two copies of the largest tensor (the [V, H] embedding)
     assert memory_model.learner_memory(cfg, device="cpu")["optimizer_step"] == 2 * 151936 * 896 * 2
+    # fp32 master weights (the default): bf16 weights + fp32 masters, fp32 gradients and moments (18 bytes a
+    # parameter), AdamW's temporaries in fp32
+    cfg = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=16384")
+    mem = memory_model.learner_memory(cfg, device="cuda")
+    backward = 18 * P + int(16384 * per) + ws + tied
+    assert mem == {"weights": 6 * P, "gradients": 4 * P, "optimizer": 8 * P, "activations": int(16384 * per),
+                   "tokens": 16384, "per_token": per, "workspace": ws, "tied_gradient": tied, "optimizer_step": 4 * P,
+                   "backward": backward, "step": 22 * P, "total": max(backward, 22 * P)}
+    assert memory_model.learner_memory(cfg, device="cpu")["optimizer_step"] == 2 * 151936 * 896 * 4
     # a head tied to the embedding (Qwen2.5-0.5B's): the lookup's dense [V, H] gradient, alive while it is added
     # into the head's at the end of the backward (measured on the CPU: bench/bench_learner_memory.py)
     (tmp_path / "tied").mkdir()
@@ -86,9 +96,9 @@ def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
     tied_cfg = load_config(None, [f"model.path={tmp_path / 'tied'}", "model.dtype=bfloat16",
                                   "learner.max_tokens_per_micro_batch=16384"])
     tied_mem = memory_model.learner_memory(tied_cfg)
-    assert tied_mem["tied_gradient"] == 151936 * 896 * 2
-    assert tied_mem["backward"] == 4 * tied_mem["weights"] + tied_mem["activations"] + tied_mem["workspace"] + \
-        151936 * 896 * 2
+    assert tied_mem["tied_gradient"] == 151936 * 896 * 2  # (the lookup's bf16 gradient, before it reaches a master)
+    assert tied_mem["backward"] == tied_mem["weights"] + tied_mem["gradients"] + tied_mem["optimizer"] + \
+        tied_mem["activations"] + tied_mem["workspace"] + 151936 * 896 * 2
     preflight.print_learner_memory(cfg, available=80 * GiB)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("learner memory per process") and [x.split()[0] for x in out[1:]] == [
@@ -160,12 +170,12 @@ def test_a_data_parallel_rank_plans_for_its_share_and_an_async_launch_for_its_le
     assert memory_model.largest_micro_batch(qwen_cfg(tmp_path, *ckpt)) == 4 * group  # micro_batch_prompts=8 > 4
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert memory_model.largest_micro_batch(cfg) == 8 * group
-    w = memory_model.learner_memory(cfg)["weights"]
+    g = memory_model.learner_memory(cfg)["gradients"]  # (fp32: the masters' gradients)
     one = memory_model.learner_memory(qwen_cfg(tmp_path, *ckpt, "learner.distributed_optimizer=true"))
-    assert one["optimizer"] == 2 * w and one["optimizer_step"] == w  # one rank: nothing to shard
+    assert one["optimizer"] == 2 * g and one["optimizer_step"] == g  # one rank: nothing to shard
     monkeypatch.setenv("WORLD_SIZE", "4")
     four = memory_model.learner_memory(qwen_cfg(tmp_path, *ckpt, "learner.distributed_optimizer=true"))
-    assert four["optimizer"] == 2 * w // 4 and four["optimizer_step"] == w // 4
+    assert four["optimizer"] == 2 * g // 4 and four["optimizer_step"] == g // 4
     # an asynchronous launch on one CPU host: 2 engine ranks and 1 learner; only the learner counts
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")

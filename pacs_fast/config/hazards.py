@@ -15,9 +15,8 @@ More than 4 optimiser steps per rollout batch from a mini-batch under 32 groups:
 divisor near 32 gives when ``learner.mini_batch_prompts`` is not set (``train.prompts_per_step=37``: 37 steps of
 one group, each further off-policy than the last).
 
-``model.dtype=bfloat16`` with ``learner.lr`` below 1e-4: both learners keep the weights and AdamW's moments in
-bf16, with no fp32 master copy, so an update smaller than half a bf16 step of its weight (2^-9 of it) rounds
-away. Measured on weights ~ N(0, 0.02) with AdamW's step ~ lr: after 10 steps 2% of them had moved at lr 1e-6
+``model.dtype=bfloat16`` with ``learner.lr`` below 1e-4 and ``learner.master_weights=false``: the weights and
+AdamW's moments are bf16, so an update smaller than half a bf16 step of its weight (2^-9 of it) rounds away. Measured on weights ~ N(0, 0.02) with AdamW's step ~ lr: after 10 steps 2% of them had moved at lr 1e-6
 (the PACS recipe's), 15% at 1e-5, 84% at 1e-4 (tests/test_hazard_warnings.py checks the first).
 """
 from __future__ import annotations
@@ -45,9 +44,9 @@ def hazard_warnings(cfg: Config) -> list[str]:
         out.append(f"algo.clip_low={lo:g} and algo.clip_high={hi:g} with algo.name=gspo are {apart:.0f}x apart: "
                    f"GSPO's sequence ratio takes clips of its own scale (3e-4 / 4e-4, the defaults a bound nobody "
                    f"set takes); set both, e.g. algo.clip_low=3e-4 algo.clip_high=4e-4")
-    if cfg.model.dtype == "bfloat16" and cfg.learner.lr < 1e-4:
-        out.append(f"model.dtype=bfloat16 keeps the weights and AdamW's moments in bf16 (no fp32 master copy): an "
-                   f"update under 2^-9 of its weight rounds away, and at learner.lr={cfg.learner.lr:g} most do "
-                   f"(lr 1e-6: 98% of weights ~ N(0, 0.02) unchanged after 10 steps; 1e-5: 85%); use "
-                   f"model.dtype=float32 (model.lm_head_fp32 and a bf16 vLLM engine keep rollouts fast)")
+    if cfg.model.dtype == "bfloat16" and cfg.learner.lr < 1e-4 and not cfg.learner.master_weights:
+        out.append(f"model.dtype=bfloat16 with learner.master_weights=false keeps the weights and AdamW's moments in "
+                   f"bf16: an update under 2^-9 of its weight rounds away, and at learner.lr={cfg.learner.lr:g} most "
+                   f"do (lr 1e-6: 98% of weights ~ N(0, 0.02) unchanged after 10 steps; 1e-5: 85%); use "
+                   f"learner.master_weights=true (the default) or model.dtype=float32")
     return out

@@ -182,6 +182,10 @@ class LearnerConfig:
                                "[S, S] mask (pacs_fast/ops/varlen_attention.py), dense = the block-diagonal mask, "
                                "auto = varlen where it is the model's exact attention (Qwen2/LLaMA-style causal "
                                "GQA, no sliding window), else dense (flash_attention_2: its own varlen path)")
+    master_weights: bool = _f(True, "bf16 / fp16 model: fp32 master copies of the weights, gradients "
+                              "accumulated in fp32 and AdamW in fp32, the model's weights rounded once after each "
+                              "step (without them an update under 2^-9 of a weight rounds away: most at lr 1e-6); "
+                              "18 bytes per parameter instead of 8 (pacs_fast/learner/master_weights.py)")
     fused_layers: str = _f("off", "torch learner: on = the model's RMSNorm and SwiGLU MLP through Liger-Kernel's fused "
                            "Triton ops (this model instance only; same roundings; needs a CUDA GPU and liger-kernel), "
                            "auto = on where those are there, else off, off = the model's own ops "

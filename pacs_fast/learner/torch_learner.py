@@ -45,6 +45,7 @@ import torch
 
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, group_rows
+from pacs_fast.learner.master_weights import MasterWeights
 from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
 from pacs_fast.learner.packing import (Packed, forward_metrics, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
                                       padded_slots, restores_attention, shared_prefix_slots)
@@ -99,6 +100,9 @@ class TorchLearner(Learner):
         lm_head_fp32: the LM head in fp32 (``model.lm_head_fp32``): log-probs and their gradients
             from fp32 copies of the bf16/fp16 hidden states and head weight (``linear_logprobs(...,
             upcast=True)``); the gradients reach the parameters in their own dtype.
+
+    A bf16 / fp16 model trains through fp32 master weights (``learner.master_weights``, the default): gradients
+    accumulate in fp32, AdamW steps the masters, the model holds them rounded (pacs_fast/learner/master_weights.py).
     """
 
     def __init__(self, model, *, algo: AlgoConfig, learner: LearnerConfig, temperature: float = 1.0,
@@ -130,6 +134,11 @@ class TorchLearner(Learner):
             self.value_head = torch.nn.Linear(hidden, 1).to(self.device, dtype=dtype)
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
+        # fp32 masters of a bf16 / fp16 model's weights (after the reference model's copy: no hooks on it)
+        self.master = None
+        if learner.master_weights:
+            master = MasterWeights([p for p in model.parameters() if p.requires_grad])
+            self.master = master if master.active else None
         self.optimizer = self._make_optimizer()
         self.last_terms: dict[str, torch.Tensor] = {}
         self.forwards: Counter = Counter()  # forwards of each kind (FORWARD_KINDS) and token slots since update()
@@ -139,14 +148,19 @@ class TorchLearner(Learner):
         self._depth = 0  # public calls in progress (restores_attention)
 
     # ------------------------------------------------------------------ helpers
+    def _trainable(self):
+        """The model's trainable parameters as the optimiser sees them (their fp32 masters, if any)."""
+        return self.master.masters if self.master is not None else [p for p in self.model.parameters()
+                                                                     if p.requires_grad]
+
     def _params(self):
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = list(self._trainable())
         if self.value_head is not None:
             params += list(self.value_head.parameters())
         return params
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": self.cfg.lr}]
+        groups = [{"params": list(self._trainable()), "lr": self.cfg.lr}]
         if self.value_head is not None:
             groups.append({"params": list(self.value_head.parameters()), "lr": self.cfg.critic_lr})
         return torch.optim.AdamW(groups, lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.eps,
@@ -371,6 +385,8 @@ class TorchLearner(Learner):
                         self.optimizer.zero_grad(set_to_none=True)
                         raise NonFiniteError(steps, f"{what}={step_metrics[what]}")
                 self.optimizer.step()
+                if self.master is not None:
+                    self.master.copy_to_model()
                 self.optimizer.zero_grad(set_to_none=True)
                 for k, v in step_metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
@@ -394,6 +410,7 @@ class TorchLearner(Learner):
             "optimizer": self.optimizer.state_dict(),
             "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None,
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+            "master_weights": self.master.state_dict() if self.master is not None else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -406,6 +423,8 @@ class TorchLearner(Learner):
             if state.get("value_head") is None:
                 raise ValueError("load_state_dict: the checkpoint has no value head but this run needs one")
             self.value_head.load_state_dict(state["value_head"])
+        if self.master is not None:  # (a checkpoint without them: the model's weights, loaded before this)
+            self.master.load_state_dict(state.get("master_weights"))
 
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
@@ -427,3 +446,5 @@ class TorchLearner(Learner):
         with torch.no_grad():
             for name, t in items:
                 state[name].copy_(t.to(device=state[name].device, dtype=state[name].dtype))
+        if self.master is not None:  # the masters follow (a checkpoint's learner state then restores them exactly)
+            self.master.copy_from_model()

@@ -5,7 +5,8 @@ the log-prob workspace (:func:`learner_memory`), and the Hugging Face engine's d
 (:func:`hf_engine_bytes`). :mod:`pacs_fast.trainer.preflight` compares them with the device's memory.
 
 The learner's floor (:func:`learner_bytes`) is its share of the weights, gradients and AdamW moments
-in the model's dtype: a lower bound (megatron's fp32 master weights and activations come on top), so
+in the model's dtype (with fp32 master weights: the masters, and fp32 gradients and moments):
+a lower bound (activations come on top), so
 it refuses only runs that cannot start, such as a 7B model in fp32 on an 80 GiB GPU. On top of it,
 :func:`learner_memory` adds the activations of a micro-batch (per token: :func:`activation_bytes_per_token`,
 with and without ``model.gradient_checkpointing``) and the log-prob workspace.
@@ -111,12 +112,21 @@ def moment_shards(cfg) -> int:
     return learner_layout(cfg)[0] if cfg.learner.distributed_optimizer else 1
 
 
+def master_weights(cfg, shape: dict) -> bool:
+    """Whether the learner keeps fp32 master weights (a bf16 / fp16 model with ``learner.master_weights``):
+    then its gradients and AdamW's moments are fp32 too."""
+    return cfg.learner.master_weights and shape["bytes"] < 4
+
+
 def learner_bytes(cfg, shape: dict) -> int:
     """The least memory one learner process holds: its share (``learner.tp_size``) of the weights and
     their gradients, and of AdamW's two moments (split over the data-parallel ranks with
-    ``learner.distributed_optimizer``), all in the model's dtype (activations come on top)."""
-    weights = model_params(shape) * shape["bytes"] // max(cfg.learner.tp_size, 1)
-    return 2 * weights + 2 * weights // moment_shards(cfg)
+    ``learner.distributed_optimizer``), all in the model's dtype (activations come on top); with fp32
+    master weights (:func:`master_weights`) the masters too, and gradients and moments in fp32."""
+    params = model_params(shape) // max(cfg.learner.tp_size, 1)
+    b = 4 if master_weights(cfg, shape) else shape["bytes"]
+    masters = params * 4 if master_weights(cfg, shape) else 0
+    return params * shape["bytes"] + masters + params * b + 2 * params * b // moment_shards(cfg)
 
 
 NORM_COPY = 4  # bytes per element of the fp32 copy Hugging Face's RMSNorm saves of its input
@@ -207,7 +217,8 @@ def largest_micro_batch(cfg) -> int:
 def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None, device: str = "cuda") -> dict:
     """Bytes one learner process holds at its peak, by part: ``weights``, ``gradients``, ``optimizer``
     (AdamW's two moments in the model's dtype; split over the data-parallel ranks with
-    ``learner.distributed_optimizer``), each divided by ``learner.tp_size``; ``activations`` = ``tokens`` x
+    ``learner.distributed_optimizer``), each divided by ``learner.tp_size`` (with fp32 master weights,
+    :func:`master_weights`: the masters counted with the weights, gradients and moments in fp32); ``activations`` = ``tokens`` x
     :func:`activation_bytes_per_token` (``model.gradient_checkpointing``; ``tokens`` defaults to
     :func:`largest_micro_batch`), plus :func:`dense_mask_bytes` with ``learner.packed_attention=dense``;
     ``workspace`` (:func:`logprob_workspace_bytes`); ``tied_gradient``: with a head tied to the embedding, the
@@ -227,9 +238,12 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     attention = "eager" if cfg.model.attention == "eager" else "flash"
     per_token = activation_bytes_per_token(shape, recompute=cfg.model.gradient_checkpointing, tp=tp,
                                            attention=attention, longest=longest)
-    weights = model_params(shape) * shape["bytes"] // tp
+    params = model_params(shape) // tp
+    fp32 = master_weights(cfg, shape)  # fp32 masters (counted with the weights), gradients and moments
+    b_opt = 4 if fp32 else shape["bytes"]
+    weights, grads = params * shape["bytes"] + (params * 4 if fp32 else 0), params * b_opt
     shards = moment_shards(cfg)
-    out = {"weights": weights, "gradients": weights, "optimizer": 2 * weights // shards,
+    out = {"weights": weights, "gradients": grads, "optimizer": 2 * grads // shards,
            "activations": int(tokens * per_token), "tokens": int(tokens), "per_token": per_token,
            "workspace": logprob_workspace_bytes(shape, tokens, device=device, lm_head_fp32=cfg.model.lm_head_fp32,
                                                 tp=tp)}
@@ -237,8 +251,8 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
         out["activations"] += dense_mask_bytes(shape, tokens, longest)
     H, b = shape["hidden"], shape["bytes"]
     out["tied_gradient"] = shape["vocab"] * H * b // tp if shape.get("tied", True) else 0
-    largest = max(shape["vocab"] * H, H * (shape["intermediate"] or 0)) * b // tp
-    out["optimizer_step"] = weights // shards if device == "cuda" else 2 * largest
+    largest = max(shape["vocab"] * H, H * (shape["intermediate"] or 0)) * b_opt // tp
+    out["optimizer_step"] = grads // shards if device == "cuda" else 2 * largest
     base = out["weights"] + out["gradients"] + out["optimizer"]
     out["backward"] = base + out["activations"] + out["workspace"] + out["tied_gradient"]
     out["step"] = base + out["optimizer_step"]

@@ -45,8 +45,11 @@ before the optimiser step (decided with one all-reduce).
 
 Not supported (ValueError or documented gap): PPO (no value head), pipeline parallelism, sequence
 parallelism (needs Transformer Engine), Transformer Engine layer specs (megatron's local spec, with
-the varlen core attention of :mod:`.core_attention`, runs on the GPU too), fp32 master weights for
-``dtype="bfloat16"`` (as the torch learner).
+the varlen core attention of :mod:`.core_attention`, runs on the GPU too).
+
+A bf16 model trains through fp32 master weights (``learner.master_weights``, the default;
+pacs_fast/learner/master_weights.py): gradients accumulate and are summed over the data-parallel ranks in fp32,
+clipped and stepped there, and the model holds the masters rounded; checkpoints keep the masters (:mod:`.state`).
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ import torch
 import torch.distributed as dist
 
 from pacs_fast.learner.base import Learner, RolloutBatch, by_length, dealt_rows_to_sorted, group_rows
+from pacs_fast.learner.master_weights import MasterWeights
 from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
 from pacs_fast.learner.megatron.data_parallel import (
     all_reduce_sum,
@@ -155,6 +159,13 @@ class MegatronLearner(Learner):
             self.ref_model.requires_grad_(False).eval()
         del hf_state
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # what the optimiser steps: the fp32 masters of a bf16 model's parameters (learner.master_weights), else
+        # the parameters themselves; gradients land there (a hook moves each bf16 gradient into fp32)
+        self.master = None
+        if getattr(learner, "master_weights", True):
+            master = MasterWeights(self.params)
+            self.master = master if master.active else None
+        self.opt_params = self.master.masters if self.master is not None else self.params
         # no dropout: the update's first forward gives the old log-probs and the correction (.fused)
         c = self.model.config
         self.fuses_old_logprobs = self.fuses_correction = c.hidden_dropout == 0 and c.attention_dropout == 0
@@ -172,7 +183,7 @@ class MegatronLearner(Learner):
     def _make_optimizer(self):
         from pacs_fast.learner.megatron.optimizer import make_optimizer
 
-        return make_optimizer(self.params, self.cfg, dp_group=self.dp_group, dp_size=self.dp_size)
+        return make_optimizer(self.opt_params, self.cfg, dp_group=self.dp_group, dp_size=self.dp_size)
 
     # ------------------------------------------------------------------ forward
     def _logprobs(self, model, batch: RolloutBatch, return_entropy: bool):
@@ -315,13 +326,13 @@ class MegatronLearner(Learner):
                     local_terms.setdefault(k, []).append(v.detach().float())
             if "psi" in met:
                 local_terms.setdefault("rewards", []).append(mcb.rewards.detach().float())
-        for p in self.params:
+        for p in self.opt_params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         names = sorted(scalars)
         stats = torch.stack([torch.as_tensor(scalars[k], device=self.device, dtype=torch.float32)
                              for k in names])
-        all_reduce_sum([p.grad for p in self.params] + [stats], self.dp_group, self.dp_size)
+        all_reduce_sum([p.grad for p in self.opt_params] + [stats], self.dp_group, self.dp_size)
 
         def to_sorted(x):  # this rank's rows in micro-batch order -> the whole mini-batch's, in its sorted order
             x = x[share_back]
@@ -334,16 +345,18 @@ class MegatronLearner(Learner):
             fused.finish(to_sorted, rows)
         if local_terms:
             terms.setdefault("rows", []).append(rows)
-        grad_norm = tp_grad_norm(self.params, self.tp_group)
+        grad_norm = tp_grad_norm(self.opt_params, self.tp_group)
         out = {k: float(v) for k, v in zip(names, stats)}
         out["grad_norm"] = float(grad_norm)
         raise_if_non_finite(self.steps, out["loss"], out["grad_norm"], self.optimizer, self.device)
         if self.cfg.grad_clip > 0:  # as torch.nn.utils.clip_grad_norm_
             coef = torch.clamp(self.cfg.grad_clip / (grad_norm + 1e-6), max=1.0)
-            for p in self.params:
+            for p in self.opt_params:
                 p.grad.mul_(coef.to(p.grad.dtype))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not None:
+            self.master.copy_to_model()
         return out
 
     # ------------------------------------------------------------------ reference / weights
@@ -388,6 +401,8 @@ class MegatronLearner(Learner):
         if self.hf_config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         load_hf_into_model(self.model, state, self.hf_config, tp_size=self.tp_size, tp_rank=self.tp_rank)
+        if self.master is not None:  # the masters follow (a checkpoint's learner state then restores them exactly)
+            self.master.copy_from_model()
 
     def save_hf(self, path, *, bucket_bytes: int = 1 << 30) -> None:
         """Writes the policy as an HF folder; collective. Global rank 0 writes; only data-parallel

@@ -8,7 +8,7 @@ Two formats:
   its own shards), its reference-model shard and the counters. Nothing is gathered, so the extra
   memory is one serialised copy of the rank's own optimiser state (no full-model tensor anywhere).
   Data-parallel replicas hold identical state, so only DP group 0 writes; on load every rank reads
-  its TP rank's file. A sharded optimiser (``learner.distributed_optimizer``) is first consolidated
+  its TP rank's file (a bf16 model's fp32 master weights travel in it too, this rank's shards). A sharded optimiser (``learner.distributed_optimizer``) is first consolidated
   on DP rank 0 in the same format, so checkpoints do not depend on that setting. Resume is exact under the same ``tp_size`` (any data-parallel size); another
   ``tp_size`` is refused with a clear error (convert through :func:`full_state_dict`). With
   several nodes the folder must be visible to every node on resume (a shared filesystem); when TP
@@ -58,8 +58,10 @@ def save_state(learner, folder, *, is_writer: bool) -> None:
             # megatron's state dicts hold ``_extra_state`` entries that are None (no Transformer Engine)
             ref = ({k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in learner.ref_model.state_dict().items()}
                    if learner.ref_model is not None else None)
+            masters = learner.master.state_dict() if learner.master is not None else None
             state = {"format": FORMAT, "tp_size": learner.tp_size, "tp_rank": learner.tp_rank,
                      "param_names": _names(learner), "optimizer": optimizer,
+                     "master_weights": [m.cpu() for m in masters] if masters is not None else None,
                      "ref_model": ref, "steps": learner.steps}
             write_atomic(folder / shard_file(learner.tp_rank), lambda tmp: torch.save(state, tmp))
         if is_writer:
@@ -100,6 +102,8 @@ def load_state(learner, folder) -> None:
     collective_check(error)
     learner.optimizer = learner._make_optimizer()
     learner.optimizer.load_state_dict(state["optimizer"])
+    if learner.master is not None:  # (a checkpoint without masters: the model's weights, loaded before this)
+        learner.master.load_state_dict(state.get("master_weights"))
     if learner.ref_model is not None:
         learner.ref_model.load_state_dict(state["ref_model"])
     learner.steps = int(state["steps"])
@@ -117,11 +121,12 @@ def full_state_dict(learner) -> dict:
 
     from pacs_fast.learner.megatron.optimizer import param_states
 
-    names = {id(p): n for n, p in learner.model.named_parameters()}
+    # the optimiser's parameters (fp32 masters of a bf16 model, else the parameters) by their model names
+    names = {id(q): n for n, q in zip(_names(learner), learner.opt_params)}
     moments = {"exp_avg": {}, "exp_avg_sq": {}}
     step = None
-    states = param_states(learner.optimizer, learner.params, learner.dp_group)
-    for p in learner.params:
+    states = param_states(learner.optimizer, learner.opt_params, learner.dp_group)
+    for p in learner.opt_params:
         st = states.get(id(p))
         if not st:
             continue
@@ -132,7 +137,10 @@ def full_state_dict(learner) -> dict:
     if step is not None:
         optim = {"step": step, **{k: gather(v) for k, v in moments.items()}}
     ref = gather(dict(learner.ref_model.named_parameters())) if learner.ref_model is not None else None
-    return {"backend": "megatron", "optimizer": optim, "ref_model": ref, "steps": learner.steps}
+    masters = (gather({n: q.detach() for n, q in zip(_names(learner), learner.opt_params)})
+               if learner.master is not None else None)
+    return {"backend": "megatron", "optimizer": optim, "ref_model": ref, "master_weights": masters,
+            "steps": learner.steps}
 
 
 def load_full_state_dict(learner, state: dict) -> None:
@@ -148,7 +156,7 @@ def load_full_state_dict(learner, state: dict) -> None:
                   for k in ("exp_avg", "exp_avg_sq")}
         from pacs_fast.learner.megatron.optimizer import local_state, owns
 
-        for name, p in learner.model.named_parameters():
+        for name, p in zip(_names(learner), learner.opt_params):
             if not owns(learner.optimizer, p):  # a sharded optimiser keeps its own share
                 continue
             local_state(learner.optimizer)[p] = {
@@ -156,6 +164,14 @@ def load_full_state_dict(learner, state: dict) -> None:
                 "exp_avg": shards["exp_avg"][name].to(p.device, p.dtype),
                 "exp_avg_sq": shards["exp_avg_sq"][name].to(p.device, p.dtype),
             }
+    if learner.master is not None:
+        full = state.get("master_weights")
+        if full is None:  # (a state without masters: the model's weights)
+            learner.master.copy_from_model()
+        else:
+            shards = hf_to_megatron(full, learner.hf_config, tp_size=learner.tp_size, tp_rank=learner.tp_rank)
+            learner.master.load_state_dict([shards[n] for n, p, m in zip(_names(learner), learner.params,
+                                                                            learner.opt_params) if m is not p])
     if learner.ref_model is not None:
         if state.get("ref_model") is None:
             raise ValueError("load_state_dict: the checkpoint has no reference model but this run needs one")

@@ -1,0 +1,96 @@
+"""fp32 master weights for a bf16 / fp16 model (``learner.master_weights``).
+
+Without them a bf16 model's AdamW keeps its moments in bf16 and adds each update to a bf16 weight, where an
+update under half a bf16 step (2^-9 of the weight) rounds away: at lr 1e-6, 98% of weights ~ N(0, 0.02) are
+unchanged after 10 steps. And the gradients of successive micro-batches add up in bf16 (2e-2 relative off after
+256 of them, against 2e-3 for one rounding).
+
+Here each trainable low-precision parameter gets an fp32 master copy. A hook after each parameter's gradient is
+accumulated (``register_post_accumulate_grad_hook``) adds that bf16 gradient into the master's fp32 gradient and
+frees it, so micro-batches accumulate in fp32 and no bf16 gradient outlives its backward step; clipping, the
+gradient norm and AdamW run on the masters (moments in fp32); after each step the model's weights are the masters
+rounded once (:meth:`MasterWeights.copy_to_model`). Memory per parameter: 2 (bf16 weight) + 4 (master) + 4 (fp32
+gradient) + 8 (moments) = 18 bytes, against 8 in pure bf16 (pacs_fast/trainer/memory_model.py). fp32 parameters
+are their own masters (no copy, no hook). As Megatron's and DeepSpeed's mixed-precision optimisers do. Both
+learners use it; with a sharded optimiser (``learner.distributed_optimizer``) every data-parallel rank keeps all
+masters of its tensor-parallel shard (the moments are what is sharded).
+"""
+from __future__ import annotations
+
+import torch
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+class MasterWeights:
+    """fp32 masters of ``params`` (a list of the model's trainable parameters). :attr:`masters` is the list to
+    give the optimiser (a low-precision parameter's master, or the fp32 parameter itself)."""
+
+    def __init__(self, params: list[torch.nn.Parameter]):
+        self.params = list(params)
+        self.masters: list[torch.nn.Parameter] = []
+        self._hooks = []
+        for p in self.params:
+            if p.dtype in LOW_PRECISION:
+                m = torch.nn.Parameter(p.detach().to(torch.float32, copy=True))
+                # the parameter's own attributes (megatron's tensor_model_parallel, partition_dim, ...): code that
+                # reads them from the optimiser's parameters (the TP gradient norm) sees the same on the master
+                m.__dict__.update({k: v for k, v in p.__dict__.items() if not k.startswith("_")})
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._mover(m)))
+                self.masters.append(m)
+            else:
+                self.masters.append(p)
+
+    @property
+    def active(self) -> bool:
+        """Whether any parameter has a separate master (a low-precision model)."""
+        return bool(self._hooks)
+
+    @staticmethod
+    def _mover(master):
+        def move(p):  # after autograd accumulated p.grad for this backward: into fp32, then freed
+            g = p.grad
+            if master.grad is None:
+                master.grad = g.to(torch.float32)
+            else:
+                master.grad.add_(g)  # (fp32 += bf16: computed in fp32)
+            p.grad = None
+        return move
+
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        """The model's low-precision weights := their masters, rounded once (after each optimiser step)."""
+        for p, m in zip(self.params, self.masters):
+            if m is not p:
+                p.copy_(m)
+
+    @torch.no_grad()
+    def copy_from_model(self) -> None:
+        """Masters := the model's weights (after they were loaded from elsewhere: a checkpoint without masters,
+        an HF state dict)."""
+        for p, m in zip(self.params, self.masters):
+            if m is not p:
+                m.copy_(p)
+
+    def state_dict(self) -> list[torch.Tensor] | None:
+        """The separate masters (None when there are none), for an exact resume."""
+        return [m.detach().clone() for p, m in zip(self.params, self.masters) if m is not p] if self.active else None
+
+    @torch.no_grad()
+    def load_state_dict(self, state: list[torch.Tensor] | None) -> None:
+        """Restores :meth:`state_dict`'s masters; None (a checkpoint without them) takes the model's weights."""
+        mine = [m for p, m in zip(self.params, self.masters) if m is not p]
+        if state is None:
+            self.copy_from_model()
+            return
+        if len(state) != len(mine) or any(tuple(s.shape) != tuple(m.shape) for s, m in zip(state, mine)):
+            raise ValueError(f"load_state_dict: the checkpoint's master weights ({len(state)} tensors) do not "
+                             f"match this model's ({len(mine)})")
+        for m, s in zip(mine, state):
+            m.copy_(s)
+
+    def remove(self) -> None:
+        """Removes the gradient hooks (the parameters then keep their own gradients again)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
