@@ -16,8 +16,10 @@ divisor near 32 gives when ``learner.mini_batch_prompts`` is not set (``train.pr
 one group, each further off-policy than the last).
 
 ``model.dtype=bfloat16`` with ``learner.lr`` below 1e-4 and ``learner.master_weights=false``: the weights and
-AdamW's moments are bf16, so an update smaller than half a bf16 step of its weight (2^-9 of it) rounds away. Measured on weights ~ N(0, 0.02) with AdamW's step ~ lr: after 10 steps 2% of them had moved at lr 1e-6
-(the PACS recipe's), 15% at 1e-5, 84% at 1e-4 (tests/test_hazard_warnings.py checks the first).
+AdamW's moments are bf16, so an update smaller than half a bf16 step of its weight (2^-9 of it) rounds away.
+Measured on weights ~ N(0, 0.02) with AdamW's step ~ lr: after 10 steps 2% of them had moved at lr 1e-6 (the
+PACS recipe's), 15% at 1e-5, 84% at 1e-4 (tests/test_hazard_warnings.py checks the first). With fp32 master
+weights (the default) these updates accumulate in fp32 (pacs_fast/learner/master_weights.py).
 """
 from __future__ import annotations
 

@@ -218,7 +218,8 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     """Bytes one learner process holds at its peak, by part: ``weights``, ``gradients``, ``optimizer``
     (AdamW's two moments in the model's dtype; split over the data-parallel ranks with
     ``learner.distributed_optimizer``), each divided by ``learner.tp_size`` (with fp32 master weights,
-    :func:`master_weights`: the masters counted with the weights, gradients and moments in fp32); ``activations`` = ``tokens`` x
+    :func:`master_weights`: the masters counted with the weights, gradients and moments in fp32);
+    ``activations`` = ``tokens`` x
     :func:`activation_bytes_per_token` (``model.gradient_checkpointing``; ``tokens`` defaults to
     :func:`largest_micro_batch`), plus :func:`dense_mask_bytes` with ``learner.packed_attention=dense``;
     ``workspace`` (:func:`logprob_workspace_bytes`); ``tied_gradient``: with a head tied to the embedding, the

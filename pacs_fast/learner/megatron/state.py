@@ -8,9 +8,10 @@ Two formats:
   its own shards), its reference-model shard and the counters. Nothing is gathered, so the extra
   memory is one serialised copy of the rank's own optimiser state (no full-model tensor anywhere).
   Data-parallel replicas hold identical state, so only DP group 0 writes; on load every rank reads
-  its TP rank's file (a bf16 model's fp32 master weights travel in it too, this rank's shards). A sharded optimiser (``learner.distributed_optimizer``) is first consolidated
-  on DP rank 0 in the same format, so checkpoints do not depend on that setting. Resume is exact under the same ``tp_size`` (any data-parallel size); another
-  ``tp_size`` is refused with a clear error (convert through :func:`full_state_dict`). With
+  its TP rank's file (a bf16 model's fp32 master weights travel in it too, this rank's shards). A sharded
+  optimiser (``learner.distributed_optimizer``) is first consolidated on DP rank 0 in the same format, so
+  checkpoints do not depend on that setting. Resume is exact under the same ``tp_size`` (any data-parallel
+  size); another ``tp_size`` is refused with a clear error (convert through :func:`full_state_dict`). With
   several nodes the folder must be visible to every node on resume (a shared filesystem); when TP
   groups sit inside one node, DP group 0's files are all written by the node of global rank 0.
   The writer (``is_writer``) adds ``learner_state.json`` (format, tp size, file names).
