@@ -8,7 +8,8 @@
    one group per micro-batch, replicated AdamW (the baseline); the same with the optimiser sharded
    over the two data-parallel ranks (``distributed_optimizer``); packed rows with token-budget
    micro-batches and the sharded optimiser. Weights, optimiser state (consolidated), per-rank
-   optimiser bytes, the metrics, and a save_state / load_state round trip of the sharded optimiser.
+   optimiser bytes, the metrics, and a save_state / load_state round trip of the sharded optimiser; the
+   replicated and sharded runs again with the model in bf16 (fp32 master weights).
 
 Inputs: ``<workdir>/inputs.pt``; rank 0 writes ``<workdir>/results.pt``.
 """
@@ -72,30 +73,42 @@ def learner(inputs, results, workdir):
     variants = {"replicated": dict(packing="off"),
                 "sharded": dict(packing="off", distributed_optimizer=True),
                 "packed_budget": dict(packing="on", distributed_optimizer=True,
-                                      max_tokens_per_micro_batch=spec["budget"])}
+                                      max_tokens_per_micro_batch=spec["budget"]),
+                # a bf16 model through fp32 master weights: the sharded optimiser steps the masters as the replicated
+                "replicated_bf16": dict(packing="off"),
+                "sharded_bf16": dict(packing="off", distributed_optimizer=True)}
     for name, extra in variants.items():
         lcfg = LearnerConfig(**spec["learner"], backend="megatron", tp_size=1, **extra)
         lrn = MegatronLearner(spec["model"], algo=AlgoConfig(**spec["algo"]), learner=lcfg,
-                              temperature=1.0, horizon=spec["horizon"])
+                              temperature=1.0, horizon=spec["horizon"],
+                              dtype="bfloat16" if name.endswith("_bf16") else "float32")
         batch = RolloutBatch(**spec["batch"])
         batch.old_logp = lrn.compute_logprobs(batch)
         batch.ref_logp = batch.old_logp
         metrics = [lrn.update(batch, seed=s) for s in (3, 4)]
         bytes_per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(bytes_per_rank, state_bytes(lrn.optimizer))
+        full = lrn.state_dict()
         out = {"old_logp": batch.old_logp, "metrics": metrics, "terms": lrn.last_terms,
-               "weights": dict(lrn.export_hf_weights()), "state": lrn.state_dict()["optimizer"],
+               "weights": dict(lrn.export_hf_weights()), "state": full["optimizer"], "masters": full["master_weights"],
                "optimizer_bytes": bytes_per_rank, "sharded": type(lrn.optimizer).__name__}
-        if name == "sharded":  # the trainer's checkpoint path: consolidate, write, read back into a fresh one
-            folder = os.path.join(workdir, "state")
+        if name.startswith("sharded"):  # the trainer's checkpoint path: consolidate, write, read back into a fresh one
+            folder = os.path.join(workdir, f"state_{name}")
             lrn.save_state(folder, is_writer=dist.get_rank() == 0)
-            before = lrn.state_dict()["optimizer"]
+            before = lrn.state_dict()
             lrn.optimizer = lrn._make_optimizer()
+            if lrn.master is not None:  # (masters that the load must restore, not keep; fp32 parameters are their own)
+                for p, m in zip(lrn.master.params, lrn.master.masters):
+                    if m is not p:
+                        m.data.zero_()
             lrn.load_state(folder)
-            after = lrn.state_dict()["optimizer"]
-            out["roundtrip"] = max(float((after[k][n] - before[k][n]).abs().max())
-                                   for k in ("exp_avg", "exp_avg_sq") for n in before[k])
-            out["roundtrip_step"] = (before["step"], after["step"])
+            after = lrn.state_dict()
+            out["roundtrip"] = max(float((after["optimizer"][k][n] - before["optimizer"][k][n]).abs().max())
+                                   for k in ("exp_avg", "exp_avg_sq") for n in before["optimizer"][k])
+            if before["master_weights"] is not None:
+                out["roundtrip"] = max(out["roundtrip"], max(float((after["master_weights"][n] - t).abs().max())
+                                                             for n, t in before["master_weights"].items()))
+            out["roundtrip_step"] = (before["optimizer"]["step"], after["optimizer"]["step"])
         results[f"learner/{name}"] = out
         lrn.close()
 

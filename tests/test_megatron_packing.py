@@ -117,6 +117,28 @@ def test_sharded_optimizer_equals_replicated_with_less_memory_per_rank(run):
     assert sh["roundtrip"] == 0.0 and sh["roundtrip_step"][0] == sh["roundtrip_step"][1] == 2.0
 
 
+def test_sharded_optimizer_steps_bf16_masters_as_the_replicated_one(run):
+    """A bf16 model through fp32 master weights at DP = 2: the sharded optimiser's masters and moments equal the
+    replicated one's (the same element-wise AdamW on the same fp32 gradients; bound as the fp32 test's), the
+    model holds its masters rounded, and the checkpoint round trip restores the masters (zeroed before it)."""
+    _, res = run
+    rep, sh = res["learner/replicated_bf16"], res["learner/sharded_bf16"]
+    assert rep["masters"] is not None and sh["sharded"] == "ZeroRedundancyOptimizer"
+    assert rep["metrics"] == sh["metrics"]
+    assert any(w.dtype == torch.bfloat16 for w in rep["weights"].values())
+    for name, m in rep["masters"].items():
+        assert m.dtype == torch.float32 and float((sh["masters"][name] - m).abs().max()) <= 1e-6 * float(
+            m.abs().max()), name
+        if name in rep["weights"]:  # (a tied head has no weight of its own)
+            w = rep["weights"][name]
+            assert torch.equal(w, m.to(w.dtype)), name
+    for key in ("exp_avg", "exp_avg_sq"):
+        for name, t in rep["state"][key].items():
+            assert t.dtype == torch.float32 and t.abs().max() > 0, name
+            assert float((sh["state"][key][name] - t).abs().max()) <= 1e-6 * float(t.abs().max()), name
+    assert sh["roundtrip"] == 0.0
+
+
 def test_packed_token_budget_learner_matches_padded(run):
     """Packed rows + token-budget micro-batches + the sharded optimiser vs padded rows, one group per
     micro-batch, replicated: the same log-probs and metrics to fp32 rounding; weights after two Adam steps
