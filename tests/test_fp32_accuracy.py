@@ -217,3 +217,29 @@ def test_whitening_half_precision_inputs_computes_in_fp32(seed):
         half_ulp = torch.finfo(dtype).eps / 2  # the unit roundoff of dtype (eps is the gap above 1)
         err = (got.double() - want).abs()
         assert (err <= half_ulp * want.abs() * 1.01 + 1e-6).all(), (dtype, float((err / want.abs()).max()))
+
+
+@pytest.mark.parametrize("loss_name", ["policy_loss", "gspo", "cispo"])
+def test_a_bf16_logp_gradient_with_a_kl_penalty_is_rounded_once(loss_name, seed):
+    """bf16 log-probs with a KL penalty: the surrogate and the KL term each cast logp to fp32, so their gradients
+    were each rounded to bf16 and then added in bf16 (9.7% of entries one bf16 step off in the bf16 audit). Now one
+    cast: the gradient is the fp32 computation's (fp32 copy of the same logp) rounded once, entry for entry."""
+    from pacs_fast.algorithms.policy_loss import policy_loss
+    from pacs_fast.algorithms.sequence_losses import cispo_policy_loss, gspo_policy_loss
+
+    fn = {"policy_loss": policy_loss, "gspo": gspo_policy_loss, "cispo": cispo_policy_loss}[loss_name]
+    gen = torch.Generator().manual_seed(seed)
+    B, T = 8, 512
+    base = -3 * torch.rand(B, T, generator=gen)
+    old = base + 0.05 * torch.randn(B, T, generator=gen)
+    ref = base + 0.05 * torch.randn(B, T, generator=gen)
+    adv = torch.randn(B, generator=gen)
+    mask = torch.rand(B, T, generator=gen) < 0.9
+    grads = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        logp = base.to(torch.bfloat16).to(dtype).requires_grad_(True)  # the same values
+        loss, _ = fn(logp, old, adv, mask, logp_ref=ref, kl_coef=0.05)
+        loss.backward()
+        grads[dtype] = logp.grad
+    assert grads[torch.bfloat16].dtype == torch.bfloat16 and grads[torch.float32].abs().max() > 0
+    assert torch.equal(grads[torch.bfloat16], grads[torch.float32].to(torch.bfloat16))

@@ -147,6 +147,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                                                for x in (logp, old_logp, logp_ref, token_weights))
     if advantages.dim() == 2:
         advantages = zero_masked(advantages, keep)
+    # one cast for the surrogate and the KL term: their gradients add in fp32 and round to a bf16 logp once
+    logp = logp.to(compute_dtype(logp))
 
     dtype = compute_dtype(logp)
     adv = advantages.detach().to(dtype)
