@@ -116,7 +116,9 @@ def test_a_learner_that_cannot_fit_is_refused_before_the_model_loads(tmp_path, c
         check_memory(fp32, available=80 * GiB)
     bf16 = load_config(None, [f"model.path={folder}", "data.dataset=math500", "model.dtype=bfloat16",
                               "rollout.n=8", "train.prompts_per_step=8"])
-    with pytest.raises(ValueError, match=r"in model.dtype=bfloat16 need at least 127\.\d GiB per learner process"):
+    with pytest.raises(ValueError, match=r"in model.dtype=bfloat16 with fp32 master weights \(18 bytes a parameter\) "
+                                         r"need at least 127\.\d GiB per learner process .*; learner.master_weights="
+                                         r"false needs 8 bytes a parameter"):
         check_memory(bf16, available=80 * GiB)
     assert learner_bytes(bf16, model_shape(bf16)) == 18 * model_params(model_shape(bf16))
     pure = load_config(None, [f"model.path={folder}", "data.dataset=math500", "model.dtype=bfloat16",

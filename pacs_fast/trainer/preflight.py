@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pacs_fast.trainer.memory_model import (GiB, engine_rows, format_learner_memory, group_tokens, hf_engine_bytes,
                                             largest_micro_batch, learner_bytes, learner_layout, learner_memory,
-                                            model_params, model_shape, moment_shards, run_device)
+                                            master_weights, model_params, model_shape, moment_shards, run_device)
 
 
 def available_bytes(device: str) -> int | None:
@@ -55,12 +55,15 @@ def check_memory(cfg, *, available: int | None = None) -> None:
         model = (f"model.path={cfg.model.path}" if cfg.model.path else
                  f"the built-in tiny model (model.tiny_hidden_size={cfg.model.tiny_hidden_size}, "
                  f"model.tiny_num_layers={cfg.model.tiny_num_layers})")
+        masters = master_weights(cfg, shape)
         raise ValueError(
             f"{model} cannot be trained here: its {model_params(shape) / 1e9:.2f}B parameters' weights, gradients"
             f" and AdamW moments{' (split over the data-parallel ranks)' * (moment_shards(cfg) > 1)} in "
-            f"model.dtype={cfg.model.dtype} "
+            f"model.dtype={cfg.model.dtype}{' with fp32 master weights (18 bytes a parameter)' * masters} "
             f"need at least {need / GiB:.1f} GiB per learner process (learner.tp_size={cfg.learner.tp_size}), and "
-            f"{available / GiB:.1f} GiB are available{shared}")
+            f"{available / GiB:.1f} GiB are available{shared}"
+            + ("; learner.master_weights=false needs 8 bytes a parameter (pure bf16: at a small learner.lr most "
+               "updates round away)" if masters else ""))
     need = hf_engine_bytes(cfg, shape)
     if cfg.rollout.engine == "hf" and need > available:
         raise ValueError(
