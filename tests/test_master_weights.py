@@ -181,3 +181,28 @@ def test_the_megatron_learner_trains_a_bf16_model_through_fp32_masters(tmp_path,
     assert res["grad_norm"] > 0 and res["rounded"], res
     assert res["moved_master"] > 0.9 and res["moved_pure"] < 0.5, res  # layers (measured 0.999 and 0.22)
     assert res["full_has_masters"] and res["resume_shards"] and res["resume_full"], res
+
+
+def test_a_second_learner_on_the_same_model_takes_over_its_gradients(tiny_bf16, seed):
+    """A second TorchLearner on one bf16 model (bench/gpu/learner.py builds one per row): the first learner's hooks
+    are removed, so the second's masters get the gradients (the first one's took them and left None: an
+    AttributeError in the second's hook, review of 2026-11-29), and a deep copy of the model is not touched."""
+    model = copy.deepcopy(tiny_bf16)
+    first = _learner(model, True)
+    batch = _batch(seed)
+    batch.old_logp = first.compute_logprobs(batch)
+    first.update(copy.deepcopy(batch), seed=0)
+    twin = copy.deepcopy(model)
+    second = _learner(model, True, lr=1e-4)
+    before = [m.detach().clone() for m in first.master.masters]
+    second.update(copy.deepcopy(batch), seed=0)
+    assert all(torch.equal(m, b) for m, b in zip(first.master.masters, before))  # no longer fed
+    assert all(torch.equal(p.detach(), m.detach().to(p.dtype))
+               for p, m in zip(model.parameters(), second.master.masters))
+    third = _learner(twin, True)  # the copy's parameters have hooks of their own; the model's stay
+    third.update(copy.deepcopy(batch), seed=0)
+    moved = [m.detach().clone() for m in second.master.masters]
+    second.update(copy.deepcopy(batch), seed=1)
+    assert any(not torch.equal(m, b) for m, b in zip(second.master.masters, moved))
+    second.master.remove()
+    assert second.master.active and second.master.state_dict() is not None  # still holds its masters

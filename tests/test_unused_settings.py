@@ -161,3 +161,13 @@ def test_the_run_prints_them_once(tmp_path, capsys, warm_cache):
     out = capsys.readouterr()
     text = out.out + out.err
     assert text.count("warning: algo.score=naive has no effect with algo.name=grpo") == 1, text[-2000:]
+
+
+@pytest.mark.parametrize("backend,dtype,idle", [("torch", "float32", False), ("torch", "bfloat16", False),
+                                                ("megatron", "bfloat16", True), ("megatron", "float32", True)])
+def test_model_attention_is_idle_only_for_megatron_with_vllm(backend, dtype, idle):
+    """The rule sat under the float32 test for a while (review of 2026-11-29): torch + float32 + vLLM was told its
+    model.attention did nothing (the torch learner uses it), megatron + bf16 + vLLM was told nothing."""
+    lines = unused_settings(load_config(None, [f"learner.backend={backend}", f"model.dtype={dtype}",
+                                               "rollout.engine=vllm", "model.attention=eager"]))
+    assert any(x.startswith("model.attention=eager has no effect") for x in lines) == idle, lines

@@ -71,11 +71,11 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if cfg.learner.backend != "torch":
         out.append((("learner.shared_prefix", "learner.fused_layers"), f"with learner.backend={cfg.learner.backend} "
                                                                        f"(the torch learner's)"))
-    if cfg.model.dtype == "float32":
-        out.append((("learner.master_weights",), "with model.dtype=float32 (the weights are fp32 already)"))
         if cfg.rollout.engine == "vllm":
             out.append((("model.attention",), f"with learner.backend={cfg.learner.backend} and rollout.engine=vllm "
                                               f"(it sets the Hugging Face models' attention)"))
+    if cfg.model.dtype == "float32":
+        out.append((("learner.master_weights",), "with model.dtype=float32 (the weights are fp32 already)"))
     if cfg.model.gradient_checkpointing:
         out.append((("learner.shared_prefix",), "with model.gradient_checkpointing=true (the shared-prefix "
                                                 "forward is not used then)"))

@@ -17,9 +17,19 @@ masters of its tensor-parallel shard (the moments are what is sharded).
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+# id(parameter) -> (a weak reference to it, its current gradient hook), removed when another learner takes the
+# parameter; not in the parameter's __dict__, which a deep copy of the model would carry over to the copy's
+_HOOKS: dict[int, tuple] = {}
+
+
+def _current_hook(p):
+    entry = _HOOKS.get(id(p))
+    return entry[1] if entry is not None and entry[0]() is p else None
 
 
 class MasterWeights:
@@ -36,7 +46,13 @@ class MasterWeights:
                 # the parameter's own attributes (megatron's tensor_model_parallel, partition_dim, ...): code that
                 # reads them from the optimiser's parameters (the TP gradient norm) sees the same on the master
                 m.__dict__.update({k: v for k, v in p.__dict__.items() if not k.startswith("_")})
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._mover(m)))
+                # the newest learner on a model owns its gradients: an earlier one's hook would take them first
+                earlier = _current_hook(p)
+                if earlier is not None:
+                    earlier.remove()
+                handle = p.register_post_accumulate_grad_hook(self._mover(m))
+                _HOOKS[id(p)] = (weakref.ref(p, lambda _, key=id(p): _HOOKS.pop(key, None)), handle)
+                self._hooks.append(handle)
                 self.masters.append(m)
             else:
                 self.masters.append(p)
@@ -44,12 +60,14 @@ class MasterWeights:
     @property
     def active(self) -> bool:
         """Whether any parameter has a separate master (a low-precision model)."""
-        return bool(self._hooks)
+        return any(m is not p for p, m in zip(self.params, self.masters))
 
     @staticmethod
     def _mover(master):
         def move(p):  # after autograd accumulated p.grad for this backward: into fp32, then freed
             g = p.grad
+            if g is None:
+                return
             if master.grad is None:
                 master.grad = g.to(torch.float32)
             else:
@@ -74,7 +92,8 @@ class MasterWeights:
 
     def state_dict(self) -> list[torch.Tensor] | None:
         """The separate masters (None when there are none), for an exact resume."""
-        return [m.detach().clone() for p, m in zip(self.params, self.masters) if m is not p] if self.active else None
+        return ([m.detach().to("cpu", copy=True) for p, m in zip(self.params, self.masters) if m is not p]
+                if self.active else None)  # (on the CPU: a save needs no second device copy of the masters)
 
     @torch.no_grad()
     def load_state_dict(self, state: list[torch.Tensor] | None) -> None:
@@ -91,6 +110,8 @@ class MasterWeights:
 
     def remove(self) -> None:
         """Removes the gradient hooks (the parameters then keep their own gradients again)."""
-        for h in self._hooks:
+        for p, h in zip([p for p, m in zip(self.params, self.masters) if m is not p], self._hooks):
             h.remove()
+            if _current_hook(p) is h:
+                del _HOOKS[id(p)]
         self._hooks = []
