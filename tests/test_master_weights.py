@@ -206,3 +206,25 @@ def test_a_second_learner_on_the_same_model_takes_over_its_gradients(tiny_bf16, 
     assert any(not torch.equal(m, b) for m, b in zip(second.master.masters, moved))
     second.master.remove()
     assert second.master.active and second.master.state_dict() is not None  # still holds its masters
+
+
+def test_an_optimiser_step_that_cannot_fit_names_the_masters(tmp_path):
+    """Between the floor (18 bytes a parameter) and the step's peak: refused, naming learner.master_weights=false
+    among the ways out; with it the same device fits."""
+    import json
+
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.memory_model import model_params, model_shape
+    from pacs_fast.trainer.preflight import check_memory
+    (tmp_path / "config.json").write_text(json.dumps(  # a Qwen2.5-0.5B shape
+        {"vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+         "num_key_value_heads": 2, "intermediate_size": 4864, "model_type": "qwen2", "tie_word_embeddings": True}))
+    args = [f"model.path={tmp_path}", "model.dtype=bfloat16", "rollout.n=2", "train.prompts_per_step=1",
+            "rollout.max_new_tokens=16", "data.max_prompt_tokens=16", "learner.mini_batch_prompts=1",
+            "data.dataset=math500", "model.device=cpu"]
+    cfg = load_config(None, args)
+    available = int(19.5 * model_params(model_shape(cfg)))
+    with pytest.raises(ValueError, match=r"^the optimiser step cannot fit in the learner: .*learner.master_weights="
+                                         r"false \(pure bf16"):
+        check_memory(cfg, available=available)
+    check_memory(load_config(None, [*args, "learner.master_weights=false"]), available=available)

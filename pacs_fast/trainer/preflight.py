@@ -82,6 +82,8 @@ def check_memory(cfg, *, available: int | None = None) -> None:
                if cfg.learner.backend == "megatron" else
                "learner.backend=megatron with learner.tp_size > 1, " if cfg.model.dtype != "float32" else
                "model.dtype=bfloat16, learner.backend=megatron with learner.tp_size > 1, ")
+        if master_weights(cfg, shape):
+            fix += "learner.master_weights=false (pure bf16: at a small learner.lr most updates round away), "
         raise ValueError(
             f"the optimiser step cannot fit in the learner: {base / GiB:.1f} GiB of weights, gradients and AdamW "
             f"moments and {mem['optimizer_step'] / GiB:.1f} GiB of its temporaries, and {available / GiB:.1f} GiB "
