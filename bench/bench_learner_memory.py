@@ -2,6 +2,7 @@
 
     python bench/bench_learner_memory.py --model /tmp/mm/qwen          # the Qwen2.5-width trial model, fp32
     python bench/bench_learner_memory.py --model DIR --tokens 128,4096,8192 --checkpointing false,true
+    python bench/bench_learner_memory.py --model DIR --dtype bfloat16 --master-weights true,false
 
 Each point runs in a fresh process: the trainer's learner (``build_learner``) on a synthetic group of 4 rows
 of ``tokens / 4`` tokens (one micro-batch, padded rows), one update to allocate the AdamW moments, then a
@@ -32,13 +33,14 @@ def reset_peak():
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
 
-path, tokens, gc = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+path, tokens, gc, dtype, masters = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 G, P = 4, 16
 L = tokens // G
 cfg = load_config(None, [f"model.path={path}", f"rollout.n={G}", f"rollout.max_new_tokens={L - P}",
                          f"data.max_prompt_tokens={P}", "train.prompts_per_step=1", "learner.mini_batch_prompts=1",
                          "learner.micro_batch_prompts=1", "algo.score=naive", f"model.gradient_checkpointing={gc}",
-                         "learner.logprob_backend=torch", "learner.packing=off", "learner.shared_prefix=false"])
+                         "learner.logprob_backend=torch", "learner.packing=off", "learner.shared_prefix=false",
+                         f"model.dtype={dtype}", f"learner.master_weights={masters}"])
 tok = AutoTokenizer.from_pretrained(path)
 rss0 = status("VmRSS")
 learner, _ = build_learner(cfg, path, "cpu", tok)
@@ -72,19 +74,24 @@ def main() -> None:
     p.add_argument("--model", required=True, help="a Hugging Face model folder (with its tokenizer)")
     p.add_argument("--tokens", default="128,4096,8192", help="tokens of the measured micro-batch, comma-separated")
     p.add_argument("--checkpointing", default="false,true", help="model.gradient_checkpointing values")
+    p.add_argument("--dtype", default="float32", help="model.dtype (float32 or bfloat16)")
+    p.add_argument("--master-weights", default="true", help="learner.master_weights values (bfloat16: fp32 masters)")
     a = p.parse_args()
     G = 1024 ** 3
-    print(f"{'tokens':>7} {'ckpt':>5} | {'est backward':>12} {'measured':>9} | {'est step':>9} {'measured':>9} | "
-          f"{'est total':>9} {'measured':>9}   (GiB)")
-    for gc in a.checkpointing.split(","):
-        for tokens in map(int, a.tokens.split(",")):
-            out = subprocess.run([sys.executable, "-c", PROBE, a.model, str(tokens), gc], capture_output=True, text=True)
-            if out.returncode:
-                raise SystemExit(out.stderr[-3000:])
-            r = json.loads(out.stdout.split("RESULT ", 1)[1])
-            m, e = r["measured"], r["estimate"]
-            print(f"{tokens:>7} {gc:>5} | {e['backward'] / G:12.2f} {m['backward'] / G:9.2f} | {e['step'] / G:9.2f} "
-                  f"{m['step'] / G:9.2f} | {e['total'] / G:9.2f} {max(m.values()) / G:9.2f}")
+    print(f"model.dtype={a.dtype}")
+    print(f"{'tokens':>7} {'ckpt':>5} {'masters':>7} | {'est backward':>12} {'measured':>9} | {'est step':>9} "
+          f"{'measured':>9} | {'est total':>9} {'measured':>9}   (GiB)")
+    for mw in a.master_weights.split(","):
+        for gc in a.checkpointing.split(","):
+            for tokens in map(int, a.tokens.split(",")):
+                out = subprocess.run([sys.executable, "-c", PROBE, a.model, str(tokens), gc, a.dtype, mw],
+                                     capture_output=True, text=True)
+                if out.returncode:
+                    raise SystemExit(out.stderr[-3000:])
+                r = json.loads(out.stdout.split("RESULT ", 1)[1])
+                m, e = r["measured"], r["estimate"]
+                print(f"{tokens:>7} {gc:>5} {mw:>7} | {e['backward'] / G:12.2f} {m['backward'] / G:9.2f} | "
+                      f"{e['step'] / G:9.2f} {m['step'] / G:9.2f} | {e['total'] / G:9.2f} {max(m.values()) / G:9.2f}")
 
 
 if __name__ == "__main__":
