@@ -10,6 +10,7 @@ import torch
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner import TorchLearner
 from pacs_fast.learner.master_weights import MasterWeights
+from test_learner_memory_flops import QWEN05
 
 
 def test_gradients_accumulate_in_fp32_and_leave_no_bf16_gradient(seed):
@@ -131,9 +132,7 @@ def test_the_memory_model_counts_the_masters(tmp_path):
 
     from pacs_fast.config import load_config
     from pacs_fast.trainer.memory_model import learner_bytes, learner_memory, model_params, model_shape
-    (tmp_path / "config.json").write_text(json.dumps(  # a Qwen2.5-0.5B shape
-        {"vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-         "num_key_value_heads": 2, "intermediate_size": 4864, "model_type": "qwen2", "tie_word_embeddings": True}))
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN05, "tie_word_embeddings": True}))  # Qwen2.5-0.5B
 
     def cfg(*extra):
         c = load_config(None, [f"model.path={tmp_path}", *extra])
@@ -216,9 +215,7 @@ def test_an_optimiser_step_that_cannot_fit_names_the_masters(tmp_path):
     from pacs_fast.config import load_config
     from pacs_fast.trainer.memory_model import model_params, model_shape
     from pacs_fast.trainer.preflight import check_memory
-    (tmp_path / "config.json").write_text(json.dumps(  # a Qwen2.5-0.5B shape
-        {"vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-         "num_key_value_heads": 2, "intermediate_size": 4864, "model_type": "qwen2", "tie_word_embeddings": True}))
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN05, "tie_word_embeddings": True}))  # Qwen2.5-0.5B
     args = [f"model.path={tmp_path}", "model.dtype=bfloat16", "rollout.n=2", "train.prompts_per_step=1",
             "rollout.max_new_tokens=16", "data.max_prompt_tokens=16", "learner.mini_batch_prompts=1",
             "data.dataset=math500", "model.device=cpu"]

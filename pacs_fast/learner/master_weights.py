@@ -57,10 +57,14 @@ class MasterWeights:
             else:
                 self.masters.append(p)
 
+    def _separate(self) -> list[tuple[torch.nn.Parameter, torch.nn.Parameter]]:
+        """``(parameter, master)`` of the low-precision parameters (the others are their own masters)."""
+        return [(p, m) for p, m in zip(self.params, self.masters) if m is not p]
+
     @property
     def active(self) -> bool:
         """Whether any parameter has a separate master (a low-precision model)."""
-        return any(m is not p for p, m in zip(self.params, self.masters))
+        return bool(self._separate())
 
     @staticmethod
     def _mover(master):
@@ -78,27 +82,25 @@ class MasterWeights:
     @torch.no_grad()
     def copy_to_model(self) -> None:
         """The model's low-precision weights := their masters, rounded once (after each optimiser step)."""
-        for p, m in zip(self.params, self.masters):
-            if m is not p:
-                p.copy_(m)
+        for p, m in self._separate():
+            p.copy_(m)
 
     @torch.no_grad()
     def copy_from_model(self) -> None:
         """Masters := the model's weights (after they were loaded from elsewhere: a checkpoint without masters,
         an HF state dict)."""
-        for p, m in zip(self.params, self.masters):
-            if m is not p:
-                m.copy_(p)
+        for p, m in self._separate():
+            m.copy_(p)
 
     def state_dict(self) -> list[torch.Tensor] | None:
         """The separate masters (None when there are none), for an exact resume."""
-        return ([m.detach().to("cpu", copy=True) for p, m in zip(self.params, self.masters) if m is not p]
-                if self.active else None)  # (on the CPU: a save needs no second device copy of the masters)
+        pairs = self._separate()  # (copied to the CPU: a save needs no second device copy of the masters)
+        return [m.detach().to("cpu", copy=True) for _, m in pairs] if pairs else None
 
     @torch.no_grad()
     def load_state_dict(self, state: list[torch.Tensor] | None) -> None:
         """Restores :meth:`state_dict`'s masters; None (a checkpoint without them) takes the model's weights."""
-        mine = [m for p, m in zip(self.params, self.masters) if m is not p]
+        mine = [m for _, m in self._separate()]
         if state is None:
             self.copy_from_model()
             return
@@ -110,7 +112,7 @@ class MasterWeights:
 
     def remove(self) -> None:
         """Removes the gradient hooks (the parameters then keep their own gradients again)."""
-        for p, h in zip([p for p, m in zip(self.params, self.masters) if m is not p], self._hooks):
+        for (p, _), h in zip(self._separate(), self._hooks):
             h.remove()
             if _current_hook(p) is h:
                 del _HOOKS[id(p)]

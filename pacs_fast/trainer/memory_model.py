@@ -118,15 +118,22 @@ def master_weights(cfg, shape: dict) -> bool:
     return cfg.learner.master_weights and shape["bytes"] < 4
 
 
+def _state_bytes(cfg, shape: dict) -> tuple[int, int, int]:
+    """``(weights, gradients, moments)`` bytes of one learner process: its ``learner.tp_size`` share, the moments
+    split over the data-parallel ranks with ``learner.distributed_optimizer``; in the model's dtype, or with fp32
+    master weights (:func:`master_weights`) the masters counted with the weights and the rest in fp32."""
+    params = model_params(shape) // max(cfg.learner.tp_size, 1)
+    fp32 = master_weights(cfg, shape)
+    grads = params * (4 if fp32 else shape["bytes"])
+    return params * shape["bytes"] + (params * 4 if fp32 else 0), grads, 2 * grads // moment_shards(cfg)
+
+
 def learner_bytes(cfg, shape: dict) -> int:
     """The least memory one learner process holds: its share (``learner.tp_size``) of the weights and
     their gradients, and of AdamW's two moments (split over the data-parallel ranks with
     ``learner.distributed_optimizer``), all in the model's dtype (activations come on top); with fp32
     master weights (:func:`master_weights`) the masters too, and gradients and moments in fp32."""
-    params = model_params(shape) // max(cfg.learner.tp_size, 1)
-    b = 4 if master_weights(cfg, shape) else shape["bytes"]
-    masters = params * 4 if master_weights(cfg, shape) else 0
-    return params * shape["bytes"] + masters + params * b + 2 * params * b // moment_shards(cfg)
+    return sum(_state_bytes(cfg, shape))
 
 
 NORM_COPY = 4  # bytes per element of the fp32 copy Hugging Face's RMSNorm saves of its input
@@ -239,12 +246,10 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     attention = "eager" if cfg.model.attention == "eager" else "flash"
     per_token = activation_bytes_per_token(shape, recompute=cfg.model.gradient_checkpointing, tp=tp,
                                            attention=attention, longest=longest)
-    params = model_params(shape) // tp
-    fp32 = master_weights(cfg, shape)  # fp32 masters (counted with the weights), gradients and moments
-    b_opt = 4 if fp32 else shape["bytes"]
-    weights, grads = params * shape["bytes"] + (params * 4 if fp32 else 0), params * b_opt
+    weights, grads, moments = _state_bytes(cfg, shape)
+    b_opt = 4 if master_weights(cfg, shape) else shape["bytes"]  # AdamW's dtype
     shards = moment_shards(cfg)
-    out = {"weights": weights, "gradients": grads, "optimizer": 2 * grads // shards,
+    out = {"weights": weights, "gradients": grads, "optimizer": moments,
            "activations": int(tokens * per_token), "tokens": int(tokens), "per_token": per_token,
            "workspace": logprob_workspace_bytes(shape, tokens, device=device, lm_head_fp32=cfg.model.lm_head_fp32,
                                                 tp=tp)}

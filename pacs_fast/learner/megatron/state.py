@@ -59,10 +59,9 @@ def save_state(learner, folder, *, is_writer: bool) -> None:
             # megatron's state dicts hold ``_extra_state`` entries that are None (no Transformer Engine)
             ref = ({k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in learner.ref_model.state_dict().items()}
                    if learner.ref_model is not None else None)
-            masters = learner.master.state_dict() if learner.master is not None else None
             state = {"format": FORMAT, "tp_size": learner.tp_size, "tp_rank": learner.tp_rank,
                      "param_names": _names(learner), "optimizer": optimizer,
-                     "master_weights": [m.cpu() for m in masters] if masters is not None else None,
+                     "master_weights": learner.master.state_dict() if learner.master is not None else None,
                      "ref_model": ref, "steps": learner.steps}
             write_atomic(folder / shard_file(learner.tp_rank), lambda tmp: torch.save(state, tmp))
         if is_writer:
@@ -166,13 +165,11 @@ def load_full_state_dict(learner, state: dict) -> None:
                 "exp_avg_sq": shards["exp_avg_sq"][name].to(p.device, p.dtype),
             }
     if learner.master is not None:
-        full = state.get("master_weights")
-        if full is None:  # (a state without masters: the model's weights)
-            learner.master.copy_from_model()
-        else:
+        full = state.get("master_weights")  # None: a state without masters (they take the model's weights)
+        if full is not None:
             shards = hf_to_megatron(full, learner.hf_config, tp_size=learner.tp_size, tp_rank=learner.tp_rank)
-            learner.master.load_state_dict([shards[n] for n, p, m in zip(_names(learner), learner.params,
-                                                                            learner.opt_params) if m is not p])
+            full = [shards[n] for n, p, m in zip(_names(learner), learner.params, learner.opt_params) if m is not p]
+        learner.master.load_state_dict(full)
     if learner.ref_model is not None:
         if state.get("ref_model") is None:
             raise ValueError("load_state_dict: the checkpoint has no reference model but this run needs one")
