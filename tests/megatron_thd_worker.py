@@ -7,9 +7,13 @@
    rows of 1 to 300 tokens and (TP = 2) on rows up to ~1.4k tokens; how many attention calls took
    the dense ``[S, S]`` path during the THD forward; how many rows reached the LM head; the THD
    path's refusal of attention dropout.
-2. learner, TP = 2 and TP = 1 x DP = 2: ``MegatronLearner.update`` with the off-policy correction
+2. ``learner.fused_layers`` (``fused_layers``): the same values, padded and THD, TP = 1 and 2 (and TP = 2
+   with full recompute), before and after the MLPs' SwiGLU goes through the fused op's exact torch twin,
+   and after ``unfuse_layers``; the twin's calls counted.
+3. learner, TP = 2 and TP = 1 x DP = 2: ``MegatronLearner.update`` with the off-policy correction
    set from a separate ``compute_logprobs`` pass, and fused (``update(correct=...)``, old log-probs
-   left None): old log-probs, entropies, weights, metrics, the updated weights and the rows forwarded.
+   left None): old log-probs, entropies, weights, metrics, the updated weights and the rows forwarded;
+   ``learner.fused_layers=auto``'s line on the CPU.
 
 Inputs: ``<workdir>/inputs.pt``; rank 0 writes ``<workdir>/results.pt``.
 """
@@ -30,8 +34,7 @@ def forward(inputs, results):
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from transformers import AutoConfig
 
-    from pacs_fast.algorithms import pacs_loss
-    from pacs_fast.learner.megatron.convert import export_hf_state_dict, load_hf_into_model
+    from pacs_fast.learner.megatron.convert import load_hf_into_model
     from pacs_fast.learner.megatron.cpu_compat import apply_cpu_compat
     from pacs_fast.learner.megatron.forward import token_logprobs
     from pacs_fast.learner.megatron.learner import LazyHFCheckpoint
@@ -67,20 +70,12 @@ def forward(inputs, results):
                 continue
             rm = spec["response_mask"]
             for mode in spec["modes"]:
-                model.zero_grad(set_to_none=True)
                 dense_calls.clear()
                 head_rows.clear()
-                logp, ent = token_logprobs(model, spec["input_ids"], spec["attention_mask"], label_mask=rm > 0,
-                                           vocab_size=cfg.vocab_size, tp_group=group, return_entropy=True,
-                                           backend="torch", packing="off" if mode == "padded" else "on",
-                                           packed_attention="varlen" if mode == "thd" else "dense")
-                loss = pacs_loss(logp, spec["logp_ref"], rm, spec["rewards"], group_size=spec["group_size"])
-                loss = loss - 0.01 * (ent * rm).sum() / rm.sum()
-                loss.backward()
-                grads = export_hf_state_dict(model, cfg, tp_group=group, grads=True)
                 results[f"forward/tp{tp}/{name}/{mode}"] = {
-                    "logp": logp.detach(), "ent": ent.detach(), "loss": loss.detach(), "grads": grads,
+                    **_loss_and_grads(model, cfg, spec, mode, group),
                     "dense_calls": len(dense_calls), "head_rows": sum(head_rows)}
+        fused_layers(inputs, results, model, cfg, tp, group)
         if tp == 2:  # attention dropout while training: the THD path refuses (the dense one would differ)
             spec = inputs["batches"]["uneven"]
             model.decoder.layers[0].self_attention.core_attention.attention_dropout.p = 0.1
@@ -93,6 +88,61 @@ def forward(inputs, results):
         ps.destroy_model_parallel()
     DotProductAttention.forward = dense_forward
     head_op.linear_logprobs = head
+
+
+def _loss_and_grads(model, cfg, spec, mode, group) -> dict:
+    """Log-probs, entropies, a PACS + entropy loss and every gradient (HF names) of ``spec``'s rows in ``mode``
+    (padded / dense / thd)."""
+    from pacs_fast.algorithms import pacs_loss
+    from pacs_fast.learner.megatron.convert import export_hf_state_dict
+    from pacs_fast.learner.megatron.forward import token_logprobs
+
+    rm = spec["response_mask"]
+    model.zero_grad(set_to_none=True)
+    logp, ent = token_logprobs(model, spec["input_ids"], spec["attention_mask"], label_mask=rm > 0,
+                               vocab_size=cfg.vocab_size, tp_group=group, return_entropy=True,
+                               backend="torch", packing="off" if mode == "padded" else "on",
+                               packed_attention="varlen" if mode == "thd" else "dense")
+    loss = pacs_loss(logp, spec["logp_ref"], rm, spec["rewards"], group_size=spec["group_size"])
+    loss = loss - 0.01 * (ent * rm).sum() / rm.sum()
+    loss.backward()
+    return {"logp": logp.detach(), "ent": ent.detach(), "loss": loss.detach(),
+            "grads": export_hf_state_dict(model, cfg, tp_group=group, grads=True)}
+
+
+def fused_layers(inputs, results, model, cfg, tp, group):
+    """learner.fused_layers on megatron's model with the ops' exact torch twins (Liger's kernels need a GPU),
+    each call counted: padded and THD rows with and (TP = 2) without activation recompute, unfused then fused,
+    and after unfuse_layers."""
+    from megatron.core import parallel_state as ps
+
+    from pacs_fast.learner.fused_layers import FusedOps, fuse_layers, torch_ops, unfuse_layers
+    from pacs_fast.learner.megatron.convert import load_hf_into_model
+    from pacs_fast.learner.megatron.learner import LazyHFCheckpoint
+    from pacs_fast.learner.megatron.model import build_gpt_model
+
+    calls = []
+    twin = torch_ops()
+    ops = FusedOps(twin.rms_norm, twin.silu_mul, lambda y: (calls.append(y.shape[-1]), twin.gated_silu(y))[1])
+    spec = inputs["batches"]["uneven"]
+    models = {"": model}
+    if tp == 2:  # megatron's full recompute reruns each layer's forward, the fused one included, in the backward
+        models["recompute/"] = build_gpt_model(cfg, tp_size=tp, recompute_granularity="full",
+                                               recompute_method="uniform", recompute_num_layers=1)
+        load_hf_into_model(models["recompute/"], LazyHFCheckpoint(inputs["model"]), cfg, tp_size=tp,
+                           tp_rank=ps.get_tensor_model_parallel_rank())
+    for key, m in models.items():
+        for mode in ("padded", "thd"):
+            calls.clear()
+            out = {"plain": _loss_and_grads(m, cfg, spec, mode, group)}
+            out["done"] = fuse_layers(m, ops=ops)
+            out["fused"] = _loss_and_grads(m, cfg, spec, mode, group)
+            out["calls"], out["widths"] = len(calls), sorted(set(calls))
+            out["unfused"] = unfuse_layers(m)
+            calls.clear()
+            out["after"] = _loss_and_grads(m, cfg, spec, mode, group)
+            out["calls_after"] = len(calls)
+            results[f"fused/tp{tp}/{key}{mode}"] = out
 
 
 def learner(inputs, results):
@@ -110,7 +160,7 @@ def learner(inputs, results):
 
     for tp in (2, 1):
         for fused in (False, True):
-            lcfg = LearnerConfig(**spec["learner"], backend="megatron", tp_size=tp)
+            lcfg = LearnerConfig(**spec["learner"], backend="megatron", tp_size=tp, fused_layers="auto")
             lrn = MegatronLearner(spec["model"], algo=AlgoConfig(**spec["algo"]), learner=lcfg, temperature=1.0,
                                   horizon=spec["horizon"])
             batch = RolloutBatch(**spec["batch"])
@@ -130,7 +180,7 @@ def learner(inputs, results):
                 "flags": flags, "metrics": metrics, "old_logp": batch.old_logp, "old_entropy": batch.old_entropy,
                 "ref_is_old": batch.ref_logp is batch.old_logp, "is_weights": batch.is_weights,
                 "kept_mask": batch.kept_mask, "weights": dict(lrn.export_hf_weights()), "rows_run": sum(rows_run),
-                "dp": lrn.dp_size}
+                "dp": lrn.dp_size, "fused_layers": lrn.fused_layers}
             lrn.close()
 
 

@@ -9,6 +9,8 @@ tests/megatron_launch.py).
   entropies, the loss and every parameter's gradient agree per sequence to 1e-5 (fp32); no attention
   call of the THD forward takes the dense ``[S, S]`` path; in every layout only the response tokens'
   hidden states reach the LM head.
+- ``learner.fused_layers`` (the MLPs' SwiGLU through Liger's fused gate-up op): the wiring, driven with the op's
+  exact torch twin, gives megatron's own values bit for bit, padded and THD, TP = 1 and 2, with recompute.
 - Fused correction, TP = 2 and TP = 1 x DP = 2 (full batches: the first mini-batch's values gathered
   over the data-parallel ranks): the update's own first forward gives the separate pass's old
   log-probs, entropies and importance weights, and the same update, forwarding the first mini-batch's
@@ -111,6 +113,37 @@ def test_thd_equals_dense_mask_and_padded(run, tp, batch, ref):
     assert thd["dense_calls"] == 0 and base["dense_calls"] == 2
     # padded or packed, only the response tokens reach the LM head (each has a prompt token before it)
     assert thd["head_rows"] == base["head_rows"] == int(m.sum())
+
+
+@pytest.mark.parametrize("key", ["tp1/padded", "tp1/thd", "tp2/padded", "tp2/thd", "tp2/recompute/padded",
+                                 "tp2/recompute/thd"])
+def test_fused_swiglu_wiring_equals_megatrons_own_bit_for_bit(run, key):
+    """learner.fused_layers on the megatron learner's model (pacs_fast/learner/fused_layers.py), driven with the
+    fused op's exact torch twin (Liger's kernels need a GPU): every MLP is replaced (none missed, none twice), the
+    op gets linear_fc1's whole [gate | up] shard of this rank, and log-probs, entropies, the loss and every
+    gradient equal megatron's own MLP bit for bit, with recompute too; unfuse_layers gives its own MLP back."""
+    _, res = run
+    out = res[f"fused/{key}"]
+    tp, layers, ffn = int(key[2]), 2, 256
+    assert out["done"] == {"rms_norm": 0, "swiglu": layers}  # the norms stay torch.nn.RMSNorm
+    recompute = "recompute" in key
+    assert out["calls"] == layers * (2 if recompute else 1)  # (recompute runs each layer's forward again)
+    assert out["widths"] == [2 * ffn // tp]
+    for got in (out["fused"], out["after"]):
+        assert torch.equal(got["logp"], out["plain"]["logp"]) and torch.equal(got["ent"], out["plain"]["ent"])
+        assert torch.equal(got["loss"], out["plain"]["loss"])
+        assert got["grads"].keys() == out["plain"]["grads"].keys()
+        for name, g in out["plain"]["grads"].items():
+            assert g.abs().max() > 0, name
+            assert torch.equal(got["grads"][name], g), name
+    assert out["unfused"] == layers and out["calls_after"] == 0
+
+
+def test_learner_fused_layers_auto_is_off_on_the_cpu(run):
+    _, res = run
+    for key in ("learner/tp2/fused", "learner/tp1/fused"):
+        line = res[key]["fused_layers"]
+        assert line.startswith("fused layers: off (") and "CUDA" in line, line
 
 
 def test_thd_refuses_attention_dropout(run):

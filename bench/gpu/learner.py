@@ -15,7 +15,8 @@ through Liger-Kernel; ``--dry-run``: their torch twins), ``torch packed dense`` 
 where the memory model says its masks do not fit), ``torch padded + SDPA`` (learner.packing=off), and
 ``megatron packed THD`` (``MegatronLearner`` at TP = 1 on a one-process group, learner.packing=on: its own
 core attention on THD rows, pacs_fast/learner/megatron/core_attention.py; the same random weights, saved
-once per shape and loaded by its converter; ``--dry-run`` runs it on CPU / gloo). The micro-batch token budget
+once per shape and loaded by its converter; ``--dry-run`` runs it on CPU / gloo) and the same with its MLPs'
+SwiGLU through Liger's fused gate-up op (learner.fused_layers=on; ``--dry-run``: the op's torch twin). The micro-batch token budget
 comes from the memory model (pacs_fast/trainer/memory_model.py) at 80% of the GPU, with
 ``model.gradient_checkpointing`` when one group does not fit without it; a row that still runs out of
 memory says so. Order: the main shape first (1.5B at 4k, packed), each row skipped cleanly once
@@ -51,6 +52,7 @@ LEARNERS = {
     "torch padded + SDPA": dict(packing="off"),
     "torch packed dense": dict(packing="on", packed_attention="dense"),
     "megatron packed THD": dict(packing="on", backend="megatron"),
+    "megatron packed THD + Liger SwiGLU": dict(packing="on", backend="megatron", fused_layers="on"),
 }
 PROMPT = 256
 ATTENTION = ("flash", "fmha", "attention", "attn", "varlen", "sdpa", "scaled_dot_product")
@@ -220,12 +222,19 @@ def make_learner(model, learner_name, lengths, G, args, row):
     groups = len(lengths) // G
     lc = LearnerConfig(lr=1e-6, shared_prefix=False, mini_batch_prompts=groups, micro_batch_prompts=groups,
                        max_tokens_per_micro_batch=row["token_budget"], **LEARNERS[learner_name])
+    from pacs_fast.learner.fused_layers import fuse_layers, liger_ops, torch_ops, unfuse_layers
     if lc.backend == "megatron":
         from pacs_fast.learner.megatron.learner import MegatronLearner
         dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
-        return MegatronLearner(saved_model(model, args.out), algo=AlgoConfig(), learner=lc, horizon=max(lengths),
-                               dtype=dtype, gradient_checkpointing=row["gradient_checkpointing"])
-    from pacs_fast.learner.fused_layers import fuse_layers, liger_ops, torch_ops, unfuse_layers
+        fused, lc.fused_layers = lc.fused_layers == "on", "off"  # (fused below: the dry run's twins, else Liger)
+        learner = MegatronLearner(saved_model(model, args.out), algo=AlgoConfig(), learner=lc, horizon=max(lengths),
+                                  dtype=dtype, gradient_checkpointing=row["gradient_checkpointing"])
+        if fused:
+            ops = torch_ops() if args.dry_run else liger_ops()
+            row["fused_layers"] = fuse_layers(learner.model, ops=ops)
+            if learner.ref_model is not None:
+                fuse_layers(learner.ref_model, ops=ops)
+        return learner
     from pacs_fast.learner.torch_learner import TorchLearner
     unfuse_layers(model)  # the rows share one model: each row fuses it or not
     if lc.fused_layers == "on":  # (dry run: the ops' torch twins; Liger's kernels need a GPU)

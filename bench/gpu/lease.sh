@@ -7,8 +7,8 @@
 # learner (~7 minutes, first): the gpu tests of the varlen attention and of Liger's fused layers, then
 #   bench/gpu/learner.py (issue 38): one learner update (log-probs, PACS loss, backward, AdamW), bf16,
 #   Qwen2.5-1.5B / 0.5B shapes, packed varlen (with and without learner.fused_layers=on: carry liger-kernel in
-#   .whl) vs padded vs dense mask vs megatron packed THD (TP = 1), main shape first (1.5B at 4k), 360 s budget
-#   (rows not started are listed as such).
+#   .whl) vs padded vs dense mask vs megatron packed THD (TP = 1; with and without its Liger SwiGLU), main shape
+#   first (1.5B at 4k), 360 s budget (rows not started are listed as such).
 # main (one ~9-minute call, the priority order of docs/GPU.md):
 #   1. suite   bench/gpu/suite.py --steps env,gpu_tests,logprobs,pacs_loss: the gpu tests, the log-prob
 #              kernels against the GEMM floors and Liger, the PACS loss against the copy floor (built-in tables)

@@ -186,9 +186,9 @@ class LearnerConfig:
                               "accumulated in fp32 and AdamW in fp32, the model's weights rounded once after each "
                               "step (without them an update under 2^-9 of a weight rounds away: most at lr 1e-6); "
                               "18 bytes per parameter instead of 8 (pacs_fast/learner/master_weights.py)")
-    fused_layers: str = _f("off", "torch learner: on = the model's RMSNorm and SwiGLU MLP through Liger-Kernel's fused "
-                           "Triton ops (this model instance only; same roundings; needs a CUDA GPU and liger-kernel), "
-                           "auto = on where those are there, else off, off = the model's own ops "
+    fused_layers: str = _f("off", "on = the model's SwiGLU MLP (torch learner: and RMSNorm) through Liger-Kernel's "
+                           "fused Triton ops (this model instance only; same roundings; needs a CUDA GPU and "
+                           "liger-kernel), auto = on where those are there, else off, off = the model's own ops "
                            "(pacs_fast/learner/fused_layers.py; default off until measured on a GPU)")
     max_tokens_per_micro_batch: int = _f(0, "micro-batches cut by token count (whole groups, about equal tokens "
                                          "each) instead of learner.micro_batch_prompts; 0 = off (megatron: per "

@@ -69,8 +69,7 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if cfg.rollout.engine != "vllm":
         out.append((("rollout.gpu_memory_utilization",), f"with rollout.engine={cfg.rollout.engine} (vLLM's)"))
     if cfg.learner.backend != "torch":
-        out.append((("learner.shared_prefix", "learner.fused_layers"), f"with learner.backend={cfg.learner.backend} "
-                                                                       f"(the torch learner's)"))
+        out.append((("learner.shared_prefix",), f"with learner.backend={cfg.learner.backend} (the torch learner's)"))
         if cfg.rollout.engine == "vllm":
             out.append((("model.attention",), f"with learner.backend={cfg.learner.backend} and rollout.engine=vllm "
                                               f"(it sets the Hugging Face models' attention)"))

@@ -19,9 +19,6 @@ def check_installed(cfg: Config) -> None:
         raise ValueError("learner.backend=megatron but megatron-core is not installed "
                          "(pip install 'pacs_fast[megatron]'); or use learner.backend=torch")
     if cfg.learner.fused_layers == "on":
-        if cfg.learner.backend == "megatron":
-            raise ValueError("learner.fused_layers=on is for the torch learner (megatron's local layer spec fuses "
-                             "its norms and RoPE only with Transformer Engine); use learner.fused_layers=off")
         from pacs_fast.learner.fused_layers import why_not
         reason = why_not(resolve_device(cfg))
         if reason:

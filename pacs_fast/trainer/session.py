@@ -188,7 +188,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     freeze_long_lived()  # transformers, megatron-core, the tokenizer, the problems (pacs_fast/gc_heap.py)
     learner, live_model = build_learner(cfg, model_path, device, tokenizer)
     if cfg.learner.fused_layers != "off":  # what was fused, or why not (auto)
-        log(getattr(learner, "fused_layers", "fused layers: off (the megatron learner)"))
+        log(getattr(learner, "fused_layers", "fused layers: off"))
     freeze_long_lived()  # the learner's model: vLLM's collections while it builds an engine skip both
     def build():
         return build_engine(cfg, model_path, learner, live_model, tokenizer, device, world)

@@ -61,6 +61,7 @@ import torch
 import torch.distributed as dist
 
 from pacs_fast.learner.base import Learner, RolloutBatch, by_length, dealt_rows_to_sorted, group_rows
+from pacs_fast.learner.fused_layers import apply_fused_layers
 from pacs_fast.learner.master_weights import MasterWeights
 from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
 from pacs_fast.learner.megatron.data_parallel import (
@@ -91,6 +92,8 @@ class MegatronLearner(Learner):
         dtype: ``"float32"`` | ``"bfloat16"`` parameters (CPU: float32).
         device: ``"auto"`` | ``"cpu"`` | ``"cuda"``.
         gradient_checkpointing: megatron full activation recomputation.
+        (``learner.fused_layers``: the MLPs' SwiGLU through Liger-Kernel, :mod:`pacs_fast.learner.fused_layers`;
+        :attr:`fused_layers` is the line that says what was fused.)
         local_batches: DP-local batches (see the module docstring); default: full batches.
         vocab_size: the number of real token ids (``len(tokenizer)``): LM-head rows from there on
             (checkpoint padding, as in every Qwen model) are excluded from the softmax, as the rollout
@@ -150,6 +153,8 @@ class MegatronLearner(Learner):
         hf_state = LazyHFCheckpoint(model_path)
         self.model = self._build(params_dtype, overrides)
         load_hf_into_model(self.model, hf_state, self.hf_config, tp_size=self.tp_size, tp_rank=self.tp_rank)
+        fused = getattr(learner, "fused_layers", "off")  # the MLPs' SwiGLU through Liger (learner.fused_layers)
+        self.fused_layers = apply_fused_layers(self.model, fused, self.device)
         self.needs_ref = needs_reference(algo)
         self.ref_model = None
         if holds_reference_model(algo):
@@ -157,6 +162,7 @@ class MegatronLearner(Learner):
             load_hf_into_model(self.ref_model, hf_state, self.hf_config, tp_size=self.tp_size,
                                tp_rank=self.tp_rank)
             self.ref_model.requires_grad_(False).eval()
+            apply_fused_layers(self.ref_model, fused, self.device)
         del hf_state
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # what the optimiser steps: the fp32 masters of a bf16 model's parameters (learner.master_weights), else
