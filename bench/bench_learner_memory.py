@@ -1,7 +1,7 @@
 """The learner memory estimate (``pacs_fast.trainer.memory_model.learner_memory``) against a measured peak (CPU).
 
     python bench/bench_learner_memory.py --model /tmp/mm/qwen          # the Qwen2.5-width trial model, fp32
-    python bench/bench_learner_memory.py --model DIR --tokens 128,4096,8192 --checkpointing false,true
+    python bench/bench_learner_memory.py --model DIR --tokens 128,4096,8192 --checkpointing false,selective,true
     python bench/bench_learner_memory.py --model DIR --dtype bfloat16 --master-weights true,false
 
 Each point runs in a fresh process: the trainer's learner (``build_learner``) on a synthetic group of 4 rows
@@ -34,11 +34,13 @@ def reset_peak():
         f.write("5")
 
 path, tokens, gc, dtype, masters = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+gc, granularity = ("true", "selective") if gc == "selective" else (gc, "full")
 G, P = 4, 16
 L = tokens // G
 cfg = load_config(None, [f"model.path={path}", f"rollout.n={G}", f"rollout.max_new_tokens={L - P}",
                          f"data.max_prompt_tokens={P}", "train.prompts_per_step=1", "learner.mini_batch_prompts=1",
                          "learner.micro_batch_prompts=1", "algo.score=naive", f"model.gradient_checkpointing={gc}",
+                         f"model.recompute_granularity={granularity}",
                          "learner.logprob_backend=torch", "learner.packing=off", "learner.shared_prefix=false",
                          f"model.dtype={dtype}", f"learner.master_weights={masters}"])
 tok = AutoTokenizer.from_pretrained(path)
@@ -73,13 +75,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a Hugging Face model folder (with its tokenizer)")
     p.add_argument("--tokens", default="128,4096,8192", help="tokens of the measured micro-batch, comma-separated")
-    p.add_argument("--checkpointing", default="false,true", help="model.gradient_checkpointing values")
+    p.add_argument("--checkpointing", default="false,true", help="model.gradient_checkpointing values (selective: "
+                   "true with model.recompute_granularity=selective)")
     p.add_argument("--dtype", default="float32", help="model.dtype (float32 or bfloat16)")
     p.add_argument("--master-weights", default="true", help="learner.master_weights values (bfloat16: fp32 masters)")
     a = p.parse_args()
     G = 1024 ** 3
     print(f"model.dtype={a.dtype}")
-    print(f"{'tokens':>7} {'ckpt':>5} {'masters':>7} | {'est backward':>12} {'measured':>9} | {'est step':>9} "
+    print(f"{'tokens':>7} {'ckpt':>9} {'masters':>7} | {'est backward':>12} {'measured':>9} | {'est step':>9} "
           f"{'measured':>9} | {'est total':>9} {'measured':>9}   (GiB)")
     for mw in a.master_weights.split(","):
         for gc in a.checkpointing.split(","):
@@ -90,7 +93,7 @@ def main() -> None:
                     raise SystemExit(out.stderr[-3000:])
                 r = json.loads(out.stdout.split("RESULT ", 1)[1])
                 m, e = r["measured"], r["estimate"]
-                print(f"{tokens:>7} {gc:>5} {mw:>7} | {e['backward'] / G:12.2f} {m['backward'] / G:9.2f} | "
+                print(f"{tokens:>7} {gc:>9} {mw:>7} | {e['backward'] / G:12.2f} {m['backward'] / G:9.2f} | "
                       f"{e['step'] / G:9.2f} {m['step'] / G:9.2f} | {e['total'] / G:9.2f} {max(m.values()) / G:9.2f}")
 
 

@@ -8,8 +8,8 @@
    the dense ``[S, S]`` path during the THD forward; how many rows reached the LM head; the THD
    path's refusal of attention dropout.
 2. ``learner.fused_layers`` (``fused_layers``): the same values, padded and THD, TP = 1 and 2 (and TP = 2
-   with full recompute), before and after the MLPs' SwiGLU goes through the fused op's exact torch twin,
-   and after ``unfuse_layers``; the twin's calls counted.
+   with full and with selective recompute), before and after the MLPs' SwiGLU goes through the fused op's exact
+   torch twin, and after ``unfuse_layers``; the twin's calls counted.
 3. learner, TP = 2 and TP = 1 x DP = 2: ``MegatronLearner.update`` with the off-policy correction
    set from a separate ``compute_logprobs`` pass, and fused (``update(correct=...)``, old log-probs
    left None): old log-probs, entropies, weights, metrics, the updated weights and the rows forwarded;
@@ -112,25 +112,25 @@ def _loss_and_grads(model, cfg, spec, mode, group) -> dict:
 
 def fused_layers(inputs, results, model, cfg, tp, group):
     """learner.fused_layers on megatron's model with the ops' exact torch twins (Liger's kernels need a GPU),
-    each call counted: padded and THD rows with and (TP = 2) without activation recompute, unfused then fused,
-    and after unfuse_layers."""
+    each call counted: padded and THD rows without and (TP = 2) with activation recompute (full and selective,
+    model.recompute_granularity), unfused then fused, and after unfuse_layers."""
     from megatron.core import parallel_state as ps
 
     from pacs_fast.learner.fused_layers import FusedOps, fuse_layers, torch_ops, unfuse_layers
     from pacs_fast.learner.megatron.convert import load_hf_into_model
     from pacs_fast.learner.megatron.learner import LazyHFCheckpoint
-    from pacs_fast.learner.megatron.model import build_gpt_model
+    from pacs_fast.learner.megatron.model import build_gpt_model, recompute_overrides
 
     calls = []
     twin = torch_ops()
     ops = FusedOps(twin.rms_norm, twin.silu_mul, lambda y: (calls.append(y.shape[-1]), twin.gated_silu(y))[1])
     spec = inputs["batches"]["uneven"]
     models = {"": model}
-    if tp == 2:  # megatron's full recompute reruns each layer's forward, the fused one included, in the backward
-        models["recompute/"] = build_gpt_model(cfg, tp_size=tp, recompute_granularity="full",
-                                               recompute_method="uniform", recompute_num_layers=1)
-        load_hf_into_model(models["recompute/"], LazyHFCheckpoint(inputs["model"]), cfg, tp_size=tp,
-                           tp_rank=ps.get_tensor_model_parallel_rank())
+    if tp == 2:  # megatron's recompute (full: each layer; selective: each MLP) reruns the fused forward too
+        for granularity, key in (("full", "recompute/"), ("selective", "selective/")):
+            models[key] = build_gpt_model(cfg, tp_size=tp, **recompute_overrides(True, granularity))
+            load_hf_into_model(models[key], LazyHFCheckpoint(inputs["model"]), cfg, tp_size=tp,
+                               tp_rank=ps.get_tensor_model_parallel_rank())
     for key, m in models.items():
         for mode in ("padded", "thd"):
             calls.clear()

@@ -1,5 +1,5 @@
-"""bench/gpu/learner.py (issue 38, item 5): its dry run on the CPU (tiny shape, tiny lengths) writes the
-JSON and the table, one row per learner x length, the megatron THD row included (in a subprocess: the
+"""bench/gpu/learner.py (issue 38, item 5): its dry run on the CPU (tiny shape, tiny lengths, selective recompute)
+writes the JSON and the table, one row per learner x length, the megatron THD row included (in a subprocess: the
 megatron learner initialises torch.distributed and megatron's parallel state in its process); its memory
 plan for the real shapes on an 80 GiB GPU is what the GPU run will do."""
 import importlib.util
@@ -28,13 +28,17 @@ def test_dry_run_writes_rows_for_every_learner(tmp_path):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "learner.py"), "--out", str(tmp_path),
-                           "--dry-run", "--lengths", "4k,mix"], env=env, capture_output=True, text=True, timeout=300)
+                           "--dry-run", "--lengths", "4k,mix", "--recompute", "selective"], env=env, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((tmp_path / "learner.json").read_text())
     rows = data["rows"]
     assert [(r["learner"], r["spec"]) for r in rows] == [(n, s) for s in ("4k", "mix") for n in mod.LEARNERS]
     for r in rows:
         assert {"hidden", "response_tokens", "tokens"} <= set(r) and "not_run" not in r, r
+        assert r["gradient_checkpointing"] == "selective"  # (--recompute: each learner's selective path ran)
+        assert r["recompute"] == ("selective: mlp" if r["learner"].startswith("megatron") else
+                                  "activation recompute: selective (the MLP of 2 decoder layers)"), r
         assert r["tokens_per_s"] > 0 and r["mfu"] is None and r["peak_gb"] is None and r["flops"] > 0
         if r["learner"].startswith("torch"):
             assert r["forwards"]["packed" if "packed" in r["learner"] else "padded"] >= 1
@@ -58,6 +62,12 @@ def test_memory_plan_for_the_real_shapes():
     ckpt, budget, pred, why = plan("4k")
     assert not ckpt and why is None and budget >= 2 * (256 + 4096) and pred < 0.8 * h100
     ckpt, budget, pred, why = plan("32k")
-    assert ckpt and why is None and budget >= 2 * (256 + 32768)
+    assert ckpt == "full" and why is None and budget >= 2 * (256 + 32768)
+    # the least recompute that fits: each layer's MLP at 16k on an H100, and at 32k on an H200 (141 GiB)
+    assert plan("16k")[0] == "selective"
+    assert mod.plan(big, *mod.lengths_for("32k", 0, False), 256, 141 * 2**30, False)[0] == "selective"
+    # after running out of memory with one level, the next
+    assert mod.plan(big, *mod.lengths_for("4k", 0, False), 256, h100, False, ("selective", "full"))[0] == "selective"
+    assert mod.plan(big, *mod.lengths_for("16k", 0, False), 256, h100, False, ("full",))[0] == "full"
     assert plan("32k", dense=True)[3].startswith("not run: ")  # its [S, S] masks alone are ~100 GiB
     assert plan("4k", dense=True)[3] is None

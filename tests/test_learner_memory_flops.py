@@ -22,6 +22,11 @@ def test_activation_bytes_per_token_by_hand():
     final = (4 + 2) * 8
     assert memory_model.activation_bytes_per_token(TINY) == 2 * layer + final
     assert memory_model.activation_bytes_per_token(TINY, recompute=True) == 2 * 2 * 8 + layer + final
+    assert memory_model.activation_bytes_per_token(TINY, recompute="full") == 2 * 2 * 8 + layer + final
+    # selective: every layer keeps all but its MLP's 128, one MLP is recomputed at a time
+    assert memory_model.activation_bytes_per_token(TINY, recompute="selective") == 2 * (layer - 128) + 128 + final
+    with pytest.raises(ValueError, match="recompute must be"):
+        memory_model.activation_bytes_per_token(TINY, recompute="mlp")
     assert memory_model.activation_bytes_per_token(TINY, tp=2) == 2 * (96 + (64 + 128 + 8) / 2) + final
     # eager attention keeps a S (4 + b) more per token per layer
     eager = memory_model.activation_bytes_per_token(TINY, attention="eager", longest=10)
@@ -112,12 +117,30 @@ def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
 def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_path):
     big = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=200000")
     with pytest.raises(ValueError, match=r"^learner.max_tokens_per_micro_batch=200000 cannot fit in the learner: "
-                                         r"with model.gradient_checkpointing=False, 1\d{3} KiB of activations per "
-                                         r"token x 200,000 tokens = 2\d\d\.\d GiB .* lower the budget"):
+                                         r"with model.gradient_checkpointing=false, 1\d{3} KiB of activations per "
+                                         r"token x 200,000 tokens = 2\d\d\.\d GiB .* lower the budget, set "
+                                         r"model.gradient_checkpointing=true or use a larger device$"):
         preflight.check_memory(big, available=80 * GiB)
     preflight.check_memory(qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=32768"), available=80 * GiB)
     preflight.check_memory(qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=200000",
                                     "model.gradient_checkpointing=true"), available=80 * GiB)
+    # selective recompute keeps more than full (the attention's activations): 200k tokens do not fit; the advice
+    # is the full granularity, and with full there is no recompute left to advise
+    sel = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=600000", "model.gradient_checkpointing=true",
+                   "model.recompute_granularity=selective")
+    with pytest.raises(ValueError, match=r"with model.gradient_checkpointing=true, model.recompute_granularity="
+                                         r"selective, \d+ KiB .* set model.recompute_granularity=full or use a "
+                                         r"larger device$"):
+        preflight.check_memory(sel, available=80 * GiB)
+    full = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=6000000", "model.gradient_checkpointing=true")
+    with pytest.raises(ValueError, match=r"recompute_granularity=full, \d+ KiB .* lower the budget, or use a "
+                                         r"larger device$"):
+        preflight.check_memory(full, available=80 * GiB)
+    per = {g: memory_model.learner_memory(qwen_cfg(tmp_path, "model.gradient_checkpointing=true",
+                                                   f"model.recompute_granularity={g}"))["per_token"]
+           for g in ("full", "selective")}
+    none = memory_model.learner_memory(qwen_cfg(tmp_path))["per_token"]
+    assert per["full"] < per["selective"] < 0.5 * none  # (Qwen2.5-0.5B: the MLP is 70% of a layer's bytes)
     # no budget: a single group of full-length rows is the floor
     group = qwen_cfg(tmp_path, "rollout.n=64", "rollout.max_new_tokens=16384", "learner.packing=on",
                      "rollout.engine=vllm")

@@ -10,7 +10,8 @@ tests/megatron_launch.py).
   call of the THD forward takes the dense ``[S, S]`` path; in every layout only the response tokens'
   hidden states reach the LM head.
 - ``learner.fused_layers`` (the MLPs' SwiGLU through Liger's fused gate-up op): the wiring, driven with the op's
-  exact torch twin, gives megatron's own values bit for bit, padded and THD, TP = 1 and 2, with recompute.
+  exact torch twin, gives megatron's own values bit for bit, padded and THD, TP = 1 and 2, with full and selective
+  recompute (``model.recompute_granularity``), which themselves give the values without recompute bit for bit.
 - Fused correction, TP = 2 and TP = 1 x DP = 2 (full batches: the first mini-batch's values gathered
   over the data-parallel ranks): the update's own first forward gives the separate pass's old
   log-probs, entropies and importance weights, and the same update, forwarding the first mini-batch's
@@ -116,7 +117,7 @@ def test_thd_equals_dense_mask_and_padded(run, tp, batch, ref):
 
 
 @pytest.mark.parametrize("key", ["tp1/padded", "tp1/thd", "tp2/padded", "tp2/thd", "tp2/recompute/padded",
-                                 "tp2/recompute/thd"])
+                                 "tp2/recompute/thd", "tp2/selective/padded", "tp2/selective/thd"])
 def test_fused_swiglu_wiring_equals_megatrons_own_bit_for_bit(run, key):
     """learner.fused_layers on the megatron learner's model (pacs_fast/learner/fused_layers.py), driven with the
     fused op's exact torch twin (Liger's kernels need a GPU): every MLP is replaced (none missed, none twice), the
@@ -126,8 +127,8 @@ def test_fused_swiglu_wiring_equals_megatrons_own_bit_for_bit(run, key):
     out = res[f"fused/{key}"]
     tp, layers, ffn = int(key[2]), 2, 256
     assert out["done"] == {"rms_norm": 0, "swiglu": layers}  # the norms stay torch.nn.RMSNorm
-    recompute = "recompute" in key
-    assert out["calls"] == layers * (2 if recompute else 1)  # (recompute runs each layer's forward again)
+    recompute = "recompute" in key or "selective" in key
+    assert out["calls"] == layers * (2 if recompute else 1)  # (recompute runs each layer's MLP again)
     assert out["widths"] == [2 * ffn // tp]
     for got in (out["fused"], out["after"]):
         assert torch.equal(got["logp"], out["plain"]["logp"]) and torch.equal(got["ent"], out["plain"]["ent"])
@@ -137,6 +138,11 @@ def test_fused_swiglu_wiring_equals_megatrons_own_bit_for_bit(run, key):
             assert g.abs().max() > 0, name
             assert torch.equal(got["grads"][name], g), name
     assert out["unfused"] == layers and out["calls_after"] == 0
+    if recompute:  # model.recompute_granularity (full / selective): megatron's recompute changes no value
+        base = res[f"fused/tp2/{key.rsplit('/', 1)[1]}"]["plain"]
+        assert torch.equal(out["plain"]["logp"], base["logp"]) and torch.equal(out["plain"]["loss"], base["loss"])
+        for name, g in base["grads"].items():
+            assert torch.equal(out["plain"]["grads"][name], g), name
 
 
 def test_learner_fused_layers_auto_is_off_on_the_cpu(run):

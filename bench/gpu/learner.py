@@ -18,8 +18,9 @@ core attention on THD rows, pacs_fast/learner/megatron/core_attention.py; the sa
 once per shape and loaded by its converter; ``--dry-run`` runs it on CPU / gloo) and the same with its MLPs'
 SwiGLU through Liger's fused gate-up op (learner.fused_layers=on; ``--dry-run``: the op's torch twin). The micro-batch token budget
 comes from the memory model (pacs_fast/trainer/memory_model.py) at 80% of the GPU, with
-``model.gradient_checkpointing`` when one group does not fit without it; a row that still runs out of
-memory says so. Order: the main shape first (1.5B at 4k, packed), each row skipped cleanly once
+activation recompute only as much as one group needs to fit (``model.recompute_granularity``: none, else
+selective, each layer's MLP, else full); a row that runs out of memory is retried once with more recompute,
+then says so. Order: the main shape first (1.5B at 4k, packed), each row skipped cleanly once
 ``--budget-s`` is spent. Per row: one untimed update, ``--steps`` timed ones (median), one profiled
 (torch.profiler: device time in attention, LM head + loss, optimiser, the rest). Writes
 OUT/learner.json (one row per learner x shape x length: ``hidden``, ``response_tokens``, ``tokens_per_s``,
@@ -101,10 +102,14 @@ def make_model(dims, vocab, dtype, device, max_len):
     return model.to(dtype)
 
 
-def plan(shape, lengths, G, prompt, mem_bytes, dense, ckpt_only=False):
-    """``(gradient checkpointing, token budget, predicted bytes, why not)`` from the memory model: a
-    micro-batch's activations within 80% of the device after weights, gradients, AdamW moments and
-    the log-prob workspace; checkpointing only when one group does not fit without it."""
+RECOMPUTE = (False, "selective", "full")  # the least recompute first (model.recompute_granularity)
+
+
+def plan(shape, lengths, G, prompt, mem_bytes, dense, levels=RECOMPUTE):
+    """``(recompute, token budget, predicted bytes, why not)`` from the memory model: a micro-batch's
+    activations within 80% of the device after weights, gradients, AdamW moments and the log-prob workspace;
+    the first of ``levels`` (False; ``"selective"``: each layer's MLP; ``"full"``: each layer) at which one group
+    fits."""
     from pacs_fast.trainer.memory_model import (activation_bytes_per_token, dense_mask_bytes, logprob_workspace_bytes,
                                                 model_params)
 
@@ -112,13 +117,13 @@ def plan(shape, lengths, G, prompt, mem_bytes, dense, ckpt_only=False):
     total = sum(prompt + n for n in lengths)
     static = 4 * model_params(shape) * shape["bytes"] + logprob_workspace_bytes(shape, total)
     room = 0.8 * mem_bytes - static
-    for ckpt in ((True,) if ckpt_only else (False, True)):
+    for ckpt in levels:
         per = activation_bytes_per_token(shape, recompute=ckpt)
         extra = dense_mask_bytes(shape, group, prompt + max(lengths)) if dense else 0
         budget = min(total, int((room - extra) / per)) if room > extra else 0
         if budget >= group:
             return ckpt, budget, static + budget * per + extra, None
-    return True, group, None, (f"not run: {group:,} tokens per group need {(group * per + extra) / 2**30:.0f} GiB "
+    return ckpt, group, None, (f"not run: {group:,} tokens per group need {(group * per + extra) / 2**30:.0f} GiB "
                                f"of activations{' and dense masks' if dense else ''}, {max(room, 0) / 2**30:.0f} "
                                f"GiB left")
 
@@ -178,24 +183,27 @@ def run_row(model, shape, shape_name, learner_name, spec, args, device, mem_byte
     if time.time() > t_end:
         return {**row, "not_run": "time budget spent"}
     dense = "dense" in learner_name
-    ckpt, budget, pred, why = plan(shape, lengths, G, P, mem_bytes, dense)
+    forced = {"auto": None, "off": False}.get(args.recompute, args.recompute)
+    ckpt, budget, pred, why = plan(shape, lengths, G, P, mem_bytes, dense,
+                                   RECOMPUTE if forced is None else (forced,))
     if why and not args.dry_run:
         return {**row, "not_run": why}
     try:
         return measure(model, shape, learner_name, lengths, G, args, device, {**row, "gradient_checkpointing": ckpt,
                        "token_budget": budget, "predicted_gb": pred and pred / 2**30})
     except torch.cuda.OutOfMemoryError as e:
-        first = f"out of memory ({'with' if ckpt else 'without'} checkpointing, budget {budget:,}): {str(e)[:100]}"
+        first = f"out of memory (recompute {ckpt or 'off'}, budget {budget:,}): {str(e)[:100]}"
     _cleanup(model, device)
-    ckpt2, budget2, pred2, why2 = plan(shape, lengths, G, P, mem_bytes, dense, ckpt_only=True)
-    if ckpt or why2 or time.time() > t_end:
+    more = RECOMPUTE[RECOMPUTE.index(ckpt) + 1:] if forced is None else ()
+    ckpt2, budget2, pred2, why2 = plan(shape, lengths, G, P, mem_bytes, dense, more) if more else (None,) * 3 + ("",)
+    if not more or why2 or time.time() > t_end:
         return {**row, "not_run": first}
     try:
-        return measure(model, shape, learner_name, lengths, G, args, device, {**row, "gradient_checkpointing": True,
+        return measure(model, shape, learner_name, lengths, G, args, device, {**row, "gradient_checkpointing": ckpt2,
                        "token_budget": budget2, "predicted_gb": pred2 / 2**30, "retried_after": first})
     except torch.cuda.OutOfMemoryError as e:
         _cleanup(model, device)
-        return {**row, "not_run": f"{first}; with checkpointing: out of memory too ({str(e)[:80]})"}
+        return {**row, "not_run": f"{first}; with recompute {ckpt2}: out of memory too ({str(e)[:80]})"}
 
 
 def _cleanup(model, device):
@@ -228,21 +236,25 @@ def make_learner(model, learner_name, lengths, G, args, row):
         dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
         fused, lc.fused_layers = lc.fused_layers == "on", "off"  # (fused below: the dry run's twins, else Liger)
         learner = MegatronLearner(saved_model(model, args.out), algo=AlgoConfig(), learner=lc, horizon=max(lengths),
-                                  dtype=dtype, gradient_checkpointing=row["gradient_checkpointing"])
+                                  dtype=dtype, gradient_checkpointing=bool(row["gradient_checkpointing"]),
+                                  recompute_granularity=row["gradient_checkpointing"] or "full")
+        c = learner.model.config  # what megatron recomputes
+        row["recompute"] = c.recompute_granularity and f"{c.recompute_granularity}: {','.join(c.recompute_modules)}"
         if fused:
             ops = torch_ops() if args.dry_run else liger_ops()
             row["fused_layers"] = fuse_layers(learner.model, ops=ops)
             if learner.ref_model is not None:
                 fuse_layers(learner.ref_model, ops=ops)
         return learner
+    from pacs_fast.learner.recompute import apply_recompute, undo_recompute
     from pacs_fast.learner.torch_learner import TorchLearner
-    unfuse_layers(model)  # the rows share one model: each row fuses it or not
+    undo_recompute(model)  # the rows share one model: each row fuses it or not, recomputes or not
+    unfuse_layers(model)
+    model.gradient_checkpointing_disable()
     if lc.fused_layers == "on":  # (dry run: the ops' torch twins; Liger's kernels need a GPU)
         row["fused_layers"] = fuse_layers(model, ops=torch_ops() if args.dry_run else liger_ops())
-    if row["gradient_checkpointing"]:
-        model.gradient_checkpointing_enable()
-    else:
-        model.gradient_checkpointing_disable()
+    row["recompute"] = apply_recompute(model, bool(row["gradient_checkpointing"]),
+                                       row["gradient_checkpointing"] or "full")
     return TorchLearner(model, algo=AlgoConfig(), learner=lc, horizon=max(lengths))
 
 
@@ -300,7 +312,7 @@ def _in(wrap, name, fn, a, k):
 
 def table(rows, device, formula) -> str:
     L = [f"# Learner update ({device})", "", f"MFU: {formula}.", "",
-         "| learner | shape | response | tokens | ckpt | tok/s | MFU | peak / predicted GB | attention | LM head+loss "
+         "| learner | shape | response | tokens | recompute | tok/s | MFU | peak / predicted GB | attention | LM head+loss "
          "| optimiser | other |", "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         kernels = ", ".join(sorted(r.get("attention_kernels") or {}))
@@ -313,7 +325,7 @@ def table(rows, device, formula) -> str:
         mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.1f}"
         peak += "" if r.get("predicted_gb") is None else f" / {r['predicted_gb']:.1f}"
-        L.append(f"{head} {'yes' if r['gradient_checkpointing'] else 'no'} | {r['tokens_per_s']:,.0f} | {mfu} | "
+        L.append(f"{head} {r['gradient_checkpointing'] or 'no'} | {r['tokens_per_s']:,.0f} | {mfu} | "
                  f"{peak} | " + " | ".join(pct) + " |")
     return "\n".join(L) + "\n"
 
@@ -327,6 +339,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--lengths", default="4k,mix,16k,32k,1k")
     ap.add_argument("--learners", default=",".join(LEARNERS))
+    ap.add_argument("--recompute", default="auto", choices=("auto", "off", "selective", "full"),
+                    help="activation recompute of every row (auto: the least that fits, from the memory model)")
     args = ap.parse_args(argv)
     from pacs_fast.learner.flops import FORMULA, shape_of
 

@@ -29,7 +29,13 @@ class ModelConfig:
     device: str = _f("auto", "auto | cpu | cuda")
     tiny_hidden_size: int = _f(128, "built-in tiny model: hidden size (head size 32)")
     tiny_num_layers: int = _f(2, "built-in tiny model: number of layers")
-    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass")
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass "
+                                      "(model.recompute_granularity says which)")
+    recompute_granularity: str = _f("full", "with model.gradient_checkpointing=true: full = every decoder layer "
+                                    "again in the backward (the least memory), selective = only each layer's MLP "
+                                    "(most of a layer's activations; the attention's compute, large at long "
+                                    "responses, is not repeated; megatron: recompute_modules=[mlp]) "
+                                    "(pacs_fast/learner/recompute.py)")
     lm_head_fp32: bool = _f(False, "LM head in fp32 on both sides for bf16/fp16 models: the engines compute the "
                             "logits as hidden.float() @ W.float().T (vLLM: hf_overrides head_dtype=float32) and "
                             "the learner's log-prob op takes fp32 copies of hidden and head (gradients reach the "

@@ -75,9 +75,12 @@ def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
                                               f"(it sets the Hugging Face models' attention)"))
     if cfg.model.dtype == "float32":
         out.append((("learner.master_weights",), "with model.dtype=float32 (the weights are fp32 already)"))
-    if cfg.model.gradient_checkpointing:
+    if cfg.model.gradient_checkpointing and cfg.model.recompute_granularity == "full":
         out.append((("learner.shared_prefix",), "with model.gradient_checkpointing=true (the shared-prefix "
-                                                "forward is not used then)"))
+                                                "forward is not used then; it is with "
+                                                "model.recompute_granularity=selective)"))
+    if not cfg.model.gradient_checkpointing:
+        out.append((("model.recompute_granularity",), "without model.gradient_checkpointing=true"))
     if cfg.learner.packing == "on":
         out.append((("learner.shared_prefix",), "with learner.packing=on (packed rows replace the shared-prefix "
                                                 "forward)"))

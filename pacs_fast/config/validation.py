@@ -381,6 +381,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("learner.packing", cfg.learner.packing, ("auto", "on", "off"))
     _choice("learner.packed_attention", cfg.learner.packed_attention, ("auto", "varlen", "dense"))
     _choice("learner.fused_layers", cfg.learner.fused_layers, ("auto", "on", "off"))
+    _choice("model.recompute_granularity", cfg.model.recompute_granularity, ("full", "selective"))
     _validate_micro_batching(cfg)
     _validate_numbers(cfg)
     if cfg.model.lm_head_fp32 and cfg.model.dtype == "float32" and cfg.rollout.engine == "hf":

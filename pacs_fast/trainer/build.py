@@ -58,19 +58,20 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
         from pacs_fast.learner.megatron.learner import MegatronLearner
         # every data-parallel group trains on the rollouts it generated itself (local batches)
         return MegatronLearner(model_path, dtype=cfg.model.dtype, device=cfg.model.device,
-                               gradient_checkpointing=cfg.model.gradient_checkpointing, local_batches=True,
+                               gradient_checkpointing=cfg.model.gradient_checkpointing,
+                               recompute_granularity=cfg.model.recompute_granularity, local_batches=True,
                                vocab_size=len(tokenizer), **kw), None
     from transformers import AutoModelForCausalLM
 
     from pacs_fast.learner.fused_layers import apply_fused_layers
+    from pacs_fast.learner.recompute import apply_recompute
     from pacs_fast.learner.torch_learner import TorchLearner
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
     set_attention(model, cfg.model.attention)
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
     fused = apply_fused_layers(model, cfg.learner.fused_layers, device)  # before the reference model's copy
+    recompute = apply_recompute(model, cfg.model.gradient_checkpointing, cfg.model.recompute_granularity)  # (after)
     learner = TorchLearner(model, vocab_size=len(tokenizer), **kw)
-    learner.fused_layers = fused
+    learner.fused_layers, learner.recompute = fused, recompute
     return learner, model
 
 

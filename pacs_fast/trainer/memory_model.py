@@ -139,7 +139,7 @@ def learner_bytes(cfg, shape: dict) -> int:
 NORM_COPY = 4  # bytes per element of the fp32 copy Hugging Face's RMSNorm saves of its input
 
 
-def activation_bytes_per_token(shape: dict, *, recompute: bool = False, tp: int = 1, attention: str = "flash",
+def activation_bytes_per_token(shape: dict, *, recompute: bool | str = False, tp: int = 1, attention: str = "flash",
                                longest: int = 0) -> float:
     """Bytes the backward keeps per token of a micro-batch, all layers (the torch learner's Hugging
     Face decoder; megatron's is close). One Qwen2 / LLaMA decoder layer, ``b`` the model dtype's
@@ -154,19 +154,47 @@ def activation_bytes_per_token(shape: dict, *, recompute: bool = False, tp: int 
 
     (Korthikanti et al. 2022 count ``34 H + 5 a S`` per token per layer for a GPT layer in fp16 with
     dropout; ``5 a S`` is the score matrices', which flash / varlen attention never keeps.) Without
-    recompute: ``L A + (4 + b) H`` (the final norm). With ``model.gradient_checkpointing``: each
-    layer's input, ``L b H``, plus one layer recomputed in the backward, ``A``, plus the final norm.
+    recompute: ``L A + (4 + b) H`` (the final norm). With ``model.gradient_checkpointing`` (``recompute``
+    True or ``"full"``): each layer's input, ``L b H``, plus one layer recomputed in the backward, ``A``, plus
+    the final norm; ``"selective"`` (each layer's MLP recomputed, pacs_fast/learner/recompute.py): ``L (A - M)
+    + M`` plus the final norm, ``M = 4 b F / t`` the MLP's (its input, the norm's output, stays).
     ``attention``: ``"flash"`` (flash / varlen / SDPA without a mask: no ``S`` term), ``"eager"``
     (``+ a S (4 + b) / t`` per layer: fp32 probabilities and their cast, ``S`` = ``longest``);
     the dense packed mask is counted per micro-batch (:func:`dense_mask_bytes`)."""
     b, H, L = shape["bytes"], shape["hidden"], shape["layers"]
     a, hd = shape["heads"], shape["head_dim"]
     F = shape.get("intermediate") or 0
-    layer = 2 * (NORM_COPY + b) * H + (b * (3 * a * hd + 2 * shape["kv_heads"] * hd) + 4 * b * F + 4 * a) / tp
+    mlp = 4 * b * F / tp
+    layer = 2 * (NORM_COPY + b) * H + (b * (3 * a * hd + 2 * shape["kv_heads"] * hd) + 4 * a) / tp + mlp
     if attention == "eager":
         layer += a * longest * (4 + b) / tp
-    body = L * b * H + layer if recompute else L * layer
+    if recompute not in (False, True, "full", "selective"):
+        raise ValueError(f"recompute must be False, True, 'full' or 'selective', got {recompute!r}")
+    if recompute == "selective":
+        body = L * (layer - mlp) + mlp
+    else:
+        body = L * b * H + layer if recompute else L * layer
     return body + (NORM_COPY + b) * H
+
+
+def recompute_of(cfg) -> bool | str:
+    """What the learner's backward recomputes: False, ``"full"`` or ``"selective"`` (``model.gradient_checkpointing``,
+    ``model.recompute_granularity``)."""
+    return cfg.model.recompute_granularity if cfg.model.gradient_checkpointing else False
+
+
+def recompute_setting(cfg) -> str:
+    """The settings :func:`recompute_of` reads, as a message names them."""
+    if not cfg.model.gradient_checkpointing:
+        return "model.gradient_checkpointing=false"
+    return f"model.gradient_checkpointing=true, model.recompute_granularity={cfg.model.recompute_granularity}"
+
+
+def recompute_advice(cfg) -> str:
+    """What recomputes more, for a message that says what does not fit ("" when nothing does)."""
+    if not cfg.model.gradient_checkpointing:
+        return "model.gradient_checkpointing=true"
+    return "model.recompute_granularity=full" if cfg.model.recompute_granularity == "selective" else ""
 
 
 def dense_mask_bytes(shape: dict, tokens: int, longest: int) -> int:
@@ -194,9 +222,9 @@ def logprob_workspace_bytes(shape: dict, tokens: int, *, device: str = "cuda", l
 
 def group_tokens(cfg) -> int:
     """Tokens of one group of full-length rows as the learner runs it: ``G (P + R)``, or ``P + G R``
-    with the shared-prefix forward (torch, no gradient checkpointing, ``learner.packing`` not ``on``)."""
+    with the shared-prefix forward (torch, no full recompute, ``learner.packing`` not ``on``)."""
     G, P, R = cfg.rollout.n, cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
-    shared = (cfg.learner.backend == "torch" and cfg.learner.shared_prefix and not cfg.model.gradient_checkpointing
+    shared = (cfg.learner.backend == "torch" and cfg.learner.shared_prefix and recompute_of(cfg) != "full"
               and cfg.learner.packing != "on")
     return P + G * R if shared else G * (P + R)
 
@@ -227,7 +255,7 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     ``learner.distributed_optimizer``), each divided by ``learner.tp_size`` (with fp32 master weights,
     :func:`master_weights`: the masters counted with the weights, gradients and moments in fp32);
     ``activations`` = ``tokens`` x
-    :func:`activation_bytes_per_token` (``model.gradient_checkpointing``; ``tokens`` defaults to
+    :func:`activation_bytes_per_token` (:func:`recompute_of`; ``tokens`` defaults to
     :func:`largest_micro_batch`), plus :func:`dense_mask_bytes` with ``learner.packed_attention=dense``;
     ``workspace`` (:func:`logprob_workspace_bytes`); ``tied_gradient``: with a head tied to the embedding, the
     embedding lookup's dense ``[V, H]`` gradient, alive while it is added into the head's at the end of the
@@ -244,8 +272,8 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
         tokens = largest_micro_batch(cfg)
     longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
     attention = "eager" if cfg.model.attention == "eager" else "flash"
-    per_token = activation_bytes_per_token(shape, recompute=cfg.model.gradient_checkpointing, tp=tp,
-                                           attention=attention, longest=longest)
+    per_token = activation_bytes_per_token(shape, recompute=recompute_of(cfg), tp=tp, attention=attention,
+                                           longest=longest)
     weights, grads, moments = _state_bytes(cfg, shape)
     b_opt = 4 if master_weights(cfg, shape) else shape["bytes"]  # AdamW's dtype
     shards = moment_shards(cfg)
@@ -272,6 +300,6 @@ def format_learner_memory(cfg, mem: dict | None = None) -> str:
     rows = [(k, mem[k]) for k in ("weights", "gradients", "optimizer", "activations", "workspace", "tied_gradient",
                                   "optimizer_step", "total")]
     head = (f"learner memory per process (model.dtype={cfg.model.dtype}, learner.tp_size={cfg.learner.tp_size}, "
-            f"model.gradient_checkpointing={cfg.model.gradient_checkpointing}): {mem['tokens']:,} tokens per "
+            f"{recompute_setting(cfg)}): {mem['tokens']:,} tokens per "
             f"micro-batch x {mem['per_token'] / 1024:.1f} KiB of activations per token")
     return "\n".join([head] + [f"  {k:<15}{v / GiB:9.2f} GiB" for k, v in rows])

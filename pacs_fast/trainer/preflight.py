@@ -21,7 +21,8 @@ from pathlib import Path
 
 from pacs_fast.trainer.memory_model import (GiB, engine_rows, format_learner_memory, group_tokens, hf_engine_bytes,
                                             largest_micro_batch, learner_bytes, learner_layout, learner_memory,
-                                            master_weights, model_params, model_shape, moment_shards, run_device)
+                                            master_weights, model_params, model_shape, moment_shards,
+                                            recompute_advice, recompute_setting, run_device)
 
 
 def available_bytes(device: str) -> int | None:
@@ -95,13 +96,14 @@ def check_memory(cfg, *, available: int | None = None) -> None:
                 f"{mem['tokens']:,} tokens)")
         other = mem["workspace"] + mem["tied_gradient"]
         tied = " and tied-embedding gradient" if mem["tied_gradient"] else ""
+        advice = recompute_advice(cfg)
         raise ValueError(
-            f"{what} cannot fit in the learner: with model.gradient_checkpointing={cfg.model.gradient_checkpointing}, "
+            f"{what} cannot fit in the learner: with {recompute_setting(cfg)}, "
             f"{mem['per_token'] / 1024:.0f} KiB of activations per token x {mem['tokens']:,} tokens = "
             f"{mem['activations'] / GiB:.1f} GiB on top of {base / GiB:.1f} GiB of weights, gradients and optimiser "
             f"state and {other / GiB:.1f} GiB of log-prob workspace{tied}, "
             f"and {available / GiB:.1f} GiB are available{engine}{shared}; {'lower the budget, ' if budget else ''}"
-            f"set model.gradient_checkpointing=true or use a larger device")
+            f"{f'set {advice} ' if advice else ''}or use a larger device")
 
 
 def _per_local_process(cfg, available: int) -> tuple[int, str]:
@@ -137,7 +139,7 @@ def memory_warnings(cfg, *, available: int | None = None) -> list[str]:
     return [f"a micro-batch of learner.micro_batch_prompts={cfg.learner.micro_batch_prompts} groups of full-length "
             f"rows ({mem['tokens']:,} tokens) needs about {mem['total'] / GiB:.1f} GiB in the learner and "
             f"{available / GiB:.1f} GiB are available: set learner.max_tokens_per_micro_batch (about "
-            f"{max(int(fit), 0):,} tokens fit) or model.gradient_checkpointing=true"]
+            f"{max(int(fit), 0):,} tokens fit){f' or {recompute_advice(cfg)}' if recompute_advice(cfg) else ''}"]
 
 
 def check_tensor_parallel(cfg) -> None:

@@ -189,6 +189,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     learner, live_model = build_learner(cfg, model_path, device, tokenizer)
     if cfg.learner.fused_layers != "off":  # what was fused, or why not (auto)
         log(getattr(learner, "fused_layers", "fused layers: off"))
+    if cfg.model.gradient_checkpointing:  # which activations the backward recomputes
+        log(getattr(learner, "recompute", None) or f"activation recompute: {cfg.model.recompute_granularity}")
     freeze_long_lived()  # the learner's model: vLLM's collections while it builds an engine skip both
     def build():
         return build_engine(cfg, model_path, learner, live_model, tokenizer, device, world)

@@ -91,7 +91,8 @@ class MegatronLearner(Learner):
         horizon: the maximum response length (Dr. GRPO's constant divisor).
         dtype: ``"float32"`` | ``"bfloat16"`` parameters (CPU: float32).
         device: ``"auto"`` | ``"cpu"`` | ``"cuda"``.
-        gradient_checkpointing: megatron full activation recomputation.
+        gradient_checkpointing: megatron's activation recomputation, ``recompute_granularity`` ``"full"`` (each
+            layer) or ``"selective"`` (each layer's MLP: :func:`pacs_fast.learner.megatron.model.recompute_overrides`).
         (``learner.fused_layers``: the MLPs' SwiGLU through Liger-Kernel, :mod:`pacs_fast.learner.fused_layers`;
         :attr:`fused_layers` is the line that says what was fused.)
         local_batches: DP-local batches (see the module docstring); default: full batches.
@@ -109,11 +110,13 @@ class MegatronLearner(Learner):
 
     def __init__(self, model_path, *, algo, learner, temperature: float = 1.0, horizon: int = 1,
                  dtype: str = "float32", device: str = "auto", gradient_checkpointing: bool = False,
-                 local_batches: bool = False, vocab_size: int | None = None, lm_head_fp32: bool = False):
+                 recompute_granularity: str = "full", local_batches: bool = False, vocab_size: int | None = None,
+                 lm_head_fp32: bool = False):
         from megatron.core import parallel_state as ps
         from transformers import AutoConfig
 
         from pacs_fast.learner.megatron.convert import load_hf_into_model
+        from pacs_fast.learner.megatron.model import recompute_overrides
 
         self.algo = algo
         self.cfg = learner
@@ -147,9 +150,7 @@ class MegatronLearner(Learner):
         if vocab_size is not None and not 1 <= int(vocab_size) <= rows:
             raise ValueError(f"vocab_size must be in [1, {rows}] (the LM head's rows), got {vocab_size}")
         self.vocab_size = rows if vocab_size is None else int(vocab_size)
-        overrides = {}
-        if gradient_checkpointing:
-            overrides = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        overrides = recompute_overrides(gradient_checkpointing, recompute_granularity)
         hf_state = LazyHFCheckpoint(model_path)
         self.model = self._build(params_dtype, overrides)
         load_hf_into_model(self.model, hf_state, self.hf_config, tp_size=self.tp_size, tp_rank=self.tp_rank)

@@ -115,6 +115,20 @@ def transformer_config_from_hf(hf_config, *, tp_size: int = 1, params_dtype=torc
     return TransformerConfig(**kwargs)
 
 
+def recompute_overrides(enabled: bool, granularity: str = "full") -> dict:
+    """``TransformerConfig`` keywords for ``model.gradient_checkpointing`` / ``model.recompute_granularity``:
+    ``full``, every layer recomputed from its input (uniform, one layer a unit); ``selective``, each layer's dense
+    MLP (``recompute_modules=["mlp"]``: most of a layer's activations; megatron's default module, the core
+    attention, would save nothing with a varlen / flash kernel, pacs_fast/learner/recompute.py)."""
+    if granularity not in ("full", "selective"):
+        raise ValueError(f"model.recompute_granularity must be one of full, selective, got {granularity!r}")
+    if not enabled:
+        return {}
+    if granularity == "full":
+        return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    return dict(recompute_granularity="selective", recompute_modules=["mlp"])
+
+
 def build_gpt_model(hf_config, *, tp_size: int = 1, params_dtype=torch.float32, **overrides):
     """A megatron-core ``GPTModel`` (this rank's shard) for ``hf_config``; weights uninitialised.
 
