@@ -33,7 +33,11 @@ def test_dry_run_writes_rows_for_every_learner(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((tmp_path / "learner.json").read_text())
     rows = data["rows"]
-    assert [(r["learner"], r["spec"]) for r in rows] == [(n, s) for s in ("4k", "mix") for n in mod.LEARNERS]
+    # the rows of the targets first (4k packed, the mix packed and padded, ...), then the rest
+    want = [(n, s) for s, n in mod.row_order(["4k", "mix"], list(mod.LEARNERS))]
+    assert [(r["learner"], r["spec"]) for r in rows] == want and len(want) == 2 * len(mod.LEARNERS)
+    assert want[:5] == [("torch packed varlen", "4k"), ("megatron packed THD", "4k"), ("torch packed varlen", "mix"),
+                        ("torch padded + SDPA", "mix"), ("megatron packed THD", "mix")]
     for r in rows:
         assert {"hidden", "response_tokens", "tokens"} <= set(r) and "not_run" not in r, r
         assert r["gradient_checkpointing"] == "selective"  # (--recompute: each learner's selective path ran)
@@ -50,6 +54,15 @@ def test_dry_run_writes_rows_for_every_learner(tmp_path):
         assert set(r["attention_kernels"]) == want and all(n > 0 for n in r["attention_kernels"].values()), r
     assert (tmp_path / "model_2_64" / "config.json").is_file()  # the megatron learner's copy of the weights
     assert "FLOPs = 6*P_layers*T" in (tmp_path / "learner.md").read_text()
+
+
+def test_the_rows_of_the_targets_come_first_and_name_real_learners_and_lengths():
+    mod = bench()
+    specs = "4k,mix,16k,32k,1k".split(",")
+    assert all(name in mod.LEARNERS and spec in specs for spec, name in mod.FIRST)  # (a typo would drop a row)
+    order = mod.row_order(specs, list(mod.LEARNERS))
+    assert order[:len(mod.FIRST)] == mod.FIRST and sorted(order) == sorted({(s, n) for s in specs
+                                                                            for n in mod.LEARNERS})
 
 
 def test_memory_plan_for_the_real_shapes():

@@ -20,8 +20,8 @@ SwiGLU through Liger's fused gate-up op (learner.fused_layers=on; ``--dry-run``:
 comes from the memory model (pacs_fast/trainer/memory_model.py) at 80% of the GPU, with
 activation recompute only as much as one group needs to fit (``model.recompute_granularity``: none, else
 selective, each layer's MLP, else full); a row that runs out of memory is retried once with more recompute,
-then says so. Order: the main shape first (1.5B at 4k, packed), each row skipped cleanly once
-``--budget-s`` is spent. Per row: one untimed update, ``--steps`` timed ones (median), one profiled
+then says so. Order: the main shape first, its rows in the order of issue 38's targets (``FIRST``: 4k packed,
+the mix packed and padded, 32k, the fused layers, ...), each row skipped cleanly once ``--budget-s`` is spent. Per row: one untimed update, ``--steps`` timed ones (median), one profiled
 (torch.profiler: device time in attention, LM head + loss, optimiser, the rest). Writes
 OUT/learner.json (one row per learner x shape x length: ``hidden``, ``response_tokens``, ``tokens_per_s``,
 ``mfu``, ``peak_gb``, ...) and OUT/learner.md (the table, with the FLOP formula beside it).
@@ -55,6 +55,13 @@ LEARNERS = {
     "megatron packed THD": dict(packing="on", backend="megatron"),
     "megatron packed THD + Liger SwiGLU": dict(packing="on", backend="megatron", fused_layers="on"),
 }
+# (length, learner) of each shape measured first, in the order of issue 38's targets: MFU at 4k; packed against
+# padded on the long-tailed mix; the longest response; whether the fused layers pay; the memory curve; then the rest
+# length-major, so that a time budget cut short still answers the targets
+FIRST = [("4k", "torch packed varlen"), ("4k", "megatron packed THD"), ("mix", "torch packed varlen"),
+         ("mix", "torch padded + SDPA"), ("mix", "megatron packed THD"), ("32k", "torch packed varlen"),
+         ("4k", "torch packed varlen + Liger layers"), ("4k", "megatron packed THD + Liger SwiGLU"),
+         ("4k", "torch padded + SDPA"), ("16k", "torch packed varlen"), ("1k", "torch packed varlen")]
 PROMPT = 256
 ATTENTION = ("flash", "fmha", "attention", "attn", "varlen", "sdpa", "scaled_dot_product")
 LOGPROB = ("linearlogprobs", "linear_logprobs", "bench.lm_head_loss", "dlogits", "_stats_", "_finish_kernel",
@@ -362,21 +369,27 @@ def main(argv=None) -> int:
     for shape_name, dims in shapes.items():
         top = max(lengths_for(sp, 0, args.dry_run)[0][0] if sp != "mix" else 16384 for sp in specs)
         model = None
-        for spec in specs:
-            for name in names:
-                if model is None and time.time() < t_end:
-                    model = make_model(dims, vocab, dtype, device, args.prompt + top + 8)
-                shape = shape_of(model.config if model is not None else _config(dims, vocab),
-                                 2 if dtype == torch.bfloat16 else 4)
-                row = run_row(model, shape, shape_name, name, spec, args, device, mem_bytes, t_end)
-                rows.append(row)
-                mfu = "-" if row.get("mfu") is None else f"{100 * row['mfu']:.1f}%"
-                done = row.get("not_run") or f"{row['tokens_per_s']:,.0f} tok/s, MFU {mfu}"
-                print(f"[{time.time() - t0:6.1f} s] {name} | {shape_name} | {spec}: {done}", flush=True)
-                _write(args.out, rows, device, FORMULA)
+        for spec, name in row_order(specs, names):
+            if model is None and time.time() < t_end:
+                model = make_model(dims, vocab, dtype, device, args.prompt + top + 8)
+            shape = shape_of(model.config if model is not None else _config(dims, vocab),
+                             2 if dtype == torch.bfloat16 else 4)
+            row = run_row(model, shape, shape_name, name, spec, args, device, mem_bytes, t_end)
+            rows.append(row)
+            mfu = "-" if row.get("mfu") is None else f"{100 * row['mfu']:.1f}%"
+            done = row.get("not_run") or f"{row['tokens_per_s']:,.0f} tok/s, MFU {mfu}"
+            print(f"[{time.time() - t0:6.1f} s] {name} | {shape_name} | {spec}: {done}", flush=True)
+            _write(args.out, rows, device, FORMULA)
         del model
     print(table(rows, device, FORMULA))
     return 0
+
+
+def row_order(specs, names) -> list[tuple[str, str]]:
+    """The (length, learner) rows of one shape: those of :data:`FIRST` that were asked for, then the others
+    length-major."""
+    asked = [(spec, name) for spec in specs for name in names]
+    return [r for r in FIRST if r in asked] + [r for r in asked if r not in FIRST]
 
 
 def _config(dims, vocab):
