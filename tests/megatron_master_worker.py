@@ -77,4 +77,33 @@ for how in ("shards", "full"):
     r.load_state(folder) if how == "shards" else r.load_state_dict(full)
     step(r, b2, 2)
     res[f"resume_{how}"] = same(r.master.masters, straight.master.masters) and same(r.params, straight.params)
+# a checkpoint of the layout before the norms were built in the model's dtype (fp32 norms, no master for them):
+# the norms' fp32 values in the weights, the shard's masters without theirs; it resumes bit for bit
+import os  # noqa: E402
+import shutil  # noqa: E402
+
+from pacs_fast.learner.megatron.state import shard_file  # noqa: E402
+res["norms_bf16"] = all(m.weight.dtype == torch.bfloat16 for m in first.model.modules()
+                        if isinstance(m, torch.nn.RMSNorm))
+names = [n for n, q in first.model.named_parameters() if q.requires_grad]
+old_weights = {k: (full["master_weights"][k] if "norm" in k else v) for k, v in weights.items()}
+res["old_fp32_norms"] = sum(v.dtype == torch.float32 for v in old_weights.values())
+old = tempfile.mkdtemp()
+for f in os.listdir(folder):
+    shutil.copy(os.path.join(folder, f), old)
+shard = torch.load(os.path.join(old, shard_file(0)), weights_only=False)
+shard["master_weights"] = [m for n, m in zip(names, shard["master_weights"]) if "layernorm" not in n]
+torch.save(shard, os.path.join(old, shard_file(0)))
+r = make(lr=1e-4)
+r.load_hf_weights(old_weights.items())
+r.load_state(old)
+step(r, b2, 2)
+res["resume_old_layout"] = same(r.master.masters, straight.master.masters) and same(r.params, straight.params)
+# the exported folder is labelled with the dtype of the weights it holds (it carried the input model's: float32)
+from safetensors import safe_open  # noqa: E402
+out = tempfile.mkdtemp()
+first.save_hf(out)
+with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+    res["export_dtypes"] = sorted({str(f.get_tensor(k).dtype) for k in f.keys()})
+res["export_label"] = json.load(open(os.path.join(out, "config.json"))).get("dtype")
 print("RESULT", json.dumps(res))

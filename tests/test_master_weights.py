@@ -161,7 +161,8 @@ def test_the_megatron_learner_trains_a_bf16_model_through_fp32_masters(tmp_path,
     """The megatron learner (one process on gloo, tests/megatron_master_worker.py): every bf16 parameter has an fp32
     master carrying megatron's tensor-parallel attributes (the TP gradient norm reads them), one update at lr 1e-6
     moves the masters where pure bf16 leaves most weights, the model holds the masters rounded, and both checkpoint
-    forms (per-rank shards, full HF-named state) resume bit for bit."""
+    forms (per-rank shards, full HF-named state) resume bit for bit, as does a checkpoint from before the norms were
+    bf16."""
     import json
     import os
     import subprocess
@@ -180,6 +181,11 @@ def test_the_megatron_learner_trains_a_bf16_model_through_fp32_masters(tmp_path,
     assert res["grad_norm"] > 0 and res["rounded"], res
     assert res["moved_master"] > 0.9 and res["moved_pure"] < 0.5, res  # layers (measured 0.999 and 0.22)
     assert res["full_has_masters"] and res["resume_shards"] and res["resume_full"], res
+    # the norms are bf16 like every other parameter (megatron built them fp32), and a checkpoint of that older
+    # layout (fp32 norms without masters: 3 of them in this 1-layer model) still resumes bit for bit
+    assert res["norms_bf16"] and res["old_fp32_norms"] == 3 and res["resume_old_layout"], res
+    # its export holds bf16 weights only and says so (its config.json said the input model's float32)
+    assert res["export_dtypes"] == ["torch.bfloat16"] and res["export_label"] == "bfloat16", res
 
 
 def test_a_second_learner_on_the_same_model_takes_over_its_gradients(tiny_bf16, seed):

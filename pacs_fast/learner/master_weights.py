@@ -17,6 +17,8 @@ masters of its tensor-parallel shard (the moments are what is sharded).
 """
 from __future__ import annotations
 
+import contextlib
+
 import weakref
 
 import torch
@@ -91,6 +93,22 @@ class MasterWeights:
         an HF state dict)."""
         for p, m in self._separate():
             m.copy_(p)
+
+    @contextlib.contextmanager
+    def masters_as_params(self):
+        """Inside, each low-precision parameter's data is its fp32 master's, so that a load into the model (a
+        checkpoint's weights) writes them at their full precision into the masters; on exit the model takes
+        the masters rounded. (A bf16 checkpoint loads the same either way; an fp32 tensor keeps its digits.)"""
+        pairs = self._separate()
+        own = [p.data for p, _ in pairs]
+        for p, m in pairs:
+            p.data = m.data
+        try:
+            yield
+        finally:
+            for (p, _), data in zip(pairs, own):
+                p.data = data
+            self.copy_to_model()
 
     def state_dict(self) -> list[torch.Tensor] | None:
         """The separate masters (None when there are none), for an exact resume."""

@@ -16,6 +16,8 @@ memory per rank is about two buckets (the gathered parts and the merged HF tenso
 """
 from __future__ import annotations
 
+import copy
+
 import json
 from pathlib import Path
 from typing import Iterator
@@ -122,7 +124,9 @@ def save_hf_folder(model, hf_config, folder, *, tp_group, tp_size: int, is_write
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         write_atomic(folder / "model.safetensors.index.json",
                       lambda p: p.write_text(json.dumps(index, indent=2)))
-    hf_config.save_pretrained(folder)
+    config = copy.deepcopy(hf_config)  # labelled with the dtype written (not the input model's: fp32 weights
+    config.dtype = dtype or next(model.parameters()).dtype  # labelled bf16 were loaded as bf16 by dtype="auto")
+    config.save_pretrained(folder)
     for src in extra_files:
         src = Path(src)
         if src.is_file():

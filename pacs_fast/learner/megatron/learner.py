@@ -407,9 +407,11 @@ class MegatronLearner(Learner):
         state = dict(named_tensors)
         if self.hf_config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
-        load_hf_into_model(self.model, state, self.hf_config, tp_size=self.tp_size, tp_rank=self.tp_rank)
-        if self.master is not None:  # the masters follow (a checkpoint's learner state then restores them exactly)
-            self.master.copy_from_model()
+        if self.master is None:
+            load_hf_into_model(self.model, state, self.hf_config, tp_size=self.tp_size, tp_rank=self.tp_rank)
+            return
+        with self.master.masters_as_params():  # fp32 tensors (a checkpoint's fp32 norms) keep their digits
+            load_hf_into_model(self.model, state, self.hf_config, tp_size=self.tp_size, tp_rank=self.tp_rank)
 
     def save_hf(self, path, *, bucket_bytes: int = 1 << 30) -> None:
         """Writes the policy as an HF folder; collective. Global rank 0 writes; only data-parallel

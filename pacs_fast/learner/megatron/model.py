@@ -157,10 +157,24 @@ def build_gpt_model(hf_config, *, tp_size: int = 1, params_dtype=torch.float32, 
         rotary_base=_rope_theta(hf_config),
     )
     mark_tensor_parallel_params(model)
+    in_params_dtype(model, params_dtype)
     pad = getattr(hf_config, "pad_token_id", None)
     if isinstance(pad, int) and 0 <= pad < hf_config.vocab_size:
         no_gradient_at_padding(model, pad)
     return model
+
+
+def in_params_dtype(model, params_dtype) -> None:
+    """Every floating-point parameter in ``params_dtype``. Megatron's local spec builds its norms as
+    ``torch.nn.RMSNorm`` without a dtype (megatron's ``Float16Module``, which this learner does not use, would
+    cast them): a bf16 model kept fp32 norm weights, which the rollout engines' bf16 copies do not have, made
+    ``F.rms_norm`` leave its fused kernel ("Mismatch dtype between input and weight") and mixed fp32 tensors
+    into the exported bf16 checkpoint (sweep of 2026-11-29). Their precision lives in the fp32 master weights
+    (``learner.master_weights``), as every other bf16 parameter's. Buffers (RoPE's ``inv_freq``) are left as
+    they are."""
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != params_dtype:
+            p.data = p.data.to(params_dtype)
 
 
 def no_gradient_at_padding(model, pad_id: int) -> None:

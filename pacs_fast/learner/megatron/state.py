@@ -103,10 +103,25 @@ def load_state(learner, folder) -> None:
     learner.optimizer = learner._make_optimizer()
     learner.optimizer.load_state_dict(state["optimizer"])
     if learner.master is not None:  # (a checkpoint without masters: the model's weights, loaded before this)
-        learner.master.load_state_dict(state.get("master_weights"))
+        learner.master.load_state_dict(_with_norm_masters(learner, state.get("master_weights")))
     if learner.ref_model is not None:
         learner.ref_model.load_state_dict(state["ref_model"])
     learner.steps = int(state["steps"])
+
+
+def _with_norm_masters(learner, masters):
+    """A shard's masters with those of the norms added where it has none: checkpoints written before the norms
+    were built in the model's dtype (2026-11-29, :func:`pacs_fast.learner.megatron.model.in_params_dtype`) kept
+    fp32 norms, which needed no master; their fp32 values came with the checkpoint's weights, which
+    :meth:`~pacs_fast.learner.megatron.learner.MegatronLearner.load_hf_weights` loaded into the masters."""
+    pairs = learner.master._separate()
+    if masters is None or len(masters) >= len(pairs):
+        return masters
+    norms = {id(m.weight) for m in learner.model.modules() if isinstance(m, torch.nn.RMSNorm)}
+    if len(masters) + sum(id(p) in norms for p, _ in pairs) != len(pairs):
+        return masters  # (not that layout: load_state_dict names the mismatch)
+    given = iter(masters)
+    return [m.detach().cpu() if id(p) in norms else next(given) for p, m in pairs]
 
 
 # ----------------------------------------------------------------------------- full HF-named state
