@@ -113,6 +113,27 @@ def test_on_the_cpu_auto_is_off_and_on_is_refused_with_the_key():
         apply_fused_layers(model, "yes", "cpu")
 
 
+@pytest.mark.parametrize("version, ok", [("0.8.1", False), ("0.5.10", False), ("0.8.2", True), ("0.8.5", True),
+                                         ("0.10.0", True), ("0.8.2.dev3", True), ("1.0rc1", True)])
+def test_a_liger_kernel_without_the_gate_up_op_is_named_not_a_crash(monkeypatch, version, ok):
+    """liger-kernel before 0.8.2 has no fused gate-up SwiGLU, which liger_ops imports: auto said nothing and the run
+    crashed with an ImportError (sweep of 2026-11-29); now it is a reason (auto: off; on: refused, one line)."""
+    import importlib.metadata
+    import importlib.util
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "liger_kernel" else
+                        find(name, *a))
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: version)
+    reason = why_not("cuda")
+    if ok:
+        assert reason is None
+    else:
+        assert reason == (f"liger-kernel {version} is older than 0.8.2 (its fused gate-up SwiGLU); "
+                          "pip install -U 'liger-kernel>=0.8.2'")
+        assert apply_fused_layers(_model("qwen2", 0), "auto", "cuda") == f"fused layers: off ({reason})"
+
+
 @pytest.mark.parametrize("extra", [[], ["learner.backend=megatron"]])
 def test_the_run_refuses_on_where_it_cannot_run_before_any_model_loads(tmp_path, extra):
     from pacs_fast.config import load_config

@@ -32,7 +32,9 @@ wiring with exact torch twins of the ops (``ops=``); their values on a GPU are c
 """
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import itertools
 import types
 from typing import Callable, NamedTuple
 
@@ -80,12 +82,31 @@ def torch_ops() -> FusedOps:
     return FusedOps(rms_norm, lambda a, b: torch.nn.functional.silu(a) * b, gated_silu)
 
 
+#: the first liger-kernel with the fused gate-up SwiGLU (``liger_kernel.ops.LigerFusedGateUpSiLUMulFunction``)
+LIGER_MIN = (0, 8, 2)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for x in text.split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, x))
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
 def why_not(device) -> str | None:
     """Why the fused ops cannot run for a model on ``device`` (None when they can)."""
     if torch.device(device).type != "cuda":
         return f"Liger-Kernel's Triton kernels need a CUDA GPU (the model is on {torch.device(device).type})"
     if importlib.util.find_spec("liger_kernel") is None:
-        return "liger-kernel is not installed (pip install liger-kernel)"
+        return "liger-kernel is not installed (pip install 'liger-kernel>=0.8.2')"
+    try:
+        version = importlib.metadata.version("liger-kernel")
+    except importlib.metadata.PackageNotFoundError:  # (a source tree on the path: taken as it is)
+        return None
+    if _version(version) < LIGER_MIN:
+        return (f"liger-kernel {version} is older than 0.8.2 (its fused gate-up SwiGLU); "
+                "pip install -U 'liger-kernel>=0.8.2'")
     return None
 
 
