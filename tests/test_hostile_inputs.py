@@ -117,9 +117,14 @@ def test_a_learner_that_cannot_fit_is_refused_before_the_model_loads(tmp_path, c
     bf16 = load_config(None, [f"model.path={folder}", "data.dataset=math500", "model.dtype=bfloat16",
                               "rollout.n=8", "train.prompts_per_step=8"])
     with pytest.raises(ValueError, match=r"in model.dtype=bfloat16 with fp32 master weights \(18 bytes a parameter\) "
-                                         r"need at least 127\.\d GiB per learner process .*; learner.master_weights="
-                                         r"false needs 8 bytes a parameter"):
+                                         r"need at least 127\.\d GiB per learner process .*; use learner.master_"
+                                         r"weights=false, which needs 8 bytes a parameter, 56\.\d GiB .*, learner."
+                                         r"backend=megatron with learner.tp_size > 1 or a larger device$"):
         check_memory(bf16, available=80 * GiB)
+    # where pure bf16 would not fit either, it is not offered (sweep of 2026-11-29: 57 GiB against 22.5)
+    with pytest.raises(ValueError, match=r"are available; use learner.backend=megatron with learner.tp_size > 1 "
+                                         r"or a larger device$"):
+        check_memory(bf16, available=int(22.5 * GiB))
     assert learner_bytes(bf16, model_shape(bf16)) == 18 * model_params(model_shape(bf16))
     pure = load_config(None, [f"model.path={folder}", "data.dataset=math500", "model.dtype=bfloat16",
                               "rollout.n=8", "train.prompts_per_step=8", "learner.master_weights=false"])

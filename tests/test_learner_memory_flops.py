@@ -161,6 +161,22 @@ def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_pa
     preflight.check_memory(huge, available=80 * GiB)
 
 
+def test_the_built_in_model_is_counted_in_model_dtype():
+    """The built-in tiny model loads in ``model.dtype`` like any other: its estimate counted 4 bytes a parameter
+    whatever the dtype (bf16 with masters said 16 bytes a parameter instead of 18, without them 16 instead of 8;
+    sweep of 2026-11-29)."""
+    big = ["model.tiny_hidden_size=2048", "model.tiny_num_layers=16"]
+    n = memory_model.model_params(memory_model.model_shape(load_config(None, big)))
+    per = {}
+    for extra in (["model.dtype=float32"], ["model.dtype=bfloat16"],
+                  ["model.dtype=bfloat16", "learner.master_weights=false"]):
+        cfg = load_config(None, big + extra)
+        assert memory_model.model_shape(cfg)["bytes"] == (4 if "float32" in extra[0] else 2)
+        per[" ".join(extra)] = memory_model.learner_bytes(cfg, memory_model.model_shape(cfg)) / n
+    assert per == {"model.dtype=float32": 16, "model.dtype=bfloat16": 18,
+                   "model.dtype=bfloat16 learner.master_weights=false": 8}
+
+
 def test_on_the_cpu_the_processes_of_a_host_share_its_memory(tmp_path, monkeypatch):
     """torchrun's ranks on one CPU host each hold a learner: the check compared one process's need with the
     whole host's memory (megatron TP=2: 2 x 13.7 GiB accepted against 17.4 GiB; sweep of 2026-11-28)."""

@@ -151,7 +151,7 @@ def test_the_memory_model_counts_the_masters(tmp_path):
 def test_the_setting_is_named_where_it_has_no_effect():
     from pacs_fast.config import load_config, unused_settings
     lines = unused_settings(load_config(None, ["learner.master_weights=false"]))
-    assert any(x.startswith("learner.master_weights=False has no effect with model.dtype=float32") for x in lines)
+    assert any(x.startswith("learner.master_weights=false has no effect with model.dtype=float32") for x in lines)
     assert not any("master_weights" in x for x in
                    unused_settings(load_config(None, ["learner.master_weights=false", "model.dtype=bfloat16"])))
 

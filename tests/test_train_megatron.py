@@ -180,7 +180,7 @@ def test_two_data_parallel_ranks_reproduce_one_process(tmp_path, warm_cache):
         "learner.tp_size=1", "learner.mini_batch_prompts=4", "train.steps=2", "train.save_every=0", f"train.out_dir={tmp_path}",
         f"warmup.cache_dir={warm_cache}", "train.tensorboard=false", "train.log_samples=12",
         "learner.distributed_optimizer=true"]  # (the same updates, sharded over two groups; nothing to shard in one)
-    idle = "warning: learner.distributed_optimizer=True has no effect with one data-parallel group"
+    idle = "warning: learner.distributed_optimizer=true has no effect with one data-parallel group"
     assert idle in torchrun(common + ["train.run_name=one"], nproc=1)
     assert idle not in torchrun(common + ["train.run_name=two"], nproc=2)
     # samples.jsonl: the step's first 12 of 16 rows, 8 of them in data-parallel group 0's share (it held only those)

@@ -122,5 +122,6 @@ def unused_settings(cfg: Config) -> list[str]:
             value = _get(cfg, key)
             if key not in seen and value != _get(default, key):
                 seen.add(key)
-                lines.append(f"{key}={value} has no effect {why}")
+                shown = str(value).lower() if isinstance(value, bool) else value  # as a user types it
+                lines.append(f"{key}={shown} has no effect {why}")
     return lines

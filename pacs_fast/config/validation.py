@@ -372,9 +372,10 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("learner.backend", cfg.learner.backend, ("torch", "megatron"))
     _choice("learner.logprob_backend", cfg.learner.logprob_backend, ("auto", "triton", "torch"))
     if cfg.model.dtype == "float16":
-        raise ValueError("model.dtype=float16 cannot train here: the learner keeps its weights and AdamW moments in "
-                         "the model's dtype with no loss scaling, and AdamW's eps=1e-8 is 0 in float16 (the run "
-                         "stops at its first steps); use bfloat16 (or float32)")
+        raise ValueError("model.dtype=float16 cannot train here: the learner has no loss scaling, so float16's "
+                         "range (6e-8 to 65,504) loses small gradients to underflow and can overflow large "
+                         "activations (fp32 master weights keep only the update's digits); use bfloat16 (or "
+                         "float32)")
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16"))
     _choice("model.device", cfg.model.device, ("auto", "cpu", "cuda"))
     _choice("model.attention", cfg.model.attention, ATTENTIONS)

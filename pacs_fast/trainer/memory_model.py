@@ -37,7 +37,7 @@ def model_shape(cfg) -> dict:
         t = tiny_model_kwargs(cfg)
         return {"vocab": 128, "hidden": t["hidden_size"], "layers": t["num_layers"], "heads": t["num_heads"],
                 "kv_heads": t["num_kv_heads"], "head_dim": 32, "intermediate": t["intermediate_size"], "tied": True,
-                "bytes": 4}
+                "bytes": _dtype_bytes(cfg)}  # (the learner loads it in model.dtype, as any other model)
     try:
         c = json.loads((Path(cfg.model.path).expanduser() / "config.json").read_text())
     except (OSError, ValueError):
@@ -49,7 +49,11 @@ def model_shape(cfg) -> dict:
     return {"vocab": int(c["vocab_size"]), "hidden": int(H), "layers": int(c["num_hidden_layers"]), "heads": int(heads),
             "kv_heads": int(c.get("num_key_value_heads") or heads), "head_dim": int(c.get("head_dim") or H // heads),
             "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None, "tied": _tied(top),
-            "bytes": 2 if cfg.model.dtype in ("bfloat16", "float16") else 4}
+            "bytes": _dtype_bytes(cfg)}
+
+
+def _dtype_bytes(cfg) -> int:
+    return 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
 
 
 def _tied(config: dict) -> bool:

@@ -17,6 +17,8 @@ breakdown (``print_learner_memory(load_config("run.yaml", ["key=value"]))``).
 """
 from __future__ import annotations
 
+import copy
+
 from pathlib import Path
 
 from pacs_fast.trainer.memory_model import (GiB, engine_rows, format_learner_memory, group_tokens, hf_engine_bytes,
@@ -57,14 +59,21 @@ def check_memory(cfg, *, available: int | None = None) -> None:
                  f"the built-in tiny model (model.tiny_hidden_size={cfg.model.tiny_hidden_size}, "
                  f"model.tiny_num_layers={cfg.model.tiny_num_layers})")
         masters = master_weights(cfg, shape)
+        fixes = ["a larger learner.tp_size" if cfg.learner.backend == "megatron" else
+                 "learner.backend=megatron with learner.tp_size > 1"]
+        if masters:  # named only where it would fit (a 7.6B model on 22.5 GiB needs 57 GiB without masters too)
+            pure = copy.deepcopy(cfg)
+            pure.learner.master_weights = False
+            if learner_bytes(pure, shape) <= available:
+                fixes.insert(0, f"learner.master_weights=false, which needs 8 bytes a parameter, "
+                                f"{learner_bytes(pure, shape) / GiB:.1f} GiB (pure bf16: at a small learner.lr most "
+                                f"updates round away)")
         raise ValueError(
             f"{model} cannot be trained here: its {model_params(shape) / 1e9:.2f}B parameters' weights, gradients"
             f" and AdamW moments{' (split over the data-parallel ranks)' * (moment_shards(cfg) > 1)} in "
             f"model.dtype={cfg.model.dtype}{' with fp32 master weights (18 bytes a parameter)' * masters} "
             f"need at least {need / GiB:.1f} GiB per learner process (learner.tp_size={cfg.learner.tp_size}), and "
-            f"{available / GiB:.1f} GiB are available{shared}"
-            + ("; learner.master_weights=false needs 8 bytes a parameter (pure bf16: at a small learner.lr most "
-               "updates round away)" if masters else ""))
+            f"{available / GiB:.1f} GiB are available{shared}; use {', '.join(fixes)} or a larger device")
     need = hf_engine_bytes(cfg, shape)
     if cfg.rollout.engine == "hf" and need > available:
         raise ValueError(
