@@ -220,6 +220,24 @@ def test_a_model_folder_without_tokenizer_files(tmp_path, capsys):
     assert code == 2 and err.count("\n") == 1 and f"model.path '{folder}' has no tokenizer files" in err, err
 
 
+def test_a_config_json_transformers_cannot_build_is_one_line(tmp_path, capsys):
+    """num_hidden_layers 28 with 2 layer_types passed every check and stopped the run with transformers'
+    StrictDataclassClassValidationError traceback when the model loaded (sweep of 2026-11-29); eval alike."""
+    from pacs_fast.eval import main as eval_main
+
+    folder = qwen_folder(tmp_path)
+    (folder / "config.json").write_text(json.dumps({**QWEN, "num_hidden_layers": 28,
+                                                    "layer_types": ["full_attention"] * 2}))
+    code, err = cli([f"model.path={folder}", "data.dataset=math500", f"train.out_dir={tmp_path / 'runs'}"], capsys)
+    want = (f"model.path '{folder}': {folder / 'config.json'} cannot be read by transformers: ")
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: " + want), err
+    assert "`num_hidden_layers` (28) must be equal to the number of `layer_types` (2)" in err, err
+    assert not (tmp_path / "runs").exists()
+    code = eval_main(["--model", str(folder)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "cannot be read by transformers" in err, err
+
+
 @pytest.mark.parametrize("out_dir,match", [("/sys/pacs_fast_runs", "is not writable"),
                                            ("{tmp}/file.txt/runs", "is a file")])
 def test_an_unwritable_out_dir_is_one_line(tmp_path, capsys, out_dir, match):

@@ -116,6 +116,20 @@ def safetensors_problem(path: str | Path) -> str | None:
     return None
 
 
+def config_problem(folder: str | Path) -> str | None:
+    """Why transformers cannot build the configuration of ``folder``'s ``config.json`` (its own checks: e.g.
+    ``layer_types`` of another length than ``num_hidden_layers``), or None. Without this a damaged config
+    passed every check and stopped the run with transformers' traceback when the model loaded."""
+    try:
+        from transformers import AutoConfig
+
+        AutoConfig.from_pretrained(str(folder))
+    except Exception as e:  # noqa: BLE001 - any reason it cannot be read is the user's to see, in one line
+        text = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+        return f"{Path(folder) / 'config.json'} cannot be read by transformers: {text[:300]}"
+    return None
+
+
 def weights_problem(folder: str | Path) -> str | None:
     """Why the weights in ``folder`` cannot be loaded, or None: a ``*.safetensors`` file that
     :func:`safetensors_problem` finds damaged, or a shard that ``model.safetensors.index.json`` names and

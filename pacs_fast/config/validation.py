@@ -5,8 +5,8 @@ import os
 from pathlib import Path
 
 from pacs_fast.config.dataset_files import dataset_exists, dataset_files
-from pacs_fast.config.model_files import (TOKENIZER_FILES, has_tokenizer, hub_model_folder, run_folder_hint,
-                                          vocab_problem, weights_problem)
+from pacs_fast.config.model_files import (TOKENIZER_FILES, config_problem, has_tokenizer, hub_model_folder,
+                                          run_folder_hint, vocab_problem, weights_problem)
 from pacs_fast.config.schema import ALGORITHMS, Config, field_types, section_classes
 
 
@@ -257,6 +257,9 @@ def _validate_paths(cfg: Config) -> None:
         if not has_tokenizer(path):
             raise ValueError(f"model.path {cfg.model.path!r} has no tokenizer files ({' / '.join(TOKENIZER_FILES)}): "
                              f"copy the model's tokenizer into that folder")
+        problem = config_problem(path)
+        if problem:
+            raise ValueError(f"model.path {cfg.model.path!r}: {problem}")
         problem = weights_problem(path)
         if problem:
             raise ValueError(f"model.path {cfg.model.path!r}: {problem}; copy the model's weights again")

@@ -13,8 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-from pacs_fast.config.model_files import (TOKENIZER_FILES, has_tokenizer, hf_hub_offline, run_folder_hint,
-                                          vocab_problem, weights_problem)
+from pacs_fast.config.model_files import (TOKENIZER_FILES, config_problem, has_tokenizer, hf_hub_offline,
+                                          run_folder_hint, vocab_problem, weights_problem)
 from pacs_fast.config.validation import MIN_TEMPERATURE
 from pacs_fast.reward.verifier import MAX_TIME_LIMIT
 
@@ -46,6 +46,9 @@ def check_model(model: str) -> None:
         if not has_tokenizer(path):  # transformers would build an empty tokenizer without a word
             raise UsageError(f"--model {model}: no tokenizer files in that folder ({' / '.join(TOKENIZER_FILES)}); "
                              f"copy the model's tokenizer into it")
+        problem = config_problem(path)
+        if problem:
+            raise UsageError(f"--model {model}: {problem}")
         problem = weights_problem(path)
         if problem:
             raise UsageError(f"--model {model}: {problem}; copy the model's weights again")
