@@ -64,6 +64,18 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
+def _launch_that_fits(cfg) -> int | None:
+    """The smallest number of processes (up to 64) under which ``cfg`` validates, when this launch's does not
+    (a resume under another torchrun layout), else None."""
+    for n in range(1, 65):
+        try:
+            validate(cfg, world=n)
+            return n
+        except ValueError:
+            continue
+    return None
+
+
 def resolve(args) -> tuple[object, Path]:
     """``(config, run folder)`` of the launch; a ValueError naming the key or file otherwise."""
     if args.resume:
@@ -81,6 +93,11 @@ def resolve(args) -> tuple[object, Path]:
         except ValueError as e:  # a value the run's own config.yaml holds, which this version refuses
             if any(o.split("=", 1)[0].strip() in str(e) for o in args.overrides):
                 raise
+            launch = _launch_that_fits(cfg)
+            if launch:  # not this version's refusal: the run was made for another number of processes
+                raise ValueError(f"{e} ({run_dir / 'config.yaml'} was made for a launch of {launch} processes: "
+                                 f"resume it as it ran, e.g. python -m torch.distributed.run --nproc_per_node "
+                                 f"{launch} -m pacs_fast.train --resume {run_dir})") from None
             where = f"model.path={intact[0]}" if intact else "its command"
             raise ValueError(f"{e} (from {run_dir / 'config.yaml'}, which an earlier pacs_fast accepted; a resume "
                              f"cannot change it: start a new run from the run's weights with {where} and a value "

@@ -145,6 +145,26 @@ def test_a_stored_value_this_version_refuses_names_its_source_and_the_way_on(fin
     assert f"model.path={ckpt}" in err, err
 
 
+def test_a_resume_under_another_launch_says_which_launch_the_run_needs(finished, tmp_path, capsys):
+    """A run made for two processes (here: rollout.ranks=1, one engine rank and one learner rank) resumed in one
+    process said the stored value was one 'an earlier pacs_fast accepted' and to start a new run (sweep of
+    2026-11-29: a TP=2 run resumed without torchrun); it names the launch the run needs."""
+    run = copy_run(finished, tmp_path)
+    ckpt = run / "checkpoints" / "step_000004"
+    for f in (run / "config.yaml", ckpt / "config.yaml"):
+        text = f.read_text()
+        assert "  ranks: 0\n" in text
+        f.write_text(text.replace("  ranks: 0\n", "  ranks: 1\n", 1))
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["config.yaml"] = (ckpt / "config.yaml").stat().st_size
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = cli(["--resume", str(run)], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "rollout.ranks=1 needs more than 1 processes" in err and "earlier pacs_fast" not in err, err
+    assert (f"was made for a launch of 2 processes: resume it as it ran, e.g. python -m torch.distributed.run "
+            f"--nproc_per_node 2 -m pacs_fast.train --resume {run})") in err, err
+
+
 def test_a_run_from_another_runs_checkpoint_writes_checkpoints_it_can_resume(finished, tmp_path, capsys):
     """model.path = an earlier run's step_N (a second stage): the old manifest.json, trainer_state.json and
     config.yaml were copied in as model files, the new manifest listed the old one's size, and no checkpoint
@@ -398,7 +418,7 @@ def test_bad_settings_are_one_line_errors_before_any_model_work(tmp_path, capsys
     (tmp_path / "bad.yaml").write_text("algo:\n  beta: [1\n")
     model = tmp_path / "m"
     model.mkdir()
-    (model / "config.json").write_text("{}")
+    (model / "config.json").write_text('{"model_type": "qwen2"}')  # (a config transformers can build)
     (model / "tokenizer.json").write_text("{}")
     three = tmp_path / "three.jsonl"
     three.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(3)))
@@ -428,7 +448,7 @@ def test_shipped_dataset_names_are_accepted(tmp_path):
     assert sorted(SHIPPED_DATASETS) == sorted(available_datasets())
     model = tmp_path / "m"
     model.mkdir()
-    (model / "config.json").write_text("{}")
+    (model / "config.json").write_text('{"model_type": "qwen2"}')  # (a config transformers can build)
     (model / "tokenizer.json").write_text("{}")
     validate(load_config(None, ["data.dataset=math_train", "data.eval_dataset=math500", f"model.path={model}"]))
     with pytest.raises(ValueError, match="neither a shipped dataset"):

@@ -112,7 +112,7 @@ def test_bad_input_fails_fast_with_a_clear_error(tmp_path, case, capsys):
     data = write_jsonl(tmp_path / "d.jsonl", [{"problem": "1+1"}, {"problem": "2+2"}])
     model_dir = tmp_path / "model"
     model_dir.mkdir()
-    (model_dir / "config.json").write_text("{}")  # looks like an HF folder: the data error comes first
+    (model_dir / "config.json").write_text('{"model_type": "qwen2"}')  # an HF folder: the data error comes first
     (model_dir / "tokenizer.json").write_text("{}")
     args = {
         "no_answers": [f"data.dataset={data}", f"model.path={model_dir}"],
