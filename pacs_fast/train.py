@@ -95,9 +95,11 @@ def resolve(args) -> tuple[object, Path]:
                 raise
             launch = _launch_that_fits(cfg)
             if launch:  # not this version's refusal: the run was made for another number of processes
-                raise ValueError(f"{e} ({run_dir / 'config.yaml'} was made for a launch of {launch} processes: "
-                                 f"resume it as it ran, e.g. python -m torch.distributed.run --nproc_per_node "
-                                 f"{launch} -m pacs_fast.train --resume {run_dir})") from None
+                how = ("python -m pacs_fast.train" if launch == 1 else
+                       f"python -m torch.distributed.run --nproc_per_node {launch} -m pacs_fast.train")
+                raise ValueError(f"{e} ({run_dir / 'config.yaml'} was made for a launch of {launch} "
+                                 f"process{'es' * (launch > 1)}: resume it as it ran, e.g. {how} --resume "
+                                 f"{run_dir})") from None
             where = f"model.path={intact[0]}" if intact else "its command"
             raise ValueError(f"{e} (from {run_dir / 'config.yaml'}, which an earlier pacs_fast accepted; a resume "
                              f"cannot change it: start a new run from the run's weights with {where} and a value "

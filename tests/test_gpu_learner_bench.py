@@ -28,8 +28,8 @@ def test_dry_run_writes_rows_for_every_learner(tmp_path):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "learner.py"), "--out", str(tmp_path),
-                           "--dry-run", "--lengths", "4k,mix", "--recompute", "selective"], env=env, capture_output=True,
-                          text=True, timeout=300)
+                           "--dry-run", "--lengths", "4k,mix", "--recompute", "selective"], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((tmp_path / "learner.json").read_text())
     rows = data["rows"]

@@ -15,13 +15,14 @@ through Liger-Kernel; ``--dry-run``: their torch twins), ``torch packed dense`` 
 where the memory model says its masks do not fit), ``torch padded + SDPA`` (learner.packing=off), and
 ``megatron packed THD`` (``MegatronLearner`` at TP = 1 on a one-process group, learner.packing=on: its own
 core attention on THD rows, pacs_fast/learner/megatron/core_attention.py; the same random weights, saved
-once per shape and loaded by its converter; ``--dry-run`` runs it on CPU / gloo) and the same with its MLPs'
-SwiGLU through Liger's fused gate-up op (learner.fused_layers=on; ``--dry-run``: the op's torch twin). The micro-batch token budget
-comes from the memory model (pacs_fast/trainer/memory_model.py) at 80% of the GPU, with
-activation recompute only as much as one group needs to fit (``model.recompute_granularity``: none, else
+once per shape and loaded by its converter; ``--dry-run`` runs it on CPU / gloo) and the same with its
+MLPs' SwiGLU through Liger's fused gate-up op (learner.fused_layers=on; ``--dry-run``: the op's torch twin).
+The micro-batch token budget comes from the memory model (pacs_fast/trainer/memory_model.py) at 80% of the
+GPU, with activation recompute only as much as one group needs to fit (``model.recompute_granularity``: none, else
 selective, each layer's MLP, else full); a row that runs out of memory is retried once with more recompute,
 then says so. Order: the main shape first, its rows in the order of issue 38's targets (``FIRST``: 4k packed,
-the mix packed and padded, 32k, the fused layers, ...), each row skipped cleanly once ``--budget-s`` is spent. Per row: one untimed update, ``--steps`` timed ones (median), one profiled
+the mix packed and padded, 32k, the fused layers, ...), each row skipped cleanly once ``--budget-s`` is
+spent. Per row: one untimed update, ``--steps`` timed ones (median), one profiled
 (torch.profiler: device time in attention, LM head + loss, optimiser, the rest). Writes
 OUT/learner.json (one row per learner x shape x length: ``hidden``, ``response_tokens``, ``tokens_per_s``,
 ``mfu``, ``peak_gb``, ...) and OUT/learner.md (the table, with the FLOP formula beside it).
@@ -319,8 +320,8 @@ def _in(wrap, name, fn, a, k):
 
 def table(rows, device, formula) -> str:
     L = [f"# Learner update ({device})", "", f"MFU: {formula}.", "",
-         "| learner | shape | response | tokens | recompute | tok/s | MFU | peak / predicted GB | attention | LM head+loss "
-         "| optimiser | other |", "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+         "| learner | shape | response | tokens | recompute | tok/s | MFU | peak / predicted GB | attention "
+         "| LM head+loss | optimiser | other |", "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         kernels = ", ".join(sorted(r.get("attention_kernels") or {}))
         head = f"| {r['learner']}{f' ({kernels})' if kernels else ''} | {r['shape']} | {r['spec']} | {r['tokens']:,} |"

@@ -7,9 +7,9 @@ activations and runs only each layer's MLP again (``torch.utils.checkpoint``, no
 most of a layer's activations (gate, up, SiLU and product, ``8 F`` bytes a token in bf16 against ``~19 H`` for
 the rest of the layer: 71% at the Qwen2.5-1.5B shape, F = 5.8 H), while at long responses the attention holds
 much of the compute (causal, ``2 Hq s`` forward FLOPs a token and layer: at s = 32k as much as all the layer's
-matmuls at that shape), which full recompute repeats and selective does not. The megatron learner gets the same choice from megatron itself
-(``recompute_granularity="selective", recompute_modules=["mlp"]``; megatron's own default, the core attention,
-saves nothing with a flash / varlen kernel, which never keeps the ``S x S`` scores).
+matmuls at that shape), which full recompute repeats and selective does not. The megatron learner gets the same
+choice from megatron itself (``recompute_granularity="selective", recompute_modules=["mlp"]``; megatron's own
+default, the core attention, saves nothing with a flash / varlen kernel, which never keeps the ``S x S`` scores).
 
 Unlike full recompute, the key/value cache stays on, so the shared-prefix forward still runs. The wrapper
 is installed per model instance over whatever forward the MLP has then (its own, or the fused one of

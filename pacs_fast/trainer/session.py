@@ -143,7 +143,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     progress = Progress(cfg.train.steps, enabled=cfg.train.progress and world.is_main)
     log = progress.print if world.is_main else (lambda text: None)
     layout = [] if not (cfg.learner.distributed_optimizer and world.dp == 1) else [
-        "learner.distributed_optimizer=True has no effect with one data-parallel group (it shards AdamW's state "
+        "learner.distributed_optimizer=true has no effect with one data-parallel group (it shards AdamW's state "
         "over two or more)"]
     for line in unused_settings(cfg) + layout + hazard_warnings(cfg) + correction_warnings(cfg) + memory_warnings(cfg):
         log(f"warning: {line}")
