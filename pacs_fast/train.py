@@ -64,16 +64,14 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
-def _launch_that_fits(cfg) -> int | None:
-    """The smallest number of processes (up to 64) under which ``cfg`` validates, when this launch's does not
-    (a resume under another torchrun layout), else None."""
-    for n in range(1, 65):
-        try:
-            validate(cfg, world=n)
-            return n
-        except ValueError:
-            continue
-    return None
+def _smallest_launch(cfg) -> int | None:
+    """When this launch's process count cannot run ``cfg`` (a resume under another torchrun layout): the smallest
+    that can (up to 1,024), else None. Only the launch-dependent checks run (no files are read)."""
+    from pacs_fast.config.validation import launch_problem, world_size
+
+    if launch_problem(cfg, world_size()) is None:
+        return None
+    return next((n for n in range(1, 1025) if launch_problem(cfg, n) is None), None)
 
 
 def resolve(args) -> tuple[object, Path]:
@@ -93,13 +91,13 @@ def resolve(args) -> tuple[object, Path]:
         except ValueError as e:  # a value the run's own config.yaml holds, which this version refuses
             if any(o.split("=", 1)[0].strip() in str(e) for o in args.overrides):
                 raise
-            launch = _launch_that_fits(cfg)
+            launch = _smallest_launch(cfg)
             if launch:  # not this version's refusal: the run was made for another number of processes
                 how = ("python -m pacs_fast.train" if launch == 1 else
                        f"python -m torch.distributed.run --nproc_per_node {launch} -m pacs_fast.train")
-                raise ValueError(f"{e} ({run_dir / 'config.yaml'} was made for a launch of {launch} "
-                                 f"process{'es' * (launch > 1)}: resume it as it ran, e.g. {how} --resume "
-                                 f"{run_dir})") from None
+                raise ValueError(f"{e} (from {run_dir / 'config.yaml'}: resume the run under the launch it was "
+                                 f"started with; the smallest its settings allow is {launch} "
+                                 f"process{'es' * (launch > 1)}, e.g. {how} --resume {run_dir})") from None
             where = f"model.path={intact[0]}" if intact else "its command"
             raise ValueError(f"{e} (from {run_dir / 'config.yaml'}, which an earlier pacs_fast accepted; a resume "
                              f"cannot change it: start a new run from the run's weights with {where} and a value "

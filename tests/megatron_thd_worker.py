@@ -138,6 +138,8 @@ def fused_layers(inputs, results, model, cfg, tp, group):
             out["done"] = fuse_layers(m, ops=ops)
             out["fused"] = _loss_and_grads(m, cfg, spec, mode, group)
             out["calls"], out["widths"] = len(calls), sorted(set(calls))
+            out["recompute"] = (m.config.recompute_granularity, sorted(m.config.recompute_modules or []),
+                                [layer.recompute_mlp for layer in m.decoder.layers])
             out["unfused"] = unfuse_layers(m)
             calls.clear()
             out["after"] = _loss_and_grads(m, cfg, spec, mode, group)

@@ -128,6 +128,10 @@ def test_fused_swiglu_wiring_equals_megatrons_own_bit_for_bit(run, key):
     tp, layers, ffn = int(key[2]), 2, 256
     assert out["done"] == {"rms_norm": 0, "swiglu": layers}  # the norms stay torch.nn.RMSNorm
     recompute = "recompute" in key or "selective" in key
+    granularity = "selective" if "selective" in key else ("full" if recompute else None)
+    assert out["recompute"][0] == granularity and out["recompute"][2] == [granularity == "selective"] * layers
+    if granularity == "selective":  # megatron recomputes each layer's MLP, nothing else (recompute_overrides)
+        assert out["recompute"][1] == ["mlp"]
     assert out["calls"] == layers * (2 if recompute else 1)  # (recompute runs each layer's MLP again)
     assert out["widths"] == [2 * ffn // tp]
     for got in (out["fused"], out["after"]):

@@ -71,6 +71,16 @@ def test_selective_recompute_equals_the_plain_model_bit_for_bit(fused, seed):
     ref = copy.deepcopy(model)  # the learner's reference model keeps the wrapper bound to its own modules
     mlp = ref.model.layers[0].mlp
     assert mlp.forward.__self__ is mlp and mlp._forward_to_recompute.__self__ is mlp
+    # the fused forward cannot be replaced or removed under the wrapper; undone in order, each comes back
+    from pacs_fast.learner.fused_layers import unfuse_layers
+    from pacs_fast.learner.recompute import undo_recompute
+    for change in (lambda: fuse_layers(model, ops=torch_ops()), lambda: unfuse_layers(model)):
+        with pytest.raises(ValueError, match="recompute their forward .*undo_recompute first"):
+            change()
+    assert undo_recompute(model) == L and not any("_forward_to_recompute" in m.__dict__ for m in model.modules())
+    assert ("forward" in model.model.layers[0].mlp.__dict__) is fused  # the fused forward is back, or none
+    assert unfuse_layers(model) == (3 * L + 1 if fused else 0) and torch.equal(_logp_and_grads(model, ids)[0],
+                                                                                want_logp)
 
 
 def _saved_bytes(model, ids) -> int:

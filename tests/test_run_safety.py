@@ -161,8 +161,9 @@ def test_a_resume_under_another_launch_says_which_launch_the_run_needs(finished,
     code, _, err = cli(["--resume", str(run)], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert "rollout.ranks=1 needs more than 1 processes" in err and "earlier pacs_fast" not in err, err
-    assert (f"was made for a launch of 2 processes: resume it as it ran, e.g. python -m torch.distributed.run "
-            f"--nproc_per_node 2 -m pacs_fast.train --resume {run})") in err, err
+    assert (f"(from {run / 'config.yaml'}: resume the run under the launch it was started with; the smallest its "
+            f"settings allow is 2 processes, e.g. python -m torch.distributed.run --nproc_per_node 2 -m "
+            f"pacs_fast.train --resume {run})") in err, err
 
 
 def test_a_run_from_another_runs_checkpoint_writes_checkpoints_it_can_resume(finished, tmp_path, capsys):

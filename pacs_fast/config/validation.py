@@ -358,6 +358,17 @@ def _validate_clips_and_overlong(cfg: Config) -> None:
                          f"penalty starts at max_new_tokens - overlong_buffer_len tokens)")
 
 
+def launch_problem(cfg: Config, world: int) -> str | None:
+    """Why a launch of ``world`` processes cannot run ``cfg`` (its tensor-parallel size, asynchronous engine
+    ranks, data-parallel batches), or None: :func:`validate`'s checks that depend on the launch, no others."""
+    try:
+        _validate_async(cfg, world)
+        _validate_parallel(cfg, world - cfg.rollout.ranks if cfg.rollout.ranks else world)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def validate(cfg: Config, *, world: int | None = None) -> None:
     """Rejects impossible settings with a ValueError naming the key. Checks files exist, not their content.
 

@@ -23,8 +23,9 @@ Per instance, not Liger's ``apply_liger_kernel_to_*`` (or its megatron monkey pa
 deep copy (the reference model) keeps the fused forwards, bound to its own modules. Not fused here: RoPE
 (Hugging Face's attention calls a module-level function, which cannot be replaced for one instance) and
 the residual adds (fusing them with the norm means rewriting each decoder layer's forward). Liger's
-RMSNorm and SwiGLU run with ``in_place=False``: an in-place backward overwrites a buffer (the incoming
-gradient, megatron's fc1 output) that recompute may still read.
+RMSNorm and its gate-up SwiGLU run with ``in_place=False``: an in-place backward overwrites a buffer (the
+incoming gradient, megatron's fc1 output) that recompute may still read. (Its two-tensor SwiGLU, the Hugging Face
+path's, writes its gradients over the gate and up tensors it saved, which nothing else reads.)
 
 Liger's Triton kernels need a GPU (Triton's CPU interpreter cannot run them): the CPU tests check the
 wiring with exact torch twins of the ops (``ops=``); their values on a GPU are checked by
@@ -32,9 +33,9 @@ wiring with exact torch twins of the ops (``ops=``); their values on a GPU are c
 """
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
-import itertools
 import types
 from typing import Callable, NamedTuple
 
@@ -55,13 +56,14 @@ class FusedOps(NamedTuple):
 
 def liger_ops() -> FusedOps:
     """Liger-Kernel's functional ops (ImportError when ``liger-kernel`` is not installed)."""
-    from liger_kernel.ops import LigerFusedGateUpSiLUMulFunction
     from liger_kernel.transformers.functional import liger_rms_norm, liger_swiglu
 
     def rms_norm(x, weight, eps):
         return liger_rms_norm(x, weight, eps, offset=0.0, casting_mode="llama", in_place=False)
 
     def gated_silu(y):  # [..., 2f] -> [..., f]; in_place=False: megatron's recompute may read y again
+        from liger_kernel.ops.swiglu import LigerFusedGateUpSiLUMulFunction  # (the megatron learner's only)
+
         out = LigerFusedGateUpSiLUMulFunction.apply(y.reshape(-1, y.shape[-1]), False)
         return out.view(*y.shape[:-1], y.shape[-1] // 2)
 
@@ -82,32 +84,34 @@ def torch_ops() -> FusedOps:
     return FusedOps(rms_norm, lambda a, b: torch.nn.functional.silu(a) * b, gated_silu)
 
 
-#: the first liger-kernel with the fused gate-up SwiGLU (``liger_kernel.ops.LigerFusedGateUpSiLUMulFunction``)
-LIGER_MIN = (0, 8, 2)
+def has_gate_up_op() -> bool:
+    """Whether the installed liger-kernel has the fused gate-up SwiGLU the megatron learner uses
+    (``liger_kernel.ops.swiglu.LigerFusedGateUpSiLUMulFunction``; liger-kernel 0.8.x from late 2026)."""
+    try:
+        module = importlib.import_module("liger_kernel.ops.swiglu")
+    except ImportError:
+        return False
+    return hasattr(module, "LigerFusedGateUpSiLUMulFunction")
 
 
-def _version(text: str) -> tuple[int, ...]:
-    parts = []
-    for x in text.split(".")[:3]:
-        digits = "".join(itertools.takewhile(str.isdigit, x))
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
-def why_not(device) -> str | None:
-    """Why the fused ops cannot run for a model on ``device`` (None when they can)."""
+def why_not(device, *, megatron: bool = False) -> str | None:
+    """Why the fused ops cannot run for a model on ``device`` (None when they can); ``megatron``: the megatron
+    learner's model, whose MLPs need the fused gate-up op."""
     if torch.device(device).type != "cuda":
         return f"Liger-Kernel's Triton kernels need a CUDA GPU (the model is on {torch.device(device).type})"
     if importlib.util.find_spec("liger_kernel") is None:
-        return "liger-kernel is not installed (pip install 'liger-kernel>=0.8.2')"
-    try:
-        version = importlib.metadata.version("liger-kernel")
-    except importlib.metadata.PackageNotFoundError:  # (a source tree on the path: taken as it is)
-        return None
-    if _version(version) < LIGER_MIN:
-        return (f"liger-kernel {version} is older than 0.8.2 (its fused gate-up SwiGLU); "
-                "pip install -U 'liger-kernel>=0.8.2'")
+        return "liger-kernel is not installed (pip install liger-kernel)"
+    if megatron and not has_gate_up_op():
+        return (f"liger-kernel {_installed_version()} has no fused gate-up SwiGLU (liger_kernel.ops.swiglu."
+                "LigerFusedGateUpSiLUMulFunction), which the megatron learner's MLPs need; pip install -U liger-kernel")
     return None
+
+
+def _installed_version() -> str:
+    try:
+        return importlib.metadata.version("liger-kernel")
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"
 
 
 def _is_rms_norm(module) -> bool:
@@ -159,10 +163,19 @@ def _kind(module) -> str | None:
     return "megatron_swiglu" if _is_megatron_swiglu_mlp(module) else None
 
 
+def _refuse_over_recompute(model, what: str) -> None:
+    """The selective-recompute wrapper (pacs_fast/learner/recompute.py) sits over a module's forward, the fused
+    one included: replacing or removing that forward under it would drop the recompute or keep a stale one."""
+    if any("_forward_to_recompute" in m.__dict__ for m in model.modules()):
+        raise ValueError(f"{what}: the model's MLPs recompute their forward (recompute_mlps); call "
+                         "pacs_fast.learner.recompute.undo_recompute first (fuse, then recompute)")
+
+
 def fuse_layers(model: torch.nn.Module, ops: FusedOps | None = None) -> dict[str, int]:
     """Replaces, on ``model``'s modules only, each LLaMA-style RMSNorm's and gated SiLU MLP's (Hugging Face or
     megatron) forward with the fused ops (``ops``: Liger-Kernel's by default). Returns ``{"rms_norm": n,
     "swiglu": n}``, the modules replaced; :func:`unfuse_layers` restores them. Idempotent."""
+    _refuse_over_recompute(model, "fuse_layers")
     ops = ops or liger_ops()
     done = {"rms_norm": 0, "swiglu": 0}
     for module in model.modules():
@@ -177,6 +190,7 @@ def fuse_layers(model: torch.nn.Module, ops: FusedOps | None = None) -> dict[str
 
 def unfuse_layers(model: torch.nn.Module) -> int:
     """Gives every module :func:`fuse_layers` replaced its own forward back; returns how many."""
+    _refuse_over_recompute(model, "unfuse_layers")
     n = 0
     for module in model.modules():
         if "_fused_ops" in module.__dict__:
@@ -194,7 +208,7 @@ def apply_fused_layers(model: torch.nn.Module, mode: str, device) -> str:
         raise ValueError(f"learner.fused_layers must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "off":
         return "fused layers: off"
-    reason = why_not(device)
+    reason = why_not(device, megatron=any(_is_megatron_swiglu_mlp(m) for m in model.modules()))
     if reason is not None:
         if mode == "on":
             raise ValueError(f"learner.fused_layers=on: {reason}")

@@ -20,7 +20,7 @@ def check_installed(cfg: Config) -> None:
                          "(pip install 'pacs_fast[megatron]'); or use learner.backend=torch")
     if cfg.learner.fused_layers == "on":
         from pacs_fast.learner.fused_layers import why_not
-        reason = why_not(resolve_device(cfg))
+        reason = why_not(resolve_device(cfg), megatron=cfg.learner.backend == "megatron")
         if reason:
             raise ValueError(f"learner.fused_layers=on: {reason}; or use learner.fused_layers=auto / off")
 
