@@ -171,3 +171,20 @@ def test_packed_token_budget_learner_matches_padded(run):
     for name, w in rep["weights"].items():
         bound = 1e-3 * lr + 2 * ulp * float(w.abs().max())
         assert float((pk["weights"][name] - w).abs().max()) <= bound, (name, bound)
+
+
+def test_auto_packs_every_batch_into_thd_and_the_dense_mask_only_when_it_saves():
+    """learner.packing=auto on the megatron learner: THD always (equal-length rows and a single row too: the padded
+    forward's DotProductAttention builds [b, heads, S, S] scores, which reasoning RL's many responses cut at
+    rollout.max_new_tokens would all take), the dense mask only when it runs >= 20% fewer token slots."""
+    from pacs_fast.learner.megatron.forward import _packed_or_none
+
+    equal = torch.ones(3, 12, dtype=torch.bool)
+    ids = torch.arange(36).view(3, 12)
+    assert _packed_or_none(ids, equal, "auto", thd=True).slots == 33  # (a row's last token is only a label)
+    assert _packed_or_none(ids[:1], equal[:1], "auto", thd=True).slots == 11
+    assert _packed_or_none(ids, equal, "auto", thd=False) is None
+    assert _packed_or_none(ids, equal, "off", thd=True) is None
+    uneven = equal.clone()
+    uneven[1:, 3:] = False  # 12 + 3 + 3 tokens in 36 slots
+    assert _packed_or_none(ids, uneven, "auto", thd=False).slots < 0.8 * 33

@@ -9,7 +9,9 @@ the rest of the layer: 71% at the Qwen2.5-1.5B shape, F = 5.8 H), while at long 
 much of the compute (causal, ``2 Hq s`` forward FLOPs a token and layer: at s = 32k as much as all the layer's
 matmuls at that shape), which full recompute repeats and selective does not. The megatron learner gets the same
 choice from megatron itself (``recompute_granularity="selective", recompute_modules=["mlp"]``; megatron's own
-default, the core attention, saves nothing with a flash / varlen kernel, which never keeps the ``S x S`` scores).
+default, the core attention, saves nothing with a flash / varlen kernel, which never keeps the ``S x S`` scores;
+the megatron learner's padded or dense-mask forward, ``learner.packing=off`` or ``packed_attention=dense``, does
+keep them: use ``full`` there).
 
 Unlike full recompute, the key/value cache stays on, so the shared-prefix forward still runs. The wrapper
 is installed per model instance over whatever forward the MLP has then (its own, or the fused one of

@@ -13,7 +13,9 @@ causal mask is passed (built here, on the batch's device: megatron's default one
 CUDA); results are shifted back. Padded or packed, only the labelled positions' hidden states (the
 response tokens, given ``label_mask``) reach the LM head: prompt and padding cost no vocabulary work.
 
-Packing (``packing="on"``, or ``"auto"`` when it runs >= 20% fewer token slots). The left-aligned
+Packing (``packing="on"``; ``"auto"``: with THD always, since the padded forward's ``DotProductAttention``
+builds ``[b, heads, S, S]`` scores and THD never does; with the dense mask when it runs >= 20% fewer token
+slots). The left-aligned
 rows are laid end to end (:func:`pacs_fast.learner.packing.pack`), each keeping its own positions
 (restarting at 0), and attention never crosses a boundary. Two layouts (``packed_attention``):
 
@@ -138,10 +140,12 @@ def _packed_or_none(ids_l: torch.Tensor, att_l: torch.Tensor, packing: str, thd:
 
     if packing not in ("auto", "on", "off"):
         raise ValueError(f"packing must be 'auto', 'on' or 'off', got {packing!r}")
-    if packing == "off" or ids_l.shape[0] < 2:
+    if packing == "off" or (ids_l.shape[0] < 2 and not thd):
         return None
     packed = pack(ids_l, att_l, implementation="flash_attention_2" if thd else "sdpa")  # flash: one row, no mask
-    if packing == "auto" and packed.slots > 0.8 * padded_slots(att_l):
+    # auto with THD: always (rows of equal length too, a single row too): the padded forward's DotProductAttention
+    # builds [b, heads, S, S] scores, THD's varlen kernel never does, and the values are the same
+    if packing == "auto" and not thd and packed.slots > 0.8 * padded_slots(att_l):
         return None
     return packed
 
