@@ -213,6 +213,22 @@ def test_a_second_learner_on_the_same_model_takes_over_its_gradients(tiny_bf16, 
     assert second.master.active and second.master.state_dict() is not None  # still holds its masters
 
 
+def test_fp32_checkpoint_weights_load_into_the_masters_at_full_precision(tiny_bf16, seed):
+    """load_hf_weights (a checkpoint's weights, both learners) writes them into the fp32 masters, so an fp32 tensor
+    keeps the digits bf16 cannot hold (they were rounded into the model, then copied back); the model holds them
+    rounded (review of 2026-11-29; megatron: tests/megatron_master_worker.py's old-layout resume)."""
+    learner = _learner(copy.deepcopy(tiny_bf16), True)
+    gen = torch.Generator().manual_seed(seed)
+    fp32 = {n: p.detach().float() + 1e-4 * torch.randn(p.shape, generator=gen)
+            for n, p in learner.model.named_parameters()}
+    learner.load_hf_weights(fp32.items())
+    names = [n for n, _ in learner.model.named_parameters()]
+    for name, p, m in zip(names, learner.master.params, learner.master.masters):
+        assert torch.equal(m.detach(), fp32[name]), name  # every digit
+        assert torch.equal(p.detach(), fp32[name].to(torch.bfloat16)), name  # the model: rounded once
+    assert any(not torch.equal(t, t.to(torch.bfloat16).float()) for t in fp32.values())  # (bf16 cannot hold them)
+
+
 def test_an_optimiser_step_that_cannot_fit_names_the_masters(tmp_path):
     """Between the floor (18 bytes a parameter) and the step's peak: refused, naming learner.master_weights=false
     among the ways out; with it the same device fits."""

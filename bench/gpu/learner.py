@@ -247,7 +247,8 @@ def make_learner(model, learner_name, lengths, G, args, row):
                                   dtype=dtype, gradient_checkpointing=bool(row["gradient_checkpointing"]),
                                   recompute_granularity=row["gradient_checkpointing"] or "full")
         c = learner.model.config  # what megatron recomputes
-        row["recompute"] = c.recompute_granularity and f"{c.recompute_granularity}: {','.join(c.recompute_modules)}"
+        row["recompute"] = c.recompute_granularity and (  # (megatron fills in its modules for full too: unused)
+            f"selective: {','.join(c.recompute_modules)}" if c.recompute_granularity == "selective" else "full")
         if fused:
             ops = torch_ops() if args.dry_run else liger_ops()
             row["fused_layers"] = fuse_layers(learner.model, ops=ops)

@@ -10,6 +10,8 @@ ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo", "gspo", "cispo")
 # (algo.clip_low, algo.clip_high) of the algorithms whose defaults are not the shared 0.2 / 0.2: filled in by
 # load_config when neither the file nor the command line gives the key (pacs_fast.algorithms.sequence_losses)
 CLIP_DEFAULTS = {"gspo": (3e-4, 4e-4), "cispo": (10.0, 0.2)}
+#: model.recompute_granularity (pacs_fast/learner/recompute.py, megatron: learner/megatron/model.py)
+RECOMPUTE_GRANULARITIES = ("full", "selective")
 
 
 def _f(default, help: str, **kw):

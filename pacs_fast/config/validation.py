@@ -7,7 +7,7 @@ from pathlib import Path
 from pacs_fast.config.dataset_files import dataset_exists, dataset_files
 from pacs_fast.config.model_files import (TOKENIZER_FILES, config_problem, has_tokenizer, hub_model_folder,
                                           run_folder_hint, vocab_problem, weights_problem)
-from pacs_fast.config.schema import ALGORITHMS, Config, field_types, section_classes
+from pacs_fast.config.schema import ALGORITHMS, RECOMPUTE_GRANULARITIES, Config, field_types, section_classes
 
 
 def _choice(key: str, value: str, choices) -> None:
@@ -388,15 +388,15 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if cfg.model.dtype == "float16":
         raise ValueError("model.dtype=float16 cannot train here: the learner has no loss scaling, so float16's "
                          "range (6e-8 to 65,504) loses small gradients to underflow and can overflow large "
-                         "activations (fp32 master weights keep only the update's digits); use bfloat16 (or "
-                         "float32)")
+                         "activations (fp32 master weights keep only the update's digits; without them AdamW's "
+                         "eps=1e-8 is 0 in float16 too); use bfloat16 (or float32)")
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16"))
     _choice("model.device", cfg.model.device, ("auto", "cpu", "cuda"))
     _choice("model.attention", cfg.model.attention, ATTENTIONS)
     _choice("learner.packing", cfg.learner.packing, ("auto", "on", "off"))
     _choice("learner.packed_attention", cfg.learner.packed_attention, ("auto", "varlen", "dense"))
     _choice("learner.fused_layers", cfg.learner.fused_layers, ("auto", "on", "off"))
-    _choice("model.recompute_granularity", cfg.model.recompute_granularity, ("full", "selective"))
+    _choice("model.recompute_granularity", cfg.model.recompute_granularity, RECOMPUTE_GRANULARITIES)
     _validate_micro_batching(cfg)
     _validate_numbers(cfg)
     if cfg.model.lm_head_fp32 and cfg.model.dtype == "float32" and cfg.rollout.engine == "hf":

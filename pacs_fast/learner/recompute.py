@@ -25,7 +25,7 @@ import types
 import torch
 from torch.utils.checkpoint import checkpoint
 
-GRANULARITIES = ("full", "selective")
+from pacs_fast.config.schema import RECOMPUTE_GRANULARITIES as GRANULARITIES
 
 
 def _recomputed_forward(self, hidden_states, *args, **kwargs):

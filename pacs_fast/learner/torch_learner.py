@@ -443,8 +443,12 @@ class TorchLearner(Learner):
         bad = [n for n, t in items if n not in state or tuple(state[n].shape) != tuple(t.shape)]
         if bad:
             raise ValueError(f"load_hf_weights: unknown names or wrong shapes: {bad[:5]}")
-        with torch.no_grad():
+        if self.master is None:
+            with torch.no_grad():
+                for name, t in items:
+                    state[name].copy_(t.to(device=state[name].device, dtype=state[name].dtype))
+            return
+        with self.master.masters_as_params(), torch.no_grad():  # fp32 tensors keep their digits in the masters
+            state = self.model.state_dict()  # (now the masters' data; the model takes them rounded on exit)
             for name, t in items:
                 state[name].copy_(t.to(device=state[name].device, dtype=state[name].dtype))
-        if self.master is not None:  # the masters follow (a checkpoint's learner state then restores them exactly)
-            self.master.copy_from_model()

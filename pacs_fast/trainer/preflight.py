@@ -111,8 +111,9 @@ def check_memory(cfg, *, available: int | None = None) -> None:
             f"{mem['per_token'] / 1024:.0f} KiB of activations per token x {mem['tokens']:,} tokens = "
             f"{mem['activations'] / GiB:.1f} GiB on top of {base / GiB:.1f} GiB of weights, gradients and optimiser "
             f"state and {other / GiB:.1f} GiB of log-prob workspace{tied}, "
-            f"and {available / GiB:.1f} GiB are available{engine}{shared}; {'lower the budget, ' if budget else ''}"
-            f"{f'set {advice} ' if advice else ''}or use a larger device")
+            f"and {available / GiB:.1f} GiB are available{engine}{shared}; "
+            + (f"{'lower the budget, ' if budget else ''}{f'set {advice} ' if advice else ''}or use a larger device"
+               if budget or advice else "use a larger device"))
 
 
 def _per_local_process(cfg, available: int) -> tuple[int, str]:

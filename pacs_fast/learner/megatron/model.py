@@ -120,8 +120,11 @@ def recompute_overrides(enabled: bool, granularity: str = "full") -> dict:
     ``full``, every layer recomputed from its input (uniform, one layer a unit); ``selective``, each layer's dense
     MLP (``recompute_modules=["mlp"]``: most of a layer's activations; megatron's default module, the core
     attention, would save nothing with a varlen / flash kernel, pacs_fast/learner/recompute.py)."""
-    if granularity not in ("full", "selective"):
-        raise ValueError(f"model.recompute_granularity must be one of full, selective, got {granularity!r}")
+    from pacs_fast.config.schema import RECOMPUTE_GRANULARITIES
+
+    if granularity not in RECOMPUTE_GRANULARITIES:
+        raise ValueError(f"model.recompute_granularity must be one of {', '.join(RECOMPUTE_GRANULARITIES)}, "
+                         f"got {granularity!r}")
     if not enabled:
         return {}
     if granularity == "full":
