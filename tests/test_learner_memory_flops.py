@@ -161,6 +161,20 @@ def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_pa
     preflight.check_memory(huge, available=80 * GiB)
 
 
+def test_megatrons_padded_attention_counts_its_scores(tmp_path):
+    """The megatron learner's padded or dense-mask forward (learner.packing=off, packed_attention=dense) runs its
+    local DotProductAttention, which keeps [b, heads, S, S] scores for the backward; its THD rows (auto, on) do
+    not (review of 2026-11-29: the model counted no S term for either)."""
+    base = ["learner.backend=megatron", "model.dtype=bfloat16"]
+    thd = memory_model.learner_memory(qwen_cfg(tmp_path, *base))["per_token"]
+    S = 512 + 4096  # data.max_prompt_tokens + rollout.max_new_tokens of qwen_cfg
+    for extra in ("learner.packing=off", "learner.packed_attention=dense"):
+        per = memory_model.learner_memory(qwen_cfg(tmp_path, *base, extra))["per_token"]
+        assert per - thd == pytest.approx(24 * 14 * S * (4 + 2)), extra  # L a S (4 + b) per token
+    torch_padded = memory_model.learner_memory(qwen_cfg(tmp_path, "model.dtype=bfloat16", "learner.packing=off"))
+    assert torch_padded["per_token"] < thd + 1  # (the torch learner's SDPA keeps no scores)
+
+
 def test_the_built_in_model_is_counted_in_model_dtype():
     """The built-in tiny model loads in ``model.dtype`` like any other: its estimate counted 4 bytes a parameter
     whatever the dtype (bf16 with masters said 16 bytes a parameter instead of 18, without them 16 instead of 8;
