@@ -64,14 +64,26 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
-def _smallest_launch(cfg) -> int | None:
-    """When this launch's process count cannot run ``cfg`` (a resume under another torchrun layout): the smallest
-    that can (up to 1,024), else None. Only the launch-dependent checks run (no files are read)."""
+def _launch_it_needs(cfg, checkpoint) -> tuple[int, bool] | None:
+    """When this launch's process count cannot run ``cfg`` (a resume under another torchrun layout):
+    ``(processes, recorded)``, the count the run used (its checkpoint's data-parallel groups x
+    ``learner.tp_size`` + ``rollout.ranks``: ``recorded`` True), else the smallest that can run it (up to
+    1,024); None when the count is not the problem. Only the launch-dependent checks run."""
     from pacs_fast.config.validation import launch_problem, world_size
 
     if launch_problem(cfg, world_size()) is None:
         return None
-    return next((n for n in range(1, 1025) if launch_problem(cfg, n) is None), None)
+    try:  # (trainer_state.pt records the data-parallel groups; a checkpoint from before that does not)
+        import torch
+
+        dp = int(torch.load(Path(checkpoint) / "trainer_state.pt", weights_only=False)["data_parallel"])
+        used = dp * cfg.learner.tp_size + cfg.rollout.ranks
+        if launch_problem(cfg, used) is None:
+            return used, True
+    except Exception:  # noqa: BLE001 - no checkpoint, an older one, an unreadable one: the smallest count then
+        pass
+    smallest = next((n for n in range(1, 1025) if launch_problem(cfg, n) is None), None)
+    return (smallest, False) if smallest else None
 
 
 def resolve(args) -> tuple[object, Path]:
@@ -91,13 +103,17 @@ def resolve(args) -> tuple[object, Path]:
         except ValueError as e:  # a value the run's own config.yaml holds, which this version refuses
             if any(o.split("=", 1)[0].strip() in str(e) for o in args.overrides):
                 raise
-            launch = _smallest_launch(cfg)
-            if launch:  # not this version's refusal: the run was made for another number of processes
-                how = ("python -m pacs_fast.train" if launch == 1 else
-                       f"python -m torch.distributed.run --nproc_per_node {launch} -m pacs_fast.train")
-                raise ValueError(f"{e} (from {run_dir / 'config.yaml'}: resume the run under the launch it was "
-                                 f"started with; the smallest its settings allow is {launch} "
-                                 f"process{'es' * (launch > 1)}, e.g. {how} --resume {run_dir})") from None
+            needs = _launch_it_needs(cfg, intact[0]) if intact else None
+            if needs:  # not this version's refusal: the run was made for another number of processes
+                n, recorded = needs
+                how = ("python -m pacs_fast.train" if n == 1 else
+                       f"python -m torch.distributed.run --nproc_per_node {n} -m pacs_fast.train")
+                plural = "process" + "es" * (n > 1)
+                said = (f"it ran with {n} {plural}" if recorded else
+                        f"resume the run under the launch it was started with; the smallest its settings allow is "
+                        f"{n} {plural}")
+                raise ValueError(f"{e} (from {run_dir / 'config.yaml'}: {said}, e.g. {how} --resume {run_dir}; "
+                                 f"--nproc_per_node x nodes)") from None
             where = f"model.path={intact[0]}" if intact else "its command"
             raise ValueError(f"{e} (from {run_dir / 'config.yaml'}, which an earlier pacs_fast accepted; a resume "
                              f"cannot change it: start a new run from the run's weights with {where} and a value "

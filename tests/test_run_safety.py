@@ -161,9 +161,16 @@ def test_a_resume_under_another_launch_says_which_launch_the_run_needs(finished,
     code, _, err = cli(["--resume", str(run)], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert "rollout.ranks=1 needs more than 1 processes" in err and "earlier pacs_fast" not in err, err
-    assert (f"(from {run / 'config.yaml'}: resume the run under the launch it was started with; the smallest its "
-            f"settings allow is 2 processes, e.g. python -m torch.distributed.run --nproc_per_node 2 -m "
-            f"pacs_fast.train --resume {run})") in err, err
+    # the checkpoint's data-parallel groups (1) x learner.tp_size (1) + rollout.ranks (1): what it ran with
+    assert (f"(from {run / 'config.yaml'}: it ran with 2 processes, e.g. python -m torch.distributed.run "
+            f"--nproc_per_node 2 -m pacs_fast.train --resume {run}; --nproc_per_node x nodes)") in err, err
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    del state["data_parallel"]  # a checkpoint that does not record it: the smallest launch its settings allow
+    torch.save(state, ckpt / "trainer_state.pt")
+    manifest["files"]["trainer_state.pt"] = (ckpt / "trainer_state.pt").stat().st_size
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = cli(["--resume", str(run)], capsys)
+    assert code == 2 and "the smallest its settings allow is 2 processes, e.g. python -m torch.distributed.run" in err
 
 
 def test_a_run_from_another_runs_checkpoint_writes_checkpoints_it_can_resume(finished, tmp_path, capsys):
