@@ -112,8 +112,8 @@ def resolve(args) -> tuple[object, Path]:
                 said = (f"it ran with {n} {plural}" if recorded else
                         f"resume the run under the launch it was started with; the smallest its settings allow is "
                         f"{n} {plural}")
-                raise ValueError(f"{e} (from {run_dir / 'config.yaml'}: {said}, e.g. {how} --resume {run_dir}; "
-                                 f"--nproc_per_node x nodes)") from None
+                raise ValueError(f"{e} (from {run_dir / 'config.yaml'}: {said}, e.g. {how} --resume "
+                                 f"{run_dir})") from None
             where = f"model.path={intact[0]}" if intact else "its command"
             raise ValueError(f"{e} (from {run_dir / 'config.yaml'}, which an earlier pacs_fast accepted; a resume "
                              f"cannot change it: start a new run from the run's weights with {where} and a value "

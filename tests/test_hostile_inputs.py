@@ -238,6 +238,22 @@ def test_a_config_json_transformers_cannot_build_is_one_line(tmp_path, capsys):
     assert code == 2 and err.count("\n") == 1 and "cannot be read by transformers" in err, err
 
 
+@pytest.mark.parametrize("patch, reason", [
+    ({"num_attention_heads": 5, "num_key_value_heads": 5},
+     "hidden_size=896 is not a multiple of num_attention_heads=5 (and no head_dim is given)"),
+    ({"num_key_value_heads": 3}, "num_attention_heads=14 is not a multiple of num_key_value_heads=3"),
+    ({"vocab_size": -5}, "vocab_size=-5: must be >= 1"),
+])
+def test_a_config_json_with_an_impossible_shape_is_one_line(tmp_path, capsys, patch, reason):
+    """transformers builds these configs, then the run failed loading the weights with a reshape traceback and left
+    a run folder that blocked its name (sweep of 2026-11-29)."""
+    folder = qwen_folder(tmp_path)
+    (folder / "config.json").write_text(json.dumps({**QWEN, **patch}))
+    code, err = cli([f"model.path={folder}", "data.dataset=math500", f"train.out_dir={tmp_path / 'runs'}"], capsys)
+    assert code == 2 and err.count("\n") == 1 and err.rstrip().endswith(f"{folder / 'config.json'}: {reason}"), err
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("out_dir,match", [("/sys/pacs_fast_runs", "is not writable"),
                                            ("{tmp}/file.txt/runs", "is a file")])
 def test_an_unwritable_out_dir_is_one_line(tmp_path, capsys, out_dir, match):

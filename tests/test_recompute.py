@@ -156,3 +156,16 @@ def test_a_run_with_selective_recompute_keeps_the_shared_prefix_forward(tmp_path
     (rec,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if '"learner/forward/' in x]
     assert rec["learner/forward/shared_prefix"] >= 1 and not rec.get("learner/forward/padded")
+
+
+def test_selective_over_megatrons_padded_attention_is_a_warning():
+    """Selective recompute leaves the megatron learner's padded / dense-mask [S, S] scores (sweep of 2026-11-29: no
+    word of it); THD rows (auto, on) have none."""
+    from pacs_fast.config import load_config
+    from pacs_fast.config.hazards import hazard_warnings
+
+    sel = ["learner.backend=megatron", "model.gradient_checkpointing=true", "model.recompute_granularity=selective"]
+    for extra in ("learner.packing=off", "learner.packed_attention=dense"):
+        (line,) = [x for x in hazard_warnings(load_config(None, sel + [extra])) if "recompute_granularity" in x]
+        assert "[b, heads, S, S] scores" in line and "model.recompute_granularity=full" in line
+    assert not any("recompute_granularity" in x for x in hazard_warnings(load_config(None, sel)))

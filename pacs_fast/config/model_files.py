@@ -120,13 +120,31 @@ def config_problem(folder: str | Path) -> str | None:
     """Why transformers cannot build the configuration of ``folder``'s ``config.json`` (its own checks: e.g.
     ``layer_types`` of another length than ``num_hidden_layers``), or None. Without this a damaged config
     passed every check and stopped the run with transformers' traceback when the model loaded."""
+    where = Path(folder) / "config.json"
     try:
         from transformers import AutoConfig
 
-        AutoConfig.from_pretrained(str(folder))
+        config = AutoConfig.from_pretrained(str(folder))
     except Exception as e:  # noqa: BLE001 - any reason it cannot be read is the user's to see, in one line
         text = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
-        return f"{Path(folder) / 'config.json'} cannot be read by transformers: {text[:300]}"
+        return f"{where} cannot be read by transformers: {text[:300]}"
+    shape = _shape_problem(getattr(config, "text_config", None) or config)
+    return f"{where}: {shape}" if shape else None
+
+
+def _shape_problem(c) -> str | None:
+    """A decoder shape no model can have (transformers builds the config, then fails loading the weights with a
+    reshape error): sizes below 1, heads that do not split the hidden size or group the key / value heads."""
+    sizes = {k: getattr(c, k, None) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                               "num_attention_heads", "num_key_value_heads")}
+    bad = [f"{k}={v}" for k, v in sizes.items() if isinstance(v, int) and v < 1]
+    if bad:
+        return f"{', '.join(bad)}: must be >= 1"
+    heads, kv, hidden = sizes["num_attention_heads"], sizes["num_key_value_heads"], sizes["hidden_size"]
+    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        return f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}"
+    if getattr(c, "head_dim", None) is None and isinstance(heads, int) and isinstance(hidden, int) and hidden % heads:
+        return f"hidden_size={hidden} is not a multiple of num_attention_heads={heads} (and no head_dim is given)"
     return None
 
 

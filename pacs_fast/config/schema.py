@@ -179,8 +179,9 @@ class LearnerConfig:
     logprob_backend: str = _f("auto", "linear_logprobs backend: auto | triton | torch")
     shared_prefix: bool = _f(True, "torch learner: run the longest common prefix of each group's rows (prompt and "
                              "any shared response start) once and the rest of each row on its key/value cache "
-                             "(same result, (G-1)/G less compute for that prefix); not with "
-                             "model.gradient_checkpointing (padded rows then)")
+                             "(same result, (G-1)/G less compute for that prefix); not with full activation "
+                             "recompute (model.gradient_checkpointing with model.recompute_granularity=full: "
+                             "padded rows then; selective keeps it)")
     packing: str = _f("auto", "on = rows packed end to end without padding (attention kept inside each "
                       "sequence; torch: instead of the shared-prefix forward too), off = right-padded rows (torch: "
                       "or the shared-prefix forward), auto = packed when that runs at least 20% fewer token slots "

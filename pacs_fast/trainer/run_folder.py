@@ -39,6 +39,9 @@ SAFE_RESUME_KEYS = frozenset({
     "train.steps", "train.eval_every", "train.save_every", "train.keep_checkpoints", "train.progress",
     "train.plots", "train.tensorboard", "train.threads", "train.reward_workers", "train.log_samples",
     "train.keep_freed_memory", "rollout.gpu_memory_utilization", "reward.user_fn_timeout_s", "train.loggers",
+    # activation recompute gives the same values bit for bit (tests/test_recompute.py): the way on after running
+    # out of memory
+    "model.gradient_checkpointing", "model.recompute_granularity",
 })
 # may change on --resume when the recorded file or folder is gone (moved, deleted): the checkpoint restores the
 # weights, and the problems must have the digest the checkpoint kept (pacs_fast/trainer/session.py)
