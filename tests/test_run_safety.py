@@ -126,19 +126,26 @@ def test_resume_refuses_a_cut_or_changed_config(finished, tmp_path, capsys, dama
     assert code == 2 and match in err and err.count("\n") == 1, err
 
 
+def _store_in_config(run, old: str, new: str):
+    """``run``'s config.yaml and its last checkpoint's copy with ``old`` replaced by ``new``, as a run made so
+    would have stored them (the checkpoint's manifest follows); returns the checkpoint folder."""
+    ckpt = run / "checkpoints" / "step_000004"
+    for f in (run / "config.yaml", ckpt / "config.yaml"):
+        text = f.read_text()
+        assert old in text
+        f.write_text(text.replace(old, new, 1))
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["config.yaml"] = (ckpt / "config.yaml").stat().st_size
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    return ckpt
+
+
 def test_a_stored_value_this_version_refuses_names_its_source_and_the_way_on(finished, tmp_path, capsys):
     """An older pacs_fast took rollout.temperature=0.005; this one refuses it, and a resume of such a run
     said only 'rollout.temperature must be in [0.01, inf)', a value the user never typed and cannot change
     (a sweep of runs made by older versions)."""
     run = copy_run(finished, tmp_path)
-    ckpt = run / "checkpoints" / "step_000004"
-    for f in (run / "config.yaml", ckpt / "config.yaml"):
-        text = f.read_text()
-        assert "  temperature: 1.0\n" in text
-        f.write_text(text.replace("  temperature: 1.0\n", "  temperature: 0.005\n", 1))
-    manifest = json.loads((ckpt / "manifest.json").read_text())
-    manifest["files"]["config.yaml"] = (ckpt / "config.yaml").stat().st_size
-    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    ckpt = _store_in_config(run, "  temperature: 1.0\n", "  temperature: 0.005\n")
     code, _, err = cli(["--resume", str(run)], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert "rollout.temperature must be" in err and f"(from {run / 'config.yaml'}, which an earlier pacs_fast" in err
@@ -161,14 +168,7 @@ def test_a_resume_under_another_launch_says_which_launch_the_run_needs(finished,
     process said the stored value was one 'an earlier pacs_fast accepted' and to start a new run (sweep of
     2026-11-29: a TP=2 run resumed without torchrun); it names the launch the run needs."""
     run = copy_run(finished, tmp_path)
-    ckpt = run / "checkpoints" / "step_000004"
-    for f in (run / "config.yaml", ckpt / "config.yaml"):
-        text = f.read_text()
-        assert "  ranks: 0\n" in text
-        f.write_text(text.replace("  ranks: 0\n", "  ranks: 1\n", 1))
-    manifest = json.loads((ckpt / "manifest.json").read_text())
-    manifest["files"]["config.yaml"] = (ckpt / "config.yaml").stat().st_size
-    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    ckpt = _store_in_config(run, "  ranks: 0\n", "  ranks: 1\n")
     code, _, err = cli(["--resume", str(run)], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert "rollout.ranks=1 needs more than 1 processes" in err and "earlier pacs_fast" not in err, err
@@ -178,6 +178,7 @@ def test_a_resume_under_another_launch_says_which_launch_the_run_needs(finished,
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
     del state["data_parallel"]  # a checkpoint that does not record it: the smallest launch its settings allow
     torch.save(state, ckpt / "trainer_state.pt")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
     manifest["files"]["trainer_state.pt"] = (ckpt / "trainer_state.pt").stat().st_size
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
     code, _, err = cli(["--resume", str(run)], capsys)

@@ -135,3 +135,9 @@ class MasterWeights:
             if _current_hook(p) is h:
                 del _HOOKS[id(p)]
         self._hooks = []
+
+
+def loading_weights(master: MasterWeights | None):
+    """The context a learner loads a checkpoint's weights in: :meth:`MasterWeights.masters_as_params` of
+    ``master`` (fp32 tensors keep their digits in the masters), nothing without masters."""
+    return master.masters_as_params() if master is not None else contextlib.nullcontext()

@@ -45,7 +45,7 @@ import torch
 
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, group_rows
-from pacs_fast.learner.master_weights import MasterWeights
+from pacs_fast.learner.master_weights import MasterWeights, loading_weights
 from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
 from pacs_fast.learner.packing import (Packed, forward_metrics, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
                                       padded_slots, restores_attention, shared_prefix_slots)
@@ -443,12 +443,7 @@ class TorchLearner(Learner):
         bad = [n for n, t in items if n not in state or tuple(state[n].shape) != tuple(t.shape)]
         if bad:
             raise ValueError(f"load_hf_weights: unknown names or wrong shapes: {bad[:5]}")
-        if self.master is None:
-            with torch.no_grad():
-                for name, t in items:
-                    state[name].copy_(t.to(device=state[name].device, dtype=state[name].dtype))
-            return
-        with self.master.masters_as_params(), torch.no_grad():  # fp32 tensors keep their digits in the masters
-            state = self.model.state_dict()  # (now the masters' data; the model takes them rounded on exit)
+        with loading_weights(self.master), torch.no_grad():  # fp32 tensors keep their digits in the masters
+            state = self.model.state_dict()  # (with masters: theirs; the model takes them rounded on exit)
             for name, t in items:
                 state[name].copy_(t.to(device=state[name].device, dtype=state[name].dtype))

@@ -62,7 +62,7 @@ import torch.distributed as dist
 
 from pacs_fast.learner.base import Learner, RolloutBatch, by_length, dealt_rows_to_sorted, group_rows
 from pacs_fast.learner.fused_layers import apply_fused_layers
-from pacs_fast.learner.master_weights import MasterWeights
+from pacs_fast.learner.master_weights import MasterWeights, loading_weights
 from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
 from pacs_fast.learner.megatron.data_parallel import (
     all_reduce_sum,
@@ -407,10 +407,7 @@ class MegatronLearner(Learner):
         state = dict(named_tensors)
         if self.hf_config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
-        if self.master is None:
-            load_hf_into_model(self.model, state, self.hf_config, tp_size=self.tp_size, tp_rank=self.tp_rank)
-            return
-        with self.master.masters_as_params():  # fp32 tensors (a checkpoint's fp32 norms) keep their digits
+        with loading_weights(self.master):  # fp32 tensors (a checkpoint's fp32 norms) keep their digits
             load_hf_into_model(self.model, state, self.hf_config, tp_size=self.tp_size, tp_rank=self.tp_rank)
 
     def save_hf(self, path, *, bucket_bytes: int = 1 << 30) -> None:
