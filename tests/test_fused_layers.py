@@ -51,7 +51,7 @@ def _logp_and_grads(model, ids):
     logits = model(input_ids=ids).logits[:, :-1].float()
     logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     # a loss that reaches every parameter through every layer (not a sum that some terms cancel)
-    (logp * torch.linspace(-1, 1, logp.shape[1])).sum().backward()
+    (logp * torch.linspace(-1, 1, logp.shape[1], device=logp.device)).sum().backward()
     return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 

@@ -10,6 +10,8 @@ narrow (256) for the same reason.
 """
 import copy
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -268,3 +270,14 @@ def test_cuda_packed_varlen_learner_matches_padded(seed):
         # sequences (one causal row) moves log-probs by 60% of it and entropies by 70%
         spread = b[m].max() - b[m].min()
         assert (a[m] - b[m]).abs().max() <= 0.05 * spread, (float((a[m] - b[m]).abs().max()), float(spread))
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "varlen_attn", "flash_attn"])
+def test_usable_answers_for_a_cuda_tensor_without_touching_a_gpu(backend):
+    """Each backend's usability check runs its CUDA branch to a plain answer (here for fp32, which no
+    varlen kernel takes): on 2026-11-29 an `import torch.nn...` inside the check made `torch` a local
+    name, and every CUDA call raised UnboundLocalError on the first GPU run; the CPU never took that branch."""
+    flex = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+    want = {"sdpa": True, "flex": flex, "varlen_attn": False, "flash_attn": False}[backend]
+    assert va._usable.__wrapped__(backend, "cuda", 0, torch.float32) is want
+    assert va._usable.__wrapped__(backend, "cpu", None, torch.bfloat16) is (backend == "sdpa")

@@ -37,6 +37,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
@@ -376,7 +377,14 @@ def main(argv=None) -> int:
                 model = make_model(dims, vocab, dtype, device, args.prompt + top + 8)
             shape = shape_of(model.config if model is not None else _config(dims, vocab),
                              2 if dtype == torch.bfloat16 else 4)
-            row = run_row(model, shape, shape_name, name, spec, args, device, mem_bytes, t_end)
+            try:
+                row = run_row(model, shape, shape_name, name, spec, args, device, mem_bytes, t_end)
+            except Exception as e:  # noqa: BLE001 - one row's failure (a kernel, an API) must not end the lease's run
+                traceback.print_exc()
+                row = {"learner": name, "shape": shape_name, "hidden": dims[1], "spec": spec,
+                       "response_tokens": spec, "tokens": 0, "not_run": f"failed: {type(e).__name__}: {e}"[:300]}
+                if model is not None:
+                    _cleanup(model, device)
             rows.append(row)
             mfu = "-" if row.get("mfu") is None else f"{100 * row['mfu']:.1f}%"
             done = row.get("not_run") or f"{row['tokens_per_s']:,.0f} tok/s, MFU {mfu}"

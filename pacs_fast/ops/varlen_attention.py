@@ -35,6 +35,7 @@ import collections
 import contextlib
 import contextvars
 import functools
+import importlib
 import inspect
 import os
 import sys
@@ -204,8 +205,10 @@ def _usable(backend: str, device: str, index, dtype) -> bool:
     if backend == "sdpa":
         return True
     if backend == "flex":
+        # (importlib, not `import torch.nn...`: that statement would make `torch` a local name of this
+        # function, unbound on the other branches: the bug the first GPU run of 2026-11-29 hit)
         try:
-            import torch.nn.attention.flex_attention  # noqa: F401
+            importlib.import_module("torch.nn.attention.flex_attention")
         except ImportError:
             return False
         return device == "cuda"
