@@ -66,21 +66,44 @@ def test_the_rows_of_the_targets_come_first_and_name_real_learners_and_lengths()
 
 
 def test_memory_plan_for_the_real_shapes():
+    """The bench plans with the product's memory model (fp32 masters, AdamW, the tied head's gradient: on the first
+    H200 run its own estimate left 15 GiB out and rows peaked at 121-136 GiB of 140), the least recompute at which a
+    group fits, the largest budget within 80% of the device; padded rows count their padded token slots."""
     mod = bench()
     from pacs_fast.learner.flops import shape_of
+    from pacs_fast.trainer.memory_model import learner_memory
 
     h100 = 80 * 2**30
     big = shape_of(mod._config(mod.SHAPES["qwen2.5-1.5b"], 151936), 2)
-    plan = lambda spec, dense=False: mod.plan(big, *mod.lengths_for(spec, 0, False), 256, h100, dense)  # noqa: E731
+    packed, dense, padded = "torch packed varlen", "torch packed dense", "torch padded + SDPA"
+
+    def plan(spec, name=packed, mem=h100, levels=mod.RECOMPUTE):
+        return mod.plan(big, *mod.lengths_for(spec, 0, False), 256, mem, name, levels)
+
     ckpt, budget, pred, why = plan("4k")
-    assert not ckpt and why is None and budget >= 2 * (256 + 4096) and pred < 0.8 * h100
+    assert not ckpt and why is None and budget >= 2 * (256 + 4096) and pred <= 0.8 * h100
+    cfg = mod.memory_config(packed, False, 256, 4096, 2)
+    assert pred == learner_memory(cfg, big, tokens=budget)["total"]  # the product's prediction, as the trainer's
+    assert learner_memory(cfg, big, tokens=budget + 64)["total"] > 0.8 * h100  # the largest budget that fits
     ckpt, budget, pred, why = plan("32k")
     assert ckpt == "full" and why is None and budget >= 2 * (256 + 32768)
     # the least recompute that fits: each layer's MLP at 16k on an H100, and at 32k on an H200 (141 GiB)
     assert plan("16k")[0] == "selective"
-    assert mod.plan(big, *mod.lengths_for("32k", 0, False), 256, 141 * 2**30, False)[0] == "selective"
+    assert plan("32k", mem=141 * 2**30)[0] == "selective"
     # after running out of memory with one level, the next
-    assert mod.plan(big, *mod.lengths_for("4k", 0, False), 256, h100, False, ("selective", "full"))[0] == "selective"
-    assert mod.plan(big, *mod.lengths_for("16k", 0, False), 256, h100, False, ("full",))[0] == "full"
-    assert plan("32k", dense=True)[3].startswith("not run: ")  # its [S, S] masks alone are ~100 GiB
-    assert plan("4k", dense=True)[3] is None
+    assert plan("4k", levels=("selective", "full"))[0] == "selective"
+    assert plan("16k", levels=("full",))[0] == "full"
+    assert plan("32k", dense)[3].startswith("not run: ")  # its [S, S] masks alone are ~100 GiB
+    assert plan("4k", dense)[3] is None
+    # padded rows (learner.packing=off) count rows x their longest: the long-tailed mix is ~2.5x its real tokens
+    lengths, G = mod.lengths_for("mix", 0, False)
+    slots, real = mod.group_costs(lengths, G, 256, True), mod.group_costs(lengths, G, 256, False)
+    assert sum(slots) > 2 * sum(real) and all(s == G * (256 + max(lengths[i * G:(i + 1) * G]))
+                                              for i, s in enumerate(slots))
+    ckpt, budget, _, why = plan("mix", padded, mem=141 * 2**30)
+    assert why is None and ckpt == "selective" and budget >= max(slots)
+    assert plan("mix", packed, mem=141 * 2**30)[0] is False
+    # a given budget (the memory curve) is taken as it is, the prediction growing with it
+    preds = [mod.plan(big, *mod.lengths_for("4k", 0, False), 256, h100, packed, ("selective",), budget=b)[2]
+             for b in (8704, 17408, 34816)]
+    assert preds[0] < preds[1] < preds[2]

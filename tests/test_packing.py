@@ -18,7 +18,8 @@ from pacs_fast.config import AlgoConfig, LearnerConfig, load_config, validate
 from pacs_fast.data.tiny import tiny_qwen2_config
 from pacs_fast.learner.base import RolloutBatch
 from pacs_fast.learner.objective import minibatch_counts, objective
-from pacs_fast.learner.packing import first_fit_decreasing, pack, padded_slots, token_budget_micro_batches
+from pacs_fast.learner.packing import (first_fit_decreasing, micro_batch_groups, pack, padded_budget_micro_batches,
+                                      padded_slots, token_budget_micro_batches)
 from pacs_fast.learner.torch_learner import TorchLearner
 
 EOS = 2
@@ -190,6 +191,32 @@ def test_a_token_budget_cuts_micro_batches_whatever_micro_batch_prompts_says(see
                                     "learner.max_tokens_per_micro_batch set (micro-batches are cut by tokens)"]
     assert unused_settings(load_config(None, ["train.prompts_per_step=12", "learner.max_tokens_per_micro_batch=4096"]))\
         == []  # the micro-batch size that follows the prompts (12, not 32) was not set by anyone
+
+
+def test_with_packing_off_the_budget_bounds_the_padded_forwards_token_slots(seed):
+    """learner.packing=off pads a micro-batch's rows to its longest, so the budget counts rows x longest, not real
+    tokens: on the first H200 run (2026-11-29) a long-tailed batch cut by real tokens (37,578) ran micro-batches of
+    up to 8 x 16k padded slots and ran out of memory. Every micro-batch's padded slots stay within the budget, every
+    group is in one micro-batch once, and the torch learner cuts this way exactly when it pads."""
+    gen = torch.Generator().manual_seed(seed)
+    G, groups = 4, 9
+    lengths = torch.exp(3 + torch.randn(G * groups, generator=gen)).round().clamp(2, 300).long().tolist()
+    batch = uneven_batch(gen, G, groups, 128, lengths)
+    longest = batch.attention_mask.sum(-1).view(groups, G).amax(-1)
+    budget = int(G * longest.max()) + int(torch.randint(0, 400, (), generator=gen))
+    parts = micro_batch_groups(batch, 1, budget, padded=True)
+    assert sorted(g for p in parts for g in p) == list(range(groups))
+    for p in parts:
+        assert padded_slots(batch.groups(p).attention_mask) <= budget, (p, budget)
+    assert padded_budget_micro_batches([10, 50, 20, 45], 2, 200) == [[1, 3], [0, 2]]  # 2 x 2 x 50, 2 x 2 x 20
+    with pytest.raises(ValueError, match=r"a group of 2 rows padded to 50 tokens \(100 token slots: learner.packing="
+                                         r"off pads each row to the longest\) is larger than learner.max_tokens_per_"
+                                         r"micro_batch=99"):
+        padded_budget_micro_batches([10, 50], 2, 99)
+    for packing, padded in (("off", True), ("on", False), ("auto", False)):
+        learner = TorchLearner(small_model(), algo=AlgoConfig(),
+                               learner=LearnerConfig(packing=packing, max_tokens_per_micro_batch=budget))
+        assert learner._micro_batches(batch, 1) == micro_batch_groups(batch, 1, budget, padded=padded)
 
 
 def test_token_budget_errors():

@@ -114,27 +114,54 @@ def make_model(dims, vocab, dtype, device, max_len):
 RECOMPUTE = (False, "selective", "full")  # the least recompute first (model.recompute_granularity)
 
 
-def plan(shape, lengths, G, prompt, mem_bytes, dense, levels=RECOMPUTE):
-    """``(recompute, token budget, predicted bytes, why not)`` from the memory model: a micro-batch's
-    activations within 80% of the device after weights, gradients, AdamW moments and the log-prob workspace;
-    the first of ``levels`` (False; ``"selective"``: each layer's MLP; ``"full"``: each layer) at which one group
-    fits."""
-    from pacs_fast.trainer.memory_model import (activation_bytes_per_token, dense_mask_bytes, logprob_workspace_bytes,
-                                                model_params)
+def memory_config(learner_name, recompute, prompt, longest, G, dtype="bfloat16"):
+    """The run config whose learner memory (pacs_fast/trainer/memory_model.py) a row predicts: this learner's
+    settings, ``recompute`` (False, "selective" or "full"), prompts of ``prompt`` tokens and responses up to
+    ``longest``, groups of ``G``."""
+    from pacs_fast.config import load_config
 
-    group = max(sum(prompt + n for n in lengths[g:g + G]) for g in range(0, len(lengths), G))
-    total = sum(prompt + n for n in lengths)
-    static = 4 * model_params(shape) * shape["bytes"] + logprob_workspace_bytes(shape, total)
-    room = 0.8 * mem_bytes - static
+    kw = LEARNERS[learner_name]
+    over = [f"learner.{k}={v}" for k, v in kw.items() if k != "fused_layers"]
+    over += [f"model.dtype={dtype}", f"model.gradient_checkpointing={'true' if recompute else 'false'}",
+             f"model.recompute_granularity={recompute or 'full'}", f"data.max_prompt_tokens={prompt}",
+             f"rollout.max_new_tokens={longest}", f"rollout.n={G}", "learner.shared_prefix=false"]
+    return load_config(None, over)
+
+
+def group_costs(lengths, G, prompt, padded) -> list[int]:
+    """What each group counts against the token budget: its real tokens, or (``padded``: learner.packing=off)
+    its rows x its longest row, the token slots the padded forward runs (pacs_fast/learner/packing.py)."""
+    groups = [lengths[g:g + G] for g in range(0, len(lengths), G)]
+    return [len(x) * (prompt + max(x)) if padded else sum(prompt + n for n in x) for x in groups]
+
+
+def plan(shape, lengths, G, prompt, mem_bytes, learner_name, levels=RECOMPUTE, budget=None):
+    """``(recompute, token budget, predicted bytes, why not)`` from the product's memory model
+    (:func:`pacs_fast.trainer.memory_model.learner_memory`: weights, fp32 masters, gradients, AdamW's moments and
+    step, the tied head's gradient, activations, the log-prob workspace): the largest token budget whose
+    predicted peak stays within 80% of the device, at the first of ``levels`` (False; ``"selective"``: each
+    layer's MLP; ``"full"``: each layer) at which one group fits; a given ``budget`` is taken as it is (the
+    memory curve). Padded rows (learner.packing=off) count their token slots (:func:`group_costs`)."""
+    from pacs_fast.trainer.memory_model import learner_memory
+
+    costs = group_costs(lengths, G, prompt, LEARNERS[learner_name].get("packing") == "off")
+    group, total = max(costs), sum(costs)
+    room = 0.8 * mem_bytes
     for ckpt in levels:
-        per = activation_bytes_per_token(shape, recompute=ckpt)
-        extra = dense_mask_bytes(shape, group, prompt + max(lengths)) if dense else 0
-        budget = min(total, int((room - extra) / per)) if room > extra else 0
-        if budget >= group:
-            return ckpt, budget, static + budget * per + extra, None
-    return ckpt, group, None, (f"not run: {group:,} tokens per group need {(group * per + extra) / 2**30:.0f} GiB "
-                               f"of activations{' and dense masks' if dense else ''}, {max(room, 0) / 2**30:.0f} "
-                               f"GiB left")
+        cfg = memory_config(learner_name, ckpt, prompt, max(lengths), G,
+                            "bfloat16" if shape["bytes"] == 2 else "float32")
+        peak = lambda t: learner_memory(cfg, shape, tokens=t)["total"]  # noqa: E731
+        if budget is not None:
+            return ckpt, budget, peak(min(budget, total)), None
+        if peak(group) > room:
+            continue
+        lo, hi = group, total  # the largest budget that fits (the prediction grows with the tokens)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if peak(mid) <= room else (lo, mid - 1)
+        return ckpt, lo, peak(lo), None
+    return ckpt, group, None, (f"not run: a group of {group:,} tokens needs {peak(group) / 2**30:.0f} GiB with "
+                               f"recompute {ckpt}, more than 80% of {mem_bytes / 2**30:.0f} GiB")
 
 
 def profile_shares(step) -> dict | None:
@@ -176,7 +203,7 @@ def profile_shares(step) -> dict | None:
     return {k: v / max(sum(sums.values()), 1e-9) for k, v in sums.items()}
 
 
-def run_row(model, shape, shape_name, learner_name, spec, args, device, mem_bytes, t_end) -> dict:
+def run_row(model, shape, shape_name, learner_name, spec, args, device, mem_bytes, t_end, token_budget=None) -> dict:
     """One table row: plan, warm up, time, profile (a CUDA out-of-memory retries once with gradient
     checkpointing, then the row says it did not fit)."""
     lengths, G = lengths_for(spec, 0, args.dry_run)
@@ -191,10 +218,9 @@ def run_row(model, shape, shape_name, learner_name, spec, args, device, mem_byte
         return {**row, "not_run": "liger-kernel is not installed"}
     if time.time() > t_end:
         return {**row, "not_run": "time budget spent"}
-    dense = "dense" in learner_name
     forced = {"auto": None, "off": False}.get(args.recompute, args.recompute)
-    ckpt, budget, pred, why = plan(shape, lengths, G, P, mem_bytes, dense,
-                                   RECOMPUTE if forced is None else (forced,))
+    ckpt, budget, pred, why = plan(shape, lengths, G, P, mem_bytes, learner_name,
+                                   RECOMPUTE if forced is None else (forced,), budget=token_budget)
     if why and not args.dry_run:
         return {**row, "not_run": why}
     try:
@@ -204,7 +230,8 @@ def run_row(model, shape, shape_name, learner_name, spec, args, device, mem_byte
         first = f"out of memory (recompute {ckpt or 'off'}, budget {budget:,}): {str(e)[:100]}"
     _cleanup(model, device)
     more = RECOMPUTE[RECOMPUTE.index(ckpt) + 1:] if forced is None else ()
-    ckpt2, budget2, pred2, why2 = plan(shape, lengths, G, P, mem_bytes, dense, more) if more else (None,) * 3 + ("",)
+    ckpt2, budget2, pred2, why2 = (plan(shape, lengths, G, P, mem_bytes, learner_name, more, budget=token_budget)
+                                   if more else (None,) * 3 + ("",))
     if not more or why2 or time.time() > t_end:
         return {**row, "not_run": first}
     try:
@@ -322,20 +349,20 @@ def _in(wrap, name, fn, a, k):
 
 def table(rows, device, formula) -> str:
     L = [f"# Learner update ({device})", "", f"MFU: {formula}.", "",
-         "| learner | shape | response | tokens | recompute | tok/s | MFU | peak / predicted GB | attention "
-         "| LM head+loss | optimiser | other |", "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+         "| learner | shape | response | tokens | recompute | tokens / micro-batch | tok/s | MFU | peak / predicted GB "
+         "| attention | LM head+loss | optimiser | other |", "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         kernels = ", ".join(sorted(r.get("attention_kernels") or {}))
         head = f"| {r['learner']}{f' ({kernels})' if kernels else ''} | {r['shape']} | {r['spec']} | {r['tokens']:,} |"
         if "not_run" in r:
-            L.append(f"{head} | {r['not_run']} | | | | | | |")
+            L.append(f"{head} | {r['not_run']} | | | | | | | |")
             continue
         s = r.get("shares") or {}
         pct = [f"{100 * s[k]:.0f}%" if k in s else "-" for k in ("attention", "lm_head+loss", "optimizer", "other")]
         mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.1f}"
         peak += "" if r.get("predicted_gb") is None else f" / {r['predicted_gb']:.1f}"
-        L.append(f"{head} {r['gradient_checkpointing'] or 'no'} | {r['tokens_per_s']:,.0f} | {mfu} | "
+        L.append(f"{head} {r['gradient_checkpointing'] or 'no'} | {r['token_budget']:,} | {r['tokens_per_s']:,.0f} | {mfu} | "
                  f"{peak} | " + " | ".join(pct) + " |")
     return "\n".join(L) + "\n"
 
@@ -351,7 +378,11 @@ def main(argv=None) -> int:
     ap.add_argument("--learners", default=",".join(LEARNERS))
     ap.add_argument("--recompute", default="auto", choices=("auto", "off", "selective", "full"),
                     help="activation recompute of every row (auto: the least that fits, from the memory model)")
+    ap.add_argument("--token-budgets", default="",
+                    help="comma-separated learner.max_tokens_per_micro_batch values: one row per value (the memory "
+                         "curve; with --recompute), instead of the largest the memory model allows")
     args = ap.parse_args(argv)
+    budgets = [int(x) for x in args.token_budgets.split(",") if x] or [None]
     from pacs_fast.learner.flops import FORMULA, shape_of
 
     t0 = time.time()
@@ -372,13 +403,13 @@ def main(argv=None) -> int:
     for shape_name, dims in shapes.items():
         top = max(lengths_for(sp, 0, args.dry_run)[0][0] if sp != "mix" else 16384 for sp in specs)
         model = None
-        for spec, name in row_order(specs, names):
+        for spec, name, tb in ((sp, nm, tb) for sp, nm in row_order(specs, names) for tb in budgets):
             if model is None and time.time() < t_end:
                 model = make_model(dims, vocab, dtype, device, args.prompt + top + 8)
             shape = shape_of(model.config if model is not None else _config(dims, vocab),
                              2 if dtype == torch.bfloat16 else 4)
             try:
-                row = run_row(model, shape, shape_name, name, spec, args, device, mem_bytes, t_end)
+                row = run_row(model, shape, shape_name, name, spec, args, device, mem_bytes, t_end, tb)
             except Exception as e:  # noqa: BLE001 - one row's failure (a kernel, an API) must not end the lease's run
                 traceback.print_exc()
                 row = {"learner": name, "shape": shape_name, "hidden": dims[1], "spec": spec,

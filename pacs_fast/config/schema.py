@@ -201,8 +201,9 @@ class LearnerConfig:
                            "liger-kernel), auto = on where those are there, else off, off = the model's own ops "
                            "(pacs_fast/learner/fused_layers.py; default off until measured on a GPU)")
     max_tokens_per_micro_batch: int = _f(0, "micro-batches cut by token count (whole groups, about equal tokens "
-                                         "each) instead of learner.micro_batch_prompts; 0 = off (megatron: per "
-                                         "data-parallel rank)")
+                                         "each) instead of learner.micro_batch_prompts; with learner.packing=off "
+                                         "the padded forward's token slots (rows x the longest row); 0 = off "
+                                         "(megatron: per data-parallel rank)")
     tp_size: int = _f(1, "megatron: tensor-parallel size; divides the number of torchrun processes "
                       "(the rest is data parallelism)")
     distributed_optimizer: bool = _f(False, "megatron: AdamW state sharded over the data-parallel ranks (ZeRO-1, "

@@ -18,7 +18,8 @@ so log-probs, entropies and gradients equal the padded forward's up to floating-
 matmuls run on other shapes).
 
 :func:`token_budget_micro_batches` cuts a mini-batch's groups into micro-batches of about equal token
-count (sorted first-fit decreasing), never splitting a group.
+count (sorted first-fit decreasing), never splitting a group; with ``learner.packing=off``
+:func:`padded_budget_micro_batches` counts the padded forward's token slots (rows x the longest row).
 """
 from __future__ import annotations
 
@@ -224,10 +225,37 @@ def token_budget_micro_batches(group_tokens: list[int], budget: int) -> list[lis
     return [sorted(b) for b in bins]
 
 
-def micro_batch_groups(batch, limit: int, budget: int = 0) -> list[list[int]]:
+def padded_budget_micro_batches(group_longest: list[int], group_size: int, budget: int) -> list[list[int]]:
+    """Positions of the groups (``group_longest``: each group's longest row) cut into micro-batches whose
+    padded forward runs at most ``budget`` token slots, ``rows x longest row`` (the rows are padded to the
+    micro-batch's longest): the groups by decreasing longest row, each micro-batch filled in that order (its
+    first group sets its length). ValueError naming both numbers when one group alone is over the budget."""
+    if group_longest and group_size * max(group_longest) > budget:
+        raise ValueError(f"a group of {group_size} rows padded to {max(group_longest)} tokens "
+                         f"({group_size * max(group_longest)} token slots: learner.packing=off pads each row to "
+                         f"the longest) is larger than learner.max_tokens_per_micro_batch={budget}: raise the budget "
+                         "or pack the rows (learner.packing=auto)")
+    bins: list[list[int]] = []
+    longest = 0
+    for i in sorted(range(len(group_longest)), key=lambda i: (-group_longest[i], i)):
+        if bins and (len(bins[-1]) + 1) * group_size * longest <= budget:
+            bins[-1].append(i)
+        else:
+            bins.append([i])
+            longest = group_longest[i]
+    return [sorted(b) for b in bins]
+
+
+def micro_batch_groups(batch, limit: int, budget: int = 0, *, padded: bool = False) -> list[list[int]]:
     """Group positions of ``batch`` (a :class:`~pacs_fast.learner.base.RolloutBatch`) per
     micro-batch: ``limit`` consecutive groups each, or, with a token ``budget`` (> 0), whole groups of
-    about equal real-token counts (:func:`token_budget_micro_batches`). Both learners cut this way."""
+    about equal real-token counts (:func:`token_budget_micro_batches`); ``padded`` (``learner.packing=off``:
+    rows padded to the micro-batch's longest) counts the token slots the padded forward runs instead
+    (:func:`padded_budget_micro_batches`), so that the budget bounds the memory either way. Both learners
+    cut this way."""
+    if budget and padded:
+        longest = batch.attention_mask.sum(-1).view(batch.num_groups, batch.group_size).amax(-1).tolist()
+        return padded_budget_micro_batches([int(t) for t in longest], batch.group_size, budget)
     if budget:
         tokens = batch.attention_mask.sum(-1).view(batch.num_groups, batch.group_size).sum(-1).tolist()
         return token_budget_micro_batches([int(t) for t in tokens], budget)

@@ -238,8 +238,9 @@ class TorchLearner(Learner):
 
     def _micro_batches(self, batch: RolloutBatch, limit: int) -> list[list[int]]:
         """Group positions of ``batch`` per micro-batch: ``limit`` groups each, or, with
-        ``learner.max_tokens_per_micro_batch``, about equal real-token counts (whole groups)."""
-        return micro_batch_groups(batch, limit, self.cfg.max_tokens_per_micro_batch)
+        ``learner.max_tokens_per_micro_batch``, about equal real-token counts (whole groups; with
+        ``learner.packing=off`` the padded forward's token slots)."""
+        return micro_batch_groups(batch, limit, self.cfg.max_tokens_per_micro_batch, padded=self.cfg.packing == "off")
 
     # ------------------------------------------------------------------ Learner
     @restores_attention

@@ -237,7 +237,8 @@ class MegatronLearner(Learner):
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # noqa: E731
         lps, ents = [], []
         mine_batch = padded.groups(mine)
-        parts = micro_batch_groups(mine_batch, self.cfg.micro_batch_prompts, self.cfg.max_tokens_per_micro_batch)
+        parts = micro_batch_groups(mine_batch, self.cfg.micro_batch_prompts, self.cfg.max_tokens_per_micro_batch,
+                                   padded=self.cfg.packing == "off")
         order = [g for part in parts for g in part]
         try:
             for part in parts:
@@ -312,7 +313,8 @@ class MegatronLearner(Learner):
         else:
             counts = minibatch_counts(mb)
             mine = mb.groups(dp_share(mb.num_groups, self.dp_size, self.dp_rank))
-        parts = micro_batch_groups(mine, self.cfg.micro_batch_prompts, self.cfg.max_tokens_per_micro_batch)
+        parts = micro_batch_groups(mine, self.cfg.micro_batch_prompts, self.cfg.max_tokens_per_micro_batch,
+                                   padded=self.cfg.packing == "off")
         share_back = group_rows(torch.tensor([g for part in parts for g in part]).argsort(), mine.group_size)
         need_ent = bool(self.algo.entropy_coef)
         self.optimizer.zero_grad(set_to_none=True)
