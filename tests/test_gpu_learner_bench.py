@@ -107,3 +107,57 @@ def test_memory_plan_for_the_real_shapes():
     preds = [mod.plan(big, *mod.lengths_for("4k", 0, False), 256, h100, packed, ("selective",), budget=b)[2]
              for b in (8704, 17408, 34816)]
     assert preds[0] < preds[1] < preds[2]
+
+def test_profile_shares_attribute_kernels_by_their_ops_and_list_the_longest():
+    """The shares, the device time and the longest kernels of a profile (fake events: the profiler needs a GPU):
+    a kernel goes to the category of the nearest op above it that names one, else of its own name, else other."""
+    from types import SimpleNamespace as NS
+
+    mod = bench()
+
+    def kernel(name, us):
+        return NS(name=name, duration=us, device_type="cuda", time_range=NS(elapsed_us=lambda: us), kernels=[])
+
+    k_attn, k_gemm, k_adam, k_free = (kernel("flash_fwd", 30.0), kernel("sm90_gemm", 50.0),
+                                      kernel("multi_tensor_apply", 10.0), kernel("elementwise", 10.0))
+    update = NS(name="bench.update", cpu_parent=None, device_type="cpu", kernels=[])
+    attn = NS(name="torch.nn.attention.varlen_attn", cpu_parent=update, device_type="cpu", kernels=[k_attn])
+    mm = NS(name="aten::mm", cpu_parent=update, device_type="cpu", kernels=[k_gemm])
+    step = NS(name="Optimizer.step#AdamW.step", cpu_parent=None, device_type="cpu", kernels=[])
+    foreach = NS(name="aten::_foreach_add_", cpu_parent=step, device_type="cpu", kernels=[k_adam])
+    out = mod.shares_of([update, attn, mm, step, foreach, k_attn, k_gemm, k_adam, k_free], "cpu", "cuda")
+    assert out["attention"] == 0.3 and out["optimizer"] == 0.1 and out["lm_head+loss"] == 0.0
+    assert out["other"] == 0.6  # the GEMM (its op names nothing) and the kernel no op launched
+    assert out["device_s"] == 100e-6
+    assert out["top_kernels"] == [["sm90_gemm", 5e-05], ["flash_fwd", 3e-05], ["multi_tensor_apply", 1e-05],
+                                  ["elementwise", 1e-05]]
+
+
+def test_the_memory_model_against_the_h200_peaks():
+    """The product's memory model (what the trainer checks before loading) at each measured row's budget, recompute,
+    learner and fused layers, against the peaks measured on an H200 on 2026-11-29 (bench/results/gpu/20261129_h200,
+    Qwen2.5-1.5B shape, bf16, 32 rows): every one within -10% / +11% (the largest: packed varlen at 32k with
+    selective recompute, +10.5%, whose repeated key / value heads torch 2.11 kept; the dense mix +8.4%). Before the
+    megatron and fused-layer terms of 2026-11-29 the megatron rows were up to 14% over and the fused rows 26% under."""
+    import json
+    import os
+
+    mod = bench()
+    from pacs_fast.learner.flops import shape_of
+    from pacs_fast.trainer.memory_model import learner_memory
+
+    folder = os.path.join(os.path.dirname(__file__), "..", "bench", "results", "gpu", "20261129_h200")
+    shape = shape_of(mod._config(mod.SHAPES["qwen2.5-1.5b"], 151936), 2)
+    ratios = {}
+    for name in ("learner.json", "learner_padded_mix.json", "learner_mix_same_run.json",
+                 "learner_curve_liger_selective.json"):
+        with open(os.path.join(folder, name)) as f:
+            for r in json.load(f)["rows"]:
+                if "not_run" in r or r["shape"] != "qwen2.5-1.5b":
+                    continue
+                lengths, G = mod.lengths_for(r["spec"], 0, False)
+                cfg = mod.memory_config(r["learner"], r["gradient_checkpointing"], 256, max(lengths), G)
+                model = learner_memory(cfg, shape, tokens=r["token_budget"])["total"] / 2**30
+                ratios[(name, r["learner"], r["spec"])] = r["peak_gb"] / model
+    assert len(ratios) == 32
+    assert all(0.90 <= x <= 1.11 for x in ratios.values()), {k: round(v, 3) for k, v in ratios.items()}

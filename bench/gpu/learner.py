@@ -121,7 +121,7 @@ def memory_config(learner_name, recompute, prompt, longest, G, dtype="bfloat16")
     from pacs_fast.config import load_config
 
     kw = LEARNERS[learner_name]
-    over = [f"learner.{k}={v}" for k, v in kw.items() if k != "fused_layers"]
+    over = [f"learner.{k}={v}" for k, v in kw.items()] + ([] if "fused_layers" in kw else ["learner.fused_layers=off"])
     over += [f"model.dtype={dtype}", f"model.gradient_checkpointing={'true' if recompute else 'false'}",
              f"model.recompute_granularity={recompute or 'full'}", f"data.max_prompt_tokens={prompt}",
              f"rollout.max_new_tokens={longest}", f"rollout.n={G}", "learner.shared_prefix=false"]
@@ -178,7 +178,12 @@ def profile_shares(step) -> dict | None:
     except Exception as e:  # noqa: BLE001 - the timings stand without it
         print(f"profiler failed: {type(e).__name__}: {e}", flush=True)
         return None
+    return shares_of(events, DeviceType.CPU, DeviceType.CUDA)
 
+
+def shares_of(events, cpu, cuda) -> dict:
+    """:func:`profile_shares` of a profiler's ``events`` (``cpu`` / ``cuda``: its device types): the four
+    shares, ``device_s`` (all kernels' time) and ``top_kernels`` (the 12 longest by name, seconds)."""
     def kind(name):
         n = name.lower()
         for cat, keys in (("optimizer", OPTIMIZER), ("lm_head+loss", LOGPROB), ("attention", ATTENTION)):
@@ -189,7 +194,7 @@ def profile_shares(step) -> dict | None:
     sums = dict.fromkeys(("attention", "lm_head+loss", "optimizer", "other"), 0.0)
     attributed = 0.0
     for e in events:
-        if e.device_type != DeviceType.CPU or not getattr(e, "kernels", None):
+        if e.device_type != cpu or not getattr(e, "kernels", None):
             continue
         cat, p = None, e
         while p is not None and cat is None:
@@ -197,10 +202,21 @@ def profile_shares(step) -> dict | None:
         for k in e.kernels:
             sums[cat or kind(k.name) or "other"] += k.duration
             attributed += k.duration
-    total = sum(e.time_range.elapsed_us() for e in events if e.device_type == DeviceType.CUDA
+    total = sum(e.time_range.elapsed_us() for e in events if e.device_type == cuda
                 and not e.name.startswith("Activity Buffer"))
     sums["other"] += max(total - attributed, 0.0)  # kernels no op claimed
-    return {k: v / max(sum(sums.values()), 1e-9) for k, v in sums.items()}
+    out = {k: v / max(sum(sums.values()), 1e-9) for k, v in sums.items()}
+    # the device time itself (against the step's wall time: how busy the host keeps the GPU) and the kernels
+    # that take most of it, by name (what a share does not say: the first H200 run found packed varlen rows
+    # 7-37% slower than padded SDPA at equal lengths with the same kernels' shares)
+    per_kernel: dict[str, float] = {}
+    for e in events:
+        if e.device_type == cuda and not e.name.startswith("Activity Buffer"):
+            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
+    out["device_s"] = total / 1e6
+    out["top_kernels"] = [[name[:120], round(us / 1e6, 5)] for name, us in
+                          sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]]
+    return out
 
 
 def run_row(model, shape, shape_name, learner_name, spec, args, device, mem_bytes, t_end, token_budget=None) -> dict:
@@ -337,9 +353,15 @@ def measure(model, shape, learner_name, lengths, G, args, device, row) -> dict:
     fed = [args.prompt + n - 1 for n in lengths]  # the last token is only a label
     f = flops.update_flops(shape, fed, head_tokens=sum(lengths))
     peak = flops.peak_flops(torch.cuda.get_device_name()) if device == "cuda" else None
+    if row.get("shares"):  # the device's kernel time over the step's median wall time
+        row["device_busy"] = row["shares"]["device_s"] / sec
     row.update(seconds=sec, tokens_per_s=row["tokens"] / sec, flops=f["total"], mfu=flops.mfu(f["total"], sec, peak),
                attention_flop_share=f["attention"] / f["total"])
     return row
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
 
 
 def _in(wrap, name, fn, a, k):
@@ -350,12 +372,13 @@ def _in(wrap, name, fn, a, k):
 def table(rows, device, formula) -> str:
     L = [f"# Learner update ({device})", "", f"MFU: {formula}.", "",
          "| learner | shape | response | tokens | recompute | tokens / micro-batch | tok/s | MFU | peak / predicted GB "
-         "| attention | LM head+loss | optimiser | other |", "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+         "| attention | LM head+loss | optimiser | other | GPU busy |",
+         "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         kernels = ", ".join(sorted(r.get("attention_kernels") or {}))
         head = f"| {r['learner']}{f' ({kernels})' if kernels else ''} | {r['shape']} | {r['spec']} | {r['tokens']:,} |"
         if "not_run" in r:
-            L.append(f"{head} | {r['not_run']} | | | | | | | |")
+            L.append(f"{head} | {r['not_run']} | | | | | | | | |")
             continue
         s = r.get("shares") or {}
         pct = [f"{100 * s[k]:.0f}%" if k in s else "-" for k in ("attention", "lm_head+loss", "optimizer", "other")]
@@ -363,7 +386,7 @@ def table(rows, device, formula) -> str:
         peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.1f}"
         peak += "" if r.get("predicted_gb") is None else f" / {r['predicted_gb']:.1f}"
         L.append(f"{head} {r['gradient_checkpointing'] or 'no'} | {r['token_budget']:,} | {r['tokens_per_s']:,.0f} | {mfu} | "
-                 f"{peak} | " + " | ".join(pct) + " |")
+                 f"{peak} | " + " | ".join(pct) + f" | {_pct(r.get('device_busy'))} |")
     return "\n".join(L) + "\n"
 
 
