@@ -242,6 +242,15 @@ def test_cuda_varlen_kernels_match_per_sequence_sdpa(seed, backend):
     gw = torch.autograd.grad(want, (q, k, v), g)
     for a, b in zip((got, *gg), (want, *gw)):
         assert (a.float() - b.float()).abs().max() <= 2e-2 * b.float().abs().max()
+    # within bf16 error of a float32 reference (the same inputs in fp32, per-sequence SDPA): the kernel's error at
+    # most twice bf16 SDPA's own, plus 1e-3 of the largest value (two bf16 kernels round in different places)
+    q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
+    ref = va.attend(q32, k32, v32, cu, max(lengths), backend="sdpa")
+    gref = torch.autograd.grad(ref, (q32, k32, v32), g.float())
+    for name, a, b, r in zip(("out", "dq", "dk", "dv"), (got, *gg), (want, *gw), (ref, *gref)):
+        err, base = (a.float() - r).abs().max(), (b.float() - r).abs().max()
+        print(f"{backend} {name}: |kernel - fp32| {float(err):.3g}, |bf16 sdpa - fp32| {float(base):.3g}")
+        assert err <= 2 * base + 1e-3 * r.abs().max(), (name, float(err), float(base))
     if backend == "auto":
         assert va.pick_backend(q) in ("varlen_attn", "flash_attn"), "no varlen kernel on this GPU"
 
@@ -281,3 +290,39 @@ def test_usable_answers_for_a_cuda_tensor_without_touching_a_gpu(backend):
     want = {"sdpa": True, "flex": flex, "varlen_attn": False, "flash_attn": False}[backend]
     assert va._usable.__wrapped__(backend, "cuda", 0, torch.float32) is want
     assert va._usable.__wrapped__(backend, "cpu", None, torch.bfloat16) is (backend == "sdpa")
+
+
+def test_varlen_attn_gets_the_key_value_heads_unrepeated_where_it_can(monkeypatch):
+    """torch's varlen_attn (flash-attention's kernel) takes fewer key/value heads: with enable_gqa where its
+    signature has it (torch >= 2.12), else (torch 2.11) as they are, once; where it refuses them, they are repeated
+    from then on with one warning line (CPU: fakes stand for the CUDA op and record what they were given)."""
+    import torch.nn.attention.varlen as tv
+
+    q, k, v = torch.randn(9, 6, 4), torch.randn(9, 2, 4), torch.randn(9, 2, 4)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    seen = []
+
+    def v211(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+             window_size=(-1, -1)):
+        seen.append((key.shape[1], window_size))
+        if key.shape[1] != query.shape[1] and refuse:
+            raise RuntimeError("number of heads in key/value must divide number of heads in query")
+        return query.clone()
+
+    def v213(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+             window_size=(-1, -1), enable_gqa=False):
+        seen.append((key.shape[1], enable_gqa))
+        return query.clone()
+
+    for fake, refuse, want in ((v211, False, [(2, (-1, 0)), (2, (-1, 0))]),
+                               (v211, True, [(2, (-1, 0)), (6, (-1, 0)), (6, (-1, 0))]),
+                               (v213, False, [(2, True), (2, True)])):
+        monkeypatch.setattr(tv, "varlen_attn", fake)
+        va._varlen_params.cache_clear()
+        monkeypatch.setattr(va, "_GQA_REFUSED", [])
+        seen.clear()
+        for _ in range(2):
+            assert torch.equal(va._varlen_attn(q, k, v, cu, 5, 0.5), q)
+        assert seen == want, (fake.__name__, refuse, seen)
+        assert bool(va._GQA_REFUSED) == refuse
+    va._varlen_params.cache_clear()

@@ -50,6 +50,7 @@ FAMILIES = ("qwen2", "qwen3", "llama", "mistral")
 FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
 _ACTIVE = contextvars.ContextVar("pacs_fast_varlen_forward", default=False)
 _FAILED: set = set()  # (backend, device type, dtype) that raised here once: not tried again
+_GQA_REFUSED: list = []  # why this torch's varlen_attn refused fewer key/value heads (then they are repeated)
 # backend -> calls of attend() it answered in this process (a benchmark reads which kernel really ran)
 KERNEL_CALLS: collections.Counter = collections.Counter()
 
@@ -104,7 +105,20 @@ def _varlen_attn(q, k, v, cu, max_len, scale):
     if k.shape[1] != q.shape[1]:
         if "enable_gqa" in params:
             kw["enable_gqa"] = True
-        else:
+        elif not _GQA_REFUSED:
+            # torch < 2.12's varlen_attn has no enable_gqa, but calls flash-attention's kernel, which takes fewer
+            # key / value heads (as SDPA's enable_gqa does): the heads repeated would be kept for the backward,
+            # 2 x heads x head_dim per token and layer (the H200 run of 2026-11-29: ~9 GiB at 66k tokens, 1.5B
+            # shape). Where this torch refuses them, the heads are repeated from then on.
+            try:
+                return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except RuntimeError as e:
+                _GQA_REFUSED.append(f"{type(e).__name__}: {e}"[:200])
+                _warn_once(f"varlen_attn refused {k.shape[1]} key/value heads for {q.shape[1]} query heads; they "
+                           f"are repeated ({_GQA_REFUSED[0]})")
+        if "enable_gqa" not in params:
             k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
     return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
 
