@@ -32,6 +32,23 @@ def test_activation_bytes_per_token_by_hand():
     eager = memory_model.activation_bytes_per_token(TINY, attention="eager", longest=10)
     assert eager == 2 * (layer + 2 * 10 * 6) + final
     assert memory_model.dense_mask_bytes(TINY, 25, 10) == 3 * 100 * (1 + 2 * 2)
+    # megatron's MLP keeps one more b F (5 b F = 160); fused (Liger): 3 b F = 96 in both learners, and the torch
+    # learner's fused norms keep their bf16 input, not an fp32 copy: 2 (2 + 2) 8 = 64
+    assert memory_model.activation_bytes_per_token(TINY, megatron=True) == 2 * (layer + 32) + final
+    assert memory_model.activation_bytes_per_token(TINY, fused=True) == 2 * (64 + 64 + 96 + 8) + final
+    assert memory_model.activation_bytes_per_token(TINY, fused=True, megatron=True) == 2 * (layer - 32) + final
+    assert memory_model.activation_bytes_per_token(TINY, recompute="selective", megatron=True) == (
+        2 * (layer - 128) + 160 + final)  # its MLP is what selective recomputes
+
+
+def test_fused_layers_in_the_memory_model_follow_the_key():
+    on, off, auto = (load_config(None, [f"learner.fused_layers={m}"]) for m in ("on", "off", "auto"))
+    assert memory_model.fused_layers_of(on) and not memory_model.fused_layers_of(off)
+    assert not memory_model.fused_layers_of(auto, "cpu")  # auto: a CUDA GPU here and liger-kernel
+    assert memory_model.fused_layers_of(auto, "cuda") == (
+        __import__("torch").cuda.is_available() and __import__("importlib").util.find_spec("liger_kernel") is not None)
+    assert (memory_model.learner_memory(on, TINY, tokens=1000)["activations"]
+            < memory_model.learner_memory(off, TINY, tokens=1000)["activations"])
 
 
 def test_update_flops_by_hand_and_against_the_model():

@@ -144,7 +144,7 @@ NORM_COPY = 4  # bytes per element of the fp32 copy Hugging Face's RMSNorm saves
 
 
 def activation_bytes_per_token(shape: dict, *, recompute: bool | str = False, tp: int = 1, attention: str = "flash",
-                               longest: int = 0) -> float:
+                               longest: int = 0, megatron: bool = False, fused: bool = False) -> float:
     """Bytes the backward keeps per token of a micro-batch, all layers (the torch learner's Hugging
     Face decoder; megatron's is close). One Qwen2 / LLaMA decoder layer, ``b`` the model dtype's
     bytes, ``H`` hidden, ``Hq = heads x head_dim``, ``Hkv = kv_heads x head_dim``, ``F`` the MLP width
@@ -164,12 +164,19 @@ def activation_bytes_per_token(shape: dict, *, recompute: bool | str = False, tp
     + M`` plus the final norm, ``M = 4 b F / t`` the MLP's (its input, the norm's output, stays).
     ``attention``: ``"flash"`` (flash / varlen / SDPA without a mask: no ``S`` term), ``"eager"``
     (``+ a S (4 + b) / t`` per layer: fp32 probabilities and their cast, ``S`` = ``longest``);
-    the dense packed mask is counted per micro-batch (:func:`dense_mask_bytes`)."""
+    the dense packed mask is counted per micro-batch (:func:`dense_mask_bytes`). ``megatron``: its MLP keeps one
+    more ``b F / t`` (``M = 5 b F / t``): measured on an H200 (bench/results/gpu/20261129_h200, Qwen2.5-1.5B shape,
+    no recompute), the megatron learner's peaks were 7.5-14% above the torch learner's model at the same budgets,
+    and within 1.3% of it with the MLP recomputed. ``fused`` (``learner.fused_layers``, :func:`fused_layers_of`):
+    Liger's SwiGLU keeps gate and up and its output, ``M = 3 b F / t`` (both learners); the torch learner's Liger
+    RMSNorm keeps its bf16 input instead of an fp32 copy, ``2 (b + b) H`` for the two norms (measured: 4% over the
+    torch learner's peaks with them, exact for the megatron learner's)."""
     b, H, L = shape["bytes"], shape["hidden"], shape["layers"]
     a, hd = shape["heads"], shape["head_dim"]
     F = shape.get("intermediate") or 0
-    mlp = 4 * b * F / tp
-    layer = 2 * (NORM_COPY + b) * H + (b * (3 * a * hd + 2 * shape["kv_heads"] * hd) + 4 * a) / tp + mlp
+    mlp = (3 if fused else 5 if megatron else 4) * b * F / tp
+    norm_copy = b if fused and not megatron else NORM_COPY  # (megatron's norms stay torch's)
+    layer = 2 * (norm_copy + b) * H + (b * (3 * a * hd + 2 * shape["kv_heads"] * hd) + 4 * a) / tp + mlp
     if attention == "eager":
         layer += a * longest * (4 + b) / tp
     if recompute not in (False, True, "full", "selective"):
@@ -179,6 +186,21 @@ def activation_bytes_per_token(shape: dict, *, recompute: bool | str = False, tp
     else:
         body = L * b * H + layer if recompute else L * layer
     return body + (NORM_COPY + b) * H
+
+
+def fused_layers_of(cfg, device: str = "cuda") -> bool:
+    """Whether the learner's layers run fused (``learner.fused_layers``: ``on``; ``auto`` where a CUDA GPU is here
+    and liger-kernel can fuse this learner's model, :func:`pacs_fast.learner.fused_layers.why_not`)."""
+    mode = cfg.learner.fused_layers
+    if mode != "auto":
+        return mode == "on"
+    import torch
+
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return False
+    from pacs_fast.learner.fused_layers import why_not
+
+    return why_not("cuda", megatron=cfg.learner.backend == "megatron") is None
 
 
 def recompute_of(cfg) -> bool | str:
@@ -280,7 +302,8 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     megatron_scores = lc.backend == "megatron" and (lc.packing == "off" or lc.packed_attention == "dense")
     attention = "eager" if cfg.model.attention == "eager" or megatron_scores else "flash"
     per_token = activation_bytes_per_token(shape, recompute=recompute_of(cfg), tp=tp, attention=attention,
-                                           longest=longest)
+                                           longest=longest, megatron=lc.backend == "megatron",
+                                           fused=fused_layers_of(cfg, device))
     weights, grads, moments = _state_bytes(cfg, shape)
     b_opt = 4 if master_weights(cfg, shape) else shape["bytes"]  # AdamW's dtype
     shards = moment_shards(cfg)

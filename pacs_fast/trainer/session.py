@@ -187,8 +187,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     device = resolve_device(cfg)
     freeze_long_lived()  # transformers, megatron-core, the tokenizer, the problems (pacs_fast/gc_heap.py)
     learner, live_model = build_learner(cfg, model_path, device, tokenizer)
-    if cfg.learner.fused_layers != "off":  # what was fused, or why not (auto)
-        log(getattr(learner, "fused_layers", "fused layers: off"))
+    fused = getattr(learner, "fused_layers", "fused layers: off")
+    if cfg.learner.fused_layers == "on" or (cfg.learner.fused_layers == "auto" and str(device).startswith("cuda")):
+        log(fused)  # what was fused, or why not (auto: on a GPU, where it would pay; the default)
     if cfg.model.gradient_checkpointing:  # which activations the backward recomputes
         log(getattr(learner, "recompute", None) or f"activation recompute: {cfg.model.recompute_granularity}")
     freeze_long_lived()  # the learner's model: vLLM's collections while it builds an engine skip both
