@@ -3,7 +3,9 @@
 #
 #   bash bench/gpu/lease.sh OUT_DIR [main|product|final|learner]
 #
-# The next lease runs `learner` first (the principal gap: the learner at real lengths), then `main`.
+# The learner was measured at the 1.5B shape on 2026-11-29 (bench/results/gpu/20261129_h200). The next lease runs
+# `LEARNER_ARGS="--shapes qwen2.5-0.5b" LEARNER_BUDGET_S=150 bash bench/gpu/lease.sh OUT learner` (~4 minutes:
+# the gpu tests with their float32 reference, the 0.5B rows), then `main` (issue 39's kernels).
 # learner (~7 minutes, first): the gpu tests of the varlen attention and of Liger's fused layers, then
 #   bench/gpu/learner.py (issue 38): one learner update (log-probs, PACS loss, backward, AdamW), bf16,
 #   Qwen2.5-1.5B / 0.5B shapes, packed varlen (with and without learner.fused_layers=on: carry liger-kernel in
@@ -128,7 +130,9 @@ elif [[ "$MODE" == learner ]]; then
   phase learner_tests 120 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_varlen_attention.py \
     tests/test_fused_layers.py --junitxml="$W/learner_tests.xml"
   LB="${LEARNER_BUDGET_S:-360}"  # rows not started after this many seconds (the phase ends 40 s later)
-  phase learner $(( LB + 40 )) "$PY" bench/gpu/learner.py --out "$W/learner" --budget-s "$LB"
+  # LEARNER_ARGS: more arguments (e.g. --shapes qwen2.5-0.5b: the rows the lease of 2026-11-29 did not reach)
+  # shellcheck disable=SC2086
+  phase learner $(( LB + 40 )) "$PY" bench/gpu/learner.py --out "$W/learner" --budget-s "$LB" ${LEARNER_ARGS:-}
 else
   phase product 330 "$PY" bench/gpu/suite.py "$W/suite" --steps env,compile,megatron_run,trl_run --budget-s 320
 fi
