@@ -161,3 +161,13 @@ def test_the_memory_model_against_the_h200_peaks():
                 ratios[(name, r["learner"], r["spec"])] = r["peak_gb"] / model
     assert len(ratios) == 32
     assert all(0.90 <= x <= 1.11 for x in ratios.values()), {k: round(v, 3) for k, v in ratios.items()}
+
+
+def test_token_budgets_are_positive_integers():
+    """--token-budgets: 0 would mean no budget to the learner while the prediction counts no activations (a sweep
+    found a false point on the memory curve), a fraction a bare traceback: argparse errors naming the option."""
+    mod = bench()
+    assert mod._budgets("8704, 17408") == [8704, 17408] and mod._budgets("") == []
+    for bad in ("0", "-3", "1.5", "10,x"):
+        with pytest.raises(SystemExit):
+            mod.main(["--out", "/tmp/unused", "--dry-run", "--token-budgets", bad])

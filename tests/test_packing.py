@@ -19,7 +19,7 @@ from pacs_fast.data.tiny import tiny_qwen2_config
 from pacs_fast.learner.base import RolloutBatch
 from pacs_fast.learner.objective import minibatch_counts, objective
 from pacs_fast.learner.packing import (first_fit_decreasing, micro_batch_groups, pack, padded_budget_micro_batches,
-                                      padded_slots, token_budget_micro_batches)
+                                      padded_slots, shared_prefix_slots, token_budget_micro_batches)
 from pacs_fast.learner.torch_learner import TorchLearner
 
 EOS = 2
@@ -213,10 +213,54 @@ def test_with_packing_off_the_budget_bounds_the_padded_forwards_token_slots(seed
                                          r"off pads each row to the longest\) is larger than learner.max_tokens_per_"
                                          r"micro_batch=99"):
         padded_budget_micro_batches([10, 50], 2, 99)
-    for packing, padded in (("off", True), ("on", False), ("auto", False)):
+    for packing, shared in (("off", False), ("off", True), ("on", False), ("auto", False)):
         learner = TorchLearner(small_model(), algo=AlgoConfig(),
-                               learner=LearnerConfig(packing=packing, max_tokens_per_micro_batch=budget))
-        assert learner._micro_batches(batch, 1) == micro_batch_groups(batch, 1, budget, padded=padded)
+                               learner=LearnerConfig(packing=packing, shared_prefix=shared,
+                                                     max_tokens_per_micro_batch=budget))
+        assert learner._micro_batches(batch, 1) == micro_batch_groups(batch, 1, budget, padded=packing == "off",
+                                                                      shared_prefix=shared)
+    # the shared-prefix forward (packing=off, learner.shared_prefix): each group's common prefix once and the rows'
+    # rests padded, which is what a micro-batch is cut by (not rows x longest, which cut them 3-4x too small)
+    prompts = [torch.randint(3, 128, (int(torch.randint(20, 60, (), generator=gen)),), generator=gen)
+               for _ in range(groups)]
+    rows = [torch.cat([prompts[i // G], torch.randint(3, 128, (int(torch.randint(1, 30, (), generator=gen)),),
+                                                      generator=gen)]) for i in range(G * groups)]
+    T = max(len(r) for r in rows)
+    ids, att = torch.zeros(len(rows), T, dtype=torch.long), torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], att[i, :len(r)] = r, 1
+    shared_batch = RolloutBatch(ids, att, att.float(), torch.zeros(len(rows)), group_size=G)
+    budget = max(shared_prefix_slots(shared_batch.groups([g]).input_ids, shared_batch.groups([g]).attention_mask, G)
+                 for g in range(groups)) + 40
+    parts = micro_batch_groups(shared_batch, 1, budget, padded=True, shared_prefix=True)
+    assert sorted(g for p in parts for g in p) == list(range(groups))
+    for p in parts:
+        sub = shared_batch.groups(p)
+        assert shared_prefix_slots(sub.input_ids, sub.attention_mask, G) <= budget
+    with pytest.raises(ValueError, match="rows padded to"):  # each prompt (>= 20 tokens) counted 4 times: > 40 over
+        micro_batch_groups(shared_batch, 1, budget, padded=True)
+    with pytest.raises(ValueError, match=r"a group of a shared prefix of \d+ tokens and 4 rests padded to \d+"):
+        micro_batch_groups(shared_batch, 1, budget // 3, padded=True, shared_prefix=True)
+
+
+def test_auto_packs_where_the_padded_forward_would_exceed_the_token_budget(seed):
+    """learner.packing=auto keeps the padded forward unless packing saves >= 20% of its slots, but a token budget
+    cut these rows by real tokens: where the padded slots exceed it, it packs (a sweep found one group of 100 + 61
+    tokens under a budget of 161 run padded in 198 slots, 23% over)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 128, (2, 100), generator=gen)
+    att = torch.zeros(2, 100, dtype=torch.long)
+    att[0], att[1, :61] = 1, 1
+    resp = att.float().clone()
+    resp[:, :5] = 0
+    batch = RolloutBatch(ids * att, att, resp, torch.tensor([0.0, 1.0]), group_size=2)
+    for budget, kind in ((161, "packed"), (200, "padded"), (0, "padded")):
+        learner = TorchLearner(small_model(), algo=AlgoConfig(),
+                               learner=LearnerConfig(packing="auto", shared_prefix=False,
+                                                     max_tokens_per_micro_batch=budget))
+        learner.compute_logprobs(batch)
+        assert learner.forwards[kind] == 1, (budget, dict(learner.forwards))
+        assert not budget or learner.forwards["token_slots"] <= budget
 
 
 def test_token_budget_errors():

@@ -325,4 +325,16 @@ def test_varlen_attn_gets_the_key_value_heads_unrepeated_where_it_can(monkeypatc
             assert torch.equal(va._varlen_attn(q, k, v, cu, 5, 0.5), q)
         assert seen == want, (fake.__name__, refuse, seen)
         assert bool(va._GQA_REFUSED) == refuse
+
+    def broken(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+               window_size=(-1, -1)):
+        raise RuntimeError("head dimension 4 is not supported")
+
+    # a failure repeating does not mend is the caller's (attend() falls back), not a refusal of fewer heads
+    monkeypatch.setattr(tv, "varlen_attn", broken)
+    va._varlen_params.cache_clear()
+    monkeypatch.setattr(va, "_GQA_REFUSED", [])
+    with pytest.raises(RuntimeError, match="head dimension"):
+        va._varlen_attn(q, k, v, cu, 5, 0.5)
+    assert va._GQA_REFUSED == []
     va._varlen_params.cache_clear()

@@ -401,11 +401,11 @@ def main(argv=None) -> int:
     ap.add_argument("--learners", default=",".join(LEARNERS))
     ap.add_argument("--recompute", default="auto", choices=("auto", "off", "selective", "full"),
                     help="activation recompute of every row (auto: the least that fits, from the memory model)")
-    ap.add_argument("--token-budgets", default="",
-                    help="comma-separated learner.max_tokens_per_micro_batch values: one row per value (the memory "
-                         "curve; with --recompute), instead of the largest the memory model allows")
+    ap.add_argument("--token-budgets", default=[], type=_budgets,
+                    help="comma-separated learner.max_tokens_per_micro_batch values (positive integers): one row per "
+                         "value (the memory curve; with --recompute), instead of the largest the memory model allows")
     args = ap.parse_args(argv)
-    budgets = [int(x) for x in args.token_budgets.split(",") if x] or [None]
+    budgets = args.token_budgets or [None]
     from pacs_fast.learner.flops import FORMULA, shape_of
 
     t0 = time.time()
@@ -435,8 +435,10 @@ def main(argv=None) -> int:
                 row = run_row(model, shape, shape_name, name, spec, args, device, mem_bytes, t_end, tb)
             except Exception as e:  # noqa: BLE001 - one row's failure (a kernel, an API) must not end the lease's run
                 traceback.print_exc()
+                lengths, _ = lengths_for(spec, 0, args.dry_run)
                 row = {"learner": name, "shape": shape_name, "hidden": dims[1], "spec": spec,
-                       "response_tokens": spec, "tokens": 0, "not_run": f"failed: {type(e).__name__}: {e}"[:300]}
+                       "response_tokens": spec, "tokens": sum(args.prompt + n for n in lengths),
+                       "not_run": f"failed (token budget {tb or 'planned'}): {type(e).__name__}: {e}"[:300]}
                 if model is not None:
                     _cleanup(model, device)
             rows.append(row)
@@ -447,6 +449,18 @@ def main(argv=None) -> int:
         del model
     print(table(rows, device, FORMULA))
     return 0
+
+
+def _budgets(text: str) -> list[int]:
+    """``--token-budgets``: positive integers, comma-separated (0 would mean no budget to the learner, and a
+    prediction without activations)."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"token budgets are comma-separated integers, got {text!r}") from None
+    if any(b < 1 for b in out):
+        raise argparse.ArgumentTypeError(f"token budgets must be >= 1, got {text!r}")
+    return out
 
 
 def row_order(specs, names) -> list[tuple[str, str]]:

@@ -203,8 +203,8 @@ class LearnerConfig:
                            "shape 6-30% more tokens/s and 17-28 GiB less memory: bench/results/gpu/20261129_h200)")
     max_tokens_per_micro_batch: int = _f(0, "micro-batches cut by token count (whole groups, about equal tokens "
                                          "each) instead of learner.micro_batch_prompts; with learner.packing=off "
-                                         "the padded forward's token slots (rows x the longest row); 0 = off "
-                                         "(megatron: per data-parallel rank)")
+                                         "by the token slots its padded or shared-prefix forward runs (the longest "
+                                         "groups first); 0 = off (megatron: per data-parallel rank)")
     tp_size: int = _f(1, "megatron: tensor-parallel size; divides the number of torchrun processes "
                       "(the rest is data parallelism)")
     distributed_optimizer: bool = _f(False, "megatron: AdamW state sharded over the data-parallel ranks (ZeRO-1, "

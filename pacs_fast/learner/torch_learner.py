@@ -221,7 +221,8 @@ class TorchLearner(Learner):
     def _packed(self, model, ids: torch.Tensor, attention_mask: torch.Tensor, rival_slots: int) -> Packed | None:
         """The packed layout of these whole rows, or None for the other forward (``learner.packing``:
         ``on`` always packs; ``auto`` packs when that runs >= 20% fewer token slots than the
-        ``rival_slots`` of the padded or shared-prefix forward). Attention: ``learner.packed_attention``
+        ``rival_slots`` of the padded or shared-prefix forward, or when those slots would exceed
+        ``learner.max_tokens_per_micro_batch``, which cut these rows by real tokens). Attention: ``learner.packed_attention``
         (:func:`~pacs_fast.learner.packing.packed_attention_mode`); varlen switches ``model`` to
         :mod:`pacs_fast.ops.varlen_attention` until the public call ends (``packing.restores_attention``)."""
         if self.cfg.packing == "off" or (ids.shape[0] < 2 and self.cfg.packing == "auto"):
@@ -229,18 +230,22 @@ class TorchLearner(Learner):
         varlen = packed_attention_mode(model, self.cfg.packed_attention) == "varlen"
         impl = varlen_attention.base_implementation(model.config)
         packed = pack(ids, attention_mask, implementation=impl, dtype=next(model.parameters()).dtype, varlen=varlen)
-        if self.cfg.packing == "auto" and packed.slots > 0.8 * rival_slots:
+        budget = self.cfg.max_tokens_per_micro_batch  # (the cut counted real tokens: the rival must not exceed it)
+        if self.cfg.packing == "auto" and packed.slots > 0.8 * rival_slots and not (budget and rival_slots > budget):
             return None
         base = varlen_attention.activate(model) if varlen else None
         if base is not None:
             self._switched.append((model, base))
         return packed
 
-    def _micro_batches(self, batch: RolloutBatch, limit: int) -> list[list[int]]:
+    def _micro_batches(self, batch: RolloutBatch, limit: int, model=None) -> list[list[int]]:
         """Group positions of ``batch`` per micro-batch: ``limit`` groups each, or, with
         ``learner.max_tokens_per_micro_batch``, about equal real-token counts (whole groups; with
-        ``learner.packing=off`` the padded forward's token slots)."""
-        return micro_batch_groups(batch, limit, self.cfg.max_tokens_per_micro_batch, padded=self.cfg.packing == "off")
+        ``learner.packing=off`` the token slots of the forward ``model`` runs: shared-prefix or padded)."""
+        model = self.model if model is None else model
+        shared = self.cfg.shared_prefix and not getattr(model, "is_gradient_checkpointing", False)
+        return micro_batch_groups(batch, limit, self.cfg.max_tokens_per_micro_batch, padded=self.cfg.packing == "off",
+                                  shared_prefix=shared)
 
     # ------------------------------------------------------------------ Learner
     @restores_attention
@@ -249,7 +254,7 @@ class TorchLearner(Learner):
         model = self._model_for(reference)
         was = model.training
         model.eval()
-        parts = self._micro_batches(batch, self.cfg.micro_batch_prompts)
+        parts = self._micro_batches(batch, self.cfg.micro_batch_prompts, model)
         try:
             outs = [self._forward(model, batch.groups(p), entropy=return_entropy, values=False) for p in parts]
         finally:

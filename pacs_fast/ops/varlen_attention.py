@@ -109,18 +109,29 @@ def _varlen_attn(q, k, v, cu, max_len, scale):
             # torch < 2.12's varlen_attn has no enable_gqa, but calls flash-attention's kernel, which takes fewer
             # key / value heads (as SDPA's enable_gqa does): the heads repeated would be kept for the backward,
             # 2 x heads x head_dim per token and layer (the H200 run of 2026-11-29: ~9 GiB at 66k tokens, 1.5B
-            # shape). Where this torch refuses them, the heads are repeated from then on.
+            # shape). Where this torch refuses them and takes them repeated, they are repeated from then on; a
+            # failure that repeating does not mend is the caller's (attend() falls back to the next backend).
+            # Not covered: a torch whose forward takes them and whose backward does not (torch 2.10 / 2.11 call
+            # the same flash-attention kernels both ways).
             try:
                 return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
             except torch.cuda.OutOfMemoryError:
                 raise
-            except RuntimeError as e:
-                _GQA_REFUSED.append(f"{type(e).__name__}: {e}"[:200])
-                _warn_once(f"varlen_attn refused {k.shape[1]} key/value heads for {q.shape[1]} query heads; they "
-                           f"are repeated ({_GQA_REFUSED[0]})")
+            except (RuntimeError, ValueError) as e:
+                why = f"{type(e).__name__}: {e}"[:200]
+            out = varlen_attn(q, *_repeat_heads(q, k, v), cu, cu, max_len, max_len, **kw)
+            _GQA_REFUSED.append(why)
+            _warn_once(f"varlen_attn refused {k.shape[1]} key/value heads for {q.shape[1]} query heads; they are "
+                       f"repeated ({why})")
+            return out
         if "enable_gqa" not in params:
-            k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
+            k, v = _repeat_heads(q, k, v)
     return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+
+
+def _repeat_heads(q, k, v):
+    """``k, v`` with each key/value head repeated for the query heads it serves (``[N, h, d]``)."""
+    return tuple(x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
 
 
 def _flash_attn(q, k, v, cu, max_len, scale):

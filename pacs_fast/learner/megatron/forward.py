@@ -133,9 +133,11 @@ def _hidden(model, ids: torch.Tensor, position_ids: torch.Tensor, blocked: torch
         return model(input_ids=ids, position_ids=position_ids, attention_mask=blocked).transpose(0, 1)
 
 
-def _packed_or_none(ids_l: torch.Tensor, att_l: torch.Tensor, packing: str, thd: bool):
+def _packed_or_none(ids_l: torch.Tensor, att_l: torch.Tensor, packing: str, thd: bool, budget: int = 0):
     """The packed layout of the left-aligned rows (``packing``: on / auto / off), or None; ``thd``:
-    one row without a mask (all sequences end to end), else bins with the block-diagonal mask."""
+    one row without a mask (all sequences end to end), else bins with the block-diagonal mask. ``budget``
+    (``learner.max_tokens_per_micro_batch``, which cut these rows by real tokens): ``auto`` packs where the padded
+    forward's slots would exceed it."""
     from pacs_fast.learner.packing import pack, padded_slots
 
     if packing not in ("auto", "on", "off"):
@@ -145,7 +147,8 @@ def _packed_or_none(ids_l: torch.Tensor, att_l: torch.Tensor, packing: str, thd:
     packed = pack(ids_l, att_l, implementation="flash_attention_2" if thd else "sdpa")  # flash: one row, no mask
     # auto with THD: always (rows of equal length too, a single row too): the padded forward's DotProductAttention
     # builds [b, heads, S, S] scores, THD's varlen kernel never does, and the values are the same
-    if packing == "auto" and not thd and packed.slots > 0.8 * padded_slots(att_l):
+    slots = padded_slots(att_l)
+    if packing == "auto" and not thd and packed.slots > 0.8 * slots and not (budget and slots > budget):
         return None
     return packed
 
@@ -171,7 +174,7 @@ def _thd_hidden(model, packed) -> torch.Tensor:
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, vocab_size: int,
                    label_mask: torch.Tensor | None = None, tp_group=None, temperature: float = 1.0,
                    return_entropy: bool = False, backend: str = "auto", packing: str = "off",
-                   packed_attention: str = "auto", lm_head_fp32: bool = False, forwards=None):
+                   packed_attention: str = "auto", lm_head_fp32: bool = False, forwards=None, budget: int = 0):
     """``logp[B, T]`` (fp32): ``logp[b, t] = log p(input_ids[b, t] | valid tokens before t)``.
 
     0 at padding and at the first valid token of each row (nothing predicts it). With
@@ -180,7 +183,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     ``label_mask`` (``[B, T]`` bool): only these positions are computed (others give 0 and cost no
     LM-head work), e.g. the response mask.
     ``packing``: rows end to end without padding (see the module docstring): ``on``, ``off``, or
-    ``auto`` (when that runs >= 20% fewer token slots than the padded rows).
+    ``auto`` (when that runs >= 20% fewer token slots than the padded rows, or the padded rows' slots exceed
+    ``budget``, the ``learner.max_tokens_per_micro_batch`` that cut these rows by real tokens).
     ``packed_attention``: how packed rows attend: ``varlen`` / ``auto`` (THD, a varlen kernel) or
     ``dense`` (the block-diagonal mask); see the module docstring.
     ``lm_head_fp32``: the LM head in fp32 (``linear_logprobs(..., upcast=True)``: fp32 copies of the
@@ -204,7 +208,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if packed_attention not in PACKED_ATTENTION:
         raise ValueError(f"packed_attention must be one of {PACKED_ATTENTION}, got {packed_attention!r}")
     thd = packed_attention != "dense"  # auto: THD is exact for every model build_gpt_model makes
-    packed = _packed_or_none(ids_l, att_l, packing, thd)
+    packed = _packed_or_none(ids_l, att_l, packing, thd, budget)
     sel = mask_l[:, 1:]  # the labelled positions: only their hidden states reach the LM head
     if forwards is not None:
         from pacs_fast.learner.packing import padded_slots

@@ -208,7 +208,8 @@ class MegatronLearner(Learner):
                              tp_group=self.tp_group, temperature=self.temperature,
                              return_entropy=return_entropy, backend=self.cfg.logprob_backend,
                              packing=self.cfg.packing, lm_head_fp32=self.lm_head_fp32,
-                             packed_attention=getattr(self.cfg, "packed_attention", "auto"), forwards=self.forwards)
+                             packed_attention=getattr(self.cfg, "packed_attention", "auto"), forwards=self.forwards,
+                             budget=self.cfg.max_tokens_per_micro_batch)
         return out if return_entropy else (out, None)
 
     def _check_same_batch(self, batch: RolloutBatch) -> None:
