@@ -4,8 +4,9 @@
 #   bash bench/gpu/lease.sh OUT_DIR [main|product|final|learner]
 #
 # The learner was measured at the 1.5B shape on 2026-11-29 (bench/results/gpu/20261129_h200). The next lease runs
-# `LEARNER_ARGS="--shapes qwen2.5-0.5b" LEARNER_BUDGET_S=150 bash bench/gpu/lease.sh OUT learner` (~4 minutes:
-# the gpu tests with their float32 reference, the 0.5B rows), then `main` (issue 39's kernels).
+# `LEARNER_BUDGET_S=200 LEARNER_ARGS='--lengths 32k,4k,mix --learners "torch packed varlen,torch padded + SDPA"'
+#  bash bench/gpu/lease.sh OUT learner` (~5 minutes: the gpu tests with their float32 reference; the 32k packed
+# row again, with torch 2.11's unrepeated key/value heads and its top kernels; then the 0.5B rows), then `main`.
 # learner (~7 minutes, first): the gpu tests of the varlen attention and of Liger's fused layers, then
 #   bench/gpu/learner.py (issue 38): one learner update (log-probs, PACS loss, backward, AdamW), bf16,
 #   Qwen2.5-1.5B / 0.5B shapes, packed varlen (with and without learner.fused_layers=on: carry liger-kernel in
@@ -130,9 +131,9 @@ elif [[ "$MODE" == learner ]]; then
   phase learner_tests 120 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_varlen_attention.py \
     tests/test_fused_layers.py --junitxml="$W/learner_tests.xml"
   LB="${LEARNER_BUDGET_S:-360}"  # rows not started after this many seconds (the phase ends 40 s later)
-  # LEARNER_ARGS: more arguments (e.g. --shapes qwen2.5-0.5b: the rows the lease of 2026-11-29 did not reach)
-  # shellcheck disable=SC2086
-  phase learner $(( LB + 40 )) "$PY" bench/gpu/learner.py --out "$W/learner" --budget-s "$LB" ${LEARNER_ARGS:-}
+  # LEARNER_ARGS: more arguments, shell-quoted (e.g. --shapes qwen2.5-0.5b --learners "torch packed varlen")
+  eval "EXTRA=(${LEARNER_ARGS:-})"
+  phase learner $(( LB + 40 )) "$PY" bench/gpu/learner.py --out "$W/learner" --budget-s "$LB" "${EXTRA[@]}"
 else
   phase product 330 "$PY" bench/gpu/suite.py "$W/suite" --steps env,compile,megatron_run,trl_run --budget-s 320
 fi
