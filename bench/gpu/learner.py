@@ -202,17 +202,16 @@ def shares_of(events, cpu, cuda) -> dict:
         for k in e.kernels:
             sums[cat or kind(k.name) or "other"] += k.duration
             attributed += k.duration
-    total = sum(e.time_range.elapsed_us() for e in events if e.device_type == cuda
-                and not e.name.startswith("Activity Buffer"))
-    sums["other"] += max(total - attributed, 0.0)  # kernels no op claimed
-    out = {k: v / max(sum(sums.values()), 1e-9) for k, v in sums.items()}
-    # the device time itself (against the step's wall time: how busy the host keeps the GPU) and the kernels
-    # that take most of it, by name (what a share does not say: the first H200 run found packed varlen rows
-    # 7-37% slower than padded SDPA at equal lengths with the same kernels' shares)
+    # every kernel's time by name: the total (against the step's wall time: how busy the host keeps the GPU) and
+    # the kernels that take most of it (what a share does not say: the first H200 run found packed varlen rows
+    # 7-37% slower than padded SDPA at equal lengths)
     per_kernel: dict[str, float] = {}
     for e in events:
         if e.device_type == cuda and not e.name.startswith("Activity Buffer"):
             per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
+    total = sum(per_kernel.values())
+    sums["other"] += max(total - attributed, 0.0)  # kernels no op claimed
+    out = {k: v / max(sum(sums.values()), 1e-9) for k, v in sums.items()}
     out["device_s"] = total / 1e6
     out["top_kernels"] = [[name[:120], round(us / 1e6, 5)] for name, us in
                           sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]]

@@ -19,7 +19,8 @@ matmuls run on other shapes).
 
 :func:`token_budget_micro_batches` cuts a mini-batch's groups into micro-batches of about equal token
 count (sorted first-fit decreasing), never splitting a group; with ``learner.packing=off``
-:func:`padded_budget_micro_batches` counts the padded forward's token slots (rows x the longest row).
+:func:`padded_budget_micro_batches` counts the token slots its forward runs (rows x the longest row; with the
+shared-prefix forward each group's prefix once plus the rows' rests).
 """
 from __future__ import annotations
 
