@@ -10,6 +10,8 @@ largest entry (the issue asks 1e-6; the objective scales each micro-batch by the
 so only the summation order differs), and no micro-batch holds more tokens than the budget.
 """
 import copy
+import importlib.util
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -241,6 +243,55 @@ def test_with_packing_off_the_budget_bounds_the_padded_forwards_token_slots(seed
         micro_batch_groups(shared_batch, 1, budget, padded=True)
     with pytest.raises(ValueError, match=r"a group of a shared prefix of \d+ tokens and 4 rests padded to \d+"):
         micro_batch_groups(shared_batch, 1, budget // 3, padded=True, shared_prefix=True)
+
+
+def test_dense_packed_bins_stay_within_the_token_budget(seed):
+    """learner.packed_attention=dense packs rows into bins as long as the longest row, so a budget counted in real
+    tokens let the bins run over it (a sweep: rows of 22 / 12 / 12 / 12 tokens under a budget of 58 ran 4 bins of 22,
+    84 slots, in both learners; the memory check counts the budget). With the dense mask the cut counts the padded
+    forward's slots, which no bin layout and no forward `auto` may pick instead exceeds; varlen keeps the real-token
+    cut (its one row holds exactly the real tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    G, groups = 4, 9
+    lengths = torch.exp(3 + torch.randn(G * groups, generator=gen)).round().clamp(2, 300).long().tolist()
+    batch = uneven_batch(gen, G, groups, 128, lengths)
+    longest = batch.attention_mask.sum(-1).view(groups, G).amax(-1)
+    budget = int(G * longest.max()) + int(torch.randint(0, 400, (), generator=gen))
+    for packing in ("on", "auto"):
+        for attention in ("dense", "varlen"):
+            learner = TorchLearner(small_model(), algo=AlgoConfig(),
+                                   learner=LearnerConfig(packing=packing, packed_attention=attention, shared_prefix=True,
+                                                         max_tokens_per_micro_batch=budget))
+            parts = learner._micro_batches(batch, 1)
+            assert sorted(g for p in parts for g in p) == list(range(groups))
+            for p in parts:
+                sub = batch.groups(p)
+                slots = pack(sub.input_ids, sub.attention_mask, varlen=attention == "varlen").slots
+                assert slots <= budget, (packing, attention, p, slots, budget)
+            if attention == "varlen":  # real tokens: as few micro-batches as the padded cut, or fewer
+                assert len(parts) <= len(micro_batch_groups(batch, 1, budget, padded=True))
+    # the sweep's batch, through the learner: its forwards' slots within the budget
+    rows = uneven_batch(gen, 2, 2, 128, [22, 12, 12, 12])
+    real = int(rows.attention_mask.sum())
+    learner = TorchLearner(small_model(), algo=AlgoConfig(),
+                           learner=LearnerConfig(packing="on", packed_attention="dense", shared_prefix=False,
+                                                 micro_batch_prompts=2, max_tokens_per_micro_batch=real))
+    for p in learner._micro_batches(rows, 2):
+        assert pack(rows.groups(p).input_ids, rows.groups(p).attention_mask).slots <= real
+    learner.compute_logprobs(rows)
+    # one forward per group (cut by real tokens, both ran in one forward of 3 bins x 21 = 63 slots)
+    assert learner.forwards["packed"] == 2, dict(learner.forwards)
+    if importlib.util.find_spec("megatron") is not None:  # the megatron learner cuts the same way
+        from pacs_fast.learner.megatron.learner import MegatronLearner
+
+        for packing, attention in (("on", "dense"), ("auto", "dense"), ("on", "varlen"), ("off", "auto")):
+            cfg = LearnerConfig(packing=packing, packed_attention=attention, max_tokens_per_micro_batch=budget)
+            assert MegatronLearner._micro_batches(SimpleNamespace(cfg=cfg), batch) == micro_batch_groups(
+                batch, 1, budget, padded=packing == "off", dense=attention == "dense"), (packing, attention)
+    with pytest.raises(ValueError, match=r"learner.packed_attention=dense packs rows into bins as long as the longest "
+                                         r"row\) is larger than learner.max_tokens_per_micro_batch=30: raise the "
+                                         r"budget or use learner.packed_attention=varlen"):
+        micro_batch_groups(rows, 1, 30, dense=True)
 
 
 def test_auto_packs_where_the_padded_forward_would_exceed_the_token_budget(seed):

@@ -204,7 +204,8 @@ class LearnerConfig:
     max_tokens_per_micro_batch: int = _f(0, "micro-batches cut by token count (whole groups, about equal tokens "
                                          "each) instead of learner.micro_batch_prompts; with learner.packing=off "
                                          "by the token slots its padded or shared-prefix forward runs (the longest "
-                                         "groups first); 0 = off (megatron: per data-parallel rank)")
+                                         "groups first), with learner.packed_attention=dense by the padded slots "
+                                         "(which bound its bins); 0 = off (megatron: per data-parallel rank)")
     tp_size: int = _f(1, "megatron: tensor-parallel size; divides the number of torchrun processes "
                       "(the rest is data parallelism)")
     distributed_optimizer: bool = _f(False, "megatron: AdamW state sharded over the data-parallel ranks (ZeRO-1, "

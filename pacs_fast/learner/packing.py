@@ -227,21 +227,24 @@ def token_budget_micro_batches(group_tokens: list[int], budget: int) -> list[lis
 
 
 def padded_budget_micro_batches(group_longest: list[int], group_size: int, budget: int,
-                                fixed: list[int] | None = None) -> list[list[int]]:
+                                fixed: list[int] | None = None, *, dense: bool = False) -> list[list[int]]:
     """Positions of the groups cut into micro-batches whose padded forward runs at most ``budget`` token slots:
     ``sum(fixed) + rows x longest`` (``group_longest``: each group's longest row, the rows padded to the
     micro-batch's longest; ``fixed``: slots a group adds whatever the others, e.g. its shared prefix run once; none
     by default): the groups by decreasing longest row, each micro-batch filled in that order (its first group sets
-    its length). ValueError naming both numbers when one group alone is over the budget."""
+    its length). ``dense``: the rows are packed into dense-mask bins as long as the longest row, which hold at most
+    as many slots (the bound the cut keeps). ValueError naming both numbers when one group alone is over the budget."""
     fixed = fixed or [0] * len(group_longest)
     alone = [f + group_size * n for f, n in zip(fixed, group_longest)]
     if alone and max(alone) > budget:
         i = max(range(len(alone)), key=alone.__getitem__)
         what = (f"a shared prefix of {fixed[i]} tokens and {group_size} rests padded to {group_longest[i]}"
                 if fixed[i] else f"{group_size} rows padded to {group_longest[i]} tokens")
-        raise ValueError(f"a group of {what} ({alone[i]} token slots: learner.packing=off pads each row to the "
-                         f"longest) is larger than learner.max_tokens_per_micro_batch={budget}: raise the budget or "
-                         "pack the rows (learner.packing=auto)")
+        how, fix = (("learner.packed_attention=dense packs rows into bins as long as the longest row",
+                     "use learner.packed_attention=varlen") if dense else
+                    ("learner.packing=off pads each row to the longest", "pack the rows (learner.packing=auto)"))
+        raise ValueError(f"a group of {what} ({alone[i]} token slots: {how}) is larger than "
+                         f"learner.max_tokens_per_micro_batch={budget}: raise the budget or {fix}")
     bins: list[list[int]] = []
     longest = used = 0
     for i in sorted(range(len(group_longest)), key=lambda i: (-group_longest[i], i)):
@@ -255,26 +258,28 @@ def padded_budget_micro_batches(group_longest: list[int], group_size: int, budge
 
 
 def micro_batch_groups(batch, limit: int, budget: int = 0, *, padded: bool = False,
-                       shared_prefix: bool = False) -> list[list[int]]:
+                       shared_prefix: bool = False, dense: bool = False) -> list[list[int]]:
     """Group positions of ``batch`` (a :class:`~pacs_fast.learner.base.RolloutBatch`) per
     micro-batch: ``limit`` consecutive groups each, or, with a token ``budget`` (> 0), whole groups of
     about equal real-token counts (:func:`token_budget_micro_batches`); ``padded`` (``learner.packing=off``:
     rows padded to the micro-batch's longest) counts the token slots the padded forward runs instead, and with
     ``shared_prefix`` (the torch learner's shared-prefix forward) each group's common prefix once plus every row's
-    rest padded (:func:`padded_budget_micro_batches`), so that the budget bounds the memory either way. Both
-    learners cut this way."""
-    if budget and padded:
+    rest padded (:func:`padded_budget_micro_batches`), so that the budget bounds the memory either way. ``dense``
+    (packed rows with the dense mask, ``learner.packed_attention=dense``): bins as long as the longest row, cut by the
+    padded forward's slots (no fewer than the bins' slots, nor the shared-prefix forward's that ``auto`` may run
+    instead; counting real tokens let the bins run up to ~1.5x the budget). Both learners cut this way."""
+    if budget and (padded or dense):
         G = batch.group_size
         lengths = batch.attention_mask.sum(-1).long()
         fixed = None
-        if shared_prefix:
+        if shared_prefix and not dense:
             from pacs_fast.learner.shared_prefix import common_prefix_lengths
 
             prefix = common_prefix_lengths(batch.input_ids, lengths, G)
             lengths = lengths - prefix.repeat_interleave(G)
             fixed = [int(p) for p in prefix]
         longest = lengths.view(batch.num_groups, G).amax(-1).tolist()
-        return padded_budget_micro_batches([int(t) for t in longest], G, budget, fixed)
+        return padded_budget_micro_batches([int(t) for t in longest], G, budget, fixed, dense=dense and not padded)
     if budget:
         tokens = batch.attention_mask.sum(-1).view(batch.num_groups, batch.group_size).sum(-1).tolist()
         return token_budget_micro_batches([int(t) for t in tokens], budget)

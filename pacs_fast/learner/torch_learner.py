@@ -241,11 +241,15 @@ class TorchLearner(Learner):
     def _micro_batches(self, batch: RolloutBatch, limit: int, model=None) -> list[list[int]]:
         """Group positions of ``batch`` per micro-batch: ``limit`` groups each, or, with
         ``learner.max_tokens_per_micro_batch``, about equal real-token counts (whole groups; with
-        ``learner.packing=off`` the token slots of the forward ``model`` runs: shared-prefix or padded)."""
+        ``learner.packing=off`` the token slots of the forward ``model`` runs: shared-prefix or padded; packed rows
+        with the dense mask: the padded forward's slots, which bound its bins')."""
         model = self.model if model is None else model
         shared = self.cfg.shared_prefix and not getattr(model, "is_gradient_checkpointing", False)
-        return micro_batch_groups(batch, limit, self.cfg.max_tokens_per_micro_batch, padded=self.cfg.packing == "off",
-                                  shared_prefix=shared)
+        budget = self.cfg.max_tokens_per_micro_batch
+        dense = bool(budget) and self.cfg.packing != "off" and \
+            packed_attention_mode(model, self.cfg.packed_attention) == "dense"
+        return micro_batch_groups(batch, limit, budget, padded=self.cfg.packing == "off", shared_prefix=shared,
+                                  dense=dense)
 
     # ------------------------------------------------------------------ Learner
     @restores_attention

@@ -212,6 +212,14 @@ class MegatronLearner(Learner):
                              budget=self.cfg.max_tokens_per_micro_batch)
         return out if return_entropy else (out, None)
 
+    def _micro_batches(self, batch: RolloutBatch) -> list[list[int]]:
+        """Group positions of ``batch`` per micro-batch (:func:`~pacs_fast.learner.packing.micro_batch_groups`): a token
+        budget counts real tokens for THD rows, padded slots for padded rows and for the dense mask's bins (as long
+        as the longest row)."""
+        dense = self.cfg.packing != "off" and getattr(self.cfg, "packed_attention", "auto") == "dense"
+        return micro_batch_groups(batch, self.cfg.micro_batch_prompts, self.cfg.max_tokens_per_micro_batch,
+                                  padded=self.cfg.packing == "off", dense=dense)
+
     def _check_same_batch(self, batch: RolloutBatch) -> None:
         """Full batches: every rank must pass the same batch; DP-local: the ranks of a TP group."""
         if not (self.local_batches and self.tp_size == 1):  # (DP-local at TP 1: no rank shares its rows)
@@ -238,8 +246,7 @@ class MegatronLearner(Learner):
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # noqa: E731
         lps, ents = [], []
         mine_batch = padded.groups(mine)
-        parts = micro_batch_groups(mine_batch, self.cfg.micro_batch_prompts, self.cfg.max_tokens_per_micro_batch,
-                                   padded=self.cfg.packing == "off")
+        parts = self._micro_batches(mine_batch)
         order = [g for part in parts for g in part]
         try:
             for part in parts:
@@ -314,8 +321,7 @@ class MegatronLearner(Learner):
         else:
             counts = minibatch_counts(mb)
             mine = mb.groups(dp_share(mb.num_groups, self.dp_size, self.dp_rank))
-        parts = micro_batch_groups(mine, self.cfg.micro_batch_prompts, self.cfg.max_tokens_per_micro_batch,
-                                   padded=self.cfg.packing == "off")
+        parts = self._micro_batches(mine)
         share_back = group_rows(torch.tensor([g for part in parts for g in part]).argsort(), mine.group_size)
         need_ent = bool(self.algo.entropy_coef)
         self.optimizer.zero_grad(set_to_none=True)
