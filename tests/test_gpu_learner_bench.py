@@ -174,3 +174,44 @@ def test_token_budgets_are_positive_integers():
     for bad in ("0", "-3", "1.5", "10,x"):
         with pytest.raises(SystemExit):
             mod.main(["--out", "/tmp/unused", "--dry-run", "--token-budgets", bad])
+
+
+def test_bad_arguments_are_refused_by_the_parser():
+    """--lengths, --learners, --shapes, --steps and --budget-s are checked before any row (a sweep: `0k` ended in a
+    ZeroDivisionError, `-4k` timed an 8-token row, an unknown learner became a failed row and the run went on, `nan`
+    seconds ran rows without a model); names may have spaces after the commas."""
+    mod = bench()
+    ok = ["--out", "/tmp/unused", "--dry-run", "--check-args"]
+    assert mod.main(ok + ["--learners", "torch packed varlen, torch padded + SDPA", "--lengths", "4k, mix,300"]) == 0
+    assert mod._lengths("4k, mix,300") == ["4k", "mix", "300"]
+    assert mod._names(mod.LEARNERS, "learners")("torch packed varlen, torch padded + SDPA") == [
+        "torch packed varlen", "torch padded + SDPA"]
+    for bad in (["--lengths", "0k"], ["--lengths", "-4k"], ["--lengths", "4x"], ["--lengths", ""],
+                ["--learners", "torch packed"], ["--shapes", "qwen3"], ["--steps", "0"], ["--steps", "-1"],
+                ["--budget-s", "nan"], ["--budget-s", "inf"]):
+        with pytest.raises(SystemExit) as e:
+            mod.main(ok + bad)
+        assert e.value.code == 2, bad
+
+
+def test_the_lease_refuses_bad_learner_settings_before_its_first_phase(tmp_path):
+    """bench/gpu/lease.sh learner: LEARNER_BUDGET_S and LEARNER_ARGS are checked before the first phase, exit 2 (a
+    sweep: an unbalanced quote printed a syntax error and ran the whole default benchmark, exit 0; `$(...)` ran;
+    LEARNER_BUDGET_S=-100 became an invalid `timeout` and the script said done)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    marker = tmp_path / "ran"
+    for env in ({"LEARNER_BUDGET_S": "abc"}, {"LEARNER_BUDGET_S": "-100"}, {"LEARNER_BUDGET_S": "0"},
+                {"LEARNER_ARGS": '--dry-run --learners "torch packed varlen'},
+                {"LEARNER_ARGS": f"--dry-run $(touch {marker})"},
+                {"LEARNER_ARGS": "--dry-run --learners 'torch packed'"}):
+        proc = subprocess.run(["bash", "bench/gpu/lease.sh", str(tmp_path / "out"), "learner"], cwd=root,
+                              env={**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path), **env},
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, (env, proc.stdout[-500:], proc.stderr[-1000:])
+        assert "==" not in proc.stdout, env  # no phase started
+        assert "bench/gpu/lease.sh: " in proc.stderr, env
+    assert not marker.exists()  # the arguments are split as a shell would, never run

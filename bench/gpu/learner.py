@@ -129,8 +129,9 @@ def memory_config(learner_name, recompute, prompt, longest, G, dtype="bfloat16")
 
 
 def group_costs(lengths, G, prompt, padded) -> list[int]:
-    """What each group counts against the token budget: its real tokens, or (``padded``: learner.packing=off)
-    its rows x its longest row, the token slots the padded forward runs (pacs_fast/learner/packing.py)."""
+    """What each group counts against the token budget: its real tokens, or (``padded``: learner.packing=off, and
+    the dense mask's bins) its rows x its longest row, the token slots the padded forward runs
+    (pacs_fast/learner/packing.py)."""
     groups = [lengths[g:g + G] for g in range(0, len(lengths), G)]
     return [len(x) * (prompt + max(x)) if padded else sum(prompt + n for n in x) for x in groups]
 
@@ -141,10 +142,11 @@ def plan(shape, lengths, G, prompt, mem_bytes, learner_name, levels=RECOMPUTE, b
     step, the tied head's gradient, activations, the log-prob workspace): the largest token budget whose
     predicted peak stays within 80% of the device, at the first of ``levels`` (False; ``"selective"``: each
     layer's MLP; ``"full"``: each layer) at which one group fits; a given ``budget`` is taken as it is (the
-    memory curve). Padded rows (learner.packing=off) count their token slots (:func:`group_costs`)."""
+    memory curve). Padded rows (learner.packing=off) and dense bins count their token slots (:func:`group_costs`)."""
     from pacs_fast.trainer.memory_model import learner_memory
 
-    costs = group_costs(lengths, G, prompt, LEARNERS[learner_name].get("packing") == "off")
+    spec = LEARNERS[learner_name]
+    costs = group_costs(lengths, G, prompt, spec.get("packing") == "off" or spec.get("packed_attention") == "dense")
     group, total = max(costs), sum(costs)
     room = 0.8 * mem_bytes
     for ckpt in levels:
@@ -396,17 +398,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="folder for learner.json and learner.md")
     ap.add_argument("--dry-run", action="store_true", help="CPU, a tiny shape and tiny lengths (seconds)")
-    ap.add_argument("--budget-s", type=float, default=180.0, help="rows not started after this many seconds")
-    ap.add_argument("--steps", type=int, default=3, help="timed updates per row (median)")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--lengths", default="4k,mix,16k,32k,1k")
-    ap.add_argument("--learners", default=",".join(LEARNERS))
+    ap.add_argument("--budget-s", type=_seconds, default=180.0, help="rows not started after this many seconds")
+    ap.add_argument("--steps", type=_positive, default=3, help="timed updates per row (median)")
+    ap.add_argument("--shapes", type=_names(SHAPES, "shapes"), default=",".join(SHAPES))
+    ap.add_argument("--lengths", type=_lengths, default="4k,mix,16k,32k,1k",
+                    help="comma-separated response lengths: <n>k (n x 1,024 tokens), <n> tokens, or mix")
+    ap.add_argument("--learners", type=_names(LEARNERS, "learners"), default=",".join(LEARNERS))
     ap.add_argument("--recompute", default="auto", choices=("auto", "off", "selective", "full"),
                     help="activation recompute of every row (auto: the least that fits, from the memory model)")
     ap.add_argument("--token-budgets", default=[], type=_budgets,
                     help="comma-separated learner.max_tokens_per_micro_batch values (positive integers): one row per "
                          "value (the memory curve; with --recompute), instead of the largest the memory model allows")
+    ap.add_argument("--check-args", action="store_true", help="parse the arguments and exit (bench/gpu/lease.sh, "
+                                                                   "before its first phase)")
     args = ap.parse_args(argv)
+    if args.check_args:
+        return 0
     budgets = args.token_budgets or [None]
     from pacs_fast.learner.flops import FORMULA, shape_of
 
@@ -420,9 +427,8 @@ def main(argv=None) -> int:
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     vocab = 512 if args.dry_run else 151936
     mem_bytes = torch.cuda.get_device_properties(0).total_memory if device == "cuda" else 8 << 30
-    shapes = TINY if args.dry_run else {k: SHAPES[k] for k in args.shapes.split(",")}
-    specs = args.lengths.split(",")
-    names = args.learners.split(",")
+    shapes = TINY if args.dry_run else {k: SHAPES[k] for k in args.shapes}
+    specs, names = args.lengths, args.learners
     rows = []
     os.makedirs(args.out, exist_ok=True)
     for shape_name, dims in shapes.items():
@@ -463,6 +469,54 @@ def _budgets(text: str) -> list[int]:
     if any(b < 1 for b in out):
         raise argparse.ArgumentTypeError(f"token budgets must be >= 1, got {text!r}")
     return out
+
+
+def _seconds(text: str) -> float:
+    """``--budget-s``: a finite number of seconds (nan compared false everywhere and ran rows without a model)."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"a finite number of seconds, got {text!r}")
+    return x
+
+
+def _positive(text: str) -> int:
+    """``--steps``: timed updates per row, >= 1 (their median is the row's time)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a positive integer, got {text!r}")
+    return n
+
+
+def _lengths(text: str) -> list[str]:
+    """``--lengths``: comma-separated ``<n>k``, ``<n>`` (tokens, >= 1) or ``mix``, each checked here (a bad one had
+    ended the run with a traceback, ``0k`` with a division by zero, ``-4k`` timed an 8-token row)."""
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    for x in out:
+        digits = x[:-1] if x.endswith("k") else x
+        if x != "mix" and not (digits.isdigit() and int(digits) > 0):
+            raise argparse.ArgumentTypeError(f"lengths are <n>k, <n> (tokens, >= 1) or mix, got {x!r} in {text!r}")
+    if not out:
+        raise argparse.ArgumentTypeError("no length given")
+    return out
+
+
+def _names(known, what: str):
+    """An argparse type: comma-separated names of ``known`` (spaces around the commas ignored), each checked here
+    (an unknown one had become a failed row, and the run went on)."""
+    def parse(text: str) -> list[str]:
+        out = [x.strip() for x in text.split(",") if x.strip()]
+        bad = [x for x in out if x not in known]
+        if bad or not out:
+            raise argparse.ArgumentTypeError(f"unknown {what} {bad or text!r}; known: {', '.join(known)}")
+        return out
+    parse.__name__ = what
+    return parse
 
 
 def row_order(specs, names) -> list[tuple[str, str]]:

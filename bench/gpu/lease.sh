@@ -42,6 +42,22 @@ PY="${PYTHON:-python3}"
 W="${TMPDIR:-/tmp}/gpu_lease_$MODE"
 rm -rf "$W" && mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [[ "$MODE" == learner ]]; then  # its settings checked before the first phase: a mistake must not cost the lease
+  LB="${LEARNER_BUDGET_S:-360}"  # rows not started after this many seconds (the phase ends 40 s later)
+  if ! [[ "$LB" =~ ^[1-9][0-9]*$ ]]; then
+    echo "bench/gpu/lease.sh: LEARNER_BUDGET_S must be a whole number of seconds >= 1, got '$LB'" >&2; exit 2
+  fi
+  # LEARNER_ARGS: more arguments, shell-quoted (e.g. --shapes qwen2.5-0.5b --learners "torch packed varlen"), split
+  # as the shell would (Python's shlex: no command substitution), then checked by the benchmark's own parser
+  if ! "$PY" -c 'import shlex, sys; sys.stdout.write("\0".join(shlex.split(sys.argv[1])))' "${LEARNER_ARGS:-}" \
+      > "$W/learner_args"; then
+    echo "bench/gpu/lease.sh: LEARNER_ARGS is not shell-quoted right: ${LEARNER_ARGS:-}" >&2; exit 2
+  fi
+  EXTRA=()
+  [[ -s "$W/learner_args" ]] && mapfile -d '' -t EXTRA < "$W/learner_args"
+  "$PY" bench/gpu/learner.py --out "$W/learner" --check-args "${EXTRA[@]}" || {
+    echo "bench/gpu/lease.sh: LEARNER_ARGS refused by bench/gpu/learner.py (above)" >&2; exit 2; }
+fi
 if compgen -G ".whl/*.whl" > /dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pacs_fast_site \
     .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/pacs_fast_site"
@@ -130,9 +146,6 @@ elif [[ "$MODE" == final ]]; then  # ~6 minutes (~8 with .old/)
 elif [[ "$MODE" == learner ]]; then
   phase learner_tests 120 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_varlen_attention.py \
     tests/test_fused_layers.py --junitxml="$W/learner_tests.xml"
-  LB="${LEARNER_BUDGET_S:-360}"  # rows not started after this many seconds (the phase ends 40 s later)
-  # LEARNER_ARGS: more arguments, shell-quoted (e.g. --shapes qwen2.5-0.5b --learners "torch packed varlen")
-  eval "EXTRA=(${LEARNER_ARGS:-})"
   phase learner $(( LB + 40 )) "$PY" bench/gpu/learner.py --out "$W/learner" --budget-s "$LB" "${EXTRA[@]}"
 else
   phase product 330 "$PY" bench/gpu/suite.py "$W/suite" --steps env,compile,megatron_run,trl_run --budget-s 320
