@@ -189,7 +189,8 @@ def test_auto_packs_every_batch_into_thd_and_the_dense_mask_only_when_it_saves()
     uneven[1:, 3:] = False  # 12 + 3 + 3 tokens in 36 slots
     assert _packed_or_none(ids, uneven, "auto", thd=False).slots < 0.8 * 33
     # the dense mask where it saves under 20% but the padded slots exceed the token budget that cut these rows by
-    # real tokens: rows of 12, 12, 12, 12, 7, 5 tokens run 66 padded slots (each row less its last token) and 55
+    # real tokens: rows of 12, 12, 12, 12, 7, 5 tokens run 66 padded slots (each row less its last token, which the
+    # padded forward does not feed) and 55
     # packed (bins of 11: 16.7% fewer); a budget of 60 is exceeded only by the padded forward
     ids6 = torch.arange(72).view(6, 12)
     nearly = torch.ones(6, 12, dtype=torch.bool)

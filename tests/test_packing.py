@@ -294,6 +294,39 @@ def test_dense_packed_bins_stay_within_the_token_budget(seed):
         micro_batch_groups(rows, 1, 30, dense=True)
 
 
+def test_recorded_token_slots_are_what_the_decoder_ran(seed):
+    """Each step's learner/forward/token_slots is the number of token positions the decoder ran, for every forward (a
+    sweep found the shared-prefix count one slot per row too high: it counted the rest's last column, only ever a
+    label, and not the prefixes' padding to the longest), and the budget cut bounds exactly that."""
+    gen = torch.Generator().manual_seed(seed)
+    G, groups = 4, 5
+    prompts = [torch.randint(3, 128, (int(torch.randint(3, 40, (), generator=gen)),), generator=gen)
+               for _ in range(groups)]
+    rows = [torch.cat([prompts[i // G], torch.randint(3, 128, (int(torch.randint(1, 30, (), generator=gen)),),
+                                                      generator=gen)]) for i in range(G * groups)]
+    T = max(len(r) for r in rows)
+    ids, att = torch.zeros(len(rows), T, dtype=torch.long), torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], att[i, :len(r)] = r, 1
+    batch = RolloutBatch(ids, att, att.float(), torch.zeros(len(rows)), group_size=G)
+    model = small_model()
+    fed = []
+    hook = model.model.register_forward_hook(lambda m, a, kw, out: fed.append(kw["input_ids"].numel()),
+                                             with_kwargs=True)
+    try:
+        for packing, shared, kind in (("off", True, "shared_prefix"), ("off", False, "padded"), ("on", True, "packed")):
+            fed.clear()
+            learner = TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig(packing=packing, shared_prefix=shared))
+            learner.compute_logprobs(batch)
+            assert learner.forwards[kind] == 1 and learner.forwards["token_slots"] == sum(fed), (kind, fed)
+            if kind == "shared_prefix":  # the cut with a budget of exactly one micro-batch's slots keeps one
+                assert micro_batch_groups(batch, 1, sum(fed), padded=True, shared_prefix=True) == [
+                    list(range(groups))]
+                assert len(micro_batch_groups(batch, 1, sum(fed) - 1, padded=True, shared_prefix=True)) > 1
+    finally:
+        hook.remove()
+
+
 def test_auto_packs_where_the_padded_forward_would_exceed_the_token_budget(seed):
     """learner.packing=auto keeps the padded forward unless packing saves >= 20% of its slots, but a token budget
     cut these rows by real tokens: where the padded slots exceed it, it packs (a sweep found one group of 100 + 61

@@ -205,14 +205,15 @@ def padded_slots(attention_mask: torch.Tensor) -> int:
 
 
 def shared_prefix_slots(ids: torch.Tensor, attention_mask: torch.Tensor, group_size: int) -> int:
-    """Token slots the shared-prefix forward runs (:mod:`pacs_fast.learner.shared_prefix`): each
-    group's common prefix once, plus every row's rest padded to the longest rest."""
+    """Token slots the shared-prefix forward runs (:mod:`pacs_fast.learner.shared_prefix`): the groups' common
+    prefixes padded to the longest, ``g x P``, plus every row's rest padded to the longest rest ``R`` without its last
+    column (only ever a label), ``b x (R - 1)``."""
     from pacs_fast.learner.shared_prefix import common_prefix_lengths
 
     lengths = attention_mask.sum(-1).long()
     prefix = common_prefix_lengths(ids, lengths, group_size)
     rest = lengths - prefix.repeat_interleave(group_size)
-    return int(prefix.sum()) + int(ids.shape[0] * max(int(rest.max()), 1))
+    return int(prefix.numel() * prefix.max()) + int(ids.shape[0] * (max(int(rest.max()), 1) - 1))
 
 
 def token_budget_micro_batches(group_tokens: list[int], budget: int) -> list[list[int]]:
@@ -229,10 +230,10 @@ def token_budget_micro_batches(group_tokens: list[int], budget: int) -> list[lis
 def padded_budget_micro_batches(group_longest: list[int], group_size: int, budget: int,
                                 fixed: list[int] | None = None, *, dense: bool = False) -> list[list[int]]:
     """Positions of the groups cut into micro-batches whose padded forward runs at most ``budget`` token slots:
-    ``sum(fixed) + rows x longest`` (``group_longest``: each group's longest row, the rows padded to the
-    micro-batch's longest; ``fixed``: slots a group adds whatever the others, e.g. its shared prefix run once; none
-    by default): the groups by decreasing longest row, each micro-batch filled in that order (its first group sets
-    its length). ``dense``: the rows are packed into dense-mask bins as long as the longest row, which hold at most
+    ``k x max(fixed) + rows x longest`` for ``k`` groups (``group_longest``: each group's longest row as fed, the
+    rows padded to the micro-batch's longest; ``fixed``: each group's shared prefix, run once and padded to the
+    micro-batch's longest prefix; none by default): the groups by decreasing longest row, each micro-batch filled in
+    that order (its first group sets its length). ``dense``: the rows are packed into dense-mask bins as long as the longest row, which hold at most
     as many slots (the bound the cut keeps). ValueError naming both numbers when one group alone is over the budget."""
     fixed = fixed or [0] * len(group_longest)
     alone = [f + group_size * n for f, n in zip(fixed, group_longest)]
@@ -246,14 +247,14 @@ def padded_budget_micro_batches(group_longest: list[int], group_size: int, budge
         raise ValueError(f"a group of {what} ({alone[i]} token slots: {how}) is larger than "
                          f"learner.max_tokens_per_micro_batch={budget}: raise the budget or {fix}")
     bins: list[list[int]] = []
-    longest = used = 0
+    longest = top = 0
     for i in sorted(range(len(group_longest)), key=lambda i: (-group_longest[i], i)):
-        if bins and used + fixed[i] + (len(bins[-1]) + 1) * group_size * longest <= budget:
+        if bins and (len(bins[-1]) + 1) * (max(top, fixed[i]) + group_size * longest) <= budget:
             bins[-1].append(i)
-            used += fixed[i]
+            top = max(top, fixed[i])
         else:
             bins.append([i])
-            longest, used = group_longest[i], fixed[i]
+            longest, top = group_longest[i], fixed[i]
     return [sorted(b) for b in bins]
 
 
@@ -276,7 +277,7 @@ def micro_batch_groups(batch, limit: int, budget: int = 0, *, padded: bool = Fal
             from pacs_fast.learner.shared_prefix import common_prefix_lengths
 
             prefix = common_prefix_lengths(batch.input_ids, lengths, G)
-            lengths = lengths - prefix.repeat_interleave(G)
+            lengths = (lengths - prefix.repeat_interleave(G) - 1).clamp(min=0)  # the rest's last column is not fed
             fixed = [int(p) for p in prefix]
         longest = lengths.view(batch.num_groups, G).amax(-1).tolist()
         return padded_budget_micro_batches([int(t) for t in longest], G, budget, fixed, dense=dense and not padded)

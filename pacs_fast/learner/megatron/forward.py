@@ -215,10 +215,11 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
         forwards["packed" if packed is not None else "padded"] += 1
         forwards["token_slots"] += packed.slots if packed is not None else padded_slots(att_l)
-    if packed is None:
-        position_ids = torch.arange(W, device=ids_l.device).unsqueeze(0).expand(B, W)
-        blocked = torch.ones(W, W, dtype=torch.bool, device=ids_l.device).triu(1).view(1, 1, W, W)
-        hidden = _hidden(model, ids_l, position_ids, blocked)[:, :-1][sel]  # predicts tokens 1..W-1
+    if packed is None:  # the last column is only ever a label: not fed (padded_slots counts B x (W - 1))
+        F = max(W - 1, 1)
+        position_ids = torch.arange(F, device=ids_l.device).unsqueeze(0).expand(B, F)
+        blocked = torch.ones(F, F, dtype=torch.bool, device=ids_l.device).triu(1).view(1, 1, F, F)
+        hidden = _hidden(model, ids_l[:, :F], position_ids, blocked)[:, :W - 1][sel]  # predicts tokens 1..W-1
     else:  # gathered out of the bins
         if thd:
             bins = _thd_hidden(model, packed)
