@@ -130,7 +130,8 @@ def test_profile_shares_attribute_kernels_by_their_ops_and_list_the_longest():
     out = mod.shares_of([update, attn, mm, step, foreach, k_attn, k_gemm, k_adam, k_free, k_cudnn], "cpu", "cuda")
     assert out["attention"] == pytest.approx(50 / 120) and out["optimizer"] == pytest.approx(10 / 120)
     assert out["lm_head+loss"] == 0.0
-    assert out["other"] == pytest.approx(60 / 120)  # the GEMM (its op names nothing) and the elementwise kernel no op launched
+    # the GEMM (its op names nothing) and the elementwise kernel no op launched
+    assert out["other"] == pytest.approx(60 / 120)
     assert out["device_s"] == pytest.approx(120e-6)
     assert out["top_kernels"] == [["sm90_gemm", 5e-05], ["flash_fwd", 3e-05], [k_cudnn.name, 2e-05],
                                   ["multi_tensor_apply", 1e-05], ["elementwise", 1e-05]]

@@ -259,9 +259,9 @@ def test_dense_packed_bins_stay_within_the_token_budget(seed):
     budget = int(G * longest.max()) + int(torch.randint(0, 400, (), generator=gen))
     for packing in ("on", "auto"):
         for attention in ("dense", "varlen"):
-            learner = TorchLearner(small_model(), algo=AlgoConfig(),
-                                   learner=LearnerConfig(packing=packing, packed_attention=attention, shared_prefix=True,
-                                                         max_tokens_per_micro_batch=budget))
+            cfg = LearnerConfig(packing=packing, packed_attention=attention, shared_prefix=True,
+                                max_tokens_per_micro_batch=budget)
+            learner = TorchLearner(small_model(), algo=AlgoConfig(), learner=cfg)
             parts = learner._micro_batches(batch, 1)
             assert sorted(g for p in parts for g in p) == list(range(groups))
             for p in parts:
@@ -316,13 +316,26 @@ def test_recorded_token_slots_are_what_the_decoder_ran(seed):
     try:
         for packing, shared, kind in (("off", True, "shared_prefix"), ("off", False, "padded"), ("on", True, "packed")):
             fed.clear()
-            learner = TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig(packing=packing, shared_prefix=shared))
+            learner = TorchLearner(model, algo=AlgoConfig(),
+                                   learner=LearnerConfig(packing=packing, shared_prefix=shared))
             learner.compute_logprobs(batch)
             assert learner.forwards[kind] == 1 and learner.forwards["token_slots"] == sum(fed), (kind, fed)
             if kind == "shared_prefix":  # the cut with a budget of exactly one micro-batch's slots keeps one
                 assert micro_batch_groups(batch, 1, sum(fed), padded=True, shared_prefix=True) == [
                     list(range(groups))]
                 assert len(micro_batch_groups(batch, 1, sum(fed) - 1, padded=True, shared_prefix=True)) > 1
+        # a step's record counts its log-prob passes before the update too (a sweep: the old-log-prob forwards
+        # at temperature != 1 were missing), and the next update only what ran since
+        learner = TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig(packing="off", shared_prefix=False,
+                                                                               micro_batch_prompts=groups))
+        fed.clear()
+        learner.compute_logprobs(batch)
+        learner.compute_logprobs(batch, return_entropy=True)
+        first = learner.update(batch, seed=0)
+        n = len(fed)
+        assert first["forward/padded"] == n == 2 + first["optimizer_steps"] and first["forward/token_slots"] == sum(fed)
+        second = learner.update(batch, seed=1)
+        assert second["forward/padded"] == len(fed) - n == second["optimizer_steps"]
     finally:
         hook.remove()
 

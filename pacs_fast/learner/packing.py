@@ -32,8 +32,8 @@ import torch
 
 FLASH = ("flash_attention_2", "flash_attention_3")
 PACKED_ATTENTION = ("auto", "varlen", "dense")
-# which forward ran, counted over an update's forwards with their token slots: a step's learner/forward/* (the
-# megatron learner has no shared-prefix forward: 0 there)
+# which forward ran, counted over the forwards since the last update with their token slots: a step's
+# learner/forward/* (the megatron learner has no shared-prefix forward: 0 there)
 FORWARD_KINDS = ("packed", "shared_prefix", "padded")
 
 
@@ -233,8 +233,8 @@ def padded_budget_micro_batches(group_longest: list[int], group_size: int, budge
     ``k x max(fixed) + rows x longest`` for ``k`` groups (``group_longest``: each group's longest row as fed, the
     rows padded to the micro-batch's longest; ``fixed``: each group's shared prefix, run once and padded to the
     micro-batch's longest prefix; none by default): the groups by decreasing longest row, each micro-batch filled in
-    that order (its first group sets its length). ``dense``: the rows are packed into dense-mask bins as long as the longest row, which hold at most
-    as many slots (the bound the cut keeps). ValueError naming both numbers when one group alone is over the budget."""
+    that order (its first group sets its length). ``dense``: the rows are packed into dense-mask bins as long as the
+    longest row, which hold at most as many slots (the bound the cut keeps). ValueError naming both numbers when one group alone is over the budget."""
     fixed = fixed or [0] * len(group_longest)
     alone = [f + group_size * n for f, n in zip(fixed, group_longest)]
     if alone and max(alone) > budget:

@@ -14,9 +14,9 @@ the shared prefix plus each row's rest padded to the longest rest): on long, une
 padding outweighs the prompt repeats. ``on`` always packs (instead of the shared-prefix forward
 too), ``off`` never. Packed rows attend through :mod:`pacs_fast.ops.varlen_attention` (one row,
 ``cu_seqlens``, no ``[S, S]`` mask) or the dense block-diagonal mask: ``learner.packed_attention``.
-:meth:`TorchLearner.update` returns how many forwards of each kind ran (``forward/packed``,
-``forward/shared_prefix``, ``forward/padded``) and their ``forward/token_slots``; the trainer records
-them as ``learner/forward/...`` every step.
+:meth:`TorchLearner.update` returns how many forwards of each kind ran since the last update (``forward/packed``,
+``forward/shared_prefix``, ``forward/padded``: the step's log-prob passes and the update's) and their
+``forward/token_slots``; the trainer records them as ``learner/forward/...`` every step.
 Micro-batches hold ``learner.micro_batch_prompts`` groups, or, with
 ``learner.max_tokens_per_micro_batch``, whole groups of about equal token counts.
 
@@ -141,7 +141,8 @@ class TorchLearner(Learner):
             self.master = master if master.active else None
         self.optimizer = self._make_optimizer()
         self.last_terms: dict[str, torch.Tensor] = {}
-        self.forwards: Counter = Counter()  # forwards of each kind (FORWARD_KINDS) and token slots since update()
+        # forwards of each kind (FORWARD_KINDS) and token slots since the last update()
+        self.forwards: Counter = Counter()
         self.fuses_old_logprobs = algo.name != "ppo" and not _has_active_dropout(model)
         self.fuses_correction = self.fuses_old_logprobs
         self._switched: list = []  # (model, its attention implementation) switched to varlen attention
@@ -337,7 +338,6 @@ class TorchLearner(Learner):
         the first mini-batch with that forward's log-probs, and on the other rows with the no-grad
         pass's, so the off-policy correction costs no extra forward."""
         self.model.train()
-        self.forwards.clear()
         gen = torch.Generator().manual_seed(int(seed))
         P = batch.num_groups
         mini = min(self.cfg.mini_batch_prompts, P)
@@ -403,8 +403,10 @@ class TorchLearner(Learner):
                 steps += 1
         out = {k: v / steps for k, v in sums.items()}
         out["optimizer_steps"] = float(steps)
-        # which forward ran (learner.packing / learner.shared_prefix), counted over the update's forwards
+        # which forward ran (learner.packing / learner.shared_prefix), counted over the forwards since the last
+        # update's record: this step's log-prob passes (old, reference, at temperature 1) and the update's
         out.update(forward_metrics(self.forwards))
+        self.forwards.clear()
         self.last_terms = {k: torch.cat(v) for k, v in terms.items()}
         return out
 

@@ -179,7 +179,8 @@ class MegatronLearner(Learner):
         self.optimizer = self._make_optimizer()
         self.steps = 0
         self.last_terms: dict[str, torch.Tensor] = {}
-        self.forwards: Counter = Counter()  # forwards of each kind and token slots since update() (learner/forward/*)
+        # forwards of each kind and token slots since the last update() (learner/forward/*)
+        self.forwards: Counter = Counter()
 
     def _build(self, dtype, overrides):
         from pacs_fast.learner.megatron.model import build_gpt_model
@@ -273,7 +274,6 @@ class MegatronLearner(Learner):
         from pacs_fast.learner.megatron.fused import FusedOldLogprobs
 
         self._check_same_batch(batch)
-        self.forwards.clear()
         fuse = self._fuses_in_update(batch, correct, "dropout is active")
         self.model.train()
         gen = torch.Generator().manual_seed(int(seed))
@@ -303,6 +303,7 @@ class MegatronLearner(Learner):
         out = {k: v / steps for k, v in sums.items()}
         out["optimizer_steps"] = float(steps)
         out.update(forward_metrics(self.forwards))  # which forward ran (learner.packing), as the torch learner's
+        self.forwards.clear()
         self.last_terms = {k: torch.cat(v) for k, v in terms.items()}
         return out
 
