@@ -106,14 +106,23 @@ def check_memory(cfg, *, available: int | None = None) -> None:
         other = mem["workspace"] + mem["tied_gradient"]
         tied = " and tied-embedding gradient" if mem["tied_gradient"] else ""
         advice = recompute_advice(cfg)
+        lower = ""
+        if budget:  # the largest budget that fits, where one group of full-length rows still fits it
+            lo, hi = 0, mem["tokens"]
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                fits = learner_memory(cfg, shape, tokens=mid, device=run_device(cfg))["backward"] <= available
+                lo, hi = (mid, hi) if fits else (lo, mid - 1)
+            lower = (f"lower the budget to at most {lo:,} tokens, " if lo >= group_tokens(cfg) else
+                     f"a lower budget cannot help (one group of full-length rows is {group_tokens(cfg):,} tokens): ")
         raise ValueError(
             f"{what} cannot fit in the learner: with {recompute_setting(cfg)}, "
             f"{mem['per_token'] / 1024:.0f} KiB of activations per token x {mem['tokens']:,} tokens = "
             f"{mem['activations'] / GiB:.1f} GiB on top of {base / GiB:.1f} GiB of weights, gradients and optimiser "
             f"state and {other / GiB:.1f} GiB of log-prob workspace{tied}, "
             f"and {available / GiB:.1f} GiB are available{engine}{shared}; "
-            + (f"{'lower the budget, ' if budget else ''}{f'set {advice} ' if advice else ''}or use a larger device"
-               if budget or advice else "use a larger device"))
+            + (f"{lower}{f'set {advice} ' if advice else ''}or use a larger device" if budget or advice else
+               "use a larger device"))
 
 
 def _per_local_process(cfg, available: int) -> tuple[int, str]:
