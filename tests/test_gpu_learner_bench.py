@@ -44,8 +44,8 @@ def test_dry_run_writes_rows_for_every_learner(tmp_path):
         assert r["recompute"] == ("selective: mlp" if r["learner"].startswith("megatron") else
                                   "activation recompute: selective (the MLP of 2 decoder layers)"), r
         assert r["tokens_per_s"] > 0 and r["mfu"] is None and r["peak_gb"] is None and r["flops"] > 0
-        if r["learner"].startswith("torch"):
-            assert r["forwards"]["packed" if "packed" in r["learner"] else "padded"] >= 1
+        # the timed update's own forward/* counts (update() clears the learner's counter after reporting them)
+        assert r["forwards"]["packed" if "packed" in r["learner"] else "padded"] >= 1, r
         # which packed-attention kernel answered (on the GPU: a fallback from varlen_attn would show here)
         want = {"sdpa"} if "varlen" in r["learner"] or r["learner"].startswith("megatron packed THD") else set()
         # the fused rows ran with every norm (torch) and MLP of the 2-layer model fused (dry run: the ops' twins)
@@ -189,7 +189,7 @@ def test_bad_arguments_are_refused_by_the_parser():
         "torch packed varlen", "torch padded + SDPA"]
     for bad in (["--lengths", "0k"], ["--lengths", "-4k"], ["--lengths", "4x"], ["--lengths", ""],
                 ["--learners", "torch packed"], ["--shapes", "qwen3"], ["--steps", "0"], ["--steps", "-1"],
-                ["--budget-s", "nan"], ["--budget-s", "inf"]):
+                ["--budget-s", "nan"], ["--budget-s", "inf"], ["--budget-s", "0"], ["--budget-s", "-5"]):
         with pytest.raises(SystemExit) as e:
             mod.main(ok + bad)
         assert e.value.code == 2, bad
@@ -216,3 +216,17 @@ def test_the_lease_refuses_bad_learner_settings_before_its_first_phase(tmp_path)
         assert "==" not in proc.stdout, env  # no phase started
         assert "bench/gpu/lease.sh: " in proc.stderr, env
     assert not marker.exists()  # the arguments are split as a shell would, never run
+
+    def settings(args):  # LEASE_CHECK_ONLY: the check alone, the arguments it passes printed
+        return subprocess.run(["bash", "bench/gpu/lease.sh", str(tmp_path / "out"), "learner"], cwd=root,
+                              env={**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path),
+                                   "LEASE_CHECK_ONLY": "1", "LEARNER_BUDGET_S": "200", "LEARNER_ARGS": args},
+                              capture_output=True, text=True, timeout=120)
+    ok = settings('--dry-run --learners "torch packed varlen, torch padded + SDPA" --lengths 4k')
+    assert ok.returncode == 0, ok.stderr[-1000:]
+    assert ok.stdout.splitlines() == ["learner budget: 200 s", "learner argument: [--dry-run]",
+                                      "learner argument: [--learners]",
+                                      "learner argument: [torch packed varlen, torch padded + SDPA]",
+                                      "learner argument: [--lengths]", "learner argument: [4k]"]
+    empty = settings('--dry-run --lengths ""')  # a last empty argument reaches the parser (which refuses it)
+    assert empty.returncode == 2 and "no length given" in empty.stderr, empty.stderr[-1000:]

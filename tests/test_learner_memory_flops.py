@@ -138,8 +138,9 @@ def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_pa
     with pytest.raises(ValueError, match=r"^learner.max_tokens_per_micro_batch=200000 cannot fit in the learner: "
                                          r"with model.gradient_checkpointing=false, 1\d{3} KiB of activations per "
                                          r"token x 200,000 tokens = 2\d\d\.\d GiB .* lower the budget to at most "
-                                         r"[\d,]+ tokens, set model.gradient_checkpointing=true or use a larger "
-                                         r"device$") as e:
+                                         r"[\d,]+ tokens \(it must still hold a group: rollout.n=8 x \(the longest "
+                                         r"prompt \+ rollout.max_new_tokens=4096\)\), set model.gradient_checkpointing="
+                                         r"true or use a larger device$") as e:
         preflight.check_memory(big, available=80 * GiB)
     # the budget it names is the largest that fits (a sweep: "lower the budget" named no number, and 300,000 after
     # 400,000 failed the same way)
@@ -148,11 +149,15 @@ def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_pa
     with pytest.raises(ValueError, match="cannot fit in the learner"):
         preflight.check_memory(qwen_cfg(tmp_path, f"learner.max_tokens_per_micro_batch={most + 1}"),
                                available=80 * GiB)
-    # where not even one group of full-length rows fits, no lower budget is offered
-    with pytest.raises(ValueError, match=r"available; a lower budget cannot help \(one group of full-length rows is "
-                                         r"33,280 tokens\): set model.gradient_checkpointing=true or use a larger "
-                                         r"device$"):
+    # where not even the least group fits, no lower budget is offered (and the sentence reads right without advice)
+    with pytest.raises(ValueError, match=r"available; set model.gradient_checkpointing=true or use a larger device "
+                                         r"\(a lower budget cannot help: it must hold a group, rollout.n=8 x \(the "
+                                         r"longest prompt \+ rollout.max_new_tokens=4096\) >= 32,776 tokens\)$"):
         preflight.check_memory(big, available=36 * GiB)
+    tiny = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=6000000", "model.gradient_checkpointing=true",
+                    "rollout.engine=vllm")  # full recompute: no advice left, nothing but the device
+    with pytest.raises(ValueError, match=r"available; use a larger device \(a lower budget cannot help"):
+        preflight.check_memory(tiny, available=12 * GiB)
     preflight.check_memory(qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=32768"), available=80 * GiB)
     preflight.check_memory(qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=200000",
                                     "model.gradient_checkpointing=true"), available=80 * GiB)
@@ -166,7 +171,7 @@ def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_pa
         preflight.check_memory(sel, available=80 * GiB)
     full = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=6000000", "model.gradient_checkpointing=true")
     with pytest.raises(ValueError, match=r"recompute_granularity=full, \d+ KiB .* lower the budget to at most "
-                                         r"[\d,]+ tokens, or use a larger device$"):
+                                         r"[\d,]+ tokens \(.*\) or use a larger device$"):
         preflight.check_memory(full, available=80 * GiB)
     per = {g: memory_model.learner_memory(qwen_cfg(tmp_path, "model.gradient_checkpointing=true",
                                                    f"model.recompute_granularity={g}"))["per_token"]

@@ -268,8 +268,6 @@ def test_dense_packed_bins_stay_within_the_token_budget(seed):
                 sub = batch.groups(p)
                 slots = pack(sub.input_ids, sub.attention_mask, varlen=attention == "varlen").slots
                 assert slots <= budget, (packing, attention, p, slots, budget)
-            if attention == "varlen":  # real tokens: as few micro-batches as the padded cut, or fewer
-                assert len(parts) <= len(micro_batch_groups(batch, 1, budget, padded=True))
     # the sweep's batch, through the learner: its forwards' slots within the budget
     rows = uneven_batch(gen, 2, 2, 128, [22, 12, 12, 12])
     real = int(rows.attention_mask.sum())
@@ -281,13 +279,19 @@ def test_dense_packed_bins_stay_within_the_token_budget(seed):
     learner.compute_logprobs(rows)
     # one forward per group (cut by real tokens, both ran in one forward of 3 bins x 21 = 63 slots)
     assert learner.forwards["packed"] == 2, dict(learner.forwards)
-    if importlib.util.find_spec("megatron") is not None:  # the megatron learner cuts the same way
+    if importlib.util.find_spec("megatron") is not None:  # the megatron learner: each micro-batch's forward fits
+        from pacs_fast.learner.megatron.forward import _packed_or_none, left_align
         from pacs_fast.learner.megatron.learner import MegatronLearner
 
         for packing, attention in (("on", "dense"), ("auto", "dense"), ("on", "varlen"), ("off", "auto")):
             cfg = LearnerConfig(packing=packing, packed_attention=attention, max_tokens_per_micro_batch=budget)
-            assert MegatronLearner._micro_batches(SimpleNamespace(cfg=cfg), batch) == micro_batch_groups(
-                batch, 1, budget, padded=packing == "off", dense=attention == "dense"), (packing, attention)
+            parts = MegatronLearner._micro_batches(SimpleNamespace(cfg=cfg), batch)
+            assert sorted(g for p in parts for g in p) == list(range(groups))
+            for p in parts:  # what megatron's forward runs on it (tokens_logprobs: packed bins / THD row, or padded)
+                ids_l, att_l, _, _ = left_align(batch.groups(p).input_ids, batch.groups(p).attention_mask)
+                packed = _packed_or_none(ids_l, att_l, packing, attention != "dense", budget)
+                slots = packed.slots if packed is not None else padded_slots(att_l)
+                assert slots <= budget, (packing, attention, p, slots, budget)
     with pytest.raises(ValueError, match=r"learner.packed_attention=dense packs rows into bins as long as the longest "
                                          r"row\) is larger than learner.max_tokens_per_micro_batch=30: raise the "
                                          r"budget or use learner.packed_attention=varlen"):
@@ -338,6 +342,30 @@ def test_recorded_token_slots_are_what_the_decoder_ran(seed):
         assert second["forward/padded"] == len(fed) - n == second["optimizer_steps"]
     finally:
         hook.remove()
+
+
+def test_a_group_without_a_common_prefix_is_cut_as_the_padded_forward_it_runs(seed):
+    """The shared-prefix forward needs a common prefix in every group of its micro-batch, else the padded forward runs:
+    the budget cut counts that (a review: a 100-token prefix group and a group whose rows differ at their first token,
+    under a budget of 204, were cut into one micro-batch whose padded forward ran 400 slots)."""
+    gen = torch.Generator().manual_seed(seed)
+    shared = torch.randint(3, 128, (100,), generator=gen)
+    ids = torch.zeros(4, 101, dtype=torch.long)
+    att = torch.zeros(4, 101, dtype=torch.long)
+    ids[0, :100], ids[1, :100], ids[0, 100], ids[1, 100] = shared, shared, 5, 6
+    att[:2] = 1
+    ids[2, :2], ids[3, :2], att[2:, :2] = torch.tensor([7, 8]), torch.tensor([9, 10]), 1
+    batch = RolloutBatch(ids, att, att.float(), torch.zeros(4), group_size=2)
+    parts = micro_batch_groups(batch, 1, 204, padded=True, shared_prefix=True)
+    assert parts == [[0], [1]]
+    learner = TorchLearner(small_model(), algo=AlgoConfig(),
+                           learner=LearnerConfig(packing="off", shared_prefix=True, max_tokens_per_micro_batch=204))
+    assert learner._micro_batches(batch, 1) == parts
+    for p in parts:
+        before = learner.forwards["token_slots"]
+        learner.compute_logprobs(batch.groups(p))
+        assert learner.forwards["token_slots"] - before <= 204
+    assert learner.forwards["shared_prefix"] == 1 and learner.forwards["padded"] == 1
 
 
 def test_auto_packs_where_the_padded_forward_would_exceed_the_token_budget(seed):

@@ -167,9 +167,11 @@ def test_selective_over_megatrons_padded_attention_is_a_warning():
     sel = ["learner.backend=megatron", "model.gradient_checkpointing=true", "model.recompute_granularity=selective"]
     # the way out named is the one this configuration can take (a sweep: with packing=auto and the dense mask it said
     # "learner.packing=auto")
-    for extra, way in (("learner.packing=off", "learner.packing=auto (THD)"),
-                       ("learner.packed_attention=dense", "learner.packed_attention=auto (THD)")):
-        (line,) = [x for x in hazard_warnings(load_config(None, sel + [extra])) if "recompute_granularity" in x]
+    for extra, way in ((["learner.packing=off"], "learner.packing=auto (THD)"),
+                       (["learner.packed_attention=dense"], "learner.packed_attention=auto (THD)"),
+                       (["learner.packing=off", "learner.packed_attention=dense"],
+                        "learner.packing=auto with learner.packed_attention=auto (THD)")):
+        (line,) = [x for x in hazard_warnings(load_config(None, sel + extra)) if "recompute_granularity" in x]
         assert "[b, heads, S, S] scores" in line and "model.recompute_granularity=full" in line
         assert line.endswith(way), line
     assert not any("recompute_granularity" in x for x in hazard_warnings(load_config(None, sel)))

@@ -325,10 +325,12 @@ def measure(model, shape, learner_name, lengths, G, args, device, row) -> dict:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     wrap = torch.profiler.record_function
 
+    last = {}
+
     def step():
         batch.old_logp = batch.ref_logp = None
         with wrap("bench.update"):
-            learner.update(batch, seed=1)
+            last.update(learner.update(batch, seed=1))  # (its forward/* counts: update() then clears them)
 
     ll, obj = torch_learner.linear_logprobs, torch_learner.objective
     torch_learner.linear_logprobs = lambda *a, **k: _in(wrap, "bench.lm_head_loss", ll, a, k)
@@ -346,7 +348,7 @@ def measure(model, shape, learner_name, lengths, G, args, device, row) -> dict:
             times.append(time.perf_counter() - t0)
         row["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
         row["shares"] = profile_shares(step) if device == "cuda" else None
-        row["forwards"] = {k: v for k, v in getattr(learner, "forwards", {}).items()}
+        row["forwards"] = {k[len("forward/"):]: v for k, v in last.items() if k.startswith("forward/") and v}
         # the packed attention's kernel(s) that answered (a failing one falls back with one stderr line)
         row["attention_kernels"] = dict(varlen_attention.KERNEL_CALLS)
     finally:
@@ -472,13 +474,14 @@ def _budgets(text: str) -> list[int]:
 
 
 def _seconds(text: str) -> float:
-    """``--budget-s``: a finite number of seconds (nan compared false everywhere and ran rows without a model)."""
+    """``--budget-s``: a finite number of seconds > 0 (nan compared false everywhere and ran rows without a model; 0 or
+    less starts no row)."""
     try:
         x = float(text)
     except ValueError:
         x = math.nan
-    if not math.isfinite(x):
-        raise argparse.ArgumentTypeError(f"a finite number of seconds, got {text!r}")
+    if not math.isfinite(x) or x <= 0:
+        raise argparse.ArgumentTypeError(f"a finite number of seconds > 0, got {text!r}")
     return x
 
 

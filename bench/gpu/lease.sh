@@ -31,6 +31,8 @@
 #   With .old/ (e.g. mkdir .old && git archive a29a09a | tar -x -C .old: the tl.exp epilogues), the default
 #   log-prob path of both trees at H=896 and H=4096, each against floors timed in alternation with it.
 #
+# learner mode checks LEARNER_BUDGET_S and LEARNER_ARGS before its first phase (exit 2 on a mistake);
+# LEASE_CHECK_ONLY=1 stops after that check, printing the benchmark's arguments.
 # Every phase is time-limited and independent; after each one OUT_DIR/lease.tgz holds everything so far
 # (logs, JSON, the tuned table; never a model or checkpoint), so a call cut off still returns its phases.
 # Wheels in .whl/ (bash bench/gpu/wheels.sh; liger-kernel for the comparison) are installed first.
@@ -49,14 +51,17 @@ if [[ "$MODE" == learner ]]; then  # its settings checked before the first phase
   fi
   # LEARNER_ARGS: more arguments, shell-quoted (e.g. --shapes qwen2.5-0.5b --learners "torch packed varlen"), split
   # as the shell would (Python's shlex: no command substitution), then checked by the benchmark's own parser
-  if ! "$PY" -c 'import shlex, sys; sys.stdout.write("\0".join(shlex.split(sys.argv[1])))' "${LEARNER_ARGS:-}" \
-      > "$W/learner_args"; then
+  if ! "$PY" -c 'import shlex, sys; sys.stdout.write("".join(a + "\0" for a in shlex.split(sys.argv[1])))' \
+      "${LEARNER_ARGS:-}" > "$W/learner_args"; then
     echo "bench/gpu/lease.sh: LEARNER_ARGS is not shell-quoted right: ${LEARNER_ARGS:-}" >&2; exit 2
   fi
   EXTRA=()
   [[ -s "$W/learner_args" ]] && mapfile -d '' -t EXTRA < "$W/learner_args"
   "$PY" bench/gpu/learner.py --out "$W/learner" --check-args "${EXTRA[@]}" || {
     echo "bench/gpu/lease.sh: LEARNER_ARGS refused by bench/gpu/learner.py (above)" >&2; exit 2; }
+  if [[ -n "${LEASE_CHECK_ONLY:-}" ]]; then  # the settings only: the benchmark's arguments, one a line
+    echo "learner budget: $LB s"; printf 'learner argument: [%s]\n' "${EXTRA[@]}"; exit 0
+  fi
 fi
 if compgen -G ".whl/*.whl" > /dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pacs_fast_site \

@@ -41,8 +41,9 @@ def hazard_warnings(cfg: Config) -> list[str]:
         out.append(f"model.recompute_granularity=selective recomputes the MLPs only: with learner.packing={lc.packing} "
                    f"and learner.packed_attention={lc.packed_attention} the megatron learner's attention keeps its "
                    f"[b, heads, S, S] scores; use model.recompute_granularity=full, or "
-                   + ("learner.packing=auto (THD)" if lc.packing == "off" else
-                      "learner.packed_attention=auto (THD)"))
+                   + ("learner.packed_attention=auto (THD)" if lc.packing != "off" else
+                      "learner.packing=auto (THD)" if lc.packed_attention != "dense" else
+                      "learner.packing=auto with learner.packed_attention=auto (THD)"))
     mini, per_step = cfg.learner.mini_batch_prompts, cfg.train.prompts_per_step
     if mini < LearnerConfig().mini_batch_prompts and per_step // mini > 4:
         out.append(f"learner.mini_batch_prompts={mini} makes {per_step // mini} optimiser steps per rollout batch of "

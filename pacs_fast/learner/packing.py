@@ -18,9 +18,9 @@ so log-probs, entropies and gradients equal the padded forward's up to floating-
 matmuls run on other shapes).
 
 :func:`token_budget_micro_batches` cuts a mini-batch's groups into micro-batches of about equal token
-count (sorted first-fit decreasing), never splitting a group; with ``learner.packing=off``
-:func:`padded_budget_micro_batches` counts the token slots its forward runs (rows x the longest row; with the
-shared-prefix forward each group's prefix once plus the rows' rests).
+count (sorted first-fit decreasing), never splitting a group; with ``learner.packing=off`` (and with the dense
+mask's bins) :func:`padded_budget_micro_batches` counts the token slots its forward runs (rows x the longest row;
+with the shared-prefix forward each group's prefix once plus the rows' rests).
 """
 from __future__ import annotations
 
@@ -234,7 +234,8 @@ def padded_budget_micro_batches(group_longest: list[int], group_size: int, budge
     rows padded to the micro-batch's longest; ``fixed``: each group's shared prefix, run once and padded to the
     micro-batch's longest prefix; none by default): the groups by decreasing longest row, each micro-batch filled in
     that order (its first group sets its length). ``dense``: the rows are packed into dense-mask bins as long as the
-    longest row, which hold at most as many slots (the bound the cut keeps). ValueError naming both numbers when one group alone is over the budget."""
+    longest row, which hold at most as many slots (the bound the cut keeps). ValueError naming both numbers when one
+    group alone is over the budget."""
     fixed = fixed or [0] * len(group_longest)
     alone = [f + group_size * n for f, n in zip(fixed, group_longest)]
     if alone and max(alone) > budget:
@@ -265,20 +266,23 @@ def micro_batch_groups(batch, limit: int, budget: int = 0, *, padded: bool = Fal
     about equal real-token counts (:func:`token_budget_micro_batches`); ``padded`` (``learner.packing=off``:
     rows padded to the micro-batch's longest) counts the token slots the padded forward runs instead, and with
     ``shared_prefix`` (the torch learner's shared-prefix forward) each group's common prefix once plus every row's
-    rest padded (:func:`padded_budget_micro_batches`), so that the budget bounds the memory either way. ``dense``
-    (packed rows with the dense mask, ``learner.packed_attention=dense``): bins as long as the longest row, cut by the
-    padded forward's slots (no fewer than the bins' slots, nor the shared-prefix forward's that ``auto`` may run
-    instead; counting real tokens let the bins run up to ~1.5x the budget). Both learners cut this way."""
+    rest padded (:func:`padded_budget_micro_batches`; where a group has no common prefix, or ``G`` is 1, the padded
+    forward runs and is counted), so that the budget bounds the memory either way. ``dense`` (packed rows with the
+    dense mask, ``learner.packed_attention=dense``): bins as long as the longest row, cut by the padded forward's
+    slots, no fewer than the bins' (counting real tokens let the bins run up to ~1.5x the budget); where ``auto``
+    would run the shared-prefix forward instead and its slots exceed the budget, the learner packs
+    (``TorchLearner._packed``). Both learners cut this way."""
     if budget and (padded or dense):
         G = batch.group_size
         lengths = batch.attention_mask.sum(-1).long()
         fixed = None
-        if shared_prefix and not dense:
+        if shared_prefix and not dense and G >= 2:
             from pacs_fast.learner.shared_prefix import common_prefix_lengths
 
             prefix = common_prefix_lengths(batch.input_ids, lengths, G)
-            lengths = (lengths - prefix.repeat_interleave(G) - 1).clamp(min=0)  # the rest's last column is not fed
-            fixed = [int(p) for p in prefix]
+            if bool((prefix >= 1).all()):  # (a group without a common prefix: the padded forward runs instead)
+                lengths = (lengths - prefix.repeat_interleave(G) - 1).clamp(min=0)  # the rest's label is not fed
+                fixed = [int(p) for p in prefix]
         longest = lengths.view(batch.num_groups, G).amax(-1).tolist()
         return padded_budget_micro_batches([int(t) for t in longest], G, budget, fixed, dense=dense and not padded)
     if budget:

@@ -106,23 +106,30 @@ def check_memory(cfg, *, available: int | None = None) -> None:
         other = mem["workspace"] + mem["tied_gradient"]
         tied = " and tied-embedding gradient" if mem["tied_gradient"] else ""
         advice = recompute_advice(cfg)
-        lower = ""
-        if budget:  # the largest budget that fits, where one group of full-length rows still fits it
+        ways, note = [], ""
+        if budget:  # the largest budget that fits, where it can still hold a group (the least the config check takes)
             lo, hi = 0, mem["tokens"]
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 fits = learner_memory(cfg, shape, tokens=mid, device=run_device(cfg))["backward"] <= available
                 lo, hi = (mid, hi) if fits else (lo, mid - 1)
-            lower = (f"lower the budget to at most {lo:,} tokens, " if lo >= group_tokens(cfg) else
-                     f"a lower budget cannot help (one group of full-length rows is {group_tokens(cfg):,} tokens): ")
+            least = cfg.rollout.n * (1 + cfg.rollout.max_new_tokens)
+            group = (f"rollout.n={cfg.rollout.n} x (the longest prompt + rollout.max_new_tokens="
+                     f"{cfg.rollout.max_new_tokens})")
+            if lo >= least:
+                ways.append(f"lower the budget to at most {lo:,} tokens (it must still hold a group: {group})")
+            else:
+                note = f" (a lower budget cannot help: it must hold a group, {group} >= {least:,} tokens)"
+        if advice:
+            ways.append(f"set {advice}")
         raise ValueError(
             f"{what} cannot fit in the learner: with {recompute_setting(cfg)}, "
             f"{mem['per_token'] / 1024:.0f} KiB of activations per token x {mem['tokens']:,} tokens = "
             f"{mem['activations'] / GiB:.1f} GiB on top of {base / GiB:.1f} GiB of weights, gradients and optimiser "
             f"state and {other / GiB:.1f} GiB of log-prob workspace{tied}, "
             f"and {available / GiB:.1f} GiB are available{engine}{shared}; "
-            + (f"{lower}{f'set {advice} ' if advice else ''}or use a larger device" if budget or advice else
-               "use a larger device"))
+            + "".join(f"{w}, " for w in ways[:-1]) + (f"{ways[-1]} or " if ways else "") + "use a larger device"
+            + note)
 
 
 def _per_local_process(cfg, available: int) -> tuple[int, str]:
