@@ -32,7 +32,7 @@ pytestmark = [
 
 def _env() -> dict:
     env = dict(os.environ)
-    for key in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "PYTEST_XDIST_WORKER"):
+    for key in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "NPY_DISABLE_CPU_FEATURES", "PYTEST_XDIST_WORKER"):
         env.pop(key, None)  # the emulated CPU, not a cap, decides; the inner run is not an xdist worker
     env["OMP_NUM_THREADS"] = "1"
     return env
