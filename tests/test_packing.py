@@ -324,10 +324,10 @@ def test_recorded_token_slots_are_what_the_decoder_ran(seed):
                                    learner=LearnerConfig(packing=packing, shared_prefix=shared))
             learner.compute_logprobs(batch)
             assert learner.forwards[kind] == 1 and learner.forwards["token_slots"] == sum(fed), (kind, fed)
-            if kind == "shared_prefix":  # the cut with a budget of exactly one micro-batch's slots keeps one
-                assert micro_batch_groups(batch, 1, sum(fed), padded=True, shared_prefix=True) == [
+            if kind != "packed":  # the cut with a budget of exactly one micro-batch's slots keeps one
+                assert micro_batch_groups(batch, 1, sum(fed), padded=True, shared_prefix=shared) == [
                     list(range(groups))]
-                assert len(micro_batch_groups(batch, 1, sum(fed) - 1, padded=True, shared_prefix=True)) > 1
+                assert len(micro_batch_groups(batch, 1, sum(fed) - 1, padded=True, shared_prefix=shared)) > 1
         # a step's record counts its log-prob passes before the update too (a sweep: the old-log-prob forwards
         # at temperature != 1 were missing), and the next update only what ran since
         learner = TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig(packing="off", shared_prefix=False,

@@ -276,14 +276,15 @@ def micro_batch_groups(batch, limit: int, budget: int = 0, *, padded: bool = Fal
         G = batch.group_size
         lengths = batch.attention_mask.sum(-1).long()
         fixed = None
+        fed = (lengths - 1).clamp(min=1)  # a row's last token is only a label: the padded forward and the bins skip it
         if shared_prefix and not dense and G >= 2:
             from pacs_fast.learner.shared_prefix import common_prefix_lengths
 
             prefix = common_prefix_lengths(batch.input_ids, lengths, G)
             if bool((prefix >= 1).all()):  # (a group without a common prefix: the padded forward runs instead)
-                lengths = (lengths - prefix.repeat_interleave(G) - 1).clamp(min=0)  # the rest's label is not fed
+                fed = (lengths - prefix.repeat_interleave(G) - 1).clamp(min=0)  # nor the shared-prefix forward's rest
                 fixed = [int(p) for p in prefix]
-        longest = lengths.view(batch.num_groups, G).amax(-1).tolist()
+        longest = fed.view(batch.num_groups, G).amax(-1).tolist()
         return padded_budget_micro_batches([int(t) for t in longest], G, budget, fixed, dense=dense and not padded)
     if budget:
         tokens = batch.attention_mask.sum(-1).view(batch.num_groups, batch.group_size).sum(-1).tolist()
