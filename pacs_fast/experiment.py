@@ -248,11 +248,17 @@ def run_jobs(todo: list[tuple[Job, str]], config: str | None, *, workers: int, t
            "PYTHONUNBUFFERED": "1", signals.RUNNER_PID_VAR: str(os.getpid())}  # (a trainer dies with the runner)
     running: list[tuple[Job, subprocess.Popen, float, object]] = []
     building: set[int] = set()  # seeds whose warm-up one running job is building
+    stopped: dict[int, float] = {}  # pid -> when --timeout stopped it (SIGTERM: the trainer's clean stop; then SIGKILL)
     try:
         while todo or running:
             for job, proc, t0, fh in list(running):
                 if proc.poll() is None:
-                    if timeout and time.time() - t0 > timeout:
+                    if timeout and time.time() - t0 > timeout and proc.pid not in stopped:
+                        stopped[proc.pid] = time.time()
+                        fh.write(f"pacs_fast.experiment: stopping this run: --timeout {timeout:g} s reached\n")
+                        fh.flush()
+                        proc.terminate()
+                    elif proc.pid in stopped and time.time() - stopped[proc.pid] > 30:
                         proc.kill()
                     continue
                 fh.close()
@@ -260,8 +266,9 @@ def run_jobs(todo: list[tuple[Job, str]], config: str | None, *, workers: int, t
                 building.discard(job.seed)
                 ok = proc.returncode == 0 and (job.run_dir / "summary.json").is_file()
                 counts["finished" if ok else "failed"] += 1
+                why = f"timed out after --timeout {timeout:g} s, " if proc.pid in stopped else ""
                 log(f"[{time.strftime('%H:%M:%S')}] {job.arm.name} seed {job.seed}: "
-                    f"{'done' if ok else f'FAILED (exit {proc.returncode}; see {job.run_dir}.log)'} "
+                    f"{'done' if ok else f'FAILED ({why}exit {proc.returncode}; see {job.run_dir}.log)'} "
                     f"in {time.time() - t0:.0f} s")
             while todo and len(running) < workers:
                 pick = None

@@ -85,8 +85,9 @@ def split_overrides(text: str) -> list[str]:
 
 
 def parse_arm(text: str) -> Arm:
-    """A preset name, or ``NAME:section.key=value,section.key=value`` (see :func:`split_overrides`);
-    a ValueError naming ``text`` and the expected form otherwise."""
+    """A preset name, or ``NAME:section.key=value,section.key=value`` (see :func:`split_overrides`; a preset's
+    NAME starts from that preset, the given keys after it: ``grpo:learner.lr=2e-5`` is GRPO, as its name says); a
+    ValueError naming ``text`` and the expected form otherwise."""
     name, sep, rest = text.partition(":")
     name = name.strip()
     if not name or not name.replace("_", "").replace("-", "").isalnum():
@@ -103,7 +104,8 @@ def parse_arm(text: str) -> Arm:
     for o in overrides:
         if "=" not in o:
             raise ValueError(f"arm {text!r}: {o!r} must look like section.key=value; give {ARM_FORM}")
-    return Arm(name, overrides)
+    # (a preset's name with keys had dropped the preset: `grpo:learner.lr=2e-5` trained PACS under the name grpo)
+    return Arm(name, list(PRESETS.get(name, [])) + overrides)
 
 
 def check_runner_keys(overrides: list[str], where: str) -> None:
@@ -180,8 +182,10 @@ def check_resources(args) -> None:
 
 EPILOG = f"""\
 arms: a preset ({', '.join(PRESETS)}), or
-    NAME:section.key=value,section.key=value on top of the common overrides; a comma inside
-    brackets or a quoted value does not split (learner.betas=[0.9,0.95] is one value).
+    NAME:section.key=value,section.key=value on top of the common overrides (a preset's NAME starts
+    from that preset: grpo:learner.lr=2e-5 is GRPO); a comma inside brackets or a quoted value does
+    not split (learner.betas=[0.9,0.95] is one value).
+--timeout stops a run as SIGTERM does (then kills it 30 s later); the run's log and the runner say so.
 the runner sets train.seed and warmup.seed (--seeds), train.out_dir and train.run_name (--out) and
     train.threads (--threads) in every run; giving them as overrides is an error.
 one runner at a time per --out: a second one (or a live run in one of its run folders) is refused;
@@ -198,7 +202,8 @@ def parse_args(argv=None, description: str = ""):
                                                 "one runner at a time")
     p.add_argument("--arms", default="", help=f"comma-separated presets ({', '.join(PRESETS)})")
     p.add_argument("--arm", action="append", default=[],
-                   help="NAME:section.key=value,section.key=value (repeatable; list values in brackets)")
+                   help="NAME:section.key=value,section.key=value (repeatable; list values in brackets; a "
+                        "preset's NAME starts from that preset)")
     p.add_argument("--seeds", default=None, help="e.g. 0-4 or 0,2,5 (sets train.seed and warmup.seed; default "
                                                 "0-4, with --report alone the recorded ones)")
     p.add_argument("--baseline", default=None, help="arm the others are compared with (paired by seed)")
@@ -214,4 +219,7 @@ def parse_args(argv=None, description: str = ""):
                    help="delete and rerun this experiment's run folders made with other settings")
     p.add_argument("--title", default="", help="first line of results.md")
     p.add_argument("overrides", nargs="*", help="section.key=value for every run")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.out.strip():  # ('' had written the experiment into the current folder)
+        p.error("--out: give the experiment's folder (it was empty)")
+    return args

@@ -25,6 +25,10 @@ def test_parse_seeds_and_arms():
     arm = ex.parse_arm("pacs_bwd:algo.name=pacs,algo.noise_correction=backward")
     assert arm.name == "pacs_bwd" and arm.overrides == ["algo.name=pacs", "algo.noise_correction=backward"]
     assert ex.parse_arm("pacs_noweight").overrides == ["algo.name=pacs", "algo.weight=none"]
+    # a preset's name with keys starts from the preset (it had dropped it: `grpo:learner.lr=2e-5` trained PACS)
+    assert ex.parse_arm("grpo:learner.lr=2e-5").overrides == ["algo.name=grpo", "learner.lr=2e-5"]
+    assert ex.parse_arm("pacs_noweight:algo.weight=question").overrides == [
+        "algo.name=pacs", "algo.weight=none", "algo.weight=question"]  # (the later key wins)
     with pytest.raises(ValueError, match="preset"):
         ex.parse_arm("nonsense")
     with pytest.raises(ValueError, match="section.key=value"):

@@ -106,6 +106,10 @@ def test_failed_runs_make_a_nonzero_exit_after_the_report(tmp_path, capsys, warm
     assert (out / "results.md").is_file()
     last = printed.err.strip().splitlines()[-1]
     assert "1 of 1 runs failed" in last and "seed0.log" in last, last
+    # why it failed, in the runner's line and in the run's log (a sweep: "FAILED (exit -9...)", no word of the
+    # timeout); the run is stopped as a SIGTERM stops a trainer (its clean exit), not killed outright
+    assert "FAILED (timed out after --timeout 0.1 s, exit " in printed.out, printed.out
+    assert "stopping this run: --timeout 0.1 s reached" in (out / "runs" / "pacs" / "seed0.log").read_text()
 
 
 @pytest.mark.parametrize("args, key, flag", [
