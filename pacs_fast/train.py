@@ -86,8 +86,24 @@ def _launch_it_needs(cfg, checkpoint) -> tuple[int, bool] | None:
     return (smallest, False) if smallest else None
 
 
+def _check_run_writable(run_dir: Path) -> None:
+    """ValueError naming the run folder or file a resume could not write (it had loaded the model, then stopped on a
+    traceback): a new file in the folder, tried for real, and the records it appends to."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".pacs_fast-write-test-", dir=run_dir))
+    except OSError as e:
+        raise ValueError(f"--resume {run_dir}: the run folder is not writable ({e.strerror or e})") from None
+    for f in sorted(run_dir.glob("*.jsonl")):
+        if not os.access(f, os.W_OK):
+            raise ValueError(f"--resume {run_dir}: {f.name} is not writable (the run appends its records there)")
+
+
 def resolve(args) -> tuple[object, Path]:
     """``(config, run folder)`` of the launch; a ValueError naming the key or file otherwise."""
+    if args.resume is not None and not args.resume.strip():  # ('' had started a fresh default run)
+        raise ValueError("--resume: give the run folder to continue (it was empty)")
     if args.resume:
         if args.config:
             raise ValueError("--resume uses the run's own config.yaml; drop --config")
@@ -96,6 +112,7 @@ def resolve(args) -> tuple[object, Path]:
         intact = intact_checkpoints(run_dir)
         cfg = resume_config(run_dir, args.overrides, checkpoint=intact[0] if intact else None)
         check_resumable(run_dir, cfg.train.steps)
+        _check_run_writable(run_dir)
         check_moved_files(run_dir, cfg, intact[0] if intact else None)
         record_absolute_paths(cfg)  # a moved file's new place, given relative, is recorded whole too
         try:

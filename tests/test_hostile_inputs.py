@@ -349,3 +349,35 @@ def test_more_threads_or_reward_workers_than_cpus_is_one_line(tmp_path, capsys):
     check_cpus(load_config(None, ["train.reward_workers=16", "train.threads=16"]), cpus=16)
     with pytest.raises(ValueError, match="use at most 16"):
         check_cpus(load_config(None, ["train.reward_workers=17"]), cpus=16)
+
+
+def test_empty_folder_arguments_are_refused(tmp_path, capsys, monkeypatch):
+    """`--resume ""` had started a fresh default run (300 steps, exit 0) and `experiment --out ''` had written its
+    spec, tables and runs into the current folder: one line each, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    code, err = cli(["--resume", ""], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--resume: give the run folder" in err, err
+    from pacs_fast.experiment import main as experiment_main
+    with pytest.raises(SystemExit) as e:
+        experiment_main(["--out", "", "--arms", "grpo", "--seeds", "0"])
+    assert e.value.code == 2 and "--out: give the experiment's folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unfinished_checkpoint_is_refused_naming_a_finished_one(tmp_path):
+    """A run killed while writing a checkpoint leaves RUN/checkpoints/.tmp-step_*: eval (and model.path) had taken it
+    as a model, its files possibly cut short, and named the results after it."""
+    import shutil
+
+    from pacs_fast.evaluation.args import UsageError, check_model
+
+    model = qwen_folder(tmp_path)
+    ckpts = tmp_path / "run" / "checkpoints"
+    shutil.copytree(model, ckpts / "step_000002")
+    shutil.copytree(model, ckpts / ".tmp-step_000004")
+    check_model(str(ckpts / "step_000002"))
+    with pytest.raises(UsageError, match=r"unfinished checkpoint .* the newest, .*step_000002$"):
+        check_model(str(ckpts / ".tmp-step_000004"))
+    cfg = load_config(None, [f"model.path={ckpts / '.tmp-step_000004'}"])
+    with pytest.raises(ValueError, match=r"^model.path .*: an unfinished checkpoint"):
+        validate(cfg)

@@ -126,6 +126,34 @@ def test_resume_refuses_a_cut_or_changed_config(finished, tmp_path, capsys, dama
     assert code == 2 and match in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("what", ["folder", "metrics.jsonl"])
+def test_resume_of_a_run_it_cannot_write_is_one_line_before_the_model_loads(finished, tmp_path, capsys, monkeypatch,
+                                                                           what):
+    """A read-only run folder (or its metrics.jsonl) had loaded the model on --resume, printed "resumed from ...", then
+    stopped on a PermissionError traceback: one line naming it, exit 2, nothing loaded. (Made read-only here by
+    refusing the writes, since root writes through permission bits.)"""
+    import os
+    import tempfile
+
+    run = copy_run(finished, tmp_path)
+    if what == "folder":
+        def refuse(*args, dir=None, **kwargs):
+            if dir is not None and Path(dir) == run:
+                raise PermissionError(errno.EROFS, "Read-only file system")
+            return real_mkdtemp(*args, dir=dir, **kwargs)
+        real_mkdtemp = tempfile.mkdtemp
+        monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    else:
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p).name == what and mode & os.W_OK
+                            else real_access(p, mode, **kw))
+    code, out, err = cli(["--resume", str(run), "train.steps=6"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert ("the run folder is not writable (Read-only file system)" if what == "folder" else
+            "metrics.jsonl is not writable") in err, err
+    assert "resumed from" not in out
+
+
 def _store_in_config(run, old: str, new: str):
     """``run``'s config.yaml and its last checkpoint's copy with ``old`` replaced by ``new``, as a run made so
     would have stored them (the checkpoint's manifest follows); returns the checkpoint folder."""

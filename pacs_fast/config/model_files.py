@@ -29,6 +29,16 @@ def run_folder_hint(folder: str | Path) -> str:
     return f"; that is a training run: give one of its checkpoints, e.g. the newest, {steps[-1]}"
 
 
+def unfinished_checkpoint_problem(folder: str | Path) -> str | None:
+    """What is wrong with ``folder`` when it is a checkpoint a run was still writing when it was killed
+    (``RUN/checkpoints/.tmp-step_*``: its files may be cut short; the run's resume removes it), else None."""
+    folder = Path(folder)
+    if folder.name.startswith(".tmp-") and folder.parent.name == "checkpoints":
+        return (f"an unfinished checkpoint (a run killed while writing it left this temporary folder)"
+                f"{run_folder_hint(folder.parent) or '; give a finished one, RUN/checkpoints/step_*'}")
+    return None
+
+
 def has_tokenizer(folder: str | Path) -> bool:
     """Whether ``folder`` holds one of :data:`TOKENIZER_FILES`."""
     return any((Path(folder) / f).is_file() for f in TOKENIZER_FILES)

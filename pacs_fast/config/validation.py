@@ -6,7 +6,8 @@ from pathlib import Path
 
 from pacs_fast.config.dataset_files import dataset_exists, dataset_files
 from pacs_fast.config.model_files import (TOKENIZER_FILES, config_problem, has_tokenizer, hub_model_folder,
-                                          run_folder_hint, vocab_problem, weights_problem)
+                                          run_folder_hint, unfinished_checkpoint_problem, vocab_problem,
+                                          weights_problem)
 from pacs_fast.config.schema import ALGORITHMS, RECOMPUTE_GRANULARITIES, Config, field_types, section_classes
 
 
@@ -251,6 +252,9 @@ def _validate_paths(cfg: Config) -> None:
         if not path.is_dir():
             raise ValueError(f"model.path {cfg.model.path!r} is a file; give the Hugging Face model folder"
                              f"{run_folder_hint(path.parent)}")
+        problem = unfinished_checkpoint_problem(path)
+        if problem:
+            raise ValueError(f"model.path {cfg.model.path!r}: {problem}")
         if not (path / "config.json").is_file():
             raise ValueError(f"model.path {cfg.model.path!r} has no config.json: not a Hugging Face model folder"
                              f"{run_folder_hint(path)}")

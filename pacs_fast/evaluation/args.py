@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from pacs_fast.config.model_files import (TOKENIZER_FILES, config_problem, has_tokenizer, hf_hub_offline,
-                                          run_folder_hint, vocab_problem, weights_problem)
+                                          run_folder_hint, unfinished_checkpoint_problem, vocab_problem,
+                                          weights_problem)
 from pacs_fast.config.validation import MIN_TEMPERATURE
 from pacs_fast.reward.verifier import MAX_TIME_LIMIT
 
@@ -40,6 +41,9 @@ def check_model(model: str) -> None:
         if not path.is_dir():
             raise UsageError(f"--model {model}: is a file; give the model's folder (the one holding config.json)"
                              f"{run_folder_hint(path.parent)}")
+        problem = unfinished_checkpoint_problem(path)
+        if problem:
+            raise UsageError(f"--model {model}: {problem}")
         if not (path / "config.json").is_file():
             raise UsageError(f"--model {model}: no config.json in that folder (not a Hugging Face model folder)"
                              f"{run_folder_hint(path)}")
