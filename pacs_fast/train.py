@@ -89,12 +89,11 @@ def _launch_it_needs(cfg, checkpoint) -> tuple[int, bool] | None:
 def _check_run_writable(run_dir: Path) -> None:
     """ValueError naming the run folder or file a resume could not write (it had loaded the model, then stopped on a
     traceback): a new file in the folder, tried for real, and the records it appends to."""
-    import tempfile
+    from pacs_fast.config.validation import write_problem
 
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".pacs_fast-write-test-", dir=run_dir))
-    except OSError as e:
-        raise ValueError(f"--resume {run_dir}: the run folder is not writable ({e.strerror or e})") from None
+    problem = write_problem(run_dir)
+    if problem:
+        raise ValueError(f"--resume {run_dir}: the run folder is not writable ({problem})")
     for f in sorted(run_dir.glob("*.jsonl")):
         if not os.access(f, os.W_OK):
             raise ValueError(f"--resume {run_dir}: {f.name} is not writable (the run appends its records there)")

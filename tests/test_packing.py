@@ -44,6 +44,20 @@ def uneven_batch(gen, G, groups, vocab, lengths):
     return RolloutBatch(ids, att, resp, rewards, group_size=G)
 
 
+def prompted_batch(gen, G, groups, prompt_lengths):
+    """Right-padded rows, each group's ``G`` rows sharing one prompt (``prompt_lengths``: its length's range) and
+    each row its own response of 1-29 tokens."""
+    prompts = [torch.randint(3, 128, (int(torch.randint(*prompt_lengths, (), generator=gen)),), generator=gen)
+               for _ in range(groups)]
+    rows = [torch.cat([prompts[i // G], torch.randint(3, 128, (int(torch.randint(1, 30, (), generator=gen)),),
+                                                      generator=gen)]) for i in range(G * groups)]
+    T = max(len(r) for r in rows)
+    ids, att = torch.zeros(len(rows), T, dtype=torch.long), torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], att[i, :len(r)] = r, 1
+    return RolloutBatch(ids, att, att.float(), torch.zeros(len(rows)), group_size=G)
+
+
 def grads_of(learner, batch, algo):
     learner.model.zero_grad(set_to_none=True)
     logp, ent, _ = learner._forward(learner.model, batch, entropy=True, values=False)
@@ -223,15 +237,7 @@ def test_with_packing_off_the_budget_bounds_the_padded_forwards_token_slots(seed
                                                                       shared_prefix=shared)
     # the shared-prefix forward (packing=off, learner.shared_prefix): each group's common prefix once and the rows'
     # rests padded, which is what a micro-batch is cut by (not rows x longest, which cut them 3-4x too small)
-    prompts = [torch.randint(3, 128, (int(torch.randint(20, 60, (), generator=gen)),), generator=gen)
-               for _ in range(groups)]
-    rows = [torch.cat([prompts[i // G], torch.randint(3, 128, (int(torch.randint(1, 30, (), generator=gen)),),
-                                                      generator=gen)]) for i in range(G * groups)]
-    T = max(len(r) for r in rows)
-    ids, att = torch.zeros(len(rows), T, dtype=torch.long), torch.zeros(len(rows), T, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)], att[i, :len(r)] = r, 1
-    shared_batch = RolloutBatch(ids, att, att.float(), torch.zeros(len(rows)), group_size=G)
+    shared_batch = prompted_batch(gen, G, groups, (20, 60))
     budget = max(shared_prefix_slots(shared_batch.groups([g]).input_ids, shared_batch.groups([g]).attention_mask, G)
                  for g in range(groups)) + 40
     parts = micro_batch_groups(shared_batch, 1, budget, padded=True, shared_prefix=True)
@@ -304,15 +310,7 @@ def test_recorded_token_slots_are_what_the_decoder_ran(seed):
     label, and not the prefixes' padding to the longest), and the budget cut bounds exactly that."""
     gen = torch.Generator().manual_seed(seed)
     G, groups = 4, 5
-    prompts = [torch.randint(3, 128, (int(torch.randint(3, 40, (), generator=gen)),), generator=gen)
-               for _ in range(groups)]
-    rows = [torch.cat([prompts[i // G], torch.randint(3, 128, (int(torch.randint(1, 30, (), generator=gen)),),
-                                                      generator=gen)]) for i in range(G * groups)]
-    T = max(len(r) for r in rows)
-    ids, att = torch.zeros(len(rows), T, dtype=torch.long), torch.zeros(len(rows), T, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)], att[i, :len(r)] = r, 1
-    batch = RolloutBatch(ids, att, att.float(), torch.zeros(len(rows)), group_size=G)
+    batch = prompted_batch(gen, G, groups, (3, 40))
     model = small_model()
     fed = []
     hook = model.model.register_forward_hook(lambda m, a, kw, out: fed.append(kw["input_ids"].numel()),

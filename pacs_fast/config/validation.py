@@ -130,24 +130,32 @@ def warmup_cache_root(cfg: Config) -> Path:
     return Path(cfg.warmup.cache_dir or os.environ.get("PACS_FAST_CACHE") or "~/.cache/pacs_fast").expanduser()
 
 
-def _check_writable(key: str, folder: Path) -> None:
-    """ValueError naming ``key`` when ``folder`` (or, where it does not exist yet, its nearest existing
-    parent) cannot take a new folder: a file, a read-only mount, no permission. Tried for real (a
-    temporary folder made and removed), since root passes every permission check on a read-only
+def write_problem(folder: Path) -> str | None:
+    """Why the existing folder ``folder`` cannot take a new folder (a read-only mount, no permission), else None.
+    Tried for real (a temporary folder made and removed), since root passes every permission check on a read-only
     file system."""
     import shutil
     import tempfile
 
+    try:
+        shutil.rmtree(tempfile.mkdtemp(prefix=".pacs_fast-write-test-", dir=folder))
+    except OSError as e:
+        return str(e.strerror or e)
+    return None
+
+
+def _check_writable(key: str, folder: Path) -> None:
+    """ValueError naming ``key`` when ``folder`` (or, where it does not exist yet, its nearest existing
+    parent) cannot take a new folder: a file, a read-only mount, no permission (:func:`write_problem`)."""
     probe = folder
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
         raise ValueError(f"{key} {str(folder)!r} cannot be created: {str(probe)!r} is a file")
-    try:
-        shutil.rmtree(tempfile.mkdtemp(prefix=".pacs_fast-write-test-", dir=probe))
-    except OSError as e:
-        raise ValueError(f"{key} {str(folder)!r} is not writable ({e.strerror or e} in {str(probe)!r}); choose "
-                         f"another {key}") from None
+    problem = write_problem(probe)
+    if problem:
+        raise ValueError(f"{key} {str(folder)!r} is not writable ({problem} in {str(probe)!r}); choose "
+                         f"another {key}")
 
 
 def _validate_micro_batching(cfg: Config) -> None:
