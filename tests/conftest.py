@@ -36,6 +36,25 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
+def pytest_terminal_summary(terminalreporter):
+    # which kind of CPU this run was on (printed under -q too): the suite's time and vLLM's CPU path differ
+    # between AVX-512 / AMX machines and AVX2-only ones (tests/avx2_only_cpu.py), so a CI log says which
+    flags, model = set(), "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model == "unknown":
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    isa = [name for name in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if name in flags] or ["(no flags read)"]
+    terminalreporter.write_line(f"cpu: {model}, {os.cpu_count()} cores, {' '.join(isa)}; "
+                                f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}")
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
     for item in items:
