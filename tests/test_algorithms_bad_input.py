@@ -210,3 +210,41 @@ def test_complex_rewards_are_refused_by_the_advantages_as_by_pacs_loss():
     with pytest.raises(ValueError, match=r"^group_advantages: rewards must be real numbers, got torch.complex64"):
         group_advantages(torch.tensor([1 + 1j, 0j]), 2)
     assert torch.equal(group_advantages(torch.tensor([True, False]), 2, "dr_grpo"), torch.tensor([0.5, -0.5]))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_nan_or_inf_reward_is_never_a_zero_grpo_advantage(bad):
+    """``torch.where(scale > 0, ..., 0)`` read a NaN std as "equal rewards": the group got advantage 0 and
+    left training without a sign, while "rloo" / "dr_grpo" gave NaN. Now every mode gives NaN, and
+    ``grpo_loss(check_finite=True)`` names the rewards (it named policy_loss's advantages, or nothing)."""
+    rewards = torch.tensor([bad, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
+    for mode in ("grpo", "dr_grpo", "rloo"):
+        adv = group_advantages(rewards, 4, mode)
+        assert adv[:4].isnan().all() and adv[4:].isfinite().all(), mode
+    assert torch.equal(group_advantages(torch.ones(4), 4, "grpo", eps=0.0), torch.zeros(4))  # equal: still 0
+    logp, old = -torch.rand(8, 3), -torch.rand(8, 3)
+    for mode in ("grpo", "rloo"):
+        with pytest.raises(ValueError, match=r"^grpo_loss: rewards contains NaN or Inf"):
+            grpo_loss(logp, old, None, rewards, group_size=4, advantage=mode, check_finite=True)
+
+
+def test_the_value_checks_pass_over_meta_tensors():
+    """A meta tensor has no values: ``check_finite=True`` raised "Tensor.item() cannot be called on meta
+    tensors" (shape tracing with the checks on); now the checks pass over it and the shapes come out."""
+    m = dict(device="meta")
+    loss = pacs_loss(torch.randn(4, 3, **m), torch.randn(4, 3, **m), torch.ones(4, 3, **m), torch.ones(4, **m),
+                     group_size=2, check_finite=True)
+    assert loss.device.type == "meta" and loss.shape == ()
+    loss, _ = policy_loss(torch.randn(4, 3, **m), torch.randn(4, 3, **m), torch.randn(4, **m), None,
+                          check_finite=True)
+    assert loss.device.type == "meta"
+
+
+def test_group_scores_compute_in_fp32_for_half_inputs(seed):
+    """bf16 proxies were scored in bf16 (7.6e-3 off on grpo scores near 1.8) while pacs_loss scores in fp32;
+    now computed in fp32 and returned in the input's dtype: one rounding of the fp32 result."""
+    proxy = torch.randn(16, dtype=torch.float64) * 3
+    for score in ("rloo", "grpo", "dr_grpo"):
+        got = group_scores(proxy.to(torch.bfloat16), 4, score)
+        want = group_scores(proxy.to(torch.bfloat16).float(), 4, score).to(torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want), score

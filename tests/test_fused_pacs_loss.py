@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -332,6 +333,14 @@ def test_bad_input_names_argument(i, monkeypatch):
         call["cu_seqlens"] = on_device(call["cu_seqlens"])
     with pytest.raises(ValueError, match=name):
         fused_pacs_loss(*args, **call)
+
+
+def test_a_numpy_beta_is_taken_as_pacs_loss_takes_it():
+    """``beta=np.float32(0.5)`` was refused ("must be a finite real number") while pacs_loss took it."""
+    logp, ref, mask, R = on_device(*make_inputs(8, 5))
+    a = fused_pacs_loss(logp, ref, mask, R, group_size=4, beta=np.float32(0.5))
+    b = fused_pacs_loss(logp, ref, mask, R, group_size=4, beta=0.5)
+    assert torch.equal(a, b)
 
 
 def test_wrong_cu_seqlens_without_the_debug_checks_stay_in_bounds(monkeypatch):

@@ -68,3 +68,34 @@ def test_gae_whitening(seed):
     assert (white[~mask] == 0).all()
     torch.testing.assert_close(masked_whiten(raw, mask, shift_mean=False)[mask],
                                (sel - sel.mean()) / torch.sqrt(sel.var() + 1e-8) + sel.mean())
+
+
+def test_gae_and_the_baselines_make_no_host_sync(seed):
+    """GAE's whitening picked its reference entry by indexing with a 0-d tensor, an ``.item()`` on the host
+    (a stall inside a PPO step, against its own comment); under ``NoHostSync`` the baselines' advantage and
+    loss functions run on the device alone and give the values of a call outside it."""
+    from test_kernel_dispatch import NoHostSync
+
+    from pacs_fast.algorithms import group_advantages, grpo_loss, policy_loss
+
+    B, T = 6, 9
+    r, v = torch.randn(B, T), torch.randn(B, T)
+    mask = torch.rand(B, T) < 0.7
+    mask[:, 0] = True
+    logp, old = -torch.rand(B, T), -torch.rand(B, T)
+    rewards = (torch.rand(B) < 0.5).float()
+    runs = []
+    for mode in (NoHostSync, torch.no_grad):
+        with mode():
+            adv, ret = gae(r, v, mask, gamma=0.99, lam=0.95)
+            runs.append([adv, ret, masked_whiten(r, mask), group_advantages(rewards, 3, "grpo"),
+                         policy_loss(logp, old, adv, mask)[0], grpo_loss(logp, old, mask, rewards, group_size=3)[0]])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_gae_runs_on_meta_tensors():
+    """(It raised "Tensor.item() cannot be called on meta tensors", the same host read.)"""
+    adv, ret = gae(torch.randn(4, 6, device="meta"), torch.randn(4, 6, device="meta"),
+                   torch.ones(4, 6, device="meta"))
+    assert adv.shape == ret.shape == (4, 6) and adv.device.type == "meta"

@@ -149,3 +149,30 @@ def test_rewards_outside_unit_interval_are_refused():
     exps[0].rewards = exps[0].rewards * 0 + 1.5
     with pytest.raises(ValueError, match=r"rewards must lie in \[0, 1\]"):
         pacs_advantages(exps, 4)
+
+
+@pytest.mark.parametrize("group_size", [4.7, 4.0, "4", True])
+def test_a_group_size_that_is_not_an_integer_is_refused(group_size):
+    """4.7 was truncated to groups of 4 without a word (``int(group_size)``)."""
+    with pytest.raises(ValueError, match=r"^PACSPolicyLoss: group_size must be an integer >= 1"):
+        PACSPolicyLoss(group_size=group_size)
+    exps, *_ = _experiences(1, 4, 3, 5, per_exp=4)
+    with pytest.raises(ValueError, match=r"^pacs_advantages: n_samples_per_prompt must be an integer >= 1"):
+        pacs_advantages(exps, group_size)
+
+
+def test_groups_sixteen_apart_in_one_micro_batch_are_caught():
+    """The group tag was the group's index mod 16, so a micro-batch holding half of group 0 and half of
+    group 16 (rows a shuffle brought together) read as one group and trained on a wrong score. With 0/1
+    rewards the tag is now mod 128: they are told apart; groups 128 apart still look alike (documented)."""
+    n = 2
+    exps, R, mask, logp, old = _experiences(130, n, 4, 6, per_exp=260)
+    pacs_advantages(exps, n)
+    adv = exps[0].advantages
+    fn = PACSPolicyLoss(group_size=n)
+    for far in (16, 64):  # runs [group 0, group far], [group 1, group far + 1]: four split groups
+        rows = torch.tensor([0, n * far, n, n * (far + 1)])
+        with pytest.raises(ValueError, match="replay buffer not shuffled"):
+            fn(logp[rows], old[rows], adv[rows], action_mask=mask[rows])
+    rows = torch.tensor([0, n * 128, n, n * 129])  # the documented blind spot
+    fn(logp[rows], old[rows], adv[rows], action_mask=mask[rows])

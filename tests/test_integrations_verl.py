@@ -206,3 +206,22 @@ def test_the_adapters_pacs_metrics_are_the_trainers():
     theirs = trainer({"psi": psi, "pred_reward": torch.sigmoid(psi), "proxy": psi / 2, "rewards": R})
     assert set(ours) <= set(theirs) and all(ours[k] == pytest.approx(theirs[k]) for k in ours), (ours, theirs)
     assert ours["pacs/pred_reward_pos"] == pytest.approx(float(torch.sigmoid(psi)[R > 0.5].mean()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_binary_tags_run_to_127_and_read_back_exactly_in_any_dtype(dtype):
+    """0/1 rewards carry the group index mod 128 (integers < 256, exact in bf16): every group of 130 is
+    read back with its reward and tag, groups 128 apart share a tag; soft rewards keep mod 16."""
+    from pacs_fast.integrations._groups import decode_tagged_advantages, encode_tagged_advantages
+
+    groups = torch.arange(130).repeat_interleave(2)
+    R = (torch.arange(260) % 3 == 0).double()
+    mask = torch.ones(260, 3, dtype=torch.bool)
+    adv = encode_tagged_advantages(R, groups, mask)
+    back, tags = decode_tagged_advantages(adv.to(dtype), mask, "fix")
+    assert torch.equal(back, R) and torch.equal(tags, groups % 128)
+    soft = R * 0.5 + 0.25
+    back, tags = decode_tagged_advantages(encode_tagged_advantages(soft, groups, mask), mask, "fix")
+    assert float((back - soft).abs().max()) <= 2 ** -19 and torch.equal(tags, groups % 16)
+    with pytest.raises(ValueError, match="not the reward \\+ group tag"):  # a soft value above 32: not ours
+        decode_tagged_advantages(torch.full((1, 3), 40.5), torch.ones(1, 3, dtype=torch.bool), "fix")

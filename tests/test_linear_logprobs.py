@@ -321,6 +321,10 @@ def test_bad_arguments(monkeypatch):
         linear_logprobs(h, w, bad)
     with pytest.raises(ValueError, match="chunk_bytes"):
         linear_logprobs(h, w, y, chunk_bytes=0)
+    with pytest.raises(ValueError, match=r"^linear_logprobs: ignore_index must be an integer label id"):
+        linear_logprobs(h, w, y, ignore_index=None)
+    with pytest.raises(ValueError, match=r"^linear_logprobs: weight must be \[V, H\]"):
+        linear_logprobs(h, torch.randn(10, 7), y)
 
 
 @pytest.mark.gpu

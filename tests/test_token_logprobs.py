@@ -5,6 +5,7 @@ are shrunk so that every kernel loops over several vocab blocks and splits on sm
 """
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -267,6 +268,16 @@ def test_bad_arguments():
         token_logprobs(x, torch.zeros(4, dtype=torch.long), temperature=0)
     with pytest.raises(ValueError, match="backend"):
         token_logprobs(x, torch.zeros(4, dtype=torch.long), backend="cuda")
+    # ignore_index=None raised int()'s bare TypeError; a float was truncated; every message names the op
+    for bad in (None, 1.5, True):
+        with pytest.raises(ValueError, match=r"^token_logprobs: ignore_index must be an integer label id"):
+            token_logprobs(x, torch.zeros(4, dtype=torch.long), ignore_index=bad)
+    with pytest.raises(ValueError, match=r"^token_logprobs: labels must be an integer tensor"):
+        token_logprobs(x, torch.zeros(4))
+    with pytest.raises(ValueError, match=r"^token_logprobs: temperature must be a finite positive number"):
+        token_logprobs(x, torch.zeros(4, dtype=torch.long), temperature="1")
+    labels = torch.tensor([1, -7, 2, -7])
+    assert torch.equal(token_logprobs(x, labels, ignore_index=np.int64(-7)), token_logprobs(x, labels, ignore_index=-7))
 
 
 @pytest.mark.gpu

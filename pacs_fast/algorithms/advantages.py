@@ -60,7 +60,9 @@ def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo",
         out = centered * (group_size / (group_size - 1))
     elif mode == "grpo" and norm_std:
         scale = centered.std(dim=1, keepdim=True, correction=1) + eps
-        out = torch.where(scale > 0, centered / scale, 0.0)  # eps = 0 and equal rewards: 0, not 0 / 0
+        # eps = 0 and equal rewards: 0, not 0 / 0; a NaN / Inf reward makes its group NaN (as "rloo" and
+        # "dr_grpo" do), never 0, which would drop the group from training without a sign
+        out = torch.where(scale == 0, 0.0, centered / scale)
     else:
         out = centered
     return out.reshape(-1)
@@ -81,7 +83,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor | None, *, shift_mean: boo
     # in differences from one selected entry c (its index found on the device: no host sync), so that equal
     # entries keep their digits (a constant input gave 2.4e-3 for ~1e-4 / n in fp32): verl's mean
     # sum(x) / (n + 1e-8) is c + (sum(d) - 1e-8 c) / (n + 1e-8)
-    c = x.reshape(-1)[sel.reshape(-1).to(torch.uint8).argmax()]
+    c = x.reshape(-1).index_select(0, sel.reshape(-1).to(torch.uint8).argmax().reshape(1)).squeeze(0)
     d = torch.where(sel, x - c, 0.0)
     mean_d = (d.sum() - c * 1e-8) / (n + 1e-8)
     centred = d - mean_d

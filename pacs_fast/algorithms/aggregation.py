@@ -95,7 +95,9 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor | None, mode: str 
             (default ``T``; pass the generation's maximum length to keep it fixed).
         global_count: optional denominator override (tokens or sequences, see module docstring);
             ignored by ``"token-sum"`` / ``"token-sum-norm"``. Under DDP / FSDP (gradients averaged
-            over ranks): the count over all ranks divided by the world size.
+            over ranks): the count over all ranks divided by the world size. ``0`` means no token
+            (sequence) anywhere, so this micro-batch has none either: the loss is its sum, 0 (a count
+            of 0 beside unmasked tokens is a caller's error this cannot see without a host sync).
     Returns:
         0-d tensor.
     """

@@ -233,7 +233,8 @@ def group_scores(proxy: torch.Tensor, group_size: int, score: str = "rloo", *,
     - ``"dr_grpo"``: ``psi_i = r_i - mean_g``;  ``"naive"``: ``psi_i = r_i``
 
     Args:
-        proxy: ``[B]`` float tensor (differentiable). Returns ``[B]``, same dtype.
+        proxy: ``[B]`` float tensor (differentiable). Returns ``[B]`` in its dtype, computed in fp32
+            (fp64 for fp64 input), as ``pacs_loss`` computes it.
         eps: > 0 (the grpo score's gradient at equal proxies is ``1/eps``).
     """
     fn = "group_scores"
@@ -243,7 +244,7 @@ def group_scores(proxy: torch.Tensor, group_size: int, score: str = "rloo", *,
     eps = check_real(fn, "eps", eps, positive=True)  # 0: 0 / 0 for equal proxies (every on-policy first step)
     if group_size == 1 and score in GROUP_SCORES:
         raise ValueError(f"{fn}: group_size=1 is not allowed with score={score!r} (needs G >= 2)")
-    return _group_scores(proxy, group_size, score, eps)
+    return _group_scores(proxy.to(compute_dtype(proxy)), group_size, score, eps).to(proxy.dtype)
 
 
 def class_balanced_weights(rewards: torch.Tensor, group_size: int,
@@ -326,7 +327,7 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
         if logp_ref is not None and proxy == "logratio":
             check_finite_values(fn, "logp_ref", logp_ref, where)
         check_finite_values(fn, "rewards", rewards)
-        if bool(((rewards < 0) | (rewards > 1)).any()):
+        if rewards.device.type != "meta" and bool(((rewards < 0) | (rewards > 1)).any()):
             raise ValueError(f"{fn}: rewards must lie in [0, 1]")
 
     if sample_weights is not None:

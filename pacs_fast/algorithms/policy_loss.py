@@ -208,6 +208,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor | N
     check_tensor(fn, "logp", logp, ndim=2, floating=True)
     if rewards.shape[0] != logp.shape[0]:
         raise ValueError(f"{fn}: rewards has {rewards.shape[0]} entries but logp has {logp.shape[0]} rows")
+    if policy_kwargs.get("check_finite"):  # here, not as NaN advantages reported under policy_loss's name
+        check_finite_values(fn, "rewards", rewards)
     adv = group_advantages(rewards, group_size, advantage, norm_std=norm_std, eps=eps)
     loss, metrics = policy_loss(logp, old_logp, adv.to(compute_dtype(logp)), mask, **policy_kwargs)
     metrics["adv_mean"] = adv.mean()

@@ -9,20 +9,25 @@ names the setting to change instead of a silently wrong loss.
 Tagged advantages (verl, OpenRLHF). Their policy-loss hooks receive per-token ``advantages`` and
 nothing else per sequence, so the adapters' advantage step writes, on every response token,
 
-    advantages[i, t] = R_i + 2 * (k_i mod GROUP_TAGS)        (R_i in [0, 1], k_i the group index)
+    advantages[i, t] = R_i + 2 * (k_i mod M)        (R_i in [0, 1], k_i the group index)
 
-and the loss reads ``R_i`` and a group tag back (``decode_tagged_advantages``). 0/1 rewards are
-exact in any float dtype; soft rewards keep about 2e-6 absolute precision in fp32 (values < 2 * GROUP_TAGS
-= 32), and bf16 / fp16 advantages (which would round them) are refused when they carry soft rewards.
+and the loss reads ``R_i`` and a group tag back (``decode_tagged_advantages``). With 0/1 rewards
+M = BINARY_GROUP_TAGS = 128: the values are integers below 256, exact in any float dtype (bf16 included).
+With soft rewards M = GROUP_TAGS = 16: the values stay below 32, where fp32 keeps about 2e-6 absolute
+precision, and bf16 / fp16 advantages (which would round them) are refused. The group check tells groups
+apart by their tag, so it cannot see rows of groups k and k + M put together in one run of G rows.
 """
 from __future__ import annotations
+
+import numbers
 
 import torch
 
 from pacs_fast.algorithms._checks import check_real
 from pacs_fast.algorithms.score_metrics import score_metrics
 
-GROUP_TAGS = 16
+GROUP_TAGS = 16  # group tags with soft rewards (values < 32: fp32 keeps 2**-19)
+BINARY_GROUP_TAGS = 128  # group tags with 0/1 rewards (integers < 256: exact in bf16, fp16 and fp32)
 
 
 def check_beta(beta, where: str) -> float:
@@ -36,6 +41,14 @@ def check_beta(beta, where: str) -> float:
         raise ValueError(f"{where}: beta must be a finite number > 0, got {beta!r} (PACS's proxy scale, not a KL "
                          "coefficient: beta=0 gives an exactly zero gradient, beta<0 trains against the "
                          "verifier)") from None
+
+
+def check_count(where: str, name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum``: an integer (numpy integers too), never a float truncated or a
+    bool; else a ValueError naming ``where`` and ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{where}: {name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def check_batch_rows(num_rows: int, group_size: int, fix: str) -> None:
@@ -61,13 +74,15 @@ def check_whole_groups(group_ids: torch.Tensor, group_size: int, fix: str) -> No
 
 def encode_tagged_advantages(rewards: torch.Tensor, group_index: torch.Tensor,
                              response_mask: torch.Tensor) -> torch.Tensor:
-    """``[B, T]`` advantages carrying ``R_i + 2 * (group_index_i mod GROUP_TAGS)`` on response
-    tokens (0 elsewhere), fp32. ``rewards`` ``[B]`` in ``[0, 1]``; ``group_index`` ``[B]`` int."""
+    """``[B, T]`` advantages carrying ``R_i + 2 * (group_index_i mod M)`` on response tokens
+    (0 elsewhere), fp32; M is ``BINARY_GROUP_TAGS`` when every reward is 0 or 1, else ``GROUP_TAGS``.
+    ``rewards`` ``[B]`` in ``[0, 1]``; ``group_index`` ``[B]`` int."""
     R = rewards.detach().to(torch.float64)
     if not bool(torch.isfinite(R).all()) or bool(((R < 0) | (R > 1)).any()):
         raise ValueError("PACS: sequence rewards must lie in [0, 1] (the verifier's label); got "
                          f"min {float(R.min()):.4g}, max {float(R.max()):.4g}")
-    tag = (group_index.to(torch.int64) % GROUP_TAGS).to(torch.float64)
+    binary = bool(((R == 0) | (R == 1)).all())
+    tag = (group_index.to(torch.int64) % (BINARY_GROUP_TAGS if binary else GROUP_TAGS)).to(torch.float64)
     value = (R + 2.0 * tag).to(torch.float32)
     return value.unsqueeze(-1) * response_mask.to(torch.float32)
 
@@ -87,11 +102,15 @@ def decode_tagged_advantages(advantages: torch.Tensor, response_mask: torch.Tens
     big = torch.finfo(torch.float64).max
     hi = torch.where(m, a, -big).amax(dim=-1)
     lo = torch.where(m, a, big).amin(dim=-1)
-    # fp32 storage of values < 32 is exact to 2**-19; allow that much spread
-    if bool(((hi - lo) > 4e-6).any()) or bool((lo < 0).any()) or bool((hi >= 2 * GROUP_TAGS).any()):
+    # fp32 storage of values < 32 is exact to 2**-19; allow that much spread. Values from 32 on carry a
+    # 0/1 reward and a tag of BINARY_GROUP_TAGS: integers
+    wide = hi >= 2 * GROUP_TAGS
+    if (bool(((hi - lo) > 4e-6).any()) or bool((lo < 0).any()) or bool((hi >= 2 * BINARY_GROUP_TAGS).any())
+            or bool((wide & (hi != torch.floor(hi))).any())):
         raise ValueError("PACS: the advantages are not the reward + group tag written by the "
-                         f"PACS advantage step (constant per row, in [0, {2 * GROUP_TAGS})); {fix}")
-    tags = torch.floor(hi / 2.0).clamp(max=GROUP_TAGS - 1)
+                         f"PACS advantage step (constant per row, in [0, {2 * BINARY_GROUP_TAGS}), integers from "
+                         f"{2 * GROUP_TAGS} on); {fix}")
+    tags = torch.floor(hi / 2.0).clamp(max=BINARY_GROUP_TAGS - 1)
     rewards = (hi - 2.0 * tags).clamp(0.0, 1.0)
     low = advantages.is_floating_point() and torch.finfo(advantages.dtype).eps > torch.finfo(torch.float32).eps
     if low and bool(((rewards != 0) & (rewards != 1)).any()):

@@ -11,7 +11,7 @@ a PPO actor / experience maker of yours (OpenRLHF has no registry to plug into):
 
 - ``pacs_advantages`` writes each sample's raw reward ``experience.rewards`` and its group
   (``experience.index // n_samples_per_prompt``, OpenRLHF's own grouping) into ``advantages``
-  (``R_i + 2 * (group mod 16)`` on action tokens, see ``pacs_fast.integrations._groups``).
+  (``R_i + 2 * (group mod 128)`` on action tokens, mod 16 with soft rewards; see ``pacs_fast.integrations._groups``).
 - ``PACSPolicyLoss.forward`` has ``PolicyLoss.forward``'s signature and returns its 5-tuple
   ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)`` (clip_ratio is 0: PACS does not clip;
   vllm_kl and is_filter_ratio are None). It reads the rewards and groups back, checks that the
@@ -34,6 +34,7 @@ import torch
 from pacs_fast.algorithms.pacs import BACKENDS, GROUP_SCORES, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
 from pacs_fast.integrations._groups import (
     check_beta,
+    check_count,
     check_whole_groups,
     decode_tagged_advantages,
     encode_tagged_advantages,
@@ -61,12 +62,12 @@ def _get(cfg, dotted: str, default=None):
 def check_args(args) -> None:
     """Start-time check of OpenRLHF's (nested) args: raises one ValueError listing every setting
     that would split groups or change the rewards."""
-    n = _get(args, "rollout.n_samples_per_prompt", 1)
+    n = check_count("PACS in OpenRLHF", "rollout.n_samples_per_prompt", _get(args, "rollout.n_samples_per_prompt", 1))
     problems = []
-    if int(n) < 2:
+    if n < 2:
         problems.append(f"rollout.n_samples_per_prompt must be >= 2 (got {n})")
-    micro = _get(args, "train.micro_batch_size", 1)
-    if int(micro) % max(int(n), 1):
+    micro = check_count("PACS in OpenRLHF", "train.micro_batch_size", _get(args, "train.micro_batch_size", 1))
+    if micro % n:
         problems.append(f"train.micro_batch_size ({micro}) must be a multiple of "
                         f"rollout.n_samples_per_prompt ({n})")
     if _get(args, "train.dynamic_batch_enable", False):
@@ -88,9 +89,7 @@ def pacs_advantages(experiences, n_samples_per_prompt: int):
     """Replaces ``RemoteExperienceMaker.compute_advantages_and_returns``: sets
     ``advantages`` and ``returns`` of each experience to the reward + group tag read by
     ``PACSPolicyLoss`` (``[B, A]`` fp32). Rewards must lie in [0, 1]. Returns ``experiences``."""
-    n = int(n_samples_per_prompt)
-    if n < 1:
-        raise ValueError(f"pacs_advantages: n_samples_per_prompt must be >= 1, got {n}")
+    n = check_count("pacs_advantages", "n_samples_per_prompt", n_samples_per_prompt)
     for exp in experiences:
         if exp.index is None:
             raise ValueError("pacs_advantages: experience.index is None (needs OpenRLHF's sample positions)")
@@ -119,12 +118,11 @@ class PACSPolicyLoss(torch.nn.Module):
                                      ("proxy", proxy, PROXIES), ("backend", backend, BACKENDS)):
             if value not in allowed:
                 raise ValueError(f"PACSPolicyLoss: {name} must be one of {allowed}, got {value!r}")
-        if int(group_size) < 1:
-            raise ValueError(f"PACSPolicyLoss: group_size must be >= 1, got {group_size}")
-        if int(group_size) == 1 and score in GROUP_SCORES:  # at construction, not at the first update
+        group_size = check_count("PACSPolicyLoss", "group_size", group_size)
+        if group_size == 1 and score in GROUP_SCORES:  # at construction, not at the first update
             raise ValueError(f"PACSPolicyLoss: group_size=1 (n_samples_per_prompt) is not allowed with "
                              f"score={score!r}, which compares a response with its group mates (needs >= 2)")
-        self.group_size = int(group_size)
+        self.group_size = group_size
         self.options = dict(beta=check_beta(beta, "PACSPolicyLoss"), score=score, weight_mode=weight_mode,
                             proxy=proxy, backend=backend)
         self.last_metrics: dict[str, float] = {}

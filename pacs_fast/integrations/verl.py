@@ -14,8 +14,8 @@ is imported itself, in the driver and in every Ray worker), then set::
 How the data gets through. verl's policy-loss hook receives per-token tensors only
 (``old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
 rollout_is_weights``). The ``"pacs"`` estimator writes the sequence reward ``R_i`` (the sum of
-``token_level_rewards``) and a group tag into ``advantages`` (``R_i + 2 * (group mod 16)`` on
-response tokens, see ``pacs_fast.integrations._groups``); the ``"pacs"`` loss reads them back,
+``token_level_rewards``) and a group tag into ``advantages`` (``R_i + 2 * (group mod 128)`` on
+response tokens, mod 16 with soft rewards; see ``pacs_fast.integrations._groups``); the ``"pacs"`` loss reads them back,
 checks that the micro-batch holds whole groups of ``rollout.n`` contiguous responses (``uid``
 runs), and computes ``pacs_fast.pacs_loss`` with ``old_log_prob`` (the rollout policy's
 recomputed log-probs) as the reference: PACS ``ref="rollout"``, as in the paper's verl code.
@@ -132,8 +132,8 @@ def compute_pacs_advantage(token_level_rewards: torch.Tensor, response_mask: tor
         response_mask: ``[B, T]``.
         index: ``[B]`` prompt uids (verl's ``uid``); rows of one prompt must be contiguous.
     Returns:
-        ``(advantages, returns)``, both ``[B, T]`` fp32 ``R_i + 2 * (group mod 16)`` on response
-        tokens (to be read by the ``"pacs"`` policy loss, not a real advantage).
+        ``(advantages, returns)``, both ``[B, T]`` fp32 ``R_i + 2 * (group mod 128)`` on response tokens
+        (mod 16 with soft rewards; to be read by the ``"pacs"`` policy loss, not a real advantage).
     """
     if index is None:
         raise ValueError("PACS advantage estimator: verl passed no prompt uid (data.non_tensor_batch['uid'])")

@@ -25,6 +25,7 @@ token count ``N`` and every new count compiles again.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -204,8 +205,17 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def check_temperature(temperature) -> float:
+def check_temperature(temperature, fn: str) -> float:
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise ValueError(f"{fn}: temperature must be a finite positive number, got {temperature!r}")
     t = float(temperature)
     if not math.isfinite(t) or t <= 0:
-        raise ValueError(f"temperature must be a finite positive number, got {temperature!r}")
+        raise ValueError(f"{fn}: temperature must be a finite positive number, got {temperature!r}")
     return t
+
+
+def check_ignore_index(ignore_index, fn: str) -> int:
+    """The label id that marks rows to skip, as an int (numpy integers too; never a bool or a float)."""
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise ValueError(f"{fn}: ignore_index must be an integer label id (HF's -100), got {ignore_index!r}")
+    return int(ignore_index)

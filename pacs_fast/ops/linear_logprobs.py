@@ -104,29 +104,30 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
     """
     for name, t in (("hidden", hidden), ("weight", weight)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor")
+            raise ValueError(f"linear_logprobs: {name} must be a floating-point tensor")
     if hidden.dim() < 1 or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(f"weight must be [V, H] with H = hidden.shape[-1]; got hidden "
+        raise ValueError(f"linear_logprobs: weight must be [V, H] with H = hidden.shape[-1]; got hidden "
                          f"{tuple(hidden.shape)}, weight {tuple(weight.shape)}")
     if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
-        raise ValueError("labels must be an integer tensor")
+        raise ValueError("linear_logprobs: labels must be an integer tensor")
     if labels.shape != hidden.shape[:-1]:
-        raise ValueError(f"labels shape {tuple(labels.shape)} must equal hidden.shape[:-1] "
+        raise ValueError(f"linear_logprobs: labels shape {tuple(labels.shape)} must equal hidden.shape[:-1] "
                          f"{tuple(hidden.shape[:-1])}")
     if hidden.shape[-1] == 0:
-        raise ValueError(f"hidden has an empty hidden dimension (H = hidden.shape[-1] = 0, hidden "
+        raise ValueError(f"linear_logprobs: hidden has an empty hidden dimension (H = hidden.shape[-1] = 0, hidden "
                          f"{tuple(hidden.shape)}, weight {tuple(weight.shape)}): no logits to compute")
     if weight.shape[0] == 0:
-        raise ValueError(f"weight has an empty vocabulary dimension (V = weight.shape[0] = 0, weight "
+        raise ValueError(f"linear_logprobs: weight has an empty vocabulary dimension (V = weight.shape[0] = 0, weight "
                          f"{tuple(weight.shape)}): there is no distribution to take log-probs from")
     if triton_backward not in TRITON_BACKWARDS:
-        raise ValueError(f"triton_backward must be one of {TRITON_BACKWARDS}, got {triton_backward!r}")
+        raise ValueError(f"linear_logprobs: triton_backward must be one of {TRITON_BACKWARDS}, got {triton_backward!r}")
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (weight.shape[0],)):
-        raise ValueError(f"bias must be a tensor of shape [{weight.shape[0]}]")
-    t = chunked.check_temperature(temperature)
+        raise ValueError(f"linear_logprobs: bias must be a tensor of shape [{weight.shape[0]}]")
+    t = chunked.check_temperature(temperature, "linear_logprobs")
+    ignore_index = chunked.check_ignore_index(ignore_index, "linear_logprobs")
     tensors = [hidden, weight, labels] + ([bias] if bias is not None else [])
     if len({x.device for x in tensors}) != 1:
-        raise ValueError("hidden, weight, labels (and bias) must be on one device")
+        raise ValueError("linear_logprobs: hidden, weight, labels (and bias) must be on one device")
     resolved = _resolve(backend, *[x for x in tensors if x.is_floating_point()] + [labels])
     if upcast and resolved == "triton":  # autograd casts the gradients back to the inputs' dtypes
         hidden, weight = hidden.float(), weight.float()
@@ -136,7 +137,7 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
     lead = labels.shape
     h2 = hidden.reshape(-1, hidden.shape[-1])
     logp, ent = apply_op(_LinearLogprobs.apply, h2, weight, bias, labels.reshape(-1).long().contiguous(), 1.0 / t,
-                         int(ignore_index), bool(return_entropy), tp_group, (resolved, triton_backward), chunk_bytes,
+                         ignore_index, bool(return_entropy), tp_group, (resolved, triton_backward), chunk_bytes,
                          triton=resolved == "triton")
     logp = logp.view(lead)
     return (logp, ent.view(lead)) if return_entropy else logp

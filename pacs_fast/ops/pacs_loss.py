@@ -94,7 +94,7 @@ def _validate(logp, logp_ref, mask, rewards, group_size, beta, score, weight_mod
     _check_choice("score", score, SCORES)
     _check_choice("weight_mode", weight_mode, WEIGHT_MODES)
     _check_choice("proxy", proxy, PROXIES)
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta):
+    if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not math.isfinite(beta):
         raise ValueError(f"{_FN}: beta must be a finite real number, got {beta!r}")
     if not isinstance(logp, torch.Tensor) or not logp.is_floating_point():
         raise ValueError(f"{_FN}: logp must be a floating-point tensor")

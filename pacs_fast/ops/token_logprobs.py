@@ -53,28 +53,29 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
         Differentiable once (a ``create_graph=True`` backward: a RuntimeError saying so).
     """
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() < 1:
-        raise ValueError("logits must be a floating-point tensor [..., V]")
+        raise ValueError("token_logprobs: logits must be a floating-point tensor [..., V]")
     if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
-        raise ValueError("labels must be an integer tensor")
+        raise ValueError("token_logprobs: labels must be an integer tensor")
     if logits.shape[-1] == 0:
-        raise ValueError(f"logits has an empty vocabulary dimension (V = logits.shape[-1] = 0, shape "
+        raise ValueError(f"token_logprobs: logits has an empty vocabulary dimension (V = logits.shape[-1] = 0, shape "
                          f"{tuple(logits.shape)}): there is no distribution to take log-probs from")
     if labels.shape != logits.shape[:-1]:
-        raise ValueError(f"labels shape {tuple(labels.shape)} must equal logits.shape[:-1] "
+        raise ValueError(f"token_logprobs: labels shape {tuple(labels.shape)} must equal logits.shape[:-1] "
                          f"{tuple(logits.shape[:-1])}")
     if labels.device != logits.device:
-        raise ValueError("labels must be on the same device as logits")
+        raise ValueError("token_logprobs: labels must be on the same device as logits")
     if inplace_backward and logits.requires_grad and (logits if logits._base is None else logits._base).is_leaf:
-        raise ValueError("inplace_backward=True would write the gradient over logits, which are (a view of) a "
-                         "leaf tensor (a parameter or an input): pass logits computed in the graph, e.g. the LM "
-                         "head's output")
-    t = chunked.check_temperature(temperature)
+        raise ValueError("token_logprobs: inplace_backward=True would write the gradient over logits, which are "
+                         "(a view of) a leaf tensor (a parameter or an input): pass logits computed in the graph, "
+                         "e.g. the LM head's output")
+    t = chunked.check_temperature(temperature, "token_logprobs")
+    ignore_index = chunked.check_ignore_index(ignore_index, "token_logprobs")
     resolved = _resolve(backend, logits)
     lead = labels.shape
     x2 = logits.reshape(-1, logits.shape[-1])
     if x2.shape[-1] > 0 and x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    logp, ent = apply_op(_TokenLogprobs.apply, x2, labels.reshape(-1).long().contiguous(), 1.0 / t, int(ignore_index),
+    logp, ent = apply_op(_TokenLogprobs.apply, x2, labels.reshape(-1).long().contiguous(), 1.0 / t, ignore_index,
                          bool(return_entropy), bool(inplace_backward), tp_group, resolved, chunk_bytes,
                          triton=resolved == "triton")
     logp = logp.view(lead)
