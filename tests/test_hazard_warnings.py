@@ -116,3 +116,28 @@ def test_a_bf16_adamw_step_at_lr_1e6_leaves_most_weights_unchanged():
             opt.step()
         moved[dtype] = float((w.detach() != w0).float().mean())
     assert moved[torch.bfloat16] < 0.05 and moved[torch.float32] > 0.99, moved
+
+
+@pytest.mark.parametrize("overrides,start", [
+    (["algo.name=gspo", "algo.loss_agg=token-mean"], "algo.loss_agg=token-mean with algo.name=gspo"),
+    (["algo.name=gspo", "algo.loss_agg=token-sum"], "algo.loss_agg=token-sum with algo.name=gspo"),
+    (["algo.name=gspo"], None),  # auto: seq-mean-token-mean
+    (["algo.name=gspo", "algo.loss_agg=seq-mean-token-mean"], None),
+    (["algo.name=grpo", "algo.loss_agg=token-mean"], None),
+    (["algo.name=dr_grpo", "algo.loss_agg=seq-mean-token-mean"], "algo.loss_agg=seq-mean-token-mean with algo.name=dr_grpo"),
+    (["algo.name=dr_grpo"], None),  # auto: seq-mean-token-sum-norm
+    (["algo.name=dr_grpo", "algo.loss_agg=token-sum-norm"], None),
+    (["algo.name=ppo", "rollout.filter_groups=true"], "rollout.filter_groups=true with algo.name=ppo"),
+    (["algo.name=grpo", "rollout.filter_groups=true"], None),  # DAPO's own use
+    (["rollout.filter_groups=true"], None),  # PACS (README: its weights of one-label groups)
+])
+def test_an_aggregation_or_filter_that_undoes_its_algorithm_is_named(overrides, start):
+    """(A recipe review of 2026-11-30: these ran without a word; TRL warns of GSPO with token-level aggregation.)"""
+    lines = hazard_warnings(load_config(None, overrides))
+    if start is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and lines[0].startswith(start), lines
+        from pacs_fast.config import all_keys
+        named = set(re.findall(r"\b([a-z]+\.[a-z_0-9]+)\b", lines[0]))
+        assert named <= set(all_keys()), named - set(all_keys())

@@ -175,11 +175,20 @@ def test_a_run_reaches_every_tracker_and_its_resume_continues_them(tmp_path, mon
         assert "metrics" in tables
         n = con.execute("select count(*) from metrics").fetchone()[0]
     assert n >= 2
+    # the end-of-run plots at the run's last step (trackio had put them one step past it)
+    assert _trackio_plot_steps(db) == [2]
     # resume two more steps: the same tracker runs continue
     _train(["--resume", str(run), "train.steps=3"], tmp_path)
     assert json.loads((run / "trackers.json").read_text()) == ids
     history = client.get_metric_history(ids["mlflow"], "train/reward/mean")
     assert [m.step for m in history] == [1, 2, 3]
+    assert _trackio_plot_steps(db) == [2, 3]
+
+
+def _trackio_plot_steps(db) -> list[int]:
+    with sqlite3.connect(db) as con:
+        return [step for step, values in con.execute("select step, metrics from metrics order by id")
+                if b"plots/curves" in (values if isinstance(values, bytes) else values.encode())]
 
 
 @pytest.mark.parametrize("fresh_by", ["this_version", "no_session_start"])

@@ -11,6 +11,15 @@ the eps its direction.
 and the other of a token ratio's (a config's ``algo.clip_high=0.28`` for DAPO carries over to a GSPO arm of an
 experiment): a sequence ratio range such as [1 - 3e-4, 1.28], lopsided by three orders of magnitude.
 
+An aggregation that undoes its algorithm: ``algo.name=gspo`` with a token-level ``algo.loss_agg`` (GSPO's loss is a
+sequence's, ``seq-mean-token-mean``: under ``token-mean`` a long response weighs as many sequences as it has tokens;
+TRL warns of the same), ``algo.name=dr_grpo`` with ``seq-mean-token-mean`` (the per-response length normalisation
+Dr. GRPO removes). ``auto`` (the default) takes each algorithm's own.
+
+``rollout.filter_groups=true`` (DAPO's dynamic sampling) with ``algo.name=ppo``: it drops the groups whose verifier
+rewards are all equal, whose GRPO-style advantages are 0 anyway; PPO's come from GAE and a critic and are not, so
+the filter changes what PPO trains on, not only the batch's size.
+
 More than 4 optimiser steps per rollout batch from a mini-batch under 32 groups: what a prompt count with no
 divisor near 32 gives when ``learner.mini_batch_prompts`` is not set (``train.prompts_per_step=37``: 37 steps of
 one group, each further off-policy than the last).
@@ -55,6 +64,18 @@ def hazard_warnings(cfg: Config) -> list[str]:
         out.append(f"algo.clip_low={lo:g} and algo.clip_high={hi:g} with algo.name=gspo are {apart:.0f}x apart: "
                    f"GSPO's sequence ratio takes clips of its own scale (3e-4 / 4e-4, the defaults a bound nobody "
                    f"set takes); set both, e.g. algo.clip_low=3e-4 algo.clip_high=4e-4")
+    if a.name == "gspo" and a.loss_agg in ("token-mean", "token-sum", "token-sum-norm"):
+        out.append(f"algo.loss_agg={a.loss_agg} with algo.name=gspo weighs each response by its token count: GSPO's "
+                   f"loss is a sequence's (its ratio is the sequence's); use algo.loss_agg=seq-mean-token-mean "
+                   f"(what auto, the default, takes)")
+    if a.name == "dr_grpo" and a.loss_agg == "seq-mean-token-mean":
+        out.append("algo.loss_agg=seq-mean-token-mean with algo.name=dr_grpo divides each response's loss by its own "
+                   "length, the bias Dr. GRPO removes; use algo.loss_agg=seq-mean-token-sum-norm (what auto, the "
+                   "default, takes)")
+    if a.name == "ppo" and cfg.rollout.filter_groups:
+        out.append("rollout.filter_groups=true with algo.name=ppo drops the groups whose verifier rewards are equal, "
+                   "but PPO's advantages come from GAE and its critic and are not 0 there: the filter changes what "
+                   "PPO trains on, not only the batch's size (it is DAPO's, for group-relative advantages)")
     if cfg.model.dtype == "bfloat16" and cfg.learner.lr < 1e-4 and not cfg.learner.master_weights:
         out.append(f"model.dtype=bfloat16 with learner.master_weights=false keeps the weights and AdamW's moments in "
                    f"bf16: an update under 2^-9 of its weight rounds away, and at learner.lr={cfg.learner.lr:g} most "

@@ -218,7 +218,8 @@ def finish(s: Session) -> dict:
     }
     if s.cfg.train.plots:
         from pacs_fast.trainer.plots import plot_run
-        s.logger.log_images(plot_run(s.run_dir, records, calibration_of(s.run_dir)))
+        last = max((r["step"] for r in records if "step" in r), default=0)
+        s.logger.log_images(last, plot_run(s.run_dir, records, calibration_of(s.run_dir)))
     s.logger.close()
     s.folder.write_summary(summary)
     greedy = (f"  (greedy {summary['greedy_acc_before']:.3f} -> {summary['greedy_acc_after']:.3f})"

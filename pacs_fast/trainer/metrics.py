@@ -134,9 +134,10 @@ class MetricsLogger:
         for t in self.trackers:
             t.log_samples(int(step), rows)
 
-    def log_images(self, paths: list) -> None:
+    def log_images(self, step: int, paths: list) -> None:
+        """The end-of-run plots, at the run's last step (trackio gave them a step past it)."""
         for t in self.trackers:
-            t.log_images(list(paths))
+            t.log_images(int(step), list(paths))
 
     def close(self) -> None:
         for t in self.trackers:

@@ -161,7 +161,7 @@ class WandbTracker:
         self.wandb = wandb
         self.run = wandb.init(project=cfg.train.project, name=run_dir.name, dir=str(run_dir), config=config,
                               id=run_id, resume="allow")
-        for kind in ("train", "eval", "checkpoint"):
+        for kind in ("train", "eval", "checkpoint", "plots"):
             self.run.define_metric(f"{kind}/*", step_metric="step")
         self.id = self.run.id
 
@@ -171,8 +171,8 @@ class WandbTracker:
     def log_samples(self, step: int, rows: list[dict]) -> None:
         self.run.log({"samples": self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=_rows(rows)), "step": step})
 
-    def log_images(self, paths: list[Path]) -> None:
-        self.run.log({f"plots/{p.stem}": self.wandb.Image(str(p)) for p in paths})
+    def log_images(self, step: int, paths: list[Path]) -> None:
+        self.run.log({**{f"plots/{p.stem}": self.wandb.Image(str(p)) for p in paths}, "step": step})
 
     def close(self) -> None:
         self.run.finish()
@@ -199,7 +199,7 @@ class MlflowTracker:
         table = {c: [r.get(c) for r in rows] for c in SAMPLE_COLUMNS}
         self.mlflow.log_table(table, artifact_file=f"samples/step_{step:06d}.json")
 
-    def log_images(self, paths: list[Path]) -> None:
+    def log_images(self, step: int, paths: list[Path]) -> None:  # (artifacts have no step)
         for p in paths:
             self.mlflow.log_artifact(str(p), artifact_path="plots")
 
@@ -225,8 +225,8 @@ class TrackioTracker:
     def log_samples(self, step: int, rows: list[dict]) -> None:
         self.trackio.log({"samples": self.trackio.Table(columns=list(SAMPLE_COLUMNS), data=_rows(rows))}, step=step)
 
-    def log_images(self, paths: list[Path]) -> None:
-        self.trackio.log({f"plots/{p.stem}": self.trackio.Image(str(p)) for p in paths})
+    def log_images(self, step: int, paths: list[Path]) -> None:
+        self.trackio.log({f"plots/{p.stem}": self.trackio.Image(str(p)) for p in paths}, step=step)
 
     def close(self) -> None:
         self.trackio.finish()
