@@ -113,7 +113,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default eval_results/<model name>)")
     p.add_argument("--label", default=None,
                    help="model name in tables and plots (default: folder name; RUN-step_N for a training checkpoint)")
-    p.add_argument("--overwrite", action="store_true", help="discard existing samples in --out")
+    p.add_argument("--overwrite", action="store_true", help="discard the samples in --out of the benchmarks asked "
+                   "for (another benchmark's samples are kept; made with other settings, they are an error)")
     p.add_argument("--samples-per-call", type=int, default=2048,
                    help="samples generated per engine call; also the resume granularity")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -160,25 +161,43 @@ def _make_engine(args, vllm_sizes: dict | None = None):
     return make_engine(args, vllm_sizes, parser=_run_parser())
 
 
+def _setting_differences(old: dict, config: dict) -> list[str]:
+    """The sampling settings of ``config`` that differ from ``old`` (a run_config.json): ``n`` per benchmark
+    both name, the engine and dtype where recorded resolved, the extraction."""
+    diff = [k for k in SAMPLING_KEYS if k != "n" and old.get(k) != config.get(k)]
+    diff += [f"n[{b}]" for b, n in config["n"].items() if b in old.get("n", {}) and old["n"][b] != n]
+    # the engine and dtype (files written before they were recorded resolved: "auto" or none, not compared)
+    diff += [k for k in ("engine", "dtype") if old.get(k) not in (None, "auto") and old[k] != config[k]]
+    if old.get("extraction", "reference") != config["extraction"]:  # (recorded since it exists)
+        diff.append("extraction")
+    return diff
+
+
 def _check_config(out_dir: Path, config: dict, overwrite: bool) -> None:
+    """Refuses samples in ``out_dir`` made with other settings; ``overwrite`` deletes those of the benchmarks
+    asked for (``config["n"]``) and no other's: another benchmark's samples made with other settings are a
+    UsageError (the settings file could not describe both), not deleted."""
     path = out_dir / "run_config.json"
-    if overwrite:
-        for p in out_dir.glob("samples_*.jsonl"):
-            p.unlink()
-    elif path.exists() and any(out_dir.glob("samples_*.jsonl")):
+    asked = {samples_path(out_dir, b) for b in config["n"]}
+    existing = sorted(out_dir.glob("samples_*.jsonl"))
+    if path.exists() and existing:
         old = read_json(path, "run settings file")
-        diff = [k for k in SAMPLING_KEYS if k != "n" and old.get(k) != config.get(k)]
-        diff += [f"n[{b}]" for b, n in config["n"].items() if b in old.get("n", {}) and old["n"][b] != n]
-        # the engine and dtype (files written before they were recorded resolved: "auto" or none, not compared)
-        diff += [k for k in ("engine", "dtype") if old.get(k) not in (None, "auto") and old[k] != config[k]]
-        if old.get("extraction", "reference") != config["extraction"]:  # (recorded since it exists)
-            diff.append("extraction")
-        if diff:  # (--overwrite's cost said: two runs' checkpoints of one name share a default --out)
+        others = [p.name for p in existing if p not in asked]
+        diff = _setting_differences(old, {**config, "n": {}} if overwrite else config)
+        if diff and (not overwrite or others):
             whose = f"another model's ({old.get('model')}), " if "model" in diff else ""
+            if overwrite:  # --overwrite had deleted every benchmark's samples, not only those asked for
+                raise UsageError(f"{out_dir} also holds {', '.join(others)}, made with other settings ({whose}"
+                                 f"{', '.join(diff)} differ; see {path}), which --overwrite does not delete (only "
+                                 f"the samples of the benchmarks asked for): use another --out, or delete them")
             raise UsageError(f"{out_dir} holds samples made with other settings ({whose}{', '.join(diff)} "
                              f"differ; see {path}). Use another --out (or --label), or --overwrite to delete "
                              f"those samples and start afresh.")
         config = {**old, **config, "n": {**old.get("n", {}), **config["n"]}}
+    if overwrite:
+        for p in existing:
+            if p in asked:
+                p.unlink()
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(config, indent=2) + "\n")
 

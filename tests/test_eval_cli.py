@@ -487,6 +487,9 @@ def test_bad_arguments(model_dir, tmp_path, capsys, no_model_load):
     _one_line_error(capsys, "--n")
     assert ev.main(["--model", str(model_dir), "--benchmarks", "aime1999", "--out", str(tmp_path)]) == 2
     _one_line_error(capsys, "unknown benchmark", "aime1999")
+    for missing in (tmp_path / "nonexist.jsonl", "nonexist.parquet"):  # a file path: "no such file", not "unknown"
+        assert ev.main(["--model", str(model_dir), "--benchmarks", str(missing), "--out", str(tmp_path)]) == 2
+        _one_line_error(capsys, f"--benchmarks {missing}: no such dataset file, folder or glob")
     assert ev.main(["report", "--out", str(tmp_path)]) == 2
     _one_line_error(capsys, "no samples")
 
@@ -664,3 +667,26 @@ def test_the_extraction_is_recorded_and_a_resume_keeps_it(model_dir, dataset, tm
     assert sorted(read_samples(out / "samples_toy.jsonl")) == [0]  # nothing was added
     assert ev.main(_run_args(model_dir, dataset, out, "--limit", "2", "--extraction", "boxed")) == 0
     assert sorted(read_samples(out / "samples_toy.jsonl")) == [0, 1]
+
+
+def test_overwrite_deletes_only_the_benchmarks_asked_for(model_dir, dataset, tmp_path, capsys):
+    """``--overwrite`` deleted every ``samples_*.jsonl`` in --out, including other benchmarks' (hours of
+    sampling at n=512) that the run did not ask for (hostile sweep, 2026-11-30). Now only the benchmarks asked
+    for; another benchmark's samples made with other settings are refused, not deleted."""
+    out = tmp_path / "run"
+    other = tmp_path / "other.jsonl"
+    other.write_text(dataset.read_text())
+    assert ev.main(_run_args(model_dir, other, out, "--limit", "2")) == 0
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1")) == 0
+    kept = (out / "samples_other.jsonl").read_text()
+    capsys.readouterr()
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1", "--overwrite", "--seed", "1")) == 2
+    _one_line_error(capsys, "also holds samples_other.jsonl, made with other settings (seed differ",
+                    "which --overwrite does not delete")
+    assert (out / "samples_other.jsonl").read_text() == kept and (out / "samples_toy.jsonl").exists()
+    # same settings: the asked benchmark starts afresh (here with another n), the other one stays as it was
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1", "--overwrite", "--n", "1", "--k", "1")) == 0
+    assert (out / "samples_other.jsonl").read_text() == kept
+    assert [len(r["scores"]) for r in read_samples(out / "samples_toy.jsonl").values()] == [1]
+    settings = json.loads((out / "run_config.json").read_text())
+    assert settings["n"] == {"other": 2, "toy": 1}

@@ -283,6 +283,28 @@ def test_dataset_errors_name_file_and_line(tmp_path):
         load_dataset(nan)
     (tmp_path / "good.jsonl").write_text(good)
     assert [p.answer for p in load_dataset(tmp_path / "good.jsonl")] == ["2", "4"]
+    # a file that cannot be read at all (a copy cut short, a plain file named .gz, a damaged parquet): a
+    # ValueError naming it, as a bad line is (they were EOFError / BadGzipFile tracebacks, or no file named)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(good.encode())[:20])
+    plain = tmp_path / "plain.jsonl.gz"
+    plain.write_text(good)
+    parquet = tmp_path / "bad.parquet"
+    parquet.write_text("not parquet")
+    for path, why in ((cut, "EOFError"), (plain, "BadGzipFile"), (parquet, "ArrowInvalid")):
+        with pytest.raises(ValueError, match=rf"^{path}: cannot be read \({why}: "):
+            load_dataset(path)
+
+
+def test_a_new_run_that_fails_on_its_data_leaves_no_folder(tmp_path, capsys):
+    """Its folder held only ``.run.lock`` (a folder per failed start under an automatic name)."""
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(b'{"problem": "1+1", "answer": "2"}\n')[:20])
+    runs, model = tmp_path / "runs", qwen_folder(tmp_path)
+    for name in ([], ["train.run_name=r"]):
+        code, err = cli([f"data.dataset={cut}", f"model.path={model}", f"train.out_dir={runs}"] + name, capsys)
+        assert code == 2 and err.startswith(f"error: {cut}: cannot be read (EOFError"), err
+        assert list(runs.iterdir()) == []
 
 
 def test_missing_field_names_the_trainers_keys(tmp_path, capsys):

@@ -171,6 +171,26 @@ def test_score_batch_shared_pool():
     assert res.scores == [1.0, 0.0]
 
 
+def test_a_number_gold_is_read_as_the_number_it_is(scorer):
+    """A float gold was scored as ``str(float)``: ``1e-05`` reads as 1 times Euler's number minus 5 to
+    math-verify, so ``\\boxed{0.00001}`` scored 0 and ``\\boxed{e-5}`` scored 1 (hostile sweep, 2026-11-30);
+    now numbers are written out in full, in every scoring entry point; a gold that is no answer is refused."""
+    import numpy as np
+
+    for gold, right, wrong in ((1e-5, "0.00001", "e-5"), (1e16, "10000000000000000", "e+16"),
+                               (1e20, "100000000000000000000", "e+20"), (np.float32(0.1), "0.1", "0.2"),
+                               (Fraction(1, 4), "0.25", "e/4"), (np.int64(12), "12", "13")):
+        assert math_reward(f"\\boxed{{{right}}}", gold) == 1.0, gold
+        assert math_reward(f"\\boxed{{{wrong}}}", gold) == 0.0, gold
+        assert scorer.score([f"\\boxed{{{right}}}", f"\\boxed{{{wrong}}}"], [gold, gold]).scores == [1.0, 0.0]
+        assert scorer.score([f"\\boxed{{{right}}}"], gold).scores == [1.0]  # one gold for all
+    for bad in (True, None, [2], float("nan")):
+        with pytest.raises(ValueError, match="gold answer must be a"):
+            math_reward("\\boxed{2}", bad)
+        with pytest.raises(ValueError, match="gold answer must be a"):
+            scorer.score(["\\boxed{2}"], [bad])
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="time_limit"):
         BatchScorer(1, time_limit=0)

@@ -23,6 +23,7 @@ import gzip
 import itertools
 import json
 import math
+import zlib
 from dataclasses import dataclass, field
 from decimal import Decimal
 from importlib import resources
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pacs_fast.config.dataset_files import dataset_files
+from pacs_fast.reward.verifier import gold_text
 
 BENCHMARKS: dict[str, str] = {
     "math500": "math500.jsonl",
@@ -80,6 +82,21 @@ def shipped_path(name: str) -> Path:
 def load_benchmark(name: str, *, limit: int | None = None) -> list[Problem]:
     """A shipped evaluation benchmark (or training set) by name; ``limit`` keeps the first N rows."""
     return load_dataset(shipped_path(name), limit=limit)
+
+
+def _read_rows(path: Path):
+    """:func:`_iter_rows`, with a file that cannot be read (a gzip file cut short or not gzip at all, a damaged
+    parquet / arrow file) a ValueError naming it, as a bad line is."""
+    try:
+        yield from _iter_rows(path)
+    except FileNotFoundError:
+        raise
+    except (OSError, EOFError, zlib.error) as e:
+        raise ValueError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+    except Exception as e:
+        if type(e).__module__.split(".")[0] != "pyarrow":  # (pyarrow's ArrowInvalid is a ValueError)
+            raise
+        raise ValueError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
 
 
 def _iter_rows(path: Path):
@@ -178,19 +195,11 @@ def _answer_text(value: Any, where: str, field_name: str) -> str:
         return value.strip()
     if isinstance(value, bool) or value is None:
         raise ValueError(f"{where}: field {field_name!r} must be a string or a number, got {value!r}")
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, Decimal):  # a parquet decimal column
-        if not value.is_finite():
-            raise ValueError(f"{where}: field {field_name!r} is not a finite number ({value})")
-        text = format(value.normalize(), "f")
-        return "0" if text == "-0" else text
-    if isinstance(value, float):
-        if not math.isfinite(value):  # JSON's NaN / Infinity: never trained as the text "nan"
+    if isinstance(value, (int, float, Decimal)):  # a parquet decimal column too
+        if not (value.is_finite() if isinstance(value, Decimal) else math.isfinite(value)):
+            # JSON's NaN / Infinity: never trained as the text "nan"
             raise ValueError(f"{where}: field {field_name!r} is not a finite number ({value!r})")
-        # positional, the shortest digits that round-trip: 7.2e-05 -> "0.000072" (math-verify reads the "e"
-        # of "7.2e-05" as Euler's number)
-        return str(int(value)) if value.is_integer() else format(Decimal(repr(value)), "f")
+        return gold_text(value)  # positional: 7.2e-05 -> "0.000072" (math-verify reads "e" as Euler's number)
     raise ValueError(f"{where}: field {field_name!r} must be a string or a number, got {type(value).__name__}")
 
 
@@ -226,7 +235,7 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
     if isinstance(path, str) and path in {**BENCHMARKS, **TRAIN_SETS}:
         path = shipped_path(path)
     out: list[Problem] = []
-    for where, row in itertools.chain.from_iterable(_iter_rows(f) for f in dataset_files(path)):
+    for where, row in itertools.chain.from_iterable(_read_rows(f) for f in dataset_files(path)):
         if limit is not None and len(out) >= limit:
             break
         if not isinstance(row, dict):

@@ -203,6 +203,9 @@ def _load_problems(entry: str, args) -> tuple[str, list]:
     else:
         path = Path(entry).expanduser()
         if not dataset_exists(entry):
+            if os.sep in entry or "." in path.name:  # meant as a file: say that it is not there
+                raise UsageError(f"--benchmarks {entry}: no such dataset file, folder or glob (the shipped "
+                                 f"benchmarks: {', '.join(BENCHMARKS)})")
             raise UsageError(f"unknown benchmark {entry!r} (known: {', '.join(BENCHMARKS)}; or a dataset file, "
                              f"folder or glob)")
         name = benchmark_name(path)

@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import numbers
 import os
 import signal
 import subprocess
@@ -36,11 +37,13 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from decimal import Decimal
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Sequence
 
 from pacs_fast.reward.verifier import (DEFAULT_TIME_LIMIT, ERROR, NO_ANSWER, STATUSES, TIMEOUT,
-                                       _fast_score, check_extraction, check_time_limit, score_item, warm_up)
+                                       _fast_score, check_extraction, check_time_limit, gold_text, score_item,
+                                       warm_up)
 
 
 @dataclass
@@ -234,10 +237,11 @@ class BatchScorer:
         ``callback(num_done)`` is called as items finish (for progress bars).
         """
         t0 = time.perf_counter()
-        if isinstance(answers, str):
+        if isinstance(answers, (str, numbers.Number, Decimal)):  # one gold for all
             answers = [answers] * len(responses)
         if len(answers) != len(responses):
             raise ValueError(f"answers has {len(answers)} items but responses has {len(responses)}")
+        answers = [gold_text(a) for a in answers]  # numbers as the verifier reads them; no gold: a ValueError
         n = len(responses)
         scores = [0.0] * n
         statuses = [ERROR] * n
@@ -251,7 +255,7 @@ class BatchScorer:
             else:
                 rest = []  # items the fast path does not decide, for the workers
                 for i, (r, a) in enumerate(zip(responses, answers)):
-                    item = _fast_score(r, str(a)) if isinstance(r, str) else None
+                    item = _fast_score(r, a) if isinstance(r, str) else None
                     if item is None:
                         rest.append(i)
                         continue
@@ -287,7 +291,7 @@ class BatchScorer:
             chunk = []
             for _ in range(min(size, len(todo))):
                 i = todo.pop()
-                chunk.append((i, responses[i] if isinstance(responses[i], str) else "", str(answers[i])))
+                chunk.append((i, responses[i] if isinstance(responses[i], str) else "", answers[i]))
             w.pending = chunk
             w.item_started = time.monotonic()
             try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT, check_extraction, score_item
+from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT, check_extraction, gold_text, score_item
 
 _COMMAND_RE = re.compile(r"\\[A-Za-z]+")
 _WORD_RE = re.compile(r"[A-Za-z]{2,}")
@@ -36,7 +36,7 @@ def unmatchable_golds(answers: Sequence[str], *, extraction: str = "reference",
     verdict: dict[str, bool] = {}
     bad = []
     for i, answer in enumerate(answers):
-        answer = str(answer)
+        answer = gold_text(answer)
         if answer not in verdict:
             verdict[answer] = score_item("\\boxed{" + answer + "}", answer, time_limit=time_limit,
                                          extraction=extraction).score >= 1.0

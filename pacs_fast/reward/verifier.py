@@ -52,12 +52,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import numbers
 import re
 import signal
 import threading
 import time
 import unicodedata
 from dataclasses import dataclass
+from decimal import Decimal
 
 # Statuses of one scored item.
 OK = "ok"                  # prediction extracted and compared (score 1.0 or 0.0)
@@ -303,6 +305,29 @@ def warm_up() -> None:
         _warm_done = True
 
 
+def gold_text(answer) -> str:
+    """The gold ``answer`` as the text the verifier reads: a string as it is; an integer in digits; a float or
+    a ``Decimal`` positional, in the shortest digits that round-trip (``1e-05`` -> ``"0.00001"``, ``1e16`` ->
+    ``"10000000000000000"``: math-verify reads the ``e`` of ``str(1e-05)`` as Euler's number, so ``\\boxed{e-5}``
+    paid and ``\\boxed{0.00001}`` did not). A bool, None, a list or a NaN is a ValueError: no gold."""
+    if isinstance(answer, str):
+        return answer
+    if isinstance(answer, bool) or answer is None or not isinstance(answer, (numbers.Real, Decimal)):
+        raise ValueError(f"a gold answer must be a string or a number, got {answer!r}")
+    if isinstance(answer, numbers.Integral):
+        return str(int(answer))
+    try:  # str: a numpy float32's own shortest digits (0.1, not float(0.1f)'s 0.10000000149011612)
+        value = answer if isinstance(answer, Decimal) else Decimal(str(answer))
+    except ArithmeticError:  # a Fraction's "1/3"
+        value = Decimal(repr(float(answer)))
+    if not value.is_finite():
+        raise ValueError(f"a gold answer must be a finite number, got {answer!r}")
+    if value == value.to_integral_value():
+        return str(int(value))
+    text = format(value.normalize(), "f")
+    return "0" if text == "-0" else text
+
+
 def check_time_limit(time_limit):
     """``time_limit`` if it is None or at most :data:`MAX_TIME_LIMIT` seconds, else a ValueError."""
     if time_limit is not None and not time_limit <= MAX_TIME_LIMIT:
@@ -332,7 +357,7 @@ def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TI
     check_time_limit(time_limit)
     if not isinstance(response, str):
         return ScoredItem(0.0, ERROR)
-    answer = str(answer)
+    answer = gold_text(answer)
     fast = _fast_score(response, answer)  # exact, microseconds: no import, no alarm
     if fast is not None:
         return fast
@@ -388,6 +413,6 @@ def gold_parses(answer: str) -> bool:
     """True when the gold ``answer`` parses (the check every shipped benchmark passes)."""
     _quiet_math_verify()
     try:
-        return bool(_parse_gold(normalize_math_text(str(answer))))
+        return bool(_parse_gold(normalize_math_text(gold_text(answer))))
     except Exception:
         return False

@@ -265,6 +265,7 @@ class RunFolder:
 
     def __init__(self, path: str | Path, *, new: bool = True):
         self.path = Path(path)
+        self.new = new
         # before anything is written: see RunLock (a resumed run's folder is its own: only waiting helps)
         self.lock = RunLock(self.path, new=new, other="choose another train.run_name" if new else
                             "stop it first (two runs must not write one folder)")
@@ -292,9 +293,21 @@ class RunFolder:
     def write_summary(self, summary: dict) -> None:
         write_text_atomic(self.path / "summary.json", json.dumps(summary, indent=1))
 
-    def close(self) -> None:
+    def close(self, *, abandon: bool = False) -> None:
+        """Closes the samples file and drops the lock. ``abandon`` (a new run whose setup failed): a folder
+        holding nothing but its lock is removed, so that a failed start leaves no empty run behind."""
         if self._samples is not None:
             self._samples.close()
             self._samples = None
+        if abandon and self.new and not _is_used(self.path):
+            try:  # unlinked under the lock: a run that opens the name after this makes a lock of its own
+                (self.path / LOCK_FILE).unlink()
+            except OSError:
+                pass
         self.lock.release()
+        if abandon and self.new:
+            try:
+                self.path.rmdir()  # only if still empty (another run may have claimed the name since)
+            except OSError:
+                pass
 

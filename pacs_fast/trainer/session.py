@@ -179,7 +179,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     except (ValueError, FileNotFoundError) as e:
         progress.close()
         if folder:
-            folder.close()
+            folder.close(abandon=True)  # a new run's folder holding only its lock goes
         raise SetupError(str(e)) from e
     if folder:  # a resume records its overrides (SAFE_RESUME_KEYS): the next resume and checkpoints read them
         folder.write_config(cfg)
