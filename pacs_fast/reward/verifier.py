@@ -343,8 +343,9 @@ def check_extraction(extraction) -> str:
 
 def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TIME_LIMIT,
                extraction: str = "reference") -> ScoredItem:
-    """Scores one response with a status. Never raises on model output (an unknown ``extraction``: a
-    ValueError). ``extraction``: ``"reference"`` | ``"boxed"`` (module docstring).
+    """Scores one response with a status. Never raises on model output (an unknown ``extraction``, or an
+    ``answer`` that is no gold, see :func:`gold_text`: a ValueError). ``extraction``: ``"reference"`` |
+    ``"boxed"`` (module docstring).
 
     ``time_limit`` (seconds, float) is enforced with ``signal.setitimer`` when called from the main
     thread; from another thread (or with ``None``) the item runs without a limit. Items the exact
@@ -395,9 +396,9 @@ def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TI
             signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), old_interval)
 
 
-def math_reward(response: str, answer: str, *, time_limit: float | None = DEFAULT_TIME_LIMIT,
+def math_reward(response: str, answer: str | float, *, time_limit: float | None = DEFAULT_TIME_LIMIT,
                 extraction: str = "reference") -> float:
-    """1.0 if ``response`` states an answer equivalent to ``answer`` (gold, LaTeX), else 0.0.
+    """1.0 if ``response`` states an answer equivalent to ``answer`` (gold: LaTeX, or a number), else 0.0.
 
     The PACS reference semantics (see the module docstring); ``extraction="boxed"`` reads only the
     response's complete ``\\boxed{}``. Never raises on model output: parse errors, timeouts and garbage
