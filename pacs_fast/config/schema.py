@@ -38,10 +38,10 @@ class ModelConfig:
                                     "(most of a layer's activations; the attention's compute, large at long "
                                     "responses, is not repeated; megatron: recompute_modules=[mlp]) "
                                     "(pacs_fast/learner/recompute.py)")
-    lm_head_fp32: bool = _f(False, "LM head in fp32 on both sides for bf16/fp16 models: the engines compute the "
+    lm_head_fp32: bool = _f(False, "LM head in fp32 on both sides for bf16 models: the engines compute the "
                             "logits as hidden.float() @ W.float().T (vLLM: hf_overrides head_dtype=float32) and "
                             "the learner's log-prob op takes fp32 copies of hidden and head (gradients reach the "
-                            "bf16/fp16 parameters); narrows the rollout-training log-prob gap "
+                            "bf16 parameters); narrows the rollout-training log-prob gap "
                             "(docs/OFF_POLICY.md)")
     attention: str = _f("auto", "attention of the Hugging Face model: auto (CPU: 'short', else the model's own) | "
                         "short (pacs_fast's matmul attention for short sequences on CPU; SDPA above 48x48 "
@@ -192,7 +192,7 @@ class LearnerConfig:
                                "[S, S] mask (pacs_fast/ops/varlen_attention.py), dense = the block-diagonal mask, "
                                "auto = varlen where it is the model's exact attention (Qwen2/LLaMA-style causal "
                                "GQA, no sliding window), else dense (flash_attention_2: its own varlen path)")
-    master_weights: bool = _f(True, "bf16 / fp16 model: fp32 master copies of the weights, gradients "
+    master_weights: bool = _f(True, "bf16 model: fp32 master copies of the weights, gradients "
                               "accumulated in fp32 and AdamW in fp32, the model's weights rounded once after each "
                               "step (without them an update under 2^-9 of a weight rounds away: most at lr 1e-6); "
                               "18 bytes per parameter instead of 8 (pacs_fast/learner/master_weights.py)")
