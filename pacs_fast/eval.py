@@ -52,12 +52,12 @@ from pacs_fast.files import write_text_atomic
 from pacs_fast.evaluation.report import comparison_warnings, markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, load_results,
                                           problem_digest, read_samples, results_from_samples, samples_path)
+from pacs_fast.evaluation.settings import check_settings
 from pacs_fast.gc_heap import freeze_at_start_up
 from pacs_fast.reward.verifier import EXTRACTIONS
 from pacs_fast.trainer.run_folder import RunLock
 
 DEFAULT_BENCHMARKS = "math500,amc23,aime2024,aime2025"
-SAMPLING_KEYS = ("model", "temperature", "top_p", "max_tokens", "seed", "n", "system", "instruction")
 
 
 # -- argument parsing ------------------------------------------------------------------------------
@@ -161,47 +161,6 @@ def _make_engine(args, vllm_sizes: dict | None = None):
     return make_engine(args, vllm_sizes, parser=_run_parser())
 
 
-def _setting_differences(old: dict, config: dict) -> list[str]:
-    """The sampling settings of ``config`` that differ from ``old`` (a run_config.json): ``n`` per benchmark
-    both name, the engine and dtype where recorded resolved, the extraction."""
-    diff = [k for k in SAMPLING_KEYS if k != "n" and old.get(k) != config.get(k)]
-    diff += [f"n[{b}]" for b, n in config["n"].items() if b in old.get("n", {}) and old["n"][b] != n]
-    # the engine and dtype (files written before they were recorded resolved: "auto" or none, not compared)
-    diff += [k for k in ("engine", "dtype") if old.get(k) not in (None, "auto") and old[k] != config[k]]
-    if old.get("extraction", "reference") != config["extraction"]:  # (recorded since it exists)
-        diff.append("extraction")
-    return diff
-
-
-def _check_config(out_dir: Path, config: dict, overwrite: bool) -> None:
-    """Refuses samples in ``out_dir`` made with other settings; ``overwrite`` deletes those of the benchmarks
-    asked for (``config["n"]``) and no other's: another benchmark's samples made with other settings are a
-    UsageError (the settings file could not describe both), not deleted."""
-    path = out_dir / "run_config.json"
-    asked = {samples_path(out_dir, b) for b in config["n"]}
-    existing = sorted(out_dir.glob("samples_*.jsonl"))
-    if path.exists() and existing:
-        old = read_json(path, "run settings file")
-        others = [p.name for p in existing if p not in asked]
-        diff = _setting_differences(old, {**config, "n": {}} if overwrite else config)
-        if diff and (not overwrite or others):
-            whose = f"another model's ({old.get('model')}), " if "model" in diff else ""
-            if overwrite:  # --overwrite had deleted every benchmark's samples, not only those asked for
-                raise UsageError(f"{out_dir} also holds {', '.join(others)}, made with other settings ({whose}"
-                                 f"{', '.join(diff)} differ; see {path}), which --overwrite does not delete (only "
-                                 f"the samples of the benchmarks asked for): use another --out, or delete them")
-            raise UsageError(f"{out_dir} holds samples made with other settings ({whose}{', '.join(diff)} "
-                             f"differ; see {path}). Use another --out (or --label), or --overwrite to delete "
-                             f"those samples and start afresh.")
-        config = {**old, **config, "n": {**old.get("n", {}), **config["n"]}}
-    if overwrite:
-        for p in existing:
-            if p in asked:
-                p.unlink()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(config, indent=2) + "\n")
-
-
 def _progress(total: int, disabled: bool):
     from tqdm.auto import tqdm
 
@@ -240,7 +199,7 @@ def run(argv: list[str]) -> int:
         lock = RunLock(out_dir, new=False, what="--out", other="choose another --out")
     except ValueError as e:
         raise UsageError(str(e)) from None
-    _check_config(out_dir, config, args.overwrite)
+    check_settings(out_dir, config, args.overwrite)
 
     done = {b: read_samples(samples_path(out_dir, b), repair=True) for b in sets}
     for b, problems in sets.items():  # a resume continues the same problems, or refuses

@@ -680,9 +680,11 @@ def test_overwrite_deletes_only_the_benchmarks_asked_for(model_dir, dataset, tmp
     assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1")) == 0
     kept = (out / "samples_other.jsonl").read_text()
     capsys.readouterr()
-    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1", "--overwrite", "--seed", "1")) == 2
-    _one_line_error(capsys, "also holds samples_other.jsonl, made with other settings (seed differ",
-                    "which --overwrite does not delete")
+    for extra in ((), ("--overwrite",)):  # without --overwrite the error does not send the user to it either
+        assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1", "--seed", "1", *extra)) == 2
+        err = _one_line_error(capsys, "holds samples made with other settings (seed differ",
+                              "among them samples_other.jsonl, of benchmarks this run does not ask for")
+        assert "or --overwrite to delete" not in err
     assert (out / "samples_other.jsonl").read_text() == kept and (out / "samples_toy.jsonl").exists()
     # same settings: the asked benchmark starts afresh (here with another n), the other one stays as it was
     assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1", "--overwrite", "--n", "1", "--k", "1")) == 0
@@ -690,3 +692,20 @@ def test_overwrite_deletes_only_the_benchmarks_asked_for(model_dir, dataset, tmp
     assert [len(r["scores"]) for r in read_samples(out / "samples_toy.jsonl").values()] == [1]
     settings = json.loads((out / "run_config.json").read_text())
     assert settings["n"] == {"other": 2, "toy": 1}
+
+
+def test_overwrite_starts_afresh_beside_an_unreadable_settings_file(model_dir, dataset, tmp_path, capsys):
+    """A cut ``run_config.json``: --overwrite was the way out, and stays so where only the asked benchmarks'
+    samples are there; with another benchmark's samples beside them it is refused, naming them."""
+    out = tmp_path / "run"
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1")) == 0
+    (out / "run_config.json").write_text('{"model": ')
+    capsys.readouterr()
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1")) == 2
+    _one_line_error(capsys, "unreadable run settings file")
+    (out / "samples_other.jsonl").write_text("")
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1", "--overwrite")) == 2
+    _one_line_error(capsys, "unreadable run settings file", "--overwrite keeps samples_other.jsonl")
+    (out / "samples_other.jsonl").unlink()
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1", "--overwrite")) == 0
+    assert json.loads((out / "run_config.json").read_text())["n"] == {"toy": 2}

@@ -176,3 +176,25 @@ def test_groups_sixteen_apart_in_one_micro_batch_are_caught():
             fn(logp[rows], old[rows], adv[rows], action_mask=mask[rows])
     rows = torch.tensor([0, n * 128, n, n * 129])  # the documented blind spot
     fn(logp[rows], old[rows], adv[rows], action_mask=mask[rows])
+
+
+def test_check_args_refuses_a_count_that_is_not_an_integer():
+    args = SimpleNamespace(rollout=SimpleNamespace(n_samples_per_prompt=4.0),
+                           train=SimpleNamespace(micro_batch_size=16, dynamic_batch_enable=False))
+    with pytest.raises(ValueError, match=r"^PACS in OpenRLHF: rollout.n_samples_per_prompt must be an integer"):
+        check_args(args)
+    args.rollout.n_samples_per_prompt, args.train.micro_batch_size = 4, 16.5
+    with pytest.raises(ValueError, match=r"^PACS in OpenRLHF: train.micro_batch_size must be an integer"):
+        check_args(args)
+
+
+def test_one_tag_range_for_every_experience_of_a_batch():
+    """Experiences are encoded one by one: one of 0/1 rewards took tags mod 128 and one with a soft reward mod 16,
+    so their groups could share a tag. The batch now takes one range: mod 16 as soon as one reward is soft."""
+    from pacs_fast.integrations._groups import decode_tagged_advantages
+
+    exps, R, mask, logp, old = _experiences(20, 2, 3, 7, per_exp=20)
+    exps[1].rewards = exps[1].rewards * 0 + 0.5  # soft rewards in the second experience only
+    pacs_advantages(exps, 2)
+    tags = torch.cat([decode_tagged_advantages(e.advantages, e.action_mask, "fix")[1] for e in exps])
+    assert torch.equal(tags, torch.arange(20).repeat_interleave(2) % 16)

@@ -179,7 +179,8 @@ def test_a_number_gold_is_read_as_the_number_it_is(scorer):
 
     for gold, right, wrong in ((1e-5, "0.00001", "e-5"), (1e16, "10000000000000000", "e+16"),
                                (1e20, "100000000000000000000", "e+20"), (np.float32(0.1), "0.1", "0.2"),
-                               (Fraction(1, 4), "0.25", "e/4"), (np.int64(12), "12", "13")):
+                               (Fraction(1, 4), "0.25", "e/4"), (Fraction(1, 3), "\\frac{1}{3}", "0.333"),
+                               (Fraction(4, 2), "2", "4/2+1"), (np.int64(12), "12", "13")):
         assert math_reward(f"\\boxed{{{right}}}", gold) == 1.0, gold
         assert math_reward(f"\\boxed{{{wrong}}}", gold) == 0.0, gold
         assert scorer.score([f"\\boxed{{{right}}}", f"\\boxed{{{wrong}}}"], [gold, gold]).scores == [1.0, 0.0]

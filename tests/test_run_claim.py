@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from pacs_fast.trainer.metrics import end_torn_line, read_jsonl
 from pacs_fast.trainer.run_folder import RunLock
@@ -82,3 +83,43 @@ def test_end_torn_line(tmp_path):
     assert not end_torn_line(p) and p.read_text() == '{"a": 1}\n'
     p.write_text('{"a": 1}\n{"b": ')
     assert end_torn_line(p) and p.read_text() == '{"a": 1}\n{"b": \n'
+
+
+def test_a_lock_taken_on_an_abandoned_lock_file_is_taken_again(tmp_path):
+    """A failed new run removes its folder (``RunFolder.close(abandon=True)``), unlinking the lock file before
+    it lets go. A run that had opened that file just before took the lock on a file no longer there and went
+    on, and a third run of the same name got a lock as well (review of 2026-11-30). Now a lock is taken on the
+    file at the path: the late run's lock is the one the third run finds taken."""
+    import fcntl
+    import os
+
+    from pacs_fast.trainer.run_folder import LOCK_FILE, RunFolder, RunFolderTaken, RunLock
+
+    run = tmp_path / "r"
+    first = RunFolder(run, new=True)
+    opened = os.open(run / LOCK_FILE, os.O_RDWR)  # the late run's open, just before the unlink
+    real_open = os.open
+
+    def open_the_removed_file_first(path, *args):
+        nonlocal opened
+        if opened is not None and str(path).endswith(LOCK_FILE):
+            fd, opened = opened, None
+            return fd
+        return real_open(path, *args)
+
+    first.close(abandon=True)
+    assert not run.exists()
+    os.open = open_the_removed_file_first
+    try:
+        late = RunLock(run, new=True)
+    finally:
+        os.open = real_open
+    assert (run / LOCK_FILE).exists()
+    mine, there = os.fstat(late._fd), os.stat(run / LOCK_FILE)
+    assert (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+    with pytest.raises(RunFolderTaken, match="is in use by another run"):
+        RunLock(run, new=True)
+    late.release()
+    fd = os.open(run / LOCK_FILE, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
+    os.close(fd)

@@ -5,6 +5,7 @@ loads."""
 import json
 import os
 import sqlite3
+import sys
 
 import pytest
 
@@ -270,3 +271,38 @@ def test_trackio_runs_of_one_folder_name_stay_apart(tmp_path):
         for name, step in con.execute("select run_name, step from metrics order by id"):
             steps.setdefault(name, []).append(step)
     assert steps == {a: [1, 2], b: [1]}
+
+
+def test_the_end_of_run_plots_carry_the_run_s_last_step(monkeypatch, tmp_path):
+    """W&B got the plots with no step and bound only train/eval/checkpoint to the ``step`` axis; trackio put them
+    one step past the run's last (review of 2026-11-30). Checked through fake libraries: what each tracker hands
+    its library."""
+    import types
+
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.trackers import TrackioTracker, WandbTracker
+
+    calls = []
+
+    class Run:
+        id = "fake"
+
+        def define_metric(self, name, step_metric=None):
+            calls.append(("define", name, step_metric))
+
+        def log(self, values):
+            calls.append(("wandb", values))
+
+    wandb = types.SimpleNamespace(init=lambda **kw: Run(), Image=lambda path: ("image", path))
+    trackio = types.SimpleNamespace(init=lambda **kw: None, Image=lambda path: ("image", path),
+                                    log=lambda values, step=None: calls.append(("trackio", values, step)))
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.setitem(sys.modules, "trackio", trackio)
+    cfg = load_config(None, [])
+    plots = [tmp_path / "curves.png", tmp_path / "calibration.png"]
+    WandbTracker(cfg, tmp_path, {}, None).log_images(7, plots)
+    TrackioTracker(cfg, tmp_path, {}, None).log_images(7, plots)
+    assert ("define", "plots/*", "step") in calls
+    wandb_log = [c[1] for c in calls if c[0] == "wandb"][0]
+    assert wandb_log["step"] == 7 and set(wandb_log) == {"step", "plots/curves", "plots/calibration"}
+    assert [c[2] for c in calls if c[0] == "trackio"] == [7]

@@ -51,10 +51,16 @@ def check_mask(fn: str, mask, like: torch.Tensor, like_arg: str) -> None:
     check_same_shape(fn, "mask", mask, like_arg, like)
 
 
+def check_count(fn: str, arg: str, value, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum``: an integer (numpy integers too), never a float truncated or a bool;
+    else a ValueError naming ``fn`` and ``arg``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{fn}: {arg} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
 def check_group_size(fn: str, group_size, batch: int, batch_arg: str) -> int:
-    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or group_size < 1:
-        raise ValueError(f"{fn}: group_size must be a positive int, got {group_size!r}")
-    group_size = int(group_size)  # numpy integers too
+    group_size = check_count(fn, "group_size", group_size)
     if batch % group_size != 0:
         raise ValueError(f"{fn}: batch size {batch} (from {batch_arg}) is not divisible by "
                          f"group_size={group_size}; groups are contiguous rows of equal size")

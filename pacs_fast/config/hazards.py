@@ -11,9 +11,9 @@ the eps its direction.
 and the other of a token ratio's (a config's ``algo.clip_high=0.28`` for DAPO carries over to a GSPO arm of an
 experiment): a sequence ratio range such as [1 - 3e-4, 1.28], lopsided by three orders of magnitude.
 
-An aggregation that undoes its algorithm: ``algo.name=gspo`` with a token-level ``algo.loss_agg`` (GSPO's loss is a
-sequence's, ``seq-mean-token-mean``: under ``token-mean`` a long response weighs as many sequences as it has tokens;
-TRL warns of the same), ``algo.name=dr_grpo`` with ``seq-mean-token-mean`` (the per-response length normalisation
+An aggregation that undoes its algorithm: ``algo.name=gspo`` with any ``algo.loss_agg`` but ``seq-mean-token-mean``
+(GSPO's loss is a sequence's: under ``token-mean`` or a token sum a long response weighs as many sequences as it
+has tokens; TRL warns of the same), ``algo.name=dr_grpo`` with ``seq-mean-token-mean`` (the per-response length normalisation
 Dr. GRPO removes). ``auto`` (the default) takes each algorithm's own.
 
 ``rollout.filter_groups=true`` (DAPO's dynamic sampling) with ``algo.name=ppo``: it drops the groups whose verifier
@@ -64,7 +64,8 @@ def hazard_warnings(cfg: Config) -> list[str]:
         out.append(f"algo.clip_low={lo:g} and algo.clip_high={hi:g} with algo.name=gspo are {apart:.0f}x apart: "
                    f"GSPO's sequence ratio takes clips of its own scale (3e-4 / 4e-4, the defaults a bound nobody "
                    f"set takes); set both, e.g. algo.clip_low=3e-4 algo.clip_high=4e-4")
-    if a.name == "gspo" and a.loss_agg in ("token-mean", "token-sum", "token-sum-norm"):
+    if a.name == "gspo" and a.loss_agg not in ("auto", "seq-mean-token-mean"):  # every token of a response has
+        # the sequence's loss: any sum over its tokens, or mean over all tokens, weighs it by its length
         out.append(f"algo.loss_agg={a.loss_agg} with algo.name=gspo weighs each response by its token count: GSPO's "
                    f"loss is a sequence's (its ratio is the sequence's); use algo.loss_agg=seq-mean-token-mean "
                    f"(what auto, the default, takes)")

@@ -413,8 +413,8 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _validate_numbers(cfg)
     if cfg.model.lm_head_fp32 and cfg.model.dtype == "float32" and cfg.rollout.engine == "hf":
         raise ValueError("model.lm_head_fp32=true has nothing to upcast: model.dtype=float32 with rollout.engine=hf "
-                         "computes the LM head in fp32 already (it applies to bfloat16 / float16 models, or a "
-                         "bf16 vLLM engine)")
+                         "computes the LM head in fp32 already (it applies to bfloat16 models, or a bf16 "
+                         "vLLM engine)")
     _validate_correction(cfg)
 
     G = cfg.rollout.n

@@ -19,8 +19,6 @@ apart by their tag, so it cannot see rows of groups k and k + M put together in 
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 from pacs_fast.algorithms._checks import check_real
@@ -41,14 +39,6 @@ def check_beta(beta, where: str) -> float:
         raise ValueError(f"{where}: beta must be a finite number > 0, got {beta!r} (PACS's proxy scale, not a KL "
                          "coefficient: beta=0 gives an exactly zero gradient, beta<0 trains against the "
                          "verifier)") from None
-
-
-def check_count(where: str, name: str, value, minimum: int = 1) -> int:
-    """``value`` as an int >= ``minimum``: an integer (numpy integers too), never a float truncated or a
-    bool; else a ValueError naming ``where`` and ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{where}: {name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def check_batch_rows(num_rows: int, group_size: int, fix: str) -> None:
@@ -73,15 +63,19 @@ def check_whole_groups(group_ids: torch.Tensor, group_size: int, fix: str) -> No
 
 
 def encode_tagged_advantages(rewards: torch.Tensor, group_index: torch.Tensor,
-                             response_mask: torch.Tensor) -> torch.Tensor:
+                             response_mask: torch.Tensor, *, binary: bool | None = None) -> torch.Tensor:
     """``[B, T]`` advantages carrying ``R_i + 2 * (group_index_i mod M)`` on response tokens
-    (0 elsewhere), fp32; M is ``BINARY_GROUP_TAGS`` when every reward is 0 or 1, else ``GROUP_TAGS``.
+    (0 elsewhere), fp32; M is ``BINARY_GROUP_TAGS`` when every reward is 0 or 1, else ``GROUP_TAGS``
+    (``binary``: the caller's decision for a batch encoded in parts, which must hold for these rewards).
     ``rewards`` ``[B]`` in ``[0, 1]``; ``group_index`` ``[B]`` int."""
     R = rewards.detach().to(torch.float64)
     if not bool(torch.isfinite(R).all()) or bool(((R < 0) | (R > 1)).any()):
         raise ValueError("PACS: sequence rewards must lie in [0, 1] (the verifier's label); got "
                          f"min {float(R.min()):.4g}, max {float(R.max()):.4g}")
-    binary = bool(((R == 0) | (R == 1)).all())
+    if binary is None:
+        binary = bool(((R == 0) | (R == 1)).all())
+    elif binary and not bool(((R == 0) | (R == 1)).all()):
+        raise ValueError("PACS: binary=True tags, but the rewards are not all 0 or 1")
     tag = (group_index.to(torch.int64) % (BINARY_GROUP_TAGS if binary else GROUP_TAGS)).to(torch.float64)
     value = (R + 2.0 * tag).to(torch.float32)
     return value.unsqueeze(-1) * response_mask.to(torch.float32)

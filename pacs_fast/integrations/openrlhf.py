@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import torch
 
+from pacs_fast.algorithms._checks import check_count
 from pacs_fast.algorithms.pacs import BACKENDS, GROUP_SCORES, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
 from pacs_fast.integrations._groups import (
     check_beta,
-    check_count,
     check_whole_groups,
     decode_tagged_advantages,
     encode_tagged_advantages,
@@ -61,7 +61,7 @@ def _get(cfg, dotted: str, default=None):
 
 def check_args(args) -> None:
     """Start-time check of OpenRLHF's (nested) args: raises one ValueError listing every setting
-    that would split groups or change the rewards."""
+    that would split groups or change the rewards (a count that is not an integer is refused first, alone)."""
     n = check_count("PACS in OpenRLHF", "rollout.n_samples_per_prompt", _get(args, "rollout.n_samples_per_prompt", 1))
     problems = []
     if n < 2:
@@ -90,6 +90,9 @@ def pacs_advantages(experiences, n_samples_per_prompt: int):
     ``advantages`` and ``returns`` of each experience to the reward + group tag read by
     ``PACSPolicyLoss`` (``[B, A]`` fp32). Rewards must lie in [0, 1]. Returns ``experiences``."""
     n = check_count("pacs_advantages", "n_samples_per_prompt", n_samples_per_prompt)
+    # one tag range for the whole batch (mod 128 only when every reward is 0/1), so that no two experiences
+    # encode their groups modulo different numbers
+    binary = all(bool(((e.rewards == 0) | (e.rewards == 1)).all()) for e in experiences)
     for exp in experiences:
         if exp.index is None:
             raise ValueError("pacs_advantages: experience.index is None (needs OpenRLHF's sample positions)")
@@ -98,7 +101,7 @@ def pacs_advantages(experiences, n_samples_per_prompt: int):
                              "are not supported)")
         rewards = exp.rewards.reshape(-1)
         group = torch.as_tensor(list(exp.index), device=rewards.device) // n
-        exp.advantages = encode_tagged_advantages(rewards, group, exp.action_mask)
+        exp.advantages = encode_tagged_advantages(rewards, group, exp.action_mask, binary=binary)
         exp.returns = exp.advantages.clone()
     return experiences
 

@@ -37,7 +37,6 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from decimal import Decimal
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Sequence
 
@@ -237,7 +236,7 @@ class BatchScorer:
         ``callback(num_done)`` is called as items finish (for progress bars).
         """
         t0 = time.perf_counter()
-        if isinstance(answers, (str, numbers.Number, Decimal)):  # one gold for all
+        if isinstance(answers, (str, numbers.Number)):  # one gold for all
             answers = [answers] * len(responses)
         if len(answers) != len(responses):
             raise ValueError(f"answers has {len(answers)} items but responses has {len(responses)}")

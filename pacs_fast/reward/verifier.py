@@ -306,25 +306,26 @@ def warm_up() -> None:
 
 
 def gold_text(answer) -> str:
-    """The gold ``answer`` as the text the verifier reads: a string as it is; an integer in digits; a float or
-    a ``Decimal`` positional, in the shortest digits that round-trip (``1e-05`` -> ``"0.00001"``, ``1e16`` ->
-    ``"10000000000000000"``: math-verify reads the ``e`` of ``str(1e-05)`` as Euler's number, so ``\\boxed{e-5}``
-    paid and ``\\boxed{0.00001}`` did not). A bool, None, a list or a NaN is a ValueError: no gold."""
+    """The gold ``answer`` as the text the verifier reads: a string as it is; an integer in digits; a fraction
+    as ``p/q``; a float or a ``Decimal`` positional, in the shortest digits that round-trip (``1e-05`` ->
+    ``"0.00001"``, ``1e16`` -> ``"10000000000000000"``: math-verify reads the ``e`` of ``str(1e-05)`` as Euler's
+    number, so ``\\boxed{e-5}`` paid and ``\\boxed{0.00001}`` did not). A bool, None, a list or a NaN is a
+    ValueError: no gold."""
     if isinstance(answer, str):
         return answer
-    if isinstance(answer, bool) or answer is None or not isinstance(answer, (numbers.Real, Decimal)):
+    if isinstance(answer, bool) or answer is None or not isinstance(answer, numbers.Number):
         raise ValueError(f"a gold answer must be a string or a number, got {answer!r}")
     if isinstance(answer, numbers.Integral):
         return str(int(answer))
+    if isinstance(answer, numbers.Rational):  # a Fraction: exact, as p/q
+        return f"{answer.numerator}/{answer.denominator}" if answer.denominator != 1 else str(answer.numerator)
     try:  # str: a numpy float32's own shortest digits (0.1, not float(0.1f)'s 0.10000000149011612)
         value = answer if isinstance(answer, Decimal) else Decimal(str(answer))
-    except ArithmeticError:  # a Fraction's "1/3"
-        value = Decimal(repr(float(answer)))
+    except ArithmeticError:
+        raise ValueError(f"a gold answer must be a real number, got {answer!r}") from None
     if not value.is_finite():
         raise ValueError(f"a gold answer must be a finite number, got {answer!r}")
-    if value == value.to_integral_value():
-        return str(int(value))
-    text = format(value.normalize(), "f")
+    text = format(value.normalize(), "f")  # (positional: 1E+2 -> 100)
     return "0" if text == "-0" else text
 
 

@@ -70,20 +70,34 @@ class RunLock:
         self.run_dir = Path(run_dir)
         path = self.run_dir / LOCK_FILE
         self._fd = None
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:  # a read-only mount, no permission: one line, not a traceback
-            raise ValueError(f"{what} {str(self.run_dir)!r} cannot be written ({e.strerror or e}): a run writes its "
-                             f"lock, metrics and checkpoints there (nothing was changed)") from None
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "?"
+        for _ in range(100):  # until the file locked is the one at the path (see below)
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:  # a read-only mount, no permission: one line, not a traceback
+                raise ValueError(f"{what} {str(self.run_dir)!r} cannot be written ({e.strerror or e}): a run writes "
+                                 f"its lock, metrics and checkpoints there (nothing was changed)") from None
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "?"
+                os.close(self._fd)
+                self._fd = None
+                raise RunFolderTaken(f"{what} {str(self.run_dir)!r} is in use by another run (pid {holder}): wait "
+                                     f"for it to end, or {other} (nothing was changed)") from None
+            # a failed new run removes its lock file before it lets go (RunFolder.close(abandon=True)): a lock
+            # taken on the file it removed locks nothing, so take the one now at the path instead
+            try:
+                here = os.stat(path)
+            except FileNotFoundError:
+                here = None
+            mine = os.fstat(self._fd)
+            if here is not None and (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
+                break
             os.close(self._fd)
             self._fd = None
-            raise RunFolderTaken(f"{what} {str(self.run_dir)!r} is in use by another run (pid {holder}): wait "
-                                 f"for it to end, or {other} (nothing was changed)") from None
+        else:
+            raise ValueError(f"{what} {str(self.run_dir)!r}: its lock file kept changing under this run; try again")
         if new and _is_used(self.run_dir):
             self.release()
             check_new_run_dir(self.run_dir)  # raises: another run got there first

@@ -1,0 +1,66 @@
+"""An eval folder's settings file (``run_config.json``): the sampling settings every samples file in the
+folder was made with. A run into a folder holding samples made with other settings is refused (the results
+would mix them); ``--overwrite`` deletes the samples of the benchmarks it asks for, and never another
+benchmark's (hours of sampling at n = 512)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pacs_fast.evaluation.args import UsageError, read_json
+from pacs_fast.evaluation.results import samples_path
+from pacs_fast.files import write_text_atomic
+
+SETTINGS_FILE = "run_config.json"
+SAMPLING_KEYS = ("model", "temperature", "top_p", "max_tokens", "seed", "n", "system", "instruction")
+
+
+def setting_differences(old: dict, config: dict) -> list[str]:
+    """The sampling settings of ``config`` that differ from ``old`` (a settings file): ``n`` per benchmark
+    both name, the engine and dtype where recorded resolved, the extraction."""
+    diff = [k for k in SAMPLING_KEYS if k != "n" and old.get(k) != config.get(k)]
+    diff += [f"n[{b}]" for b, n in config["n"].items() if b in old.get("n", {}) and old["n"][b] != n]
+    # the engine and dtype (files written before they were recorded resolved: "auto" or none, not compared)
+    diff += [k for k in ("engine", "dtype") if old.get(k) not in (None, "auto") and old[k] != config[k]]
+    if old.get("extraction", "reference") != config["extraction"]:  # (recorded since it exists)
+        diff.append("extraction")
+    return diff
+
+
+def check_settings(out_dir: Path, config: dict, overwrite: bool) -> None:
+    """Refuses samples in ``out_dir`` made with settings other than ``config``'s, then writes the settings
+    file (merged with the old one: other benchmarks' ``n`` stay). ``overwrite`` deletes the samples of the
+    benchmarks ``config["n"]`` names first; another benchmark's samples made with other settings (or beside
+    an unreadable settings file) are a UsageError naming them, never deleted."""
+    path = out_dir / SETTINGS_FILE
+    asked = {samples_path(out_dir, b) for b in config["n"]}
+    existing = sorted(out_dir.glob("samples_*.jsonl"))
+    others = [p.name for p in existing if p not in asked]
+    if path.exists() and existing:
+        try:
+            old = read_json(path, "run settings file")
+        except UsageError as e:
+            if not overwrite:
+                raise
+            if others:  # (--overwrite alone with the asked benchmarks' samples starts afresh)
+                raise UsageError(f"{e}; --overwrite keeps {', '.join(others)} (benchmarks this run does not ask "
+                                 f"for), whose settings it cannot read: use another --out, or delete them") from None
+            old = None
+        if old is not None:
+            diff = setting_differences(old, {**config, "n": {}} if overwrite else config)
+            if diff and (not overwrite or others):
+                whose = f"another model's ({old.get('model')}), " if "model" in diff else ""
+                found = f"{out_dir} holds samples made with other settings ({whose}{', '.join(diff)} differ; see {path})"
+                if others:  # --overwrite deletes only the asked benchmarks' samples: it cannot help here
+                    raise UsageError(f"{found}, among them {', '.join(others)}, of benchmarks this run does not "
+                                     f"ask for (--overwrite deletes only the samples of those asked for): use "
+                                     f"another --out (or --label), or delete them")
+                raise UsageError(f"{found}. Use another --out (or --label), or --overwrite to delete those samples "
+                                 f"and start afresh.")
+            config = {**old, **config, "n": {**old.get("n", {}), **config["n"]}}
+    if overwrite:
+        for p in existing:
+            if p in asked:
+                p.unlink()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(config, indent=2) + "\n")
