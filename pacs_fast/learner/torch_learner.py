@@ -45,6 +45,7 @@ import torch
 
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, group_rows
+from pacs_fast.learner.grad_norm import clip_grad_norm
 from pacs_fast.learner.master_weights import MasterWeights, loading_weights
 from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
 from pacs_fast.learner.packing import (Packed, forward_metrics, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
@@ -388,7 +389,7 @@ class TorchLearner(Learner):
                         terms.setdefault("rewards", []).append(mcb.rewards.detach().cpu())
                         terms.setdefault("rows", []).append(group_rows(part_groups, batch.group_size))
                 max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+                grad_norm = clip_grad_norm(params, max_norm)
                 step_metrics["grad_norm"] = float(grad_norm)
                 for what in ("loss", "grad_norm"):  # stop before a step that would poison the weights
                     if not math.isfinite(step_metrics[what]):
