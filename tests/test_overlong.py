@@ -270,6 +270,12 @@ def test_two_step_run_with_overlong_shaping_and_filtering(tmp_path, cache, name)
             assert key in r and math.isfinite(r[key]), (key, r.get(key))
         assert r["reward/overlong_penalty_mean"] <= 0 and 0 <= r["response/truncated_frac"] <= 1
     assert any(r["reward/overlong_frac"] > 0 for r in recs)
+    # samples.jsonl: the verifier's reward and, beside it, what trained (it held the verifier's alone)
+    rows = [r for r in read_jsonl(tmp_path / "run" / "samples.jsonl") if "row" in r]
+    assert len(rows) == 8 and all(r["trained_reward"] <= r["reward"] for r in rows)
+    if name == "pacs":  # labels clipped into [0, 1]
+        assert all(0.0 <= r["trained_reward"] <= 1.0 for r in rows)
+    assert any(r["trained_reward"] < r["reward"] for r in rows) or not any(r["reward"] for r in rows)
 
 
 def test_a_batch_cut_everywhere_is_a_warning():

@@ -242,7 +242,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
                            "rollout/generating_ranks": cfg.rollout.ranks})
             if s.logger:
                 s.logger.log("train", step, record)
-            log_samples(s, step, problems, comps, rewards, terms, extra={"policy_version": gen_version})
+            log_samples(s, step, problems, comps, rewards, terms, batch, extra={"policy_version": gen_version})
             s.progress.update(step, f"reward {record['reward/mean']:.2f}  held-out {last_eval['eval/acc']:.2f}  "
                                     f"staleness {step - 1 - gen_version}  {tm['time/step']:.1f}s/step")
             last = step == cfg.train.steps

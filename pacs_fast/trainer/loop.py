@@ -93,7 +93,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             record["rollout/generating_ranks"] = world.count(any(len(c.token_ids) for cs in comps for c in cs))
             if s.logger:
                 s.logger.log("train", step, record)
-            log_samples(s, step, problems, comps, rewards, terms)  # (collective with data parallelism)
+            log_samples(s, step, problems, comps, rewards, terms, batch)  # (collective with data parallelism)
             s.progress.update(step, f"reward {record['reward/mean']:.2f}  held-out {last_eval['eval/acc']:.2f}  "
                                     f"{tm['time/step']:.1f}s/step")
 
@@ -132,7 +132,7 @@ def reset_reference_if_due(cfg: Config, learner, step: int) -> bool:
     return True
 
 
-def log_samples(s: Session, step: int, problems, comps, rewards, terms, extra: dict | None = None) -> None:
+def log_samples(s: Session, step: int, problems, comps, rewards, terms, batch, extra: dict | None = None) -> None:
     """The step's first ``train.log_samples`` rollouts into ``samples.jsonl`` (each row with ``extra``'s
     fields) and TensorBoard text (rank 0). Collective with data parallelism: each group holds its share of
     the step's rows (the first group's first), so they are gathered, numbered as one process numbers them;
@@ -140,7 +140,8 @@ def log_samples(s: Session, step: int, problems, comps, rewards, terms, extra: d
     k = s.cfg.train.log_samples
     if not k or (s.world.dp == 1 and not s.logger):
         return
-    rows = sample_rows(step, s.tokenizer, problems, comps, rewards, terms, k)
+    trained = batch.rewards.tolist() if batch.verifier_rewards is not None else None  # (overlong shaping)
+    rows = sample_rows(step, s.tokenizer, problems, comps, rewards, terms, k, trained)
     if s.world.dp > 1:
         rows, shares = [], s.world.gather_dp(rows)
         for share in shares:  # the shares in data-parallel order: a row's number counts the groups' rows before it

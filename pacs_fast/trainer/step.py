@@ -199,10 +199,11 @@ def step_record(batch: RolloutBatch, comps, learner_metrics: dict, mismatch: dic
 
 
 def sample_rows(step: int, tokenizer, problems: list[dict], comps, rewards: list[float], terms: dict,
-                k: int) -> list[dict]:
+                k: int, trained: list[float] | None = None) -> list[dict]:
     """The first ``k`` rollouts of the step (the first group's responses first): prompt text as the
-    model saw it (chat template included), response, reward and, where the learner recorded them
-    per row, PACS's score terms (``psi``, ``pred_reward`` = sigmoid(psi))."""
+    model saw it (chat template included), response, reward (the verifier's) and, where the learner recorded
+    them per row, PACS's score terms (``psi``, ``pred_reward`` = sigmoid(psi)); ``trained``: the rewards (PACS's
+    labels) the step trained on where they differ from the verifier's (overlong shaping), as ``trained_reward``."""
     G = len(comps[0]) if comps else 0
     per_row = {}
     if "rows" in terms:
@@ -217,5 +218,5 @@ def sample_rows(step: int, tokenizer, problems: list[dict], comps, rewards: list
         i, j = divmod(row, G)
         out.append({"step": step, "row": row, "prompt": tokenizer.decode(list(problems[i]["prompt_ids"])),
                     "response": comps[i][j].text, "answer": problems[i]["answer"], "reward": rewards[row],
-                    **per_row.get(row, {})})
+                    **({"trained_reward": trained[row]} if trained is not None else {}), **per_row.get(row, {})})
     return out
