@@ -10,13 +10,35 @@ from pathlib import Path
 from typing import Callable
 
 
+def _umask() -> int:
+    try:  # read, not set: setting it to read it back races with files other threads create
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_mode(path: str | Path) -> None:
+    """Gives ``path`` the mode a new file gets under the process's umask (``0o666 & ~umask``: 0644 under the
+    usual 022). safetensors' ``save_file`` creates its file 0600, so a checkpoint's weights could be read by
+    its owner alone (a serving container of another user could not load them)."""
+    os.chmod(path, 0o666 & ~_umask())
+
+
 def write_atomic(path: str | Path, write: Callable[[Path], object], *, fsync: bool = True) -> None:
     """Calls ``write(tmp)`` to fill a temporary file beside ``path``, makes it durable and renames it
-    over ``path`` (the temporary file is removed if anything fails)."""
+    over ``path`` (the temporary file is removed if anything fails). The file gets the umask's mode
+    (:func:`default_mode`) whatever ``write`` created it with."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
+        default_mode(tmp)
         if fsync:
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())

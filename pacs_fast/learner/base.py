@@ -222,10 +222,13 @@ class Learner(abc.ABC):
 
         from safetensors.torch import save_file
 
+        from pacs_fast.files import default_mode
+
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in self.export_hf_weights()}
         save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+        default_mode(path / "model.safetensors")  # (save_file makes it 0600: readable by its owner alone)
         if self.hf_config is not None:
             self.hf_config.save_pretrained(path)
 

@@ -56,7 +56,7 @@ def deterministic_view(records: list[dict]) -> list[dict]:
 def _clean(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None
-    return v
+    return v + 0.0 if isinstance(v, float) else v  # (-0.0, a loss of exactly zero times -1, reads 0.0)
 
 
 def end_torn_line(path: str | Path) -> bool:
