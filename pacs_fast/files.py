@@ -6,6 +6,7 @@ from the rest of the package, so every layer may use it.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Callable
 
@@ -24,10 +25,17 @@ def _umask() -> int:
 
 
 def default_mode(path: str | Path) -> None:
-    """Gives ``path`` the mode a new file gets under the process's umask (``0o666 & ~umask``: 0644 under the
-    usual 022). safetensors' ``save_file`` creates its file 0600, so a checkpoint's weights could be read by
-    its owner alone (a serving container of another user could not load them)."""
-    os.chmod(path, 0o666 & ~_umask())
+    """Adds to ``path``'s mode the bits a new file gets under the process's umask (``0o666 & ~umask``: 0644
+    under the usual 022); never removes one (a default ACL's may be wider), and a file system that refuses
+    ``chmod`` leaves it as it is. safetensors' ``save_file`` creates its file 0600, so a checkpoint's weights
+    could be read by their owner alone (a serving container of another user could not load them)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        want = mode | (0o666 & ~_umask())
+        if want != mode:
+            os.chmod(path, want)
+    except OSError:
+        pass
 
 
 def write_atomic(path: str | Path, write: Callable[[Path], object], *, fsync: bool = True) -> None:

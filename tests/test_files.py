@@ -41,3 +41,31 @@ def test_a_checkpoint_s_weights_are_readable_as_its_other_files(tmp_path):
     finally:
         os.umask(old)
     assert _mode(tmp_path / "ckpt" / "model.safetensors") == _mode(tmp_path / "ckpt" / "config.json") == 0o644
+
+
+def test_the_mode_is_only_ever_widened_and_a_refused_chmod_is_no_error(tmp_path, monkeypatch):
+    """A default ACL may give a file more than the umask does: nothing is taken away. A file system that
+    refuses ``chmod`` (vfat, some FUSE mounts) must not fail the write (a checkpoint would stop the run)."""
+    from pacs_fast.files import default_mode
+
+    path = tmp_path / "wide.txt"
+    path.write_text("x")
+    os.chmod(path, 0o664)
+    old = os.umask(0o022)
+    try:
+        default_mode(path)
+        assert _mode(path) == 0o664
+
+        def refuse(*args, **kwargs):
+            raise PermissionError(1, "Operation not permitted")
+
+        monkeypatch.setattr(os, "chmod", refuse)
+        def write_private(p):  # as save_file does: a new file of mode 0600
+            fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o600)
+            os.write(fd, b"step_000002")
+            os.close(fd)
+
+        write_atomic(tmp_path / "latest", write_private)
+        assert (tmp_path / "latest").read_text() == "step_000002" and _mode(tmp_path / "latest") == 0o600
+    finally:
+        os.umask(old)

@@ -332,3 +332,31 @@ def test_a_buffer_most_responses_fall_in_is_a_warning_at_the_first_step():
     s.start_step, lines[:] = 5, []
     score_and_batch(s, 6, problems, short, {})  # a resumed session's first step, responses before the buffer
     assert lines == []
+
+
+def test_sample_rows_put_each_row_s_trained_reward_beside_its_reward():
+    """Row by row (2 prompts x 2 responses): ``trained_reward`` is the trained value of that row, and absent
+    where nothing was shaped."""
+    from types import SimpleNamespace
+
+    from pacs_fast.trainer.step import sample_rows
+
+    tok = SimpleNamespace(decode=lambda ids: "p" + "".join(map(str, ids)))
+    comps = [[SimpleNamespace(text=f"r{i}{j}") for j in range(2)] for i in range(2)]
+    problems = [{"prompt_ids": [i], "answer": str(i)} for i in range(2)]
+    rows = sample_rows(3, tok, problems, comps, [1.0, 0.0, 1.0, 1.0], {}, 4, trained=[0.5, 0.0, 1.0, 0.25])
+    assert [(r["row"], r["response"], r["reward"], r["trained_reward"]) for r in rows] == [
+        (0, "r00", 1.0, 0.5), (1, "r01", 0.0, 0.0), (2, "r10", 1.0, 1.0), (3, "r11", 1.0, 0.25)]
+    assert all("trained_reward" not in r for r in sample_rows(3, tok, problems, comps, [1.0] * 4, {}, 4))
+
+
+def test_a_negative_zero_metric_is_recorded_as_zero(tmp_path):
+    import json
+
+    from pacs_fast.trainer.metrics import MetricsLogger
+
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    logger.log("train", 1, {"learner/loss": -0.0, "x": -1.5})
+    logger.close()
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["learner/loss"] == 0.0
+    assert '"learner/loss": 0.0' in (tmp_path / "metrics.jsonl").read_text()

@@ -62,6 +62,8 @@ def make_tiny_model(path: str | Path, *, seed: int = 0, **config_kwargs) -> Path
     import torch
     from transformers import Qwen2ForCausalLM
 
+    from pacs_fast.files import default_mode
+
     path = Path(path)
     tokenizer = build_char_tokenizer()
     # Round the vocabulary up to a multiple of 64 (as real models pad it) so TP sharding divides it.
@@ -75,5 +77,7 @@ def make_tiny_model(path: str | Path, *, seed: int = 0, **config_kwargs) -> Path
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
+    for f in path.glob("*.safetensors"):  # (written 0600: readable as the folder's other files)
+        default_mode(f)
     tokenizer.save_pretrained(path)
     return path

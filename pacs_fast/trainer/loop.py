@@ -134,13 +134,15 @@ def reset_reference_if_due(cfg: Config, learner, step: int) -> bool:
 
 def log_samples(s: Session, step: int, problems, comps, rewards, terms, batch, extra: dict | None = None) -> None:
     """The step's first ``train.log_samples`` rollouts into ``samples.jsonl`` (each row with ``extra``'s
-    fields) and TensorBoard text (rank 0). Collective with data parallelism: each group holds its share of
+    fields, and the shaped reward ``batch`` trained on where it is not the verifier's) and TensorBoard text
+    (rank 0). Collective with data parallelism: each group holds its share of
     the step's rows (the first group's first), so they are gathered, numbered as one process numbers them;
     rank 0's share alone held fewer rows than asked (4 of 8 on two ranks)."""
     k = s.cfg.train.log_samples
     if not k or (s.world.dp == 1 and not s.logger):
         return
-    trained = batch.rewards.tolist() if batch.verifier_rewards is not None else None  # (overlong shaping)
+    # overlong shaping: what trained, beside the verifier's reward (7 digits: float32's, not 0.6666666865348816)
+    trained = [float(f"{v:.7g}") for v in batch.rewards.tolist()] if batch.verifier_rewards is not None else None
     rows = sample_rows(step, s.tokenizer, problems, comps, rewards, terms, k, trained)
     if s.world.dp > 1:
         rows, shares = [], s.world.gather_dp(rows)

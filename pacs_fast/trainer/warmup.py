@@ -22,6 +22,7 @@ import torch
 
 from pacs_fast.config import Config
 from pacs_fast.config.validation import warmup_cache_root
+from pacs_fast.files import default_mode
 
 # Part of every cache key: bump it whenever the warm-up's result changes for the same settings, or a cached
 # model made by the earlier code is reused. 6: the HF sampler seeds each row on its own (rollout/sampling.py),
@@ -184,4 +185,6 @@ def default_model(cfg: Config, train_records: list[dict], *, log=print) -> Path:
                                   target_acc=cfg.warmup.target_acc, check_every=cfg.warmup.check_every,
                                   max_new_tokens=cfg.rollout.max_new_tokens)
             model.save_pretrained(tmp, safe_serialization=True)
+            for f in Path(tmp).glob("*.safetensors"):  # (written 0600: readable as the folder's other files)
+                default_mode(f)
     return final

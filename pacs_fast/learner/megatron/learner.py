@@ -62,6 +62,7 @@ import torch.distributed as dist
 
 from pacs_fast.learner.base import Learner, RolloutBatch, by_length, dealt_rows_to_sorted, group_rows
 from pacs_fast.learner.fused_layers import apply_fused_layers
+from pacs_fast.learner.grad_norm import scale_to_norm
 from pacs_fast.learner.master_weights import MasterWeights, loading_weights
 from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
 from pacs_fast.learner.megatron.data_parallel import (
@@ -367,9 +368,7 @@ class MegatronLearner(Learner):
         out["grad_norm"] = float(grad_norm)
         raise_if_non_finite(self.steps, out["loss"], out["grad_norm"], self.optimizer, self.device)
         if self.cfg.grad_clip > 0:  # as torch.nn.utils.clip_grad_norm_
-            coef = torch.clamp(self.cfg.grad_clip / (grad_norm + 1e-6), max=1.0)
-            for p in self.opt_params:
-                p.grad.mul_(coef.to(p.grad.dtype))
+            scale_to_norm([p.grad for p in self.opt_params], self.cfg.grad_clip, grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.master is not None:

@@ -119,10 +119,10 @@ def tp_grad_norm(params, tp_group) -> torch.Tensor:
     """
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-    sq = torch.zeros((), dtype=torch.float32, device=params[0].device)
-    for p in params:
-        if p.grad is not None and param_is_not_tensor_parallel_duplicate(p):
-            sq += p.grad.detach().float().pow(2).sum()
+    from pacs_fast.learner.grad_norm import local_sq_norm
+
+    grads = [p.grad for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
+    sq = local_sq_norm(grads) if grads else torch.zeros((), dtype=torch.float32, device=params[0].device)
     if tp_group is not None and dist.get_world_size(tp_group) > 1:
         dist.all_reduce(sq, group=tp_group)
     return sq.sqrt()
