@@ -72,10 +72,10 @@ def encode_tagged_advantages(rewards: torch.Tensor, group_index: torch.Tensor,
     if not bool(torch.isfinite(R).all()) or bool(((R < 0) | (R > 1)).any()):
         raise ValueError("PACS: sequence rewards must lie in [0, 1] (the verifier's label); got "
                          f"min {float(R.min()):.4g}, max {float(R.max()):.4g}")
-    if binary is None:
-        binary = bool(((R == 0) | (R == 1)).all())
-    elif binary and not bool(((R == 0) | (R == 1)).all()):
+    zero_one = bool(((R == 0) | (R == 1)).all())
+    if binary and not zero_one:
         raise ValueError("PACS: binary=True tags, but the rewards are not all 0 or 1")
+    binary = zero_one if binary is None else binary
     tag = (group_index.to(torch.int64) % (BINARY_GROUP_TAGS if binary else GROUP_TAGS)).to(torch.float64)
     value = (R + 2.0 * tag).to(torch.float32)
     return value.unsqueeze(-1) * response_mask.to(torch.float32)

@@ -206,12 +206,10 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def check_temperature(temperature, fn: str) -> float:
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+    real = not isinstance(temperature, bool) and isinstance(temperature, numbers.Real)
+    if not real or not math.isfinite(float(temperature)) or float(temperature) <= 0:
         raise ValueError(f"{fn}: temperature must be a finite positive number, got {temperature!r}")
-    t = float(temperature)
-    if not math.isfinite(t) or t <= 0:
-        raise ValueError(f"{fn}: temperature must be a finite positive number, got {temperature!r}")
-    return t
+    return float(temperature)
 
 
 def check_ignore_index(ignore_index, fn: str) -> int:

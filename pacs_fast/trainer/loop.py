@@ -142,7 +142,7 @@ def log_samples(s: Session, step: int, problems, comps, rewards, terms, batch, e
     if not k or (s.world.dp == 1 and not s.logger):
         return
     # overlong shaping: what trained, beside the verifier's reward (7 digits: float32's, not 0.6666666865348816)
-    trained = [float(f"{v:.7g}") for v in batch.rewards.tolist()] if batch.verifier_rewards is not None else None
+    trained = [float(f"{v:.7g}") for v in batch.rewards[:k].tolist()] if batch.verifier_rewards is not None else None
     rows = sample_rows(step, s.tokenizer, problems, comps, rewards, terms, k, trained)
     if s.world.dp > 1:
         rows, shares = [], s.world.gather_dp(rows)
