@@ -131,6 +131,15 @@ def group_rows(group_ids, group_size: int) -> torch.Tensor:
     return (g[:, None] * group_size + torch.arange(group_size)).reshape(-1)
 
 
+def check_response_ids(labels: torch.Tensor, vocab_size: int) -> None:
+    """ValueError when a response token id (``labels``, any shape, int) is >= ``vocab_size``: a padded
+    LM-head row, never part of the distribution the log-probs use (one device-to-host read)."""
+    top = int(labels.max()) if labels.numel() else -1
+    if top >= vocab_size:
+        raise ValueError(f"a response token id {top} is >= vocab_size={vocab_size} (a padded LM-head row): "
+                         "the rollout engine must mask padded rows")
+
+
 class Learner(abc.ABC):
     """What the trainer needs from a learner.
 

@@ -43,8 +43,9 @@ from typing import Iterable, Iterator
 
 import torch
 
+from pacs_fast.causal_lm import decoder_body, has_active_dropout, lm_head
 from pacs_fast.config import AlgoConfig, LearnerConfig
-from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, group_rows
+from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, check_response_ids, group_rows
 from pacs_fast.learner.grad_norm import clip_grad_norm
 from pacs_fast.learner.master_weights import MasterWeights, loading_weights
 from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
@@ -54,36 +55,6 @@ from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_r
                                             shared_prefix_hidden, split_groups, trained_states)
 from pacs_fast.ops import varlen_attention
 from pacs_fast.ops.linear_logprobs import linear_logprobs
-
-
-def _decoder(model):
-    """The transformer body of a ``*ForCausalLM`` (``model.model`` for Qwen2 / Llama)."""
-    body = getattr(model, "model", None)
-    if body is None and hasattr(model, "get_decoder"):
-        body = model.get_decoder()
-    if body is None:
-        raise ValueError(f"{type(model).__name__} has no decoder body (model.model)")
-    return body
-
-
-def _head(model) -> torch.nn.Linear:
-    head = model.get_output_embeddings()
-    if head is None or not hasattr(head, "weight"):
-        raise ValueError(f"{type(model).__name__} has no LM head (get_output_embeddings())")
-    return head
-
-
-def _has_active_dropout(model) -> bool:
-    """Whether train-mode forwards differ from eval-mode ones: a dropout module with p > 0, or a
-    config dropout probability > 0 (Hugging Face attention dropout is a config value, not a module)."""
-    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
-        return True
-    cfg = getattr(model, "config", None)
-    items = cfg.to_dict().items() if hasattr(cfg, "to_dict") else ()
-    return any(("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and not isinstance(v, bool)
-               and v > 0 for k, v in items)
-
-
 
 
 class TorchLearner(Learner):
@@ -108,7 +79,7 @@ class TorchLearner(Learner):
 
     def __init__(self, model, *, algo: AlgoConfig, learner: LearnerConfig, temperature: float = 1.0,
                  horizon: int = 1, vocab_size: int | None = None, lm_head_fp32: bool = False):
-        rows = _head(model).weight.shape[0]
+        rows = lm_head(model).weight.shape[0]
         if vocab_size is not None and not 1 <= int(vocab_size) <= rows:
             raise ValueError(f"vocab_size must be in [1, {rows}] (the LM head's rows), got {vocab_size}")
         # None when every row is a real token (no slicing: the exact pre-masking computation)
@@ -144,7 +115,7 @@ class TorchLearner(Learner):
         self.last_terms: dict[str, torch.Tensor] = {}
         # forwards of each kind (FORWARD_KINDS) and token slots since the last update()
         self.forwards: Counter = Counter()
-        self.fuses_old_logprobs = algo.name != "ppo" and not _has_active_dropout(model)
+        self.fuses_old_logprobs = algo.name != "ppo" and not has_active_dropout(model)
         self.fuses_correction = self.fuses_old_logprobs
         self._switched: list = []  # (model, its attention implementation) switched to varlen attention
         self._depth = 0  # public calls in progress (restores_attention)
@@ -186,18 +157,18 @@ class TorchLearner(Learner):
         self.forwards["token_slots"] += packed.slots if packed is not None else rival
         if layout is not None:  # each group's common prefix once, the rest of its G rows on top
             sel = select_trained(layout, mask, batch.group_size)
-            h, labels = trained_states(*shared_prefix_hidden(_decoder(model), layout, batch.group_size), layout, sel)
+            h, labels = trained_states(*shared_prefix_hidden(decoder_body(model), layout, batch.group_size), layout, sel)
 
             def scatter(x):
                 return scatter_to_rows(x, sel, T)
         else:
             sel = mask[:, 1:] > 0                              # positions t >= 1 that are response tokens
             if packed is not None:  # rows end to end, no padding (pacs_fast/learner/packing.py)
-                h = packed.gather(packed_hidden(_decoder(model), packed), sel)
+                h = packed.gather(packed_hidden(decoder_body(model), packed), sel)
             else:
                 # Rows are right-padded, so the causal mask alone is exact for every real token. The last
                 # column is only ever a label, so it is not fed.
-                hidden = _decoder(model)(input_ids=ids[:, :max(T - 1, 1)],
+                hidden = decoder_body(model)(input_ids=ids[:, :max(T - 1, 1)],
                                          use_cache=False).last_hidden_state[:, :T - 1]  # [b, T-1, H]
                 h = hidden[sel]                                # hidden state that predicts token t
             labels = ids[:, 1:][sel]
@@ -205,13 +176,11 @@ class TorchLearner(Learner):
             def scatter(x):
                 full = x.new_zeros(b, T - 1).masked_scatter(sel, x)
                 return torch.cat([x.new_zeros(b, 1), full], dim=1)
-        head = _head(model)
+        head = lm_head(model)
         weight, bias = head.weight, head.bias
         if self.vocab_size is not None:  # padded rows: never sampled, not part of the distribution
             weight, bias = weight[:self.vocab_size], (bias[:self.vocab_size] if bias is not None else None)
-            if labels.numel() and int(labels.max()) >= self.vocab_size:
-                raise ValueError(f"a response token id {int(labels.max())} is >= vocab_size={self.vocab_size} "
-                                 f"(a padded LM-head row): the rollout engine must mask padded rows")
+            check_response_ids(labels, self.vocab_size)
         out = linear_logprobs(h, weight, labels, bias=bias, temperature=self.temperature,
                               return_entropy=entropy, backend=self.cfg.logprob_backend, upcast=self.lm_head_fp32)
         lp, ent = out if entropy else (out, None)

@@ -20,6 +20,8 @@ from typing import Iterator
 
 import torch
 
+from pacs_fast.causal_lm import lm_head
+
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
@@ -27,16 +29,6 @@ def fp32_logits(hidden: torch.Tensor, weight32: torch.Tensor, bias32: torch.Tens
     """``[..., V]`` fp32 logits ``hidden.float() @ weight32.T + bias32`` (``hidden`` ``[..., H]``
     any float dtype; ``weight32`` ``[V, H]`` and ``bias32`` ``[V]`` fp32)."""
     return torch.nn.functional.linear(hidden.float(), weight32, bias32)
-
-
-def lm_head(model) -> torch.nn.Module:
-    """The model's output embedding (``get_output_embeddings()``) with its ``weight``; a ValueError
-    naming the model's class otherwise."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
-        raise ValueError(f"{type(model).__name__} has no LM head with a weight (get_output_embeddings()): "
-                         "the fp32 LM head needs one")
-    return head
 
 
 @contextlib.contextmanager

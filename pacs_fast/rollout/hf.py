@@ -71,9 +71,10 @@ from typing import Iterable
 
 import torch
 
+from pacs_fast.causal_lm import lm_head
 from pacs_fast.ops.short_attention import NAME as SHORT_ATTENTION
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
-from pacs_fast.rollout.fp32_head import fp32_lm_head, lm_head
+from pacs_fast.rollout.fp32_head import fp32_lm_head
 from pacs_fast.rollout.lean_decode import LeanDecoder
 from pacs_fast.rollout.sampling import LogprobRecorder, MaskPaddedRows, row_keys
 

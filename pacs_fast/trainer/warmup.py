@@ -64,11 +64,12 @@ def tiny_model_kwargs(cfg: Config) -> dict:
 def sft_loss(model, ids: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Mean negative log-likelihood of the response tokens of right-padded rows ``ids [B, T]``,
     from hidden states through ``linear_logprobs`` (no full logits tensor)."""
+    from pacs_fast.causal_lm import decoder_body, lm_head
     from pacs_fast.ops.linear_logprobs import linear_logprobs
 
-    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+    hidden = decoder_body(model)(input_ids=ids, use_cache=False).last_hidden_state
     sel = response_mask[:, 1:] > 0
-    head = model.get_output_embeddings()
+    head = lm_head(model)
     logp = linear_logprobs(hidden[:, :-1][sel], head.weight, ids[:, 1:][sel], bias=head.bias)
     return -logp.mean()
 

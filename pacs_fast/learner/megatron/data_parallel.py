@@ -64,6 +64,24 @@ def all_reduce_sum(tensors: list[torch.Tensor], group, size: int) -> None:
         offset += t.numel()
 
 
+def sum_counts(counts: dict[str, float], group, size: int, device) -> dict[str, float]:
+    """DP-local batches: a mini-batch's token / row ``counts`` summed over the ``size`` data-parallel groups."""
+    if size == 1:
+        return counts
+    c = torch.tensor([counts[k] for k in sorted(counts)], dtype=torch.float64, device=device)
+    dist.all_reduce(c, group=group)
+    return dict(zip(sorted(counts), c.tolist()))
+
+
+def filled_grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Every parameter's ``.grad``, zeros where none arrived (a parameter no micro-batch reached), so that
+    every rank reduces the same tensors."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return [p.grad for p in params]
+
+
 def local_mini_batch_groups(P: int, mini_batch_prompts: int, group, size: int, device) -> int:
     """DP-local batches: groups per local mini-batch when this data-parallel group holds ``P``
     groups; every data-parallel group must hold the same number (the same number of optimiser steps

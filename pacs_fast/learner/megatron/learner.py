@@ -60,20 +60,23 @@ from typing import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from pacs_fast.learner.base import Learner, RolloutBatch, by_length, dealt_rows_to_sorted, group_rows
+from pacs_fast.learner.base import (Learner, RolloutBatch, by_length, check_response_ids, dealt_rows_to_sorted,
+                                   group_rows)
 from pacs_fast.learner.fused_layers import apply_fused_layers
 from pacs_fast.learner.grad_norm import scale_to_norm
 from pacs_fast.learner.master_weights import MasterWeights, loading_weights
-from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
-from pacs_fast.learner.megatron.data_parallel import (
-    all_reduce_sum,
-    check_same_batch,
-    dp_share,
-    gather_dp,
-    local_mini_batch_groups,
-)
+from pacs_fast.learner.megatron import state as megatron_state
+from pacs_fast.learner.megatron.convert import load_hf_into_model
+from pacs_fast.learner.megatron.data_parallel import (all_reduce_sum, check_same_batch, dp_share, filled_grads, gather_dp,
+                                                     local_mini_batch_groups, sum_counts)
+from pacs_fast.learner.megatron.export import iter_hf_buckets, save_hf_folder, weight_manifest
+from pacs_fast.learner.megatron.forward import token_logprobs
+from pacs_fast.learner.megatron.fused import FusedOldLogprobs
+from pacs_fast.learner.megatron.model import build_gpt_model, recompute_overrides
+from pacs_fast.learner.megatron.optimizer import make_optimizer
 from pacs_fast.learner.megatron.setup import (LazyHFCheckpoint, init_parallel, raise_if_non_finite,
                                              tp_grad_norm)
+from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
 from pacs_fast.learner.packing import forward_metrics, micro_batch_groups
 
 
@@ -116,8 +119,6 @@ class MegatronLearner(Learner):
         from megatron.core import parallel_state as ps
         from transformers import AutoConfig
 
-        from pacs_fast.learner.megatron.convert import load_hf_into_model
-        from pacs_fast.learner.megatron.model import recompute_overrides
 
         self.algo = algo
         self.cfg = learner
@@ -184,27 +185,18 @@ class MegatronLearner(Learner):
         self.forwards: Counter = Counter()
 
     def _build(self, dtype, overrides):
-        from pacs_fast.learner.megatron.model import build_gpt_model
-
         return build_gpt_model(self.hf_config, tp_size=self.tp_size, params_dtype=dtype,
                                **overrides).to(self.device)
 
     def _make_optimizer(self):
-        from pacs_fast.learner.megatron.optimizer import make_optimizer
-
         return make_optimizer(self.opt_params, self.cfg, dp_group=self.dp_group, dp_size=self.dp_size)
 
     # ------------------------------------------------------------------ forward
     def _logprobs(self, model, batch: RolloutBatch, return_entropy: bool):
         """Differentiable ``logp [b, T]`` (and entropy, else None) on the response positions."""
-        from pacs_fast.learner.megatron.forward import token_logprobs
-
         batch = batch.to(self.device)
         if self.vocab_size < self.hf_config.vocab_size:
-            top = int(batch.input_ids[batch.response_mask > 0].max()) if bool((batch.response_mask > 0).any()) else 0
-            if top >= self.vocab_size:
-                raise ValueError(f"a response token id {top} is >= vocab_size={self.vocab_size} (a padded LM-head "
-                                 "row): the rollout engine must mask padded rows")
+            check_response_ids(batch.input_ids[batch.response_mask > 0], self.vocab_size)
         out = token_logprobs(model, batch.input_ids, batch.attention_mask,
                              label_mask=batch.response_mask > 0, vocab_size=self.vocab_size,
                              tp_group=self.tp_group, temperature=self.temperature,
@@ -272,8 +264,6 @@ class MegatronLearner(Learner):
         """See :meth:`Learner.update`. With ``batch.old_logp`` None the old log-probs (and
         ``correct(rows, proximal_logp)``'s off-policy weights) come from the first mini-batch's own
         forwards and one no-grad pass over the other groups (:mod:`.fused`), as the torch learner's."""
-        from pacs_fast.learner.megatron.fused import FusedOldLogprobs
-
         self._check_same_batch(batch)
         fuse = self._fuses_in_update(batch, correct, "dropout is active")
         self.model.train()
@@ -313,15 +303,10 @@ class MegatronLearner(Learner):
         DP rank takes its share; DP-local: this group's part of it), in micro-batches; gradients
         summed over DP ranks; TP-aware clipping; AdamW. ``fused``: the first mini-batch's
         :class:`~.fused.FusedOldLogprobs` (its old log-probs from these forwards)."""
+        counts = minibatch_counts(mb)  # the loss is scaled by the whole mini-batch's counts
         if self.local_batches:
-            mine = mb
-            counts = minibatch_counts(mb)
-            if self.dp_size > 1:  # the loss is scaled by the whole mini-batch's counts
-                c = torch.tensor([counts[k] for k in sorted(counts)], dtype=torch.float64, device=self.device)
-                dist.all_reduce(c, group=self.dp_group)
-                counts = dict(zip(sorted(counts), c.tolist()))
+            mine, counts = mb, sum_counts(counts, self.dp_group, self.dp_size, self.device)
         else:
-            counts = minibatch_counts(mb)
             mine = mb.groups(dp_share(mb.num_groups, self.dp_size, self.dp_rank))
         parts = self._micro_batches(mine)
         share_back = group_rows(torch.tensor([g for part in parts for g in part]).argsort(), mine.group_size)
@@ -344,13 +329,10 @@ class MegatronLearner(Learner):
                     local_terms.setdefault(k, []).append(v.detach().float())
             if "psi" in met:
                 local_terms.setdefault("rewards", []).append(mcb.rewards.detach().float())
-        for p in self.opt_params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
         names = sorted(scalars)
         stats = torch.stack([torch.as_tensor(scalars[k], device=self.device, dtype=torch.float32)
                              for k in names])
-        all_reduce_sum([p.grad for p in self.opt_params] + [stats], self.dp_group, self.dp_size)
+        all_reduce_sum(filled_grads(self.opt_params) + [stats], self.dp_group, self.dp_size)
 
         def to_sorted(x):  # this rank's rows in micro-batch order -> the whole mini-batch's, in its sorted order
             x = x[share_back]
@@ -397,22 +379,16 @@ class MegatronLearner(Learner):
     def hf_weight_manifest(self) -> list[tuple[str, tuple[int, ...]]]:
         """``[(hf_name, full shape)]`` from the local shard shapes (no communication); a weight sync
         checks it against the engine before anything is gathered. ValueError on an impossible shard."""
-        from pacs_fast.learner.megatron.export import weight_manifest
-
         return weight_manifest(self.model, self.hf_config, tp_size=self.tp_size)
 
     def iter_hf_weight_buckets(self, bucket_bytes: int, *, dtype: torch.dtype | None = None
                                ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Buckets of whole layers as full HF tensors (cast to ``dtype`` before the gather), gathered
         inside this rank's TP group only; collective over the TP group (consume it to the end)."""
-        from pacs_fast.learner.megatron.export import iter_hf_buckets
-
         return iter_hf_buckets(self.model, self.hf_config, tp_group=self.tp_group, tp_size=self.tp_size,
                                bucket_bytes=bucket_bytes, dtype=dtype)
 
     def load_hf_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        from pacs_fast.learner.megatron.convert import load_hf_into_model
-
         state = dict(named_tensors)
         if self.hf_config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
@@ -423,8 +399,6 @@ class MegatronLearner(Learner):
         """Writes the policy as an HF folder; collective. Global rank 0 writes; only data-parallel
         group 0 gathers, to global rank 0 alone, one bucket of layers at a time (sharded safetensors
         + index when the model takes several buckets); ``generation_config.json`` is carried over."""
-        from pacs_fast.learner.megatron.export import save_hf_folder
-
         save_hf_folder(self.model, self.hf_config, path, tp_group=self.tp_group, tp_size=self.tp_size,
                        is_writer=dist.get_rank() == 0, participates=self.dp_rank == 0,
                        bucket_bytes=bucket_bytes, extra_files=(self.model_path / "generation_config.json",))
@@ -434,27 +408,19 @@ class MegatronLearner(Learner):
     # ------------------------------------------------------------------ checkpoints
     def save_state(self, folder, *, is_writer: bool) -> None:
         """Collective: per-rank optimiser / reference shards (see :mod:`.state`); nothing gathered."""
-        from pacs_fast.learner.megatron.state import save_state
-
-        save_state(self, folder, is_writer=is_writer)
+        megatron_state.save_state(self, folder, is_writer=is_writer)
 
     def load_state(self, folder) -> None:
         """Collective inverse of :meth:`save_state` (same ``tp_size``)."""
-        from pacs_fast.learner.megatron.state import load_state
-
-        load_state(self, folder)
+        megatron_state.load_state(self, folder)
 
     def state_dict(self) -> dict:
         """Optimiser moments and the reference model as full HF-named tensors (collective; a full
         copy per rank; resumes under any ``tp_size``). The trainer uses :meth:`save_state`."""
-        from pacs_fast.learner.megatron.state import full_state_dict
-
-        return full_state_dict(self)
+        return megatron_state.full_state_dict(self)
 
     def load_state_dict(self, state: dict) -> None:
-        from pacs_fast.learner.megatron.state import load_full_state_dict
-
-        load_full_state_dict(self, state)
+        megatron_state.load_full_state_dict(self, state)
 
     def close(self) -> None:
         """Tear down megatron's model-parallel state (the default process group is kept)."""
