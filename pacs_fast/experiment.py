@@ -28,7 +28,8 @@ and its ``config.yaml`` is the one the spec asks for (or, with ``--restart-misma
 a folder with files but no ``config.yaml`` is refused. The runner sets ``train.seed``,
 ``warmup.seed``, ``train.out_dir``, ``train.run_name`` and ``train.threads`` itself; giving them as
 overrides is an error (use ``--seeds``, ``--out``, ``--threads``). Exit status: 0 when every run
-finished, 1 when one failed (after the report is written), 2 for bad arguments or a refused folder.
+finished, 1 when one failed (after the report is written) or, with ``--report``, when none has finished
+yet (nothing written), 2 for bad arguments or a refused folder.
 
 Outputs (written atomically): ``<out>/results.md`` (final and best held-out accuracy, mean ± std
 over seeds; paired differences against ``--baseline`` with a bootstrap 95% interval over seeds),
@@ -49,7 +50,7 @@ from pathlib import Path
 
 from pacs_fast.experiment_args import (MAX_SEEDS, PRESETS, Arm, check_resources, parse_args,  # noqa: F401 (API)
                                        parse_arm, parse_arms, parse_seeds, settings_from_spec)
-from pacs_fast.experiment_results import bootstrap_ci, report, table  # noqa: F401 (the runner's API)
+from pacs_fast.experiment_results import bootstrap_ci, collect, report, table  # noqa: F401 (the runner's API)
 from pacs_fast import signals
 from pacs_fast.files import write_text_atomic
 
@@ -343,6 +344,10 @@ def _main(a) -> int:
     header += ("\n\nCommon settings: " + (f"`--config {a.config}` " if a.config else "")
                + " ".join(f"`{o}`" for o in a.overrides) + f"; seeds {seeds}.")
     if a.report:  # reads finished runs only: fine beside a live runner
+        if not collect(jobs):  # an empty table would replace the folder's results.md
+            print(f"error: --report: no run of these arms and seeds in {str(out)!r} has finished yet (summary.json "
+                  "and held-out evaluations); exit status 1, nothing was written", file=sys.stderr)
+            return 1
         print(report(jobs, arms, a.baseline, out, header))
         return 0
     try:

@@ -199,3 +199,14 @@ def test_one_seed_has_no_interval_and_says_so():
     text, stats = ex.table(res, [ex.Arm("a", []), ex.Arm("b", [])], "b")
     assert "+0.100 [no interval: one seed] (n=1)" in text and "nan" not in text
 
+
+
+def test_report_with_no_finished_run_exits_1_and_keeps_the_results(tmp_path, capsys):
+    """Runs started but none finished: the report had written an empty table over results.md and exited 0."""
+    out = tmp_path / "exp"
+    (out / "runs" / "pacs" / "seed0").mkdir(parents=True)  # a run that has not finished (no summary.json)
+    (out / "results.md").write_text("the last report\n")
+    assert ex.main(["--out", str(out), "--arms", "pacs", "--seeds", "0", "--report"]) == 1
+    err = one_line_error(capsys)
+    assert "has finished" in err and str(out) in err, err
+    assert (out / "results.md").read_text() == "the last report\n" and not (out / "results.json").exists()
