@@ -89,6 +89,25 @@ def test_on_and_off_in_a_yaml_file_are_text_for_a_text_key(tmp_path):
         C.load_config(p)
 
 
+def test_numbers_in_a_yaml_file_keep_their_text_for_a_text_key_and_octal_is_refused(tmp_path):
+    """YAML 1.1 reads ``040`` as octal 32 and ``1:30`` as 90: ``run_name: 040`` named the run "32" and
+    ``steps: 040`` trained 32 steps, silently (hostile sweep, 2026-11-30)."""
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  run_name: 040\n  steps: 12\n  project: 1.50\nlearner:\n  betas: [0.9, 0.95]\n")
+    cfg = C.load_config(p, ["learner.eps=1e-8"])
+    assert (cfg.train.run_name, cfg.train.project, cfg.train.steps) == ("040", "1.50", 12)
+    # plain numbers underneath (config.yaml is written by yaml.safe_dump, which refuses subclasses)
+    assert [type(x) for x in [cfg.train.steps, *cfg.learner.betas, cfg.learner.eps]] == [int, float, float, float]
+    C.save_config(cfg, tmp_path / "saved.yaml")
+    assert C.load_config(tmp_path / "saved.yaml").train.run_name == "040"
+    for text, read in [("040", 32), ("1:30", 90)]:
+        p.write_text(f"train:\n  steps: {text}\n")
+        with pytest.raises(ValueError, match=f"config key 'train.steps': {text} reads as {read} in YAML 1.1"):
+            C.load_config(p)
+    with pytest.raises(ValueError, match="config key 'train.steps': 010 reads as 8"):
+        C.load_config(None, ["train.steps=010"])  # an override is read as a config file reads it
+
+
 @pytest.mark.parametrize("overrides, match", [
     (["train.prompts_per_step=12", "learner.mini_batch_prompts=8"], "mini_batch_prompts=8 must divide"),
     (["learner.mini_batch_prompts=8", "learner.micro_batch_prompts=3"], "micro_batch_prompts=3 must divide"),

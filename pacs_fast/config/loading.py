@@ -20,8 +20,24 @@ def to_dict(cfg: Config) -> dict:
 _BOOL_WORDS = {"yes": True, "no": False, "on": True, "off": False, "true": True, "false": False}
 
 
+def _plain(value: Any) -> Any:
+    """A number read from YAML as its plain ``int`` / ``float`` (without its source text)."""
+    if isinstance(value, _YamlInt):
+        return int(value)
+    return float(value) if isinstance(value, _YamlFloat) else value
+
+
 def _coerce(key: str, value: Any, typ) -> Any:
-    """Checks ``value`` against the field type (ints are accepted for floats)."""
+    """Checks ``value`` against the field type (ints are accepted for floats). A number read from YAML
+    keeps its text for a ``str`` key (``run_name: 040`` is "040"); an integer YAML 1.1 reads as octal
+    (``040`` = 32) or base 60 (``1:30`` = 90) is refused for a number key."""
+    text = getattr(value, "yaml_text", None)
+    if typ is str and text is not None:
+        return text
+    if typ in (int, float) and isinstance(value, _YamlInt) and (re.fullmatch(r"[-+]?0[0-9_]+", text) or ":" in text):
+        raise ValueError(f"config key {key!r}: {text} reads as {int(value)} in YAML 1.1 (octal / base 60); write "
+                         "the number without leading zeros or a colon")
+    value = _plain(value)
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -45,7 +61,7 @@ def _coerce(key: str, value: Any, typ) -> Any:
             return str(value)
     elif typ is list:
         if isinstance(value, (list, tuple)):
-            return list(value)
+            return [_plain(v) for v in value]
     raise ValueError(f"config key {key!r} expects {getattr(typ, '__name__', typ)}, got {value!r}")
 
 
@@ -103,8 +119,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     quoted = len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\""
     if _type_of(key) is str and not quoted:
         return key, raw
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+    try:  # as a config file reads it (_UniqueKeyLoader)
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -142,6 +158,28 @@ _UniqueKeyLoader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                        list("tTfF"))
+
+
+class _YamlInt(int):
+    """An int read from YAML, with its source text (``yaml_text``): see _coerce."""
+
+
+class _YamlFloat(float):
+    """A float read from YAML, with its source text (``yaml_text``)."""
+
+
+def _number_with_text(kind):
+    construct = getattr(yaml.SafeLoader, f"construct_yaml_{'int' if kind is _YamlInt else 'float'}")
+
+    def constructor(loader, node):
+        out = kind(construct(loader, node))
+        out.yaml_text = str(node.value)
+        return out
+    return constructor
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _number_with_text(_YamlInt))
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _number_with_text(_YamlFloat))
 
 
 def read_yaml(path: str | Path) -> dict:
