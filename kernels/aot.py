@@ -235,7 +235,7 @@ def compile_case(case: Case) -> dict:
     usage = _resource_usage(ck.asm["cubin"])
     row.update(usage)
     row["shared"] = int(ck.metadata.shared) + usage["static_shared"]
-    row["smem_limit"] = SMEM_LIMIT[case.arch]
+    row["smem_limit"] = SMEM_LIMIT.get(case.arch)
     row["mma"] = tensor_core_instrs(ptx)
     row["tf32"] = bool(re.search(r"\btf32\b", ptx))
     row["tma_loads"] = len(re.findall(r"\bcp\.async\.bulk\.tensor\b", ptx))  # TMA copies (descriptor loads)
@@ -322,9 +322,19 @@ def main(argv=None):
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--modules", default=None, help="only these kernel files, e.g. pacs_loss,token_logprobs")
     args = ap.parse_args(argv)
-    archs = tuple(int(a) for a in args.archs.split(","))
+    archs = tuple(a.strip().removeprefix("sm_") for a in args.archs.split(","))
+    unknown = [a for a in archs if not a.isdigit() or int(a) not in ARCHS]
+    if unknown or not archs:
+        ap.error(f"--archs {args.archs!r}: {', '.join(map(repr, unknown))} not among the archs the cases are written "
+                 f"for ({', '.join(map(str, ARCHS))})")
+    archs = tuple(int(a) for a in archs)
+    modules = None if args.modules is None else [m.strip() for m in args.modules.split(",")]
+    known = sorted(_kernel_modules())
+    if modules is not None and any(m not in known for m in modules):
+        ap.error(f"--modules {args.modules!r}: {', '.join(repr(m) for m in modules if m not in known)} not among the "
+                 f"kernel files ({', '.join(known)})")
     skipped = {}
-    rows = run(archs, args.jobs, None if args.modules is None else args.modules.split(","), skipped)
+    rows = run(archs, args.jobs, modules, skipped)
     report = dict(triton=triton.__version__, archs=[a for a in archs if a not in skipped], cases=rows,
                   skipped_archs={str(a): why for a, why in skipped.items()}, probe=probe_offsets(90))
     tmp = args.json + ".tmp"
@@ -332,7 +342,11 @@ def main(argv=None):
         json.dump(report, f, indent=1)
     os.replace(tmp, args.json)
     bad = [r["label"] for r in rows if r["error"]]
-    print(f"{len(rows)} cases, {len(bad)} failed to compile" + (f": {bad}" if bad else ""))
+    print(f"{len(rows)} cases, {len(bad)} failed to compile" + (f": {bad}" if bad else "")
+          + "".join(f"; sm_{a} skipped: {why}" for a, why in skipped.items()))
+    if not rows:  # every arch asked for skipped (this Triton cannot target it), or no case of these modules
+        print(f"error: nothing was compiled (see {args.json})", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -44,6 +44,8 @@ import inspect
 import os
 import warnings
 
+from .caller import stacklevel
+
 ENV = "PACS_FAST_KERNELS"
 MODES = ("auto", "safe", "torch")
 DEBUG_ENV = "PACS_FAST_DEBUG_CHECKS"
@@ -108,7 +110,7 @@ def warn_once(family: str, kernel: str, reason: str, message: str) -> None:
     """One warning per (family, kernel, reason): one cause breaking several ops' kernels names each. Warned
     before it is recorded, so that under ``-W error`` every call raises alike."""
     if (family, kernel, reason) not in _warned:
-        warnings.warn(f"pacs_fast: {message}", KernelFallbackWarning, stacklevel=4)
+        warnings.warn(f"pacs_fast: {message}", KernelFallbackWarning, stacklevel=stacklevel())
         _warned.add((family, kernel, reason))
 
 

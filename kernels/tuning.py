@@ -47,6 +47,8 @@ import os
 import re
 import warnings
 
+from .caller import stacklevel
+
 SCHEMA = 1
 # None: $PACS_FAST_TUNED_DIR, else the tuned/ folder beside this file
 TUNED_DIR: str | None = None
@@ -70,18 +72,26 @@ class LaunchConfigError(ValueError):
     kernel off for the process, hiding the typo)."""
 
 
+# Upper bounds no launch comes near (a hand-edited 2**40 block overflowed int32 in the launch, and the failure
+# switched the kernel off for the process): a block's side <= 2**16 (Triton's tensors hold <= 2**20 elements),
+# <= 32 warps (1,024 threads), <= 16 stages, flags 0 / 1; other counts <= 2**20, byte budgets <= 2**40.
+_MOST = {**dict.fromkeys(_POW2, 1 << 16), "num_warps": 32, "num_warps_large": 32, "num_stages": 16,
+         **dict.fromkeys(_AT_LEAST_0, 1), "BWD_CHUNK_BYTES": 1 << 40}
+
+
 def launch_value_problem(key: str, value) -> str | None:
     """Why ``value`` cannot be launch parameter ``key`` (None: it can; keys without a rule: any int)."""
     if isinstance(value, bool):
         value = int(value)
     if not isinstance(value, int):
         return f"not an int ({type(value).__name__})"
-    if key in _POW2 and (value < 1 or value & (value - 1)):
-        return "not a power of two >= 1"
-    if key in _AT_LEAST_1 and value < 1:
-        return "not >= 1"
-    if key in _AT_LEAST_0 and value < 0:
-        return "not >= 0"
+    most = _MOST.get(key, 1 << 20)
+    if key in _POW2 and (value < 1 or value & (value - 1) or value > most):
+        return f"not a power of two in [1, {most}]"
+    if key in _AT_LEAST_1 and not 1 <= value <= most:
+        return f"not in [1, {most}]"
+    if key in _AT_LEAST_0 and not 0 <= value <= most:
+        return f"not in [0, {most}]"
     return None
 
 
@@ -100,7 +110,7 @@ def tuned_dir() -> str:
     env = os.environ.get("PACS_FAST_TUNED_DIR")
     if not TUNED_DIR and env and not os.path.isdir(env) and ("dir", env) not in _warned:
         _warned.add(("dir", env))
-        warnings.warn(f"PACS_FAST_TUNED_DIR={env!r} is not a folder: no measured launch table is read", stacklevel=3)
+        warnings.warn(f"PACS_FAST_TUNED_DIR={env!r} is not a folder: no measured launch table is read", stacklevel=stacklevel())
     return TUNED_DIR or env or os.path.join(os.path.dirname(__file__), "tuned")
 
 
@@ -146,7 +156,7 @@ def load(arch: int | None) -> dict:
             if not isinstance(data.get("kernels"), dict):
                 raise ValueError(f"its \"kernels\" is not an object ({type(data.get('kernels')).__name__})")
         except (OSError, ValueError) as e:
-            warnings.warn(f"ignoring the tuned launch table {path}: {e}", stacklevel=3)
+            warnings.warn(f"ignoring the tuned launch table {path}: {e}", stacklevel=stacklevel())
             data = {"kernels": {}}
         hit = _cache[path] = (mtime, data, version_mismatch(data))
     why = None if IGNORE_VERSIONS else hit[2]
@@ -155,7 +165,7 @@ def load(arch: int | None) -> dict:
     if (path, mtime) not in _warned:
         _warned.add((path, mtime))
         warnings.warn(f"ignoring the tuned launch table {path}: {why}; using the built-in launch choices "
-                      f"(re-measure with bench/gpu/tune.py under this Triton)", stacklevel=3)
+                      f"(re-measure with bench/gpu/tune.py under this Triton)", stacklevel=stacklevel())
     return {}
 
 
@@ -209,8 +219,9 @@ def table_version_mismatch(arch: int | None) -> str | None:
 
 def measured_h(entry: dict) -> int | None:
     """The hidden size an entry was measured at: its ``"h"``, else the ``H<n>`` of its ``"shape"``."""
-    if isinstance(entry.get("h"), int):
-        return entry["h"]
+    h = entry.get("h")
+    if isinstance(h, int) and not isinstance(h, bool):
+        return h if h > 0 else None
     hit = re.search(r"\bH(\d+)\b", str(entry.get("shape", "")))
     return int(hit.group(1)) if hit else None
 
@@ -255,7 +266,7 @@ def apply(cfg: dict, module: str, kernel: str, arch: int | None, width: str, h: 
             elif (path_for(arch), module, kernel, k, v) not in _warned:
                 _warned.add((path_for(arch), module, kernel, k, v))
                 warnings.warn(f"ignoring {entry_key(module, kernel, width)} {k} = {v!r} of the tuned launch table "
-                              f"{path_for(arch)}: {problem}; the built-in value serves", stacklevel=3)
+                              f"{path_for(arch)}: {problem}; the built-in value serves", stacklevel=stacklevel())
     return out
 
 
@@ -270,5 +281,5 @@ def choice(key: str, arch: int | None, allowed, h: int | None = None) -> str | N
     if (path_for(arch), key, repr(picked)) not in _warned:  # once, not on every launch
         _warned.add((path_for(arch), key, repr(picked)))
         warnings.warn(f"ignoring the measured choice {key} = {picked!r} of {path_for(arch)}: not one of "
-                      f"{tuple(allowed)}", stacklevel=3)
+                      f"{tuple(allowed)}", stacklevel=stacklevel())
     return None

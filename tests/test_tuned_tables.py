@@ -48,6 +48,9 @@ def test_nearest_measurement_by_hidden_size():
     # a by_h part without the field asked for (a hand-edited table) is passed over: the entry serves
     odd = {"h": 4096, "config": "main", "by_h": {"896": {"ms": 1.0}, "16384": {"config": "big"}}}
     assert tuning.nearest(odd, 896, "config")["config"] == "main" and tuning.nearest(odd, 896) == {"ms": 1.0}
+    # a hand-edited "h" that is no size (negative, 0, a bool): as if absent (math.log raised "math domain error")
+    for h in (-5, 0, True):
+        assert tuning.nearest(dict(entry, h=h), 896)["config"] == "small"
 
 
 def test_unreadable_table_is_ignored_with_a_warning(tmp_path, monkeypatch):
@@ -214,10 +217,13 @@ def _table(tmp_path, kernels, **top):
     (tmp_path / "sm_90.json").write_text(json.dumps({"schema": 1, "arch": 90, "kernels": kernels, **top}))
 
 
-@pytest.mark.parametrize("key,value", [("GROUP_N", 0), ("PERSISTENT", -1), ("BLOCK_N", 96), ("num_warps", 0)])
+@pytest.mark.parametrize("key,value", [("GROUP_N", 0), ("PERSISTENT", -1), ("BLOCK_N", 96), ("num_warps", 0),
+                                       ("BLOCK_N", 2**40), ("num_warps", 64), ("PERSISTENT", 2)])
 def test_a_table_value_no_kernel_can_take_is_ignored_with_one_warning(tmp_path, monkeypatch, key, value):
     """A hand-edited entry {"GROUP_N": 0} launched a grid of 0 programs: log-probs off by 1e29 with no
-    error for the fallback to catch (kernel dispatch sweep). Such a value is ignored, named once."""
+    error for the fallback to catch (kernel dispatch sweep); {"BLOCK_N": 2**40} overflowed int32 in the
+    launch, and the failure switched the tiled kernels off for the process (sweep of 2026-11-30). Such a
+    value is ignored, named once."""
     import warnings
 
     from pacs_fast.kernels import linear_logprobs as KL, tuning
@@ -251,12 +257,13 @@ def test_a_table_of_another_shape_is_ignored_naming_the_file(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("module,key,value,match", [
-    ("linear_logprobs", "GROUP_N", 0, r"CONFIG\['GROUP_N'\] = 0: not >= 1"),
-    ("linear_logprobs", "GROUP_N", -1, r"CONFIG\['GROUP_N'\] = -1: not >= 1"),
+    ("linear_logprobs", "GROUP_N", 0, r"CONFIG\['GROUP_N'\] = 0: not in \[1, 1048576\]"),
+    ("linear_logprobs", "GROUP_N", -1, r"CONFIG\['GROUP_N'\] = -1: not in \[1, 1048576\]"),
+    ("linear_logprobs", "BLOCK_N", 2**17, r"CONFIG\['BLOCK_N'\] = 131072: not a power of two in \[1, 65536\]"),
     ("linear_logprobs", "BLOCK_N", 16.7, r"CONFIG\['BLOCK_N'\] = 16.7: not an int \(float\)"),
     ("linear_logprobs", "BLOCK_V", "64", r"CONFIG\['BLOCK_V'\] = '64': not an int \(str\)"),
     ("token_logprobs", "BLOCK_V_BWD", -64, r"CONFIG\['BLOCK_V_BWD'\] = -64: not a power of two"),
-    ("pacs_loss_launch", "N_SPLIT", 0, r"CONFIG\['N_SPLIT'\] = 0: not >= 1"),
+    ("pacs_loss_launch", "N_SPLIT", 0, r"CONFIG\['N_SPLIT'\] = 0: not in \[1, 1048576\]"),
 ])
 def test_an_override_no_kernel_can_take_is_a_launch_config_error(monkeypatch, module, key, value, match):
     """CONFIG[GROUP_N] = -1 corrupted the process's memory, = 0 gave log-probs off by 8.9; 16.7 was cut to

@@ -31,11 +31,13 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
     ``triton``: compiled on CUDA tensors; on CPU tensors only under ``TRITON_INTERPRET=1``
     (the Triton interpreter, used by the tests), otherwise a ValueError says why.
     ``PACS_FAST_KERNELS=torch`` (kernels/dispatch.py): ``auto`` and ``triton`` both give torch (an
-    unknown value of the variable: a ValueError naming it).
+    unknown value of the variable: a ValueError naming it). Meta tensors always take the torch path.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if dispatch.mode() == "torch":
+        return "torch"
+    if any(t.is_meta for t in tensors):  # shapes only (fake / meta tensors): no kernel can run on them
         return "torch"
     on_cuda = all(t.is_cuda for t in tensors)
     if backend == "auto":

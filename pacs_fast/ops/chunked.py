@@ -213,7 +213,26 @@ def check_temperature(temperature, fn: str) -> float:
 
 
 def check_ignore_index(ignore_index, fn: str) -> int:
-    """The label id that marks rows to skip, as an int (numpy integers too; never a bool or a float)."""
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
-        raise ValueError(f"{fn}: ignore_index must be an integer label id (HF's -100), got {ignore_index!r}")
+    """The label id that marks rows to skip, as an int (numpy integers too; never a bool or a float; within
+    int64, the labels' dtype inside the ops)."""
+    if (isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral)
+            or not -2**63 <= int(ignore_index) < 2**63):
+        raise ValueError(f"{fn}: ignore_index must be an integer label id within int64 (HF's -100), "
+                         f"got {ignore_index!r}")
     return int(ignore_index)
+
+
+def check_chunk_bytes(chunk_bytes, fn: str):
+    """``chunk_bytes`` as the ops take it: None, a positive byte budget (an int, or a finite real number
+    rounded down) or a ``(rows, cols)`` tile shape of positive ints; a ValueError naming it otherwise."""
+    def count(x) -> bool:
+        return not isinstance(x, bool) and isinstance(x, numbers.Real) and math.isfinite(x) and int(x) >= 1
+    if chunk_bytes is None:
+        return None
+    if isinstance(chunk_bytes, (tuple, list)):
+        if len(chunk_bytes) == 2 and all(count(c) and isinstance(c, numbers.Integral) for c in chunk_bytes):
+            return tuple(int(c) for c in chunk_bytes)
+    elif count(chunk_bytes):
+        return int(chunk_bytes)
+    raise ValueError(f"{fn}: chunk_bytes must be a positive byte budget (int) or a (rows, cols) tile shape of "
+                     f"positive ints, got {chunk_bytes!r}")

@@ -58,7 +58,7 @@ from pacs_fast.kernels import dispatch
 
 from . import chunked, vocab_parallel as vp
 from .backend import apply_op, refuse_double_backward
-from .token_logprobs import _resolve
+from .token_logprobs import _integer, _resolve
 
 
 TRITON_BACKWARDS = ("chunked", "atomic")
@@ -108,7 +108,7 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
     if hidden.dim() < 1 or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
         raise ValueError(f"linear_logprobs: weight must be [V, H] with H = hidden.shape[-1]; got hidden "
                          f"{tuple(hidden.shape)}, weight {tuple(weight.shape)}")
-    if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
+    if not isinstance(labels, torch.Tensor) or not _integer(labels):
         raise ValueError("linear_logprobs: labels must be an integer tensor")
     if labels.shape != hidden.shape[:-1]:
         raise ValueError(f"linear_logprobs: labels shape {tuple(labels.shape)} must equal hidden.shape[:-1] "
@@ -125,6 +125,10 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
         raise ValueError(f"linear_logprobs: bias must be a tensor of shape [{weight.shape[0]}]")
     t = chunked.check_temperature(temperature, "linear_logprobs")
     ignore_index = chunked.check_ignore_index(ignore_index, "linear_logprobs")
+    chunk_bytes = chunked.check_chunk_bytes(chunk_bytes, "linear_logprobs")
+    vp.check_tp_group(tp_group, "linear_logprobs")
+    if bias is not None and not bias.is_contiguous():  # the kernels read it with unit stride
+        bias = bias.contiguous()
     tensors = [hidden, weight, labels] + ([bias] if bias is not None else [])
     if len({x.device for x in tensors}) != 1:
         raise ValueError("linear_logprobs: hidden, weight, labels (and bias) must be on one device")

@@ -81,6 +81,8 @@ def _torch_backward(grad_loss, coef, mask, cu_seqlens, logp_shape, logp_dtype):
 _FN = "fused_pacs_loss"
 FWD_KERNEL = "PACS loss forward"  # kernels/dispatch.py names of this op's kernels
 BWD_KERNEL = "PACS loss backward"
+# what a caller of fused_pacs_loss itself runs when the kernel cannot (pacs_fast.pacs_loss does it on its own)
+_INSTEAD = "pacs_fast.pacs_loss (backend='auto' or 'torch') computes the same loss on its PyTorch path"
 
 
 def _check_choice(name: str, value, options) -> None:
@@ -223,14 +225,14 @@ def fused_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, scor
     ref_c = None if logp_ref is None else logp_ref.detach().contiguous()
     mask_c = None if mask is None else mask.detach().contiguous()
     if dispatch.broken("tiles", FWD_KERNEL):
-        raise dispatch.KernelFailed(f"{_FN}: the forward kernel failed earlier in this process")
+        raise dispatch.KernelFailed(f"{_FN}: the forward kernel failed earlier in this process; {_INSTEAD}")
     try:
         loss, r, psi, pred, w, sample_loss = apply_op(
             _FusedPacsLoss.apply, logp.contiguous(), ref_c, mask_c, rewards, cu_seqlens, group_size, float(beta),
             score, weight_mode, proxy, triton=True)
     except Exception as e:  # an import / compile / launch error: recorded, warned once, and raised as
         dispatch.failed("tiles", FWD_KERNEL, e)  # KernelFailed (algorithms.pacs_loss runs its torch path)
-        raise dispatch.KernelFailed(f"{_FN}: {dispatch._reason(e)}") from e
+        raise dispatch.KernelFailed(f"{_FN}: {dispatch._reason(e)}; {_INSTEAD}") from e
     if not return_terms:
         return loss
     return loss, dict(zip(TERM_KEYS, (r, psi, pred, w, sample_loss)))

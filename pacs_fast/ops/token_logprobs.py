@@ -54,7 +54,7 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
     """
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() < 1:
         raise ValueError("token_logprobs: logits must be a floating-point tensor [..., V]")
-    if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
+    if not isinstance(labels, torch.Tensor) or not _integer(labels):
         raise ValueError("token_logprobs: labels must be an integer tensor")
     if logits.shape[-1] == 0:
         raise ValueError(f"token_logprobs: logits has an empty vocabulary dimension (V = logits.shape[-1] = 0, shape "
@@ -70,16 +70,26 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
                          "e.g. the LM head's output")
     t = chunked.check_temperature(temperature, "token_logprobs")
     ignore_index = chunked.check_ignore_index(ignore_index, "token_logprobs")
+    chunk_bytes = chunked.check_chunk_bytes(chunk_bytes, "token_logprobs")
+    vp.check_tp_group(tp_group, "token_logprobs")
     resolved = _resolve(backend, logits)
     lead = labels.shape
     x2 = logits.reshape(-1, logits.shape[-1])
-    if x2.shape[-1] > 0 and x2.stride(-1) != 1:
+    # a copy for a strided vocabulary, and, for the in-place gradient, for rows that share memory (an expanded
+    # view: every row's gradient would be written over the same elements)
+    shared = inplace_backward and any(st == 0 and n > 1 for st, n in zip(x2.stride(), x2.shape))
+    if x2.shape[-1] > 0 and (x2.stride(-1) != 1 or shared):
         x2 = x2.contiguous()
     logp, ent = apply_op(_TokenLogprobs.apply, x2, labels.reshape(-1).long().contiguous(), 1.0 / t, ignore_index,
                          bool(return_entropy), bool(inplace_backward), tp_group, resolved, chunk_bytes,
                          triton=resolved == "triton")
     logp = logp.view(lead)
     return (logp, ent.view(lead)) if return_entropy else logp
+
+
+def _integer(t: torch.Tensor) -> bool:
+    """An integer dtype (not bool, float or complex): what label ids are."""
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
 
 
 class _TokenLogprobs(torch.autograd.Function):

@@ -90,6 +90,13 @@ def label_masks(labels, ignore_index: int, v_glob: int, check: bool = True):
     return in_range & ~ignored, bad
 
 
+def check_tp_group(group, fn: str) -> None:
+    """``tp_group`` must be None or a ``torch.distributed`` process group (a ValueError naming it)."""
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise ValueError(f"{fn}: tp_group must be a torch.distributed process group or None, got "
+                         f"{type(group).__name__}")
+
+
 def shard_offset(local_vocab: int, group) -> tuple[int, int]:
     """``(first global vocab id of this rank's shard, global vocab size)``; shards are contiguous
     and in rank order (as in Megatron's ``VocabParallelEmbedding`` / column-parallel LM head). The
