@@ -178,9 +178,15 @@ def test_a_run_reaches_every_tracker_and_its_resume_continues_them(tmp_path, mon
     assert n >= 2
     # the end-of-run plots at the run's last step (trackio had put them one step past it)
     assert _trackio_plot_steps(db) == [2]
-    # resume two more steps: the same tracker runs continue
+    # resume two more steps: the same tracker runs continue (W&B offline cannot resume a run: W&B resumes on its
+    # server, and `wandb sync` of two offline folders of one id keeps one of them; the resume is a run of its own)
     _train(["--resume", str(run), "train.steps=3"], tmp_path)
-    assert json.loads((run / "trackers.json").read_text()) == ids
+    again = json.loads((run / "trackers.json").read_text())
+    assert {k: again[k] for k in ("mlflow", "trackio")} == {k: ids[k] for k in ("mlflow", "trackio")}
+    assert again["wandb"] != ids["wandb"]
+    (part,) = (run / "wandb").glob(f"offline-run-*-{again['wandb']}")
+    assert b"r-resumed" in (part / f"run-{again['wandb']}.wandb").read_bytes()
+    assert len(list((run / "wandb").glob(f"offline-run-*-{ids['wandb']}"))) == 1  # the first part kept as it was
     history = client.get_metric_history(ids["mlflow"], "train/reward/mean")
     assert [m.step for m in history] == [1, 2, 3]
     assert _trackio_plot_steps(db) == [2, 3]

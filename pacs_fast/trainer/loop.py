@@ -199,6 +199,7 @@ def save(s: Session, step: int, sampler_state: dict | None = None) -> None:
         raise TrainingStopped(f"step {step}: {e}") from e
     if s.logger:
         s.logger.log("checkpoint", step, {"time/checkpoint": time.perf_counter() - t0})
+        s.logger.flush()  # the trackers hold every step up to the checkpoint (a resume redoes only later ones)
 
 
 def finish(s: Session) -> dict:

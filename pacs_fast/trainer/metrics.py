@@ -139,6 +139,15 @@ class MetricsLogger:
         for t in self.trackers:
             t.log_images(int(step), list(paths))
 
+    def flush(self) -> None:
+        """Writes what TensorBoard and the trackers buffer (at a checkpoint: a run killed after it keeps every
+        record up to it everywhere, as it does in metrics.jsonl)."""
+        if self.tb is not None:
+            self.tb.flush()
+        for t in self.trackers:
+            if hasattr(t, "flush"):
+                t.flush()
+
     def close(self) -> None:
         for t in self.trackers:
             t.close()

@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -307,12 +308,22 @@ class RunFolder:
     def write_summary(self, summary: dict) -> None:
         write_text_atomic(self.path / "summary.json", json.dumps(summary, indent=1))
 
-    def close(self, *, abandon: bool = False) -> None:
+    def close(self, *, abandon: bool = False, discard: bool = False) -> None:
         """Closes the samples file and drops the lock. ``abandon`` (a new run whose setup failed): a folder
-        holding nothing but its lock is removed, so that a failed start leaves no empty run behind."""
+        holding nothing but its lock is removed, so that a failed start leaves no empty run behind.
+        ``discard`` (with ``abandon``: a new run whose setup failed after writing its own files, its
+        ``config.yaml`` and what a tracker began, before any step): those are removed first, under the lock."""
         if self._samples is not None:
             self._samples.close()
             self._samples = None
+        if abandon and discard and self.new:
+            for p in self.path.iterdir():
+                if p.name == LOCK_FILE:
+                    continue
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
         if abandon and self.new and not _is_used(self.path):
             try:  # unlinked under the lock: a run that opens the name after this makes a lock of its own
                 (self.path / LOCK_FILE).unlink()

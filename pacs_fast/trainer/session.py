@@ -239,8 +239,16 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     progress.update(s.start_step, "")
     if world.is_main:
         marker = (-1 if restart else s.start_step) if resume else None  # -1: every earlier record superseded
+        try:
+            trackers = open_trackers(cfg, run_dir, to_dict(cfg))
+        except ValueError as e:  # a store, server or name the tracker refuses: a new run leaves no folder
+            if not resume:
+                s.folder.close(abandon=True, discard=True)
+                s.folder = None
+            s.close()
+            raise SetupError(str(e)) from e
         s.logger = MetricsLogger(run_dir, tensorboard=cfg.train.tensorboard and "tensorboard" in cfg.train.loggers,
-                                 resume_step=marker, trackers=open_trackers(cfg, run_dir, to_dict(cfg)))
+                                 resume_step=marker, trackers=trackers)
         if marker is not None:
             folder.mark_resume(marker)
     s.initial_eval = state.get("initial_eval")

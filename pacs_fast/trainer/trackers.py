@@ -17,7 +17,9 @@ Where they write (nothing leaves the machine unless the user configured it to):
   show --project <train.project>`` opens the dashboard.
 
 A resumed run continues the same tracker runs (ids kept in ``run_dir/trackers.json``, written
-atomically); the steps it redoes after its checkpoint are logged again at the same step numbers.
+atomically); the steps it redoes after its checkpoint are logged again at the same step numbers (MLflow's
+sample tables of those steps replaced). W&B offline cannot continue a run (W&B resumes on its server): there
+a resume is a new run, ``<name>-resumed``. At each checkpoint the trackers write what they buffer.
 """
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ def check_trackers(cfg) -> None:
                 raise ValueError(f"train.loggers={name}: importing the {package} package failed "
                                  f"({type(e).__name__}: {e}); repair it (pip install 'pacs_fast[loggers]') or "
                                  f"leave {name} out") from e
+    _check_project(cfg.train.project, names)
     if "mlflow" in names:
         _check_mlflow_uri()
     if "trackio" in names:
@@ -77,6 +80,24 @@ def check_trackers(cfg) -> None:
     if "wandb" in names and mode not in ("offline", "disabled", "dryrun") and not _wandb_logged_in():
         raise ValueError("train.loggers=wandb: not logged in to W&B; run `wandb login` or set WANDB_API_KEY, or "
                          "WANDB_MODE=offline to keep the run in the run folder (`wandb sync` it later)")
+
+
+_WANDB_FORBIDDEN = "/\\#?%:"  # characters W&B refuses in a project name (its UsageError lists them)
+
+
+def _check_project(project, names) -> None:
+    """``train.project`` as the trackers take it: W&B refused ``a/b`` and MLflow an empty name only after the
+    model had loaded (a traceback), and the failed run's folder blocked its name."""
+    trackers = [n for n in names if n in _PACKAGES]
+    if not trackers:
+        return
+    if not isinstance(project, str) or not project.strip():
+        raise ValueError(f"train.project={project!r}: train.loggers={','.join(trackers)} needs a project name")
+    bad = sorted({c for c in project if c in _WANDB_FORBIDDEN})
+    if "wandb" in trackers and (bad or len(project) > 128):
+        why = f"contains {' '.join(bad)}" if bad else f"is {len(project)} characters long"
+        raise ValueError(f"train.project={project!r} {why}: W&B takes names of at most 128 characters without any of "
+                         f"{' '.join(_WANDB_FORBIDDEN)}")
 
 
 _MLFLOW_DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
@@ -159,7 +180,12 @@ class WandbTracker:
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(project=cfg.train.project, name=run_dir.name, dir=str(run_dir), config=config,
+        name = run_dir.name
+        if run_id and wandb.setup().settings.mode in ("offline", "dryrun"):
+            # W&B resumes runs on its server only: offline, a second folder of one id restarts its step counter
+            # and `wandb sync` keeps one of the two (wandb/wandb#3841). A resume is a run of its own instead.
+            run_id, name = None, f"{run_dir.name}-resumed"
+        self.run = wandb.init(project=cfg.train.project, name=name, dir=str(run_dir), config=config,
                               id=run_id, resume="allow")
         for kind in ("train", "eval", "checkpoint", "plots"):
             self.run.define_metric(f"{kind}/*", step_metric="step")
@@ -182,22 +208,32 @@ class MlflowTracker:
     def __init__(self, cfg, run_dir: Path, config: dict, run_id: str | None):
         import mlflow
 
-        if not os.environ.get("MLFLOW_TRACKING_URI"):
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri or urllib.parse.urlsplit(uri).scheme in ("", "file"):  # a folder: MLflow's file store, which
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # it keeps in maintenance mode behind this
+        if not uri:
             mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
         self.mlflow = mlflow
         mlflow.set_experiment(cfg.train.project)
         self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_dir.name)
         self.id = self.run.info.run_id
-        if not run_id:
+        self.tables: set[str] = set()  # sample tables already in the run (a resumed run's redone steps)
+        if run_id:
+            client = mlflow.MlflowClient()
+            self.tables = {f.path for f in client.list_artifacts(self.id, "samples")}
+        else:
             mlflow.log_params({k: str(v)[:500] for k, v in _flat(config).items()})
 
     def log(self, kind: str, step: int, values: dict) -> None:
         self.mlflow.log_metrics({_mlflow_name(k): v for k, v in scalar_metrics(kind, values).items()}, step=step)
 
     def log_samples(self, step: int, rows: list[dict]) -> None:
-        table = {c: [r.get(c) for r in rows] for c in SAMPLE_COLUMNS}
-        self.mlflow.log_table(table, artifact_file=f"samples/step_{step:06d}.json")
+        path = f"samples/step_{step:06d}.json"
+        if path in self.tables:  # a step the killed run logged: replaced (log_table appends to the file)
+            self.mlflow.log_text(json.dumps({"columns": list(SAMPLE_COLUMNS), "data": _rows(rows)}, default=str),
+                                 path)
+            return
+        self.mlflow.log_table({c: [r.get(c) for r in rows] for c in SAMPLE_COLUMNS}, artifact_file=path)
 
     def log_images(self, step: int, paths: list[Path]) -> None:  # (artifacts have no step)
         for p in paths:
@@ -228,6 +264,15 @@ class TrackioTracker:
     def log_images(self, step: int, paths: list[Path]) -> None:
         self.trackio.log({f"plots/{p.stem}": self.trackio.Image(str(p)) for p in paths}, step=step)
 
+    def flush(self) -> None:
+        """Writes what trackio's background thread has not yet stored (it batches records for about a second):
+        at a checkpoint, so that a run killed after it keeps every step up to it (the resume redoes only later
+        ones). trackio 0.43 has no public flush; one without these internals skips it."""
+        flush, lock = getattr(self.run, "_flush_queues_inline", None), getattr(self.run, "_client_lock", None)
+        if flush is not None and lock is not None and getattr(self.run, "_is_local", False):
+            with lock:
+                flush()
+
     def close(self) -> None:
         self.trackio.finish()
 
@@ -244,7 +289,13 @@ def open_trackers(cfg, run_dir: str | Path, config: dict) -> list:
     out = []
     for name in cfg.train.loggers:
         if name in TRACKERS:
-            tracker = TRACKERS[name](cfg, run_dir, config, ids.get(name))
+            try:
+                tracker = TRACKERS[name](cfg, run_dir, config, ids.get(name))
+            except Exception as e:  # a server, a store or a name the library refuses: one line, the others closed
+                for opened in out:
+                    opened.close()
+                first = (str(e).strip().splitlines() or [repr(e)])[0]
+                raise ValueError(f"train.loggers={name}: the tracker cannot start ({type(e).__name__}: {first})") from e
             ids[name] = tracker.id
             out.append(tracker)
     if out:
