@@ -494,3 +494,31 @@ def test_mask_truncated_completions_through_the_trainer(tmp_path):
     assert all(2 <= k <= G for k in sizes) and sum(rows) <= 2 * MICRO
     logs = [r for r in trainer.state.log_history if "loss" in r]
     assert logs and all(math.isfinite(r["loss"]) for r in logs)
+
+
+def test_a_batch_with_nothing_to_train_warns_once_and_logs_no_entropy(tmp_path):
+    """max_completion_length=1 with mask_truncated_completions: every completion masked, loss and gradient 0,
+    and the entropy was logged as 0.0 (an empty mask divided by 1) with no word of it (sweep of 2026-11-30)."""
+    import warnings
+
+    from pacs_fast.integrations.trl import PACSTrainer
+
+    empty = []
+
+    class Recording(PACSTrainer):
+        def _compute_loss(self, model, inputs):
+            empty.append(not bool(inputs["completion_mask"].any()))
+            return super()._compute_loss(model, inputs)
+
+    model, tok = _model_and_tokenizer(seed=3)
+    trainer = Recording(model=model, reward_funcs=_parity_reward, args=_config(
+        tmp_path, max_completion_length=1, mask_truncated_completions=True, max_steps=2), train_dataset=_dataset(),
+        processing_class=tok)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    assert any(empty)  # the path under test ran
+    said = [w for w in caught if "no completion token to train" in str(w.message)]
+    assert len(said) == 1
+    logs = [r for r in trainer.state.log_history if "loss" in r]
+    assert logs and all(r.get("entropy") != 0.0 for r in logs), logs

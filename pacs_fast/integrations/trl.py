@@ -265,6 +265,7 @@ class PACSTrainer(GRPOTrainer):
                                  "pacs_backend='auto' takes the fused kernel on CUDA and torch elsewhere") from None
         self._pacs_rewards_per_func = None
         self._pacs_warned_soft = False
+        self._pacs_warned_empty = False
         target = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         self._pacs_head_fallback = _head_unsupported_reason(target)
         if self._pacs_head_fallback is None:
@@ -405,7 +406,13 @@ class PACSTrainer(GRPOTrainer):
         self._metrics[mode]["pacs/loss"].append(gather(loss.detach().float().reshape(1)).mean().item())
         m = mask.float()
         totals = self.accelerator.reduce(torch.stack([(entropies.detach() * m).sum(), m.sum()]), reduction="sum")
-        self._metrics[mode]["entropy"].append((totals[0] / totals[1].clamp(min=1.0)).item())
+        if totals[1] > 0:  # no completion token to train (all truncated and masked): no entropy, not 0
+            self._metrics[mode]["entropy"].append((totals[0] / totals[1]).item())
+        elif mode == "train" and not self._pacs_warned_empty:
+            self._pacs_warned_empty = True
+            warnings.warn("PACSTrainer: a batch has no completion token to train (every completion masked, e.g. "
+                          "truncated under mask_truncated_completions=True): its loss and gradient are 0; raise "
+                          "max_completion_length", stacklevel=2)
 
         normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         return loss / normalizer
