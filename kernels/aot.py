@@ -344,7 +344,7 @@ def main(argv=None):
     bad = [r["label"] for r in rows if r["error"]]
     print(f"{len(rows)} cases, {len(bad)} failed to compile" + (f": {bad}" if bad else "")
           + "".join(f"; sm_{a} skipped: {why}" for a, why in skipped.items()))
-    if not rows:  # every arch asked for skipped (this Triton cannot target it), or no case of these modules
+    if len(bad) == len(rows):  # every arch asked for skipped (this Triton cannot target it), or every case failed
         print(f"error: nothing was compiled (see {args.json})", file=sys.stderr)
         return 1
     return 0

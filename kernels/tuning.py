@@ -74,9 +74,10 @@ class LaunchConfigError(ValueError):
 
 # Upper bounds no launch comes near (a hand-edited 2**40 block overflowed int32 in the launch, and the failure
 # switched the kernel off for the process): a block's side <= 2**16 (Triton's tensors hold <= 2**20 elements),
-# <= 32 warps (1,024 threads), <= 16 stages, flags 0 / 1; other counts <= 2**20, byte budgets <= 2**40.
+# <= 32 warps (1,024 threads), <= 16 stages, flags 0 / 1 (PERSISTENT is a count: programs per SM, 0 = a grid
+# over the tiles); other counts <= 2**20, byte budgets <= 2**40.
 _MOST = {**dict.fromkeys(_POW2, 1 << 16), "num_warps": 32, "num_warps_large": 32, "num_stages": 16,
-         **dict.fromkeys(_AT_LEAST_0, 1), "BWD_CHUNK_BYTES": 1 << 40}
+         "FLATTEN": 1, "WARP_SPECIALIZE": 1, "PINGPONG": 1, "PERSISTENT": 64, "BWD_CHUNK_BYTES": 1 << 40}
 
 
 def launch_value_problem(key: str, value) -> str | None:
@@ -220,8 +221,8 @@ def table_version_mismatch(arch: int | None) -> str | None:
 def measured_h(entry: dict) -> int | None:
     """The hidden size an entry was measured at: its ``"h"``, else the ``H<n>`` of its ``"shape"``."""
     h = entry.get("h")
-    if isinstance(h, int) and not isinstance(h, bool):
-        return h if h > 0 else None
+    if isinstance(h, int) and not isinstance(h, bool) and h > 0:
+        return h
     hit = re.search(r"\bH(\d+)\b", str(entry.get("shape", "")))
     return int(hit.group(1)) if hit else None
 

@@ -100,7 +100,7 @@ def test_numbers_in_a_yaml_file_keep_their_text_for_a_text_key_and_octal_is_refu
     assert [type(x) for x in [cfg.train.steps, *cfg.learner.betas, cfg.learner.eps]] == [int, float, float, float]
     C.save_config(cfg, tmp_path / "saved.yaml")
     assert C.load_config(tmp_path / "saved.yaml").train.run_name == "040"
-    for text, read in [("040", 32), ("1:30", 90)]:
+    for text, read in [("040", 32), ("1:30", 90), ("1:30.5", 90.5)]:
         p.write_text(f"train:\n  steps: {text}\n")
         with pytest.raises(ValueError, match=f"config key 'train.steps': {text} reads as {read} in YAML 1.1"):
             C.load_config(p)

@@ -78,16 +78,19 @@ def test_a_strided_bias_gives_the_float64_values_and_gradients(seed, backend):
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_inplace_backward_on_rows_that_share_memory(seed, backend):
-    """Logits ``[N, V]`` expanded from one row (stride 0): the gradient of that row is the sum over rows."""
-    base = torch.randn(1, V, requires_grad=True)
-    row = base * 3.0  # not a leaf: inplace_backward accepts it
+@pytest.mark.parametrize("view", ["expanded", "overlapping"])
+def test_inplace_backward_on_rows_that_share_memory(seed, backend, view):
+    """Logits ``[N, V]`` expanded from one row (stride 0), or rows overlapping (row stride 7 < V): each element's
+    gradient is the sum over the rows that read it."""
+    base = torch.randn(N * 7 + V, requires_grad=True)
+    flat = base * 3.0  # not a leaf: inplace_backward accepts it
+    rows = (lambda x: x[:V].expand(N, V)) if view == "expanded" else (lambda x: x.as_strided((N, V), (7, 1)))
     labels = torch.randint(0, V, (N,))
     gl = torch.randn(N)
-    logp = token_logprobs(row.expand(N, V), labels, inplace_backward=True, backend=backend)
+    logp = token_logprobs(rows(flat), labels, inplace_backward=True, backend=backend)
     (logp * gl).sum().backward()
     ref = base.detach().double().requires_grad_()
-    want = torch.log_softmax(ref * 3.0, -1).expand(N, V).gather(1, labels[:, None]).squeeze(1)
+    want = torch.log_softmax(rows(ref * 3.0), -1).gather(1, labels[:, None]).squeeze(1)
     (want * gl.double()).sum().backward()
     _close(logp, want.detach())
     _close(base.grad, ref.grad)

@@ -182,10 +182,10 @@ def test_a_run_reaches_every_tracker_and_its_resume_continues_them(tmp_path, mon
     # server, and `wandb sync` of two offline folders of one id keeps one of them; the resume is a run of its own)
     _train(["--resume", str(run), "train.steps=3"], tmp_path)
     again = json.loads((run / "trackers.json").read_text())
-    assert {k: again[k] for k in ("mlflow", "trackio")} == {k: ids[k] for k in ("mlflow", "trackio")}
-    assert again["wandb"] != ids["wandb"]
-    (part,) = (run / "wandb").glob(f"offline-run-*-{again['wandb']}")
-    assert b"r-resumed" in (part / f"run-{again['wandb']}.wandb").read_bytes()
+    assert {k: again[k] for k in ids} == ids  # W&B's own id kept: an online resume continues that run
+    (resumed,) = again["wandb_offline_parts"]
+    (part,) = (run / "wandb").glob(f"offline-run-*-{resumed}")
+    assert resumed != ids["wandb"] and b"r-resumed-1" in (part / f"run-{resumed}.wandb").read_bytes()
     assert len(list((run / "wandb").glob(f"offline-run-*-{ids['wandb']}"))) == 1  # the first part kept as it was
     history = client.get_metric_history(ids["mlflow"], "train/reward/mean")
     assert [m.step for m in history] == [1, 2, 3]

@@ -51,6 +51,9 @@ def test_nearest_measurement_by_hidden_size():
     # a hand-edited "h" that is no size (negative, 0, a bool): as if absent (math.log raised "math domain error")
     for h in (-5, 0, True):
         assert tuning.nearest(dict(entry, h=h), 896)["config"] == "small"
+        assert tuning.measured_h(dict(entry, h=h)) == 4096  # the shape's H instead
+    # PERSISTENT is a count (programs per SM: the tuner tries 2), the flags are 0 / 1
+    assert tuning.launch_value_problem("PERSISTENT", 2) is None and tuning.launch_value_problem("PINGPONG", 2)
 
 
 def test_unreadable_table_is_ignored_with_a_warning(tmp_path, monkeypatch):
@@ -218,7 +221,8 @@ def _table(tmp_path, kernels, **top):
 
 
 @pytest.mark.parametrize("key,value", [("GROUP_N", 0), ("PERSISTENT", -1), ("BLOCK_N", 96), ("num_warps", 0),
-                                       ("BLOCK_N", 2**40), ("num_warps", 64), ("PERSISTENT", 2)])
+                                       ("BLOCK_N", 2**40), ("num_warps", 64), ("GROUP_N", 2**21),
+                                       ("PERSISTENT", 65)])
 def test_a_table_value_no_kernel_can_take_is_ignored_with_one_warning(tmp_path, monkeypatch, key, value):
     """A hand-edited entry {"GROUP_N": 0} launched a grid of 0 programs: log-probs off by 1e29 with no
     error for the fallback to catch (kernel dispatch sweep); {"BLOCK_N": 2**40} overflowed int32 in the

@@ -34,8 +34,9 @@ def _coerce(key: str, value: Any, typ) -> Any:
     text = getattr(value, "yaml_text", None)
     if typ is str and text is not None:
         return text
-    if typ in (int, float) and isinstance(value, _YamlInt) and (re.fullmatch(r"[-+]?0[0-9_]+", text) or ":" in text):
-        raise ValueError(f"config key {key!r}: {text} reads as {int(value)} in YAML 1.1 (octal / base 60); write "
+    if typ in (int, float) and text is not None and (":" in text or isinstance(value, _YamlInt)
+                                                      and re.fullmatch(r"[-+]?0[0-9_]+", text)):
+        raise ValueError(f"config key {key!r}: {text} reads as {_plain(value)} in YAML 1.1 (octal / base 60); write "
                          "the number without leading zeros or a colon")
     value = _plain(value)
     if typ is bool:

@@ -76,8 +76,8 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
     lead = labels.shape
     x2 = logits.reshape(-1, logits.shape[-1])
     # a copy for a strided vocabulary, and, for the in-place gradient, for rows that share memory (an expanded
-    # view: every row's gradient would be written over the same elements)
-    shared = inplace_backward and any(st == 0 and n > 1 for st, n in zip(x2.stride(), x2.shape))
+    # view, a row stride below the row's length: rows' gradients would be written over each other's elements)
+    shared = inplace_backward and x2.shape[0] > 1 and x2.stride(0) < x2.shape[1]
     if x2.shape[-1] > 0 and (x2.stride(-1) != 1 or shared):
         x2 = x2.contiguous()
     logp, ent = apply_op(_TokenLogprobs.apply, x2, labels.reshape(-1).long().contiguous(), 1.0 / t, ignore_index,

@@ -19,12 +19,13 @@ Where they write (nothing leaves the machine unless the user configured it to):
 A resumed run continues the same tracker runs (ids kept in ``run_dir/trackers.json``, written
 atomically); the steps it redoes after its checkpoint are logged again at the same step numbers (MLflow's
 sample tables of those steps replaced). W&B offline cannot continue a run (W&B resumes on its server): there
-a resume is a new run, ``<name>-resumed``. At each checkpoint the trackers write what they buffer.
+a resume is a new run, ``<name>-resumed-<k>`` (its id under ``wandb_offline_parts``; ``wandb`` keeps the run's own). At each checkpoint the trackers write what they buffer.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import netrc
 import os
 import re
@@ -180,16 +181,19 @@ class WandbTracker:
         import wandb
 
         self.wandb = wandb
-        name = run_dir.name
+        name, self.part = run_dir.name, None
         if run_id and wandb.setup().settings.mode in ("offline", "dryrun"):
             # W&B resumes runs on its server only: offline, a second folder of one id restarts its step counter
-            # and `wandb sync` keeps one of the two (wandb/wandb#3841). A resume is a run of its own instead.
-            run_id, name = None, f"{run_dir.name}-resumed"
+            # and `wandb sync` keeps one of the two (wandb/wandb#3841). A resume is a run of its own instead
+            # (numbered), and the run's own id stays the one an online resume continues.
+            parts = len(list((run_dir / "wandb").glob("offline-run-*")))
+            name = f"{run_dir.name}-resumed-{max(parts, 1)}"
         self.run = wandb.init(project=cfg.train.project, name=name, dir=str(run_dir), config=config,
-                              id=run_id, resume="allow")
+                              id=None if name != run_dir.name else run_id, resume="allow")
         for kind in ("train", "eval", "checkpoint", "plots"):
             self.run.define_metric(f"{kind}/*", step_metric="step")
-        self.id = self.run.id
+        self.id = self.run.id if name == run_dir.name else run_id
+        self.part = None if name == run_dir.name else self.run.id  # an offline resume's own run (trackers.json)
 
     def log(self, kind: str, step: int, values: dict) -> None:
         self.run.log({**scalar_metrics(kind, values), "step": step})
@@ -230,8 +234,8 @@ class MlflowTracker:
     def log_samples(self, step: int, rows: list[dict]) -> None:
         path = f"samples/step_{step:06d}.json"
         if path in self.tables:  # a step the killed run logged: replaced (log_table appends to the file)
-            self.mlflow.log_text(json.dumps({"columns": list(SAMPLE_COLUMNS), "data": _rows(rows)}, default=str),
-                                 path)
+            data = [[None if isinstance(v, float) and not math.isfinite(v) else v for v in row] for row in _rows(rows)]
+            self.mlflow.log_text(json.dumps({"columns": list(SAMPLE_COLUMNS), "data": data}, default=str), path)
             return
         self.mlflow.log_table({c: [r.get(c) for r in rows] for c in SAMPLE_COLUMNS}, artifact_file=path)
 
@@ -297,6 +301,8 @@ def open_trackers(cfg, run_dir: str | Path, config: dict) -> list:
                 first = (str(e).strip().splitlines() or [repr(e)])[0]
                 raise ValueError(f"train.loggers={name}: the tracker cannot start ({type(e).__name__}: {first})") from e
             ids[name] = tracker.id
+            if getattr(tracker, "part", None):
+                ids.setdefault(f"{name}_offline_parts", []).append(tracker.part)
             out.append(tracker)
     if out:
         write_text_atomic(path, json.dumps(ids, indent=1))
