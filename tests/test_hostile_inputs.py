@@ -42,7 +42,13 @@ def test_a_rollout_that_cannot_fit_is_refused_before_the_model_loads(tmp_path, c
     code, err = cli([f"model.path={folder}", "data.dataset=math500", "rollout.n=10000",
                      f"train.out_dir={tmp_path / 'runs'}"], capsys)
     assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith("error: rollout.n=10000 (with train.prompts_per_step=64") and "lower rollout.n" in err
+    assert err.startswith("error: the HF rollout engine cannot fit: it decodes 10,000 rows at once (rollout.n,") \
+        and "lower rollout.n, data.max_prompt_tokens or rollout.max_new_tokens" in err
+    # the key that drives the rows is the one named (it always said rollout.n: sweep of 2026-11-30)
+    for override, driver in (("rollout.eval_n=100000", "rollout.eval_n"),
+                             ("data.max_prompt_tokens=100000", "train.prompts_per_step x rollout.n")):
+        with pytest.raises(ValueError, match=rf"\({driver}, at most 1,024 a chunk.* lower {driver}, data.max_prompt"):
+            check_memory(load_config(None, [f"model.path={folder}", "data.dataset=math500", override]))
     # 10000 rows x 151,936 x 4 fp32 copies = 24.3 GB: more than a 24 GiB machine has
     cfg = load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.n=10000"])
     assert hf_engine_bytes(cfg, model_shape(cfg)) > 4 * 10000 * 151936 * 4
@@ -59,7 +65,7 @@ def test_the_default_run_and_a_gpu_sized_run_pass_the_check(tmp_path):
     cfg = load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.n=8",
                              "train.prompts_per_step=128", "rollout.max_new_tokens=4096", "model.dtype=bfloat16"])
     check_memory(cfg, available=80 * GiB)  # an H100: 1024 rows decode in ~4 GiB of logits + KV
-    with pytest.raises(ValueError, match="lower rollout.n"):
+    with pytest.raises(ValueError, match="lower train.prompts_per_step x rollout.n"):
         check_memory(cfg, available=4 * GiB)  # the learner's 3.0 GiB (with fp32 master weights) fit, the decode
         # step does not
     for name in ("pacs_qwen2.5_7b_deepscaler", "pacs_qwen2.5_3b_deepscaler"):

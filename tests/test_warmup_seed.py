@@ -71,6 +71,12 @@ def test_warmup_stops_at_the_target(monkeypatch, tmp_path):
     assert checks == [16, 16, 16]
     assert wu.supervised_warmup(model, tok, records, steps=6, target_acc=0.0, **kw) == 6
     assert len(checks) == 3  # no target: no checks
+    # a check_every whose first check (step 2 x check_every) lies past warmup.steps: said so, not "did not reach"
+    said = []
+    assert wu.supervised_warmup(model, tok, records, steps=5, target_acc=0.25, **{**kw, "check_every": 3,
+                                                                                   "log": said.append}) == 5
+    assert len(checks) == 3 and said[-1].startswith("warning: the warm-up ran all warmup.steps=5 steps without "
+                                                    "checking its accuracy: warmup.check_every=3"), said
     monkeypatch.undo()
     # the real probe: deterministic in its seed; an untrained model answers (almost) nothing right
     a = wu.probe_accuracy(model, tok, records[:16], max_new_tokens=8)

@@ -133,6 +133,8 @@ def dataset_files(spec: str | Path) -> list[Path]:
     if re.fullmatch(r"[\w.-]+/[\w.-]+", str(spec)) and not str(spec).startswith(".") and not data_format(spec):
         hint = (f" (a hub dataset? download it first: huggingface-cli download --repo-type dataset {spec} "
                 f"--local-dir DIR, then give DIR)")
+    if path.exists():  # a device, a pipe, a socket (/dev/null)
+        raise FileNotFoundError(f"dataset {path} is not a regular file or folder")
     raise FileNotFoundError(f"dataset file not found: {path}{hint}")
 
 

@@ -77,6 +77,12 @@ def hazard_warnings(cfg: Config) -> list[str]:
         out.append("rollout.filter_groups=true with algo.name=ppo drops the groups whose verifier rewards are equal, "
                    "but PPO's advantages come from GAE and its critic and are not 0 there: the filter changes what "
                    "PPO trains on, not only the batch's size (it is DAPO's, for group-relative advantages)")
+    big = [f"{k}={getattr(a, k.split('.')[1]):g}" for k in ("algo.entropy_coef", "algo.kl_coef", "algo.vf_coef")
+           if abs(getattr(a, k.split(".")[1])) >= 1e6]
+    if big:  # (1e37 times an entropy overflowed float32 at step 1, and the stop blamed learner.lr)
+        out.append(f"{', '.join(big)}: a loss coefficient of 1e6 or more makes its term outweigh the policy loss by "
+                   f"as much, and near 1e37 overflows float32 (the run stops at the first non-finite loss, naming "
+                   f"learner.lr); the defaults are algo.entropy_coef=0, algo.kl_coef=0, algo.vf_coef=0.5")
     if cfg.model.dtype == "bfloat16" and cfg.learner.lr < 1e-4 and not cfg.learner.master_weights:
         out.append(f"model.dtype=bfloat16 with learner.master_weights=false keeps the weights and AdamW's moments in "
                    f"bf16: an update under 2^-9 of its weight rounds away, and at learner.lr={cfg.learner.lr:g} most "

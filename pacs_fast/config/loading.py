@@ -49,7 +49,10 @@ def _coerce(key: str, value: Any, typ) -> Any:
             return value
     elif typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an integer of 400 digits
+                raise ValueError(f"config key {key!r}: {value} is beyond a float's range") from None
         if isinstance(value, str):  # YAML 1.1 reads "3e-5" as a string
             try:
                 return float(value)
@@ -159,6 +162,10 @@ _UniqueKeyLoader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                        list("tTfF"))
+# a float with an exponent and no point (1e-5, 9e-1) as YAML 1.2 reads it: YAML 1.1 made it text, which a float key
+# converted but a list of floats (learner.betas=[9e-1,0.999]) kept, and refused
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                       list("-+0123456789"))
 
 
 class _YamlInt(int):
@@ -213,7 +220,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
     if path:
         path = Path(path)
         if not path.is_file():
-            raise ValueError(f"config file {str(path)!r} does not exist")
+            what = ("is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "does not exist")
+            raise ValueError(f"config file {str(path)!r} {what}: give a YAML file")
         data = read_yaml(path)
         from_dict(data, cfg)
         given |= {f"{sec}.{k}" for sec, vals in data.items() if isinstance(vals, dict) for k in vals}

@@ -4,10 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pacs_fast.config.dataset_files import dataset_exists, dataset_files
-from pacs_fast.config.model_files import (TOKENIZER_FILES, config_problem, has_tokenizer, hub_model_folder,
-                                          run_folder_hint, unfinished_checkpoint_problem, vocab_problem,
-                                          weights_problem)
+from pacs_fast.config.paths import SHIPPED_DATASETS, validate_paths, warmup_cache_root, write_problem  # noqa: F401
 from pacs_fast.config.schema import ALGORITHMS, RECOMPUTE_GRANULARITIES, Config, field_types, section_classes
 
 
@@ -53,9 +50,6 @@ def _validate_parallel(cfg: Config, world: int) -> None:
 
 
 ATTENTIONS = ("auto", "short", "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
-# Names data.dataset / data.eval_dataset accept besides files (pacs_fast.data.datasets ships them;
-# tests/test_config.py checks this list against it).
-SHIPPED_DATASETS = ("math_train", "gsm8k_train", "math500", "amc23", "aime2024", "aime2025")
 MIN_TEMPERATURE = 0.01  # the lowest sampling temperature (vLLM warns of NaN below; the HF sampler's overflowed)
 # (key, lowest, highest, lowest allowed?, highest allowed?) for every float that has a range.
 FLOAT_RANGES = (
@@ -73,6 +67,7 @@ FLOAT_RANGES = (
     ("reward.user_fn_timeout_s", 0.0, 1e6, False, True), ("reward.overlong_penalty", 0.0, None, True, None),
     ("reward.time_limit_s", 0.0, 1e6, False, True),
 )
+FLOAT32_MAX = 3.4028234663852886e38
 NONNEGATIVE_INTS = ("train.threads", "train.log_samples", "train.reward_workers", "train.eval_every",
                     "train.save_every", "warmup.steps", "algo.reset_every")
 
@@ -91,6 +86,9 @@ def _validate_numbers(cfg: Config) -> None:
             v = getattr(getattr(cfg, section), name)
             if typ is float and not math.isfinite(v):
                 raise ValueError(f"{section}.{name} must be a finite number, got {v}")
+            if typ is float and abs(v) > FLOAT32_MAX:  # training computes in float32: 1e39 became inf there
+                raise ValueError(f"{section}.{name}={v:g} is beyond float32's range (|x| <= 3.4e38), in which the run "
+                                 f"computes")
     for key, lo, hi, lo_ok, hi_ok in FLOAT_RANGES:
         v = _get(cfg, key)
         bad_lo = v < lo if lo_ok else v <= lo
@@ -111,8 +109,23 @@ def _validate_numbers(cfg: Config) -> None:
     if cfg.model.tiny_num_layers < 1 or cfg.model.tiny_hidden_size < 32:
         raise ValueError(f"model.tiny_num_layers must be >= 1 and model.tiny_hidden_size >= 32, got "
                          f"{cfg.model.tiny_num_layers}, {cfg.model.tiny_hidden_size}")
-    if cfg.warmup.batch_size < 1:
-        raise ValueError(f"warmup.batch_size must be >= 1, got {cfg.warmup.batch_size}")
+    if not 1 <= cfg.warmup.batch_size <= 1 << 16:
+        raise ValueError(f"warmup.batch_size must be in 1..65536, got {cfg.warmup.batch_size}")
+    for lr_key in ("learner.lr", "learner.critic_lr"):  # AdamW multiplies the weights by 1 - lr x weight_decay
+        decay = _get(cfg, lr_key) * cfg.learner.weight_decay
+        if decay >= 1 and (lr_key == "learner.lr" or cfg.algo.name == "ppo"):
+            raise ValueError(f"{lr_key} x learner.weight_decay = {decay:g} >= 1: AdamW multiplies every weight by "
+                             f"1 - {decay:g} <= 0 each step; lower learner.weight_decay (0.01-0.1 is usual)")
+
+
+def _validate_cuda(cfg: Config) -> None:
+    what = _needs_cuda(cfg)
+    if what:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"{what} needs a CUDA GPU, and none is available here; use learner.logprob_backend="
+                             f"auto / model.device=auto")
 
 
 def _needs_cuda(cfg: Config) -> str | None:
@@ -122,40 +135,6 @@ def _needs_cuda(cfg: Config) -> str | None:
     if cfg.learner.logprob_backend == "triton":
         return "learner.logprob_backend=triton (compiled Triton kernels)"
     return None
-
-
-def warmup_cache_root(cfg: Config) -> Path:
-    """Where warmed-up tiny models are cached: ``warmup.cache_dir``, else ``$PACS_FAST_CACHE``, else
-    ``~/.cache/pacs_fast``."""
-    return Path(cfg.warmup.cache_dir or os.environ.get("PACS_FAST_CACHE") or "~/.cache/pacs_fast").expanduser()
-
-
-def write_problem(folder: Path) -> str | None:
-    """Why the existing folder ``folder`` cannot take a new folder (a read-only mount, no permission), else None.
-    Tried for real (a temporary folder made and removed), since root passes every permission check on a read-only
-    file system."""
-    import shutil
-    import tempfile
-
-    try:
-        shutil.rmtree(tempfile.mkdtemp(prefix=".pacs_fast-write-test-", dir=folder))
-    except OSError as e:
-        return str(e.strerror or e)
-    return None
-
-
-def _check_writable(key: str, folder: Path) -> None:
-    """ValueError naming ``key`` when ``folder`` (or, where it does not exist yet, its nearest existing
-    parent) cannot take a new folder: a file, a read-only mount, no permission (:func:`write_problem`)."""
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ValueError(f"{key} {str(folder)!r} cannot be created: {str(probe)!r} is a file")
-    problem = write_problem(probe)
-    if problem:
-        raise ValueError(f"{key} {str(folder)!r} is not writable ({problem} in {str(probe)!r}); choose "
-                         f"another {key}")
 
 
 def _validate_micro_batching(cfg: Config) -> None:
@@ -238,73 +217,6 @@ def _validate_correction(cfg: Config) -> None:
         raise ValueError(f"correction.rs_low and correction.rs_high are both {c.rs_low}: the band [rs_low, rs_high] "
                          f"then keeps only ratios of exactly 1 and rejects every token with any mismatch; widen it "
                          f"(e.g. rs_low=0.999 rs_high=1.001), or set correction.rs_level=none to reject nothing")
-
-
-def _validate_paths(cfg: Config) -> None:
-    """Files and folders the run reads or writes, checked before any model work."""
-    what = _needs_cuda(cfg)
-    if what:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(f"{what} needs a CUDA GPU, and none is available here; use learner.logprob_backend="
-                             f"auto / model.device=auto")
-    if cfg.model.path:
-        path = Path(cfg.model.path).expanduser()
-        if not path.exists():
-            snapshot = hub_model_folder(cfg.model.path)  # a hub id: its snapshot folder (the revision in its path)
-            if snapshot is None:
-                raise ValueError(f"model.path {cfg.model.path!r} does not exist (give a Hugging Face model folder or "
-                                 f"hub id, or leave it empty for the built-in tiny model)")
-            cfg.model.path, path = str(snapshot), snapshot
-        if not path.is_dir():
-            raise ValueError(f"model.path {cfg.model.path!r} is a file; give the Hugging Face model folder"
-                             f"{run_folder_hint(path.parent)}")
-        problem = unfinished_checkpoint_problem(path)
-        if problem:
-            raise ValueError(f"model.path {cfg.model.path!r}: {problem}")
-        if not (path / "config.json").is_file():
-            raise ValueError(f"model.path {cfg.model.path!r} has no config.json: not a Hugging Face model folder"
-                             f"{run_folder_hint(path)}")
-        if not has_tokenizer(path):
-            raise ValueError(f"model.path {cfg.model.path!r} has no tokenizer files ({' / '.join(TOKENIZER_FILES)}): "
-                             f"copy the model's tokenizer into that folder")
-        problem = config_problem(path)
-        if problem:
-            raise ValueError(f"model.path {cfg.model.path!r}: {problem}")
-        problem = weights_problem(path)
-        if problem:
-            raise ValueError(f"model.path {cfg.model.path!r}: {problem}; copy the model's weights again")
-        problem = vocab_problem(path)
-        if problem:
-            raise ValueError(f"model.path {cfg.model.path!r}: {problem}")
-    if not cfg.train.out_dir.strip():
-        raise ValueError("train.out_dir is empty: give the folder runs go in ('.' for the current one)")
-    _check_writable("train.out_dir", Path(cfg.train.out_dir).expanduser())
-    if not cfg.model.path and not warmup_cache_root(cfg).is_dir():  # (an existing cache may be a read-only,
-        _check_writable("warmup.cache_dir", warmup_cache_root(cfg))  # shared one: its models are only read)
-    for key in ("data.dataset", "data.eval_dataset"):
-        value = _get(cfg, key)
-        if not value or value in SHIPPED_DATASETS or (key == "data.dataset" and value == "arithmetic"):
-            continue
-        if not dataset_exists(value):
-            raise ValueError(f"{key} {value!r} is neither a shipped dataset ({', '.join(SHIPPED_DATASETS)}"
-                             f"{', arithmetic' if key == 'data.dataset' else ''}) nor an existing file, folder or glob")
-        try:  # a folder of several splits or subsets, a glob of no data file
-            dataset_files(value)
-        except (ValueError, OSError) as e:
-            raise ValueError(f"{key}: {e}") from None
-    if cfg.data.dataset != "arithmetic" and not cfg.model.path:
-        raise ValueError("data.dataset is not the built-in task but model.path is empty: the built-in tiny model "
-                         "only knows the built-in arithmetic task; set model.path to a Hugging Face model folder")
-    out = Path(cfg.train.out_dir).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"train.out_dir {cfg.train.out_dir!r} is a file, not a folder")
-    name = cfg.train.run_name
-    if name and (name in (".", "..") or name.startswith(".") or any(c in name for c in '/\\\0')
-                 or name != name.strip()):
-        raise ValueError(f"train.run_name {name!r} must be a plain folder name (no '/', '\\\\', no leading '.', "
-                         f"no leading or trailing space)")
 
 
 def _validate_efficacy(cfg: Config) -> None:
@@ -462,7 +374,8 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
         raise ValueError(f"algo.reset_every={cfg.algo.reset_every} resets a fixed reference and needs algo.ref=fixed "
                          f"(algo.ref={cfg.algo.ref}: the reference is already the rollout policy at every step)")
     _validate_clips_and_overlong(cfg)
-    _validate_paths(cfg)
+    _validate_cuda(cfg)
+    validate_paths(cfg)
     _validate_efficacy(cfg)
     if cfg.data.dataset == "arithmetic":
         if not 1 <= cfg.data.arith_max_digits <= 9:

@@ -18,6 +18,11 @@ def check_installed(cfg: Config) -> None:
     if cfg.learner.backend == "megatron" and importlib.util.find_spec("megatron") is None:
         raise ValueError("learner.backend=megatron but megatron-core is not installed "
                          "(pip install 'pacs_fast[megatron]'); or use learner.backend=torch")
+    flash = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}.get(cfg.model.attention)
+    if flash and (importlib.util.find_spec(flash) is None or resolve_device(cfg) != "cuda"):
+        why = "a CUDA GPU" if importlib.util.find_spec(flash) else f"the {flash} package (flash-attn)"
+        raise ValueError(f"model.attention={cfg.model.attention} needs {why}, which this machine lacks; use "
+                         f"model.attention=auto")
     if cfg.learner.fused_layers == "on":
         from pacs_fast.learner.fused_layers import why_not
         reason = why_not(resolve_device(cfg), megatron=cfg.learner.backend == "megatron")

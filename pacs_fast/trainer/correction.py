@@ -36,13 +36,22 @@ def correction_on(cfg: Config) -> bool:
 def correction_warnings(cfg: Config) -> list[str]:
     """Lines to print at the start of a run whose correction cannot be what it claims: with
     ``rollout.top_p < 1`` the behaviour policy is the nucleus (renormalised), which neither side of
-    the ratio includes, so the weights measure stale weights and numerics only, not the truncation."""
-    if not correction_on(cfg) or cfg.rollout.top_p >= 1:
+    the ratio includes, so the weights measure stale weights and numerics only, not the truncation; a
+    ``correction.is_cap`` below 1 caps every weight under 1 (the loss shrinks where the policies agree)."""
+    if not correction_on(cfg):
         return []
-    return [f"rollout.top_p={cfg.rollout.top_p:g} truncates the sampling distribution, and the off-policy correction "
-            f"(correction.is_level={is_level(cfg)}, rs_level={cfg.correction.rs_level}) compares the untruncated "
-            f"distributions: its weights do not include the truncation (a sampled token's behaviour probability is "
-            f"p / Z, Z the nucleus's mass); use rollout.top_p=1 for an exact correction (docs/OFF_POLICY.md)"]
+    out = []
+    if is_level(cfg) != "none" and cfg.correction.is_cap < 1:
+        out.append(f"correction.is_cap={cfg.correction.is_cap:g} is below 1: every importance weight is capped under 1, "
+                   f"so the loss shrinks by that factor or more even where the policies agree (a truncation cap is "
+                   f">= 1; the default 2)")
+    if cfg.rollout.top_p < 1:
+        out.append(f"rollout.top_p={cfg.rollout.top_p:g} truncates the sampling distribution, and the off-policy "
+                   f"correction (correction.is_level={is_level(cfg)}, rs_level={cfg.correction.rs_level}) compares the "
+                   f"untruncated distributions: its weights do not include the truncation (a sampled token's behaviour "
+                   f"probability is p / Z, Z the nucleus's mass); use rollout.top_p=1 for an exact correction "
+                   f"(docs/OFF_POLICY.md)")
+    return out
 
 
 def fused_correction(cfg: Config, learner) -> bool:

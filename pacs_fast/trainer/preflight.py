@@ -76,11 +76,19 @@ def check_memory(cfg, *, available: int | None = None) -> None:
             f"{available / GiB:.1f} GiB are available{shared}; use {', '.join(fixes)} or a larger device")
     need = hf_engine_bytes(cfg, shape)
     if cfg.rollout.engine == "hf" and need > available:
+        r = cfg.rollout
+        rows, train_rows, eval_rows = engine_rows(cfg), cfg.train.prompts_per_step * r.n, cfg.data.eval_size * r.eval_n
+        driver = ("rollout.eval_n" if rows == r.eval_n and r.eval_n > max(r.n, min(max(train_rows, eval_rows), 1024))
+                  else "rollout.n" if rows == r.n and r.n > min(max(train_rows, eval_rows), 1024)
+                  else "train.prompts_per_step x rollout.n" if train_rows >= eval_rows
+                  else "data.eval_size x rollout.eval_n")
         raise ValueError(
-            f"rollout.n={cfg.rollout.n} (with train.prompts_per_step={cfg.train.prompts_per_step}, "
-            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}) cannot fit: the engine decodes {engine_rows(cfg):,} "
-            f"rows at once, whose logits over {shape['vocab']:,} tokens and KV cache need about "
-            f"{need / GiB:.1f} GiB, and {available / GiB:.1f} GiB are available{shared}; lower rollout.n")
+            f"the HF rollout engine cannot fit: it decodes {rows:,} rows at once ({driver}, at most 1,024 a chunk "
+            f"but a group whole) of up to {cfg.data.max_prompt_tokens + r.max_new_tokens:,} tokens "
+            f"(data.max_prompt_tokens={cfg.data.max_prompt_tokens} + rollout.max_new_tokens={r.max_new_tokens}), whose "
+            f"logits over {shape['vocab']:,} tokens and KV cache over {shape['layers']} layers need about "
+            f"{need / GiB:.1f} GiB, and {available / GiB:.1f} GiB are available{shared}; lower {driver}, "
+            f"data.max_prompt_tokens or rollout.max_new_tokens")
     budget = cfg.learner.max_tokens_per_micro_batch
     # a budget is filled at most by a whole mini-batch (a budget of 3,000,000 for 224 tokens was refused)
     mem = learner_memory(cfg, shape, tokens=largest_micro_batch(cfg) if budget else group_tokens(cfg),

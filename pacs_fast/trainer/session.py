@@ -186,17 +186,24 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
 
     device = resolve_device(cfg)
     freeze_long_lived()  # transformers, megatron-core, the tokenizer, the problems (pacs_fast/gc_heap.py)
-    learner, live_model = build_learner(cfg, model_path, device, tokenizer)
-    fused = getattr(learner, "fused_layers", "fused layers: off")
-    if cfg.learner.fused_layers == "on" or (cfg.learner.fused_layers == "auto" and str(device).startswith("cuda")):
-        log(fused)  # what was fused, or why not (auto: on a GPU, where it would pay; the default)
-    if cfg.model.gradient_checkpointing:  # which activations the backward recomputes
-        log(getattr(learner, "recompute", None) or f"activation recompute: {cfg.model.recompute_granularity}")
-    freeze_long_lived()  # the learner's model: vLLM's collections while it builds an engine skip both
-    def build():
-        return build_engine(cfg, model_path, learner, live_model, tokenizer, device, world)
+    try:  # a setting the loaded model refuses (model.attention): one line, and a new run leaves no folder
+        learner, live_model = build_learner(cfg, model_path, device, tokenizer)
+        fused = getattr(learner, "fused_layers", "fused layers: off")
+        if cfg.learner.fused_layers == "on" or (cfg.learner.fused_layers == "auto" and str(device).startswith("cuda")):
+            log(fused)  # what was fused, or why not (auto: on a GPU, where it would pay; the default)
+        if cfg.model.gradient_checkpointing:  # which activations the backward recomputes
+            log(getattr(learner, "recompute", None) or f"activation recompute: {cfg.model.recompute_granularity}")
+        freeze_long_lived()  # the learner's model: vLLM's collections while it builds an engine skip both
 
-    engine, sync = build() if engine_builder is None else engine_builder(model_path, tokenizer, world, build)
+        def build():
+            return build_engine(cfg, model_path, learner, live_model, tokenizer, device, world)
+
+        engine, sync = build() if engine_builder is None else engine_builder(model_path, tokenizer, world, build)
+    except ValueError as e:
+        progress.close()
+        if folder:
+            folder.close(abandon=not resume, discard=not resume)
+        raise SetupError(str(e)) from e
     scorer = Scorer.from_config(cfg, gather=world.gather_dp if world.dp > 1 else None)  # one rate for every group
     s = Session(cfg=cfg, world=world, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer,
                 learner=learner, engine=engine, sync=sync, scorer=scorer,
@@ -242,9 +249,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         try:
             trackers = open_trackers(cfg, run_dir, to_dict(cfg))
         except ValueError as e:  # a store, server or name the tracker refuses: a new run leaves no folder
-            if not resume:
-                s.folder.close(abandon=True, discard=True)
-                s.folder = None
+            s.folder.close(abandon=not resume, discard=not resume)
+            s.folder = None
             s.close()
             raise SetupError(str(e)) from e
         s.logger = MetricsLogger(run_dir, tensorboard=cfg.train.tensorboard and "tensorboard" in cfg.train.loggers,

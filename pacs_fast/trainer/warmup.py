@@ -140,7 +140,11 @@ def supervised_warmup(model, tokenizer, records: list[dict], *, steps: int, batc
                     f"warmup.target_acc={target_acc} at step {done}")
                 model.eval()
                 return done
-    if target_acc > 0:
+    if target_acc > 0 and not history:  # the first check comes at step 2 x check_every
+        log(f"warning: the warm-up ran all warmup.steps={steps} steps without checking its accuracy: "
+            f"warmup.check_every={check_every} puts the first check at step {2 * check_every}; lower it for "
+            f"warmup.target_acc={target_acc} to stop the warm-up")
+    elif target_acc > 0:
         log(f"warning: the warm-up did not reach warmup.target_acc={target_acc} in warmup.steps={steps} steps")
     model.eval()
     return steps

@@ -1,0 +1,135 @@
+"""The files and folders a run reads or writes, checked before any model loads: a ValueError naming the key.
+
+Paths are checked for what the file system can take first (a name over 255 bytes, a path over 4,095: the
+OS's ``File name too long`` had been a traceback), then for what they must be (a model folder, a writable
+output folder, a dataset file, folder or glob).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pacs_fast.config.dataset_files import dataset_exists, dataset_files
+from pacs_fast.config.model_files import (TOKENIZER_FILES, config_problem, has_tokenizer, hub_model_folder,
+                                          run_folder_hint, unfinished_checkpoint_problem, vocab_problem,
+                                          weights_problem)
+from pacs_fast.config.schema import Config
+
+# Names data.dataset / data.eval_dataset accept besides files (pacs_fast.data.datasets ships them;
+# tests/test_config.py checks this list against it).
+SHIPPED_DATASETS = ("math_train", "gsm8k_train", "math500", "amc23", "aime2024", "aime2025")
+NAME_MAX, PATH_MAX = 255, 4095  # bytes of one path component / of a whole path (Linux)
+PATH_KEYS = ("model.path", "train.out_dir", "train.run_name", "warmup.cache_dir", "data.dataset",
+             "data.eval_dataset")
+
+
+def check_path_length(key: str, value: str) -> None:
+    """ValueError naming ``key`` when ``value`` cannot be a path here: a component over :data:`NAME_MAX` bytes
+    or the whole over :data:`PATH_MAX`."""
+    whole = len(os.fsencode(str(Path(value).expanduser())))
+    longest = max((len(os.fsencode(p)) for p in Path(value).parts), default=0)
+    if longest > NAME_MAX or whole > PATH_MAX:
+        what = (f"a name of {longest} bytes (a file or folder name takes at most {NAME_MAX})" if longest > NAME_MAX
+                else f"{whole} bytes (a path takes at most {PATH_MAX})")
+        raise ValueError(f"{key} {value[:60]!r}... is too long for a path: {what}")
+
+
+def warmup_cache_root(cfg: Config) -> Path:
+    """Where warmed-up tiny models are cached: ``warmup.cache_dir``, else ``$PACS_FAST_CACHE``, else
+    ``~/.cache/pacs_fast``."""
+    return Path(cfg.warmup.cache_dir or os.environ.get("PACS_FAST_CACHE") or "~/.cache/pacs_fast").expanduser()
+
+
+def write_problem(folder: Path) -> str | None:
+    """Why the existing folder ``folder`` cannot take a new folder (a read-only mount, no permission), else None.
+    Tried for real (a temporary folder made and removed), since root passes every permission check on a read-only
+    file system."""
+    import shutil
+    import tempfile
+
+    try:
+        shutil.rmtree(tempfile.mkdtemp(prefix=".pacs_fast-write-test-", dir=folder))
+    except OSError as e:
+        return str(e.strerror or e)
+    return None
+
+
+def _check_writable(key: str, folder: Path) -> None:
+    """ValueError naming ``key`` when ``folder`` (or, where it does not exist yet, its nearest existing
+    parent) cannot take a new folder: a file, a read-only mount, no permission (:func:`write_problem`)."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{key} {str(folder)!r} cannot be created: {str(probe)!r} is a file")
+    problem = write_problem(probe)
+    if problem:
+        raise ValueError(f"{key} {str(folder)!r} is not writable ({problem} in {str(probe)!r}); choose "
+                         f"another {key}")
+
+
+def validate_paths(cfg: Config) -> None:
+    """Files and folders the run reads or writes, checked before any model work."""
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        check_path_length(key, getattr(getattr(cfg, section), name))
+    check_path_length("train.out_dir / train.run_name", str(Path(cfg.train.out_dir) / cfg.train.run_name))
+    if cfg.model.path:
+        path = Path(cfg.model.path).expanduser()
+        if not path.exists():
+            snapshot = hub_model_folder(cfg.model.path)  # a hub id: its snapshot folder (the revision in its path)
+            if snapshot is None:
+                raise ValueError(f"model.path {cfg.model.path!r} does not exist (give a Hugging Face model folder or "
+                                 f"hub id, or leave it empty for the built-in tiny model)")
+            cfg.model.path, path = str(snapshot), snapshot
+        if not path.is_dir():
+            raise ValueError(f"model.path {cfg.model.path!r} is a file; give the Hugging Face model folder"
+                             f"{run_folder_hint(path.parent)}")
+        problem = unfinished_checkpoint_problem(path)
+        if problem:
+            raise ValueError(f"model.path {cfg.model.path!r}: {problem}")
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model.path {cfg.model.path!r} has no config.json: not a Hugging Face model folder"
+                             f"{run_folder_hint(path)}")
+        if not has_tokenizer(path):
+            raise ValueError(f"model.path {cfg.model.path!r} has no tokenizer files ({' / '.join(TOKENIZER_FILES)}): "
+                             f"copy the model's tokenizer into that folder")
+        problem = config_problem(path)
+        if problem:
+            raise ValueError(f"model.path {cfg.model.path!r}: {problem}")
+        problem = weights_problem(path)
+        if problem:
+            raise ValueError(f"model.path {cfg.model.path!r}: {problem}; copy the model's weights again")
+        problem = vocab_problem(path)
+        if problem:
+            raise ValueError(f"model.path {cfg.model.path!r}: {problem}")
+    if not cfg.train.out_dir.strip():
+        raise ValueError("train.out_dir is empty: give the folder runs go in ('.' for the current one)")
+    _check_writable("train.out_dir", Path(cfg.train.out_dir).expanduser())
+    if not cfg.model.path and not warmup_cache_root(cfg).is_dir():  # (an existing cache may be a read-only,
+        _check_writable("warmup.cache_dir", warmup_cache_root(cfg))  # shared one: its models are only read)
+    for key in ("data.dataset", "data.eval_dataset"):
+        value = getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1])
+        if key == "data.dataset" and not value.strip():  # (an empty path is the current folder)
+            raise ValueError(f"data.dataset is empty: give the training set (arithmetic, the built-in task; "
+                             f"{', '.join(SHIPPED_DATASETS[:2])}; or a file, folder or glob)")
+        if not value or value in SHIPPED_DATASETS or (key == "data.dataset" and value == "arithmetic"):
+            continue
+        if not dataset_exists(value):
+            raise ValueError(f"{key} {value!r} is neither a shipped dataset ({', '.join(SHIPPED_DATASETS)}"
+                             f"{', arithmetic' if key == 'data.dataset' else ''}) nor an existing file, folder or glob")
+        try:  # a folder of several splits or subsets, a glob of no data file
+            dataset_files(value)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"{key}: {e}") from None
+    if cfg.data.dataset != "arithmetic" and not cfg.model.path:
+        raise ValueError("data.dataset is not the built-in task but model.path is empty: the built-in tiny model "
+                         "only knows the built-in arithmetic task; set model.path to a Hugging Face model folder")
+    out = Path(cfg.train.out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"train.out_dir {cfg.train.out_dir!r} is a file, not a folder")
+    name = cfg.train.run_name
+    if name and (name in (".", "..") or name.startswith(".") or any(c in name for c in '/\\\0')
+                 or name != name.strip() or not name.isprintable()):
+        raise ValueError(f"train.run_name {name!r} must be a plain folder name (no '/', '\\\\', no leading '.', "
+                         f"no leading or trailing space, no control character)")
