@@ -14,8 +14,10 @@ round); K >= 1 lets the engine generate the next batch during the update.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -54,6 +56,7 @@ def main() -> None:
     a = ap.parse_args()
     ks = [int(k) for k in a.ks.split(",")]
     out = tempfile.mkdtemp(prefix="bench_async_")
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     runs: dict[int, list[dict]] = {k: [] for k in ks}
     for r in range(a.rounds):
         for k in (ks if r % 2 == 0 else ks[::-1]):

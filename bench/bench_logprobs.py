@@ -23,9 +23,11 @@ Usage (prints a table, writes JSON to bench/results/logprobs_<time>.json):
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -254,6 +256,7 @@ def main():
             raise SystemExit(f"--methods: unknown {m!r}; choose from {METHODS}")
     rows = []
     tmp = tempfile.mkdtemp(prefix="bench_logprobs_")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     import torch
     for shape in args.shapes.split(","):
         n, h, v = (int(x) for x in shape.lower().split("x"))

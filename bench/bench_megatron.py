@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,12 +41,17 @@ def _args():
 
 
 def _launch(args):
+    """Runs this script under torchrun, in ``--workdir`` (a temporary folder, removed after, when not given)."""
+    own = not args.workdir
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench_megatron_")
-    argv = [a for a in sys.argv[1:]] + ["--workdir", workdir]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-           __file__, *argv]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    sys.exit(subprocess.call(cmd, env=env))
+    argv = sys.argv[1:] + (["--workdir", workdir] if own else [])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", __file__, *argv]
+    try:
+        code = subprocess.call(cmd, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    finally:
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
+    sys.exit(code)
 
 
 def _inner(args):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,11 +43,18 @@ def _args():
     return ap.parse_args()
 
 
-def _launch():
-    argv = sys.argv[1:] + ["--workdir", tempfile.mkdtemp(prefix="bench_megatron_learner_")]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-           __file__, *argv]
-    sys.exit(subprocess.call(cmd, env={**os.environ, "PYTHONWARNINGS": "ignore"}))
+def _launch(args):
+    """Runs this script under torchrun, in ``--workdir`` (a temporary folder, removed after, when not given)."""
+    own = not args.workdir
+    workdir = args.workdir or tempfile.mkdtemp(prefix="bench_megatron_learner_")
+    argv = sys.argv[1:] + (["--workdir", workdir] if own else [])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", __file__, *argv]
+    try:
+        code = subprocess.call(cmd, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    finally:
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
+    sys.exit(code)
 
 
 def _inner(args):
@@ -118,4 +126,4 @@ if __name__ == "__main__":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         _inner(a)
     else:
-        _launch()
+        _launch(a)

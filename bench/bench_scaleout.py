@@ -25,9 +25,11 @@ gathered) + ``save_hf`` (gathered to rank 0 a bucket at a time).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,6 +56,7 @@ def _reset_peak() -> int:
 
 def _launch(nproc: int, args: list[str]) -> dict:
     out = Path(tempfile.mkdtemp(prefix="bench_scaleout_")) / "result.json"
+    atexit.register(shutil.rmtree, out.parent, ignore_errors=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
@@ -223,6 +226,7 @@ def main():
     from pacs_fast.data.tiny import make_tiny_model
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_scaleout_models_"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # (the models: 2.5 GB were left behind)
     common = ["--prompts", str(a.prompts), "--group", str(a.group), "--max-new-tokens", str(a.max_new_tokens),
               "--steps", str(a.steps), "--bucket-bytes", str(a.bucket_bytes)] + (["--lockstep"] if a.lockstep else [])
     if a.checkpoint_memory:

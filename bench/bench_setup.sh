@@ -10,6 +10,10 @@
 # (Python caches a module's on its first import), so the first imports are timed after each install.
 # UV_NO_CACHE=1 keeps uv from reusing an earlier run's downloads: each arm starts from the package index.
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
+  -*) echo "usage: bash bench/bench_setup.sh [WORKDIR]" >&2; exit 2;;
+esac
 cd "$(dirname "$0")/.."
 WORK=${1:-/tmp/pacs_fast-bench-setup}
 LOCK=requirements/ci.lock

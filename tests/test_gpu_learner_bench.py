@@ -224,9 +224,41 @@ def test_the_lease_refuses_bad_learner_settings_before_its_first_phase(tmp_path)
                               capture_output=True, text=True, timeout=120)
     ok = settings('--dry-run --learners "torch packed varlen, torch padded + SDPA" --lengths 4k')
     assert ok.returncode == 0, ok.stderr[-1000:]
-    assert ok.stdout.splitlines() == ["learner budget: 200 s", "learner argument: [--dry-run]",
-                                      "learner argument: [--learners]",
-                                      "learner argument: [torch packed varlen, torch padded + SDPA]",
-                                      "learner argument: [--lengths]", "learner argument: [4k]"]
+    lines = ok.stdout.splitlines()
+    assert lines[:6] == ["learner budget: 200 s", "learner argument: [--dry-run]", "learner argument: [--learners]",
+                         "learner argument: [torch packed varlen, torch padded + SDPA]",
+                         "learner argument: [--lengths]", "learner argument: [4k]"]
+    assert [line.split(":")[0] for line in lines[6:]] == ["== learner_tests", "== learner", "== done after 0 s"]
+    assert lines[7].endswith("--budget-s 200 --dry-run --learners torch packed varlen, torch padded + SDPA --lengths 4k")
+    assert settings("").stdout.splitlines()[1] == "learner arguments: (none)"
     empty = settings('--dry-run --lengths ""')  # a last empty argument reaches the parser (which refuses it)
     assert empty.returncode == 2 and "no length given" in empty.stderr, empty.stderr[-1000:]
+
+
+@pytest.mark.parametrize("mode, phases", [
+    ("main", ["suite", "tune", "tuned_logprobs", "shapes"]), ("product", ["product"]),
+    ("final", ["gluon_check", "pacs_loss_final", "logprobs_final", "gpu_tests_final", "megatron"]),
+])
+def test_the_lease_check_prints_every_modes_plan_and_runs_nothing(tmp_path, mode, phases):
+    """LEASE_CHECK_ONLY=1 was read in learner mode only: main / product / final ran their GPU phases (main copies
+    its tuned table into kernels/tuned/); `--help` took "--help" for OUT_DIR and started main mode."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    env = {**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path), "LEASE_CHECK_ONLY": "1"}
+    before = sorted(os.listdir(os.path.join(root, "kernels", "tuned")))
+    proc = subprocess.run(["bash", "bench/gpu/lease.sh", str(tmp_path / "out"), mode], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    planned = [line[3:].split(":")[0] for line in proc.stdout.splitlines() if ": limit " in line]
+    assert planned == phases, proc.stdout
+    assert not any((tmp_path / f"gpu_lease_{mode}").glob("*.log")) and not (tmp_path / "out" / "lease.tgz").exists()
+    assert sorted(os.listdir(os.path.join(root, "kernels", "tuned"))) == before
+    for argv, code in ((["--help"], 0), ([], 2), (["-x"], 2)):
+        proc = subprocess.run(["bash", "bench/gpu/lease.sh", *argv], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == code and "== " not in proc.stdout, (argv, proc.stdout[-300:])
+    assert "bash bench/gpu/lease.sh OUT_DIR" in subprocess.run(["bash", "bench/gpu/lease.sh", "--help"], cwd=root,
+                                                               env=env, capture_output=True, text=True).stdout

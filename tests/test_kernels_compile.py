@@ -435,3 +435,21 @@ def test_dispatch_shared_memory_estimate_bounds_the_compiled_launches(report):
         est = dispatch.smem_bytes(c["kernel"], cfg, 2)
         assert c["shared"] <= est <= c["smem_limit"], (c["label"], c["shared"], est)
         assert c["arch"] != 90 or est - c["shared"] <= 2048, (c["label"], c["shared"], est)
+
+
+def test_the_compile_table_in_the_gpu_doc_is_this_trees(report):
+    """docs/GPU.md's compile table is generated (``python bench/gpu/compile_report.py --update-doc docs/GPU.md``),
+    never typed by hand, yet it had drifted from the kernels (the registers of 11 PACS group-kernel rows, found
+    2026-11-30): the table of this run's compile must be the doc's."""
+    import difflib
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compile_report", os.path.join(ROOT, "bench", "gpu", "compile_report.py"))
+    cr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cr)
+    doc = open(os.path.join(ROOT, "docs", "GPU.md")).read()
+    written = doc[doc.index(cr.START) + len(cr.START):doc.index(cr.END)].strip()
+    now = cr.table(report).strip()
+    diff = "\n".join(difflib.unified_diff(written.splitlines(), now.splitlines(), "docs/GPU.md", "this tree", n=0,
+                                          lineterm=""))
+    assert written == now, ("refresh it: python bench/gpu/compile_report.py --update-doc docs/GPU.md\n" + diff[:3000])

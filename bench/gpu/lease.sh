@@ -31,16 +31,27 @@
 #   With .old/ (e.g. mkdir .old && git archive a29a09a | tar -x -C .old: the tl.exp epilogues), the default
 #   log-prob path of both trees at H=896 and H=4096, each against floors timed in alternation with it.
 #
-# learner mode checks LEARNER_BUDGET_S and LEARNER_ARGS before its first phase (exit 2 on a mistake);
-# LEASE_CHECK_ONLY=1 stops after that check, printing the benchmark's arguments.
+# learner mode checks LEARNER_BUDGET_S and LEARNER_ARGS before its first phase (exit 2 on a mistake).
+# LEASE_CHECK_ONLY=1 (any mode) runs nothing: it checks the python (PYTHON, default python3) imports torch and
+# prints each phase's time limit and command line (learner mode: after its settings' check).
 # Every phase is time-limited and independent; after each one OUT_DIR/lease.tgz holds everything so far
 # (logs, JSON, the tuned table; never a model or checkpoint), so a call cut off still returns its phases.
 # Wheels in .whl/ (bash bench/gpu/wheels.sh; liger-kernel for the comparison) are installed first.
 set -uo pipefail
-OUT="${1:?usage: bash bench/gpu/lease.sh OUT_DIR [main|product|final|learner]}"
+USAGE="usage: bash bench/gpu/lease.sh OUT_DIR [main|product|final|learner] (the header of bench/gpu/lease.sh says more)"
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
+  ""|-*) echo "$USAGE" >&2; exit 2;;
+esac
+OUT="$1"
 MODE="${2:-main}"
 case "$MODE" in main|product|final|learner) ;; *) echo "bench/gpu/lease.sh: mode must be main, product, final or learner, got '$MODE'" >&2; exit 2;; esac
 PY="${PYTHON:-python3}"
+CHECK="${LEASE_CHECK_ONLY:-}"
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  echo "bench/gpu/lease.sh: $PY cannot import torch; set PYTHON to the python that has the product's packages" >&2
+  exit 2
+fi
 W="${TMPDIR:-/tmp}/gpu_lease_$MODE"
 rm -rf "$W" && mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -51,19 +62,23 @@ if [[ "$MODE" == learner ]]; then  # its settings checked before the first phase
   fi
   # LEARNER_ARGS: more arguments, shell-quoted (e.g. --shapes qwen2.5-0.5b --learners "torch packed varlen"), split
   # as the shell would (Python's shlex: no command substitution), then checked by the benchmark's own parser
-  if ! "$PY" -c 'import shlex, sys; sys.stdout.write("".join(a + "\0" for a in shlex.split(sys.argv[1])))' \
-      "${LEARNER_ARGS:-}" > "$W/learner_args"; then
+  if ! "$PY" -c 'import shlex, sys
+try:
+    sys.stdout.write("".join(a + "\0" for a in shlex.split(sys.argv[1])))
+except ValueError as e:
+    sys.exit(f"shlex: {e}")' "${LEARNER_ARGS:-}" > "$W/learner_args"; then
     echo "bench/gpu/lease.sh: LEARNER_ARGS is not shell-quoted right: ${LEARNER_ARGS:-}" >&2; exit 2
   fi
   EXTRA=()
   [[ -s "$W/learner_args" ]] && mapfile -d '' -t EXTRA < "$W/learner_args"
   "$PY" bench/gpu/learner.py --out "$W/learner" --check-args "${EXTRA[@]}" || {
     echo "bench/gpu/lease.sh: LEARNER_ARGS refused by bench/gpu/learner.py (above)" >&2; exit 2; }
-  if [[ -n "${LEASE_CHECK_ONLY:-}" ]]; then  # the settings only: the benchmark's arguments, one a line
-    echo "learner budget: $LB s"; printf 'learner argument: [%s]\n' "${EXTRA[@]}"; exit 0
+  if [[ -n "$CHECK" ]]; then  # the settings: the benchmark's arguments, one a line
+    echo "learner budget: $LB s"
+    if (( ${#EXTRA[@]} )); then printf 'learner argument: [%s]\n' "${EXTRA[@]}"; else echo "learner arguments: (none)"; fi
   fi
 fi
-if compgen -G ".whl/*.whl" > /dev/null; then
+if [[ -z "$CHECK" ]] && compgen -G ".whl/*.whl" > /dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pacs_fast_site \
     .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/pacs_fast_site"
 fi
@@ -74,6 +89,7 @@ pack() {
 }
 phase() {  # phase NAME LIMIT_S CMD...: runs CMD with its output in $W/NAME.log, prints the log's tail, packs
   local name=$1 lim=$2; shift 2
+  if [[ -n "$CHECK" ]]; then echo "== $name: limit ${lim} s: $*"; return; fi  # LEASE_CHECK_ONLY: the plan only
   echo "== $name: limit ${lim} s, at $(( $(date +%s) - T0 )) s"
   timeout -k 5 "$lim" "$@" > "$W/$name.log" 2>&1
   echo "== $name: rc $? after $(( $(date +%s) - T0 )) s"
@@ -119,7 +135,9 @@ if [[ "$MODE" == main ]]; then
   mkdir -p "$W/tuned" && cp kernels/tuned/sm_*.json "$W/tuned/" 2>/dev/null
   phase tune 175 "$PY" bench/gpu/tune.py --kernels "$K" --pingpong "$PINGPONG" --also-h 896 --budget-s 140 \
     --out-dir "$W/tuned"
-  if compgen -G "$W/tuned/sm_*.json" > /dev/null; then mkdir -p kernels/tuned && cp "$W"/tuned/sm_*.json kernels/tuned/; fi
+  if [[ -z "$CHECK" ]] && compgen -G "$W/tuned/sm_*.json" > /dev/null; then
+    mkdir -p kernels/tuned && cp "$W"/tuned/sm_*.json kernels/tuned/
+  fi
   phase tuned_logprobs 90 "$PY" bench/gpu/logprobs.py --shapes 8192x4096x151936 \
     --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" \
     --iters 5 --profile --out "$W/logprobs_tuned.json"

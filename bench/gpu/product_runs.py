@@ -38,7 +38,7 @@ def megatron(model: str, out: str, dry: bool) -> dict:
         return {"ok": False, "missing": "megatron-core", "why": "megatron-core is not installed"}
     run_root = os.path.join(os.path.dirname(out), "runs")
     steps = 2 if dry else 3
-    args = [f"model.path={model}", f"train.steps={steps}", "warmup.steps=0", "algo.name=pacs",
+    args = [f"model.path={model}", f"train.steps={steps}", "algo.name=pacs",
             "learner.backend=megatron", "learner.tp_size=1", "learner.packing=on", "rollout.engine=hf",
             "train.eval_every=0", "train.save_every=0", "train.plots=false", "train.tensorboard=false",
             "train.progress=false", f"train.out_dir={run_root}", "train.run_name=megatron_tp1"]

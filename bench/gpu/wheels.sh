@@ -9,6 +9,10 @@
 # megatron-core (the megatron learner at TP=1), trl + datasets (the TRL adapter), math-verify (the
 # verifier), liger-kernel. vLLM is not among them (too large to carry): the suite says so and uses the HF engine.
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
+  -*) echo "usage: bash bench/gpu/wheels.sh [DIR]" >&2; exit 2;;
+esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DIR="${1:-$ROOT/.whl}"
 LOCK="$ROOT/requirements/ci.lock"
