@@ -31,6 +31,22 @@ def test_a_path_too_long_for_the_file_system_names_its_key(tmp_path, key):
     refused([f"{key}={value}"], rf"^{key} .* is too long for a path: a name of 300 bytes")
 
 
+def test_paths_near_the_limits_and_odd_text(tmp_path):
+    """A run folder whose path leaves no room for its files (the lock fitted, config.yaml's temporary did not:
+    a traceback after the warm-up); ~nosuchuser (Path.expanduser raised); text no file name can hold."""
+    out = str(tmp_path / "/".join(["d" * 200] * 20))[:4000]
+    refused([f"train.out_dir={out}", "train.run_name=r"], r"train.out_dir / train.run_name .* less 200 for the files")
+    refused([f"train.out_dir={out}"], r"train.out_dir / train.run_name")  # an automatic name counted too
+    validate(load_config(None, ["train.run_name=~nosuchuser"]))  # a plain name, as before (Path.expanduser raised)
+    refused(["data.dataset=~nosuchuser/d.jsonl"], r"data.dataset '~nosuchuser/d.jsonl' is neither a shipped dataset")
+    refused(["train.run_name=caf\udce9"], r"train.run_name .* is not UTF-8 text")
+    from pacs_fast.config.paths import check_path_length
+    with pytest.raises(ValueError, match=r"data.dataset .* is not text a file name can hold"):
+        check_path_length("data.dataset", "a\ud800b")
+    with pytest.raises(ValueError, match=r"config key 'train.steps' expects int, got 1e3$"):
+        load_config(None, ["train.steps=1e3"])  # the user's text, not 1000.0
+
+
 def test_numbers_a_float_cannot_hold_or_float32_cannot(tmp_path):
     with pytest.raises(ValueError, match=r"config key 'learner.lr': 1000.* is beyond a float's range"):
         load_config(None, ["learner.lr=1" + "0" * 400])
@@ -67,17 +83,29 @@ def test_a_run_name_with_a_control_character_is_refused(name):
     refused([f"train.run_name={name}"], r"train.run_name .* must be a plain folder name .* no control character")
 
 
-def test_flash_attention_without_its_package_or_a_gpu_is_refused_before_loading():
+def test_flash_attention_without_its_package_or_a_gpu_is_refused_before_loading(monkeypatch):
+    import importlib.util
+
     from pacs_fast.trainer.build import check_installed
     for attention in ("flash_attention_2", "flash_attention_3"):
         with pytest.raises(ValueError, match=rf"model.attention={attention} needs .*; use model.attention=auto"):
             check_installed(load_config(None, [f"model.attention={attention}"]))
+    # where no Hugging Face model runs (megatron learner, vLLM engine) model.attention is not read: not refused
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in ("vllm", "megatron")
+                        else real(name, *a))
+    check_installed(load_config(None, ["model.attention=flash_attention_2", "learner.backend=megatron",
+                                       "rollout.engine=vllm"]))
 
 
 def test_huge_loss_coefficients_and_a_cap_below_one_are_warned():
     said = hazard_warnings(load_config(None, ["algo.entropy_coef=1e37"]))
     assert any(line.startswith("algo.entropy_coef=1e+37: a loss coefficient of 1e6 or more") for line in said), said
     assert not any("loss coefficient" in line for line in hazard_warnings(load_config(None, ["algo.entropy_coef=0.01"])))
+    # a coefficient this algorithm does not read (vf_coef is PPO's): no warning, as unused_settings says
+    assert not any("loss coefficient" in line for line in hazard_warnings(load_config(None, ["algo.vf_coef=1e7"])))
+    assert any("algo.vf_coef=1e+07" in line for line in hazard_warnings(load_config(None, ["algo.name=ppo",
+                                                                                           "algo.vf_coef=1e7"])))
     from pacs_fast.trainer.correction import correction_warnings
     low = correction_warnings(load_config(None, ["correction.is_level=sequence", "correction.is_cap=0.5"]))
     assert any(line.startswith("correction.is_cap=0.5 is below 1") for line in low), low
@@ -101,3 +129,20 @@ def test_a_setting_the_loaded_model_refuses_leaves_no_run_folder(tmp_path, capsy
     assert e.value.code == 2 and err.count("error:") == 1, err
     assert err.rstrip("\n").split("\n")[-1] == "error: model.attention='sdpa' cannot be used with this model: simulated"
     assert not (tmp_path / "r").exists()
+
+
+def test_a_resumed_run_whose_setup_fails_keeps_its_folder(tmp_path, capsys, monkeypatch, warm_cache):
+    """The failed setup of a *resumed* run (its learner refused after the model loaded) leaves the run as it was:
+    only a new run's folder is discarded."""
+    from pacs_fast.trainer import session
+    from pacs_fast.train import main
+    from test_train import TINY
+    main(TINY + [f"warmup.cache_dir={warm_cache}", f"train.out_dir={tmp_path}", "train.run_name=r", "train.steps=1",
+                 "train.save_every=1"])
+    before = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "r").rglob("*"))
+    monkeypatch.setattr(session, "build_learner", lambda *a, **k: (_ for _ in ()).throw(ValueError("simulated")))
+    with pytest.raises(SystemExit) as e:
+        main(["--resume", str(tmp_path / "r"), "train.steps=2"])
+    assert e.value.code == 2 and capsys.readouterr().err.rstrip().endswith("error: simulated")
+    after = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "r").rglob("*"))
+    assert after == before

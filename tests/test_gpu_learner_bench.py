@@ -254,7 +254,8 @@ def test_the_lease_check_prints_every_modes_plan_and_runs_nothing(tmp_path, mode
     assert proc.returncode == 0, proc.stderr[-1000:]
     planned = [line[3:].split(":")[0] for line in proc.stdout.splitlines() if ": limit " in line]
     assert planned == phases, proc.stdout
-    assert not any((tmp_path / f"gpu_lease_{mode}").glob("*.log")) and not (tmp_path / "out" / "lease.tgz").exists()
+    assert (tmp_path / f"gpu_lease_{mode}_check").is_dir()  # its own folder: the last lease's work is kept
+    assert not any((tmp_path / f"gpu_lease_{mode}_check").glob("*.log")) and not (tmp_path / "out" / "lease.tgz").exists()
     assert sorted(os.listdir(os.path.join(root, "kernels", "tuned"))) == before
     for argv, code in ((["--help"], 0), ([], 2), (["-x"], 2)):
         proc = subprocess.run(["bash", "bench/gpu/lease.sh", *argv], cwd=root, env=env, capture_output=True,

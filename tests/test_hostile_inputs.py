@@ -45,10 +45,13 @@ def test_a_rollout_that_cannot_fit_is_refused_before_the_model_loads(tmp_path, c
     assert err.startswith("error: the HF rollout engine cannot fit: it decodes 10,000 rows at once (rollout.n,") \
         and "lower rollout.n, data.max_prompt_tokens or rollout.max_new_tokens" in err
     # the key that drives the rows is the one named (it always said rollout.n: sweep of 2026-11-30)
-    for override, driver in (("rollout.eval_n=100000", "rollout.eval_n"),
-                             ("data.max_prompt_tokens=100000", "train.prompts_per_step x rollout.n")):
+    both = "train.prompts_per_step x rollout.n and data.eval_size x rollout.eval_n"  # 64 x 8 = 512 = 512 x 1
+    for override, driver in (("rollout.eval_n=100000", "rollout.eval_n"), ("data.max_prompt_tokens=100000", both)):
         with pytest.raises(ValueError, match=rf"\({driver}, at most 1,024 a chunk.* lower {driver}, data.max_prompt"):
             check_memory(load_config(None, [f"model.path={folder}", "data.dataset=math500", override]))
+    # greedy evaluation decodes one response a problem, whatever rollout.eval_n (it was counted eval_n times)
+    check_memory(load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.eval_n=100000",
+                                    "rollout.eval_temperature=0"]))
     # 10000 rows x 151,936 x 4 fp32 copies = 24.3 GB: more than a 24 GiB machine has
     cfg = load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.n=10000"])
     assert hf_engine_bytes(cfg, model_shape(cfg)) > 4 * 10000 * 151936 * 4

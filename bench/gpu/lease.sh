@@ -52,7 +52,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   echo "bench/gpu/lease.sh: $PY cannot import torch; set PYTHON to the python that has the product's packages" >&2
   exit 2
 fi
-W="${TMPDIR:-/tmp}/gpu_lease_$MODE"
+W="${TMPDIR:-/tmp}/gpu_lease_$MODE${CHECK:+_check}"  # (a check keeps the last lease's work folder)
 rm -rf "$W" && mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [[ "$MODE" == learner ]]; then  # its settings checked before the first phase: a mistake must not cost the lease

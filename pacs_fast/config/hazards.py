@@ -33,6 +33,7 @@ weights (the default) these updates accumulate in fp32 (pacs_fast/learner/master
 from __future__ import annotations
 
 from pacs_fast.config.schema import Config, LearnerConfig
+from pacs_fast.config.unused import _rules as idle_rules
 
 
 def hazard_warnings(cfg: Config) -> list[str]:
@@ -77,8 +78,9 @@ def hazard_warnings(cfg: Config) -> list[str]:
         out.append("rollout.filter_groups=true with algo.name=ppo drops the groups whose verifier rewards are equal, "
                    "but PPO's advantages come from GAE and its critic and are not 0 there: the filter changes what "
                    "PPO trains on, not only the batch's size (it is DAPO's, for group-relative advantages)")
+    idle = {k for keys, _ in idle_rules(cfg) for k in keys}  # (a coefficient this algorithm does not read)
     big = [f"{k}={getattr(a, k.split('.')[1]):g}" for k in ("algo.entropy_coef", "algo.kl_coef", "algo.vf_coef")
-           if abs(getattr(a, k.split(".")[1])) >= 1e6]
+           if abs(getattr(a, k.split(".")[1])) >= 1e6 and k not in idle]
     if big:  # (1e37 times an entropy overflowed float32 at step 1, and the stop blamed learner.lr)
         out.append(f"{', '.join(big)}: a loss coefficient of 1e6 or more makes its term outweigh the policy loss by "
                    f"as much, and near 1e37 overflows float32 (the run stops at the first non-finite loss, naming "

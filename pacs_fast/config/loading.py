@@ -66,7 +66,8 @@ def _coerce(key: str, value: Any, typ) -> Any:
     elif typ is list:
         if isinstance(value, (list, tuple)):
             return [_plain(v) for v in value]
-    raise ValueError(f"config key {key!r} expects {getattr(typ, '__name__', typ)}, got {value!r}")
+    raise ValueError(f"config key {key!r} expects {getattr(typ, '__name__', typ)}, got "
+                     f"{text if text is not None else repr(value)}")
 
 
 def _unknown(key: str, valid: list[str]) -> ValueError:

@@ -19,18 +19,24 @@ from pacs_fast.config.schema import Config
 # tests/test_config.py checks this list against it).
 SHIPPED_DATASETS = ("math_train", "gsm8k_train", "math500", "amc23", "aime2024", "aime2025")
 NAME_MAX, PATH_MAX = 255, 4095  # bytes of one path component / of a whole path (Linux)
+RUN_FILES_ROOM = 200  # bytes a run folder's own files add to its path (checkpoints/step_000000/model-....safetensors)
 PATH_KEYS = ("model.path", "train.out_dir", "train.run_name", "warmup.cache_dir", "data.dataset",
              "data.eval_dataset")
 
 
-def check_path_length(key: str, value: str) -> None:
-    """ValueError naming ``key`` when ``value`` cannot be a path here: a component over :data:`NAME_MAX` bytes
-    or the whole over :data:`PATH_MAX`."""
-    whole = len(os.fsencode(str(Path(value).expanduser())))
-    longest = max((len(os.fsencode(p)) for p in Path(value).parts), default=0)
-    if longest > NAME_MAX or whole > PATH_MAX:
+def check_path_length(key: str, value: str, room: int = 0) -> None:
+    """ValueError naming ``key`` when ``value`` cannot be a path here: text that is no file name (a lone
+    surrogate), a component over :data:`NAME_MAX` bytes, or the whole over :data:`PATH_MAX` less ``room`` (bytes
+    kept for what goes inside: a run folder's checkpoints)."""
+    try:
+        whole = len(os.fsencode(os.path.expanduser(value)))  # (os.path's: ~nosuchuser stays as it is)
+        longest = max((len(os.fsencode(p)) for p in Path(value).parts), default=0)
+    except UnicodeEncodeError:
+        raise ValueError(f"{key} {value!r} is not text a file name can hold (a lone surrogate)") from None
+    if longest > NAME_MAX or whole > PATH_MAX - room:
         what = (f"a name of {longest} bytes (a file or folder name takes at most {NAME_MAX})" if longest > NAME_MAX
-                else f"{whole} bytes (a path takes at most {PATH_MAX})")
+                else f"{whole} bytes (a path takes at most {PATH_MAX}" + (f", less {room} for the files inside)"
+                                                                          if room else ")"))
         raise ValueError(f"{key} {value[:60]!r}... is too long for a path: {what}")
 
 
@@ -73,7 +79,9 @@ def validate_paths(cfg: Config) -> None:
     for key in PATH_KEYS:
         section, name = key.split(".")
         check_path_length(key, getattr(getattr(cfg, section), name))
-    check_path_length("train.out_dir / train.run_name", str(Path(cfg.train.out_dir) / cfg.train.run_name))
+    # the run folder (an automatic name takes up to ~40 bytes) and room for its files (checkpoints/step_N/...)
+    check_path_length("train.out_dir / train.run_name", str(Path(cfg.train.out_dir) / (cfg.train.run_name or "x" * 40)),
+                      room=RUN_FILES_ROOM)
     if cfg.model.path:
         path = Path(cfg.model.path).expanduser()
         if not path.exists():
@@ -129,6 +137,8 @@ def validate_paths(cfg: Config) -> None:
     if out.exists() and not out.is_dir():
         raise ValueError(f"train.out_dir {cfg.train.out_dir!r} is a file, not a folder")
     name = cfg.train.run_name
+    if name and any("\udc80" <= c <= "\udcff" for c in name):  # bytes of the command line that are no UTF-8
+        raise ValueError(f"train.run_name {name!r} is not UTF-8 text: give the name in UTF-8")
     if name and (name in (".", "..") or name.startswith(".") or any(c in name for c in '/\\\0')
                  or name != name.strip() or not name.isprintable()):
         raise ValueError(f"train.run_name {name!r} must be a plain folder name (no '/', '\\\\', no leading '.', "

@@ -19,8 +19,11 @@ def check_installed(cfg: Config) -> None:
         raise ValueError("learner.backend=megatron but megatron-core is not installed "
                          "(pip install 'pacs_fast[megatron]'); or use learner.backend=torch")
     flash = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}.get(cfg.model.attention)
-    if flash and (importlib.util.find_spec(flash) is None or resolve_device(cfg) != "cuda"):
-        why = "a CUDA GPU" if importlib.util.find_spec(flash) else f"the {flash} package (flash-attn)"
+    hf_models = cfg.learner.backend == "torch" or cfg.rollout.engine == "hf"  # (what model.attention sets)
+    hub_kernels = importlib.util.find_spec("kernels") is not None  # transformers may fetch flash kernels with it
+    if flash and hf_models and (importlib.util.find_spec(flash) is None and not hub_kernels
+                                or resolve_device(cfg) != "cuda"):
+        why = "a CUDA GPU" if importlib.util.find_spec(flash) or hub_kernels else f"the {flash} package (flash-attn)"
         raise ValueError(f"model.attention={cfg.model.attention} needs {why}, which this machine lacks; use "
                          f"model.attention=auto")
     if cfg.learner.fused_layers == "on":

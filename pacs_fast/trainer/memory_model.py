@@ -71,10 +71,19 @@ def _tied(config: dict) -> bool:
         return True
 
 
+def engine_row_terms(cfg) -> dict[str, int]:
+    """What sets the HF engine's largest decode chunk (see pacs_fast.trainer.build and rollout.hf): a group
+    whole (``rollout.n``, ``rollout.eval_n``: 1 with greedy evaluation, which decodes one response a problem),
+    or a batch of at most 1,024 rows (the training step's, the evaluation's)."""
+    eval_n = cfg.rollout.eval_n if cfg.rollout.eval_temperature > 0 else 1
+    return {"rollout.n": cfg.rollout.n, "rollout.eval_n": eval_n,
+            "train.prompts_per_step x rollout.n": min(cfg.train.prompts_per_step * cfg.rollout.n, 1024),
+            "data.eval_size x rollout.eval_n": min(cfg.data.eval_size * eval_n, 1024)}
+
+
 def engine_rows(cfg) -> int:
-    """Rows of the HF engine's largest decode chunk (see pacs_fast.trainer.build and rollout.hf)."""
-    batch = min(max(cfg.train.prompts_per_step * cfg.rollout.n, cfg.data.eval_size * cfg.rollout.eval_n), 1024)
-    return max(cfg.rollout.n, cfg.rollout.eval_n, batch)
+    """Rows of the HF engine's largest decode chunk (:func:`engine_row_terms`)."""
+    return max(engine_row_terms(cfg).values())
 
 
 def hf_engine_bytes(cfg, shape: dict) -> int:

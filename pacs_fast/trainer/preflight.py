@@ -21,8 +21,8 @@ import copy
 
 from pathlib import Path
 
-from pacs_fast.trainer.memory_model import (GiB, engine_rows, format_learner_memory, group_tokens, hf_engine_bytes,
-                                            largest_micro_batch, learner_bytes, learner_layout, learner_memory,
+from pacs_fast.trainer.memory_model import (GiB, engine_row_terms, engine_rows, format_learner_memory, group_tokens,
+                                            hf_engine_bytes, largest_micro_batch, learner_bytes, learner_layout, learner_memory,
                                             master_weights, model_params, model_shape, moment_shards,
                                             recompute_advice, recompute_setting, run_device)
 
@@ -76,12 +76,8 @@ def check_memory(cfg, *, available: int | None = None) -> None:
             f"{available / GiB:.1f} GiB are available{shared}; use {', '.join(fixes)} or a larger device")
     need = hf_engine_bytes(cfg, shape)
     if cfg.rollout.engine == "hf" and need > available:
-        r = cfg.rollout
-        rows, train_rows, eval_rows = engine_rows(cfg), cfg.train.prompts_per_step * r.n, cfg.data.eval_size * r.eval_n
-        driver = ("rollout.eval_n" if rows == r.eval_n and r.eval_n > max(r.n, min(max(train_rows, eval_rows), 1024))
-                  else "rollout.n" if rows == r.n and r.n > min(max(train_rows, eval_rows), 1024)
-                  else "train.prompts_per_step x rollout.n" if train_rows >= eval_rows
-                  else "data.eval_size x rollout.eval_n")
+        r, rows = cfg.rollout, engine_rows(cfg)
+        driver = " and ".join(k for k, v in engine_row_terms(cfg).items() if v >= rows)  # each alone holds it there
         raise ValueError(
             f"the HF rollout engine cannot fit: it decodes {rows:,} rows at once ({driver}, at most 1,024 a chunk "
             f"but a group whole) of up to {cfg.data.max_prompt_tokens + r.max_new_tokens:,} tokens "
