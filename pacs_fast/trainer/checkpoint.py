@@ -108,12 +108,14 @@ def _disk_error(e: BaseException, where: Path) -> str | None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, *, learner, model_dir: str | Path, config_yaml: Path,
-                    trainer_state: dict, world, keep: int = 2) -> Path:
+                    trainer_state: dict, world, keep: int = 2, before_publish=None) -> Path:
     """Writes checkpoint ``step`` atomically and prunes all but the newest ``keep``. Returns its path.
 
     Collective: every rank calls it (the learner's state and weights are gathered inside); only
     ``world.is_main`` writes the shared files. Raises :class:`CheckpointError` on a write failure
-    (after removing the temporary folder)."""
+    (after removing the temporary folder). ``before_publish()``: called on the main rank once the checkpoint is
+    complete, just before its rename makes it the newest (the trainer records it there: a stop after the rename
+    finds the record written; one before it, a record that the resume from the older checkpoint supersedes)."""
     ckpt_root = Path(run_dir) / "checkpoints"
     name = f"step_{step:06d}"
     final, tmp = ckpt_root / name, ckpt_root / f".tmp-{name}"
@@ -151,6 +153,8 @@ def save_checkpoint(run_dir: str | Path, step: int, *, learner, model_dir: str |
         raise CheckpointError(f"writing checkpoint {ckpt_root / name} failed: {cause or failure or 'on another rank'}"
                               f"{kept}") from failure
     if world.is_main:
+        if before_publish is not None:
+            before_publish()
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

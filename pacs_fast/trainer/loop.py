@@ -191,15 +191,16 @@ def save(s: Session, step: int, sampler_state: dict | None = None) -> None:
              "code_versions": run_code_versions(s)}
     if hasattr(s.scorer, "state_dict"):
         state["scorer"] = s.scorer.state_dict()
+    def record():  # before the rename that publishes it: a kill right after it kept the checkpoint, not its record
+        if s.logger:
+            s.logger.log("checkpoint", step, {"time/checkpoint": time.perf_counter() - t0})
+            s.logger.flush()  # the trackers hold every step up to the checkpoint (a resume redoes only later ones)
     try:
         save_checkpoint(s.run_dir, step, learner=s.learner, model_dir=s.model_path,
                         config_yaml=s.run_dir / "config.yaml", world=s.world, keep=s.cfg.train.keep_checkpoints,
-                        trainer_state=state)
+                        trainer_state=state, before_publish=record)
     except CheckpointError as e:
         raise TrainingStopped(f"step {step}: {e}") from e
-    if s.logger:
-        s.logger.log("checkpoint", step, {"time/checkpoint": time.perf_counter() - t0})
-        s.logger.flush()  # the trackers hold every step up to the checkpoint (a resume redoes only later ones)
 
 
 def finish(s: Session) -> dict:
