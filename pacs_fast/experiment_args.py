@@ -191,8 +191,8 @@ the runner sets train.seed and warmup.seed (--seeds), train.out_dir and train.ru
 one runner at a time per --out: a second one (or a live run in one of its run folders) is refused;
     a run folder is deleted only when it is this experiment's own dead run (restarted) or, with
     --restart-mismatched, its own dead run made with other settings.
-exit status: 0 every run finished, 1 some run failed (after writing the report), 2 bad arguments
-    or a refused folder (nothing started)."""
+exit status: 0 every run finished, 1 some run failed (after writing the report) or, with --report,
+    none has finished yet (nothing written), 2 bad arguments or a refused folder (nothing started)."""
 
 
 def parse_args(argv=None, description: str = ""):

@@ -19,7 +19,9 @@ Where they write (nothing leaves the machine unless the user configured it to):
 A resumed run continues the same tracker runs (ids kept in ``run_dir/trackers.json``, written
 atomically); the steps it redoes after its checkpoint are logged again at the same step numbers (MLflow's
 sample tables of those steps replaced). W&B offline cannot continue a run (W&B resumes on its server): there
-a resume is a new run, ``<name>-resumed-<k>`` (its id under ``wandb_offline_parts``; ``wandb`` keeps the run's own). At each checkpoint the trackers write what they buffer.
+a resume is a new run, ``<name>-resumed-<k>`` (its id under ``wandb_offline_parts``; ``wandb`` keeps the run's own). At each checkpoint TensorBoard and trackio write what they buffer (MLflow
+writes as it logs; W&B's records go to its own service process, which writes its file: a kill that takes that
+process too can lose its last records).
 """
 from __future__ import annotations
 
@@ -186,7 +188,7 @@ class WandbTracker:
             # W&B resumes runs on its server only: offline, a second folder of one id restarts its step counter
             # and `wandb sync` keeps one of the two (wandb/wandb#3841). A resume is a run of its own instead
             # (numbered), and the run's own id stays the one an online resume continues.
-            parts = len(list((run_dir / "wandb").glob("offline-run-*")))
+            parts = len(list((run_dir / "wandb").glob("*run-*")))  # the run's folders so far, online or offline
             name = f"{run_dir.name}-resumed-{max(parts, 1)}"
         self.run = wandb.init(project=cfg.train.project, name=name, dir=str(run_dir), config=config,
                               id=None if name != run_dir.name else run_id, resume="allow")
@@ -269,7 +271,7 @@ class TrackioTracker:
         self.trackio.log({f"plots/{p.stem}": self.trackio.Image(str(p)) for p in paths}, step=step)
 
     def flush(self) -> None:
-        """Writes what trackio's background thread has not yet stored (it batches records for about a second):
+        """Writes what trackio's background thread has not yet stored (it batches records every 0.5 s):
         at a checkpoint, so that a run killed after it keeps every step up to it (the resume redoes only later
         ones). trackio 0.43 has no public flush; one without these internals skips it."""
         flush, lock = getattr(self.run, "_flush_queues_inline", None), getattr(self.run, "_client_lock", None)
