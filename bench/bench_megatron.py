@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
 
@@ -38,20 +35,6 @@ def _args():
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--workdir", default="")
     return ap.parse_args()
-
-
-def _launch(args):
-    """Runs this script under torchrun, in ``--workdir`` (a temporary folder, removed after, when not given)."""
-    own = not args.workdir
-    workdir = args.workdir or tempfile.mkdtemp(prefix="bench_megatron_")
-    argv = sys.argv[1:] + (["--workdir", workdir] if own else [])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", __file__, *argv]
-    try:
-        code = subprocess.call(cmd, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    finally:
-        if own:
-            shutil.rmtree(workdir, ignore_errors=True)
-    sys.exit(code)
 
 
 def _inner(args):
@@ -138,4 +121,5 @@ if __name__ == "__main__":
     if "WORLD_SIZE" in os.environ:
         _inner(a)
     else:
-        _launch(a)
+        from torchrun_launch import launch  # (bench/ is this script's folder)
+        launch(__file__, a.workdir, "bench_megatron_")

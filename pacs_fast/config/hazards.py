@@ -33,7 +33,7 @@ weights (the default) these updates accumulate in fp32 (pacs_fast/learner/master
 from __future__ import annotations
 
 from pacs_fast.config.schema import Config, LearnerConfig
-from pacs_fast.config.unused import _rules as idle_rules
+from pacs_fast.config.unused import idle_rules
 
 
 def hazard_warnings(cfg: Config) -> list[str]:

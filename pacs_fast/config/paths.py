@@ -24,6 +24,11 @@ PATH_KEYS = ("model.path", "train.out_dir", "train.run_name", "warmup.cache_dir"
              "data.eval_dataset")
 
 
+def _value(cfg: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
 def check_path_length(key: str, value: str, room: int = 0) -> None:
     """ValueError naming ``key`` when ``value`` cannot be a path here: text that is no file name (a lone
     surrogate), a component over :data:`NAME_MAX` bytes, or the whole over :data:`PATH_MAX` less ``room`` (bytes
@@ -77,8 +82,7 @@ def _check_writable(key: str, folder: Path) -> None:
 def validate_paths(cfg: Config) -> None:
     """Files and folders the run reads or writes, checked before any model work."""
     for key in PATH_KEYS:
-        section, name = key.split(".")
-        check_path_length(key, getattr(getattr(cfg, section), name))
+        check_path_length(key, _value(cfg, key))
     # the run folder (an automatic name takes up to ~40 bytes) and room for its files (checkpoints/step_N/...)
     check_path_length("train.out_dir / train.run_name", str(Path(cfg.train.out_dir) / (cfg.train.run_name or "x" * 40)),
                       room=RUN_FILES_ROOM)
@@ -117,7 +121,7 @@ def validate_paths(cfg: Config) -> None:
     if not cfg.model.path and not warmup_cache_root(cfg).is_dir():  # (an existing cache may be a read-only,
         _check_writable("warmup.cache_dir", warmup_cache_root(cfg))  # shared one: its models are only read)
     for key in ("data.dataset", "data.eval_dataset"):
-        value = getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1])
+        value = _value(cfg, key)
         if key == "data.dataset" and not value.strip():  # (an empty path is the current folder)
             raise ValueError(f"data.dataset is empty: give the training set (arithmetic, the built-in task; "
                              f"{', '.join(SHIPPED_DATASETS[:2])}; or a file, folder or glob)")

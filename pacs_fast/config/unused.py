@@ -24,7 +24,7 @@ FILE_DATASETS_ONLY = ("data.eval_dataset", "data.problem_key", "data.answer_key"
 PROMPT_KEYS = ("data.system_prompt", "data.instruction")
 
 
-def _rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
+def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     """(keys, why they have no effect) for each condition of ``cfg`` under which those keys are not read."""
     a, name = cfg.algo, cfg.algo.name
     out = []
@@ -117,7 +117,7 @@ def unused_settings(cfg: Config) -> list[str]:
     # what loading gives a micro-batch size nobody set (it follows the mini-batch)
     default.learner.micro_batch_prompts = default_micro_batch_prompts(cfg.learner.mini_batch_prompts)
     lines, seen = [], set()
-    for keys, why in _rules(cfg):
+    for keys, why in idle_rules(cfg):
         for key in keys:
             value = _get(cfg, key)
             if key not in seen and value != _get(default, key):
