@@ -128,9 +128,10 @@ def _builtin_keys(module, kernel, width):
 def test_committed_tables_record_what_they_were_measured_with():
     """Every kernels/tuned/sm_<arch>.json: the schema, its arch, the device, Triton and torch of the
     measurement (kernels/tuning.py does not use a table whose Triton or torch major.minor differs from the
-    running ones), not a dry run, and entries that are either a launch of the built-in keys (ints) or a
-    kernel choice the dispatcher knows (at every measured hidden size). sm_90's provenance (docs/GPU.md,
-    bench/results/gpu/20261127_h200/README.md): one H200, torch 2.11.0+cu130, Triton 3.6.0."""
+    running ones), not a dry run, and entries that are either a launch of the built-in keys (ints within the
+    loader's launch bounds) or a kernel choice the dispatcher knows (at every measured hidden size). sm_90's
+    provenance (docs/GPU.md, bench/results/gpu/20261127_h200/README.md): one H200, torch 2.11.0+cu130, Triton
+    3.6.0."""
     import glob
 
     from pacs_fast.kernels import linear_logprobs as KL, tuning
@@ -153,6 +154,10 @@ def test_committed_tables_record_what_they_were_measured_with():
             keys = _builtin_keys(module, kernel, width)
             for p in parts:
                 assert set(p["config"]) <= keys and all(isinstance(v, int) for v in p["config"].values()), key
+                # the launch bounds the loader applies (kernels/tuning.py launch_value_problem): a committed value
+                # outside them would be dropped, with a warning, only where the table's versions run (the GPU)
+                assert not {k: tuning.launch_value_problem(k, v) for k, v in p["config"].items()
+                            if tuning.launch_value_problem(k, v)}, key
     sm90 = json.load(open(os.path.join(ROOT, "kernels", "tuned", "sm_90.json")))
     assert (sm90["device"], sm90["triton"], sm90["torch"]) == ("NVIDIA H200", "3.6.0", "2.11.0+cu130")
     readme = open(os.path.join(ROOT, "bench", "results", "gpu", "20261127_h200", "README.md")).read()
