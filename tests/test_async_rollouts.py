@@ -7,8 +7,9 @@ rollout.ranks=R rollout.max_staleness=K`` on CPU (gloo), the HF engine on its ow
 - K = 1: every batch is at most one update old (``rollout/staleness``, ``rollout/policy_version`` in
   every record and ``samples.jsonl`` row), the off-policy correction is on by default and measures
   the staleness; a run killed with SIGKILL (every process) after a checkpoint and resumed trains
-  every step exactly once, and the first step after the resume is regenerated from the checkpoint's
-  policy (staleness 0).
+  every step exactly once and gives the uninterrupted run's records and weights: the checkpoint kept the
+  batch in flight with its completions (before 2026-12-01 it was regenerated from the checkpoint's policy,
+  with staleness 0, and the steps after it differed).
 """
 import signal
 import subprocess
@@ -100,7 +101,10 @@ def test_lockstep_engine_process_equals_the_one_process_run(tmp_path, filtering,
 @pytest.mark.timeout(300)
 def test_dynamic_sampling_ahead_of_the_learner_keeps_the_staleness_bound(tmp_path, warm_cache):
     """K = 1 with rollout.filter_groups: the engine generates a batch ahead while a step may take several;
-    every trained group is at most one update old and each step's record says how many rounds it took."""
+    every trained group is at most one update old and each step's record says how many rounds it took. The
+    batches in flight at a checkpoint are kept with it: a resume goes on as the uninterrupted run."""
+    from safetensors.torch import load_file
+
     common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}", "train.steps=4",
                      "train.run_name=ds", "rollout.ranks=1", "rollout.max_staleness=1"] + FILTER
     torchrun(2, common)
@@ -109,10 +113,24 @@ def test_dynamic_sampling_ahead_of_the_learner_keeps_the_staleness_bound(tmp_pat
     for r in recs:
         assert 0 <= r["rollout/staleness_mean"] <= r["rollout/staleness"] <= 1
         assert r["rollout/prompts_drawn"] == 4 * r["rollout/gen_rounds"] and r["rollout/trained_groups"] >= 1
+    # a run of 2 steps extended to 4 by --resume is the 4-step run: with dynamic sampling the producer runs ahead
+    # of train.steps, and the last checkpoint kept the batches in flight with their completions
+    split = tmp_path / "split"
+    torchrun(2, [a for a in common if a != "train.run_name=ds"] + ["train.run_name=split", "train.steps=2"])
+    kept = torch.load(split / "checkpoints" / "step_000002" / "trainer_state.pt", weights_only=False)
+    assert kept["in_flight"] and all(b["comps"] and b["version"] is not None for b in kept["in_flight"])
+    out = torchrun(2, ["--resume", str(split), "train.steps=4"])
+    assert f"{len(kept['in_flight'])} batch(es) in flight at the step-2 checkpoint" in out
+    last = {r["step"]: r for r in deterministic_view(_train(split))}
+    assert list(last.values()) == deterministic_view(recs)
+    got, want = (load_file(run / "checkpoints" / "step_000004" / "model.safetensors") for run in (split, tmp_path / "ds"))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
 
 
 @pytest.mark.timeout(400)
 def test_staleness_bound_and_resume_after_sigkill(tmp_path, warm_cache):
+    from safetensors.torch import load_file
+
     steps = 12  # ~60-200 ms a step here: after step 2's checkpoint, 10 steps (>= 0.6 s) left to kill it mid-way
     common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}", f"train.steps={steps}",
                      "rollout.ranks=1", "rollout.max_staleness=1", "train.log_samples=2"]
@@ -141,13 +159,19 @@ def test_staleness_bound_and_resume_after_sigkill(tmp_path, warm_cache):
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     resumed_from = int(latest.read_text().strip()[len("step_"):])
     assert resumed_from < steps
+    kept = torch.load(split / "checkpoints" / f"step_{resumed_from:06d}" / "trainer_state.pt", weights_only=False)
+    assert [b["index"] for b in kept["in_flight"]] == [resumed_from + 1]  # the batch requested ahead, generated
+    assert len(kept["in_flight"][0]["comps"]) == 4 and kept["in_flight"][0]["version"] == resumed_from - 1
     out = torchrun(2, ["--resume", str(split)], forked=False)
-    assert "regenerated" in out
+    assert "1 batch(es) in flight" in out
     recs = _train(split)
     assert [r["step"] for r in recs] == list(range(1, steps + 1))  # every step trained once, none lost
-    after = [r for r in recs if r["step"] > resumed_from]
-    assert after and after[0]["rollout/staleness"] == 0  # regenerated from the checkpoint's policy
-    assert all(r["rollout/staleness"] <= 1 for r in recs)
+    # the uninterrupted run's records (each step's last: the resumed run's after the checkpoint) and weights
+    last = {r["step"]: r for r in deterministic_view(recs)}
+    assert list(last.values()) == deterministic_view(_train(full))
+    got = load_file(split / "checkpoints" / f"step_{steps:06d}" / "model.safetensors")
+    want = load_file(full / "checkpoints" / f"step_{steps:06d}" / "model.safetensors")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
     # each step trained the uninterrupted run's prompts (the last rows logged for a step are the
     # resumed run's): none lost, none taken twice
     first = {run: {r["step"]: r["prompt"] for r in read_jsonl(run / "samples.jsonl") if r["row"] == 0}

@@ -31,9 +31,11 @@ Evaluation: with vLLM engines the held-out prompts go to the engine ranks like a
 weights of the step they evaluate (:class:`EngineRanksEval`: no learner process holds a model copy
 for it, and the records equal the one-process vLLM run's); with HF engines it runs on the learner's
 processes (on the torch learner's live policy, or an HF copy synced from megatron's).
-Checkpoints store the sampler position after the last *trained* step's prompts, so ``--resume``
-trains every step once: the batches in flight at the stop are dropped and regenerated from the
-checkpoint's policy (those first steps then have staleness 0; the log says how many were in flight).
+A checkpoint waits for the batches in flight (the engines idle while it is written) and stores them with
+their completions and policy versions, and the sampler position after their prompts, so ``--resume`` goes on
+exactly as the uninterrupted run: the same batches at the same steps, the same records and weights (a
+checkpoint written before they were saved: its batches in flight are regenerated from its policy, with
+staleness 0).
 """
 from __future__ import annotations
 
@@ -109,10 +111,15 @@ class RemoteRounds:
     no group is staler than ``K``. Without ``rollout.filter_groups`` each step consumes exactly one and
     none is requested past ``train.steps``."""
 
-    def __init__(self, s, engines, *, limit: int | None):
+    def __init__(self, s, engines, *, limit: int | None, saved: list[dict] | None = None):
         self.s, self.engines, self.limit = s, engines, limit
-        self.in_flight: deque = deque()  # (batch index, problems, sampler state after taking them)
+        self.in_flight: deque = deque()  # (batch index, problems)
+        self.ready: dict = {}  # batch index -> (completions, policy version): collected ahead of its step
         self.next_index = s.batches + 1
+        for b in saved or ():  # a checkpoint's batches in flight (see checkpoint_batches)
+            self.in_flight.append((b["index"], b["problems"]))
+            self.ready[b["index"]] = (b["comps"], b["version"])
+            self.next_index = b["index"] + 1
 
     def _request(self) -> None:
         s, cfg = self.s, self.s.cfg
@@ -120,7 +127,7 @@ class RemoteRounds:
         if self.engines:
             self.engines.generate(self.next_index, prompt_lists(problems),
                                   sampling_params(cfg, batch_seed(cfg, self.next_index)))
-        self.in_flight.append((self.next_index, problems, s.sampler.state_dict()))
+        self.in_flight.append((self.next_index, problems))
         self.next_index += 1
 
     def begin_step(self) -> None:
@@ -131,12 +138,28 @@ class RemoteRounds:
     def next(self) -> Round:
         if not self.in_flight:
             self._request()
-        index, problems, sampler_state = self.in_flight.popleft()
-        comps, version = self.engines.collect(index) if self.engines else (None, None)
-        comps, version = self.s.world.broadcast((comps, version))
+        index, problems = self.in_flight.popleft()
+        comps, version = self.ready.pop(index) if index in self.ready else self._collect(index)
         problems, offset = self.s.world.share(problems)  # this data-parallel group's share, as the synchronous loop
         self.s.batches = index
-        return Round(problems, offset, comps[offset:offset + len(problems)], index, version, sampler_state)
+        return Round(problems, offset, comps[offset:offset + len(problems)], index, version)
+
+    def _collect(self, index: int) -> tuple[list, int]:
+        """Batch ``index``'s completions and policy version, on every learner process (the driver receives them)."""
+        comps, version = self.engines.collect(index) if self.engines else (None, None)
+        return self.s.world.broadcast((comps, version))
+
+    def checkpoint_batches(self) -> list[dict]:
+        """The batches in flight with their completions, for a checkpoint (collective: the learner waits until the
+        engines have generated them). A resume trains them at the steps the uninterrupted run would have, and
+        the sampler stands after their prompts, so the run goes on as if it had not stopped."""
+        out = []
+        for index, problems in self.in_flight:
+            if index not in self.ready:
+                self.ready[index] = self._collect(index)
+            comps, version = self.ready[index]
+            out.append({"index": index, "problems": problems, "comps": comps, "version": version})
+        return out
 
     def pause(self) -> None:
         pass
@@ -145,7 +168,7 @@ class RemoteRounds:
         """Collects the batches still in flight (dynamic sampling may leave some at the end)."""
         while self.in_flight:
             index = self.in_flight.popleft()[0]
-            if self.engines:
+            if self.ready.pop(index, None) is None and self.engines:
                 self.engines.collect(index)
 
 
@@ -204,9 +227,17 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
         weights = s.learner.export_hf_weights()  # collective over megatron's tensor-parallel group
         if engines:
             engines.push_weights(weights, version)
-        s.log(f"asynchronous resume: the batches in flight at the stop (up to {K + 1}) are regenerated "
-              f"from the step-{s.start_step} policy")
-    rounds = RemoteRounds(s, engines, limit=None if cfg.rollout.filter_groups else cfg.train.steps)
+        if s.in_flight is None:  # a checkpoint from before they were saved
+            s.log(f"asynchronous resume: the batches in flight at the stop (up to {K + 1}) are regenerated "
+                  f"from the step-{s.start_step} policy")
+        elif s.in_flight:
+            s.log(f"asynchronous resume: {len(s.in_flight)} batch(es) in flight at the step-{s.start_step} "
+                  f"checkpoint, saved with it, train as they would have; newer ones generate from its policy")
+        else:  # (the last step of train.steps requests none ahead)
+            s.log(f"asynchronous resume: no batch was in flight at the step-{s.start_step} checkpoint; the next "
+                  f"ones generate from its policy")
+    rounds = RemoteRounds(s, engines, limit=None if cfg.rollout.filter_groups else cfg.train.steps,
+                          saved=s.in_flight)
     last_eval = dict(s.initial_eval)
     clean = False
     try:
@@ -219,7 +250,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
             except NoGroupKept as e:
                 raise TrainingStopped(f"step {step}: {e}") from e
             problems, comps, rewards, prompt_ids, batch = r.problems, r.comps, r.rewards, r.prompt_ids, r.batch
-            gen_version, sampler_state = r.version, r.sampler_state
+            gen_version = r.version
             diagnostic = step in (1, cfg.train.steps) or bool(cfg.train.eval_every and step % cfg.train.eval_every == 0)
             try:
                 lm, mismatch = learn(cfg, s.learner, batch, prompt_ids, comps, seed=r.seed,
@@ -250,8 +281,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
                 s.sync()  # the evaluation engine: shares the torch learner's model (a no-op), or a copy
                 last_eval = evaluate_and_report(s, step)
             if last or (cfg.train.save_every and step % cfg.train.save_every == 0):
-                # the sampler as step `step` left it: the prompts of the requests in flight are taken again on resume
-                save(s, step, sampler_state)
+                save(s, step, in_flight=rounds.checkpoint_batches())  # (the learner waits for the engines here)
         evaluate_unless_reported(s)
         rounds.drain()
         clean = True

@@ -29,6 +29,8 @@ import torch
 from pacs_fast.files import write_text_atomic
 
 MANIFEST = "manifest.json"
+# trainer-state entries kept in trainer_state.pt alone (not readable text: an asynchronous run's completions in flight)
+PICKLED_ONLY = frozenset({"in_flight"})
 # Files of the input model folder that a checkpoint carries unchanged (the weights and config.json
 # are the learner's own): tokenizer files, chat template, generation settings.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf")
@@ -137,7 +139,7 @@ def save_checkpoint(run_dir: str | Path, step: int, *, learner, model_dir: str |
             with open(tmp / "trainer_state.pt", "wb") as fh:
                 torch.save({**trainer_state, "step": step, "rng": rng_state()}, fh)
             readable = {k: v for k, v in trainer_state.items()
-                        if v is None or isinstance(v, (int, float, str, dict, list))}
+                        if k not in PICKLED_ONLY and (v is None or isinstance(v, (int, float, str, dict, list)))}
             (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **readable}, indent=1, default=str))
             manifest = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
             (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": manifest}, indent=1))

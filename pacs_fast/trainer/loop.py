@@ -181,16 +181,21 @@ def evaluate_unless_reported(s: Session) -> None:
         evaluate_and_report(s, s.start_step)
 
 
-def save(s: Session, step: int, sampler_state: dict | None = None) -> None:
-    """Checkpoint ``step`` (collective); a failure stops the run with the reason. ``sampler_state``:
-    where the sampler stood after step ``step``'s prompts, when it has run ahead (default: now)."""
+def save(s: Session, step: int, *, in_flight: list[dict] | None = None) -> None:
+    """Checkpoint ``step`` (collective); a failure stops the run with the reason. ``in_flight``: an asynchronous
+    run's generation batches requested ahead of the learner, with their completions (the sampler stands after
+    their prompts; a resume trains them as the uninterrupted run would have)."""
     t0 = time.perf_counter()
-    state = {"sampler": sampler_state or s.sampler.state_dict(), "initial_eval": s.initial_eval,
+    state = {"sampler": s.sampler.state_dict(), "initial_eval": s.initial_eval,
              "batches": s.batches, "wall_time_s": s.wall_time(), "data_sha1": s.data_sha1,
              "data_parallel": s.world.dp,  # (a resume on another number of groups trains otherwise: session)
              "code_versions": run_code_versions(s)}
     if hasattr(s.scorer, "state_dict"):
         state["scorer"] = s.scorer.state_dict()
+    if in_flight is not None:
+        state["in_flight"] = in_flight  # (trainer_state.pt only; trainer_state.json lists their indices)
+        state["in_flight_batches"] = [b["index"] for b in in_flight]
+
     def record():  # before the rename that publishes it: a kill right after it kept the checkpoint, not its record
         if s.logger:
             s.logger.log("checkpoint", step, {"time/checkpoint": time.perf_counter() - t0})

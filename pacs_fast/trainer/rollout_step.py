@@ -51,8 +51,7 @@ class StepRollouts:
     """This data-parallel group's rollouts of a step: ``problems[i]``'s completions ``comps[i]`` (``G``
     each), their ``rewards`` (flat, prompt-major), the learner's ``batch``, the index ``offset`` of
     ``problems[0]`` in the step's prompts, the step's update ``seed``, the filter's ``metrics``, the
-    oldest policy ``version`` that generated them (asynchronous rollouts; None otherwise) and the sampler
-    state after the last consumed round (``sampler_state``, asynchronous rollouts)."""
+    oldest policy ``version`` that generated them (asynchronous rollouts; None otherwise)."""
     problems: list[dict]
     comps: list
     rewards: list[float]
@@ -62,21 +61,18 @@ class StepRollouts:
     seed: int
     metrics: dict
     version: int | None = None
-    sampler_state: dict | None = None
 
 
 @dataclass
 class Round:
     """One generation batch (``P`` prompts; ``index``: its number in the run, from 1): this
     data-parallel group's share ``problems`` (the first at ``offset`` in the batch) and their
-    ``comps``, the policy ``version`` that generated them (None: the current one) and the sampler
-    state after its prompts were drawn."""
+    ``comps`` and the policy ``version`` that generated them (None: the current one)."""
     problems: list[dict]
     offset: int
     comps: list
     index: int
     version: int | None = None
-    sampler_state: dict | None = None
 
 
 def step_seed(cfg, step: int) -> int:
@@ -129,14 +125,13 @@ def rollout_step(s, step: int, timings: dict, rounds=None) -> StepRollouts:
         rounds.pause()
         timings["time/rollout"] = time.perf_counter() - t0
         rewards, prompt_ids, batch = score_and_batch(s, step, r.problems, r.comps, timings, offset=r.offset)
-        return StepRollouts(r.problems, r.comps, rewards, prompt_ids, batch, r.offset, seed, {}, r.version,
-                            r.sampler_state)
+        return StepRollouts(r.problems, r.comps, rewards, prompt_ids, batch, r.offset, seed, {}, r.version)
     need = P // world.dp
     kept_problems, kept_comps, kept_rewards, kept_versions = [], [], [], []
-    n_rounds, gen_time, score_time, last, gen_tokens = 0, 0.0, 0.0, None, 0
+    n_rounds, gen_time, score_time, gen_tokens = 0, 0.0, 0.0, 0
     while n_rounds < cfg.rollout.max_gen_batches and world.any(len(kept_problems) < need):
         t0 = time.perf_counter()
-        last = r = rounds.next()
+        r = rounds.next()
         gen_time += time.perf_counter() - t0
         gen_tokens += sum(len(c.token_ids) for cs in r.comps for c in cs)
         t0 = time.perf_counter()
@@ -180,4 +175,4 @@ def rollout_step(s, step: int, timings: dict, rounds=None) -> StepRollouts:
     if versions:  # asynchronous: each group's staleness (the policy that generated it vs the one it trains)
         metrics["rollout/staleness_mean"] = sum(step - 1 - v for v in versions) / len(versions)
     return StepRollouts(problems, comps, rewards, prompt_ids, batch, world.dp_rank * k, seed, metrics,
-                        min(versions) if versions else None, last.sampler_state)
+                        min(versions) if versions else None)

@@ -72,6 +72,9 @@ class Session:
     # from); None when that checkpoint did not record it (written before 2026-11-28)
     code_versions: list[str] = field(default_factory=list)  # the pacs_fast versions that trained the run, in order
     data_sha1: str = ""  # problems.data_digest of the training and held-out problems (kept in each checkpoint)
+    # an asynchronous run's generation batches in flight at the resumed checkpoint, with their completions
+    # (trainer/async_loop.py; None: a checkpoint that saved none, from before 2026-12-01 or of a synchronous run)
+    in_flight: list[dict] | None = None
     t_start: float = field(default_factory=time.perf_counter)  # when this session started (train() sets it)
 
     def wall_time(self) -> float | None:
@@ -225,6 +228,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
             settle_after_resume(run_dir, ckpt, cfg.train.keep_checkpoints)
         s.start_step = state["step"]
         s.batches = int(state.get("batches", s.start_step))  # (checkpoints before dynamic sampling: one per step)
+        s.in_flight = state.get("in_flight")
         wall = state.get("wall_time_s")  # (None: a checkpoint from before it was recorded, or from such a run)
         s.wall_before = None if wall is None else float(wall)
         line = resume_note(state.get("code_versions"), code_version())
