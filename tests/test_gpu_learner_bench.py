@@ -171,7 +171,7 @@ def test_token_budgets_are_positive_integers():
     """--token-budgets: 0 would mean no budget to the learner while the prediction counts no activations (a sweep
     found a false point on the memory curve), a fraction a bare traceback: argparse errors naming the option."""
     mod = bench()
-    assert mod._budgets("8704, 17408") == [8704, 17408] and mod._budgets("") == []
+    assert mod.budgets_arg("8704, 17408") == [8704, 17408] and mod.budgets_arg("") == []
     for bad in ("0", "-3", "1.5", "10,x"):
         with pytest.raises(SystemExit):
             mod.main(["--out", "/tmp/unused", "--dry-run", "--token-budgets", bad])
@@ -184,8 +184,8 @@ def test_bad_arguments_are_refused_by_the_parser():
     mod = bench()
     ok = ["--out", "/tmp/unused", "--dry-run", "--check-args"]
     assert mod.main(ok + ["--learners", "torch packed varlen, torch padded + SDPA", "--lengths", "4k, mix,300"]) == 0
-    assert mod._lengths("4k, mix,300") == ["4k", "mix", "300"]
-    assert mod._names(mod.LEARNERS, "learners")("torch packed varlen, torch padded + SDPA") == [
+    assert mod.lengths_arg("4k, mix,300") == ["4k", "mix", "300"]
+    assert mod.names_arg(mod.LEARNERS, "learners")("torch packed varlen, torch padded + SDPA") == [
         "torch packed varlen", "torch padded + SDPA"]
     for bad in (["--lengths", "0k"], ["--lengths", "-4k"], ["--lengths", "4x"], ["--lengths", ""],
                 ["--learners", "torch packed"], ["--shapes", "qwen3"], ["--steps", "0"], ["--steps", "-1"],

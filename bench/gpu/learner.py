@@ -41,8 +41,11 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)  # (also when a test loads this file by its path)
 
 import torch  # noqa: E402
+from learner_args import budgets_arg, lengths_arg, names_arg, positive_arg, seconds_arg  # noqa: E402
+from learner_profile import profile_shares, shares_of  # noqa: E402,F401 (shares_of: tests/test_gpu_learner_bench.py)
 
 SHAPES = {  # name: (layers, hidden, heads, kv_heads, ffn)
     "qwen2.5-1.5b": (28, 1536, 12, 2, 8960),
@@ -65,10 +68,6 @@ FIRST = [("4k", "torch packed varlen"), ("4k", "megatron packed THD"), ("mix", "
          ("4k", "torch packed varlen + Liger layers"), ("4k", "megatron packed THD + Liger SwiGLU"),
          ("4k", "torch padded + SDPA"), ("16k", "torch packed varlen"), ("1k", "torch packed varlen")]
 PROMPT = 256
-ATTENTION = ("flash", "fmha", "attention", "attn", "varlen", "sdpa", "scaled_dot_product")
-LOGPROB = ("linearlogprobs", "linear_logprobs", "bench.lm_head_loss", "dlogits", "_stats_", "_finish_kernel",
-           "_grad_bwd", "_pacs_", "fusedpacsloss")
-OPTIMIZER = ("optimizer.step", "optimizer.zero_grad", "adamw", "clip_grad")
 
 
 def lengths_for(spec: str, seed: int, dry: bool) -> tuple[list[int], int]:
@@ -164,63 +163,6 @@ def plan(shape, lengths, G, prompt, mem_bytes, learner_name, levels=RECOMPUTE, b
         return ckpt, lo, peak(lo), None
     return ckpt, group, None, (f"not run: a group of {group:,} tokens needs {peak(group) / 2**30:.0f} GiB with "
                                f"recompute {ckpt}, more than 80% of {mem_bytes / 2**30:.0f} GiB")
-
-
-def profile_shares(step) -> dict | None:
-    """Device-time shares of one ``step()``: attention, lm_head+loss, optimizer, other (torch.profiler;
-    each kernel by the op that launched it and its parents, else by its name)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            step()
-            torch.cuda.synchronize()
-        events = prof.events()
-    except Exception as e:  # noqa: BLE001 - the timings stand without it
-        print(f"profiler failed: {type(e).__name__}: {e}", flush=True)
-        return None
-    return shares_of(events, DeviceType.CPU, DeviceType.CUDA)
-
-
-def shares_of(events, cpu, cuda) -> dict:
-    """:func:`profile_shares` of a profiler's ``events`` (``cpu`` / ``cuda``: its device types): the four
-    shares, ``device_s`` (all kernels' time) and ``top_kernels`` (the 12 longest by name, seconds)."""
-    def kind(name):
-        n = name.lower()
-        for cat, keys in (("optimizer", OPTIMIZER), ("lm_head+loss", LOGPROB), ("attention", ATTENTION)):
-            if any(k in n for k in keys):
-                return cat
-        return None
-
-    sums = dict.fromkeys(("attention", "lm_head+loss", "optimizer", "other"), 0.0)
-    claimed: dict[str, float] = {}  # device time of the kernels an op launched, by kernel name
-    for e in events:
-        if e.device_type != cpu or not getattr(e, "kernels", None):
-            continue
-        cat, p = None, e
-        while p is not None and cat is None:
-            cat, p = kind(p.name), p.cpu_parent
-        for k in e.kernels:
-            sums[cat or kind(k.name) or "other"] += k.duration
-            claimed[k.name] = claimed.get(k.name, 0.0) + k.duration
-    # every kernel's time by name: the total (against the step's wall time: how busy the host keeps the GPU) and
-    # the kernels that take most of it (what a share does not say: the first H200 run found packed varlen rows
-    # 7-37% slower than padded SDPA at equal lengths)
-    per_kernel: dict[str, float] = {}
-    for e in events:
-        if e.device_type == cuda and not e.name.startswith("Activity Buffer"):
-            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
-    total = sum(per_kernel.values())
-    # kernels no op claimed (launched through the driver API, e.g. cuDNN's attention graphs) go by their own name: the
-    # first H200 run counted them as "other", which put padded SDPA's attention at 32k at an impossible ~950 TFLOP/s
-    for name, us in per_kernel.items():
-        sums[kind(name) or "other"] += max(us - claimed.get(name, 0.0), 0.0)
-    out = {k: v / max(sum(sums.values()), 1e-9) for k, v in sums.items()}
-    out["device_s"] = total / 1e6
-    out["top_kernels"] = [[name[:120], round(us / 1e6, 5)] for name, us in
-                          sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]]
-    return out
 
 
 def run_row(model, shape, shape_name, learner_name, spec, args, device, mem_bytes, t_end, token_budget=None) -> dict:
@@ -400,15 +342,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="folder for learner.json and learner.md")
     ap.add_argument("--dry-run", action="store_true", help="CPU, a tiny shape and tiny lengths (seconds)")
-    ap.add_argument("--budget-s", type=_seconds, default=180.0, help="rows not started after this many seconds")
-    ap.add_argument("--steps", type=_positive, default=3, help="timed updates per row (median)")
-    ap.add_argument("--shapes", type=_names(SHAPES, "shapes"), default=",".join(SHAPES))
-    ap.add_argument("--lengths", type=_lengths, default="4k,mix,16k,32k,1k",
+    ap.add_argument("--budget-s", type=seconds_arg, default=180.0, help="rows not started after this many seconds")
+    ap.add_argument("--steps", type=positive_arg, default=3, help="timed updates per row (median)")
+    ap.add_argument("--shapes", type=names_arg(SHAPES, "shapes"), default=",".join(SHAPES))
+    ap.add_argument("--lengths", type=lengths_arg, default="4k,mix,16k,32k,1k",
                     help="comma-separated response lengths: <n>k (n x 1,024 tokens), <n> tokens, or mix")
-    ap.add_argument("--learners", type=_names(LEARNERS, "learners"), default=",".join(LEARNERS))
+    ap.add_argument("--learners", type=names_arg(LEARNERS, "learners"), default=",".join(LEARNERS))
     ap.add_argument("--recompute", default="auto", choices=("auto", "off", "selective", "full"),
                     help="activation recompute of every row (auto: the least that fits, from the memory model)")
-    ap.add_argument("--token-budgets", default=[], type=_budgets,
+    ap.add_argument("--token-budgets", default=[], type=budgets_arg,
                     help="comma-separated learner.max_tokens_per_micro_batch values (positive integers): one row per "
                          "value (the memory curve; with --recompute), instead of the largest the memory model allows")
     ap.add_argument("--check-args", action="store_true", help="parse the arguments and exit (bench/gpu/lease.sh, "
@@ -459,67 +401,6 @@ def main(argv=None) -> int:
         del model
     print(table(rows, device, FORMULA))
     return 0
-
-
-def _budgets(text: str) -> list[int]:
-    """``--token-budgets``: positive integers, comma-separated (0 would mean no budget to the learner, and a
-    prediction without activations)."""
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"token budgets are comma-separated integers, got {text!r}") from None
-    if any(b < 1 for b in out):
-        raise argparse.ArgumentTypeError(f"token budgets must be >= 1, got {text!r}")
-    return out
-
-
-def _seconds(text: str) -> float:
-    """``--budget-s``: a finite number of seconds > 0 (nan compared false everywhere and ran rows without a model; 0 or
-    less starts no row)."""
-    try:
-        x = float(text)
-    except ValueError:
-        x = math.nan
-    if not math.isfinite(x) or x <= 0:
-        raise argparse.ArgumentTypeError(f"a finite number of seconds > 0, got {text!r}")
-    return x
-
-
-def _positive(text: str) -> int:
-    """``--steps``: timed updates per row, >= 1 (their median is the row's time)."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"a positive integer, got {text!r}")
-    return n
-
-
-def _lengths(text: str) -> list[str]:
-    """``--lengths``: comma-separated ``<n>k``, ``<n>`` (tokens, >= 1) or ``mix``, each checked here (a bad one had
-    ended the run with a traceback, ``0k`` with a division by zero, ``-4k`` timed an 8-token row)."""
-    out = [x.strip() for x in text.split(",") if x.strip()]
-    for x in out:
-        digits = x[:-1] if x.endswith("k") else x
-        if x != "mix" and not (digits.isdigit() and int(digits) > 0):
-            raise argparse.ArgumentTypeError(f"lengths are <n>k, <n> (tokens, >= 1) or mix, got {x!r} in {text!r}")
-    if not out:
-        raise argparse.ArgumentTypeError("no length given")
-    return out
-
-
-def _names(known, what: str):
-    """An argparse type: comma-separated names of ``known`` (spaces around the commas ignored), each checked here
-    (an unknown one had become a failed row, and the run went on)."""
-    def parse(text: str) -> list[str]:
-        out = [x.strip() for x in text.split(",") if x.strip()]
-        bad = [x for x in out if x not in known]
-        if bad or not out:
-            raise argparse.ArgumentTypeError(f"unknown {what} {bad or text!r}; known: {', '.join(known)}")
-        return out
-    parse.__name__ = what
-    return parse
 
 
 def row_order(specs, names) -> list[tuple[str, str]]:
