@@ -150,3 +150,30 @@ def test_bad_inputs(engine):
         HFEngine("x", batch_size=0)
     with pytest.raises(ValueError, match="sampler"):
         HFEngine(engine.model, engine.tokenizer, sampler="beam")
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_the_models_generation_defaults_do_not_reach_the_sampler(model_dir, tmp_path, sampler):
+    """A model folder's generation_config.json (Qwen's sets top_k, top_p, temperature, repetition_penalty) must
+    not change what the engine samples: transformers fills every setting a GenerationConfig leaves unset from it
+    (min_p, typical_p, suppress_tokens, ...), and ``sampler="generate"`` had sampled with min_p 0.2 from such a
+    file while its log-probs described the unfiltered distribution (a sweep of 2026-11-30). Here the file keeps
+    only the most likely token (min_p 0.999) and forbids most ids: the samples must equal those drawn without
+    the file, seed for seed."""
+    import json
+    import shutil
+
+    folder = tmp_path / "with_defaults"
+    shutil.copytree(model_dir, folder)
+    (folder / "generation_config.json").write_text(json.dumps({
+        "do_sample": True, "temperature": 0.3, "top_k": 5, "top_p": 0.5, "min_p": 0.999, "typical_p": 0.2,
+        "repetition_penalty": 1.5, "no_repeat_ngram_size": 1, "suppress_tokens": list(range(3, 60))}))
+    params = SamplingParams(n=6, temperature=1.0, max_new_tokens=8, seed=11, return_logprobs=True)
+    outs = []
+    for path in (model_dir, folder):
+        engine = HFEngine(path, batch_size=8, sampler=sampler)
+        outs.append(engine.generate(_prompts(engine, ["1+1=", "hello"]), params))
+    plain, with_file = ([c.token_ids for cs in out for c in cs] for out in outs)
+    assert len({tuple(t) for t in plain}) > 1  # (the plain samples differ: a min_p 0.999 filter would not)
+    assert with_file == plain
+    assert [c.logprobs for cs in outs[1] for c in cs] == [c.logprobs for cs in outs[0] for c in cs]

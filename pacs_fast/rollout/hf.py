@@ -84,6 +84,22 @@ SAMPLERS = ("lean", "generate")
 _MIN_BUCKET_ROWS = 128
 
 
+@contextlib.contextmanager
+def _blank_generation_defaults(model):
+    """Within: ``model.generation_config`` is a blank ``GenerationConfig``. ``model.generate`` fills every
+    setting the given config leaves unset from the model's own (transformers 5: ``min_p``, ``typical_p``,
+    ``suppress_tokens``, stop strings, ...: a Qwen folder's file sets four), which would filter what is
+    sampled while the recorded log-probs describe the unfiltered distribution."""
+    from transformers import GenerationConfig
+
+    saved = getattr(model, "generation_config", None)
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
 def eos_token_ids(tokenizer, generation_config) -> list[int]:
     """The ids generation stops at: the tokenizer's EOS, then the generation config's (an id or a list;
     ``generation_config`` may be None), each once, in that order."""
@@ -283,11 +299,12 @@ class HFEngine(LeanDecoder, RolloutEngine):
         recorder = LogprobRecorder() if params.return_logprobs else None
         # the padded rows are masked first: the recorder and the sampler see the real ids only
         processors = [p for p in (MaskPaddedRows(self.vocab_cut) if self.vocab_cut else None, recorder) if p]
-        out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device),
-            generation_config=self._generation_config(params),
-            logits_processor=LogitsProcessorList(processors) if processors else None,
-        )
+        with _blank_generation_defaults(self.model):
+            out = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                generation_config=self._generation_config(params),
+                logits_processor=LogitsProcessorList(processors) if processors else None,
+            )
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
         generated = sequences[:, width:].cpu()
         logprobs = recorder.finish(sequences).cpu() if recorder else None
