@@ -276,6 +276,12 @@ def test_two_step_run_with_overlong_shaping_and_filtering(tmp_path, cache, name)
     if name == "pacs":  # labels clipped into [0, 1]
         assert all(0.0 <= r["trained_reward"] <= 1.0 for r in rows)
     assert any(r["trained_reward"] < r["reward"] for r in rows) or not any(r["reward"] for r in rows)
+    # each row's length and ending: cut rows hold max_new_tokens = 4; only rows past 4 - buffer 2 tokens are shaped
+    for r in rows:
+        assert r["finish_reason"] in ("stop", "length") and 1 <= r["response_tokens"] <= 4, r
+        assert r["finish_reason"] == "stop" or r["response_tokens"] == 4, r
+        assert r["trained_reward"] == r["reward"] or r["response_tokens"] > 2, r
+    assert {r["finish_reason"] for r in rows} >= {"length"}  # (a barely warmed-up model runs long)
 
 
 def test_a_batch_cut_everywhere_is_a_warning():

@@ -201,7 +201,9 @@ def step_record(batch: RolloutBatch, comps, learner_metrics: dict, mismatch: dic
 def sample_rows(step: int, tokenizer, problems: list[dict], comps, rewards: list[float], terms: dict,
                 k: int, trained: list[float] | None = None) -> list[dict]:
     """The first ``k`` rollouts of the step (the first group's responses first): prompt text as the
-    model saw it (chat template included), response, reward (the verifier's) and, where the learner recorded
+    model saw it (chat template included), response, its length in tokens and how it ended (``finish_reason``:
+    ``"stop"``, an EOS; ``"length"``, cut at ``rollout.max_new_tokens``), reward (the verifier's) and, where the
+    learner recorded
     them per row, PACS's score terms (``psi``, ``pred_reward`` = sigmoid(psi)); ``trained``: the rewards (PACS's
     labels) the step trained on where they differ from the verifier's (overlong shaping), as ``trained_reward``."""
     G = len(comps[0]) if comps else 0
@@ -217,6 +219,7 @@ def sample_rows(step: int, tokenizer, problems: list[dict], comps, rewards: list
     for row in range(min(k, len(rewards))):
         i, j = divmod(row, G)
         out.append({"step": step, "row": row, "prompt": tokenizer.decode(list(problems[i]["prompt_ids"])),
-                    "response": comps[i][j].text, "answer": problems[i]["answer"], "reward": rewards[row],
+                    "response": comps[i][j].text, "response_tokens": len(comps[i][j].token_ids),
+                    "finish_reason": comps[i][j].finish_reason, "answer": problems[i]["answer"], "reward": rewards[row],
                     **({"trained_reward": trained[row]} if trained is not None else {}), **per_row.get(row, {})})
     return out

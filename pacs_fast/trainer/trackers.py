@@ -171,7 +171,8 @@ def _mlflow_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", name.replace("@", "_at_"))
 
 
-SAMPLE_COLUMNS = ("step", "prompt", "response", "answer", "reward", "trained_reward", "psi", "pred_reward")
+SAMPLE_COLUMNS = ("step", "prompt", "response", "response_tokens", "finish_reason", "answer", "reward", "trained_reward",
+                  "psi", "pred_reward")
 
 
 def _rows(rows: list[dict]) -> list[list]:
