@@ -307,6 +307,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("algo.loss_agg", cfg.algo.loss_agg, ("auto", "token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                                                  "seq-mean-token-sum-norm", "token-sum", "token-sum-norm"))
     _choice("rollout.engine", cfg.rollout.engine, ("hf", "vllm"))
+    _choice("rollout.dtype", cfg.rollout.dtype, ("auto", "float32", "bfloat16"))
     _choice("learner.backend", cfg.learner.backend, ("torch", "megatron"))
     _choice("learner.logprob_backend", cfg.learner.logprob_backend, ("auto", "triton", "torch"))
     if cfg.model.dtype == "float16":
@@ -323,10 +324,16 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("model.recompute_granularity", cfg.model.recompute_granularity, RECOMPUTE_GRANULARITIES)
     _validate_micro_batching(cfg)
     _validate_numbers(cfg)
-    if cfg.model.lm_head_fp32 and cfg.model.dtype == "float32" and cfg.rollout.engine == "hf":
-        raise ValueError("model.lm_head_fp32=true has nothing to upcast: model.dtype=float32 with rollout.engine=hf "
-                         "computes the LM head in fp32 already (it applies to bfloat16 models, or a bf16 "
-                         "vLLM engine)")
+    if cfg.rollout.dtype not in ("auto", cfg.model.dtype) and cfg.rollout.engine == "hf" and \
+            cfg.learner.backend == "torch":
+        raise ValueError(f"rollout.dtype={cfg.rollout.dtype}: with rollout.engine=hf the torch learner's engine samples "
+                         f"with the learner's own model (model.dtype={cfg.model.dtype}); an engine of its own comes "
+                         f"with rollout.engine=vllm or learner.backend=megatron, else leave rollout.dtype=auto")
+    engine_fp32 = cfg.rollout.dtype == "float32" or (cfg.rollout.engine == "hf" and cfg.rollout.dtype == "auto")
+    if cfg.model.lm_head_fp32 and cfg.model.dtype == "float32" and engine_fp32:
+        raise ValueError(f"model.lm_head_fp32=true has nothing to upcast: model.dtype=float32 with rollout.engine="
+                         f"{cfg.rollout.engine} and rollout.dtype={cfg.rollout.dtype} computes the LM head in fp32 "
+                         f"already (it applies to bfloat16 models, or a bf16 engine)")
     _validate_correction(cfg)
 
     G = cfg.rollout.n

@@ -74,17 +74,18 @@ def serve_engine(cfg: Config, roles: Roles) -> int:
     """An engine process: builds its engine on the model folder the driver names, then serves."""
     import torch
 
-    from pacs_fast.trainer.build import model_dtype, resolve_device, set_attention, vllm_cpu_sizes
+    from pacs_fast.trainer.build import engine_dtypes, resolve_device, set_attention, vllm_cpu_sizes
 
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     tp = cfg.rollout.tp_size
+    vllm_dtype, hf_dtype = engine_dtypes(cfg)
 
     def build(info):
         if cfg.rollout.engine == "vllm":
             from pacs_fast.rollout.parallel_engines import colocated_engine_kwargs
             from pacs_fast.rollout.vllm_engine import VLLMEngine
-            return VLLMEngine(info["model_path"], seed=cfg.train.seed, vocab_size=info["vocab_size"],
+            return VLLMEngine(info["model_path"], seed=cfg.train.seed, vocab_size=info["vocab_size"], dtype=vllm_dtype,
                               gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                               lm_head_fp32=cfg.model.lm_head_fp32,
                               **colocated_engine_kwargs(tp, len(roles.engine_ranks) // tp),
@@ -93,7 +94,7 @@ def serve_engine(cfg: Config, roles: Roles) -> int:
 
         from pacs_fast.rollout.hf import HFEngine
         tokenizer = AutoTokenizer.from_pretrained(info["model_path"])
-        engine = HFEngine(info["model_path"], tokenizer, device=resolve_device(cfg), dtype=model_dtype(cfg),
+        engine = HFEngine(info["model_path"], tokenizer, device=resolve_device(cfg), dtype=hf_dtype,
                           batch_size=info["batch_size"], lm_head_fp32=cfg.model.lm_head_fp32)
         set_attention(engine.model, cfg.model.attention)
         return engine

@@ -51,9 +51,17 @@ def set_attention(model, attention: str) -> None:
 
 
 def model_dtype(cfg: Config) -> torch.dtype:
-    """``model.dtype`` as a torch dtype: the learner's, and that of every HF engine (a copy built from
-    the folder samples in the learner's dtype, as the shared live model of a one-process run does)."""
+    """``model.dtype`` as a torch dtype: the learner's, and with ``rollout.dtype=auto`` that of every HF engine (a
+    copy built from the folder samples in the learner's dtype, as the shared live model of a one-process run does)."""
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
+
+
+def engine_dtypes(cfg: Config) -> tuple[str | None, torch.dtype]:
+    """``rollout.dtype`` of the engines with a model of their own: ``(vLLM's, an HF copy's)``; ``auto`` leaves
+    vLLM its default (None: bfloat16 with CUDA, float32 on CPU) and gives an HF copy ``model.dtype``."""
+    if cfg.rollout.dtype == "auto":
+        return None, model_dtype(cfg)
+    return cfg.rollout.dtype, getattr(torch, cfg.rollout.dtype)
 
 
 def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tuple[Learner, object]:
@@ -114,16 +122,17 @@ def build_engine(cfg: Config, model_path: Path, learner: Learner, live_model, to
     engines the evaluation goes to them too: :class:`pacs_fast.trainer.async_loop.EngineRanksEval`).
     ``model.lm_head_fp32`` gives every engine the fp32 LM head."""
     head = dict(lm_head_fp32=cfg.model.lm_head_fp32)
+    vllm_dtype, hf_dtype = engine_dtypes(cfg)
     if cfg.rollout.engine == "vllm" and not cfg.rollout.ranks:
         from pacs_fast.rollout.vllm_engine import VLLMEngine
         if world.size > 1:
             from pacs_fast.rollout.parallel_engines import colocated_engine_kwargs, sync_colocated
-            engine = VLLMEngine(str(model_path), seed=cfg.train.seed, vocab_size=len(tokenizer),
+            engine = VLLMEngine(str(model_path), seed=cfg.train.seed, vocab_size=len(tokenizer), dtype=vllm_dtype,
                                 gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                                 **colocated_engine_kwargs(world.tp, world.dp), **head,
                                 **vllm_cpu_sizes(cfg, model_path, world.tp))
             return engine, lambda: sync_colocated(engine, learner)
-        engine = VLLMEngine(str(model_path), seed=cfg.train.seed, vocab_size=len(tokenizer),
+        engine = VLLMEngine(str(model_path), seed=cfg.train.seed, vocab_size=len(tokenizer), dtype=vllm_dtype,
                             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, **head,
                             **vllm_cpu_sizes(cfg, model_path))
     else:
@@ -131,6 +140,6 @@ def build_engine(cfg: Config, model_path: Path, learner: Learner, live_model, to
         batch = generate_batch(cfg)
         if live_model is not None:
             return HFEngine(live_model, tokenizer, batch_size=batch, **head), (lambda: None)
-        engine = HFEngine(str(model_path), tokenizer, device=device, dtype=model_dtype(cfg), batch_size=batch, **head)
+        engine = HFEngine(str(model_path), tokenizer, device=device, dtype=hf_dtype, batch_size=batch, **head)
         set_attention(engine.model, cfg.model.attention)
     return engine, lambda: engine.sync_weights(learner.export_hf_weights())

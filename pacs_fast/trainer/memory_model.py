@@ -90,7 +90,8 @@ def hf_engine_bytes(cfg, shape: dict) -> int:
     rows = engine_rows(cfg)
     logits = VOCAB_COPIES * rows * shape["vocab"] * 4
     tokens = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens  # the cache holds the prompt too
-    kv = rows * shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * tokens * shape["bytes"]
+    b = {"float32": 4, "bfloat16": 2}.get(cfg.rollout.dtype, shape["bytes"])  # (rollout.dtype of an HF copy)
+    kv = rows * shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * tokens * b
     return logits + kv
 
 
