@@ -146,3 +146,16 @@ def test_a_resumed_run_whose_setup_fails_keeps_its_folder(tmp_path, capsys, monk
     assert e.value.code == 2 and capsys.readouterr().err.rstrip().endswith("error: simulated")
     after = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "r").rglob("*"))
     assert after == before
+
+
+def test_a_generation_batch_too_large_for_its_seed_range_is_refused():
+    """Response j of prompt i in generation batch b samples with seed batch_seed(b) + i * rollout.n + j, batches
+    2**20 apart: more responses per batch would repeat the next batch's seeds (a sweep of 2026-11-30)."""
+    from pacs_fast.trainer.rollout_step import BATCH_SEED_STRIDE, batch_seed
+
+    cfg = load_config(None, ["train.prompts_per_step=65536", "rollout.n=16", "learner.mini_batch_prompts=65536"])
+    validate(cfg, world=1)  # 2**20 responses: the seeds fill the range exactly
+    assert batch_seed(cfg, 2) - batch_seed(cfg, 1) == BATCH_SEED_STRIDE == 65536 * 16
+    with pytest.raises(ValueError, match=r"train.prompts_per_step x rollout.n = 65536 x 17 = 1,114,112 responses"):
+        validate(load_config(None, ["train.prompts_per_step=65536", "rollout.n=17",
+                                    "learner.mini_batch_prompts=65536"]), world=1)

@@ -8,6 +8,11 @@ from pacs_fast.config.paths import SHIPPED_DATASETS, validate_paths, warmup_cach
 from pacs_fast.config.schema import ALGORITHMS, RECOMPUTE_GRANULARITIES, Config, field_types, section_classes
 
 
+# responses of one generation batch at most: batch b samples response j of prompt i with the seed
+# batch_seed(b) + i * rollout.n + j, and consecutive batches' seeds lie this far apart (trainer/rollout_step.py)
+MAX_BATCH_SAMPLES = 2 ** 20
+
+
 def _choice(key: str, value: str, choices) -> None:
     if value not in choices:
         raise ValueError(f"{key} must be one of {', '.join(choices)}; got {value!r}")
@@ -359,6 +364,9 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if cfg.train.keep_checkpoints < 1:
         raise ValueError(f"train.keep_checkpoints must be >= 1, got {cfg.train.keep_checkpoints}")
     P, mini, micro = cfg.train.prompts_per_step, cfg.learner.mini_batch_prompts, cfg.learner.micro_batch_prompts
+    if P * G > MAX_BATCH_SAMPLES:
+        raise ValueError(f"train.prompts_per_step x rollout.n = {P} x {G} = {P * G:,} responses per generation batch, "
+                         f"more than {MAX_BATCH_SAMPLES:,}: consecutive batches would sample with the same seeds")
     if P % mini:
         raise ValueError(f"learner.mini_batch_prompts={mini} must divide train.prompts_per_step={P} "
                          f"(mini-batches keep whole groups)")

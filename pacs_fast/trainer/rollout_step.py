@@ -34,12 +34,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from pacs_fast.config.validation import MAX_BATCH_SAMPLES
 from pacs_fast.learner.base import RolloutBatch
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.trainer.problems import prompt_lists
 from pacs_fast.trainer.step import score_and_batch
 
-BATCH_SEED_STRIDE = 2 ** 20  # seeds of consecutive generation batches lie this far apart (> prompts x G)
+BATCH_SEED_STRIDE = MAX_BATCH_SAMPLES  # seeds of consecutive generation batches lie this far apart (>= prompts x G)
 
 
 class NoGroupKept(RuntimeError):
