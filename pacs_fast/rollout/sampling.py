@@ -63,6 +63,12 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
     ``u`` per row, the first token whose cumulative probability exceeds ``u * total``
     (zero-probability tokens are never drawn). ``uniforms``: the ``[rows]`` values of ``u`` in
     (0, 1) (e.g. :func:`row_uniforms`); default: drawn from the global torch RNG of the device.
+
+    Resolution: ``u`` on :func:`row_uniforms`' grid of 2**-23 and a float32 CDF make the draw exact only to
+    ~1.2e-7 per token: a token less likely than that is drawn with probability 0 or ~1.2e-7 at a step, not its
+    own (the tail's total is kept; which tail tokens hold it moves). Over Qwen's 151,936 ids the drawn
+    distribution differs from the reported log-probs' by up to about the tail's mass in total variation
+    (measured 4e-5 to 3e-3 on synthetic logits, 2026-11-30); vLLM's sampler has no such grid.
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
