@@ -348,11 +348,15 @@ def test_sample_rows_put_each_row_s_trained_reward_beside_its_reward():
     from pacs_fast.trainer.step import sample_rows
 
     tok = SimpleNamespace(decode=lambda ids: "p" + "".join(map(str, ids)))
-    comps = [[SimpleNamespace(text=f"r{i}{j}") for j in range(2)] for i in range(2)]
+    from pacs_fast.rollout.base import Completion
+
+    comps = [[Completion([1] * (i + j + 1), f"r{i}{j}", "length" if j else "stop") for j in range(2)] for i in range(2)]
     problems = [{"prompt_ids": [i], "answer": str(i)} for i in range(2)]
     rows = sample_rows(3, tok, problems, comps, [1.0, 0.0, 1.0, 1.0], {}, 4, trained=[0.5, 0.0, 1.0, 0.25])
     assert [(r["row"], r["response"], r["reward"], r["trained_reward"]) for r in rows] == [
         (0, "r00", 1.0, 0.5), (1, "r01", 0.0, 0.0), (2, "r10", 1.0, 1.0), (3, "r11", 1.0, 0.25)]
+    assert [(r["response_tokens"], r["finish_reason"]) for r in rows] == [(1, "stop"), (2, "length"), (2, "stop"),
+                                                                          (3, "length")]
     assert all("trained_reward" not in r for r in sample_rows(3, tok, problems, comps, [1.0] * 4, {}, 4))
 
 
