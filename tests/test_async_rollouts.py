@@ -118,7 +118,7 @@ def test_dynamic_sampling_ahead_of_the_learner_keeps_the_staleness_bound(tmp_pat
     split = tmp_path / "split"
     torchrun(2, [a for a in common if a != "train.run_name=ds"] + ["train.run_name=split", "train.steps=2"])
     kept = torch.load(split / "checkpoints" / "step_000002" / "trainer_state.pt", weights_only=False)
-    assert kept["in_flight"] and all(b["comps"] and b["version"] is not None for b in kept["in_flight"])
+    assert kept["in_flight"] and all(b["comps"]["per_prompt"] and b["version"] is not None for b in kept["in_flight"])
     out = torchrun(2, ["--resume", str(split), "train.steps=4"])
     assert f"{len(kept['in_flight'])} batch(es) in flight at the step-2 checkpoint" in out
     last = {r["step"]: r for r in deterministic_view(_train(split))}
@@ -161,7 +161,7 @@ def test_staleness_bound_and_resume_after_sigkill(tmp_path, warm_cache):
     assert resumed_from < steps
     kept = torch.load(split / "checkpoints" / f"step_{resumed_from:06d}" / "trainer_state.pt", weights_only=False)
     assert [b["index"] for b in kept["in_flight"]] == [resumed_from + 1]  # the batch requested ahead, generated
-    assert len(kept["in_flight"][0]["comps"]) == 4 and kept["in_flight"][0]["version"] == resumed_from - 1
+    assert kept["in_flight"][0]["comps"]["per_prompt"] == [4] * 4 and kept["in_flight"][0]["version"] == resumed_from - 1
     out = torchrun(2, ["--resume", str(split)], forked=False)
     assert "1 batch(es) in flight" in out
     recs = _train(split)

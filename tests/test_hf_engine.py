@@ -162,6 +162,7 @@ def test_the_models_generation_defaults_do_not_reach_the_sampler(model_dir, tmp_
     the file, seed for seed."""
     import json
     import shutil
+    import threading
 
     folder = tmp_path / "with_defaults"
     shutil.copytree(model_dir, folder)
@@ -177,3 +178,10 @@ def test_the_models_generation_defaults_do_not_reach_the_sampler(model_dir, tmp_
     assert len({tuple(t) for t in plain}) > 1  # (the plain samples differ: a min_p 0.999 filter would not)
     assert with_file == plain
     assert [c.logprobs for cs in outs[1] for c in cs] == [c.logprobs for cs in outs[0] for c in cs]
+    # the model keeps its own settings after the calls, also when two threads generate with it at once
+    threads = [threading.Thread(target=engine.generate, args=(_prompts(engine, ["1+1="]), params)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert engine.model.generation_config.min_p == 0.999 and engine.model.generation_config.top_k == 5

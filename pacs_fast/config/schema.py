@@ -108,8 +108,9 @@ class RolloutConfig:
     eval_top_p: float = _f(1.0, "nucleus sampling at evaluation")
     gpu_memory_utilization: float = _f(0.4, "vllm: share of GPU memory for the engine")
     dtype: str = _f("auto", "dtype of the engines with a model of their own (vLLM; the HF copy beside the megatron "
-                    "learner): auto (vLLM: bfloat16 with CUDA, float32 on CPU; an HF copy: model.dtype) | float32 | "
-                    "bfloat16. The torch learner's HF engine samples with the learner's model: model.dtype")
+                    "learner; rollout.ranks' engine processes): auto (vLLM: bfloat16 with CUDA, float32 on CPU; an HF "
+                    "copy: model.dtype) | float32 | bfloat16. An HF engine that shares the torch learner's model (the "
+                    "one-process run's; the held-out evaluation beside rollout.ranks' HF engines) samples in model.dtype")
     ranks: int = _f(0, "asynchronous rollouts: torchrun processes 0..R-1 run rollout engines, the rest the learner "
                     "(torchrun --nproc_per_node R+L); 0 = engines inside the learner's processes")
     tp_size: int = _f(1, "with rollout.ranks and rollout.engine=vllm: tensor-parallel size of each engine "

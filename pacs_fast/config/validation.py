@@ -330,10 +330,12 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _validate_micro_batching(cfg)
     _validate_numbers(cfg)
     if cfg.rollout.dtype not in ("auto", cfg.model.dtype) and cfg.rollout.engine == "hf" and \
-            cfg.learner.backend == "torch":
+            cfg.learner.backend == "torch" and not cfg.rollout.ranks:
         raise ValueError(f"rollout.dtype={cfg.rollout.dtype}: with rollout.engine=hf the torch learner's engine samples "
                          f"with the learner's own model (model.dtype={cfg.model.dtype}); an engine of its own comes "
-                         f"with rollout.engine=vllm or learner.backend=megatron, else leave rollout.dtype=auto")
+                         f"with rollout.engine=vllm, learner.backend=megatron or rollout.ranks >= 1, else leave "
+                         f"rollout.dtype=auto")
+    # (as pacs_fast.trainer.build.engine_dtypes resolves auto: an HF engine in model.dtype)
     engine_fp32 = cfg.rollout.dtype == "float32" or (cfg.rollout.engine == "hf" and cfg.rollout.dtype == "auto")
     if cfg.model.lm_head_fp32 and cfg.model.dtype == "float32" and engine_fp32:
         raise ValueError(f"model.lm_head_fp32=true has nothing to upcast: model.dtype=float32 with rollout.engine="

@@ -51,6 +51,32 @@ class Completion:
     logprobs: list[float] | None = None
 
 
+def pack_completions(comps: list[list[Completion]]) -> dict:
+    """``comps`` (per prompt, its completions) as a few flat tensors and lists (what a checkpoint stores: about
+    12 bytes a token, no pickled objects); :func:`unpack_completions` gives them back equal, float for float."""
+    flat = [c for cs in comps for c in cs]
+    return {"per_prompt": [len(cs) for cs in comps], "lengths": torch.tensor([len(c.token_ids) for c in flat]),
+            "token_ids": torch.tensor([t for c in flat for t in c.token_ids], dtype=torch.int64),
+            "texts": [c.text for c in flat], "finish_reasons": [c.finish_reason for c in flat],
+            "has_logprobs": [c.logprobs is not None for c in flat],
+            "logprobs": torch.tensor([x for c in flat for x in (c.logprobs or ())], dtype=torch.float64)}
+
+
+def unpack_completions(packed: dict) -> list[list[Completion]]:
+    """The completions :func:`pack_completions` packed."""
+    lengths = packed["lengths"].tolist()
+    ids, lps = packed["token_ids"].tolist(), packed["logprobs"].tolist()
+    flat, at, at_lp = [], 0, 0
+    for n, text, reason, has in zip(lengths, packed["texts"], packed["finish_reasons"], packed["has_logprobs"]):
+        flat.append(Completion(ids[at:at + n], text, reason, lps[at_lp:at_lp + n] if has else None))
+        at, at_lp = at + n, at_lp + (n if has else 0)
+    out, at = [], 0
+    for k in packed["per_prompt"]:
+        out.append(flat[at:at + k])
+        at += k
+    return out
+
+
 def check_prompt_token_ids(prompt_token_ids, *, max_len: int | None = None) -> list[list[int]]:
     """Validates ``prompt_token_ids`` (a list of non-empty token-id lists or 1-D tensors) and returns
     it as lists of ints; ``max_len`` bounds each prompt's length (exclusive)."""

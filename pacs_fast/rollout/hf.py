@@ -35,7 +35,8 @@
 - ``sampler="generate"``: ``model.generate`` on prompts repeated ``n`` times, left-padded, in
   chunks of ``batch_size`` rows, with a clean ``GenerationConfig`` (sampling unless
   ``temperature == 0``, ``top_p``, ``top_k`` off, no repetition penalty); log-probs are recorded
-  by a logits processor that sees the raw logits before temperature / top-p.
+  by a logits processor that sees the raw logits before temperature / top-p. During the call the model's
+  ``generation_config`` is a blank one (transformers would fill unset settings from it), restored after.
 
 Both samplers draw from the same distribution and are greedy-identical, but they consume random
 numbers differently: the same seed gives different samples under the two.
@@ -66,6 +67,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 from pathlib import Path
 from typing import Iterable
 
@@ -84,20 +86,30 @@ SAMPLERS = ("lean", "generate")
 _MIN_BUCKET_ROWS = 128
 
 
+_GENERATE = threading.Lock()  # one blank-config generate call at a time in this process (see below)
+_MISSING = object()
+
+
 @contextlib.contextmanager
 def _blank_generation_defaults(model):
     """Within: ``model.generation_config`` is a blank ``GenerationConfig``. ``model.generate`` fills every
     setting the given config leaves unset from the model's own (transformers 5: ``min_p``, ``typical_p``,
     ``suppress_tokens``, stop strings, ...: a Qwen folder's file sets four), which would filter what is
-    sampled while the recorded log-probs describe the unfiltered distribution."""
+    sampled while the recorded log-probs describe the unfiltered distribution. The model's own is back on
+    exit, also after an error; calls from several threads take turns (two interleaved swaps on one model
+    would restore each other's blank one)."""
     from transformers import GenerationConfig
 
-    saved = getattr(model, "generation_config", None)
-    model.generation_config = GenerationConfig()
-    try:
-        yield
-    finally:
-        model.generation_config = saved
+    with _GENERATE:
+        saved = getattr(model, "generation_config", _MISSING)
+        model.generation_config = GenerationConfig()
+        try:
+            yield
+        finally:
+            if saved is _MISSING:
+                del model.generation_config
+            else:
+                model.generation_config = saved
 
 
 def eos_token_ids(tokenizer, generation_config) -> list[int]:

@@ -31,11 +31,12 @@ Evaluation: with vLLM engines the held-out prompts go to the engine ranks like a
 weights of the step they evaluate (:class:`EngineRanksEval`: no learner process holds a model copy
 for it, and the records equal the one-process vLLM run's); with HF engines it runs on the learner's
 processes (on the torch learner's live policy, or an HF copy synced from megatron's).
-A checkpoint waits for the batches in flight (the engines idle while it is written) and stores them with
-their completions and policy versions, and the sampler position after their prompts, so ``--resume`` goes on
-exactly as the uninterrupted run: the same batches at the same steps, the same records and weights (a
-checkpoint written before they were saved: its batches in flight are regenerated from its policy, with
-staleness 0).
+A checkpoint stores the batches in flight with their completions and policy versions (collected once the
+learner's files are written: the engines generate them meanwhile), and the sampler position after their
+prompts, so ``--resume`` goes on exactly as the uninterrupted run: the same batches at the same steps, the same
+records and weights. Not so for a finished run extended by a larger ``train.steps`` without dynamic sampling (its
+last step requested nothing ahead: the next generates from the last policy), nor from a checkpoint written
+before the batches were saved (those in flight are regenerated from its policy, with staleness 0).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from pathlib import Path
 
 from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
-from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams
+from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, pack_completions, unpack_completions
 from pacs_fast.rollout.remote import RemoteEngines, serve
 from pacs_fast.trainer.loop import (TrainingStopped, evaluate_and_report, evaluate_unless_reported, finish,
                                    log_samples, reset_reference_if_due, save)
@@ -74,32 +75,35 @@ def serve_engine(cfg: Config, roles: Roles) -> int:
     """An engine process: builds its engine on the model folder the driver names, then serves."""
     import torch
 
-    from pacs_fast.trainer.build import engine_dtypes, resolve_device, set_attention, vllm_cpu_sizes
-
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     tp = cfg.rollout.tp_size
+    return serve(lambda info: engine_process_engine(cfg, info, len(roles.engine_ranks) // tp), roles.bridge,
+                 roles.driver, answers=roles.rank % tp == 0)
+
+
+def engine_process_engine(cfg: Config, info: dict, n_engines: int):
+    """The engine of an engine process: vLLM (one of ``n_engines``, ``rollout.tp_size`` processes each) or HF, on
+    the folder ``info["model_path"]``, in ``rollout.dtype`` (:func:`~pacs_fast.trainer.build.engine_dtypes`)."""
+    from pacs_fast.trainer.build import engine_dtypes, resolve_device, set_attention, vllm_cpu_sizes
+
     vllm_dtype, hf_dtype = engine_dtypes(cfg)
+    tp = cfg.rollout.tp_size
+    if cfg.rollout.engine == "vllm":
+        from pacs_fast.rollout.parallel_engines import colocated_engine_kwargs
+        from pacs_fast.rollout.vllm_engine import VLLMEngine
+        return VLLMEngine(info["model_path"], seed=cfg.train.seed, vocab_size=info["vocab_size"], dtype=vllm_dtype,
+                          gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                          lm_head_fp32=cfg.model.lm_head_fp32, **colocated_engine_kwargs(tp, n_engines),
+                          **vllm_cpu_sizes(cfg, info["model_path"], tp))
+    from transformers import AutoTokenizer
 
-    def build(info):
-        if cfg.rollout.engine == "vllm":
-            from pacs_fast.rollout.parallel_engines import colocated_engine_kwargs
-            from pacs_fast.rollout.vllm_engine import VLLMEngine
-            return VLLMEngine(info["model_path"], seed=cfg.train.seed, vocab_size=info["vocab_size"], dtype=vllm_dtype,
-                              gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                              lm_head_fp32=cfg.model.lm_head_fp32,
-                              **colocated_engine_kwargs(tp, len(roles.engine_ranks) // tp),
-                              **vllm_cpu_sizes(cfg, info["model_path"], tp))
-        from transformers import AutoTokenizer
-
-        from pacs_fast.rollout.hf import HFEngine
-        tokenizer = AutoTokenizer.from_pretrained(info["model_path"])
-        engine = HFEngine(info["model_path"], tokenizer, device=resolve_device(cfg), dtype=hf_dtype,
-                          batch_size=info["batch_size"], lm_head_fp32=cfg.model.lm_head_fp32)
-        set_attention(engine.model, cfg.model.attention)
-        return engine
-
-    return serve(build, roles.bridge, roles.driver, answers=roles.rank % tp == 0)
+    from pacs_fast.rollout.hf import HFEngine
+    tokenizer = AutoTokenizer.from_pretrained(info["model_path"])
+    engine = HFEngine(info["model_path"], tokenizer, device=resolve_device(cfg), dtype=hf_dtype,
+                      batch_size=info["batch_size"], lm_head_fp32=cfg.model.lm_head_fp32)
+    set_attention(engine.model, cfg.model.attention)
+    return engine
 
 
 class RemoteRounds:
@@ -119,7 +123,7 @@ class RemoteRounds:
         self.next_index = s.batches + 1
         for b in saved or ():  # a checkpoint's batches in flight (see checkpoint_batches)
             self.in_flight.append((b["index"], b["problems"]))
-            self.ready[b["index"]] = (b["comps"], b["version"])
+            self.ready[b["index"]] = (unpack_completions(b["comps"]), b["version"])
             self.next_index = b["index"] + 1
 
     def _request(self) -> None:
@@ -151,15 +155,15 @@ class RemoteRounds:
         return self.s.world.broadcast((comps, version))
 
     def checkpoint_batches(self) -> list[dict]:
-        """The batches in flight with their completions, for a checkpoint (collective: the learner waits until the
-        engines have generated them). A resume trains them at the steps the uninterrupted run would have, and
-        the sampler stands after their prompts, so the run goes on as if it had not stopped."""
+        """The batches in flight with their completions (``pack_completions``), for a checkpoint (collective: the
+        learner waits until the engines have generated them). A resume trains them at the steps the uninterrupted
+        run would have, and the sampler stands after their prompts, so the run goes on as if it had not stopped."""
         out = []
         for index, problems in self.in_flight:
             if index not in self.ready:
                 self.ready[index] = self._collect(index)
             comps, version = self.ready[index]
-            out.append({"index": index, "problems": problems, "comps": comps, "version": version})
+            out.append({"index": index, "problems": problems, "comps": pack_completions(comps), "version": version})
         return out
 
     def pause(self) -> None:
@@ -234,11 +238,12 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
         elif s.in_flight:
             s.log(f"asynchronous resume: {len(s.in_flight)} batch(es) in flight at the step-{s.start_step} "
                   f"checkpoint, saved with it, train as they would have; newer ones generate from its policy")
-        else:  # (the last step of train.steps requests none ahead)
+        else:  # (with K = 0, or at the last of train.steps without dynamic sampling, none is requested ahead)
             s.log(f"asynchronous resume: no batch was in flight at the step-{s.start_step} checkpoint; the next "
                   f"ones generate from its policy")
     rounds = RemoteRounds(s, engines, limit=None if cfg.rollout.filter_groups else cfg.train.steps,
                           saved=s.in_flight)
+    s.in_flight = None  # (the rounds hold them until their steps)
     last_eval = dict(s.initial_eval)
     clean = False
     try:
@@ -282,7 +287,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
                 s.sync()  # the evaluation engine: shares the torch learner's model (a no-op), or a copy
                 last_eval = evaluate_and_report(s, step)
             if last or (cfg.train.save_every and step % cfg.train.save_every == 0):
-                save(s, step, in_flight=rounds.checkpoint_batches())  # (the learner waits for the engines here)
+                save(s, step, in_flight=rounds.checkpoint_batches)  # (the learner waits for the engines there)
         evaluate_unless_reported(s)
         rounds.drain()
         clean = True

@@ -110,14 +110,16 @@ def _disk_error(e: BaseException, where: Path) -> str | None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, *, learner, model_dir: str | Path, config_yaml: Path,
-                    trainer_state: dict, world, keep: int = 2, before_publish=None) -> Path:
+                    trainer_state: dict, world, keep: int = 2, before_publish=None, late_state=None) -> Path:
     """Writes checkpoint ``step`` atomically and prunes all but the newest ``keep``. Returns its path.
 
     Collective: every rank calls it (the learner's state and weights are gathered inside); only
     ``world.is_main`` writes the shared files. Raises :class:`CheckpointError` on a write failure
     (after removing the temporary folder). ``before_publish()``: called on the main rank once the checkpoint is
     complete, just before its rename makes it the newest (the trainer records it there: a stop after the rename
-    finds the record written; one before it, a record that the resume from the older checkpoint supersedes)."""
+    finds the record written; one before it, a record that the resume from the older checkpoint supersedes).
+    ``late_state()``: more trainer state, asked for on every rank (collective) once the learner's files are written
+    (an asynchronous run's batches in flight: the engines generate them meanwhile); its errors pass through."""
     ckpt_root = Path(run_dir) / "checkpoints"
     name = f"step_{step:06d}"
     final, tmp = ckpt_root / name, ckpt_root / f".tmp-{name}"
@@ -130,7 +132,17 @@ def save_checkpoint(run_dir: str | Path, step: int, *, learner, model_dir: str |
     try:
         _save_learner_state(learner, tmp, world)
         learner.save_hf(tmp)  # collective; the writing rank writes
-        if world.is_main:
+    except Exception as e:  # noqa: BLE001 - OSError, torch's RuntimeError, safetensors' SafetensorError, ...:
+        failure = e  # every rank learns of it below (a rank that raised alone would leave the others waiting)
+    if late_state is not None and not world.any(failure is not None):
+        try:
+            trainer_state = {**trainer_state, **late_state()}
+        except BaseException:
+            if world.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    try:
+        if failure is None and world.is_main:
             keep_input_config_keys(tmp / "config.json", Path(model_dir) / "config.json")
             for f in model_side_files(model_dir):
                 if not (tmp / f.name).exists():  # what the learner wrote stays
@@ -144,8 +156,8 @@ def save_checkpoint(run_dir: str | Path, step: int, *, learner, model_dir: str |
             manifest = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
             (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": manifest}, indent=1))
             _fsync_tree(tmp)
-    except Exception as e:  # noqa: BLE001 - OSError, torch's RuntimeError, safetensors' SafetensorError, ...:
-        failure = e  # every rank learns of it below (a rank that raised alone would leave the others waiting)
+    except Exception as e:  # noqa: BLE001 - the main rank's writes, as above
+        failure = e
     if world.any(failure is not None):
         if world.is_main:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -181,10 +181,11 @@ def evaluate_unless_reported(s: Session) -> None:
         evaluate_and_report(s, s.start_step)
 
 
-def save(s: Session, step: int, *, in_flight: list[dict] | None = None) -> None:
-    """Checkpoint ``step`` (collective); a failure stops the run with the reason. ``in_flight``: an asynchronous
-    run's generation batches requested ahead of the learner, with their completions (the sampler stands after
-    their prompts; a resume trains them as the uninterrupted run would have)."""
+def save(s: Session, step: int, *, in_flight=None) -> None:
+    """Checkpoint ``step`` (collective); a failure stops the run with the reason. ``in_flight()``: an asynchronous
+    run's generation batches requested ahead of the learner, with their completions (collective; asked for once
+    the weights are written: the engines generate meanwhile). The sampler stands after their prompts; a resume
+    trains them as the uninterrupted run would have."""
     t0 = time.perf_counter()
     state = {"sampler": s.sampler.state_dict(), "initial_eval": s.initial_eval,
              "batches": s.batches, "wall_time_s": s.wall_time(), "data_sha1": s.data_sha1,
@@ -192,9 +193,10 @@ def save(s: Session, step: int, *, in_flight: list[dict] | None = None) -> None:
              "code_versions": run_code_versions(s)}
     if hasattr(s.scorer, "state_dict"):
         state["scorer"] = s.scorer.state_dict()
-    if in_flight is not None:
-        state["in_flight"] = in_flight  # (trainer_state.pt only; trainer_state.json lists their indices)
-        state["in_flight_batches"] = [b["index"] for b in in_flight]
+
+    def late():  # (trainer_state.pt only; trainer_state.json lists their indices)
+        batches = in_flight()
+        return {"in_flight": batches, "in_flight_batches": [b["index"] for b in batches]}
 
     def record():  # before the rename that publishes it: a kill right after it kept the checkpoint, not its record
         if s.logger:
@@ -203,7 +205,7 @@ def save(s: Session, step: int, *, in_flight: list[dict] | None = None) -> None:
     try:
         save_checkpoint(s.run_dir, step, learner=s.learner, model_dir=s.model_path,
                         config_yaml=s.run_dir / "config.yaml", world=s.world, keep=s.cfg.train.keep_checkpoints,
-                        trainer_state=state, before_publish=record)
+                        trainer_state=state, before_publish=record, late_state=late if in_flight else None)
     except CheckpointError as e:
         raise TrainingStopped(f"step {step}: {e}") from e
 

@@ -53,7 +53,11 @@ def model_shape(cfg) -> dict:
 
 
 def _dtype_bytes(cfg) -> int:
-    return 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
+    return _bytes_of(cfg.model.dtype)
+
+
+def _bytes_of(dtype: str) -> int:
+    return 2 if dtype in ("bfloat16", "float16") else 4
 
 
 def _tied(config: dict) -> bool:
@@ -90,7 +94,7 @@ def hf_engine_bytes(cfg, shape: dict) -> int:
     rows = engine_rows(cfg)
     logits = VOCAB_COPIES * rows * shape["vocab"] * 4
     tokens = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens  # the cache holds the prompt too
-    b = {"float32": 4, "bfloat16": 2}.get(cfg.rollout.dtype, shape["bytes"])  # (rollout.dtype of an HF copy)
+    b = shape["bytes"] if cfg.rollout.dtype == "auto" else _bytes_of(cfg.rollout.dtype)  # (an HF copy's rollout.dtype)
     kv = rows * shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * tokens * b
     return logits + kv
 
