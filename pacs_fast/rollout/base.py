@@ -52,14 +52,19 @@ class Completion:
 
 
 def pack_completions(comps: list[list[Completion]]) -> dict:
-    """``comps`` (per prompt, its completions) as a few flat tensors and lists (what a checkpoint stores: about
-    12 bytes a token, no pickled objects); :func:`unpack_completions` gives them back equal, float for float."""
+    """``comps`` (per prompt, its completions) as a few flat tensors and lists (what a checkpoint stores, no pickled
+    objects: 8 bytes a token, int32 ids and float32 log-probs, which every engine's are, else float64, plus the
+    text); :func:`unpack_completions` gives them back equal, float for float."""
     flat = [c for cs in comps for c in cs]
+    ids = torch.tensor([t for c in flat for t in c.token_ids], dtype=torch.int64)
+    lps = torch.tensor([x for c in flat for x in (c.logprobs or ())], dtype=torch.float64)
+    if ids.numel() and -2**31 <= int(ids.min()) and int(ids.max()) < 2**31:
+        ids = ids.to(torch.int32)
+    if torch.equal(lps.float().double(), lps):  # (a NaN stays float64)
+        lps = lps.float()
     return {"per_prompt": [len(cs) for cs in comps], "lengths": torch.tensor([len(c.token_ids) for c in flat]),
-            "token_ids": torch.tensor([t for c in flat for t in c.token_ids], dtype=torch.int64),
-            "texts": [c.text for c in flat], "finish_reasons": [c.finish_reason for c in flat],
-            "has_logprobs": [c.logprobs is not None for c in flat],
-            "logprobs": torch.tensor([x for c in flat for x in (c.logprobs or ())], dtype=torch.float64)}
+            "token_ids": ids, "texts": [c.text for c in flat], "finish_reasons": [c.finish_reason for c in flat],
+            "has_logprobs": [c.logprobs is not None for c in flat], "logprobs": lps}
 
 
 def unpack_completions(packed: dict) -> list[list[Completion]]:
