@@ -185,6 +185,32 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 HUB_MODEL_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "*.py"]
 
 
+def model_folder_problem(path: str | Path) -> str | None:
+    """What keeps the existing ``path`` from being a usable Hugging Face model folder, as the rest of a sentence
+    that starts with its name (``" is a file; ..."``, ``": <problem>"``), else None: a file, an unfinished
+    checkpoint, no ``config.json``, no tokenizer files, a config, weights or vocabulary that cannot load. Read by
+    ``model.path`` (pacs_fast/config/paths.py) and the eval command's ``--model`` (pacs_fast/evaluation/args.py)."""
+    path = Path(path)
+    if not path.is_dir():
+        return (f" is a file; give the Hugging Face model folder (the one holding config.json)"
+                f"{run_folder_hint(path.parent)}")
+    problem = unfinished_checkpoint_problem(path)
+    if problem:
+        return f": {problem}"
+    if not (path / "config.json").is_file():
+        return f" has no config.json: not a Hugging Face model folder{run_folder_hint(path)}"
+    if not has_tokenizer(path):  # transformers would build an empty tokenizer without a word
+        return f" has no tokenizer files ({' / '.join(TOKENIZER_FILES)}): copy the model's tokenizer into that folder"
+    problem = config_problem(path)
+    if problem:
+        return f": {problem}"
+    problem = weights_problem(path)
+    if problem:
+        return f": {problem}; copy the model's weights again"
+    problem = vocab_problem(path)
+    return f": {problem}" if problem else None
+
+
 def hf_hub_offline() -> bool:
     """Whether Hugging Face's offline mode is on (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``, as
     huggingface_hub reads them: 1 / true / yes / on)."""

@@ -10,9 +10,7 @@ import os
 from pathlib import Path
 
 from pacs_fast.config.dataset_files import dataset_exists, dataset_files
-from pacs_fast.config.model_files import (TOKENIZER_FILES, config_problem, has_tokenizer, hub_model_folder,
-                                          run_folder_hint, unfinished_checkpoint_problem, vocab_problem,
-                                          weights_problem)
+from pacs_fast.config.model_files import hub_model_folder, model_folder_problem
 from pacs_fast.config.schema import Config
 
 # Names data.dataset / data.eval_dataset accept besides files (pacs_fast.data.datasets ships them;
@@ -94,27 +92,9 @@ def validate_paths(cfg: Config) -> None:
                 raise ValueError(f"model.path {cfg.model.path!r} does not exist (give a Hugging Face model folder or "
                                  f"hub id, or leave it empty for the built-in tiny model)")
             cfg.model.path, path = str(snapshot), snapshot
-        if not path.is_dir():
-            raise ValueError(f"model.path {cfg.model.path!r} is a file; give the Hugging Face model folder"
-                             f"{run_folder_hint(path.parent)}")
-        problem = unfinished_checkpoint_problem(path)
+        problem = model_folder_problem(path)
         if problem:
-            raise ValueError(f"model.path {cfg.model.path!r}: {problem}")
-        if not (path / "config.json").is_file():
-            raise ValueError(f"model.path {cfg.model.path!r} has no config.json: not a Hugging Face model folder"
-                             f"{run_folder_hint(path)}")
-        if not has_tokenizer(path):
-            raise ValueError(f"model.path {cfg.model.path!r} has no tokenizer files ({' / '.join(TOKENIZER_FILES)}): "
-                             f"copy the model's tokenizer into that folder")
-        problem = config_problem(path)
-        if problem:
-            raise ValueError(f"model.path {cfg.model.path!r}: {problem}")
-        problem = weights_problem(path)
-        if problem:
-            raise ValueError(f"model.path {cfg.model.path!r}: {problem}; copy the model's weights again")
-        problem = vocab_problem(path)
-        if problem:
-            raise ValueError(f"model.path {cfg.model.path!r}: {problem}")
+            raise ValueError(f"model.path {cfg.model.path!r}{problem}")
     if not cfg.train.out_dir.strip():
         raise ValueError("train.out_dir is empty: give the folder runs go in ('.' for the current one)")
     _check_writable("train.out_dir", Path(cfg.train.out_dir).expanduser())

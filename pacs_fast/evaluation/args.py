@@ -13,9 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from pacs_fast.config.model_files import (TOKENIZER_FILES, config_problem, has_tokenizer, hf_hub_offline,
-                                          run_folder_hint, unfinished_checkpoint_problem, vocab_problem,
-                                          weights_problem)
+from pacs_fast.config.model_files import hf_hub_offline, model_folder_problem
 from pacs_fast.config.validation import MIN_TEMPERATURE
 from pacs_fast.reward.verifier import MAX_TIME_LIMIT
 
@@ -38,27 +36,9 @@ def check_model(model: str) -> None:
     """``--model``: a Hugging Face model folder (with ``config.json``), or a hub id (cached, when offline)."""
     path = Path(model).expanduser()
     if path.exists():
-        if not path.is_dir():
-            raise UsageError(f"--model {model}: is a file; give the model's folder (the one holding config.json)"
-                             f"{run_folder_hint(path.parent)}")
-        problem = unfinished_checkpoint_problem(path)
+        problem = model_folder_problem(path)
         if problem:
-            raise UsageError(f"--model {model}: {problem}")
-        if not (path / "config.json").is_file():
-            raise UsageError(f"--model {model}: no config.json in that folder (not a Hugging Face model folder)"
-                             f"{run_folder_hint(path)}")
-        if not has_tokenizer(path):  # transformers would build an empty tokenizer without a word
-            raise UsageError(f"--model {model}: no tokenizer files in that folder ({' / '.join(TOKENIZER_FILES)}); "
-                             f"copy the model's tokenizer into it")
-        problem = config_problem(path)
-        if problem:
-            raise UsageError(f"--model {model}: {problem}")
-        problem = weights_problem(path)
-        if problem:
-            raise UsageError(f"--model {model}: {problem}; copy the model's weights again")
-        problem = vocab_problem(path)
-        if problem:
-            raise UsageError(f"--model {model}: {problem}")
+            raise UsageError(f"--model {model}{problem}")
         return
     if not _REPO_ID.fullmatch(model) or model.startswith((".", "~")):
         raise UsageError(f"--model {model}: no such folder")
