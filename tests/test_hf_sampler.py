@@ -11,6 +11,7 @@ import torch
 from pacs_fast.data.tiny import build_char_tokenizer, make_tiny_model
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.rollout.hf import _MIN_BUCKET_ROWS, HFEngine
+from pacs_fast.rollout import sampling
 from pacs_fast.rollout.sampling import row_keys, row_uniforms, sample_tokens, top_p_remove_mask
 
 
@@ -132,41 +133,83 @@ def test_sample_tokens_greedy_and_support(seed):
 
 
 def test_a_uniform_at_the_top_never_draws_a_filtered_token(seed):
-    """The largest uniforms (1 - 2**-24, and 1 itself from a caller) on rows whose last tokens are filtered
+    """The largest uniforms (1 - 2**-53, and 1 itself from a caller) on rows whose last tokens are filtered
     (-inf: a padded vocabulary, or top-p): the draw is the last token with probability > 0. Before, u = 1
-    (one row_uniforms draw in 2**24) gave the last id, a filtered one."""
+    (one draw in 2**24 of the old float32 grid) gave the last id, a filtered one. The rows are wider than
+    one block of the two-level inverse CDF, so the draw crosses blocks whose tail is filtered."""
     g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(64, 40, generator=g) * 3
-    keep = 1 + torch.randint(0, 39, (64,), generator=g)  # row r: tokens >= keep[r] filtered
-    logits[torch.arange(40)[None, :] >= keep[:, None]] = float("-inf")
-    for u in (1.0, 1 - 2.0 ** -24, 2.0 ** -149):  # 2**-149: the least float32 (a cdf never lies below it)
+    V = 3 * sampling._BLOCK + 17
+    logits = torch.randn(64, V, generator=g) * 3
+    keep = 1 + torch.randint(0, V - 1, (64,), generator=g)  # row r: tokens >= keep[r] filtered
+    keep[:4] = torch.tensor([1, sampling._BLOCK, sampling._BLOCK + 1, V - 1])  # block edges
+    logits[torch.arange(V)[None, :] >= keep[:, None]] = float("-inf")
+    for u in (1.0, 1 - 2.0 ** -53, 2.0 ** -53, 2.0 ** -1074):  # 2**-1074: the least float64
         for temperature, top_p in ((1.0, 1.0), (0.7, 1.0), (1.0, 0.9)):
-            tok = sample_tokens(logits, temperature, top_p, torch.full((64,), u))
+            tok = sample_tokens(logits, temperature, top_p, torch.full((64,), u, dtype=torch.float64))
             allowed = torch.isfinite(logits)
             if top_p < 1:
                 allowed &= ~top_p_remove_mask(logits / temperature, top_p)
             assert allowed.gather(1, tok[:, None]).all(), (u, temperature, top_p)
             # and the draw is at its end of the distribution: what lies beyond it (before it, for the least u)
-            # is below float32's resolution of the cumulative probability
+            # is below the float64 running sums' resolution (~1e-16 a step; 2**-40 ~ 1e-12 leaves room)
             probs = (logits.double() / temperature).masked_fill(~allowed, float("-inf")).softmax(1)
-            beyond = torch.arange(40)[None, :] > tok[:, None] if u > 0.5 else torch.arange(40)[None, :] < tok[:, None]
-            assert float(probs.masked_fill(~beyond, 0).sum(1).max()) < 2.0 ** -22, (u, temperature, top_p)
+            beyond = torch.arange(V)[None, :] > tok[:, None] if u > 0.5 else torch.arange(V)[None, :] < tok[:, None]
+            assert float(probs.masked_fill(~beyond, 0).sum(1).max()) < 2.0 ** -40, (u, temperature, top_p)
 
 
-def test_row_uniforms_stay_inside_the_unit_interval(monkeypatch):
-    """Every value the hash can give, mapped: strictly inside (0, 1) in float32, symmetric about 1/2, and
-    the row that drew 1.0 before (CI seed 4263220347, row 10543, step 0) draws below 1."""
-    assert float(row_uniforms(row_keys([4263220347 + 10543]), 0)) < 1
-    from pacs_fast.rollout import sampling
-    calls, real = [], sampling._mix32
-    every_top_23_bits = torch.arange(0, 2 ** 32, 2 ** 9, dtype=torch.int64)
-    monkeypatch.setattr(sampling, "_mix32", lambda x: calls.append(1) or (every_top_23_bits if len(calls) == 2
-                                                                         else real(x)))  # the second hash
-    u = row_uniforms(torch.zeros(2 ** 23, dtype=torch.int64), 0)
-    assert len(calls) == 2
-    assert u.dtype == torch.float32 and float(u.min()) > 0 and float(u.max()) < 1
-    assert u.unique().numel() == 2 ** 23  # no two hash values share a float
-    assert torch.equal(u + u.flip(0), torch.ones_like(u))
+def test_row_uniforms_stay_inside_the_unit_interval():
+    """The map from the hash's 52 bits to (0, 1): exact float64 values strictly inside, the least 2**-53,
+    the largest 1 - 2**-53, symmetric about 1/2, no two values alike; row_uniforms lie on that grid, and
+    every bit of the 64-bit seed moves them (the old 32-bit key gave at most 2**32 values)."""
+    top = 2 ** 52 - 1
+    g = torch.Generator().manual_seed(0)
+    k = torch.cat([torch.arange(4), top - torch.arange(4), torch.randint(0, 2 ** 62, (4096,), generator=g) >> 10])
+    u = sampling.unit_interval(k)
+    assert u.dtype == torch.float64 and float(u.min()) > 0 and float(u.max()) < 1
+    assert float(u[0]) == 2.0 ** -53 and float(u[4]) == 1 - 2.0 ** -53
+    assert torch.equal(sampling.unit_interval(top - k) + u, torch.ones_like(u))  # 1 - u, exactly
+    assert torch.equal(((u * 2.0 ** 53 - 1) / 2).long(), k)  # exact: every k has its own value
+    assert float(row_uniforms(row_keys([4263220347 + 10543]), 0)) < 1  # drew 1.0 on the first grid
+    seeds = [2 ** 40 + 12345, 2 ** 40 + 12345 + 2 ** 32, 7, 7 + 2 ** 63]  # equal low 32 bits, pairwise
+    u = row_uniforms(row_keys(seeds), 3)
+    assert u.dtype == torch.float64 and u.unique().numel() == 4
+    assert torch.equal((u * 2.0 ** 53 - 1) % 2, torch.zeros_like(u))  # on the grid: (2k + 1) / 2**53
+
+
+def test_inverse_cdf_resolves_every_token():
+    """On Qwen's vocabulary (151,936 ids) with a peaked row (one token near 1, the rest 1e-14 to 1e-7 each:
+    below a float32 running sum's spacing near 1, 6e-8), each probed token's interval of u, found by
+    bisection on the float64 uniforms, is its float64 probability to 2e-5 of it plus 2**-50. Why: float32
+    softmax rounds ``logit - logsumexp`` (~26 here) to ~2e-6, a relative error of that size in every
+    probability (the float32 log-probs the engine reports have it too), and the float32 block sums add ~1e-7;
+    the absolute 2**-50 is the float64 grid of u near 1/2 (2**-53) at both ends of an interval, twice.
+    The old float32 running sum gave such tokens an interval of 0 or ~6e-8 (relative errors >= 1)."""
+    g = torch.Generator().manual_seed(1)
+    V, probes = 151_936, 48
+    logits = torch.randn(V, generator=g) * 2
+    logits[77_777] = 26.0  # the head: ~1 - 2e-4
+    # probes: ids spread over the vocabulary (some in the head's block), the first and last ids, the
+    # head, and ids just around the head
+    ids = torch.cat([torch.randint(0, V, (probes - 6,), generator=g),
+                     torch.tensor([0, V - 1, 77_777, 77_776, 77_778, 77_777 - 77_777 % sampling._BLOCK])])
+    rows = logits.expand(probes, V).contiguous()
+    p = logits.double().softmax(0)
+    assert float(p[ids].min()) < 1e-9  # the probes include tokens a float32 running sum cannot resolve
+
+    def first_u_reaching(target: torch.Tensor) -> torch.Tensor:
+        """Least u (to 2**-60) whose draw is >= target, per row (the draw is non-decreasing in u)."""
+        lo, hi = torch.zeros(probes, dtype=torch.float64), torch.ones(probes, dtype=torch.float64)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            up = sample_tokens(rows, 1.0, 1.0, mid) >= target
+            hi, lo = torch.where(up, mid, hi), torch.where(up, lo, mid)
+        return hi
+
+    width = first_u_reaching(ids + 1) - first_u_reaching(ids)  # the measure of u drawing ids
+    width[ids == V - 1] = 1 - first_u_reaching(ids)[ids == V - 1]  # no id V: its end is u = 1
+    excess = (width - p[ids]).abs() - (2e-5 * p[ids] + 2.0 ** -50)
+    worst = int(excess.argmax())
+    assert float(excess.max()) <= 0, (int(ids[worst]), float(p[ids][worst]), float(width[worst]))
 
 
 def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:

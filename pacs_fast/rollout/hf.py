@@ -6,8 +6,9 @@
 - ``sampler="lean"`` (default): a plain decode loop over the model's forward. Each *unique* prompt
   is prefilled once (left-padded, ``position_ids = cumsum(mask) - 1``, ``logits_to_keep=1``), its
   KV cache is repeated ``n`` times (``cache.batch_repeat_interleave``), then one token per step is
-  sampled for all rows: argmax when ``temperature == 0``, else inverse-CDF sampling (one uniform
-  per row, ``cumsum`` + ``searchsorted``) from ``softmax(logits / temperature)`` after top-p
+  sampled for all rows: argmax when ``temperature == 0``, else inverse-CDF sampling (one float64
+  uniform per row; block sums, then the drawn block's float64 running sum: every token at its own
+  probability, however small) from ``softmax(logits / temperature)`` after top-p
   filtering with the semantics of transformers' ``TopPLogitsWarper`` (:mod:`pacs_fast.rollout.sampling`).
   Finished rows are fed the pad id; the loop stops at ``max_new_tokens`` or once every row has
   emitted an EOS. That check reads one count from the device: every step on CPU, every

@@ -20,24 +20,32 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def row_keys(row_seeds: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
-    """``[rows]`` int64 keys for :func:`row_uniforms` from one integer seed per output row (any
-    Python ints; taken modulo 2**64)."""
+    """``[rows, 2]`` int64 keys (two 32-bit lanes) for :func:`row_uniforms` from one integer seed per
+    output row (any Python ints; taken modulo 2**64): 64 bits of seed, so the uniforms can resolve
+    finer than 2**-32 across seeds."""
     seeds = [int(s) % 2**64 for s in row_seeds]
     lo = torch.tensor([s & _M32 for s in seeds], dtype=torch.int64, device=device)
     hi = torch.tensor([s >> 32 for s in seeds], dtype=torch.int64, device=device)
-    return _mix32(_mix32(hi) ^ lo)
+    first = _mix32(_mix32(hi) ^ lo)
+    return torch.stack([first, _mix32(_mix32(first ^ _GOLDEN) ^ hi)], dim=1)
+
+
+def unit_interval(k: torch.Tensor) -> torch.Tensor:
+    """float64 ``(2k + 1) / 2**53`` for int64 ``k`` in ``[0, 2**52)``: every value a float64 exactly
+    (``2k + 1 < 2**53``), the least ``2**-53``, the largest ``1 - 2**-53``, symmetric about 1/2, one
+    value per ``k``."""
+    return (k * 2 + 1).to(torch.float64) * 2.0 ** -53
 
 
 def row_uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
-    """``[rows]`` float32 uniforms in ``(0, 1)`` for decoding step ``step``: a hash of (row key,
-    step), so a row's draws depend on its own seed and position only, not on which rows share its
-    batch, how they are chunked, merged or compacted, nor on the process layout."""
-    h = _mix32(keys ^ ((step * _GOLDEN + 1) & _M32))
-    h = _mix32(h ^ _GOLDEN)
-    # (2k + 1) / 2**24 for the hash's top 23 bits k: every value is a float32 exactly, the smallest 2**-24 and
-    # the largest 1 - 2**-24. (k / 2**24 + 2**-25 over 24 bits rounded its top value to 1.0 in float32: one
-    # draw in 2**24 was u = 1, past every token's cumulative probability.)
-    return ((h >> 9) * 2 + 1).to(torch.float32) * 2.0 ** -24
+    """``[rows]`` float64 uniforms in ``(0, 1)`` on a grid of ``2**-52`` for decoding step ``step``:
+    a hash of (row key, step), so a row's draws depend on its own seed and position only, not on
+    which rows share its batch, how they are chunked, merged or compacted, nor on the process layout.
+    keys: ``[rows, 2]`` from :func:`row_keys`. For a fixed step the map from a key's 64 bits to the
+    two 32-bit hashes is one-to-one; the top 26 bits of each make the 52 of :func:`unit_interval`."""
+    first = _mix32(_mix32(keys[:, 0] ^ ((step * _GOLDEN + 1) & _M32)) ^ _GOLDEN)
+    second = _mix32(_mix32(keys[:, 1] ^ first) ^ _GOLDEN)
+    return unit_interval(((first >> 6) << 26) | (second >> 6))
 
 
 def top_p_remove_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -54,37 +62,63 @@ def top_p_remove_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return drop_sorted.scatter(-1, order, drop_sorted)
 
 
+# sample_tokens' block width: the [rows, V] probabilities are summed in float32 blocks of this many tokens
+# (relative error ~1e-7 log2(256) per block), then only the drawn block's running sum is taken in float64.
+_BLOCK = 256
+
+
 def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
                   uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row from ``[rows, V]`` float32 logits: ``[rows]`` int64.
 
     ``temperature == 0``: argmax. Else a draw from ``softmax(logits / temperature)`` restricted by
-    :func:`top_p_remove_mask` (``top_p == 1`` keeps every token), by inverse CDF: one uniform
-    ``u`` per row, the first token whose cumulative probability exceeds ``u * total``
-    (zero-probability tokens are never drawn). ``uniforms``: the ``[rows]`` values of ``u`` in
-    (0, 1) (e.g. :func:`row_uniforms`); default: drawn from the global torch RNG of the device.
+    :func:`top_p_remove_mask` (``top_p == 1`` keeps every token), by inverse CDF: one uniform ``u``
+    per row picks the point ``u * total`` of the cumulative probability; the token whose interval
+    holds it is drawn (zero-probability tokens are never drawn). ``uniforms``: the ``[rows]``
+    values of ``u`` in (0, 1) (e.g. :func:`row_uniforms`; taken in float64); default: drawn from the
+    global torch RNG of the device.
 
-    Resolution: ``u`` on :func:`row_uniforms`' grid of 2**-23 and a float32 CDF make the draw exact only to
-    ~1.2e-7 per token: a token less likely than that is drawn with probability 0 or ~1.2e-7 at a step, not its
-    own (the tail's total is kept; which tail tokens hold it moves). Over Qwen's 151,936 ids the drawn
-    distribution differs from the reported log-probs' by up to about the tail's mass in total variation
-    (measured 4e-5 to 3e-3 on synthetic logits, 2026-11-30); vLLM's sampler has no such grid.
+    Resolution: the inverse CDF runs in two levels, the blocks of ``_BLOCK`` tokens (float32 block
+    sums, their running sum float64), then the tokens of the drawn block (float64 running sum,
+    rescaled to the block's sum), with ``u`` on :func:`row_uniforms`' grid of 2**-52: each token is
+    drawn at its own float32 probability to ~1e-6 *of it*, however small it is. (One float32 running
+    sum over the vocabulary has a spacing of ~6e-8 near 1: tokens below it were drawn at 0 or at that
+    spacing, and up to ~3e-3 of the mass over Qwen's 151,936 ids went to other tokens.) Which tokens
+    top-p keeps is decided in float32, as transformers decides it.
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
     scaled = logits / temperature if temperature != 1 else logits
     if top_p < 1:
         scaled = scaled.masked_fill(top_p_remove_mask(scaled, top_p), float("-inf"))
-    cdf = scaled.softmax(dim=-1).cumsum_(dim=-1)
-    u = torch.rand((cdf.shape[0], 1), device=cdf.device, dtype=cdf.dtype) if uniforms is None else \
-        uniforms.to(device=cdf.device, dtype=cdf.dtype)[:, None]
-    total = cdf[:, -1:].contiguous()
-    token = torch.searchsorted(cdf, u * total, right=True)
-    # u * total can round up to total itself (u = 1 - 2**-24 and total in [1, 2) is a tie in float32; torch.rand
-    # never gives 1 but a caller's uniforms may): no cdf entry exceeds it, so the draw is the last token with
-    # probability > 0 (the first whose cdf reaches total), never a later, filtered one
-    last = torch.searchsorted(cdf, total, right=False)
-    return torch.minimum(token, last).squeeze(1)
+    probs = scaled.softmax(dim=-1)
+    rows, vocab = probs.shape
+    full = vocab // _BLOCK
+    sums = probs[:, :full * _BLOCK].view(rows, full, _BLOCK).sum(-1)
+    if full * _BLOCK < vocab:
+        sums = torch.cat([sums, probs[:, full * _BLOCK:].sum(-1, keepdim=True)], dim=1)
+    u = torch.rand((rows, 1), device=probs.device, dtype=torch.float64) if uniforms is None else \
+        uniforms.to(device=probs.device, dtype=torch.float64)[:, None]
+    block_cdf = sums.cumsum(dim=-1, dtype=torch.float64)
+    point = u * block_cdf[:, -1:]
+    block = _inverse_cdf(block_cdf, point)
+    start = block_cdf.gather(1, block) - sums.gather(1, block).double()
+    ids = block * _BLOCK + torch.arange(_BLOCK, device=probs.device)
+    inside = probs.gather(1, ids.clamp(max=vocab - 1)).masked_fill_(ids >= vocab, 0)
+    inner_cdf = inside.cumsum(dim=-1, dtype=torch.float64)
+    # the point's place in its block, on the block's own float64 sum (equal to the float32 block sum to ~1e-7)
+    within = (point - start).clamp_(min=0) * (inner_cdf[:, -1:] / sums.gather(1, block).double())
+    return (block * _BLOCK + _inverse_cdf(inner_cdf, within)).squeeze(1)
+
+
+def _inverse_cdf(cdf: torch.Tensor, point: torch.Tensor) -> torch.Tensor:
+    """``[rows, 1]`` index of the first entry of the running sum ``cdf`` (``[rows, n]``) above
+    ``point`` (``[rows, 1]``). A point at or past the total (a caller's
+    ``u = 1``, or a rounding up) takes the last entry with probability > 0 (the first whose running sum
+    reaches the total), never a later, filtered one."""
+    index = torch.searchsorted(cdf, point, right=True)
+    last = torch.searchsorted(cdf, cdf[:, -1:].contiguous(), right=False)
+    return torch.minimum(index, last)
 
 
 class MaskPaddedRows:
