@@ -4,6 +4,7 @@ The weight_sync tests need no vLLM. The engine tests start ONE vLLM engine for t
 costs ~10-20 s on CPU); each test that depends on the engine's weights syncs the weights it needs.
 """
 import copy
+import dataclasses
 import importlib.util
 
 import pytest
@@ -200,6 +201,23 @@ def test_generate_counts_and_seed(engine, seed):
     assert g1[0][0].token_ids == g1[0][1].token_ids == g2[0][0].token_ids
     with pytest.raises(ValueError, match="empty"):
         engine.generate([[]], params)
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_seeded_call_past_the_token_budget(engine, seed):
+    """A seeded call whose prompts pass one step's token budget (12 prompts x 8 samples x 100 tokens, over
+    vLLM's 4,096): each prompt's samples equal those of the prompt alone under its own seed. Before, vLLM's CPU
+    worker cut a prefill at the budget and rewound the seeded generator with set_offset, which CPU generators
+    lack: "CPU Generator does not use offset" (the engine now prefills whole prompts on CPU)."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [[1] + torch.randint(3, 90, (99,), generator=gen).tolist() for _ in range(12)]
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=6, seed=seed % 10**6)
+    whole = engine.generate(prompts, params)
+    assert len({tuple(c.token_ids) for c in whole[0]}) > 1  # the samples differ: the comparison can fail
+    for i in (0, 7, 11):
+        alone = engine.generate([prompts[i]], dataclasses.replace(params, seed=params.seed + i * params.n))
+        assert [c.token_ids for c in alone[0]] == [c.token_ids for c in whole[i]], i
 
 
 @needs_vllm

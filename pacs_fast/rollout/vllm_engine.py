@@ -172,6 +172,13 @@ class VLLMEngine(RolloutEngine):
                                                      tensor_parallel_size=llm_kwargs.get("tensor_parallel_size", 1))
                 cpu_kv_cache_bytes = cpu_kv_cache_size(per_token, context, cpu_kv_cache_sequences)
             llm_kwargs["kv_cache_memory_bytes"] = int(cpu_kv_cache_bytes)
+        if not cuda:
+            # Whole prefills only on CPU (vLLM's own choice for MLA models there). A prefill cut by the step's
+            # token budget is discarded and its seeded generator rewound with Generator.set_offset, which CPU
+            # generators lack: every seeded call whose prompts passed the budget (e.g. 16 prompts x 8 samples
+            # x 100 tokens > 4,096) raised "CPU Generator does not use offset". vLLM then raises the budget to
+            # max_model_len where that is longer.
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
         if self.sleep_enabled:
             llm_kwargs["enable_sleep_mode"] = True
         if lm_head_fp32:
@@ -277,7 +284,7 @@ class VLLMEngine(RolloutEngine):
         sampling = [
             vllm.SamplingParams(
                 n=1 if greedy else params.n, temperature=float(params.temperature), top_p=float(params.top_p),
-                max_tokens=params.max_new_tokens,
+                top_k=int(params.top_k), min_p=float(params.min_p), max_tokens=params.max_new_tokens,
                 seed=None if params.seed is None else int(params.seed) + i * params.n,
                 logprobs=0 if params.return_logprobs else None, allowed_token_ids=self._allowed_ids)
             for i in range(len(prompts))
