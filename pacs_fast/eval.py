@@ -107,6 +107,10 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (default 0.6, the "
                    "paper's; 0 = greedy, one sample per problem)")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default 0.95, the paper's)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k largest logits only (default 0: off; "
+                   "a model card's top_k, e.g. Qwen's 20); applied before --top-p, after --min-p, as vLLM does")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the most likely one's "
+                   "probability (default 0: off)")
     p.add_argument("--max-tokens", type=int, default=4096, help="max new tokens per response (default 4096)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (smoke runs)")
@@ -191,7 +195,8 @@ def run(argv: list[str]) -> int:
         raise UsageError("--benchmarks names no benchmark")
     ns = {b: _n_for(b, args.n, args.temperature) for b in sets}
     check_ks(args.k, ns, greedy=args.temperature == 0)
-    config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p,
+    config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+              "min_p": args.min_p,
               "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, **prompt_kwargs(args)}
     config["engine"], config["dtype"] = engine_and_dtype(args)
     config["extraction"] = args.extraction
@@ -296,7 +301,8 @@ def _generate(args, out_dir: Path, sets, ns, todo) -> None:
             # --samples-per-call sample every problem as one run would (calls are runs of consecutive indices).
             base = zlib.crc32(f"{args.seed}:{bench}".encode()) & 0x7FFFFFFF
             for idx in _consecutive_calls(todo[bench], per_call):
-                params = SamplingParams(n=n, temperature=args.temperature, top_p=args.top_p,
+                params = SamplingParams(n=n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                        min_p=args.min_p,
                                         max_new_tokens=args.max_tokens, seed=base + idx[0] * n)
                 prompts = encode_prompts(tokenizer, [problems[i].problem for i in idx], **prompt_kwargs(args))
                 chat = has_chat_template(tokenizer)  # the exact prompt text, kept next to the responses

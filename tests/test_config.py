@@ -130,6 +130,8 @@ def test_numbers_in_a_yaml_file_keep_their_text_for_a_text_key_and_octal_is_refu
     # it crashed at the first reset (no reference model is kept for a proxy that uses none)
     (["algo.ref=fixed", "algo.proxy=mean_logp", "algo.reset_every=2"], "algo.ref=fixed needs algo.proxy=logratio"),
     (["rollout.top_p=0"], "rollout.top_p"),
+    (["rollout.top_k=-1"], "rollout.top_k must be >= 0"), (["rollout.eval_top_k=-5"], "rollout.eval_top_k must be >= 0"),
+    (["rollout.min_p=1"], r"rollout.min_p must be in \[0, 1\)"), (["rollout.eval_min_p=-0.1"], "rollout.eval_min_p"),
     (["rollout.temperature=0"], "rollout.temperature"),
     (["model.path=/definitely/not/here"], "model.path .* does not exist"),
     (["data.dataset=/definitely/not/here.jsonl"], "data.dataset"),
@@ -185,3 +187,27 @@ def test_an_unwritable_warm_up_cache_is_named_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="warmup.cache_dir .* cannot be created: .* is a file"):
         C.validate(C.load_config(None, [f"warmup.cache_dir={afile / 'sub'}"]))
     C.validate(C.load_config(None, [f"warmup.cache_dir={tmp_path / 'new' / 'cache'}"]))
+
+
+def test_sampling_filters_reach_the_engines():
+    """rollout.top_k / min_p shape the rollouts' SamplingParams, rollout.eval_top_k / eval_min_p the held-out
+    evaluation's (its greedy pass takes none), each engine then applies them (tests/test_hf_sampler.py,
+    tests/test_vllm_engine.py)."""
+    from pacs_fast.rollout.base import Completion
+    from pacs_fast.trainer.evaluation import evaluate_share
+    from pacs_fast.trainer.rollout_step import sampling_params
+
+    cfg = C.load_config(None, ["rollout.top_k=20", "rollout.min_p=0.05", "rollout.eval_top_k=7",
+                               "rollout.eval_min_p=0.01", "rollout.eval_temperature=0.6"])
+    params = sampling_params(cfg, 5)
+    assert (params.top_k, params.min_p, params.top_p) == (20, 0.05, 1.0)
+    seen = []
+
+    class Recording:
+        def generate(self, prompts, p):
+            seen.append(p)
+            return [[Completion([5], "1", "stop") for _ in range(p.n)] for _ in prompts]
+
+    problems = [{"prompt_ids": [1, 2, 3], "answer": "1"}]
+    evaluate_share(cfg, Recording(), lambda texts, answers: [1.0] * len(texts), problems, 0)
+    assert [(p.temperature, p.top_k, p.min_p) for p in seen] == [(0.6, 7, 0.01), (0.0, 0, 0.0)]

@@ -149,7 +149,9 @@ def test_a_truncated_sampling_distribution_is_named_at_the_start():
     on = ["rollout.ranks=1", "rollout.max_staleness=1"]  # asynchronous: the correction is on by default
     lines = correction_warnings(load_config(None, on + ["rollout.top_p=0.9"]))
     assert len(lines) == 1 and "rollout.top_p=0.9 truncates the sampling distribution" in lines[0]
-    assert "use rollout.top_p=1 for an exact correction" in lines[0]
+    assert "use rollout.top_p=1, top_k=0, min_p=0 for an exact correction" in lines[0]
+    lines = correction_warnings(load_config(None, on + ["rollout.top_k=20", "rollout.min_p=0.05"]))
+    assert len(lines) == 1 and "rollout.top_k=20 and rollout.min_p=0.05 truncate the sampling" in lines[0]
     assert correction_warnings(load_config(None, on)) == []
     assert correction_warnings(load_config(None, ["rollout.top_p=0.9"])) == []  # synchronous: no correction
     assert correction_warnings(load_config(None, ["rollout.top_p=0.9", "algo.name=grpo", "correction.is_level=token"]))

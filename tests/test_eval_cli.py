@@ -356,6 +356,18 @@ def test_resume_refuses_samples_of_another_engine_or_dtype(model_dir, dataset, t
                     "--out (or --label), or --overwrite to delete those samples")
     path.write_text(json.dumps(settings))
     assert sorted(read_samples(out / "samples_toy.jsonl")) == [0]  # nothing was added
+    # top-k and min-p: another value is refused; a settings file from before they existed (neither key) was made
+    # with both off, so it resumes at the defaults and is refused at another top-k
+    for key, flag, other in (("top_k", "--top-k", "20"), ("min_p", "--min-p", "0.05")):
+        capsys.readouterr()
+        assert ev.main(_run_args(model_dir, dataset, out, "--limit", "2", flag, other)) == 2
+        _one_line_error(capsys, "holds samples made with other settings", f"({key} differ")
+    path.write_text(json.dumps({k: v for k, v in settings.items() if k not in ("top_k", "min_p")}))
+    capsys.readouterr()
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1", "--top-k", "20")) == 2
+    _one_line_error(capsys, "(top_k differ")
+    assert ev.main(_run_args(model_dir, dataset, out, "--limit", "1")) == 0
+    assert {k: json.loads(path.read_text())[k] for k in ("top_k", "min_p")} == {"top_k": 0, "min_p": 0.0}
     # a settings file from before they were recorded resolved ("auto", no dtype) resumes, and records them
     path.write_text(json.dumps({**{k: v for k, v in settings.items() if k != "dtype"}, "engine": "auto"}))
     assert ev.main(_run_args(model_dir, dataset, out, "--limit", "2", "--dtype", "float32")) == 0
@@ -455,6 +467,10 @@ def test_compare_names_the_sampling_settings_that_differ():
     old = result("old")
     del old["settings"]["extraction"]
     assert comparison_warnings([a, old, result("new", dtype="float32")]) == []
+    # no top_k / min_p recorded: made with both off (before they existed), a difference from a top-k run
+    assert comparison_warnings([old, result("off", top_k=0, min_p=0.0)]) == []
+    assert comparison_warnings([old, result("k", top_k=20)]) == [
+        "the results were made with other settings (top_k: old '0', k '20'): their pass@k compare the settings too"]
     assert comparison_warnings([old, result("new", dtype="float32"), result("bf", dtype="bfloat16")]) == [
         "the results were made with other settings (dtype: old (not recorded), new 'float32', bf 'bfloat16'): their "
         "pass@k compare the settings too"]
@@ -508,7 +524,8 @@ def test_k_larger_than_n_is_an_error_naming_both(model_dir, dataset, tmp_path, c
 
 @pytest.mark.parametrize("flag,value", [
     ("--temperature", "-0.5"), ("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "0"),
-    ("--top-p", "1.5"), ("--top-p", "nan"), ("--max-tokens", "0"), ("--seed", "-1"), ("--batch-size", "0"),
+    ("--top-p", "1.5"), ("--top-p", "nan"), ("--top-k", "-1"), ("--min-p", "1"), ("--min-p", "-0.1"),
+    ("--min-p", "nan"), ("--max-tokens", "0"), ("--seed", "-1"), ("--batch-size", "0"),
     ("--samples-per-call", "0"), ("--limit", "0"), ("--time-limit", "0"), ("--time-limit", "nan"),
     ("--time-limit", "1e10"), ("--temperature", "1e-40"),  # past the OS timer; logits / T overflow
     ("--gpu-memory-utilization", "1.5"), ("--max-model-len", "0"), ("--scorer-workers", "-1"),

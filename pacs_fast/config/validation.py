@@ -67,6 +67,7 @@ FLOAT_RANGES = (
     ("algo.vf_coef", 0.0, None, True, None), ("algo.value_clip", 0.0, None, True, None),
     ("rollout.temperature", MIN_TEMPERATURE, None, True, None), ("rollout.eval_temperature", 0.0, None, True, None),
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
+    ("rollout.min_p", 0.0, 1.0, True, False), ("rollout.eval_min_p", 0.0, 1.0, True, False),
     ("rollout.gpu_memory_utilization", 0.0, 1.0, False, True), ("reward.outcome_weight", 0.0, None, True, None),
     # timeouts at most 1e6 s (reward.verifier.MAX_TIME_LIMIT): 1e10 overflowed the OS timer and thread joins
     ("reward.user_fn_timeout_s", 0.0, 1e6, False, True), ("reward.overlong_penalty", 0.0, None, True, None),
@@ -74,7 +75,7 @@ FLOAT_RANGES = (
 )
 FLOAT32_MAX = 3.4028234663852886e38
 NONNEGATIVE_INTS = ("train.threads", "train.log_samples", "train.reward_workers", "train.eval_every",
-                    "train.save_every", "warmup.steps", "algo.reset_every")
+                    "train.save_every", "warmup.steps", "algo.reset_every", "rollout.top_k", "rollout.eval_top_k")
 
 
 def _get(cfg: Config, key: str):

@@ -85,6 +85,9 @@ def check_run_args(args) -> None:
         raise UsageError(f"--temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {args.temperature} "
                          f"(1e-40 turned the scaled logits into inf / NaN: every answer was noise)")
     _finite("--top-p", args.top_p, lo=0.0, lo_ok=False, hi=1.0)
+    _at_least("--top-k", args.top_k, 0)
+    if not (math.isfinite(args.min_p) and 0 <= args.min_p < 1):
+        raise UsageError(f"--min-p must be a finite number >= 0 and < 1, got {args.min_p}")
     _finite("--gpu-memory-utilization", args.gpu_memory_utilization, lo=0.0, lo_ok=False, hi=1.0)
     _finite("--time-limit", args.time_limit, lo=0.0, lo_ok=False, hi=MAX_TIME_LIMIT)
     for flag, value, lo in (("--max-tokens", args.max_tokens, 1), ("--limit", args.limit, 1),

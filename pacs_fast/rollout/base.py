@@ -14,7 +14,12 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. ``n`` completions per prompt; ``seed`` makes a call reproducible."""
+    """How to sample. ``n`` completions per prompt; ``seed`` makes a call reproducible.
+
+    The filters apply as vLLM applies them, every engine alike: ``logits / temperature``, then min-p
+    (drop tokens whose probability is below ``min_p`` times the largest; 0 = off), then top-k (keep
+    the ``top_k`` largest logits and any tied with the k-th; 0 = off), then top-p (the smallest set
+    of the remaining, renormalised, whose probability is ``>= top_p``; 1 = off)."""
 
     n: int = 1
     temperature: float = 1.0
@@ -22,6 +27,8 @@ class SamplingParams:
     max_new_tokens: int = 256
     seed: int | None = None
     return_logprobs: bool = False
+    top_k: int = 0
+    min_p: float = 0.0
 
     def __post_init__(self):
         if self.n < 1:
@@ -30,6 +37,10 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"SamplingParams.min_p must be in [0, 1) (0 = off), got {self.min_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
 

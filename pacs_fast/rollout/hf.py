@@ -8,8 +8,9 @@
   KV cache is repeated ``n`` times (``cache.batch_repeat_interleave``), then one token per step is
   sampled for all rows: argmax when ``temperature == 0``, else inverse-CDF sampling (one float64
   uniform per row; block sums, then the drawn block's float64 running sum: every token at its own
-  probability, however small) from ``softmax(logits / temperature)`` after top-p
-  filtering with the semantics of transformers' ``TopPLogitsWarper`` (:mod:`pacs_fast.rollout.sampling`).
+  probability, however small) from ``softmax(logits / temperature)`` after min-p, top-k and top-p
+  filtering in vLLM's order, each with the semantics of vLLM's and transformers' warpers
+  (:func:`~pacs_fast.rollout.sampling.filter_logits`).
   Finished rows are fed the pad id; the loop stops at ``max_new_tokens`` or once every row has
   emitted an EOS. That check reads one count from the device: every step on CPU, every
   ``_CUDA_DONE_CHECK_EVERY`` steps on CUDA (a few wasted steps at the end instead of a host sync
@@ -35,8 +36,9 @@
   reads the batch's new shape from the device every step, so it is off by default on CUDA.
 - ``sampler="generate"``: ``model.generate`` on prompts repeated ``n`` times, left-padded, in
   chunks of ``batch_size`` rows, with a clean ``GenerationConfig`` (sampling unless
-  ``temperature == 0``, ``top_p``, ``top_k`` off, no repetition penalty); log-probs are recorded
-  by a logits processor that sees the raw logits before temperature / top-p. During the call the model's
+  ``temperature == 0``, ``top_p``, ``top_k``, no repetition penalty) and min-p as a logits processor
+  of ours (:class:`~pacs_fast.rollout.sampling.MinPFilter`: vLLM's order, before top-k / top-p); log-probs
+  are recorded by a logits processor that sees the raw logits before temperature and the filters. During the call the model's
   ``generation_config`` is a blank one (transformers would fill unset settings from it), restored after.
 
 Both samplers draw from the same distribution and are greedy-identical, but they consume random
@@ -79,7 +81,7 @@ from pacs_fast.ops.short_attention import NAME as SHORT_ATTENTION
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
 from pacs_fast.rollout.fp32_head import fp32_lm_head
 from pacs_fast.rollout.lean_decode import LeanDecoder
-from pacs_fast.rollout.sampling import LogprobRecorder, MaskPaddedRows, row_keys
+from pacs_fast.rollout.sampling import LogprobRecorder, MaskPaddedRows, MinPFilter, row_keys
 
 SAMPLERS = ("lean", "generate")
 # On CPU, prompts of one length worth this many rows (prompts x n) decode in unpadded chunks of
@@ -201,8 +203,9 @@ class HFEngine(LeanDecoder, RolloutEngine):
         if sample:
             # top_k=0 switches top-k off; it must be explicit when sampling (an unset top_k is filled
             # from the model's generation defaults, i.e. 50). Greedy decoding ignores it, and setting
-            # it there makes transformers warn "generation flags are not valid: ['top_k']".
-            kwargs.update(temperature=float(params.temperature), top_p=float(params.top_p), top_k=0)
+            # it there makes transformers warn "generation flags are not valid: ['top_k']". min-p is a
+            # logits processor of ours (_generate_batch): transformers' own would run after top-p.
+            kwargs.update(temperature=float(params.temperature), top_p=float(params.top_p), top_k=int(params.top_k))
         return GenerationConfig(**kwargs)
 
     @staticmethod
@@ -310,8 +313,10 @@ class HFEngine(LeanDecoder, RolloutEngine):
         width = input_ids.shape[1]
         device = self.device
         recorder = LogprobRecorder() if params.return_logprobs else None
-        # the padded rows are masked first: the recorder and the sampler see the real ids only
-        processors = [p for p in (MaskPaddedRows(self.vocab_cut) if self.vocab_cut else None, recorder) if p]
+        # the padded rows are masked first: the recorder and the sampler see the real ids only; min-p after
+        # the recorder (which records the unfiltered distribution), before generate's warpers (vLLM's order)
+        min_p = MinPFilter(params.min_p, params.temperature) if params.min_p > 0 and params.temperature > 0 else None
+        processors = [p for p in (MaskPaddedRows(self.vocab_cut) if self.vocab_cut else None, recorder, min_p) if p]
         with _blank_generation_defaults(self.model):
             out = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device),

@@ -77,7 +77,7 @@ class LeanDecoder:
         for t in range(steps_max):
             at = slice(None) if row_ids is None else row_ids
             u = row_uniforms(keys[at], t) if params.temperature > 0 else None
-            nxt = sample_tokens(logits, params.temperature, params.top_p, u)
+            nxt = sample_tokens(logits, params.temperature, params.top_p, u, params.top_k, params.min_p)
             nxt = nxt.masked_fill_(done, self.pad_id)
             tokens[at, t] = nxt
             if logprobs is not None:
@@ -138,7 +138,8 @@ class LeanDecoder:
         merging = True    # some node holds more than one row; else one row per node (as unmerged)
         for t in range(steps_max):
             u = row_uniforms(keys[row_ids], t) if params.temperature > 0 else None
-            nxt = sample_tokens(logits.index_select(0, node_of), params.temperature, params.top_p, u)
+            nxt = sample_tokens(logits.index_select(0, node_of), params.temperature, params.top_p, u,
+                                params.top_k, params.min_p)
             tokens[row_ids, t] = nxt
             if logprobs is not None:
                 logprobs[row_ids, t] = logits.log_softmax(dim=-1)[node_of, nxt]

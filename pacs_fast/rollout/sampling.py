@@ -67,12 +67,41 @@ def top_p_remove_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 _BLOCK = 256
 
 
+def min_p_remove_mask(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Which tokens min-p filtering removes, as vLLM's and transformers' ``MinPLogitsWarper``: those
+    whose probability under ``softmax(logits)`` is below ``min_p`` times the row's largest (the most
+    likely token always stays). logits: ``[rows, V]`` float (temperature-scaled); ``[rows, V]`` bool."""
+    probs = logits.softmax(dim=-1)
+    return probs < min_p * probs.amax(dim=-1, keepdim=True)
+
+
+def top_k_remove_mask(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Which tokens top-k filtering removes, as vLLM's and transformers' ``TopKLogitsWarper``: those
+    below the row's ``top_k``-th largest logit (tokens tied with it stay). ``[rows, V]`` bool."""
+    kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+    return logits < kth
+
+
+def filter_logits(scaled: torch.Tensor, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> torch.Tensor:
+    """``scaled`` (``[rows, V]`` temperature-scaled logits) with the filtered tokens at -inf, in vLLM's
+    order: min-p, then top-k, then top-p over what is left (:class:`~pacs_fast.rollout.base.SamplingParams`).
+    Returns ``scaled`` itself when every filter is off."""
+    if min_p > 0:
+        scaled = scaled.masked_fill(min_p_remove_mask(scaled, min_p), float("-inf"))
+    if 0 < top_k < scaled.shape[-1]:
+        scaled = scaled.masked_fill(top_k_remove_mask(scaled, top_k), float("-inf"))
+    if top_p < 1:
+        scaled = scaled.masked_fill(top_p_remove_mask(scaled, top_p), float("-inf"))
+    return scaled
+
+
 def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
-                  uniforms: torch.Tensor | None = None) -> torch.Tensor:
+                  uniforms: torch.Tensor | None = None, top_k: int = 0, min_p: float = 0.0) -> torch.Tensor:
     """One token per row from ``[rows, V]`` float32 logits: ``[rows]`` int64.
 
     ``temperature == 0``: argmax. Else a draw from ``softmax(logits / temperature)`` restricted by
-    :func:`top_p_remove_mask` (``top_p == 1`` keeps every token), by inverse CDF: one uniform ``u``
+    :func:`filter_logits` (min-p, top-k, top-p; ``top_p == 1``, ``top_k == 0``, ``min_p == 0`` keep every
+    token), by inverse CDF: one uniform ``u``
     per row picks the point ``u * total`` of the cumulative probability; the token whose interval
     holds it is drawn (zero-probability tokens are never drawn). ``uniforms``: the ``[rows]``
     values of ``u`` in (0, 1) (e.g. :func:`row_uniforms`; taken in float64); default: drawn from the
@@ -84,13 +113,11 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
     drawn at its own float32 probability to ~1e-6 *of it*, however small it is. (One float32 running
     sum over the vocabulary has a spacing of ~6e-8 near 1: tokens below it were drawn at 0 or at that
     spacing, and up to ~3e-3 of the mass over Qwen's 151,936 ids went to other tokens.) Which tokens
-    top-p keeps is decided in float32, as transformers decides it.
+    the filters keep is decided in float32, as vLLM and transformers decide it.
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
-    scaled = logits / temperature if temperature != 1 else logits
-    if top_p < 1:
-        scaled = scaled.masked_fill(top_p_remove_mask(scaled, top_p), float("-inf"))
+    scaled = filter_logits(logits / temperature if temperature != 1 else logits, top_p, top_k, min_p)
     probs = scaled.softmax(dim=-1)
     rows, vocab = probs.shape
     full = vocab // _BLOCK
@@ -132,6 +159,20 @@ class MaskPaddedRows:
             return scores
         return torch.cat([scores[:, :self.vocab_size], scores.new_full(
             (scores.shape[0], scores.shape[1] - self.vocab_size), float("-inf"))], dim=1)
+
+
+class MinPFilter:
+    """A logits processor for ``model.generate``'s ``logits_processor=`` list, which runs before its
+    temperature, top-k and top-p warpers: removes (-inf) the tokens :func:`min_p_remove_mask` drops from
+    ``scores / temperature``, so min-p comes after the temperature and before top-k / top-p, in vLLM's
+    order (transformers' own ``min_p`` runs after top-p)."""
+
+    def __init__(self, min_p: float, temperature: float):
+        self.min_p, self.temperature = min_p, temperature
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        drop = min_p_remove_mask(scores / self.temperature if self.temperature != 1 else scores, self.min_p)
+        return scores.masked_fill(drop, float("-inf"))
 
 
 class LogprobRecorder:

@@ -14,8 +14,9 @@ Temperature. The engines report log-probs under the temperature-1 distribution (
 ``log pi_old(y) / mu(y)``. At T != 1 the learner runs one extra no-grad forward at temperature 1 and
 the ratio is taken there: like is compared with like (the same logits, the same normaliser), and it
 measures what the correction is for (stale weights, other numerics), but it is the temperature-1
-ratio, not that of the tempered sampling distributions (close, not equal). ``rollout.top_p < 1`` is
-applied on neither side: the run says so at its start (:func:`correction_warnings`). A learner that fuses the old log-probs into its update computes them before
+ratio, not that of the tempered sampling distributions (close, not equal). ``rollout.top_p < 1``,
+``top_k > 0`` and ``min_p > 0`` are applied on neither side: the run says so at its start
+(:func:`correction_warnings`). A learner that fuses the old log-probs into its update computes them before
 it when the correction is on (the weights are needed first), except where :func:`fused_correction`:
 at temperature 1 without rejection the update sets each row's weights from its own first forward
 (``update(correct=...)``), which is the proximal policy, so the correction costs no forward.
@@ -35,8 +36,8 @@ def correction_on(cfg: Config) -> bool:
 
 def correction_warnings(cfg: Config) -> list[str]:
     """Lines to print at the start of a run whose correction cannot be what it claims: with
-    ``rollout.top_p < 1`` the behaviour policy is the nucleus (renormalised), which neither side of
-    the ratio includes, so the weights measure stale weights and numerics only, not the truncation; a
+    ``rollout.top_p < 1`` (or ``top_k``, ``min_p``) the behaviour policy is the kept set (renormalised),
+    which neither side of the ratio includes, so the weights measure stale weights and numerics only, not the truncation; a
     ``correction.is_cap`` below 1 caps every weight under 1 (the loss shrinks where the policies agree)."""
     if not correction_on(cfg):
         return []
@@ -45,12 +46,14 @@ def correction_warnings(cfg: Config) -> list[str]:
         out.append(f"correction.is_cap={cfg.correction.is_cap:g} is below 1: every importance weight is capped under 1, "
                    f"so the loss shrinks by that factor or more even where the policies agree (a truncation cap is "
                    f">= 1; the default 2)")
-    if cfg.rollout.top_p < 1:
-        out.append(f"rollout.top_p={cfg.rollout.top_p:g} truncates the sampling distribution, and the off-policy "
-                   f"correction (correction.is_level={is_level(cfg)}, rs_level={cfg.correction.rs_level}) compares the "
-                   f"untruncated distributions: its weights do not include the truncation (a sampled token's behaviour "
-                   f"probability is p / Z, Z the nucleus's mass); use rollout.top_p=1 for an exact correction "
-                   f"(docs/OFF_POLICY.md)")
+    truncating = [f"rollout.{k}={v:g}" for k, v, off in (("top_p", cfg.rollout.top_p, 1.0), ("top_k", cfg.rollout.top_k, 0),
+                                                          ("min_p", cfg.rollout.min_p, 0.0)) if v != off]
+    if truncating:
+        out.append(f"{' and '.join(truncating)} truncate{'s' if len(truncating) == 1 else ''} the sampling distribution, "
+                   f"and the off-policy correction (correction.is_level={is_level(cfg)}, rs_level="
+                   f"{cfg.correction.rs_level}) compares the untruncated distributions: its weights do not include the "
+                   f"truncation (a sampled token's behaviour probability is p / Z, Z the kept tokens' mass); use "
+                   f"rollout.top_p=1, top_k=0, min_p=0 for an exact correction (docs/OFF_POLICY.md)")
     return out
 
 

@@ -27,6 +27,7 @@ def evaluate_share(cfg: Config, engine, scorer: Scorer, problems: list[dict], of
     # generated and counted n times
     draws = n if cfg.rollout.eval_temperature > 0 else 1
     params = SamplingParams(n=draws, temperature=cfg.rollout.eval_temperature, top_p=cfg.rollout.eval_top_p,
+                            top_k=cfg.rollout.eval_top_k, min_p=cfg.rollout.eval_min_p,
                             max_new_tokens=cfg.rollout.max_new_tokens,
                             seed=cfg.train.seed + EVAL_SEED_OFFSET + offset * n)
     comps = engine.generate(prompts, params)

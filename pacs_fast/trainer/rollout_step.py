@@ -89,6 +89,7 @@ def batch_seed(cfg, index: int) -> int:
 
 def sampling_params(cfg, seed: int) -> SamplingParams:
     return SamplingParams(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                          top_k=cfg.rollout.top_k, min_p=cfg.rollout.min_p,
                           max_new_tokens=cfg.rollout.max_new_tokens, return_logprobs=True, seed=seed)
 
 
