@@ -121,6 +121,44 @@ def test_top_p_mask_matches_transformers(top_p, seed):
     assert (~top_p_remove_mask(logits, top_p)).sum(-1).min() >= 1  # at least one token kept
 
 
+@pytest.mark.parametrize("top_p", [0.95, 0.8, 0.3])
+def test_top_p_on_qwen_sized_rows(seed, top_p):
+    """On 151,936 ids, rows whose nucleus ends within their top 256 / 4,096 logits are decided from those
+    (the sort costs ~10x more there), the rest by the sort; every row's mask is the rule ``drop a token when
+    the mass above it is >= top_p`` (float64 from float64 softmax) and transformers' TopPLogitsWarper, except
+    for tokens whose mass above lies within 1e-5 of top_p: float32 probabilities (relative error ~2e-6)
+    under both, and transformers' float32 running sum over the row (off by ~1e-6). Rows: peaked (the
+    candidates settle them), heavy-tailed (4,096), flat (the sort), a tie at the nucleus's edge (the sort:
+    tied tokens are ordered its way), already-removed tokens."""
+    from transformers import TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(seed)
+    V = 151_936
+    logits = torch.randn(12, V, generator=g) * torch.tensor([1.0] * 4 + [2.0] * 4 + [1.0] * 4)[:, None]
+    head = torch.randint(0, V, (12, 6), generator=g)
+    logits[:8].scatter_(1, head[:8], 18 + 3 * torch.randn(8, 6, generator=g))  # peaked rows; 8-11 flat
+    logits[3, head[3, :2]] = 30.0  # the two most likely tied (~1/2 each): with top_p < 1/2 the edge is in the tie
+    logits[5, 1000:] = float("-inf")  # removed tokens (e.g. a padded vocabulary or top-k)
+    got = top_p_remove_mask(logits, top_p)
+    p = logits.double().softmax(-1)
+    ordered, order = p.sort(-1, descending=True)
+    above = torch.empty_like(p).scatter_(1, order, ordered.cumsum(-1) - ordered)
+    clear = (above - top_p).abs() > 1e-5
+    theirs = torch.isinf(TopPLogitsWarper(top_p)(None, logits.clone())) & torch.isfinite(logits)
+    untied = torch.ones(12, 1, dtype=torch.bool)
+    untied[3] = False  # which of two tied tokens has the other above it is the sort's choice, not the rule's
+    for name, ref in (("the float64 rule", above >= top_p), ("transformers", theirs)):
+        wrong = (got != ref) & clear & torch.isfinite(logits) & (untied | (name == "transformers"))
+        assert not wrong.any(), (name, wrong.nonzero()[:5].tolist())
+    assert torch.equal(got[3], theirs[3])  # the tie at the edge: the kept one is transformers' (its sort order)
+    lse = logits.logsumexp(-1, keepdim=True)
+    settled, _, _ = sampling._top_p_from_candidates(logits, lse, top_p, 4096)
+    assert settled[[0, 1, 2, 4, 6]].all()  # the path that skips the sort ran for peaked rows
+    if top_p < 0.5:
+        assert not settled[3]  # a tie at the edge goes to the sort
+    assert not settled[8:].any()  # the flat rows' nucleus holds over 4,096 tokens: the sort
+
+
 def test_sample_tokens_greedy_and_support(seed):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(256, 50, generator=g) * 3

@@ -48,23 +48,73 @@ def row_uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
     return unit_interval(((first >> 6) << 26) | (second >> 6))
 
 
+# top_p_remove_mask looks for the nucleus among the top 256 logits of each row, then the top 4,096, before
+# sorting the whole row: on Qwen's 151,936 ids (64 rows, this CPU) topk 13 / 47 ms against the sort's 440 ms.
+_TOP_P_CANDIDATES = (256, 4096)
+
+
 def top_p_remove_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Which tokens nucleus (top-p) filtering removes, as transformers' ``TopPLogitsWarper``.
 
     logits: ``[rows, V]`` float (already temperature-scaled). Returns a ``[rows, V]`` bool mask,
     True where the token is dropped: sorted by ascending probability, a token is dropped when the
     cumulative probability up to and including it is ``<= 1 - top_p`` (so the kept set is the
-    smallest one whose probability is ``>= top_p``); the most likely token is always kept.
+    smallest one whose probability is ``>= top_p``, i.e. a token stays while the mass above it is
+    below ``top_p``); the most likely token is always kept. The running sums are float64 (of the
+    float32 probabilities): transformers' float32 sum over 151,936 ids drifts by ~1e-6 (up to 3e-4),
+    so the two can differ on tokens whose mass above lies that close to ``top_p``.
+    Rows whose nucleus ends within their top 256 (then 4,096) logits, and not in a tie, are decided
+    from those alone (:func:`_top_p_from_candidates`); the rest sort the row (:func:`_top_p_sorted`).
     """
+    rows, vocab = logits.shape
+    drop = torch.ones_like(logits, dtype=torch.bool)
+    todo, sort = torch.arange(rows, device=logits.device), []
+    lse = logits.logsumexp(dim=-1, keepdim=True) if _TOP_P_CANDIDATES[0] < vocab else None
+    for k in _TOP_P_CANDIDATES:
+        if k >= vocab or todo.numel() == 0:
+            break
+        whole = todo.numel() == rows
+        part = logits if whole else logits.index_select(0, todo)
+        settled, part_drop, reach = _top_p_from_candidates(part, lse if whole else lse.index_select(0, todo), top_p, k)
+        drop.index_copy_(0, todo[settled], part_drop[settled])
+        # a row whose next candidates cannot hold top_p (each later token is at most as likely as the k-th)
+        # goes to the sort now
+        nxt = next((c for c in _TOP_P_CANDIDATES if c > k), vocab)
+        hopeless = ~settled & (reach[0] + (nxt - k) * reach[1] < top_p)
+        sort.append(todo[hopeless])
+        todo = todo[~settled & ~hopeless]
+    todo = torch.cat([todo, *sort]) if sort else todo
+    if todo.numel():
+        part = logits if todo.numel() == rows else logits.index_select(0, todo)
+        drop.index_copy_(0, todo, _top_p_sorted(part, top_p))
+    return drop
+
+
+def _top_p_sorted(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """:func:`top_p_remove_mask` by transformers' steps (the whole row sorted ascending, ties in its
+    order), the running sum in float64."""
     sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
-    drop_sorted = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= (1.0 - top_p)
+    drop_sorted = sorted_logits.softmax(dim=-1).cumsum(dim=-1, dtype=torch.float64) <= (1.0 - top_p)
     drop_sorted[..., -1] = False
     return drop_sorted.scatter(-1, order, drop_sorted)
 
 
-# sample_tokens' block width: the [rows, V] probabilities are summed in float32 blocks of this many tokens
-# (relative error ~1e-7 log2(256) per block), then only the drawn block's running sum is taken in float64.
-_BLOCK = 256
+def _top_p_from_candidates(logits: torch.Tensor, lse: torch.Tensor, top_p: float, k: int):
+    """``([rows] settled, [rows, V] drop, ([rows] mass, [rows] least))``: top-p from each row's ``k``
+    largest logits (``lse``: ``[rows, 1]``, the rows' logsumexp), the same rule read from the top (a token stays while the float64 mass above it is
+    below ``top_p``). A row is settled when its kept set ends before the ``k``-th candidate (every later
+    token then has at least ``top_p`` above it) and its last kept logit is not tied with the next (the
+    sorted path orders ties its own way). ``mass``: the candidates' probability; ``least``: the
+    ``k``-th's."""
+    values, ids = torch.topk(logits, k, dim=-1)                      # descending
+    probs = (values - lse).exp()                                     # [rows, k] float32
+    running = probs.cumsum(dim=-1, dtype=torch.float64)
+    keep = running - probs < top_p                                   # the mass above each; the first: none
+    kept = keep.sum(dim=-1, keepdim=True)
+    edge = kept.clamp(max=k - 1)
+    settled = ((kept < k) & (values.gather(1, edge - 1) != values.gather(1, edge))).squeeze(1)
+    drop = torch.ones_like(logits, dtype=torch.bool).scatter_(1, ids, ~keep)
+    return settled, drop, (running[:, -1], probs[:, -1].double())
 
 
 def min_p_remove_mask(logits: torch.Tensor, min_p: float) -> torch.Tensor:
@@ -93,6 +143,11 @@ def filter_logits(scaled: torch.Tensor, top_p: float = 1.0, top_k: int = 0, min_
     if top_p < 1:
         scaled = scaled.masked_fill(top_p_remove_mask(scaled, top_p), float("-inf"))
     return scaled
+
+
+# sample_tokens' block width: the [rows, V] probabilities are summed in float32 blocks of this many tokens
+# (relative error ~1e-7 log2(256) per block), then only the drawn block's running sum is taken in float64.
+_BLOCK = 256
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
