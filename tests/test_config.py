@@ -130,7 +130,8 @@ def test_numbers_in_a_yaml_file_keep_their_text_for_a_text_key_and_octal_is_refu
     # it crashed at the first reset (no reference model is kept for a proxy that uses none)
     (["algo.ref=fixed", "algo.proxy=mean_logp", "algo.reset_every=2"], "algo.ref=fixed needs algo.proxy=logratio"),
     (["rollout.top_p=0"], "rollout.top_p"),
-    (["rollout.top_k=-1"], "rollout.top_k must be >= 0"), (["rollout.eval_top_k=-5"], "rollout.eval_top_k must be >= 0"),
+    (["rollout.top_k=-1"], "rollout.top_k must be >= 0"),
+    (["rollout.eval_top_k=-5"], "rollout.eval_top_k must be >= 0"),
     (["rollout.min_p=1"], r"rollout.min_p must be in \[0, 1\)"), (["rollout.eval_min_p=-0.1"], "rollout.eval_min_p"),
     (["rollout.temperature=0"], "rollout.temperature"),
     (["model.path=/definitely/not/here"], "model.path .* does not exist"),

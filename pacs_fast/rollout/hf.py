@@ -38,8 +38,9 @@
   chunks of ``batch_size`` rows, with a clean ``GenerationConfig`` (sampling unless
   ``temperature == 0``, ``top_p``, ``top_k``, no repetition penalty) and min-p as a logits processor
   of ours (:class:`~pacs_fast.rollout.sampling.MinPFilter`: vLLM's order, before top-k / top-p); log-probs
-  are recorded by a logits processor that sees the raw logits before temperature and the filters. During the call the model's
-  ``generation_config`` is a blank one (transformers would fill unset settings from it), restored after.
+  are recorded by a logits processor that sees the raw logits before temperature and the filters. During
+  the call the model's ``generation_config`` is a blank one (transformers would fill unset settings from
+  it), restored after.
 
 Both samplers draw from the same distribution and are greedy-identical, but they consume random
 numbers differently: the same seed gives different samples under the two.

@@ -75,7 +75,8 @@ def top_p_remove_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
             break
         whole = todo.numel() == rows
         part = logits if whole else logits.index_select(0, todo)
-        settled, part_drop, reach = _top_p_from_candidates(part, lse if whole else lse.index_select(0, todo), top_p, k)
+        part_lse = lse if whole else lse.index_select(0, todo)
+        settled, part_drop, reach = _top_p_from_candidates(part, part_lse, top_p, k)
         drop.index_copy_(0, todo[settled], part_drop[settled])
         # a row whose next candidates cannot hold top_p (each later token is at most as likely as the k-th)
         # goes to the sort now
@@ -101,11 +102,11 @@ def _top_p_sorted(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def _top_p_from_candidates(logits: torch.Tensor, lse: torch.Tensor, top_p: float, k: int):
     """``([rows] settled, [rows, V] drop, ([rows] mass, [rows] least))``: top-p from each row's ``k``
-    largest logits (``lse``: ``[rows, 1]``, the rows' logsumexp), the same rule read from the top (a token stays while the float64 mass above it is
-    below ``top_p``). A row is settled when its kept set ends before the ``k``-th candidate (every later
-    token then has at least ``top_p`` above it) and its last kept logit is not tied with the next (the
-    sorted path orders ties its own way). ``mass``: the candidates' probability; ``least``: the
-    ``k``-th's."""
+    largest logits (``lse``: ``[rows, 1]``, the rows' logsumexp), the same rule read from the top (a
+    token stays while the float64 mass above it is below ``top_p``). A row is settled when its kept
+    set ends before the ``k``-th candidate (every later token then has at least ``top_p`` above it)
+    and its last kept logit is not tied with the next (the sorted path orders ties its own way).
+    ``mass``: the candidates' probability; ``least``: the ``k``-th's."""
     values, ids = torch.topk(logits, k, dim=-1)                      # descending
     probs = (values - lse).exp()                                     # [rows, k] float32
     running = probs.cumsum(dim=-1, dtype=torch.float64)

@@ -37,7 +37,8 @@ def correction_on(cfg: Config) -> bool:
 def correction_warnings(cfg: Config) -> list[str]:
     """Lines to print at the start of a run whose correction cannot be what it claims: with
     ``rollout.top_p < 1`` (or ``top_k``, ``min_p``) the behaviour policy is the kept set (renormalised),
-    which neither side of the ratio includes, so the weights measure stale weights and numerics only, not the truncation; a
+    which neither side of the ratio includes, so the weights measure stale weights and numerics only,
+    not the truncation; a
     ``correction.is_cap`` below 1 caps every weight under 1 (the loss shrinks where the policies agree)."""
     if not correction_on(cfg):
         return []
@@ -46,14 +47,15 @@ def correction_warnings(cfg: Config) -> list[str]:
         out.append(f"correction.is_cap={cfg.correction.is_cap:g} is below 1: every importance weight is capped under 1, "
                    f"so the loss shrinks by that factor or more even where the policies agree (a truncation cap is "
                    f">= 1; the default 2)")
-    truncating = [f"rollout.{k}={v:g}" for k, v, off in (("top_p", cfg.rollout.top_p, 1.0), ("top_k", cfg.rollout.top_k, 0),
-                                                          ("min_p", cfg.rollout.min_p, 0.0)) if v != off]
+    filters = (("top_p", cfg.rollout.top_p, 1.0), ("top_k", cfg.rollout.top_k, 0), ("min_p", cfg.rollout.min_p, 0.0))
+    truncating = [f"rollout.{k}={v:g}" for k, v, off in filters if v != off]
     if truncating:
-        out.append(f"{' and '.join(truncating)} truncate{'s' if len(truncating) == 1 else ''} the sampling distribution, "
-                   f"and the off-policy correction (correction.is_level={is_level(cfg)}, rs_level="
-                   f"{cfg.correction.rs_level}) compares the untruncated distributions: its weights do not include the "
-                   f"truncation (a sampled token's behaviour probability is p / Z, Z the kept tokens' mass); use "
-                   f"rollout.top_p=1, top_k=0, min_p=0 for an exact correction (docs/OFF_POLICY.md)")
+        verb = "truncates" if len(truncating) == 1 else "truncate"
+        out.append(f"{' and '.join(truncating)} {verb} the sampling distribution, and the off-policy correction "
+                   f"(correction.is_level={is_level(cfg)}, rs_level={cfg.correction.rs_level}) compares the "
+                   f"untruncated distributions: its weights do not include the truncation (a sampled token's "
+                   f"behaviour probability is p / Z, Z the kept tokens' mass); use rollout.top_p=1, top_k=0, min_p=0 "
+                   f"for an exact correction (docs/OFF_POLICY.md)")
     return out
 
 
