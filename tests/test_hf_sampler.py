@@ -476,3 +476,27 @@ def test_greedy_lean_equals_generate_cuda(model_dir, seed):
     for x, y in zip((c for cs in a for c in cs), (c for cs in b for c in cs)):
         assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason
         torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_sample_tokens_on_cuda_syncs_nothing_and_equals_cpu(seed):
+    """The whole sampling step on CUDA (min-p, top-k, top-p by the sort there, the two-level inverse CDF)
+    makes no host sync (torch's sync debug mode raises on one) and draws what the CPU draws from the same
+    uniforms on 512 Qwen-sized rows (a draw could differ only where u falls within float32 rounding, ~1e-6
+    of a probability, of an interval's edge: ~1e-3 over all rows)."""
+    g = torch.Generator().manual_seed(seed)
+    V = 151_936
+    logits = torch.randn(512, V, generator=g) * 2
+    logits.scatter_(1, torch.randint(0, V, (512, 8), generator=g), 14 + 2 * torch.randn(512, 8, generator=g))
+    keys = row_keys([seed + r for r in range(512)])
+    for temperature, top_p, top_k, min_p in ((1.0, 1.0, 0, 0.0), (0.7, 0.9, 0, 0.0), (1.0, 0.95, 50, 0.01)):
+        u = row_uniforms(keys, 3)
+        want = sample_tokens(logits, temperature, top_p, u, top_k, min_p)
+        on_gpu, u_gpu = logits.cuda(), u.cuda()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = sample_tokens(on_gpu, temperature, top_p, u_gpu, top_k, min_p)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert torch.equal(got.cpu(), want), (temperature, top_p, top_k, min_p)

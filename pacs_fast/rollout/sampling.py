@@ -48,8 +48,9 @@ def row_uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
     return unit_interval(((first >> 6) << 26) | (second >> 6))
 
 
-# top_p_remove_mask looks for the nucleus among the top 256 logits of each row, then the top 4,096, before
-# sorting the whole row: on Qwen's 151,936 ids (64 rows, this CPU) topk 13 / 47 ms against the sort's 440 ms.
+# top_p_remove_mask (on CPU) looks for the nucleus among the top 256 logits of each row, then the top 4,096,
+# before sorting the whole row: on Qwen's 151,936 ids (64 rows, this CPU) topk 13 / 47 ms against the sort's
+# 440 ms.
 _TOP_P_CANDIDATES = (256, 4096)
 
 
@@ -63,9 +64,13 @@ def top_p_remove_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     below ``top_p``); the most likely token is always kept. The running sums are float64 (of the
     float32 probabilities): transformers' float32 sum over 151,936 ids drifts by ~1e-6 (up to 3e-4),
     so the two can differ on tokens whose mass above lies that close to ``top_p``.
-    Rows whose nucleus ends within their top 256 (then 4,096) logits, and not in a tie, are decided
-    from those alone (:func:`_top_p_from_candidates`); the rest sort the row (:func:`_top_p_sorted`).
+    On CPU, rows whose nucleus ends within their top 256 (then 4,096) logits, and not in a tie, are
+    decided from those alone (:func:`_top_p_from_candidates`); the rest sort the row
+    (:func:`_top_p_sorted`). On other devices every row sorts: a GPU sorts fast, and picking rows would
+    read their count from the device (the lean loop makes no host sync but its done check).
     """
+    if logits.device.type != "cpu":
+        return _top_p_sorted(logits, top_p)
     rows, vocab = logits.shape
     drop = torch.ones_like(logits, dtype=torch.bool)
     todo, sort = torch.arange(rows, device=logits.device), []
