@@ -122,7 +122,7 @@ def test_top_p_mask_matches_transformers(top_p, seed):
 
 
 @pytest.mark.parametrize("top_p", [0.95, 0.8, 0.3])
-def test_top_p_on_qwen_sized_rows(seed, top_p):
+def test_top_p_on_qwen_sized_rows(seed, top_p, monkeypatch):
     """On 151,936 ids, rows whose nucleus ends within their top 256 / 4,096 logits are decided from those
     (the sort costs ~10x more there), the rest by the sort; every row's mask is the rule ``drop a token when
     the mass above it is >= top_p`` (float64 from float64 softmax) and transformers' TopPLogitsWarper, except
@@ -157,6 +157,9 @@ def test_top_p_on_qwen_sized_rows(seed, top_p):
     if top_p < 0.5:
         assert not settled[3]  # a tie at the edge goes to the sort
     assert not settled[8:].any()  # the flat rows' nucleus holds over 4,096 tokens: the sort
+    peaked = [0, 1, 2, 4, 6]  # alone, they never reach the sort (it would raise), and their masks stay the same
+    monkeypatch.setattr(sampling, "_top_p_sorted", lambda *a: pytest.fail("a peaked row was sorted"))
+    assert torch.equal(top_p_remove_mask(logits[peaked], top_p), got[peaked])
 
 
 def test_sample_tokens_greedy_and_support(seed):

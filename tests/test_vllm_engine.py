@@ -212,6 +212,9 @@ def test_seeded_call_past_the_token_budget(engine, seed):
     vLLM's 4,096): each prompt's samples equal those of the prompt alone under its own seed. Before, vLLM's CPU
     worker cut a prefill at the budget and rewound the seeded generator with set_offset, which CPU generators
     lack: "CPU Generator does not use offset" (the engine now prefills whole prompts on CPU)."""
+    scheduler = engine._llm.llm_engine.vllm_config.scheduler_config
+    # the layout that makes it hold: no prefill is cut, and one step's budget is smaller than this call's prompts
+    assert not scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens < 12 * 8 * 100
     gen = torch.Generator().manual_seed(seed)
     prompts = [[1] + torch.randint(3, 90, (99,), generator=gen).tolist() for _ in range(12)]
     params = SamplingParams(n=8, temperature=1.0, max_new_tokens=6, seed=seed % 10**6)

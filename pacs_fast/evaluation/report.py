@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from pacs_fast.data.datasets import DISPLAY_NAMES
-from pacs_fast.evaluation.results import recompute_pass_at_k
+from pacs_fast.evaluation.results import UNRECORDED_SAMPLING, recompute_pass_at_k
 from pacs_fast.files import write_atomic
 
 BENCHMARK_ORDER = ["math500", "amc23", "aime2024", "aime2025"]
@@ -64,8 +64,8 @@ def comparison_warnings(results: list[dict[str, Any]]) -> list[str]:
 # the sampling settings of run_config.json that change pass@k (n and the seed do not: pass@k is unbiased in n)
 COMPARED_SETTINGS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "system", "instruction", "extraction",
                      "engine", "dtype")
-# what results written before a setting was recorded used (the verifier's only extraction then; no top-k, min-p)
-LEGACY_SETTINGS = {"extraction": "reference", "top_k": 0, "min_p": 0.0}
+# what results written before a setting was recorded used (the verifier's only extraction then)
+LEGACY_SETTINGS = {"extraction": "reference", **UNRECORDED_SAMPLING}
 
 
 def _settings_warnings(results: list[dict[str, Any]], labels: list[str]) -> list[str]:

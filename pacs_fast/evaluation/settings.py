@@ -8,19 +8,17 @@ import json
 from pathlib import Path
 
 from pacs_fast.evaluation.args import UsageError, read_json
-from pacs_fast.evaluation.results import samples_path
+from pacs_fast.evaluation.results import UNRECORDED_SAMPLING, samples_path
 from pacs_fast.files import write_text_atomic
 
 SETTINGS_FILE = "run_config.json"
 SAMPLING_KEYS = ("model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "n", "system", "instruction")
-# what samples written before a setting was recorded used (top-k and min-p did not exist: off)
-LEGACY_SAMPLING = {"top_k": 0, "min_p": 0.0}
 
 
 def setting_differences(old: dict, config: dict) -> list[str]:
     """The sampling settings of ``config`` that differ from ``old`` (a settings file): ``n`` per benchmark
     both name, the engine and dtype where recorded resolved, the extraction."""
-    diff = [k for k in SAMPLING_KEYS if k != "n" and old.get(k, LEGACY_SAMPLING.get(k)) != config.get(k)]
+    diff = [k for k in SAMPLING_KEYS if k != "n" and old.get(k, UNRECORDED_SAMPLING.get(k)) != config.get(k)]
     diff += [f"n[{b}]" for b, n in config["n"].items() if b in old.get("n", {}) and old["n"][b] != n]
     # the engine and dtype (files written before they were recorded resolved: "auto" or none, not compared)
     diff += [k for k in ("engine", "dtype") if old.get(k) not in (None, "auto") and old[k] != config[k]]

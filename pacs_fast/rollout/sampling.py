@@ -82,6 +82,8 @@ def top_p_remove_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
         part = logits if whole else logits.index_select(0, todo)
         part_lse = lse if whole else lse.index_select(0, todo)
         settled, part_drop, reach = _top_p_from_candidates(part, part_lse, top_p, k)
+        if whole and bool(settled.all()):  # the usual case on a trained model: its mask is the answer
+            return part_drop
         drop.index_copy_(0, todo[settled], part_drop[settled])
         # a row whose next candidates cannot hold top_p (each later token is at most as likely as the k-th)
         # goes to the sort now
@@ -162,11 +164,10 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
 
     ``temperature == 0``: argmax. Else a draw from ``softmax(logits / temperature)`` restricted by
     :func:`filter_logits` (min-p, top-k, top-p; ``top_p == 1``, ``top_k == 0``, ``min_p == 0`` keep every
-    token), by inverse CDF: one uniform ``u``
-    per row picks the point ``u * total`` of the cumulative probability; the token whose interval
-    holds it is drawn (zero-probability tokens are never drawn). ``uniforms``: the ``[rows]``
-    values of ``u`` in (0, 1) (e.g. :func:`row_uniforms`; taken in float64); default: drawn from the
-    global torch RNG of the device.
+    token), by inverse CDF: one uniform ``u`` per row picks the point ``u * total`` of the cumulative
+    probability; the token whose interval holds it is drawn (zero-probability tokens are never drawn).
+    ``uniforms``: the ``[rows]`` values of ``u`` in (0, 1) (e.g. :func:`row_uniforms`; taken in
+    float64); default: drawn from the global torch RNG of the device.
 
     Resolution: the inverse CDF runs in two levels, the blocks of ``_BLOCK`` tokens (float32 block
     sums, their running sum float64), then the tokens of the drawn block (float64 running sum,
@@ -190,12 +191,13 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
     block_cdf = sums.cumsum(dim=-1, dtype=torch.float64)
     point = u * block_cdf[:, -1:]
     block = _inverse_cdf(block_cdf, point)
-    start = block_cdf.gather(1, block) - sums.gather(1, block).double()
+    own = sums.gather(1, block).double()                             # the drawn block's float32 sum
+    start = block_cdf.gather(1, block) - own
     ids = block * _BLOCK + torch.arange(_BLOCK, device=probs.device)
     inside = probs.gather(1, ids.clamp(max=vocab - 1)).masked_fill_(ids >= vocab, 0)
     inner_cdf = inside.cumsum(dim=-1, dtype=torch.float64)
     # the point's place in its block, on the block's own float64 sum (equal to the float32 block sum to ~1e-7)
-    within = (point - start).clamp_(min=0) * (inner_cdf[:, -1:] / sums.gather(1, block).double())
+    within = (point - start).clamp_(min=0) * (inner_cdf[:, -1:] / own)
     return (block * _BLOCK + _inverse_cdf(inner_cdf, within)).squeeze(1)
 
 
