@@ -227,12 +227,11 @@ def run(argv: list[str]) -> int:
 
 
 def _check_prompt_lengths(args, engine_name: str, engine, tokenizer, sets, todo) -> None:
-    """A prompt that does not fit the engine's context (vLLM's max_model_len) is a UsageError naming the
-    benchmark, the problem and the limit, raised before anything is generated (not in the middle of
-    a benchmark, as the engine would). A prompt that leaves fewer than ``--max-tokens`` of the context
-    (vLLM's, or the HF engine's ``max_position_embeddings``) is one warning line per benchmark: vLLM
-    ends those responses at the context, the HF engine generates past the positions the model was
-    trained on, so the two engines' pass@k differ (the trainer warns alike)."""
+    """A prompt that does not fit the engine's context (vLLM's max_model_len, the HF engine's
+    ``max_position_embeddings``) is a UsageError naming the benchmark, the problem and the limit, raised
+    before anything is generated (not in the middle of a benchmark, as the engine would). A prompt that
+    leaves fewer than ``--max-tokens`` of the context is one warning line per benchmark: both engines end
+    those responses at the context (the trainer warns alike)."""
     from pacs_fast.data.prompts import encode_prompts
 
     limit = getattr(engine, "max_model_len", None)
@@ -244,24 +243,23 @@ def _check_prompt_lengths(args, engine_name: str, engine, tokenizer, sets, todo)
         lengths = {i: len(p) for i, p in zip(todo[bench], encode_prompts(tokenizer, texts, **prompt_kwargs(args)))}
         if not lengths:
             continue
-        long = [i for i, n in lengths.items() if limit and n >= limit]
+        long = [i for i, n in lengths.items() if n >= context]
         if long:
             i = max(long, key=lengths.get)
+            larger = ("give a larger --max-model-len if the model allows it" if engine_name == "vllm"
+                      else "give a model with a longer context (max_position_embeddings)")
             raise UsageError(f"{bench}: {len(long)} of {len(problems)} prompts do not fit the {engine_name} engine's "
-                             f"context of {limit} tokens (prompt and response), the longest problem {i} "
-                             f"(id {problems[i].id}) with {lengths[i]} prompt tokens; give a larger --max-model-len "
-                             f"if the model allows it, or leave the benchmark out")
+                             f"context of {context} tokens (prompt and response), the longest problem {i} "
+                             f"(id {problems[i].id}) with {lengths[i]} prompt tokens; {larger}, or leave the "
+                             f"benchmark out")
         short = [i for i, n in lengths.items() if n + args.max_tokens > context]
         if short:
             i = max(short, key=lengths.get)
-            cut = ("vLLM ends their responses at the context" if limit
-                   else "the HF engine generates past the model's max_position_embeddings")
             print(f"warning: {bench}: {len(short)} of {len(lengths)} prompts leave fewer than --max-tokens "
-                  f"{args.max_tokens} tokens of the model's context of {context} tokens: {cut}; the longest, "
-                  f"problem {i} (id {problems[i].id}), has {lengths[i]} prompt tokens; " +
-                  (f"--max-tokens {context - lengths[i]} or lower leaves room for every response"
-                   if lengths[i] < context else "no --max-tokens leaves room for it: that prompt alone fills the "
-                   "context"), file=sys.stderr)
+                  f"{args.max_tokens} tokens of the model's context of {context} tokens: the {engine_name} engine "
+                  f"ends their responses at the context; the longest, problem {i} (id {problems[i].id}), has "
+                  f"{lengths[i]} prompt tokens; --max-tokens {context - lengths[i]} or lower leaves room for every "
+                  f"response", file=sys.stderr)
 
 
 def _consecutive_calls(indices: list[int], per_call: int) -> list[list[int]]:

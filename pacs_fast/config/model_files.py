@@ -45,12 +45,29 @@ def has_tokenizer(folder: str | Path) -> bool:
 
 
 def trained_positions(folder: str | Path) -> int | None:
-    """The positions the model in ``folder`` was trained on (``max_position_embeddings`` or ``n_positions``
-    of its config.json); None when unknown: no readable config, or a RoPE scaling, whose reach each
-    scaling type defines differently."""
-    c = _text_config(folder)
-    n = c.get("max_position_embeddings") or c.get("n_positions")
-    return int(n) if n and not c.get("rope_scaling") else None
+    """The positions the model in ``folder`` was trained on (:func:`config_positions` of its
+    config.json); None when unknown."""
+    return config_positions(_text_config(folder))
+
+
+def config_positions(config: dict) -> int | None:
+    """The positions a language model's config (a config.json's dict, or ``PretrainedConfig.to_dict()``)
+    says it was trained on: ``max_position_embeddings`` or ``n_positions``; None when unknown: neither key,
+    or a RoPE scaling (transformers 4's ``rope_scaling``, or a ``rope_parameters`` whose ``rope_type`` is
+    not ``default``, as transformers 5 writes it), whose reach each scaling type defines differently."""
+    n = config.get("max_position_embeddings") or config.get("n_positions")
+    return int(n) if n and not _rope_scaled(config) else None
+
+
+def _rope_scaled(config: dict) -> bool:
+    if config.get("rope_scaling"):
+        return True
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict):
+        return False
+    # one dict, or one per layer type (Gemma 3's {"full_attention": {...}, "sliding_attention": {...}})
+    each = [v for v in params.values() if isinstance(v, dict)] or [params]
+    return any(p.get("rope_type", p.get("type", "default")) not in ("default", None) for p in each)
 
 
 def _json(path: Path):

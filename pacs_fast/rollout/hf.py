@@ -56,6 +56,9 @@ RNG. The caller's global RNG is untouched with a seed; responses are cut
 after the first EOS (kept; several EOS ids allowed), ``finish_reason`` is ``"stop"`` or
 ``"length"``; with ``return_logprobs`` each sampled token's log-prob under the *unscaled*
 (temperature 1) logits is returned; the model's ``training`` flag is restored.
+*Context*: as vLLM's, a response ends where prompt + response reach ``max_model_len`` (default: the
+model's ``max_position_embeddings``; ``finish_reason`` "length"), a prompt that fills it is a
+ValueError; the tokens up to that point are those of an engine without the limit.
 *Padded vocabulary rows*: an LM head with more rows than the tokenizer has ids (every Qwen
 checkpoint) has its rows ``>= len(tokenizer)`` cut from the logits before any sampling, greedy
 decoding or log-prob: such ids are never drawn and log-probs are those of the distribution over
@@ -70,6 +73,7 @@ when the engine holds its own copy (loaded from a path).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import threading
 from pathlib import Path
@@ -78,6 +82,7 @@ from typing import Iterable
 import torch
 
 from pacs_fast.causal_lm import lm_head
+from pacs_fast.config.model_files import config_positions
 from pacs_fast.ops.short_attention import NAME as SHORT_ATTENTION
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
 from pacs_fast.rollout.fp32_head import fp32_lm_head
@@ -116,6 +121,16 @@ def _blank_generation_defaults(model):
                 model.generation_config = saved
 
 
+def model_context(model) -> int | None:
+    """The positions a live model's config says it was trained on (:func:`config_positions`), None when
+    it has no config or does not say."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return config_positions(text.to_dict())
+
+
 def eos_token_ids(tokenizer, generation_config) -> list[int]:
     """The ids generation stops at: the tokenizer's EOS, then the generation config's (an id or a list;
     ``generation_config`` may be None), each once, in that order."""
@@ -143,15 +158,22 @@ class HFEngine(LeanDecoder, RolloutEngine):
             where the loop's per-step host sync is free; see the module docstring).
         lm_head_fp32: logits as ``hidden.float() @ W.float().T`` for a bf16/fp16 model (an fp32
             copy of the head weight per call; see :mod:`pacs_fast.rollout.fp32_head`).
+        max_model_len: the context, prompt + response tokens of one sequence, as vLLM's: a prompt of
+            that many tokens or more is a ValueError, a response ends there (``finish_reason``
+            ``"length"``). Default: the positions the model's config says it was trained on
+            (``max_position_embeddings`` or ``n_positions``; :func:`~pacs_fast.config.model_files.config_positions`),
+            no limit when it does not say (a RoPE scaling). The attribute holds it (None: no limit).
     """
 
     def __init__(self, model_or_path, tokenizer=None, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, batch_size: int = 32, sampler: str = "lean",
-                 merge_rows: bool | None = None, lm_head_fp32: bool = False):
+                 merge_rows: bool | None = None, lm_head_fp32: bool = False, max_model_len: int | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_model_len is not None and int(max_model_len) < 2:
+            raise ValueError(f"max_model_len must be >= 2 (a prompt token and a response token), got {max_model_len}")
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         self.batch_size = batch_size
@@ -185,6 +207,7 @@ class HFEngine(LeanDecoder, RolloutEngine):
             raise ValueError("neither the tokenizer nor the model's generation config defines an EOS token")
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_ids[0]
+        self.max_model_len = int(max_model_len) if max_model_len is not None else model_context(self.model)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _eos_ids(self) -> list[int]:
@@ -209,9 +232,16 @@ class HFEngine(LeanDecoder, RolloutEngine):
             kwargs.update(temperature=float(params.temperature), top_p=float(params.top_p), top_k=int(params.top_k))
         return GenerationConfig(**kwargs)
 
-    @staticmethod
-    def _check_prompts(prompt_token_ids) -> list[list[int]]:
-        return check_prompt_token_ids(prompt_token_ids)
+    def _check_prompts(self, prompt_token_ids) -> list[list[int]]:
+        return check_prompt_token_ids(prompt_token_ids, max_len=self.max_model_len)
+
+    def _response_limits(self, prompts: list[list[int]], params: SamplingParams) -> list[int] | None:
+        """Each prompt's response tokens at most, ``min(max_new_tokens, context - prompt)``; None when every
+        prompt has room for ``max_new_tokens`` (or there is no context)."""
+        ctx, new = self.max_model_len, params.max_new_tokens
+        if ctx is None or all(len(p) + new <= ctx for p in prompts):
+            return None
+        return [min(new, ctx - len(p)) for p in prompts]
 
     # -- RolloutEngine ---------------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
@@ -230,15 +260,18 @@ class HFEngine(LeanDecoder, RolloutEngine):
     def _generate_all(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """All ``len(prompts) * n`` completions, prompt-major."""
         n = params.n
+        limits = self._response_limits(prompts, params)
         if self.sampler == "generate":
-            if params.seed is None:
+            if params.seed is None and limits is None:
                 return self._generate_rows([p for p in prompts for _ in range(n)], params)
             results: list[Completion] = []
             devices = [self.device] if self.device.type == "cuda" else []
             for i, p in enumerate(prompts):  # each prompt under its own seed (see the module docstring)
-                with torch.random.fork_rng(devices=devices):
-                    torch.manual_seed((params.seed + i * n) % 2**63)
-                    results.extend(self._generate_rows([p] * n, params))
+                own = params if limits is None else dataclasses.replace(params, max_new_tokens=limits[i])
+                with torch.random.fork_rng(devices=devices) if params.seed is not None else contextlib.nullcontext():
+                    if params.seed is not None:
+                        torch.manual_seed((params.seed + i * n) % 2**63)
+                    results.extend(self._generate_rows([p] * n, own))
             return results
         base = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()))
         by_prompt: list[list[Completion]] = [[] for _ in prompts]
@@ -246,7 +279,8 @@ class HFEngine(LeanDecoder, RolloutEngine):
         decode = self._merged_batch if merge else self._lean_batch
         for chunk in self._lean_chunks(prompts, n):
             keys = row_keys([base + i * n + j for i in chunk for j in range(n)], self.device)
-            comps = decode([prompts[i] for i in chunk], params, keys)
+            comps = decode([prompts[i] for i in chunk], params, keys,
+                           None if limits is None else [limits[i] for i in chunk])
             for k, i in enumerate(chunk):
                 by_prompt[i] = comps[k * params.n:(k + 1) * params.n]
         return [c for comps in by_prompt for c in comps]
@@ -293,11 +327,16 @@ class HFEngine(LeanDecoder, RolloutEngine):
             attention[i, width - len(r):] = 1
         return input_ids, attention
 
-    def _completions(self, generated: torch.Tensor, logprobs: torch.Tensor | None) -> list[Completion]:
-        """Cuts CPU ``[rows, steps]`` generated ids (and log-probs) after the first EOS."""
+    def _completions(self, generated: torch.Tensor, logprobs: torch.Tensor | None,
+                     limits: list[int] | None = None) -> list[Completion]:
+        """Cuts CPU ``[rows, steps]`` generated ids (and log-probs) after the first EOS, and each row
+        at its ``limits`` entry (response tokens at most; None: ``steps``)."""
         is_eos = torch.isin(generated, torch.tensor(self.eos_ids, dtype=generated.dtype))
+        if limits is not None:  # tokens past a row's limit (pad ids, perhaps an EOS id) are not its own
+            is_eos &= torch.arange(generated.shape[1])[None, :] < torch.tensor(limits)[:, None]
         stopped = is_eos.any(dim=1)
-        ends = torch.where(stopped, is_eos.int().argmax(dim=1) + 1, generated.shape[1]).tolist()
+        cap = generated.shape[1] if limits is None else torch.tensor(limits).clamp(max=generated.shape[1])
+        ends = torch.where(stopped, is_eos.int().argmax(dim=1) + 1, cap).tolist()
         ids = [row[:end] for row, end in zip(generated.tolist(), ends)]
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         lps = logprobs.tolist() if logprobs is not None else None

@@ -3,7 +3,14 @@ describes them): :meth:`LeanDecoder._lean_batch`, one row of the decoded batch p
 :meth:`LeanDecoder._merged_batch`, one per group of output rows whose tokens so far are identical.
 
 ``LeanDecoder`` is a mixin: the engine provides ``model``, ``device``, ``pad_id``, ``eos_ids``,
-``vocab_cut`` (the padded LM-head rows to cut, or None), ``_left_pad`` and ``_completions``.
+``vocab_cut`` (the padded LM-head rows to cut, or None), ``max_model_len`` (the context, or None),
+``_left_pad`` and ``_completions``.
+
+Both loops take ``limits``, each prompt's response tokens at most (None: ``max_new_tokens`` for
+every prompt): a row is done once it holds that many, as at an EOS (the engine's context: its
+response ends where prompt + response reach ``max_model_len``, as vLLM's does). Finished rows
+still in the batch keep their positions below the context (nothing they compute is kept), so a
+model with learned absolute positions never indexes past its table.
 """
 from __future__ import annotations
 
@@ -47,12 +54,31 @@ class LeanDecoder:
                                f"{type(model).__name__} returned {type(cache).__name__}: use sampler='generate'")
         return cache, self._next_logits(out), prompt_mask, position_ids, padded
 
+    def _row_limits(self, limits: list[int] | None, n: int, steps_max: int):
+        """``(steps_max, row_limits)``: the loop's steps (the largest limit) and a ``[rows]`` int64 tensor
+        of each output row's limit on the device, None when every row may take ``steps_max``."""
+        if limits is None:
+            return steps_max, None
+        steps_max = max(limits)
+        if min(limits) == steps_max:
+            return steps_max, None
+        return steps_max, torch.tensor(limits, device=self.device).repeat_interleave(n)
+
+    def _next_position(self, position: torch.Tensor, row_limit: torch.Tensor | None) -> torch.Tensor:
+        """``position + 1``; with rows of different limits, at most the context's last position (rows
+        that still run never reach it, their limits stop them; finished ones wait in the batch there).
+        With one limit for all, no row's position passes the context."""
+        position = position + 1
+        return position if row_limit is None else position.clamp_(max=self.max_model_len - 1)
+
     @torch.inference_mode()
-    def _lean_batch(self, prompts: list[list[int]], params: SamplingParams, keys: torch.Tensor) -> list[Completion]:
+    def _lean_batch(self, prompts: list[list[int]], params: SamplingParams, keys: torch.Tensor,
+                    limits: list[int] | None = None) -> list[Completion]:
         """``len(prompts) * n`` completions (prompt-major) with the lean decode loop; ``keys``: the
-        rows' :func:`~pacs_fast.rollout.sampling.row_keys`."""
+        rows' :func:`~pacs_fast.rollout.sampling.row_keys`; ``limits``: see the module docstring."""
         model, device, n = self.model, self.device, params.n
         steps_max, rows = params.max_new_tokens, len(prompts) * n
+        steps_max, row_limit = self._row_limits(limits, n, steps_max)
         cache, logits, prompt_mask, position_ids, padded = self._prefill(prompts, "batch_repeat_interleave")
         width = prompt_mask.shape[1]
         if n > 1:
@@ -83,6 +109,8 @@ class LeanDecoder:
             if logprobs is not None:
                 logprobs[at, t] = logits.log_softmax(dim=-1).gather(1, nxt[:, None]).squeeze(1)
             done |= (nxt == self.eos_ids[0]) if eos is None else torch.isin(nxt, eos)
+            if row_limit is not None:
+                done |= row_limit[at] <= t + 1
             if t + 1 == steps_max:
                 break
             if (t + 1) % check_every == 0:
@@ -98,15 +126,17 @@ class LeanDecoder:
                     mask = mask[keep] if padded else None
                     row_ids = keep if row_ids is None else row_ids[keep]
                     active = len(keep)
-            position = position + 1
+            position = self._next_position(position, row_limit)
             out = model(input_ids=nxt[:, None], attention_mask=mask[:, :width + t + 1] if padded else None,
                         position_ids=position, past_key_values=cache, use_cache=True)
             logits = self._next_logits(out)
         return self._completions(tokens[:, :steps].cpu(),
-                                 logprobs[:, :steps].cpu() if logprobs is not None else None)
+                                 logprobs[:, :steps].cpu() if logprobs is not None else None,
+                                 None if row_limit is None else row_limit.tolist())
 
     @torch.inference_mode()
-    def _merged_batch(self, prompts: list[list[int]], params: SamplingParams, keys: torch.Tensor) -> list[Completion]:
+    def _merged_batch(self, prompts: list[list[int]], params: SamplingParams, keys: torch.Tensor,
+                      limits: list[int] | None = None) -> list[Completion]:
         """``len(prompts) * n`` completions (prompt-major) with the lean loop on merged rows.
 
         A *node* is one row of the decoded batch (of the model's forward and KV cache); it stands
@@ -120,6 +150,7 @@ class LeanDecoder:
         pad id and dropped together, ``_COMPACT_FRACTION``)."""
         model, device, n = self.model, self.device, params.n
         steps_max, rows = params.max_new_tokens, len(prompts) * n
+        steps_max, row_limit = self._row_limits(limits, n, steps_max)
         cache, logits, prompt_mask, position, padded = self._prefill(prompts, "batch_select_indices")
         width = prompt_mask.shape[1]
         V = logits.shape[-1]                                                   # logits: [nodes, V]
@@ -144,6 +175,8 @@ class LeanDecoder:
             if logprobs is not None:
                 logprobs[row_ids, t] = logits.log_softmax(dim=-1)[node_of, nxt]
             alive = ~torch.isin(nxt, eos)
+            if row_limit is not None:
+                alive &= row_limit[row_ids] > t + 1
             if t + 1 == steps_max or not bool(alive.any()):
                 steps = t + 1
                 break
@@ -164,9 +197,10 @@ class LeanDecoder:
                 cache.batch_select_indices(parent)
                 position = position[parent]
                 mask = mask[parent] if padded else None
-            position = position + 1
+            position = self._next_position(position, row_limit)
             out = model(input_ids=feed[:, None], attention_mask=mask[:, :width + t + 1] if padded else None,
                         position_ids=position, past_key_values=cache, use_cache=True)
             logits = self._next_logits(out)
         return self._completions(tokens[:, :steps].cpu(),
-                                 logprobs[:, :steps].cpu() if logprobs is not None else None)
+                                 logprobs[:, :steps].cpu() if logprobs is not None else None,
+                                 None if row_limit is None else row_limit.tolist())

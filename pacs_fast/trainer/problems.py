@@ -202,13 +202,13 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
     """Each ``(name, encoded problems)`` set against the model's ``context`` (prompt + response
     tokens, :func:`pacs_fast.trainer.preflight.model_context`; None: nothing to check).
 
-    ``rollout.engine=vllm``: a prompt of ``context`` tokens or more is a ValueError here (vLLM's
-    engine would refuse it in the middle of the run). A prompt that leaves fewer than
-    ``rollout.max_new_tokens`` tokens of the context is a warning: vLLM ends its responses at the
-    context, the HF engine generates past the positions the model was trained on."""
+    A prompt of ``context`` tokens or more is a ValueError here (both engines refuse it, in the
+    middle of the run). A prompt that leaves fewer than ``rollout.max_new_tokens`` tokens of the
+    context is a warning: both engines end its responses at the context."""
     if not context:
         return
-    new, vllm = cfg.rollout.max_new_tokens, cfg.rollout.engine == "vllm"
+    new, engine = cfg.rollout.max_new_tokens, cfg.rollout.engine
+    limit = "vLLM's max_model_len" if engine == "vllm" else "max_position_embeddings"
     threshold = context - new if context > new else context - 1
     drop_them = f"data.max_prompt_tokens={threshold} or lower drops them"
     for what, problems in sets:
@@ -219,19 +219,18 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
         drop = (f"every prompt has more than {threshold} tokens: give a model with a longer context "
                 f"(max_position_embeddings) or shorter problems") if none_fit else drop_them
         over = sum(n >= context for n in lengths)
-        if vllm and over:
+        if over:
             raise ValueError(f"{what}: {over} of {len(lengths)} prompts do not fit the model's context of {context} "
-                             f"tokens (vLLM's max_model_len): {longest}; {drop}")
+                             f"tokens ({limit}): {longest}; {drop}")
         short = sum(n + new > context for n in lengths)
         if short:
-            cut = ("vLLM ends their responses at the context" if vllm
-                   else "the HF engine generates past the model's max_position_embeddings")
             room = f"rollout.max_new_tokens={context - lengths[i]} or lower leaves room for every response"
-            # no response length leaves room once the longest prompt fills the context; when dropping would leave
-            # nothing (or new >= context), a shorter response is what helps (4k-context models at max_new_tokens=4000)
-            fix = drop if lengths[i] >= context else room if none_fit or new >= context else f"{drop}, or {room}"
+            # when dropping would leave nothing (or new >= context), a shorter response is what helps (4k-context
+            # models at max_new_tokens=4000)
+            fix = room if none_fit or new >= context else f"{drop}, or {room}"
             log(f"WARNING: {what}: {short} of {len(lengths)} prompts leave fewer than rollout.max_new_tokens={new} "
-                f"tokens of the model's context of {context}: {cut}; {longest}; {fix}")
+                f"tokens of the model's context of {context} ({limit}): the {engine} engine ends their responses "
+                f"at the context; {longest}; {fix}")
 
 
 def check_token_budget(cfg: Config, what: str, problems: list[dict]) -> None:
