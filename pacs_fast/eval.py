@@ -53,6 +53,7 @@ from pacs_fast.evaluation.report import comparison_warnings, markdown_table, plo
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, load_results,
                                           problem_digest, read_samples, results_from_samples, samples_path)
 from pacs_fast.evaluation.settings import check_settings
+from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn
 from pacs_fast.gc_heap import freeze_at_start_up
 from pacs_fast.reward.verifier import EXTRACTIONS
 from pacs_fast.trainer.run_folder import RunLock
@@ -135,6 +136,10 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--extraction", default="reference", choices=EXTRACTIONS,
                    help="what the verifier reads: reference (PACS's: a 'final answer is' phrase, else the boxed "
                         "answers, else the last expression) or boxed (only complete \\boxed{} answers)")
+    p.add_argument("--reward-fn", default="", metavar="MODULE:FUNCTION",
+                   help="your own reward in the verifier's place: function(problems, responses, answers) -> one "
+                        "number in [0, 1] per response (the trainer's reward.fn); pass@k counts a response that "
+                        "scores 1 as correct")
     p.add_argument("--system-prompt", default="pacs",
                    help="system message: pacs (the paper's, the trainer's default), '' (none) or the text")
     p.add_argument("--instruction", default="pacs",
@@ -185,6 +190,7 @@ def write_reports(out_dir: Path, results: dict, table_k=None) -> str:
 def run(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
     check_run_args(args)  # numbers, choices, the model folder, --out: before anything loads
+    reward_fn = load_reward_fn(args.reward_fn)
     model_id = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     label = args.label or model_label(args.model)
     out_dir = Path(args.out or Path("eval_results") / label)
@@ -199,6 +205,7 @@ def run(argv: list[str]) -> int:
               "min_p": args.min_p, "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, **prompt_kwargs(args)}
     config["engine"], config["dtype"] = engine_and_dtype(args)
     config["extraction"] = args.extraction
+    config["reward_fn"] = args.reward_fn
     try:  # one eval per --out: a second appended every sample again, and its --overwrite deleted the first's
         lock = RunLock(out_dir, new=False, what="--out", other="choose another --out")
     except ValueError as e:
@@ -214,7 +221,7 @@ def run(argv: list[str]) -> int:
     if skipped:
         print(f"resuming: {skipped} problems already in {out_dir}, {total} to go", file=sys.stderr)
     if total:
-        _generate(args, out_dir, sets, ns, todo)
+        _generate(args, out_dir, sets, ns, todo, reward_fn)
 
     meta = {"model": model_id, "label": label, "limit": args.limit,
             "settings": read_json(out_dir / "run_config.json", "run settings file")}
@@ -273,7 +280,7 @@ def _consecutive_calls(indices: list[int], per_call: int) -> list[list[int]]:
     return calls
 
 
-def _generate(args, out_dir: Path, sets, ns, todo) -> None:
+def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
     from pacs_fast.data.prompts import build_prompt, encode_prompts, has_chat_template
     from pacs_fast.reward.batch import BatchScorer
     from pacs_fast.rollout.base import SamplingParams
@@ -285,7 +292,8 @@ def _generate(args, out_dir: Path, sets, ns, todo) -> None:
 
         tokenizer = AutoTokenizer.from_pretrained(args.model)
     _check_prompt_lengths(args, engine_name, engine, tokenizer, sets, todo)
-    scorer = BatchScorer(args.scorer_workers, time_limit=args.time_limit, extraction=args.extraction)
+    scorer = UserScorer(reward_fn) if reward_fn else \
+        BatchScorer(args.scorer_workers, time_limit=args.time_limit, extraction=args.extraction)
     bar = _progress(sum(len(t) for t in todo.values()), args.no_progress)
     t0, samples_done = time.perf_counter(), 0
     try:
@@ -307,7 +315,8 @@ def _generate(args, out_dir: Path, sets, ns, todo) -> None:
                 outs = engine.generate(prompts, params)
                 texts = [c.text for comp in outs for c in comp]
                 answers = [problems[i].answer for i, comp in zip(idx, outs) for _ in comp]
-                scored = scorer.score(texts, answers)
+                scored = scorer.score(texts, answers, [problems[i].problem for i, comp in zip(idx, outs) for _ in comp]) \
+                    if reward_fn else scorer.score(texts, answers)
                 records, pos = [], 0
                 for i, prompt_text, comp in zip(idx, prompt_texts, outs):
                     sc = scored.scores[pos:pos + len(comp)]

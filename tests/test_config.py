@@ -210,5 +210,5 @@ def test_sampling_filters_reach_the_engines():
             return [[Completion([5], "1", "stop") for _ in range(p.n)] for _ in prompts]
 
     problems = [{"prompt_ids": [1, 2, 3], "answer": "1"}]
-    evaluate_share(cfg, Recording(), lambda texts, answers: [1.0] * len(texts), problems, 0)
+    evaluate_share(cfg, Recording(), lambda texts, answers, **_: [1.0] * len(texts), problems, 0)
     assert [(p.temperature, p.top_k, p.min_p) for p in seen] == [(0.6, 7, 0.01), (0.0, 0, 0.0)]

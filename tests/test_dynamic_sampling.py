@@ -39,7 +39,7 @@ def session(overrides, *, shuffle=False):
     cfg = load_config(None, [f"rollout.n={G}", "train.prompts_per_step=4", *overrides])
     problems = [{"id": i, "prompt_ids": [i, 1, 2], "answer": "1"} for i in range(len(PATTERN))]
     logs = []
-    scorer = lambda texts, answers, step, first: [float(t == a) for t, a in zip(texts, answers)]  # noqa: E731
+    scorer = lambda texts, answers, step, first, **_: [float(t == a) for t, a in zip(texts, answers)]  # noqa: E731
     return SimpleNamespace(cfg=cfg, world=World(), engine=FakeEngine(), scorer=scorer, credit=None, batches=0,
                            sampler=PromptSampler(len(problems), seed=0, shuffle=shuffle), train_problems=problems,
                            tokenizer=SimpleNamespace(pad_token_id=0), log=logs.append, logs=logs)
@@ -91,10 +91,10 @@ class NoisyScorer:
     def __init__(self, flip):
         self.flip, self.last = set(flip), {}
 
-    def clean(self, texts, answers):
+    def clean(self, texts, answers, problems=None):
         return [float(t.split(":")[2] == a) for t, a in zip(texts, answers)]
 
-    def __call__(self, texts, answers, step, first):
+    def __call__(self, texts, answers, step, first, problems=None):
         clean = self.clean(texts, answers)
         noisy = [1 - r if tuple(map(int, t.split(":")[:2])) in self.flip else r for t, r in zip(texts, clean)]
         self.last = {"reward/flipped_frac": sum(a != b for a, b in zip(noisy, clean)) / len(clean)}

@@ -269,6 +269,11 @@ class CorrectionConfig:
 
 @dataclass
 class RewardConfig:
+    fn: str = _f("", "'module:function' (problems, responses, answers) -> one reward in [0, 1] per response, in "
+                 "the math verifier's place for every reward of the run, training and held-out (another task's "
+                 "checker: unit tests, a format check, a judge; reward/acc counts rewards > 0.5); called on "
+                 "distinct triples, memoised, within reward.user_fn_timeout_s; empty = the math verifier "
+                 "(pacs_fast/trainer/rewards.py)")
     extraction: str = _f("reference", "what the verifier reads from a response: reference (PACS's: math-verify's "
                          "'final answer is' phrase, else the \\boxed{} answers, else the last expression) | boxed "
                          "(only complete \\boxed{} answers: an unfinished, hedged or unboxed response scores 0)")
@@ -292,8 +297,9 @@ class RewardConfig:
                                   "buffer)) / buffer * reward.overlong_penalty, 0) added to the reward (pacs: the "
                                   "label clip(R + penalty, 0, 1)); 0 = off")
     overlong_penalty: float = _f(1.0, "the overlong penalty at L = rollout.max_new_tokens (verl's penalty_factor)")
-    user_fn_timeout_s: float = _f(600.0, "time limit in seconds (at most 1e6) of one call of reward.appeal / "
-                                  "reward.step_rewards; a call that runs longer stops the run with the step named")
+    user_fn_timeout_s: float = _f(600.0, "time limit in seconds (at most 1e6) of one call of reward.fn / "
+                                  "reward.appeal / reward.step_rewards; a call that runs longer stops the run with "
+                                  "the step named")
 
 
 @dataclass

@@ -254,8 +254,10 @@ def _validate_efficacy(cfg: Config) -> None:
             raise ValueError(f"{a} + {b} must be < 1 (got {va} + {vb}): the labels would carry no signal")
     if cfg.reward.fn_rate == "appeal" and not cfg.reward.appeal:
         raise ValueError("reward.fn_rate=appeal needs reward.appeal='module:function' (the lenient second check)")
-    if cfg.reward.appeal and ":" not in cfg.reward.appeal:
-        raise ValueError(f"reward.appeal must look like 'module:function', got {cfg.reward.appeal!r}")
+    for key in ("fn", "appeal"):
+        spec = getattr(cfg.reward, key)
+        if spec and ":" not in spec:
+            raise ValueError(f"reward.{key} must look like 'module:function', got {spec!r}")
     if cfg.algo.noise_correction != "none" and cfg.algo.name == "ppo":
         raise ValueError("algo.noise_correction applies to pacs, grpo, rloo and dr_grpo (ppo's rewards go "
                          "through GAE; not supported)")

@@ -24,6 +24,8 @@ def setting_differences(old: dict, config: dict) -> list[str]:
     diff += [k for k in ("engine", "dtype") if old.get(k) not in (None, "auto") and old[k] != config[k]]
     if old.get("extraction", "reference") != config["extraction"]:  # (recorded since it exists)
         diff.append("extraction")
+    if old.get("reward_fn", "") != config.get("reward_fn", ""):  # (recorded since it exists; "": the verifier)
+        diff.append("reward_fn")
     return diff
 
 

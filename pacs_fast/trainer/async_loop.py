@@ -222,9 +222,11 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
 
     try:
         s = start(cfg, run_dir, resume=resume, engine_builder=evaluation_engine)
-    except BaseException:
+    except BaseException as e:
         if engines:
             engines.close(wait=False)  # the engines wait for their setup: let them go
+        if isinstance(e, UserFunctionError):  # reward.fn at the step-0 evaluation
+            raise TrainingStopped(f"{e}; no checkpoint was written") from e
         raise
     s.t_start = t_start
     world, K = s.world, cfg.rollout.max_staleness

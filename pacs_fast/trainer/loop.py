@@ -53,7 +53,10 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     Raises :class:`SetupError` (a ValueError) for bad input, before any model work, and
     :class:`TrainingStopped` when a step cannot go on."""
     t_start = time.perf_counter()
-    s = start(cfg, run_dir, resume=resume)
+    try:
+        s = start(cfg, run_dir, resume=resume)
+    except UserFunctionError as e:  # reward.fn at the step-0 evaluation
+        raise TrainingStopped(f"{e}; no checkpoint was written") from e
     s.t_start = t_start
     world, learner = s.world, s.learner
     last_eval = dict(s.initial_eval)
@@ -104,7 +107,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             if last or (cfg.train.save_every and step % cfg.train.save_every == 0):
                 save(s, step)
         evaluate_unless_reported(s)
-    except UserFunctionError as e:  # reward.appeal / reward.step_rewards gave something unusable
+    except UserFunctionError as e:  # reward.fn / reward.appeal / reward.step_rewards gave something unusable
         s.close()
         raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it") from e
     except BaseException:

@@ -133,7 +133,7 @@ def check_gold_answers(cfg: Config, train: list[dict], held_out: list[dict], log
     Some unmatchable: a warning naming how many and one of them. All of those checked in a set: a
     ValueError (every reward, or the held-out accuracy, would be 0 whatever the model writes), except
     for the training set of a run trained on process rewards alone (``reward.outcome_weight=0``)."""
-    if cfg.data.dataset == "arithmetic":
+    if cfg.data.dataset == "arithmetic" or cfg.reward.fn:  # (reward.fn: the user's function judges, not ours)
         return
     from pacs_fast.reward.gold_check import unmatchable_golds
 
@@ -191,6 +191,12 @@ def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> tupl
     if not out:
         raise ValueError(f"{what}: no prompt fits data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
     return out, dropped
+
+
+def problem_texts(problems: list[dict], copies: int) -> list[str]:
+    """Each problem's text (as the data gives it, before the chat template) ``copies`` times in a row:
+    one per response of its group, what ``reward.fn`` is given."""
+    return [p.get("problem", "") for p in problems for _ in range(copies)]
 
 
 def prompt_lists(problems: list[dict]) -> list[list[int]]:

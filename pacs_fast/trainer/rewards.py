@@ -1,5 +1,14 @@
-"""Verifier rewards for the trainer: the batch scorer, memoised; for experiments with an imperfect
-verifier, label flips at given rates and an online false-negative-rate estimate from an "appeal".
+"""Verifier rewards for the trainer: the batch scorer (or the user's ``reward.fn``), memoised; for
+experiments with an imperfect verifier, label flips at given rates and an online false-negative-rate
+estimate from an "appeal".
+
+A user reward (``reward.fn = "module:function"``, called as ``function(problems, responses, answers)
+-> [float]``, one reward in [0, 1] per response) takes the math verifier's place for every reward of
+the run, training and held-out alike: another task's checker (unit tests, a format check, a judge).
+``problems[i]``: the problem text of response i as the data gives it (before the chat template),
+``answers[i]``: its gold answer field (text). It is called once per distinct (problem, response,
+answer) of a call, with ``reward.user_fn_timeout_s``, and must be a pure function of them (results are
+memoised). A return that is not one number in [0, 1] per response stops the run with the key named.
 
 Label noise (``reward.noise_fp`` / ``reward.noise_fn``): training rewards (calls with a ``step``)
 are flipped 0 -> 1 with probability ``noise_fp`` and 1 -> 0 with ``noise_fn``, independently per
@@ -24,7 +33,7 @@ import importlib
 import numpy as np
 
 from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT
-from pacs_fast.trainer.user_functions import call_with_time_limit, checked_flags
+from pacs_fast.trainer.user_functions import UserFunctionError, call_with_time_limit, checked_flags, checked_numbers
 
 
 def load_callable(spec: str, key: str):
@@ -46,9 +55,27 @@ def load_callable(spec: str, key: str):
 def check_callables(cfg) -> None:
     """Imports the user functions the config names (before any model is loaded)."""
     rc = getattr(cfg, "reward", None)
-    for key in ("appeal", "step_rewards"):
+    for key in ("fn", "appeal", "step_rewards"):
         if rc is not None and getattr(rc, key, ""):
             load_callable(getattr(rc, key), f"reward.{key}")
+
+
+def user_rewards(fn, problems: list[str], texts: list[str], answers: list[str], *, key: str,
+                 timeout_s: float | None) -> list[float]:
+    """``fn(problems, texts, answers)``: one reward in [0, 1] per response, within ``timeout_s`` (None: no
+    limit); a
+    :class:`~pacs_fast.trainer.user_functions.UserFunctionError` naming ``key`` (the setting that names
+    ``fn``) when it raises, hangs, or returns anything else."""
+    got = call_with_time_limit(fn, (problems, texts, answers), key=key, timeout_s=timeout_s)
+    rewards = checked_numbers(got, key=key, what=f"{len(texts)} responses")
+    if len(rewards) != len(texts):
+        raise UserFunctionError(f"{key} returned {len(rewards)} rewards for {len(texts)} responses")
+    bad = [i for i, r in enumerate(rewards) if not 0.0 <= r <= 1.0]
+    if bad:
+        raise UserFunctionError(f"{key} returned {rewards[bad[0]]:g} as the reward of response {bad[0]} ({len(bad)} "
+                                f"of {len(texts)} outside [0, 1]): rewards must lie in [0, 1] (PACS's label; the "
+                                f"baselines' advantages assume it too)")
+    return rewards
 
 
 def flip_labels(rewards: list[float], *, fp: float, fn: float, seed: int, step: int, first: int = 0) -> list[float]:
@@ -79,14 +106,16 @@ class Scorer:
         return cls(cfg.train.reward_workers, noise_fp=rc.noise_fp, noise_fn=rc.noise_fn, seed=cfg.train.seed,
                    appeal=load_callable(rc.appeal, "reward.appeal") if rc.appeal else None,
                    algo=cfg.algo if rc.fn_rate == "appeal" else None, timeout_s=rc.user_fn_timeout_s,
-                   gather=gather, extraction=rc.extraction, time_limit=rc.time_limit_s)
+                   gather=gather, extraction=rc.extraction, time_limit=rc.time_limit_s,
+                   user_fn=load_callable(rc.fn, "reward.fn") if rc.fn else None)
 
     def __init__(self, workers: int, *, noise_fp: float = 0.0, noise_fn: float = 0.0, seed: int = 0,
                  appeal=None, algo=None, timeout_s: float = 600.0, gather=None, extraction: str = "reference",
-                 time_limit: float = DEFAULT_TIME_LIMIT):
+                 time_limit: float = DEFAULT_TIME_LIMIT, user_fn=None):
         from pacs_fast.reward import BatchScorer
-        self.batch = BatchScorer(num_workers=workers, extraction=extraction, time_limit=time_limit)
-        self.memo: dict[tuple[str, str], float] = {}
+        self.user_fn = user_fn  # reward.fn, in the math verifier's place (no verifier workers then)
+        self.batch = None if user_fn else BatchScorer(num_workers=workers, extraction=extraction, time_limit=time_limit)
+        self.memo: dict[tuple, float] = {}
         self.noise_fp, self.noise_fn, self.seed = float(noise_fp), float(noise_fn), int(seed)
         self.appeal, self.timeout_s = appeal, float(timeout_s)
         self.algo = algo  # written to (noise_rho1) when the false-negative rate is estimated online
@@ -96,28 +125,41 @@ class Scorer:
         self.counts = {"positives": 0, "overturned": 0, "appealed": 0}
         self.last: dict[str, float] = {}
 
-    def clean(self, texts: list[str], answers: list[str]) -> list[float]:
-        """The verifier's rewards (no noise)."""
+    def clean(self, texts: list[str], answers: list[str], problems: list[str] | None = None) -> list[float]:
+        """The verifier's rewards (no noise), or ``reward.fn``'s (``problems``: each response's problem
+        text, which only ``reward.fn`` reads)."""
         if len(self.memo) > 200_000:
             self.memo.clear()
-        todo = sorted({(t, a) for t, a in zip(texts, answers) if (t, a) not in self.memo})
+        if self.user_fn is not None:
+            if problems is None or len(problems) != len(texts):
+                raise ValueError("Scorer with reward.fn: give each response's problem text (problems=)")
+            keys = list(zip(problems, texts, answers))
+        else:
+            keys = list(zip(texts, answers))
+        todo = sorted({k for k in keys if k not in self.memo})
         if todo:
-            res = self.batch.score([t for t, _ in todo], [a for _, a in todo])
-            self.memo.update(zip(todo, (float(x) for x in res.scores)))
-        return [self.memo[(t, a)] for t, a in zip(texts, answers)]
+            self.memo.update(zip(todo, self._user_rewards(todo) if self.user_fn is not None else
+                                 (float(x) for x in self.batch.score([t for t, _ in todo], [a for _, a in todo]).scores)))
+        return [self.memo[k] for k in keys]
+
+    def _user_rewards(self, todo: list[tuple[str, str, str]]) -> list[float]:
+        """``reward.fn`` on the distinct ``(problem, response, answer)`` triples."""
+        problems, texts, answers = (list(x) for x in zip(*todo))
+        return user_rewards(self.user_fn, problems, texts, answers, key="reward.fn", timeout_s=self.timeout_s)
 
     def __call__(self, texts: list[str], answers: list[str], *, step: int | None = None,
-                 first: int = 0) -> list[float]:
+                 first: int = 0, problems: list[str] | None = None) -> list[float]:
         """Rewards of ``texts`` against ``answers``; ``step``: the training step (None at evaluation,
         which is never noisy and never appealed); ``first``: the index of ``texts[0]`` among the
-        step's responses (a data-parallel group's share starts there). A training call with an
-        appeal is collective over the data-parallel groups."""
-        rewards = self.clean(texts, answers)
+        step's responses (a data-parallel group's share starts there); ``problems``: each response's
+        problem text (read by ``reward.fn`` only). A training call with an appeal is collective over
+        the data-parallel groups."""
+        rewards = self.clean(texts, answers, problems)
         if step is None:
             return rewards
         rewards = flip_labels(rewards, fp=self.noise_fp, fn=self.noise_fn, seed=self.seed, step=step, first=first)
         self.last = {"reward/flipped_frac": float(np.mean([a != b for a, b in
-                                                           zip(rewards, self.clean(texts, answers))]))
+                                                           zip(rewards, self.clean(texts, answers, problems))]))
                      if rewards else 0.0}
         if self.appeal is not None:
             self._appeal(texts, answers, rewards)
@@ -154,4 +196,5 @@ class Scorer:
         self.counts = {k: int(v) for k, v in state["counts"].items()}
 
     def close(self):
-        self.batch.close()
+        if self.batch is not None:
+            self.batch.close()

@@ -40,6 +40,7 @@ from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir, claim_run
 from pacs_fast.trainer.sampler import PromptSampler
 from pacs_fast.trainer.step_credit import StepCredit
 from pacs_fast.trainer.trackers import check_trackers, open_trackers
+from pacs_fast.trainer.user_functions import UserFunctionError
 
 
 class SetupError(ValueError):
@@ -263,7 +264,12 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
             folder.mark_resume(marker)
     s.initial_eval = state.get("initial_eval")
     if s.initial_eval is None:
-        s.initial_eval = {**s.evaluate(), "data/dropped_train_prompts": dropped_train,
+        try:
+            first = s.evaluate()
+        except UserFunctionError as e:  # reward.fn gave something unusable at the step-0 evaluation
+            s.close()
+            raise UserFunctionError(f"step 0 (the held-out evaluation): {e}") from e  # the loop stops the run on it
+        s.initial_eval = {**first, "data/dropped_train_prompts": dropped_train,
                           "data/dropped_held_out_prompts": dropped_held}
         if s.logger:
             s.logger.log("eval", 0, s.initial_eval)

@@ -23,8 +23,8 @@ class UserFunctionError(ValueError):
     something unusable; the trainer stops the run on it with this one-line message."""
 
 
-def call_with_time_limit(fn, args: tuple, *, key: str, timeout_s: float):
-    """``fn(*args)``, or UserFunctionError when it raises or runs longer than ``timeout_s``."""
+def call_with_time_limit(fn, args: tuple, *, key: str, timeout_s: float | None):
+    """``fn(*args)``, or UserFunctionError when it raises or runs longer than ``timeout_s`` (None: no limit)."""
     box: dict = {}
 
     def run():

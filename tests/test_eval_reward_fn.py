@@ -1,0 +1,70 @@
+"""``python -m pacs_fast.eval --reward-fn module:function``: the user's reward in the verifier's place (the
+trainer's ``reward.fn``), recorded in the run settings (a resume with another function is refused), pass@k
+counting responses that score 1."""
+import json
+
+import pytest
+
+from pacs_fast import eval as ev
+from pacs_fast.evaluation.results import read_samples
+
+from test_eval_cli import _run_args, dataset, model_dir  # noqa: F401  (fixtures)
+
+SEEN: list[tuple[list, list, list]] = []
+
+
+def odd_length(problems, responses, answers):
+    SEEN.append((list(problems), list(responses), list(answers)))
+    return [float(len(r) % 2 == 1) for r in responses]
+
+
+def half(problems, responses, answers):
+    return [0.5] * len(responses)
+
+
+def out_of_range(problems, responses, answers):
+    return [2] * len(responses)
+
+
+def test_the_users_function_scores_every_response_and_pass_at_k_counts_ones(model_dir, dataset, tmp_path,  # noqa: F811
+                                                                            capsys):
+    SEEN.clear()
+    out = tmp_path / "run"
+    assert ev.main(_run_args(model_dir, dataset, out, "--reward-fn", "test_eval_reward_fn:odd_length")) == 0
+    rows = {json.loads(x)["id"]: json.loads(x) for x in dataset.read_text().splitlines()}
+    recs = read_samples(out / "samples_toy.jsonl")
+    assert len(recs) == 4 and SEEN
+    for r in recs.values():
+        assert r["scores"] == [float(len(t) % 2 == 1) for t in r["responses"]]
+        assert r["statuses"] == ["user_fn"] * 2 and r["num_correct"] == sum(r["scores"])
+    for problems, responses, answers in SEEN:  # each response with its own problem text and answer
+        assert all(rows[f"q{p.split('+')[0]}"]["answer"] == a for p, a in zip(problems, answers))
+    settings = json.loads((out / "run_config.json").read_text())
+    assert settings["reward_fn"] == "test_eval_reward_fn:odd_length"
+    result = json.loads((out / "results.json").read_text())["benchmarks"]["toy"]
+    assert result["correct_counts"] == [int(sum(r["scores"])) for _, r in sorted(recs.items())]
+    assert result["status_counts"] == {"user_fn": 8}
+    # another function (or the verifier) into the same folder: refused, the samples kept
+    capsys.readouterr()
+    assert ev.main(_run_args(model_dir, dataset, out, "--reward-fn", "test_eval_reward_fn:half")) == 2
+    assert "reward_fn differ" in capsys.readouterr().err
+    assert ev.main(_run_args(model_dir, dataset, out)) == 2
+    assert len(read_samples(out / "samples_toy.jsonl")) == 4
+
+
+def test_soft_rewards_are_kept_and_count_as_wrong_in_pass_at_k(model_dir, dataset, tmp_path):  # noqa: F811
+    out = tmp_path / "run"
+    assert ev.main(_run_args(model_dir, dataset, out, "--reward-fn", "test_eval_reward_fn:half")) == 0
+    assert all(r["scores"] == [0.5, 0.5] and r["num_correct"] == 0
+               for r in read_samples(out / "samples_toy.jsonl").values())
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("no_such_module_x:f", "error: --reward-fn='no_such_module_x:f' cannot be loaded"),
+    ("odd_length", "error: --reward-fn must look like 'module:function', got 'odd_length'"),
+    ("test_eval_reward_fn:out_of_range", "error: --reward-fn returned 2 as the reward of response 0"),
+])
+def test_a_bad_function_is_one_line(model_dir, dataset, tmp_path, capsys, spec, message):  # noqa: F811
+    assert ev.main(_run_args(model_dir, dataset, tmp_path / "run", "--reward-fn", spec)) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(message), errors
