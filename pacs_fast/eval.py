@@ -50,7 +50,7 @@ from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, che
 from pacs_fast.evaluation.engine import engine_and_dtype, make_engine, vllm_cpu_sizes
 from pacs_fast.files import write_text_atomic
 from pacs_fast.evaluation.report import comparison_warnings, markdown_table, plot_pass_at_k
-from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, load_results,
+from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct, load_results,
                                           problem_digest, read_samples, results_from_samples, samples_path)
 from pacs_fast.evaluation.settings import check_settings
 from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn
@@ -139,7 +139,7 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--reward-fn", default="", metavar="MODULE:FUNCTION",
                    help="your own reward in the verifier's place: function(problems, responses, answers) -> one "
                         "number in [0, 1] per response (the trainer's reward.fn); pass@k counts a response that "
-                        "scores 1 as correct")
+                        "scores above 0.5 as correct, as the trainer does")
     p.add_argument("--system-prompt", default="pacs",
                    help="system message: pacs (the paper's, the trainer's default), '' (none) or the text")
     p.add_argument("--instruction", default="pacs",
@@ -233,16 +233,30 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def _check_prompt_lengths(args, engine_name: str, engine, tokenizer, sets, todo) -> None:
-    """A prompt that does not fit the engine's context (vLLM's max_model_len, the HF engine's
-    ``max_position_embeddings``) is a UsageError naming the benchmark, the problem and the limit, raised
-    before anything is generated (not in the middle of a benchmark, as the engine would). A prompt that
-    leaves fewer than ``--max-tokens`` of the context is one warning line per benchmark: both engines end
-    those responses at the context (the trainer warns alike)."""
+def _engine_context(args, engine_name: str, vllm_sizes: dict) -> int | None:
+    """The context (prompt + response tokens) the engine will have, before it loads: vLLM's
+    ``max_model_len`` (``--max-model-len``, the CPU engine's size for this run, or vLLM's own derivation),
+    the HF engine's ``max_position_embeddings`` (None under a RoPE scaling: no limit)."""
+    if engine_name != "vllm":
+        return trained_positions(args.model)
+    if args.max_model_len or vllm_sizes.get("max_model_len"):
+        return args.max_model_len or vllm_sizes["max_model_len"]
+    from pacs_fast.rollout.vllm_setup import derived_max_model_len
+
+    try:
+        return derived_max_model_len(args.model)
+    except Exception:  # a folder vLLM cannot read: its own error comes when the engine loads
+        return None
+
+
+def _check_prompt_lengths(args, engine_name: str, context: int | None, tokenizer, sets, todo) -> None:
+    """A prompt that does not fit the engine's ``context`` (vLLM's max_model_len, the HF engine's
+    ``max_position_embeddings``: :func:`_engine_context`) is a UsageError naming the benchmark, the problem
+    and the limit, raised before the model loads (not in the middle of a benchmark, as the engine would). A
+    prompt that leaves fewer than ``--max-tokens`` of the context is one warning line per benchmark: both
+    engines end those responses at the context (the trainer warns alike)."""
     from pacs_fast.data.prompts import encode_prompts
 
-    limit = getattr(engine, "max_model_len", None)
-    context = limit or trained_positions(args.model)
     if not context:
         return
     for bench, problems in sets.items():
@@ -285,13 +299,14 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
     from pacs_fast.reward.batch import BatchScorer
     from pacs_fast.rollout.base import SamplingParams
 
-    engine_name, engine = _make_engine(args, vllm_cpu_sizes(args, sets, todo, ns))
-    tokenizer = getattr(engine, "tokenizer", None)
-    if tokenizer is None:
-        from transformers import AutoTokenizer
+    from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-    _check_prompt_lengths(args, engine_name, engine, tokenizer, sets, todo)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    vllm_sizes = vllm_cpu_sizes(args, sets, todo, ns)
+    name = engine_and_dtype(args)[0]
+    _check_prompt_lengths(args, name, _engine_context(args, name, vllm_sizes), tokenizer, sets, todo)  # before loading
+    engine_name, engine = _make_engine(args, vllm_sizes)
+    tokenizer = getattr(engine, "tokenizer", None) or tokenizer
     scorer = UserScorer(reward_fn) if reward_fn else \
         BatchScorer(args.scorer_workers, time_limit=args.time_limit, extraction=args.extraction)
     bar = _progress(sum(len(t) for t in todo.values()), args.no_progress)
@@ -325,7 +340,7 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
                     records.append({
                         "benchmark": bench, "index": i, "id": problems[i].id, "answer": problems[i].answer,
                         "problem_sha1": problem_digest(problems[i].problem),
-                        "prompt": prompt_text, "n": n, "num_correct": int(sum(s >= 1.0 for s in sc)), "scores": sc, "statuses": st,
+                        "prompt": prompt_text, "n": n, "num_correct": sum(map(is_correct, sc)), "scores": sc, "statuses": st,
                         "finish_reasons": [c.finish_reason for c in comp],
                         "num_tokens": [len(c.token_ids) for c in comp],
                         "responses": [c.text for c in comp],

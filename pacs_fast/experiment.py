@@ -92,6 +92,9 @@ def intended_config(config: str | None, argv: list[str]):
     from pacs_fast.trainer.run_folder import record_absolute_paths
     cfg = load_config(config, argv)
     validate(cfg, world=processes(cfg))
+    if cfg.reward.fn or cfg.reward.appeal or cfg.reward.step_rewards:  # the user's functions import, before any run
+        from pacs_fast.trainer.rewards import check_callables
+        check_callables(cfg)
     record_absolute_paths(cfg)
     return cfg
 

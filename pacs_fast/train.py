@@ -150,15 +150,21 @@ def resolve(args) -> tuple[object, Path]:
 PEER_EXIT_DELAY_S = 10.0
 
 
-def fail(message: str, code: int) -> None:
-    """Prints ``error: message`` once per launch (under torchrun every rank fails alike: global rank
-    0 prints) and exits with ``code``; the other ranks exit :data:`PEER_EXIT_DELAY_S` later (or are
-    stopped by torchrun once rank 0 has exited)."""
+def fail(message: str, code: int, *, alike: bool = True) -> None:
+    """Prints ``error: message`` once per launch and exits with ``code``. Under torchrun global rank 0
+    prints; the other ranks exit :data:`PEER_EXIT_DELAY_S` later (or are stopped by torchrun once rank 0
+    has exited). ``alike=False``: a stop that may be this rank's alone (a user function failing on its
+    share of the step, while rank 0 waits in a collective): a rank other than 0 still alive after the
+    delay prints ``error: rank R: message`` before it exits (when every rank fails alike, rank 0's exit
+    has made torchrun stop it by then, and nothing is printed twice)."""
     signals.default_stop_signals()  # torchrun's stop of the waiting ranks ends them quietly
-    if os.environ.get("RANK", "0") == "0":
+    rank = os.environ.get("RANK", "0")
+    if rank == "0":
         print(f"error: {message}", file=sys.stderr, flush=True)
     else:
         time.sleep(PEER_EXIT_DELAY_S)
+        if not alike:
+            print(f"error: rank {rank}: {message}", file=sys.stderr, flush=True)
     sys.exit(code)
 
 
@@ -197,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
     except TrainingStopped as e:
         if args.debug:
             raise
-        fail(str(e), 1)
+        fail(str(e), 1, alike=False)
     except KeyboardInterrupt:
         if args.debug:
             raise

@@ -164,19 +164,16 @@ def test_the_other_engines_flags_are_named_as_idle(model_dir, dataset, tmp_path,
 
 def test_a_prompt_longer_than_the_engines_context_is_named_before_generating(model_dir, tmp_path, monkeypatch,
                                                                               capsys):
-    """vLLM refuses a prompt of max_model_len tokens or more: the eval names the benchmark, the problem
-    and the limit before the first call (the engine's own check fired mid-benchmark, on 'prompt 1')."""
+    """Both engines refuse a prompt of their context's tokens or more: the eval names the benchmark, the problem
+    and the limit before the model loads (the engine's own check fired mid-benchmark, on 'prompt 1'; then the
+    eval's, after the engine had loaded)."""
     rows = [{"id": f"q{i}", "problem": f"{i}+{i}=" + "1" * (40 * (i == 2)), "answer": str(2 * i)} for i in range(4)]
     data = tmp_path / "toy.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    real, calls = ev._make_engine, []
-
-    def with_context(args, vllm_sizes=None):  # the hf engine, given a context as a VLLMEngine has one
-        name, engine = real(args, vllm_sizes)
-        engine.max_model_len = 120  # the prompts are ~100 tokens (system prompt, instruction), problem 2's 140
-        return name, engine
-
-    monkeypatch.setattr(ev, "_make_engine", with_context)
+    calls = []
+    # the prompts are ~100 tokens (system prompt, instruction), problem 2's 142
+    monkeypatch.setattr(ev, "_engine_context", lambda args, name, sizes: 120)
+    monkeypatch.setattr(ev, "_make_engine", lambda *a: pytest.fail("the model loaded before the prompts were checked"))
     monkeypatch.setattr(HFEngine, "generate", lambda self, *a: calls.append(1))
     out = tmp_path / "run"
     assert ev.main(_run_args(model_dir, data, out)) == 2

@@ -1,6 +1,6 @@
 """``python -m pacs_fast.eval --reward-fn module:function``: the user's reward in the verifier's place (the
 trainer's ``reward.fn``), recorded in the run settings (a resume with another function is refused), pass@k
-counting responses that score 1."""
+counting responses that score above 0.5."""
 import json
 
 import pytest
@@ -22,11 +22,15 @@ def half(problems, responses, answers):
     return [0.5] * len(responses)
 
 
+def mostly(problems, responses, answers):
+    return [0.75] * len(responses)
+
+
 def out_of_range(problems, responses, answers):
     return [2] * len(responses)
 
 
-def test_the_users_function_scores_every_response_and_pass_at_k_counts_ones(model_dir, dataset, tmp_path,  # noqa: F811
+def test_the_users_function_scores_every_response(model_dir, dataset, tmp_path,  # noqa: F811
                                                                             capsys):
     SEEN.clear()
     out = tmp_path / "run"
@@ -52,17 +56,22 @@ def test_the_users_function_scores_every_response_and_pass_at_k_counts_ones(mode
     assert len(read_samples(out / "samples_toy.jsonl")) == 4
 
 
-def test_soft_rewards_are_kept_and_count_as_wrong_in_pass_at_k(model_dir, dataset, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("fn,score,correct", [("half", 0.5, 0), ("mostly", 0.75, 2)])
+def test_soft_rewards_are_kept_and_count_as_correct_above_a_half(model_dir, dataset, tmp_path, fn, score,  # noqa: F811
+                                                                 correct):
+    """As the trainer's reward/acc and eval/pass@n count them."""
     out = tmp_path / "run"
-    assert ev.main(_run_args(model_dir, dataset, out, "--reward-fn", "test_eval_reward_fn:half")) == 0
-    assert all(r["scores"] == [0.5, 0.5] and r["num_correct"] == 0
+    assert ev.main(_run_args(model_dir, dataset, out, "--reward-fn", f"test_eval_reward_fn:{fn}")) == 0
+    assert all(r["scores"] == [score, score] and r["num_correct"] == correct
                for r in read_samples(out / "samples_toy.jsonl").values())
+    result = json.loads((out / "results.json").read_text())["benchmarks"]["toy"]
+    assert result["correct_counts"] == [correct] * 4 and result["pass_at_k"]["1"] == correct / 2
 
 
 @pytest.mark.parametrize("spec,message", [
     ("no_such_module_x:f", "error: --reward-fn='no_such_module_x:f' cannot be loaded"),
     ("odd_length", "error: --reward-fn must look like 'module:function', got 'odd_length'"),
-    ("test_eval_reward_fn:out_of_range", "error: --reward-fn returned 2 as the reward of response 0"),
+    ("test_eval_reward_fn:out_of_range", "error: --reward-fn returned 2.0 as the reward of response 0"),
 ])
 def test_a_bad_function_is_one_line(model_dir, dataset, tmp_path, capsys, spec, message):  # noqa: F811
     assert ev.main(_run_args(model_dir, dataset, tmp_path / "run", "--reward-fn", spec)) == 2

@@ -33,7 +33,9 @@ def test_a_prompt_that_reaches_the_context_is_refused_by_either_engine(engine):
     msg = str(e.value)
     assert msg.startswith("data.dataset: 2 of 4 prompts do not fit the model's context of 64 tokens")
     assert ("(vLLM's max_model_len)" if engine == "vllm" else "(max_position_embeddings)") in msg
-    assert "problem 'p3') has 70 tokens" in msg and "data.max_prompt_tokens=52 or lower" in msg
+    assert "problem 'p3') has 70 tokens" in msg
+    assert msg.endswith("data.max_prompt_tokens=63 drops them (52 or lower also those that leave fewer than "
+                        "rollout.max_new_tokens=12 tokens)")
     assert "\n" not in msg and lines == []
 
 
@@ -68,13 +70,20 @@ def test_a_prompt_that_fills_the_context_gets_advice_that_can_help():
     lines = []
     with pytest.raises(ValueError) as e:
         check_context(cfg, 64, [("data.dataset", problems([131, 10]))], lines.append)
-    assert str(e.value).endswith("data.max_prompt_tokens=56 or lower drops them")
+    assert str(e.value).endswith("data.max_prompt_tokens=63 drops them (56 or lower also those that leave fewer "
+                                 "than rollout.max_new_tokens=8 tokens)")
     for engine in ("hf", "vllm"):
         with pytest.raises(ValueError) as e:
             check_context(load_config(None, [f"rollout.engine={engine}", "rollout.max_new_tokens=8"]), 64,
                           [("data.dataset", problems([131, 70]))], lines.append)
-        assert str(e.value).endswith("every prompt has more than 56 tokens: give a model with a longer context "
+        assert str(e.value).endswith("every prompt fills the context: give a model with a longer context "
                                      "(max_position_embeddings) or shorter problems")
+    # none leaves room for a whole response, some fit (sweep: "every prompt has more than 60 tokens: give a
+    # model with a longer context" when data.max_prompt_tokens=159 ran, the responses cut at the context)
+    with pytest.raises(ValueError) as e:
+        check_context(load_config(None, ["rollout.max_new_tokens=100"]), 160,
+                      [("data.dataset", problems([150, 170, 120]))], lines.append)
+    assert str(e.value).endswith("tokens, chat template included; data.max_prompt_tokens=159 drops them"), e.value
     # every prompt fits but none leaves 8 tokens: dropping would leave nothing, a shorter response helps
     check_context(cfg, 64, [("data.dataset", problems([60, 57]))], lines.append)
     assert len(lines) == 1 and lines[0].endswith("rollout.max_new_tokens=4 or lower leaves room for every "

@@ -128,3 +128,104 @@ def test_the_scorer_memoises_triples_and_checks_every_return():
                        ("1", "returned str"), ([-0.1], "returned -0.1 as the reward of response 0")):
         with pytest.raises(UserFunctionError, match=match):
             user_rewards(lambda p, t, a: bad, ["p"], ["t"], ["a"], key="reward.fn", timeout_s=5)
+
+
+# -- hostile sweep of reward.fn (each case failed before its mend) --------------------------------------
+
+def shrinks_its_input(problems, texts, answers):
+    texts.pop()
+    return [0.0] * len(texts)
+
+
+def just_over_one(problems, texts, answers):
+    return [1.0000001] * len(texts)
+
+
+def two_dimensional(problems, texts, answers):
+    import numpy as np
+    return np.zeros((len(texts), 3))
+
+
+def raises_two_lines(problems, texts, answers):
+    raise RuntimeError("the judge failed:\n  connection refused")
+
+
+class Judge:
+    @staticmethod
+    def score(problems, texts, answers):
+        return [1.0] * len(texts)
+
+
+JUDGE = Judge()
+
+
+def test_each_bad_return_is_one_line_that_says_what_came_back():
+    cases = [(shrinks_its_input, "reward.fn returned 2 rewards for 3 responses"),  # (it said "for 2")
+             (just_over_one, "reward.fn returned 1.0000001 as the reward of response 0"),  # (it said "returned 1")
+             (two_dimensional, "reward.fn returned ndarray array([[0., 0., 0.], [0., 0., 0.], [0., 0., 0.]])"),
+             (raises_two_lines, "reward.fn raised RuntimeError: the judge failed: connection refused")]
+    for fn, message in cases:
+        with pytest.raises(UserFunctionError) as e:
+            user_rewards(fn, ["p"] * 3, ["a", "b", "c"], ["1"] * 3, key="reward.fn", timeout_s=5)
+        assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+def test_methods_load_and_a_module_that_exits_on_import_is_named(tmp_path, monkeypatch):
+    from pacs_fast.trainer.rewards import load_callable
+
+    assert load_callable("test_user_reward:Judge.score", "reward.fn")([], ["x"], []) == [1.0]
+    assert load_callable("test_user_reward:JUDGE.score", "reward.fn")([], ["x"], []) == [1.0]
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(5)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"reward.fn='exits_on_import:f' cannot be loaded: importing "
+                                         r"exits_on_import called sys.exit\(5\)"):
+        load_callable("exits_on_import:f", "reward.fn")
+
+
+def test_label_noise_refuses_soft_rewards_instead_of_rounding_them():
+    """reward.noise_fp flips 0 / 1 labels: a soft reward was thresholded at 0.5 and counted as flipped (sweep:
+    reward/flipped_frac 0.94 at noise 0.3, every trained label 0 or 1)."""
+    scorer = Scorer(0, user_fn=soft_half, noise_fp=0.3)
+    assert scorer(["a"], ["1"], problems=["p"]) == [0.5]  # evaluation: no noise
+    with pytest.raises(UserFunctionError, match=r"reward.noise_fp / reward.noise_fn flip 0 / 1 labels, but "
+                                                r"reward.fn returned 0.5 for response 0"):
+        scorer(["a", "b"], ["1", "1"], step=1, problems=["p", "p"])
+    assert Scorer(0, user_fn=even_length, noise_fp=0.3)(["ab"] * 4, ["1"] * 4, step=1, problems=["p"] * 4)
+
+
+def test_the_verifier_settings_reward_fn_leaves_unused_are_not_refused(monkeypatch):
+    from pacs_fast.trainer.preflight import check_cpus
+
+    cfg = load_config(None, ["train.reward_workers=64"])
+    with pytest.raises(ValueError, match="train.reward_workers=64 is more than the 2 CPUs"):
+        check_cpus(cfg, cpus=2)
+    check_cpus(load_config(None, ["train.reward_workers=64", "reward.fn=test_user_reward:even_length"]), cpus=2)
+
+
+def test_the_experiment_runner_imports_the_function_before_any_run(tmp_path, capsys, monkeypatch):
+    from pacs_fast import experiment as ex
+
+    monkeypatch.setattr(ex, "run_experiment", lambda *a, **k: pytest.fail("a run started"))
+    code = ex.main(["--arms", "pacs", "--seeds", "0", "--out", str(tmp_path / "x"), "reward.fn=nowhere_mod:f"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: reward.fn='nowhere_mod:f' cannot be loaded"), err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_stop_on_one_rank_alone_is_printed_by_that_rank(monkeypatch, capsys):
+    """Under torchrun a reward.fn failing on rank 1's share stopped rank 1 silently (rank 0, waiting in a
+    collective, died of the lost connection): no error line at all. A config error, the same on every rank,
+    is still printed by rank 0 alone."""
+    from pacs_fast import train
+
+    monkeypatch.setattr(train, "PEER_EXIT_DELAY_S", 0.0)
+    monkeypatch.setattr(train.signals, "default_stop_signals", lambda: None)  # (this process's handlers stay)
+    monkeypatch.setenv("RANK", "1")
+    for alike, printed in ((False, "error: rank 1: step 1: reward.fn raised ValueError: x\n"), (True, "")):
+        with pytest.raises(SystemExit) as e:
+            train.fail("step 1: reward.fn raised ValueError: x", 1, alike=alike)
+        assert e.value.code == 1 and capsys.readouterr().err == printed
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit):
+        train.fail("bad", 2)
+    assert capsys.readouterr().err == "error: bad\n"

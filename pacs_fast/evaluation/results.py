@@ -53,6 +53,12 @@ def samples_path(out_dir: str | Path, benchmark: str) -> Path:
     return Path(out_dir) / f"samples_{benchmark}.jsonl"
 
 
+def is_correct(score) -> bool:
+    """Whether a response's score counts as correct in pass@k: above 0.5, as the trainer's ``reward/acc``
+    and ``eval/pass@n`` count (the verifier's scores are 0 or 1; ``--reward-fn``'s may lie between)."""
+    return float(score) > 0.5
+
+
 def read_samples(path: str | Path, *, repair: bool = False) -> dict[int, dict[str, Any]]:
     """Problem records of a samples file, keyed by problem index.
 
@@ -145,7 +151,7 @@ def summarize_benchmark(records: list[dict[str, Any]], ks: list[int] | None = No
         raise ValueError("summarize_benchmark: no records")
     records = sorted(records, key=lambda r: int(r["index"]))
     n = np.array([int(r.get("n", len(r["scores"]))) for r in records], dtype=np.int64)
-    c = np.array([int(round(sum(float(s) >= 1.0 for s in r["scores"]))) for r in records], dtype=np.int64)
+    c = np.array([sum(is_correct(s) for s in r["scores"]) for r in records], dtype=np.int64)
     n_min = int(n.min())
     ks = default_ks(n_min) if ks is None else sorted({int(k) for k in ks if 1 <= int(k) <= n_min})
     status_counts: dict[str, int] = {}

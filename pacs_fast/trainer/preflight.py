@@ -277,7 +277,7 @@ def check_cpus(cfg, *, cpus: int | None = None) -> None:
     if cfg.train.threads > cpus:
         raise ValueError(f"train.threads={cfg.train.threads} is more than the {cpus} CPUs this process may use; "
                          f"use at most {cpus} (0 = torch's default)")
-    if cfg.train.reward_workers > cpus:
+    if cfg.train.reward_workers > cpus and not cfg.reward.fn:  # (reward.fn: no verifier workers, named unused)
         raise ValueError(f"train.reward_workers={cfg.train.reward_workers} is more than the {cpus} CPUs this "
                          f"process may use (each worker is a process scoring on one CPU); use at most {cpus}")
 

@@ -226,8 +226,15 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
                 f"(max_position_embeddings) or shorter problems") if none_fit else drop_them
         over = sum(n >= context for n in lengths)
         if over:
+            if over == len(lengths):
+                fit = ("every prompt fills the context: give a model with a longer context (max_position_embeddings) "
+                       "or shorter problems")
+            else:  # dropping those that do not fit; the threshold too where that keeps some prompts
+                fit = f"data.max_prompt_tokens={context - 1} drops them" + (
+                    "" if none_fit else f" ({threshold} or lower also those that leave fewer than "
+                                        f"rollout.max_new_tokens={new} tokens)")
             raise ValueError(f"{what}: {over} of {len(lengths)} prompts do not fit the model's context of {context} "
-                             f"tokens ({limit}): {longest}; {drop}")
+                             f"tokens ({limit}): {longest}; {fit}")
         short = sum(n + new > context for n in lengths)
         if short:
             room = f"rollout.max_new_tokens={context - lengths[i]} or lower leaves room for every response"

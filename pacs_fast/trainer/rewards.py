@@ -33,20 +33,26 @@ import importlib
 import numpy as np
 
 from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT
-from pacs_fast.trainer.user_functions import UserFunctionError, call_with_time_limit, checked_flags, checked_numbers
+from pacs_fast.trainer.user_functions import (UserFunctionError, call_with_time_limit, checked_flags, checked_numbers,
+                                              one_line)
 
 
 def load_callable(spec: str, key: str):
-    """The callable named by ``spec = "module:function"`` (the config key ``key``, e.g.
-    ``reward.appeal``); a ValueError naming the key when it cannot be imported."""
+    """The callable named by ``spec = "module:function"`` (or ``"module:object.attribute"``: a class's
+    static method, an instance's method) (the config key ``key``, e.g. ``reward.appeal``); a ValueError
+    naming the key when it cannot be imported."""
     module, _, name = spec.partition(":")
     try:
-        fn = getattr(importlib.import_module(module), name)
+        fn = importlib.import_module(module)
+        for part in name.split("."):
+            fn = getattr(fn, part)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"{key}={spec!r} cannot be loaded: {e}") from e
+        raise ValueError(f"{key}={spec!r} cannot be loaded: {one_line(str(e))}") from e
+    except SystemExit as e:  # a module that exits while it is imported (a script's sys.exit)
+        raise ValueError(f"{key}={spec!r} cannot be loaded: importing {module} called sys.exit({e.code!r})") from e
     except Exception as e:  # the module itself fails: a SyntaxError, or an error raised while it runs
         raise ValueError(f"{key}={spec!r} cannot be loaded: importing {module} raised {type(e).__name__}: "
-                         f"{e}") from e
+                         f"{one_line(str(e))}") from e
     if not callable(fn):
         raise ValueError(f"{key}={spec!r} is not callable")
     return fn
@@ -66,14 +72,15 @@ def user_rewards(fn, problems: list[str], texts: list[str], answers: list[str], 
     limit); a
     :class:`~pacs_fast.trainer.user_functions.UserFunctionError` naming ``key`` (the setting that names
     ``fn``) when it raises, hangs, or returns anything else."""
-    got = call_with_time_limit(fn, (problems, texts, answers), key=key, timeout_s=timeout_s)
-    rewards = checked_numbers(got, key=key, what=f"{len(texts)} responses")
-    if len(rewards) != len(texts):
-        raise UserFunctionError(f"{key} returned {len(rewards)} rewards for {len(texts)} responses")
+    count = len(texts)  # (before the call: a function may change the lists it is given)
+    got = call_with_time_limit(fn, (list(problems), list(texts), list(answers)), key=key, timeout_s=timeout_s)
+    rewards = checked_numbers(got, key=key, what=f"{count} responses")
+    if len(rewards) != count:
+        raise UserFunctionError(f"{key} returned {len(rewards)} rewards for {count} responses")
     bad = [i for i, r in enumerate(rewards) if not 0.0 <= r <= 1.0]
     if bad:
-        raise UserFunctionError(f"{key} returned {rewards[bad[0]]:g} as the reward of response {bad[0]} ({len(bad)} "
-                                f"of {len(texts)} outside [0, 1]): rewards must lie in [0, 1] (PACS's label; the "
+        raise UserFunctionError(f"{key} returned {rewards[bad[0]]!r} as the reward of response {bad[0]} ({len(bad)} "
+                                f"of {count} outside [0, 1]): rewards must lie in [0, 1] (PACS's label; the "
                                 f"baselines' advantages assume it too)")
     return rewards
 
@@ -157,6 +164,12 @@ class Scorer:
         rewards = self.clean(texts, answers, problems)
         if step is None:
             return rewards
+        if self.noise_fp or self.noise_fn:
+            soft = [i for i, r in enumerate(rewards) if r not in (0.0, 1.0)]
+            if soft:  # (only reward.fn can give one: the verifier's are 0 / 1)
+                raise UserFunctionError(f"reward.noise_fp / reward.noise_fn flip 0 / 1 labels, but reward.fn returned "
+                                        f"{rewards[soft[0]]!r} for response {soft[0]} ({len(soft)} of {len(rewards)} "
+                                        f"soft): use 0 / 1 rewards, or no label noise")
         rewards = flip_labels(rewards, fp=self.noise_fp, fn=self.noise_fn, seed=self.seed, step=step, first=first)
         self.last = {"reward/flipped_frac": float(np.mean([a != b for a, b in
                                                            zip(rewards, self.clean(texts, answers, problems))]))

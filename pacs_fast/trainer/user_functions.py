@@ -40,7 +40,7 @@ def call_with_time_limit(fn, args: tuple, *, key: str, timeout_s: float | None):
         raise UserFunctionError(f"{key} did not return within {timeout_s:g} s (reward.user_fn_timeout_s)")
     if "error" in box:
         e = box["error"]
-        raise UserFunctionError(f"{key} raised {type(e).__name__}: {e}") from e
+        raise UserFunctionError(f"{key} raised {type(e).__name__}: {one_line(str(e))}") from e
     return box["value"]
 
 
@@ -52,9 +52,15 @@ def as_list(value, what: str, key: str) -> list:
     return list(value)
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line (runs of whitespace, newlines included, as one space), at most ``limit``
+    characters: the stop message of a run is one line."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return one_line(repr(value), 60)
 
 
 def _is_number(x) -> bool:
