@@ -12,8 +12,8 @@ writes into ``--out`` (default ``eval_results/<model folder name>``):
   generated; rerunning the same command resumes where an interrupted run stopped. Each problem samples
   under its own seed (``--seed``, the benchmark and its index): a resumed run, a larger ``--limit`` and
   another ``--samples-per-call`` sample every problem under the seed one uninterrupted run gives it (the
-  same samples with the HF engine, whose draws do not depend on the batch; vLLM's batched kernels may round
-  a near tie otherwise);
+  same samples up to the float rounding of batched logits, which can tip a near tie when the batching
+  differs: a resume with the same ``--samples-per-call`` batches as the uninterrupted run did);
 - ``results.json`` (pass@k + per-problem correct counts), ``table.md`` (the paper's layout),
   ``pass_at_k.png`` (curves), ``run_config.json`` (the settings; a resume must match them).
 

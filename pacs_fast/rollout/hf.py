@@ -48,7 +48,11 @@ Common to both: the model's own generation defaults are NOT applied (runs match 
 sampling parameters); with ``params.seed = s`` sample ``j`` of prompt ``i`` is seeded with
 ``s + i * n + j`` (as vLLM's per-request seeds), so a prompt's samples do not depend on the other
 prompts of the call: a data-parallel split of the prompts (each share called with its first
-prompt's seed) gives the one-process samples. The lean sampler draws each row's uniforms from a
+prompt's seed) gives the one-process samples, up to the logits' last bits: the prompts batched
+together (their padding, the batch's size) change the model's float rounding, which can tip a draw
+that falls within that rounding of a token boundary (measured at the Qwen2.5-0.5B width with random
+weights, a near-flat distribution: one 256-token sample in 96 split from the other batching's, part
+way through). The lean sampler draws each row's uniforms from a
 counter-based hash of (its seed, step) (:func:`~pacs_fast.rollout.sampling.row_uniforms`: also
 independent of chunking, merging and compaction); ``"generate"`` runs each prompt under
 ``torch.random.fork_rng`` seeded with ``s + i * n``. Without a seed the draws come from the global
