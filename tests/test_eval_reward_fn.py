@@ -77,3 +77,31 @@ def test_a_bad_function_is_one_line(model_dir, dataset, tmp_path, capsys, spec, 
     assert ev.main(_run_args(model_dir, dataset, tmp_path / "run", "--reward-fn", spec)) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(message), errors
+
+
+def checks_cases(problems, responses, answers):
+    """Test cases given as a JSON list in the answer field: each answer arrives as its JSON text."""
+    cases = [json.loads(a) for a in answers]
+    SEEN.append((list(problems), list(responses), cases))
+    return [float(all(c["out"] in r for c in case)) for r, case in zip(responses, cases)]
+
+
+def test_structured_answers_reach_the_function_as_json_text(model_dir, tmp_path):  # noqa: F811
+    """A list or an object in the answer field (test cases) was refused ("must be a string or a number"); it
+    is its JSON text now, for reward.fn / --reward-fn to read."""
+    from pacs_fast.data.datasets import load_dataset
+
+    rows = [{"id": f"c{i}", "problem": f"echo {i}", "tests": [{"in": str(i), "out": str(i)}, {"in": "x", "out": "é"}]}
+            for i in range(3)] + [{"id": "d", "problem": "echo d", "tests": {"in": "d", "out": "d"}}]
+    data = tmp_path / "cases.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = load_dataset(data, answer_field="tests")
+    assert [json.loads(p.answer) for p in loaded] == [r["tests"] for r in rows] and "é" in loaded[0].answer
+    (tmp_path / "empty.jsonl").write_text(json.dumps({"problem": "p", "tests": []}) + "\n")
+    with pytest.raises(ValueError, match="field 'tests' is empty"):
+        load_dataset(tmp_path / "empty.jsonl", answer_field="tests")
+    SEEN.clear()
+    out = tmp_path / "run"
+    assert ev.main(_run_args(model_dir, data, out, "--answer-field", "tests", "--limit", "3",
+                             "--reward-fn", "test_eval_reward_fn:checks_cases")) == 0
+    assert [case for _, _, cases in SEEN for case in cases] == [r["tests"] for r in rows[:3] for _ in range(2)]

@@ -193,13 +193,21 @@ def _answer_text(value: Any, where: str, field_name: str) -> str:
             raise ValueError(f"{where}: field {field_name!r} is empty")
         return value.strip()
     if isinstance(value, bool) or value is None:
-        raise ValueError(f"{where}: field {field_name!r} must be a string or a number, got {value!r}")
+        raise ValueError(f"{where}: field {field_name!r} must be a string, a number, a list or an object, got {value!r}")
     if isinstance(value, (int, float, Decimal)):  # a parquet decimal column too
         try:  # positional: 7.2e-05 -> "0.000072" (math-verify reads "e" as Euler's number)
             return gold_text(value)
         except ValueError:  # JSON's NaN / Infinity: never trained as the text "nan"
             raise ValueError(f"{where}: field {field_name!r} is not a finite number ({value!r})") from None
-    raise ValueError(f"{where}: field {field_name!r} must be a string or a number, got {type(value).__name__}")
+    if isinstance(value, (list, tuple, dict)):  # test cases, several accepted answers: their JSON text, for a
+        if not value:                           # reward.fn (json.loads); the math verifier's gold check reads it
+            raise ValueError(f"{where}: field {field_name!r} is empty")
+        try:
+            return json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: field {field_name!r} is not JSON-serialisable ({e})") from None
+    raise ValueError(f"{where}: field {field_name!r} must be a string, a number, a list or an object, got "
+                     f"{type(value).__name__}")
 
 
 def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_field: str = "answer",
@@ -215,7 +223,8 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
             refuses a folder holding several splits or subsets; ``~`` expanded; or a shipped name (see
             :func:`available_datasets`).
         problem_field, answer_field: the fields holding the question and the gold answer (numbers
-            are turned into text: ``27.0`` -> ``"27"``); a dotted name reads a nested field
+            are turned into text: ``27.0`` -> ``"27"``; a list or an object, such as test cases for a
+            ``reward.fn``, into its JSON text); a dotted name reads a nested field
             (``reward_model.ground_truth``), and a problem given as chat messages (verl's ``prompt``
             column) is its last user message.
         id_field: the field holding a unique id; by default ``"id"`` when present, else the row
