@@ -218,6 +218,23 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"error: no space left on device writing {e.filename or 'into ' + str(run_dir)}; free some and continue "
               f"with --resume {run_dir} (from its last checkpoint)", file=sys.stderr)
         sys.exit(1)
+    except RuntimeError as e:  # (gloo's DistBackendError too)
+        if args.debug or not peer_lost(e):
+            raise
+        # another rank stopped (its own line says why) while this one waited in a collective: one line, not
+        # gloo's traceback
+        print(f"error: rank {os.environ.get('RANK', '0')}: another rank of this launch stopped while this one waited "
+              f"for it (that rank's error line says why); continue with --resume {run_dir} (from its last "
+              f"checkpoint)", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether ``error`` is a collective's failure because another process of a torchrun launch went away
+    (gloo: "Connection closed by peer" / "Connection reset by peer")."""
+    text = str(error)
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and ("Connection closed by peer" in text
+                                                           or "Connection reset by peer" in text)
 
 
 if __name__ == "__main__":

@@ -229,3 +229,26 @@ def test_a_stop_on_one_rank_alone_is_printed_by_that_rank(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         train.fail("bad", 2)
     assert capsys.readouterr().err == "error: bad\n"
+
+
+def test_the_rank_left_waiting_for_a_stopped_one_says_so_in_one_line(monkeypatch, capsys, tmp_path):
+    """Rank 0 waiting in a collective when rank 1 stopped printed gloo's traceback ("Connection closed by
+    peer ... GLHF!") after rank 1's line; now one line, exit 1. Other RuntimeErrors keep their traceback."""
+    from pacs_fast import train
+    from pacs_fast.trainer import loop
+
+    def lost(*a, **k):
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:20690. "
+                           "This is typically caused by a remote worker crashing.")
+
+    monkeypatch.setattr(loop, "train", lost)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    args = TINY + [f"train.out_dir={tmp_path}", "train.run_name=r", "learner.backend=megatron"]
+    code, _, err = cli(args, capsys)
+    assert code == 1 and err.strip().splitlines()[-1].startswith("error: rank 0: another rank of this launch "
+                                                                 "stopped while this one waited"), err
+    assert "Traceback" not in err
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process: nothing went away, the error is its own
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        cli(TINY + [f"train.out_dir={tmp_path}", "train.run_name=r2"], capsys)
