@@ -330,8 +330,8 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
                 outs = engine.generate(prompts, params)
                 texts = [c.text for comp in outs for c in comp]
                 answers = [problems[i].answer for i, comp in zip(idx, outs) for _ in comp]
-                scored = scorer.score(texts, answers, [problems[i].problem for i, comp in zip(idx, outs) for _ in comp]) \
-                    if reward_fn else scorer.score(texts, answers)
+                problem_of_each = [problems[i].problem for i, comp in zip(idx, outs) for _ in comp]
+                scored = scorer.score(texts, answers, problem_of_each) if reward_fn else scorer.score(texts, answers)
                 records, pos = [], 0
                 for i, prompt_text, comp in zip(idx, prompt_texts, outs):
                     sc = scored.scores[pos:pos + len(comp)]
@@ -340,7 +340,8 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
                     records.append({
                         "benchmark": bench, "index": i, "id": problems[i].id, "answer": problems[i].answer,
                         "problem_sha1": problem_digest(problems[i].problem),
-                        "prompt": prompt_text, "n": n, "num_correct": sum(map(is_correct, sc)), "scores": sc, "statuses": st,
+                        "prompt": prompt_text, "n": n, "num_correct": sum(map(is_correct, sc)), "scores": sc,
+                        "statuses": st,
                         "finish_reasons": [c.finish_reason for c in comp],
                         "num_tokens": [len(c.token_ids) for c in comp],
                         "responses": [c.text for c in comp],

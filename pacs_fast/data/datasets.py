@@ -193,7 +193,8 @@ def _answer_text(value: Any, where: str, field_name: str) -> str:
             raise ValueError(f"{where}: field {field_name!r} is empty")
         return value.strip()
     if isinstance(value, bool) or value is None:
-        raise ValueError(f"{where}: field {field_name!r} must be a string, a number, a list or an object, got {value!r}")
+        raise ValueError(f"{where}: field {field_name!r} must be a string, a number, a list or an object, got "
+                         f"{value!r}")
     if isinstance(value, (int, float, Decimal)):  # a parquet decimal column too
         try:  # positional: 7.2e-05 -> "0.000072" (math-verify reads "e" as Euler's number)
             return gold_text(value)

@@ -145,8 +145,11 @@ class Scorer:
             keys = list(zip(texts, answers))
         todo = sorted({k for k in keys if k not in self.memo})
         if todo:
-            self.memo.update(zip(todo, self._user_rewards(todo) if self.user_fn is not None else
-                                 (float(x) for x in self.batch.score([t for t, _ in todo], [a for _, a in todo]).scores)))
+            if self.user_fn is not None:
+                scores = self._user_rewards(todo)
+            else:
+                scores = [float(x) for x in self.batch.score([t for t, _ in todo], [a for _, a in todo]).scores]
+            self.memo.update(zip(todo, scores))
         return [self.memo[k] for k in keys]
 
     def _user_rewards(self, todo: list[tuple[str, str, str]]) -> list[float]:
