@@ -239,8 +239,9 @@ def _engine_context(args, engine_name: str, vllm_sizes: dict) -> int | None:
     the HF engine's ``max_position_embeddings`` (None under a RoPE scaling: no limit)."""
     if engine_name != "vllm":
         return trained_positions(args.model)
-    if args.max_model_len or vllm_sizes.get("max_model_len"):
-        return args.max_model_len or vllm_sizes["max_model_len"]
+    given = args.max_model_len or vllm_sizes.get("max_model_len")
+    if given:
+        return given
     from pacs_fast.rollout.vllm_setup import derived_max_model_len
 
     try:
@@ -306,7 +307,6 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
     name = engine_and_dtype(args)[0]
     _check_prompt_lengths(args, name, _engine_context(args, name, vllm_sizes), tokenizer, sets, todo)  # before loading
     engine_name, engine = _make_engine(args, vllm_sizes)
-    tokenizer = getattr(engine, "tokenizer", None) or tokenizer
     scorer = UserScorer(reward_fn) if reward_fn else \
         BatchScorer(args.scorer_workers, time_limit=args.time_limit, extraction=args.extraction)
     bar = _progress(sum(len(t) for t in todo.values()), args.no_progress)

@@ -125,7 +125,7 @@ def _blank_generation_defaults(model):
                 model.generation_config = saved
 
 
-def model_context(model) -> int | None:
+def model_positions(model) -> int | None:
     """The positions a live model's config says it was trained on (:func:`config_positions`), None when
     it has no config or does not say."""
     config = getattr(model, "config", None)
@@ -211,7 +211,7 @@ class HFEngine(LeanDecoder, RolloutEngine):
             raise ValueError("neither the tokenizer nor the model's generation config defines an EOS token")
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_ids[0]
-        self.max_model_len = int(max_model_len) if max_model_len is not None else model_context(self.model)
+        self.max_model_len = int(max_model_len) if max_model_len is not None else model_positions(self.model)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _eos_ids(self) -> list[int]:

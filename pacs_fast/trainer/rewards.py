@@ -69,9 +69,8 @@ def check_callables(cfg) -> None:
 def user_rewards(fn, problems: list[str], texts: list[str], answers: list[str], *, key: str,
                  timeout_s: float | None) -> list[float]:
     """``fn(problems, texts, answers)``: one reward in [0, 1] per response, within ``timeout_s`` (None: no
-    limit); a
-    :class:`~pacs_fast.trainer.user_functions.UserFunctionError` naming ``key`` (the setting that names
-    ``fn``) when it raises, hangs, or returns anything else."""
+    limit); a :class:`~pacs_fast.trainer.user_functions.UserFunctionError` naming ``key`` (the setting that
+    names ``fn``) when it raises, hangs, or returns anything else."""
     count = len(texts)  # (before the call: a function may change the lists it is given)
     got = call_with_time_limit(fn, (list(problems), list(texts), list(answers)), key=key, timeout_s=timeout_s)
     rewards = checked_numbers(got, key=key, what=f"{count} responses")
