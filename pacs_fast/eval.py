@@ -44,6 +44,7 @@ quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, th
 
 from pacs_fast.config import ATTENTIONS  # noqa: E402
 from pacs_fast.config.model_files import trained_positions
+from pacs_fast.config.reward_fields import row_fields
 from pacs_fast.data.datasets import BENCHMARKS
 from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, load_benchmarks,
                                        model_label, prompt_kwargs, read_json)
@@ -53,7 +54,7 @@ from pacs_fast.evaluation.report import comparison_warnings, markdown_table, plo
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct, load_results,
                                           problem_digest, read_samples, results_from_samples, samples_path)
 from pacs_fast.evaluation.settings import check_settings
-from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn
+from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn, reward_field_keywords
 from pacs_fast.gc_heap import freeze_at_start_up
 from pacs_fast.reward.verifier import EXTRACTIONS
 from pacs_fast.trainer.run_folder import RunLock
@@ -140,6 +141,11 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="your own reward in the verifier's place: function(problems, responses, answers) -> one "
                         "number in [0, 1] per response (the trainer's reward.fn); pass@k counts a response that "
                         "scores above 0.5 as correct, as the trainer does")
+    p.add_argument("--reward-fields", default="", metavar="FIELD[,FIELD...]",
+                   help="dataset fields handed to --reward-fn as keyword arguments, a list with each response's "
+                        "row value (test cases, ...): tests,entry_point -> function(problems, responses, answers, "
+                        "tests, entry_point); a dotted name reads a nested field and arrives under its last part "
+                        "(the trainer's reward.fn_fields)")
     p.add_argument("--system-prompt", default="pacs",
                    help="system message: pacs (the paper's, the trainer's default), '' (none) or the text")
     p.add_argument("--instruction", default="pacs",
@@ -190,7 +196,9 @@ def write_reports(out_dir: Path, results: dict, table_k=None) -> str:
 def run(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
     check_run_args(args)  # numbers, choices, the model folder, --out: before anything loads
-    reward_fn = load_reward_fn(args.reward_fn)
+    keywords = reward_field_keywords(args.reward_fields, args.reward_fn)
+    args.reward_field_keywords = keywords  # (the benchmark loader reads these fields of every row)
+    reward_fn = load_reward_fn(args.reward_fn, list(keywords.values()))
     model_id = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     label = args.label or model_label(args.model)
     out_dir = Path(args.out or Path("eval_results") / label)
@@ -206,6 +214,8 @@ def run(argv: list[str]) -> int:
     config["engine"], config["dtype"] = engine_and_dtype(args)
     config["extraction"] = args.extraction
     config["reward_fn"] = args.reward_fn
+    if keywords:  # (recorded when given: a folder written before the flag existed used none)
+        config["reward_fields"] = list(keywords)
     try:  # one eval per --out: a second appended every sample again, and its --overwrite deleted the first's
         lock = RunLock(out_dir, new=False, what="--out", other="choose another --out")
     except ValueError as e:
@@ -331,7 +341,10 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
                 texts = [c.text for comp in outs for c in comp]
                 answers = [problems[i].answer for i, comp in zip(idx, outs) for _ in comp]
                 problem_of_each = [problems[i].problem for i, comp in zip(idx, outs) for _ in comp]
-                scored = scorer.score(texts, answers, problem_of_each) if reward_fn else scorer.score(texts, answers)
+                fields = [row_fields(problems[i].fields, args.reward_field_keywords) for i, comp in zip(idx, outs)
+                          for _ in comp] if args.reward_field_keywords else None
+                scored = scorer.score(texts, answers, problem_of_each, fields) if reward_fn else \
+                    scorer.score(texts, answers)
                 records, pos = [], 0
                 for i, prompt_text, comp in zip(idx, prompt_texts, outs):
                     sc = scored.scores[pos:pos + len(comp)]

@@ -66,8 +66,9 @@ def _coerce(key: str, value: Any, typ) -> Any:
     elif typ is list:
         if isinstance(value, (list, tuple)):
             return [_plain(v) for v in value]
+    hint = f" (a list in brackets: {key}=[a,b], or [a] for one)" if typ is list else ""
     raise ValueError(f"config key {key!r} expects {getattr(typ, '__name__', typ)}, got "
-                     f"{text if text is not None else repr(value)}")
+                     f"{text if text is not None else repr(value)}{hint}")
 
 
 def _unknown(key: str, valid: list[str]) -> ValueError:

@@ -274,6 +274,11 @@ class RewardConfig:
                  "checker: unit tests, a format check, a judge; reward/acc counts rewards > 0.5); called on "
                  "distinct triples, memoised, within reward.user_fn_timeout_s; empty = the math verifier "
                  "(pacs_fast/trainer/rewards.py)")
+    fn_fields: list = _f([], "dataset fields handed to reward.fn as keyword arguments, each a list with every "
+                         "response's row value as the file holds it (test cases, a language, a task type), e.g. "
+                         "[tests, entry_point]: function(problems, responses, answers, tests, entry_point); a dotted "
+                         "name reads a nested field and arrives under its last part (extra_info.tests -> tests); "
+                         "every row must have each one")
     extraction: str = _f("reference", "what the verifier reads from a response: reference (PACS's: math-verify's "
                          "'final answer is' phrase, else the \\boxed{} answers, else the last expression) | boxed "
                          "(only complete \\boxed{} answers: an unfinished, hedged or unboxed response scores 0)")

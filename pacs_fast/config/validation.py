@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from pacs_fast.config.paths import SHIPPED_DATASETS, validate_paths, warmup_cache_root, write_problem  # noqa: F401
+from pacs_fast.config.reward_fields import field_keywords
 from pacs_fast.config.schema import ALGORITHMS, RECOMPUTE_GRANULARITIES, Config, field_types, section_classes
 
 
@@ -258,6 +259,14 @@ def _validate_efficacy(cfg: Config) -> None:
         spec = getattr(cfg.reward, key)
         if spec and ":" not in spec:
             raise ValueError(f"reward.{key} must look like 'module:function', got {spec!r}")
+    if cfg.reward.fn_fields:
+        field_keywords(cfg.reward.fn_fields, "reward.fn_fields")
+        if not cfg.reward.fn:
+            raise ValueError("reward.fn_fields hands dataset fields to reward.fn; set reward.fn='module:function' "
+                             "(the math verifier reads no fields)")
+        if cfg.data.dataset == "arithmetic":
+            raise ValueError("reward.fn_fields reads fields of data.dataset's rows; the built-in arithmetic task "
+                             "has none (give a dataset file)")
     if cfg.algo.noise_correction != "none" and cfg.algo.name == "ppo":
         raise ValueError("algo.noise_correction applies to pacs, grpo, rloo and dr_grpo (ppo's rewards go "
                          "through GAE; not supported)")

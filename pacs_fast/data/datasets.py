@@ -56,6 +56,8 @@ class Problem:
     id: unique within its dataset (a string). problem: the question text (no instruction appended).
     answer: the gold answer as LaTeX text (what :func:`pacs_fast.reward.math_reward` compares to).
     source: where it came from. meta: the row's other fields (solution, level, ...).
+    fields: the values of the fields :func:`load_dataset` was asked for by name (``fields=``: what a
+    ``reward.fn`` is handed, test cases for instance), as the file holds them, keyed by the name asked for.
     """
 
     id: str
@@ -63,6 +65,7 @@ class Problem:
     answer: str
     source: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    fields: dict[str, Any] = field(default_factory=dict)
 
 
 def available_datasets() -> list[str]:
@@ -214,7 +217,7 @@ def _answer_text(value: Any, where: str, field_name: str) -> str:
 def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_field: str = "answer",
                  id_field: str | None = None, source_field: str = "source",
                  limit: int | None = None, field_settings: str = "problem_field= / answer_field= / id_field=",
-                 ) -> list[Problem]:
+                 fields: tuple[str, ...] | list[str] = (), fields_setting: str = "fields=") -> list[Problem]:
     """Loads math problems from a file, a folder or glob of shards, or a shipped dataset by name.
 
     Args:
@@ -234,6 +237,9 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
         limit: keep the first N rows.
         field_settings: how the caller's user names the fields, quoted by the missing-field error
             (the trainer passes ``data.problem_key= / data.answer_key=``).
+        fields: more fields every row must have, kept as the file holds them in :attr:`Problem.fields`
+            (a dotted name reads a nested field; a null value is kept as None): what a ``reward.fn`` is
+            handed (``reward.fn_fields``). ``fields_setting``: how the user names them, for the error.
     Raises:
         FileNotFoundError: no such file (or nothing in the folder / glob). ValueError: a folder of several
         splits, subsets or formats; bad JSON or a missing / empty field, naming the
@@ -268,8 +274,14 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
             pid = str(values[id_field])
         else:
             pid = str(row["id"]) if "id" in row and row["id"] is not None else str(len(out))
+        extra = {}
+        for name in fields:
+            extra[name] = _field(row, name)
+            if extra[name] is _MISSING:
+                raise ValueError(f"{where}: missing field {name!r} that {fields_setting} asks for (the row has: "
+                                 f"{', '.join(map(str, row))}; a dotted name reads a nested one)")
         used = {problem_field, answer_field, id_field or "id", source_field}
         meta = {k: v for k, v in row.items() if k not in used}
         out.append(Problem(id=pid, problem=problem, answer=answer,
-                           source=str(row.get(source_field) or ""), meta=meta))
+                           source=str(row.get(source_field) or ""), meta=meta, fields=extra))
     return out

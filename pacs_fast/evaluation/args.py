@@ -179,10 +179,15 @@ def benchmark_name(path: Path) -> str:
 def _load_problems(entry: str, args) -> tuple[str, list]:
     """One ``--benchmarks`` entry: its name and problems (an error names the file; empty is an error)."""
     from pacs_fast.config.dataset_files import dataset_exists
-    from pacs_fast.data.datasets import BENCHMARKS, load_benchmark, load_dataset
+    from pacs_fast.data.datasets import BENCHMARKS, load_dataset
 
+    fields = list(getattr(args, "reward_field_keywords", None) or {})  # (--reward-fields: read from every row)
     if entry in BENCHMARKS:
-        name, problems = entry, load_benchmark(entry, limit=args.limit)
+        try:
+            name, problems = entry, load_dataset(entry, limit=args.limit, fields=fields,
+                                                 fields_setting="--reward-fields")
+        except ValueError as e:
+            raise UsageError(f"--benchmarks {entry}: {e}") from None
     else:
         path = Path(entry).expanduser()
         if not dataset_exists(entry):
@@ -198,7 +203,8 @@ def _load_problems(entry: str, args) -> tuple[str, list]:
                              f"{kind} (its results are keyed by the name)")
         try:
             problems = load_dataset(path, problem_field=args.problem_field, answer_field=args.answer_field,
-                                    limit=args.limit, field_settings="--problem-field / --answer-field")
+                                    limit=args.limit, field_settings="--problem-field / --answer-field",
+                                    fields=fields, fields_setting="--reward-fields")
         except UnicodeDecodeError as e:
             raise UsageError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
                              f"save the file as UTF-8") from None

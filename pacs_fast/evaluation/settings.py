@@ -26,6 +26,8 @@ def setting_differences(old: dict, config: dict) -> list[str]:
         diff.append("extraction")
     if old.get("reward_fn", "") != config.get("reward_fn", ""):  # (recorded since it exists; "": the verifier)
         diff.append("reward_fn")
+    if old.get("reward_fields", []) != config.get("reward_fields", []):  # (recorded when given)
+        diff.append("reward_fields")
     return diff
 
 

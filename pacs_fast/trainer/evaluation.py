@@ -12,7 +12,7 @@ import numpy as np
 
 from pacs_fast.config import Config
 from pacs_fast.rollout.base import SamplingParams
-from pacs_fast.trainer.problems import problem_texts, prompt_lists
+from pacs_fast.trainer.problems import problem_fields, problem_texts, prompt_lists
 from pacs_fast.trainer.rewards import Scorer
 
 EVAL_SEED_OFFSET = 99_991  # the same seed every evaluation: evaluations of one run pair up
@@ -32,7 +32,7 @@ def evaluate_share(cfg: Config, engine, scorer: Scorer, problems: list[dict], of
                             seed=cfg.train.seed + EVAL_SEED_OFFSET + offset * n)
     comps = engine.generate(prompts, params)
     rewards = scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(draws)],
-                     problems=problem_texts(problems, draws))
+                     problems=problem_texts(problems, draws), fields=problem_fields(problems, draws))
     lengths = [len(c.token_ids) for cs in comps for c in cs]
     copies = n // draws
     out = {"rewards": [r for r in rewards for _ in range(copies)],
@@ -40,7 +40,7 @@ def evaluate_share(cfg: Config, engine, scorer: Scorer, problems: list[dict], of
     if cfg.rollout.eval_temperature > 0:
         greedy = engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens))
         out["greedy"] = scorer([cs[0].text for cs in greedy], [p["answer"] for p in problems],
-                               problems=problem_texts(problems, 1))
+                               problems=problem_texts(problems, 1), fields=problem_fields(problems, 1))
     return out
 
 

@@ -12,6 +12,7 @@ from array import array
 import torch
 
 from pacs_fast.config import Config
+from pacs_fast.config.reward_fields import field_keywords, row_fields
 
 
 def data_digest(train: list[dict], held_out: list[dict]) -> str:
@@ -19,15 +20,18 @@ def data_digest(train: list[dict], held_out: list[dict]) -> str:
     on edited, moved or replaced data would not continue the same training)."""
     h = hashlib.sha1()
     for rows in (train, held_out):
-        for row in rows:
-            h.update(json.dumps([row.get("problem"), row.get("answer")], ensure_ascii=False).encode("utf-8"))
+        for row in rows:  # (reward.fn_fields' values too, when there are: what the reward reads)
+            fields = [row["fields"]] if row.get("fields") else []
+            h.update(json.dumps([row.get("problem"), row.get("answer")] + fields, ensure_ascii=False,
+                                sort_keys=True, default=repr).encode("utf-8"))
         h.update(b"|")
     return h.hexdigest()
 
 
 def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
     """(train, held-out) problems as dicts with ``problem``, ``answer`` (and ``prompt`` for the
-    built-in task, whose prompt format is its own). Errors on bad files come here, before any work."""
+    built-in task, whose prompt format is its own; ``fields``, ``{keyword: value}`` of the
+    ``reward.fn_fields``, when it names some). Errors on bad files come here, before any work."""
     if cfg.data.dataset == "arithmetic":
         from pacs_fast.data.arithmetic import arithmetic_splits
         # The problem set is fixed by data.arith_seed (not train.seed): runs with different seeds
@@ -37,10 +41,14 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
                                  terms=cfg.data.arith_terms)
     from pacs_fast.data.datasets import load_dataset
 
+    keywords = field_keywords(cfg.reward.fn_fields, "reward.fn_fields")
+
     def load(path):
-        return [{"id": p.id, "problem": p.problem, "answer": p.answer}
-                for p in load_dataset(path, problem_field=cfg.data.problem_key, answer_field=cfg.data.answer_key,
-                                          field_settings="data.problem_key= / data.answer_key=")]
+        rows = load_dataset(path, problem_field=cfg.data.problem_key, answer_field=cfg.data.answer_key,
+                            field_settings="data.problem_key= / data.answer_key=", fields=list(keywords),
+                            fields_setting="reward.fn_fields")
+        return [{"id": p.id, "problem": p.problem, "answer": p.answer,
+                 **({"fields": row_fields(p.fields, keywords)} if keywords else {})} for p in rows]
 
     train = load(cfg.data.dataset)
     if not train:
@@ -197,6 +205,14 @@ def problem_texts(problems: list[dict], copies: int) -> list[str]:
     """Each problem's text (as the data gives it, before the chat template) ``copies`` times in a row:
     one per response of its group, what ``reward.fn`` is given."""
     return [p.get("problem", "") for p in problems for _ in range(copies)]
+
+
+def problem_fields(problems: list[dict], copies: int) -> list[dict] | None:
+    """Each problem's ``reward.fn_fields`` values (``{keyword: value}``) ``copies`` times in a row, one per
+    response of its group; None when the run hands reward.fn no fields."""
+    if not problems or "fields" not in problems[0]:
+        return None
+    return [p["fields"] for p in problems for _ in range(copies)]
 
 
 def prompt_lists(problems: list[dict]) -> list[list[int]]:

@@ -9,6 +9,10 @@ the run, training and held-out alike: another task's checker (unit tests, a form
 ``answers[i]``: its gold answer field (text). It is called once per distinct (problem, response,
 answer) of a call, with ``reward.user_fn_timeout_s``, and must be a pure function of them (results are
 memoised). A return that is not one number in [0, 1] per response stops the run with the key named.
+``reward.fn_fields`` hands it dataset fields too (test cases, a language): ``function(problems, responses,
+answers, **fields)``, each field one keyword argument, a list with each response's row value
+(:mod:`pacs_fast.config.reward_fields`); the values join the memo's key, and each call gets its own copy
+of them (a function that edits them edits nothing of the run's).
 
 Label noise (``reward.noise_fp`` / ``reward.noise_fn``): training rewards (calls with a ``step``)
 are flipped 0 -> 1 with probability ``noise_fp`` and 1 -> 0 with ``noise_fn``, independently per
@@ -28,7 +32,11 @@ estimates the rate; the labels the learner sees stay the verifier's.
 """
 from __future__ import annotations
 
+import copy
+import hashlib
 import importlib
+import inspect
+import json
 
 import numpy as np
 
@@ -59,20 +67,48 @@ def load_callable(spec: str, key: str):
 
 
 def check_callables(cfg) -> None:
-    """Imports the user functions the config names (before any model is loaded)."""
+    """Imports the user functions the config names (before any model is loaded); ``reward.fn`` must take
+    ``(problems, responses, answers)`` and the keyword arguments of ``reward.fn_fields``."""
+    from pacs_fast.config.reward_fields import field_keywords
+
     rc = getattr(cfg, "reward", None)
     for key in ("fn", "appeal", "step_rewards"):
         if rc is not None and getattr(rc, key, ""):
-            load_callable(getattr(rc, key), f"reward.{key}")
+            fn = load_callable(getattr(rc, key), f"reward.{key}")
+            if key == "fn":
+                keywords = list(field_keywords(rc.fn_fields, "reward.fn_fields").values())
+                check_reward_signature(fn, keywords, f"reward.fn={rc.fn!r}", "reward.fn_fields")
+
+
+def check_reward_signature(fn, keywords: list[str], key: str, fields_setting: str) -> None:
+    """A ValueError naming ``key`` when ``fn`` cannot be called as ``fn(problems, responses, answers,
+    **{keyword: ...})`` (``keywords``: the fields ``fields_setting`` hands it); nothing when Python
+    cannot tell (a builtin without a signature)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind([], [], [], **{kw: [] for kw in keywords})
+    except TypeError as e:
+        call = ", ".join(["problems", "responses", "answers"] + keywords)
+        given = f"the fields of {fields_setting}" if keywords else f"none: {fields_setting} names no dataset field"
+        raise ValueError(f"{key} cannot take the call function({call}) (keyword arguments: {given}): {e}; its "
+                         f"signature is {signature}") from None
 
 
 def user_rewards(fn, problems: list[str], texts: list[str], answers: list[str], *, key: str,
-                 timeout_s: float | None) -> list[float]:
-    """``fn(problems, texts, answers)``: one reward in [0, 1] per response, within ``timeout_s`` (None: no
-    limit); a :class:`~pacs_fast.trainer.user_functions.UserFunctionError` naming ``key`` (the setting that
-    names ``fn``) when it raises, hangs, or returns anything else."""
+                 timeout_s: float | None, fields: list[dict] | None = None) -> list[float]:
+    """``fn(problems, texts, answers, **columns)``: one reward in [0, 1] per response, within ``timeout_s``
+    (None: no limit); a :class:`~pacs_fast.trainer.user_functions.UserFunctionError` naming ``key`` (the
+    setting that names ``fn``) when it raises, hangs, or returns anything else. ``fields``: each response's
+    ``{keyword: value}`` (all with the same keywords), handed over as one list per keyword (a copy)."""
     count = len(texts)  # (before the call: a function may change the lists it is given)
-    got = call_with_time_limit(fn, (list(problems), list(texts), list(answers)), key=key, timeout_s=timeout_s)
+    columns = {}
+    if fields:
+        columns = {kw: [copy.deepcopy(f[kw]) for f in fields] for kw in fields[0]}  # (one per response)
+    got = call_with_time_limit(fn, (list(problems), list(texts), list(answers)), key=key, timeout_s=timeout_s,
+                               kwargs=columns)
     rewards = checked_numbers(got, key=key, what=f"{count} responses")
     if len(rewards) != count:
         raise UserFunctionError(f"{key} returned {len(rewards)} rewards for {count} responses")
@@ -131,39 +167,61 @@ class Scorer:
         self.counts = {"positives": 0, "overturned": 0, "appealed": 0}
         self.last: dict[str, float] = {}
 
-    def clean(self, texts: list[str], answers: list[str], problems: list[str] | None = None) -> list[float]:
+    def clean(self, texts: list[str], answers: list[str], problems: list[str] | None = None,
+              fields: list[dict] | None = None) -> list[float]:
         """The verifier's rewards (no noise), or ``reward.fn``'s (``problems``: each response's problem
-        text, which only ``reward.fn`` reads)."""
+        text, ``fields``: each response's ``reward.fn_fields`` values, which only ``reward.fn`` reads)."""
         if len(self.memo) > 200_000:
             self.memo.clear()
+        rows: dict[str, dict] = {}  # a fields digest -> the values (this call's)
         if self.user_fn is not None:
             if problems is None or len(problems) != len(texts):
                 raise ValueError("Scorer with reward.fn: give each response's problem text (problems=)")
-            keys = list(zip(problems, texts, answers))
+            if fields is not None and len(fields) != len(texts):
+                raise ValueError(f"Scorer: {len(fields)} rows of fields for {len(texts)} responses")
+            digests = [""] * len(texts) if fields is None else self._digests(fields, rows)
+            keys = list(zip(problems, texts, answers, digests))
         else:
             keys = list(zip(texts, answers))
         todo = sorted({k for k in keys if k not in self.memo})
         if todo:
             if self.user_fn is not None:
-                scores = self._user_rewards(todo)
+                scores = self._user_rewards(todo, rows if fields is not None else None)
             else:
                 scores = [float(x) for x in self.batch.score([t for t, _ in todo], [a for _, a in todo]).scores]
             self.memo.update(zip(todo, scores))
         return [self.memo[k] for k in keys]
 
-    def _user_rewards(self, todo: list[tuple[str, str, str]]) -> list[float]:
-        """``reward.fn`` on the distinct ``(problem, response, answer)`` triples."""
-        problems, texts, answers = (list(x) for x in zip(*todo))
-        return user_rewards(self.user_fn, problems, texts, answers, key="reward.fn", timeout_s=self.timeout_s)
+    @staticmethod
+    def _digests(fields: list[dict], rows: dict[str, dict]) -> list[str]:
+        """Each response's fields as a digest of their JSON (a memo key of fixed size, whatever the test cases
+        weigh), computed once per distinct row object; ``rows`` filled with digest -> values."""
+        by_object: dict[int, str] = {}
+        out = []
+        for f in fields:
+            digest = by_object.get(id(f))
+            if digest is None:
+                text = json.dumps(f, sort_keys=True, ensure_ascii=False, default=repr)
+                digest = by_object[id(f)] = hashlib.sha1(text.encode("utf-8")).hexdigest()
+                rows.setdefault(digest, f)
+            out.append(digest)
+        return out
+
+    def _user_rewards(self, todo: list[tuple[str, str, str, str]], rows: dict[str, dict] | None) -> list[float]:
+        """``reward.fn`` on the distinct ``(problem, response, answer, fields digest)`` keys."""
+        problems, texts, answers, digests = (list(x) for x in zip(*todo))
+        fields = None if rows is None else [rows[d] for d in digests]
+        return user_rewards(self.user_fn, problems, texts, answers, key="reward.fn", timeout_s=self.timeout_s,
+                            fields=fields)
 
     def __call__(self, texts: list[str], answers: list[str], *, step: int | None = None,
-                 first: int = 0, problems: list[str] | None = None) -> list[float]:
+                 first: int = 0, problems: list[str] | None = None, fields: list[dict] | None = None) -> list[float]:
         """Rewards of ``texts`` against ``answers``; ``step``: the training step (None at evaluation,
         which is never noisy and never appealed); ``first``: the index of ``texts[0]`` among the
         step's responses (a data-parallel group's share starts there); ``problems``: each response's
-        problem text (read by ``reward.fn`` only). A training call with an appeal is collective over
-        the data-parallel groups."""
-        rewards = self.clean(texts, answers, problems)
+        problem text, ``fields``: each response's ``reward.fn_fields`` values (both read by ``reward.fn``
+        only). A training call with an appeal is collective over the data-parallel groups."""
+        rewards = self.clean(texts, answers, problems, fields)
         if step is None:
             return rewards
         if self.noise_fp or self.noise_fn:
@@ -174,7 +232,8 @@ class Scorer:
                                         f"soft): use 0 / 1 rewards, or no label noise")
         rewards = flip_labels(rewards, fp=self.noise_fp, fn=self.noise_fn, seed=self.seed, step=step, first=first)
         self.last = {"reward/flipped_frac": float(np.mean([a != b for a, b in
-                                                           zip(rewards, self.clean(texts, answers, problems))]))
+                                                           zip(rewards, self.clean(texts, answers, problems,
+                                                                                   fields))]))
                      if rewards else 0.0}
         if self.appeal is not None:
             self._appeal(texts, answers, rewards)

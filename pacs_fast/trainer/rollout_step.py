@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pacs_fast.config.validation import MAX_BATCH_SAMPLES
 from pacs_fast.learner.base import RolloutBatch
 from pacs_fast.rollout.base import SamplingParams
-from pacs_fast.trainer.problems import problem_texts, prompt_lists
+from pacs_fast.trainer.problems import problem_fields, problem_texts, prompt_lists
 from pacs_fast.trainer.step import score_and_batch
 
 BATCH_SEED_STRIDE = MAX_BATCH_SAMPLES  # seeds of consecutive generation batches lie this far apart (>= prompts x G)
@@ -139,7 +139,8 @@ def rollout_step(s, step: int, timings: dict, rounds=None) -> StepRollouts:
         t0 = time.perf_counter()
         rewards = s.scorer([c.text for cs in r.comps for c in cs],
                            [p["answer"] for p in r.problems for _ in range(G)], step=step,
-                           first=(n_rounds * P + r.offset) * G, problems=problem_texts(r.problems, G))
+                           first=(n_rounds * P + r.offset) * G, problems=problem_texts(r.problems, G),
+                           fields=problem_fields(r.problems, G))
         score_time += time.perf_counter() - t0
         for i, (problem, cs) in enumerate(zip(r.problems, r.comps)):
             group = rewards[i * G:(i + 1) * G]
@@ -172,7 +173,7 @@ def rollout_step(s, step: int, timings: dict, rounds=None) -> StepRollouts:
     if "reward/flipped_frac" in getattr(s.scorer, "last", {}):  # a noisy verifier: over the rows that train, as
         # reward/* (the scorer's own value is its last round's)
         clean = s.scorer.clean([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
-                               problem_texts(problems, G))
+                               problem_texts(problems, G), problem_fields(problems, G))
         metrics["reward/flipped_frac"] = sum(a != b for a, b in zip(rewards, clean)) / max(len(clean), 1)
     versions = [v for v in kept_versions[:k] if v is not None]
     if versions:  # asynchronous: each group's staleness (the policy that generated it vs the one it trains)

@@ -26,7 +26,7 @@ from pacs_fast.learner.base import RolloutBatch
 from pacs_fast.learner.objective import holds_reference_model
 from pacs_fast.trainer.batch import build_batch, engine_logprobs, outcome_token_rewards, response_values
 from pacs_fast.trainer.overlong import shape_batch, truncated_rows
-from pacs_fast.trainer.problems import problem_texts, prompt_lists
+from pacs_fast.trainer.problems import problem_fields, problem_texts, prompt_lists
 
 
 OVERLONG_WARN_FRAC = 0.5  # DAPO's buffer (4k of a 20k limit) sits past most responses; half in it is a mistake
@@ -46,7 +46,8 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
     G = s.cfg.rollout.n
     if rewards is None:  # (dynamic sampling scores each round before it keeps a group: pacs_fast/trainer/rollout_step.py)
         rewards = s.scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
-                           step=step, first=offset * G, problems=problem_texts(problems, G))
+                           step=step, first=offset * G, problems=problem_texts(problems, G),
+                           fields=problem_fields(problems, G))
     timings["time/reward"] = time.perf_counter() - t0
     prompt_ids, responses = prompt_lists(problems), [[c.token_ids for c in cs] for cs in comps]
     batch = build_batch(prompt_ids, responses, rewards, logprobs=engine_logprobs(comps),

@@ -23,13 +23,14 @@ class UserFunctionError(ValueError):
     something unusable; the trainer stops the run on it with this one-line message."""
 
 
-def call_with_time_limit(fn, args: tuple, *, key: str, timeout_s: float | None):
-    """``fn(*args)``, or UserFunctionError when it raises or runs longer than ``timeout_s`` (None: no limit)."""
+def call_with_time_limit(fn, args: tuple, *, key: str, timeout_s: float | None, kwargs: dict | None = None):
+    """``fn(*args, **kwargs)``, or UserFunctionError when it raises or runs longer than ``timeout_s`` (None: no
+    limit)."""
     box: dict = {}
 
     def run():
         try:
-            box["value"] = fn(*args)
+            box["value"] = fn(*args, **(kwargs or {}))
         except BaseException as e:  # noqa: BLE001 - reported to the caller with the key
             box["error"] = e
 
