@@ -7,7 +7,7 @@ dependency only matters for the names that need it):
 - algorithms: ``pacs_loss`` and its pieces (``reward_proxy``, ``group_scores``,
   ``class_balanced_weights``), baselines (``policy_loss``, ``grpo_loss``, ``value_loss``,
   ``gspo_policy_loss``, ``cispo_policy_loss``, ``group_advantages``, ``gae``, ``kl_penalty``,
-  ``aggregate_loss``, ``overlong_penalty``), ``off_policy_correction``
+  ``aggregate_loss``, ``overlong_penalty``, ``high_entropy_mask``), ``off_policy_correction``
   (truncated / masked importance sampling against the engine's log-probs), ``pass_at_k``
 - reward: ``math_reward``, ``score_batch``, ``BatchScorer``
 - data: ``load_benchmark``, ``load_dataset``, ``build_prompt``, ``encode_prompts``
@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "gspo_policy_loss": "pacs_fast.algorithms.sequence_losses",
     "cispo_policy_loss": "pacs_fast.algorithms.sequence_losses",
     "overlong_penalty": "pacs_fast.algorithms.overlong",
+    "high_entropy_mask": "pacs_fast.algorithms.token_selection",
     "group_advantages": "pacs_fast.algorithms.advantages",
     "gae": "pacs_fast.algorithms.advantages",
     "kl_penalty": "pacs_fast.algorithms.kl",

@@ -6,7 +6,8 @@
   :func:`grpo_loss` (GRPO / Dr. GRPO / RLOO), :func:`value_loss` (module :mod:`.policy_loss`);
   :func:`group_advantages`, :func:`gae` (:mod:`.advantages`); :func:`kl_penalty` (:mod:`.kl`);
   :func:`aggregate_loss` (:mod:`.aggregation`); :func:`gspo_policy_loss`, :func:`cispo_policy_loss`
-  (:mod:`.sequence_losses`); :func:`overlong_penalty` (DAPO's overlong reward shaping, :mod:`.overlong`).
+  (:mod:`.sequence_losses`); :func:`overlong_penalty` (DAPO's overlong reward shaping, :mod:`.overlong`);
+  :func:`high_entropy_mask` (the high-entropy tokens a policy gradient keeps, :mod:`.token_selection`).
 - Evaluation: :func:`pass_at_k` (:mod:`.pass_at_k`).
 """
 from pacs_fast.algorithms.advantages import gae, group_advantages, masked_whiten
@@ -25,10 +26,11 @@ from pacs_fast.algorithms.pass_at_k import pass_at_k
 from pacs_fast.algorithms.overlong import overlong_penalty
 from pacs_fast.algorithms.policy_loss import grpo_loss, policy_loss, value_loss
 from pacs_fast.algorithms.sequence_losses import cispo_policy_loss, gspo_policy_loss
+from pacs_fast.algorithms.token_selection import high_entropy_mask
 
 __all__ = [
     "KL_ESTIMATORS", "LOSS_AGG_MODES", "PROXIES", "SCORES", "WEIGHT_MODES",
     "aggregate_loss", "cispo_policy_loss", "class_balanced_weights", "gae", "group_advantages", "group_scores",
-    "grpo_loss", "gspo_policy_loss", "kl_penalty", "masked_mean", "masked_whiten", "overlong_penalty", "pacs_loss",
-    "pass_at_k", "policy_loss", "reward_proxy", "value_loss",
+    "grpo_loss", "gspo_policy_loss", "high_entropy_mask", "kl_penalty", "masked_mean", "masked_whiten",
+    "overlong_penalty", "pacs_loss", "pass_at_k", "policy_loss", "reward_proxy", "value_loss",
 ]

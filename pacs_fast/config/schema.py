@@ -163,6 +163,11 @@ class AlgoConfig:
     vf_coef: float = _f(0.5, "ppo: value-loss coefficient")
     value_clip: float = _f(0.2, "ppo: value clipping range (0 = off)")
     entropy_coef: float = _f(0.0, "entropy bonus coefficient (all algorithms)")
+    entropy_top_frac: float = _f(1.0, "baselines: keep the policy-gradient term only on the top fraction of each "
+                                 "micro-batch's response tokens by the policy's entropy (Beyond the 80/20 Rule, "
+                                 "arXiv 2506.01939: 0.2; TRL's top_entropy_quantile); denominators, KL and the "
+                                 "entropy bonus keep every token; 1 = every token; not pacs (its score sums every "
+                                 "token)")
     noise_correction: str = _f("none", "noisy verifier: none | backward (unbiased surrogate label (R - rho0)/(1-rho0-rho1)) "
                                "| forward (baselines: rewards rho1 / rho1-1; pacs: BCE through the noise channel); "
                                "docs/EFFICACY.md")

@@ -66,6 +66,7 @@ FLOAT_RANGES = (
     ("algo.clip_high", 0.0, None, True, None), ("algo.kl_coef", 0.0, None, True, None),
     ("algo.gamma", 0.0, 1.0, True, True), ("algo.lam", 0.0, 1.0, True, True),
     ("algo.vf_coef", 0.0, None, True, None), ("algo.value_clip", 0.0, None, True, None),
+    ("algo.entropy_top_frac", 0.0, 1.0, False, True),
     ("rollout.temperature", MIN_TEMPERATURE, None, True, None), ("rollout.eval_temperature", 0.0, None, True, None),
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
     ("rollout.min_p", 0.0, 1.0, True, False), ("rollout.eval_min_p", 0.0, 1.0, True, False),
@@ -253,6 +254,10 @@ def _validate_efficacy(cfg: Config) -> None:
         va, vb = (getattr(getattr(cfg, x.split(".")[0]), x.split(".")[1]) for x in (a, b))
         if va + vb >= 1.0:
             raise ValueError(f"{a} + {b} must be < 1 (got {va} + {vb}): the labels would carry no signal")
+    if cfg.algo.entropy_top_frac < 1.0 and cfg.algo.name == "pacs":
+        raise ValueError(f"algo.entropy_top_frac={cfg.algo.entropy_top_frac:g} selects tokens of a per-token policy "
+                         f"gradient (the baselines'); PACS's score sums the log-ratio of every response token, with "
+                         f"no per-token term to select: use algo.entropy_top_frac=1 with algo.name=pacs")
     if cfg.reward.fn_rate == "appeal" and not cfg.reward.appeal:
         raise ValueError("reward.fn_rate=appeal needs reward.appeal='module:function' (the lenient second check)")
     for key in ("fn", "appeal"):

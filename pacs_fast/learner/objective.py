@@ -20,6 +20,11 @@ def resolve_loss_agg(algo: AlgoConfig) -> str:
     return {"dr_grpo": "seq-mean-token-sum-norm", "gspo": "seq-mean-token-mean"}.get(algo.name, "token-mean")
 
 
+def needs_entropy(algo: AlgoConfig) -> bool:
+    """Whether the objective reads the entropies (the bonus, or the high-entropy token selection)."""
+    return bool(algo.entropy_coef) or algo.entropy_top_frac < 1.0
+
+
 def needs_reference(algo: AlgoConfig) -> bool:
     """Whether the objective uses ``ref_logp``."""
     if algo.name == "pacs":
@@ -78,7 +83,7 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
     Args:
         algo: the algorithm settings. micro: the micro-batch (with ``old_logp``/``ref_logp``/PPO
             fields as the algorithm needs). logp: ``[b, T]`` differentiable policy log-probs.
-        entropy: ``[b, T]`` differentiable entropies (needed when ``entropy_coef != 0``).
+        entropy: ``[b, T]`` differentiable entropies (needed when :func:`needs_entropy`).
         values: ``[b, T]`` differentiable values (PPO). counts: :func:`minibatch_counts` of the
             enclosing mini-batch. horizon: max response length (Dr. GRPO's constant divisor).
     Returns:
@@ -99,6 +104,15 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
         kw = dict(clip_low=algo.clip_low, clip_high=algo.clip_high, clip_c=algo.clip_c or None, loss_agg_mode=agg,
                   horizon=float(horizon), global_count=global_count, logp_ref=micro.ref_logp,
                   kl_coef=algo.kl_coef, token_weights=micro.is_weights)
+        if algo.entropy_top_frac < 1.0:  # the policy gradient on the high-entropy tokens only (token_selection.py)
+            from pacs_fast.algorithms.token_selection import high_entropy_mask
+            if entropy is None:
+                raise ValueError("objective: algo.entropy_top_frac < 1 selects tokens by entropy; give the "
+                                 "entropies (entropy=, see needs_entropy)")
+            keep, threshold = high_entropy_mask(entropy, mask, algo.entropy_top_frac)
+            kw["token_weights"] = keep if micro.is_weights is None else micro.is_weights * keep
+            metrics["entropy_threshold"] = threshold.nan_to_num(0.0) * (float(mask.sum()) / max(counts["tokens"], 1.0))
+            metrics["entropy_kept_frac"] = keep.sum() / max(counts["tokens"], 1.0)
         rewards = micro.rewards
         if getattr(algo, "noise_correction", "none") != "none":  # noisy verifier (algorithms/noisy_labels.py)
             from pacs_fast.algorithms.noisy_labels import corrected_rewards

@@ -48,7 +48,8 @@ from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, check_response_ids, group_rows
 from pacs_fast.learner.grad_norm import clip_grad_norm
 from pacs_fast.learner.master_weights import MasterWeights, loading_weights
-from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
+from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
+                                         objective)
 from pacs_fast.learner.packing import (Packed, forward_metrics, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
                                       padded_slots, restores_attention, shared_prefix_slots)
 from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,
@@ -313,7 +314,7 @@ class TorchLearner(Learner):
         mini = min(self.cfg.mini_batch_prompts, P)
         micro = min(self.cfg.micro_batch_prompts, mini)
         fuse = self._fuses_in_update(batch, correct, "dropout is active or algo is ppo")
-        need_ent = bool(self.algo.entropy_coef)
+        need_ent = needs_entropy(self.algo)
         sums: dict[str, float] = {}
         steps = 0
         terms: dict[str, list] = {}

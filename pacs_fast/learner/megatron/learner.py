@@ -76,7 +76,8 @@ from pacs_fast.learner.megatron.model import build_gpt_model, recompute_override
 from pacs_fast.learner.megatron.optimizer import make_optimizer
 from pacs_fast.learner.megatron.setup import (LazyHFCheckpoint, init_parallel, raise_if_non_finite,
                                              tp_grad_norm)
-from pacs_fast.learner.objective import holds_reference_model, minibatch_counts, needs_reference, objective
+from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
+                                         objective)
 from pacs_fast.learner.packing import forward_metrics, micro_batch_groups
 
 
@@ -310,7 +311,7 @@ class MegatronLearner(Learner):
             mine = mb.groups(dp_share(mb.num_groups, self.dp_size, self.dp_rank))
         parts = self._micro_batches(mine)
         share_back = group_rows(torch.tensor([g for part in parts for g in part]).argsort(), mine.group_size)
-        need_ent = bool(self.algo.entropy_coef)
+        need_ent = needs_entropy(self.algo)
         self.optimizer.zero_grad(set_to_none=True)
         scalars: dict[str, torch.Tensor] = {"loss": torch.zeros((), device=self.device)}
         local_terms: dict[str, list] = {}
