@@ -78,6 +78,10 @@ def hazard_warnings(cfg: Config) -> list[str]:
         out.append("rollout.filter_groups=true with algo.name=ppo drops the groups whose verifier rewards are equal, "
                    "but PPO's advantages come from GAE and its critic and are not 0 there: the filter changes what "
                    "PPO trains on, not only the batch's size (it is DAPO's, for group-relative advantages)")
+    if a.name.startswith("reinforce_plus_plus") and cfg.rollout.filter_groups:
+        out.append(f"rollout.filter_groups=true with algo.name={a.name} drops the groups whose verifier rewards are "
+                   f"equal, but REINFORCE++ whitens over the whole step, so their advantages are -mean / std, not 0: "
+                   f"the filter changes what it trains on, not only the batch's size")
     idle = {k for keys, _ in idle_rules(cfg) for k in keys}  # (a coefficient this algorithm does not read)
     big = [f"{k}={getattr(a, k.split('.')[1]):g}" for k in ("algo.entropy_coef", "algo.kl_coef", "algo.vf_coef")
            if abs(getattr(a, k.split(".")[1])) >= 1e6 and k not in idle]

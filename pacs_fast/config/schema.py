@@ -6,7 +6,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo", "gspo", "cispo")
+ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo", "gspo", "cispo", "reinforce_plus_plus",
+              "reinforce_plus_plus_baseline")
 # (algo.clip_low, algo.clip_high) of the algorithms whose defaults are not the shared 0.2 / 0.2: filled in by
 # load_config when neither the file nor the command line gives the key (pacs_fast.algorithms.sequence_losses)
 CLIP_DEFAULTS = {"gspo": (3e-4, 4e-4), "cispo": (10.0, 0.2)}
@@ -133,7 +134,9 @@ class RolloutConfig:
 class AlgoConfig:
     name: str = _f("pacs", "pacs | grpo | ppo | rloo | dr_grpo | gspo (sequence-level ratio, Zheng et al. 2025) | "
                    "cispo (clipped-IS-weight REINFORCE, MiniMax-M1); gspo/cispo as verl's loss modes, with GRPO's "
-                   "group-normalised advantages")
+                   "group-normalised advantages | reinforce_plus_plus | reinforce_plus_plus_baseline (REINFORCE++, "
+                   "verl's: the reward, or its group's mean subtracted, whitened over the step's response tokens; "
+                   "PPO's clipped loss; gamma 1, KL as algo.kl_coef)")
     beta: float = _f(1.0, "pacs: scale of the reward proxy r = beta * sum(logp - logp_ref)")
     proxy: str = _f("logratio", "pacs: reward proxy: logratio | mean_logp")
     score: str = _f("rloo", "pacs: score psi from the group's proxies: rloo | grpo | dr_grpo | naive")

@@ -275,6 +275,9 @@ def _validate_efficacy(cfg: Config) -> None:
     if cfg.algo.noise_correction != "none" and cfg.algo.name == "ppo":
         raise ValueError("algo.noise_correction applies to pacs, grpo, rloo and dr_grpo (ppo's rewards go "
                          "through GAE; not supported)")
+    if cfg.algo.noise_correction != "none" and cfg.algo.name.startswith("reinforce_plus_plus"):
+        raise ValueError(f"algo.noise_correction applies to pacs, grpo, rloo and dr_grpo ({cfg.algo.name} whitens "
+                         f"its rewards over the whole step; not supported)")
     _choice("algo.credit", cfg.algo.credit, ("min", "sum"))
     if cfg.reward.step_rewards:
         if ":" not in cfg.reward.step_rewards:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from pacs_fast.algorithms.reinforce_pp import REINFORCE_PP_MODES
 from pacs_fast.config import AlgoConfig
 from pacs_fast.learner.base import RolloutBatch
 
@@ -126,7 +127,12 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
             loss, pm = (gspo_policy_loss if algo.name == "gspo" else cispo_policy_loss)(
                 logp, micro.old_logp, adv, mask, **kw)
             pm.update(adv_mean=adv.mean(), adv_abs_mean=adv.abs().mean())
-        elif micro.advantages is not None:  # per-token: PPO's GAE, or process-reward credit (trainer/step_credit.py)
+        elif algo.name in REINFORCE_PP_MODES and micro.advantages is None:
+            raise ValueError(f"objective: algo.name={algo.name} trains on batch-whitened advantages; set "
+                             f"batch.advantages = pacs_fast.algorithms.reinforce_pp.reinforce_pp_advantages(...) "
+                             f"over the whole step (the trainer does)")
+        elif micro.advantages is not None:  # per-token: PPO's GAE, REINFORCE++'s (algorithms/reinforce_pp.py), or
+            # process-reward credit (trainer/step_credit.py)
             loss, pm = policy_loss(logp, micro.old_logp, micro.advantages, mask, **kw)
             if algo.name == "ppo":
                 vloss, vm = value_loss(values, micro.old_values, micro.returns, mask,

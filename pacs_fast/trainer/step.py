@@ -17,9 +17,12 @@ temperature-1 forward on diagnostic steps only (step 1, evaluation steps), so li
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
+from pacs_fast.algorithms.reinforce_pp import REINFORCE_PP_MODES
 from pacs_fast.algorithms.score_metrics import score_metrics
 from pacs_fast.config import Config
 from pacs_fast.learner.base import RolloutBatch
@@ -69,7 +72,23 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
               f"EOS): it trains nothing; raise rollout.max_new_tokens")
     if s.credit:  # process rewards: per-token advantages (PURE's min-form or the summation form)
         batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)
+    if s.cfg.algo.name in REINFORCE_PP_MODES:  # whitened over the whole step: every data-parallel group's share
+        batch.advantages = step_reinforce_pp(s.cfg.algo.name, batch, s.world.gather_dp if s.world.dp > 1 else None)
     return rewards, prompt_ids, batch
+
+
+def step_reinforce_pp(name: str, batch: RolloutBatch, gather=None) -> torch.Tensor:
+    """``batch``'s REINFORCE++ advantages (:mod:`pacs_fast.algorithms.reinforce_pp`) from its rewards (shaped,
+    as the other baselines train on), whitened with the step's statistics: ``gather`` (``World.gather_dp``,
+    collective) sums every data-parallel group's; None: this batch is the step."""
+    from pacs_fast.algorithms.reinforce_pp import reinforce_pp_advantages, reinforce_pp_totals
+
+    baseline = name == "reinforce_plus_plus_baseline"
+    totals = reinforce_pp_totals(batch.rewards, batch.response_mask, batch.group_size, baseline=baseline)
+    if gather is not None:
+        totals = tuple(math.fsum(part[i] for part in gather(totals)) for i in range(3))
+    return reinforce_pp_advantages(batch.rewards, batch.response_mask, batch.group_size, baseline=baseline,
+                                   totals=totals)
 
 
 def learn(cfg: Config, learner, batch: RolloutBatch, prompt_ids, comps, *, seed: int, diagnostic: bool,
