@@ -124,8 +124,8 @@ def test_a_function_that_cannot_take_the_fields_is_refused_before_any_model(tmp_
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     check_callables(load_config(None, base + ["reward.fn=test_reward_fields:takes_anything",
                                               "reward.fn_fields=[lang,extra_info]"]))  # **fields takes any
-    code, _, err = cli(base + ["reward.fn=test_reward_fields:takes_anything", "reward.fn_fields=[extra_info.tests,lang]"],
-                       capsys)
+    code, _, err = cli(base + ["reward.fn=test_reward_fields:takes_anything",
+                               "reward.fn_fields=[extra_info.tests,lang]"], capsys)
     assert code == 2 and "d.jsonl:1: missing field 'extra_info.tests' that reward.fn_fields asks for" in err, err
     assert not list((tmp_path / "runs").glob("*/*")), "a run folder was written"
 
