@@ -15,6 +15,10 @@ PRESETS = {
     "rloo": ["algo.name=rloo"],
     "dr_grpo": ["algo.name=dr_grpo"],
     "ppo": ["algo.name=ppo"],
+    "gspo": ["algo.name=gspo"],
+    "cispo": ["algo.name=cispo"],
+    "reinforce_pp": ["algo.name=reinforce_plus_plus"],
+    "reinforce_pp_baseline": ["algo.name=reinforce_plus_plus_baseline"],
 }
 # Keys the runner sets in every run, and the flag that sets them: given anywhere else, they would
 # be replaced without a word (the runner's come last), so they are refused.

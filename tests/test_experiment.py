@@ -31,6 +31,11 @@ def test_parse_seeds_and_arms():
         "algo.name=pacs", "algo.weight=none", "algo.weight=question"]  # (the later key wins)
     with pytest.raises(ValueError, match="preset"):
         ex.parse_arm("nonsense")
+    from pacs_fast.config import ALGORITHMS, load_config, validate
+    for name in ex.PRESETS:  # every preset is a run the trainer accepts
+        validate(load_config(None, ex.parse_arm(name).overrides))
+    named = {o.split("=", 1)[1] for arm in ex.PRESETS.values() for o in arm if o.startswith("algo.name=")}
+    assert named == set(ALGORITHMS)  # a preset for every algorithm
     with pytest.raises(ValueError, match="section.key=value"):
         ex.parse_arm("x:algo.name")
 
