@@ -44,7 +44,7 @@ quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, th
 
 from pacs_fast.config import ATTENTIONS  # noqa: E402
 from pacs_fast.config.model_files import trained_positions
-from pacs_fast.config.reward_fields import row_fields
+from pacs_fast.config.reward_fields import fields_digest, row_fields
 from pacs_fast.data.datasets import BENCHMARKS
 from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, load_benchmarks,
                                        model_label, prompt_kwargs, read_json)
@@ -224,7 +224,7 @@ def run(argv: list[str]) -> int:
 
     done = {b: read_samples(samples_path(out_dir, b), repair=True) for b in sets}
     for b, problems in sets.items():  # a resume continues the same problems, or refuses
-        check_records_match(samples_path(out_dir, b), done[b], problems, sources[b])
+        check_records_match(samples_path(out_dir, b), done[b], problems, sources[b], keywords)
     todo = {b: [i for i in range(len(probs)) if i not in done[b]] for b, probs in sets.items()}
     total = sum(len(t) for t in todo.values())
     skipped = sum(len(sets[b]) - len(todo[b]) for b in sets)
@@ -341,8 +341,8 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
                 texts = [c.text for comp in outs for c in comp]
                 answers = [problems[i].answer for i, comp in zip(idx, outs) for _ in comp]
                 problem_of_each = [problems[i].problem for i, comp in zip(idx, outs) for _ in comp]
-                fields = [row_fields(problems[i].fields, args.reward_field_keywords) for i, comp in zip(idx, outs)
-                          for _ in comp] if args.reward_field_keywords else None
+                rows = {i: row_fields(problems[i].fields, args.reward_field_keywords) for i in idx}  # (one per row)
+                fields = [rows[i] for i, comp in zip(idx, outs) for _ in comp] if args.reward_field_keywords else None
                 scored = scorer.score(texts, answers, problem_of_each, fields) if reward_fn else \
                     scorer.score(texts, answers)
                 records, pos = [], 0
@@ -353,6 +353,7 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
                     records.append({
                         "benchmark": bench, "index": i, "id": problems[i].id, "answer": problems[i].answer,
                         "problem_sha1": problem_digest(problems[i].problem),
+                        **({"fields_sha1": fields_digest(rows[i])} if args.reward_field_keywords else {}),
                         "prompt": prompt_text, "n": n, "num_correct": sum(map(is_correct, sc)), "scores": sc,
                         "statuses": st,
                         "finish_reasons": [c.finish_reason for c in comp],

@@ -118,6 +118,27 @@ def test_data_parallel_shares_whiten_as_the_whole_step(seed):
     assert torch.allclose(got, reinforce_pp_advantages(rewards.float(), mask, G, baseline=True), rtol=1e-6, atol=1e-6)
 
 
+def test_rows_left_out_of_the_loss_leave_the_statistics(seed):
+    """learner.mask_truncated: truncated rows leave the loss, and the whitening's statistics with them, so the
+    advantages that train have token mean 0 (with them in, one row left of 16 trained at 3.4 sigma)."""
+    gen = torch.Generator().manual_seed(seed)
+    G = 4
+    rewards, mask, _ = _batch(gen, 4 * G, 11, soft=True)
+    truncated = torch.rand(4 * G, generator=gen) < 0.6
+    truncated[0], truncated[1] = False, True
+    batch = RolloutBatch(torch.zeros(mask.shape, dtype=torch.long), torch.ones(mask.shape, dtype=torch.long),
+                         mask.float(), rewards.float(), group_size=G)
+    batch.truncated = truncated
+    adv = step_reinforce_pp("reinforce_plus_plus_baseline", batch)
+    kept = mask * (~truncated).double()[:, None]
+    want = reinforce_pp_advantages(rewards.float(), mask, G, baseline=True,
+                                   totals=reinforce_pp_totals(rewards.float(), kept, G, baseline=True))
+    assert torch.equal(adv, want)
+    assert abs(float((adv.double() * kept).sum() / kept.sum())) < 1e-6  # zero-mean over the tokens that train
+    batch.truncated = None
+    assert not torch.allclose(step_reinforce_pp("reinforce_plus_plus_baseline", batch), adv)
+
+
 def test_edges():
     mask = torch.zeros(2, 3)
     assert not reinforce_pp_advantages(torch.tensor([1.0, 0.0]), mask, 2).any()  # no response token
@@ -184,3 +205,4 @@ def test_the_trainer_trains_on_them(tmp_path, warm_cache, monkeypatch):
     assert any(adv.abs().max() > 0 for _, _, adv in CAUGHT)
     train = [r for r in read_jsonl(tmp_path / "r" / "metrics.jsonl") if r["kind"] == "train"]
     assert len(train) == 2 and all(r["learner/grad_norm"] >= 0 for r in train)
+    assert all("learner/adv_mean" in r and r["learner/adv_abs_mean"] >= 0 for r in train)

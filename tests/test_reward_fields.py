@@ -8,11 +8,11 @@ import pytest
 
 from pacs_fast import eval as ev
 from pacs_fast.config import load_config, validate
-from pacs_fast.config.reward_fields import field_keywords
+from pacs_fast.config.reward_fields import RowFields, field_keywords
 from pacs_fast.data.datasets import load_dataset
 from pacs_fast.evaluation.results import read_samples
 from pacs_fast.trainer.problems import data_digest, load_problems
-from pacs_fast.trainer.rewards import Scorer, check_callables
+from pacs_fast.trainer.rewards import Scorer, check_callables, user_rewards
 
 from test_eval_cli import _run_args, model_dir  # noqa: F401  (fixture)
 from test_run_safety import cli
@@ -22,10 +22,11 @@ CALLS: list[dict] = []
 
 def by_cases(problems, responses, answers, cases, lang):
     """1 when the response names one of its row's cases and the row's language is py; records what came (each
-    case list with "edited" appended: the function's copy, the run's rows must not change)."""
+    case list with "edited" appended: the function's copy, one per row, the run's rows must not change)."""
     out = []
     for r, c, lang_ in zip(responses, cases, lang):
-        c.append("edited")
+        if c[-1:] != ["edited"]:  # (the responses of one row share its copy)
+            c.append("edited")
         out.append(float(lang_ == "py" and any(x in r for x in c[:-1])))
     CALLS.append({"problems": list(problems), "responses": list(responses), "cases": [list(c) for c in cases],
                   "lang": list(lang)})
@@ -59,6 +60,8 @@ def write(path, data):
     (["a-b"], "not a Python name"),
     (["x.answers"], "'answers', the name of an argument every call already passes"),
     (["a.tests", "b.tests"], "'a.tests' and 'b.tests' would both arrive as the keyword argument 'tests'"),
+    (["extra_info.tests.0"], "names a list item; a dotted name reads the keys of nested objects, not list positions: "
+                             "hand the whole list \\('extra_info.tests'\\)"),
 ])
 def test_field_names_that_cannot_be_keyword_arguments_are_refused(names, message):
     with pytest.raises(ValueError, match=message):
@@ -107,6 +110,48 @@ def test_the_scorer_passes_columns_memoises_by_the_fields_and_hands_out_copies()
     again = scorer(["2"], ["2"], problems=["1+1="], fields=[{"cases": ["2"], "lang": "py"}])
     assert again == [1.0] and len(CALLS) == 2
     assert scorer(["2"], ["2"], problems=["1+1="], fields=[dict(b)]) == [0.0] and len(CALLS) == 2  # memoised
+
+
+def test_memo_keys_keep_apart_what_json_would_mix_up():
+    import numpy as np
+
+    from pacs_fast.config.reward_fields import RowFields, memo_key
+
+    a, b = np.zeros(2000), np.zeros(2000)
+    b[1000] = 1.0  # (their repr shows neither middle)
+    pairs = [({"x": [1, 2]}, {"x": (1, 2)}), ({"x": b"x"}, {"x": "b'x'"}), ({"x": a}, {"x": b}), ({"x": 1}, {"x": 1.0}),
+             ({1: 2, "a": 3}, {"1": 2, "a": 3})]
+    for one, other in pairs:
+        assert memo_key(one) != memo_key(other), (one, other)
+        assert memo_key(one) == memo_key(dict(one))  # equal values: the same key
+    lam = {"f": lambda: 0}  # cannot be pickled: a key of its own every time
+    assert memo_key(lam) != memo_key(lam)
+    row = RowFields(x=[1, 2])
+    assert row.memo_key == memo_key({"x": [1, 2]}) and row._memo_key is not None  # computed once, kept
+    calls = []
+
+    def tuples_only(problems, responses, answers, x):
+        calls.append(1)
+        return [float(isinstance(v, tuple)) for v in x]
+
+    scorer = Scorer(0, user_fn=tuples_only)
+    assert scorer(["r"], ["a"], problems=["p"], fields=[{"x": [1, 2]}]) == [0.0]
+    assert scorer(["r"], ["a"], problems=["p"], fields=[{"x": (1, 2)}]) == [1.0] and len(calls) == 2
+
+
+def test_each_row_is_copied_once_per_call():
+    seen = []
+
+    def keeps(problems, responses, answers, cases):
+        seen.append([id(c) for c in cases])
+        cases[0].append("edited")
+        return [0.0] * len(responses)
+
+    row, other = RowFields(cases=["1"]), RowFields(cases=["2"])
+    user_rewards(keeps, ["p"] * 3, ["a", "b", "c"], ["1"] * 3, key="reward.fn", timeout_s=5, fields=[row, row, other])
+    ids = seen[0]
+    assert ids[0] == ids[1] != ids[2] and id(row["cases"]) not in ids  # one copy per row, never the run's
+    assert row == {"cases": ["1"]} and other == {"cases": ["2"]}
 
 
 def test_a_function_that_cannot_take_the_fields_is_refused_before_any_model(tmp_path, capsys, monkeypatch,
@@ -198,11 +243,24 @@ def test_eval_hands_the_fields_and_records_them(model_dir, tmp_path, capsys):  #
                                for t in r["responses"]]
     assert json.loads((out / "run_config.json").read_text())["reward_fields"] == ["extra_info.cases", "lang"]
     capsys.readouterr()
+    # an edited field value, resumed into the same folder: refused (the samples scored the old value)
+    edited = [dict(r, lang="py") for r in data]
+    write(path, edited)
+    assert ev.main(_run_args(model_dir, path, out, "--reward-fn", "test_reward_fields:by_cases",
+                             "--reward-fields", "extra_info.cases,lang")) == 2
+    assert "its --reward-fields values differ" in capsys.readouterr().err
+    write(path, data)
+    # a trailing comma is nothing (as in the trainer's YAML list)
+    assert ev.main(_run_args(model_dir, path, out, "--reward-fn", "test_reward_fields:by_cases",
+                             "--reward-fields", "extra_info.cases,lang,")) == 0
+    capsys.readouterr()
     # other fields into the same folder: refused, the samples kept
     assert ev.main(_run_args(model_dir, path, out, "--reward-fn", "test_reward_fields:takes_anything",
                              "--reward-fields", "lang")) == 2
     assert "reward_fields differ" in capsys.readouterr().err
     for extra, message in ((["--reward-fields", "lang"], "--reward-fields hands dataset fields to --reward-fn"),
+                           (["--reward-fn", "test_reward_fields:takes_anything", "--reward-fields", " , "],
+                            "names no field"),
                            (["--reward-fn", "test_reward_fields:three_arguments", "--reward-fields", "lang"],
                             "got an unexpected keyword argument 'lang'"),
                            (["--reward-fn", "test_reward_fields:takes_anything", "--reward-fields", "nope"],

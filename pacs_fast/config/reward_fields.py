@@ -8,7 +8,11 @@ any file or model is read.
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
 import keyword
+import pickle
 
 POSITIONAL = ("problems", "responses", "answers")  # what every call already passes
 
@@ -29,6 +33,10 @@ def field_keywords(names, setting: str) -> dict[str, str]:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"{setting}: each entry must be a dataset field's name, got {name!r}")
         kw = field_keyword(name)
+        if kw.isdigit():
+            raise ValueError(f"{setting}: {name!r} names a list item; a dotted name reads the keys of nested objects, "
+                             f"not list positions: hand the whole list ({name.rsplit('.', 1)[0]!r}) and index it in "
+                             f"the function")
         if not kw.isidentifier() or keyword.iskeyword(kw):
             raise ValueError(f"{setting}: {name!r} would arrive as the keyword argument {kw!r}, which is not a "
                              f"Python name (the reward function takes each field as a keyword argument)")
@@ -42,7 +50,45 @@ def field_keywords(names, setting: str) -> dict[str, str]:
     return out
 
 
-def row_fields(values: dict, keywords: dict[str, str]) -> dict:
+_UNIQUE = itertools.count()
+
+
+class RowFields(dict):
+    """A row's ``{keyword: value}``, with :attr:`memo_key` computed once (a scorer keys its memo by it on every
+    call; a row of 1 MB of test cases was serialised again each time)."""
+
+    _memo_key: str | None = None
+
+    @property
+    def memo_key(self) -> str:
+        if self._memo_key is None:
+            self._memo_key = memo_key(self)
+        return self._memo_key
+
+
+def memo_key(values: dict) -> str:
+    """A key of ``values`` for a scorer's memo: the SHA-1 of their pickle, which keeps apart what JSON (or a
+    ``repr``) would mix up (a tuple and a list, bytes and their text, two long numpy arrays that differ in the
+    middle); a value that cannot be pickled gets a key of its own (scored, never found again)."""
+    if isinstance(values, RowFields) and values._memo_key is not None:
+        return values._memo_key
+    try:
+        return hashlib.sha1(pickle.dumps(dict(values), protocol=4)).hexdigest()  # (a plain dict: no class, no state)
+    except Exception:  # noqa: BLE001 - an object pickle refuses (a lambda, a lock): no memo for it
+        return f"unique-{next(_UNIQUE)}"
+
+
+def fields_digest(values: dict) -> str:
+    """SHA-1 of ``values``' JSON (keys sorted; values JSON cannot hold by their ``repr``): stable from one
+    process to the next, for what a resume compares (the trainer's data digest, eval's samples records)."""
+    try:
+        text = json.dumps(values, sort_keys=True, ensure_ascii=False, default=repr)
+    except TypeError:  # keys of mixed types cannot be sorted
+        text = json.dumps(values, ensure_ascii=False, default=repr)
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+
+def row_fields(values: dict, keywords: dict[str, str]) -> RowFields:
     """A row's ``{field name: value}`` (:attr:`pacs_fast.data.datasets.Problem.fields`) as
     ``{keyword: value}``, what a call of the reward function takes from this row."""
-    return {kw: values[name] for name, kw in keywords.items()}
+    return RowFields({kw: values[name] for name, kw in keywords.items()})

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from pacs_fast.algorithms.pass_at_k import pass_at_k
+from pacs_fast.config.reward_fields import fields_digest, row_fields
 
 PAPER_N = {"math500": 32}  # the paper samples 32 for MATH-500 and 512 for the others
 PAPER_N_OTHER = 512
@@ -102,11 +103,13 @@ def problem_digest(problem: str) -> str:
     return hashlib.sha1(problem.encode("utf-8")).hexdigest()
 
 
-def check_records_match(path: str | Path, records: dict[int, dict[str, Any]], problems, source: str) -> None:
+def check_records_match(path: str | Path, records: dict[int, dict[str, Any]], problems, source: str,
+                        field_keywords: dict[str, str] | None = None) -> None:
     """ValueError when a record of the samples file ``path`` answered another problem than ``problems[index]``
     now is (``source``: the benchmark entry, named in the error): an edited dataset file, or other
     ``--problem-field`` / ``--answer-field``. Compared: the id, the gold answer and the problem text
-    (``problem_sha1``; records written before it existed: the problem must appear in their prompt).
+    (``problem_sha1``; records written before it existed: the problem must appear in their prompt), and with
+    ``--reward-fields`` (``field_keywords``) the row's field values (``fields_sha1``: what the reward read).
     Records past the end of ``problems`` (an earlier run with a larger ``--limit``) are not compared."""
     for i, rec in sorted(records.items()):
         if i >= len(problems):
@@ -116,9 +119,12 @@ def check_records_match(path: str | Path, records: dict[int, dict[str, Any]], pr
             same_text = rec["problem_sha1"] == problem_digest(p.problem)
         else:
             same_text = p.problem.strip() in str(rec.get("prompt", p.problem))  # (a template may trim it)
+        same_fields = not field_keywords or rec.get("fields_sha1") == fields_digest(row_fields(p.fields,
+                                                                                              field_keywords))
         what = [name for name, same in (("id", str(rec.get("id")) == str(p.id)),
                                         ("answer", str(rec.get("answer")) == str(p.answer)),
-                                        ("problem text", same_text)) if not same]
+                                        ("problem text", same_text), ("--reward-fields values", same_fields))
+                if not same]
         if what:
             raise ValueError(f"{path}: problem {i} was sampled from another version of {source} (its "
                              f"{' and '.join(what)} differ{'s' if len(what) == 1 else ''}: {source} changed since); "

@@ -21,8 +21,11 @@ def reward_field_keywords(spec: str, reward_fn: str) -> dict[str, str]:
     if not reward_fn:
         raise UsageError("--reward-fields hands dataset fields to --reward-fn; give --reward-fn module:function "
                          "(the math verifier reads no fields)")
+    names = [name.strip() for name in spec.split(",") if name.strip()]  # (a stray or trailing comma: nothing)
+    if not names:
+        raise UsageError(f"--reward-fields {spec!r} names no field (give field names separated by commas)")
     try:
-        return field_keywords([name.strip() for name in spec.split(",")], "--reward-fields")
+        return field_keywords(names, "--reward-fields")
     except ValueError as e:
         raise UsageError(str(e)) from None
 

@@ -134,6 +134,9 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
         elif micro.advantages is not None:  # per-token: PPO's GAE, REINFORCE++'s (algorithms/reinforce_pp.py), or
             # process-reward credit (trainer/step_credit.py)
             loss, pm = policy_loss(logp, micro.old_logp, micro.advantages, mask, **kw)
+            if algo.name in REINFORCE_PP_MODES:  # one advantage per row: its rows' mean, as gspo / cispo record
+                rows = (micro.advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+                pm.update(adv_mean=rows.mean(), adv_abs_mean=rows.abs().mean())
             if algo.name == "ppo":
                 vloss, vm = value_loss(values, micro.old_values, micro.returns, mask,
                                        clip_range=algo.value_clip or None, loss_agg_mode=agg,

@@ -12,7 +12,7 @@ from array import array
 import torch
 
 from pacs_fast.config import Config
-from pacs_fast.config.reward_fields import field_keywords, row_fields
+from pacs_fast.config.reward_fields import field_keywords, fields_digest, row_fields
 
 
 def data_digest(train: list[dict], held_out: list[dict]) -> str:
@@ -21,9 +21,8 @@ def data_digest(train: list[dict], held_out: list[dict]) -> str:
     h = hashlib.sha1()
     for rows in (train, held_out):
         for row in rows:  # (reward.fn_fields' values too, when there are: what the reward reads)
-            fields = [row["fields"]] if row.get("fields") else []
-            h.update(json.dumps([row.get("problem"), row.get("answer")] + fields, ensure_ascii=False,
-                                sort_keys=True, default=repr).encode("utf-8"))
+            fields = [fields_digest(row["fields"])] if row.get("fields") else []
+            h.update(json.dumps([row.get("problem"), row.get("answer")] + fields, ensure_ascii=False).encode("utf-8"))
         h.update(b"|")
     return h.hexdigest()
 

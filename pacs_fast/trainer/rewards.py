@@ -12,7 +12,7 @@ memoised). A return that is not one number in [0, 1] per response stops the run 
 ``reward.fn_fields`` hands it dataset fields too (test cases, a language): ``function(problems, responses,
 answers, **fields)``, each field one keyword argument, a list with each response's row value
 (:mod:`pacs_fast.config.reward_fields`); the values join the memo's key, and each call gets its own copy
-of them (a function that edits them edits nothing of the run's).
+of each row's values (a function that edits them edits nothing of the run's).
 
 Label noise (``reward.noise_fp`` / ``reward.noise_fn``): training rewards (calls with a ``step``)
 are flipped 0 -> 1 with probability ``noise_fp`` and 1 -> 0 with ``noise_fn``, independently per
@@ -33,13 +33,12 @@ estimates the rate; the labels the learner sees stay the verifier's.
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib
 import inspect
-import json
 
 import numpy as np
 
+from pacs_fast.config.reward_fields import memo_key
 from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT
 from pacs_fast.trainer.user_functions import (UserFunctionError, call_with_time_limit, checked_flags, checked_numbers,
                                               one_line)
@@ -105,8 +104,13 @@ def user_rewards(fn, problems: list[str], texts: list[str], answers: list[str], 
     ``{keyword: value}`` (all with the same keywords), handed over as one list per keyword (a copy)."""
     count = len(texts)  # (before the call: a function may change the lists it is given)
     columns = {}
-    if fields:
-        columns = {kw: [copy.deepcopy(f[kw]) for f in fields] for kw in fields[0]}  # (one per response)
+    if fields:  # a copy of each row's values (one per row, shared by its responses: a row of 1 MB of tests was
+        # copied once per response, G times), so that a function that edits them edits nothing of the run's
+        copies: dict[int, dict] = {}
+        for f in fields:
+            if id(f) not in copies:
+                copies[id(f)] = copy.deepcopy(f)
+        columns = {kw: [copies[id(f)][kw] for f in fields] for kw in fields[0]}
     got = call_with_time_limit(fn, (list(problems), list(texts), list(answers)), key=key, timeout_s=timeout_s,
                                kwargs=columns)
     rewards = checked_numbers(got, key=key, what=f"{count} responses")
@@ -194,17 +198,17 @@ class Scorer:
 
     @staticmethod
     def _digests(fields: list[dict], rows: dict[str, dict]) -> list[str]:
-        """Each response's fields as a digest of their JSON (a memo key of fixed size, whatever the test cases
-        weigh), computed once per distinct row object; ``rows`` filled with digest -> values."""
+        """Each response's fields as their :func:`~pacs_fast.config.reward_fields.memo_key` (of fixed size,
+        whatever the test cases weigh; a row's :class:`~pacs_fast.config.reward_fields.RowFields` keeps its own),
+        computed once per distinct row object of the call; ``rows`` filled with key -> values."""
         by_object: dict[int, str] = {}
         out = []
         for f in fields:
-            digest = by_object.get(id(f))
-            if digest is None:
-                text = json.dumps(f, sort_keys=True, ensure_ascii=False, default=repr)
-                digest = by_object[id(f)] = hashlib.sha1(text.encode("utf-8")).hexdigest()
-                rows.setdefault(digest, f)
-            out.append(digest)
+            key = by_object.get(id(f))
+            if key is None:
+                key = by_object[id(f)] = memo_key(f)
+                rows.setdefault(key, f)
+            out.append(key)
         return out
 
     def _user_rewards(self, todo: list[tuple[str, str, str, str]], rows: dict[str, dict] | None) -> list[float]:

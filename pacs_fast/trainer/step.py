@@ -80,11 +80,16 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
 def step_reinforce_pp(name: str, batch: RolloutBatch, gather=None) -> torch.Tensor:
     """``batch``'s REINFORCE++ advantages (:mod:`pacs_fast.algorithms.reinforce_pp`) from its rewards (shaped,
     as the other baselines train on), whitened with the step's statistics: ``gather`` (``World.gather_dp``,
-    collective) sums every data-parallel group's; None: this batch is the step."""
+    collective) sums every data-parallel group's; None: this batch is the step. The statistics are those of
+    the tokens that train: rows of :attr:`RolloutBatch.truncated` (``learner.mask_truncated``) leave them, as
+    they leave the loss (the group mean of the baseline still counts them, as the other baselines')."""
     from pacs_fast.algorithms.reinforce_pp import reinforce_pp_advantages, reinforce_pp_totals
 
     baseline = name == "reinforce_plus_plus_baseline"
-    totals = reinforce_pp_totals(batch.rewards, batch.response_mask, batch.group_size, baseline=baseline)
+    trained = batch.response_mask
+    if batch.truncated is not None:
+        trained = trained * (~batch.truncated.bool()).to(trained.dtype)[:, None]
+    totals = reinforce_pp_totals(batch.rewards, trained, batch.group_size, baseline=baseline)
     if gather is not None:
         totals = tuple(math.fsum(part[i] for part in gather(totals)) for i in range(3))
     return reinforce_pp_advantages(batch.rewards, batch.response_mask, batch.group_size, baseline=baseline,
