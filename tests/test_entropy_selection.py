@@ -141,7 +141,7 @@ def test_the_setting_is_checked(overrides, message):
 def _learner_batch(gen, G=4, P=4, T=12, vocab=128):
     from rollout_rows import rollout_rows
 
-    lengths = [int(x) for x in torch.randint(4, T, (G * P,), generator=gen)]
+    lengths = [int(x) for x in torch.randint(14, 14 + T, (G * P,), generator=gen)]  # (prompts take up to 12)
     ids, am, rm = rollout_rows(gen, lengths, vocab, left_pad=False)
     return dict(input_ids=ids, attention_mask=am, response_mask=rm,
                 rewards=(torch.rand(G * P, generator=gen) < 0.5).float(), group_size=G)

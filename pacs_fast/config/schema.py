@@ -44,6 +44,14 @@ class ModelConfig:
                             "the learner's log-prob op takes fp32 copies of hidden and head (gradients reach the "
                             "bf16 parameters); narrows the rollout-training log-prob gap "
                             "(docs/OFF_POLICY.md)")
+    lora_rank: int = _f(0, "torch learner: train LoRA adapters of this rank on the linear layers (PEFT; the base "
+                        "frozen, AdamW's state the adapters' alone; engines and checkpoints get the merged model; "
+                        "pacs_fast/learner/lora.py); 0 = the whole model")
+    lora_alpha: float = _f(0.0, "LoRA scale numerator: adapters add (alpha / rank) B A x; 0 = 2 x model.lora_rank")
+    lora_dropout: float = _f(0.0, "LoRA dropout on the adapters' input (> 0: the update's forwards differ from "
+                             "the old log-probs' pass, which then runs apart)")
+    lora_target_modules: str = _f("all-linear", "layers that get adapters: all-linear (every linear layer but the "
+                                  "LM head) or module names, comma-separated (q_proj,k_proj,v_proj,o_proj)")
     attention: str = _f("auto", "attention of the Hugging Face model: auto (CPU: 'short', else the model's own) | "
                         "short (pacs_fast's matmul attention for short sequences on CPU; SDPA above 48x48 "
                         "scores, 32x32 with gradients, on GPU and with dropout) | sdpa | eager | "

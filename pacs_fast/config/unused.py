@@ -39,6 +39,9 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
                                             "baselines' token losses and the entropy bonus only)"))
     if name in ("gspo", "cispo"):
         out.append((("algo.clip_c",), f"with algo.name={name} (PPO's dual clip; {name} has none, as in verl)"))
+    if not cfg.model.lora_rank:
+        out.append((("model.lora_alpha", "model.lora_dropout", "model.lora_target_modules"),
+                    "with model.lora_rank=0 (no LoRA adapters)"))
     if cfg.reward.fn:
         out.append((("reward.extraction", "reward.time_limit_s", "train.reward_workers"),
                     "with reward.fn (the math verifier's settings; the user's function scores every response)"))

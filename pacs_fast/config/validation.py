@@ -66,7 +66,7 @@ FLOAT_RANGES = (
     ("algo.clip_high", 0.0, None, True, None), ("algo.kl_coef", 0.0, None, True, None),
     ("algo.gamma", 0.0, 1.0, True, True), ("algo.lam", 0.0, 1.0, True, True),
     ("algo.vf_coef", 0.0, None, True, None), ("algo.value_clip", 0.0, None, True, None),
-    ("algo.entropy_top_frac", 0.0, 1.0, False, True),
+    ("algo.entropy_top_frac", 0.0, 1.0, False, True), ("model.lora_alpha", 0.0, None, True, None),
     ("rollout.temperature", MIN_TEMPERATURE, None, True, None), ("rollout.eval_temperature", 0.0, None, True, None),
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
     ("rollout.min_p", 0.0, 1.0, True, False), ("rollout.eval_min_p", 0.0, 1.0, True, False),
@@ -318,6 +318,26 @@ def launch_problem(cfg: Config, world: int) -> str | None:
     return None
 
 
+def _validate_lora(cfg: Config) -> None:
+    """``model.lora_*``: a rank >= 0, the torch learner, PEFT installed (before any model loads)."""
+    m = cfg.model
+    if m.lora_rank < 0:
+        raise ValueError(f"model.lora_rank must be >= 0 (0 = no adapters), got {m.lora_rank}")
+    if not m.lora_rank:
+        return
+    if cfg.learner.backend == "megatron":
+        raise ValueError("model.lora_rank trains LoRA adapters in the torch learner; learner.backend=megatron trains "
+                         "the whole model (set model.lora_rank=0, or learner.backend=torch)")
+    if not (0.0 <= m.lora_dropout < 1.0):
+        raise ValueError(f"model.lora_dropout must be in [0, 1), got {m.lora_dropout}")
+    if not m.lora_target_modules.strip(" ,"):
+        raise ValueError("model.lora_target_modules is empty: all-linear, or module names (q_proj,v_proj)")
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise ValueError("model.lora_rank needs PEFT, which is not installed: pip install 'pacs_fast[lora]'")
+
+
 def validate(cfg: Config, *, world: int | None = None) -> None:
     """Rejects impossible settings with a ValueError naming the key. Checks files exist, not their content.
 
@@ -397,6 +417,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     n_proc = world_size() if world is None else world
     _validate_async(cfg, n_proc)
     _validate_parallel(cfg, n_proc - cfg.rollout.ranks if cfg.rollout.ranks else n_proc)  # the learner's own processes
+    _validate_lora(cfg)
     if cfg.learner.backend == "megatron" and name == "ppo":
         raise ValueError("algo.name=ppo needs a value head, which learner.backend=megatron does not have; "
                          "use learner.backend=torch")

@@ -48,6 +48,8 @@ from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, check_response_ids, group_rows
 from pacs_fast.learner.grad_norm import clip_grad_norm
 from pacs_fast.learner.master_weights import MasterWeights, loading_weights
+from pacs_fast.learner.lora import (adapter_state, check_same_merge, checked_merged, has_lora, load_adapter_state,
+                                   merged_weights)
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
 from pacs_fast.learner.packing import (Packed, forward_metrics, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
@@ -92,6 +94,8 @@ class TorchLearner(Learner):
         self.horizon = int(horizon)
         self.lm_head_fp32 = bool(lm_head_fp32)
         self.hf_config = model.config
+        self.lora = has_lora(model)  # adapters train, the base is frozen (pacs_fast/learner/lora.py)
+        self._loaded_merged: dict | None = None  # a checkpoint's merged weights, checked once its adapters load
         self.device = next(model.parameters()).device
         self.needs_ref = needs_reference(algo)
         self.ref_model = None
@@ -394,9 +398,21 @@ class TorchLearner(Learner):
             "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None,
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,
             "master_weights": self.master.state_dict() if self.master is not None else None,
+            "lora": adapter_state(self.model) if self.lora else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
+        if self.lora:  # the adapters on model.path's base: their merge must give the checkpoint's weights
+            if state.get("lora") is None:
+                raise ValueError("load_state_dict: the checkpoint has no LoRA adapters but this run trains some "
+                                 "(model.lora_rank)")
+            load_adapter_state(self.model, state["lora"])
+            if self._loaded_merged is not None:
+                check_same_merge(self.model, self._loaded_merged)
+                self._loaded_merged = None
+        elif state.get("lora") is not None:
+            raise ValueError("load_state_dict: the checkpoint trained LoRA adapters (model.lora_rank) but this run "
+                             "trains the whole model")
         self.optimizer.load_state_dict(state["optimizer"])
         if self.ref_model is not None:
             if state.get("ref_model") is None:
@@ -410,9 +426,11 @@ class TorchLearner(Learner):
             self.master.load_state_dict(state.get("master_weights"))
 
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy under Hugging Face names (with LoRA: each adapted layer merged, ``W + scale * B @ A``)."""
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
         seen: set[int] = set()
-        for name, t in self.model.state_dict().items():
+        state = merged_weights(self.model) if self.lora else self.model.state_dict()
+        for name, t in state.items():
             if tied and name == "lm_head.weight":
                 continue
             if t.data_ptr() in seen and name.endswith("lm_head.weight"):
@@ -421,6 +439,12 @@ class TorchLearner(Learner):
             yield name, t.detach()
 
     def load_hf_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Loads Hugging Face weights into the policy. With LoRA the base stays model.path's (frozen) and the
+        weights are a checkpoint's merged ones: kept, and compared with the merge of the adapters
+        :meth:`load_state_dict` loads next (a base that changed since is an error there)."""
+        if self.lora:
+            self._loaded_merged = checked_merged(self.model, named_tensors)
+            return
         state = self.model.state_dict()
         items = list(named_tensors)
         bad = [n for n, t in items if n not in state or tuple(state[n].shape) != tuple(t.shape)]

@@ -85,9 +85,17 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
     set_attention(model, cfg.model.attention)
     fused = apply_fused_layers(model, cfg.learner.fused_layers, device)  # before the reference model's copy
+    lora = None
+    if cfg.model.lora_rank:  # adapters before the reference model's copy and the masters (pacs_fast/learner/lora.py)
+        from pacs_fast.learner.lora import add_lora
+        total = sum(p.numel() for p in model.parameters())
+        trained = add_lora(model, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha or 2.0 * cfg.model.lora_rank,
+                           dropout=cfg.model.lora_dropout, target_modules=cfg.model.lora_target_modules)
+        lora = (f"LoRA: rank {cfg.model.lora_rank} on {cfg.model.lora_target_modules}, {trained:,} trainable "
+                f"parameters ({trained / total:.2%} of {total:,})")
     recompute = apply_recompute(model, cfg.model.gradient_checkpointing, cfg.model.recompute_granularity)  # (after)
     learner = TorchLearner(model, vocab_size=len(tokenizer), **kw)
-    learner.fused_layers, learner.recompute = fused, recompute
+    learner.fused_layers, learner.recompute, learner.lora_line = fused, recompute, lora
     return learner, model
 
 

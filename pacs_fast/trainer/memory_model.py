@@ -110,6 +110,16 @@ def model_params(shape: dict) -> int:
     return embeddings * shape["vocab"] * H + shape["layers"] * (attention + mlp)
 
 
+def lora_params(shape: dict, rank: int) -> int:
+    """Parameters of rank-``rank`` LoRA adapters on every linear layer of the decoder (``all-linear``; named
+    modules take fewer): ``rank x (in + out)`` per layer."""
+    H, hd, kv = shape["hidden"], shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
+    q = shape["heads"] * hd
+    attention = (H + q) + 2 * (H + kv) + (q + H)
+    mlp = 3 * (H + shape["intermediate"]) if shape["intermediate"] else 0
+    return shape["layers"] * rank * (attention + mlp)
+
+
 def learner_layout(cfg) -> tuple[int, int]:
     """(data-parallel size, learner processes on this host) of the launch: the megatron learner's processes are
     the launch's (:func:`pacs_fast.config.validation.world_size`) less ``rollout.ranks``, ``learner.tp_size`` to a
@@ -142,6 +152,10 @@ def _state_bytes(cfg, shape: dict) -> tuple[int, int, int]:
     master weights (:func:`master_weights`) the masters counted with the weights and the rest in fp32."""
     params = model_params(shape) // max(cfg.learner.tp_size, 1)
     fp32 = master_weights(cfg, shape)
+    if cfg.model.lora_rank:  # (torch learner) the base frozen: gradients, moments and masters of the adapters only
+        adapters = lora_params(shape, cfg.model.lora_rank)
+        grads = adapters * (4 if fp32 else shape["bytes"])
+        return (params + adapters) * shape["bytes"] + (adapters * 4 if fp32 else 0), grads, 2 * grads
     grads = params * (4 if fp32 else shape["bytes"])
     return params * shape["bytes"] + (params * 4 if fp32 else 0), grads, 2 * grads // moment_shards(cfg)
 
@@ -328,8 +342,11 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     if lc.backend == "torch" and lc.packed_attention == "dense" and lc.packing != "off":
         out["activations"] += dense_mask_bytes(shape, tokens, longest)
     H, b = shape["hidden"], shape["bytes"]
-    out["tied_gradient"] = shape["vocab"] * H * b // tp if shape.get("tied", True) else 0
+    # (LoRA: the embedding is frozen, no gradient of it; the largest tensor AdamW steps is an adapter's)
+    out["tied_gradient"] = shape["vocab"] * H * b // tp if shape.get("tied", True) and not cfg.model.lora_rank else 0
     largest = max(shape["vocab"] * H, H * (shape["intermediate"] or 0)) * b_opt // tp
+    if cfg.model.lora_rank:
+        largest = cfg.model.lora_rank * (H + max(H, shape["intermediate"] or 0)) * b_opt
     out["optimizer_step"] = grads // shards if device == "cuda" else 2 * largest
     base = out["weights"] + out["gradients"] + out["optimizer"]
     out["backward"] = base + out["activations"] + out["workspace"] + out["tied_gradient"]

@@ -1,0 +1,116 @@
+"""LoRA for the torch learner (``model.lora_rank``): low-rank adapters (Hu et al. 2021) on the linear layers of
+a Hugging Face model, through PEFT's ``inject_adapter_in_model`` (the model keeps its class and its body / head
+attributes; only the adapters train, the base weights are frozen).
+
+- The optimiser (and the fp32 masters of a bf16 model) hold the adapters alone: AdamW's state is ~2 x the
+  adapters' size instead of 2 x the model's.
+- What leaves the learner is the merged model: :func:`merged_weights` gives each adapted layer's
+  ``W + scale * B @ A`` under the layer's plain Hugging Face name (the engines load it, checkpoints are plain
+  Hugging Face folders that ``from_pretrained`` and ``python -m pacs_fast.eval`` read).
+- The adapters themselves (:func:`adapter_state`) go into the learner's state, so a resume continues the same
+  adapters on the same base (model.path's), exactly.
+
+The HF engine of a one-process run shares the model: it generates through the adapters, unmerged.
+"""
+from __future__ import annotations
+
+import torch
+
+LORA_MARK = ".lora_"  # in the state-dict names of PEFT's adapter tensors (lora_A, lora_B, ...)
+BASE_MARK = ".base_layer"  # PEFT keeps an adapted layer's own weight under <layer>.base_layer
+
+
+def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, target_modules: str) -> int:
+    """Injects LoRA adapters into ``model`` in place (rank ``rank``, scale ``alpha / rank``; ``target_modules``:
+    ``all-linear`` (every linear layer but the LM head) or comma-separated module names, e.g. ``q_proj,v_proj``);
+    freezes everything else. Returns the number of trainable parameters. A ValueError naming the key when PEFT
+    is missing or the names match no layer of this model."""
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError as e:
+        raise ValueError("model.lora_rank needs PEFT: pip install 'pacs_fast[lora]'") from e
+    targets = target_modules if target_modules == "all-linear" else [t.strip() for t in target_modules.split(",")
+                                                                       if t.strip()]
+    config = LoraConfig(r=int(rank), lora_alpha=float(alpha), lora_dropout=float(dropout), target_modules=targets,
+                        bias="none")
+    try:
+        inject_adapter_in_model(config, model)
+    except ValueError as e:
+        raise ValueError(f"model.lora_target_modules={target_modules!r}: {' '.join(str(e).split())[:300]}") from None
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """``{module name: PEFT LoRA layer}`` of ``model`` (empty without adapters)."""
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:
+        return {}
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def has_lora(model: torch.nn.Module) -> bool:
+    return bool(lora_layers(model))
+
+
+@torch.no_grad()
+def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state under plain Hugging Face names, each adapted layer's weight merged with its active
+    adapters (``W + scale * B @ A``, in ``W``'s dtype), the adapter tensors left out."""
+    layers = lora_layers(model)
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        if LORA_MARK in name:
+            continue
+        plain = name.replace(BASE_MARK, "")
+        layer = name.rsplit(BASE_MARK, 1)[0] if BASE_MARK in name else None
+        if layer in layers and name.endswith(BASE_MARK + ".weight") and not layers[layer].merged:
+            m = layers[layer]
+            for adapter in m.active_adapters:
+                if adapter in m.lora_A:
+                    t = t + m.get_delta_weight(adapter).to(t.dtype)
+        out[plain] = t
+    return out
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters' tensors (their state-dict names), detached copies on the CPU."""
+    return {n: t.detach().to("cpu").clone() for n, t in model.state_dict().items() if LORA_MARK in n}
+
+
+@torch.no_grad()
+def load_adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Loads :func:`adapter_state`'s tensors back; a ValueError when they are not this model's adapters."""
+    own = {n: t for n, t in model.state_dict().items() if LORA_MARK in n}
+    if set(own) != set(state) or any(tuple(own[n].shape) != tuple(state[n].shape) for n in own):
+        missing = sorted(set(own) ^ set(state))[:3]
+        raise ValueError(f"the checkpoint's LoRA adapters are not this model's (model.lora_rank / "
+                         f"model.lora_target_modules differ; e.g. {missing or 'the shapes'})")
+    for n, t in own.items():
+        t.copy_(state[n].to(device=t.device, dtype=t.dtype))
+
+
+def checked_merged(model: torch.nn.Module, named_tensors) -> dict[str, torch.Tensor]:
+    """A checkpoint's merged weights (``(name, tensor)`` pairs) as a dict, after checking their names and shapes
+    against :func:`merged_weights` (a ValueError naming the first few that differ)."""
+    merged = merged_weights(model)
+    items = dict(named_tensors)
+    bad = [n for n, t in items.items() if n not in merged or tuple(merged[n].shape) != tuple(t.shape)]
+    if bad:
+        raise ValueError(f"load_hf_weights: unknown names or wrong shapes: {bad[:5]}")
+    return items
+
+
+@torch.no_grad()
+def check_same_merge(model: torch.nn.Module, loaded: dict[str, torch.Tensor]) -> None:
+    """After a checkpoint's adapters loaded: their merge on this base equals the checkpoint's merged weights
+    ``loaded`` (to the float rounding of the merge, 1e-5 of the largest entry), else a ValueError: the base
+    (model.path's weights) changed since the run was saved."""
+    merged = merged_weights(model)
+    for name, t in loaded.items():
+        mine = merged[name].float()
+        if not mine.numel():
+            continue
+        if float((mine - t.to(mine.device).float()).abs().max()) > 1e-5 * max(float(mine.abs().max()), 1.0):
+            raise ValueError(f"the checkpoint's {name} is not model.path's base weight with the checkpoint's LoRA "
+                             f"adapters: model.path's weights changed since the run was saved")

@@ -1,0 +1,202 @@
+"""``model.lora_rank``: LoRA adapters in the torch learner (pacs_fast/learner/lora.py, PEFT's injection).
+
+- Only the adapters train: the base weights stay bit-identical through updates, the optimiser holds the adapters
+  (and PPO's value head) alone, and the adapters start at B = 0 (the base model's log-probs exactly).
+- What leaves the learner is the merged model under plain Hugging Face names: PEFT's own merge of the same layers
+  (float32: the same product, 1e-6), and a fresh model loaded with it gives the learner's log-probs.
+- A resume continues the same adapters exactly (weights and records equal the uninterrupted run's), and refuses a
+  checkpoint of the other kind or a base that changed since.
+- Settings it cannot take are one line each before any model loads.
+"""
+import copy
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("peft", reason="PEFT (the lora extra) is not installed")
+
+from pacs_fast.config import AlgoConfig, LearnerConfig, load_config, unused_settings, validate  # noqa: E402
+from pacs_fast.data.tiny import make_tiny_model  # noqa: E402
+from pacs_fast.learner.base import RolloutBatch  # noqa: E402
+from pacs_fast.learner.lora import add_lora, lora_layers, merged_weights  # noqa: E402
+from pacs_fast.learner.torch_learner import TorchLearner  # noqa: E402
+
+from test_run_safety import cli  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("lora") / "m", seed=3, tie_word_embeddings=False)
+
+
+def _model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def _batch(gen, G=4, P=2, vocab=128):
+    from rollout_rows import rollout_rows
+
+    ids, am, rm = rollout_rows(gen, [int(x) for x in torch.randint(14, 22, (G * P,), generator=gen)], vocab,
+                               left_pad=False)
+    rewards = torch.tensor([1.0, 0.0] * (G * P // 2))[torch.randperm(G * P, generator=gen)]
+    rewards.view(P, G)[:, 0], rewards.view(P, G)[:, 1] = 1.0, 0.0  # (every group mixed: no zero advantages)
+    return RolloutBatch(ids, am, rm, rewards, group_size=G)
+
+
+def _learner(model, name="grpo", **kw):
+    return TorchLearner(model, algo=AlgoConfig(name=name), horizon=10,
+                        learner=LearnerConfig(lr=5e-2, mini_batch_prompts=2, micro_batch_prompts=1,
+                                              logprob_backend="torch", **kw))
+
+
+def _update(learner, batch, seed=0):
+    batch = copy.deepcopy(batch)
+    batch.old_logp = learner.compute_logprobs(batch)
+    batch.ref_logp = batch.old_logp
+    return learner.update(batch, seed=seed)
+
+
+@pytest.mark.parametrize("name", ["grpo", "pacs"])
+def test_only_the_adapters_train_and_they_start_at_the_base(tiny, seed, name):
+    gen = torch.Generator().manual_seed(seed)
+    batch = _batch(gen)
+    base = _learner(_model(tiny), name)
+    model = _model(tiny)
+    trained = add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
+    frozen = {n: t.clone() for n, t in model.state_dict().items() if ".lora_" not in n}
+    learner = _learner(model, name)
+    assert torch.equal(learner.compute_logprobs(batch), base.compute_logprobs(batch))  # B = 0: the base model
+    in_optimizer = sum(p.numel() for g in learner.optimizer.param_groups for p in g["params"])
+    head = sum(p.numel() for p in learner.value_head.parameters()) if learner.value_head is not None else 0
+    assert in_optimizer == trained + head and 0 < trained < 0.5 * sum(t.numel() for t in frozen.values())
+    for step in range(2):
+        _update(learner, batch, seed=step)
+    after = model.state_dict()
+    assert all(torch.equal(after[n], t) for n, t in frozen.items())  # the base, bit for bit
+    assert any(float(m.lora_B["default"].weight.detach().abs().max()) > 0 for m in lora_layers(model).values())
+    assert float((learner.compute_logprobs(batch) - base.compute_logprobs(batch)).abs().max()) > 1e-4
+
+
+def test_the_merged_export_is_peft_merge_under_plain_names(tiny, seed):
+    gen = torch.Generator().manual_seed(seed)
+    batch = _batch(gen)
+    model = _model(tiny)
+    names = set(model.state_dict())
+    add_lora(model, rank=4, alpha=16, dropout=0.0, target_modules="q_proj,v_proj,down_proj")
+    learner = _learner(model)
+    _update(learner, batch)
+    exported = dict(learner.export_hf_weights())
+    assert set(exported) == names  # plain Hugging Face names, no adapter tensors
+    merged = copy.deepcopy(model)
+    for layer in lora_layers(merged).values():
+        layer.merge()  # PEFT's own merge of the same adapters
+    want = {n.replace(".base_layer", ""): t for n, t in merged.state_dict().items() if ".lora_" not in n}
+    assert max(float((exported[n] - want[n]).abs().max()) for n in names) <= 1e-6
+    changed = [n for n in names if not torch.equal(exported[n], _model(tiny).state_dict()[n])]
+    assert changed and all(any(k in n for k in ("q_proj", "v_proj", "down_proj")) for n in changed)
+    fresh = _model(tiny)
+    fresh.load_state_dict(exported)
+    plain = _learner(fresh)
+    assert float((plain.compute_logprobs(batch) - learner.compute_logprobs(batch)).abs().max()) <= 1e-5
+
+
+def test_a_checkpoint_round_trip_and_what_it_refuses(tiny, seed):
+    gen = torch.Generator().manual_seed(seed)
+    batch = _batch(gen)
+
+    def lora_learner():
+        model = _model(tiny)
+        add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
+        return _learner(model)
+
+    a = lora_learner()
+    _update(a, batch)
+    weights, state = list(a.export_hf_weights()), copy.deepcopy(a.state_dict())
+    b = lora_learner()
+    b.load_hf_weights(weights)
+    b.load_state_dict(copy.deepcopy(state))
+    assert torch.equal(b.compute_logprobs(batch), a.compute_logprobs(batch))
+    _update(a, batch, seed=1)
+    _update(b, batch, seed=1)
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a.export_hf_weights(), b.export_hf_weights()))
+    # a base that changed since (model.path's weights edited): refused
+    c = lora_learner()
+    with torch.no_grad():
+        next(p for n, p in c.model.named_parameters() if "base_layer" in n).add_(0.5)
+    c.load_hf_weights(weights)
+    with pytest.raises(ValueError, match="model.path's weights changed since the run was saved"):
+        c.load_state_dict(copy.deepcopy(state))
+    # the other kind of checkpoint
+    with pytest.raises(ValueError, match="trained LoRA adapters .* but this run trains the whole model"):
+        _learner(_model(tiny)).load_state_dict(copy.deepcopy(state))
+    with pytest.raises(ValueError, match="has no LoRA adapters but this run trains some"):
+        lora_learner().load_state_dict(_learner(_model(tiny)).state_dict())
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["model.lora_rank=-1"], "model.lora_rank must be >= 0"),
+    (["model.lora_rank=8", "learner.backend=megatron"], "trains LoRA adapters in the torch learner"),
+    (["model.lora_rank=8", "model.lora_dropout=1"], r"model.lora_dropout must be in \[0, 1\)"),
+    (["model.lora_rank=8", "model.lora_target_modules=,"], "model.lora_target_modules is empty"),
+    (["model.lora_rank=8", "model.lora_alpha=-2"], "model.lora_alpha"),
+])
+def test_settings_it_cannot_take(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        validate(load_config(None, overrides))
+
+
+def test_the_lora_keys_are_named_unused_without_a_rank():
+    cfg = load_config(None, ["model.lora_alpha=32", "model.lora_target_modules=q_proj"])
+    named = " ".join(unused_settings(cfg))
+    assert "model.lora_alpha" in named and "model.lora_target_modules" in named
+
+
+def test_target_modules_this_model_lacks_is_one_line(tiny):
+    with pytest.raises(ValueError, match="model.lora_target_modules='w_qkv'.*not found"):
+        add_lora(_model(tiny), rank=4, alpha=8, dropout=0.0, target_modules="w_qkv")
+
+
+def test_the_memory_estimate_counts_the_adapters_not_the_base():
+    from pacs_fast.trainer.memory_model import learner_memory, lora_params, model_shape
+
+    full = load_config(None, ["model.dtype=bfloat16"])
+    lora = load_config(None, ["model.dtype=bfloat16", "model.lora_rank=16"])
+    shape = model_shape(full)
+    a, b = learner_memory(full, shape, tokens=4096, device="cpu"), learner_memory(lora, shape, tokens=4096,
+                                                                                   device="cpu")
+    adapters = lora_params(shape, 16)
+    assert b["gradients"] == adapters * 4 and b["optimizer"] == 2 * adapters * 4  # fp32 masters' moments
+    assert b["tied_gradient"] == 0 and b["total"] < a["total"] and b["activations"] == a["activations"]
+
+
+def test_a_run_trains_adapters_saves_plain_checkpoints_and_resumes_exactly(tmp_path, warm_cache, capsys):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
+    from test_train import TINY
+
+    common = TINY + [f"warmup.cache_dir={warm_cache}", f"train.out_dir={tmp_path}", "model.lora_rank=4",
+                     "learner.lr=1e-2", "train.save_every=1", "reward.fn=test_reinforce_pp:even_length",
+                     "train.tensorboard=false"]
+    code, out, err = cli(common + ["train.steps=3", "train.run_name=full"], capsys)
+    assert code == 0, err
+    assert "LoRA: rank 4 on all-linear" in out + err
+    code, _, err = cli(common + ["train.steps=2", "train.run_name=split"], capsys)
+    assert code == 0, err
+    code, _, err = cli(["--resume", str(tmp_path / "split"), "train.steps=3"], capsys)
+    assert code == 0, err
+    full, split = (tmp_path / name / "checkpoints" / "step_000003" for name in ("full", "split"))
+    a, b = load_file(str(full / "model.safetensors")), load_file(str(split / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the same adapters, continued
+    assert not any(".lora_" in k or "base_layer" in k for k in a)
+    recs = [deterministic_view(read_jsonl(tmp_path / name / "metrics.jsonl")) for name in ("full", "split")]
+    assert [r for r in recs[0] if r["step"] == 3] == [r for r in recs[1] if r["step"] == 3]
+    model = AutoModelForCausalLM.from_pretrained(full)  # a plain Hugging Face folder
+    assert set(model.state_dict()) >= set(a)
+    state = torch.load(full / "learner.pt", weights_only=False)
+    assert state["lora"] and all(".lora_" in k for k in state["lora"])
+    json.dumps(list(state["lora"]))
