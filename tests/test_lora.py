@@ -200,3 +200,11 @@ def test_a_run_trains_adapters_saves_plain_checkpoints_and_resumes_exactly(tmp_p
     state = torch.load(full / "learner.pt", weights_only=False)
     assert state["lora"] and all(".lora_" in k for k in state["lora"])
     json.dumps(list(state["lora"]))
+
+
+@pytest.mark.parametrize("targets", ["lm_head", "q_proj,embed_tokens"])
+def test_the_head_and_the_embedding_take_no_adapters(tiny, targets):
+    """The log-prob op reads the LM head's weight (an adapter there would be left out of the learner's log-probs
+    while the engines got it merged); an embedding's would reach a tied head only through the merge."""
+    with pytest.raises(ValueError, match="adapters go on the linear layers of the decoder"):
+        add_lora(_model(tiny), rank=4, alpha=8, dropout=0.0, target_modules=targets)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from pacs_fast.causal_lm import lm_head
+
 LORA_MARK = ".lora_"  # in the state-dict names of PEFT's adapter tensors (lora_A, lora_B, ...)
 BASE_MARK = ".base_layer"  # PEFT keeps an adapted layer's own weight under <layer>.base_layer
 
@@ -37,6 +39,13 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
         inject_adapter_in_model(config, model)
     except ValueError as e:
         raise ValueError(f"model.lora_target_modules={target_modules!r}: {' '.join(str(e).split())[:300]}") from None
+    # the learner's log-prob op reads the LM head's weight (its adapters would be left out), and an adapted
+    # embedding would reach the engines' tied head only through the merge: linear layers of the body only
+    odd = [name for name, m in lora_layers(model).items()
+           if m is lm_head(model) or isinstance(getattr(m, "base_layer", None), torch.nn.Embedding)]
+    if odd:
+        raise ValueError(f"model.lora_target_modules={target_modules!r} adapts {odd[0]}: adapters go on the linear "
+                         f"layers of the decoder, not the embedding or the LM head (all-linear leaves those out)")
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
