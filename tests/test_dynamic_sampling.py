@@ -91,10 +91,10 @@ class NoisyScorer:
     def __init__(self, flip):
         self.flip, self.last = set(flip), {}
 
-    def clean(self, texts, answers, problems=None):
+    def clean(self, texts, answers, problems=None, fields=None):
         return [float(t.split(":")[2] == a) for t, a in zip(texts, answers)]
 
-    def __call__(self, texts, answers, step, first, problems=None):
+    def __call__(self, texts, answers, step, first, problems=None, fields=None):
         clean = self.clean(texts, answers)
         noisy = [1 - r if tuple(map(int, t.split(":")[:2])) in self.flip else r for t, r in zip(texts, clean)]
         self.last = {"reward/flipped_frac": sum(a != b for a, b in zip(noisy, clean)) / len(clean)}

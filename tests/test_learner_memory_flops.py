@@ -101,6 +101,7 @@ def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
     assert mem == {"weights": w, "gradients": w, "optimizer": 2 * w, "activations": int(16384 * per),
                    "tokens": 16384, "per_token": per, "workspace": ws, "tied_gradient": tied,
                    "optimizer_step": w,  # a GPU's foreach AdamW: a sqrt copy of every moment at once
+                   "reference": 0,  # (algo.ref=rollout: no second copy)
                    "backward": backward, "step": 4 * w + w, "total": max(backward, 5 * w)}
     # on the CPU the per-tensor step makes two copies of the largest tensor (the [V, H] embedding)
     assert memory_model.learner_memory(cfg, device="cpu")["optimizer_step"] == 2 * 151936 * 896 * 2
@@ -111,7 +112,7 @@ def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
     backward = 18 * P + int(16384 * per) + ws + tied
     assert mem == {"weights": 6 * P, "gradients": 4 * P, "optimizer": 8 * P, "activations": int(16384 * per),
                    "tokens": 16384, "per_token": per, "workspace": ws, "tied_gradient": tied, "optimizer_step": 4 * P,
-                   "backward": backward, "step": 22 * P, "total": max(backward, 22 * P)}
+                   "reference": 0, "backward": backward, "step": 22 * P, "total": max(backward, 22 * P)}
     assert memory_model.learner_memory(cfg, device="cpu")["optimizer_step"] == 2 * 151936 * 896 * 4
     # a head tied to the embedding (Qwen2.5-0.5B's): the lookup's dense [V, H] gradient, alive while it is added
     # into the head's at the end of the backward (measured on the CPU: bench/bench_learner_memory.py)
@@ -126,7 +127,8 @@ def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
     preflight.print_learner_memory(cfg, available=80 * GiB)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("learner memory per process") and [x.split()[0] for x in out[1:]] == [
-        "weights", "gradients", "optimizer", "activations", "workspace", "tied_gradient", "optimizer_step", "total"]
+        "weights", "gradients", "optimizer", "reference", "activations", "workspace", "tied_gradient",
+        "optimizer_step", "total"]
     # no budget: learner.micro_batch_prompts=32 groups x 8 rows x (512 + 4096) tokens; the shared prefix runs once
     nob = qwen_cfg(tmp_path, "learner.packing=on")
     assert memory_model.learner_memory(nob)["tokens"] == 32 * 8 * 4608
@@ -286,3 +288,15 @@ def test_forward_counts_add_up_over_the_data_parallel_groups(monkeypatch):
     monkeypatch.setattr(world, "gather_dp", lambda record: parts)
     out = world.reduce_record(dict(parts[0]))
     assert out == {"learner/forward/padded": 4.0, "learner/forward/token_slots": 280.0, "learner/loss": 2.0}
+
+
+def test_a_fixed_reference_model_is_counted():
+    """algo.ref=fixed (PACS) and a baseline's KL keep a second copy of the weights (the torch learner deep-copies
+    the model); the estimate had no term for it (a LoRA sweep, 2026-11-30: 0.62 GiB missing of 4.78)."""
+    shape = memory_model.model_shape(load_config(None, []))
+    plain = memory_model.learner_memory(load_config(None, []), shape, tokens=256, device="cpu")
+    for extra in (["algo.ref=fixed"], ["algo.name=grpo", "algo.kl_coef=0.01"]):
+        mem = memory_model.learner_memory(load_config(None, extra), shape, tokens=256, device="cpu")
+        assert mem["reference"] == memory_model.model_params(shape) * shape["bytes"] > 0
+        assert mem["total"] == plain["total"] + mem["reference"]
+    assert plain["reference"] == 0

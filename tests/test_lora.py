@@ -127,7 +127,7 @@ def test_a_checkpoint_round_trip_and_what_it_refuses(tiny, seed):
     with torch.no_grad():
         next(p for n, p in c.model.named_parameters() if "base_layer" in n).add_(0.5)
     c.load_hf_weights(weights)
-    with pytest.raises(ValueError, match="model.path's weights changed since the run was saved"):
+    with pytest.raises(ValueError, match=r"model.path's weights \(or the run's model.lora_\* settings\) changed since"):
         c.load_state_dict(copy.deepcopy(state))
     # the other kind of checkpoint
     with pytest.raises(ValueError, match="trained LoRA adapters .* but this run trains the whole model"):
@@ -208,3 +208,31 @@ def test_the_head_and_the_embedding_take_no_adapters(tiny, targets):
     while the engines got it merged); an embedding's would reach a tied head only through the merge."""
     with pytest.raises(ValueError, match="adapters go on the linear layers of the decoder"):
         add_lora(_model(tiny), rank=4, alpha=8, dropout=0.0, target_modules=targets)
+
+
+@pytest.mark.parametrize("targets,message", [
+    ("q_proj,v_prj", "v_prj matched no layer of this model"),
+    ("all-linear,q_proj", "all-linear stands alone"),
+    ("mlp", "names a module that is not a linear layer"),
+])
+def test_target_names_that_would_train_less_than_asked_are_refused(tiny, targets, message):
+    """PEFT trains the names that match and drops a typo beside them (q_proj,v_prj trained q_proj alone), and read
+    all-linear inside a list as a module name."""
+    with pytest.raises(ValueError, match=message):
+        add_lora(_model(tiny), rank=4, alpha=8, dropout=0.0, target_modules=targets)
+    assert add_lora(_model(tiny), rank=4, alpha=8, dropout=0.0, target_modules="ALL-LINEAR") > 0
+
+
+def test_a_bf16_merge_rounds_once(tiny, seed):
+    """W + delta in fp32, then one rounding to bf16 (a bf16 sum rounded the delta first, then the sum)."""
+    model = _model(tiny).to(torch.bfloat16)
+    add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="q_proj")
+    gen = torch.Generator().manual_seed(seed)
+    for layer in lora_layers(model).values():
+        with torch.no_grad():
+            layer.lora_B["default"].weight.copy_(1e-3 * torch.randn(layer.lora_B["default"].weight.shape,
+                                                                      generator=gen))
+    merged = merged_weights(model)
+    for name, layer in lora_layers(model).items():
+        want = (layer.base_layer.weight.float() + layer.get_delta_weight("default").float()).to(torch.bfloat16)
+        assert torch.equal(merged[name + ".weight"], want)

@@ -14,6 +14,8 @@ The HF engine of a one-process run shares the model: it generates through the ad
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from pacs_fast.causal_lm import lm_head
@@ -31,14 +33,29 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
         from peft import LoraConfig, inject_adapter_in_model
     except ImportError as e:
         raise ValueError("model.lora_rank needs PEFT: pip install 'pacs_fast[lora]'") from e
-    targets = target_modules if target_modules == "all-linear" else [t.strip() for t in target_modules.split(",")
-                                                                       if t.strip()]
-    config = LoraConfig(r=int(rank), lora_alpha=float(alpha), lora_dropout=float(dropout), target_modules=targets,
-                        bias="none")
+    key = f"model.lora_target_modules={target_modules!r}"
+    names = [t.strip() for t in target_modules.split(",") if t.strip()]
+    if any(t.lower() == "all-linear" for t in names):
+        if len(names) > 1:
+            raise ValueError(f"{key}: all-linear stands alone (every linear layer but the LM head), not in a list")
+        names = []
+    config = LoraConfig(r=int(rank), lora_alpha=float(alpha), lora_dropout=float(dropout),
+                        target_modules=names or "all-linear", bias="none")
     try:
-        inject_adapter_in_model(config, model)
+        with warnings.catch_warnings():  # (PEFT's advice on tied embeddings: the head is refused below anyway)
+            warnings.simplefilter("ignore", UserWarning)
+            inject_adapter_in_model(config, model)
     except ValueError as e:
-        raise ValueError(f"model.lora_target_modules={target_modules!r}: {' '.join(str(e).split())[:300]}") from None
+        text = " ".join(str(e).split())
+        if "is not supported" in text:  # a container (mlp, self_attn): PEFT's message holds its whole repr
+            text = "it names a module that is not a linear layer (mlp, self_attn); name linear layers: q_proj, ..."
+        raise ValueError(f"{key}: {text[:300]}") from None
+    # a name that matched no layer beside one that did: PEFT trains the one that did (a typo lost v_proj)
+    adapted = list(lora_layers(model))
+    missing = [t for t in names if not any(n == t or n.endswith("." + t) for n in adapted)]
+    if missing:
+        raise ValueError(f"{key}: {', '.join(missing)} matched no layer of this model (names are module names or "
+                         f"their last parts: q_proj, model.layers.0.mlp.down_proj)")
     # the learner's log-prob op reads the LM head's weight (its adapters would be left out), and an adapted
     # embedding would reach the engines' tied head only through the merge: linear layers of the body only
     odd = [name for name, m in lora_layers(model).items()
@@ -65,7 +82,9 @@ def has_lora(model: torch.nn.Module) -> bool:
 @torch.no_grad()
 def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's state under plain Hugging Face names, each adapted layer's weight merged with its active
-    adapters (``W + scale * B @ A``, in ``W``'s dtype), the adapter tensors left out."""
+    adapters (``W + scale * B @ A`` in fp32, rounded once to ``W``'s dtype), the adapter tensors left out. In
+    bf16 that rounding takes away a delta under half an ulp of ``W``, which the learner's own forward
+    (``W x + scale * B (A x)``) keeps: the engines and checkpoints of a bf16 LoRA run see the update rounded."""
     layers = lora_layers(model)
     out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
@@ -74,10 +93,11 @@ def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         plain = name.replace(BASE_MARK, "")
         layer = name.rsplit(BASE_MARK, 1)[0] if BASE_MARK in name else None
         if layer in layers and name.endswith(BASE_MARK + ".weight") and not layers[layer].merged:
-            m = layers[layer]
+            m, merged = layers[layer], t.float()
             for adapter in m.active_adapters:
                 if adapter in m.lora_A:
-                    t = t + m.get_delta_weight(adapter).to(t.dtype)
+                    merged = merged + m.get_delta_weight(adapter).float()
+            t = merged.to(t.dtype)  # (in fp32, rounded once: a bf16 sum rounded the delta, then the sum)
         out[plain] = t
     return out
 
@@ -122,4 +142,5 @@ def check_same_merge(model: torch.nn.Module, loaded: dict[str, torch.Tensor]) ->
             continue
         if float((mine - t.to(mine.device).float()).abs().max()) > 1e-5 * max(float(mine.abs().max()), 1.0):
             raise ValueError(f"the checkpoint's {name} is not model.path's base weight with the checkpoint's LoRA "
-                             f"adapters: model.path's weights changed since the run was saved")
+                             f"adapters: model.path's weights (or the run's model.lora_* settings) changed since the "
+                             f"run was saved")

@@ -23,6 +23,8 @@ import json
 import os
 from pathlib import Path
 
+from pacs_fast.learner.objective import holds_reference_model
+
 GiB = 1024 ** 3
 VOCAB_COPIES = 4  # fp32 [rows, vocab] tensors alive at a decode step's peak (see the module docstring)
 
@@ -348,7 +350,9 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     if cfg.model.lora_rank:
         largest = cfg.model.lora_rank * (H + max(H, shape["intermediate"] or 0)) * b_opt
     out["optimizer_step"] = grads // shards if device == "cuda" else 2 * largest
-    base = out["weights"] + out["gradients"] + out["optimizer"]
+    # a fixed reference policy (algo.ref=fixed, a baseline's KL): a second copy of the weights in the model's dtype
+    out["reference"] = model_params(shape) * b // tp if holds_reference_model(cfg.algo) else 0
+    base = out["weights"] + out["gradients"] + out["optimizer"] + out["reference"]
     out["backward"] = base + out["activations"] + out["workspace"] + out["tied_gradient"]
     out["step"] = base + out["optimizer_step"]
     out["total"] = max(out["backward"], out["step"])
@@ -358,8 +362,8 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
 def format_learner_memory(cfg, mem: dict | None = None) -> str:
     """The breakdown of :func:`learner_memory`, one part a line, in GiB."""
     mem = mem or learner_memory(cfg)
-    rows = [(k, mem[k]) for k in ("weights", "gradients", "optimizer", "activations", "workspace", "tied_gradient",
-                                  "optimizer_step", "total")]
+    rows = [(k, mem[k]) for k in ("weights", "gradients", "optimizer", "reference", "activations", "workspace",
+                                  "tied_gradient", "optimizer_step", "total")]
     head = (f"learner memory per process (model.dtype={cfg.model.dtype}, learner.tp_size={cfg.learner.tp_size}, "
             f"{recompute_setting(cfg)}): {mem['tokens']:,} tokens per "
             f"micro-batch x {mem['per_token'] / 1024:.1f} KiB of activations per token")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pacs_fast.trainer.memory_model import (GiB, engine_row_terms, engine_rows, format_learner_memory, group_tokens,
                                             hf_engine_bytes, largest_micro_batch, learner_bytes, learner_layout, learner_memory,
+                                            lora_params,
                                             master_weights, model_params, model_shape, moment_shards,
                                             recompute_advice, recompute_setting, run_device)
 
@@ -61,6 +62,9 @@ def check_memory(cfg, *, available: int | None = None) -> None:
         masters = master_weights(cfg, shape)
         fixes = ["a larger learner.tp_size" if cfg.learner.backend == "megatron" else
                  "learner.backend=megatron with learner.tp_size > 1"]
+        if cfg.model.lora_rank:  # (megatron takes no adapters; their size is the rank's)
+            fixes = [f"a smaller model.lora_rank (its adapters: {lora_params(shape, cfg.model.lora_rank) / 1e6:,.1f}M "
+                     f"parameters)"]
         if masters:  # named only where it would fit (a 7.6B model on 22.5 GiB needs 57 GiB without masters too)
             pure = copy.deepcopy(cfg)
             pure.learner.master_weights = False
@@ -90,17 +94,17 @@ def check_memory(cfg, *, available: int | None = None) -> None:
     mem = learner_memory(cfg, shape, tokens=largest_micro_batch(cfg) if budget else group_tokens(cfg),
                          device=run_device(cfg))
     available, engine = learner_available(cfg, available)
-    base = mem["weights"] + mem["gradients"] + mem["optimizer"]
+    base = mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["reference"]
     if mem["step"] > available:
         fix = ("a larger learner.tp_size, learner.distributed_optimizer=true with 2 or more data-parallel ranks, "
-               if cfg.learner.backend == "megatron" else
+               if cfg.learner.backend == "megatron" else "a smaller model.lora_rank, " if cfg.model.lora_rank else
                "learner.backend=megatron with learner.tp_size > 1, " if cfg.model.dtype != "float32" else
                "model.dtype=bfloat16, learner.backend=megatron with learner.tp_size > 1, ")
         if master_weights(cfg, shape):
             fix += "learner.master_weights=false (pure bf16: at a small learner.lr most updates round away), "
         raise ValueError(
             f"the optimiser step cannot fit in the learner: {base / GiB:.1f} GiB of weights, gradients and AdamW "
-            f"moments and {mem['optimizer_step'] / GiB:.1f} GiB of its temporaries, and {available / GiB:.1f} GiB "
+            f"moments{' (and the fixed reference model)' * bool(mem['reference'])} and {mem['optimizer_step'] / GiB:.1f} GiB of its temporaries, and {available / GiB:.1f} GiB "
             f"are available{engine}{shared}; use {fix}or a larger device")
     if mem["backward"] > available:
         what = (f"learner.max_tokens_per_micro_batch={budget}" if budget else
