@@ -236,3 +236,16 @@ def test_a_bf16_merge_rounds_once(tiny, seed):
     for name, layer in lora_layers(model).items():
         want = (layer.base_layer.weight.float() + layer.get_delta_weight("default").float()).to(torch.bfloat16)
         assert torch.equal(merged[name + ".weight"], want)
+
+
+def test_a_rank_whose_adapters_outgrow_the_model_warns(tiny):
+    from transformers import AutoTokenizer
+
+    from pacs_fast.trainer.build import build_learner
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    for rank, warned in ((4, False), (1000, True)):
+        cfg = load_config(None, [f"model.path={tiny}", f"model.lora_rank={rank}", "learner.fused_layers=off"])
+        learner, _ = build_learner(cfg, tiny, "cpu", tok)
+        assert learner.lora_line.startswith(f"LoRA: rank {rank} on all-linear")
+        assert ("warning: model.lora_rank=1000: the adapters hold" in learner.lora_line) == warned
