@@ -85,7 +85,8 @@ def main() -> None:
     a = p.parse_args()
     G = 1024 ** 3
     print(f"model.dtype={a.dtype}")
-    print(f"{'lora':>4} {'tokens':>7} {'ckpt':>9} {'masters':>7} | {'est backward':>12} {'measured':>9} | {'est step':>9} "
+    print(f"{'lora':>4} {'tokens':>7} {'ckpt':>9} {'masters':>7} | {'est backward':>12} {'measured':>9} | "
+          f"{'est step':>9} "
           f"{'measured':>9} | {'est total':>9} {'measured':>9}   (GiB)")
     for lora in a.lora_rank.split(","):
         for mw in a.master_weights.split(","):

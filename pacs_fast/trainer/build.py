@@ -94,9 +94,9 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
         lora = (f"LoRA: rank {cfg.model.lora_rank} on {cfg.model.lora_target_modules}, {trained:,} trainable "
                 f"parameters ({trained / total:.2%} of {total:,})")
         if trained >= total // 2:  # (rank 1000 on hidden 64: 21x the model)
-            lora += (f"\nwarning: model.lora_rank={cfg.model.lora_rank}: the adapters hold {trained / total:.0%} of the "
-                     f"model's parameters (the rank is near or above the layers' widths): training the whole model "
-                     f"(model.lora_rank=0) costs no more")
+            lora += (f"\nwarning: model.lora_rank={cfg.model.lora_rank}: the adapters hold {trained / total:.0%} of "
+                     f"the model's parameters (the rank is near or above the layers' widths): training the whole "
+                     f"model (model.lora_rank=0) costs no more")
     recompute = apply_recompute(model, cfg.model.gradient_checkpointing, cfg.model.recompute_granularity)  # (after)
     learner = TorchLearner(model, vocab_size=len(tokenizer), **kw)
     learner.fused_layers, learner.recompute, learner.lora_line = fused, recompute, lora

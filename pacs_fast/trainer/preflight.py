@@ -104,7 +104,8 @@ def check_memory(cfg, *, available: int | None = None) -> None:
             fix += "learner.master_weights=false (pure bf16: at a small learner.lr most updates round away), "
         raise ValueError(
             f"the optimiser step cannot fit in the learner: {base / GiB:.1f} GiB of weights, gradients and AdamW "
-            f"moments{' (and the fixed reference model)' * bool(mem['reference'])} and {mem['optimizer_step'] / GiB:.1f} GiB of its temporaries, and {available / GiB:.1f} GiB "
+            f"moments{' (and the fixed reference model)' * bool(mem['reference'])} and "
+            f"{mem['optimizer_step'] / GiB:.1f} GiB of its temporaries, and {available / GiB:.1f} GiB "
             f"are available{engine}{shared}; use {fix}or a larger device")
     if mem["backward"] > available:
         what = (f"learner.max_tokens_per_micro_batch={budget}" if budget else
