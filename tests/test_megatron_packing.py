@@ -160,7 +160,10 @@ def test_packed_token_budget_learner_matches_padded(run):
     for a, b in zip(pk["metrics"], rep["metrics"]):
         assert a.keys() == b.keys()
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * (abs(b["loss"]) + loss_scale), "loss"
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * max(abs(b["grad_norm"]), 1e-6), "grad_norm"
+        # the norm sums every parameter's squared gradient, each gradient summed in another order packed than
+        # padded: 1.5e-5 relative on one draw (2026-11-30), above the former 1e-5; a real difference (a token
+        # weighted 1% off) moves it by ~1e-2
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 5e-5 * max(abs(b["grad_norm"]), 1e-6), "grad_norm"
         # which forward ran, as the torch learner records it (the megatron learner recorded none: sweep 2026-11-28)
         assert b["forward/padded"] > 0 and b["forward/packed"] == 0 == b["forward/shared_prefix"]
         assert a["forward/packed"] > 0 and 0 < a["forward/token_slots"] < b["forward/token_slots"]
