@@ -341,8 +341,9 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
                 texts = [c.text for comp in outs for c in comp]
                 answers = [problems[i].answer for i, comp in zip(idx, outs) for _ in comp]
                 problem_of_each = [problems[i].problem for i, comp in zip(idx, outs) for _ in comp]
-                rows = {i: row_fields(problems[i].fields, args.reward_field_keywords) for i in idx}  # (one per row)
-                fields = [rows[i] for i, comp in zip(idx, outs) for _ in comp] if args.reward_field_keywords else None
+                rows = {i: row_fields(problems[i].fields, args.reward_field_keywords) for i in idx} \
+                    if args.reward_field_keywords else {}  # (one per row)
+                fields = [rows[i] for i, comp in zip(idx, outs) for _ in comp] if rows else None
                 scored = scorer.score(texts, answers, problem_of_each, fields) if reward_fn else \
                     scorer.score(texts, answers)
                 records, pos = [], 0

@@ -135,6 +135,10 @@ def test_memo_keys_keep_apart_what_json_would_mix_up():
         return [float(isinstance(v, tuple)) for v in x]
 
     scorer = Scorer(0, user_fn=tuples_only)
+    kept = RowFields(x=[3])
+    scorer(["r"], ["a"], problems=["p"], fields=[kept])
+    assert kept._memo_key == memo_key({"x": [3]})  # the scorer's key, kept in the row for the next calls
+    calls.clear()
     assert scorer(["r"], ["a"], problems=["p"], fields=[{"x": [1, 2]}]) == [0.0]
     assert scorer(["r"], ["a"], problems=["p"], fields=[{"x": (1, 2)}]) == [1.0] and len(calls) == 2
 

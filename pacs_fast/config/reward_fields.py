@@ -62,16 +62,19 @@ class RowFields(dict):
     @property
     def memo_key(self) -> str:
         if self._memo_key is None:
-            self._memo_key = memo_key(self)
+            self._memo_key = _pickle_key(self)
         return self._memo_key
 
 
 def memo_key(values: dict) -> str:
     """A key of ``values`` for a scorer's memo: the SHA-1 of their pickle, which keeps apart what JSON (or a
     ``repr``) would mix up (a tuple and a list, bytes and their text, two long numpy arrays that differ in the
-    middle); a value that cannot be pickled gets a key of its own (scored, never found again)."""
-    if isinstance(values, RowFields) and values._memo_key is not None:
-        return values._memo_key
+    middle); a value that cannot be pickled gets a key of its own (scored, never found again). A
+    :class:`RowFields` computes it once and keeps it."""
+    return values.memo_key if isinstance(values, RowFields) else _pickle_key(values)
+
+
+def _pickle_key(values: dict) -> str:
     try:
         return hashlib.sha1(pickle.dumps(dict(values), protocol=4)).hexdigest()  # (a plain dict: no class, no state)
     except Exception:  # noqa: BLE001 - an object pickle refuses (a lambda, a lock): no memo for it

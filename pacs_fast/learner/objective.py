@@ -105,6 +105,7 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
         kw = dict(clip_low=algo.clip_low, clip_high=algo.clip_high, clip_c=algo.clip_c or None, loss_agg_mode=agg,
                   horizon=float(horizon), global_count=global_count, logp_ref=micro.ref_logp,
                   kl_coef=algo.kl_coef, token_weights=micro.is_weights)
+        token_share = float(mask.sum()) / max(counts["tokens"], 1.0)  # this micro-batch's share of the tokens
         if algo.entropy_top_frac < 1.0:  # the policy gradient on the high-entropy tokens only (token_selection.py)
             from pacs_fast.algorithms.token_selection import high_entropy_mask
             if entropy is None:
@@ -112,7 +113,7 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
                                  "entropies (entropy=, see needs_entropy)")
             keep, threshold = high_entropy_mask(entropy, mask, algo.entropy_top_frac)
             kw["token_weights"] = keep if micro.is_weights is None else micro.is_weights * keep
-            metrics["entropy_threshold"] = threshold.nan_to_num(0.0) * (float(mask.sum()) / max(counts["tokens"], 1.0))
+            metrics["entropy_threshold"] = threshold.nan_to_num(0.0) * token_share
             metrics["entropy_kept_frac"] = keep.sum() / max(counts["tokens"], 1.0)
         rewards = micro.rewards
         if getattr(algo, "noise_correction", "none") != "none":  # noisy verifier (algorithms/noisy_labels.py)
@@ -149,7 +150,6 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
         # pg_loss / kl / vf_loss are already scaled by the mini-batch's counts; the other metrics are
         # micro-batch means, weighted by the micro-batch's share: of the tokens for the per-token
         # fractions and KL estimates, of the rows for the advantages' means (one value per row)
-        token_share = float(mask.sum()) / max(counts["tokens"], 1.0)
         row_share = micro.num_rows / max(counts["all_rows"], 1.0)
         for k, v in pm.items():
             metrics[k] = v * (1.0 if k in ("pg_loss", "kl", "vf_loss") else
