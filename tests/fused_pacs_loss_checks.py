@@ -121,14 +121,35 @@ def run_loop(logp, logp_ref, mask, rewards, **kw):
     return loss.detach(), {k: v.detach() for k, v in terms.items()}, x.grad
 
 
+def proxy_size(logp, logp_ref, mask, *, beta=1.0, proxy="logratio", lengths=None, **_):
+    """Per row, what an fp32 proxy's rounding scales with (float64, ``[B]``): the sum of its terms'
+    sizes, ``|beta| sum_t m_t |logp_t - logp_ref_t|`` (the mean of ``|logp_t|`` for ``mean_logp``).
+    A long row whose log-ratios nearly cancel rounds to ~1e-8 of this, far more than of ``|r|``."""
+    x = logp.detach().double()
+    t = (x - logp_ref.double()).abs() if proxy == "logratio" else x.abs()
+    m = torch.ones_like(t) if mask is None else (mask != 0).double()
+    if lengths is not None:
+        t, m = torch.split(t, list(lengths)), torch.split(m, list(lengths))
+    out = torch.stack([(a * b).sum() for a, b in zip(t, m)])
+    if proxy != "logratio":
+        out = out / torch.stack([b.sum() for b in m]).clamp(min=1)
+    return abs(beta) * out
+
+
+def _size(r, proxy_size):
+    """``proxy_size`` shaped like ``r`` (``[groups, G]``); without one, ``|r|``."""
+    return r.abs() if proxy_size is None else torch.maximum(r.abs(), proxy_size.double().view_as(r))
+
+
 def grpo_grad_slack(want_terms, rewards, mask, *, group_size, beta=1.0, proxy="logratio",
-                    lengths=None, cu_seqlens=None, **_):
+                    lengths=None, cu_seqlens=None, proxy_size=None, **_):
     """Per-token fp32 error allowance for the GRPO gradient.
 
     ``dL/dr_k = (g_k - mean g)/den - (sum_i g_i d_i)/den^2 * d_k/((G-1) std)`` cancels almost
     exactly (for G = 2 the score is +-1/sqrt(2) whatever r is), so the fp32 rounding of ``r``
-    (~1e-7 |r|) shows up amplified by ``|r| / std``. Each fp32 result is within the size of the
-    two cancelling terms times ``2e-6 (1 + max|r| / den)`` of the exact gradient; two fp32
+    (~1e-7 of its size, :func:`proxy_size`) shows up amplified by ``size / std``. Each fp32
+    result is within the size of the two cancelling terms times ``2e-6 (1 + max size / den)``
+    of the exact gradient; two fp32
     results (fused vs torch) are compared, so they may differ by twice that (one seed had the
     fused gradient at 0.91x and the torch one at -0.47x of it). A wrong formula is off by O(1)
     of the cancelling terms, ~1e5x the allowance.
@@ -143,7 +164,7 @@ def grpo_grad_slack(want_terms, rewards, mask, *, group_size, beta=1.0, proxy="l
     den = std + 1e-6
     t1 = (g - g.mean(1, keepdim=True)).abs() / den
     t2 = (g * d).sum(1, keepdim=True).abs() / den**2 * d.abs() / ((G - 1) * std.clamp(min=1e-30))
-    amp = 1 + r.abs().amax(1, keepdim=True) / den
+    amp = 1 + _size(r, proxy_size).amax(1, keepdim=True) / den
     row = (2 * 2e-6 * abs(beta) * (t1 + t2) * amp).reshape(-1)
     return _row_slack_to_tokens(row, mask, proxy, lengths, cu_seqlens)
 
@@ -169,7 +190,7 @@ def _row_slack_to_tokens(row, mask, proxy, lengths, cu_seqlens=None):
 
 
 def linear_grad_slack(want_terms, rewards, mask, *, group_size, beta=1.0, score="rloo", proxy="logratio",
-                      lengths=None, cu_seqlens=None, **_):
+                      lengths=None, cu_seqlens=None, proxy_size=None, **_):
     """Per-token fp32 error allowance for the gradient of the linear scores (rloo, dr_grpo, naive).
 
     With ``psi = A r`` (rloo: ``A_ii = 1``, ``A_ij = -1/(G-1)``; dr_grpo: ``I - 1/G``; naive: ``I``) and
@@ -177,9 +198,9 @@ def linear_grad_slack(want_terms, rewards, mask, *, group_size, beta=1.0, score=
     can cancel to far below its terms: a group whose g_j are all alike (one seed gave a row of 7e-5 from
     terms of 4e-2, fused and torch each ~1.5e-8 from float64, on opposite sides), and ``p - R`` itself.
     Each fp32 result is allowed 1e-6 (~16 ulps) of the size of what it sums: ``|A_ji| w_j (p_j + |R_j|)
-    / B``, plus the rounding of ``psi_j`` (~|r| relative) carried through ``p (1 - p)``; two fp32 results
-    may differ by twice that. Measured over 30 seeds x 24 cases: fused vs torch at most 0.11 of it; the
-    gradient of another linear score is off by >= 1e4 of it.
+    / B``, plus the rounding of ``psi_j`` (~1e-7 of the proxies' sizes, :func:`proxy_size`) carried
+    through ``p (1 - p)``; two fp32 results may differ by twice that. Measured over 30 seeds x 24
+    cases: fused vs torch at most 0.11 of it; the gradient of another linear score is off by >= 1e4 of it.
     """
     G = group_size
     eye = torch.eye(G, dtype=torch.float64)
@@ -189,17 +210,20 @@ def linear_grad_slack(want_terms, rewards, mask, *, group_size, beta=1.0, score=
     p = want_terms["pred_reward"].double().view(-1, G)
     w = want_terms["weight"].double().view(-1, G).abs()
     g = w * (p + rewards.double().view(-1, G).abs()) / B  # p - R cancels too: p's rounding is ~|p| relative
-    psi_size = r.abs() @ A.abs().T  # sum_k |A_jk| |r_k|, per row j
+    psi_size = _size(r, proxy_size) @ A.abs().T  # sum_k |A_jk| size_k, per row j
     dpsi = w * p * (1 - p) / B * psi_size
     row = (2 * 1e-6 * abs(beta) * ((g + dpsi) @ A.abs())).reshape(-1)  # sum_j |A_ji| (...)_j
     return _row_slack_to_tokens(row, mask, proxy, lengths, cu_seqlens)
 
 
-def grpo_score_slack(want_terms, *, group_size, **_):
+def grpo_score_slack(want_terms, *, group_size, proxy_size=None, **_):
     """Per-row fp32 error allowance for the GRPO score and what depends on it: ``psi = d/std``
-    turns the ~1e-7 |r| rounding of the proxies into ~1e-7 |r| / std."""
+    turns the rounding of the proxies (~1e-7 of their size, :func:`proxy_size`) into ~1e-7 size / std.
+    Measured over 40 seeds of the packed 300-token rows: at most 0.017 of it (with ``|r|`` in place
+    of the size, one draw in CI went past it: a row of 300 tokens summing to -0.03)."""
     r = want_terms["proxy"].double().view(-1, group_size)
-    amp = 1 + r.abs().amax(1, keepdim=True) / (r.std(1, keepdim=True) + 1e-6)
+    size = _size(r, proxy_size)
+    amp = 1 + size.amax(1, keepdim=True) / (r.std(1, keepdim=True) + 1e-6)
     return (1e-6 * amp * (1 + want_terms["score"].double().view(-1, group_size).abs())).reshape(-1)
 
 
@@ -246,6 +270,7 @@ def check(logp, logp_ref, mask, rewards, ref_mask=None, lengths=None, tol=None, 
     ref_mask = mask if ref_mask is None else ref_mask
     got = run_fused(logp, logp_ref, mask, rewards, **kw)
     want = run_loop(logp, logp_ref, ref_mask, rewards, lengths=lengths, **kw)
-    assert_matches(got, want, ctx=dict(rewards=rewards, mask=ref_mask, lengths=lengths, **kw),
-                   **(tol or {}))
+    size = proxy_size(logp, logp_ref, ref_mask, lengths=lengths, **kw)
+    ctx = dict(rewards=rewards, mask=ref_mask, lengths=lengths, proxy_size=size, **kw)
+    assert_matches(got, want, ctx=ctx, **(tol or {}))
     return got
