@@ -249,3 +249,84 @@ def test_a_rank_whose_adapters_outgrow_the_model_warns(tiny):
         learner, _ = build_learner(cfg, tiny, "cpu", tok)
         assert learner.lora_line.startswith(f"LoRA: rank {rank} on all-linear")
         assert ("warning: model.lora_rank=1000: the adapters hold" in learner.lora_line) == warned
+
+
+@pytest.mark.parametrize("name,algo", [("pacs", dict(ref="fixed")), ("grpo", dict(kl_coef=0.1))])
+def test_a_fixed_reference_is_a_copy_of_the_adapters_on_the_shared_base(tiny, seed, name, algo):
+    """The reference policy under LoRA is the policy's model with a copy of the adapters swapped in: no second
+    model; its log-probs are the base's (B = 0) bit for bit through updates, the policy's after a reset; the
+    policy's own adapters (the same tensors the optimiser steps) come back after each reference forward, also
+    after an error in it; a checkpoint carries the reference adapters."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = _batch(gen)
+    base = _learner(_model(tiny), name)  # (no reference needed: the base model's log-probs)
+    model = _model(tiny)
+    trained = add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
+
+    def make():
+        m = _model(tiny)
+        add_lora(m, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
+        return TorchLearner(m, algo=AlgoConfig(name=name, **algo), horizon=10,
+                            learner=LearnerConfig(lr=5e-2, mini_batch_prompts=2, micro_batch_prompts=1,
+                                                  logprob_backend="torch"))
+
+    learner = make()
+    learner.model.load_state_dict(model.state_dict())
+    assert learner.ref_model is None and learner.holds_reference
+    assert sum(t.numel() for t in learner.ref_adapters.values()) == trained  # the adapters, not the model
+    own = [p for g in learner.optimizer.param_groups for p in g["params"]]
+
+    def update(seed):
+        b = copy.deepcopy(batch)
+        b.old_logp = learner.compute_logprobs(b)
+        b.ref_logp = learner.compute_logprobs(b, reference=True)
+        return learner.update(b, seed=seed)
+
+    for step in range(2):
+        update(step)
+    want = base.compute_logprobs(batch)
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters() if ".lora_" in n}
+    assert torch.equal(learner.compute_logprobs(batch, reference=True), want)
+    policy = learner.compute_logprobs(batch)
+    assert float((policy - want).abs().max()) > 1e-4  # (the adapters moved: the reference is not the policy)
+    after = dict(learner.model.named_parameters())
+    assert all(torch.equal(after[n], t) for n, t in before.items())
+    assert [p for g in learner.optimizer.param_groups for p in g["params"]] == own
+    assert all(p.requires_grad for n, p in after.items() if ".lora_" in n)
+
+    def broken(*a, **k):
+        raise RuntimeError("a forward that fails")
+
+    forward, learner._forward = learner._forward, broken
+    with pytest.raises(RuntimeError, match="a forward that fails"):
+        learner.compute_logprobs(batch, reference=True)
+    learner._forward = forward
+    assert torch.equal(learner.compute_logprobs(batch), policy)  # the policy's adapters are back
+
+    learner.reset_reference(reset_optimizer=False)
+    assert torch.equal(learner.compute_logprobs(batch, reference=True), policy)
+    update(2)
+    assert torch.equal(learner.compute_logprobs(batch, reference=True), policy)  # fixed until the next reset
+    assert not torch.equal(learner.compute_logprobs(batch), policy)
+
+    weights, state = list(learner.export_hf_weights()), copy.deepcopy(learner.state_dict())
+    assert state["ref_model"] is None and set(state["ref_adapters"]) == set(state["lora"])
+    again = make()
+    again.load_hf_weights(weights)
+    again.load_state_dict(copy.deepcopy(state))
+    assert torch.equal(again.compute_logprobs(batch, reference=True), policy)
+    with pytest.raises(ValueError, match="has no reference adapters but this run needs them"):
+        make().load_state_dict(dict(copy.deepcopy(state), ref_adapters=None))
+
+
+def test_the_memory_estimate_counts_a_fixed_reference_as_adapters_under_lora():
+    from pacs_fast.trainer.memory_model import learner_memory, lora_params, model_params, model_shape
+
+    fixed = ["model.dtype=bfloat16", "algo.name=pacs", "algo.ref=fixed"]
+    full, lora = load_config(None, fixed), load_config(None, fixed + ["model.lora_rank=16"])
+    shape = model_shape(full)
+    a, b = learner_memory(full, shape, tokens=4096, device="cpu"), learner_memory(lora, shape, tokens=4096,
+                                                                                   device="cpu")
+    assert a["reference"] == model_params(shape) * 2 and b["reference"] == lora_params(shape, 16) * 2
+    rollout = load_config(None, ["model.dtype=bfloat16", "model.lora_rank=16"])  # ref=rollout: none held
+    assert learner_memory(rollout, shape, tokens=4096, device="cpu")["reference"] == 0

@@ -167,6 +167,11 @@ class Learner(abc.ABC):
         """``[B, T]`` fp32 log-probs (0 off the response) of the policy, or of the reference
         policy with ``reference=True``; with ``return_entropy`` also ``[B, T]`` entropies. No grad."""
 
+    @property
+    def holds_reference(self) -> bool:
+        """Whether the learner keeps its own reference policy (``compute_logprobs(reference=True)``)."""
+        return getattr(self, "ref_model", None) is not None
+
     def _model_for(self, reference: bool):
         """The policy, or the held reference model for ``reference=True`` (a clear error when the
         configuration keeps none). Learners with a ``model`` / ``ref_model`` pair use this."""

@@ -10,10 +10,15 @@ attributes; only the adapters train, the base weights are frozen).
 - The adapters themselves (:func:`adapter_state`) go into the learner's state, so a resume continues the same
   adapters on the same base (model.path's), exactly.
 
+- A fixed reference policy (PACS ``algo.ref=fixed``, a baseline's KL) shares the frozen base: the learner keeps a
+  copy of the adapters only (:func:`adapter_snapshot`) and runs the reference forward with them swapped in
+  (:func:`adapters_swapped`), instead of a second copy of the model.
+
 The HF engine of a one-process run shares the model: it generates through the adapters, unmerged.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -107,10 +112,48 @@ def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: t.detach().to("cpu").clone() for n, t in model.state_dict().items() if LORA_MARK in n}
 
 
+def adapter_params(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """``{state-dict name: parameter}`` of the adapters (PEFT's ``lora_A`` / ``lora_B`` weights)."""
+    return {n: p for n, p in model.named_parameters() if LORA_MARK in n}
+
+
+@torch.no_grad()
+def adapter_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the adapters' values, each on its parameter's device and in its dtype: with the shared frozen
+    base, all a fixed reference policy needs (``rank x (in + out)`` per adapted layer, not the model)."""
+    return {n: p.detach().clone() for n, p in adapter_params(model).items()}
+
+
+@contextlib.contextmanager
+def adapters_swapped(model: torch.nn.Module, snapshot: dict[str, torch.Tensor]):
+    """Within the block the model's adapters hold ``snapshot``'s values (the tensors swapped in, nothing
+    copied), so a forward is the snapshot's policy; after it, also on an error, they hold their own again
+    (the same tensors: the optimiser, its state and the fp32 masters never see the swap). For forwards
+    without gradients (the reference's log-probs)."""
+    params = adapter_params(model)
+    if set(params) != set(snapshot):
+        raise ValueError("the reference adapters are not this model's (model.lora_* changed since they were taken)")
+    own: dict[str, torch.Tensor] = {}
+    try:
+        for n, p in params.items():
+            own[n] = p.data
+            p.data = snapshot[n]
+        yield model
+    finally:
+        for n, t in own.items():
+            params[n].data = t
+
+
 @torch.no_grad()
 def load_adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Loads :func:`adapter_state`'s tensors back; a ValueError when they are not this model's adapters."""
-    own = {n: t for n, t in model.state_dict().items() if LORA_MARK in n}
+    copy_adapters({n: t for n, t in model.state_dict().items() if LORA_MARK in n}, state)
+
+
+@torch.no_grad()
+def copy_adapters(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:
+    """Copies ``state``'s adapter tensors into ``own``'s (same names and shapes, each kept on its device and
+    dtype); a ValueError when they are not the same adapters."""
     if set(own) != set(state) or any(tuple(own[n].shape) != tuple(state[n].shape) for n in own):
         missing = sorted(set(own) ^ set(state))[:3]
         raise ValueError(f"the checkpoint's LoRA adapters are not this model's (model.lora_rank / "

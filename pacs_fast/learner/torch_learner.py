@@ -36,6 +36,7 @@ from it just before the row's loss.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections import Counter
@@ -48,8 +49,8 @@ from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, check_response_ids, group_rows
 from pacs_fast.learner.grad_norm import clip_grad_norm
 from pacs_fast.learner.master_weights import MasterWeights, loading_weights
-from pacs_fast.learner.lora import (adapter_state, check_same_merge, checked_merged, has_lora, load_adapter_state,
-                                   merged_weights)
+from pacs_fast.learner.lora import (adapter_snapshot, adapter_state, adapters_swapped, check_same_merge,
+                                   checked_merged, copy_adapters, has_lora, load_adapter_state, merged_weights)
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
 from pacs_fast.learner.packing import (Packed, forward_metrics, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
@@ -99,8 +100,13 @@ class TorchLearner(Learner):
         self.device = next(model.parameters()).device
         self.needs_ref = needs_reference(algo)
         self.ref_model = None
+        # with LoRA the reference shares the frozen base: a copy of the adapters, swapped in for its forward
+        self.ref_adapters: dict[str, torch.Tensor] | None = None
         if holds_reference_model(algo):
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            if self.lora:
+                self.ref_adapters = adapter_snapshot(model)
+            else:
+                self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.value_head = None
         self.has_value_head = algo.name == "ppo"
         if self.has_value_head:
@@ -231,14 +237,14 @@ class TorchLearner(Learner):
     @restores_attention
     @torch.no_grad()
     def compute_logprobs(self, batch: RolloutBatch, *, reference: bool = False, return_entropy: bool = False):
-        model = self._model_for(reference)
-        was = model.training
-        model.eval()
-        parts = self._micro_batches(batch, self.cfg.micro_batch_prompts, model)
-        try:
-            outs = [self._forward(model, batch.groups(p), entropy=return_entropy, values=False) for p in parts]
-        finally:
-            model.train(was)
+        with self._policy_or_reference(reference) as model:
+            was = model.training
+            model.eval()
+            parts = self._micro_batches(batch, self.cfg.micro_batch_prompts, model)
+            try:
+                outs = [self._forward(model, batch.groups(p), entropy=return_entropy, values=False) for p in parts]
+            finally:
+                model.train(was)
         T = batch.input_ids.shape[1]
         rows = group_rows([g for p in parts for g in p], batch.group_size)
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1])).cpu()  # noqa: E731
@@ -278,7 +284,7 @@ class TorchLearner(Learner):
             rows = group_rows(rest, batch.group_size)
             batch.old_logp[rows, :lp.shape[1]] = lp
             batch.old_entropy[rows, :ent.shape[1]] = ent
-        if self.needs_ref and self.ref_model is None and batch.ref_logp is None:
+        if self.needs_ref and not self.holds_reference and batch.ref_logp is None:
             batch.ref_logp = batch.old_logp
         if correct is not None:
             correct(batch, batch.old_logp)
@@ -385,10 +391,27 @@ class TorchLearner(Learner):
         self.last_terms = {k: torch.cat(v) for k, v in terms.items()}
         return out
 
+    @property
+    def holds_reference(self) -> bool:
+        return self.ref_model is not None or self.ref_adapters is not None
+
+    @contextlib.contextmanager
+    def _policy_or_reference(self, reference: bool):
+        """The module whose forward is the policy, or the reference policy with ``reference=True``: the held
+        reference model, or with LoRA the policy's model with the reference adapters swapped in."""
+        if reference and self.ref_adapters is not None:
+            with adapters_swapped(self.model, self.ref_adapters):
+                yield self.model
+        else:
+            yield self._model_for(reference)
+
     def reset_reference(self, *, reset_optimizer: bool) -> None:
-        if self.ref_model is None:
+        if not self.holds_reference:
             raise ValueError("reset_reference: this configuration keeps no reference model")
-        self.ref_model.load_state_dict(self.model.state_dict())
+        if self.ref_adapters is not None:
+            copy_adapters(self.ref_adapters, adapter_snapshot(self.model))
+        else:
+            self.ref_model.load_state_dict(self.model.state_dict())
         if reset_optimizer:
             self.optimizer = self._make_optimizer()
 
@@ -399,6 +422,8 @@ class TorchLearner(Learner):
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,
             "master_weights": self.master.state_dict() if self.master is not None else None,
             "lora": adapter_state(self.model) if self.lora else None,
+            "ref_adapters": ({n: t.detach().cpu().clone() for n, t in self.ref_adapters.items()}
+                             if self.ref_adapters is not None else None),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -418,6 +443,11 @@ class TorchLearner(Learner):
             if state.get("ref_model") is None:
                 raise ValueError("load_state_dict: the checkpoint has no reference model but this run needs one")
             self.ref_model.load_state_dict(state["ref_model"])
+        if self.ref_adapters is not None:
+            if state.get("ref_adapters") is None:
+                raise ValueError("load_state_dict: the checkpoint has no reference adapters but this run needs them "
+                                 "(a fixed reference under model.lora_rank)")
+            copy_adapters(self.ref_adapters, state["ref_adapters"])
         if self.value_head is not None:
             if state.get("value_head") is None:
                 raise ValueError("load_state_dict: the checkpoint has no value head but this run needs one")

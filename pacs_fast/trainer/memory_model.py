@@ -350,8 +350,10 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     if cfg.model.lora_rank:
         largest = cfg.model.lora_rank * (H + max(H, shape["intermediate"] or 0)) * b_opt
     out["optimizer_step"] = grads // shards if device == "cuda" else 2 * largest
-    # a fixed reference policy (algo.ref=fixed, a baseline's KL): a second copy of the weights in the model's dtype
-    out["reference"] = model_params(shape) * b // tp if holds_reference_model(cfg.algo) else 0
+    # a fixed reference policy (algo.ref=fixed, a baseline's KL): a second copy of the weights in the model's dtype;
+    # with LoRA a copy of the adapters (the reference shares the frozen base)
+    ref_bytes = lora_params(shape, cfg.model.lora_rank) * b if cfg.model.lora_rank else model_params(shape) * b // tp
+    out["reference"] = ref_bytes if holds_reference_model(cfg.algo) else 0
     base = out["weights"] + out["gradients"] + out["optimizer"] + out["reference"]
     out["backward"] = base + out["activations"] + out["workspace"] + out["tied_gradient"]
     out["step"] = base + out["optimizer_step"]
