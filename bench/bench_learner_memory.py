@@ -56,7 +56,7 @@ mask = torch.zeros(G, L)
 mask[:, P:] = 1
 batch = RolloutBatch(input_ids=ids, attention_mask=torch.ones(G, L, dtype=torch.long), response_mask=mask,
                      rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]), group_size=G)
-if learner.holds_reference:  # (algo.ref=fixed: the reference's log-probs, as the trainer computes them)
+if getattr(learner, "holds_reference", getattr(learner, "ref_model", None) is not None):  # (algo.ref=fixed)
     batch.ref_logp = learner.compute_logprobs(batch, reference=True)
 learner.update(batch, seed=0)
 peaks = {}
