@@ -141,6 +141,10 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="your own reward in the verifier's place: function(problems, responses, answers) -> one "
                         "number in [0, 1] per response (the trainer's reward.fn); pass@k counts a response that "
                         "scores above 0.5 as correct, as the trainer does")
+    p.add_argument("--reward-weights", default="", metavar="W[,W...]",
+                   help="weights of a --reward-fn list (verifier,my_checks:format_score: the math verifier and your "
+                        "function), >= 0 and summing to 1: each response's reward is their weighted sum (the "
+                        "trainer's reward.fn_weights); default equal")
     p.add_argument("--reward-fields", default="", metavar="FIELD[,FIELD...]",
                    help="dataset fields handed to --reward-fn as keyword arguments, a list with each response's "
                         "row value (test cases, ...): tests,entry_point -> function(problems, responses, answers, "
@@ -196,9 +200,12 @@ def write_reports(out_dir: Path, results: dict, table_k=None) -> str:
 def run(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
     check_run_args(args)  # numbers, choices, the model folder, --out: before anything loads
+    if args.reward_fn.strip() == "verifier":  # (the math verifier alone: no --reward-fn)
+        args.reward_fn = ""
     keywords = reward_field_keywords(args.reward_fields, args.reward_fn)
     args.reward_field_keywords = keywords  # (the benchmark loader reads these fields of every row)
-    reward_fn = load_reward_fn(args.reward_fn, list(keywords.values()))
+    reward_fn = load_reward_fn(args.reward_fn, list(keywords.values()), args.reward_weights,
+                               verifier_factory=lambda: _verifier(args))
     model_id = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     label = args.label or model_label(args.model)
     out_dir = Path(args.out or Path("eval_results") / label)
@@ -216,6 +223,8 @@ def run(argv: list[str]) -> int:
     config["reward_fn"] = args.reward_fn
     if keywords:  # (recorded when given: a folder written before the flag existed used none)
         config["reward_fields"] = list(keywords)
+    if getattr(reward_fn, "components", None):  # a mix of rewards: its weights (recorded when it is one)
+        config["reward_weights"] = [w for _, _, w in reward_fn.components]
     try:  # one eval per --out: a second appended every sample again, and its --overwrite deleted the first's
         lock = RunLock(out_dir, new=False, what="--out", other="choose another --out")
     except ValueError as e:
@@ -305,9 +314,15 @@ def _consecutive_calls(indices: list[int], per_call: int) -> list[list[int]]:
     return calls
 
 
+def _verifier(args):
+    """The math verifier's batch scorer of ``--scorer-workers``, ``--time-limit`` and ``--extraction``."""
+    from pacs_fast.reward.batch import BatchScorer
+
+    return BatchScorer(args.scorer_workers, time_limit=args.time_limit, extraction=args.extraction)
+
+
 def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
     from pacs_fast.data.prompts import build_prompt, encode_prompts, has_chat_template
-    from pacs_fast.reward.batch import BatchScorer
     from pacs_fast.rollout.base import SamplingParams
 
     from transformers import AutoTokenizer
@@ -317,8 +332,7 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
     name = engine_and_dtype(args)[0]
     _check_prompt_lengths(args, name, _engine_context(args, name, vllm_sizes), tokenizer, sets, todo)  # before loading
     engine_name, engine = _make_engine(args, vllm_sizes)
-    scorer = UserScorer(reward_fn) if reward_fn else \
-        BatchScorer(args.scorer_workers, time_limit=args.time_limit, extraction=args.extraction)
+    scorer = UserScorer(reward_fn) if reward_fn else _verifier(args)
     bar = _progress(sum(len(t) for t in todo.values()), args.no_progress)
     t0, samples_done = time.perf_counter(), 0
     try:

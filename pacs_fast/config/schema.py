@@ -289,7 +289,11 @@ class RewardConfig:
                  "the math verifier's place for every reward of the run, training and held-out (another task's "
                  "checker: unit tests, a format check, a judge; reward/acc counts rewards > 0.5); called on "
                  "distinct triples, memoised, within reward.user_fn_timeout_s; empty = the math verifier "
-                 "(pacs_fast/trainer/rewards.py)")
+                 "(pacs_fast/trainer/rewards.py). A comma-separated list mixes rewards (verifier = the math "
+                 "verifier): verifier,my_checks:format_score, weighted by reward.fn_weights")
+    fn_weights: list = _f([], "weights of reward.fn's components, >= 0 and summing to 1 (the reward is their weighted "
+                          "sum, in [0, 1]), e.g. [0.8, 0.2]; empty = equal weights; reward/<name>/mean records each "
+                          "component (pacs_fast/trainer/reward_mix.py)")
     fn_fields: list = _f([], "dataset fields handed to reward.fn as keyword arguments, each a list with every "
                          "response's row value as the file holds it (test cases, a language, a task type), e.g. "
                          "[tests, entry_point]: function(problems, responses, answers, tests, entry_point); a dotted "

@@ -9,6 +9,7 @@ every arm). Combinations that cannot run at all are :func:`~pacs_fast.config.val
 from __future__ import annotations
 
 from pacs_fast.config.loading import default_micro_batch_prompts
+from pacs_fast.config.reward_specs import is_mix, uses_verifier
 from pacs_fast.config.schema import Config
 from pacs_fast.config.validation import _get, is_level
 
@@ -42,9 +43,11 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if not cfg.model.lora_rank:
         out.append((("model.lora_alpha", "model.lora_dropout", "model.lora_target_modules"),
                     "with model.lora_rank=0 (no LoRA adapters)"))
-    if cfg.reward.fn:
+    if not uses_verifier(cfg.reward.fn):
         out.append((("reward.extraction", "reward.time_limit_s", "train.reward_workers"),
                     "with reward.fn (the math verifier's settings; the user's function scores every response)"))
+    if not is_mix(cfg.reward.fn, cfg.reward.fn_weights):
+        out.append((("reward.fn_weights",), "without a list in reward.fn (it weighs a mix of rewards)"))
     if not cfg.reward.overlong_buffer_len:
         out.append((("reward.overlong_penalty",), "with reward.overlong_buffer_len=0 (no overlong shaping)"))
     if name != "ppo":

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pacs_fast.config.paths import SHIPPED_DATASETS, validate_paths, warmup_cache_root, write_problem  # noqa: F401
 from pacs_fast.config.reward_fields import field_keywords
+from pacs_fast.config.reward_specs import VERIFIER, checked_weights, is_mix, user_specs
 from pacs_fast.config.schema import ALGORITHMS, RECOMPUTE_GRANULARITIES, Config, field_types, section_classes
 
 
@@ -260,13 +261,15 @@ def _validate_efficacy(cfg: Config) -> None:
                          f"no per-token term to select: use algo.entropy_top_frac=1 with algo.name=pacs")
     if cfg.reward.fn_rate == "appeal" and not cfg.reward.appeal:
         raise ValueError("reward.fn_rate=appeal needs reward.appeal='module:function' (the lenient second check)")
-    for key in ("fn", "appeal"):
-        spec = getattr(cfg.reward, key)
-        if spec and ":" not in spec:
-            raise ValueError(f"reward.{key} must look like 'module:function', got {spec!r}")
+    if cfg.reward.appeal and ":" not in cfg.reward.appeal:
+        raise ValueError(f"reward.appeal must look like 'module:function', got {cfg.reward.appeal!r}")
+    if is_mix(cfg.reward.fn, cfg.reward.fn_weights):
+        checked_weights(cfg.reward.fn, cfg.reward.fn_weights)
+    elif cfg.reward.fn and cfg.reward.fn.strip() != VERIFIER and ":" not in cfg.reward.fn:
+        raise ValueError(f"reward.fn must look like 'module:function', got {cfg.reward.fn!r}")
     if cfg.reward.fn_fields:
         field_keywords(cfg.reward.fn_fields, "reward.fn_fields")
-        if not cfg.reward.fn:
+        if not user_specs(cfg.reward.fn):
             raise ValueError("reward.fn_fields hands dataset fields to reward.fn; set reward.fn='module:function' "
                              "(the math verifier reads no fields)")
         if cfg.data.dataset == "arithmetic":

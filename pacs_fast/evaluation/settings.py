@@ -28,6 +28,8 @@ def setting_differences(old: dict, config: dict) -> list[str]:
         diff.append("reward_fn")
     if old.get("reward_fields", []) != config.get("reward_fields", []):  # (recorded when given)
         diff.append("reward_fields")
+    if old.get("reward_weights", []) != config.get("reward_weights", []):  # (recorded for a mix of rewards)
+        diff.append("reward_weights")
     return diff
 
 

@@ -30,14 +30,27 @@ def reward_field_keywords(spec: str, reward_fn: str) -> dict[str, str]:
         raise UsageError(str(e)) from None
 
 
-def load_reward_fn(spec: str, keywords: list[str] = ()):
+def load_reward_fn(spec: str, keywords: list[str] = (), weights: str = "", verifier_factory=None):
     """``--reward-fn``'s callable (None without it), or a UsageError naming the flag (also when it cannot be
-    called as ``function(problems, responses, answers, **{keyword: ...})``)."""
+    called as ``function(problems, responses, answers, **{keyword: ...})``). A comma-separated list (``verifier``:
+    the math verifier, made by ``verifier_factory()``) is a :class:`~pacs_fast.trainer.reward_mix.RewardMix`
+    weighted by ``--reward-weights`` (``weights``: comma-separated, default equal)."""
     if not spec:
         return None
+    from pacs_fast.config.reward_specs import is_mix
+
+    values = [w.strip() for w in weights.split(",") if w.strip()]
+    if is_mix(spec, values):
+        from pacs_fast.trainer.reward_mix import make_reward_mix
+
+        try:
+            return make_reward_mix(spec, values, keywords=list(keywords), verifier_factory=verifier_factory,
+                                   key="--reward-fn", weights_key="--reward-weights")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if ":" not in spec:
         raise UsageError(f"--reward-fn must look like 'module:function', got {spec!r}")
-    from pacs_fast.trainer.rewards import check_reward_signature, load_callable
+    from pacs_fast.trainer.user_functions import check_reward_signature, load_callable
 
     try:
         fn = load_callable(spec, "--reward-fn")
@@ -58,8 +71,7 @@ class UserScorer:
         evaluation waits for its scores; Ctrl-C stops it, the samples written so far kept); ``fields``: each
         response's ``{keyword: value}`` of ``--reward-fields``."""
         from pacs_fast.reward.batch import BatchResult
-        from pacs_fast.trainer.rewards import user_rewards
-        from pacs_fast.trainer.user_functions import UserFunctionError
+        from pacs_fast.trainer.user_functions import UserFunctionError, user_rewards
 
         try:
             scores = user_rewards(self.fn, problems, texts, answers, key="--reward-fn", timeout_s=None,
@@ -69,4 +81,5 @@ class UserScorer:
         return BatchResult(scores, [STATUS] * len(scores), {STATUS: len(scores)}, 0.0)
 
     def close(self) -> None:
-        pass
+        if hasattr(self.fn, "close"):  # (a mix of rewards: its verifier's workers)
+            self.fn.close()

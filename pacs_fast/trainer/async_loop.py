@@ -54,7 +54,7 @@ from pacs_fast.trainer.problems import prompt_lists
 from pacs_fast.trainer.roles import Roles, close_roles, split_launch
 from pacs_fast.trainer.rollout_step import NoGroupKept, Round, batch_seed, rollout_step, sampling_params
 from pacs_fast.trainer.session import start
-from pacs_fast.trainer.step import WEIGHTED_MEANS, learn, step_record, terms_over_groups
+from pacs_fast.trainer.step import WEIGHTED_MEANS, learn, reward_component_metrics, step_record, terms_over_groups
 from pacs_fast.trainer.user_functions import UserFunctionError
 
 
@@ -276,7 +276,8 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
             whole = terms_over_groups(world, terms, batch)  # every group's rows
             record = world.reduce_record({**step_record(batch, comps, lm, mismatch, whole, tm, epoch=s.sampler.epoch),
                                           **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {}),
-                                          **r.metrics}, WEIGHTED_MEANS)
+                                          **r.metrics, **reward_component_metrics(s, problems, comps)},
+                                         WEIGHTED_MEANS)
             record.update({"rollout/policy_version": gen_version, "rollout/staleness": step - 1 - gen_version,
                            "rollout/generating_ranks": cfg.rollout.ranks})
             if s.logger:

@@ -31,12 +31,16 @@ def evaluate_share(cfg: Config, engine, scorer: Scorer, problems: list[dict], of
                             max_new_tokens=cfg.rollout.max_new_tokens,
                             seed=cfg.train.seed + EVAL_SEED_OFFSET + offset * n)
     comps = engine.generate(prompts, params)
-    rewards = scorer([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(draws)],
-                     problems=problem_texts(problems, draws), fields=problem_fields(problems, draws))
+    args = ([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(draws)])
+    rewards = scorer(*args, problems=problem_texts(problems, draws), fields=problem_fields(problems, draws))
     lengths = [len(c.token_ids) for cs in comps for c in cs]
     copies = n // draws
+    # a mix of rewards (reward.fn=a,b): each component's rewards too
+    parts = getattr(scorer, "component_rewards", lambda *a: {})(*args, problem_texts(problems, draws),
+                                                                problem_fields(problems, draws))
     out = {"rewards": [r for r in rewards for _ in range(copies)],
-           "lengths": [x for x in lengths for _ in range(copies)], "greedy": []}
+           "lengths": [x for x in lengths for _ in range(copies)], "greedy": [],
+           "components": {name: [r for r in values for _ in range(copies)] for name, values in parts.items()}}
     if cfg.rollout.eval_temperature > 0:
         greedy = engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens))
         out["greedy"] = scorer([cs[0].text for cs in greedy], [p["answer"] for p in problems],
@@ -66,6 +70,8 @@ def evaluate(cfg: Config, engine, scorer: Scorer, problems: list[dict], world) -
            "eval/response_length": float(np.mean([x for p in parts for x in p["lengths"]]))}
     if cfg.rollout.eval_temperature > 0:
         out["eval/greedy_acc"] = float(np.mean([r for p in parts for r in p["greedy"]]))
+    for name in parts[0].get("components", {}):  # (the scoring rank's: every share has the same components)
+        out[f"eval/{name}/mean"] = float(np.mean([r for p in parts for r in p["components"].get(name, [])]))
     out["time/eval"] = time.perf_counter() - t0
     return out
 

@@ -32,7 +32,8 @@ from pacs_fast.trainer.parallel import close_world
 from pacs_fast.trainer.plots import PANELS  # (matplotlib is imported only to draw)
 from pacs_fast.trainer.rollout_step import NoGroupKept, rollout_step
 from pacs_fast.trainer.session import Session, SetupError, start
-from pacs_fast.trainer.step import WEIGHTED_MEANS, learn, sample_rows, step_record, terms_over_groups
+from pacs_fast.trainer.step import (WEIGHTED_MEANS, learn, reward_component_metrics, sample_rows, step_record,
+                                   terms_over_groups)
 from pacs_fast.trainer.user_functions import UserFunctionError
 
 __all__ = ["train", "SetupError", "TrainingStopped"]
@@ -91,7 +92,8 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             terms = getattr(learner, "last_terms", {})
             whole = terms_over_groups(world, terms, batch)  # every group's rows
             record = {**step_record(batch, comps, lm, mismatch, whole, tm, epoch=s.sampler.epoch),
-                      **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {}), **r.metrics}
+                      **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {}), **r.metrics,
+                      **reward_component_metrics(s, problems, comps)}
             record = world.reduce_record(record, WEIGHTED_MEANS)
             record["rollout/generating_ranks"] = world.count(any(len(c.token_ids) for cs in comps for c in cs))
             if s.logger:

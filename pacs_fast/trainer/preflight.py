@@ -21,6 +21,7 @@ import copy
 
 from pathlib import Path
 
+from pacs_fast.config.reward_specs import uses_verifier
 from pacs_fast.trainer.memory_model import (GiB, engine_row_terms, engine_rows, format_learner_memory, group_tokens,
                                             hf_engine_bytes, largest_micro_batch, learner_bytes, learner_layout, learner_memory,
                                             lora_params,
@@ -282,7 +283,7 @@ def check_cpus(cfg, *, cpus: int | None = None) -> None:
     if cfg.train.threads > cpus:
         raise ValueError(f"train.threads={cfg.train.threads} is more than the {cpus} CPUs this process may use; "
                          f"use at most {cpus} (0 = torch's default)")
-    if cfg.train.reward_workers > cpus and not cfg.reward.fn:  # (reward.fn: no verifier workers, named unused)
+    if cfg.train.reward_workers > cpus and uses_verifier(cfg.reward.fn):  # (else no verifier workers, named unused)
         raise ValueError(f"train.reward_workers={cfg.train.reward_workers} is more than the {cpus} CPUs this "
                          f"process may use (each worker is a process scoring on one CPU); use at most {cpus}")
 

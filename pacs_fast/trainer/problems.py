@@ -13,6 +13,7 @@ import torch
 
 from pacs_fast.config import Config
 from pacs_fast.config.reward_fields import field_keywords, fields_digest, row_fields
+from pacs_fast.config.reward_specs import uses_verifier
 
 
 def data_digest(train: list[dict], held_out: list[dict]) -> str:
@@ -140,7 +141,7 @@ def check_gold_answers(cfg: Config, train: list[dict], held_out: list[dict], log
     Some unmatchable: a warning naming how many and one of them. All of those checked in a set: a
     ValueError (every reward, or the held-out accuracy, would be 0 whatever the model writes), except
     for the training set of a run trained on process rewards alone (``reward.outcome_weight=0``)."""
-    if cfg.data.dataset == "arithmetic" or cfg.reward.fn:  # (reward.fn: the user's function judges, not ours)
+    if cfg.data.dataset == "arithmetic" or not uses_verifier(cfg.reward.fn):  # (reward.fn: the user's function judges)
         return
     from pacs_fast.reward.gold_check import unmatchable_golds
 

@@ -12,7 +12,9 @@ memoised). A return that is not one number in [0, 1] per response stops the run 
 ``reward.fn_fields`` hands it dataset fields too (test cases, a language): ``function(problems, responses,
 answers, **fields)``, each field one keyword argument, a list with each response's row value
 (:mod:`pacs_fast.config.reward_fields`); the values join the memo's key, and each call gets its own copy
-of each row's values (a function that edits them edits nothing of the run's).
+of each row's values (a function that edits them edits nothing of the run's). A comma-separated list
+(``reward.fn=verifier,my_checks:format_score``) is a weighted mix (:mod:`pacs_fast.trainer.reward_mix`), scored
+as one function; the scorer keeps each component's rewards for ``reward/<name>/mean``.
 
 Label noise (``reward.noise_fp`` / ``reward.noise_fn``): training rewards (calls with a ``step``)
 are flipped 0 -> 1 with probability ``noise_fp`` and 1 -> 0 with ``noise_fn``, independently per
@@ -32,96 +34,45 @@ estimates the rate; the labels the learner sees stay the verifier's.
 """
 from __future__ import annotations
 
-import copy
-import importlib
-import inspect
-
 import numpy as np
 
 from pacs_fast.config.reward_fields import memo_key
 from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT
-from pacs_fast.trainer.user_functions import (UserFunctionError, call_with_time_limit, checked_flags, checked_numbers,
-                                              one_line)
-
-
-def load_callable(spec: str, key: str):
-    """The callable named by ``spec = "module:function"`` (or ``"module:object.attribute"``: a class's
-    static method, an instance's method) (the config key ``key``, e.g. ``reward.appeal``); a ValueError
-    naming the key when it cannot be imported."""
-    module, _, name = spec.partition(":")
-    try:
-        fn = importlib.import_module(module)
-        for part in name.split("."):
-            fn = getattr(fn, part)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"{key}={spec!r} cannot be loaded: {one_line(str(e))}") from e
-    except SystemExit as e:  # a module that exits while it is imported (a script's sys.exit)
-        raise ValueError(f"{key}={spec!r} cannot be loaded: importing {module} called sys.exit({e.code!r})") from e
-    except Exception as e:  # the module itself fails: a SyntaxError, or an error raised while it runs
-        raise ValueError(f"{key}={spec!r} cannot be loaded: importing {module} raised {type(e).__name__}: "
-                         f"{one_line(str(e))}") from e
-    if not callable(fn):
-        raise ValueError(f"{key}={spec!r} is not callable")
-    return fn
+from pacs_fast.trainer.reward_mix import RewardMix
+from pacs_fast.trainer.user_functions import (  # noqa: F401 (load_callable, user_rewards: imported from here too)
+    UserFunctionError, call_with_time_limit, check_reward_signature, checked_flags, load_callable, user_rewards)
 
 
 def check_callables(cfg) -> None:
     """Imports the user functions the config names (before any model is loaded); ``reward.fn`` must take
     ``(problems, responses, answers)`` and the keyword arguments of ``reward.fn_fields``."""
-    from pacs_fast.config.reward_fields import field_keywords
-
     rc = getattr(cfg, "reward", None)
-    for key in ("fn", "appeal", "step_rewards"):
+    if rc is not None and rc.fn:
+        user_reward_fn(rc, verifier_factory=lambda: None)
+    for key in ("appeal", "step_rewards"):
         if rc is not None and getattr(rc, key, ""):
-            fn = load_callable(getattr(rc, key), f"reward.{key}")
-            if key == "fn":
-                keywords = list(field_keywords(rc.fn_fields, "reward.fn_fields").values())
-                check_reward_signature(fn, keywords, f"reward.fn={rc.fn!r}", "reward.fn_fields")
+            load_callable(getattr(rc, key), f"reward.{key}")
 
 
-def check_reward_signature(fn, keywords: list[str], key: str, fields_setting: str) -> None:
-    """A ValueError naming ``key`` when ``fn`` cannot be called as ``fn(problems, responses, answers,
-    **{keyword: ...})`` (``keywords``: the fields ``fields_setting`` hands it); nothing when Python
-    cannot tell (a builtin without a signature)."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return
-    try:
-        signature.bind([], [], [], **{kw: [] for kw in keywords})
-    except TypeError as e:
-        call = ", ".join(["problems", "responses", "answers"] + keywords)
-        given = f"the fields of {fields_setting}" if keywords else f"none: {fields_setting} names no dataset field"
-        raise ValueError(f"{key} cannot take the call function({call}) (keyword arguments: {given}): {e}; its "
-                         f"signature is {signature}") from None
+def user_reward_fn(rc, *, verifier_factory):
+    """What scores in the math verifier's place under ``reward.fn`` (``rc``: the ``reward`` section): its
+    function, or the :class:`~pacs_fast.trainer.reward_mix.RewardMix` of a list (``verifier_factory()``: the
+    verifier's batch scorer, made at the mix's first call when ``verifier`` is a component); None for the
+    verifier alone. Each function is imported and its signature checked against ``reward.fn_fields`` (a
+    ValueError naming the key)."""
+    from pacs_fast.config.reward_fields import field_keywords
+    from pacs_fast.config.reward_specs import is_mix, user_specs
+    from pacs_fast.trainer.reward_mix import make_reward_mix
 
-
-def user_rewards(fn, problems: list[str], texts: list[str], answers: list[str], *, key: str,
-                 timeout_s: float | None, fields: list[dict] | None = None) -> list[float]:
-    """``fn(problems, texts, answers, **columns)``: one reward in [0, 1] per response, within ``timeout_s``
-    (None: no limit); a :class:`~pacs_fast.trainer.user_functions.UserFunctionError` naming ``key`` (the
-    setting that names ``fn``) when it raises, hangs, or returns anything else. ``fields``: each response's
-    ``{keyword: value}`` (all with the same keywords), handed over as one list per keyword (a copy)."""
-    count = len(texts)  # (before the call: a function may change the lists it is given)
-    columns = {}
-    if fields:  # a copy of each row's values (one per row, shared by its responses: a row of 1 MB of tests was
-        # copied once per response, G times), so that a function that edits them edits nothing of the run's
-        copies: dict[int, dict] = {}
-        for f in fields:
-            if id(f) not in copies:
-                copies[id(f)] = copy.deepcopy(f)
-        columns = {kw: [copies[id(f)][kw] for f in fields] for kw in fields[0]}
-    got = call_with_time_limit(fn, (list(problems), list(texts), list(answers)), key=key, timeout_s=timeout_s,
-                               kwargs=columns)
-    rewards = checked_numbers(got, key=key, what=f"{count} responses")
-    if len(rewards) != count:
-        raise UserFunctionError(f"{key} returned {len(rewards)} rewards for {count} responses")
-    bad = [i for i, r in enumerate(rewards) if not 0.0 <= r <= 1.0]
-    if bad:
-        raise UserFunctionError(f"{key} returned {rewards[bad[0]]!r} as the reward of response {bad[0]} ({len(bad)} "
-                                f"of {count} outside [0, 1]): rewards must lie in [0, 1] (PACS's label; the "
-                                f"baselines' advantages assume it too)")
-    return rewards
+    keywords = list(field_keywords(rc.fn_fields, "reward.fn_fields").values())
+    if is_mix(rc.fn, rc.fn_weights):
+        return make_reward_mix(rc.fn, rc.fn_weights, keywords=keywords, verifier_factory=verifier_factory)
+    specs = user_specs(rc.fn)
+    if not specs:
+        return None
+    fn = load_callable(specs[0], "reward.fn")
+    check_reward_signature(fn, keywords, f"reward.fn={rc.fn!r}", "reward.fn_fields")
+    return fn
 
 
 def flip_labels(rewards: list[float], *, fp: float, fn: float, seed: int, step: int, first: int = 0) -> list[float]:
@@ -146,6 +97,8 @@ class Scorer:
     def from_config(cls, cfg, gather=None) -> "Scorer":
         """The scorer a run's config asks for (``train.reward_workers``, the ``reward`` section);
         ``gather``: :meth:`World.gather_dp` of a multi-process run."""
+        from pacs_fast.reward import BatchScorer
+
         rc = getattr(cfg, "reward", None)
         if rc is None:
             return cls(cfg.train.reward_workers)
@@ -153,7 +106,8 @@ class Scorer:
                    appeal=load_callable(rc.appeal, "reward.appeal") if rc.appeal else None,
                    algo=cfg.algo if rc.fn_rate == "appeal" else None, timeout_s=rc.user_fn_timeout_s,
                    gather=gather, extraction=rc.extraction, time_limit=rc.time_limit_s,
-                   user_fn=load_callable(rc.fn, "reward.fn") if rc.fn else None)
+                   user_fn=user_reward_fn(rc, verifier_factory=lambda: BatchScorer(
+                       num_workers=cfg.train.reward_workers, extraction=rc.extraction, time_limit=rc.time_limit_s)))
 
     def __init__(self, workers: int, *, noise_fp: float = 0.0, noise_fn: float = 0.0, seed: int = 0,
                  appeal=None, algo=None, timeout_s: float = 600.0, gather=None, extraction: str = "reference",
@@ -162,6 +116,8 @@ class Scorer:
         self.user_fn = user_fn  # reward.fn, in the math verifier's place (no verifier workers then)
         self.batch = None if user_fn else BatchScorer(num_workers=workers, extraction=extraction, time_limit=time_limit)
         self.memo: dict[tuple, float] = {}
+        # a mix of rewards (reward.fn=a,b): each memo key's component rewards, for reward/<name>/mean
+        self.parts: dict[tuple, tuple[float, ...]] = {}
         self.noise_fp, self.noise_fn, self.seed = float(noise_fp), float(noise_fn), int(seed)
         self.appeal, self.timeout_s = appeal, float(timeout_s)
         self.algo = algo  # written to (noise_rho1) when the false-negative rate is estimated online
@@ -177,6 +133,7 @@ class Scorer:
         text, ``fields``: each response's ``reward.fn_fields`` values, which only ``reward.fn`` reads)."""
         if len(self.memo) > 200_000:
             self.memo.clear()
+            self.parts.clear()
         rows: dict[str, dict] = {}  # a fields digest -> the values (this call's)
         if self.user_fn is not None:
             if problems is None or len(problems) != len(texts):
@@ -215,8 +172,28 @@ class Scorer:
         """``reward.fn`` on the distinct ``(problem, response, answer, fields digest)`` keys."""
         problems, texts, answers, digests = (list(x) for x in zip(*todo))
         fields = None if rows is None else [rows[d] for d in digests]
-        return user_rewards(self.user_fn, problems, texts, answers, key="reward.fn", timeout_s=self.timeout_s,
-                            fields=fields)
+        scores = user_rewards(self.user_fn, problems, texts, answers, key="reward.fn", timeout_s=self.timeout_s,
+                              fields=fields)
+        if isinstance(self.user_fn, RewardMix):
+            self.parts.update(zip(todo, zip(*self.user_fn.last_parts.values())))
+        return scores
+
+    def component_rewards(self, texts: list[str], answers: list[str], problems: list[str],
+                          fields: list[dict] | None = None) -> dict[str, list[float]]:
+        """With a mix of rewards (``reward.fn=a,b``), ``{name: each response's reward from that component}`` (scored
+        already: read from the memo; scored again where the memo was cleared since). Empty otherwise."""
+        if not isinstance(self.user_fn, RewardMix):
+            return {}
+        self.clean(texts, answers, problems, fields)  # (memo hits: no call)
+        keys = list(zip(problems, texts, answers, [""] * len(texts) if fields is None else self._digests(fields, {})))
+        rows = [self.parts[k] for k in keys]
+        return {name: [r[i] for r in rows] for i, name in enumerate(self.user_fn.names)}
+
+    def component_metrics(self, texts: list[str], answers: list[str], problems: list[str],
+                          fields: list[dict] | None = None) -> dict[str, float]:
+        """``reward/<name>/mean`` of :meth:`component_rewards` (empty without a mix, or without responses)."""
+        parts = self.component_rewards(texts, answers, problems, fields) if texts else {}
+        return {f"reward/{name}/mean": float(np.mean(values)) for name, values in parts.items()}
 
     def __call__(self, texts: list[str], answers: list[str], *, step: int | None = None,
                  first: int = 0, problems: list[str] | None = None, fields: list[dict] | None = None) -> list[float]:
@@ -276,3 +253,5 @@ class Scorer:
     def close(self):
         if self.batch is not None:
             self.batch.close()
+        if isinstance(self.user_fn, RewardMix):
+            self.user_fn.close()

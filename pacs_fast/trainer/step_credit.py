@@ -37,7 +37,7 @@ import torch
 
 from pacs_fast.algorithms.process_rewards import process_advantages, token_advantages
 from pacs_fast.learner.base import RolloutBatch
-from pacs_fast.trainer.rewards import load_callable
+from pacs_fast.trainer.user_functions import load_callable
 from pacs_fast.trainer.user_functions import UserFunctionError, as_list, call_with_time_limit, checked_numbers
 
 KEY = "reward.step_rewards"

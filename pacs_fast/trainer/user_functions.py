@@ -1,4 +1,5 @@
-"""Calling the functions a config names (``reward.appeal``, ``reward.step_rewards``) safely.
+"""Loading and calling the functions a config names (``reward.fn``, ``reward.appeal``, ``reward.step_rewards``)
+safely.
 
 A user function runs with a time limit (``reward.user_fn_timeout_s``) and its return is checked by
 type before anything uses it: a list / tuple (or a 1-D numpy array / torch tensor) of numbers or
@@ -6,13 +7,16 @@ bools. A string is never iterated by character (``"0000"`` is not four verdicts)
 lists are refused. Every failure -- a hang, an exception, a bad return -- raises
 :class:`UserFunctionError` with one line naming the key; the training loop turns it into a stop that
 names the step and saves nothing for it. This module imports nothing from the rest of ``pacs_fast``
-(pacs_fast/trainer/rewards.py and step_credit.py call it).
+(pacs_fast/trainer/rewards.py, reward_mix.py and step_credit.py call it).
 
 A function that never returns cannot be killed from Python: it is left running in a daemon thread
 and the run stops (the process exits, the thread with it).
 """
 from __future__ import annotations
 
+import copy
+import importlib
+import inspect
 import math
 import numbers
 import threading
@@ -41,6 +45,8 @@ def call_with_time_limit(fn, args: tuple, *, key: str, timeout_s: float | None, 
         raise UserFunctionError(f"{key} did not return within {timeout_s:g} s (reward.user_fn_timeout_s)")
     if "error" in box:
         e = box["error"]
+        if isinstance(e, UserFunctionError):  # (a mix of rewards: one of its functions, named already)
+            raise e
         raise UserFunctionError(f"{key} raised {type(e).__name__}: {one_line(str(e))}") from e
     return box["value"]
 
@@ -95,3 +101,69 @@ def checked_numbers(value, *, key: str, what: str) -> list[float]:
             raise UserFunctionError(f"{key} returned a non-finite reward for {what}: {_short(value)}")
         out.append(x)
     return out
+
+
+def load_callable(spec: str, key: str):
+    """The callable named by ``spec = "module:function"`` (or ``"module:object.attribute"``: a class's
+    static method, an instance's method) (the config key ``key``, e.g. ``reward.appeal``); a ValueError
+    naming the key when it cannot be imported."""
+    module, _, name = spec.partition(":")
+    try:
+        fn = importlib.import_module(module)
+        for part in name.split("."):
+            fn = getattr(fn, part)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{key}={spec!r} cannot be loaded: {one_line(str(e))}") from e
+    except SystemExit as e:  # a module that exits while it is imported (a script's sys.exit)
+        raise ValueError(f"{key}={spec!r} cannot be loaded: importing {module} called sys.exit({e.code!r})") from e
+    except Exception as e:  # the module itself fails: a SyntaxError, or an error raised while it runs
+        raise ValueError(f"{key}={spec!r} cannot be loaded: importing {module} raised {type(e).__name__}: "
+                         f"{one_line(str(e))}") from e
+    if not callable(fn):
+        raise ValueError(f"{key}={spec!r} is not callable")
+    return fn
+
+
+def check_reward_signature(fn, keywords: list[str], key: str, fields_setting: str) -> None:
+    """A ValueError naming ``key`` when ``fn`` cannot be called as ``fn(problems, responses, answers,
+    **{keyword: ...})`` (``keywords``: the fields ``fields_setting`` hands it); nothing when Python
+    cannot tell (a builtin without a signature)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind([], [], [], **{kw: [] for kw in keywords})
+    except TypeError as e:
+        call = ", ".join(["problems", "responses", "answers"] + keywords)
+        given = f"the fields of {fields_setting}" if keywords else f"none: {fields_setting} names no dataset field"
+        raise ValueError(f"{key} cannot take the call function({call}) (keyword arguments: {given}): {e}; its "
+                         f"signature is {signature}") from None
+
+
+def user_rewards(fn, problems: list[str], texts: list[str], answers: list[str], *, key: str,
+                 timeout_s: float | None, fields: list[dict] | None = None) -> list[float]:
+    """``fn(problems, texts, answers, **columns)``: one reward in [0, 1] per response, within ``timeout_s``
+    (None: no limit); a :class:`~pacs_fast.trainer.user_functions.UserFunctionError` naming ``key`` (the
+    setting that names ``fn``) when it raises, hangs, or returns anything else. ``fields``: each response's
+    ``{keyword: value}`` (all with the same keywords), handed over as one list per keyword (a copy)."""
+    count = len(texts)  # (before the call: a function may change the lists it is given)
+    columns = {}
+    if fields:  # a copy of each row's values (one per row, shared by its responses: a row of 1 MB of tests was
+        # copied once per response, G times), so that a function that edits them edits nothing of the run's
+        copies: dict[int, dict] = {}
+        for f in fields:
+            if id(f) not in copies:
+                copies[id(f)] = copy.deepcopy(f)
+        columns = {kw: [copies[id(f)][kw] for f in fields] for kw in fields[0]}
+    got = call_with_time_limit(fn, (list(problems), list(texts), list(answers)), key=key, timeout_s=timeout_s,
+                               kwargs=columns)
+    rewards = checked_numbers(got, key=key, what=f"{count} responses")
+    if len(rewards) != count:
+        raise UserFunctionError(f"{key} returned {len(rewards)} rewards for {count} responses")
+    bad = [i for i, r in enumerate(rewards) if not 0.0 <= r <= 1.0]
+    if bad:
+        raise UserFunctionError(f"{key} returned {rewards[bad[0]]!r} as the reward of response {bad[0]} ({len(bad)} "
+                                f"of {count} outside [0, 1]): rewards must lie in [0, 1] (PACS's label; the "
+                                f"baselines' advantages assume it too)")
+    return rewards
