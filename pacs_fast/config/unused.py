@@ -14,7 +14,8 @@ from pacs_fast.config.schema import Config
 from pacs_fast.config.validation import _get, is_level
 
 PACS_ONLY = ("algo.beta", "algo.proxy", "algo.score", "algo.weight")
-BASELINES_ONLY = ("algo.clip_low", "algo.clip_high", "algo.clip_c", "algo.kl_coef")
+BASELINES_ONLY = ("algo.clip_low", "algo.clip_high", "algo.clip_c", "algo.kl_coef", "algo.kl_estimator",
+                  "algo.kl_clamp")
 PPO_ONLY = ("algo.lam", "algo.vf_coef", "algo.value_clip", "learner.critic_lr")
 PROCESS_REWARDS_ONLY = ("algo.credit", "reward.step_split", "reward.outcome_weight")
 TINY_MODEL_ONLY = ("model.tiny_hidden_size", "model.tiny_num_layers", "warmup.steps", "warmup.batch_size",
@@ -31,6 +32,8 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     out = []
     if name != "pacs":
         out.append((PACS_ONLY + ("algo.reset_optimizer",), f"with algo.name={name} (PACS's settings)"))
+        if not a.kl_coef:
+            out.append((("algo.kl_estimator", "algo.kl_clamp"), "with algo.kl_coef=0 (no KL penalty)"))
     else:
         out.append((BASELINES_ONLY, "with algo.name=pacs (the baselines' ratio clipping and KL penalty)"))
         if a.ref != "fixed" or not a.reset_every:

@@ -104,7 +104,8 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
     else:
         kw = dict(clip_low=algo.clip_low, clip_high=algo.clip_high, clip_c=algo.clip_c or None, loss_agg_mode=agg,
                   horizon=float(horizon), global_count=global_count, logp_ref=micro.ref_logp,
-                  kl_coef=algo.kl_coef, token_weights=micro.is_weights)
+                  kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator, kl_clamp=algo.kl_clamp or None,
+                  token_weights=micro.is_weights)
         token_share = float(mask.sum()) / max(counts["tokens"], 1.0)  # this micro-batch's share of the tokens
         if algo.entropy_top_frac < 1.0:  # the policy gradient on the high-entropy tokens only (token_selection.py)
             from pacs_fast.algorithms.token_selection import high_entropy_mask
