@@ -162,8 +162,8 @@ class AlgoConfig:
                        "clip_ratio_c, always on in verl and so in the paper's GRPO/PPO baselines")
     kl_coef: float = _f(0.0, "baselines: KL penalty to the initial policy, a loss term (0 = off, no reference model)")
     kl_estimator: str = _f("k3", "baselines' KL penalty per token, with d = logp_ref - logp (Schulman's): k3 "
-                           "(e^d - d - 1, TRL's and verl's low_var_kl) | k2 (d^2 / 2: as a loss its expected gradient is "
-                           "the KL's own) | k1 (-d, verl's kl)")
+                           "(e^d - d - 1, TRL's and verl's low_var_kl) | k2 (d^2 / 2: as a loss its expected "
+                           "gradient is the KL's own) | k1 (-d, verl's kl)")
     kl_clamp: float = _f(0.0, "baselines, kl_estimator=k3: clamp each token's estimate to [-c, c] and its log-ratio "
                          "to [-20, 20] (verl's low_var_kl: 10; 0 = off)")
     loss_agg: str = _f("auto", "baselines' token aggregation (verl's loss_agg_mode): auto (dr_grpo: "
