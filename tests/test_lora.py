@@ -179,9 +179,11 @@ def test_a_run_trains_adapters_saves_plain_checkpoints_and_resumes_exactly(tmp_p
     from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
     from test_train import TINY
 
+    # (with dropout: the split run's extra held-out evaluation at its step 2 draws from torch's generators, which
+    # the update's dropout masks drew from too: its step 3 trained on other masks than the uninterrupted run's)
     common = TINY + [f"warmup.cache_dir={warm_cache}", f"train.out_dir={tmp_path}", "model.lora_rank=4",
-                     "learner.lr=1e-2", "train.save_every=1", "reward.fn=test_reinforce_pp:even_length",
-                     "train.tensorboard=false"]
+                     "model.lora_dropout=0.2", "learner.lr=1e-2", "train.save_every=1",
+                     "reward.fn=test_reinforce_pp:even_length", "train.tensorboard=false", "train.eval_every=3"]
     code, out, err = cli(common + ["train.steps=3", "train.run_name=full"], capsys)
     assert code == 0, err
     assert "LoRA: rank 4 on all-linear" in out + err
@@ -330,3 +332,28 @@ def test_the_memory_estimate_counts_a_fixed_reference_as_adapters_under_lora():
     assert a["reference"] == model_params(shape) * 2 and b["reference"] == lora_params(shape, 16) * 2
     rollout = load_config(None, ["model.dtype=bfloat16", "model.lora_rank=16"])  # ref=rollout: none held
     assert learner_memory(rollout, shape, tokens=4096, device="cpu")["reference"] == 0
+
+
+def test_dropout_masks_are_the_steps_whatever_ran_before(tiny, seed):
+    """An update with active dropout (model.lora_dropout) draws its masks from generators seeded with its step's
+    seed and leaves torch's own as they were: the same update after other draws gives the same adapters, another
+    step's seed other ones."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = _batch(gen)
+
+    def trained(update_seed, draws):
+        torch.manual_seed(123)
+        model = _model(tiny)
+        add_lora(model, rank=4, alpha=8, dropout=0.3, target_modules="all-linear")
+        learner = _learner(model)
+        assert learner.has_dropout and not learner.fuses_old_logprobs
+        _update(learner, batch)  # (moves B off 0: dropout then changes the forward)
+        torch.rand(draws)  # whatever ran between (a held-out evaluation's sampling)
+        state = torch.random.get_rng_state()
+        _update(learner, batch, seed=update_seed)
+        assert torch.equal(torch.random.get_rng_state(), state)  # torch's generators as they were
+        return [t.clone() for n, t in model.state_dict().items() if ".lora_" in n]
+
+    a, b, c = trained(7, 0), trained(7, 1000), trained(8, 0)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert any(not torch.equal(x, y) for x, y in zip(a, c))

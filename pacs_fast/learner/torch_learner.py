@@ -60,6 +60,8 @@ from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_r
 from pacs_fast.ops import varlen_attention
 from pacs_fast.ops.linear_logprobs import linear_logprobs
 
+DROPOUT_SEED_OFFSET = 0x0D50  # the update's dropout generators: another stream than its mini-batch order's
+
 
 class TorchLearner(Learner):
     """Learner on a Hugging Face causal LM.
@@ -126,7 +128,8 @@ class TorchLearner(Learner):
         self.last_terms: dict[str, torch.Tensor] = {}
         # forwards of each kind (FORWARD_KINDS) and token slots since the last update()
         self.forwards: Counter = Counter()
-        self.fuses_old_logprobs = algo.name != "ppo" and not has_active_dropout(model)
+        self.has_dropout = has_active_dropout(model)  # train-mode forwards draw masks (update: seeded per step)
+        self.fuses_old_logprobs = algo.name != "ppo" and not self.has_dropout
         self.fuses_correction = self.fuses_old_logprobs
         self._switched: list = []  # (model, its attention implementation) switched to varlen attention
         self._depth = 0  # public calls in progress (restores_attention)
@@ -317,7 +320,18 @@ class TorchLearner(Learner):
         log-probs before the update, row by row and rejecting nothing (the first mini-batch's
         denominators are counted before its forwards); the update calls it on each micro-batch of
         the first mini-batch with that forward's log-probs, and on the other rows with the no-grad
-        pass's, so the off-policy correction costs no extra forward."""
+        pass's, so the off-policy correction costs no extra forward. With active dropout (``model.lora_dropout``,
+        a model's own), the masks come from torch's generators seeded with ``seed`` for the update (theirs kept
+        for after it), so they are the step's, whatever ran before it: a resumed run draws the uninterrupted
+        one's (the held-out evaluation's sampling drew from the same generators)."""
+        if not self.has_dropout:
+            return self._update(batch, seed=seed, correct=correct)
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(int(seed) + DROPOUT_SEED_OFFSET)
+            return self._update(batch, seed=seed, correct=correct)
+
+    def _update(self, batch: RolloutBatch, *, seed: int, correct=None) -> dict[str, float]:
         self.model.train()
         gen = torch.Generator().manual_seed(int(seed))
         P = batch.num_groups
