@@ -45,6 +45,7 @@ quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, th
 from pacs_fast.config import ATTENTIONS  # noqa: E402
 from pacs_fast.config.model_files import trained_positions
 from pacs_fast.config.reward_fields import fields_digest, row_fields
+from pacs_fast.config.reward_specs import VERIFIER, reward_specs
 from pacs_fast.data.datasets import BENCHMARKS
 from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, load_benchmarks,
                                        model_label, prompt_kwargs, read_json)
@@ -200,8 +201,12 @@ def write_reports(out_dir: Path, results: dict, table_k=None) -> str:
 def run(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
     check_run_args(args)  # numbers, choices, the model folder, --out: before anything loads
-    if args.reward_fn.strip() == "verifier":  # (the math verifier alone: no --reward-fn)
+    args.reward_fn = ",".join(reward_specs(args.reward_fn))  # (recorded as written without spaces or stray commas)
+    if args.reward_fn == VERIFIER:  # (the math verifier alone: no --reward-fn)
         args.reward_fn = ""
+    if args.reward_weights.strip() and not args.reward_fn:
+        raise UsageError("--reward-weights weighs the components of a --reward-fn list (e.g. --reward-fn "
+                         "verifier,my_checks:format_score --reward-weights 0.8,0.2); give --reward-fn")
     keywords = reward_field_keywords(args.reward_fields, args.reward_fn)
     args.reward_field_keywords = keywords  # (the benchmark loader reads these fields of every row)
     reward_fn = load_reward_fn(args.reward_fn, list(keywords.values()), args.reward_weights,

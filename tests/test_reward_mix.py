@@ -29,6 +29,17 @@ def has_digit(problems, responses, answers):
     return [float(any(ch.isdigit() for ch in r)) for r in responses]
 
 
+class Other:
+    @staticmethod
+    def short(problems, responses, answers):  # (the same name as short above: the metric names keep them apart)
+        return [float(len(r) < 3) for r in responses]
+
+
+def hangs(problems, responses, answers):
+    import time
+    time.sleep(30)
+
+
 def too_large(problems, responses, answers):
     return [1.5] * len(responses)
 
@@ -69,6 +80,7 @@ class FakeVerifier:
     ("verifier,verifier", [], r"reward.fn names 'verifier' twice"),
     ("verifier,score", [], r"reward.fn: 'score' is neither 'verifier' \(the math verifier\) nor 'module:function'"),
     ("verifier,m:f", ["a", "b"], r"reward.fn_weights must be numbers"),
+    ("verifier,m:f", [True, False], r"reward.fn_weights must be numbers, got \[True, False\]"),
 ])
 def test_bad_settings_are_one_line_naming_the_key(fn, weights, message):
     cfg = load_config(None, [f"reward.fn={fn}", f"reward.fn_weights={json.dumps(weights)}"])
@@ -79,11 +91,15 @@ def test_bad_settings_are_one_line_naming_the_key(fn, weights, message):
 def test_weights_default_equal_sum_within_rounding_and_names_stay_apart():
     assert checked_weights("verifier,a:f,b:g", []) == [1 / 3] * 3
     assert checked_weights("verifier,a:f,b:g", [0.7, 0.2, 0.1]) == [0.7, 0.2, 0.1]  # (sums to 0.9999999999999999)
-    assert component_names(["verifier", "a:score", "b.c:score", "d:x.run"]) == ["verifier", "a.score", "b.c.score",
+    assert component_names(["verifier", "a:score", "b.c:score", "d:x.run"]) == ["verifier", "a:score", "b.c:score",
                                                                                   "run"]
+    assert component_names(["a.b:c", "a:b.c"]) == ["a.b:c", "a:b.c"]  # (with ':' as '.', both were a.b.c)
     with pytest.raises(ValueError, match="reward.fn_fields hands dataset fields to reward.fn"):
         validate(load_config(None, ["reward.fn=verifier", "reward.fn_fields=[tests]"]))
     validate(load_config(None, ["reward.fn=verifier"]))  # (the verifier alone: the default)
+    validate(load_config(None, ["reward.fn=verifier,"]))  # (a stray comma, as in a list)
+    with pytest.raises(ValueError, match="a mix of rewards in reward.fn gives weighted sums"):
+        validate(load_config(None, ["reward.fn=verifier,m:f", "reward.noise_fp=0.1"]))
 
 
 def test_which_settings_a_mix_leaves_unused():
@@ -126,6 +142,19 @@ def test_a_bad_component_is_one_line_naming_it(bad, message):
     with pytest.raises(UserFunctionError) as e:
         scorer(["4"], ["4"], step=1, problems=["2+2"])
     assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+def test_two_functions_of_one_name_stay_apart_and_a_hang_names_its_component():
+    mix = make_reward_mix("test_reward_mix:short,test_reward_mix:Other.short", [0.25, 0.75], keywords=[],
+                          verifier_factory=FakeVerifier)
+    got = mix(["p"] * 3, ["ab", "abcdef", "a long response"], ["1"] * 3)
+    assert got == [1.0, 0.25, 0.0]  # short: 1, 1, 0; Other.short: 1, 0, 0
+    assert mix.last_parts == {"test_reward_mix:short": [1.0, 1.0, 0.0], "test_reward_mix:Other.short": [1.0, 0.0, 0.0]}
+    hung = make_reward_mix("test_reward_mix:short,test_reward_mix:hangs", [], keywords=[],
+                           verifier_factory=FakeVerifier)
+    with pytest.raises(UserFunctionError, match=r"reward.fn did not return within 0.5 s .*; its component hangs was "
+                                                r"running"):
+        Scorer(0, user_fn=hung, timeout_s=0.5)(["x"], ["1"], step=1, problems=["p"])
 
 
 def test_the_scorer_records_each_components_mean_over_every_response_memo_or_not():
@@ -225,6 +254,13 @@ def test_eval_scores_a_mix_records_its_weights_and_refuses_others(model_dir, dat
     assert errors == ["error: --reward-weights must sum to 1 (the reward is their weighted sum of rewards in "
                       "[0, 1], so that it stays in [0, 1]), got [0.5, 0.6] (sum 1.1)"], errors
     assert not (tmp_path / "new").exists()
+    # weights without a list to weigh; a list written with spaces and a stray comma is recorded as written without
+    assert ev.main(_run_args(model_dir, dataset, tmp_path / "new", "--reward-weights", "0.5,0.5")) == 2
+    assert "--reward-weights weighs the components of a --reward-fn list" in capsys.readouterr().err
+    assert ev.main(_run_args(model_dir, dataset, tmp_path / "new", "--reward-fn", "m:f", "--reward-weights", "1")) == 2
+    assert "(e.g. --reward-fn verifier,my_checks:format_score --reward-weights 0.8,0.2)" in capsys.readouterr().err
+    assert ev.main(_run_args(model_dir, dataset, out, "--reward-fn", "verifier, test_reward_mix:short,",
+                             "--scorer-workers", "0", "--reward-weights", "0.25,0.75")) == 0  # (the same run)
     # the verifier alone is the default: it reads no fields
     assert ev.main(_run_args(model_dir, dataset, tmp_path / "new", "--reward-fn", "verifier", "--reward-fields",
                              "tests")) == 2

@@ -31,10 +31,15 @@ def is_mix(fn: str, weights) -> bool:
 
 
 def component_names(specs: list[str]) -> list[str]:
-    """Metric names of the components: ``verifier``, or a function's own name (its module too where two share
-    one: ``a.score``, ``b.score``)."""
+    """Metric names of the components (``specs`` distinct): ``verifier``, or a function's own name; where two
+    share one, each of those is its whole spec (``a:score``, ``b:score``), which no other component has."""
     short = [s.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for s in specs]
-    return [s.replace(":", ".") if short.count(n) > 1 else n for s, n in zip(specs, short)]
+    return [s if short.count(n) > 1 else n for s, n in zip(specs, short)]
+
+
+def same_mix(a: str, b: str) -> bool:
+    """Whether two ``reward.fn`` values name the same components in the same order (spaces aside)."""
+    return reward_specs(a) == reward_specs(b)
 
 
 def checked_weights(fn: str, weights, key: str = "reward.fn_weights", fn_key: str = "reward.fn") -> list[float]:
@@ -52,9 +57,13 @@ def checked_weights(fn: str, weights, key: str = "reward.fn_weights", fn_key: st
     if not weights:
         return [1.0 / len(specs)] * len(specs) if specs else []
     if len(specs) < 2:
-        raise ValueError(f"{key} weighs the components of a list in {fn_key} (e.g. {fn_key}=verifier,"
-                         f"my_checks:format_score {key}=[0.8,0.2]); {fn_key} names {len(specs)}")
+        example = (f"{fn_key} verifier,my_checks:format_score {key} 0.8,0.2" if key.startswith("--") else
+                   f"{fn_key}=verifier,my_checks:format_score {key}=[0.8,0.2]")
+        raise ValueError(f"{key} weighs the components of a list in {fn_key} (e.g. {example}); {fn_key} names "
+                         f"{len(specs)}")
     try:
+        if any(isinstance(w, bool) for w in weights):  # (YAML's true / false are no weights)
+            raise TypeError
         values = [float(w) for w in weights]
     except (TypeError, ValueError):
         raise ValueError(f"{key} must be numbers, got {list(weights)!r}") from None

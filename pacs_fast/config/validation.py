@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pacs_fast.config.paths import SHIPPED_DATASETS, validate_paths, warmup_cache_root, write_problem  # noqa: F401
 from pacs_fast.config.reward_fields import field_keywords
-from pacs_fast.config.reward_specs import VERIFIER, checked_weights, is_mix, user_specs
+from pacs_fast.config.reward_specs import VERIFIER, checked_weights, is_mix, reward_specs, user_specs
 from pacs_fast.config.schema import ALGORITHMS, RECOMPUTE_GRANULARITIES, Config, field_types, section_classes
 
 
@@ -266,8 +266,11 @@ def _validate_efficacy(cfg: Config) -> None:
         raise ValueError(f"reward.appeal must look like 'module:function', got {cfg.reward.appeal!r}")
     if is_mix(cfg.reward.fn, cfg.reward.fn_weights):
         checked_weights(cfg.reward.fn, cfg.reward.fn_weights)
-    elif cfg.reward.fn and cfg.reward.fn.strip() != VERIFIER and ":" not in cfg.reward.fn:
+    elif reward_specs(cfg.reward.fn) and reward_specs(cfg.reward.fn)[0] != VERIFIER and ":" not in cfg.reward.fn:
         raise ValueError(f"reward.fn must look like 'module:function', got {cfg.reward.fn!r}")
+    if is_mix(cfg.reward.fn, cfg.reward.fn_weights) and (cfg.reward.noise_fp or cfg.reward.noise_fn):
+        raise ValueError("reward.noise_fp / reward.noise_fn flip 0 / 1 labels; a mix of rewards in reward.fn gives "
+                         "weighted sums (soft rewards): use one reward, or no label noise")
     if cfg.reward.fn_fields:
         field_keywords(cfg.reward.fn_fields, "reward.fn_fields")
         if not user_specs(cfg.reward.fn):

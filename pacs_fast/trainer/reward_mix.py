@@ -28,6 +28,7 @@ class RewardMix:
         self.components, self.verifier_factory, self.key = components, verifier_factory, key
         self.verifier = None
         self.last_parts: dict[str, list[float]] = {}
+        self.running: str | None = None  # the component being called (named when the mix runs out of time)
 
     @property
     def names(self) -> list[str]:
@@ -37,6 +38,7 @@ class RewardMix:
         rows = [dict(zip(fields, values)) for values in zip(*fields.values())] if fields else None
         parts: dict[str, list[float]] = {}
         for name, fn, _ in self.components:
+            self.running = name
             if fn is None:
                 if self.verifier is None:
                     self.verifier = self.verifier_factory()
@@ -44,7 +46,7 @@ class RewardMix:
             else:  # (the mix's own time limit covers its components: none of their own)
                 parts[name] = user_rewards(fn, problems, responses, answers, key=f"{self.key} component {name}",
                                            timeout_s=None, fields=rows)
-        self.last_parts = parts
+        self.last_parts, self.running = parts, None
         totals = [sum(w * parts[name][i] for name, _, w in self.components) for i in range(len(responses))]
         return [min(max(t, 0.0), 1.0) for t in totals]  # (weights summing to 1 within 1e-6)
 

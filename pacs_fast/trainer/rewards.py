@@ -172,8 +172,14 @@ class Scorer:
         """``reward.fn`` on the distinct ``(problem, response, answer, fields digest)`` keys."""
         problems, texts, answers, digests = (list(x) for x in zip(*todo))
         fields = None if rows is None else [rows[d] for d in digests]
-        scores = user_rewards(self.user_fn, problems, texts, answers, key="reward.fn", timeout_s=self.timeout_s,
-                              fields=fields)
+        try:
+            scores = user_rewards(self.user_fn, problems, texts, answers, key="reward.fn", timeout_s=self.timeout_s,
+                                  fields=fields)
+        except UserFunctionError as e:
+            running = getattr(self.user_fn, "running", None)
+            if running is not None and "did not return within" in str(e):  # (a mix: which of its functions hung)
+                raise UserFunctionError(f"{e}; its component {running} was running") from e
+            raise
         if isinstance(self.user_fn, RewardMix):
             self.parts.update(zip(todo, zip(*self.user_fn.last_parts.values())))
         return scores

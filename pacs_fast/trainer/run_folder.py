@@ -41,7 +41,8 @@ SAFE_RESUME_KEYS = frozenset({
     "train.plots", "train.tensorboard", "train.threads", "train.reward_workers", "train.log_samples",
     "train.keep_freed_memory", "rollout.gpu_memory_utilization", "reward.user_fn_timeout_s", "train.loggers",
     # activation recompute gives the same values bit for bit (tests/test_recompute.py): the way on after running
-    # out of memory
+    # out of memory (full recompute in the torch learner turns the shared-prefix forward off: the plain forward's
+    # values, equal to float rounding)
     "model.gradient_checkpointing", "model.recompute_granularity",
 })
 # may change on --resume when the recorded file or folder is gone (moved, deleted): the checkpoint restores the
