@@ -210,6 +210,10 @@ def test_a_run_trains_on_the_mix_and_records_each_part(tmp_path, cache, capsys):
     samples = [json.loads(x) for x in (tmp_path / "r" / "samples.jsonl").read_text().splitlines()]
     rows = [s for s in samples if "response" in s]
     assert rows and any(0 < s["reward"] < 1 for s in rows)  # weighted sums, not the verifier's 0 / 1
+    for s in rows:  # each row's components, as they weigh into its reward
+        p = s["reward_parts"]
+        assert set(p) == {"verifier", "short", "has_digit"} and p["short"] == float(len(s["response"]) < 12)
+        assert s["reward"] == pytest.approx(0.5 * p["verifier"] + 0.3 * p["short"] + 0.2 * p["has_digit"], abs=1e-12)
 
 
 def test_a_bad_mix_is_one_line_before_any_model(tmp_path, capsys):

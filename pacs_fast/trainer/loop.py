@@ -32,8 +32,8 @@ from pacs_fast.trainer.parallel import close_world
 from pacs_fast.trainer.plots import PANELS  # (matplotlib is imported only to draw)
 from pacs_fast.trainer.rollout_step import NoGroupKept, rollout_step
 from pacs_fast.trainer.session import Session, SetupError, start
-from pacs_fast.trainer.step import (WEIGHTED_MEANS, learn, reward_component_metrics, sample_rows, step_record,
-                                   terms_over_groups)
+from pacs_fast.trainer.step import (WEIGHTED_MEANS, learn, reward_component_metrics, reward_component_rewards,
+                                   sample_rows, step_record, terms_over_groups)
 from pacs_fast.trainer.user_functions import UserFunctionError
 
 __all__ = ["train", "SetupError", "TrainingStopped"]
@@ -149,6 +149,10 @@ def log_samples(s: Session, step: int, problems, comps, rewards, terms, batch, e
     # overlong shaping: what trained, beside the verifier's reward (7 digits: float32's, not 0.6666666865348816)
     trained = [float(f"{v:.7g}") for v in batch.rewards[:k].tolist()] if batch.verifier_rewards is not None else None
     rows = sample_rows(step, s.tokenizer, problems, comps, rewards, terms, k, trained)
+    parts = reward_component_rewards(s, problems, comps)  # a mix of rewards: each row's component rewards
+    if parts:
+        for r in rows:
+            r["reward_parts"] = {name: values[r["row"]] for name, values in parts.items()}
     if s.world.dp > 1:
         rows, shares = [], s.world.gather_dp(rows)
         for share in shares:  # the shares in data-parallel order: a row's number counts the groups' rows before it

@@ -198,15 +198,22 @@ def terms_over_groups(world, terms: dict, batch: RolloutBatch) -> dict:
     return {k: torch.cat([p[k] for p in parts]) for k in PACS_TERMS if all(k in p for p in parts)}
 
 
-def reward_component_metrics(s, problems: list[dict], comps) -> dict[str, float]:
-    """With a mix of rewards (``reward.fn=a,b``), ``reward/<name>/mean`` of each component over the step's
-    trained responses (this data-parallel group's; the record averages the groups' equal shares)."""
-    scorer_metrics = getattr(s.scorer, "component_metrics", None)
-    if scorer_metrics is None:
+def reward_component_rewards(s, problems: list[dict], comps) -> dict[str, list[float]]:
+    """With a mix of rewards (``reward.fn=a,b``), ``{name: each response's reward from that component}`` for the
+    step's responses (this data-parallel group's, in row order); empty otherwise."""
+    scorer_parts = getattr(s.scorer, "component_rewards", None)
+    if scorer_parts is None or not comps:
         return {}
     G = s.cfg.rollout.n
-    return scorer_metrics([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
-                          problem_texts(problems, G), problem_fields(problems, G))
+    return scorer_parts([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
+                        problem_texts(problems, G), problem_fields(problems, G))
+
+
+def reward_component_metrics(s, problems: list[dict], comps) -> dict[str, float]:
+    """``reward/<name>/mean`` of :func:`reward_component_rewards` over the step's trained responses (this
+    data-parallel group's; the record averages the groups' equal shares)."""
+    return {f"reward/{name}/mean": float(sum(v) / len(v))
+            for name, v in reward_component_rewards(s, problems, comps).items() if v}
 
 
 def step_record(batch: RolloutBatch, comps, learner_metrics: dict, mismatch: dict, terms: dict,
