@@ -94,4 +94,9 @@ def hazard_warnings(cfg: Config) -> list[str]:
                    f"bf16: an update under 2^-9 of its weight rounds away, and at learner.lr={cfg.learner.lr:g} most "
                    f"do (lr 1e-6: 98% of weights ~ N(0, 0.02) unchanged after 10 steps; 1e-5: 85%); use "
                    f"learner.master_weights=true (the default) or model.dtype=float32")
+    warm, steps = cfg.learner.lr_warmup_steps, cfg.train.steps
+    if warm > steps > 0:
+        out.append(f"learner.lr_warmup_steps={warm} with train.steps={steps}: the run ends inside its warm-up, its "
+                   f"last step at {steps / warm:.3g} of learner.lr and no step at the rate itself; lower "
+                   f"learner.lr_warmup_steps")
     return out

@@ -195,7 +195,12 @@ class AlgoConfig:
 @dataclass
 class LearnerConfig:
     backend: str = _f("torch", "torch (one process) | megatron (tensor parallel)")
-    lr: float = _f(1e-4, "AdamW learning rate")
+    lr: float = _f(1e-4, "AdamW learning rate (the peak of learner.lr_schedule)")
+    lr_schedule: str = _f("constant", "the learning rate over the run's train.steps: constant | linear | cosine "
+                          "(decay to learner.min_lr_ratio of it over the steps after the warm-up; "
+                          "pacs_fast/learner/lr_schedule.py)")
+    lr_warmup_steps: int = _f(0, "linear warm-up: training step s <= N trains at s / N of learner.lr (0 = none)")
+    min_lr_ratio: float = _f(0.0, "linear / cosine: the floor of the decay, a fraction of learner.lr")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     betas: list = _f([0.9, 0.999], "AdamW betas")
     eps: float = _f(1e-8, "AdamW eps")

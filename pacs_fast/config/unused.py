@@ -43,6 +43,8 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
                                             "baselines' token losses and the entropy bonus only)"))
     if name in ("gspo", "cispo"):
         out.append((("algo.clip_c",), f"with algo.name={name} (PPO's dual clip; {name} has none, as in verl)"))
+    if cfg.learner.lr_schedule == "constant":
+        out.append((("learner.min_lr_ratio",), "with learner.lr_schedule=constant (the floor of a decay)"))
     if not cfg.model.lora_rank:
         out.append((("model.lora_alpha", "model.lora_dropout", "model.lora_target_modules"),
                     "with model.lora_rank=0 (no LoRA adapters)"))

@@ -65,7 +65,7 @@ FLOAT_RANGES = (
     ("learner.critic_lr", 0.0, 1.0, False, True), ("warmup.lr", 0.0, 1.0, False, True),
     ("algo.beta", 0.0, None, False, None), ("algo.clip_low", 0.0, None, True, None),  # < 1 but cispo: _validate_clips
     ("algo.clip_high", 0.0, None, True, None), ("algo.kl_coef", 0.0, None, True, None),
-    ("algo.kl_clamp", 0.0, None, True, None),
+    ("algo.kl_clamp", 0.0, None, True, None), ("learner.min_lr_ratio", 0.0, 1.0, True, True),
     ("algo.gamma", 0.0, 1.0, True, True), ("algo.lam", 0.0, 1.0, True, True),
     ("algo.vf_coef", 0.0, None, True, None), ("algo.value_clip", 0.0, None, True, None),
     ("algo.entropy_top_frac", 0.0, 1.0, False, True), ("model.lora_alpha", 0.0, None, True, None),
@@ -79,7 +79,8 @@ FLOAT_RANGES = (
 )
 FLOAT32_MAX = 3.4028234663852886e38
 NONNEGATIVE_INTS = ("train.threads", "train.log_samples", "train.reward_workers", "train.eval_every",
-                    "train.save_every", "warmup.steps", "algo.reset_every", "rollout.top_k", "rollout.eval_top_k")
+                    "train.save_every", "warmup.steps", "algo.reset_every", "rollout.top_k", "rollout.eval_top_k",
+                    "learner.lr_warmup_steps")
 
 
 def _get(cfg: Config, key: str):
@@ -357,6 +358,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("algo.weight", cfg.algo.weight, ("question", "none", "only_positive", "only_negative"))
     _choice("algo.ref", cfg.algo.ref, ("rollout", "fixed"))
     _choice("algo.kl_estimator", cfg.algo.kl_estimator, ("k1", "k2", "k3"))
+    _choice("learner.lr_schedule", cfg.learner.lr_schedule, ("constant", "linear", "cosine"))
     if cfg.algo.kl_clamp and cfg.algo.kl_estimator != "k3":
         raise ValueError(f"algo.kl_clamp bounds the k3 estimate (verl's low_var_kl); algo.kl_estimator="
                          f"{cfg.algo.kl_estimator} takes none (set algo.kl_clamp=0)")

@@ -206,6 +206,19 @@ class Learner(abc.ABC):
                              "batch.old_logp given, set batch.is_weights / kept_mask before the update")
         return fuse
 
+    def set_lr_scale(self, scale: float) -> float:
+        """Every optimiser group's learning rate at ``scale`` times its configured one (``learner.lr``; PPO's value
+        head: ``learner.critic_lr``), for the next updates (:mod:`pacs_fast.learner.lr_schedule`); returns the
+        policy's."""
+        bases = self._base_lrs()
+        for group, base in zip(self.optimizer.param_groups, bases):
+            group["lr"] = base * scale
+        return bases[0] * scale
+
+    def _base_lrs(self) -> list[float]:
+        """The configured learning rate of each optimiser group, in order."""
+        return [self.cfg.lr] * len(self.optimizer.param_groups)
+
     @abc.abstractmethod
     def reset_reference(self, *, reset_optimizer: bool) -> None:
         """Copies the policy into the reference (PACS ``ref=fixed``); optionally re-initialises

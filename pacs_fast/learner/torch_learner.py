@@ -153,6 +153,9 @@ class TorchLearner(Learner):
         return torch.optim.AdamW(groups, lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.eps,
                                  weight_decay=self.cfg.weight_decay)
 
+    def _base_lrs(self) -> list[float]:
+        return [self.cfg.lr] + ([self.cfg.critic_lr] if self.value_head is not None else [])
+
     def _forward(self, model, batch: RolloutBatch, *, entropy: bool, values: bool):
         """Differentiable ``logp [b, T]`` (and entropy / values ``[b, T]``, else None)."""
         ids = batch.input_ids.to(self.device)

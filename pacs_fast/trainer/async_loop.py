@@ -262,7 +262,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
             diagnostic = step in (1, cfg.train.steps) or bool(cfg.train.eval_every and step % cfg.train.eval_every == 0)
             try:
                 lm, mismatch = learn(cfg, s.learner, batch, prompt_ids, comps, seed=r.seed,
-                                     diagnostic=diagnostic, timings=tm)
+                                     diagnostic=diagnostic, timings=tm, step=step)
             except NonFiniteError as e:
                 raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it") from e
             version = step

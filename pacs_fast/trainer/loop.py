@@ -79,7 +79,8 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
             # learn, then load the new weights into the engine
             diagnostic = step in (1, cfg.train.steps) or bool(cfg.train.eval_every and step % cfg.train.eval_every == 0)
             try:
-                lm, mismatch = learn(cfg, learner, batch, prompt_ids, comps, seed=seed, diagnostic=diagnostic, timings=tm)
+                lm, mismatch = learn(cfg, learner, batch, prompt_ids, comps, seed=seed, diagnostic=diagnostic,
+                                     timings=tm, step=step)
             except NonFiniteError as e:
                 raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it (the newest kept is the "
                                       f"last good one)") from e

@@ -97,10 +97,13 @@ def step_reinforce_pp(name: str, batch: RolloutBatch, gather=None) -> torch.Tens
 
 
 def learn(cfg: Config, learner, batch: RolloutBatch, prompt_ids, comps, *, seed: int, diagnostic: bool,
-          timings: dict) -> tuple[dict, dict]:
+          timings: dict, step: int | None = None) -> tuple[dict, dict]:
     """Old / reference log-probs, the off-policy correction (``correction``, :mod:`.correction`), then
-    the update. Returns ``(learner metrics, mismatch and correction metrics)``."""
+    the update, at training step ``step``'s learning rate (``learner.lr_schedule``; None: the optimiser's as it
+    is). Returns ``(learner metrics, with ``lr``, mismatch and correction metrics)``."""
     import time
+
+    from pacs_fast.learner.lr_schedule import lr_scale
 
     from pacs_fast.trainer.correction import apply_correction, correction_on, fused_correction, proximal_logprobs
 
@@ -124,6 +127,9 @@ def learn(cfg: Config, learner, batch: RolloutBatch, prompt_ids, comps, *, seed:
         batch.advantages, batch.returns = gae(outcome_token_rewards(batch), batch.old_values,
                                               batch.response_mask, gamma=cfg.algo.gamma, lam=cfg.algo.lam)
     timings["time/logprobs"] = time.perf_counter() - t0
+    lc = cfg.learner
+    lr = None if step is None else learner.set_lr_scale(lr_scale(step, total=cfg.train.steps, warmup=lc.lr_warmup_steps,
+                                                                 schedule=lc.lr_schedule, min_ratio=lc.min_lr_ratio))
     t0 = time.perf_counter()
     if fused:
         metrics = learner.update(batch, seed=seed, correct=lambda rows, lp: apply_correction(cfg, rows, lp))
@@ -135,6 +141,8 @@ def learn(cfg: Config, learner, batch: RolloutBatch, prompt_ids, comps, *, seed:
         mismatch = logprob_mismatch(learner, batch, prompt_ids, comps, temperature=1.0, extra_forward=False)
     if correction_on(cfg):  # which pass gave pi_old (correction.fused)
         correction["correction/fused"] = float(fused)
+    if lr is not None:
+        metrics["lr"] = lr
     return metrics, {**mismatch, **correction}
 
 
