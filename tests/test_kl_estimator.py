@@ -12,16 +12,13 @@ import pytest
 import torch
 
 from pacs_fast.config import AlgoConfig, load_config, unused_settings, validate
-from pacs_fast.learner.objective import minibatch_counts, objective
 
 from test_correction_wiring import _batch
+from test_entropy_selection import _grads
 
 
 def _loss(algo, batch, logp0):
-    logp = logp0.clone().requires_grad_(True)
-    loss, metrics = objective(algo, batch, logp, None, None, minibatch_counts(batch), horizon=9)
-    loss.backward()
-    return loss.detach(), logp.grad, metrics
+    return _grads(algo, batch, logp0, None)
 
 
 @pytest.mark.parametrize("name", ["grpo", "rloo", "dr_grpo", "gspo", "cispo"])
