@@ -45,7 +45,7 @@ def load_reward_fn(spec: str, keywords: list[str] = (), weights: str = "", verif
 
         try:
             return make_reward_mix(spec, values, keywords=list(keywords), verifier_factory=verifier_factory,
-                                   key="--reward-fn", weights_key="--reward-weights")
+                                   key="--reward-fn", weights_key="--reward-weights", fields_key="--reward-fields")
         except ValueError as e:
             raise UsageError(str(e)) from None
     if ":" not in spec:

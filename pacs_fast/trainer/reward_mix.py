@@ -56,7 +56,7 @@ class RewardMix:
 
 
 def make_reward_mix(fn: str, weights, *, keywords: list[str], verifier_factory, key: str = "reward.fn",
-                    weights_key: str = "reward.fn_weights") -> RewardMix:
+                    weights_key: str = "reward.fn_weights", fields_key: str = "reward.fn_fields") -> RewardMix:
     """The :class:`RewardMix` of ``fn`` / ``weights`` (checked: :func:`checked_weights`); each function loaded
     and its signature checked against ``keywords`` (the fields it is handed); ``verifier_factory()``: the
     verifier's batch scorer, made at the mix's first call. A ValueError naming the setting."""
@@ -68,6 +68,6 @@ def make_reward_mix(fn: str, weights, *, keywords: list[str], verifier_factory, 
             components.append((name, None, w))
             continue
         f = load_callable(spec, key)
-        check_reward_signature(f, keywords, f"{key} component {spec!r}", "reward.fn_fields")
+        check_reward_signature(f, keywords, f"{key} component {spec!r}", fields_key)
         components.append((name, f, w))
     return RewardMix(components, verifier_factory=verifier_factory, key=key)
