@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     parser.add_argument("-h", "--help", action="store_true", help="list every config key and exit")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # (overrides on both sides of --config / --resume)
     if args.help:
         print(parser.format_help())
         print("Config keys (section.key, type, default):\n")

@@ -280,7 +280,9 @@ def test_a_checkpoint_whose_manifest_lists_itself_resumes(finished, tmp_path, ca
 
 def test_resume_accepts_a_safe_override_and_continues(finished, tmp_path, capsys):
     run = copy_run(finished, tmp_path)
-    code, _, err = cli(["--resume", str(run), "train.steps=5"], capsys)
+    # (overrides on both sides of --resume: argparse's plain parse took the first run only, then refused the
+    # other, "unrecognized arguments", naming a valid key)
+    code, _, err = cli(["train.steps=5", "--resume", str(run), "train.threads=1"], capsys)
     assert code == 0, err
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
     assert steps == [1, 2, 3, 4, 5]
