@@ -346,6 +346,8 @@ def _main(a) -> int:
     header = a.title or f"# Experiment {out.name}"
     header += ("\n\nCommon settings: " + (f"`--config {a.config}` " if a.config else "")
                + " ".join(f"`{o}`" for o in a.overrides) + f"; seeds {seeds}.")
+    header += "\n\nArms: " + "; ".join(f"{arm.name}: " + (" ".join(f"`{o}`" for o in arm.overrides) or "the common "
+                                                         "settings alone") for arm in arms) + "."
     if a.report:  # reads finished runs only: fine beside a live runner
         if not collect(jobs):  # an empty table would replace the folder's results.md
             print(f"error: --report: no run of these arms and seeds in {str(out)!r} has finished yet (summary.json "

@@ -93,11 +93,10 @@ NAMES = {"start": "step 0", "final": "final", "best": "best", "greedy": "greedy 
 def table(res: dict, arms: list, baseline: str | None, keys: tuple = MAIN) -> tuple[str, dict]:
     """Markdown table of ``keys`` (mean ± std over seeds) and, for every key but ``start``, the
     paired difference to ``baseline``; and the same numbers as a dict."""
-    paired = [k for k in keys if k != "start"]
-    b = baseline or "—"
-    lines = ["| arm | seeds | " + " | ".join(NAMES[k] for k in keys) + " | "
-             + " | ".join(f"{NAMES[k].split(' ')[0]} − {b} (95% CI)" for k in paired) + " |",
-             "|---|---|" + "---|" * (len(keys) + len(paired))]
+    paired = [k for k in keys if k != "start"] if baseline else []  # (no --baseline: no difference columns)
+    columns = ["arm", "seeds"] + [NAMES[k] for k in keys] + [f"{NAMES[k].split(' ')[0]} − {baseline} (95% CI)"
+                                                              for k in paired]
+    lines = ["| " + " | ".join(columns) + " |", "|---|---|" + "---|" * (len(keys) + len(paired))]
     stats: dict = {}
     notes: list[str] = []
     base = res.get(baseline, {}) if baseline else {}

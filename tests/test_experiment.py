@@ -127,6 +127,14 @@ def test_second_table_pairs_greedy_and_pass_n():
     assert "+0.150" in text and "+0.050" in text
 
 
+def test_without_a_baseline_the_table_has_no_difference_columns():
+    mk = lambda: {"start": 0.1, "final": 0.2, "best": 0.3}  # noqa: E731
+    text, stats = ex.table({"a": {0: mk(), 1: mk()}}, [ex.Arm("a", []), ex.Arm("b", [])], None)
+    lines = text.splitlines()
+    assert lines[0] == "| arm | seeds | step 0 | final | best |" and lines[1] == "|---|---|---|---|---|"
+    assert lines[3] == "| b | 0 | | | |" and not any("minus" in k for k in stats["a"])  # (was "final − —", empty)
+
+
 def test_runner_end_to_end(tmp_path, capsys, warm_cache):
     out = tmp_path / "exp"
     common = ["--out", str(out), "--arms", "pacs,grpo", "--seeds", "0-1", "--baseline", "grpo", "--workers", "2",
@@ -138,6 +146,10 @@ def test_runner_end_to_end(tmp_path, capsys, warm_cache):
     assert len(res["stats"]["pacs"]["final_minus_grpo"]["per_seed"]) == 2
     assert (out / "curves.png").stat().st_size > 1000
     assert "| pacs | 2 |" in (out / "results.md").read_text()
+    arms = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("Arms: ")]
+    assert arms == ["Arms: " + "; ".join(f"{a.name}: " + " ".join(f"`{o}`" for o in a.overrides)
+                                         for a in map(ex.parse_arm, ("pacs", "grpo"))) + "."], arms  # (their settings)
+    assert "`algo.name=grpo`" in arms[0]
     assert "pass@n − grpo" in (out / "results.md").read_text() and "greedy" in res["stats"]["pacs"]
     # --report alone (the docs' command) takes the arms, seeds, settings and baseline spec.json recorded
     before = (out / "results.md").read_text()
