@@ -202,6 +202,18 @@ def test_a_run_trains_adapters_saves_plain_checkpoints_and_resumes_exactly(tmp_p
     state = torch.load(full / "learner.pt", weights_only=False)
     assert state["lora"] and all(".lora_" in k for k in state["lora"])
     json.dumps(list(state["lora"]))
+    # the adapters as a PEFT adapter folder: PEFT loads them on the run's base, and the result is the merged model
+    from peft import PeftModel
+
+    adapter = json.loads((full / "adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and adapter["peft_type"] == "LORA" and adapter["base_model_name_or_path"]
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(adapter["base_model_name_or_path"]),
+                                     full / "adapter").eval()
+    ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = model.eval()(ids).logits, peft(ids).logits
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())  # (the merge's fp32 rounding)
+    assert not torch.equal(got, AutoModelForCausalLM.from_pretrained(adapter["base_model_name_or_path"])(ids).logits)
 
 
 @pytest.mark.parametrize("targets", ["lm_head", "q_proj,embed_tokens"])

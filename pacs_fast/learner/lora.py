@@ -8,7 +8,8 @@ attributes; only the adapters train, the base weights are frozen).
   ``W + scale * B @ A`` under the layer's plain Hugging Face name (the engines load it, checkpoints are plain
   Hugging Face folders that ``from_pretrained`` and ``python -m pacs_fast.eval`` read).
 - The adapters themselves (:func:`adapter_state`) go into the learner's state, so a resume continues the same
-  adapters on the same base (model.path's), exactly.
+  adapters on the same base (model.path's), exactly; each checkpoint also holds them as a PEFT adapter folder
+  (:func:`save_adapter`, ``adapter/``) that ``PeftModel.from_pretrained(base, folder)`` loads.
 
 - A fixed reference policy (PACS ``algo.ref=fixed``, a baseline's KL) shares the frozen base: the learner keeps a
   copy of the adapters only (:func:`adapter_snapshot`) and runs the reference forward with them swapped in
@@ -187,3 +188,27 @@ def check_same_merge(model: torch.nn.Module, loaded: dict[str, torch.Tensor]) ->
             raise ValueError(f"the checkpoint's {name} is not model.path's base weight with the checkpoint's LoRA "
                              f"adapters: model.path's weights (or the run's model.lora_* settings) changed since the "
                              f"run was saved")
+
+
+def save_adapter(model: torch.nn.Module, folder, *, base: str | None = None) -> None:
+    """Writes the adapters as a PEFT adapter folder (``adapter_config.json`` and ``adapter_model.safetensors``, the
+    names and layout ``PeftModel.save_pretrained`` writes) into ``folder``; ``base``: the base model's path or hub
+    id, recorded as ``base_model_name_or_path``."""
+    import copy
+    from pathlib import Path
+
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    from pacs_fast.files import default_mode
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = copy.deepcopy(model.peft_config["default"])
+    config.base_model_name_or_path, config.task_type, config.inference_mode = base, "CAUSAL_LM", True
+    # (a PeftModel's own names: it wraps the model as base_model.model)
+    state = {f"base_model.model.{name}": t.detach().to("cpu").contiguous().clone()
+             for name, t in get_peft_model_state_dict(model).items()}
+    save_file(state, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    default_mode(folder / "adapter_model.safetensors")
+    config.save_pretrained(str(folder))

@@ -50,7 +50,8 @@ from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_len
 from pacs_fast.learner.grad_norm import clip_grad_norm
 from pacs_fast.learner.master_weights import MasterWeights, loading_weights
 from pacs_fast.learner.lora import (adapter_snapshot, adapter_state, adapters_swapped, check_same_merge,
-                                   checked_merged, copy_adapters, has_lora, load_adapter_state, merged_weights)
+                                   checked_merged, copy_adapters, has_lora, load_adapter_state, merged_weights,
+                                   save_adapter)
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
 from pacs_fast.learner.packing import (Packed, forward_metrics, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
@@ -471,6 +472,15 @@ class TorchLearner(Learner):
             self.value_head.load_state_dict(state["value_head"])
         if self.master is not None:  # (a checkpoint without them: the model's weights, loaded before this)
             self.master.load_state_dict(state.get("master_weights"))
+
+    def save_hf(self, path) -> None:
+        """The merged policy as a Hugging Face folder; with LoRA, its adapters too, as a PEFT adapter folder in
+        ``path/adapter`` (on the base the run loaded)."""
+        super().save_hf(path)
+        if self.lora:
+            from pathlib import Path
+
+            save_adapter(self.model, Path(path) / "adapter", base=getattr(self.hf_config, "_name_or_path", None))
 
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy under Hugging Face names (with LoRA: each adapted layer merged, ``W + scale * B @ A``)."""
