@@ -153,6 +153,9 @@ def _run_parser() -> argparse.ArgumentParser:
                         "(the trainer's reward.fn_fields)")
     p.add_argument("--system-prompt", default="pacs",
                    help="system message: pacs (the paper's, the trainer's default), '' (none) or the text")
+    p.add_argument("--chat-template-kwargs", default="{}", metavar="JSON",
+                   help="variables of the model's chat template, a JSON object: '{\"enable_thinking\": false}' for "
+                        "Qwen3's (the trainer's data.chat_template_kwargs)")
     p.add_argument("--instruction", default="pacs",
                    help="text after each problem: pacs (the paper's \\boxed{} instruction), '' (none) or the text")
     p.add_argument("--problem-field", default="problem", help="question field of dataset files")
@@ -327,12 +330,15 @@ def _verifier(args):
 
 
 def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
-    from pacs_fast.data.prompts import build_prompt, encode_prompts, has_chat_template
+    from pacs_fast.data.prompts import build_prompt, encode_prompts, has_chat_template, template_kwargs_effect
     from pacs_fast.rollout.base import SamplingParams
 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    idle = template_kwargs_effect(tokenizer, args.template_kwargs)
+    if idle:
+        print(f"warning: --chat-template-kwargs {args.chat_template_kwargs}: {idle}", file=sys.stderr)
     vllm_sizes = vllm_cpu_sizes(args, sets, todo, ns)
     name = engine_and_dtype(args)[0]
     _check_prompt_lengths(args, name, _engine_context(args, name, vllm_sizes), tokenizer, sets, todo)  # before loading

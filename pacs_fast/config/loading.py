@@ -66,7 +66,11 @@ def _coerce(key: str, value: Any, typ) -> Any:
     elif typ is list:
         if isinstance(value, (list, tuple)):
             return [_plain(v) for v in value]
-    hint = f" (a list in brackets: {key}=[a,b], or [a] for one)" if typ is list else ""
+    elif typ is dict:
+        if isinstance(value, dict):
+            return {(_plain(k) if not isinstance(k, str) else str(k)): _plain(v) for k, v in value.items()}
+    hint = (f" (a list in brackets: {key}=[a,b], or [a] for one)" if typ is list else
+            f" (a mapping in braces: {key}={{name: value}})" if typ is dict else "")
     raise ValueError(f"config key {key!r} expects {getattr(typ, '__name__', typ)}, got "
                      f"{text if text is not None else repr(value)}{hint}")
 

@@ -76,6 +76,8 @@ class DataConfig:
     instruction: str = _f("pacs", "text after each problem in the user message: pacs (the paper's 'Please reason "
                           "step by step, and put your final answer within \\boxed{}.'), '' (none: the problem as "
                           "given, e.g. verl data that carries its own) or the text")
+    chat_template_kwargs: dict = _f({}, "variables of model.path's chat template (TRL's chat_template_kwargs, verl's "
+                                    "apply_chat_template_kwargs), e.g. {enable_thinking: false} for Qwen3's")
     max_prompt_tokens: int = _f(512, "longer prompts are dropped (the paper's limit is 512; more than 5% dropped is a "
                                 "warning; the shares are logged as data/dropped_train_prompts and "
                                 "data/dropped_held_out_prompts in the step-0 eval record)")

@@ -83,6 +83,25 @@ NONNEGATIVE_INTS = ("train.threads", "train.log_samples", "train.reward_workers"
                     "learner.lr_warmup_steps")
 
 
+# apply_chat_template's own arguments: not template variables (data.chat_template_kwargs / --chat-template-kwargs)
+RESERVED_TEMPLATE_KWARGS = ("conversation", "tokenize", "add_generation_prompt", "continue_final_message",
+                            "return_dict", "return_tensors", "padding", "truncation", "max_length",
+                            "tokenizer_kwargs", "return_assistant_tokens_mask", "chat_template")
+
+
+def check_template_kwargs(kwargs, key: str) -> dict:
+    """``kwargs`` as the chat template's variables (``{"enable_thinking": False}``), or a ValueError naming ``key``:
+    a mapping of names that are not :data:`RESERVED_TEMPLATE_KWARGS`."""
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"{key} must be a mapping of the chat template's variables, e.g. {{enable_thinking: "
+                         f"false}}, got {kwargs!r}")
+    bad = [k for k in kwargs if not isinstance(k, str) or not k.isidentifier() or k in RESERVED_TEMPLATE_KWARGS]
+    if bad:
+        raise ValueError(f"{key}: {bad[0]!r} is not a chat template variable (names such as enable_thinking; "
+                         f"apply_chat_template's own arguments, {', '.join(RESERVED_TEMPLATE_KWARGS[:4])}, ..., are "
+                         f"set by the prompt builder)")
+    return dict(kwargs)
+
 def _get(cfg: Config, key: str):
     section, name = key.split(".")
     return getattr(getattr(cfg, section), name)
@@ -359,6 +378,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("algo.ref", cfg.algo.ref, ("rollout", "fixed"))
     _choice("algo.kl_estimator", cfg.algo.kl_estimator, ("k1", "k2", "k3"))
     _choice("learner.lr_schedule", cfg.learner.lr_schedule, ("constant", "linear", "cosine"))
+    check_template_kwargs(cfg.data.chat_template_kwargs, "data.chat_template_kwargs")
     if cfg.algo.kl_clamp and cfg.algo.kl_estimator != "k3":
         raise ValueError(f"algo.kl_clamp bounds the k3 estimate (verl's low_var_kl); algo.kl_estimator="
                          f"{cfg.algo.kl_estimator} takes none (set algo.kl_clamp=0)")

@@ -53,8 +53,25 @@ def build_messages(problem: str, *, system: str | None = SYSTEM_PROMPT,
     return messages
 
 
-def _render(tokenizer, messages: list[dict[str, str]]) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def _render(tokenizer, messages: list[dict[str, str]], template_kwargs: dict | None = None) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         **(template_kwargs or {}))
+
+
+def template_kwargs_effect(tokenizer, template_kwargs: dict | None) -> str | None:
+    """A line when ``template_kwargs`` cannot change the prompts: the tokenizer has no chat template (the plain
+    format), or its template renders a prompt the same with and without them (it reads none of those names)."""
+    if not template_kwargs:
+        return None
+    if not has_chat_template(tokenizer):
+        return "the tokenizer has no chat template (the plain prompt format): they change nothing"
+    messages = build_messages("1+1?")
+    try:
+        same = _render(tokenizer, messages) == _render(tokenizer, messages, template_kwargs)
+    except Exception:  # (a template that cannot render this is reported where the prompts are built)
+        return None
+    return (f"the chat template renders the same prompt with and without them (it reads none of "
+            f"{', '.join(sorted(template_kwargs))})") if same else None
 
 
 def takes_system_message(tokenizer) -> bool:
@@ -72,11 +89,13 @@ def has_chat_template(tokenizer) -> bool:
 
 
 def build_prompt(tokenizer, problem: str, *, system: str | None = SYSTEM_PROMPT,
-                 instruction: str | None = INSTRUCTION, use_chat_template: bool | None = None) -> str:
+                 instruction: str | None = INSTRUCTION, use_chat_template: bool | None = None,
+                 template_kwargs: dict | None = None) -> str:
     """The prompt text for one problem, ending where the model's answer starts.
 
     ``use_chat_template``: ``None`` uses the tokenizer's chat template when it has one, else the
     plain format (module docstring); ``True`` requires a template; ``False`` forces the plain format.
+    ``template_kwargs``: the chat template's variables (``{"enable_thinking": False}`` for Qwen3's).
     """
     if use_chat_template is None:
         use_chat_template = has_chat_template(tokenizer)
@@ -84,7 +103,8 @@ def build_prompt(tokenizer, problem: str, *, system: str | None = SYSTEM_PROMPT,
         if not has_chat_template(tokenizer):
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
         try:
-            return _render(tokenizer, build_messages(problem, system=system, instruction=instruction))
+            return _render(tokenizer, build_messages(problem, system=system, instruction=instruction),
+                           template_kwargs)
         except Exception as e:  # jinja2's TemplateError: Gemma's templates raise "System role not supported"
             if not system:
                 raise ValueError(f"the tokenizer's chat template cannot render the prompt ({type(e).__name__}: {e})") \
@@ -92,7 +112,8 @@ def build_prompt(tokenizer, problem: str, *, system: str | None = SYSTEM_PROMPT,
             first = e
         # a template without a system role: the system message goes first in the user's (as Gemma's own does)
         try:
-            return _render(tokenizer, [{"role": "user", "content": f"{system}\n\n{user_text(problem, instruction)}"}])
+            return _render(tokenizer, [{"role": "user", "content": f"{system}\n\n{user_text(problem, instruction)}"}],
+                           template_kwargs)
         except Exception as e:
             raise ValueError(f"the tokenizer's chat template cannot render the prompt ({type(first).__name__}: "
                              f"{first}; without a system message: {type(e).__name__}: {e})") from None
@@ -101,8 +122,8 @@ def build_prompt(tokenizer, problem: str, *, system: str | None = SYSTEM_PROMPT,
 
 
 def encode_prompts(tokenizer, problems: Iterable[str], *, system: str | None = SYSTEM_PROMPT,
-                   instruction: str | None = INSTRUCTION,
-                   use_chat_template: bool | None = None) -> list[list[int]]:
+                   instruction: str | None = INSTRUCTION, use_chat_template: bool | None = None,
+                   template_kwargs: dict | None = None) -> list[list[int]]:
     """Token ids of :func:`build_prompt` for each problem (what a rollout engine takes).
 
     Chat-template text already holds any BOS the template wants, so it is encoded without extra
@@ -115,8 +136,8 @@ def encode_prompts(tokenizer, problems: Iterable[str], *, system: str | None = S
     # a chunk at a time: one call over a 100k-row dataset held every text, its ids and its attention mask at
     # once (+2 GB of Python objects for 14M tokens, most of which the allocator kept)
     for start in range(0, len(problems), ENCODE_CHUNK):
-        texts = [build_prompt(tokenizer, p, system=system, instruction=instruction,
-                              use_chat_template=use_chat_template) for p in problems[start:start + ENCODE_CHUNK]]
+        texts = [build_prompt(tokenizer, p, system=system, instruction=instruction, use_chat_template=use_chat_template,
+                              template_kwargs=template_kwargs) for p in problems[start:start + ENCODE_CHUNK]]
         enc = tokenizer(texts, add_special_tokens=not use_chat_template, return_attention_mask=False)
         out += [list(ids) for ids in enc["input_ids"]]
     return out

@@ -79,7 +79,20 @@ def check_device(device: str | None) -> None:
 
 
 def check_run_args(args) -> None:
-    """Every number and choice of a run, the model and ``--out`` (benchmarks: :func:`check_ks` and the loader)."""
+    """Every number and choice of a run, the model and ``--out`` (benchmarks: :func:`check_ks` and the loader).
+    ``--chat-template-kwargs``' JSON becomes ``args.template_kwargs`` (a dict)."""
+    import json
+
+    from pacs_fast.config.validation import check_template_kwargs
+
+    try:
+        args.template_kwargs = check_template_kwargs(json.loads(args.chat_template_kwargs or "{}"),
+                                                     "--chat-template-kwargs")
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--chat-template-kwargs {args.chat_template_kwargs!r} is not JSON ({e.msg}): give an "
+                         f"object, e.g. '{{\"enable_thinking\": false}}'") from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     _finite("--temperature", args.temperature, lo=0.0, lo_ok=True)
     if 0 < args.temperature < MIN_TEMPERATURE:
         raise UsageError(f"--temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {args.temperature} "
@@ -257,8 +270,9 @@ def model_label(model: str) -> str:
 
 
 def prompt_kwargs(args) -> dict:
-    """``system`` / ``instruction`` of every prompt from ``--system-prompt`` / ``--instruction``."""
+    """``system`` / ``instruction`` / ``template_kwargs`` of every prompt from ``--system-prompt`` /
+    ``--instruction`` / ``--chat-template-kwargs`` (recorded in ``run_config.json`` with the sampling settings)."""
     from pacs_fast.data.prompts import prompt_parts
 
     system, instruction = prompt_parts(args.system_prompt, args.instruction)
-    return {"system": system, "instruction": instruction}
+    return {"system": system, "instruction": instruction, "template_kwargs": dict(getattr(args, "template_kwargs", {}))}

@@ -62,8 +62,8 @@ def comparison_warnings(results: list[dict[str, Any]]) -> list[str]:
 
 
 # the sampling settings of run_config.json that change pass@k (n and the seed do not: pass@k is unbiased in n)
-COMPARED_SETTINGS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "system", "instruction", "extraction",
-                     "reward_fn", "reward_fields", "reward_weights", "engine", "dtype")
+COMPARED_SETTINGS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "system", "instruction", "template_kwargs",
+                     "extraction", "reward_fn", "reward_fields", "reward_weights", "engine", "dtype")
 # what results written before a setting was recorded used (the verifier's only extraction then, and the verifier;
 # no fields: reward_fields is written only when given)
 LEGACY_SETTINGS = {"extraction": "reference", "reward_fn": "", "reward_fields": [], "reward_weights": [],

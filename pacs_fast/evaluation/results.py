@@ -33,7 +33,7 @@ PAPER_N = {"math500": 32}  # the paper samples 32 for MATH-500 and 512 for the o
 PAPER_N_OTHER = 512
 MAX_K = 256
 # the sampling settings a settings file or a result from before they existed was made with (off)
-UNRECORDED_SAMPLING = {"top_k": 0, "min_p": 0.0}
+UNRECORDED_SAMPLING = {"top_k": 0, "min_p": 0.0, "template_kwargs": {}}
 
 
 def default_n(benchmark: str) -> int:

@@ -12,7 +12,8 @@ from pacs_fast.evaluation.results import UNRECORDED_SAMPLING, samples_path
 from pacs_fast.files import write_text_atomic
 
 SETTINGS_FILE = "run_config.json"
-SAMPLING_KEYS = ("model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "n", "system", "instruction")
+SAMPLING_KEYS = ("model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "n", "system", "instruction",
+                 "template_kwargs")
 
 
 def setting_differences(old: dict, config: dict) -> list[str]:

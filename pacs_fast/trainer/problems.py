@@ -186,7 +186,8 @@ def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> tupl
         if "prompt" in part[0]:  # the built-in task's own prompt format
             lists = [tokenizer.encode(p["prompt"], add_special_tokens=False) for p in part]
         else:
-            lists = encode_prompts(tokenizer, [p["problem"] for p in part], system=system, instruction=instruction)
+            lists = encode_prompts(tokenizer, [p["problem"] for p in part], system=system, instruction=instruction,
+                                   template_kwargs=cfg.data.chat_template_kwargs)
         ids += [array("i", x) for x in lists]
     out = [{**p, "prompt_ids": i} for p, i in zip(problems, ids) if 0 < len(i) <= cfg.data.max_prompt_tokens]
     dropped = 1.0 - len(out) / max(len(problems), 1)

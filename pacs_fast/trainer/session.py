@@ -21,7 +21,7 @@ import torch
 from pacs_fast.code_version import code_version, resume_note
 from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
 from pacs_fast.config.model_files import vocab_problem
-from pacs_fast.data.prompts import has_chat_template, prompt_warnings, takes_system_message
+from pacs_fast.data.prompts import has_chat_template, prompt_warnings, takes_system_message, template_kwargs_effect
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.openmp import threads_beside_other_jobs
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
@@ -171,6 +171,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         if cfg.data.system_prompt and has_chat_template(tokenizer) and not takes_system_message(tokenizer):
             log("note: the chat template of model.path takes no system message: the system prompt goes first in "
                 "the user message (pacs_fast/data/prompts.py)")
+        idle = template_kwargs_effect(tokenizer, cfg.data.chat_template_kwargs)
+        if idle:
+            log(f"warning: data.chat_template_kwargs={cfg.data.chat_template_kwargs}: {idle}")
         problems = [p["problem"] for p in train_problems[:2000] if "prompt" not in p]
         for line in prompt_warnings(tokenizer, problems, _stop_ids(model_path, tokenizer)) if problems else []:
             log(f"warning: {line}")
