@@ -181,8 +181,9 @@ def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str)
              if r.get("eval_temperature") is not None}
     greedy = temps == {0.0}  # rollout.eval_temperature=0: eval/acc is the greedy accuracy, one response a problem
     kind = "greedy" if greedy else "sampled"
-    md = (f"{header}\n\nHeld-out {kind} accuracy (mean ± std over seeds; differences paired by seed, "
-          f"percentile bootstrap over seeds, 10,000 resamples).\n\n{text}\n\n")
+    paired = ("; differences paired by seed, percentile bootstrap over seeds, 10,000 resamples"
+              if baseline else "")
+    md = f"{header}\n\nHeld-out {kind} accuracy (mean ± std over seeds{paired}).\n\n{text}\n\n"
     versions: dict = {}  # the pacs_fast versions that trained each run (summary.json; older runs: unrecorded)
     for arm, runs in res.items():
         for seed, r in runs.items():
@@ -202,7 +203,7 @@ def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str)
         for arm, entry in stats2.items():
             stats.setdefault(arm, {}).update({k: v for k, v in entry.items() if k != "seeds"})
         md += (f"At the final evaluation: greedy accuracy and pass@n (n = rollout.eval_n samples per problem), "
-               f"paired the same way.\n\n{text2}\n")
+               f"{'paired the same way' if baseline else 'mean ± std over seeds'}.\n\n{text2}\n")
     write_text_atomic(out / "results.md", md)
     write_text_atomic(out / "results.json", json.dumps(_json_safe({"stats": stats, "runs": {
         a: {str(s): r for s, r in v.items()} for a, v in res.items()}}), indent=1, allow_nan=False))

@@ -122,3 +122,35 @@ def test_eval_prompts_with_them_records_them_and_refuses_others(thinking_model, 
         errors = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
         assert len(errors) == 1 and errors[0].startswith(f"error: {message}"), errors
     assert not (tmp_path / "bad").exists()
+
+
+def test_nested_values_reach_the_run_config_and_names_the_builder_sets_are_refused(tmp_path):
+    """A number below the first level kept YAML's own int type, which config.yaml's dump could not write (a
+    traceback after the model loaded, a run folder holding nothing but its lock); the names apply_chat_template
+    hands the template itself (messages, tools, a special token) failed inside the template, naming no key."""
+    import yaml
+
+    from pacs_fast.config import save_config
+
+    cfg = load_config(None, ["data.chat_template_kwargs={x: [1, 2], y: {a: 1.5, b: [true]}}"])
+    assert cfg.data.chat_template_kwargs == {"x": [1, 2], "y": {"a": 1.5, "b": [True]}}
+    assert type(cfg.data.chat_template_kwargs["x"][0]) is int and type(cfg.data.chat_template_kwargs["y"]["a"]) is float
+    save_config(cfg, tmp_path / "config.yaml")
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["data"]["chat_template_kwargs"]["x"] == [1, 2]
+    for name in ("messages", "tools", "documents", "eos_token"):
+        with pytest.raises(ValueError, match=f"data.chat_template_kwargs: '{name}' is not a chat template variable"):
+            validate(load_config(None, [f"data.chat_template_kwargs={{{name}: x}}"]))
+
+
+@pytest.mark.parametrize("bad,message", [
+    ('{"x": NaN}', "error: --chat-template-kwargs holds NaN, which JSON does not have"),
+    ('{"a": 1, "a": 2}', "error: --chat-template-kwargs gives 'a' twice"),
+    ('{"messages": 1}', "error: --chat-template-kwargs: 'messages' is not a chat template variable"),
+])
+def test_eval_refuses_json_it_would_misread(tmp_path, capsys, bad, message):
+    from pacs_fast import eval as ev
+
+    args = ["--model", str(tmp_path / "none"), "--benchmarks", "x.jsonl", "--out", str(tmp_path / "out")]
+    assert ev.main(args + ["--chat-template-kwargs", bad]) == 2
+    errors = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(message), errors

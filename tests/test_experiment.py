@@ -135,6 +135,17 @@ def test_without_a_baseline_the_table_has_no_difference_columns():
     assert lines[3] == "| b | 0 | | | |" and not any("minus" in k for k in stats["a"])  # (was "final − —", empty)
 
 
+def test_without_a_baseline_results_md_speaks_of_no_differences(tmp_path, monkeypatch):
+    from pacs_fast import experiment_results as er
+
+    run = {"start": 0.1, "final": 0.2, "best": 0.3, "greedy": 0.2, "pass_n": 0.4, "curve": [(0, 0.1), (1, 0.2)],
+           "eval_temperature": 1.0}
+    monkeypatch.setattr(er, "collect", lambda jobs: {"a": {0: run, 1: run}})
+    md = er.report([], [ex.Arm("a", [])], None, tmp_path, "# h")
+    assert "paired" not in md and "−" not in md and "mean ± std over seeds" in md
+    assert "paired by seed" in er.report([], [ex.Arm("a", [])], "a", tmp_path, "# h")
+
+
 def test_runner_end_to_end(tmp_path, capsys, warm_cache):
     out = tmp_path / "exp"
     common = ["--out", str(out), "--arms", "pacs,grpo", "--seeds", "0-1", "--baseline", "grpo", "--workers", "2",

@@ -21,10 +21,17 @@ _BOOL_WORDS = {"yes": True, "no": False, "on": True, "off": False, "true": True,
 
 
 def _plain(value: Any) -> Any:
-    """A number read from YAML as its plain ``int`` / ``float`` (without its source text)."""
+    """A number read from YAML as its plain ``int`` / ``float`` (without its source text), inside lists and
+    mappings too (a nested one reached the YAML dump of config.yaml, which cannot write it)."""
     if isinstance(value, _YamlInt):
         return int(value)
-    return float(value) if isinstance(value, _YamlFloat) else value
+    if isinstance(value, _YamlFloat):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    return value
 
 
 def _coerce(key: str, value: Any, typ) -> Any:
@@ -68,7 +75,7 @@ def _coerce(key: str, value: Any, typ) -> Any:
             return [_plain(v) for v in value]
     elif typ is dict:
         if isinstance(value, dict):
-            return {(_plain(k) if not isinstance(k, str) else str(k)): _plain(v) for k, v in value.items()}
+            return _plain(dict(value))
     hint = (f" (a list in brackets: {key}=[a,b], or [a] for one)" if typ is list else
             f" (a mapping in braces: {key}={{name: value}})" if typ is dict else "")
     raise ValueError(f"config key {key!r} expects {getattr(typ, '__name__', typ)}, got "

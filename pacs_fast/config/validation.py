@@ -83,10 +83,13 @@ NONNEGATIVE_INTS = ("train.threads", "train.log_samples", "train.reward_workers"
                     "learner.lr_warmup_steps")
 
 
-# apply_chat_template's own arguments: not template variables (data.chat_template_kwargs / --chat-template-kwargs)
+# apply_chat_template's own arguments and what it hands the template itself (the messages, tools, documents, the
+# special tokens): not variables of data.chat_template_kwargs / --chat-template-kwargs
 RESERVED_TEMPLATE_KWARGS = ("conversation", "tokenize", "add_generation_prompt", "continue_final_message",
                             "return_dict", "return_tensors", "padding", "truncation", "max_length",
-                            "tokenizer_kwargs", "return_assistant_tokens_mask", "chat_template")
+                            "tokenizer_kwargs", "return_assistant_tokens_mask", "chat_template", "messages",
+                            "conversations", "tools", "documents", "bos_token", "eos_token", "unk_token", "pad_token",
+                            "sep_token", "cls_token", "mask_token", "additional_special_tokens")
 
 
 def check_template_kwargs(kwargs, key: str) -> dict:
@@ -97,9 +100,10 @@ def check_template_kwargs(kwargs, key: str) -> dict:
                          f"false}}, got {kwargs!r}")
     bad = [k for k in kwargs if not isinstance(k, str) or not k.isidentifier() or k in RESERVED_TEMPLATE_KWARGS]
     if bad:
+        own = ", ".join(RESERVED_TEMPLATE_KWARGS[:4])
         raise ValueError(f"{key}: {bad[0]!r} is not a chat template variable (names such as enable_thinking; "
-                         f"apply_chat_template's own arguments, {', '.join(RESERVED_TEMPLATE_KWARGS[:4])}, ..., are "
-                         f"set by the prompt builder)")
+                         f"apply_chat_template's own arguments, {own}, ..., and what it hands the template, "
+                         f"messages, tools, the special tokens, are set by the prompt builder)")
     return dict(kwargs)
 
 def _get(cfg: Config, key: str):

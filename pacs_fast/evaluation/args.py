@@ -85,9 +85,19 @@ def check_run_args(args) -> None:
 
     from pacs_fast.config.validation import check_template_kwargs
 
+    def no_constant(name):
+        raise ValueError(f"--chat-template-kwargs holds {name}, which JSON does not have")
+
+    def once(pairs):
+        keys = [k for k, _ in pairs]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"--chat-template-kwargs gives {sorted(k for k in keys if keys.count(k) > 1)[0]!r} twice")
+        return dict(pairs)
+
     try:
-        args.template_kwargs = check_template_kwargs(json.loads(args.chat_template_kwargs or "{}"),
-                                                     "--chat-template-kwargs")
+        args.template_kwargs = check_template_kwargs(
+            json.loads(args.chat_template_kwargs or "{}", parse_constant=no_constant, object_pairs_hook=once),
+            "--chat-template-kwargs")
     except json.JSONDecodeError as e:
         raise UsageError(f"--chat-template-kwargs {args.chat_template_kwargs!r} is not JSON ({e.msg}): give an "
                          f"object, e.g. '{{\"enable_thinking\": false}}'") from None
