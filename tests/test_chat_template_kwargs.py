@@ -137,6 +137,12 @@ def test_nested_values_reach_the_run_config_and_names_the_builder_sets_are_refus
     assert type(cfg.data.chat_template_kwargs["x"][0]) is int and type(cfg.data.chat_template_kwargs["y"]["a"]) is float
     save_config(cfg, tmp_path / "config.yaml")
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["data"]["chat_template_kwargs"]["x"] == [1, 2]
+    cfg.data.chat_template_kwargs = {"x": object()}  # what YAML cannot write: an error, and no file left behind
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(yaml.YAMLError):
+        save_config(cfg, other / "config.yaml")
+    assert list(other.iterdir()) == []
     for name in ("messages", "tools", "documents", "eos_token"):
         with pytest.raises(ValueError, match=f"data.chat_template_kwargs: '{name}' is not a chat template variable"):
             validate(load_config(None, [f"data.chat_template_kwargs={{{name}: x}}"]))

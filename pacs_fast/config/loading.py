@@ -285,12 +285,16 @@ def default_micro_batch_prompts(mini_batch_prompts: int) -> int:
 def save_config(cfg: Config, path: str | Path) -> None:
     """Writes the config as YAML atomically (a temporary file, fsync, then ``os.replace``)."""
     path = Path(path)
+    text = yaml.safe_dump(to_dict(cfg), sort_keys=False)  # (before any file: a value YAML cannot write leaves none)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def help_text() -> str:
