@@ -97,6 +97,6 @@ def hazard_warnings(cfg: Config) -> list[str]:
     warm, steps = cfg.learner.lr_warmup_steps, cfg.train.steps
     if warm > steps > 0:
         out.append(f"learner.lr_warmup_steps={warm} with train.steps={steps}: the run ends inside its warm-up, its "
-                   f"last step at {steps / warm:.3g} of learner.lr and no step at the rate itself; raise train.steps, or "
-                   f"(in a new run) lower learner.lr_warmup_steps")
+                   f"last step at {steps / warm:.3g} of learner.lr and no step at the rate itself; raise "
+                   f"train.steps, or (in a new run) lower learner.lr_warmup_steps")
     return out
