@@ -49,7 +49,7 @@ from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, check_response_ids, group_rows
 from pacs_fast.learner.grad_norm import clip_grad_norm
 from pacs_fast.learner.master_weights import MasterWeights, loading_weights
-from pacs_fast.learner.lora import (adapter_snapshot, adapter_state, adapters_swapped, check_same_merge,
+from pacs_fast.learner.lora import (adapter_params, adapter_snapshot, adapter_state, adapters_swapped, check_same_merge,
                                    checked_merged, copy_adapters, has_lora, load_adapter_state, merged_weights,
                                    save_adapter)
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
@@ -427,7 +427,7 @@ class TorchLearner(Learner):
         if not self.holds_reference:
             raise ValueError("reset_reference: this configuration keeps no reference model")
         if self.ref_adapters is not None:
-            copy_adapters(self.ref_adapters, adapter_snapshot(self.model))
+            copy_adapters(self.ref_adapters, adapter_params(self.model))
         else:
             self.ref_model.load_state_dict(self.model.state_dict())
         if reset_optimizer:

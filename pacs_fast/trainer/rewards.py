@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from pacs_fast.config.reward_fields import memo_key
+from pacs_fast.config.reward_fields import field_keywords, memo_key
+from pacs_fast.config.reward_specs import is_mix, user_specs
 from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT
-from pacs_fast.trainer.reward_mix import RewardMix
+from pacs_fast.trainer.reward_mix import RewardMix, make_reward_mix
 from pacs_fast.trainer.user_functions import (  # noqa: F401 (load_callable, user_rewards: imported from here too)
     UserFunctionError, call_with_time_limit, check_reward_signature, checked_flags, load_callable, user_rewards)
 
@@ -60,10 +61,6 @@ def user_reward_fn(rc, *, verifier_factory):
     verifier's batch scorer, made at the mix's first call when ``verifier`` is a component); None for the
     verifier alone. Each function is imported and its signature checked against ``reward.fn_fields`` (a
     ValueError naming the key)."""
-    from pacs_fast.config.reward_fields import field_keywords
-    from pacs_fast.config.reward_specs import is_mix, user_specs
-    from pacs_fast.trainer.reward_mix import make_reward_mix
-
     keywords = list(field_keywords(rc.fn_fields, "reward.fn_fields").values())
     if is_mix(rc.fn, rc.fn_weights):
         return make_reward_mix(rc.fn, rc.fn_weights, keywords=keywords, verifier_factory=verifier_factory)
@@ -135,15 +132,7 @@ class Scorer:
             self.memo.clear()
             self.parts.clear()
         rows: dict[str, dict] = {}  # a fields digest -> the values (this call's)
-        if self.user_fn is not None:
-            if problems is None or len(problems) != len(texts):
-                raise ValueError("Scorer with reward.fn: give each response's problem text (problems=)")
-            if fields is not None and len(fields) != len(texts):
-                raise ValueError(f"Scorer: {len(fields)} rows of fields for {len(texts)} responses")
-            digests = [""] * len(texts) if fields is None else self._digests(fields, rows)
-            keys = list(zip(problems, texts, answers, digests))
-        else:
-            keys = list(zip(texts, answers))
+        keys = self._keys(texts, answers, problems, fields, rows)
         todo = sorted({k for k in keys if k not in self.memo})
         if todo:
             if self.user_fn is not None:
@@ -152,6 +141,18 @@ class Scorer:
                 scores = [float(x) for x in self.batch.score([t for t, _ in todo], [a for _, a in todo]).scores]
             self.memo.update(zip(todo, scores))
         return [self.memo[k] for k in keys]
+
+    def _keys(self, texts, answers, problems, fields, rows: dict[str, dict]) -> list[tuple]:
+        """Each response's memo key: ``(text, answer)`` for the verifier, ``(problem, text, answer, fields
+        digest)`` for ``reward.fn`` (``rows`` filled with digest -> values)."""
+        if self.user_fn is None:
+            return list(zip(texts, answers))
+        if problems is None or len(problems) != len(texts):
+            raise ValueError("Scorer with reward.fn: give each response's problem text (problems=)")
+        if fields is not None and len(fields) != len(texts):
+            raise ValueError(f"Scorer: {len(fields)} rows of fields for {len(texts)} responses")
+        digests = [""] * len(texts) if fields is None else self._digests(fields, rows)
+        return list(zip(problems, texts, answers, digests))
 
     @staticmethod
     def _digests(fields: list[dict], rows: dict[str, dict]) -> list[str]:
@@ -191,8 +192,7 @@ class Scorer:
         if not isinstance(self.user_fn, RewardMix):
             return {}
         self.clean(texts, answers, problems, fields)  # (memo hits: no call)
-        keys = list(zip(problems, texts, answers, [""] * len(texts) if fields is None else self._digests(fields, {})))
-        rows = [self.parts[k] for k in keys]
+        rows = [self.parts[k] for k in self._keys(texts, answers, problems, fields, {})]
         return {name: [r[i] for r in rows] for i, name in enumerate(self.user_fn.names)}
 
     def component_metrics(self, texts: list[str], answers: list[str], problems: list[str],

@@ -206,22 +206,27 @@ def terms_over_groups(world, terms: dict, batch: RolloutBatch) -> dict:
     return {k: torch.cat([p[k] for p in parts]) for k in PACS_TERMS if all(k in p for p in parts)}
 
 
+def _scorer_parts(s, method: str, problems: list[dict], comps):
+    """``s.scorer.<method>`` (:meth:`~pacs_fast.trainer.rewards.Scorer.component_rewards` / ``component_metrics``)
+    on the step's responses (this data-parallel group's, in row order); empty where the scorer has none."""
+    call = getattr(s.scorer, method, None)
+    if call is None or not comps:
+        return {}
+    G = s.cfg.rollout.n
+    return call([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
+                problem_texts(problems, G), problem_fields(problems, G))
+
+
 def reward_component_rewards(s, problems: list[dict], comps) -> dict[str, list[float]]:
     """With a mix of rewards (``reward.fn=a,b``), ``{name: each response's reward from that component}`` for the
     step's responses (this data-parallel group's, in row order); empty otherwise."""
-    scorer_parts = getattr(s.scorer, "component_rewards", None)
-    if scorer_parts is None or not comps:
-        return {}
-    G = s.cfg.rollout.n
-    return scorer_parts([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(G)],
-                        problem_texts(problems, G), problem_fields(problems, G))
+    return _scorer_parts(s, "component_rewards", problems, comps)
 
 
 def reward_component_metrics(s, problems: list[dict], comps) -> dict[str, float]:
-    """``reward/<name>/mean`` of :func:`reward_component_rewards` over the step's trained responses (this
-    data-parallel group's; the record averages the groups' equal shares)."""
-    return {f"reward/{name}/mean": float(sum(v) / len(v))
-            for name, v in reward_component_rewards(s, problems, comps).items() if v}
+    """With a mix of rewards, ``reward/<name>/mean`` over the step's trained responses (this data-parallel group's;
+    the record averages the groups' equal shares); empty otherwise."""
+    return _scorer_parts(s, "component_metrics", problems, comps)
 
 
 def step_record(batch: RolloutBatch, comps, learner_metrics: dict, mismatch: dict, terms: dict,
