@@ -97,7 +97,7 @@ def test_defaults_and_shipped_configs_set_nothing_idle():
     (["algo.name=rloo", "algo.gamma=0.9", "reward.step_rewards=m:f", "algo.credit=sum"], []),
     (["algo.name=rloo", "algo.gamma=0.9", "reward.step_rewards=m:f"], ["algo.gamma=0.9 has no effect"]),
     (["algo.name=grpo", "algo.credit=sum"], ["algo.credit=sum has no effect without reward.step_rewards"]),
-    (["algo.reset_optimizer=false"], ["algo.reset_optimizer=false has no effect without algo.ref=fixed"]),
+    (["algo.reset_optimizer=false"], ["algo.reset_optimizer=false has no effect with algo.reset_every=0"]),
     (["algo.ref=fixed", "algo.reset_every=5", "algo.reset_optimizer=false"], []),
     (["algo.loss_agg=token-sum"], ["algo.loss_agg=token-sum has no effect with algo.name=pacs and "
                                    "algo.entropy_coef=0"]),

@@ -152,8 +152,13 @@ class AlgoConfig:
     score: str = _f("rloo", "pacs: score psi from the group's proxies: rloo | grpo | dr_grpo | naive")
     weight: str = _f("question", "pacs: class weights: question | none | only_positive | only_negative")
     ref: str = _f("rollout", "pacs: reference policy: rollout (policy before this step) | fixed (reset every K)")
-    reset_every: int = _f(0, "pacs ref=fixed: reset the reference to the policy every K steps (0 = never)")
-    reset_optimizer: bool = _f(True, "pacs ref=fixed: re-initialise the optimiser state at each reset")
+    reset_every: int = _f(0, "reset the fixed reference to the policy every K steps (0 = never): pacs with "
+                          "algo.ref=fixed, or a baseline's KL reference (algo.kl_coef > 0: ProRL's reference reset, "
+                          "arXiv 2505.24864)")
+    reset_mix: float = _f(1.0, "at each algo.reset_every reset the reference becomes mix * policy + (1 - mix) * "
+                          "reference, weight by weight (TRL's sync_ref_model, ref_model_mixup_alpha; 1 = a hard "
+                          "reset; in (0, 1]; not with model.lora_rank)")
+    reset_optimizer: bool = _f(True, "re-initialise the optimiser state at each algo.reset_every reset")
     clip_low: float = _f(0.2, "baselines: ratio clip 1 - eps_low; not given: 0.2, gspo 3e-4 (the paper's), cispo 10 "
                          "(verl's CISPO recipe: >= 1 = no lower bound on the IS weight; only cispo takes >= 1)")
     clip_high: float = _f(0.2, "baselines: ratio clip 1 + eps_high (DAPO: 0.28); not given: 0.2, gspo 4e-4 (the "
@@ -162,7 +167,8 @@ class AlgoConfig:
                        "negative advantage "
                        "loses at most -A * clip_c however large its ratio (> 1; 0 = off). Default 3.0 = verl's "
                        "clip_ratio_c, always on in verl and so in the paper's GRPO/PPO baselines")
-    kl_coef: float = _f(0.0, "baselines: KL penalty to the initial policy, a loss term (0 = off, no reference model)")
+    kl_coef: float = _f(0.0, "baselines: KL penalty to the initial policy (or its last algo.reset_every reset), a "
+                         "loss term (0 = off, no reference model)")
     kl_estimator: str = _f("k3", "baselines' KL penalty per token, with d = logp_ref - logp (Schulman's): k3 "
                            "(e^d - d - 1, TRL's and verl's low_var_kl) | k2 (d^2 / 2: as a loss its expected "
                            "gradient is the KL's own) | k1 (-d, verl's kl)")

@@ -31,16 +31,17 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     a, name = cfg.algo, cfg.algo.name
     out = []
     if name != "pacs":
-        out.append((PACS_ONLY + ("algo.reset_optimizer",), f"with algo.name={name} (PACS's settings)"))
+        out.append((PACS_ONLY, f"with algo.name={name} (PACS's settings)"))
         if not a.kl_coef:
             out.append((("algo.kl_estimator", "algo.kl_clamp"), "with algo.kl_coef=0 (no KL penalty)"))
     else:
         out.append((BASELINES_ONLY, "with algo.name=pacs (the baselines' ratio clipping and KL penalty)"))
-        if a.ref != "fixed" or not a.reset_every:
-            out.append((("algo.reset_optimizer",), "without algo.ref=fixed and algo.reset_every > 0 (no reset)"))
         if a.entropy_coef == 0:
             out.append((("algo.loss_agg",), "with algo.name=pacs and algo.entropy_coef=0 (it aggregates the "
                                             "baselines' token losses and the entropy bonus only)"))
+    if not a.reset_every:
+        out.append((("algo.reset_optimizer", "algo.reset_mix"), "with algo.reset_every=0 (the reference is never "
+                                                                 "reset)"))
     if name in ("gspo", "cispo"):
         out.append((("algo.clip_c",), f"with algo.name={name} (PPO's dual clip; {name} has none, as in verl)"))
     if cfg.learner.lr_schedule == "constant":

@@ -369,6 +369,26 @@ def _validate_lora(cfg: Config) -> None:
         raise ValueError("model.lora_rank needs PEFT, which is not installed: pip install 'pacs_fast[lora]'")
 
 
+def _validate_reset(cfg: Config) -> None:
+    """``algo.reset_every`` needs a fixed reference to reset; ``algo.reset_mix`` is a weight in (0, 1]."""
+    a = cfg.algo
+    if not (0.0 < a.reset_mix <= 1.0):  # NaN fails too
+        raise ValueError(f"algo.reset_mix must be in (0, 1] (the policy's weight in the new reference; 1 = a hard "
+                         f"reset), got {a.reset_mix}")
+    if not a.reset_every:
+        return
+    if a.name == "pacs" and a.ref != "fixed":
+        raise ValueError(f"algo.reset_every={a.reset_every} resets a fixed reference and needs algo.ref=fixed "
+                         f"(algo.ref={a.ref}: the reference is already the rollout policy at every step)")
+    if a.name != "pacs" and not a.kl_coef:
+        raise ValueError(f"algo.reset_every={a.reset_every} resets the KL penalty's reference and needs "
+                         f"algo.kl_coef > 0 (algo.name={a.name} keeps no reference without it)")
+    if a.reset_mix < 1.0 and cfg.model.lora_rank:
+        raise ValueError(f"algo.reset_mix={a.reset_mix} mixes whole weights, which LoRA adapters cannot hold "
+                         f"(a mix of two adapter pairs is not the mix of their products); use algo.reset_mix=1 "
+                         f"with model.lora_rank")
+
+
 def validate(cfg: Config, *, world: int | None = None) -> None:
     """Rejects impossible settings with a ValueError naming the key. Checks files exist, not their content.
 
@@ -465,9 +485,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if cfg.algo.ref == "fixed" and cfg.algo.proxy == "mean_logp":
         raise ValueError("algo.ref=fixed needs algo.proxy=logratio: algo.proxy=mean_logp (r = beta * mean log pi) "
                          "uses no reference policy")
-    if cfg.algo.reset_every and cfg.algo.ref != "fixed":
-        raise ValueError(f"algo.reset_every={cfg.algo.reset_every} resets a fixed reference and needs algo.ref=fixed "
-                         f"(algo.ref={cfg.algo.ref}: the reference is already the rollout policy at every step)")
+    _validate_reset(cfg)
     _validate_clips_and_overlong(cfg)
     _validate_cuda(cfg)
     validate_paths(cfg)

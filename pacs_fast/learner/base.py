@@ -220,9 +220,10 @@ class Learner(abc.ABC):
         return [self.cfg.lr] * len(self.optimizer.param_groups)
 
     @abc.abstractmethod
-    def reset_reference(self, *, reset_optimizer: bool) -> None:
-        """Copies the policy into the reference (PACS ``ref=fixed``); optionally re-initialises
-        the optimiser state."""
+    def reset_reference(self, *, reset_optimizer: bool, mix: float = 1.0) -> None:
+        """Copies the policy into the reference (PACS ``ref=fixed``, a baseline's KL reference), or with
+        ``mix < 1`` moves it to ``mix * policy + (1 - mix) * reference`` weight by weight
+        (:func:`pacs_fast.learner.reference.mix_into`); optionally re-initialises the optimiser state."""
 
     @abc.abstractmethod
     def state_dict(self) -> dict:

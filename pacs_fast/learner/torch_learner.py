@@ -56,6 +56,7 @@ from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts
                                          objective)
 from pacs_fast.learner.packing import (Packed, forward_metrics, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
                                       padded_slots, restores_attention, shared_prefix_slots)
+from pacs_fast.learner.reference import mix_into
 from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,
                                             shared_prefix_hidden, split_groups, trained_states)
 from pacs_fast.ops import varlen_attention
@@ -423,13 +424,15 @@ class TorchLearner(Learner):
         else:
             yield self._model_for(reference)
 
-    def reset_reference(self, *, reset_optimizer: bool) -> None:
+    def reset_reference(self, *, reset_optimizer: bool, mix: float = 1.0) -> None:
         if not self.holds_reference:
             raise ValueError("reset_reference: this configuration keeps no reference model")
         if self.ref_adapters is not None:
+            if mix != 1.0:
+                raise ValueError(f"reset_reference: mix={mix} mixes whole weights, which LoRA adapters cannot hold")
             copy_adapters(self.ref_adapters, adapter_params(self.model))
         else:
-            self.ref_model.load_state_dict(self.model.state_dict())
+            mix_into(self.ref_model.named_parameters(), self.model.named_parameters(), mix)
         if reset_optimizer:
             self.optimizer = self._make_optimizer()
 

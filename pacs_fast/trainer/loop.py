@@ -128,13 +128,14 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
 
 
 def reset_reference_if_due(cfg: Config, learner, step: int) -> bool:
-    """PACS with ``algo.ref=fixed algo.reset_every=K``: before steps K+1, 2K+1, ... the reference
-    becomes the current policy (and, with ``algo.reset_optimizer``, the optimiser starts afresh).
-    Returns whether it reset. Collective where the learner is (megatron)."""
+    """``algo.reset_every=K`` (PACS with ``algo.ref=fixed``, or a baseline's KL reference): before steps K+1,
+    2K+1, ... the reference becomes the current policy, or ``algo.reset_mix`` of it (and, with
+    ``algo.reset_optimizer``, the optimiser starts afresh). Returns whether it reset. Collective where the
+    learner is (megatron)."""
     a = cfg.algo
-    if not (a.name == "pacs" and a.ref == "fixed" and a.reset_every and step > 1 and (step - 1) % a.reset_every == 0):
+    if not (a.reset_every and step > 1 and (step - 1) % a.reset_every == 0):
         return False
-    learner.reset_reference(reset_optimizer=a.reset_optimizer)
+    learner.reset_reference(reset_optimizer=a.reset_optimizer, mix=a.reset_mix)
     return True
 
 

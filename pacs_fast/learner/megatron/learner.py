@@ -79,6 +79,7 @@ from pacs_fast.learner.megatron.setup import (LazyHFCheckpoint, init_parallel, r
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
 from pacs_fast.learner.packing import forward_metrics, micro_batch_groups
+from pacs_fast.learner.reference import mix_into
 
 
 # ----------------------------------------------------------------------------- the learner
@@ -360,11 +361,10 @@ class MegatronLearner(Learner):
 
     # ------------------------------------------------------------------ reference / weights
     @torch.no_grad()
-    def reset_reference(self, *, reset_optimizer: bool) -> None:
+    def reset_reference(self, *, reset_optimizer: bool, mix: float = 1.0) -> None:
         if self.ref_model is None:
             raise ValueError("reset_reference: this configuration keeps no reference model")
-        for p_ref, p in zip(self.ref_model.parameters(), self.model.parameters()):
-            p_ref.copy_(p)
+        mix_into(self.ref_model.named_parameters(), self.model.named_parameters(), mix)  # this rank's shards
         if reset_optimizer:
             self.optimizer = self._make_optimizer()
 
