@@ -371,17 +371,19 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
                 fields = [rows[i] for i, comp in zip(idx, outs) for _ in comp] if rows else None
                 scored = scorer.score(texts, answers, problem_of_each, fields) if reward_fn else \
                     scorer.score(texts, answers)
+                parts = scorer.last_parts if reward_fn else {}  # a mix's components, per response
                 records, pos = [], 0
                 for i, prompt_text, comp in zip(idx, prompt_texts, outs):
                     sc = scored.scores[pos:pos + len(comp)]
                     st = scored.statuses[pos:pos + len(comp)]
+                    part = {name: values[pos:pos + len(comp)] for name, values in parts.items()}
                     pos += len(comp)
                     records.append({
                         "benchmark": bench, "index": i, "id": problems[i].id, "answer": problems[i].answer,
                         "problem_sha1": problem_digest(problems[i].problem),
                         **({"fields_sha1": fields_digest(rows[i])} if args.reward_field_keywords else {}),
                         "prompt": prompt_text, "n": n, "num_correct": sum(map(is_correct, sc)), "scores": sc,
-                        "statuses": st,
+                        **({"score_parts": part} if part else {}), "statuses": st,
                         "finish_reasons": [c.finish_reason for c in comp],
                         "num_tokens": [len(c.token_ids) for c in comp],
                         "responses": [c.text for c in comp],

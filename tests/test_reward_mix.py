@@ -244,12 +244,25 @@ def test_eval_scores_a_mix_records_its_weights_and_refuses_others(model_dir, dat
     mix = ["--reward-fn", "verifier,test_reward_mix:short", "--scorer-workers", "0"]
     assert ev.main(_run_args(model_dir, dataset, out, *mix, "--reward-weights", "0.25,0.75")) == 0
     assert made == [0]
-    scores = []
+    scores, odd, short_ = [], [], []
     for r in read_samples(out / "samples_toy.jsonl").values():
         want = [0.25 * (len(t) % 2) + 0.75 * float(len(t) < 12) for t in r["responses"]]
         assert r["scores"] == pytest.approx(want, abs=1e-12) and r["statuses"] == ["user_fn"] * 2
+        # each component's rewards of each response, as the mix weighed them
+        assert r["score_parts"] == {"verifier": [float(len(t) % 2) for t in r["responses"]],
+                                    "short": [float(len(t) < 12) for t in r["responses"]]}
         scores += r["scores"]
+        odd += r["score_parts"]["verifier"]
+        short_ += r["score_parts"]["short"]
     assert json.loads((out / "run_config.json").read_text())["reward_weights"] == [0.25, 0.75]
+    result = json.loads((out / "results.json").read_text())["benchmarks"]["toy"]
+    assert result["mean_score"] == pytest.approx(sum(scores) / len(scores), abs=1e-12)
+    assert result["mean_score_parts"] == pytest.approx({"verifier": sum(odd) / len(odd),
+                                                        "short": sum(short_) / len(short_)}, abs=1e-12)
+    assert 0 < sum(odd) < len(odd) or 0 < sum(short_) < len(short_)  # (the parts differ from the mix)
+    table = (out / "table.md").read_text()
+    assert "| Model | toy reward | toy verifier | toy short |" in table
+    assert f"{result['mean_score_parts']['short']:.3f} |" in table
     capsys.readouterr()
     assert ev.main(_run_args(model_dir, dataset, out, *mix, "--reward-weights", "0.5,0.5")) == 2
     assert "reward_weights differ" in capsys.readouterr().err

@@ -126,6 +126,33 @@ def markdown_table(results: list[dict[str, Any]], ks: list[int] | None = None) -
             else:
                 cells.append(f"{v:.2f}")
         lines.append(f"| {_label(r, i)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n" + component_table(results)
+
+
+def component_table(results: list[dict[str, Any]]) -> str:
+    """For results scored by a mix of rewards (``mean_score_parts``): a second table of the mean mixed reward and
+    each component's mean reward per benchmark (three decimals), after a blank line; ``""`` when none was."""
+    benches = _ordered({b for r in results for b, br in r["benchmarks"].items() if br.get("mean_score_parts")})
+    if not benches:
+        return ""
+    columns = []
+    for b in benches:
+        names = []
+        for r in results:
+            for name in (r["benchmarks"].get(b) or {}).get("mean_score_parts") or {}:
+                if name not in names:
+                    names.append(name)
+        columns += [(b, None)] + [(b, name) for name in names]
+    headers = [f"{DISPLAY_NAMES.get(b, b)} {'reward' if name is None else name}" for b, name in columns]
+    lines = ["", "Mean reward (the mix, then each component):", "",
+             "| Model | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(headers)]
+    for i, r in enumerate(results):
+        cells = []
+        for b, name in columns:
+            br = r["benchmarks"].get(b) or {}
+            v = br.get("mean_score") if name is None else (br.get("mean_score_parts") or {}).get(name)
+            cells.append("-" if v is None else f"{v:.3f}")
+        lines.append(f"| {_label(r, i)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

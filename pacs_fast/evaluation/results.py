@@ -10,6 +10,10 @@ the exact text the model continued (chat template included), ``responses`` what 
      "finish_reasons": ["stop", "length", ...], "num_tokens": [812, 4096, ...],
      "responses": ["...", ...]}
 
+With a mix of rewards (``--reward-fn verifier,my_checks:format_score``) each record also holds each component's
+rewards, ``"score_parts": {"verifier": [1.0, 0.0, ...], "format_score": [0.5, 1.0, ...]}``, and the results
+their means (``mean_score_parts``) beside the mean of the mixed scores (``mean_score``).
+
 ``problem_sha1`` (:func:`problem_digest`) ties a record to the problem text it answered: a resume checks
 every record against the benchmark as it is now (:func:`check_records_match`).
 
@@ -162,8 +166,13 @@ def summarize_benchmark(records: list[dict[str, Any]], ks: list[int] | None = No
     ks = default_ks(n_min) if ks is None else sorted({int(k) for k in ks if 1 <= int(k) <= n_min})
     status_counts: dict[str, int] = {}
     finish_counts: dict[str, int] = {}
-    tokens = []
+    tokens, scores = [], []
+    parts: dict[str, list[float]] = {}
+    with_parts = all(r.get("score_parts") for r in records)  # (a resume keeps one --reward-fn: all or none)
     for r in records:
+        scores.extend(float(x) for x in r["scores"])
+        for name, values in (r["score_parts"] if with_parts else {}).items():
+            parts.setdefault(name, []).extend(float(x) for x in values)
         for s in r.get("statuses", []):
             status_counts[s] = status_counts.get(s, 0) + 1
         for s in r.get("finish_reasons", []):
@@ -181,7 +190,10 @@ def summarize_benchmark(records: list[dict[str, Any]], ks: list[int] | None = No
         "status_counts": status_counts,
         "finish_reasons": finish_counts,
         "mean_response_tokens": float(np.mean(tokens)) if tokens else None,
+        "mean_score": float(np.mean(scores)) if scores else None,  # (soft rewards: more than pass@1 says)
     }
+    if parts:
+        out["mean_score_parts"] = {name: float(np.mean(v)) for name, v in parts.items()}
     return out
 
 

@@ -80,6 +80,12 @@ class UserScorer:
             raise UsageError(str(e)) from e
         return BatchResult(scores, [STATUS] * len(scores), {STATUS: len(scores)}, 0.0)
 
+    @property
+    def last_parts(self) -> dict[str, list[float]]:
+        """A mix of rewards' ``{component name: [reward per response]}`` of the last :meth:`score` call (``{}``
+        for one function)."""
+        return dict(getattr(self.fn, "last_parts", None) or {})
+
     def close(self) -> None:
         if hasattr(self.fn, "close"):  # (a mix of rewards: its verifier's workers)
             self.fn.close()
