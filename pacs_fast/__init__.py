@@ -6,7 +6,8 @@ dependency only matters for the names that need it):
 - ops (autograd + backend dispatch): ``token_logprobs``, ``linear_logprobs``, ``fused_pacs_loss``
 - algorithms: ``pacs_loss`` and its pieces (``reward_proxy``, ``group_scores``,
   ``class_balanced_weights``), baselines (``policy_loss``, ``grpo_loss``, ``value_loss``,
-  ``gspo_policy_loss``, ``cispo_policy_loss``, ``group_advantages``, ``gae``, ``kl_penalty``,
+  ``gspo_policy_loss``, ``cispo_policy_loss``, ``clip_cov_policy_loss``, ``kl_cov_policy_loss``,
+  ``group_advantages``, ``gae``, ``kl_penalty``,
   ``aggregate_loss``, ``overlong_penalty``, ``high_entropy_mask``), ``off_policy_correction``
   (truncated / masked importance sampling against the engine's log-probs), ``pass_at_k``
 - reward: ``math_reward``, ``score_batch``, ``BatchScorer``
@@ -36,6 +37,8 @@ _EXPORTS: dict[str, str] = {
     "value_loss": "pacs_fast.algorithms.policy_loss",
     "gspo_policy_loss": "pacs_fast.algorithms.sequence_losses",
     "cispo_policy_loss": "pacs_fast.algorithms.sequence_losses",
+    "clip_cov_policy_loss": "pacs_fast.algorithms.covariance_losses",
+    "kl_cov_policy_loss": "pacs_fast.algorithms.covariance_losses",
     "overlong_penalty": "pacs_fast.algorithms.overlong",
     "high_entropy_mask": "pacs_fast.algorithms.token_selection",
     "group_advantages": "pacs_fast.algorithms.advantages",

@@ -17,6 +17,8 @@ PRESETS = {
     "ppo": ["algo.name=ppo"],
     "gspo": ["algo.name=gspo"],
     "cispo": ["algo.name=cispo"],
+    "clip_cov": ["algo.name=clip_cov"],
+    "kl_cov": ["algo.name=kl_cov"],
     "reinforce_pp": ["algo.name=reinforce_plus_plus"],
     "reinforce_pp_baseline": ["algo.name=reinforce_plus_plus_baseline"],
 }

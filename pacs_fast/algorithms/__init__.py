@@ -6,12 +6,14 @@
   :func:`grpo_loss` (GRPO / Dr. GRPO / RLOO), :func:`value_loss` (module :mod:`.policy_loss`);
   :func:`group_advantages`, :func:`gae` (:mod:`.advantages`); :func:`kl_penalty` (:mod:`.kl`);
   :func:`aggregate_loss` (:mod:`.aggregation`); :func:`gspo_policy_loss`, :func:`cispo_policy_loss`
-  (:mod:`.sequence_losses`); :func:`overlong_penalty` (DAPO's overlong reward shaping, :mod:`.overlong`);
+  (:mod:`.sequence_losses`); :func:`clip_cov_policy_loss`, :func:`kl_cov_policy_loss`
+  (:mod:`.covariance_losses`); :func:`overlong_penalty` (DAPO's overlong reward shaping, :mod:`.overlong`);
   :func:`high_entropy_mask` (the high-entropy tokens a policy gradient keeps, :mod:`.token_selection`).
 - Evaluation: :func:`pass_at_k` (:mod:`.pass_at_k`).
 """
 from pacs_fast.algorithms.advantages import gae, group_advantages, masked_whiten
 from pacs_fast.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss, masked_mean
+from pacs_fast.algorithms.covariance_losses import clip_cov_policy_loss, kl_cov_policy_loss
 from pacs_fast.algorithms.kl import KL_ESTIMATORS, kl_penalty
 from pacs_fast.algorithms.pacs import (
     PROXIES,
@@ -30,7 +32,8 @@ from pacs_fast.algorithms.token_selection import high_entropy_mask
 
 __all__ = [
     "KL_ESTIMATORS", "LOSS_AGG_MODES", "PROXIES", "SCORES", "WEIGHT_MODES",
-    "aggregate_loss", "cispo_policy_loss", "class_balanced_weights", "gae", "group_advantages", "group_scores",
-    "grpo_loss", "gspo_policy_loss", "high_entropy_mask", "kl_penalty", "masked_mean", "masked_whiten",
+    "aggregate_loss", "cispo_policy_loss", "class_balanced_weights", "clip_cov_policy_loss", "gae",
+    "group_advantages", "group_scores", "grpo_loss", "gspo_policy_loss", "high_entropy_mask", "kl_cov_policy_loss",
+    "kl_penalty", "masked_mean", "masked_whiten",
     "overlong_penalty", "pacs_loss", "pass_at_k", "policy_loss", "reward_proxy", "value_loss",
 ]

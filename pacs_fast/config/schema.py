@@ -6,8 +6,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo", "gspo", "cispo", "reinforce_plus_plus",
-              "reinforce_plus_plus_baseline")
+ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo", "gspo", "cispo", "clip_cov", "kl_cov",
+              "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 # (algo.clip_low, algo.clip_high) of the algorithms whose defaults are not the shared 0.2 / 0.2: filled in by
 # load_config when neither the file nor the command line gives the key (pacs_fast.algorithms.sequence_losses)
 CLIP_DEFAULTS = {"gspo": (3e-4, 4e-4), "cispo": (10.0, 0.2)}
@@ -143,8 +143,10 @@ class RolloutConfig:
 @dataclass
 class AlgoConfig:
     name: str = _f("pacs", "pacs | grpo | ppo | rloo | dr_grpo | gspo (sequence-level ratio, Zheng et al. 2025) | "
-                   "cispo (clipped-IS-weight REINFORCE, MiniMax-M1); gspo/cispo as verl's loss modes, with GRPO's "
-                   "group-normalised advantages | reinforce_plus_plus | reinforce_plus_plus_baseline (REINFORCE++, "
+                   "cispo (clipped-IS-weight REINFORCE, MiniMax-M1) | clip_cov | kl_cov (the entropy mechanism's "
+                   "Clip-Cov / KL-Cov, Cui et al. 2025: act on the tokens whose log-prob and advantage covary "
+                   "most); gspo/cispo/clip_cov/kl_cov as verl's loss modes, with GRPO's group-normalised "
+                   "advantages | reinforce_plus_plus | reinforce_plus_plus_baseline (REINFORCE++, "
                    "verl's: the reward, or its group's mean subtracted, whitened over the step's response tokens; "
                    "PPO's clipped loss; gamma 1, KL as algo.kl_coef)")
     beta: float = _f(1.0, "pacs: scale of the reward proxy r = beta * sum(logp - logp_ref)")
@@ -163,8 +165,16 @@ class AlgoConfig:
                          "(verl's CISPO recipe: >= 1 = no lower bound on the IS weight; only cispo takes >= 1)")
     clip_high: float = _f(0.2, "baselines: ratio clip 1 + eps_high (DAPO: 0.28); not given: 0.2, gspo 4e-4 (the "
                           "paper's), cispo 0.2 (verl's recipe; TRL's epsilon_high=5 ratio cap is clip_high=4)")
-    clip_c: float = _f(3.0, "grpo/ppo/rloo/dr_grpo (not gspo/cispo): dual clip (Ye et al. 2020): a token with a "
-                       "negative advantage "
+    cov_frac: float = _f(2e-4, "clip_cov / kl_cov: the fraction of each micro-batch's response tokens they act "
+                         "on (verl's clip_cov_ratio / kl_cov_ratio; the paper's KL-Cov: 2e-3 for 7B, 2e-4 for "
+                         "32B); at least one token")
+    cov_low: float = _f(1.0, "clip_cov: the cut tokens are drawn at random among those whose covariance "
+                        "(A - mean A)(logp - mean logp) lies in (cov_low, cov_high) (verl's clip_cov_lb)")
+    cov_high: float = _f(5.0, "clip_cov: the upper end of that band (verl's clip_cov_ub)")
+    cov_kl_coef: float = _f(1.0, "kl_cov: the coefficient of |logp - old_logp| on the chosen tokens (verl's "
+                            "ppo_kl_coef)")
+    clip_c: float = _f(3.0, "grpo/ppo/rloo/dr_grpo (not gspo/cispo/clip_cov/kl_cov): dual clip (Ye et al. "
+                       "2020): a token with a negative advantage "
                        "loses at most -A * clip_c however large its ratio (> 1; 0 = off). Default 3.0 = verl's "
                        "clip_ratio_c, always on in verl and so in the paper's GRPO/PPO baselines")
     kl_coef: float = _f(0.0, "baselines: KL penalty to the initial policy (or its last algo.reset_every reset), a "

@@ -42,8 +42,17 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if not a.reset_every:
         out.append((("algo.reset_optimizer", "algo.reset_mix"), "with algo.reset_every=0 (the reference is never "
                                                                  "reset)"))
-    if name in ("gspo", "cispo"):
+    if name in ("gspo", "cispo", "clip_cov"):
         out.append((("algo.clip_c",), f"with algo.name={name} (PPO's dual clip; {name} has none, as in verl)"))
+    if name == "kl_cov":
+        out.append((("algo.clip_low", "algo.clip_high", "algo.clip_c"), "with algo.name=kl_cov (it clips no "
+                                                                        "ratio, as in verl)"))
+    if name not in ("clip_cov", "kl_cov"):
+        out.append((("algo.cov_frac",), f"with algo.name={name} (Clip-Cov's / KL-Cov's share of the tokens)"))
+    if name != "clip_cov":
+        out.append((("algo.cov_low", "algo.cov_high"), f"with algo.name={name} (Clip-Cov's band of covariance)"))
+    if name != "kl_cov":
+        out.append((("algo.cov_kl_coef",), f"with algo.name={name} (KL-Cov's coefficient)"))
     if cfg.learner.lr_schedule == "constant":
         out.append((("learner.min_lr_ratio",), "with learner.lr_schedule=constant (the floor of a decay)"))
     if not cfg.model.lora_rank:

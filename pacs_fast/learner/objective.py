@@ -7,11 +7,17 @@ Token alignment as in :mod:`pacs_fast.learner.base`: ``logp[b, t]`` is the log-p
 """
 from __future__ import annotations
 
+import zlib
+
 import torch
 
 from pacs_fast.algorithms.reinforce_pp import REINFORCE_PP_MODES
 from pacs_fast.config import AlgoConfig
 from pacs_fast.learner.base import RolloutBatch
+
+
+#: the algorithms that are verl's policy-loss modes on GRPO's advantages
+VERL_LOSS_MODES = ("gspo", "cispo", "clip_cov", "kl_cov")
 
 
 def resolve_loss_agg(algo: AlgoConfig) -> str:
@@ -120,14 +126,12 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
         if getattr(algo, "noise_correction", "none") != "none":  # noisy verifier (algorithms/noisy_labels.py)
             from pacs_fast.algorithms.noisy_labels import corrected_rewards
             rewards = corrected_rewards(rewards, algo.noise_correction, algo.noise_rho0, algo.noise_rho1)
-        if algo.name in ("gspo", "cispo"):  # verl's loss modes on GRPO's advantages (algorithms/sequence_losses.py)
+        if algo.name in VERL_LOSS_MODES:  # verl's loss modes on GRPO's advantages (algorithms/sequence_losses.py,
+            # algorithms/covariance_losses.py)
             from pacs_fast.algorithms import group_advantages
-            from pacs_fast.algorithms.sequence_losses import cispo_policy_loss, gspo_policy_loss
-            kw.pop("clip_c")  # no dual clip in either (verl)
             adv = micro.advantages if micro.advantages is not None else group_advantages(rewards, micro.group_size,
                                                                                           "grpo")
-            loss, pm = (gspo_policy_loss if algo.name == "gspo" else cispo_policy_loss)(
-                logp, micro.old_logp, adv, mask, **kw)
+            loss, pm = _verl_loss_mode(algo, micro, logp, adv, mask, kw)
             pm.update(adv_mean=adv.mean(), adv_abs_mean=adv.abs().mean())
         elif algo.name in REINFORCE_PP_MODES and micro.advantages is None:
             raise ValueError(f"objective: algo.name={algo.name} trains on batch-whitened advantages; set "
@@ -159,6 +163,35 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
         ent = aggregate_loss(entropy, mask, agg, horizon=float(horizon), global_count=global_count)
         loss = loss - algo.entropy_coef * ent
     return loss, metrics
+
+
+def _verl_loss_mode(algo: AlgoConfig, micro: RolloutBatch, logp, adv, mask, kw: dict):
+    """gspo / cispo / clip_cov / kl_cov's loss of a micro-batch with ``policy_loss``'s arguments ``kw`` (none has
+    PPO's dual clip; kl_cov clips no ratio). Clip-Cov's random draw comes from a generator seeded with the
+    micro-batch's tokens, so that the same micro-batch cuts the same tokens in a resumed or repeated run."""
+    from pacs_fast.algorithms.covariance_losses import clip_cov_policy_loss, kl_cov_policy_loss
+    from pacs_fast.algorithms.sequence_losses import cispo_policy_loss, gspo_policy_loss
+
+    kw = {k: v for k, v in kw.items() if k != "clip_c"}
+    if algo.name == "gspo":
+        return gspo_policy_loss(logp, micro.old_logp, adv, mask, **kw)
+    if algo.name == "cispo":
+        return cispo_policy_loss(logp, micro.old_logp, adv, mask, **kw)
+    if algo.name == "kl_cov":
+        kw = {k: v for k, v in kw.items() if k not in ("clip_low", "clip_high")}
+        return kl_cov_policy_loss(logp, micro.old_logp, adv, mask, cov_frac=algo.cov_frac,
+                                  cov_kl_coef=algo.cov_kl_coef, **kw)
+    return clip_cov_policy_loss(logp, micro.old_logp, adv, mask, cov_frac=algo.cov_frac, cov_low=algo.cov_low,
+                                cov_high=algo.cov_high, generator=torch.Generator().manual_seed(micro_batch_seed(micro)),
+                                **kw)
+
+
+def micro_batch_seed(micro: RolloutBatch) -> int:
+    """A seed that is a function of the micro-batch's tokens and response mask (CRC-32 of both): Clip-Cov's draw
+    is the same wherever the same micro-batch trains (a resumed run, another process)."""
+    ids = micro.input_ids.detach().cpu().to(torch.int64).numpy().tobytes()
+    resp = (micro.response_mask.detach().cpu() != 0).numpy().tobytes()
+    return zlib.crc32(resp, zlib.crc32(ids))
 
 
 def _pacs_objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, counts: dict[str, float]):
