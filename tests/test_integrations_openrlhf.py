@@ -139,9 +139,43 @@ def test_check_args_names_the_settings():
         check_args(ok)
     assert "train.micro_batch_size (12)" in str(e.value) and "algo.kl.init_coef" in str(e.value)
     ok.train.micro_batch_size, ok.algo.kl.init_coef = 16, 0.0
-    ok.algo.advantage = SimpleNamespace(is_correction_enable=True)  # vLLM IS correction: not applied by PACS
-    with pytest.raises(ValueError, match="algo.advantage.is_correction_enable must be False"):
+    # vLLM IS correction: not applied by PACS (0.11.2's switch, cli/train_ppo_ray.py; there was no
+    # is_correction_enable, which the check read, so it passed)
+    ok.algo.advantage = SimpleNamespace(is_correction_level="token")
+    with pytest.raises(ValueError, match="algo.advantage.is_correction_level must be off"):
         check_args(ok)
+    ok.algo.advantage.is_correction_level = "off"
+    check_args(ok)
+    # a missing count read as 1: "must be >= 2 (got 1)" for a user who set 8 in an older release's flat args
+    with pytest.raises(ValueError, match=r"the args hold no rollout.n_samples_per_prompt \(check_args reads OpenRLHF "
+                                         r"0.11's nested args, these look like an older release's flat ones\)"):
+        check_args(SimpleNamespace(n_samples_per_prompt=8, micro_train_batch_size=6))
+    with pytest.raises(ValueError, match=r"the args hold no train.micro_batch_size \(check_args reads"):
+        check_args(SimpleNamespace(rollout=SimpleNamespace(n_samples_per_prompt=8)))
+
+
+def test_the_loss_refuses_rollout_log_probs_it_would_ignore():
+    exps, R, mask, logp, old = _experiences(2, 4, 3, 4, per_exp=8)
+    pacs_advantages(exps, 4)
+    fn = PACSPolicyLoss(group_size=4)
+    fn(logp, old, exps[0].advantages, action_mask=mask)
+    with pytest.raises(ValueError, match="rollout_log_probs: OpenRLHF's importance-sampling correction is on"):
+        fn(logp, old, exps[0].advantages, action_mask=mask, rollout_log_probs=old)
+
+
+def test_rewards_as_python_lists_and_a_reward_just_above_one():
+    exps, R, mask, logp, old = _experiences(2, 4, 3, 4, per_exp=8)
+    want = [e.rewards.clone() for e in exps]
+    exps_list, *_ = _experiences(2, 4, 3, 4, per_exp=8)
+    for e in exps_list:
+        e.rewards = [bool(x) for x in e.rewards.tolist()]  # AttributeError: 'bool' object has no attribute 'all'
+    pacs_advantages(exps, 4)
+    pacs_advantages(exps_list, 4)
+    assert all(torch.equal(a.advantages, b.advantages) for a, b in zip(exps, exps_list))
+    assert [e.rewards for e in exps] and all(torch.equal(w, e.rewards) for w, e in zip(want, exps))
+    exps[0].rewards = exps[0].rewards * 0 + torch.tensor(1.0000001, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"max 1\.0000001192092896"):  # ".4g" printed it as 1
+        pacs_advantages(exps, 4)
 
 
 def test_rewards_outside_unit_interval_are_refused():
@@ -164,7 +198,7 @@ def test_a_group_size_that_is_not_an_integer_is_refused(group_size):
 def test_groups_sixteen_apart_in_one_micro_batch_are_caught():
     """The group tag was the group's index mod 16, so a micro-batch holding half of group 0 and half of
     group 16 (rows a shuffle brought together) read as one group and trained on a wrong score. With 0/1
-    rewards the tag is now mod 128: they are told apart; groups 128 apart still look alike (documented)."""
+    rewards the tag is now 1 + mod 127: they are told apart; groups 127 apart still look alike (documented)."""
     n = 2
     exps, R, mask, logp, old = _experiences(130, n, 4, 6, per_exp=260)
     pacs_advantages(exps, n)
@@ -174,7 +208,7 @@ def test_groups_sixteen_apart_in_one_micro_batch_are_caught():
         rows = torch.tensor([0, n * far, n, n * (far + 1)])
         with pytest.raises(ValueError, match="replay buffer not shuffled"):
             fn(logp[rows], old[rows], adv[rows], action_mask=mask[rows])
-    rows = torch.tensor([0, n * 128, n, n * 129])  # the documented blind spot
+    rows = torch.tensor([0, n * 127, n, n * 128])  # the documented blind spot
     fn(logp[rows], old[rows], adv[rows], action_mask=mask[rows])
 
 
@@ -190,11 +224,11 @@ def test_check_args_refuses_a_count_that_is_not_an_integer():
 
 def test_one_tag_range_for_every_experience_of_a_batch():
     """Experiences are encoded one by one: one of 0/1 rewards took tags mod 128 and one with a soft reward mod 16,
-    so their groups could share a tag. The batch now takes one range: mod 16 as soon as one reward is soft."""
+    so their groups could share a tag. The batch now takes one range: 1 + mod 15 as soon as one reward is soft."""
     from pacs_fast.integrations._groups import decode_tagged_advantages
 
     exps, R, mask, logp, old = _experiences(20, 2, 3, 7, per_exp=20)
     exps[1].rewards = exps[1].rewards * 0 + 0.5  # soft rewards in the second experience only
     pacs_advantages(exps, 2)
     tags = torch.cat([decode_tagged_advantages(e.advantages, e.action_mask, "fix")[1] for e in exps])
-    assert torch.equal(tags, torch.arange(20).repeat_interleave(2) % 16)
+    assert torch.equal(tags, 1 + torch.arange(20).repeat_interleave(2) % 15)

@@ -84,7 +84,7 @@ def test_soft_rewards_pass_through_within_fp32_precision():
     R, tags = decode_tagged_advantages(adv, b["mask"], "fix")
     # R + 2*tag < 32 stored in fp32: spacing 2**-19 (~1.9e-6)
     assert float((R - b["R"]).abs().max()) <= 2 ** -19
-    assert tags.tolist() == [0] * 4 + [1] * 4
+    assert tags.tolist() == [1] * 4 + [2] * 4
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -96,7 +96,7 @@ def test_half_precision_advantages_keep_0_1_rewards_and_refuse_soft_ones(dtype):
     b = _batch(2, 4, 5, 3)
     adv, _ = _advantages(b)
     R, tags = decode_tagged_advantages(adv.to(dtype), b["mask"], "fix")
-    assert R.tolist() == b["R"].tolist() and tags.tolist() == [0] * 4 + [1] * 4
+    assert R.tolist() == b["R"].tolist() and tags.tolist() == [1] * 4 + [2] * 4
     soft = _batch(2, 4, 5, 3, soft=True)
     adv, _ = _advantages(soft)
     with pytest.raises(ValueError, match=f"advantages arrive as {dtype}, which rounds the soft rewards"):
@@ -152,6 +152,15 @@ def test_split_or_shuffled_groups_give_a_clear_error():
     # an ordinary advantage (not written by the "pacs" estimator) is refused
     with pytest.raises(ValueError, match="adv_estimator=pacs"):
         fn(b["old"], b["logp"], -adv, b["mask"], "token-mean", _actor_config(4), None)
+    # verl's own GRPO advantages of a group whose responses were all right are all 0: they were read as group 0
+    # with rewards 0, and one such group in a micro-batch trained with its labels flipped
+    tlr = torch.zeros(4, 5)
+    tlr[:, -1] = 1.0
+    grpo, _ = core_algos.compute_grpo_outcome_advantage(token_level_rewards=tlr, response_mask=torch.ones(4, 5),
+                                                        index=np.array(["u"] * 4, dtype=object))
+    assert float(grpo.abs().max()) == 0.0
+    with pytest.raises(ValueError, match="adv_estimator=pacs"):
+        fn(b["old"][:4], b["logp"][:4], grpo, torch.ones(4, 5), "token-mean", _actor_config(4), None)
 
 
 def test_actor_settings_that_split_groups_are_refused():
@@ -191,6 +200,21 @@ def test_check_config_lists_every_bad_setting():
     msg = str(e.value)
     for key in ("trainer.balance_batch", "algorithm.adv_estimator", "ppo_micro_batch_size_per_gpu (12)"):
         assert key in msg
+    # keys it passed: a KL loss to verl's reference model (added to the PACS loss), the rollout correction (refused
+    # only inside the loss), and trainer.balance_batch left out (verl's default, True, reorders the batch)
+    kl = OmegaConf.merge(good, {"actor_rollout_ref": {"actor": {"use_kl_loss": True}}})
+    with pytest.raises(ValueError, match="use_kl_loss must be False"):
+        pv.check_config(kl)
+    corrected = OmegaConf.merge(good, {"algorithm": {"rollout_correction": {"rollout_is": "token",
+                                                                            "rollout_rs": None}}})
+    with pytest.raises(ValueError, match="algorithm.rollout_correction must be off"):
+        pv.check_config(corrected)
+    pv.check_config(OmegaConf.merge(good, {"algorithm": {"rollout_correction": {"rollout_is": None,
+                                                                                "rollout_rs": None}}}))
+    no_balance = OmegaConf.create(OmegaConf.to_container(good))
+    del no_balance.trainer["balance_batch"]
+    with pytest.raises(ValueError, match=r"trainer.balance_batch must be False \(verl's default is True\)"):
+        pv.check_config(no_balance)
 
 
 def test_the_adapters_pacs_metrics_are_the_trainers():
@@ -210,8 +234,8 @@ def test_the_adapters_pacs_metrics_are_the_trainers():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_binary_tags_run_to_127_and_read_back_exactly_in_any_dtype(dtype):
-    """0/1 rewards carry the group index mod 128 (integers < 256, exact in bf16): every group of 130 is
-    read back with its reward and tag, groups 128 apart share a tag; soft rewards keep mod 16."""
+    """0/1 rewards carry 1 + the group index mod 127 (integers in [2, 256), exact in bf16): every group of 130 is
+    read back with its reward and tag, groups 127 apart share a tag; soft rewards keep 1 + mod 15."""
     from pacs_fast.integrations._groups import decode_tagged_advantages, encode_tagged_advantages
 
     groups = torch.arange(130).repeat_interleave(2)
@@ -219,9 +243,9 @@ def test_binary_tags_run_to_127_and_read_back_exactly_in_any_dtype(dtype):
     mask = torch.ones(260, 3, dtype=torch.bool)
     adv = encode_tagged_advantages(R, groups, mask)
     back, tags = decode_tagged_advantages(adv.to(dtype), mask, "fix")
-    assert torch.equal(back, R) and torch.equal(tags, groups % 128)
+    assert torch.equal(back, R) and torch.equal(tags, 1 + groups % 127)
     soft = R * 0.5 + 0.25
     back, tags = decode_tagged_advantages(encode_tagged_advantages(soft, groups, mask), mask, "fix")
-    assert float((back - soft).abs().max()) <= 2 ** -19 and torch.equal(tags, groups % 16)
+    assert float((back - soft).abs().max()) <= 2 ** -19 and torch.equal(tags, 1 + groups % 15)
     with pytest.raises(ValueError, match="not the reward \\+ group tag"):  # a soft value above 32: not ours
         decode_tagged_advantages(torch.full((1, 3), 40.5), torch.ones(1, 3, dtype=torch.bool), "fix")

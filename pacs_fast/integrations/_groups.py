@@ -9,13 +9,15 @@ names the setting to change instead of a silently wrong loss.
 Tagged advantages (verl, OpenRLHF). Their policy-loss hooks receive per-token ``advantages`` and
 nothing else per sequence, so the adapters' advantage step writes, on every response token,
 
-    advantages[i, t] = R_i + 2 * (k_i mod M)        (R_i in [0, 1], k_i the group index)
+    advantages[i, t] = R_i + 2 * (1 + k_i mod M)        (R_i in [0, 1], k_i the group index)
 
 and the loss reads ``R_i`` and a group tag back (``decode_tagged_advantages``). With 0/1 rewards
-M = BINARY_GROUP_TAGS = 128: the values are integers below 256, exact in any float dtype (bf16 included).
-With soft rewards M = GROUP_TAGS = 16: the values stay below 32, where fp32 keeps about 2e-6 absolute
-precision, and bf16 / fp16 advantages (which would round them) are refused. The group check tells groups
-apart by their tag, so it cannot see rows of groups k and k + M put together in one run of G rows.
+M = BINARY_GROUP_TAGS = 127: the values are integers in [2, 256), exact in any float dtype (bf16 included).
+With soft rewards M = GROUP_TAGS = 15: the values lie in [2, 32), where fp32 keeps about 2e-6 absolute
+precision, and bf16 / fp16 advantages (which would round them) are refused. The tags start at 1 so that an
+ordinary advantage of 0 (GRPO's on a group of equal rewards) is never read as a reward of 0 in group 0. The
+group check tells groups apart by their tag, so it cannot see rows of groups k and k + M put together in one
+run of G rows.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ import torch
 from pacs_fast.algorithms._checks import check_real
 from pacs_fast.algorithms.score_metrics import score_metrics
 
-GROUP_TAGS = 16  # group tags with soft rewards (values < 32: fp32 keeps 2**-19)
-BINARY_GROUP_TAGS = 128  # group tags with 0/1 rewards (integers < 256: exact in bf16, fp16 and fp32)
+GROUP_TAGS = 15  # group tags 1..15 with soft rewards (values < 32: fp32 keeps 2**-19)
+BINARY_GROUP_TAGS = 127  # group tags 1..127 with 0/1 rewards (integers < 256: exact in bf16, fp16 and fp32)
 
 
 def check_beta(beta, where: str) -> float:
@@ -64,25 +66,25 @@ def check_whole_groups(group_ids: torch.Tensor, group_size: int, fix: str) -> No
 
 def encode_tagged_advantages(rewards: torch.Tensor, group_index: torch.Tensor,
                              response_mask: torch.Tensor, *, binary: bool | None = None) -> torch.Tensor:
-    """``[B, T]`` advantages carrying ``R_i + 2 * (group_index_i mod M)`` on response tokens
+    """``[B, T]`` advantages carrying ``R_i + 2 * (1 + group_index_i mod M)`` on response tokens
     (0 elsewhere), fp32; M is ``BINARY_GROUP_TAGS`` when every reward is 0 or 1, else ``GROUP_TAGS``
     (``binary``: the caller's decision for a batch encoded in parts, which must hold for these rewards).
     ``rewards`` ``[B]`` in ``[0, 1]``; ``group_index`` ``[B]`` int."""
     R = rewards.detach().to(torch.float64)
     if not bool(torch.isfinite(R).all()) or bool(((R < 0) | (R > 1)).any()):
         raise ValueError("PACS: sequence rewards must lie in [0, 1] (the verifier's label); got "
-                         f"min {float(R.min()):.4g}, max {float(R.max()):.4g}")
+                         f"min {float(R.min())!r}, max {float(R.max())!r}")
     zero_one = bool(((R == 0) | (R == 1)).all())
     if binary and not zero_one:
         raise ValueError("PACS: binary=True tags, but the rewards are not all 0 or 1")
     binary = zero_one if binary is None else binary
-    tag = (group_index.to(torch.int64) % (BINARY_GROUP_TAGS if binary else GROUP_TAGS)).to(torch.float64)
+    tag = (1 + group_index.to(torch.int64) % (BINARY_GROUP_TAGS if binary else GROUP_TAGS)).to(torch.float64)
     value = (R + 2.0 * tag).to(torch.float32)
     return value.unsqueeze(-1) * response_mask.to(torch.float32)
 
 
 def decode_tagged_advantages(advantages: torch.Tensor, response_mask: torch.Tensor, fix: str):
-    """Inverse of ``encode_tagged_advantages``: ``(rewards [B] fp64, tags [B] int64)``.
+    """Inverse of ``encode_tagged_advantages``: ``(rewards [B] fp64, tags [B] int64, from 1)``.
 
     Raises ValueError naming the row when a row has no response token, and (ending in ``fix``) when
     the value is not constant over a row's response tokens or not of the encoded form."""
@@ -97,14 +99,16 @@ def decode_tagged_advantages(advantages: torch.Tensor, response_mask: torch.Tens
     hi = torch.where(m, a, -big).amax(dim=-1)
     lo = torch.where(m, a, big).amin(dim=-1)
     # fp32 storage of values < 32 is exact to 2**-19; allow that much spread. Values from 32 on carry a
-    # 0/1 reward and a tag of BINARY_GROUP_TAGS: integers
-    wide = hi >= 2 * GROUP_TAGS
-    if (bool(((hi - lo) > 4e-6).any()) or bool((lo < 0).any()) or bool((hi >= 2 * BINARY_GROUP_TAGS).any())
+    # 0/1 reward and a binary tag: integers. Below 2 (tag 0) is no tag: an ordinary advantage (0 for a group of
+    # equal rewards) is refused, not read as reward 0
+    top, soft_top = 2 * (BINARY_GROUP_TAGS + 1), 2 * (GROUP_TAGS + 1)
+    wide = hi >= soft_top
+    if (bool(((hi - lo) > 4e-6).any()) or bool((lo < 2).any()) or bool((hi >= top).any())
             or bool((wide & (hi != torch.floor(hi))).any())):
         raise ValueError("PACS: the advantages are not the reward + group tag written by the "
-                         f"PACS advantage step (constant per row, in [0, {2 * BINARY_GROUP_TAGS}), integers from "
-                         f"{2 * GROUP_TAGS} on); {fix}")
-    tags = torch.floor(hi / 2.0).clamp(max=BINARY_GROUP_TAGS - 1)
+                         f"PACS advantage step (constant per row, in [2, {top}), integers from {soft_top} on); "
+                         f"{fix}")
+    tags = torch.floor(hi / 2.0).clamp(max=BINARY_GROUP_TAGS)
     rewards = (hi - 2.0 * tags).clamp(0.0, 1.0)
     low = advantages.is_floating_point() and torch.finfo(advantages.dtype).eps > torch.finfo(torch.float32).eps
     if low and bool(((rewards != 0) & (rewards != 1)).any()):

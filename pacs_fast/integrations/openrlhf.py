@@ -11,7 +11,8 @@ a PPO actor / experience maker of yours (OpenRLHF has no registry to plug into):
 
 - ``pacs_advantages`` writes each sample's raw reward ``experience.rewards`` and its group
   (``experience.index // n_samples_per_prompt``, OpenRLHF's own grouping) into ``advantages``
-  (``R_i + 2 * (group mod 128)`` on action tokens, mod 16 with soft rewards; see ``pacs_fast.integrations._groups``).
+  (``R_i + 2 * (1 + group mod 127)`` on action tokens, mod 15 with soft rewards; see
+  ``pacs_fast.integrations._groups``).
 - ``PACSPolicyLoss.forward`` has ``PolicyLoss.forward``'s signature and returns its 5-tuple
   ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)`` (clip_ratio is 0: PACS does not clip;
   vllm_kl and is_filter_ratio are None). It reads the rewards and groups back, checks that the
@@ -25,7 +26,8 @@ sample (``DataLoader(shuffle=True)`` unless ring attention, DeepSpeed TP or dyna
 on), which splits groups; the loss detects it and raises, so a PACS run needs that loader built
 with ``shuffle=False`` over group-ordered items (a patch of ``ppo_train`` this module does not
 ship). Dynamic batching, packed samples, and OpenRLHF's vLLM importance-sampling correction
-(``rollout_log_probs`` is ignored) are not supported either.
+(``algo.advantage.is_correction_level``: ``check_args`` refuses it, and the loss refuses ``rollout_log_probs``)
+are not supported either.
 """
 from __future__ import annotations
 
@@ -60,8 +62,15 @@ def _get(cfg, dotted: str, default=None):
 
 
 def check_args(args) -> None:
-    """Start-time check of OpenRLHF's (nested) args: raises one ValueError listing every setting
-    that would split groups or change the rewards (a count that is not an integer is refused first, alone)."""
+    """Start-time check of OpenRLHF 0.11's (nested) args: raises one ValueError listing every setting
+    that would split groups or change the rewards (a missing count, or one that is not an integer, is refused
+    first, alone)."""
+    for key in ("rollout.n_samples_per_prompt", "train.micro_batch_size"):
+        if _get(args, key) is None:
+            flat = _get(args, key.split(".")[1].replace("micro_batch_size", "micro_train_batch_size"))
+            raise ValueError(f"PACS in OpenRLHF: the args hold no {key} (check_args reads OpenRLHF "
+                             f"{SUPPORTED_OPENRLHF}'s nested args" + (", these look like an older release's flat "
+                                                                     "ones" if flat is not None else "") + ")")
     n = check_count("PACS in OpenRLHF", "rollout.n_samples_per_prompt", _get(args, "rollout.n_samples_per_prompt", 1))
     problems = []
     if n < 2:
@@ -74,9 +83,10 @@ def check_args(args) -> None:
         problems.append("train.dynamic_batch_enable must be False")
     if _get(args, "ds.packing_samples", False):
         problems.append("ds.packing_samples must be False")
-    if _get(args, "algo.advantage.is_correction_enable", False):
-        problems.append("algo.advantage.is_correction_enable must be False (the PACS loss does not apply vLLM's "
-                        "importance-sampling correction: rollout_log_probs is not read)")
+    level = _get(args, "algo.advantage.is_correction_level", "off")
+    if str(level).lower() not in ("off", "none", ""):
+        problems.append(f"algo.advantage.is_correction_level must be off (got {level!r}: the PACS loss does not "
+                        f"apply vLLM's importance-sampling correction)")
     if float(_get(args, "algo.kl.init_coef", 0.0)) > 0 and not _get(args, "algo.kl.use_loss", False):
         problems.append("algo.kl.init_coef > 0 without algo.kl.use_loss puts a KL term into the reward; "
                         "set algo.kl.init_coef=0 (or algo.kl.use_loss)")
@@ -90,16 +100,16 @@ def pacs_advantages(experiences, n_samples_per_prompt: int):
     ``advantages`` and ``returns`` of each experience to the reward + group tag read by
     ``PACSPolicyLoss`` (``[B, A]`` fp32). Rewards must lie in [0, 1]. Returns ``experiences``."""
     n = check_count("pacs_advantages", "n_samples_per_prompt", n_samples_per_prompt)
-    # one tag range for the whole batch (mod 128 only when every reward is 0/1), so that no two experiences
+    # one tag range for the whole batch (mod 127 only when every reward is 0/1), so that no two experiences
     # encode their groups modulo different numbers
-    binary = all(bool(((e.rewards == 0) | (e.rewards == 1)).all()) for e in experiences)
+    binary = all(bool(((r == 0) | (r == 1)).all()) for r in (torch.as_tensor(e.rewards) for e in experiences))
     for exp in experiences:
         if exp.index is None:
             raise ValueError("pacs_advantages: experience.index is None (needs OpenRLHF's sample positions)")
         if exp.action_mask is None:
             raise ValueError("pacs_advantages: experience.action_mask is None (packed samples, ds.packing_samples, "
                              "are not supported)")
-        rewards = exp.rewards.reshape(-1)
+        rewards = torch.as_tensor(exp.rewards).reshape(-1)
         group = torch.as_tensor(list(exp.index), device=rewards.device) // n
         exp.advantages = encode_tagged_advantages(rewards, group, exp.action_mask, binary=binary)
         exp.returns = exp.advantages.clone()
@@ -136,6 +146,10 @@ class PACSPolicyLoss(torch.nn.Module):
                 global_batch_size: float | None = None):
         """``[B, A]`` tensors of one micro-batch (whole groups) ->
         ``(loss, clip_ratio, ppo_kl, vllm_kl=None, is_filter_ratio=None)``."""
+        if rollout_log_probs is not None:  # OpenRLHF 0.11 fills them only with its correction on
+            raise ValueError("PACSPolicyLoss got rollout_log_probs: OpenRLHF's importance-sampling correction is on "
+                             "(algo.advantage.is_correction_level), and the PACS loss does not apply it; set "
+                             "--algo.advantage.is_correction_level off")
         if action_mask is None:  # the tags sit on action tokens only: the mask says which those are
             raise ValueError("PACSPolicyLoss needs action_mask (the experience's action mask): pacs_advantages writes "
                              "each sample's reward and group on its action tokens only")

@@ -14,9 +14,9 @@ is imported itself, in the driver and in every Ray worker), then set::
 How the data gets through. verl's policy-loss hook receives per-token tensors only
 (``old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
 rollout_is_weights``). The ``"pacs"`` estimator writes the sequence reward ``R_i`` (the sum of
-``token_level_rewards``) and a group tag into ``advantages`` (``R_i + 2 * (group mod 128)`` on
-response tokens, mod 16 with soft rewards; see ``pacs_fast.integrations._groups``); the ``"pacs"`` loss reads them back,
-checks that the micro-batch holds whole groups of ``rollout.n`` contiguous responses (``uid``
+``token_level_rewards``) and a group tag into ``advantages`` (``R_i + 2 * (1 + group mod 127)`` on
+response tokens, mod 15 with soft rewards; see ``pacs_fast.integrations._groups``); the ``"pacs"`` loss reads
+them back, checks that the micro-batch holds whole groups of ``rollout.n`` contiguous responses (``uid``
 runs), and computes ``pacs_fast.pacs_loss`` with ``old_log_prob`` (the rollout policy's
 recomputed log-probs) as the reference: PACS ``ref="rollout"``, as in the paper's verl code.
 
@@ -82,7 +82,8 @@ def _get(cfg, dotted: str, default=None):
 
 def check_config(config, loss_name: str = "pacs") -> None:
     """Start-time check of a full verl trainer config (the Hydra/OmegaConf tree or a dict):
-    raises one ValueError listing every setting that would split groups or change the rewards."""
+    raises one ValueError listing every setting that would split groups or change the loss. A key the config
+    does not hold counts as verl's default (``trainer.balance_batch``: True, so it must be given as False)."""
     n = _get(config, "actor_rollout_ref.rollout.n")
     actor = "actor_rollout_ref.actor."
     problems = []
@@ -92,10 +93,18 @@ def check_config(config, loss_name: str = "pacs") -> None:
         problems.append(f"{actor}policy_loss.loss_mode must be {loss_name!r}")
     if n is None or int(n) < 2:
         problems.append(f"actor_rollout_ref.rollout.n must be >= 2 (got {n})")
-    for key, bad in (("algorithm.use_kl_in_reward", True), (actor + "shuffle", True),
-                     (actor + "use_dynamic_bsz", True), ("trainer.balance_batch", True)):
-        if bool(_get(config, key, False)) == bad:
-            problems.append(f"{key} must be False")
+    for key, default in (("algorithm.use_kl_in_reward", False), (actor + "shuffle", False),
+                         (actor + "use_dynamic_bsz", False), ("trainer.balance_batch", True),
+                         (actor + "use_kl_loss", False)):
+        if bool(_get(config, key, default)):
+            problems.append(f"{key} must be False" + (" (verl's default is True)" if default else "")
+                            + (" (a KL loss to verl's reference model is a term PACS does not have)"
+                               if key.endswith("use_kl_loss") else ""))
+    correction = _get(config, "algorithm.rollout_correction")
+    if correction is not None and (_get(correction, "rollout_is") or _get(correction, "rollout_rs")
+                                   or _get(correction, "bypass_mode", False)):
+        problems.append("algorithm.rollout_correction must be off (rollout_is, rollout_rs null, bypass_mode false): "
+                        "the PACS loss does not apply its weights")
     micro = _get(config, actor + "ppo_micro_batch_size_per_gpu")
     if n and (micro is None or int(micro) % int(n)):
         problems.append(f"{actor}ppo_micro_batch_size_per_gpu ({micro}) must be a multiple of "
@@ -132,8 +141,8 @@ def compute_pacs_advantage(token_level_rewards: torch.Tensor, response_mask: tor
         response_mask: ``[B, T]``.
         index: ``[B]`` prompt uids (verl's ``uid``); rows of one prompt must be contiguous.
     Returns:
-        ``(advantages, returns)``, both ``[B, T]`` fp32 ``R_i + 2 * (group mod 128)`` on response tokens
-        (mod 16 with soft rewards; to be read by the ``"pacs"`` policy loss, not a real advantage).
+        ``(advantages, returns)``, both ``[B, T]`` fp32 ``R_i + 2 * (1 + group mod 127)`` on response tokens
+        (mod 15 with soft rewards; to be read by the ``"pacs"`` policy loss, not a real advantage).
     """
     if index is None:
         raise ValueError("PACS advantage estimator: verl passed no prompt uid (data.non_tensor_batch['uid'])")
