@@ -33,8 +33,10 @@ def test_the_objective_uses_the_estimator_it_is_given(seed, name):
     d = (batch.ref_logp - logp0) * mask
     formulas = {"k1": -d, "k2": 0.5 * d * d, "k3": torch.expm1(d) - d}
     grads = {"k1": torch.ones_like(d), "k2": -d, "k3": 1 - torch.exp(d)}  # d(estimate)/d(logp)
+    formulas.update({"k1+": formulas["k1"], "k3+": formulas["k3"]})  # (straight through: k2's gradient)
+    grads.update({"k1+": grads["k2"], "k3+": grads["k2"]})
     kl_terms = {}
-    for est in ("k1", "k2", "k3"):
+    for est in ("k1", "k2", "k3", "k1+", "k3+"):
         loss, grad, metrics = _loss(AlgoConfig(name=name, kl_coef=coef, kl_estimator=est), batch, logp0)
         kl_terms[est] = loss - no_kl
         # every baseline here aggregates the KL with its loss_agg; token-mean for these defaults but dr_grpo / gspo
@@ -49,7 +51,31 @@ def test_the_objective_uses_the_estimator_it_is_given(seed, name):
             want, w = (per_token.sum(1) / 9).mean(), mask / 9 / mask.shape[0]
         assert float(kl_terms[est]) == pytest.approx(coef * float(want), rel=1e-9, abs=1e-15)
         assert torch.allclose(grad - no_kl_grad, coef * grads[est] * w, rtol=1e-9, atol=1e-15)
-    assert len({round(float(v), 12) for v in kl_terms.values()}) == 3  # (three estimators, three values)
+    assert len({round(float(v), 12) for v in kl_terms.values()}) == 3  # (three values: k1+ / k3+ are k1 / k3's)
+
+
+@pytest.mark.parametrize("est, verl_name", [("k3+", "k3+"), ("k1+", "k1+"), ("k3", "low_var_kl"), ("k1", "kl"),
+                                           ("k2", "mse")])
+def test_each_estimator_equals_verls_kl_penalty(seed, est, verl_name):
+    """Values and gradients against verl's installed kl_penalty (k3+ / k1+: the value of k3 / k1 with k2's
+    gradient, straight through); verl's low_var_kl clamps at 10 always, so ours with algo.kl_clamp=10."""
+    ca = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed")
+    from pacs_fast.algorithms.kl import kl_penalty
+
+    gen = torch.Generator().manual_seed(seed)
+    ref = -3 * torch.rand(7, 11, generator=gen, dtype=torch.float64)
+    logp = ref + 0.5 * torch.randn(7, 11, generator=gen, dtype=torch.float64)
+    logp[0, :3] -= 25.0  # far from the reference: the clamp acts on k3's value
+    clamp = 10.0 if est.startswith("k3") else None
+    x, y = logp.clone().requires_grad_(), logp.clone().requires_grad_()
+    ours, theirs = kl_penalty(x, ref, est, clamp=clamp), ca.kl_penalty(y, ref, verl_name)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    weights = torch.rand(7, 11, generator=gen, dtype=torch.float64)
+    (gx,) = torch.autograd.grad((ours * weights).sum(), x)
+    (gy,) = torch.autograd.grad((theirs * weights).sum(), y)
+    torch.testing.assert_close(gx, gy, rtol=1e-12, atol=1e-12)
+    if est.endswith("+"):  # k2's gradient, -d
+        torch.testing.assert_close(gx, weights * (logp - ref), rtol=1e-12, atol=1e-12)
 
 
 def test_the_clamp_bounds_k3_as_verls_low_var_kl():
@@ -88,7 +114,9 @@ def test_k2s_expected_gradient_is_the_kls_gradient():
 
 @pytest.mark.parametrize("overrides,message", [
     (["algo.name=grpo", "algo.kl_coef=0.1", "algo.kl_estimator=low_var_kl"],
-     "algo.kl_estimator must be one of k1, k2, k3; got 'low_var_kl'"),
+     r"algo.kl_estimator must be one of k1, k2, k3, k1\+, k3\+; got 'low_var_kl'"),
+    (["algo.name=grpo", "algo.kl_coef=0.1", "algo.kl_estimator=k1+", "algo.kl_clamp=10"],
+     r"algo.kl_estimator=k1\+ takes none"),
     (["algo.name=grpo", "algo.kl_coef=0.1", "algo.kl_estimator=k2", "algo.kl_clamp=10"],
      r"algo.kl_clamp bounds the k3 estimate .* algo.kl_estimator=k2 takes none"),
     (["algo.name=grpo", "algo.kl_coef=0.1", "algo.kl_clamp=-1"], r"algo.kl_clamp must be in \[0, inf\)"),

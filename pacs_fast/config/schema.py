@@ -181,8 +181,9 @@ class AlgoConfig:
                          "loss term (0 = off, no reference model)")
     kl_estimator: str = _f("k3", "baselines' KL penalty per token, with d = logp_ref - logp (Schulman's): k3 "
                            "(e^d - d - 1, TRL's and verl's low_var_kl) | k2 (d^2 / 2: as a loss its expected "
-                           "gradient is the KL's own) | k1 (-d, verl's kl)")
-    kl_clamp: float = _f(0.0, "baselines, kl_estimator=k3: clamp each token's estimate to [-c, c] and its log-ratio "
+                           "gradient is the KL's own) | k1 (-d, verl's kl) | k3+ | k1+ (k3's / k1's value, k2's "
+                           "gradient: verl's straight-through k3+ / k1+)")
+    kl_clamp: float = _f(0.0, "baselines, kl_estimator=k3 or k3+: clamp each token's estimate to [-c, c] and its log-ratio "
                          "to [-20, 20] (verl's low_var_kl: 10; 0 = off)")
     loss_agg: str = _f("auto", "baselines' token aggregation (verl's loss_agg_mode): auto (dr_grpo: "
                        "seq-mean-token-sum-norm, gspo: seq-mean-token-mean, else token-mean) | token-mean | "

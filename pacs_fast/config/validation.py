@@ -404,10 +404,10 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("algo.score", cfg.algo.score, ("rloo", "grpo", "dr_grpo", "naive"))
     _choice("algo.weight", cfg.algo.weight, ("question", "none", "only_positive", "only_negative"))
     _choice("algo.ref", cfg.algo.ref, ("rollout", "fixed"))
-    _choice("algo.kl_estimator", cfg.algo.kl_estimator, ("k1", "k2", "k3"))
+    _choice("algo.kl_estimator", cfg.algo.kl_estimator, ("k1", "k2", "k3", "k1+", "k3+"))
     _choice("learner.lr_schedule", cfg.learner.lr_schedule, ("constant", "linear", "cosine"))
     check_template_kwargs(cfg.data.chat_template_kwargs, "data.chat_template_kwargs")
-    if cfg.algo.kl_clamp and cfg.algo.kl_estimator != "k3":
+    if cfg.algo.kl_clamp and cfg.algo.kl_estimator not in ("k3", "k3+"):
         raise ValueError(f"algo.kl_clamp bounds the k3 estimate (verl's low_var_kl); algo.kl_estimator="
                          f"{cfg.algo.kl_estimator} takes none (set algo.kl_clamp=0)")
     _choice("algo.loss_agg", cfg.algo.loss_agg, ("auto", "token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
