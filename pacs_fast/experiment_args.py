@@ -19,6 +19,8 @@ PRESETS = {
     "cispo": ["algo.name=cispo"],
     "clip_cov": ["algo.name=clip_cov"],
     "kl_cov": ["algo.name=kl_cov"],
+    "gmpo": ["algo.name=gmpo"],
+    "sapo": ["algo.name=sapo"],
     "reinforce_pp": ["algo.name=reinforce_plus_plus"],
     "reinforce_pp_baseline": ["algo.name=reinforce_plus_plus_baseline"],
 }

@@ -1,6 +1,7 @@
-"""GSPO and CISPO policy losses, with verl's definitions (``compute_policy_loss_gspo`` /
-``compute_policy_loss_cispo`` in ``verl.trainer.ppo.core_algos``, 0.9.1; ``tests/test_sequence_losses.py``
-checks values and gradients against the installed verl).
+"""GSPO, CISPO and GMPO policy losses, with verl's definitions (``compute_policy_loss_gspo`` /
+``compute_policy_loss_cispo`` / ``compute_policy_loss_geo_mean`` in ``verl.trainer.ppo.core_algos``, 0.9.1;
+``tests/test_sequence_losses.py`` and ``tests/test_gmpo_sapo.py`` check values and gradients against the installed
+verl). GMPO: :func:`gmpo_policy_loss`.
 
 **GSPO** (Zheng et al. 2025, arXiv 2507.18071): one importance ratio per sequence, the geometric mean
 of the token ratios over the response, ``s_i = exp(mean_t (logp - old_logp))``, applied per token in
@@ -50,6 +51,7 @@ from pacs_fast.algorithms.policy_loss import check_policy_inputs
 #: (clip_low, clip_high) defaults: GSPO's paper (section 5.1), verl's CISPO recipe (module docstring)
 GSPO_CLIP = (3e-4, 4e-4)
 CISPO_CLIP = (10.0, 0.2)
+GMPO_CLIP = (0.4, 0.4)  # in log space: the paper's ratio range (e^-0.4, e^0.4)
 GSPO_LOG_RATIO_MAX = 10.0   # verl clamps log s_i,t from above only
 CISPO_LOG_RATIO_CLAMP = 20.0
 
@@ -190,3 +192,67 @@ def cispo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
         metrics["clip_frac_low"] = masked_mean((ratio < 1 - clip_low).to(dtype), mask)
     return _finish(per_token, logp, log_ratio, mask, token_weights, loss_agg_mode, horizon, global_count,
                    logp_ref, kl_coef, kl_estimator, kl_clamp, metrics)
+
+
+def gmpo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                     mask: torch.Tensor | None, *, clip_low: float = GMPO_CLIP[0], clip_high: float = GMPO_CLIP[1],
+                     loss_agg_mode: str = "seq-mean-token-mean", horizon: float | None = None,
+                     global_count: float | None = None, logp_ref: torch.Tensor | None = None,
+                     kl_coef: float = 0.0, kl_estimator: str = "k3", kl_clamp: float | None = None,
+                     token_weights: torch.Tensor | None = None, check_finite: bool = False):
+    """GMPO's geometric-mean ratio loss (Zhao et al. 2025, arXiv 2507.20673; verl's ``geo_mean`` loss mode), one
+    term per sequence::
+
+        l_i = -A_i * exp(mean_t c_t),
+        c_t = sign(A_i) * min(sign(A_i) lr_t, sign(A_i) clip(lr_t, -clip_low, clip_high))
+
+    with ``lr_t = logp - old_logp`` clipped in log space on the side that would grow the objective (the paper's
+    range e^-0.4 .. e^0.4: ``GMPO_CLIP``), ``A_i`` the row's mean advantage, and the mean over ``mask``'s tokens.
+    The loss is the mean of ``l_i`` over the sequences with tokens (``global_count``: their number in the
+    mini-batch; verl's ``torch.mean`` also counts rows without a token, as 0); ``token_weights`` enter as their
+    geometric mean per row (verl's). The KL penalty, with ``kl_coef``, is aggregated ``seq-mean-token-mean``, as
+    the policy term: ``loss_agg_mode`` must be ``seq-mean-token-mean`` (verl's geo_mean takes none), ``horizon``
+    is not read.
+
+    Returns:
+        ``(loss, metrics)``: ``pg_loss``, ``clip_frac_high`` / ``clip_frac_low`` (tokens whose log-ratio left the
+        range, with ``A > 0`` / ``A < 0``: verl's ``pg_clipfrac`` / ``pg_clipfrac_lower``), ``clip_frac`` (their
+        sum), ``seq_ratio_mean``, ``ppo_kl``, ``approx_kl``, and ``kl`` with the penalty on.
+    """
+    fn = "gmpo_policy_loss"
+    mode = "seq-mean-token-mean"
+    if loss_agg_mode != mode:
+        raise ValueError(f"{fn}: GMPO's terms are per sequence: loss_agg_mode must be {mode!r}, got {loss_agg_mode!r}")
+    clip_low, clip_high, kl_coef, kl_clamp, _, global_count = _check(
+        fn, logp, old_logp, advantages, mask, token_weights, mode, clip_low, clip_high, None,
+        global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite)
+    logp, old_logp, advantages, logp_ref, token_weights = _zero_padding(mask, logp, old_logp, advantages, logp_ref,
+                                                                        token_weights)
+    dtype = compute_dtype(logp)
+    lp = logp.to(dtype)
+    adv = advantages.detach().to(dtype)
+    adv = adv[:, None].expand_as(lp) if adv.dim() == 1 else adv
+    m = torch.ones_like(lp) if mask is None else mask_select(torch.ones_like(lp), mask)
+    n = m.sum(-1).clamp(min=1)
+    log_ratio = lp - old_logp.detach().to(dtype)
+    sign = torch.sign(adv)
+    clipped = log_ratio.clamp(-clip_low, clip_high)
+    kept = sign * torch.minimum(sign * log_ratio, sign * clipped)
+    row_adv = (adv * m).sum(-1) / n
+    seq_ratio = torch.exp((kept * m).sum(-1) / n)
+    row_loss = -row_adv * seq_ratio
+    if token_weights is not None:  # the weights' geometric mean per row
+        w = token_weights.detach().to(dtype)
+        row_loss = row_loss * torch.exp((torch.log(w + 1e-10) * m).sum(-1) / n)
+    metrics = {}
+    with torch.no_grad():
+        out = log_ratio != clipped
+        metrics["clip_frac_high"] = masked_mean((out & (adv > 0)).to(dtype), mask)
+        metrics["clip_frac_low"] = masked_mean((out & (adv < 0)).to(dtype), mask)
+        metrics["clip_frac"] = metrics["clip_frac_high"] + metrics["clip_frac_low"]
+        nonempty = m.sum(-1) > 0
+        metrics["seq_ratio_mean"] = (torch.where(nonempty, seq_ratio.detach(), 0.0).sum()
+                                     / nonempty.sum().clamp(min=1).to(dtype))
+    per_token = row_loss[:, None].expand_as(lp)  # each token of a row carries the row's term: its mean is l_i
+    return _finish(per_token, logp, log_ratio, mask, None, mode, None, global_count, logp_ref, kl_coef, kl_estimator,
+                   kl_clamp, metrics)

@@ -6,11 +6,11 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo", "gspo", "cispo", "clip_cov", "kl_cov",
+ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo", "gspo", "cispo", "clip_cov", "kl_cov", "gmpo", "sapo",
               "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 # (algo.clip_low, algo.clip_high) of the algorithms whose defaults are not the shared 0.2 / 0.2: filled in by
 # load_config when neither the file nor the command line gives the key (pacs_fast.algorithms.sequence_losses)
-CLIP_DEFAULTS = {"gspo": (3e-4, 4e-4), "cispo": (10.0, 0.2)}
+CLIP_DEFAULTS = {"gspo": (3e-4, 4e-4), "cispo": (10.0, 0.2), "gmpo": (0.4, 0.4)}
 #: model.recompute_granularity (pacs_fast/learner/recompute.py, megatron: learner/megatron/model.py)
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 
@@ -145,9 +145,11 @@ class AlgoConfig:
     name: str = _f("pacs", "pacs | grpo | ppo | rloo | dr_grpo | gspo (sequence-level ratio, Zheng et al. 2025) | "
                    "cispo (clipped-IS-weight REINFORCE, MiniMax-M1) | clip_cov | kl_cov (the entropy mechanism's "
                    "Clip-Cov / KL-Cov, Cui et al. 2025: act on the tokens whose log-prob and advantage covary "
-                   "most); gspo/cispo/clip_cov/kl_cov as verl's loss modes, with GRPO's group-normalised "
-                   "advantages | reinforce_plus_plus | reinforce_plus_plus_baseline (REINFORCE++, "
-                   "verl's: the reward, or its group's mean subtracted, whitened over the step's response tokens; "
+                   "most) | gmpo (geometric-mean ratio per sequence, Zhao et al. 2025) | sapo (soft-gated ratio, "
+                   "Qwen's SAPO); gspo/cispo/clip_cov/kl_cov/gmpo/sapo as verl's loss modes (gmpo: verl's geo_mean), "
+                   "with GRPO's group-normalised advantages | reinforce_plus_plus | reinforce_plus_plus_baseline "
+                   "(REINFORCE++, verl's: the reward, or its group's mean subtracted, whitened over the step's "
+                   "response tokens; "
                    "PPO's clipped loss; gamma 1, KL as algo.kl_coef)")
     beta: float = _f(1.0, "pacs: scale of the reward proxy r = beta * sum(logp - logp_ref)")
     proxy: str = _f("logratio", "pacs: reward proxy: logratio | mean_logp")
@@ -162,9 +164,12 @@ class AlgoConfig:
                           "reset; in (0, 1]; not with model.lora_rank)")
     reset_optimizer: bool = _f(True, "re-initialise the optimiser state at each algo.reset_every reset")
     clip_low: float = _f(0.2, "baselines: ratio clip 1 - eps_low; not given: 0.2, gspo 3e-4 (the paper's), cispo 10 "
-                         "(verl's CISPO recipe: >= 1 = no lower bound on the IS weight; only cispo takes >= 1)")
+                         "(verl's CISPO recipe: >= 1 = no lower bound on the IS weight; only cispo takes >= 1), "
+                         "gmpo 0.4 (in log space: the log-ratio is clipped to [-clip_low, clip_high], the paper's "
+                         "e^-0.4 .. e^0.4)")
     clip_high: float = _f(0.2, "baselines: ratio clip 1 + eps_high (DAPO: 0.28); not given: 0.2, gspo 4e-4 (the "
-                          "paper's), cispo 0.2 (verl's recipe; TRL's epsilon_high=5 ratio cap is clip_high=4)")
+                          "paper's), cispo 0.2 (verl's recipe; TRL's epsilon_high=5 ratio cap is clip_high=4), "
+                          "gmpo 0.4 (log space)")
     cov_frac: float = _f(2e-4, "clip_cov / kl_cov: the fraction of each micro-batch's response tokens they act "
                          "on (verl's clip_cov_ratio / kl_cov_ratio; the paper's KL-Cov: 2e-3 for 7B, 2e-4 for "
                          "32B); at least one token")
@@ -173,7 +178,10 @@ class AlgoConfig:
     cov_high: float = _f(5.0, "clip_cov: the upper end of that band (verl's clip_cov_ub)")
     cov_kl_coef: float = _f(1.0, "kl_cov: the coefficient of |logp - old_logp| on the chosen tokens (verl's "
                             "ppo_kl_coef)")
-    clip_c: float = _f(3.0, "grpo/ppo/rloo/dr_grpo (not gspo/cispo/clip_cov/kl_cov): dual clip (Ye et al. "
+    tau_pos: float = _f(1.0, "sapo: the gate's temperature for tokens with a positive advantage (verl's tau_pos)")
+    tau_neg: float = _f(1.05, "sapo: the gate's temperature for the others (verl's tau_neg; above tau_pos: the "
+                        "gate closes faster for negative advantages)")
+    clip_c: float = _f(3.0, "grpo/ppo/rloo/dr_grpo (not gspo/cispo/clip_cov/kl_cov/gmpo/sapo): dual clip (Ye et al. "
                        "2020): a token with a negative advantage "
                        "loses at most -A * clip_c however large its ratio (> 1; 0 = off). Default 3.0 = verl's "
                        "clip_ratio_c, always on in verl and so in the paper's GRPO/PPO baselines")
@@ -186,7 +194,7 @@ class AlgoConfig:
     kl_clamp: float = _f(0.0, "baselines, kl_estimator=k3 or k3+: clamp each token's estimate to [-c, c] and its log-ratio "
                          "to [-20, 20] (verl's low_var_kl: 10; 0 = off)")
     loss_agg: str = _f("auto", "baselines' token aggregation (verl's loss_agg_mode): auto (dr_grpo: "
-                       "seq-mean-token-sum-norm, gspo: seq-mean-token-mean, else token-mean) | token-mean | "
+                       "seq-mean-token-sum-norm, gspo/gmpo/sapo: seq-mean-token-mean, else token-mean) | token-mean | "
                        "seq-mean-token-sum | "
                        "seq-mean-token-mean | seq-mean-token-sum-norm (mean over sequences of token sums / "
                        "max_new_tokens: Dr. GRPO, verl >= 0.7.1) | token-sum | token-sum-norm (token-sum / "

@@ -42,11 +42,13 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if not a.reset_every:
         out.append((("algo.reset_optimizer", "algo.reset_mix"), "with algo.reset_every=0 (the reference is never "
                                                                  "reset)"))
-    if name in ("gspo", "cispo", "clip_cov"):
+    if name in ("gspo", "cispo", "clip_cov", "gmpo"):
         out.append((("algo.clip_c",), f"with algo.name={name} (PPO's dual clip; {name} has none, as in verl)"))
-    if name == "kl_cov":
-        out.append((("algo.clip_low", "algo.clip_high", "algo.clip_c"), "with algo.name=kl_cov (it clips no "
-                                                                        "ratio, as in verl)"))
+    if name in ("kl_cov", "sapo"):
+        out.append((("algo.clip_low", "algo.clip_high", "algo.clip_c"), f"with algo.name={name} (it clips no "
+                                                                        f"ratio, as in verl)"))
+    if name != "sapo":
+        out.append((("algo.tau_pos", "algo.tau_neg"), f"with algo.name={name} (SAPO's gate temperatures)"))
     if name not in ("clip_cov", "kl_cov"):
         out.append((("algo.cov_frac",), f"with algo.name={name} (Clip-Cov's / KL-Cov's share of the tokens)"))
     if name != "clip_cov":

@@ -69,7 +69,8 @@ FLOAT_RANGES = (
     ("algo.gamma", 0.0, 1.0, True, True), ("algo.lam", 0.0, 1.0, True, True),
     ("algo.vf_coef", 0.0, None, True, None), ("algo.value_clip", 0.0, None, True, None),
     ("algo.entropy_top_frac", 0.0, 1.0, False, True), ("algo.cov_frac", 0.0, 1.0, False, True),
-    ("algo.cov_kl_coef", 0.0, None, True, None), ("model.lora_alpha", 0.0, None, True, None),
+    ("algo.cov_kl_coef", 0.0, None, True, None), ("algo.tau_pos", 0.0, None, False, None),
+    ("algo.tau_neg", 0.0, None, False, None), ("model.lora_alpha", 0.0, None, True, None),
     ("rollout.temperature", MIN_TEMPERATURE, None, True, None), ("rollout.eval_temperature", 0.0, None, True, None),
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
     ("rollout.min_p", 0.0, 1.0, True, False), ("rollout.eval_min_p", 0.0, 1.0, True, False),
@@ -328,6 +329,10 @@ def _validate_clips_and_overlong(cfg: Config) -> None:
     """algo.clip_low < 1 (the ratio's lower bound 1 - clip_low stays > 0) except for cispo, whose
     clip_low >= 1 means no lower bound on its IS weight; reward.overlong_buffer_len within the
     response length (verl's DAPO reward manager asserts 0 < buffer <= max_resp_len)."""
+    if cfg.algo.name in ("gmpo", "sapo") and cfg.algo.loss_agg not in ("auto", "seq-mean-token-mean"):
+        verl_name = {"gmpo": "geo_mean"}.get(cfg.algo.name, cfg.algo.name)
+        raise ValueError(f"algo.name={cfg.algo.name} aggregates per sequence (verl's {verl_name} takes no other mode): "
+                         f"algo.loss_agg must be auto or seq-mean-token-mean, got {cfg.algo.loss_agg}")
     if cfg.algo.name == "clip_cov" and not cfg.algo.cov_low < cfg.algo.cov_high:
         raise ValueError(f"algo.cov_low must be below algo.cov_high (Clip-Cov draws the tokens it cuts from the open "
                          f"band between them), got {cfg.algo.cov_low} and {cfg.algo.cov_high}")
@@ -449,7 +454,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if G < 1:
         raise ValueError(f"rollout.n must be >= 1, got {G}")
     # PACS's scores that need a group: algorithms.pacs.GROUP_SCORES (a layer above)
-    needs_group = (name in ("grpo", "rloo", "dr_grpo", "gspo", "cispo", "clip_cov", "kl_cov")
+    needs_group = (name in ("grpo", "rloo", "dr_grpo", "gspo", "cispo", "clip_cov", "kl_cov", "gmpo", "sapo")
                    or (name == "pacs" and cfg.algo.score in ("rloo", "grpo", "dr_grpo")))
     if needs_group and G < 2:
         what = f"algo.score={cfg.algo.score}" if name == "pacs" else f"algo.name={name}"

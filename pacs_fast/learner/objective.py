@@ -17,14 +17,15 @@ from pacs_fast.learner.base import RolloutBatch
 
 
 #: the algorithms that are verl's policy-loss modes on GRPO's advantages
-VERL_LOSS_MODES = ("gspo", "cispo", "clip_cov", "kl_cov")
+VERL_LOSS_MODES = ("gspo", "cispo", "clip_cov", "kl_cov", "gmpo", "sapo")
 
 
 def resolve_loss_agg(algo: AlgoConfig) -> str:
     """``algo.loss_agg`` with ``auto`` resolved per algorithm (Dr. GRPO: constant-horizon token sums)."""
     if algo.loss_agg != "auto":
         return algo.loss_agg
-    return {"dr_grpo": "seq-mean-token-sum-norm", "gspo": "seq-mean-token-mean"}.get(algo.name, "token-mean")
+    return {"dr_grpo": "seq-mean-token-sum-norm", "gspo": "seq-mean-token-mean", "gmpo": "seq-mean-token-mean",
+            "sapo": "seq-mean-token-mean"}.get(algo.name, "token-mean")
 
 
 def needs_entropy(algo: AlgoConfig) -> bool:
@@ -166,17 +167,23 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
 
 
 def _verl_loss_mode(algo: AlgoConfig, micro: RolloutBatch, logp, adv, mask, kw: dict):
-    """gspo / cispo / clip_cov / kl_cov's loss of a micro-batch with ``policy_loss``'s arguments ``kw`` (none has
-    PPO's dual clip; kl_cov clips no ratio). Clip-Cov's random draw comes from a generator seeded with the
-    micro-batch's tokens, so that the same micro-batch cuts the same tokens in a resumed or repeated run."""
+    """gspo / cispo / clip_cov / kl_cov / gmpo / sapo's loss of a micro-batch with ``policy_loss``'s arguments ``kw``
+    (none has PPO's dual clip; kl_cov and sapo clip no ratio). Clip-Cov's random draw comes from a generator seeded
+    with the micro-batch's tokens, so that the same micro-batch cuts the same tokens in a resumed or repeated run."""
     from pacs_fast.algorithms.covariance_losses import clip_cov_policy_loss, kl_cov_policy_loss
-    from pacs_fast.algorithms.sequence_losses import cispo_policy_loss, gspo_policy_loss
+    from pacs_fast.algorithms.sapo import sapo_policy_loss
+    from pacs_fast.algorithms.sequence_losses import cispo_policy_loss, gmpo_policy_loss, gspo_policy_loss
 
     kw = {k: v for k, v in kw.items() if k != "clip_c"}
     if algo.name == "gspo":
         return gspo_policy_loss(logp, micro.old_logp, adv, mask, **kw)
     if algo.name == "cispo":
         return cispo_policy_loss(logp, micro.old_logp, adv, mask, **kw)
+    if algo.name == "gmpo":
+        return gmpo_policy_loss(logp, micro.old_logp, adv, mask, **kw)
+    if algo.name == "sapo":
+        kw = {k: v for k, v in kw.items() if k not in ("clip_low", "clip_high")}
+        return sapo_policy_loss(logp, micro.old_logp, adv, mask, tau_pos=algo.tau_pos, tau_neg=algo.tau_neg, **kw)
     if algo.name == "kl_cov":
         kw = {k: v for k, v in kw.items() if k not in ("clip_low", "clip_high")}
         return kl_cov_policy_loss(logp, micro.old_logp, adv, mask, cov_frac=algo.cov_frac,
