@@ -11,8 +11,6 @@
 """
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ from pacs_fast.config import AlgoConfig, LearnerConfig, load_config, validate
 from pacs_fast.learner.base import RolloutBatch
 from pacs_fast.learner.objective import minibatch_counts, objective
 
+from one_process import run_python
 from test_correction_wiring import _batch
 
 
@@ -205,12 +204,7 @@ def test_megatron_selects_as_the_torch_learner(seed, tmp_path):
     spec = {"model": str(make_tiny_model(tmp_path / "m", seed=seed % 1000, tie_word_embeddings=False)),
             "batch": _learner_batch(gen)}
     torch.save(spec, tmp_path / "spec.pt")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                             "MASTER_PORT")}
-    proc = subprocess.run([sys.executable, "-c", MEGATRON_SCRIPT, str(tmp_path), os.path.dirname(__file__)],
-                          env={**env, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}, capture_output=True,
-                          text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_python(["-c", MEGATRON_SCRIPT, tmp_path, os.path.dirname(__file__)])
     got = torch.load(tmp_path / "metrics.pt")
     learner = TorchLearner(AutoModelForCausalLM.from_pretrained(spec["model"]),
                            algo=AlgoConfig(name="grpo", entropy_top_frac=0.25),

@@ -6,14 +6,13 @@ the mini-batch), the config (GMPO's clip defaults, a token aggregation refused, 
 of the built-in task with each."""
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from pacs_fast.algorithms.sapo import SAPO_TAUS, sapo_policy_loss
 from pacs_fast.algorithms.sequence_losses import GMPO_CLIP, gmpo_policy_loss
 
+from loss_mode_checks import assert_refused_before_loading, assert_two_step_run, unused_keys
 from test_sequence_losses import TINY, _grad, _inputs, _micro, _verl
 
 # verl divides each sequence's sum by (count + 1e-8): a relative 1e-8 / count of each row's term (up to ~3 here);
@@ -134,14 +133,7 @@ def test_the_objective_reaches_the_loss_and_accumulates(seed, name):
     (["algo.name=gmpo", "rollout.n=1"], "rollout.n must be >= 2 for algo.name=gmpo"),
 ])
 def test_bad_values_refused_before_loading(overrides, key, tmp_path, capsys):
-    from pacs_fast.train import main
-
-    with pytest.raises(SystemExit) as e:
-        main([*overrides, f"train.out_dir={tmp_path}"])
-    assert e.value.code == 2
-    lines = [x for x in capsys.readouterr().err.strip().splitlines() if x.strip()]
-    assert len(lines) == 1 and key in lines[0], lines
-    assert not any(tmp_path.iterdir())
+    assert_refused_before_loading(overrides, key, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("overrides, idle", [
@@ -150,11 +142,7 @@ def test_bad_values_refused_before_loading(overrides, key, tmp_path, capsys):
     (["algo.name=gmpo", "algo.clip_c=5", "algo.clip_high=0.5"], ["algo.clip_c"]),
 ])
 def test_idle_keys_are_named(overrides, idle):
-    from pacs_fast.config import load_config, unused_settings, validate
-
-    cfg = load_config(None, overrides)
-    validate(cfg, world=1)
-    assert sorted(line.split("=")[0] for line in unused_settings(cfg)) == sorted(idle)
+    assert unused_keys(overrides) == sorted(idle)
 
 
 @pytest.fixture(scope="module")
@@ -164,15 +152,5 @@ def cache(warm_cache):
 
 @pytest.mark.parametrize("name, metric", [("gmpo", "learner/seq_ratio_mean"), ("sapo", "learner/gate_mean")])
 def test_two_step_run(tmp_path, cache, name, metric):
-    from pacs_fast.config import load_config
-    from pacs_fast.trainer import train
-    from pacs_fast.trainer.metrics import read_jsonl
-
-    cfg = load_config(None, TINY + [f"warmup.cache_dir={cache}", f"algo.name={name}", "train.steps=2",
-                                    "train.eval_every=0", "train.save_every=0"])
-    train(cfg, tmp_path / "run")
-    recs = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
-    assert [r["step"] for r in recs] == [1, 2]
-    for r in recs:
-        for key in ("learner/loss", "learner/grad_norm", "learner/pg_loss", "learner/adv_abs_mean", metric):
-            assert key in r and math.isfinite(r[key]), (key, r.get(key))
+    extra = ["algo.cov_frac=0.05", "algo.cov_low=0.001"] if "cov" in name else []
+    assert_two_step_run(TINY + [f"warmup.cache_dir={cache}", f"algo.name={name}", *extra], tmp_path, [metric])

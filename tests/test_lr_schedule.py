@@ -10,9 +10,6 @@ training step (pacs_fast/learner/lr_schedule.py).
 - Settings it cannot take are one line; the floor is named unused without a decay; a warm-up longer than the
   run is a warning.
 """
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,6 +19,7 @@ from pacs_fast.config.hazards import hazard_warnings
 from pacs_fast.learner.base import RolloutBatch
 from pacs_fast.learner.lr_schedule import lr_scale
 
+from one_process import run_python, write_learner_spec
 from test_entropy_selection import _learner_batch
 from test_run_safety import cache, cli  # noqa: F401  (fixture)
 from test_train import TINY
@@ -121,20 +119,8 @@ torch.save(moved, sys.argv[1] + "/moved.pt")
 @pytest.mark.timeout(300)
 def test_megatron_trains_at_the_rate_it_is_given(seed, tmp_path):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed")
-    from pacs_fast.data.tiny import make_tiny_model
-
-    gen = torch.Generator().manual_seed(seed)
-    batch = _learner_batch(gen)
-    batch["rewards"] = torch.tensor([1.0, 0.0] * 8)
-    spec = {"model": str(make_tiny_model(tmp_path / "m", seed=seed % 1000, tie_word_embeddings=False)),
-            "batch": batch}
-    torch.save(spec, tmp_path / "spec.pt")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                             "MASTER_PORT")}
-    proc = subprocess.run([sys.executable, "-c", MEGATRON_SCRIPT, str(tmp_path)],
-                          env={**env, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}, capture_output=True,
-                          text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    write_learner_spec(tmp_path, seed)
+    run_python(["-c", MEGATRON_SCRIPT, tmp_path])
     still, moved = torch.load(tmp_path / "moved.pt")
     assert still == 0 and moved > 0
 

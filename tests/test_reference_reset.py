@@ -13,9 +13,6 @@
 - Settings it cannot take are one line naming the key; the mix and the optimiser reset are named unused without
   ``algo.reset_every``.
 """
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,6 +20,7 @@ import torch
 from pacs_fast.config import load_config, unused_settings, validate
 from pacs_fast.learner.reference import mix_into
 
+from one_process import run_python, write_learner_spec
 from test_learner import fresh, make_learner, prepare, random_batch, tiny  # noqa: F401  (fixture)
 from test_run_safety import cache, cli  # noqa: F401  (fixture)
 from test_train import TINY
@@ -136,22 +134,8 @@ torch.save((err, moved, len(learner.optimizer.state_dict()["state"])), sys.argv[
 @pytest.mark.timeout(300)
 def test_the_megatron_learner_mixes_its_kl_reference(seed, tmp_path):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed")
-    from pacs_fast.data.tiny import make_tiny_model
-
-    from test_entropy_selection import _learner_batch
-
-    gen = torch.Generator().manual_seed(seed)
-    batch = _learner_batch(gen)
-    batch["rewards"] = torch.tensor([1.0, 0.0] * 8)
-    spec = {"model": str(make_tiny_model(tmp_path / "m", seed=seed % 1000, tie_word_embeddings=False)),
-            "batch": batch}
-    torch.save(spec, tmp_path / "spec.pt")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                             "MASTER_PORT")}
-    proc = subprocess.run([sys.executable, "-c", MEGATRON_SCRIPT, str(tmp_path)],
-                          env={**env, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}, capture_output=True,
-                          text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    write_learner_spec(tmp_path, seed)
+    run_python(["-c", MEGATRON_SCRIPT, tmp_path])
     err, moved, opt_state = torch.load(tmp_path / "out.pt")
     assert moved > 0  # the update moved the policy away from the reference, so the mix has something to do
     assert err < 1e-6  # float32 weights of size ~0.1: the mix is exact to a few float32 ulp

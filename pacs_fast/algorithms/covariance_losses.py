@@ -32,7 +32,7 @@ import torch
 
 from pacs_fast.algorithms._checks import check_real, compute_dtype, mask_nonzero
 from pacs_fast.algorithms.aggregation import masked_mean
-from pacs_fast.algorithms.sequence_losses import _check, _finish, _zero_padding  # (the shared loss plumbing)
+from pacs_fast.algorithms._policy_terms import check_inputs, finish_loss, padded_inputs
 
 #: verl's defaults (``policy_loss.clip_cov_ratio`` / ``kl_cov_ratio``, ``clip_cov_lb`` / ``clip_cov_ub``,
 #: ``ppo_kl_coef``)
@@ -85,18 +85,15 @@ def clip_cov_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages:
     """
     fn = "clip_cov_policy_loss"
     clip_high = clip_low if clip_high is None else clip_high
-    clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count = _check(
+    clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count = check_inputs(
         fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, clip_low, clip_high, horizon,
         global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite)
     if clip_low >= 1:
         raise ValueError(f"{fn}: clip_low must be < 1 (the lower ratio bound is 1 - clip_low), got {clip_low}")
     cov_frac, cov_low, cov_high = _check_cov(fn, cov_frac, cov_low, cov_high)
-    logp, old_logp, advantages, logp_ref, token_weights = _zero_padding(mask, logp, old_logp, advantages, logp_ref,
-                                                                        token_weights)
-    dtype = compute_dtype(logp)
-    lp = logp.to(dtype)
-    adv = advantages.detach().to(dtype)
-    adv = adv[:, None].expand_as(lp) if adv.dim() == 1 else adv
+    logp, old_logp, adv, logp_ref, token_weights = padded_inputs(mask, logp, old_logp, advantages, logp_ref,
+                                                                 token_weights)
+    dtype, lp = logp.dtype, logp
     log_ratio = (lp - old_logp.detach().to(dtype)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     loss_unclipped = -adv * ratio
@@ -120,7 +117,7 @@ def clip_cov_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages:
         metrics["clip_frac_high"] = masked_mean(((ratio > 1 + clip_high) & (adv > 0)).to(dtype), mask)
         metrics["clip_frac_low"] = masked_mean(((ratio < 1 - clip_low) & (adv < 0)).to(dtype), mask)
         metrics["cov_cut_frac"] = masked_mean((keep == 0).to(dtype), mask)
-    return _finish(per_token, logp, log_ratio, mask, token_weights, loss_agg_mode, horizon, global_count,
+    return finish_loss(per_token, logp, log_ratio, mask, token_weights, loss_agg_mode, horizon, global_count,
                    logp_ref, kl_coef, kl_estimator, kl_clamp, metrics)
 
 
@@ -145,17 +142,14 @@ def kl_cov_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: t
         and ``kl`` with the penalty on.
     """
     fn = "kl_cov_policy_loss"
-    _, _, kl_coef, kl_clamp, horizon, global_count = _check(
+    _, _, kl_coef, kl_clamp, horizon, global_count = check_inputs(
         fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, 0.0, 0.0, horizon, global_count,
         logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite)
     cov_frac, _, _ = _check_cov(fn, cov_frac, *COV_BOUNDS)
     cov_kl_coef = check_real(fn, "cov_kl_coef", cov_kl_coef, nonneg=True)
-    logp, old_logp, advantages, logp_ref, token_weights = _zero_padding(mask, logp, old_logp, advantages, logp_ref,
-                                                                        token_weights)
-    dtype = compute_dtype(logp)
-    lp = logp.to(dtype)
-    adv = advantages.detach().to(dtype)
-    adv = adv[:, None].expand_as(lp) if adv.dim() == 1 else adv
+    logp, old_logp, adv, logp_ref, token_weights = padded_inputs(mask, logp, old_logp, advantages, logp_ref,
+                                                                 token_weights)
+    dtype, lp = logp.dtype, logp
     log_ratio = (lp - old_logp.detach().to(dtype)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     valid = mask_nonzero(mask) if mask is not None else torch.ones_like(lp, dtype=torch.bool)
     with torch.no_grad():
@@ -171,7 +165,7 @@ def kl_cov_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: t
     with torch.no_grad():
         metrics["cov_kl_frac"] = masked_mean(chosen, mask)
         metrics["cov_kl_abs"] = masked_mean(log_ratio.detach().abs(), mask)
-    return _finish(per_token, logp, log_ratio, mask, token_weights, loss_agg_mode, horizon, global_count,
+    return finish_loss(per_token, logp, log_ratio, mask, token_weights, loss_agg_mode, horizon, global_count,
                    logp_ref, kl_coef, kl_estimator, kl_clamp, metrics)
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from pacs_fast.algorithms._checks import check_real, compute_dtype
+from pacs_fast.algorithms._checks import check_real
 from pacs_fast.algorithms.aggregation import masked_mean
-from pacs_fast.algorithms.sequence_losses import _check, _finish, _zero_padding  # (the shared loss plumbing)
+from pacs_fast.algorithms._policy_terms import check_inputs, finish_loss, padded_inputs
 
 SAPO_TAUS = (1.0, 1.05)  # (tau_pos, tau_neg): the paper's and verl's
 LOG_RATIO_CLAMP = 20.0
@@ -48,17 +48,14 @@ def sapo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
     if loss_agg_mode != "seq-mean-token-mean":
         raise ValueError(f"{fn}: SAPO aggregates per sequence (verl's): loss_agg_mode must be "
                          f"'seq-mean-token-mean', got {loss_agg_mode!r}")
-    _, _, kl_coef, kl_clamp, horizon, global_count = _check(
+    _, _, kl_coef, kl_clamp, horizon, global_count = check_inputs(
         fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, 0.0, 0.0, horizon, global_count,
         logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite)
     tau_pos = check_real(fn, "tau_pos", tau_pos, positive=True)
     tau_neg = check_real(fn, "tau_neg", tau_neg, positive=True)
-    logp, old_logp, advantages, logp_ref, token_weights = _zero_padding(mask, logp, old_logp, advantages, logp_ref,
-                                                                        token_weights)
-    dtype = compute_dtype(logp)
-    lp = logp.to(dtype)
-    adv = advantages.detach().to(dtype)
-    adv = adv[:, None].expand_as(lp) if adv.dim() == 1 else adv
+    logp, old_logp, adv, logp_ref, token_weights = padded_inputs(mask, logp, old_logp, advantages, logp_ref,
+                                                                 token_weights)
+    dtype, lp = logp.dtype, logp
     log_ratio = (lp - old_logp.detach().to(dtype)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     tau = torch.where(adv > 0, tau_pos, tau_neg).to(dtype)
@@ -67,5 +64,5 @@ def sapo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
     metrics = {}
     with torch.no_grad():
         metrics["gate_mean"] = masked_mean(4.0 * s * (1.0 - s), mask)
-    return _finish(per_token, logp, log_ratio, mask, token_weights, loss_agg_mode, horizon, global_count,
+    return finish_loss(per_token, logp, log_ratio, mask, token_weights, loss_agg_mode, horizon, global_count,
                    logp_ref, kl_coef, kl_estimator, kl_clamp, metrics)

@@ -42,11 +42,9 @@ from __future__ import annotations
 
 import torch
 
-from pacs_fast.algorithms._checks import check_real, compute_dtype, mask_nonzero, mask_select, zero_masked
-from pacs_fast.algorithms._stable import k3
-from pacs_fast.algorithms.aggregation import _aggregate, masked_mean
-from pacs_fast.algorithms.kl import _kl_penalty
-from pacs_fast.algorithms.policy_loss import check_policy_inputs
+from pacs_fast.algorithms._checks import mask_select
+from pacs_fast.algorithms._policy_terms import check_inputs, finish_loss, padded_inputs
+from pacs_fast.algorithms.aggregation import masked_mean
 
 #: (clip_low, clip_high) defaults: GSPO's paper (section 5.1), verl's CISPO recipe (module docstring)
 GSPO_CLIP = (3e-4, 4e-4)
@@ -54,50 +52,6 @@ CISPO_CLIP = (10.0, 0.2)
 GMPO_CLIP = (0.4, 0.4)  # in log space: the paper's ratio range (e^-0.4, e^0.4)
 GSPO_LOG_RATIO_MAX = 10.0   # verl clamps log s_i,t from above only
 CISPO_LOG_RATIO_CLAMP = 20.0
-
-
-def _check(fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, clip_low, clip_high,
-           horizon, global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite):
-    """policy_loss's input checks (:func:`~pacs_fast.algorithms.policy_loss.check_policy_inputs`) and
-    the two clip ranges (>= 0; no dual clip here)."""
-    kl_coef, kl_clamp, horizon, global_count = check_policy_inputs(
-        fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, logp_ref, kl_coef, kl_estimator,
-        kl_clamp, horizon, global_count, check_finite)
-    clip_low = check_real(fn, "clip_low", clip_low, nonneg=True)
-    clip_high = check_real(fn, "clip_high", clip_high, nonneg=True)
-    return clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count
-
-
-def _zero_padding(mask, logp, old_logp, advantages, logp_ref, token_weights):
-    """The tensors with 0 where ``mask`` leaves a token out: padding's NaN / Inf never enters a product,
-    so its gradient stays 0 (``0 * NaN`` in a backward is NaN)."""
-    keep = mask_nonzero(mask)
-    if advantages.dim() == 2:
-        advantages = zero_masked(advantages, keep)
-    # logp in the compute dtype once: the surrogate's and the KL term's gradients add in fp32 and round to a bf16
-    # logp once (two casts rounded each apart: 10% of entries one bf16 step off)
-    return (zero_masked(logp, keep).to(compute_dtype(logp)), zero_masked(old_logp, keep), advantages,
-            zero_masked(logp_ref, keep), zero_masked(token_weights, keep))
-
-
-def _finish(per_token, logp, log_ratio, mask, token_weights, mode, horizon, global_count, logp_ref, kl_coef,
-            kl_estimator, kl_clamp, metrics):
-    """Weights, aggregation, the KL penalty and the shared metrics (as :func:`policy_loss`)."""
-    dtype = per_token.dtype
-    if token_weights is not None:
-        per_token = per_token * token_weights.detach().to(dtype)
-    loss = _aggregate(per_token, mask, mode, horizon, global_count)
-    with torch.no_grad():
-        lr = log_ratio.detach()
-        metrics["pg_loss"] = loss.detach().clone()
-        metrics["ppo_kl"] = masked_mean(-lr, mask)
-        lr_c = lr.clamp(max=CISPO_LOG_RATIO_CLAMP)
-        metrics["approx_kl"] = masked_mean(k3(lr_c) + (lr_c - lr), mask)
-    if kl_coef != 0:
-        kl_loss = _aggregate(_kl_penalty(logp, logp_ref, kl_estimator, kl_clamp), mask, mode, horizon, global_count)
-        metrics["kl"] = kl_loss.detach().clone()
-        loss = loss + kl_coef * kl_loss
-    return loss, metrics
 
 
 def gspo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
@@ -124,15 +78,12 @@ def gspo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
         ``approx_kl`` (per token, as :func:`policy_loss`), and ``kl`` with the penalty on.
     """
     fn = "gspo_policy_loss"
-    clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count = _check(
+    clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count = check_inputs(
         fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, clip_low, clip_high, horizon,
         global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite)
-    logp, old_logp, advantages, logp_ref, token_weights = _zero_padding(mask, logp, old_logp, advantages, logp_ref,
-                                                                        token_weights)
-    dtype = compute_dtype(logp)
-    lp = logp.to(dtype)
-    adv = advantages.detach().to(dtype)
-    adv = adv[:, None] if adv.dim() == 1 else adv
+    logp, old_logp, adv, logp_ref, token_weights = padded_inputs(mask, logp, old_logp, advantages, logp_ref,
+                                                                 token_weights)
+    dtype, lp = logp.dtype, logp
     log_ratio = lp - old_logp.detach().to(dtype)
     m = torch.ones_like(lp) if mask is None else mask_select(torch.ones_like(lp), mask)
     seq_len = m.sum(-1).clamp(min=1)
@@ -152,7 +103,7 @@ def gspo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
         seq_ratio = seq_log_ratio.clamp(max=GSPO_LOG_RATIO_MAX).exp()
         metrics["seq_ratio_mean"] = (torch.where(nonempty, seq_ratio, 0.0).sum()
                                      / nonempty.sum().clamp(min=1).to(dtype))
-    return _finish(per_token, logp, log_ratio, mask, token_weights, loss_agg_mode, horizon, global_count,
+    return finish_loss(per_token, logp, log_ratio, mask, token_weights, loss_agg_mode, horizon, global_count,
                    logp_ref, kl_coef, kl_estimator, kl_clamp, metrics)
 
 
@@ -172,15 +123,12 @@ def cispo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
         ``ppo_kl``, ``approx_kl``, and ``kl`` with the penalty on.
     """
     fn = "cispo_policy_loss"
-    clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count = _check(
+    clip_low, clip_high, kl_coef, kl_clamp, horizon, global_count = check_inputs(
         fn, logp, old_logp, advantages, mask, token_weights, loss_agg_mode, clip_low, clip_high, horizon,
         global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite)
-    logp, old_logp, advantages, logp_ref, token_weights = _zero_padding(mask, logp, old_logp, advantages, logp_ref,
-                                                                        token_weights)
-    dtype = compute_dtype(logp)
-    lp = logp.to(dtype)
-    adv = advantages.detach().to(dtype)
-    adv = adv[:, None] if adv.dim() == 1 else adv
+    logp, old_logp, adv, logp_ref, token_weights = padded_inputs(mask, logp, old_logp, advantages, logp_ref,
+                                                                 token_weights)
+    dtype, lp = logp.dtype, logp
     log_ratio = (lp - old_logp.detach().to(dtype)).clamp(-CISPO_LOG_RATIO_CLAMP, CISPO_LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio.detach())
     weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
@@ -190,7 +138,7 @@ def cispo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
         metrics["clip_frac"] = masked_mean((ratio != weight).to(dtype), mask)
         metrics["clip_frac_high"] = masked_mean((ratio > 1 + clip_high).to(dtype), mask)
         metrics["clip_frac_low"] = masked_mean((ratio < 1 - clip_low).to(dtype), mask)
-    return _finish(per_token, logp, log_ratio, mask, token_weights, loss_agg_mode, horizon, global_count,
+    return finish_loss(per_token, logp, log_ratio, mask, token_weights, loss_agg_mode, horizon, global_count,
                    logp_ref, kl_coef, kl_estimator, kl_clamp, metrics)
 
 
@@ -223,15 +171,12 @@ def gmpo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
     mode = "seq-mean-token-mean"
     if loss_agg_mode != mode:
         raise ValueError(f"{fn}: GMPO's terms are per sequence: loss_agg_mode must be {mode!r}, got {loss_agg_mode!r}")
-    clip_low, clip_high, kl_coef, kl_clamp, _, global_count = _check(
+    clip_low, clip_high, kl_coef, kl_clamp, _, global_count = check_inputs(
         fn, logp, old_logp, advantages, mask, token_weights, mode, clip_low, clip_high, None,
         global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, check_finite)
-    logp, old_logp, advantages, logp_ref, token_weights = _zero_padding(mask, logp, old_logp, advantages, logp_ref,
-                                                                        token_weights)
-    dtype = compute_dtype(logp)
-    lp = logp.to(dtype)
-    adv = advantages.detach().to(dtype)
-    adv = adv[:, None].expand_as(lp) if adv.dim() == 1 else adv
+    logp, old_logp, adv, logp_ref, token_weights = padded_inputs(mask, logp, old_logp, advantages, logp_ref,
+                                                                 token_weights)
+    dtype, lp = logp.dtype, logp
     m = torch.ones_like(lp) if mask is None else mask_select(torch.ones_like(lp), mask)
     n = m.sum(-1).clamp(min=1)
     log_ratio = lp - old_logp.detach().to(dtype)
@@ -254,5 +199,5 @@ def gmpo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
         metrics["seq_ratio_mean"] = (torch.where(nonempty, seq_ratio.detach(), 0.0).sum()
                                      / nonempty.sum().clamp(min=1).to(dtype))
     per_token = row_loss[:, None].expand_as(lp)  # each token of a row carries the row's term: its mean is l_i
-    return _finish(per_token, logp, log_ratio, mask, None, mode, None, global_count, logp_ref, kl_coef, kl_estimator,
+    return finish_loss(per_token, logp, log_ratio, mask, None, mode, None, global_count, logp_ref, kl_coef, kl_estimator,
                    kl_clamp, metrics)
