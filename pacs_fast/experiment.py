@@ -163,6 +163,7 @@ def plan(jobs: list[Job], config: str | None, *, restart_mismatched: bool) -> tu
     ``restart_mismatched``, one made with other settings are ValueErrors naming the folder. Then the
     experiment's own dead runs that start afresh (no checkpoint, or mismatched) are deleted under
     their lock."""
+    from pacs_fast.files import is_temporary
     from pacs_fast.trainer.run_folder import CONFIG_FILE, LOCK_FILE
     todo, delete, done = [], [], 0
     for job in jobs:
@@ -170,7 +171,7 @@ def plan(jobs: list[Job], config: str | None, *, restart_mismatched: bool) -> tu
         if folder.exists():
             if not folder.is_dir():
                 raise ValueError(f"run folder {str(folder)!r} is a file: move it away or use another --out")
-            files = [p.name for p in folder.iterdir() if p.name != LOCK_FILE]
+            files = [p.name for p in folder.iterdir() if p.name != LOCK_FILE and not is_temporary(p.name)]
             if files and CONFIG_FILE not in files:
                 raise ValueError(f"{str(folder)!r} holds files but no {CONFIG_FILE}: it is not a run of this "
                                  f"experiment; move it away or use another --out (nothing was changed)")
@@ -360,6 +361,8 @@ def _main(a) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from pacs_fast.files import remove_temporaries
+    remove_temporaries(out)  # a killed runner's (.results.md.tmp-PID), stale under this lock
     try:
         return run_experiment(a, jobs, arms, seeds, out, header)
     finally:

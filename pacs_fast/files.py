@@ -6,9 +6,38 @@ from the rest of the package, so every layer may use it.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Callable
+
+#: the name :func:`write_atomic` (and ``save_config``) gives its temporary file: ``.<name>.tmp-<pid>``
+_TEMPORARY = re.compile(r"\..+\.tmp-\d+")
+
+
+def temporary_name(path: str | Path) -> Path:
+    """The temporary file beside ``path`` that this process fills before renaming it over ``path``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one of :func:`temporary_name`'s (of any process)."""
+    return _TEMPORARY.fullmatch(name) is not None
+
+
+def remove_temporaries(folder: str | Path, *, recursive: bool = False) -> list[Path]:
+    """Removes the temporary files of atomic writes in ``folder`` (and below with ``recursive``) and returns them:
+    only for a caller that holds the folder's lock, so that no live writer owns them (a run killed mid-write,
+    by SIGKILL, the OOM killer or a power cut, left them; they are never a file's only copy)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [p for p in (folder.rglob(".*.tmp-*") if recursive else folder.glob(".*.tmp-*"))
+             if is_temporary(p.name) and p.is_file() and not p.is_symlink()]
+    for p in found:
+        p.unlink(missing_ok=True)
+    return found
 
 
 def _umask() -> int:
@@ -43,7 +72,7 @@ def write_atomic(path: str | Path, write: Callable[[Path], object], *, fsync: bo
     over ``path`` (the temporary file is removed if anything fails). The file gets the umask's mode
     (:func:`default_mode`) whatever ``write`` created it with."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_name(path)
     try:
         write(tmp)
         default_mode(tmp)

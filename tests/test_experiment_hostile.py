@@ -158,6 +158,21 @@ def test_plan_deletes_only_its_own_dead_runs(tmp_path):
     assert lock_only.is_dir() and not own_dead.exists() and (finished / "summary.json").is_file()
 
 
+def test_plan_takes_a_folder_a_run_left_while_writing_its_config(tmp_path):
+    """A trainer killed while writing config.yaml left the lock and ``.config.yaml.tmp-PID``: the plan refused the
+    folder ("holds files but no config.yaml"); it now runs it as a fresh run (the trainer removes the temporary),
+    and a folder with a file of the user's is still refused."""
+    from pacs_fast.trainer.run_folder import RunLock
+    jobs = ex.make_jobs([ex.parse_arm("pacs")], [0, 1], [], tmp_path)
+    RunLock(jobs[0].run_dir, new=True).release()
+    (jobs[0].run_dir / ".config.yaml.tmp-77").write_text("algo:\n")
+    todo, done = ex.plan(jobs, None, restart_mismatched=False)
+    assert done == 0 and [(j.run_dir, s) for j, s in todo] == [(jobs[0].run_dir, "fresh"), (jobs[1].run_dir, "fresh")]
+    (jobs[0].run_dir / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds files but no config.yaml"):
+        ex.plan(jobs, None, restart_mismatched=False)
+
+
 def test_arm_overrides_split_on_top_level_commas_only(tmp_path):
     arm = ex.parse_arm("x:learner.betas=[0.9,0.95],algo.name=grpo")
     assert arm.overrides == ["learner.betas=[0.9,0.95]", "algo.name=grpo"]

@@ -751,3 +751,44 @@ def test_read_jsonl_keeps_the_asked_keys_and_splits_at_newlines_only(tmp_path):
         {"kind": "sample", "step": 1, "reward": 1.0, "pred_reward": 0.7},
         {"kind": "sample", "step": 2, "reward": 1.0, "pred_reward": 0.6}]
     assert len(read_jsonl(path, raw=True)) == 4
+
+
+def test_a_run_killed_while_writing_its_config_leaves_a_folder_a_new_run_takes(tmp_path, capsys, cache):
+    """SIGKILL (or the OOM killer) while ``config.yaml`` was written left ``.config.yaml.tmp-PID`` beside the
+    lock: the same command said "already exists: --resume", and --resume said "no config.yaml: run its command
+    again" (kill sweep). A folder holding only the lock and temporaries of atomic writes is now empty to a new
+    run, which removes them; anything else in it still refuses."""
+    from pacs_fast.trainer.run_folder import check_new_run_dir
+
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / ".run.lock").write_text("123\n")
+    (run / ".config.yaml.tmp-123").write_text("algo:\n")
+    check_new_run_dir(run)
+    code, _, err = cli(TINY + ["train.steps=1", f"warmup.cache_dir={cache}", f"train.out_dir={tmp_path}",
+                                 "train.run_name=r1"], capsys)
+    assert code == 0, err
+    assert (run / "config.yaml").is_file() and not list(run.glob(".*.tmp-*"))
+    (tmp_path / "r2").mkdir()
+    (tmp_path / "r2" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="already exists"):
+        check_new_run_dir(tmp_path / "r2")
+
+
+def test_a_resume_removes_every_temporary_a_killed_run_left(finished, tmp_path, capsys):
+    """Kills between a checkpoint's rename and ``latest``, during the summary or a plot left
+    ``checkpoints/.latest.tmp-PID``, ``.summary.json.tmp-PID``, ``plots/.curves.png.tmp-PID`` for good (only
+    ``checkpoints/.tmp-*`` folders were removed). A resume, holding the run's lock, removes them all; the files
+    they were written for stay."""
+    run = copy_run(finished, tmp_path)
+    (run / "plots").mkdir(exist_ok=True)
+    left = [run / "checkpoints" / ".latest.tmp-4242", run / ".summary.json.tmp-4243",
+            run / "plots" / ".curves.png.tmp-4244", run / "checkpoints" / "step_000004" / ".manifest.json.tmp-1"]
+    for p in left:
+        p.write_text("cut")
+    (run / "checkpoints" / ".tmp-step_000006").mkdir()
+    keep = [run / "summary.json", run / "checkpoints" / "latest", run / "config.yaml"]
+    code, _, err = cli(["--resume", str(run)], capsys)
+    assert code == 0, err
+    assert not any(p.exists() for p in left) and not (run / "checkpoints" / ".tmp-step_000006").exists()
+    assert all(p.is_file() for p in keep)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pacs_fast.files import write_text_atomic
+from pacs_fast.files import remove_temporaries, write_text_atomic
 
 MANIFEST = "manifest.json"
 # trainer-state entries kept in trainer_state.pt alone (not readable text: an asynchronous run's completions in flight)
@@ -310,11 +310,13 @@ def prune(root: Path, newest: Path, keep: int) -> None:
 
 
 def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
-    """Removes ``.tmp-step_*`` folders left by a run killed while writing; returns them."""
-    stale = list((Path(run_dir) / "checkpoints").glob(".tmp-*"))
+    """Removes what a run killed while writing left (under the run's lock): ``.tmp-step_*`` checkpoint folders, and
+    the temporary files of atomic writes anywhere in the run folder (``checkpoints/.latest.tmp-PID``,
+    ``.summary.json.tmp-PID``, ``plots/.curves.png.tmp-PID``, ...); returns them."""
+    stale = [p for p in (Path(run_dir) / "checkpoints").glob(".tmp-*") if p.is_dir() and not p.is_symlink()]
     for p in stale:
         shutil.rmtree(p, ignore_errors=True)
-    return stale
+    return stale + remove_temporaries(run_dir, recursive=True)
 
 
 def load_checkpoint(path: str | Path, *, learner) -> dict:

@@ -31,7 +31,7 @@ from pacs_fast.config import (SHIPPED_DATASETS, Config, load_config, parse_overr
                               to_dict)
 from pacs_fast.config.validation import _get
 from pacs_fast.config.dataset_files import absolute_spec, dataset_exists
-from pacs_fast.files import write_text_atomic
+from pacs_fast.files import is_temporary, remove_temporaries, write_text_atomic
 from pacs_fast.trainer.metrics import end_torn_line
 
 # Keys a resumed run may change on its command line: they do not alter the trajectory up to the
@@ -58,7 +58,10 @@ class RunFolderTaken(ValueError):
 
 
 def _is_used(path: Path) -> bool:
-    return path.exists() and (not path.is_dir() or any(p.name != LOCK_FILE for p in path.iterdir()))
+    """Whether ``path`` holds a run: anything but its lock and the temporary files of atomic writes (a run killed
+    while writing its ``config.yaml`` left one beside the lock: that folder is as good as empty)."""
+    return path.exists() and (not path.is_dir() or any(p.name != LOCK_FILE and not is_temporary(p.name)
+                                                       for p in path.iterdir()))
 
 
 class RunLock:
@@ -103,6 +106,8 @@ class RunLock:
         if new and _is_used(self.run_dir):
             self.release()
             check_new_run_dir(self.run_dir)  # raises: another run got there first
+        if new:
+            remove_temporaries(self.run_dir)  # a killed run's, stale under this lock
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
 
