@@ -150,6 +150,13 @@ def resolve(args) -> tuple[object, Path]:
 PEER_EXIT_DELAY_S = 10.0
 
 
+def launch_rank() -> str:
+    """This process's rank in the torchrun launch ("0" without one). The asynchronous layout gives each role its own
+    ``RANK`` / ``WORLD_SIZE`` (pacs_fast/trainer/roles.py) and keeps the launch's in ``PACS_FAST_LAUNCH_*``: the
+    engine and the learner were both rank 0, and both printed a line meant to print once."""
+    return os.environ.get("PACS_FAST_LAUNCH_RANK", os.environ.get("RANK", "0"))
+
+
 def fail(message: str, code: int, *, alike: bool = True) -> None:
     """Prints ``error: message`` once per launch and exits with ``code``. Under torchrun global rank 0
     prints; the other ranks exit :data:`PEER_EXIT_DELAY_S` later (or are stopped by torchrun once rank 0
@@ -158,7 +165,7 @@ def fail(message: str, code: int, *, alike: bool = True) -> None:
     delay prints ``error: rank R: message`` before it exits (when every rank fails alike, rank 0's exit
     has made torchrun stop it by then, and nothing is printed twice)."""
     signals.default_stop_signals()  # torchrun's stop of the waiting ranks ends them quietly
-    rank = os.environ.get("RANK", "0")
+    rank = launch_rank()
     if rank == "0":
         print(f"error: {message}", file=sys.stderr, flush=True)
     else:
@@ -170,7 +177,7 @@ def fail(message: str, code: int, *, alike: bool = True) -> None:
 
 def stopped(signum: int, run_dir: Path) -> None:
     """One line (global rank 0) and exit status 128 + the signal (130 for Ctrl-C, 143 for SIGTERM)."""
-    if os.environ.get("RANK", "0") == "0":
+    if launch_rank() == "0":
         then = (f"continue with --resume {run_dir} (from its last checkpoint)" if (run_dir / "config.yaml").is_file()
                 else "it stopped before its setup finished (nothing to resume): run the same command again")
         print(f"\nstopped by {signals.name(signum)}: {then}", file=sys.stderr, flush=True)
@@ -223,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise
         # another rank stopped (its own line says why) while this one waited in a collective: one line, not
         # gloo's traceback
-        print(f"error: rank {os.environ.get('RANK', '0')}: another rank of this launch stopped while this one waited "
+        print(f"error: rank {launch_rank()}: another rank of this launch stopped while this one waited "
               f"for it (that rank's error line says why); continue with --resume {run_dir} (from its last "
               f"checkpoint)", file=sys.stderr, flush=True)
         sys.exit(1)
@@ -232,9 +239,10 @@ def main(argv: list[str] | None = None) -> dict:
 def peer_lost(error: BaseException) -> bool:
     """Whether ``error`` is a collective's failure because another process of a torchrun launch went away
     (gloo: "Connection closed by peer" / "Connection reset by peer")."""
+    from pacs_fast.config.validation import world_size
+
     text = str(error)
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and ("Connection closed by peer" in text
-                                                           or "Connection reset by peer" in text)
+    return world_size() > 1 and ("Connection closed by peer" in text or "Connection reset by peer" in text)
 
 
 if __name__ == "__main__":

@@ -792,3 +792,29 @@ def test_a_resume_removes_every_temporary_a_killed_run_left(finished, tmp_path, 
     assert code == 0, err
     assert not any(p.exists() for p in left) and not (run / "checkpoints" / ".tmp-step_000006").exists()
     assert all(p.is_file() for p in keep)
+
+
+def test_the_asynchronous_layouts_roles_print_a_launch_wide_line_once(monkeypatch, capsys):
+    """The asynchronous layout gives each role its own RANK / WORLD_SIZE (roles.py): the engine (launch rank 0) and
+    the learner (launch rank 1, role rank 0) both printed 'stopped by SIGTERM', and a learner whose engine died
+    (its role's WORLD_SIZE 1) raised gloo's traceback instead of the one line (kill sweep). The launch's rank and
+    size are read now."""
+    import signal
+
+    from pacs_fast import train as tr
+
+    monkeypatch.setattr(tr.time, "sleep", lambda s: None)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    for launch_rank, printed in (("1", False), ("0", True)):
+        monkeypatch.setenv("PACS_FAST_LAUNCH_RANK", launch_rank)
+        monkeypatch.setenv("PACS_FAST_LAUNCH_WORLD_SIZE", "2")
+        with pytest.raises(SystemExit) as e:
+            tr.stopped(signal.SIGTERM, Path("/nowhere"))
+        assert e.value.code == 143 and ("stopped by SIGTERM" in capsys.readouterr().err) == printed
+        with pytest.raises(SystemExit):
+            tr.fail("a launch-wide stop", 2)
+        assert ("error: a launch-wide stop" in capsys.readouterr().err) == printed
+    assert tr.peer_lost(RuntimeError("[gloo] Connection reset by peer"))
+    monkeypatch.delenv("PACS_FAST_LAUNCH_WORLD_SIZE")
+    assert not tr.peer_lost(RuntimeError("[gloo] Connection reset by peer"))  # one process: no peer to lose
