@@ -818,3 +818,26 @@ def test_the_asynchronous_layouts_roles_print_a_launch_wide_line_once(monkeypatc
     assert tr.peer_lost(RuntimeError("[gloo] Connection reset by peer"))
     monkeypatch.delenv("PACS_FAST_LAUNCH_WORLD_SIZE")
     assert not tr.peer_lost(RuntimeError("[gloo] Connection reset by peer"))  # one process: no peer to lose
+
+
+def test_a_resume_with_another_thread_count_says_so_and_keys_that_name_folders(finished, tmp_path, capsys):
+    """train.threads was accepted on --resume without a word although on a CPU the later steps round otherwise
+    (weights 1.2e-7 apart; kill sweep): the checkpoint records the run's count and a resume with another warns,
+    naming it. warmup.cache_dir (entries keyed by content) may change; train.out_dir / train.run_name say that
+    --resume names the folder, not 'it would not continue the same training'."""
+    from pacs_fast.trainer.session import thread_change_warning
+
+    run = copy_run(finished, tmp_path)
+    recorded = json.loads((run / "checkpoints" / "step_000004" / "trainer_state.json").read_text())["torch_threads"]
+    assert recorded >= 1
+    other = 1 if recorded != 1 else 2
+    code, out, err = cli(["--resume", str(run), "train.steps=5", f"train.threads={other}",
+                          f"warmup.cache_dir={tmp_path / 'elsewhere'}"], capsys)
+    assert code == 0, err
+    want = thread_change_warning(recorded, other, "cpu")
+    assert f"warning: {want}" in out + err and f"train.threads={recorded} continues it exactly" in want
+    assert thread_change_warning(recorded, recorded, "cpu") is None and thread_change_warning(2, 1, "cuda") is None
+    code, _, err = cli(["--resume", str(run), "train.run_name=other"], capsys)
+    assert code == 2 and "train.run_name names the run folder, which --resume gives" in err
+    code, _, err = cli(["--resume", str(run), f"train.out_dir={tmp_path / 'x'}"], capsys)
+    assert code == 2 and "train.out_dir names the run folder, which --resume gives" in err

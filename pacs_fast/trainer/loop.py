@@ -22,6 +22,8 @@ import gc
 import time
 from pathlib import Path
 
+import torch
+
 from pacs_fast.code_version import code_version
 from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
@@ -201,6 +203,7 @@ def save(s: Session, step: int, *, in_flight=None) -> None:
     state = {"sampler": s.sampler.state_dict(), "initial_eval": s.initial_eval,
              "batches": s.batches, "wall_time_s": s.wall_time(), "data_sha1": s.data_sha1,
              "data_parallel": s.world.dp,  # (a resume on another number of groups trains otherwise: session)
+             "torch_threads": torch.get_num_threads(),  # (on a CPU another count rounds otherwise: session)
              "code_versions": run_code_versions(s)}
     if hasattr(s.scorer, "state_dict"):
         state["scorer"] = s.scorer.state_dict()

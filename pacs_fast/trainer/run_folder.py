@@ -44,6 +44,9 @@ SAFE_RESUME_KEYS = frozenset({
     # out of memory (full recompute in the torch learner turns the shared-prefix forward off: the plain forward's
     # values, equal to float rounding)
     "model.gradient_checkpointing", "model.recompute_granularity",
+    # where the warm-up cache lives: its entries are keyed by what builds them, not by the folder (a run moved to a
+    # machine where the recorded folder cannot be written resumes with another)
+    "warmup.cache_dir",
 })
 # may change on --resume when the recorded file or folder is gone (moved, deleted): the checkpoint restores the
 # weights, and the problems must have the digest the checkpoint kept (pacs_fast/trainer/session.py)
@@ -209,6 +212,9 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
             load_config(None, [text])  # an unknown key or a bad value: that error, naming it
             if _get(load_run_config(saved, [text]), key) == _get(cfg, key):
                 continue  # the value the run has already: nothing changes
+            if key in ("train.out_dir", "train.run_name"):
+                raise ValueError(f"--resume: {key} names the run folder, which --resume gives ({run_dir}); drop "
+                                 f"{key}={value}")
             raise ValueError(f"--resume: {key} cannot change in a resumed run (it would not continue the same "
                              f"training); allowed: {', '.join(sorted(SAFE_RESUME_KEYS))}")
     return load_run_config(saved, overrides)
