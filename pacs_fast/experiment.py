@@ -269,11 +269,15 @@ def run_jobs(todo: list[tuple[Job, str]], config: str | None, *, workers: int, t
                 fh.close()
                 running.remove((job, proc, t0, fh))
                 building.discard(job.seed)
-                ok = proc.returncode == 0 and (job.run_dir / "summary.json").is_file()
+                # finished = its summary.json written (the run's last file; the exit status after it, e.g. a
+                # --timeout stop during its exit, changes nothing: the end-of-run check counts the same way)
+                ok = (job.run_dir / "summary.json").is_file()
                 counts["finished" if ok else "failed"] += 1
                 why = f"timed out after --timeout {timeout:g} s, " if proc.pid in stopped else ""
+                late = f" (exit {proc.returncode} after its summary: {why or 'see the log, '}nothing lost)" \
+                    if ok and proc.returncode != 0 else ""
                 log(f"[{time.strftime('%H:%M:%S')}] {job.arm.name} seed {job.seed}: "
-                    f"{'done' if ok else f'FAILED ({why}exit {proc.returncode}; see {job.run_dir}.log)'} "
+                    f"{'done' + late if ok else f'FAILED ({why}exit {proc.returncode}; see {job.run_dir}.log)'} "
                     f"in {time.time() - t0:.0f} s")
             while todo and len(running) < workers:
                 pick = None

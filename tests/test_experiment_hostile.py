@@ -73,6 +73,22 @@ def test_a_second_runner_on_the_same_out_is_refused(tmp_path, capsys, monkeypatc
     assert first == [1]  # its run failed: said so in the exit status
 
 
+def test_a_run_whose_exit_fails_after_its_summary_counts_as_finished(tmp_path, monkeypatch):
+    """A run that wrote summary.json but was stopped by --timeout while exiting was logged FAILED and counted in
+    "N failed", while the end-of-run check (summary.json) counted it done, and the table held it (kill sweep): one
+    rule now, its summary."""
+    late = ("import pathlib, sys; from pacs_fast.trainer.run_folder import RunLock; RunLock(sys.argv[1], new=True); "
+            "pathlib.Path(sys.argv[1], 'summary.json').write_text('{}'); sys.exit(int(sys.argv[2]))")
+    monkeypatch.setattr(ex, "command", lambda job, config, state: [sys.executable, "-c", late, str(job.run_dir),
+                                                                   "3" if job.seed == 0 else "0"])
+    jobs = ex.make_jobs([ex.parse_arm("pacs")], [0, 1], [], tmp_path)
+    lines: list[str] = []
+    counts = ex.run_jobs([(job, "fresh") for job in jobs], None, workers=1, threads=1, log=lines.append)
+    assert counts == {"finished": 2, "failed": 0}, lines
+    assert any("seed 0: done (exit 3 after its summary" in x for x in lines), lines
+    assert not any("FAILED" in x for x in lines)
+
+
 def test_a_folder_that_is_not_its_own_run_is_kept(tmp_path, capsys, warm_cache):
     """A run folder with files but no config.yaml is not provably this experiment's run: refused,
     not deleted."""
