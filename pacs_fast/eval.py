@@ -53,7 +53,8 @@ from pacs_fast.evaluation.engine import engine_and_dtype, make_engine, vllm_cpu_
 from pacs_fast.files import write_text_atomic
 from pacs_fast.evaluation.report import comparison_warnings, markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct, load_results,
-                                          problem_digest, read_samples, results_from_samples, samples_path)
+                                          parts_warnings, problem_digest, read_samples, results_from_samples,
+                                          samples_path)
 from pacs_fast.evaluation.settings import check_settings
 from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn, reward_field_keywords
 from pacs_fast.gc_heap import freeze_at_start_up
@@ -191,7 +192,10 @@ def _progress(total: int, disabled: bool):
 
 
 def write_reports(out_dir: Path, results: dict, table_k=None) -> str:
-    """results.json, table.md and pass_at_k.png in ``out_dir``, each written atomically."""
+    """results.json, table.md and pass_at_k.png in ``out_dir``, each written atomically (a warning for component
+    rewards recorded in part: :func:`~pacs_fast.evaluation.results.parts_warnings`)."""
+    for line in parts_warnings(results):
+        print(f"warning: {line}", file=sys.stderr)
     write_text_atomic(out_dir / "results.json", json.dumps(results, indent=1) + "\n")
     table = markdown_table([results], table_k)
     write_text_atomic(out_dir / "table.md", table)

@@ -99,6 +99,15 @@ def intended_config(config: str | None, argv: list[str]):
     return cfg
 
 
+def _valid(config: str | None, argv: list[str]) -> bool:
+    """Whether :func:`intended_config` takes ``argv``."""
+    try:
+        intended_config(config, argv)
+    except ValueError:
+        return False
+    return True
+
+
 def config_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
     keys = sorted(set(a) | set(b))
     out = []
@@ -335,8 +344,14 @@ def _main(a) -> int:
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {str(out)!r} is a file, not a folder")
         jobs = make_jobs(arms, seeds, [*a.overrides, f"train.threads={a.threads}"], out)
-        for job in jobs:  # bad settings fail here
-            intended_config(a.config, job.argv)
+        for job in jobs:  # bad settings fail here, naming the arm whose settings make them bad
+            try:
+                intended_config(a.config, job.argv)
+            except ValueError as e:
+                shared = [x for x in job.argv if x not in job.arm.overrides]
+                if job.arm.overrides and _valid(a.config, shared):
+                    raise ValueError(f"arm {job.arm.name} ({','.join(job.arm.overrides)}): {e}") from None
+                raise
         if a.report and not any(job.run_dir.is_dir() for job in jobs):
             what = "holds no runs of these arms and seeds" if out.is_dir() else "does not exist"
             raise ValueError(f"--report: {str(out)!r} {what} (nothing was written)")

@@ -78,6 +78,20 @@ def test_kl_cov_equals_verl(seed, mode, frac):
         assert float(g[mask == 0].abs().max()) == 0.0
 
 
+def test_the_defaults_are_verls_config_defaults():
+    """verl's function falls back to ppo_kl_coef=1, but its config always passes PolicyLossConfig's 0.1 (this said
+    1 and defaulted to it: a penalty ten times verl's default run's; sweep)."""
+    _verl()
+    from verl.workers.config import PolicyLossConfig
+
+    from pacs_fast.config import AlgoConfig
+
+    v, a = PolicyLossConfig(), AlgoConfig()
+    assert (COV_FRAC, COV_FRAC, *COV_BOUNDS, KL_COV_COEF) == (v.clip_cov_ratio, v.kl_cov_ratio, v.clip_cov_lb,
+                                                              v.clip_cov_ub, v.ppo_kl_coef)
+    assert (a.cov_frac, a.cov_low, a.cov_high, a.cov_kl_coef) == (COV_FRAC, *COV_BOUNDS, KL_COV_COEF)
+
+
 def test_the_gradients_by_hand(seed):
     """Clip-Cov: PPO's gradient (no dual clip) except on the cut tokens, whose gradient is 0 and whose covariance
     lies in the band with the clipped term not active. KL-Cov: -A ratio / n on every token, plus the KL term's
@@ -174,6 +188,8 @@ def test_the_objective_reaches_the_loss_with_its_settings(seed, name):
     (["algo.name=clip_cov", "algo.cov_low=5", "algo.cov_high=1"], "algo.cov_low must be below algo.cov_high"),
     (["algo.name=clip_cov", "algo.cov_high=nan"], "algo.cov_high must be a finite number"),
     (["algo.name=kl_cov", "rollout.n=1"], "rollout.n must be >= 2 for algo.name=kl_cov"),
+    # the entropy mask multiplies every per-token term: KL-Cov's penalty left the confident tokens it targets
+    (["algo.name=kl_cov", "algo.entropy_top_frac=0.2"], "not with algo.name=kl_cov (set algo.entropy_top_frac=1)"),
 ])
 def test_bad_values_refused_before_loading(overrides, key, tmp_path, capsys):
     assert_refused_before_loading(overrides, key, tmp_path, capsys)

@@ -241,3 +241,18 @@ def test_report_with_no_finished_run_exits_1_and_keeps_the_results(tmp_path, cap
     err = one_line_error(capsys)
     assert "has finished" in err and str(out) in err, err
     assert (out / "results.md").read_text() == "the last report\n" and not (out / "results.json").exists()
+
+
+def test_a_bad_setting_of_one_arm_names_the_arm(tmp_path, capsys):
+    """With many arms, an arm's bad value printed the config's error alone (sweep): the arm is named now; a bad
+    value every arm shares is not blamed on the first arm."""
+    args = ["--out", str(tmp_path / "exp"), "--arms", "pacs", "--arm", "cc_bad:algo.name=clip_cov,algo.cov_low=5,"
+            "algo.cov_high=1", "--seeds", "0", *TINY]
+    assert ex.main(args) == 2
+    err = one_line_error(capsys)
+    assert "arm cc_bad (algo.name=clip_cov,algo.cov_low=5,algo.cov_high=1): algo.cov_low must be below" in err, err
+    assert ex.main(["--out", str(tmp_path / "exp"), "--arms", "pacs,grpo", "--seeds", "0", *TINY,
+                    "learner.lr=-1"]) == 2
+    err = one_line_error(capsys)
+    assert "learner.lr" in err and "arm " not in err, err
+    assert not (tmp_path / "exp").exists()

@@ -219,3 +219,14 @@ def test_the_mix_is_named_unused_without_a_reset(args, idle):
     validate(cfg, world=1)
     named = [line.split("=")[0] for line in unused_settings(cfg)]
     assert [k for k in named if k.startswith("algo.reset")] == idle
+
+
+def test_a_reset_the_run_never_reaches_is_a_warning():
+    from pacs_fast.config.hazards import hazard_warnings
+
+    lines = hazard_warnings(load_config(None, ["algo.name=grpo", "algo.kl_coef=0.1", "algo.reset_every=5",
+                                               "train.steps=5"]))
+    assert any("algo.reset_every=5 with train.steps=5: the first reset would come before step 6" in x for x in lines)
+    assert not [x for x in hazard_warnings(load_config(None, ["algo.name=grpo", "algo.kl_coef=0.1",
+                                                              "algo.reset_every=4", "train.steps=5"]))
+                if "reset_every" in x]

@@ -261,7 +261,7 @@ def test_eval_scores_a_mix_records_its_weights_and_refuses_others(model_dir, dat
                                                         "short": sum(short_) / len(short_)}, abs=1e-12)
     assert 0 < sum(odd) < len(odd) or 0 < sum(short_) < len(short_)  # (the parts differ from the mix)
     table = (out / "table.md").read_text()
-    assert "| Model | toy reward | toy verifier | toy short |" in table
+    assert "| Model | toy (mix) | toy verifier | toy short |" in table
     assert f"{result['mean_score_parts']['short']:.3f} |" in table
     capsys.readouterr()
     assert ev.main(_run_args(model_dir, dataset, out, *mix, "--reward-weights", "0.5,0.5")) == 2
@@ -282,3 +282,40 @@ def test_eval_scores_a_mix_records_its_weights_and_refuses_others(model_dir, dat
     assert ev.main(_run_args(model_dir, dataset, tmp_path / "new", "--reward-fn", "verifier", "--reward-fields",
                              "tests")) == 2
     assert "--reward-fields hands dataset fields to --reward-fn" in capsys.readouterr().err
+
+
+def _result(label, reward_fn, parts, mean=0.5):
+    return {"label": label, "settings": {"reward_fn": reward_fn},
+            "benchmarks": {"toy": {"n": 2, "pass_at_k": {"1": 0.5}, "correct_counts": [1], "mean_score": mean,
+                                   "mean_score_parts": parts}}}
+
+
+def test_the_component_table_keys_columns_by_function():
+    """A component named `reward` headed its column like the mix's ("toy reward" twice), and `compare` put two
+    functions of one name (fmt:score, fmt2:score) in one column, and one function (named `score` in one result,
+    `fmt:score` where it clashed) in two (sweep): columns are functions now, the mix is `(mix)`."""
+    from pacs_fast.evaluation.report import component_table
+
+    one = component_table([_result("a", "verifier,evenlen:reward", {"verifier": 0.25, "reward": 0.75})])
+    assert "| Model | toy (mix) | toy verifier | toy reward |" in one and "| a | 0.500 | 0.250 | 0.750 |" in one
+    two = component_table([_result("a", "verifier,fmt:score", {"verifier": 0.1, "score": 0.2}),
+                           _result("b", "fmt2:score,fmt:score", {"fmt2:score": 0.3, "fmt:score": 0.4})])
+    assert "| Model | toy (mix) | toy verifier | toy fmt:score | toy fmt2:score |" in two, two
+    assert "| a | 0.500 | 0.100 | 0.200 | - |" in two and "| b | 0.500 | - | 0.400 | 0.300 |" in two, two
+    assert component_table([_result("a", "", {})]) == ""
+
+
+def test_records_without_parts_leave_the_means_out_with_a_warning():
+    """A run resumed from records written before score_parts lost its component means without a word (sweep)."""
+    from pacs_fast.evaluation.results import parts_warnings, summarize_benchmark
+
+    recs = [{"index": i, "n": 2, "scores": [1.0, 0.5], "score_parts": {"verifier": [1.0, 0.0], "short": [1.0, 1.0]}}
+            for i in range(3)]
+    whole = summarize_benchmark(recs)
+    assert whole["mean_score_parts"] == {"verifier": 0.5, "short": 1.0} and whole["mean_score"] == 0.75
+    del recs[0]["score_parts"]
+    part = summarize_benchmark(recs)
+    assert "mean_score_parts" not in part and part["score_parts_missing"] == 1
+    lines = parts_warnings({"benchmarks": {"toy": part}})
+    assert len(lines) == 1 and lines[0].startswith("toy: 1 of 3 problems were scored before")
+    assert parts_warnings({"benchmarks": {"toy": whole}}) == []

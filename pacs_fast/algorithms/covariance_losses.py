@@ -15,12 +15,14 @@ verl)::
   uniform random draw among the tokens whose covariance lies strictly inside ``(cov_low, cov_high)`` (paper and
   verl: 1 and 5) and whose clipped term is not already active. The draw is ``torch.randperm`` of ``generator``
   over those tokens in row-major order, as verl draws with the global generator.
-- **KL-Cov**: the unclipped ``-A ratio`` on every token, plus ``kl_coef * |logp - old_logp|`` on the
-  ``max(1, int(cov_frac * n))`` tokens of the largest covariance (paper: ``cov_frac`` 2e-3 for 7B, 2e-4 for
-  32B; coefficient 1).
+- **KL-Cov**: the unclipped ``-A ratio`` on every token, plus ``cov_kl_coef * |logp - old_logp|`` on the
+  ``max(1, int(cov_frac * n))`` tokens of the largest covariance (the paper's recipe: ``cov_frac`` 2e-3 for 7B,
+  2e-4 for 32B, coefficient 1).
 
-Defaults: verl's (``cov_frac`` 2e-4, bounds 1 and 5, coefficient 1). The log-ratio is clamped to [-20, 20]
-(PPO's clamp here; verl leaves it) so that ``exp`` stays finite. ``token_weights`` (the off-policy
+Defaults: verl 0.9.1's config (``cov_frac`` 2e-4, bounds 1 and 5, ``ppo_kl_coef`` 0.1; its function's fallback
+of 1 is never reached through the config). The log-ratio is clamped to [-20, 20] (PPO's clamp here; verl leaves
+it) so that ``exp`` stays finite: tokens whose policy moved further than that (a ratio beyond e^20) take the
+clamped value and no gradient, where verl's are unbounded. ``token_weights`` (the off-policy
 correction's constant weights) multiply each token's term, as verl's ``rollout_is_weights``; the KL penalty
 to a reference (``kl_coef``) is a separate term, as in :func:`~pacs_fast.algorithms.policy_loss.policy_loss`.
 The selection reads the tokens' values on the host (one sync per call, as verl's). Metrics: detached 0-d
@@ -31,14 +33,14 @@ from __future__ import annotations
 import torch
 
 from pacs_fast.algorithms._checks import check_real, compute_dtype, mask_nonzero
-from pacs_fast.algorithms.aggregation import masked_mean
 from pacs_fast.algorithms._policy_terms import check_inputs, finish_loss, padded_inputs
+from pacs_fast.algorithms.aggregation import masked_mean
 
-#: verl's defaults (``policy_loss.clip_cov_ratio`` / ``kl_cov_ratio``, ``clip_cov_lb`` / ``clip_cov_ub``,
-#: ``ppo_kl_coef``)
+#: verl 0.9.1's config defaults (``policy_loss.clip_cov_ratio`` / ``kl_cov_ratio``, ``clip_cov_lb`` /
+#: ``clip_cov_ub``, ``ppo_kl_coef``: verl/workers/config/actor.py ``PolicyLossConfig``)
 COV_FRAC = 2e-4
 COV_BOUNDS = (1.0, 5.0)
-KL_COV_COEF = 1.0
+KL_COV_COEF = 0.1
 LOG_RATIO_CLAMP = 20.0
 
 
@@ -132,7 +134,8 @@ def kl_cov_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: t
     Args:
         logp, old_logp, advantages, mask: as :func:`clip_cov_policy_loss`.
         cov_frac: the fraction of the tokens that get the KL term, in (0, 1].
-        cov_kl_coef: the coefficient of ``|logp - old_logp|`` on them (>= 0; verl's ``ppo_kl_coef``).
+        cov_kl_coef: the coefficient of ``|logp - old_logp|`` on them (>= 0; verl's ``ppo_kl_coef``, 0.1; the
+            paper's recipe: 1).
         loss_agg_mode, horizon, global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, token_weights,
             check_finite: as :func:`~pacs_fast.algorithms.policy_loss.policy_loss` (``kl_coef``: the penalty
             to a reference policy, apart from this loss's own term).

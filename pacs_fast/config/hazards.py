@@ -99,4 +99,7 @@ def hazard_warnings(cfg: Config) -> list[str]:
         out.append(f"learner.lr_warmup_steps={warm} with train.steps={steps}: the run ends inside its warm-up, its "
                    f"last step at {steps / warm:.3g} of learner.lr and no step at the rate itself; raise "
                    f"train.steps, or (in a new run) lower learner.lr_warmup_steps")
+    if a.reset_every and a.reset_every >= steps:  # the first reset comes before step reset_every + 1
+        out.append(f"algo.reset_every={a.reset_every} with train.steps={steps}: the first reset would come before "
+                   f"step {a.reset_every + 1}, so the reference is never reset in this run")
     return out

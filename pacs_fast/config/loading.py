@@ -11,7 +11,6 @@ from typing import Any
 import yaml
 
 from pacs_fast.config.schema import CLIP_DEFAULTS, Config, LearnerConfig, field_types, section_classes
-from pacs_fast.files import temporary_name
 
 def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
@@ -287,7 +286,7 @@ def save_config(cfg: Config, path: str | Path) -> None:
     """Writes the config as YAML atomically (a temporary file, fsync, then ``os.replace``)."""
     path = Path(path)
     text = yaml.safe_dump(to_dict(cfg), sort_keys=False)  # (before any file: a value YAML cannot write leaves none)
-    tmp = temporary_name(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # (pacs_fast.files.temporary_name: config imports none)
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)

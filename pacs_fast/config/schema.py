@@ -172,12 +172,12 @@ class AlgoConfig:
                           "gmpo 0.4 (log space)")
     cov_frac: float = _f(2e-4, "clip_cov / kl_cov: the fraction of each micro-batch's response tokens they act "
                          "on (verl's clip_cov_ratio / kl_cov_ratio; the paper's KL-Cov: 2e-3 for 7B, 2e-4 for "
-                         "32B); at least one token")
+                         "32B): KL-Cov max(1, int(frac * tokens)) tokens, Clip-Cov at most that many")
     cov_low: float = _f(1.0, "clip_cov: the cut tokens are drawn at random among those whose covariance "
                         "(A - mean A)(logp - mean logp) lies in (cov_low, cov_high) (verl's clip_cov_lb)")
     cov_high: float = _f(5.0, "clip_cov: the upper end of that band (verl's clip_cov_ub)")
-    cov_kl_coef: float = _f(1.0, "kl_cov: the coefficient of |logp - old_logp| on the chosen tokens (verl's "
-                            "ppo_kl_coef)")
+    cov_kl_coef: float = _f(0.1, "kl_cov: the coefficient of |logp - old_logp| on the chosen tokens (verl's "
+                            "ppo_kl_coef, 0.1; the paper's recipe: 1)")
     tau_pos: float = _f(1.0, "sapo: the gate's temperature for tokens with a positive advantage (verl's tau_pos)")
     tau_neg: float = _f(1.05, "sapo: the gate's temperature for the others (verl's tau_neg; above tau_pos: the "
                         "gate closes faster for negative advantages)")

@@ -333,6 +333,10 @@ def _validate_clips_and_overlong(cfg: Config) -> None:
         verl_name = {"gmpo": "geo_mean"}.get(cfg.algo.name, cfg.algo.name)
         raise ValueError(f"algo.name={cfg.algo.name} aggregates per sequence (verl's {verl_name} takes no other mode): "
                          f"algo.loss_agg must be auto or seq-mean-token-mean, got {cfg.algo.loss_agg}")
+    if cfg.algo.name == "kl_cov" and cfg.algo.entropy_top_frac < 1.0:
+        raise ValueError(f"algo.entropy_top_frac={cfg.algo.entropy_top_frac} keeps every per-token term on the "
+                         f"high-entropy tokens only, KL-Cov's penalty included, which falls on the confident (low-"
+                         f"entropy) tokens it is for: not with algo.name=kl_cov (set algo.entropy_top_frac=1)")
     if cfg.algo.name == "clip_cov" and not cfg.algo.cov_low < cfg.algo.cov_high:
         raise ValueError(f"algo.cov_low must be below algo.cov_high (Clip-Cov draws the tokens it cuts from the open "
                          f"band between them), got {cfg.algo.cov_low} and {cfg.algo.cov_high}")

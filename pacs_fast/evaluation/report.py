@@ -129,28 +129,56 @@ def markdown_table(results: list[dict[str, Any]], ks: list[int] | None = None) -
     return "\n".join(lines) + "\n" + component_table(results)
 
 
+def _component_specs(result: dict[str, Any]) -> dict[str, str]:
+    """A result's component names (as ``mean_score_parts`` keys them: the function's name, or its whole spec where
+    two share one) -> the whole spec (``module:function``, or ``verifier``), from its recorded ``--reward-fn``."""
+    from pacs_fast.config.reward_specs import component_names, reward_specs
+
+    spec = (result.get("settings") or {}).get("reward_fn") or ""
+    specs = reward_specs(spec) if spec else []
+    return dict(zip(component_names(specs), specs)) if specs else {}
+
+
+def _header(columns: list[tuple[str, str | None]], bench: str, full: str | None) -> str:
+    """A component column's head: ``(mix)`` for the mixed reward, else the function's name, or its whole spec
+    where two functions of one name share the benchmark."""
+    if full is None:
+        return "(mix)"
+    name = full.rsplit(":", 1)[-1]
+    namesakes = {f for b, f in columns if b == bench and f is not None and f.rsplit(":", 1)[-1] == name}
+    return full if len(namesakes) > 1 else name
+
+
 def component_table(results: list[dict[str, Any]]) -> str:
-    """For results scored by a mix of rewards (``mean_score_parts``): a second table of the mean mixed reward and
-    each component's mean reward per benchmark (three decimals), after a blank line; ``""`` when none was."""
+    """For results scored by a mix of rewards (``mean_score_parts``): a second table of the mean mixed reward
+    (``(mix)``: no function is named so) and each component's mean reward per benchmark (three decimals), after a
+    blank line; ``""`` when none was. A column is one function (its whole spec, from each result's recorded
+    ``--reward-fn``), headed by its name, or by its spec where two functions of one name appear."""
     benches = _ordered({b for r in results for b, br in r["benchmarks"].items() if br.get("mean_score_parts")})
     if not benches:
         return ""
-    columns = []
+    specs = [_component_specs(r) for r in results]
+    columns: list[tuple[str, str | None]] = []
     for b in benches:
-        names = []
-        for r in results:
+        seen: list[str] = []
+        for r, spec_of in zip(results, specs):
             for name in (r["benchmarks"].get(b) or {}).get("mean_score_parts") or {}:
-                if name not in names:
-                    names.append(name)
-        columns += [(b, None)] + [(b, name) for name in names]
-    headers = [f"{DISPLAY_NAMES.get(b, b)} {'reward' if name is None else name}" for b, name in columns]
+                full = spec_of.get(name, name)
+                if full not in seen:
+                    seen.append(full)
+        columns += [(b, None)] + [(b, full) for full in seen]
+    headers = [f"{DISPLAY_NAMES.get(b, b)} {_header(columns, b, full)}" for b, full in columns]
     lines = ["", "Mean reward (the mix, then each component):", "",
              "| Model | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(headers)]
-    for i, r in enumerate(results):
+    for i, (r, spec_of) in enumerate(zip(results, specs)):
         cells = []
-        for b, name in columns:
+        for b, full in columns:
             br = r["benchmarks"].get(b) or {}
-            v = br.get("mean_score") if name is None else (br.get("mean_score_parts") or {}).get(name)
+            if full is None:
+                v = br.get("mean_score")
+            else:
+                by_spec = {spec_of.get(n, n): x for n, x in (br.get("mean_score_parts") or {}).items()}
+                v = by_spec.get(full)
             cells.append("-" if v is None else f"{v:.3f}")
         lines.append(f"| {_label(r, i)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -168,7 +168,10 @@ def summarize_benchmark(records: list[dict[str, Any]], ks: list[int] | None = No
     finish_counts: dict[str, int] = {}
     tokens, scores = [], []
     parts: dict[str, list[float]] = {}
-    with_parts = all(r.get("score_parts") for r in records)  # (a resume keeps one --reward-fn: all or none)
+    # a resume keeps one --reward-fn, so all records carry their parts, or none; but records written before parts were
+    # recorded do not: then none count, and ``score_parts_missing`` says how many lack them
+    missing = sum(not r.get("score_parts") for r in records)
+    with_parts = missing == 0
     for r in records:
         scores.extend(float(x) for x in r["scores"])
         for name, values in (r["score_parts"] if with_parts else {}).items():
@@ -194,7 +197,18 @@ def summarize_benchmark(records: list[dict[str, Any]], ks: list[int] | None = No
     }
     if parts:
         out["mean_score_parts"] = {name: float(np.mean(v)) for name, v in parts.items()}
+    elif 0 < missing < len(records):
+        out["score_parts_missing"] = missing
     return out
+
+
+def parts_warnings(results: dict[str, Any]) -> list[str]:
+    """One line per benchmark whose records carry a mix's component rewards (``score_parts``) only in part (records
+    of a run resumed from one made before they were recorded): its component means are left out."""
+    return [f"{b}: {br['score_parts_missing']} of {br['num_problems']} problems were scored before each component's "
+            f"rewards were recorded (score_parts): their means are left out of results.json and table.md (a new "
+            f"--out scores every problem with them)"
+            for b, br in results.get("benchmarks", {}).items() if br.get("score_parts_missing")]
 
 
 def results_from_samples(out_dir: str | Path, benchmarks: list[str] | None = None, *,
