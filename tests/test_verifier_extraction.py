@@ -75,13 +75,16 @@ def test_a_time_limit_past_the_timer_is_refused():
 
 def test_shipped_golds_boxed_score_one_in_boxed_mode():
     """Every gold answer of the shipped benchmarks, boxed at the end of a response, is paid (a perfect model
-    loses nothing to the stricter extraction)."""
+    loses nothing to the stricter extraction). No time limit: under a loaded CI machine (the AVX2 emulation
+    beside it) one item, ``(8,-2)``, took past the 5 s default once and scored 0; the extraction is what this
+    checks."""
     from pacs_fast.data.datasets import shipped_path
 
     golds = []
     for name in ("aime2024", "aime2025", "amc23", "math500"):
         golds += [json.loads(line)["answer"] for line in open(shipped_path(name))]
-    scores = [math_reward(f"... so the answer is \\boxed{{{g}}}.", g, extraction="boxed") for g in golds]
+    scores = [math_reward(f"... so the answer is \\boxed{{{g}}}.", g, extraction="boxed", time_limit=None)
+              for g in golds]
     missed = [g for g, s in zip(golds, scores) if s != 1.0]
     assert len(golds) == 600 and not missed, missed[:10]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pacs_fast.config.algorithm_checks import validate_loss_modes, validate_reset
 from pacs_fast.config.paths import SHIPPED_DATASETS, validate_paths, warmup_cache_root, write_problem  # noqa: F401
 from pacs_fast.config.reward_fields import field_keywords
 from pacs_fast.config.reward_specs import VERIFIER, checked_weights, is_mix, reward_specs, user_specs
@@ -329,17 +330,6 @@ def _validate_clips_and_overlong(cfg: Config) -> None:
     """algo.clip_low < 1 (the ratio's lower bound 1 - clip_low stays > 0) except for cispo, whose
     clip_low >= 1 means no lower bound on its IS weight; reward.overlong_buffer_len within the
     response length (verl's DAPO reward manager asserts 0 < buffer <= max_resp_len)."""
-    if cfg.algo.name in ("gmpo", "sapo") and cfg.algo.loss_agg not in ("auto", "seq-mean-token-mean"):
-        verl_name = {"gmpo": "geo_mean"}.get(cfg.algo.name, cfg.algo.name)
-        raise ValueError(f"algo.name={cfg.algo.name} aggregates per sequence (verl's {verl_name} takes no other mode): "
-                         f"algo.loss_agg must be auto or seq-mean-token-mean, got {cfg.algo.loss_agg}")
-    if cfg.algo.name == "kl_cov" and cfg.algo.entropy_top_frac < 1.0:
-        raise ValueError(f"algo.entropy_top_frac={cfg.algo.entropy_top_frac} keeps every per-token term on the "
-                         f"high-entropy tokens only, KL-Cov's penalty included, which falls on the confident (low-"
-                         f"entropy) tokens it is for: not with algo.name=kl_cov (set algo.entropy_top_frac=1)")
-    if cfg.algo.name == "clip_cov" and not cfg.algo.cov_low < cfg.algo.cov_high:
-        raise ValueError(f"algo.cov_low must be below algo.cov_high (Clip-Cov draws the tokens it cuts from the open "
-                         f"band between them), got {cfg.algo.cov_low} and {cfg.algo.cov_high}")
     if cfg.algo.clip_low >= 1 and cfg.algo.name != "cispo":
         raise ValueError(f"algo.clip_low must be in [0, 1) (the ratio's lower bound is 1 - clip_low; only "
                          f"algo.name=cispo takes >= 1, no lower bound), got {cfg.algo.clip_low}")
@@ -380,26 +370,6 @@ def _validate_lora(cfg: Config) -> None:
 
     if importlib.util.find_spec("peft") is None:
         raise ValueError("model.lora_rank needs PEFT, which is not installed: pip install 'pacs_fast[lora]'")
-
-
-def _validate_reset(cfg: Config) -> None:
-    """``algo.reset_every`` needs a fixed reference to reset; ``algo.reset_mix`` is a weight in (0, 1]."""
-    a = cfg.algo
-    if not (0.0 < a.reset_mix <= 1.0):  # NaN fails too
-        raise ValueError(f"algo.reset_mix must be in (0, 1] (the policy's weight in the new reference; 1 = a hard "
-                         f"reset), got {a.reset_mix}")
-    if not a.reset_every:
-        return
-    if a.name == "pacs" and a.ref != "fixed":
-        raise ValueError(f"algo.reset_every={a.reset_every} resets a fixed reference and needs algo.ref=fixed "
-                         f"(algo.ref={a.ref}: the reference is already the rollout policy at every step)")
-    if a.name != "pacs" and not a.kl_coef:
-        raise ValueError(f"algo.reset_every={a.reset_every} resets the KL penalty's reference and needs "
-                         f"algo.kl_coef > 0 (algo.name={a.name} keeps no reference without it)")
-    if a.reset_mix < 1.0 and cfg.model.lora_rank:
-        raise ValueError(f"algo.reset_mix={a.reset_mix} mixes whole weights, which LoRA adapters cannot hold "
-                         f"(a mix of two adapter pairs is not the mix of their products); use algo.reset_mix=1 "
-                         f"with model.lora_rank")
 
 
 def validate(cfg: Config, *, world: int | None = None) -> None:
@@ -498,7 +468,8 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if cfg.algo.ref == "fixed" and cfg.algo.proxy == "mean_logp":
         raise ValueError("algo.ref=fixed needs algo.proxy=logratio: algo.proxy=mean_logp (r = beta * mean log pi) "
                          "uses no reference policy")
-    _validate_reset(cfg)
+    validate_reset(cfg)
+    validate_loss_modes(cfg)
     _validate_clips_and_overlong(cfg)
     _validate_cuda(cfg)
     validate_paths(cfg)

@@ -128,7 +128,7 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
             from pacs_fast.algorithms.noisy_labels import corrected_rewards
             rewards = corrected_rewards(rewards, algo.noise_correction, algo.noise_rho0, algo.noise_rho1)
         if algo.name in VERL_LOSS_MODES:  # verl's loss modes on GRPO's advantages (algorithms/sequence_losses.py,
-            # algorithms/covariance_losses.py)
+            # covariance_losses.py, sapo.py)
             from pacs_fast.algorithms import group_advantages
             adv = micro.advantages if micro.advantages is not None else group_advantages(rewards, micro.group_size,
                                                                                           "grpo")
