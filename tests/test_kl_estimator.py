@@ -118,7 +118,7 @@ def test_k2s_expected_gradient_is_the_kls_gradient():
     (["algo.name=grpo", "algo.kl_coef=0.1", "algo.kl_estimator=k1+", "algo.kl_clamp=10"],
      r"algo.kl_estimator=k1\+ takes none"),
     (["algo.name=grpo", "algo.kl_coef=0.1", "algo.kl_estimator=k2", "algo.kl_clamp=10"],
-     r"algo.kl_clamp bounds the k3 estimate .* algo.kl_estimator=k2 takes none"),
+     r"algo.kl_clamp bounds the k3 \(and k3\+\) estimate .* algo.kl_estimator=k2 takes none"),
     (["algo.name=grpo", "algo.kl_coef=0.1", "algo.kl_clamp=-1"], r"algo.kl_clamp must be in \[0, inf\)"),
 ])
 def test_settings_it_cannot_take(overrides, message):

@@ -387,7 +387,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("learner.lr_schedule", cfg.learner.lr_schedule, ("constant", "linear", "cosine"))
     check_template_kwargs(cfg.data.chat_template_kwargs, "data.chat_template_kwargs")
     if cfg.algo.kl_clamp and cfg.algo.kl_estimator not in ("k3", "k3+"):
-        raise ValueError(f"algo.kl_clamp bounds the k3 estimate (verl's low_var_kl); algo.kl_estimator="
+        raise ValueError(f"algo.kl_clamp bounds the k3 (and k3+) estimate (verl's low_var_kl); algo.kl_estimator="
                          f"{cfg.algo.kl_estimator} takes none (set algo.kl_clamp=0)")
     _choice("algo.loss_agg", cfg.algo.loss_agg, ("auto", "token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                                                  "seq-mean-token-sum-norm", "token-sum", "token-sum-norm"))
