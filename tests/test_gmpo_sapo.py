@@ -131,6 +131,8 @@ def test_the_objective_reaches_the_loss_and_accumulates(seed, name):
     (["algo.name=sapo", "algo.loss_agg=seq-mean-token-sum"], "algo.loss_agg must be auto or seq-mean-token-mean"),
     (["algo.name=sapo", "algo.tau_pos=0"], "algo.tau_pos must be in (0, inf)"),
     (["algo.name=gmpo", "rollout.n=1"], "rollout.n must be >= 2 for algo.name=gmpo"),
+    # a 0/1 entropy mask as GMPO's geometric-mean weights zeroed every row that dropped a token (sweep)
+    (["algo.name=gmpo", "algo.entropy_top_frac=0.2"], "not with algo.name=gmpo (set algo.entropy_top_frac=1)"),
 ])
 def test_bad_values_refused_before_loading(overrides, key, tmp_path, capsys):
     assert_refused_before_loading(overrides, key, tmp_path, capsys)
@@ -154,3 +156,13 @@ def cache(warm_cache):
 def test_two_step_run(tmp_path, cache, name, metric):
     extra = ["algo.cov_frac=0.05", "algo.cov_low=0.001"] if "cov" in name else []
     assert_two_step_run(TINY + [f"warmup.cache_dir={cache}", f"algo.name={name}", *extra], tmp_path, [metric])
+
+
+def test_gmpo_takes_a_log_space_clip_of_one_or_more():
+    """GMPO's clip_low bounds the log-ratio (e^-1.5 is a ratio bound like any other): 1.5 was refused with PPO's
+    "the ratio's lower bound is 1 - clip_low" (sweep); other algorithms still refuse it."""
+    from pacs_fast.config import load_config, validate
+
+    validate(load_config(None, ["algo.name=gmpo", "algo.clip_low=1.5"]), world=1)
+    with pytest.raises(ValueError, match=r"algo.clip_low must be in \[0, 1\)"):
+        validate(load_config(None, ["algo.name=grpo", "algo.clip_low=1.5"]), world=1)

@@ -14,7 +14,9 @@ verl)::
   clip), with the gradient of ``max(1, int(cov_frac * n))`` tokens (``n``: the tokens of ``mask``) set to 0: a
   uniform random draw among the tokens whose covariance lies strictly inside ``(cov_low, cov_high)`` (paper and
   verl: 1 and 5) and whose clipped term is not already active. The draw is ``torch.randperm`` of ``generator``
-  over those tokens in row-major order, as verl draws with the global generator.
+  over those tokens in row-major order, as verl draws with the global generator; or, with ``token_keys``, the
+  tokens of the smallest keys (the trainer's: keys drawn from each row's own content, so that the draw does not
+  depend on the order of the rows in the micro-batch, which differs between the learners).
 - **KL-Cov**: the unclipped ``-A ratio`` on every token, plus ``cov_kl_coef * |logp - old_logp|`` on the
   ``max(1, int(cov_frac * n))`` tokens of the largest covariance (the paper's recipe: ``cov_frac`` 2e-3 for 7B,
   2e-4 for 32B, coefficient 1).
@@ -63,7 +65,8 @@ def _count(cov_frac: float, n: int) -> int:
 def clip_cov_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                          mask: torch.Tensor | None, *, clip_low: float = 0.2, clip_high: float | None = None,
                          cov_frac: float = COV_FRAC, cov_low: float = COV_BOUNDS[0], cov_high: float = COV_BOUNDS[1],
-                         generator: torch.Generator | None = None, loss_agg_mode: str = "token-mean",
+                         generator: torch.Generator | None = None, token_keys: torch.Tensor | None = None,
+                         loss_agg_mode: str = "token-mean",
                          horizon: float | None = None, global_count: float | None = None,
                          logp_ref: torch.Tensor | None = None, kl_coef: float = 0.0, kl_estimator: str = "k3",
                          kl_clamp: float | None = None, token_weights: torch.Tensor | None = None,
@@ -78,6 +81,7 @@ def clip_cov_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages:
         cov_frac: the fraction of the tokens whose gradient is cut, in (0, 1].
         cov_low, cov_high: the open band of covariance the cut tokens are drawn from (``cov_low < cov_high``).
         generator: the CPU generator of the draw (None: torch's default one).
+        token_keys: ``[B, T]`` random keys in place of the generator's draw: the candidates of the smallest keys.
         loss_agg_mode, horizon, global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, token_weights,
             check_finite: as :func:`~pacs_fast.algorithms.policy_loss.policy_loss`.
     Returns:
@@ -107,7 +111,10 @@ def clip_cov_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages:
         band = (valid & ~clipped & (cov > cov_low) & (cov < cov_high)).cpu()
         picked = torch.nonzero(band)  # row-major, as verl's
         count = _count(cov_frac, int(valid.sum()))
-        if len(picked) > count:
+        if len(picked) > count and token_keys is not None:
+            keys = token_keys.detach().cpu()[picked[:, 0], picked[:, 1]]
+            picked = picked[torch.argsort(keys, stable=True)[:count]]
+        elif len(picked) > count:
             picked = picked[torch.randperm(len(picked), generator=generator)[:count]]
         keep = torch.ones(lp.shape, dtype=dtype)
         keep[picked[:, 0], picked[:, 1]] = 0.0

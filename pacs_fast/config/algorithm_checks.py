@@ -13,6 +13,11 @@ def validate_loss_modes(cfg: Config) -> None:
         verl_name = {"gmpo": "geo_mean"}.get(cfg.algo.name, cfg.algo.name)
         raise ValueError(f"algo.name={cfg.algo.name} aggregates per sequence (verl's {verl_name} takes no other mode): "
                          f"algo.loss_agg must be auto or seq-mean-token-mean, got {cfg.algo.loss_agg}")
+    if cfg.algo.name == "gmpo" and cfg.algo.entropy_top_frac < 1.0:
+        raise ValueError(f"algo.entropy_top_frac={cfg.algo.entropy_top_frac} passes a 0/1 token mask, which GMPO takes "
+                         f"as its geometric mean per sequence (verl's, for the importance weights): ~0 for every "
+                         f"sequence that drops a token, so nothing trains; not with algo.name=gmpo (set "
+                         f"algo.entropy_top_frac=1)")
     if cfg.algo.name == "kl_cov" and cfg.algo.entropy_top_frac < 1.0:
         raise ValueError(f"algo.entropy_top_frac={cfg.algo.entropy_top_frac} keeps every per-token term on the "
                          f"high-entropy tokens only, KL-Cov's penalty included, which falls on the confident (low-"

@@ -330,9 +330,10 @@ def _validate_clips_and_overlong(cfg: Config) -> None:
     """algo.clip_low < 1 (the ratio's lower bound 1 - clip_low stays > 0) except for cispo, whose
     clip_low >= 1 means no lower bound on its IS weight; reward.overlong_buffer_len within the
     response length (verl's DAPO reward manager asserts 0 < buffer <= max_resp_len)."""
-    if cfg.algo.clip_low >= 1 and cfg.algo.name != "cispo":
+    if cfg.algo.clip_low >= 1 and cfg.algo.name not in ("cispo", "gmpo", "kl_cov", "sapo"):
         raise ValueError(f"algo.clip_low must be in [0, 1) (the ratio's lower bound is 1 - clip_low; only "
-                         f"algo.name=cispo takes >= 1, no lower bound), got {cfg.algo.clip_low}")
+                         f"algo.name=cispo takes >= 1, no lower bound, and gmpo, whose bound is on the log-ratio), "
+                         f"got {cfg.algo.clip_low}")
     buffer, max_new = cfg.reward.overlong_buffer_len, cfg.rollout.max_new_tokens
     if buffer < 0:
         raise ValueError(f"reward.overlong_buffer_len must be >= 0 (0 = off), got {buffer}")

@@ -168,8 +168,9 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
 
 def _verl_loss_mode(algo: AlgoConfig, micro: RolloutBatch, logp, adv, mask, kw: dict):
     """gspo / cispo / clip_cov / kl_cov / gmpo / sapo's loss of a micro-batch with ``policy_loss``'s arguments ``kw``
-    (none has PPO's dual clip; kl_cov and sapo clip no ratio). Clip-Cov's random draw comes from a generator seeded
-    with the micro-batch's tokens, so that the same micro-batch cuts the same tokens in a resumed or repeated run."""
+    (none has PPO's dual clip; kl_cov and sapo clip no ratio). Clip-Cov's random draw takes the tokens of the
+    smallest :func:`row_keys`, drawn from each row's own tokens, so that the same rows cut the same tokens in a
+    resumed or repeated run and in either learner (which order a micro-batch's groups differently)."""
     from pacs_fast.algorithms.covariance_losses import clip_cov_policy_loss, kl_cov_policy_loss
     from pacs_fast.algorithms.sapo import sapo_policy_loss
     from pacs_fast.algorithms.sequence_losses import cispo_policy_loss, gmpo_policy_loss, gspo_policy_loss
@@ -189,16 +190,19 @@ def _verl_loss_mode(algo: AlgoConfig, micro: RolloutBatch, logp, adv, mask, kw: 
         return kl_cov_policy_loss(logp, micro.old_logp, adv, mask, cov_frac=algo.cov_frac,
                                   cov_kl_coef=algo.cov_kl_coef, **kw)
     return clip_cov_policy_loss(logp, micro.old_logp, adv, mask, cov_frac=algo.cov_frac, cov_low=algo.cov_low,
-                                cov_high=algo.cov_high, generator=torch.Generator().manual_seed(micro_batch_seed(micro)),
-                                **kw)
+                                cov_high=algo.cov_high, token_keys=row_keys(micro), **kw)
 
 
-def micro_batch_seed(micro: RolloutBatch) -> int:
-    """A seed that is a function of the micro-batch's tokens and response mask (CRC-32 of both): Clip-Cov's draw
-    is the same wherever the same micro-batch trains (a resumed run, another process)."""
-    ids = micro.input_ids.detach().cpu().to(torch.int64).numpy().tobytes()
-    resp = (micro.response_mask.detach().cpu() != 0).numpy().tobytes()
-    return zlib.crc32(resp, zlib.crc32(ids))
+def row_keys(micro: RolloutBatch) -> torch.Tensor:
+    """``[B, T]`` float32 keys uniform in [0, 1), each row's drawn from a generator seeded with that row's tokens and
+    response mask (CRC-32 of both): a function of the row alone, whatever its place in the micro-batch."""
+    ids = micro.input_ids.detach().cpu().to(torch.int64)
+    resp = micro.response_mask.detach().cpu() != 0
+    keys = torch.empty(ids.shape, dtype=torch.float32)
+    for i in range(ids.shape[0]):
+        seed = zlib.crc32(resp[i].numpy().tobytes(), zlib.crc32(ids[i].numpy().tobytes()))
+        keys[i] = torch.rand(ids.shape[1], generator=torch.Generator().manual_seed(seed))
+    return keys
 
 
 def _pacs_objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, counts: dict[str, float]):
