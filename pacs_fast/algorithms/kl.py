@@ -52,9 +52,10 @@ def kl_penalty(logp: torch.Tensor, logp_ref: torch.Tensor, estimator: str = "k3"
         logp: policy log-probs of the sampled tokens (differentiable; any float dtype).
         logp_ref: reference log-probs, same shape (detached).
         estimator: ``"k1"``, ``"k2"``, ``"k3"``, ``"k1+"`` or ``"k3+"`` (module docstring).
-        clamp: k3 and k3+ only (the value; k3+'s gradient is k2's, unclamped, as verl's). When given, the log-ratio is clamped to ``[-20, 20]`` and the estimate to
-            ``[-clamp, clamp]`` (verl's low_var_kl uses ``clamp=10``); this bounds the value and the
-            gradient when the policy has moved far from the reference. None: the exact estimator.
+        clamp: k3 and k3+ only (the value; k3+'s gradient is k2's, unclamped, as verl's). When given, the
+            log-ratio is clamped to ``[-20, 20]`` and the estimate to ``[-clamp, clamp]`` (verl's low_var_kl uses
+            ``clamp=10``); this bounds the value and the gradient when the policy has moved far from the
+            reference. None: the exact estimator.
     Returns:
         Tensor of the input shape in the compute dtype (fp32; fp64 for fp64 input). Not masked:
         aggregate it with :func:`~pacs_fast.algorithms.aggregation.aggregate_loss`.

@@ -199,5 +199,5 @@ def gmpo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
         metrics["seq_ratio_mean"] = (torch.where(nonempty, seq_ratio.detach(), 0.0).sum()
                                      / nonempty.sum().clamp(min=1).to(dtype))
     per_token = row_loss[:, None].expand_as(lp)  # each token of a row carries the row's term: its mean is l_i
-    return finish_loss(per_token, logp, log_ratio, mask, None, mode, None, global_count, logp_ref, kl_coef, kl_estimator,
-                   kl_clamp, metrics)
+    return finish_loss(per_token, logp, log_ratio, mask, None, mode, None, global_count, logp_ref, kl_coef,
+                       kl_estimator, kl_clamp, metrics)

@@ -191,8 +191,8 @@ class AlgoConfig:
                            "(e^d - d - 1, TRL's and verl's low_var_kl) | k2 (d^2 / 2: as a loss its expected "
                            "gradient is the KL's own) | k1 (-d, verl's kl) | k3+ | k1+ (k3's / k1's value, k2's "
                            "gradient: verl's straight-through k3+ / k1+)")
-    kl_clamp: float = _f(0.0, "baselines, kl_estimator=k3 or k3+: clamp each token's estimate to [-c, c] and its log-ratio "
-                         "to [-20, 20] (verl's low_var_kl: 10; 0 = off)")
+    kl_clamp: float = _f(0.0, "baselines, kl_estimator=k3 or k3+: clamp each token's estimate to [-c, c] and its "
+                         "log-ratio to [-20, 20] (verl's low_var_kl: 10; 0 = off)")
     loss_agg: str = _f("auto", "baselines' token aggregation (verl's loss_agg_mode): auto (dr_grpo: "
                        "seq-mean-token-sum-norm, gspo/gmpo/sapo: seq-mean-token-mean, else token-mean) | token-mean | "
                        "seq-mean-token-sum | "
