@@ -7,7 +7,8 @@ dependency only matters for the names that need it):
 - algorithms: ``pacs_loss`` and its pieces (``reward_proxy``, ``group_scores``,
   ``class_balanced_weights``), baselines (``policy_loss``, ``grpo_loss``, ``value_loss``,
   ``gspo_policy_loss``, ``cispo_policy_loss``, ``clip_cov_policy_loss``, ``kl_cov_policy_loss``,
-  ``gmpo_policy_loss``, ``sapo_policy_loss``,
+  ``gmpo_policy_loss``, ``sapo_policy_loss``, ``dppo_policy_loss``, ``gpg_advantages``, ``gpg_policy_loss``,
+  ``dro_policy_loss``,
   ``group_advantages``, ``gae``, ``kl_penalty``,
   ``aggregate_loss``, ``overlong_penalty``, ``high_entropy_mask``), ``off_policy_correction``
   (truncated / masked importance sampling against the engine's log-probs), ``pass_at_k``
@@ -42,6 +43,10 @@ _EXPORTS: dict[str, str] = {
     "kl_cov_policy_loss": "pacs_fast.algorithms.covariance_losses",
     "gmpo_policy_loss": "pacs_fast.algorithms.sequence_losses",
     "sapo_policy_loss": "pacs_fast.algorithms.sapo",
+    "dppo_policy_loss": "pacs_fast.algorithms.dppo",
+    "gpg_advantages": "pacs_fast.algorithms.gpg",
+    "gpg_policy_loss": "pacs_fast.algorithms.gpg",
+    "dro_policy_loss": "pacs_fast.algorithms.gpg",
     "overlong_penalty": "pacs_fast.algorithms.overlong",
     "high_entropy_mask": "pacs_fast.algorithms.token_selection",
     "group_advantages": "pacs_fast.algorithms.advantages",

@@ -21,6 +21,10 @@ PRESETS = {
     "kl_cov": ["algo.name=kl_cov"],
     "gmpo": ["algo.name=gmpo"],
     "sapo": ["algo.name=sapo"],
+    "dppo_tv": ["algo.name=dppo_tv"],
+    "dppo_kl": ["algo.name=dppo_kl"],
+    "gpg": ["algo.name=gpg"],
+    "dro": ["algo.name=dro", "algo.dro_beta=0.05"],  # (verl's dro_beta has no default; Tinker's docs use 0.05)
     "reinforce_pp": ["algo.name=reinforce_plus_plus"],
     "reinforce_pp_baseline": ["algo.name=reinforce_plus_plus_baseline"],
 }

@@ -189,10 +189,13 @@ def test_objective_dispatch_weights_and_accumulation(seed, name):
 ])
 def test_clip_defaults_follow_the_algorithm(overrides, low, high, tmp_path):
     from pacs_fast.config import load_config, save_config, validate
-    from pacs_fast.config.schema import CLIP_DEFAULTS
+    from pacs_fast.config.schema import CLIP_C_DEFAULTS, CLIP_DEFAULTS
+    from pacs_fast.algorithms.dppo import DPPO_THRESHOLDS, DPPO_TRUNCATION
     from pacs_fast.algorithms.sequence_losses import GMPO_CLIP
     # the config's copy of the algorithms' defaults
-    assert CLIP_DEFAULTS == {"gspo": GSPO_CLIP, "cispo": CISPO_CLIP, "gmpo": GMPO_CLIP}
+    assert CLIP_DEFAULTS == {"gspo": GSPO_CLIP, "cispo": CISPO_CLIP, "gmpo": GMPO_CLIP,
+                             "dppo_tv": DPPO_THRESHOLDS["tv"], "dppo_kl": DPPO_THRESHOLDS["kl"]}
+    assert CLIP_C_DEFAULTS == {"dppo_tv": DPPO_TRUNCATION, "dppo_kl": DPPO_TRUNCATION}
     cfg = load_config(None, overrides + [f"train.out_dir={tmp_path}"])
     assert (cfg.algo.clip_low, cfg.algo.clip_high) == (low, high)
     validate(cfg)

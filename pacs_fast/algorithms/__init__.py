@@ -8,7 +8,8 @@
   :func:`aggregate_loss` (:mod:`.aggregation`); :func:`gspo_policy_loss`, :func:`cispo_policy_loss`
   (:mod:`.sequence_losses`); :func:`clip_cov_policy_loss`, :func:`kl_cov_policy_loss`
   (:mod:`.covariance_losses`); :func:`gmpo_policy_loss` (:mod:`.sequence_losses`), :func:`sapo_policy_loss`
-  (:mod:`.sapo`); :func:`overlong_penalty` (DAPO's overlong reward shaping, :mod:`.overlong`);
+  (:mod:`.sapo`); :func:`dppo_policy_loss` (:mod:`.dppo`); :func:`gpg_advantages`, :func:`gpg_policy_loss`,
+  :func:`dro_policy_loss` (:mod:`.gpg`); :func:`overlong_penalty` (DAPO's overlong reward shaping, :mod:`.overlong`);
   :func:`high_entropy_mask` (the high-entropy tokens a policy gradient keeps, :mod:`.token_selection`).
 - Evaluation: :func:`pass_at_k` (:mod:`.pass_at_k`).
 """
@@ -28,14 +29,16 @@ from pacs_fast.algorithms.pacs import (
 from pacs_fast.algorithms.pass_at_k import pass_at_k
 from pacs_fast.algorithms.overlong import overlong_penalty
 from pacs_fast.algorithms.policy_loss import grpo_loss, policy_loss, value_loss
+from pacs_fast.algorithms.dppo import dppo_policy_loss
+from pacs_fast.algorithms.gpg import dro_policy_loss, gpg_advantages, gpg_policy_loss
 from pacs_fast.algorithms.sapo import sapo_policy_loss
 from pacs_fast.algorithms.sequence_losses import cispo_policy_loss, gmpo_policy_loss, gspo_policy_loss
 from pacs_fast.algorithms.token_selection import high_entropy_mask
 
 __all__ = [
     "KL_ESTIMATORS", "LOSS_AGG_MODES", "PROXIES", "SCORES", "WEIGHT_MODES", "aggregate_loss", "cispo_policy_loss",
-    "class_balanced_weights", "clip_cov_policy_loss", "gae", "gmpo_policy_loss", "group_advantages", "group_scores",
-    "grpo_loss", "gspo_policy_loss", "high_entropy_mask", "kl_cov_policy_loss", "kl_penalty", "masked_mean",
-    "masked_whiten", "overlong_penalty", "pacs_loss", "pass_at_k", "policy_loss", "reward_proxy",
-    "sapo_policy_loss", "value_loss",
+    "class_balanced_weights", "clip_cov_policy_loss", "dppo_policy_loss", "dro_policy_loss", "gae", "gmpo_policy_loss",
+    "gpg_advantages", "gpg_policy_loss", "group_advantages", "group_scores", "grpo_loss", "gspo_policy_loss",
+    "high_entropy_mask", "kl_cov_policy_loss", "kl_penalty", "masked_mean", "masked_whiten", "overlong_penalty",
+    "pacs_loss", "pass_at_k", "policy_loss", "reward_proxy", "sapo_policy_loss", "value_loss",
 ]

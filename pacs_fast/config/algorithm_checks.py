@@ -22,6 +22,9 @@ def validate_loss_modes(cfg: Config) -> None:
         raise ValueError(f"algo.entropy_top_frac={cfg.algo.entropy_top_frac} keeps every per-token term on the "
                          f"high-entropy tokens only, KL-Cov's penalty included, which falls on the confident (low-"
                          f"entropy) tokens it is for: not with algo.name=kl_cov (set algo.entropy_top_frac=1)")
+    if cfg.algo.name == "dro" and not cfg.algo.dro_beta > 0:
+        raise ValueError(f"algo.name=dro needs algo.dro_beta > 0 (the coefficient of its quadratic penalty "
+                         f"beta / 2 (logp - old_logp)^2; verl's dro_beta has no default), got {cfg.algo.dro_beta}")
     if cfg.algo.name == "clip_cov" and not cfg.algo.cov_low < cfg.algo.cov_high:
         raise ValueError(f"algo.cov_low must be below algo.cov_high (Clip-Cov draws the tokens it cuts from the open "
                          f"band between them), got {cfg.algo.cov_low} and {cfg.algo.cov_high}")

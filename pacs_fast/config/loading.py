@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from pacs_fast.config.schema import CLIP_DEFAULTS, Config, LearnerConfig, field_types, section_classes
+from pacs_fast.config.schema import CLIP_C_DEFAULTS, CLIP_DEFAULTS, Config, LearnerConfig, field_types, section_classes
 
 def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
@@ -248,13 +248,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
 
 
 def _clip_defaults_follow_algorithm(cfg: Config, given: set[str]) -> None:
-    """``algo.clip_low`` / ``algo.clip_high`` that nobody set take ``algo.name``'s own defaults where it has
-    some (``CLIP_DEFAULTS``: GSPO's 3e-4 / 4e-4, CISPO's 10 / 0.2) instead of the shared 0.2 / 0.2; a value
-    that was given is kept. The resolved values are what ``config.yaml`` records."""
-    defaults = CLIP_DEFAULTS.get(cfg.algo.name)
-    if defaults is None:
-        return
-    for key, value in zip(("clip_low", "clip_high"), defaults):
+    """``algo.clip_low`` / ``algo.clip_high`` / ``algo.clip_c`` that nobody set take ``algo.name``'s own defaults
+    where it has some (``CLIP_DEFAULTS``: GSPO's 3e-4 / 4e-4, CISPO's 10 / 0.2, ...; ``CLIP_C_DEFAULTS``: DPPO's
+    10000) instead of the shared 0.2 / 0.2 / 3.0; a value that was given is kept. The resolved values are what
+    ``config.yaml`` records."""
+    defaults = dict(zip(("clip_low", "clip_high"), CLIP_DEFAULTS.get(cfg.algo.name, ())))
+    if cfg.algo.name in CLIP_C_DEFAULTS:
+        defaults["clip_c"] = CLIP_C_DEFAULTS[cfg.algo.name]
+    for key, value in defaults.items():
         if f"algo.{key}" not in given:
             setattr(cfg.algo, key, value)
 

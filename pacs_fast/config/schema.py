@@ -7,10 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo", "gspo", "cispo", "clip_cov", "kl_cov", "gmpo", "sapo",
+              "dppo_tv", "dppo_kl", "dro", "gpg",
               "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 # (algo.clip_low, algo.clip_high) of the algorithms whose defaults are not the shared 0.2 / 0.2: filled in by
 # load_config when neither the file nor the command line gives the key (pacs_fast.algorithms.sequence_losses)
-CLIP_DEFAULTS = {"gspo": (3e-4, 4e-4), "cispo": (10.0, 0.2), "gmpo": (0.4, 0.4)}
+CLIP_DEFAULTS = {"gspo": (3e-4, 4e-4), "cispo": (10.0, 0.2), "gmpo": (0.4, 0.4), "dppo_tv": (0.15, 0.15),
+                 "dppo_kl": (0.05, 0.05)}
+# algo.clip_c of the algorithms whose default is not the shared 3.0 (verl's DPPO recipe truncates the detached
+# ratio at 10000: pacs_fast.algorithms.dppo), filled in the same way
+CLIP_C_DEFAULTS = {"dppo_tv": 1e4, "dppo_kl": 1e4}
 #: model.recompute_granularity (pacs_fast/learner/recompute.py, megatron: learner/megatron/model.py)
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 
@@ -146,11 +151,17 @@ class AlgoConfig:
                    "cispo (clipped-IS-weight REINFORCE, MiniMax-M1) | clip_cov | kl_cov (the entropy mechanism's "
                    "Clip-Cov / KL-Cov, Cui et al. 2025: act on the tokens whose log-prob and advantage covary "
                    "most) | gmpo (geometric-mean ratio per sequence, Zhao et al. 2025) | sapo (soft-gated ratio, "
-                   "Qwen's SAPO); gspo/cispo/clip_cov/kl_cov/gmpo/sapo as verl's loss modes (gmpo: verl's geo_mean), "
+                   "Qwen's SAPO) | dppo_tv | dppo_kl (DPPO, Qi et al. 2026: a trust region on the binary TV / KL "
+                   "divergence of the sampled token's probability in place of the ratio clip) | dro (REINFORCE "
+                   "with a quadratic pull to the rollout policy, algo.dro_beta); "
+                   "gspo/cispo/clip_cov/kl_cov/gmpo/sapo/dppo_tv/dppo_kl/dro as verl's loss modes (gmpo: verl's "
+                   "geo_mean), "
                    "with GRPO's group-normalised advantages | reinforce_plus_plus | reinforce_plus_plus_baseline "
                    "(REINFORCE++, verl's: the reward, or its group's mean subtracted, whitened over the step's "
                    "response tokens; "
-                   "PPO's clipped loss; gamma 1, KL as algo.kl_coef)")
+                   "PPO's clipped loss; gamma 1, KL as algo.kl_coef) | gpg (Group Policy Gradient, verl's gpg "
+                   "advantage and loss: -A logp, A = (R - group mean) * responses / responses with a non-zero "
+                   "reward over the step; no ratio, no clip)")
     beta: float = _f(1.0, "pacs: scale of the reward proxy r = beta * sum(logp - logp_ref)")
     proxy: str = _f("logratio", "pacs: reward proxy: logratio | mean_logp")
     score: str = _f("rloo", "pacs: score psi from the group's proxies: rloo | grpo | dr_grpo | naive")
@@ -166,10 +177,11 @@ class AlgoConfig:
     clip_low: float = _f(0.2, "baselines: ratio clip 1 - eps_low; not given: 0.2, gspo 3e-4 (the paper's), cispo 10 "
                          "(verl's CISPO recipe: >= 1 = no lower bound on the IS weight; only cispo takes >= 1), "
                          "gmpo 0.4 (in log space: the log-ratio is clipped to [-clip_low, clip_high], the paper's "
-                         "e^-0.4 .. e^0.4)")
+                         "e^-0.4 .. e^0.4); dppo_tv / dppo_kl: the trust region's threshold on the divergence for "
+                         "A <= 0, 0.15 / 0.05 (verl's DPPO recipe)")
     clip_high: float = _f(0.2, "baselines: ratio clip 1 + eps_high (DAPO: 0.28); not given: 0.2, gspo 4e-4 (the "
                           "paper's), cispo 0.2 (verl's recipe; TRL's epsilon_high=5 ratio cap is clip_high=4), "
-                          "gmpo 0.4 (log space)")
+                          "gmpo 0.4 (log space); dppo_tv / dppo_kl: the threshold for A > 0, 0.15 / 0.05")
     cov_frac: float = _f(2e-4, "clip_cov / kl_cov: the fraction of each micro-batch's response tokens they act "
                          "on (verl's clip_cov_ratio / kl_cov_ratio; the paper's KL-Cov: 2e-3 for 7B, 2e-4 for "
                          "32B): KL-Cov max(1, int(frac * tokens)) tokens, Clip-Cov at most that many")
@@ -178,13 +190,17 @@ class AlgoConfig:
     cov_high: float = _f(5.0, "clip_cov: the upper end of that band (verl's clip_cov_ub)")
     cov_kl_coef: float = _f(0.1, "kl_cov: the coefficient of |logp - old_logp| on the chosen tokens (verl's "
                             "ppo_kl_coef, 0.1; the paper's recipe: 1)")
+    dro_beta: float = _f(0.0, "dro: the coefficient beta of its penalty beta / 2 (logp - old_logp)^2 (verl's "
+                         "dro_beta, which has no default: required > 0 with algo.name=dro)")
     tau_pos: float = _f(1.0, "sapo: the gate's temperature for tokens with a positive advantage (verl's tau_pos)")
     tau_neg: float = _f(1.05, "sapo: the gate's temperature for the others (verl's tau_neg; above tau_pos: the "
                         "gate closes faster for negative advantages)")
     clip_c: float = _f(3.0, "grpo/ppo/rloo/dr_grpo (not gspo/cispo/clip_cov/kl_cov/gmpo/sapo): dual clip (Ye et al. "
                        "2020): a token with a negative advantage "
                        "loses at most -A * clip_c however large its ratio (> 1; 0 = off). Default 3.0 = verl's "
-                       "clip_ratio_c, always on in verl and so in the paper's GRPO/PPO baselines")
+                       "clip_ratio_c, always on in verl and so in the paper's GRPO/PPO baselines; dppo_tv / "
+                       "dppo_kl: the truncation of the detached ratio weighting each token (not given: 10000, "
+                       "verl's DPPO recipe)")
     kl_coef: float = _f(0.0, "baselines: KL penalty to the initial policy (or its last algo.reset_every reset), a "
                          "loss term (0 = off, no reference model)")
     kl_estimator: str = _f("k3", "baselines' KL penalty per token, with d = logp_ref - logp (Schulman's): k3 "
@@ -194,7 +210,8 @@ class AlgoConfig:
     kl_clamp: float = _f(0.0, "baselines, kl_estimator=k3 or k3+: clamp each token's estimate to [-c, c] and its "
                          "log-ratio to [-20, 20] (verl's low_var_kl: 10; 0 = off)")
     loss_agg: str = _f("auto", "baselines' token aggregation (verl's loss_agg_mode): auto (dr_grpo: "
-                       "seq-mean-token-sum-norm, gspo/gmpo/sapo: seq-mean-token-mean, else token-mean) | token-mean | "
+                       "seq-mean-token-sum-norm, gspo/gmpo/sapo: seq-mean-token-mean, dppo_tv/dppo_kl: "
+                       "seq-mean-token-sum-norm (verl's DPPO recipe), else token-mean) | token-mean | "
                        "seq-mean-token-sum | "
                        "seq-mean-token-mean | seq-mean-token-sum-norm (mean over sequences of token sums / "
                        "max_new_tokens: Dr. GRPO, verl >= 0.7.1) | token-sum | token-sum-norm (token-sum / "

@@ -44,9 +44,11 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
                                                                  "reset)"))
     if name in ("gspo", "cispo", "clip_cov", "gmpo"):
         out.append((("algo.clip_c",), f"with algo.name={name} (PPO's dual clip; {name} has none, as in verl)"))
-    if name in ("kl_cov", "sapo"):
+    if name in ("kl_cov", "sapo", "gpg", "dro"):
         out.append((("algo.clip_low", "algo.clip_high", "algo.clip_c"), f"with algo.name={name} (it clips no "
                                                                         f"ratio, as in verl)"))
+    if name != "dro":
+        out.append((("algo.dro_beta",), f"with algo.name={name} (DRO's penalty coefficient)"))
     if name != "sapo":
         out.append((("algo.tau_pos", "algo.tau_neg"), f"with algo.name={name} (SAPO's gate temperatures)"))
     if name not in ("clip_cov", "kl_cov"):

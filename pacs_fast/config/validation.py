@@ -70,7 +70,8 @@ FLOAT_RANGES = (
     ("algo.gamma", 0.0, 1.0, True, True), ("algo.lam", 0.0, 1.0, True, True),
     ("algo.vf_coef", 0.0, None, True, None), ("algo.value_clip", 0.0, None, True, None),
     ("algo.entropy_top_frac", 0.0, 1.0, False, True), ("algo.cov_frac", 0.0, 1.0, False, True),
-    ("algo.cov_kl_coef", 0.0, None, True, None), ("algo.tau_pos", 0.0, None, False, None),
+    ("algo.cov_kl_coef", 0.0, None, True, None), ("algo.dro_beta", 0.0, None, True, None),
+    ("algo.tau_pos", 0.0, None, False, None),
     ("algo.tau_neg", 0.0, None, False, None), ("model.lora_alpha", 0.0, None, True, None),
     ("rollout.temperature", MIN_TEMPERATURE, None, True, None), ("rollout.eval_temperature", 0.0, None, True, None),
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
@@ -312,6 +313,9 @@ def _validate_efficacy(cfg: Config) -> None:
     if cfg.algo.noise_correction != "none" and cfg.algo.name.startswith("reinforce_plus_plus"):
         raise ValueError(f"algo.noise_correction applies to pacs, grpo, rloo and dr_grpo ({cfg.algo.name} whitens "
                          f"its rewards over the whole step; not supported)")
+    if cfg.algo.noise_correction != "none" and cfg.algo.name == "gpg":
+        raise ValueError("algo.noise_correction applies to pacs, grpo, rloo and dr_grpo (gpg scales its advantages "
+                         "by the step's count of non-zero rewards; not supported)")
     _choice("algo.credit", cfg.algo.credit, ("min", "sum"))
     if cfg.reward.step_rewards:
         if ":" not in cfg.reward.step_rewards:
@@ -330,10 +334,10 @@ def _validate_clips_and_overlong(cfg: Config) -> None:
     """algo.clip_low < 1 (the ratio's lower bound 1 - clip_low stays > 0) except for cispo, whose
     clip_low >= 1 means no lower bound on its IS weight; reward.overlong_buffer_len within the
     response length (verl's DAPO reward manager asserts 0 < buffer <= max_resp_len)."""
-    if cfg.algo.clip_low >= 1 and cfg.algo.name not in ("cispo", "gmpo", "kl_cov", "sapo"):
+    if cfg.algo.clip_low >= 1 and cfg.algo.name not in ("cispo", "gmpo", "kl_cov", "sapo", "dppo_tv", "dppo_kl"):
         raise ValueError(f"algo.clip_low must be in [0, 1) (the ratio's lower bound is 1 - clip_low; only "
-                         f"algo.name=cispo takes >= 1, no lower bound, and gmpo, whose bound is on the log-ratio), "
-                         f"got {cfg.algo.clip_low}")
+                         f"algo.name=cispo takes >= 1, no lower bound, gmpo, whose bound is on the log-ratio, and "
+                         f"dppo_tv / dppo_kl, whose bound is on a divergence), got {cfg.algo.clip_low}")
     buffer, max_new = cfg.reward.overlong_buffer_len, cfg.rollout.max_new_tokens
     if buffer < 0:
         raise ValueError(f"reward.overlong_buffer_len must be >= 0 (0 = off), got {buffer}")
@@ -429,7 +433,8 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     if G < 1:
         raise ValueError(f"rollout.n must be >= 1, got {G}")
     # PACS's scores that need a group: algorithms.pacs.GROUP_SCORES (a layer above)
-    needs_group = (name in ("grpo", "rloo", "dr_grpo", "gspo", "cispo", "clip_cov", "kl_cov", "gmpo", "sapo")
+    needs_group = (name in ("grpo", "rloo", "dr_grpo", "gspo", "cispo", "clip_cov", "kl_cov", "gmpo", "sapo",
+                            "dppo_tv", "dppo_kl", "dro")
                    or (name == "pacs" and cfg.algo.score in ("rloo", "grpo", "dr_grpo")))
     if needs_group and G < 2:
         what = f"algo.score={cfg.algo.score}" if name == "pacs" else f"algo.name={name}"
@@ -463,7 +468,8 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
         raise ValueError("algo.name=ppo needs a value head, which learner.backend=megatron does not have; "
                          "use learner.backend=torch")
     if not (cfg.algo.clip_c == 0 or 1 < cfg.algo.clip_c < float("inf")):  # NaN fails both
-        raise ValueError(f"algo.clip_c (dual clip) must be > 1 and finite, or 0 (off), got {cfg.algo.clip_c}")
+        raise ValueError(f"algo.clip_c (the dual clip; dppo_tv / dppo_kl: the ratio's truncation) must be > 1 and "
+                         f"finite, or 0 (off), got {cfg.algo.clip_c}")
     if cfg.algo.ref == "fixed" and name != "pacs":
         raise ValueError("algo.ref applies to algo.name=pacs; baselines use algo.kl_coef for a fixed reference")
     if cfg.algo.ref == "fixed" and cfg.algo.proxy == "mean_logp":

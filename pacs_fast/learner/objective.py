@@ -11,13 +11,17 @@ import zlib
 
 import torch
 
-from pacs_fast.algorithms.reinforce_pp import REINFORCE_PP_MODES
 from pacs_fast.config import AlgoConfig
 from pacs_fast.learner.base import RolloutBatch
 
 
 #: the algorithms that are verl's policy-loss modes on GRPO's advantages
-VERL_LOSS_MODES = ("gspo", "cispo", "clip_cov", "kl_cov", "gmpo", "sapo")
+VERL_LOSS_MODES = ("gspo", "cispo", "clip_cov", "kl_cov", "gmpo", "sapo", "dppo_tv", "dppo_kl", "dro")
+#: the algorithms whose advantages are the whole step's (the trainer sets ``batch.advantages``): what they are, and
+#: the function that computes them
+_WHITENED = ("batch-whitened", "pacs_fast.algorithms.reinforce_pp.reinforce_pp_advantages")
+STEP_ADVANTAGES = {"reinforce_plus_plus": _WHITENED, "reinforce_plus_plus_baseline": _WHITENED,
+                   "gpg": ("step-scaled", "pacs_fast.algorithms.gpg.gpg_advantages")}
 
 
 def resolve_loss_agg(algo: AlgoConfig) -> str:
@@ -25,7 +29,8 @@ def resolve_loss_agg(algo: AlgoConfig) -> str:
     if algo.loss_agg != "auto":
         return algo.loss_agg
     return {"dr_grpo": "seq-mean-token-sum-norm", "gspo": "seq-mean-token-mean", "gmpo": "seq-mean-token-mean",
-            "sapo": "seq-mean-token-mean"}.get(algo.name, "token-mean")
+            "sapo": "seq-mean-token-mean", "dppo_tv": "seq-mean-token-sum-norm",
+            "dppo_kl": "seq-mean-token-sum-norm"}.get(algo.name, "token-mean")
 
 
 def needs_entropy(algo: AlgoConfig) -> bool:
@@ -128,22 +133,26 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
             from pacs_fast.algorithms.noisy_labels import corrected_rewards
             rewards = corrected_rewards(rewards, algo.noise_correction, algo.noise_rho0, algo.noise_rho1)
         if algo.name in VERL_LOSS_MODES:  # verl's loss modes on GRPO's advantages (algorithms/sequence_losses.py,
-            # covariance_losses.py, sapo.py)
+            # covariance_losses.py, sapo.py, dppo.py)
             from pacs_fast.algorithms import group_advantages
             adv = micro.advantages if micro.advantages is not None else group_advantages(rewards, micro.group_size,
                                                                                           "grpo")
             loss, pm = _verl_loss_mode(algo, micro, logp, adv, mask, kw)
             pm.update(adv_mean=adv.mean(), adv_abs_mean=adv.abs().mean())
-        elif algo.name in REINFORCE_PP_MODES and micro.advantages is None:
-            raise ValueError(f"objective: algo.name={algo.name} trains on batch-whitened advantages; set "
-                             f"batch.advantages = pacs_fast.algorithms.reinforce_pp.reinforce_pp_advantages(...) "
-                             f"over the whole step (the trainer does)")
+        elif algo.name in STEP_ADVANTAGES and micro.advantages is None:
+            kind, where = STEP_ADVANTAGES[algo.name]
+            raise ValueError(f"objective: algo.name={algo.name} trains on {kind} advantages; set batch.advantages = "
+                             f"{where}(...) over the whole step (the trainer does)")
+        elif algo.name == "gpg":  # REINFORCE on GPG's step-scaled advantages (algorithms/gpg.py)
+            from pacs_fast.algorithms.gpg import gpg_policy_loss
+            loss, pm = gpg_policy_loss(logp, micro.old_logp, micro.advantages, mask,
+                                       **{k: v for k, v in kw.items() if k not in ("clip_low", "clip_high", "clip_c")})
+            pm.update(_row_advantage_means(micro.advantages, mask))
         elif micro.advantages is not None:  # per-token: PPO's GAE, REINFORCE++'s (algorithms/reinforce_pp.py), or
             # process-reward credit (trainer/step_credit.py)
             loss, pm = policy_loss(logp, micro.old_logp, micro.advantages, mask, **kw)
-            if algo.name in REINFORCE_PP_MODES:  # one advantage per row: its rows' mean, as gspo / cispo record
-                rows = (micro.advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-                pm.update(adv_mean=rows.mean(), adv_abs_mean=rows.abs().mean())
+            if algo.name in STEP_ADVANTAGES:  # one advantage per row: its rows' mean, as gspo / cispo record
+                pm.update(_row_advantage_means(micro.advantages, mask))
             if algo.name == "ppo":
                 vloss, vm = value_loss(values, micro.old_values, micro.returns, mask,
                                        clip_range=algo.value_clip or None, loss_agg_mode=agg,
@@ -166,15 +175,26 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
     return loss, metrics
 
 
+def _row_advantage_means(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``adv_mean`` / ``adv_abs_mean`` of per-token advantages that are one value per row: the rows' means."""
+    rows = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return {"adv_mean": rows.mean(), "adv_abs_mean": rows.abs().mean()}
+
+
 def _verl_loss_mode(algo: AlgoConfig, micro: RolloutBatch, logp, adv, mask, kw: dict):
-    """gspo / cispo / clip_cov / kl_cov / gmpo / sapo's loss of a micro-batch with ``policy_loss``'s arguments ``kw``
-    (none has PPO's dual clip; kl_cov and sapo clip no ratio). Clip-Cov's random draw takes the tokens of the
+    """gspo / cispo / clip_cov / kl_cov / gmpo / sapo / dppo_tv / dppo_kl / dro's loss of a micro-batch with
+    ``policy_loss``'s arguments ``kw`` (none has PPO's dual clip: DPPO's ``clip_c`` truncates its detached ratio;
+    kl_cov, sapo and dro clip no ratio). Clip-Cov's random draw takes the tokens of the
     smallest :func:`row_keys`, drawn from each row's own tokens, so that the same rows cut the same tokens in a
     resumed or repeated run and in either learner (which order a micro-batch's groups differently)."""
     from pacs_fast.algorithms.covariance_losses import clip_cov_policy_loss, kl_cov_policy_loss
+    from pacs_fast.algorithms.dppo import dppo_policy_loss
+    from pacs_fast.algorithms.gpg import dro_policy_loss
     from pacs_fast.algorithms.sapo import sapo_policy_loss
     from pacs_fast.algorithms.sequence_losses import cispo_policy_loss, gmpo_policy_loss, gspo_policy_loss
 
+    if algo.name in ("dppo_tv", "dppo_kl"):
+        return dppo_policy_loss(logp, micro.old_logp, adv, mask, divergence=algo.name[-2:], **kw)
     kw = {k: v for k, v in kw.items() if k != "clip_c"}
     if algo.name == "gspo":
         return gspo_policy_loss(logp, micro.old_logp, adv, mask, **kw)
@@ -182,6 +202,9 @@ def _verl_loss_mode(algo: AlgoConfig, micro: RolloutBatch, logp, adv, mask, kw: 
         return cispo_policy_loss(logp, micro.old_logp, adv, mask, **kw)
     if algo.name == "gmpo":
         return gmpo_policy_loss(logp, micro.old_logp, adv, mask, **kw)
+    if algo.name == "dro":
+        kw = {k: v for k, v in kw.items() if k not in ("clip_low", "clip_high")}
+        return dro_policy_loss(logp, micro.old_logp, adv, mask, beta=algo.dro_beta, **kw)
     if algo.name == "sapo":
         kw = {k: v for k, v in kw.items() if k not in ("clip_low", "clip_high")}
         return sapo_policy_loss(logp, micro.old_logp, adv, mask, tau_pos=algo.tau_pos, tau_neg=algo.tau_neg, **kw)

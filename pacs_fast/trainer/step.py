@@ -72,8 +72,11 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
               f"EOS): it trains nothing; raise rollout.max_new_tokens")
     if s.credit:  # process rewards: per-token advantages (PURE's min-form or the summation form)
         batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)
+    gather = s.world.gather_dp if s.world.dp > 1 else None
     if s.cfg.algo.name in REINFORCE_PP_MODES:  # whitened over the whole step: every data-parallel group's share
-        batch.advantages = step_reinforce_pp(s.cfg.algo.name, batch, s.world.gather_dp if s.world.dp > 1 else None)
+        batch.advantages = step_reinforce_pp(s.cfg.algo.name, batch, gather)
+    if s.cfg.algo.name == "gpg":  # scaled by the whole step's non-zero rewards: every data-parallel group's share
+        batch.advantages = step_gpg(batch, gather)
     return rewards, prompt_ids, batch
 
 
@@ -94,6 +97,19 @@ def step_reinforce_pp(name: str, batch: RolloutBatch, gather=None) -> torch.Tens
         totals = tuple(math.fsum(part[i] for part in gather(totals)) for i in range(3))
     return reinforce_pp_advantages(batch.rewards, batch.response_mask, batch.group_size, baseline=baseline,
                                    totals=totals)
+
+
+def step_gpg(batch: RolloutBatch, gather=None) -> torch.Tensor:
+    """``[B, T]`` ``batch``'s GPG advantages (:mod:`pacs_fast.algorithms.gpg`) from its rewards (shaped, as the other
+    baselines train on) on its response tokens, 0 elsewhere, scaled with the step's counts: ``gather``
+    (``World.gather_dp``, collective) sums every data-parallel group's; None: this batch is the step."""
+    from pacs_fast.algorithms.gpg import gpg_advantages, gpg_totals
+
+    totals = gpg_totals(batch.rewards)
+    if gather is not None:
+        totals = tuple(math.fsum(part[i] for part in gather(totals)) for i in range(2))
+    adv = gpg_advantages(batch.rewards, batch.group_size, totals=totals).float()
+    return adv[:, None].to(batch.response_mask.device) * (batch.response_mask != 0)
 
 
 def learn(cfg: Config, learner, batch: RolloutBatch, prompt_ids, comps, *, seed: int, diagnostic: bool,
