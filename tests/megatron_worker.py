@@ -114,6 +114,7 @@ def learner_step(inputs, results, workdir):
             out["ref_after_reset"] = learner.compute_logprobs(batch, reference=True)
             out["policy_after_update"] = learner.compute_logprobs(batch)
             learner.save_hf(os.path.join(workdir, "hf_tp2"))
+            out["full_disk"] = full_disk_errors(learner, workdir)
             # ranks given different batches: every rank raises (no hang, no silent garbage)
             bad = RolloutBatch(**{**spec["batch"], "rewards": spec["batch"]["rewards"] + dist.get_rank()})
             try:
@@ -123,6 +124,44 @@ def learner_step(inputs, results, workdir):
                 out["divergence_error"] = str(e)
         results[key] = out
         learner.close()
+
+
+def full_disk_errors(learner, workdir) -> dict:
+    """What every rank raises when the writer (rank 0) hits a full disk writing the learner state (torch's zip
+    writer raises a RuntimeError, not an OSError) or the weights (safetensors' own error) in buckets small enough
+    that several are gathered after the failure: each rank comes back with an error (a rank that raised alone
+    left the other waiting in its next collective: a 2-rank run hung at a full disk). Also the files a small-bucket
+    save writes when nothing fails."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    real_save, real_file = torch.save, safetensors.torch.save_file
+
+    def zip_writer(*a, **kw):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4096 vs 3982")
+
+    def safetensors_writer(*a, **kw):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    small = 1 << 14
+    learner.save_hf(os.path.join(workdir, "small_buckets"), bucket_bytes=small)
+    got = {"files": sorted(os.listdir(os.path.join(workdir, "small_buckets")))}
+    calls = {"state": lambda: learner.save_state(os.path.join(workdir, "full_state"),
+                                                 is_writer=dist.get_rank() == 0),
+             "weights": lambda: learner.save_hf(os.path.join(workdir, "full_hf"), bucket_bytes=small)}
+    for what, call in calls.items():
+        if dist.get_rank() == 0:
+            torch.save, safetensors.torch.save_file = zip_writer, safetensors_writer
+        try:
+            call()
+            got[what] = None
+        except ValueError as e:
+            got[what] = str(e)
+        finally:
+            torch.save, safetensors.torch.save_file = real_save, real_file
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, got)  # (both ranks came back)
+    return every
 
 
 if __name__ == "__main__":

@@ -223,6 +223,17 @@ def test_ranks_with_different_batches_raise(run):
     assert "different batches" in (res["learner/tp2"]["divergence_error"] or "")
 
 
+def test_a_full_disk_on_the_writer_fails_every_rank(run):
+    """A full disk on rank 0 while writing the learner state or the weights: both ranks raise, rank 1 with rank 0's
+    message (before, the writer raised alone and the other rank waited forever in its next collective)."""
+    _, res, _ = run
+    zero, one = res["learner/tp2"]["full_disk"]
+    assert sum(f.endswith(".safetensors") for f in zero["files"]) > 1  # the small buckets are several files
+    assert "unexpected pos" in zero["state"] and zero["state"].startswith("save_state: writing"), zero
+    assert "No space left on device" in zero["weights"] and zero["weights"].startswith("save_hf: writing"), zero
+    assert one["state"] == f"rank 0: {zero['state']}" and one["weights"] == f"rank 0: {zero['weights']}", one
+
+
 def test_exported_folder_loads_in_transformers(run):
     inputs, res, wd = run
     spec = inputs["learner"]

@@ -96,7 +96,8 @@ def save_hf_folder(model, hf_config, folder, *, tp_group, tp_size: int, is_write
     be its TP-group rank 0). One bucket: ``model.safetensors``; several: ``model-0000i-of-0000n
     .safetensors`` + ``model.safetensors.index.json`` (the transformers layout). Each file is
     written atomically. ``extra_files``: files copied next to them (e.g. ``generation_config.json``).
-    Not collective beyond ``tp_group``; the caller adds a barrier if it needs one.
+    Not collective beyond ``tp_group``; the caller adds a barrier if it needs one. A write that fails (a full disk)
+    stops the writing, not the gathering: the group's collectives all run, then the writer raises the error.
     """
     from safetensors.torch import save_file
 
@@ -108,16 +109,21 @@ def save_hf_folder(model, hf_config, folder, *, tp_group, tp_size: int, is_write
     manifest = weight_manifest(model, hf_config, tp_size=tp_size)
     itemsize = (dtype or next(model.parameters()).dtype).itemsize
     n = len(plan_buckets(hf_config, bucket_bytes, itemsize, manifest))
-    weight_map, total = {}, 0
+    weight_map, total, failure = {}, 0, None
     for i, bucket in enumerate(iter_hf_buckets(model, hf_config, tp_group=tp_group, tp_size=tp_size,
                                                bucket_bytes=bucket_bytes, dtype=dtype, dst=0)):
-        if not is_writer:
+        if not is_writer or failure is not None:  # (a failed writer still takes part in the next buckets' gathers)
             continue
         name = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
         tensors = {k: v.contiguous() for k, v in bucket}
-        write_atomic(folder / name, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+        try:
+            write_atomic(folder / name, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+        except Exception as e:  # noqa: BLE001 - OSError, safetensors' error on a full disk
+            failure = e
         weight_map.update(dict.fromkeys(tensors, name))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
+    if failure is not None:
+        raise failure
     if not is_writer:
         return
     if n > 1:

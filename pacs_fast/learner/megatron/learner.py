@@ -60,6 +60,7 @@ from typing import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
+from pacs_fast.collective import collective_check
 from pacs_fast.learner.base import (Learner, RolloutBatch, by_length, check_response_ids, dealt_rows_to_sorted,
                                    group_rows)
 from pacs_fast.learner.fused_layers import apply_fused_layers
@@ -400,9 +401,14 @@ class MegatronLearner(Learner):
         """Writes the policy as an HF folder; collective. Global rank 0 writes; only data-parallel
         group 0 gathers, to global rank 0 alone, one bucket of layers at a time (sharded safetensors
         + index when the model takes several buckets); ``generation_config.json`` is carried over."""
-        save_hf_folder(self.model, self.hf_config, path, tp_group=self.tp_group, tp_size=self.tp_size,
-                       is_writer=dist.get_rank() == 0, participates=self.dp_rank == 0,
-                       bucket_bytes=bucket_bytes, extra_files=(self.model_path / "generation_config.json",))
+        error = None
+        try:
+            save_hf_folder(self.model, self.hf_config, path, tp_group=self.tp_group, tp_size=self.tp_size,
+                           is_writer=dist.get_rank() == 0, participates=self.dp_rank == 0,
+                           bucket_bytes=bucket_bytes, extra_files=(self.model_path / "generation_config.json",))
+        except Exception as e:  # noqa: BLE001 - the writer's (a full disk): every rank raises it, none waits
+            error = f"save_hf: writing {path}: {getattr(e, 'strerror', None) or e} ({type(e).__name__})"
+        collective_check(error)
         if dist.get_world_size() > 1:
             dist.barrier()
 

@@ -71,8 +71,9 @@ def save_state(learner, folder, *, is_writer: bool) -> None:
             tmp = folder / f".{META}.tmp-{os.getpid()}"
             tmp.write_text(json.dumps(meta, indent=2))
             os.replace(tmp, folder / META)
-    except OSError as e:
-        error = f"save_state: writing {folder}: {e.strerror or e} ({type(e).__name__})"
+    except Exception as e:  # noqa: BLE001 - OSError, and torch's zip writer's RuntimeError on a full disk
+        # ("unexpected pos"): a rank that raised alone left the others waiting in this check (a 2-rank run hung)
+        error = f"save_state: writing {folder}: {getattr(e, 'strerror', None) or e} ({type(e).__name__})"
     collective_check(error)
     if dist.get_world_size() > 1:
         dist.barrier()
