@@ -31,7 +31,6 @@ error is one line (``error: ...`` naming the flag or file) and exit code 2 (``--
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -42,129 +41,22 @@ from pacs_fast.openmp import quiet_openmp_waits
 
 quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, then sleep (pacs_fast/openmp.py)
 
-from pacs_fast.config import ATTENTIONS  # noqa: E402
-from pacs_fast.config.model_files import trained_positions
+from pacs_fast.config.model_files import trained_positions  # noqa: E402
 from pacs_fast.config.reward_fields import fields_digest, row_fields
 from pacs_fast.config.reward_specs import VERIFIER, reward_specs
-from pacs_fast.data.datasets import BENCHMARKS
 from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, load_benchmarks,
                                        model_label, prompt_kwargs, read_json)
+from pacs_fast.evaluation.parser import int_list, run_parser as _run_parser
 from pacs_fast.evaluation.engine import engine_and_dtype, make_engine, vllm_cpu_sizes
 from pacs_fast.files import write_text_atomic
-from pacs_fast.evaluation.report import comparison_warnings, markdown_table, plot_pass_at_k
+from pacs_fast.evaluation.report import comparison_warnings, incomplete_warnings, markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct, load_results,
                                           parts_warnings, problem_digest, read_samples, results_from_samples,
                                           samples_path)
 from pacs_fast.evaluation.settings import check_settings
 from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn, reward_field_keywords
 from pacs_fast.gc_heap import freeze_at_start_up
-from pacs_fast.reward.verifier import EXTRACTIONS
 from pacs_fast.trainer.run_folder import RunLock
-
-DEFAULT_BENCHMARKS = "math500,amc23,aime2024,aime2025"
-
-
-# -- argument parsing ------------------------------------------------------------------------------
-def _int_list(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not out or any(k < 1 for k in out):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return out
-
-
-def _n_spec(text: str) -> dict[str, int] | int:
-    """``--n 8`` (every benchmark) or ``--n math500=32,amc23=64``."""
-    try:
-        if "=" not in text:
-            n = int(text)
-            if n < 1:
-                raise ValueError
-            return n
-        out = {}
-        for part in text.split(","):
-            name, value = part.split("=")
-            out[name.strip()] = int(value)
-            if out[name.strip()] < 1:
-                raise ValueError
-        return out
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--n takes N or name=N,name=N (N >= 1), got {text!r}") from None
-
-
-def _run_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m pacs_fast.eval", description=__doc__.split("\n\n")[0],
-                                epilog="Other commands: 'report --out DIR', 'compare A.json B.json --out plot.png'")
-    p.add_argument("--model", required=True, help="Hugging Face model folder (or hub id already cached)")
-    p.add_argument("--benchmarks", default=DEFAULT_BENCHMARKS,
-                   help=f"comma-separated: {', '.join(BENCHMARKS)} or dataset files, folders or globs "
-                        f"(default: all four)")
-    p.add_argument("--n", type=_n_spec, default=None,
-                   help="samples per problem: N, or name=N,... (default: 32 for math500, 512 otherwise; "
-                        "1 at --temperature 0)")
-    p.add_argument("--k", type=_int_list, default=None, help="k values (default 1,2,4,...,256 capped at n)")
-    p.add_argument("--table-k", type=_int_list, default=None, help="k shown in table.md (default 1,16,256)")
-    p.add_argument("--engine", choices=["hf", "vllm", "auto"], default="auto",
-                   help="rollout engine (auto: vllm when CUDA and vllm are available, else hf)")
-    p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (default 0.6, the "
-                   "paper's; 0 = greedy, one sample per problem)")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default 0.95, the paper's)")
-    p.add_argument("--top-k", type=int, default=0, help="sample from the k largest logits only (default 0: off; "
-                   "a model card's top_k, e.g. Qwen's 20); applied before --top-p, after --min-p, as vLLM does")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the most likely one's "
-                   "probability (default 0: off)")
-    p.add_argument("--max-tokens", type=int, default=4096, help="max new tokens per response (default 4096)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (smoke runs)")
-    p.add_argument("--out", default=None, help="output folder (default eval_results/<model name>)")
-    p.add_argument("--label", default=None,
-                   help="model name in tables and plots (default: folder name; RUN-step_N for a training checkpoint)")
-    p.add_argument("--overwrite", action="store_true", help="discard the samples in --out of the benchmarks asked "
-                   "for (another benchmark's samples are kept; made with other settings, they are an error)")
-    p.add_argument("--samples-per-call", type=int, default=2048,
-                   help="samples generated per engine call; also the resume granularity")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)")
-    p.add_argument("--device", default=None, help="hf engine device (default cuda if available, else cpu)")
-    p.add_argument("--batch-size", type=int, default=64, help="hf engine: rows per generate call")
-    p.add_argument("--attention", default="auto", choices=ATTENTIONS,
-                   help="hf engine: attention implementation (auto: pacs_fast's short-sequence attention "
-                        "on CPU, the model's own on GPU; or sdpa, eager, flash_attention_2, ...)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm engine")
-    p.add_argument("--max-model-len", type=int, default=None, help="vllm engine context length")
-    p.add_argument("--scorer-workers", type=int, default=None, help="verifier processes (default: CPUs)")
-    p.add_argument("--time-limit", type=float, default=5.0, help="verifier seconds per response")
-    p.add_argument("--extraction", default="reference", choices=EXTRACTIONS,
-                   help="what the verifier reads: reference (PACS's: a 'final answer is' phrase, else the boxed "
-                        "answers, else the last expression) or boxed (only complete \\boxed{} answers)")
-    p.add_argument("--reward-fn", default="", metavar="MODULE:FUNCTION",
-                   help="your own reward in the verifier's place: function(problems, responses, answers) -> one "
-                        "number in [0, 1] per response (the trainer's reward.fn); pass@k counts a response that "
-                        "scores above 0.5 as correct, as the trainer does")
-    p.add_argument("--reward-weights", default="", metavar="W[,W...]",
-                   help="weights of a --reward-fn list (verifier,my_checks:format_score: the math verifier and your "
-                        "function), >= 0 and summing to 1: each response's reward is their weighted sum (the "
-                        "trainer's reward.fn_weights); default equal")
-    p.add_argument("--reward-fields", default="", metavar="FIELD[,FIELD...]",
-                   help="dataset fields handed to --reward-fn as keyword arguments, a list with each response's "
-                        "row value (test cases, ...): tests,entry_point -> function(problems, responses, answers, "
-                        "tests, entry_point); a dotted name reads a nested field and arrives under its last part "
-                        "(the trainer's reward.fn_fields)")
-    p.add_argument("--system-prompt", default="pacs",
-                   help="system message: pacs (the paper's, the trainer's default), '' (none) or the text")
-    p.add_argument("--chat-template-kwargs", default="{}", metavar="JSON",
-                   help="variables of the model's chat template, a JSON object: '{\"enable_thinking\": false}' for "
-                        "Qwen3's (the trainer's data.chat_template_kwargs)")
-    p.add_argument("--instruction", default="pacs",
-                   help="text after each problem: pacs (the paper's \\boxed{} instruction), '' (none) or the text")
-    p.add_argument("--problem-field", default="problem", help="question field of dataset files")
-    p.add_argument("--answer-field", default="answer", help="gold answer field of dataset files")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    return p
-
 
 # -- helpers ------------------------------------------------------------------------------------
 def _n_for(name: str, spec, temperature: float) -> int:
@@ -214,6 +106,14 @@ def run(argv: list[str]) -> int:
     if args.reward_weights.strip() and not args.reward_fn:
         raise UsageError("--reward-weights weighs the components of a --reward-fn list (e.g. --reward-fn "
                          "verifier,my_checks:format_score --reward-weights 0.8,0.2); give --reward-fn")
+    verifier_scores = not args.reward_fn or VERIFIER in reward_specs(args.reward_fn)
+    if not verifier_scores:  # the verifier's flags, idle: named (and the extraction not recorded as a setting)
+        defaults = _run_parser().parse_args(["--model", args.model])
+        for flag, key in (("--extraction", "extraction"), ("--time-limit", "time_limit")):
+            if getattr(args, key) != getattr(defaults, key):
+                print(f"warning: {flag} {getattr(args, key)} has no effect with --reward-fn {args.reward_fn} (the "
+                      f"math verifier's setting; your function scores every response)", file=sys.stderr)
+        args.extraction = defaults.extraction
     keywords = reward_field_keywords(args.reward_fields, args.reward_fn)
     args.reward_field_keywords = keywords  # (the benchmark loader reads these fields of every row)
     reward_fn = load_reward_fn(args.reward_fn, list(keywords.values()), args.reward_weights,
@@ -241,9 +141,10 @@ def run(argv: list[str]) -> int:
         lock = RunLock(out_dir, new=False, what="--out", other="choose another --out")
     except ValueError as e:
         raise UsageError(str(e)) from None
-    check_settings(out_dir, config, args.overwrite)
+    commit = check_settings(out_dir, config, args.overwrite)  # (its deletions and writes once the run starts)
 
-    done = {b: read_samples(samples_path(out_dir, b), repair=True) for b in sets}
+    # (--overwrite: the asked benchmarks' samples are discarded, when the run starts)
+    done = {b: {} if args.overwrite else read_samples(samples_path(out_dir, b), repair=True) for b in sets}
     for b, problems in sets.items():  # a resume continues the same problems, or refuses
         check_records_match(samples_path(out_dir, b), done[b], problems, sources[b], keywords)
     todo = {b: [i for i in range(len(probs)) if i not in done[b]] for b, probs in sets.items()}
@@ -252,7 +153,9 @@ def run(argv: list[str]) -> int:
     if skipped:
         print(f"resuming: {skipped} problems already in {out_dir}, {total} to go", file=sys.stderr)
     if total:
-        _generate(args, out_dir, sets, ns, todo, reward_fn)
+        _generate(args, out_dir, sets, ns, todo, reward_fn, commit)
+    else:
+        commit()
 
     meta = {"model": model_id, "label": label, "limit": args.limit,
             "settings": read_json(out_dir / "run_config.json", "run settings file")}
@@ -333,7 +236,9 @@ def _verifier(args):
     return BatchScorer(args.scorer_workers, time_limit=args.time_limit, extraction=args.extraction)
 
 
-def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
+def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) -> None:
+    """Samples and scores the problems ``todo`` names, appending each call's records; ``commit()`` (the settings'
+    :func:`~pacs_fast.evaluation.settings.check_settings`) runs once the prompts fit and the engine loaded."""
     from pacs_fast.data.prompts import build_prompt, encode_prompts, has_chat_template, template_kwargs_effect
     from pacs_fast.rollout.base import SamplingParams
 
@@ -347,6 +252,8 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None) -> None:
     name = engine_and_dtype(args)[0]
     _check_prompt_lengths(args, name, _engine_context(args, name, vllm_sizes), tokenizer, sets, todo)  # before loading
     engine_name, engine = _make_engine(args, vllm_sizes)
+    if commit is not None:
+        commit()
     scorer = UserScorer(reward_fn) if reward_fn else _verifier(args)
     bar = _progress(sum(len(t) for t in todo.values()), args.no_progress)
     t0, samples_done = time.perf_counter(), 0
@@ -406,8 +313,8 @@ def report(argv: list[str]) -> int:
     p = ArgumentParser(prog="python -m pacs_fast.eval report",
                                 description="Recompute results.json, table.md and pass_at_k.png from samples")
     p.add_argument("--out", required=True, help="run folder holding samples_*.jsonl")
-    p.add_argument("--k", type=_int_list, default=None)
-    p.add_argument("--table-k", type=_int_list, default=None)
+    p.add_argument("--k", type=int_list, default=None)
+    p.add_argument("--table-k", type=int_list, default=None)
     p.add_argument("--label", default=None)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = p.parse_args(argv)
@@ -416,6 +323,10 @@ def report(argv: list[str]) -> int:
     cfg = out_dir / "run_config.json"
     if not out_dir.is_dir():
         raise UsageError(f"--out {out_dir}: no such folder")
+    try:  # an eval still writing into --out: its results.json comes when it ends (one written now was of a part)
+        lock = RunLock(out_dir, new=False, what="--out", other="report after it ends")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     # the run's own results.json: its benchmarks, the problems each asked for (a --limit), its label
     prev = {}
     if (out_dir / "results.json").is_file():
@@ -440,8 +351,12 @@ def report(argv: list[str]) -> int:
     if not results["benchmarks"]:
         raise UsageError(f"the samples files in {out_dir} hold no problem records")
     check_ks(args.k, {b: min(r["n"]) if isinstance(r["n"], list) else r["n"]
-                      for b, r in results["benchmarks"].items()})
+                      for b, r in results["benchmarks"].items()}, command="report")
+    had_results = (out_dir / "results.json").is_file()  # (before this report writes one)
+    for line in incomplete_warnings(results, had_results=had_results, out_dir=out_dir):
+        print(f"warning: {line}", file=sys.stderr)
     print(write_reports(out_dir, results, args.table_k))
+    lock.release()
     return 0
 
 
@@ -452,15 +367,22 @@ def compare(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="PNG path of the pass@k plot")
     p.add_argument("--table", default=None, help="also write the markdown table here")
     p.add_argument("--labels", default=None, help="comma-separated model names, one per results file")
-    p.add_argument("--table-k", type=_int_list, default=None)
+    p.add_argument("--table-k", type=int_list, default=None)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = p.parse_args(argv)
-    results = []
+    results, inputs = [], set()
     for r in args.results:
         path = Path(r) / "results.json" if Path(r).is_dir() else Path(r)
         if not path.is_file():
             raise UsageError(f"no results file {path}")
         results.append(load_results(path))
+        inputs.add(path.resolve())
+    for flag, target in (("--out", args.out), ("--table", args.table)):  # (--table a/results.json replaced it)
+        if target and Path(target).resolve() in inputs:
+            raise UsageError(f"{flag} {target} is one of the results files compared: it would be overwritten; "
+                             f"give another path")
+    if args.table and Path(args.table).resolve() == Path(args.out).resolve():
+        raise UsageError(f"--table {args.table} and --out are one file: the table would replace the plot")
     if args.labels:
         labels = args.labels.split(",")
         if len(labels) != len(results):
@@ -479,7 +401,10 @@ def compare(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """The CLI. A bad argument or input file prints one line ``error: ...`` and returns 2
-    (``--debug``: raises it, with the traceback)."""
+    (``--debug``: raises it, with the traceback). Ctrl-C, SIGTERM or SIGHUP (when run as the command) end it with
+    one line naming how to resume and 128 + the signal (the samples of every finished engine call are kept)."""
+    from pacs_fast.signals import Stopped, exit_status, name
+
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] == "compare":
@@ -492,8 +417,18 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Stopped) as e:  # (a traceback of ~40 lines ended in the sampler; SIGTERM: silent)
+        if "--debug" in argv:
+            raise
+        signum = e.signum if isinstance(e, Stopped) else 2
+        print(f"stopped by {name(signum)}: the samples of every finished engine call are kept; run the same "
+              f"command again to resume", file=sys.stderr)
+        return exit_status(signum)
 
 
 if __name__ == "__main__":
+    from pacs_fast.signals import raise_on_stop_signals
+
     freeze_at_start_up()  # this process is the command line's (pacs_fast/gc_heap.py)
+    raise_on_stop_signals()  # SIGTERM / SIGHUP end it as Ctrl-C does (main's one line)
     sys.exit(main())

@@ -25,6 +25,7 @@ def test_paper_recipe(name, tmp_path):
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     (model / "tokenizer.json").write_text("{}")  # a model folder needs its tokenizer (checked too)
+    (model / "pytorch_model.bin").write_bytes(b"")  # and a weights file (its presence is checked)
     data = tmp_path / "deepscaler.jsonl"
     data.write_text(json.dumps({"problem": "1+1", "answer": "2"}) + "\n")
     cfg = load_config(CONFIGS / name, [f"model.path={model}"])

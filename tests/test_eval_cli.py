@@ -365,7 +365,8 @@ def test_resume_refuses_samples_of_another_engine_or_dtype(model_dir, dataset, t
     capsys.readouterr()
     assert ev.main(_run_args(model_dir, dataset, out, "--limit", "2")) == 2
     _one_line_error(capsys, "another model's (/runs/grpo/seed0/checkpoints/step_000003), model differ",
-                    "--out (or --label), or --overwrite to delete those samples")
+                    "--out (or, without --out, another --label: the default --out follows it), or --overwrite to "
+                    "delete those samples")
     path.write_text(json.dumps(settings))
     assert sorted(read_samples(out / "samples_toy.jsonl")) == [0]  # nothing was added
     # top-k and min-p: another value is refused; a settings file from before they existed (neither key) was made
@@ -531,7 +532,7 @@ def test_k_larger_than_n_is_an_error_naming_both(model_dir, dataset, tmp_path, c
     rec = {"benchmark": "toy", "index": 0, "id": "0", "answer": "1", "n": 2, "scores": [1.0, 0.0]}
     (tmp_path / "samples_toy.jsonl").write_text(json.dumps(rec) + "\n")
     assert ev.main(["report", "--out", str(tmp_path), "--k", "4"]) == 2
-    _one_line_error(capsys, "--k 4", "--n 2")
+    _one_line_error(capsys, "--k 4", "the 2 samples per problem")
 
 
 @pytest.mark.parametrize("flag,value", [

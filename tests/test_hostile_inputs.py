@@ -34,6 +34,7 @@ def qwen_folder(tmp_path, tokenizer=True) -> Path:
     (folder / "config.json").write_text(json.dumps(QWEN))
     if tokenizer:
         (folder / "tokenizer.json").write_text("{}")
+    (folder / "pytorch_model.bin").write_bytes(b"")  # a weights file, present (not loadable: checks come first)
     return folder
 
 

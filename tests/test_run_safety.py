@@ -452,6 +452,7 @@ def hf_folder(tmp_path: Path) -> Path:
     ("triton", "learner.logprob_backend=triton (compiled Triton kernels) needs a CUDA GPU"),
     ("model_file", "is a file; give the Hugging Face model folder"),
     ("model_empty", "has no config.json"),
+    ("model_no_weights", "has no weights file (*.safetensors or *.bin): copy the model's weights into that folder"),
     ("out_dir_file", "train.out_dir"),
     ("run_name_escape", "train.run_name '../x' must be a plain folder name"),
     ("yaml", "YAML syntax error"),
@@ -470,6 +471,8 @@ def test_bad_settings_are_one_line_errors_before_any_model_work(tmp_path, capsys
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "qwen2"}')  # (a config transformers can build)
     (model / "tokenizer.json").write_text("{}")
+    (model / "pytorch_model.bin").write_bytes(b"")  # (a weights file is checked present)
+    shutil.copytree(model, tmp_path / "noweights", ignore=shutil.ignore_patterns("*.bin"))
     three = tmp_path / "three.jsonl"
     three.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(3)))
     args = {
@@ -478,6 +481,7 @@ def test_bad_settings_are_one_line_errors_before_any_model_work(tmp_path, capsys
         "threads": ["train.threads=-1"], "workers": ["train.reward_workers=-1"], "attention": ["model.attention=bogus"],
         "triton": ["learner.logprob_backend=triton"], "model_file": [f"model.path={tmp_path / 'file'}"],
         "model_empty": [f"model.path={tmp_path / 'empty'}"], "out_dir_file": [f"train.out_dir={tmp_path / 'file'}"],
+        "model_no_weights": [f"model.path={tmp_path / 'noweights'}"],
         "run_name_escape": ["train.run_name=../x"], "yaml": ["--config", str(tmp_path / "bad.yaml")],
         "three_rows": [f"data.dataset={three}", f"model.path={model}"],
         "seed_huge": ["train.seed=99999999999999999999"], "seed_2_62": [f"train.seed={2**62}"],
@@ -500,6 +504,7 @@ def test_shipped_dataset_names_are_accepted(tmp_path):
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "qwen2"}')  # (a config transformers can build)
     (model / "tokenizer.json").write_text("{}")
+    (model / "pytorch_model.bin").write_bytes(b"")  # (a weights file is checked present)
     validate(load_config(None, ["data.dataset=math_train", "data.eval_dataset=math500", f"model.path={model}"]))
     with pytest.raises(ValueError, match="neither a shipped dataset"):
         validate(load_config(None, ["data.dataset=math_trian", f"model.path={model}"]))

@@ -95,6 +95,14 @@ def _check_one_set(where: str, files: list[Path], root: Path) -> None:
                          f"subsets or splits of the dataset; give one folder")
 
 
+def unlike_shards(files: list[Path]) -> list[str]:
+    """The names of ``files`` when they are not shards of one set (their names, digits aside, differ:
+    ``gsm_hard.jsonl`` and ``svamp.jsonl``, not ``train-00000-of-00002`` and ``train-00001-of-00002``), else []."""
+    if len({re.sub(r"\d+", "#", f.name) for f in files}) <= 1:
+        return []
+    return [f.name for f in files]
+
+
 def _split_prefix(path: Path) -> str:
     """``train`` of ``train-00000-of-00002.parquet``: the name up to and including its split word."""
     m = re.match(r"(.*?(?:^|[-_.]))(" + "|".join(SPLIT_WORDS) + r")(?=[-_.]|$)", path.name.lower())

@@ -196,6 +196,8 @@ def weights_problem(folder: str | Path) -> str | None:
     return None
 
 
+# the weight files transformers loads a model folder from (safetensors, with or without an index; PyTorch's .bin)
+WEIGHT_FILES = ("*.safetensors", "*.bin")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # what a model folder needs (config, tokenizer, weights); a hub repository's other formats (gguf, onnx, flax,
 # tf, the original checkpoints) are left on the hub
@@ -221,6 +223,8 @@ def model_folder_problem(path: str | Path) -> str | None:
     problem = config_problem(path)
     if problem:
         return f": {problem}"
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
+        return f" has no weights file ({' or '.join(WEIGHT_FILES)}): copy the model's weights into that folder"
     problem = weights_problem(path)
     if problem:
         return f": {problem}; copy the model's weights again"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+from collections import Counter
 import math
 import os
 import re
@@ -132,14 +133,18 @@ def check_run_args(args) -> None:
         raise UsageError(f"--out {args.out}: is a file, not a folder")
 
 
-def check_ks(ks: list[int] | None, ns: dict[str, int], *, greedy: bool = False) -> None:
+def check_ks(ks: list[int] | None, ns: dict[str, int], *, greedy: bool = False, command: str = "run") -> None:
     """``--k`` against the samples per problem of each benchmark: pass@k needs ``k <= n``
-    (``greedy``: ``--temperature 0``, one sample per problem)."""
+    (``greedy``: ``--temperature 0``, one sample per problem; ``command="report"``: the samples are made, so the
+    remedy is a lower ``--k``)."""
     for bench, n in ns.items():
         too_big = [k for k in ks or () if k > n]
         if too_big and greedy:
             raise UsageError(f"--k {max(too_big)} with --temperature 0: greedy decoding takes one sample per "
                              f"problem, so only pass@1 exists; use --k 1 or a temperature > 0")
+        if too_big and command == "report":
+            raise UsageError(f"--k {max(too_big)} is larger than the {n} samples per problem of {bench}: pass@k "
+                             f"needs k <= n; lower --k (or sample more with the eval command and a larger --n)")
         if too_big:
             raise UsageError(f"--k {max(too_big)} is larger than --n {n} (samples per problem of {bench}): "
                              f"pass@k needs k <= n; lower --k or raise --n")
@@ -236,6 +241,19 @@ def _load_problems(entry: str, args) -> tuple[str, list]:
             raise UsageError(msg if str(path) in msg else f"{path}: {msg}") from None
     if not problems:
         raise UsageError(f"benchmark {name} ({entry}) holds no problems")
+    if entry not in BENCHMARKS:
+        from pacs_fast.config.dataset_files import dataset_files, unlike_shards
+
+        names = unlike_shards(dataset_files(entry))
+        counts = Counter(p.id for p in problems)
+        repeated = sorted(i for i, c in counts.items() if c > 1)
+        if repeated:
+            print(f"warning: --benchmarks {entry}: {len(problems) - len(counts)} problems repeat another's id (e.g. "
+                  f"{repeated[0]!r}): its samples and results name problems by id", file=sys.stderr)
+        if names:  # (two datasets in one folder became one benchmark, silently)
+            print(f"warning: --benchmarks {entry}: its {len(names)} files ({', '.join(names[:4])}"
+                  f"{', ...' * (len(names) > 4)}) are not named as shards of one set, and are evaluated as one "
+                  f"benchmark, {name}; give each file to evaluate them apart", file=sys.stderr)
     if entry not in BENCHMARKS and not getattr(args, "reward_fn", None):  # (--reward-fn: the user's function judges)
         for line in gold_warnings(problems, args):
             print(f"warning: {entry}: {line}", file=sys.stderr)
@@ -245,7 +263,7 @@ def _load_problems(entry: str, args) -> tuple[str, list]:
 def gold_warnings(problems: list, args, sample: int = 512) -> list[str]:
     """A user file's gold answers that read like worked solutions or questions, and those the verifier cannot
     match even as ``\\boxed{<gold>}`` (the first ``sample`` checked): pacs_fast/reward/gold_check.py."""
-    from pacs_fast.reward.gold_check import reads_like_prose, unmatchable_golds
+    from pacs_fast.reward.gold_check import object_hint, reads_like_prose, unmatchable_golds
 
     lines = []
     prose = [p for p in problems if reads_like_prose(p.answer)]
@@ -260,7 +278,8 @@ def gold_warnings(problems: list, args, sample: int = 512) -> list[str]:
         first = checked[bad[0]]
         lines.append(f"{len(bad)} of {len(checked)} gold answers{' checked' * (len(checked) < len(problems))} cannot "
                      f"be matched by the verifier, even by a response that states them as \\boxed{{<answer>}} "
-                     f"(e.g. {first.id!r}: {first.answer[:60]!r}): those problems score 0 whatever the model writes")
+                     f"(e.g. {first.id!r}: {first.answer[:60]!r}): those problems score 0 whatever the model writes"
+                     f"{object_hint(first.answer, '--answer-field ' + args.answer_field)}")
     return lines
 
 

@@ -61,6 +61,22 @@ def comparison_warnings(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def incomplete_warnings(results: dict[str, Any], *, had_results: bool, out_dir: Path) -> list[str]:
+    """What ``python -m pacs_fast.eval report`` should say of a run it recomputes that did not finish: a benchmark
+    with fewer problems than its run asked for (``complete`` false), or, without the run's own ``results.json``
+    (every finished run writes one), every benchmark: the table covers the problems sampled so far."""
+    short = {b: br for b, br in results["benchmarks"].items() if br.get("complete") is False}
+    lines = [f"{DISPLAY_NAMES.get(b, b)}: {br['num_problems']} of the {br['expected_problems']} problems its run "
+             f"asked for are sampled (the run did not finish): its pass@k is over those only; rerun the eval "
+             f"command to sample the rest" for b, br in short.items()]
+    if not had_results:
+        counts = ", ".join(f"{b}: {br['num_problems']}" for b, br in results["benchmarks"].items())
+        lines.append(f"{out_dir} has no results.json, which a finished run writes: the run that sampled these "
+                     f"problems ({counts}) may not have finished, and the table covers them only; rerun its eval "
+                     f"command to complete it")
+    return lines
+
+
 # the sampling settings of run_config.json that change pass@k (n and the seed do not: pass@k is unbiased in n)
 COMPARED_SETTINGS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "system", "instruction", "template_kwargs",
                      "extraction", "reward_fn", "reward_fields", "reward_weights", "engine", "dtype")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pacs_fast.config.reward_specs import VERIFIER
 from pacs_fast.evaluation.args import UsageError, read_json
 from pacs_fast.evaluation.results import UNRECORDED_SAMPLING, samples_path
 from pacs_fast.files import write_text_atomic
@@ -23,8 +24,9 @@ def setting_differences(old: dict, config: dict) -> list[str]:
     diff += [f"n[{b}]" for b, n in config["n"].items() if b in old.get("n", {}) and old["n"][b] != n]
     # the engine and dtype (files written before they were recorded resolved: "auto" or none, not compared)
     diff += [k for k in ("engine", "dtype") if old.get(k) not in (None, "auto") and old[k] != config[k]]
-    if old.get("extraction", "reference") != config["extraction"]:  # (recorded since it exists)
-        diff.append("extraction")
+    verifier = not config.get("reward_fn") or VERIFIER in config["reward_fn"].split(",")
+    if verifier and old.get("extraction", "reference") != config["extraction"]:  # (recorded since it exists; read
+        diff.append("extraction")  # by the verifier only: a --reward-fn without it scores alike under any)
     if old.get("reward_fn", "") != config.get("reward_fn", ""):  # (recorded since it exists; "": the verifier)
         diff.append("reward_fn")
     if old.get("reward_fields", []) != config.get("reward_fields", []):  # (recorded when given)
@@ -34,11 +36,13 @@ def setting_differences(old: dict, config: dict) -> list[str]:
     return diff
 
 
-def check_settings(out_dir: Path, config: dict, overwrite: bool) -> None:
-    """Refuses samples in ``out_dir`` made with settings other than ``config``'s, then writes the settings
-    file (merged with the old one: other benchmarks' ``n`` stay). ``overwrite`` deletes the samples of the
-    benchmarks ``config["n"]`` names first; another benchmark's samples made with other settings (or beside
-    an unreadable settings file) are a UsageError naming them, never deleted."""
+def check_settings(out_dir: Path, config: dict, overwrite: bool):
+    """Refuses samples in ``out_dir`` made with settings other than ``config``'s; returns the commit, a function
+    that writes the settings file (merged with the old one: other benchmarks' ``n`` stay), after deleting, with
+    ``overwrite``, the samples of the benchmarks ``config["n"]`` names. The caller commits once the run is sure to
+    write samples (its checks passed, the model loaded): a run that fails before loses no sample (an
+    ``--overwrite`` whose model had no weights had deleted hours of samples). Another benchmark's samples made
+    with other settings (or beside an unreadable settings file) are a UsageError naming them, never deleted."""
     path = out_dir / SETTINGS_FILE
     asked = {samples_path(out_dir, b) for b in config["n"]}
     existing = sorted(out_dir.glob("samples_*.jsonl"))
@@ -61,13 +65,18 @@ def check_settings(out_dir: Path, config: dict, overwrite: bool) -> None:
                 if others:  # --overwrite deletes only the asked benchmarks' samples: it cannot help here
                     raise UsageError(f"{found}, among them {', '.join(others)}, of benchmarks this run does not "
                                      f"ask for (--overwrite deletes only the samples of those asked for): use "
-                                     f"another --out (or --label), or delete them")
-                raise UsageError(f"{found}. Use another --out (or --label), or --overwrite to delete those samples "
-                                 f"and start afresh.")
+                                     f"another --out (or, without --out, another --label: the default --out "
+                                     f"follows it), or delete them")
+                raise UsageError(f"{found}. Use another --out (or, without --out, another --label: the default --out "
+                                 f"follows it), or --overwrite to delete those samples and start afresh.")
             config = {**old, **config, "n": {**old.get("n", {}), **config["n"]}}
-    if overwrite:
-        for p in existing:
-            if p in asked:
-                p.unlink()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(config, indent=2) + "\n")
+
+    def commit() -> None:
+        if overwrite:
+            for p in existing:
+                if p in asked:
+                    p.unlink(missing_ok=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(config, indent=2) + "\n")
+
+    return commit

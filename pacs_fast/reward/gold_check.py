@@ -11,6 +11,7 @@ held-out answer and a seeded sample of the training answers.
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Sequence
 
@@ -27,19 +28,43 @@ def reads_like_prose(answer: str) -> bool:
     return "\n" in answer or "####" in answer or len(_WORD_RE.findall(_COMMAND_RE.sub("", answer))) >= 8
 
 
+def json_object(answer: str) -> dict | None:
+    """The object a gold answer is the JSON text of (a dataset field holding ``{"ground_truth": "2", ...}``, verl's
+    ``reward_model`` column, read whole), else None."""
+    if not answer.lstrip().startswith("{"):
+        return None
+    try:
+        value = json.loads(answer)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def object_hint(answer: str, field: str) -> str:
+    """``"; ..."`` naming the nested field to read when ``answer`` is a JSON object (:func:`json_object`), else
+    ``""``: ``ground_truth`` or ``answer`` where the object has one, else its first text or number."""
+    value = json_object(answer)
+    keys = [k for k, v in (value or {}).items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)]
+    if not keys:
+        return ""
+    key = next((k for k in ("ground_truth", "answer") if k in keys), keys[0])
+    return f"; the field holds an object: read its answer with a dotted name, {field}.{key}"
+
+
 def unmatchable_golds(answers: Sequence[str], *, extraction: str = "reference",
                       time_limit: float | None = DEFAULT_TIME_LIMIT) -> list[int]:
     """Indices into ``answers`` (strings) of the gold answers that the response ``\\boxed{<gold>}``
-    does not score 1 against (``score_item`` with this ``extraction`` and per-item ``time_limit``).
-    Each distinct answer is scored once."""
+    does not score 1 against (``score_item`` with this ``extraction`` and per-item ``time_limit``), and of those
+    that are a JSON object (:func:`json_object`: never a final answer, though ``\\boxed{<its text>}`` matches it
+    as text). Each distinct answer is scored once."""
     check_extraction(extraction)
     verdict: dict[str, bool] = {}
     bad = []
     for i, answer in enumerate(answers):
         answer = gold_text(answer)
         if answer not in verdict:
-            verdict[answer] = score_item("\\boxed{" + answer + "}", answer, time_limit=time_limit,
-                                         extraction=extraction).score >= 1.0
+            verdict[answer] = json_object(answer) is None and score_item(
+                "\\boxed{" + answer + "}", answer, time_limit=time_limit, extraction=extraction).score >= 1.0
         if not verdict[answer]:
             bad.append(i)
     return bad

@@ -143,7 +143,7 @@ def check_gold_answers(cfg: Config, train: list[dict], held_out: list[dict], log
     for the training set of a run trained on process rewards alone (``reward.outcome_weight=0``)."""
     if cfg.data.dataset == "arithmetic" or not uses_verifier(cfg.reward.fn):  # (reward.fn: the user's function judges)
         return
-    from pacs_fast.reward.gold_check import unmatchable_golds
+    from pacs_fast.reward.gold_check import object_hint, unmatchable_golds
 
     picked = train
     if len(train) > GOLD_SAMPLE:
@@ -163,7 +163,8 @@ def check_gold_answers(cfg: Config, train: list[dict], held_out: list[dict], log
             key = f"data.answer_key={cfg.data.answer_key}"
             raise ValueError(f"{what}: none of the {len(rows)} gold answers checked can be matched by the verifier, "
                              f"even by a response that states them as \\boxed{{<answer>}} ({example}): every reward "
-                             f"would be 0; is {key} the field holding the answer?")
+                             f"would be 0; is {key} the field holding the answer?"
+                             f"{object_hint(row['answer'], 'data.answer_key=' + cfg.data.answer_key)}")
         log(f"warning: {what}: {len(bad)} {checked} gold answers cannot be matched by the verifier, even by a "
             f"response that states them as \\boxed{{<answer>}} ({example}): those problems score 0 whatever "
             f"the model writes")
