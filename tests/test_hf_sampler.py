@@ -366,6 +366,37 @@ def test_a_prompts_samples_do_not_depend_on_the_call(model_dir, seed, sampler, m
     assert len({tuple(t) for cs in whole for t in cs}) > len(prompts)  # the samples differ: the check can fail
 
 
+@pytest.mark.parametrize("merge_rows", [False, True], ids=["unmerged", "merged"])
+def test_more_samples_than_the_batch_size_are_decoded_a_batch_at_a_time(model_dir, seed, merge_rows, monkeypatch):
+    """--n 512 with --batch-size 64 decoded the 512 rows of a prompt as one batch (the lean sampler never split a
+    prompt's samples: the eval's memory grew with n, whatever --batch-size; sweep of 2026-12-01). A prompt's rows
+    are decoded batch_size at a time now, each row the same sample as in one batch (its draws are its own key's)."""
+    rng = random.Random(seed)
+    prompts = _random_prompts(rng, 3)
+    n = 9
+    big = HFEngine(model_dir, batch_size=64, sampler="lean", merge_rows=merge_rows)
+    small = HFEngine(big.model, big.tokenizer, batch_size=4, sampler="lean", merge_rows=merge_rows)
+    params = SamplingParams(n=n, temperature=1.0, max_new_tokens=8, seed=seed % 2**40, return_logprobs=True)
+    ids = lambda out: [[c.token_ids for c in cs] for cs in out]  # noqa: E731
+    whole = big.generate(prompts, params)
+    name = "_merged_batch" if merge_rows else "_lean_batch"
+    real, rows = getattr(HFEngine, name), []
+
+    def spy(self, prompts_, params_, keys, limits=None):
+        rows.append(len(prompts_) * params_.n)
+        return real(self, prompts_, params_, keys, limits)
+
+    monkeypatch.setattr(HFEngine, name, spy)
+    parts = small.generate(prompts, params)
+    assert rows == [4, 4, 1] * 3  # each prompt's 9 rows as 4 + 4 + 1
+    assert ids(parts) == ids(whole) and [len(cs) for cs in parts] == [n] * 3
+    # the same rows in a smaller batch: the CPU GEMM may block them otherwise, a few float32 ulps of log-probs of
+    # size up to ~6 (ulp 4.8e-7): 1e-5, about 20 ulps
+    for a, b in zip((c for cs in parts for c in cs), (c for cs in whole for c in cs)):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
+    assert len({tuple(t) for cs in ids(whole) for t in cs}) > 3  # the samples differ: the check can fail
+
+
 def test_row_uniforms_are_uniform_and_independent(seed):
     """The lean sampler's per-row uniforms: Kolmogorov-Smirnov distance to U(0, 1) and correlations
     between neighbouring rows (consecutive seeds) and consecutive steps within ~5 standard errors."""

@@ -40,27 +40,35 @@ def qwen_folder(tmp_path, tokenizer=True) -> Path:
 
 def test_a_rollout_that_cannot_fit_is_refused_before_the_model_loads(tmp_path, capsys):
     folder = qwen_folder(tmp_path)  # no weights: loading the model would fail differently
-    code, err = cli([f"model.path={folder}", "data.dataset=math500", "rollout.n=10000",
+    code, err = cli([f"model.path={folder}", "data.dataset=math500", "rollout.n=1024", "rollout.max_new_tokens=30000",
                      f"train.out_dir={tmp_path / 'runs'}"], capsys)
     assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith("error: the HF rollout engine cannot fit: it decodes 10,000 rows at once (rollout.n,") \
-        and "lower rollout.n, data.max_prompt_tokens or rollout.max_new_tokens" in err
+    assert err.startswith("error: the HF rollout engine cannot fit: it decodes 1,024 rows at once (rollout.n and ") \
+        and "lower rollout.n and " in err and ", data.max_prompt_tokens or rollout.max_new_tokens" in err, err
     # the key that drives the rows is the one named (it always said rollout.n: sweep of 2026-11-30)
     both = "train.prompts_per_step x rollout.n and data.eval_size x rollout.eval_n"  # 64 x 8 = 512 = 512 x 1
-    for override, driver in (("rollout.eval_n=100000", "rollout.eval_n"), ("data.max_prompt_tokens=100000", both)):
+    for override, driver in (("rollout.eval_n=100000", "rollout.eval_n and data.eval_size x rollout.eval_n"),
+                             ("data.max_prompt_tokens=100000", both)):
         with pytest.raises(ValueError, match=rf"\({driver}, at most 1,024 a chunk.* lower {driver}, data.max_prompt"):
-            check_memory(load_config(None, [f"model.path={folder}", "data.dataset=math500", override]))
+            check_memory(load_config(None, [f"model.path={folder}", "data.dataset=math500", override,
+                                            "rollout.max_new_tokens=8192"]))
     # greedy evaluation decodes one response a problem, whatever rollout.eval_n (it was counted eval_n times)
     check_memory(load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.eval_n=100000",
                                     "rollout.eval_temperature=0"]))
-    # 10000 rows x 151,936 x 4 fp32 copies = 24.3 GB: more than a 24 GiB machine has
+    # a group of 10,000 rows is decoded 1,024 rows at a time (it was decoded whole: 24.3 GB of fp32 logits alone);
+    # the learner's refusal of one such group comes next, before the model loads too
     cfg = load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.n=10000"])
-    assert hf_engine_bytes(cfg, model_shape(cfg)) > 4 * 10000 * 151936 * 4
+    assert hf_engine_bytes(cfg, model_shape(cfg)) == hf_engine_bytes(
+        load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.n=1024"]), model_shape(cfg))
+    code, err = cli([f"model.path={folder}", "data.dataset=math500", "rollout.n=10000",
+                     f"train.out_dir={tmp_path / 'runs'}"], capsys)
+    assert code == 2 and err.startswith("error: one group of rollout.n=10000 full-length rows"), err
     # the KV cache holds each row's prompt too (it counted the response tokens only): 24 layers x 2 x 2 heads x 64
-    longer = load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.n=10000",
+    longer = load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.n=1024",
                                 "data.max_prompt_tokens=1024"])
+    cfg = load_config(None, [f"model.path={folder}", "data.dataset=math500", "rollout.n=1024"])
     grown = hf_engine_bytes(longer, model_shape(longer)) - hf_engine_bytes(cfg, model_shape(cfg))
-    assert grown == 10000 * 24 * 2 * 2 * 64 * 512 * 4
+    assert grown == 1024 * 24 * 2 * 2 * 64 * 512 * 4
 
 
 def test_the_default_run_and_a_gpu_sized_run_pass_the_check(tmp_path):

@@ -21,8 +21,9 @@
   The model's forward must take ``position_ids``, ``past_key_values`` and ``logits_to_keep`` and
   its cache must support ``batch_repeat_interleave`` (``transformers`` causal LMs and their
   attention caches do); use ``sampler="generate"`` for models that do not.
-  Chunks are made of whole prompts, ``max(1, batch_size // n)`` of them (a chunk has
-  ``max(n, batch_size)`` rows at most), taken in order of prompt length; on CPU with SDPA
+  Chunks are made of whole prompts, ``max(1, batch_size // n)`` of them, taken in order of prompt length (a
+  prompt whose ``n`` exceeds ``batch_size`` is decoded ``batch_size`` rows at a time: its rows' draws are their
+  own keys', so the samples do not change); on CPU with SDPA
   attention, prompts of one length worth ``>= _MIN_BUCKET_ROWS`` rows form unpadded chunks of their
   own (mask-free SDPA measured faster than the padded batch despite the extra forward calls; with
   :mod:`pacs_fast.ops.short_attention` the padded batch is faster and no buckets are made).
@@ -155,8 +156,8 @@ class HFEngine(LeanDecoder, RolloutEngine):
         tokenizer: a tokenizer (default: loaded from the path, or from the module's
             ``config._name_or_path``). Used for EOS / padding ids and for decoding.
         device, dtype: where / how a model loaded from a path lives (ignored for a live module).
-        batch_size: rows (prompt x sample) per forward batch. The lean sampler never splits the
-            ``n`` samples of a prompt: it takes ``max(1, batch_size // n)`` prompts per chunk.
+        batch_size: rows (prompt x sample) per forward batch. The lean sampler takes ``max(1, batch_size // n)``
+            prompts per chunk; a prompt's ``n > batch_size`` samples are decoded ``batch_size`` at a time.
         sampler: ``"lean"`` (default, the fast decode loop) or ``"generate"`` (``model.generate``).
         merge_rows: lean sampler: decode rows with identical tokens so far once (default: on CPU,
             where the loop's per-step host sync is free; see the module docstring).
@@ -283,8 +284,15 @@ class HFEngine(LeanDecoder, RolloutEngine):
         decode = self._merged_batch if merge else self._lean_batch
         for chunk in self._lean_chunks(prompts, n):
             keys = row_keys([base + i * n + j for i in chunk for j in range(n)], self.device)
-            comps = decode([prompts[i] for i in chunk], params, keys,
-                           None if limits is None else [limits[i] for i in chunk])
+            if n > self.batch_size:  # one prompt a chunk: its n rows decoded batch_size at a time (each row's draws
+                comps = []  # are its own key's, wherever it is decoded; n = 512 rows had been one batch)
+                for s in range(0, n, self.batch_size):
+                    part = dataclasses.replace(params, n=min(self.batch_size, n - s))
+                    comps += decode([prompts[chunk[0]]], part, keys[s:s + part.n],
+                                    None if limits is None else [limits[chunk[0]]])
+            else:
+                comps = decode([prompts[i] for i in chunk], params, keys,
+                               None if limits is None else [limits[i] for i in chunk])
             for k, i in enumerate(chunk):
                 by_prompt[i] = comps[k * params.n:(k + 1) * params.n]
         return [c for comps in by_prompt for c in comps]

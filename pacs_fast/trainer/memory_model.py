@@ -78,11 +78,11 @@ def _tied(config: dict) -> bool:
 
 
 def engine_row_terms(cfg) -> dict[str, int]:
-    """What sets the HF engine's largest decode chunk (see pacs_fast.trainer.build and rollout.hf): a group
-    whole (``rollout.n``, ``rollout.eval_n``: 1 with greedy evaluation, which decodes one response a problem),
-    or a batch of at most 1,024 rows (the training step's, the evaluation's)."""
+    """What sets the HF engine's largest decode chunk (see pacs_fast.trainer.build and rollout.hf), at most 1,024
+    rows: a group (``rollout.n``, ``rollout.eval_n``: 1 with greedy evaluation, which decodes one response a
+    problem; a larger group is decoded 1,024 rows at a time) or a batch (the training step's, the evaluation's)."""
     eval_n = cfg.rollout.eval_n if cfg.rollout.eval_temperature > 0 else 1
-    return {"rollout.n": cfg.rollout.n, "rollout.eval_n": eval_n,
+    return {"rollout.n": min(cfg.rollout.n, 1024), "rollout.eval_n": min(eval_n, 1024),
             "train.prompts_per_step x rollout.n": min(cfg.train.prompts_per_step * cfg.rollout.n, 1024),
             "data.eval_size x rollout.eval_n": min(cfg.data.eval_size * eval_n, 1024)}
 

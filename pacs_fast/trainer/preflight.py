@@ -84,8 +84,8 @@ def check_memory(cfg, *, available: int | None = None) -> None:
         r, rows = cfg.rollout, engine_rows(cfg)
         driver = " and ".join(k for k, v in engine_row_terms(cfg).items() if v >= rows)  # each alone holds it there
         raise ValueError(
-            f"the HF rollout engine cannot fit: it decodes {rows:,} rows at once ({driver}, at most 1,024 a chunk "
-            f"but a group whole) of up to {cfg.data.max_prompt_tokens + r.max_new_tokens:,} tokens "
+            f"the HF rollout engine cannot fit: it decodes {rows:,} rows at once ({driver}, at most 1,024 a chunk) "
+            f"of up to {cfg.data.max_prompt_tokens + r.max_new_tokens:,} tokens "
             f"(data.max_prompt_tokens={cfg.data.max_prompt_tokens} + rollout.max_new_tokens={r.max_new_tokens}), whose "
             f"logits over {shape['vocab']:,} tokens and KV cache over {shape['layers']} layers need about "
             f"{need / GiB:.1f} GiB, and {available / GiB:.1f} GiB are available{shared}; lower {driver}, "
