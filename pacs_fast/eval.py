@@ -160,7 +160,7 @@ def run(argv: list[str]) -> int:
     meta = {"model": model_id, "label": label, "limit": args.limit,
             "settings": read_json(out_dir / "run_config.json", "run settings file")}
     results = results_from_samples(out_dir, list(sets), ks=args.k, meta=meta,
-                                   expected={b: len(p) for b, p in sets.items()})
+                                   expected={b: len(p) for b, p in sets.items()}, extra_ks=args.table_k)
     print(write_reports(out_dir, results, args.table_k))
     print(f"wrote {out_dir / 'results.json'}, table.md, pass_at_k.png", file=sys.stderr)
     lock.release()
@@ -311,7 +311,8 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
 
 def report(argv: list[str]) -> int:
     p = ArgumentParser(prog="python -m pacs_fast.eval report",
-                                description="Recompute results.json, table.md and pass_at_k.png from samples")
+                       description="Recompute results.json, table.md and pass_at_k.png from the samples of the "
+                                   "benchmarks the run's results.json lists (without one: every samples file)")
     p.add_argument("--out", required=True, help="run folder holding samples_*.jsonl")
     p.add_argument("--k", type=int_list, default=None)
     p.add_argument("--table-k", type=int_list, default=None)
@@ -345,7 +346,8 @@ def report(argv: list[str]) -> int:
     meta["label"] = args.label or meta.get("label") or (model_label(meta["model"]) if meta.get("model")
                                                         else out_dir.name)
     try:
-        results = results_from_samples(out_dir, benchmarks, ks=args.k, meta=meta, expected=expected)
+        results = results_from_samples(out_dir, benchmarks, ks=args.k, meta=meta, expected=expected,
+                                       extra_ks=args.table_k)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if not results["benchmarks"]:

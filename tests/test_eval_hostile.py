@@ -246,3 +246,13 @@ def test_an_interrupted_eval_ends_with_one_line_and_resumes(model_dir, tmp_path,
         f"stopped by {signal.Signals(sig).name}: the samples of every finished engine call are kept"), err
     done = read_samples(samples)
     assert 0 < len(done) < 40
+
+
+def test_the_tables_k_are_in_results_json_too(tmp_path):
+    """--table-k 4 beside --k 1,2: table.md showed pass@4 (recomputed from the counts), results.json had none."""
+    rec = {"benchmark": "toy", "index": 0, "id": "0", "answer": "1", "n": 4, "scores": [1.0, 0.0, 0.0, 0.0]}
+    (tmp_path / "samples_toy.jsonl").write_text(json.dumps(rec) + "\n")
+    assert ev.main(["report", "--out", str(tmp_path), "--k", "1,2", "--table-k", "4,8"]) == 0
+    res = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["toy"]
+    assert res["ks"] == [1, 2, 4] and res["pass_at_k"]["4"] == 1.0 and res["pass_at_k"]["1"] == pytest.approx(0.25)
+    assert "| 100.00 |" in (tmp_path / "table.md").read_text()

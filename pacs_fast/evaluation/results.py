@@ -151,11 +151,12 @@ def _problems_digest(records: list[dict[str, Any]]) -> str | None:
     return hashlib.sha1("\n".join(sorted(r["problem_sha1"] for r in records)).encode()).hexdigest()
 
 
-def summarize_benchmark(records: list[dict[str, Any]], ks: list[int] | None = None) -> dict[str, Any]:
+def summarize_benchmark(records: list[dict[str, Any]], ks: list[int] | None = None,
+                        extra_ks: list[int] | None = None) -> dict[str, Any]:
     """pass@k and bookkeeping for one benchmark from its problem records (ordered by index).
 
-    ``ks`` defaults to :func:`default_ks` of the smallest ``n``; k larger than a problem's ``n``
-    is dropped.
+    ``ks`` defaults to :func:`default_ks` of the smallest ``n``; ``extra_ks`` join them (the k of ``table.md``:
+    ``--table-k``); k larger than a problem's ``n`` is dropped.
     """
     if not records:
         raise ValueError("summarize_benchmark: no records")
@@ -163,7 +164,8 @@ def summarize_benchmark(records: list[dict[str, Any]], ks: list[int] | None = No
     n = np.array([int(r.get("n", len(r["scores"]))) for r in records], dtype=np.int64)
     c = np.array([sum(is_correct(s) for s in r["scores"]) for r in records], dtype=np.int64)
     n_min = int(n.min())
-    ks = default_ks(n_min) if ks is None else sorted({int(k) for k in ks if 1 <= int(k) <= n_min})
+    ks = [*(default_ks(n_min) if ks is None else ks), *(extra_ks or ())]
+    ks = sorted({int(k) for k in ks if 1 <= int(k) <= n_min})
     status_counts: dict[str, int] = {}
     finish_counts: dict[str, int] = {}
     tokens, scores = [], []
@@ -213,7 +215,7 @@ def parts_warnings(results: dict[str, Any]) -> list[str]:
 
 def results_from_samples(out_dir: str | Path, benchmarks: list[str] | None = None, *,
                          ks: list[int] | None = None, expected: dict[str, int] | None = None,
-                         meta: dict[str, Any] | None = None) -> dict[str, Any]:
+                         meta: dict[str, Any] | None = None, extra_ks: list[int] | None = None) -> dict[str, Any]:
     """The results of a run directory (every ``samples_*.jsonl`` there, or the given benchmarks).
 
     ``expected`` (benchmark -> number of problems of this run) marks a benchmark ``complete`` or not, and
@@ -232,7 +234,7 @@ def results_from_samples(out_dir: str | Path, benchmarks: list[str] | None = Non
             recs = {i: r for i, r in recs.items() if i < expected[b]}
         if not recs:
             continue
-        summary = summarize_benchmark(list(recs.values()), ks)
+        summary = summarize_benchmark(list(recs.values()), ks, extra_ks)
         if expected is not None and b in expected:
             summary["complete"] = summary["num_problems"] >= expected[b]
             summary["expected_problems"] = int(expected[b])  # (what `eval report` recomputes over)
