@@ -256,3 +256,11 @@ def test_the_tables_k_are_in_results_json_too(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["toy"]
     assert res["ks"] == [1, 2, 4] and res["pass_at_k"]["4"] == 1.0 and res["pass_at_k"]["1"] == pytest.approx(0.25)
     assert "| 100.00 |" in (tmp_path / "table.md").read_text()
+
+
+def test_an_absurd_n_is_refused_before_anything(tmp_path, capsys):
+    """--n 100000000000 ran out of memory after 20 GB with no message (and left --out behind)."""
+    for n in ("100000000000", "toy=65537", "65537"):
+        assert ev.main(["--model", "m", "--n", n, "--out", str(tmp_path / "run")]) == 2
+        _error(capsys, "1 <= N <= 65,536")
+    assert not (tmp_path / "run").exists()

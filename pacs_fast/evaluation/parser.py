@@ -22,23 +22,28 @@ def int_list(text: str) -> list[int]:
     return out
 
 
+# samples per problem at most: a problem's n responses are one samples record (one JSON line, held in memory while
+# written and read); --n 100000000000 ran out of memory after 20 GB with no message (the paper's largest n: 512)
+MAX_N = 65536
+
+
 def _n_spec(text: str) -> dict[str, int] | int:
-    """``--n 8`` (every benchmark) or ``--n math500=32,amc23=64``."""
+    """``--n 8`` (every benchmark) or ``--n math500=32,amc23=64``; each N in ``1..MAX_N``."""
     try:
         if "=" not in text:
-            n = int(text)
-            if n < 1:
-                raise ValueError
-            return n
-        out = {}
-        for part in text.split(","):
-            name, value = part.split("=")
-            out[name.strip()] = int(value)
-            if out[name.strip()] < 1:
-                raise ValueError
-        return out
+            values = n = int(text)
+        else:
+            n = {}
+            for part in text.split(","):
+                name, value = part.split("=")
+                n[name.strip()] = int(value)
+            values = min(n.values()), max(n.values())
+        if not all(1 <= v <= MAX_N for v in ([values] if isinstance(values, int) else values)):
+            raise ValueError
+        return n
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--n takes N or name=N,name=N (N >= 1), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"--n takes N or name=N,name=N (1 <= N <= {MAX_N:,}: a problem's samples are "
+                                         f"one record), got {text!r}") from None
 
 
 def run_parser() -> argparse.ArgumentParser:
