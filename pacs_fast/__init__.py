@@ -8,7 +8,7 @@ dependency only matters for the names that need it):
   ``class_balanced_weights``), baselines (``policy_loss``, ``grpo_loss``, ``value_loss``,
   ``gspo_policy_loss``, ``cispo_policy_loss``, ``clip_cov_policy_loss``, ``kl_cov_policy_loss``,
   ``gmpo_policy_loss``, ``sapo_policy_loss``, ``dppo_policy_loss``, ``gpg_advantages``, ``gpg_policy_loss``,
-  ``dro_policy_loss``,
+  ``dro_policy_loss``, ``vespo_policy_loss``,
   ``group_advantages``, ``gae``, ``kl_penalty``,
   ``aggregate_loss``, ``overlong_penalty``, ``high_entropy_mask``), ``off_policy_correction``
   (truncated / masked importance sampling against the engine's log-probs), ``pass_at_k``
@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "gpg_advantages": "pacs_fast.algorithms.gpg",
     "gpg_policy_loss": "pacs_fast.algorithms.gpg",
     "dro_policy_loss": "pacs_fast.algorithms.gpg",
+    "vespo_policy_loss": "pacs_fast.algorithms.vespo",
     "overlong_penalty": "pacs_fast.algorithms.overlong",
     "high_entropy_mask": "pacs_fast.algorithms.token_selection",
     "group_advantages": "pacs_fast.algorithms.advantages",

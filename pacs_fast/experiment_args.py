@@ -24,6 +24,9 @@ PRESETS = {
     "dppo_tv": ["algo.name=dppo_tv"],
     "dppo_kl": ["algo.name=dppo_kl"],
     "gpg": ["algo.name=gpg"],
+    "vespo": ["algo.name=vespo"],
+    "luspo": ["algo.name=gspo", "algo.loss_agg=seq-mean-token-sum"],  # (TRL's loss_type=luspo: GSPO, each sequence's
+    # term scaled by its length)
     "dro": ["algo.name=dro", "algo.dro_beta=0.05"],  # (verl's dro_beta has no default; Tinker's docs use 0.05)
     "reinforce_pp": ["algo.name=reinforce_plus_plus"],
     "reinforce_pp_baseline": ["algo.name=reinforce_plus_plus_baseline"],

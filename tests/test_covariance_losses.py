@@ -40,6 +40,8 @@ def test_clip_cov_equals_verl(seed, mode, frac):
     ca, _ = _verl()
     gen = torch.Generator().manual_seed(seed)
     logp, old, adv, mask, w = _inputs(gen, row_shift=0.1, token_noise=0.4)
+    top = int(torch.argmax(adv))  # PPO's clip acts whatever the draw: a ratio of e^0.5 = 1.65 > 1.28 with A > 0 (a
+    logp[top, 0] = old[top, 0] + 0.5  # seed had left every ratio inside, and clip_frac 0)
     cfg = _verl_config(frac, 0.3, 5.0, KL_COV_COEF)
     draw = int(torch.randint(0, 2 ** 31, (1,), generator=gen))
     for weights in (None, w):

@@ -6,6 +6,8 @@ summing to the mini-batch), the config (bad values refused before anything loads
 run of the built-in task with each."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -32,9 +34,18 @@ def _config(divergence, clips, clip_c):
 
 def _dppo_inputs(gen):
     """_inputs with log-ratios of +-0.4 and more, on tokens of probability 0.05 to 1: the sampled token's probability
-    moves by up to ~0.3, across both thresholds of either divergence."""
+    moves by up to ~0.3, across the thresholds of either divergence; and, whatever the draw, three tokens that leave
+    the region on each side or stay in it with a large ratio: the first token of the row of the largest advantage
+    goes 0.5 -> 0.9 (out for A > 0), those of two rows with A < 0 go 0.9 -> 0.5 (out for A <= 0) and 0.05 -> 0.1
+    (in: a rise with A <= 0, ratio 2)."""
     logp, old, adv, mask, w = _inputs(gen, row_shift=0.3, token_noise=0.4)
-    return logp.clamp(max=-1e-3), old, adv, mask, w  # log-probs of a distribution (verl's KL is NaN above 0)
+    logp = logp.clamp(max=-1e-3)  # log-probs of a distribution (verl's KL is NaN above 0)
+    up = int(torch.argmax(adv))
+    down = [i for i in torch.argsort(adv).tolist() if mask[i, 0] > 0][:2]
+    assert adv[up] > 0 and mask[up, 0] > 0 and all(adv[i] < 0 for i in down)
+    for i, (before, after) in ((up, (0.5, 0.9)), (down[0], (0.9, 0.5)), (down[1], (0.05, 0.1))):
+        old[i, 0], logp[i, 0] = math.log(before), math.log(after)
+    return logp, old, adv, mask, w
 
 
 @pytest.mark.parametrize("mode", MODES)

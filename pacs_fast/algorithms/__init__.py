@@ -9,7 +9,8 @@
   (:mod:`.sequence_losses`); :func:`clip_cov_policy_loss`, :func:`kl_cov_policy_loss`
   (:mod:`.covariance_losses`); :func:`gmpo_policy_loss` (:mod:`.sequence_losses`), :func:`sapo_policy_loss`
   (:mod:`.sapo`); :func:`dppo_policy_loss` (:mod:`.dppo`); :func:`gpg_advantages`, :func:`gpg_policy_loss`,
-  :func:`dro_policy_loss` (:mod:`.gpg`); :func:`overlong_penalty` (DAPO's overlong reward shaping, :mod:`.overlong`);
+  :func:`dro_policy_loss` (:mod:`.gpg`); :func:`vespo_policy_loss` (:mod:`.vespo`); :func:`overlong_penalty`
+  (DAPO's overlong reward shaping, :mod:`.overlong`);
   :func:`high_entropy_mask` (the high-entropy tokens a policy gradient keeps, :mod:`.token_selection`).
 - Evaluation: :func:`pass_at_k` (:mod:`.pass_at_k`).
 """
@@ -34,11 +35,12 @@ from pacs_fast.algorithms.gpg import dro_policy_loss, gpg_advantages, gpg_policy
 from pacs_fast.algorithms.sapo import sapo_policy_loss
 from pacs_fast.algorithms.sequence_losses import cispo_policy_loss, gmpo_policy_loss, gspo_policy_loss
 from pacs_fast.algorithms.token_selection import high_entropy_mask
+from pacs_fast.algorithms.vespo import vespo_policy_loss
 
 __all__ = [
     "KL_ESTIMATORS", "LOSS_AGG_MODES", "PROXIES", "SCORES", "WEIGHT_MODES", "aggregate_loss", "cispo_policy_loss",
     "class_balanced_weights", "clip_cov_policy_loss", "dppo_policy_loss", "dro_policy_loss", "gae", "gmpo_policy_loss",
     "gpg_advantages", "gpg_policy_loss", "group_advantages", "group_scores", "grpo_loss", "gspo_policy_loss",
     "high_entropy_mask", "kl_cov_policy_loss", "kl_penalty", "masked_mean", "masked_whiten", "overlong_penalty",
-    "pacs_loss", "pass_at_k", "policy_loss", "reward_proxy", "sapo_policy_loss", "value_loss",
+    "pacs_loss", "pass_at_k", "policy_loss", "reward_proxy", "sapo_policy_loss", "value_loss", "vespo_policy_loss",
 ]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ALGORITHMS = ("pacs", "grpo", "ppo", "rloo", "dr_grpo", "gspo", "cispo", "clip_cov", "kl_cov", "gmpo", "sapo",
-              "dppo_tv", "dppo_kl", "dro", "gpg",
+              "dppo_tv", "dppo_kl", "dro", "vespo", "gpg",
               "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 # (algo.clip_low, algo.clip_high) of the algorithms whose defaults are not the shared 0.2 / 0.2: filled in by
 # load_config when neither the file nor the command line gives the key (pacs_fast.algorithms.sequence_losses)
@@ -153,7 +153,8 @@ class AlgoConfig:
                    "most) | gmpo (geometric-mean ratio per sequence, Zhao et al. 2025) | sapo (soft-gated ratio, "
                    "Qwen's SAPO) | dppo_tv | dppo_kl (DPPO, Qi et al. 2026: a trust region on the binary TV / KL "
                    "divergence of the sampled token's probability in place of the ratio clip) | dro (REINFORCE "
-                   "with a quadratic pull to the rollout policy, algo.dro_beta); "
+                   "with a quadratic pull to the rollout policy, algo.dro_beta) | vespo (TRL's: each sequence "
+                   "weighted by a Gamma function of its importance weight, arXiv 2602.10693); "
                    "gspo/cispo/clip_cov/kl_cov/gmpo/sapo/dppo_tv/dppo_kl/dro as verl's loss modes (gmpo: verl's "
                    "geo_mean), "
                    "with GRPO's group-normalised advantages | reinforce_plus_plus | reinforce_plus_plus_baseline "
@@ -192,6 +193,11 @@ class AlgoConfig:
                             "ppo_kl_coef, 0.1; the paper's recipe: 1)")
     dro_beta: float = _f(0.0, "dro: the coefficient beta of its penalty beta / 2 (logp - old_logp)^2 (verl's "
                          "dro_beta, which has no default: required > 0 with algo.name=dro)")
+    vespo_k_pos: float = _f(2.0, "vespo: the Gamma weight's power k for A >= 0 (TRL's vespo_k_pos): phi(w) = "
+                            "e^lambda w^k e^(-lambda w) of the sequence's importance weight w")
+    vespo_lambda_pos: float = _f(3.0, "vespo: the Gamma weight's decay lambda for A >= 0 (TRL's vespo_lambda_pos)")
+    vespo_k_neg: float = _f(3.0, "vespo: k for A < 0 (TRL's vespo_k_neg)")
+    vespo_lambda_neg: float = _f(2.0, "vespo: lambda for A < 0 (TRL's vespo_lambda_neg)")
     tau_pos: float = _f(1.0, "sapo: the gate's temperature for tokens with a positive advantage (verl's tau_pos)")
     tau_neg: float = _f(1.05, "sapo: the gate's temperature for the others (verl's tau_neg; above tau_pos: the "
                         "gate closes faster for negative advantages)")

@@ -44,9 +44,12 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
                                                                  "reset)"))
     if name in ("gspo", "cispo", "clip_cov", "gmpo"):
         out.append((("algo.clip_c",), f"with algo.name={name} (PPO's dual clip; {name} has none, as in verl)"))
-    if name in ("kl_cov", "sapo", "gpg", "dro"):
+    if name in ("kl_cov", "sapo", "gpg", "dro", "vespo"):
         out.append((("algo.clip_low", "algo.clip_high", "algo.clip_c"), f"with algo.name={name} (it clips no "
                                                                         f"ratio, as in verl)"))
+    if name != "vespo":
+        out.append((("algo.vespo_k_pos", "algo.vespo_lambda_pos", "algo.vespo_k_neg", "algo.vespo_lambda_neg"),
+                    f"with algo.name={name} (VESPO's Gamma weight)"))
     if name != "dro":
         out.append((("algo.dro_beta",), f"with algo.name={name} (DRO's penalty coefficient)"))
     if name != "sapo":

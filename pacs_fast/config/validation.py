@@ -71,7 +71,9 @@ FLOAT_RANGES = (
     ("algo.vf_coef", 0.0, None, True, None), ("algo.value_clip", 0.0, None, True, None),
     ("algo.entropy_top_frac", 0.0, 1.0, False, True), ("algo.cov_frac", 0.0, 1.0, False, True),
     ("algo.cov_kl_coef", 0.0, None, True, None), ("algo.dro_beta", 0.0, None, True, None),
-    ("algo.tau_pos", 0.0, None, False, None),
+    ("algo.tau_pos", 0.0, None, False, None), ("algo.vespo_k_pos", 0.0, None, True, None),
+    ("algo.vespo_k_neg", 0.0, None, True, None), ("algo.vespo_lambda_pos", 0.0, None, False, None),
+    ("algo.vespo_lambda_neg", 0.0, None, False, None),
     ("algo.tau_neg", 0.0, None, False, None), ("model.lora_alpha", 0.0, None, True, None),
     ("rollout.temperature", MIN_TEMPERATURE, None, True, None), ("rollout.eval_temperature", 0.0, None, True, None),
     ("rollout.top_p", 0.0, 1.0, False, True), ("rollout.eval_top_p", 0.0, 1.0, False, True),
@@ -334,7 +336,8 @@ def _validate_clips_and_overlong(cfg: Config) -> None:
     """algo.clip_low < 1 (the ratio's lower bound 1 - clip_low stays > 0) except for cispo, whose
     clip_low >= 1 means no lower bound on its IS weight; reward.overlong_buffer_len within the
     response length (verl's DAPO reward manager asserts 0 < buffer <= max_resp_len)."""
-    if cfg.algo.clip_low >= 1 and cfg.algo.name not in ("cispo", "gmpo", "kl_cov", "sapo", "dppo_tv", "dppo_kl"):
+    if cfg.algo.clip_low >= 1 and cfg.algo.name not in ("cispo", "gmpo", "kl_cov", "sapo", "dppo_tv", "dppo_kl",
+                                                         "dro", "vespo", "gpg"):  # (the last three clip nothing)
         raise ValueError(f"algo.clip_low must be in [0, 1) (the ratio's lower bound is 1 - clip_low; only "
                          f"algo.name=cispo takes >= 1, no lower bound, gmpo, whose bound is on the log-ratio, and "
                          f"dppo_tv / dppo_kl, whose bound is on a divergence), got {cfg.algo.clip_low}")
@@ -434,7 +437,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
         raise ValueError(f"rollout.n must be >= 1, got {G}")
     # PACS's scores that need a group: algorithms.pacs.GROUP_SCORES (a layer above)
     needs_group = (name in ("grpo", "rloo", "dr_grpo", "gspo", "cispo", "clip_cov", "kl_cov", "gmpo", "sapo",
-                            "dppo_tv", "dppo_kl", "dro")
+                            "dppo_tv", "dppo_kl", "dro", "vespo")
                    or (name == "pacs" and cfg.algo.score in ("rloo", "grpo", "dr_grpo")))
     if needs_group and G < 2:
         what = f"algo.score={cfg.algo.score}" if name == "pacs" else f"algo.name={name}"

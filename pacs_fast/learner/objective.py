@@ -15,8 +15,8 @@ from pacs_fast.config import AlgoConfig
 from pacs_fast.learner.base import RolloutBatch
 
 
-#: the algorithms that are verl's policy-loss modes on GRPO's advantages
-VERL_LOSS_MODES = ("gspo", "cispo", "clip_cov", "kl_cov", "gmpo", "sapo", "dppo_tv", "dppo_kl", "dro")
+#: the algorithms that are verl's policy-loss modes on GRPO's advantages (and TRL's VESPO)
+VERL_LOSS_MODES = ("gspo", "cispo", "clip_cov", "kl_cov", "gmpo", "sapo", "dppo_tv", "dppo_kl", "dro", "vespo")
 #: the algorithms whose advantages are the whole step's (the trainer sets ``batch.advantages``): what they are, and
 #: the function that computes them
 _WHITENED = ("batch-whitened", "pacs_fast.algorithms.reinforce_pp.reinforce_pp_advantages")
@@ -119,12 +119,14 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
                   kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator, kl_clamp=algo.kl_clamp or None,
                   token_weights=micro.is_weights)
         token_share = float(mask.sum()) / max(counts["tokens"], 1.0)  # this micro-batch's share of the tokens
+        selection = None  # the high-entropy tokens (VESPO takes them apart from the correction's weights)
         if algo.entropy_top_frac < 1.0:  # the policy gradient on the high-entropy tokens only (token_selection.py)
             from pacs_fast.algorithms.token_selection import high_entropy_mask
             if entropy is None:
                 raise ValueError("objective: algo.entropy_top_frac < 1 selects tokens by entropy; give the "
                                  "entropies (entropy=, see needs_entropy)")
             keep, threshold = high_entropy_mask(entropy, mask, algo.entropy_top_frac)
+            selection = keep
             kw["token_weights"] = keep if micro.is_weights is None else micro.is_weights * keep
             metrics["entropy_threshold"] = threshold.nan_to_num(0.0) * token_share
             metrics["entropy_kept_frac"] = keep.sum() / max(counts["tokens"], 1.0)
@@ -137,7 +139,7 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
             from pacs_fast.algorithms import group_advantages
             adv = micro.advantages if micro.advantages is not None else group_advantages(rewards, micro.group_size,
                                                                                           "grpo")
-            loss, pm = _verl_loss_mode(algo, micro, logp, adv, mask, kw)
+            loss, pm = _verl_loss_mode(algo, micro, logp, adv, mask, kw, selection)
             pm.update(adv_mean=adv.mean(), adv_abs_mean=adv.abs().mean())
         elif algo.name in STEP_ADVANTAGES and micro.advantages is None:
             kind, where = STEP_ADVANTAGES[algo.name]
@@ -181,12 +183,13 @@ def _row_advantage_means(advantages: torch.Tensor, mask: torch.Tensor) -> dict[s
     return {"adv_mean": rows.mean(), "adv_abs_mean": rows.abs().mean()}
 
 
-def _verl_loss_mode(algo: AlgoConfig, micro: RolloutBatch, logp, adv, mask, kw: dict):
-    """gspo / cispo / clip_cov / kl_cov / gmpo / sapo / dppo_tv / dppo_kl / dro's loss of a micro-batch with
+def _verl_loss_mode(algo: AlgoConfig, micro: RolloutBatch, logp, adv, mask, kw: dict, selection=None):
+    """gspo / cispo / clip_cov / kl_cov / gmpo / sapo / dppo_tv / dppo_kl / dro / vespo's loss of a micro-batch with
     ``policy_loss``'s arguments ``kw`` (none has PPO's dual clip: DPPO's ``clip_c`` truncates its detached ratio;
-    kl_cov, sapo and dro clip no ratio). Clip-Cov's random draw takes the tokens of the
-    smallest :func:`row_keys`, drawn from each row's own tokens, so that the same rows cut the same tokens in a
-    resumed or repeated run and in either learner (which order a micro-batch's groups differently)."""
+    kl_cov, sapo, dro and vespo clip no ratio). VESPO folds the off-policy correction's weights into its sequence
+    weight and multiplies its terms by ``selection`` (the high-entropy tokens) alone. Clip-Cov's random draw takes
+    the tokens of the smallest :func:`row_keys`, drawn from each row's own tokens, so that the same rows cut the same
+    tokens in a resumed or repeated run and in either learner (which order a micro-batch's groups differently)."""
     from pacs_fast.algorithms.covariance_losses import clip_cov_policy_loss, kl_cov_policy_loss
     from pacs_fast.algorithms.dppo import dppo_policy_loss
     from pacs_fast.algorithms.gpg import dro_policy_loss
@@ -202,6 +205,13 @@ def _verl_loss_mode(algo: AlgoConfig, micro: RolloutBatch, logp, adv, mask, kw: 
         return cispo_policy_loss(logp, micro.old_logp, adv, mask, **kw)
     if algo.name == "gmpo":
         return gmpo_policy_loss(logp, micro.old_logp, adv, mask, **kw)
+    if algo.name == "vespo":
+        from pacs_fast.algorithms.vespo import vespo_policy_loss
+        kw = {k: v for k, v in kw.items() if k not in ("clip_low", "clip_high")}
+        return vespo_policy_loss(logp, micro.old_logp, adv, mask, k_pos=algo.vespo_k_pos,
+                                 lambda_pos=algo.vespo_lambda_pos, k_neg=algo.vespo_k_neg,
+                                 lambda_neg=algo.vespo_lambda_neg, is_weights=micro.is_weights,
+                                 **{**kw, "token_weights": selection})
     if algo.name == "dro":
         kw = {k: v for k, v in kw.items() if k not in ("clip_low", "clip_high")}
         return dro_policy_loss(logp, micro.old_logp, adv, mask, beta=algo.dro_beta, **kw)
