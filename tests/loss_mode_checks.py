@@ -29,6 +29,24 @@ def unused_keys(overrides) -> list[str]:
     return sorted(line.split("=")[0] for line in unused_settings(cfg))
 
 
+def assert_objective_equals(algo, mb, logp, expected, keys=()) -> dict:
+    """The trainer's objective of the micro-batch ``mb`` (two groups of 4 rows, horizon 6) is ``expected``, its
+    metrics hold ``keys``, and its two groups as micro-batches sum to it (the mini-batch's counts). Returns the
+    metrics."""
+    import torch
+
+    from pacs_fast.learner.objective import minibatch_counts, objective
+
+    counts = minibatch_counts(mb)
+    whole, met = objective(algo, mb, logp, None, None, counts, horizon=6)
+    torch.testing.assert_close(whole, expected)
+    assert all(k in met for k in keys), (keys, sorted(met))
+    parts = sum(objective(algo, mb.groups([g]), logp[4 * g:4 * g + 4], None, None, counts, horizon=6)[0]
+                for g in range(2))
+    torch.testing.assert_close(parts, whole)
+    return met
+
+
 def assert_two_step_run(tiny_args, tmp_path, keys):
     """``train.steps=2`` of the built-in task with ``tiny_args``: a train record per step, each with ``keys``
     (and the loss, grad norm, pg loss and advantages' size) finite."""

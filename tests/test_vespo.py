@@ -12,7 +12,7 @@ import torch
 
 from pacs_fast.algorithms.vespo import VESPO_SHAPE, gamma_weights, vespo_policy_loss
 
-from loss_mode_checks import assert_refused_before_loading, assert_two_step_run, unused_keys
+from loss_mode_checks import assert_objective_equals, assert_refused_before_loading, assert_two_step_run, unused_keys
 from test_sequence_losses import TINY, _grad, _inputs, _micro
 
 EXACT = dict(rtol=1e-12, atol=1e-14)
@@ -89,7 +89,7 @@ def test_bad_arguments_are_refused():
 def test_the_objective_reaches_the_loss_and_accumulates(seed):
     from pacs_fast.algorithms import group_advantages
     from pacs_fast.config import load_config
-    from pacs_fast.learner.objective import minibatch_counts, objective
+    from pacs_fast.learner.objective import minibatch_counts
 
     gen = torch.Generator().manual_seed(seed)
     algo = load_config(None, ["algo.name=vespo", "algo.kl_coef=0.05", "algo.vespo_lambda_neg=4"]).algo
@@ -101,12 +101,7 @@ def test_the_objective_reaches_the_loss_and_accumulates(seed):
     expected, _ = vespo_policy_loss(logp, mb.old_logp, adv, mb.response_mask, lambda_neg=4.0,
                                     is_weights=mb.is_weights, global_count=counts["tokens"], logp_ref=mb.ref_logp,
                                     kl_coef=0.05)
-    whole, met = objective(algo, mb, logp, None, None, counts, horizon=6)
-    torch.testing.assert_close(whole, expected)
-    assert "phi_seq_mean" in met and "kl" in met
-    parts = sum(objective(algo, mb.groups([g]), logp[4 * g:4 * g + 4], None, None, counts, horizon=6)[0]
-                for g in range(2))
-    torch.testing.assert_close(parts, whole)
+    assert_objective_equals(algo, mb, logp, expected, ("phi_seq_mean", "kl"))
 
 
 def test_luspo_is_gspo_summed_over_each_sequence(seed):
