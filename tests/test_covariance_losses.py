@@ -32,6 +32,20 @@ def _verl_config(frac, lb, ub, coef, clips=(0.2, 0.28)):
                                                     clip_cov_ub=ub, kl_cov_ratio=frac, ppo_kl_coef=coef))
 
 
+def _cov_inputs(gen):
+    """_inputs with ratios across PPO's clip and covariance terms in about [-3, 3]; and, whatever the draw, a token
+    PPO clips (the first of the row of the largest advantage, A > 0, at a ratio of e^0.5 = 1.65 > 1.28) and one
+    in the band (0.3, 5) of the tests that PPO does not clip (the first of the row of the smallest advantage, A < 0,
+    at log-prob -3.5 and ratio 1: covariance about (-1.1)(-3.5 - mean logp) = 2 to 4). Seeds had left either set
+    empty (3 in 1,000 without a band token), and the checks that the cut acts failed."""
+    logp, old, adv, mask, w = _inputs(gen, row_shift=0.1, token_noise=0.4)
+    has = mask[:, 0] > 0  # (row 3 has no token)
+    top, bottom = int(torch.where(has, adv, -1e9).argmax()), int(torch.where(has, adv, 1e9).argmin())
+    logp[top, 0] = old[top, 0] + 0.5
+    logp[bottom, 0] = old[bottom, 0] = -3.5
+    return logp, old, adv, mask, w
+
+
 # covariance terms of these inputs lie in about [-3, 3]: a band from 0.3 holds several tokens, so a draw of many
 # (frac 0.3) and of one (verl's 2e-4) both choose among candidates
 @pytest.mark.parametrize("mode", MODES)
@@ -39,9 +53,7 @@ def _verl_config(frac, lb, ub, coef, clips=(0.2, 0.28)):
 def test_clip_cov_equals_verl(seed, mode, frac):
     ca, _ = _verl()
     gen = torch.Generator().manual_seed(seed)
-    logp, old, adv, mask, w = _inputs(gen, row_shift=0.1, token_noise=0.4)
-    top = int(torch.argmax(adv))  # PPO's clip acts whatever the draw: a ratio of e^0.5 = 1.65 > 1.28 with A > 0 (a
-    logp[top, 0] = old[top, 0] + 0.5  # seed had left every ratio inside, and clip_frac 0)
+    logp, old, adv, mask, w = _cov_inputs(gen)
     cfg = _verl_config(frac, 0.3, 5.0, KL_COV_COEF)
     draw = int(torch.randint(0, 2 ** 31, (1,), generator=gen))
     for weights in (None, w):
@@ -64,7 +76,7 @@ def test_clip_cov_equals_verl(seed, mode, frac):
 def test_kl_cov_equals_verl(seed, mode, frac):
     ca, _ = _verl()
     gen = torch.Generator().manual_seed(seed)
-    logp, old, adv, mask, w = _inputs(gen, row_shift=0.1, token_noise=0.4)
+    logp, old, adv, mask, w = _cov_inputs(gen)
     cfg = _verl_config(frac, *COV_BOUNDS, 0.7)
     for weights in (None, w):
         ref, g_ref, m_ref = _grad(lambda x: ca.compute_policy_loss_kl_cov(
@@ -99,7 +111,7 @@ def test_the_gradients_by_hand(seed):
     lies in the band with the clipped term not active. KL-Cov: -A ratio / n on every token, plus the KL term's
     coef * sign(log ratio) / n on the tokens of the largest covariance."""
     gen = torch.Generator().manual_seed(seed)
-    logp, old, adv, mask, _ = _inputs(gen, row_shift=0.1, token_noise=0.4)
+    logp, old, adv, mask, _ = _cov_inputs(gen)
     _, g, _ = _grad(clip_cov_policy_loss, logp, old, adv, mask, cov_frac=0.3, cov_low=0.3, cov_high=5.0,
                     generator=torch.Generator().manual_seed(seed))
     _, g_ppo, _ = _grad(policy_loss, logp, old, adv, mask, clip_c=None)

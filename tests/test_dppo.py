@@ -40,7 +40,7 @@ def _dppo_inputs(gen):
     (in: a rise with A <= 0, ratio 2)."""
     logp, old, adv, mask, w = _inputs(gen, row_shift=0.3, token_noise=0.4)
     logp = logp.clamp(max=-1e-3)  # log-probs of a distribution (verl's KL is NaN above 0)
-    up = int(torch.argmax(adv))
+    up = int(torch.where(mask[:, 0] > 0, adv, -1e9).argmax())  # (row 3 has no token)
     down = [i for i in torch.argsort(adv).tolist() if mask[i, 0] > 0][:2]
     assert adv[up] > 0 and mask[up, 0] > 0 and all(adv[i] < 0 for i in down)
     for i, (before, after) in ((up, (0.5, 0.9)), (down[0], (0.9, 0.5)), (down[1], (0.05, 0.1))):

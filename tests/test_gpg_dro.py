@@ -161,6 +161,9 @@ def test_the_objective_and_the_step_advantages(seed):
     (["algo.name=dro", "algo.dro_beta=-1"], "algo.dro_beta"),
     (["algo.name=dro", "algo.dro_beta=0.1", "rollout.n=1"], "rollout.n must be >= 2 for algo.name=dro"),
     (["algo.name=gpg", "algo.noise_correction=backward", "algo.noise_rho0=0.1"], "gpg scales its advantages"),
+    # the entropy selection multiplied DRO's whole term, its pull to the rollout policy too (sweep of 2026-12-01)
+    (["algo.name=dro", "algo.dro_beta=0.1", "algo.entropy_top_frac=0.2"], "not with algo.name=dro (set "
+                                                                          "algo.entropy_top_frac=1)"),
 ])
 def test_bad_values_refused_before_loading(overrides, key, tmp_path, capsys):
     assert_refused_before_loading(overrides, key, tmp_path, capsys)
@@ -191,3 +194,41 @@ def cache(warm_cache):
                                                  ("dro", ["algo.dro_beta=0.1"], "learner/sq_log_ratio")])
 def test_two_step_run(tmp_path, cache, name, extra, metric):
     assert_two_step_run(TINY + [f"warmup.cache_dir={cache}", f"algo.name={name}", *extra], tmp_path, [metric])
+
+
+def test_step_advantage_means_count_the_rows_that_leave_the_loss(seed):
+    """gpg (and REINFORCE++) logged adv_abs_mean with truncated rows (learner.mask_truncated) as 0: neither the mean
+    over every row, as dppo / dro log, nor over the rows that train (sweep of 2026-12-01)."""
+    from pacs_fast.config import load_config
+    from pacs_fast.learner.objective import minibatch_counts, objective
+    from pacs_fast.trainer.step import step_gpg
+
+    gen = torch.Generator().manual_seed(seed)
+    mb = _micro(gen)
+    mb.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=mb.rewards.dtype)
+    mb.truncated = torch.tensor([False, True, True, False, False, True, False, False])
+    mb.advantages = step_gpg(mb)
+    algo = load_config(None, ["algo.name=gpg"]).algo
+    _, met = objective(algo, mb, mb.old_logp.clone(), None, None, minibatch_counts(mb), horizon=6)
+    want = gpg_advantages(mb.rewards, 4)
+    assert float(met["adv_abs_mean"]) == pytest.approx(float(want.abs().mean()), rel=1e-6)
+    assert float(want[mb.truncated].abs().sum()) > 0  # the truncated rows' advantages are not 0: the check can fail
+
+
+def test_the_steps_warnings_count_every_data_parallel_share():
+    from pacs_fast.learner.base import RolloutBatch
+    from pacs_fast.trainer.step import step_shaping_counts
+
+    class World:  # two data-parallel groups: this one's share and the other's
+        dp = 2
+
+        def gather_dp(self, mine):
+            return [mine, (8, 2.0, 1)]
+
+    batch = RolloutBatch(input_ids=torch.zeros(8, 5, dtype=torch.long), attention_mask=torch.ones(8, 5),
+                         response_mask=torch.ones(8, 5), rewards=torch.zeros(8), group_size=4)
+    batch.truncated = torch.ones(8, dtype=torch.bool)  # every row of this share
+    rows, over, cut = step_shaping_counts(World(), batch, {"reward/overlong_frac": 1.0})
+    assert (rows, over, cut) == (16, 10.0, 9)  # not "all 8 truncated, 100% penalised"
+    World.dp = 1
+    assert step_shaping_counts(World(), batch, {"reward/overlong_frac": 1.0}) == (8, 8.0, 8)

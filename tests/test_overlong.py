@@ -296,7 +296,8 @@ def test_a_batch_cut_everywhere_is_a_warning():
     cfg = load_config(None, ["learner.mask_truncated=true", "rollout.n=2", "rollout.max_new_tokens=3"])
     lines = []
     s = SimpleNamespace(cfg=cfg, scorer=lambda texts, answers, **k: [1.0, 0.0] * (len(texts) // 2), credit=None,
-                        tokenizer=SimpleNamespace(pad_token_id=0), log=lines.append)
+                        tokenizer=SimpleNamespace(pad_token_id=0), log=lines.append,
+                        world=SimpleNamespace(dp=1))
 
     def comp(reason):
         return SimpleNamespace(text="7", token_ids=[5, 6, 7], finish_reason=reason, logprobs=None)
@@ -322,7 +323,8 @@ def test_a_buffer_most_responses_fall_in_is_a_warning_at_the_first_step():
     cfg = load_config(None, ["rollout.n=2", "rollout.max_new_tokens=12", "reward.overlong_buffer_len=4"])
     lines = []
     s = SimpleNamespace(cfg=cfg, scorer=lambda texts, answers, **k: [1.0, 0.0] * (len(texts) // 2), credit=None,
-                        tokenizer=SimpleNamespace(pad_token_id=0), log=lines.append, start_step=0)
+                        tokenizer=SimpleNamespace(pad_token_id=0), log=lines.append, start_step=0,
+                        world=SimpleNamespace(dp=1))
 
     def comp(n):
         return SimpleNamespace(text="7", token_ids=list(range(3, 3 + n)), finish_reason="stop", logprobs=None)

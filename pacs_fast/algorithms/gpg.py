@@ -10,7 +10,9 @@ Both are REINFORCE on the current log-probs, with no ratio and no clip:
   where ``alpha = B / max(1, M)`` over the whole step, ``B`` its responses and ``M`` those with a non-zero reward
   (verl's ``count_nonzero`` of the scores): the gradient is rescaled for the share of responses that carry one.
   The scale is the step's, so a batch split over data-parallel groups takes the whole step's counts
-  (:func:`gpg_totals` of each share, summed; as REINFORCE++'s whitening in :mod:`.reinforce_pp`).
+  (:func:`gpg_totals` of each share, summed; as REINFORCE++'s whitening in :mod:`.reinforce_pp`). Rows that
+  ``learner.mask_truncated`` takes out of the loss still count in ``B`` and ``M`` (verl, whose formula this is,
+  has no such setting; their group means count them too, as every baseline's do).
 - DRO's loss ``l_t = -(A_t logp_t - beta / 2 (logp_t - old_logp_t)^2)`` (verl's ``dro``, ``dro_beta`` required):
   the policy gradient with a quadratic pull back to the rollout policy, on GRPO's advantages in the trainer (as
   verl's; the paper's soft value baseline is not built here). Tinker's DRO loss is the same term.

@@ -22,6 +22,10 @@ def validate_loss_modes(cfg: Config) -> None:
         raise ValueError(f"algo.entropy_top_frac={cfg.algo.entropy_top_frac} keeps every per-token term on the "
                          f"high-entropy tokens only, KL-Cov's penalty included, which falls on the confident (low-"
                          f"entropy) tokens it is for: not with algo.name=kl_cov (set algo.entropy_top_frac=1)")
+    if cfg.algo.name == "dro" and cfg.algo.entropy_top_frac < 1.0:
+        raise ValueError(f"algo.entropy_top_frac={cfg.algo.entropy_top_frac} keeps every per-token term on the "
+                         f"high-entropy tokens only, DRO's quadratic pull to the rollout policy included (it left "
+                         f"the other tokens free to drift): not with algo.name=dro (set algo.entropy_top_frac=1)")
     if cfg.algo.name == "dro" and not cfg.algo.dro_beta > 0:
         raise ValueError(f"algo.name=dro needs algo.dro_beta > 0 (the coefficient of its quadratic penalty "
                          f"beta / 2 (logp - old_logp)^2; verl's dro_beta has no default), got {cfg.algo.dro_beta}")

@@ -149,12 +149,12 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
             from pacs_fast.algorithms.gpg import gpg_policy_loss
             loss, pm = gpg_policy_loss(logp, micro.old_logp, micro.advantages, mask,
                                        **{k: v for k, v in kw.items() if k not in ("clip_low", "clip_high", "clip_c")})
-            pm.update(_row_advantage_means(micro.advantages, mask))
+            pm.update(_row_advantage_means(micro.advantages, micro.response_mask))
         elif micro.advantages is not None:  # per-token: PPO's GAE, REINFORCE++'s (algorithms/reinforce_pp.py), or
             # process-reward credit (trainer/step_credit.py)
             loss, pm = policy_loss(logp, micro.old_logp, micro.advantages, mask, **kw)
             if algo.name in STEP_ADVANTAGES:  # one advantage per row: its rows' mean, as gspo / cispo record
-                pm.update(_row_advantage_means(micro.advantages, mask))
+                pm.update(_row_advantage_means(micro.advantages, micro.response_mask))
             if algo.name == "ppo":
                 vloss, vm = value_loss(values, micro.old_values, micro.returns, mask,
                                        clip_range=algo.value_clip or None, loss_agg_mode=agg,
@@ -178,7 +178,9 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
 
 
 def _row_advantage_means(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``adv_mean`` / ``adv_abs_mean`` of per-token advantages that are one value per row: the rows' means."""
+    """``adv_mean`` / ``adv_abs_mean`` of per-token advantages that are one value per row: the rows' means over the
+    response tokens ``mask`` (the response mask, not the loss's: a row that leaves the loss, truncated, still counts
+    with its advantage, as the other baselines' means of every row do; it had counted as 0)."""
     rows = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     return {"adv_mean": rows.mean(), "adv_abs_mean": rows.abs().mean()}
 

@@ -58,7 +58,8 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
     # reward.overlong_buffer_len, learner.mask_truncated (trainer/overlong.py); its metrics join the record
     shaping = shape_batch(s.cfg, batch, comps)
     timings.update(shaping)
-    frac = shaping.get("reward/overlong_frac", 0.0)
+    rows, over, cut = step_shaping_counts(s.world, batch, shaping)  # (the warnings below are of the whole step)
+    frac = over / max(rows, 1)
     if frac >= OVERLONG_WARN_FRAC and step == s.start_step + 1:
         start = s.cfg.rollout.max_new_tokens - s.cfg.reward.overlong_buffer_len
         s.log(f"warning: step {step}: {frac:.0%} of the responses are longer than rollout.max_new_tokens - "
@@ -66,9 +67,9 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
               f"before the task's usual length rewards short answers (docs/EFFICACY.md: a 4-token buffer at "
               f"max_new_tokens=12 collapsed every seed): raise rollout.max_new_tokens or lower "
               f"reward.overlong_buffer_len")
-    if batch.truncated is not None and len(batch.truncated) and bool(batch.truncated.all()):
+    if batch.truncated is not None and rows and cut == rows:
         s.log(f"warning: step {step}: learner.mask_truncated takes every response of this batch out of the loss "
-              f"(all {len(batch.truncated)} ended at rollout.max_new_tokens={s.cfg.rollout.max_new_tokens} without "
+              f"(all {rows} ended at rollout.max_new_tokens={s.cfg.rollout.max_new_tokens} without "
               f"EOS): it trains nothing; raise rollout.max_new_tokens")
     if s.credit:  # process rewards: per-token advantages (PURE's min-form or the summation form)
         batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)
@@ -78,6 +79,20 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
     if s.cfg.algo.name == "gpg":  # scaled by the whole step's non-zero rewards: every data-parallel group's share
         batch.advantages = step_gpg(batch, gather)
     return rewards, prompt_ids, batch
+
+
+def step_shaping_counts(world, batch: RolloutBatch, shaping: dict) -> tuple[int, float, int]:
+    """``(rows, rows the overlong penalty hit, rows learner.mask_truncated takes out)`` of the whole step: every
+    data-parallel group's share summed (collective when ``world.dp > 1``; every group scores its share in
+    :func:`score_and_batch`). A share's own counts had warned "100% take the overlong penalty" and "trains nothing"
+    of a step whose record said 81% truncated (sweep of 2026-12-01)."""
+    rows = len(batch.rewards)
+    over = shaping.get("reward/overlong_frac", 0.0) * rows
+    cut = 0 if batch.truncated is None else int(batch.truncated.sum())
+    if world.dp > 1:
+        parts = world.gather_dp((rows, over, cut))
+        rows, over, cut = (sum(p[i] for p in parts) for i in range(3))
+    return rows, over, cut
 
 
 def step_reinforce_pp(name: str, batch: RolloutBatch, gather=None) -> torch.Tensor:
