@@ -264,3 +264,11 @@ def test_an_absurd_n_is_refused_before_anything(tmp_path, capsys):
         assert ev.main(["--model", "m", "--n", n, "--out", str(tmp_path / "run")]) == 2
         _error(capsys, "1 <= N <= 65,536")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_settings_refusal_names_the_values(finished, model_dir, tmp_path, capsys):
+    """The refusal named the settings that differ, not their values: which seed made the samples?"""
+    out, data = _copy(finished, tmp_path)
+    capsys.readouterr()
+    assert ev.main(_args(model_dir, data, out, "--seed", "3", "--temperature", "0.9")) == 2
+    _error(capsys, "(temperature, seed differ: temperature 0.6 there, 0.9 here; seed 0 there, 3 here; see ")

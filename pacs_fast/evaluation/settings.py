@@ -36,6 +36,18 @@ def setting_differences(old: dict, config: dict) -> list[str]:
     return diff
 
 
+def _values(diff: list[str], old: dict, config: dict) -> str:
+    """``"seed 0 there, 3 here"`` for each setting of ``diff`` but the model (named apart): what the folder's samples
+    were made with and what this run asks (the refusal named the keys only)."""
+    def value(d: dict, key: str):
+        if key.startswith("n["):
+            return d.get("n", {}).get(key[2:-1])
+        return d.get(key, UNRECORDED_SAMPLING.get(key, {"extraction": "reference", "reward_fn": ""}.get(key)))
+
+    parts = [f"{k} {value(old, k)!r} there, {value(config, k)!r} here" for k in diff if k != "model"]
+    return "; ".join(parts) if parts else "the model"
+
+
 def check_settings(out_dir: Path, config: dict, overwrite: bool):
     """Refuses samples in ``out_dir`` made with settings other than ``config``'s; returns the commit, a function
     that writes the settings file (merged with the old one: other benchmarks' ``n`` stay), after deleting, with
@@ -61,7 +73,8 @@ def check_settings(out_dir: Path, config: dict, overwrite: bool):
             diff = setting_differences(old, {**config, "n": {}} if overwrite else config)
             if diff and (not overwrite or others):
                 whose = f"another model's ({old.get('model')}), " if "model" in diff else ""
-                found = f"{out_dir} holds samples made with other settings ({whose}{', '.join(diff)} differ; see {path})"
+                found = (f"{out_dir} holds samples made with other settings ({whose}{', '.join(diff)} differ: "
+                         f"{_values(diff, old, config)}; see {path})")
                 if others:  # --overwrite deletes only the asked benchmarks' samples: it cannot help here
                     raise UsageError(f"{found}, among them {', '.join(others)}, of benchmarks this run does not "
                                      f"ask for (--overwrite deletes only the samples of those asked for): use "
