@@ -433,4 +433,9 @@ if __name__ == "__main__":
 
     freeze_at_start_up()  # this process is the command line's (pacs_fast/gc_heap.py)
     raise_on_stop_signals()  # SIGTERM / SIGHUP end it as Ctrl-C does (main's one line)
-    sys.exit(main())
+    code = main()
+    if code > 128:  # stopped by a signal: a second one during the exit's clean-up ends it at once, quietly
+        from pacs_fast.signals import exit_at_next_signal
+
+        exit_at_next_signal()
+    sys.exit(code)

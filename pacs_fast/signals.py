@@ -32,6 +32,19 @@ def raise_on_stop_signals() -> None:
             signal.signal(sig, _raise_stopped)
 
 
+def exit_at_next_signal() -> None:
+    """Once a stop is under way (its line printed, the exit begun): a second Ctrl-C, SIGTERM or SIGHUP ends the process
+    at once with 128 + that signal, quietly. It had raised in the exit's clean-up (the engines' and pools' shutdown,
+    atexit), printing a traceback and dying by SIGINT (status -2). Every file is written atomically or appended, and
+    the run lock is the process's flock: nothing is left half-written."""
+    def now(signum, frame):
+        os._exit(exit_status(signum))
+
+    for sig in (signal.SIGINT, *STOP_SIGNALS):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, now)
+
+
 def default_stop_signals() -> None:
     """Undoes :func:`raise_on_stop_signals` (a rank that is exiting anyway ends quietly when stopped)."""
     for sig in STOP_SIGNALS:

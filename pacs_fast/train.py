@@ -176,7 +176,10 @@ def fail(message: str, code: int, *, alike: bool = True) -> None:
 
 
 def stopped(signum: int, run_dir: Path) -> None:
-    """One line (global rank 0) and exit status 128 + the signal (130 for Ctrl-C, 143 for SIGTERM)."""
+    """One line (global rank 0) and exit status 128 + the signal (130 for Ctrl-C, 143 for SIGTERM); a second signal
+    during the exit ends it at once (:func:`pacs_fast.signals.exit_at_next_signal`)."""
+    if __name__ == "__main__":  # (the command line's process; a caller keeps its handlers)
+        signals.exit_at_next_signal()
     if launch_rank() == "0":
         then = (f"continue with --resume {run_dir} (from its last checkpoint)" if (run_dir / "config.yaml").is_file()
                 else "it stopped before its setup finished (nothing to resume): run the same command again")

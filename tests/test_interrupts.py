@@ -110,3 +110,32 @@ def test_a_rank_stops_when_its_launcher_is_killed(tmp_path, launcher_env):
         time.sleep(0.1)
     assert not _alive(child)
     assert marker.read_text() == "SIGTERM"
+
+
+EXIT_SCRIPT = """
+import atexit, os, signal, sys, time
+from pacs_fast import signals
+def slow_cleanup():  # an engine's or pool's shutdown, hit by a second Ctrl-C
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+    print("cleanup finished", flush=True)
+atexit.register(slow_cleanup)
+if sys.argv[1] == "new":
+    signals.exit_at_next_signal()
+sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("which", ["old", "new"])
+def test_a_second_signal_during_the_exit_ends_it_quietly(tmp_path, which):
+    """Ctrl-C twice: the second one, during the exit's clean-up (after the one-line stop), raised there and printed a
+    traceback; after exit_at_next_signal it ends the process at once with 130, quietly ("old": the same exit
+    without it, the traceback this guards against)."""
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.run([sys.executable, str(script), which], capture_output=True, text=True, timeout=60, env=env)
+    if which == "old":  # (what the test guards against, shown on this interpreter)
+        assert "Traceback" in proc.stderr and "KeyboardInterrupt" in proc.stderr, proc
+        return
+    assert proc.returncode == 130 and proc.stderr == "" and "cleanup finished" not in proc.stdout, proc
