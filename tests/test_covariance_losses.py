@@ -240,3 +240,21 @@ def cache(warm_cache):
 def test_two_step_run(tmp_path, cache, name, metric):
     extra = ["algo.cov_frac=0.05", "algo.cov_low=0.001"] if "cov" in name else []
     assert_two_step_run(TINY + [f"warmup.cache_dir={cache}", f"algo.name={name}", *extra], tmp_path, [metric])
+
+
+def test_the_keys_are_drawn_only_when_there_is_a_draw():
+    """The trainer's keys (a generator per row, over every token) were made for every micro-batch; as a function
+    they are called only when the band holds more tokens than the cut takes."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.2, -3.0]], dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    calls = []
+
+    def keys():
+        calls.append(1)
+        return torch.rand(logp.shape)
+
+    kw = dict(cov_low=-100.0, cov_high=100.0, token_keys=keys)
+    clip_cov_policy_loss(logp, logp, adv, None, cov_frac=1.0, **kw)  # every token is cut: no draw
+    assert calls == []
+    clip_cov_policy_loss(logp, logp, adv, None, cov_frac=0.3, **kw)  # 1 of 6: drawn
+    assert calls == [1]

@@ -65,7 +65,7 @@ def _count(cov_frac: float, n: int) -> int:
 def clip_cov_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                          mask: torch.Tensor | None, *, clip_low: float = 0.2, clip_high: float | None = None,
                          cov_frac: float = COV_FRAC, cov_low: float = COV_BOUNDS[0], cov_high: float = COV_BOUNDS[1],
-                         generator: torch.Generator | None = None, token_keys: torch.Tensor | None = None,
+                         generator: torch.Generator | None = None, token_keys=None,
                          loss_agg_mode: str = "token-mean",
                          horizon: float | None = None, global_count: float | None = None,
                          logp_ref: torch.Tensor | None = None, kl_coef: float = 0.0, kl_estimator: str = "k3",
@@ -81,7 +81,8 @@ def clip_cov_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages:
         cov_frac: the fraction of the tokens whose gradient is cut, in (0, 1].
         cov_low, cov_high: the open band of covariance the cut tokens are drawn from (``cov_low < cov_high``).
         generator: the CPU generator of the draw (None: torch's default one).
-        token_keys: ``[B, T]`` random keys in place of the generator's draw: the candidates of the smallest keys.
+        token_keys: ``[B, T]`` random keys in place of the generator's draw: the candidates of the smallest keys; or
+            a function returning them, called only when there is a draw (more candidates than tokens to cut).
         loss_agg_mode, horizon, global_count, logp_ref, kl_coef, kl_estimator, kl_clamp, token_weights,
             check_finite: as :func:`~pacs_fast.algorithms.policy_loss.policy_loss`.
     Returns:
@@ -112,7 +113,7 @@ def clip_cov_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages:
         picked = torch.nonzero(band)  # row-major, as verl's
         count = _count(cov_frac, int(valid.sum()))
         if len(picked) > count and token_keys is not None:
-            keys = token_keys.detach().cpu()[picked[:, 0], picked[:, 1]]
+            keys = (token_keys() if callable(token_keys) else token_keys).detach().cpu()[picked[:, 0], picked[:, 1]]
             picked = picked[torch.argsort(keys, stable=True)[:count]]
         elif len(picked) > count:
             picked = picked[torch.randperm(len(picked), generator=generator)[:count]]

@@ -225,7 +225,7 @@ def _verl_loss_mode(algo: AlgoConfig, micro: RolloutBatch, logp, adv, mask, kw: 
         return kl_cov_policy_loss(logp, micro.old_logp, adv, mask, cov_frac=algo.cov_frac,
                                   cov_kl_coef=algo.cov_kl_coef, **kw)
     return clip_cov_policy_loss(logp, micro.old_logp, adv, mask, cov_frac=algo.cov_frac, cov_low=algo.cov_low,
-                                cov_high=algo.cov_high, token_keys=row_keys(micro), **kw)
+                                cov_high=algo.cov_high, token_keys=lambda: row_keys(micro), **kw)
 
 
 def row_keys(micro: RolloutBatch) -> torch.Tensor:
