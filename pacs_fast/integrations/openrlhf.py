@@ -87,9 +87,10 @@ def check_args(args) -> None:
     if str(level).lower() not in ("off", "none", ""):
         problems.append(f"algo.advantage.is_correction_level must be off (got {level!r}: the PACS loss does not "
                         f"apply vLLM's importance-sampling correction)")
-    if float(_get(args, "algo.kl.init_coef", 0.0)) > 0 and not _get(args, "algo.kl.use_loss", False):
-        problems.append("algo.kl.init_coef > 0 without algo.kl.use_loss puts a KL term into the reward; "
-                        "set algo.kl.init_coef=0 (or algo.kl.use_loss)")
+    if float(_get(args, "algo.kl.init_coef", 0.0)) > 0:  # (its advice "or algo.kl.use_loss" put a KL term into the
+        where = "the actor's loss" if _get(args, "algo.kl.use_loss", False) else "the reward"  # loss PACS has none of)
+        problems.append(f"algo.kl.init_coef must be 0: > 0 puts a KL term into {where}, which PACS does not have "
+                        f"(its reference is the rollout policy)")
     if problems:
         raise ValueError("PACS in OpenRLHF: " + "; ".join(problems))
 
@@ -131,6 +132,14 @@ class PACSPolicyLoss(torch.nn.Module):
                                      ("proxy", proxy, PROXIES), ("backend", backend, BACKENDS)):
             if value not in allowed:
                 raise ValueError(f"PACSPolicyLoss: {name} must be one of {allowed}, got {value!r}")
+        if backend == "triton":  # refused here, not at the first update
+            from pacs_fast.ops.backend import require_triton
+
+            try:
+                require_triton(torch.empty(0, device="cuda" if torch.cuda.is_available() else "cpu"))
+            except ValueError as e:
+                raise ValueError(f"PACSPolicyLoss: backend='triton' cannot run here: {e}; backend='auto' takes the "
+                                 f"fused kernel on CUDA and torch elsewhere") from None
         group_size = check_count("PACSPolicyLoss", "group_size", group_size)
         if group_size == 1 and score in GROUP_SCORES:  # at construction, not at the first update
             raise ValueError(f"PACSPolicyLoss: group_size=1 (n_samples_per_prompt) is not allowed with "

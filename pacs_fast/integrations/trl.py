@@ -34,7 +34,8 @@ Not supported (clear errors at config time): ``top_entropy_quantile < 1``,
 sampling ratio is not applied (the reference is the trainer's recomputed rollout log-probs, as in
 the paper's code). Vision-language inputs, MoE auxiliary losses and models whose LM head scales or
 soft-caps its logits use TRL's own fused LM head for the log-probs (still no ``[B, T, V]``
-logits); everything else in the loss is the same.
+logits); everything else in the loss is the same. A MoE model's router auxiliary loss is added as GRPOTrainer adds
+it (``router_aux_loss_coef`` times it, scaled for gradient accumulation; metric ``aux_loss``).
 """
 from __future__ import annotations
 
@@ -387,8 +388,10 @@ class PACSTrainer(GRPOTrainer):
         multimodal = {k: inputs.get(k) for k in (
             "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
             "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")}
-        logp, entropies, _ = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True, **multimodal)
+        aux_enabled = getattr(self, "aux_loss_enabled", False)  # a MoE model's router loss, as GRPOTrainer adds it
+        logp, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+            compute_aux_loss=aux_enabled, **multimodal)
         old = inputs.get("old_per_token_logps")
         logp_ref = logp.detach() if old is None else old
         rewards = inputs["pacs_rewards"]
@@ -415,4 +418,7 @@ class PACSTrainer(GRPOTrainer):
                           "max_completion_length", stacklevel=2)
 
         normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        if aux_enabled:  # (it was dropped: a MoE model trained without its load-balancing loss, silently)
+            loss = loss + self.router_aux_loss_coef * aux_loss
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
         return loss / normalizer

@@ -53,9 +53,14 @@ def check_reward_funcs(reward_funcs, weights) -> None:
             raise ValueError(f"PACSTrainer: reward_funcs[{i}] is {what}, whose scores are unbounded logits; PACS "
                              "needs rewards in [0, 1] (the verifier's label): pass a function that returns "
                              "sigmoid(score) of the model, or a 0/1 verdict")
-    if weights is not None:
-        total = sum(max(float(w), 0.0) for w in weights)
-        if total > 1 + 1e-5:
-            warnings.warn(f"PACSTrainer: reward_weights={list(weights)} sum to {total:g}: reward functions in [0, 1] "
-                          "can then give a weighted reward above 1, which PACS refuses at the step it happens; "
-                          "scale the weights to sum to 1", stacklevel=3)
+    given = weights is not None
+    weights = list(weights) if given else [1.0] * len(funcs)  # (TRL's default: 1 each)
+    total = sum(max(float(w), 0.0) for w in weights)
+    if total > 1 + 1e-5:  # (without reward_weights, several functions warned nothing and the run stopped at step 1)
+        named = f"reward_weights={weights}" if given else f"{len(funcs)} reward functions with TRL's default weights 1"
+        warnings.warn(f"PACSTrainer: {named} sum to {total:g}: reward functions in [0, 1] can then give a weighted "
+                      "reward above 1, which PACS refuses at the step it happens; give reward_weights that sum "
+                      "to 1", stacklevel=3)
+    if any(float(w) < 0 for w in weights):
+        warnings.warn(f"PACSTrainer: reward_weights={weights} hold a negative weight: reward functions in [0, 1] can "
+                      "then give a weighted reward below 0, which PACS refuses at the step it happens", stacklevel=3)

@@ -46,7 +46,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("pacs_fast.integrations.verl needs verl's core_algos (tested with verl==0.9.1); "
                       "see docs/INTEGRATIONS.md for the packages it imports") from e
 
-from pacs_fast.algorithms.pacs import PROXIES, SCORES, WEIGHT_MODES, pacs_loss
+from pacs_fast.algorithms.pacs import GROUP_SCORES, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
 from pacs_fast.integrations._groups import (
     check_beta,
     check_whole_groups,
@@ -93,6 +93,8 @@ def check_config(config, loss_name: str = "pacs") -> None:
         problems.append(f"{actor}policy_loss.loss_mode must be {loss_name!r}")
     if n is None or int(n) < 2:
         problems.append(f"actor_rollout_ref.rollout.n must be >= 2 (got {n})")
+    if float(_get(config, actor + "entropy_coeff", 0.0) or 0.0) != 0.0:
+        problems.append(f"{actor}entropy_coeff must be 0 (an entropy bonus is a term PACS does not have)")
     for key, default in (("algorithm.use_kl_in_reward", False), (actor + "shuffle", False),
                          (actor + "use_dynamic_bsz", False), ("trainer.balance_batch", True),
                          (actor + "use_kl_loss", False)):
@@ -113,13 +115,24 @@ def check_config(config, loss_name: str = "pacs") -> None:
         raise ValueError("PACS in verl: " + "; ".join(problems))
 
 
-def _check_actor_config(config) -> int:
-    """The settings visible to the loss (an ActorConfig); returns the group size rollout.n."""
+def _check_actor_config(config, score: str) -> int:
+    """The settings visible to the loss (an ActorConfig); returns the group size rollout.n. verl's ``ppo_loss`` adds
+    an entropy bonus (``entropy_coeff``) and a KL loss (``use_kl_loss``) to what the policy loss returns: both are
+    refused here, at every call (the documented ``main_ppo`` command need not call :func:`check_config`)."""
     if config is None:
         raise ValueError("PACS policy loss: verl passed no actor config (needs rollout_n)")
     n = _get(config, "rollout_n")
     if n is None or int(n) < 1:
         raise ValueError("PACS policy loss: actor config has no rollout_n")
+    if int(n) < 2 and score in GROUP_SCORES:
+        raise ValueError(f"PACS policy loss: actor_rollout_ref.rollout.n={n}, but score={score!r} compares a response "
+                         f"with its group mates: set actor_rollout_ref.rollout.n >= 2")
+    if _get(config, "use_kl_loss", False):
+        raise ValueError("PACS policy loss: actor_rollout_ref.actor.use_kl_loss must be False (verl adds a KL loss "
+                         "to verl's reference model, a term PACS does not have)")
+    if float(_get(config, "entropy_coeff", 0.0) or 0.0) != 0.0:
+        raise ValueError(f"PACS policy loss: actor_rollout_ref.actor.entropy_coeff must be 0 (got "
+                         f"{_get(config, 'entropy_coeff')}: verl adds an entropy bonus, a term PACS does not have)")
     if _get(config, "use_dynamic_bsz", False):
         raise ValueError("PACS policy loss: actor_rollout_ref.actor.use_dynamic_bsz must be False; " + _FIX)
     if _get(config, "shuffle", False):
@@ -177,7 +190,7 @@ def _pacs_policy_loss(options: dict):
         if rollout_is_weights is not None:
             raise ValueError("PACS policy loss: rollout-correction weights are not supported; "
                              "disable algorithm.rollout_correction")
-        G = _check_actor_config(config)
+        G = _check_actor_config(config, options["score"])
         rewards, tags = decode_tagged_advantages(advantages, response_mask, _FIX)
         check_whole_groups(tags, G, _FIX)
         loss, terms = pacs_loss(log_prob, old_log_prob, response_mask, rewards.to(log_prob.device),
