@@ -121,3 +121,16 @@ def test_openrlhfs_kl_term_is_refused_in_either_place_and_triton_where_it_cannot
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (the suite interprets Triton on CPU)
     with pytest.raises(ValueError, match="PACSPolicyLoss: backend='triton' cannot run here"):
         PACSPolicyLoss(group_size=4, backend="triton")
+
+
+def test_verls_check_names_the_deprecated_micro_batch_key():
+    pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl not installed")
+    import pacs_fast.integrations.verl as pv
+
+    config = {"algorithm": {"adv_estimator": "pacs"}, "trainer": {"balance_batch": False},
+              "actor_rollout_ref": {"rollout": {"n": 8}, "actor": {"policy_loss": {"loss_mode": "pacs"},
+                                                                   "ppo_micro_batch_size": 16}}}
+    with pytest.raises(ValueError, match=r"ppo_micro_batch_size_per_gpu \(None\) must be a multiple of "
+                                         r"actor_rollout_ref.rollout.n \(8\) \(the deprecated "
+                                         r"actor_rollout_ref.actor.ppo_micro_batch_size=16 is a global size"):
+        pv.check_config(config)

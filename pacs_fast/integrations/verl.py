@@ -109,8 +109,11 @@ def check_config(config, loss_name: str = "pacs") -> None:
                         "the PACS loss does not apply its weights")
     micro = _get(config, actor + "ppo_micro_batch_size_per_gpu")
     if n and (micro is None or int(micro) % int(n)):
+        old = _get(config, actor + "ppo_micro_batch_size")  # (verl's deprecated global size: not what it splits by)
+        also = (f" (the deprecated {actor}ppo_micro_batch_size={old} is a global size the check does not read: "
+                f"give the per-GPU one)" if micro is None and old is not None else "")
         problems.append(f"{actor}ppo_micro_batch_size_per_gpu ({micro}) must be a multiple of "
-                        f"actor_rollout_ref.rollout.n ({n})")
+                        f"actor_rollout_ref.rollout.n ({n}){also}")
     if problems:
         raise ValueError("PACS in verl: " + "; ".join(problems))
 
