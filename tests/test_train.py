@@ -114,6 +114,7 @@ def test_bad_input_fails_fast_with_a_clear_error(tmp_path, case, capsys):
     model_dir.mkdir()
     (model_dir / "config.json").write_text('{"model_type": "qwen2"}')  # an HF folder: the data error comes first
     (model_dir / "tokenizer.json").write_text("{}")
+    (model_dir / "pytorch_model.bin").write_bytes(b"")  # (a weights file is checked present)
     args = {
         "no_answers": [f"data.dataset={data}", f"model.path={model_dir}"],
         "bad_model": [f"model.path={tmp_path / 'missing'}"],
