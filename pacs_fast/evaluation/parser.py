@@ -82,7 +82,8 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--device", default=None, help="hf engine device (default cuda if available, else cpu)")
-    p.add_argument("--batch-size", type=int, default=64, help="hf engine: rows decoded at once (a problem's --n samples beyond it: that many at a time)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="hf engine: rows decoded at once (a problem's --n samples beyond it: that many at a time)")
     p.add_argument("--attention", default="auto", choices=ATTENTIONS,
                    help="hf engine: attention implementation (auto: pacs_fast's short-sequence attention "
                         "on CPU, the model's own on GPU; or sdpa, eager, flash_attention_2, ...)")
