@@ -134,3 +134,15 @@ def test_verls_check_names_the_deprecated_micro_batch_key():
                                          r"actor_rollout_ref.rollout.n \(8\) \(the deprecated "
                                          r"actor_rollout_ref.actor.ppo_micro_batch_size=16 is a global size"):
         pv.check_config(config)
+
+
+def test_pacs_names_a_split_group_before_trls_own_check(tmp_path):
+    """per_device_train_batch_size=6 with num_generations=4 and steps_per_generation=1: TRL's check came first,
+    "generation_batch_size (6) must be divisible by num_generations (4)", naming neither the setting nor why."""
+    pytest.importorskip("trl", reason="TRL not installed")
+    from pacs_fast.integrations.trl import PACSConfig
+
+    with pytest.raises(ValueError, match=r"^PACS needs whole groups in every micro-batch: per_device_train_batch_size"
+                                         r"=6 is not a multiple of num_generations=4"):
+        PACSConfig(output_dir=str(tmp_path), per_device_train_batch_size=6, num_generations=4,
+                   steps_per_generation=1, use_cpu=True, report_to=[])

@@ -95,6 +95,11 @@ class PACSConfig(GRPOConfig):
                               "kernel) or auto (fused on CUDA)."})
 
     def __post_init__(self):
+        # a split group: PACS's line before TRL's, whose "generation_batch_size (6) must be divisible by
+        # num_generations (4)" named neither the setting to change nor why (sweep of 2026-12-01)
+        G = self.num_generations
+        if isinstance(G, int) and G > 0 and self.per_device_train_batch_size % G:
+            check_group_settings(self)
         super().__post_init__()
         check_beta(self.beta, "PACSConfig")
         ignored = [f"{name}={getattr(self, name)!r}" for name in IGNORED_GRPO_OPTIONS
