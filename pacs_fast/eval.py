@@ -108,12 +108,12 @@ def run(argv: list[str]) -> int:
                          "verifier,my_checks:format_score --reward-weights 0.8,0.2); give --reward-fn")
     verifier_scores = not args.reward_fn or VERIFIER in reward_specs(args.reward_fn)
     if not verifier_scores:  # the verifier's flags, idle: named (and the extraction not recorded as a setting)
-        defaults = _run_parser().parse_args(["--model", args.model])
+        parser = _run_parser()
         for flag, key in (("--extraction", "extraction"), ("--time-limit", "time_limit")):
-            if getattr(args, key) != getattr(defaults, key):
+            if getattr(args, key) != parser.get_default(key):
                 print(f"warning: {flag} {getattr(args, key)} has no effect with --reward-fn {args.reward_fn} (the "
                       f"math verifier's setting; your function scores every response)", file=sys.stderr)
-        args.extraction = defaults.extraction
+        args.extraction = parser.get_default("extraction")
     keywords = reward_field_keywords(args.reward_fields, args.reward_fn)
     args.reward_field_keywords = keywords  # (the benchmark loader reads these fields of every row)
     reward_fn = load_reward_fn(args.reward_fn, list(keywords.values()), args.reward_weights,

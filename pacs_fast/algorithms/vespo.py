@@ -25,7 +25,6 @@ import torch
 
 from pacs_fast.algorithms._checks import check_real, check_same_shape, check_tensor
 from pacs_fast.algorithms._policy_terms import LOG_RATIO_CLAMP, check_inputs, finish_loss, padded_inputs
-from pacs_fast.algorithms.aggregation import masked_mean
 
 #: (k_pos, lambda_pos, k_neg, lambda_neg): TRL's defaults
 VESPO_SHAPE = (2.0, 3.0, 3.0, 2.0)

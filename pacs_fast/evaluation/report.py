@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from pacs_fast.data.datasets import DISPLAY_NAMES
-from pacs_fast.evaluation.results import UNRECORDED_SAMPLING, recompute_pass_at_k
+from pacs_fast.evaluation.results import LEGACY_SETTINGS, recompute_pass_at_k
 from pacs_fast.files import write_atomic
 
 BENCHMARK_ORDER = ["math500", "amc23", "aime2024", "aime2025"]
@@ -80,10 +80,6 @@ def incomplete_warnings(results: dict[str, Any], *, had_results: bool, out_dir: 
 # the sampling settings of run_config.json that change pass@k (n and the seed do not: pass@k is unbiased in n)
 COMPARED_SETTINGS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "system", "instruction", "template_kwargs",
                      "extraction", "reward_fn", "reward_fields", "reward_weights", "engine", "dtype")
-# what results written before a setting was recorded used (the verifier's only extraction then, and the verifier;
-# no fields: reward_fields is written only when given)
-LEGACY_SETTINGS = {"extraction": "reference", "reward_fn": "", "reward_fields": [], "reward_weights": [],
-                   **UNRECORDED_SAMPLING}
 
 
 def _settings_warnings(results: list[dict[str, Any]], labels: list[str]) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pacs_fast.config.reward_specs import VERIFIER
 from pacs_fast.evaluation.args import UsageError, read_json
-from pacs_fast.evaluation.results import UNRECORDED_SAMPLING, samples_path
+from pacs_fast.evaluation.results import LEGACY_SETTINGS, UNRECORDED_SAMPLING, samples_path
 from pacs_fast.files import write_text_atomic
 
 SETTINGS_FILE = "run_config.json"
@@ -42,7 +42,7 @@ def _values(diff: list[str], old: dict, config: dict) -> str:
     def value(d: dict, key: str):
         if key.startswith("n["):
             return d.get("n", {}).get(key[2:-1])
-        return d.get(key, UNRECORDED_SAMPLING.get(key, {"extraction": "reference", "reward_fn": ""}.get(key)))
+        return d.get(key, LEGACY_SETTINGS.get(key))
 
     parts = [f"{k} {value(old, k)!r} there, {value(config, k)!r} here" for k in diff if k != "model"]
     return "; ".join(parts) if parts else "the model"

@@ -200,7 +200,8 @@ def _verl_loss_mode(algo: AlgoConfig, micro: RolloutBatch, logp, adv, mask, kw: 
 
     if algo.name in ("dppo_tv", "dppo_kl"):
         return dppo_policy_loss(logp, micro.old_logp, adv, mask, divergence=algo.name[-2:], **kw)
-    kw = {k: v for k, v in kw.items() if k != "clip_c"}
+    unread = ("clip_c", "clip_low", "clip_high") if algo.name in ("kl_cov", "sapo", "dro", "vespo") else ("clip_c",)
+    kw = {k: v for k, v in kw.items() if k not in unread}
     if algo.name == "gspo":
         return gspo_policy_loss(logp, micro.old_logp, adv, mask, **kw)
     if algo.name == "cispo":
@@ -209,19 +210,15 @@ def _verl_loss_mode(algo: AlgoConfig, micro: RolloutBatch, logp, adv, mask, kw: 
         return gmpo_policy_loss(logp, micro.old_logp, adv, mask, **kw)
     if algo.name == "vespo":
         from pacs_fast.algorithms.vespo import vespo_policy_loss
-        kw = {k: v for k, v in kw.items() if k not in ("clip_low", "clip_high")}
         return vespo_policy_loss(logp, micro.old_logp, adv, mask, k_pos=algo.vespo_k_pos,
                                  lambda_pos=algo.vespo_lambda_pos, k_neg=algo.vespo_k_neg,
                                  lambda_neg=algo.vespo_lambda_neg, is_weights=micro.is_weights,
                                  **{**kw, "token_weights": selection})
     if algo.name == "dro":
-        kw = {k: v for k, v in kw.items() if k not in ("clip_low", "clip_high")}
         return dro_policy_loss(logp, micro.old_logp, adv, mask, beta=algo.dro_beta, **kw)
     if algo.name == "sapo":
-        kw = {k: v for k, v in kw.items() if k not in ("clip_low", "clip_high")}
         return sapo_policy_loss(logp, micro.old_logp, adv, mask, tau_pos=algo.tau_pos, tau_neg=algo.tau_neg, **kw)
     if algo.name == "kl_cov":
-        kw = {k: v for k, v in kw.items() if k not in ("clip_low", "clip_high")}
         return kl_cov_policy_loss(logp, micro.old_logp, adv, mask, cov_frac=algo.cov_frac,
                                   cov_kl_coef=algo.cov_kl_coef, **kw)
     return clip_cov_policy_loss(logp, micro.old_logp, adv, mask, cov_frac=algo.cov_frac, cov_low=algo.cov_low,

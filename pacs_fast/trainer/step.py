@@ -58,9 +58,13 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
     # reward.overlong_buffer_len, learner.mask_truncated (trainer/overlong.py); its metrics join the record
     shaping = shape_batch(s.cfg, batch, comps)
     timings.update(shaping)
-    rows, over, cut = step_shaping_counts(s.world, batch, shaping)  # (the warnings below are of the whole step)
-    frac = over / max(rows, 1)
-    if frac >= OVERLONG_WARN_FRAC and step == s.start_step + 1:
+    # the warnings below are of the whole step; counted (a collective under data parallelism) only where one can
+    # come: the overlong one at the first step, the truncated one under learner.mask_truncated (the same on every rank)
+    overlong_check = bool(s.cfg.reward.overlong_buffer_len) and step == s.start_step + 1
+    rows, over, cut = (step_shaping_counts(s.world, batch, shaping)
+                       if overlong_check or s.cfg.learner.mask_truncated else (0, 0.0, 0))
+    if overlong_check and over / max(rows, 1) >= OVERLONG_WARN_FRAC:
+        frac = over / rows
         start = s.cfg.rollout.max_new_tokens - s.cfg.reward.overlong_buffer_len
         s.log(f"warning: step {step}: {frac:.0%} of the responses are longer than rollout.max_new_tokens - "
               f"reward.overlong_buffer_len = {start} tokens and take the overlong penalty; a buffer that starts "
