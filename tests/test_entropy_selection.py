@@ -163,8 +163,9 @@ def test_the_torch_learner_computes_the_entropies_and_records_the_selection(seed
     batch.ref_logp = batch.old_logp
     metrics = learner.update(batch, seed=1)
     n = int(batch.response_mask.sum())
-    # each micro-batch keeps ceil(0.25 x its tokens) (ties: more), together about a quarter of the n tokens
-    assert 0.25 <= metrics["entropy_kept_frac"] <= 0.25 + 2 / n + 0.05
+    # each micro-batch keeps ceil(0.25 x its tokens) (ties: more), together about a quarter of the n tokens; the
+    # fraction is averaged in float32 over the micro-batches (exactly a quarter read 0.2499999925: 1e-6 below)
+    assert 0.25 - 1e-6 <= metrics["entropy_kept_frac"] <= 0.25 + 2 / n + 0.05
     assert 0 < metrics["entropy_threshold"] <= math.log(128) + 1e-4
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
