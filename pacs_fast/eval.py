@@ -129,7 +129,8 @@ def run(argv: list[str]) -> int:
     ns = {b: _n_for(b, args.n, args.temperature) for b in sets}
     check_ks(args.k, ns, greedy=args.temperature == 0)
     config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-              "min_p": args.min_p, "max_tokens": args.max_tokens, "seed": args.seed, "n": ns, **prompt_kwargs(args)}
+              "min_p": args.min_p, "max_tokens": args.max_tokens, "stop": args.stop, "seed": args.seed, "n": ns,
+              **prompt_kwargs(args)}
     config["engine"], config["dtype"] = engine_and_dtype(args)
     config["extraction"] = args.extraction
     config["reward_fn"] = args.reward_fn
@@ -268,7 +269,8 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
             base = zlib.crc32(f"{args.seed}:{bench}".encode()) & 0x7FFFFFFF
             for idx in _consecutive_calls(todo[bench], per_call):
                 params = SamplingParams(n=n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                        min_p=args.min_p, max_new_tokens=args.max_tokens, seed=base + idx[0] * n)
+                                        min_p=args.min_p, max_new_tokens=args.max_tokens, seed=base + idx[0] * n,
+                                        stop=tuple(args.stop))
                 prompts = encode_prompts(tokenizer, [problems[i].problem for i in idx], **prompt_kwargs(args))
                 chat = has_chat_template(tokenizer)  # the exact prompt text, kept next to the responses
                 prompt_texts = [build_prompt(tokenizer, problems[i].problem, use_chat_template=chat,

@@ -282,6 +282,29 @@ def test_eos_handling(engine, seed):
 
 @needs_vllm
 @pytest.mark.vllm
+def test_stop_strings_cut_as_the_hf_engine_does(tiny_path, engine, seed):
+    # vLLM's stop with include_stop_str_in_output: the samples without stop strings, cut by the scan of every
+    # prefix that tests/test_stop_strings.py holds the HF engine to (same seeds: the same draws up to the cut)
+    import dataclasses
+    import random
+
+    from transformers import AutoTokenizer
+
+    from test_stop_strings import expected, stops_from
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    gen = torch.Generator().manual_seed(seed)
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24, seed=seed % 10**6)
+    prompts = random_seqs(gen, 3)
+    plain = engine.generate(prompts, params)
+    stop = tuple(stops_from([c.text for cs in plain for c in cs], random.Random(seed), 2))
+    got = engine.generate(prompts, dataclasses.replace(params, stop=stop))
+    assert [[(c.token_ids, c.text, c.finish_reason) for c in cs] for cs in got] == expected(tok, plain, stop)
+    assert any(c.text.endswith(stop) for cs in got for c in cs)
+
+
+@needs_vllm
+@pytest.mark.vllm
 def test_sync_then_logprobs_match_learner(tiny_path, engine, seed):
     gen = torch.Generator().manual_seed(seed)
     model = hf_model(tiny_path)

@@ -120,6 +120,9 @@ class RolloutConfig:
     top_k: int = _f(0, "rollouts sample from the top_k largest logits only (0 = off)")
     min_p: float = _f(0.0, "rollouts drop tokens below min_p x the most likely one's probability (0 = off; in [0, 1))")
     max_new_tokens: int = _f(12, "maximum response length in tokens")
+    stop: list = _f([], "strings that end a response, in rollouts and evaluation (vLLM's stop), kept in it: its "
+                    "tokens end with the one completing the string, its text just after it, finish_reason stop (not "
+                    "truncated), e.g. rollout.stop='[\"</answer>\"]' (pacs_fast/rollout/stop_strings.py)")
     eval_n: int = _f(4, "samples per held-out problem (accuracy = mean over them)")
     eval_temperature: float = _f(1.0, "sampling temperature at evaluation, 0 or >= 0.01 (0 = greedy: one "
                                "response per problem, generated once and counted rollout.eval_n times)")

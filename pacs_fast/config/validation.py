@@ -9,6 +9,7 @@ from pacs_fast.config.paths import SHIPPED_DATASETS, validate_paths, warmup_cach
 from pacs_fast.config.reward_fields import field_keywords
 from pacs_fast.config.reward_specs import VERIFIER, checked_weights, is_mix, reward_specs, user_specs
 from pacs_fast.config.schema import ALGORITHMS, RECOMPUTE_GRANULARITIES, Config, field_types, section_classes
+from pacs_fast.config.stop_string_checks import check_stop_strings
 
 
 # responses of one generation batch at most: batch b samples response j of prompt i with the seed
@@ -394,6 +395,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     _choice("algo.kl_estimator", cfg.algo.kl_estimator, ("k1", "k2", "k3", "k1+", "k3+"))
     _choice("learner.lr_schedule", cfg.learner.lr_schedule, ("constant", "linear", "cosine"))
     check_template_kwargs(cfg.data.chat_template_kwargs, "data.chat_template_kwargs")
+    check_stop_strings(cfg.rollout.stop, "rollout.stop")
     if cfg.algo.kl_clamp and cfg.algo.kl_estimator not in ("k3", "k3+"):
         raise ValueError(f"algo.kl_clamp bounds the k3 (and k3+) estimate (verl's low_var_kl); algo.kl_estimator="
                          f"{cfg.algo.kl_estimator} takes none (set algo.kl_clamp=0)")

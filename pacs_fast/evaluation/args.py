@@ -84,6 +84,7 @@ def check_run_args(args) -> None:
     ``--chat-template-kwargs``' JSON becomes ``args.template_kwargs`` (a dict)."""
     import json
 
+    from pacs_fast.config.stop_string_checks import check_stop_strings
     from pacs_fast.config.validation import check_template_kwargs
 
     def no_constant(name):
@@ -102,6 +103,10 @@ def check_run_args(args) -> None:
     except json.JSONDecodeError as e:
         raise UsageError(f"--chat-template-kwargs {args.chat_template_kwargs!r} is not JSON ({e.msg}): give an "
                          f"object, e.g. '{{\"enable_thinking\": false}}'") from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        args.stop = list(check_stop_strings(args.stop, "--stop"))
     except ValueError as e:
         raise UsageError(str(e)) from None
     _finite("--temperature", args.temperature, lo=0.0, lo_ok=True)

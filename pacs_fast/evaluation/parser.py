@@ -70,6 +70,9 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the most likely one's "
                    "probability (default 0: off)")
     p.add_argument("--max-tokens", type=int, default=4096, help="max new tokens per response (default 4096)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="a string that ends a response, kept in it (vLLM's stop; repeat the flag for several; "
+                        "the training run's rollout.stop): e.g. --stop '</answer>'")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (smoke runs)")
     p.add_argument("--out", default=None, help="output folder (default eval_results/<model name>)")

@@ -13,8 +13,8 @@ from pacs_fast.evaluation.results import LEGACY_SETTINGS, UNRECORDED_SAMPLING, s
 from pacs_fast.files import write_text_atomic
 
 SETTINGS_FILE = "run_config.json"
-SAMPLING_KEYS = ("model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "n", "system", "instruction",
-                 "template_kwargs")
+SAMPLING_KEYS = ("model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed", "n", "system",
+                 "instruction", "template_kwargs")
 
 
 def setting_differences(old: dict, config: dict) -> list[str]:

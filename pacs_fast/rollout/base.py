@@ -11,6 +11,7 @@ from typing import Iterable
 
 import torch
 
+from pacs_fast.config.stop_string_checks import check_stop_strings
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -19,7 +20,8 @@ class SamplingParams:
     The filters apply as vLLM applies them, every engine alike: ``logits / temperature``, then min-p
     (drop tokens whose probability is below ``min_p`` times the largest; 0 = off), then top-k (keep
     the ``top_k`` largest logits and any tied with the k-th; 0 = off), then top-p (the smallest set
-    of the remaining, renormalised, whose probability is ``>= top_p``; 1 = off)."""
+    of the remaining, renormalised, whose probability is ``>= top_p``; 1 = off). ``stop``: strings that end a
+    response, kept in it (:mod:`pacs_fast.rollout.stop_strings`; a list is taken as a tuple)."""
 
     n: int = 1
     temperature: float = 1.0
@@ -29,8 +31,10 @@ class SamplingParams:
     return_logprobs: bool = False
     top_k: int = 0
     min_p: float = 0.0
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "stop", check_stop_strings(self.stop, "SamplingParams.stop"))
         if self.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
         if self.temperature < 0:
@@ -51,7 +55,7 @@ class Completion:
 
     token_ids: response tokens only (the EOS token included when the model emitted it).
     text: decoded response without special tokens.
-    finish_reason: ``"stop"`` (EOS) or ``"length"`` (hit ``max_new_tokens``).
+    finish_reason: ``"stop"`` (EOS or a stop string) or ``"length"`` (hit ``max_new_tokens``).
     logprobs: per-token log-probs of ``token_ids`` under the engine's sampling model at
         temperature 1 (unscaled logits), when ``return_logprobs`` was asked; else ``None``.
     """

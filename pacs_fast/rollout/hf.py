@@ -58,9 +58,10 @@ counter-based hash of (its seed, step) (:func:`~pacs_fast.rollout.sampling.row_u
 independent of chunking, merging and compaction); ``"generate"`` runs each prompt under
 ``torch.random.fork_rng`` seeded with ``s + i * n``. Without a seed the draws come from the global
 RNG. The caller's global RNG is untouched with a seed; responses are cut
-after the first EOS (kept; several EOS ids allowed), ``finish_reason`` is ``"stop"`` or
-``"length"``; with ``return_logprobs`` each sampled token's log-prob under the *unscaled*
-(temperature 1) logits is returned; the model's ``training`` flag is restored.
+after the first EOS (kept; several EOS ids allowed) or after the token completing one of
+``params.stop`` (:mod:`~pacs_fast.rollout.stop_strings`: both samplers stop decoding such a row),
+``finish_reason`` is ``"stop"`` or ``"length"``; with ``return_logprobs`` each sampled token's
+log-prob under the *unscaled* (temperature 1) logits is returned; the model's ``training`` flag is restored.
 *Context*: as vLLM's, a response ends where prompt + response reach ``max_model_len`` (default: the
 model's ``max_position_embeddings``; ``finish_reason`` "length"), a prompt that fills it is a
 ValueError; the tokens up to that point are those of an engine without the limit.
@@ -93,6 +94,7 @@ from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, ch
 from pacs_fast.rollout.fp32_head import fp32_lm_head
 from pacs_fast.rollout.lean_decode import LeanDecoder
 from pacs_fast.rollout.sampling import LogprobRecorder, MaskPaddedRows, MinPFilter, row_keys
+from pacs_fast.rollout.stop_strings import StopStrings
 
 SAMPLERS = ("lean", "generate")
 # On CPU, prompts of one length worth this many rows (prompts x n) decode in unpadded chunks of
@@ -124,6 +126,18 @@ def _blank_generation_defaults(model):
                 del model.generation_config
             else:
                 model.generation_config = saved
+
+
+def _stop_string_criteria(stops: StopStrings, width: int):
+    """A transformers ``StoppingCriteria`` ending the rows of ``model.generate`` whose response (the ids past
+    the prompts' ``width``) holds a stop string of ``stops`` (a function: transformers is imported lazily)."""
+    from transformers import StoppingCriteria
+
+    class StopStringCriteria(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return stops.hits(input_ids[:, width:])
+
+    return StopStringCriteria()
 
 
 def model_positions(model) -> int | None:
@@ -339,27 +353,39 @@ class HFEngine(LeanDecoder, RolloutEngine):
             attention[i, width - len(r):] = 1
         return input_ids, attention
 
+    def _stop_strings(self, params: SamplingParams, check_every: int = 1) -> StopStrings | None:
+        """The matcher of ``params.stop`` (None without stop strings) for a loop that checks every
+        ``check_every`` tokens."""
+        return StopStrings(self.tokenizer, params.stop, check_every) if params.stop else None
+
     def _completions(self, generated: torch.Tensor, logprobs: torch.Tensor | None,
-                     limits: list[int] | None = None) -> list[Completion]:
-        """Cuts CPU ``[rows, steps]`` generated ids (and log-probs) after the first EOS, and each row
-        at its ``limits`` entry (response tokens at most; None: ``steps``)."""
+                     limits: list[int] | None = None, stops: StopStrings | None = None) -> list[Completion]:
+        """Cuts CPU ``[rows, steps]`` generated ids (and log-probs) after the first EOS, each row at its
+        ``limits`` entry (response tokens at most; None: ``steps``), and after the token that completes a
+        stop string of ``stops`` (its text just after the string; :mod:`~pacs_fast.rollout.stop_strings`)."""
         is_eos = torch.isin(generated, torch.tensor(self.eos_ids, dtype=generated.dtype))
         if limits is not None:  # tokens past a row's limit (pad ids, perhaps an EOS id) are not its own
             is_eos &= torch.arange(generated.shape[1])[None, :] < torch.tensor(limits)[:, None]
-        stopped = is_eos.any(dim=1)
+        stopped = is_eos.any(dim=1).tolist()
         cap = generated.shape[1] if limits is None else torch.tensor(limits).clamp(max=generated.shape[1])
-        ends = torch.where(stopped, is_eos.int().argmax(dim=1) + 1, cap).tolist()
+        ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, cap).tolist()
         ids = [row[:end] for row, end in zip(generated.tolist(), ends)]
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        if stops is not None:  # a row stopped by a string was fed pad ids after it (perhaps an EOS id): cut first
+            for i in range(len(ids)):
+                cut = stops.cut(ids[i], texts[i])
+                if cut is not None:
+                    ends[i], texts[i], stopped[i] = cut[0], cut[1], True
+                    ids[i] = ids[i][:ends[i]]
         lps = logprobs.tolist() if logprobs is not None else None
         return [Completion(token_ids=ids[i], text=texts[i], finish_reason="stop" if stop else "length",
                            logprobs=lps[i][:ends[i]] if lps is not None else None)
-                for i, stop in enumerate(stopped.tolist())]
+                for i, stop in enumerate(stopped)]
 
     # -- sampler="generate" ------------------------------------------------------------------------
     @torch.no_grad()
     def _generate_batch(self, rows: list[list[int]], params: SamplingParams) -> list[Completion]:
-        from transformers import LogitsProcessorList
+        from transformers import LogitsProcessorList, StoppingCriteriaList
 
         input_ids, attention = self._left_pad(rows)
         width = input_ids.shape[1]
@@ -369,16 +395,18 @@ class HFEngine(LeanDecoder, RolloutEngine):
         # the recorder (which records the unfiltered distribution), before generate's warpers (vLLM's order)
         min_p = MinPFilter(params.min_p, params.temperature) if params.min_p > 0 and params.temperature > 0 else None
         processors = [p for p in (MaskPaddedRows(self.vocab_cut) if self.vocab_cut else None, recorder, min_p) if p]
+        stops = self._stop_strings(params)
         with _blank_generation_defaults(self.model):
             out = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device),
                 generation_config=self._generation_config(params),
                 logits_processor=LogitsProcessorList(processors) if processors else None,
+                stopping_criteria=StoppingCriteriaList([_stop_string_criteria(stops, width)]) if stops else None,
             )
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
         generated = sequences[:, width:].cpu()
         logprobs = recorder.finish(sequences).cpu() if recorder else None
-        return self._completions(generated, logprobs)
+        return self._completions(generated, logprobs, stops=stops)
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies tensors into the model by Hugging Face state-dict names (all or a subset).

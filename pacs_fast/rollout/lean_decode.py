@@ -4,7 +4,8 @@ describes them): :meth:`LeanDecoder._lean_batch`, one row of the decoded batch p
 
 ``LeanDecoder`` is a mixin: the engine provides ``model``, ``device``, ``pad_id``, ``eos_ids``,
 ``vocab_cut`` (the padded LM-head rows to cut, or None), ``max_model_len`` (the context, or None),
-``_left_pad`` and ``_completions``.
+``_left_pad``, ``_stop_strings`` and ``_completions``. A row whose response holds one of ``params.stop``
+is done (:meth:`~pacs_fast.rollout.stop_strings.StopStrings.hits`; ``_completions`` cuts it there).
 
 Both loops take ``limits``, each prompt's response tokens at most (None: ``max_new_tokens`` for
 every prompt): a row is done once it holds that many, as at an EOS (the engine's context: its
@@ -96,6 +97,7 @@ class LeanDecoder:
             if params.return_logprobs else None
         done = torch.zeros(rows, dtype=torch.bool, device=device)
         check_every = _CUDA_DONE_CHECK_EVERY if device.type == "cuda" else 1
+        stops = self._stop_strings(params, check_every)
         can_compact = hasattr(cache, "batch_select_indices")
         active = rows      # rows still decoded; they are the rows ``row_ids`` of the outputs
         row_ids = None     # None: all rows, in order
@@ -114,6 +116,8 @@ class LeanDecoder:
             if t + 1 == steps_max:
                 break
             if (t + 1) % check_every == 0:
+                if stops is not None:
+                    done |= stops.hits(tokens[at, :t + 1], done)
                 finished = int(done.sum())
                 if finished == active:
                     steps = t + 1
@@ -132,7 +136,7 @@ class LeanDecoder:
             logits = self._next_logits(out)
         return self._completions(tokens[:, :steps].cpu(),
                                  logprobs[:, :steps].cpu() if logprobs is not None else None,
-                                 None if row_limit is None else row_limit.tolist())
+                                 None if row_limit is None else row_limit.tolist(), stops)
 
     @torch.inference_mode()
     def _merged_batch(self, prompts: list[list[int]], params: SamplingParams, keys: torch.Tensor,
@@ -166,6 +170,7 @@ class LeanDecoder:
         logprobs = torch.zeros((rows, steps_max), dtype=torch.float32, device=device) \
             if params.return_logprobs else None
         steps = steps_max
+        stops = self._stop_strings(params)
         merging = True    # some node holds more than one row; else one row per node (as unmerged)
         for t in range(steps_max):
             u = row_uniforms(keys[row_ids], t) if params.temperature > 0 else None
@@ -177,6 +182,8 @@ class LeanDecoder:
             alive = ~torch.isin(nxt, eos)
             if row_limit is not None:
                 alive &= row_limit[row_ids] > t + 1
+            if stops is not None:
+                alive &= ~stops.hits(tokens[row_ids, :t + 1], ~alive)
             if t + 1 == steps_max or not bool(alive.any()):
                 steps = t + 1
                 break
@@ -203,4 +210,4 @@ class LeanDecoder:
             logits = self._next_logits(out)
         return self._completions(tokens[:, :steps].cpu(),
                                  logprobs[:, :steps].cpu() if logprobs is not None else None,
-                                 None if row_limit is None else row_limit.tolist())
+                                 None if row_limit is None else row_limit.tolist(), stops)

@@ -286,7 +286,8 @@ class VLLMEngine(RolloutEngine):
                 n=1 if greedy else params.n, temperature=float(params.temperature), top_p=float(params.top_p),
                 top_k=int(params.top_k), min_p=float(params.min_p), max_tokens=params.max_new_tokens,
                 seed=None if params.seed is None else int(params.seed) + i * params.n,
-                logprobs=0 if params.return_logprobs else None, allowed_token_ids=self._allowed_ids)
+                logprobs=0 if params.return_logprobs else None, allowed_token_ids=self._allowed_ids,
+                stop=list(params.stop) or None, include_stop_str_in_output=True)  # (stop_strings' semantics)
             for i in range(len(prompts))
         ]
         outputs = self._llm.generate([vllm.TokensPrompt(prompt_token_ids=p) for p in prompts], sampling,

@@ -29,7 +29,7 @@ def evaluate_share(cfg: Config, engine, scorer: Scorer, problems: list[dict], of
     params = SamplingParams(n=draws, temperature=cfg.rollout.eval_temperature, top_p=cfg.rollout.eval_top_p,
                             top_k=cfg.rollout.eval_top_k, min_p=cfg.rollout.eval_min_p,
                             max_new_tokens=cfg.rollout.max_new_tokens,
-                            seed=cfg.train.seed + EVAL_SEED_OFFSET + offset * n)
+                            seed=cfg.train.seed + EVAL_SEED_OFFSET + offset * n, stop=tuple(cfg.rollout.stop))
     comps = engine.generate(prompts, params)
     args = ([c.text for cs in comps for c in cs], [p["answer"] for p in problems for _ in range(draws)])
     rewards = scorer(*args, problems=problem_texts(problems, draws), fields=problem_fields(problems, draws))
@@ -42,7 +42,8 @@ def evaluate_share(cfg: Config, engine, scorer: Scorer, problems: list[dict], of
            "lengths": [x for x in lengths for _ in range(copies)], "greedy": [],
            "components": {name: [r for r in values for _ in range(copies)] for name, values in parts.items()}}
     if cfg.rollout.eval_temperature > 0:
-        greedy = engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens))
+        greedy = engine.generate(prompts, SamplingParams(n=1, temperature=0.0, stop=tuple(cfg.rollout.stop),
+                                                         max_new_tokens=cfg.rollout.max_new_tokens))
         out["greedy"] = scorer([cs[0].text for cs in greedy], [p["answer"] for p in problems],
                                problems=problem_texts(problems, 1), fields=problem_fields(problems, 1))
     return out

@@ -90,7 +90,8 @@ def batch_seed(cfg, index: int) -> int:
 def sampling_params(cfg, seed: int) -> SamplingParams:
     return SamplingParams(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                           top_k=cfg.rollout.top_k, min_p=cfg.rollout.min_p,
-                          max_new_tokens=cfg.rollout.max_new_tokens, return_logprobs=True, seed=seed)
+                          max_new_tokens=cfg.rollout.max_new_tokens, return_logprobs=True, seed=seed,
+                          stop=tuple(cfg.rollout.stop))
 
 
 class LocalRounds:
