@@ -522,3 +522,40 @@ def test_a_batch_with_nothing_to_train_warns_once_and_logs_no_entropy(tmp_path):
     assert len(said) == 1
     logs = [r for r in trainer.state.log_history if "loss" in r]
     assert logs and all(r.get("entropy") != 0.0 for r in logs), logs
+
+
+def test_mask_truncated_rows_weigh_alike_whatever_micro_batch_they_fall_in(tmp_path, seed):
+    """With mask_truncated_completions and gradient accumulation, the step's gradient is that of the mean PACS loss
+    over the step's remaining rows, as one micro-batch holding them all gives it: each micro-batch's loss had been
+    its own mean / accumulation, so a row of a micro-batch that lost rows weighed more than one of a full one."""
+    from pacs_fast.integrations.trl import PACSTrainer
+
+    g = torch.Generator().manual_seed(seed)
+    model, tok = _model_and_tokenizer(seed=seed % 1000)
+    B, P, T = 2 * MICRO, 3, 5
+    batch = {"prompt_ids": torch.randint(3, 60, (B, P), generator=g), "prompt_mask": torch.ones(B, P, dtype=torch.long),
+             "completion_ids": torch.randint(3, 60, (B, T), generator=g),
+             "completion_mask": torch.ones(B, T, dtype=torch.long),
+             "pacs_rewards": torch.randint(0, 2, (B,), generator=g).float(), "pacs_group": torch.arange(B) // G}
+    # the first micro-batch (groups 0, 1) loses 3 rows: group 0 keeps one member (it drops out), group 1 keeps 2
+    batch["completion_mask"][[0, 1, 2, 4, 5]] = 0
+    batch["pacs_valid"] = batch["completion_mask"].bool().any(dim=1)
+
+    def gradient(chunks, accumulation):
+        trainer = PACSTrainer(model=model, reward_funcs=_parity_reward, train_dataset=_dataset(), processing_class=tok,
+                              args=_config(tmp_path, mask_truncated_completions=True, steps_per_generation=len(chunks),
+                                           per_device_train_batch_size=B // len(chunks),
+                                           gradient_accumulation_steps=accumulation))
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = accumulation
+        trainer._count_rows_per_step(chunks)
+        trainer.model.zero_grad()
+        for chunk in chunks:
+            trainer._compute_loss(trainer.model, chunk).backward()
+        return torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+
+    whole = gradient([dict(batch)], 1)
+    halves = gradient([{k: v[:MICRO] for k, v in batch.items()}, {k: v[MICRO:] for k, v in batch.items()}], 2)
+    assert whole.abs().max() > 0
+    # fp32 sums over the same rows in another order: ~1e-7 relative
+    assert torch.allclose(halves, whole, rtol=1e-4, atol=1e-7), (halves - whole).abs().max()

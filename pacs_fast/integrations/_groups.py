@@ -126,3 +126,12 @@ def pacs_metrics(terms: dict, rewards: torch.Tensor) -> dict[str, float]:
     them (:func:`pacs_fast.algorithms.score_metrics.score_metrics`); rows whose score is NaN (left out of the
     loss) are left out here too."""
     return score_metrics(terms["score"], terms["pred_reward"], rewards, terms["proxy"])
+
+
+def rows_kept(valid: torch.Tensor, group_size: int, min_members: int) -> torch.Tensor:
+    """The rows of ``valid`` (``[B]`` bool, whole groups of ``group_size`` contiguous rows) that stay in a PACS loss
+    computed over the members each group has left: a group with fewer than ``min_members`` valid rows drops out
+    (as :func:`pacs_fast.algorithms.overlong.loss_over_members` drops it). A 0-d int64 tensor on ``valid``'s device."""
+    counts = valid.view(-1, group_size).sum(dim=1)
+    return (counts * (counts >= max(min_members, 1))).sum()
+

@@ -57,7 +57,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from pacs_fast.algorithms.overlong import loss_over_members as _loss_over_members
 from pacs_fast.algorithms.pacs import BACKENDS, GROUP_SCORES, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
-from pacs_fast.integrations._groups import check_beta, check_whole_groups, pacs_metrics
+from pacs_fast.integrations._groups import check_beta, check_whole_groups, pacs_metrics, rows_kept
 from pacs_fast.integrations.trl_checks import check_group_settings, check_reward_funcs
 from pacs_fast.ops.backend import require_triton
 from pacs_fast.ops.linear_logprobs import linear_logprobs
@@ -345,8 +345,29 @@ class PACSTrainer(GRPOTrainer):
             batch = split_pixel_values_by_grid(batch)
             batch = _shuffle_whole_groups(batch, self.num_generations)
             chunks = split_tensor_dict(batch, self.args.steps_per_generation)
+            if self.mask_truncated_completions:
+                self._count_rows_per_step(chunks)
             self._buffered_inputs = [unsplit_pixel_values_by_grid(c) for c in chunks]
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def _count_rows_per_step(self, chunks: list[dict]) -> None:
+        """With ``mask_truncated_completions``: each micro-batch ``chunks[c]`` gets ``pacs_rows_kept``, the rows left
+        in the loss (:func:`rows_kept`) over the optimiser step it belongs to, on every process. Its loss is then the
+        sum over its rows divided by that count: the step's gradient is the mean over the step's remaining rows,
+        however they fell into micro-batches (the mean of each micro-batch's mean weighed a row of a micro-batch
+        that lost rows more than one of a full one). The step of chunk c is ``c // gradient_accumulation_steps``
+        when the accumulation divides ``steps_per_generation``; otherwise (steps straddling generations) TRL's own
+        approximation for its dapo loss: the generation batch's count x accumulation / steps_per_generation."""
+        min_members = 2 if self.args.score in GROUP_SCORES else 1
+        counts = torch.stack([rows_kept(c["pacs_valid"], self.num_generations, min_members) for c in chunks])
+        counts = self.accelerator.gather(counts.to(self.accelerator.device).reshape(1, -1)).sum(dim=0).float()
+        ga, spg = self.args.gradient_accumulation_steps, self.args.steps_per_generation
+        if spg % ga == 0:
+            per_step = counts.view(spg // ga, ga).sum(dim=1).repeat_interleave(ga)
+        else:
+            per_step = counts.sum().expand(spg) * ga / spg
+        for c, n in zip(chunks, per_step):
+            c["pacs_rows_kept"] = n.reshape(())
 
     # ---------------------------------------------------------------- log-probs without logits
 
@@ -401,11 +422,16 @@ class PACSTrainer(GRPOTrainer):
         logp_ref = logp.detach() if old is None else old
         rewards = inputs["pacs_rewards"]
         valid = inputs.get("pacs_valid")
+        min_members = 2 if self.args.score in GROUP_SCORES else 1
         if valid is None or bool(valid.all()):
             loss, terms = self.pacs_loss(logp, logp_ref, mask, rewards, G)
         else:
-            min_members = 2 if self.args.score in GROUP_SCORES else 1
             loss, terms = loss_over_members(self.pacs_loss, logp, logp_ref, mask, rewards, G, valid, min_members)
+        normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        step_rows = inputs.get("pacs_rows_kept") if mode == "train" else None
+        # the sum over this micro-batch's remaining rows / the step's remaining rows per process (_count_rows_per_step)
+        policy_loss = loss / normalizer if step_rows is None else \
+            loss * rows_kept(valid, G, min_members) * self.accelerator.num_processes / step_rows.clamp(min=1.0)
 
         gather = self.accelerator.gather
         all_terms = {k: gather(terms[k].float().contiguous()) for k in ("score", "pred_reward", "proxy")}
@@ -422,8 +448,7 @@ class PACSTrainer(GRPOTrainer):
                           "truncated under mask_truncated_completions=True): its loss and gradient are 0; raise "
                           "max_completion_length", stacklevel=2)
 
-        normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         if aux_enabled:  # (it was dropped: a MoE model trained without its load-balancing loss, silently)
-            loss = loss + self.router_aux_loss_coef * aux_loss
+            policy_loss = policy_loss + self.router_aux_loss_coef * aux_loss / normalizer
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
-        return loss / normalizer
+        return policy_loss
