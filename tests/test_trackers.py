@@ -82,7 +82,10 @@ def test_an_mlflow_store_this_mlflow_lacks_is_refused_before_loading(tmp_path, c
     """``MLFLOW_TRACKING_URI=sqlite:///...`` (MLflow's suggested local database) with mlflow-skinny, which the
     loggers extra installs (no SQLAlchemy: requirements/ci.lock has none), or an unknown scheme: one line naming the
     URI before anything loads; MLflow raised at the run's first set_experiment, after the warm-up and the model load
-    (a traceback; sweep of 2026-11-29). A server URI is taken without contacting it."""
+    (a traceback; sweep of 2026-11-29). A server URI must answer a connection (MLflow retried an unreachable one for
+    about 4 minutes after the model loaded; sweep of 2026-12-01): a listening socket is taken, a closed port refused."""
+    import socket
+
     import importlib.util
 
     assert importlib.util.find_spec("sqlalchemy") is None  # what the loggers extra installs: the refused path runs
@@ -104,8 +107,16 @@ def test_an_mlflow_store_this_mlflow_lacks_is_refused_before_loading(tmp_path, c
                                          r"the scheme 'nosuch' \(it takes .*file, http, https"):
         check_trackers(load_config(None, ["train.loggers=[tensorboard,mlflow]"]))
     check_trackers(load_config(None, ["train.loggers=[tensorboard]"]))  # not a logger of this run: not read
-    for fine in ("http://127.0.0.1:9/", f"file://{tmp_path}/store", str(tmp_path / "plain")):
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", fine)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        for fine in (f"http://127.0.0.1:{port}/", f"file://{tmp_path}/store", str(tmp_path / "plain")):
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", fine)
+            check_trackers(load_config(None, ["train.loggers=[mlflow]"]))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}/")  # (closed now: nothing listens there)
+    with pytest.raises(ValueError, match=rf"MLFLOW_TRACKING_URI=http://127.0.0.1:{port}/: no server answers at "
+                                         rf"127.0.0.1:{port} within 10 s \(Connection refused\); start it"):
         check_trackers(load_config(None, ["train.loggers=[mlflow]"]))
 
 
@@ -185,7 +196,11 @@ def test_a_run_reaches_every_tracker_and_its_resume_continues_them(tmp_path, mon
     assert {k: again[k] for k in ids} == ids  # W&B's own id kept: an online resume continues that run
     (resumed,) = again["wandb_offline_parts"]
     (part,) = (run / "wandb").glob(f"offline-run-*-{resumed}")
-    assert resumed != ids["wandb"] and b"r-resumed-1" in (part / f"run-{resumed}.wandb").read_bytes()
+    part_log = (part / f"run-{resumed}.wandb").read_bytes()
+    assert resumed != ids["wandb"] and b"r-resumed-1" in part_log
+    # the part first got the history up to its checkpoint (steps 1, 2) from metrics.jsonl: it holds every step
+    assert part_log.count(b"train/reward/mean") >= log.count(b"train/reward/mean") + 1, \
+        (part_log.count(b"train/reward/mean"), log.count(b"train/reward/mean"))
     assert len(list((run / "wandb").glob(f"offline-run-*-{ids['wandb']}"))) == 1  # the first part kept as it was
     history = client.get_metric_history(ids["mlflow"], "train/reward/mean")
     assert [m.step for m in history] == [1, 2, 3]

@@ -27,6 +27,7 @@ import torch
 from pacs_fast.code_version import code_version
 from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
+from pacs_fast.signals import Stopped
 from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
 from pacs_fast.trainer.evaluation import eval_line
 from pacs_fast.trainer.metrics import read_jsonl
@@ -113,10 +114,10 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
                 save(s, step)
         evaluate_unless_reported(s)
     except UserFunctionError as e:  # reward.fn / reward.appeal / reward.step_rewards gave something unusable
-        s.close()
+        s.close("failed")
         raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it") from e
-    except BaseException:
-        s.close()  # verifier workers, the engine
+    except BaseException as e:  # verifier workers, the engine; the trackers' runs marked as failed or killed
+        s.close("killed" if isinstance(e, (KeyboardInterrupt, Stopped)) else "failed")
         raise
     finally:
         gc.unfreeze()
@@ -246,8 +247,8 @@ def finish(s: Session) -> dict:
         from pacs_fast.trainer.plots import plot_run
         last = max((r["step"] for r in records if "step" in r), default=0)
         s.logger.log_images(last, plot_run(s.run_dir, records, calibration_of(s.run_dir)))
-    s.logger.close()
-    s.folder.write_summary(summary)
+    s.folder.write_summary(summary)  # (then the trackers: one failing to close had lost it)
+    s.logger.close("finished")
     greedy = (f"  (greedy {summary['greedy_acc_before']:.3f} -> {summary['greedy_acc_after']:.3f})"
               if summary["greedy_acc_before"] is not None and summary["greedy_acc_after"] is not None else "")
     if summary["wall_time_s"] is None:  # resumed from a checkpoint that did not record it

@@ -84,6 +84,20 @@ def scalar_metrics(kind: str, values: dict) -> dict:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+def close_quietly(tracker, status: str) -> str | None:
+    """``tracker.close(status)`` (a W&B / MLflow / trackio run of pacs_fast/trainer/trackers.py); what it raised as
+    one line (None when it closed)."""
+    try:
+        tracker.close(status)
+    except Exception as e:
+        return one_line(e)
+    return None
+
+
+def one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+
 class MetricsLogger:
     """Appends records to ``run_dir/metrics.jsonl`` and TensorBoard (``run_dir/tb``), and hands them to
     the experiment ``trackers`` of ``train.loggers`` (:mod:`pacs_fast.trainer.trackers`).
@@ -94,9 +108,10 @@ class MetricsLogger:
     """
 
     def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, resume_step: int | None = None,
-                 trackers: list | None = None):
+                 trackers: list | None = None, warn=print):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.trackers = list(trackers or [])  # W&B / MLflow / trackio (pacs_fast/trainer/trackers.py)
+        self.warn = warn  # prints a warning line (a tracker that failed)
         end_torn_line(self.path)  # a run killed mid-write leaves half a record: never append to it
         self._file = open(self.path, "a", buffering=1)
         if resume_step is not None:
@@ -120,9 +135,34 @@ class MetricsLogger:
         if self.tb is not None:
             for name, v in scalar_metrics(kind, values).items():
                 self.tb.add_scalar(name, v, step)
-        for t in self.trackers:
-            t.log(kind, int(step), values)
+        self._each("logging", lambda t: t.log(kind, int(step), values))
         return record
+
+    def replay(self, records: list[dict]) -> None:
+        """Logs ``records`` (``read_jsonl``'s history up to the checkpoint a resume continues from) to each tracker
+        that begins a run of its own at this resume (``part``: a W&B offline resume, pacs_fast/trainer/trackers.py),
+        so that the new run holds the whole history: a kill that took W&B's service process with the training lost
+        what that process had not written yet, steps before the checkpoint included, and the resumed run had only
+        the steps after it."""
+        def send(t):
+            for rec in records:
+                t.log(rec["kind"], int(rec["step"]), {k: v for k, v in rec.items() if k not in ("kind", "step")})
+
+        self._each("replaying the run's records", send, only=lambda t: getattr(t, "part", None))
+
+    def _each(self, what: str, call, only=None) -> None:
+        """``call(tracker)`` for each tracker; one that raises is closed (as failed) and left out for the rest of
+        the run, with one warning line: a tracker's server, store or network failing mid-run had stopped the
+        training (and, at its end, lost ``summary.json``), while ``metrics.jsonl`` holds every record anyway."""
+        for t in [t for t in self.trackers if only is None or only(t)]:
+            try:
+                call(t)
+            except Exception as e:
+                self.trackers.remove(t)
+                close_quietly(t, "failed")
+                self.warn(f"warning: train.loggers={getattr(t, 'name', type(t).__name__)}: {what} failed "
+                          f"({one_line(e)}); that tracker is off for the rest of this run (metrics.jsonl holds every "
+                          f"record)")
 
     def log_text(self, tag: str, step: int, text: str) -> None:
         """A text entry in TensorBoard (Markdown), e.g. rollout samples."""
@@ -131,31 +171,33 @@ class MetricsLogger:
 
     def log_samples(self, step: int, rows: list[dict]) -> None:
         """The step's logged samples as a table in each tracker."""
-        for t in self.trackers:
-            t.log_samples(int(step), rows)
+        self._each("logging the samples", lambda t: t.log_samples(int(step), rows))
 
     def log_images(self, step: int, paths: list) -> None:
         """The end-of-run plots, at the run's last step (trackio gave them a step past it)."""
-        for t in self.trackers:
-            t.log_images(int(step), list(paths))
+        self._each("logging the plots", lambda t: t.log_images(int(step), list(paths)))
 
     def flush(self) -> None:
         """Writes what TensorBoard and the trackers buffer (at a checkpoint: a run killed after it keeps every
         record up to it everywhere, as it does in metrics.jsonl)."""
         if self.tb is not None:
             self.tb.flush()
-        for t in self.trackers:
-            if hasattr(t, "flush"):
-                t.flush()
+        self._each("flushing", lambda t: t.flush() if hasattr(t, "flush") else None)
 
-    def close(self) -> None:
-        for t in self.trackers:
-            t.close()
-        self.trackers = []
+    def close(self, status: str = "finished") -> None:
+        """Closes the file and TensorBoard, then each tracker with ``status`` (how the run ended: finished, failed,
+        killed; MLflow and W&B record it), one that fails to close with a warning line."""
         self._file.close()
         if self.tb is not None:
             self.tb.flush()
             self.tb.close()
+            self.tb = None
+        trackers, self.trackers = self.trackers, []
+        for t in trackers:
+            failed = close_quietly(t, status)
+            if failed:
+                self.warn(f"warning: train.loggers={getattr(t, 'name', type(t).__name__)}: closing its run failed "
+                          f"({failed}); what it received before is in its store, metrics.jsonl holds every record")
 
 
 class Progress:

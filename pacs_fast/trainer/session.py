@@ -29,7 +29,7 @@ from pacs_fast.trainer.checkpoint import (checkpoints_newest_first, intact_check
                                           restore_newest, settle_after_resume)
 from pacs_fast.trainer.correction import correction_warnings
 from pacs_fast.trainer.evaluation import eval_line, evaluate
-from pacs_fast.trainer.metrics import MetricsLogger, Progress
+from pacs_fast.trainer.metrics import MetricsLogger, Progress, read_jsonl
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
 from pacs_fast.trainer.preflight import (check_cpus, check_megatron_model, check_memory, check_packed_attention,
                                          check_tensor_parallel, memory_warnings, model_context)
@@ -90,11 +90,21 @@ class Session:
     def evaluate(self) -> dict:
         return evaluate(self.cfg, self.engine, self.scorer, self.held_out, self.world)
 
-    def close(self) -> None:
+    def close(self, status: str = "finished") -> None:
+        """Closes the progress bar, the metrics logger (its trackers' runs with ``status``: finished, failed or
+        killed), the run folder, the scorer and the engine; each is closed when an earlier one raised (the first
+        error is raised after)."""
         self.progress.close()
+        error = None
         for part in (self.logger, self.folder, self.scorer, self.engine):
-            if part is not None:
-                part.close()
+            if part is None:
+                continue
+            try:
+                part.close(status) if part is self.logger else part.close()
+            except Exception as e:
+                error = error or e
+        if error is not None:
+            raise error
 
 
 def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None) -> Session:
@@ -188,7 +198,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         if folder:
             folder.close(abandon=True)  # a new run's folder holding only its lock goes
         raise SetupError(str(e)) from e
-    if folder:  # a resume records its overrides (SAFE_RESUME_KEYS): the next resume and checkpoints read them
+    if folder and not resume:
         folder.write_config(cfg)
 
     device = resolve_device(cfg)
@@ -264,10 +274,19 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
             s.folder = None
             s.close()
             raise SetupError(str(e)) from e
+        # a tracker run begun at this resume gets the history up to its checkpoint (MetricsLogger.replay), read
+        # before the logger appends its resume marker
+        parts = any(getattr(t, "part", None) for t in trackers)
+        upto = marker if parts and marker is not None and marker >= 0 else None
+        history = [] if upto is None else [r for r in read_jsonl(Path(run_dir) / "metrics.jsonl")
+                                           if r.get("step", upto + 1) <= upto]
         s.logger = MetricsLogger(run_dir, tensorboard=cfg.train.tensorboard and "tensorboard" in cfg.train.loggers,
-                                 resume_step=marker, trackers=trackers)
+                                 resume_step=marker, trackers=trackers, warn=log)
+        s.logger.replay(history)
         if marker is not None:
             folder.mark_resume(marker)
+        if resume:  # its overrides (SAFE_RESUME_KEYS), read by the next resume and the checkpoints, once its setup
+            folder.write_config(cfg)  # worked: a resume that failed (a tracker refused) had kept them all the same
     s.initial_eval = state.get("initial_eval")
     if s.initial_eval is None:
         try:

@@ -19,9 +19,16 @@ Where they write (nothing leaves the machine unless the user configured it to):
 A resumed run continues the same tracker runs (ids kept in ``run_dir/trackers.json``, written
 atomically); the steps it redoes after its checkpoint are logged again at the same step numbers (MLflow's
 sample tables of those steps replaced). W&B offline cannot continue a run (W&B resumes on its server): there
-a resume is a new run, ``<name>-resumed-<k>`` (its id under ``wandb_offline_parts``; ``wandb`` keeps the run's own). At each checkpoint TensorBoard and trackio write what they buffer (MLflow
-writes as it logs; W&B's records go to its own service process, which writes its file: a kill that takes that
-process too can lose its last records).
+a resume is a new run, ``<name>-resumed-<k>`` (its id under ``wandb_offline_parts``; ``wandb`` keeps the run's
+own), which first gets the run's records up to the checkpoint from ``metrics.jsonl`` (the samples tables and
+plots of those steps stay in the earlier part). At each checkpoint TensorBoard and trackio write what they
+buffer; MLflow writes as it logs; W&B's records go to its own service process, which writes its file: a kill
+that takes that process too (the whole process group) loses what it had not written, steps before the
+checkpoint included, which the offline resume's replay puts back.
+
+A tracker that fails mid-run (its server, store or network) is closed and left out for the rest of the run,
+with one warning line (``metrics.jsonl`` holds every record); the runs end as FINISHED, FAILED (an error) or
+KILLED (Ctrl-C, SIGTERM) in MLflow, and with exit code 0 or 1 in W&B.
 """
 from __future__ import annotations
 
@@ -37,7 +44,7 @@ import uuid
 from pathlib import Path
 
 from pacs_fast.files import write_text_atomic
-from pacs_fast.trainer.metrics import scalar_metrics
+from pacs_fast.trainer.metrics import close_quietly, scalar_metrics
 
 LOGGERS = ("tensorboard", "jsonl", "wandb", "mlflow", "trackio")
 IDS_FILE = "trackers.json"
@@ -61,9 +68,11 @@ def check_trackers(cfg) -> None:
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ValueError(f"train.loggers must be a list of names ({', '.join(LOGGERS)}), e.g. "
                          f"train.loggers=[tensorboard,wandb]; got {names!r}")
-    for name in names:
+    for i, name in enumerate(names):
         if name not in LOGGERS:
             raise ValueError(f"train.loggers: unknown logger {name!r}; choose from {', '.join(LOGGERS)}")
+        if name in names[:i]:  # (W&B and trackio logged every step twice, MLflow refused its second run)
+            raise ValueError(f"train.loggers lists {name!r} twice; name each logger once")
         package = _PACKAGES.get(name)
         if package and importlib.util.find_spec(package) is None:
             raise ValueError(f"train.loggers={name} needs the {package} package: pip install 'pacs_fast[loggers]'")
@@ -79,13 +88,42 @@ def check_trackers(cfg) -> None:
         _check_mlflow_uri()
     if "trackio" in names:
         _check_trackio_dir()
-    mode = os.environ.get("WANDB_MODE", "").lower()
-    if "wandb" in names and mode not in ("offline", "disabled", "dryrun") and not _wandb_logged_in():
+    if "wandb" in names and _wandb_mode() not in ("offline", "disabled", "dryrun") and not _wandb_logged_in():
         raise ValueError("train.loggers=wandb: not logged in to W&B; run `wandb login` or set WANDB_API_KEY, or "
                          "WANDB_MODE=offline to keep the run in the run folder (`wandb sync` it later)")
 
 
+def _wandb_mode() -> str:
+    """W&B's mode as ``wandb.init`` will read it: ``WANDB_MODE``, else the ``mode`` of its settings files (what
+    ``wandb offline`` writes: the global one in ``WANDB_CONFIG_DIR`` (default ``~/.config/wandb``), then the
+    working folder's ``wandb/settings`` (``WANDB_DIR``'s), which wins); "" when none says."""
+    import configparser
+
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"].lower()
+    mode = ""
+    config_dir = Path(os.environ.get("WANDB_CONFIG_DIR") or Path.home() / ".config" / "wandb")
+    for path in (config_dir / "settings", Path(os.environ.get("WANDB_DIR") or ".") / "wandb" / "settings"):
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(path)
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue
+        mode = parser.get("default", "mode", fallback=mode) or mode
+    return mode.lower()
+
+
 _WANDB_FORBIDDEN = "/\\#?%:"  # characters W&B refuses in a project name (its UsageError lists them)
+
+
+def _trackio_file_bytes(project: str) -> int:
+    """The bytes of the longest file name trackio gives ``project``'s store: its database's, with ``-journal``."""
+    try:
+        from trackio.sqlite_storage import SQLiteStorage  # (its own name for it: a later trackio may change it)
+        name = SQLiteStorage.get_project_db_filename(project)
+    except Exception:
+        name = f"{project}.db"
+    return len(f"{name}-journal".encode("utf-8"))
 
 
 def _check_project(project, names) -> None:
@@ -96,6 +134,10 @@ def _check_project(project, names) -> None:
         return
     if not isinstance(project, str) or not project.strip():
         raise ValueError(f"train.project={project!r}: train.loggers={','.join(trackers)} needs a project name")
+    if "trackio" in trackers and _trackio_file_bytes(project) > 255:  # (it failed after the model had loaded)
+        raise ValueError(f"train.project is {len(project.encode('utf-8'))} bytes long in UTF-8: trackio keeps a "
+                         f"project in a file named after it (<project>.db, a .db-journal beside it), and a file name "
+                         f"takes at most 255 bytes; shorten it")
     bad = sorted({c for c in project if c in _WANDB_FORBIDDEN})
     if "wandb" in trackers and (bad or len(project) > 128):
         why = f"contains {' '.join(bad)}" if bad else f"is {len(project)} characters long"
@@ -117,16 +159,20 @@ def _check_mlflow_uri() -> None:
         from mlflow.tracking._tracking_service.utils import _tracking_store_registry as registry
     except ImportError:
         return
-    try:
-        registry.get_store_builder(uri)
-        return
-    except Exception:  # UnsupportedModelRegistryStoreURIException, or a URI MLflow cannot parse
-        pass
     parts = urllib.parse.urlsplit(uri)
     scheme = parts.scheme.split("+")[0].lower()
     if parts.password:  # a database URI's password stays out of the message (and the logs it lands in)
         uri = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
     head = f"train.loggers=mlflow: MLFLOW_TRACKING_URI={uri}"
+    try:
+        registry.get_store_builder(os.environ["MLFLOW_TRACKING_URI"])
+        known_scheme = True
+    except Exception:  # UnsupportedModelRegistryStoreURIException, or a URI MLflow cannot parse
+        known_scheme = False
+    if known_scheme:
+        if scheme in ("http", "https"):
+            _check_reachable(head, parts, scheme)
+        return
     if scheme in _MLFLOW_DATABASES and importlib.util.find_spec("sqlalchemy") is None:
         raise ValueError(f"{head} is a database, and MLflow's database store needs SQLAlchemy and Alembic, which "
                          f"mlflow-skinny (what pacs_fast[loggers] installs) leaves out: pip install sqlalchemy alembic "
@@ -135,6 +181,27 @@ def _check_mlflow_uri() -> None:
     raise ValueError(f"{head}: MLflow has no tracking store for the scheme {scheme!r}"
                      + (f" (it takes {known})" if known else "") + "; fix the URI or unset MLFLOW_TRACKING_URI for "
                      "the file store in the run folder")
+
+
+def _check_reachable(head: str, parts: urllib.parse.SplitResult, scheme: str) -> None:
+    """A tracking server must answer a connection within a few seconds: MLflow retried an unreachable one for
+    about 4 minutes, after the model had loaded."""
+    import socket
+
+    try:
+        port = parts.port or (443 if scheme == "https" else 80)
+    except ValueError as e:  # a port that is not a number, or out of range
+        raise ValueError(f"{head}: {e}") from None
+    try:
+        with socket.create_connection((parts.hostname or "", port), timeout=_SERVER_TIMEOUT_S):
+            pass
+    except OSError as e:
+        raise ValueError(f"{head}: no server answers at {parts.hostname}:{port} within {_SERVER_TIMEOUT_S:g} s "
+                         f"({e.strerror or e}); start it, fix the URI, or unset MLFLOW_TRACKING_URI for the file store "
+                         f"in the run folder") from None
+
+
+_SERVER_TIMEOUT_S = 10.0
 
 
 def _check_trackio_dir() -> None:
@@ -179,7 +246,13 @@ def _rows(rows: list[dict]) -> list[list]:
     return [[r.get(c) for c in SAMPLE_COLUMNS] for r in rows]
 
 
+# how a run ended (Session.close): MLflow's run status for each; W&B takes an exit code
+STATUSES = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+
+
 class WandbTracker:
+    name = "wandb"
+
     def __init__(self, cfg, run_dir: Path, config: dict, run_id: str | None):
         import wandb
 
@@ -207,11 +280,13 @@ class WandbTracker:
     def log_images(self, step: int, paths: list[Path]) -> None:
         self.run.log({**{f"plots/{p.stem}": self.wandb.Image(str(p)) for p in paths}, "step": step})
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, status: str = "finished") -> None:
+        self.run.finish(exit_code=0 if status == "finished" else 1)
 
 
 class MlflowTracker:
+    name = "mlflow"
+
     def __init__(self, cfg, run_dir: Path, config: dict, run_id: str | None):
         import mlflow
 
@@ -246,11 +321,13 @@ class MlflowTracker:
         for p in paths:
             self.mlflow.log_artifact(str(p), artifact_path="plots")
 
-    def close(self) -> None:
-        self.mlflow.end_run()
+    def close(self, status: str = "finished") -> None:
+        self.mlflow.end_run(status=STATUSES[status])
 
 
 class TrackioTracker:
+    name = "trackio"
+
     def __init__(self, cfg, run_dir: Path, config: dict, run_id: str | None):
         import trackio
 
@@ -280,7 +357,7 @@ class TrackioTracker:
             with lock:
                 flush()
 
-    def close(self) -> None:
+    def close(self, status: str = "finished") -> None:  # (trackio records no status)
         self.trackio.finish()
 
 
@@ -292,15 +369,15 @@ def open_trackers(cfg, run_dir: str | Path, config: dict) -> list:
     the run it started before when ``run_dir/trackers.json`` names one (a resumed run)."""
     run_dir = Path(run_dir)
     path = run_dir / IDS_FILE
-    ids = json.loads(path.read_text()) if path.is_file() else {}
+    ids = _read_ids(path)
     out = []
     for name in cfg.train.loggers:
         if name in TRACKERS:
             try:
                 tracker = TRACKERS[name](cfg, run_dir, config, ids.get(name))
             except Exception as e:  # a server, a store or a name the library refuses: one line, the others closed
-                for opened in out:
-                    opened.close()
+                for opened in out:  # as failed (an MLflow server had kept an empty run marked finished)
+                    close_quietly(opened, "failed")
                 first = (str(e).strip().splitlines() or [repr(e)])[0]
                 raise ValueError(f"train.loggers={name}: the tracker cannot start ({type(e).__name__}: {first})") from e
             ids[name] = tracker.id
@@ -310,3 +387,19 @@ def open_trackers(cfg, run_dir: str | Path, config: dict) -> list:
     if out:
         write_text_atomic(path, json.dumps(ids, indent=1))
     return out
+
+
+def _read_ids(path: Path) -> dict:
+    """``trackers.json``'s ids (none when there is no file); a ValueError naming the file when it is not a JSON
+    object of them (it is written atomically: an edit by hand)."""
+    if not path.is_file():
+        return {}
+    try:
+        ids = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:
+        ids = e
+    if not isinstance(ids, dict):
+        raise ValueError(f"{path} is not the JSON object of tracker run ids this run wrote ({ids}); restore it, or "
+                         f"delete it to log the rest of the run to new tracker runs")
+    return ids
+
