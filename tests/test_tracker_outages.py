@@ -179,3 +179,14 @@ def test_the_logger_closes_its_file_when_a_tracker_fails_to(tmp_path, fake):
     logger.log("train", 1, {"x": 1.0})
     logger.close("failed")
     assert logger._file.closed and fake.made[0].closed == ["failed"] and len(said) == 1
+
+
+def test_a_tracker_added_at_a_resume_gets_the_history(fake, warm_cache, tmp_path):
+    from pacs_fast.trainer.run_folder import resume_config
+
+    run = tmp_path / "run"
+    train(_cfg(warm_cache, "train.loggers=[tensorboard]"), run)
+    killed = copy_as_killed_in_checkpoint(run, tmp_path / "killed", 3)
+    train(resume_config(killed, ["train.loggers=[tensorboard,mlflow]"]), killed, resume=True)
+    (added,) = fake.made
+    assert added.logged[0] == ("eval", 0) and ("train", 1) in added.logged and ("train", 3) in added.logged

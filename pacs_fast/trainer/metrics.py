@@ -84,6 +84,12 @@ def scalar_metrics(kind: str, values: dict) -> dict:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+def begins_at_resume(tracker) -> bool:
+    """Whether ``tracker`` (opened by a resume) logs to a run of its own begun now: a W&B offline resume's part
+    (``part``), or a tracker the run had not used before (``began``; pacs_fast/trainer/trackers.py)."""
+    return bool(getattr(tracker, "part", None) or getattr(tracker, "began", False))
+
+
 def close_quietly(tracker, status: str) -> str | None:
     """``tracker.close(status)`` (a W&B / MLflow / trackio run of pacs_fast/trainer/trackers.py); what it raised as
     one line (None when it closed)."""
@@ -140,15 +146,15 @@ class MetricsLogger:
 
     def replay(self, records: list[dict]) -> None:
         """Logs ``records`` (``read_jsonl``'s history up to the checkpoint a resume continues from) to each tracker
-        that begins a run of its own at this resume (``part``: a W&B offline resume, pacs_fast/trainer/trackers.py),
-        so that the new run holds the whole history: a kill that took W&B's service process with the training lost
-        what that process had not written yet, steps before the checkpoint included, and the resumed run had only
-        the steps after it."""
+        that begins a run of its own at this resume (:func:`begins_at_resume`), so that the new run holds the whole
+        history: a kill that took W&B's service process with the training lost what that process had not written
+        yet, steps before the checkpoint included, and the resumed run had only the steps after it; a tracker added
+        at a resume had no step-0 evaluation."""
         def send(t):
             for rec in records:
                 t.log(rec["kind"], int(rec["step"]), {k: v for k, v in rec.items() if k not in ("kind", "step")})
 
-        self._each("replaying the run's records", send, only=lambda t: getattr(t, "part", None))
+        self._each("replaying the run's records", send, only=begins_at_resume)
 
     def _each(self, what: str, call, only=None) -> None:
         """``call(tracker)`` for each tracker; one that raises is closed (as failed) and left out for the rest of

@@ -29,7 +29,7 @@ from pacs_fast.trainer.checkpoint import (checkpoints_newest_first, intact_check
                                           restore_newest, settle_after_resume)
 from pacs_fast.trainer.correction import correction_warnings
 from pacs_fast.trainer.evaluation import eval_line, evaluate
-from pacs_fast.trainer.metrics import MetricsLogger, Progress, read_jsonl
+from pacs_fast.trainer.metrics import MetricsLogger, Progress, begins_at_resume, read_jsonl
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
 from pacs_fast.trainer.preflight import (check_cpus, check_megatron_model, check_memory, check_packed_attention,
                                          check_tensor_parallel, memory_warnings, model_context)
@@ -276,8 +276,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
             raise SetupError(str(e)) from e
         # a tracker run begun at this resume gets the history up to its checkpoint (MetricsLogger.replay), read
         # before the logger appends its resume marker
-        parts = any(getattr(t, "part", None) for t in trackers)
-        upto = marker if parts and marker is not None and marker >= 0 else None
+        upto = marker if any(map(begins_at_resume, trackers)) and marker is not None and marker >= 0 else None
         history = [] if upto is None else [r for r in read_jsonl(Path(run_dir) / "metrics.jsonl")
                                            if r.get("step", upto + 1) <= upto]
         s.logger = MetricsLogger(run_dir, tensorboard=cfg.train.tensorboard and "tensorboard" in cfg.train.loggers,

@@ -380,6 +380,7 @@ def open_trackers(cfg, run_dir: str | Path, config: dict) -> list:
                     close_quietly(opened, "failed")
                 first = (str(e).strip().splitlines() or [repr(e)])[0]
                 raise ValueError(f"train.loggers={name}: the tracker cannot start ({type(e).__name__}: {first})") from e
+            tracker.began = name not in ids  # a run of its own begun now (a tracker added at a resume)
             ids[name] = tracker.id
             if getattr(tracker, "part", None):
                 ids.setdefault(f"{name}_offline_parts", []).append(tracker.part)
