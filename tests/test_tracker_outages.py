@@ -190,3 +190,17 @@ def test_a_tracker_added_at_a_resume_gets_the_history(fake, warm_cache, tmp_path
     train(resume_config(killed, ["train.loggers=[tensorboard,mlflow]"]), killed, resume=True)
     (added,) = fake.made
     assert added.logged[0] == ("eval", 0) and ("train", 1) in added.logged and ("train", 3) in added.logged
+
+
+def test_metrics_jsonl_is_strict_json_inside_lists_too(tmp_path):
+    # a non-finite number inside a list or a mapping had been written as a bare NaN / Infinity (strict readers refuse)
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    logger.log("train", 1, {"x": float("nan"), "lst": [1.0, float("nan")], "d": {"a": float("-inf"), "b": [2.0]}})
+    logger.close()
+
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(line, parse_constant=refuse) == {"kind": "train", "step": 1, "x": None, "lst": [1.0, None],
+                                                       "d": {"a": None, "b": [2.0]}}

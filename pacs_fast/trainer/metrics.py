@@ -54,9 +54,15 @@ def deterministic_view(records: list[dict]) -> list[dict]:
 
 
 def _clean(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v + 0.0 if isinstance(v, float) else v  # (-0.0, a loss of exactly zero times -1, reads 0.0)
+    """``v`` as strict JSON holds it: a non-finite float is None (inside lists and mappings too: json.dumps wrote a
+    bare NaN there, which strict JSON readers refuse)."""
+    if isinstance(v, float):
+        return v + 0.0 if math.isfinite(v) else None  # (-0.0, a loss of exactly zero times -1, reads 0.0)
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    return v
 
 
 def end_torn_line(path: str | Path) -> bool:
