@@ -26,8 +26,9 @@ a second runner, or a live run in one of the folders, is refused (exit status 2,
 A run folder is deleted only when it is provably this experiment's own dead run: its lock is free
 and its ``config.yaml`` is the one the spec asks for (or, with ``--restart-mismatched``, another);
 a folder with files but no ``config.yaml`` is refused. The runner sets ``train.seed``,
-``warmup.seed``, ``train.out_dir``, ``train.run_name`` and ``train.threads`` itself; giving them as
-overrides is an error (use ``--seeds``, ``--out``, ``--threads``). Exit status: 0 when every run
+``warmup.seed``, ``train.out_dir``, ``train.run_name``, ``train.threads`` and ``train.tracker_group`` (the
+arm's name: its tracker runs are ``<arm>-seed<k>``, grouped by arm) itself; giving them as overrides is an
+error (use ``--seeds``, ``--out``, ``--threads``, ``--arm``). Exit status: 0 when every run
 finished, 1 when one failed (after the report is written) or, with ``--report``, when none has finished
 yet (nothing written), 2 for bad arguments or a refused folder.
 
@@ -72,7 +73,8 @@ def make_jobs(arms: list[Arm], seeds: list[int], common: list[str], out: Path) -
         for arm in arms:
             run_dir = out / "runs" / arm.name / f"seed{s}"
             argv = [*QUIET, *common, *arm.overrides, f"train.seed={s}", f"warmup.seed={s}",
-                    f"train.out_dir={run_dir.parent}", f"train.run_name={run_dir.name}"]
+                    f"train.out_dir={run_dir.parent}", f"train.run_name={run_dir.name}",
+                    f"train.tracker_group={arm.name}"]
             jobs.append(Job(arm, s, run_dir, argv))
     return jobs
 
@@ -136,7 +138,7 @@ def job_state(job: Job, config: str | None) -> str:
             # a run from before data.split_seed, resumed once: its split follows its train.seed (run_folder.py)
             have["data"]["split_seed"] = 0
         for d in (want, have):  # where the folder lives, threads and logging are not the experiment's settings
-            for key in ("out_dir", "threads", "progress", "tensorboard", "plots"):
+            for key in ("out_dir", "threads", "progress", "tensorboard", "plots", "tracker_group"):
                 d["train"].pop(key, None)
         diff = config_differences(want, have)
         if diff:

@@ -34,7 +34,7 @@ PRESETS = {
 # Keys the runner sets in every run, and the flag that sets them: given anywhere else, they would
 # be replaced without a word (the runner's come last), so they are refused.
 RUNNER_KEYS = {"train.seed": "--seeds", "warmup.seed": "--seeds", "train.out_dir": "--out",
-               "train.run_name": "--out", "train.threads": "--threads"}
+               "train.run_name": "--out", "train.threads": "--threads", "train.tracker_group": "--arm"}
 ARM_FORM = ("NAME:section.key=value,section.key=value (a comma inside brackets or a quoted value does not "
             "split: learner.betas=[0.9,0.95])")
 MAX_SEEDS = 1000  # runs of one experiment; more is a typo (each seed is len(arms) training runs)
@@ -201,8 +201,9 @@ arms: a preset ({', '.join(PRESETS)}), or
     from that preset: grpo:learner.lr=2e-5 is GRPO); a comma inside brackets or a quoted value does
     not split (learner.betas=[0.9,0.95] is one value).
 --timeout stops a run as SIGTERM does (then kills it 30 s later); the run's log and the runner say so.
-the runner sets train.seed and warmup.seed (--seeds), train.out_dir and train.run_name (--out) and
-    train.threads (--threads) in every run; giving them as overrides is an error.
+the runner sets train.seed and warmup.seed (--seeds), train.out_dir and train.run_name (--out),
+    train.threads (--threads) and train.tracker_group (the arm's name: W&B / MLflow / trackio runs named
+    <arm>-seed<k>) in every run; giving them as overrides is an error.
 one runner at a time per --out: a second one (or a live run in one of its run folders) is refused;
     a run folder is deleted only when it is this experiment's own dead run (restarted) or, with
     --restart-mismatched, its own dead run made with other settings.

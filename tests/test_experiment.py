@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+import yaml
 
 from pacs_fast import experiment as ex
 
@@ -162,6 +163,14 @@ def test_runner_end_to_end(tmp_path, capsys, warm_cache):
                                          for a in map(ex.parse_arm, ("pacs", "grpo"))) + "."], arms  # (their settings)
     assert "`algo.name=grpo`" in arms[0]
     assert "pass@n − grpo" in (out / "results.md").read_text() and "greedy" in res["stats"]["pacs"]
+    # each run's trackers are grouped by its arm (the arms' runs of a seed had one name, seed0, in W&B and MLflow)
+    saved = out / "runs" / "grpo" / "seed1" / "config.yaml"
+    assert yaml.safe_load(saved.read_text())["train"]["tracker_group"] == "grpo"
+    job = ex.make_jobs([ex.parse_arm("grpo")], [1], [*TINY, f"warmup.cache_dir={warm_cache}"], out)[0]
+    text = saved.read_text()  # a run from before the runner set the group: done, not another setting
+    saved.write_text(text.replace("tracker_group: grpo", "tracker_group: ''"))
+    assert ex.job_state(job, None) == "done"
+    saved.write_text(text)
     # --report alone (the docs' command) takes the arms, seeds, settings and baseline spec.json recorded
     before = (out / "results.md").read_text()
     (out / "results.md").unlink()

@@ -134,6 +134,7 @@ def test_failed_runs_make_a_nonzero_exit_after_the_report(tmp_path, capsys, warm
     (["train.out_dir=elsewhere"], "train.out_dir", "--out"),
     (["--arm", "x:algo.name=grpo,train.run_name=mine"], "train.run_name", "--out"),
     (["--arm", "x:train.threads=2"], "train.threads", "--threads"),
+    (["--arm", "x:train.tracker_group=g"], "train.tracker_group", "--arm"),
 ])
 def test_keys_the_runner_owns_are_refused(tmp_path, capsys, args, key, flag, warm_cache):
     out = tmp_path / "exp"

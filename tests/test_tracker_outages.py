@@ -204,3 +204,25 @@ def test_metrics_jsonl_is_strict_json_inside_lists_too(tmp_path):
     (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert json.loads(line, parse_constant=refuse) == {"kind": "train", "step": 1, "x": None, "lst": [1.0, None],
                                                        "d": {"a": None, "b": [2.0]}}
+
+
+def test_the_tracker_group_names_and_tags_the_runs(tmp_path, monkeypatch):
+    # (python -m pacs_fast.experiment sets it to the arm: its arms' runs of one seed had all been "seed0")
+    from pathlib import Path
+
+    from pacs_fast.trainer.trackers import MlflowTracker, run_name
+
+    cfg = load_config(None, ["train.tracker_group=pacs", "train.project=p"])
+    assert run_name(cfg, Path("out/runs/pacs/seed0")) == "pacs-seed0"
+    assert run_name(load_config(None, []), Path("runs/seed0")) == "seed0"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "store").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    tracker = MlflowTracker(cfg, tmp_path / "seed0", {}, None)
+    try:
+        info = tracker.mlflow.get_run(tracker.id)
+        assert info.info.run_name == "pacs-seed0" and info.data.tags["group"] == "pacs"
+    finally:
+        tracker.close()
+    with pytest.raises(ValueError, match="train.tracker_group is 129 characters long"):
+        monkeypatch.setenv("WANDB_MODE", "offline")
+        check_trackers(load_config(None, ["train.loggers=[wandb]", "train.tracker_group=" + "g" * 129]))

@@ -326,6 +326,8 @@ class TrainConfig:
                        "metrics.jsonl, always written), e.g. [tensorboard,wandb]; pip install 'pacs_fast[loggers]' "
                        "(pacs_fast/trainer/trackers.py)")
     project: str = _f("pacs_fast", "the W&B / MLflow experiment / trackio project the run logs to")
+    tracker_group: str = _f("", "the run's group in W&B and trackio (an MLflow tag), its tracker runs named "
+                            "<group>-<run folder name>; python -m pacs_fast.experiment sets it to the arm's name")
     log_samples: int = _f(4, "rollouts per step written to samples.jsonl and TensorBoard text (prompt, response, "
                           "reward, score terms; 0 = none)")
 

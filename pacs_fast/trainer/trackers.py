@@ -84,6 +84,9 @@ def check_trackers(cfg) -> None:
                                  f"({type(e).__name__}: {e}); repair it (pip install 'pacs_fast[loggers]') or "
                                  f"leave {name} out") from e
     _check_project(cfg.train.project, names)
+    group = cfg.train.tracker_group
+    if "wandb" in names and len(group) > 128:
+        raise ValueError(f"train.tracker_group is {len(group)} characters long: W&B takes groups of at most 128")
     if "mlflow" in names:
         _check_mlflow_uri()
     if "trackio" in names:
@@ -246,6 +249,13 @@ def _rows(rows: list[dict]) -> list[list]:
     return [[r.get(c) for c in SAMPLE_COLUMNS] for r in rows]
 
 
+def run_name(cfg, run_dir: Path) -> str:
+    """A tracker run's name: the run folder's, after ``train.tracker_group`` when there is one (an experiment's
+    arm: the arms' runs of one seed had one name, ``seed0``, in W&B and MLflow)."""
+    group = getattr(cfg.train, "tracker_group", "")
+    return f"{group}-{run_dir.name}" if group else run_dir.name
+
+
 # how a run ended (Session.close): MLflow's run status for each; W&B takes an exit code
 STATUSES = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 
@@ -257,19 +267,20 @@ class WandbTracker:
         import wandb
 
         self.wandb = wandb
-        name, self.part = run_dir.name, None
+        own = name = run_name(cfg, run_dir)
+        self.part = None
         if run_id and wandb.setup().settings.mode in ("offline", "dryrun"):
             # W&B resumes runs on its server only: offline, a second folder of one id restarts its step counter
             # and `wandb sync` keeps one of the two (wandb/wandb#3841). A resume is a run of its own instead
             # (numbered), and the run's own id stays the one an online resume continues.
             parts = len(list((run_dir / "wandb").glob("*run-*")))  # the run's folders so far, online or offline
-            name = f"{run_dir.name}-resumed-{max(parts, 1)}"
+            name = f"{own}-resumed-{max(parts, 1)}"
         self.run = wandb.init(project=cfg.train.project, name=name, dir=str(run_dir), config=config,
-                              id=None if name != run_dir.name else run_id, resume="allow")
+                              id=None if name != own else run_id, resume="allow", group=cfg.train.tracker_group or None)
         for kind in ("train", "eval", "checkpoint", "plots"):
             self.run.define_metric(f"{kind}/*", step_metric="step")
-        self.id = self.run.id if name == run_dir.name else run_id
-        self.part = None if name == run_dir.name else self.run.id  # an offline resume's own run (trackers.json)
+        self.id = self.run.id if name == own else run_id
+        self.part = None if name == own else self.run.id  # an offline resume's own run (trackers.json)
 
     def log(self, kind: str, step: int, values: dict) -> None:
         self.run.log({**scalar_metrics(kind, values), "step": step})
@@ -297,7 +308,8 @@ class MlflowTracker:
             mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
         self.mlflow = mlflow
         mlflow.set_experiment(cfg.train.project)
-        self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_dir.name)
+        group = {"group": cfg.train.tracker_group} if cfg.train.tracker_group else None
+        self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name(cfg, run_dir), tags=group)
         self.id = self.run.info.run_id
         self.tables: set[str] = set()  # sample tables already in the run (a resumed run's redone steps)
         if run_id:
@@ -334,8 +346,9 @@ class TrackioTracker:
         self.trackio = trackio
         # trackio knows a run by its name: a new run's gets a suffix of its own, or every run of one folder name
         # (another out_dir's seed0, an experiment's arms) was continued as one run, their metrics mixed
-        self.id = run_id or f"{run_dir.name}-{uuid.uuid4().hex[:6]}"
+        self.id = run_id or f"{run_name(cfg, run_dir)}-{uuid.uuid4().hex[:6]}"
         self.run = trackio.init(project=cfg.train.project, name=self.id, config=config,
+                                group=cfg.train.tracker_group or None,
                                 resume="allow" if run_id else "never", embed=False, auto_log_cpu=False,
                                 auto_log_gpu=False)
 
