@@ -25,12 +25,15 @@ One runner per ``<out>`` at a time: the runner holds the trainer's run lock (:cl
 a second runner, or a live run in one of the folders, is refused (exit status 2, nothing changed).
 A run folder is deleted only when it is provably this experiment's own dead run: its lock is free
 and its ``config.yaml`` is the one the spec asks for (or, with ``--restart-mismatched``, another);
-a folder with files but no ``config.yaml`` is refused. The runner sets ``train.seed``,
-``warmup.seed``, ``train.out_dir``, ``train.run_name``, ``train.threads`` and ``train.tracker_group`` (the
-arm's name: its tracker runs are ``<arm>-seed<k>``, grouped by arm) itself; giving them as overrides is an
-error (use ``--seeds``, ``--out``, ``--threads``, ``--arm``). Exit status: 0 when every run
-finished, 1 when one failed (after the report is written) or, with ``--report``, when none has finished
-yet (nothing written), 2 for bad arguments or a refused folder.
+a folder with files but no ``config.yaml``, or with an empty or unreadable one, is refused. The runner sets
+``train.seed``, ``warmup.seed``, ``train.out_dir``, ``train.run_name``, ``train.threads`` and
+``train.tracker_group`` (the arm's name: its tracker runs are ``<arm>-seed<k>``, grouped by arm) itself; giving
+them as overrides or in ``--config`` is an error (use ``--seeds``, ``--out``, ``--threads``, ``--arm``). A
+finished run whose files are damaged (``summary.json`` unreadable, its step-0 or final evaluation missing from
+``metrics.jsonl``) is named above the tables and left out of them. Exit status: 0 when every run finished,
+1 when one failed or is damaged (after the report is written; when none finished, the folder's results are
+left as they were), when the report's files cannot be written (the table is printed all the same) or, with
+``--report``, when none has finished yet (nothing written), 2 for bad arguments or a refused folder.
 
 Outputs (written atomically): ``<out>/results.md`` (final and best held-out accuracy, mean ± std
 over seeds; paired differences against ``--baseline`` with a bootstrap 95% interval over seeds),
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -50,8 +54,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pacs_fast.experiment_args import (MAX_SEEDS, PRESETS, Arm, check_resources, parse_args,  # noqa: F401 (API)
-                                       parse_arm, parse_arms, parse_seeds, settings_from_spec)
-from pacs_fast.experiment_results import bootstrap_ci, collect, report, table  # noqa: F401 (the runner's API)
+                                       config_file_keys, parse_arm, parse_arms, parse_seeds, settings_from_spec,
+                                       spec_defaults)
+from pacs_fast.experiment_results import (ReportNotWritten, bootstrap_ci, collect, report,  # noqa: F401 (API)
+                                          table)
 from pacs_fast import signals
 from pacs_fast.files import write_text_atomic
 
@@ -67,12 +73,16 @@ class Job:
 
 
 # ----------------------------------------------------------------------------- spec
-def make_jobs(arms: list[Arm], seeds: list[int], common: list[str], out: Path) -> list[Job]:
+def make_jobs(arms: list[Arm], seeds: list[int], common: list[str], out: Path, config: str | None = None) -> list[Job]:
+    """The runs of ``arms`` x ``seeds`` into ``out`` (``config``: the ``--config`` file, whose settings the quiet
+    defaults yield to, as they yield to the overrides)."""
+    given = config_file_keys(config)
+    quiet = [q for q in QUIET if q.partition("=")[0] not in given]  # (a file's train.plots: true had been dropped)
     jobs = []
     for s in seeds:  # seed-major: the first job of a seed builds its warm-up
         for arm in arms:
             run_dir = out / "runs" / arm.name / f"seed{s}"
-            argv = [*QUIET, *common, *arm.overrides, f"train.seed={s}", f"warmup.seed={s}",
+            argv = [*quiet, *common, *arm.overrides, f"train.seed={s}", f"warmup.seed={s}",
                     f"train.out_dir={run_dir.parent}", f"train.run_name={run_dir.name}",
                     f"train.tracker_group={arm.name}"]
             jobs.append(Job(arm, s, run_dir, argv))
@@ -131,7 +141,13 @@ def job_state(job: Job, config: str | None) -> str:
     saved = job.run_dir / "config.yaml"
     if saved.is_file():
         want = to_dict(intended_config(config, job.argv))
-        have_cfg = load_config(saved)
+        try:
+            have_cfg = load_config(saved) if saved.read_text(encoding="utf-8", errors="replace").strip() else None
+        except ValueError:
+            have_cfg = None
+        if have_cfg is None:  # (an empty one read as the defaults: "other settings", which --restart-mismatched deleted)
+            raise ValueError(f"{saved} is empty or cannot be read: this run's settings are unknown; restore it (its "
+                             f"checkpoints hold a copy) or move {job.run_dir} away (nothing was changed)")
         have = to_dict(have_cfg)
         legacy = have_cfg.data.split_seed == have_cfg.train.seed and splits_training_file(have_cfg)
         if legacy and want["data"]["split_seed"] == 0:
@@ -340,16 +356,28 @@ def _stopped(signum: int) -> int:
 def _main(a) -> int:
     try:  # every argument error here, before anything is written or started
         arms = settings_from_spec(a) if a.report and not (a.arms.strip() or a.arm) else parse_arms(a)
+        if a.report and (Path(a.out) / "spec.json").is_file():  # the recorded seeds and baseline, unless given
+            spec_defaults(a)
         check_resources(a)
         seeds = parse_seeds("0-4" if a.seeds is None else a.seeds)
         out = Path(a.out)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {str(out)!r} is a file, not a folder")
-        jobs = make_jobs(arms, seeds, [*a.overrides, f"train.threads={a.threads}"], out)
-        for job in jobs:  # bad settings fail here, naming the arm whose settings make them bad
+        jobs = make_jobs(arms, seeds, [*a.overrides, f"train.threads={a.threads}"], out, a.config)
+        checked = set()
+        for job in jobs:  # bad settings fail here, naming the arm whose settings make them bad (one seed per arm:
+            if job.arm.name in checked:  # the seeds change no check, and 1000 seeds took 35 s)
+                continue
+            checked.add(job.arm.name)
             try:
                 intended_config(a.config, job.argv)
             except ValueError as e:
+                if str(e).startswith("train.out_dir "):  # (the runner's key: the user's is --out)
+                    if a.report:  # a read-only folder: the table is printed, not written
+                        continue
+                    why = re.search(r"\((.*)\); choose", str(e))  # (paths.py's: the mount's or permission's words)
+                    raise ValueError(f"--out {str(out)!r} cannot hold the runs' folders ("
+                                     f"{why.group(1) if why else e}); choose another --out") from None
                 shared = [x for x in job.argv if x not in job.arm.overrides]
                 if job.arm.overrides and _valid(a.config, shared):
                     raise ValueError(f"arm {job.arm.name} ({','.join(job.arm.overrides)}): {e}") from None
@@ -375,8 +403,7 @@ def _main(a) -> int:
             print(f"error: --report: no run of these arms and seeds in {str(out)!r} has finished yet (summary.json "
                   "and held-out evaluations); exit status 1, nothing was written", file=sys.stderr)
             return 1
-        print(report(jobs, arms, a.baseline, out, header))
-        return 0
+        return _print_report(jobs, arms, a.baseline, out, header)
     try:
         lock = take_lock(out, "--out")  # held to the end: one runner per folder
     except ValueError as e:
@@ -398,16 +425,36 @@ def run_experiment(a, jobs: list[Job], arms: list[Arm], seeds: list[int], out: P
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    spec = {"arms": {x.name: x.overrides for x in arms}, "seeds": seeds, "config": a.config,
+    spec = {"arms": {x.name: x.overrides for x in arms}, "seeds": seeds,
+            "config": str(Path(a.config).resolve()) if a.config else None,  # (a relative one broke --report elsewhere)
             "overrides": list(a.overrides), "baseline": a.baseline}
     write_text_atomic(out / "spec.json", json.dumps(spec, indent=1))
     counts = run_jobs(todo, a.config, workers=a.workers, threads=a.threads, timeout=a.timeout)
     print(f"runs: {done} already done, {counts['finished']} finished now, {counts['failed']} failed", flush=True)
-    print(report(jobs, arms, a.baseline, out, header), flush=True)
-    failed = [job for job in jobs if not (job.run_dir / "summary.json").is_file()]
+    res = collect(jobs)
+    status = 0
+    if not res:  # an empty table would replace the folder's results.md (another command's, say)
+        print("error: no run of these arms and seeds has finished: no table (results.md, results.json and "
+              "curves.png are left as they were)", file=sys.stderr, flush=True)
+        status = 1
+    else:
+        status = _print_report(jobs, arms, a.baseline, out, header)
+    failed = [job for job in jobs if job.seed not in res.get(job.arm.name, {})]
     if failed:
         logs = ", ".join(f"{job.run_dir}.log" for job in failed[:3]) + (", ..." if len(failed) > 3 else "")
-        print(f"error: {len(failed)} of {len(jobs)} runs failed (see {logs}); exit status 1", file=sys.stderr)
+        print(f"error: {len(failed)} of {len(jobs)} runs failed or are damaged (see {logs} and the report); exit "
+              f"status 1", file=sys.stderr)
+        return 1
+    return status
+
+
+def _print_report(jobs: list[Job], arms: list[Arm], baseline: str | None, out: Path, header: str) -> int:
+    """Prints the report; 0, or 1 with one error line when its files could not be written (printed all the same)."""
+    try:
+        print(report(jobs, arms, baseline, out, header), flush=True)
+    except ReportNotWritten as e:
+        print(e.md, flush=True)
+        print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     return 0
 

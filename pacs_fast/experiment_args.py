@@ -119,8 +119,27 @@ def parse_arm(text: str) -> Arm:
     for o in overrides:
         if "=" not in o:
             raise ValueError(f"arm {text!r}: {o!r} must look like section.key=value; give {ARM_FORM}")
+        glued = _glued_override(o)
+        if glued:  # (a text key took "p learner.lr=2e-5" as its value: the lr was never set)
+            raise ValueError(f"arm {text!r}: {o!r} holds {glued!r} after a space: separate an arm's overrides "
+                             f"with commas; give {ARM_FORM}")
     # (a preset's name with keys had dropped the preset: `grpo:learner.lr=2e-5` trained PACS under the name grpo)
     return Arm(name, list(PRESETS.get(name, [])) + overrides)
+
+
+def _glued_override(override: str) -> str | None:
+    """The ``section.key=`` of a config key inside ``override``'s value after whitespace (two overrides written with
+    a space between them), else None."""
+    import re
+
+    from pacs_fast.config import all_keys
+
+    value = override.partition("=")[2]
+    keys = set(all_keys())
+    for m in re.finditer(r"\s([a-z_]+\.[a-z_0-9]+)=", value):
+        if m.group(1) in keys:
+            return m.group(1) + "="
+    return None
 
 
 def check_runner_keys(overrides: list[str], where: str) -> None:
@@ -136,6 +155,22 @@ def check_runner_keys(overrides: list[str], where: str) -> None:
 def check_timeout(value: float | None) -> None:
     if value is not None and not (math.isfinite(value) and value > 0):
         raise ValueError(f"--timeout {value:g}: give a positive number of seconds (leave --timeout out for no limit)")
+
+
+def spec_defaults(args) -> None:
+    """For ``--report`` with arms given: ``<out>/spec.json``'s seeds and baseline where the command line gives none
+    (the default seeds 0-4 reported seeds never asked for as unfinished, and the recorded baseline was dropped);
+    nothing when the spec cannot be read (the defaults then)."""
+    try:
+        spec = json.loads((Path(args.out) / "spec.json").read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(spec, dict):
+        return
+    if args.seeds is None and spec.get("seeds"):
+        args.seeds = ",".join(str(s) for s in spec["seeds"])
+    if args.baseline is None and spec.get("baseline"):
+        args.baseline = spec["baseline"]
 
 
 def settings_from_spec(args) -> list[Arm]:
@@ -193,6 +228,20 @@ def check_resources(args) -> None:
         raise ValueError(f"--threads {args.threads} (per run) is more than the {cpus} CPUs this process may use")
     check_timeout(args.timeout)
     check_runner_keys(args.overrides, "common override")
+    if args.config:
+        check_runner_keys([f"{key}=" for key in config_file_keys(args.config)], f"--config {args.config}")
+
+
+def config_file_keys(path: str | None) -> set[str]:
+    """The ``section.key`` names a config file sets (none without a file; a file that cannot be read is left to
+    the config's own error)."""
+    from pacs_fast.config import read_yaml
+
+    try:
+        data = read_yaml(path) if path else {}
+    except ValueError:
+        return set()
+    return {f"{section}.{key}" for section, values in data.items() if isinstance(values, dict) for key in values}
 
 
 EPILOG = f"""\

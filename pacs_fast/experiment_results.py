@@ -36,26 +36,64 @@ def bootstrap_ci(diffs: np.ndarray, *, n: int = 10_000, seed: int = 0, level: fl
     return float(lo), float(hi)
 
 
-def collect(jobs: list) -> dict:
+def collect(jobs: list, damaged: dict | None = None) -> dict:
     """Per arm and seed: step-0, final and best held-out accuracy, final greedy accuracy and
-    pass@n, and the curve (finished runs only)."""
+    pass@n, and the curve (finished runs only). A finished run whose files cannot give them (``summary.json``
+    unreadable, the step-0 or final evaluation missing or not a number, the final one not the summary's) is left
+    out, its reason in ``damaged[(arm, seed)]`` when given."""
     res: dict = {}
     for job in jobs:
         if not (job.run_dir / "summary.json").is_file():
             continue
-        records = eval_records(job.run_dir)
-        if not records:
+        try:
+            result = run_result(job.run_dir)
+        except ValueError as e:
+            if damaged is not None:
+                damaged[(job.arm.name, job.seed)] = str(e)
             continue
-        curve = [(int(r["step"]), float(r["eval/acc"])) for r in records]
-        summary = json.loads((job.run_dir / "summary.json").read_text())
-        res.setdefault(job.arm.name, {})[job.seed] = {
-            "start": curve[0][1], "final": curve[-1][1], "best": max(a for _, a in curve[1:] or curve),
-            "greedy": records[-1].get("eval/greedy_acc", float("nan")),
-            "pass_n": records[-1].get("eval/pass@n", float("nan")),
-            "curve": curve, "wall_time_s": summary.get("wall_time_s"),
-            "eval_temperature": _eval_temperature(job.run_dir),
-            "code_versions": summary.get("code_versions") or ["unrecorded"]}
+        if result is not None:
+            res.setdefault(job.arm.name, {})[job.seed] = result
     return res
+
+
+def run_result(run_dir: Path) -> dict | None:
+    """The table's numbers of a finished run (its ``summary.json`` and ``metrics.jsonl``); None when it holds no
+    held-out evaluation; a ValueError saying why when its files are damaged. The evaluations are read by their
+    step: step 0 is the one at step 0, *final* the one at the summary's ``final_eval_step`` (the last one of a
+    summary that does not record it), *best* the highest after step 0 (a record lost to a torn line had shifted
+    them: the last evaluation read as the final one, another as step 0)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"summary.json cannot be read ({type(e).__name__})") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"summary.json holds a {type(summary).__name__}, not the run's summary")
+    records = eval_records(run_dir)
+    if not records:
+        if (run_dir / "metrics.jsonl").is_file():
+            return None
+        raise ValueError("metrics.jsonl is missing")
+    by_step = {}
+    for r in records:
+        acc = r.get("eval/acc")
+        if isinstance(acc, bool) or not isinstance(acc, (int, float)) or acc != acc:
+            raise ValueError(f"the evaluation of step {r.get('step')} has eval/acc {acc!r}, not a number")
+        by_step[int(r["step"])] = r
+    final_step = summary.get("final_eval_step", max(by_step))
+    if 0 not in by_step or final_step not in by_step:
+        missing = "step 0" if 0 not in by_step else f"step {final_step} (the final one)"
+        raise ValueError(f"metrics.jsonl holds no evaluation of {missing}")
+    final = by_step[final_step]
+    after = summary.get("acc_after")
+    if isinstance(after, (int, float)) and abs(float(after) - float(final["eval/acc"])) > 1e-9:
+        raise ValueError(f"the final evaluation in metrics.jsonl ({final['eval/acc']}) is not summary.json's "
+                         f"acc_after ({after})")
+    curve = sorted((step, float(r["eval/acc"])) for step, r in by_step.items())
+    return {"start": float(by_step[0]["eval/acc"]), "final": float(final["eval/acc"]),
+            "best": max((a for step, a in curve if step > 0), default=float(by_step[0]["eval/acc"])),
+            "greedy": final.get("eval/greedy_acc", float("nan")), "pass_n": final.get("eval/pass@n", float("nan")),
+            "curve": curve, "wall_time_s": summary.get("wall_time_s"), "eval_temperature": _eval_temperature(run_dir),
+            "code_versions": summary.get("code_versions") or ["unrecorded"]}
 
 
 def _eval_temperature(run_dir: Path) -> float | None:
@@ -123,10 +161,14 @@ def table(res: dict, arms: list, baseline: str | None, keys: tuple = MAIN) -> tu
                 cells.append("")
         stats[arm.name] = entry
         lines.append("| " + " | ".join(cells) + " |")
-        alone = sorted(set(runs) - set(base))
+        alone, base_alone = sorted(set(runs) - set(base)), sorted(set(base) - set(runs))
         if baseline and arm.name != baseline and paired and alone:  # the mean and the difference differ in seeds
             notes.append(f"{arm.name}: seed(s) {alone} have no finished {baseline} run: the differences pair "
                          f"seeds {sorted(set(runs) & set(base))}, the mean takes all {len(runs)}")
+        if baseline and arm.name != baseline and paired and base_alone and set(runs) & set(base):
+            notes.append(f"{baseline}: seed(s) {base_alone} have no finished {arm.name} run: the differences of "
+                         f"{arm.name} pair seeds {sorted(set(runs) & set(base))}, {baseline}'s mean takes all "
+                         f"{len(base)} (the difference is not the difference of the two means)")
     few = sorted({len(e[f"{k}_minus_{baseline}"]["seeds"]) for e in stats.values() for k in paired
                   if f"{k}_minus_{baseline}" in e} & {2, 3, 4})
     if few:  # the percentile bootstrap over n seeds covers less than its level when n is small
@@ -161,19 +203,35 @@ def plot(res: dict, arms: list, path: Path, title: str, kind: str = "sampled") -
     plt.close(fig)
 
 
-def unfinished(jobs: list, res: dict) -> list[str]:
-    """One line per arm whose runs of some seeds did not finish (not in the tables)."""
+def unfinished(jobs: list, res: dict, damaged: dict | None = None) -> list[str]:
+    """One line per arm whose runs of some seeds did not finish (not in the tables), and one per damaged run
+    (``damaged``: :func:`collect`'s)."""
     missing: dict = {}
+    damaged = damaged or {}
     for job in jobs:
-        if job.seed not in res.get(job.arm.name, {}):
+        if job.seed not in res.get(job.arm.name, {}) and (job.arm.name, job.seed) not in damaged:
             missing.setdefault(job.arm.name, []).append(job.seed)
-    return [f"{arm}: seed(s) {seeds} did not finish (no summary.json and held-out evaluations): not in the tables"
-            for arm, seeds in missing.items()]
+    return ([f"{arm}: seed(s) {seeds} did not finish (no summary.json and held-out evaluations): not in the tables"
+             for arm, seeds in missing.items()]
+            + [f"{arm}: seed {seed} finished, but its files are damaged ({why}): not in the tables"
+               for (arm, seed), why in damaged.items()])
+
+
+class ReportNotWritten(OSError):
+    """The report's files could not be written (``md``: the report, to print all the same)."""
+
+    def __init__(self, md: str, error: OSError, path: Path):
+        super().__init__(f"cannot write {path} ({error.strerror or error}); the table above was not saved")
+        self.md = md
 
 
 def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str) -> str:
-    res = collect(jobs)
-    missing = unfinished(jobs, res)
+    """``results.md`` (returned), ``results.json`` and ``curves.png`` of the finished runs of ``jobs``; a
+    :class:`ReportNotWritten` (holding the report) when a file cannot be written (a full disk, a read-only
+    folder)."""
+    damaged: dict = {}
+    res = collect(jobs, damaged)
+    missing = unfinished(jobs, res, damaged)
     if missing:
         header += "\n\n" + "\n".join(f"- {line}" for line in missing)
     text, stats = table(res, arms, baseline)
@@ -204,9 +262,15 @@ def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str)
             stats.setdefault(arm, {}).update({k: v for k, v in entry.items() if k != "seeds"})
         md += (f"At the final evaluation: greedy accuracy and pass@n (n = rollout.eval_n samples per problem), "
                f"{'paired the same way' if baseline else 'mean ± std over seeds'}.\n\n{text2}\n")
-    write_text_atomic(out / "results.md", md)
-    write_text_atomic(out / "results.json", json.dumps(_json_safe({"stats": stats, "runs": {
-        a: {str(s): r for s, r in v.items()} for a, v in res.items()}}), indent=1, allow_nan=False))
-    if res:
-        plot(res, arms, out / "curves.png", header.splitlines()[0].lstrip("# "), kind)
+    path = out / "results.md"
+    try:
+        write_text_atomic(path, md)
+        path = out / "results.json"
+        write_text_atomic(path, json.dumps(_json_safe({"stats": stats, "runs": {
+            a: {str(s): r for s, r in v.items()} for a, v in res.items()}}), indent=1, allow_nan=False))
+        if res:
+            path = out / "curves.png"
+            plot(res, arms, path, header.splitlines()[0].lstrip("# "), kind)
+    except OSError as e:
+        raise ReportNotWritten(md, e, path) from e
     return md

@@ -76,7 +76,8 @@ def test_what_the_tables_cannot_pair_or_spread_is_said(tmp_path, monkeypatch):
     assert row_c.startswith("| c | 1 | 0.100 | 0.300 | 0.300 |") and "±" not in row_c
     assert np.isnan(stats["c"]["final"]["std"])
     jobs = ex.make_jobs(arms, [0, 1, 2], [], tmp_path)
-    monkeypatch.setattr("pacs_fast.experiment_results.collect", lambda jobs: res)  # (finished runs, as read)
+    # (finished runs, as read)
+    monkeypatch.setattr("pacs_fast.experiment_results.collect", lambda jobs, damaged=None: res)
     md = ex.report(jobs, arms, "b", tmp_path, "# t")
     assert "- b: seed(s) [2] did not finish" in md and "- c: seed(s) [1, 2] did not finish" in md
     strict = json.loads((tmp_path / "results.json").read_text(),
@@ -92,7 +93,7 @@ def test_greedy_evaluations_are_labelled_greedy(tmp_path, monkeypatch):
     arms = [ex.Arm("a", []), ex.Arm("b", [])]
     jobs = ex.make_jobs(arms, [0, 1], [], tmp_path)
     res = {"a": {0: mk(0.5, 0.0), 1: mk(0.7, 0.0)}, "b": {0: mk(0.4, 0.0), 1: mk(0.5, 0.0)}}
-    monkeypatch.setattr("pacs_fast.experiment_results.collect", lambda jobs: res)
+    monkeypatch.setattr("pacs_fast.experiment_results.collect", lambda jobs, damaged=None: res)
     md = ex.report(jobs, arms, "b", tmp_path, "# t")
     assert "Held-out greedy accuracy" in md and "sampled" not in md and "pass@n (final)" not in md and "nan" not in md
     res["b"][1]["eval_temperature"] = 0.6
@@ -108,7 +109,7 @@ def test_runs_of_different_pacs_fast_code_are_named(tmp_path, monkeypatch):
     arms = [ex.Arm("a", []), ex.Arm("b", [])]
     jobs = ex.make_jobs(arms, [0, 1], [], tmp_path)
     res = {"a": {0: mk(["0.1.0+g1"]), 1: mk(["0.1.0+g1"])}, "b": {0: mk(["0.1.0+g1"]), 1: mk(["0.1.0+g1"])}}
-    monkeypatch.setattr("pacs_fast.experiment_results.collect", lambda jobs: res)
+    monkeypatch.setattr("pacs_fast.experiment_results.collect", lambda jobs, damaged=None: res)
     assert "different pacs_fast code" not in ex.report(jobs, arms, "b", tmp_path, "# t")
     res["a"][1]["code_versions"] = ["unrecorded", "0.1.0+g2"]
     res["b"][1]["code_versions"] = ["0.1.0+g2"]
@@ -141,7 +142,7 @@ def test_without_a_baseline_results_md_speaks_of_no_differences(tmp_path, monkey
 
     run = {"start": 0.1, "final": 0.2, "best": 0.3, "greedy": 0.2, "pass_n": 0.4, "curve": [(0, 0.1), (1, 0.2)],
            "eval_temperature": 1.0}
-    monkeypatch.setattr(er, "collect", lambda jobs: {"a": {0: run, 1: run}})
+    monkeypatch.setattr(er, "collect", lambda jobs, damaged=None: {"a": {0: run, 1: run}})
     md = er.report([], [ex.Arm("a", [])], None, tmp_path, "# h")
     assert "paired" not in md and "−" not in md and "mean ± std over seeds" in md
     assert "paired by seed" in er.report([], [ex.Arm("a", [])], "a", tmp_path, "# h")
