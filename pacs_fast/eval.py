@@ -240,8 +240,10 @@ def _verifier(args):
 def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) -> None:
     """Samples and scores the problems ``todo`` names, appending each call's records; ``commit()`` (the settings'
     :func:`~pacs_fast.evaluation.settings.check_settings`) runs once the prompts fit and the engine loaded."""
+    from pacs_fast.config.stop_string_checks import escape_warning
     from pacs_fast.data.prompts import build_prompt, encode_prompts, has_chat_template, template_kwargs_effect
     from pacs_fast.rollout.base import SamplingParams
+    from pacs_fast.rollout.stop_strings import special_token_warning
 
     from transformers import AutoTokenizer
 
@@ -249,6 +251,9 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
     idle = template_kwargs_effect(tokenizer, args.template_kwargs)
     if idle:
         print(f"warning: --chat-template-kwargs {args.chat_template_kwargs}: {idle}", file=sys.stderr)
+    for line in (special_token_warning(tokenizer, args.stop, "--stop"), escape_warning(args.stop, "--stop")):
+        if line:
+            print(f"warning: {line}", file=sys.stderr)
     vllm_sizes = vllm_cpu_sizes(args, sets, todo, ns)
     name = engine_and_dtype(args)[0]
     _check_prompt_lengths(args, name, _engine_context(args, name, vllm_sizes), tokenizer, sets, todo)  # before loading

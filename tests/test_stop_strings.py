@@ -30,11 +30,21 @@ PIECES = ["Step 1: add 2 and 3.", "\n\n", "café", "日本", " ∑ ", "<answer>"
           " the sum"]
 
 
+def emitted_by_hand(tok, ids: list[int]) -> str:
+    """The text vLLM's incremental detokenizer has emitted after ``ids``: the decode of the longest start of
+    ``ids`` whose decode does not end in an incomplete character (U+FFFD)."""
+    for j in range(len(ids), -1, -1):
+        text = tok.decode(ids[:j], skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            return text
+    return ""
+
+
 def cut_by_hand(tok, ids: list[int], stop) -> tuple[int, str] | None:
-    """The reference: the first k whose decoded text holds a stop string, and that text cut after the
+    """The reference: the first k whose emitted text holds a stop string, and that text cut after the
     earliest-ending one (every prefix decoded)."""
     for k in range(1, len(ids) + 1):
-        text = tok.decode(ids[:k], skip_special_tokens=True)
+        text = emitted_by_hand(tok, ids[:k])
         ends = [text.find(s) + len(s) for s in stop if s in text]
         if ends:
             return k, text[:min(ends)]
@@ -99,6 +109,30 @@ def test_cut_equals_the_scan_of_every_prefix(kind, seed):
         if got is not None:
             assert any(got[1].endswith(s) for s in stop)
     assert found >= 10  # (stops drawn from the responses' own text: most hold one)
+
+
+class ByteTokens:
+    """A byte-level tokenizer of four tokens, as Qwen2.5's vocabulary has them for CJK text: ``'>'`` glued to the
+    first byte of 日, then its last two bytes."""
+    pieces = [b"<answer>5</answer", b">\xe6", b"\x97\xa5", b" more"]
+    pad_token_id = 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return [self.decode(r) for r in rows]
+
+
+def test_a_string_completed_by_a_token_that_ends_mid_character_fires_when_the_character_completes():
+    # vLLM's detokenizer holds back '>\xe6' (it decodes to '>' + U+FFFD) until 日 completes: "</answer>" fires at
+    # the third token, not the second (the HF engine had ended such responses one token before vLLM)
+    tok, stop = ByteTokens(), ("</answer>",)
+    matcher = StopStrings(tok, stop)
+    assert matcher.cut([0, 1, 2, 3]) == cut_by_hand(tok, [0, 1, 2, 3], stop) == (3, "<answer>5</answer>")
+    tokens = torch.tensor([[0, 1, 2, 3]])
+    assert [bool(matcher.hits(tokens[:, :t])) for t in (1, 2, 3, 4)] == [False, False, True, True]
+    assert matcher.cut([0, 1]) is None  # (ending there, vLLM never emits the held-back '>': no stop, as there)
 
 
 @pytest.mark.parametrize("kind,check_every", [("char", 1), ("bpe", 1), ("bpe", 4)])
@@ -187,7 +221,7 @@ def test_rows_stop_decoding_at_their_stop_string(sampler, merge, char_folder):
 @pytest.mark.parametrize("stop,message", [
     ("</answer>", "must be a list of strings, got the string"),
     ([""], r"stop\[0\] must be a non-empty string"),
-    (["a", 3], r"stop\[1\] must be a string, got the number 3 .*quote it, \['3'\]"),
+    (["a", 3], r"stop\[1\] must be a string, got the number 3: YAML reads an unquoted number as a number"),
     (["a", None], r"stop\[1\] must be a non-empty string, got None"),
     (["a", "a"], r"stop\[1\] repeats 'a'"),
     ({"a": 1}, "must be a list of strings, got dict"),
@@ -274,13 +308,39 @@ def test_eval_cuts_records_and_compares_its_stop_strings(char_folder, tmp_path, 
             held += bool(ends)
             assert got == (text[:min(ends)] if ends else text) and (reason == "stop" or not ends)
     assert held > 0
-    assert json.loads((tmp_path / "cut" / "run_config.json").read_text())["stop"] == stop
+    assert json.loads((tmp_path / "cut" / "run_config.json").read_text())["stop"] == sorted(stop)
     capsys.readouterr()
+    assert ev.main(args(tmp_path / "cut", *[x for s in reversed(stop) for x in ("--stop", s)])) == 0  # (order: none)
     assert ev.main(args(tmp_path / "cut", "--stop", "zz")) == 2
     err = capsys.readouterr().err
-    assert f"stop {stop!r} there, ['zz'] here" in err, err
+    assert f"stop {sorted(stop)!r} there, ['zz'] here" in err, err
     settings = tmp_path / "plain" / "run_config.json"  # (a folder written before --stop was recorded)
     settings.write_text(json.dumps({k: v for k, v in json.loads(settings.read_text()).items() if k != "stop"}))
     assert ev.main(args(tmp_path / "plain")) == 0
     assert ev.main(args(tmp_path / "plain", "--stop", "")) == 2
     assert "--stop[0] must be a non-empty string" in capsys.readouterr().err
+    assert ev.main(args(tmp_path / "plain", "--stop=--")) == 2
+    assert "--stop cannot take '--': argparse reads it as the end of the options" in capsys.readouterr().err
+    # a special token never stops a response, a typed backslash-n is two characters: each a warning line
+    assert ev.main(args(tmp_path / "warned", "--stop", "</s>", "--stop", "\\n")) == 0
+    err = capsys.readouterr().err
+    assert "warning: --stop: '</s>' holds a special token of the tokenizer" in err, err
+    assert "warning: --stop: '\\\\n' holds a backslash and a letter (two characters)" in err, err
+
+
+def test_the_trainer_warns_of_stop_strings_that_cannot_work(tmp_path, warm_cache, capsys):
+    from pacs_fast.config.hazards import hazard_warnings
+    from pacs_fast.trainer import train
+    from test_train import TINY
+
+    cfg = load_config(None, TINY + [f"warmup.cache_dir={warm_cache}", "train.steps=1", "rollout.stop=['</s>']",
+                                    "train.tensorboard=false"])
+    train(cfg, tmp_path / "run")
+    assert "warning: rollout.stop: '</s>' holds a special token of the tokenizer" in capsys.readouterr().out
+    typed = load_config(None, [r"rollout.stop=['\n\n', x]"])  # (single quotes: YAML keeps the backslashes)
+    assert typed.rollout.stop == ["\\n\\n", "x"]
+    said = hazard_warnings(typed)
+    assert any(line.startswith("rollout.stop: '\\\\n\\\\n' holds a backslash and a letter") for line in said), said
+    quoted = load_config(None, ['rollout.stop=["\\n\\n"]'])  # (double quotes: line breaks)
+    assert quoted.rollout.stop == ["\n\n"] and not [line for line in hazard_warnings(quoted) if "backslash" in line]
+

@@ -33,6 +33,7 @@ weights (the default) these updates accumulate in fp32 (pacs_fast/learner/master
 from __future__ import annotations
 
 from pacs_fast.config.schema import Config, LearnerConfig
+from pacs_fast.config.stop_string_checks import escape_warning
 from pacs_fast.config.unused import idle_rules
 
 
@@ -45,6 +46,9 @@ def hazard_warnings(cfg: Config) -> list[str]:
                    "the proxies equal (the policy is its reference): gradients of ~1e6 (learner/grad_norm), so "
                    "learner.grad_clip sets the update's size and the 1e-6 its direction; algo.score=rloo (the "
                    "default) has no such point")
+    typed = escape_warning(cfg.rollout.stop, "rollout.stop")
+    if typed:
+        out.append(typed)
     lc = cfg.learner
     if (cfg.model.gradient_checkpointing and cfg.model.recompute_granularity == "selective" and lc.backend == "megatron"
             and (lc.packing == "off" or lc.packed_attention == "dense")):

@@ -14,11 +14,23 @@ def check_stop_strings(stop, name: str = "stop") -> tuple[str, ...]:
     out: list[str] = []
     for i, s in enumerate(stop):
         if isinstance(s, (int, float)) and not isinstance(s, bool):
-            raise ValueError(f"{name}[{i}] must be a string, got the number {s!r} (YAML reads an unquoted number as "
-                             f"one: quote it, ['{s}'])")
+            raise ValueError(f"{name}[{i}] must be a string, got the number {s!r}: YAML reads an unquoted number as a "
+                             f"number (040 as 32, 1e3 as 1000.0); quote the string as you mean it")
         if not isinstance(s, str) or not s:
             raise ValueError(f"{name}[{i}] must be a non-empty string, got {s!r}")
         if s in out:
             raise ValueError(f"{name}[{i}] repeats {s!r}")
         out.append(s)
     return tuple(out)
+
+
+def escape_warning(stop, name: str) -> str | None:
+    """A warning line for a stop string holding a backslash and ``n`` / ``t`` / ``r`` (two characters: YAML reads
+    an escape only inside double quotes, a shell never), which never matches the line break it was meant to be;
+    None otherwise."""
+    typed = [s for s in stop if isinstance(s, str) and any(e in s for e in ("\\n", "\\t", "\\r"))]
+    if not typed:
+        return None
+    return (f"{name}: {typed[0]!r} holds a backslash and a letter (two characters), not a line break or tab: in a "
+            f"config or override write it in double quotes (rollout.stop='[\"\\n\\n\"]'), in a shell as $'\\n'")
+

@@ -105,8 +105,10 @@ def check_run_args(args) -> None:
                          f"object, e.g. '{{\"enable_thinking\": false}}'") from None
     except ValueError as e:
         raise UsageError(str(e)) from None
-    try:
-        args.stop = list(check_stop_strings(args.stop, "--stop"))
+    if any(not isinstance(s, str) for s in args.stop):  # (argparse drops a lone "--" from a flag's value)
+        raise UsageError("--stop cannot take '--': argparse reads it as the end of the options")
+    try:  # sorted: the order changes no response (only ties are broken by it, with the same text)
+        args.stop = sorted(check_stop_strings(args.stop, "--stop"))
     except ValueError as e:
         raise UsageError(str(e)) from None
     _finite("--temperature", args.temperature, lo=0.0, lo_ok=True)

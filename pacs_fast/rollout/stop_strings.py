@@ -2,7 +2,11 @@
 ``include_stop_str_in_output=True``: a response ends at the first token after which its text holds one of the
 strings; its tokens end with that token, its text just after the string (the earliest-ending one where several
 complete at that token), and its ``finish_reason`` is ``"stop"``. Only the response's text is searched, never the
-prompt's; the text is the tokenizer's ``decode(ids, skip_special_tokens=True)``, as ``Completion.text``.
+prompt's; the text is the tokenizer's ``decode(ids, skip_special_tokens=True)``, as ``Completion.text``, as vLLM's
+incremental detokenizer emits it: a token that ends in an incomplete character (a byte-level BPE token holding
+``>`` and the first byte of a CJK character, say) is held back until the character completes, so a string that it
+completes fires at the token that completes the character. A special token (``<|endoftext|>``) is not in that
+text: as a stop string it never fires (the EOS ids end a response anyway).
 
 The string stays in the response (its tokens are trained, the verifier reads it: a format such as
 ``<answer>...</answer>`` with ``stop=["</answer>"]`` keeps its closing tag). vLLM's default drops it from the text
@@ -36,23 +40,35 @@ class StopStrings:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def _emitted(self, ids: list[int]) -> str:
+        """The text of ``ids`` as vLLM's incremental detokenizer has emitted it: a token whose text ends in an
+        incomplete character (a byte-level token holding the first bytes of one, decoded as U+FFFD) is held back,
+        its text whole, until a later token completes the character (a stop string that ends just before it
+        fires one token later, as in vLLM)."""
+        k = len(ids)
+        text = self._decode(ids)
+        while text.endswith("\ufffd") and k > 0:
+            k -= 1
+            text = self._decode(ids[:k])
+        return text
+
     def _holds(self, text: str) -> bool:
         return any(s in text for s in self.stop)
 
     def cut(self, ids: list[int], text: str | None = None) -> tuple[int, str] | None:
-        """``(k, text)``: the first ``k`` tokens of the response ``ids`` are the shortest start whose text holds a
-        stop string, ``text`` their text cut just after the earliest-ending string; None when the response's
-        text (``text``, or its decode) holds none."""
-        if not self._holds(self._decode(ids) if text is None else text):
-            return None
-        lo, hi = 0, len(ids)  # the text of ids[:lo] holds no string (lo = 0: empty), that of ids[:hi] one
+        """``(k, text)``: the first ``k`` tokens of the response ``ids`` are the shortest start whose emitted text
+        (:meth:`_emitted`) holds a stop string, ``text`` that text cut just after the earliest-ending string; None
+        when the response's text (``text``, or its decode) holds none."""
+        if not self._holds(self._decode(ids) if text is None else text) or not self._holds(self._emitted(ids)):
+            return None  # (a string only in a response's held-back end never fires in vLLM either)
+        lo, hi = 0, len(ids)  # the emitted text of ids[:lo] holds no string (lo = 0: empty), that of ids[:hi] one
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self._holds(self._decode(ids[:mid])):
+            if self._holds(self._emitted(ids[:mid])):
                 hi = mid
             else:
                 lo = mid
-        head = self._decode(ids[:hi])
+        head = self._emitted(ids[:hi])
         end = min(head.find(s) + len(s) for s in self.stop if s in head)
         return hi, head[:end]
 
@@ -69,6 +85,21 @@ class StopStrings:
         recent = tokens[:, -self.window:].cpu().tolist()
         texts = self.tokenizer.batch_decode([recent[i] for i in todo], skip_special_tokens=True)
         for i, text in zip(todo, texts):
-            if self._holds(text) and self._holds(self._decode(tokens[i].tolist())):
+            if self._holds(text) and self._holds(self._emitted(tokens[i].tolist())):
                 out[i] = True
         return out.to(tokens.device)
+
+
+def special_token_warning(tokenizer, stop, name: str) -> str | None:
+    """A warning line for a stop string that holds one of ``tokenizer``'s special tokens (``<|endoftext|>``): a
+    response's text is decoded without them (as vLLM's), so it never ends one; None otherwise."""
+    specials = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    specials |= {t.content for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
+                 if getattr(t, "special", False)}
+    held = [s for s in stop if any(sp and sp in s for sp in specials)]
+    if not held:
+        return None
+    return (f"{name}: {held[0]!r} holds a special token of the tokenizer, which a response's text leaves out (it is "
+            f"decoded without special tokens, as vLLM's): it never ends a response (an EOS token ends one anyway; "
+            f"another special token can be made a stop by the model's generation_config eos_token_id)")
+

@@ -24,6 +24,7 @@ from pacs_fast.config.model_files import vocab_problem
 from pacs_fast.data.prompts import has_chat_template, prompt_warnings, takes_system_message, template_kwargs_effect
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.openmp import threads_beside_other_jobs
+from pacs_fast.rollout.stop_strings import special_token_warning
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
 from pacs_fast.trainer.checkpoint import (checkpoints_newest_first, intact_checkpoints, remove_stale_temporaries,
                                           restore_newest, settle_after_resume)
@@ -184,6 +185,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         idle = template_kwargs_effect(tokenizer, cfg.data.chat_template_kwargs)
         if idle:
             log(f"warning: data.chat_template_kwargs={cfg.data.chat_template_kwargs}: {idle}")
+        special = special_token_warning(tokenizer, cfg.rollout.stop, "rollout.stop")
+        if special:
+            log(f"warning: {special}")
         problems = [p["problem"] for p in train_problems[:2000] if "prompt" not in p]
         for line in prompt_warnings(tokenizer, problems, _stop_ids(model_path, tokenizer)) if problems else []:
             log(f"warning: {line}")
