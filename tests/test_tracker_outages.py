@@ -226,3 +226,15 @@ def test_the_tracker_group_names_and_tags_the_runs(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="train.tracker_group is 129 characters long"):
         monkeypatch.setenv("WANDB_MODE", "offline")
         check_trackers(load_config(None, ["train.loggers=[wandb]", "train.tracker_group=" + "g" * 129]))
+
+
+def test_a_resume_that_changes_the_trackers_project_is_refused_for_the_right_reason(tmp_path):
+    from pacs_fast.config.loading import save_config
+    from pacs_fast.trainer.run_folder import resume_config
+
+    (tmp_path / "run").mkdir()
+    save_config(load_config(None, ["train.project=a"]), tmp_path / "run" / "config.yaml")
+    for override in ("train.project=b", "train.tracker_group=g"):
+        with pytest.raises(ValueError, match=f"--resume: {override.split('=')[0]} cannot change in a resumed run: its "
+                                             r"tracker runs \(trackers.json\) live under the project and group"):
+            resume_config(tmp_path / "run", [override])

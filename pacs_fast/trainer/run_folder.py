@@ -215,6 +215,10 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
             if key in ("train.out_dir", "train.run_name"):
                 raise ValueError(f"--resume: {key} names the run folder, which --resume gives ({run_dir}); drop "
                                  f"{key}={value}")
+            if key in ("train.project", "train.tracker_group"):  # (the reason said the training would differ)
+                raise ValueError(f"--resume: {key} cannot change in a resumed run: its tracker runs (trackers.json) "
+                                 f"live under the project and group it started with; drop {key}={value}, or start "
+                                 f"a new run")
             raise ValueError(f"--resume: {key} cannot change in a resumed run (it would not continue the same "
                              f"training); allowed: {', '.join(sorted(SAFE_RESUME_KEYS))}")
     return load_run_config(saved, overrides)
