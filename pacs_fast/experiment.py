@@ -215,9 +215,16 @@ def plan(jobs: list[Job], config: str | None, *, restart_mismatched: bool) -> tu
         if state == "fresh" and files:  # started, no checkpoint (or mismatched): restart, never mix
             delete.append(folder)
         todo.append((job, state))
+    for arm_folder in {job.run_dir.parent for job in jobs}:  # what a runner stopped mid-delete left (we hold --out)
+        for doomed in arm_folder.glob(".*.deleting-*") if arm_folder.is_dir() else []:
+            shutil.rmtree(doomed, ignore_errors=True)
     for folder in delete:
         lock = take_lock(folder, "run folder")
-        shutil.rmtree(folder)  # the lock file with it; the lock itself drops on release
+        # renamed first, in one step: a stop mid-delete had left a folder of files without config.yaml under the
+        # run's name, refused from then on as "not a run of this experiment"
+        doomed = folder.with_name(f".{folder.name}.deleting-{os.getpid()}")
+        os.rename(folder, doomed)
+        shutil.rmtree(doomed)  # the lock file with it; the lock itself drops on release
         lock.release()
     return todo, done
 

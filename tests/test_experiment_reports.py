@@ -144,3 +144,29 @@ def test_a_baseline_with_seeds_the_arm_lacks_is_noted():
     assert "- b: seed(s) [1] have no finished a run: the differences of a pair seeds [0], b's mean takes all 2" in text
     assert stats["a"]["final_minus_b"]["mean"] == pytest.approx(0.1)  # not 0.5 - 0.6
     assert np.isclose(stats["b"]["final"]["mean"], 0.6)
+
+
+def test_a_restart_deletes_a_run_folder_in_one_step(tmp_path, monkeypatch):
+    # (a stop inside shutil.rmtree had left files without config.yaml under the run's name: refused ever after)
+    import shutil as sh
+
+    job = ex.make_jobs([ex.parse_arm("pacs")], [0], TINY, tmp_path)[0]
+    job.run_dir.mkdir(parents=True)
+    from pacs_fast.config.loading import save_config
+    save_config(ex.intended_config(None, job.argv), job.run_dir / "config.yaml")  # started, no checkpoint: restart
+    (job.run_dir / "metrics.jsonl").write_text("")
+    real = sh.rmtree
+
+    def interrupted(path, *a, **kw):
+        if not Path(path).name.startswith((job.run_dir.name, f".{job.run_dir.name}")):  # (the config check's test)
+            return real(path, *a, **kw)
+        (Path(path) / "config.yaml").unlink()  # as far as a Ctrl-C lets it get
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ex.shutil, "rmtree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ex.plan([job], None, restart_mismatched=False)
+    monkeypatch.setattr(ex.shutil, "rmtree", real)
+    assert not job.run_dir.exists()  # the run's name is free: the next runner starts it afresh
+    todo, done = ex.plan([job], None, restart_mismatched=False)
+    assert [state for _, state in todo] == ["fresh"] and not list(job.run_dir.parent.glob(".*deleting-*"))
