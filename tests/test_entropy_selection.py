@@ -61,7 +61,7 @@ def test_ties_and_no_candidates():
     keep, threshold = high_entropy_mask(entropy, torch.zeros(1, 5), 0.2)
     assert not keep.any() and math.isnan(float(threshold))
     for bad in (0.0, -0.1, 1.5, math.nan):
-        with pytest.raises(ValueError, match="top_frac must be in"):
+        with pytest.raises(ValueError, match="top_frac must be a number in"):
             high_entropy_mask(entropy, torch.ones(1, 5), bad)
     with pytest.raises(ValueError, match="differ"):
         high_entropy_mask(entropy, torch.ones(1, 4), 0.5)

@@ -77,6 +77,8 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor | None, *, shift_mean: boo
     takes Bessel's ``count / (count - 1)``; that 1e-8 moves the result by ~1e-9 relative, which an
     entry near zero showed as a 2e-7 relative difference (tests/test_verl_semantics.py). Computed in fp32 at
     least and returned in ``x``'s dtype (bf16 / fp16 inputs: one rounding at the end)."""
+    if x.numel() == 0:  # (an empty batch: argmax below had raised IndexError)
+        return x.clone()
     out_dtype, x = x.dtype, x.to(compute_dtype(x))  # in fp32 at least: an fp16 count of 65,504+ tokens is inf
     sel = torch.ones_like(x, dtype=torch.bool) if mask is None else mask_nonzero(mask)
     n = sel.sum().to(x.dtype)

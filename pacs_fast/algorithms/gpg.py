@@ -52,6 +52,8 @@ def gpg_advantages(rewards: torch.Tensor, group_size: int, *, totals: tuple[floa
     """
     fn = "gpg_advantages"
     check_tensor(fn, "rewards", rewards, ndim=1)
+    if rewards.is_complex():  # (its imaginary part was dropped, with only torch's warning)
+        raise ValueError(f"{fn}: rewards must be real numbers, got {rewards.dtype}")
     group_size = check_group_size(fn, group_size, rewards.shape[0], "rewards")
     rows, nonzero = totals if totals is not None else gpg_totals(rewards)
     alpha = rows / max(nonzero, 1.0)

@@ -298,8 +298,9 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
             ``"sample_loss"`` (``w_i (softplus(psi_i) - R_i psi_i)``, before the 1/B mean).
         cu_seqlens: int ``[B+1]`` for packed input (module docstring).
         check_finite: when True, raise ValueError naming the argument if ``logp``/``logp_ref`` hold
-            NaN/Inf at unmasked positions or ``rewards`` hold NaN/Inf or values outside ``[0, 1]``
-            (costs a device sync; off by default, then nothing is checked).
+            NaN/Inf at unmasked positions, ``rewards`` hold NaN/Inf or values outside ``[0, 1]``, or
+            ``sample_weights`` NaN/Inf or negative values (costs a device sync; off by default, then nothing is
+            checked).
         backend: ``"torch"`` (this reference), ``"triton"`` (fused kernel) or ``"auto"`` (fused on CUDA).
         sample_weights: ``[B]`` constant factors of each sample's BCE term (off-policy correction: the
             sequence importance weight pi_old(y_i) / mu(y_i), 0 for a rejected sample; docs/OFF_POLICY.md),
@@ -336,6 +337,10 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
             raise ValueError(f"{fn}: sample_weights has {sample_weights.shape[0]} entries but there are {num_rows} rows")
         if backend == "triton":
             raise ValueError(f"{fn}: sample_weights needs backend='torch' (the fused kernel has no per-sample factor)")
+        if check_finite:
+            check_finite_values(fn, "sample_weights", sample_weights)
+            if sample_weights.device.type != "meta" and bool((sample_weights < 0).any()):
+                raise ValueError(f"{fn}: sample_weights must be >= 0 (importance weights; 0 rejects a sample)")
         backend = "torch"
     asked = backend
     if backend != "torch":

@@ -18,6 +18,8 @@ def pass_at_k(n, c, k):
     arithmetic and stable for n = 512 and beyond (no binomial coefficients are formed).
     """
     n, c, k = np.broadcast_arrays(np.asarray(n), np.asarray(c), np.asarray(k))
+    if n.size == 0:  # (empty lists are float64 arrays: "must be integers" had named the wrong thing)
+        return np.empty(n.shape, dtype=np.float64)
     if not (np.issubdtype(n.dtype, np.integer) and np.issubdtype(c.dtype, np.integer)
             and np.issubdtype(k.dtype, np.integer)):
         raise ValueError("pass_at_k: n, c and k must be integers")

@@ -25,19 +25,24 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, top_frac: float
             and any candidate tied with the lowest of those (1 keeps every candidate).
     Returns:
         ``(keep, threshold)``: ``[B, T]`` float32 0 / 1, and the 0-d entropy threshold (the lowest kept
-        entropy; NaN without candidates).
+        entropy; NaN without candidates). A NaN entropy (NaN logits) is always kept, so that the NaN reaches
+        the loss instead of being masked away (and counts as the largest, as ``torch.kthvalue`` orders it).
     """
-    if not 0.0 < top_frac <= 1.0:
-        raise ValueError(f"high_entropy_mask: top_frac must be in (0, 1], got {top_frac}")
+    if isinstance(top_frac, bool) or not isinstance(top_frac, (int, float)) or not 0.0 < top_frac <= 1.0:
+        raise ValueError(f"high_entropy_mask: top_frac must be a number in (0, 1], got {top_frac!r}")
+    if not isinstance(entropy, torch.Tensor) or not isinstance(mask, torch.Tensor):
+        raise ValueError(f"high_entropy_mask: entropy and mask must be tensors, got {type(entropy).__name__} and "
+                         f"{type(mask).__name__}")
     if entropy.shape != mask.shape:
         raise ValueError(f"high_entropy_mask: entropy {tuple(entropy.shape)} and mask {tuple(mask.shape)} differ")
     candidates = mask != 0
-    values = entropy.detach().float()[candidates]
+    entropy = entropy.detach().float()
+    values = entropy[candidates]
     n = values.numel()
     if n == 0:
         return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device), \
             torch.full((), float("nan"), device=mask.device)
     k = min(n, max(1, math.ceil(top_frac * n - 1e-9)))  # (0.2 * 10 is 2.0000000000000004 in floats)
     threshold = torch.kthvalue(values, n - k + 1).values
-    keep = candidates & (entropy.detach().float() >= threshold)
+    keep = candidates & ((entropy >= threshold) | entropy.isnan())  # (a NaN threshold keeps every NaN only)
     return keep.float(), threshold

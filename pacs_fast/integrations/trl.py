@@ -98,7 +98,10 @@ class PACSConfig(GRPOConfig):
         # a split group: PACS's line before TRL's, whose "generation_batch_size (6) must be divisible by
         # num_generations (4)" named neither the setting to change nor why (sweep of 2026-12-01)
         G = self.num_generations
-        if isinstance(G, int) and G > 0 and self.per_device_train_batch_size % G:
+        if isinstance(G, bool) or not isinstance(G, int) or G < 1:  # (TRL divided by 0, or raised a TypeError for
+            raise ValueError(f"PACSConfig: num_generations must be a whole number >= 1 (the responses per prompt "
+                             f"that form a group), got {G!r}")  # None; 2.0 had been taken)
+        if self.per_device_train_batch_size % G:
             check_group_settings(self)
         super().__post_init__()
         check_beta(self.beta, "PACSConfig")

@@ -84,7 +84,7 @@ def check_config(config, loss_name: str = "pacs") -> None:
     """Start-time check of a full verl trainer config (the Hydra/OmegaConf tree or a dict):
     raises one ValueError listing every setting that would split groups or change the loss. A key the config
     does not hold counts as verl's default (``trainer.balance_batch``: True, so it must be given as False)."""
-    n = _get(config, "actor_rollout_ref.rollout.n")
+    n = _whole_number(_get(config, "actor_rollout_ref.rollout.n"), "actor_rollout_ref.rollout.n")
     actor = "actor_rollout_ref.actor."
     problems = []
     if _get(config, "algorithm.adv_estimator") != "pacs":
@@ -118,13 +118,27 @@ def check_config(config, loss_name: str = "pacs") -> None:
         raise ValueError("PACS in verl: " + "; ".join(problems))
 
 
+def _whole_number(value, key: str):
+    """``value`` (None, or a count verl read from YAML: an int, or a float / string holding one) as an int; a ValueError
+    naming ``key`` otherwise (2.5 had been truncated to 2, "four" raised int()'s own error)."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool) or number != number or number != int(number):
+        raise ValueError(f"PACS in verl: {key} must be a whole number, got {value!r}")
+    return int(number)
+
+
 def _check_actor_config(config, score: str) -> int:
     """The settings visible to the loss (an ActorConfig); returns the group size rollout.n. verl's ``ppo_loss`` adds
     an entropy bonus (``entropy_coeff``) and a KL loss (``use_kl_loss``) to what the policy loss returns: both are
     refused here, at every call (the documented ``main_ppo`` command need not call :func:`check_config`)."""
     if config is None:
         raise ValueError("PACS policy loss: verl passed no actor config (needs rollout_n)")
-    n = _get(config, "rollout_n")
+    n = _whole_number(_get(config, "rollout_n"), "actor_rollout_ref.rollout.n")
     if n is None or int(n) < 1:
         raise ValueError("PACS policy loss: actor config has no rollout_n")
     if int(n) < 2 and score in GROUP_SCORES:

@@ -100,7 +100,8 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
     Returns:
         ``logp``, or ``(logp, entropy)`` with ``return_entropy``; fp32 (float64 for float64 ``hidden``
         and ``weight``) with ``labels``' shape. Differentiable once (a ``create_graph=True`` backward: a
-        RuntimeError saying so).
+        RuntimeError saying so), by ``backward`` / ``torch.autograd.grad``: not under ``torch.func`` transforms
+        (``grad``, ``vmap``), whose autograd.Function needs a ``setup_context`` this op does not have.
     """
     for name, t in (("hidden", hidden), ("weight", weight)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
@@ -123,6 +124,8 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
         raise ValueError(f"linear_logprobs: triton_backward must be one of {TRITON_BACKWARDS}, got {triton_backward!r}")
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (weight.shape[0],)):
         raise ValueError(f"linear_logprobs: bias must be a tensor of shape [{weight.shape[0]}]")
+    if bias is not None and not bias.is_floating_point():  # (an integer bias had been taken, and summed as one)
+        raise ValueError(f"linear_logprobs: bias must be a floating-point tensor, got {bias.dtype}")
     t = chunked.check_temperature(temperature, "linear_logprobs")
     ignore_index = chunked.check_ignore_index(ignore_index, "linear_logprobs")
     chunk_bytes = chunked.check_chunk_bytes(chunk_bytes, "linear_logprobs")

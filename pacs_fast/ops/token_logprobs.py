@@ -50,7 +50,9 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
 
     Returns:
         ``logp`` fp32 ``[...]`` (float64 for float64 logits), or ``(logp, entropy)`` with ``return_entropy``.
-        Differentiable once (a ``create_graph=True`` backward: a RuntimeError saying so).
+        Differentiable once (a ``create_graph=True`` backward: a RuntimeError saying so), by ``backward`` /
+        ``torch.autograd.grad``: not under ``torch.func`` transforms (``grad``, ``vmap``), whose autograd.Function
+        needs a ``setup_context`` this op does not have (``pacs_loss`` works under them).
     """
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() < 1:
         raise ValueError("token_logprobs: logits must be a floating-point tensor [..., V]")

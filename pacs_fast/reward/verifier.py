@@ -330,9 +330,15 @@ def gold_text(answer) -> str:
 
 
 def check_time_limit(time_limit):
-    """``time_limit`` if it is None or at most :data:`MAX_TIME_LIMIT` seconds, else a ValueError."""
-    if time_limit is not None and not time_limit <= MAX_TIME_LIMIT:
-        raise ValueError(f"time_limit must be at most {MAX_TIME_LIMIT:g} seconds (None: no limit), got {time_limit}")
+    """``time_limit`` if it is None, 0 (no limit, as None) or a number of seconds in (0, :data:`MAX_TIME_LIMIT`],
+    else a ValueError (a string had raised a bare TypeError, NaN named the maximum, -1 meant no limit)."""
+    if time_limit is None:
+        return None
+    if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real) or time_limit != time_limit:
+        raise ValueError(f"time_limit must be a number of seconds (None: no limit), got {time_limit!r}")
+    if not 0 <= time_limit <= MAX_TIME_LIMIT:
+        raise ValueError(f"time_limit must be in [0, {MAX_TIME_LIMIT:g}] seconds (0 or None: no limit), got "
+                         f"{time_limit}")
     return time_limit
 
 
