@@ -252,8 +252,13 @@ def _rows(rows: list[dict]) -> list[list]:
 def run_name(cfg, run_dir: Path) -> str:
     """A tracker run's name: the run folder's, after ``train.tracker_group`` when there is one (an experiment's
     arm: the arms' runs of one seed had one name, ``seed0``, in W&B and MLflow)."""
-    group = getattr(cfg.train, "tracker_group", "")
+    group = tracker_group(cfg)
     return f"{group}-{run_dir.name}" if group else run_dir.name
+
+
+def tracker_group(cfg) -> str:
+    """``train.tracker_group`` ("" when the config has none)."""
+    return getattr(cfg.train, "tracker_group", "") or ""
 
 
 # how a run ended (Session.close): MLflow's run status for each; W&B takes an exit code
@@ -276,7 +281,7 @@ class WandbTracker:
             parts = len(list((run_dir / "wandb").glob("*run-*")))  # the run's folders so far, online or offline
             name = f"{own}-resumed-{max(parts, 1)}"
         self.run = wandb.init(project=cfg.train.project, name=name, dir=str(run_dir), config=config,
-                              id=None if name != own else run_id, resume="allow", group=cfg.train.tracker_group or None)
+                              id=None if name != own else run_id, resume="allow", group=tracker_group(cfg) or None)
         for kind in ("train", "eval", "checkpoint", "plots"):
             self.run.define_metric(f"{kind}/*", step_metric="step")
         self.id = self.run.id if name == own else run_id
@@ -308,7 +313,7 @@ class MlflowTracker:
             mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
         self.mlflow = mlflow
         mlflow.set_experiment(cfg.train.project)
-        group = {"group": cfg.train.tracker_group} if cfg.train.tracker_group else None
+        group = {"group": tracker_group(cfg)} if tracker_group(cfg) else None
         self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name(cfg, run_dir), tags=group)
         self.id = self.run.info.run_id
         self.tables: set[str] = set()  # sample tables already in the run (a resumed run's redone steps)
@@ -348,7 +353,7 @@ class TrackioTracker:
         # (another out_dir's seed0, an experiment's arms) was continued as one run, their metrics mixed
         self.id = run_id or f"{run_name(cfg, run_dir)}-{uuid.uuid4().hex[:6]}"
         self.run = trackio.init(project=cfg.train.project, name=self.id, config=config,
-                                group=cfg.train.tracker_group or None,
+                                group=tracker_group(cfg) or None,
                                 resume="allow" if run_id else "never", embed=False, auto_log_cpu=False,
                                 auto_log_gpu=False)
 
