@@ -364,7 +364,7 @@ def _main(a) -> int:
     try:  # every argument error here, before anything is written or started
         arms = settings_from_spec(a) if a.report and not (a.arms.strip() or a.arm) else parse_arms(a)
         if a.report and (Path(a.out) / "spec.json").is_file():  # the recorded seeds and baseline, unless given
-            spec_defaults(a)
+            spec_defaults(a, arms)
         check_resources(a)
         seeds = parse_seeds("0-4" if a.seeds is None else a.seeds)
         out = Path(a.out)

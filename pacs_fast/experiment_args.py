@@ -157,20 +157,21 @@ def check_timeout(value: float | None) -> None:
         raise ValueError(f"--timeout {value:g}: give a positive number of seconds (leave --timeout out for no limit)")
 
 
-def spec_defaults(args) -> None:
-    """For ``--report`` with arms given: ``<out>/spec.json``'s seeds and baseline where the command line gives none
-    (the default seeds 0-4 reported seeds never asked for as unfinished, and the recorded baseline was dropped);
-    nothing when the spec cannot be read (the defaults then)."""
+def spec_defaults(args, arms: list[Arm]) -> None:
+    """For ``--report`` with ``arms`` given: ``<out>/spec.json``'s seeds and baseline (when it is one of ``arms``)
+    where the command line gives none (the default seeds 0-4 reported seeds never asked for as unfinished, and the
+    recorded baseline was dropped); nothing when the spec cannot be read (the defaults then)."""
     try:
         spec = json.loads((Path(args.out) / "spec.json").read_text())
     except (OSError, ValueError):
         return
     if not isinstance(spec, dict):
         return
-    if args.seeds is None and spec.get("seeds"):
-        args.seeds = ",".join(str(s) for s in spec["seeds"])
-    if args.baseline is None and spec.get("baseline"):
-        args.baseline = spec["baseline"]
+    seeds = spec.get("seeds")
+    if args.seeds is None and isinstance(seeds, list) and seeds and all(type(s) is int for s in seeds):
+        args.seeds = ",".join(str(s) for s in seeds)
+    if args.baseline is None and spec.get("baseline") in {arm.name for arm in arms}:  # (one of these arms only: a
+        args.baseline = spec["baseline"]  # recorded baseline left out of --arms had emptied every difference column)
 
 
 def settings_from_spec(args) -> list[Arm]:

@@ -51,14 +51,13 @@ def collect(jobs: list, damaged: dict | None = None) -> dict:
             if damaged is not None:
                 damaged[(job.arm.name, job.seed)] = str(e)
             continue
-        if result is not None:
-            res.setdefault(job.arm.name, {})[job.seed] = result
+        res.setdefault(job.arm.name, {})[job.seed] = result
     return res
 
 
-def run_result(run_dir: Path) -> dict | None:
-    """The table's numbers of a finished run (its ``summary.json`` and ``metrics.jsonl``); None when it holds no
-    held-out evaluation; a ValueError saying why when its files are damaged. The evaluations are read by their
+def run_result(run_dir: Path) -> dict:
+    """The table's numbers of a finished run (its ``summary.json`` and ``metrics.jsonl``); a ValueError saying why
+    when its files are damaged. The evaluations are read by their
     step: step 0 is the one at step 0, *final* the one at the summary's ``final_eval_step`` (the last one of a
     summary that does not record it), *best* the highest after step 0 (a record lost to a torn line had shifted
     them: the last evaluation read as the final one, another as step 0)."""
@@ -69,10 +68,9 @@ def run_result(run_dir: Path) -> dict | None:
     if not isinstance(summary, dict):
         raise ValueError(f"summary.json holds a {type(summary).__name__}, not the run's summary")
     records = eval_records(run_dir)
-    if not records:
-        if (run_dir / "metrics.jsonl").is_file():
-            return None
-        raise ValueError("metrics.jsonl is missing")
+    if not records:  # (a finished run has its step-0 and final evaluations)
+        raise ValueError("metrics.jsonl holds no held-out evaluation" if (run_dir / "metrics.jsonl").is_file()
+                         else "metrics.jsonl is missing")
     by_step = {}
     for r in records:
         acc = r.get("eval/acc")

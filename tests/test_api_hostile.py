@@ -87,3 +87,16 @@ def test_trl_num_generations_must_be_a_whole_number(tmp_path, n):
     with pytest.raises(ValueError, match=f"PACSConfig: num_generations must be a whole number >= 1 .*got {n!r}"):
         PACSConfig(output_dir=str(tmp_path), num_generations=n, per_device_train_batch_size=8, use_cpu=True,
                    report_to=[])
+
+
+def test_numbers_of_other_types_are_taken_where_they_mean_a_number():
+    e, m = torch.rand(2, 5), torch.ones(2, 5)
+    want = pf.high_entropy_mask(e, m, 0.5)[0]
+    for frac in (np.float32(0.5), torch.tensor(0.5)):  # (both were taken before the type check; still are)
+        assert torch.equal(pf.high_entropy_mask(e, m, frac)[0], want)
+    from omegaconf import OmegaConf
+
+    from pacs_fast.integrations import verl as pv
+    for n in (float("inf"), "1e400"):  # (int() of them had raised OverflowError)
+        with pytest.raises(ValueError, match="rollout.n must be a whole number"):
+            pv.check_config(OmegaConf.create({"actor_rollout_ref": {"rollout": {"n": n}}}))

@@ -30,7 +30,7 @@ def _finished(run_dir: Path, accs: dict, *, final_step=None, summary=None):
 
 
 def test_the_numbers_are_read_by_their_steps_and_a_damaged_run_is_named(tmp_path):
-    jobs = ex.make_jobs([ex.Arm("a", [])], [0, 1, 2, 3, 4, 5], [], tmp_path)
+    jobs = ex.make_jobs([ex.Arm("a", [])], [0, 1, 2, 3, 4, 5, 6], [], tmp_path)
     runs = {job.seed: job.run_dir for job in jobs}
     _finished(runs[0], {0: 0.25, 2: 0.75, 4: 0.5})
     _finished(runs[1], {0: 0.25, 2: 0.5}, summary='{"acc_before": 0.25, "acc_af')  # torn summary.json
@@ -43,6 +43,8 @@ def test_the_numbers_are_read_by_their_steps_and_a_damaged_run_is_named(tmp_path
     (runs[4] / "metrics.jsonl").write_text('{"kind": "eval", "step": 0, "eval/acc": null}\n'
                                            '{"kind": "eval", "step": 2, "eval/acc": 0.5}\n')
     _finished(runs[5], {2: 0.5, 4: 0.75})  # the step-0 evaluation lost
+    _finished(runs[6], {0: 0.25, 2: 0.5})
+    (runs[6] / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')  # no evaluation at all
     got = run_result(runs[0])
     assert (got["start"], got["final"], got["best"], got["curve"]) == (0.25, 0.5, 0.75, [(0, 0.25), (2, 0.75), (4, 0.5)])
     damaged = {}
@@ -52,7 +54,8 @@ def test_the_numbers_are_read_by_their_steps_and_a_damaged_run_is_named(tmp_path
                        ("a", 2): "metrics.jsonl holds no evaluation of step 4 (the final one)",
                        ("a", 3): "metrics.jsonl is missing",
                        ("a", 4): "the evaluation of step 0 has eval/acc None, not a number",
-                       ("a", 5): "metrics.jsonl holds no evaluation of step 0"}
+                       ("a", 5): "metrics.jsonl holds no evaluation of step 0",
+                       ("a", 6): "metrics.jsonl holds no held-out evaluation"}
     md = ex.report(jobs, [ex.Arm("a", [])], None, tmp_path, "# t")
     assert "- a: seed 2 finished, but its files are damaged (metrics.jsonl holds no evaluation of step 4 (the " \
            "final one)): not in the tables" in md
@@ -88,12 +91,16 @@ def test_a_report_that_cannot_be_written_is_printed_with_one_error_line(tmp_path
 
 def test_report_with_arms_takes_the_recorded_seeds_and_baseline(tmp_path):
     (tmp_path / "spec.json").write_text(json.dumps({"arms": {"a": [], "b": []}, "seeds": [0, 1], "baseline": "b"}))
+    arms = [ex.Arm("a", []), ex.Arm("b", [])]
     a = parse_args(["--out", str(tmp_path), "--report", "--arms", "pacs,grpo"])
-    spec_defaults(a)
+    spec_defaults(a, arms)
     assert (a.seeds, a.baseline) == ("0,1", "b")
     a = parse_args(["--out", str(tmp_path), "--report", "--arms", "pacs,grpo", "--seeds", "3", "--baseline", "grpo"])
-    spec_defaults(a)
+    spec_defaults(a, arms)
     assert (a.seeds, a.baseline) == ("3", "grpo")  # (what the command line gives wins)
+    a = parse_args(["--out", str(tmp_path), "--report", "--arms", "pacs,grpo"])
+    spec_defaults(a, arms[:1])  # the recorded baseline is not among the arms reported: no difference columns
+    assert (a.seeds, a.baseline) == ("0,1", None)
 
 
 def test_overrides_glued_by_a_space_and_runner_keys_in_a_config_file_are_refused(tmp_path, capsys):

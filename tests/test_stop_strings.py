@@ -147,9 +147,12 @@ def test_hits_find_each_row_when_its_stop_completes(kind, check_every, seed):
     first = [c[0] if (c := cut_by_hand(tok, r, stop)) is not None else width + 1 for r in responses]
     matcher = StopStrings(tok, stop, check_every)
     found = torch.zeros(len(responses), dtype=torch.bool)
+    order = torch.randperm(len(responses), generator=torch.Generator().manual_seed(seed))
     for t in range(check_every, width + 1, check_every):
-        hits = matcher.hits(tokens[:, :t], found)
+        hits = matcher.hits(tokens, found, upto=t)  # (the loop's buffer: the first t tokens are the response so far)
         assert hits.tolist() == [not f and k <= t for f, k in zip(found.tolist(), first)], t
+        assert torch.equal(matcher.hits(tokens[:, :t], found), hits)
+        assert torch.equal(matcher.hits(tokens, found[order], upto=t, rows=order), hits[order])  # (a compacted batch)
         found |= hits
     assert found.any()
 
@@ -341,6 +344,8 @@ def test_the_trainer_warns_of_stop_strings_that_cannot_work(tmp_path, warm_cache
     assert typed.rollout.stop == ["\\n\\n", "x"]
     said = hazard_warnings(typed)
     assert any(line.startswith("rollout.stop: '\\\\n\\\\n' holds a backslash and a letter") for line in said), said
+    assert not [line for line in hazard_warnings(load_config(None, [r"rollout.stop=['\nabla', '\text{']"]))
+                if "backslash" in line]  # (LaTeX commands: one backslash and lowercase letters)
     quoted = load_config(None, ['rollout.stop=["\\n\\n"]'])  # (double quotes: line breaks)
     assert quoted.rollout.stop == ["\n\n"] and not [line for line in hazard_warnings(quoted) if "backslash" in line]
 

@@ -138,6 +138,8 @@ def test_tracker_settings_refused_before_loading(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match="trackio keeps a project in a file named after it"):
             check_trackers(load_config(None, ["train.loggers=[trackio]", f"train.project={project}"]))
     check_trackers(load_config(None, ["train.loggers=[trackio]", "train.project=" + "项" * 70]))
+    for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # (not listening: refused)
@@ -238,3 +240,17 @@ def test_a_resume_that_changes_the_trackers_project_is_refused_for_the_right_rea
         with pytest.raises(ValueError, match=f"--resume: {override.split('=')[0]} cannot change in a resumed run: its "
                                              r"tracker runs \(trackers.json\) live under the project and group"):
             resume_config(tmp_path / "run", [override])
+
+
+def test_a_stop_in_the_first_evaluation_ends_the_tracker_runs_as_killed(fake, warm_cache, tmp_path, monkeypatch):
+    # (the step-0 evaluation runs inside the setup: its trackers had been closed as finished, or left to MLflow's
+    # exit hook, which ends a run as finished)
+    from pacs_fast.trainer.session import Session
+
+    def stopped(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Session, "evaluate", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(warm_cache), tmp_path / "run")
+    assert fake.made[0].closed == ["killed"]

@@ -83,8 +83,10 @@ def test_an_mlflow_store_this_mlflow_lacks_is_refused_before_loading(tmp_path, c
     loggers extra installs (no SQLAlchemy: requirements/ci.lock has none), or an unknown scheme: one line naming the
     URI before anything loads; MLflow raised at the run's first set_experiment, after the warm-up and the model load
     (a traceback; sweep of 2026-11-29). A server URI must answer a connection (MLflow retried an unreachable one for
-    about 4 minutes after the model loaded; sweep of 2026-12-01): a listening socket is taken, a closed port refused."""
-    import socket
+    about 4 minutes after the model loaded; sweep of 2026-12-01): an HTTP server is taken (through the environment's
+    proxies, as MLflow's client goes), a closed port refused."""
+    import http.server
+    import threading
 
     import importlib.util
 
@@ -107,13 +109,22 @@ def test_an_mlflow_store_this_mlflow_lacks_is_refused_before_loading(tmp_path, c
                                          r"the scheme 'nosuch' \(it takes .*file, http, https"):
         check_trackers(load_config(None, ["train.loggers=[tensorboard,mlflow]"]))
     check_trackers(load_config(None, ["train.loggers=[tensorboard]"]))  # not a logger of this run: not read
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        port = server.getsockname()[1]
+    for var in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)  # (a proxy in the environment would answer for the closed port)
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # (answers 501: a server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
         for fine in (f"http://127.0.0.1:{port}/", f"file://{tmp_path}/store", str(tmp_path / "plain")):
             monkeypatch.setenv("MLFLOW_TRACKING_URI", fine)
             check_trackers(load_config(None, ["train.loggers=[mlflow]"]))
+        monkeypatch.setenv("RANK", "1")  # (another rank than the main one does not log: not contacted)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9/")
+        check_trackers(load_config(None, ["train.loggers=[mlflow]"]))
+        monkeypatch.delenv("RANK")
+    finally:
+        server.shutdown()
+        server.server_close()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}/")  # (closed now: nothing listens there)
     with pytest.raises(ValueError, match=rf"MLFLOW_TRACKING_URI=http://127.0.0.1:{port}/: no server answers at "
                                          rf"127.0.0.1:{port} within 10 s \(Connection refused\); start it"):

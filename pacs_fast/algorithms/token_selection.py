@@ -10,6 +10,7 @@ still see every token.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -28,7 +29,9 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, top_frac: float
         entropy; NaN without candidates). A NaN entropy (NaN logits) is always kept, so that the NaN reaches
         the loss instead of being masked away (and counts as the largest, as ``torch.kthvalue`` orders it).
     """
-    if isinstance(top_frac, bool) or not isinstance(top_frac, (int, float)) or not 0.0 < top_frac <= 1.0:
+    if isinstance(top_frac, torch.Tensor) and top_frac.numel() == 1 and not top_frac.is_complex():
+        top_frac = top_frac.item()
+    if isinstance(top_frac, bool) or not isinstance(top_frac, numbers.Real) or not 0.0 < top_frac <= 1.0:
         raise ValueError(f"high_entropy_mask: top_frac must be a number in (0, 1], got {top_frac!r}")
     if not isinstance(entropy, torch.Tensor) or not isinstance(mask, torch.Tensor):
         raise ValueError(f"high_entropy_mask: entropy and mask must be tensors, got {type(entropy).__name__} and "

@@ -3,6 +3,8 @@ config layer so that the config's validation and the rollout engines share it (:
 matches them)."""
 from __future__ import annotations
 
+import re
+
 
 def check_stop_strings(stop, name: str = "stop") -> tuple[str, ...]:
     """``stop`` (a list or tuple of non-empty strings, each once) as a tuple; a ValueError naming ``name``
@@ -28,7 +30,8 @@ def escape_warning(stop, name: str) -> str | None:
     """A warning line for a stop string holding a backslash and ``n`` / ``t`` / ``r`` (two characters: YAML reads
     an escape only inside double quotes, a shell never), which never matches the line break it was meant to be;
     None otherwise."""
-    typed = [s for s in stop if isinstance(s, str) and any(e in s for e in ("\\n", "\\t", "\\r"))]
+    # (a LaTeX command, \\nabla or \\text, is a backslash and lowercase letters: not a typed escape)
+    typed = [s for s in stop if isinstance(s, str) and re.search(r"\\[ntr](?![a-z])", s)]
     if not typed:
         return None
     return (f"{name}: {typed[0]!r} holds a backslash and a letter (two characters), not a line break or tab: in a "

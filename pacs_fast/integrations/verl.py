@@ -33,6 +33,7 @@ batch sizes, shuffled mini-batches, a KL term in the reward (they change or spli
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -127,7 +128,7 @@ def _whole_number(value, key: str):
         number = float(value)
     except (TypeError, ValueError):
         number = float("nan")
-    if isinstance(value, bool) or number != number or number != int(number):
+    if isinstance(value, bool) or not math.isfinite(number) or number != int(number):
         raise ValueError(f"PACS in verl: {key} must be a whole number, got {value!r}")
     return int(number)
 

@@ -134,8 +134,12 @@ def _stop_string_criteria(stops: StopStrings, width: int):
     from transformers import StoppingCriteria
 
     class StopStringCriteria(StoppingCriteria):
+        done = None  # the rows found so far (fed pad ids after: not checked again, their whole row confirmed again)
+
         def __call__(self, input_ids, scores, **kwargs):
-            return stops.hits(input_ids[:, width:])
+            found = stops.hits(input_ids[:, width:], self.done)
+            self.done = found if self.done is None else self.done | found
+            return self.done.clone()
 
     return StopStringCriteria()
 

@@ -117,7 +117,7 @@ class LeanDecoder:
                 break
             if (t + 1) % check_every == 0:
                 if stops is not None:
-                    done |= stops.hits(tokens[at, :t + 1], done)
+                    done |= stops.hits(tokens, done, upto=t + 1, rows=row_ids)
                 finished = int(done.sum())
                 if finished == active:
                     steps = t + 1
@@ -170,7 +170,8 @@ class LeanDecoder:
         logprobs = torch.zeros((rows, steps_max), dtype=torch.float32, device=device) \
             if params.return_logprobs else None
         steps = steps_max
-        stops = self._stop_strings(params)
+        check_every = _CUDA_DONE_CHECK_EVERY if device.type == "cuda" else 1  # (stop strings: _completions cuts)
+        stops = self._stop_strings(params, check_every)
         merging = True    # some node holds more than one row; else one row per node (as unmerged)
         for t in range(steps_max):
             u = row_uniforms(keys[row_ids], t) if params.temperature > 0 else None
@@ -182,8 +183,8 @@ class LeanDecoder:
             alive = ~torch.isin(nxt, eos)
             if row_limit is not None:
                 alive &= row_limit[row_ids] > t + 1
-            if stops is not None:
-                alive &= ~stops.hits(tokens[row_ids, :t + 1], ~alive)
+            if stops is not None and (t + 1) % check_every == 0:
+                alive &= ~stops.hits(tokens, ~alive, upto=t + 1, rows=row_ids)
             if t + 1 == steps_max or not bool(alive.any()):
                 steps = t + 1
                 break

@@ -72,21 +72,28 @@ class StopStrings:
         end = min(head.find(s) + len(s) for s in self.stop if s in head)
         return hi, head[:end]
 
-    def hits(self, tokens: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        """``[rows]`` bool on ``tokens``' device: the rows of ``tokens`` (``[rows, t]`` int, each row's response
-        so far) whose text holds a stop string; rows where ``skip`` (``[rows]`` bool) is True are not checked
-        (False). One host transfer of the last :attr:`window` tokens; a row found there is confirmed on its
-        whole response (what :meth:`cut` reads)."""
-        rows = tokens.shape[0]
-        out = torch.zeros(rows, dtype=torch.bool)
-        todo = list(range(rows)) if skip is None else (~skip).nonzero().flatten().tolist()
-        if not todo or tokens.shape[1] == 0:
+    def hits(self, tokens: torch.Tensor, skip: torch.Tensor | None = None, *, upto: int | None = None,
+             rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``[n]`` bool on ``tokens``' device: which of the checked rows' responses so far hold a stop string.
+
+        ``tokens``: ``[R, S]`` int, a decode loop's token buffer; the checked rows are ``tokens[rows]`` (an index
+        tensor; None: every row), each row's response its first ``upto`` tokens (None: all ``S``). Rows where
+        ``skip`` (``[n]`` bool) is True are not checked (False). One host transfer of the checked rows' last
+        :attr:`window` tokens (never their whole history: a 16k-token response costs what a short one does); a
+        row found there is confirmed on its whole response (what :meth:`cut` reads)."""
+        upto = tokens.shape[1] if upto is None else upto
+        n = tokens.shape[0] if rows is None else rows.shape[0]
+        out = torch.zeros(n, dtype=torch.bool)
+        todo = list(range(n)) if skip is None else (~skip).nonzero().flatten().tolist()
+        if not todo or upto == 0:
             return out.to(tokens.device)
-        recent = tokens[:, -self.window:].cpu().tolist()
+        lo = max(0, upto - self.window)
+        recent = (tokens[:, lo:upto] if rows is None else tokens[rows, lo:upto]).cpu().tolist()
         texts = self.tokenizer.batch_decode([recent[i] for i in todo], skip_special_tokens=True)
         for i, text in zip(todo, texts):
-            if self._holds(text) and self._holds(self._emitted(tokens[i].tolist())):
-                out[i] = True
+            if self._holds(text):
+                row = tokens[i if rows is None else int(rows[i])]
+                out[i] = self._holds(self._emitted(row[:upto].tolist()))
         return out.to(tokens.device)
 
 

@@ -53,7 +53,7 @@ from pacs_fast.trainer.loop import (TrainingStopped, evaluate_and_report, evalua
 from pacs_fast.trainer.problems import prompt_lists
 from pacs_fast.trainer.roles import Roles, close_roles, split_launch
 from pacs_fast.trainer.rollout_step import NoGroupKept, Round, batch_seed, rollout_step, sampling_params
-from pacs_fast.trainer.session import start
+from pacs_fast.trainer.session import end_status, start
 from pacs_fast.trainer.step import WEIGHTED_MEANS, learn, reward_component_metrics, step_record, terms_over_groups
 from pacs_fast.trainer.user_functions import UserFunctionError
 
@@ -247,7 +247,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
     rounds = RemoteRounds(s, engines, saved=s.in_flight)
     s.in_flight = None  # (the rounds hold them until their steps)
     last_eval = dict(s.initial_eval)
-    clean = False
+    clean, status = False, "failed"
     try:
         for step in range(s.start_step + 1, cfg.train.steps + 1):
             t_step, tm = time.perf_counter(), {}
@@ -296,12 +296,15 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
         clean = True
     except UserFunctionError as e:
         raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it") from e
+    except BaseException as e:  # the trackers' runs end as killed (Ctrl-C, SIGTERM) or failed
+        status = end_status(e)
+        raise
     finally:
         if engines:
             engines.close(wait=clean)  # after an error the engines may be gone: do not wait for them
         s.progress.close()
         if not clean:
-            s.close()
+            s.close(status)
     summary = finish(s) if world.is_main else None
     summary = world.broadcast(summary)
     world.barrier()

@@ -27,14 +27,13 @@ import torch
 from pacs_fast.code_version import code_version
 from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
-from pacs_fast.signals import Stopped
 from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
 from pacs_fast.trainer.evaluation import eval_line
 from pacs_fast.trainer.metrics import read_jsonl
 from pacs_fast.trainer.parallel import close_world
 from pacs_fast.trainer.plots import PANELS  # (matplotlib is imported only to draw)
 from pacs_fast.trainer.rollout_step import NoGroupKept, rollout_step
-from pacs_fast.trainer.session import Session, SetupError, start
+from pacs_fast.trainer.session import Session, SetupError, end_status, start
 from pacs_fast.trainer.step import (WEIGHTED_MEANS, learn, reward_component_metrics, reward_component_rewards,
                                    sample_rows, step_record, terms_over_groups)
 from pacs_fast.trainer.user_functions import UserFunctionError
@@ -117,7 +116,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
         s.close("failed")
         raise TrainingStopped(f"step {step}: {e}; no checkpoint was written for it") from e
     except BaseException as e:  # verifier workers, the engine; the trackers' runs marked as failed or killed
-        s.close("killed" if isinstance(e, (KeyboardInterrupt, Stopped)) else "failed")
+        s.close(end_status(e))
         raise
     finally:
         gc.unfreeze()

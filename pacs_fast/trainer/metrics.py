@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import math
+import threading
 from pathlib import Path
 
 NONDETERMINISTIC_PREFIXES = ("time/", "perf/")
@@ -124,6 +125,7 @@ class MetricsLogger:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.trackers = list(trackers or [])  # W&B / MLflow / trackio (pacs_fast/trainer/trackers.py)
         self.warn = warn  # prints a warning line (a tracker that failed)
+        self._closing: list = []  # threads closing trackers that failed (their server may be gone: not waited on)
         end_torn_line(self.path)  # a run killed mid-write leaves half a record: never append to it
         self._file = open(self.path, "a", buffering=1)
         if resume_step is not None:
@@ -171,7 +173,10 @@ class MetricsLogger:
                 call(t)
             except Exception as e:
                 self.trackers.remove(t)
-                close_quietly(t, "failed")
+                # closed beside the training: its server gone, MLflow's end_run retried as long as the failed call
+                closing = threading.Thread(target=close_quietly, args=(t, "failed"), daemon=True)
+                closing.start()
+                self._closing.append(closing)
                 self.warn(f"warning: train.loggers={getattr(t, 'name', type(t).__name__)}: {what} failed "
                           f"({one_line(e)}); that tracker is off for the rest of this run (metrics.jsonl holds every "
                           f"record)")
@@ -204,6 +209,8 @@ class MetricsLogger:
             self.tb.flush()
             self.tb.close()
             self.tb = None
+        for closing in self._closing:  # (a failed tracker's close: a few seconds at most, then left to itself)
+            closing.join(timeout=5.0)
         trackers, self.trackers = self.trackers, []
         for t in trackers:
             failed = close_quietly(t, status)

@@ -25,6 +25,7 @@ from pacs_fast.data.prompts import has_chat_template, prompt_warnings, takes_sys
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.openmp import threads_beside_other_jobs
 from pacs_fast.rollout.stop_strings import special_token_warning
+from pacs_fast.signals import Stopped
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
 from pacs_fast.trainer.checkpoint import (checkpoints_newest_first, intact_checkpoints, remove_stale_temporaries,
                                           restore_newest, settle_after_resume)
@@ -91,10 +92,11 @@ class Session:
     def evaluate(self) -> dict:
         return evaluate(self.cfg, self.engine, self.scorer, self.held_out, self.world)
 
-    def close(self, status: str = "finished") -> None:
-        """Closes the progress bar, the metrics logger (its trackers' runs with ``status``: finished, failed or
-        killed), the run folder, the scorer and the engine; each is closed when an earlier one raised (the first
-        error is raised after)."""
+    def close(self, status: str = "failed") -> None:
+        """Closes the progress bar, the metrics logger (its trackers' runs with ``status``: failed, the default, or
+        killed (:func:`end_status`); a finished run's logger is closed as finished by the loop's ``finish``), the
+        run folder, the scorer and the engine; each is closed when an earlier one raised (the first error is raised
+        after)."""
         self.progress.close()
         error = None
         for part in (self.logger, self.folder, self.scorer, self.engine):
@@ -106,6 +108,11 @@ class Session:
                 error = error or e
         if error is not None:
             raise error
+
+
+def end_status(error: BaseException) -> str:
+    """How a run that raised ``error`` ended, for its trackers' runs: killed (Ctrl-C, SIGTERM / SIGHUP) or failed."""
+    return "killed" if isinstance(error, (KeyboardInterrupt, Stopped)) else "failed"
 
 
 def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None) -> Session:
@@ -295,8 +302,11 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         try:
             first = s.evaluate()
         except UserFunctionError as e:  # reward.fn gave something unusable at the step-0 evaluation
-            s.close()
+            s.close("failed")
             raise UserFunctionError(f"step 0 (the held-out evaluation): {e}") from e  # the loop stops the run on it
+        except BaseException as e:  # (Ctrl-C in a long first evaluation: its trackers had ended as finished)
+            s.close(end_status(e))
+            raise
         s.initial_eval = {**first, "data/dropped_train_prompts": dropped_train,
                           "data/dropped_held_out_prompts": dropped_held}
         if s.logger:

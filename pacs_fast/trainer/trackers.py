@@ -84,7 +84,7 @@ def check_trackers(cfg) -> None:
                                  f"({type(e).__name__}: {e}); repair it (pip install 'pacs_fast[loggers]') or "
                                  f"leave {name} out") from e
     _check_project(cfg.train.project, names)
-    group = cfg.train.tracker_group
+    group = tracker_group(cfg)
     if "wandb" in names and len(group) > 128:
         raise ValueError(f"train.tracker_group is {len(group)} characters long: W&B takes groups of at most 128")
     if "mlflow" in names:
@@ -187,21 +187,31 @@ def _check_mlflow_uri() -> None:
 
 
 def _check_reachable(head: str, parts: urllib.parse.SplitResult, scheme: str) -> None:
-    """A tracking server must answer a connection within a few seconds: MLflow retried an unreachable one for
-    about 4 minutes, after the model had loaded."""
-    import socket
+    """A tracking server must answer a request within a few seconds: MLflow retried an unreachable one for about 4
+    minutes, after the model had loaded. One GET of the server's root through the environment's proxies (as MLflow's
+    client goes: ``HTTPS_PROXY``, ``NO_PROXY``); any HTTP answer, an error status included, is a server. Checked
+    by the main process only (``RANK`` 0 or unset: the one that logs; a compute node need not reach it)."""
+    import urllib.error
+    import urllib.request
 
+    if os.environ.get("RANK", "0") != "0":
+        return
     try:
-        port = parts.port or (443 if scheme == "https" else 80)
-    except ValueError as e:  # a port that is not a number, or out of range
+        parts.port  # (a port that is not a number, or out of range: a ValueError)
+    except ValueError as e:
         raise ValueError(f"{head}: {e}") from None
+    root = urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/", "", ""))
     try:
-        with socket.create_connection((parts.hostname or "", port), timeout=_SERVER_TIMEOUT_S):
+        with urllib.request.urlopen(root, timeout=_SERVER_TIMEOUT_S):
             pass
-    except OSError as e:
-        raise ValueError(f"{head}: no server answers at {parts.hostname}:{port} within {_SERVER_TIMEOUT_S:g} s "
-                         f"({e.strerror or e}); start it, fix the URI, or unset MLFLOW_TRACKING_URI for the file store "
-                         f"in the run folder") from None
+    except urllib.error.HTTPError:  # an answer: a server is there
+        return
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        why = getattr(e, "reason", None) or e
+        why = getattr(why, "strerror", None) or why
+        raise ValueError(f"{head}: no server answers at {parts.netloc} within {_SERVER_TIMEOUT_S:g} s ({why}); "
+                         f"start it, fix the URI, or unset MLFLOW_TRACKING_URI for the file store in the run "
+                         f"folder") from None
 
 
 _SERVER_TIMEOUT_S = 10.0
