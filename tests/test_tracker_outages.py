@@ -254,3 +254,18 @@ def test_a_stop_in_the_first_evaluation_ends_the_tracker_runs_as_killed(fake, wa
     with pytest.raises(KeyboardInterrupt):
         train(_cfg(warm_cache), tmp_path / "run")
     assert fake.made[0].closed == ["killed"]
+
+
+def test_a_signal_while_one_tracker_closes_leaves_the_others_closing(tmp_path):
+    # (a SIGTERM during W&B's finish had skipped MLflow's close: its exit hook then ended the run as FINISHED)
+    from pacs_fast.signals import Stopped
+
+    class Interrupted(FakeTracker):
+        def close(self, status="finished"):
+            raise Stopped(15)
+
+    first, second = Interrupted(None, tmp_path, {}, None), FakeTracker(None, tmp_path, {}, None)
+    logger = MetricsLogger(tmp_path, tensorboard=False, trackers=[first, second], warn=lambda line: None)
+    with pytest.raises(Stopped):
+        logger.close("killed")
+    assert second.closed == ["killed"] and logger._file.closed

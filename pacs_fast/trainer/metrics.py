@@ -212,11 +212,18 @@ class MetricsLogger:
         for closing in self._closing:  # (a failed tracker's close: a few seconds at most, then left to itself)
             closing.join(timeout=5.0)
         trackers, self.trackers = self.trackers, []
+        stopped = None
         for t in trackers:
-            failed = close_quietly(t, status)
+            try:
+                failed = close_quietly(t, status)
+            except BaseException as e:  # a signal while one closed: the others close all the same (MLflow's exit
+                stopped = stopped or e  # hook had ended the next one's run as FINISHED), then it is raised
+                continue
             if failed:
                 self.warn(f"warning: train.loggers={getattr(t, 'name', type(t).__name__)}: closing its run failed "
                           f"({failed}); what it received before is in its store, metrics.jsonl holds every record")
+        if stopped is not None:
+            raise stopped
 
 
 class Progress:

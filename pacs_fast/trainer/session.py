@@ -104,7 +104,7 @@ class Session:
                 continue
             try:
                 part.close(status) if part is self.logger else part.close()
-            except Exception as e:
+            except BaseException as e:  # (a signal while one closed: the rest close all the same, then it is raised)
                 error = error or e
         if error is not None:
             raise error

@@ -293,7 +293,7 @@ def sample_rows(step: int, tokenizer, problems: list[dict], comps, rewards: list
                 k: int, trained: list[float] | None = None) -> list[dict]:
     """The first ``k`` rollouts of the step (the first group's responses first): prompt text as the
     model saw it (chat template included), response, its length in tokens and how it ended (``finish_reason``:
-    ``"stop"``, an EOS; ``"length"``, cut at ``rollout.max_new_tokens``), reward (the verifier's) and, where the
+    ``"stop"``, an EOS or one of ``rollout.stop``; ``"length"``, cut at ``rollout.max_new_tokens``), reward (the verifier's) and, where the
     learner recorded
     them per row, PACS's score terms (``psi``, ``pred_reward`` = sigmoid(psi)); ``trained``: the rewards (PACS's
     labels) the step trained on where they differ from the verifier's (overlong shaping), as ``trained_reward``."""
