@@ -438,14 +438,15 @@ def run_experiment(a, jobs: list[Job], arms: list[Arm], seeds: list[int], out: P
     write_text_atomic(out / "spec.json", json.dumps(spec, indent=1))
     counts = run_jobs(todo, a.config, workers=a.workers, threads=a.threads, timeout=a.timeout)
     print(f"runs: {done} already done, {counts['finished']} finished now, {counts['failed']} failed", flush=True)
-    res = collect(jobs)
+    damaged: dict = {}
+    res = collect(jobs, damaged)  # (read once: the report takes them)
     status = 0
     if not res:  # an empty table would replace the folder's results.md (another command's, say)
         print("error: no run of these arms and seeds has finished: no table (results.md, results.json and "
               "curves.png are left as they were)", file=sys.stderr, flush=True)
         status = 1
     else:
-        status = _print_report(jobs, arms, a.baseline, out, header)
+        status = _print_report(jobs, arms, a.baseline, out, header, (res, damaged))
     failed = [job for job in jobs if job.seed not in res.get(job.arm.name, {})]
     if failed:
         logs = ", ".join(f"{job.run_dir}.log" for job in failed[:3]) + (", ..." if len(failed) > 3 else "")
@@ -455,10 +456,11 @@ def run_experiment(a, jobs: list[Job], arms: list[Arm], seeds: list[int], out: P
     return status
 
 
-def _print_report(jobs: list[Job], arms: list[Arm], baseline: str | None, out: Path, header: str) -> int:
+def _print_report(jobs: list[Job], arms: list[Arm], baseline: str | None, out: Path, header: str,
+                  collected: tuple[dict, dict] | None = None) -> int:
     """Prints the report; 0, or 1 with one error line when its files could not be written (printed all the same)."""
     try:
-        print(report(jobs, arms, baseline, out, header), flush=True)
+        print(report(jobs, arms, baseline, out, header, collected), flush=True)
     except ReportNotWritten as e:
         print(e.md, flush=True)
         print(f"error: {e}", file=sys.stderr, flush=True)

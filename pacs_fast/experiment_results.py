@@ -223,12 +223,15 @@ class ReportNotWritten(OSError):
         self.md = md
 
 
-def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str) -> str:
-    """``results.md`` (returned), ``results.json`` and ``curves.png`` of the finished runs of ``jobs``; a
+def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str,
+           collected: tuple[dict, dict] | None = None) -> str:
+    """``results.md`` (returned), ``results.json`` and ``curves.png`` of the finished runs of ``jobs``
+    (``collected``: :func:`collect`'s results and damaged runs when the caller has read them); a
     :class:`ReportNotWritten` (holding the report) when a file cannot be written (a full disk, a read-only
     folder)."""
     damaged: dict = {}
-    res = collect(jobs, damaged)
+    res = collect(jobs, damaged) if collected is None else collected[0]
+    damaged = damaged if collected is None else collected[1]
     missing = unfinished(jobs, res, damaged)
     if missing:
         header += "\n\n" + "\n".join(f"- {line}" for line in missing)

@@ -370,9 +370,10 @@ class HFEngine(LeanDecoder, RolloutEngine):
         is_eos = torch.isin(generated, torch.tensor(self.eos_ids, dtype=generated.dtype))
         if limits is not None:  # tokens past a row's limit (pad ids, perhaps an EOS id) are not its own
             is_eos &= torch.arange(generated.shape[1])[None, :] < torch.tensor(limits)[:, None]
-        stopped = is_eos.any(dim=1).tolist()
+        at_eos = is_eos.any(dim=1)
+        stopped = at_eos.tolist()
         cap = generated.shape[1] if limits is None else torch.tensor(limits).clamp(max=generated.shape[1])
-        ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, cap).tolist()
+        ends = torch.where(at_eos, is_eos.int().argmax(dim=1) + 1, cap).tolist()
         ids = [row[:end] for row, end in zip(generated.tolist(), ends)]
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         if stops is not None:  # a row stopped by a string was fed pad ids after it (perhaps an EOS id): cut first

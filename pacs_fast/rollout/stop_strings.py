@@ -40,13 +40,13 @@ class StopStrings:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _emitted(self, ids: list[int]) -> str:
+    def _emitted(self, ids: list[int], text: str | None = None) -> str:
         """The text of ``ids`` as vLLM's incremental detokenizer has emitted it: a token whose text ends in an
         incomplete character (a byte-level token holding the first bytes of one, decoded as U+FFFD) is held back,
         its text whole, until a later token completes the character (a stop string that ends just before it
-        fires one token later, as in vLLM)."""
+        fires one token later, as in vLLM). ``text``: the decode of ``ids`` when the caller has it."""
         k = len(ids)
-        text = self._decode(ids)
+        text = self._decode(ids) if text is None else text
         while text.endswith("\ufffd") and k > 0:
             k -= 1
             text = self._decode(ids[:k])
@@ -59,7 +59,8 @@ class StopStrings:
         """``(k, text)``: the first ``k`` tokens of the response ``ids`` are the shortest start whose emitted text
         (:meth:`_emitted`) holds a stop string, ``text`` that text cut just after the earliest-ending string; None
         when the response's text (``text``, or its decode) holds none."""
-        if not self._holds(self._decode(ids) if text is None else text) or not self._holds(self._emitted(ids)):
+        whole = self._decode(ids) if text is None else text  # (one decode of the whole response)
+        if not self._holds(whole) or not self._holds(self._emitted(ids, whole)):
             return None  # (a string only in a response's held-back end never fires in vLLM either)
         lo, hi = 0, len(ids)  # the emitted text of ids[:lo] holds no string (lo = 0: empty), that of ids[:hi] one
         while hi - lo > 1:
