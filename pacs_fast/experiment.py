@@ -18,7 +18,10 @@ the learner's (``--workers`` counts runs, not processes).
 Resumable: run ``<out>/runs/<arm>/seed<s>`` is skipped when it has ``summary.json``; a run with a
 checkpoint but no summary is resumed (``--resume``, which continues exactly); one without a
 checkpoint is restarted from scratch. A run folder whose ``config.yaml`` differs from the config the
-spec asks for is an error (never silently mixed); ``--restart-mismatched`` deletes and reruns it.
+spec asks for is an error (never silently mixed); ``--restart-mismatched`` deletes and reruns it. Settings that
+change nothing a run reports (:data:`RERUN_KEYS`: trackers, logged samples, checkpoints' spacing and count, reward
+workers and timeout, activation recompute, ...) may change between runner calls: a run still to finish resumes
+with the new values, a finished one is kept (one note line).
 
 One runner per ``<out>`` at a time: the runner holds the trainer's run lock (:class:`RunLock`) on
 ``<out>/.run.lock`` while it works, and checks the lock of every run folder before it touches any;
@@ -62,6 +65,13 @@ from pacs_fast import signals
 from pacs_fast.files import write_text_atomic
 
 QUIET = ["train.progress=false", "train.tensorboard=false", "train.plots=false"]  # defaults: the user's win
+# Settings that change nothing a run reports (trackers, logged samples, checkpoint spacing and count, reward workers
+# and timeout, freed-memory caching, the warm-up cache's folder, activation recompute): another value on a rerun is
+# the same experiment. A run still to finish resumes with the new values (the trainer's --resume takes them:
+# SAFE_RESUME_KEYS); a finished run keeps its own (a note says so).
+RERUN_KEYS = ("train.loggers", "train.log_samples", "train.save_every", "train.keep_checkpoints",
+              "train.reward_workers", "reward.user_fn_timeout_s", "train.keep_freed_memory", "warmup.cache_dir",
+              "model.gradient_checkpointing", "model.recompute_granularity")
 
 
 @dataclass
@@ -132,6 +142,18 @@ def config_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def rerun_changes(job: Job, config: str | None) -> dict[str, tuple]:
+    """``{key: (the folder's value, the spec's)}`` of the :data:`RERUN_KEYS` that the spec now sets otherwise than
+    ``job``'s existing run recorded (empty when the run has no ``config.yaml``)."""
+    from pacs_fast.config import load_config
+    from pacs_fast.config.validation import _get
+    saved = job.run_dir / "config.yaml"
+    if not saved.is_file():
+        return {}
+    want, have = intended_config(config, job.argv), load_config(saved)
+    return {k: (_get(have, k), _get(want, k)) for k in RERUN_KEYS if _get(have, k) != _get(want, k)}
+
+
 def job_state(job: Job, config: str | None) -> str:
     """``done`` | ``resume`` | ``fresh`` | ``mismatch:<why>``."""
     from pacs_fast.config import load_config, to_dict
@@ -156,6 +178,9 @@ def job_state(job: Job, config: str | None) -> str:
         for d in (want, have):  # where the folder lives, threads and logging are not the experiment's settings
             for key in ("out_dir", "threads", "progress", "tensorboard", "plots", "tracker_group"):
                 d["train"].pop(key, None)
+            for key in RERUN_KEYS:
+                section, _, name = key.partition(".")
+                d[section].pop(name, None)
         diff = config_differences(want, have)
         if diff:
             return "mismatch:" + "; ".join(diff[:4])
@@ -182,17 +207,18 @@ def take_lock(folder: Path, what: str):
                          f"(pid {holder}): wait for it to end, or use another --out (nothing was changed)") from None
 
 
-def plan(jobs: list[Job], config: str | None, *, restart_mismatched: bool) -> tuple[list[tuple[Job, str]], int]:
+def plan(jobs: list[Job], config: str | None, *, restart_mismatched: bool,
+         log=print) -> tuple[list[tuple[Job, str]], int]:
     """The jobs to run with their state (see :func:`job_state`), and how many are done already.
 
     Every existing run folder is checked before any is changed: one whose lock a live process holds,
     one with files but no ``config.yaml`` (not provably this experiment's run) and, without
     ``restart_mismatched``, one made with other settings are ValueErrors naming the folder. Then the
     experiment's own dead runs that start afresh (no checkpoint, or mismatched) are deleted under
-    their lock."""
+    their lock. A finished run that recorded other :data:`RERUN_KEYS` than the spec's is kept (one note line)."""
     from pacs_fast.files import is_temporary
     from pacs_fast.trainer.run_folder import CONFIG_FILE, LOCK_FILE
-    todo, delete, done = [], [], 0
+    todo, delete, done, kept = [], [], 0, {}
     for job in jobs:
         folder, files = job.run_dir, []
         if folder.exists():
@@ -211,6 +237,8 @@ def plan(jobs: list[Job], config: str | None, *, restart_mismatched: bool) -> tu
             state = "fresh"
         if state == "done":
             done += 1
+            for key, (have, want) in rerun_changes(job, config).items():
+                kept.setdefault(key, []).append((job, have, want))
             continue
         if state == "fresh" and files:  # started, no checkpoint (or mismatched): restart, never mix
             delete.append(folder)
@@ -226,6 +254,10 @@ def plan(jobs: list[Job], config: str | None, *, restart_mismatched: bool) -> tu
         os.rename(folder, doomed)
         shutil.rmtree(doomed)  # the lock file with it; the lock itself drops on release
         lock.release()
+    for key, runs in kept.items():
+        job, have, want = runs[0]
+        log(f"note: {len(runs)} finished run(s) ran with another {key} than {want!r} and are kept as they are "
+            f"(e.g. {job.arm.name} seed {job.seed}: {have!r}); it changes nothing they report")
     return todo, done
 
 
@@ -237,8 +269,9 @@ def command(job: Job, config: str | None, state: str) -> list[str]:
     if n > 1:  # --standalone: torchrun binds its store to a port it picks, so runs side by side never collide
         launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--standalone",
                   "-m", "pacs_fast.train"]
-    if state == "resume":
-        return launch + ["--resume", str(job.run_dir)]
+    if state == "resume":  # (JSON is YAML: lists, strings and null pass as the override's value)
+        return launch + ["--resume", str(job.run_dir)] + [f"{k}={json.dumps(v[1])}"
+                                                           for k, v in rerun_changes(job, config).items()]
     return launch + (["--config", config] if config else []) + job.argv
 
 

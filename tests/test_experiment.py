@@ -312,3 +312,37 @@ def test_a_run_from_before_split_seed_is_not_another_setting_after_its_resume(tm
     cfg.data.split_seed = 4
     save_config(cfg, saved)
     assert ex.job_state(job, None).startswith("mismatch:data.split_seed: 4 in the folder, 0 asked for")
+
+
+def test_settings_that_change_no_result_may_change_between_runner_calls(tmp_path, capsys):
+    """Adding a tracker (or more logged samples, other checkpoint spacing, ...) to a half-done experiment had been
+    refused as "made with other settings": the runner resumes an unfinished run with the new values (the trainer's
+    --resume takes them: each is in SAFE_RESUME_KEYS), keeps a finished one with a note, and still refuses a
+    setting that changes what trains."""
+    from pacs_fast.config import load_config, save_config
+    from pacs_fast.trainer.run_folder import SAFE_RESUME_KEYS, resume_config
+
+    assert set(ex.RERUN_KEYS) <= SAFE_RESUME_KEYS
+    arms, out = [ex.parse_arm("pacs")], tmp_path / "out"
+    first = ex.make_jobs(arms, [0, 1], [*TINY, "train.log_samples=2"], out)
+    for job in first:
+        job.run_dir.mkdir(parents=True)
+        save_config(ex.intended_config(None, job.argv), job.run_dir / "config.yaml")  # as the trainer wrote it
+    (first[0].run_dir / "checkpoints" / "step_1").mkdir(parents=True)  # seed 0: to resume
+    (first[1].run_dir / "summary.json").write_text("{}")  # seed 1: finished
+    again = ex.make_jobs(arms, [0, 1], [*TINY, "train.log_samples=5", "train.keep_checkpoints=3"], out)
+    assert [ex.job_state(j, None) for j in again] == ["resume", "done"]
+    todo, done = ex.plan(again, None, restart_mismatched=False)
+    assert [(j.seed, s) for j, s in todo] == [(0, "resume")] and done == 1
+    note = capsys.readouterr().out
+    assert "note: 1 finished run(s) ran with another train.log_samples than 5" in note and "seed 1: 2" in note
+    cmd = ex.command(again[0], None, "resume")
+    overrides = cmd[cmd.index("--resume") + 2:]
+    assert sorted(overrides) == ["train.keep_checkpoints=3", "train.log_samples=5"], cmd
+    cfg = resume_config(again[0].run_dir, overrides)  # what the trainer's --resume reads: taken, recorded
+    assert (cfg.train.log_samples, cfg.train.keep_checkpoints) == (5, 3)
+    assert load_config(again[1].run_dir / "config.yaml").train.log_samples == 2  # the finished run: untouched
+    assert ex.command(ex.make_jobs(arms, [0], [*TINY, "train.log_samples=2"], out)[0], None, "resume")[-1] == \
+        str(again[0].run_dir)  # nothing changed: no overrides
+    changed = ex.make_jobs(arms, [0], [*TINY, "train.log_samples=5", "learner.lr=0.5"], out)[0]
+    assert ex.job_state(changed, None).startswith("mismatch:learner.lr: ")
