@@ -48,38 +48,23 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from pacs_fast.experiment_args import (MAX_SEEDS, PRESETS, Arm, check_resources, parse_args,  # noqa: F401 (API)
                                        config_file_keys, parse_arm, parse_arms, parse_seeds, settings_from_spec,
                                        spec_defaults)
+from pacs_fast.experiment_folders import (RERUN_KEYS, Job, config_differences, config_takes,  # noqa: F401 (API)
+                                          intended_config, job_state, plan, processes, rerun_changes, take_lock)
 from pacs_fast.experiment_results import (ReportNotWritten, bootstrap_ci, collect, report,  # noqa: F401 (API)
                                           table)
 from pacs_fast import signals
 from pacs_fast.files import write_text_atomic
 
 QUIET = ["train.progress=false", "train.tensorboard=false", "train.plots=false"]  # defaults: the user's win
-# Settings that change nothing a run reports (trackers, logged samples, checkpoint spacing and count, reward workers
-# and timeout, freed-memory caching, the warm-up cache's folder, activation recompute): another value on a rerun is
-# the same experiment. A run still to finish resumes with the new values (the trainer's --resume takes them:
-# SAFE_RESUME_KEYS); a finished run keeps its own (a note says so).
-RERUN_KEYS = ("train.loggers", "train.log_samples", "train.save_every", "train.keep_checkpoints",
-              "train.reward_workers", "reward.user_fn_timeout_s", "train.keep_freed_memory", "warmup.cache_dir",
-              "model.gradient_checkpointing", "model.recompute_granularity")
-
-
-@dataclass
-class Job:
-    arm: Arm
-    seed: int
-    run_dir: Path
-    argv: list[str]   # config overrides of this run (besides --config)
 
 
 # ----------------------------------------------------------------------------- spec
@@ -97,168 +82,6 @@ def make_jobs(arms: list[Arm], seeds: list[int], common: list[str], out: Path, c
                     f"train.tracker_group={arm.name}"]
             jobs.append(Job(arm, s, run_dir, argv))
     return jobs
-
-
-def processes(cfg) -> int:
-    """Processes of one run: 1, or with ``rollout.ranks=R`` (asynchronous rollouts) R engine
-    processes and the learner's (1, or ``learner.tp_size`` for megatron), launched by torchrun."""
-    if not cfg.rollout.ranks:
-        return 1
-    return cfg.rollout.ranks + (cfg.learner.tp_size if cfg.learner.backend == "megatron" else 1)
-
-
-def intended_config(config: str | None, argv: list[str]):
-    """The config a job's trainer records in its ``config.yaml`` (its files as absolute paths, as the trainer
-    writes them: a relative ``data.dataset`` otherwise read as another setting on the next run)."""
-    from pacs_fast.config import load_config, validate
-    from pacs_fast.trainer.run_folder import record_absolute_paths
-    cfg = load_config(config, argv)
-    validate(cfg, world=processes(cfg))
-    if cfg.reward.fn or cfg.reward.appeal or cfg.reward.step_rewards:  # the user's functions import, before any run
-        from pacs_fast.trainer.rewards import check_callables
-        check_callables(cfg)
-    record_absolute_paths(cfg)
-    return cfg
-
-
-def _valid(config: str | None, argv: list[str]) -> bool:
-    """Whether :func:`intended_config` takes ``argv``."""
-    try:
-        intended_config(config, argv)
-    except ValueError:
-        return False
-    return True
-
-
-def config_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
-    keys = sorted(set(a) | set(b))
-    out = []
-    for k in keys:
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += config_differences(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            out.append(f"{prefix}{k}: {vb!r} in the folder, {va!r} asked for")
-    return out
-
-
-def rerun_changes(job: Job, config: str | None) -> dict[str, tuple]:
-    """``{key: (the folder's value, the spec's)}`` of the :data:`RERUN_KEYS` that the spec now sets otherwise than
-    ``job``'s existing run recorded (empty when the run has no ``config.yaml``)."""
-    from pacs_fast.config import load_config
-    from pacs_fast.config.validation import _get
-    saved = job.run_dir / "config.yaml"
-    if not saved.is_file():
-        return {}
-    want, have = intended_config(config, job.argv), load_config(saved)
-    return {k: (_get(have, k), _get(want, k)) for k in RERUN_KEYS if _get(have, k) != _get(want, k)}
-
-
-def job_state(job: Job, config: str | None) -> str:
-    """``done`` | ``resume`` | ``fresh`` | ``mismatch:<why>``."""
-    from pacs_fast.config import load_config, to_dict
-    from pacs_fast.trainer.run_folder import splits_training_file
-    if not job.run_dir.exists():
-        return "fresh"
-    saved = job.run_dir / "config.yaml"
-    if saved.is_file():
-        want = to_dict(intended_config(config, job.argv))
-        try:
-            have_cfg = load_config(saved) if saved.read_text(encoding="utf-8", errors="replace").strip() else None
-        except ValueError:
-            have_cfg = None
-        if have_cfg is None:  # (an empty one read as the defaults: "other settings", which --restart-mismatched deleted)
-            raise ValueError(f"{saved} is empty or cannot be read: this run's settings are unknown; restore it (its "
-                             f"checkpoints hold a copy) or move {job.run_dir} away (nothing was changed)")
-        have = to_dict(have_cfg)
-        legacy = have_cfg.data.split_seed == have_cfg.train.seed and splits_training_file(have_cfg)
-        if legacy and want["data"]["split_seed"] == 0:
-            # a run from before data.split_seed, resumed once: its split follows its train.seed (run_folder.py)
-            have["data"]["split_seed"] = 0
-        for d in (want, have):  # where the folder lives, threads and logging are not the experiment's settings
-            for key in ("out_dir", "threads", "progress", "tensorboard", "plots", "tracker_group"):
-                d["train"].pop(key, None)
-            for key in RERUN_KEYS:
-                section, _, name = key.partition(".")
-                d[section].pop(name, None)
-        diff = config_differences(want, have)
-        if diff:
-            return "mismatch:" + "; ".join(diff[:4])
-    if (job.run_dir / "summary.json").is_file():
-        return "done"
-    ckpts = job.run_dir / "checkpoints"
-    if ckpts.is_dir() and any(ckpts.glob("step_*")):
-        return "resume"
-    return "fresh"
-
-
-# ----------------------------------------------------------------------------- the folders
-def take_lock(folder: Path, what: str):
-    """The trainer's run lock (:class:`~pacs_fast.trainer.run_folder.RunLock`) on ``folder``, for
-    the caller to release; a ValueError naming ``folder`` while a live process holds it."""
-    from pacs_fast.trainer.run_folder import LOCK_FILE, RunLock
-    try:
-        return RunLock(folder, new=False)
-    except OSError as e:
-        raise ValueError(f"{what} {str(folder)!r}: cannot take its lock ({e.strerror})") from None
-    except ValueError:
-        holder = (folder / LOCK_FILE).read_text(errors="replace").strip() or "?"
-        raise ValueError(f"{what} {str(folder)!r} is in use by a live {'runner' if what == '--out' else 'run'} "
-                         f"(pid {holder}): wait for it to end, or use another --out (nothing was changed)") from None
-
-
-def plan(jobs: list[Job], config: str | None, *, restart_mismatched: bool,
-         log=print) -> tuple[list[tuple[Job, str]], int]:
-    """The jobs to run with their state (see :func:`job_state`), and how many are done already.
-
-    Every existing run folder is checked before any is changed: one whose lock a live process holds,
-    one with files but no ``config.yaml`` (not provably this experiment's run) and, without
-    ``restart_mismatched``, one made with other settings are ValueErrors naming the folder. Then the
-    experiment's own dead runs that start afresh (no checkpoint, or mismatched) are deleted under
-    their lock. A finished run that recorded other :data:`RERUN_KEYS` than the spec's is kept (one note line)."""
-    from pacs_fast.files import is_temporary
-    from pacs_fast.trainer.run_folder import CONFIG_FILE, LOCK_FILE
-    todo, delete, done, kept = [], [], 0, {}
-    for job in jobs:
-        folder, files = job.run_dir, []
-        if folder.exists():
-            if not folder.is_dir():
-                raise ValueError(f"run folder {str(folder)!r} is a file: move it away or use another --out")
-            files = [p.name for p in folder.iterdir() if p.name != LOCK_FILE and not is_temporary(p.name)]
-            if files and CONFIG_FILE not in files:
-                raise ValueError(f"{str(folder)!r} holds files but no {CONFIG_FILE}: it is not a run of this "
-                                 f"experiment; move it away or use another --out (nothing was changed)")
-            take_lock(folder, "run folder").release()
-        state = job_state(job, config)
-        if state.startswith("mismatch:"):
-            if not restart_mismatched:
-                raise ValueError(f"{folder} was made with other settings ({state[9:]}); use another --out, "
-                                 f"or --restart-mismatched to delete and rerun it")
-            state = "fresh"
-        if state == "done":
-            done += 1
-            for key, (have, want) in rerun_changes(job, config).items():
-                kept.setdefault(key, []).append((job, have, want))
-            continue
-        if state == "fresh" and files:  # started, no checkpoint (or mismatched): restart, never mix
-            delete.append(folder)
-        todo.append((job, state))
-    for arm_folder in {job.run_dir.parent for job in jobs}:  # what a runner stopped mid-delete left (we hold --out)
-        for doomed in arm_folder.glob(".*.deleting-*") if arm_folder.is_dir() else []:
-            shutil.rmtree(doomed, ignore_errors=True)
-    for folder in delete:
-        lock = take_lock(folder, "run folder")
-        # renamed first, in one step: a stop mid-delete had left a folder of files without config.yaml under the
-        # run's name, refused from then on as "not a run of this experiment"
-        doomed = folder.with_name(f".{folder.name}.deleting-{os.getpid()}")
-        os.rename(folder, doomed)
-        shutil.rmtree(doomed)  # the lock file with it; the lock itself drops on release
-        lock.release()
-    for key, runs in kept.items():
-        job, have, want = runs[0]
-        log(f"note: {len(runs)} finished run(s) ran with another {key} than {want!r} and are kept as they are "
-            f"(e.g. {job.arm.name} seed {job.seed}: {have!r}); it changes nothing they report")
-    return todo, done
 
 
 # ----------------------------------------------------------------------------- running
@@ -419,7 +242,7 @@ def _main(a) -> int:
                     raise ValueError(f"--out {str(out)!r} cannot hold the runs' folders ("
                                      f"{why.group(1) if why else e}); choose another --out") from None
                 shared = [x for x in job.argv if x not in job.arm.overrides]
-                if job.arm.overrides and _valid(a.config, shared):
+                if job.arm.overrides and config_takes(a.config, shared):
                     raise ValueError(f"arm {job.arm.name} ({','.join(job.arm.overrides)}): {e}") from None
                 raise
         if a.report and not any(job.run_dir.is_dir() for job in jobs):

@@ -170,10 +170,10 @@ def test_a_restart_deletes_a_run_folder_in_one_step(tmp_path, monkeypatch):
         (Path(path) / "config.yaml").unlink()  # as far as a Ctrl-C lets it get
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ex.shutil, "rmtree", interrupted)
+    monkeypatch.setattr(sh, "rmtree", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ex.plan([job], None, restart_mismatched=False)
-    monkeypatch.setattr(ex.shutil, "rmtree", real)
+    monkeypatch.setattr(sh, "rmtree", real)
     assert not job.run_dir.exists()  # the run's name is free: the next runner starts it afresh
     todo, done = ex.plan([job], None, restart_mismatched=False)
     assert [state for _, state in todo] == ["fresh"] and not list(job.run_dir.parent.glob(".*deleting-*"))
