@@ -69,7 +69,7 @@ def _launch_it_needs(cfg, checkpoint) -> tuple[int, bool] | None:
     ``(processes, recorded)``, the count the run used (its checkpoint's data-parallel groups x
     ``learner.tp_size`` + ``rollout.ranks``: ``recorded`` True), else the smallest that can run it (up to
     1,024); None when the count is not the problem. Only the launch-dependent checks run."""
-    from pacs_fast.config.validation import launch_problem, world_size
+    from pacs_fast.config.launch_checks import launch_problem, world_size
 
     if launch_problem(cfg, world_size()) is None:
         return None
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
 def peer_lost(error: BaseException) -> bool:
     """Whether ``error`` is a collective's failure because another process of a torchrun launch went away
     (gloo: "Connection closed by peer" / "Connection reset by peer")."""
-    from pacs_fast.config.validation import world_size
+    from pacs_fast.config.launch_checks import world_size
 
     text = str(error)
     return world_size() > 1 and ("Connection closed by peer" in text or "Connection reset by peer" in text)

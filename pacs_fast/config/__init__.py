@@ -11,6 +11,7 @@ This package imports nothing from the rest of pacs_fast, so every layer may use 
 - :mod:`~pacs_fast.config.schema`: the sections (dataclasses), their defaults and help texts;
 - :mod:`~pacs_fast.config.loading`: dict / YAML / override parsing, saving, ``--help``;
 - :mod:`~pacs_fast.config.validation`: :func:`validate` and the derived settings it checks;
+- :mod:`~pacs_fast.config.launch_checks`: the checks that depend on the launch's processes (:func:`world_size`);
 - :mod:`~pacs_fast.config.unused`: :func:`unused_settings`, the chosen values a run never reads (warnings);
 - :mod:`~pacs_fast.config.hazards`: :func:`hazard_warnings`, settings that run but train badly (warnings).
 """
@@ -18,7 +19,8 @@ from pacs_fast.config.loading import (all_keys, from_dict, help_text, load_confi
                                       save_config, set_value, to_dict)
 from pacs_fast.config.schema import (ALGORITHMS, AlgoConfig, Config, CorrectionConfig, DataConfig, LearnerConfig,
                                      ModelConfig, RewardConfig, RolloutConfig, TrainConfig, WarmupConfig)
-from pacs_fast.config.validation import (ATTENTIONS, SHIPPED_DATASETS, is_level, validate, world_size)
+from pacs_fast.config.launch_checks import world_size
+from pacs_fast.config.validation import ATTENTIONS, SHIPPED_DATASETS, is_level, validate
 from pacs_fast.config.hazards import hazard_warnings
 from pacs_fast.config.unused import unused_settings
 

@@ -124,10 +124,10 @@ def lora_params(shape: dict, rank: int) -> int:
 
 def learner_layout(cfg) -> tuple[int, int]:
     """(data-parallel size, learner processes on this host) of the launch: the megatron learner's processes are
-    the launch's (:func:`pacs_fast.config.validation.world_size`) less ``rollout.ranks``, ``learner.tp_size`` to a
+    the launch's (:func:`pacs_fast.config.launch_checks.world_size`) less ``rollout.ranks``, ``learner.tp_size`` to a
     data-parallel rank; torchrun's ``LOCAL_WORLD_SIZE`` counts this host's, the engine ranks among them when the
     launch has them (one host assumed); the torch learner is one process."""
-    from pacs_fast.config.validation import world_size
+    from pacs_fast.config.launch_checks import world_size
 
     if cfg.learner.backend != "megatron":
         return 1, 1
