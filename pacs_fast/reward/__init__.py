@@ -4,6 +4,7 @@
   only complete ``\\boxed{}`` answers).
 - :class:`BatchScorer` / :func:`score_batch` score thousands in worker processes, each item within
   a time limit, with counts of timeouts and parse failures.
+- :mod:`pacs_fast.reward.code_tests`: code run against test cases (``reward.fn=pacs_fast.reward.code_tests:pass_all``).
 """
 from pacs_fast.reward.batch import BatchResult, BatchScorer, get_scorer, score_batch
 from pacs_fast.reward.verifier import (DEFAULT_TIME_LIMIT, EXTRACTIONS, STATUSES, ScoredItem, boxed_answers,

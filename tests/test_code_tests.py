@@ -1,0 +1,203 @@
+"""The code reward (pacs_fast/reward/code_tests.py): the last fenced block run against the row's tests in child
+processes, each test layout of the public code sets, the output comparison, limits and clean-up.
+
+Each check runs real child processes (a Python start-up each, ~20-50 ms); the time limits here are short (0.5-1 s)
+so that the timeouts cost little, and far above what the passing programs need (a few ms of work each).
+"""
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from pacs_fast.reward import code_tests as ct
+
+
+def fenced(code: str, tag: str = "python") -> str:
+    return f"Let me solve it.\n```{tag}\n{code}\n```\nDone."
+
+
+ADD = json.dumps({"inputs": ["1 2\n", "3 4\n", "10 -3\n"], "outputs": ["3\n", "7\n", "7\n"]})
+
+
+def test_the_last_python_block_is_the_code():
+    text = "```python\nfirst()\n```\ntext\n```cpp\nint main(){}\n```\n```\nsecond()\n```\n```py\nthird()\n```"
+    assert ct.extract_code(text) == "third()\n"
+    assert ct.extract_code("```\nbare()\n```") == "bare()\n"
+    assert ct.extract_code("```cpp\nint main(){}\n```") is None
+    assert ct.extract_code("print(1)  # no fence") is None
+    assert ct.extract_code("```python\nunclosed()") is None
+
+
+def test_each_layout_of_the_public_sets_is_read():
+    t = ct.parse_tests(ADD)
+    assert t.mode == "stdio" and t.cases[1] == ("3 4\n", "7\n")
+    t = ct.parse_tests(json.dumps([{"input": "1\n", "output": "2\n", "testtype": "stdin"}]))
+    assert t.mode == "stdio" and t.cases == (("1\n", "2\n"),)
+    t = ct.parse_tests(json.dumps({"inputs": [[1, 2], 5], "outputs": [3, 6], "fn_name": "f"}))
+    assert t.mode == "call" and t.fn_name == "f" and t.cases == (([1, 2], 3), ([5], 6))
+    t = ct.parse_tests(json.dumps(["assert f(1) == 2", "assert f(2) == 3"]))
+    assert t.mode == "script" and len(t.cases) == 2
+    t = ct.parse_tests("def check(c):\n    assert c(1) == 2\ncheck(f)")
+    assert t.mode == "script" and len(t.cases) == 1
+    assert ct.parse_tests({"inputs": [["1", "2"]], "outputs": [["3"]]}).cases == (("1\n2", "3"),)  # lines as lists
+
+
+@pytest.mark.parametrize("spec, words", [
+    ('{"inputs": [1, 2], "outputs": [1]}', "lists of one length (have 2 and 1)"),
+    ('{"input": "1", "output": "2"}', "needs 'inputs' and 'outputs'"),
+    ('{"inputs": [1], "outputs": [2], "fn_name": "not a name"}', "'fn_name' must be a Python name"),
+    ('[{"input": "1", "output": "2", "testtype": "functional"}]', "need a function name"),
+    ('{"inputs": ["1", 2], "outputs": ["1", "2"]}', "must be text, got int"),
+    ('[1, 2]', "assert statements (strings) or {'input', 'output'} objects"),
+    ('{"inputs": [1,', "not valid JSON"),
+])
+def test_tests_that_cannot_be_read_are_named_before_any_code_runs(spec, words):
+    with pytest.raises(ValueError, match="the tests of response 1 cannot be read") as e:
+        ct.score([fenced("print(1)")] * 2, [ADD, spec])
+    assert words in str(e.value)
+
+
+def test_output_comparison():
+    assert ct.outputs_match("3  \n7\n\n\n", "3\n7")  # trailing white space and empty lines
+    assert ct.outputs_match("1 2 3\n", "1\n2\n3\n")  # the same tokens
+    assert ct.outputs_match("0.3333333\n", "0.33333333333\n")  # within 1e-6
+    assert not ct.outputs_match("0.3334\n", "0.3333\n")
+    assert not ct.outputs_match("3\n7\n", "3\n")
+    assert not ct.outputs_match("inf\n", "1e308\n")
+
+
+def test_standard_input_programs_run_as_scripts():
+    """Every way a competitive program reads its input works (real file descriptors), and each wrong program
+    fails only the tests it gets wrong."""
+    tests = ct.parse_tests(ADD)
+    readers = ["a, b = map(int, input().split())\nprint(a + b)",
+               "import sys\na, b = map(int, sys.stdin.buffer.read().split())\nsys.stdout.write(f'{a + b}\\n')",
+               "a, b = map(int, open(0).read().split())\nprint(a + b)",
+               "import os\na, b = map(int, os.read(0, 100).split())\nprint(a + b)",
+               "def main():\n    print(sum(map(int, input().split())))\nif __name__ == '__main__':\n    main()",
+               "import sys\nprint(sum(map(int, input().split())))\nsys.exit(0)"]
+    for code in readers:
+        assert ct.run_tests(code, tests, time_limit_s=5) == ["pass"] * 3, code
+    assert ct.run_tests("print(7)", tests, time_limit_s=5) == ["fail", "pass", "pass"]
+    assert ct.run_tests("a, b = map(int, input().split())\nprint(a // (b - 2))", tests, time_limit_s=5) == \
+        ["error", "fail", "fail"]  # 1 // 0 raises; 3 // 2 and 10 // -5 print wrong sums
+    assert ct.run_tests("import sys\nprint(3)\nsys.exit(1)", tests, time_limit_s=5)[0] == "error"
+    assert ct.run_tests("def broken(:\n  pass", tests, time_limit_s=5) == ["error"] * 3
+    assert ct.run_tests("print(3)", tests, time_limit_s=5, stop_early=True) == ["pass", "fail", "error"]
+
+
+def test_limits_end_loops_blow_ups_and_floods():
+    tests = ct.parse_tests(json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]}))
+    t0 = time.monotonic()
+    assert ct.run_tests("while True:\n    pass", tests, time_limit_s=0.5) == ["timeout"]
+    assert ct.run_tests("import time\ntime.sleep(60)", tests, time_limit_s=0.5) == ["timeout"]
+    assert time.monotonic() - t0 < 20  # (each within its limit plus the start-up allowance)
+    assert ct.run_tests("x = bytearray(8 << 30)\nprint(3)", tests, time_limit_s=5, memory_mb=1024) == ["error"]
+    assert ct.run_tests("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", tests,
+                        time_limit_s=5) != ["pass"]  # the output file's size limit (64 MiB) ends it
+
+
+def test_strays_and_files_are_cleaned_up(tmp_path):
+    """The child's session is killed with it (a process it started is gone), and its folder is removed."""
+    mark = tmp_path / "pid"
+    code = ("import os, subprocess\np = subprocess.Popen(['sleep', '60'])\n"
+            f"open({str(mark)!r}, 'w').write(f'{{p.pid}} {{os.getcwd()}}')\nprint(3)")
+    assert ct.run_tests(code, ct.parse_tests(json.dumps([{"input": "", "output": "3"}])), time_limit_s=5) == \
+        ["pass"]
+    pid, cwd = mark.read_text().split(" ", 1)
+    assert not os.path.exists(cwd)
+    for _ in range(50):
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":  # killed, not yet reaped by its new parent
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the stray 'sleep 60' (pid {pid}) still runs")
+
+
+def test_function_calls():
+    spec = {"inputs": [[1, 2], [0.1, 0.2], [[1, 2], [3]]], "outputs": [3, 0.3, [[1, 2, 3]]], "fn_name": "add"}
+    tests = ct.parse_tests(spec)
+    assert ct.run_tests("def add(a, b):\n    return a + b", tests, time_limit_s=5) == ["pass"] * 3  # [x] as x
+    assert ct.run_tests("class Solution:\n    def add(self, a, b):\n        return a + b", tests, time_limit_s=5) == \
+        ["pass"] * 3
+    assert ct.run_tests("def add(a, b):\n    return (a + b) if a != 1 else 4", tests, time_limit_s=5) == \
+        ["fail", "pass", "pass"]
+    assert ct.run_tests("def add(a, b):\n    print('noise')\n    return tuple(a + b) if isinstance(a, list) "
+                        "else a + b", tests, time_limit_s=5) == ["pass"] * 3  # (a tuple is JSON's list)
+    assert ct.run_tests("def add(a, b):\n    return True", ct.parse_tests({"inputs": [[0, 0]], "outputs": [1],
+                                                                           "fn_name": "add"}), time_limit_s=5) == \
+        ["fail"]  # True is not 1
+    assert ct.run_tests("def other(a, b):\n    return a + b", tests, time_limit_s=5) == ["error"] * 3
+    loop = "def add(a, b):\n    while a == 1:\n        pass\n    return a + b"
+    assert ct.run_tests(loop, tests, time_limit_s=0.5) == ["timeout", "pass", "pass"]
+
+
+def test_test_code():
+    asserts = ct.parse_tests(["assert f(3) == 9", "assert f(-2) == 4", "assert f(0) == 1"])
+    assert ct.run_tests("def f(x):\n    return x * x", asserts, time_limit_s=5) == ["pass", "pass", "fail"]
+    program = ct.parse_tests("def check(candidate):\n    assert candidate(3) == 9\ncheck(f)")
+    assert ct.run_tests("def f(x):\n    return x * x", program, time_limit_s=5) == ["pass"]
+    assert ct.run_tests("import os\nos._exit(0)", asserts, time_limit_s=5) == ["error"] * 3  # no report: failed
+
+
+def test_score_all_or_nothing_and_fraction():
+    responses = [fenced("a, b = map(int, input().split())\nprint(a + b)"), fenced("print(7)"), "no code at all",
+                 fenced("a, b = map(int, input().split())\nprint(a + b)", tag="cpp")]
+    tests = [ADD] * 4
+    assert ct.score(responses, tests, time_limit_s=5) == [1.0, 0.0, 0.0, 0.0]
+    assert ct.score(responses, tests, all_or_nothing=False, time_limit_s=5) == [1.0, 2 / 3, 0.0, 0.0]
+    assert ct.pass_all(["p"], responses[:1], [ADD]) == [1.0]
+    assert ct.pass_fraction(["p"], responses[1:2], [ADD]) == [pytest.approx(2 / 3)]
+    with pytest.raises(ValueError, match="2 responses but 1 test sets"):
+        ct.score(responses[:2], tests[:1])
+
+
+def test_a_training_run_scores_code_with_it(tmp_path):
+    """reward.fn names it like any user function: a JSONL of problems with test objects (data.answer_key=tests)
+    trains, and the held-out evaluation and the samples hold its rewards (the tiny model writes no code: every
+    reward is 0; the scoring itself is checked above)."""
+    import subprocess
+
+    from pacs_fast.data.tiny import make_tiny_model
+
+    make_tiny_model(tmp_path / "m")
+    rows = [{"problem": f"Print {i} + 1.", "tests": {"inputs": [""], "outputs": [str(i + 1)]}} for i in range(40)]
+    data = tmp_path / "code.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cmd = [sys.executable, "-m", "pacs_fast.train", f"data.dataset={data}", "data.answer_key=tests",
+           f"model.path={tmp_path / 'm'}", "reward.fn=pacs_fast.reward.code_tests:pass_all", "data.eval_size=4",
+           "rollout.n=2", "rollout.eval_n=1", "rollout.max_new_tokens=4", "train.prompts_per_step=2",
+           "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=2", "train.steps=1", "train.progress=false",
+           "train.threads=1", "train.plots=false", "train.tensorboard=false", f"train.out_dir={tmp_path}",
+           "train.run_name=code", "train.log_samples=2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    from pacs_fast.trainer.metrics import read_jsonl
+    records = read_jsonl(tmp_path / "code" / "metrics.jsonl")
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 1]
+    assert all(r["eval/acc"] == 0.0 for r in records if r["kind"] == "eval")  # (no code, no pass)
+    samples = read_jsonl(tmp_path / "code" / "samples.jsonl")
+    assert len(samples) == 2 and all(s["reward"] == 0.0 and s["answer"].startswith('{"inputs"') for s in samples)
+
+
+def test_known_ways_to_skip_the_tests_earn_nothing():
+    """Policies trained on unit-test rewards learn to end the process before the asserts run (`exit(0)` at the top)
+    or to return an object equal to everything: neither passes. A standard-input program may still end with
+    sys.exit(0) (it printed its answer)."""
+    asserts = ct.parse_tests(["assert f(3) == 9"])
+    for code in ["import sys\nsys.exit(0)\ndef f(x):\n    return 0", "exit()\n", "raise SystemExit",
+                 "import os\nos._exit(0)", "def f(x):\n    import sys\n    sys.exit(0)"]:
+        assert ct.run_tests(code, asserts, time_limit_s=5) == ["error"], code
+    calls = ct.parse_tests({"inputs": [[3]], "outputs": [9], "fn_name": "f"})
+    always = "class Any:\n    def __eq__(self, other):\n        return True\ndef f(x):\n    return Any()"
+    assert ct.run_tests(always, calls, time_limit_s=5) == ["fail"]
+    assert ct.run_tests("def f(x):\n    exit(0)", calls, time_limit_s=5) == ["error"]
+    fake = "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'[\"pass\"]')\n    except OSError:\n" \
+           "        pass\nos._exit(0)"  # (a standard-input test's process holds no descriptor but 0, 1 and 2)
+    assert ct.run_tests(fake, ct.parse_tests(ADD), time_limit_s=5) == ["fail"] * 3
