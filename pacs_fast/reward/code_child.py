@@ -25,7 +25,6 @@ import math
 import os
 import signal
 import sys
-import time
 
 FILE_MB = 64  # the largest file the code may write: its captured output included
 FLOAT_TOLERANCE = 1e-6
@@ -84,6 +83,14 @@ def _limit(memory_mb: int) -> None:
             pass
 
 
+class _Timeout(BaseException):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
 def _script_test(k: int, limit: float) -> str:
     """Runs ``solution.py`` on ``in{k}.txt`` into ``out{k}.txt`` in a forked process; its status before the output
     is compared: ``ran``, ``timeout`` or ``error``."""
@@ -112,17 +119,23 @@ def _script_test(k: int, limit: float) -> str:
         except BaseException:
             code = 1
         os._exit(code)
-    deadline, pause = time.monotonic() + limit, 0.0005
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
+    status = None
+    signal.signal(signal.SIGALRM, _alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, limit)
+        try:
+            _, status = os.waitpid(pid, 0)  # (woken by the child's exit: no polling delay)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _Timeout:
+        pass
+    if status is None:
+        try:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return "timeout"
-        time.sleep(pause)
-        pause = min(pause * 2, 0.01)
+        except (ProcessLookupError, ChildProcessError):  # (it ended as the limit struck)
+            pass
+        return "timeout"
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
         return "timeout"
     return "ran" if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else "error"
@@ -137,18 +150,11 @@ def _limit_cpu(seconds: float) -> None:
         pass
 
 
-class _Timeout(BaseException):
-    pass
-
-
 def _in_process(fn, limit: float) -> tuple[str, object]:
     """``fn()`` within ``limit`` seconds, its prints discarded: (status, value)."""
-    def alarm(signum, frame):
-        raise _Timeout()
-
     real = sys.stdout
     sys.stdout = io.StringIO()
-    signal.signal(signal.SIGALRM, alarm)
+    signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, limit)
     try:
         return "pass", fn()
