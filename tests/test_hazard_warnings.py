@@ -121,7 +121,7 @@ def test_a_bf16_adamw_step_at_lr_1e6_leaves_most_weights_unchanged():
 @pytest.mark.parametrize("overrides,start", [
     (["algo.name=gspo", "algo.loss_agg=token-mean"], "algo.loss_agg=token-mean with algo.name=gspo"),
     (["algo.name=gspo", "algo.loss_agg=token-sum"], "algo.loss_agg=token-sum with algo.name=gspo"),
-    (["algo.name=gspo", "algo.loss_agg=seq-mean-token-sum"], "algo.loss_agg=seq-mean-token-sum with algo.name=gspo"),
+    (["algo.name=gspo", "algo.loss_agg=seq-mean-token-sum"], None),  # LUSPO (the README's recipe, the luspo preset)
     (["algo.name=gspo", "algo.loss_agg=seq-mean-token-sum-norm"],
      "algo.loss_agg=seq-mean-token-sum-norm with algo.name=gspo"),
     (["algo.name=gspo"], None),  # auto: seq-mean-token-mean

@@ -69,11 +69,12 @@ def hazard_warnings(cfg: Config) -> list[str]:
         out.append(f"algo.clip_low={lo:g} and algo.clip_high={hi:g} with algo.name=gspo are {apart:.0f}x apart: "
                    f"GSPO's sequence ratio takes clips of its own scale (3e-4 / 4e-4, the defaults a bound nobody "
                    f"set takes); set both, e.g. algo.clip_low=3e-4 algo.clip_high=4e-4")
-    if a.name == "gspo" and a.loss_agg not in ("auto", "seq-mean-token-mean"):  # every token of a response has
-        # the sequence's loss: any sum over its tokens, or mean over all tokens, weighs it by its length
+    # every token of a response has the sequence's loss: any sum over its tokens, or mean over all tokens, weighs it
+    # by its length (seq-mean-token-sum is that on purpose: LUSPO, TRL's loss_type="luspo", the runner's preset)
+    if a.name == "gspo" and a.loss_agg not in ("auto", "seq-mean-token-mean", "seq-mean-token-sum"):
         out.append(f"algo.loss_agg={a.loss_agg} with algo.name=gspo weighs each response by its token count: GSPO's "
                    f"loss is a sequence's (its ratio is the sequence's); use algo.loss_agg=seq-mean-token-mean "
-                   f"(what auto, the default, takes)")
+                   f"(what auto, the default, takes), or seq-mean-token-sum for LUSPO's length weighting")
     if a.name == "dr_grpo" and a.loss_agg == "seq-mean-token-mean":
         out.append("algo.loss_agg=seq-mean-token-mean with algo.name=dr_grpo divides each response's loss by its own "
                    "length, the bias Dr. GRPO removes; use algo.loss_agg=seq-mean-token-sum-norm (what auto, the "
