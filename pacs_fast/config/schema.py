@@ -179,7 +179,7 @@ class AlgoConfig:
                           "reset; in (0, 1]; not with model.lora_rank)")
     reset_optimizer: bool = _f(True, "re-initialise the optimiser state at each algo.reset_every reset")
     clip_low: float = _f(0.2, "baselines: ratio clip 1 - eps_low; not given: 0.2, gspo 3e-4 (the paper's), cispo 10 "
-                         "(verl's CISPO recipe: >= 1 = no lower bound on the IS weight; cispo, gmpo and dppo take >= 1), "
+                         "(verl's CISPO recipe: >= 1 = no lower bound on the IS weight; cispo, gmpo, dppo take >= 1), "
                          "gmpo 0.4 (in log space: the log-ratio is clipped to [-clip_low, clip_high], the paper's "
                          "e^-0.4 .. e^0.4); dppo_tv / dppo_kl: the trust region's threshold on the divergence for "
                          "A <= 0, 0.15 / 0.05 (verl's DPPO recipe)")

@@ -100,7 +100,8 @@ def _script_test(k: int, limit: float) -> str:
         try:
             _limit_cpu(limit + 1.0)
             os.closerange(3, 1 << 16)  # (the report's pipe among them: the code cannot write its own verdicts)
-            for fd, path, flags in ((0, f"in{k}.txt", os.O_RDONLY), (1, f"out{k}.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+            write = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+            for fd, path, flags in ((0, f"in{k}.txt", os.O_RDONLY), (1, f"out{k}.txt", write),
                                     (2, os.devnull, os.O_WRONLY)):
                 opened = os.open(path, flags, 0o600)
                 os.dup2(opened, fd)
