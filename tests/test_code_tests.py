@@ -171,7 +171,8 @@ def test_a_training_run_scores_code_with_it(tmp_path):
     data = tmp_path / "code.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cmd = [sys.executable, "-m", "pacs_fast.train", f"data.dataset={data}", "data.answer_key=tests",
-           f"model.path={tmp_path / 'm'}", "reward.fn=pacs_fast.reward.code_tests:pass_all", "data.eval_size=4",
+           f"model.path={tmp_path / 'm'}", "reward.fn=pacs_fast.reward.code_tests:pass_all",
+           "data.instruction=Write a Python program in a ```python block.", "data.eval_size=4",
            "rollout.n=2", "rollout.eval_n=1", "rollout.max_new_tokens=4", "train.prompts_per_step=2",
            "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=2", "train.steps=1", "train.progress=false",
            "train.threads=1", "train.plots=false", "train.tensorboard=false", f"train.out_dir={tmp_path}",

@@ -144,3 +144,12 @@ def test_an_aggregation_or_filter_that_undoes_its_algorithm_is_named(overrides, 
         from pacs_fast.config import all_keys
         named = set(re.findall(r"\b([a-z]+\.[a-z_0-9]+)\b", lines[0]))
         assert named <= set(all_keys()), named - set(all_keys())
+
+
+def test_the_code_reward_with_the_math_instruction_is_named():
+    """The paper's instruction asks for a boxed answer; the code reward reads a fenced code block: every response
+    would score 0 without a word."""
+    lines = hazard_warnings(load_config(None, ["reward.fn=pacs_fast.reward.code_tests:pass_all"]))
+    assert len(lines) == 1 and "data.instruction=pacs (the default)" in lines[0] and "```python" in lines[0], lines
+    assert hazard_warnings(load_config(None, ["reward.fn=pacs_fast.reward.code_tests:pass_fraction",
+                                              "data.instruction=Answer with a Python program in a code block."])) == []

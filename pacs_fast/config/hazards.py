@@ -16,6 +16,9 @@ An aggregation that undoes its algorithm: ``algo.name=gspo`` with any ``algo.los
 has tokens; TRL warns of the same), ``algo.name=dr_grpo`` with ``seq-mean-token-mean`` (the per-response length normalisation
 Dr. GRPO removes). ``auto`` (the default) takes each algorithm's own.
 
+The code reward (``reward.fn=pacs_fast.reward.code_tests:...``) with the default ``data.instruction`` (the paper's, which
+asks for a boxed final answer, not a code block).
+
 ``rollout.filter_groups=true`` (DAPO's dynamic sampling) with ``algo.name=ppo``: it drops the groups whose verifier
 rewards are all equal, whose GRPO-style advantages are 0 anyway; PPO's come from GAE and a critic and are not, so
 the filter changes what PPO trains on, not only the batch's size.
@@ -46,6 +49,10 @@ def hazard_warnings(cfg: Config) -> list[str]:
                    "the proxies equal (the policy is its reference): gradients of ~1e6 (learner/grad_norm), so "
                    "learner.grad_clip sets the update's size and the 1e-6 its direction; algo.score=rloo (the "
                    "default) has no such point")
+    if "pacs_fast.reward.code_tests:" in cfg.reward.fn and cfg.data.instruction == "pacs":
+        out.append("reward.fn=pacs_fast.reward.code_tests:... scores the response's last fenced code block, but "
+                   "data.instruction=pacs (the default) asks for a final answer within \\boxed{}: set "
+                   "data.instruction to ask for a ```python block (or '' when the problems say so themselves)")
     typed = escape_warning(cfg.rollout.stop, "rollout.stop")
     if typed:
         out.append(typed)
