@@ -57,6 +57,7 @@ from pacs_fast.evaluation.settings import check_settings
 from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn, reward_field_keywords
 from pacs_fast.gc_heap import freeze_at_start_up
 from pacs_fast.trainer.run_folder import RunLock
+from pacs_fast.trainer.user_functions import answer_check
 
 # -- helpers ------------------------------------------------------------------------------------
 def _n_for(name: str, spec, temperature: float) -> int:
@@ -118,6 +119,7 @@ def run(argv: list[str]) -> int:
     args.reward_field_keywords = keywords  # (the benchmark loader reads these fields of every row)
     reward_fn = load_reward_fn(args.reward_fn, list(keywords.values()), args.reward_weights,
                                verifier_factory=lambda: _verifier(args))
+    args.answer_check = answer_check(reward_specs(args.reward_fn), "--reward-fn") if args.reward_fn else None
     model_id = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     label = args.label or model_label(args.model)
     out_dir = Path(args.out or Path("eval_results") / label)

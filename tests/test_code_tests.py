@@ -202,3 +202,35 @@ def test_known_ways_to_skip_the_tests_earn_nothing():
     fake = "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'[\"pass\"]')\n    except OSError:\n" \
            "        pass\nos._exit(0)"  # (a standard-input test's process holds no descriptor but 0, 1 and 2)
     assert ct.run_tests(fake, ct.parse_tests(ADD), time_limit_s=5) == ["fail"] * 3
+
+
+def test_rows_whose_tests_cannot_be_read_are_named_before_any_model_loads(tmp_path, capsys):
+    """A row with unreadable (or no) tests had stopped the run at the held-out evaluation, after the model loaded;
+    the reward's check_answer now names the file, row and field while the data loads, in the trainer and the eval
+    CLI alike."""
+    from pacs_fast import eval as ev
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.problems import load_problems
+
+    rows = [{"problem": f"p{i}", "tests": {"inputs": ["1"], "outputs": ["2"]}} for i in range(20)]
+    rows[7]["tests"] = {"inputs": ["1", "2"], "outputs": ["2"]}
+    rows[9]["tests"] = {"inputs": [], "outputs": []}
+    data = tmp_path / "code.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, [f"data.dataset={data}", "data.answer_key=tests",
+                             "reward.fn=pacs_fast.reward.code_tests:pass_fraction"])
+    with pytest.raises(ValueError, match=r"code.jsonl:8: field 'tests': 'inputs' and 'outputs' must be lists of one "
+                                         r"length \(have 2 and 1\) \(reward.fn=pacs_fast.reward.code_tests:"
+                                         r"pass_fraction reads it\)"):
+        load_problems(cfg)
+    data.write_text("".join(json.dumps(r) + "\n" for i, r in enumerate(rows) if i != 7))
+    with pytest.raises(ValueError, match=r"code.jsonl:9: field 'tests': the tests hold no test case"):
+        load_problems(cfg)
+    from pacs_fast.data.tiny import make_tiny_model
+
+    make_tiny_model(tmp_path / "m")
+    assert ev.main(["--model", str(tmp_path / "m"), "--benchmarks", str(data), "--answer-field", "tests",
+                    "--reward-fn", "pacs_fast.reward.code_tests:pass_all", "--out", str(tmp_path / "ev")]) == 2
+    assert "code.jsonl:9: field 'tests': the tests hold no test case" in capsys.readouterr().err
+    assert len(load_problems(load_config(None, [f"data.dataset={data}", "data.answer_key=tests"]))[0]) > 0  # (no
+    # code reward: the verifier reads answers as text, no such check)

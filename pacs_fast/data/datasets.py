@@ -217,7 +217,8 @@ def _answer_text(value: Any, where: str, field_name: str) -> str:
 def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_field: str = "answer",
                  id_field: str | None = None, source_field: str = "source",
                  limit: int | None = None, field_settings: str = "problem_field= / answer_field= / id_field=",
-                 fields: tuple[str, ...] | list[str] = (), fields_setting: str = "fields=") -> list[Problem]:
+                 fields: tuple[str, ...] | list[str] = (), fields_setting: str = "fields=",
+                 check_answer=None, check_setting: str = "") -> list[Problem]:
     """Loads math problems from a file, a folder or glob of shards, or a shipped dataset by name.
 
     Args:
@@ -240,6 +241,8 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
         fields: more fields every row must have, kept as the file holds them in :attr:`Problem.fields`
             (a dotted name reads a nested field; a null value is kept as None): what a ``reward.fn`` is
             handed (``reward.fn_fields``). ``fields_setting``: how the user names them, for the error.
+        check_answer: called with each row's answer text (a reward function's ``check_answer``: the code
+            reward's tests); a ValueError it raises names the row, the field and ``check_setting``.
     Raises:
         FileNotFoundError: no such file (or nothing in the folder / glob). ValueError: a folder of several
         splits, subsets or formats; bad JSON or a missing / empty field, naming the
@@ -270,6 +273,11 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
         if not isinstance(problem, str) or not problem.strip():
             raise ValueError(f"{where}: field {problem_field!r} must be a non-empty string")
         answer = _answer_text(values[answer_field], where, answer_field)
+        if check_answer is not None:
+            try:
+                check_answer(answer)
+            except ValueError as e:
+                raise ValueError(f"{where}: field {answer_field!r}: {e} ({check_setting})") from None
         if id_field:
             pid = str(values[id_field])
         else:

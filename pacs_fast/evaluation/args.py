@@ -217,10 +217,12 @@ def _load_problems(entry: str, args) -> tuple[str, list]:
     from pacs_fast.data.datasets import BENCHMARKS, load_dataset
 
     fields = list(getattr(args, "reward_field_keywords", None) or {})  # (--reward-fields: read from every row)
+    check = {"check_answer": getattr(args, "answer_check", None),  # (--reward-fn's own check of each row's answer)
+             "check_setting": f"--reward-fn {getattr(args, 'reward_fn', '')} reads it"}
     if entry in BENCHMARKS:
         try:
             name, problems = entry, load_dataset(entry, limit=args.limit, fields=fields,
-                                                 fields_setting="--reward-fields")
+                                                 fields_setting="--reward-fields", **check)
         except ValueError as e:
             raise UsageError(f"--benchmarks {entry}: {e}") from None
     else:
@@ -239,7 +241,7 @@ def _load_problems(entry: str, args) -> tuple[str, list]:
         try:
             problems = load_dataset(path, problem_field=args.problem_field, answer_field=args.answer_field,
                                     limit=args.limit, field_settings="--problem-field / --answer-field",
-                                    fields=fields, fields_setting="--reward-fields")
+                                    fields=fields, fields_setting="--reward-fields", **check)
         except UnicodeDecodeError as e:
             raise UsageError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
                              f"save the file as UTF-8") from None

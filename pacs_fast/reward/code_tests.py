@@ -202,6 +202,13 @@ def score(responses: list[str], tests: list, *, all_or_nothing: bool = True, tim
         return list(pool.map(one, range(len(responses))))
 
 
+def check_answer(answer) -> None:
+    """A row's tests, read as :func:`score` reads them: a ValueError saying what is wrong, or that there are none.
+    The trainer and the eval CLI call it on every row before any model loads (``pass_all.check_answer``)."""
+    if not parse_tests(answer).cases:
+        raise ValueError("the tests hold no test case (every response would score 0)")
+
+
 def pass_all(problems: list[str], responses: list[str], answers: list[str]) -> list[float]:
     """``reward.fn``: 1.0 when the response's code passes every test of ``answers[i]``, else 0.0."""
     return score(responses, answers, all_or_nothing=True)
@@ -210,3 +217,6 @@ def pass_all(problems: list[str], responses: list[str], answers: list[str]) -> l
 def pass_fraction(problems: list[str], responses: list[str], answers: list[str]) -> list[float]:
     """``reward.fn``: the share of the tests of ``answers[i]`` that the response's code passes."""
     return score(responses, answers, all_or_nothing=False)
+
+
+pass_all.check_answer = pass_fraction.check_answer = check_answer

@@ -13,7 +13,8 @@ import torch
 
 from pacs_fast.config import Config
 from pacs_fast.config.reward_fields import field_keywords, fields_digest, row_fields
-from pacs_fast.config.reward_specs import uses_verifier
+from pacs_fast.config.reward_specs import user_specs, uses_verifier
+from pacs_fast.trainer.user_functions import answer_check
 
 
 def data_digest(train: list[dict], held_out: list[dict]) -> str:
@@ -42,11 +43,13 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
     from pacs_fast.data.datasets import load_dataset
 
     keywords = field_keywords(cfg.reward.fn_fields, "reward.fn_fields")
+    check = answer_check(user_specs(cfg.reward.fn), "reward.fn") if cfg.reward.fn else None
 
     def load(path):
         rows = load_dataset(path, problem_field=cfg.data.problem_key, answer_field=cfg.data.answer_key,
                             field_settings="data.problem_key= / data.answer_key=", fields=list(keywords),
-                            fields_setting="reward.fn_fields")
+                            fields_setting="reward.fn_fields", check_answer=check,
+                            check_setting=f"reward.fn={cfg.reward.fn} reads it")
         return [{"id": p.id, "problem": p.problem, "answer": p.answer,
                  **({"fields": row_fields(p.fields, keywords)} if keywords else {})} for p in rows]
 

@@ -124,6 +124,21 @@ def load_callable(spec: str, key: str):
     return fn
 
 
+def answer_check(specs: list[str], key: str):
+    """One function checking a row's answer text for every reward function of ``specs`` (``module:function``
+    names; ``verifier`` and the like skipped) that declares a ``check_answer(answer)`` attribute (raising a
+    ValueError that says what is wrong: the code reward's tests that cannot be read), so that a bad row is named
+    before any model loads; None when none declares one."""
+    checks = [c for c in (getattr(load_callable(s, key), "check_answer", None) for s in specs if ":" in s) if c]
+    if not checks:
+        return None
+
+    def check(answer: str) -> None:
+        for c in checks:
+            c(answer)
+    return check
+
+
 def check_reward_signature(fn, keywords: list[str], key: str, fields_setting: str) -> None:
     """A ValueError naming ``key`` when ``fn`` cannot be called as ``fn(problems, responses, answers,
     **{keyword: ...})`` (``keywords``: the fields ``fields_setting`` hands it); nothing when Python
