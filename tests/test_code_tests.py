@@ -85,7 +85,10 @@ def test_standard_input_programs_run_as_scripts():
         ["error", "fail", "fail"]  # 1 // 0 raises; 3 // 2 and 10 // -5 print wrong sums
     assert ct.run_tests("import sys\nprint(3)\nsys.exit(1)", tests, time_limit_s=5)[0] == "error"
     assert ct.run_tests("def broken(:\n  pass", tests, time_limit_s=5) == ["error"] * 3
-    assert ct.run_tests("print(3)", tests, time_limit_s=5, stop_early=True) == ["pass", "fail", "error"]
+    assert ct.run_tests("print(3)", tests, time_limit_s=5, stop_early=True) == ["pass", "fail", "fail"]  # (the
+    # child never sees the expected outputs: it stops early at a timeout or an error only)
+    assert ct.run_tests("while True:\n    pass", tests, time_limit_s=0.3, stop_early=True) == ["timeout", "error",
+                                                                                             "error"]
 
 
 def test_limits_end_loops_blow_ups_and_floods():
@@ -234,3 +237,106 @@ def test_rows_whose_tests_cannot_be_read_are_named_before_any_model_loads(tmp_pa
     assert "code.jsonl:9: field 'tests': the tests hold no test case" in capsys.readouterr().err
     assert len(load_problems(load_config(None, [f"data.dataset={data}", "data.answer_key=tests"]))[0]) > 0  # (no
     # code reward: the verifier reads answers as text, no such check)
+
+
+S3 = json.dumps({"inputs": ["3\n1 2 3\n", "2\n5 5\n", "1\n7\n"], "outputs": ["6\n", "10\n", "7\n"]})
+C3 = {"inputs": [[1, 2], [3, 4], [10, 20]], "outputs": [3, 7, 30], "fn_name": "add"}
+
+
+def test_the_expected_outputs_never_reach_the_code():
+    """A hostile sweep's forgeries (2026-12-01), each of which had scored 1: reading `want` from the harness's frames
+    or its gc objects, writing verdicts to its report descriptor or through /proc, patching its comparison. The
+    child now gets the inputs only; the parent judges outputs and return values."""
+    stdio, calls = ct.parse_tests(S3), ct.parse_tests(C3)
+    frames = ("import sys\nf = sys._getframe()\nwhile f is not None and 'want' not in f.f_locals:\n    f = f.f_back\n"
+              "sys.stdout.write(f.f_locals['want'] if f else 'none')")
+    gc_walk = ("import gc, sys\nfor o in gc.get_objects():\n    if isinstance(o, dict) and 'cases' in o and "
+               "'stop_early' in o:\n        print(o)\n")
+    proc_fd = ("import os, json\npp = os.getppid()\ntry:\n    w = os.open(f'/proc/{pp}/fd/1', os.O_WRONLY)\n"
+               "    os.write(w, json.dumps(['ran'] * 3).encode())\nexcept OSError:\n    pass\nos.kill(pp, 9)")
+    for code in (frames, gc_walk, proc_fd):
+        assert "pass" not in ct.run_tests(code, stdio, time_limit_s=5), code
+    patch = "import __main__\n__main__.values_match = lambda a, b: True\ndef add(a, b):\n    return 0"
+    call_frames = ("import sys\ndef add(a, b):\n    f = sys._getframe()\n    while f is not None and 'want' not in "
+                   "f.f_locals:\n        f = f.f_back\n    return f.f_locals['want'] if f else 0")
+    for code in (patch, call_frames):
+        assert "pass" not in ct.run_tests(code, calls, time_limit_s=5), code
+
+
+def test_strays_that_leave_the_session_are_killed(tmp_path):
+    """A `setsid` stray had outlived score() (and could forge later responses' verdicts), and one holding the
+    report's pipe kept score() waiting 40 s; the child reaps its orphans and kills them after each test."""
+    mark = tmp_path / "pid"
+    code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+            f"    open({str(mark)!r}, 'w').write(str(os.getpid()))\n    time.sleep(60)\n    os._exit(0)\n"
+            "time.sleep(0.3)\ndef add(a, b):\n    return a + b")
+    t0 = time.monotonic()
+    assert ct.run_tests(code, ct.parse_tests(C3), time_limit_s=5) == ["pass"] * 3
+    assert time.monotonic() - t0 < 20
+    pid = mark.read_text()
+    time.sleep(0.2)
+    state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] if os.path.exists(f"/proc/{pid}") else "-"
+    assert state in ("-", "Z"), f"the setsid stray (pid {pid}) still runs"
+
+
+def test_numbers_and_values_are_compared_as_they_should_be():
+    """Integers match exactly (a relative 1e-6 had let 1000001 pass for 1000000 and answers mod 1e9+7 be off by
+    ~1000); floats within 1e-6; numpy numbers as numbers."""
+    assert not ct.outputs_match("1000001\n", "1000000\n")
+    assert not ct.outputs_match("999999999", "1000000006")
+    assert ct.outputs_match("0.1000000001", "0.1") and ct.outputs_match("5000050000", "5000050000")
+    assert not ct.values_match(1000001.0, 1000000) and not ct.values_match(1000001, 1000000)
+    assert ct.values_match(2.0, 2) and ct.values_match(0.30000000000000004, 0.3)
+    tests = ct.parse_tests({"inputs": [[[1, 2, 3]]], "outputs": [6], "fn_name": "total"})
+    assert ct.run_tests("import numpy as np\ndef total(xs):\n    return np.sum(xs)", tests, time_limit_s=10) == ["pass"]
+
+
+def test_common_program_shapes_that_had_failed():
+    """A thread not joined (the Codeforces recursion template), output written at exit, sys.__stdout__; a module's
+    demo block (calls and asserts load the code as a module, not __main__)."""
+    stdio = ct.parse_tests(S3)
+    body = "def main():\n    input()\n    print(sum(map(int, input().split())))\n"
+    shapes = [body + "import sys, threading\nsys.setrecursionlimit(1 << 25)\nthreading.stack_size(1 << 26)\n"
+                     "threading.Thread(target=main).start()",
+              "import atexit, io, sys\nbuf = io.StringIO()\ninput()\nbuf.write(str(sum(map(int, input().split()))) + "
+              "'\\n')\natexit.register(lambda: sys.stdout.write(buf.getvalue()))",
+              "import sys\ninput()\nsys.__stdout__.write(str(sum(map(int, input().split()))) + '\\n')"]
+    for code in shapes:
+        assert ct.run_tests(code, stdio, time_limit_s=10) == ["pass"] * 3, code
+    demo = "def add(a, b):\n    return a + b\nif __name__ == '__main__':\n    print(add(int(input()), 1))"
+    assert ct.run_tests(demo, ct.parse_tests(C3), time_limit_s=5) == ["pass"] * 3
+    assert ct.run_tests(demo, ct.parse_tests(["assert add(1, 2) == 3"]), time_limit_s=5) == ["pass"]
+
+
+def test_a_loop_inside_one_c_call_ends_at_the_limit():
+    """The in-process timer could not interrupt `sum(range(10**13))` (20 tests at a 1 s limit took 22 s): each test
+    is a process of its own, killed at its limit."""
+    t0 = time.monotonic()
+    out = ct.run_tests("def add(a, b):\n    return sum(range(10 ** 13))", ct.parse_tests(C3), time_limit_s=0.5,
+                       stop_early=True)
+    assert out == ["timeout", "error", "error"] and time.monotonic() - t0 < 5
+
+
+def test_test_layouts_that_had_misled():
+    """A HumanEval `test` field as shipped (defines check, never calls it) had passed any code; a bare number as
+    the tests had passed anything; a program starting with a docstring was read as bad JSON; an assert list's
+    set-up entry ran apart from its asserts; lines that end in newlines were joined with more."""
+    with pytest.raises(ValueError, match=r"defines check\(\) but never calls it"):
+        ct.parse_tests("def check(candidate):\n    assert candidate(1) == 2\n")
+    with pytest.raises(ValueError, match="tests nothing"):
+        ct.parse_tests("6")
+    t = ct.parse_tests('"""A docstring."""\nassert f(1) == 2')
+    assert t.mode == "script"
+    t = ct.parse_tests(["import math", "assert f(math.pi) == math.pi"])
+    assert t.setup == ("import math",) and len(t.cases) == 1
+    assert ct.run_tests("def f(x):\n    return x", t, time_limit_s=5) == ["pass"]
+    assert ct.parse_tests({"inputs": [["1\n", "2\n"]], "outputs": ["3\n"]}).cases[0][0] == "1\n2\n"
+
+
+def test_the_code_is_the_solution_block_not_a_sample():
+    """An untagged block after the code (the sample's output) or an example-usage block had been taken for it."""
+    text = "```python\nprint(6)\n```\nFor the sample it prints\n```\n6\n```"
+    assert ct.extract_code(text) == "print(6)\n"
+    text = "```python\ndef add(a, b):\n    return a + b\n```\nUsage:\n```python\nprint(add(1, 2))\n```"
+    assert ct.extract_code(text, defines="add") == "def add(a, b):\n    return a + b\n"
+    assert ct.score([text], [json.dumps(C3)], time_limit_s=5) == [1.0]

@@ -13,29 +13,38 @@ in one of the layouts the public code sets use:
   method of ``class Solution`` when the code defines one; an output given as a one-element list, APPS' habit,
   matches the bare value too);
 - ``[{"input": "...", "output": "..."}, ...]`` (LiveCodeBench's, NeMo's): standard input -> standard output;
-- ``["assert f(1) == 2", ...]`` (MBPP): each statement one test, run after the code;
-- ``"def check(candidate): ...\\ncheck(f)"`` (HumanEval's test program): one test, run after the code.
+- ``["assert f(1) == 2", ...]`` (MBPP): each statement with an assert one test, run after the code and the
+  entries without one (set-up: ``"import math"``);
+- ``"def check(candidate): ...\\ncheck(f)"`` (HumanEval's test program): one test, run after the code; a program
+  that calls and asserts nothing at its top level (HumanEval's ``test`` field alone) is refused.
 
-Standard output matches when its lines, each stripped of trailing white space, equal the expected ones (trailing
-empty lines ignored), or, failing that, when the two split into the same white-space separated tokens, numbers
-within 1e-6 (absolute or relative). A response with no fenced block (```` ```python ```` or a bare ```` ``` ````)
-scores 0.
+The code is the last fenced block tagged python (``py``, ``python3``), else the last untagged one; for a call test,
+the last such block that defines the function (an example-usage block after it is not the code). A response
+without one scores 0. Standard output matches when its lines, each stripped of trailing white space, equal the
+expected ones (trailing empty lines ignored), else when the two split into the same tokens, integers exactly and
+other numbers within 1e-6 (absolute or relative); a return value matches with floats within 1e-6 where the
+expected value is a float, integers exactly, numpy numbers as numbers.
 
-Each response's tests run in one child process, ``python -I`` (no user site, no ``PYTHON*`` variables) in an
-empty temporary folder, in a session of its own (its process group is killed at the end, strays included), with
-limits on its address space (``memory_mb``) and file size (64 MiB: the captured output too)
-(:mod:`pacs_fast.reward.code_child`). A standard-input test runs the code as a script in a forked process on real
-file descriptors (``open(0).read()`` reads the test's input), within ``time_limit_s`` of wall and CPU time;
-function-call and test-code tests run in the child itself, each within ``time_limit_s`` (a timer). The child is
-killed after all its tests' limits plus 2 s; the tests it did not report fail.
-This is isolation against accidents (an endless loop, a memory blow-up, a stray file), NOT a security sandbox:
-the code can read and write what the training's user can. Train on untrusted prompts inside a container or VM.
+Each response's tests run in one child process (:mod:`pacs_fast.reward.code_child`), ``python -I`` (no user
+site, no ``PYTHON*`` variables) in an empty temporary folder, in a session of its own (killed at the end), with
+limits on its address space (``memory_mb``) and file size (64 MiB: the captured output too); each test runs in a
+process forked from it, killed at ``time_limit_s`` with every process it started (the child reaps the orphans of
+``setsid`` strays and kills them), with descriptors 0-2 only. A standard-input test runs the code as a script
+(``__main__``) on real descriptors (``open(0).read()`` reads the test's input); calls and test code load it as
+module ``solution``. The expected outputs and return values never reach the child: this process judges them,
+so a program that searches its memory, forges the child's report or patches its functions finds nothing to copy.
+Test code (asserts) is judged inside the code's own process, as in every MBPP / HumanEval checker: an exit before
+the asserts or a forged report earns nothing (a random token proves the end), but a program that searches its
+memory for that token, or returns an object equal to everything, can pass one.
+This is isolation against accidents and the known reward hacks, NOT a security sandbox: the code can read and
+write what the training's user can. Train on untrusted prompts inside a container or VM.
 
 :func:`score` is the function behind both: ``score(responses, tests, *, all_or_nothing, time_limit_s, memory_mb,
 workers)``; wrap it in a function of your own for other limits (``reward.fn=my_code:score``).
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -56,19 +65,28 @@ _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+\-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = ("", "python", "py", "python3", "py3")
 
 
-def extract_code(response: str) -> str | None:
-    """The last fenced code block of ``response`` tagged python (or untagged); None when there is none."""
-    blocks = [body for tag, body in _FENCE.findall(response) if tag.lower() in _PYTHON_TAGS]
-    return blocks[-1] if blocks else None
+def extract_code(response: str, defines: str | None = None) -> str | None:
+    """The code of ``response``: its last fenced block tagged python (``py``, ``python3``), else its last untagged
+    one (an untagged block after the code is usually a sample's input or output); with ``defines`` (a call
+    test's function), the last such block that defines it, when one does. None when there is no block."""
+    blocks = [(tag.lower(), body) for tag, body in _FENCE.findall(response) if tag.lower() in _PYTHON_TAGS]
+    tagged = [body for tag, body in blocks if tag]
+    pool = tagged or [body for _, body in blocks]
+    if defines and pool:
+        named = re.compile(rf"^\s*(?:async\s+)?(?:def\s+{re.escape(defines)}\b|class\s+Solution\b)", re.MULTILINE)
+        pool = [body for body in pool if named.search(body)] or pool
+    return pool[-1] if pool else None
 
 
 @dataclass(frozen=True)
 class TestCases:
     """Parsed tests: ``mode`` is ``stdio`` (``cases``: (input text, expected output text)), ``call`` (``cases``:
-    (argument list, expected value), ``fn_name``) or ``script`` (``cases``: (test code, None))."""
+    (argument list, expected value), ``fn_name``) or ``script`` (``cases``: (test code, None); ``setup``: the
+    statements run before each, an assert list's entries that assert nothing)."""
     mode: str
     cases: tuple
     fn_name: str | None = None
+    setup: tuple = ()
 
 
 def parse_tests(spec) -> TestCases:
@@ -76,15 +94,20 @@ def parse_tests(spec) -> TestCases:
     wrong with them."""
     if isinstance(spec, str):
         text = spec.strip()
-        if text[:1] in "[{\"":
+        if text[:1] in "[{":
             try:
                 spec = json.loads(text)
             except ValueError as e:
                 raise ValueError(f"the tests are not valid JSON ({e})") from None
-        else:  # a test program (HumanEval's check(...)), given as text
-            return TestCases("script", ((text, None),))
-    if isinstance(spec, str):  # (JSON text of a string: a test program)
-        return TestCases("script", ((spec, None),))
+        elif text[:1] == '"' and not text.startswith('"""'):
+            try:  # (the JSON text of a test program)
+                spec = json.loads(text)
+            except ValueError:  # (a program that starts with a string)
+                spec = text
+        else:
+            spec = text
+    if isinstance(spec, str):  # a test program (HumanEval's check(...))
+        return TestCases("script", ((_test_program(spec.strip()), None),))
     if isinstance(spec, dict):
         if not ("inputs" in spec and "outputs" in spec):
             raise ValueError(f"a test object needs 'inputs' and 'outputs' lists (has {sorted(spec)[:6]})")
@@ -100,7 +123,12 @@ def parse_tests(spec) -> TestCases:
         return TestCases("stdio", tuple((_text(i, "input"), _text(o, "output")) for i, o in zip(inputs, outputs)))
     if isinstance(spec, list):
         if all(isinstance(t, str) for t in spec):
-            return TestCases("script", tuple((t, None) for t in spec))
+            tests = [t for t in spec if _asserts(t)]
+            if spec and not tests:
+                raise ValueError("a test list of statements holds no assert (its entries without one are run "
+                                 "before each test, as its set-up)")
+            return TestCases("script", tuple((t, None) for t in tests), setup=tuple(t for t in spec
+                                                                                    if not _asserts(t)))
         if all(isinstance(t, dict) and "input" in t and "output" in t for t in spec):
             kinds = {t.get("testtype", "stdin") for t in spec}
             if kinds - {"stdin"}:
@@ -112,13 +140,39 @@ def parse_tests(spec) -> TestCases:
     raise ValueError(f"tests must be an object, a list or a test program, got {type(spec).__name__}")
 
 
+def _asserts(source: str) -> bool:
+    """Whether ``source`` (Python) holds an assert; a ValueError when it is not Python."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise ValueError(f"a test is not Python ({e.msg}, line {e.lineno}): {source[:80]!r}") from None
+    return any(isinstance(node, ast.Assert) for node in ast.walk(tree))
+
+
+def _test_program(source: str) -> str:
+    """A test program (HumanEval's ``check``): it must call something at its top level or assert there; a
+    program that only defines ``check`` tests nothing (HumanEval's ``test`` field: append ``check(f)``)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise ValueError(f"the tests are neither JSON nor a Python test program ({e.msg}, line {e.lineno})") from None
+    runs = any(isinstance(node, ast.Assert) or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call))
+               for node in tree.body)
+    if not runs:
+        defined = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+        hint = (f"it defines {defined[0]}() but never calls it: append e.g. {defined[0]}(<the function>)" if defined
+                else "it asserts nothing and calls nothing")
+        raise ValueError(f"the test program tests nothing: {hint}")
+    return source
+
+
 def _length(x) -> str:
     return str(len(x)) if isinstance(x, list) else type(x).__name__
 
 
 def _text(x, what: str) -> str:
     if isinstance(x, list) and all(isinstance(s, str) for s in x):  # (lines, as some sets store them)
-        return "\n".join(x)
+        return "".join(x) if all(s.endswith("\n") for s in x) else "\n".join(x)
     if not isinstance(x, str):
         raise ValueError(f"each standard {what} must be text, got {type(x).__name__}")
     return x
@@ -135,42 +189,68 @@ def _child_env() -> dict:
 
 def run_tests(code: str, tests: TestCases, *, time_limit_s: float = TIME_LIMIT_S, memory_mb: int = MEMORY_MB,
               stop_early: bool = False) -> list[str]:
-    """Runs ``code`` against ``tests`` in a child process (:mod:`pacs_fast.reward.code_child`) in an empty
-    temporary folder; each test's status: ``pass``, ``fail`` (a wrong output or return value, a failed assert),
-    ``timeout`` or ``error`` (an exception, a non-zero exit, or a child killed before it reported the test).
-    ``stop_early``: the tests after the first that does not pass are not run (``error``)."""
+    """Runs ``code`` against ``tests`` in a child process (:mod:`pacs_fast.reward.code_child`: each test in a
+    process of its own) in an empty temporary folder, and judges what it printed or returned; each test's status:
+    ``pass``, ``fail`` (a wrong output or return value, a failed assert), ``timeout`` or ``error`` (an exception,
+    an exit, or a test the child did not report). ``stop_early``: the tests after the first that does not pass
+    are not run (``error``). The expected outputs stay in this process."""
     n = len(tests.cases)
     if n == 0:
         return []
-    wall = (time_limit_s + 0.1) * n + STARTUP_S
-    job = json.dumps({"mode": tests.mode, "cases": list(tests.cases), "fn_name": tests.fn_name,
-                      "limit": float(time_limit_s), "memory_mb": int(memory_mb), "stop_early": bool(stop_early)})
-    with tempfile.TemporaryDirectory(prefix="pacs_fast_code_") as cwd:
+    wall = (time_limit_s + 0.2) * n + STARTUP_S
+    if tests.mode == "stdio":
+        cases = [None] * n  # (the inputs are files; the expected outputs stay here)
+    elif tests.mode == "call":
+        cases = [args for args, _ in tests.cases]
+    else:
+        cases = [test for test, _ in tests.cases]
+    job = json.dumps({"mode": tests.mode, "cases": cases, "setup": list(tests.setup), "fn_name": tests.fn_name,
+                      "limit": float(time_limit_s), "memory_mb": int(memory_mb),
+                      "stop_early": bool(stop_early)})
+    with tempfile.TemporaryDirectory(prefix="pacs_fast_code_", ignore_cleanup_errors=True) as cwd:
         with open(os.path.join(cwd, "solution.py"), "w", encoding="utf-8") as f:
             f.write(code)
-        read, write = os.pipe()
+        if tests.mode == "stdio":
+            for k, (given, _) in enumerate(tests.cases):
+                with open(os.path.join(cwd, f"in{k}.txt"), "w", encoding="utf-8") as f:
+                    f.write(given)
+        proc = subprocess.Popen([sys.executable, "-I", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, cwd=cwd, env=_child_env(), start_new_session=True)
         try:
-            proc = subprocess.Popen([sys.executable, "-I", CHILD, str(write)], stdin=subprocess.PIPE,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd, env=_child_env(),
-                                    pass_fds=(write,), start_new_session=True)
-        finally:
-            os.close(write)
-        with os.fdopen(read, "r") as pipe:
-            try:
-                proc.communicate(job.encode(), timeout=wall)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the session is the child's own: strays go with it
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
-            text = pipe.read()
+            report, _ = proc.communicate(job.encode(), timeout=wall)
+        except subprocess.TimeoutExpired:
+            report = b""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the session is the child's own: what is left of it goes too
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+        try:
+            statuses = [r if r in STATUSES + ("ran",) else "error" for r in json.loads(report)][:n]
+        except (ValueError, TypeError):  # killed, or broken by the code: its tests fail
+            statuses = []
+        results = [_judge(tests, k, status, cwd) for k, status in enumerate(statuses)]
+    return results + ["error"] * (n - len(results))
+
+
+def _judge(tests: TestCases, k: int, status: str, cwd: str) -> str:
+    """A test the child ran: its output (stdio) or return value (call) against the expected one."""
+    if status != "ran" or tests.mode == "script":
+        return status if status != "ran" else "error"
     try:
-        results = [r if r in STATUSES else "error" for r in json.loads(text)]
-    except (ValueError, TypeError):  # killed, crashed, or broken by the code: its unfinished tests fail
-        results = []
-    return (results + ["error"] * n)[:n]
+        with open(os.path.join(cwd, f"out{k}.txt"), encoding="utf-8", errors="replace") as f:
+            got = f.read()
+    except OSError:
+        return "error"
+    want = tests.cases[k][1]
+    if tests.mode == "stdio":
+        return "pass" if outputs_match(got, want) else "fail"
+    try:
+        value = json.loads(got)
+    except ValueError:
+        return "error"
+    ok = values_match(value, want) or (isinstance(want, list) and len(want) == 1 and values_match(value, want[0]))
+    return "pass" if ok else "fail"
 
 
 def score(responses: list[str], tests: list, *, all_or_nothing: bool = True, time_limit_s: float = TIME_LIMIT_S,
@@ -191,7 +271,8 @@ def score(responses: list[str], tests: list, *, all_or_nothing: bool = True, tim
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
     def one(i: int) -> float:
-        code, cases = extract_code(responses[i]), parsed[i]
+        cases = parsed[i]
+        code = extract_code(responses[i], defines=cases.fn_name)
         if code is None or not cases.cases:
             return 0.0
         results = run_tests(code, cases, time_limit_s=time_limit_s, memory_mb=memory_mb, stop_early=all_or_nothing)
