@@ -21,7 +21,7 @@ checkpoint is restarted from scratch. A run folder whose ``config.yaml`` differs
 spec asks for is an error (never silently mixed); ``--restart-mismatched`` deletes and reruns it. Settings that
 change nothing a run reports (:data:`RERUN_KEYS`: trackers, logged samples, checkpoints' spacing and count, reward
 workers and timeout, activation recompute, ...) may change between runner calls: a run still to finish resumes
-with the new values, a finished one is kept (one note line).
+with the new values, a finished one is kept (one note line); a resumed run keeps its thread count.
 
 One runner per ``<out>`` at a time: the runner holds the trainer's run lock (:class:`RunLock`) on
 ``<out>/.run.lock`` while it works, and checks the lock of every run folder before it touches any;
@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -92,8 +93,9 @@ def command(job: Job, config: str | None, state: str) -> list[str]:
     if n > 1:  # --standalone: torchrun binds its store to a port it picks, so runs side by side never collide
         launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--standalone",
                   "-m", "pacs_fast.train"]
-    if state == "resume":  # (JSON is YAML: lists, strings and null pass as the override's value)
-        return launch + ["--resume", str(job.run_dir)] + [f"{k}={json.dumps(v[1])}"
+    if state == "resume":  # (JSON is YAML: lists, strings and null pass as the override's value; ensure_ascii
+        # off: YAML read an escaped character outside the BMP as two lone surrogates)
+        return launch + ["--resume", str(job.run_dir)] + [f"{k}={json.dumps(v[1], ensure_ascii=False)}"
                                                            for k, v in rerun_changes(job, config).items()]
     return launch + (["--config", config] if config else []) + job.argv
 
@@ -188,7 +190,7 @@ def run_jobs(todo: list[tuple[Job, str]], config: str | None, *, workers: int, t
                 job.run_dir.parent.mkdir(parents=True, exist_ok=True)
                 fh = open(f"{job.run_dir}.log", "a")
                 cmd = command(job, config, state)
-                fh.write(f"$ {' '.join(cmd)}\n")
+                fh.write(f"$ {shlex.join(cmd)}\n")
                 fh.flush()
                 proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
                 running.append((job, proc, time.time(), fh))
@@ -233,7 +235,10 @@ def _main(a) -> int:
                 continue
             checked.add(job.arm.name)
             try:
-                intended_config(a.config, job.argv)
+                cfg = intended_config(a.config, job.argv)
+                if not a.report:  # a tracker that cannot start (W&B without a login): said before any run starts
+                    from pacs_fast.trainer.trackers import check_trackers
+                    check_trackers(cfg)
             except ValueError as e:
                 if str(e).startswith("train.out_dir "):  # (the runner's key: the user's is --out)
                     if a.report:  # a read-only folder: the table is printed, not written

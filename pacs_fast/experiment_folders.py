@@ -11,12 +11,14 @@ from pathlib import Path
 
 from pacs_fast.experiment_args import Arm
 
-# Settings that change nothing a run reports (trackers, logged samples, checkpoint spacing and count, reward workers
-# and timeout, freed-memory caching, the warm-up cache's folder, activation recompute): another value on a rerun is
+# Settings that change nothing a run reports (trackers and plots, logged samples, checkpoint spacing and count, reward
+# workers and timeout, freed-memory caching, the warm-up cache's folder, vLLM's memory share, activation recompute;
+# the trainer's resume takes each: SAFE_RESUME_KEYS): another value on a rerun is
 # the same experiment. A run still to finish resumes with the new values (the trainer's --resume takes them:
 # SAFE_RESUME_KEYS); a finished run keeps its own (a note says so).
-RERUN_KEYS = ("train.loggers", "train.log_samples", "train.save_every", "train.keep_checkpoints",
-              "train.reward_workers", "reward.user_fn_timeout_s", "train.keep_freed_memory", "warmup.cache_dir",
+RERUN_KEYS = ("train.loggers", "train.tensorboard", "train.plots", "train.progress", "train.log_samples",
+              "train.save_every", "train.keep_checkpoints", "train.reward_workers", "reward.user_fn_timeout_s",
+              "train.keep_freed_memory", "warmup.cache_dir", "rollout.gpu_memory_utilization",
               "model.gradient_checkpointing", "model.recompute_granularity")
 
 
@@ -83,6 +85,14 @@ def rerun_changes(job: Job, config: str | None) -> dict[str, tuple]:
     return {k: (_get(have, k), _get(want, k)) for k in RERUN_KEYS if _get(have, k) != _get(want, k)}
 
 
+def _values(values) -> str:
+    seen = []
+    for v in values:
+        if v not in seen:
+            seen.append(v)
+    return " / ".join(repr(v) for v in seen[:3]) + (" / ..." if len(seen) > 3 else "")
+
+
 def job_state(job: Job, config: str | None) -> str:
     """``done`` | ``resume`` | ``fresh`` | ``mismatch:<why>``."""
     from pacs_fast.config import load_config, to_dict
@@ -105,8 +115,8 @@ def job_state(job: Job, config: str | None) -> str:
             # a run from before data.split_seed, resumed once: its split follows its train.seed (run_folder.py)
             have["data"]["split_seed"] = 0
         for d in (want, have):  # where the folder lives, threads and logging are not the experiment's settings
-            for key in ("out_dir", "threads", "progress", "tensorboard", "plots", "tracker_group"):
-                d["train"].pop(key, None)
+            for key in ("out_dir", "threads", "tracker_group"):  # (a resumed run keeps its own thread count: the
+                d["train"].pop(key, None)                       # same floating-point path, an exact continuation)
             for key in RERUN_KEYS:
                 section, _, name = key.partition(".")
                 d[section].pop(name, None)
@@ -183,8 +193,9 @@ def plan(jobs: list[Job], config: str | None, *, restart_mismatched: bool,
         os.rename(folder, doomed)
         shutil.rmtree(doomed)  # the lock file with it; the lock itself drops on release
         lock.release()
-    for key, runs in kept.items():
-        job, have, want = runs[0]
-        log(f"note: {len(runs)} finished run(s) ran with another {key} than {want!r} and are kept as they are "
-            f"(e.g. {job.arm.name} seed {job.seed}: {have!r}); it changes nothing they report")
+    if kept:  # (one line: which keys, what the finished runs have, what is asked)
+        said = "; ".join(f"{key}: {_values(h for _, h, _ in runs)} in them, {_values(w for _, _, w in runs)} asked"
+                         for key, runs in kept.items())
+        n = len({id(job) for runs in kept.values() for job, _, _ in runs})
+        log(f"note: {n} finished run(s) keep the settings they ran with ({said}); these change nothing they report")
     return todo, done
