@@ -9,11 +9,11 @@ a test's cost, the rest the child's start), and a batch of ``--batch`` responses
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 from pacs_fast.reward import code_tests as ct
+from pacs_fast.reward.batch import usable_cpus
 
 PROGRAMS = {
     "stdio": ("a, b = map(int, input().split())\nprint(a + b)",
@@ -38,7 +38,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--batch", type=int, default=32)
     a = p.parse_args()
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = usable_cpus()
     print(f"| layout | 1 test (ms) | 20 tests (ms) | per test (ms) | batch of {a.batch} x 5 tests, 1 worker (s) | "
           f"{cpus} workers (s) |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -236,9 +236,6 @@ def _main(a) -> int:
             checked.add(job.arm.name)
             try:
                 cfg = intended_config(a.config, job.argv)
-                if not a.report:  # a tracker that cannot start (W&B without a login): said before any run starts
-                    from pacs_fast.trainer.trackers import check_trackers
-                    check_trackers(cfg)
             except ValueError as e:
                 if str(e).startswith("train.out_dir "):  # (the runner's key: the user's is --out)
                     if a.report:  # a read-only folder: the table is printed, not written
@@ -250,6 +247,9 @@ def _main(a) -> int:
                 if job.arm.overrides and config_takes(a.config, shared):
                     raise ValueError(f"arm {job.arm.name} ({','.join(job.arm.overrides)}): {e}") from None
                 raise
+            if not a.report:  # a tracker that cannot start (W&B without a login): said before any run starts
+                from pacs_fast.trainer.trackers import check_trackers
+                check_trackers(cfg)
         if a.report and not any(job.run_dir.is_dir() for job in jobs):
             what = "holds no runs of these arms and seeds" if out.is_dir() else "does not exist"
             raise ValueError(f"--report: {str(out)!r} {what} (nothing was written)")

@@ -98,8 +98,9 @@ def test_limits_end_loops_blow_ups_and_floods():
     assert ct.run_tests("import time\ntime.sleep(60)", tests, time_limit_s=0.5) == ["timeout"]
     assert time.monotonic() - t0 < 20  # (each within its limit plus the start-up allowance)
     assert ct.run_tests("x = bytearray(8 << 30)\nprint(3)", tests, time_limit_s=5, memory_mb=1024) == ["error"]
-    assert ct.run_tests("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", tests,
-                        time_limit_s=5) != ["pass"]  # the output file's size limit (64 MiB) ends it
+    t0 = time.monotonic()  # the output file's size limit (64 MiB) ends a flood long before the time limit
+    assert ct.run_tests("import sys\nfor _ in range(2000):\n    sys.stdout.write('x' * 65536)\nprint(3)", tests,
+                        time_limit_s=30) == ["error"] and time.monotonic() - t0 < 25
 
 
 def test_strays_and_files_are_cleaned_up(tmp_path):
@@ -264,8 +265,9 @@ def test_the_expected_outputs_never_reach_the_code():
 
 
 def test_strays_that_leave_the_session_are_killed(tmp_path):
-    """A `setsid` stray had outlived score() (and could forge later responses' verdicts), and one holding the
-    report's pipe kept score() waiting 40 s; the child reaps its orphans and kills them after each test."""
+    """A `setsid` stray had outlived score(), and one holding the report's pipe kept score() waiting 40 s; the
+    child reaps its orphans and kills them after each test. (A program that kills the child itself can still leave
+    one: the README says so; only a container or a cgroup contains that.)"""
     mark = tmp_path / "pid"
     code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n"
             f"    open({str(mark)!r}, 'w').write(str(os.getpid()))\n    time.sleep(60)\n    os._exit(0)\n"
@@ -340,3 +342,43 @@ def test_the_code_is_the_solution_block_not_a_sample():
     text = "```python\ndef add(a, b):\n    return a + b\n```\nUsage:\n```python\nprint(add(1, 2))\n```"
     assert ct.extract_code(text, defines="add") == "def add(a, b):\n    return a + b\n"
     assert ct.score([text], [json.dumps(C3)], time_limit_s=5) == [1.0]
+
+
+def test_what_the_code_leaves_behind_cannot_hang_or_fool_the_judge(tmp_path):
+    """A review (2026-12-01): an output of '--5' made int() raise in the judge, which would have stopped the run;
+    a symbolic link where the output was had been followed (a file holding the answer passed), a FIFO there hung
+    the judge; a test process could write a forged report into the trainer's pipe through /proc and kill the
+    child. Outputs are read as regular files only, the report comes through a socket and counts only from a child
+    that ended on its own."""
+    stdio = ct.parse_tests({"inputs": ["\n"], "outputs": ["5\n"]})
+    assert ct.run_tests("print('--5')", stdio, time_limit_s=5) == ["fail"]
+    assert ct.score([fenced("print('+-5 ²')")], [{"inputs": ["\n"], "outputs": ["5 2\n"]}], time_limit_s=5) == [0.0]
+    answer = tmp_path / "answer.txt"
+    answer.write_text("5\n")
+    for trick in (f"os.symlink({str(answer)!r}, 'out0.txt')", "os.mkfifo('out0.txt')"):
+        t0 = time.monotonic()
+        code = f"import os\nprint('wrong')\nimport sys\nsys.stdout.flush()\nos.remove('out0.txt')\n{trick}"
+        assert ct.run_tests(code, stdio, time_limit_s=5) == ["error"], trick
+        assert time.monotonic() - t0 < 15
+    forge = ("import os, json\nchild = os.getppid()\ntrainer = int(open(f'/proc/{child}/stat').read()"
+             ".rsplit(')', 1)[1].split()[1])\nfor fd in os.listdir(f'/proc/{trainer}/fd'):\n    try:\n"
+             "        w = os.open(f'/proc/{trainer}/fd/{fd}', os.O_WRONLY | os.O_NONBLOCK)\n"
+             "        os.write(w, json.dumps(['pass'] * 3).encode())\n        os.close(w)\n    except OSError:\n"
+             "        pass\nos.kill(child, 9)")
+    asserts = ct.parse_tests(["assert f(1) == 2", "assert f(2) == 3", "assert f(3) == 4"])
+    assert "pass" not in ct.run_tests(forge, asserts, time_limit_s=5)
+
+
+def test_a_child_that_cannot_start_is_an_error_not_zero_rewards(tmp_path, monkeypatch):
+    """A Python that cannot run the child (an environment it needs) had scored every response 0 without a word."""
+    broken = tmp_path / "child.py"
+    broken.write_text("raise SystemExit('this Python lacks something')\n")
+    monkeypatch.setattr(ct, "CHILD", str(broken))
+    ct._child_starts.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="cannot run: this Python lacks something"):
+            ct.score([fenced("print(1)")], [{"inputs": [""], "outputs": ["1"]}])
+    finally:
+        ct._child_starts.cache_clear()
+    with pytest.raises(ValueError, match="time_limit_s must be > 0"):
+        ct.run_tests("print(1)", ct.parse_tests({"inputs": [""], "outputs": ["1"]}), time_limit_s=0)

@@ -277,7 +277,8 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
             try:
                 check_answer(answer)
             except ValueError as e:
-                raise ValueError(f"{where}: field {answer_field!r}: {e} ({check_setting})") from None
+                raise ValueError(f"{where}: field {answer_field!r}: {e}"
+                                 + (f" ({check_setting})" if check_setting else "")) from None
         if id_field:
             pid = str(values[id_field])
         else:

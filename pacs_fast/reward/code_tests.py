@@ -45,17 +45,22 @@ workers)``; wrap it in a function of your own for other limits (``reward.fn=my_c
 from __future__ import annotations
 
 import ast
+import functools
 import json
+import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from pacs_fast.reward.code_child import outputs_match, values_match  # noqa: F401 (API)
+from pacs_fast.reward.batch import usable_cpus
+from pacs_fast.reward.code_child import outputs_match, read_output, values_match  # noqa: F401 (API)
 
 TIME_LIMIT_S = 5.0  # per test (the public code sets' checkers use 1-10 s)
 MEMORY_MB = 4096  # address space of the child (numpy's import reserves ~1 GiB of it)
@@ -183,8 +188,65 @@ CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_child.py"
 
 
 def _child_env() -> dict:
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+    if "LD_LIBRARY_PATH" in os.environ:  # (a Python built against libraries a module system adds: HPC, conda)
+        env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
+    return env
+
+
+def _run_child(job: str, cwd: str, wall: float) -> tuple[int | None, bytes]:
+    """Runs the child on ``job`` in ``cwd`` for at most ``wall`` seconds, then kills its session: (its exit
+    status, None when it was killed at ``wall``; its report). The report comes through a socket: a process of the
+    user can open another's pipe through ``/proc/<pid>/fd`` and write to it, not a socket."""
+    ours, theirs = socket.socketpair()
+    try:
+        with subprocess.Popen([sys.executable, "-I", CHILD], stdin=subprocess.PIPE, stdout=theirs.fileno(),
+                              stderr=subprocess.DEVNULL, cwd=cwd, env=_child_env(), start_new_session=True) as proc:
+            theirs.close()
+            report, deadline = bytearray(), time.monotonic() + wall
+            try:
+                proc.stdin.write(job.encode())  # (the child reads it whole before it writes anything)
+                proc.stdin.close()
+                while len(report) <= MAX_REPORT:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    ours.settimeout(left)
+                    chunk = ours.recv(1 << 16)
+                    if not chunk:
+                        break
+                    report += chunk
+                returncode = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except (OSError, subprocess.TimeoutExpired):  # (a broken pipe, the deadline: killed below)
+                returncode = None
+            finally:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # the session is the child's own: what is left of it goes too
+                except (ProcessLookupError, PermissionError):
+                    pass
+        return returncode, bytes(report)
+    finally:
+        ours.close()
+        theirs.close()
+
+
+MAX_REPORT = 1 << 24  # bytes of the child's report read at most (its statuses: ~8 bytes a test)
+
+
+@functools.lru_cache(maxsize=None)
+def _child_starts() -> None:
+    """Runs the child once on no tests (first use in a process): a child that cannot start (a Python that needs
+    another environment) raises here, naming why, instead of scoring every response 0."""
+    with tempfile.TemporaryDirectory(prefix="pacs_fast_code_", ignore_cleanup_errors=True) as cwd:
+        job = json.dumps({"mode": "stdio", "cases": [], "setup": [], "fn_name": None, "limit": 1.0,
+                          "memory_mb": MEMORY_MB, "stop_early": False})
+        returncode, report = _run_child(job, cwd, 60.0)
+    if returncode != 0 or report.strip() != b"[]":
+        probe = subprocess.run([sys.executable, "-I", CHILD], input=job.encode(), capture_output=True,
+                               cwd=tempfile.gettempdir(), env=_child_env(), timeout=60)
+        why = (probe.stderr.decode(errors="replace").strip().splitlines() or [f"exit status {returncode}"])[-1]
+        raise RuntimeError(f"the code reward's child process ({sys.executable} -I {CHILD}) cannot run: {why}")
 
 
 def run_tests(code: str, tests: TestCases, *, time_limit_s: float = TIME_LIMIT_S, memory_mb: int = MEMORY_MB,
@@ -193,10 +255,14 @@ def run_tests(code: str, tests: TestCases, *, time_limit_s: float = TIME_LIMIT_S
     process of its own) in an empty temporary folder, and judges what it printed or returned; each test's status:
     ``pass``, ``fail`` (a wrong output or return value, a failed assert), ``timeout`` or ``error`` (an exception,
     an exit, or a test the child did not report). ``stop_early``: the tests after the first that does not pass
-    are not run (``error``). The expected outputs stay in this process."""
+    are not run (``error``). The expected outputs stay in this process; a child killed before its end (by the
+    code: it may kill its parent) reports nothing."""
+    if not (0 < time_limit_s < math.inf) or memory_mb < 64:
+        raise ValueError(f"time_limit_s must be > 0 and finite, memory_mb >= 64; got {time_limit_s}, {memory_mb}")
     n = len(tests.cases)
     if n == 0:
         return []
+    _child_starts()
     wall = (time_limit_s + 0.2) * n + STARTUP_S
     if tests.mode == "stdio":
         cases = [None] * n  # (the inputs are files; the expected outputs stay here)
@@ -214,20 +280,11 @@ def run_tests(code: str, tests: TestCases, *, time_limit_s: float = TIME_LIMIT_S
             for k, (given, _) in enumerate(tests.cases):
                 with open(os.path.join(cwd, f"in{k}.txt"), "w", encoding="utf-8") as f:
                     f.write(given)
-        proc = subprocess.Popen([sys.executable, "-I", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, cwd=cwd, env=_child_env(), start_new_session=True)
-        try:
-            report, _ = proc.communicate(job.encode(), timeout=wall)
-        except subprocess.TimeoutExpired:
-            report = b""
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the session is the child's own: what is left of it goes too
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
-        try:
-            statuses = [r if r in STATUSES + ("ran",) else "error" for r in json.loads(report)][:n]
-        except (ValueError, TypeError):  # killed, or broken by the code: its tests fail
+        returncode, report = _run_child(job, cwd, wall)
+        try:  # (a child that did not end on its own: its report, whoever wrote it, counts for nothing)
+            statuses = [r if r in STATUSES + ("ran",) else "error" for r in json.loads(report)][:n] \
+                if returncode == 0 else []
+        except (ValueError, TypeError):  # broken by the code: its tests fail
             statuses = []
         results = [_judge(tests, k, status, cwd) for k, status in enumerate(statuses)]
     return results + ["error"] * (n - len(results))
@@ -237,10 +294,8 @@ def _judge(tests: TestCases, k: int, status: str, cwd: str) -> str:
     """A test the child ran: its output (stdio) or return value (call) against the expected one."""
     if status != "ran" or tests.mode == "script":
         return status if status != "ran" else "error"
-    try:
-        with open(os.path.join(cwd, f"out{k}.txt"), encoding="utf-8", errors="replace") as f:
-            got = f.read()
-    except OSError:
+    got = read_output(os.path.join(cwd, f"out{k}.txt"))  # (a regular file only: not where a link points)
+    if got is None:
         return "error"
     want = tests.cases[k][1]
     if tests.mode == "stdio":
@@ -267,8 +322,8 @@ def score(responses: list[str], tests: list, *, all_or_nothing: bool = True, tim
             parsed.append(parse_tests(t))
         except ValueError as e:
             raise ValueError(f"the tests of response {i} cannot be read: {e}") from None
-    if workers is None:
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if workers is None:  # (under torchrun every rank of a node scores its share at once: each takes its part)
+        workers = max(1, usable_cpus() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)))
 
     def one(i: int) -> float:
         cases = parsed[i]
