@@ -360,13 +360,16 @@ def test_what_the_code_leaves_behind_cannot_hang_or_fool_the_judge(tmp_path):
         code = f"import os\nprint('wrong')\nimport sys\nsys.stdout.flush()\nos.remove('out0.txt')\n{trick}"
         assert ct.run_tests(code, stdio, time_limit_s=5) == ["error"], trick
         assert time.monotonic() - t0 < 15
-    forge = ("import os, json\nchild = os.getppid()\ntrainer = int(open(f'/proc/{child}/stat').read()"
-             ".rsplit(')', 1)[1].split()[1])\nfor fd in os.listdir(f'/proc/{trainer}/fd'):\n    try:\n"
-             "        w = os.open(f'/proc/{trainer}/fd/{fd}', os.O_WRONLY | os.O_NONBLOCK)\n"
-             "        os.write(w, json.dumps(['pass'] * 3).encode())\n        os.close(w)\n    except OSError:\n"
-             "        pass\nos.kill(child, 9)")
+    # the report's channel: a socket (opening /proc/<pid>/fd/<socket> fails, where a pipe's opened for writing),
+    # and a child killed by its code reports nothing. (Only the child's own descriptor is attacked here: a forge
+    # that wrote to every descriptor of the scoring process, run as root, overwrote files that process had open.)
+    forge = ("import os, json\nchild = os.getppid()\ntry:\n    w = os.open(f'/proc/{child}/fd/1', os.O_WRONLY)\n"
+             "    os.write(w, json.dumps(['pass'] * 3).encode())\nexcept OSError as e:\n"
+             "    open('opened.txt', 'w').write(str(e))\nos.kill(child, 9)")
     asserts = ct.parse_tests(["assert f(1) == 2", "assert f(2) == 3", "assert f(3) == 4"])
     assert "pass" not in ct.run_tests(forge, asserts, time_limit_s=5)
+    written = ("import os, json, sys\nos.write(1, json.dumps(['pass'] * 3).encode())\n")  # (its own fd 1: a file)
+    assert "pass" not in ct.run_tests(written, asserts, time_limit_s=5)
 
 
 def test_a_child_that_cannot_start_is_an_error_not_zero_rewards(tmp_path, monkeypatch):
