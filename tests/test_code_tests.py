@@ -385,3 +385,73 @@ def test_a_child_that_cannot_start_is_an_error_not_zero_rewards(tmp_path, monkey
         ct._child_starts.cache_clear()
     with pytest.raises(ValueError, match="time_limit_s must be > 0"):
         ct.run_tests("print(1)", ct.parse_tests({"inputs": [""], "outputs": ["1"]}), time_limit_s=0)
+
+
+def test_the_code_cannot_open_the_scoring_process_through_proc():
+    """The scoring process is undumpable while code runs: a process of the same (non-root) user cannot open its
+    memory (the expected outputs: a sweep read them there) or its descriptors (a sweep wrote a forged report into
+    its pipe). Run as nobody (setpriv), with the system Python: root passes these checks by CAP_SYS_PTRACE."""
+    import shutil
+    import subprocess
+
+    python = shutil.which("python3.11", path="/usr/bin") or shutil.which("python3", path="/usr/bin")
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not python:
+        pytest.skip("needs root (to run the check as nobody), setpriv and a system Python in /usr/bin")
+    import tempfile
+    from pathlib import Path
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tmp_path = Path(tempfile.mkdtemp(prefix="pacs_fast_nobody_"))  # (pytest's own tmp is root's alone)
+    script = tmp_path / "check.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {root!r})\nfrom pacs_fast.reward import code_tests as ct\n"
+        "code = ('import os\\nchild = os.getppid()\\n'\n"
+        "        'scorer = int(open(f\"/proc/{child}/stat\").read().rsplit(\")\", 1)[1].split()[1])\\n'\n"
+        "        'for what in (\"mem\", \"fd\"):\\n    try:\\n'\n"
+        "        '        open(f\"/proc/{scorer}/mem\", \"rb\").close() if what == \"mem\" else '\n"
+        "        'os.listdir(f\"/proc/{scorer}/fd\")\\n        print(what, \"open\")\\n'\n"
+        "        '    except OSError:\\n        print(what, \"denied\")\\n')\n"
+        "print(ct.run_tests(code, ct.parse_tests({'inputs': [''], 'outputs': ['mem denied\\nfd denied']}),"
+        " time_limit_s=10))\n")
+    os.chmod(tmp_path, 0o755)
+    os.chmod(script, 0o644)
+    probe = subprocess.run([python, "-c", f"import sys; sys.path.insert(0, {root!r}); "
+                                          "import pacs_fast.reward.code_tests"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"the system Python cannot import pacs_fast.reward.code_tests: {probe.stderr.strip()[-200:]}")
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "-i",
+                          "PATH=/usr/bin:/bin", f"HOME={tmp_path}", python, str(script)], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    shutil.rmtree(tmp_path, ignore_errors=True)
+    if "Permission denied" in out.stderr:
+        pytest.skip(f"nobody cannot read the checkout: {out.stderr.strip()[-200:]}")
+    assert out.stdout.strip().splitlines()[-1:] == ["['pass']"], out.stdout + out.stderr
+
+
+def test_second_sweep_hacks_and_misses():
+    """A second hostile sweep (2026-12-01): one line patching builtins.exec had passed every assert, and reading the
+    token from the caller's frame too; an assert of a literal value is now judged here as a call's value is.
+    Deeply nested JSON from a call had raised RecursionError in the judge; a float printed for an integer passed
+    when within 1e-6 of it; pickling what the code defined failed; LiveCodeBench's calls (arguments as JSON lines)
+    scored 0; JSON encoded twice was read as a test program."""
+    asserts = ct.parse_tests(["assert f(3) == 9", "assert f(-2) == 4", "assert 1 == f(1)"])
+    assert all(judged for _, judged in asserts.cases)
+    for hack in ("import builtins\nbuiltins.exec = lambda *a, **k: None\nbuiltins.eval = lambda *a, **k: 9",
+                 "import sys, os\nf0 = sys._getframe(1).f_locals\nopen(f\"out{f0['k']}.txt\", 'w').write(f0['token'])\n"
+                 "os._exit(0)"):
+        assert "pass" not in ct.run_tests(hack, asserts, time_limit_s=5), hack
+    assert ct.run_tests("def f(x):\n    return x * x", asserts, time_limit_s=5) == ["pass"] * 3
+    deep = "import os\ndef add(a, b):\n    open('out0.txt', 'w').write('[' * 100000 + ']' * 100000)\n    os._exit(0)"
+    assert ct.run_tests(deep, ct.parse_tests(C3), time_limit_s=5)[0] == "error"
+    assert not ct.outputs_match("1000001.0\n", "1000000\n") and ct.outputs_match("2.0", "2")
+    pool = ("from multiprocessing import Pool\ndef sq(x):\n    return x * x\nif __name__ == '__main__':\n"
+            "    input()\n    with Pool(2) as p:\n        print(sum(p.map(sq, map(int, input().split()))))")
+    assert ct.run_tests(pool, ct.parse_tests({"inputs": ["3\n1 2 3\n"], "outputs": ["14\n"]}), time_limit_s=20) == \
+        ["pass"]
+    lcb = ct.parse_tests({"fn_name": "twoSum", "inputs": ["[2,7,11,15]\n9"], "outputs": ["[0, 1]"]})
+    assert lcb.cases == (([[2, 7, 11, 15], 9], [0, 1]),)
+    two_sum = ("class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
+               "        for i, x in enumerate(nums):\n            if target - x in seen:\n"
+               "                return [seen[target - x], i]\n            seen[x] = i")
+    assert ct.run_tests(two_sum, lcb, time_limit_s=5) == ["pass"]
+    assert ct.parse_tests(json.dumps(json.dumps(C3))).mode == "call"

@@ -16,10 +16,12 @@ pass or run ends the job (the rest are missing from the list).
 - ``call``: the code runs as module ``solution``, then ``fn_name(*args)`` (a method of ``class Solution`` when it
   defines one); the value is written as JSON (numpy numbers as numbers, tuples as lists, anything else as its
   repr, which never equals a value).
-- ``script``: the code runs as module ``solution``, then the ``setup`` statements, then the test's code; when it
-  ends without an exception the process writes a random token drawn for that test, so an exit before the asserts
-  is no pass. A program that reads that token from its own memory can forge the pass: assert tests run in the
-  process of the code they test, as in every MBPP / HumanEval checker.
+- ``script``: the code runs as module ``solution``, then the ``setup`` statements, then the test: ``{"expr": ...}``
+  (an assert of a literal value, ``assert f(3) == 9``: the expression's value is written as JSON, as a call's, and
+  the parent judges it) or ``{"code": ...}`` (any other test code; when it ends without an exception the process
+  writes a random token drawn for that test, so an exit before the asserts is no pass; a program that reads that
+  token from its own memory can forge the pass: such tests run in the process of the code they test, as in every
+  MBPP / HumanEval checker).
 
 Each test's process has descriptors 0-2 only, a CPU limit of ``limit + 1`` s, and (with this process) the address
 space ``memory_mb`` and files of 64 MiB. This process makes itself the reaper of orphans (a program's
@@ -37,6 +39,7 @@ import signal
 import stat
 import sys
 import threading
+from decimal import Decimal
 
 FILE_MB = 64  # the largest file the code may write: its captured output included
 FLOAT_TOLERANCE = 1e-6
@@ -75,30 +78,36 @@ def read_output(path: str) -> str | None:
         os.close(fd)
 
 
+_TRAILING = re.compile(r"[^\S\n]+(?=\n|\Z)")  # white space at each line's end (a "\r" of "\r\n" included)
+_TOKEN = re.compile(r"\S+")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def outputs_match(got: str, want: str) -> bool:
-    """Standard output ``got`` against ``want``: lines equal after stripping each one's trailing white space
-    (trailing empty lines ignored), else the same white-space separated tokens, where a token that is not an
-    integer on both sides may be a number within :data:`FLOAT_TOLERANCE` (absolute or relative) of the expected one
-    (integers match exactly: ``1000001`` is not ``1000000``)."""
-    def lines(s):
-        out = [line.rstrip() for line in s.replace("\r\n", "\n").split("\n")]
-        while out and not out[-1]:
-            out.pop()
-        return out
-
-    if lines(got) == lines(want):
+    """Standard output ``got`` against ``want``: the same lines, each stripped of trailing white space (trailing
+    empty lines ignored), else the same white-space separated tokens, where a number may stand for an expected
+    number: an expected integer only as that integer exactly (``2.0`` for ``2``, never ``1000001`` or
+    ``1000001.0`` for ``1000000``), another number within :data:`FLOAT_TOLERANCE` (absolute or relative). Read
+    lazily: a 64 MiB output is never split into a list."""
+    if _TRAILING.sub("", got).rstrip("\n") == _TRAILING.sub("", want).rstrip("\n"):
         return True
-    a, b = got.split(), want.split()
-    return len(a) == len(b) and all(x == y or _close_text(x, y) for x, y in zip(a, b))
+    a, b = _TOKEN.finditer(got), _TOKEN.finditer(want)
+    while True:
+        x, y = next(a, None), next(b, None)
+        if x is None or y is None:
+            return x is None and y is None
+        if not _tokens_match(x.group(), y.group()):
+            return False
 
 
-def _close_text(x: str, y: str) -> bool:
-    if _is_integer_text(x) and _is_integer_text(y):
-        return int(x) == int(y)
-    try:  # (float() takes what int() and the pattern do not: '1e3', 'inf', '१२' (other digits))
-        fx, fy = float(x), float(y)
-    except ValueError:
+def _tokens_match(x: str, y: str) -> bool:
+    if x == y:
+        return True
+    if not (_NUMBER.fullmatch(x) and _NUMBER.fullmatch(y)):  # ('1_000', '--5', 'inf', '²': text, compared as text)
         return False
+    if _is_integer_text(y):
+        return Decimal(x) == Decimal(y)  # (exact, any length: int() refuses over 4,300 digits)
+    fx, fy = float(x), float(y)
     return math.isfinite(fx) and math.isfinite(fy) and math.isclose(fx, fy, rel_tol=FLOAT_TOLERANCE,
                                                                     abs_tol=FLOAT_TOLERANCE)
 
@@ -196,11 +205,18 @@ def _alarm(signum, frame):
     raise _Timeout()
 
 
+# what the test's process calls after the code ran, taken before it runs (``builtins.exec = lambda *a: None`` had
+# skipped every assert; a patched ``os._exit`` would have let the process return into this harness's loop)
+_exec, _eval, _compile, _open, _exit, _dumps = builtins.exec, builtins.eval, builtins.compile, builtins.open, \
+    os._exit, json.dumps
+
+
 def _run_test(job: dict, k: int, case, token: str) -> None:
     """The test's process (after the fork): never returns."""
     status = 1
     try:
         import resource
+        import types
         cpu = max(1, math.ceil(float(job["limit"]) + 1.0))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
         os.closerange(3, 1 << 16)
@@ -212,35 +228,41 @@ def _run_test(job: dict, k: int, case, token: str) -> None:
             opened = os.open(path, flags, 0o600)
             os.dup2(opened, fd)
             os.close(opened)
-        sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="replace", closefd=False)
-        sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)
-        sys.stderr = sys.__stderr__ = open(2, "w", closefd=False)
+        sys.stdin = sys.__stdin__ = _open(0, encoding="utf-8", errors="replace", closefd=False)
+        sys.stdout = sys.__stdout__ = _open(1, "w", encoding="utf-8", closefd=False)
+        sys.stderr = sys.__stderr__ = _open(2, "w", closefd=False)
         sys.argv = ["solution.py"]
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        with open("solution.py", encoding="utf-8") as f:
-            code = compile(f.read(), "solution.py", "exec", dont_inherit=True)
-        ns = {"__name__": "__main__" if job["mode"] == "stdio" else "solution", "__file__": "solution.py",
-              "__builtins__": builtins}
+        with _open("solution.py", encoding="utf-8") as f:
+            code = _compile(f.read(), "solution.py", "exec", dont_inherit=True)
+        # a module of its own in sys.modules: what the code defines pickles (multiprocessing, pickle)
+        module = types.ModuleType("__main__" if stdio else "solution")
+        module.__file__ = "solution.py"
+        sys.modules[module.__name__] = module
+        ns = module.__dict__
         text = None
         try:
-            exec(code, ns)
+            _exec(code, ns)
             if job["mode"] == "call":
                 target, name = ns.get("Solution"), job["fn_name"]
                 fn = getattr(target(), name, None) if isinstance(target, type) else None
                 fn = fn if fn is not None else ns[name]
-                value = fn(*case)
-                text = json.dumps(value, default=_plain)
+                text = _dumps(fn(*case), default=_plain)
             elif job["mode"] == "script":
                 for setup in job["setup"]:
-                    exec(compile(setup, "<setup>", "exec", dont_inherit=True), ns)
-                exec(compile(case, "<test>", "exec", dont_inherit=True), ns)
-                text = token
+                    _exec(_compile(setup, "<setup>", "exec", dont_inherit=True), ns)
+                if "expr" in case:  # an assert of a literal value: the value goes to the parent, which judges it
+                    text = _dumps(_eval(_compile(case["expr"], "<test>", "eval", dont_inherit=True), ns),
+                                  default=_plain)
+                else:
+                    _exec(_compile(case["code"], "<test>", "exec", dont_inherit=True), ns)
+                    text = token
             status = 0
         except AssertionError:
             status = ASSERT_FAILED if job["mode"] == "script" else 1
         except SystemExit as e:  # a script may end so; a call or test code may not (it skipped the asserts)
-            status = 0 if job["mode"] == "stdio" and e.code in (None, 0) else 1
-        if job["mode"] == "stdio" and status == 0:  # as a normal end: the threads joined, the exit functions run
+            status = 0 if stdio and e.code in (None, 0) else 1
+        if stdio and status == 0:  # as a normal end: the threads joined, the exit functions run
             for t in threading.enumerate():
                 if t is not threading.main_thread() and not t.daemon:
                     t.join()
@@ -248,11 +270,11 @@ def _run_test(job: dict, k: int, case, token: str) -> None:
             atexit._run_exitfuncs()
         sys.stdout.flush()
         if status == 0 and text is not None:
-            with open(f"out{k}.txt", "w", encoding="utf-8") as f:
+            with _open(f"out{k}.txt", "w", encoding="utf-8") as f:
                 f.write(text)
     except BaseException:
         status = 1
-    os._exit(status)
+    _exit(status)
 
 
 def _wait(pid: int, limit: float):
@@ -286,9 +308,9 @@ def run_job(job: dict) -> list[str]:
             result = "fail"
         elif not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
             result = "error"
-        elif job["mode"] == "script":
+        elif job["mode"] == "script" and "code" in case:
             result = "pass" if read_output(f"out{k}.txt") == token else "error"
-        else:
+        else:  # (an output or a value: the parent judges it)
             result = "ran"
         results.append(result)
         if job["stop_early"] and result not in ("ran", "pass"):  # (all-or-nothing: the rest cannot matter)

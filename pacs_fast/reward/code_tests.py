@@ -31,11 +31,13 @@ limits on its address space (``memory_mb``) and file size (64 MiB: the captured 
 process forked from it, killed at ``time_limit_s`` with every process it started (the child reaps the orphans of
 ``setsid`` strays and kills them), with descriptors 0-2 only. A standard-input test runs the code as a script
 (``__main__``) on real descriptors (``open(0).read()`` reads the test's input); calls and test code load it as
-module ``solution``. The expected outputs and return values never reach the child: this process judges them,
-so a program that searches its memory, forges the child's report or patches its functions finds nothing to copy.
-Test code (asserts) is judged inside the code's own process, as in every MBPP / HumanEval checker: an exit before
-the asserts or a forged report earns nothing (a random token proves the end), but a program that searches its
-memory for that token, or returns an object equal to everything, can pass one.
+module ``solution``. The expected outputs, return values and literals of ``assert <expression> == <literal>``
+(MBPP's shape, judged as a call's value) never reach the child: this process judges them, so a program that
+searches its memory, forges the child's report or patches its functions finds nothing to copy; while code runs,
+this process is undumpable (another process of a non-root user cannot open its memory or descriptors through
+``/proc``). Other test code (HumanEval's ``check``) is judged inside the code's own process, as in every MBPP /
+HumanEval checker: an exit before the asserts or a patched ``exec`` earns nothing (a random token proves the end),
+but a program that searches its memory for that token, or returns an object equal to everything, can pass one.
 This is isolation against accidents and the known reward hacks, NOT a security sandbox: the code can read and
 write what the training's user can. Train on untrusted prompts inside a container or VM.
 
@@ -45,6 +47,7 @@ workers)``; wrap it in a function of your own for other limits (``reward.fn=my_c
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import json
 import math
@@ -55,6 +58,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -111,6 +115,8 @@ def parse_tests(spec) -> TestCases:
                 spec = text
         else:
             spec = text
+    if isinstance(spec, str) and spec.strip()[:1] in "[{":  # (JSON encoded twice, as some APPS copies hold it)
+        return parse_tests(spec)
     if isinstance(spec, str):  # a test program (HumanEval's check(...))
         return TestCases("script", ((_test_program(spec.strip()), None),))
     if isinstance(spec, dict):
@@ -123,7 +129,10 @@ def parse_tests(spec) -> TestCases:
         if fn:
             if not isinstance(fn, str) or not fn.isidentifier():
                 raise ValueError(f"'fn_name' must be a Python name, got {fn!r}")
-            args = [a if isinstance(a, list) else [a] for a in inputs]
+            if all(isinstance(a, str) for a in inputs):  # LiveCodeBench's: each argument a JSON line, the output JSON
+                args, outputs = [_json_lines(a, "input") for a in inputs], [_json_value(o) for o in outputs]
+            else:
+                args = [a if isinstance(a, list) else [a] for a in inputs]
             return TestCases("call", tuple(zip(args, outputs)), fn)
         return TestCases("stdio", tuple((_text(i, "input"), _text(o, "output")) for i, o in zip(inputs, outputs)))
     if isinstance(spec, list):
@@ -132,8 +141,8 @@ def parse_tests(spec) -> TestCases:
             if spec and not tests:
                 raise ValueError("a test list of statements holds no assert (its entries without one are run "
                                  "before each test, as its set-up)")
-            return TestCases("script", tuple((t, None) for t in tests), setup=tuple(t for t in spec
-                                                                                    if not _asserts(t)))
+            return TestCases("script", tuple((t, _literal_assert(t)) for t in tests),
+                             setup=tuple(t for t in spec if not _asserts(t)))
         if all(isinstance(t, dict) and "input" in t and "output" in t for t in spec):
             kinds = {t.get("testtype", "stdin") for t in spec}
             if kinds - {"stdin"}:
@@ -143,6 +152,47 @@ def parse_tests(spec) -> TestCases:
                                             for t in spec))
         raise ValueError("a test list holds assert statements (strings) or {'input', 'output'} objects")
     raise ValueError(f"tests must be an object, a list or a test program, got {type(spec).__name__}")
+
+
+def _json_lines(text: str, what: str) -> list:
+    """A call's arguments given as text, one JSON value per line (LiveCodeBench's functional tests)."""
+    try:
+        return [json.loads(line) for line in text.split("\n") if line.strip()]
+    except ValueError as e:
+        raise ValueError(f"a call's {what} given as text must hold one JSON value per line ({e}): "
+                         f"{text[:80]!r}") from None
+
+
+def _json_value(text):
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ValueError(f"a call's output given as text must be one JSON value: {text[:80]!r}") from None
+
+
+def _literal_assert(source: str) -> dict | None:
+    """``{"expr": <expression>, "want": <value>}`` when ``source`` is one ``assert <expression> == <literal>``
+    (either side; MBPP's shape): the parent then judges the expression's value as a call's, and no patch of the
+    code's process can pass it. None for any other test code (run and judged in the code's process)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+        return None
+    test = tree.body[0].test
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return None
+    for expr, literal in ((test.left, test.comparators[0]), (test.comparators[0], test.left)):
+        try:
+            value = ast.literal_eval(literal)
+            want = json.loads(json.dumps(value, allow_nan=False))  # (tuples as lists, as the value comes back)
+        except (ValueError, TypeError, SyntaxError, RecursionError):
+            continue
+        return {"expr": ast.get_source_segment(source, expr), "want": want}
+    return None
 
 
 def _asserts(source: str) -> bool:
@@ -232,6 +282,33 @@ def _run_child(job: str, cwd: str, wall: float) -> tuple[int | None, bytes]:
 
 
 MAX_REPORT = 1 << 24  # bytes of the child's report read at most (its statuses: ~8 bytes a test)
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
+_dumpable_lock = threading.Lock()
+_dumpable_users = [0, None]  # (calls inside, the flag to restore)
+
+
+@contextlib.contextmanager
+def _undumpable():
+    """This process undumpable while code runs (Linux): another process of the user, the code's, can then open
+    neither its memory (``/proc/<pid>/mem``: the expected outputs) nor its descriptors (``/proc/<pid>/fd``: its
+    pipes and files); a process with CAP_SYS_PTRACE (root) still can. Restored after the last call ends."""
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        prctl = None
+    with _dumpable_lock:
+        if prctl is not None and _dumpable_users[0] == 0:
+            _dumpable_users[1] = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
+            prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        _dumpable_users[0] += 1
+    try:
+        yield
+    finally:
+        with _dumpable_lock:
+            _dumpable_users[0] -= 1
+            if prctl is not None and _dumpable_users[0] == 0 and _dumpable_users[1] in (1, 2):
+                prctl(PR_SET_DUMPABLE, _dumpable_users[1], 0, 0, 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -269,7 +346,7 @@ def run_tests(code: str, tests: TestCases, *, time_limit_s: float = TIME_LIMIT_S
     elif tests.mode == "call":
         cases = [args for args, _ in tests.cases]
     else:
-        cases = [test for test, _ in tests.cases]
+        cases = [{"expr": judged["expr"]} if judged else {"code": test} for test, judged in tests.cases]
     job = json.dumps({"mode": tests.mode, "cases": cases, "setup": list(tests.setup), "fn_name": tests.fn_name,
                       "limit": float(time_limit_s), "memory_mb": int(memory_mb),
                       "stop_early": bool(stop_early)})
@@ -280,7 +357,8 @@ def run_tests(code: str, tests: TestCases, *, time_limit_s: float = TIME_LIMIT_S
             for k, (given, _) in enumerate(tests.cases):
                 with open(os.path.join(cwd, f"in{k}.txt"), "w", encoding="utf-8") as f:
                     f.write(given)
-        returncode, report = _run_child(job, cwd, wall)
+        with _undumpable():
+            returncode, report = _run_child(job, cwd, wall)
         try:  # (a child that did not end on its own: its report, whoever wrote it, counts for nothing)
             statuses = [r if r in STATUSES + ("ran",) else "error" for r in json.loads(report)][:n] \
                 if returncode == 0 else []
@@ -291,20 +369,24 @@ def run_tests(code: str, tests: TestCases, *, time_limit_s: float = TIME_LIMIT_S
 
 
 def _judge(tests: TestCases, k: int, status: str, cwd: str) -> str:
-    """A test the child ran: its output (stdio) or return value (call) against the expected one."""
-    if status != "ran" or tests.mode == "script":
-        return status if status != "ran" else "error"
+    """A test's status from the child's, judging what it printed (stdio) or returned (a call, an assert of a literal
+    value) against the expected value here; only test code (``script`` without a literal) is judged in the child."""
+    want = tests.cases[k][1]
+    if tests.mode == "script" and want is None:
+        return status if status in STATUSES else "error"
+    if status != "ran":  # (a pass or fail the child cannot know is a forgery: an error)
+        return status if status in ("timeout", "error") else "error"
     got = read_output(os.path.join(cwd, f"out{k}.txt"))  # (a regular file only: not where a link points)
     if got is None:
         return "error"
-    want = tests.cases[k][1]
-    if tests.mode == "stdio":
-        return "pass" if outputs_match(got, want) else "fail"
     try:
-        value = json.loads(got)
-    except ValueError:
+        if tests.mode == "stdio":
+            return "pass" if outputs_match(got, want) else "fail"
+        value, want = json.loads(got), (want["want"] if tests.mode == "script" else want)
+        ok = values_match(value, want) or (tests.mode == "call" and isinstance(want, list) and len(want) == 1
+                                           and values_match(value, want[0]))
+    except (ValueError, RecursionError):  # (the code's own JSON: nested past the parser, a number too long)
         return "error"
-    ok = values_match(value, want) or (isinstance(want, list) and len(want) == 1 and values_match(value, want[0]))
     return "pass" if ok else "fail"
 
 
