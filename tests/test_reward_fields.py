@@ -182,7 +182,7 @@ def test_a_function_that_cannot_take_the_fields_is_refused_before_any_model(tmp_
 def test_the_data_digest_reads_the_fields_only_when_there_are_some(tmp_path):
     path = write(tmp_path / "d.jsonl", rows())
     plain = load_config(None, [f"data.dataset={path}", "data.eval_size=4"])
-    with_fields = load_config(None, [f"data.dataset={path}", "data.eval_size=4", "reward.fn=m:f",
+    with_fields = load_config(None, [f"data.dataset={path}", "data.eval_size=4", "reward.fn=json:dumps",
                                      "reward.fn_fields=[extra_info.cases,lang]"])
     train, held = load_problems(plain)
     assert all("fields" not in p for p in train + held)

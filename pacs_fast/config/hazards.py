@@ -16,8 +16,8 @@ An aggregation that undoes its algorithm: ``algo.name=gspo`` with any ``algo.los
 has tokens; TRL warns of the same), ``algo.name=dr_grpo`` with ``seq-mean-token-mean`` (the per-response length normalisation
 Dr. GRPO removes). ``auto`` (the default) takes each algorithm's own.
 
-The code reward (``reward.fn=pacs_fast.reward.code_tests:...``) with the default ``data.instruction`` (the paper's, which
-asks for a boxed final answer, not a code block).
+The code reward (``reward.fn=pacs_fast.reward.code_tests:...``) with the default ``data.instruction`` (the
+paper's, which asks for a boxed final answer, not a code block).
 
 ``rollout.filter_groups=true`` (DAPO's dynamic sampling) with ``algo.name=ppo``: it drops the groups whose verifier
 rewards are all equal, whose GRPO-style advantages are 0 anyway; PPO's come from GAE and a critic and are not, so
