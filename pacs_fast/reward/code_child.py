@@ -149,15 +149,17 @@ def _limits(memory_mb: int) -> None:
             pass
 
 
-def _prctl(option: int, value: int) -> None:
+def prctl(option: int, value: int = 0) -> int | None:
+    """Linux's ``prctl(option, value)``: its return value, or None where there is none (not Linux: no reaper, no
+    undumpable)."""
     try:
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-    except (OSError, AttributeError):  # (not Linux: no reaper, no undumpable)
-        pass
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):
+        return None
 
 
-PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
+PR_GET_DUMPABLE, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 3, 4, 36
 
 
 def _children() -> list[int]:
@@ -320,8 +322,8 @@ def run_job(job: dict) -> list[str]:
 
 def main() -> None:
     job = json.loads(sys.stdin.read())
-    _prctl(PR_SET_DUMPABLE, 0)
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_DUMPABLE, 0)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
     _limits(job["memory_mb"])
     results = run_job(job)
     sys.stdout.write(json.dumps(results))

@@ -64,7 +64,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pacs_fast.reward.batch import usable_cpus
-from pacs_fast.reward.code_child import outputs_match, read_output, values_match  # noqa: F401 (API)
+from pacs_fast.reward.code_child import (PR_GET_DUMPABLE, PR_SET_DUMPABLE, outputs_match,  # noqa: F401 (API)
+                                         prctl, read_output, values_match)
 
 TIME_LIMIT_S = 5.0  # per test (the public code sets' checkers use 1-10 s)
 MEMORY_MB = 4096  # address space of the child (numpy's import reserves ~1 GiB of it)
@@ -282,7 +283,6 @@ def _run_child(job: str, cwd: str, wall: float) -> tuple[int | None, bytes]:
 
 
 MAX_REPORT = 1 << 24  # bytes of the child's report read at most (its statuses: ~8 bytes a test)
-PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
 _dumpable_lock = threading.Lock()
 _dumpable_users = [0, None]  # (calls inside, the flag to restore)
 
@@ -292,23 +292,18 @@ def _undumpable():
     """This process undumpable while code runs (Linux): another process of the user, the code's, can then open
     neither its memory (``/proc/<pid>/mem``: the expected outputs) nor its descriptors (``/proc/<pid>/fd``: its
     pipes and files); a process with CAP_SYS_PTRACE (root) still can. Restored after the last call ends."""
-    try:
-        import ctypes
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        prctl = None
     with _dumpable_lock:
-        if prctl is not None and _dumpable_users[0] == 0:
-            _dumpable_users[1] = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
-            prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        if _dumpable_users[0] == 0:
+            _dumpable_users[1] = prctl(PR_GET_DUMPABLE)
+            prctl(PR_SET_DUMPABLE, 0)
         _dumpable_users[0] += 1
     try:
         yield
     finally:
         with _dumpable_lock:
             _dumpable_users[0] -= 1
-            if prctl is not None and _dumpable_users[0] == 0 and _dumpable_users[1] in (1, 2):
-                prctl(PR_SET_DUMPABLE, _dumpable_users[1], 0, 0, 0)
+            if _dumpable_users[0] == 0 and _dumpable_users[1] in (1, 2):
+                prctl(PR_SET_DUMPABLE, _dumpable_users[1])
 
 
 @functools.lru_cache(maxsize=None)
