@@ -43,17 +43,18 @@ quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, th
 
 from pacs_fast.config.model_files import trained_positions  # noqa: E402
 from pacs_fast.config.reward_fields import fields_digest, row_fields
-from pacs_fast.config.reward_specs import VERIFIER, reward_specs
+from pacs_fast.config.reward_specs import VERIFIER, checked_weights, reward_specs
 from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, load_benchmarks,
                                        model_label, prompt_kwargs, read_json)
 from pacs_fast.evaluation.parser import int_list, run_parser as _run_parser
 from pacs_fast.evaluation.engine import engine_and_dtype, make_engine, vllm_cpu_sizes
+from pacs_fast.evaluation.folder import coverage_warnings, covered_benchmarks, previous_results
 from pacs_fast.files import write_text_atomic
 from pacs_fast.evaluation.report import comparison_warnings, incomplete_warnings, markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct, load_results,
                                           parts_warnings, problem_digest, read_samples, results_from_samples,
                                           samples_path)
-from pacs_fast.evaluation.settings import check_settings
+from pacs_fast.evaluation.settings import check_settings, recorded_sources
 from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn, reward_field_keywords
 from pacs_fast.gc_heap import freeze_at_start_up
 from pacs_fast.trainer.run_folder import RunLock
@@ -102,11 +103,10 @@ def run(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
     check_run_args(args)  # numbers, choices, the model folder, --out: before anything loads
     args.reward_fn = ",".join(reward_specs(args.reward_fn))  # (recorded as written without spaces or stray commas)
+    if args.reward_weights.strip() and len(reward_specs(args.reward_fn)) < 2:  # (the check's own line: one name)
+        checked_weights(args.reward_fn, args.reward_weights.split(","), "--reward-weights", "--reward-fn")
     if args.reward_fn == VERIFIER:  # (the math verifier alone: no --reward-fn)
         args.reward_fn = ""
-    if args.reward_weights.strip() and not args.reward_fn:
-        raise UsageError("--reward-weights weighs the components of a --reward-fn list (e.g. --reward-fn "
-                         "verifier,my_checks:format_score --reward-weights 0.8,0.2); give --reward-fn")
     verifier_scores = not args.reward_fn or VERIFIER in reward_specs(args.reward_fn)
     if not verifier_scores:  # the verifier's flags, idle: named (and the extraction not recorded as a setting)
         parser = _run_parser()
@@ -132,7 +132,7 @@ def run(argv: list[str]) -> int:
     check_ks(args.k, ns, greedy=args.temperature == 0)
     config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
               "min_p": args.min_p, "max_tokens": args.max_tokens, "stop": args.stop, "seed": args.seed, "n": ns,
-              **prompt_kwargs(args)}
+              **prompt_kwargs(args), "sources": sources}
     config["engine"], config["dtype"] = engine_and_dtype(args)
     config["extraction"] = args.extraction
     config["reward_fn"] = args.reward_fn
@@ -141,15 +141,18 @@ def run(argv: list[str]) -> int:
     if getattr(reward_fn, "components", None):  # a mix of rewards: its weights (recorded when it is one)
         config["reward_weights"] = [w for _, _, w in reward_fn.components]
     try:  # one eval per --out: a second appended every sample again, and its --overwrite deleted the first's
-        lock = RunLock(out_dir, new=False, what="--out", other="choose another --out")
+        lock = RunLock(out_dir, new=False, what="--out", other="choose another --out",
+                       writes="its lock, samples and results")
     except ValueError as e:
         raise UsageError(str(e)) from None
     commit = check_settings(out_dir, config, args.overwrite)  # (its deletions and writes once the run starts)
 
     # (--overwrite: the asked benchmarks' samples are discarded, when the run starts)
     done = {b: {} if args.overwrite else read_samples(samples_path(out_dir, b), repair=True) for b in sets}
+    sampled_from = recorded_sources(out_dir)
     for b, problems in sets.items():  # a resume continues the same problems, or refuses
-        check_records_match(samples_path(out_dir, b), done[b], problems, sources[b], keywords)
+        check_records_match(samples_path(out_dir, b), done[b], problems, sources[b], keywords, ns[b],
+                            sampled_from.get(b))
     todo = {b: [i for i in range(len(probs)) if i not in done[b]] for b, probs in sets.items()}
     total = sum(len(t) for t in todo.values())
     skipped = sum(len(sets[b]) - len(todo[b]) for b in sets)
@@ -162,8 +165,13 @@ def run(argv: list[str]) -> int:
 
     meta = {"model": model_id, "label": label, "limit": args.limit,
             "settings": read_json(out_dir / "run_config.json", "run settings file")}
-    results = results_from_samples(out_dir, list(sets), ks=args.k, meta=meta,
-                                   expected={b: len(p) for b, p in sets.items()}, extra_ks=args.table_k)
+    # the folder's results: this run's benchmarks, then those other runs sampled here (same settings: run_config.json)
+    asked = {b: len(p) for b, p in sets.items()}
+    names, expected, gone = covered_benchmarks(out_dir, previous_results(out_dir)[0], asked)
+    results = results_from_samples(out_dir, names, ks=args.k, meta=meta, expected=expected, extra_ks=args.table_k)
+    for line in [*coverage_warnings(results, expected, gone), *incomplete_warnings(results, had_results=True,
+                                                                                   out_dir=out_dir)]:
+        print(f"warning: {line}", file=sys.stderr)
     print(write_reports(out_dir, results, args.table_k))
     print(f"wrote {out_dir / 'results.json'}, table.md, pass_at_k.png", file=sys.stderr)
     lock.release()
@@ -320,8 +328,8 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
 
 def report(argv: list[str]) -> int:
     p = ArgumentParser(prog="python -m pacs_fast.eval report",
-                       description="Recompute results.json, table.md and pass_at_k.png from the samples of the "
-                                   "benchmarks the run's results.json lists (without one: every samples file)")
+                       description="Recompute results.json, table.md and pass_at_k.png from every samples file in "
+                                   "--out (the problems each run asked for: from its results.json)")
     p.add_argument("--out", required=True, help="run folder holding samples_*.jsonl")
     p.add_argument("--k", type=int_list, default=None)
     p.add_argument("--table-k", type=int_list, default=None)
@@ -334,20 +342,18 @@ def report(argv: list[str]) -> int:
     if not out_dir.is_dir():
         raise UsageError(f"--out {out_dir}: no such folder")
     try:  # an eval still writing into --out: its results.json comes when it ends (one written now was of a part)
-        lock = RunLock(out_dir, new=False, what="--out", other="report after it ends")
+        lock = RunLock(out_dir, new=False, what="--out", other="report after it ends",
+                       writes="its lock and results")
     except ValueError as e:
         raise UsageError(str(e)) from None
-    # the run's own results.json: its benchmarks, the problems each asked for (a --limit), its label
-    prev = {}
-    if (out_dir / "results.json").is_file():
-        try:
-            prev = load_results(out_dir / "results.json")
-        except ValueError as e:  # what report is for: write it again, from every samples file
-            print(f"warning: {e}: recomputing from every samples file in {out_dir}", file=sys.stderr)
-    benchmarks, expected = (list(prev["benchmarks"]) or None, {}) if prev else (None, None)
-    for b, br in prev.get("benchmarks", {}).items():
-        if br.get("expected_problems") or br.get("complete"):  # (files before expected_problems: complete ones)
-            expected[b] = br.get("expected_problems") or br["num_problems"]
+    # the folder's last results.json: the problems each benchmark's run asked for (a --limit), its label
+    prev, unreadable = previous_results(out_dir)
+    if unreadable:  # what report is for: write it again, from every samples file
+        print(f"warning: {unreadable}: recomputing from every samples file in {out_dir}", file=sys.stderr)
+    benchmarks, expected, gone = covered_benchmarks(out_dir, prev, {})
+    if gone:  # (a results.json written without them would lose them for good)
+        raise UsageError(f"{out_dir / 'results.json'} lists {', '.join(gone)}, whose samples file is missing or "
+                         f"empty: restore it, or delete results.json to report the other benchmarks")
     meta.update({k: prev[k] for k in ("model", "label", "limit") if k in prev})
     if cfg.exists():
         meta["settings"] = read_json(cfg, "run settings file")
@@ -355,7 +361,7 @@ def report(argv: list[str]) -> int:
     meta["label"] = args.label or meta.get("label") or (model_label(meta["model"]) if meta.get("model")
                                                         else out_dir.name)
     try:
-        results = results_from_samples(out_dir, benchmarks, ks=args.k, meta=meta, expected=expected,
+        results = results_from_samples(out_dir, benchmarks or None, ks=args.k, meta=meta, expected=expected,
                                        extra_ks=args.table_k)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -364,7 +370,8 @@ def report(argv: list[str]) -> int:
     check_ks(args.k, {b: min(r["n"]) if isinstance(r["n"], list) else r["n"]
                       for b, r in results["benchmarks"].items()}, command="report")
     had_results = (out_dir / "results.json").is_file()  # (before this report writes one)
-    for line in incomplete_warnings(results, had_results=had_results, out_dir=out_dir):
+    for line in [*(coverage_warnings(results, expected) if prev else []),
+                 *incomplete_warnings(results, had_results=had_results, out_dir=out_dir)]:
         print(f"warning: {line}", file=sys.stderr)
     print(write_reports(out_dir, results, args.table_k))
     lock.release()
@@ -389,15 +396,18 @@ def compare(argv: list[str]) -> int:
         results.append(load_results(path))
         inputs.add(path.resolve())
     for flag, target in (("--out", args.out), ("--table", args.table)):  # (--table a/results.json replaced it)
+        if target and Path(target).is_dir():
+            raise UsageError(f"{flag} {target} is a folder: give the path of the file to write")
         if target and Path(target).resolve() in inputs:
             raise UsageError(f"{flag} {target} is one of the results files compared: it would be overwritten; "
                              f"give another path")
     if args.table and Path(args.table).resolve() == Path(args.out).resolve():
         raise UsageError(f"--table {args.table} and --out are one file: the table would replace the plot")
     if args.labels:
-        labels = args.labels.split(",")
-        if len(labels) != len(results):
-            raise UsageError(f"--labels: {len(labels)} labels for {len(results)} results files")
+        labels = [lab.strip() for lab in args.labels.split(",")]
+        if len(labels) != len(results) or not all(labels):
+            raise UsageError(f"--labels: {len(labels)} labels for {len(results)} results files" if all(labels) else
+                             f"--labels {args.labels!r}: label {labels.index('') + 1} is empty")
         for r, lab in zip(results, labels):
             r["label"] = lab
     for line in comparison_warnings(results):

@@ -289,3 +289,18 @@ def test_the_trainer_keeps_prompt_ids_as_int32_arrays_and_hands_out_lists(monkey
     builtin = [{"prompt": "1+1=", "answer": "2"}]  # the built-in task's own prompt format: the same storage
     (one,), _ = encode(load_config(None, []), tok, builtin, "x", print)
     assert list(one["prompt_ids"]) == tok.encode("1+1=", add_special_tokens=False)
+
+
+@pytest.mark.parametrize("row, field", [({"problem": "x\\ud800y", "answer": "1"}, "problem"),
+                                        ({"problem": "x", "answer": "\\udfff"}, "answer"),
+                                        ({"id": "a\\ud83d", "problem": "x", "answer": "1"}, "id"),
+                                        ({"problem": "x", "answer": "1", "tests": ["\\ud800"]}, "tests")])
+def test_a_lone_surrogate_is_named_with_its_field(tmp_path, row, field):
+    """A JSON escape of half a surrogate pair reads as Python text that UTF-8 cannot write: eval's samples file
+    failed on it after the sampling (and the trainer's records alike). A whole pair (an emoji) is text."""
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"problem": "ok \\ud83d\\ude00", "answer": "2", "tests": []}).replace("\\\\", "\\") + "\n"
+                    + json.dumps(row).replace("\\\\", "\\") + "\n")
+    with pytest.raises(ValueError, match=rf"d.jsonl:2: field '{field}' holds a lone surrogate"):
+        load_dataset(path, fields=("tests",) if field == "tests" else ())
+    assert load_dataset(path, limit=1)[0].problem == "ok \U0001F600"

@@ -309,15 +309,31 @@ def _record(i, problem, answer, *, digest=True, prompt=None):
     return rec
 
 
+def _write_settings(model_dir, dataset, out, monkeypatch, capsys=None):
+    """Writes the ``run_config.json`` the run of ``_run_args`` records, sampling nothing (a folder of records
+    written by hand needs its settings file: samples without one are refused)."""
+    import shutil
+
+    scratch = out.parent / "settings_only"
+    with monkeypatch.context() as m:
+        m.setattr(ev, "_generate", lambda *args: args[-1]())  # (its last argument: the settings' commit)
+        m.setattr(ev, "write_reports", lambda *args: "")
+        assert ev.main(_run_args(model_dir, dataset, scratch)) == 0
+    out.mkdir()
+    shutil.copy(scratch / "run_config.json", out / "run_config.json")
+    if capsys is not None:
+        capsys.readouterr()
+
+
 @pytest.mark.parametrize("change, match", [
     ("problem", "its problem text differs"), ("answer", "its answer differs"),
     ("legacy_problem", "its problem text differs"), ("id", "its id differs")])
 def test_resume_refuses_samples_of_an_edited_dataset(model_dir, dataset, tmp_path, capsys, no_model_load, change,
-                                                      match):
+                                                      match, monkeypatch):
     """A dataset file edited after an interrupted run: its samples were "resumed" and scored against the old
     answers, the results reported complete (hostile sweep, 2026-11-28)."""
     out = tmp_path / "run"
-    out.mkdir()
+    _write_settings(model_dir, dataset, out, monkeypatch, capsys)
     rows = [json.loads(x) for x in dataset.read_text().splitlines()]
     recs = [_record(i, r["problem"], r["answer"]) for i, r in enumerate(rows[:2])]
     if change == "problem":
@@ -335,9 +351,9 @@ def test_resume_refuses_samples_of_an_edited_dataset(model_dir, dataset, tmp_pat
     assert not (out / "results.json").exists()
 
 
-def test_resume_accepts_its_own_and_legacy_records(model_dir, dataset, tmp_path, no_model_load):
+def test_resume_accepts_its_own_and_legacy_records(model_dir, dataset, tmp_path, no_model_load, monkeypatch):
     out = tmp_path / "run"
-    out.mkdir()
+    _write_settings(model_dir, dataset, out, monkeypatch)
     rows = [json.loads(x) for x in dataset.read_text().splitlines()]
     recs = [_record(i, r["problem"], r["answer"], digest=i % 2 == 0) for i, r in enumerate(rows)]
     (out / "samples_toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -412,7 +428,7 @@ def test_compare_two_results(tmp_path, capsys):
     for label, cs in (("base", [0, 1, 2]), ("pacs", [2, 3, 4])):
         res = {"label": label, "benchmarks": {"aime2024": {
             "n": 4, "pass_at_k": {str(k): _hand_pass_at_k(4, cs, k) for k in (1, 2, 4)},
-            "correct_counts": cs}}}
+            "correct_counts": cs, "num_problems": len(cs)}}}
         files.append(tmp_path / f"{label}.json")
         files[-1].write_text(json.dumps(res))
     png, md = tmp_path / "plot.png", tmp_path / "t.md"
@@ -429,7 +445,8 @@ def test_compare_two_results(tmp_path, capsys):
     # (bring-your-own-data sweep); a warning each, the table still written
     for label, ids in (("base", ["0", "1"]), ("pacs", ["0", "1", "2"])):
         res = json.loads((tmp_path / f"{label}.json").read_text())
-        res["benchmarks"]["aime2024"].update(ids=ids, num_problems=len(ids))
+        res["benchmarks"]["aime2024"].update(ids=ids, num_problems=len(ids),
+                                             correct_counts=res["benchmarks"]["aime2024"]["correct_counts"][:len(ids)])
         (tmp_path / f"{label}.json").write_text(json.dumps(res))
     assert ev.main(["compare", *map(str, files), str(files[0]), "--out", str(png)]) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]

@@ -76,7 +76,8 @@ class FakeVerifier:
     ("verifier,m:f", [0.5, 0.6], r"reward.fn_weights must sum to 1 .* \(sum 1.1\)"),
     ("verifier,m:f", [1.5, -0.5], r"reward.fn_weights must be finite and >= 0"),
     ("verifier,m:f", [1.0], r"reward.fn_weights has 1 weights for the 2 components of reward.fn \(verifier, m:f\)"),
-    ("m:f", [1.0], r"reward.fn_weights weighs the components of a list in reward.fn .* names 1"),
+    ("m:f", [1.0], r"reward.fn_weights weighs the components of a list in reward.fn .* names one, m:f: leave "
+                   r"reward.fn_weights out"),
     ("verifier,verifier", [], r"reward.fn names 'verifier' twice"),
     ("verifier,score", [], r"reward.fn: 'score' is neither 'verifier' \(the math verifier\) nor 'module:function'"),
     ("verifier,m:f", ["a", "b"], r"reward.fn_weights must be numbers"),
@@ -273,7 +274,7 @@ def test_eval_scores_a_mix_records_its_weights_and_refuses_others(model_dir, dat
     assert not (tmp_path / "new").exists()
     # weights without a list to weigh; a list written with spaces and a stray comma is recorded as written without
     assert ev.main(_run_args(model_dir, dataset, tmp_path / "new", "--reward-weights", "0.5,0.5")) == 2
-    assert "--reward-weights weighs the components of a --reward-fn list" in capsys.readouterr().err
+    assert "--reward-weights weighs the components of a list in --reward-fn" in capsys.readouterr().err
     assert ev.main(_run_args(model_dir, dataset, tmp_path / "new", "--reward-fn", "m:f", "--reward-weights", "1")) == 2
     assert "(e.g. --reward-fn verifier,my_checks:format_score --reward-weights 0.8,0.2)" in capsys.readouterr().err
     assert ev.main(_run_args(model_dir, dataset, out, "--reward-fn", "verifier, test_reward_mix:short,",

@@ -59,8 +59,9 @@ def checked_weights(fn: str, weights, key: str = "reward.fn_weights", fn_key: st
     if len(specs) < 2:
         example = (f"{fn_key} verifier,my_checks:format_score {key} 0.8,0.2" if key.startswith("--") else
                    f"{fn_key}=verifier,my_checks:format_score {key}=[0.8,0.2]")
-        raise ValueError(f"{key} weighs the components of a list in {fn_key} (e.g. {example}); {fn_key} names "
-                         f"{len(specs)}")
+        given = f"names one, {specs[0]}" if specs else "is empty (the math verifier alone)"
+        raise ValueError(f"{key} weighs the components of a list in {fn_key} (e.g. {example}); {fn_key} {given}: "
+                         f"leave {key} out")
     try:
         if any(isinstance(w, bool) for w in weights):  # (YAML's true / false are no weights)
             raise TypeError

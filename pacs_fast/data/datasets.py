@@ -214,6 +214,15 @@ def _answer_text(value: Any, where: str, field_name: str) -> str:
                      f"{type(value).__name__}")
 
 
+def _not_utf8(value) -> bool:
+    """Whether ``value`` (a field as read: text, or a list / object of them) holds a lone surrogate."""
+    try:
+        json.dumps(value, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_field: str = "answer",
                  id_field: str | None = None, source_field: str = "source",
                  limit: int | None = None, field_settings: str = "problem_field= / answer_field= / id_field=",
@@ -289,6 +298,10 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
             if extra[name] is _MISSING:
                 raise ValueError(f"{where}: missing field {name!r} that {fields_setting} asks for (the row has: "
                                  f"{', '.join(map(str, row))}; a dotted name reads a nested one)")
+        for name, value in ((problem_field, problem), (answer_field, answer), (id_field or "id", pid), *extra.items()):
+            if _not_utf8(value):  # (a JSON escape "\ud800": the samples file's write failed after the sampling)
+                raise ValueError(f"{where}: field {name!r} holds a lone surrogate (a JSON escape such as \\ud800 "
+                                 f"without its pair), which is no text UTF-8 can write; fix the row")
         used = {problem_field, answer_field, id_field or "id", source_field}
         meta = {k: v for k, v in row.items() if k not in used}
         out.append(Problem(id=pid, problem=problem, answer=answer,

@@ -199,8 +199,8 @@ def benchmark_name(path: Path) -> str:
     anywhere: ``data/test-*.parquet`` inside ``aime25/``, or ``.``)."""
     from pacs_fast.config.dataset_files import SPLIT_WORDS, is_glob
 
-    if path.is_file():
-        return path.name.split(".")[0]
+    if path.is_file():  # (a dot-file's leading dots aside: .hidden.jsonl had been filed under "")
+        return path.name.lstrip(".").split(".")[0] or "dataset"
     parts = list(path.parts)
     while parts and is_glob(parts[-1]):  # the folder a glob's matches are in (typed: the folder may hold "[")
         parts.pop()

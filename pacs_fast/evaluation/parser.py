@@ -36,6 +36,8 @@ def _n_spec(text: str) -> dict[str, int] | int:
             n = {}
             for part in text.split(","):
                 name, value = part.split("=")
+                if name.strip() in n:  # (the last had silently counted)
+                    raise argparse.ArgumentTypeError(f"--n names {name.strip()} twice, got {text!r}")
                 n[name.strip()] = int(value)
             values = min(n.values()), max(n.values())
         if not all(1 <= v <= MAX_N for v in ([values] if isinstance(values, int) else values)):

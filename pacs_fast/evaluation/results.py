@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -93,11 +94,14 @@ def read_samples(path: str | Path, *, repair: bool = False) -> dict[int, dict[st
         if raw.strip():
             try:
                 rec = json.loads(raw)
-                records[int(rec["index"])] = rec
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 if data.find(b"\n", nl + 1) == -1 and not data[nl + 1:].strip():
                     break  # a corrupt last line
                 raise ValueError(f"{path}:{line_no}: unreadable samples record ({e})") from None
+            wrong = record_error(rec)  # (a whole JSON line is no interrupted write: an edit, refused on any line)
+            if wrong:
+                raise ValueError(f"{path}:{line_no}: not a samples record ({wrong})")
+            records[rec["index"]] = rec
         pos = nl + 1
         good_end = pos
     if repair and good_end < len(data):
@@ -106,23 +110,55 @@ def read_samples(path: str | Path, *, repair: bool = False) -> dict[int, dict[st
     return records
 
 
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def record_error(rec) -> str | None:
+    """What makes ``rec`` (one parsed line of a samples file) no problem record, or None: an object with an
+    ``index`` (an integer >= 0), ``scores`` (a non-empty list of finite numbers) and, where given, ``n`` (their
+    number). What pass@k reads: a hand-edited line failed later with a bare KeyError or TypeError."""
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not an object"
+    if not _count(rec.get("index")):
+        return f"index {rec.get('index')!r} is not an integer >= 0"
+    scores = rec.get("scores")
+    if not isinstance(scores, list) or not scores or not all(_real(x) for x in scores):
+        return "scores must be a non-empty list of finite numbers"
+    if "n" in rec and rec["n"] != len(scores):
+        return f"n {rec['n']!r} is not the number of its scores ({len(scores)})"
+    return None
+
+
 def problem_digest(problem: str) -> str:
     """SHA-1 (hex) of a problem's text, kept in its samples record (``problem_sha1``)."""
     return hashlib.sha1(problem.encode("utf-8")).hexdigest()
 
 
 def check_records_match(path: str | Path, records: dict[int, dict[str, Any]], problems, source: str,
-                        field_keywords: dict[str, str] | None = None) -> None:
+                        field_keywords: dict[str, str] | None = None, n: int | None = None,
+                        sampled_from: str | None = None) -> None:
     """ValueError when a record of the samples file ``path`` answered another problem than ``problems[index]``
     now is (``source``: the benchmark entry, named in the error): an edited dataset file, or other
     ``--problem-field`` / ``--answer-field``. Compared: the id, the gold answer and the problem text
     (``problem_sha1``; records written before it existed: the problem must appear in their prompt), and with
     ``--reward-fields`` (``field_keywords``) the row's field values (``fields_sha1``: what the reward read).
-    Records past the end of ``problems`` (an earlier run with a larger ``--limit``) are not compared."""
+    With ``n`` (this run's samples per problem), each record's number of samples too (the settings file compares
+    ``n`` only where it records the benchmark's). ``sampled_from``: the dataset the folder's settings file names
+    for the benchmark; another than ``source`` is named as such (two files of one name), not as an edit. Records
+    past the end of ``problems`` (an earlier run with a larger ``--limit``) are not compared."""
     for i, rec in sorted(records.items()):
         if i >= len(problems):
             break
         p = problems[i]
+        if n is not None and len(rec["scores"]) != n:
+            raise ValueError(f"{path}: problem {i} was sampled with n = {len(rec['scores'])}, not {n} as this run "
+                             f"asks (the results would mix them): give that --n, use another --out, or --overwrite "
+                             f"to start afresh")
         if "problem_sha1" in rec:
             same_text = rec["problem_sha1"] == problem_digest(p.problem)
         else:
@@ -133,6 +169,9 @@ def check_records_match(path: str | Path, records: dict[int, dict[str, Any]], pr
                                         ("answer", str(rec.get("answer")) == str(p.answer)),
                                         ("problem text", same_text), ("--reward-fields values", same_fields))
                 if not same]
+        if what and sampled_from and sampled_from != source:
+            raise ValueError(f"{path} was sampled from {sampled_from}, not {source} (another dataset of the same "
+                             f"name: its problem {i} differs); use another --out for this one")
         if what:
             raise ValueError(f"{path}: problem {i} was sampled from another version of {source} (its "
                              f"{' and '.join(what)} differ{'s' if len(what) == 1 else ''}: {source} changed since); "
@@ -261,4 +300,41 @@ def load_results(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not a readable results file ({e})") from None
     if not isinstance(res, dict) or "benchmarks" not in res:
         raise ValueError(f"{path}: not a pacs_fast results file (no 'benchmarks' key)")
+    wrong = results_error(res)
+    if wrong:
+        raise ValueError(f"{path}: not a pacs_fast results file as written ({wrong}); write it again with "
+                         f"python -m pacs_fast.eval report --out <its folder>")
     return res
+
+
+def results_error(res: dict) -> str | None:
+    """What in ``res`` (a parsed ``results.json``) is not as :func:`results_from_samples` writes it, naming the key,
+    or None. Checked: what ``compare`` and ``report`` read (each benchmark's ``n``, ``num_problems``,
+    ``correct_counts`` and ``pass_at_k``; the ``settings`` and ``label``). A hand-edited file had failed with a
+    bare KeyError or AttributeError, or printed a pass@k of 150%."""
+    if not isinstance(res["benchmarks"], dict):
+        return "benchmarks is not an object"
+    for key in ("label", "model"):
+        if res.get(key) is not None and not isinstance(res[key], str):
+            return f"{key} is not a string"
+    if res.get("settings") is not None and not isinstance(res["settings"], dict):
+        return "settings is not an object"
+    for b, br in res["benchmarks"].items():
+        where = f"benchmarks.{b}"
+        if not isinstance(br, dict):
+            return f"{where} is not an object"
+        if not _count(br.get("num_problems")) or not br["num_problems"]:
+            return f"{where}.num_problems is not an integer >= 1"
+        n, counts = br.get("n"), br.get("correct_counts")
+        ns = n if isinstance(n, list) else [n] * br["num_problems"]
+        if len(ns) != br["num_problems"] or not all(_count(x) and x >= 1 for x in ns):
+            return f"{where}.n is not an integer >= 1 or a list of one per problem"
+        if (not isinstance(counts, list) or len(counts) != br["num_problems"]
+                or not all(_count(c) and c <= m for c, m in zip(counts, ns))):
+            return f"{where}.correct_counts is not a list of one count (0 to n) per problem"
+        p = br.get("pass_at_k")
+        if not isinstance(p, dict) or not all(k.isdigit() and _real(v) and 0 <= v <= 1 for k, v in p.items()):
+            return f"{where}.pass_at_k is not an object of k to a fraction in [0, 1]"
+        if br.get("mean_score") is not None and not _real(br["mean_score"]):
+            return f"{where}.mean_score is not a number"
+    return None

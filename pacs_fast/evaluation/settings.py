@@ -59,6 +59,14 @@ def check_settings(out_dir: Path, config: dict, overwrite: bool):
     asked = {samples_path(out_dir, b) for b in config["n"]}
     existing = sorted(out_dir.glob("samples_*.jsonl"))
     others = [p.name for p in existing if p not in asked]
+    if existing and not path.exists() and (others or not overwrite):  # (a resume had appended under other settings)
+        found = (f"{out_dir} holds samples ({', '.join(p.name for p in existing)}) but no {SETTINGS_FILE} (the "
+                 f"settings they were made with)")
+        if others:
+            raise UsageError(f"{found}, among them {', '.join(others)}, of benchmarks this run does not ask for "
+                             f"(--overwrite deletes only the samples of those asked for): use another --out, or "
+                             f"delete them")
+        raise UsageError(f"{found}: use another --out, or --overwrite to delete them and start afresh")
     if path.exists() and existing:
         try:
             old = read_json(path, "run settings file")
@@ -82,7 +90,8 @@ def check_settings(out_dir: Path, config: dict, overwrite: bool):
                                      f"follows it), or delete them")
                 raise UsageError(f"{found}. Use another --out (or, without --out, another --label: the default --out "
                                  f"follows it), or --overwrite to delete those samples and start afresh.")
-            config = {**old, **config, "n": {**old.get("n", {}), **config["n"]}}
+            config = {**old, **config, "n": {**old.get("n", {}), **config["n"]},
+                      "sources": {**old.get("sources", {}), **config.get("sources", {})}}
 
     def commit() -> None:
         if overwrite:
@@ -93,3 +102,14 @@ def check_settings(out_dir: Path, config: dict, overwrite: bool):
         write_text_atomic(path, json.dumps(config, indent=2) + "\n")
 
     return commit
+
+
+def recorded_sources(out_dir: Path) -> dict[str, str]:
+    """The dataset each benchmark of ``out_dir`` was sampled from, as its settings file records it (its
+    ``sources``: a shipped name or an absolute path; ``{}`` for a folder without one, or written before they
+    were recorded)."""
+    try:
+        sources = read_json(out_dir / SETTINGS_FILE, "run settings file").get("sources", {})
+    except (UsageError, AttributeError):
+        return {}
+    return sources if isinstance(sources, dict) else {}

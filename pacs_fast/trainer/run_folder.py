@@ -74,7 +74,7 @@ class RunLock:
     the folder (and the pid that holds it) otherwise."""
 
     def __init__(self, run_dir: str | Path, *, new: bool, what: str = "run folder",
-                 other: str = "choose another train.run_name"):
+                 other: str = "choose another train.run_name", writes: str = "its lock, metrics and checkpoints"):
         self.run_dir = Path(run_dir)
         path = self.run_dir / LOCK_FILE
         self._fd = None
@@ -84,7 +84,7 @@ class RunLock:
                 self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as e:  # a read-only mount, no permission: one line, not a traceback
                 raise ValueError(f"{what} {str(self.run_dir)!r} cannot be written ({e.strerror or e}): a run writes "
-                                 f"its lock, metrics and checkpoints there (nothing was changed)") from None
+                                 f"{writes} there (nothing was changed)") from None
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
