@@ -127,8 +127,11 @@ def test_a_checkpoint_round_trip_and_what_it_refuses(tiny, seed):
     with torch.no_grad():
         next(p for n, p in c.model.named_parameters() if "base_layer" in n).add_(0.5)
     c.load_hf_weights(weights)
-    with pytest.raises(ValueError, match=r"model.path's weights \(or the run's model.lora_\* settings\) changed since"):
+    with pytest.raises(ValueError, match=r"model.path's weights are not the base the checkpoint's LoRA adapters"):
         c.load_state_dict(copy.deepcopy(state))
+    c.load_hf_weights(weights)  # a checkpoint written before the base's digest was recorded: the merge is compared
+    with pytest.raises(ValueError, match=r"model.path's weights \(or the run's model.lora_\* settings\) changed since"):
+        c.load_state_dict({k: v for k, v in copy.deepcopy(state).items() if k != "lora_base"})
     # the other kind of checkpoint
     with pytest.raises(ValueError, match="trained LoRA adapters .* but this run trains the whole model"):
         _learner(_model(tiny)).load_state_dict(copy.deepcopy(state))
@@ -216,6 +219,51 @@ def test_a_run_trains_adapters_saves_plain_checkpoints_and_resumes_exactly(tmp_p
     assert not torch.equal(got, AutoModelForCausalLM.from_pretrained(adapter["base_model_name_or_path"])(ids).logits)
 
 
+def test_a_checkpoint_copy_given_as_the_base_is_refused(tiny, seed):
+    """model.path moved, and a checkpoint's copy given as model.path (what the hint for a full-model run says):
+    its weights are the merge, so the adapters applied twice. At an RL learning rate the doubled update is far
+    inside the merge check's tolerance (1e-5 of the largest weight): the base's digest, recorded in the checkpoint,
+    is compared exactly."""
+    from pacs_fast.learner.lora import check_same_merge, load_adapter_state
+
+    gen = torch.Generator().manual_seed(seed)
+    batch = _batch(gen)
+
+    def lora_learner(model):
+        add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
+        return TorchLearner(model, algo=AlgoConfig(name="grpo"), horizon=10,
+                            learner=LearnerConfig(lr=1e-6, mini_batch_prompts=2, micro_batch_prompts=1,
+                                                  logprob_backend="torch"))
+
+    a = lora_learner(_model(tiny))
+    _update(a, batch)
+    weights, state = list(a.export_hf_weights()), copy.deepcopy(a.state_dict())
+    copied = _model(tiny)  # (a checkpoint's copy as model.path: the merged weights)
+    missing, unexpected = copied.load_state_dict(dict(weights), strict=False)
+    assert not unexpected and not [n for n in missing if n.endswith("weight")]
+    c = lora_learner(copied)
+    c.load_hf_weights(weights)
+    with pytest.raises(ValueError, match="model.path's weights are not the base the checkpoint's LoRA adapters"):
+        c.load_state_dict(copy.deepcopy(state))
+    load_adapter_state(c.model, state["lora"])  # what went on before: the adapters applied twice ...
+    assert any(not torch.equal(x, y) for (_, x), (_, y) in zip(c.export_hf_weights(), weights))
+    check_same_merge(c.model, dict(weights))  # ... within the merge check's tolerance
+    b = lora_learner(_model(tiny))  # the real base
+    b.load_hf_weights(weights)
+    b.load_state_dict(copy.deepcopy(state))
+
+
+def test_the_moved_model_hint_of_a_lora_run_asks_for_the_base(tmp_path):
+    """A full-model run continues from a checkpoint's copy; a LoRA run's checkpoints hold merged weights."""
+    from pacs_fast.trainer.run_folder import check_moved_files
+
+    for rank, want in ((4, "the run's LoRA adapters train on that base model"), (0, "copy one out (cp -r")):
+        cfg = load_config(None, [f"model.path={tmp_path / 'gone'}", f"model.lora_rank={rank}"])
+        with pytest.raises(ValueError, match=r"no longer exists") as e:
+            check_moved_files(tmp_path / "run", cfg, tmp_path / "run" / "checkpoints" / "step_000001")
+        assert want in str(e.value)
+
+
 @pytest.mark.parametrize("targets", ["lm_head", "q_proj,embed_tokens"])
 def test_the_head_and_the_embedding_take_no_adapters(tiny, targets):
     """The log-prob op reads the LM head's weight (an adapter there would be left out of the learner's log-probs
@@ -248,8 +296,14 @@ def test_a_bf16_merge_rounds_once(tiny, seed):
                                                                       generator=gen))
     merged = merged_weights(model)
     for name, layer in lora_layers(model).items():
-        want = (layer.base_layer.weight.float() + layer.get_delta_weight("default").float()).to(torch.bfloat16)
-        assert torch.equal(merged[name + ".weight"], want)
+        delta = layer.lora_B["default"].weight.double() @ layer.lora_A["default"].weight.double()
+        want = (layer.base_layer.weight.double() + layer.scaling["default"] * delta).to(torch.bfloat16)
+        got = merged[name + ".weight"]
+        # one rounding of the fp32 sum: the float64 sum's bf16 value, but where the sum lies within fp32's error of
+        # a bf16 rounding boundary (1 ulp of bf16 at most; PEFT's delta, rounded to bf16 first, missed it widely)
+        ulp = torch.finfo(torch.bfloat16).eps * want.float().abs().clamp_min(torch.finfo(torch.bfloat16).tiny)
+        assert float(((got.float() - want.float()).abs() / ulp).max()) <= 1.0
+        assert float((got != want).float().mean()) < 1e-3
 
 
 def test_a_rank_whose_adapters_outgrow_the_model_warns(tiny):
@@ -369,3 +423,18 @@ def test_dropout_masks_are_the_steps_whatever_ran_before(tiny, seed):
     a, b, c = trained(7, 0), trained(7, 1000), trained(8, 0)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert any(not torch.equal(x, y) for x, y in zip(a, c))
+
+
+def test_eval_of_a_checkpoints_adapter_folder_names_the_checkpoint(tiny, tmp_path, capsys):
+    """--model <checkpoint>/adapter (a LoRA run's PEFT adapter folder) had been "not a Hugging Face model folder"."""
+    import shutil
+
+    from pacs_fast import eval as ev
+
+    ckpt = tmp_path / "step_000003"
+    shutil.copytree(tiny, ckpt)
+    (ckpt / "adapter").mkdir()
+    (ckpt / "adapter" / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    assert ev.main(["--model", str(ckpt / "adapter"), "--benchmarks", "amc23", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a PEFT adapter folder" in err and f"merged weights, {ckpt}" in err, err

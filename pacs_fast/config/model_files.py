@@ -216,6 +216,11 @@ def model_folder_problem(path: str | Path) -> str | None:
     problem = unfinished_checkpoint_problem(path)
     if problem:
         return f": {problem}"
+    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():  # (a LoRA run's adapter/)
+        return (f" is a PEFT adapter folder (the LoRA adapters alone, for PeftModel.from_pretrained on their base); "
+                f"give the model folder that holds the merged weights" + (f", {path.parent}" if
+                                                                           (path.parent / "config.json").is_file()
+                                                                           else ""))
     if not (path / "config.json").is_file():
         return f" has no config.json: not a Hugging Face model folder{run_folder_hint(path)}"
     if not has_tokenizer(path):  # transformers would build an empty tokenizer without a word

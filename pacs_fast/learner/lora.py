@@ -102,10 +102,35 @@ def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             m, merged = layers[layer], t.float()
             for adapter in m.active_adapters:
                 if adapter in m.lora_A:
-                    merged = merged + m.get_delta_weight(adapter).float()
+                    merged = merged + _delta(m, adapter)
             t = merged.to(t.dtype)  # (in fp32, rounded once: a bf16 sum rounded the delta, then the sum)
         out[plain] = t
     return out
+
+
+def _delta(layer: torch.nn.Module, adapter: str) -> torch.Tensor:
+    """``scale * B @ A`` of one adapter of a PEFT LoRA layer, in fp32 (PEFT's ``get_delta_weight`` rounds it to the
+    weight's dtype first: a bf16 merge then rounded twice)."""
+    delta = layer.lora_B[adapter].weight.float() @ layer.lora_A[adapter].weight.float()
+    if getattr(layer, "fan_in_fan_out", False):  # (GPT-2's Conv1D layout: the weight is stored transposed)
+        delta = delta.T
+    return delta * float(layer.scaling[adapter])
+
+
+@torch.no_grad()
+def base_digest(model: torch.nn.Module) -> str:
+    """SHA-1 (hex) of the adapted layers' frozen base weights (names, shapes, dtypes and bytes): what a checkpoint
+    records of the base its adapters were trained on, compared exactly on resume. A checkpoint's merged weights
+    given as the base (``model.path`` a checkpoint's copy) differ from it by the adapters' update alone, which at
+    an RL learning rate lies within any tolerance of a merge's comparison: the adapters were applied twice."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for name, layer in sorted(lora_layers(model).items()):
+        w = layer.base_layer.weight.detach()
+        digest.update(f"{name}:{tuple(w.shape)}:{w.dtype};".encode())
+        digest.update(w.contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -49,9 +49,9 @@ from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, check_response_ids, group_rows
 from pacs_fast.learner.grad_norm import clip_grad_norm
 from pacs_fast.learner.master_weights import MasterWeights, loading_weights
-from pacs_fast.learner.lora import (adapter_params, adapter_snapshot, adapter_state, adapters_swapped, check_same_merge,
-                                   checked_merged, copy_adapters, has_lora, load_adapter_state, merged_weights,
-                                   save_adapter)
+from pacs_fast.learner.lora import (adapter_params, adapter_snapshot, adapter_state, adapters_swapped, base_digest,
+                                   check_same_merge, checked_merged, copy_adapters, has_lora, load_adapter_state,
+                                   merged_weights, save_adapter)
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
 from pacs_fast.learner.packing import (Packed, forward_metrics, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
@@ -100,6 +100,7 @@ class TorchLearner(Learner):
         self.lm_head_fp32 = bool(lm_head_fp32)
         self.hf_config = model.config
         self.lora = has_lora(model)  # adapters train, the base is frozen (pacs_fast/learner/lora.py)
+        self._base_digest = None  # (of the frozen base, taken at the first checkpoint: _lora_base)
         self._loaded_merged: dict | None = None  # a checkpoint's merged weights, checked once its adapters load
         self.device = next(model.parameters()).device
         self.needs_ref = needs_reference(algo)
@@ -443,6 +444,7 @@ class TorchLearner(Learner):
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,
             "master_weights": self.master.state_dict() if self.master is not None else None,
             "lora": adapter_state(self.model) if self.lora else None,
+            "lora_base": self._lora_base() if self.lora else None,
             "ref_adapters": ({n: t.detach().cpu().clone() for n, t in self.ref_adapters.items()}
                              if self.ref_adapters is not None else None),
         }
@@ -453,6 +455,10 @@ class TorchLearner(Learner):
                 raise ValueError("load_state_dict: the checkpoint has no LoRA adapters but this run trains some "
                                  "(model.lora_rank)")
             load_adapter_state(self.model, state["lora"])
+            if state.get("lora_base") not in (None, self._lora_base()):  # (checkpoints before it: the merge below)
+                raise ValueError("model.path's weights are not the base the checkpoint's LoRA adapters were trained "
+                                 "on (their digest differs): give model.path the base model the run started from "
+                                 "(a checkpoint holds merged weights: as the base, the adapters would apply twice)")
             if self._loaded_merged is not None:
                 check_same_merge(self.model, self._loaded_merged)
                 self._loaded_merged = None
@@ -475,6 +481,12 @@ class TorchLearner(Learner):
             self.value_head.load_state_dict(state["value_head"])
         if self.master is not None:  # (a checkpoint without them: the model's weights, loaded before this)
             self.master.load_state_dict(state.get("master_weights"))
+
+    def _lora_base(self) -> str:
+        """:func:`~pacs_fast.learner.lora.base_digest` of the model's frozen base, once (it never changes)."""
+        if self._base_digest is None:
+            self._base_digest = base_digest(self.model)
+        return self._base_digest
 
     def save_hf(self, path) -> None:
         """The merged policy as a Hugging Face folder; with LoRA, its adapters too, as a PEFT adapter folder in

@@ -268,6 +268,11 @@ def record_absolute_paths(cfg: Config) -> None:
 def check_moved_files(run_dir: Path, cfg: Config, newest: Path | None) -> None:
     """For ``--resume``: a recorded model folder or data file that is gone is one line saying how to continue
     (its new place as an override; for the model, a checkpoint's copy), before any model work."""
+    if _gone(cfg.model.path) and newest is not None and cfg.model.lora_rank:  # (the checkpoints: merged weights)
+        raise ValueError(f"--resume {run_dir}: model.path {cfg.model.path!r} no longer exists; the run's LoRA adapters "
+                         f"train on that base model, which its checkpoints do not hold (they hold the merged "
+                         f"weights: as model.path, the adapters would apply twice): give the base model's new "
+                         f"place, --resume {run_dir} model.path=DIR")
     if _gone(cfg.model.path) and newest is not None:
         raise ValueError(f"--resume {run_dir}: model.path {cfg.model.path!r} no longer exists; the run's checkpoints "
                          f"hold the model: copy one out (cp -r {newest} DIR) and continue with --resume {run_dir} "
