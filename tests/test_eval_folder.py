@@ -8,39 +8,15 @@ import shutil
 import pytest
 
 from pacs_fast import eval as ev
-from pacs_fast.data.tiny import make_tiny_model
 
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
-
-
-def _toy(path, n=3):
-    rows = [{"id": f"q{i}", "problem": f"{i}+{i}=", "answer": str(2 * i)} for i in range(n)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def _args(model_dir, data, out, *extra):
-    return ["--model", str(model_dir), "--benchmarks", str(data), "--n", "2", "--max-tokens", "3", "--engine", "hf",
-            "--out", str(out), "--no-progress", "--samples-per-call", "2", "--scorer-workers", "1", *extra]
-
-
-def _error(capsys, *needles):
-    err = capsys.readouterr().err
-    lines = [x for x in err.splitlines() if x.startswith("error: ")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
+from test_eval_hostile import _args, _error, _toy, model_dir  # noqa: F401  (model_dir: a fixture)
 
 
 @pytest.fixture(scope="module")
 def two_commands(model_dir, tmp_path_factory):
     """One folder filled one benchmark per command: alpha (3 problems), then beta (2 problems)."""
     root = tmp_path_factory.mktemp("two")
-    alpha, beta = _toy(root / "alpha.jsonl"), _toy(root / "beta.jsonl", n=2)
+    alpha, beta = _toy(root / "alpha.jsonl", n=3), _toy(root / "beta.jsonl", n=2)
     assert ev.main(_args(model_dir, alpha, root / "run")) == 0
     assert ev.main(_args(model_dir, beta, root / "run")) == 0
     return root / "run", alpha, beta
