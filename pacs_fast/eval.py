@@ -41,12 +41,12 @@ from pacs_fast.openmp import quiet_openmp_waits
 
 quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, then sleep (pacs_fast/openmp.py)
 
-from pacs_fast.config.model_files import trained_positions  # noqa: E402
-from pacs_fast.config.reward_fields import fields_digest, row_fields
+from pacs_fast.config.reward_fields import fields_digest, row_fields  # noqa: E402
 from pacs_fast.config.reward_specs import VERIFIER, checked_weights, reward_specs
 from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, load_benchmarks,
                                        model_label, prompt_kwargs, read_json)
 from pacs_fast.evaluation.parser import int_list, run_parser as _run_parser
+from pacs_fast.evaluation.prompt_fit import check_prompt_lengths, engine_context
 from pacs_fast.evaluation.engine import engine_and_dtype, make_engine, vllm_cpu_sizes
 from pacs_fast.evaluation.folder import coverage_warnings, covered_benchmarks, previous_results
 from pacs_fast.files import write_text_atomic
@@ -178,57 +178,6 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def _engine_context(args, engine_name: str, vllm_sizes: dict) -> int | None:
-    """The context (prompt + response tokens) the engine will have, before it loads: vLLM's
-    ``max_model_len`` (``--max-model-len``, the CPU engine's size for this run, or vLLM's own derivation),
-    the HF engine's ``max_position_embeddings`` (None under a RoPE scaling: no limit)."""
-    if engine_name != "vllm":
-        return trained_positions(args.model)
-    given = args.max_model_len or vllm_sizes.get("max_model_len")
-    if given:
-        return given
-    from pacs_fast.rollout.vllm_setup import derived_max_model_len
-
-    try:
-        return derived_max_model_len(args.model)
-    except Exception:  # a folder vLLM cannot read: its own error comes when the engine loads
-        return None
-
-
-def _check_prompt_lengths(args, engine_name: str, context: int | None, tokenizer, sets, todo) -> None:
-    """A prompt that does not fit the engine's ``context`` (vLLM's max_model_len, the HF engine's
-    ``max_position_embeddings``: :func:`_engine_context`) is a UsageError naming the benchmark, the problem
-    and the limit, raised before the model loads (not in the middle of a benchmark, as the engine would). A
-    prompt that leaves fewer than ``--max-tokens`` of the context is one warning line per benchmark: both
-    engines end those responses at the context (the trainer warns alike)."""
-    from pacs_fast.data.prompts import encode_prompts
-
-    if not context:
-        return
-    for bench, problems in sets.items():
-        texts = [problems[i].problem for i in todo[bench]]
-        lengths = {i: len(p) for i, p in zip(todo[bench], encode_prompts(tokenizer, texts, **prompt_kwargs(args)))}
-        if not lengths:
-            continue
-        long = [i for i, n in lengths.items() if n >= context]
-        if long:
-            i = max(long, key=lengths.get)
-            larger = ("give a larger --max-model-len if the model allows it" if engine_name == "vllm"
-                      else "give a model with a longer context (max_position_embeddings)")
-            raise UsageError(f"{bench}: {len(long)} of {len(problems)} prompts do not fit the {engine_name} engine's "
-                             f"context of {context} tokens (prompt and response), the longest problem {i} "
-                             f"(id {problems[i].id}) with {lengths[i]} prompt tokens; {larger}, or leave the "
-                             f"benchmark out")
-        short = [i for i, n in lengths.items() if n + args.max_tokens > context]
-        if short:
-            i = max(short, key=lengths.get)
-            print(f"warning: {bench}: {len(short)} of {len(lengths)} prompts leave fewer than --max-tokens "
-                  f"{args.max_tokens} tokens of the model's context of {context} tokens: the {engine_name} engine "
-                  f"ends their responses at the context; the longest, problem {i} (id {problems[i].id}), has "
-                  f"{lengths[i]} prompt tokens; --max-tokens {context - lengths[i]} or lower leaves room for every "
-                  f"response", file=sys.stderr)
-
-
 def _consecutive_calls(indices: list[int], per_call: int) -> list[list[int]]:
     """``indices`` (ascending) cut into calls of at most ``per_call`` consecutive problem indices."""
     calls: list[list[int]] = []
@@ -266,7 +215,7 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
             print(f"warning: {line}", file=sys.stderr)
     vllm_sizes = vllm_cpu_sizes(args, sets, todo, ns)
     name = engine_and_dtype(args)[0]
-    _check_prompt_lengths(args, name, _engine_context(args, name, vllm_sizes), tokenizer, sets, todo)  # before loading
+    check_prompt_lengths(args, name, engine_context(args, name, vllm_sizes), tokenizer, sets, todo)  # before loading
     engine_name, engine = _make_engine(args, vllm_sizes)
     if commit is not None:
         commit()

@@ -172,7 +172,7 @@ def test_a_prompt_longer_than_the_engines_context_is_named_before_generating(mod
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     calls = []
     # the prompts are ~100 tokens (system prompt, instruction), problem 2's 142
-    monkeypatch.setattr(ev, "_engine_context", lambda args, name, sizes: 120)
+    monkeypatch.setattr(ev, "engine_context", lambda args, name, sizes: 120)
     monkeypatch.setattr(ev, "_make_engine", lambda *a: pytest.fail("the model loaded before the prompts were checked"))
     monkeypatch.setattr(HFEngine, "generate", lambda self, *a: calls.append(1))
     out = tmp_path / "run"

@@ -72,7 +72,7 @@ def test_an_overwrite_that_fails_its_checks_keeps_the_samples(finished, model_di
     # a second benchmark whose prompt does not fit: refused once the tokenizer loaded, before anything is deleted
     long = tmp_path / "long.jsonl"
     long.write_text(json.dumps({"id": "x", "problem": "1+" * 200 + "1=", "answer": "201"}) + "\n")
-    monkeypatch.setattr(ev, "_engine_context", lambda args, name, sizes: 150)
+    monkeypatch.setattr(ev, "engine_context", lambda args, name, sizes: 150)
     assert ev.main(_args(model_dir, f"{data},{long}", out, "--overwrite")) == 2
     _error(capsys, "long: 1 of 1 prompts do not fit")
     assert (out / "samples_toy.jsonl").read_bytes() == kept and (out / "run_config.json").read_bytes() == settings

@@ -1,0 +1,60 @@
+"""Whether each prompt fits the eval engine's context, checked once the tokenizer loads and before the model
+does: a prompt longer than the context is an error naming the benchmark and the problem (the engines had failed in
+the middle of a benchmark); one that leaves fewer than ``--max-tokens`` is a warning."""
+from __future__ import annotations
+
+import sys
+
+from pacs_fast.config.model_files import trained_positions
+from pacs_fast.evaluation.args import UsageError, prompt_kwargs
+
+
+def engine_context(args, engine_name: str, vllm_sizes: dict) -> int | None:
+    """The context (prompt + response tokens) the engine will have, before it loads: vLLM's
+    ``max_model_len`` (``--max-model-len``, the CPU engine's size for this run, or vLLM's own derivation),
+    the HF engine's ``max_position_embeddings`` (None under a RoPE scaling: no limit)."""
+    if engine_name != "vllm":
+        return trained_positions(args.model)
+    given = args.max_model_len or vllm_sizes.get("max_model_len")
+    if given:
+        return given
+    from pacs_fast.rollout.vllm_setup import derived_max_model_len
+
+    try:
+        return derived_max_model_len(args.model)
+    except Exception:  # a folder vLLM cannot read: its own error comes when the engine loads
+        return None
+
+
+def check_prompt_lengths(args, engine_name: str, context: int | None, tokenizer, sets, todo) -> None:
+    """A prompt that does not fit the engine's ``context`` (vLLM's max_model_len, the HF engine's
+    ``max_position_embeddings``: :func:`engine_context`) is a UsageError naming the benchmark, the problem
+    and the limit, raised before the model loads (not in the middle of a benchmark, as the engine would). A
+    prompt that leaves fewer than ``--max-tokens`` of the context is one warning line per benchmark: both
+    engines end those responses at the context (the trainer warns alike)."""
+    from pacs_fast.data.prompts import encode_prompts
+
+    if not context:
+        return
+    for bench, problems in sets.items():
+        texts = [problems[i].problem for i in todo[bench]]
+        lengths = {i: len(p) for i, p in zip(todo[bench], encode_prompts(tokenizer, texts, **prompt_kwargs(args)))}
+        if not lengths:
+            continue
+        long = [i for i, n in lengths.items() if n >= context]
+        if long:
+            i = max(long, key=lengths.get)
+            larger = ("give a larger --max-model-len if the model allows it" if engine_name == "vllm"
+                      else "give a model with a longer context (max_position_embeddings)")
+            raise UsageError(f"{bench}: {len(long)} of {len(problems)} prompts do not fit the {engine_name} engine's "
+                             f"context of {context} tokens (prompt and response), the longest problem {i} "
+                             f"(id {problems[i].id}) with {lengths[i]} prompt tokens; {larger}, or leave the "
+                             f"benchmark out")
+        short = [i for i, n in lengths.items() if n + args.max_tokens > context]
+        if short:
+            i = max(short, key=lengths.get)
+            print(f"warning: {bench}: {len(short)} of {len(lengths)} prompts leave fewer than --max-tokens "
+                  f"{args.max_tokens} tokens of the model's context of {context} tokens: the {engine_name} engine "
+                  f"ends their responses at the context; the longest, problem {i} (id {problems[i].id}), has "
+                  f"{lengths[i]} prompt tokens; --max-tokens {context - lengths[i]} or lower leaves room for every "
+                  f"response", file=sys.stderr)
