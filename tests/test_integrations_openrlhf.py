@@ -148,7 +148,7 @@ def test_check_args_names_the_settings():
     check_args(ok)
     # a missing count read as 1: "must be >= 2 (got 1)" for a user who set 8 in an older release's flat args
     with pytest.raises(ValueError, match=r"the args hold no rollout.n_samples_per_prompt \(check_args reads OpenRLHF "
-                                         r"0.11's nested args, these look like an older release's flat ones\)"):
+                                         r"0.11.2's nested args, these look like an older release's flat ones\)"):
         check_args(SimpleNamespace(n_samples_per_prompt=8, micro_train_batch_size=6))
     with pytest.raises(ValueError, match=r"the args hold no train.micro_batch_size \(check_args reads"):
         check_args(SimpleNamespace(rollout=SimpleNamespace(n_samples_per_prompt=8)))
@@ -232,3 +232,68 @@ def test_one_tag_range_for_every_experience_of_a_batch():
     pacs_advantages(exps, 2)
     tags = torch.cat([decode_tagged_advantages(e.advantages, e.action_mask, "fix")[1] for e in exps])
     assert torch.equal(tags, 1 + torch.arange(20).repeat_interleave(2) % 15)
+
+
+def _ok_args(**reward):
+    return SimpleNamespace(rollout=SimpleNamespace(n_samples_per_prompt=4),
+                           train=SimpleNamespace(micro_batch_size=8), reward=SimpleNamespace(**reward))
+
+
+def test_an_installed_openrlhf_of_another_version_is_refused(monkeypatch):
+    """The loss returns 0.11.2's 5-tuple; 0.11.0's PolicyLoss returns 4 values and its trainer unpacks 4, so the
+    supported version is exact ("0.11" had let 0.11.0 through). Not installed: nothing to check."""
+    from importlib import metadata
+
+    import pacs_fast.integrations.openrlhf as po
+
+    assert po.SUPPORTED_OPENRLHF == "0.11.2"
+    real = metadata.version
+    installed = {"openrlhf": "0.11.0"}
+
+    def version(name):
+        if name != "openrlhf":
+            return real(name)
+        if name not in installed:
+            raise metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(metadata, "version", version)
+    for build in (lambda: PACSPolicyLoss(group_size=4), lambda: check_args(_ok_args())):
+        with pytest.raises(ValueError, match=r"openrlhf 0\.11\.0 is installed, but the adapter supports openrlhf "
+                                             r"0\.11\.2 only") as e:
+            build()
+        assert "\n" not in str(e.value)
+    installed["openrlhf"] = "0.11.2"
+    PACSPolicyLoss(group_size=4)
+    check_args(_ok_args())
+    del installed["openrlhf"]
+    PACSPolicyLoss(group_size=4)
+    check_args(_ok_args())
+
+
+def test_check_args_refuses_openrlhf_0_11_0s_correction_switch():
+    """0.11.0 names its vLLM correction switch algo.advantage.is_correction_enable (a store_true flag, so its args
+    always hold it): args that hold it are 0.11.0's, whose loss interface the adapter does not match."""
+    args = _ok_args()
+    args.algo = SimpleNamespace(advantage=SimpleNamespace(is_correction_enable=False))
+    with pytest.raises(ValueError, match=r"algo.advantage.is_correction_enable is OpenRLHF 0.11.0's switch \(these "
+                                         r"args are 0.11.0's; the adapter supports 0.11.2"):
+        check_args(args)
+    args.algo.advantage = SimpleNamespace(is_correction_level="off")
+    check_args(args)
+
+
+@pytest.mark.parametrize("key,value", [("overlong_buffer_len", 64.0), ("overlong_buffer_len", 0.0),
+                                       ("stop_properly_penalty_coef", 0.0), ("stop_properly_penalty_coef", -0.5)])
+def test_check_args_refuses_length_penalties_pacs_advantages_would_drop(key, value):
+    """OpenRLHF applies these penalties to experience.rewards inside compute_advantages_and_returns, which
+    pacs_advantages replaces: they were accepted and never applied. Any value but the parser's default (None) turns
+    them on in OpenRLHF (a coefficient of 0 zeroes the rewards of truncated samples), so any value is refused."""
+    check_args(_ok_args(overlong_buffer_len=None, stop_properly_penalty_coef=None, overlong_penalty_factor=1.0))
+    with pytest.raises(ValueError, match=rf"^PACS in OpenRLHF: reward.{key} must be unset \(got {value!r}: OpenRLHF "
+                                         rf"applies this length penalty in compute_advantages_and_returns, which "
+                                         rf"pacs_advantages replaces"):
+        check_args(_ok_args(**{key: value}))
+    with pytest.raises(ValueError, match=rf"reward.{key} must be unset"):  # dict args too
+        check_args({"rollout": {"n_samples_per_prompt": 4}, "train": {"micro_batch_size": 8},
+                    "reward": {key: value}})

@@ -559,3 +559,43 @@ def test_mask_truncated_rows_weigh_alike_whatever_micro_batch_they_fall_in(tmp_p
     assert whole.abs().max() > 0
     # fp32 sums over the same rows in another order: ~1e-7 relative
     assert torch.allclose(halves, whole, rtol=1e-4, atol=1e-7), (halves - whole).abs().max()
+
+
+def _eval_args(**kw):
+    from types import SimpleNamespace
+
+    base = dict(num_generations=G, per_device_train_batch_size=MICRO, score="rloo", eval_strategy="no",
+                num_generations_eval=None, per_device_eval_batch_size=8, sync_ref_model=False,
+                top_entropy_quantile=1.0, off_policy_mask_threshold=None, entropy_coef=0.0, use_adaptive_entropy=False)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+@pytest.mark.parametrize("Ge,error", [
+    (3, r"^PACS evaluation needs whole groups: per_device_eval_batch_size=8 is not a multiple of "
+        r"num_generations_eval=3$"),
+    (1, r"^PACS score='rloo' needs num_generations_eval >= 2 \(it compares a response with its group mates in "
+        r"evaluation too\), got num_generations_eval=1$"),
+    (0, r"^PACS: num_generations_eval must be a whole number >= 1"),
+    (2.0, r"^PACS: num_generations_eval must be a whole number >= 1 .*got 2\.0$"),
+])
+def test_num_generations_eval_is_checked_whenever_it_is_set(Ge, error):
+    """It was checked only with eval_strategy != "no", but trainer.evaluate() evaluates with eval_strategy="no" too
+    (test_evaluate_uses_the_pacs_loss), in groups of num_generations_eval: 3 cut 8-row eval batches' groups, 1 left
+    RLOO's leave-one-out score no group mates. 0 (which TRL reads as unset) and 2.0 are not counts of responses."""
+    from pacs_fast.integrations.trl_checks import check_group_settings
+
+    for strategy in ("no", "steps"):
+        with pytest.raises(ValueError, match=error):
+            check_group_settings(_eval_args(num_generations_eval=Ge, eval_strategy=strategy))
+    check_group_settings(_eval_args(num_generations_eval=2))
+    check_group_settings(_eval_args(num_generations_eval=1, score="naive"))  # a score of the response alone
+    check_group_settings(_eval_args(per_device_eval_batch_size=6))  # unset and no evaluation: nothing to check
+    with pytest.raises(ValueError, match=r"is not a multiple of num_generations=4 \(num_generations_eval unset\)$"):
+        check_group_settings(_eval_args(per_device_eval_batch_size=6, eval_strategy="steps"))
+
+
+def test_a_config_with_num_generations_eval_that_splits_groups_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"per_device_eval_batch_size=8 is not a multiple of num_generations_eval=3"):
+        _config(tmp_path, num_generations_eval=3)
+    assert _config(tmp_path, num_generations_eval=2).num_generations_eval == 2

@@ -249,3 +249,72 @@ def test_binary_tags_run_to_127_and_read_back_exactly_in_any_dtype(dtype):
     assert float((back - soft).abs().max()) <= 2 ** -19 and torch.equal(tags, 1 + groups % 15)
     with pytest.raises(ValueError, match="not the reward \\+ group tag"):  # a soft value above 32: not ours
         decode_tagged_advantages(torch.full((1, 3), 40.5), torch.ones(1, 3, dtype=torch.bool), "fix")
+
+
+def _dp_config(train, mini, nnodes=1, gpus=8):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({
+        "algorithm": {"adv_estimator": "pacs", "use_kl_in_reward": False},
+        "data": {"train_batch_size": train},
+        "actor_rollout_ref": {"rollout": {"n": 4}, "actor": {
+            "policy_loss": {"loss_mode": "pacs"}, "shuffle": False, "use_dynamic_bsz": False,
+            "ppo_micro_batch_size_per_gpu": 4, "ppo_mini_batch_size": mini}},
+        "trainer": {"balance_batch": False, "nnodes": nnodes, "n_gpus_per_node": gpus}})
+
+
+def test_check_config_wants_prompt_counts_that_are_multiples_of_the_dp_size():
+    """verl asks only that the ROW counts (prompts x rollout.n) split evenly over the data-parallel ranks: 12 prompts
+    x n=4 on 8 GPUs passed (6 rows a rank) and cut every third group across two ranks."""
+    from omegaconf import OmegaConf
+
+    pv.check_config(_dp_config(train=16, mini=8))
+    pv.check_config(_dp_config(train=12, mini=6, nnodes=2, gpus=3))
+    with pytest.raises(ValueError) as e:
+        pv.check_config(_dp_config(train=12, mini=6))
+    msg = str(e.value)
+    assert "data.train_batch_size (12 prompts) must be a multiple of the actor's data-parallel size (8: " in msg
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size (6 prompts) must be a multiple of" in msg
+    with pytest.raises(ValueError, match=r"^PACS in verl: actor_rollout_ref.actor.ppo_mini_batch_size \(4 prompts\) "
+                                         r"must be a multiple of the actor's data-parallel size \(8: .*\): "
+                                         r"verl splits the batch"):
+        pv.check_config(_dp_config(train=16, mini=4))
+    # model parallelism shrinks the data-parallel size: 12 prompts on 8 GPUs at TP 2 (megatron) or Ulysses 2 (FSDP)
+    # split over 4 ranks, whole groups each (a multiple of the GPUs would refuse them)
+    for strategy, key in (("megatron", "megatron.tensor_model_parallel_size"),
+                          ("fsdp", "ulysses_sequence_parallel_size")):
+        cfg = _dp_config(train=12, mini=4)
+        cfg.actor_rollout_ref.actor.strategy = strategy
+        OmegaConf.update(cfg, f"actor_rollout_ref.actor.{key}", 2)
+        pv.check_config(cfg)
+        OmegaConf.update(cfg, f"actor_rollout_ref.actor.{key}", 1)
+        with pytest.raises(ValueError, match=r"multiple of the actor's data-parallel size \(8"):
+            pv.check_config(cfg)
+    no_gpus = _dp_config(train=12, mini=6)
+    del no_gpus.trainer["nnodes"]
+    pv.check_config(no_gpus)  # a config without the GPU counts: nothing to check against
+
+
+def test_verls_dispatch_cuts_groups_unless_the_prompts_split_evenly_and_the_loss_names_the_rule():
+    """Why the rule holds: verl's DataProto.chunk (the dispatch of update_actor) gives rank r the r-th contiguous
+    equal part of the batch. 6 prompts x n=4 over 4 ranks: 6 rows a rank, and the loss on rank 0's part (group 0 and
+    half of group 1) raises, naming the rule; 8 prompts: every part is whole groups."""
+    from verl.protocol import DataProto
+
+    for prompts, whole in ((6, False), (8, True)):
+        b = _batch(prompts, 4, 5, 9)
+        adv, _ = _advantages(b)
+        data = DataProto.from_dict(tensors={"old": b["old"], "logp": b["logp"].detach(), "adv": adv,
+                                            "mask": b["mask"]}, non_tensors={"uid": b["uid"]})
+        parts = data.chunk(4)
+        cut = [len(set(p.non_tensor_batch["uid"].tolist())) * 4 != len(p) for p in parts]
+        assert cut == [not whole] * 4  # 6 prompts: every rank holds half a group at one end
+        part = parts[0].batch
+        fn = core_algos.get_policy_loss_fn("pacs")
+        if whole:
+            fn(part["old"], part["logp"], part["adv"], part["mask"], "token-mean", _actor_config(4, micro=4), None)
+            continue
+        with pytest.raises(ValueError, match=r"whole groups of 4.*data.train_batch_size and actor_rollout_ref.actor"
+                                             r".ppo_mini_batch_size \(prompts\) multiples of the actor's "
+                                             r"data-parallel size"):
+            fn(part["old"], part["logp"], part["adv"], part["mask"], "token-mean", _actor_config(4, micro=4), None)

@@ -1,6 +1,8 @@
 """PACS in OpenRLHF: ``PACSPolicyLoss``, a drop-in for ``openrlhf.models.PolicyLoss``.
 
-Written against the interface of openrlhf 0.11.2 (``SUPPORTED_OPENRLHF``). Three pieces, used in
+Written against the interface of openrlhf 0.11.2 (``SUPPORTED_OPENRLHF``, exact): an installed openrlhf of
+another version is refused by ``check_args`` and ``PACSPolicyLoss`` (0.11.0's ``PolicyLoss`` returns 4 values and
+its trainer unpacks 4; its correction switch is ``algo.advantage.is_correction_enable``). Three pieces, used in
 a PPO actor / experience maker of yours (OpenRLHF has no registry to plug into):
 
     from pacs_fast.integrations.openrlhf import PACSPolicyLoss, check_args, pacs_advantages
@@ -27,9 +29,13 @@ on), which splits groups; the loss detects it and raises, so a PACS run needs th
 with ``shuffle=False`` over group-ordered items (a patch of ``ppo_train`` this module does not
 ship). Dynamic batching, packed samples, and OpenRLHF's vLLM importance-sampling correction
 (``algo.advantage.is_correction_level``: ``check_args`` refuses it, and the loss refuses ``rollout_log_probs``)
-are not supported either.
+are not supported either, nor OpenRLHF's length penalties (``reward.overlong_buffer_len``,
+``reward.stop_properly_penalty_coef``: applied inside the ``compute_advantages_and_returns`` that
+``pacs_advantages`` replaces; ``check_args`` refuses them).
 """
 from __future__ import annotations
+
+from importlib import metadata
 
 import torch
 
@@ -43,7 +49,7 @@ from pacs_fast.integrations._groups import (
     pacs_metrics,
 )
 
-SUPPORTED_OPENRLHF = "0.11"
+SUPPORTED_OPENRLHF = "0.11.2"
 
 __all__ = ["PACSPolicyLoss", "SUPPORTED_OPENRLHF", "check_args", "pacs_advantages"]
 
@@ -61,10 +67,25 @@ def _get(cfg, dotted: str, default=None):
     return cur
 
 
+def _check_openrlhf_version(who: str) -> None:
+    """Refuses an installed openrlhf other than ``SUPPORTED_OPENRLHF`` (0.11.0's trainer unpacks 4 values from the
+    loss, this one returns 0.11.2's 5). Without openrlhf installed there is nothing to check: the adapter needs
+    none of it (its tests run without it)."""
+    try:
+        found = metadata.version("openrlhf")
+    except metadata.PackageNotFoundError:
+        return
+    if found != SUPPORTED_OPENRLHF:
+        raise ValueError(f"{who}: openrlhf {found} is installed, but the adapter supports openrlhf "
+                         f"{SUPPORTED_OPENRLHF} only (PolicyLoss's return values and the args' names differ): "
+                         f"pip install openrlhf=={SUPPORTED_OPENRLHF}")
+
+
 def check_args(args) -> None:
-    """Start-time check of OpenRLHF 0.11's (nested) args: raises one ValueError listing every setting
-    that would split groups or change the rewards (a missing count, or one that is not an integer, is refused
-    first, alone)."""
+    """Start-time check of OpenRLHF 0.11.2's (nested) args: raises one ValueError listing every setting
+    that would split groups or change the rewards (an installed openrlhf of another version, a missing count, or one
+    that is not an integer, is refused first, alone)."""
+    _check_openrlhf_version("PACS in OpenRLHF")
     for key in ("rollout.n_samples_per_prompt", "train.micro_batch_size"):
         if _get(args, key) is None:
             flat = _get(args, key.split(".")[1].replace("micro_batch_size", "micro_train_batch_size"))
@@ -83,6 +104,10 @@ def check_args(args) -> None:
         problems.append("train.dynamic_batch_enable must be False")
     if _get(args, "ds.packing_samples", False):
         problems.append("ds.packing_samples must be False")
+    if _get(args, "algo.advantage.is_correction_enable") is not None:
+        problems.append(f"algo.advantage.is_correction_enable is OpenRLHF 0.11.0's switch (these args are 0.11.0's; "
+                        f"the adapter supports {SUPPORTED_OPENRLHF}, whose switch is "
+                        f"algo.advantage.is_correction_level)")
     level = _get(args, "algo.advantage.is_correction_level", "off")
     if str(level).lower() not in ("off", "none", ""):
         problems.append(f"algo.advantage.is_correction_level must be off (got {level!r}: the PACS loss does not "
@@ -91,6 +116,11 @@ def check_args(args) -> None:
         where = "the actor's loss" if _get(args, "algo.kl.use_loss", False) else "the reward"  # loss PACS has none of)
         problems.append(f"algo.kl.init_coef must be 0: > 0 puts a KL term into {where}, which PACS does not have "
                         f"(its reference is the rollout policy)")
+    for key in ("reward.overlong_buffer_len", "reward.stop_properly_penalty_coef"):  # (default None: off)
+        if _get(args, key) is not None:
+            problems.append(f"{key} must be unset (got {_get(args, key)!r}: OpenRLHF applies this length penalty in "
+                            f"compute_advantages_and_returns, which pacs_advantages replaces; PACS trains on the raw "
+                            f"rewards, so it would be dropped without a word)")
     if problems:
         raise ValueError("PACS in OpenRLHF: " + "; ".join(problems))
 
@@ -128,6 +158,7 @@ class PACSPolicyLoss(torch.nn.Module):
     def __init__(self, group_size: int, beta: float = 1.0, score: str = "rloo",
                  weight_mode: str = "question", proxy: str = "logratio", backend: str = "torch") -> None:
         super().__init__()
+        _check_openrlhf_version("PACSPolicyLoss")
         for name, value, allowed in (("score", score, SCORES), ("weight_mode", weight_mode, WEIGHT_MODES),
                                      ("proxy", proxy, PROXIES), ("backend", backend, BACKENDS)):
             if value not in allowed:
@@ -155,7 +186,7 @@ class PACSPolicyLoss(torch.nn.Module):
                 global_batch_size: float | None = None):
         """``[B, A]`` tensors of one micro-batch (whole groups) ->
         ``(loss, clip_ratio, ppo_kl, vllm_kl=None, is_filter_ratio=None)``."""
-        if rollout_log_probs is not None:  # OpenRLHF 0.11 fills them only with its correction on
+        if rollout_log_probs is not None:  # OpenRLHF 0.11.2 fills them only with its correction on
             raise ValueError("PACSPolicyLoss got rollout_log_probs: OpenRLHF's importance-sampling correction is on "
                              "(algo.advantage.is_correction_level), and the PACS loss does not apply it; set "
                              "--algo.advantage.is_correction_level off")

@@ -23,14 +23,20 @@ def check_group_settings(args) -> None:
             f"per_device_train_batch_size={G * max(1, args.per_device_train_batch_size // G)}")
     if args.score in GROUP_SCORES and G < 2:
         raise ValueError(f"PACS score={args.score!r} needs num_generations >= 2, got {G}")
-    if args.eval_strategy != "no":
-        Ge = args.num_generations_eval or G
+    Ge = args.num_generations_eval
+    if Ge is not None or args.eval_strategy != "no":  # a set value is checked whatever eval_strategy says:
+        # trainer.evaluate() runs with eval_strategy="no" too (it had let num_generations_eval=1 or 3 through)
+        if Ge is not None and (isinstance(Ge, bool) or not isinstance(Ge, int) or Ge < 1):
+            raise ValueError(f"PACS: num_generations_eval must be a whole number >= 1 (the responses per prompt "
+                             f"that form a group in evaluation) or None (num_generations), got {Ge!r}")
+        named = f"num_generations_eval={Ge}" if Ge is not None else f"num_generations={G} (num_generations_eval unset)"
+        Ge = Ge or G
         if args.per_device_eval_batch_size % Ge:
             raise ValueError(f"PACS evaluation needs whole groups: per_device_eval_batch_size="
-                             f"{args.per_device_eval_batch_size} is not a multiple of "
-                             f"num_generations_eval={Ge}")
+                             f"{args.per_device_eval_batch_size} is not a multiple of {named}")
         if args.score in GROUP_SCORES and Ge < 2:
-            raise ValueError(f"PACS score={args.score!r} needs num_generations_eval >= 2, got {Ge}")
+            raise ValueError(f"PACS score={args.score!r} needs num_generations_eval >= 2 (it compares a response with "
+                             f"its group mates in evaluation too), got {named}")
     if args.sync_ref_model:
         raise ValueError("PACS: sync_ref_model is not supported: PACS loads no reference model (its reference is "
                          "the rollout policy's log-probs); leave sync_ref_model=False")

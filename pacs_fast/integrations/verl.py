@@ -10,6 +10,8 @@ is imported itself, in the driver and in every Ray worker), then set::
     actor_rollout_ref.actor.shuffle=False  actor_rollout_ref.actor.use_dynamic_bsz=False
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=<multiple of rollout.n>
     trainer.balance_batch=False
+    data.train_batch_size=<multiple of the actor's data-parallel size: GPUs over its model parallelism>
+    actor_rollout_ref.actor.ppo_mini_batch_size=<multiple of the actor's data-parallel size>
 
 How the data gets through. verl's policy-loss hook receives per-token tensors only
 (``old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
@@ -69,7 +71,8 @@ if not getattr(verl, "__version__", "").startswith(SUPPORTED_VERL + "."):
 _FIX = ("keep each prompt's rollout.n responses contiguous and whole: "
         "actor_rollout_ref.actor.shuffle=False, actor_rollout_ref.actor.use_dynamic_bsz=False, "
         "trainer.balance_batch=False, actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu a multiple "
-        "of actor_rollout_ref.rollout.n, algorithm.adv_estimator=pacs")
+        "of actor_rollout_ref.rollout.n, data.train_batch_size and actor_rollout_ref.actor.ppo_mini_batch_size "
+        "(prompts) multiples of the actor's data-parallel size, algorithm.adv_estimator=pacs")
 
 
 def _get(cfg, dotted: str, default=None):
@@ -115,8 +118,40 @@ def check_config(config, loss_name: str = "pacs") -> None:
                 f"give the per-GPU one)" if micro is None and old is not None else "")
         problems.append(f"{actor}ppo_micro_batch_size_per_gpu ({micro}) must be a multiple of "
                         f"actor_rollout_ref.rollout.n ({n}){also}")
+    # verl hands each data-parallel rank one contiguous equal chunk of the batch (DataProto.chunk /
+    # chunk_tensordict, under the dispatch of update_actor): train_batch_size * n rows / dp each, and each rank
+    # cuts its chunk into mini-batches of ppo_mini_batch_size * n / dp rows (engine_workers.train_mini_batch).
+    # Both hold whole groups of n exactly when the prompt counts are multiples of dp: verl itself asks only that
+    # the row counts be (6 prompts x n=4 on 8 ranks: 3 rows each, groups cut across ranks).
+    dp = _actor_dp_size(config, actor)
+    if dp:
+        for key in ("data.train_batch_size", actor + "ppo_mini_batch_size"):
+            size = _whole_number(_get(config, key), key)
+            if size is not None and size % dp:
+                problems.append(f"{key} ({size} prompts) must be a multiple of the actor's data-parallel size ({dp}: "
+                                f"trainer.nnodes x trainer.n_gpus_per_node over its model parallelism): verl splits "
+                                f"the batch into equal contiguous parts per data-parallel rank, which would cut a "
+                                f"prompt's group")
     if problems:
         raise ValueError("PACS in verl: " + "; ".join(problems))
+
+
+def _actor_dp_size(config, actor: str) -> int | None:
+    """The actor's data-parallel size as verl derives it: the GPUs (``trainer.nnodes x trainer.n_gpus_per_node``)
+    over its model parallelism (megatron: tensor x pipeline x context parallel sizes; FSDP: the Ulysses sequence
+    parallel size). None where the config lacks the GPU counts."""
+    nnodes, gpus = _get(config, "trainer.nnodes"), _get(config, "trainer.n_gpus_per_node")
+    if nnodes is None or gpus is None:
+        return None
+    world = _whole_number(nnodes, "trainer.nnodes") * _whole_number(gpus, "trainer.n_gpus_per_node")
+    if str(_get(config, actor + "strategy", "fsdp")) == "megatron":
+        keys = [f"{actor}megatron.{k}_parallel_size" for k in ("tensor_model", "pipeline_model", "context")]
+    else:
+        keys = [actor + "ulysses_sequence_parallel_size"]
+    split = 1
+    for key in keys:
+        split *= _whole_number(_get(config, key, 1), key) or 1
+    return world // split if world % split == 0 else None  # (verl refuses sizes that do not divide)
 
 
 def _whole_number(value, key: str):
