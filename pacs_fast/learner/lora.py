@@ -129,7 +129,7 @@ def base_digest(model: torch.nn.Module) -> str:
     for name, layer in sorted(lora_layers(model).items()):
         w = layer.base_layer.weight.detach()
         digest.update(f"{name}:{tuple(w.shape)}:{w.dtype};".encode())
-        digest.update(w.contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        digest.update(memoryview(w.contiguous().cpu().view(torch.uint8).numpy()))  # (no copy: ~1 GB/s here)
     return digest.hexdigest()
 
 
