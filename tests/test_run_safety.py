@@ -532,7 +532,7 @@ def test_checkpoints_carry_generation_config_and_tokenizer_unchanged_and_samples
                                  "train.log_samples=3"], capsys)
     assert code == 0, err
     import re
-    dropped, total = map(int, re.search(r"WARNING: data.dataset: dropped (\d+) of (\d+) prompts", out).groups())
+    dropped, total = map(int, re.search(r"warning: data.dataset: dropped (\d+) of (\d+) prompts", out).groups())
     assert dropped >= 2 and total == 21  # 25 rows, 4 held out; at least 2 of the 5 long ones are in training
     ckpt = tmp_path / "r" / "checkpoints" / "step_000001"
     for f in model.iterdir():

@@ -197,7 +197,7 @@ def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> tupl
     dropped = 1.0 - len(out) / max(len(problems), 1)
     if len(out) < len(problems):
         longest = max(len(i) for i in ids)
-        warn = "WARNING: " if dropped > 0.05 else ""
+        warn = "warning: " if dropped > 0.05 else ""
         log(f"{warn}{what}: dropped {len(problems) - len(out)} of {len(problems)} prompts ({dropped:.0%}) longer "
             f"than data.max_prompt_tokens={cfg.data.max_prompt_tokens} tokens (the longest has {longest}, chat "
             f"template included)")
@@ -262,7 +262,7 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
             # when dropping would leave nothing (or new >= context), a shorter response is what helps (4k-context
             # models at max_new_tokens=4000)
             fix = room if none_fit or new >= context else f"{drop}, or {room}"
-            log(f"WARNING: {what}: {short} of {len(lengths)} prompts leave fewer than rollout.max_new_tokens={new} "
+            log(f"warning: {what}: {short} of {len(lengths)} prompts leave fewer than rollout.max_new_tokens={new} "
                 f"tokens of the model's context of {context} ({limit}): the {engine} engine ends their responses "
                 f"at the context; {longest}; {fix}")
 
