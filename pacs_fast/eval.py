@@ -46,7 +46,7 @@ from pacs_fast.config.reward_specs import VERIFIER, checked_weights, reward_spec
 from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, load_benchmarks,
                                        model_label, prompt_kwargs, read_json)
 from pacs_fast.evaluation.parser import int_list, run_parser as _run_parser
-from pacs_fast.evaluation.prompt_fit import check_prompt_lengths, engine_context
+from pacs_fast.evaluation.prompt_fit import check_prompt_lengths, engine_context, prompt_build_warnings
 from pacs_fast.evaluation.engine import engine_and_dtype, make_engine, vllm_cpu_sizes
 from pacs_fast.evaluation.folder import coverage_warnings, covered_benchmarks, previous_results
 from pacs_fast.files import write_text_atomic
@@ -210,7 +210,8 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
     idle = template_kwargs_effect(tokenizer, args.template_kwargs)
     if idle:
         print(f"warning: --chat-template-kwargs {args.chat_template_kwargs}: {idle}", file=sys.stderr)
-    for line in (special_token_warning(tokenizer, args.stop, "--stop"), escape_warning(args.stop, "--stop")):
+    for line in (special_token_warning(tokenizer, args.stop, "--stop"), escape_warning(args.stop, "--stop"),
+                 *prompt_build_warnings(args, tokenizer, sets, todo)):
         if line:
             print(f"warning: {line}", file=sys.stderr)
     vllm_sizes = vllm_cpu_sizes(args, sets, todo, ns)

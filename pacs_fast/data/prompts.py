@@ -153,22 +153,25 @@ def _special_tokens(tokenizer) -> dict[int, str]:
     return out
 
 
-def prompt_warnings(tokenizer, problems: list[str], stop_ids: list[int]) -> list[str]:
-    """Lines about prompts the chat template will not build as meant: problems that already hold the
-    template's special tokens (wrapped in it a second time), a template that adds no assistant header
-    (``add_generation_prompt`` changes nothing: the prompt ends after the user's turn), and an end-of-turn
-    token that is not among ``stop_ids`` (the generation's stop tokens: responses run on past their turn,
-    e.g. a base Qwen2.5 model, whose EOS is ``<|endoftext|>``, under its ``<|im_end|>`` template)."""
+def prompt_warnings(tokenizer, problems: list[str], stop_ids: list[int], *, held_out: list[str] = (),
+                    length_key: str = "rollout.max_new_tokens") -> list[str]:
+    """Lines about prompts the chat template will not build as meant: problems (and ``held_out`` ones, in a line
+    of their own) that already hold the template's special tokens (wrapped in it a second time), a template that
+    adds no assistant header (``add_generation_prompt`` changes nothing: the prompt ends after the user's turn),
+    and an end-of-turn token that is not among ``stop_ids`` (the generation's stop tokens: responses run on past
+    their turn, e.g. a base Qwen2.5 model, whose EOS is ``<|endoftext|>``, under its ``<|im_end|>`` template;
+    ``length_key`` names the setting they run to: eval's ``--max-tokens``)."""
     if not has_chat_template(tokenizer):
         return []
     lines = []
     special = _special_tokens(tokenizer)
     markers = [t for t in special.values() if len(t) > 2 and t != tokenizer.unk_token]
-    held = [p for p in problems if any(m in p for m in markers)]
-    if held:
-        mark = next(m for m in markers if m in held[0])
-        lines.append(f"{len(held)} of {len(problems)} problems already hold the chat template's special tokens "
-                     f"(e.g. {mark!r}): each is wrapped in the template again; give the problems as plain text")
+    for what, texts in (("problems", problems), ("held-out problems", held_out)):
+        held = [p for p in texts if any(m in p for m in markers)]
+        if held:
+            mark = next(m for m in markers if m in held[0])
+            lines.append(f"{len(held)} of {len(texts)} {what} already hold the chat template's special tokens "
+                         f"(e.g. {mark!r}): each is wrapped in the template again; give the problems as plain text")
     messages = [{"role": "user", "content": "Q"}]
     try:
         with_header = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -186,5 +189,5 @@ def prompt_warnings(tokenizer, problems: list[str], stop_ids: list[int]) -> list
         name = special[ids[0]]
         lines.append(f"the chat template ends an assistant turn with {name!r} (id {ids[0]}), which is not a stop token "
                      f"(EOS of the tokenizer and generation_config.json: {stop_ids}): responses run past the end "
-                     f"of their turn until rollout.max_new_tokens; add it to generation_config.json's eos_token_id")
+                     f"of their turn until {length_key}; add it to generation_config.json's eos_token_id")
     return lines

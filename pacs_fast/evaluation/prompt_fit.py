@@ -1,6 +1,7 @@
 """Whether each prompt fits the eval engine's context, checked once the tokenizer loads and before the model
 does: a prompt longer than the context is an error naming the benchmark and the problem (the engines had failed in
-the middle of a benchmark); one that leaves fewer than ``--max-tokens`` is a warning."""
+the middle of a benchmark); one that leaves fewer than ``--max-tokens`` is a warning. Also the trainer's warnings
+about prompts the chat template will not build as meant (:func:`prompt_build_warnings`)."""
 from __future__ import annotations
 
 import sys
@@ -58,3 +59,23 @@ def check_prompt_lengths(args, engine_name: str, context: int | None, tokenizer,
                   f"ends their responses at the context; the longest, problem {i} (id {problems[i].id}), has "
                   f"{lengths[i]} prompt tokens; --max-tokens {context - lengths[i]} or lower leaves room for every "
                   f"response", file=sys.stderr)
+
+
+def prompt_build_warnings(args, tokenizer, sets, todo) -> list[str]:
+    """The trainer's lines about prompts the chat template will not build as meant
+    (:func:`pacs_fast.data.prompts.prompt_warnings`), for the problems asked for, each with its benchmark's name:
+    problems that already hold the template's tokens (wrapped in it a second time), a template without an
+    assistant header, an end of turn that is not a stop token (a base model under its instruct template: each
+    response ran past its turn to ``--max-tokens``, the verifier reading what followed). Eval had none of them."""
+    from pacs_fast.data.prompts import prompt_warnings
+    from pacs_fast.rollout.base import folder_stop_ids
+
+    stop_ids = folder_stop_ids(args.model, tokenizer)
+    lines: list[str] = []
+    for bench, problems in sets.items():
+        for line in prompt_warnings(tokenizer, [problems[i].problem for i in todo[bench]], stop_ids,
+                                    length_key="--max-tokens"):
+            line = f"{bench}: {line}" if "problems already hold" in line else line  # (the template's lines once)
+            if line not in lines:
+                lines.append(line)
+    return lines

@@ -132,3 +132,26 @@ class RolloutEngine(abc.ABC):
 
     def close(self) -> None:
         """Releases the engine."""
+
+
+def eos_token_ids(tokenizer, generation_config) -> list[int]:
+    """The ids generation stops at: the tokenizer's EOS, then the generation config's (an id or a list;
+    ``generation_config`` may be None), each once, in that order."""
+    ids: list[int] = []
+    for value in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
+        for v in (value if isinstance(value, (list, tuple)) else [value]):
+            if v is not None and int(v) not in ids:
+                ids.append(int(v))
+    return ids
+
+
+def folder_stop_ids(model_path, tokenizer) -> list[int]:
+    """The EOS ids generation stops at for a model folder, as the engines read them (the tokenizer's, then
+    generation_config.json's), before its model loads."""
+    from transformers import GenerationConfig
+
+    try:
+        generation_config = GenerationConfig.from_pretrained(model_path)
+    except (OSError, ValueError):  # no generation_config.json
+        generation_config = None
+    return eos_token_ids(tokenizer, generation_config)

@@ -90,7 +90,7 @@ import torch
 from pacs_fast.causal_lm import lm_head
 from pacs_fast.config.model_files import config_positions
 from pacs_fast.ops.short_attention import NAME as SHORT_ATTENTION
-from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
+from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids, eos_token_ids
 from pacs_fast.rollout.fp32_head import fp32_lm_head
 from pacs_fast.rollout.lean_decode import LeanDecoder
 from pacs_fast.rollout.sampling import LogprobRecorder, MaskPaddedRows, MinPFilter, row_keys
@@ -152,17 +152,6 @@ def model_positions(model) -> int | None:
         return None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return config_positions(text.to_dict())
-
-
-def eos_token_ids(tokenizer, generation_config) -> list[int]:
-    """The ids generation stops at: the tokenizer's EOS, then the generation config's (an id or a list;
-    ``generation_config`` may be None), each once, in that order."""
-    ids: list[int] = []
-    for value in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
-        for v in (value if isinstance(value, (list, tuple)) else [value]):
-            if v is not None and int(v) not in ids:
-                ids.append(int(v))
-    return ids
 
 
 class HFEngine(LeanDecoder, RolloutEngine):

@@ -24,6 +24,7 @@ from pacs_fast.config.model_files import vocab_problem
 from pacs_fast.data.prompts import has_chat_template, prompt_warnings, takes_system_message, template_kwargs_effect
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.openmp import threads_beside_other_jobs
+from pacs_fast.rollout.base import folder_stop_ids
 from pacs_fast.rollout.stop_strings import special_token_warning
 from pacs_fast.signals import Stopped
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
@@ -196,7 +197,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         if special:
             log(f"warning: {special}")
         problems = [p["problem"] for p in train_problems[:2000] if "prompt" not in p]
-        for line in prompt_warnings(tokenizer, problems, _stop_ids(model_path, tokenizer)) if problems else []:
+        held = [p["problem"] for p in held_out[:2000] if "prompt" not in p]  # (wrapped again as silently)
+        for line in prompt_warnings(tokenizer, problems, folder_stop_ids(model_path, tokenizer), held_out=held) \
+                if problems or held else []:
             log(f"warning: {line}")
         train_problems, dropped_train = encode(cfg, tokenizer, train_problems, "data.dataset", log)
         held_out, dropped_held = encode(cfg, tokenizer, held_out, "the held-out set", log)
@@ -340,19 +343,6 @@ def thread_change_warning(before: int | None, now: int, device: str) -> str | No
     return (f"the run trained with {before} torch thread{'s' * (before != 1)} and resumes with {now}: on a CPU the "
             f"steps from here differ from an uninterrupted run in float rounding (train.threads={before} continues "
             f"it exactly)")
-
-
-def _stop_ids(model_path, tokenizer) -> list[int]:
-    """The EOS ids generation stops at, as the HF engine reads them (tokenizer, then generation_config.json)."""
-    from transformers import GenerationConfig
-
-    from pacs_fast.rollout.hf import eos_token_ids
-
-    try:
-        generation_config = GenerationConfig.from_pretrained(model_path)
-    except (OSError, ValueError):  # no generation_config.json
-        generation_config = None
-    return eos_token_ids(tokenizer, generation_config)
 
 
 def find_model(cfg: Config, train_problems: list[dict], world: World, log) -> tuple[Path, dict]:
