@@ -28,6 +28,14 @@ def _prompts(tokenizer):
             tokenizer("x" * 37)["input_ids"], tokenizer("y" * 39)["input_ids"]]
 
 
+def _close(a: list[float], b: list[float]) -> bool:
+    """Log-probs of the same tokens from two batches of other shapes (the capped engine's rows leave the batch
+    at the context, so its later steps run smaller matrix products): equal up to the float32 rounding of those
+    products, which a CPU's kernels order by shape (bit-equal on some CPUs, ~5e-7 apart on an Intel Xeon with
+    AMX): 1e-5 is ~20 ulp of a log-prob near -5."""
+    return len(a) == len(b) and all(abs(x - y) <= 1e-5 for x, y in zip(a, b))
+
+
 @pytest.mark.parametrize("sampler,merge", DECODERS)
 @pytest.mark.parametrize("pad_is_eos", [False, True])
 def test_responses_end_at_the_context_and_equal_the_uncut_ones_up_to_it(model_dir, sampler, merge, pad_is_eos):
@@ -48,10 +56,11 @@ def test_responses_end_at_the_context_and_equal_the_uncut_ones_up_to_it(model_di
         for a, b in zip(mine, theirs):
             assert n + len(a.token_ids) <= CONTEXT
             if len(b.token_ids) <= room:  # the uncut response ends inside the context: the same response
-                assert a == b
+                assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+                assert _close(a.logprobs, b.logprobs)
                 continue
             cut += 1
-            assert a.token_ids == b.token_ids[:room] and a.logprobs == b.logprobs[:room]
+            assert a.token_ids == b.token_ids[:room] and _close(a.logprobs, b.logprobs[:room])
             assert a.finish_reason == "length" and not eos & set(a.token_ids)
             assert a.text == capped.tokenizer.decode(a.token_ids, skip_special_tokens=True)
     assert cut >= 8, "the prompts with 3 and 1 tokens of room were never cut"
