@@ -1,9 +1,10 @@
 """Prompts in the paper's format.
 
 PACS (``src/preprocess_dataset.py``) sends one user message, ``f"{problem} {INSTRUCTION}"``,
-through the model's chat template; Qwen2.5's template then adds its default system message
-``"You are a helpful assistant."``. Here the system message is explicit, so the prompt is the same
-for Qwen2.5 and well-defined for other templates.
+through the model's chat template, which adds its own default system message where it has one (Qwen2's
+``"You are a helpful assistant."``; Qwen2.5's ``"You are Qwen, created by Alibaba Cloud. You are a helpful
+assistant."``). Here the system message is explicit, ``"You are a helpful assistant."`` (DESIGN.md), so the
+prompt is well-defined for every template; an empty ``system`` leaves it to the template's default.
 
 A tokenizer without a chat template (the tiny character tokenizer of the tests, base models) gets
 the plain format::
