@@ -19,11 +19,18 @@ from test_train import TINY
 LONG = TINY + ["train.steps=100000", "train.eval_every=0", "train.save_every=2", "warmup.steps=0"]
 
 
-def _wait_for(path: Path, proc, timeout=240.0):
+def _wait_for(path: Path, proc, timeout=240.0, log: Path | None = None):
+    """Waits for ``path``; a timeout kills ``proc`` and shows what it and its run (``log``) had printed (a
+    fresh-clone CI run once timed out here, with nothing to tell why)."""
     t0 = time.time()
     while not path.exists():
         assert proc.poll() is None, proc.communicate()[1][-2000:]
-        assert time.time() - t0 < timeout, f"{path} did not appear"
+        if time.time() - t0 >= timeout:
+            proc.kill()
+            out, err = proc.communicate()
+            ran = log.read_text()[-3000:] if log is not None and log.exists() else "(no log)"
+            pytest.fail(f"{path} did not appear in {timeout:.0f} s; stdout: {out[-1000:]}\nstderr: {err[-2000:]}\n"
+                        f"the run's log: {ran}")
         time.sleep(0.2)
 
 
@@ -69,7 +76,7 @@ def test_sigterm_to_the_experiment_runner_stops_the_run_it_started(tmp_path, war
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     run = out / "runs" / "pacs" / "seed0"
-    _wait_for(run / "checkpoints" / "step_000002" / "manifest.json", proc)
+    _wait_for(run / "checkpoints" / "step_000002" / "manifest.json", proc, log=Path(f"{run}.log"))
     trainer = int((run / ".run.lock").read_text().split()[0])
     assert trainer != proc.pid and _alive(trainer)
     try:
