@@ -153,6 +153,19 @@ def run(argv: list[str]) -> int:
     for b, problems in sets.items():  # a resume continues the same problems, or refuses
         check_records_match(samples_path(out_dir, b), done[b], problems, sources[b], keywords, ns[b],
                             sampled_from.get(b))
+    # the folder's results: this run's benchmarks, then those other runs sampled here (same settings: run_config.json)
+    asked = {b: len(p) for b, p in sets.items()}
+    prev, unreadable = previous_results(out_dir)
+    if unreadable:  # (the other benchmarks' problem counts, a --limit, are unknown without it)
+        print(f"warning: {unreadable}: the other benchmarks' problem counts are unknown", file=sys.stderr)
+    try:  # the others' samples read before sampling (the results read them at the end: a bad record failed there)
+        names, expected, gone = covered_benchmarks(out_dir, prev, asked)
+        for b in names:
+            if b not in sets:
+                read_samples(samples_path(out_dir, b))
+    except ValueError as e:
+        raise UsageError(f"{e}; this run's results cover every benchmark sampled in {out_dir}: fix or move that "
+                         f"file, or use another --out") from None
     todo = {b: [i for i in range(len(probs)) if i not in done[b]] for b, probs in sets.items()}
     total = sum(len(t) for t in todo.values())
     skipped = sum(len(sets[b]) - len(todo[b]) for b in sets)
@@ -165,9 +178,6 @@ def run(argv: list[str]) -> int:
 
     meta = {"model": model_id, "label": label, "limit": args.limit,
             "settings": read_json(out_dir / "run_config.json", "run settings file")}
-    # the folder's results: this run's benchmarks, then those other runs sampled here (same settings: run_config.json)
-    asked = {b: len(p) for b, p in sets.items()}
-    names, expected, gone = covered_benchmarks(out_dir, previous_results(out_dir)[0], asked)
     results = results_from_samples(out_dir, names, ks=args.k, meta=meta, expected=expected, extra_ks=args.table_k)
     for line in [*coverage_warnings(results, expected, gone), *incomplete_warnings(results, had_results=True,
                                                                                    out_dir=out_dir)]:
@@ -317,8 +327,13 @@ def report(argv: list[str]) -> int:
         raise UsageError(str(e)) from None
     if not results["benchmarks"]:
         raise UsageError(f"the samples files in {out_dir} hold no problem records")
-    check_ks(args.k, {b: min(r["n"]) if isinstance(r["n"], list) else r["n"]
-                      for b, r in results["benchmarks"].items()}, command="report")
+    ns = {b: min(r["n"]) if isinstance(r["n"], list) else r["n"] for b, r in results["benchmarks"].items()}
+    most = max(ns, key=ns.get)  # (a k past one benchmark's n is left out for it, as a run does; past every n: refused)
+    check_ks(args.k, {most: ns[most]}, command="report")
+    capped = [f"{b} (n = {n})" for b, n in ns.items() if any(k > n for k in args.k or ())]
+    if capped:
+        print(f"warning: --k {max(args.k)}: pass@k past a benchmark's samples per problem is left out for "
+              f"{', '.join(capped)}", file=sys.stderr)
     had_results = (out_dir / "results.json").is_file()  # (before this report writes one)
     for line in [*(coverage_warnings(results, expected) if prev else []),
                  *incomplete_warnings(results, had_results=had_results, out_dir=out_dir)]:
@@ -353,7 +368,7 @@ def compare(argv: list[str]) -> int:
                              f"give another path")
     if args.table and Path(args.table).resolve() == Path(args.out).resolve():
         raise UsageError(f"--table {args.table} and --out are one file: the table would replace the plot")
-    if args.labels:
+    if args.labels is not None:  # (--labels "", an unset shell variable: one empty label, not the defaults)
         labels = [lab.strip() for lab in args.labels.split(",")]
         if len(labels) != len(results) or not all(labels):
             raise UsageError(f"--labels: {len(labels)} labels for {len(results)} results files" if all(labels) else

@@ -50,7 +50,7 @@ def test_a_benchmark_of_an_unfinished_run_is_kept_and_named(two_commands, model_
     capsys.readouterr()
     assert ev.main(["report", "--out", str(out)]) == 0
     err = capsys.readouterr().err
-    assert "gamma: sampled in this folder by a run that wrote no results.json" in err, err
+    assert "gamma: the folder's results.json does not say how many problems its run asked for" in err, err
     assert json.loads((out / "results.json").read_text())["benchmarks"]["gamma"]["num_problems"] == 1
     # the run that completes it: its results say nothing more of it
     assert ev.main(_args(model_dir, gamma, out)) == 0
@@ -163,6 +163,8 @@ def test_small_hostile_inputs_get_one_clear_line(two_commands, model_dir, tmp_pa
     _error(capsys, "--n names alpha twice")
     assert ev.main(["compare", str(out), str(out), "--out", str(tmp_path / "p.png"), "--labels", "a,"]) == 2
     _error(capsys, "--labels 'a,': label 2 is empty")
+    assert ev.main(["compare", str(out), "--out", str(tmp_path / "p.png"), "--labels", ""]) == 2
+    _error(capsys, "--labels '': label 1 is empty")
     for fn, needle in (("verifier", "--reward-fn names one, verifier: leave --reward-weights out"),
                        ("", "--reward-fn is empty (the math verifier alone)")):
         assert ev.main(_args(model_dir, alpha, tmp_path / "b", "--reward-fn", fn, "--reward-weights", "1")) == 2
@@ -178,3 +180,38 @@ def test_small_hostile_inputs_get_one_clear_line(two_commands, model_dir, tmp_pa
     monkeypatch.undo()
     assert ev.main(_args(model_dir, hidden, tmp_path / "c", "--limit", "1")) == 0
     assert [p.name for p in (tmp_path / "c").glob("samples_*")] == ["samples_hidden.jsonl"]
+
+
+def test_another_benchmarks_bad_samples_file_is_named_before_sampling(two_commands, model_dir, tmp_path, capsys):
+    """The results cover every benchmark sampled in --out, read at the run's end: a hand-edited record in another
+    benchmark's file had failed the run after all of its sampling (hours at n = 512), its results.json not written
+    and every rerun failing alike. An unreadable results.json (whose counts a --limit run set) is named too."""
+    out = _copy(two_commands, tmp_path)
+    path = out / "samples_alpha.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(json.dumps(dict(json.loads(lines[0]), scores=None)) + "\n" + "".join(lines[1:]))
+    gamma = _toy(tmp_path / "gamma.jsonl", n=2)
+    capsys.readouterr()
+    assert ev.main(_args(model_dir, gamma, out)) == 2
+    _error(capsys, f"{path}:1: not a samples record", "fix or move that file, or use another --out")
+    assert not (out / "samples_gamma.jsonl").exists()  # (refused before the model loaded)
+    path.write_text("".join(lines))
+    (out / "results.json").write_text("{}")
+    assert ev.main(_args(model_dir, gamma, out)) == 0
+    assert "results.json: not a pacs_fast results file" in capsys.readouterr().err
+
+
+def test_report_leaves_out_a_k_past_one_benchmarks_n_as_a_run_does(two_commands, model_dir, tmp_path, capsys):
+    """alpha sampled at n = 2, then beta at n = 4 with --k 1,2,4 into the same --out: the run left pass@4 out for
+    alpha, and report --k 1,4 then refused the folder (its k checked against the smallest n)."""
+    out = _copy(two_commands, tmp_path)
+    beta4 = _toy(tmp_path / "beta4.jsonl", n=2)
+    capsys.readouterr()
+    assert ev.main(_args(model_dir, beta4, out, "--n", "beta4=4", "--k", "1,2,4")) == 0
+    assert ev.main(["report", "--out", str(out), "--k", "1,4"]) == 0
+    err = capsys.readouterr().err
+    assert "--k 4: pass@k past a benchmark's samples per problem is left out for beta (n = 2), alpha (n = 2)" in err
+    res = json.loads((out / "results.json").read_text())["benchmarks"]
+    assert set(res["beta4"]["pass_at_k"]) == {"1", "4"} and set(res["alpha"]["pass_at_k"]) == {"1"}
+    assert ev.main(["report", "--out", str(out), "--k", "8"]) == 2
+    _error(capsys, "--k 8 is larger than the 4 samples per problem of beta4")

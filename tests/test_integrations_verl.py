@@ -318,3 +318,23 @@ def test_verls_dispatch_cuts_groups_unless_the_prompts_split_evenly_and_the_loss
                                              r".ppo_mini_batch_size \(prompts\) multiples of the actor's "
                                              r"data-parallel size"):
             fn(part["old"], part["logp"], part["adv"], part["mask"], "token-mean", _actor_config(4, micro=4), None)
+
+
+def test_the_dp_size_reads_verls_own_ulysses_key_and_skips_strategies_it_cannot_read():
+    """verl 0.9 reads the Ulysses size from actor.fsdp_config (the actor-level key is deprecated, copied there when
+    > 1): given there, 12 prompts on 8 GPUs at Ulysses 2 (4 ranks, whole groups) had been refused as if 8 ranks.
+    torchtitan / veomni keep their model parallelism elsewhere: a data-parallel size of every GPU refused alike."""
+    from omegaconf import OmegaConf
+
+    for strategy in ("fsdp", "fsdp2"):
+        cfg = _dp_config(train=12, mini=4)
+        cfg.actor_rollout_ref.actor.strategy = strategy
+        OmegaConf.update(cfg, "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", 2)
+        pv.check_config(cfg)
+        OmegaConf.update(cfg, "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", 1)
+        with pytest.raises(ValueError, match=r"multiple of the actor's data-parallel size \(8"):
+            pv.check_config(cfg)
+    cfg = _dp_config(train=12, mini=4)
+    cfg.actor_rollout_ref.actor.strategy = "torchtitan"
+    OmegaConf.update(cfg, "actor_rollout_ref.actor.torchtitan.tensor_parallel_size", 2)
+    pv.check_config(cfg)

@@ -51,10 +51,12 @@ def covered_benchmarks(out_dir: Path, prev: dict[str, Any], asked: dict[str, int
 
 def coverage_warnings(results: dict[str, Any], expected: dict[str, int], gone: list[str] = ()) -> list[str]:
     """One line per benchmark of ``results`` whose run's problem count is unknown (``expected`` lacks it: sampled by
-    a run that wrote no ``results.json``, which every finished run writes), and per benchmark of ``gone`` (listed
+    a run that wrote no ``results.json``, which every finished run writes, or whose ``results.json`` an earlier
+    version replaced with another benchmark's), and per benchmark of ``gone`` (listed
     by the folder's last ``results.json``, its samples file missing or empty now: left out)."""
-    lines = [f"{b}: sampled in this folder by a run that wrote no results.json (it may not have finished): its "
-             f"pass@k covers the {br['num_problems']} problems sampled so far; rerun its eval command to complete it"
+    lines = [f"{b}: the folder's results.json does not say how many problems its run asked for (that run may not "
+             f"have finished, or a version before 2026-12-02 wrote another benchmark's results over it): its pass@k "
+             f"covers the {br['num_problems']} problems sampled so far; rerun its eval command to complete it"
              for b, br in results["benchmarks"].items() if b not in expected]
     lines += [f"{b}: the folder's results.json listed it, but its samples file is missing or empty: left out of "
               f"the results" for b in gone]

@@ -144,10 +144,16 @@ def _actor_dp_size(config, actor: str) -> int | None:
     if nnodes is None or gpus is None:
         return None
     world = _whole_number(nnodes, "trainer.nnodes") * _whole_number(gpus, "trainer.n_gpus_per_node")
-    if str(_get(config, actor + "strategy", "fsdp")) == "megatron":
+    strategy = str(_get(config, actor + "strategy", "fsdp"))
+    if strategy == "megatron":
         keys = [f"{actor}megatron.{k}_parallel_size" for k in ("tensor_model", "pipeline_model", "context")]
-    else:
-        keys = [actor + "ulysses_sequence_parallel_size"]
+    elif strategy in ("fsdp", "fsdp2"):  # verl 0.9 reads fsdp_config's; the actor's own (deprecated) wins when > 1
+        key = actor + "ulysses_sequence_parallel_size"
+        if (_whole_number(_get(config, key, 1), key) or 1) <= 1:
+            key = actor + "fsdp_config.ulysses_sequence_parallel_size"
+        keys = [key]
+    else:  # (veomni, torchtitan: parallel layouts of their own, not read here: no check rather than a wrong one)
+        return None
     split = 1
     for key in keys:
         split *= _whole_number(_get(config, key, 1), key) or 1
