@@ -57,17 +57,23 @@ def test_settings_it_cannot_take(value, message):
         validate(load_config(None, [f"data.chat_template_kwargs={value}"]))
 
 
-@pytest.fixture(scope="module")
-def thinking_model(tmp_path_factory):
+def templated_tiny_model(path, template: str, seed: int):
+    """The tiny model at ``path`` under the ChatML-style ``template`` (``<|im_start|>`` / ``<|im_end|>`` added as
+    special tokens; its EOS stays the character tokenizer's)."""
     from pacs_fast.data.tiny import make_tiny_model
     from transformers import AutoTokenizer
 
-    path = make_tiny_model(tmp_path_factory.mktemp("think") / "m", seed=2)
+    path = make_tiny_model(path, seed=seed)
     tok = AutoTokenizer.from_pretrained(path)
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.chat_template = THINKING
+    tok.chat_template = template
     tok.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def thinking_model(tmp_path_factory):
+    return templated_tiny_model(tmp_path_factory.mktemp("think") / "m", THINKING, seed=2)
 
 
 @pytest.fixture(scope="module")

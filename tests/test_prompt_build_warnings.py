@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from test_run_safety import cli  # noqa: F401
+from test_chat_template_kwargs import templated_tiny_model
+from test_run_safety import cli
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -23,16 +24,7 @@ ALREADY = "already hold the chat template's special tokens"
 def chatml_model(tmp_path_factory):
     """The tiny model under a ChatML template whose end of turn, ``<|im_end|>``, is not its EOS (the char
     tokenizer's): a base model under an instruct template."""
-    from transformers import AutoTokenizer
-
-    from pacs_fast.data.tiny import make_tiny_model
-
-    path = make_tiny_model(tmp_path_factory.mktemp("chatml") / "m", seed=3)
-    tok = AutoTokenizer.from_pretrained(path)
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.chat_template = CHATML
-    tok.save_pretrained(path)
-    return path
+    return templated_tiny_model(tmp_path_factory.mktemp("chatml") / "m", CHATML, seed=3)
 
 
 def _write(path, problems):
