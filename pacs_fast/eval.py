@@ -158,11 +158,8 @@ def run(argv: list[str]) -> int:
     prev, unreadable = previous_results(out_dir)
     if unreadable:  # (the other benchmarks' problem counts, a --limit, are unknown without it)
         print(f"warning: {unreadable}: the other benchmarks' problem counts are unknown", file=sys.stderr)
-    try:  # the others' samples read before sampling (the results read them at the end: a bad record failed there)
+    try:  # (the other benchmarks' samples read before sampling: a bad record had failed the run at its end)
         names, expected, gone = covered_benchmarks(out_dir, prev, asked)
-        for b in names:
-            if b not in sets:
-                read_samples(samples_path(out_dir, b))
     except ValueError as e:
         raise UsageError(f"{e}; this run's results cover every benchmark sampled in {out_dir}: fix or move that "
                          f"file, or use another --out") from None

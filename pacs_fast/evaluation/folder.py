@@ -41,11 +41,14 @@ def covered_benchmarks(out_dir: Path, prev: dict[str, Any], asked: dict[str, int
     """The benchmarks the folder's results cover and the problems each run asked for: ``asked`` (this command's,
     with their counts) first, then every other benchmark sampled in ``out_dir`` (its count from ``prev``, the
     folder's last ``results.json``, where it names one). Also the benchmarks ``prev`` holds whose samples file is
-    missing or empty (the results would lose them: the caller refuses or warns)."""
+    missing or empty (the results would lose them: the caller refuses or warns). Every other benchmark's samples
+    file is read here: a ValueError names a bad record (a run read them only at its end, after its sampling)."""
     expected = {**expected_counts(prev), **asked}
     names = list(asked) + [b for b in [*prev.get("benchmarks", {}), *sampled_benchmarks(out_dir)] if b not in asked]
     names = list(dict.fromkeys(names))
-    gone = [b for b in prev.get("benchmarks", {}) if b not in asked and not read_samples(samples_path(out_dir, b))]
+    # every other benchmark's samples read now (a bad record: a ValueError naming it, before a run samples)
+    held = {b: bool(read_samples(samples_path(out_dir, b))) for b in names if b not in asked}
+    gone = [b for b in prev.get("benchmarks", {}) if b not in asked and not held[b]]
     return [b for b in names if b not in gone], {b: expected[b] for b in names if b in expected}, gone
 
 
