@@ -25,13 +25,28 @@ def _wait_for(path: Path, proc, timeout=240.0, log: Path | None = None):
     t0 = time.time()
     while not path.exists():
         assert proc.poll() is None, proc.communicate()[1][-2000:]
-        if time.time() - t0 >= timeout:
+        if time.time() - t0 >= timeout:  # (PYTHONFAULTHANDLER=1: SIGABRT prints every thread's stack first)
+            for pid in [proc.pid, *_children(proc.pid)]:
+                os.kill(pid, signal.SIGABRT)
+            time.sleep(3)
             proc.kill()
             out, err = proc.communicate()
-            ran = log.read_text()[-3000:] if log is not None and log.exists() else "(no log)"
-            pytest.fail(f"{path} did not appear in {timeout:.0f} s; stdout: {out[-1000:]}\nstderr: {err[-2000:]}\n"
+            ran = log.read_text()[-6000:] if log is not None and log.exists() else "(no log)"
+            pytest.fail(f"{path} did not appear in {timeout:.0f} s; stdout: {out[-1000:]}\nstderr: {err[-6000:]}\n"
                         f"the run's log: {ran}")
         time.sleep(0.2)
+
+
+def _children(pid: int) -> list[int]:
+    """The process ids whose parent is ``pid`` (read from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
 
 
 def _alive(pid: int) -> bool:
@@ -48,7 +63,7 @@ def _alive(pid: int) -> bool:
 def test_sigterm_stops_a_run_with_one_line_and_it_resumes(tmp_path, warm_cache):
     cmd = [sys.executable, "-m", "pacs_fast.train", *LONG, f"train.out_dir={tmp_path}", "train.run_name=r",
            f"warmup.cache_dir={warm_cache}"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     run = tmp_path / "r"
     _wait_for(run / "checkpoints" / "step_000002" / "manifest.json", proc)
@@ -74,7 +89,7 @@ def test_sigterm_to_the_experiment_runner_stops_the_run_it_started(tmp_path, war
     cmd = [sys.executable, "-m", "pacs_fast.experiment", "--out", str(out), "--arms", "pacs", "--seeds", "0",
            f"warmup.cache_dir={warm_cache}", *LONG]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+                            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1"))
     run = out / "runs" / "pacs" / "seed0"
     _wait_for(run / "checkpoints" / "step_000002" / "manifest.json", proc, log=Path(f"{run}.log"))
     trainer = int((run / ".run.lock").read_text().split()[0])
