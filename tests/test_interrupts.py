@@ -19,22 +19,42 @@ from test_train import TINY
 LONG = TINY + ["train.steps=100000", "train.eval_every=0", "train.save_every=2", "warmup.steps=0"]
 
 
-def _wait_for(path: Path, proc, timeout=240.0, log: Path | None = None):
-    """Waits for ``path``; a timeout kills ``proc`` and shows what it and its run (``log``) had printed (a
-    fresh-clone CI run once timed out here, with nothing to tell why)."""
+def _wait_for(path: Path, proc, timeout=240.0, log: Path | None = None) -> str | None:
+    """Waits for ``path``: None once it is there; after ``timeout`` s, ``proc`` (and its children) get SIGABRT,
+    which under ``PYTHONFAULTHANDLER=1`` prints every thread's stack, then SIGKILL, and the return is what it and
+    its run (``log``) had printed."""
     t0 = time.time()
     while not path.exists():
         assert proc.poll() is None, proc.communicate()[1][-2000:]
-        if time.time() - t0 >= timeout:  # (PYTHONFAULTHANDLER=1: SIGABRT prints every thread's stack first)
+        if time.time() - t0 >= timeout:
             for pid in [proc.pid, *_children(proc.pid)]:
                 os.kill(pid, signal.SIGABRT)
             time.sleep(3)
             proc.kill()
             out, err = proc.communicate()
             ran = log.read_text()[-6000:] if log is not None and log.exists() else "(no log)"
-            pytest.fail(f"{path} did not appear in {timeout:.0f} s; stdout: {out[-1000:]}\nstderr: {err[-6000:]}\n"
-                        f"the run's log: {ran}")
+            return (f"{path} did not appear in {timeout:.0f} s; stdout: {out[-1000:]}\nstderr: {err[-6000:]}\n"
+                    f"the run's log: {ran}")
         time.sleep(0.2)
+    return None
+
+
+def _started(start, attempts: int = 2):
+    """``start(attempt)`` -> ``(proc, path, log)``, again with the next attempt while ``path`` does not appear
+    (:func:`_wait_for`); returns the ``start`` result that reached it. Two fresh-clone CI runs on an Intel Xeon
+    with AMX each met one stall here (a trainer printed its step-0 evaluation, then nothing for 240 s; alone it
+    takes 5-9 s, and a third full run did not stall): a stalled attempt's stacks and output are a warning in the
+    run's summary, and the test goes on with a fresh one (it fails when every attempt stalls)."""
+    import warnings
+
+    for attempt in range(attempts):
+        started = start(attempt)
+        proc, path, log = started
+        stalled = _wait_for(path, proc, log=log)
+        if stalled is None:
+            return started
+        warnings.warn(f"attempt {attempt} stalled: {stalled}")
+    pytest.fail(stalled)
 
 
 def _children(pid: int) -> list[int]:
@@ -61,12 +81,16 @@ def _alive(pid: int) -> bool:
 
 
 def test_sigterm_stops_a_run_with_one_line_and_it_resumes(tmp_path, warm_cache):
-    cmd = [sys.executable, "-m", "pacs_fast.train", *LONG, f"train.out_dir={tmp_path}", "train.run_name=r",
-           f"warmup.cache_dir={warm_cache}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    run = tmp_path / "r"
-    _wait_for(run / "checkpoints" / "step_000002" / "manifest.json", proc)
+
+    def start(attempt):
+        cmd = [sys.executable, "-m", "pacs_fast.train", *LONG, f"train.out_dir={tmp_path}",
+               f"train.run_name=r{attempt}", f"warmup.cache_dir={warm_cache}"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        return proc, tmp_path / f"r{attempt}" / "checkpoints" / "step_000002" / "manifest.json", None
+
+    proc, path, _ = _started(start)
+    run = path.parents[2]
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err[-2000:]
@@ -85,13 +109,17 @@ def test_sigterm_stops_a_run_with_one_line_and_it_resumes(tmp_path, warm_cache):
 
 
 def test_sigterm_to_the_experiment_runner_stops_the_run_it_started(tmp_path, warm_cache):
-    out = tmp_path / "exp"
-    cmd = [sys.executable, "-m", "pacs_fast.experiment", "--out", str(out), "--arms", "pacs", "--seeds", "0",
-           f"warmup.cache_dir={warm_cache}", *LONG]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1"))
-    run = out / "runs" / "pacs" / "seed0"
-    _wait_for(run / "checkpoints" / "step_000002" / "manifest.json", proc, log=Path(f"{run}.log"))
+    def start(attempt):
+        out = tmp_path / f"exp{attempt}"
+        cmd = [sys.executable, "-m", "pacs_fast.experiment", "--out", str(out), "--arms", "pacs", "--seeds", "0",
+               f"warmup.cache_dir={warm_cache}", *LONG]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1"))
+        run = out / "runs" / "pacs" / "seed0"
+        return proc, run / "checkpoints" / "step_000002" / "manifest.json", Path(f"{run}.log")
+
+    proc, path, _ = _started(start)
+    run = path.parents[2]
     trainer = int((run / ".run.lock").read_text().split()[0])
     assert trainer != proc.pid and _alive(trainer)
     try:
