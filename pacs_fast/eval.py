@@ -48,7 +48,7 @@ from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, che
 from pacs_fast.evaluation.parser import int_list, run_parser as _run_parser
 from pacs_fast.evaluation.prompt_fit import check_prompt_lengths, engine_context, prompt_build_warnings
 from pacs_fast.evaluation.engine import engine_and_dtype, make_engine, vllm_cpu_sizes
-from pacs_fast.evaluation.folder import coverage_warnings, covered_benchmarks, previous_results
+from pacs_fast.evaluation.folder import coverage_warnings, covered_benchmarks, lost_benchmarks, previous_results
 from pacs_fast.files import write_text_atomic
 from pacs_fast.evaluation.report import comparison_warnings, incomplete_warnings, markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct, load_results,
@@ -158,8 +158,10 @@ def run(argv: list[str]) -> int:
     prev, unreadable = previous_results(out_dir)
     if unreadable:  # (the other benchmarks' problem counts, a --limit, are unknown without it)
         print(f"warning: {unreadable}: the other benchmarks' problem counts are unknown", file=sys.stderr)
+    names, expected = covered_benchmarks(out_dir, prev, asked)
     try:  # (the other benchmarks' samples read before sampling: a bad record had failed the run at its end)
-        names, expected, gone = covered_benchmarks(out_dir, prev, asked)
+        for b in names[len(asked):]:
+            read_samples(samples_path(out_dir, b))
     except ValueError as e:
         raise UsageError(f"{e}; this run's results cover every benchmark sampled in {out_dir}: fix or move that "
                          f"file, or use another --out") from None
@@ -176,6 +178,7 @@ def run(argv: list[str]) -> int:
     meta = {"model": model_id, "label": label, "limit": args.limit,
             "settings": read_json(out_dir / "run_config.json", "run settings file")}
     results = results_from_samples(out_dir, names, ks=args.k, meta=meta, expected=expected, extra_ks=args.table_k)
+    gone = lost_benchmarks(prev, results, asked)
     for line in [*coverage_warnings(results, expected, gone), *incomplete_warnings(results, had_results=True,
                                                                                    out_dir=out_dir)]:
         print(f"warning: {line}", file=sys.stderr)
@@ -307,10 +310,7 @@ def report(argv: list[str]) -> int:
     prev, unreadable = previous_results(out_dir)
     if unreadable:  # what report is for: write it again, from every samples file
         print(f"warning: {unreadable}: recomputing from every samples file in {out_dir}", file=sys.stderr)
-    benchmarks, expected, gone = covered_benchmarks(out_dir, prev, {})
-    if gone:  # (a results.json written without them would lose them for good)
-        raise UsageError(f"{out_dir / 'results.json'} lists {', '.join(gone)}, whose samples file is missing or "
-                         f"empty: restore it, or delete results.json to report the other benchmarks")
+    benchmarks, expected = covered_benchmarks(out_dir, prev, {})
     meta.update({k: prev[k] for k in ("model", "label", "limit") if k in prev})
     if cfg.exists():
         meta["settings"] = read_json(cfg, "run settings file")
@@ -322,6 +322,10 @@ def report(argv: list[str]) -> int:
                                        extra_ks=args.table_k)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    gone = lost_benchmarks(prev, results)
+    if gone:  # (a results.json written without them would lose them for good)
+        raise UsageError(f"{out_dir / 'results.json'} lists {', '.join(gone)}, whose samples file is missing or "
+                         f"empty: restore it, or delete results.json to report the other benchmarks")
     if not results["benchmarks"]:
         raise UsageError(f"the samples files in {out_dir} hold no problem records")
     ns = {b: min(r["n"]) if isinstance(r["n"], list) else r["n"] for b, r in results["benchmarks"].items()}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pacs_fast.evaluation.results import load_results, read_samples, samples_path
+from pacs_fast.evaluation.results import load_results
 
 
 def sampled_benchmarks(out_dir: Path) -> list[str]:
@@ -37,19 +37,21 @@ def expected_counts(prev: dict[str, Any]) -> dict[str, int]:
     return expected
 
 
-def covered_benchmarks(out_dir: Path, prev: dict[str, Any], asked: dict[str, int]) -> tuple[list[str], dict, list]:
+def covered_benchmarks(out_dir: Path, prev: dict[str, Any], asked: dict[str, int]) -> tuple[list[str], dict]:
     """The benchmarks the folder's results cover and the problems each run asked for: ``asked`` (this command's,
-    with their counts) first, then every other benchmark sampled in ``out_dir`` (its count from ``prev``, the
-    folder's last ``results.json``, where it names one). Also the benchmarks ``prev`` holds whose samples file is
-    missing or empty (the results would lose them: the caller refuses or warns). Every other benchmark's samples
-    file is read here: a ValueError names a bad record (a run read them only at its end, after its sampling)."""
+    with their counts) first, then every other benchmark sampled in ``out_dir`` or named by ``prev`` (the folder's
+    last ``results.json``, which gives its count where it names one)."""
     expected = {**expected_counts(prev), **asked}
     names = list(asked) + [b for b in [*prev.get("benchmarks", {}), *sampled_benchmarks(out_dir)] if b not in asked]
     names = list(dict.fromkeys(names))
-    # every other benchmark's samples read now (a bad record: a ValueError naming it, before a run samples)
-    held = {b: bool(read_samples(samples_path(out_dir, b))) for b in names if b not in asked}
-    gone = [b for b in prev.get("benchmarks", {}) if b not in asked and not held[b]]
-    return [b for b in names if b not in gone], {b: expected[b] for b in names if b in expected}, gone
+    return names, {b: expected[b] for b in names if b in expected}
+
+
+def lost_benchmarks(prev: dict[str, Any], results: dict[str, Any], asked=()) -> list[str]:
+    """The benchmarks ``prev`` (the folder's last ``results.json``) lists, besides ``asked``, that ``results`` lack:
+    their samples file is missing or empty now (the caller refuses or warns: results written without them lose
+    them for good)."""
+    return [b for b in prev.get("benchmarks", {}) if b not in asked and b not in results["benchmarks"]]
 
 
 def coverage_warnings(results: dict[str, Any], expected: dict[str, int], gone: list[str] = ()) -> list[str]:
