@@ -438,3 +438,34 @@ def test_eval_of_a_checkpoints_adapter_folder_names_the_checkpoint(tiny, tmp_pat
     assert ev.main(["--model", str(ckpt / "adapter"), "--benchmarks", "amc23", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is a PEFT adapter folder" in err and f"merged weights, {ckpt}" in err, err
+
+
+def test_a_resume_on_a_checkpoint_copy_stops_with_one_line_and_skips_nothing(tmp_path, warm_cache, capsys):
+    """The same refusal through --resume: a base mismatch is the run's settings, not a damaged checkpoint (it had
+    been reported as 'skipping checkpoint' for every checkpoint, then 'no usable checkpoint')."""
+    import shutil
+
+    from test_train import TINY
+
+    base = tmp_path / "base"
+    shutil.copytree(make_tiny_model(tmp_path / "tiny", seed=3, tie_word_embeddings=False), base)
+    code, _, err = cli(TINY + [f"warmup.cache_dir={warm_cache}", f"train.out_dir={tmp_path}", "train.run_name=r",
+                              f"model.path={base}", "model.lora_rank=4", "learner.lr=1e-3", "train.steps=2",
+                              "train.save_every=1", "train.tensorboard=false", "reward.noise_fp=0.4"], capsys)
+    assert code == 0, err
+    run = tmp_path / "r"
+    from safetensors.torch import load_file
+
+    merged, own = (load_file(str(f / "model.safetensors")) for f in (run / "checkpoints" / "step_000002", base))
+    assert any(not torch.equal(merged[k], own[k]) for k in merged)  # (the adapters moved: the copy is not the base)
+    kept = {p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file()}
+    shutil.move(base, tmp_path / "moved")
+    shutil.copytree(run / "checkpoints" / "step_000002", tmp_path / "copy")
+    code, out, err = cli(["--resume", str(run), "train.steps=3", f"model.path={tmp_path / 'copy'}"], capsys)
+    errors = [x for x in err.splitlines() if x.startswith("error: ")]  # (after the model loaded: the base's digest)
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert "model.path's weights are not the base the checkpoint's LoRA adapters" in errors[0]
+    assert "skipping checkpoint" not in out + err
+    assert {p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file()} == kept
+    code, _, err = cli(["--resume", str(run), "train.steps=3", f"model.path={tmp_path / 'moved'}"], capsys)
+    assert code == 0, err

@@ -37,6 +37,12 @@ class NonFiniteError(RuntimeError):
                          "weights unchanged): lower learner.lr or check the data")
 
 
+class CheckpointMismatch(ValueError):
+    """A checkpoint that loads but is not this run's to continue (its LoRA adapters were trained on another base):
+    the run's settings are wrong, not the checkpoint, so a resume stops at it with this one line instead of
+    skipping it, and every older one, as damaged."""
+
+
 @dataclass
 class RolloutBatch:
     """One step's training data. ``B = num_groups * group_size`` rows, ``T`` tokens.

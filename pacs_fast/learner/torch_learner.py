@@ -46,7 +46,8 @@ import torch
 
 from pacs_fast.causal_lm import decoder_body, has_active_dropout, lm_head
 from pacs_fast.config import AlgoConfig, LearnerConfig
-from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, check_response_ids, group_rows
+from pacs_fast.learner.base import (CheckpointMismatch, Learner, NonFiniteError, RolloutBatch, by_length,
+                                   check_response_ids, group_rows)
 from pacs_fast.learner.grad_norm import clip_grad_norm
 from pacs_fast.learner.master_weights import MasterWeights, loading_weights
 from pacs_fast.learner.lora import (adapter_params, adapter_snapshot, adapter_state, adapters_swapped, base_digest,
@@ -456,9 +457,10 @@ class TorchLearner(Learner):
                                  "(model.lora_rank)")
             load_adapter_state(self.model, state["lora"])
             if state.get("lora_base") not in (None, self._lora_base()):  # (checkpoints before it: the merge below)
-                raise ValueError("model.path's weights are not the base the checkpoint's LoRA adapters were trained "
-                                 "on (their digest differs): give model.path the base model the run started from "
-                                 "(a checkpoint holds merged weights: as the base, the adapters would apply twice)")
+                raise CheckpointMismatch("model.path's weights are not the base the checkpoint's LoRA adapters were "
+                                         "trained on (their digest differs): give model.path the base model the run "
+                                         "started from (a checkpoint holds merged weights: as the base, the adapters "
+                                         "would apply twice)")
             if self._loaded_merged is not None:
                 check_same_merge(self.model, self._loaded_merged)
                 self._loaded_merged = None

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from pacs_fast.files import remove_temporaries, write_text_atomic
+from pacs_fast.learner.base import CheckpointMismatch
 
 MANIFEST = "manifest.json"
 # trainer-state entries kept in trainer_state.pt alone (not readable text: an asynchronous run's completions in flight)
@@ -339,6 +340,8 @@ def load_checkpoint(path: str | Path, *, learner) -> dict:
         _load_learner_state(learner, path)
         current = path / "trainer_state.pt"
         state = torch.load(current, weights_only=False)
+    except CheckpointMismatch:  # (the run's settings are wrong, not the file: not skipped as damaged)
+        raise
     except Exception as e:  # noqa: BLE001 - any failure to read a file is reported with the file
         raise CheckpointError(f"cannot load checkpoint file {current}: {type(e).__name__}: {e}") from e
     set_rng_state(state["rng"])

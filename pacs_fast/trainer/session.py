@@ -28,6 +28,7 @@ from pacs_fast.rollout.base import folder_stop_ids
 from pacs_fast.rollout.stop_strings import special_token_warning
 from pacs_fast.signals import Stopped
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
+from pacs_fast.learner.base import CheckpointMismatch
 from pacs_fast.trainer.checkpoint import (checkpoints_newest_first, intact_checkpoints, remove_stale_temporaries,
                                           restore_newest, settle_after_resume)
 from pacs_fast.trainer.correction import correction_warnings
@@ -251,7 +252,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     elif resume:
         try:
             ckpt, state = restore_newest(run_dir, learner=learner, world=world, log=log)
-        except RuntimeError as e:
+        except (RuntimeError, CheckpointMismatch) as e:  # (a mismatch: the run's settings, named in one line)
             s.close()
             raise SetupError(f"--resume {run_dir}: {e}") from e
         if world.is_main:  # a stop right after the last save's rename left latest and the pruning behind
