@@ -39,6 +39,20 @@ def _wait_for(path: Path, proc, timeout=240.0, log: Path | None = None) -> str |
     return None
 
 
+def _communicate(proc, timeout: float) -> tuple[str, str]:
+    """``proc.communicate(timeout)``; past it, every thread's stack (SIGABRT under ``PYTHONFAULTHANDLER=1``, to
+    the process and its children) and the output are the failure."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *_children(proc.pid)]:
+            os.kill(pid, signal.SIGABRT)
+        time.sleep(3)
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"no exit {timeout:.0f} s after the signal; stdout: {out[-2000:]}\nstderr: {err[-8000:]}")
+
+
 def _started(start, attempts: int = 2):
     """``start(attempt)`` -> ``(proc, path, log)``, again with the next attempt while ``path`` does not appear
     (:func:`_wait_for`); returns the ``start`` result that reached it. Two fresh-clone CI runs on an Intel Xeon
@@ -92,7 +106,7 @@ def test_sigterm_stops_a_run_with_one_line_and_it_resumes(tmp_path, warm_cache):
     proc, path, _ = _started(start)
     run = path.parents[2]
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = _communicate(proc, 60)
     assert proc.returncode == 143, err[-2000:]
     lines = [x for x in err.splitlines() if x.strip()]
     assert lines[-1] == f"stopped by SIGTERM: continue with --resume {run} (from its last checkpoint)", err[-2000:]
@@ -124,7 +138,7 @@ def test_sigterm_to_the_experiment_runner_stops_the_run_it_started(tmp_path, war
     assert trainer != proc.pid and _alive(trainer)
     try:
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+        _, err = _communicate(proc, 120)
         assert proc.returncode == 143, err[-2000:]
         assert err.strip().splitlines()[-1] == "stopped by SIGTERM: run the same command again to resume", err[-2000:]
         assert not _alive(trainer)  # it stopped with the runner (it went on alone, holding the lock)
