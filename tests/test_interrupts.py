@@ -27,11 +27,7 @@ def _wait_for(path: Path, proc, timeout=240.0, log: Path | None = None) -> str |
     while not path.exists():
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         if time.time() - t0 >= timeout:
-            for pid in [proc.pid, *_children(proc.pid)]:
-                os.kill(pid, signal.SIGABRT)
-            time.sleep(3)
-            proc.kill()
-            out, err = proc.communicate()
+            out, err = _abort(proc)
             ran = log.read_text()[-6000:] if log is not None and log.exists() else "(no log)"
             return (f"{path} did not appear in {timeout:.0f} s; stdout: {out[-1000:]}\nstderr: {err[-6000:]}\n"
                     f"the run's log: {ran}")
@@ -39,17 +35,22 @@ def _wait_for(path: Path, proc, timeout=240.0, log: Path | None = None) -> str |
     return None
 
 
+def _abort(proc) -> tuple[str, str]:
+    """SIGABRT to ``proc`` and its children (under ``PYTHONFAULTHANDLER=1`` each prints every thread's stack), then
+    SIGKILL; returns what ``proc`` had printed (stdout, stderr)."""
+    for pid in [proc.pid, *_children(proc.pid)]:
+        os.kill(pid, signal.SIGABRT)
+    time.sleep(3)
+    proc.kill()
+    return proc.communicate()
+
+
 def _communicate(proc, timeout: float) -> tuple[str, str]:
-    """``proc.communicate(timeout)``; past it, every thread's stack (SIGABRT under ``PYTHONFAULTHANDLER=1``, to
-    the process and its children) and the output are the failure."""
+    """``proc.communicate(timeout)``; past it, every thread's stack (:func:`_abort`) and the output are the failure."""
     try:
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        for pid in [proc.pid, *_children(proc.pid)]:
-            os.kill(pid, signal.SIGABRT)
-        time.sleep(3)
-        proc.kill()
-        out, err = proc.communicate()
+        out, err = _abort(proc)
         pytest.fail(f"no exit {timeout:.0f} s after the signal; stdout: {out[-2000:]}\nstderr: {err[-8000:]}")
 
 
