@@ -300,3 +300,46 @@ def test_a_fixed_reference_model_is_counted():
         assert mem["reference"] == memory_model.model_params(shape) * shape["bytes"] > 0
         assert mem["total"] == plain["total"] + mem["reference"]
     assert plain["reference"] == 0
+
+def test_auto_packed_attention_counts_the_dense_mask_where_varlen_cannot_run(tmp_path):
+    """``learner.packed_attention=auto`` packs a model whose exact attention varlen is not (another family, attention
+    dropout) with the dense block-diagonal mask (pacs_fast/learner/packing.py), as ``dense`` does: the memory
+    check counts that mask for both (sweep of 2026-12-02: it counted none under auto, ~30 GiB at two 16k-token rows
+    on a 28-layer model in bf16: a budget that could not fit passed); a model varlen runs, flash attention and
+    ``learner.packing=off`` count none (a sliding-window model packs nothing: tests/test_sliding_window_forwards.py)."""
+    sliding = {**QWEN05, "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 0}
+    for name, config in (("sw", sliding), ("phi3", {**QWEN05, "model_type": "phi3"}),
+                         ("dropout", {**QWEN05, "attention_dropout": 0.1})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    budget = "learner.max_tokens_per_micro_batch=34000"
+
+    def activations(folder, *overrides):
+        cfg = load_config(None, [f"model.path={folder}", "data.dataset=math500", "model.dtype=bfloat16",
+                                 "rollout.n=2", "rollout.max_new_tokens=16384", budget, *overrides])
+        return memory_model.learner_memory(cfg)["activations"]
+
+    S = 512 + 16384  # data.max_prompt_tokens + rollout.max_new_tokens
+    mask = memory_model.dense_mask_bytes({"layers": 24, "bytes": 2}, 34000, S)
+    assert mask > 20 * GiB
+    qwen = tmp_path / "q05"
+    qwen_cfg(tmp_path)  # (writes the folder)
+    plain = activations(qwen)
+    assert activations(qwen, "learner.packed_attention=dense") == plain + mask
+    for folder in (tmp_path / "phi3", tmp_path / "dropout"):
+        assert activations(folder) == plain + mask, folder.name  # auto: the dense mask
+        assert activations(folder, "learner.packed_attention=dense") == plain + mask, folder.name
+        assert activations(folder, "learner.packing=off") == plain, folder.name
+    with pytest.raises(ValueError, match="learner.packed_attention=varlen cannot run .*sliding-window"):
+        preflight.check_packed_attention(load_config(None, [f"model.path={tmp_path / 'sw'}", "data.dataset=math500",
+                                                            "learner.packed_attention=varlen"]))
+    preflight.check_packed_attention(load_config(None, [f"model.path={qwen}", "data.dataset=math500",
+                                                        "learner.packed_attention=varlen"]))
+    # a budget whose dense mask cannot fit is refused under auto as under dense, naming the budget
+    def run(folder):
+        return load_config(None, [f"model.path={folder}", "data.dataset=math500", "model.dtype=bfloat16", "rollout.n=2",
+                                  "rollout.max_new_tokens=16384", budget, "train.prompts_per_step=1",
+                                  "data.eval_size=1", "rollout.eval_n=1"])
+    with pytest.raises(ValueError, match="learner.max_tokens_per_micro_batch=34000 cannot fit"):
+        preflight.check_memory(run(tmp_path / "phi3"), available=70 * GiB)
+    preflight.check_memory(run(qwen), available=70 * GiB)

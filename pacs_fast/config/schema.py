@@ -268,7 +268,8 @@ class LearnerConfig:
                              "any shared response start) once and the rest of each row on its key/value cache "
                              "(same result, (G-1)/G less compute for that prefix); not with full activation "
                              "recompute (model.gradient_checkpointing with model.recompute_granularity=full: "
-                             "padded rows then; selective keeps it)")
+                             "padded rows then; selective keeps it), nor on a model with sliding-window layers "
+                             "(packed or padded rows keep the window)")
     packing: str = _f("auto", "on = rows packed end to end without padding (attention kept inside each "
                       "sequence; torch: instead of the shared-prefix forward too), off = right-padded rows (torch: "
                       "or the shared-prefix forward), auto = packed when that runs at least 20% fewer token slots "

@@ -6,8 +6,10 @@ which is only ever a label) end to end into ``nb`` bins of ``capacity`` tokens (
 ``capacity`` = the longest row, so the bins are as long as the padded batch's rows and there are
 fewer of them), with per-sequence position ids that restart at 0 and an attention mask that never
 crosses a sequence boundary (block-diagonal causal, ``[nb, 1, C, C]``: boolean for SDPA-style
-implementations, additive for ``eager``). With flash-attention (``flash_attention_2/3``) the bins are
-a single row and the boundaries come from the position ids alone (its varlen path), with no mask.
+implementations, additive for ``eager``; a sliding-window model's mask keeps its window, one mask per
+layer type where the model mixes window and full layers: :func:`mask_window`). With flash-attention
+(``flash_attention_2/3``) the bins are a single row and the boundaries come from the position ids alone
+(its varlen path), with no mask.
 With ``varlen=True`` (``learner.packed_attention``, :func:`packed_attention_mode`) the rows also form
 one row, with no mask, and carry ``cu_seqlens`` (int32 ``[b + 1]``) and their longest length:
 :func:`packed_hidden` passes them to :mod:`pacs_fast.ops.varlen_attention`, which attends inside each
@@ -64,13 +66,14 @@ def first_fit_decreasing(sizes: list[int], capacity: int) -> list[list[int]]:
 @dataclass
 class Packed:
     """A packed micro-batch. ``input_ids`` / ``position_ids`` ``[nb, C]`` int64, ``attention_mask``
-    ``[nb, 1, C, C]`` (bool, or float additive) or None (flash); ``row``, ``start``, ``length``
+    ``[nb, 1, C, C]`` (bool, or float additive; a dict of them per layer type for a model that mixes sliding-window
+    and full layers) or None (flash); ``row``, ``start``, ``length``
     ``[b]``: the bin of row ``i``, where its tokens start there, how many it has. Varlen layout:
     ``cu_seqlens`` int32 ``[b + 1]`` (the boundaries in the single row) and ``max_length``."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
-    attention_mask: torch.Tensor | None
+    attention_mask: torch.Tensor | dict | None
     row: torch.Tensor
     start: torch.Tensor
     length: torch.Tensor
@@ -89,11 +92,16 @@ class Packed:
 
 
 def pack(ids: torch.Tensor, attention_mask: torch.Tensor, *, implementation: str = "sdpa",
-         dtype: torch.dtype = torch.float32, varlen: bool = False) -> Packed:
+         dtype: torch.dtype = torch.float32, varlen: bool = False, window: int | None = None,
+         layered: bool = False) -> Packed:
     """Packs the rows of a right-padded batch ``ids [b, T]`` (real tokens where ``attention_mask``
     is 1), each without its last token (see the module docstring). ``implementation``: the model's
     attention implementation, which decides the mask's form; ``dtype``: the additive mask's dtype;
-    ``varlen``: one row, no mask, ``cu_seqlens`` set."""
+    ``varlen``: one row, no mask, ``cu_seqlens`` set. ``window`` (the model's sliding window,
+    :func:`mask_window`): the mask also keeps each query to the keys less than ``window`` positions
+    back, as the model's own sliding-window mask; with ``layered`` (a model whose ``layer_types`` mix
+    full and sliding layers) ``attention_mask`` is ``{"full_attention": ..., "sliding_attention": ...}``,
+    the per-type mapping those models take (one mask for every layer otherwise)."""
     b, T = ids.shape
     lengths = (attention_mask.sum(-1).long() - 1).clamp(min=1)  # the last real token is only a label
     sizes = lengths.tolist()
@@ -121,16 +129,27 @@ def pack(ids: torch.Tensor, attention_mask: torch.Tensor, *, implementation: str
         causal = torch.ones(capacity, capacity, dtype=torch.bool).tril()
         same = seg[:, :, None] == seg[:, None, :]
         allowed = (same & causal)[:, None]  # an empty slot sees the empty slots before it: no empty row
-        if implementation == "eager":
-            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-        else:
-            mask = allowed
+        # inside a bin a sequence's slots are its positions, so the window counts slots (transformers'
+        # sliding_window_overlay: kv > q - window); a slot always sees itself: no empty row either
+        near = None if not window else (torch.arange(capacity)[:, None] - torch.arange(capacity)[None, :]) < window
+
+        def form(ok):
+            if implementation == "eager":
+                return torch.zeros(ok.shape, dtype=dtype).masked_fill_(~ok, torch.finfo(dtype).min)
+            return ok
+        mask = form(allowed if near is None else allowed & near)
+        if near is not None and layered:
+            mask = {"full_attention": form(allowed), "sliding_attention": mask}
     cu = None
     if varlen:  # one bin, its rows in row order (sorted(members) above)
         from pacs_fast.ops.varlen_attention import cu_seqlens
 
         cu = cu_seqlens(sizes, ids.device)
-    return Packed(packed.to(ids.device), pos.to(ids.device), None if mask is None else mask.to(ids.device),
+    if isinstance(mask, dict):
+        mask = {k: m.to(ids.device) for k, m in mask.items()}
+    elif mask is not None:
+        mask = mask.to(ids.device)
+    return Packed(packed.to(ids.device), pos.to(ids.device), mask,
                   row.to(ids.device), start.to(ids.device), lengths.to(ids.device), cu, max(sizes, default=0))
 
 
@@ -160,6 +179,36 @@ def packed_attention_mode(model, setting: str = "auto") -> str:
 @functools.lru_cache(maxsize=None)
 def _dense_once(why: str) -> None:
     print(f"pacs_fast: packed rows use the dense block-diagonal mask ({why})", file=sys.stderr, flush=True)
+
+
+def mask_window(config) -> tuple[int | None, bool]:
+    """``(window, layered)`` for :func:`pack`'s dense mask: the model's sliding window (None: none,
+    :func:`pacs_fast.ops.varlen_attention.windowed`) and whether its ``layer_types`` mix window and full layers (the
+    models that have them take a mask per layer type; the others apply ``sliding_window`` to every layer)."""
+    from pacs_fast.ops.varlen_attention import windowed
+
+    if windowed(config) is None:
+        return None, False
+    return int(config.sliding_window), bool(getattr(config, "layer_types", None))
+
+
+def shared_prefix_problem(model) -> str | None:
+    """Why the shared-prefix forward would not give ``model``'s own attention (None: it does): sliding-window layers
+    (:func:`pacs_fast.ops.varlen_attention.windowed`). It pads each group's prefix to the micro-batch's longest, so a
+    window counted in slots takes the padding for tokens, and the sliding cache keeps the last slots, padding
+    included: off by up to 0.15 in log-prob (sweep of 2026-12-02). The padded forward (right-padded rows: slots
+    are positions) and packed rows (:func:`pack` with :func:`mask_window`, or flash-attention's varlen path, which
+    takes the window) keep it."""
+    from pacs_fast.ops.varlen_attention import windowed
+
+    return windowed(model.config)
+
+
+@functools.lru_cache(maxsize=None)
+def say_no_shared_prefix(why: str) -> None:
+    """One line per process: a model's window (``why``) keeps the torch learner off its shared-prefix forward."""
+    print(f"pacs_fast: {why}: the torch learner runs packed or padded rows, which keep the window, not the "
+          f"shared-prefix forward", file=sys.stderr, flush=True)
 
 
 def restores_attention(method):

@@ -55,8 +55,9 @@ from pacs_fast.learner.lora import (adapter_params, adapter_snapshot, adapter_st
                                    merged_weights, save_adapter)
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
-from pacs_fast.learner.packing import (Packed, forward_metrics, micro_batch_groups, pack, packed_attention_mode, packed_hidden,
-                                      padded_slots, restores_attention, shared_prefix_slots)
+from pacs_fast.learner.packing import (Packed, forward_metrics, mask_window, micro_batch_groups, pack,
+                                      packed_attention_mode, packed_hidden, padded_slots, restores_attention,
+                                      say_no_shared_prefix, shared_prefix_problem, shared_prefix_slots)
 from pacs_fast.learner.reference import mix_into
 from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,
                                             shared_prefix_hidden, split_groups, trained_states)
@@ -167,7 +168,7 @@ class TorchLearner(Learner):
         b, T = ids.shape
         att = batch.attention_mask.to(self.device)
         layout = None
-        if self.cfg.shared_prefix and not getattr(model, "is_gradient_checkpointing", False):
+        if self._shares_prefixes(model):
             layout = split_groups(ids, att, batch.group_size)
         rival = padded_slots(att) if layout is None else shared_prefix_slots(ids, att, batch.group_size)
         packed = self._packed(model, ids, att, rival)  # on: always; auto: when it runs fewer token slots
@@ -221,7 +222,9 @@ class TorchLearner(Learner):
             return None
         varlen = packed_attention_mode(model, self.cfg.packed_attention) == "varlen"
         impl = varlen_attention.base_implementation(model.config)
-        packed = pack(ids, attention_mask, implementation=impl, dtype=next(model.parameters()).dtype, varlen=varlen)
+        window, layered = mask_window(model.config)  # (the dense mask keeps a sliding window; varlen has none)
+        packed = pack(ids, attention_mask, implementation=impl, dtype=next(model.parameters()).dtype, varlen=varlen,
+                      window=window, layered=layered)
         budget = self.cfg.max_tokens_per_micro_batch  # (the cut counted real tokens: the rival must not exceed it)
         if self.cfg.packing == "auto" and packed.slots > 0.8 * rival_slots and not (budget and rival_slots > budget):
             return None
@@ -236,12 +239,23 @@ class TorchLearner(Learner):
         ``learner.packing=off`` the token slots of the forward ``model`` runs: shared-prefix or padded; packed rows
         with the dense mask: the padded forward's slots, which bound its bins')."""
         model = self.model if model is None else model
-        shared = self.cfg.shared_prefix and not getattr(model, "is_gradient_checkpointing", False)
+        shared = self._shares_prefixes(model)
         budget = self.cfg.max_tokens_per_micro_batch
         dense = bool(budget) and self.cfg.packing != "off" and \
             packed_attention_mode(model, self.cfg.packed_attention) == "dense"
         return micro_batch_groups(batch, limit, budget, padded=self.cfg.packing == "off", shared_prefix=shared,
                                   dense=dense)
+
+    def _shares_prefixes(self, model) -> bool:
+        """Whether ``model``'s forwards run the shared-prefix forward: ``learner.shared_prefix``, without full
+        recompute (which turns the cache off) or sliding-window layers (:func:`~pacs_fast.learner.packing.
+        shared_prefix_problem`: packed or padded rows keep the window, one line says so)."""
+        if not self.cfg.shared_prefix or getattr(model, "is_gradient_checkpointing", False):
+            return False
+        why = shared_prefix_problem(model)
+        if why:
+            say_no_shared_prefix(why)
+        return why is None
 
     # ------------------------------------------------------------------ Learner
     @restores_attention

@@ -69,12 +69,22 @@ def unsupported(config) -> str | None:
         return f"model_type={kind} (varlen attention is implemented for {', '.join(FAMILIES)})"
     if base in FLASH or base.startswith("flex"):
         return f"the model's attention is {base}"
-    layers = getattr(config, "layer_types", None) or []
-    window = getattr(config, "sliding_window", None)
-    if "sliding_attention" in layers or (kind == "mistral" and window):
-        return f"the model has sliding-window attention (sliding_window={window})"
+    window = windowed(config)
+    if window:
+        return window
     if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
         return f"attention_dropout={config.attention_dropout} > 0"
+    return None
+
+
+def windowed(config) -> str | None:
+    """Why some layer of the model attends within a sliding window (None: every layer sees the whole causal past):
+    a ``layer_types`` entry ``sliding_attention`` (Qwen2/3 with ``use_sliding_window``, Gemma 2/3), or a
+    ``sliding_window`` the family applies to every layer, having no layer types (Mistral, Phi-3)."""
+    layers = getattr(config, "layer_types", None) or []
+    window = getattr(config, "sliding_window", None)
+    if "sliding_attention" in layers or (window and not layers and getattr(config, "use_sliding_window", True)):
+        return f"the model has sliding-window attention (sliding_window={window})"
     return None
 
 

@@ -19,6 +19,7 @@ vLLM manages its own memory (``rollout.gpu_memory_utilization``) and is not esti
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -260,6 +261,61 @@ def dense_mask_bytes(shape: dict, tokens: int, longest: int) -> int:
     return bins * longest * longest * (1 + shape["layers"] * shape["bytes"])
 
 
+def varlen_unsupported(cfg) -> str | None:
+    """Why :mod:`pacs_fast.ops.varlen_attention` would not be the exact attention of ``model.path``'s model, from its
+    ``config.json`` (:func:`pacs_fast.ops.varlen_attention.unsupported`: another family, sliding-window layers,
+    attention dropout; ``model.attention=flex...``), or None (it is, or the folder cannot tell: the built-in model is
+    a plain Qwen2, a hub id or an unreadable config is left to the loader)."""
+    return _attention_of(cfg)[0]
+
+
+def windowed_model(cfg) -> str | None:
+    """Why ``model.path``'s model attends within a sliding window (:func:`pacs_fast.ops.varlen_attention.windowed`),
+    or None: the torch learner then runs no shared-prefix forward
+    (:func:`pacs_fast.learner.packing.shared_prefix_problem`)."""
+    return _attention_of(cfg)[1]
+
+
+def _attention_of(cfg) -> tuple[str | None, str | None]:
+    if not cfg.model.path:
+        return None, None
+    config = Path(cfg.model.path).expanduser() / "config.json"
+    try:
+        stat = config.stat()  # (the cache's key: a config.json edited in place is read again)
+    except OSError:
+        return None, None
+    return _attention_at(str(config.parent), cfg.model.attention, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _attention_at(folder: str, attention: str, *_stat) -> tuple[str | None, str | None]:
+    """(the memory check asks once per candidate budget: the config is read once)"""
+    from pacs_fast.ops.varlen_attention import unsupported, windowed
+    from transformers import AutoConfig
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
+        return None, None
+    why = unsupported(config)
+    if why is None and attention.startswith("flex"):
+        why = f"the model's attention is {attention}"
+    return why, windowed(config)
+
+
+def packed_rows_dense(cfg) -> bool:
+    """Whether the torch learner's packed rows attend through the dense block-diagonal mask
+    (:func:`pacs_fast.learner.packing.packed_attention_mode`): ``learner.packed_attention=dense``, or ``auto`` on a
+    model whose exact attention varlen is not (:func:`varlen_unsupported`; the learner warns and packs with the
+    mask, with the window of a sliding-window model). Flash-attention models take their own varlen path, no mask;
+    ``learner.packing=off`` packs nothing."""
+    from pacs_fast.ops.varlen_attention import FLASH
+
+    lc = cfg.learner
+    if lc.backend != "torch" or lc.packing == "off" or cfg.model.attention in FLASH:
+        return False
+    return lc.packed_attention == "dense" or (lc.packed_attention == "auto" and varlen_unsupported(cfg) is not None)
+
+
 def logprob_workspace_bytes(shape: dict, tokens: int, *, device: str = "cuda", lm_head_fp32: bool = False,
                             tp: int = 1) -> int:
     """The log-prob op's scratch (pacs_fast/ops/linear_logprobs.py): the Triton backward's ``dz``
@@ -278,10 +334,10 @@ def logprob_workspace_bytes(shape: dict, tokens: int, *, device: str = "cuda", l
 
 def group_tokens(cfg) -> int:
     """Tokens of one group of full-length rows as the learner runs it: ``G (P + R)``, or ``P + G R``
-    with the shared-prefix forward (torch, no full recompute, ``learner.packing`` not ``on``)."""
+    with the shared-prefix forward (torch, no full recompute, ``learner.packing`` not ``on``, no sliding window)."""
     G, P, R = cfg.rollout.n, cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
     shared = (cfg.learner.backend == "torch" and cfg.learner.shared_prefix and recompute_of(cfg) != "full"
-              and cfg.learner.packing != "on")
+              and cfg.learner.packing != "on" and not windowed_model(cfg))  # (a window: the padded forward)
     return P + G * R if shared else G * (P + R)
 
 
@@ -341,7 +397,7 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
            "activations": int(tokens * per_token), "tokens": int(tokens), "per_token": per_token,
            "workspace": logprob_workspace_bytes(shape, tokens, device=device, lm_head_fp32=cfg.model.lm_head_fp32,
                                                 tp=tp)}
-    if lc.backend == "torch" and lc.packed_attention == "dense" and lc.packing != "off":
+    if packed_rows_dense(cfg):
         out["activations"] += dense_mask_bytes(shape, tokens, longest)
     H, b = shape["hidden"], shape["bytes"]
     # (LoRA: the embedding is frozen, no gradient of it; the largest tensor AdamW steps is an adapter's)

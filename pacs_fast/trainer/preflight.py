@@ -26,7 +26,8 @@ from pacs_fast.trainer.memory_model import (GiB, engine_row_terms, engine_rows, 
                                             hf_engine_bytes, largest_micro_batch, learner_bytes, learner_layout, learner_memory,
                                             lora_params,
                                             master_weights, model_params, model_shape, moment_shards,
-                                            recompute_advice, recompute_setting, run_device)
+                                            recompute_advice, recompute_setting, run_device,
+                                            varlen_unsupported)
 
 
 def available_bytes(device: str) -> int | None:
@@ -235,21 +236,11 @@ def check_packed_attention(cfg) -> None:
     windows, attention dropout, flex attention), before the model loads; it was refused at the first packed
     forward, after the model and the engine had loaded. Flash-attention models take their own varlen path."""
     lc = cfg.learner
-    if lc.backend != "torch" or lc.packing == "off" or lc.packed_attention != "varlen" or not cfg.model.path:
+    if lc.backend != "torch" or lc.packing == "off" or lc.packed_attention != "varlen":
         return
-    from pacs_fast.ops.varlen_attention import FLASH, unsupported
+    from pacs_fast.ops.varlen_attention import FLASH
 
-    folder = Path(cfg.model.path).expanduser()
-    if cfg.model.attention in FLASH or not (folder / "config.json").is_file():
-        return
-    from transformers import AutoConfig
-    try:
-        config = AutoConfig.from_pretrained(folder)
-    except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
-        return
-    why = unsupported(config)
-    if why is None and cfg.model.attention.startswith("flex"):
-        why = f"the model's attention is {cfg.model.attention}"
+    why = None if cfg.model.attention in FLASH else varlen_unsupported(cfg)
     if why:
         raise ValueError(f"learner.packed_attention=varlen cannot run model.path={cfg.model.path}: {why}; use "
                          f"learner.packed_attention=dense or auto")
