@@ -305,7 +305,9 @@ def test_a_batch_cut_everywhere_is_a_warning():
     _, _, batch = score_and_batch(s, 3, problems, [[comp("length")] * 2] * 2, {})
     assert bool(batch.truncated.all()) and len(lines) == 1
     assert lines[0].startswith("warning: step 3: learner.mask_truncated takes every response of this batch out "
-                               "of the loss (all 4 ended at rollout.max_new_tokens=3 without EOS)")
+                               "of the loss (all 4 ended at rollout.max_new_tokens=3 without EOS): its gradient is "
+                               "zero (AdamW's momentum and weight decay still move the weights")  # (a sweep of
+    # 2026-12-02 read "it trains nothing" and saw the weights move: a step is taken, as TRL and verl take it)
     score_and_batch(s, 4, problems, [[comp("length"), comp("stop")], [comp("length")] * 2], {})
     assert len(lines) == 1
 

@@ -143,6 +143,10 @@ def test_defaults_and_shipped_configs_set_nothing_idle():
     (["learner.backend=megatron", "model.attention=eager"], []),
     (["model.attention=flash_attention_2", "learner.packed_attention=dense"],
      ["learner.packed_attention=dense has no effect with model.attention=flash_attention_2"]),
+    # sweep of 2026-12-02: a buffer with a zero penalty shaped nothing, silently
+    (["reward.overlong_buffer_len=4", "reward.overlong_penalty=0"],
+     ["reward.overlong_buffer_len=4 has no effect with reward.overlong_penalty=0"]),
+    (["reward.overlong_buffer_len=4", "reward.overlong_penalty=0.5"], []),
     (["data.dataset=math_train", "model.path=/m", "data.arith_terms=3", "warmup.steps=5"],
      ["warmup.steps=5 has no effect with model.path set", "data.arith_terms=3 has no effect with "
                                                           "data.dataset=math_train"]),

@@ -72,6 +72,9 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
         out.append((("reward.fn_weights",), "without a list in reward.fn (it weighs a mix of rewards)"))
     if not cfg.reward.overlong_buffer_len:
         out.append((("reward.overlong_penalty",), "with reward.overlong_buffer_len=0 (no overlong shaping)"))
+    elif not cfg.reward.overlong_penalty:  # every penalty is -(...) * 0: the rewards that train are the verifier's
+        out.append((("reward.overlong_buffer_len",), "with reward.overlong_penalty=0 (the penalty's scale: no "
+                                                     "response is penalised)"))
     if name != "ppo":
         out.append((PPO_ONLY, f"with algo.name={name} (PPO's value head and GAE)"))
         if not (cfg.reward.step_rewards and a.credit == "sum"):

@@ -74,7 +74,8 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
     if batch.truncated is not None and rows and cut == rows:
         s.log(f"warning: step {step}: learner.mask_truncated takes every response of this batch out of the loss "
               f"(all {rows} ended at rollout.max_new_tokens={s.cfg.rollout.max_new_tokens} without "
-              f"EOS): it trains nothing; raise rollout.max_new_tokens")
+              f"EOS): its gradient is zero (AdamW's momentum and weight decay still move the weights, as in TRL "
+              f"and verl); raise rollout.max_new_tokens")
     if s.credit:  # process rewards: per-token advantages (PURE's min-form or the summation form)
         batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)
     gather = s.world.gather_dp if s.world.dp > 1 else None
