@@ -52,7 +52,8 @@ def test_unmatchable_golds_scores_each_distinct_answer_once(monkeypatch):
 
 
 def _cfg(tmp_path, rows, *extra, held=None):
-    args = [f"data.dataset={_write(tmp_path / 'train.jsonl', rows)}", "data.eval_size=4", *extra]
+    args = [f"data.dataset={_write(tmp_path / 'train.jsonl', rows)}", "data.eval_size=4", "train.prompts_per_step=4",
+            *extra]
     if held is not None:
         args.append(f"data.eval_dataset={_write(tmp_path / 'held.jsonl', held)}")
     cfg = load_config(None, args)
@@ -112,6 +113,18 @@ def test_held_out_sets_that_do_not_measure_what_they_say(tmp_path):
     assert lines[1].startswith("2 of the 2 problems of data.eval_dataset")
     cfg, train, held = _cfg(tmp_path, rows, held=[{"problem": "new", "answer": "1"}] * 4)
     assert data_warnings(cfg, train, held) == []
+
+
+def test_a_step_that_draws_more_prompts_than_the_training_set_holds(tmp_path):
+    """8 prompts a step from 4 training problems drew each of them twice in every step, without a word (sweep of
+    2026-12-02); as many prompts as problems is every problem once."""
+    rows = [{"problem": f"What is {i}+1?", "answer": str(i + 1)} for i in range(5)]
+    for per_step, warned in ((5, True), (4, False)):
+        cfg, train, held = _cfg(tmp_path, rows, f"train.prompts_per_step={per_step}", "data.eval_size=1")
+        assert len(train) == 4
+        lines = data_warnings(cfg, train, held)
+        assert lines == ([f"train.prompts_per_step={per_step} is more than the 4 training problems: each step draws "
+                          f"some of them more than once (their groups train twice in one step)"] if warned else [])
 
 
 @pytest.mark.parametrize("answer", [GSM8K_SOLUTION, "What is the sum of the first ten positive odd integers here?"])

@@ -100,8 +100,12 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
     asked (a short ``data.eval_dataset``, or one row in five of a small ``data.dataset``), cut to its first
     ``data.eval_size`` problems (a ``data.eval_dataset`` that holds more: its accuracy is not the set's), and
     problems it shares with the training set (the same file given twice, duplicated rows): its accuracy then
-    includes problems the run trains on; for the built-in task, a ``data.arith_train_size`` it cannot give."""
+    includes problems the run trains on; for the built-in task, a ``data.arith_train_size`` it cannot give; and a
+    step that draws more prompts (``train.prompts_per_step``) than the training set holds."""
     lines = []
+    if cfg.train.prompts_per_step > len(train) > 0:  # (a sweep of 2026-12-02: 8 a step from 4 problems, no word)
+        lines.append(f"train.prompts_per_step={cfg.train.prompts_per_step} is more than the {len(train)} training "
+                     f"problems: each step draws some of them more than once (their groups train twice in one step)")
     if cfg.data.dataset == "arithmetic":
         asked = cfg.data.arith_train_size
         default = type(cfg.data)().arith_train_size  # (more than the default family has: it asks for all there are)
