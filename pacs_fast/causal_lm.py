@@ -3,6 +3,8 @@
 
 Used by the learner (log-probs from hidden states + head), the rollout engines (the fp32 head) and the
 warm-up (its SFT loss). Each raises a ValueError naming the model's class when the part is missing.
+:func:`logits_transform` names a config by which the model's logits are not its head's (Gemma 2's soft-capping):
+the learners refuse such a model.
 """
 from __future__ import annotations
 
@@ -38,3 +40,29 @@ def has_active_dropout(model) -> bool:
     items = cfg.to_dict().items() if hasattr(cfg, "to_dict") else ()
     return any(("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and not isinstance(v, bool)
                and v > 0 for k, v in items)
+
+
+# Config keys by which a model's forward changes the LM head's logits after ``hidden @ W.T + b`` (Gemma 2's
+# tanh soft-capping, Cohere's logit_scale, Granite's logits_scaling, Falcon-H1's lm_head_multiplier, ...).
+LOGIT_TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
+                        "logits_scaling")
+
+
+def logits_transform(config) -> str | None:
+    """``"key=value"`` of the config key by which the model's logits are not ``hidden @ W.T + b`` (one of
+    :data:`LOGIT_TRANSFORM_KEYS` set: a soft-capping, a scale other than 1), else None. ``config``: a
+    ``PretrainedConfig`` or a config.json's dict (its ``text_config`` is read when it has one). The log-prob op
+    (:func:`~pacs_fast.ops.linear_logprobs.linear_logprobs`) computes from the head's weight alone, so for such
+    a model it would give other log-probs than the ones the engines sample from."""
+    if hasattr(config, "to_dict"):
+        config = config.get_text_config().to_dict() if hasattr(config, "get_text_config") else config.to_dict()
+    if isinstance(config, dict) and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]
+    if not isinstance(config, dict):
+        return None
+    for key in LOGIT_TRANSFORM_KEYS:
+        value = config.get(key)
+        # (a soft-capping of 0 or none is off; a scale of 1 is no scale)
+        if value not in ((None, 0) if key == "final_logit_softcapping" else (None, 1)):
+            return f"{key}={value}"
+    return None

@@ -57,6 +57,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from pacs_fast.algorithms.overlong import loss_over_members as _loss_over_members
 from pacs_fast.algorithms.pacs import BACKENDS, GROUP_SCORES, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
+from pacs_fast.causal_lm import logits_transform
 from pacs_fast.integrations._groups import check_beta, check_whole_groups, pacs_metrics, rows_kept
 from pacs_fast.integrations.trl_checks import check_group_settings, check_reward_funcs
 from pacs_fast.ops.backend import require_triton
@@ -127,12 +128,9 @@ class PACSConfig(GRPOConfig):
 
 def _head_unsupported_reason(model) -> str | None:
     """Why ``linear_logprobs`` cannot reproduce this model's logits (None when it can)."""
-    cfg = model.config.get_text_config()
-    if getattr(cfg, "final_logit_softcapping", None):
-        return "final_logit_softcapping"
-    for name in ("logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling"):
-        if getattr(cfg, name, None) not in (None, 1, 1.0):
-            return name
+    transform = logits_transform(model.config)
+    if transform:
+        return transform.split("=")[0]
     if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
         return "no output embeddings"
     return None

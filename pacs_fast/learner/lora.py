@@ -54,14 +54,17 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
     except ValueError as e:
         text = " ".join(str(e).split())
         if "is not supported" in text:  # a container (mlp, self_attn): PEFT's message holds its whole repr
-            text = "it names a module that is not a linear layer (mlp, self_attn); name linear layers: q_proj, ..."
+            text = (f"it names a module that is not a linear layer (mlp, self_attn); name linear layers: "
+                    f"{', '.join(linear_names(model))}")
+        elif "not found in the base model" in text:  # (Phi-3 fuses q/k/v into qkv_proj: q_proj names nothing)
+            text = f"{', '.join(names)} not found in this model; its linear layers: {', '.join(linear_names(model))}"
         raise ValueError(f"{key}: {text[:300]}") from None
     # a name that matched no layer beside one that did: PEFT trains the one that did (a typo lost v_proj)
     adapted = list(lora_layers(model))
     missing = [t for t in names if not any(n == t or n.endswith("." + t) for n in adapted)]
     if missing:
         raise ValueError(f"{key}: {', '.join(missing)} matched no layer of this model (names are module names or "
-                         f"their last parts: q_proj, model.layers.0.mlp.down_proj)")
+                         f"their last parts; its linear layers: {', '.join(linear_names(model))})")
     # the learner's log-prob op reads the LM head's weight (its adapters would be left out), and an adapted
     # embedding would reach the engines' tied head only through the merge: linear layers of the body only
     odd = [name for name, m in lora_layers(model).items()
@@ -70,6 +73,16 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
         raise ValueError(f"model.lora_target_modules={target_modules!r} adapts {odd[0]}: adapters go on the linear "
                          f"layers of the decoder, not the embedding or the LM head (all-linear leaves those out)")
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def linear_names(model: torch.nn.Module) -> list[str]:
+    """The last parts of the names of ``model``'s linear layers but its LM head (``q_proj``, ..., in order), the
+    names ``model.lora_target_modules`` may give."""
+    head, names = lm_head(model), []
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and m is not head and LORA_MARK not in name:  # (an adapted layer: its
+            names.append(name.removesuffix(BASE_MARK).rsplit(".", 1)[-1])             # base_layer is the Linear)
+    return list(dict.fromkeys(names))
 
 
 def lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:

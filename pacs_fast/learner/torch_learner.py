@@ -44,7 +44,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from pacs_fast.causal_lm import decoder_body, has_active_dropout, lm_head
+from pacs_fast.causal_lm import decoder_body, has_active_dropout, lm_head, logits_transform
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import (CheckpointMismatch, Learner, NonFiniteError, RolloutBatch, by_length,
                                    check_response_ids, group_rows)
@@ -90,6 +90,10 @@ class TorchLearner(Learner):
     def __init__(self, model, *, algo: AlgoConfig, learner: LearnerConfig, temperature: float = 1.0,
                  horizon: int = 1, vocab_size: int | None = None, lm_head_fp32: bool = False):
         rows = lm_head(model).weight.shape[0]
+        transform = logits_transform(model.config)
+        if transform:  # (the CLI refuses it before loading: pacs_fast.trainer.preflight.check_logits_transform)
+            raise ValueError(f"{type(model).__name__} has {transform}: its logits are not its LM head's, which the "
+                             f"log-prob op computes from; not supported")
         if vocab_size is not None and not 1 <= int(vocab_size) <= rows:
             raise ValueError(f"vocab_size must be in [1, {rows}] (the LM head's rows), got {vocab_size}")
         # None when every row is a real token (no slicing: the exact pre-masking computation)

@@ -1,7 +1,9 @@
 """Pre-flight checks from the model's ``config.json``, before any model is loaded: a learner or a
 rollout that cannot fit in memory (:func:`check_memory`, from the estimates of
 :mod:`pacs_fast.trainer.memory_model`), a ``learner.tp_size`` megatron cannot shard the model over
-(:func:`check_tensor_parallel`), a model megatron cannot build (:func:`check_megatron_model`), more
+(:func:`check_tensor_parallel`), a model megatron cannot build (:func:`check_megatron_model`), a model whose
+logits are not its head's (:func:`check_logits_transform`), LoRA adapters on layers it does not have
+(:func:`check_lora_targets`), more
 threads or reward workers than CPUs (:func:`check_cpus`), and the model's context for the prompts'
 check (:func:`model_context`, used by :func:`pacs_fast.trainer.problems.check_context`).
 
@@ -228,6 +230,53 @@ def check_megatron_model(cfg) -> None:
     except ValueError as e:
         raise ValueError(f"learner.backend=megatron cannot build model.path={cfg.model.path}: {e}; "
                          f"learner.backend=torch trains it") from None
+
+
+def check_logits_transform(cfg) -> None:
+    """ValueError naming ``model.path`` when its ``config.json`` says the model's forward transforms the LM head's
+    logits (Gemma 2's ``final_logit_softcapping``, a ``logit_scale``: :func:`pacs_fast.causal_lm.logits_transform`),
+    before the model loads: both learners take log-probs from ``hidden @ W.T`` alone, so such a model trained on
+    other log-probs than the engines sampled from (Gemma 2's soft-capping at 30: a gap of 1e-2 nats per token
+    where fp32 gives 1e-6), silently."""
+    folder = Path(cfg.model.path).expanduser() if cfg.model.path else None
+    if folder is None or not (folder / "config.json").is_file():
+        return
+    from transformers import AutoConfig
+
+    from pacs_fast.causal_lm import logits_transform
+    try:  # (the class's defaults too: a config.json written with use_diff omits Gemma 2's default cap of 30)
+        hf_config = AutoConfig.from_pretrained(folder)
+    except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
+        return
+    why = logits_transform(hf_config)
+    if why:
+        raise ValueError(f"model.path={cfg.model.path}: its config has {why}, a transform of the LM head's "
+                         f"logits that the learners' log-prob op (softmax(hidden @ W.T)) does not apply: they would "
+                         f"train on other log-probs than the engines sample from; not supported")
+
+
+def check_lora_targets(cfg) -> None:
+    """ValueError naming ``model.lora_target_modules`` when its names match no linear layer of the model (Phi-3 has
+    ``qkv_proj`` where Llama has ``q_proj``), from the model built on the meta device from its ``config.json`` (no
+    weights: well under a second at 7B) with the adapters put in (:func:`pacs_fast.learner.lora.add_lora`), before the
+    model loads; it was refused after the model had loaded."""
+    if not cfg.model.lora_rank or cfg.learner.backend != "torch" or not cfg.model.path:
+        return
+    folder = Path(cfg.model.path).expanduser()
+    if not (folder / "config.json").is_file():
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pacs_fast.learner.lora import add_lora
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
+        return
+    m = cfg.model
+    add_lora(model, rank=m.lora_rank, alpha=m.lora_alpha or 2.0 * m.lora_rank, dropout=m.lora_dropout,
+             target_modules=m.lora_target_modules)
 
 
 def check_packed_attention(cfg) -> None:
