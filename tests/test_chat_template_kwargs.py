@@ -166,3 +166,13 @@ def test_eval_refuses_json_it_would_misread(tmp_path, capsys, bad, message):
     assert ev.main(args + ["--chat-template-kwargs", bad]) == 2
     errors = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(message), errors
+
+
+def test_a_template_without_a_system_role_is_still_checked_for_them():
+    """Gemma's template raises "System role not supported" on the probe's system message: the check gave up and
+    said nothing, though the prompts (the system text folded into the user message) do not change."""
+    tok = _tokenizer("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                     "{% endif %}" + PLAIN_CHATML)
+    assert "reads none of enable_thinking" in template_kwargs_effect(tok, {"enable_thinking": False})
+    tok.chat_template = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no') }}{% endif %}" + THINKING
+    assert template_kwargs_effect(tok, {"enable_thinking": False}) is None

@@ -304,3 +304,49 @@ def test_a_lone_surrogate_is_named_with_its_field(tmp_path, row, field):
     with pytest.raises(ValueError, match=rf"d.jsonl:2: field '{field}' holds a lone surrogate"):
         load_dataset(path, fields=("tests",) if field == "tests" else ())
     assert load_dataset(path, limit=1)[0].problem == "ok \U0001F600"
+
+
+# Phi-3-mini's first template (April 2024): user and assistant turns only, the user's closing on the assistant's cue
+PHI3_FIRST = ("{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}"
+              "{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n' + '<|assistant|>' + '\\n'}}"
+              "{% elif (message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\\n'}}{% endif %}"
+              "{% endfor %}")
+# Mistral-7B-Instruct-v0.1's: add_generation_prompt is not read, "[/INST]" closes the user's turn and cues the answer
+MISTRAL = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+           "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+           "{{ message['content'] + eos_token}}{% else %}"
+           "{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
+
+
+def test_a_template_that_drops_the_system_message_gets_it_in_the_user_message():
+    """Chat-template sweep: Phi-3's first template renders no system turn and raises nothing, so the system prompt
+    (data.system_prompt / eval's --system-prompt) vanished from every prompt without a word. It is folded into the
+    user message as for a template that refuses one (Gemma's), and the trainer's note says so."""
+    from pacs_fast.data.prompts import takes_system_message
+
+    tok = build_char_tokenizer()
+    tok.chat_template = PHI3_FIRST
+    assert not takes_system_message(tok)
+    text = build_prompt(tok, "Q?", system="Be brief.")
+    assert text == f"{tok.bos_token}<|user|>\nBe brief.\n\nQ? {INSTRUCTION}<|end|>\n<|assistant|>\n"
+    assert encode_prompts(tok, ["Q?"], system="Be brief.")[0] == tok(text, add_special_tokens=False)["input_ids"]
+    assert build_prompt(tok, "Q?", system=None) == f"{tok.bos_token}<|user|>\nQ? {INSTRUCTION}<|end|>\n<|assistant|>\n"
+    # a template that trims the system text (Llama 3's) still takes it
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    assert takes_system_message(tok)
+    assert build_prompt(tok, "Q?", system=" Be brief. \n").startswith("<system>Be brief.\n")
+    tok.chat_template = "{% for m in messages %}{{ m.content }{% endfor %}"  # broken: its error, not a "no system" note
+    assert takes_system_message(tok)
+
+
+def test_a_user_turn_that_ends_on_the_assistants_cue_is_not_a_missing_header():
+    """Mistral's and Phi-3's first templates read no add_generation_prompt, yet their prompts end where the model
+    answers ("[/INST]", "<|assistant|>\\n"): the "no assistant header" warning was wrong for them."""
+    from pacs_fast.data.prompts import prompt_warnings
+
+    for template in (MISTRAL, PHI3_FIRST):
+        tok = build_char_tokenizer()
+        tok.add_special_tokens({"additional_special_tokens": ["<|user|>", "<|end|>", "<|assistant|>"]})
+        tok.chat_template = template
+        assert prompt_warnings(tok, ["2+2?"], [tok.eos_token_id, tok.convert_tokens_to_ids("<|end|>")]) == []

@@ -12,8 +12,9 @@ the plain format::
     {system}\\n\\nUser: {problem} {instruction}\\nAssistant:
 
 (the ``{system}\\n\\n`` part is left out when ``system`` is ``None`` or empty, and the instruction
-when ``instruction`` is ``None`` or empty). A chat template that refuses a system message (Gemma's) gets
-one user message, ``{system}\\n\\n{problem} {instruction}``.
+when ``instruction`` is ``None`` or empty). A chat template that refuses a system message (Gemma's), or drops
+it without a word (Phi-3's first one renders only the user and assistant turns), gets one user message,
+``{system}\\n\\n{problem} {instruction}``.
 """
 from __future__ import annotations
 
@@ -66,9 +67,9 @@ def template_kwargs_effect(tokenizer, template_kwargs: dict | None) -> str | Non
         return None
     if not has_chat_template(tokenizer):
         return "the tokenizer has no chat template (the plain prompt format): they change nothing"
-    messages = build_messages("1+1?")
-    try:
-        same = _render(tokenizer, messages) == _render(tokenizer, messages, template_kwargs)
+    try:  # built as the prompts are: a template without a system role (Gemma's) raised here, and said nothing
+        same = build_prompt(tokenizer, "1+1?", use_chat_template=True) == \
+            build_prompt(tokenizer, "1+1?", use_chat_template=True, template_kwargs=template_kwargs)
     except Exception:  # (a template that cannot render this is reported where the prompts are built)
         return None
     return (f"the chat template renders the same prompt with and without them (it reads none of "
@@ -77,12 +78,22 @@ def template_kwargs_effect(tokenizer, template_kwargs: dict | None) -> str | Non
 
 def takes_system_message(tokenizer) -> bool:
     """Whether the tokenizer's chat template renders a system message (Gemma's raise "System role not
-    supported"; :func:`build_prompt` then puts the system text first in the user message)."""
+    supported", Phi-3's first one leaves it out; :func:`build_prompt` then puts the system text first in the user
+    message)."""
     try:
-        _render(tokenizer, build_messages("1+1?"))
-        return True
+        return _holds(_render(tokenizer, build_messages("1+1?")), SYSTEM_PROMPT)
     except Exception:
-        return False
+        pass
+    try:  # a template that renders nothing (a syntax error) is not one without a system role: its error says why
+        _render(tokenizer, build_messages("1+1?", system=None))
+    except Exception:
+        return True
+    return False
+
+
+def _holds(text: str, system: str) -> bool:
+    """Whether a rendered prompt holds the system text (a template may trim it, as Llama 3's do)."""
+    return system.strip() in text
 
 
 def has_chat_template(tokenizer) -> bool:
@@ -104,20 +115,25 @@ def build_prompt(tokenizer, problem: str, *, system: str | None = SYSTEM_PROMPT,
         if not has_chat_template(tokenizer):
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
         try:
-            return _render(tokenizer, build_messages(problem, system=system, instruction=instruction),
+            text = _render(tokenizer, build_messages(problem, system=system, instruction=instruction),
                            template_kwargs)
         except Exception as e:  # jinja2's TemplateError: Gemma's templates raise "System role not supported"
             if not system:
                 raise ValueError(f"the tokenizer's chat template cannot render the prompt ({type(e).__name__}: {e})") \
                     from None
-            first = e
+            first = f"{type(e).__name__}: {e}"
+        else:
+            if not system or _holds(text, system):
+                return text
+            # Phi-3's first template renders only user and assistant turns: the system text was dropped silently
+            first = "it leaves the system message out"
         # a template without a system role: the system message goes first in the user's (as Gemma's own does)
         try:
             return _render(tokenizer, [{"role": "user", "content": f"{system}\n\n{user_text(problem, instruction)}"}],
                            template_kwargs)
         except Exception as e:
-            raise ValueError(f"the tokenizer's chat template cannot render the prompt ({type(first).__name__}: "
-                             f"{first}; without a system message: {type(e).__name__}: {e})") from None
+            raise ValueError(f"the tokenizer's chat template cannot render the prompt ({first}; without a system "
+                             f"message: {type(e).__name__}: {e})") from None
     head = f"{system}\n\n" if system else ""
     return f"{head}{PLAIN_USER_PREFIX}{user_text(problem, instruction)}\n{PLAIN_ASSISTANT_PREFIX}"
 
@@ -181,7 +197,10 @@ def prompt_warnings(tokenizer, problems: list[str], stop_ids: list[int], *, held
                                              tokenize=False)
     except Exception:  # (a template that cannot render this is reported where the prompts are built)
         return lines
-    if with_header == without:
+    # Mistral's and Llama 2's templates ignore add_generation_prompt: their user turn ends with the assistant's cue
+    # ("[/INST]"), where an assistant turn of the template begins its text. Only a prompt that stops short of it warns.
+    before = turn.split("A\u2063", 1)[0] if "A\u2063" in turn else None
+    if with_header == without and (before is None or before.rstrip() != without.rstrip()):
         lines.append("the chat template adds nothing for add_generation_prompt: each prompt ends after the "
                      "user's turn, with no assistant header for the model to answer after")
     after = turn.split("A\u2063", 1)[1] if "A\u2063" in turn else ""
