@@ -28,23 +28,28 @@ def family_model(family, **changes):
     config, model = {"llama_bias_tied": (T.LlamaConfig, T.LlamaForCausalLM),
                      "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM), "phi3": (T.Phi3Config, T.Phi3ForCausalLM),
                      "gemma3": (T.Gemma3TextConfig, T.Gemma3ForCausalLM),
-                     "gemma2": (T.Gemma2Config, T.Gemma2ForCausalLM)}[family]
+                     "gemma2": (T.Gemma2Config, T.Gemma2ForCausalLM),
+                     "gpt_neo": (T.GPTNeoConfig, T.GPTNeoForCausalLM)}[family]
     extra = {"llama_bias_tied": dict(attention_bias=True, tie_word_embeddings=True), "qwen3": dict(head_dim=32),
              "phi3": dict(pad_token_id=0),
              "gemma3": dict(GEMMA, layer_types=["sliding_attention", "full_attention"]),
-             "gemma2": dict(GEMMA, attn_logit_softcapping=1.0, final_logit_softcapping=None)}[family]
+             "gemma2": dict(GEMMA, attn_logit_softcapping=1.0, final_logit_softcapping=None),
+             "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=8)}[family]
     torch.manual_seed(1)
     model = model(config(**{**SMALL, **extra, **changes})).float()
     with torch.no_grad():  # weights large enough that the soft-capping and the window matter
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0, 0.1)
-    model.config._attn_implementation = "sdpa"
+    if family != "gpt_neo":  # (GPT-Neo has no SDPA path: it keeps eager, as transformers gives it)
+        model.config._attn_implementation = "sdpa"
     return model
 
 
-@pytest.mark.parametrize("family", ["llama_bias_tied", "qwen3", "phi3", "gemma3", "gemma2"])
+@pytest.mark.parametrize("family", ["llama_bias_tied", "qwen3", "phi3", "gemma3", "gemma2", "gpt_neo"])
 def test_the_learners_log_probs_are_the_models_own(seed, family):
+    """(GPT-Neo's ``local`` layers, a window of ``window_size``: the shared-prefix forward ignored it, 0.26 nats off
+    per token on average in a training run, until :func:`pacs_fast.learner.packing.shared_prefix_problem` read it.)"""
     model = family_model(family)
     gen = torch.Generator().manual_seed(seed)
     for batch in (uneven_batch(gen, 2, 2, 128, [30, 12, 25, 40]), prompted_batch(gen, 2, 2, (4, 20))):

@@ -68,6 +68,53 @@ def derived_max_model_len(model_path) -> int:
     return int(_model_config(model_path).max_model_len)
 
 
+# vLLM's Qwen2Model (Qwen3's extends it) asserts ``max_window_layers == num_hidden_layers`` when the layer types
+# mix sliding and full attention: an AssertionError from the engine's start, after the learner had loaded
+MIXED_WINDOW_REFUSED = frozenset({"Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+
+
+def unsupported_architecture(model_path) -> str | None:
+    """Why vLLM cannot be a rollout engine for the folder's architecture (``architectures`` in ``config.json``),
+    read without loading weights; None when it can, or when vLLM cannot read the folder for another reason (its
+    own error comes when the engine loads). Two cases: no vLLM implementation at all (vLLM's ``ModelConfig``
+    refuses it with a list of ~400 architectures), or only through vLLM's Transformers modeling backend, which
+    decorates transformers' own decoder class (``HeliumModel``, ``MinistralModel``...) with its compile wrapper,
+    in place: in the trainer's process (vLLM runs there on CPU and under ``external_launcher``) the learner's
+    model of that class then failed at its first update (``'HeliumModel' object has no attribute
+    'do_not_compile'``), after the rollout had run; and the weight sync's names are untested on that backend. Also
+    refused: a Qwen2 / Qwen3 config whose layers mix sliding-window and full attention
+    (:data:`MIXED_WINDOW_REFUSED`)."""
+    import json
+    from pathlib import Path
+
+    try:
+        archs = json.loads((Path(model_path) / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not archs:
+        return None
+    try:
+        config = _model_config(model_path)
+        resolved = str(config.architecture)
+    except Exception:  # noqa: BLE001 - vLLM's refusal: ours names the architecture in one line
+        from vllm import ModelRegistry
+
+        if any(a in ModelRegistry.get_supported_archs() for a in archs):
+            return None  # (another problem: the engine's own error)
+        return f"vLLM has no implementation of its architecture {archs[0]}"
+    if resolved.startswith("Transformers"):
+        return (f"vLLM has no implementation of its architecture {archs[0]}, only its Transformers modeling backend "
+                f"({resolved}), which patches transformers' own model class in the process that runs it (the "
+                f"learner's model then fails at its first update)")
+    text = config.hf_text_config
+    layers = getattr(text, "layer_types", None) or []
+    if resolved in MIXED_WINDOW_REFUSED and len(set(layers)) > 1:
+        return (f"vLLM's {resolved} runs a sliding window on every layer or none, and its config mixes them "
+                f"(use_sliding_window with max_window_layers={getattr(text, 'max_window_layers', None)} of "
+                f"{len(layers)} layers)")
+    return None
+
+
 def kv_cache_layout(model_path, *, dtype: str, tensor_parallel_size: int = 1,
                     max_model_len: int | None = None) -> tuple[int, int]:
     """``(bytes, max_model_len)``: the bytes one token's keys and values take in one engine rank's

@@ -312,6 +312,21 @@ def model_context(cfg, model_path) -> int | None:
     return trained_positions(model_path)
 
 
+def vllm_refusal(cfg, model_path) -> str | None:
+    """The line refusing ``rollout.engine=vllm`` on a model vLLM cannot run as this trainer's engine
+    (:func:`pacs_fast.rollout.vllm_setup.unsupported_architecture`), before any model loads; None when it can or
+    another engine is asked for. Both cases came after the learner had loaded: vLLM's own refusal as a ~9,000-character
+    error listing every architecture it has, and a model vLLM runs through its Transformers backend as a traceback
+    from the learner's first update."""
+    if cfg.rollout.engine != "vllm" or not model_path:
+        return None
+    from pacs_fast.rollout.vllm_setup import unsupported_architecture
+
+    why = unsupported_architecture(model_path)
+    return f"model.path={cfg.model.path}: {why}; rollout.engine=vllm cannot run it: use rollout.engine=hf" if why \
+        else None
+
+
 def check_cpus(cfg, *, cpus: int | None = None) -> None:
     """ValueError naming ``train.threads`` or ``train.reward_workers`` when it asks for more threads
     or scoring processes than this process has CPUs: more gain nothing, 1,000 reward workers took

