@@ -98,3 +98,10 @@ def test_a_sliding_window_model_is_counted_without_the_shared_prefix(tmp_path):
     assert memory_model.group_tokens(cfg("plain")) == 512 + 8 * 4096
     assert memory_model.packed_rows_dense(cfg("sw")) and not memory_model.packed_rows_dense(cfg("plain"))
     assert not memory_model.packed_rows_dense(cfg("sw", "learner.packing=off"))
+    # GPT-Neo's local layers are a window the learner reads the same way (one rule: packing.shared_prefix_problem)
+    (tmp_path / "neo").mkdir()
+    (tmp_path / "neo" / "config.json").write_text(json.dumps({
+        "model_type": "gpt_neo", "vocab_size": 151936, "hidden_size": 64, "num_layers": 2, "num_heads": 2,
+        "attention_types": [[["global", "local"], 1]], "window_size": 8}))
+    assert memory_model.windowed_model(cfg("neo")).startswith("the model has local (windowed) attention layers")
+    assert memory_model.group_tokens(cfg("neo")) == 8 * (512 + 4096)

@@ -192,8 +192,9 @@ def mask_window(config) -> tuple[int | None, bool]:
     return int(config.sliding_window), bool(getattr(config, "layer_types", None))
 
 
-def shared_prefix_problem(model) -> str | None:
-    """Why the shared-prefix forward would not give ``model``'s own attention (None: it does): sliding-window layers
+def shared_prefix_problem(config) -> str | None:
+    """Why the shared-prefix forward would not give the attention of the model of ``config`` (its transformers config;
+    None: it does): sliding-window layers
     (:func:`pacs_fast.ops.varlen_attention.windowed`). It pads each group's prefix to the micro-batch's longest, so a
     window counted in slots takes the padding for tokens, and the sliding cache keeps the last slots, padding
     included: off by up to 0.15 in log-prob (sweep of 2026-12-02). The padded forward (right-padded rows: slots
@@ -203,7 +204,6 @@ def shared_prefix_problem(model) -> str | None:
     on average (1.9 at most) at a window of 8, silently (sweep of 2026-12-02); its packed and padded rows are exact."""
     from pacs_fast.ops.varlen_attention import windowed
 
-    config = model.config
     if "local" in (getattr(config, "attention_layers", None) or []):
         return f"the model has local (windowed) attention layers (window_size={getattr(config, 'window_size', None)})"
     return windowed(config)

@@ -256,7 +256,7 @@ class TorchLearner(Learner):
         shared_prefix_problem`: packed or padded rows keep the window, one line says so)."""
         if not self.cfg.shared_prefix or getattr(model, "is_gradient_checkpointing", False):
             return False
-        why = shared_prefix_problem(model)
+        why = shared_prefix_problem(model.config)
         if why:
             say_no_shared_prefix(why)
         return why is None

@@ -270,9 +270,9 @@ def varlen_unsupported(cfg) -> str | None:
 
 
 def windowed_model(cfg) -> str | None:
-    """Why ``model.path``'s model attends within a sliding window (:func:`pacs_fast.ops.varlen_attention.windowed`),
-    or None: the torch learner then runs no shared-prefix forward
-    (:func:`pacs_fast.learner.packing.shared_prefix_problem`)."""
+    """Why ``model.path``'s model attends within a window (sliding-window or GPT-Neo's local layers), or None: the
+    torch learner then runs no shared-prefix forward (:func:`pacs_fast.learner.packing.shared_prefix_problem`, the
+    one rule both read)."""
     return _attention_of(cfg)[1]
 
 
@@ -290,7 +290,8 @@ def _attention_of(cfg) -> tuple[str | None, str | None]:
 @functools.lru_cache(maxsize=64)
 def _attention_at(folder: str, attention: str, *_stat) -> tuple[str | None, str | None]:
     """(the memory check asks once per candidate budget: the config is read once)"""
-    from pacs_fast.ops.varlen_attention import unsupported, windowed
+    from pacs_fast.learner.packing import shared_prefix_problem
+    from pacs_fast.ops.varlen_attention import unsupported
     from transformers import AutoConfig
     try:
         config = AutoConfig.from_pretrained(folder)
@@ -299,7 +300,7 @@ def _attention_at(folder: str, attention: str, *_stat) -> tuple[str | None, str 
     why = unsupported(config)
     if why is None and attention.startswith("flex"):
         why = f"the model's attention is {attention}"
-    return why, windowed(config)
+    return why, shared_prefix_problem(config)
 
 
 def packed_rows_dense(cfg) -> bool:
