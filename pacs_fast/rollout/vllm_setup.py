@@ -73,7 +73,7 @@ def derived_max_model_len(model_path) -> int:
 MIXED_WINDOW_REFUSED = frozenset({"Qwen2ForCausalLM", "Qwen3ForCausalLM"})
 
 
-def unsupported_architecture(model_path) -> str | None:
+def unsupported_architecture(model_path, *, beside_learner: bool = True) -> str | None:
     """Why vLLM cannot be a rollout engine for the folder's architecture (``architectures`` in ``config.json``),
     read without loading weights; None when it can, or when vLLM cannot read the folder for another reason (its
     own error comes when the engine loads). Two cases: no vLLM implementation at all (vLLM's ``ModelConfig``
@@ -83,7 +83,8 @@ def unsupported_architecture(model_path) -> str | None:
     model of that class then failed at its first update (``'HeliumModel' object has no attribute
     'do_not_compile'``), after the rollout had run; and the weight sync's names are untested on that backend. Also
     refused: a Qwen2 / Qwen3 config whose layers mix sliding-window and full attention
-    (:data:`MIXED_WINDOW_REFUSED`)."""
+    (:data:`MIXED_WINDOW_REFUSED`). ``beside_learner=False`` (an engine alone in its process: ``pacs_fast.eval``)
+    accepts the Transformers backend."""
     import json
     from pathlib import Path
 
@@ -102,7 +103,7 @@ def unsupported_architecture(model_path) -> str | None:
         if any(a in ModelRegistry.get_supported_archs() for a in archs):
             return None  # (another problem: the engine's own error)
         return f"vLLM has no implementation of its architecture {archs[0]}"
-    if resolved.startswith("Transformers"):
+    if resolved.startswith("Transformers") and beside_learner:
         return (f"vLLM has no implementation of its architecture {archs[0]}, only its Transformers modeling backend "
                 f"({resolved}), which patches transformers' own model class in the process that runs it (the "
                 f"learner's model then fails at its first update)")
