@@ -338,3 +338,29 @@ def test_varlen_attn_gets_the_key_value_heads_unrepeated_where_it_can(monkeypatc
         va._varlen_attn(q, k, v, cu, 5, 0.5)
     assert va._GQA_REFUSED == []
     va._varlen_params.cache_clear()
+
+
+def test_auto_names_the_dense_mask_only_once_rows_pack(capsys):
+    """``learner.packing=auto`` on a model varlen cannot run printed "packed rows use the dense block-diagonal mask"
+    at its first forward even where auto ran the rows padded (equal lengths: packing saves nothing); the line now
+    comes with the first forward that packs."""
+    from pacs_fast.learner import packing
+
+    packing._dense_once.cache_clear()
+    model = small_model()
+    model.config.attention_dropout = 0.1  # (varlen refuses dropout: the dense mask)
+    learner = TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig(packing="auto", shared_prefix=False))
+    ids = torch.randint(3, 128, (4, 12))
+    even = RolloutBatch(ids, torch.ones_like(ids), torch.ones(4, 12), torch.zeros(4), group_size=2)
+    with torch.no_grad():
+        learner.compute_logprobs(even)
+    assert learner.forwards["padded"] == 1 and not learner.forwards["packed"], dict(learner.forwards)
+    assert "dense block-diagonal mask" not in capsys.readouterr().err
+    att = torch.ones_like(ids)
+    att[1:, 3:] = 0  # (three rows of 3 tokens beside one of 12: packed runs 21 slots, padded 48)
+    uneven = RolloutBatch(ids * att, att, att.float(), torch.zeros(4), group_size=2)
+    with torch.no_grad():
+        learner.compute_logprobs(uneven)
+    assert learner.forwards["packed"] == 1, dict(learner.forwards)
+    err = capsys.readouterr().err
+    assert err.count("pacs_fast: packed rows use the dense block-diagonal mask (") == 1, err

@@ -153,11 +153,12 @@ def pack(ids: torch.Tensor, attention_mask: torch.Tensor, *, implementation: str
                   row.to(ids.device), start.to(ids.device), lengths.to(ids.device), cu, max(sizes, default=0))
 
 
-def packed_attention_mode(model, setting: str = "auto") -> str:
+def packed_attention_mode(model, setting: str = "auto", *, announce: bool = True) -> str:
     """How packed rows attend (``learner.packed_attention``): ``"flash"`` (the model runs
     flash-attention: its own varlen path), ``"varlen"`` (:mod:`pacs_fast.ops.varlen_attention`) or
     ``"dense"`` (the block-diagonal mask). ``auto``: varlen where it is the model's exact attention,
-    else dense with one warning line naming why; ``varlen`` refuses (ValueError) where it is not."""
+    else dense with one warning line naming why (``announce=False``: not yet, as long as no row has packed);
+    ``varlen`` refuses (ValueError) where it is not."""
     from pacs_fast.ops.varlen_attention import base_implementation, unsupported
 
     if setting not in PACKED_ATTENTION:
@@ -172,7 +173,8 @@ def packed_attention_mode(model, setting: str = "auto") -> str:
     if setting == "varlen":
         raise ValueError(f"learner.packed_attention=varlen cannot run this model: {why}; use "
                          f"learner.packed_attention=dense")
-    _dense_once(why)
+    if announce:
+        _dense_once(why)
     return "dense"
 
 

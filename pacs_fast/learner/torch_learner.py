@@ -33,6 +33,8 @@ runs it only for the groups of the later mini-batches. Exact when the model has 
 correction rides along (``update(correct=...)``, :attr:`~pacs_fast.learner.base.Learner.fuses_correction`):
 the proximal policy is the policy of that first forward, so each row's importance weight is set
 from it just before the row's loss.
+
+Checkpoints (``state_dict`` / ``load_state_dict``) and the policy's Hugging Face weights: :mod:`.torch_checkpoint`.
 """
 from __future__ import annotations
 
@@ -40,19 +42,15 @@ import contextlib
 import copy
 import math
 from collections import Counter
-from typing import Iterable, Iterator
 
 import torch
 
 from pacs_fast.causal_lm import decoder_body, has_active_dropout, lm_head, logits_transform
 from pacs_fast.config import AlgoConfig, LearnerConfig
-from pacs_fast.learner.base import (CheckpointMismatch, Learner, NonFiniteError, RolloutBatch, by_length,
-                                   check_response_ids, group_rows)
+from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, check_response_ids, group_rows
 from pacs_fast.learner.grad_norm import clip_grad_norm
-from pacs_fast.learner.master_weights import MasterWeights, loading_weights
-from pacs_fast.learner.lora import (adapter_params, adapter_snapshot, adapter_state, adapters_swapped, base_digest,
-                                   check_same_merge, checked_merged, copy_adapters, has_lora, load_adapter_state,
-                                   merged_weights, save_adapter)
+from pacs_fast.learner.master_weights import MasterWeights
+from pacs_fast.learner.lora import adapter_params, adapter_snapshot, adapters_swapped, copy_adapters, has_lora
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
 from pacs_fast.learner.packing import (Packed, forward_metrics, mask_window, micro_batch_groups, pack,
@@ -61,13 +59,14 @@ from pacs_fast.learner.packing import (Packed, forward_metrics, mask_window, mic
 from pacs_fast.learner.reference import mix_into
 from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,
                                             shared_prefix_hidden, split_groups, trained_states)
+from pacs_fast.learner.torch_checkpoint import TorchCheckpointing
 from pacs_fast.ops import varlen_attention
 from pacs_fast.ops.linear_logprobs import linear_logprobs
 
 DROPOUT_SEED_OFFSET = 0x0D50  # the update's dropout generators: another stream than its mini-batch order's
 
 
-class TorchLearner(Learner):
+class TorchLearner(TorchCheckpointing, Learner):
     """Learner on a Hugging Face causal LM.
 
     Args:
@@ -224,7 +223,7 @@ class TorchLearner(Learner):
         :mod:`pacs_fast.ops.varlen_attention` until the public call ends (``packing.restores_attention``)."""
         if self.cfg.packing == "off" or (ids.shape[0] < 2 and self.cfg.packing == "auto"):
             return None
-        varlen = packed_attention_mode(model, self.cfg.packed_attention) == "varlen"
+        varlen = packed_attention_mode(model, self.cfg.packed_attention, announce=False) == "varlen"
         impl = varlen_attention.base_implementation(model.config)
         window, layered = mask_window(model.config)  # (the dense mask keeps a sliding window; varlen has none)
         packed = pack(ids, attention_mask, implementation=impl, dtype=next(model.parameters()).dtype, varlen=varlen,
@@ -232,6 +231,8 @@ class TorchLearner(Learner):
         budget = self.cfg.max_tokens_per_micro_batch  # (the cut counted real tokens: the rival must not exceed it)
         if self.cfg.packing == "auto" and packed.slots > 0.8 * rival_slots and not (budget and rival_slots > budget):
             return None
+        if not varlen:  # (auto's line on the dense mask, once rows do pack)
+            packed_attention_mode(model, self.cfg.packed_attention)
         base = varlen_attention.activate(model) if varlen else None
         if base is not None:
             self._switched.append((model, base))
@@ -246,7 +247,7 @@ class TorchLearner(Learner):
         shared = self._shares_prefixes(model)
         budget = self.cfg.max_tokens_per_micro_batch
         dense = bool(budget) and self.cfg.packing != "off" and \
-            packed_attention_mode(model, self.cfg.packed_attention) == "dense"
+            packed_attention_mode(model, self.cfg.packed_attention, announce=False) == "dense"
         return micro_batch_groups(batch, limit, budget, padded=self.cfg.packing == "off", shared_prefix=shared,
                                   dense=dense)
 
@@ -455,94 +456,3 @@ class TorchLearner(Learner):
             mix_into(self.ref_model.named_parameters(), self.model.named_parameters(), mix)
         if reset_optimizer:
             self.optimizer = self._make_optimizer()
-
-    def state_dict(self) -> dict:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None,
-            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
-            "master_weights": self.master.state_dict() if self.master is not None else None,
-            "lora": adapter_state(self.model) if self.lora else None,
-            "lora_base": self._lora_base() if self.lora else None,
-            "ref_adapters": ({n: t.detach().cpu().clone() for n, t in self.ref_adapters.items()}
-                             if self.ref_adapters is not None else None),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        if self.lora:  # the adapters on model.path's base: their merge must give the checkpoint's weights
-            if state.get("lora") is None:
-                raise ValueError("load_state_dict: the checkpoint has no LoRA adapters but this run trains some "
-                                 "(model.lora_rank)")
-            load_adapter_state(self.model, state["lora"])
-            if state.get("lora_base") not in (None, self._lora_base()):  # (checkpoints before it: the merge below)
-                raise CheckpointMismatch("model.path's weights are not the base the checkpoint's LoRA adapters were "
-                                         "trained on (their digest differs): give model.path the base model the run "
-                                         "started from (a checkpoint holds merged weights: as the base, the adapters "
-                                         "would apply twice)")
-            if self._loaded_merged is not None:
-                check_same_merge(self.model, self._loaded_merged)
-                self._loaded_merged = None
-        elif state.get("lora") is not None:
-            raise ValueError("load_state_dict: the checkpoint trained LoRA adapters (model.lora_rank) but this run "
-                             "trains the whole model")
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.ref_model is not None:
-            if state.get("ref_model") is None:
-                raise ValueError("load_state_dict: the checkpoint has no reference model but this run needs one")
-            self.ref_model.load_state_dict(state["ref_model"])
-        if self.ref_adapters is not None:
-            if state.get("ref_adapters") is None:
-                raise ValueError("load_state_dict: the checkpoint has no reference adapters but this run needs them "
-                                 "(a fixed reference under model.lora_rank)")
-            copy_adapters(self.ref_adapters, state["ref_adapters"])
-        if self.value_head is not None:
-            if state.get("value_head") is None:
-                raise ValueError("load_state_dict: the checkpoint has no value head but this run needs one")
-            self.value_head.load_state_dict(state["value_head"])
-        if self.master is not None:  # (a checkpoint without them: the model's weights, loaded before this)
-            self.master.load_state_dict(state.get("master_weights"))
-
-    def _lora_base(self) -> str:
-        """:func:`~pacs_fast.learner.lora.base_digest` of the model's frozen base, once (it never changes)."""
-        if self._base_digest is None:
-            self._base_digest = base_digest(self.model)
-        return self._base_digest
-
-    def save_hf(self, path) -> None:
-        """The merged policy as a Hugging Face folder; with LoRA, its adapters too, as a PEFT adapter folder in
-        ``path/adapter`` (on the base the run loaded)."""
-        super().save_hf(path)
-        if self.lora:
-            from pathlib import Path
-
-            save_adapter(self.model, Path(path) / "adapter", base=getattr(self.hf_config, "_name_or_path", None))
-
-    def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy under Hugging Face names (with LoRA: each adapted layer merged, ``W + scale * B @ A``)."""
-        tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
-        seen: set[int] = set()
-        state = merged_weights(self.model) if self.lora else self.model.state_dict()
-        for name, t in state.items():
-            if tied and name == "lm_head.weight":
-                continue
-            if t.data_ptr() in seen and name.endswith("lm_head.weight"):
-                continue
-            seen.add(t.data_ptr())
-            yield name, t.detach()
-
-    def load_hf_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Loads Hugging Face weights into the policy. With LoRA the base stays model.path's (frozen) and the
-        weights are a checkpoint's merged ones: kept, and compared with the merge of the adapters
-        :meth:`load_state_dict` loads next (a base that changed since is an error there)."""
-        if self.lora:
-            self._loaded_merged = checked_merged(self.model, named_tensors)
-            return
-        state = self.model.state_dict()
-        items = list(named_tensors)
-        bad = [n for n, t in items if n not in state or tuple(state[n].shape) != tuple(t.shape)]
-        if bad:
-            raise ValueError(f"load_hf_weights: unknown names or wrong shapes: {bad[:5]}")
-        with loading_weights(self.master), torch.no_grad():  # fp32 tensors keep their digits in the masters
-            state = self.model.state_dict()  # (with masters: theirs; the model takes them rounded on exit)
-            for name, t in items:
-                state[name].copy_(t.to(device=state[name].device, dtype=state[name].dtype))

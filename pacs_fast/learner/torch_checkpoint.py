@@ -1,0 +1,114 @@
+"""What a checkpoint of the torch learner holds, and its policy's weights under Hugging Face names.
+
+:class:`TorchCheckpointing` is a part of :class:`~pacs_fast.learner.torch_learner.TorchLearner` (a mixin): its
+``state_dict`` / ``load_state_dict`` (optimiser, held reference model or LoRA reference adapters, value head, fp32
+master weights, LoRA adapters and the digest of their frozen base) and ``save_hf`` / ``export_hf_weights`` /
+``load_hf_weights`` (the policy, with LoRA its adapters merged). It reads the learner's ``model``, ``optimizer``,
+``ref_model``, ``ref_adapters``, ``value_head``, ``master``, ``lora``, ``hf_config``, ``_base_digest`` and
+``_loaded_merged`` (set in ``TorchLearner.__init__``).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import torch
+
+from pacs_fast.learner.base import CheckpointMismatch
+from pacs_fast.learner.lora import (adapter_state, base_digest, check_same_merge, checked_merged, copy_adapters,
+                                   load_adapter_state, merged_weights, save_adapter)
+from pacs_fast.learner.master_weights import loading_weights
+
+
+class TorchCheckpointing:
+    """The checkpoint and Hugging Face weights of a :class:`~pacs_fast.learner.torch_learner.TorchLearner`."""
+
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None,
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+            "master_weights": self.master.state_dict() if self.master is not None else None,
+            "lora": adapter_state(self.model) if self.lora else None,
+            "lora_base": self._lora_base() if self.lora else None,
+            "ref_adapters": ({n: t.detach().cpu().clone() for n, t in self.ref_adapters.items()}
+                             if self.ref_adapters is not None else None),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.lora:  # the adapters on model.path's base: their merge must give the checkpoint's weights
+            if state.get("lora") is None:
+                raise ValueError("load_state_dict: the checkpoint has no LoRA adapters but this run trains some "
+                                 "(model.lora_rank)")
+            load_adapter_state(self.model, state["lora"])
+            if state.get("lora_base") not in (None, self._lora_base()):  # (checkpoints before it: the merge below)
+                raise CheckpointMismatch("model.path's weights are not the base the checkpoint's LoRA adapters were "
+                                         "trained on (their digest differs): give model.path the base model the run "
+                                         "started from (a checkpoint holds merged weights: as the base, the adapters "
+                                         "would apply twice)")
+            if self._loaded_merged is not None:
+                check_same_merge(self.model, self._loaded_merged)
+                self._loaded_merged = None
+        elif state.get("lora") is not None:
+            raise ValueError("load_state_dict: the checkpoint trained LoRA adapters (model.lora_rank) but this run "
+                             "trains the whole model")
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.ref_model is not None:
+            if state.get("ref_model") is None:
+                raise ValueError("load_state_dict: the checkpoint has no reference model but this run needs one")
+            self.ref_model.load_state_dict(state["ref_model"])
+        if self.ref_adapters is not None:
+            if state.get("ref_adapters") is None:
+                raise ValueError("load_state_dict: the checkpoint has no reference adapters but this run needs them "
+                                 "(a fixed reference under model.lora_rank)")
+            copy_adapters(self.ref_adapters, state["ref_adapters"])
+        if self.value_head is not None:
+            if state.get("value_head") is None:
+                raise ValueError("load_state_dict: the checkpoint has no value head but this run needs one")
+            self.value_head.load_state_dict(state["value_head"])
+        if self.master is not None:  # (a checkpoint without them: the model's weights, loaded before this)
+            self.master.load_state_dict(state.get("master_weights"))
+
+    def _lora_base(self) -> str:
+        """:func:`~pacs_fast.learner.lora.base_digest` of the model's frozen base, once (it never changes)."""
+        if self._base_digest is None:
+            self._base_digest = base_digest(self.model)
+        return self._base_digest
+
+    def save_hf(self, path) -> None:
+        """The merged policy as a Hugging Face folder; with LoRA, its adapters too, as a PEFT adapter folder in
+        ``path/adapter`` (on the base the run loaded)."""
+        super().save_hf(path)
+        if self.lora:
+            from pathlib import Path
+
+            save_adapter(self.model, Path(path) / "adapter", base=getattr(self.hf_config, "_name_or_path", None))
+
+    def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy under Hugging Face names (with LoRA: each adapted layer merged, ``W + scale * B @ A``)."""
+        tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        seen: set[int] = set()
+        state = merged_weights(self.model) if self.lora else self.model.state_dict()
+        for name, t in state.items():
+            if tied and name == "lm_head.weight":
+                continue
+            if t.data_ptr() in seen and name.endswith("lm_head.weight"):
+                continue
+            seen.add(t.data_ptr())
+            yield name, t.detach()
+
+    def load_hf_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Loads Hugging Face weights into the policy. With LoRA the base stays model.path's (frozen) and the
+        weights are a checkpoint's merged ones: kept, and compared with the merge of the adapters
+        :meth:`load_state_dict` loads next (a base that changed since is an error there)."""
+        if self.lora:
+            self._loaded_merged = checked_merged(self.model, named_tensors)
+            return
+        state = self.model.state_dict()
+        items = list(named_tensors)
+        bad = [n for n, t in items if n not in state or tuple(state[n].shape) != tuple(t.shape)]
+        if bad:
+            raise ValueError(f"load_hf_weights: unknown names or wrong shapes: {bad[:5]}")
+        with loading_weights(self.master), torch.no_grad():  # fp32 tensors keep their digits in the masters
+            state = self.model.state_dict()  # (with masters: theirs; the model takes them rounded on exit)
+            for name, t in items:
+                state[name].copy_(t.to(device=state[name].device, dtype=state[name].dtype))
