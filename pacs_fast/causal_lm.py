@@ -3,8 +3,9 @@
 
 Used by the learner (log-probs from hidden states + head), the rollout engines (the fp32 head) and the
 warm-up (its SFT loss). Each raises a ValueError naming the model's class when the part is missing.
-:func:`logits_transform` names a config by which the model's logits are not its head's (Gemma 2's soft-capping):
-the learners refuse such a model.
+:func:`logits_transform` names a config by which the model's logits are not its head's (Gemma 2's soft-capping,
+Cohere's / Granite's scales); :func:`logits_map` says how the log-prob op reproduces them (a ``softcap`` and a
+scale folded into the temperature), None for the few it cannot (the learners refuse those).
 """
 from __future__ import annotations
 
@@ -48,17 +49,23 @@ LOGIT_TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "output_multip
                         "logits_scaling")
 
 
+def _text_config(config) -> dict | None:
+    """The (text) config as a dict: a ``PretrainedConfig``'s ``get_text_config()``, a dict's ``text_config``."""
+    if hasattr(config, "to_dict"):
+        config = config.get_text_config().to_dict() if hasattr(config, "get_text_config") else config.to_dict()
+    if isinstance(config, dict) and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]
+    return config if isinstance(config, dict) else None
+
+
 def logits_transform(config) -> str | None:
     """``"key=value"`` of the config key by which the model's logits are not ``hidden @ W.T + b`` (one of
     :data:`LOGIT_TRANSFORM_KEYS` set: a soft-capping, a scale other than 1), else None. ``config``: a
     ``PretrainedConfig`` or a config.json's dict (its ``text_config`` is read when it has one). The log-prob op
     (:func:`~pacs_fast.ops.linear_logprobs.linear_logprobs`) computes from the head's weight alone, so for such
     a model it would give other log-probs than the ones the engines sample from."""
-    if hasattr(config, "to_dict"):
-        config = config.get_text_config().to_dict() if hasattr(config, "get_text_config") else config.to_dict()
-    if isinstance(config, dict) and isinstance(config.get("text_config"), dict):
-        config = config["text_config"]
-    if not isinstance(config, dict):
+    config = _text_config(config)
+    if config is None:
         return None
     for key in LOGIT_TRANSFORM_KEYS:
         value = config.get(key)
@@ -66,3 +73,40 @@ def logits_transform(config) -> str | None:
         if value not in ((None, 0) if key == "final_logit_softcapping" else (None, 1)):
             return f"{key}={value}"
     return None
+
+
+# How each scale key scales the head's logits, by model type (transformers' modeling files: Cohere's
+# ``logits * logit_scale``, Falcon-H1's ``lm_head(h) * lm_head_multiplier``, Granite's ``logits / logits_scaling``,
+# MiniCPM3's ``lm_head(h / logits_scaling)`` (a head without bias), HyperCLOVA X's ``logits * logits_scaling``).
+# A key / model type not listed (MuseGlimmer's ``output_multiplier``, applied *before* its cap) maps to None.
+_SCALES = {"logit_scale": (("", False),), "lm_head_multiplier": (("", False),),
+           "logits_scaling": (("granite", True), ("minicpm3", True), ("hyperclovax", False))}
+
+
+def logits_map(config) -> tuple[float | None, float] | None:
+    """``(softcap, scale)`` such that the model's logits are ``scale * s(hidden @ W.T + b)``, ``s`` the soft-cap
+    ``softcap * tanh(z / softcap)`` (Gemma 2's ``final_logit_softcapping``; None: no cap): the log-prob op
+    reproduces them as ``linear_logprobs(..., softcap=softcap, temperature=T / scale)``. ``(None, 1.0)`` for a
+    plain head (:func:`logits_transform` None); None for a transform it cannot reproduce: a scale key of a model
+    type whose direction is not known here, a cap and a scale together (their order differs by model), a
+    non-positive or non-finite value. ``config`` as :func:`logits_transform` takes it."""
+    if logits_transform(config) is None:
+        return None, 1.0
+    config = _text_config(config)
+    model_type = str(config.get("model_type") or "")
+    cap, scale, scales = config.get("final_logit_softcapping"), 1.0, 0
+    for key in LOGIT_TRANSFORM_KEYS[1:]:
+        value = config.get(key)
+        if value in (None, 1):
+            continue
+        rule = next((div for prefix, div in _SCALES.get(key, ()) if model_type.startswith(prefix)), None)
+        if rule is None or not _positive(value):
+            return None
+        scale, scales = (1.0 / float(value) if rule else float(value)), scales + 1
+    if cap in (None, 0):
+        return (None, scale) if scales == 1 else None
+    return (float(cap), 1.0) if scales == 0 and _positive(cap) else None
+
+
+def _positive(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < float(value) < float("inf"))

@@ -599,3 +599,36 @@ def test_a_config_with_num_generations_eval_that_splits_groups_is_refused(tmp_pa
     with pytest.raises(ValueError, match=r"per_device_eval_batch_size=8 is not a multiple of num_generations_eval=3"):
         _config(tmp_path, num_generations_eval=3)
     assert _config(tmp_path, num_generations_eval=2).num_generations_eval == 2
+
+
+@pytest.mark.parametrize("family", ["gemma2", "cohere"])
+def test_the_pacs_head_applies_the_models_soft_cap_and_logit_scale(family):
+    """Gemma 2's ``final_logit_softcapping`` / Cohere's ``logit_scale`` reach ``linear_logprobs`` (the cap, and the
+    scale folded into the temperature): the wrapped forward's log-probs are ``log_softmax(model(ids).logits / T)``
+    (fp32 both sides: 1e-5). A transform the op cannot reproduce keeps TRL's head (the fallback)."""
+    import transformers as T
+
+    from pacs_fast.integrations.trl import _add_pacs_head, _head_unsupported_reason
+
+    small = dict(vocab_size=200, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                 num_key_value_heads=2, attn_implementation="eager")
+    config, cls = {"gemma2": (T.Gemma2Config(**small, head_dim=16, final_logit_softcapping=5.0), T.Gemma2ForCausalLM),
+                   "cohere": (T.CohereConfig(**small, logit_scale=0.25), T.CohereForCausalLM)}[family]
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.2)
+    assert _head_unsupported_reason(model) is None
+    _add_pacs_head(model, 0.7)
+    ids = torch.randint(3, 200, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logp, _ = model(input_ids=ids, attention_mask=torch.ones_like(ids), pacs_logits_to_keep=5)
+        want = (model(input_ids=ids).logits.double() / 0.7).log_softmax(-1)[:, -6:-1].gather(-1, ids[:, -5:, None])
+        plain = (model.lm_head(model.model(ids).last_hidden_state).double() / 0.7).log_softmax(-1)
+    assert (logp.double() - want[..., 0]).abs().max() <= 1e-5
+    assert (plain[:, -6:-1].gather(-1, ids[:, -5:, None]) - want).abs().max() > 0.1  # (the head alone: far off)
+    model.config.output_multiplier = 2.0  # (MuseGlimmer's scale, before its cap: not reproduced)
+    # (the reason: the first transform key set, as logits_transform names it)
+    assert _head_unsupported_reason(model) == ("final_logit_softcapping" if family == "gemma2" else "logit_scale")

@@ -2,10 +2,11 @@
 model's own under every ``learner.packing`` / ``learner.packed_attention``, for Llama with attention biases and a tied
 head, Qwen3's q/k norms, Phi-3's fused projections, Gemma 3's scaled embeddings and sliding layers, Gemma 2's
 attention soft-capping and query scale. A model whose forward transforms the LM head's logits (Gemma 2's
-``final_logit_softcapping``: Gemma 2 checkpoints all have it, at 30) is refused, by the command line before the model
-loads and by the learner: the log-prob op computes ``softmax(hidden @ W.T)`` from the head's weight alone, so such
-a model trained on other log-probs than its engine sampled from (1e-2 nats per token at a cap of 30, 0.2 at 5), with
-``rollout/logprob_diff_*`` the only sign."""
+``final_logit_softcapping``: Gemma 2 checkpoints all have it, at 30; Cohere's / Granite's scales) trains with the
+torch learner (tests/test_logit_softcap.py); the megatron learner, whose log-prob op computes ``softmax(hidden @ W.T)``
+from the head's weight alone (other log-probs than its engine sampled from: 1e-2 nats per token at a cap of 30, 0.2
+at 5, with ``rollout/logprob_diff_*`` the only sign), and a transform no learner reproduces are refused, by the
+command line before the model loads and by the torch learner."""
 import json
 
 import pytest
@@ -63,8 +64,12 @@ def test_the_learners_log_probs_are_the_models_own(seed, family):
                 assert (logp[m] - want[m]).abs().max() <= 1e-5, (family, packing, attention, shared)
 
 
-def test_a_model_whose_logits_are_not_its_heads_is_refused_by_the_learner():
+def test_a_model_whose_logits_the_op_cannot_reproduce_is_refused_by_the_learner():
     model = family_model("gemma2", final_logit_softcapping=30.0)
+    TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig())  # (a cap: reproduced, tests/test_logit_softcap.py)
+    with pytest.raises(ValueError, match="cannot soft-cap"):
+        TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig(logprob_backend="triton"))
+    model.config.output_multiplier = 2.0  # (MuseGlimmer's scale, applied before its cap: not a temperature)
     with pytest.raises(ValueError, match="final_logit_softcapping=30.0"):
         TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig())
 
@@ -73,25 +78,46 @@ def test_a_model_whose_logits_are_not_its_heads_is_refused_by_the_learner():
                                     {"model_type": "gemma3_text", "final_logit_softcapping": 5.0},
                                     {"model_type": "cohere", "logit_scale": 0.0625},
                                     {"model_type": "granite", "logits_scaling": 8.0}])
-def test_the_command_line_refuses_it_before_the_model_loads(tmp_path, capsys, config):
+def test_the_megatron_learner_refuses_it_before_the_model_loads(tmp_path, config):
+    """(The command line refuses megatron on these models earlier, in check_megatron_model: the check is called.)"""
     from pacs_fast.causal_lm import logits_transform
     from pacs_fast.trainer.preflight import check_logits_transform
 
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({**SMALL, **config}))
+    megatron = [f"model.path={folder}", "learner.backend=megatron"]
+    with pytest.raises(ValueError) as e:
+        check_logits_transform(load_config(None, megatron))
+    key = next(k for k in config if k != "model_type") if len(config) > 1 else "final_logit_softcapping=30"
+    err = str(e.value)
+    assert "\n" not in err and f"model.path={folder}: its config has {key}" in err, err
+    assert "learner.backend=megatron does not apply it" in err and "not supported" in err, err
+    check_logits_transform(load_config(None, [f"model.path={folder}"]))  # the torch learner reproduces it
+    for fine in ({"model_type": "gemma3_text"}, {"model_type": "llama"}, {"model_type": "cohere", "logit_scale": 1}):
+        (folder / "config.json").write_text(json.dumps({**SMALL, **fine}))
+        check_logits_transform(load_config(None, megatron))
+    assert logits_transform({"text_config": {"final_logit_softcapping": 30.0}}) == "final_logit_softcapping=30.0"
+
+
+def test_the_command_line_refuses_a_transform_no_learner_reproduces(tmp_path, capsys):
+    """``logits_scaling`` divides Granite's logits and multiplies HyperCLOVA X's: of a model type not known, it is
+    refused before the model loads; so is a soft-cap with ``learner.logprob_backend=triton``."""
+    from pacs_fast.trainer.preflight import check_logits_transform
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**SMALL, "model_type": "llama", "logits_scaling": 8.0}))
     (folder / "tokenizer.json").write_text("{}")
     (folder / "pytorch_model.bin").write_bytes(b"")  # (not loadable: the checks come first)
     runs = tmp_path / "runs"
     code, err = cli([f"model.path={folder}", "data.dataset=math500", f"train.out_dir={runs}"], capsys)
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
-    key = next(k for k in config if k != "model_type") if len(config) > 1 else "final_logit_softcapping=30"
-    assert f"model.path={folder}: its config has {key}" in err and "not supported" in err, err
+    assert f"model.path={folder}: its config has logits_scaling=8.0" in err and "no learner applies it" in err, err
     assert not runs.exists()  # nothing made
-    for fine in ({"model_type": "gemma3_text"}, {"model_type": "llama"}, {"model_type": "cohere", "logit_scale": 1}):
-        (folder / "config.json").write_text(json.dumps({**SMALL, **fine}))
-        check_logits_transform(load_config(None, [f"model.path={folder}"]))
-    assert logits_transform({"text_config": {"final_logit_softcapping": 30.0}}) == "final_logit_softcapping=30.0"
+    (folder / "config.json").write_text(json.dumps({**SMALL, "model_type": "gemma2"}))
+    with pytest.raises(ValueError, match="learner.logprob_backend=triton cannot soft-cap"):
+        check_logits_transform(load_config(None, [f"model.path={folder}", "learner.logprob_backend=triton"]))
 
 
 def test_lora_names_the_model_does_not_have_are_refused_before_it_loads(tmp_path, capsys):

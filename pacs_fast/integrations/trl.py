@@ -57,7 +57,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from pacs_fast.algorithms.overlong import loss_over_members as _loss_over_members
 from pacs_fast.algorithms.pacs import BACKENDS, GROUP_SCORES, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
-from pacs_fast.causal_lm import logits_transform
+from pacs_fast.causal_lm import logits_map, logits_transform
 from pacs_fast.integrations._groups import check_beta, check_whole_groups, pacs_metrics, rows_kept
 from pacs_fast.integrations.trl_checks import check_group_settings, check_reward_funcs
 from pacs_fast.ops.backend import require_triton
@@ -127,9 +127,10 @@ class PACSConfig(GRPOConfig):
 
 
 def _head_unsupported_reason(model) -> str | None:
-    """Why ``linear_logprobs`` cannot reproduce this model's logits (None when it can)."""
+    """Why ``linear_logprobs`` cannot reproduce this model's logits (None when it can: a plain head, or Gemma 2's
+    soft-cap / Cohere's / Granite's scale, :func:`pacs_fast.causal_lm.logits_map`)."""
     transform = logits_transform(model.config)
-    if transform:
+    if transform and logits_map(model.config) is None:
         return transform.split("=")[0]
     if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
         return "no output embeddings"
@@ -143,6 +144,7 @@ def _add_pacs_head(model, temperature: float) -> None:
     hidden states through ``linear_logprobs``. Runs inside ``forward`` so that DDP / FSDP wrappers
     see it as the module's forward."""
     inner = model.forward
+    softcap, scale = logits_map(model.config)  # (the model's soft-cap; its logit scale folds into the temperature)
 
     def forward(self, *args, pacs_logits_to_keep=None, pacs_entropy=False, **kwargs):
         if pacs_logits_to_keep is None:
@@ -160,7 +162,7 @@ def _add_pacs_head(model, temperature: float) -> None:
             weight = weight.full_tensor()
             bias = None if bias is None else bias.full_tensor()
         out = linear_logprobs(h.to(weight.device), weight, labels.to(weight.device), bias=bias,
-                              temperature=temperature, return_entropy=bool(pacs_entropy))
+                              temperature=temperature / scale, return_entropy=bool(pacs_entropy), softcap=softcap)
         return out if pacs_entropy else (out, None)
 
     model.forward = types.MethodType(forward, model)

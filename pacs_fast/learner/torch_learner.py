@@ -45,7 +45,7 @@ from collections import Counter
 
 import torch
 
-from pacs_fast.causal_lm import decoder_body, has_active_dropout, lm_head, logits_transform
+from pacs_fast.causal_lm import decoder_body, has_active_dropout, lm_head, logits_map, logits_transform
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, check_response_ids, group_rows
 from pacs_fast.learner.grad_norm import clip_grad_norm
@@ -70,7 +70,9 @@ class TorchLearner(TorchCheckpointing, Learner):
     """Learner on a Hugging Face causal LM.
 
     Args:
-        model: a ``*ForCausalLM`` (trained in place; the rollout engine may share it).
+        model: a ``*ForCausalLM`` (trained in place; the rollout engine may share it). Logits that are not the
+            head's (Gemma 2's soft-cap, Cohere's / Granite's scales: :func:`pacs_fast.causal_lm.logits_map`) are
+            reproduced: the op's ``softcap``, the scale folded into the temperature; other transforms are refused.
         algo, learner: the ``algo`` and ``learner`` sections of the run config.
         temperature: the rollout temperature (log-probs are those of the sampling distribution).
         horizon: the maximum response length (Dr. GRPO's constant divisor).
@@ -89,10 +91,15 @@ class TorchLearner(TorchCheckpointing, Learner):
     def __init__(self, model, *, algo: AlgoConfig, learner: LearnerConfig, temperature: float = 1.0,
                  horizon: int = 1, vocab_size: int | None = None, lm_head_fp32: bool = False):
         rows = lm_head(model).weight.shape[0]
-        transform = logits_transform(model.config)
-        if transform:  # (the CLI refuses it before loading: pacs_fast.trainer.preflight.check_logits_transform)
-            raise ValueError(f"{type(model).__name__} has {transform}: its logits are not its LM head's, which the "
-                             f"log-prob op computes from; not supported")
+        head_map = logits_map(model.config)  # Gemma 2's soft-cap, Cohere's / Granite's scales: reproduced by the op
+        if head_map is None:  # (the CLI refuses it before loading: pacs_fast.trainer.preflight.check_logits_transform)
+            raise ValueError(f"{type(model).__name__} has {logits_transform(model.config)}: its logits are not its LM "
+                             f"head's, in a way the log-prob op does not reproduce; not supported")
+        # logits = scale * s(hidden @ W.T + b): the cap goes to the op, the scale into every pass's temperature
+        self.softcap, self.logit_scale = head_map
+        if self.softcap and learner.logprob_backend == "triton":
+            raise ValueError(f"learner.logprob_backend=triton cannot soft-cap the logits ({type(model).__name__} has "
+                             f"{logits_transform(model.config)}); auto or torch runs the op's torch path")
         if vocab_size is not None and not 1 <= int(vocab_size) <= rows:
             raise ValueError(f"vocab_size must be in [1, {rows}] (the LM head's rows), got {vocab_size}")
         # None when every row is a real token (no slicing: the exact pre-masking computation)
@@ -206,8 +213,10 @@ class TorchLearner(TorchCheckpointing, Learner):
         if self.vocab_size is not None:  # padded rows: never sampled, not part of the distribution
             weight, bias = weight[:self.vocab_size], (bias[:self.vocab_size] if bias is not None else None)
             check_response_ids(labels, self.vocab_size)
-        out = linear_logprobs(h, weight, labels, bias=bias, temperature=self.temperature,
-                              return_entropy=entropy, backend=self.cfg.logprob_backend, upcast=self.lm_head_fp32)
+        # (self.temperature: the rollout's, or 1 for the passes that swap it in: trainer/step.py, correction.py)
+        out = linear_logprobs(h, weight, labels, bias=bias, temperature=self.temperature / self.logit_scale,
+                              return_entropy=entropy, backend=self.cfg.logprob_backend, upcast=self.lm_head_fp32,
+                              softcap=self.softcap)
         lp, ent = out if entropy else (out, None)
         v = None
         if values:  # in float32 at least (a group's shared values sum their rows' gradients in this dtype)

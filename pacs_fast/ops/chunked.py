@@ -167,6 +167,20 @@ def backward_tiles(n_rows, n_cols, tile, fill_rel, coef_x, coef_c, consume, devi
         consume(n0, n1, v0, v1, tile_grad(xr, pb, cx, coef_c[n0:n1], clamp))
 
 
+def row_cache(weight: torch.Tensor, dtype: torch.dtype):
+    """``rows(v0, v1)``: ``weight[v0:v1]`` cast to ``dtype``, the last chunk kept (a vocabulary chunk's tiles
+    follow one another with ``v_outer``: one cast per chunk, one chunk alive)."""
+    cache = {}
+
+    def rows(v0, v1):
+        w = cache.get(v0)
+        if w is None:
+            cache.clear()
+            w = cache[v0] = weight[v0:v1].to(dtype)
+        return w
+    return rows
+
+
 def _spans(total, step):
     """``[(a, min(a + step, total)), ...]`` covering ``[0, total)``. One span without ``range`` when it
     fits: under ``torch.compile`` a ``range`` over the (symbolic) token count pins it, so every new

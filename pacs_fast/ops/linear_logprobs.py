@@ -3,6 +3,11 @@
 
     x = (hidden @ weight.T + bias) / temperature,  logp[i] = x[i, y_i] - logsumexp_j x[i, j]
 
+``softcap=c`` soft-caps the logits before the temperature, ``x = c * tanh((hidden @ weight.T + bias) / c) / T``
+(Gemma 2's ``final_logit_softcapping``): computed by the torch path only (pacs_fast/ops/logit_softcap.py; its
+backward holds one more scratch tile, ``z / c``), also under ``tp_group``; ``backend="auto"`` runs it there, and
+``backend="triton"`` is a ValueError.
+
 Backends (same results, see ``token_logprobs`` for the non-finite semantics):
 
 - ``"triton"``: kernels/linear_logprobs.py; forward (kernels/linear_logprobs_fwd.py): one
@@ -38,7 +43,8 @@ one sync); every bias gets the torch path's -inf guard (checking for -inf would 
 Callers that select their rows first (the learners) pay nothing for the ignored ones.
 
 Workspace (torch backend): ``chunk_bytes`` (two tiles) + O(N*H) (the scaled fp32 copy of the
-hidden rows) + O(N); plus an fp32 ``[V, H]`` accumulator when ``weight`` is not fp32. The Triton
+hidden rows) + O(N); plus an fp32 ``[V, H]`` accumulator when ``weight`` is not fp32; with ``softcap`` the
+backward's tiles are three (``chunk_bytes`` * 1.5). The Triton
 backend: the kernels' own, plus one copy of ``hidden`` with the ignored rows zeroed.
 
 The LM head in fp32 (``upcast=True``, the learner's ``model.lm_head_fp32``): logits and their
@@ -58,6 +64,7 @@ from pacs_fast.kernels import dispatch
 
 from . import chunked, vocab_parallel as vp
 from .backend import apply_op, refuse_double_backward
+from .logit_softcap import cap_, capped_backward, capped_fill, check_softcap
 from .token_logprobs import _integer, _resolve
 
 
@@ -66,9 +73,9 @@ TRITON_BACKWARDS = ("chunked", "atomic")
 
 def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignore_index=-100,
                     return_entropy=False, tp_group=None, backend="auto", chunk_bytes=None,
-                    triton_backward="chunked", upcast=False):
+                    triton_backward="chunked", upcast=False, softcap=None):
     """logp (fp32 ``[...]``; float64 for float64 inputs) of ``labels`` under
-    ``softmax((hidden @ weight.T + bias) / temperature)``.
+    ``softmax(s(hidden @ weight.T + bias) / temperature)``, ``s`` the identity or the soft-cap ``softcap``.
 
     Args:
         hidden: ``[..., H]`` fp32/bf16/fp16.
@@ -96,6 +103,11 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
         upcast: the LM head in fp32: bf16/fp16 ``hidden`` / ``weight`` enter the Triton kernels
             as fp32 copies (the backward's ``dz`` stays fp32); gradients are returned in the
             inputs' dtypes. The torch backend computes in fp32 regardless (see the module docstring).
+        softcap: None / 0 (default: no cap, the computation above) or a finite positive ``c``: the logits are
+            ``c * tanh((hidden @ weight.T + bias) / c) / temperature`` (Gemma 2's ``final_logit_softcapping``;
+            values and gradients through the tanh, pacs_fast/ops/logit_softcap.py). The Triton kernels do not apply
+            it: ``backend="auto"`` then runs the torch path, ``backend="triton"`` is a ValueError. Supported
+            under ``tp_group`` (the cap is elementwise, applied to each shard's tiles).
 
     Returns:
         ``logp``, or ``(logp, entropy)`` with ``return_entropy``; fp32 (float64 for float64 ``hidden``
@@ -130,12 +142,18 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
     ignore_index = chunked.check_ignore_index(ignore_index, "linear_logprobs")
     chunk_bytes = chunked.check_chunk_bytes(chunk_bytes, "linear_logprobs")
     vp.check_tp_group(tp_group, "linear_logprobs")
+    cap = check_softcap(softcap, "linear_logprobs")
+    if cap and backend == "triton":
+        raise ValueError(f"linear_logprobs: softcap={softcap!r} is computed by the torch path only (the Triton kernels "
+                         f"do not soft-cap); use backend='auto' or 'torch'")
     if bias is not None and not bias.is_contiguous():  # the kernels read it with unit stride
         bias = bias.contiguous()
     tensors = [hidden, weight, labels] + ([bias] if bias is not None else [])
     if len({x.device for x in tensors}) != 1:
         raise ValueError("linear_logprobs: hidden, weight, labels (and bias) must be on one device")
     resolved = _resolve(backend, *[x for x in tensors if x.is_floating_point()] + [labels])
+    if cap:  # (PACS_FAST_KERNELS=triton cannot force the kernels either: they have no cap)
+        resolved = "torch"
     if upcast and resolved == "triton":  # autograd casts the gradients back to the inputs' dtypes
         hidden, weight = hidden.float(), weight.float()
     if resolved == "triton" and hidden.dtype != weight.dtype:
@@ -145,7 +163,7 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
     h2 = hidden.reshape(-1, hidden.shape[-1])
     logp, ent = apply_op(_LinearLogprobs.apply, h2, weight, bias, labels.reshape(-1).long().contiguous(), 1.0 / t,
                          ignore_index, bool(return_entropy), tp_group, (resolved, triton_backward), chunk_bytes,
-                         triton=resolved == "triton")
+                         cap, triton=resolved == "triton")
     logp = logp.view(lead)
     return (logp, ent.view(lead)) if return_entropy else logp
 
@@ -170,25 +188,30 @@ def _prepare(hidden, keep, inv_t, torch_path: bool):
     return h
 
 
-def _torch_stats(h, weight, bias, labels, v_off, inv_t, entropy, chunk_bytes):
-    """Per-row ``(m, s, a or None, target)`` of the torch backend (``h`` from ``_prepare(torch_path=True)``)."""
+def _torch_stats(h, weight, bias, labels, v_off, inv_t, entropy, chunk_bytes, cap=0.0):
+    """Per-row ``(m, s, a or None, target)`` of the torch backend (``h`` from ``_prepare(torch_path=True)``,
+    not scaled by 1/T with a ``cap``)."""
     n, v_local, cd = h.shape[0], weight.shape[0], h.dtype
-    target = _target_logit(h, weight, bias, labels, v_off, inv_t, h_scaled=True).to(cd)
+    if cap:  # (0 where another rank owns the label: tanh(0) = 0)
+        target = cap_(_target_logit(h, weight, bias, labels, v_off, 1.0, h_scaled=True).to(cd), cap, inv_t)
+    else:
+        target = _target_logit(h, weight, bias, labels, v_off, inv_t, h_scaled=True).to(cd)
     if v_local == 0 or n == 0:
         m = torch.full((n,), float("-inf"), dtype=cd, device=h.device)
         s = torch.zeros(n, dtype=cd, device=h.device)
         return m, s, (s.clone() if entropy else None), target
     if torch.compiler.is_compiling():  # the tile loop as one opaque op (see _tile_stats_op)
-        m, s, a = _tile_stats_op(h, weight, bias, inv_t, entropy, chunked.encode_chunk(chunk_bytes))
+        m, s, a = _tile_stats_op(h, weight, bias, inv_t, entropy, chunked.encode_chunk(chunk_bytes), cap)
         return m, s, (a if entropy else None), target
-    return (*_tile_stats(h, weight, bias, inv_t, entropy, chunk_bytes), target)
+    return (*_tile_stats(h, weight, bias, inv_t, entropy, chunk_bytes, cap), target)
 
 
-def _tile_stats(h, weight, bias, inv_t, entropy, chunk_bytes):
-    """Per-row ``(m, s, a or None)`` of the logits ``h @ weight.T + bias / T`` over GEMM tiles."""
+def _tile_stats(h, weight, bias, inv_t, entropy, chunk_bytes, cap=0.0):
+    """Per-row ``(m, s, a or None)`` of the logits ``h @ weight.T + bias / T`` over GEMM tiles (with a ``cap``:
+    ``cap * tanh((h @ weight.T + bias) / cap) / T``, ``h`` not scaled)."""
     n, v_local = h.shape[0], weight.shape[0]
     tile = chunked.plan_chunks(n, v_local, chunk_bytes, prefer_rows=True)
-    fill = _gemm_fill(h, weight, bias, inv_t)
+    fill = capped_fill(_gemm_fill(h, weight, bias, 1.0), inv_t, cap) if cap else _gemm_fill(h, weight, bias, inv_t)
     return chunked.forward_stats(n, v_local, tile, fill, entropy, h.device, v_outer=True,
                                  clamp=_may_have_neg_inf(bias, inv_t), dtype=h.dtype)
 
@@ -196,7 +219,7 @@ def _tile_stats(h, weight, bias, inv_t, entropy, chunk_bytes):
 class _LinearLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, inv_t, ignore_index, entropy, group, backends,
-                chunk_bytes):
+                chunk_bytes, cap):
         backend, triton_backward = backends
         n, v_local = hidden.shape[0], weight.shape[0]
         v_off, v_glob = vp.shard_offset(v_local, group)
@@ -214,9 +237,9 @@ class _LinearLogprobs(torch.autograd.Function):
                 dispatch.failed("tiles", FWD_KERNEL, e)
                 backend = "torch"
             h = None
-        if stats is None:
-            stats = _torch_stats(_prepare(hidden, keep, inv_t, True), weight, bias, labels, v_off, inv_t, entropy,
-                                 chunk_bytes)
+        if stats is None:  # (with a cap the rows are not scaled: 1/T comes after the tanh)
+            stats = _torch_stats(_prepare(hidden, keep, 1.0 if cap else inv_t, True), weight, bias, labels, v_off,
+                                 inv_t, entropy, chunk_bytes, cap)
         m, s, a, target = vp.allreduce_stats(*stats, group)
         lse, logp, ent_k = vp.finalize(m, s, a, target, keep)  # rows that do not count: 0
         nan = torch.full((), float("nan"), dtype=logp.dtype, device=logp.device)
@@ -224,7 +247,7 @@ class _LinearLogprobs(torch.autograd.Function):
         ent = torch.where(bad, nan, ent_k) if entropy else torch.zeros_like(logp)
         # the backward gets lse in two parts (m, log s): one fp32 lse rounds to ulp(m)
         ctx.save_for_backward(hidden, weight, bias, labels, m, torch.log(s), ent_k if entropy else m)
-        ctx.cfg = (inv_t, ignore_index, entropy, group, backend, triton_backward, chunk_bytes, v_off, v_glob)
+        ctx.cfg = (inv_t, ignore_index, entropy, group, backend, triton_backward, chunk_bytes, v_off, v_glob, cap)
         ctx.set_materialize_grads(False)
         if not entropy:
             ctx.mark_non_differentiable(ent)
@@ -234,7 +257,7 @@ class _LinearLogprobs(torch.autograd.Function):
     def backward(ctx, g_logp, g_ent):
         refuse_double_backward("linear_logprobs", "use torch.log_softmax of hidden @ weight.T for those")
         hidden, weight, bias, labels, m, log_s, ent = ctx.saved_tensors
-        inv_t, ignore_index, entropy, group, backend, triton_backward, chunk_bytes, v_off, v_glob = ctx.cfg
+        inv_t, ignore_index, entropy, group, backend, triton_backward, chunk_bytes, v_off, v_glob, cap = ctx.cfg
         keep = vp.label_masks(labels, ignore_index, v_glob, check=False)[0]
         cd = m.dtype
         zeros = torch.zeros((), dtype=cd, device=hidden.device)
@@ -257,24 +280,33 @@ class _LinearLogprobs(torch.autograd.Function):
             except Exception as e:  # any import / compile / launch error: the torch path (one warning)
                 dispatch.failed("tiles", BWD_KERNEL[triton_backward], e)
             h = None
+        h_scale = 1.0 if cap else inv_t
         if grads is None and torch.compiler.is_compiling():  # the tile loops as one opaque op
-            dh, dw, db = _torch_backward_op(_prepare(hidden, keep, inv_t, True), weight, bias, labels, v_off, inv_t,
-                                            m, log_s, ent, gl, gh, need_w, need_b, chunked.encode_chunk(chunk_bytes))
+            dh, dw, db = _torch_backward_op(_prepare(hidden, keep, h_scale, True), weight, bias, labels, v_off, inv_t,
+                                            m, log_s, ent, gl, gh, need_w, need_b, chunked.encode_chunk(chunk_bytes),
+                                            cap)
             grads = dh, (dw if need_w else None), (db if need_b else None)
         if grads is None:
-            grads = _torch_backward(_prepare(hidden, keep, inv_t, True), weight, bias, labels, v_off, inv_t,
-                                    m, log_s, ent, gl, gh, need_w, need_b, chunk_bytes)
+            grads = _torch_backward(_prepare(hidden, keep, h_scale, True), weight, bias, labels, v_off, inv_t,
+                                    m, log_s, ent, gl, gh, need_w, need_b, chunk_bytes, cap)
         dh, dw, db = grads
         vp.allreduce_sum_(dh, group)
         dhidden = dh.to(hidden.dtype)
         dweight = dw.to(weight.dtype) if dw is not None else None
         dbias = db.to(bias.dtype) if db is not None else None
-        return dhidden, dweight, dbias, None, None, None, None, None, None, None
+        return dhidden, dweight, dbias, None, None, None, None, None, None, None, None
 
 
-def _torch_backward(h, weight, bias, labels, v_off, inv_t, m, log_s, ent, gl, gh, need_w, need_b, chunk_bytes):
+def _torch_backward(h, weight, bias, labels, v_off, inv_t, m, log_s, ent, gl, gh, need_w, need_b, chunk_bytes,
+                    cap=0.0):
     """``(dh, dW or None, db or None)`` in the compute dtype by the torch backend (``h``: fp32 rows scaled
-    by 1/T, from ``_prepare(torch_path=True)``; rows that do not count have ``gl = gh = 0``)."""
+    by 1/T, from ``_prepare(torch_path=True)``, not scaled with a ``cap``; rows that do not count have
+    ``gl = gh = 0``)."""
+    if cap:
+        z_t = _target_logit(h, weight, bias, labels, v_off, 1.0, h_scaled=True)
+        return capped_backward(h, weight, bias, labels, v_off, inv_t, cap, z_t, m, log_s, ent, gl, gh, need_w,
+                               need_b, chunk_bytes, clamp=_may_have_neg_inf(bias, inv_t),
+                               gemm=_gemm_fill(h, weight, bias, 1.0))
     n, n_h = h.shape
     v_local, cd = weight.shape[0], m.dtype
     local = labels - v_off
@@ -292,13 +324,10 @@ def _torch_backward(h, weight, bias, labels, v_off, inv_t, m, log_s, ent, gl, gh
         gh, coef_c = chunked.fold_two_part_lse(gl, gh, ent, log_s)
         tile = chunked.plan_chunks(n, v_local, chunk_bytes, prefer_rows=True)
         fill_rel = _gemm_fill(h, weight, bias, inv_t, m)
-        w_cache = {}
+        w_rows = chunked.row_cache(weight, cd)
 
         def consume(n0, n1, v0, v1, dx):
-            w_c = w_cache.get(v0)
-            if w_c is None:
-                w_cache.clear()
-                w_c = w_cache[v0] = weight[v0:v1].to(cd)
+            w_c = w_rows(v0, v1)
             if v0 == 0:
                 torch.mm(dx, w_c, out=dh[n0:n1])
             else:
@@ -331,13 +360,13 @@ def _torch_backward(h, weight, bias, labels, v_off, inv_t, m, log_s, ent, gl, gh
 # eager call imports torch._dynamo, ~1 s).
 @torch.library.custom_op("pacs_fast::linear_tile_stats", mutates_args=())
 def _tile_stats_op(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, inv_t: float, entropy: bool,
-                   chunk: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    m, s, a = _tile_stats(h, weight, bias, inv_t, entropy, chunked.decode_chunk(chunk))
+                   chunk: list[int], cap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m, s, a = _tile_stats(h, weight, bias, inv_t, entropy, chunked.decode_chunk(chunk), cap)
     return m, s, (a if a is not None else m.new_empty(0))
 
 
 @_tile_stats_op.register_fake
-def _(h, weight, bias, inv_t, entropy, chunk):
+def _(h, weight, bias, inv_t, entropy, chunk, cap):
     n = h.shape[0]
     return h.new_empty(n), h.new_empty(n), h.new_empty(n if entropy else 0)
 
@@ -346,14 +375,14 @@ def _(h, weight, bias, inv_t, entropy, chunk):
 def _torch_backward_op(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
                        v_off: int, inv_t: float, m: torch.Tensor, log_s: torch.Tensor, ent: torch.Tensor,
                        gl: torch.Tensor, gh: torch.Tensor | None, need_w: bool, need_b: bool,
-                       chunk: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       chunk: list[int], cap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dh, dw, db = _torch_backward(h, weight, bias, labels, v_off, inv_t, m, log_s, ent, gl, gh, need_w, need_b,
-                                 chunked.decode_chunk(chunk))
+                                 chunked.decode_chunk(chunk), cap)
     return dh, (dw if dw is not None else h.new_empty(0)), (db if db is not None else h.new_empty(0))
 
 
 @_torch_backward_op.register_fake
-def _(h, weight, bias, labels, v_off, inv_t, m, log_s, ent, gl, gh, need_w, need_b, chunk):
+def _(h, weight, bias, labels, v_off, inv_t, m, log_s, ent, gl, gh, need_w, need_b, chunk, cap):
     return (h.new_empty(h.shape), h.new_empty(weight.shape) if need_w else h.new_empty(0),
             h.new_empty(weight.shape[0]) if need_b else h.new_empty(0))
 
@@ -381,13 +410,10 @@ def _gemm_fill(h, weight, bias, inv_t, lse=None):
     """Tile producer for the torch backend (``h`` fp32, already / T): ``out = h[n] @ W[v].T +
     b[v] / T``, minus ``lse[n]`` when given (the backward's ``x - lse``: the offset is written
     first, then the GEMM accumulates onto it, which saves a pass over the tile)."""
-    cache = {}
+    w_rows = chunked.row_cache(weight, h.dtype)
 
     def fill(n0, n1, v0, v1, out):
-        w_c = cache.get(v0)
-        if w_c is None:
-            cache.clear()
-            w_c = cache[v0] = weight[v0:v1].to(h.dtype)
+        w_c = w_rows(v0, v1)
         if bias is None and lse is None:
             return torch.mm(h[n0:n1], w_c.t(), out=out)
         if lse is None:

@@ -52,7 +52,13 @@ def model_shape(cfg) -> dict:
     return {"vocab": int(c["vocab_size"]), "hidden": int(H), "layers": int(c["num_hidden_layers"]), "heads": int(heads),
             "kv_heads": int(c.get("num_key_value_heads") or heads), "head_dim": int(c.get("head_dim") or H // heads),
             "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None, "tied": _tied(top),
-            "bytes": _dtype_bytes(cfg)}
+            "bytes": _dtype_bytes(cfg), "softcap": _softcapped(c)}
+
+
+def _softcapped(c: dict) -> bool:
+    """Whether a (text) config soft-caps its logits (Gemma 2's ``final_logit_softcapping``; its class's default,
+    30, where config.json omits the key): the log-prob op then runs its torch path, on a GPU too."""
+    return bool(c.get("final_logit_softcapping", 30.0 if c.get("model_type") == "gemma2" else None))
 
 
 def _dtype_bytes(cfg) -> int:
@@ -318,15 +324,20 @@ def packed_rows_dense(cfg) -> bool:
 
 
 def logprob_workspace_bytes(shape: dict, tokens: int, *, device: str = "cuda", lm_head_fp32: bool = False,
-                            tp: int = 1) -> int:
+                            tp: int = 1, torch_path: bool = False) -> int:
     """The log-prob op's scratch (pacs_fast/ops/linear_logprobs.py): the Triton backward's ``dz``
     chunk (512 MiB; CPU: two 64 MiB tiles), fp32 (max, sum-exp, entropy) partials per 128-column
     block of this rank's ``V / tp`` vocabulary and token (``12 N cdiv(V / tp, 128)``, kernels/
     linear_logprobs_fwd.py), the gathered hidden states and their gradient; with ``model.lm_head_fp32``
     also fp32 copies of the head and its gradient and of the hidden states. ``tokens`` bounds the
-    response tokens the op sees."""
+    response tokens the op sees. ``torch_path`` on a GPU (``learner.logprob_backend=torch``, a soft-capped model's
+    log-probs): two 64 MiB logits tiles (three with a cap), an fp32 ``[V, H]`` gradient accumulator for a bf16 /
+    fp16 head, fp32 copies of the hidden states and their gradient."""
     V, H, b = -(-shape["vocab"] // max(tp, 1)), shape["hidden"], shape["bytes"]
-    out = (512 << 20) + 12 * -(-V // 128) * tokens if device == "cuda" else 128 << 20
+    if device == "cuda" and torch_path:
+        out = (64 << 20) * (3 if shape.get("softcap") else 2) + (V * H * 4 if b != 4 else 0) + 2 * tokens * H * 4
+    else:
+        out = (512 << 20) + 12 * -(-V // 128) * tokens if device == "cuda" else 128 << 20
     out += 2 * tokens * H * b
     if lm_head_fp32:
         out += 2 * V * H * 4 + tokens * H * 4
@@ -397,7 +408,8 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     out = {"weights": weights, "gradients": grads, "optimizer": moments,
            "activations": int(tokens * per_token), "tokens": int(tokens), "per_token": per_token,
            "workspace": logprob_workspace_bytes(shape, tokens, device=device, lm_head_fp32=cfg.model.lm_head_fp32,
-                                                tp=tp)}
+                                                tp=tp, torch_path=lc.logprob_backend == "torch" or
+                                                bool(shape.get("softcap")))}
     if packed_rows_dense(cfg):
         out["activations"] += dense_mask_bytes(shape, tokens, longest)
     H, b = shape["hidden"], shape["bytes"]

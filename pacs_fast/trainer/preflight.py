@@ -2,8 +2,8 @@
 rollout that cannot fit in memory (:func:`check_memory`, from the estimates of
 :mod:`pacs_fast.trainer.memory_model`), a ``learner.tp_size`` megatron cannot shard the model over
 (:func:`check_tensor_parallel`), a model megatron cannot build (:func:`check_megatron_model`), a model whose
-logits are not its head's (:func:`check_logits_transform`), LoRA adapters on layers it does not have
-(:func:`check_lora_targets`), more
+logits are not its head's in a way the learner cannot reproduce (:func:`check_logits_transform`), LoRA
+adapters on layers it does not have (:func:`check_lora_targets`), more
 threads or reward workers than CPUs (:func:`check_cpus`), and the model's context for the prompts'
 check (:func:`model_context`, used by :func:`pacs_fast.trainer.problems.check_context`).
 
@@ -234,25 +234,33 @@ def check_megatron_model(cfg) -> None:
 
 def check_logits_transform(cfg) -> None:
     """ValueError naming ``model.path`` when its ``config.json`` says the model's forward transforms the LM head's
-    logits (Gemma 2's ``final_logit_softcapping``, a ``logit_scale``: :func:`pacs_fast.causal_lm.logits_transform`),
-    before the model loads: both learners take log-probs from ``hidden @ W.T`` alone, so such a model trained on
-    other log-probs than the engines sampled from (Gemma 2's soft-capping at 30: a gap of 1e-2 nats per token
-    where fp32 gives 1e-6), silently."""
+    logits (Gemma 2's ``final_logit_softcapping``, a ``logit_scale``: :func:`pacs_fast.causal_lm.logits_transform`)
+    in a way the learner cannot reproduce, before the model loads: ``learner.backend=megatron`` (its log-probs come
+    from ``hidden @ W.T`` alone: it would train on other log-probs than the engines sampled from, silently), a
+    transform :func:`pacs_fast.causal_lm.logits_map` does not map, a soft-cap with
+    ``learner.logprob_backend=triton`` (the kernels do not cap). The torch learner reproduces the rest."""
     folder = Path(cfg.model.path).expanduser() if cfg.model.path else None
     if folder is None or not (folder / "config.json").is_file():
         return
     from transformers import AutoConfig
 
-    from pacs_fast.causal_lm import logits_transform
+    from pacs_fast.causal_lm import logits_map, logits_transform
     try:  # (the class's defaults too: a config.json written with use_diff omits Gemma 2's default cap of 30)
         hf_config = AutoConfig.from_pretrained(folder)
     except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
         return
     why = logits_transform(hf_config)
-    if why:
-        raise ValueError(f"model.path={cfg.model.path}: its config has {why}, a transform of the LM head's "
-                         f"logits that the learners' log-prob op (softmax(hidden @ W.T)) does not apply: they would "
-                         f"train on other log-probs than the engines sample from; not supported")
+    if not why:
+        return
+    head_map = logits_map(hf_config)
+    if cfg.learner.backend == "megatron" or head_map is None:
+        learner = ("learner.backend=megatron does not apply it (learner.backend=torch does)"
+                   if head_map is not None and cfg.learner.backend == "megatron" else "no learner applies it")
+        raise ValueError(f"model.path={cfg.model.path}: its config has {why}, a transform of the LM head's logits; "
+                         f"{learner}: it would train on other log-probs than the engines sample from; not supported")
+    if head_map[0] and cfg.learner.logprob_backend == "triton":
+        raise ValueError(f"model.path={cfg.model.path}: its config has {why}; learner.logprob_backend=triton cannot "
+                         f"soft-cap the logits (the Triton kernels do not): auto or torch runs the op's torch path")
 
 
 def check_lora_targets(cfg) -> None:
