@@ -31,6 +31,7 @@ GPU_NAMES = {80: "A100", 86: "A10/A40/RTX 30", 89: "L4/L40S/RTX 40", 90: "H100/H
 LOGPROB_SHAPES = (("N8192 H4096 V151936", 8192, 4096, 151936), ("N8192 H4096 V75968 (tp2)", 8192, 4096, 75968))
 PACS_SHAPES = ((1024, 4096), (8192, 1024))  # issue 22's targets for the loss at memory speed
 PACS_GROUPS = (8, 16, 64)
+GEMMA2_SOFTCAP = 30.0  # final_logit_softcapping of every Gemma 2 checkpoint: its capped launches are compiled too
 _DT = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -79,10 +80,12 @@ LOGPROB_KERNELS = ("token_logprobs.stats_fwd", "token_logprobs.grad_bwd", "linea
                    "linear_logprobs.stats_tiles", "linear_logprobs.dlogits", "linear_logprobs.grad_bwd")
 
 
-def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> Case:
+def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",), softcap: float = 0.0) -> Case:
     """The compile case of one launch of the log-prob kernel ``name`` (one of ``LOGPROB_KERNELS``,
     "file.launch_config name") with the launch parameters ``cfg`` (a ``launch_config`` dict), entropy
-    on, no bias: what the launcher compiles. ``cases`` and bench/gpu/tune.py both build cases here."""
+    on, no bias: what the launcher compiles. ``cases`` and bench/gpu/tune.py both build cases here.
+    ``softcap`` > 0: the soft-capped launch of a kernel that has one (Gemma 2: the tiled and split forwards,
+    the pointer dz kernel, the atomic backward)."""
     nw, ns, c = _split(cfg)
     p, f32 = f"*{dt}", "*fp32"
     if name.startswith("token_logprobs."):
@@ -103,18 +106,21 @@ def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> 
     common = dict(Hd=p, stride_h="i32", W=p, stride_w="i32", B=p, N="i32", V="i32", n_h="i32")
     rowvec = dict(inv_t="fp32", LABELS="*i64", v_offset="i32", M=f32, LOGS=f32, ENT=f32, GL=f32, GH=f32)
     tile = {k: c[k] for k in ("BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N")}
+    cap = dict(SOFTCAP=float(softcap))  # (the kernels without a cap take no SOFTCAP)
+    capped = ", softcap" if softcap else ""
     if kernel == "stats_fwd":
         tile.pop("GROUP_N")
         return Case("linear_logprobs", "stats_fwd", "_stats_fwd_kernel", arch, dt, list(shapes),
                     dict(common, v_per_split="i32", inv_t="fp32", M_out=f32, S_out=f32, A_out=f32),
-                    dict(base, **tile), nw, ns, ("stride_h", "stride_w"), has_dot=True, variant="entropy")
+                    dict(base, **tile, **cap), nw, ns, ("stride_h", "stride_w"), has_dot=True,
+                    variant="entropy" + capped)
     if kernel == "stats_tiles":
         persistent = c["PERSISTENT"] > 0
         return Case("linear_logprobs_fwd", "stats_tiles", "_stats_tiles_kernel", arch, dt, list(shapes),
                     dict(common, inv_t="fp32", M_out=f32, S_out=f32, A_out=f32),
-                    dict(base, **tile, V_TILES=c["V_TILES"], PERSISTENT=persistent), nw, ns,
+                    dict(base, **tile, V_TILES=c["V_TILES"], PERSISTENT=persistent, **cap), nw, ns,
                     ("stride_h", "stride_w", "N"), has_dot=True,
-                    variant="entropy" + (", persistent" if persistent else ""))
+                    variant="entropy" + (", persistent" if persistent else "") + capped)
     if kernel in ("stats_tma", "dlogits_tma"):  # TMA descriptors of the hidden / weight tiles (host TensorDescriptor)
         desc = (lambda rows: f"tensordesc<{dt}[{rows}, {c['BLOCK_H']}]>")
         types = dict(Hdesc=desc(c["BLOCK_N"]), Wdesc=desc(c["BLOCK_V"]), B=p, N="i32", V="i32", n_h="i32")
@@ -139,27 +145,28 @@ def logprob_case(name: str, arch: int, dt: str, cfg: dict, shapes=("tune",)) -> 
                     variant="entropy, tma, warp-specialised, persistent" + (", ping-pong" if c["PINGPONG"] else ""))
     if kernel == "dlogits":
         return Case("linear_logprobs", "dlogits", "_dlogits_kernel", arch, dt, list(shapes),
-                    dict(common, **rowvec, DZ=p, stride_dz="i32"), dict(base, **tile), nw, ns,
-                    ("stride_h", "stride_w", "stride_dz"), has_dot=True, variant="entropy")
+                    dict(common, **rowvec, DZ=p, stride_dz="i32"), dict(base, **tile, **cap), nw, ns,
+                    ("stride_h", "stride_w", "stride_dz"), has_dot=True, variant="entropy" + capped)
     if kernel == "grad_bwd":
         return Case("linear_logprobs", "grad_bwd", "_grad_bwd_kernel", arch, dt, list(shapes),
                     dict(common, **rowvec, DH=f32, DW=f32, DB=f32),
-                    dict(base, NEED_DW=True, NEED_DB=False, **tile), nw, ns, ("stride_h", "stride_w", "n_h"),
-                    has_dot=True, variant="entropy, atomic")
+                    dict(base, NEED_DW=True, NEED_DB=False, **tile, **cap), nw, ns, ("stride_h", "stride_w", "n_h"),
+                    has_dot=True, variant="entropy, atomic" + capped)
     raise ValueError(f"unknown log-prob kernel {name!r}")
 
 
-def finish_case(arch: int, dt: str) -> Case:
+def finish_case(arch: int, dt: str, softcap: float = 0.0) -> Case:
     """The forward's finish (merge of the partials + target gather-dot; fixed launch parameters,
-    the same at every shape), entropy on, no bias."""
+    the same at every shape), entropy on, no bias; ``softcap`` > 0: the target soft-capped."""
     from . import linear_logprobs_finish as F
     p, f32 = f"*{dt}", "*fp32"
     return Case("linear_logprobs_finish", "finish", "_finish_kernel", arch, dt, ["every log-prob shape"],
                 dict(M=f32, S=f32, A=f32, n_split="i32", N="i32", Hd=p, stride_h="i32", W=p, stride_w="i32",
                      B=p, LABELS="*i64", v_offset="i32", V="i32", n_h="i32", inv_t="fp32",
                      M_out=f32, S_out=f32, A_out=f32, T_out=f32),
-                dict(HAS_BIAS=False, ENTROPY=True, BLOCK_R=F.BLOCK_R, BLOCK_S=F.BLOCK_S, BLOCK_H=F.BLOCK_H),
-                F.NUM_WARPS, 3, ("stride_h", "stride_w", "N"), variant="entropy")
+                dict(HAS_BIAS=False, ENTROPY=True, BLOCK_R=F.BLOCK_R, BLOCK_S=F.BLOCK_S, BLOCK_H=F.BLOCK_H,
+                     SOFTCAP=float(softcap)),
+                F.NUM_WARPS, 3, ("stride_h", "stride_w", "N"), variant="entropy" + (", softcap" if softcap else ""))
 
 
 def pacs_case(kernel: str, arch: int, dt: str, cfg: dict, shapes=("tune",), packed: bool = False,
@@ -291,7 +298,7 @@ def _default_cases(arch: int, add) -> None:
 
 def _arch_cases(arch: int, add, mark: str) -> None:
     """Every launch of ``arch`` (shape names suffixed with ``mark``)."""
-    from .linear_logprobs_launch import PINGPONG_CONFIGS
+    from .linear_logprobs_launch import PINGPONG_CONFIGS, capped_config
     mods = _kernel_modules()
     # the launches a measured table chose at other hidden sizes too (kernels/tuning.py ``by_h``)
     shapes = LOGPROB_SHAPES + tuple((f"N8192 H{h} V151936 (tuned)", 8192, h, 151936)
@@ -314,6 +321,12 @@ def _arch_cases(arch: int, add, mark: str) -> None:
                         cfg = dict(cfg, **PINGPONG_CONFIGS[kernel])
                         add(logprob_case(f"linear_logprobs.{kernel}", arch, dt, cfg, [shape]))
         add(finish_case(arch, dt))
+    shape, n, h, v = LOGPROB_SHAPES[0]  # a soft-capped model's (Gemma 2) launches: the tiled kernels, capped
+    for name in ("linear_logprobs.stats_tiles", "linear_logprobs.dlogits", "linear_logprobs.grad_bwd"):
+        cfg = capped_config(mods["linear_logprobs"].launch_config(name.split(".")[1], N=n, V=v, H=h,
+                                                                  dtype=torch.bfloat16, arch=arch))
+        add(logprob_case(name, arch, "bf16", cfg, [shape + mark], softcap=GEMMA2_SOFTCAP))
+    add(finish_case(arch, "bf16", softcap=GEMMA2_SOFTCAP))
     for case in pacs_cases(arch):
         if mark:
             case.shapes = [s + mark for s in case.shapes]

@@ -1,5 +1,9 @@
 """Triton kernels for log-probs from hidden states: ``x = (hidden @ weight.T + bias) * inv_t``
-computed tile by tile; the ``[N, V]`` logits never exist in memory.
+computed tile by tile; the ``[N, V]`` logits never exist in memory. A ``SOFTCAP`` > 0 (Gemma 2's
+``final_logit_softcapping``) caps the logits first, ``SOFTCAP * tanh(y / SOFTCAP)``, in the tiled and split
+forwards, the finish, the pointer dz kernel and the atomic backward (the backward through the cap's slope,
+kernels/linear_logprobs_tiles.py ``_capped_dlogits``); the TMA and Gluon kernels have no cap (the dispatch
+runs the tiled ones for a capped call).
 
 Shapes: hidden ``[N, H]``, weight ``[V, H]`` (same dtype: fp32/bf16/fp16, unit stride along H),
 bias ``[V]`` (any float dtype) or None; per-row fp32 vectors ``[N]``. ``tl.dot`` accumulates in fp32 (fp32 inputs
@@ -66,7 +70,7 @@ import triton.language as tl
 from . import LAUNCH_OPTIONS, dispatch, tuning
 from .base2 import LOG2E, natural_partial
 from .linear_logprobs_launch import CONFIG, _cfg, _prec, _upcast, _width, device_arch, launch_config  # noqa: F401
-from .linear_logprobs_tiles import _dlogits_tile, _logits_tile, _online_fold, _store_partial, _tile_ids
+from .linear_logprobs_tiles import _capped_dlogits, _logits_tile, _online_fold, _softcap, _store_partial, _tile_ids
 
 FORWARDS = ("tiles", "split", "tma", "gluon")  # the first: the built-in default (forward_kind)
 DZ_KERNELS = ("pointer", "tma", "gluon")  # likewise (dz_kind)
@@ -79,7 +83,7 @@ DZ_KERNEL = {"pointer": "dlogits", "tma": "dlogits_tma", "gluon": "dlogits_gluon
 def _stats_fwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, v_per_split, inv_t,
                       M_out, S_out, A_out,
                       HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, SOFTCAP: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -94,6 +98,8 @@ def _stats_fwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, v_per_split, inv_
         cmask = cols < v_hi
         y = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h,
                          HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
+        if SOFTCAP > 0:
+            y = _softcap(y, SOFTCAP)
         my, s, a = _online_fold(my, s, a, tl.where(cmask[None, :], y, float("-inf")), inv_t * LOG2E, ENTROPY)
     m, s, a = natural_partial(my, s, a, inv_t, ENTROPY)
     _store_partial(M_out, S_out, A_out, split * N + rows, rmask, m, s, a, ENTROPY)
@@ -104,7 +110,7 @@ def _dlogits_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t,
                     LABELS, v_offset, M, LOGS, ENT, GL, GH, DZ, stride_dz,
                     HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                    GROUP_N: tl.constexpr):
+                    GROUP_N: tl.constexpr, SOFTCAP: tl.constexpr):
     # one chunk: Hd/LABELS/M/... start at the chunk's first row, W/B at its first vocab id
     # (``v_offset`` = that id minus the shard's first id); DZ is [N, V] with row stride stride_dz
     pid_n, pid_v = _tile_ids(N, V, BLOCK_N, BLOCK_V, GROUP_N)
@@ -114,7 +120,8 @@ def _dlogits_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t,
     cmask = cols < V
     y = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h,
                      HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-    dz = _dlogits_tile(y, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY)
+    dz = _capped_dlogits(y, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY,
+                         SOFTCAP)
     tl.store(DZ + rows[:, None].to(tl.int64) * stride_dz + cols[None, :], dz.to(DZ.dtype.element_ty),
              mask=rmask[:, None] & cmask[None, :])
 
@@ -126,7 +133,7 @@ def _grad_bwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t,
                      HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
                      NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                     GROUP_N: tl.constexpr):
+                     GROUP_N: tl.constexpr, SOFTCAP: tl.constexpr):
     pid_n, pid_v = _tile_ids(N, V, BLOCK_N, BLOCK_V, GROUP_N)
 
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -135,7 +142,8 @@ def _grad_bwd_kernel(Hd, stride_h, W, stride_w, B, N, V, n_h, inv_t,
     cmask = cols < V
     y = _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h,
                      HAS_BIAS, DOT_PREC, UPCAST, BLOCK_N, BLOCK_V, BLOCK_H)
-    dz = _dlogits_tile(y, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY)
+    dz = _capped_dlogits(y, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY,
+                         SOFTCAP)
     dz = tl.where(rmask[:, None] & cmask[None, :], dz, 0.0)  # the dots and the bias sum read every entry
     if NEED_DB:
         tl.atomic_add(DB + cols, tl.sum(dz, 0), mask=cmask, sem="relaxed")
@@ -193,15 +201,16 @@ def _kind(config_key: str, job: str, allowed: tuple, arch: int | None, width: st
     return kind
 
 
-def stats_fwd(hidden, weight, bias, inv_t: float, entropy: bool):
+def stats_fwd(hidden, weight, bias, inv_t: float, entropy: bool, softcap: float = 0.0):
     """Partial ``(m, s, a)`` fp32 ``[S, N]`` of the scaled logits (``a`` None w/o entropy), to be
     merged along dim 0: S vocab blocks of the tiled forward, or S splits of the split one. A Gluon or
     TMA forward is checked before it runs and falls back (Gluon -> TMA -> tiled) on any error, with one
-    warning (kernels/dispatch.py); the tiled forward's errors reach the caller (the ops layer's torch path)."""
+    warning (kernels/dispatch.py); the tiled forward's errors reach the caller (the ops layer's torch path).
+    ``softcap`` > 0: of the soft-capped logits, by the tiled or split forward (the TMA / Gluon ones have no cap)."""
     kind = forward_kind(device_arch(hidden.device), _width(hidden.dtype), hidden.shape[1])
     if kind == "split":
-        return _stats_split(hidden, weight, bias, inv_t, entropy)
-    family, mod = dispatch.choose(kind, FORWARD_KERNEL, hidden, weight)
+        return _stats_split(hidden, weight, bias, inv_t, entropy, softcap)
+    family, mod = dispatch.choose("tiles" if softcap else kind, FORWARD_KERNEL, hidden, weight)
     while family != "tiles":
         try:
             return getattr(mod, FORWARD_KERNEL[family])(hidden, weight, bias, inv_t, entropy)
@@ -209,14 +218,14 @@ def stats_fwd(hidden, weight, bias, inv_t: float, entropy: bool):
             family, mod = dispatch.choose(dispatch.failed(family, FORWARD_KERNEL[family], e), FORWARD_KERNEL,
                                           hidden, weight)
     from .linear_logprobs_fwd import stats_tiles
-    return stats_tiles(hidden, weight, bias, inv_t, entropy)
+    return stats_tiles(hidden, weight, bias, inv_t, entropy, softcap)
 
 
-def _stats_split(hidden, weight, bias, inv_t: float, entropy: bool):
+def _stats_split(hidden, weight, bias, inv_t: float, entropy: bool, softcap: float = 0.0):
     """The split forward (``CONFIG["FWD"] = "split"``): grid (row blocks, vocab splits)."""
     n, n_h = hidden.shape
     v = weight.shape[0]
-    cfg = _cfg("stats_fwd", hidden, weight)
+    cfg = _cfg("stats_fwd", hidden, weight, softcap)
     bn, bv, bh = cfg["BLOCK_N"], cfg["BLOCK_V"], cfg["BLOCK_H"]
     n_blocks = triton.cdiv(n, bn)
     if CONFIG["SPLITS"] is not None:
@@ -237,19 +246,20 @@ def _stats_split(hidden, weight, bias, inv_t: float, entropy: bool):
             hidden, hidden.stride(0), weight, weight.stride(0), bias if bias is not None else hidden,
             n, v, n_h, per, inv_t, m, s, a,
             HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=_prec(hidden), UPCAST=_upcast(hidden),
-            BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh,
+            BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh, SOFTCAP=float(softcap),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **LAUNCH_OPTIONS)
     return m, s, (a if entropy else None)
 
 
 def grad_bwd(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, ent, gl, gh,
-             need_weight_grad=True, need_bias_grad=True):
+             need_weight_grad=True, need_bias_grad=True, softcap: float = 0.0):
     """One-pass atomic backward. Returns fp32 ``(dhidden [N, H], dweight [V, H] or None, dbias
     [V] or None)`` for one vocab shard (``labels`` global ids; rows with ``gl = gh = 0``
-    contribute 0). ``m``/``log_s``: fp32 ``[N]`` row max and log sum-exp relative to it."""
+    contribute 0). ``m``/``log_s``: fp32 ``[N]`` row max and log sum-exp relative to it; ``softcap`` > 0: of the
+    soft-capped logits."""
     n, n_h = hidden.shape
     v = weight.shape[0]
-    cfg = _cfg("grad_bwd", hidden, weight)
+    cfg = _cfg("grad_bwd", hidden, weight, softcap)
     bn, bv = cfg["BLOCK_N"], cfg["BLOCK_V"]
     dh = torch.zeros(n, n_h, dtype=torch.float32, device=hidden.device)
     dw = torch.zeros(v, n_h, dtype=torch.float32, device=hidden.device) if need_weight_grad else None
@@ -264,6 +274,6 @@ def grad_bwd(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, ent, gl, g
             dh, dw if dw is not None else dh, db if db is not None else dh,
             HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=_prec(hidden), UPCAST=_upcast(hidden),
             NEED_DW=dw is not None, NEED_DB=db is not None,
-            BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"],
+            BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"], SOFTCAP=float(softcap),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **LAUNCH_OPTIONS)
     return dh, dw, db

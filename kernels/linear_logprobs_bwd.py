@@ -75,13 +75,14 @@ def _gemm_f32_(out, a, b, accumulate: bool):
 
 
 def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, ent, gl, gh,
-                     need_weight_grad=True, need_bias_grad=True, chunk_bytes=None):
+                     need_weight_grad=True, need_bias_grad=True, chunk_bytes=None, softcap: float = 0.0):
     """Chunked GEMM backward (the contract of kernels/linear_logprobs.py's ``grad_bwd``, but ``dweight``
     comes back in the weight's dtype when one row chunk holds every row). ``chunk_bytes``: the ``dz`` budget
     (None: ``CONFIG["BWD_CHUNK_BYTES"]``) or an explicit ``(rows, vocab)`` chunk shape. Per vocab chunk
     ``[v0, v1)`` (and row chunk):
     ``_dlogits_kernel`` writes ``dz`` (input dtype) into the chunk buffer, then
-    ``dh[rows] += dz @ W[v0:v1]`` (fp32) and ``dW[v0:v1] (+)= dz.T @ hidden[rows]``."""
+    ``dh[rows] += dz @ W[v0:v1]`` (fp32) and ``dW[v0:v1] (+)= dz.T @ hidden[rows]``. ``softcap`` > 0: the
+    logits soft-capped (``dz`` through the cap's slope), by the pointer kernel (the TMA / Gluon ones have no cap)."""
     n, n_h = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
@@ -101,14 +102,14 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
     db = torch.zeros(v, dtype=torch.float32, device=dev) if bias is not None and need_bias_grad else None
     if n == 0 or v == 0:
         return dh, dw, db
-    cfg = KL._cfg("dlogits", hidden, weight)
+    cfg = KL._cfg("dlogits", hidden, weight, softcap)
     bn, bv = cfg["BLOCK_N"], cfg["BLOCK_V"]
     entropy = gh is not None
     kind = KL.dz_kind(KL.device_arch(dev), KL._width(hidden.dtype), hidden.shape[1])
     # the TMA or Gluon dz kernel where it takes these inputs and is usable here (kernels/dispatch.py), and
     # which chunks' dz it can write (the Gluon one's TMA store needs 16-byte rows); the pointer kernel for
     # everything else, and for the chunk (and the rest) when it fails (Gluon -> TMA -> pointer, one warning)
-    family, mod = dispatch.choose(DZ_FAMILY[kind], DZ_KERNEL, hidden, weight)
+    family, mod = dispatch.choose("tiles" if softcap else DZ_FAMILY[kind], DZ_KERNEL, hidden, weight)
     buf = torch.empty(n_c * v_c, dtype=hidden.dtype, device=dev)
     for n0 in range(0, n, n_c):
         n1 = min(n, n0 + n_c)
@@ -137,7 +138,8 @@ def grad_bwd_chunked(hidden, weight, bias, inv_t, labels, v_offset, m, log_s, en
                     (gh if entropy else gl)[n0:], dz, dz.stride(0),
                     HAS_BIAS=bias is not None, ENTROPY=entropy, DOT_PREC=KL._prec(hidden), UPCAST=KL._upcast(hidden),
                     BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=cfg["BLOCK_H"], GROUP_N=cfg["GROUP_N"],
-                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **LAUNCH_OPTIONS)
+                    SOFTCAP=float(softcap), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                    **LAUNCH_OPTIONS)
             _gemm_f32_(dh[n0:n1], dz, weight[v0:v1], accumulate=v0 > 0)  # the first vocab chunk writes
             if dw is not None:
                 if one_pass_dw:  # every row in this chunk: dW[v0:v1] final, written once

@@ -11,6 +11,8 @@ the partial and its merge). ``_finish_kernel`` gives, per row ``i`` of a block o
     t_i = (hidden[i] . weight[y_i - v_offset] + bias[y_i - v_offset]) * inv_t    (0 where this shard
                                                                                   does not own y_i)
 
+(with ``SOFTCAP`` > 0 the dot is soft-capped before ``inv_t``, ``SOFTCAP * tanh(. / SOFTCAP)``, as the partials were)
+
 which is ``vocab_parallel.merge_splits`` followed by the target logit's gather-dot, the same math in
 another summation order (fp32 sums of exactly the same fp32 terms; bf16 products are exact in fp32).
 
@@ -30,6 +32,7 @@ import triton
 import triton.language as tl
 
 from . import LAUNCH_OPTIONS
+from .linear_logprobs_tiles import _softcap
 
 BLOCK_R = 16    # rows per program (N = 8192: 512 programs)
 BLOCK_S = 32    # partial rows (vocab blocks) per step of the merge
@@ -41,7 +44,7 @@ NUM_WARPS = 4
 def _finish_kernel(M, S, A, n_split, N, Hd, stride_h, W, stride_w, B, LABELS, v_offset, V, n_h, inv_t,
                    M_out, S_out, A_out, T_out,
                    HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr,
-                   BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
+                   BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, SOFTCAP: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < N
     # merge, pass 1: the row max (the reference point of every partial)
@@ -85,14 +88,17 @@ def _finish_kernel(M, S, A, n_split, N, Hd, stride_h, W, stride_w, B, LABELS, v_
         acc += tl.sum(h * w, 1)
     if HAS_BIAS:
         acc += tl.load(B + safe, mask=owned, other=0.0).to(tl.float32)
+    if SOFTCAP > 0:
+        acc = _softcap(acc, SOFTCAP)
     tl.store(T_out + rows, tl.where(owned, acc * inv_t, 0.0), mask=rmask)
 
 
-def finish(m, s, a, hidden, weight, bias, labels, v_offset: int, inv_t: float):
+def finish(m, s, a, hidden, weight, bias, labels, v_offset: int, inv_t: float, softcap: float = 0.0):
     """Merged ``(m, s, a or None, target)`` fp32 ``[N]`` from the partials ``m, s, a`` (fp32 ``[S, N]``;
     ``a`` None without entropy) and the target logits of ``labels`` (int64 ``[N]``, global vocabulary
     ids; rows whose id is outside ``[v_offset, v_offset + V)`` get target 0) under ``hidden`` ``[N, H]``,
-    this shard's ``weight`` ``[V, H]`` (same dtype, unit stride along H) and optional ``bias`` ``[V]``."""
+    this shard's ``weight`` ``[V, H]`` (same dtype, unit stride along H) and optional ``bias`` ``[V]``;
+    ``softcap`` > 0: the target logit soft-capped as the partials' logits were (kernels/linear_logprobs_fwd.py)."""
     n_split, n = m.shape
     entropy = a is not None
     dev = hidden.device
@@ -111,5 +117,5 @@ def finish(m, s, a, hidden, weight, bias, labels, v_offset: int, inv_t: float):
         bias if bias is not None else hidden, labels, int(v_offset), weight.shape[0], hidden.shape[1],
         float(inv_t), m_out, s_out, a_out if entropy else s_out, t_out,
         HAS_BIAS=bias is not None, ENTROPY=entropy, BLOCK_R=BLOCK_R, BLOCK_S=BLOCK_S, BLOCK_H=BLOCK_H,
-        num_warps=NUM_WARPS, **LAUNCH_OPTIONS)
+        SOFTCAP=float(softcap), num_warps=NUM_WARPS, **LAUNCH_OPTIONS)
     return m_out, s_out, a_out, t_out

@@ -174,10 +174,22 @@ def num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _cfg(kernel, hidden, weight):
-    """``launch_config`` of ``kernel`` for these inputs on their device."""
-    return launch_config(kernel, N=hidden.shape[0], V=weight.shape[0], H=hidden.shape[1],
-                         dtype=hidden.dtype, arch=device_arch(hidden.device))
+def _cfg(kernel, hidden, weight, softcap: float = 0.0):
+    """``launch_config`` of ``kernel`` for these inputs on their device (``softcap`` > 0: :func:`capped_config`)."""
+    cfg = launch_config(kernel, N=hidden.shape[0], V=weight.shape[0], H=hidden.shape[1],
+                        dtype=hidden.dtype, arch=device_arch(hidden.device))
+    return capped_config(cfg) if softcap else cfg
+
+
+CAPPED_BLOCK_V = 64  # the widest vocabulary block of a soft-capped launch
+
+
+def capped_config(cfg: dict) -> dict:
+    """The launch of a soft-capped call (Gemma 2): ``BLOCK_V`` at most :data:`CAPPED_BLOCK_V`. The cap keeps one
+    more logits-sized tile alive (the backward's slope) and a few more per-element temporaries: compiled for sm_80 /
+    sm_90 / sm_100 on 2026-12-03 (Triton 3.9), the 128 x 256 forward and dz tiles and the 128 x 128 atomic backward
+    spilled (8-552 B of stack), 128 x 64 tiles do not (tests/test_kernels_compile.py). Not measured on a GPU."""
+    return dict(cfg, BLOCK_V=min(cfg["BLOCK_V"], CAPPED_BLOCK_V))
 
 
 def _prec(t: torch.Tensor):

@@ -1,11 +1,12 @@
 """The device-side pieces (``@triton.jit`` helpers) that the ``linear_logprobs`` kernels share: the logits
 tile's K-loop (``_logits_tile``), the online and one-tile softmax partials (``_online_fold``,
-``_tile_stats``) and their store (``_store_partial``), the backward's ``dz`` epilogue (``_dlogits_tile``)
-and the grouped tile order (``_grouped_tile``, ``_tile_ids``). kernels/linear_logprobs.py (the split
-forward, the atomic backward, the pointer dz kernel), kernels/linear_logprobs_fwd.py, _tma.py and _gluon.py
-import them by name: a ``@triton.jit`` function finds the helpers it calls in its own module's globals.
-Their host-side counterparts (launch parameters, ``_prec``, ``_upcast``) are in
-kernels/linear_logprobs_launch.py. This module imports only triton and kernels/base2.py.
+``_tile_stats``) and their store (``_store_partial``), the backward's ``dz`` epilogue (``_dlogits_tile``,
+``_capped_dlogits``), Gemma 2's logit soft-cap and its slope (``_softcap``, ``_softcap_and_slope``) and the grouped
+tile order (``_grouped_tile``, ``_tile_ids``). kernels/linear_logprobs.py (the split forward, the atomic backward, the
+pointer dz kernel), kernels/linear_logprobs_fwd.py, _tma.py, _gluon.py and _finish.py import them by name: a
+``@triton.jit`` function finds the helpers it calls in its own module's globals. Their host-side counterparts
+(launch parameters, ``_prec``, ``_upcast``) are in kernels/linear_logprobs_launch.py. This module imports only triton
+and kernels/base2.py.
 
 Notation as in kernels/linear_logprobs.py: the unscaled logits ``y = hidden @ weight.T + bias``, the scaled
 ``x = y * inv_t``. The row's log-sum-exp reaches ``_dlogits_tile`` in two parts, ``m`` (row max) and
@@ -45,6 +46,25 @@ def _logits_tile(Hd, stride_h, W, stride_w, B, rows, cols, rmask, cmask, n_h,
     if HAS_BIAS:
         acc += tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     return acc
+
+
+@triton.jit
+def _softcap(y, CAP: tl.constexpr):
+    """Gemma 2's soft-cap ``CAP * tanh(y / CAP)`` of a logits tile (fp32): ``tanh(u) = sign(u) (1 - e) / (1 + e)``,
+    ``e = exp(-2 |u|)``: one ex2, no overflow (+-inf gives +-CAP), few live registers; ``1 - e`` near ``u = 0`` errs
+    by ~ulp(1) absolute, ~CAP * 6e-8 on the capped logit (the fp32 GEMM's own error of a logit ~CAP is ulp(CAP))."""
+    e = tl.exp2(tl.abs(y) * (-2.0 * LOG2E / CAP))
+    return tl.where(y < 0.0, -CAP, CAP) * ((1.0 - e) / (1.0 + e))
+
+
+@triton.jit
+def _softcap_and_slope(y, CAP: tl.constexpr):
+    """``(CAP tanh(y / CAP), 1 / cosh(y / CAP)^2)`` of a logits tile, from one ``e = exp(-2 |y| / CAP)``: the slope
+    ``4 e / (1 + e)^2`` has no cancellation where tanh saturates (``1 - tanh^2`` there is 0 or ~1e-7 off), 0 at
+    +-inf."""
+    e = tl.exp2(tl.abs(y) * (-2.0 * LOG2E / CAP))
+    r = 1.0 / (1.0 + e)
+    return tl.where(y < 0.0, -CAP, CAP) * ((1.0 - e) * r), 4.0 * e * r * r
 
 
 @triton.jit
@@ -113,6 +133,20 @@ def _dlogits_tile(y, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS,
         dz = p * -gl[:, None]
     labels = (tl.load(LABELS + rows, mask=rmask, other=-1) - v_offset).to(tl.int32)  # a 32-bit compare below
     return dz + tl.where(cols[None, :] == labels[:, None], gl[:, None], 0.0)
+
+
+@triton.jit
+def _capped_dlogits(y, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH,
+                    ENTROPY: tl.constexpr, SOFTCAP: tl.constexpr):
+    """``_dlogits_tile`` of the raw logits tile ``y``; with ``SOFTCAP`` > 0, of the capped ``SOFTCAP tanh(y / SOFTCAP)``
+    times the cap's slope ``1 / cosh(y / SOFTCAP)^2``: the gradient w.r.t. ``y``."""
+    if SOFTCAP > 0:
+        yc, slope = _softcap_and_slope(y, SOFTCAP)
+        dz = _dlogits_tile(yc, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH,
+                           ENTROPY) * slope
+    else:
+        dz = _dlogits_tile(y, rows, cols, rmask, cmask, inv_t, LABELS, v_offset, M, LOGS, ENT, GL, GH, ENTROPY)
+    return dz
 
 
 @triton.jit

@@ -406,7 +406,13 @@ def test_softmax_epilogues_use_exp2_without_denormal_guards(report):
     assert {c["fn"] for c in rows} >= {"_stats_tiles_kernel", "_dlogits_kernel", "_stats_gluon_kernel",
                                        "_dlogits_gluon_kernel", "_stats_tma_kernel", "_stats_fwd_kernel"}
     assert not [(c["label"], c["ex2_guards"]) for c in rows if c["ex2_guards"]]
-    tc = [c for c in rows if c["dtype"] != "fp32"]
+    # Gemma 2's soft-capped launches: the cap is one more ex2 per logit (tanh from exp(-2|y|/c)), a division and a
+    # few multiplies (the backward's slope too): 2.0-2.12 ex2 and 14.7-21.6 FP32 instructions per logit on sm_80 /
+    # sm_90 / sm_100 (2026-12-03, Triton 3.9); budget 2.3 and 24, still no denormal guard
+    capped = [c for c in rows if "softcap" in c["variant"] and c["dtype"] != "fp32"]
+    assert len(capped) >= 3 and not [(c["label"], c["alu_per_logit"], c["ex2_per_logit"]) for c in capped
+                                     if not (1.9 <= c["ex2_per_logit"] <= 2.3 and c["alu_per_logit"] <= 24)]
+    tc = [c for c in rows if c["dtype"] != "fp32" and "softcap" not in c["variant"]]
     heavy = [(c["label"], c["alu_per_logit"], c["ex2_per_logit"]) for c in tc
              if c["ex2"] == 0 or sum(c["fp32_alu"].values()) / c["ex2"] > 10]
     assert not heavy, _fail(heavy, "more than 10 FP32 instructions per ex2")

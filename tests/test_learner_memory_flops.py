@@ -345,26 +345,23 @@ def test_auto_packed_attention_counts_the_dense_mask_where_varlen_cannot_run(tmp
     preflight.check_memory(run(qwen), available=70 * GiB)
 
 
-def test_the_torch_log_prob_path_is_counted_for_a_soft_capped_model_on_a_gpu(tmp_path):
-    """A soft-capped model (Gemma 2: ``final_logit_softcapping``, 30 by its class's default where config.json omits
-    it) takes its log-probs on the op's torch path on a GPU too (the Triton kernels do not cap): two 64 MiB logits
-    tiles and a third for the cap's slope, an fp32 ``[V, H]`` gradient accumulator for the bf16 head and fp32 copies
-    of the hidden states and their gradient, not the Triton kernels' 512 MiB ``dz`` chunk and partials (the fp32
-    accumulator alone is 1.8 GiB at Gemma 2 2B's V = 256,000, H = 2,304: it was not counted)."""
+def test_the_torch_log_prob_path_is_counted_on_a_gpu_with_a_third_tile_for_a_soft_capped_model(tmp_path):
+    """``learner.logprob_backend=torch`` on a GPU: two 64 MiB logits tiles (three for a soft-capped model, Gemma 2's
+    ``final_logit_softcapping``, 30 by its class's default where config.json omits it: the backward keeps the cap's
+    ``z / c``), an fp32 ``[V, H]`` gradient accumulator for the bf16 head and fp32 copies of the hidden states and
+    their gradient, not the Triton kernels' 512 MiB ``dz`` chunk and partials (the accumulator alone is 1.8 GiB at
+    Gemma 2 2B's V = 256,000, H = 2,304: it was not counted). The Triton kernels cap too: their workspace is the same
+    for a capped model."""
     gemma = {"vocab_size": 256000, "hidden_size": 2304, "num_hidden_layers": 26, "num_attention_heads": 8,
              "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216, "model_type": "gemma2"}
     budget = "learner.max_tokens_per_micro_batch=16384"
-    for extra, capped in (({}, True), ({"final_logit_softcapping": None}, False), ({"final_logit_softcapping": 5.0},
-                                                                                   True)):
-        folder = tmp_path / f"gemma{len(extra)}{capped}"
+    triton_ws = (512 << 20) + 12 * -(-256000 // 128) * 16384 + 2 * 16384 * 2304 * 2
+    for extra, tiles in (({}, 3), ({"final_logit_softcapping": None}, 2), ({"final_logit_softcapping": 5.0}, 3)):
+        folder = tmp_path / f"gemma{len(extra)}{tiles}"
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps({**gemma, **extra}))
-        cfg = load_config(None, [f"model.path={folder}", "model.dtype=bfloat16", budget])
-        ws = memory_model.learner_memory(cfg, device="cuda")["workspace"]
-        torch_ws = 3 * (64 << 20) + 256000 * 2304 * 4 + 2 * 16384 * 2304 * 4 + 2 * 16384 * 2304 * 2
-        triton_ws = (512 << 20) + 12 * -(-256000 // 128) * 16384 + 2 * 16384 * 2304 * 2
-        assert ws == (torch_ws if capped else triton_ws), (extra, ws)
-    plain = load_config(None, [f"model.path={tmp_path / 'gemma1False'}", "model.dtype=bfloat16", budget,
-                               "learner.logprob_backend=torch"])  # (the torch path asked for: two tiles)
-    assert memory_model.learner_memory(plain, device="cuda")["workspace"] == \
-        2 * (64 << 20) + 256000 * 2304 * 4 + 2 * 16384 * 2304 * 4 + 2 * 16384 * 2304 * 2
+        for backend, want in (("torch", tiles * (64 << 20) + 256000 * 2304 * 4 + 2 * 16384 * 2304 * 4 +
+                               2 * 16384 * 2304 * 2), ("auto", triton_ws)):
+            cfg = load_config(None, [f"model.path={folder}", "model.dtype=bfloat16", budget,
+                                     f"learner.logprob_backend={backend}"])
+            assert memory_model.learner_memory(cfg, device="cuda")["workspace"] == want, (extra, backend)

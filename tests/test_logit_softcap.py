@@ -110,21 +110,80 @@ def test_a_bad_softcap_is_a_value_error_naming_it(bad):
         linear_logprobs(h, w, labels, softcap=bad)
 
 
-def test_the_triton_backend_refuses_a_cap_and_auto_runs_the_torch_path(monkeypatch):
-    import importlib
+# The tiled Triton kernels with a cap, under the interpreter (small blocks: ragged row / vocab tiles; the split
+# forward; both backwards; V_TILES > 1, whose masked columns must be -inf after the cap, not -cap): the same float64
+# reference and bounds as the torch path (fp32 GEMMs; the kernels' tanh from one ex2 errs by ~1e-7 of the cap).
+TRITON_CASES = {"tiles_chunked": dict(FWD="tiles", backward="chunked", cap=5.0, T=1.0, z=1.0, bias=True),
+                "tiles_vtiles_atomic": dict(FWD="tiles", V_TILES=2, backward="atomic", cap=5.0, T=0.7, z=1.0,
+                                            bias=False),
+                "split_saturated": dict(FWD="split", backward="chunked", cap=30.0, T=0.7, z=300.0, bias=True),
+                "tiles_bf16": dict(FWD="tiles", backward="chunked", cap=2.0, T=1.3, z=1.0, bias=True,
+                                   dtype=torch.bfloat16)}
 
-    from pacs_fast.kernels import dispatch
-    mod = importlib.import_module("pacs_fast.ops.linear_logprobs")  # (pacs_fast.ops.linear_logprobs: the function)
 
-    h, w, b, labels, gl, ge = _inputs(1)
-    with pytest.raises(ValueError, match="softcap=5.0 is computed by the torch path only"):
-        linear_logprobs(h, w, labels, softcap=5.0, backend="triton")
-    # auto where it would take the kernels (a CUDA device): the capped call never reaches them
-    monkeypatch.setattr(mod, "_resolve", lambda *a: "triton")
-    monkeypatch.setattr(dispatch, "broken", lambda *a: pytest.fail("the Triton path was entered with a cap"))
-    got = _op(h, w, b, labels, gl, ge, softcap=5.0)
-    want = _reference(h, w, b, labels, 5.0, 1.0, gl, ge)
-    assert (got[0].double() - want[0]).abs().max() < 1e-4
+@pytest.mark.interpret
+@pytest.mark.filterwarnings("error::pacs_fast.kernels.dispatch.KernelFallbackWarning")  # (no fallback: the kernels ran)
+@pytest.mark.parametrize("case", TRITON_CASES)
+def test_the_triton_kernels_cap_as_the_float64_reference(case, monkeypatch):
+    from pacs_fast.kernels import linear_logprobs as K
+
+    c = dict(TRITON_CASES[case])
+    cap, T, z_scale, bias, backward = (c.pop(k) for k in ("cap", "T", "z", "bias", "backward"))
+    dtype = c.pop("dtype", torch.float32)
+    cfg = dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16, GROUP_N=2, V_TILES=1, PERSISTENT=0, num_warps=1, num_stages=1,
+               SPLITS=3, BWD_CHUNK_BYTES=16 * 512 * 4)
+    for k, v in {**cfg, **c}.items():
+        monkeypatch.setitem(K.CONFIG, k, v)
+    h, w, b, labels, gl, ge = _inputs(11, z_scale, bias, dtype)
+    h, w, labels = h[:21], w[:203], labels[:21].clamp(max=202)  # (interpreter: small; 203 = 12 ragged tiles of 16)
+    b = b[:203] if b is not None else None
+    gl, ge = gl[:21], ge[:21]
+    want = _reference(h, w, b, labels, cap, T, gl, ge)
+    got = _op(h, w, b, labels, gl, ge, softcap=cap, temperature=T, backend="triton", triton_backward=backward)
+    _, vb, gb = CASES["saturated_1e3" if z_scale > 1 else ("bf16" if dtype == torch.bfloat16 else "plain")][5:]
+    bf16 = {}
+    if dtype == torch.bfloat16:  # besides the bf16 gradients' own rounding (2^-8 of the largest entry, as the torch
+        # path's), the kernels round dz to bf16 (2^-9 relative) before the backward's bf16 GEMMs: dh, dW and db err
+        # by up to 2^-8 of sum_j |dz_ij| |W_j| (resp. of sum_i |dz_ij| |h_i|, sum_i |dz_ij|) more
+        z = (h.double() @ w.double().T + b.double()).requires_grad_()
+        lp = torch.log_softmax(cap * torch.tanh(z / cap) / T, -1)
+        keep = labels != -100
+        lpt = torch.where(keep, lp.gather(1, labels.clamp(min=0)[:, None])[:, 0], 0.0)
+        ent = torch.where(keep, -(lp.exp() * lp).sum(-1), 0.0)
+        dz = torch.autograd.grad((lpt * gl + ent * ge).sum(), z)[0].abs()
+        bf16 = {"dhidden": (dz @ w.double().abs()).max(), "dweight": (dz.T @ h.double().abs()).max(),
+                "dbias": dz.sum(0).max()}
+    for name, g, r in zip(("logp", "entropy", "dhidden", "dweight", "dbias"), got, want):
+        bound = (vb if name in ("logp", "entropy") else gb) * max(r.abs().max().item(), 1.0)
+        bound += 2 ** -8 * float(bf16.get(name, 0.0))
+        err = (g.double() - r).abs().max().item()
+        assert err <= bound, (case, name, err, bound)
+    assert (_reference(h, w, b, labels, None, T, gl, ge)[0] - want[0]).abs().max() > 0.1  # (the cap matters)
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("error::pacs_fast.kernels.dispatch.KernelFallbackWarning")  # (the capped kernels ran)
+@pytest.mark.parametrize("backward", ["chunked", "atomic"])
+def test_the_capped_kernels_on_the_gpu_equal_the_float64_reference(backward):
+    """On a GPU (bf16, the launches a Gemma 2 run gets: capped_config's 64-wide vocabulary blocks), a Gemma 2-sized
+    cap over many tiles: values within the fp32 bounds above; gradients within the bf16 ones (dz rounded to bf16
+    before the backward's GEMMs: 2^-8 of sum_j |dz_ij| |W_j| more), as under the interpreter."""
+    g = torch.Generator().manual_seed(5)
+    n, hd, v, cap = 300, 256, 5000, 30.0
+    h = (torch.randn(n, hd, generator=g) * 4).to("cuda", torch.bfloat16)
+    w = (torch.randn(v, hd, generator=g) / hd ** 0.5).to("cuda", torch.bfloat16)
+    labels = torch.randint(0, v, (n,), generator=g).cuda()
+    gl, ge = torch.randn(n, generator=g, dtype=torch.float64).cuda(), torch.randn(n, generator=g).double().cuda()
+    want = _reference(h, w, None, labels, cap, 0.9, gl, ge)
+    got = _op(h, w, None, labels, gl, ge, softcap=cap, temperature=0.9, backend="triton", triton_backward=backward)
+    z = (h.double() @ w.double().T).requires_grad_()
+    lp = torch.log_softmax(cap * torch.tanh(z / cap) / 0.9, -1)
+    dz = torch.autograd.grad((lp.gather(1, labels[:, None])[:, 0] * gl - (lp.exp() * lp).sum(-1) * ge).sum(), z)[0]
+    extra = {"dhidden": (dz.abs() @ w.double().abs()).max(), "dweight": (dz.abs().T @ h.double().abs()).max()}
+    for name, x, r in zip(("logp", "entropy", "dhidden", "dweight"), got, want):
+        bound = (2e-6 if name in ("logp", "entropy") else 2 ** -8) * max(r.abs().max().item(), 1.0)
+        bound += 2 ** -8 * float(extra.get(name, 0.0))
+        assert (x.double() - r).abs().max().item() <= bound, (backward, name)
 
 
 def test_the_capped_op_compiles_whole():

@@ -67,8 +67,7 @@ def test_the_learners_log_probs_are_the_models_own(seed, family):
 def test_a_model_whose_logits_the_op_cannot_reproduce_is_refused_by_the_learner():
     model = family_model("gemma2", final_logit_softcapping=30.0)
     TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig())  # (a cap: reproduced, tests/test_logit_softcap.py)
-    with pytest.raises(ValueError, match="cannot soft-cap"):
-        TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig(logprob_backend="triton"))
+    TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig(logprob_backend="triton"))  # (the tiled kernels cap)
     model.config.output_multiplier = 2.0  # (MuseGlimmer's scale, applied before its cap: not a temperature)
     with pytest.raises(ValueError, match="final_logit_softcapping=30.0"):
         TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig())
@@ -102,7 +101,7 @@ def test_the_megatron_learner_refuses_it_before_the_model_loads(tmp_path, config
 
 def test_the_command_line_refuses_a_transform_no_learner_reproduces(tmp_path, capsys):
     """``logits_scaling`` divides Granite's logits and multiplies HyperCLOVA X's: of a model type not known, it is
-    refused before the model loads; so is a soft-cap with ``learner.logprob_backend=triton``."""
+    refused before the model loads."""
     from pacs_fast.trainer.preflight import check_logits_transform
 
     folder = tmp_path / "model"
@@ -115,9 +114,6 @@ def test_the_command_line_refuses_a_transform_no_learner_reproduces(tmp_path, ca
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert f"model.path={folder}: its config has logits_scaling=8.0" in err and "no learner applies it" in err, err
     assert not runs.exists()  # nothing made
-    (folder / "config.json").write_text(json.dumps({**SMALL, "model_type": "gemma2"}))
-    with pytest.raises(ValueError, match="learner.logprob_backend=triton cannot soft-cap"):
-        check_logits_transform(load_config(None, [f"model.path={folder}", "learner.logprob_backend=triton"]))
 
 
 def test_lora_names_the_model_does_not_have_are_refused_before_it_loads(tmp_path, capsys):

@@ -97,9 +97,6 @@ class TorchLearner(TorchCheckpointing, Learner):
                              f"head's, in a way the log-prob op does not reproduce; not supported")
         # logits = scale * s(hidden @ W.T + b): the cap goes to the op, the scale into every pass's temperature
         self.softcap, self.logit_scale = head_map
-        if self.softcap and learner.logprob_backend == "triton":
-            raise ValueError(f"learner.logprob_backend=triton cannot soft-cap the logits ({type(model).__name__} has "
-                             f"{logits_transform(model.config)}); auto or torch runs the op's torch path")
         if vocab_size is not None and not 1 <= int(vocab_size) <= rows:
             raise ValueError(f"vocab_size must be in [1, {rows}] (the LM head's rows), got {vocab_size}")
         # None when every row is a real token (no slicing: the exact pre-masking computation)

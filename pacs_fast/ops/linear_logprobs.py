@@ -4,9 +4,10 @@
     x = (hidden @ weight.T + bias) / temperature,  logp[i] = x[i, y_i] - logsumexp_j x[i, j]
 
 ``softcap=c`` soft-caps the logits before the temperature, ``x = c * tanh((hidden @ weight.T + bias) / c) / T``
-(Gemma 2's ``final_logit_softcapping``): computed by the torch path only (pacs_fast/ops/logit_softcap.py; its
-backward holds one more scratch tile, ``z / c``), also under ``tp_group``; ``backend="auto"`` runs it there, and
-``backend="triton"`` is a ValueError.
+(Gemma 2's ``final_logit_softcapping``), forward and backward (through the cap's slope ``1 / cosh(z / c)^2``), also
+under ``tp_group``: in the torch path (pacs_fast/ops/logit_softcap.py; its backward holds one more scratch tile,
+``z / c``) and in the tiled Triton kernels (kernels/linear_logprobs_tiles.py ``_softcap``; the TMA and Gluon kernels
+have no cap, so a capped call runs the tiled ones).
 
 Backends (same results, see ``token_logprobs`` for the non-finite semantics):
 
@@ -105,9 +106,8 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
             inputs' dtypes. The torch backend computes in fp32 regardless (see the module docstring).
         softcap: None / 0 (default: no cap, the computation above) or a finite positive ``c``: the logits are
             ``c * tanh((hidden @ weight.T + bias) / c) / temperature`` (Gemma 2's ``final_logit_softcapping``;
-            values and gradients through the tanh, pacs_fast/ops/logit_softcap.py). The Triton kernels do not apply
-            it: ``backend="auto"`` then runs the torch path, ``backend="triton"`` is a ValueError. Supported
-            under ``tp_group`` (the cap is elementwise, applied to each shard's tiles).
+            values and gradients through the tanh), in both backends (the tiled Triton kernels: a capped call never
+            runs the TMA / Gluon ones) and under ``tp_group`` (the cap is elementwise, applied to each shard's tiles).
 
     Returns:
         ``logp``, or ``(logp, entropy)`` with ``return_entropy``; fp32 (float64 for float64 ``hidden``
@@ -143,17 +143,12 @@ def linear_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, ignor
     chunk_bytes = chunked.check_chunk_bytes(chunk_bytes, "linear_logprobs")
     vp.check_tp_group(tp_group, "linear_logprobs")
     cap = check_softcap(softcap, "linear_logprobs")
-    if cap and backend == "triton":
-        raise ValueError(f"linear_logprobs: softcap={softcap!r} is computed by the torch path only (the Triton kernels "
-                         f"do not soft-cap); use backend='auto' or 'torch'")
     if bias is not None and not bias.is_contiguous():  # the kernels read it with unit stride
         bias = bias.contiguous()
     tensors = [hidden, weight, labels] + ([bias] if bias is not None else [])
     if len({x.device for x in tensors}) != 1:
         raise ValueError("linear_logprobs: hidden, weight, labels (and bias) must be on one device")
     resolved = _resolve(backend, *[x for x in tensors if x.is_floating_point()] + [labels])
-    if cap:  # (PACS_FAST_KERNELS=triton cannot force the kernels either: they have no cap)
-        resolved = "torch"
     if upcast and resolved == "triton":  # autograd casts the gradients back to the inputs' dtypes
         hidden, weight = hidden.float(), weight.float()
     if resolved == "triton" and hidden.dtype != weight.dtype:
@@ -232,7 +227,7 @@ class _LinearLogprobs(torch.autograd.Function):
                 from pacs_fast.kernels import linear_logprobs as K
                 from pacs_fast.kernels.linear_logprobs_finish import finish
                 h, w = _prepare(hidden, keep, inv_t, False), weight.contiguous()
-                stats = finish(*K.stats_fwd(h, w, bias, inv_t, entropy), h, w, bias, labels, v_off, inv_t)
+                stats = finish(*K.stats_fwd(h, w, bias, inv_t, entropy, cap), h, w, bias, labels, v_off, inv_t, cap)
             except Exception as e:  # any import / compile / launch error: the torch path (one warning)
                 dispatch.failed("tiles", FWD_KERNEL, e)
                 backend = "torch"
@@ -276,7 +271,7 @@ class _LinearLogprobs(torch.autograd.Function):
                 run = K.grad_bwd if triton_backward == "atomic" else KB.grad_bwd_chunked
                 extra = {} if triton_backward == "atomic" else dict(chunk_bytes=chunk_bytes)
                 grads = run(h, weight.contiguous(), bias, inv_t, labels, v_off, m, log_s, ent, gl, gh,
-                            need_weight_grad=need_w, need_bias_grad=need_b, **extra)
+                            need_weight_grad=need_w, need_bias_grad=need_b, softcap=cap, **extra)
             except Exception as e:  # any import / compile / launch error: the torch path (one warning)
                 dispatch.failed("tiles", BWD_KERNEL[triton_backward], e)
             h = None

@@ -11,8 +11,8 @@ scratch is 1.5x the uncapped backward's two tiles) and turns the softmax gradien
 ``db_v += sum_n dz``). ``1 - tanh(u)^2`` is computed as ``cosh(u)^-2``: the same value, without the
 cancellation of ``1 - t^2`` where tanh saturates (``t`` within ulp(1) of +-1 made ``1 - t^2`` 0 or wrong by ~1e-7
 absolute, a large relative error for ``|z| >~ 3c``; cosh overflows to inf past ``|u| ~ 89``, giving the exact 0
-of fp32). All in the compute dtype (fp32; float64 for float64 inputs). The Triton kernels do not
-apply a cap: ``linear_logprobs`` runs this path for every capped call.
+of fp32). All in the compute dtype (fp32; float64 for float64 inputs). The Triton twin: kernels/linear_logprobs_tiles.py
+(``_softcap``, ``_capped_dlogits``).
 """
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def model_shape(cfg) -> dict:
 
 def _softcapped(c: dict) -> bool:
     """Whether a (text) config soft-caps its logits (Gemma 2's ``final_logit_softcapping``; its class's default,
-    30, where config.json omits the key): the log-prob op then runs its torch path, on a GPU too."""
+    30, where config.json omits the key): the log-prob op's torch path then holds a third logits tile."""
     return bool(c.get("final_logit_softcapping", 30.0 if c.get("model_type") == "gemma2" else None))
 
 
@@ -330,8 +330,8 @@ def logprob_workspace_bytes(shape: dict, tokens: int, *, device: str = "cuda", l
     block of this rank's ``V / tp`` vocabulary and token (``12 N cdiv(V / tp, 128)``, kernels/
     linear_logprobs_fwd.py), the gathered hidden states and their gradient; with ``model.lm_head_fp32``
     also fp32 copies of the head and its gradient and of the hidden states. ``tokens`` bounds the
-    response tokens the op sees. ``torch_path`` on a GPU (``learner.logprob_backend=torch``, a soft-capped model's
-    log-probs): two 64 MiB logits tiles (three with a cap), an fp32 ``[V, H]`` gradient accumulator for a bf16 /
+    response tokens the op sees. ``torch_path`` on a GPU (``learner.logprob_backend=torch``): two 64 MiB logits
+    tiles (three for a soft-capped model's), an fp32 ``[V, H]`` gradient accumulator for a bf16 /
     fp16 head, fp32 copies of the hidden states and their gradient."""
     V, H, b = -(-shape["vocab"] // max(tp, 1)), shape["hidden"], shape["bytes"]
     if device == "cuda" and torch_path:
@@ -408,8 +408,7 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     out = {"weights": weights, "gradients": grads, "optimizer": moments,
            "activations": int(tokens * per_token), "tokens": int(tokens), "per_token": per_token,
            "workspace": logprob_workspace_bytes(shape, tokens, device=device, lm_head_fp32=cfg.model.lm_head_fp32,
-                                                tp=tp, torch_path=lc.logprob_backend == "torch" or
-                                                bool(shape.get("softcap")))}
+                                                tp=tp, torch_path=lc.logprob_backend == "torch")}
     if packed_rows_dense(cfg):
         out["activations"] += dense_mask_bytes(shape, tokens, longest)
     H, b = shape["hidden"], shape["bytes"]

@@ -237,8 +237,7 @@ def check_logits_transform(cfg) -> None:
     logits (Gemma 2's ``final_logit_softcapping``, a ``logit_scale``: :func:`pacs_fast.causal_lm.logits_transform`)
     in a way the learner cannot reproduce, before the model loads: ``learner.backend=megatron`` (its log-probs come
     from ``hidden @ W.T`` alone: it would train on other log-probs than the engines sampled from, silently), a
-    transform :func:`pacs_fast.causal_lm.logits_map` does not map, a soft-cap with
-    ``learner.logprob_backend=triton`` (the kernels do not cap). The torch learner reproduces the rest."""
+    transform :func:`pacs_fast.causal_lm.logits_map` does not map. The torch learner reproduces the rest."""
     folder = Path(cfg.model.path).expanduser() if cfg.model.path else None
     if folder is None or not (folder / "config.json").is_file():
         return
@@ -258,9 +257,6 @@ def check_logits_transform(cfg) -> None:
                    if head_map is not None and cfg.learner.backend == "megatron" else "no learner applies it")
         raise ValueError(f"model.path={cfg.model.path}: its config has {why}, a transform of the LM head's logits; "
                          f"{learner}: it would train on other log-probs than the engines sample from; not supported")
-    if head_map[0] and cfg.learner.logprob_backend == "triton":
-        raise ValueError(f"model.path={cfg.model.path}: its config has {why}; learner.logprob_backend=triton cannot "
-                         f"soft-cap the logits (the Triton kernels do not): auto or torch runs the op's torch path")
 
 
 def check_lora_targets(cfg) -> None:
