@@ -21,7 +21,11 @@ default list: bench/gpu/lease.sh adds them once their float64 checks have passed
 mbarrier protocol hangs instead of failing), ``pacs_triton_atomic`` (the default forward, the one-pass
 atomic backward kernel), ``pacs_torch`` (the chunked torch backend on cuBLAS),
 ``naive`` (matmul -> log_softmax -> gather, entropy; skipped when [N, V] would not fit),
-``liger_flce`` (Liger fused linear cross-entropy, loss only, no entropy) when installed.
+``liger_flce`` (Liger fused linear cross-entropy, loss only, no entropy) when installed. A method name ending in
+``_softcap`` (``pacs_triton_softcap``, ``pacs_torch_softcap``; not in the default list) runs it with Gemma 2's
+soft-capped logits (``softcap=30``: the tiled kernels with their 64-wide capped launches, or the torch path), its
+error against the capped float64 reference, e.g. ``--shapes 8192x2304x256000 --methods
+pacs_triton,pacs_triton_softcap,pacs_torch_softcap`` (Gemma 2 2B's head).
 
 FLOPs counted per call: forward ``2*N*H*V`` (one GEMM); forward+backward ``8*N*H*V`` for
 methods that recompute logits in the backward (pacs_*: logits, recompute, dhidden, dweight) and
@@ -73,14 +77,16 @@ def _inputs(n, h, v, dtype, device, seed=0):
 
 
 def _method(name):
-    if name == "pacs_torch" or name.startswith("pacs_triton") and (name in KERNEL_CHOICES or name in (
+    cap = SOFTCAP if name.endswith("_softcap") else None  # Gemma 2's soft-capped logits
+    base = name.removesuffix("_softcap")
+    if base == "pacs_torch" or base.startswith("pacs_triton") and (base in KERNEL_CHOICES or base in (
             "pacs_triton", "pacs_triton_atomic")):
         from pacs_fast.ops.linear_logprobs import linear_logprobs
-        backend = name.split("_")[1]
-        bwd = "atomic" if name.endswith("atomic") else "chunked"
+        backend = base.split("_")[1]
+        bwd = "atomic" if base.endswith("atomic") else "chunked"
 
         def fwd(h, w, y):  # the forward / dz kernel choices are set around the whole case (bench_case)
-            return linear_logprobs(h, w, y, return_entropy=True, backend=backend, triton_backward=bwd)
+            return linear_logprobs(h, w, y, return_entropy=True, backend=backend, triton_backward=bwd, softcap=cap)
         return fwd, True
     if name == "naive":
         def fwd(h, w, y):
@@ -153,6 +159,7 @@ def kernel_breakdown(fn, calls: int = 2) -> list[dict] | None:
     return None if events is None else kernel_shares(events)
 
 
+SOFTCAP = 30.0  # the ``*_softcap`` methods: Gemma 2's final_logit_softcapping (the tiled kernels / the torch path)
 KERNEL_CHOICES = {"pacs_triton_split": dict(FWD="split"), "pacs_triton_tma": dict(FWD="tma", DLOGITS="tma"),
                   "pacs_triton_gluon": dict(FWD="gluon", DLOGITS="gluon"),
                   "pacs_triton_gluon_fwd": dict(FWD="gluon", DLOGITS="pointer"),
@@ -164,7 +171,7 @@ KERNEL_CHOICES = {"pacs_triton_split": dict(FWD="split"), "pacs_triton_tma": dic
 def bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=False):
     """One method's row; ``KERNEL_CHOICES[name]`` is set in kernels/linear_logprobs.py's ``CONFIG``
     for the whole case (forward and backward) and restored after."""
-    choices = KERNEL_CHOICES.get(name, {})
+    choices = KERNEL_CHOICES.get(name.removesuffix("_softcap"), {})
     if not choices:
         return _bench_case(name, n, h, v, dtype, device, iters, floor_calls, profile)
     from pacs_fast.kernels import linear_logprobs as K
@@ -226,6 +233,8 @@ def _bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=F
     with torch.no_grad():
         logp, ent = fwd(hidden[rows], weight, labels[rows])
         x = hidden[rows].double() @ weight.double().T
+        if name.endswith("_softcap"):
+            x = SOFTCAP * torch.tanh(x / SOFTCAP)
         lsm = torch.log_softmax(x, -1)
         ref_l = lsm.gather(1, labels[rows][:, None]).squeeze(1)
         err = {"logp": float((logp.double() - ref_l).abs().max()) if logp.dim() else None}
@@ -258,9 +267,15 @@ def _kernel_kinds(name, hidden, weight):
     from pacs_fast.kernels import linear_logprobs as K
     arch, width, h = K.device_arch(hidden.device), K._width(hidden.dtype), hidden.shape[1]
     fwd, dz = K.forward_kind(arch, width, h), K.dz_kind(arch, width, h)
+    capped = name.endswith("_softcap")  # (a capped call runs the tiled kernels, with their capped launches)
+    if capped:
+        fwd, dz = ("split" if fwd == "split" else "tiles"), "pointer"
     kernels = {"forward": K.FORWARD_KERNEL[fwd], "dz": K.DZ_KERNEL[dz]}
     launch = {job: dict(kernel=k, **K.launch_config(k, N=hidden.shape[0], V=weight.shape[0], H=h,
                                                     dtype=hidden.dtype, arch=arch)) for job, k in kernels.items()}
+    if capped:
+        from pacs_fast.kernels.linear_logprobs_launch import capped_config
+        launch = {job: capped_config(lc) for job, lc in launch.items()}
     return {"forward_kind": fwd, "dz_kind": dz, "launch": launch}
 
 
