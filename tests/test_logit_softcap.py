@@ -161,6 +161,39 @@ def test_the_triton_kernels_cap_as_the_float64_reference(case, monkeypatch):
     assert (_reference(h, w, b, labels, None, T, gl, ge)[0] - want[0]).abs().max() > 0.1  # (the cap matters)
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_capped_call_makes_no_host_sync_and_a_failing_kernel_falls_back(backend, monkeypatch):
+    """A capped call keeps the op's promises: no device-to-host sync in forward + backward (CUDA-graph capturable),
+    and a failing tiled kernel hands the call to the torch path with one warning, same values."""
+    import warnings
+
+    from test_kernel_dispatch import NoHostSync, _spy
+
+    from pacs_fast.kernels import dispatch, linear_logprobs as K, linear_logprobs_fwd as KF
+    for k, v in dict(BLOCK_N=16, BLOCK_V=16, BLOCK_H=16, GROUP_N=2, num_warps=1, num_stages=1).items():
+        monkeypatch.setitem(K.CONFIG, k, v)
+    dispatch.reset()
+    h, w, b, labels, gl, ge = _inputs(4)
+    h, w, b, labels, gl, ge = h[:19], w[:150], b[:150], labels[:19].clamp(max=149), gl[:19], ge[:19]
+    want = _reference(h, w, b, labels, 5.0, 0.8, gl, ge)
+    with NoHostSync():
+        got = _op(h, w, b, labels, gl, ge, softcap=5.0, temperature=0.8, backend=backend)
+    for g, r in zip(got, want):
+        assert (g.double() - r).abs().max() <= 1e-5 * max(r.abs().max().item(), 1.0)
+    if backend == "torch":
+        return
+    calls = _spy(monkeypatch, KF, "stats_tiles", RuntimeError("simulated capped forward failure"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        again = _op(h, w, b, labels, gl, ge, softcap=5.0, temperature=0.8, backend=backend)
+    warned = [str(x.message) for x in seen if issubclass(x.category, dispatch.KernelFallbackWarning)]
+    dispatch.reset()
+    assert len(calls) == 1 and len(warned) == 1 and "simulated capped forward failure" in warned[0], warned
+    for g, r in zip(again, want):
+        assert (g.double() - r).abs().max() <= 1e-5 * max(r.abs().max().item(), 1.0)
+
+
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("error::pacs_fast.kernels.dispatch.KernelFallbackWarning")  # (the capped kernels ran)
 @pytest.mark.parametrize("backward", ["chunked", "atomic"])
