@@ -70,6 +70,23 @@ def test_matches_float64_reference_forward_and_backward(seed, h, kvh, q, k, mask
         assert float(a.abs().max()) > 0
 
 
+def test_values_with_their_own_head_size(seed):
+    """MLA (DeepSeek-V2/V3, MiniCPM3): the values' head size (``v_head_dim``) differs from the queries' / keys'
+    (``qk_nope_head_dim + qk_rope_head_dim``). The output was viewed with the queries' size: a RuntimeError in the
+    first rollout of a MiniCPM3 model (``shape '[4, 4, 4, 48]' is invalid``). Same float64 tolerances as above."""
+    gen = torch.Generator().manual_seed(seed)
+    query, key, _ = inputs(gen, 2, 4, 2, 5, 7, d=12)
+    value = torch.randn(2, 2, 7, 8, generator=gen, dtype=torch.float64)
+    allowed = padding_mask(gen, 2, 5, 7)
+    leaves = [t.detach().requires_grad_() for t in (query, key, value)]
+    got, _ = sa.short_attention(Attn(2), *leaves, allowed, scaling=0.3)
+    want = reference(*leaves, allowed, 0.3)
+    assert got.shape == (2, 5, 4, 8) and torch.allclose(got, want, atol=1e-12, rtol=0)
+    w = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+    for a, b_ in zip(torch.autograd.grad((want * w).sum(), leaves), torch.autograd.grad((got * w).sum(), leaves)):
+        assert torch.allclose(a, b_, atol=1e-11, rtol=0)
+
+
 def test_gradcheck(seed):
     gen = torch.Generator().manual_seed(seed)
     query, key, value = inputs(gen, 2, 4, 2, 3, 5, d=4)

@@ -16,9 +16,9 @@ visible key (a left-padding position) then averages the values instead of giving
 transformers' eager attention does.
 
 :func:`use_attention` switches a loaded model to it (``"short"``, registered under
-:data:`NAME`) or to any transformers implementation name. Shapes: query ``[b, h, q, d]``, key /
-value ``[b, h_kv, k, d]``; returns ``([b, q, h, d], None)`` in the query's dtype (the softmax runs
-in float32 for half-precision inputs, else in their dtype).
+:data:`NAME`) or to any transformers implementation name. Shapes: query ``[b, h, q, d]``, key
+``[b, h_kv, k, d]``, value ``[b, h_kv, k, d_v]``; returns ``([b, q, h, d_v], None)`` in the query's dtype (the
+softmax runs in float32 for half-precision inputs, else in their dtype).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ MAX_SCORES_TRAIN = 32 * 32
 
 
 class _MatmulAttention(torch.autograd.Function):
-    """``softmax(q k^T * scale, masked) v`` for ``q [b, kvh, rq, d]``, ``k, v [b, kvh, k, d]``.
+    """``softmax(q k^T * scale, masked) v`` for ``q [b, kvh, rq, d]``, ``k [b, kvh, k, d]``, ``v [b, kvh, k, d_v]``.
 
     ``allowed``: bool, broadcastable to ``[b, kvh, r, q, k]`` (``rq = r * q``), or None. Saves the
     probabilities and computes the backward with four matmuls and one softmax backward.
@@ -84,7 +84,8 @@ def short_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
         allowed = attention_mask[:, :, None, :, :k]                           # [b, 1, 1, q, k]
     out = _MatmulAttention.apply(query.reshape(b, kvh, r * q, d), key.contiguous(), value.contiguous(), allowed, r,
                                  d ** -0.5 if scaling is None else scaling)
-    return out.view(b, h, q, d).transpose(1, 2).contiguous(), None
+    # (the values' head size: MLA's (DeepSeek-V2/V3, MiniCPM3) differs from the queries' / keys')
+    return out.view(b, h, q, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 def use_matmul_path(query, key, value, attention_mask, dropout) -> bool:
