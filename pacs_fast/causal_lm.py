@@ -50,12 +50,23 @@ LOGIT_TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "output_multip
 
 
 def _text_config(config) -> dict | None:
-    """The (text) config as a dict: a ``PretrainedConfig``'s ``get_text_config()``, a dict's ``text_config``."""
+    """The (text) config as a dict: a ``PretrainedConfig``'s ``get_text_config()``, a dict's ``text_config``.
+    A key of :data:`LOGIT_TRANSFORM_KEYS` that the config class computes is added: MiniCPM3's ``logits_scaling``
+    is a property (``hidden_size / dim_model_base``), absent from ``to_dict()`` and from its config.json."""
     if hasattr(config, "to_dict"):
-        config = config.get_text_config().to_dict() if hasattr(config, "get_text_config") else config.to_dict()
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        config = text.to_dict()
+        for key in LOGIT_TRANSFORM_KEYS:
+            if key not in config and getattr(text, key, None) is not None:
+                config[key] = getattr(text, key)
     if isinstance(config, dict) and isinstance(config.get("text_config"), dict):
         config = config["text_config"]
-    return config if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        return None
+    if (config.get("model_type") == "minicpm3" and "logits_scaling" not in config
+            and _positive(config.get("dim_model_base")) and _positive(config.get("hidden_size"))):
+        config = {**config, "logits_scaling": config["hidden_size"] / config["dim_model_base"]}
+    return config
 
 
 def logits_transform(config) -> str | None:

@@ -275,9 +275,13 @@ def _model(family):
     config, model, extra = {
         "gemma2": (T.Gemma2Config, T.Gemma2ForCausalLM, dict(head_dim=16, final_logit_softcapping=5.0)),
         "cohere": (T.CohereConfig, T.CohereForCausalLM, dict(logit_scale=0.25)),
-        "granite": (T.GraniteConfig, T.GraniteForCausalLM, dict(logits_scaling=4.0))}[family]
+        "granite": (T.GraniteConfig, T.GraniteForCausalLM, dict(logits_scaling=4.0)),
+        # (MiniCPM3's logits_scaling, hidden_size / dim_model_base = 4, is a property: not in to_dict())
+        "minicpm3": (T.MiniCPM3Config, T.MiniCPM3ForCausalLM, dict(num_key_value_heads=4, dim_model_base=16,
+                                                                   q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
+                                                                   qk_rope_head_dim=8, v_head_dim=16))}[family]
     torch.manual_seed(0)
-    m = model(config(**SMALL, **extra, attn_implementation="eager")).float()
+    m = model(config(**{**SMALL, **extra}, attn_implementation="eager")).float()
     with torch.no_grad():  # weights large enough that the cap / the scale change the log-probs a lot
         for p in m.parameters():
             if p.dim() >= 2:
@@ -285,9 +289,10 @@ def _model(family):
     return m.eval()
 
 
-@pytest.mark.parametrize("family", ["gemma2", "cohere", "granite"])
+@pytest.mark.parametrize("family", ["gemma2", "cohere", "granite", "minicpm3"])
 def test_the_learners_log_probs_are_the_models_own(family):
-    """(Refused before: ``TorchLearner`` raised a ValueError naming the config key.)"""
+    """(Refused before: ``TorchLearner`` raised a ValueError naming the config key. MiniCPM3's scale, a config
+    property, was missed: the learner trained on the head's own log-probs, 3 nats per token off in a run.)"""
     model = _model(family)
     batch = uneven_batch(torch.Generator().manual_seed(0), 2, 2, 300, [20, 9, 16, 24])
     learner = TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig(packing="off", shared_prefix=False))
@@ -338,3 +343,18 @@ def test_a_two_step_run_on_gemma2_has_the_engines_log_probs(tmp_path, capsys):
     recs = [r for r in read_jsonl(tmp_path / "g" / "metrics.jsonl") if r["kind"] == "train"]
     assert len(recs) == 2 and all(r["rollout/logprob_diff_mean"] < 1e-4 for r in recs), recs
     assert json.loads((folder / "config.json").read_text())["final_logit_softcapping"] == 5.0
+
+
+def test_minicpm3s_scale_a_config_property_is_read():
+    """MiniCPM3's ``logits_scaling`` (``hidden_size / dim_model_base``, 10 for MiniCPM3-4B) is a property of its config
+    class: neither ``to_dict()`` nor its config.json has it, so ``logits_transform`` said None and the learner
+    trained on the head's own log-probs (the engines divide the hidden states by it)."""
+    import transformers as T
+
+    from pacs_fast.causal_lm import logits_map, logits_transform
+
+    config = T.MiniCPM3Config(hidden_size=2560, dim_model_base=256, num_attention_heads=40, num_key_value_heads=40)
+    assert logits_transform(config) == "logits_scaling=10.0" and logits_map(config) == (None, 0.1)
+    assert logits_map(config.to_dict()) == (None, 0.1)  # (a config.json's dict: derived from dim_model_base)
+    plain = T.MiniCPM3Config(hidden_size=256, dim_model_base=256, num_attention_heads=4, num_key_value_heads=4)
+    assert logits_transform(plain) is None and logits_map(plain.to_dict()) == (None, 1.0)
