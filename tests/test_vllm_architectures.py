@@ -120,3 +120,27 @@ def test_eval_refuses_a_model_vllm_cannot_run_in_one_line(tmp_path, capsys, monk
     helium = folder_of(tmp_path, "helium")
     assert vllm_setup.unsupported_architecture(helium, beside_learner=False) is None
     assert "Transformers modeling backend" in vllm_setup.unsupported_architecture(helium)
+
+
+def test_cohere2s_wider_vllm_window_is_named_when_rows_outgrow_it(tmp_path):
+    """vLLM's Cohere 2 attends ``sliding_window + 1`` tokens in its sliding layers, transformers' (the learner's)
+    ``sliding_window``: a row longer than the window samples from other log-probs than the learner computes (0.08 nats
+    per token mean in a sweep, without a word). One warning line when rows can outgrow it, none otherwise."""
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.preflight import vllm_window_warning
+
+    folder = tmp_path / "cohere2"
+    folder.mkdir()
+    config = {"model_type": "cohere2", "sliding_window": 4096, "layer_types": ["sliding_attention"] * 3 +
+              ["full_attention"]}
+    (folder / "config.json").write_text(json.dumps(config))
+
+    def cfg(*extra):
+        return load_config(None, [f"model.path={folder}", "rollout.engine=vllm", *extra])
+    line = vllm_window_warning(cfg("data.max_prompt_tokens=512", "rollout.max_new_tokens=4096"), folder)
+    assert line.startswith(f"model.path={folder}: vLLM's Cohere 2 attends sliding_window + 1 = 4097 tokens"), line
+    assert vllm_window_warning(cfg("data.max_prompt_tokens=512", "rollout.max_new_tokens=3584"), folder) is None
+    assert vllm_window_warning(load_config(None, [f"model.path={folder}", "rollout.engine=hf",
+                                                  "rollout.max_new_tokens=8192"]), folder) is None
+    (folder / "config.json").write_text(json.dumps({**config, "layer_types": ["full_attention"] * 4}))
+    assert vllm_window_warning(cfg("rollout.max_new_tokens=8192"), folder) is None

@@ -331,6 +331,30 @@ def vllm_refusal(cfg, model_path) -> str | None:
         else None
 
 
+def vllm_window_warning(cfg, model_path) -> str | None:
+    """The warning line for ``rollout.engine=vllm`` on a Cohere 2 model (Command R7B) whose rows outgrow its sliding
+    window: vLLM's Cohere 2 attends ``sliding_window + 1`` tokens in its sliding layers (its reading of Cohere's
+    training convention, vllm/model_executor/models/commandr.py), transformers' (the learner's) ``sliding_window``,
+    so past the window the engine's log-probs are not the learner's (0.08 nats per token mean, 1.1 at most, on a
+    small random Cohere 2 model: sweep of 2026-12-03); None otherwise."""
+    if cfg.rollout.engine != "vllm" or not model_path:
+        return None
+    import json
+
+    try:
+        c = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    c = c.get("text_config", c) if isinstance(c, dict) else {}
+    window, longest = c.get("sliding_window"), cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    if c.get("model_type") != "cohere2" or "sliding_attention" not in (c.get("layer_types") or []) \
+            or not isinstance(window, int) or longest <= window:
+        return None
+    return (f"model.path={cfg.model.path}: vLLM's Cohere 2 attends sliding_window + 1 = {window + 1} tokens in its "
+            f"sliding layers, transformers (the learner) {window}: past {window} tokens the engine's log-probs are "
+            f"not the learner's (rollout/logprob_diff_* shows how far)")
+
+
 def check_cpus(cfg, *, cpus: int | None = None) -> None:
     """ValueError naming ``train.threads`` or ``train.reward_workers`` when it asks for more threads
     or scoring processes than this process has CPUs: more gain nothing, 1,000 reward workers took

@@ -37,7 +37,7 @@ from pacs_fast.trainer.metrics import MetricsLogger, Progress, begins_at_resume,
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
 from pacs_fast.trainer.preflight import (check_cpus, check_logits_transform, check_lora_targets, check_megatron_model,
                                          check_memory, check_packed_attention, check_tensor_parallel, memory_warnings,
-                                         model_context, vllm_refusal)
+                                         model_context, vllm_refusal, vllm_window_warning)
 from pacs_fast.trainer.problems import (check_context, check_gold_answers, check_token_budget, data_digest,
                                         data_warnings, encode, load_problems)
 from pacs_fast.trainer.rewards import Scorer, check_callables
@@ -213,6 +213,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
                                            if world.is_main else None)
         if refusal:
             raise ValueError(refusal)
+        window_note = vllm_window_warning(cfg, model_path) if world.is_main else None
+        if window_note:
+            log(f"warning: {window_note}")
         check_context(cfg, context, [("data.dataset", train_problems), ("the held-out set", held_out)], log)
         check_token_budget(cfg, "data.dataset", train_problems)
     except (ValueError, FileNotFoundError) as e:
