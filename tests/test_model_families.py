@@ -155,3 +155,20 @@ def test_attention_auto_keeps_gemma2s_attention_soft_capping():
     with pytest.raises(ValueError, match="attn_logit_softcapping=1.0"):
         use_attention(model, "short")
     assert use_attention(family_model("gemma3"), "auto") != "eager"  # (no soft-capping: the short attention)
+
+
+def test_a_soft_cap_of_zero_is_refused_before_the_model_loads(tmp_path):
+    """``final_logit_softcapping: 0``: transformers and vLLM test the key against None only, so they divide the logits
+    by 0 (every logit 0 or NaN: 3 NaN columns of 300 on a random Gemma 2); pacs_fast read 0 as "no cap". One line
+    naming the key before anything loads; null is no cap."""
+    from pacs_fast.trainer.preflight import check_logits_transform
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**SMALL, "model_type": "gemma2", "final_logit_softcapping": 0.0}))
+    with pytest.raises(ValueError, match=r"its config has final_logit_softcapping=0.0, which transformers and vLLM "
+                                         r"apply as a cap of 0 .* set it to null for no cap"):
+        check_logits_transform(load_config(None, [f"model.path={folder}"]))
+    (folder / "config.json").write_text(json.dumps({**SMALL, "model_type": "gemma2", "final_logit_softcapping": None}))
+    check_logits_transform(load_config(None, [f"model.path={folder}"]))
+

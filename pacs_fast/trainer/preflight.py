@@ -248,6 +248,11 @@ def check_logits_transform(cfg) -> None:
         hf_config = AutoConfig.from_pretrained(folder)
     except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
         return
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    if getattr(text, "final_logit_softcapping", None) == 0:  # (transformers and vLLM test it against None only)
+        raise ValueError(f"model.path={cfg.model.path}: its config has final_logit_softcapping=0.0, which transformers "
+                         f"and vLLM apply as a cap of 0 (0 * tanh(logits / 0): every logit 0 or NaN); set it to null "
+                         f"for no cap")
     why = logits_transform(hf_config)
     if not why:
         return
