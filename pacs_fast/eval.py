@@ -31,6 +31,7 @@ error is one line (``error: ...`` naming the flag or file) and exit code 2 (``--
 """
 from __future__ import annotations
 
+import errno
 import json
 import sys
 import time
@@ -49,7 +50,7 @@ from pacs_fast.evaluation.parser import int_list, run_parser as _run_parser
 from pacs_fast.evaluation.prompt_fit import check_prompt_lengths, engine_context, prompt_build_warnings
 from pacs_fast.evaluation.engine import check_vllm_runs_model, engine_and_dtype, make_engine, vllm_cpu_sizes
 from pacs_fast.evaluation.folder import coverage_warnings, covered_benchmarks, lost_benchmarks, previous_results
-from pacs_fast.files import write_text_atomic
+from pacs_fast.files import remove_temporaries, write_text_atomic
 from pacs_fast.evaluation.report import comparison_warnings, incomplete_warnings, markdown_table, plot_pass_at_k
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct, load_results,
                                           parts_warnings, problem_digest, read_samples, results_from_samples,
@@ -145,6 +146,7 @@ def run(argv: list[str]) -> int:
                        writes="its lock, samples and results")
     except ValueError as e:
         raise UsageError(str(e)) from None
+    remove_temporaries(out_dir)  # a killed eval's (.results.json.tmp-PID, ...), stale under this lock
     commit = check_settings(out_dir, config, args.overwrite)  # (its deletions and writes once the run starts)
 
     # (--overwrite: the asked benchmarks' samples are discarded, when the run starts)
@@ -307,6 +309,7 @@ def report(argv: list[str]) -> int:
                        writes="its lock and results")
     except ValueError as e:
         raise UsageError(str(e)) from None
+    remove_temporaries(out_dir)
     # the folder's last results.json: the problems each benchmark's run asked for (a --limit), its label
     prev, unreadable = previous_results(out_dir)
     if unreadable:  # what report is for: write it again, from every samples file
@@ -389,8 +392,10 @@ def compare(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """The CLI. A bad argument or input file prints one line ``error: ...`` and returns 2
-    (``--debug``: raises it, with the traceback). Ctrl-C, SIGTERM or SIGHUP (when run as the command) end it with
-    one line naming how to resume and 128 + the signal (the samples of every finished engine call are kept)."""
+    (``--debug``: raises it, with the traceback); a full disk, one line saying so and that the same command resumes,
+    and 1 (it had been ``error: [Errno 28] No space left on device`` and 2, as for a bad argument). Ctrl-C, SIGTERM
+    or SIGHUP (when run as the command) end it with one line naming how to resume and 128 + the signal (the samples
+    of every finished engine call are kept)."""
     from pacs_fast.signals import Stopped, exit_status, name
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -403,6 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError, OSError) as e:
         if "--debug" in argv:
             raise
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # not a bad argument: how to go on
+            where = f" writing {e.filename}" if e.filename else ""
+            print(f"error: no space left on device{where}; free some and run the same command again (the samples of "
+                  f"every finished engine call are kept: it resumes)", file=sys.stderr)
+            return 1
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Stopped) as e:  # (a traceback of ~40 lines ended in the sampler; SIGTERM: silent)
