@@ -31,6 +31,7 @@ import errno
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -202,6 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
         if __name__ == "__main__":  # the command line, not a caller's process (inside the try: a signal that
             signals.raise_on_stop_signals()  # comes at once is the one line too)
             signals.die_with_launcher()
+            quiet_full_disk_in_threads()
         if cfg.rollout.ranks:  # asynchronous: ranks 0..R-1 generate, the rest learn (pacs_fast/trainer/async_loop.py)
             from pacs_fast.trainer.async_loop import run
             return run(cfg, run_dir, resume=bool(args.resume))
@@ -225,8 +227,10 @@ def main(argv: list[str] | None = None) -> dict:
     except OSError as e:  # a full disk outside a checkpoint (metrics, samples, TensorBoard, plots)
         if args.debug or e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        print(f"error: no space left on device writing {e.filename or 'into ' + str(run_dir)}; free some and continue "
-              f"with --resume {run_dir} (from its last checkpoint)", file=sys.stderr)
+        then = (f"continue with --resume {run_dir} (from its last checkpoint)" if (run_dir / "config.yaml").is_file()
+                else "run the same command again (the run had not started: there is nothing to resume)")
+        print(f"error: no space left on device writing {e.filename or 'into ' + str(run_dir)}; free some and {then}",
+              file=sys.stderr)
         sys.exit(1)
     except RuntimeError as e:  # (gloo's DistBackendError too)
         if args.debug or not peer_lost(e):
@@ -237,6 +241,21 @@ def main(argv: list[str] | None = None) -> dict:
               f"for it (that rank's error line says why); continue with --resume {run_dir} (from its last "
               f"checkpoint)", file=sys.stderr, flush=True)
         sys.exit(1)
+
+
+def quiet_full_disk_in_threads() -> None:
+    """A thread that fails on a full disk ends without its traceback: TensorBoard's event writer thread hands its error
+    to the main thread at the next write or flush, whose ``OSError`` handler prints the one line (a run started on an
+    almost full disk printed that line, then ~40 lines of "Exception in thread Thread-1" from the writer's thread).
+    Every other error of a thread is printed as before."""
+    default = threading.excepthook
+
+    def hook(args) -> None:
+        if isinstance(args.exc_value, OSError) and args.exc_value.errno in (errno.ENOSPC, errno.EDQUOT):
+            return
+        default(args)
+
+    threading.excepthook = hook
 
 
 def peer_lost(error: BaseException) -> bool:

@@ -224,7 +224,12 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
             folder.close(abandon=True)  # a new run's folder holding only its lock goes
         raise SetupError(str(e)) from e
     if folder and not resume:
-        folder.write_config(cfg)
+        try:
+            folder.write_config(cfg)
+        except OSError:  # a full disk: a new run leaves no folder (it had kept one holding its lock alone)
+            progress.close()
+            folder.close(abandon=True, discard=True)
+            raise
 
     device = resolve_device(cfg)
     freeze_long_lived()  # transformers, megatron-core, the tokenizer, the problems (pacs_fast/gc_heap.py)
