@@ -135,6 +135,7 @@ def claim_run_dir(cfg: Config) -> Path:
     while _is_used(run_dir):
         k += 1
         run_dir = out / f"{base}-{k}"
+    check_not_inside_a_run(run_dir)
     return run_dir
 
 
@@ -157,9 +158,21 @@ def claim_run_folder(run_dir: str | Path, *, new: bool, automatic: bool) -> "Run
     raise ValueError(f"no free run folder name after {run_dir}: give train.run_name")
 
 
+def check_not_inside_a_run(run_dir: str | Path) -> None:
+    """ValueError when a folder above ``run_dir`` is a run folder (its ``config.yaml`` and lock): a run made in
+    another's ``checkpoints/`` was taken by that run's resume for a damaged checkpoint, and deleted when it wrote
+    that step (or, while it was live, by its pruning: a traceback in the new run)."""
+    for parent in Path(run_dir).expanduser().resolve().parents:
+        if (parent / CONFIG_FILE).is_file() and (parent / LOCK_FILE).is_file():
+            raise ValueError(f"run folder {str(run_dir)!r} is inside the run folder {str(parent)!r}, whose "
+                             f"checkpoints and pruning would take it for theirs: choose a train.out_dir outside it")
+
+
 def check_new_run_dir(run_dir: str | Path) -> None:
-    """ValueError when ``run_dir`` already holds something (a run folder is never overwritten)."""
+    """ValueError when ``run_dir`` already holds something (a run folder is never overwritten), or lies inside
+    another run's folder (:func:`check_not_inside_a_run`)."""
     run_dir = Path(run_dir)
+    check_not_inside_a_run(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"run folder {str(run_dir)!r} is a file")
     if _is_used(run_dir):
