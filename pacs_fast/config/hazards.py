@@ -27,6 +27,9 @@ More than 4 optimiser steps per rollout batch from a mini-batch under 32 groups:
 divisor near 32 gives when ``learner.mini_batch_prompts`` is not set (``train.prompts_per_step=37``: 37 steps of
 one group, each further off-policy than the last).
 
+A mixture-of-experts ``config.json`` with ``output_router_logits: true`` (it asks for the router's load-balancing
+loss in training, which transformers' forward and TRL's GRPOTrainer add): the learners do not add it.
+
 ``model.dtype=bfloat16`` with ``learner.lr`` below 1e-4 and ``learner.master_weights=false``: the weights and
 AdamW's moments are bf16, so an update smaller than half a bf16 step of its weight (2^-9 of it) rounds away.
 Measured on weights ~ N(0, 0.02) with AdamW's step ~ lr: after 10 steps 2% of them had moved at lr 1e-6 (the
@@ -35,6 +38,7 @@ weights (the default) these updates accumulate in fp32 (pacs_fast/learner/master
 """
 from __future__ import annotations
 
+from pacs_fast.config.model_files import router_aux_loss
 from pacs_fast.config.schema import Config, LearnerConfig
 from pacs_fast.config.stop_string_checks import escape_warning
 from pacs_fast.config.unused import idle_rules
@@ -111,6 +115,12 @@ def hazard_warnings(cfg: Config) -> list[str]:
         out.append(f"learner.lr_warmup_steps={warm} with train.steps={steps}: the run ends inside its warm-up, its "
                    f"last step at {steps / warm:.3g} of learner.lr and no step at the rate itself; raise "
                    f"train.steps, or (in a new run) lower learner.lr_warmup_steps")
+    coef = router_aux_loss(cfg.model.path) if cfg.model.path else None
+    if coef:  # (the learners' log-prob ops run the decoder body and the head: the router's logits are not asked for)
+        out.append(f"model.path={cfg.model.path}: its config.json sets output_router_logits=true "
+                   f"(router_aux_loss_coef={coef:g}), but the learner's loss is the policy's alone: the router's "
+                   f"load-balancing loss is not added (as verl's; TRL's GRPOTrainer with pacs_fast.integrations.trl "
+                   f"adds it); set output_router_logits=false in config.json to say so")
     if a.reset_every and a.reset_every >= steps:  # the first reset comes before step reset_every + 1
         out.append(f"algo.reset_every={a.reset_every} with train.steps={steps}: the first reset would come before "
                    f"step {a.reset_every + 1}, so the reference is never reset in this run")

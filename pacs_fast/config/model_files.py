@@ -85,6 +85,17 @@ def _text_config(folder: str | Path) -> dict:
     return c if isinstance(c, dict) else {}
 
 
+def router_aux_loss(folder: str | Path) -> float | None:
+    """``router_aux_loss_coef`` of a mixture-of-experts config that asks for its router's load-balancing loss in
+    training (``output_router_logits: true``: transformers' forward then adds ``coef x aux_loss`` to its loss, and
+    TRL's GRPOTrainer adds it to the policy loss); None otherwise (the checkpoints of Qwen3-MoE and Mixtral
+    say false)."""
+    c = _text_config(folder)
+    if c.get("output_router_logits") is not True:
+        return None
+    return float(c.get("router_aux_loss_coef") or 0.0)
+
+
 def tokenizer_ids(folder: str | Path) -> int | None:
     """One past the largest token id the tokenizer files of ``folder`` define (its vocabulary and added tokens:
     ``tokenizer.json``, ``tokenizer_config.json``'s ``added_tokens_decoder``); None when neither is readable."""

@@ -8,7 +8,8 @@ through the LM head (the torch learner runs the head on response tokens only; de
 term by term (:data:`FORMULA` prints it beside the tables):
 
 - dense layers, forward + backward: ``6 x P_layers x T``, with ``P_layers = L (H (Hq + 2 Hkv) + Hq H
-  + 3 H F)`` the matmul weights of the decoder layers (q, k, v, o projections and the gated MLP;
+  + 3 H F)`` the matmul weights of the decoder layers (q, k, v, o projections and the gated MLP; of a
+  mixture of experts the ``top_k`` experts a token passes through, its shared experts and router: :func:`mlp_params`;
   ``Hq = heads x head_dim``, ``Hkv = kv_heads x head_dim``; norms, biases, RoPE, the embedding
   lookup are not matmuls and not counted);
 - LM head: ``6 x V x H x T_head``;
@@ -39,13 +40,50 @@ def shape_of(config, dtype_bytes: int = 2) -> dict:
             "head_dim": getattr(c, "head_dim", None) or c.hidden_size // heads,
             "intermediate": getattr(c, "intermediate_size", None),
             "tied": bool(getattr(config, "tie_word_embeddings", getattr(c, "tie_word_embeddings", True))),
-            "bytes": dtype_bytes}
+            "bytes": dtype_bytes, "moe": moe_of(c)}
+
+
+def moe_of(c) -> dict | None:
+    """The mixture-of-experts MLP of a (text) config, a ``config.json`` dict or a transformers config:
+    ``{"experts", "top_k", "width", "shared", "layers"}`` (routed experts, experts per token, an expert's
+    intermediate width, the always-on shared experts' total width, the number of MoE layers); None for a dense
+    model. Keys: ``num_experts`` (Qwen2/3-MoE, OLMoE) / ``num_local_experts`` (Mixtral) / ``n_routed_experts``
+    (DeepSeek), ``num_experts_per_tok``, ``moe_intermediate_size`` (else ``intermediate_size``, Mixtral's),
+    ``n_shared_experts`` x width / ``shared_expert_intermediate_size``; dense layers: DeepSeek's
+    ``first_k_dense_replace`` / ``moe_layer_freq``, Qwen's ``mlp_only_layers`` / ``decoder_sparse_step``."""
+    get = c.get if isinstance(c, dict) else (lambda key: getattr(c, key, None))
+    experts = get("num_experts") or get("num_local_experts") or get("n_routed_experts")
+    if not isinstance(experts, int) or experts <= 1:
+        return None
+    layers, width = int(get("num_hidden_layers")), int(get("moe_intermediate_size") or get("intermediate_size"))
+    if get("first_k_dense_replace") is not None:
+        k, freq = int(get("first_k_dense_replace")), int(get("moe_layer_freq") or 1)
+        moe = [i >= k and i % freq == 0 for i in range(layers)]
+    else:
+        only, step = set(get("mlp_only_layers") or []), int(get("decoder_sparse_step") or 1)
+        moe = [i not in only and (i + 1) % step == 0 for i in range(layers)]
+    shared = int(get("n_shared_experts") or 0) * width + int(get("shared_expert_intermediate_size") or 0)
+    return {"experts": experts, "top_k": int(get("num_experts_per_tok") or 1), "width": width, "shared": shared,
+            "layers": sum(moe)}
+
+
+def mlp_params(shape: dict, *, active: bool = False) -> int:
+    """The gated MLPs' weights of all decoder layers (``3 H F`` a layer); of a mixture of experts (``shape["moe"]``),
+    ``3 H (E F_e + F_shared) + H E`` (the router) a MoE layer with all ``E`` experts (what memory holds), or with the
+    ``top_k`` a token passes through (``active``: what its FLOPs count)."""
+    H, F, moe = shape["hidden"], shape.get("intermediate") or 0, shape.get("moe")
+    if not moe:
+        return shape["layers"] * 3 * H * F
+    experts = moe["top_k"] if active else moe["experts"]
+    sparse = 3 * H * (experts * moe["width"] + moe["shared"]) + H * moe["experts"]
+    return (shape["layers"] - moe["layers"]) * 3 * H * F + moe["layers"] * sparse
 
 
 def layer_params(shape: dict) -> int:
-    """``P_layers``: the matmul weights of all decoder layers (see the module docstring)."""
+    """``P_layers``: the matmul weights of all decoder layers (see the module docstring) a token passes through:
+    of a mixture of experts, its ``top_k`` experts, the shared ones and the router (:func:`mlp_params`)."""
     H, hq, hkv = shape["hidden"], shape["heads"] * shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
-    return shape["layers"] * (H * (hq + 2 * hkv) + hq * H + 3 * H * (shape.get("intermediate") or 0))
+    return shape["layers"] * (H * (hq + 2 * hkv) + hq * H) + mlp_params(shape, active=True)
 
 
 def update_flops(shape: dict, lengths: list[int], head_tokens: int | None = None) -> dict:

@@ -104,26 +104,45 @@ def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     adapters (``W + scale * B @ A`` in fp32, rounded once to ``W``'s dtype), the adapter tensors left out. In
     bf16 that rounding takes away a delta under half an ulp of ``W``, which the learner's own forward
     (``W x + scale * B (A x)``) keeps: the engines and checkpoints of a bf16 LoRA run see the update rounded."""
-    layers = lora_layers(model)
+    adapted = adapted_tensors(model)
     out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
         if LORA_MARK in name:
             continue
-        plain = name.replace(BASE_MARK, "")
-        layer = name.rsplit(BASE_MARK, 1)[0] if BASE_MARK in name else None
-        if layer in layers and name.endswith(BASE_MARK + ".weight") and not layers[layer].merged:
-            m, merged = layers[layer], t.float()
+        m = adapted.get(name)
+        if m is not None and not m.merged:
+            merged = t.float()
             for adapter in m.active_adapters:
                 if adapter in m.lora_A:
                     merged = merged + _delta(m, adapter)
             t = merged.to(t.dtype)  # (in fp32, rounded once: a bf16 sum rounded the delta, then the sum)
-        out[plain] = t
+        out[name.replace(BASE_MARK, "")] = t
+    return out
+
+
+def adapted_tensors(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """``{state-dict name of an adapted base tensor: its PEFT LoRA layer}``: ``<layer>.base_layer.weight`` of an
+    adapted linear layer; for PEFT's ``ParamWrapper`` (a tensor adapted in place: the fused ``[experts, in, out]``
+    ``gate_up_proj`` / ``down_proj`` of transformers 5's MoE blocks, a router's weight) the wrapped module's tensor
+    ``<layer>(.base_layer)*.base_layer.<parameter_name>``, as deep as the wrappers nest (two on one experts
+    module). (Reading ``.base_layer.weight`` alone left the experts' adapters out of the merge, and failed.)"""
+    from peft.tuners.lora import LoraLayer
+
+    out = {}
+    for name, layer in lora_layers(model).items():
+        inner, path = layer, name
+        while isinstance(inner.base_layer, LoraLayer):
+            inner, path = inner.base_layer, path + BASE_MARK
+        out[f"{path}{BASE_MARK}.{getattr(layer, 'parameter_name', 'weight')}"] = layer
     return out
 
 
 def _delta(layer: torch.nn.Module, adapter: str) -> torch.Tensor:
     """``scale * B @ A`` of one adapter of a PEFT LoRA layer, in fp32 (PEFT's ``get_delta_weight`` rounds it to the
-    weight's dtype first: a bf16 merge then rounded twice)."""
+    weight's dtype first: a bf16 merge then rounded twice; a ``ParamWrapper``'s, shaped as its tensor
+    (``[experts, ...]``), is PEFT's own, in the tensor's dtype)."""
+    if hasattr(layer, "parameter_name"):  # (PEFT knows the experts' layout: [experts, in, out] or [.., out, in])
+        return layer.get_delta_weight(adapter).float()
     delta = layer.lora_B[adapter].weight.float() @ layer.lora_A[adapter].weight.float()
     if getattr(layer, "fan_in_fan_out", False):  # (GPT-2's Conv1D layout: the weight is stored transposed)
         delta = delta.T
@@ -140,7 +159,7 @@ def base_digest(model: torch.nn.Module) -> str:
 
     digest = hashlib.sha1()
     for name, layer in sorted(lora_layers(model).items()):
-        w = layer.base_layer.weight.detach()
+        w = (layer.get_param() if hasattr(layer, "parameter_name") else layer.base_layer.weight).detach()
         digest.update(f"{name}:{tuple(w.shape)}:{w.dtype};".encode())
         digest.update(memoryview(w.contiguous().cpu().view(torch.uint8).numpy()))  # (no copy: ~1 GB/s here)
     return digest.hexdigest()

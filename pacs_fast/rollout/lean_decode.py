@@ -29,6 +29,14 @@ _COMPACT_FRACTION = 0.125
 class LeanDecoder:
     """The lean sampler's prefill and decode loops (a mixin of :class:`pacs_fast.rollout.hf.HFEngine`)."""
 
+    def _forward(self, **inputs):
+        """The model's forward; a mixture of experts whose config asks for its router's load-balancing loss
+        (``output_router_logits: true``) without it: transformers' loss took the cache's attention mask against
+        one step's router logits, a RuntimeError at the first decode step (size 4 against 596)."""
+        if getattr(getattr(self.model, "config", None), "output_router_logits", False):
+            inputs["output_router_logits"] = False
+        return self.model(**inputs)
+
     def _next_logits(self, out) -> torch.Tensor:
         """``[rows, V]`` fp32 logits of the last position, without the padded vocabulary rows
         (then contiguous, a copy of the real columns: the sampler's softmax / cumsum / sort and the
@@ -47,8 +55,8 @@ class LeanDecoder:
         padded = any(len(p) != input_ids.shape[1] for p in prompts)
         position_ids = (prompt_mask.cumsum(-1) - 1).clamp_(min=0).to(device)
         prompt_mask = prompt_mask.to(device)
-        out = model(input_ids=input_ids.to(device), attention_mask=prompt_mask if padded else None,
-                    position_ids=position_ids, use_cache=True, logits_to_keep=1)
+        out = self._forward(input_ids=input_ids.to(device), attention_mask=prompt_mask if padded else None,
+                            position_ids=position_ids, use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         if not hasattr(cache, cache_method):
             raise RuntimeError(f"sampler='lean' needs a KV cache with {cache_method}; "
@@ -131,8 +139,8 @@ class LeanDecoder:
                     row_ids = keep if row_ids is None else row_ids[keep]
                     active = len(keep)
             position = self._next_position(position, row_limit)
-            out = model(input_ids=nxt[:, None], attention_mask=mask[:, :width + t + 1] if padded else None,
-                        position_ids=position, past_key_values=cache, use_cache=True)
+            out = self._forward(input_ids=nxt[:, None], attention_mask=mask[:, :width + t + 1] if padded else None,
+                                position_ids=position, past_key_values=cache, use_cache=True)
             logits = self._next_logits(out)
         return self._completions(tokens[:, :steps].cpu(),
                                  logprobs[:, :steps].cpu() if logprobs is not None else None,
@@ -206,8 +214,8 @@ class LeanDecoder:
                 position = position[parent]
                 mask = mask[parent] if padded else None
             position = self._next_position(position, row_limit)
-            out = model(input_ids=feed[:, None], attention_mask=mask[:, :width + t + 1] if padded else None,
-                        position_ids=position, past_key_values=cache, use_cache=True)
+            out = self._forward(input_ids=feed[:, None], attention_mask=mask[:, :width + t + 1] if padded else None,
+                                position_ids=position, past_key_values=cache, use_cache=True)
             logits = self._next_logits(out)
         return self._completions(tokens[:, :steps].cpu(),
                                  logprobs[:, :steps].cpu() if logprobs is not None else None,

@@ -24,6 +24,7 @@ import json
 import os
 from pathlib import Path
 
+from pacs_fast.learner.flops import mlp_params, moe_of
 from pacs_fast.learner.objective import holds_reference_model
 
 GiB = 1024 ** 3
@@ -52,7 +53,7 @@ def model_shape(cfg) -> dict:
     return {"vocab": int(c["vocab_size"]), "hidden": int(H), "layers": int(c["num_hidden_layers"]), "heads": int(heads),
             "kv_heads": int(c.get("num_key_value_heads") or heads), "head_dim": int(c.get("head_dim") or H // heads),
             "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None, "tied": _tied(top),
-            "bytes": _dtype_bytes(cfg), "softcap": _softcapped(c)}
+            "bytes": _dtype_bytes(cfg), "softcap": _softcapped(c), "moe": moe_of(c)}
 
 
 def _softcapped(c: dict) -> bool:
@@ -111,12 +112,13 @@ def hf_engine_bytes(cfg, shape: dict) -> int:
 def model_params(shape: dict) -> int:
     """Parameters of the model, at least: the embedding, and the LM head unless it is the embedding
     (``shape["tied"]``, default True), each layer's attention projections and, where the config gives
-    its width, its gated MLP (norms and biases, a few per mille, left out)."""
+    its width, its gated MLP, of a mixture of experts every expert's (:func:`pacs_fast.learner.flops.mlp_params`;
+    counting one MLP a layer left out 89% of Qwen3-30B-A3B's parameters) (norms and biases, a few per mille, left
+    out)."""
     H, hd = shape["hidden"], shape["head_dim"]
     attention = 2 * H * shape["heads"] * hd + 2 * H * shape["kv_heads"] * hd
-    mlp = 3 * H * shape["intermediate"] if shape["intermediate"] else 0
     embeddings = 1 if shape.get("tied", True) else 2
-    return embeddings * shape["vocab"] * H + shape["layers"] * (attention + mlp)
+    return embeddings * shape["vocab"] * H + shape["layers"] * attention + mlp_params(shape)
 
 
 def lora_params(shape: dict, rank: int) -> int:
