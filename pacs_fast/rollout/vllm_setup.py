@@ -80,16 +80,19 @@ def _renamed_weights(config) -> str | None:
     """The ``model_type`` of a vLLM ``ModelConfig`` whose transformers model converts its checkpoint's weights on load
     (transformers 5's conversion mapping: Qwen2/3-MoE, Mixtral, DeepSeek-V2/V3, OLMoE... fuse each layer's experts
     into ``mlp.experts.gate_up_proj`` / ``down_proj``); None when transformers loads its checkpoint's tensors as they
-    are (renamed prefixes of older multimodal checkpoints, Gemma 3's, are no conversion of the weights)."""
+    are, or only renames an old multimodal checkpoint's prefixes (Gemma 3's; not tried with the sync)."""
     try:
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     except ImportError:  # (transformers 4: a model's names are its checkpoint's)
         return None
+    from pacs_fast.learner.flops import moe_of
+
     for c in (config.hf_config, config.hf_text_config):
         kind = getattr(c, "model_type", None)
-        # (a converter fuses tensors; a mere renaming of an old checkpoint's prefixes, Gemma 3's or LLaVA's, does not)
-        if kind and any(type(step).__name__ == "WeightConverter" for step in get_checkpoint_conversion_mapping(kind)
-                        or ()):
+        steps = get_checkpoint_conversion_mapping(kind) if kind else None
+        # a converter fuses tensors; a renaming of a mixture of experts' tensors (GraniteMoE's) renames what the sync
+        # sends; an old multimodal checkpoint's renamed prefixes (Gemma 3's, LLaVA's) were not tried: not refused
+        if steps and (any(type(step).__name__ == "WeightConverter" for step in steps) or moe_of(c)):
             return str(kind)
     return None
 
