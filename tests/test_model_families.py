@@ -159,8 +159,8 @@ def test_attention_auto_keeps_gemma2s_attention_soft_capping():
 
 def test_a_soft_cap_of_zero_is_refused_before_the_model_loads(tmp_path):
     """``final_logit_softcapping: 0``: transformers and vLLM test the key against None only, so they divide the logits
-    by 0 (every logit 0 or NaN: 3 NaN of 300 on a random Gemma 2, one per position); pacs_fast read 0 as "no cap". One line
-    naming the key before anything loads; null is no cap."""
+    by 0 (every logit 0 or NaN: 3 NaN of 300 on a random Gemma 2, one per position); pacs_fast read 0 as "no cap".
+    One line naming the key before anything loads; null is no cap."""
     from pacs_fast.trainer.preflight import check_logits_transform
 
     folder = tmp_path / "model"
