@@ -85,6 +85,30 @@ def _text_config(folder: str | Path) -> dict:
     return c if isinstance(c, dict) else {}
 
 
+def moe_of(c) -> dict | None:
+    """The mixture-of-experts MLP of a (text) config, a ``config.json`` dict or a transformers config:
+    ``{"experts", "top_k", "width", "shared", "layers"}`` (routed experts, experts per token, an expert's
+    intermediate width, the always-on shared experts' total width, the number of MoE layers); None for a dense
+    model. Keys: ``num_experts`` (Qwen2/3-MoE, OLMoE) / ``num_local_experts`` (Mixtral) / ``n_routed_experts``
+    (DeepSeek), ``num_experts_per_tok``, ``moe_intermediate_size`` (else ``intermediate_size``, Mixtral's),
+    ``n_shared_experts`` x width / ``shared_expert_intermediate_size``; dense layers: DeepSeek's
+    ``first_k_dense_replace`` / ``moe_layer_freq``, Qwen's ``mlp_only_layers`` / ``decoder_sparse_step``."""
+    get = c.get if isinstance(c, dict) else (lambda key: getattr(c, key, None))
+    experts = get("num_experts") or get("num_local_experts") or get("n_routed_experts")
+    if not isinstance(experts, int) or experts <= 1:
+        return None
+    layers, width = int(get("num_hidden_layers")), int(get("moe_intermediate_size") or get("intermediate_size"))
+    if get("first_k_dense_replace") is not None:
+        k, freq = int(get("first_k_dense_replace")), int(get("moe_layer_freq") or 1)
+        moe = [i >= k and i % freq == 0 for i in range(layers)]
+    else:
+        only, step = set(get("mlp_only_layers") or []), int(get("decoder_sparse_step") or 1)
+        moe = [i not in only and (i + 1) % step == 0 for i in range(layers)]
+    shared = int(get("n_shared_experts") or 0) * width + int(get("shared_expert_intermediate_size") or 0)
+    return {"experts": experts, "top_k": int(get("num_experts_per_tok") or 1), "width": width, "shared": shared,
+            "layers": sum(moe)}
+
+
 def router_aux_loss(folder: str | Path) -> float | None:
     """``router_aux_loss_coef`` of a mixture-of-experts config that asks for its router's load-balancing loss in
     training (``output_router_logits: true``: transformers' forward then adds ``coef x aux_loss`` to its loss, and

@@ -22,6 +22,8 @@ report count it.
 """
 from __future__ import annotations
 
+from pacs_fast.config.model_files import moe_of
+
 FORMULA = ("FLOPs = 6*P_layers*T + 6*V*H*T_head + 3*(2*2*L*Hq*sum(s^2)/2), P_layers = L*(H*(Hq+2*Hkv) + Hq*H "
            "+ 3*H*F), T tokens, T_head tokens through the LM head, s each sequence's length; recompute not counted; "
            "MFU = FLOPs / (time * dense bf16 peak)")
@@ -41,30 +43,6 @@ def shape_of(config, dtype_bytes: int = 2) -> dict:
             "intermediate": getattr(c, "intermediate_size", None),
             "tied": bool(getattr(config, "tie_word_embeddings", getattr(c, "tie_word_embeddings", True))),
             "bytes": dtype_bytes, "moe": moe_of(c)}
-
-
-def moe_of(c) -> dict | None:
-    """The mixture-of-experts MLP of a (text) config, a ``config.json`` dict or a transformers config:
-    ``{"experts", "top_k", "width", "shared", "layers"}`` (routed experts, experts per token, an expert's
-    intermediate width, the always-on shared experts' total width, the number of MoE layers); None for a dense
-    model. Keys: ``num_experts`` (Qwen2/3-MoE, OLMoE) / ``num_local_experts`` (Mixtral) / ``n_routed_experts``
-    (DeepSeek), ``num_experts_per_tok``, ``moe_intermediate_size`` (else ``intermediate_size``, Mixtral's),
-    ``n_shared_experts`` x width / ``shared_expert_intermediate_size``; dense layers: DeepSeek's
-    ``first_k_dense_replace`` / ``moe_layer_freq``, Qwen's ``mlp_only_layers`` / ``decoder_sparse_step``."""
-    get = c.get if isinstance(c, dict) else (lambda key: getattr(c, key, None))
-    experts = get("num_experts") or get("num_local_experts") or get("n_routed_experts")
-    if not isinstance(experts, int) or experts <= 1:
-        return None
-    layers, width = int(get("num_hidden_layers")), int(get("moe_intermediate_size") or get("intermediate_size"))
-    if get("first_k_dense_replace") is not None:
-        k, freq = int(get("first_k_dense_replace")), int(get("moe_layer_freq") or 1)
-        moe = [i >= k and i % freq == 0 for i in range(layers)]
-    else:
-        only, step = set(get("mlp_only_layers") or []), int(get("decoder_sparse_step") or 1)
-        moe = [i not in only and (i + 1) % step == 0 for i in range(layers)]
-    shared = int(get("n_shared_experts") or 0) * width + int(get("shared_expert_intermediate_size") or 0)
-    return {"experts": experts, "top_k": int(get("num_experts_per_tok") or 1), "width": width, "shared": shared,
-            "layers": sum(moe)}
 
 
 def mlp_params(shape: dict, *, active: bool = False) -> int:

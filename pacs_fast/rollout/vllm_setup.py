@@ -85,7 +85,7 @@ def _renamed_weights(config) -> str | None:
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     except ImportError:  # (transformers 4: a model's names are its checkpoint's)
         return None
-    from pacs_fast.learner.flops import moe_of
+    from pacs_fast.config.model_files import moe_of
 
     for c in (config.hf_config, config.hf_text_config):
         kind = getattr(c, "model_type", None)

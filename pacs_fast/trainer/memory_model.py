@@ -24,7 +24,8 @@ import json
 import os
 from pathlib import Path
 
-from pacs_fast.learner.flops import mlp_params, moe_of
+from pacs_fast.config.model_files import moe_of
+from pacs_fast.learner.flops import mlp_params
 from pacs_fast.learner.objective import holds_reference_model
 
 GiB = 1024 ** 3
