@@ -47,7 +47,7 @@ def has_tokenizer(folder: str | Path) -> bool:
 def trained_positions(folder: str | Path) -> int | None:
     """The positions the model in ``folder`` was trained on (:func:`config_positions` of its
     config.json); None when unknown."""
-    return config_positions(_text_config(folder))
+    return config_positions(text_config(folder))
 
 
 def config_positions(config: dict) -> int | None:
@@ -77,7 +77,7 @@ def _json(path: Path):
         return None
 
 
-def _text_config(folder: str | Path) -> dict:
+def text_config(folder: str | Path) -> dict:
     """The language model's part of ``folder``'s config.json (its ``text_config`` when it has one); {} when
     unreadable."""
     c = _json(Path(folder).expanduser() / "config.json")
@@ -114,7 +114,7 @@ def router_aux_loss(folder: str | Path) -> float | None:
     training (``output_router_logits: true``: transformers' forward then adds ``coef x aux_loss`` to its loss, and
     TRL's GRPOTrainer adds it to the policy loss); None otherwise (the checkpoints of Qwen3-MoE and Mixtral
     say false)."""
-    c = _text_config(folder)
+    c = text_config(folder)
     if c.get("output_router_logits") is not True:
         return None
     return float(c.get("router_aux_loss_coef") or 0.0)
@@ -144,7 +144,7 @@ def vocab_problem(folder: str | Path, ids: int | None = None) -> str | None:
     LM-head rows (``vocab_size`` of config.json), as tokens added to a tokenizer without resizing the model
     leave; such an id fails in the embedding lookup (a traceback after loading) or gets no log-prob.
     ``ids``: the loaded tokenizer's ``len`` (default: read from the tokenizer files)."""
-    rows = _text_config(folder).get("vocab_size")
+    rows = text_config(folder).get("vocab_size")
     ids = tokenizer_ids(folder) if ids is None else ids
     if not isinstance(rows, int) or ids is None or ids <= rows:
         return None

@@ -29,8 +29,6 @@ def engine_and_dtype(args) -> tuple[str, str]:
     """The engine (``--engine auto``: vLLM with CUDA where installed, else hf) and the dtype
     (``--dtype auto``: bfloat16 on CUDA, float32 on CPU) the samples are made with, without loading
     anything: recorded in run_config.json, and a resume must match them."""
-    import importlib.util
-
     import torch
 
     cuda = torch.cuda.is_available()

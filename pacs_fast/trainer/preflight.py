@@ -344,13 +344,9 @@ def vllm_window_warning(cfg, model_path) -> str | None:
     small random Cohere 2 model: sweep of 2026-12-03); None otherwise."""
     if cfg.rollout.engine != "vllm" or not model_path:
         return None
-    import json
+    from pacs_fast.config.model_files import text_config
 
-    try:
-        c = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    c = c.get("text_config", c) if isinstance(c, dict) else {}
+    c = text_config(model_path)
     window, longest = c.get("sliding_window"), cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
     if c.get("model_type") != "cohere2" or "sliding_attention" not in (c.get("layer_types") or []) \
             or not isinstance(window, int) or longest <= window:
