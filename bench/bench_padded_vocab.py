@@ -29,7 +29,6 @@ import torch
 
 ROWS = 151_936
 QWEN_IDS = 151_665
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "math_train.jsonl.gz"
 
 
 def bpe_tokenizer(size: int):
@@ -37,13 +36,12 @@ def bpe_tokenizer(size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    texts = []
-    src = DATA if DATA.exists() else Path("/work/shared/data/math_train.jsonl.gz")
-    if src.exists():
-        with gzip.open(src, "rt") as f:
-            texts = [json.loads(line)["problem"] for line in f]
-    else:  # no data: a synthetic corpus (the merges barely matter for this benchmark)
-        texts = [f"What is {i} + {i * 7 % 13} times x^{i % 5}?" for i in range(20000)]
+    from pacs_fast.data.datasets import shipped_path
+
+    # the package's copy (byte-identical to ../shared/data's), found from any checkout or install: the corpus
+    # was a synthetic fallback, silently, where ../shared was not beside the checkout
+    with gzip.open(shipped_path("math_train"), "rt") as f:
+        texts = [json.loads(line)["problem"] for line in f]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

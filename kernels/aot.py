@@ -316,7 +316,7 @@ def probe_offsets(arch: int = 90) -> dict:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])  # None under python -OO
     ap.add_argument("--json", required=True, help="write the per-case report here (atomically)")
     ap.add_argument("--archs", default=",".join(map(str, ARCHS)), help="e.g. 80,90,100 (default: every arch)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))

@@ -166,7 +166,8 @@ def load(arch: int | None) -> dict:
     if (path, mtime) not in _warned:
         _warned.add((path, mtime))
         warnings.warn(f"ignoring the tuned launch table {path}: {why}; using the built-in launch choices "
-                      f"(re-measure with bench/gpu/tune.py under this Triton)", stacklevel=stacklevel())
+                      f"(re-measure with bench/gpu/tune.py of the source repository under this Triton)",
+                      stacklevel=stacklevel())
     return {}
 
 

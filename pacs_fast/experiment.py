@@ -204,7 +204,7 @@ def run_jobs(todo: list[tuple[Job, str]], config: str | None, *, workers: int, t
 
 # ----------------------------------------------------------------------------- CLI
 def main(argv=None) -> int:
-    a = parse_args(argv, description=__doc__.split("\n\n")[0])
+    a = parse_args(argv, description=(__doc__ or "").split("\n\n")[0])  # None under python -OO
     try:
         return _main(a)
     except KeyboardInterrupt:

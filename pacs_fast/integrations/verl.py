@@ -46,8 +46,10 @@ try:
     import verl
     from verl.trainer.ppo import core_algos
 except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError("pacs_fast.integrations.verl needs verl's core_algos (tested with verl==0.9.1); "
-                      "see docs/INTEGRATIONS.md for the packages it imports") from e
+    # no repository path in the message: an installed pacs_fast has no docs/ (requirements/nodeps.txt: CI's set)
+    raise ImportError(f"pacs_fast.integrations.verl needs verl's core_algos (tested with verl==0.9.1): {e}; "
+                      "CI installs verl==0.9.1 with --no-deps and what core_algos imports (ray, tensordict, "
+                      "omegaconf, codetiming, orjson, msgpack, pyvers)") from e
 
 from pacs_fast.algorithms.pacs import GROUP_SCORES, PROXIES, SCORES, WEIGHT_MODES, pacs_loss
 from pacs_fast.integrations._groups import (

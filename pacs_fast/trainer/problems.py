@@ -46,10 +46,13 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
     check = answer_check(user_specs(cfg.reward.fn), "reward.fn") if cfg.reward.fn else None
 
     def load(path):
-        rows = load_dataset(path, problem_field=cfg.data.problem_key, answer_field=cfg.data.answer_key,
-                            field_settings="data.problem_key= / data.answer_key=", fields=list(keywords),
-                            fields_setting="reward.fn_fields", check_answer=check,
-                            check_setting=f"reward.fn={cfg.reward.fn} reads it")
+        try:
+            rows = load_dataset(path, problem_field=cfg.data.problem_key, answer_field=cfg.data.answer_key,
+                                field_settings="data.problem_key= / data.answer_key=", fields=list(keywords),
+                                fields_setting="reward.fn_fields", check_answer=check,
+                                check_setting=f"reward.fn={cfg.reward.fn} reads it")
+        except ImportError as e:  # a parquet / Arrow file without pyarrow (the parquet extra): one line, exit 2
+            raise ValueError(str(e)) from e
         return [{"id": p.id, "problem": p.problem, "answer": p.answer,
                  **({"fields": row_fields(p.fields, keywords)} if keywords else {})} for p in rows]
 

@@ -1,15 +1,18 @@
 """A Qwen2.5-0.5B-width model (hidden 896, 14 / 2 heads, FFN 4864, 151,936 vocabulary rows, tied head; 2 layers)
 with a byte-level BPE tokenizer (Qwen's kind) and a Qwen-style chat template, random weights; and a small
-math dataset from the shipped gsm8k_train."""
+math dataset from the shipped gsm8k_train (pacs_fast/data/benchmarks/, as installed)."""
 import gzip, json, sys
 from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+from pacs_fast.data.datasets import shipped_path
 from pacs_fast.data.tiny import tiny_qwen2_config
 
 out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
-rows = [json.loads(l) for l in gzip.open(str(Path(__file__).resolve().parents[3] / "shared/data/gsm8k_train.jsonl.gz"), "rt")][:400]
+# the copy shipped in the package (byte-identical to ../shared/data's): found where pacs_fast is installed, so this
+# runs from any checkout or an installed package, not only from a checkout beside ../shared
+rows = [json.loads(l) for l in gzip.open(shipped_path("gsm8k_train"), "rt")][:400]
 corpus = [r.get("problem") or r.get("question") for r in rows] + [str(r.get("answer")) for r in rows]
 tok = Tokenizer(models.BPE())
 tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
