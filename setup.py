@@ -46,12 +46,25 @@ setup(
     package_data={"pacs_fast.data": ["benchmarks/*.jsonl", "benchmarks/*.jsonl.gz", "benchmarks/*.md"],
                   "pacs_fast.kernels": ["tuned/*.json"]},  # measured launch tables (bench/gpu/tune.py)
     install_requires=[
-        "torch>=2.4",  # satisfied by the CPU build torch==2.13.0
+        # >= 2.5 (tested 2026-12-03 on CPU, Python 3.11, with transformers 4.56.2): torch 2.5.1 runs the ops,
+        # trainer, eval, LoRA and packing tests; on 2.4.1 torch.compile(fullgraph=True) of the log-prob ops fails
+        # (its dynamo cannot trace an os.environ read, kernels/dispatch.py) and packed varlen attention passes SDPA
+        # an enable_gqa it does not take. Torch < 2.10 pins a Triton below the "triton" extra's 3.6. The lock: the
+        # CPU build torch==2.13.0.
+        "torch>=2.5",
         "numpy",
-        "transformers>=4.56",
+        # Tested range: 5.19 (CI, requirements/ci.lock), 4.57 (2 steps of the built-in task from an installed
+        # wheel) and 4.56.2 (trainer, eval, LoRA, packing tests; 2026-12-03). Unbounded, a plain `pip install`
+        # took 5.24, which CI never ran and which deprecates the `past_key_values` argument the HF engine and the
+        # shared-prefix learner pass (gone in 5.40).
+        "transformers>=4.56,<5.20",
         "tokenizers",
         "safetensors",
-        "math-verify>=0.7",
+        # >= 0.9 (tested 2026-12-03 on CPU, Python 3.11, torch 2.4.1 + transformers 4.56.2): 0.7.0's parse / verify
+        # take no timeout of None (pacs_fast/reward/verifier.py passes None: it keeps its own per-item limit) and
+        # raised TypeError, so every answer the integer fast path misses scored 0 (a fraction, a set); 0.8.0 still
+        # scores \boxed{50\%} against 50 as 0 (tests/test_reward.py); 0.9.0 passes.
+        "math-verify>=0.9",
         "pyyaml",
         "rich",
         "tqdm",

@@ -352,8 +352,10 @@ def _torch_backward(h, weight, bias, labels, v_off, inv_t, m, log_s, ent, gl, gh
 # Under torch.compile the tile loops run as torch.library custom ops, opaque to dynamo: a loop over
 # ceil(N / rows per tile) tiles traced by dynamo pins the token count N (every new count compiled again
 # until dynamo's recompile limit left the op eager). Eager calls never go through them (an op's first
-# eager call imports torch._dynamo, ~1 s).
-@torch.library.custom_op("pacs_fast::linear_tile_stats", mutates_args=())
+# eager call imports torch._dynamo, ~1 s). Schemas written out as in token_logprobs.py (torch 2.5 cannot infer them).
+@torch.library.custom_op("pacs_fast::linear_tile_stats", mutates_args=(),
+                         schema="(Tensor h, Tensor weight, Tensor? bias, float inv_t, bool entropy, SymInt[] chunk, "
+                                "float cap) -> (Tensor, Tensor, Tensor)")
 def _tile_stats_op(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, inv_t: float, entropy: bool,
                    chunk: list[int], cap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     m, s, a = _tile_stats(h, weight, bias, inv_t, entropy, chunked.decode_chunk(chunk), cap)
@@ -366,7 +368,10 @@ def _(h, weight, bias, inv_t, entropy, chunk, cap):
     return h.new_empty(n), h.new_empty(n), h.new_empty(n if entropy else 0)
 
 
-@torch.library.custom_op("pacs_fast::linear_tile_grad", mutates_args=())
+@torch.library.custom_op("pacs_fast::linear_tile_grad", mutates_args=(),
+                         schema="(Tensor h, Tensor weight, Tensor? bias, Tensor labels, SymInt v_off, float inv_t, "
+                                "Tensor m, Tensor log_s, Tensor ent, Tensor gl, Tensor? gh, bool need_w, bool need_b, "
+                                "SymInt[] chunk, float cap) -> (Tensor, Tensor, Tensor)")
 def _torch_backward_op(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
                        v_off: int, inv_t: float, m: torch.Tensor, log_s: torch.Tensor, ent: torch.Tensor,
                        gl: torch.Tensor, gh: torch.Tensor | None, need_w: bool, need_b: bool,

@@ -215,8 +215,12 @@ def _tile_grad(grad, logits, labels, m, log_s, ent, gl, gh, inv_t, ignore_index,
 # Under torch.compile the tile loops run as torch.library custom ops, opaque to dynamo: a loop over
 # ceil(N / rows per tile) tiles traced by dynamo pins the token count N (every new count compiled again
 # until dynamo's recompile limit left the op eager). Eager calls never go through them (an op's first
-# eager call imports torch._dynamo, ~1 s).
-@torch.library.custom_op("pacs_fast::token_tile_stats", mutates_args=())
+# eager call imports torch._dynamo, ~1 s). The schemas are written out, as torch 2.13 infers them from the
+# annotations: torch 2.5's infer_schema rejects ``list[int]`` (2.4's also the string annotations of
+# ``from __future__ import annotations``), so importing pacs_fast.ops failed there.
+@torch.library.custom_op("pacs_fast::token_tile_stats", mutates_args=(),
+                         schema="(Tensor logits, float inv_t, bool entropy, SymInt[] chunk) "
+                                "-> (Tensor, Tensor, Tensor)")
 def _tile_stats_op(logits: torch.Tensor, inv_t: float, entropy: bool,
                    chunk: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     m, s, a = _tile_stats(logits, inv_t, entropy, chunked.decode_chunk(chunk))
@@ -230,7 +234,9 @@ def _(logits, inv_t, entropy, chunk):
                                                                                             dtype=cd)
 
 
-@torch.library.custom_op("pacs_fast::token_tile_grad", mutates_args=())
+@torch.library.custom_op("pacs_fast::token_tile_grad", mutates_args=(),
+                         schema="(Tensor logits, Tensor labels, Tensor m, Tensor log_s, Tensor ent, Tensor gl, "
+                                "Tensor? gh, float inv_t, SymInt ignore_index, SymInt v_off, SymInt[] chunk) -> Tensor")
 def _tile_grad_op(logits: torch.Tensor, labels: torch.Tensor, m: torch.Tensor, log_s: torch.Tensor,
                   ent: torch.Tensor, gl: torch.Tensor, gh: torch.Tensor | None, inv_t: float, ignore_index: int,
                   v_off: int, chunk: list[int]) -> torch.Tensor:
