@@ -171,16 +171,16 @@ def test_a_prompt_longer_than_the_engines_context_is_named_before_generating(mod
     data = tmp_path / "toy.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     calls = []
-    # the prompts are ~100 tokens (system prompt, instruction), problem 2's 142
-    monkeypatch.setattr(ev, "engine_context", lambda args, name, sizes: 120)
+    # the prompts are 122 tokens (system prompt, instruction), problem 2's 162
+    monkeypatch.setattr(ev, "engine_context", lambda args, name, sizes: 145)
     monkeypatch.setattr(ev, "_make_engine", lambda *a: pytest.fail("the model loaded before the prompts were checked"))
     monkeypatch.setattr(HFEngine, "generate", lambda self, *a: calls.append(1))
     out = tmp_path / "run"
     assert ev.main(_run_args(model_dir, data, out)) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("error: toy: 1 of 4 prompts do not fit the hf engine's "
-                                                     "context of 120 tokens"), errors
-    assert "problem 2 (id q2) with 142 prompt tokens" in errors[0]
+                                                     "context of 145 tokens"), errors
+    assert "problem 2 (id q2) with 162 prompt tokens" in errors[0]
     assert "give a model with a longer context (max_position_embeddings)" in errors[0]  # vLLM's: --max-model-len
     assert calls == [] and not (out / "samples_toy.jsonl").exists()
 
@@ -232,18 +232,18 @@ def test_responses_the_context_cannot_hold_are_named(model_dir, dataset, tmp_pat
     short = tmp_path / "short_context"
     shutil.copytree(model_dir, short)
     config = json.loads((short / "config.json").read_text())
-    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 120}))  # prompts ~100
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 142}))  # prompts 122
     assert ev.main(_run_args(short, dataset, tmp_path / "run", "--max-tokens", "30", "--limit", "2")) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: toy:")]
-    assert len(warnings) == 1 and "prompts leave fewer than --max-tokens 30 tokens of the model's context of 120" \
+    assert len(warnings) == 1 and "prompts leave fewer than --max-tokens 30 tokens of the model's context of 142" \
         in warnings[0] and "the hf engine ends their responses at the context" in warnings[0] \
         and "or lower leaves room" in warnings[0]
     rows = [json.loads(x) for x in dataset.read_text().splitlines()][:2]
     prompt_lengths = [len(p) for p in encode_prompts(AutoTokenizer.from_pretrained(short), [r["problem"] for r in rows])]
     recs = read_samples(tmp_path / "run" / "samples_toy.jsonl")
     for i, prompt in enumerate(prompt_lengths):  # every response within the context, those that reach it cut there
-        assert all(prompt + k <= 120 for k in recs[i]["num_tokens"]), (prompt, recs[i]["num_tokens"])
-        assert all(k == 120 - prompt for k, why in zip(recs[i]["num_tokens"], recs[i]["finish_reasons"])
+        assert all(prompt + k <= 142 for k in recs[i]["num_tokens"]), (prompt, recs[i]["num_tokens"])
+        assert all(k == 142 - prompt for k, why in zip(recs[i]["num_tokens"], recs[i]["finish_reasons"])
                    if why == "length"), (prompt, recs[i])
     assert any(why == "length" for i in recs for why in recs[i]["finish_reasons"])  # the cut happened
     assert ev.main(_run_args(short, dataset, tmp_path / "run2", "--max-tokens", "6", "--limit", "2")) == 0

@@ -223,10 +223,15 @@ def test_a_bad_mix_is_one_line_before_any_model(tmp_path, capsys):
     assert not (tmp_path / "runs").exists() and not list(tmp_path.iterdir())
 
 
+def _odd(text: str) -> int:
+    return sum(map(ord, text)) % 2
+
+
 def test_eval_scores_a_mix_records_its_weights_and_refuses_others(model_dir, dataset, tmp_path, capsys,  # noqa: F811
                                                                   monkeypatch):
-    """The verifier of the mix is --scorer-workers' batch scorer; here one that passes odd-length responses (a
-    random tiny model never writes a right answer, and the weights must show on both parts)."""
+    """The verifier of the mix is --scorer-workers' batch scorer; here one that passes responses whose character
+    codes sum to an odd number (a random tiny model never writes a right answer, and the weights must show on both
+    parts; at --max-tokens 6 its responses are often all 6 characters, so their length's parity did not vary)."""
     from pacs_fast import eval as ev
     from pacs_fast.evaluation.results import read_samples
 
@@ -234,7 +239,7 @@ def test_eval_scores_a_mix_records_its_weights_and_refuses_others(model_dir, dat
 
     class OddVerifier(FakeVerifier):
         def score(self, texts, answers):
-            return type("R", (), {"scores": [float(len(t) % 2) for t in texts]})()
+            return type("R", (), {"scores": [float(_odd(t)) for t in texts]})()
 
     def verifier(args):
         made.append(args.scorer_workers)
@@ -247,10 +252,10 @@ def test_eval_scores_a_mix_records_its_weights_and_refuses_others(model_dir, dat
     assert made == [0]
     scores, odd, short_ = [], [], []
     for r in read_samples(out / "samples_toy.jsonl").values():
-        want = [0.25 * (len(t) % 2) + 0.75 * float(len(t) < 12) for t in r["responses"]]
+        want = [0.25 * _odd(t) + 0.75 * float(len(t) < 12) for t in r["responses"]]
         assert r["scores"] == pytest.approx(want, abs=1e-12) and r["statuses"] == ["user_fn"] * 2
         # each component's rewards of each response, as the mix weighed them
-        assert r["score_parts"] == {"verifier": [float(len(t) % 2) for t in r["responses"]],
+        assert r["score_parts"] == {"verifier": [float(_odd(t)) for t in r["responses"]],
                                     "short": [float(len(t) < 12) for t in r["responses"]]}
         scores += r["scores"]
         odd += r["score_parts"]["verifier"]

@@ -16,20 +16,32 @@ SPECIAL_TOKENS = [PAD, BOS, EOS]
 CHARACTERS = [c for c in string.printable if c not in "\x0b\x0c\r\t"]
 
 
-def build_char_tokenizer():
-    """Character-level ``PreTrainedTokenizerFast``: one token per character.
+def _byte_level(c: str) -> str:
+    """GPT-2's byte-to-unicode symbol of an ASCII character (what byte-level BPE vocabularies hold): printable
+    ``!``..``~`` stand for themselves, the bytes below them for ``chr(256 + byte)`` (space ``Ġ``, newline ``Ċ``)."""
+    return c if "!" <= c <= "~" else chr(256 + ord(c))
 
-    ids: 0 ``<pad>``, 1 ``<s>``, 2 ``</s>``, then the printable ASCII characters. A character
-    outside that set encodes as ``<pad>`` (the unknown token).
-    No chat template is set: prompts use the documented plain format of ``pacs_fast.data``.
+
+def build_char_tokenizer():
+    """Character-level tokenizer: one token per character, a byte-level BPE with no merges.
+
+    ids: 0 ``<pad>``, 1 ``<s>``, 2 ``</s>``, then the printable ASCII characters and newline (``CHARACTERS``,
+    in that order). A character outside that set is dropped. No chat template is set: prompts use the
+    documented plain format of ``pacs_fast.data``.
+
+    Byte-level BPE (Qwen2's kind) because transformers >= 5 loads the tokenizer of every ``qwen2`` model folder
+    as ``Qwen2Tokenizer``, which rebuilds a byte-level BPE from the saved vocabulary and ignores the saved
+    pre-tokenizer: the earlier word-level vocabulary of plain characters reloaded without spaces and newlines
+    (``"a b"`` -> ``ab``), and its ``Split(Regex("."))`` had never matched a newline (``"\\n"`` -> ``<pad>``).
+    This one encodes the same in memory, reloaded as ``Qwen2Tokenizer`` and as ``PreTrainedTokenizerFast``.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + [_byte_level(c) for c in CHARACTERS])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=PAD,
         padding_side="left", model_max_length=4096,
