@@ -303,3 +303,17 @@ def test_real_shape_bf16_on_gpu_matches_float64(seed):
     assert ((en[rows].double() - re.detach()).abs() <= 1e-4 + 1e-6 * xmax).all()
     err = (x.grad[rows].double() - xd.grad).abs().max().item()
     assert err <= 1e-2 * xd.grad.abs().max().item(), err
+
+
+def test_custom_op_schemas_match_their_python_signatures():
+    """The four tile custom ops (token_logprobs / linear_logprobs under torch.compile) carry schemas written out
+    by hand (torch 2.5 could not infer them from the annotations: setup.py's floor); a signature changed without
+    its schema would register an op whose arguments no longer line up. Equal to what this torch infers."""
+    import importlib
+
+    mods = [importlib.import_module(f"pacs_fast.ops.{m}") for m in ("token_logprobs", "linear_logprobs")]
+    ops = [mods[0]._tile_stats_op, mods[0]._tile_grad_op, mods[1]._tile_stats_op, mods[1]._torch_backward_op]
+    for op in ops:
+        written = str(op._opoverload._schema).split("(", 1)[1]
+        inferred = torch.library.infer_schema(op._init_fn, mutates_args=()).split("(", 1)[1]
+        assert written == inferred, op._name
