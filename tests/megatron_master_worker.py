@@ -106,4 +106,6 @@ first.save_hf(out)
 with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
     res["export_dtypes"] = sorted({str(f.get_tensor(k).dtype) for k in f.keys()})
 res["export_label"] = json.load(open(os.path.join(out, "config.json"))).get("dtype")
+for made in (folder, old, out):  # (each CI run had left these three folders in /tmp)
+    shutil.rmtree(made, ignore_errors=True)
 print("RESULT", json.dumps(res))
