@@ -7,14 +7,18 @@ OpenMP wait policies, as a user who runs eval beside training (or two experiment
 
 Each cell is the median ``time/step`` of a run's steps (the first step left out) in seconds; the
 side-by-side cell is the slower of the two runs. Every cell tells the trainer to set nothing itself
-(``PACS_FAST_OMP_WAIT_POLICY=keep``): ``default`` is libgomp's own (spin ~300k iterations at every
-barrier before sleeping), ``spinN`` sets ``GOMP_SPINCOUNT=N`` (the trainer's default is 10000,
-pacs_fast/openmp.py), ``PASSIVE`` sleeps at once. Policies alternate within each round (A/B, B/A), medians over rounds. The built-in model's
-warm-up is built once first (cached) so that no run includes it.
+(``PACS_FAST_OMP_WAIT_POLICY=keep``; ``OMP_NUM_THREADS`` = torch's default, a thread per core, unless a ``tN``
+part sets it or ``tauto`` leaves the choice to the trainer, which then takes only the cores it finds free at its
+start, pacs_fast/openmp.py: unpinned, a side-by-side pair or any other load silently turned every cell into
+``+t1``): ``default`` is libgomp's own (spin ~300k iterations at every barrier before sleeping), ``spinN`` sets
+``GOMP_SPINCOUNT=N`` (the trainer's default is 10000, pacs_fast/openmp.py), ``PASSIVE`` sleeps at once.
+Policies alternate within each round (A/B, B/A), medians over rounds. The built-in model's warm-up is built
+once first (cached) so that no run includes it.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -31,19 +35,33 @@ QUIET = ["train.progress=false", "train.tensorboard=false", "train.plots=false",
 def _env(policy: str) -> dict:
     """``default``: libgomp's own; ``PASSIVE`` / ``ACTIVE``: OMP_WAIT_POLICY; ``spinN``: GOMP_SPINCOUNT=N
     (idle threads spin N iterations, then sleep; libgomp's default is 300,000); ``tN``: N torch threads
-    (OMP_NUM_THREADS=N; default: one per core). Joined with ``+``: ``spin10000+t1``."""
+    (OMP_NUM_THREADS=N; default: one per core); ``tauto``: the trainer's own choice (the cores it finds free at
+    its start). Joined with ``+``: ``spin10000+t1``."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     env["PACS_FAST_OMP_WAIT_POLICY"] = "keep"  # the trainer sets nothing itself: the cell's setting alone
+    auto = False
     for part in policy.split("+"):
         if part.startswith("spin"):
             env["GOMP_SPINCOUNT"] = part[4:]
         elif part.startswith("t") and part[1:].isdigit():
             env["OMP_NUM_THREADS"] = part[1:]
+        elif part == "tauto":
+            auto = True
         elif part in ("PASSIVE", "ACTIVE"):
             env["OMP_WAIT_POLICY"] = part
         elif part != "default":
             raise SystemExit(f"unknown policy part {part!r} in {policy!r}")
+    if not auto:  # (set: the trainer keeps torch's thread count)
+        env.setdefault("OMP_NUM_THREADS", _default_threads())
     return env
+
+
+@functools.lru_cache(maxsize=None)
+def _default_threads() -> str:
+    """torch's own thread count (one per core) in a process without ``OMP_NUM_THREADS``."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    return subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                          capture_output=True, text=True, check=True).stdout.split()[-1]
 
 
 def _launch(out: Path, name: str, steps: int, cache: Path, policy: str) -> subprocess.Popen:

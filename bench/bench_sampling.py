@@ -3,7 +3,7 @@
 (the top 256, then 4,096 logits; the sort where the nucleus is larger), and one whole ``sample_tokens``
 call (two-level inverse CDF).
 
-Rows: *peaked* (a handful of tokens near 18 over a N(0, 2) tail: a trained model at a typical step),
+Rows: *peaked* (a handful of tokens at N(14, 2) logits over a N(0, 2) tail: a trained model at a typical step),
 *light tail* (the same over N(0, 1)), *flat* (N(0, 3), no head: a random-weight model, the candidates'
 worst case). Milliseconds, median of ``--repeats`` calls, the variants alternated.
 
