@@ -11,7 +11,8 @@ rollout batch of ``--groups`` groups x G responses whose lengths are lognormal (
 clipped to [1, 512]) after a shared 24-token prompt, and ``learner.update`` (forward + backward +
 AdamW step over the batch) timed after one untimed update. Tokens/s counts the real tokens
 (prompt + response) of the batch. ``learner.shared_prefix=false`` in every mode, so the modes
-differ only in the row layout; the default shared-prefix forward is shown as a fourth line.
+differ only in the row layout; the default (``learner.packing=auto``, shared prefix on) and the shared-prefix
+forward without packing are shown as the fourth and fifth lines.
 """
 from __future__ import annotations
 
