@@ -5,8 +5,10 @@ packages = find_packages(include=["pacs_fast", "pacs_fast.*"]) + ["pacs_fast.ker
 
 extras = {
     # Triton kernels (compiled on CUDA; on CPU they run under TRITON_INTERPRET=1 in the tests). Tested range:
-    # Triton 3.9 (CI, the version torch 2.13 pins) and 3.6 (the GPU runs, torch 2.11); the Gluon / TMA kernels
-    # use Triton API that changes between minor versions (kernels/dispatch.py falls back when it is missing).
+    # Triton 3.9 (CI: requirements/ci.lock, beside the CPU build torch 2.13.0+cpu, which pins no Triton), 3.7.1
+    # (the version PyPI's CUDA build of torch 2.13.0 pins; the CPU tests named at python_requires) and 3.6 (the GPU
+    # runs, torch 2.11); the Gluon / TMA kernels use Triton API that changes between minor versions
+    # (kernels/dispatch.py falls back when it is missing).
     "triton": ["triton>=3.6,<3.10"],
     # Megatron-core tensor-parallel learner.
     "megatron": ["megatron-core>=0.16,<0.17"],
@@ -40,6 +42,12 @@ setup(
     description="Fused Triton kernels and a trainer for PACS (arXiv 2509.02522) and RLVR baselines",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    # Tested 2026-12-03 on CPU with torch 2.13.0 (PyPI's CUDA build, Triton 3.7.1) and transformers 5.19.0 on
+    # CPython 3.10.13, 3.12.1 (the GPU image's) and 3.13.0, besides CI's 3.11: the public API, import graph,
+    # ops / algorithms, trainer, eval, LoRA, packing, verifier, code reward, resume and experiment-runner tests
+    # and `python -m pacs_fast.train train.steps=5` / `python -m pacs_fast.eval`. 3.10 needs no possessive regex
+    # quantifiers (3.11+; pacs_fast/reward/verifier.py). 3.14 and the vllm / megatron / trl / verl paths on
+    # Pythons other than 3.11 are untested.
     python_requires=">=3.10",
     packages=packages,
     package_dir={"pacs_fast.kernels": "kernels"},

@@ -206,8 +206,9 @@ _BOXED_INT_RE = re.compile(r"\\boxed\{[ \t\n\r]*([+-]?[0-9]{1,30})[ \t\n\r]*\}")
 # math-verify's anchors are ``(?i:final answer is)`` and ``(?i:final answer.{0,100}?)\s+is``; both imply
 # ``final answer.{0,100}?\s+is`` with IGNORECASE and DOTALL, which backtracks quadratically on long
 # whitespace runs. This equivalent form (the run is entered at its first position inside the window,
-# then taken possessively) matches the same strings in linear time.
-_FINAL_ANSWER_RE = re.compile(r"final answer(?:.{0,99}?\S)?\s++is", re.IGNORECASE | re.DOTALL)
+# then taken possessively) matches the same strings in linear time. ``(?=(\s+))\1`` is the possessive ``\s++``
+# spelled for Python 3.10 (possessive quantifiers are 3.11+): a lookahead is atomic, the backreference consumes it.
+_FINAL_ANSWER_RE = re.compile(r"final answer(?:.{0,99}?\S)?(?=(\s+))\1is", re.IGNORECASE | re.DOTALL)
 _PERCENT_RE = re.compile(r"%|[Pp]ercent|[Pp]ct")
 
 
