@@ -2,10 +2,11 @@
 
 ``python -m pacs_fast.train`` (run here as the command line runs it: ``runpy`` as ``__main__``) must have
 frozen the imports before the learner is built, and the learner's model before the engine is built, so
-that the collections of an engine's start (vLLM's) walk neither; an object made after the last freeze
-is still tracked (the check tells the two apart). Called as a library (``trainer.train(cfg)`` in this
-test process) nothing is frozen: the caller's heap may hold its own cyclic garbage. The CPU it saves is
-measured in bench/bench_startup.py, not asserted here.
+that the collections of an engine's start (vLLM's) walk neither, and the engine before the loop; an
+object made after the last freeze is still tracked (the check tells the two apart). Called as a library
+(``trainer.train(cfg)`` in this test process) nothing is frozen or unfrozen: the caller's heap may hold
+its own cyclic garbage, or its own freeze. The CPU it saves is measured in bench/bench_startup.py, not
+asserted here.
 """
 import gc
 import json
@@ -22,6 +23,7 @@ TINY = ["data.arith_ops=+", "data.arith_max_digits=1", "data.eval_size=2", "roll
 
 PROBE = r"""
 import gc, json, runpy, sys
+import pacs_fast.trainer.loop as loop
 import pacs_fast.trainer.session as session
 
 seen = {}
@@ -42,7 +44,13 @@ def build_engine(cfg, model_path, learner, live_model, *a, **k):
     seen["fresh_tracked"] = tracked(fresh)
     return real_engine(cfg, model_path, learner, live_model, *a, **k)
 
-session.build_learner, session.build_engine = build_learner, build_engine
+real_step = loop.rollout_step
+
+def rollout_step(*a, **k):
+    seen.setdefault("frozen_in_loop", gc.get_freeze_count())
+    return real_step(*a, **k)
+
+session.build_learner, session.build_engine, loop.rollout_step = build_learner, build_engine, rollout_step
 sys.argv = ["pacs_fast.train", *sys.argv[1:]]
 runpy.run_module("pacs_fast.train", run_name="__main__")
 print("RESULT " + json.dumps(seen))
@@ -59,18 +67,33 @@ def test_the_command_line_freezes_the_imports_and_the_model_before_the_engine(tm
     assert not seen["tokenizer_tracked"] and not seen["model_tracked"]
     assert seen["frozen_before_engine"] > seen["frozen_before_learner"]  # the model's modules and parameters
     assert seen["fresh_tracked"]  # the check sees an object made after the freeze
+    assert seen["frozen_in_loop"] > seen["frozen_before_engine"]  # the engine and the step-0 evaluation's state
 
 
-def test_a_library_call_freezes_nothing(tmp_path):
+def test_a_library_call_freezes_nothing(tmp_path, monkeypatch):
+    """Nor does it unfreeze what the caller froze: the loop used to gc.freeze() at its start and gc.unfreeze()
+    at its end in every process (review of 2026-12-03), which emptied a caller's own freeze."""
+    import pacs_fast.trainer.loop as loop
     from pacs_fast.config import load_config
     from pacs_fast.trainer import train
 
-    before = gc.get_freeze_count()
-    freeze_long_lived()  # no command line owns this process
-    assert gc.get_freeze_count() == before
-    cfg = load_config(None, TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}"])
-    train(cfg, tmp_path / "run")
-    assert gc.get_freeze_count() == before
+    gc.freeze()  # the caller's own freeze (a notebook that froze its imports)
+    try:
+        before = gc.get_freeze_count()
+        assert before > 0
+        freeze_long_lived()  # no command line owns this process
+        assert gc.get_freeze_count() == before
+        during, real_step = [], loop.rollout_step
+        monkeypatch.setattr(loop, "rollout_step",
+                            lambda *a, **k: during.append(gc.get_freeze_count()) or real_step(*a, **k))
+        cfg = load_config(None, TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={tmp_path / 'cache'}"])
+        train(cfg, tmp_path / "run")
+        # One step, nothing new frozen in it (frozen objects still die by reference count: the count may fall),
+        # and the caller's freeze still there afterwards (the old loop's unfreeze left 0).
+        assert len(during) == 1 and during[0] <= before, (during, before)
+        assert 0.9 * before < gc.get_freeze_count() <= before
+    finally:
+        gc.unfreeze()
 
 
 def test_cyclic_garbage_is_collected_before_the_freeze():

@@ -17,8 +17,6 @@ ranks, only metrics do. Evaluation is spread the same way. Only global rank 0 wr
 """
 from __future__ import annotations
 
-import atexit
-import gc
 import time
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import torch
 
 from pacs_fast.code_version import code_version
 from pacs_fast.config import Config
+from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
 from pacs_fast.trainer.evaluation import eval_line
@@ -39,10 +38,6 @@ from pacs_fast.trainer.step import (WEIGHTED_MEANS, learn, reward_component_metr
 from pacs_fast.trainer.user_functions import UserFunctionError
 
 __all__ = ["train", "SetupError", "TrainingStopped"]
-
-# train() freezes the objects alive when its loop starts (gc.freeze): frozen objects are never
-# finalised, so they are released at exit in any case (also after an exception in the loop).
-atexit.register(gc.unfreeze)
 
 
 class TrainingStopped(RuntimeError):
@@ -63,7 +58,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     s.t_start = t_start
     world, learner = s.world, s.learner
     last_eval = dict(s.initial_eval)
-    gc.freeze()  # what lives now lives to the end: keep it out of the collector's full passes
+    freeze_long_lived()  # a command line's process: what lives now lives to the end (pacs_fast/gc_heap.py)
     try:
         for step in range(s.start_step + 1, cfg.train.steps + 1):
             t_step, tm = time.perf_counter(), {}
@@ -119,7 +114,6 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
         s.close(end_status(e))
         raise
     finally:
-        gc.unfreeze()
         s.progress.close()
     summary = finish(s) if world.is_main else None
     summary = world.broadcast(summary)
