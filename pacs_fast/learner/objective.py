@@ -24,6 +24,10 @@ STEP_ADVANTAGES = {"reinforce_plus_plus": _WHITENED, "reinforce_plus_plus_baseli
                    "gpg": ("step-scaled", "pacs_fast.algorithms.gpg.gpg_advantages")}
 
 
+#: the loss modes' metrics that are means over the sequences with loss tokens (not over tokens or every row)
+SEQUENCE_MEANS = ("seq_ratio_mean", "phi_seq_mean")
+
+
 def resolve_loss_agg(algo: AlgoConfig) -> str:
     """``algo.loss_agg`` with ``auto`` resolved per algorithm (Dr. GRPO: constant-horizon token sums)."""
     if algo.loss_agg != "auto":
@@ -166,11 +170,15 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
                                  advantage=algo.name, **kw)
         # pg_loss / kl / vf_loss are already scaled by the mini-batch's counts; the other metrics are
         # micro-batch means, weighted by the micro-batch's share: of the tokens for the per-token
-        # fractions and KL estimates, of the rows for the advantages' means (one value per row)
+        # fractions and KL estimates, of the rows for the advantages' means (one value per row), of the
+        # sequences with loss tokens for the means over those (a token share had weighted VESPO's by length,
+        # a row share GSPO's / GMPO's by rows that left the loss)
         row_share = micro.num_rows / max(counts["all_rows"], 1.0)
+        seq_share = float((mask.sum(-1) > 0).sum()) / max(counts["seqs"], 1.0)
         for k, v in pm.items():
             metrics[k] = v * (1.0 if k in ("pg_loss", "kl", "vf_loss") else
-                              row_share if k in ("adv_mean", "adv_abs_mean", "seq_ratio_mean") else token_share)
+                              row_share if k in ("adv_mean", "adv_abs_mean") else
+                              seq_share if k in SEQUENCE_MEANS else token_share)
     if algo.entropy_coef:
         ent = aggregate_loss(entropy, mask, agg, horizon=float(horizon), global_count=global_count)
         loss = loss - algo.entropy_coef * ent
