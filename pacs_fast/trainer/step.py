@@ -224,13 +224,33 @@ WEIGHTED_MEANS = {**{k: "response/tokens" for k in (
 PACS_TERMS = ("psi", "pred_reward", "rewards", "proxy")  # the per-row terms pacs_metrics reads
 
 
+def last_forward_terms(terms: dict) -> dict:
+    """PACS's per-row terms with each row of the batch once, its last forward's (``terms["rows"]``: the row of each
+    entry; ascending rows). With ``learner.epochs = E > 1`` the learner records every row E times, the first epoch's
+    at the policy before most of the update: the step's ``pacs/*`` had pooled them (E x the rows, a std of two
+    policies' scores), while ``samples.jsonl`` and the calibration plot hold each row's last (metrics audit of
+    2026-12-03: ``pacs/brier`` 0.200 against 0.162 from the samples at ``learner.epochs=2``). Unchanged without
+    ``rows`` or when every row is there once."""
+    if "rows" not in terms or "psi" not in terms:
+        return terms
+    rows = terms["rows"].long()
+    if rows.unique().numel() == rows.numel():
+        return terms
+    last = {int(r): i for i, r in enumerate(rows.tolist())}  # (a later entry of a row overwrites the earlier)
+    keep = torch.tensor([last[r] for r in sorted(last)], dtype=torch.long)
+    return {k: (v[keep] if torch.is_tensor(v) and v.dim() == 1 and len(v) == len(rows) else v)
+            for k, v in terms.items()}
+
+
 def terms_over_groups(world, terms: dict, batch: RolloutBatch) -> dict:
     """PACS's per-row terms (:data:`PACS_TERMS`) for the step record: ``rewards`` the verifier's
     (``batch.verifier_rewards`` where ``reward.overlong_buffer_len`` trained on shaped labels: sigmoid(psi) is
     calibrated against what the verifier said, as ``reward/*`` and the calibration plot are), and every
     data-parallel group's rows concatenated, what one process holds for the whole step, so that
     :func:`pacs_metrics` (a standard deviation, means over the rows of one label, the calibration gap) is the
-    whole step's, not a mean of the groups' own. Collective when ``world.dp > 1`` (every rank calls it)."""
+    whole step's, not a mean of the groups' own. Each row counts once, with its last forward's terms
+    (:func:`last_forward_terms`). Collective when ``world.dp > 1`` (every rank calls it)."""
+    terms = last_forward_terms(terms)
     if "psi" in terms and "rows" in terms and batch.verifier_rewards is not None:
         terms = {**terms, "rewards": batch.verifier_rewards.detach().cpu().to(terms["rewards"].dtype)[terms["rows"]]}
     if world.dp == 1:
