@@ -49,7 +49,7 @@ from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, pack_completions, unpack_completions
 from pacs_fast.rollout.remote import RemoteEngines, serve
 from pacs_fast.trainer.loop import (TrainingStopped, evaluate_and_report, evaluate_unless_reported, finish,
-                                   log_samples, reset_reference_if_due, save)
+                                   latest_eval, log_samples, reset_reference_if_due, save)
 from pacs_fast.trainer.problems import prompt_lists
 from pacs_fast.trainer.roles import Roles, close_roles, split_launch
 from pacs_fast.trainer.rollout_step import NoGroupKept, Round, batch_seed, rollout_step, sampling_params
@@ -246,7 +246,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
                   f"ones generate from its policy")
     rounds = RemoteRounds(s, engines, saved=s.in_flight)
     s.in_flight = None  # (the rounds hold them until their steps)
-    last_eval = dict(s.initial_eval)
+    last_eval = latest_eval(s)
     clean, status = False, "failed"
     try:
         for step in range(s.start_step + 1, cfg.train.steps + 1):

@@ -57,7 +57,7 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
         raise TrainingStopped(f"{e}; no checkpoint was written") from e
     s.t_start = t_start
     world, learner = s.world, s.learner
-    last_eval = dict(s.initial_eval)
+    last_eval = latest_eval(s)
     freeze_long_lived()  # a command line's process: what lives now lives to the end (pacs_fast/gc_heap.py)
     try:
         for step in range(s.start_step + 1, cfg.train.steps + 1):
@@ -121,6 +121,18 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
     s.close()
     close_world(world, learner)
     return summary
+
+
+def latest_eval(s: Session) -> dict:
+    """The newest held-out evaluation of the run so far, which the progress line shows until the next one: a resumed
+    run's last one up to its checkpoint (``metrics.jsonl``, rank 0's: only it shows the line), else the step-0 one.
+    A resume had shown the step-0 accuracy as ``held-out`` until its first evaluation (0.30 beside a run at 0.44)."""
+    if s.start_step and s.world.is_main:
+        evals = [r for r in read_jsonl(s.run_dir / "metrics.jsonl", keys=("eval/acc",))
+                 if r["kind"] == "eval" and r["step"] <= s.start_step and isinstance(r.get("eval/acc"), (int, float))]
+        if evals:
+            return evals[-1]
+    return dict(s.initial_eval)
 
 
 def reset_reference_if_due(cfg: Config, learner, step: int) -> bool:
