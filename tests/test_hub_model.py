@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pacs_fast.config.model_files import hub_model_folder
+from pacs_fast.config.model_files import hub_model_folder, hub_repo_of
 from pacs_fast.data.tiny import make_tiny_model
 
 from test_train import TINY
@@ -31,6 +31,17 @@ def test_only_org_slash_name_is_taken_for_a_hub_id(name):
     assert hub_model_folder(name) is None
 
 
+def test_a_snapshot_folder_gives_back_its_hub_id_and_other_folders_none(tmp_path):
+    """hub_repo_of inverts hub_model_folder's cache layout; any other folder (a plain model folder, a checkpoint,
+    a cache folder that is not a snapshot, a repo name that is not org/name) is None (kept as the path)."""
+    snapshot = _hub_cache(tmp_path / "hub")
+    assert hub_repo_of(snapshot) == hub_repo_of(str(snapshot)) == ("acme/tiny-math", REVISION)
+    for other in (None, "", tmp_path, snapshot.parent, snapshot.parent.parent, "/runs/r/checkpoints/step_000001",
+                  f"/hub/datasets--acme--x/snapshots/{REVISION}", f"/hub/models--a--b--c/snapshots/{REVISION}",
+                  f"/hub/models--tiny/snapshots/{REVISION}"):
+        assert hub_repo_of(other) is None, other
+
+
 def test_a_cached_hub_id_trains_offline_and_an_uncached_one_is_one_line(tmp_path):
     snapshot = _hub_cache(tmp_path / "hub")
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -48,3 +59,39 @@ def test_a_cached_hub_id_trains_offline_and_an_uncached_one_is_one_line(tmp_path
     assert proc.stderr == ("error: model.path 'acme/not-cached' is not a folder here, nor in the Hugging Face cache "
                            "(offline: HF_HUB_OFFLINE); give a model folder, or a hub id that is cached\n")
     assert not (tmp_path / "runs" / "s").exists()
+
+
+def test_a_lora_run_from_a_hub_id_names_the_hub_model_as_its_adapters_base(tmp_path):
+    """The run loads (and records) the cache's snapshot folder; its checkpoints' PEFT adapter named that folder as
+    its base before 2026-12-03, a path of this machine's cache: ``AutoPeftModelForCausalLM`` (and an adapter pushed
+    to the hub) could not find the base elsewhere. Now the hub id and its commit: loaded through them (offline, from
+    the hand-made cache), the adapter gives the checkpoint's merged model's logits to fp32 rounding (1e-5: two
+    orders of matmuls on a tiny model whose logits are O(1); the adapters moved them by more, checked)."""
+    import json
+
+    snapshot = _hub_cache(tmp_path / "hub")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "pacs_fast.train", *TINY, f"train.out_dir={tmp_path / 'runs'}", "train.steps=1",
+            "train.eval_every=0", "train.run_name=r", "model.path=acme/tiny-math", "model.lora_rank=4",
+            "reward.noise_fp=0.5"]  # (wrong answers rewarded at random: the random model gets some reward to learn)
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpt = tmp_path / "runs" / "r" / "checkpoints" / "step_000001"
+    adapter = json.loads((ckpt / "adapter" / "adapter_config.json").read_text())
+    assert (adapter["base_model_name_or_path"], adapter["revision"]) == ("acme/tiny-math", REVISION), adapter
+    check = f"""
+import torch
+from peft import AutoPeftModelForCausalLM
+from transformers import AutoModelForCausalLM
+ids = torch.tensor([[1, 5, 9, 3, 7, 2]])
+with torch.no_grad():
+    peft = AutoPeftModelForCausalLM.from_pretrained({str(ckpt / 'adapter')!r}).eval()(ids).logits
+    merged = AutoModelForCausalLM.from_pretrained({str(ckpt)!r})(ids).logits
+    base = AutoModelForCausalLM.from_pretrained({str(snapshot)!r})(ids).logits
+print(float((peft - merged).abs().max()), float((base - merged).abs().max()))
+"""
+    proc = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    to_merged, moved = map(float, proc.stdout.split()[-2:])
+    assert to_merged < 1e-5 < moved, proc.stdout

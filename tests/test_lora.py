@@ -469,3 +469,28 @@ def test_a_resume_on_a_checkpoint_copy_stops_with_one_line_and_skips_nothing(tmp
     assert {p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file()} == kept
     code, _, err = cli(["--resume", str(run), "train.steps=3", f"model.path={tmp_path / 'moved'}"], capsys)
     assert code == 0, err
+
+
+def test_the_adapter_config_is_the_same_file_in_every_process(tiny, tmp_path):
+    """all-linear's target modules are a set (PEFT's), in string-hash order, which differs per process: two runs of the
+    same settings (and a resumed run against its uninterrupted twin) wrote adapter_config.json files that differed
+    before 2026-12-03. Saved in two processes of different PYTHONHASHSEED now, the files are byte-identical."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import sys, torch\nfrom transformers import AutoModelForCausalLM\n"
+              "from pacs_fast.learner.lora import add_lora, save_adapter\n"
+              "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)\n"
+              "add_lora(m, rank=4, alpha=8, dropout=0.0, target_modules='all-linear')\n"
+              "save_adapter(m, sys.argv[2], base=sys.argv[1])\n")
+    files = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"adapter{seed}"
+        proc = subprocess.run([sys.executable, "-c", script, str(tiny), str(out)], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONHASHSEED": seed, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        files.append((out / "adapter_config.json").read_text())
+    assert files[0] == files[1]
+    targets = json.loads(files[0])["target_modules"]
+    assert len(targets) == 7 * 2 and targets == sorted(targets)  # (q k v o gate up down of the tiny model's 2 layers)

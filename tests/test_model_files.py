@@ -71,7 +71,7 @@ def test_token_ids_are_read_from_the_tokenizer_files_as_transformers_counts_them
     assert tokenizer_ids(tmp_path) is None and vocab_problem(tmp_path) is None  # nothing to read: not judged
 
 
-@pytest.mark.parametrize("damage", ["no_tokenizer", "cut_weights", "tokens_past_the_rows"])
+@pytest.mark.parametrize("damage", ["no_tokenizer", "cut_weights", "tokens_past_the_rows", "adapter_beside"])
 def test_both_command_lines_refuse_the_folder_before_loading(tmp_path, capsys, monkeypatch, damage):
     from pacs_fast.data.tiny import make_tiny_model
     from pacs_fast.config.model_files import TOKENIZER_FILES
@@ -87,6 +87,9 @@ def test_both_command_lines_refuse_the_folder_before_loading(tmp_path, capsys, m
         w = model / "model.safetensors"
         w.write_bytes(w.read_bytes()[:1000])
         needles = (str(w), "is cut short")
+    elif damage == "adapter_beside":  # (the next test: transformers would load another model than the folder's)
+        (model / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path": "b"}))
+        needles = ("adapter_config.json) beside config.json", "move adapter_config.json")
     else:  # tokens added to the tokenizer, the model not resized: a traceback after loading (hostile sweep)
         from transformers import AutoTokenizer
 
@@ -139,3 +142,38 @@ def test_train_checks_the_loaded_tokenizer_when_its_files_cannot_be_read(tmp_pat
     err = capsys.readouterr().err
     assert e.value.code == 2 and "Traceback" not in err, err
     assert f"token ids up to {rows} but the model has {rows} embedding rows" in err.strip().splitlines()[-1], err
+
+
+def test_a_peft_adapter_beside_the_weights_is_refused_as_transformers_applies_it(tmp_path):
+    """A model folder holding config.json and its weights and also a PEFT adapter (one saved into the folder of its
+    own merge, a common slip): transformers (PEFT installed) loads the folder's weights with the adapter on top --
+    a merged folder gets the update twice -- while vLLM loads the weights alone. Before 2026-12-03 the trainer took
+    such a folder, set up, evaluated step 0 and failed at the first backward with a traceback (the adapter loaded
+    frozen: "element 0 of tensors does not require grad"), and the eval CLI's two engines evaluated two different
+    models without a word. Now both command lines refuse it in one line (the parametrized test above)."""
+    pytest.importorskip("peft")
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from pacs_fast.config.model_files import model_folder_problem
+    from pacs_fast.data.tiny import make_tiny_model
+    from pacs_fast.learner.lora import add_lora, save_adapter
+
+    folder = make_tiny_model(tmp_path / "a", seed=0)
+    plain = shutil.copytree(folder, tmp_path / "plain")
+    assert model_folder_problem(folder) is None
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    add_lora(model, rank=2, alpha=4, dropout=0.0, target_modules="q_proj")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 1.0)
+    save_adapter(model, folder, base=str(folder))  # adapter_config.json + adapter_model.safetensors beside the weights
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(ids).logits
+        weights_alone = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32)(ids).logits
+    assert not torch.allclose(got, weights_alone, atol=1e-3)  # the hazard: not the folder's weights' model
+    problem = model_folder_problem(folder)
+    assert problem and "adapter_config.json) beside config.json" in problem, problem

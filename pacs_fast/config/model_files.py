@@ -258,6 +258,10 @@ def model_folder_problem(path: str | Path) -> str | None:
                                                                            else ""))
     if not (path / "config.json").is_file():
         return f" has no config.json: not a Hugging Face model folder{run_folder_hint(path)}"
+    if (path / "adapter_config.json").is_file():  # (a PEFT adapter saved into a model's folder, e.g. its merge's)
+        return (" holds a PEFT adapter (adapter_config.json) beside config.json: transformers with PEFT loads the "
+                "folder's weights with the adapter on top (twice, if they are its merge), vLLM the weights alone, and "
+                "the trainer cannot train the frozen adapter; move adapter_config.json and adapter_model.* out of it")
     if not has_tokenizer(path):  # transformers would build an empty tokenizer without a word
         return f" has no tokenizer files ({' / '.join(TOKENIZER_FILES)}): copy the model's tokenizer into that folder"
     problem = config_problem(path)
@@ -277,6 +281,21 @@ def hf_hub_offline() -> bool:
     huggingface_hub reads them: 1 / true / yes / on)."""
     return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
                for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_repo_of(folder: str | Path | None) -> tuple[str, str] | None:
+    """``(repo id, revision)`` when ``folder`` is a snapshot folder of the Hugging Face cache
+    (``.../models--org--name/snapshots/<commit>``, what :func:`hub_model_folder` gives for ``org/name``), else None.
+    The inverse of :func:`hub_model_folder`: a run given a hub id records the snapshot folder, a path of this
+    machine's cache; what leaves the run for other machines (a PEFT adapter's base) names the hub id instead."""
+    if not folder:
+        return None
+    parts = Path(folder).parts
+    if len(parts) < 3 or parts[-2] != "snapshots" or not parts[-3].startswith("models--"):
+        return None
+    repo = parts[-3][len("models--"):].split("--")
+    name = "/".join(repo)
+    return (name, parts[-1]) if len(repo) == 2 and _REPO_ID.fullmatch(name) else None
 
 
 def hub_model_folder(name: str, key: str = "model.path") -> Path | None:

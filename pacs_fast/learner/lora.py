@@ -250,19 +250,27 @@ def check_same_merge(model: torch.nn.Module, loaded: dict[str, torch.Tensor]) ->
 def save_adapter(model: torch.nn.Module, folder, *, base: str | None = None) -> None:
     """Writes the adapters as a PEFT adapter folder (``adapter_config.json`` and ``adapter_model.safetensors``, the
     names and layout ``PeftModel.save_pretrained`` writes) into ``folder``; ``base``: the base model's path or hub
-    id, recorded as ``base_model_name_or_path``."""
+    id, recorded as ``base_model_name_or_path``. A snapshot folder of the Hugging Face cache (a ``model.path`` given
+    as a hub id) is recorded as its hub id and commit (``revision``), as PEFT writes an adapter trained on a hub
+    model: ``AutoPeftModelForCausalLM`` then loads that base on any machine (a cache path is this machine's)."""
     import copy
     from pathlib import Path
 
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
+    from pacs_fast.config.model_files import hub_repo_of
     from pacs_fast.files import default_mode
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(model.peft_config["default"])
     config.base_model_name_or_path, config.task_type, config.inference_mode = base, "CAUSAL_LM", True
+    hub = hub_repo_of(base)
+    if hub is not None:
+        config.base_model_name_or_path, config.revision = hub
+    if isinstance(config.target_modules, (set, list)):  # (all-linear's: a set, in string-hash order: identical runs
+        config.target_modules = sorted(config.target_modules)  # wrote adapter_config.json files that differed)
     # (a PeftModel's own names: it wraps the model as base_model.model)
     state = {f"base_model.model.{name}": t.detach().to("cpu").contiguous().clone()
              for name, t in get_peft_model_state_dict(model).items()}
