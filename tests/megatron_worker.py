@@ -7,6 +7,9 @@
    reference model) and with TP = 1 x DP = 2 (each data-parallel rank gets half of the groups;
    activation recomputation on); the updated weights and AdamW moments in HF names, a state-dict
    round trip; the TP = 2 learner also writes an HF folder (``save_hf``).
+3. baselines: :func:`baseline_step` (the test runs the same on the torch learner) for a few baselines with the
+   keys that reach the learner (KL with a reference model, entropy bonus, truncated rows, off-policy weights, stale
+   old log-probs, epochs, the learning-rate scale), TP = 2 and TP = 1 x DP = 2.
 
 Inputs come from ``<workdir>/inputs.pt`` (written by the test); rank 0 writes
 ``<workdir>/results.pt``. The test compares everything with transformers on the same weights.
@@ -63,6 +66,7 @@ def run(workdir: str) -> None:
     results = {}
     parity(inputs, results, inputs["variants"])
     learner_step(inputs, results, workdir)
+    baselines(inputs, results)
     if dist.get_rank() == 0:
         torch.save(results, os.path.join(workdir, "results.pt"))
     dist.barrier()
@@ -124,6 +128,51 @@ def learner_step(inputs, results, workdir):
                 out["divergence_error"] = str(e)
         results[key] = out
         learner.close()
+
+
+def baseline_step(learner, spec: dict, case: dict) -> dict:
+    """One trainer-like step of ``learner`` (either learner) on ``spec``'s batch for ``case`` (``algo`` / ``learner``
+    settings, ``truncated``, ``is_weights``, ``stale``: old log-probs moved by ``spec["noise"]`` so that every
+    ratio is off 1 and the clips act, ``lr_scale``). Returns the old log-probs, the metrics and the HF weights."""
+    import copy
+
+    from pacs_fast.learner.base import RolloutBatch
+    from pacs_fast.learner.objective import holds_reference_model
+
+    batch = RolloutBatch(**copy.deepcopy(spec["batch"]))
+    if case.get("truncated"):
+        batch.truncated = spec["truncated"].clone()
+    if case.get("advantages"):  # GPG's step-scaled advantages (the trainer's: one process, the whole step)
+        from pacs_fast.trainer.step import step_gpg
+        batch.advantages = step_gpg(batch)
+    batch.old_logp, batch.old_entropy = learner.compute_logprobs(batch, return_entropy=True)
+    old = batch.old_logp.clone()
+    if case.get("stale"):
+        batch.old_logp = batch.old_logp + spec["noise"] * batch.response_mask
+    if case.get("is_weights"):
+        batch.is_weights = spec["is_weights"] * batch.response_mask
+        batch.kept_mask = batch.response_mask.clone()
+    if learner.needs_ref:
+        batch.ref_logp = (learner.compute_logprobs(batch, reference=True) if holds_reference_model(learner.algo)
+                          else batch.old_logp)
+    learner.set_lr_scale(case.get("lr_scale", 1.0))
+    metrics = learner.update(batch, seed=spec["seed"])
+    return {"old_logp": old, "metrics": metrics, "weights": dict(learner.export_hf_weights())}
+
+
+def baselines(inputs, results):
+    """:func:`baseline_step` for each of ``inputs["baselines"]["cases"]`` at TP = 2 and TP = 1 x DP = 2."""
+    from pacs_fast.config import AlgoConfig, LearnerConfig
+    from pacs_fast.learner.megatron.learner import MegatronLearner
+
+    spec = inputs["baselines"]
+    for tp in (2, 1):
+        for name, case in spec["cases"].items():
+            learner = MegatronLearner(spec["model"], algo=AlgoConfig(**case["algo"]),
+                                      learner=LearnerConfig(**case["learner"], backend="megatron", tp_size=tp),
+                                      temperature=spec["temperature"], horizon=spec["horizon"])
+            results[f"baselines/tp{tp}/{name}"] = baseline_step(learner, spec, case)
+            learner.close()
 
 
 def full_disk_errors(learner, workdir) -> dict:

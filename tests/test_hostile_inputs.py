@@ -186,17 +186,20 @@ LLAMA31 = {**SMALL, "model_type": "llama", "architectures": ["LlamaForCausalLM"]
                             "original_max_position_embeddings": 8192}}
 
 
-@pytest.mark.parametrize("change", ["llama3_rope", "yarn_rope", "sliding_window"])
+@pytest.mark.parametrize("change", ["llama3_rope", "yarn_rope", "sliding_window", "attention_dropout"])
 def test_a_model_megatron_cannot_build_is_refused_before_the_model_loads(tmp_path, capsys, change):
     """Llama-3.1's RoPE scaling, the YaRN block Qwen2.5's model cards add for long contexts, Qwen2's sliding
-    windows: megatron's builder raised on every rank with a traceback, after the run folder was made."""
+    windows: megatron's builder raised on every rank with a traceback, after the run folder was made. A config's
+    attention dropout: megatron's model is built without dropout, so the run trained silently without it (the torch
+    learner applies it; parity audit of 2026-12-03)."""
     from pacs_fast.trainer.preflight import check_megatron_model
 
     folder = qwen_folder(tmp_path)
     config = {**QWEN, **SMALL, "rope_theta": 1e6, "max_position_embeddings": 32768}
     config = {"llama3_rope": LLAMA31, "sliding_window": {**config, "use_sliding_window": True, "sliding_window": 4096},
               "yarn_rope": {**config, "rope_scaling": {"type": "yarn", "factor": 4.0,
-                                                       "original_max_position_embeddings": 32768}}}[change]
+                                                       "original_max_position_embeddings": 32768}},
+              "attention_dropout": {**config, "attention_dropout": 0.1}}[change]
     (folder / "config.json").write_text(json.dumps(config))
     runs = tmp_path / "runs"
     code, err = cli(["learner.backend=megatron", f"model.path={folder}", "data.dataset=math500",
@@ -204,10 +207,33 @@ def test_a_model_megatron_cannot_build_is_refused_before_the_model_loads(tmp_pat
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert f"learner.backend=megatron cannot build model.path={folder}: hf_config" in err and \
         "learner.backend=torch trains it" in err, err
+    if change == "attention_dropout":
+        assert "hf_config has attention_dropout=0.1: the megatron learner trains without dropout" in err, err
     assert not runs.exists()  # nothing made
     check_megatron_model(load_config(None, [f"model.path={folder}"]))  # the torch learner takes it
     (folder / "config.json").write_text(json.dumps({**QWEN, **SMALL, "rope_theta": 1e6}))
     check_megatron_model(load_config(None, ["learner.backend=megatron", f"model.path={folder}"]))
+
+
+def test_the_megatron_learner_refuses_a_checkpoint_with_dropout(tmp_path):
+    """The learner's own check (its API, without the command line's preflight): before any process group or model,
+    so no launch is needed. It had built the model with dropout 0 and trained without a word."""
+    pytest.importorskip("megatron.core")
+    from pacs_fast.config import AlgoConfig, LearnerConfig
+    from pacs_fast.learner.megatron.learner import MegatronLearner
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**QWEN, **SMALL, "attention_dropout": 0.25}))
+    with pytest.raises(ValueError, match=r"^hf_config has attention_dropout=0.25: the megatron learner trains "
+                                         r"without dropout \(the torch learner applies it\)"):
+        MegatronLearner(folder, algo=AlgoConfig(name="grpo"), learner=LearnerConfig(backend="megatron"))
+    from pacs_fast.learner.megatron.model import check_no_dropout
+
+    check_no_dropout({"attention_dropout": 0.0, "use_dropout": True})  # (0, and a flag that is not a probability)
+    with pytest.raises(ValueError, match="embd_pdrop=0.1, resid_pdrop=0.2"):
+        from transformers import PretrainedConfig
+        check_no_dropout(PretrainedConfig(resid_pdrop=0.2, embd_pdrop=0.1))
 
 
 def test_varlen_attention_a_model_cannot_take_is_refused_before_the_model_loads(tmp_path, capsys):

@@ -210,7 +210,8 @@ def check_tensor_parallel(cfg) -> None:
 def check_megatron_model(cfg) -> None:
     """ValueError naming ``learner.backend=megatron`` and ``model.path`` when megatron's builder cannot
     reproduce the model (a RoPE scaling such as Llama-3.1's or YaRN, sliding windows, another
-    architecture: :func:`pacs_fast.learner.megatron.model.check_hf_config`), read from ``config.json``
+    architecture: :func:`pacs_fast.learner.megatron.model.check_hf_config`; dropout, which it would silently leave
+    out: :func:`~pacs_fast.learner.megatron.model.check_no_dropout`), read from ``config.json``
     before any model loads; it was a traceback on every rank after the run folder had been made. A
     folder transformers cannot read is left to the model's own error."""
     if cfg.learner.backend != "megatron" or not cfg.model.path:
@@ -220,13 +221,14 @@ def check_megatron_model(cfg) -> None:
         return
     from transformers import AutoConfig
 
-    from pacs_fast.learner.megatron.model import check_hf_config  # imports no megatron
+    from pacs_fast.learner.megatron.model import check_hf_config, check_no_dropout  # imports no megatron
     try:
         hf_config = AutoConfig.from_pretrained(folder)
     except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
         return
     try:
         check_hf_config(hf_config)
+        check_no_dropout(hf_config)  # (built without dropout: it would train silently without it)
     except ValueError as e:
         raise ValueError(f"learner.backend=megatron cannot build model.path={cfg.model.path}: {e}; "
                          f"learner.backend=torch trains it") from None

@@ -43,7 +43,8 @@ tensor-parallel size but costs a full model copy per rank.
 Non-finite loss or gradient norm: :class:`~pacs_fast.learner.base.NonFiniteError` on every rank
 before the optimiser step (decided with one all-reduce).
 
-Not supported (ValueError or documented gap): PPO (no value head), pipeline parallelism, sequence
+Not supported (ValueError or documented gap): PPO (no value head), a checkpoint whose config asks for dropout
+(:func:`~pacs_fast.learner.megatron.model.check_no_dropout`: built without it), pipeline parallelism, sequence
 parallelism (needs Transformer Engine), Transformer Engine layer specs (megatron's local spec, with
 the varlen core attention of :mod:`.core_attention`, runs on the GPU too).
 
@@ -73,7 +74,7 @@ from pacs_fast.learner.megatron.data_parallel import (all_reduce_sum, check_same
 from pacs_fast.learner.megatron.export import iter_hf_buckets, save_hf_folder, weight_manifest
 from pacs_fast.learner.megatron.forward import token_logprobs
 from pacs_fast.learner.megatron.fused import FusedOldLogprobs
-from pacs_fast.learner.megatron.model import build_gpt_model, recompute_overrides
+from pacs_fast.learner.megatron.model import build_gpt_model, check_no_dropout, recompute_overrides
 from pacs_fast.learner.megatron.optimizer import make_optimizer
 from pacs_fast.learner.megatron.setup import (LazyHFCheckpoint, init_parallel, raise_if_non_finite,
                                              tp_grad_norm)
@@ -137,6 +138,8 @@ class MegatronLearner(Learner):
         params_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
         if params_dtype is None:
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+        self.hf_config = AutoConfig.from_pretrained(model_path)
+        check_no_dropout(self.hf_config)  # (before the process groups: the model is built without dropout)
         self.device = init_parallel(learner.tp_size, device=device)
         self.tp_size = learner.tp_size
         self.tp_rank = ps.get_tensor_model_parallel_rank()
@@ -150,7 +153,6 @@ class MegatronLearner(Learner):
                              f"{self.dp_size} data-parallel groups (each takes mini_batch_prompts / dp of its own)")
         self.model_path = Path(model_path)
 
-        self.hf_config = AutoConfig.from_pretrained(model_path)
         rows = self.hf_config.vocab_size
         if vocab_size is not None and not 1 <= int(vocab_size) <= rows:
             raise ValueError(f"vocab_size must be in [1, {rows}] (the LM head's rows), got {vocab_size}")

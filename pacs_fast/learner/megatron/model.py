@@ -3,7 +3,8 @@
 Supported: ``Qwen2ForCausalLM`` (QKV bias) and ``LlamaForCausalLM`` (no biases) style decoders —
 RoPE (default rope type, non-interleaved halves as in HF), grouped-query attention, SwiGLU MLP,
 RMSNorm, tied or untied input/output embeddings. Built with megatron's *local* layer spec (no
-Transformer Engine), dropout 0, fp32 parameters unless ``params_dtype`` says otherwise; its core
+Transformer Engine), dropout 0 (a checkpoint whose config asks for dropout is refused: :func:`check_no_dropout`),
+fp32 parameters unless ``params_dtype`` says otherwise; its core
 attention is :mod:`~pacs_fast.learner.megatron.core_attention`'s (megatron's ``DotProductAttention``
 plus a varlen path for packed THD rows).
 
@@ -54,6 +55,20 @@ def check_hf_config(hf_config) -> None:
     if model_type == "qwen2" and getattr(hf_config, "use_sliding_window", False):
         raise ValueError("hf_config.use_sliding_window=True is not supported")
     _rope_theta(hf_config)
+
+
+def check_no_dropout(hf_config) -> None:
+    """ValueError naming each dropout probability > 0 of ``hf_config`` (a ``PretrainedConfig`` or its dict; Qwen2 /
+    Llama: ``attention_dropout``; any ``*dropout*`` / ``*pdrop*`` number, as
+    :func:`pacs_fast.causal_lm.has_active_dropout` reads them). The megatron model is built without dropout, while the
+    torch learner trains such a checkpoint with it: the run would silently train another model. (Conversions of
+    weights do not call it: dropout does not change them.)"""
+    items = (hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)).items()  # (a config or a dict)
+    found = [f"{k}={v}" for k, v in sorted(items) if ("dropout" in k or "pdrop" in k) and isinstance(v, (int, float))
+             and not isinstance(v, bool) and v > 0]
+    if found:
+        raise ValueError(f"hf_config has {', '.join(found)}: the megatron learner trains without dropout (the torch "
+                         f"learner applies it); set it to 0 in config.json to train without")
 
 
 def head_dim(hf_config) -> int:
