@@ -50,7 +50,9 @@ def parse_args(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(
         prog="python -m pacs_fast.train", add_help=False,
         description="PACS / GRPO / PPO / RLOO / Dr.GRPO training with verifiable rewards.",
-        epilog="Overrides: section.key=value (values parsed as YAML).")
+        epilog="Overrides: section.key=value (values parsed as YAML). Precedence: the defaults, then the --config "
+               "file, then the overrides in their order (a key given twice: the last one wins); a key nobody sets "
+               "that follows another (learner.mini_batch_prompts, algo.clip_*) follows it.")
     parser.add_argument("--config", default=None, help="YAML file with config sections")
     parser.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
@@ -139,6 +141,10 @@ def resolve(args) -> tuple[object, Path]:
     else:
         cfg = load_config(args.config, args.overrides)
         validate(cfg)
+        if launch_rank() == "0":  # (a recorded default the overrides would change: kept, and said so)
+            from pacs_fast.config.loading import kept_file_defaults
+            for line in kept_file_defaults(args.config, args.overrides):
+                print(f"warning: {line}", file=sys.stderr, flush=True)
         record_absolute_paths(cfg)  # config.yaml names the files wherever --resume runs from
         run_dir = claim_run_dir(cfg)
     validate(cfg)

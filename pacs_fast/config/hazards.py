@@ -16,6 +16,10 @@ An aggregation that undoes its algorithm: ``algo.name=gspo`` with any ``algo.los
 has tokens; TRL warns of the same), ``algo.name=dr_grpo`` with ``seq-mean-token-mean`` (the per-response length normalisation
 Dr. GRPO removes). ``auto`` (the default) takes each algorithm's own.
 
+``data.system_prompt`` / ``data.instruction`` of the text null, ~ or None: on the command line a text key takes its
+value as written (``data.instruction=null`` appended "null" to every problem; ``instruction: null`` in a config
+file is none).
+
 The code reward (``reward.fn=pacs_fast.reward.code_tests:...``) with the default ``data.instruction`` (the
 paper's, which asks for a boxed final answer, not a code block).
 
@@ -57,6 +61,11 @@ def hazard_warnings(cfg: Config) -> list[str]:
         out.append("reward.fn=pacs_fast.reward.code_tests:... scores the response's last fenced code block, but "
                    "data.instruction=pacs (the default) asks for a final answer within \\boxed{}: set "
                    "data.instruction to ask for a ```python block (or '' when the problems say so themselves)")
+    for key in ("data.system_prompt", "data.instruction"):  # (a text key takes the command line's text as written)
+        value = getattr(cfg.data, key.split(".")[1])
+        if value.strip() in ("null", "Null", "NULL", "~", "None"):
+            out.append(f"{key}={value!r} is that text, in every prompt: on the command line a text key takes its "
+                       f"value as written (null and ~ are empty only in a config file); for none give {key}=")
     typed = escape_warning(cfg.rollout.stop, "rollout.stop")
     if typed:
         out.append(typed)

@@ -1,6 +1,7 @@
 """A :class:`Config` from and to a dict, a YAML file and ``section.key=value`` overrides; ``--help``."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
@@ -10,7 +11,8 @@ from typing import Any
 
 import yaml
 
-from pacs_fast.config.schema import CLIP_C_DEFAULTS, CLIP_DEFAULTS, Config, LearnerConfig, field_types, section_classes
+from pacs_fast.config.schema import (CLIP_C_DEFAULTS, CLIP_DEFAULTS, AlgoConfig, Config, LearnerConfig, field_types,
+                                     section_classes)
 
 def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
@@ -77,6 +79,7 @@ def _coerce(key: str, value: Any, typ) -> Any:
         if isinstance(value, dict):
             return _plain(dict(value))
     hint = (f" (a list in brackets: {key}=[a,b], or [a] for one)" if typ is list else
+            " (true or false)" if typ is bool else
             f" (a mapping in braces: {key}={{name: value}})" if typ is dict else "")
     raise ValueError(f"config key {key!r} expects {getattr(typ, '__name__', typ)}, got "
                      f"{text if text is not None else repr(value)}{hint}")
@@ -95,6 +98,8 @@ def all_keys() -> list[str]:
 def set_value(cfg: Config, dotted: str, value: Any) -> None:
     """Sets ``cfg.<section>.<key> = value`` after checking the key and the value's type."""
     parts = dotted.split(".")
+    if len(parts) == 1 and dotted in section_classes():  # (``learner=3``: "unknown key 'learner'" had said)
+        raise ValueError(f"config key {dotted!r} is a section, not a key: give {dotted}.KEY=value (see --help)")
     if len(parts) != 2:
         raise _unknown(dotted, all_keys())
     section, key = parts
@@ -177,8 +182,17 @@ _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(
                                        list("tTfF"))
 # a float with an exponent and no point (1e-5, 9e-1) as YAML 1.2 reads it: YAML 1.1 made it text, which a float key
 # converted but a list of floats (learner.betas=[9e-1,0.999]) kept, and refused
-_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
-                                       list("-+0123456789"))
+_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$")
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
+
+
+class _Dumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` that quotes a string _UniqueKeyLoader would read as a float (``"1e3"``): YAML 1.1's dumper
+    wrote it plain, so a run's config.yaml gave ``rollout.stop: ["1e3"]`` back as [1000.0] (refused at --resume) and
+    a chat_template_kwargs text as a number (kept silently), to a --resume and to --config alike."""
+
+
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
 
 
 class _YamlInt(int):
@@ -222,14 +236,22 @@ def read_yaml(path: str | Path) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ValueError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
+        raise ValueError(f"config file {str(path)!r} must hold a mapping of sections, got "
+                         f"{type(_plain(data)).__name__}")  # (_plain: "int", not the loader's _YamlInt)
     return data
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
     """Defaults, then the YAML file at ``path`` (if any), then ``section.key=value`` overrides."""
+    cfg, _ = _load(path, overrides)
+    return cfg
+
+
+def _load(path, overrides) -> tuple[Config, Config]:
+    """load_config's ``(config, the file's config alone before the defaults that follow other keys)``."""
     cfg = Config()
     given: set[str] = set()
+    in_file = Config()
     if path:
         path = Path(path)
         if not path.is_file():
@@ -238,13 +260,64 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         data = read_yaml(path)
         from_dict(data, cfg)
         given |= {f"{sec}.{k}" for sec, vals in data.items() if isinstance(vals, dict) for k in vals}
+        in_file = copy.deepcopy(cfg)
     for text in overrides:
         key, value = parse_override(text)
         set_value(cfg, key, value)
         given.add(key)
     _batch_defaults_follow_prompts(cfg, given)
     _clip_defaults_follow_algorithm(cfg, given)
-    return cfg
+    return cfg, in_file
+
+
+# keys whose default follows other keys (load_config), in the order they are derived: the mini-batch before the
+# micro-batch that follows it
+FOLLOWERS = {"learner.mini_batch_prompts": ("train.prompts_per_step",),
+             "learner.micro_batch_prompts": ("learner.mini_batch_prompts",),
+             "algo.clip_low": ("algo.name",), "algo.clip_high": ("algo.name",), "algo.clip_c": ("algo.name",)}
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    section, key = dotted.split(".")
+    return getattr(getattr(cfg, section), key)
+
+
+def kept_file_defaults(path: str | Path | None, overrides: list[str] | tuple = ()) -> list[str]:
+    """One line per :data:`FOLLOWERS` key that the config file at ``path`` holds at the default of its own settings
+    while an override changes what the key follows: the file's value is kept (a value given is kept), which a fresh
+    run with those settings would not take. A run's ``config.yaml`` records such defaults (``algo.clip_low: 0.2``
+    for PACS, ``learner.mini_batch_prompts: 4`` for ``train.prompts_per_step: 4``): given back as ``--config``
+    with ``algo.name=gspo`` or ``train.prompts_per_step=64`` it trains with a GSPO clip 700x wider than GSPO's,
+    or 16 optimiser steps a batch, without a word. ``train`` prints these as warnings."""
+    if not path:
+        return []
+    cfg, in_file = _load(path, overrides)
+    data = read_yaml(path)
+    file_keys = {f"{sec}.{k}" for sec, vals in data.items() if isinstance(vals, dict) for k in vals}
+    overridden = {parse_override(text)[0] for text in overrides}
+    alone = copy.deepcopy(in_file)  # the file's config as it loads without overrides
+    _batch_defaults_follow_prompts(alone, file_keys)
+    _clip_defaults_follow_algorithm(alone, file_keys)
+    own = copy.deepcopy(alone)  # the value each follower would have there had the file not set it
+    for key in ("clip_low", "clip_high", "clip_c"):
+        setattr(own.algo, key, getattr(AlgoConfig(), key))  # (the shared default, where the algorithm has none)
+    _clip_defaults_follow_algorithm(own, set())
+    own.learner.mini_batch_prompts = _largest_divisor(alone.train.prompts_per_step, LearnerConfig().mini_batch_prompts)
+    own.learner.micro_batch_prompts = default_micro_batch_prompts(alone.learner.mini_batch_prompts)
+    out = []
+    for key, leaders in FOLLOWERS.items():
+        changed = [k for k in leaders if _get(cfg, k) != _get(alone, k)]
+        if key in file_keys and key not in overridden and _get(alone, key) == _get(own, key) and changed:
+            fresh = copy.deepcopy(cfg)
+            given = (file_keys | overridden) - {key}
+            _batch_defaults_follow_prompts(fresh, given)
+            _clip_defaults_follow_algorithm(fresh, given)
+            if _get(fresh, key) != _get(cfg, key):
+                out.append(f"{key}={_get(cfg, key)!r} comes from {str(path)!r}, where it is the default of its "
+                           f"{changed[0]}={_get(alone, changed[0])!r}; with {changed[0]}={_get(cfg, changed[0])!r} "
+                           f"the default is {_get(fresh, key)!r}, which a run without that line takes: give {key} "
+                           f"to choose (the file's value is kept)")
+    return out
 
 
 def _clip_defaults_follow_algorithm(cfg: Config, given: set[str]) -> None:
@@ -286,7 +359,8 @@ def default_micro_batch_prompts(mini_batch_prompts: int) -> int:
 def save_config(cfg: Config, path: str | Path) -> None:
     """Writes the config as YAML atomically (a temporary file, fsync, then ``os.replace``)."""
     path = Path(path)
-    text = yaml.safe_dump(to_dict(cfg), sort_keys=False)  # (before any file: a value YAML cannot write leaves none)
+    # (before any file: a value YAML cannot write leaves none)
+    text = yaml.dump(to_dict(cfg), Dumper=_Dumper, sort_keys=False)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # (pacs_fast.files.temporary_name: config imports none)
     try:
         with open(tmp, "w", encoding="utf-8") as f:

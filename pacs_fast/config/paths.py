@@ -7,6 +7,7 @@ output folder, a dataset file, folder or glob).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from pacs_fast.config.dataset_files import dataset_exists, dataset_files
@@ -77,10 +78,24 @@ def _check_writable(key: str, folder: Path) -> None:
                          f"another {key}")
 
 
+_ENV_VAR = re.compile(r"\$(?:\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+
+
+def check_no_env_var(key: str, value: str) -> None:
+    """ValueError naming ``key`` when ``value`` holds ``$NAME`` / ``${NAME}`` and is no existing path as written:
+    a shell expands it, but not inside quotes nor in a config file, and pacs_fast does not either
+    (``train.out_dir: $HOME/runs`` had made a folder named ``$HOME`` in the current one)."""
+    found = _ENV_VAR.search(value)
+    if found and not os.path.lexists(os.path.expanduser(value)):
+        raise ValueError(f"{key} {value!r} holds {found.group(0)}, which is not expanded (a shell expands it outside "
+                         f"quotes; a config file and a quoted override keep it as text): write the path itself")
+
+
 def validate_paths(cfg: Config) -> None:
     """Files and folders the run reads or writes, checked before any model work."""
     for key in PATH_KEYS:
         check_path_length(key, _value(cfg, key))
+        check_no_env_var(key, _value(cfg, key))
     # the run folder (an automatic name takes up to ~40 bytes) and room for its files (checkpoints/step_N/...)
     check_path_length("train.out_dir / train.run_name", str(Path(cfg.train.out_dir) / (cfg.train.run_name or "x" * 40)),
                       room=RUN_FILES_ROOM)
