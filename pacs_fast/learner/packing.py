@@ -109,21 +109,31 @@ def pack(ids: torch.Tensor, attention_mask: torch.Tensor, *, implementation: str
     capacity = sum(sizes) if flash else max(sizes)
     bins = first_fit_decreasing(sizes, capacity)
     nb = len(bins)
-    row = torch.empty(b, dtype=torch.long)
-    start = torch.empty(b, dtype=torch.long)
-    packed = torch.zeros(nb, capacity, dtype=ids.dtype)
-    pos = torch.zeros(nb, capacity, dtype=torch.long)
-    seg = torch.full((nb, capacity), -1, dtype=torch.long)  # -1: an empty slot
-    for k, members in enumerate(bins):
+    row_of, start_of, fill, order = [0] * b, [0] * b, [], []
+    for k, members in enumerate(bins):  # (integers only: no tensor op per row)
         at = 0
         for i in sorted(members):  # row order inside a bin: deterministic, readable
-            n = sizes[i]
-            row[i], start[i] = k, at
-            packed[k, at:at + n] = ids[i, :n]
-            pos[k, at:at + n] = torch.arange(n)
-            seg[k, at:at + n] = i
-            at += n
-        pos[k, at:] = torch.arange(capacity - at)  # empty slots: any valid positions, never read
+            row_of[i], start_of[i] = k, at
+            at += sizes[i]
+            order.append(i)
+        fill.append(at)
+    row = torch.tensor(row_of, dtype=torch.long)
+    start = torch.tensor(start_of, dtype=torch.long)
+    # every row's first sizes[i] tokens to slots start[i].. of bin row[i], in one gather and scatter over the packed
+    # tokens: a copy per row (for ids on a GPU a device-to-host copy and sync per row) cost O(rows) Python
+    order_t = torch.tensor(order, dtype=torch.long)
+    size = torch.tensor(sizes, dtype=torch.long)[order_t]
+    first = size.cumsum(0) - size                                  # where each row's tokens begin among the N packed
+    seg_of = torch.repeat_interleave(order_t, size)                # [N]: each packed token's row
+    at = torch.arange(len(seg_of)) - torch.repeat_interleave(first, size)  # [N]: its position in its row
+    dest = at + torch.repeat_interleave(row[order_t] * capacity + start[order_t], size)  # [N]: its flat slot
+    packed = torch.zeros(nb, capacity, dtype=ids.dtype)
+    packed.view(-1)[dest] = ids.cpu().reshape(-1)[at + torch.repeat_interleave(order_t * T, size)]
+    # empty slots (those past a bin's fill): 0, 1, ... any valid positions, never read
+    pos = torch.arange(capacity)[None, :] - torch.tensor(fill, dtype=torch.long)[:, None]
+    pos.view(-1)[dest] = at
+    seg = torch.full((nb, capacity), -1, dtype=torch.long)  # -1: an empty slot
+    seg.view(-1)[dest] = seg_of
     mask = None
     if not flash:
         causal = torch.ones(capacity, capacity, dtype=torch.bool).tril()
