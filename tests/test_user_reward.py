@@ -252,3 +252,30 @@ def test_the_rank_left_waiting_for_a_stopped_one_says_so_in_one_line(monkeypatch
     monkeypatch.setenv("WORLD_SIZE", "1")  # one process: nothing went away, the error is its own
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
         cli(TINY + [f"train.out_dir={tmp_path}", "train.run_name=r2"], capsys)
+
+
+def test_the_memo_holds_a_bounded_amount_of_text():
+    """A long run's memo: long distinct responses, one call each (a step's), are let go once their keys hold
+    ``MEMO_MAX_CHARS`` characters of text; it had been cleared only at 200,000 keys, whatever their length (with
+    4k-token responses ~3 GB of the trainer's memory, climbing for hundreds of steps). 64 responses of 2**20
+    characters are twice the 2**25 cap: the memo holds at most the cap plus one call's key (its clear comes at the
+    start of a call), and the old one held all 64 (67 M characters). A repeat is still scored once."""
+    calls = []
+
+    def score(problems, texts, answers):
+        calls.append(len(texts))
+        return [0.0] * len(texts)
+
+    def held(scorer) -> int:  # the text the memo's keys hold, counted here (the old scorer did not count it)
+        return sum(len(x) for key in scorer.memo for x in key if isinstance(x, str))
+
+    scorer = Scorer(0, user_fn=score)
+    long = 1 << 20
+    most = 0
+    for i in range(64):
+        text = f"{i:02d}" + "x" * long
+        assert scorer([text, text], ["1", "1"], step=i + 1, problems=["p", "p"]) == [0.0, 0.0]
+        most = max(most, held(scorer))
+    assert calls == [1] * 64  # each distinct response once (the memo works)
+    assert most <= (1 << 25) + long + 8, most
+    scorer.close()

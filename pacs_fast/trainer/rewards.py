@@ -43,6 +43,19 @@ from pacs_fast.trainer.reward_mix import RewardMix, make_reward_mix
 from pacs_fast.trainer.user_functions import (  # noqa: F401 (load_callable, user_rewards: imported from here too)
     UserFunctionError, call_with_time_limit, check_reward_signature, checked_flags, load_callable, user_rewards)
 
+# The memo is cleared (at the start of a call) once it holds more keys, or more characters of text in its keys, than
+# these. A count alone had let it grow to 200,000 keys whatever their length: with 4k-token responses (~16 KB of text
+# each) about 3 GB in the trainer's process before the first clear, a run's memory climbing for hundreds of steps.
+# 2**25 characters: 32-128 MiB of text (1-4 bytes a character), thousands of such responses; a repeat across steps is
+# rare for responses that long, while short ones (the tiny task's) still fill the count first.
+MEMO_MAX_KEYS = 200_000
+MEMO_MAX_CHARS = 1 << 25
+
+
+def _key_chars(key: tuple) -> int:
+    """The characters a memo key's text holds (its str parts)."""
+    return sum(len(x) for x in key if isinstance(x, str))
+
 
 def check_callables(cfg) -> None:
     """Imports the user functions the config names (before any model is loaded); ``reward.fn`` must take
@@ -113,6 +126,7 @@ class Scorer:
         self.user_fn = user_fn  # reward.fn, in the math verifier's place (no verifier workers then)
         self.batch = None if user_fn else BatchScorer(num_workers=workers, extraction=extraction, time_limit=time_limit)
         self.memo: dict[tuple, float] = {}
+        self.memo_chars = 0  # the characters of text in the memo's keys (bounded: MEMO_MAX_CHARS)
         # a mix of rewards (reward.fn=a,b): each memo key's component rewards, for reward/<name>/mean
         self.parts: dict[tuple, tuple[float, ...]] = {}
         self.noise_fp, self.noise_fn, self.seed = float(noise_fp), float(noise_fn), int(seed)
@@ -128,19 +142,29 @@ class Scorer:
               fields: list[dict] | None = None) -> list[float]:
         """The verifier's rewards (no noise), or ``reward.fn``'s (``problems``: each response's problem
         text, ``fields``: each response's ``reward.fn_fields`` values, which only ``reward.fn`` reads)."""
-        if len(self.memo) > 200_000:
-            self.memo.clear()
-            self.parts.clear()
         rows: dict[str, dict] = {}  # a fields digest -> the values (this call's)
         keys = self._keys(texts, answers, problems, fields, rows)
         todo = sorted({k for k in keys if k not in self.memo})
         if todo:
+            self._make_room(keys)
             if self.user_fn is not None:
                 scores = self._user_rewards(todo, rows if fields is not None else None)
             else:
                 scores = [float(x) for x in self.batch.score([t for t, _ in todo], [a for _, a in todo]).scores]
             self.memo.update(zip(todo, scores))
+            self.memo_chars += sum(map(_key_chars, todo))
         return [self.memo[k] for k in keys]
+
+    def _make_room(self, keys: list[tuple]) -> None:
+        """Before new keys go in: a memo over :data:`MEMO_MAX_KEYS` keys or :data:`MEMO_MAX_CHARS` characters keeps
+        only this call's ``keys`` it holds (a call with nothing new clears nothing: the repeat of a call, as
+        ``__call__``'s second ``clean`` and :meth:`component_rewards` make, reads the memo and ``parts``)."""
+        if len(self.memo) <= MEMO_MAX_KEYS and self.memo_chars <= MEMO_MAX_CHARS:
+            return
+        kept = {k: self.memo[k] for k in keys if k in self.memo}
+        parts = {k: self.parts[k] for k in kept if k in self.parts}
+        self.memo, self.parts = kept, parts
+        self.memo_chars = sum(map(_key_chars, kept))
 
     def _keys(self, texts, answers, problems, fields, rows: dict[str, dict]) -> list[tuple]:
         """Each response's memo key: ``(text, answer)`` for the verifier, ``(problem, text, answer, fields
