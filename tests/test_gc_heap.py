@@ -81,8 +81,8 @@ def test_a_library_call_freezes_nothing(tmp_path, monkeypatch):
     try:
         before = gc.get_freeze_count()
         assert before > 0
-        freeze_long_lived()  # no command line owns this process
-        assert gc.get_freeze_count() == before
+        freeze_long_lived()  # no command line owns this process: nothing more frozen (frozen objects may die)
+        assert gc.get_freeze_count() <= before
         during, real_step = [], loop.rollout_step
         monkeypatch.setattr(loop, "rollout_step",
                             lambda *a, **k: during.append(gc.get_freeze_count()) or real_step(*a, **k))
