@@ -37,10 +37,17 @@ def has_active_dropout(model) -> bool:
     config dropout probability > 0 (Hugging Face attention dropout is a config value, not a module)."""
     if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
         return True
-    cfg = getattr(model, "config", None)
-    items = cfg.to_dict().items() if hasattr(cfg, "to_dict") else ()
-    return any(("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and not isinstance(v, bool)
-               and v > 0 for k, v in items)
+    return bool(config_dropouts(getattr(model, "config", None)))
+
+
+def config_dropouts(config) -> dict[str, float]:
+    """The dropout probabilities > 0 of a model config (a ``PretrainedConfig``, or its dict; anything else has
+    none): every number whose key names a dropout or a ``pdrop`` (``attention_dropout``, ``resid_pdrop``, ...),
+    by key in sorted order."""
+    items = config.to_dict().items() if hasattr(config, "to_dict") else config.items() if isinstance(config, dict) \
+        else ()
+    return {k: v for k, v in sorted(items) if ("dropout" in k or "pdrop" in k) and isinstance(v, (int, float))
+            and not isinstance(v, bool) and v > 0}
 
 
 # Config keys by which a model's forward changes the LM head's logits after ``hidden @ W.T + b`` (Gemma 2's

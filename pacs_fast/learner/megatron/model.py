@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pacs_fast.causal_lm import config_dropouts
+
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 
 
@@ -59,16 +61,14 @@ def check_hf_config(hf_config) -> None:
 
 def check_no_dropout(hf_config) -> None:
     """ValueError naming each dropout probability > 0 of ``hf_config`` (a ``PretrainedConfig`` or its dict; Qwen2 /
-    Llama: ``attention_dropout``; any ``*dropout*`` / ``*pdrop*`` number, as
-    :func:`pacs_fast.causal_lm.has_active_dropout` reads them). The megatron model is built without dropout, while the
-    torch learner trains such a checkpoint with it: the run would silently train another model. (Conversions of
-    weights do not call it: dropout does not change them.)"""
-    items = (hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)).items()  # (a config or a dict)
-    found = [f"{k}={v}" for k, v in sorted(items) if ("dropout" in k or "pdrop" in k) and isinstance(v, (int, float))
-             and not isinstance(v, bool) and v > 0]
+    Llama: ``attention_dropout``; :func:`pacs_fast.causal_lm.config_dropouts`, what the torch learner reads). The
+    megatron model is built without dropout, while the torch learner trains such a checkpoint with it: the run
+    would silently train another model. (Conversions of weights do not call it: dropout does not change them.)"""
+    found = config_dropouts(hf_config)
     if found:
-        raise ValueError(f"hf_config has {', '.join(found)}: the megatron learner trains without dropout (the torch "
-                         f"learner applies it); set it to 0 in config.json to train without")
+        raise ValueError(f"hf_config has {', '.join(f'{k}={v}' for k, v in found.items())}: the megatron learner "
+                         f"trains without dropout (the torch learner applies it); set it to 0 in config.json to "
+                         f"train without")
 
 
 def head_dim(hf_config) -> int:
