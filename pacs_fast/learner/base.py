@@ -250,19 +250,29 @@ class Learner(abc.ABC):
     def load_hf_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Loads policy weights given with Hugging Face names."""
 
-    def save_hf(self, path) -> None:
-        """Writes the policy as a Hugging Face folder (``model.safetensors`` + ``config.json``)."""
+    def save_hf(self, path, *, bucket_bytes: int | None = None) -> None:
+        """Writes the policy as a Hugging Face folder: ``config.json`` and the weights in the transformers
+        layout, a bucket of about ``bucket_bytes`` (default :data:`~pacs_fast.learner.hf_folder.SHARD_BYTES`) of
+        whole layers per file (one file: ``model.safetensors``; several: ``model-0000i-of-0000n.safetensors`` +
+        ``model.safetensors.index.json``), copied to host memory one bucket at a time."""
         from pathlib import Path
 
-        from safetensors.torch import save_file
-
-        from pacs_fast.files import default_mode
+        from pacs_fast.learner import hf_folder
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in self.export_hf_weights()}
-        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-        default_mode(path / "model.safetensors")  # (save_file makes it 0600: readable by its owner alone)
+        bucket_bytes = hf_folder.SHARD_BYTES if bucket_bytes is None else bucket_bytes
+        sizes = ((name, t.numel() * t.element_size()) for name, t in self.export_hf_weights())
+        n = sum(1 for _ in hf_folder.whole_unit_buckets(sizes, bucket_bytes, int))
+        weight_map, total = {}, 0
+        for i, bucket in enumerate(self.iter_hf_weight_buckets(bucket_bytes)):
+            name = hf_folder.shard_name(i, n)
+            # a copy (a CPU model's tensors too: tensors sharing storage could not be written side by side)
+            tensors = {k: t.detach().to("cpu", copy=True).contiguous() for k, t in bucket}
+            total += hf_folder.write_shard(path, name, tensors)
+            weight_map.update(dict.fromkeys(tensors, name))
+            del tensors
+        hf_folder.finish_weights(path, weight_map, total)
         if self.hf_config is not None:
             self.hf_config.save_pretrained(path)
 
@@ -299,19 +309,14 @@ class Learner(abc.ABC):
                                ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """:meth:`export_hf_weights` in buckets of about ``bucket_bytes`` (whole layers; each tensor
         cast to ``dtype`` as its bucket is built)."""
-        from pacs_fast.data.checkpoint_names import unit_of
+        from pacs_fast.learner.hf_folder import whole_unit_buckets
 
-        bucket, size, unit = [], 0, None
-        for name, t in self.export_hf_weights():
-            if bucket and size >= bucket_bytes and unit_of(name) != unit:
-                yield bucket
-                bucket, size = [], 0
-            t = t.detach() if dtype is None else t.detach().to(dtype)
-            bucket.append((name, t))
-            size += t.numel() * t.element_size()
-            unit = unit_of(name)
-        if bucket:
-            yield bucket
+        def cast(items):
+            for name, t in items:
+                yield name, (t.detach() if dtype is None else t.detach().to(dtype))
+
+        yield from whole_unit_buckets(cast(self.export_hf_weights()), bucket_bytes,
+                                      lambda t: t.numel() * t.element_size())
 
 
 # ----------------------------------------------------------------------------- batching

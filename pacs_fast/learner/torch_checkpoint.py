@@ -74,10 +74,10 @@ class TorchCheckpointing:
             self._base_digest = base_digest(self.model)
         return self._base_digest
 
-    def save_hf(self, path) -> None:
-        """The merged policy as a Hugging Face folder; with LoRA, its adapters too, as a PEFT adapter folder in
-        ``path/adapter`` (on the base the run loaded)."""
-        super().save_hf(path)
+    def save_hf(self, path, *, bucket_bytes: int | None = None) -> None:
+        """The merged policy as a Hugging Face folder (:meth:`Learner.save_hf`); with LoRA, its adapters too, as a
+        PEFT adapter folder in ``path/adapter`` (on the base the run loaded)."""
+        super().save_hf(path, bucket_bytes=bucket_bytes)
         if self.lora:
             from pathlib import Path
 

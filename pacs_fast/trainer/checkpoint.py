@@ -1,6 +1,7 @@
 """Checkpoints: ``run_dir/checkpoints/step_000040/``, written atomically, verified on load.
 
-Each checkpoint folder holds the policy in Hugging Face format (``model.safetensors``,
+Each checkpoint folder holds the policy in Hugging Face format (``model.safetensors``, or shards and their
+index past :data:`pacs_fast.learner.hf_folder.SHARD_BYTES`,
 ``config.json`` keeping every key of the input model's, :func:`keep_input_config_keys`; the model
 folder's tokenizer files and ``generation_config.json`` copied byte for byte, so
 ``AutoModelForCausalLM.from_pretrained`` and the stop ids are those of the input model),

@@ -17,15 +17,13 @@ memory per rank is about two buckets (the gathered parts and the merged HF tenso
 from __future__ import annotations
 
 import copy
-
-import json
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
 from pacs_fast.files import write_atomic
-
+from pacs_fast.learner.hf_folder import finish_weights, shard_name, write_shard
 from pacs_fast.learner.megatron.convert import gather_unit, hf_shapes, unit_rules
 
 
@@ -99,8 +97,6 @@ def save_hf_folder(model, hf_config, folder, *, tp_group, tp_size: int, is_write
     Not collective beyond ``tp_group``; the caller adds a barrier if it needs one. A write that fails (a full disk)
     stops the writing, not the gathering: the group's collectives all run, then the writer raises the error.
     """
-    from safetensors.torch import save_file
-
     if not participates:
         return
     folder = Path(folder)
@@ -114,22 +110,18 @@ def save_hf_folder(model, hf_config, folder, *, tp_group, tp_size: int, is_write
                                                bucket_bytes=bucket_bytes, dtype=dtype, dst=0)):
         if not is_writer or failure is not None:  # (a failed writer still takes part in the next buckets' gathers)
             continue
-        name = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        name = shard_name(i, n)
         tensors = {k: v.contiguous() for k, v in bucket}
         try:
-            write_atomic(folder / name, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+            total += write_shard(folder, name, tensors)
         except Exception as e:  # noqa: BLE001 - OSError, safetensors' error on a full disk
             failure = e
         weight_map.update(dict.fromkeys(tensors, name))
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
     if failure is not None:
         raise failure
     if not is_writer:
         return
-    if n > 1:
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        write_atomic(folder / "model.safetensors.index.json",
-                      lambda p: p.write_text(json.dumps(index, indent=2)))
+    finish_weights(folder, weight_map, total)
     config = copy.deepcopy(hf_config)  # labelled with the dtype written (not the input model's: fp32 weights
     config.dtype = dtype or next(model.parameters()).dtype  # labelled bf16 were loaded as bf16 by dtype="auto")
     config.save_pretrained(folder)
