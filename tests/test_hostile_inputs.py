@@ -212,7 +212,16 @@ def test_a_model_megatron_cannot_build_is_refused_before_the_model_loads(tmp_pat
     assert not runs.exists()  # nothing made
     check_megatron_model(load_config(None, [f"model.path={folder}"]))  # the torch learner takes it
     (folder / "config.json").write_text(json.dumps({**QWEN, **SMALL, "rope_theta": 1e6}))
-    check_megatron_model(load_config(None, ["learner.backend=megatron", f"model.path={folder}"]))
+    megatron = load_config(None, ["learner.backend=megatron", f"model.path={folder}"])
+    # .bin weights alone: megatron reads safetensors (each rank's error once torchrun had started them, sweep of
+    # 2026-12-03); the torch learner takes them
+    with pytest.raises(ValueError, match=r"megatron cannot load model.path=.*: it has PyTorch .bin weights only"):
+        check_megatron_model(megatron)
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(1)}, str(folder / "model.safetensors"))
+    check_megatron_model(megatron)
 
 
 def test_the_megatron_learner_refuses_a_checkpoint_with_dropout(tmp_path):

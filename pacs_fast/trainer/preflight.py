@@ -212,8 +212,9 @@ def check_megatron_model(cfg) -> None:
     reproduce the model (a RoPE scaling such as Llama-3.1's or YaRN, sliding windows, another
     architecture: :func:`pacs_fast.learner.megatron.model.check_hf_config`; dropout, which it would silently leave
     out: :func:`~pacs_fast.learner.megatron.model.check_no_dropout`), read from ``config.json``
-    before any model loads; it was a traceback on every rank after the run folder had been made. A
-    folder transformers cannot read is left to the model's own error."""
+    before any model loads; it was a traceback on every rank after the run folder had been made. A folder of
+    ``.bin`` weights alone (megatron reads safetensors) too. A folder transformers cannot read is left to the model's
+    own error."""
     if cfg.learner.backend != "megatron" or not cfg.model.path:
         return
     folder = Path(cfg.model.path).expanduser()
@@ -232,6 +233,10 @@ def check_megatron_model(cfg) -> None:
     except ValueError as e:
         raise ValueError(f"learner.backend=megatron cannot build model.path={cfg.model.path}: {e}; "
                          f"learner.backend=torch trains it") from None
+    if next(folder.glob("*.safetensors"), None) is None:  # (it was each rank's error once torchrun had started them)
+        raise ValueError(f"learner.backend=megatron cannot load model.path={cfg.model.path}: it has PyTorch .bin "
+                         "weights only and megatron reads *.safetensors; save the model once with save_pretrained "
+                         "(safetensors by default), or learner.backend=torch trains it")
 
 
 def check_logits_transform(cfg) -> None:
