@@ -103,6 +103,25 @@ def test_the_merged_export_is_peft_merge_under_plain_names(tiny, seed):
     assert float((plain.compute_logprobs(batch) - learner.compute_logprobs(batch)).abs().max()) <= 1e-5
 
 
+def test_the_export_merges_a_layer_as_it_is_asked_for(tiny, monkeypatch):
+    """The export streams: a merge is made when its tensor is asked for, so the vLLM engine's bucketed weight sync
+    and a checkpoint's shards hold one merged layer at a time. It merged every adapted weight before yielding the
+    first (a 7B model's all-linear LoRA: ~13 GB of bf16 merges at once, at every weight sync; review of 2026-12-03)."""
+    import pacs_fast.learner.lora as lora
+
+    model = _model(tiny)
+    add_lora(model, rank=4, alpha=16, dropout=0.0, target_modules="all-linear")
+    learner = _learner(model)
+    merges, real = [], lora._delta
+    monkeypatch.setattr(lora, "_delta", lambda layer, adapter: merges.append(layer) or real(layer, adapter))
+    seen = 0
+    for name, t in learner.export_hf_weights():
+        seen += 1
+        # the merges so far are those of the tensors handed out so far (q/k/v/o, gate/up/down of each layer)
+        assert len(merges) <= seen, (name, len(merges), seen)
+    assert len(merges) == len(lora_layers(model)) > 7
+
+
 def test_a_checkpoint_round_trip_and_what_it_refuses(tiny, seed):
     gen = torch.Generator().manual_seed(seed)
     batch = _batch(gen)

@@ -4,7 +4,7 @@ attributes; only the adapters train, the base weights are frozen).
 
 - The optimiser (and the fp32 masters of a bf16 model) hold the adapters alone: AdamW's state is ~2 x the
   adapters' size instead of 2 x the model's.
-- What leaves the learner is the merged model: :func:`merged_weights` gives each adapted layer's
+- What leaves the learner is the merged model: :func:`iter_merged_weights` gives each adapted layer's
   ``W + scale * B @ A`` under the layer's plain Hugging Face name (the engines load it, checkpoints are plain
   Hugging Face folders that ``from_pretrained`` and ``python -m pacs_fast.eval`` read).
 - The adapters themselves (:func:`adapter_state`) go into the learner's state, so a resume continues the same
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from typing import Iterator
 
 import torch
 
@@ -99,25 +100,33 @@ def has_lora(model: torch.nn.Module) -> bool:
 
 
 @torch.no_grad()
-def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state under plain Hugging Face names, each adapted layer's weight merged with its active
-    adapters (``W + scale * B @ A`` in fp32, rounded once to ``W``'s dtype), the adapter tensors left out. In
+def iter_merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's state under plain Hugging Face names as ``(name, tensor)`` pairs, each adapted layer's weight
+    merged with its active adapters (``W + scale * B @ A`` in fp32, rounded once to ``W``'s dtype), the adapter
+    tensors left out. A merge is computed as its pair is asked for: a consumer that streams (a checkpoint's buckets,
+    the vLLM engine's weight sync) holds one merged layer at a time, not a merged copy of every adapted weight. In
     bf16 that rounding takes away a delta under half an ulp of ``W``, which the learner's own forward
-    (``W x + scale * B (A x)``) keeps: the engines and checkpoints of a bf16 LoRA run see the update rounded."""
+    (``W x + scale * B (A x)``) keeps: the engines and checkpoints of a bf16 LoRA run see the update rounded.
+    Unmerged tensors are the model's own (no copy)."""
     adapted = adapted_tensors(model)
-    out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
         if LORA_MARK in name:
             continue
         m = adapted.get(name)
         if m is not None and not m.merged:
-            merged = t.float()
-            for adapter in m.active_adapters:
-                if adapter in m.lora_A:
-                    merged = merged + _delta(m, adapter)
-            t = merged.to(t.dtype)  # (in fp32, rounded once: a bf16 sum rounded the delta, then the sum)
-        out[name.replace(BASE_MARK, "")] = t
-    return out
+            with torch.no_grad():
+                merged = t.float()
+                for adapter in m.active_adapters:
+                    if adapter in m.lora_A:
+                        merged = merged + _delta(m, adapter)
+                t = merged.to(t.dtype)  # (in fp32, rounded once: a bf16 sum rounded the delta, then the sum)
+                del merged
+        yield name.replace(BASE_MARK, ""), t
+
+
+def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """:func:`iter_merged_weights` as a dict (every merge held at once)."""
+    return dict(iter_merged_weights(model))
 
 
 def adapted_tensors(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -236,9 +245,10 @@ def check_same_merge(model: torch.nn.Module, loaded: dict[str, torch.Tensor]) ->
     """After a checkpoint's adapters loaded: their merge on this base equals the checkpoint's merged weights
     ``loaded`` (to the float rounding of the merge, 1e-5 of the largest entry), else a ValueError: the base
     (model.path's weights) changed since the run was saved."""
-    merged = merged_weights(model)
-    for name, t in loaded.items():
-        mine = merged[name].float()
+    for name, mine in iter_merged_weights(model):  # (one merge at a time)
+        if name not in loaded:
+            continue
+        t, mine = loaded[name], mine.float()
         if not mine.numel():
             continue
         if float((mine - t.to(mine.device).float()).abs().max()) > 1e-5 * max(float(mine.abs().max()), 1.0):

@@ -15,7 +15,7 @@ import torch
 
 from pacs_fast.learner.base import CheckpointMismatch
 from pacs_fast.learner.lora import (adapter_state, base_digest, check_same_merge, checked_merged, copy_adapters,
-                                   load_adapter_state, merged_weights, save_adapter)
+                                   iter_merged_weights, load_adapter_state, save_adapter)
 from pacs_fast.learner.master_weights import loading_weights
 
 
@@ -87,13 +87,15 @@ class TorchCheckpointing:
         """The policy under Hugging Face names (with LoRA: each adapted layer merged, ``W + scale * B @ A``)."""
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
         seen: set[int] = set()
-        state = merged_weights(self.model) if self.lora else self.model.state_dict()
-        for name, t in state.items():
+        own = {t.data_ptr() for t in self.model.state_dict().values()}
+        state = iter_merged_weights(self.model) if self.lora else self.model.state_dict().items()
+        for name, t in state:  # (with LoRA each merge made as it is asked for: a streaming consumer holds one)
             if tied and name == "lm_head.weight":
                 continue
             if t.data_ptr() in seen and name.endswith("lm_head.weight"):
                 continue
-            seen.add(t.data_ptr())
+            if t.data_ptr() in own:  # (a merge's storage is freed once used: a later one may reuse its address)
+                seen.add(t.data_ptr())
             yield name, t.detach()
 
     def load_hf_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
