@@ -91,7 +91,7 @@ def load_state(learner, folder) -> None:
         if meta["tp_size"] != learner.tp_size:
             raise ValueError(f"{folder}: saved with learner.tp_size={meta['tp_size']}, this run has "
                              f"{learner.tp_size}; resume with the same tensor-parallel size")
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)  # (read as copied into place)
         if state.get("format") != FORMAT or state.get("tp_rank") != learner.tp_rank:
             raise ValueError(f"{path}: not this rank's learner shard")
         if state["param_names"] != _names(learner):
