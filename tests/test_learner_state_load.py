@@ -28,7 +28,7 @@ def test_loading_a_learner_state_does_not_read_it_into_anonymous_memory(tmp_path
     saved = learner()
     for p in saved.optimizer.param_groups[0]["params"]:  # the moments of a learner that has stepped
         state = saved.optimizer.state[p]
-        state["step"], state["exp_avg"], state["exp_avg_sq"] = torch.tensor(1.0), torch.randn_like(p), torch.rand_like(p)
+        state.update(step=torch.tensor(1.0), exp_avg=torch.randn_like(p), exp_avg_sq=torch.rand_like(p))
     saved.save_state(tmp_path, is_writer=True)
     size = (tmp_path / "learner.pt").stat().st_size
     want = {id(p): saved.optimizer.state[p]["exp_avg"].clone() for p in saved.optimizer.param_groups[0]["params"]}
