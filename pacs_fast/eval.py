@@ -14,7 +14,7 @@ writes into ``--out`` (default ``eval_results/<model folder name>``):
   another ``--samples-per-call`` sample every problem under the seed one uninterrupted run gives it (the
   same samples up to the float rounding of batched logits, which can tip a near tie when the batching
   differs: a resume with the same ``--samples-per-call`` batches as the uninterrupted run did);
-- ``results.json`` (pass@k + per-problem correct counts), ``table.md`` (the paper's layout),
+- ``results.json`` (pass@k, maj@k + per-problem correct counts), ``table.md`` (the paper's layout),
   ``pass_at_k.png`` (curves), ``run_config.json`` (the settings; a resume must match them).
 
 Other commands::
@@ -179,7 +179,8 @@ def run(argv: list[str]) -> int:
 
     meta = {"model": model_id, "label": label, "limit": args.limit,
             "settings": read_json(out_dir / "run_config.json", "run settings file")}
-    results = results_from_samples(out_dir, names, ks=args.k, meta=meta, expected=expected, extra_ks=args.table_k)
+    results = results_from_samples(out_dir, names, ks=args.k, meta=meta, expected=expected, extra_ks=args.table_k,
+                                   time_limit=args.time_limit)
     gone = lost_benchmarks(prev, results, asked)
     for line in [*coverage_warnings(results, expected, gone), *incomplete_warnings(results, had_results=True,
                                                                                    out_dir=out_dir)]:
@@ -213,6 +214,8 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
     :func:`~pacs_fast.evaluation.settings.check_settings`) runs once the prompts fit and the engine loaded."""
     from pacs_fast.config.stop_string_checks import escape_warning
     from pacs_fast.data.prompts import build_prompt, encode_prompts, has_chat_template, template_kwargs_effect
+    from pacs_fast.reward.answers import extract_answer
+    from pacs_fast.reward.verifier import OK
     from pacs_fast.rollout.base import SamplingParams
     from pacs_fast.rollout.stop_strings import special_token_warning
 
@@ -263,11 +266,15 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
                 scored = scorer.score(texts, answers, problem_of_each, fields) if reward_fn else \
                     scorer.score(texts, answers)
                 parts = scorer.last_parts if reward_fn else {}  # a mix's components, per response
+                # the verifier's answers (maj@k votes), read once here: a report need not parse the responses again
+                voted = None if reward_fn else [extract_answer(t, args.extraction, args.time_limit) if s == OK else None
+                                                for t, s in zip(texts, scored.statuses)]
                 records, pos = [], 0
                 for i, prompt_text, comp in zip(idx, prompt_texts, outs):
                     sc = scored.scores[pos:pos + len(comp)]
                     st = scored.statuses[pos:pos + len(comp)]
                     part = {name: values[pos:pos + len(comp)] for name, values in parts.items()}
+                    ans = None if voted is None else voted[pos:pos + len(comp)]
                     pos += len(comp)
                     records.append({
                         "benchmark": bench, "index": i, "id": problems[i].id, "answer": problems[i].answer,
@@ -278,6 +285,7 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
                         "finish_reasons": [c.finish_reason for c in comp],
                         "num_tokens": [len(c.token_ids) for c in comp],
                         "responses": [c.text for c in comp],
+                        **({"answers": ans} if ans is not None else {}),
                     })
                 append_records(path, records)
                 samples_done += len(texts)

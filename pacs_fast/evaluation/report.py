@@ -126,6 +126,12 @@ def markdown_table(results: list[dict[str, Any]], ks: list[int] | None = None) -
         row.append(sum(p1) / len(p1) if p1 and len(p1) == len(benches) else None)
         values.append(row)
     headers = [f"{DISPLAY_NAMES.get(b, b)} pass@{k}" for b, k in columns] + ["Avg. pass@1"]
+    return _percent_table(results, headers, values) + majority_table(results, ks) + component_table(results)
+
+
+def _percent_table(results: list[dict[str, Any]], headers: list[str], values: list[list[float | None]]) -> str:
+    """Markdown rows of percentages (one row of ``values`` per result, two decimals, ``-`` for None), the best of
+    each column in bold when there are several results."""
     best = [max((row[j] for row in values if row[j] is not None), default=None) for j in range(len(headers))]
     lines = ["| Model | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(headers)]
     for i, (r, row) in enumerate(zip(results, values)):
@@ -138,7 +144,28 @@ def markdown_table(results: list[dict[str, Any]], ks: list[int] | None = None) -
             else:
                 cells.append(f"{v:.2f}")
         lines.append(f"| {_label(r, i)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n" + component_table(results)
+    return "\n".join(lines) + "\n"
+
+
+def majority_table(results: list[dict[str, Any]], ks: list[int] | None = None) -> str:
+    """maj@k (``maj_at_k``, :mod:`pacs_fast.evaluation.majority`) in percent, after a blank line: a column per
+    benchmark and k of the pass@k table (:func:`table_ks`) that every result holding the benchmark has (results
+    written before maj@k, or scored by a user's reward, have none: their benchmarks get no column); ``""`` when no
+    column is left."""
+    columns: list[tuple[str, int]] = []
+    for b in _ordered({b for r in results for b in r["benchmarks"]}):
+        held = [r["benchmarks"][b] for r in results if b in r["benchmarks"]]
+        if not all(isinstance(br.get("maj_at_k"), dict) for br in held):
+            continue
+        n_min = min(_n_min(br) for br in held)
+        columns += [(b, k) for k in table_ks(n_min, ks) if all(str(k) in br["maj_at_k"] for br in held)]
+    if not columns:
+        return ""
+    values = [[100.0 * r["benchmarks"][b]["maj_at_k"][str(k)] if b in r["benchmarks"] else None for b, k in columns]
+              for r in results]
+    headers = [f"{DISPLAY_NAMES.get(b, b)} maj@{k}" for b, k in columns]
+    return ("\nMajority vote (maj@k: the answer most of k samples agree on, scored against the gold):\n\n"
+            + _percent_table(results, headers, values))
 
 
 def _component_specs(result: dict[str, Any]) -> dict[str, str]:

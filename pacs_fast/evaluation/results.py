@@ -8,7 +8,11 @@ the exact text the model continued (chat template included), ``responses`` what 
      "prompt": "<|im_start|>system\nYou are a helpful assistant.<|im_end|>...", "n": 512,
      "num_correct": 311, "scores": [1.0, 0.0, ...], "statuses": ["ok", "no_answer", ...],
      "finish_reasons": ["stop", "length", ...], "num_tokens": [812, 4096, ...],
-     "responses": ["...", ...]}
+     "responses": ["...", ...], "answers": ["27", null, ...]}
+
+``answers`` (when the math verifier alone scored the run; older records lack it and ``eval report`` extracts them
+from ``responses``): each response's answer as the verifier reads it, null where it has none or its status is not
+``ok`` -- the votes of maj@k (:mod:`pacs_fast.evaluation.majority`).
 
 With a mix of rewards (``--reward-fn verifier,my_checks:format_score``) each record also holds each component's
 rewards, ``"score_parts": {"verifier": [1.0, 0.0, ...], "format_score": [0.5, 1.0, ...]}``, and the results
@@ -18,7 +22,7 @@ their means (``mean_score_parts``) beside the mean of the mixed scores (``mean_s
 every record against the benchmark as it is now (:func:`check_records_match`).
 
 ``results.json`` keeps, per benchmark, the per-problem correct counts (so any pass@k can be
-recomputed later) next to pass@k for the chosen k.
+recomputed later) next to pass@k for the chosen k, and maj@k (``maj_at_k``) for the same k where the verifier scored.
 """
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ import numpy as np
 
 from pacs_fast.algorithms.pass_at_k import pass_at_k
 from pacs_fast.config.reward_fields import fields_digest, row_fields
+from pacs_fast.evaluation.majority import records_majority
+from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT
 
 PAPER_N = {"math500": 32}  # the paper samples 32 for MATH-500 and 512 for the others
 PAPER_N_OTHER = 512
@@ -131,6 +137,10 @@ def record_error(rec) -> str | None:
         return "scores must be a non-empty list of finite numbers"
     if "n" in rec and rec["n"] != len(scores):
         return f"n {rec['n']!r} is not the number of its scores ({len(scores)})"
+    answers = rec.get("answers")
+    if answers is not None and (not isinstance(answers, list) or len(answers) != len(scores)
+                                or not all(a is None or isinstance(a, str) for a in answers)):
+        return "answers must be a list of one string or null per score"
     return None
 
 
@@ -195,11 +205,14 @@ def _problems_digest(records: list[dict[str, Any]]) -> str | None:
 
 
 def summarize_benchmark(records: list[dict[str, Any]], ks: list[int] | None = None,
-                        extra_ks: list[int] | None = None) -> dict[str, Any]:
+                        extra_ks: list[int] | None = None, *, extraction: str | None = None,
+                        time_limit: float | None = DEFAULT_TIME_LIMIT) -> dict[str, Any]:
     """pass@k and bookkeeping for one benchmark from its problem records (ordered by index).
 
     ``ks`` defaults to :func:`default_ks` of the smallest ``n``; ``extra_ks`` join them (the k of ``table.md``:
-    ``--table-k``); k larger than a problem's ``n`` is dropped.
+    ``--table-k``); k larger than a problem's ``n`` is dropped. With the verifier's ``extraction`` (records the math
+    verifier scored) also ``maj_at_k`` for the same k (:mod:`pacs_fast.evaluation.majority`; ``time_limit``: seconds
+    per answer extraction or comparison), where every record holds its answers or responses.
     """
     if not records:
         raise ValueError("summarize_benchmark: no records")
@@ -240,6 +253,10 @@ def summarize_benchmark(records: list[dict[str, Any]], ks: list[int] | None = No
         "mean_response_tokens": float(np.mean(tokens)) if tokens else None,
         "mean_score": float(np.mean(scores)) if scores else None,  # (soft rewards: more than pass@1 says)
     }
+    if extraction is not None:
+        maj = records_majority(records, ks, extraction, time_limit, correct=is_correct)
+        if maj is not None:
+            out["maj_at_k"] = maj
     if parts:
         out["mean_score_parts"] = {name: float(np.mean(v)) for name, v in parts.items()}
     elif 0 < missing < len(records):
@@ -258,12 +275,17 @@ def parts_warnings(results: dict[str, Any]) -> list[str]:
 
 def results_from_samples(out_dir: str | Path, benchmarks: list[str] | None = None, *,
                          ks: list[int] | None = None, expected: dict[str, int] | None = None,
-                         meta: dict[str, Any] | None = None, extra_ks: list[int] | None = None) -> dict[str, Any]:
+                         meta: dict[str, Any] | None = None, extra_ks: list[int] | None = None,
+                         time_limit: float | None = DEFAULT_TIME_LIMIT) -> dict[str, Any]:
     """The results of a run directory (every ``samples_*.jsonl`` there, or the given benchmarks).
 
     ``expected`` (benchmark -> number of problems of this run) marks a benchmark ``complete`` or not, and
-    leaves out records past that number (samples of an earlier run with a larger ``--limit``).
+    leaves out records past that number (samples of an earlier run with a larger ``--limit``). maj@k under the
+    extraction of ``meta``'s ``settings`` (none recorded: the verifier's ``reference``), none when they name a
+    ``reward_fn`` (a user's reward scored the responses: no verifier answers to vote with).
     """
+    settings = {**LEGACY_SETTINGS, **((meta or {}).get("settings") or {})}
+    extraction = None if settings.get("reward_fn") else settings.get("extraction")
     out_dir = Path(out_dir)
     if benchmarks is None:
         benchmarks = sorted(p.name[len("samples_"):-len(".jsonl")] for p in out_dir.glob("samples_*.jsonl"))
@@ -277,7 +299,7 @@ def results_from_samples(out_dir: str | Path, benchmarks: list[str] | None = Non
             recs = {i: r for i, r in recs.items() if i < expected[b]}
         if not recs:
             continue
-        summary = summarize_benchmark(list(recs.values()), ks, extra_ks)
+        summary = summarize_benchmark(list(recs.values()), ks, extra_ks, extraction=extraction, time_limit=time_limit)
         if expected is not None and b in expected:
             summary["complete"] = summary["num_problems"] >= expected[b]
             summary["expected_problems"] = int(expected[b])  # (what `eval report` recomputes over)
@@ -335,6 +357,10 @@ def results_error(res: dict) -> str | None:
         p = br.get("pass_at_k")
         if not isinstance(p, dict) or not all(k.isdigit() and _real(v) and 0 <= v <= 1 for k, v in p.items()):
             return f"{where}.pass_at_k is not an object of k to a fraction in [0, 1]"
+        m = br.get("maj_at_k")
+        if m is not None and (not isinstance(m, dict) or not all(k.isdigit() and _real(v) and 0 <= v <= 1
+                                                                 for k, v in m.items())):
+            return f"{where}.maj_at_k is not an object of k to a fraction in [0, 1]"
         if br.get("mean_score") is not None and not _real(br["mean_score"]):
             return f"{where}.mean_score is not a number"
     return None
