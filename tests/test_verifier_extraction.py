@@ -114,3 +114,24 @@ def test_a_dash_between_numbers_stays_a_dash():
     from pacs_fast.reward.verifier import normalize_math_text
 
     assert normalize_math_text("pages 3\u20135, x = \u20132") == "pages 3\u20135, x = -2"  # a range; a minus sign
+
+
+@pytest.mark.parametrize("response,gold,expected", [
+    # the prompt's "within \\boxed{}" echoed inside <think> (R1 style): no box, not an empty answer
+    ("<think>\nI need to put the answer in \\boxed{}. 2+3=5.\n</think>\n\nThe answer is $\\boxed{5}$.", "5", 1.0),
+    # a hedge with units, each box in its own $...$: the boxes' join kept the first box only (paid)
+    ("The answer is $\\boxed{15 \\text{ cm}}$ or $\\boxed{16 \\text{ cm}}$.", "15", 0.0),
+    ("$\\boxed{\\frac{1}{2} \\text{ cm}}$, that is $\\boxed{0.5\\text{ cm}}$", "0.5", 1.0),  # every box is it
+    ("$\\boxed{3}$. Wait, I erred: the answer is $\\boxed{5}$.", "5", 0.0),                   # both stated
+    ("\\boxed{3} and \\boxed{5}", "3, 5", 1.0),                                              # parts of one answer
+])
+def test_boxed_mode_reads_each_box(response, gold, expected):
+    """Scored on main c705990 under ``extraction="boxed"``: 0, 1, 0, 0, 1 (the first three wrong: the
+    verifier helper's corpus, 750 + 561 + 561 items of those kinds). A box that alone is the gold pays only
+    when every box does."""
+    assert score_item(response, gold, extraction="boxed").score == expected
+
+
+def test_an_empty_box_is_no_box():
+    assert boxed_answers("\\boxed{} a \\boxed{ } b \\boxed{5}") == "\\boxed{5}"
+    assert score_item("Put it in \\boxed{}.", "5", extraction="boxed").status == NO_ANSWER

@@ -33,6 +33,11 @@ ACCEPTED = [
     ("\\boxed{\uff13\uff0e\uff15}", "3.5"),                   # full-width full stop
     ("\\boxed{12}", "\u0661\u0662"),                          # non-ASCII digits in the gold
     ("\\boxed{-\u0667}", "-7"),
+    # verifier helper's corpus of realistic responses (scored 0 on main c705990, both extractions):
+    ("The answer is $\\boxed{145\\degree}$.", "145^\\circ"),    # gensymb's \degree
+    ("\\[\n\\boxed{90^{\\textdegree}}\n\\]", "90"),
+    ("Thus $\\boxed{(2516)_8}$.", "2516_8"),                    # a base in parentheses
+    ("\\boxed{15 \\text{ cm}^2}, i.e. \\boxed{15}", "15"),       # units kept the first box only when joined
 ]
 
 REJECTED = [  # the same forms with a different value stay wrong
@@ -41,6 +46,10 @@ REJECTED = [  # the same forms with a different value stay wrong
     ("\\boxed{1\\,00}", "100"),            # not groups of three: not a separator, left alone
     ("\\boxed{1\\,000,000}", "1000000"),   # two kinds of separator in one number: left alone
     ("\\boxed{1 000}", "1000"),            # a plain space may separate list items: left alone
+    ("\\boxed{91\\degree}", "90^\\circ"), ("\\boxed{(2517)_8}", "2516_8"),
+    # a hedge with units: math-verify read the first box only (paid on main c705990, 561 of 561 in the corpus)
+    ("\\boxed{15 \\text{ cm}} or \\boxed{16 \\text{ cm}}", "15"),
+    ("\\boxed{15 \\text{ apples}}\nHmm, no: \\boxed{16 \\text{ apples}}", "15"),
 ]
 
 
@@ -147,3 +156,20 @@ def test_a_run_of_groups_is_matched_from_its_first_group_only(sep):
     assert normalize_math_text(run) == run
     assert normalize_math_text(f"is{sep}1{sep}000{sep}000 and 12{sep}345") == "is" + sep + "1000000 and 12345"
     assert normalize_math_text(f"1234{sep}567{sep}890") == f"1234{sep}567{sep}890"  # no number: left whole
+
+
+def test_box_units_are_dropped_per_box_only_when_trailing():
+    """``\\boxed{<value> \\text{ unit}}`` loses its unit (math-verify drops it from a single box; joined with
+    other boxes its rule ran from the first ``\\text{`` to the end). A text that is not a trailing unit word
+    stays: math-verify reads it as before."""
+    cases = {
+        "\\boxed{15 \\text{ cm}^2} or \\boxed{\\frac{270}7\\text{ degrees}}": "\\boxed{15} or \\boxed{\\frac{270}7}",
+        "\\boxed{864 \\mbox{ inches}^2}": "\\boxed{864}", "\\boxed{5\\,\\mathrm{m}}": "\\boxed{5}",
+        "\\boxed{\\text{(C)}}": "\\boxed{\\text{(C)}}",                      # no value before it
+        "\\boxed{2 \\text{ and } 3}": "\\boxed{2 \\text{ and } 3}",              # not trailing
+        "\\boxed{\\frac{5 \\text{ cm}}{2}}": "\\boxed{\\frac{5 \\text{ cm}}{2}}",  # inside a fraction
+        "x = 5 \\text{ cm}": "x = 5 \\text{ cm}",                                 # outside a box
+    }
+    for text, expected in cases.items():
+        assert normalize_math_text(text) == expected, text
+        assert normalize_math_text(expected) == expected

@@ -9,14 +9,19 @@ Reference semantics (PACS ``src/reward_function.py``, via ``math_verify.metric.m
 - the score is 1.0 when ``math_verify.verify(gold, pred, float_rounding=6)`` holds, else 0.0;
   any error or timeout scores 0.0.
 
-**Several boxed answers** are read as one answer: the set of their distinct contents (math-verify's
-rule, hence the PACS reference reward's). ``\\boxed{3} ... \\boxed{5}`` equals a gold ``3, 5`` or
-``\\{3, 5\\}`` but neither ``3`` nor ``5``; a repeated box counts once (``\\boxed{5} ... \\boxed{5}``
-is ``5``). So hedging between candidates earns nothing, a multi-part answer may be boxed in parts,
-and a response that boxes a wrong answer before the right one is scored wrong (it stated both).
+**Several boxed answers** (math-verify's rule, hence the PACS reference reward's): the last box is read
+together with the boxes just before it -- within 10 characters, or within 70 with "and" / "or" / "," / ";"
+between and a different content -- as the set of their distinct contents; boxes each in its own ``$...$`` /
+``\\[...\\]`` are read as the last one, with up to 5 before it joined by "and" / "or" / ",". So
+``\\boxed{3} or \\boxed{5}`` equals a gold ``3, 5`` or ``\\{3, 5\\}`` but neither ``3`` nor ``5``, a repeated box
+counts once, and a box corrected a paragraph later (``$\\boxed{3}$. Wait, ... the answer is $\\boxed{5}$.``)
+is read as its last box, 5 (only bare boxes close together, as above, make such a correction a set).
 
 **Written forms normalised first** (:func:`normalize_math_text`, on the response and the gold,
-before math-verify, which misses them): ``\\boxed {x}`` (space) and ``\\fbox{x}`` are ``\\boxed{x}``;
+before math-verify, which misses them): ``\\boxed {x}`` (space) and ``\\fbox{x}`` are ``\\boxed{x}``; a trailing
+unit word in a box (``\\boxed{15 \\text{ cm}^2}``) is dropped per box, as math-verify drops it from a single box
+(joining several, it kept only the first box: :mod:`pacs_fast.reward.boxes`); ``90\\degree`` /
+``90\\textdegree`` are ``90^\\circ``; a base ``(2516)_8`` is ``2516_8``;
 thin-space and other digit-group separators inside a number with groups of three digits
 (``1\\,000``, ``1{,}000``, ``1\\!000``, ``1\\;000``, ``1\\:000``, ``1\\ 000``, ``1~000``,
 ``\\thinspace``, U+2009 / U+202F / U+00A0 / U+2008 and the Arabic thousands separator U+066C) are
@@ -27,8 +32,11 @@ between digit groups is left alone (``1 000`` may be a list), as is a comma (mat
 ``1,000`` itself).
 
 **Extraction** (``extraction=``, ``reward.extraction``, ``eval --extraction``): ``"reference"`` (the
-default: the PACS reference above) or ``"boxed"``: only the complete ``\\boxed{...}`` of a response are
-read (their set, as above), and a response without one scores 0 (``no_answer``). The reference reads
+default: the PACS reference above) or ``"boxed"``: only the complete, non-empty ``\\boxed{...}`` of a response
+are read, and a response without one scores 0 (``no_answer``); an empty ``\\boxed{}`` (the prompt's "within
+\\boxed{}" echoed) is no box. With several distinct boxes, a box that alone equals the gold pays only if every
+box does (so a hedge, a correction, or an intermediate box inside ``<think>`` before the final one scores 0);
+if none alone does, their set is read as above (a multi-part answer boxed in parts). The reference reads
 more: with no box it takes a "final answer is" phrase's leading number, or the last number in the text,
 so an unfinished or truncated response, a hedge ("the answer is 5 or 6") or a negation ("the answer is
 not 5") can score 1 against a gold 5. Asked for ``\\boxed{}`` by the prompt, a model that answers
@@ -60,6 +68,8 @@ import time
 import unicodedata
 from dataclasses import dataclass
 from decimal import Decimal
+
+from pacs_fast.reward.boxes import box_list, boxed_answers, strip_box_units  # noqa: F401 (re-export)
 
 # Statuses of one scored item.
 OK = "ok"                  # prediction extracted and compared (score 1.0 or 0.0)
@@ -135,6 +145,10 @@ _DECIMAL_SEP_RE = re.compile(r"(?<=[0-9])[\u066b\uff0e](?=[0-9])")
 # number, not right after one (``3–5`` is a range)
 _DASH_MINUS_RE = re.compile(r"(?<![0-9A-Za-z)\]}.])[\u2012\u2013\ufe63\uff0d](?=[ \t]*[0-9.])")
 _DEGREE_RE = re.compile(r"(?<=[0-9}])[ \t]*\u00b0")  # 90° -> 90^\circ
+# \degree / \textdegree (gensymb, textcomp) after a number: math-verify reads none (``90\degree``)
+_DEGREE_CMD_RE = re.compile(r"(?<=[0-9}])[ \t]*(?:\^\{\\(?:text)?degree\}|\^?\\(?:text)?degree)(?![A-Za-z])")
+# a base written ``(2516)_8`` / ``(2516)_{8}``: math-verify reads none; ``2516_8`` it reads
+_PAREN_BASE_RE = re.compile(r"(?<![\w)\]}])\(([0-9]+)\)_(?=[0-9]|\{[0-9]+\})")
 # a full stop closing a box's number ("\boxed{12.}"): math-verify reads no answer there
 _BOX_STOP_RE = re.compile(r"(\\boxed\{[^{}]{0,64}?[0-9])\.[ \t]*(?=\})")
 
@@ -160,35 +174,17 @@ def normalize_math_text(text: str) -> str:
         text = _NON_ASCII_DIGIT_RE.sub(lambda m: str(unicodedata.decimal(m.group(0))), text)
         text = _DECIMAL_SEP_RE.sub(".", text)
         text = _DEGREE_RE.sub(r"^\\circ", _DASH_MINUS_RE.sub("-", text))
+    if "degree" in text:
+        text = _DEGREE_CMD_RE.sub(r"^\\circ", text)
+    if ")_" in text:
+        text = _PAREN_BASE_RE.sub(r"\1_", text)
     boxed = "\\boxed" in text or "\\fbox" in text
     if boxed:
-        text = _BOX_RE.sub(r"\\boxed", text)
+        text = strip_box_units(_BOX_RE.sub(r"\\boxed", text))
     text = _GROUPED_RE.sub(_ungroup, text)
     # the box's closing full stop after the digit groups are joined: ``\boxed{1{,}456.}`` became ``\boxed{1456.}``,
     # and only a second pass took its stop (a fuzzed CI run, seed 1331683857)
     return _BOX_STOP_RE.sub(r"\1", text) if boxed else text
-
-
-def boxed_answers(text: str) -> str:
-    """The complete ``\\boxed{...}`` of ``text`` (normalised), each as written, joined by spaces; ``""``
-    when there is none. A box left open (a truncated response) does not count. Linear time."""
-    out, start = [], text.find("\\boxed{")
-    while start >= 0:
-        depth, i = 0, start + 6
-        while i < len(text):
-            c = text[i]
-            if c == "\\":
-                i += 2  # an escaped character (\{, \}) never opens or closes the box
-                continue
-            depth += (c == "{") - (c == "}")
-            i += 1
-            if depth == 0:
-                out.append(text[start:i])
-                break
-        else:
-            break  # open to the end: no later box can be complete either
-        start = text.find("\\boxed{", i)
-    return " ".join(out)
 
 
 # -- the fast path: integer gold, one boxed integer ------------------------------------------------
@@ -274,9 +270,14 @@ def _score_math_verify(response: str, answer: str, extraction: str = "reference"
         return ScoredItem(0.0, GOLD_ERROR)
     gold_cfg, pred_cfg = _configs()
     if extraction == "boxed":
-        response, pred_cfg = boxed_answers(response), gold_cfg
-        if not response:
+        boxes = list(dict.fromkeys(box_list(response)))  # distinct, in order
+        if not boxes:
             return ScoredItem(0.0, NO_ANSWER)
+        if len(boxes) > 1:  # a box that alone is the gold: paid only when every box is (else a hedge)
+            alone = [_verifies(gold, box, gold_cfg) for box in boxes]
+            if any(alone):
+                return ScoredItem(1.0 if all(alone) else 0.0, OK)
+        response, pred_cfg = " ".join(boxes), gold_cfg
     try:
         pred = parse(response, pred_cfg, parsing_timeout=None)
     except ItemTimeout:
@@ -292,6 +293,19 @@ def _score_math_verify(response: str, answer: str, extraction: str = "reference"
     except Exception:
         return ScoredItem(0.0, ERROR)
     return ScoredItem(1.0 if ok else 0.0, OK)
+
+
+def _verifies(gold, box: str, cfg) -> bool:
+    """Whether the one box ``box`` (``"\\boxed{...}"``) alone verifies against the parsed ``gold``."""
+    from math_verify import parse, verify
+
+    try:
+        pred = parse(box, cfg, parsing_timeout=None)
+        return bool(pred) and verify(gold, pred, 6, timeout_seconds=None)
+    except ItemTimeout:
+        raise
+    except Exception:
+        return False
 
 
 _warm_done = False

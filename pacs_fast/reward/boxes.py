@@ -1,0 +1,59 @@
+"""The ``\\boxed{...}`` of a response: listing them, and two box forms math-verify misreads.
+
+- :func:`box_list` / :func:`boxed_answers`: the complete, non-empty boxes of a text (what ``extraction="boxed"``
+  reads). A box left open (a truncated response) or an empty one (``\\boxed{}``: the instruction "put your final
+  answer within \\boxed{}" echoed, often inside ``<think>``) states no answer and is skipped.
+- :func:`strip_box_units`: ``\\boxed{15 \\text{ cm}^2}`` -> ``\\boxed{15}``. math-verify drops such a trailing
+  unit from a single box itself, but when it joins several boxes (``15 \\text{ cm},16 \\text{ cm}``) its unit rule
+  (``\\text{.*?}...$``) runs from the first box's ``\\text{`` to the end and keeps only the first box: a hedge
+  ``\\boxed{15 \\text{ cm}} or \\boxed{16 \\text{ cm}}`` was paid for a gold 15, and ``\\boxed{15 \\text{ cm}}, i.e.
+  \\boxed{15}`` was not. Stripped per box first, each box reads as math-verify reads it alone.
+
+Pure text functions (str -> str / list[str]), linear time; no math-verify import.
+"""
+from __future__ import annotations
+
+import re
+
+# a box whose content is a value ending in a digit or a closing brace, then one unit word (letters and spaces in
+# \text / \mbox / \mathrm / \textrm, optionally squared or cubed) and nothing else; the value holds no other such
+# command and braces at most one level deep (\frac{270}7)
+_UNIT_CMD = r"\\(?:text|mbox|mathrm|textrm)"
+_UNIT_BOX_RE = re.compile(r"(\\boxed\{(?:[^{}\\]|\\(?!text|mbox|mathrm|textrm)|\{[^{}]*\})*?[0-9}])"
+                          r"(?:\s|\\[,;:! ]|~)*" + _UNIT_CMD
+                          + r"\{ *[A-Za-z][ A-Za-z]*\}(?:\^[0-9]|\^\{[0-9]\})?\s*\}")
+
+
+def strip_box_units(text: str) -> str:
+    """``\\boxed{<value> \\text{ unit}^2}`` -> ``\\boxed{<value>}`` for every such box (module docstring).
+    Idempotent."""
+    return _UNIT_BOX_RE.sub(r"\1}", text) if "\\boxed{" in text else text
+
+
+def box_list(text: str) -> list[str]:
+    """The complete, non-empty ``\\boxed{...}`` of ``text`` in order, each as written (``"\\boxed{5}"``).
+    Linear time."""
+    out, start = [], text.find("\\boxed{")
+    while start >= 0:
+        depth, i = 0, start + 6
+        while i < len(text):
+            c = text[i]
+            if c == "\\":
+                i += 2  # an escaped character (\{, \}) never opens or closes the box
+                continue
+            depth += (c == "{") - (c == "}")
+            i += 1
+            if depth == 0:
+                if text[start + 7:i - 1].strip():
+                    out.append(text[start:i])
+                break
+        else:
+            break  # open to the end: no later box can be complete either
+        start = text.find("\\boxed{", i)
+    return out
+
+
+def boxed_answers(text: str) -> str:
+    """The complete, non-empty ``\\boxed{...}`` of ``text``, each as written, joined by spaces; ``""`` when
+    there is none. A box left open (a truncated response) or empty does not count. Linear time."""
+    return " ".join(box_list(text))
