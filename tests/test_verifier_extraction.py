@@ -10,7 +10,7 @@ import json
 import pytest
 
 from pacs_fast.reward import BatchScorer, boxed_answers, math_reward, score_item
-from pacs_fast.reward.verifier import NO_ANSWER
+from pacs_fast.reward.verifier import NO_ANSWER, OK
 
 # (response, gold): no answer is stated, or a wrong one; the reference pays each of them
 UNEARNED = [
@@ -135,3 +135,25 @@ def test_boxed_mode_reads_each_box(response, gold, expected):
 def test_an_empty_box_is_no_box():
     assert boxed_answers("\\boxed{} a \\boxed{ } b \\boxed{5}") == "\\boxed{5}"
     assert score_item("Put it in \\boxed{}.", "5", extraction="boxed").status == NO_ANSWER
+
+
+def test_boxed_mode_reads_the_answer_after_the_thinking():
+    """A reasoning model's boxes inside <think> are drafts: under ``extraction="boxed"`` only the boxes after the last
+    </think> count (743 of 743 R1-style responses that boxed another intermediate value in <think> scored 0 with
+    the every-box rule; verifier helper's corpus of 2026-12-03), and a response whose only box is inside <think>
+    states no answer. The reference mode reads the whole text, as math-verify does. The worker scorer's fast path
+    (run in the parent) reads the same part."""
+    from pacs_fast.reward.answers import extract_answer
+
+    draft = "<think>\nTry x = 2: \\boxed{4}? No, recheck: 2+3=5.\n</think>\n\nSo the answer is $\\boxed{5}$."
+    only_in_think = "<think>\nIt is \\boxed{5}.\n</think>\n\nI am not sure."
+    template_open = "x = 2: \\boxed{4}? no.\n</think>\nThe answer is \\boxed{5}."  # (<think> in the prompt)
+    cases = [(draft, 1.0, OK), (only_in_think, 0.0, NO_ANSWER), (template_open, 1.0, OK)]
+    for response, score, status in cases:
+        item = score_item(response, "5", extraction="boxed")
+        assert (item.score, item.status) == (score, status), response
+    assert score_item(only_in_think, "5").score == 1.0  # the reference reads the thinking too
+    with BatchScorer(num_workers=1, extraction="boxed") as scorer:
+        got = scorer.score([r for r, _, _ in cases], ["5"] * len(cases))
+    assert got.scores == [s for _, s, _ in cases] and got.statuses == [st for _, _, st in cases]
+    assert [extract_answer(r, "boxed") for r, _, _ in cases] == ["5", None, "5"]

@@ -6,8 +6,9 @@ What majority voting (maj@k, :mod:`pacs_fast.evaluation.majority`) counts:
   (``"reference"`` or ``"boxed"``, :mod:`pacs_fast.reward.verifier`), after the verifier's
   :func:`~pacs_fast.reward.verifier.normalize_math_text`, as a string: math-verify's extracted text with its
   whitespace runs collapsed to one space, and a plain integer in canonical digits (``+05`` -> ``5``); ``None``
-  when nothing is extracted (the verifier's ``no_answer``), on a timeout or an error. The verifier's exact fast
-  path (one ``\\boxed{}`` holding an integer, :func:`~pacs_fast.reward.verifier._fast_integer_score`) is taken
+  when nothing is extracted (the verifier's ``no_answer``), on a timeout or an error (``"boxed"`` reads what the
+  verifier reads, after a response's last ``</think>``). The verifier's exact fast
+  path (one ``\\boxed{}`` holding an integer, :func:`~pacs_fast.reward.verifier.boxed_integer`) is taken
   here too: no math-verify import, microseconds.
 - :func:`same_answer`: two answer strings are the same when math-verify's ``verify(..., float_rounding=6)``
   (the verifier's comparison) holds with either one parsed as the gold (``\\boxed{...}``, the verifier's gold
@@ -20,12 +21,10 @@ import first outside the limit; another thread or ``time_limit`` None / 0: no li
 from __future__ import annotations
 
 import re
-import signal
-import threading
-import time
 
 from pacs_fast.reward import verifier as _v
-from pacs_fast.reward.verifier import DEFAULT_TIME_LIMIT, boxed_answers, check_extraction, normalize_math_text
+from pacs_fast.reward.time_limit import DEFAULT_TIME_LIMIT, check_time_limit, run_limited
+from pacs_fast.reward.verifier import boxed_answers, check_extraction, normalize_math_text, read_part
 
 _INT_RE = re.compile(r"[+-]?[0-9]{1,30}")
 
@@ -39,16 +38,10 @@ def _canonical(text: str) -> str | None:
 
 
 def _fast_integer_answer(text: str) -> str | None:
-    """The boxed integer math-verify provably extracts from ``text`` (the verifier's fast-path conditions: exactly
-    one ``\\boxed{`` holding a plain integer, no ``\\fbox``, no ``final answer ... is``, no percent marker after
-    the box), or None (ask math-verify)."""
-    start = text.find("\\boxed")
-    if start < 0 or text.find("\\boxed", start + 6) >= 0 or "\\fbox" in text:
-        return None
-    m = _v._BOXED_INT_RE.match(text, start)
-    if m is None or _v._PERCENT_RE.search(text, m.end()) is not None or _v._FINAL_ANSWER_RE.search(text):
-        return None
-    return str(int(m.group(1)))
+    """The boxed integer math-verify provably extracts from ``text`` (:func:`~pacs_fast.reward.verifier.
+    boxed_integer`, the verifier's fast path), or None (ask math-verify)."""
+    value = _v.boxed_integer(text)
+    return None if value is None else str(value)
 
 
 def _extract_unlimited(text: str, extraction: str) -> str | None:
@@ -81,37 +74,11 @@ def _same_unlimited(a: str, b: str) -> bool:
 
 
 def _limited(fn, time_limit, default):
-    """``fn()`` under a wall-clock limit of ``time_limit`` seconds (the verifier's :func:`score_item` machinery:
-    ``signal.setitimer`` on the main thread, a caller's timer paused and re-armed), or ``default`` on a timeout or
-    an exception. No limit from another thread or with ``time_limit`` None / 0."""
-    _v.check_time_limit(time_limit)
-    _v.warm_up()  # math-verify's one-time import, outside the limit
-    if not time_limit or threading.current_thread() is not threading.main_thread():
-        try:
-            return fn()
-        except Exception:
-            return default
-
-    def _on_alarm(signum, frame):
-        raise _v.ItemTimeout()
-
-    old_handler = signal.signal(signal.SIGALRM, _on_alarm)
-    started = time.monotonic()
-    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, 0)
-    limit = float(time_limit) if old_delay <= 0 else min(float(time_limit), old_delay)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, limit)
-        try:
-            return fn()
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except (_v.ItemTimeout, Exception):
-        return default
-    finally:
-        signal.signal(signal.SIGALRM, old_handler)
-        if old_delay > 0:
-            remaining = old_delay - (time.monotonic() - started)
-            signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), old_interval)
+    """``fn()`` under the verifier's time limit (:func:`~pacs_fast.reward.time_limit.run_limited`, math-verify's
+    import first, outside it), or ``default`` on a timeout or an exception."""
+    check_time_limit(time_limit)
+    _v.warm_up()
+    return run_limited(fn, time_limit, on_timeout=default, on_error=default)
 
 
 def extract_answer(response: str, extraction: str = "reference",
@@ -125,6 +92,7 @@ def extract_answer(response: str, extraction: str = "reference",
     check_extraction(extraction)
     if not isinstance(response, str):
         return None
+    response = read_part(response, extraction)  # ("boxed": after the last </think>)
     text = normalize_math_text(response)
     fast = _fast_integer_answer(response)
     if fast is None:

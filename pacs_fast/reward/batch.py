@@ -41,8 +41,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Callable, Sequence
 
 from pacs_fast.reward.verifier import (DEFAULT_TIME_LIMIT, ERROR, NO_ANSWER, STATUSES, TIMEOUT,
-                                       _fast_score, check_extraction, check_time_limit, gold_text, score_item,
-                                       warm_up)
+                                       _fast_score, check_extraction, check_time_limit, gold_text, read_part,
+                                       score_item, warm_up)
 
 
 @dataclass
@@ -254,7 +254,7 @@ class BatchScorer:
             else:
                 rest = []  # items the fast path does not decide, for the workers
                 for i, (r, a) in enumerate(zip(responses, answers)):
-                    item = _fast_score(r, a) if isinstance(r, str) else None
+                    item = _fast_score(read_part(r, self.extraction), a) if isinstance(r, str) else None
                     if item is None:
                         rest.append(i)
                         continue

@@ -9,6 +9,9 @@
   ``\\boxed{15 \\text{ cm}} or \\boxed{16 \\text{ cm}}`` was paid for a gold 15, and ``\\boxed{15 \\text{ cm}}, i.e.
   \\boxed{15}`` was not. Stripped per box first, each box reads as math-verify reads it alone.
 
+- :func:`answer_part`: what ``extraction="boxed"`` reads of a response, the text after its last ``</think>``
+  (a reasoning model's answer, after its thinking: boxes inside ``<think>`` are drafts), or all of it.
+
 Pure text functions (str -> str / list[str]), linear time; no math-verify import.
 """
 from __future__ import annotations
@@ -22,6 +25,15 @@ _UNIT_CMD = r"\\(?:text|mbox|mathrm|textrm)"
 _UNIT_BOX_RE = re.compile(r"(\\boxed\{(?:[^{}\\]|\\(?!text|mbox|mathrm|textrm)|\{[^{}]*\})*?[0-9}])"
                           r"(?:\s|\\[,;:! ]|~)*" + _UNIT_CMD
                           + r"\{ *[A-Za-z][ A-Za-z]*\}(?:\^[0-9]|\^\{[0-9]\})?\s*\}")
+
+
+THINK_END = "</think>"
+
+
+def answer_part(text: str) -> str:
+    """The text after the last ``</think>`` of ``text`` (module docstring), or ``text`` without one."""
+    i = text.rfind(THINK_END)
+    return text if i < 0 else text[i + len(THINK_END):]
 
 
 def strip_box_units(text: str) -> str:

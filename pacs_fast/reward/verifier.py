@@ -33,10 +33,10 @@ between digit groups is left alone (``1 000`` may be a list), as is a comma (mat
 
 **Extraction** (``extraction=``, ``reward.extraction``, ``eval --extraction``): ``"reference"`` (the
 default: the PACS reference above) or ``"boxed"``: only the complete, non-empty ``\\boxed{...}`` of a response
-are read, and a response without one scores 0 (``no_answer``); an empty ``\\boxed{}`` (the prompt's "within
-\\boxed{}" echoed) is no box. With several distinct boxes, a box that alone equals the gold pays only if every
-box does (so a hedge, a correction, or an intermediate box inside ``<think>`` before the final one scores 0);
-if none alone does, their set is read as above (a multi-part answer boxed in parts). The reference reads
+are read -- after its last ``</think>`` where it has one (a reasoning model's boxes inside ``<think>`` are drafts;
+:func:`~pacs_fast.reward.boxes.answer_part`) -- and a response without one scores 0 (``no_answer``); an empty
+``\\boxed{}`` (the prompt's "within \\boxed{}" echoed) is no box. With several distinct boxes, a box that alone
+equals the gold pays only if every box does (so a hedge or a correction scores 0); if none alone does, their set is read as above (a multi-part answer boxed in parts). The reference reads
 more: with no box it takes a "final answer is" phrase's leading number, or the last number in the text,
 so an unfinished or truncated response, a hedge ("the answer is 5 or 6") or a negation ("the answer is
 not 5") can score 1 against a gold 5. Asked for ``\\boxed{}`` by the prompt, a model that answers
@@ -44,7 +44,7 @@ without one gets no reward under ``"boxed"``.
 
 math-verify's own timeouts use ``signal.alarm`` with whole seconds and are swallowed inside the
 library, so here they are switched off and one wall-clock limit per item is enforced with
-``signal.setitimer`` (main thread only). Some hostile inputs (huge integer powers) spend their
+``signal.setitimer`` (main thread only; :mod:`pacs_fast.reward.time_limit`). Some hostile inputs (huge integer powers) spend their
 time in C code that no signal interrupts: :class:`pacs_fast.reward.BatchScorer` therefore runs
 items in worker processes and kills a worker that overruns. Use it for untrusted output at scale.
 
@@ -62,14 +62,13 @@ import functools
 import logging
 import numbers
 import re
-import signal
-import threading
-import time
 import unicodedata
 from dataclasses import dataclass
 from decimal import Decimal
 
-from pacs_fast.reward.boxes import box_list, boxed_answers, strip_box_units  # noqa: F401 (re-export)
+from pacs_fast.reward.boxes import answer_part, box_list, boxed_answers, strip_box_units  # noqa: F401 (re-export)
+from pacs_fast.reward.time_limit import (DEFAULT_TIME_LIMIT, MAX_TIME_LIMIT, ItemTimeout,  # noqa: F401 (re-export)
+                                         check_time_limit, run_limited)
 
 # Statuses of one scored item.
 OK = "ok"                  # prediction extracted and compared (score 1.0 or 0.0)
@@ -79,9 +78,6 @@ TIMEOUT = "timeout"        # the item ran past its time limit (score 0.0)
 ERROR = "error"            # an unexpected exception or a crashed worker (score 0.0)
 STATUSES = (OK, NO_ANSWER, GOLD_ERROR, TIMEOUT, ERROR)
 
-DEFAULT_TIME_LIMIT = 5.0   # seconds per item (math-verify's own default per parse / verify call)
-# the longest time limit taken: the OS timer overflows near 9.3e9 s, and past a day a limit is no limit
-MAX_TIME_LIMIT = 1e6
 EXTRACTIONS = ("reference", "boxed")  # what is read from a response (module docstring)
 
 _quiet_done = False
@@ -95,11 +91,6 @@ def _quiet_math_verify() -> None:
                      "latex2sympy2_extended"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
         _quiet_done = True
-
-
-class ItemTimeout(BaseException):
-    """Raised by the item alarm. A BaseException so that math-verify's ``except Exception`` does
-    not swallow it."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +213,13 @@ def _fast_integer_score(response: str, answer: str) -> ScoredItem | None:
     gold = answer.strip(_WS)
     if _INT_RE.fullmatch(gold) is None:
         return None
+    value = boxed_integer(response)
+    return None if value is None else ScoredItem(1.0 if value == int(gold) else 0.0, OK)
+
+
+def boxed_integer(response: str) -> int | None:
+    """The integer math-verify provably extracts from ``response`` (the fast path's conditions on the response,
+    :func:`_fast_integer_score`), else None (math-verify decides). Linear time, no import."""
     start = response.find("\\boxed")
     if start < 0 or response.find("\\boxed", start + 6) >= 0 or "\\fbox" in response:
         return None
@@ -230,7 +228,13 @@ def _fast_integer_score(response: str, answer: str) -> ScoredItem | None:
         return None
     if _PERCENT_RE.search(response, m.end()) is not None or _FINAL_ANSWER_RE.search(response) is not None:
         return None
-    return ScoredItem(1.0 if int(m.group(1)) == int(gold) else 0.0, OK)
+    return int(m.group(1))
+
+
+def read_part(response, extraction: str):
+    """What ``extraction`` reads of ``response``: under ``"boxed"`` the text after its last ``</think>`` (module
+    docstring), else all of it; a non-string as it is."""
+    return answer_part(response) if extraction == "boxed" and isinstance(response, str) else response
 
 
 def _fast_score(response: str, answer: str) -> ScoredItem | None:
@@ -348,19 +352,6 @@ def gold_text(answer) -> str:
     return "0" if text == "-0" else text
 
 
-def check_time_limit(time_limit):
-    """``time_limit`` if it is None, 0 (no limit, as None) or a number of seconds in (0, :data:`MAX_TIME_LIMIT`],
-    else a ValueError (a string had raised a bare TypeError, NaN named the maximum, -1 meant no limit)."""
-    if time_limit is None:
-        return None
-    if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real) or time_limit != time_limit:
-        raise ValueError(f"time_limit must be a number of seconds (None: no limit), got {time_limit!r}")
-    if not 0 <= time_limit <= MAX_TIME_LIMIT:
-        raise ValueError(f"time_limit must be in [0, {MAX_TIME_LIMIT:g}] seconds (0 or None: no limit), got "
-                         f"{time_limit}")
-    return time_limit
-
-
 def check_extraction(extraction) -> str:
     if extraction not in EXTRACTIONS:
         raise ValueError(f"extraction must be one of {EXTRACTIONS}, got {extraction!r}")
@@ -385,41 +376,13 @@ def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TI
     if not isinstance(response, str):
         return ScoredItem(0.0, ERROR)
     answer = gold_text(answer)
+    response = read_part(response, extraction)
     fast = _fast_score(response, answer)  # exact, microseconds: no import, no alarm
     if fast is not None:
         return fast
     warm_up()  # the one-time import cost, outside the time limit
-    use_alarm = (time_limit is not None and time_limit > 0
-                 and threading.current_thread() is threading.main_thread())
-    if not use_alarm:
-        try:
-            return _score_unlimited(response, answer, extraction)
-        except Exception:
-            return ScoredItem(0.0, ERROR)
-
-    def _on_alarm(signum, frame):
-        raise ItemTimeout()
-
-    # A caller's pending timer (e.g. pytest-timeout's) is paused and re-armed afterwards.
-    old_handler = signal.signal(signal.SIGALRM, _on_alarm)
-    started = time.monotonic()
-    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, 0)
-    limit = float(time_limit) if old_delay <= 0 else min(float(time_limit), old_delay)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, limit)
-        try:
-            return _score_unlimited(response, answer, extraction)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except ItemTimeout:
-        return ScoredItem(0.0, TIMEOUT)
-    except Exception:
-        return ScoredItem(0.0, ERROR)
-    finally:
-        signal.signal(signal.SIGALRM, old_handler)
-        if old_delay > 0:
-            remaining = old_delay - (time.monotonic() - started)
-            signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), old_interval)
+    return run_limited(lambda: _score_unlimited(response, answer, extraction), time_limit,
+                       on_timeout=ScoredItem(0.0, TIMEOUT), on_error=ScoredItem(0.0, ERROR))
 
 
 def math_reward(response: str, answer: str | float, *, time_limit: float | None = DEFAULT_TIME_LIMIT,
