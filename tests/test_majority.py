@@ -118,6 +118,27 @@ def test_a_comparison_that_runs_past_the_time_limit_is_not_the_same(monkeypatch)
     assert same_answer("a", "b", time_limit=0.2) is False
 
 
+def test_an_answer_that_cannot_be_compared_in_time_is_compared_no_more(monkeypatch):
+    """An answer math-verify cannot compare within the limit (a tower of powers) costs one limit, not one per class
+    it would be compared with (each comparison with it would run to the limit: up to 4,096 of them a problem)."""
+    from pacs_fast.evaluation.majority import slow_answers_skipped
+
+    calls = []
+
+    def compare(a, b):
+        calls.append((a, b))
+        if "slow" in (a, b):
+            time.sleep(3)
+        return False
+
+    monkeypatch.setattr(an, "_same_unlimited", compare)
+    answers = ["a", "a", "slow", "b", "c", "d", "slow2"]
+    classes = answer_classes(answers, slow_answers_skipped(0.2))
+    assert len(set(classes)) == 6  # every distinct answer its own class
+    slow_calls = [c for c in calls if "slow" in c]
+    assert len(slow_calls) == 1, calls  # (without the skip: 5, one more for each answer after it)
+
+
 @pytest.mark.parametrize("extraction", ["reference", "boxed"])
 def test_extraction_agrees_with_the_verifiers_status(extraction):
     """A response has an answer exactly when the verifier does not score it no_answer (the same reading)."""

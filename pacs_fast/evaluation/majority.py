@@ -8,7 +8,8 @@ vote -- no answer extracted, or a status other than ``ok``) and its stored score
    (``same(representative, string)``, :func:`pacs_fast.reward.answers.same_answer`), or open a new one.
    Identical strings are one class without a comparison. The work is bounded: only the :data:`MAX_COMPARED` most
    common strings are compared, with at most :data:`MAX_COMPARISONS` calls of ``same`` per problem (~1 ms each for
-   two decimals); each string past either bound is a class of its own (a rare answer: it seldom decides a vote).
+   two decimals); each string past either bound is a class of its own (a rare answer: it seldom decides a vote),
+   as is one whose comparison ran past the time limit (:func:`slow_answers_skipped`).
 2. **Correctness** (:func:`class_correctness`): a class is correct when more than half of its members (over all
    ``n`` responses) have a score above 0.5 (pass@k's :func:`~pacs_fast.evaluation.results.is_correct`). The
    members agree by construction (same answer, same gold); where they do not (math-verify's equivalence is not
@@ -127,16 +128,31 @@ def records_majority(records: list[dict[str, Any]], ks: Sequence[int], extractio
                      time_limit: float | None, correct=lambda s: float(s) > 0.5) -> dict[str, float] | None:
     """``{str(k): maj@k}`` of a benchmark: the mean over its problem ``records`` of each problem's maj@k (ks within
     every record's ``n``), or None when a record cannot tell its answers (:func:`record_answers`)."""
-    from functools import partial
-
-    from pacs_fast.reward.answers import same_answer
-
-    same = partial(same_answer, time_limit=time_limit)
     totals = dict.fromkeys(ks, 0.0)
     for rec in records:
         answers = record_answers(rec, extraction, time_limit)
         if answers is None:
             return None
+        same = slow_answers_skipped(time_limit)  # (per problem)
         for k, v in problem_majority(answers, [correct(s) for s in rec["scores"]], ks, same).items():
             totals[k] += v
     return {str(k): totals[k] / len(records) for k in ks} if records else None
+
+
+def slow_answers_skipped(time_limit: float | None) -> Callable[[str, str], bool]:
+    """:func:`pacs_fast.reward.answers.same_answer` under ``time_limit``, except that an answer whose comparison ran
+    past the limit is compared no more (it is "not the same" as any other): answers math-verify cannot compare in
+    time (towers of powers, ``9^{9^{9^9}}``) cost one limit each, not one per other class."""
+    from pacs_fast.reward.answers import same_answer
+
+    slow: set[str] = set()
+
+    def same(a: str, b: str) -> bool:
+        if a in slow or b in slow:
+            return False
+        verdict = same_answer(a, b, time_limit, on_timeout=None)
+        if verdict is None:
+            slow.update((a, b))
+        return bool(verdict)
+
+    return same

@@ -104,10 +104,10 @@ def extract_answer(response: str, extraction: str = "reference",
     return _limited(lambda: _extract_unlimited(text, extraction), time_limit, None)
 
 
-def same_answer(a: str, b: str, time_limit: float | None = DEFAULT_TIME_LIMIT) -> bool:
+def same_answer(a: str, b: str, time_limit: float | None = DEFAULT_TIME_LIMIT, *, on_timeout=False) -> bool:
     """Whether the answer strings ``a`` and ``b`` (:func:`extract_answer`'s) are the same (module docstring):
-    identical, two equal integers, or math-verify's ``verify`` with either as the gold. Symmetric; a timeout
-    (``time_limit`` seconds for both directions) or an error is False.
+    identical, two equal integers, or math-verify's ``verify`` with either as the gold. Symmetric; an error is
+    False, a timeout (``time_limit`` seconds for both directions) ``on_timeout``.
 
     >>> same_answer("\\\\frac{1}{2}", "0.5"), same_answer("1/2", "2")
     (True, False)
@@ -116,4 +116,6 @@ def same_answer(a: str, b: str, time_limit: float | None = DEFAULT_TIME_LIMIT) -
         return True
     if _INT_RE.fullmatch(a) and _INT_RE.fullmatch(b):
         return int(a) == int(b)
-    return _limited(lambda: _same_unlimited(a, b), time_limit, False)
+    check_time_limit(time_limit)
+    _v.warm_up()
+    return run_limited(lambda: _same_unlimited(a, b), time_limit, on_timeout=on_timeout, on_error=False)
