@@ -168,9 +168,10 @@ def fail(message: str, code: int, *, alike: bool = True) -> None:
     """Prints ``error: message`` once per launch and exits with ``code``. Under torchrun global rank 0
     prints; the other ranks exit :data:`PEER_EXIT_DELAY_S` later (or are stopped by torchrun once rank 0
     has exited). ``alike=False``: a stop that may be this rank's alone (a user function failing on its
-    share of the step, while rank 0 waits in a collective): a rank other than 0 still alive after the
-    delay prints ``error: rank R: message`` before it exits (when every rank fails alike, rank 0's exit
-    has made torchrun stop it by then, and nothing is printed twice)."""
+    share of the step, while rank 0 waits in a collective; a setup step failing on one node only): a rank
+    other than 0 still alive after the delay prints ``error: rank R: message`` before it exits (when every
+    rank fails alike, rank 0's exit has made torchrun stop it by then, on another node too, and nothing is
+    printed twice)."""
     signals.default_stop_signals()  # torchrun's stop of the waiting ranks ends them quietly
     rank = launch_rank()
     if rank == "0":
@@ -182,15 +183,26 @@ def fail(message: str, code: int, *, alike: bool = True) -> None:
     sys.exit(code)
 
 
+def other_node() -> str | None:
+    """torchrun's node rank (``GROUP_RANK``) when this process is the first of a node other than the first in a
+    launch of several nodes (``LOCAL_RANK`` 0, ``GROUP_RANK`` > 0), else None."""
+    group = os.environ.get("GROUP_RANK", "0")
+    return group if os.environ.get("LOCAL_RANK") == "0" and group not in ("", "0") else None
+
+
 def stopped(signum: int, run_dir: Path) -> None:
-    """One line (global rank 0) and exit status 128 + the signal (130 for Ctrl-C, 143 for SIGTERM); a second signal
-    during the exit ends it at once (:func:`pacs_fast.signals.exit_at_next_signal`)."""
+    """One line (global rank 0, and the first process of each other node: a signal may reach one node's agent alone,
+    whose output had no line while rank 0 said that another rank stopped) and exit status 128 + the signal (130 for
+    Ctrl-C, 143 for SIGTERM); a second signal during the exit ends it at once
+    (:func:`pacs_fast.signals.exit_at_next_signal`)."""
     if __name__ == "__main__":  # (the command line's process; a caller keeps its handlers)
         signals.exit_at_next_signal()
-    if launch_rank() == "0":
+    node = other_node()
+    if launch_rank() == "0" or node is not None:
         then = (f"continue with --resume {run_dir} (from its last checkpoint)" if (run_dir / "config.yaml").is_file()
                 else "it stopped before its setup finished (nothing to resume): run the same command again")
-        print(f"\nstopped by {signals.name(signum)}: {then}", file=sys.stderr, flush=True)
+        where = f" (node {node})" if node is not None else ""
+        print(f"\nstopped by {signals.name(signum)}{where}: {then}", file=sys.stderr, flush=True)
     sys.exit(signals.exit_status(signum))
 
 
@@ -198,10 +210,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     try:
         cfg, run_dir = resolve(args)
-    except ValueError as e:
+    except ValueError as e:  # (alike=False: a file one node lacks, e.g. its mount of the run folder, is its alone)
         if args.debug:
             raise
-        fail(str(e), 2)
+        fail(str(e), 2, alike=False)
     from pacs_fast.trainer.loop import SetupError, TrainingStopped, train  # heavy imports after the config is good
     if __name__ == "__main__":  # the imports live as long as the process: no collection walks them
         freeze_at_start_up()  # (pacs_fast/gc_heap.py; a caller's own process is left alone)
@@ -214,10 +226,10 @@ def main(argv: list[str] | None = None) -> dict:
             from pacs_fast.trainer.async_loop import run
             return run(cfg, run_dir, resume=bool(args.resume))
         return train(cfg, run_dir, resume=bool(args.resume))
-    except SetupError as e:
+    except SetupError as e:  # (may be one node's alone: its warm-up, its copy of the model; it said nothing)
         if args.debug:
             raise
-        fail(str(e), 2)
+        fail(str(e), 2, alike=False)
     except TrainingStopped as e:
         if args.debug:
             raise
@@ -243,8 +255,10 @@ def main(argv: list[str] | None = None) -> dict:
             raise
         # another rank stopped (its own line says why) while this one waited in a collective: one line, not
         # gloo's traceback
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)  # (torchrun's number of nodes)
+        where = ", in its node's output," if nodes > 1 else ""
         print(f"error: rank {launch_rank()}: another rank of this launch stopped while this one waited "
-              f"for it (that rank's error line says why); continue with --resume {run_dir} (from its last "
+              f"for it (that rank's error line{where} says why); continue with --resume {run_dir} (from its last "
               f"checkpoint)", file=sys.stderr, flush=True)
         sys.exit(1)
 

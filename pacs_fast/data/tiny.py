@@ -88,8 +88,23 @@ def make_tiny_model(path: str | Path, *, seed: int = 0, **config_kwargs) -> Path
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
+    save_model_here(model, path)
     for f in path.glob("*.safetensors"):  # (written 0600: readable as the folder's other files)
         default_mode(f)
     tokenizer.save_pretrained(path)
     return path
+
+
+def save_model_here(model, path: str | Path) -> None:
+    """``model.save_pretrained(path)`` (safetensors) written by this process whatever its torch.distributed rank.
+
+    transformers 5 writes nothing (no config, no weights, no error) on a process whose global rank is not 0
+    (``should_save_on_this_rank``). The warm-up is built by the first process of each node: on a second node that
+    process has rank 1 or more, and its folder held only the tokenizer (a 2-node launch with an empty warm-up
+    cache failed there). ``model``: a ``PreTrainedModel``, not sharded over processes."""
+    if hasattr(model, "should_save_on_this_rank"):  # (an instance attribute, removed again: the class is untouched)
+        model.should_save_on_this_rank = lambda is_main_process: is_main_process
+    try:
+        model.save_pretrained(path, safe_serialization=True)
+    finally:
+        model.__dict__.pop("should_save_on_this_rank", None)

@@ -135,14 +135,20 @@ def lora_params(shape: dict, rank: int) -> int:
 def learner_layout(cfg) -> tuple[int, int]:
     """(data-parallel size, learner processes on this host) of the launch: the megatron learner's processes are
     the launch's (:func:`pacs_fast.config.launch_checks.world_size`) less ``rollout.ranks``, ``learner.tp_size`` to a
-    data-parallel rank; torchrun's ``LOCAL_WORLD_SIZE`` counts this host's, the engine ranks among them when the
-    launch has them (one host assumed); the torch learner is one process."""
+    data-parallel rank; torchrun's ``LOCAL_WORLD_SIZE`` counts this host's, less the engine ranks among them (the
+    launch's ranks ``0..rollout.ranks-1``; torchrun numbers a node's processes consecutively, so this host's are
+    launch ranks ``RANK - LOCAL_RANK`` on: on a second node the engines of the first are not there); the torch
+    learner is one process."""
     from pacs_fast.config.launch_checks import world_size
 
     if cfg.learner.backend != "megatron":
         return 1, 1
     learners = max(world_size() - cfg.rollout.ranks, 1)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) - cfg.rollout.ranks
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    # (the launch's rank: the asynchronous layout gives each role its own RANK, pacs_fast/trainer/roles.py)
+    launch_rank = int(os.environ.get("PACS_FAST_LAUNCH_RANK", os.environ.get("RANK", "0")) or 0)
+    first = max(launch_rank - int(os.environ.get("LOCAL_RANK", "0") or 0), 0)  # this host's first launch rank
+    local = here - max(min(cfg.rollout.ranks, first + here) - first, 0)
     return max(learners // max(cfg.learner.tp_size, 1), 1), min(max(local, 1), learners)
 
 

@@ -152,12 +152,15 @@ def close_world(world: World, learner) -> None:
 
 
 def quiet_warnings(cfg: Config, is_main: bool) -> None:
-    """Other ranks' warnings repeat rank 0's: they are switched off there. Megatron's notes that
-    do not apply to this setup (no Apex / Transformer Engine on CPU, CUDA-only tuning hints on
-    CPU, its own deprecated default) are switched off on every rank."""
+    """Other ranks' warnings and transformers' progress bars repeat rank 0's: they are switched off there.
+    Megatron's notes that do not apply to this setup (no Apex / Transformer Engine on CPU, CUDA-only tuning
+    hints on CPU, its own deprecated default) are switched off on every rank."""
     if not is_main:
         for category in (UserWarning, FutureWarning, DeprecationWarning):
             warnings.filterwarnings("ignore", category=category)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # every rank's "Loading weights" / "Writing model shards" bars, likewise
     if cfg.learner.backend == "megatron":
         for message in (".*Apex is not installed.*", ".*Transformer Engine and Apex are not installed.*",
                         ".*full scope is deprecated.*"):

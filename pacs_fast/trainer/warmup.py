@@ -166,7 +166,7 @@ def default_model(cfg: Config, train_records: list[dict], *, log=print) -> Path:
     name and its lock, pacs_fast/folder_build.py: runs, containers and nodes may share the cache)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pacs_fast.data.tiny import make_tiny_model
+    from pacs_fast.data.tiny import make_tiny_model, save_model_here
     from pacs_fast.folder_build import build_folder, remove_dead_builds
 
     final = cache_root(cfg) / "warmup" / warmup_key(cfg)
@@ -191,7 +191,10 @@ def default_model(cfg: Config, train_records: list[dict], *, log=print) -> Path:
                                   batch_size=cfg.warmup.batch_size, lr=cfg.warmup.lr, seed=seed, log=log,
                                   target_acc=cfg.warmup.target_acc, check_every=cfg.warmup.check_every,
                                   max_new_tokens=cfg.rollout.max_new_tokens)
-            model.save_pretrained(tmp, safe_serialization=True)
+            save_model_here(model, tmp)
             for f in Path(tmp).glob("*.safetensors"):  # (written 0600: readable as the folder's other files)
                 default_mode(f)
+        if not is_complete(tmp):  # never renamed into the cache without one (every later run would read it)
+            missing = [name for name in MODEL_FILES if not (tmp / name).is_file()]
+            raise RuntimeError(f"the warmed-up tiny model was written without {', '.join(missing)} ({tmp})")
     return final
