@@ -31,30 +31,30 @@ separator U+066B and the full-width full stop U+FF0E between digits become ``.``
 between digit groups is left alone (``1 000`` may be a list), as is a comma (math-verify reads
 ``1,000`` itself).
 
-**Extraction** (``extraction=``, ``reward.extraction``, ``eval --extraction``): ``"reference"`` (the
-default: the PACS reference above) or ``"boxed"``: only the complete, non-empty ``\\boxed{...}`` of a response
-are read -- after its last ``</think>`` where it has one (a reasoning model's boxes inside ``<think>`` are drafts;
+**Extraction** (``extraction=``, ``reward.extraction``, ``eval --extraction``): ``"reference"`` (the default: the
+PACS reference above) or ``"boxed"``: only the complete, non-empty ``\\boxed{...}`` of a response are read -- after
+its last ``</think>`` where it has one (a reasoning model's boxes inside ``<think>`` are drafts;
 :func:`~pacs_fast.reward.boxes.answer_part`) -- and a response without one scores 0 (``no_answer``); an empty
 ``\\boxed{}`` (the prompt's "within \\boxed{}" echoed) is no box. With several distinct boxes, a box that alone
-equals the gold pays only if every box does (so a hedge or a correction scores 0); if none alone does, their set is read as above (a multi-part answer boxed in parts). The reference reads
-more: with no box it takes a "final answer is" phrase's leading number, or the last number in the text,
-so an unfinished or truncated response, a hedge ("the answer is 5 or 6") or a negation ("the answer is
-not 5") can score 1 against a gold 5. Asked for ``\\boxed{}`` by the prompt, a model that answers
-without one gets no reward under ``"boxed"``.
+equals the gold pays only if every box does (so a hedge or a correction scores 0); if none alone does, their set is
+read as above (a multi-part answer boxed in parts). The reference reads more: with no box it takes a "final answer
+is" phrase's leading number, or the last number in the text, so an unfinished or truncated response, a hedge ("the
+answer is 5 or 6") or a negation ("the answer is not 5") can score 1 against a gold 5. Asked for ``\\boxed{}`` by
+the prompt, a model that answers without one gets no reward under ``"boxed"``.
 
-math-verify's own timeouts use ``signal.alarm`` with whole seconds and are swallowed inside the
-library, so here they are switched off and one wall-clock limit per item is enforced with
-``signal.setitimer`` (main thread only; :mod:`pacs_fast.reward.time_limit`). Some hostile inputs (huge integer powers) spend their
-time in C code that no signal interrupts: :class:`pacs_fast.reward.BatchScorer` therefore runs
-items in worker processes and kills a worker that overruns. Use it for untrusted output at scale.
+math-verify's own timeouts use ``signal.alarm`` with whole seconds and are swallowed inside the library, so here
+they are switched off and one wall-clock limit per item is enforced with ``signal.setitimer`` (main thread only;
+:mod:`pacs_fast.reward.time_limit`). Some hostile inputs (huge integer powers) spend their time in C code that no
+signal interrupts: :class:`pacs_fast.reward.BatchScorer` therefore runs items in worker processes and kills a worker
+that overruns. Use it for untrusted output at scale.
 
-Fast path: the common case -- an integer gold answer and a response whose only ``\\boxed{...}``
-holds a plain integer (before or after the normalisation) -- is decided by integer equality without math-verify (microseconds instead
-of milliseconds, never imports sympy, linear time so it cannot hang). It fires only where
-math-verify provably extracts that boxed integer: exactly one ``\\boxed`` (directly followed by
-``{``), no ``\\fbox``, no ``final answer ... is`` anchor anywhere (math-verify's only patterns that
-outrank ``\\boxed``), no percent marker after the box, ASCII digits, at most 30 of them. Anything
-else falls through to math-verify unchanged (:func:`_fast_integer_score`).
+Fast path: the common case -- an integer gold answer and a response whose only ``\\boxed{...}`` holds a plain
+integer (before or after the normalisation) -- is decided by integer equality without math-verify (microseconds
+instead of milliseconds, never imports sympy, linear time so it cannot hang). It fires only where math-verify
+provably extracts that boxed integer: exactly one ``\\boxed`` (directly followed by ``{``), no ``\\fbox``, no
+``final answer ... is`` anchor anywhere (math-verify's only patterns that outrank ``\\boxed``), no percent marker
+after the box, ASCII digits, at most 30 of them. Anything else falls through to math-verify unchanged
+(:func:`_fast_integer_score`).
 """
 from __future__ import annotations
 

@@ -25,10 +25,9 @@ from pathlib import Path
 
 from pacs_fast.config.reward_specs import uses_verifier
 from pacs_fast.trainer.memory_model import (GiB, engine_row_terms, engine_rows, format_learner_memory, group_tokens,
-                                            hf_engine_bytes, largest_micro_batch, learner_bytes, learner_layout, learner_memory,
-                                            lora_params,
-                                            master_weights, model_params, model_shape, moment_shards,
-                                            recompute_advice, recompute_setting, run_device,
+                                            hf_engine_bytes, largest_micro_batch, learner_bytes, learner_layout,
+                                            learner_memory, lora_params, master_weights, model_params, model_shape,
+                                            moment_shards, recompute_advice, recompute_setting, run_device,
                                             varlen_unsupported)
 
 
