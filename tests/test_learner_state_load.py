@@ -1,9 +1,9 @@
 """A resume reads ``learner.pt`` memory-mapped (pacs_fast/learner/base.py ``load_state``).
 
 ``torch.load(map_location="cpu")`` read the whole file into host memory before the optimiser copied each tensor to
-its device: a 7B fp32 policy's AdamW moments and masters (84 GB) at once, on top of the model (review of
-2026-12-03). Memory-mapped, a tensor's pages are read as it is copied into place; on a CPU learner the moments stay
-file-backed until AdamW writes them.
+its device: AdamW's moments of a 7.6B-parameter policy (61 GB; 91 GB with a bf16 model's fp32 masters) at once, on
+top of the model (review of 2026-12-03). Memory-mapped, a tensor's pages are read as it is copied into place; on a
+CPU learner the moments stay file-backed until AdamW writes them.
 """
 import torch
 

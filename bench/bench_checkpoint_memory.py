@@ -1,0 +1,95 @@
+"""Host memory of the torch learner's checkpoint: writing the HF folder (``save_hf``) and reading ``learner.pt``.
+
+    python bench/bench_checkpoint_memory.py                  # Qwen2.5-0.5B shape (24 layers), fp32, ~1.8 GiB
+    python bench/bench_checkpoint_memory.py --layers 4       # smaller and faster
+
+Each measurement runs in a fresh process (peak memory is per process; ``/proc/self/clear_refs`` resets it before
+the operation): a random fp32 model of Qwen2.5-0.5B's widths (hidden 896, 14 / 2 heads, FFN 4,864, vocabulary
+151,936, tied head) in a :class:`~pacs_fast.learner.torch_learner.TorchLearner`, then
+
+- ``save_hf`` at the default shard size (one file up to ~4 GB) and at 256 MiB buckets: the growth of the peak
+  resident set over the save (``VmHWM``), the files written, the seconds;
+- ``load_state`` of a ``learner.pt`` holding AdamW's two moments for every parameter (2x the fp32 weights; a bf16
+  model's fp32 masters add 2x its weights): the growth of the anonymous resident memory (``RssAnon``) and of the
+  peak over the load, memory-mapped (``load_state``) and read whole (``torch.load(map_location="cpu")``, as before
+  2026-12-03).
+
+The model is on the CPU, so a save copies each bucket from the live parameters (on a GPU the copy is the
+device-to-host one). Linux only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+
+PROBE = r"""
+import json, os, sys, time
+import torch, transformers
+from pacs_fast.config import AlgoConfig, LearnerConfig
+from pacs_fast.learner.torch_learner import TorchLearner
+
+op, layers, folder, bucket = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+cfg = transformers.Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
+                               num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)
+torch.manual_seed(0)
+learner = TorchLearner(transformers.Qwen2ForCausalLM(cfg), algo=AlgoConfig(name="pacs"), learner=LearnerConfig(),
+                       temperature=1.0, horizon=4)
+
+def kib(key):
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":"))
+
+if op == "moments":  # the learner.pt a trained learner writes
+    for p in learner.optimizer.param_groups[0]["params"]:
+        learner.optimizer.state[p].update(step=torch.tensor(1.0), exp_avg=torch.randn_like(p),
+                                          exp_avg_sq=torch.rand_like(p))
+    learner.save_state(folder, is_writer=True)
+    print(json.dumps({}))
+    sys.exit(0)
+open("/proc/self/clear_refs", "w").write("5")
+rss, anon, t = kib("VmRSS"), kib("RssAnon"), time.perf_counter()
+if op == "save":
+    learner.save_hf(folder, bucket_bytes=bucket or None)
+elif op == "load":
+    learner.load_state(folder)
+else:  # read whole
+    learner.load_state_dict(torch.load(os.path.join(folder, "learner.pt"), map_location="cpu", weights_only=False))
+out = {"seconds": time.perf_counter() - t, "peak_mib": (kib("VmHWM") - rss) / 1024,
+       "anon_mib": (kib("RssAnon") - anon) / 1024,
+       "params": sum(p.numel() for p in learner.model.parameters()),
+       "files": sorted(f for f in os.listdir(folder) if f.startswith("model") or f == "learner.pt")}
+print(json.dumps(out))
+"""
+
+
+def probe(op: str, layers: int, folder: str, bucket: int = 0) -> dict:
+    out = subprocess.run([sys.executable, "-c", PROBE, op, str(layers), folder, str(bucket)], capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=24)
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, bucket in (("save_hf, default shard size", 0), ("save_hf, 256 MiB buckets", 256 << 20)):
+            r = probe("save", args.layers, f"{tmp}/hf_{bucket}", bucket)
+            rows.append((label, r["peak_mib"], r["seconds"], f"{len(r['files'])} file(s)"))
+        probe("moments", args.layers, f"{tmp}/state")
+        for op, label in (("whole", "learner.pt read whole"), ("load", "load_state: learner.pt memory-mapped")):
+            r = probe(op, args.layers, f"{tmp}/state")
+            rows.append((label, r["peak_mib"], r["seconds"], f"anonymous memory +{r['anon_mib']:,.0f} MiB"))
+    weights = r["params"] * 4 / 2**20
+    print(f"Qwen2.5-0.5B widths, {args.layers} layers, {r['params'] / 1e6:.0f}M parameters, fp32 weights "
+          f"{weights:,.0f} MiB (learner.pt: 2x)\n")
+    print("| operation | peak RSS growth (MiB) | seconds | notes |\n|---|---:|---:|---|")
+    for label, peak, seconds, note in rows:
+        print(f"| {label} | {peak:,.0f} | {seconds:.1f} | {note} |")
+
+
+if __name__ == "__main__":
+    main()
