@@ -275,3 +275,42 @@ def test_a_users_reward_has_no_maj_at_k(tmp_path):
     (tmp_path / "run_config.json").unlink()  # (no settings: the verifier's reference extraction, as pass@k reads)
     assert ev.main(["report", "--out", str(tmp_path)]) == 0
     assert load_results(tmp_path / "results.json")["benchmarks"]["toy"]["maj_at_k"] == {"1": 0.5, "2": 0.5}
+
+
+def test_a_slow_answer_does_not_shut_the_class_it_was_compared_with(monkeypatch):
+    """A tower of powers timing out against the most common answer marks the tower slow, not that answer: a later
+    string equal to it still joins its class (marking both split "1/2" and "0.5", and the vote went to the tower).
+    The timeout is simulated (``same_answer`` answers None, its on_timeout): no clock involved."""
+    from pacs_fast.evaluation.majority import problem_majority, slow_answers_skipped
+
+    equal = {frozenset(("1/2", "0.5"))}
+
+    def fake_same(a, b, time_limit=None, *, on_timeout=False):
+        if "slow" in (a, b):
+            return on_timeout
+        return frozenset((a, b)) in equal
+
+    monkeypatch.setattr(an, "same_answer", fake_same)
+    answers = ["1/2", "slow", "1/2", "slow", "1/2", "slow", "0.5", "0.5"]
+    classes = answer_classes(answers, slow_answers_skipped(1.0))
+    assert classes == [0, 1, 0, 1, 0, 1, 0, 0]  # (marking both: "0.5" a class 2 of its own)
+    # "1/2" and "0.5": 5 votes to the tower's 3 (marking both: a 3-3 tie of a right and a wrong class, 0.5)
+    assert problem_majority(answers, [a != "slow" for a in answers], [8], slow_answers_skipped(1.0)) == {8: 1.0}
+
+
+def test_a_slow_representative_is_compared_no_more(monkeypatch):
+    """The most common answer being the slow one: it is marked at its second timeout (or the first against a string
+    compared in time), so it costs at most two limits, not one per later string."""
+    from pacs_fast.evaluation.majority import slow_answers_skipped
+
+    calls = []
+
+    def fake_same(a, b, time_limit=None, *, on_timeout=False):
+        calls.append((a, b))
+        return on_timeout if "slow" in (a, b) else False
+
+    monkeypatch.setattr(an, "same_answer", fake_same)
+    answers = ["slow"] * 5 + ["a", "a", "b", "c", "d", "e"]
+    classes = answer_classes(answers, slow_answers_skipped(1.0))
+    assert len(set(classes)) == 6
+    assert sum("slow" in c for c in calls) <= 2, calls  # (marking only b: 5, one per later string)

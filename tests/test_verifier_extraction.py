@@ -157,3 +157,18 @@ def test_boxed_mode_reads_the_answer_after_the_thinking():
         got = scorer.score([r for r, _, _ in cases], ["5"] * len(cases))
     assert got.scores == [s for _, s, _ in cases] and got.statuses == [st for _, _, st in cases]
     assert [extract_answer(r, "boxed") for r, _, _ in cases] == ["5", None, "5"]
+
+
+def test_boxed_mode_reads_no_draft_of_a_thinking_left_open():
+    """A response cut inside its <think> (the length limit; Qwen3-style models write the <think> themselves) has only
+    drafts: under ``extraction="boxed"`` it states no answer, as one whose only box is inside a closed <think>
+    (before: its draft box was read, and paid). Text before the open <think> is still read."""
+    from pacs_fast.reward.answers import extract_answer
+
+    cut = "<think>\nTry x = 2: \\boxed{5}? recheck 2+3 ..."
+    reopened = "<think>a</think>\n\\boxed{5}<think>\nwait, \\boxed{6}"
+    for response, score, status, answer in [(cut, 0.0, NO_ANSWER, None), (reopened, 1.0, OK, "5")]:
+        item = score_item(response, "5", extraction="boxed")
+        assert (item.score, item.status) == (score, status), response
+        assert extract_answer(response, "boxed") == answer
+    assert score_item(cut, "5").score == 1.0  # the reference reads the thinking too

@@ -142,17 +142,30 @@ def records_majority(records: list[dict[str, Any]], ks: Sequence[int], extractio
 def slow_answers_skipped(time_limit: float | None) -> Callable[[str, str], bool]:
     """:func:`pacs_fast.reward.answers.same_answer` under ``time_limit``, except that an answer whose comparison ran
     past the limit is compared no more (it is "not the same" as any other): answers math-verify cannot compare in
-    time (towers of powers, ``9^{9^{9^9}}``) cost one limit each, not one per other class."""
+    time (towers of powers, ``9^{9^{9^9}}``) cost one limit each (two when one is a class's representative), not one
+    per other class. A timeout does not say which of ``same(a, b)``'s two is slow, and a string with a comparison
+    that finished in time is taken for not slow. Else ``b`` (the string being classed, :func:`answer_classes`: never
+    more common than ``a``) is; ``a`` (a class's representative, often the most common answer) only when ``b`` was
+    compared in time or at ``a``'s second timeout: a representative marked slow for a tower compared with it would
+    take no later equal string into its class."""
     from pacs_fast.reward.answers import same_answer
 
     slow: set[str] = set()
+    timed_out: set[str] = set()  # representatives with a timeout
+    compared: set[str] = set()   # strings with a comparison that finished in time
 
     def same(a: str, b: str) -> bool:
         if a in slow or b in slow:
             return False
         verdict = same_answer(a, b, time_limit, on_timeout=None)
         if verdict is None:
-            slow.update((a, b))
+            if b not in compared:
+                slow.add(b)
+            if a not in compared and (b in compared or a in timed_out):
+                slow.add(a)
+            timed_out.add(a)
+        else:
+            compared.update((a, b))
         return bool(verdict)
 
     return same

@@ -10,7 +10,8 @@
   \\boxed{15}`` was not. Stripped per box first, each box reads as math-verify reads it alone.
 
 - :func:`answer_part`: what ``extraction="boxed"`` reads of a response, the text after its last ``</think>``
-  (a reasoning model's answer, after its thinking: boxes inside ``<think>`` are drafts), or all of it.
+  (a reasoning model's answer, after its thinking: boxes inside ``<think>`` are drafts), or all of it; up to a
+  ``<think>`` left open there (a response cut inside its thinking states no answer yet).
 
 Pure text functions (str -> str / list[str]), linear time; no math-verify import.
 """
@@ -27,13 +28,17 @@ _UNIT_BOX_RE = re.compile(r"(\\boxed\{(?:[^{}\\]|\\(?!text|mbox|mathrm|textrm)|\
                           + r"\{ *[A-Za-z][ A-Za-z]*\}(?:\^[0-9]|\^\{[0-9]\})?\s*\}")
 
 
-THINK_END = "</think>"
+THINK_START, THINK_END = "<think>", "</think>"
 
 
 def answer_part(text: str) -> str:
-    """The text after the last ``</think>`` of ``text`` (module docstring), or ``text`` without one."""
+    """The text after the last ``</think>`` of ``text`` (module docstring), or ``text`` without one; in either, only
+    what precedes a ``<think>`` never closed (``"<think>draft \\boxed{4}"`` -> ``""``: drafts, as inside a closed
+    one)."""
     i = text.rfind(THINK_END)
-    return text if i < 0 else text[i + len(THINK_END):]
+    part = text if i < 0 else text[i + len(THINK_END):]
+    j = part.find(THINK_START)
+    return part if j < 0 else part[:j]
 
 
 def strip_box_units(text: str) -> str:

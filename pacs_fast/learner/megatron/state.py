@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from pacs_fast.collective import collective_check
 from pacs_fast.files import write_atomic
+from pacs_fast.learner.base import unmap_optimizer_state
 
 FORMAT = "pacs_fast.megatron.shards/1"
 META = "learner_state.json"
@@ -103,6 +104,7 @@ def load_state(learner, folder) -> None:
     collective_check(error)
     learner.optimizer = learner._make_optimizer()
     learner.optimizer.load_state_dict(state["optimizer"])
+    unmap_optimizer_state(learner.optimizer)
     if learner.master is not None:  # (a checkpoint without masters: the model's weights, loaded before this)
         learner.master.load_state_dict(_with_norm_masters(learner, state.get("master_weights")))
     if learner.ref_model is not None:
