@@ -10,9 +10,11 @@ the operation): a random fp32 model of Qwen2.5-0.5B's widths (hidden 896, 14 / 2
 - ``save_hf`` at the default shard size (one file up to ~4 GB) and at 256 MiB buckets: the growth of the peak
   resident set over the save (``VmHWM``), the files written, the seconds;
 - ``load_state`` of a ``learner.pt`` holding AdamW's two moments for every parameter (2x the fp32 weights; a bf16
-  model's fp32 masters add 2x its weights): the growth of the anonymous resident memory (``RssAnon``) and of the
-  peak over the load, memory-mapped (``load_state``) and read whole (``torch.load(map_location="cpu")``, as before
-  2026-12-03).
+  model's fp32 masters add 2x its weights): the growth of the peak over the load and of the anonymous resident
+  memory (``RssAnon``) after it. A CPU learner reads the file whole (its tensors stay where they are loaded); a
+  learner off the CPU memory-maps it (``maps_state_files``): here an optimizer whose parameters are on the meta
+  device stands in for a GPU learner's (its moments are moved there without being read; on a GPU each is read
+  from the mapping as it is copied). Every learner read it whole before 2026-12-03.
 
 The model is on the CPU, so a save copies each bucket from the live parameters (on a GPU the copy is the
 device-to-host one). Linux only.
@@ -38,6 +40,9 @@ torch.manual_seed(0)
 learner = TorchLearner(transformers.Qwen2ForCausalLM(cfg), algo=AlgoConfig(name="pacs"), learner=LearnerConfig(),
                        temperature=1.0, horizon=4)
 
+n_params = sum(p.numel() for p in learner.model.parameters())
+
+
 def kib(key):
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":"))
 
@@ -54,11 +59,20 @@ if op == "save":
     learner.save_hf(folder, bucket_bytes=bucket or None)
 elif op == "load":
     learner.load_state(folder)
-else:  # read whole
-    learner.load_state_dict(torch.load(os.path.join(folder, "learner.pt"), map_location="cpu", weights_only=False))
+else:  # the parameters off the CPU: an optimizer over meta-device stand-ins, loaded by the learner's load_state
+    import types
+    from pacs_fast.learner.base import Learner
+    meta = [torch.nn.Parameter(torch.empty_like(p, device="meta")) for p in learner.optimizer.param_groups[0]["params"]]
+    optimizer = torch.optim.AdamW(meta)
+    stand_in = types.SimpleNamespace(optimizer=optimizer, device=torch.device("meta"),
+                                     load_state_dict=lambda state: optimizer.load_state_dict(state["optimizer"]))
+    del learner
+    open("/proc/self/clear_refs", "w").write("5")
+    rss, anon, t = kib("VmRSS"), kib("RssAnon"), time.perf_counter()
+    Learner.load_state(stand_in, folder)
 out = {"seconds": time.perf_counter() - t, "peak_mib": (kib("VmHWM") - rss) / 1024,
        "anon_mib": (kib("RssAnon") - anon) / 1024,
-       "params": sum(p.numel() for p in learner.model.parameters()),
+       "params": n_params,
        "files": sorted(f for f in os.listdir(folder) if f.startswith("model") or f == "learner.pt")}
 print(json.dumps(out))
 """
@@ -80,7 +94,8 @@ def main(argv=None) -> None:
             r = probe("save", args.layers, f"{tmp}/hf_{bucket}", bucket)
             rows.append((label, r["peak_mib"], r["seconds"], f"{len(r['files'])} file(s)"))
         probe("moments", args.layers, f"{tmp}/state")
-        for op, label in (("whole", "learner.pt read whole"), ("load", "load_state: learner.pt memory-mapped")):
+        for op, label in (("load", "load_state, a CPU learner: learner.pt read whole"),
+                          ("offcpu", "load_state, parameters off the CPU: learner.pt memory-mapped")):
             r = probe(op, args.layers, f"{tmp}/state")
             rows.append((label, r["peak_mib"], r["seconds"], f"anonymous memory +{r['anon_mib']:,.0f} MiB"))
     weights = r["params"] * 4 / 2**20

@@ -1,4 +1,4 @@
-"""A resume reads ``learner.pt`` memory-mapped (pacs_fast/learner/base.py ``load_state``).
+"""A resume of a learner off the CPU reads ``learner.pt`` memory-mapped (pacs_fast/learner/base.py ``load_state``).
 
 ``torch.load(map_location="cpu")`` read the whole file into host memory before the optimiser copied each tensor to
 its device: AdamW's moments of a 7.6B-parameter policy (61 GB; 91 GB with a bf16 model's fp32 masters) at once, on
@@ -33,7 +33,7 @@ def _saved_optimizer(tmp_path, numel: int):
              "param_groups": optimizer.state_dict()["param_groups"]}
     torch.save({"optimizer": saved}, tmp_path / "learner.pt")
     del saved
-    learner = types.SimpleNamespace(optimizer=optimizer)
+    learner = types.SimpleNamespace(optimizer=optimizer, device=param.device)
     learner.load_state_dict = lambda state: optimizer.load_state_dict(state["optimizer"])
     return learner, param
 
@@ -56,8 +56,8 @@ def test_a_loaded_state_does_not_keep_the_file_mapped(tmp_path):
     """torch keeps a state tensor as loaded where it has the parameter's device already: AdamW's ``step`` (a CPU
     tensor) for a parameter on a GPU, every moment of a CPU parameter. In the file's mapping they held the whole
     ``learner.pt`` open for the rest of the run: once the checkpoint was pruned its disk space (the moments and
-    masters) stayed taken until the run ended. A real torch learner (its parameters on the CPU) and a parameter
-    off the CPU."""
+    masters) stayed taken until the run ended. A parameter off the CPU, and a real torch learner on the CPU (which
+    reads the file whole: mapped, then copied out of the mapping, its moments would be resident twice over)."""
     import transformers
 
     from pacs_fast.config import AlgoConfig, LearnerConfig

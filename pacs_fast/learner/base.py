@@ -296,14 +296,16 @@ class Learner(abc.ABC):
         write_atomic(folder / "learner.pt", lambda tmp: torch.save(state, tmp))
 
     def load_state(self, folder) -> None:
-        """Inverse of :meth:`save_state`. The file is memory-mapped (its tensors are read as they are copied into
-        place), not read whole into host memory first: AdamW's moments of Qwen2.5-7B (7.6B parameters) are 61 GB,
-        91 GB with a bf16 model's fp32 masters."""
+        """Inverse of :meth:`save_state`. For a learner off the CPU the file is memory-mapped (its tensors are read
+        as they are copied to the device, :func:`maps_state_files`), not read whole into host memory first: AdamW's
+        moments of Qwen2.5-7B (7.6B parameters) are 61 GB, 91 GB with a bf16 model's fp32 masters."""
         from pathlib import Path
 
-        self.load_state_dict(torch.load(Path(folder) / "learner.pt", map_location="cpu", mmap=True,
+        mmap = maps_state_files(getattr(self, "device", None))
+        self.load_state_dict(torch.load(Path(folder) / "learner.pt", map_location="cpu", mmap=mmap,
                                         weights_only=False))
-        unmap_optimizer_state(getattr(self, "optimizer", None))
+        if mmap:
+            unmap_optimizer_state(getattr(self, "optimizer", None))
 
     def hf_weight_manifest(self) -> list[tuple[str, tuple[int, ...]]]:
         """``[(hf_name, shape)]`` of :meth:`export_hf_weights` (checked before a weight sync)."""
@@ -324,6 +326,14 @@ class Learner(abc.ABC):
 
 
 # ----------------------------------------------------------------------------- batching
+
+def maps_state_files(device) -> bool:
+    """Whether a learner on ``device`` (a ``torch.device``, or None: unknown) reads its state files memory-mapped:
+    off the CPU, where every tensor is copied to the device anyway (from the mapping, page by page, instead of from
+    a whole copy in host memory). On the CPU torch keeps a loaded tensor as it is: mapped, then copied out of the
+    mapping (:func:`unmap_optimizer_state`), it would be resident twice over, so the file is read whole, once."""
+    return device is not None and torch.device(device).type != "cpu"
+
 
 def unmap_optimizer_state(optimizer) -> None:
     """After ``optimizer.load_state_dict`` from a memory-mapped ``learner.pt``: each CPU tensor of its state becomes a

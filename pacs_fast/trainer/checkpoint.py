@@ -196,10 +196,7 @@ def _load_learner_state(learner, folder: Path) -> None:
     if load is not None:
         load(folder)
     else:
-        from pacs_fast.learner.base import unmap_optimizer_state
-
-        learner.load_state_dict(torch.load(folder / "learner.pt", mmap=True, weights_only=False))
-        unmap_optimizer_state(getattr(learner, "optimizer", None))
+        learner.load_state_dict(torch.load(folder / "learner.pt", weights_only=False))
 
 
 def latest_name(run_dir: str | Path) -> str | None:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from pacs_fast.collective import collective_check
 from pacs_fast.files import write_atomic
-from pacs_fast.learner.base import unmap_optimizer_state
+from pacs_fast.learner.base import maps_state_files, unmap_optimizer_state
 
 FORMAT = "pacs_fast.megatron.shards/1"
 META = "learner_state.json"
@@ -92,7 +92,7 @@ def load_state(learner, folder) -> None:
         if meta["tp_size"] != learner.tp_size:
             raise ValueError(f"{folder}: saved with learner.tp_size={meta['tp_size']}, this run has "
                              f"{learner.tp_size}; resume with the same tensor-parallel size")
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)  # (read as copied into place)
+        state = torch.load(path, map_location="cpu", mmap=maps_state_files(learner.device), weights_only=False)
         if state.get("format") != FORMAT or state.get("tp_rank") != learner.tp_rank:
             raise ValueError(f"{path}: not this rank's learner shard")
         if state["param_names"] != _names(learner):
