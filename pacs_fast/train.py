@@ -42,6 +42,7 @@ quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, th
 
 from pacs_fast.config import help_text, load_config, validate  # noqa: E402
 from pacs_fast.gc_heap import freeze_at_start_up  # noqa: E402
+from pacs_fast.launch_checkin import PeerFailed, report_failure, wait_for_peers  # noqa: E402
 from pacs_fast.trainer.run_folder import (check_moved_files, claim_run_dir, record_absolute_paths,  # noqa: E402
                                          resume_config)
 
@@ -213,7 +214,14 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as e:  # (alike=False: a file one node lacks, e.g. its mount of the run folder, is its alone)
         if args.debug:
             raise
+        report_failure(str(e))  # (the others of a torchrun launch stop too, instead of waiting to connect)
         fail(str(e), 2, alike=False)
+    try:
+        wait_for_peers()  # every process of the launch resolved its settings (pacs_fast/launch_checkin.py)
+    except PeerFailed as e:
+        if args.debug:
+            raise
+        fail(str(e), 2)
     from pacs_fast.trainer.loop import SetupError, TrainingStopped, train  # heavy imports after the config is good
     if __name__ == "__main__":  # the imports live as long as the process: no collection walks them
         freeze_at_start_up()  # (pacs_fast/gc_heap.py; a caller's own process is left alone)
