@@ -336,14 +336,12 @@ def maps_state_files(device) -> bool:
 
 
 def unmap_optimizer_state(optimizer) -> None:
-    """After ``optimizer.load_state_dict`` from a memory-mapped ``learner.pt``: each CPU tensor of its state becomes a
-    copy of its own. torch keeps a state tensor as loaded where it already has the parameter's device: AdamW's
-    ``step`` (a 0-d CPU tensor) for a parameter on a GPU, every moment of a parameter on the CPU. Left in the file's
-    mapping, they held the whole file open for the rest of the run: once the checkpoint was pruned, its deleted
-    ``learner.pt`` (61 GB of moments at 7.6B parameters) kept its disk space until the run ended. On a GPU only the
-    scalars are copied (the moments were copied to the device, page by page from the mapping); on a CPU the moments
-    are, once (as ``torch.load`` had read them before the mapping). ``optimizer``: a ``torch.optim.Optimizer`` (a
-    ``ZeroRedundancyOptimizer``'s local one too) or None."""
+    """After ``optimizer.load_state_dict`` from a memory-mapped ``learner.pt`` (:func:`maps_state_files`): each CPU
+    tensor of its state becomes a copy of its own. torch keeps a state tensor as loaded where it already has the
+    parameter's device, as AdamW's ``step`` (a 0-d CPU tensor) for a parameter on a GPU; left in the file's mapping,
+    those scalars held the whole file open for the rest of the run: once the checkpoint was pruned, its deleted
+    ``learner.pt`` (61 GB of moments at 7.6B parameters) kept its disk space until the run ended. ``optimizer``: a
+    ``torch.optim.Optimizer`` (a ``ZeroRedundancyOptimizer``'s local one too) or None."""
     for opt in (optimizer, getattr(optimizer, "optim", None)):
         for state in (getattr(opt, "state", None) or {}).values():
             if not isinstance(state, dict):

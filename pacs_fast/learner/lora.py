@@ -113,14 +113,12 @@ def iter_merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Ten
         if LORA_MARK in name:
             continue
         m = adapted.get(name)
-        if m is not None and not m.merged:
-            with torch.no_grad():
-                merged = t.float()
-                for adapter in m.active_adapters:
-                    if adapter in m.lora_A:
-                        merged = merged + _delta(m, adapter)
-                t = merged.to(t.dtype)  # (in fp32, rounded once: a bf16 sum rounded the delta, then the sum)
-                del merged
+        if m is not None and not m.merged:  # (no_grad holds whenever the generator runs: torch wraps generators)
+            merged = t.float()
+            for adapter in m.active_adapters:
+                if adapter in m.lora_A:
+                    merged = merged + _delta(m, adapter)
+            t = merged.to(t.dtype)  # (in fp32, rounded once: a bf16 sum rounded the delta, then the sum)
         yield name.replace(BASE_MARK, ""), t
 
 

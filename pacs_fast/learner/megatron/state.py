@@ -85,6 +85,7 @@ def load_state(learner, folder) -> None:
     folder = Path(folder)
     error, state = None, None
     path = folder / shard_file(learner.tp_rank)
+    mapped = maps_state_files(learner.device)
     try:
         meta = json.loads((folder / META).read_text())
         if meta.get("format") != FORMAT:
@@ -92,7 +93,7 @@ def load_state(learner, folder) -> None:
         if meta["tp_size"] != learner.tp_size:
             raise ValueError(f"{folder}: saved with learner.tp_size={meta['tp_size']}, this run has "
                              f"{learner.tp_size}; resume with the same tensor-parallel size")
-        state = torch.load(path, map_location="cpu", mmap=maps_state_files(learner.device), weights_only=False)
+        state = torch.load(path, map_location="cpu", mmap=mapped, weights_only=False)
         if state.get("format") != FORMAT or state.get("tp_rank") != learner.tp_rank:
             raise ValueError(f"{path}: not this rank's learner shard")
         if state["param_names"] != _names(learner):
@@ -104,7 +105,8 @@ def load_state(learner, folder) -> None:
     collective_check(error)
     learner.optimizer = learner._make_optimizer()
     learner.optimizer.load_state_dict(state["optimizer"])
-    unmap_optimizer_state(learner.optimizer)
+    if mapped:  # (a CPU learner read the file whole: its state is its own already)
+        unmap_optimizer_state(learner.optimizer)
     if learner.master is not None:  # (a checkpoint without masters: the model's weights, loaded before this)
         learner.master.load_state_dict(_with_norm_masters(learner, state.get("master_weights")))
     if learner.ref_model is not None:
