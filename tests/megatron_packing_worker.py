@@ -7,7 +7,8 @@
 2. learner (TP = 1 x DP = 2): ``MegatronLearner.update`` twice on one batch, three ways: padded rows,
    one group per micro-batch, replicated AdamW (the baseline); the same with the optimiser sharded
    over the two data-parallel ranks (``distributed_optimizer``); packed rows with token-budget
-   micro-batches and the sharded optimiser. Weights, optimiser state (consolidated), per-rank
+   micro-batches and the sharded optimiser; the same with a budget of about one row (groups trained a few rows at a
+   time), its old log-probs given and fused. Weights, optimiser state (consolidated), per-rank
    optimiser bytes, the metrics, and a save_state / load_state round trip of the sharded optimiser; the
    replicated and sharded runs again with the model in bf16 (fp32 master weights).
 
@@ -74,6 +75,12 @@ def learner(inputs, results, workdir):
                 "sharded": dict(packing="off", distributed_optimizer=True),
                 "packed_budget": dict(packing="on", distributed_optimizer=True,
                                       max_tokens_per_micro_batch=spec["budget"]),
+                # groups over a budget of about one row: trained a few rows at a time (learner.split_groups=auto), with
+                # the old log-probs given and from the update's own first forward (fused)
+                "packed_split": dict(packing="on", distributed_optimizer=True,
+                                     max_tokens_per_micro_batch=spec["split_budget"]),
+                "fused_split": dict(packing="on", distributed_optimizer=True,
+                                    max_tokens_per_micro_batch=spec["split_budget"]),
                 # a bf16 model through fp32 master weights: the sharded optimiser steps the masters as the replicated
                 "replicated_bf16": dict(packing="off"),
                 "sharded_bf16": dict(packing="off", distributed_optimizer=True)}
@@ -83,8 +90,9 @@ def learner(inputs, results, workdir):
                               temperature=1.0, horizon=spec["horizon"],
                               dtype="bfloat16" if name.endswith("_bf16") else "float32")
         batch = RolloutBatch(**spec["batch"])
-        batch.old_logp = lrn.compute_logprobs(batch)
-        batch.ref_logp = batch.old_logp
+        if name != "fused_split":
+            batch.old_logp = lrn.compute_logprobs(batch)
+            batch.ref_logp = batch.old_logp
         metrics = [lrn.update(batch, seed=s) for s in (3, 4)]
         bytes_per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(bytes_per_rank, state_bytes(lrn.optimizer))

@@ -68,7 +68,8 @@ def test_the_rows_of_the_targets_come_first_and_name_real_learners_and_lengths()
 def test_memory_plan_for_the_real_shapes():
     """The bench plans with the product's memory model (fp32 masters, AdamW, the tied head's gradient: on the first
     H200 run its own estimate left 15 GiB out and rows peaked at 121-136 GiB of 140), the least recompute at which a
-    group fits, the largest budget within 80% of the device; padded rows count their padded token slots."""
+    group fits, the largest budget within 80% of the device (under one group where none fits); padded rows count
+    their padded token slots."""
     mod = bench()
     from pacs_fast.learner.flops import shape_of
     from pacs_fast.trainer.memory_model import learner_memory
@@ -93,7 +94,11 @@ def test_memory_plan_for_the_real_shapes():
     # after running out of memory with one level, the next
     assert plan("4k", levels=("selective", "full"))[0] == "selective"
     assert plan("16k", levels=("full",))[0] == "full"
-    assert plan("32k", dense)[3].startswith("not run: ")  # its [S, S] masks alone are ~100 GiB
+    assert plan("32k", dense)[3].startswith("not run: one row of 33,024 tokens")  # its [S, S] masks: ~100 GiB
+    # where no group fits, a budget under one (its groups train a few rows at a time) as long as one row fits
+    ckpt, budget, pred, why = plan("32k", mem=45 * 2**30)
+    assert why is None and ckpt == "full" and 256 + 32768 <= budget < 2 * (256 + 32768) and pred <= 0.8 * 45 * 2**30
+    assert plan("32k", mem=40 * 2**30)[3].startswith("not run: one row of 33,024 tokens needs 33 GiB")
     assert plan("4k", dense)[3] is None
     # padded rows (learner.packing=off) count rows x their longest: the long-tailed mix is ~2.5x its real tokens
     lengths, G = mod.lengths_for("mix", 0, False)

@@ -76,6 +76,10 @@ BASELINE_CASES = {
                            "learner": _OPTIM, "is_weights": True, "stale": True},
     "gpg_two_epochs": {"algo": {"name": "gpg"}, "advantages": True,
                        "learner": {**_OPTIM, "epochs": 2, "mini_batch_prompts": 2, "micro_batch_prompts": 1}},
+    # a budget of one row (<= 14 tokens): every group trains a few rows at a time (learner.split_groups=auto; the
+    # torch learner's split equals its whole-group update: tests/test_long_groups.py)
+    "pacs_split_groups": {"algo": {"name": "pacs", "entropy_coef": 0.01}, "stale": True,
+                          "learner": {**_OPTIM, "max_tokens_per_micro_batch": 15}},
 }
 
 
@@ -247,6 +251,7 @@ def test_baselines_train_as_in_the_torch_learner(run, torch_baselines, tp, case)
     assert names == {k for k in got["metrics"] if not k.startswith("forward/")}
     for k in names:
         assert abs(got["metrics"][k] - ref["metrics"][k]) < 1e-4 * max(1.0, abs(ref["metrics"][k])), k
+    assert (got["metrics"].get("split_groups", 0) > 0) == case.endswith("split_groups")
     initial = dict(_hf(run[0]["baselines"]["model"]).named_parameters())
     assert _max_diff(ref["weights"], {k: initial[k].detach() for k in ref["weights"]}) > 1e-4  # the step did something
     assert _max_diff(got["weights"], ref["weights"]) < 1e-5

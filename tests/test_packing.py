@@ -58,6 +58,12 @@ def prompted_batch(gen, G, groups, prompt_lengths):
     return RolloutBatch(ids, att, att.float(), torch.zeros(len(rows)), group_size=G)
 
 
+def whole_parts(items):
+    """A learner's micro-batches (``(group positions, whole)``) as group positions, every group within the budget."""
+    assert all(whole for _, whole in items), items
+    return [p for p, _ in items]
+
+
 def grads_of(learner, batch, algo):
     learner.model.zero_grad(set_to_none=True)
     logp, ent, _ = learner._forward(learner.model, batch, entropy=True, values=False)
@@ -170,7 +176,7 @@ def test_token_budget_update_equals_one_micro_batch(seed, agg, name):
         learner.optimizer.step = lambda: seen.update({n: p.grad.clone() for n, p in m.named_parameters()})
         if budget:
             tokens = batch.attention_mask.sum(-1).view(6, 4).sum(-1).tolist()
-            parts = learner._micro_batches(batch, micro)
+            parts = whole_parts(learner._micro_batches(batch, micro))
             assert len(parts) > 1 and all(sum(tokens[g] for g in p) <= budget for p in parts)
         b = copy.deepcopy(batch)
         learner.update(b, seed=1)
@@ -233,8 +239,8 @@ def test_with_packing_off_the_budget_bounds_the_padded_forwards_token_slots(seed
         learner = TorchLearner(small_model(), algo=AlgoConfig(),
                                learner=LearnerConfig(packing=packing, shared_prefix=shared,
                                                      max_tokens_per_micro_batch=budget))
-        assert learner._micro_batches(batch, 1) == micro_batch_groups(batch, 1, budget, padded=packing == "off",
-                                                                      shared_prefix=shared)
+        want = micro_batch_groups(batch, 1, budget, padded=packing == "off", shared_prefix=shared)
+        assert whole_parts(learner._micro_batches(batch, 1)) == want
     # the shared-prefix forward (packing=off, learner.shared_prefix): each group's common prefix once and the rows'
     # rests padded, which is what a micro-batch is cut by (not rows x longest, which cut them 3-4x too small)
     shared_batch = prompted_batch(gen, G, groups, (20, 60))
@@ -268,7 +274,7 @@ def test_dense_packed_bins_stay_within_the_token_budget(seed):
             cfg = LearnerConfig(packing=packing, packed_attention=attention, shared_prefix=True,
                                 max_tokens_per_micro_batch=budget)
             learner = TorchLearner(small_model(), algo=AlgoConfig(), learner=cfg)
-            parts = learner._micro_batches(batch, 1)
+            parts = whole_parts(learner._micro_batches(batch, 1))
             assert sorted(g for p in parts for g in p) == list(range(groups))
             for p in parts:
                 sub = batch.groups(p)
@@ -280,7 +286,7 @@ def test_dense_packed_bins_stay_within_the_token_budget(seed):
     learner = TorchLearner(small_model(), algo=AlgoConfig(),
                            learner=LearnerConfig(packing="on", packed_attention="dense", shared_prefix=False,
                                                  micro_batch_prompts=2, max_tokens_per_micro_batch=real))
-    for p in learner._micro_batches(rows, 2):
+    for p in whole_parts(learner._micro_batches(rows, 2)):
         assert pack(rows.groups(p).input_ids, rows.groups(p).attention_mask).slots <= real
     learner.compute_logprobs(rows)
     # one forward per group (cut by real tokens, both ran in one forward of 3 bins x 21 = 63 slots)
@@ -291,7 +297,7 @@ def test_dense_packed_bins_stay_within_the_token_budget(seed):
 
         for packing, attention in (("on", "dense"), ("auto", "dense"), ("on", "varlen"), ("off", "auto")):
             cfg = LearnerConfig(packing=packing, packed_attention=attention, max_tokens_per_micro_batch=budget)
-            parts = MegatronLearner._micro_batches(SimpleNamespace(cfg=cfg), batch)
+            parts = whole_parts(MegatronLearner._micro_batches(SimpleNamespace(cfg=cfg), batch))
             assert sorted(g for p in parts for g in p) == list(range(groups))
             for p in parts:  # what megatron's forward runs on it (tokens_logprobs: packed bins / THD row, or padded)
                 ids_l, att_l, _, _ = left_align(batch.groups(p).input_ids, batch.groups(p).attention_mask)
@@ -358,7 +364,7 @@ def test_a_group_without_a_common_prefix_is_cut_as_the_padded_forward_it_runs(se
     assert parts == [[0], [1]]
     learner = TorchLearner(small_model(), algo=AlgoConfig(),
                            learner=LearnerConfig(packing="off", shared_prefix=True, max_tokens_per_micro_batch=204))
-    assert learner._micro_batches(batch, 1) == parts
+    assert whole_parts(learner._micro_batches(batch, 1)) == parts
     for p in parts:
         before = learner.forwards["token_slots"]
         learner.compute_logprobs(batch.groups(p))
@@ -392,17 +398,20 @@ def test_token_budget_errors():
     with pytest.raises(ValueError, match=r"learner.max_tokens_per_micro_batch=100 cannot hold a group of full-length "
                                          r"responses: rollout.n=8 x \(a prompt of at least 1 token \+ "
                                          r"rollout.max_new_tokens=12\) = 104 tokens"):
-        validate(load_config(None, ["learner.max_tokens_per_micro_batch=100"]))
+        validate(load_config(None, ["learner.max_tokens_per_micro_batch=100", "learner.split_groups=off"]))
     # the budget is checked against the real prompts (before, against data.max_prompt_tokens=512: a budget
-    # that fits the data was refused, issue 41)
+    # that fits the data was refused, issue 41); with learner.split_groups=auto (the default) against one row:
+    # tests/test_long_groups.py
     from pacs_fast.trainer.problems import check_token_budget
-    cfg = load_config(None, ["learner.max_tokens_per_micro_batch=1000"])
+    cfg = load_config(None, ["learner.max_tokens_per_micro_batch=1000", "learner.split_groups=off"])
     validate(cfg)
     problems = [{"id": "a", "prompt_ids": [1] * 30}, {"id": "b", "prompt_ids": [1] * 114}]
     check_token_budget(cfg, "data.dataset", problems[:1])  # 8 x (30 + 12) = 336 fits
     with pytest.raises(ValueError, match=r"learner.max_tokens_per_micro_batch=1000 cannot hold the largest group of "
                                          r"data.dataset: rollout.n=8 x \(its longest prompt, problem 'b', 114 tokens \+ "
-                                         r"rollout.max_new_tokens=12\) = 1008 tokens; raise it to 1008"):
+                                         r"rollout.max_new_tokens=12\) = 1008 tokens; raise it to 1008, or lower "
+                                         r"data.max_prompt_tokens to drop the long prompts, or set "
+                                         r"learner.split_groups=auto"):
         check_token_budget(cfg, "data.dataset", problems)
     with pytest.raises(ValueError, match="learner.packing"):
         validate(load_config(None, ["learner.packing=maybe"]))

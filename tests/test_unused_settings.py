@@ -130,6 +130,9 @@ def test_defaults_and_shipped_configs_set_nothing_idle():
     (["learner.packing=off", "learner.packed_attention=varlen"],
      ["learner.packed_attention=varlen has no effect with learner.packing=off"]),
     (["learner.packing=on", "learner.packed_attention=varlen"], []),
+    (["learner.split_groups=off"],
+     ["learner.split_groups=off has no effect without learner.max_tokens_per_micro_batch"]),
+    (["learner.split_groups=off", "learner.max_tokens_per_micro_batch=1000"], []),
     (["data.eval_dataset=math500"], ["data.eval_dataset=math500 has no effect with data.dataset=arithmetic"]),
     # found by a sweep of every key (2026-11-29): each value below changed nothing, silently
     (["reward.appeal=m:f", "reward.fn_rate=appeal"], ["reward.fn_rate=appeal has no effect with "

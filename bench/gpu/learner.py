@@ -140,8 +140,9 @@ def plan(shape, lengths, G, prompt, mem_bytes, learner_name, levels=RECOMPUTE, b
     (:func:`pacs_fast.trainer.memory_model.learner_memory`: weights, fp32 masters, gradients, AdamW's moments and
     step, the tied head's gradient, activations, the log-prob workspace): the largest token budget whose
     predicted peak stays within 80% of the device, at the first of ``levels`` (False; ``"selective"``: each
-    layer's MLP; ``"full"``: each layer) at which one group fits; a given ``budget`` is taken as it is (the
-    memory curve). Padded rows (learner.packing=off) and dense bins count their token slots (:func:`group_costs`)."""
+    layer's MLP; ``"full"``: each layer) at which one group fits, else at the last level a budget under one group
+    (its groups then train a few rows at a time: ``learner.split_groups=auto``) as long as one row fits; a given
+    ``budget`` is taken as it is (the memory curve). Padded rows (learner.packing=off) and dense bins count their token slots (:func:`group_costs`)."""
     from pacs_fast.trainer.memory_model import learner_memory
 
     spec = LEARNERS[learner_name]
@@ -161,7 +162,14 @@ def plan(shape, lengths, G, prompt, mem_bytes, learner_name, levels=RECOMPUTE, b
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if peak(mid) <= room else (lo, mid - 1)
         return ckpt, lo, peak(lo), None
-    return ckpt, group, None, (f"not run: a group of {group:,} tokens needs {peak(group) / 2**30:.0f} GiB with "
+    row = max(prompt + n for n in lengths)  # one row alone: a group over the budget trains a few rows at a time
+    if budget is None and peak(row) <= room:  # (learner.split_groups=auto, one more forward of its rows)
+        lo, hi = row, group
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if peak(mid) <= room else (lo, mid - 1)
+        return ckpt, lo, peak(lo), None
+    return ckpt, group, None, (f"not run: one row of {row:,} tokens needs {peak(row) / 2**30:.0f} GiB with "
                                f"recompute {ckpt}, more than 80% of {mem_bytes / 2**30:.0f} GiB")
 
 
@@ -291,6 +299,7 @@ def measure(model, shape, learner_name, lengths, G, args, device, row) -> dict:
         row["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
         row["shares"] = profile_shares(step) if device == "cuda" else None
         row["forwards"] = {k[len("forward/"):]: v for k, v in last.items() if k.startswith("forward/") and v}
+        row["split_groups"] = last.get("split_groups", 0.0)  # groups over the budget, trained a few rows at a time
         # the packed attention's kernel(s) that answered (a failing one falls back with one stderr line)
         row["attention_kernels"] = dict(varlen_attention.KERNEL_CALLS)
     finally:

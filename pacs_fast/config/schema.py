@@ -18,6 +18,8 @@ CLIP_DEFAULTS = {"gspo": (3e-4, 4e-4), "cispo": (10.0, 0.2), "gmpo": (0.4, 0.4),
 CLIP_C_DEFAULTS = {"dppo_tv": 1e4, "dppo_kl": 1e4}
 #: model.recompute_granularity (pacs_fast/learner/recompute.py, megatron: learner/megatron/model.py)
 RECOMPUTE_GRANULARITIES = ("full", "selective")
+#: learner.split_groups: a group over the token budget trained a few rows at a time (pacs_fast/learner/long_groups.py)
+SPLIT_GROUPS = ("auto", "off")
 
 
 def _f(default, help: str, **kw):
@@ -294,6 +296,10 @@ class LearnerConfig:
                                          "by the token slots its padded or shared-prefix forward runs (the longest "
                                          "groups first), with learner.packed_attention=dense by the padded slots "
                                          "(which bound its bins); 0 = off (megatron: per data-parallel rank)")
+    split_groups: str = _f("auto", "a group larger than learner.max_tokens_per_micro_batch (long responses): auto = "
+                           "trained exactly a few rows at a time (one more no-grad forward of its rows gives the "
+                           "loss's gradient per token, then the rows run again with grad; "
+                           "pacs_fast/learner/long_groups.py), off = refused (a group trains in one micro-batch)")
     tp_size: int = _f(1, "megatron: tensor-parallel size; divides the number of torchrun processes "
                       "(the rest is data parallelism)")
     distributed_optimizer: bool = _f(False, "megatron: AdamW state sharded over the data-parallel ranks (ZeRO-1, "

@@ -121,6 +121,9 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if cfg.learner.max_tokens_per_micro_batch:
         out.append((("learner.micro_batch_prompts",), "with learner.max_tokens_per_micro_batch set (micro-batches "
                                                       "are cut by tokens)"))
+    else:
+        out.append((("learner.split_groups",), "without learner.max_tokens_per_micro_batch (no group is over a "
+                                               "budget)"))
     if cfg.learner.packing == "off":
         out.append((("learner.packed_attention",), "with learner.packing=off (how packed rows attend)"))
     elif cfg.model.attention in ("flash_attention_2", "flash_attention_3"):  # learner/packing.py's FLASH

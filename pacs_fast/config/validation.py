@@ -8,7 +8,8 @@ from pacs_fast.config.launch_checks import validate_async, validate_parallel, wo
 from pacs_fast.config.paths import SHIPPED_DATASETS, validate_paths, warmup_cache_root, write_problem  # noqa: F401
 from pacs_fast.config.reward_fields import field_keywords
 from pacs_fast.config.reward_specs import VERIFIER, checked_weights, is_mix, reward_specs, user_specs
-from pacs_fast.config.schema import ALGORITHMS, RECOMPUTE_GRANULARITIES, Config, field_types, section_classes
+from pacs_fast.config.schema import (ALGORITHMS, RECOMPUTE_GRANULARITIES, SPLIT_GROUPS, Config, field_types,
+                                     section_classes)
 from pacs_fast.config.stop_string_checks import check_stop_strings
 
 
@@ -153,11 +154,17 @@ def _validate_micro_batching(cfg: Config) -> None:
                          "only learner.backend=megatron has (the torch learner is one process)")
     # the real prompts are checked once tokenised (pacs_fast.trainer.problems.check_token_budget);
     # here only what no data can fit: a group of n one-token prompts with full-length responses
+    _choice("learner.split_groups", cfg.learner.split_groups, SPLIT_GROUPS)
+    if cfg.learner.split_groups == "auto":  # a group over the budget trains a few rows at a time: a row must fit
+        if budget and budget < 1 + cfg.rollout.max_new_tokens:
+            raise ValueError(f"learner.max_tokens_per_micro_batch={budget} cannot hold one full-length response: a "
+                             f"prompt of at least 1 token + rollout.max_new_tokens={cfg.rollout.max_new_tokens}")
+        return
     smallest = cfg.rollout.n * (1 + cfg.rollout.max_new_tokens)
     if budget and budget < smallest:
         raise ValueError(f"learner.max_tokens_per_micro_batch={budget} cannot hold a group of full-length responses: "
                          f"rollout.n={cfg.rollout.n} x (a prompt of at least 1 token + rollout.max_new_tokens="
-                         f"{cfg.rollout.max_new_tokens}) = {smallest} tokens")
+                         f"{cfg.rollout.max_new_tokens}) = {smallest} tokens (learner.split_groups=off)")
 
 
 def is_level(cfg: Config) -> str:

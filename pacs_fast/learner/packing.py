@@ -339,20 +339,38 @@ def micro_batch_groups(batch, limit: int, budget: int = 0, *, padded: bool = Fal
     would run the shared-prefix forward instead and its slots exceed the budget, the learner packs
     (``TorchLearner._packed``). Both learners cut this way."""
     if budget and (padded or dense):
-        G = batch.group_size
-        lengths = batch.attention_mask.sum(-1).long()
-        fixed = None
-        fed = (lengths - 1).clamp(min=1)  # a row's last token is only a label: the padded forward and the bins skip it
-        if shared_prefix and not dense and G >= 2:
-            from pacs_fast.learner.shared_prefix import common_prefix_lengths
-
-            prefix = common_prefix_lengths(batch.input_ids, lengths, G)
-            if bool((prefix >= 1).all()):  # (a group without a common prefix: the padded forward runs instead)
-                fed = (lengths - prefix.repeat_interleave(G) - 1).clamp(min=0)  # nor the shared-prefix forward's rest
-                fixed = [int(p) for p in prefix]
-        longest = fed.view(batch.num_groups, G).amax(-1).tolist()
-        return padded_budget_micro_batches([int(t) for t in longest], G, budget, fixed, dense=dense and not padded)
+        longest, fixed = _padded_lengths(batch, shared_prefix=shared_prefix and not dense)
+        return padded_budget_micro_batches(longest, batch.group_size, budget, fixed, dense=dense and not padded)
     if budget:
-        tokens = batch.attention_mask.sum(-1).view(batch.num_groups, batch.group_size).sum(-1).tolist()
-        return token_budget_micro_batches([int(t) for t in tokens], budget)
+        return token_budget_micro_batches(_group_tokens(batch), budget)
     return [list(range(s, min(s + limit, batch.num_groups))) for s in range(0, batch.num_groups, limit)]
+
+
+def group_costs(batch, *, padded: bool = False, shared_prefix: bool = False, dense: bool = False) -> list[int]:
+    """What each group of ``batch`` alone counts against a token budget, as :func:`micro_batch_groups` cuts with
+    the same flags: its real tokens, or the token slots its padded (shared-prefix, dense-bin) forward runs."""
+    if padded or dense:
+        longest, fixed = _padded_lengths(batch, shared_prefix=shared_prefix and not dense)
+        return [(f or 0) + batch.group_size * n for f, n in zip(fixed or [0] * len(longest), longest)]
+    return _group_tokens(batch)
+
+
+def _group_tokens(batch) -> list[int]:
+    return [int(t) for t in batch.attention_mask.sum(-1).view(batch.num_groups, batch.group_size).sum(-1).tolist()]
+
+
+def _padded_lengths(batch, *, shared_prefix: bool) -> tuple[list[int], list[int] | None]:
+    """Each group's longest row as its padded forward feeds it and, with the shared-prefix forward (where every group
+    has a common prefix and ``G`` >= 2), each group's prefix (run once; else None)."""
+    G = batch.group_size
+    lengths = batch.attention_mask.sum(-1).long()
+    fixed = None
+    fed = (lengths - 1).clamp(min=1)  # a row's last token is only a label: the padded forward and the bins skip it
+    if shared_prefix and G >= 2:
+        from pacs_fast.learner.shared_prefix import common_prefix_lengths
+
+        prefix = common_prefix_lengths(batch.input_ids, lengths, G)
+        if bool((prefix >= 1).all()):  # (a group without a common prefix: the padded forward runs instead)
+            fed = (lengths - prefix.repeat_interleave(G) - 1).clamp(min=0)  # nor the shared-prefix forward's rest
+            fixed = [int(p) for p in prefix]
+    return [int(t) for t in fed.view(batch.num_groups, G).amax(-1).tolist()], fixed

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 from collections import Counter
 
@@ -49,11 +50,13 @@ from pacs_fast.causal_lm import decoder_body, has_active_dropout, lm_head, logit
 from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, check_response_ids, group_rows
 from pacs_fast.learner.grad_norm import clip_grad_norm
+from pacs_fast.learner.fused_old_logprobs import FusedOldLogprobs
+from pacs_fast.learner.long_groups import forward_pieces, row_parts, train_split, whole_and_split
 from pacs_fast.learner.master_weights import MasterWeights
 from pacs_fast.learner.lora import adapter_params, adapter_snapshot, adapters_swapped, copy_adapters, has_lora
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
-from pacs_fast.learner.packing import (Packed, forward_metrics, mask_window, micro_batch_groups, pack,
+from pacs_fast.learner.packing import (Packed, forward_metrics, group_costs, mask_window, micro_batch_groups, pack,
                                       packed_attention_mode, packed_hidden, padded_slots, restores_attention,
                                       say_no_shared_prefix, shared_prefix_problem, shared_prefix_slots)
 from pacs_fast.learner.reference import mix_into
@@ -244,18 +247,27 @@ class TorchLearner(TorchCheckpointing, Learner):
             self._switched.append((model, base))
         return packed
 
-    def _micro_batches(self, batch: RolloutBatch, limit: int, model=None) -> list[list[int]]:
-        """Group positions of ``batch`` per micro-batch: ``limit`` groups each, or, with
-        ``learner.max_tokens_per_micro_batch``, about equal real-token counts (whole groups; with
+    def _micro_batches(self, batch: RolloutBatch, limit: int, model=None) -> list[tuple[list[int], bool]]:
+        """Group positions of ``batch`` per micro-batch, with whether they train whole: ``limit`` groups each, or,
+        with ``learner.max_tokens_per_micro_batch``, about equal real-token counts (whole groups; with
         ``learner.packing=off`` the token slots of the forward ``model`` runs: shared-prefix or padded; packed rows
-        with the dense mask: the padded forward's slots, which bound its bins')."""
+        with the dense mask: the padded forward's slots, which bound its bins), the groups over the budget as one
+        item trained a few rows at a time (``learner.split_groups``, :mod:`~pacs_fast.learner.long_groups`)."""
         model = self.model if model is None else model
-        shared = self._shares_prefixes(model)
-        budget = self.cfg.max_tokens_per_micro_batch
-        dense = bool(budget) and self.cfg.packing != "off" and \
+        flags, budget = self._cut_flags(model), self.cfg.max_tokens_per_micro_batch
+        costs = group_costs(batch, **flags) if budget else []
+        return whole_and_split(batch, budget, costs, lambda b: micro_batch_groups(b, limit, budget, **flags),
+                               split=self.cfg.split_groups)
+
+    def _cut_flags(self, model) -> dict:
+        """How the budget counts ``model``'s forwards (:func:`~pacs_fast.learner.packing.micro_batch_groups`)."""
+        dense = bool(self.cfg.max_tokens_per_micro_batch) and self.cfg.packing != "off" and \
             packed_attention_mode(model, self.cfg.packed_attention, announce=False) == "dense"
-        return micro_batch_groups(batch, limit, budget, padded=self.cfg.packing == "off", shared_prefix=shared,
-                                  dense=dense)
+        return dict(padded=self.cfg.packing == "off", shared_prefix=self._shares_prefixes(model), dense=dense)
+
+    def _row_parts(self, sub: RolloutBatch, model=None) -> list[list[int]]:
+        return row_parts(sub, self.cfg.max_tokens_per_micro_batch, self._cut_flags(self.model if model is None
+                                                                                   else model))
 
     def _shares_prefixes(self, model) -> bool:
         """Whether ``model``'s forwards run the shared-prefix forward: ``learner.shared_prefix``, without full
@@ -275,13 +287,14 @@ class TorchLearner(TorchCheckpointing, Learner):
         with self._policy_or_reference(reference) as model:
             was = model.training
             model.eval()
-            parts = self._micro_batches(batch, self.cfg.micro_batch_prompts, model)
+            items = self._micro_batches(batch, self.cfg.micro_batch_prompts, model)
+            pieces = list(forward_pieces(batch, items, lambda sub: self._row_parts(sub, model)))
             try:
-                outs = [self._forward(model, batch.groups(p), entropy=return_entropy, values=False) for p in parts]
+                outs = [self._forward(model, mcb, entropy=return_entropy, values=False) for mcb, _ in pieces]
             finally:
                 model.train(was)
         T = batch.input_ids.shape[1]
-        rows = group_rows([g for p in parts for g in p], batch.group_size)
+        rows = torch.cat([r for _, r in pieces])
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1])).cpu()  # noqa: E731
         logp = torch.empty(batch.num_rows, T)
         logp[rows] = torch.cat([pad(o[0]) for o in outs]).float()
@@ -297,44 +310,12 @@ class TorchLearner(TorchCheckpointing, Learner):
         if self.value_head is None:
             raise ValueError("compute_values: algo.name is not 'ppo' (no value head)")
         T = batch.input_ids.shape[1]
-        parts = self._micro_batches(batch, self.cfg.micro_batch_prompts)
+        items = self._micro_batches(batch, self.cfg.micro_batch_prompts)
         out = torch.empty(batch.num_rows, T)
-        for p in parts:
-            _, _, v = self._forward(self.model, batch.groups(p), entropy=False, values=True)
-            out[group_rows(p, batch.group_size)] = torch.nn.functional.pad(v, (0, T - v.shape[1])).float().cpu()
+        for mcb, rows in forward_pieces(batch, items, self._row_parts):
+            _, _, v = self._forward(self.model, mcb, entropy=False, values=True)
+            out[rows] = torch.nn.functional.pad(v, (0, T - v.shape[1])).float().cpu()
         return out
-
-    def _prefill_old_logprobs(self, batch: RolloutBatch, first_groups: torch.Tensor, correct) -> None:
-        """Allocates ``old_logp`` / ``old_entropy`` ([B, T] fp32) and fills the rows of every group
-        outside ``first_groups`` with a no-grad pass (those of ``first_groups`` come from the first
-        mini-batch's forward). With the rollout policy as reference, ``ref_logp`` is ``old_logp``.
-        With ``correct``, sets the correction of every row from these log-probs (the rows of
-        ``first_groups`` are set again from their forward)."""
-        B, T = batch.input_ids.shape
-        batch.old_logp = torch.zeros(B, T)
-        batch.old_entropy = torch.zeros(B, T)
-        rest = sorted(set(range(batch.num_groups)) - set(first_groups.tolist()))
-        if rest:
-            lp, ent = self.compute_logprobs(batch.groups(rest), return_entropy=True)
-            rows = group_rows(rest, batch.group_size)
-            batch.old_logp[rows, :lp.shape[1]] = lp
-            batch.old_entropy[rows, :ent.shape[1]] = ent
-        if self.needs_ref and not self.holds_reference and batch.ref_logp is None:
-            batch.ref_logp = batch.old_logp
-        if correct is not None:
-            correct(batch, batch.old_logp)
-
-    @staticmethod
-    def _correct_micro_batch(correct, batch: RolloutBatch, mcb: RolloutBatch, rows: torch.Tensor) -> None:
-        """The correction of a first-mini-batch micro-batch from its forward's log-probs
-        (``mcb.old_logp``), kept in ``batch`` for the later epochs."""
-        correct(mcb, mcb.old_logp)
-        if mcb.kept_mask is not None and not torch.equal(mcb.kept_mask, mcb.response_mask):
-            raise ValueError("update: correct= rejected tokens; rejection changes the mini-batch's denominators, "
-                             "which the fused update counts before its forwards (compute_logprobs first)")
-        w = mcb.is_weights.shape[1]
-        batch.is_weights[rows, :w] = mcb.is_weights.float().cpu()
-        batch.kept_mask[rows, :w] = mcb.kept_mask.float().cpu()
 
     def _rest_lengths(self, batch: RolloutBatch) -> torch.Tensor | None:
         """With the shared-prefix forward, what each group runs per row (its longest row past the
@@ -358,6 +339,11 @@ class TorchLearner(TorchCheckpointing, Learner):
         one's (the held-out evaluation's sampling drew from the same generators)."""
         if not self.has_dropout:
             return self._update(batch, seed=seed, correct=correct)
+        if not all(whole for _, whole in self._micro_batches(batch, self.cfg.micro_batch_prompts)):
+            raise ValueError(f"update: a group is larger than learner.max_tokens_per_micro_batch="
+                             f"{self.cfg.max_tokens_per_micro_batch}; learner.split_groups=auto trains it in two "
+                             f"forwards, which active dropout (model.lora_dropout, the model's own) makes differ: "
+                             f"raise the budget or turn dropout off")
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(int(seed) + DROPOUT_SEED_OFFSET)
@@ -380,31 +366,35 @@ class TorchLearner(TorchCheckpointing, Learner):
             order = torch.randperm(P, generator=gen)
             for start in range(0, P, mini):
                 fused_here = fuse and epoch == 0 and start == 0  # parameters are still the rollout policy's
-                if fused_here:
-                    self._prefill_old_logprobs(batch, order[:mini], correct)
+                fused = FusedOldLogprobs(self, batch, order[:mini], correct) if fused_here else None
                 # groups of similar length share a micro-batch (less padding; the sum is the same)
                 mb_groups = by_length(order[start:start + mini], batch, lengths=sort_key)
                 mb = batch.groups(mb_groups)
                 counts = minibatch_counts(mb)
                 self.optimizer.zero_grad(set_to_none=True)
                 step_metrics: dict[str, float] = {"loss": 0.0}
-                for part in self._micro_batches(mb, micro):
+                if self.cfg.max_tokens_per_micro_batch and self.cfg.split_groups == "auto":
+                    step_metrics["split_groups"] = 0.0  # groups trained a few rows at a time (long_groups.py)
+                forward = functools.partial(self._forward, self.model, entropy=need_ent or fused_here,
+                                            values=self.value_head is not None)
+
+                def loss_fn(m, lp, en, v):
+                    return objective(self.algo, m, lp, en if need_ent else None, v, counts, horizon=self.horizon)
+                take = None if fused is None else fused.take
+                rows_in_order = []
+                for part, whole in self._micro_batches(mb, micro):
                     mcb = mb.groups(part).to(self.device)
                     part_groups = mb_groups[torch.as_tensor(part, dtype=torch.long)]
-                    logp, ent, values = self._forward(self.model, mcb, entropy=need_ent or fused_here,
-                                                      values=self.value_head is not None)
-                    if fused_here:
-                        mcb.old_logp = logp.detach()
-                        if batch.ref_logp is batch.old_logp:
-                            mcb.ref_logp = mcb.old_logp
-                        rows, w = group_rows(part_groups, batch.group_size), logp.shape[1]
-                        batch.old_logp[rows, :w] = mcb.old_logp.float().cpu()
-                        batch.old_entropy[rows, :w] = ent.detach().float().cpu()
-                        if correct is not None:
-                            self._correct_micro_batch(correct, batch, mcb, rows)
-                    loss, met = objective(self.algo, mcb, logp, ent if need_ent else None, values, counts,
-                                          horizon=self.horizon)
-                    loss.backward()
+                    rows_in_order.append(group_rows(part_groups, batch.group_size))
+                    if whole:
+                        logp, ent, values = forward(mcb)
+                        if take is not None:
+                            take(mcb, logp, ent)
+                        loss, met = loss_fn(mcb, logp, ent, values)
+                        loss.backward()
+                    else:  # groups over the token budget: a few rows at a time, exactly
+                        loss, met = train_split(mcb, forward, self._row_parts(mcb), loss_fn, on_first_forward=take)
+                        step_metrics["split_groups"] += len(part)
                     step_metrics["loss"] += float(loss.detach())
                     for k, v in met.items():
                         if v.dim() == 0:
@@ -413,7 +403,9 @@ class TorchLearner(TorchCheckpointing, Learner):
                             terms.setdefault(k, []).append(v.detach().cpu())
                     if "psi" in met:
                         terms.setdefault("rewards", []).append(mcb.rewards.detach().cpu())
-                        terms.setdefault("rows", []).append(group_rows(part_groups, batch.group_size))
+                        terms.setdefault("rows", []).append(rows_in_order[-1])
+                if fused is not None:  # the first mini-batch's old log-probs (and correction) into the batch
+                    fused.finish(lambda x: x.cpu(), torch.cat(rows_in_order))
                 max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
                 grad_norm = clip_grad_norm(params, max_norm)
                 step_metrics["grad_norm"] = float(grad_norm)

@@ -275,18 +275,23 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
 
 
 def check_token_budget(cfg: Config, what: str, problems: list[dict]) -> None:
-    """``learner.max_tokens_per_micro_batch`` (when set) against the largest group these encoded
-    training prompts can give: ``rollout.n x (longest prompt + rollout.max_new_tokens)`` tokens.
-    A ValueError naming the key, the longest prompt and the budget that fits, before any model
-    loads (the learner would refuse the group at its first step)."""
+    """``learner.max_tokens_per_micro_batch`` (when set) against the largest group these encoded training prompts
+    can give, ``rollout.n x (longest prompt + rollout.max_new_tokens)`` tokens, or with ``learner.split_groups=auto``
+    (a larger group trains a few rows at a time) against its longest row. A ValueError naming the key, the longest
+    prompt and the budget that fits, before any model loads (the learner would refuse it at its first step)."""
     budget = cfg.learner.max_tokens_per_micro_batch
     if not budget or not problems:
         return
     lengths = [len(p["prompt_ids"]) for p in problems]
     i = max(range(len(lengths)), key=lengths.__getitem__)
-    largest = cfg.rollout.n * (lengths[i] + cfg.rollout.max_new_tokens)
+    split = cfg.learner.split_groups == "auto"
+    largest = (1 if split else cfg.rollout.n) * (lengths[i] + cfg.rollout.max_new_tokens)
     if budget < largest:
-        raise ValueError(f"learner.max_tokens_per_micro_batch={budget} cannot hold the largest group of {what}: "
-                         f"rollout.n={cfg.rollout.n} x (its longest prompt, problem {problems[i].get('id', i)!r}, "
-                         f"{lengths[i]} tokens + rollout.max_new_tokens={cfg.rollout.max_new_tokens}) = {largest} "
-                         f"tokens; raise it to {largest}, or lower data.max_prompt_tokens to drop the long prompts")
+        head = (f"one full-length row of {what} (the" if split else
+                f"the largest group of {what}: rollout.n={cfg.rollout.n} x (its")
+        raise ValueError(f"learner.max_tokens_per_micro_batch={budget} cannot hold {head} longest prompt, problem "
+                         f"{problems[i].get('id', i)!r}, {lengths[i]} tokens + rollout.max_new_tokens="
+                         f"{cfg.rollout.max_new_tokens}) = {largest} tokens; raise it to {largest}, or lower "
+                         f"data.max_prompt_tokens to drop the long prompts"
+                         + ("" if split else ", or set learner.split_groups=auto (a group trains a few rows at a "
+                                             "time)"))

@@ -31,7 +31,7 @@ counts with ``learner.max_tokens_per_micro_batch`` (per data-parallel rank); row
 end without padding per ``learner.packing``, as THD through a varlen attention or with the dense
 block-diagonal mask per ``learner.packed_attention`` (:mod:`~pacs_fast.learner.megatron.forward`).
 The old log-probs and the off-policy correction come from the update's own first forward
-(:attr:`fuses_old_logprobs`, :attr:`fuses_correction`, :mod:`.fused`).
+(:attr:`fuses_old_logprobs`, :attr:`fuses_correction`, :mod:`~pacs_fast.learner.fused_old_logprobs`).
 
 Checkpoints. :meth:`save_state` / :meth:`load_state` (the trainer's path): each rank of data-parallel
 group 0 writes its own optimiser / reference shard, nothing is gathered; exact resume under the same
@@ -66,6 +66,8 @@ from pacs_fast.learner.base import (Learner, RolloutBatch, by_length, check_resp
                                    group_rows)
 from pacs_fast.learner.fused_layers import apply_fused_layers
 from pacs_fast.learner.grad_norm import scale_to_norm
+from pacs_fast.learner.fused_old_logprobs import FusedOldLogprobs
+from pacs_fast.learner.long_groups import forward_pieces, row_parts, train_split, whole_and_split
 from pacs_fast.learner.master_weights import MasterWeights, loading_weights
 from pacs_fast.learner.megatron import state as megatron_state
 from pacs_fast.learner.megatron.convert import load_hf_into_model
@@ -73,14 +75,13 @@ from pacs_fast.learner.megatron.data_parallel import (all_reduce_sum, check_same
                                                      local_mini_batch_groups, sum_counts)
 from pacs_fast.learner.megatron.export import iter_hf_buckets, save_hf_folder, weight_manifest
 from pacs_fast.learner.megatron.forward import token_logprobs
-from pacs_fast.learner.megatron.fused import FusedOldLogprobs
 from pacs_fast.learner.megatron.model import build_gpt_model, check_no_dropout, recompute_overrides
 from pacs_fast.learner.megatron.optimizer import make_optimizer
 from pacs_fast.learner.megatron.setup import (LazyHFCheckpoint, init_parallel, raise_if_non_finite,
                                              tp_grad_norm)
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
-from pacs_fast.learner.packing import forward_metrics, micro_batch_groups
+from pacs_fast.learner.packing import forward_metrics, group_costs, micro_batch_groups
 from pacs_fast.learner.reference import mix_into
 
 
@@ -180,7 +181,7 @@ class MegatronLearner(Learner):
             master = MasterWeights(self.params)
             self.master = master if master.active else None
         self.opt_params = self.master.masters if self.master is not None else self.params
-        # no dropout: the update's first forward gives the old log-probs and the correction (.fused)
+        # no dropout: the update's first forward gives the old log-probs and the correction (fused_old_logprobs.py)
         c = self.model.config
         self.fuses_old_logprobs = self.fuses_correction = c.hidden_dropout == 0 and c.attention_dropout == 0
         self.optimizer = self._make_optimizer()
@@ -211,13 +212,19 @@ class MegatronLearner(Learner):
                              budget=self.cfg.max_tokens_per_micro_batch)
         return out if return_entropy else (out, None)
 
-    def _micro_batches(self, batch: RolloutBatch) -> list[list[int]]:
-        """Group positions of ``batch`` per micro-batch (:func:`~pacs_fast.learner.packing.micro_batch_groups`): a token
-        budget counts real tokens for THD rows, padded slots for padded rows and for the dense mask's bins (as long
-        as the longest row)."""
-        dense = self.cfg.packing != "off" and getattr(self.cfg, "packed_attention", "auto") == "dense"
-        return micro_batch_groups(batch, self.cfg.micro_batch_prompts, self.cfg.max_tokens_per_micro_batch,
-                                  padded=self.cfg.packing == "off", dense=dense)
+    def _micro_batches(self, batch: RolloutBatch) -> list[tuple[list[int], bool]]:
+        """Group positions of ``batch`` per micro-batch with whether they train whole
+        (:func:`~pacs_fast.learner.packing.micro_batch_groups`; a token budget counts real tokens for THD rows, padded
+        slots for padded rows and for the dense mask's bins, as long as the longest row), the groups over the budget
+        as one item trained a few rows at a time (``learner.split_groups``, :mod:`~pacs_fast.learner.long_groups`)."""
+        flags, budget = cut_flags(self.cfg), self.cfg.max_tokens_per_micro_batch
+        costs = group_costs(batch, **flags) if budget else []
+        return whole_and_split(batch, budget, costs,
+                               lambda b: micro_batch_groups(b, self.cfg.micro_batch_prompts, budget, **flags),
+                               split=self.cfg.split_groups)
+
+    def _row_parts(self, sub: RolloutBatch) -> list[list[int]]:
+        return row_parts(sub, self.cfg.max_tokens_per_micro_batch, cut_flags(self.cfg))
 
     def _check_same_batch(self, batch: RolloutBatch) -> None:
         """Full batches: every rank must pass the same batch; DP-local: the ranks of a TP group."""
@@ -245,19 +252,18 @@ class MegatronLearner(Learner):
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # noqa: E731
         lps, ents = [], []
         mine_batch = padded.groups(mine)
-        parts = self._micro_batches(mine_batch)
-        order = [g for part in parts for g in part]
+        pieces = list(forward_pieces(mine_batch, self._micro_batches(mine_batch), self._row_parts))
         try:
-            for part in parts:
-                lp, en = self._logprobs(model, mine_batch.groups(part), return_entropy)
+            for mcb, _ in pieces:
+                lp, en = self._logprobs(model, mcb, return_entropy)
                 lps.append(pad(lp))
                 if en is not None:
                     ents.append(pad(en))
         finally:
             model.train(was)
         gather = (lambda x: x) if self.local_batches else self._gather_dp
-        # back to this rank's group order (token-budget micro-batches may reorder the groups)
-        back = group_rows(torch.tensor(order, dtype=torch.long).argsort(), padded.group_size)
+        # back to this rank's row order (token-budget micro-batches may reorder the groups, and cut long ones by rows)
+        back = torch.cat([r for _, r in pieces]).argsort() if pieces else torch.zeros(0, dtype=torch.long)
         empty = torch.zeros(0, T)
         logp = gather(torch.cat(lps)[back] if lps else empty)[:B].cpu()
         if return_entropy:
@@ -267,8 +273,8 @@ class MegatronLearner(Learner):
     # ------------------------------------------------------------------ training
     def update(self, batch: RolloutBatch, *, seed: int, correct=None) -> dict[str, float]:
         """See :meth:`Learner.update`. With ``batch.old_logp`` None the old log-probs (and
-        ``correct(rows, proximal_logp)``'s off-policy weights) come from the first mini-batch's own
-        forwards and one no-grad pass over the other groups (:mod:`.fused`), as the torch learner's."""
+        ``correct(rows, proximal_logp)``'s off-policy weights) come from the first mini-batch's own forwards and one
+        no-grad pass over the other groups (:mod:`~pacs_fast.learner.fused_old_logprobs`), as the torch learner's."""
         self._check_same_batch(batch)
         fuse = self._fuses_in_update(batch, correct, "dropout is active")
         self.model.train()
@@ -313,19 +319,32 @@ class MegatronLearner(Learner):
             mine, counts = mb, sum_counts(counts, self.dp_group, self.dp_size, self.device)
         else:
             mine = mb.groups(dp_share(mb.num_groups, self.dp_size, self.dp_rank))
-        parts = self._micro_batches(mine)
-        share_back = group_rows(torch.tensor([g for part in parts for g in part]).argsort(), mine.group_size)
+        items = self._micro_batches(mine)
+        share_back = torch.cat([group_rows(p, mine.group_size) for p, _ in items]).argsort()
         need_ent = needs_entropy(self.algo)
         self.optimizer.zero_grad(set_to_none=True)
         scalars: dict[str, torch.Tensor] = {"loss": torch.zeros((), device=self.device)}
+        if self.cfg.max_tokens_per_micro_batch and self.cfg.split_groups == "auto":  # (every rank: one all-reduce)
+            scalars["split_groups"] = torch.zeros((), device=self.device)
         local_terms: dict[str, list] = {}
-        for part in parts:
+
+        def forward(m):
+            return (*self._logprobs(self.model, m, need_ent or fused is not None), None)
+
+        def loss_fn(m, lp, en, _):
+            return objective(self.algo, m, lp, en if need_ent else None, None, counts, horizon=self.horizon)
+        for part, whole in items:
             mcb = mine.groups(part).to(self.device)
-            logp, ent = self._logprobs(self.model, mcb, need_ent or fused is not None)
-            if fused is not None:
-                fused.take(mcb, logp, ent)
-            loss, met = objective(self.algo, mcb, logp, ent if need_ent else None, None, counts, horizon=self.horizon)
-            loss.backward()
+            if whole:
+                logp, ent, _ = forward(mcb)
+                if fused is not None:
+                    fused.take(mcb, logp, ent)
+                loss, met = loss_fn(mcb, logp, ent, None)
+                loss.backward()
+            else:  # groups over the token budget: a few rows at a time, exactly
+                loss, met = train_split(mcb, forward, self._row_parts(mcb), loss_fn,
+                                        on_first_forward=None if fused is None else fused.take)
+                scalars["split_groups"] += len(part)
             scalars["loss"] += loss.detach().float()
             for k, v in met.items():
                 if v.dim() == 0:
@@ -436,3 +455,10 @@ class MegatronLearner(Learner):
         from megatron.core import parallel_state as ps
 
         ps.destroy_model_parallel()
+
+
+def cut_flags(cfg) -> dict:
+    """How a token budget counts the megatron learner's forwards (:func:`~pacs_fast.learner.packing.micro_batch_groups`:
+    THD rows by real tokens, padded rows and the dense mask's bins by padded slots)."""
+    dense = cfg.packing != "off" and getattr(cfg, "packed_attention", "auto") == "dense"
+    return dict(padded=cfg.packing == "off", dense=dense)

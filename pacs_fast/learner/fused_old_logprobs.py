@@ -1,17 +1,17 @@
-"""Old log-probs and the off-policy correction from the megatron learner's own first forward.
+"""Old log-probs and the off-policy correction from the learner's own first forward (both learners).
 
 Before the first optimiser step of an update the policy *is* the one the old log-probs are taken
-under (the proximal policy), and the megatron model has no dropout (``hidden_dropout`` and
-``attention_dropout`` are 0: train and eval forwards agree), so the forward of the first
-mini-batch already gives its rows' old log-probs (``logp.detach()``), entropies and, with the
-rollout policy as the reference, their ``ref_logp``; the rows of the later mini-batches get them
-from one no-grad pass before the update (:meth:`MegatronLearner.compute_logprobs`). With
+under (the proximal policy), and without active dropout train and eval forwards agree (the megatron
+model has none: ``hidden_dropout`` and ``attention_dropout`` are 0; the torch learner does not fuse with
+it), so the forward of the first mini-batch already gives its rows' old log-probs (``logp.detach()``),
+entropies and, with the rollout policy as the reference, their ``ref_logp``; the rows of the later
+mini-batches get them from one no-grad pass before the update (the learner's ``compute_logprobs``). With
 ``correct=`` (``update(correct=...)``, :func:`pacs_fast.trainer.correction.fused_correction`) each
 row's importance weights are set from the same numbers just before its loss, so the correction costs
-no forward either. Exact as the torch learner's (:mod:`pacs_fast.learner.torch_learner`): the two
-forwards differ only by the summation order of other micro-batch shapes.
+no forward either. Exact up to the summation order of other micro-batch shapes. A group trained a few
+rows at a time (:mod:`pacs_fast.learner.long_groups`) gives its old log-probs from its no-grad first pass.
 
-Data parallelism: each data-parallel rank runs its share of the first mini-batch; with full
+Data parallelism (megatron): each data-parallel rank runs its share of the first mini-batch; with full
 batches the values are gathered so every rank ends with the whole batch's ``old_logp`` /
 ``old_entropy`` / ``is_weights`` / ``kept_mask`` (a row may train on another rank in a later
 epoch); with DP-local batches each group keeps its own rows.
@@ -39,7 +39,7 @@ class FusedOldLogprobs:
             rows = group_rows(rest, batch.group_size)
             batch.old_logp[rows, :lp.shape[1]] = lp
             batch.old_entropy[rows, :ent.shape[1]] = ent
-        if learner.needs_ref and learner.ref_model is None and batch.ref_logp is None:
+        if learner.needs_ref and not learner.holds_reference and batch.ref_logp is None:
             batch.ref_logp = batch.old_logp  # the rollout policy is the reference
         if correct is not None:  # every row; the first mini-batch's again from its forwards
             correct(batch, batch.old_logp)
