@@ -136,7 +136,8 @@ def test_learner_memory_breakdown_by_hand(tmp_path, capsys):
 
 
 def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_path):
-    big = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=200000")
+    # learner.split_groups=off: a micro-batch must hold a group (the default, auto, is checked further down)
+    big = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=200000", "learner.split_groups=off")
     with pytest.raises(ValueError, match=r"^learner.max_tokens_per_micro_batch=200000 cannot fit in the learner: "
                                          r"with model.gradient_checkpointing=false, 1\d{3} KiB of activations per "
                                          r"token x 200,000 tokens = 2\d\d\.\d GiB .* lower the budget to at most "
@@ -157,7 +158,7 @@ def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_pa
                                          r"longest prompt \+ rollout.max_new_tokens=4096\) >= 32,776 tokens\)$"):
         preflight.check_memory(big, available=36 * GiB)
     tiny = qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=6000000", "model.gradient_checkpointing=true",
-                    "rollout.engine=vllm")  # full recompute: no advice left, nothing but the device
+                    "rollout.engine=vllm", "learner.split_groups=off")  # full recompute: nothing but the device
     with pytest.raises(ValueError, match=r"available; use a larger device \(a lower budget cannot help"):
         preflight.check_memory(tiny, available=12 * GiB)
     preflight.check_memory(qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=32768"), available=80 * GiB)
@@ -183,8 +184,22 @@ def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_pa
     # no budget: a single group of full-length rows is the floor
     group = qwen_cfg(tmp_path, "rollout.n=64", "rollout.max_new_tokens=16384", "learner.packing=on",
                      "rollout.engine=vllm")
-    with pytest.raises(ValueError, match=r"^one group of rollout.n=64 full-length rows .*1,081,344 tokens"):
+    with pytest.raises(ValueError, match=r"^one group of rollout.n=64 full-length rows .*1,081,344 tokens") as e:
         preflight.check_memory(group, available=80 * GiB)
+    # ... unless a budget under one group trains it a few rows at a time (learner.split_groups=auto, the default),
+    # as with a budget where not even a group fits: the largest budget that fits, down to one row
+    for cfg in (group, qwen_cfg(tmp_path, "learner.max_tokens_per_micro_batch=200000")):
+        with pytest.raises(ValueError, match=r"(set learner.max_tokens_per_micro_batch|lower the budget) to at most "
+                                             r"[\d,]+ tokens \(a group larger than it trains a few rows at a time, "
+                                             r"one more forward of its rows; it must still hold one row: the longest "
+                                             r"prompt \+ rollout.max_new_tokens=\d+\)") as e:
+            preflight.check_memory(cfg, available=36 * GiB)
+        most = int(re.search(r"at most ([\d,]+) tokens", str(e.value)).group(1).replace(",", ""))
+        assert 4097 <= most < 8 * 4097
+        fits = qwen_cfg(tmp_path, *(o for o in ("rollout.n=64", "rollout.max_new_tokens=16384", "learner.packing=on",
+                                                "rollout.engine=vllm") if cfg is group),
+                        f"learner.max_tokens_per_micro_batch={most}")
+        preflight.check_memory(fits, available=36 * GiB)
     nob = qwen_cfg(tmp_path)  # one group fits; 32 of them may not: a warning line, not a refusal
     preflight.check_memory(nob, available=80 * GiB)
     (line,) = preflight.memory_warnings(nob, available=80 * GiB)

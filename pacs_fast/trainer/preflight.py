@@ -119,19 +119,26 @@ def check_memory(cfg, *, available: int | None = None) -> None:
         tied = " and tied-embedding gradient" if mem["tied_gradient"] else ""
         advice = recompute_advice(cfg)
         ways, note = [], ""
-        if budget:  # the largest budget that fits, where it can still hold a group (the least the config check takes)
+        split = cfg.learner.split_groups == "auto"  # a group over the budget trains a few rows at a time
+        if budget or split:  # the largest budget that fits, where it still holds what a micro-batch must
             lo, hi = 0, mem["tokens"]
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 fits = learner_memory(cfg, shape, tokens=mid, device=run_device(cfg))["backward"] <= available
                 lo, hi = (mid, hi) if fits else (lo, mid - 1)
-            least = cfg.rollout.n * (1 + cfg.rollout.max_new_tokens)
-            group = (f"rollout.n={cfg.rollout.n} x (the longest prompt + rollout.max_new_tokens="
-                     f"{cfg.rollout.max_new_tokens})")
-            if lo >= least:
-                ways.append(f"lower the budget to at most {lo:,} tokens (it must still hold a group: {group})")
+            if split:
+                least, kind, detail = (1 + cfg.rollout.max_new_tokens, "one row",
+                                       f"the longest prompt + rollout.max_new_tokens={cfg.rollout.max_new_tokens}")
             else:
-                note = f" (a lower budget cannot help: it must hold a group, {group} >= {least:,} tokens)"
+                least, kind, detail = (cfg.rollout.n * (1 + cfg.rollout.max_new_tokens), "a group",
+                                       f"rollout.n={cfg.rollout.n} x (the longest prompt + rollout.max_new_tokens="
+                                       f"{cfg.rollout.max_new_tokens})")
+            how = "a group larger than it trains a few rows at a time, one more forward of its rows; " if split else ""
+            if lo >= least:
+                ways.append(f"{'lower the budget' if budget else 'set learner.max_tokens_per_micro_batch'} to at most "
+                            f"{lo:,} tokens ({how}it must still hold {kind}: {detail})")
+            elif budget:
+                note = f" (a lower budget cannot help: it must hold {kind}, {detail} >= {least:,} tokens)"
         if advice:
             ways.append(f"set {advice}")
         raise ValueError(
