@@ -65,6 +65,21 @@ def test_the_rows_of_the_targets_come_first_and_name_real_learners_and_lengths()
                                                                             for n in mod.LEARNERS})
 
 
+def test_dry_run_at_a_budget_under_one_group(tmp_path):
+    """A token budget of one row (the dry run's 4k: rows of 8 + 4 tokens, groups of 2): every group trains a few
+    rows at a time (learner.split_groups=auto), which the row and the table say."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "learner.py"), "--out", str(tmp_path),
+                           "--dry-run", "--lengths", "4k", "--learners", "torch packed varlen", "--recompute", "off",
+                           "--token-budgets", "12"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "learner.json").read_text())["rows"]
+    assert row["token_budget"] == 12 and row["split_groups"] == 8 and row["tokens_per_s"] > 0  # all 8 groups
+    assert "12 (8 groups by rows)" in (tmp_path / "learner.md").read_text()
+
+
 def test_memory_plan_for_the_real_shapes():
     """The bench plans with the product's memory model (fp32 masters, AdamW, the tied head's gradient: on the first
     H200 run its own estimate left 15 GiB out and rows peaked at 121-136 GiB of 140), the least recompute at which a

@@ -342,8 +342,9 @@ def table(rows, device, formula) -> str:
         mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.1f}"
         peak += "" if r.get("predicted_gb") is None else f" / {r['predicted_gb']:.1f}"
-        L.append(f"{head} {r['gradient_checkpointing'] or 'no'} | {r['token_budget']:,} | {r['tokens_per_s']:,.0f} | {mfu} | "
-                 f"{peak} | " + " | ".join(pct) + f" | {_pct(r.get('device_busy'))} |")
+        split = f" ({r['split_groups']:g} groups by rows)" if r.get("split_groups") else ""  # learner.split_groups
+        L.append(f"{head} {r['gradient_checkpointing'] or 'no'} | {r['token_budget']:,}{split} | "
+                 f"{r['tokens_per_s']:,.0f} | {mfu} | {peak} | " + " | ".join(pct) + f" | {_pct(r.get('device_busy'))} |")
     return "\n".join(L) + "\n"
 
 
