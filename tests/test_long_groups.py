@@ -161,7 +161,11 @@ def test_no_grad_passes_cut_long_groups_by_rows(seed):
     assert torch.allclose(lp1, lp2, rtol=1e-9, atol=1e-12) and torch.allclose(ent1, ent2, rtol=1e-9, atol=1e-12)
     assert float(lp1.abs().sum()) > 0
     learners[1].forwards.clear()
-    assert torch.equal(learners[0].compute_values(batch), learners[1].compute_values(batch))  # (zero-init head)
+    for learner in learners:  # a value head that is not zero (its init): values that tell the rows apart
+        torch.nn.init.normal_(learner.value_head.weight, generator=torch.Generator().manual_seed(2))
+    v1, v2 = (x.compute_values(batch) for x in learners)
+    resp = batch.response_mask > 0
+    assert float(v1[resp].std()) > 1e-3 and torch.allclose(v1[resp], v2[resp], rtol=1e-9, atol=1e-12)  # (float64)
     assert sum(learners[1].forwards[k] for k in ("packed", "padded", "shared_prefix")) > 4  # rows cut: > 4 groups
 
 
@@ -195,6 +199,13 @@ def test_split_groups_config():
         validate(load_config(None, ["learner.max_tokens_per_micro_batch=100", "learner.split_groups=off"]))
     with pytest.raises(ValueError, match="learner.split_groups"):
         validate(load_config(None, ["learner.split_groups=maybe"]))
+    # LoRA dropout draws other masks in a split group's two forwards (the update refuses the group): a group must
+    # fit, refused before the model loads rather than at the first step that has a long group
+    lora = ["model.lora_rank=8", "model.lora_dropout=0.05"]
+    validate(load_config(None, ["learner.max_tokens_per_micro_batch=104", *lora]))
+    with pytest.raises(ValueError, match=r"cannot hold a group of full-length responses: rollout.n=8 .* = 104 tokens "
+                                         r"\(model.lora_dropout=0.05: a group over the budget cannot train a few"):
+        validate(load_config(None, ["learner.max_tokens_per_micro_batch=100", *lora]))
     from pacs_fast.trainer.problems import check_token_budget
     problems = [{"id": "a", "prompt_ids": [1] * 30}, {"id": "b", "prompt_ids": [1] * 114}]
     cfg = load_config(None, ["learner.max_tokens_per_micro_batch=126"])
@@ -202,4 +213,8 @@ def test_split_groups_config():
     cfg = load_config(None, ["learner.max_tokens_per_micro_batch=125"])
     with pytest.raises(ValueError, match=r"=125 cannot hold one full-length row of data.dataset \(the longest prompt, "
                                          r"problem 'b', 114 tokens \+ rollout.max_new_tokens=12\) = 126 tokens"):
+        check_token_budget(cfg, "data.dataset", problems)
+    cfg = load_config(None, ["learner.max_tokens_per_micro_batch=1000", *lora])
+    with pytest.raises(ValueError, match=r"=1000 cannot hold the largest group of data.dataset: rollout.n=8 x .* = "
+                                         r"1008 tokens; .*, or set model.lora_dropout=0"):
         check_token_budget(cfg, "data.dataset", problems)

@@ -155,7 +155,7 @@ def _validate_micro_batching(cfg: Config) -> None:
     # the real prompts are checked once tokenised (pacs_fast.trainer.problems.check_token_budget);
     # here only what no data can fit: a group of n one-token prompts with full-length responses
     _choice("learner.split_groups", cfg.learner.split_groups, SPLIT_GROUPS)
-    if cfg.learner.split_groups == "auto":  # a group over the budget trains a few rows at a time: a row must fit
+    if splits_groups(cfg):  # a group over the budget trains a few rows at a time: a row must fit
         if budget and budget < 1 + cfg.rollout.max_new_tokens:
             raise ValueError(f"learner.max_tokens_per_micro_batch={budget} cannot hold one full-length response: a "
                              f"prompt of at least 1 token + rollout.max_new_tokens={cfg.rollout.max_new_tokens}")
@@ -164,7 +164,19 @@ def _validate_micro_batching(cfg: Config) -> None:
     if budget and budget < smallest:
         raise ValueError(f"learner.max_tokens_per_micro_batch={budget} cannot hold a group of full-length responses: "
                          f"rollout.n={cfg.rollout.n} x (a prompt of at least 1 token + rollout.max_new_tokens="
-                         f"{cfg.rollout.max_new_tokens}) = {smallest} tokens (learner.split_groups=off)")
+                         f"{cfg.rollout.max_new_tokens}) = {smallest} tokens ({whole_groups_why(cfg)})")
+
+
+def splits_groups(cfg: Config) -> bool:
+    """Whether a group over learner.max_tokens_per_micro_batch trains a few rows at a time (learner.split_groups=auto):
+    not with LoRA dropout, which draws other masks in its rows' two forwards (the torch learner's update refuses it)."""
+    return cfg.learner.split_groups == "auto" and not (cfg.model.lora_rank > 0 and cfg.model.lora_dropout > 0)
+
+
+def whole_groups_why(cfg: Config) -> str:
+    """Why a micro-batch must hold a group (``not splits_groups(cfg)``), for the errors that say so."""
+    return ("learner.split_groups=off" if cfg.learner.split_groups == "off" else
+            f"model.lora_dropout={cfg.model.lora_dropout}: a group over the budget cannot train a few rows at a time")
 
 
 def is_level(cfg: Config) -> str:

@@ -24,6 +24,7 @@ import copy
 from pathlib import Path
 
 from pacs_fast.config.reward_specs import uses_verifier
+from pacs_fast.config.validation import splits_groups
 from pacs_fast.trainer.memory_model import (GiB, engine_row_terms, engine_rows, format_learner_memory, group_tokens,
                                             hf_engine_bytes, largest_micro_batch, learner_bytes, learner_layout,
                                             learner_memory, lora_params, master_weights, model_params, model_shape,
@@ -119,7 +120,7 @@ def check_memory(cfg, *, available: int | None = None) -> None:
         tied = " and tied-embedding gradient" if mem["tied_gradient"] else ""
         advice = recompute_advice(cfg)
         ways, note = [], ""
-        split = cfg.learner.split_groups == "auto"  # a group over the budget trains a few rows at a time
+        split = splits_groups(cfg)  # a group over the budget trains a few rows at a time (not with LoRA dropout)
         if budget or split:  # the largest budget that fits, where it still holds what a micro-batch must
             lo, hi = 0, mem["tokens"]
             while lo < hi:

@@ -14,6 +14,7 @@ import torch
 from pacs_fast.config import Config
 from pacs_fast.config.reward_fields import field_keywords, fields_digest, row_fields
 from pacs_fast.config.reward_specs import user_specs, uses_verifier
+from pacs_fast.config.validation import splits_groups
 from pacs_fast.trainer.user_functions import answer_check
 
 
@@ -277,14 +278,15 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
 def check_token_budget(cfg: Config, what: str, problems: list[dict]) -> None:
     """``learner.max_tokens_per_micro_batch`` (when set) against the largest group these encoded training prompts
     can give, ``rollout.n x (longest prompt + rollout.max_new_tokens)`` tokens, or with ``learner.split_groups=auto``
-    (a larger group trains a few rows at a time) against its longest row. A ValueError naming the key, the longest
-    prompt and the budget that fits, before any model loads (the learner would refuse it at its first step)."""
+    (a larger group trains a few rows at a time; not with ``model.lora_dropout``) against its longest row. A
+    ValueError naming the key, the longest prompt and the budget that fits, before any model loads (the learner
+    would refuse it at its first step, or, with LoRA dropout, at the first step with a group over the budget)."""
     budget = cfg.learner.max_tokens_per_micro_batch
     if not budget or not problems:
         return
     lengths = [len(p["prompt_ids"]) for p in problems]
     i = max(range(len(lengths)), key=lengths.__getitem__)
-    split = cfg.learner.split_groups == "auto"
+    split = splits_groups(cfg)  # (not with LoRA dropout: a group must then fit)
     largest = (1 if split else cfg.rollout.n) * (lengths[i] + cfg.rollout.max_new_tokens)
     if budget < largest:
         head = (f"one full-length row of {what} (the" if split else
@@ -294,4 +296,5 @@ def check_token_budget(cfg: Config, what: str, problems: list[dict]) -> None:
                          f"{cfg.rollout.max_new_tokens}) = {largest} tokens; raise it to {largest}, or lower "
                          f"data.max_prompt_tokens to drop the long prompts"
                          + ("" if split else ", or set learner.split_groups=auto (a group trains a few rows at a "
-                                             "time)"))
+                                             "time)" if cfg.learner.split_groups == "off" else
+                            ", or set model.lora_dropout=0 (then a larger group trains a few rows at a time)"))
