@@ -1,4 +1,4 @@
-"""Host memory of the torch learner's checkpoint: writing the HF folder (``save_hf``) and reading ``learner.pt``.
+"""Host memory of a checkpoint: writing the HF folder (``save_hf``), reading ``learner.pt``, and a resume's weights.
 
     python bench/bench_checkpoint_memory.py                  # Qwen2.5-0.5B shape (24 layers), fp32, ~1.8 GiB
     python bench/bench_checkpoint_memory.py --layers 4       # smaller and faster
@@ -15,6 +15,12 @@ the operation): a random fp32 model of Qwen2.5-0.5B's widths (hidden 896, 14 / 2
   learner off the CPU memory-maps it (``maps_state_files``): here an optimizer whose parameters are on the meta
   device stands in for a GPU learner's (its moments are moved there without being read; on a GPU each is read
   from the mapping as it is copied). Every learner read it whole before 2026-12-03.
+- the weights' load on resume (``load_checkpoint`` of the folders ``save_hf`` wrote, one file and 256 MiB shards,
+  beside a fresh learner's small ``learner.pt``): into the torch learner, and into the megatron learner's
+  ``load_hf_weights`` at TP 1 (one rank; its model's parameters plain CPU tensors under megatron's names, no process
+  group): the growth of the peak over the load and of the anonymous resident memory after it. Before 2026-12-03
+  ``load_checkpoint`` read every tensor into one dict first (and the megatron learner converted them all to its
+  shards before copying any); now the learner checks names and shapes from the headers and reads a tensor at a time.
 
 The model is on the CPU, so a save copies each bucket from the live parameters (on a GPU the copy is the
 device-to-host one). Linux only.
@@ -46,6 +52,17 @@ n_params = sum(p.numel() for p in learner.model.parameters())
 def kib(key):
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":"))
 
+if op == "megatron":  # a megatron learner's stand-in: CPU parameters under megatron's names (TP 1), nothing else
+    import types
+    from pacs_fast.learner.megatron.convert import hf_to_megatron
+    from pacs_fast.learner.megatron.learner import MegatronLearner
+    meta = {n: t.to("meta") for n, t in learner.model.state_dict().items()}
+    params = {n: torch.nn.Parameter(torch.zeros_like(t, device="cpu"), requires_grad=False)
+              for n, t in hf_to_megatron(meta, cfg).items()}
+    del learner, meta
+    learner = types.SimpleNamespace(model=types.SimpleNamespace(named_parameters=params.items), hf_config=cfg,
+                                    master=None, tp_size=1, tp_rank=0, load_state=lambda folder: None)
+    learner.load_hf_weights = lambda items: MegatronLearner.load_hf_weights(learner, items)
 if op == "moments":  # the learner.pt a trained learner writes
     for p in learner.optimizer.param_groups[0]["params"]:
         learner.optimizer.state[p].update(step=torch.tensor(1.0), exp_avg=torch.randn_like(p),
@@ -57,6 +74,9 @@ open("/proc/self/clear_refs", "w").write("5")
 rss, anon, t = kib("VmRSS"), kib("RssAnon"), time.perf_counter()
 if op == "save":
     learner.save_hf(folder, bucket_bytes=bucket or None)
+elif op in ("resume", "megatron"):
+    from pacs_fast.trainer.checkpoint import load_checkpoint
+    load_checkpoint(folder, learner=learner)
 elif op == "load":
     learner.load_state(folder)
 else:  # the parameters off the CPU: an optimizer over meta-device stand-ins, loaded by the learner's load_state
@@ -74,6 +94,10 @@ out = {"seconds": time.perf_counter() - t, "peak_mib": (kib("VmHWM") - rss) / 10
        "anon_mib": (kib("RssAnon") - anon) / 1024,
        "params": n_params,
        "files": sorted(f for f in os.listdir(folder) if f.startswith("model") or f == "learner.pt")}
+if op == "save":  # what else a resume reads: a fresh learner's learner.pt (no moments: ~the weights' load alone)
+    from pacs_fast.trainer.checkpoint import rng_state
+    learner.save_state(folder, is_writer=True)
+    torch.save({"step": 1, "rng": rng_state()}, os.path.join(folder, "trainer_state.pt"))
 print(json.dumps(out))
 """
 
@@ -97,6 +121,11 @@ def main(argv=None) -> None:
         for op, label in (("load", "load_state, a CPU learner: learner.pt read whole"),
                           ("offcpu", "load_state, parameters off the CPU: learner.pt memory-mapped")):
             r = probe(op, args.layers, f"{tmp}/state")
+            rows.append((label, r["peak_mib"], r["seconds"], f"anonymous memory +{r['anon_mib']:,.0f} MiB"))
+        for op, bucket, label in (("resume", 0, "resume's weights, torch learner: one model.safetensors"),
+                                  ("resume", 256 << 20, "resume's weights, torch learner: 256 MiB shards"),
+                                  ("megatron", 0, "resume's weights, megatron learner (TP 1): one model.safetensors")):
+            r = probe(op, args.layers, f"{tmp}/hf_{bucket}")
             rows.append((label, r["peak_mib"], r["seconds"], f"anonymous memory +{r['anon_mib']:,.0f} MiB"))
     weights = r["params"] * 4 / 2**20
     print(f"Qwen2.5-0.5B widths, {args.layers} layers, {r['params'] / 1e6:.0f}M parameters, fp32 weights "

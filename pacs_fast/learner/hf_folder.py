@@ -1,4 +1,5 @@
-"""A policy's weights written as a Hugging Face folder, one bucket of whole layers at a time.
+"""A policy's weights written as a Hugging Face folder, one bucket of whole layers at a time, and read back a tensor
+at a time (:class:`LazyHFCheckpoint`).
 
 Both learners write the transformers layout: one bucket is ``model.safetensors``; several are
 ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json`` (``{"metadata": {"total_size":
@@ -6,14 +7,18 @@ bytes}, "weight_map": {name: file}}``), which ``from_pretrained``, vLLM and :fun
 load_checkpoint` read. Each file is written atomically; a bucket never splits a unit (a transformer block, the
 embedding, ...; :func:`pacs_fast.data.checkpoint_names.unit_of`), so it may exceed its size by up to one unit.
 Writing a bucket at a time bounds the host memory a save takes to about one bucket, not the model (a 7B policy
-in fp32 is 28 GB).
+in fp32 is 28 GB); reading a tensor at a time bounds a load's (a resume's, the megatron learner's model load) to
+about one tensor, the largest (the embedding).
 """
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import ItemsView, Mapping
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TypeVar
+
+import torch
 
 from pacs_fast.data.checkpoint_names import unit_of
 from pacs_fast.files import write_atomic
@@ -72,3 +77,103 @@ def finish_weights(folder: Path, weight_map: dict[str, str], total_size: int) ->
         stale_shard = p.name == WEIGHTS_NAME or _SHARD_RE.match(p.name)
         if (stale_shard and p.name not in written) or (p.name == INDEX_NAME and len(written) == 1):
             p.unlink()
+
+
+# ----------------------------------------------------------------------------- reading
+def checkpoint_weight_files(folder) -> list[Path]:
+    """The weight files of a checkpoint folder, as its load has always chosen them: ``model.safetensors`` alone when
+    it is there, else the shards ``model-*.safetensors`` (sorted; none: an empty list). Nothing else in the folder
+    (an adapter, a stale file of another name) is read."""
+    folder = Path(folder)
+    single = folder / WEIGHTS_NAME
+    return [single] if single.is_file() else sorted(folder.glob("model-*.safetensors"))
+
+
+class WeightFileError(Exception):
+    """Reading weight file ``path`` failed (its header or a tensor); the message is the cause's
+    (``"<type>: <message>"``), ``__cause__`` the cause itself."""
+
+    def __init__(self, path, cause: BaseException):
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.path = Path(path)
+
+
+class LazyHFCheckpoint(Mapping):
+    """Read-only ``{hf_name: tensor}`` view of an HF folder's safetensors files that reads a tensor only when asked
+    for it: ``safe_open`` for that tensor alone, which gives it backed by the file's mapping (no copy; its pages are
+    read as it is used, and let go with it). A load that copies each tensor into place and drops it holds about one
+    tensor in host memory, never the model. (One ``safe_open`` kept open for a whole file kept every page it had
+    read resident until it closed: the file, as ``load_file`` did.)
+
+    ``files``: the files to read (:func:`checkpoint_weight_files` for a checkpoint); None: every ``*.safetensors`` of
+    ``path`` (a model folder; none there is a ValueError). A name in two files is the later file's. The headers are
+    read up front, validated by ``safe_open`` (offsets within the file: a truncated file fails here) into
+    :attr:`shapes` (``{name: shape}``, no tensor data read). A file that cannot be read, at construction or for a
+    tensor, raises :class:`WeightFileError` naming it."""
+
+    def __init__(self, path, *, files: Iterable | None = None):
+        from safetensors import safe_open
+
+        if files is None:
+            files = sorted(Path(path).glob("*.safetensors"))
+            if not files:
+                raise ValueError(f"model path {str(path)!r} holds no *.safetensors file")
+        self._file: dict[str, Path] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for f in map(Path, files):
+            try:
+                with safe_open(str(f), framework="pt") as h:
+                    shapes = {name: tuple(h.get_slice(name).get_shape()) for name in h.keys()}
+            except Exception as e:  # noqa: BLE001 - safetensors' SafetensorError, OSError, ...
+                raise WeightFileError(f, e) from e
+            self._file.update(dict.fromkeys(shapes, f))
+            self.shapes.update(shapes)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        path = self._file[name]
+        try:
+            return _read_tensor(path, name)
+        except Exception as e:  # noqa: BLE001 - as in __init__
+            raise WeightFileError(path, e) from e
+
+    def __contains__(self, name) -> bool:  # (Mapping's own reads the tensor)
+        return name in self._file
+
+    def __iter__(self):
+        return iter(self._file)
+
+    def __len__(self) -> int:
+        return len(self._file)
+
+    def items(self) -> "LazyItems":
+        """The ``(name, tensor)`` pairs, each read as it is reached; a learner's ``load_hf_weights`` given them
+        finds the view (:func:`weights_and_shapes`) and checks names and shapes before reading any."""
+        return LazyItems(self)
+
+
+class LazyItems(ItemsView):
+    """:meth:`LazyHFCheckpoint.items`: an ``ItemsView`` (any consumer of ``(name, tensor)`` pairs takes it) that
+    keeps its checkpoint as :attr:`checkpoint`."""
+
+    def __init__(self, checkpoint: LazyHFCheckpoint):
+        super().__init__(checkpoint)
+        self.checkpoint = checkpoint
+
+
+def _read_tensor(path: Path, name: str) -> torch.Tensor:
+    """Tensor ``name`` of safetensors file ``path``, on the CPU, backed by the file's mapping (kept while it lives)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as h:
+        return h.get_tensor(name)
+
+
+def weights_and_shapes(named_tensors) -> tuple[Mapping, dict[str, tuple[int, ...]]]:
+    """A learner's ``load_hf_weights`` argument as ``({name: tensor}, {name: shape})``: a :class:`LazyHFCheckpoint`
+    (or its :meth:`~LazyHFCheckpoint.items`) stays lazy, its shapes from its headers (no tensor read); any other
+    mapping is taken as it is, other ``(name, tensor)`` pairs are collected into a dict."""
+    source = named_tensors.checkpoint if isinstance(named_tensors, LazyItems) else named_tensors
+    if isinstance(source, LazyHFCheckpoint):
+        return source, dict(source.shapes)
+    weights = source if isinstance(source, Mapping) else dict(source)
+    return weights, {n: tuple(t.shape) for n, t in weights.items()}

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Mapping
 from typing import Iterator
 
 import torch
 
 from pacs_fast.causal_lm import lm_head
+from pacs_fast.learner.hf_folder import weights_and_shapes
 
 LORA_MARK = ".lora_"  # in the state-dict names of PEFT's adapter tensors (lora_A, lora_B, ...)
 BASE_MARK = ".base_layer"  # PEFT keeps an adapted layer's own weight under <layer>.base_layer
@@ -227,19 +229,21 @@ def copy_adapters(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) 
         t.copy_(state[n].to(device=t.device, dtype=t.dtype))
 
 
-def checked_merged(model: torch.nn.Module, named_tensors) -> dict[str, torch.Tensor]:
-    """A checkpoint's merged weights (``(name, tensor)`` pairs) as a dict, after checking their names and shapes
-    against :func:`merged_weights`' (a ValueError naming the first few that differ)."""
+def checked_merged(model: torch.nn.Module, named_tensors) -> Mapping[str, torch.Tensor]:
+    """A checkpoint's merged weights (``(name, tensor)`` pairs) as a mapping, after checking their names and shapes
+    against :func:`merged_weights`' (a ValueError naming the first few that differ). A checkpoint's
+    :class:`~pacs_fast.learner.hf_folder.LazyHFCheckpoint` (or its ``items()``) is checked from its headers and
+    returned unread (:func:`check_same_merge` reads a tensor at a time); other pairs are collected into a dict."""
     merged = {n.replace(BASE_MARK, ""): t for n, t in model.state_dict().items() if LORA_MARK not in n}
-    items = dict(named_tensors)
-    bad = [n for n, t in items.items() if n not in merged or tuple(merged[n].shape) != tuple(t.shape)]
+    items, shapes = weights_and_shapes(named_tensors)
+    bad = [n for n, shape in shapes.items() if n not in merged or tuple(merged[n].shape) != shape]
     if bad:
         raise ValueError(f"load_hf_weights: unknown names or wrong shapes: {bad[:5]}")
     return items
 
 
 @torch.no_grad()
-def check_same_merge(model: torch.nn.Module, loaded: dict[str, torch.Tensor]) -> None:
+def check_same_merge(model: torch.nn.Module, loaded: Mapping[str, torch.Tensor]) -> None:
     """After a checkpoint's adapters loaded: their merge on this base equals the checkpoint's merged weights
     ``loaded`` (to the float rounding of the merge, 1e-5 of the largest entry), else a ValueError: the base
     (model.path's weights) changed since the run was saved."""

@@ -14,6 +14,7 @@ from typing import Iterable, Iterator
 import torch
 
 from pacs_fast.learner.base import CheckpointMismatch
+from pacs_fast.learner.hf_folder import weights_and_shapes
 from pacs_fast.learner.lora import (adapter_state, base_digest, check_same_merge, checked_merged, copy_adapters,
                                    iter_merged_weights, load_adapter_state, save_adapter)
 from pacs_fast.learner.master_weights import loading_weights
@@ -99,18 +100,22 @@ class TorchCheckpointing:
             yield name, t.detach()
 
     def load_hf_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Loads Hugging Face weights into the policy. With LoRA the base stays model.path's (frozen) and the
-        weights are a checkpoint's merged ones: kept, and compared with the merge of the adapters
+        """Loads Hugging Face weights into the policy: every name and shape checked first (nothing copied when one is
+        wrong), then a tensor at a time; a checkpoint's :class:`~pacs_fast.learner.hf_folder.LazyHFCheckpoint` (its
+        ``items()``, a resume's) is checked from its headers and read a tensor at a time, so host memory holds one
+        tensor, not the model. With LoRA the base stays model.path's (frozen) and the weights are a checkpoint's
+        merged ones: kept (a lazy checkpoint unread), and compared with the merge of the adapters
         :meth:`load_state_dict` loads next (a base that changed since is an error there)."""
         if self.lora:
             self._loaded_merged = checked_merged(self.model, named_tensors)
             return
         state = self.model.state_dict()
-        items = list(named_tensors)
-        bad = [n for n, t in items if n not in state or tuple(state[n].shape) != tuple(t.shape)]
+        weights, shapes = weights_and_shapes(named_tensors)
+        bad = [n for n, shape in shapes.items() if n not in state or tuple(state[n].shape) != shape]
         if bad:
             raise ValueError(f"load_hf_weights: unknown names or wrong shapes: {bad[:5]}")
         with loading_weights(self.master), torch.no_grad():  # fp32 tensors keep their digits in the masters
             state = self.model.state_dict()  # (with masters: theirs; the model takes them rounded on exit)
-            for name, t in items:
+            for name in shapes:  # (each read as it is copied, then dropped)
+                t = weights[name]
                 state[name].copy_(t.to(device=state[name].device, dtype=state[name].dtype))

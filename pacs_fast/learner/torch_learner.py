@@ -43,6 +43,7 @@ import copy
 import functools
 import math
 from collections import Counter
+from collections.abc import Mapping
 
 import torch
 
@@ -113,7 +114,7 @@ class TorchLearner(TorchCheckpointing, Learner):
         self.hf_config = model.config
         self.lora = has_lora(model)  # adapters train, the base is frozen (pacs_fast/learner/lora.py)
         self._base_digest = None  # (of the frozen base, taken at the first checkpoint: _lora_base)
-        self._loaded_merged: dict | None = None  # a checkpoint's merged weights, checked once its adapters load
+        self._loaded_merged: Mapping | None = None  # a checkpoint's merged weights, checked once its adapters load
         self.device = next(model.parameters()).device
         self.needs_ref = needs_reference(algo)
         self.ref_model = None

@@ -29,6 +29,7 @@ import torch
 
 from pacs_fast.files import remove_temporaries, write_text_atomic
 from pacs_fast.learner.base import CheckpointMismatch
+from pacs_fast.learner.hf_folder import LazyHFCheckpoint, WeightFileError, checkpoint_weight_files
 
 MANIFEST = "manifest.json"
 # trainer-state entries kept in trainer_state.pt alone (not readable text: an asynchronous run's completions in flight)
@@ -323,26 +324,28 @@ def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
 
 def load_checkpoint(path: str | Path, *, learner) -> dict:
     """Restores the learner (policy weights, optimiser, ...) from a checkpoint folder and returns
-    its trainer state (RNG states are restored too). Raises :class:`CheckpointError` naming the file."""
-    from safetensors.torch import load_file
+    its trainer state (RNG states are restored too). Raises :class:`CheckpointError` naming the file.
 
+    The weights (``model.safetensors``, else its shards ``model-*.safetensors``:
+    :func:`~pacs_fast.learner.hf_folder.checkpoint_weight_files`) go to the learner as a
+    :class:`~pacs_fast.learner.hf_folder.LazyHFCheckpoint`: its names and shapes are checked from the files' headers,
+    then it reads a tensor at a time as it copies them into place, so a resume holds one tensor (the embedding) in
+    host memory, not the model (read whole before 2026-12-03: 15 GB for a 7B bf16 policy, on each of a megatron
+    launch's processes)."""
     path = Path(path)
-    current = path / "model.safetensors"
+    files = checkpoint_weight_files(path)
+    current = files[-1] if files else path / "model.safetensors"  # (a wrong name or shape: the weights' last file)
     try:
-        if current.is_file():
-            weights = load_file(str(current))
-        else:  # sharded safetensors (written a bucket at a time by multi-process learners)
-            weights = {}
-            for shard in sorted(path.glob("model-*.safetensors")):
-                current = shard
-                weights.update(load_file(str(shard)))
+        weights = LazyHFCheckpoint(path, files=files)
         learner.load_hf_weights(weights.items())
         current = path / "learner.pt"
-        _load_learner_state(learner, path)
+        _load_learner_state(learner, path)  # (a LoRA learner compares the checkpoint's merged weights here)
         current = path / "trainer_state.pt"
         state = torch.load(current, weights_only=False)
     except CheckpointMismatch:  # (the run's settings are wrong, not the file: not skipped as damaged)
         raise
+    except WeightFileError as e:  # a weight file, read while the learner took the tensors: that file
+        raise CheckpointError(f"cannot load checkpoint file {e.path}: {e}") from e
     except Exception as e:  # noqa: BLE001 - any failure to read a file is reported with the file
         raise CheckpointError(f"cannot load checkpoint file {current}: {type(e).__name__}: {e}") from e
     set_rng_state(state["rng"])

@@ -111,21 +111,24 @@ def hf_to_megatron(hf_state: Mapping, hf_config, *, tp_size: int = 1, tp_rank: i
         missing = [n for n in hf_names if n not in hf_state]
         if missing:
             raise ValueError(f"hf_state is missing {missing}")
-        ts = [hf_state[n] for n in hf_names]
-        if kind == "rep":
-            shard = ts[0]
-        elif kind == "row":
-            shard = ts[0].chunk(tp_size, dim=1)[tp_rank]
-        elif kind == "vocab":
-            shard = _pad_vocab(ts[0], hf_config, tp_size).chunk(tp_size, dim=0)[tp_rank]
-        elif kind == "qkv":
-            shard = _fuse_qkv(*ts, hf_config).chunk(tp_size, dim=0)[tp_rank]
-        elif kind == "fc1":
-            shard = torch.cat([t.chunk(tp_size, dim=0)[tp_rank] for t in ts], dim=0)
-        else:  # pragma: no cover - table above is closed
-            raise AssertionError(kind)
-        out[name] = shard.clone().contiguous()
+        out[name] = _shard_of(kind, [hf_state[n] for n in hf_names], hf_config, tp_size, tp_rank).clone().contiguous()
     return out
+
+
+def _shard_of(kind: str, ts: list, hf_config, tp_size: int, tp_rank: int) -> torch.Tensor:
+    """Rank ``tp_rank``'s shard of one megatron parameter of ``kind`` from its full HF tensors ``ts`` (a view of
+    them where the layout allows)."""
+    if kind == "rep":
+        return ts[0]
+    if kind == "row":
+        return ts[0].chunk(tp_size, dim=1)[tp_rank]
+    if kind == "vocab":
+        return _pad_vocab(ts[0], hf_config, tp_size).chunk(tp_size, dim=0)[tp_rank]
+    if kind == "qkv":
+        return _fuse_qkv(*ts, hf_config).chunk(tp_size, dim=0)[tp_rank]
+    if kind == "fc1":
+        return torch.cat([t.chunk(tp_size, dim=0)[tp_rank] for t in ts], dim=0)
+    raise AssertionError(kind)  # pragma: no cover - the table of conversion_rules is closed
 
 
 def merge_shard(kind: str, shards: list) -> torch.Tensor:
@@ -222,20 +225,33 @@ def _model_params(model) -> dict:
 
 
 @torch.no_grad()
-def load_hf_into_model(model, hf_state: Mapping, hf_config, *, tp_size: int = 1, tp_rank: int = 0) -> None:
+def load_hf_into_model(model, hf_state: Mapping, hf_config, *, tp_size: int = 1, tp_rank: int = 0,
+                       shapes: Mapping | None = None) -> None:
     """Copy a full HF state dict into this rank's megatron ``GPTModel`` shard (in place).
 
-    Every model parameter must be covered and every shape must match, else ValueError.
+    Every model parameter must be covered and every shape must match, else ValueError, before anything is copied.
+    ``shapes``: ``{hf_name: shape}`` of ``hf_state`` (default: its ``shapes`` attribute, a
+    :class:`~pacs_fast.learner.hf_folder.LazyHFCheckpoint`'s from its file headers, else its tensors').
+    Then a parameter at a time: its HF tensors are read (``hf_state[name]``), its shard copied into place, they are
+    dropped: with a lazy ``hf_state`` host memory holds one parameter's full tensors (at most the embedding, or
+    q/k/v, or gate/up), not the model nor this rank's shards.
     """
-    shard = hf_to_megatron(hf_state, hf_config, tp_size=tp_size, tp_rank=tp_rank)
+    rules = conversion_rules(hf_config)
     params = _model_params(model)
-    if set(params) != set(shard):
+    if set(params) != set(rules):
         raise ValueError(f"model parameters and converted names differ: only in model "
-                         f"{sorted(set(params) - set(shard))}, only converted {sorted(set(shard) - set(params))}")
-    for name, p in params.items():
-        if p.shape != shard[name].shape:
-            raise ValueError(f"{name}: model shape {tuple(p.shape)} != converted {tuple(shard[name].shape)}")
-        p.copy_(shard[name])
+                         f"{sorted(set(params) - set(rules))}, only converted {sorted(set(rules) - set(params))}")
+    want = hf_shapes({n: p.shape for n, p in params.items()}, hf_config, tp_size=tp_size, rules=rules)
+    missing = [n for n in want if n not in hf_state]
+    if missing:
+        raise ValueError(f"hf_state is missing {missing}")
+    shapes = getattr(hf_state, "shapes", None) if shapes is None else shapes
+    got = {n: tuple(shapes[n] if shapes is not None else hf_state[n].shape) for n in want}
+    wrong = [f"{n}: {got[n]} (the model's: {want[n]})" for n in want if got[n] != tuple(want[n])]
+    if wrong:
+        raise ValueError(f"wrong shapes of {len(wrong)} HF tensor(s): {'; '.join(wrong[:5])}")
+    for name, (kind, hf_names) in rules.items():
+        params[name].copy_(_shard_of(kind, [hf_state[n] for n in hf_names], hf_config, tp_size, tp_rank))
 
 
 @torch.no_grad()

@@ -67,6 +67,7 @@ from pacs_fast.learner.base import (Learner, RolloutBatch, by_length, check_resp
 from pacs_fast.learner.fused_layers import apply_fused_layers
 from pacs_fast.learner.grad_norm import scale_to_norm
 from pacs_fast.learner.fused_old_logprobs import FusedOldLogprobs
+from pacs_fast.learner.hf_folder import LazyHFCheckpoint, weights_and_shapes
 from pacs_fast.learner.long_groups import forward_pieces, row_parts, train_split, whole_and_split
 from pacs_fast.learner.master_weights import MasterWeights, loading_weights
 from pacs_fast.learner.megatron import state as megatron_state
@@ -77,8 +78,7 @@ from pacs_fast.learner.megatron.export import iter_hf_buckets, save_hf_folder, w
 from pacs_fast.learner.megatron.forward import token_logprobs
 from pacs_fast.learner.megatron.model import build_gpt_model, check_no_dropout, recompute_overrides
 from pacs_fast.learner.megatron.optimizer import make_optimizer
-from pacs_fast.learner.megatron.setup import (LazyHFCheckpoint, init_parallel, raise_if_non_finite,
-                                             tp_grad_norm)
+from pacs_fast.learner.megatron.setup import init_parallel, raise_if_non_finite, tp_grad_norm
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
 from pacs_fast.learner.packing import forward_metrics, group_costs, micro_batch_groups
@@ -412,11 +412,12 @@ class MegatronLearner(Learner):
                                bucket_bytes=bucket_bytes, dtype=dtype)
 
     def load_hf_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        state = dict(named_tensors)
-        if self.hf_config.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
+        """Full HF tensors into this rank's shards, names and shapes checked first; a :class:`LazyHFCheckpoint`'s
+        (a resume's) read a tensor at a time: each rank holds one full tensor in host memory, not the model."""
+        state, shapes = weights_and_shapes(named_tensors)  # (a tied lm_head.weight: not asked for, never read)
         with loading_weights(self.master):  # fp32 tensors (a checkpoint's fp32 norms) keep their digits
-            load_hf_into_model(self.model, state, self.hf_config, tp_size=self.tp_size, tp_rank=self.tp_rank)
+            load_hf_into_model(self.model, state, self.hf_config, tp_size=self.tp_size, tp_rank=self.tp_rank,
+                               shapes=shapes)
 
     def save_hf(self, path, *, bucket_bytes: int = 1 << 30) -> None:
         """Writes the policy as an HF folder; collective. Global rank 0 writes; only data-parallel

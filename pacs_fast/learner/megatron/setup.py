@@ -1,7 +1,6 @@
 """Process setup for the megatron learner: ``torch.distributed`` + megatron's parallel state
-(:func:`init_parallel`), a lazy view of an HF checkpoint (:class:`LazyHFCheckpoint`) and the
-tensor-parallel aware gradient norm (:func:`tp_grad_norm`), and the ranks' joint non-finite check
-(:func:`raise_if_non_finite`).
+(:func:`init_parallel`), the tensor-parallel aware gradient norm (:func:`tp_grad_norm`), and the
+ranks' joint non-finite check (:func:`raise_if_non_finite`).
 
 Rank layout (megatron's default order, tensor-parallel innermost): global rank
 ``r = dp_rank * tp_size + tp_rank``; the TP groups are consecutive ranks. vLLM's external-launcher
@@ -10,11 +9,13 @@ layout is the same (see :mod:`pacs_fast.rollout.parallel_engines`).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+# the lazy view of an HF folder's weights, here since the megatron learner was its only reader (now the trainer's
+# resume too: pacs_fast.learner.hf_folder)
+from pacs_fast.learner.hf_folder import LazyHFCheckpoint  # noqa: F401
 
 
 # ----------------------------------------------------------------------------- setup helpers
@@ -80,35 +81,6 @@ def _seed_model_parallel_rng(seed: int = 0) -> None:
     state = torch.cuda.get_rng_state()
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     torch.cuda.set_rng_state(state)
-
-
-class LazyHFCheckpoint(Mapping):
-    """Read-only ``{hf_name: tensor}`` view of an HF folder's ``*.safetensors`` files (single or
-    sharded) that reads a tensor only when asked for it: converting to this rank's shards then
-    holds one layer's full tensors at a time, never the whole model."""
-
-    def __init__(self, path):
-        from safetensors import safe_open
-
-        files = sorted(Path(path).glob("*.safetensors"))
-        if not files:
-            raise ValueError(f"model path {str(path)!r} holds no *.safetensors file")
-        self._index = {}
-        for f in files:
-            with safe_open(str(f), framework="pt") as h:
-                self._index.update(dict.fromkeys(h.keys(), str(f)))
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
-        with safe_open(self._index[name], framework="pt") as h:
-            return h.get_tensor(name)
-
-    def __iter__(self):
-        return iter(self._index)
-
-    def __len__(self) -> int:
-        return len(self._index)
 
 
 def tp_grad_norm(params, tp_group) -> torch.Tensor:
