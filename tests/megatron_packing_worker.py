@@ -81,16 +81,23 @@ def learner(inputs, results, workdir):
                                      max_tokens_per_micro_batch=spec["split_budget"]),
                 "fused_split": dict(packing="on", distributed_optimizer=True,
                                     max_tokens_per_micro_batch=spec["split_budget"]),
+                # GRPO: the split groups' rows in one pass (their whole groups' advantages), the old log-probs fused,
+                # against whole groups with fused old log-probs
+                "grpo_fused_whole": dict(packing="on", distributed_optimizer=True,
+                                         max_tokens_per_micro_batch=spec["budget"]),
+                "grpo_fused_split": dict(packing="on", distributed_optimizer=True,
+                                         max_tokens_per_micro_batch=spec["split_budget"]),
                 # a bf16 model through fp32 master weights: the sharded optimiser steps the masters as the replicated
                 "replicated_bf16": dict(packing="off"),
                 "sharded_bf16": dict(packing="off", distributed_optimizer=True)}
     for name, extra in variants.items():
         lcfg = LearnerConfig(**spec["learner"], backend="megatron", tp_size=1, **extra)
-        lrn = MegatronLearner(spec["model"], algo=AlgoConfig(**spec["algo"]), learner=lcfg,
+        algo = {"name": "grpo", "entropy_coef": 0.01} if name.startswith("grpo") else spec["algo"]
+        lrn = MegatronLearner(spec["model"], algo=AlgoConfig(**algo), learner=lcfg,
                               temperature=1.0, horizon=spec["horizon"],
                               dtype="bfloat16" if name.endswith("_bf16") else "float32")
         batch = RolloutBatch(**spec["batch"])
-        if name != "fused_split":
+        if "fused" not in name:
             batch.old_logp = lrn.compute_logprobs(batch)
             batch.ref_logp = batch.old_logp
         metrics = [lrn.update(batch, seed=s) for s in (3, 4)]

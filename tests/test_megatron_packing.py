@@ -185,6 +185,29 @@ def test_packed_token_budget_learner_matches_padded(run, variant):
         assert float((pk["weights"][name] - w).abs().max()) <= bound, (name, bound)
 
 
+def test_grpo_split_groups_in_one_pass_with_fused_old_logprobs(run):
+    """GRPO's split groups train in one pass (a row micro-batch's forward gives its old log-probs, the rows carry their
+    whole groups' advantages) and equal whole groups with the old log-probs fused too, at DP = 2 (each rank's rows
+    back in the mini-batch's order: the old log-probs written back, the per-row terms); bounds as above."""
+    _, res = run
+    whole, split = res["learner/grpo_fused_whole"], res["learner/grpo_fused_split"]
+    m = run[0]["learner"]["batch"]["response_mask"] > 0
+    assert _close(split["old_logp"][m], whole["old_logp"][m], 1e-5) and bool((whole["old_logp"][m] < 0).all())
+    assert sum(a["split_groups"] for a in split["metrics"]) > 0
+    from transformers import AutoConfig
+    scale = 0.01 * math.log(AutoConfig.from_pretrained(run[0]["learner"]["model"]).vocab_size)  # (entropy_coef 0.01)
+    for a, b in zip(split["metrics"], whole["metrics"]):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * (abs(b["loss"]) + scale), "loss"
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 5e-5 * max(abs(b["grad_norm"]), 1e-6), "grad_norm"
+    lr = run[0]["learner"]["learner"]["lr"]
+    ulp = torch.finfo(torch.float32).eps
+    moved = max(float((w - res["learner/replicated"]["weights"][n]).abs().max()) for n, w in whole["weights"].items())
+    assert moved > 1e-4 * lr  # (another algorithm than the PACS runs: the weights went elsewhere)
+    for name, w in whole["weights"].items():
+        bound = 1e-3 * lr + 2 * ulp * float(w.abs().max())
+        assert float((split["weights"][name] - w).abs().max()) <= bound, (name, bound)
+
+
 def test_auto_packs_every_batch_into_thd_and_the_dense_mask_only_when_it_saves():
     """learner.packing=auto on the megatron learner: THD always (equal-length rows and a single row too: the padded
     forward's DotProductAttention builds [b, heads, S, S] scores, which reasoning RL's many responses cut at

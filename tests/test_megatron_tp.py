@@ -80,6 +80,9 @@ BASELINE_CASES = {
     # torch learner's split equals its whole-group update: tests/test_long_groups.py)
     "pacs_split_groups": {"algo": {"name": "pacs", "entropy_coef": 0.01}, "stale": True,
                           "learner": {**_OPTIM, "max_tokens_per_micro_batch": 15}},
+    # the same in one pass (a sum over rows once GRPO's advantages of the whole groups are known: long_groups.py)
+    "grpo_split_groups": {"algo": {"name": "grpo", "entropy_coef": 0.01}, "stale": True,
+                          "learner": {**_OPTIM, "max_tokens_per_micro_batch": 15}},
 }
 
 

@@ -297,8 +297,10 @@ class LearnerConfig:
                                          "groups first), with learner.packed_attention=dense by the padded slots "
                                          "(which bound its bins); 0 = off (megatron: per data-parallel rank)")
     split_groups: str = _f("auto", "a group larger than learner.max_tokens_per_micro_batch (long responses): auto = "
-                           "trained exactly a few rows at a time (one more no-grad forward of its rows gives the "
-                           "loss's gradient per token, then the rows run again with grad; "
+                           "trained exactly a few rows at a time (in one pass where the loss is a sum over rows "
+                           "once each row's advantage is known: the baselines but clip_cov / kl_cov / "
+                           "algo.entropy_top_frac < 1; else, PACS included, one more no-grad forward of its rows "
+                           "gives the loss's gradient per token, then the rows run again with grad; "
                            "pacs_fast/learner/long_groups.py), off = refused (a group trains in one micro-batch)")
     tp_size: int = _f(1, "megatron: tensor-parallel size; divides the number of torchrun processes "
                       "(the rest is data parallelism)")

@@ -72,6 +72,9 @@ class RolloutBatch:
         ``rollout.max_new_tokens``); see :func:`loss_mask` and, for PACS, :func:`objective`. None = none.
     verifier_rewards: ``[B]`` the verifier's rewards where reward shaping (``reward.overlong_buffer_len``)
         made ``rewards`` differ from them (metrics only); None = ``rewards`` are the verifier's.
+    outcome_advantages: ``[B]`` float each row's outcome advantage in its whole group (GRPO's, RLOO's, Dr. GRPO's,
+        verl's loss modes'), set by the learner on a group trained a few rows at a time in one pass
+        (:func:`pacs_fast.learner.objective.rows_apart`); None = the objective computes them from ``rewards``.
     """
 
     input_ids: torch.Tensor
@@ -90,6 +93,7 @@ class RolloutBatch:
     kept_mask: torch.Tensor | None = None
     truncated: torch.Tensor | None = None
     verifier_rewards: torch.Tensor | None = None
+    outcome_advantages: torch.Tensor | None = None
 
     def __post_init__(self):
         B, T = self.input_ids.shape

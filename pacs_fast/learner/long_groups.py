@@ -20,6 +20,13 @@ log-probs (the first mini-batch, :mod:`~pacs_fast.learner.fused_old_logprobs`) s
 What the objective selects per micro-batch (``algo.entropy_top_frac``'s high-entropy tokens, Clip-Cov's and KL-Cov's
 tokens) it selects over the split groups together, as over one micro-batch. No-grad passes (old and reference
 log-probs, values) cut such groups by rows as well: nothing couples rows there.
+
+One pass where the objective is a sum over rows once each row's advantage is known
+(:func:`~pacs_fast.learner.objective.rows_apart`: per-token ``batch.advantages``, or GRPO's, RLOO's, Dr. GRPO's and
+verl's loss modes' outcome advantages computed over the whole groups first): the row micro-batches then run forward
+and backward with the objective directly, as whole groups do (:func:`train_rows`), no cached pass. PACS (its score
+couples its rows' log-probs), Clip-Cov, KL-Cov and ``algo.entropy_top_frac < 1`` keep the two passes.
+:func:`train_long_groups` decides, for both learners.
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ from typing import Callable
 import torch
 
 from pacs_fast.learner.base import RolloutBatch, group_rows
+from pacs_fast.learner.objective import rows_apart
 from pacs_fast.learner.packing import group_costs, micro_batch_groups
 
 # forward(micro-batch) -> (logp [b, w], entropy [b, w] or None, values [b, w] or None), differentiable
@@ -132,3 +140,44 @@ def train_split(batch: RolloutBatch, forward: Forward, parts: list[list[int]], l
         if surrogate is not None and surrogate.requires_grad:
             surrogate.backward()
     return loss.detach(), {k: v.detach() for k, v in metrics.items()}
+
+
+def train_rows(batch: RolloutBatch, forward: Forward, parts: list[list[int]], loss_fn, *, on_first_forward=None):
+    """:func:`train_split`'s gradient in one forward and backward per micro-batch of rows, for a ``batch`` whose
+    objective sums over rows (:func:`~pacs_fast.learner.objective.rows_apart`'s: each row carries its group's
+    advantage): ``loss_fn(rows, logp, entropy, values)`` of each part (a batch of ``group_size`` 1) after
+    ``on_first_forward(rows, logp, entropy)`` (its old log-probs, before its loss). Returns ``(loss detached,
+    metrics, order)``: the sums of the parts' losses and 0-d metrics, their per-row metrics concatenated in
+    ``order`` (``[rows]`` int64: ``batch``'s row positions in the order the parts ran, and passed
+    ``on_first_forward``)."""
+    rows = row_view(batch)
+    total, scalars, per_row = None, {}, {}
+    for p in parts:
+        part = rows.groups(p)
+        logp, ent, values = forward(part)
+        if on_first_forward is not None:
+            on_first_forward(part, logp, ent)
+        loss, met = loss_fn(part, logp, ent, values)
+        loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+        for k, v in met.items():
+            if v.dim() == 0:
+                scalars[k] = scalars[k] + v.detach() if k in scalars else v.detach()
+            else:
+                per_row.setdefault(k, []).append(v.detach())
+    order = torch.as_tensor([i for p in parts for i in p], dtype=torch.long)
+    return total, {**scalars, **{k: torch.cat(v) for k, v in per_row.items()}}, order
+
+
+def train_long_groups(algo, batch: RolloutBatch, forward: Forward, parts: list[list[int]], loss_fn, *,
+                      on_first_forward=None):
+    """A split item (:func:`whole_and_split`) trained a few rows at a time: in one pass (:func:`train_rows`) where
+    :func:`~pacs_fast.learner.objective.rows_apart` lets ``algo``'s rows train apart, else in :func:`train_split`'s
+    two. Arguments as theirs. Returns ``(loss detached, metrics, order)``: ``order`` (``[rows]`` int64) the row
+    positions in the order ``on_first_forward`` saw them and the per-row metrics hold them (the two passes:
+    ``batch``'s)."""
+    apart = rows_apart(algo, batch)
+    if apart is not None:
+        return train_rows(apart, forward, parts, loss_fn, on_first_forward=on_first_forward)
+    loss, metrics = train_split(batch, forward, parts, loss_fn, on_first_forward=on_first_forward)
+    return loss, metrics, torch.arange(batch.num_rows)

@@ -7,6 +7,7 @@ Token alignment as in :mod:`pacs_fast.learner.base`: ``logp[b, t]`` is the log-p
 """
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import torch
@@ -134,15 +135,10 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
             kw["token_weights"] = keep if micro.is_weights is None else micro.is_weights * keep
             metrics["entropy_threshold"] = threshold.nan_to_num(0.0) * token_share
             metrics["entropy_kept_frac"] = keep.sum() / max(counts["tokens"], 1.0)
-        rewards = micro.rewards
-        if getattr(algo, "noise_correction", "none") != "none":  # noisy verifier (algorithms/noisy_labels.py)
-            from pacs_fast.algorithms.noisy_labels import corrected_rewards
-            rewards = corrected_rewards(rewards, algo.noise_correction, algo.noise_rho0, algo.noise_rho1)
+        rewards = _rewards(algo, micro)
         if algo.name in VERL_LOSS_MODES:  # verl's loss modes on GRPO's advantages (algorithms/sequence_losses.py,
             # covariance_losses.py, sapo.py, dppo.py)
-            from pacs_fast.algorithms import group_advantages
-            adv = micro.advantages if micro.advantages is not None else group_advantages(rewards, micro.group_size,
-                                                                                          "grpo")
+            adv = micro.advantages if micro.advantages is not None else _outcome_advantages(micro, rewards, "grpo")
             loss, pm = _verl_loss_mode(algo, micro, logp, adv, mask, kw, selection)
             pm.update(adv_mean=adv.mean(), adv_abs_mean=adv.abs().mean())
         elif algo.name in STEP_ADVANTAGES and micro.advantages is None:
@@ -165,9 +161,13 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
                                        horizon=float(horizon), global_count=global_count)
                 loss = loss + algo.vf_coef * vloss
                 pm.update(vm)
-        else:
+        elif micro.outcome_advantages is None:
             loss, pm = grpo_loss(logp, micro.old_logp, mask, rewards, group_size=micro.group_size,
                                  advantage=algo.name, **kw)
+        else:  # grpo_loss on the advantages of whole groups, given (rows_apart)
+            adv = micro.outcome_advantages  # (policy_loss casts it to logp's compute dtype, as grpo_loss does)
+            loss, pm = policy_loss(logp, micro.old_logp, adv, mask, **kw)
+            pm.update(adv_mean=adv.mean(), adv_abs_mean=adv.abs().mean())
         # pg_loss / kl / vf_loss are already scaled by the mini-batch's counts; the other metrics are
         # micro-batch means, weighted by the micro-batch's share: of the tokens for the per-token
         # fractions and KL estimates, of the rows for the advantages' means (one value per row), of the
@@ -183,6 +183,50 @@ def objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, entropy
         ent = aggregate_loss(entropy, mask, agg, horizon=float(horizon), global_count=global_count)
         loss = loss - algo.entropy_coef * ent
     return loss, metrics
+
+
+def _rewards(algo: AlgoConfig, micro: RolloutBatch) -> torch.Tensor:
+    """``[b]`` the rewards the baselines' outcome advantages take: ``micro.rewards``, corrected for a noisy verifier
+    (``algo.noise_correction``, :mod:`pacs_fast.algorithms.noisy_labels`: row by row)."""
+    if getattr(algo, "noise_correction", "none") == "none":
+        return micro.rewards
+    from pacs_fast.algorithms.noisy_labels import corrected_rewards
+    return corrected_rewards(micro.rewards, algo.noise_correction, algo.noise_rho0, algo.noise_rho1)
+
+
+def _outcome_advantages(micro: RolloutBatch, rewards: torch.Tensor, mode: str) -> torch.Tensor:
+    """``[b]`` each row's outcome advantage in its group: ``micro.outcome_advantages`` where given (whole groups'
+    before their rows were cut, :func:`rows_apart`), else from ``rewards`` over ``micro``'s groups."""
+    if micro.outcome_advantages is not None:
+        return micro.outcome_advantages
+    from pacs_fast.algorithms import group_advantages
+    return group_advantages(rewards, micro.group_size, mode)
+
+
+#: what couples a micro-batch's rows beyond their groups' outcome advantages: PACS's score (of its rows' log-probs),
+#: Clip-Cov's and KL-Cov's token selection (over the micro-batch's tokens)
+COUPLED_ROWS = ("pacs", "clip_cov", "kl_cov")
+
+
+def rows_apart(algo: AlgoConfig, batch: RolloutBatch) -> RolloutBatch | None:
+    """``batch`` (whole groups) with what lets its rows train apart, or None. Where the objective is a sum over
+    rows once each row's advantage is known (per-token ``batch.advantages``: PPO's GAE, GPG's and REINFORCE++'s
+    step advantages, process-reward credit; or the outcome advantages of GRPO, RLOO, Dr. GRPO and of verl's loss
+    modes, whose rows couple only through ``group_advantages`` of their group's rewards), the objective of any
+    micro-batch of its rows (``group_size`` 1) is their exact share of the whole groups': ``batch`` itself, or a
+    copy with :attr:`RolloutBatch.outcome_advantages` (``[B]``, from the noise-corrected rewards) set. None for
+    PACS, Clip-Cov, KL-Cov and ``algo.entropy_top_frac < 1`` (they select over the micro-batch), and for an
+    algorithm without the advantages it needs (the objective raises)."""
+    if algo.name in COUPLED_ROWS or algo.entropy_top_frac < 1.0:
+        return None
+    if batch.advantages is not None:  # every branch that reads them sums over rows (objective)
+        return batch
+    mode = "grpo" if algo.name in VERL_LOSS_MODES else algo.name
+    if mode not in ("grpo", "rloo", "dr_grpo"):  # (ppo, the step-advantage algorithms: need batch.advantages)
+        return None
+    from pacs_fast.algorithms import group_advantages
+    return dataclasses.replace(batch, outcome_advantages=group_advantages(_rewards(algo, batch), batch.group_size,
+                                                                          mode))
 
 
 def _row_advantage_means(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -134,7 +134,10 @@ def check_memory(cfg, *, available: int | None = None) -> None:
                 least, kind, detail = (cfg.rollout.n * (1 + cfg.rollout.max_new_tokens), "a group",
                                        f"rollout.n={cfg.rollout.n} x (the longest prompt + rollout.max_new_tokens="
                                        f"{cfg.rollout.max_new_tokens})")
-            how = "a group larger than it trains a few rows at a time, one more forward of its rows; " if split else ""
+            from pacs_fast.learner.objective import COUPLED_ROWS  # (those pay one more forward of a split group's rows)
+            extra = cfg.algo.name in COUPLED_ROWS or cfg.algo.entropy_top_frac < 1
+            how = (f"a group larger than it trains a few rows at a time{', one more forward of its rows' * extra}; "
+                   if split else "")
             if lo >= least:
                 ways.append(f"{'lower the budget' if budget else 'set learner.max_tokens_per_micro_batch'} to at most "
                             f"{lo:,} tokens ({how}it must still hold {kind}: {detail})")

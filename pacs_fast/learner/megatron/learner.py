@@ -65,7 +65,7 @@ from pacs_fast.learner.fused_layers import apply_fused_layers
 from pacs_fast.learner.grad_norm import scale_to_norm
 from pacs_fast.learner.fused_old_logprobs import FusedOldLogprobs
 from pacs_fast.learner.hf_folder import LazyHFCheckpoint
-from pacs_fast.learner.long_groups import forward_pieces, row_parts, train_split, whole_and_split
+from pacs_fast.learner.long_groups import forward_pieces, row_parts, train_long_groups, whole_and_split
 from pacs_fast.learner.master_weights import MasterWeights
 from pacs_fast.learner.megatron.checkpointing import MegatronCheckpointing
 from pacs_fast.learner.megatron.convert import load_hf_into_model
@@ -316,7 +316,7 @@ class MegatronLearner(MegatronCheckpointing, Learner):
         else:
             mine = mb.groups(dp_share(mb.num_groups, self.dp_size, self.dp_rank))
         items = self._micro_batches(mine)
-        share_back = torch.cat([group_rows(p, mine.group_size) for p, _ in items]).argsort()
+        ran = []  # mine's rows in the order the micro-batches ran them (take's values, the per-row terms)
         need_ent = needs_entropy(self.algo)
         self.optimizer.zero_grad(set_to_none=True)
         scalars: dict[str, torch.Tensor] = {"loss": torch.zeros((), device=self.device)}
@@ -331,16 +331,18 @@ class MegatronLearner(MegatronCheckpointing, Learner):
             return objective(self.algo, m, lp, en if need_ent else None, None, counts, horizon=self.horizon)
         for part, whole in items:
             mcb = mine.groups(part).to(self.device)
+            row_order = slice(None)
             if whole:
                 logp, ent, _ = forward(mcb)
                 if fused is not None:
                     fused.take(mcb, logp, ent)
                 loss, met = loss_fn(mcb, logp, ent, None)
                 loss.backward()
-            else:  # groups over the token budget: a few rows at a time, exactly
-                loss, met = train_split(mcb, forward, self._row_parts(mcb), loss_fn,
-                                        on_first_forward=None if fused is None else fused.take)
+            else:  # groups over the token budget: a few rows at a time, exactly (in one pass if it can)
+                loss, met, row_order = train_long_groups(self.algo, mcb, forward, self._row_parts(mcb), loss_fn,
+                                                         on_first_forward=None if fused is None else fused.take)
                 scalars["split_groups"] += len(part)
+            ran.append(group_rows(part, mine.group_size)[row_order])
             scalars["loss"] += loss.detach().float()
             for k, v in met.items():
                 if v.dim() == 0:
@@ -348,7 +350,8 @@ class MegatronLearner(MegatronCheckpointing, Learner):
                 else:
                     local_terms.setdefault(k, []).append(v.detach().float())
             if "psi" in met:
-                local_terms.setdefault("rewards", []).append(mcb.rewards.detach().float())
+                local_terms.setdefault("rewards", []).append(mcb.rewards[row_order].detach().float())
+        share_back = torch.cat(ran).argsort()
         names = sorted(scalars)
         stats = torch.stack([torch.as_tensor(scalars[k], device=self.device, dtype=torch.float32)
                              for k in names])
