@@ -169,6 +169,23 @@ def train_rows(batch: RolloutBatch, forward: Forward, parts: list[list[int]], lo
     return total, {**scalars, **{k: torch.cat(v) for k, v in per_row.items()}}, order
 
 
+def train_micro_batch(algo, mcb: RolloutBatch, whole: bool, forward: Forward, loss_fn, cut_rows, *,
+                      on_first_forward=None):
+    """One item of :func:`whole_and_split` in both learners' updates: whole groups run forward (then
+    ``on_first_forward(mcb, logp, entropy)``), their loss and its backward; groups over the budget go to
+    :func:`train_long_groups` in the micro-batches of rows ``cut_rows(mcb)`` gives. Returns ``(loss detached,
+    metrics, order)``: ``order`` the row positions of ``mcb`` in the order ``on_first_forward`` saw them and the per-row
+    metrics hold them (a slice of all of them for whole groups)."""
+    if not whole:
+        return train_long_groups(algo, mcb, forward, cut_rows(mcb), loss_fn, on_first_forward=on_first_forward)
+    logp, ent, values = forward(mcb)
+    if on_first_forward is not None:
+        on_first_forward(mcb, logp, ent)
+    loss, metrics = loss_fn(mcb, logp, ent, values)
+    loss.backward()
+    return loss.detach(), metrics, slice(None)
+
+
 def train_long_groups(algo, batch: RolloutBatch, forward: Forward, parts: list[list[int]], loss_fn, *,
                       on_first_forward=None):
     """A split item (:func:`whole_and_split`) trained a few rows at a time: in one pass (:func:`train_rows`) where

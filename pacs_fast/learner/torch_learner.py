@@ -52,7 +52,7 @@ from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.base import Learner, NonFiniteError, RolloutBatch, by_length, check_response_ids, group_rows
 from pacs_fast.learner.grad_norm import clip_grad_norm
 from pacs_fast.learner.fused_old_logprobs import FusedOldLogprobs
-from pacs_fast.learner.long_groups import forward_pieces, row_parts, train_long_groups, whole_and_split
+from pacs_fast.learner.long_groups import forward_pieces, row_parts, train_micro_batch, whole_and_split
 from pacs_fast.learner.master_weights import MasterWeights
 from pacs_fast.learner.lora import adapter_params, adapter_snapshot, adapters_swapped, copy_adapters, has_lora
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
@@ -386,16 +386,10 @@ class TorchLearner(TorchCheckpointing, Learner):
                 for part, whole in self._micro_batches(mb, micro):
                     mcb = mb.groups(part).to(self.device)
                     part_groups = mb_groups[torch.as_tensor(part, dtype=torch.long)]
-                    row_order = slice(None)  # the order of mcb's rows in take's values and the per-row terms
-                    if whole:
-                        logp, ent, values = forward(mcb)
-                        if take is not None:
-                            take(mcb, logp, ent)
-                        loss, met = loss_fn(mcb, logp, ent, values)
-                        loss.backward()
-                    else:  # groups over the token budget: a few rows at a time, exactly (in one pass if it can)
-                        loss, met, row_order = train_long_groups(self.algo, mcb, forward, self._row_parts(mcb), loss_fn,
-                                                                 on_first_forward=take)
+                    # (groups over the token budget: a few rows at a time, exactly; row_order: mcb's rows as they ran)
+                    loss, met, row_order = train_micro_batch(self.algo, mcb, whole, forward, loss_fn, self._row_parts,
+                                                             on_first_forward=take)
+                    if not whole:
                         step_metrics["split_groups"] += len(part)
                     rows_in_order.append(group_rows(part_groups, batch.group_size)[row_order])
                     step_metrics["loss"] += float(loss.detach())

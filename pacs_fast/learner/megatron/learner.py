@@ -65,7 +65,7 @@ from pacs_fast.learner.fused_layers import apply_fused_layers
 from pacs_fast.learner.grad_norm import scale_to_norm
 from pacs_fast.learner.fused_old_logprobs import FusedOldLogprobs
 from pacs_fast.learner.hf_folder import LazyHFCheckpoint
-from pacs_fast.learner.long_groups import forward_pieces, row_parts, train_long_groups, whole_and_split
+from pacs_fast.learner.long_groups import forward_pieces, row_parts, train_micro_batch, whole_and_split
 from pacs_fast.learner.master_weights import MasterWeights
 from pacs_fast.learner.megatron.checkpointing import MegatronCheckpointing
 from pacs_fast.learner.megatron.convert import load_hf_into_model
@@ -331,16 +331,10 @@ class MegatronLearner(MegatronCheckpointing, Learner):
             return objective(self.algo, m, lp, en if need_ent else None, None, counts, horizon=self.horizon)
         for part, whole in items:
             mcb = mine.groups(part).to(self.device)
-            row_order = slice(None)
-            if whole:
-                logp, ent, _ = forward(mcb)
-                if fused is not None:
-                    fused.take(mcb, logp, ent)
-                loss, met = loss_fn(mcb, logp, ent, None)
-                loss.backward()
-            else:  # groups over the token budget: a few rows at a time, exactly (in one pass if it can)
-                loss, met, row_order = train_long_groups(self.algo, mcb, forward, self._row_parts(mcb), loss_fn,
-                                                         on_first_forward=None if fused is None else fused.take)
+            # (groups over the token budget: a few rows at a time, exactly; row_order: mcb's rows as they ran)
+            loss, met, row_order = train_micro_batch(self.algo, mcb, whole, forward, loss_fn, self._row_parts,
+                                                     on_first_forward=None if fused is None else fused.take)
+            if not whole:
                 scalars["split_groups"] += len(part)
             ran.append(group_rows(part, mine.group_size)[row_order])
             scalars["loss"] += loss.detach().float()
