@@ -67,6 +67,7 @@ def run(workdir: str) -> None:
     parity(inputs, results, inputs["variants"])
     learner_step(inputs, results, workdir)
     baselines(inputs, results)
+    sequence_parallel(inputs, results)
     if dist.get_rank() == 0:
         torch.save(results, os.path.join(workdir, "results.pt"))
     dist.barrier()
@@ -173,6 +174,80 @@ def baselines(inputs, results):
                                       temperature=spec["temperature"], horizon=spec["horizon"])
             results[f"baselines/tp{tp}/{name}"] = baseline_step(learner, spec, case)
             learner.close()
+
+
+def _trimmed(am: torch.Tensor, rm: torch.Tensor, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """``am`` / ``rm`` with the last valid token of each of ``rows`` dropped (another row or token count parity)."""
+    am, rm = am.clone(), rm.clone()
+    for b in rows:
+        last = int(am[b].nonzero().max())
+        am[b, last] = 0
+        rm[b, last] = 0
+    return am, rm
+
+
+def sequence_parallel(inputs, results):
+    """``learner.sequence_parallel`` at TP=2 against the same model without it: log-probs, entropies and every
+    gradient (the norms' reduced over the ranks, and also unreduced: what the reduction changes) for padded rows,
+    THD and the dense mask, on batches whose token counts are odd and even (the padding to a multiple of tp runs);
+    then whole PACS updates of the learner (bf16 with fp32 masters: the norms' masters get the sum)."""
+    from megatron.core import parallel_state as ps
+    from transformers import AutoConfig
+
+    from pacs_fast.config import AlgoConfig, LearnerConfig
+    from pacs_fast.learner.base import RolloutBatch
+    from pacs_fast.learner.megatron.convert import export_hf_state_dict, load_hf_into_model
+    from pacs_fast.learner.megatron.cpu_compat import apply_cpu_compat
+    from pacs_fast.learner.megatron.forward import token_logprobs
+    from pacs_fast.learner.megatron.learner import LazyHFCheckpoint, MegatronLearner
+    from pacs_fast.learner.megatron.model import build_gpt_model
+    from pacs_fast.learner.megatron.sequence_parallel import norm_params, reduce_norm_grads
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
+    apply_cpu_compat()
+    group = ps.get_tensor_model_parallel_group()
+    path = inputs["models"]["tied"]  # (its pad id 0 is a real token in half the rows)
+    cfg = AutoConfig.from_pretrained(path)
+    ids, am, rm = inputs["input_ids"], inputs["attention_mask"], inputs["response_mask"]
+    longest = am.sum(1) == am.sum(1).max()
+    batches = {"as_drawn": (am, rm), "longest_cut": _trimmed(am, rm, longest.nonzero().flatten().tolist()),
+               "one_cut": _trimmed(am, rm, [0])}
+    weights = torch.linspace(0.5, 1.5, ids.numel()).view_as(ids)
+    for name, (a, r) in batches.items():
+        for packing, attention in (("off", "auto"), ("on", "varlen"), ("on", "dense")):
+            out = {"tokens": int(a.sum()), "width": int(a.sum(1).max())}
+            for sp in (False, True):
+                model = build_gpt_model(cfg, tp_size=2, **({"sequence_parallel": True} if sp else {}))
+                load_hf_into_model(model, LazyHFCheckpoint(path), cfg, tp_size=2,
+                                   tp_rank=ps.get_tensor_model_parallel_rank())
+                logp, ent = token_logprobs(model, ids, a, label_mask=r > 0, vocab_size=cfg.vocab_size,
+                                           tp_group=group, return_entropy=True, packing=packing,
+                                           packed_attention=attention)
+                ((logp * weights).sum() + 0.3 * ent.sum()).backward()
+                if sp:
+                    out["norms"] = len(norm_params(model))
+                    out["unreduced"] = export_hf_state_dict(model, cfg, tp_group=group, grads=True)
+                    reduce_norm_grads([p.grad for p in norm_params(model)], group)
+                out[sp] = {"logp": logp.detach(), "entropy": ent.detach(),
+                           "grads": export_hf_state_dict(model, cfg, tp_group=group, grads=True)}
+            results[f"sp/{name}/{packing}-{attention}"] = out
+    ps.destroy_model_parallel()
+    spec = inputs["learner"]
+    for sp in (False, True):  # bf16 with fp32 masters; Adam's eps large: updates proportional to the gradients
+        lcfg = LearnerConfig(**{**spec["learner"], "eps": 1.0, "lr": 0.05}, backend="megatron", tp_size=2,
+                             sequence_parallel=sp)
+        learner = MegatronLearner(spec["model"], algo=AlgoConfig(**spec["algo"]), learner=lcfg, dtype="bfloat16",
+                                  temperature=spec["temperature"], horizon=spec["horizon"])
+        before = [p.detach().clone() for p in learner.opt_params]  # this rank's fp32 masters (bf16: a step rounds)
+        batch = RolloutBatch(**spec["batch"])
+        batch.old_logp = batch.ref_logp = learner.compute_logprobs(batch)
+        metrics = learner.update(batch, seed=spec["seed"])
+        norms = {id(p) for p in learner.norm_params}
+        results[f"sp/learner/{sp}"] = {
+            "metrics": metrics, "delta": [p.detach() - b for p, b in zip(learner.opt_params, before)],
+            "is_norm": [id(p) in norms for p in learner.opt_params],
+            "masters": [p.dtype for p in learner.opt_params]}
+        learner.close()
 
 
 def full_disk_errors(learner, workdir) -> dict:

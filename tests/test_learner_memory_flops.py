@@ -43,6 +43,39 @@ def test_activation_bytes_per_token_by_hand():
         2 * (layer - 128) + 160 + final)  # its MLP is what selective recomputes
 
 
+def test_sequence_parallel_divides_what_lies_between_the_tensor_parallel_regions():
+    # TP=2 with sequence parallelism: the norms' 96 / 2 as well; the final norm's 48 / 2 plus the gathered b H = 16
+    # the LM head keeps; full recompute's saved layer inputs L b H = 32 / 2
+    layer, final = 96 / 2 + (64 + 128 + 8) / 2, 48 / 2 + 16
+    assert memory_model.activation_bytes_per_token(TINY, tp=2, sequence_parallel=True) == 2 * layer + final
+    assert memory_model.activation_bytes_per_token(TINY, tp=2, sequence_parallel=True, recompute="full") == (
+        32 / 2 + layer + final)
+    # at tp = 1 it changes nothing
+    assert memory_model.activation_bytes_per_token(TINY, sequence_parallel=True) == (
+        memory_model.activation_bytes_per_token(TINY))
+    # the key: megatron at tp_size > 1 only (the torch learner has no tensor parallelism)
+    def of(*over):
+        return memory_model.sequence_parallel_of(load_config(None, list(over)))
+    assert of("learner.backend=megatron", "learner.tp_size=2")
+    assert not of("learner.backend=megatron", "learner.tp_size=2", "learner.sequence_parallel=false")
+    assert not of("learner.backend=megatron") and not of("learner.tp_size=2")
+
+
+def test_a_megatron_micro_batch_that_does_not_fit_names_sequence_parallelism(tmp_path):
+    """At learner.tp_size > 1 without sequence parallelism the refusal says to turn it on, and with it on the same
+    micro-batch counts fewer bytes per token (the norms and the residual stream split over the TP ranks)."""
+    over = ("learner.backend=megatron", "learner.tp_size=2", "learner.max_tokens_per_micro_batch=200000")
+    off = qwen_cfg(tmp_path, *over, "learner.sequence_parallel=false")
+    on = qwen_cfg(tmp_path, *over)
+    with pytest.raises(ValueError, match=r"cannot fit in the learner: .* set model.gradient_checkpointing=true, "
+                                         r"set learner.sequence_parallel=true or use a larger device$"):
+        preflight.check_memory(off, available=40 * GiB)
+    with pytest.raises(ValueError, match="cannot fit") as e:
+        preflight.check_memory(on, available=40 * GiB)
+    assert "learner.sequence_parallel" not in str(e.value)
+    assert memory_model.learner_memory(on)["per_token"] < 0.95 * memory_model.learner_memory(off)["per_token"]
+
+
 def test_fused_layers_in_the_memory_model_follow_the_key():
     on, off, auto = (load_config(None, [f"learner.fused_layers={m}"]) for m in ("on", "off", "auto"))
     assert memory_model.fused_layers_of(on) and not memory_model.fused_layers_of(off)

@@ -312,3 +312,51 @@ def test_exported_folder_loads_in_transformers(run):
     with torch.no_grad():
         i = initial(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
     assert float((a - i).abs().max()) > 1e-4
+
+
+SP_CASES = [f"{batch}/{layout}" for batch in ("as_drawn", "longest_cut", "one_cut")
+            for layout in ("off-auto", "on-varlen", "on-dense")]
+
+
+@pytest.mark.parametrize("case", SP_CASES)
+def test_sequence_parallel_equals_tensor_parallel_alone(run, case):
+    """learner.sequence_parallel at TP=2 (tests/megatron_worker.py sequence_parallel): the same log-probs,
+    entropies and gradients as TP=2 without it, padded rows, THD and the dense mask. Bounds: fp32 on the tiny
+    model; with two ranks the forward's reduce-scatter adds the same two partial sums as the all-reduce did, so the
+    values agree to the last bit or nearly; the norms' gradients are sums over the tokens taken in two parts
+    (observed ~1e-7 of their size)."""
+    r = run[1][f"sp/{case}"]
+    off, on = r[False], r[True]
+    assert r["norms"] == 2 * 2 + 1  # two layers' two norms and the final one: the sequence-parallel norms built
+    for k in ("logp", "entropy"):
+        assert float((on[k] - off[k]).abs().max()) < 1e-6, k
+    scale = max(float(g.abs().max()) for g in off["grads"].values())
+    assert _max_diff(on["grads"], off["grads"]) < 1e-5 * scale
+    # what the check can see: without the norms' sum over the ranks their gradients are each rank's tokens' only
+    unreduced = max(float((r["unreduced"][k] - off["grads"][k]).abs().max()) for k in off["grads"] if "norm" in k)
+    assert unreduced > 1e-3 * scale
+
+
+def test_sequence_parallel_pads_both_parities(run):
+    """The batches above cover an odd and an even token count of the packed THD row and an odd and an even width
+    of the padded rows (width - 1 columns run), so the padding to a multiple of tp = 2 ran and was not needed."""
+    res = run[1]
+    tokens = {res[f"sp/{b}/off-auto"]["tokens"] % 2 for b in ("as_drawn", "longest_cut", "one_cut")}
+    widths = {(res[f"sp/{b}/off-auto"]["width"] - 1) % 2 for b in ("as_drawn", "longest_cut", "one_cut")}
+    assert tokens == {0, 1} and widths == {0, 1}, (tokens, widths)
+
+
+def test_sequence_parallel_learner_update(run):
+    """A bf16 PACS update (fp32 masters) at TP=2 with and without sequence parallelism: the norms' fp32 masters
+    get their gradient summed over the ranks. Adam's eps = 1 makes each step proportional to its gradient, so a
+    norm trained on one rank's tokens only (half its gradient) would move ~50% off; bf16 rounds each rank's part
+    of a norm's gradient before the sum (2^-8 of it), hence 2% of the largest step of each tensor."""
+    res = run[1]
+    off, on = res["sp/learner/False"], res["sp/learner/True"]
+    assert sum(on["is_norm"]) == 5 and not any(off["is_norm"])
+    assert all(d == torch.float32 for d in on["masters"])
+    assert abs(on["metrics"]["loss"] - off["metrics"]["loss"]) < 1e-3 * max(abs(off["metrics"]["loss"]), 1e-3)
+    for i, (a, b) in enumerate(zip(on["delta"], off["delta"])):
+        big = float(b.abs().max())
+        assert big > 0, i  # every tensor moved
+        assert float((a - b).abs().max()) <= 0.02 * big, (i, on["is_norm"][i])

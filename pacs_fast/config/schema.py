@@ -304,6 +304,11 @@ class LearnerConfig:
                            "pacs_fast/learner/long_groups.py), off = refused (a group trains in one micro-batch)")
     tp_size: int = _f(1, "megatron: tensor-parallel size; divides the number of torchrun processes "
                       "(the rest is data parallelism)")
+    sequence_parallel: bool = _f(True, "megatron at learner.tp_size > 1: the activations between the tensor-parallel "
+                                 "regions (residual stream, norms) split along the sequence over the TP ranks "
+                                 "instead of held whole on each (megatron's sequence parallelism: the same values "
+                                 "up to float rounding, the same bytes communicated, those activations / tp_size; "
+                                 "pacs_fast/learner/megatron/sequence_parallel.py)")
     distributed_optimizer: bool = _f(False, "megatron: AdamW state sharded over the data-parallel ranks (ZeRO-1, "
                                      "torch's ZeroRedundancyOptimizer); same updates, same checkpoints")
     critic_lr: float = _f(1e-3, "ppo: learning rate of the value head")

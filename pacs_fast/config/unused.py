@@ -107,6 +107,9 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
         if cfg.rollout.engine == "vllm":
             out.append((("model.attention",), f"with learner.backend={cfg.learner.backend} and rollout.engine=vllm "
                                               f"(it sets the Hugging Face models' attention)"))
+    if cfg.learner.backend != "megatron" or cfg.learner.tp_size <= 1:
+        out.append((("learner.sequence_parallel",), "without learner.backend=megatron at learner.tp_size > 1 (it "
+                                                    "splits what tensor parallelism leaves whole)"))
     if cfg.model.dtype == "float32":
         out.append((("learner.master_weights",), "with model.dtype=float32 (the weights are fp32 already)"))
     if cfg.model.gradient_checkpointing and cfg.model.recompute_granularity == "full":

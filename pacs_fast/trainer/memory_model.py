@@ -190,7 +190,8 @@ NORM_COPY = 4  # bytes per element of the fp32 copy Hugging Face's RMSNorm saves
 
 
 def activation_bytes_per_token(shape: dict, *, recompute: bool | str = False, tp: int = 1, attention: str = "flash",
-                               longest: int = 0, megatron: bool = False, fused: bool = False) -> float:
+                               longest: int = 0, megatron: bool = False, fused: bool = False,
+                               sequence_parallel: bool = False) -> float:
     """Bytes the backward keeps per token of a micro-batch, all layers (the torch learner's Hugging
     Face decoder; megatron's is close). One Qwen2 / LLaMA decoder layer, ``b`` the model dtype's
     bytes, ``H`` hidden, ``Hq = heads x head_dim``, ``Hkv = kv_heads x head_dim``, ``F`` the MLP width
@@ -216,13 +217,17 @@ def activation_bytes_per_token(shape: dict, *, recompute: bool | str = False, tp
     and within 1.3% of it with the MLP recomputed. ``fused`` (``learner.fused_layers``, :func:`fused_layers_of`):
     Liger's SwiGLU keeps gate and up and its output, ``M = 3 b F / t`` (both learners); the torch learner's Liger
     RMSNorm keeps its bf16 input instead of an fp32 copy, ``2 (b + b) H`` for the two norms (measured: 4% over the
-    torch learner's peaks with them, exact for the megatron learner's)."""
+    torch learner's peaks with them, exact for the megatron learner's). ``sequence_parallel`` (megatron's, at
+    ``tp`` > 1: :mod:`pacs_fast.learner.megatron.sequence_parallel`): what lies outside the tensor-parallel regions
+    is split along the sequence too, so the norms' ``2 (4 + b) H``, full recompute's saved layer inputs ``L b H``
+    and the final norm's fp32 copy and output are divided by ``t``; the LM head keeps the gathered ``b H``."""
     b, H, L = shape["bytes"], shape["hidden"], shape["layers"]
     a, hd = shape["heads"], shape["head_dim"]
     F = shape.get("intermediate") or 0
     mlp = (3 if fused else 5 if megatron else 4) * b * F / tp
     norm_copy = b if fused and not megatron else NORM_COPY  # (megatron's norms stay torch's)
-    layer = 2 * (norm_copy + b) * H + (b * (3 * a * hd + 2 * shape["kv_heads"] * hd) + 4 * a) / tp + mlp
+    sp = tp if sequence_parallel else 1
+    layer = 2 * (norm_copy + b) * H / sp + (b * (3 * a * hd + 2 * shape["kv_heads"] * hd) + 4 * a) / tp + mlp
     if attention == "eager":
         layer += a * longest * (4 + b) / tp
     if recompute not in (False, True, "full", "selective"):
@@ -230,8 +235,9 @@ def activation_bytes_per_token(shape: dict, *, recompute: bool | str = False, tp
     if recompute == "selective":
         body = L * (layer - mlp) + mlp
     else:
-        body = L * b * H + layer if recompute else L * layer
-    return body + (NORM_COPY + b) * H
+        body = L * b * H / sp + layer if recompute else L * layer
+    final_norm = (NORM_COPY + b) * H
+    return body + (final_norm / sp + b * H if sp > 1 else final_norm)
 
 
 def fused_layers_of(cfg, device: str = "cuda") -> bool:
@@ -247,6 +253,12 @@ def fused_layers_of(cfg, device: str = "cuda") -> bool:
     from pacs_fast.learner.fused_layers import why_not
 
     return why_not("cuda", megatron=cfg.learner.backend == "megatron") is None
+
+
+def sequence_parallel_of(cfg) -> bool:
+    """Whether the learner runs megatron's sequence parallelism (``learner.sequence_parallel`` at ``tp_size`` > 1)."""
+    lc = cfg.learner
+    return lc.backend == "megatron" and lc.tp_size > 1 and bool(lc.sequence_parallel)
 
 
 def recompute_of(cfg) -> bool | str:
@@ -410,7 +422,8 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     attention = "eager" if cfg.model.attention == "eager" or megatron_scores else "flash"
     per_token = activation_bytes_per_token(shape, recompute=recompute_of(cfg), tp=tp, attention=attention,
                                            longest=longest, megatron=lc.backend == "megatron",
-                                           fused=fused_layers_of(cfg, device))
+                                           fused=fused_layers_of(cfg, device),
+                                           sequence_parallel=sequence_parallel_of(cfg))
     weights, grads, moments = _state_bytes(cfg, shape)
     b_opt = 4 if master_weights(cfg, shape) else shape["bytes"]  # AdamW's dtype
     shards = moment_shards(cfg)

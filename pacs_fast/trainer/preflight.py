@@ -145,6 +145,9 @@ def check_memory(cfg, *, available: int | None = None) -> None:
                 note = f" (a lower budget cannot help: it must hold {kind}, {detail} >= {least:,} tokens)"
         if advice:
             ways.append(f"set {advice}")
+        lc = cfg.learner
+        if lc.backend == "megatron" and lc.tp_size > 1 and not lc.sequence_parallel:
+            ways.append("set learner.sequence_parallel=true")
         raise ValueError(
             f"{what} cannot fit in the learner: with {recompute_setting(cfg)}, "
             f"{mem['per_token'] / 1024:.0f} KiB of activations per token x {mem['tokens']:,} tokens = "

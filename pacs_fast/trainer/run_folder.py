@@ -44,6 +44,9 @@ SAFE_RESUME_KEYS = frozenset({
     # out of memory (full recompute in the torch learner turns the shared-prefix forward off: the plain forward's
     # values, equal to float rounding)
     "model.gradient_checkpointing", "model.recompute_granularity",
+    # megatron's sequence parallelism: the same values up to the order of two-rank sums (tests/test_megatron_tp.py),
+    # activations between the tensor-parallel regions divided by tp: the other way on after running out of memory
+    "learner.sequence_parallel",
     # where the warm-up cache lives: its entries are keyed by what builds them, not by the folder (a run moved to a
     # machine where the recorded folder cannot be written resumes with another)
     "warmup.cache_dir",

@@ -31,6 +31,10 @@ rows are laid end to end (:func:`pacs_fast.learner.packing.pack`), each keeping 
   for a whole row, so for one forward it returns per-token frequencies ``[S, bins, 1, d]``, which its
   bshd rotation broadcasts like its own ``[S, 1, 1, d]``.
 
+Sequence parallelism (``learner.sequence_parallel``; :mod:`~pacs_fast.learner.megatron.sequence_parallel`): the
+rows, bins or packed row run padded to a multiple of the tensor-parallel size at their end, and the decoder's
+output (this rank's part of the sequence) is gathered before the LM head, the padding dropped.
+
 Inside a sequence RoPE's scores depend only on relative positions, so the restart only matters for
 rounding; it keeps the angles, hence the numbers, those of the padded forward. Exact: every token
 attends to the same tokens at the same positions (tests/test_megatron_packing.py,
@@ -41,6 +45,9 @@ from __future__ import annotations
 import contextlib
 
 import torch
+
+from pacs_fast.learner.megatron.sequence_parallel import (gather_hidden, is_sequence_parallel, pad_columns, pad_thd,
+                                                          tp_size_of)
 
 #: Logit bias of the vocabulary rows added for tensor-parallel padding (excluded from softmax).
 PAD_LOGIT = -1e30
@@ -126,11 +133,26 @@ def _rope_at(model, position_ids: torch.Tensor):
         del rope.forward
 
 
-def _hidden(model, ids: torch.Tensor, position_ids: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
-    """The decoder's final hidden states ``[B, S, H]``; ``blocked [B or 1, 1, S, S]``: True where
-    attention is not allowed (megatron's convention)."""
+def _decoder_output(model, S: int, **inputs) -> torch.Tensor:
+    """``model(**inputs)``'s final hidden states ``[S, b, H]`` (after the final norm): under sequence parallelism
+    gathered from the ranks' parts and the padding columns past ``S`` dropped."""
     with _hidden_states_only(model):
-        return model(input_ids=ids, position_ids=position_ids, attention_mask=blocked).transpose(0, 1)
+        out = model(**inputs)
+    return gather_hidden(out)[:S] if is_sequence_parallel(model) else out
+
+
+def _hidden(model, ids: torch.Tensor, position_ids: torch.Tensor, blocked: torch.Tensor, *,
+            rope_at_positions: bool = False) -> torch.Tensor:
+    """The decoder's final hidden states ``[B, S, H]``; ``blocked [B or 1, 1, S, S]``: True where
+    attention is not allowed (megatron's convention); ``rope_at_positions``: RoPE at ``position_ids``
+    (:func:`_rope_at`; the dense mask's bins), else at ``0..S-1``. Under sequence parallelism the rows run padded
+    to a multiple of the tensor-parallel size (:func:`~pacs_fast.learner.megatron.sequence_parallel.pad_columns`)."""
+    S = ids.shape[1]
+    if is_sequence_parallel(model):
+        ids, position_ids, blocked, _ = pad_columns(ids, position_ids, blocked, tp_size_of(model))
+    with _rope_at(model, position_ids) if rope_at_positions else contextlib.nullcontext():
+        out = _decoder_output(model, S, input_ids=ids, position_ids=position_ids, attention_mask=blocked)
+    return out.transpose(0, 1)
 
 
 def _packed_or_none(ids_l: torch.Tensor, att_l: torch.Tensor, packing: str, thd: bool, budget: int = 0):
@@ -164,10 +186,12 @@ def _thd_hidden(model, packed) -> torch.Tensor:
     if packed.input_ids.shape[0] != 1 or not torch.equal(cu[:-1].long(), start[order]) \
             or int(cu[-1]) != packed.input_ids.shape[1]:
         raise AssertionError("THD packing: the rows must lie end to end in one row")
-    params = thd_params(cu, int(length.max()), packed.input_ids.device)
-    with _hidden_states_only(model):
-        out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                    packed_seq_params=params)  # [t, 1, H]
+    ids, positions, t = packed.input_ids, packed.position_ids, packed.input_ids.shape[1]
+    if is_sequence_parallel(model):  # t a multiple of tp: one more sequence, of padding
+        ids, positions, cu = pad_thd(ids, positions, cu, tp_size_of(model))
+    params = thd_params(cu, int((cu[1:] - cu[:-1]).max()), ids.device)
+    out = _decoder_output(model, t, input_ids=ids, position_ids=positions, attention_mask=None,
+                          packed_seq_params=params)  # [t, 1, H]
     return out.transpose(0, 1)
 
 
@@ -224,8 +248,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         if thd:
             bins = _thd_hidden(model, packed)
         else:
-            with _rope_at(model, packed.position_ids):
-                bins = _hidden(model, packed.input_ids, packed.position_ids, ~packed.attention_mask)
+            bins = _hidden(model, packed.input_ids, packed.position_ids, ~packed.attention_mask,
+                           rope_at_positions=True)
         hidden = packed.gather(bins, sel)
     labels = ids_l[:, 1:][sel]
     weight = output_weight(model)

@@ -74,6 +74,7 @@ from pacs_fast.learner.megatron.data_parallel import (all_reduce_sum, check_same
 from pacs_fast.learner.megatron.forward import token_logprobs
 from pacs_fast.learner.megatron.model import build_gpt_model, check_no_dropout, recompute_overrides
 from pacs_fast.learner.megatron.optimizer import make_optimizer
+from pacs_fast.learner.megatron.sequence_parallel import reduce_norm_grads
 from pacs_fast.learner.megatron.setup import init_parallel, raise_if_non_finite, tp_grad_norm
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
@@ -91,7 +92,8 @@ class MegatronLearner(MegatronCheckpointing, Learner):
 
     Args:
         model_path: Hugging Face folder of the initial policy (Qwen2 / Llama architecture).
-        algo, learner: the ``algo`` and ``learner`` sections of the run config (``learner.tp_size``).
+        algo, learner: the ``algo`` and ``learner`` sections of the run config (``learner.tp_size``;
+            ``learner.sequence_parallel``, at ``tp_size`` > 1: :mod:`~pacs_fast.learner.megatron.sequence_parallel`).
         temperature: the rollout temperature (log-probs are those of the sampling distribution).
         horizon: the maximum response length (Dr. GRPO's constant divisor).
         dtype: ``"float32"`` | ``"bfloat16"`` parameters (CPU: float32).
@@ -154,7 +156,10 @@ class MegatronLearner(MegatronCheckpointing, Learner):
         if vocab_size is not None and not 1 <= int(vocab_size) <= rows:
             raise ValueError(f"vocab_size must be in [1, {rows}] (the LM head's rows), got {vocab_size}")
         self.vocab_size = rows if vocab_size is None else int(vocab_size)
-        overrides = recompute_overrides(gradient_checkpointing, recompute_granularity)
+        # learner.sequence_parallel: the activations between the TP regions split along the sequence (tp > 1)
+        self.sequence_parallel = bool(getattr(learner, "sequence_parallel", True)) and self.tp_size > 1
+        sp = {"sequence_parallel": True} if self.sequence_parallel else {}
+        overrides = {**recompute_overrides(gradient_checkpointing, recompute_granularity), **sp}
         hf_state = LazyHFCheckpoint(model_path)
         self.model = self._build(params_dtype, overrides)
         load_hf_into_model(self.model, hf_state, self.hf_config, tp_size=self.tp_size, tp_rank=self.tp_rank)
@@ -163,7 +168,7 @@ class MegatronLearner(MegatronCheckpointing, Learner):
         self.needs_ref = needs_reference(algo)
         self.ref_model = None
         if holds_reference_model(algo):
-            self.ref_model = self._build(params_dtype, {})
+            self.ref_model = self._build(params_dtype, sp)
             load_hf_into_model(self.ref_model, hf_state, self.hf_config, tp_size=self.tp_size,
                                tp_rank=self.tp_rank)
             self.ref_model.requires_grad_(False).eval()
@@ -177,6 +182,8 @@ class MegatronLearner(MegatronCheckpointing, Learner):
             master = MasterWeights(self.params)
             self.master = master if master.active else None
         self.opt_params = self.master.masters if self.master is not None else self.params
+        # sequence parallelism: the norms' weights (or their masters), whose gradients each rank sums over its tokens
+        self.norm_params = [o for p, o in zip(self.params, self.opt_params) if getattr(p, "sequence_parallel", False)]
         # no dropout: the update's first forward gives the old log-probs and the correction (fused_old_logprobs.py)
         c = self.model.config
         self.fuses_old_logprobs = self.fuses_correction = c.hidden_dropout == 0 and c.attention_dropout == 0
@@ -349,7 +356,9 @@ class MegatronLearner(MegatronCheckpointing, Learner):
         names = sorted(scalars)
         stats = torch.stack([torch.as_tensor(scalars[k], device=self.device, dtype=torch.float32)
                              for k in names])
-        all_reduce_sum(filled_grads(self.opt_params) + [stats], self.dp_group, self.dp_size)
+        grads = filled_grads(self.opt_params)
+        reduce_norm_grads([p.grad for p in self.norm_params], self.tp_group)  # (sequence parallelism)
+        all_reduce_sum(grads + [stats], self.dp_group, self.dp_size)
 
         def to_sorted(x):  # this rank's rows in micro-batch order -> the whole mini-batch's, in its sorted order
             x = x[share_back]

@@ -151,19 +151,22 @@ def build_gpt_model(hf_config, *, tp_size: int = 1, params_dtype=torch.float32, 
     """A megatron-core ``GPTModel`` (this rank's shard) for ``hf_config``; weights uninitialised.
 
     Needs megatron's ``parallel_state`` initialised with tensor-parallel size ``tp_size``. Load
-    weights with :func:`pacs_fast.learner.megatron.convert.load_hf_into_model`.
+    weights with :func:`pacs_fast.learner.megatron.convert.load_hf_into_model`. ``overrides`` go to the
+    ``TransformerConfig``; ``sequence_parallel=True`` (``tp_size`` > 1) splits the activations between the
+    tensor-parallel regions along the sequence (:mod:`pacs_fast.learner.megatron.sequence_parallel`).
     """
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from pacs_fast.learner.megatron.core_attention import core_attention_class
+    from pacs_fast.learner.megatron.sequence_parallel import rms_norm_spec
 
     config = transformer_config_from_hf(hf_config, tp_size=tp_size, params_dtype=params_dtype, **overrides)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = core_attention_class()  # + packed (THD) rows
     model = GPTModel(
         config=config,
-        transformer_layer_spec=spec,
+        transformer_layer_spec=rms_norm_spec(spec, config),  # (sequence_parallel: norms that take it)
         vocab_size=padded_vocab_size(hf_config.vocab_size, tp_size),
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=True,
@@ -204,10 +207,16 @@ def no_gradient_at_padding(model, pad_id: int) -> None:
     ``pad_id`` pass forward unchanged and backward nothing."""
     def hook(module, args, out):
         ids = args[0] if args else None
-        if ids is None or tuple(out.shape[:2]) != tuple(ids.shape):  # (sequence-parallel layouts: not built here)
+        pad = None if ids is None else ids == pad_id
+        if pad is not None and getattr(module, "reduce_scatter_embeddings", False):
+            # sequence parallelism: out is [S / tp, B, H], this rank's part of the transposed sequence
+            from megatron.core import parallel_state as ps
+
+            pad = pad.t().chunk(ps.get_tensor_model_parallel_world_size())[ps.get_tensor_model_parallel_rank()]
+        if pad is None or tuple(out.shape[:2]) != tuple(pad.shape):
             raise RuntimeError(f"the word embedding's output {tuple(out.shape)} does not match its input ids "
                                f"{tuple(ids.shape) if ids is not None else None}")
-        return torch.where((ids == pad_id).unsqueeze(-1), out.detach(), out)
+        return torch.where(pad.unsqueeze(-1), out.detach(), out)
 
     model.embedding.word_embeddings.register_forward_hook(hook)
 

@@ -1,0 +1,131 @@
+"""Sequence parallelism for the megatron learner (``learner.sequence_parallel``, at ``learner.tp_size`` > 1).
+
+Tensor parallelism splits the attention heads and the MLP width, but without sequence parallelism every rank
+keeps the whole ``[S, b, H]`` of what lies between them: the residual stream, both RMSNorms' inputs and
+outputs, the final norm. Megatron's sequence parallelism (Korthikanti et al. 2022) splits those along the
+sequence: the embedding's all-reduce becomes a reduce-scatter, each column-parallel linear all-gathers its
+input (and keeps only this rank's part for the backward), each row-parallel linear reduce-scatters its output;
+the same bytes on the wire as the two all-reduces per layer it replaces, and the activations between the
+tensor-parallel regions divided by ``tp`` (``pacs_fast/trainer/memory_model.py`` counts them so).
+
+What this module adds to megatron-core's own machinery (``TransformerConfig(sequence_parallel=True)``):
+
+- :func:`rms_norm_spec`: the norms. megatron's local layer spec builds ``torch.nn.RMSNorm`` through
+  ``WrappedTorchNorm``, which refuses sequence parallelism (only Transformer Engine's or Apex's norms take it).
+  The norm itself is per token, so on a part of the sequence it is the same ``torch.nn.RMSNorm``; what changes
+  is its weight's gradient, which on each rank sums that rank's tokens only: the weight is marked
+  ``sequence_parallel`` (megatron's convention) and :func:`reduce_norm_grads` sums it over the ranks.
+- :func:`pad_columns` / :func:`gather_hidden`: the sequence must split evenly, so the forward pads each row
+  (padded rows, the dense mask's bins) or the packed THD row (one more sequence, of padding) to a multiple of
+  ``tp`` tokens, at the end where causal attention keeps them from every real token; the final hidden states
+  are gathered back to the whole sequence for the vocab-parallel LM head (whose backward already sums the
+  hidden states' gradient over the ranks, :func:`pacs_fast.ops.linear_logprobs`), and the padding dropped.
+
+Exact: the same tokens attend to the same tokens; only the order of the sums over ranks changes (float
+rounding). tests/test_megatron_tp.py compares log-probs, losses, every gradient and whole updates with and
+without it at TP=2 over gloo (padded, THD and dense-mask rows, odd lengths, a pad id among the tokens).
+"""
+from __future__ import annotations
+
+import torch
+
+
+class SequenceParallelRMSNorm:
+    """Builds ``torch.nn.RMSNorm(hidden_size, eps)`` as megatron's ``WrappedTorchNorm`` does, for a config with
+    ``sequence_parallel``: its weight marked ``sequence_parallel = True`` (its gradient is this rank's tokens'
+    only; :func:`reduce_norm_grads`). Only RMSNorm (the Qwen2 / Llama models :mod:`.model` builds)."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        if config.normalization != "RMSNorm":
+            raise ValueError(f"sequence parallelism: only RMSNorm models, got normalization={config.normalization!r}")
+        norm = torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps)
+        norm.weight.sequence_parallel = True
+        return norm
+
+
+def rms_norm_spec(layer_spec, config):
+    """The transformer block's spec for ``GPTModel``: ``layer_spec`` (megatron's local one, for every layer) with
+    its two norms and the final norm :class:`SequenceParallelRMSNorm` where ``config.sequence_parallel``; else
+    ``layer_spec`` unchanged."""
+    if not config.sequence_parallel:
+        return layer_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    layer_spec.submodules.input_layernorm = SequenceParallelRMSNorm
+    layer_spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * config.num_layers, layer_norm=SequenceParallelRMSNorm)
+
+
+def is_sequence_parallel(model) -> bool:
+    """True when ``model`` (a megatron ``GPTModel``) was built with ``sequence_parallel``."""
+    return bool(getattr(model.config, "sequence_parallel", False))
+
+
+def tp_size_of(model) -> int:
+    return int(model.config.tensor_model_parallel_size)
+
+
+def pad_columns(input_ids: torch.Tensor, position_ids: torch.Tensor, blocked: torch.Tensor | None, multiple: int):
+    """Rows ``[B, S]`` (ids, positions) and ``blocked [B or 1, 1, S, S]`` (True: no attention; None for THD) padded
+    at the end to a multiple of ``multiple`` columns: id 0, positions continuing each row's last, each pad token
+    attending to itself alone (no real token attends to it: it comes after them). Returns the three and ``S``."""
+    S = input_ids.shape[1]
+    pad = -S % multiple
+    if pad == 0:
+        return input_ids, position_ids, blocked, S
+    ids = torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], pad)], 1)
+    more = position_ids[:, -1:] + torch.arange(1, pad + 1, device=position_ids.device)
+    pos = torch.cat([position_ids, more], 1)
+    if blocked is not None:
+        n = S + pad
+        grown = torch.ones(*blocked.shape[:2], n, n, dtype=torch.bool, device=blocked.device)
+        grown[..., :S, :S] = blocked
+        idx = torch.arange(S, n, device=blocked.device)
+        grown[..., idx, idx] = False
+        blocked = grown
+    return ids, pos, blocked, S
+
+
+def pad_thd(input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor, multiple: int):
+    """The packed row ``[1, t]`` (ids, positions restarting in each sequence) and its boundaries ``cu_seqlens``
+    (int32 ``[n + 1]``, host) with one more sequence of padding (id 0) when ``t`` is not a multiple of
+    ``multiple``. Returns the three."""
+    t = input_ids.shape[1]
+    pad = -t % multiple
+    if pad == 0:
+        return input_ids, position_ids, cu_seqlens
+    ids = torch.cat([input_ids, input_ids.new_zeros(1, pad)], 1)
+    pos = torch.cat([position_ids, torch.arange(pad, device=position_ids.device).view(1, pad)], 1)
+    cu = torch.cat([cu_seqlens, cu_seqlens.new_tensor([t + pad])])
+    return ids, pos, cu
+
+
+def gather_hidden(hidden: torch.Tensor) -> torch.Tensor:
+    """This rank's part ``[S / tp, b, H]`` of the decoder's output -> the whole ``[S, b, H]`` (all-gather over the
+    tensor-parallel group; the backward takes this rank's part of the gradient, which the vocab-parallel LM head
+    has already summed over the ranks)."""
+    from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+    return gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+
+
+def norm_params(model) -> list[torch.nn.Parameter]:
+    """The parameters of ``model`` whose gradient is a partial sum over this rank's tokens (the norms' weights
+    under sequence parallelism; none otherwise)."""
+    return [p for p in model.parameters() if getattr(p, "sequence_parallel", False)]
+
+
+def reduce_norm_grads(grads: list[torch.Tensor], tp_group) -> None:
+    """Sums the gradients ``grads`` (the norms' weights', :func:`norm_params`, or their fp32 masters') over the
+    tensor-parallel group in place, through one flat fp32 buffer: each rank had its own tokens' part. Collective
+    over ``tp_group``; nothing to do for an empty list or a group of one."""
+    import torch.distributed as dist
+
+    if not grads or tp_group is None or dist.get_world_size(tp_group) == 1:
+        return
+    flat = torch.cat([g.reshape(-1).float() for g in grads])
+    dist.all_reduce(flat, group=tp_group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
