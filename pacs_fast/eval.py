@@ -55,7 +55,7 @@ from pacs_fast.evaluation.report import comparison_warnings, incomplete_warnings
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct, load_results,
                                           parts_warnings, problem_digest, read_samples, results_from_samples,
                                           samples_path)
-from pacs_fast.evaluation.settings import check_settings, recorded_sources
+from pacs_fast.evaluation.settings import check_settings, recorded_sources, report_time_limit
 from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn, reward_field_keywords
 from pacs_fast.gc_heap import freeze_at_start_up
 from pacs_fast.trainer.run_folder import RunLock
@@ -136,6 +136,8 @@ def run(argv: list[str]) -> int:
               **prompt_kwargs(args), "sources": sources}
     config["engine"], config["dtype"] = engine_and_dtype(args)
     config["extraction"] = args.extraction
+    if verifier_scores:  # (the verifier's seconds per response: what `eval report` re-extracts answers under)
+        config["time_limit"] = args.time_limit
     config["reward_fn"] = args.reward_fn
     if keywords:  # (recorded when given: a folder written before the flag existed used none)
         config["reward_fields"] = list(keywords)
@@ -329,9 +331,10 @@ def report(argv: list[str]) -> int:
         meta["model"] = meta["settings"].get("model")
     meta["label"] = args.label or meta.get("label") or (model_label(meta["model"]) if meta.get("model")
                                                         else out_dir.name)
+    time_limit, note = report_time_limit(meta.get("settings"), cfg)  # (the run's own; else the default, said)
     try:
         results = results_from_samples(out_dir, benchmarks or None, ks=args.k, meta=meta, expected=expected,
-                                       extra_ks=args.table_k)
+                                       extra_ks=args.table_k, time_limit=time_limit)
     except ValueError as e:
         raise UsageError(str(e)) from None
     gone = lost_benchmarks(prev, results)
@@ -351,6 +354,8 @@ def report(argv: list[str]) -> int:
     for line in [*(coverage_warnings(results, expected) if prev else []),
                  *incomplete_warnings(results, had_results=had_results, out_dir=out_dir)]:
         print(f"warning: {line}", file=sys.stderr)
+    if note and any("maj_at_k" in br for br in results["benchmarks"].values()):  # (where the limit was used)
+        print(f"note: {note}", file=sys.stderr)
     print(write_reports(out_dir, results, args.table_k))
     lock.release()
     return 0

@@ -716,6 +716,35 @@ def test_the_extraction_is_recorded_and_a_resume_keeps_it(model_dir, dataset, tm
     assert sorted(read_samples(out / "samples_toy.jsonl")) == [0, 1]
 
 
+def test_report_extracts_answers_under_the_runs_time_limit(model_dir, dataset, tmp_path, capsys, monkeypatch):
+    """``--time-limit`` is recorded in run_config.json, and ``eval report`` extracts and compares the answers of maj@k
+    under it (it used the default 5 s whatever the run's); a folder from before it was recorded: the default, and a
+    note saying so. (The time limit a vote ran under is read off ``records_majority``'s argument.)"""
+    import pacs_fast.evaluation.results as results_module
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as m:  # (the settings file alone, sampling nothing: the records are written here)
+        m.setattr(ev, "_generate", lambda *args: args[-1]())
+        m.setattr(ev, "write_reports", lambda *args: "")
+        assert ev.main(_run_args(model_dir, dataset, out, "--time-limit", "2.5")) == 0
+    settings = json.loads((out / "run_config.json").read_text())
+    assert settings["time_limit"] == 2.5
+    recs = [{**_record(i, f"{i}+{i}=", str(2 * i)), "responses": [str(2 * i), "7"]} for i in range(4)]
+    (out / "samples_toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    limits, real = [], results_module.records_majority
+    monkeypatch.setattr(results_module, "records_majority", lambda *a, **kw: limits.append(a[3]) or real(*a, **kw))
+    capsys.readouterr()
+    assert ev.main(["report", "--out", str(out)]) == 0
+    assert limits == [2.5] and "note:" not in capsys.readouterr().err
+
+    del settings["time_limit"]  # (a folder of an eval from before it was recorded)
+    (out / "run_config.json").write_text(json.dumps(settings))
+    assert ev.main(["report", "--out", str(out)]) == 0
+    assert limits == [2.5, 5.0]
+    err = capsys.readouterr().err
+    assert f"note: {out / 'run_config.json'} records no --time-limit" in err and "default 5 s" in err, err
+
+
 def test_overwrite_deletes_only_the_benchmarks_asked_for(model_dir, dataset, tmp_path, capsys):
     """``--overwrite`` deleted every ``samples_*.jsonl`` in --out, including other benchmarks' (hours of
     sampling at n=512) that the run did not ask for (hostile sweep, 2026-11-30). Now only the benchmarks asked

@@ -220,6 +220,12 @@ def test_a_model_megatron_cannot_build_is_refused_before_the_model_loads(tmp_pat
     import torch
     from safetensors.torch import save_file
 
+    # safetensors, but neither model.safetensors nor its index (a consolidated.safetensors of another format): what
+    # transformers and the learner do not read, refused in one line before torchrun starts a rank
+    save_file({"x": torch.zeros(1)}, str(folder / "consolidated.safetensors"))
+    with pytest.raises(ValueError, match=r"megatron cannot load model.path=.*: .* has neither model.safetensors nor "
+                                         r"model.safetensors.index.json"):
+        check_megatron_model(megatron)
     save_file({"x": torch.zeros(1)}, str(folder / "model.safetensors"))
     check_megatron_model(megatron)
 

@@ -122,6 +122,44 @@ def test_the_export_merges_a_layer_as_it_is_asked_for(tiny, monkeypatch):
     assert len(merges) == len(lora_layers(model)) > 7
 
 
+def test_a_checkpoint_merges_each_adapted_layer_once(tiny, tmp_path, monkeypatch):
+    """``save_hf`` counted its files with one pass of the export and wrote them with a second: each adapted layer was
+    merged twice per checkpoint (an fp32 matmul per linear layer of the model, twice). It counts them from
+    ``hf_weight_layout`` (names, shapes, dtypes: no merge) now: one merge per adapted layer. The files are the
+    two-pass save's, byte for byte (rebuilt here as it counted and wrote them, from the merged export)."""
+    import pacs_fast.learner.lora as lora
+    from pacs_fast.learner import hf_folder
+
+    model = _model(tiny)
+    add_lora(model, rank=4, alpha=16, dropout=0.0, target_modules="all-linear")
+    with torch.no_grad():  # (B starts at 0: adapters of their own, so that a merge changes the bytes)
+        gen = torch.Generator().manual_seed(0)
+        for n, p in model.named_parameters():
+            if ".lora_" in n:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    learner = _learner(model)
+    exported = [(n, t.clone()) for n, t in learner.export_hf_weights()]
+    layer = sum(t.numel() * t.element_size() for n, t in exported if n.startswith("model.layers.0."))
+    merges, real = [], lora._delta
+    monkeypatch.setattr(lora, "_delta", lambda layer, adapter: merges.append(layer) or real(layer, adapter))
+    learner.save_hf(tmp_path / "new", bucket_bytes=layer)
+    assert len(merges) == len(lora_layers(model)) > 7  # (one adapter per layer: 2x before)
+
+    ref = tmp_path / "two_pass"
+    ref.mkdir()
+    size = lambda t: t.numel() * t.element_size()  # noqa: E731
+    n = sum(1 for _ in hf_folder.whole_unit_buckets(((k, size(t)) for k, t in exported), layer, int))
+    weight_map, total = {}, 0
+    for i, bucket in enumerate(hf_folder.whole_unit_buckets(exported, layer, size)):
+        total += hf_folder.write_shard(ref, hf_folder.shard_name(i, n), {k: t.contiguous() for k, t in bucket})
+        weight_map.update(dict.fromkeys((k for k, _ in bucket), hf_folder.shard_name(i, n)))
+    hf_folder.finish_weights(ref, weight_map, total)
+    files = sorted(p.name for p in ref.iterdir())
+    assert n >= 3 and files == sorted(p.name for p in (tmp_path / "new").glob("model*"))
+    assert all((ref / f).read_bytes() == (tmp_path / "new" / f).read_bytes() for f in files)
+    assert list(learner.hf_weight_layout()) == [(n, tuple(t.shape), t.dtype) for n, t in exported]
+
+
 def test_a_checkpoint_round_trip_and_what_it_refuses(tiny, seed):
     gen = torch.Generator().manual_seed(seed)
     batch = _batch(gen)

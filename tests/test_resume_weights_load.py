@@ -170,6 +170,8 @@ def test_the_megatron_conversion_checks_shapes_first_and_reads_a_tensor_at_a_tim
              if k != "lm_head.weight"}
     save_file(dict(list(state.items())[:5]), str(tmp_path / "model-00001-of-00002.safetensors"))
     save_file(dict(list(state.items())[5:]), str(tmp_path / "model-00002-of-00002.safetensors"))
+    hf_folder.finish_weights(tmp_path, {k: f"model-0000{1 + (i >= 5)}-of-00002.safetensors"  # (the index: the shards
+                                        for i, k in enumerate(state)}, 0)                # a load reads are its)
     files = hf_folder.checkpoint_weight_files(tmp_path)
     alive, most = [], [0]
     real = hf_folder._read_tensor

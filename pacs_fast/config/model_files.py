@@ -210,6 +210,44 @@ def _shape_problem(c) -> str | None:
     return None
 
 
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_INDEX_NAME = "model.safetensors.index.json"
+
+
+def safetensors_weight_files(folder: str | Path) -> list[Path]:
+    """The safetensors files a load of the model (or checkpoint) folder ``folder`` reads, chosen as transformers'
+    ``from_pretrained`` chooses them (``modeling_utils._get_resolved_checkpoint_files``, ``utils.hub.
+    get_checkpoint_shard_files``): ``model.safetensors`` when it is there; else the files that
+    ``model.safetensors.index.json``'s ``weight_map`` names (sorted, each once). No other ``*.safetensors`` of the
+    folder is read: a stale file beside shards and their index, ``adapter_model.safetensors``,
+    ``consolidated.safetensors`` of another format, draft / MTP weights (read too, they failed on unknown names or
+    replaced the model's tensors of the same name). One source for every reader of a folder's weights: the megatron
+    learner's model load and a resume (:mod:`pacs_fast.learner.hf_folder`), the weight sync's names and shapes
+    (:mod:`pacs_fast.rollout.weight_sync`).
+
+    Raises FileNotFoundError (one line) when the index names a file the folder lacks (naming the index and the
+    file), or when the folder has neither file (transformers does not load such a folder either: its
+    ``*.safetensors``, if any, are not the model's by name); ValueError when the index is not a safetensors index's
+    JSON."""
+    folder = Path(folder)
+    if (folder / SAFE_WEIGHTS_NAME).is_file():
+        return [folder / SAFE_WEIGHTS_NAME]
+    index = folder / SAFE_INDEX_NAME
+    if not index.is_file():
+        raise FileNotFoundError(f"{folder} has neither {SAFE_WEIGHTS_NAME} nor {SAFE_INDEX_NAME} (the weight files "
+                                f"transformers loads a model folder from)")
+    try:
+        names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{index} is unreadable (not the JSON of a safetensors index: {type(e).__name__})") from None
+    if not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{index} is unreadable (its weight_map names a file that is not a string)")
+    for name in names:
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{index} names {name}, which the folder lacks")
+    return [folder / name for name in names]
+
+
 def weights_problem(folder: str | Path) -> str | None:
     """Why the weights in ``folder`` cannot be loaded, or None: a ``*.safetensors`` file that
     :func:`safetensors_problem` finds damaged, or a shard that ``model.safetensors.index.json`` names and

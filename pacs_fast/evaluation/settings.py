@@ -5,12 +5,14 @@ benchmark's (hours of sampling at n = 512)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from pacs_fast.config.reward_specs import VERIFIER
 from pacs_fast.evaluation.args import UsageError, read_json
 from pacs_fast.evaluation.results import LEGACY_SETTINGS, UNRECORDED_SAMPLING, samples_path
 from pacs_fast.files import write_text_atomic
+from pacs_fast.reward.time_limit import DEFAULT_TIME_LIMIT, MAX_TIME_LIMIT
 
 SETTINGS_FILE = "run_config.json"
 SAMPLING_KEYS = ("model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed", "n", "system",
@@ -102,6 +104,23 @@ def check_settings(out_dir: Path, config: dict, overwrite: bool):
         write_text_atomic(path, json.dumps(config, indent=2) + "\n")
 
     return commit
+
+
+def report_time_limit(settings, path: Path) -> tuple[float, str | None]:
+    """The verifier's ``--time-limit`` (seconds per response) that ``eval report`` extracts and compares the answers
+    of maj@k under, and a note to print, or None: the one the folder's settings (``settings``, read from ``path``)
+    record, the run's own (recorded since 2026-12-03); else (a folder from before, no settings file, a value that
+    is not a number in (0, MAX_TIME_LIMIT]) the default, with a note saying so where the verifier scored (a
+    ``--reward-fn`` without it has no answers to vote with)."""
+    value = settings.get("time_limit") if isinstance(settings, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and 0 < value <= MAX_TIME_LIMIT:
+        return float(value), None
+    if isinstance(settings, dict) and settings.get("reward_fn"):
+        return DEFAULT_TIME_LIMIT, None
+    return DEFAULT_TIME_LIMIT, (f"{path} records no --time-limit (an eval from before it was recorded): maj@k "
+                                f"extracts and compares answers under the default {DEFAULT_TIME_LIMIT:g} s per "
+                                f"response")
 
 
 def recorded_sources(out_dir: Path) -> dict[str, str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -258,7 +259,9 @@ class Learner(abc.ABC):
         """Writes the policy as a Hugging Face folder: ``config.json`` and the weights in the transformers
         layout, a bucket of about ``bucket_bytes`` (default :data:`~pacs_fast.learner.hf_folder.SHARD_BYTES`) of
         whole layers per file (one file: ``model.safetensors``; several: ``model-0000i-of-0000n.safetensors`` +
-        ``model.safetensors.index.json``), copied to host memory one bucket at a time."""
+        ``model.safetensors.index.json``), copied to host memory one bucket at a time. The files are counted
+        (their names say how many) from :meth:`hf_weight_layout`, without the tensors (with LoRA: no merge), then
+        written from :meth:`export_hf_weights` once."""
         from pathlib import Path
 
         from pacs_fast.learner import hf_folder
@@ -266,7 +269,7 @@ class Learner(abc.ABC):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         bucket_bytes = hf_folder.SHARD_BYTES if bucket_bytes is None else bucket_bytes
-        sizes = ((name, t.numel() * t.element_size()) for name, t in self.export_hf_weights())
+        sizes = ((name, math.prod(shape) * dtype.itemsize) for name, shape, dtype in self.hf_weight_layout())
         n = sum(1 for _ in hf_folder.whole_unit_buckets(sizes, bucket_bytes, int))
         weight_map, total = {}, 0
         for i, bucket in enumerate(self.iter_hf_weight_buckets(bucket_bytes)):
@@ -311,9 +314,17 @@ class Learner(abc.ABC):
         if mmap:
             unmap_optimizer_state(getattr(self, "optimizer", None))
 
+    def hf_weight_layout(self) -> Iterator[tuple[str, tuple[int, ...], torch.dtype]]:
+        """``(hf_name, shape, dtype)`` of each tensor of :meth:`export_hf_weights`, in its order: what a file layout
+        or a manifest needs, without the values. Default: read off :meth:`export_hf_weights`; a learner whose
+        export computes its tensors (the torch learner's LoRA merges) gives them without computing any."""
+        for name, t in self.export_hf_weights():
+            yield name, tuple(t.shape), t.dtype
+
     def hf_weight_manifest(self) -> list[tuple[str, tuple[int, ...]]]:
-        """``[(hf_name, shape)]`` of :meth:`export_hf_weights` (checked before a weight sync)."""
-        return [(name, tuple(t.shape)) for name, t in self.export_hf_weights()]
+        """``[(hf_name, shape)]`` of :meth:`export_hf_weights` (checked before a weight sync), from
+        :meth:`hf_weight_layout`."""
+        return [(name, shape) for name, shape, _ in self.hf_weight_layout()]
 
     def iter_hf_weight_buckets(self, bucket_bytes: int, *, dtype: torch.dtype | None = None,
                                ) -> Iterator[list[tuple[str, torch.Tensor]]]:

@@ -20,11 +20,12 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import torch
 
+from pacs_fast.config.model_files import SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, safetensors_weight_files
 from pacs_fast.data.checkpoint_names import unit_of
 from pacs_fast.files import write_atomic
 
-WEIGHTS_NAME = "model.safetensors"
-INDEX_NAME = "model.safetensors.index.json"
+WEIGHTS_NAME = SAFE_WEIGHTS_NAME
+INDEX_NAME = SAFE_INDEX_NAME
 # the torch learner's file size (about; transformers' own shards of published models are 2-5 GB): a save
 # holds one such bucket in host memory at a time
 SHARD_BYTES = 4 << 30
@@ -81,12 +82,13 @@ def finish_weights(folder: Path, weight_map: dict[str, str], total_size: int) ->
 
 # ----------------------------------------------------------------------------- reading
 def checkpoint_weight_files(folder) -> list[Path]:
-    """The weight files of a checkpoint folder, as its load has always chosen them: ``model.safetensors`` alone when
-    it is there, else the shards ``model-*.safetensors`` (sorted; none: an empty list). Nothing else in the folder
-    (an adapter, a stale file of another name) is read."""
-    folder = Path(folder)
-    single = folder / WEIGHTS_NAME
-    return [single] if single.is_file() else sorted(folder.glob("model-*.safetensors"))
+    """The weight files of a checkpoint (or model) folder, as transformers chooses them
+    (:func:`~pacs_fast.config.model_files.safetensors_weight_files`): ``model.safetensors`` alone when it is there,
+    else the files ``model.safetensors.index.json`` names. Nothing else in the folder (an adapter, a stale file of
+    another name, shards the index does not name) is read. FileNotFoundError when the index names a missing file
+    or the folder has neither (an unfinished save: the index is written after the last shard); ValueError for an
+    unreadable index. (Shards without their index were read once, by a glob of ``model-*.safetensors``.)"""
+    return safetensors_weight_files(folder)
 
 
 class WeightFileError(Exception):
@@ -105,8 +107,10 @@ class LazyHFCheckpoint(Mapping):
     tensor in host memory, never the model. (One ``safe_open`` kept open for a whole file kept every page it had
     read resident until it closed: the file, as ``load_file`` did.)
 
-    ``files``: the files to read (:func:`checkpoint_weight_files` for a checkpoint); None: every ``*.safetensors`` of
-    ``path`` (a model folder; none there is a ValueError). A name in two files is the later file's. The headers are
+    ``files``: the files to read; None: :func:`checkpoint_weight_files` of ``path`` (a model folder or checkpoint:
+    the files transformers would load, its errors for an index naming a missing file or a folder with neither
+    ``model.safetensors`` nor the index; every ``*.safetensors`` was read once, an adapter or a stale file among
+    them). A name in two files is the later file's. The headers are
     read up front, validated by ``safe_open`` (offsets within the file: a truncated file fails here) into
     :attr:`shapes` (``{name: shape}``, no tensor data read). A file that cannot be read, at construction or for a
     tensor, raises :class:`WeightFileError` naming it."""
@@ -115,9 +119,7 @@ class LazyHFCheckpoint(Mapping):
         from safetensors import safe_open
 
         if files is None:
-            files = sorted(Path(path).glob("*.safetensors"))
-            if not files:
-                raise ValueError(f"model path {str(path)!r} holds no *.safetensors file")
+            files = checkpoint_weight_files(path)
         self._file: dict[str, Path] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
         for f in map(Path, files):

@@ -102,20 +102,24 @@ def has_lora(model: torch.nn.Module) -> bool:
 
 
 @torch.no_grad()
-def iter_merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_merged_weights(model: torch.nn.Module, *, merge: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """The model's state under plain Hugging Face names as ``(name, tensor)`` pairs, each adapted layer's weight
     merged with its active adapters (``W + scale * B @ A`` in fp32, rounded once to ``W``'s dtype), the adapter
     tensors left out. A merge is computed as its pair is asked for: a consumer that streams (a checkpoint's buckets,
     the vLLM engine's weight sync) holds one merged layer at a time, not a merged copy of every adapted weight. In
     bf16 that rounding takes away a delta under half an ulp of ``W``, which the learner's own forward
     (``W x + scale * B (A x)``) keeps: the engines and checkpoints of a bf16 LoRA run see the update rounded.
-    Unmerged tensors are the model's own (no copy)."""
+    Unmerged tensors are the model's own (no copy). ``merge=False``: each adapted weight as a ``meta`` tensor of its
+    shape and dtype instead (which its merge keeps), no merge computed: the pairs' names, shapes and dtypes alone (a
+    checkpoint's file layout, laid out before its merged tensors are written)."""
     adapted = adapted_tensors(model)
     for name, t in model.state_dict().items():
         if LORA_MARK in name:
             continue
         m = adapted.get(name)
-        if m is not None and not m.merged:  # (no_grad holds whenever the generator runs: torch wraps generators)
+        if m is not None and not m.merged and not merge:
+            t = torch.empty_like(t, device="meta")
+        elif m is not None and not m.merged:  # (no_grad holds whenever the generator runs: torch wraps generators)
             merged = t.float()
             for adapter in m.active_adapters:
                 if adapter in m.lora_A:

@@ -86,17 +86,29 @@ class TorchCheckpointing:
 
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy under Hugging Face names (with LoRA: each adapted layer merged, ``W + scale * B @ A``)."""
+        yield from self._hf_tensors(merge=True)
+
+    def hf_weight_layout(self) -> Iterator[tuple[str, tuple[int, ...], torch.dtype]]:
+        """:meth:`Learner.hf_weight_layout`: with LoRA no layer is merged for it (a save's shard count merged every
+        adapted layer once more than its writing did)."""
+        for name, t in self._hf_tensors(merge=False):
+            yield name, tuple(t.shape), t.dtype
+
+    def _hf_tensors(self, merge: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """:meth:`export_hf_weights`; ``merge=False``: with LoRA each adapted weight a ``meta`` tensor of its merge's
+        shape and dtype (:func:`~pacs_fast.learner.lora.iter_merged_weights`), the same names in the same order."""
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
         seen: set[int] = set()
         own = {t.data_ptr() for t in self.model.state_dict().values()}
-        state = iter_merged_weights(self.model) if self.lora else self.model.state_dict().items()
+        state = iter_merged_weights(self.model, merge=merge) if self.lora else self.model.state_dict().items()
         for name, t in state:  # (with LoRA each merge made as it is asked for: a streaming consumer holds one)
             if tied and name == "lm_head.weight":
                 continue
-            if t.data_ptr() in seen and name.endswith("lm_head.weight"):
+            ptr = None if t.is_meta else t.data_ptr()  # (a merge's stand-in: not the model's, as the merge is not)
+            if ptr in seen and name.endswith("lm_head.weight"):
                 continue
-            if t.data_ptr() in own:  # (a merge's storage is freed once used: a later one may reuse its address)
-                seen.add(t.data_ptr())
+            if ptr in own:  # (a merge's storage is freed once used: a later one may reuse its address)
+                seen.add(ptr)
             yield name, t.detach()
 
     def load_hf_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

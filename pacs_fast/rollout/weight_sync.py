@@ -27,6 +27,7 @@ from typing import Iterable, Iterator, Mapping
 
 import torch
 
+from pacs_fast.config.model_files import safetensors_weight_files
 from pacs_fast.data.checkpoint_names import unit_of
 
 # Checkpoint entries that are buffers, not weights: vLLM's loaders skip them, learners do not send them.
@@ -36,16 +37,19 @@ _EMBED_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight"
 
 
 def read_checkpoint_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
-    """``{name: shape}`` of every tensor in the ``*.safetensors`` files of a local folder.
+    """``{name: shape}`` of every tensor in the weight files of a local folder that a load reads
+    (:func:`~pacs_fast.config.model_files.safetensors_weight_files`: ``model.safetensors``, else the files its
+    index names; an adapter or a stale file beside them is not the model's).
 
-    Only the file headers are read. Raises ``ValueError`` if the folder has no safetensors.
+    Only the file headers are read. Raises ``ValueError`` if ``model_path`` is not a folder, or that function's
+    error (FileNotFoundError, ValueError) when the folder has no such files.
     """
     from safetensors import safe_open
 
     folder = Path(model_path)
-    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
-    if not files:
-        raise ValueError(f"model_path={str(model_path)!r} has no *.safetensors files")
+    if not folder.is_dir():
+        raise ValueError(f"model_path={str(model_path)!r} is not a folder")
+    files = safetensors_weight_files(folder)
     shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
         with safe_open(str(f), framework="pt") as st:
@@ -110,7 +114,7 @@ class WeightSpec:
         folder = _local_folder(model_path)
         try:
             shapes = read_checkpoint_shapes(folder) if folder is not None else None
-        except ValueError:
+        except (OSError, ValueError):  # (no weight files the load would read: the config's names and shapes)
             shapes = None
         if shapes is None:
             shapes = _shapes_from_config(str(model_path))

@@ -326,14 +326,18 @@ def load_checkpoint(path: str | Path, *, learner) -> dict:
     """Restores the learner (policy weights, optimiser, ...) from a checkpoint folder and returns
     its trainer state (RNG states are restored too). Raises :class:`CheckpointError` naming the file.
 
-    The weights (``model.safetensors``, else its shards ``model-*.safetensors``:
-    :func:`~pacs_fast.learner.hf_folder.checkpoint_weight_files`) go to the learner as a
+    The weights (``model.safetensors``, else the shards ``model.safetensors.index.json`` names:
+    :func:`~pacs_fast.learner.hf_folder.checkpoint_weight_files`; a shard it names missing, or neither file, is a
+    :class:`CheckpointError` naming them) go to the learner as a
     :class:`~pacs_fast.learner.hf_folder.LazyHFCheckpoint`: its names and shapes are checked from the files' headers,
     then it reads a tensor at a time as it copies them into place, so a resume holds one tensor (the embedding) in
     host memory, not the model (read whole before 2026-12-03: 15 GB for a 7B bf16 policy, on each of a megatron
     launch's processes)."""
     path = Path(path)
-    files = checkpoint_weight_files(path)
+    try:
+        files = checkpoint_weight_files(path)
+    except (OSError, ValueError) as e:  # (its message names the index and the missing file, or the folder)
+        raise CheckpointError(f"cannot load checkpoint {path}: {e}") from e
     current = files[-1] if files else path / "model.safetensors"  # (a wrong name or shape: the weights' last file)
     try:
         weights = LazyHFCheckpoint(path, files=files)

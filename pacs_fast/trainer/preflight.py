@@ -23,6 +23,7 @@ import copy
 
 from pathlib import Path
 
+from pacs_fast.config.model_files import safetensors_weight_files
 from pacs_fast.config.reward_specs import uses_verifier
 from pacs_fast.config.validation import splits_groups
 from pacs_fast.trainer.memory_model import (GiB, engine_row_terms, engine_rows, format_learner_memory, group_tokens,
@@ -250,6 +251,10 @@ def check_megatron_model(cfg) -> None:
         raise ValueError(f"learner.backend=megatron cannot load model.path={cfg.model.path}: it has PyTorch .bin "
                          "weights only and megatron reads *.safetensors; save the model once with save_pretrained "
                          "(safetensors by default), or learner.backend=torch trains it")
+    try:  # the files the learner reads: model.safetensors, else those its index names (as transformers)
+        safetensors_weight_files(folder)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"learner.backend=megatron cannot load model.path={cfg.model.path}: {e}") from None
 
 
 def check_logits_transform(cfg) -> None:
