@@ -60,6 +60,8 @@ def test_torchrun_tp2_run_checkpoints_and_resumes_exactly(tmp_path, warm_cache):
     # rank 0 alone prints (the other rank would repeat every line) and writes
     assert out.count("step 0: held-out accuracy") == 1, out[-3000:]
     assert out.count("run folder") == 1
+    # the layout, said once (learner.sequence_parallel, on by default at tp_size > 1)
+    assert out.count("learner: tensor parallel 2 x data parallel 1, sequence parallel on") == 1, out[-3000:]
     full = tmp_path / "full"
     assert len(list(tmp_path.rglob("metrics.jsonl"))) == 1
     assert len(list((full / "tb").iterdir())) == 1

@@ -240,6 +240,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
             log(fused)  # what was fused, or why not (auto: on a GPU, where it would pay; the default)
         if cfg.model.gradient_checkpointing:  # which activations the backward recomputes
             log(getattr(learner, "recompute", None) or f"activation recompute: {cfg.model.recompute_granularity}")
+        if getattr(learner, "tp_size", 1) > 1:  # the learner's layout (learner.sequence_parallel: memory, not values)
+            log(f"learner: tensor parallel {learner.tp_size} x data parallel {learner.dp_size}, sequence parallel "
+                f"{'on' if learner.sequence_parallel else 'off'}")
         if getattr(learner, "lora_line", None):  # what trains (model.lora_rank)
             log(learner.lora_line)
         freeze_long_lived()  # the learner's model: vLLM's collections while it builds an engine skip both
