@@ -36,6 +36,7 @@ def parity(inputs, results, variants):
     from pacs_fast.learner.megatron.forward import token_logprobs
     from pacs_fast.learner.megatron.learner import LazyHFCheckpoint
     from pacs_fast.learner.megatron.model import build_gpt_model
+    from pacs_fast.learner.megatron.sequence_parallel import norm_params, reduce_norm_grads
 
     for tp in (1, 2):
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, create_gloo_process_groups=False)
@@ -53,6 +54,7 @@ def parity(inputs, results, variants):
             loss = pacs_loss(logp, inputs["logp_ref"], inputs["response_mask"], inputs["rewards"],
                              group_size=inputs["group_size"])
             loss.backward()
+            reduce_norm_grads([p.grad for p in norm_params(model)], group)  # (Qwen3's q / k norms at TP=2)
             elapsed = time.perf_counter() - t0
             grads = export_hf_state_dict(model, cfg, tp_group=group, grads=True)
             results[f"parity/tp{tp}/{variant}"] = {
@@ -169,7 +171,8 @@ def baselines(inputs, results):
     spec = inputs["baselines"]
     for tp in (2, 1):
         for name, case in spec["cases"].items():
-            learner = MegatronLearner(spec["model"], algo=AlgoConfig(**case["algo"]),
+            model = spec["models"][case["model"]] if "model" in case else spec["model"]
+            learner = MegatronLearner(model, algo=AlgoConfig(**case["algo"]),
                                       learner=LearnerConfig(**case["learner"], backend="megatron", tp_size=tp),
                                       temperature=spec["temperature"], horizon=spec["horizon"])
             results[f"baselines/tp{tp}/{name}"] = baseline_step(learner, spec, case)
@@ -206,31 +209,32 @@ def sequence_parallel(inputs, results):
     ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
     apply_cpu_compat()
     group = ps.get_tensor_model_parallel_group()
-    path = inputs["models"]["tied"]  # (its pad id 0 is a real token in half the rows)
-    cfg = AutoConfig.from_pretrained(path)
     ids, am, rm = inputs["input_ids"], inputs["attention_mask"], inputs["response_mask"]
     longest = am.sum(1) == am.sum(1).max()
     batches = {"as_drawn": (am, rm), "longest_cut": _trimmed(am, rm, longest.nonzero().flatten().tolist()),
                "one_cut": _trimmed(am, rm, [0])}
     weights = torch.linspace(0.5, 1.5, ids.numel()).view_as(ids)
-    for name, (a, r) in batches.items():
-        for packing, attention in (("off", "auto"), ("on", "varlen"), ("on", "dense")):
-            out = {"tokens": int(a.sum()), "width": int(a.sum(1).max())}
-            for sp in (False, True):
-                model = build_gpt_model(cfg, tp_size=2, **({"sequence_parallel": True} if sp else {}))
-                load_hf_into_model(model, LazyHFCheckpoint(path), cfg, tp_size=2,
-                                   tp_rank=ps.get_tensor_model_parallel_rank())
-                logp, ent = token_logprobs(model, ids, a, label_mask=r > 0, vocab_size=cfg.vocab_size,
-                                           tp_group=group, return_entropy=True, packing=packing,
-                                           packed_attention=attention)
-                ((logp * weights).sum() + 0.3 * ent.sum()).backward()
-                if sp:
-                    out["norms"] = len(norm_params(model))
-                    out["unreduced"] = export_hf_state_dict(model, cfg, tp_group=group, grads=True)
+    for variant in ("tied", "qwen3"):  # (tied: its pad id 0 is a real token in half the rows; qwen3: q / k norms)
+        path = inputs["models"][variant]
+        cfg = AutoConfig.from_pretrained(path)
+        for name, (a, r) in batches.items():
+            for packing, attention in (("off", "auto"), ("on", "varlen"), ("on", "dense")):
+                out = {"tokens": int(a.sum()), "width": int(a.sum(1).max())}
+                for sp in (False, True):
+                    model = build_gpt_model(cfg, tp_size=2, **({"sequence_parallel": True} if sp else {}))
+                    load_hf_into_model(model, LazyHFCheckpoint(path), cfg, tp_size=2,
+                                       tp_rank=ps.get_tensor_model_parallel_rank())
+                    logp, ent = token_logprobs(model, ids, a, label_mask=r > 0, vocab_size=cfg.vocab_size,
+                                               tp_group=group, return_entropy=True, packing=packing,
+                                               packed_attention=attention)
+                    ((logp * weights).sum() + 0.3 * ent.sum()).backward()
+                    if sp:
+                        out["norms"] = len(norm_params(model))
+                        out["unreduced"] = export_hf_state_dict(model, cfg, tp_group=group, grads=True)
                     reduce_norm_grads([p.grad for p in norm_params(model)], group)
-                out[sp] = {"logp": logp.detach(), "entropy": ent.detach(),
-                           "grads": export_hf_state_dict(model, cfg, tp_group=group, grads=True)}
-            results[f"sp/{name}/{packing}-{attention}"] = out
+                    out[sp] = {"logp": logp.detach(), "entropy": ent.detach(),
+                               "grads": export_hf_state_dict(model, cfg, tp_group=group, grads=True)}
+                results[f"sp/{variant}/{name}/{packing}-{attention}"] = out
     ps.destroy_model_parallel()
     spec = inputs["learner"]
     for sp in (False, True):  # bf16 with fp32 masters; Adam's eps large: updates proportional to the gradients

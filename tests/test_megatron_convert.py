@@ -14,12 +14,14 @@ pytestmark = pytest.mark.megatron
 
 
 def _config(kind="qwen2", *, vocab=130, tied=True, heads=4, kv=2, head_dim=8):
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-    cls = Qwen2Config if kind == "qwen2" else LlamaConfig
+    cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}[kind]
+    # Qwen3: a head_dim of its own (2x hidden / heads here), as Qwen3-0.6B's 128 against 1,024 / 16
+    extra = {"head_dim": 2 * head_dim} if kind == "qwen3" else {}
     return cls(vocab_size=vocab, hidden_size=heads * head_dim, intermediate_size=24, num_hidden_layers=2,
                num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=tied,
-               max_position_embeddings=64)
+               max_position_embeddings=64, **extra)
 
 
 def _random_hf_state(cfg, gen):
@@ -32,7 +34,7 @@ def _random_hf_state(cfg, gen):
     return state
 
 
-@pytest.mark.parametrize("kind,tied", [("qwen2", True), ("qwen2", False), ("llama", False)])
+@pytest.mark.parametrize("kind,tied", [("qwen2", True), ("qwen2", False), ("llama", False), ("qwen3", True)])
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_round_trip(seed, kind, tied, tp):
     cfg = _config(kind, tied=tied, heads=8, kv=4)
@@ -80,6 +82,16 @@ def test_rules_cover_llama_without_bias():
     rules = conversion_rules(_config("llama", tied=False))
     assert not any(k.endswith("linear_qkv.bias") for k in rules)
     assert "output_layer.weight" in rules
+
+
+def test_rules_cover_qwen3s_query_and_key_norms():
+    rules = conversion_rules(_config("qwen3"))
+    assert not any(k.endswith("linear_qkv.bias") for k in rules)
+    for i in range(2):  # replicated on every tensor-parallel rank
+        assert rules[f"decoder.layers.{i}.self_attention.q_layernorm.weight"] == (
+            "rep", [f"model.layers.{i}.self_attn.q_norm.weight"])
+        assert rules[f"decoder.layers.{i}.self_attention.k_layernorm.weight"] == (
+            "rep", [f"model.layers.{i}.self_attn.k_norm.weight"])
 
 
 def test_bad_inputs_raise(seed):

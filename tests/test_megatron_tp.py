@@ -63,6 +63,25 @@ def _llama_model(path, seed) -> str:
     return str(path)
 
 
+def _qwen3_model(path, seed) -> str:
+    """Tiny Qwen3 (q_norm / k_norm over a head_dim of 32 != hidden / heads = 16, no biases, tied, GQA 4:2), its
+    norms' weights moved off 1 so that their gradients and the TP sum over the heads matter."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+                      rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, pad_token_id=0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 3)
+        model = Qwen3ForCausalLM(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.add_(0.3 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return str(path)
+
+
 # Baselines through both learners (tests/megatron_worker.py baseline_step): the keys that reach the learner, which the
 # megatron learner must train as the torch learner does (a key it ignored would train as if unset: the parity audit
 # of 2026-12-03). Old log-probs moved off the policy's ("stale") so that the ratios are off 1 and the clips act.
@@ -83,6 +102,9 @@ BASELINE_CASES = {
     # the same in one pass (a sum over rows once GRPO's advantages of the whole groups are known: long_groups.py)
     "grpo_split_groups": {"algo": {"name": "grpo", "entropy_coef": 0.01}, "stale": True,
                           "learner": {**_OPTIM, "max_tokens_per_micro_batch": 15}},
+    # Qwen3 (its query / key norms, summed over the TP ranks' heads; at TP=2 with sequence parallelism)
+    "pacs_qwen3": {"algo": {"name": "pacs", "entropy_coef": 0.01}, "model": "qwen3", "stale": True,
+                   "learner": _OPTIM},
 }
 
 
@@ -96,7 +118,8 @@ def prepare_megatron_inputs(wd: Path) -> None:
     models = {"tied": str(make_tiny_model(wd / "tied", seed=seed % 1000)),
               "untied": str(make_tiny_model(wd / "untied", seed=seed % 1000 + 1, tie_word_embeddings=False)),
               "odd_vocab": _odd_vocab_model(wd / "odd_vocab", seed),
-              "llama": _llama_model(wd / "llama", seed)}
+              "llama": _llama_model(wd / "llama", seed),
+              "qwen3": _qwen3_model(wd / "qwen3", seed)}
     B, T = 2 * G, 14
     ids, am, rm = _padded_batch(gen, B, T, left_pad=True)
     # the tiny models' pad id (0) as a real token in half the rows: Hugging Face's embedding gives its row no
@@ -122,7 +145,7 @@ def prepare_megatron_inputs(wd: Path) -> None:
     }
     truncated = torch.zeros(4 * G, dtype=torch.bool)
     truncated[[1, 6, 11]] = True
-    baselines = {**{k: learner[k] for k in ("model", "temperature", "horizon", "seed", "batch")},
+    baselines = {**{k: learner[k] for k in ("model", "temperature", "horizon", "seed", "batch")}, "models": models,
                  "cases": BASELINE_CASES, "noise": 0.3 * torch.randn(4 * G, T, generator=gen),
                  "is_weights": 0.5 + torch.rand(4 * G, T, generator=gen), "truncated": truncated}
     inputs = dict(models=models, variants=list(models), input_ids=ids, attention_mask=am,
@@ -155,7 +178,7 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("variant", ["tied", "untied", "odd_vocab", "llama"])
+@pytest.mark.parametrize("variant", ["tied", "untied", "odd_vocab", "llama", "qwen3"])
 def test_logp_loss_grads_match_hf_and_tp1(run, variant):
     from pacs_fast.algorithms import pacs_loss
 
@@ -226,6 +249,10 @@ def test_update_equals_torch_learner(run, torch_step, tp):
     assert got["state_roundtrip"] == 0.0
 
 
+def _case_model(spec: dict, case: dict) -> str:
+    return spec["models"][case["model"]] if "model" in case else spec["model"]
+
+
 @pytest.fixture(scope="module")
 def torch_baselines(run):
     """The torch learner's :func:`megatron_worker.baseline_step` of each baseline case."""
@@ -235,7 +262,7 @@ def torch_baselines(run):
     from pacs_fast.learner.torch_learner import TorchLearner
 
     spec = run[0]["baselines"]
-    return {name: baseline_step(TorchLearner(_hf(spec["model"]), algo=AlgoConfig(**case["algo"]),
+    return {name: baseline_step(TorchLearner(_hf(_case_model(spec, case)), algo=AlgoConfig(**case["algo"]),
                                              learner=LearnerConfig(**case["learner"]), temperature=spec["temperature"],
                                              horizon=spec["horizon"]), spec, case)
             for name, case in spec["cases"].items()}
@@ -255,7 +282,7 @@ def test_baselines_train_as_in_the_torch_learner(run, torch_baselines, tp, case)
     for k in names:
         assert abs(got["metrics"][k] - ref["metrics"][k]) < 1e-4 * max(1.0, abs(ref["metrics"][k])), k
     assert (got["metrics"].get("split_groups", 0) > 0) == case.endswith("split_groups")
-    initial = dict(_hf(run[0]["baselines"]["model"]).named_parameters())
+    initial = dict(_hf(_case_model(run[0]["baselines"], BASELINE_CASES[case])).named_parameters())
     assert _max_diff(ref["weights"], {k: initial[k].detach() for k in ref["weights"]}) > 1e-4  # the step did something
     assert _max_diff(got["weights"], ref["weights"]) < 1e-5
 
@@ -314,7 +341,8 @@ def test_exported_folder_loads_in_transformers(run):
     assert float((a - i).abs().max()) > 1e-4
 
 
-SP_CASES = [f"{batch}/{layout}" for batch in ("as_drawn", "longest_cut", "one_cut")
+SP_CASES = [f"{model}/{batch}/{layout}" for model in ("tied", "qwen3") for batch in ("as_drawn", "longest_cut",
+                                                                                     "one_cut")
             for layout in ("off-auto", "on-varlen", "on-dense")]
 
 
@@ -327,7 +355,8 @@ def test_sequence_parallel_equals_tensor_parallel_alone(run, case):
     (observed ~1e-7 of their size)."""
     r = run[1][f"sp/{case}"]
     off, on = r[False], r[True]
-    assert r["norms"] == 2 * 2 + 1  # two layers' two norms and the final one: the sequence-parallel norms built
+    # two layers' two norms and the final one (Qwen3: and each layer's query and key norms)
+    assert r["norms"] == 2 * 2 + 1 + (2 * 2 if case.startswith("qwen3") else 0)
     for k in ("logp", "entropy"):
         assert float((on[k] - off[k]).abs().max()) < 1e-6, k
     scale = max(float(g.abs().max()) for g in off["grads"].values())
@@ -341,8 +370,8 @@ def test_sequence_parallel_pads_both_parities(run):
     """The batches above cover an odd and an even token count of the packed THD row and an odd and an even width
     of the padded rows (width - 1 columns run), so the padding to a multiple of tp = 2 ran and was not needed."""
     res = run[1]
-    tokens = {res[f"sp/{b}/off-auto"]["tokens"] % 2 for b in ("as_drawn", "longest_cut", "one_cut")}
-    widths = {(res[f"sp/{b}/off-auto"]["width"] - 1) % 2 for b in ("as_drawn", "longest_cut", "one_cut")}
+    tokens = {res[f"sp/tied/{b}/off-auto"]["tokens"] % 2 for b in ("as_drawn", "longest_cut", "one_cut")}
+    widths = {(res[f"sp/tied/{b}/off-auto"]["width"] - 1) % 2 for b in ("as_drawn", "longest_cut", "one_cut")}
     assert tokens == {0, 1} and widths == {0, 1}, (tokens, widths)
 
 

@@ -1,6 +1,6 @@
 """Megatron-core tensor-parallel learner (``learner.backend=megatron``).
 
-- :mod:`.model`: ``GPTModel`` from a Hugging Face Qwen2 / Llama config.
+- :mod:`.model`: ``GPTModel`` from a Hugging Face Qwen2 / Qwen3 / Llama config.
 - :mod:`.convert`: HF <-> megatron weights (fused QKV per query group, ``[gate; up]`` halves,
   vocab padding, TP sharding).
 - :mod:`.core_attention`: the layer spec's core attention (megatron's, plus varlen THD for packed rows).

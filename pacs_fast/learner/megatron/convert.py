@@ -1,4 +1,4 @@
-"""Weight conversion between Hugging Face (Qwen2 / Llama) and megatron-core ``GPTModel`` shards.
+"""Weight conversion between Hugging Face (Qwen2 / Qwen3 / Llama) and megatron-core ``GPTModel`` shards.
 
 Layouts (megatron local spec, tensor-parallel size ``tp``, rank ``r``):
 
@@ -81,6 +81,9 @@ def _layer_rules(hf_config, i):
     }
     if hf_config.model_type == "qwen2":
         rules["self_attention.linear_qkv.bias"] = ("qkv", [pre + f"self_attn.{p}_proj.bias" for p in "qkv"])
+    if hf_config.model_type == "qwen3":  # one [head_dim] weight each, the same on every tensor-parallel rank
+        rules["self_attention.q_layernorm.weight"] = ("rep", [pre + "self_attn.q_norm.weight"])
+        rules["self_attention.k_layernorm.weight"] = ("rep", [pre + "self_attn.k_norm.weight"])
     return {f"decoder.layers.{i}.{k}": v for k, v in rules.items()}
 
 

@@ -74,7 +74,7 @@ from pacs_fast.learner.megatron.data_parallel import (all_reduce_sum, check_same
 from pacs_fast.learner.megatron.forward import token_logprobs
 from pacs_fast.learner.megatron.model import build_gpt_model, check_no_dropout, recompute_overrides
 from pacs_fast.learner.megatron.optimizer import make_optimizer
-from pacs_fast.learner.megatron.sequence_parallel import reduce_norm_grads
+from pacs_fast.learner.megatron.sequence_parallel import norm_params, reduce_norm_grads
 from pacs_fast.learner.megatron.setup import init_parallel, raise_if_non_finite, tp_grad_norm
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
@@ -91,7 +91,7 @@ class MegatronLearner(MegatronCheckpointing, Learner):
     AdamW, global-norm clipping; a non-finite loss or gradient norm raises ``NonFiniteError``).
 
     Args:
-        model_path: Hugging Face folder of the initial policy (Qwen2 / Llama architecture).
+        model_path: Hugging Face folder of the initial policy (Qwen2 / Qwen3 / Llama architecture).
         algo, learner: the ``algo`` and ``learner`` sections of the run config (``learner.tp_size``;
             ``learner.sequence_parallel``, at ``tp_size`` > 1: :mod:`~pacs_fast.learner.megatron.sequence_parallel`).
         temperature: the rollout temperature (log-probs are those of the sampling distribution).
@@ -182,8 +182,10 @@ class MegatronLearner(MegatronCheckpointing, Learner):
             master = MasterWeights(self.params)
             self.master = master if master.active else None
         self.opt_params = self.master.masters if self.master is not None else self.params
-        # sequence parallelism: the norms' weights (or their masters), whose gradients each rank sums over its tokens
-        self.norm_params = [o for p, o in zip(self.params, self.opt_params) if getattr(p, "sequence_parallel", False)]
+        # the norm weights (or their masters) whose gradient each TP rank holds a part of: sequence parallelism's (its
+        # tokens), Qwen3's query / key norms (its heads); summed over the TP ranks before the DP reduction
+        partial = {id(p) for p in norm_params(self.model)}
+        self.norm_params = [o for p, o in zip(self.params, self.opt_params) if id(p) in partial]
         # no dropout: the update's first forward gives the old log-probs and the correction (fused_old_logprobs.py)
         c = self.model.config
         self.fuses_old_logprobs = self.fuses_correction = c.hidden_dropout == 0 and c.attention_dropout == 0

@@ -1,12 +1,14 @@
-"""Build a megatron-core ``GPTModel`` from a Hugging Face Qwen2 / Llama config.
+"""Build a megatron-core ``GPTModel`` from a Hugging Face Qwen2 / Qwen3 / Llama config.
 
-Supported: ``Qwen2ForCausalLM`` (QKV bias) and ``LlamaForCausalLM`` (no biases) style decoders —
-RoPE (default rope type, non-interleaved halves as in HF), grouped-query attention, SwiGLU MLP,
-RMSNorm, tied or untied input/output embeddings. Built with megatron's *local* layer spec (no
-Transformer Engine), dropout 0 (a checkpoint whose config asks for dropout is refused: :func:`check_no_dropout`),
-fp32 parameters unless ``params_dtype`` says otherwise; its core
-attention is :mod:`~pacs_fast.learner.megatron.core_attention`'s (megatron's ``DotProductAttention``
-plus a varlen path for packed THD rows).
+Supported: ``Qwen2ForCausalLM`` (QKV bias), ``Qwen3ForCausalLM`` (no biases; an RMSNorm over the head dimension
+on the queries and keys before RoPE, megatron's ``qk_layernorm``; a ``head_dim`` of its own) and
+``LlamaForCausalLM`` (no biases) style decoders — RoPE (default rope type, non-interleaved halves as in HF),
+grouped-query attention, SwiGLU MLP, RMSNorm, tied or untied input/output embeddings. Built with megatron's
+*local* layer spec (no Transformer Engine; every norm ``torch.nn.RMSNorm``, which also runs sequence parallel:
+:mod:`~pacs_fast.learner.megatron.sequence_parallel`), dropout 0 (a checkpoint whose config asks for dropout is
+refused: :func:`check_no_dropout`), fp32 parameters unless ``params_dtype`` says otherwise; its core attention is
+:mod:`~pacs_fast.learner.megatron.core_attention`'s (megatron's ``DotProductAttention`` plus a varlen path for
+packed THD rows).
 
 The vocabulary is padded to a multiple of the tensor-parallel size (see
 :func:`padded_vocab_size`); :mod:`pacs_fast.learner.megatron.convert` fills and strips the pad.
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 
 from pacs_fast.causal_lm import config_dropouts
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 
 def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
@@ -51,10 +53,10 @@ def check_hf_config(hf_config) -> None:
         raise ValueError(f"hf_config.model_type must be one of {SUPPORTED_MODEL_TYPES}, got {model_type!r}")
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hf_config.hidden_act must be 'silu' (SwiGLU), got {hf_config.hidden_act!r}")
-    if model_type == "llama" and (getattr(hf_config, "attention_bias", False)
-                                  or getattr(hf_config, "mlp_bias", False)):
-        raise ValueError("hf_config: Llama attention_bias / mlp_bias are not supported")
-    if model_type == "qwen2" and getattr(hf_config, "use_sliding_window", False):
+    if model_type in ("llama", "qwen3") and (getattr(hf_config, "attention_bias", False)
+                                             or getattr(hf_config, "mlp_bias", False)):
+        raise ValueError(f"hf_config: {model_type} attention_bias / mlp_bias are not supported")
+    if model_type in ("qwen2", "qwen3") and getattr(hf_config, "use_sliding_window", False):
         raise ValueError("hf_config.use_sliding_window=True is not supported")
     _rope_theta(hf_config)
 
@@ -108,6 +110,7 @@ def transformer_config_from_hf(hf_config, *, tp_size: int = 1, params_dtype=torc
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=hf_config.model_type == "qwen2",
+        qk_layernorm=hf_config.model_type == "qwen3",  # its q_norm / k_norm over the head dimension
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tp_size,
@@ -159,14 +162,14 @@ def build_gpt_model(hf_config, *, tp_size: int = 1, params_dtype=torch.float32, 
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from pacs_fast.learner.megatron.core_attention import core_attention_class
-    from pacs_fast.learner.megatron.sequence_parallel import rms_norm_spec
+    from pacs_fast.learner.megatron.sequence_parallel import mark_norms, rms_norm_spec
 
     config = transformer_config_from_hf(hf_config, tp_size=tp_size, params_dtype=params_dtype, **overrides)
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm)
     spec.submodules.self_attention.submodules.core_attention = core_attention_class()  # + packed (THD) rows
     model = GPTModel(
         config=config,
-        transformer_layer_spec=rms_norm_spec(spec, config),  # (sequence_parallel: norms that take it)
+        transformer_layer_spec=rms_norm_spec(spec, config),  # torch's RMSNorm, which takes sequence_parallel
         vocab_size=padded_vocab_size(hf_config.vocab_size, tp_size),
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=True,
@@ -178,6 +181,7 @@ def build_gpt_model(hf_config, *, tp_size: int = 1, params_dtype=torch.float32, 
         rotary_base=_rope_theta(hf_config),
     )
     mark_tensor_parallel_params(model)
+    mark_norms(model)  # the norm weights whose gradients the tensor-parallel ranks sum
     in_params_dtype(model, params_dtype)
     pad = getattr(hf_config, "pad_token_id", None)
     if isinstance(pad, int) and 0 <= pad < hf_config.vocab_size:

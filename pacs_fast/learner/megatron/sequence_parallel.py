@@ -14,7 +14,8 @@ What this module adds to megatron-core's own machinery (``TransformerConfig(sequ
   ``WrappedTorchNorm``, which refuses sequence parallelism (only Transformer Engine's or Apex's norms take it).
   The norm itself is per token, so on a part of the sequence it is the same ``torch.nn.RMSNorm``; what changes
   is its weight's gradient, which on each rank sums that rank's tokens only: the weight is marked
-  ``sequence_parallel`` (megatron's convention) and :func:`reduce_norm_grads` sums it over the ranks.
+  (:func:`mark_norms`, megatron's ``sequence_parallel`` attribute) and :func:`reduce_norm_grads` sums it over the
+  ranks, as it sums the query / key norms' (Qwen3), which each rank applies to its own heads.
 - :func:`pad_columns` / :func:`gather_hidden`: the sequence must split evenly, so the forward pads each row
   (padded rows, the dense mask's bins) or the packed THD row (one more sequence, of padding) to a multiple of
   ``tp`` tokens, at the end where causal attention keeps them from every real token; the final hidden states
@@ -30,30 +31,47 @@ from __future__ import annotations
 import torch
 
 
-class SequenceParallelRMSNorm:
-    """Builds ``torch.nn.RMSNorm(hidden_size, eps)`` as megatron's ``WrappedTorchNorm`` does, for a config with
-    ``sequence_parallel``: its weight marked ``sequence_parallel = True`` (its gradient is this rank's tokens'
-    only; :func:`reduce_norm_grads`). Only RMSNorm (the Qwen2 / Llama models :mod:`.model` builds)."""
+class TorchRMSNorm:
+    """Builds ``torch.nn.RMSNorm(hidden_size, eps)`` as megatron's ``WrappedTorchNorm`` does, without its refusal
+    of ``config.sequence_parallel`` (only Transformer Engine's or Apex's norms take it there): on each rank's part
+    of the sequence the per-token norm is the same; its weight's gradient is what changes (:func:`mark_norms`).
+    Only RMSNorm (the Qwen2 / Qwen3 / Llama models :mod:`.model` builds)."""
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_unused):
         if config.normalization != "RMSNorm":
-            raise ValueError(f"sequence parallelism: only RMSNorm models, got normalization={config.normalization!r}")
-        norm = torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps)
-        norm.weight.sequence_parallel = True
-        return norm
+            raise ValueError(f"only RMSNorm models, got normalization={config.normalization!r}")
+        return torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps)
 
 
 def rms_norm_spec(layer_spec, config):
     """The transformer block's spec for ``GPTModel``: ``layer_spec`` (megatron's local one, for every layer) with
-    its two norms and the final norm :class:`SequenceParallelRMSNorm` where ``config.sequence_parallel``; else
-    ``layer_spec`` unchanged."""
-    if not config.sequence_parallel:
-        return layer_spec
+    every norm (both of a layer's, the queries' and keys' where ``config.qk_layernorm``, the final one)
+    :class:`TorchRMSNorm`."""
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    layer_spec.submodules.input_layernorm = SequenceParallelRMSNorm
-    layer_spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
-    return TransformerBlockSubmodules(layer_specs=[layer_spec] * config.num_layers, layer_norm=SequenceParallelRMSNorm)
+    layer_spec.submodules.input_layernorm = TorchRMSNorm
+    layer_spec.submodules.pre_mlp_layernorm = TorchRMSNorm
+    if config.qk_layernorm:
+        attention = layer_spec.submodules.self_attention.submodules
+        attention.q_layernorm = attention.k_layernorm = TorchRMSNorm
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * config.num_layers, layer_norm=TorchRMSNorm)
+
+
+def mark_norms(model) -> None:
+    """Marks the norm weights whose gradient each tensor-parallel rank holds a part of, for
+    :func:`reduce_norm_grads`: under ``sequence_parallel`` a layer's two norms and the final norm (each rank's
+    tokens; megatron's ``sequence_parallel`` attribute), and at ``tp`` > 1 the queries' and keys' norms (Qwen3's
+    ``q_norm`` / ``k_norm``: one weight over the head dimension, each rank applying it to its own heads; megatron's
+    ``finalize_model_grads`` sums them alike)."""
+    config = model.config
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.RMSNorm):
+            continue
+        qk = name.endswith(("q_layernorm", "k_layernorm"))
+        if qk and config.tensor_model_parallel_size > 1:
+            module.weight.partial_over_tp = True
+        elif not qk and config.sequence_parallel:
+            module.weight.sequence_parallel = module.weight.partial_over_tp = True
 
 
 def is_sequence_parallel(model) -> bool:
@@ -110,15 +128,15 @@ def gather_hidden(hidden: torch.Tensor) -> torch.Tensor:
 
 
 def norm_params(model) -> list[torch.nn.Parameter]:
-    """The parameters of ``model`` whose gradient is a partial sum over this rank's tokens (the norms' weights
-    under sequence parallelism; none otherwise)."""
-    return [p for p in model.parameters() if getattr(p, "sequence_parallel", False)]
+    """The parameters of ``model`` whose gradient each tensor-parallel rank holds a part of (:func:`mark_norms`:
+    the norms' weights under sequence parallelism, the query / key norms' at ``tp`` > 1; none otherwise)."""
+    return [p for p in model.parameters() if getattr(p, "partial_over_tp", False)]
 
 
 def reduce_norm_grads(grads: list[torch.Tensor], tp_group) -> None:
-    """Sums the gradients ``grads`` (the norms' weights', :func:`norm_params`, or their fp32 masters') over the
-    tensor-parallel group in place, through one flat fp32 buffer: each rank had its own tokens' part. Collective
-    over ``tp_group``; nothing to do for an empty list or a group of one."""
+    """Sums the gradients ``grads`` (:func:`norm_params`' or their fp32 masters') over the tensor-parallel group
+    in place, through one flat fp32 buffer: each rank had its own tokens' or heads' part. Collective over
+    ``tp_group``; nothing to do for an empty list or a group of one."""
     import torch.distributed as dist
 
     if not grads or tp_group is None or dist.get_world_size(tp_group) == 1:
