@@ -186,17 +186,20 @@ LLAMA31 = {**SMALL, "model_type": "llama", "architectures": ["LlamaForCausalLM"]
                             "original_max_position_embeddings": 8192}}
 
 
-@pytest.mark.parametrize("change", ["llama3_rope", "yarn_rope", "sliding_window", "attention_dropout"])
+@pytest.mark.parametrize("change", ["llama3_rope_other_factors", "yarn_rope", "sliding_window", "attention_dropout"])
 def test_a_model_megatron_cannot_build_is_refused_before_the_model_loads(tmp_path, capsys, change):
-    """Llama-3.1's RoPE scaling, the YaRN block Qwen2.5's model cards add for long contexts, Qwen2's sliding
-    windows: megatron's builder raised on every rank with a traceback, after the run folder was made. A config's
-    attention dropout: megatron's model is built without dropout, so the run trained silently without it (the torch
+    """A Llama-3-style RoPE scaling with other frequency factors than Llama 3.1 / 3.2's (megatron builds only
+    those; theirs trains: tests/test_megatron_tp.py), the YaRN block Qwen2.5's model cards add for long contexts,
+    Qwen2's sliding windows: megatron's builder raised on every rank with a traceback, after the run folder was
+    made. A config's attention dropout: megatron's model is built without dropout, so the run trained silently without it (the torch
     learner applies it; parity audit of 2026-12-03)."""
     from pacs_fast.trainer.preflight import check_megatron_model
 
     folder = qwen_folder(tmp_path)
     config = {**QWEN, **SMALL, "rope_theta": 1e6, "max_position_embeddings": 32768}
-    config = {"llama3_rope": LLAMA31, "sliding_window": {**config, "use_sliding_window": True, "sliding_window": 4096},
+    other = {**LLAMA31, "rope_scaling": {**LLAMA31["rope_scaling"], "high_freq_factor": 2.0}}
+    config = {"llama3_rope_other_factors": other,
+              "sliding_window": {**config, "use_sliding_window": True, "sliding_window": 4096},
               "yarn_rope": {**config, "rope_scaling": {"type": "yarn", "factor": 4.0,
                                                        "original_max_position_embeddings": 32768}},
               "attention_dropout": {**config, "attention_dropout": 0.1}}[change]
@@ -227,6 +230,8 @@ def test_a_model_megatron_cannot_build_is_refused_before_the_model_loads(tmp_pat
                                          r"model.safetensors.index.json"):
         check_megatron_model(megatron)
     save_file({"x": torch.zeros(1)}, str(folder / "model.safetensors"))
+    check_megatron_model(megatron)
+    (folder / "config.json").write_text(json.dumps(LLAMA31))  # Llama 3.1's own RoPE scaling: megatron builds it
     check_megatron_model(megatron)
 
 

@@ -63,6 +63,30 @@ def _llama_model(path, seed) -> str:
     return str(path)
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+
+
+def _llama31_model(path, seed, rope_scaling=LLAMA3_ROPE) -> str:
+    """Tiny Llama with Llama 3.1's RoPE scaling (theta 500,000, head 32: 7 of its 16 frequencies divided by 8, one
+    smoothed); its attention weights x4 so that the rotation of those slow dimensions moves the log-probs (3.4e-4
+    from the unscaled model's at these 14 positions, against parity's 2e-5: test_llama3_rope_is_seen)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, rope_scaling=rope_scaling)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 4)
+        model = LlamaForCausalLM(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "self_attn" in name:
+                    p.mul_(4)
+    model.save_pretrained(path)
+    return str(path)
+
+
 def _qwen3_model(path, seed) -> str:
     """Tiny Qwen3 (q_norm / k_norm over a head_dim of 32 != hidden / heads = 16, no biases, tied, GQA 4:2), its
     norms' weights moved off 1 so that their gradients and the TP sum over the heads matter."""
@@ -119,7 +143,9 @@ def prepare_megatron_inputs(wd: Path) -> None:
               "untied": str(make_tiny_model(wd / "untied", seed=seed % 1000 + 1, tie_word_embeddings=False)),
               "odd_vocab": _odd_vocab_model(wd / "odd_vocab", seed),
               "llama": _llama_model(wd / "llama", seed),
-              "qwen3": _qwen3_model(wd / "qwen3", seed)}
+              "qwen3": _qwen3_model(wd / "qwen3", seed),
+              "llama31": _llama31_model(wd / "llama31", seed)}
+    _llama31_model(wd / "llama31_unscaled", seed, rope_scaling=None)  # (the same weights without the scaling)
     B, T = 2 * G, 14
     ids, am, rm = _padded_batch(gen, B, T, left_pad=True)
     # the tiny models' pad id (0) as a real token in half the rows: Hugging Face's embedding gives its row no
@@ -178,7 +204,7 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("variant", ["tied", "untied", "odd_vocab", "llama", "qwen3"])
+@pytest.mark.parametrize("variant", ["tied", "untied", "odd_vocab", "llama", "qwen3", "llama31"])
 def test_logp_loss_grads_match_hf_and_tp1(run, variant):
     from pacs_fast.algorithms import pacs_loss
 
@@ -389,3 +415,14 @@ def test_sequence_parallel_learner_update(run):
         big = float(b.abs().max())
         assert big > 0, i  # every tensor moved
         assert float((a - b).abs().max()) <= 0.02 * big, (i, on["is_norm"][i])
+
+
+def test_llama3_rope_is_seen(run):
+    """The llama31 variant's parity (above, 2e-5) can see its RoPE scaling: the same weights without it give
+    log-probs 1e-4 or more away (3.4e-4 observed), and megatron's are the scaled model's."""
+    inputs, res, wd = run
+    args = inputs["input_ids"], inputs["attention_mask"]
+    scaled = _hf_logp(_hf(inputs["models"]["llama31"]), *args)
+    unscaled = _hf_logp(_hf(str(wd / "llama31_unscaled")), *args)
+    assert float((scaled - unscaled).abs().max()) > 1e-4
+    assert float((res["parity/tp2/llama31"]["logp"] - scaled.detach()).abs().max()) < TOL

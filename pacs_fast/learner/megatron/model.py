@@ -2,7 +2,8 @@
 
 Supported: ``Qwen2ForCausalLM`` (QKV bias), ``Qwen3ForCausalLM`` (no biases; an RMSNorm over the head dimension
 on the queries and keys before RoPE, megatron's ``qk_layernorm``; a ``head_dim`` of its own) and
-``LlamaForCausalLM`` (no biases) style decoders — RoPE (default rope type, non-interleaved halves as in HF),
+``LlamaForCausalLM`` (no biases) style decoders — RoPE (the default rope type, and Llama 3.x's ``llama3`` scaling;
+non-interleaved halves as in HF),
 grouped-query attention, SwiGLU MLP, RMSNorm, tied or untied input/output embeddings. Built with megatron's
 *local* layer spec (no Transformer Engine; every norm ``torch.nn.RMSNorm``, which also runs sequence parallel:
 :mod:`~pacs_fast.learner.megatron.sequence_parallel`), dropout 0 (a checkpoint whose config asks for dropout is
@@ -32,18 +33,34 @@ def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
     return -(-vocab_size // tp_size) * tp_size
 
 
-def _rope_theta(hf_config) -> float:
-    params = getattr(hf_config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in (None, "default"):
-        raise ValueError(f"hf_config: rope_type {rope_type!r} is not supported (only 'default')")
+# Llama 3.x's RoPE scaling ("llama3"): megatron's RotaryEmbedding(rope_scaling=True, rope_scaling_factor=f) applies
+# Meta's formula with these fixed, as every Llama 3.1 / 3.2 checkpoint has them; a config with others is refused
+LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _rope(hf_config) -> tuple[float, float | None]:
+    """``(rope_theta, llama3 scaling factor or None)`` of ``hf_config``; ValueError for a RoPE megatron's local
+    spec does not build: a rope type other than ``default`` and ``llama3``, a ``llama3`` whose low / high frequency
+    factors or original context differ from :data:`LLAMA3_FIXED`."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
     legacy = getattr(hf_config, "rope_scaling", None)
-    if legacy and legacy.get("rope_type", legacy.get("type")) not in (None, "default"):
+    if legacy and not params.get("rope_type", params.get("type")):  # (transformers 4: rope_scaling alone)
+        params.update(legacy)
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in (None, "default", "llama3"):
+        raise ValueError(f"hf_config: rope_type {rope_type!r} is not supported (only 'default' and 'llama3')")
+    if legacy and legacy.get("rope_type", legacy.get("type")) not in (None, "default", "llama3"):
         raise ValueError(f"hf_config: rope_scaling {legacy!r} is not supported")
     theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
     if theta is None:
         raise ValueError("hf_config has no rope_theta")
-    return float(theta)
+    if rope_type != "llama3":
+        return float(theta), None
+    other = {k: params.get(k) for k, v in LLAMA3_FIXED.items() if params.get(k) is None or float(params[k]) != v}
+    if other or params.get("factor") is None:
+        raise ValueError(f"hf_config: rope_type 'llama3' with {other or {'factor': None}} is not supported (megatron "
+                         f"builds it with {LLAMA3_FIXED} and a factor, as Llama 3.1 / 3.2)")
+    return float(theta), float(params["factor"])
 
 
 def check_hf_config(hf_config) -> None:
@@ -58,7 +75,7 @@ def check_hf_config(hf_config) -> None:
         raise ValueError(f"hf_config: {model_type} attention_bias / mlp_bias are not supported")
     if model_type in ("qwen2", "qwen3") and getattr(hf_config, "use_sliding_window", False):
         raise ValueError("hf_config.use_sliding_window=True is not supported")
-    _rope_theta(hf_config)
+    _rope(hf_config)
 
 
 def check_no_dropout(hf_config) -> None:
@@ -165,6 +182,7 @@ def build_gpt_model(hf_config, *, tp_size: int = 1, params_dtype=torch.float32, 
     from pacs_fast.learner.megatron.sequence_parallel import mark_norms, rms_norm_spec
 
     config = transformer_config_from_hf(hf_config, tp_size=tp_size, params_dtype=params_dtype, **overrides)
+    theta, scaling = _rope(hf_config)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm)
     spec.submodules.self_attention.submodules.core_attention = core_attention_class()  # + packed (THD) rows
     model = GPTModel(
@@ -178,7 +196,9 @@ def build_gpt_model(hf_config, *, tp_size: int = 1, params_dtype=torch.float32, 
         share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
         position_embedding_type="rope",
         rotary_percent=1.0,
-        rotary_base=_rope_theta(hf_config),
+        rotary_base=theta,
+        rope_scaling=scaling is not None,  # Llama 3.x
+        rope_scaling_factor=scaling or 8.0,
     )
     mark_tensor_parallel_params(model)
     mark_norms(model)  # the norm weights whose gradients the tensor-parallel ranks sum
