@@ -359,7 +359,7 @@ class MegatronLearner(MegatronCheckpointing, Learner):
         stats = torch.stack([torch.as_tensor(scalars[k], device=self.device, dtype=torch.float32)
                              for k in names])
         grads = filled_grads(self.opt_params)
-        reduce_norm_grads([p.grad for p in self.norm_params], self.tp_group)  # (sequence parallelism)
+        reduce_norm_grads([p.grad for p in self.norm_params], self.tp_group)  # (sequence-parallel, q / k norms)
         all_reduce_sum(grads + [stats], self.dp_group, self.dp_size)
 
         def to_sorted(x):  # this rank's rows in micro-batch order -> the whole mini-batch's, in its sorted order

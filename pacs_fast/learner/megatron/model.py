@@ -3,13 +3,12 @@
 Supported: ``Qwen2ForCausalLM`` (QKV bias), ``Qwen3ForCausalLM`` (no biases; an RMSNorm over the head dimension
 on the queries and keys before RoPE, megatron's ``qk_layernorm``; a ``head_dim`` of its own) and
 ``LlamaForCausalLM`` (no biases) style decoders — RoPE (the default rope type, and Llama 3.x's ``llama3`` scaling;
-non-interleaved halves as in HF),
-grouped-query attention, SwiGLU MLP, RMSNorm, tied or untied input/output embeddings. Built with megatron's
-*local* layer spec (no Transformer Engine; every norm ``torch.nn.RMSNorm``, which also runs sequence parallel:
-:mod:`~pacs_fast.learner.megatron.sequence_parallel`), dropout 0 (a checkpoint whose config asks for dropout is
-refused: :func:`check_no_dropout`), fp32 parameters unless ``params_dtype`` says otherwise; its core attention is
-:mod:`~pacs_fast.learner.megatron.core_attention`'s (megatron's ``DotProductAttention`` plus a varlen path for
-packed THD rows).
+non-interleaved halves as in HF), grouped-query attention, SwiGLU MLP, RMSNorm, tied or untied input/output
+embeddings. Built with megatron's *local* layer spec (no Transformer Engine; every norm ``torch.nn.RMSNorm``,
+which also runs sequence parallel: :mod:`~pacs_fast.learner.megatron.sequence_parallel`), dropout 0 (a checkpoint
+whose config asks for dropout is refused: :func:`check_no_dropout`), fp32 parameters unless ``params_dtype`` says
+otherwise; its core attention is :mod:`~pacs_fast.learner.megatron.core_attention`'s (megatron's
+``DotProductAttention`` plus a varlen path for packed THD rows).
 
 The vocabulary is padded to a multiple of the tensor-parallel size (see
 :func:`padded_vocab_size`); :mod:`pacs_fast.learner.megatron.convert` fills and strips the pad.
