@@ -231,6 +231,24 @@ def test_split_groups_with_the_fused_old_logprobs(seed, name):
     assert_same_steps(whole, split, 1e-6)
 
 
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_the_grad_pass_computes_entropies_only_for_the_loss(seed, monkeypatch, entropy_coef):
+    """PACS with the fused old log-probs: the first pass of a split group computes the entropies (the old ones for
+    the metrics); the grad pass only where the loss has an entropy term (the bonus), not for nothing."""
+    calls = []
+    real = TorchLearner._forward
+
+    def recorded(self, model, batch, *, entropy, values):
+        calls.append((torch.is_grad_enabled(), entropy))
+        return real(self, model, batch, entropy=entropy, values=values)
+
+    monkeypatch.setattr(TorchLearner, "_forward", recorded)
+    split = run(AlgoConfig(name="pacs", entropy_coef=entropy_coef), long_batch(seed), BUDGET)
+    assert split[2]["split_groups"] > 0
+    second = {e for grad, e in calls if grad}
+    assert (False, True) in calls and second == {entropy_coef > 0}, calls  # (no-grad: also the other passes')
+
+
 @pytest.mark.parametrize("name", ["pacs", "grpo"])  # (grpo: the correction of each row part in the one pass)
 def test_split_groups_with_the_fused_correction(seed, name):
     algo = AlgoConfig(name=name)

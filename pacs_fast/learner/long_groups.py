@@ -39,8 +39,10 @@ from pacs_fast.learner.base import RolloutBatch, group_rows
 from pacs_fast.learner.objective import rows_apart
 from pacs_fast.learner.packing import group_costs, micro_batch_groups
 
-# forward(micro-batch) -> (logp [b, w], entropy [b, w] or None, values [b, w] or None), differentiable
-Forward = Callable[[RolloutBatch], tuple]
+# forward(micro-batch, *, entropy: bool = <the learner's choice>) -> (logp [b, w], entropy [b, w] or None, values
+# [b, w] or None), differentiable; entropy=False: none needed (the grad pass of a split group whose loss has no
+# entropy term skips it even when the first pass needed the old entropies)
+Forward = Callable[..., tuple]
 
 
 def row_view(batch: RolloutBatch) -> RolloutBatch:
@@ -130,7 +132,7 @@ def train_split(batch: RolloutBatch, forward: Forward, parts: list[list[int]], l
     rows = row_view(batch)
     for p in parts:
         index = torch.as_tensor(p, dtype=torch.long)
-        outs = forward(rows.groups(p))
+        outs = forward(rows.groups(p), entropy=cached_grads[1] is not None)  # (only what the loss's gradient reads)
         surrogate = None
         for out, g in zip(outs, cached_grads):
             if out is None or g is None:

@@ -333,8 +333,8 @@ class MegatronLearner(MegatronCheckpointing, Learner):
             scalars["split_groups"] = torch.zeros((), device=self.device)
         local_terms: dict[str, list] = {}
 
-        def forward(m):
-            return (*self._logprobs(self.model, m, need_ent or fused is not None), None)
+        def forward(m, entropy=None):  # (long_groups.Forward)
+            return (*self._logprobs(self.model, m, need_ent or fused is not None if entropy is None else entropy), None)
 
         def loss_fn(m, lp, en, _):
             return objective(self.algo, m, lp, en if need_ent else None, None, counts, horizon=self.horizon)
