@@ -168,7 +168,7 @@ def learner(inputs, results):
             batch = RolloutBatch(**spec["batch"])
             batch.behaviour_logp = (lrn.compute_logprobs(batch) + spec["noise"]) * batch.response_mask
             rows_run, plain = [], lrn._logprobs  # rows this rank forwards from here on (no-grad pass + update)
-            lrn._logprobs = lambda model, b, ent: (rows_run.append(b.num_rows), plain(model, b, ent))[1]
+            lrn._logprobs = lambda model, b, ent, **kw: (rows_run.append(b.num_rows), plain(model, b, ent, **kw))[1]
             if fused:
                 flags = (lrn.fuses_old_logprobs, lrn.fuses_correction)
                 metrics = lrn.update(batch, seed=spec["seed"], correct=correct)

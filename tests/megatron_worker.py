@@ -158,9 +158,17 @@ def baseline_step(learner, spec: dict, case: dict) -> dict:
     if learner.needs_ref:
         batch.ref_logp = (learner.compute_logprobs(batch, reference=True) if holds_reference_model(learner.algo)
                           else batch.old_logp)
+    if learner.algo.name == "ppo":  # the trainer's values and GAE (pacs_fast/trainer/step.py)
+        from pacs_fast.algorithms import gae
+        from pacs_fast.trainer.batch import outcome_token_rewards
+        batch.old_values = learner.compute_values(batch)
+        batch.advantages, batch.returns = gae(outcome_token_rewards(batch), batch.old_values, batch.response_mask)
     learner.set_lr_scale(case.get("lr_scale", 1.0))
     metrics = learner.update(batch, seed=spec["seed"])
-    return {"old_logp": old, "metrics": metrics, "weights": dict(learner.export_hf_weights())}
+    out = {"old_logp": old, "metrics": metrics, "weights": dict(learner.export_hf_weights())}
+    if learner.algo.name == "ppo":  # the value head after its step (not an HF weight)
+        out["values_after"] = learner.compute_values(batch)
+    return out
 
 
 def baselines(inputs, results):

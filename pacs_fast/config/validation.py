@@ -407,9 +407,6 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     validate_async(cfg, n_proc)
     validate_parallel(cfg, n_proc - cfg.rollout.ranks if cfg.rollout.ranks else n_proc)  # the learner's own processes
     _validate_lora(cfg)
-    if cfg.learner.backend == "megatron" and name == "ppo":
-        raise ValueError("algo.name=ppo needs a value head, which learner.backend=megatron does not have; "
-                         "use learner.backend=torch")
     if not (cfg.algo.clip_c == 0 or 1 < cfg.algo.clip_c < float("inf")):  # NaN fails both
         raise ValueError(f"algo.clip_c (the dual clip; dppo_tv / dppo_kl: the ratio's truncation) must be > 1 and "
                          f"finite, or 0 (off), got {cfg.algo.clip_c}")

@@ -198,7 +198,8 @@ def _thd_hidden(model, packed) -> torch.Tensor:
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, vocab_size: int,
                    label_mask: torch.Tensor | None = None, tp_group=None, temperature: float = 1.0,
                    return_entropy: bool = False, backend: str = "auto", packing: str = "off",
-                   packed_attention: str = "auto", lm_head_fp32: bool = False, forwards=None, budget: int = 0):
+                   packed_attention: str = "auto", lm_head_fp32: bool = False, forwards=None, budget: int = 0,
+                   value_head=None):
     """``logp[B, T]`` (fp32): ``logp[b, t] = log p(input_ids[b, t] | valid tokens before t)``.
 
     0 at padding and at the first valid token of each row (nothing predicts it). With
@@ -215,6 +216,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     bf16 hidden states and the output-layer shard; the gradients reach them in bf16).
     ``forwards`` (a ``Counter``): counts this forward as ``packed`` or ``padded`` and its ``token_slots``
     (:func:`pacs_fast.learner.packing.forward_metrics`).
+    ``value_head`` (PPO's ``Linear(H, 1)``, the same on every TP rank): also its values ``[B, T]`` of the same
+    hidden states (the whole sequence's on every rank), returned third: ``(logp, entropy or None, values)``.
     Collective over ``tp_group`` (every TP rank passes the same batch).
     """
     from pacs_fast.ops.linear_logprobs import linear_logprobs
@@ -265,4 +268,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         values = values.new_zeros(B, W - 1).masked_scatter(sel, values)
         return unalign(torch.cat([values.new_zeros(B, 1), values.view(B, W - 1)], 1), shift, T)
 
+    if value_head is not None:  # (in the head's dtype, fp32: a bf16 value had 3 digits)
+        v = value_head(hidden.reshape(-1, hidden.shape[-1]).to(value_head.weight.dtype)).squeeze(-1)
+        return full(logp), (None if ent is None else full(ent)), full(v)
     return full(logp) if ent is None else (full(logp), full(ent))

@@ -76,6 +76,7 @@ from pacs_fast.learner.megatron.model import build_gpt_model, check_no_dropout, 
 from pacs_fast.learner.megatron.optimizer import make_optimizer
 from pacs_fast.learner.megatron.sequence_parallel import norm_params, reduce_norm_grads
 from pacs_fast.learner.megatron.setup import init_parallel, raise_if_non_finite, tp_grad_norm
+from pacs_fast.learner.megatron.value_head import make_value_head
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
 from pacs_fast.learner.packing import forward_metrics, group_costs, micro_batch_groups
@@ -128,9 +129,6 @@ class MegatronLearner(MegatronCheckpointing, Learner):
         self.temperature = float(temperature)
         self.horizon = int(horizon)
         self.lm_head_fp32 = bool(lm_head_fp32)
-        if algo.name == "ppo":
-            raise ValueError("algo.name='ppo' needs a value head, which the megatron learner does not "
-                             "have; use learner.backend=torch")
         if learner.mini_batch_prompts % learner.micro_batch_prompts and not learner.max_tokens_per_micro_batch:
             raise ValueError(f"learner.micro_batch_prompts={learner.micro_batch_prompts} must divide "
                              f"learner.mini_batch_prompts={learner.mini_batch_prompts}")
@@ -182,13 +180,19 @@ class MegatronLearner(MegatronCheckpointing, Learner):
             master = MasterWeights(self.params)
             self.master = master if master.active else None
         self.opt_params = self.master.masters if self.master is not None else self.params
+        # PPO's value head (replicated on every rank, fp32, learner.critic_lr): value_head.py
+        self.has_value_head = algo.name == "ppo"
+        self.value_head = (make_value_head(self.hf_config.hidden_size, self.device, params_dtype)
+                           if self.has_value_head else None)
+        self.value_params = list(self.value_head.parameters()) if self.has_value_head else []
         # the norm weights (or their masters) whose gradient each TP rank holds a part of: sequence parallelism's (its
         # tokens), Qwen3's query / key norms (its heads); summed over the TP ranks before the DP reduction
         partial = {id(p) for p in norm_params(self.model)}
         self.norm_params = [o for p, o in zip(self.params, self.opt_params) if id(p) in partial]
         # no dropout: the update's first forward gives the old log-probs and the correction (fused_old_logprobs.py)
         c = self.model.config
-        self.fuses_old_logprobs = self.fuses_correction = c.hidden_dropout == 0 and c.attention_dropout == 0
+        self.fuses_old_logprobs = self.fuses_correction = (c.hidden_dropout == 0 and c.attention_dropout == 0
+                                                           and not self.has_value_head)  # (PPO: as the torch learner)
         self.optimizer = self._make_optimizer()
         self.steps = 0
         self.last_terms: dict[str, torch.Tensor] = {}
@@ -200,11 +204,18 @@ class MegatronLearner(MegatronCheckpointing, Learner):
                                **overrides).to(self.device)
 
     def _make_optimizer(self):
-        return make_optimizer(self.opt_params, self.cfg, dp_group=self.dp_group, dp_size=self.dp_size)
+        groups = [{"params": list(self.opt_params), "lr": self.cfg.lr}]
+        if self.value_params:  # (PPO's value head at learner.critic_lr)
+            groups.append({"params": self.value_params, "lr": self.cfg.critic_lr})
+        return make_optimizer(groups, self.cfg, dp_group=self.dp_group, dp_size=self.dp_size)
+
+    def _base_lrs(self) -> list[float]:
+        return [self.cfg.lr] + [self.cfg.critic_lr] * bool(self.value_params)
 
     # ------------------------------------------------------------------ forward
-    def _logprobs(self, model, batch: RolloutBatch, return_entropy: bool):
-        """Differentiable ``logp [b, T]`` (and entropy, else None) on the response positions."""
+    def _logprobs(self, model, batch: RolloutBatch, return_entropy: bool, values: bool = False):
+        """Differentiable ``(logp [b, T], entropy or None, values or None)`` on the response positions (values:
+        PPO's value head's)."""
         batch = batch.to(self.device)
         if self.vocab_size < self.hf_config.vocab_size:
             check_response_ids(batch.input_ids[batch.response_mask > 0], self.vocab_size)
@@ -214,8 +225,11 @@ class MegatronLearner(MegatronCheckpointing, Learner):
                              return_entropy=return_entropy, backend=self.cfg.logprob_backend,
                              packing=self.cfg.packing, lm_head_fp32=self.lm_head_fp32,
                              packed_attention=getattr(self.cfg, "packed_attention", "auto"), forwards=self.forwards,
-                             budget=self.cfg.max_tokens_per_micro_batch)
-        return out if return_entropy else (out, None)
+                             budget=self.cfg.max_tokens_per_micro_batch,
+                             value_head=self.value_head if values else None)
+        if values:
+            return out
+        return (*out, None) if return_entropy else (out, None, None)
 
     def _micro_batches(self, batch: RolloutBatch) -> list[tuple[list[int], bool]]:
         """Group positions of ``batch`` per micro-batch with whether they train whole
@@ -243,7 +257,19 @@ class MegatronLearner(MegatronCheckpointing, Learner):
     @torch.no_grad()
     def compute_logprobs(self, batch: RolloutBatch, *, reference: bool = False, return_entropy: bool = False):
         """``[B, T]`` log-probs of ``batch``'s rows (DP-local batches: this group's rows)."""
-        model = self._model_for(reference)
+        logp, ent, _ = self._rows(self._model_for(reference), batch, return_entropy, False)
+        return (logp, ent) if return_entropy else logp
+
+    @torch.no_grad()
+    def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
+        """``[B, T]`` values of PPO's value head on ``batch``'s rows (DP-local batches: this group's rows)."""
+        if self.value_head is None:
+            raise ValueError("compute_values: algo.name is not 'ppo' (no value head)")
+        return self._rows(self.model, batch, False, True)[2]
+
+    def _rows(self, model, batch: RolloutBatch, entropy: bool, values: bool):
+        """``(logp, entropy or None, values or None)`` ``[B, T]`` of ``batch``'s rows in no-grad forwards (each
+        data-parallel rank its share, gathered; DP-local batches: this group's rows)."""
         self._check_same_batch(batch)
         was = model.training
         model.eval()
@@ -255,25 +281,23 @@ class MegatronLearner(MegatronCheckpointing, Learner):
             padded = batch.groups([min(g, batch.num_groups - 1) for g in range(n)])
             mine = dp_share(n, self.dp_size, self.dp_rank)
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # noqa: E731
-        lps, ents = [], []
+        outs: list[list[torch.Tensor]] = [[], [], []]  # logp, entropy, values
         mine_batch = padded.groups(mine)
         pieces = list(forward_pieces(mine_batch, self._micro_batches(mine_batch), self._row_parts))
         try:
             for mcb, _ in pieces:
-                lp, en = self._logprobs(model, mcb, return_entropy)
-                lps.append(pad(lp))
-                if en is not None:
-                    ents.append(pad(en))
+                for kept, t in zip(outs, self._logprobs(model, mcb, entropy, values=values)):
+                    if t is not None:
+                        kept.append(pad(t.float()))
         finally:
             model.train(was)
         gather = (lambda x: x) if self.local_batches else self._gather_dp
         # back to this rank's row order (token-budget micro-batches may reorder the groups, and cut long ones by rows)
         back = torch.cat([r for _, r in pieces]).argsort() if pieces else torch.zeros(0, dtype=torch.long)
         empty = torch.zeros(0, T)
-        logp = gather(torch.cat(lps)[back] if lps else empty)[:B].cpu()
-        if return_entropy:
-            return logp, gather(torch.cat(ents)[back] if ents else empty)[:B].cpu()
-        return logp
+        wanted = (True, entropy, values)
+        return tuple(gather(torch.cat(kept)[back] if kept else empty)[:B].cpu() if want else None
+                     for kept, want in zip(outs, wanted))
 
     # ------------------------------------------------------------------ training
     def update(self, batch: RolloutBatch, *, seed: int, correct=None) -> dict[str, float]:
@@ -334,10 +358,11 @@ class MegatronLearner(MegatronCheckpointing, Learner):
         local_terms: dict[str, list] = {}
 
         def forward(m, entropy=None):  # (long_groups.Forward)
-            return (*self._logprobs(self.model, m, need_ent or fused is not None if entropy is None else entropy), None)
+            want = need_ent or fused is not None if entropy is None else entropy
+            return self._logprobs(self.model, m, want, values=self.value_head is not None)
 
-        def loss_fn(m, lp, en, _):
-            return objective(self.algo, m, lp, en if need_ent else None, None, counts, horizon=self.horizon)
+        def loss_fn(m, lp, en, v):
+            return objective(self.algo, m, lp, en if need_ent else None, v, counts, horizon=self.horizon)
         for part, whole in items:
             mcb = mine.groups(part).to(self.device)
             # (groups over the token budget: a few rows at a time, exactly; row_order: mcb's rows as they ran)
@@ -358,7 +383,7 @@ class MegatronLearner(MegatronCheckpointing, Learner):
         names = sorted(scalars)
         stats = torch.stack([torch.as_tensor(scalars[k], device=self.device, dtype=torch.float32)
                              for k in names])
-        grads = filled_grads(self.opt_params)
+        grads = filled_grads(self.opt_params + self.value_params)
         reduce_norm_grads([p.grad for p in self.norm_params], self.tp_group)  # (sequence-parallel, q / k norms)
         all_reduce_sum(grads + [stats], self.dp_group, self.dp_size)
 
@@ -373,12 +398,12 @@ class MegatronLearner(MegatronCheckpointing, Learner):
             fused.finish(to_sorted, rows)
         if local_terms:
             terms.setdefault("rows", []).append(rows)
-        grad_norm = tp_grad_norm(self.opt_params, self.tp_group)
+        grad_norm = tp_grad_norm(self.opt_params + self.value_params, self.tp_group)
         out = {k: float(v) for k, v in zip(names, stats)}
         out["grad_norm"] = float(grad_norm)
         raise_if_non_finite(self.steps, out["loss"], out["grad_norm"], self.optimizer, self.device)
         if self.cfg.grad_clip > 0:  # as torch.nn.utils.clip_grad_norm_
-            scale_to_norm([p.grad for p in self.opt_params], self.cfg.grad_clip, grad_norm)
+            scale_to_norm([p.grad for p in self.opt_params + self.value_params], self.cfg.grad_clip, grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.master is not None:

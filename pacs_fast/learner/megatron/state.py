@@ -63,7 +63,7 @@ def save_state(learner, folder, *, is_writer: bool) -> None:
             state = {"format": FORMAT, "tp_size": learner.tp_size, "tp_rank": learner.tp_rank,
                      "param_names": _names(learner), "optimizer": optimizer,
                      "master_weights": learner.master.state_dict() if learner.master is not None else None,
-                     "ref_model": ref, "steps": learner.steps}
+                     "ref_model": ref, "steps": learner.steps, "value_head": _value_head_weights(learner)}
             write_atomic(folder / shard_file(learner.tp_rank), lambda tmp: torch.save(state, tmp))
         if is_writer:
             folder.mkdir(parents=True, exist_ok=True)
@@ -100,6 +100,8 @@ def load_state(learner, folder) -> None:
             raise ValueError(f"{path}: parameter names differ from this model's")
         if learner.ref_model is not None and state["ref_model"] is None:
             raise ValueError(f"{path}: the checkpoint has no reference model but this run needs one")
+        if learner.value_head is not None and state.get("value_head") is None:
+            raise ValueError(f"{path}: the checkpoint has no value head but this run (algo.name=ppo) needs one")
     except (OSError, ValueError, KeyError, RuntimeError, json.JSONDecodeError) as e:
         error = f"load_state: {e}" if isinstance(e, ValueError) else f"load_state: {path}: {type(e).__name__}: {e}"
     collective_check(error)
@@ -111,7 +113,26 @@ def load_state(learner, folder) -> None:
         learner.master.load_state_dict(_with_norm_masters(learner, state.get("master_weights")))
     if learner.ref_model is not None:
         learner.ref_model.load_state_dict(state["ref_model"])
+    _load_value_head(learner, state.get("value_head"))
     learner.steps = int(state["steps"])
+
+
+def _value_head_weights(learner) -> dict | None:
+    """PPO's value head as ``{name: CPU tensor}`` (:data:`~.value_head.NAMES`), or None without one."""
+    from pacs_fast.learner.megatron.value_head import NAMES
+
+    if learner.value_head is None:
+        return None
+    return {n: p.detach().cpu().clone() for n, p in zip(NAMES, learner.value_params)}
+
+
+def _load_value_head(learner, weights: dict | None) -> None:
+    from pacs_fast.learner.megatron.value_head import NAMES
+
+    if learner.value_head is not None:
+        with torch.no_grad():
+            for n, p in zip(NAMES, learner.value_params):
+                p.copy_(weights[n].to(p.device, p.dtype))
 
 
 def _with_norm_masters(learner, masters):
@@ -159,8 +180,16 @@ def full_state_dict(learner) -> dict:
     ref = gather(dict(learner.ref_model.named_parameters())) if learner.ref_model is not None else None
     masters = (gather({n: q.detach() for n, q in zip(_names(learner), learner.opt_params)})
                if learner.master is not None else None)
+    value = None
+    if learner.value_head is not None:  # (replicated: every rank's are the whole head's)
+        from pacs_fast.learner.megatron.value_head import NAMES
+
+        vs = param_states(learner.optimizer, learner.value_params, learner.dp_group)
+        value = {"weights": _value_head_weights(learner),
+                 **{k: {n: vs[id(p)][k].cpu().clone() for n, p in zip(NAMES, learner.value_params)} if vs else None
+                    for k in ("exp_avg", "exp_avg_sq")}}
     return {"backend": "megatron", "optimizer": optim, "ref_model": ref, "master_weights": masters,
-            "steps": learner.steps}
+            "steps": learner.steps, "value_head": value}
 
 
 def load_full_state_dict(learner, state: dict) -> None:
@@ -190,6 +219,19 @@ def load_full_state_dict(learner, state: dict) -> None:
             shards = hf_to_megatron(full, learner.hf_config, tp_size=learner.tp_size, tp_rank=learner.tp_rank)
             full = [shards[n] for n, p, m in zip(_names(learner), learner.params, learner.opt_params) if m is not p]
         learner.master.load_state_dict(full)
+    if learner.value_head is not None:
+        value = state.get("value_head")
+        if value is None:
+            raise ValueError("load_state_dict: the checkpoint has no value head but this run (algo.name=ppo) needs one")
+        _load_value_head(learner, value["weights"])
+        from pacs_fast.learner.megatron.optimizer import local_state, owns
+        from pacs_fast.learner.megatron.value_head import NAMES
+
+        for n, p in zip(NAMES, learner.value_params):
+            if optim is not None and value.get("exp_avg") is not None and owns(learner.optimizer, p):
+                local_state(learner.optimizer)[p] = {"step": torch.tensor(optim["step"], dtype=torch.float32),
+                                                     **{k: value[k][n].to(p.device, p.dtype)
+                                                        for k in ("exp_avg", "exp_avg_sq")}}
     if learner.ref_model is not None:
         if state.get("ref_model") is None:
             raise ValueError("load_state_dict: the checkpoint has no reference model but this run needs one")
