@@ -128,6 +128,9 @@ BASELINE_CASES = {
                           "learner": {**_OPTIM, "max_tokens_per_micro_batch": 15}},
     # PPO: the value head (replicated; learner.critic_lr; GAE from its values), two mini-batches
     "ppo_value_head": {"algo": {"name": "ppo"}, "stale": True, "learner": {**_OPTIM, "critic_lr": 0.05}},
+    # ... with the sharded optimiser (ZeRO-1 over DP=2 at TP=1: the value head's group sharded too)
+    "ppo_sharded_optimizer": {"algo": {"name": "ppo"}, "stale": True,
+                              "learner": {**_OPTIM, "critic_lr": 0.05, "distributed_optimizer": True}},
     # Qwen3 (its query / key norms, summed over the TP ranks' heads; at TP=2 with sequence parallelism)
     "pacs_qwen3": {"algo": {"name": "pacs", "entropy_coef": 0.01}, "model": "qwen3", "stale": True,
                    "learner": _OPTIM},
