@@ -3,6 +3,7 @@
 
 1. forward, TP = 1 (two replicas) and TP = 2: per-token log-probs, entropies, a PACS + entropy loss
    and every parameter's gradient (gathered to HF names) of the padded rows (``packing="off"``), the
+   padded rows through megatron's own attention with the causal mask (``padded_megatron``: the fallback), the
    dense-mask packed rows (``packed_attention="dense"``) and the THD rows (``"varlen"``), on uneven
    rows of 1 to 300 tokens and (TP = 2) on rows up to ~1.4k tokens; how many attention calls took
    the dense ``[S, S]`` path during the THD forward; how many rows reached the LM head; the THD
@@ -97,12 +98,21 @@ def _loss_and_grads(model, cfg, spec, mode, group) -> dict:
     from pacs_fast.learner.megatron.convert import export_hf_state_dict
     from pacs_fast.learner.megatron.forward import token_logprobs
 
+    from pacs_fast.learner.megatron.core_attention import core_attention_class
+
     rm = spec["response_mask"]
     model.zero_grad(set_to_none=True)
-    logp, ent = token_logprobs(model, spec["input_ids"], spec["attention_mask"], label_mask=rm > 0,
-                               vocab_size=cfg.vocab_size, tp_group=group, return_entropy=True,
-                               backend="torch", packing="off" if mode == "padded" else "on",
-                               packed_attention="varlen" if mode == "thd" else "dense")
+    cls = core_attention_class()
+    why_not = cls._why_not_kernel
+    if mode == "padded_megatron":  # padded rows through megatron's own attention with the causal mask (its fallback)
+        cls._why_not_kernel = lambda self, *a: "forced by the test"
+    try:
+        logp, ent = token_logprobs(model, spec["input_ids"], spec["attention_mask"], label_mask=rm > 0,
+                                   vocab_size=cfg.vocab_size, tp_group=group, return_entropy=True,
+                                   backend="torch", packing="off" if mode.startswith("padded") else "on",
+                                   packed_attention="varlen" if mode == "thd" else "dense")
+    finally:
+        cls._why_not_kernel = why_not
     loss = pacs_loss(logp, spec["logp_ref"], rm, spec["rewards"], group_size=spec["group_size"])
     loss = loss - 0.01 * (ent * rm).sum() / rm.sum()
     loss.backward()

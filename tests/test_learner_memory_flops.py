@@ -248,16 +248,18 @@ def test_a_micro_batch_that_cannot_fit_is_refused_and_one_that_can_passes(tmp_pa
     preflight.check_memory(huge, available=80 * GiB)
 
 
-def test_megatrons_padded_attention_counts_its_scores(tmp_path):
-    """The megatron learner's padded or dense-mask forward (learner.packing=off, packed_attention=dense) runs its
-    local DotProductAttention, which keeps [b, heads, S, S] scores for the backward; its THD rows (auto, on) do
-    not (review of 2026-11-29: the model counted no S term for either)."""
+def test_megatrons_dense_mask_counts_its_scores_and_its_padded_rows_do_not(tmp_path):
+    """The megatron learner's dense-mask packed forward (learner.packed_attention=dense) runs its local
+    DotProductAttention, which keeps [b, heads, S, S] scores for the backward (review of 2026-11-29: the model
+    counted no S term); its THD rows and, since 2026-12-04, its padded rows (learner.packing=off: the causal
+    kernel of core_attention.py) keep none, as the torch learner's SDPA."""
     base = ["learner.backend=megatron", "model.dtype=bfloat16"]
     thd = memory_model.learner_memory(qwen_cfg(tmp_path, *base))["per_token"]
     S = 512 + 4096  # data.max_prompt_tokens + rollout.max_new_tokens of qwen_cfg
-    for extra in ("learner.packing=off", "learner.packed_attention=dense"):
-        per = memory_model.learner_memory(qwen_cfg(tmp_path, *base, extra))["per_token"]
-        assert per - thd == pytest.approx(24 * 14 * S * (4 + 2)), extra  # L a S (4 + b) per token
+    dense = memory_model.learner_memory(qwen_cfg(tmp_path, *base, "learner.packed_attention=dense"))["per_token"]
+    assert dense - thd == pytest.approx(24 * 14 * S * (4 + 2))  # L a S (4 + b) per token
+    padded = memory_model.learner_memory(qwen_cfg(tmp_path, *base, "learner.packing=off"))["per_token"]
+    assert padded == thd
     torch_padded = memory_model.learner_memory(qwen_cfg(tmp_path, "model.dtype=bfloat16", "learner.packing=off"))
     assert torch_padded["per_token"] < thd + 1  # (the torch learner's SDPA keeps no scores)
 

@@ -208,21 +208,25 @@ def test_grpo_split_groups_in_one_pass_with_fused_old_logprobs(run):
         assert float((split["weights"][name] - w).abs().max()) <= bound, (name, bound)
 
 
-def test_auto_packs_every_batch_into_thd_and_the_dense_mask_only_when_it_saves():
-    """learner.packing=auto on the megatron learner: THD always (equal-length rows and a single row too: the padded
-    forward's DotProductAttention builds [b, heads, S, S] scores, which reasoning RL's many responses cut at
-    rollout.max_new_tokens would all take), the dense mask only when it runs >= 20% fewer token slots."""
+def test_auto_packs_only_where_it_saves_as_the_torch_learner():
+    """learner.packing=auto on the megatron learner: packed (THD or the dense mask) only where it runs >= 20% fewer
+    token slots than the padded rows or their slots exceed the token budget, as in the torch learner: the padded
+    rows attend through a causal kernel without an [S, S] mask (core_attention.py), the faster at equal lengths on a
+    GPU (bench/results/gpu/20261129_h200); ``on`` packs always, a single row too."""
     from pacs_fast.learner.megatron.forward import _packed_or_none
 
     equal = torch.ones(3, 12, dtype=torch.bool)
     ids = torch.arange(36).view(3, 12)
-    assert _packed_or_none(ids, equal, "auto", thd=True).slots == 33  # (a row's last token is only a label)
-    assert _packed_or_none(ids[:1], equal[:1], "auto", thd=True).slots == 11
-    assert _packed_or_none(ids, equal, "auto", thd=False) is None
-    assert _packed_or_none(ids, equal, "off", thd=True) is None
+    for thd in (True, False):
+        assert _packed_or_none(ids, equal, "auto", thd=thd) is None
+        assert _packed_or_none(ids, equal, "on", thd=thd).slots == 33  # (a row's last token is only a label)
+        assert _packed_or_none(ids[:1], equal[:1], "on", thd=thd).slots == 11
+        assert _packed_or_none(ids[:1], equal[:1], "auto", thd=thd) is None
+        assert _packed_or_none(ids, equal, "off", thd=thd) is None
     uneven = equal.clone()
     uneven[1:, 3:] = False  # 12 + 3 + 3 tokens in 36 slots
-    assert _packed_or_none(ids, uneven, "auto", thd=False).slots < 0.8 * 33
+    for thd in (True, False):
+        assert _packed_or_none(ids, uneven, "auto", thd=thd).slots < 0.8 * 33
     # the dense mask where it saves under 20% but the padded slots exceed the token budget that cut these rows by
     # real tokens: rows of 12, 12, 12, 12, 7, 5 tokens run 66 padded slots (each row less its last token, which the
     # padded forward does not feed) and 55

@@ -4,10 +4,11 @@ tests/megatron_launch.py).
 
 - THD (one row, ``PackedSeqParams`` with ``cu_seqlens``, megatron's per-sequence RoPE, the varlen
   core attention of :mod:`pacs_fast.learner.megatron.core_attention`) vs the dense block-diagonal
-  mask vs padded rows, at TP = 1 and TP = 2, a GQA model (4 / 2 heads, 2 / 1 per rank at TP = 2),
+  mask vs padded rows (a causal kernel without a mask, and megatron's own attention with the causal mask), at TP = 1
+  and TP = 2, a GQA model (4 / 2 heads, 2 / 1 per rank at TP = 2),
   rows of 1 to 300 tokens with left padding and (TP = 2) rows up to ~1.4k tokens: log-probs,
   entropies, the loss and every parameter's gradient agree per sequence to 1e-5 (fp32); no attention
-  call of the THD forward takes the dense ``[S, S]`` path; in every layout only the response tokens'
+  call of the THD or padded forward takes megatron's dense ``[S, S]`` path; in every layout only the response tokens'
   hidden states reach the LM head.
 - ``learner.fused_layers`` (the MLPs' SwiGLU through Liger's fused gate-up op): the wiring, driven with the op's
   exact torch twin, gives megatron's own values bit for bit, padded and THD, TP = 1 and 2, with full and selective
@@ -57,7 +58,7 @@ def prepare_megatron_inputs(wd: Path) -> None:
         Qwen2ForCausalLM(tiny_qwen2_config(VOCAB, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                                            intermediate_size=256, max_positions=2048)).save_pretrained(wd / "qwen")
     batches = {"uneven": _forward_batch(gen, [1, 300, 7, 45, 2, 180, 33, 120], tp=(1, 2),
-                                        modes=("padded", "dense", "thd")),
+                                        modes=("padded", "padded_megatron", "dense", "thd")),
                "long": _forward_batch(gen, [1400, 5, 230, 64], tp=(2,), modes=("dense", "thd"))}
     lengths = [int(x) for x in torch.randint(14, 48, (16,), generator=gen)]  # >= 2 response tokens each
     lids, lam, lrm = _rows(gen, lengths, 128, left_pad=False)
@@ -95,11 +96,16 @@ def _per_sequence_close(a, b, mask, rel):
     return all(_close(a[i][mask[i]], b[i][mask[i]], rel) for i in range(mask.shape[0]) if mask[i].any())
 
 
-@pytest.mark.parametrize("tp, batch, ref", [(1, "uneven", "padded"), (1, "uneven", "dense"),
-                                            (2, "uneven", "padded"), (2, "uneven", "dense"), (2, "long", "dense")])
-def test_thd_equals_dense_mask_and_padded(run, tp, batch, ref):
+CASES = [(tp, "uneven", mode, ref) for tp in (1, 2) for mode in ("thd", "padded")
+         for ref in ("padded_megatron", "dense")] + [(2, "long", "thd", "dense")]
+
+
+@pytest.mark.parametrize("tp, batch, mode, ref", CASES)
+def test_thd_and_padded_equal_megatrons_attention(run, tp, batch, mode, ref):
+    """THD rows (varlen kernel) and padded rows (a causal kernel without a mask) against megatron's own attention
+    (DotProductAttention: the padded rows' causal mask, the dense block-diagonal mask)."""
     inputs, res = run
-    thd, base = res[f"forward/tp{tp}/{batch}/thd"], res[f"forward/tp{tp}/{batch}/{ref}"]
+    thd, base = res[f"forward/tp{tp}/{batch}/{mode}"], res[f"forward/tp{tp}/{batch}/{ref}"]
     m = inputs["batches"][batch]["response_mask"] > 0
     assert bool((base["ent"][m] > 0).all())  # a live entropy on every response token
     assert not thd["logp"][~m].any() and not thd["ent"][~m].any()  # nothing computed outside the response
@@ -110,7 +116,7 @@ def test_thd_equals_dense_mask_and_padded(run, tp, batch, ref):
     for name, g in base["grads"].items():
         assert g.abs().max() > 0, name
         assert _close(thd["grads"][name], g, 1e-5), name
-    # THD never takes the [S, S] path; the others do, once per layer
+    # THD and the padded rows never take megatron's [S, S] path; the references do, once per layer
     assert thd["dense_calls"] == 0 and base["dense_calls"] == 2
     # padded or packed, only the response tokens reach the LM head (each has a prompt token before it)
     assert thd["head_rows"] == base["head_rows"] == int(m.sum())

@@ -275,8 +275,8 @@ class LearnerConfig:
     packing: str = _f("auto", "on = rows packed end to end without padding (attention kept inside each "
                       "sequence; torch: instead of the shared-prefix forward too), off = right-padded rows (torch: "
                       "or the shared-prefix forward), auto = packed when that runs at least 20% fewer token slots "
-                      "than those (megatron with varlen packed attention: always, its padded attention builds "
-                      "[S, S] scores; pacs_fast/learner/packing.py); each step records learner/forward/*")
+                      "than those, in both learners (pacs_fast/learner/packing.py); each step records "
+                      "learner/forward/*")
     packed_attention: str = _f("auto", "packed rows: varlen = sequences end to end with their boundaries "
                                "(cu_seqlens) through a varlen / document-masked attention that never builds the "
                                "[S, S] mask (pacs_fast/ops/varlen_attention.py), dense = the block-diagonal mask, "

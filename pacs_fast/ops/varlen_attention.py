@@ -180,7 +180,7 @@ def _sdpa_groups(q, k, v, cu, max_len, scale):
     faster with gradients (up to 32 x 32 scores on the CPU), else SDPA (its flash kernel, grouped-query
     heads unrepeated). The choice does not depend on the grad mode, so a no-grad forward (old log-probs)
     gives bit for bit the log-probs of the training forward."""
-    from pacs_fast.ops.short_attention import MAX_SCORES_TRAIN, short_attention
+    from pacs_fast.ops.short_attention import MAX_SCORES_TRAIN
 
     N, h, d = q.shape
     starts = cu.tolist()
@@ -197,16 +197,25 @@ def _sdpa_groups(q, k, v, cu, max_len, scale):
         else:
             idx = (torch.tensor(st, device=q.device)[:, None] + torch.arange(n, device=q.device)).reshape(-1)
             qg, kg, vg = (x.index_select(0, idx).view(len(st), n, x.shape[1], d).transpose(1, 2) for x in (q, k, v))
-        if q.device.type == "cpu" and n * n <= MAX_SCORES_TRAIN:  # the same path with and without gradients
-            o = short_attention(None, qg, kg, vg, None, scaling=scale, is_causal=True)[0]  # [g, n, h, d]
-        else:
-            o = torch.nn.functional.scaled_dot_product_attention(
-                qg, kg, vg, is_causal=n > 1, scale=scale, enable_gqa=kg.shape[1] != h).transpose(1, 2)
-        outs.append(o.reshape(-1, h, d))
+        outs.append(causal_rows(qg, kg, vg, scale).reshape(-1, h, d))
         where.append(idx)
     if len(outs) == 1:  # one length: the group is the whole row, in order
         return outs[0]
     return q.new_zeros(N, h, d).index_copy(0, torch.cat(where), torch.cat(outs))
+
+
+def causal_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of rows of equal length: ``q [g, h, L, d]``, ``k, v [g, h_kv, L, d]`` (``h`` a multiple of
+    ``h_kv``, not repeated); returns ``[g, L, h, d]``. Two matmuls on the CPU up to
+    :data:`~pacs_fast.ops.short_attention.MAX_SCORES_TRAIN` scores, else SDPA's causal kernel (flash on a GPU: no
+    ``[L, L]`` mask or scores); the choice does not depend on the grad mode."""
+    from pacs_fast.ops.short_attention import MAX_SCORES_TRAIN, short_attention
+
+    n = q.shape[2]
+    if q.device.type == "cpu" and n * n <= MAX_SCORES_TRAIN:
+        return short_attention(None, q, k, v, None, scaling=scale, is_causal=True)[0]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=n > 1, scale=scale, enable_gqa=k.shape[1] != q.shape[1]).transpose(1, 2)
 
 
 def _short_padded(q, k, v, starts, max_len, scale):

@@ -416,9 +416,9 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     if tokens is None:
         tokens = largest_micro_batch(cfg)
     longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
-    # megatron's padded / dense-mask forward is its local DotProductAttention: [b, heads, S, S] scores kept for the
-    # backward, as eager attention's (its packed THD rows, learner.packing=auto / on, never build them)
-    megatron_scores = lc.backend == "megatron" and (lc.packing == "off" or lc.packed_attention == "dense")
+    # megatron's dense-mask packed forward is its local DotProductAttention: [b, heads, S, S] scores kept for the
+    # backward, as eager attention's (its THD rows and its padded rows, a causal kernel, never build them)
+    megatron_scores = lc.backend == "megatron" and lc.packing != "off" and lc.packed_attention == "dense"
     attention = "eager" if cfg.model.attention == "eager" or megatron_scores else "flash"
     per_token = activation_bytes_per_token(shape, recompute=recompute_of(cfg), tp=tp, attention=attention,
                                            longest=longest, megatron=lc.backend == "megatron",

@@ -2,9 +2,13 @@
 
 megatron-core's local spec uses ``DotProductAttention``, which materialises ``[b, heads, S, S]``
 scores and refuses ``packed_seq_params``. :func:`core_attention_class` returns its subclass
-``PackedDotProductAttention`` (built on first use: megatron is imported lazily): without
-``packed_seq_params`` it *is* ``DotProductAttention`` (padded rows, and the dense block-diagonal
-mask of ``learner.packed_attention=dense``); with ``packed_seq_params.qkv_format == "thd"`` it gets
+``PackedDotProductAttention`` (built on first use: megatron is imported lazily). Given a mask (the dense
+block-diagonal mask of ``learner.packed_attention=dense``) it *is* ``DotProductAttention``. Without a mask or
+``packed_seq_params`` (padded rows, their padding only at the end) it runs causal attention through
+:func:`pacs_fast.ops.varlen_attention.causal_rows` (SDPA's causal kernel, flash on a GPU; two matmuls for short
+rows on the CPU), no ``[S, S]`` mask or scores, except where that would not be the layer's attention (the
+conditions refused on the THD path below): then megatron's own with the causal mask. With
+``packed_seq_params.qkv_format == "thd"`` it gets
 ``query [t, heads, d]`` and ``key / value [t, kv heads, d]`` (this rank's heads: tensor parallelism
 splits heads, never tokens), all sequences end to end with boundaries ``cu_seqlens_q`` (int32
 ``[n + 1]``), and runs causal attention inside each sequence through
@@ -71,34 +75,53 @@ def core_attention_class():
         def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                     packed_seq_params=None):
             if packed_seq_params is None:
+                if attention_mask is None:  # padded rows, padding only at their end (forward.py)
+                    return self._causal(query, key, value, attn_mask_type, attention_bias)
                 return super().forward(query, key, value, attention_mask, attn_mask_type=attn_mask_type,
                                        attention_bias=attention_bias)
-            self._check_thd(packed_seq_params, attn_mask_type, attention_bias)
+            why = self._why_not_kernel(attn_mask_type, attention_bias)
+            if packed_seq_params.qkv_format != "thd":
+                why = f"qkv_format={packed_seq_params.qkv_format!r} (only 'thd')"
+            elif packed_seq_params.cu_seqlens_kv is not None and packed_seq_params.cu_seqlens_kv is not \
+                    packed_seq_params.cu_seqlens_q and not torch.equal(packed_seq_params.cu_seqlens_kv,
+                                                                     packed_seq_params.cu_seqlens_q):
+                why = "cu_seqlens_kv differs from cu_seqlens_q (self-attention only)"
+            if why is not None:
+                raise ValueError(f"packed (THD) attention does not support {why}: use learner.packed_attention=dense")
             from pacs_fast.ops.varlen_attention import attend
 
             out = attend(query, key, value, packed_seq_params.cu_seqlens_q, int(packed_seq_params.max_seqlen_q),
                          self.thd_scale)
             return out.reshape(out.shape[0], -1)  # [t, heads * d]: megatron reshapes to [t, 1, h]
 
-        def _check_thd(self, p, attn_mask_type, attention_bias) -> None:
-            why = None
+        def _causal(self, query, key, value, attn_mask_type, attention_bias):
+            """Causal attention over whole rows ``[S, b, heads, d]`` through a causal kernel
+            (:func:`~pacs_fast.ops.varlen_attention.causal_rows`: SDPA's flash kernel on a GPU, no ``[S, S]`` mask
+            or scores); where that would not be this layer's attention, the causal mask through megatron's own."""
+            S = query.shape[0]
+            if self._why_not_kernel(attn_mask_type, attention_bias) is not None:
+                blocked = torch.ones(S, S, dtype=torch.bool, device=query.device).triu(1).view(1, 1, S, S)
+                return super().forward(query, key, value, blocked, attn_mask_type=attn_mask_type,
+                                       attention_bias=attention_bias)
+            from pacs_fast.ops.varlen_attention import causal_rows
+
+            q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))  # [b, heads, S, d]
+            out = causal_rows(q, k, v, self.thd_scale)  # [b, S, heads, d]
+            return out.transpose(0, 1).reshape(S, query.shape[1], -1)  # [S, b, heads * d], as megatron's
+
+        def _why_not_kernel(self, attn_mask_type, attention_bias) -> str | None:
+            """Why a causal kernel without a mask would not be this layer's attention (None: it is)."""
             mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
-            if p.qkv_format != "thd":
-                why = f"qkv_format={p.qkv_format!r} (only 'thd')"
-            elif p.cu_seqlens_kv is not None and p.cu_seqlens_kv is not p.cu_seqlens_q and not torch.equal(
-                    p.cu_seqlens_kv, p.cu_seqlens_q):
-                why = "cu_seqlens_kv differs from cu_seqlens_q (self-attention only)"
-            elif attention_bias is not None:
-                why = "an attention bias"
-            elif mask_type not in (AttnMaskType.causal, AttnMaskType.padding_causal):
-                why = f"attn_mask_type={mask_type} (causal only)"
-            elif self.window:
-                why = f"sliding-window attention (window_size={self.config.window_size})"
-            elif self.softmax_offset is not None:
-                why = f"softmax_type={self.config.softmax_type!r}"
-            elif self.training and self.attention_dropout.p > 0:
-                why = f"attention dropout {self.attention_dropout.p}"
-            if why is not None:
-                raise ValueError(f"packed (THD) attention does not support {why}: use learner.packed_attention=dense")
+            if attention_bias is not None:
+                return "an attention bias"
+            if mask_type not in (AttnMaskType.causal, AttnMaskType.padding_causal):
+                return f"attn_mask_type={mask_type} (causal only)"
+            if self.window:
+                return f"sliding-window attention (window_size={self.config.window_size})"
+            if self.softmax_offset is not None:
+                return f"softmax_type={self.config.softmax_type!r}"
+            if self.training and self.attention_dropout.p > 0:
+                return f"attention dropout {self.attention_dropout.p}"
+            return None
 
     return PackedDotProductAttention

@@ -9,13 +9,15 @@ valid tokens of a row must be contiguous. megatron's ``GPTModel`` applies RoPE a
 ``0..S-1`` regardless of ``position_ids``, so each row is first shifted left to start at column 0
 (positions then equal ``cumsum(attention_mask) - 1``, as in the HF / vLLM convention) and padding
 sits only at the end, where causal attention keeps it from influencing valid tokens. Only the
-causal mask is passed (built here, on the batch's device: megatron's default one is built on
-CUDA); results are shifted back. Padded or packed, only the labelled positions' hidden states (the
+causal mask applies (no mask is passed: the core attention runs a causal kernel); results are shifted back. Padded or packed, only the labelled positions' hidden states (the
 response tokens, given ``label_mask``) reach the LM head: prompt and padding cost no vocabulary work.
 
-Packing (``packing="on"``; ``"auto"``: with THD always, since the padded forward's ``DotProductAttention``
-builds ``[b, heads, S, S]`` scores and THD never does; with the dense mask when it runs >= 20% fewer token
-slots). The left-aligned
+The padded rows attend through a causal kernel without a mask (:mod:`~pacs_fast.learner.megatron.core_attention`:
+no ``[S, S]`` mask or scores).
+
+Packing (``packing="on"``; ``"auto"``: when it runs >= 20% fewer token slots than the padded rows, or their slots
+exceed the micro-batch's token budget, as in the torch learner; on a GPU the padded causal kernel is the faster
+at equal lengths, bench/results/gpu/20261129_h200). The left-aligned
 rows are laid end to end (:func:`pacs_fast.learner.packing.pack`), each keeping its own positions
 (restarting at 0), and attention never crosses a boundary. Two layouts (``packed_attention``):
 
@@ -144,7 +146,7 @@ def _decoder_output(model, S: int, **inputs) -> torch.Tensor:
 def _hidden(model, ids: torch.Tensor, position_ids: torch.Tensor, blocked: torch.Tensor, *,
             rope_at_positions: bool = False) -> torch.Tensor:
     """The decoder's final hidden states ``[B, S, H]``; ``blocked [B or 1, 1, S, S]``: True where
-    attention is not allowed (megatron's convention); ``rope_at_positions``: RoPE at ``position_ids``
+    attention is not allowed (megatron's convention), None for causal attention; ``rope_at_positions``: RoPE at ``position_ids``
     (:func:`_rope_at`; the dense mask's bins), else at ``0..S-1``. Under sequence parallelism the rows run padded
     to a multiple of the tensor-parallel size (:func:`~pacs_fast.learner.megatron.sequence_parallel.pad_columns`)."""
     S = ids.shape[1]
@@ -164,13 +166,11 @@ def _packed_or_none(ids_l: torch.Tensor, att_l: torch.Tensor, packing: str, thd:
 
     if packing not in ("auto", "on", "off"):
         raise ValueError(f"packing must be 'auto', 'on' or 'off', got {packing!r}")
-    if packing == "off" or (ids_l.shape[0] < 2 and not thd):
+    if packing == "off" or (ids_l.shape[0] < 2 and packing == "auto"):
         return None
     packed = pack(ids_l, att_l, implementation="flash_attention_2" if thd else "sdpa")  # flash: one row, no mask
-    # auto with THD: always (rows of equal length too, a single row too): the padded forward's DotProductAttention
-    # builds [b, heads, S, S] scores, THD's varlen kernel never does, and the values are the same
     slots = padded_slots(att_l)
-    if packing == "auto" and not thd and packed.slots > 0.8 * slots and not (budget and slots > budget):
+    if packing == "auto" and packed.slots > 0.8 * slots and not (budget and slots > budget):
         return None
     return packed
 
@@ -245,8 +245,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if packed is None:  # the last column is only ever a label: not fed (padded_slots counts B x (W - 1))
         F = max(W - 1, 1)
         position_ids = torch.arange(F, device=ids_l.device).unsqueeze(0).expand(B, F)
-        blocked = torch.ones(F, F, dtype=torch.bool, device=ids_l.device).triu(1).view(1, 1, F, F)
-        hidden = _hidden(model, ids_l[:, :F], position_ids, blocked)[:, :W - 1][sel]  # predicts tokens 1..W-1
+        hidden = _hidden(model, ids_l[:, :F], position_ids, None)[:, :W - 1][sel]  # predicts tokens 1..W-1
     else:  # gathered out of the bins
         if thd:
             bins = _thd_hidden(model, packed)

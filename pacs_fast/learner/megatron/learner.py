@@ -43,10 +43,14 @@ tensor-parallel size but costs a full model copy per rank.
 Non-finite loss or gradient norm: :class:`~pacs_fast.learner.base.NonFiniteError` on every rank
 before the optimiser step (decided with one all-reduce).
 
-Not supported (ValueError or documented gap): PPO (no value head), a checkpoint whose config asks for dropout
-(:func:`~pacs_fast.learner.megatron.model.check_no_dropout`: built without it), pipeline parallelism, sequence
-parallelism (needs Transformer Engine), Transformer Engine layer specs (megatron's local spec, with
-the varlen core attention of :mod:`.core_attention`, runs on the GPU too).
+PPO's value head (:mod:`.value_head`): ``Linear(H, 1)`` replicated on the tensor-parallel ranks, its own AdamW
+group at ``learner.critic_lr``. Sequence parallelism (``learner.sequence_parallel``, at ``tp_size > 1``;
+:mod:`.sequence_parallel`): the activations between the tensor-parallel regions split over the ranks.
+
+Not supported (ValueError or documented gap): a checkpoint whose config asks for dropout
+(:func:`~pacs_fast.learner.megatron.model.check_no_dropout`: built without it), pipeline and context parallelism,
+Transformer Engine layer specs (megatron's local spec, with the varlen core attention of :mod:`.core_attention`
+and torch norms, runs on the GPU too).
 
 A bf16 model trains through fp32 master weights (``learner.master_weights``, the default;
 pacs_fast/learner/master_weights.py): gradients accumulate and are summed over the data-parallel ranks in fp32,
