@@ -256,6 +256,41 @@ def test_cuda_varlen_kernels_match_per_sequence_sdpa(seed, backend):
 
 
 @pytest.mark.gpu
+def test_cuda_causal_rows_within_bf16_error_of_a_float32_reference(seed):
+    """The megatron learner's padded rows (core_attention.py: va.causal_rows, SDPA's causal kernel with unrepeated
+    key/value heads) on the GPU in bf16, output and gradients, against the same inputs in fp32 through explicit
+    causal scores with repeated heads: within twice the error of bf16 SDPA on repeated heads (the same kernel family,
+    rounding in other places), plus 1e-3 of the largest value."""
+    gen = torch.Generator().manual_seed(seed)
+    g_, h, kvh, L, d = 2, 14, 2, 1500, 64
+    q, k, v = (torch.randn(g_, x, L, d, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
+               for x in (h, kvh, kvh))
+    go = torch.randn(g_, L, h, d, generator=gen).to("cuda", torch.bfloat16)
+    got = va.causal_rows(q, k, v, d ** -0.5)
+    gg = torch.autograd.grad(got, (q, k, v), go)
+
+    def explicit(q, k, v):  # [g, h, L, d] -> [g, L, h, d], scores in full
+        k, v = (x.repeat_interleave(h // kvh, dim=1) for x in (k, v))
+        s = (q @ k.transpose(-1, -2)) * d ** -0.5
+        s = s.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+        return (s.softmax(-1) @ v).transpose(1, 2)
+
+    def sdpa_repeated(q, k, v):
+        k, v = (x.repeat_interleave(h // kvh, dim=1) for x in (k, v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=d ** -0.5).transpose(1, 2)
+
+    base = sdpa_repeated(q, k, v)
+    gb = torch.autograd.grad(base, (q, k, v), go)
+    q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
+    ref = explicit(q32, k32, v32)
+    gref = torch.autograd.grad(ref, (q32, k32, v32), go.float())
+    for name, a, b, r in zip(("out", "dq", "dk", "dv"), (got, *gg), (base, *gb), (ref, *gref)):
+        err, floor = (a.float() - r).abs().max(), (b.float() - r).abs().max()
+        print(f"causal_rows {name}: |kernel - fp32| {float(err):.3g}, |bf16 sdpa repeated - fp32| {float(floor):.3g}")
+        assert err <= 2 * floor + 1e-3 * r.abs().max(), (name, float(err), float(floor))
+
+
+@pytest.mark.gpu
 def test_cuda_packed_varlen_learner_matches_padded(seed):
     """The learner's varlen packed forward on the GPU (bf16, the auto backend) against its padded
     forward (SDPA): log-probs to bf16 rounding, and the model is back on SDPA afterwards."""

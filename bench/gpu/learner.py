@@ -15,8 +15,9 @@ through Liger-Kernel; ``--dry-run``: their torch twins), ``torch packed dense`` 
 where the memory model says its masks do not fit), ``torch padded + SDPA`` (learner.packing=off), and
 ``megatron packed THD`` (``MegatronLearner`` at TP = 1 on a one-process group, learner.packing=on: its own
 core attention on THD rows, pacs_fast/learner/megatron/core_attention.py; the same random weights, saved
-once per shape and loaded by its converter; ``--dry-run`` runs it on CPU / gloo) and the same with its
-MLPs' SwiGLU through Liger's fused gate-up op (learner.fused_layers=on; ``--dry-run``: the op's torch twin).
+once per shape and loaded by its converter; ``--dry-run`` runs it on CPU / gloo), the same with its
+MLPs' SwiGLU through Liger's fused gate-up op (learner.fused_layers=on; ``--dry-run``: the op's torch twin),
+and ``megatron padded`` (learner.packing=off: its padded rows through the same core attention's causal kernel).
 The micro-batch token budget comes from the memory model (pacs_fast/trainer/memory_model.py) at 80% of the
 GPU, with activation recompute only as much as one group needs to fit (``model.recompute_granularity``: none, else
 selective, each layer's MLP, else full); a row that runs out of memory is retried once with more recompute,
@@ -59,6 +60,7 @@ LEARNERS = {
     "torch packed dense": dict(packing="on", packed_attention="dense"),
     "megatron packed THD": dict(packing="on", backend="megatron"),
     "megatron packed THD + Liger SwiGLU": dict(packing="on", backend="megatron", fused_layers="on"),
+    "megatron padded": dict(packing="off", backend="megatron"),
 }
 # (length, learner) of each shape measured first, in the order of issue 38's targets: MFU at 4k; packed against
 # padded on the long-tailed mix; the longest response; whether the fused layers pay; the memory curve; then the rest
