@@ -79,6 +79,7 @@ class Packed:
     length: torch.Tensor
     cu_seqlens: torch.Tensor | None = None
     max_length: int = 0
+    seq_lengths: tuple = ()  # varlen: the sequences' lengths on the host, in row order
 
     @property
     def slots(self) -> int:
@@ -160,7 +161,8 @@ def pack(ids: torch.Tensor, attention_mask: torch.Tensor, *, implementation: str
     elif mask is not None:
         mask = mask.to(ids.device)
     return Packed(packed.to(ids.device), pos.to(ids.device), mask,
-                  row.to(ids.device), start.to(ids.device), lengths.to(ids.device), cu, max(sizes, default=0))
+                  row.to(ids.device), start.to(ids.device), lengths.to(ids.device), cu, max(sizes, default=0),
+                  tuple(sizes) if varlen else ())
 
 
 def packed_attention_mode(model, setting: str = "auto", *, announce: bool = True) -> str:
@@ -258,7 +260,7 @@ def packed_hidden(decoder, packed: Packed) -> torch.Tensor:
     from pacs_fast.ops.varlen_attention import varlen_forward
 
     cu, m = packed.cu_seqlens, packed.max_length
-    with varlen_forward():
+    with varlen_forward(packed.seq_lengths or None):
         return decoder(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                        use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=m,
                        max_length_k=m).last_hidden_state

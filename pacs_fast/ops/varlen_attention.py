@@ -18,7 +18,10 @@ usable one:
   :func:`pacs_fast.ops.short_attention.short_attention` (two matmuls for short ones on the CPU, else
   SDPA's flash kernel). The CPU path, what CI proves exact; anywhere else the fallback.
 
-``PACS_FAST_VARLEN_BACKEND`` forces one. Registration: :func:`activate` switches a model to
+``PACS_FAST_VARLEN_BACKEND`` forces one. With ``varlen_attn`` / ``flash_attn``, the sequences of at least
+``PACS_FAST_VARLEN_LONG`` tokens (default 4,096; 0: none) go through SDPA's causal kernel instead, where the host
+knows the lengths (:func:`varlen_forward`'s, the megatron learner's host boundaries): on Hopper that is cuDNN's
+attention, ~1.9x the varlen kernel's speed on long rows (:mod:`pacs_fast.ops.varlen_split`). Registration: :func:`activate` switches a model to
 ``"pacs_fast_varlen:<base>"``, where ``<base>`` is the implementation it had (``sdpa``, ``eager``,
 ``pacs_fast_short``): attention calls that carry ``cu_seq_lens_q`` (the keyword transformers passes
 from the model's forward to the attention function, as for flash-attention's varlen path) go to
@@ -51,6 +54,9 @@ FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
 _ACTIVE = contextvars.ContextVar("pacs_fast_varlen_forward", default=False)
 _FAILED: set = set()  # (backend, device type, dtype) that raised here once: not tried again
 _GQA_REFUSED: list = []  # why this torch's varlen_attn refused fewer key/value heads (then they are repeated)
+SPLIT_BACKENDS = ("varlen_attn", "flash_attn")  # the kernels whose long sequences go to SDPA (varlen_split.py)
+_SPLIT_FAILED: list = []  # the error that switched the split off in this process
+_LENGTHS = contextvars.ContextVar("pacs_fast_varlen_lengths", default=None)  # host lengths of the packed forward
 # backend -> calls of attend() it answered in this process (a benchmark reads which kernel really ran)
 KERNEL_CALLS: collections.Counter = collections.Counter()
 
@@ -284,13 +290,57 @@ def pick_backend(q: torch.Tensor, backend: str | None = None) -> str:
 
 
 def attend(q, k, v, cu: torch.Tensor, max_len: int, scale: float | None = None, *,
-           backend: str | None = None) -> torch.Tensor:
+           backend: str | None = None, lengths=None) -> torch.Tensor:
     """Causal attention inside each sequence of a packed row: ``q [N, h, d]``, ``k, v [N, h_kv, d]``
     (``h`` a multiple of ``h_kv``), ``cu`` int32 ``[n + 1]`` boundaries on ``q``'s device, ``max_len``
     the longest sequence (a host int: no device sync). Returns ``[N, h, d]``. A backend that fails
-    (compile, launch) falls back to the next usable one with one warning line."""
+    (compile, launch) falls back to the next usable one with one warning line.
+
+    With a varlen kernel (``varlen_attn``, ``flash_attn``) and the sequences' host ``lengths`` (this argument, or
+    those :func:`varlen_forward` was given), sequences of at least ``PACS_FAST_VARLEN_LONG`` tokens go through
+    SDPA's causal kernel instead, one call per group of equal length (:mod:`pacs_fast.ops.varlen_split`)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     name = pick_backend(q, backend)
+    if name in SPLIT_BACKENDS and not _SPLIT_FAILED:
+        lengths = _LENGTHS.get() if lengths is None else tuple(int(n) for n in lengths)
+        if lengths is not None and sum(lengths) == q.shape[0]:
+            from pacs_fast.ops import varlen_split
+
+            split = varlen_split.plan(lengths, varlen_split.long_threshold(), q.device)
+            if split is not None:
+                try:
+                    return _split(q, k, v, scale, split, name)
+                except torch.cuda.OutOfMemoryError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - one warning, then the varlen kernel on every sequence
+                    _SPLIT_FAILED.append(e)
+                    _warn_once(f"long sequences through SDPA failed ({type(e).__name__}: {str(e)[:160]}); every "
+                               f"sequence goes through {name}")
+    return _run(q, k, v, cu, max_len, scale, name)
+
+
+def _split(q, k, v, scale, split, name):
+    """:func:`attend` with ``split`` (:class:`pacs_fast.ops.varlen_split.Plan`): each group of long sequences
+    through :func:`causal_rows`, the short ones gathered into one sub-row through ``name``."""
+    N, h, d = q.shape
+    outs = []
+    for n, starts, idx in split.long:
+        if idx is None:  # one sequence: a view
+            s = starts[0]
+            qg, kg, vg = (x[s:s + n].transpose(0, 1)[None] for x in (q, k, v))
+        else:
+            qg, kg, vg = (x.index_select(0, idx).view(len(starts), n, x.shape[1], d).transpose(1, 2)
+                          for x in (q, k, v))
+        outs.append(causal_rows(qg, kg, vg, scale).reshape(-1, h, d))
+        KERNEL_CALLS["sdpa_long"] += 1
+    if split.short_index is not None:
+        qs, ks, vs = (x.index_select(0, split.short_index) for x in (q, k, v))
+        outs.append(_run(qs, ks, vs, split.short_cu, split.short_max, scale, name))
+    return q.new_zeros(N, h, d).index_copy(0, split.where, torch.cat(outs))
+
+
+def _run(q, k, v, cu, max_len, scale, name):
+    """Every sequence through ``name``, falling back to the next usable backend (see :func:`attend`)."""
     key = (q.device.type, q.dtype)
     order = [name] + [b for b in BACKENDS[BACKENDS.index(name) + 1:] if usable(b, q) and (b, *key) not in _FAILED]
     for i, b in enumerate(order):
@@ -384,10 +434,13 @@ def restore(model, base: str) -> None:
 
 
 @contextlib.contextmanager
-def varlen_forward():
-    """Inside: the varlen implementation builds no mask (the packed forward passes ``cu_seq_lens_*``)."""
+def varlen_forward(lengths=None):
+    """Inside: the varlen implementation builds no mask (the packed forward passes ``cu_seq_lens_*``);
+    ``lengths``: the packed row's sequence lengths on the host (:func:`attend` splits off the long ones)."""
     token = _ACTIVE.set(True)
+    held = _LENGTHS.set(None if lengths is None else tuple(int(n) for n in lengths))
     try:
         yield
     finally:
+        _LENGTHS.reset(held)
         _ACTIVE.reset(token)

@@ -90,8 +90,10 @@ def core_attention_class():
                 raise ValueError(f"packed (THD) attention does not support {why}: use learner.packed_attention=dense")
             from pacs_fast.ops.varlen_attention import attend
 
+            host = packed_seq_params.cu_seqlens_q_padded  # (thd_params: the boundaries on the host)
+            lengths = host.diff().tolist() if host is not None and host.device.type == "cpu" else None
             out = attend(query, key, value, packed_seq_params.cu_seqlens_q, int(packed_seq_params.max_seqlen_q),
-                         self.thd_scale)
+                         self.thd_scale, lengths=lengths)
             return out.reshape(out.shape[0], -1)  # [t, heads * d]: megatron reshapes to [t, 1, h]
 
         def _causal(self, query, key, value, attn_mask_type, attention_bias):

@@ -1,0 +1,117 @@
+"""Packed-row attention on one GPU: the varlen kernel against long sequences split off to SDPA (issue 38).
+
+    python bench/gpu/attention.py --out OUT_DIR [--rounds 5]
+    python bench/gpu/attention.py --out OUT_DIR --dry-run      # CPU, tiny rows, seconds (CI)
+
+One packed row of Qwen2.5-1.5B attention (12 query / 2 key-value heads, head dim 128, bf16) through
+``pacs_fast.ops.varlen_attention.attend``, forward + backward, at four layouts of ~32-64k tokens: rows of 1k, 4k
+or 32k tokens, and a long-tailed mix (lognormal, median 1k, cap 16k). Methods: ``varlen`` (every sequence through
+the varlen kernel: ``PACS_FAST_VARLEN_LONG=0``), ``split >= T`` (sequences of at least T tokens through SDPA's
+causal kernel, one call per length, the rest through the varlen kernel; pacs_fast/ops/varlen_split.py) and
+``sdpa groups`` (every length group through SDPA). Wall time of a synchronised call (host included: a split
+into many short calls is launch-bound), the methods alternated round by round, medians; each output checked
+against ``varlen``'s. Writes OUT/attention.json and OUT/attention.md. ``--dry-run``: rows of 8-64 tokens, fp32,
+the CPU path standing in for the varlen kernel (checks the plumbing, never speed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+import torch  # noqa: E402
+
+THRESHOLDS = (1024, 2048, 4096, 8192)
+
+
+def layouts(dry: bool) -> dict:
+    k = 8 if dry else 1024
+    gen = torch.Generator().manual_seed(0)
+    med, cap, n = (16, 64, 16) if dry else (1024, 16384, 48)
+    mix = torch.exp(math.log(med) + torch.randn(n, generator=gen)).round().clamp(1, cap).long().tolist()
+    return {"1k": [k] * 32, "4k": [4 * k] * 8, "32k": [32 * k] * 2, "mix": mix}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args(argv)
+    from pacs_fast.ops import varlen_attention as va
+    from pacs_fast.ops import varlen_split
+
+    dry = args.dry_run
+    device, dtype = ("cpu", torch.float32) if dry else ("cuda", torch.bfloat16)
+    if not dry and not torch.cuda.is_available():
+        print("bench/gpu/attention.py: no CUDA device (use --dry-run on CPU)", file=sys.stderr)
+        return 2
+    if dry:  # the CPU path stands in for the varlen kernel
+        va._KERNELS["varlen_attn"] = va._sdpa_groups
+    h, kvh, d = (4, 2, 16) if dry else (12, 2, 128)
+    thresholds = tuple(t // 128 for t in THRESHOLDS) if dry else THRESHOLDS
+    methods = {"varlen": ("varlen_attn", 0), **{f"split >= {t}": ("varlen_attn", t) for t in thresholds},
+               "sdpa groups": ("sdpa", 0)}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    rows = []
+    for name, lengths in layouts(dry).items():
+        N = sum(lengths)
+        gen = torch.Generator().manual_seed(1)
+        q, k, v = (torch.randn(N, x, d, generator=gen).to(device, dtype).requires_grad_() for x in (h, kvh, kvh))
+        g = torch.randn(N, h, d, generator=gen).to(device, dtype)
+        cu = va.cu_seqlens(lengths, device)
+
+        def call(backend, long):
+            os.environ[varlen_split.LONG_ENV] = str(long)
+            va.KERNEL_CALLS.clear()
+            out = va.attend(q, k, v, cu, max(lengths), backend=backend, lengths=lengths)
+            grads = torch.autograd.grad(out, (q, k, v), g)
+            return out, grads, dict(va.KERNEL_CALLS)
+
+        ref, calls, times = None, {}, {m: [] for m in methods}
+        for m, (backend, long) in methods.items():  # warm-up (and the outputs checked against varlen's)
+            out, grads, calls[m] = call(backend, long)
+            ref = ref if ref is not None else (out, grads)
+            pairs = [(a.detach().float(), b.detach().float()) for a, b in zip((out, *grads), (ref[0], *ref[1]))]
+            err = max(float((a - b).abs().max() / b.abs().max()) for a, b in pairs)
+            calls[m] = {"kernels": calls[m], "max_rel_diff_vs_varlen": err}
+        for _ in range(1 if dry else args.rounds):
+            for m, (backend, long) in methods.items():
+                sync()
+                t0 = time.perf_counter()
+                call(backend, long)
+                sync()
+                times[m].append(time.perf_counter() - t0)
+        base = statistics.median(times["varlen"])
+        for m in methods:
+            ms = statistics.median(times[m]) * 1e3
+            rows.append({"layout": name, "tokens": N, "sequences": len(lengths), "longest": max(lengths), "method": m,
+                         "ms": ms, "vs_varlen": ms / (base * 1e3), "samples_ms": [t * 1e3 for t in times[m]],
+                         **calls[m]})
+            print(f"{name:4s} {m:14s} {ms:9.3f} ms  {ms / (base * 1e3):5.2f}x varlen  {calls[m]}", flush=True)
+        del q, k, v, g
+    os.environ.pop(varlen_split.LONG_ENV, None)
+    os.makedirs(args.out, exist_ok=True)
+    dev = "CPU (dry run)" if dry else torch.cuda.get_device_name()
+    meta = {"device": dev, "torch": torch.__version__, "heads": [h, kvh, d], "dtype": str(dtype)}
+    with open(os.path.join(args.out, "attention.json.tmp"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    os.replace(os.path.join(args.out, "attention.json.tmp"), os.path.join(args.out, "attention.json"))
+    lines = [f"# Packed-row attention, forward + backward ({dev}, torch {torch.__version__}, {h} / {kvh} heads, "
+             f"d {d}, {dtype})", "", "| layout | tokens | method | ms (median, synchronised) | x varlen | calls |",
+             "|---|---:|---|---:|---:|---|"]
+    lines += [f"| {r['layout']} | {r['tokens']:,} | {r['method']} | {r['ms']:.3f} | {r['vs_varlen']:.2f} | "
+              f"{', '.join(f'{k} {v}' for k, v in sorted(r['kernels'].items()))} |" for r in rows]
+    with open(os.path.join(args.out, "attention.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
