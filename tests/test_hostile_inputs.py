@@ -278,6 +278,20 @@ def test_varlen_attention_a_model_cannot_take_is_refused_before_the_model_loads(
                                               "learner.packed_attention=varlen"]))
 
 
+@pytest.mark.parametrize("name,value", [("PACS_FAST_VARLEN_LONG", "4k"), ("PACS_FAST_VARLEN_LONG", "-1"),
+                                        ("PACS_FAST_VARLEN_BACKEND", "flash")])
+def test_a_bad_varlen_environment_variable_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch,
+                                                                            name, value):
+    """Both are read at the first packed forward, after the model and the engine have loaded."""
+    folder = qwen_folder(tmp_path)
+    monkeypatch.setenv(name, value)
+    runs = tmp_path / "runs"
+    code, err = cli([f"model.path={folder}", "data.dataset=math500", f"train.out_dir={runs}"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert name in err and repr(value) in err, err
+    assert not runs.exists()
+
+
 def test_a_model_folder_without_tokenizer_files(tmp_path, capsys):
     folder = qwen_folder(tmp_path, tokenizer=False)
     code, err = cli([f"model.path={folder}", "data.dataset=math500", f"train.out_dir={tmp_path / 'runs'}"], capsys)

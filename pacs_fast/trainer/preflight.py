@@ -317,11 +317,21 @@ def check_packed_attention(cfg) -> None:
     """ValueError naming ``learner.packed_attention=varlen`` when the model's ``config.json`` says varlen attention
     would not be its exact attention (:func:`pacs_fast.ops.varlen_attention.unsupported`: another family, sliding
     windows, attention dropout, flex attention), before the model loads; it was refused at the first packed
-    forward, after the model and the engine had loaded. Flash-attention models take their own varlen path."""
+    forward, after the model and the engine had loaded. Flash-attention models take their own varlen path.
+    Also the environment's ``PACS_FAST_VARLEN_BACKEND`` and ``PACS_FAST_VARLEN_LONG`` (read at the first packed
+    forward), whatever the settings."""
+    import os
+
+    from pacs_fast.ops import varlen_split
+    from pacs_fast.ops.varlen_attention import BACKENDS, FLASH
+
+    forced = os.environ.get("PACS_FAST_VARLEN_BACKEND", "auto")
+    if forced != "auto" and forced not in BACKENDS:
+        raise ValueError(f"PACS_FAST_VARLEN_BACKEND must be auto or one of {', '.join(BACKENDS)}, got {forced!r}")
+    varlen_split.long_threshold()  # (a ValueError naming PACS_FAST_VARLEN_LONG)
     lc = cfg.learner
     if lc.backend != "torch" or lc.packing == "off" or lc.packed_attention != "varlen":
         return
-    from pacs_fast.ops.varlen_attention import FLASH
 
     why = None if cfg.model.attention in FLASH else varlen_unsupported(cfg)
     if why:
