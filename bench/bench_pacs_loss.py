@@ -24,7 +24,10 @@ first GPU run, bench/results/gpu/20261126_h200/: ~1 ms against ~25 us of kernels
 "*_gpu_us" (CUDA): the device time per call, the sum of its kernels' durations from the CUDA
 profiler (:func:`kernel_time`), for copy, torch and fused alike; "gpu_bw_fraction" = copy_gpu_us /
 fused_gpu_us, the share of the copy's bandwidth the fused kernels reach on the device.
-"err": max |fused - torch| over the loss and dlogp (when both ran).
+"fused_graph_ms" (CUDA, ``--no-graph`` drops it): the fused forward + backward captured once in a CUDA graph,
+each replay synchronised (:func:`time_graph_replay`): what a captured step pays for the loss, without the host's
+Python, autograd and Triton launches; "graph_vs_copy" its ratio to the copy (issue 39's wall-time target: <= 2).
+"err": max |fused - torch| over the loss and dlogp (when both ran); "graph_err": replay against eager fused.
 
 Usage (prints a table, writes JSON to bench/results/pacs_loss_<device>_<time>.json):
 
@@ -129,6 +132,31 @@ def time_fwd_bwd(fn, inputs, kw, repeat, device, warmup=2):
     return min(times), statistics.median(times), loss.detach(), x.grad.detach().clone()
 
 
+def time_graph_replay(fn, inputs, kw, repeat):
+    """``fn``'s forward + backward captured once in a CUDA graph (after a warm-up on a side stream), then the
+    synchronised wall time of replaying it: ``(best s, median s, loss, grad)``. What a step captured in a graph
+    pays for the loss: the kernels and one graph launch, none of the host's Python, autograd or Triton
+    launcher (issue 39 item 3; ``tests/test_cuda_graph.py`` checks a replay equals an eager call)."""
+    once, x = fwd_bwd_call(fn, inputs, kw)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            once()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = once()
+    times = []
+    for _ in range(repeat + 2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph.replay()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return min(times[2:]), statistics.median(times[2:]), loss.detach().clone(), x.grad.detach().clone()
+
+
 def kernel_time(call, iters: int) -> float | None:
     """Device time (s) per ``call()``: the sum of the durations of the GPU kernels (and copies /
     memsets) it launches, read from the CUDA profiler (CUPTI) over ``iters`` calls after one
@@ -203,6 +231,9 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None,
                     help="torch.set_num_threads (CPU); 1 gives steadier numbers on a busy machine")
     ap.add_argument("--loop-max-b", type=int, default=1024)
+    ap.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --device cuda: also time the fused loss's forward + backward replayed from a CUDA "
+                         "graph (fused_graph_ms, graph_vs_copy)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/...)")
     ap.add_argument("--fused-interpreted", action="store_true",
                     help="CPU: also run the fused kernels under TRITON_INTERPRET=1 (tiny shapes; "
@@ -238,6 +269,11 @@ def main(argv=None):
                     kt = kernel_time(fwd_bwd_call(get_method(name), inputs, kw)[0], args.repeat)
                     if kt is not None:
                         row[f"{name}_gpu_us"] = 1e6 * kt
+                if args.device == "cuda" and name == "fused" and args.graph:
+                    g_best, g_med, g_loss, g_grad = time_graph_replay(get_method(name), inputs, kw, args.repeat)
+                    row["fused_graph_ms"], row["fused_graph_median_ms"] = 1e3 * g_best, 1e3 * g_med
+                    row["graph_err"] = max(float((g_loss.double() - loss.double()).abs()),
+                                           float((g_grad.double() - grad.double()).abs().max()))
             elt = inputs[0].element_size()
             traffic = B * T * (2 * elt + 1) + B * T * (1 + elt)
             row["copy_ms"] = 1e3 * copy_floor(traffic, args.device, args.repeat)
@@ -256,6 +292,8 @@ def main(argv=None):
                 row["fused_vs_copy"] = row["fused_ms"] / row["copy_ms"]
                 row["copy_bw_fraction"] = row["copy_ms"] / row["fused_ms"]
                 row["speedup_vs_torch"] = row["torch_ms"] / row["fused_ms"]
+                if "fused_graph_ms" in row:
+                    row["graph_vs_copy"] = row["fused_graph_ms"] / row["copy_ms"]
                 (lf, gf), (lt, gt) = results["fused"], results["torch"]
                 row["err"] = max(float((lf.double() - lt.double()).abs()),
                                  float((gf.double() - gt.double()).abs().max()))
@@ -269,7 +307,8 @@ def main(argv=None):
 
     cols = ["B", "T", "G", "copy_ms", "torch_ms", "torch_vs_copy", "loop_ms", "loop_over_torch", "fused_ms",
             "speedup_vs_torch", "fused_GBps", "fused_vs_copy", "copy_bw_fraction", "copy_gpu_us", "torch_gpu_us",
-            "fused_gpu_us", "fused_gpu_GBps", "gpu_bw_fraction", "err"]
+            "fused_gpu_us", "fused_gpu_GBps", "gpu_bw_fraction", "fused_graph_ms", "graph_vs_copy", "err",
+            "graph_err"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print(f"PACS loss fwd+bwd, device={args.device}, dtype={args.dtype}, G={','.join(map(str, groups))}, "
           f"score={args.score}, proxy={args.proxy}, torch {torch.__version__}, "
