@@ -113,16 +113,22 @@ def test_a_failing_split_falls_back_with_one_warning(fake_varlen, monkeypatch, c
     assert capsys.readouterr().err.count("long sequences through SDPA failed") == 1
 
 
-def test_the_torch_learner_hands_its_lengths_down(fake_varlen, monkeypatch, seed):
-    """The packed forward's host lengths reach attend() (varlen_forward): with a threshold inside the batch's
-    lengths the long rows go to SDPA, and log-probs and every gradient equal the unsplit forward's."""
+@pytest.mark.parametrize("recompute", [False, True])
+def test_the_torch_learner_hands_its_lengths_down(fake_varlen, monkeypatch, seed, recompute):
+    """The packed forward's host lengths reach attend() (an attribute of its cu_seqlens): with a threshold inside
+    the batch's lengths the long rows go to SDPA, and log-probs and every gradient equal the unsplit forward's.
+    With full recompute the recomputed layers, run by the backward outside the learner's forward, split the same
+    way (a context variable would not reach them: the first version's did not)."""
     from test_varlen_attention import forward_and_grads, long_prompt_batch, small_model
 
     from pacs_fast.config import AlgoConfig, LearnerConfig
     from pacs_fast.learner.packing import restores_attention
+    from pacs_fast.learner.recompute import apply_recompute
     from pacs_fast.learner.torch_learner import TorchLearner
 
     model = small_model().double()
+    if recompute:
+        apply_recompute(model, True, "full")
     batch = long_prompt_batch(torch.Generator().manual_seed(seed), [9, 120, 33, 200], 128)
     learner = TorchLearner(model, algo=AlgoConfig(), learner=LearnerConfig(packing="on", packed_attention="varlen"))
     m = batch.response_mask > 0
@@ -132,9 +138,11 @@ def test_the_torch_learner_hands_its_lengths_down(fake_varlen, monkeypatch, seed
         va.KERNEL_CALLS.clear()
         out[long] = restores_attention(forward_and_grads)(learner, batch, AlgoConfig())
         out[long + " calls"] = dict(va.KERNEL_CALLS)
-    # two layers, each: the rows of 119 and 199 fed tokens through SDPA (two lengths, two calls), the others together
-    assert out["100 calls"] == {"sdpa_long": 4, "varlen_attn": 2}
-    assert out["0 calls"] == {"varlen_attn": 2}
+    # two layers, each: the rows of 119 and 199 fed tokens through SDPA (two lengths, two calls), the others together;
+    # with recompute every layer runs again in the backward
+    runs = 2 if recompute else 1
+    assert out["100 calls"] == {"sdpa_long": 4 * runs, "varlen_attn": 2 * runs}
+    assert out["0 calls"] == {"varlen_attn": 2 * runs}
     (lp0, e0, l0, g0), (lp1, e1, l1, g1) = out["0"], out["100"]
     assert (lp1 - lp0)[m].abs().max() <= 1e-12 and (e1 - e0)[m].abs().max() <= 1e-12 and abs(l1 - l0) <= 1e-12
     for name, grad in g0.items():

@@ -69,7 +69,8 @@ class Packed:
     ``[nb, 1, C, C]`` (bool, or float additive; a dict of them per layer type for a model that mixes sliding-window
     and full layers) or None (flash); ``row``, ``start``, ``length``
     ``[b]``: the bin of row ``i``, where its tokens start there, how many it has. Varlen layout:
-    ``cu_seqlens`` int32 ``[b + 1]`` (the boundaries in the single row) and ``max_length``."""
+    ``cu_seqlens`` int32 ``[b + 1]`` (the boundaries in the single row; the sequences' host lengths ride along as
+    its ``pacs_fast_lengths`` attribute, for :func:`pacs_fast.ops.varlen_attention.attend`) and ``max_length``."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -79,7 +80,6 @@ class Packed:
     length: torch.Tensor
     cu_seqlens: torch.Tensor | None = None
     max_length: int = 0
-    seq_lengths: tuple = ()  # varlen: the sequences' lengths on the host, in row order
 
     @property
     def slots(self) -> int:
@@ -153,16 +153,16 @@ def pack(ids: torch.Tensor, attention_mask: torch.Tensor, *, implementation: str
             mask = {"full_attention": form(allowed), "sliding_attention": mask}
     cu = None
     if varlen:  # one bin, its rows in row order (sorted(members) above)
-        from pacs_fast.ops.varlen_attention import cu_seqlens
+        from pacs_fast.ops.varlen_attention import LENGTHS_ATTR, cu_seqlens
 
         cu = cu_seqlens(sizes, ids.device)
+        setattr(cu, LENGTHS_ATTR, tuple(sizes))  # the host lengths travel with it (to a recomputed layer too)
     if isinstance(mask, dict):
         mask = {k: m.to(ids.device) for k, m in mask.items()}
     elif mask is not None:
         mask = mask.to(ids.device)
     return Packed(packed.to(ids.device), pos.to(ids.device), mask,
-                  row.to(ids.device), start.to(ids.device), lengths.to(ids.device), cu, max(sizes, default=0),
-                  tuple(sizes) if varlen else ())
+                  row.to(ids.device), start.to(ids.device), lengths.to(ids.device), cu, max(sizes, default=0))
 
 
 def packed_attention_mode(model, setting: str = "auto", *, announce: bool = True) -> str:
@@ -260,7 +260,7 @@ def packed_hidden(decoder, packed: Packed) -> torch.Tensor:
     from pacs_fast.ops.varlen_attention import varlen_forward
 
     cu, m = packed.cu_seqlens, packed.max_length
-    with varlen_forward(packed.seq_lengths or None):
+    with varlen_forward():
         return decoder(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                        use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=m,
                        max_length_k=m).last_hidden_state

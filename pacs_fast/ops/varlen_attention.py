@@ -20,7 +20,8 @@ usable one:
 
 ``PACS_FAST_VARLEN_BACKEND`` forces one. With ``varlen_attn`` / ``flash_attn``, the sequences of at least
 ``PACS_FAST_VARLEN_LONG`` tokens (default 4,096; 0: none) go through SDPA's causal kernel instead, where the host
-knows the lengths (:func:`varlen_forward`'s, the megatron learner's host boundaries): on the H200 that is cuDNN's
+knows the lengths (an attribute of the torch learner's ``cu_seqlens``, which a recomputed layer gets too; the
+megatron learner's host boundaries): on the H200 that is cuDNN's
 attention, 1.3x the varlen kernel's speed at 4k-token rows, 1.75x at 32k (:mod:`pacs_fast.ops.varlen_split`).
 Registration: :func:`activate` switches a model to
 ``"pacs_fast_varlen:<base>"``, where ``<base>`` is the implementation it had (``sdpa``, ``eager``,
@@ -57,7 +58,7 @@ _FAILED: set = set()  # (backend, device type, dtype) that raised here once: not
 _GQA_REFUSED: list = []  # why this torch's varlen_attn refused fewer key/value heads (then they are repeated)
 SPLIT_BACKENDS = ("varlen_attn", "flash_attn")  # the kernels whose long sequences go to SDPA (varlen_split.py)
 _SPLIT_FAILED: list = []  # the error that switched the split off in this process
-_LENGTHS = contextvars.ContextVar("pacs_fast_varlen_lengths", default=None)  # host lengths of the packed forward
+LENGTHS_ATTR = "pacs_fast_lengths"  # a packed row's cu_seqlens carries its sequences' host lengths as this attribute
 # backend -> calls of attend() it answered in this process (a benchmark reads which kernel really ran)
 KERNEL_CALLS: collections.Counter = collections.Counter()
 
@@ -298,12 +299,12 @@ def attend(q, k, v, cu: torch.Tensor, max_len: int, scale: float | None = None, 
     (compile, launch) falls back to the next usable one with one warning line.
 
     With a varlen kernel (``varlen_attn``, ``flash_attn``) and the sequences' host ``lengths`` (this argument, or
-    those :func:`varlen_forward` was given), sequences of at least ``PACS_FAST_VARLEN_LONG`` tokens go through
+    ``cu``'s :data:`LENGTHS_ATTR` attribute), sequences of at least ``PACS_FAST_VARLEN_LONG`` tokens go through
     SDPA's causal kernel instead, one call per group of equal length (:mod:`pacs_fast.ops.varlen_split`)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     name = pick_backend(q, backend)
     if name in SPLIT_BACKENDS and not _SPLIT_FAILED:
-        lengths = _LENGTHS.get() if lengths is None else tuple(int(n) for n in lengths)
+        lengths = getattr(cu, LENGTHS_ATTR, None) if lengths is None else tuple(int(n) for n in lengths)
         if lengths is not None and sum(lengths) == q.shape[0]:
             from pacs_fast.ops import varlen_split
 
@@ -389,7 +390,8 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
         raise ValueError("varlen attention: cu_seq_lens_k must equal cu_seq_lens_q (self-attention)")
     max_len = int(max_length_q) if max_length_q is not None else int(cu_seq_lens_q.diff().max())
     out = attend(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-                 cu_seq_lens_q.to(device=query.device, dtype=torch.int32), max_len, scaling)
+                 cu_seq_lens_q.to(device=query.device, dtype=torch.int32), max_len, scaling,
+                 lengths=getattr(cu_seq_lens_q, LENGTHS_ATTR, None))
     return out[None], None
 
 
@@ -435,13 +437,10 @@ def restore(model, base: str) -> None:
 
 
 @contextlib.contextmanager
-def varlen_forward(lengths=None):
-    """Inside: the varlen implementation builds no mask (the packed forward passes ``cu_seq_lens_*``);
-    ``lengths``: the packed row's sequence lengths on the host (:func:`attend` splits off the long ones)."""
+def varlen_forward():
+    """Inside: the varlen implementation builds no mask (the packed forward passes ``cu_seq_lens_*``)."""
     token = _ACTIVE.set(True)
-    held = _LENGTHS.set(None if lengths is None else tuple(int(n) for n in lengths))
     try:
         yield
     finally:
-        _LENGTHS.reset(held)
         _ACTIVE.reset(token)
