@@ -7,8 +7,9 @@ One packed row of Qwen2.5-1.5B attention (12 query / 2 key-value heads, head dim
 ``pacs_fast.ops.varlen_attention.attend``, forward + backward, at four layouts of ~32-64k tokens: rows of 1k, 4k
 or 32k tokens, and a long-tailed mix (lognormal, median 1k, cap 16k). Methods: ``varlen`` (every sequence through
 the varlen kernel: ``PACS_FAST_VARLEN_LONG=0``), ``split >= T`` (sequences of at least T tokens through SDPA's
-causal kernel, one call per length, the rest through the varlen kernel; pacs_fast/ops/varlen_split.py) and
-``sdpa groups`` (every length group through SDPA). Wall time of a synchronised call (host included: a split
+causal kernel, one call per length, the rest through the varlen kernel; pacs_fast/ops/varlen_split.py),
+``sdpa groups`` (every length group through SDPA) and ``flex`` (compiled ``flex_attention`` with a document mask;
+its compile falls in the warm-up). Wall time of a synchronised call (host included: a split
 into many short calls is launch-bound), the methods alternated round by round, medians; each output checked
 against ``varlen``'s. Writes OUT/attention.json and OUT/attention.md. ``--dry-run``: rows of 8-64 tokens, fp32,
 the CPU path standing in for the varlen kernel (checks the plumbing, never speed).
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
     h, kvh, d = (4, 2, 16) if dry else (12, 2, 128)
     thresholds = tuple(t // 128 for t in THRESHOLDS) if dry else THRESHOLDS
     methods = {"varlen": ("varlen_attn", 0), **{f"split >= {t}": ("varlen_attn", t) for t in thresholds},
-               "sdpa groups": ("sdpa", 0)}
+               "sdpa groups": ("sdpa", 0), "flex": ("flex", 0)}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rows = []
     for name, lengths in layouts(dry).items():

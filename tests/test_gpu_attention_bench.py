@@ -1,0 +1,29 @@
+"""bench/gpu/attention.py's dry run (CPU, tiny rows, the CPU path standing in for the varlen kernel): every
+layout x method row is written, every method's output and gradients equal the varlen path's (fp32: the same
+per-sequence attention), and the split methods send the long sequences to SDPA where some reach the threshold."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_dry_run_writes_every_row_and_the_methods_agree(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("PACS_FAST_VARLEN_LONG", None)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "attention.py"), "--out", str(tmp_path),
+                           "--dry-run"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "attention.json").read_text())["rows"]
+    methods = ["varlen", "split >= 8", "split >= 16", "split >= 32", "split >= 64", "sdpa groups", "flex"]
+    assert [(r["layout"], r["method"]) for r in rows] == [(x, m) for x in ("1k", "4k", "32k", "mix") for m in methods]
+    for r in rows:
+        assert r["ms"] > 0 and r["max_rel_diff_vs_varlen"] <= 1e-5, r
+        split = r["method"].startswith("split")
+        long = split and r["longest"] >= int(r["method"].split()[-1])
+        assert ("sdpa_long" in r["kernels"]) == long, r
+    mix = {r["method"]: r["kernels"] for r in rows if r["layout"] == "mix"}
+    assert mix["split >= 16"]["sdpa_long"] > 1 and mix["split >= 16"]["varlen_attn"] == 1
+    assert "| mix |" in (tmp_path / "attention.md").read_text()
