@@ -277,7 +277,8 @@ def test_cuda_causal_rows_within_bf16_error_of_a_float32_reference(seed):
 
     def sdpa_repeated(q, k, v):
         k, v = (x.repeat_interleave(h // kvh, dim=1) for x in (k, v))
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=d ** -0.5).transpose(1, 2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=d ** -0.5)
+        return out.transpose(1, 2)
 
     base = sdpa_repeated(q, k, v)
     gb = torch.autograd.grad(base, (q, k, v), go)

@@ -9,15 +9,16 @@ valid tokens of a row must be contiguous. megatron's ``GPTModel`` applies RoPE a
 ``0..S-1`` regardless of ``position_ids``, so each row is first shifted left to start at column 0
 (positions then equal ``cumsum(attention_mask) - 1``, as in the HF / vLLM convention) and padding
 sits only at the end, where causal attention keeps it from influencing valid tokens. Only the
-causal mask applies (no mask is passed: the core attention runs a causal kernel); results are shifted back. Padded or packed, only the labelled positions' hidden states (the
-response tokens, given ``label_mask``) reach the LM head: prompt and padding cost no vocabulary work.
+causal mask applies (no mask is passed: the core attention runs a causal kernel); results are shifted back.
+Padded or packed, only the labelled positions' hidden states (the response tokens, given ``label_mask``) reach the
+LM head: prompt and padding cost no vocabulary work.
 
 The padded rows attend through a causal kernel without a mask (:mod:`~pacs_fast.learner.megatron.core_attention`:
 no ``[S, S]`` mask or scores).
 
 Packing (``packing="on"``; ``"auto"``: when it runs >= 20% fewer token slots than the padded rows, or their slots
-exceed the micro-batch's token budget, as in the torch learner; on a GPU the padded causal kernel is the faster
-at equal lengths, bench/results/gpu/20261129_h200). The left-aligned
+exceed the micro-batch's token budget, as in the torch learner; on the H200 the padded rows ran 40,411 tokens/s
+against THD's 36,933 at 8 x 4k, bench/results/gpu/20261204_h200). The left-aligned
 rows are laid end to end (:func:`pacs_fast.learner.packing.pack`), each keeping its own positions
 (restarting at 0), and attention never crosses a boundary. Two layouts (``packed_attention``):
 
@@ -146,9 +147,9 @@ def _decoder_output(model, S: int, **inputs) -> torch.Tensor:
 def _hidden(model, ids: torch.Tensor, position_ids: torch.Tensor, blocked: torch.Tensor, *,
             rope_at_positions: bool = False) -> torch.Tensor:
     """The decoder's final hidden states ``[B, S, H]``; ``blocked [B or 1, 1, S, S]``: True where
-    attention is not allowed (megatron's convention), None for causal attention; ``rope_at_positions``: RoPE at ``position_ids``
-    (:func:`_rope_at`; the dense mask's bins), else at ``0..S-1``. Under sequence parallelism the rows run padded
-    to a multiple of the tensor-parallel size (:func:`~pacs_fast.learner.megatron.sequence_parallel.pad_columns`)."""
+    attention is not allowed (megatron's convention), None for causal attention; ``rope_at_positions``: RoPE at
+    ``position_ids`` (:func:`_rope_at`; the dense mask's bins), else at ``0..S-1``. Under sequence parallelism the
+    rows run padded to a multiple of the tensor-parallel size (:func:`~pacs_fast.learner.megatron.sequence_parallel.pad_columns`)."""
     S = ids.shape[1]
     if is_sequence_parallel(model):
         ids, position_ids, blocked, _ = pad_columns(ids, position_ids, blocked, tp_size_of(model))
