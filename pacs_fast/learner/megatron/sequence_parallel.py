@@ -84,9 +84,10 @@ def tp_size_of(model) -> int:
 
 
 def pad_columns(input_ids: torch.Tensor, position_ids: torch.Tensor, blocked: torch.Tensor | None, multiple: int):
-    """Rows ``[B, S]`` (ids, positions) and ``blocked [B or 1, 1, S, S]`` (True: no attention; None: causal, or THD) padded
-    at the end to a multiple of ``multiple`` columns: id 0, positions continuing each row's last, each pad token
-    attending to itself alone (no real token attends to it: it comes after them). Returns the three and ``S``."""
+    """Rows ``[B, S]`` (ids, positions) and ``blocked [B or 1, 1, S, S]`` (True: no attention; None: causal, or
+    THD) padded at the end to a multiple of ``multiple`` columns: id 0, positions continuing each row's last, each
+    pad token attending to itself alone, or causally with None (no real token attends to it: it comes after them).
+    Returns the three and ``S``."""
     S = input_ids.shape[1]
     pad = -S % multiple
     if pad == 0:
