@@ -3,10 +3,12 @@
 #
 #   bash bench/gpu/lease.sh OUT_DIR [main|product|final|learner]
 #
-# The learner was measured at the 1.5B shape on 2026-11-29 (bench/results/gpu/20261129_h200). The next lease runs
-# `LEARNER_BUDGET_S=200 LEARNER_ARGS='--lengths 32k,4k,mix --learners "torch packed varlen,torch padded + SDPA"'
-#  bash bench/gpu/lease.sh OUT learner` (~5 minutes: the gpu tests with their float32 reference; the 32k packed
-# row again, with torch 2.11's unrepeated key/value heads and its top kernels; then the 0.5B rows), then `main`.
+# The learner was measured at the 1.5B shape on 2026-11-29 and 2026-12-04 (bench/results/gpu/). The next lease runs
+# `LEARNER_BUDGET_S=170 LEARNER_ARGS='--shapes qwen2.5-0.5b --learners "torch packed varlen,torch padded + SDPA,
+#  megatron packed THD,megatron padded"' bash bench/gpu/lease.sh OUT learner` (~5 minutes: the 0.5B rows issue 38
+# still lacks), then `python bench/gpu/attention.py --out OUT/attention` (~1 minute: flex_attention with a document
+# mask against the varlen kernel and the split), then `main` (issue 39; its PACS loss now also times a CUDA-graph
+# replay).
 # learner (~7 minutes, first): the gpu tests of the varlen attention and of Liger's fused layers, then
 #   bench/gpu/learner.py (issue 38): one learner update (log-probs, PACS loss, backward, AdamW), bf16,
 #   Qwen2.5-1.5B / 0.5B shapes, packed varlen (with and without learner.fused_layers=on: carry liger-kernel in
