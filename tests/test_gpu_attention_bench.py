@@ -17,13 +17,17 @@ def test_dry_run_writes_every_row_and_the_methods_agree(tmp_path):
                            "--dry-run"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "attention.json").read_text())["rows"]
-    methods = ["varlen", "split >= 8", "split >= 16", "split >= 32", "split >= 64", "sdpa groups", "flex"]
+    methods = ["varlen", "split >= 8", "split >= 16", "split >= 32", "split >= 64", "split views >= 32",
+               "sdpa groups", "flex"]
     assert [(r["layout"], r["method"]) for r in rows] == [(x, m) for x in ("1k", "4k", "32k", "mix") for m in methods]
     for r in rows:
         assert r["ms"] > 0 and r["max_rel_diff_vs_varlen"] <= 1e-5, r
-        split = r["method"].startswith("split")
+        split = r["method"].startswith("split")  # (the views variant splits at the same threshold as "split >= 32")
         long = split and r["longest"] >= int(r["method"].split()[-1])
         assert ("sdpa_long" in r["kernels"]) == long, r
     mix = {r["method"]: r["kernels"] for r in rows if r["layout"] == "mix"}
     assert mix["split >= 16"]["sdpa_long"] > 1 and mix["split >= 16"]["varlen_attn"] == 1
+    # the views variant: one varlen call per run of short sequences between the long ones, the same long ones
+    assert mix["split views >= 32"]["sdpa_long"] == mix["split >= 32"]["sdpa_long"]
+    assert mix["split views >= 32"]["varlen_attn"] >= 1
     assert "| mix |" in (tmp_path / "attention.md").read_text()

@@ -8,11 +8,13 @@ One packed row of Qwen2.5-1.5B attention (12 query / 2 key-value heads, head dim
 or 32k tokens, and a long-tailed mix (lognormal, median 1k, cap 16k). Methods: ``varlen`` (every sequence through
 the varlen kernel: ``PACS_FAST_VARLEN_LONG=0``), ``split >= T`` (sequences of at least T tokens through SDPA's
 causal kernel, one call per length, the rest through the varlen kernel; pacs_fast/ops/varlen_split.py),
+``split views >= 4096`` (the same split cut into views instead of gathered: :func:`split_views`, a candidate),
 ``sdpa groups`` (every length group through SDPA) and ``flex`` (compiled ``flex_attention`` with a document mask;
 its compile falls in the warm-up). Wall time of a synchronised call (host included: a split
 into many short calls is launch-bound), the methods alternated round by round, medians; each output checked
 against ``varlen``'s. Writes OUT/attention.json and OUT/attention.md. ``--dry-run``: rows of 8-64 tokens, fp32,
-the CPU path standing in for the varlen kernel (checks the plumbing, never speed).
+the CPU path standing in for the varlen kernel (checks the plumbing, never speed; ``flex`` has no backward on the
+CPU and falls back to ``sdpa``, which its row names).
 """
 from __future__ import annotations
 
@@ -39,6 +41,41 @@ def layouts(dry: bool) -> dict:
     return {"1k": [k] * 32, "4k": [4 * k] * 8, "32k": [32 * k] * 2, "mix": mix}
 
 
+def split_views(va, q, k, v, lengths, long, scale, cache):
+    """A candidate for :func:`pacs_fast.ops.varlen_attention._split` that moves fewer bytes (measured here before
+    it replaces it): the row cut into runs of consecutive sequences with one ``split`` (views; its backward one
+    ``cat``), a run of equal-length long ones through ``causal_rows`` as one batch (a view), a run of short ones
+    through the varlen kernel (its own boundaries, cached), the outputs joined with one ``cat``. The product's
+    version gathers the short sequences (``index_select``) and scatters the outputs (``index_copy``)."""
+    key = (tuple(lengths), long)
+    if key not in cache:
+        segs, i = [], 0
+        while i < len(lengths):
+            j, n = i, lengths[i]
+            if n >= long:
+                while j < len(lengths) and lengths[j] == n:
+                    j += 1
+                segs.append((n * (j - i), (n, j - i), None))
+            else:
+                while j < len(lengths) and lengths[j] < long:
+                    j += 1
+                segs.append((sum(lengths[i:j]), None, (va.cu_seqlens(lengths[i:j], q.device), max(lengths[i:j]))))
+            i = j
+        cache[key] = segs
+    segs = cache[key]
+    h, d = q.shape[1:]
+    outs = []
+    for (tokens, run, short), qq, kk, vv in zip(segs, *(x.split([t for t, _, _ in segs]) for x in (q, k, v))):
+        if run is not None:
+            n, m = run
+            qg, kg, vg = (x.view(m, n, x.shape[1], d).transpose(1, 2) for x in (qq, kk, vv))
+            outs.append(va.causal_rows(qg, kg, vg, scale).reshape(tokens, h, d))
+            va.KERNEL_CALLS["sdpa_long"] += 1
+        else:
+            outs.append(va._run(qq, kk, vv, short[0], short[1], scale, "varlen_attn"))
+    return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -58,7 +95,8 @@ def main(argv=None) -> int:
     h, kvh, d = (4, 2, 16) if dry else (12, 2, 128)
     thresholds = tuple(t // 128 for t in THRESHOLDS) if dry else THRESHOLDS
     methods = {"varlen": ("varlen_attn", 0), **{f"split >= {t}": ("varlen_attn", t) for t in thresholds},
-               "sdpa groups": ("sdpa", 0), "flex": ("flex", 0)}
+               f"split views >= {thresholds[2]}": ("views", thresholds[2]), "sdpa groups": ("sdpa", 0),
+               "flex": ("flex", 0)}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rows = []
     for name, lengths in layouts(dry).items():
@@ -67,11 +105,15 @@ def main(argv=None) -> int:
         q, k, v = (torch.randn(N, x, d, generator=gen).to(device, dtype).requires_grad_() for x in (h, kvh, kvh))
         g = torch.randn(N, h, d, generator=gen).to(device, dtype)
         cu = va.cu_seqlens(lengths, device)
+        cache = {}
 
         def call(backend, long):
             os.environ[varlen_split.LONG_ENV] = str(long)
             va.KERNEL_CALLS.clear()
-            out = va.attend(q, k, v, cu, max(lengths), backend=backend, lengths=lengths)
+            if backend == "views":
+                out = split_views(va, q, k, v, lengths, long, d ** -0.5, cache)
+            else:
+                out = va.attend(q, k, v, cu, max(lengths), backend=backend, lengths=lengths)
             grads = torch.autograd.grad(out, (q, k, v), g)
             return out, grads, dict(va.KERNEL_CALLS)
 
@@ -95,7 +137,7 @@ def main(argv=None) -> int:
             rows.append({"layout": name, "tokens": N, "sequences": len(lengths), "longest": max(lengths), "method": m,
                          "ms": ms, "vs_varlen": ms / (base * 1e3), "samples_ms": [t * 1e3 for t in times[m]],
                          **calls[m]})
-            print(f"{name:4s} {m:14s} {ms:9.3f} ms  {ms / (base * 1e3):5.2f}x varlen  {calls[m]}", flush=True)
+            print(f"{name:4s} {m:20s} {ms:9.3f} ms  {ms / (base * 1e3):5.2f}x varlen  {calls[m]}", flush=True)
         del q, k, v, g
     os.environ.pop(varlen_split.LONG_ENV, None)
     os.makedirs(args.out, exist_ok=True)
