@@ -96,9 +96,8 @@ def _loss_and_grads(model, cfg, spec, mode, group) -> dict:
     (padded / dense / thd)."""
     from pacs_fast.algorithms import pacs_loss
     from pacs_fast.learner.megatron.convert import export_hf_state_dict
-    from pacs_fast.learner.megatron.forward import token_logprobs
-
     from pacs_fast.learner.megatron.core_attention import core_attention_class
+    from pacs_fast.learner.megatron.forward import token_logprobs
 
     rm = spec["response_mask"]
     model.zero_grad(set_to_none=True)

@@ -212,7 +212,7 @@ def test_auto_packs_only_where_it_saves_as_the_torch_learner():
     """learner.packing=auto on the megatron learner: packed (THD or the dense mask) only where it runs >= 20% fewer
     token slots than the padded rows or their slots exceed the token budget, as in the torch learner: the padded
     rows attend through a causal kernel without an [S, S] mask (core_attention.py), the faster at equal lengths on a
-    GPU (bench/results/gpu/20261129_h200); ``on`` packs always, a single row too."""
+    GPU (bench/results/gpu/20261204_h200); ``on`` packs always, a single row too."""
     from pacs_fast.learner.megatron.forward import _packed_or_none
 
     equal = torch.ones(3, 12, dtype=torch.bool)

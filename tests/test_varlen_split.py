@@ -147,3 +147,20 @@ def test_the_torch_learner_hands_its_lengths_down(fake_varlen, monkeypatch, seed
     assert (lp1 - lp0)[m].abs().max() <= 1e-12 and (e1 - e0)[m].abs().max() <= 1e-12 and abs(l1 - l0) <= 1e-12
     for name, grad in g0.items():
         assert (g1[name] - grad).abs().max() <= 1e-10 * grad.abs().max().clamp(min=1e-30), name
+
+
+def test_the_megatron_learners_thd_boundaries_carry_their_lengths(fake_varlen, monkeypatch):
+    """thd_params (the megatron learner's packed rows) hangs the host lengths on the device boundaries its core
+    attention hands to attend(), which then splits (a recomputed layer gets the same PackedSeqParams)."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+    from pacs_fast.learner.megatron.core_attention import thd_params
+
+    lengths = [5, 50, 3]
+    params = thd_params(va.cu_seqlens(lengths), max(lengths), "cpu")
+    assert getattr(params.cu_seqlens_q, va.LENGTHS_ATTR) == tuple(lengths)
+    monkeypatch.setenv(varlen_split.LONG_ENV, "40")
+    q, k, v = qkv(lengths, 2)
+    out = va.attend(q, k, v, params.cu_seqlens_q, params.max_seqlen_q)
+    assert va.KERNEL_CALLS == {"sdpa_long": 1, "varlen_attn": 1} and [n for n, _, _ in fake_varlen] == [8]
+    want = va.attend(q, k, v, params.cu_seqlens_q, 50, backend="sdpa")
+    assert (out - want).abs().max() <= 1e-12 * want.abs().max()

@@ -20,8 +20,7 @@ usable one:
 
 ``PACS_FAST_VARLEN_BACKEND`` forces one. With ``varlen_attn`` / ``flash_attn``, the sequences of at least
 ``PACS_FAST_VARLEN_LONG`` tokens (default 4,096; 0: none) go through SDPA's causal kernel instead, where the host
-knows the lengths (an attribute of the torch learner's ``cu_seqlens``, which a recomputed layer gets too; the
-megatron learner's host boundaries): on the H200 that is cuDNN's
+knows the lengths (an attribute of both learners' ``cu_seqlens``, which a recomputed layer gets too): on the H200 that is cuDNN's
 attention, 1.3x the varlen kernel's speed at 4k-token rows, 1.75x at 32k (:mod:`pacs_fast.ops.varlen_split`).
 Registration: :func:`activate` switches a model to
 ``"pacs_fast_varlen:<base>"``, where ``<base>`` is the implementation it had (``sdpa``, ``eager``,

@@ -46,9 +46,12 @@ def thd_params(cu_seqlens: torch.Tensor, max_seqlen: int, device):
     """
     from megatron.core.packed_seq_params import PackedSeqParams
 
+    from pacs_fast.ops.varlen_attention import LENGTHS_ATTR
+
     host = cu_seqlens.to(device="cpu", dtype=torch.int32)
     cuda = torch.device(device).type == "cuda"
     dev = host.pin_memory().to(device, non_blocking=True) if cuda else host.to(device)  # no wait for the stream
+    setattr(dev, LENGTHS_ATTR, tuple(host.diff().tolist()))  # the host lengths, once a forward (attend splits)
     m = int(max_seqlen)
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=dev, cu_seqlens_kv=dev, cu_seqlens_q_padded=host,
                            cu_seqlens_kv_padded=host, max_seqlen_q=m, max_seqlen_kv=m)
@@ -90,10 +93,8 @@ def core_attention_class():
                 raise ValueError(f"packed (THD) attention does not support {why}: use learner.packed_attention=dense")
             from pacs_fast.ops.varlen_attention import attend
 
-            host = packed_seq_params.cu_seqlens_q_padded  # (thd_params: the boundaries on the host)
-            lengths = host.diff().tolist() if host is not None and host.device.type == "cpu" else None
             out = attend(query, key, value, packed_seq_params.cu_seqlens_q, int(packed_seq_params.max_seqlen_q),
-                         self.thd_scale, lengths=lengths)
+                         self.thd_scale)  # (the host lengths ride on cu_seqlens_q: thd_params)
             return out.reshape(out.shape[0], -1)  # [t, heads * d]: megatron reshapes to [t, 1, h]
 
         def _causal(self, query, key, value, attn_mask_type, attention_bias):
