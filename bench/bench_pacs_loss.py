@@ -19,7 +19,7 @@ forward reads logp, logp_ref, mask; backward reads mask and writes dlogp.
 "copy_ms": the floor measured in the same run, a device copy moving that same traffic (half read,
 half written); "fused_vs_copy" = fused / copy time, "copy_bw_fraction" its inverse (issue 22's
 target: >= 0.5 at B=1024, T=4096 and B=8192, T=1024). These are synchronised wall-clock times: at
-these sizes they are mostly the host's launch latency (Python, autograd, three Triton launches;
+these sizes they are mostly the host's launch latency (Python, autograd, two or three Triton launches;
 first GPU run, bench/results/gpu/20261126_h200/: ~1 ms against ~25 us of kernels).
 "*_gpu_us" (CUDA): the device time per call, the sum of its kernels' durations from the CUDA
 profiler (:func:`kernel_time`), for copy, torch and fused alike; "gpu_bw_fraction" = copy_gpu_us /
@@ -28,6 +28,8 @@ fused_gpu_us, the share of the copy's bandwidth the fused kernels reach on the d
 each replay synchronised (:func:`time_graph_replay`): what a captured step pays for the loss, without the host's
 Python, autograd and Triton launches; "graph_vs_copy" its ratio to the copy (issue 39's wall-time target: <= 2).
 "err": max |fused - torch| over the loss and dlogp (when both ran); "graph_err": replay against eager fused.
+"fused_2pass_*": the fused loss with its forward forced to pass A + pass B (``pacs_loss_launch.CONFIG["ONE_PASS"] = 0``),
+beside "fused" (the launch config's choice: the one-launch forward at these shapes), wall and device time.
 
 Usage (prints a table, writes JSON to bench/results/pacs_loss_<device>_<time>.json):
 
@@ -98,6 +100,17 @@ def get_method(name):
     if name == "fused":
         from pacs_fast.ops.pacs_loss import fused_pacs_loss
         return fused_pacs_loss
+    if name == "fused_2pass":  # the fused loss with its forward forced to pass A + pass B (A/B of the one-pass)
+        from pacs_fast.kernels import pacs_loss_launch as KPL
+        from pacs_fast.ops.pacs_loss import fused_pacs_loss
+
+        def two_pass(*a, **k):
+            saved, KPL.CONFIG["ONE_PASS"] = KPL.CONFIG["ONE_PASS"], 0
+            try:
+                return fused_pacs_loss(*a, **k)
+            finally:
+                KPL.CONFIG["ONE_PASS"] = saved
+        return two_pass
     if name == "loop":
         return loop_pacs_loss
     raise ValueError(name)
@@ -248,7 +261,7 @@ def main(argv=None):
         os.environ["TRITON_INTERPRET"] = "1"  # before pacs_fast.kernels defines its kernels
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     with_fused = args.device == "cuda" or args.fused_interpreted
-    methods = ["torch", "loop"] + (["fused"] if with_fused else [])
+    methods = ["torch", "loop"] + (["fused", "fused_2pass"] if with_fused else [])
     shapes, groups = bench_shapes(args)
     rows = []
     for B, T in shapes:
@@ -308,7 +321,7 @@ def main(argv=None):
     cols = ["B", "T", "G", "copy_ms", "torch_ms", "torch_vs_copy", "loop_ms", "loop_over_torch", "fused_ms",
             "speedup_vs_torch", "fused_GBps", "fused_vs_copy", "copy_bw_fraction", "copy_gpu_us", "torch_gpu_us",
             "fused_gpu_us", "fused_gpu_GBps", "gpu_bw_fraction", "fused_graph_ms", "graph_vs_copy", "err",
-            "graph_err"]
+            "graph_err", "fused_2pass_ms", "fused_2pass_gpu_us"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print(f"PACS loss fwd+bwd, device={args.device}, dtype={args.dtype}, G={','.join(map(str, groups))}, "
           f"score={args.score}, proxy={args.proxy}, torch {torch.__version__}, "

@@ -182,8 +182,8 @@ def pacs_case(kernel: str, arch: int, dt: str, cfg: dict, shapes=("tune",), pack
     if kernel == "fwd_sums":
         c.pop("N_SPLIT")  # the grid's second axis, not a kernel argument
         return Case("pacs_loss", "fwd_sums", "_pacs_sums_kernel", arch, dt, list(shapes),
-                    dict(logp_ptr=p, ref_ptr=p, mask_ptr="*u8", cu_ptr="*i32" if packed else p, sums_ptr=f32,
-                         cnt_ptr=f32, B="i32", T="i32"),
+                    dict(logp_ptr=p, ref_ptr=p, mask_ptr="*u8", cu_ptr="*i32" if packed else p, ws_ptr=f32,
+                         B="i32", T="i32"),
                     dict(ACC=tl.float32, PACKED=packed, HAS_MASK=True, HAS_REF=True, **c),
                     nw, ns, wide, variant=f"{var}, masked")
     if kernel == "bwd":
@@ -192,11 +192,22 @@ def pacs_case(kernel: str, arch: int, dt: str, cfg: dict, shapes=("tune",), pack
                     dict(grad_ptr=f32, coef_ptr=f32, mask_ptr="*u8", cu_ptr="*i32" if packed else f32,
                          dlogp_ptr=p, B="i32", T="i32"),
                     dict(PACKED=packed, HAS_MASK=True, **c), nw, ns, wide, variant=f"{var}, masked")
+    scalars = dict(G="i32", g_float="fp32", beta_hi="fp32", beta_lo="fp32", inv_b_hi="fp32", inv_b_lo="fp32",
+                   eps_hi="fp32", eps_lo="fp32")
+    if kernel == "fwd_one":
+        if not cfg.get("ONE_PASS", 1):
+            raise ValueError(f"pacs_case('fwd_one'): a launch config with ONE_PASS = 0 launches no one-pass kernel: {cfg}")
+        c.pop("ONE_PASS", None)
+        return Case("pacs_loss", "fwd_one", "_pacs_one_pass_kernel", arch, dt, list(shapes),
+                    dict(logp_ptr=p, ref_ptr=p, mask_ptr="*u8", cu_ptr="*i32" if packed else p, rewards_ptr=f32,
+                         terms_ptr=f32, coef_ptr=f32, partial_ptr=f32, B="i32", T="i32", **scalars),
+                    dict(ACC=tl.float32, PACKED=packed, HAS_MASK=True, HAS_REF=True, PROXY=0,
+                         SCORE=KP.SCORES[score], WEIGHT=0, **c),
+                    nw, ns, wide, variant=f"{var}, masked, G={G}, {score}")
     if kernel == "fwd":
         return Case("pacs_loss", "fwd", "_pacs_group_kernel", arch, "fp32", list(shapes),
-                    dict(sums_ptr=f32, cnt_ptr=f32, rewards_ptr=f32, proxy_ptr=f32, score_ptr=f32,
-                         pred_ptr=f32, weight_ptr=f32, sample_loss_ptr=f32, coef_ptr=f32,
-                         partial_ptr=f32, n_split="i32", G="i32", g_float="fp32",
+                    dict(ws_ptr=f32, rewards_ptr=f32, terms_ptr=f32, coef_ptr=f32, partial_ptr=f32,
+                         B="i32", n_split="i32", G="i32", g_float="fp32",
                          beta_hi="fp32", beta_lo="fp32", inv_b_hi="fp32", inv_b_lo="fp32",
                          eps_hi="fp32", eps_lo="fp32"),
                     dict(ACC=tl.float32, PROXY=0, SCORE=KP.SCORES[score], WEIGHT=0, **c), nw, ns,
@@ -204,10 +215,12 @@ def pacs_case(kernel: str, arch: int, dt: str, cfg: dict, shapes=("tune",), pack
     raise ValueError(f"unknown PACS loss kernel {kernel!r}")
 
 
-def pacs_cases(arch: int, dtypes=("bf16", "fp32"), kernels=("fwd_sums", "fwd", "bwd"), config=None) -> list[Case]:
+def pacs_cases(arch: int, dtypes=("bf16", "fp32"), kernels=("fwd_one", "fwd_sums", "fwd", "bwd"),
+               config=None) -> list[Case]:
     """The PACS loss cases at ``PACS_SHAPES``: pass A and the backward (``dtypes`` of the log-probs,
     padded; also packed at the first shape's average length in fp32); pass B on pass A's fp32
-    partials at ``PACS_GROUPS`` (rloo; grpo too at 64). ``config(kernel, B=, T=, G=, dtype=)``: the
+    partials at ``PACS_GROUPS`` (rloo; grpo too at 64); the one-pass forward at ``PACS_GROUPS`` where its
+    launch config takes it (padded in ``dtypes``, packed in fp32 at the first shape; grpo too at 64). ``config(kernel, B=, T=, G=, dtype=)``: the
     launch parameters (default ``launch_config`` at ``arch``; bench/gpu/tune_pacs.py passes its
     candidates). Not merged (``cases`` merges identical compile inputs)."""
     KP = _kernel_modules()["pacs_loss"]
@@ -222,6 +235,15 @@ def pacs_cases(arch: int, dtypes=("bf16", "fp32"), kernels=("fwd_sums", "fwd", "
                     if kernel in kernels:
                         cfg = config(kernel, B=b, T=t, G=8 if kernel == "fwd_sums" else 1, dtype=_DT[dt])
                         out.append(pacs_case(kernel, arch, dt, cfg, [f"B{b} T{t}"], packed))
+        if "fwd_one" in kernels:
+            for dt in dtypes:
+                for packed in (False, True) if (b, t) == PACS_SHAPES[0] and dt == "fp32" else (False,):
+                    for g in PACS_GROUPS:
+                        for score in ("rloo", "grpo") if g == PACS_GROUPS[-1] else ("rloo",):
+                            cfg = config("fwd_one", B=b, T=t, G=g, dtype=_DT[dt])
+                            if cfg["ONE_PASS"]:
+                                out.append(pacs_case("fwd_one", arch, dt, cfg, [f"B{b} T{t} G{g}"], packed, G=g,
+                                                     score=score))
         if "fwd" in kernels:
             dt = "fp32" if "fp32" in dtypes else dtypes[0]
             for g in PACS_GROUPS:
@@ -239,6 +261,11 @@ def pacs_access_problems(row: dict) -> str | None:
     be 16-byte. Packed rows start anywhere, so their loads are scalar (not checked)."""
     if row["module"] != "pacs_loss" or not row["variant"].startswith("padded") or row["fn"] == "_pacs_group_kernel":
         return None
+    if row["fn"] == "_pacs_one_pass_kernel":  # its tiles 16-byte too; scalar: at most 3 instructions, the
+        acc = row["global_access"]            # epilogue's read of the group's rewards, once after the token loop
+        vec = sum(n for op, n in acc.items() if op.startswith("ld.global.v4"))
+        scalar = sum(n for op, n in acc.items() if op.startswith("ld.global.") and ".v" not in op)
+        return None if vec >= 3 and scalar <= 3 else f"loads not 16-byte: {acc}"
     acc = row["global_access"]
     scalar = sum(n for op, n in acc.items() if op.startswith("ld.global.") and ".v" not in op)
     vec = sum(n for op, n in acc.items() if op.startswith("ld.global.v4"))
@@ -291,9 +318,10 @@ def _default_cases(arch: int, add) -> None:
         add(logprob_case(name, arch, "bf16", cfg, [shape]))
     add(finish_case(arch, "bf16"))
     b, t = PACS_SHAPES[0]
-    for kernel, g in (("fwd_sums", 8), ("bwd", 1), ("fwd", 8)):
+    for kernel, g in (("fwd_one", 8), ("fwd_sums", 8), ("bwd", 1), ("fwd", 8)):  # one pass or two, by the shape
         cfg = mods["pacs_loss"].launch_config(kernel, B=b, T=t, G=g, dtype=torch.float32, arch=arch)
-        add(pacs_case(kernel, arch, "fp32", cfg, [f"B{b} T{t}" + (f" G{g}" if kernel == "fwd" else "")], G=g))
+        add(pacs_case(kernel, arch, "fp32", cfg, [f"B{b} T{t}" + (f" G{g}" if kernel.startswith("fwd") and
+                                                                  kernel != "fwd_sums" else "")], G=g))
 
 
 def _arch_cases(arch: int, add, mark: str) -> None:

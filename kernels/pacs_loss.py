@@ -1,8 +1,14 @@
-"""Grouped PACS loss: a two-pass forward and a one-pass backward, plus thin launchers.
+"""Grouped PACS loss: a one- or two-pass forward and a one-pass backward, plus thin launchers.
 
-Every kernel that touches the tokens streams them over a 2-D grid ``(row block, token split)`` so
-that every SM has programs in flight (issue 22: the loss at memory speed); only the small
-per-group pass runs one program per group. Formulas: the docstrings of pacs_fast/algorithms/pacs.py.
+The two-pass forward and the backward stream the tokens over a 2-D grid ``(row block, token split)`` so
+that every SM has programs in flight (issue 22: the loss at memory speed) whatever the shape. Where each
+group is small or the groups alone fill the GPU, the one-pass forward (``_pacs_one_pass_kernel``) does the
+whole forward in one launch, a program per group: one Triton launch fewer per call, which is host time
+(issue 39: a call's wall time is mostly the host's). ``launch_config("fwd_one")`` chooses
+(kernels/pacs_loss_launch.py). Formulas: the docstrings of pacs_fast/algorithms/pacs.py.
+
+One-pass forward (``_pacs_one_pass_kernel``), grid ``(B / G,)``: program ``g`` reads ``[BLOCK_G, BLOCK_T]``
+tiles of its group's rows (each row's own length) into per-row sums, then runs steps 2-5 below.
 
 Forward, pass A (``_pacs_sums_kernel``), grid ``(cdiv(B, ROWS), N_SPLIT)``: program ``(b, s)``
 reads ``[ROWS, BLOCK_T]`` tiles of ``logp`` (``- logp_ref``, ``* mask``) at token blocks
@@ -38,6 +44,7 @@ kernels/pacs_loss_launch.py's. This module imports only triton, torch and that m
 """
 from __future__ import annotations
 
+import functools
 import struct
 
 import torch
@@ -85,22 +92,15 @@ def _in_rows(tt, valid, length, T, PACKED: tl.constexpr):
 
 
 @triton.jit
-def _pacs_sums_kernel(
-    logp_ptr, ref_ptr, mask_ptr, cu_ptr, sums_ptr, cnt_ptr,
-    B, T,
-    ACC: tl.constexpr, PACKED: tl.constexpr, HAS_MASK: tl.constexpr, HAS_REF: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
-):
-    # pass A: masked partial sums of ROWS rows over the token blocks split, split + n_split, ...
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    split = tl.program_id(1)
-    n_split = tl.num_programs(1)
-    valid = rows < B
-    start, length, max_len = _row_span(cu_ptr, rows, valid, T, PACKED)
+def _token_sums(logp_ptr, ref_ptr, mask_ptr, start, length, valid, max_len, T, t_first, t_step,
+                ACC: tl.constexpr, PACKED: tl.constexpr, HAS_MASK: tl.constexpr, HAS_REF: tl.constexpr,
+                ROWS: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Per row of ``ROWS``: ``(sum_t mask * x, sum_t mask)`` over the token blocks starting at ``t_first``,
+    ``t_first + t_step``, ... (``x = logp - logp_ref`` with ``HAS_REF``, else ``logp``), in ``ACC``."""
     acc = tl.zeros([ROWS, BLOCK_T], dtype=ACC)
     cnt = tl.zeros([ROWS, BLOCK_T], dtype=ACC)
     offs_t = tl.arange(0, BLOCK_T)
-    for t0 in range(split * BLOCK_T, max_len, n_split * BLOCK_T):
+    for t0 in range(t_first, max_len, t_step):
         tt = t0 + offs_t
         inb = _in_rows(tt, valid, length, T, PACKED)
         idx = start[:, None] + tt[None, :]
@@ -115,41 +115,21 @@ def _pacs_sums_kernel(
         else:
             acc += x
             cnt += inb.to(ACC)
-    out = rows * n_split + split  # [B, n_split] row-major: a group's partials are contiguous
-    tl.store(sums_ptr + out, tl.sum(acc, axis=1), mask=valid)
-    tl.store(cnt_ptr + out, tl.sum(cnt, axis=1), mask=valid)
+    return tl.sum(acc, axis=1), tl.sum(cnt, axis=1)
 
 
 @triton.jit
-def _pacs_group_kernel(
-    sums_ptr, cnt_ptr, rewards_ptr,
-    proxy_ptr, score_ptr, pred_ptr, weight_ptr, sample_loss_ptr, coef_ptr, partial_ptr,
-    n_split, G, g_float, beta_hi, beta_lo, inv_b_hi, inv_b_lo, eps_hi, eps_lo,
-    ACC: tl.constexpr, PROXY: tl.constexpr, SCORE: tl.constexpr, WEIGHT: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-):
+def _group_finish(s, n_tok, grp, rows, offs_g, valid_g, b64, g_float,
+                  beta_hi, beta_lo, inv_b_hi, inv_b_lo, eps_hi, eps_lo, rewards_ptr, terms_ptr, coef_ptr,
+                  partial_ptr, ACC: tl.constexpr, PROXY: tl.constexpr, SCORE: tl.constexpr,
+                  WEIGHT: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Steps 1-5 of the module docstring for the group ``grp`` from its rows' sums ``s`` and token
+    counts ``n_tok`` ([BLOCK_G], ``ACC``): writes the terms, the coefficients and the group's share."""
     # float scalars arrive as fp32 pairs (hi + lo) so that the fp64 path keeps full precision
     beta = tl.cast(beta_hi, ACC) + tl.cast(beta_lo, ACC)
     inv_B = tl.cast(inv_b_hi, ACC) + tl.cast(inv_b_lo, ACC)
     eps = tl.cast(eps_hi, ACC) + tl.cast(eps_lo, ACC)
     Gf = tl.cast(g_float, ACC)  # exact: G <= MAX_GROUP_SIZE (an int arg equal to 1 is a constexpr)
-    grp = tl.program_id(0).to(tl.int64)
-    offs_g = tl.arange(0, BLOCK_G)
-    valid_g = offs_g < G
-    rows = grp * G + offs_g
-
-    # ---- 1. the per-sequence sums: pass A's partials, reduced in a fixed order -------------
-    acc = tl.zeros([BLOCK_G, BLOCK_S], dtype=ACC)
-    cnt = tl.zeros([BLOCK_G, BLOCK_S], dtype=ACC)
-    offs_s = tl.arange(0, BLOCK_S)
-    for s0 in range(0, n_split, BLOCK_S):
-        ss = s0 + offs_s
-        inb = valid_g[:, None] & (ss[None, :] < n_split)
-        idx = rows[:, None] * n_split + ss[None, :]
-        acc += tl.load(sums_ptr + idx, mask=inb, other=0.0)
-        cnt += tl.load(cnt_ptr + idx, mask=inb, other=0.0)
-    s = tl.sum(acc, axis=1)
-    n_tok = tl.sum(cnt, axis=1)
     if PROXY == 0:
         r = beta * s
     else:
@@ -227,13 +207,83 @@ def _pacs_group_kernel(
     if PROXY == 1:
         coef = tl.where(n_tok > 0, coef / tl.where(n_tok > 0, n_tok, 1.0), 0.0)
 
-    tl.store(proxy_ptr + rows, r, mask=valid_g)
-    tl.store(score_ptr + rows, psi, mask=valid_g)
-    tl.store(pred_ptr + rows, pred, mask=valid_g)
-    tl.store(weight_ptr + rows, w, mask=valid_g)
-    tl.store(sample_loss_ptr + rows, sample_loss, mask=valid_g)
+    # the terms: [5, B] rows proxy, score, pred_reward, weight, sample_loss
+    tl.store(terms_ptr + rows, r, mask=valid_g)
+    tl.store(terms_ptr + b64 + rows, psi, mask=valid_g)
+    tl.store(terms_ptr + 2 * b64 + rows, pred, mask=valid_g)
+    tl.store(terms_ptr + 3 * b64 + rows, w, mask=valid_g)
+    tl.store(terms_ptr + 4 * b64 + rows, sample_loss, mask=valid_g)
     tl.store(coef_ptr + rows, coef, mask=valid_g)
     tl.store(partial_ptr + grp, tl.sum(sample_loss, axis=0) * inv_B)
+
+
+@triton.jit
+def _pacs_sums_kernel(
+    logp_ptr, ref_ptr, mask_ptr, cu_ptr, ws_ptr,
+    B, T,
+    ACC: tl.constexpr, PACKED: tl.constexpr, HAS_MASK: tl.constexpr, HAS_REF: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    # pass A: masked partial sums of ROWS rows over the token blocks split, split + n_split, ...;
+    # the workspace holds the [B, n_split] sums, then the [B, n_split] counts
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    split = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    valid = rows < B
+    start, length, max_len = _row_span(cu_ptr, rows, valid, T, PACKED)
+    s, n_tok = _token_sums(logp_ptr, ref_ptr, mask_ptr, start, length, valid, max_len, T, split * BLOCK_T,
+                           n_split * BLOCK_T, ACC, PACKED, HAS_MASK, HAS_REF, ROWS, BLOCK_T)
+    out = rows * n_split + split  # [B, n_split] row-major: a group's partials are contiguous
+    tl.store(ws_ptr + out, s, mask=valid)
+    tl.store(ws_ptr + tl.cast(B, tl.int64) * n_split + out, n_tok, mask=valid)
+
+
+@triton.jit
+def _pacs_group_kernel(
+    ws_ptr, rewards_ptr, terms_ptr, coef_ptr, partial_ptr,
+    B, n_split, G, g_float, beta_hi, beta_lo, inv_b_hi, inv_b_lo, eps_hi, eps_lo,
+    ACC: tl.constexpr, PROXY: tl.constexpr, SCORE: tl.constexpr, WEIGHT: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    # pass B: one program per group reduces pass A's partials in a fixed order, then finishes the group
+    grp = tl.program_id(0).to(tl.int64)
+    offs_g = tl.arange(0, BLOCK_G)
+    valid_g = offs_g < G
+    rows = grp * G + offs_g
+    acc = tl.zeros([BLOCK_G, BLOCK_S], dtype=ACC)
+    cnt = tl.zeros([BLOCK_G, BLOCK_S], dtype=ACC)
+    offs_s = tl.arange(0, BLOCK_S)
+    b64 = tl.cast(B, tl.int64)  # (an int argument equal to 1 arrives as a constexpr)
+    for s0 in range(0, n_split, BLOCK_S):
+        ss = s0 + offs_s
+        inb = valid_g[:, None] & (ss[None, :] < n_split)
+        idx = rows[:, None] * n_split + ss[None, :]
+        acc += tl.load(ws_ptr + idx, mask=inb, other=0.0)
+        cnt += tl.load(ws_ptr + b64 * n_split + idx, mask=inb, other=0.0)
+    _group_finish(tl.sum(acc, axis=1), tl.sum(cnt, axis=1), grp, rows, offs_g, valid_g, b64, g_float,
+                  beta_hi, beta_lo, inv_b_hi, inv_b_lo, eps_hi, eps_lo, rewards_ptr, terms_ptr, coef_ptr,
+                  partial_ptr, ACC, PROXY, SCORE, WEIGHT, BLOCK_G)
+
+
+@triton.jit
+def _pacs_one_pass_kernel(
+    logp_ptr, ref_ptr, mask_ptr, cu_ptr, rewards_ptr, terms_ptr, coef_ptr, partial_ptr,
+    B, T, G, g_float, beta_hi, beta_lo, inv_b_hi, inv_b_lo, eps_hi, eps_lo,
+    ACC: tl.constexpr, PACKED: tl.constexpr, HAS_MASK: tl.constexpr, HAS_REF: tl.constexpr,
+    PROXY: tl.constexpr, SCORE: tl.constexpr, WEIGHT: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    # the whole forward in one launch: one program per group streams its G rows, then finishes the group
+    grp = tl.program_id(0).to(tl.int64)
+    offs_g = tl.arange(0, BLOCK_G)
+    valid_g = offs_g < G
+    rows = grp * G + offs_g
+    start, length, max_len = _row_span(cu_ptr, rows, valid_g, T, PACKED)
+    s, n_tok = _token_sums(logp_ptr, ref_ptr, mask_ptr, start, length, valid_g, max_len, T, 0, BLOCK_T,
+                           ACC, PACKED, HAS_MASK, HAS_REF, BLOCK_G, BLOCK_T)
+    _group_finish(s, n_tok, grp, rows, offs_g, valid_g, tl.cast(B, tl.int64), g_float,
+                  beta_hi, beta_lo, inv_b_hi, inv_b_lo, eps_hi, eps_lo, rewards_ptr, terms_ptr, coef_ptr,
+                  partial_ptr, ACC, PROXY, SCORE, WEIGHT, BLOCK_G)
 
 
 @triton.jit
@@ -261,8 +311,10 @@ def _pacs_bwd_kernel(
         tl.store(dlogp_ptr + idx, val.to(dlogp_ptr.dtype.element_ty), mask=inb)
 
 
+@functools.lru_cache(maxsize=256)
 def _hi_lo(x: float) -> tuple[float, float]:
-    """``x == hi + lo`` (to ~2**-48) with ``hi`` and ``lo`` exactly representable in fp32."""
+    """``x == hi + lo`` (to ~2**-48) with ``hi`` and ``lo`` exactly representable in fp32 (memoised: a
+    run passes the same beta and batch size call after call)."""
     hi = struct.unpack("f", struct.pack("f", float(x)))[0]
     return hi, float(x) - hi
 
@@ -274,63 +326,72 @@ def _as_kernel_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
 
 
-def _acc_dtypes(logp):
-    return (torch.float64, tl.float64) if logp.dtype == torch.float64 else (torch.float32, tl.float32)
-
-
 def pacs_loss_fwd(logp, logp_ref, mask, rewards, cu_seqlens, *, group_size, beta, score,
                   weight_mode, proxy):
-    """Launches the two forward kernels (no validation: the caller validates).
+    """Launches the forward: one kernel, or pass A and pass B (``launch_config("fwd_one")`` chooses; no
+    validation: the caller validates).
 
     logp: [B, T] (padded, contiguous) or [total] (packed with ``cu_seqlens`` [B + 1] int32/int64),
     any float dtype. logp_ref: same layout, or None (only with ``proxy="mean_logp"``).
-    mask: same layout (bool or numeric, 0 = padding) or None (every token counts). rewards: [B].
-    Compute dtype: fp64 for fp64 ``logp``, else fp32.
-    Returns ``(loss, proxy, score, pred_reward, weight, sample_loss, coef)``: loss 0-d, the others
-    [B], all in the compute dtype; ``coef[k] = d loss / d logp[k, t]`` for a token with mask 1.
+    mask: same layout (bool or numeric, 0 = padding) or None (every token counts). rewards: [B]
+    (contiguous, in the compute dtype). Compute dtype: fp64 for fp64 ``logp``, else fp32.
+    Returns ``(loss, terms, coef)``: loss 0-d; terms [5, B], the rows proxy, score, pred_reward,
+    weight and sample_loss; coef [B], ``coef[k] = d loss / d logp[k, t]`` for a token with mask 1;
+    all in the compute dtype.
+
+    Host time is most of a call's wall time (bench/bench_pacs_loss_host.py): one allocation for
+    the workspace, the terms and the loss shares (the kernels find their parts by offset), one for
+    the coefficient the backward saves (its own: views share a version counter, and an in-place
+    edit of a returned term must not invalidate the saved one), and no other tensor op but the
+    final sum.
     """
     packed = cu_seqlens is not None
     B = rewards.shape[0]
     T = logp.shape[0] if packed else logp.shape[1]  # packed: the buffer's length (the spans' bound)
-    avg = max(1, logp.numel() // B)  # tokens per row (the average when packed)
     G = int(group_size)
     n_groups = B // G
     dev = logp.device
-    acc, acc_tl = _acc_dtypes(logp)
-    arch, sms = _arch(dev), _sm_count(dev)
+    wide = logp.dtype == torch.float64
+    acc, acc_tl = (torch.float64, tl.float64) if wide else (torch.float32, tl.float32)
+    one, sums, grp = launch_configs(("fwd_one", "fwd_sums", "fwd"), B=B, T=max(1, logp.numel() // B), G=G,
+                                    dtype=logp.dtype, arch=_arch(dev), sm_count=_sm_count(dev))  # T: the average row
+    ws_len = 0 if one["ONE_PASS"] else 2 * B * sums["N_SPLIT"]
+    buf = torch.empty(ws_len + 5 * B + n_groups, device=dev, dtype=acc)
+    _, terms, partial = buf.split_with_sizes((ws_len, 5 * B, n_groups))
+    coef = torch.empty(B, device=dev, dtype=acc)
     kmask = _as_kernel_mask(mask)
     has_ref = logp_ref is not None and proxy == "logratio"
-    sums, grp = launch_configs(("fwd_sums", "fwd"), B=B, T=avg, G=G, dtype=logp.dtype, arch=arch, sm_count=sms)
-    n_split = sums["N_SPLIT"]
-    # two allocations: pass A's [2, B, N_SPLIT] partial sums, five [B] terms and the [groups] loss shares in
-    # one; the coefficient the backward saves in its own (views share a version counter: an in-place edit
-    # of a returned term must not invalidate the saved one)
-    buf = torch.empty(2 * B * n_split + 5 * B + n_groups, device=dev, dtype=acc)
-    ws = buf[:2 * B * n_split].view(2, B, n_split)
-    outs = (*buf[2 * B * n_split:2 * B * n_split + 5 * B].view(5, B).unbind(0), torch.empty(B, device=dev, dtype=acc))
-    partial = buf[2 * B * n_split + 5 * B:]
-    # pass A: partial sums (masked x, mask) per (row, split)
-    _pacs_sums_kernel[(-(-B // sums["ROWS"]), n_split)](
-        logp, logp_ref if has_ref else logp, logp if kmask is None else kmask,
-        cu_seqlens if packed else logp, ws[0], ws[1], B, T,
-        ACC=acc_tl, PACKED=packed, HAS_MASK=kmask is not None, HAS_REF=has_ref,
-        ROWS=sums["ROWS"], BLOCK_T=sums["BLOCK_T"], num_warps=sums["num_warps"],
-        num_stages=sums["num_stages"], **LAUNCH_OPTIONS,
-    )
-    # pass B: one program per group
-    _pacs_group_kernel[(n_groups,)](
-        ws[0], ws[1], rewards.contiguous(), *outs, partial, n_split, G, float(G), *_hi_lo(beta),
-        *_hi_lo(1.0 / B), *_hi_lo(GRPO_EPS),
-        ACC=acc_tl, PROXY=PROXIES[proxy], SCORE=SCORES[score], WEIGHT=WEIGHT_MODES[weight_mode],
-        BLOCK_G=grp["BLOCK_G"], BLOCK_S=grp["BLOCK_S"], num_warps=grp["num_warps"],
-        num_stages=grp["num_stages"], **LAUNCH_OPTIONS,
-    )
+    inputs = (logp, logp_ref if has_ref else logp, logp if kmask is None else kmask, cu_seqlens if packed else logp)
+    group = (G, float(G), *_hi_lo(beta), *_hi_lo(1.0 / B), *_EPS_HI_LO)
+    options = dict(PROXY=PROXIES[proxy], SCORE=SCORES[score], WEIGHT=WEIGHT_MODES[weight_mode])
+    if one["ONE_PASS"]:  # one launch: a program per group streams its rows and finishes the group
+        _pacs_one_pass_kernel[(n_groups,)](
+            *inputs, rewards, terms, coef, partial, B, T, *group,
+            ACC=acc_tl, PACKED=packed, HAS_MASK=kmask is not None, HAS_REF=has_ref, **options,
+            BLOCK_G=one["BLOCK_G"], BLOCK_T=one["BLOCK_T"], num_warps=one["num_warps"],
+            num_stages=one["num_stages"], **LAUNCH_OPTIONS,
+        )
+    else:
+        # pass A: partial sums (masked x, mask) per (row, split)
+        _pacs_sums_kernel[(-(-B // sums["ROWS"]), sums["N_SPLIT"])](
+            *inputs, buf, B, T,
+            ACC=acc_tl, PACKED=packed, HAS_MASK=kmask is not None, HAS_REF=has_ref,
+            ROWS=sums["ROWS"], BLOCK_T=sums["BLOCK_T"], num_warps=sums["num_warps"],
+            num_stages=sums["num_stages"], **LAUNCH_OPTIONS,
+        )
+        # pass B: one program per group
+        _pacs_group_kernel[(n_groups,)](
+            buf, rewards, terms, coef, partial, B, sums["N_SPLIT"], *group, ACC=acc_tl, **options,
+            BLOCK_G=grp["BLOCK_G"], BLOCK_S=grp["BLOCK_S"], num_warps=grp["num_warps"],
+            num_stages=grp["num_stages"], **LAUNCH_OPTIONS,
+        )
     loss = partial.sum()  # each group's share already carries the 1/B
-    return (loss, *outs)
+    return loss, terms.view(5, B), coef
 
 
 def pacs_loss_bwd(grad_loss, coef, mask, cu_seqlens, logp_shape, logp_dtype):
-    """dlogp (shape ``logp_shape``, dtype ``logp_dtype``) = grad_loss * coef[row] * mask."""
+    """dlogp (shape ``logp_shape``, dtype ``logp_dtype``) = grad_loss * coef[row] * mask; ``grad_loss``
+    one element (read on the device: no sync)."""
     packed = cu_seqlens is not None
     B = coef.shape[0]
     dlogp = torch.empty(logp_shape, device=coef.device, dtype=logp_dtype)
@@ -340,10 +401,13 @@ def pacs_loss_bwd(grad_loss, coef, mask, cu_seqlens, logp_shape, logp_dtype):
     cfg, = launch_configs(("bwd",), B=B, T=max(1, dlogp.numel() // B), G=1, dtype=logp_dtype,
                           arch=_arch(coef.device), sm_count=_sm_count(coef.device))
     kmask = _as_kernel_mask(mask)
-    grad = grad_loss.reshape(1).to(coef.dtype)
+    grad = grad_loss if grad_loss.dtype == coef.dtype else grad_loss.to(coef.dtype)  # read at [0]
     _pacs_bwd_kernel[(-(-B // cfg["ROWS"]), cfg["N_SPLIT"])](
         grad, coef, dlogp if kmask is None else kmask, cu_seqlens if packed else coef, dlogp, B, T,
         PACKED=packed, HAS_MASK=kmask is not None, ROWS=cfg["ROWS"], BLOCK_T=cfg["BLOCK_T"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **LAUNCH_OPTIONS,
     )
     return dlogp
+
+
+_EPS_HI_LO = _hi_lo(GRPO_EPS)

@@ -6,6 +6,7 @@ kernels/tuning.py.
 """
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
@@ -17,15 +18,19 @@ from . import tuning
 # Tests shrink the tiles so that T = 37 spans several token blocks and each program strides over
 # several of them. BLOCK_T / ROWS / N_SPLIT apply to the two streaming kernels (pass A and the
 # backward), BLOCK_S to pass B.
-CONFIG = {"BLOCK_T": None, "ROWS": None, "N_SPLIT": None, "BLOCK_S": None}
+CONFIG = {"BLOCK_T": None, "ROWS": None, "N_SPLIT": None, "BLOCK_S": None, "ONE_PASS": None}
 
-KERNELS = ("fwd_sums", "fwd", "bwd")
+KERNELS = ("fwd_one", "fwd_sums", "fwd", "bwd")
 
 # The launch policy: shape-independent knobs from which ``launch_config`` (see there) derives each
 # shape's tiles and grid; a measured entry of kernels/tuned/sm_<arch>.json replaces them for its arch
 # and dtype width (tiles are never stored). Built-in: the same on every arch (plain loads / stores
 # and reductions: no tensor cores, shared memory <= 9 KB).
 BUILTIN_POLICY = {
+    # the one-launch forward (a program per group streams its rows): where each group is at most
+    # MAX_GROUP_BYTES of inputs or the groups fill half the SMs, and the group fits MAX_BLOCK_G rows
+    "fwd_one": dict(STREAM_BYTES=16 * 1024, MAX_TILE=4096, MAX_GROUP_BYTES=512 * 1024, MAX_BLOCK_G=64, num_warps=8,
+                    num_stages=3),
     "fwd_sums": dict(STREAM_BYTES=16 * 1024, MAX_TILE=4096, PROGRAMS_PER_SM=4, num_warps=4, num_warps_large=4,
                      num_stages=3),
     "fwd": dict(GROUP_ELEMS=2048, num_warps=4, num_stages=3),
@@ -124,12 +129,19 @@ def launch_configs(kernels, *, B: int, T: int, G: int, dtype: torch.dtype, arch:
 
 
 def _state(arch):
-    """What ``_launch_config`` reads besides its arguments: the overrides, the tuned table's file stamp,
-    the module's knobs. Its results are memoised on it (the launchers ask on every forward / backward:
-    host time at small shapes; bounded: packed batches give a new average T almost every step)."""
-    return (tuple(CONFIG.items()), tuple((k, tuple(v.items())) for k, v in POLICY.items()), tuning.stamp(arch),
-            tuple((k, tuple(v.items())) for k, v in BUILTIN_POLICY.items()), SM_COUNT, MIN_TILE, LARGE_TILE,
-            MAX_SPLIT)
+    """What ``_launch_config`` reads besides its arguments: the overrides, the module's knobs (one version
+    number for them, bumped when any differs from its snapshot) and the tuned table's file stamp. Its
+    results are memoised on it (the launchers ask on every forward / backward: host time at small shapes;
+    bounded: packed batches give a new average T almost every step)."""
+    knobs = (SM_COUNT, MIN_TILE, LARGE_TILE, MAX_SPLIT)
+    snap = _snapshot[0]
+    if snap is None or snap[0] != CONFIG or snap[1] != POLICY or snap[2] != BUILTIN_POLICY or snap[3] != knobs:
+        _snapshot[0] = (copy.deepcopy(CONFIG), copy.deepcopy(POLICY), copy.deepcopy(BUILTIN_POLICY), knobs)
+        _snapshot[1] += 1
+    return _snapshot[1], tuning.stamp(arch)
+
+
+_snapshot = [None, 0]  # (deep copies of CONFIG, POLICY, BUILTIN_POLICY and the knobs), their version
 
 
 @functools.lru_cache(maxsize=4096)
@@ -137,6 +149,8 @@ def _launch_config(kernel, B, T, G, dtype, arch, sm_count, state) -> dict:
     """``launch_config``'s computation; ``state`` (what it reads besides its arguments) is only a key."""
     elt = dtype.itemsize
     pol = launch_policy(kernel, dtype, arch)
+    if kernel == "fwd_one":
+        return _one_pass_config(B, T, G, 2 * elt + 1, pol, sm_count)
     if kernel == "fwd_sums":
         return _stream_config(B, T, 2 * elt + 1, pol, sm_count)
     if kernel == "bwd":
@@ -147,6 +161,31 @@ def _launch_config(kernel, B, T, G, dtype, arch, sm_count, state) -> dict:
     if CONFIG["BLOCK_S"] is not None:
         block_s = tuning.override("BLOCK_S", CONFIG["BLOCK_S"])
     return dict(BLOCK_G=block_g, BLOCK_S=block_s, num_warps=pol["num_warps"], num_stages=pol["num_stages"])
+
+
+def _one_pass_config(B: int, T: int, G: int, bytes_per_token: int, pol: dict, sm_count: int | None) -> dict:
+    """The one-launch forward's choice and tiles: ``ONE_PASS`` (1: one program per group streams the group's
+    rows and finishes it, no workspace, one launch instead of two; 0: pass A + pass B), ``BLOCK_G`` (next
+    power of two >= G), ``BLOCK_T`` (``BLOCK_G * BLOCK_T`` about STREAM_BYTES of inputs, at most MAX_TILE,
+    at most next_pow2(T)), warps, stages. One pass where ``BLOCK_G <= MAX_BLOCK_G`` and either a group
+    holds at most MAX_GROUP_BYTES of inputs (a program streams it in a few microseconds) or there are at
+    least half as many groups as SMs (each SM busy); otherwise a few long groups would leave most SMs idle
+    and the two passes' ``(row block, token split)`` grid is faster on the device. On the host one launch
+    fewer is ~10-30 us of a 0.3-0.5 ms call (bench/gpu/pacs_loss_host_profile.py). ``CONFIG["ONE_PASS"]``
+    (0 / 1) and ``CONFIG["BLOCK_T"]`` override."""
+    T = max(1, T)
+    block_g = max(triton.next_power_of_2(G), 2)
+    groups = max(1, B // max(1, G))
+    one = block_g <= pol["MAX_BLOCK_G"] and (G * T * bytes_per_token <= pol["MAX_GROUP_BYTES"]
+                                             or 2 * groups >= (sm_count or SM_COUNT))
+    if CONFIG["ONE_PASS"] is not None:
+        one = bool(tuning.override("ONE_PASS", CONFIG["ONE_PASS"]))
+    tile = min(pol["MAX_TILE"], triton.next_power_of_2(triton.cdiv(pol["STREAM_BYTES"], bytes_per_token)))
+    block_t = max(16, min(tile // block_g, triton.next_power_of_2(T)))
+    if CONFIG["BLOCK_T"] is not None:
+        block_t = tuning.override("BLOCK_T", CONFIG["BLOCK_T"])
+    return dict(ONE_PASS=int(one), BLOCK_G=block_g, BLOCK_T=block_t, num_warps=pol["num_warps"],
+                num_stages=pol["num_stages"])
 
 
 @functools.lru_cache(maxsize=None)

@@ -60,10 +60,11 @@ _warned: set = set()
 # Launch values a kernel can take: blocks and warps are powers of two, counts >= 1, flags >= 0. A grid of
 # 0 programs launches nothing (outputs of torch.empty come back as they were) and GROUP_N = 0 divides by
 # zero on the device, so a value outside these is never launched.
-_POW2 = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "BLOCK_V_BWD", "BLOCK_T", "BLOCK_S", "num_warps", "num_warps_large")
+_POW2 = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "BLOCK_V_BWD", "BLOCK_T", "BLOCK_S", "num_warps", "num_warps_large",
+         "MAX_BLOCK_G")
 _AT_LEAST_1 = ("GROUP_N", "V_TILES", "SPLITS", "ROWS", "N_SPLIT", "num_stages", "BWD_CHUNK_BYTES",
-               "STREAM_BYTES", "PROGRAMS_PER_SM", "MAX_TILE", "GROUP_ELEMS")
-_AT_LEAST_0 = ("PERSISTENT", "FLATTEN", "WARP_SPECIALIZE", "PINGPONG")
+               "STREAM_BYTES", "PROGRAMS_PER_SM", "MAX_TILE", "GROUP_ELEMS", "MAX_GROUP_BYTES")
+_AT_LEAST_0 = ("PERSISTENT", "FLATTEN", "WARP_SPECIALIZE", "PINGPONG", "ONE_PASS")
 
 
 class LaunchConfigError(ValueError):
@@ -77,7 +78,8 @@ class LaunchConfigError(ValueError):
 # <= 32 warps (1,024 threads), <= 16 stages, flags 0 / 1 (PERSISTENT is a count: programs per SM, 0 = a grid
 # over the tiles); other counts <= 2**20, byte budgets <= 2**40.
 _MOST = {**dict.fromkeys(_POW2, 1 << 16), "num_warps": 32, "num_warps_large": 32, "num_stages": 16,
-         "FLATTEN": 1, "WARP_SPECIALIZE": 1, "PINGPONG": 1, "PERSISTENT": 64, "BWD_CHUNK_BYTES": 1 << 40}
+         "FLATTEN": 1, "WARP_SPECIALIZE": 1, "PINGPONG": 1, "ONE_PASS": 1, "MAX_BLOCK_G": 1024, "PERSISTENT": 64,
+         "BWD_CHUNK_BYTES": 1 << 40, "MAX_GROUP_BYTES": 1 << 40}
 
 
 def launch_value_problem(key: str, value) -> str | None:

@@ -335,6 +335,22 @@ def test_bad_input_names_argument(i, monkeypatch):
         fused_pacs_loss(*args, **call)
 
 
+def test_memoised_option_checks_refuse_what_they_refused():
+    """The option checks are memoised (host time per call): a value equal to one that passed, but of another
+    type, is checked on its own (``True == 1`` and ``2.0 == 2`` hash alike), and an unhashable one gets the
+    check's own error, not the memo's TypeError."""
+    logp, ref, mask, R = on_device(*make_inputs(8, 5))
+    fused_pacs_loss(logp, ref, mask, R, group_size=2)  # passes, and is memoised
+    fused_pacs_loss(logp, ref, mask, R, group_size=1, score="naive")
+    for bad in (True, 2.0, [2]):
+        with pytest.raises(ValueError, match="group_size must be a positive int"):
+            fused_pacs_loss(logp, ref, mask, R, group_size=bad, score="naive")
+    with pytest.raises(ValueError, match="beta must be a finite real number"):
+        fused_pacs_loss(logp, ref, mask, R, group_size=2, beta=[1.0])
+    with pytest.raises(ValueError, match="score must be one of"):
+        fused_pacs_loss(logp, ref, mask, R, group_size=2, score=["rloo"])
+
+
 def test_a_numpy_beta_is_taken_as_pacs_loss_takes_it():
     """``beta=np.float32(0.5)`` was refused ("must be a finite real number") while pacs_loss took it."""
     logp, ref, mask, R = on_device(*make_inputs(8, 5))
@@ -380,3 +396,39 @@ def test_large_batch_grid_cuda(seed):
     torch.testing.assert_close(got[2][:n].double() * B, want[2] * n, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(got[0].double(), got[1]["sample_loss"].double().mean(),
                                rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,T,G,dtype", [(1024, 4096, 8, torch.float32), (8192, 1024, 64, torch.bfloat16),
+                                         (64, 20_000, 16, torch.float32)])
+def test_one_pass_and_two_pass_forwards_agree_at_real_shapes_cuda(seed, monkeypatch, B, T, G, dtype):
+    """The one-launch forward (a program per group) and pass A + pass B on a GPU, at the issue's shapes and at long
+    rows in few groups (where the launch config takes the two passes), against the PyTorch path in float64.
+    Bounds: fp32 sums of up to 20k terms of |x| <= 3 in two orders (~1e-7 relative each; 1e-5 leaves room), the
+    gradient one rounding of the coefficient to the log-prob dtype; each forward deterministic run to run."""
+    from pacs_fast.kernels import pacs_loss_launch as KPL
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU; none on this machine")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logp = (-3.0 * torch.rand(B, T, device="cuda", generator=g)).to(dtype)
+    ref = (logp.float() + 0.1 * torch.randn(B, T, device="cuda", generator=g)).to(dtype)
+    mask = torch.rand(B, T, device="cuda", generator=g) > 0.2
+    rewards = (torch.rand(B, device="cuda", generator=g) > 0.5).float()
+    x = logp.double().requires_grad_()
+    want = torch_pacs_loss(x, ref.double(), mask, rewards, group_size=G, backend="torch")
+    want.backward()
+    got = {}
+    for one in (1, 0):
+        monkeypatch.setitem(KPL.CONFIG, "ONE_PASS", one)
+        runs = []
+        for _ in range(2):
+            y = logp.clone().requires_grad_()
+            loss = fused_pacs_loss(y, ref, mask, rewards, group_size=G)
+            loss.backward()
+            runs.append((loss.detach(), y.grad))
+        assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1]), one
+        got[one] = runs[0]
+        torch.testing.assert_close(runs[0][0].double(), want.detach(), rtol=1e-5, atol=1e-7)
+        grad_tol = 2 ** -7 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(runs[0][1].double(), x.grad.to(dtype).double(), rtol=grad_tol, atol=1e-9)
+    torch.testing.assert_close(got[1][0], got[0][0], rtol=1e-5, atol=1e-7)

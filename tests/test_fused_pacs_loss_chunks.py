@@ -26,11 +26,13 @@ from fused_pacs_loss_checks import (PROXIES, SCORES, TERM_KEYS, assert_close_wit
 
 pytestmark = pytest.mark.interpret
 
-# (ROWS, BLOCK_T, N_SPLIT); N_SPLIT None: cdiv(T, BLOCK_T) from launch_config
+# (ROWS, BLOCK_T, N_SPLIT, ONE_PASS); N_SPLIT None: cdiv(T, BLOCK_T) from launch_config. The first three
+# run pass A + pass B, "one_pass" the one-launch forward (a program per group loops over the 3 blocks)
 TILINGS = {
-    "block_per_program": (1, 16, None),      # T=37: 3 blocks, grid (B, 3)
-    "strided": (2, 16, 2),                   # split 0 reads blocks 0 and 2, split 1 block 1
-    "past_the_end": (8, 16, 5),              # 3 blocks, 5 splits: splits 3, 4 store zeros; B % 8 != 0
+    "block_per_program": (1, 16, None, 0),   # T=37: 3 blocks, grid (B, 3)
+    "strided": (2, 16, 2, 0),                # split 0 reads blocks 0 and 2, split 1 block 1
+    "past_the_end": (8, 16, 5, 0),           # 3 blocks, 5 splits: splits 3, 4 store zeros; B % 8 != 0
+    "one_pass": (None, 16, None, 1),         # grid (B / G,); each program: G rows x 3 blocks of 16
 }
 
 
@@ -48,17 +50,24 @@ class _GridSpy:
 @pytest.fixture(params=list(TILINGS))
 def tiles(request, monkeypatch):
     """Tiny tiles for both streaming kernels and pass B; yields the recorded launch grids."""
-    rows, block_t, n_split = TILINGS[request.param]
-    for k, v in dict(ROWS=rows, BLOCK_T=block_t, N_SPLIT=n_split, BLOCK_S=2).items():
+    rows, block_t, n_split, one_pass = TILINGS[request.param]
+    for k, v in dict(ROWS=rows, BLOCK_T=block_t, N_SPLIT=n_split, BLOCK_S=2, ONE_PASS=one_pass).items():
         monkeypatch.setitem(KPL.CONFIG, k, v)
-    grids = {"sums": [], "bwd": []}
+    grids = {"sums": [], "bwd": [], "one": []}
     monkeypatch.setattr(KP, "_pacs_sums_kernel", _GridSpy(KP._pacs_sums_kernel, grids["sums"]))
     monkeypatch.setattr(KP, "_pacs_bwd_kernel", _GridSpy(KP._pacs_bwd_kernel, grids["bwd"]))
-    return dict(name=request.param, rows=rows, block_t=block_t, n_split=n_split, grids=grids)
+    monkeypatch.setattr(KP, "_pacs_one_pass_kernel", _GridSpy(KP._pacs_one_pass_kernel, grids["one"]))
+    return dict(name=request.param, rows=rows, block_t=block_t, n_split=n_split, one_pass=one_pass, grids=grids)
 
 
 def _assert_split_grid(tiles, B, T):
-    """The launches really used several splits per row (else these tests would test nothing)."""
+    """The launches really used several splits per row (else these tests would test nothing); the
+    one-launch forward: one program per group, nothing of pass A."""
+    if tiles["one_pass"]:
+        assert tiles["grids"]["one"] and not tiles["grids"]["sums"] and tiles["grids"]["bwd"]
+        assert triton.cdiv(T, tiles["block_t"]) >= 2  # each program loops over several token blocks
+        return
+    assert not tiles["grids"]["one"]
     want_split = tiles["n_split"] or triton.cdiv(T, tiles["block_t"])
     want = (triton.cdiv(B, tiles["rows"]), want_split)
     assert want[1] >= 2
@@ -123,6 +132,9 @@ def test_packed_rows_of_very_different_lengths(seed, tiles, proxy, with_mask):
         got = check(logp, logp_ref, mask, rewards, lengths=lengths, **kw)
         assert got[1]["proxy"][0] == 0 and got[1]["proxy"][5] == 0
         assert got[2].shape == logp.shape
+    if tiles["one_pass"]:  # a program per group: the 300-token row's program loops over its 19 blocks
+        assert tiles["grids"]["one"][-1] == (B // G,) and not tiles["grids"]["sums"]
+        return
     avg_split = tiles["n_split"] or triton.cdiv(int(sum(lengths)) // B, tiles["block_t"])
     assert tiles["grids"]["sums"][-1] == (triton.cdiv(B, tiles["rows"]), avg_split)
     assert avg_split < triton.cdiv(300, tiles["block_t"])  # the long row needs several rounds
@@ -227,8 +239,8 @@ def test_tilings_agree_with_one_block_per_row(seed, monkeypatch):
     logp, logp_ref, mask, rewards = make_inputs(B, T)
     kw = dict(group_size=G, score="rloo", proxy="mean_logp")
     base = run_fused(logp, logp_ref, mask, rewards, **kw)
-    for rows, block_t, n_split in TILINGS.values():
-        for k, v in dict(ROWS=rows, BLOCK_T=block_t, N_SPLIT=n_split, BLOCK_S=2).items():
+    for rows, block_t, n_split, one_pass in TILINGS.values():
+        for k, v in dict(ROWS=rows, BLOCK_T=block_t, N_SPLIT=n_split, BLOCK_S=2, ONE_PASS=one_pass).items():
             monkeypatch.setitem(KPL.CONFIG, k, v)
         got = run_fused(logp, logp_ref, mask, rewards, **kw)
         # fp32 sums of <= 37 terms of size <= 4 in a different order: |diff| ~ 37 * 4 * 6e-8
@@ -265,6 +277,44 @@ def test_streaming_grid_fills_the_gpu(B, T, dtype, kernel, builtin_policy):
 def test_group_pass_tile(G, builtin_policy):
     cfg = KPL.launch_config("fwd", B=8192, T=1024, G=G, dtype=torch.float32, arch=90)
     assert cfg["BLOCK_G"] >= G and cfg["BLOCK_G"] * cfg["BLOCK_S"] <= 2048 and cfg["BLOCK_S"] >= 2
+
+
+@pytest.mark.parametrize("B,T,G,dtype,one", [
+    (1024, 4096, 8, torch.float32, 1),     # 128 groups of 295 KB: both rules
+    (8192, 1024, 8, torch.float32, 1),     # 1,024 groups
+    (8192, 1024, 64, torch.bfloat16, 1),   # BLOCK_G = 64, the most the one-pass kernel takes
+    (64, 512, 16, torch.float64, 1),       # 4 groups of 139 KB: small enough for one program each
+    (16, 32768, 16, torch.float32, 0),     # one group of 4.7 MB: one program would stream it alone
+    (8192, 1024, 128, torch.float32, 0),   # BLOCK_G = 128 > MAX_BLOCK_G
+    (8192, 1024, 1024, torch.float32, 0),
+])
+def test_one_pass_where_each_group_is_small_or_the_groups_fill_the_gpu(B, T, G, dtype, one, builtin_policy):
+    """The one-launch forward (a program per group; one launch fewer on the host) where a group is at most
+    512 KB of inputs or there are >= 66 groups (half of 132 SMs), and G <= 64; else pass A + pass B."""
+    cfg = KPL.launch_config("fwd_one", B=B, T=T, G=G, dtype=dtype, arch=90, sm_count=132)
+    assert cfg["ONE_PASS"] == one, cfg
+    elt = torch.empty((), dtype=dtype).element_size()
+    if one:  # its tile: about 16 KB of inputs per step (the power of two above 16 KB / bytes per token)
+        assert cfg["BLOCK_G"] >= G and cfg["BLOCK_G"] * cfg["BLOCK_T"] * (2 * elt + 1) <= 2 * 16 * 1024, cfg
+        assert 16 <= cfg["BLOCK_T"] <= triton.next_power_of_2(T)
+
+
+def test_one_pass_override_and_its_bad_values(builtin_policy, monkeypatch):
+    from pacs_fast.kernels import tuning
+    kw = dict(B=16, T=32768, G=16, dtype=torch.float32, arch=90, sm_count=132)
+    assert KPL.launch_config("fwd_one", **kw)["ONE_PASS"] == 0
+    monkeypatch.setitem(KPL.CONFIG, "ONE_PASS", 1)
+    assert KPL.launch_config("fwd_one", **kw)["ONE_PASS"] == 1
+    for bad in (2, -1, "yes", 0.5):
+        monkeypatch.setitem(KPL.CONFIG, "ONE_PASS", bad)
+        with pytest.raises(tuning.LaunchConfigError, match="ONE_PASS"):
+            KPL.launch_config("fwd_one", **kw)
+    monkeypatch.setitem(KPL.CONFIG, "ONE_PASS", None)
+    monkeypatch.setitem(KPL.POLICY, "fwd_one", {"MAX_GROUP_BYTES": 8 << 20})  # 4.7 MB groups now pass
+    assert KPL.launch_config("fwd_one", **kw)["ONE_PASS"] == 1
+    monkeypatch.setitem(KPL.POLICY, "fwd_one", {"MAX_BLOCK_G": 48})
+    with pytest.raises(tuning.LaunchConfigError, match="MAX_BLOCK_G"):
+        KPL.launch_config("fwd_one", **kw)
 
 
 def test_launch_config_memo_follows_every_input(builtin_policy, monkeypatch, tmp_path):

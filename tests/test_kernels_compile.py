@@ -77,7 +77,7 @@ def _launched_kernels():
 def test_every_launch_asks_for_fp_fusion():
     """Every kernel launch in the kernel files passes ``**LAUNCH_OPTIONS`` (FP fusion on, explicitly):
     Triton 3.9 warns that its default turns fusion off in 3.10, which would add ~0.5 FP32 instructions per
-    logit to the epilogues (measured by compiling with TRITON_DEFAULT_FP_FUSION=0). 14 launch sites."""
+    logit to the epilogues (measured by compiling with TRITON_DEFAULT_FP_FUSION=0). 15 launch sites."""
     import ast
     sites, missing = 0, []
     for f in KERNEL_FILES:
@@ -88,7 +88,7 @@ def test_every_launch_asks_for_fp_fusion():
                 sites += 1
                 if not any(k.arg is None and ast.unparse(k.value) == "LAUNCH_OPTIONS" for k in node.keywords):
                     missing.append(f"{f}:{node.lineno} {ast.unparse(node.func)}")
-    assert sites == 14 and not missing, (sites, missing)
+    assert sites == 15 and not missing, (sites, missing)
 
 
 def test_aot_compile_keeps_fp_fusion_when_the_default_turns_it_off(tmp_path):
@@ -135,7 +135,7 @@ DEFAULT_LAUNCHES = {("token_logprobs", "_stats_fwd_kernel", "bf16"), ("token_log
                     ("linear_logprobs", "_dlogits_kernel", "bf16"),
                     ("linear_logprobs_finish", "_finish_kernel", "bf16"),
                     ("pacs_loss", "_pacs_sums_kernel", "fp32"), ("pacs_loss", "_pacs_bwd_kernel", "fp32"),
-                    ("pacs_loss", "_pacs_group_kernel", "fp32")}
+                    ("pacs_loss", "_pacs_group_kernel", "fp32"), ("pacs_loss", "_pacs_one_pass_kernel", "fp32")}
 
 
 def test_every_launched_kernel_compiles_for_every_arch_and_dtype(report):
@@ -144,7 +144,7 @@ def test_every_launched_kernel_compiles_for_every_arch_and_dtype(report):
     assert not errors, _fail(errors, "compile failures")
     covered = {(c["module"], c["fn"], c["arch"], c["dtype"]) for c in report["cases"]}
     kernels = _launched_kernels()
-    assert len(kernels) == 14, kernels  # 2 token, 9 linear, 3 PACS: a new kernel must be added to aot.cases
+    assert len(kernels) == 15, kernels  # 2 token, 9 linear, 4 PACS: a new kernel must be added to aot.cases
     # every arch compiled, or skipped with the reason (the installed Triton cannot target it); Triton 3.9: none
     assert sorted(report["archs"] + [int(a) for a in report["skipped_archs"]]) == sorted(aot.ARCHS), report["archs"]
     if triton.__version__.startswith("3.9"):
@@ -268,7 +268,7 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
                        (KL, ("_stats_fwd_kernel", "_grad_bwd_kernel", "_dlogits_kernel")),
                        (KLF, ("_stats_tiles_kernel",)), (KLT, ("_stats_tma_kernel", "_dlogits_tma_kernel")),
                        (KLG, ("_stats_gluon_kernel", "_dlogits_gluon_kernel")),
-                       (KP, ("_pacs_sums_kernel", "_pacs_group_kernel", "_pacs_bwd_kernel"))):
+                       (KP, ("_pacs_sums_kernel", "_pacs_group_kernel", "_pacs_bwd_kernel", "_pacs_one_pass_kernel"))):
         for name in names:
             monkeypatch.setattr(mod, name, _Recorder(calls))
     monkeypatch.setattr(KT, "device_arch", lambda d: arch)
@@ -343,8 +343,13 @@ def test_launchers_pass_launch_config(monkeypatch, arch):
     check(KL.launch_config("dlogits", N=n, V=v, H=h, dtype=hid.dtype, arch=arch), keys + ("GROUP_N",))
     b, t, g = 16, 50, 8
     logp = torch.randn(b, t)
-    KP.pacs_loss_fwd(logp, logp, None, torch.ones(b), None, group_size=g, beta=1.0, score="rloo",
-                     weight_mode="question", proxy="logratio")
+    fwd = dict(group_size=g, beta=1.0, score="rloo", weight_mode="question", proxy="logratio")
+    KP.pacs_loss_fwd(logp, logp, None, torch.ones(b), None, **fwd)  # the one-pass forward at this shape
+    cfg = KPL.launch_config("fwd_one", B=b, T=t, G=g, dtype=logp.dtype, arch=arch)
+    assert cfg["ONE_PASS"] == 1
+    assert check(cfg, ("BLOCK_G", "BLOCK_T", "num_warps", "num_stages"))["grid"] == (b // g,) and not calls
+    monkeypatch.setitem(KPL.CONFIG, "ONE_PASS", 0)
+    KP.pacs_loss_fwd(logp, logp, None, torch.ones(b), None, **fwd)  # pass A, then pass B
     got = check(KPL.launch_config("fwd", B=b, T=t, G=g, dtype=logp.dtype, arch=arch),
                 ("BLOCK_G", "BLOCK_S", "num_warps", "num_stages"))
     assert got["grid"] == (b // g,)

@@ -50,6 +50,8 @@ def _params(c: dict) -> str:
         tile = f"V{k['BLOCK_V']}"
     elif c["fn"] == "_pacs_group_kernel":
         tile = f"G{k['BLOCK_G']}xS{k['BLOCK_S']}"
+    elif c["fn"] == "_pacs_one_pass_kernel":  # a [BLOCK_G, BLOCK_T] tile of the group's rows
+        tile = f"G{k['BLOCK_G']}xT{k['BLOCK_T']}"
     else:  # the PACS streaming kernels: a [ROWS, BLOCK_T] tile
         tile = f"{k['ROWS']}x{k['BLOCK_T']}"
     return f"{tile} w{c['num_warps']} s{c['num_stages']}"

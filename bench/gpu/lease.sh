@@ -8,7 +8,8 @@
 #  megatron packed THD,megatron padded"' bash bench/gpu/lease.sh OUT learner` (~5 minutes: the 0.5B rows issue 38
 # still lacks), then `python bench/gpu/attention.py --out OUT/attention` (~1 minute: flex_attention with a document
 # mask against the varlen kernel and the split), then `main` (issue 39; its PACS loss now also times a CUDA-graph
-# replay).
+# replay, and the two-pass forward beside the one-pass forward that became the default on 2026-12-04 untimed on a
+# GPU: `fused_2pass_*` columns; the gpu tests include both forwards against float64 at the real shapes).
 # learner (~7 minutes, first): the gpu tests of the varlen attention and of Liger's fused layers, then
 #   bench/gpu/learner.py (issue 38): one learner update (log-probs, PACS loss, backward, AdamW), bf16,
 #   Qwen2.5-1.5B / 0.5B shapes, packed varlen (with and without learner.fused_layers=on: carry liger-kernel in

@@ -352,15 +352,18 @@ def report_md(res: dict, dry: bool) -> str:
         L += ["", "## PACS loss forward+backward", "",
               "Synchronised wall time per forward+backward (host launch latency included), then device time "
               "(the kernels' durations from the CUDA profiler) for the copy of the same bytes and the fused "
-              "kernels; share = copy / fused.", "",
+              "kernels; share = copy / fused; graph: the fused forward + backward replayed from a CUDA graph, "
+              "synchronised; 2-pass: the fused loss with its forward forced to pass A + pass B (the one-launch "
+              "forward's A/B).", "",
               "| B | T | G | copy ms | torch ms | fused ms | speedup | wall share of copy | copy GPU us | fused GPU us "
-              "| fused GPU GB/s | GPU share of copy | err |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| fused GPU GB/s | GPU share of copy | graph ms | graph / copy | 2-pass ms | 2-pass GPU us | err |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in pl["rows"]:
             f = (lambda k: f"{r[k]:.3g}" if isinstance(r.get(k), (int, float)) else "-")
             L.append(f"| {r['B']} | {r['T']} | {r.get('G', '-')} | {f('copy_ms')} | {f('torch_ms')} | {f('fused_ms')} | "
                      f"{f('speedup_vs_torch')} | {f('copy_bw_fraction')} | {f('copy_gpu_us')} | {f('fused_gpu_us')} | "
-                     f"{f('fused_gpu_GBps')} | {f('gpu_bw_fraction')} | {f('err')} |")
+                     f"{f('fused_gpu_GBps')} | {f('gpu_bw_fraction')} | {f('fused_graph_ms')} | {f('graph_vs_copy')} | "
+                     f"{f('fused_2pass_ms')} | {f('fused_2pass_gpu_us')} | {f('err')} |")
     pr = res.get("pacs_run")
     if pr and pr.get("phases"):
         L += ["", f"## PACS run: {pr.get('steps')} steps, rollout.engine={pr.get('engine')} "

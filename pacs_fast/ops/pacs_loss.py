@@ -1,11 +1,15 @@
 """Fused grouped PACS loss (Triton): autograd Function and the public ``fused_pacs_loss``.
 
 Same semantics and return values as ``pacs_fast.algorithms.pacs_loss(..., backend="torch")``;
-formulas in :mod:`pacs_fast.algorithms.pacs`. The forward is two launches: pass A streams the tokens over a
-``(row block, token split)`` grid into per-(row, split) partial sums; pass B (one program per
-group) reduces them and computes the proxies, the group scores, the class-balanced weights, the
-BCE terms and the per-sequence gradient coefficient. The backward kernel writes ``dlogp`` in one
-pass over the same kind of grid (kernels/pacs_loss.py).
+formulas in :mod:`pacs_fast.algorithms.pacs`. The forward is one launch where each group is small or the
+groups fill the GPU (a program per group streams its rows, then computes the proxies, the group scores,
+the class-balanced weights, the BCE terms and the per-sequence gradient coefficient), else two: pass A
+streams the tokens over a ``(row block, token split)`` grid into per-(row, split) partial sums, pass B
+(one program per group) reduces them and finishes the group (``launch_config("fwd_one")`` chooses).
+The backward kernel writes ``dlogp`` in one pass over a ``(row block, token split)`` grid
+(kernels/pacs_loss.py). A call's wall time on a GPU is mostly host time (Python, autograd, Triton's
+launcher: bench/bench_pacs_loss_host.py); the Function takes its options as one argument and returns
+the five terms as one ``[5, B]`` output for that reason.
 
 Cost: the forward reads logp, logp_ref and mask once; the backward reads mask and writes dlogp
 once. Saved for backward: one ``[B]`` coefficient (plus references to mask / cu_seqlens). The
@@ -17,6 +21,7 @@ non-finite values and rewards outside [0, 1] with ``check_finite=True`` (one syn
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -34,20 +39,20 @@ TERM_KEYS = ("proxy", "score", "pred_reward", "weight", "sample_loss")
 
 class _FusedPacsLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logp, logp_ref, mask, rewards, cu_seqlens, group_size, beta, score,
-                weight_mode, proxy):
-        loss, r, psi, pred, w, sample_loss, coef = _k.pacs_loss_fwd(
+    def forward(ctx, logp, logp_ref, mask, rewards, cu_seqlens, options):
+        group_size, beta, score, weight_mode, proxy = options  # one argument: apply's per-argument host work
+        loss, terms, coef = _k.pacs_loss_fwd(
             logp, logp_ref, mask, rewards, cu_seqlens, group_size=group_size, beta=beta,
             score=score, weight_mode=weight_mode, proxy=proxy)
         ctx.save_for_backward(coef, mask, cu_seqlens)
         ctx.logp_shape = logp.shape
         ctx.logp_dtype = logp.dtype
-        ctx.mark_non_differentiable(r, psi, pred, w, sample_loss)
-        ctx.set_materialize_grads(False)  # no zero-filled [B] grads for the five outputs without one
-        return loss, r, psi, pred, w, sample_loss
+        ctx.mark_non_differentiable(terms)  # [5, B]: one output, split by the caller that asks for them
+        ctx.set_materialize_grads(False)  # no zero-filled grad for it
+        return loss, terms
 
     @staticmethod
-    def backward(ctx, grad_loss, *_unused):
+    def backward(ctx, grad_loss, _grad_terms):
         refuse_double_backward("the fused PACS loss", "pacs_loss(backend='torch') is twice differentiable")
         coef, mask, cu_seqlens = ctx.saved_tensors
         dlogp = None
@@ -60,7 +65,7 @@ class _FusedPacsLoss(torch.autograd.Function):
                     dispatch.failed("tiles", BWD_KERNEL, e)
             if dlogp is None:
                 dlogp = _torch_backward(*args)
-        return (dlogp,) + (None,) * 9
+        return dlogp, None, None, None, None, None
 
 
 def _torch_backward(grad_loss, coef, mask, cu_seqlens, logp_shape, logp_dtype):
@@ -90,14 +95,44 @@ def _check_choice(name: str, value, options) -> None:
         raise ValueError(f"{_FN}: {name} must be one of {tuple(options)}, got {value!r}")
 
 
-def _validate(logp, logp_ref, mask, rewards, group_size, beta, score, weight_mode, proxy,
-              cu_seqlens) -> int:
-    """Checks shapes and options (no device sync); returns B. ValueError names the argument."""
+def _check_options(group_size, beta, score, weight_mode, proxy) -> tuple:
+    """The options checked (ValueError names the argument); returns them as the kernels take them:
+    ``(int group_size, float beta, score, weight_mode, proxy)``. Memoised (a run passes the same
+    options call after call) when they hash, types apart (``True`` is not ``1`` here)."""
+    if torch.compiler.is_compiling():  # dynamo traces the check itself (it warns of a memo)
+        return _check_options_now(group_size, beta, score, weight_mode, proxy)
+    try:
+        return _check_options_memo(group_size, beta, score, weight_mode, proxy)
+    except TypeError:  # an unhashable option: the check's own error, not the memo's
+        return _check_options_now(group_size, beta, score, weight_mode, proxy)
+
+
+def _check_options_now(group_size, beta, score, weight_mode, proxy) -> tuple:
     _check_choice("score", score, SCORES)
     _check_choice("weight_mode", weight_mode, WEIGHT_MODES)
     _check_choice("proxy", proxy, PROXIES)
     if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not math.isfinite(beta):
         raise ValueError(f"{_FN}: beta must be a finite real number, got {beta!r}")
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or group_size < 1:
+        raise ValueError(f"{_FN}: group_size must be a positive int, got {group_size!r}")
+    group_size = int(group_size)  # numpy integers too, as pacs_loss takes them
+    if group_size > _k.MAX_GROUP_SIZE:
+        raise ValueError(f"{_FN}: group_size must be <= {_k.MAX_GROUP_SIZE} for the fused kernel, "
+                         f"got {group_size}; use backend='torch'")
+    if group_size < 2 and score in ("rloo", "grpo", "dr_grpo"):  # algorithms.pacs.GROUP_SCORES (a layer above)
+        raise ValueError(f"{_FN}: group_size=1 is not allowed with score={score!r} (needs G >= 2)")
+    return group_size, float(beta), score, weight_mode, proxy
+
+
+_check_options_memo = functools.lru_cache(maxsize=64, typed=True)(_check_options_now)
+
+
+def _validate(logp, logp_ref, mask, rewards, group_size, beta, score, weight_mode, proxy,
+              cu_seqlens) -> tuple:
+    """Checks shapes and options (no device sync); returns the options as ``_check_options`` does.
+    ValueError names the argument."""
+    options = _check_options(group_size, beta, score, weight_mode, proxy)
+    group_size = options[0]
     if not isinstance(logp, torch.Tensor) or not logp.is_floating_point():
         raise ValueError(f"{_FN}: logp must be a floating-point tensor")
     if not isinstance(rewards, torch.Tensor) or rewards.dim() != 1 or rewards.is_complex():
@@ -128,14 +163,6 @@ def _validate(logp, logp_ref, mask, rewards, group_size, beta, score, weight_mod
     if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != logp.shape
                              or mask.is_complex()):
         raise ValueError(f"{_FN}: mask must be a bool/real tensor shaped like logp {tuple(logp.shape)}")
-    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or group_size < 1:
-        raise ValueError(f"{_FN}: group_size must be a positive int, got {group_size!r}")
-    group_size = int(group_size)  # numpy integers too, as pacs_loss takes them
-    if group_size > _k.MAX_GROUP_SIZE:
-        raise ValueError(f"{_FN}: group_size must be <= {_k.MAX_GROUP_SIZE} for the fused kernel, "
-                         f"got {group_size}; use backend='torch'")
-    if group_size < 2 and score in ("rloo", "grpo", "dr_grpo"):  # algorithms.pacs.GROUP_SCORES (a layer above)
-        raise ValueError(f"{_FN}: group_size=1 is not allowed with score={score!r} (needs G >= 2)")
     if B % group_size:
         raise ValueError(f"{_FN}: batch size {B} (from rewards) is not divisible by "
                          f"group_size={group_size}")
@@ -145,7 +172,7 @@ def _validate(logp, logp_ref, mask, rewards, group_size, beta, score, weight_mod
                     ("cu_seqlens", cu_seqlens)):
         if t is not None and t.device != logp.device:
             raise ValueError(f"{_FN}: {name} is on {t.device} but logp is on {logp.device}")
-    return B
+    return options
 
 
 def _check_cu_seqlens(cu, total: int) -> None:
@@ -206,8 +233,7 @@ def fused_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, scor
         0-d loss (fp32; fp64 for fp64 ``logp``; differentiable wrt ``logp`` only), or
         ``(loss, terms)`` with the terms in the same dtype.
     """
-    _validate(logp, logp_ref, mask, rewards, group_size, beta, score, weight_mode, proxy,
-                  cu_seqlens)
+    options = _validate(logp, logp_ref, mask, rewards, group_size, beta, score, weight_mode, proxy, cu_seqlens)
     require_triton(logp)
     if proxy == "mean_logp":
         logp_ref = None  # not read
@@ -227,12 +253,11 @@ def fused_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, scor
     if dispatch.broken("tiles", FWD_KERNEL):
         raise dispatch.KernelFailed(f"{_FN}: the forward kernel failed earlier in this process; {_INSTEAD}")
     try:
-        loss, r, psi, pred, w, sample_loss = apply_op(
-            _FusedPacsLoss.apply, logp.contiguous(), ref_c, mask_c, rewards, cu_seqlens, group_size, float(beta),
-            score, weight_mode, proxy, triton=True)
+        loss, terms = apply_op(
+            _FusedPacsLoss.apply, logp.contiguous(), ref_c, mask_c, rewards, cu_seqlens, options, triton=True)
     except Exception as e:  # an import / compile / launch error: recorded, warned once, and raised as
         dispatch.failed("tiles", FWD_KERNEL, e)  # KernelFailed (algorithms.pacs_loss runs its torch path)
         raise dispatch.KernelFailed(f"{_FN}: {dispatch._reason(e)}; {_INSTEAD}") from e
     if not return_terms:
         return loss
-    return loss, dict(zip(TERM_KEYS, (r, psi, pred, w, sample_loss)))
+    return loss, dict(zip(TERM_KEYS, terms.unbind(0)))
