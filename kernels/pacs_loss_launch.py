@@ -113,8 +113,12 @@ def launch_config(kernel: str, *, B: int, T: int, G: int, dtype: torch.dtype, ar
 
     fwd (pass B, one program per group): ``BLOCK_G`` = next power of two >= G and ``BLOCK_S``
     (split columns per step, BLOCK_G * BLOCK_S <= GROUP_ELEMS = 2048 elements, at least 2); pass A's
-    N_SPLIT partials per row are reduced in BLOCK_S steps. fp64 ``logp`` (references) uses the
-    fp64-sized tiles and the built-in policy."""
+    N_SPLIT partials per row are reduced in BLOCK_S steps.
+
+    fwd_one (the one-launch forward, grid ``(B / G,)``): ``ONE_PASS`` (whether the launcher takes it),
+    ``BLOCK_G``, ``BLOCK_T``, warps, stages (``_one_pass_config``). Built-in: 8 warps (4 spilled 16 B on
+    sm_100 in fp32); fp32 G=8: 8x256 tiles. fp64 ``logp`` (references) uses the fp64-sized tiles and the
+    built-in policy."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     return dict(_launch_config(kernel, B, T, G, dtype, arch, sm_count, _state(arch)))
