@@ -32,8 +32,14 @@ methods that recompute logits in the backward (pacs_*: logits, recompute, dhidde
 ``6*N*H*V`` for naive and Liger FLCE (no recompute); the table reports TFLOP/s on the *useful*
 ``6*N*H*V`` too, so methods are comparable. Time: median of ``--iters`` CUDA-event timed calls
 after warm-up. Workspace: ``torch.cuda.max_memory_allocated`` during one forward+backward minus
-memory allocated before it minus the returned gradients. Error: max |.| vs a
-float64 reference of logp / entropy on 256 random rows.
+memory allocated before it minus the returned gradients. Error (``max_err``): max |method - float64 reference|
+of the log-probs, the entropies and both gradients (``dh``, ``dW``) of the benchmark's loss, over every row and
+column at the benchmarked shape, i.e. of exactly the launches timed (bench/gpu/logprob_checks.py; each with
+``*_scale``, the reference's largest magnitude, for the relative error; ~1-2 s of float64 GEMMs per method at the
+main shape on an H200). Each row also keeps the raw samples of every timing (``samples_ms``: the method's and its
+adjacent floors') and the SM clock read before and after each timing (``sm_clock_mhz``: NVML or nvidia-smi;
+None where neither answers), and its ratios to the shape's shared floors beside the adjacent ones
+(``fwd_vs_shared_gemm``, ``fwd_bwd_vs_shared_4gemm``): every method against the same milliseconds.
 
 Floors, measured in the same run at each shape (:func:`gemm_floor`): ``torch.matmul`` for the
 forward's one GEMM and for the four GEMMs of a recomputing forward + backward. Every method's row
@@ -62,6 +68,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 from cuda_profile import device_events  # noqa: E402
+from logprob_checks import reference_errors, sm_clock_mhz  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -123,17 +130,30 @@ def _event_time(fn, device):
 
 
 def _time(fn, iters, device):
-    return statistics.median(_event_time(fn, device) for _ in range(iters))
+    """The seconds of ``iters`` calls of ``fn`` (the raw samples; callers take the median)."""
+    return [_event_time(fn, device) for _ in range(iters)]
 
 
 def _time_alternating(fa, fb, iters, device):
-    """Medians of ``fa`` and ``fb`` timed in alternation (a, b, a, b, ...): a clock or power state
-    that drifts during the run moves both alike, so their ratio stays fair."""
+    """The seconds of ``fa`` and ``fb`` timed in alternation (a, b, a, b, ...; raw samples, callers take the
+    medians): a clock or power state that drifts during the run moves both alike, so their ratio stays fair."""
     ta, tb = [], []
     for _ in range(iters):
         ta.append(_event_time(fa, device))
         tb.append(_event_time(fb, device))
-    return statistics.median(ta), statistics.median(tb)
+    return ta, tb
+
+
+def _clocked(timing, device):
+    """``timing()``'s result and the SM clock (MHz) read before and after it (``[before, after]``; None
+    entries off-GPU or where no reader answers: bench/gpu/logprob_checks.py)."""
+    before = sm_clock_mhz() if device == "cuda" else None
+    result = timing()
+    return result, [before, sm_clock_mhz() if device == "cuda" else None]
+
+
+def _ms(samples):
+    return [round(t * 1e3, 4) for t in samples]
 
 
 def kernel_shares(events, top: int = 8) -> list[dict]:
@@ -215,38 +235,54 @@ def _bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=F
         workspace = peak - before - grads
     else:
         workspace = peak = float("nan")
-    adjacent = {}
+    adjacent, samples, clocks = {}, {}, {}
     if floor_calls is None:
-        t_f = _time(f_only, iters, device)
-        t_fb = _time(f_b, iters, device)
+        samples["fwd"], clocks["fwd"] = _clocked(lambda: _time(f_only, iters, device), device)
+        samples["fwd_bwd"], clocks["fwd_bwd"] = _clocked(lambda: _time(f_b, iters, device), device)
     else:  # each method's time next to the floor, alternating: the ratios do not depend on run order
         one, four = floor_calls
-        g1, t_f = _time_alternating(one, f_only, iters, device)
-        g4, t_fb = _time_alternating(four, f_b, iters, device)
+        (samples["gemm_fwd_adjacent"], samples["fwd"]), clocks["fwd"] = _clocked(
+            lambda: _time_alternating(one, f_only, iters, device), device)
+        (samples["gemm4_adjacent"], samples["fwd_bwd"]), clocks["fwd_bwd"] = _clocked(
+            lambda: _time_alternating(four, f_b, iters, device), device)
+        g1, g4 = statistics.median(samples["gemm_fwd_adjacent"]), statistics.median(samples["gemm4_adjacent"])
+    t_f, t_fb = statistics.median(samples["fwd"]), statistics.median(samples["fwd_bwd"])
+    if floor_calls is not None:
         adjacent = {"gemm_fwd_ms_adjacent": g1 * 1e3, "gemm4_ms_adjacent": g4 * 1e3,
                     "fwd_vs_gemm": t_f / g1, "fwd_bwd_vs_4gemm": t_fb / g4}
     if profile and device == "cuda":  # where the device time goes, per kernel (forward; forward + backward)
         adjacent["fwd_kernels"] = kernel_breakdown(f_only)
         adjacent["fwd_bwd_kernels"] = kernel_breakdown(f_b)
     flop = 2 * n * h * v
-    rows = torch.randperm(n)[:256].to(hidden.device)
+    # float64 errors of exactly the launches timed above: the forward and both gradients at this shape
+    hidden.grad = weight.grad = None
+    f_b()
     with torch.no_grad():
-        logp, ent = fwd(hidden[rows], weight, labels[rows])
-        x = hidden[rows].double() @ weight.double().T
-        if name.endswith("_softcap"):
-            x = SOFTCAP * torch.tanh(x / SOFTCAP)
-        lsm = torch.log_softmax(x, -1)
-        ref_l = lsm.gather(1, labels[rows][:, None]).squeeze(1)
-        err = {"logp": float((logp.double() - ref_l).abs().max()) if logp.dim() else None}
-        if ent is not None:
-            err["entropy"] = float((ent.double() + (lsm.exp() * lsm).sum(-1)).abs().max())
+        logp, ent = fwd(hidden, weight, labels)
+        if logp.dim():  # (Liger's loss-only FLCE returns a sum: no per-row log-probs to check)
+            err = reference_errors(logp, ent, hidden, weight, labels, gl, gh, hidden.grad, weight.grad,
+                                   softcap=SOFTCAP if name.endswith("_softcap") else None)
+        else:
+            err = {"logp": None}
+    hidden.grad = weight.grad = None
     return {"method": name, "N": n, "H": h, "V": v, "dtype": str(dtype).split(".")[-1],
             "fwd_ms": t_f * 1e3, "fwd_bwd_ms": t_fb * 1e3,
+            "samples_ms": {k: _ms(x) for k, x in samples.items()}, "sm_clock_mhz": clocks,
             "fwd_tflops": flop / t_f / 1e12,
             "fwd_bwd_tflops_executed": (4 if recompute else 3) * flop / t_fb / 1e12,
             "fwd_bwd_tflops_useful": 3 * flop / t_fb / 1e12,
             "workspace_gb": workspace / 1e9, "peak_gb": peak / 1e9, "max_err": err, **adjacent,
             **_kernel_kinds(name, hidden, weight)}
+
+
+def _errs(err: dict) -> str:
+    """``logp 1.8e-05 (rel 1e-06), ...`` of a row's float64 errors (relative to the reference's largest value)."""
+    parts = []
+    for k in ("logp", "entropy", "dh", "dW"):
+        if err.get(k) is not None:
+            scale = err.get(f"{k}_scale")
+            parts.append(f"{k} {err[k]:.2g}" + (f" (rel {err[k] / scale:.2g})" if scale else ""))
+    return ", ".join(parts) or "-"
 
 
 def _launch_str(lc):
@@ -308,10 +344,12 @@ def gemm_floor(n, h, v, dtype, device, iters, max_bytes):
     for _ in range(2):
         four()
     _sync(device)
-    t1, t4 = _time(one, iters, device), _time(four, iters, device)
+    (s1, s4), clock = _clocked(lambda: (_time(one, iters, device), _time(four, iters, device)), device)
+    t1, t4 = statistics.median(s1), statistics.median(s4)
     flop = 2 * n * h * v
     return {"N": n, "H": h, "V": v, "gemm_fwd_ms": t1 * 1e3, "gemm4_ms": t4 * 1e3, "chunks": chunks,
-            "gemm_tflops": flop / t1 / 1e12, "gemm4_tflops": 4 * flop / t4 / 1e12}, (one, four)
+            "gemm_tflops": flop / t1 / 1e12, "gemm4_tflops": 4 * flop / t4 / 1e12,
+            "samples_ms": {"gemm_fwd": _ms(s1), "gemm4": _ms(s4)}, "sm_clock_mhz": clock}, (one, four)
 
 
 def main():
@@ -357,17 +395,22 @@ def main():
                     rows.append({"method": m, "N": n, "H": h, "V": v,
                                  "unavailable": f"{type(e).__name__}: {str(e)[:120]}"})
             r = rows[-1]
-            if "unavailable" not in r and "fwd_vs_gemm" not in r:  # ratios to the floors of this run
-                r["fwd_vs_gemm"] = r["fwd_ms"] / floor["gemm_fwd_ms"]
-                r["fwd_bwd_vs_4gemm"] = r["fwd_bwd_ms"] / floor["gemm4_ms"]
+            if "unavailable" not in r:  # ratios to the shared floors of this shape (every method against the same)
+                r["fwd_vs_shared_gemm"] = r["fwd_ms"] / floor["gemm_fwd_ms"]
+                r["fwd_bwd_vs_shared_4gemm"] = r["fwd_bwd_ms"] / floor["gemm4_ms"]
+                r.setdefault("fwd_vs_gemm", r["fwd_vs_shared_gemm"])  # (no adjacent floor: the shared one)
+                r.setdefault("fwd_bwd_vs_4gemm", r["fwd_bwd_vs_shared_4gemm"])
             if "unavailable" in r:
                 print(f"{m:12s} {shape}: unavailable ({r['unavailable']})", flush=True)
             else:
+                near = (f" (its adjacent floors {r['gemm_fwd_ms_adjacent']:.2f} / {r['gemm4_ms_adjacent']:.2f} ms; "
+                        f"shared: {r['fwd_vs_shared_gemm']:.2f}x / {r['fwd_bwd_vs_shared_4gemm']:.2f}x)"
+                        if "gemm_fwd_ms_adjacent" in r else "")
                 print(f"{m:12s} {shape}: fwd {r['fwd_ms']:.2f} ms = {r['fwd_vs_gemm']:.2f}x one GEMM "
                       f"({r['fwd_tflops']:.0f} TFLOP/s)  fwd+bwd {r['fwd_bwd_ms']:.2f} ms = "
                       f"{r['fwd_bwd_vs_4gemm']:.2f}x four GEMMs (executed {r['fwd_bwd_tflops_executed']:.0f}, "
-                      f"useful {r['fwd_bwd_tflops_useful']:.0f} TFLOP/s)  workspace {r['workspace_gb']:.3f} GB  "
-                      f"err {r['max_err']}", flush=True)
+                      f"useful {r['fwd_bwd_tflops_useful']:.0f} TFLOP/s){near}  workspace {r['workspace_gb']:.3f} GB  "
+                      f"SM MHz {r['sm_clock_mhz']}  float64 err {_errs(r['max_err'])}", flush=True)
                 if r.get("launch"):  # which kernels ran, with which tiles (a tuned table's choice at this shape)
                     print("    " + "; ".join(f"{job} {lc['kernel']} {_launch_str(lc)}" for job, lc in r["launch"].items()),
                           flush=True)

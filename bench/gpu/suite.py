@@ -57,6 +57,19 @@ OPTIONAL_PACKAGES = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "cuda
                      "numpy")
 
 
+def _errs(err) -> str:
+    """A log-prob row's float64 errors: ``logp 1.8e-05 (1.6e-06), entropy ..., dh ..., dW ...`` (relative to the
+    reference's largest value in brackets; rows from before 2026-12-04 carry logp / entropy only)."""
+    if not isinstance(err, dict):
+        return str(err)
+    parts = []
+    for k in ("logp", "entropy", "dh", "dW"):
+        if isinstance(err.get(k), (int, float)):
+            scale = err.get(f"{k}_scale")
+            parts.append(f"{k} {err[k]:.2g}" + (f" ({err[k] / scale:.2g})" if scale else ""))
+    return ", ".join(parts) or "-"
+
+
 def _env(**extra):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -335,7 +348,7 @@ def report_md(res: dict, dry: bool) -> str:
               + "; ".join(f"{x['N']}x{x['H']}x{x['V']}: one GEMM {x['gemm_fwd_ms']:.2f} ms, four GEMMs "
                           f"{x['gemm4_ms']:.2f} ms" for x in lp.get("floors", [])), "",
               "| method | N x H x V | dtype | fwd ms | fwd / 1 GEMM | fwd+bwd ms | fwd+bwd / 4 GEMMs | TFLOP/s useful (6NHV) "
-              "| workspace GB | peak GB | max err |",
+              "| workspace GB | peak GB | float64 max err (relative), at this shape |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in lp["rows"]:
             shape = f"{r['N']}x{r['H']}x{r['V']}"
@@ -346,7 +359,7 @@ def report_md(res: dict, dry: bool) -> str:
                 L.append(f"| {r['method']} | {shape} | {r['dtype']} | {r['fwd_ms']:.2f} | {ratio('fwd_vs_gemm')} | "
                          f"{r['fwd_bwd_ms']:.2f} | {ratio('fwd_bwd_vs_4gemm')} | "
                          f"{r['fwd_bwd_tflops_useful']:.1f} | {r['workspace_gb']:.3f} | {r.get('peak_gb', float('nan')):.3f} | "
-                         f"{r['max_err']} |")
+                         f"{_errs(r['max_err'])} |")
     pl = res.get("pacs_loss")
     if pl and pl.get("rows"):
         L += ["", "## PACS loss forward+backward", "",
