@@ -118,3 +118,21 @@ def test_the_benchmark_row_carries_samples_clocks_and_float64_errors():
     assert row["sm_clock_mhz"] == {"fwd": [None, None], "fwd_bwd": [None, None]}
     for k in ("logp", "entropy", "dh", "dW"):  # float32 against float64: a few ulp of the scale
         assert row["max_err"][k] <= 1e-5 * max(1.0, row["max_err"][f"{k}_scale"]), row["max_err"]
+
+
+def test_a_loss_only_method_is_checked_on_its_sum_and_its_gradients():
+    """Liger's FLCE and cut-cross-entropy return the summed label log-probs only: the check compares that sum and
+    the gradients of it (``gl`` = 1, ``gh`` = 0), and a gradient that skips small probabilities shows."""
+    hidden, weight, labels, gl, gh = _case(seed=3)
+    ones, zeros = torch.ones_like(gl), torch.zeros_like(gh)
+    logp, _, dh, dw = _autograd(hidden, weight, labels, ones, zeros)
+    err = LC.reference_errors(logp.sum(), None, hidden, weight, labels, ones, zeros, dh, dw, chunk_elems=12 * 5)
+    assert set(err) == {"loss", "loss_scale", "dh", "dh_scale", "dW", "dW_scale"}
+    assert err["loss"] <= 1e-12 and err["dh"] <= 1e-12 and err["dW"] <= 1e-12
+    assert err["loss_scale"] == pytest.approx(float(logp.sum().abs()), rel=1e-12)
+    p = torch.softmax(hidden @ weight.T, -1)  # d sum logp / dz = onehot - p, with the entries of p < 1e-2 dropped
+    dz = -torch.where(p < 1e-2, torch.zeros_like(p), p)  # (a gradient filter's approximation)
+    dz[torch.arange(len(labels)), labels] += 1.0
+    assert (p < 1e-2).any()
+    skipped = LC.reference_errors(logp.sum(), None, hidden, weight, labels, ones, zeros, dz @ weight, dz.T @ hidden)
+    assert skipped["loss"] <= 1e-12 and skipped["dW"] > 1e-4 and skipped["dh"] > 1e-4, skipped

@@ -142,10 +142,10 @@ if [[ "$MODE" == main ]]; then
     mkdir -p kernels/tuned && cp "$W"/tuned/sm_*.json kernels/tuned/
   fi
   phase tuned_logprobs 90 "$PY" bench/gpu/logprobs.py --shapes 8192x4096x151936 \
-    --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" \
+    --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce,cce" \
     --iters 5 --profile --out "$W/logprobs_tuned.json"
   phase shapes 90 "$PY" bench/gpu/logprobs.py --shapes 8192x896x151936,8192x3584x151936,8192x4096x32000 \
-    --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce" --iters 3 --out "$W/logprobs_shapes.json"
+    --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce,cce" --iters 3 --out "$W/logprobs_shapes.json"
 elif [[ "$MODE" == final ]]; then  # ~6 minutes (~8 with .old/)
   phase gluon_check 200 "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_linear_logprobs_gluon.py \
     --junitxml="$W/gluon_check.xml"

@@ -27,7 +27,8 @@ def _logits(h, w, softcap):
 
 def reference_errors(logp, ent, hidden, weight, labels, gl, gh, grad_h=None, grad_w=None, softcap=None,
                      chunk_elems: int = 1 << 27) -> dict:
-    """Max |method - float64 reference| of ``logp`` [N], ``ent`` [N] (None: not checked) and, when given, the
+    """Max |method - float64 reference| of ``logp`` [N] (0-d: a loss-only method's ``sum_i logp_i``, key ``loss``;
+    pass ``gl`` = 1, ``gh`` = 0 for its gradients), ``ent`` [N] (None: not checked) and, when given, the
     gradients ``grad_h`` [N, H] and ``grad_w`` [V, H] of the benchmark's loss, over every row and column; each
     with ``*_scale`` = max |reference| (so ``err / scale`` is the relative error). ``hidden`` [N, H], ``weight``
     [V, H] as the method saw them (their float64 values are the reference's inputs); ``chunk_elems``: the
@@ -54,7 +55,11 @@ def reference_errors(logp, ent, hidden, weight, labels, gl, gh, grad_h=None, gra
         inside = (labels >= a) & (labels < b)
         ref_logp[inside] = z[rows[inside], labels[inside] - a] - lse[inside]
     ref_ent = lse - pz
-    out = {"logp": float((logp.detach().double() - ref_logp).abs().max()), "logp_scale": float(ref_logp.abs().max())}
+    if logp.dim() == 0:  # a loss-only method (Liger's FLCE, cut-cross-entropy): its sum of the label log-probs
+        ref = ref_logp.sum()
+        out = {"loss": float((logp.detach().double() - ref).abs()), "loss_scale": float(ref.abs())}
+    else:
+        out = {"logp": float((logp.detach().double() - ref_logp).abs().max()), "logp_scale": float(ref_logp.abs().max())}
     if ent is not None:
         out.update(entropy=float((ent.detach().double() - ref_ent).abs().max()), entropy_scale=float(ref_ent.abs().max()))
     if grad_h is None and grad_w is None:

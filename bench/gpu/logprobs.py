@@ -19,9 +19,13 @@ the tiled forward and the pointer dz kernel; ``pacs_triton_gluon_fwd`` / ``_dz``
 ``pacs_triton_gluon_pp``: both with their ping-pong launches (``PINGPONG_CONFIGS``); not in the
 default list: bench/gpu/lease.sh adds them once their float64 checks have passed on the GPU, since a broken
 mbarrier protocol hangs instead of failing), ``pacs_triton_atomic`` (the default forward, the one-pass
-atomic backward kernel), ``pacs_torch`` (the chunked torch backend on cuBLAS),
+atomic backward kernel), ``pacs_triton_upcast`` (the learner's ``model.lm_head_fp32``: bf16 inputs through the
+fp32 kernels, ``upcast=True``; not in the default list), ``pacs_torch`` (the chunked torch backend on cuBLAS),
 ``naive`` (matmul -> log_softmax -> gather, entropy; skipped when [N, V] would not fit),
-``liger_flce`` (Liger fused linear cross-entropy, loss only, no entropy) when installed. A method name ending in
+``liger_flce`` (Liger fused linear cross-entropy, loss only, no entropy) when installed, ``cce`` / ``cce_exact``
+(Apple's cut-cross-entropy, loss only: with its default gradient filter ``filter_eps="high"``, which skips the
+gradient of logits whose probability is negligible, or with none; a 22 KB wheel, bench/gpu/wheels.sh) when
+installed. A method name ending in
 ``_softcap`` (``pacs_triton_softcap``, ``pacs_torch_softcap``; not in the default list) runs it with Gemma 2's
 soft-capped logits (``softcap=30``: the tiled kernels with their 64-wide capped launches, or the torch path), its
 error against the capped float64 reference, e.g. ``--shapes 8192x2304x256000 --methods
@@ -87,14 +91,23 @@ def _method(name):
     cap = SOFTCAP if name.endswith("_softcap") else None  # Gemma 2's soft-capped logits
     base = name.removesuffix("_softcap")
     if base == "pacs_torch" or base.startswith("pacs_triton") and (base in KERNEL_CHOICES or base in (
-            "pacs_triton", "pacs_triton_atomic")):
+            "pacs_triton", "pacs_triton_atomic", "pacs_triton_upcast")):
         from pacs_fast.ops.linear_logprobs import linear_logprobs
         backend = base.split("_")[1]
         bwd = "atomic" if base.endswith("atomic") else "chunked"
+        upcast = base == "pacs_triton_upcast"  # the learner's model.lm_head_fp32: bf16 inputs, fp32 kernels
 
         def fwd(h, w, y):  # the forward / dz kernel choices are set around the whole case (bench_case)
-            return linear_logprobs(h, w, y, return_entropy=True, backend=backend, triton_backward=bwd, softcap=cap)
+            return linear_logprobs(h, w, y, return_entropy=True, backend=backend, triton_backward=bwd, softcap=cap,
+                                   upcast=upcast)
         return fwd, True
+    if name in ("cce", "cce_exact"):  # Apple's cut-cross-entropy (loss only): its default gradient filter, or none
+        from cut_cross_entropy import linear_cross_entropy
+        eps = "high" if name == "cce" else None
+
+        def fwd(h, w, y):
+            return -linear_cross_entropy(h, w, y, reduction="sum", filter_eps=eps), None
+        return fwd, False
     if name == "naive":
         def fwd(h, w, y):
             lsm = torch.log_softmax((h @ w.T).float(), -1)
@@ -259,11 +272,10 @@ def _bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=F
     f_b()
     with torch.no_grad():
         logp, ent = fwd(hidden, weight, labels)
-        if logp.dim():  # (Liger's loss-only FLCE returns a sum: no per-row log-probs to check)
-            err = reference_errors(logp, ent, hidden, weight, labels, gl, gh, hidden.grad, weight.grad,
-                                   softcap=SOFTCAP if name.endswith("_softcap") else None)
-        else:
-            err = {"logp": None}
+        ones = logp.dim() == 0  # a loss-only method (Liger, cut-cross-entropy): f_b's loss is sum_i logp_i
+        err = reference_errors(logp, ent, hidden, weight, labels, torch.ones_like(gl) if ones else gl,
+                               torch.zeros_like(gh) if ones else gh, hidden.grad, weight.grad,
+                               softcap=SOFTCAP if name.endswith("_softcap") else None)
     hidden.grad = weight.grad = None
     return {"method": name, "N": n, "H": h, "V": v, "dtype": str(dtype).split(".")[-1],
             "fwd_ms": t_f * 1e3, "fwd_bwd_ms": t_fb * 1e3,
@@ -278,7 +290,7 @@ def _bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=F
 def _errs(err: dict) -> str:
     """``logp 1.8e-05 (rel 1e-06), ...`` of a row's float64 errors (relative to the reference's largest value)."""
     parts = []
-    for k in ("logp", "entropy", "dh", "dW"):
+    for k in ("logp", "loss", "entropy", "dh", "dW"):
         if err.get(k) is not None:
             scale = err.get(f"{k}_scale")
             parts.append(f"{k} {err[k]:.2g}" + (f" (rel {err[k] / scale:.2g})" if scale else ""))
@@ -301,14 +313,15 @@ def _kernel_kinds(name, hidden, weight):
     if not name.startswith("pacs_triton"):
         return {}
     from pacs_fast.kernels import linear_logprobs as K
-    arch, width, h = K.device_arch(hidden.device), K._width(hidden.dtype), hidden.shape[1]
+    dtype = torch.float32 if name == "pacs_triton_upcast" else hidden.dtype  # (upcast: the fp32 kernels run)
+    arch, width, h = K.device_arch(hidden.device), K._width(dtype), hidden.shape[1]
     fwd, dz = K.forward_kind(arch, width, h), K.dz_kind(arch, width, h)
     capped = name.endswith("_softcap")  # (a capped call runs the tiled kernels, with their capped launches)
     if capped:
         fwd, dz = ("split" if fwd == "split" else "tiles"), "pointer"
     kernels = {"forward": K.FORWARD_KERNEL[fwd], "dz": K.DZ_KERNEL[dz]}
     launch = {job: dict(kernel=k, **K.launch_config(k, N=hidden.shape[0], V=weight.shape[0], H=h,
-                                                    dtype=hidden.dtype, arch=arch)) for job, k in kernels.items()}
+                                                    dtype=dtype, arch=arch)) for job, k in kernels.items()}
     if capped:
         from pacs_fast.kernels.linear_logprobs_launch import capped_config
         launch = {job: capped_config(lc) for job, lc in launch.items()}

@@ -63,7 +63,7 @@ def _errs(err) -> str:
     if not isinstance(err, dict):
         return str(err)
     parts = []
-    for k in ("logp", "entropy", "dh", "dW"):
+    for k in ("logp", "loss", "entropy", "dh", "dW"):
         if isinstance(err.get(k), (int, float)):
             scale = err.get(f"{k}_scale")
             parts.append(f"{k} {err[k]:.2g}" + (f" ({err[k] / scale:.2g})" if scale else ""))

@@ -26,6 +26,8 @@ done
 # liger-kernel (not in the lock: the comparison in bench/gpu/logprobs.py and learner.fused_layers=on), the
 # version bench/README.md's tables were measured with
 PINS+=("liger-kernel==0.8.5")
+# cut-cross-entropy (Apple's; the `cce` comparison in bench/gpu/logprobs.py), a 22 KB wheel
+PINS+=("cut-cross-entropy==25.1.1")
 mkdir -p "$DIR"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
