@@ -23,7 +23,8 @@
 #              loss keeps the table measured before)
 #   3. tuned   the log-prob benchmark again, now reading the measured table (with --profile: each Triton
 #              variant's device time per kernel, tile kernels against the glue)
-#   4. shapes  the log-probs at H=896 (Qwen2.5-0.5B), H=3584 (7B) and V=32,000, against their floors and Liger
+#   4. shapes  the log-probs at H=896 (Qwen2.5-0.5B), H=3584 (7B) and V=32,000, against their floors, Liger and
+#              cut-cross-entropy, with each Triton variant's device time per kernel (what holds the small H back)
 #   The warp-specialised Gluon kernels (kernels/linear_logprobs_gluon.py) join the tuning and phases 3-4
 #   only once their float64 check (tests/test_linear_logprobs_gluon.py, in a time-limited subprocess) has
 #   passed in this call: a wrong mbarrier protocol hangs rather than fails; their ping-pong launches join
@@ -145,7 +146,7 @@ if [[ "$MODE" == main ]]; then
     --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce,cce" \
     --iters 5 --profile --out "$W/logprobs_tuned.json"
   phase shapes 90 "$PY" bench/gpu/logprobs.py --shapes 8192x896x151936,8192x3584x151936,8192x4096x32000 \
-    --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce,cce" --iters 3 --out "$W/logprobs_shapes.json"
+    --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce,cce" --iters 3 --profile --out "$W/logprobs_shapes.json"
 elif [[ "$MODE" == final ]]; then  # ~6 minutes (~8 with .old/)
   phase gluon_check 200 "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_linear_logprobs_gluon.py \
     --junitxml="$W/gluon_check.xml"
