@@ -60,6 +60,12 @@ def launch_policy(kernel: str, dtype: torch.dtype, arch: int | None) -> dict:
     return pol
 
 
+def _tile(pol: dict, bytes_per_token: int) -> int:
+    """Elements a streaming program reads per step: the power of two above STREAM_BYTES / bytes per token, at
+    most MAX_TILE (pass A, the backward and the one-pass forward alike)."""
+    return min(pol["MAX_TILE"], triton.next_power_of_2(triton.cdiv(pol["STREAM_BYTES"], bytes_per_token)))
+
+
 def _stream_config(B: int, T: int, bytes_per_token: int, pol: dict, sm_count: int | None) -> dict:
     """``ROWS``, ``BLOCK_T``, ``N_SPLIT``, warps and stages of a streaming kernel over ``B`` rows of
     ``T`` tokens (the average, packed) of ``bytes_per_token``, under the policy ``pol``."""
@@ -71,7 +77,7 @@ def _stream_config(B: int, T: int, bytes_per_token: int, pol: dict, sm_count: in
         rows = max(1, tile // block_t)
         return rows, block_t, min(MAX_SPLIT, triton.cdiv(T, block_t))
 
-    tile = min(pol["MAX_TILE"], triton.next_power_of_2(triton.cdiv(pol["STREAM_BYTES"], bytes_per_token)))
+    tile = _tile(pol, bytes_per_token)
     while tile > MIN_TILE:
         rows, block_t, n_split = shape(tile)
         if triton.cdiv(B, rows) * n_split >= min_programs:
@@ -184,7 +190,7 @@ def _one_pass_config(B: int, T: int, G: int, bytes_per_token: int, pol: dict, sm
                                              or 2 * groups >= (sm_count or SM_COUNT))
     if CONFIG["ONE_PASS"] is not None:
         one = bool(tuning.override("ONE_PASS", CONFIG["ONE_PASS"]))
-    tile = min(pol["MAX_TILE"], triton.next_power_of_2(triton.cdiv(pol["STREAM_BYTES"], bytes_per_token)))
+    tile = _tile(pol, bytes_per_token)
     block_t = max(16, min(tile // block_g, triton.next_power_of_2(T)))
     if CONFIG["BLOCK_T"] is not None:
         block_t = tuning.override("BLOCK_T", CONFIG["BLOCK_T"])

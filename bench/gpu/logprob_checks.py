@@ -90,6 +90,19 @@ def reference_errors(logp, ent, hidden, weight, labels, gl, gh, grad_h=None, gra
     return out
 
 
+def format_errors(err) -> str:
+    """A log-prob row's float64 errors as one line: ``logp 1.8e-05 (rel 1.6e-06), entropy ..., dh ..., dW ...``
+    (relative to the reference's largest value; rows from before 2026-12-04 carry logp / entropy only)."""
+    if not isinstance(err, dict):
+        return str(err)
+    parts = []
+    for k in ("logp", "loss", "entropy", "dh", "dW"):
+        if isinstance(err.get(k), (int, float)):
+            scale = err.get(f"{k}_scale")
+            parts.append(f"{k} {err[k]:.2g}" + (f" (rel {err[k] / scale:.2g})" if scale else ""))
+    return ", ".join(parts) or "-"
+
+
 _NVML = []  # [handle getter] once pynvml imported and initialised; [None] where it cannot be
 
 

@@ -72,7 +72,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 from cuda_profile import device_events  # noqa: E402
-from logprob_checks import reference_errors, sm_clock_mhz  # noqa: E402
+from logprob_checks import format_errors, reference_errors, sm_clock_mhz  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -287,16 +287,6 @@ def _bench_case(name, n, h, v, dtype, device, iters, floor_calls=None, profile=F
             **_kernel_kinds(name, hidden, weight)}
 
 
-def _errs(err: dict) -> str:
-    """``logp 1.8e-05 (rel 1e-06), ...`` of a row's float64 errors (relative to the reference's largest value)."""
-    parts = []
-    for k in ("logp", "loss", "entropy", "dh", "dW"):
-        if err.get(k) is not None:
-            scale = err.get(f"{k}_scale")
-            parts.append(f"{k} {err[k]:.2g}" + (f" (rel {err[k] / scale:.2g})" if scale else ""))
-    return ", ".join(parts) or "-"
-
-
 def _launch_str(lc):
     """``128x256x64 w8 s3 G16`` (+ the other knobs that are set) of a launch_config dict."""
     rest = " ".join(f"{k}={v}" for k, v in lc.items() if k not in ("kernel", "BLOCK_N", "BLOCK_V", "BLOCK_H", "GROUP_N",
@@ -423,7 +413,7 @@ def main():
                       f"({r['fwd_tflops']:.0f} TFLOP/s)  fwd+bwd {r['fwd_bwd_ms']:.2f} ms = "
                       f"{r['fwd_bwd_vs_4gemm']:.2f}x four GEMMs (executed {r['fwd_bwd_tflops_executed']:.0f}, "
                       f"useful {r['fwd_bwd_tflops_useful']:.0f} TFLOP/s){near}  workspace {r['workspace_gb']:.3f} GB  "
-                      f"SM MHz {r['sm_clock_mhz']}  float64 err {_errs(r['max_err'])}", flush=True)
+                      f"SM MHz {r['sm_clock_mhz']}  float64 err {format_errors(r['max_err'])}", flush=True)
                 if r.get("launch"):  # which kernels ran, with which tiles (a tuned table's choice at this shape)
                     print("    " + "; ".join(f"{job} {lc['kernel']} {_launch_str(lc)}" for job, lc in r["launch"].items()),
                           flush=True)

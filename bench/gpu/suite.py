@@ -57,19 +57,6 @@ OPTIONAL_PACKAGES = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "cuda
                      "numpy")
 
 
-def _errs(err) -> str:
-    """A log-prob row's float64 errors: ``logp 1.8e-05 (1.6e-06), entropy ..., dh ..., dW ...`` (relative to the
-    reference's largest value in brackets; rows from before 2026-12-04 carry logp / entropy only)."""
-    if not isinstance(err, dict):
-        return str(err)
-    parts = []
-    for k in ("logp", "loss", "entropy", "dh", "dW"):
-        if isinstance(err.get(k), (int, float)):
-            scale = err.get(f"{k}_scale")
-            parts.append(f"{k} {err[k]:.2g}" + (f" ({err[k] / scale:.2g})" if scale else ""))
-    return ", ".join(parts) or "-"
-
-
 def _env(**extra):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -324,6 +311,8 @@ def phases_from_metrics(path: str) -> tuple[int, dict]:
 
 
 def report_md(res: dict, dry: bool) -> str:
+    sys.path.insert(0, HERE)
+    from logprob_checks import format_errors  # (imports torch: here, not when the suite starts)
     L = [f"# GPU validation report{' (DRY RUN on CPU: plumbing only, no GPU figure)' if dry else ''}", ""]
     env = res.get("env", {})
     L += [f"Device: {env.get('device')} (capability {env.get('capability')}), torch {env.get('torch')}, "
@@ -359,7 +348,7 @@ def report_md(res: dict, dry: bool) -> str:
                 L.append(f"| {r['method']} | {shape} | {r['dtype']} | {r['fwd_ms']:.2f} | {ratio('fwd_vs_gemm')} | "
                          f"{r['fwd_bwd_ms']:.2f} | {ratio('fwd_bwd_vs_4gemm')} | "
                          f"{r['fwd_bwd_tflops_useful']:.1f} | {r['workspace_gb']:.3f} | {r.get('peak_gb', float('nan')):.3f} | "
-                         f"{_errs(r['max_err'])} |")
+                         f"{format_errors(r['max_err'])} |")
     pl = res.get("pacs_loss")
     if pl and pl.get("rows"):
         L += ["", "## PACS loss forward+backward", "",
