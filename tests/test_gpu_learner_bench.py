@@ -256,6 +256,7 @@ def test_the_lease_refuses_bad_learner_settings_before_its_first_phase(tmp_path)
 
 
 @pytest.mark.parametrize("mode, phases", [
+    ("open", ["pacs_tests", "pacs_loss", "host", "logprobs", "logprobs_fp32", "shapes", "attention", "learner"]),
     ("main", ["suite", "tune", "tuned_logprobs", "shapes"]), ("product", ["product"]),
     ("final", ["gluon_check", "pacs_loss_final", "logprobs_final", "gpu_tests_final", "megatron"]),
 ])
@@ -283,3 +284,31 @@ def test_the_lease_check_prints_every_modes_plan_and_runs_nothing(tmp_path, mode
         assert proc.returncode == code and "== " not in proc.stdout, (argv, proc.stdout[-300:])
     assert "bash bench/gpu/lease.sh OUT_DIR" in subprocess.run(["bash", "bench/gpu/lease.sh", "--help"], cwd=root,
                                                                env=env, capture_output=True, text=True).stdout
+
+
+def test_the_open_lease_checks_its_settings_and_main_can_skip_its_suite(tmp_path):
+    """open (issues 38 and 39's missing measurements in one call): a bad OPEN_TOTAL_S or LEARNER_ARGS stops it
+    before its first phase; the learner phase gets what is left of OPEN_TOTAL_S and the 0.5B shape; main after it
+    (MAIN_SKIP_SUITE=1) checks the Gluon kernels alone instead of running the suite again."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    env = {**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path), "LEASE_CHECK_ONLY": "1"}
+
+    def lease(mode, **extra):
+        return subprocess.run(["bash", "bench/gpu/lease.sh", str(tmp_path / "out"), mode], cwd=root,
+                              env={**env, **extra}, capture_output=True, text=True, timeout=120)
+    for bad in ({"OPEN_TOTAL_S": "9m"}, {"OPEN_TOTAL_S": "0"}, {"LEARNER_ARGS": "--shapes bogus"},
+                {"LEARNER_ARGS": "--lengths 'x"}):
+        proc = lease("open", **bad)
+        assert proc.returncode == 2 and "== " not in proc.stdout, (bad, proc.stdout[-500:], proc.stderr[-500:])
+    ok = lease("open", OPEN_TOTAL_S="400", LEARNER_ARGS="--steps 2")
+    assert ok.returncode == 0, ok.stderr[-1000:]
+    learner = [line for line in ok.stdout.splitlines() if line.startswith("== learner:")][0]
+    assert "--budget-s 360" in learner and "--shapes qwen2.5-0.5b" in learner and learner.endswith("--steps 2")
+    assert "learner budget" not in ok.stdout  # (LEARNER_BUDGET_S is learner mode's)
+    skip = lease("main", MAIN_SKIP_SUITE="1")
+    planned = [line[3:].split(":")[0] for line in skip.stdout.splitlines() if ": limit " in line]
+    assert skip.returncode == 0 and planned == ["gluon_check", "tune", "tuned_logprobs", "shapes"], skip.stdout

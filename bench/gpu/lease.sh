@@ -1,15 +1,29 @@
 #!/usr/bin/env bash
 # Issue 22's measurements in one device call (a lease is ~15 device-minutes, machine start included):
 #
-#   bash bench/gpu/lease.sh OUT_DIR [main|product|final|learner]
+#   bash bench/gpu/lease.sh OUT_DIR [open|main|product|final|learner]
 #
-# The learner was measured at the 1.5B shape on 2026-11-29 and 2026-12-04 (bench/results/gpu/). The next lease runs
-# `LEARNER_BUDGET_S=170 LEARNER_ARGS='--shapes qwen2.5-0.5b --learners "torch packed varlen,torch padded + SDPA,
-#  megatron packed THD,megatron padded"' bash bench/gpu/lease.sh OUT learner` (~5 minutes: the 0.5B rows issue 38
-# still lacks), then `python bench/gpu/attention.py --out OUT/attention` (~1 minute: flex_attention with a document
-# mask against the varlen kernel and the split), then `main` (issue 39; its PACS loss now also times a CUDA-graph
-# replay, and the two-pass forward beside the one-pass forward that became the default on 2026-12-04 untimed on a
-# GPU: `fused_2pass_*` columns; the gpu tests include both forwards against float64 at the real shapes).
+# open (the next lease's first call, ~9 minutes; what issues 38 and 39 still lack, most wanted first; from 2026-12-05):
+#   1. pacs_tests    the PACS loss's and CUDA-graph gpu tests (the one-pass forward against float64 at real shapes)
+#   2. pacs_loss     bench/bench_pacs_loss.py --device cuda: the one-pass forward (default since 2026-12-04, never
+#                    timed on a GPU) beside the two passes, device and wall time, a CUDA graph's replay, the copy
+#   3. host          bench/gpu/pacs_loss_host_profile.py: the eager call's wall-time ladder (copy, x.sum()'s
+#                    autograd, ours without launches, with empty kernels, forward, forward + backward, and each
+#                    after 2 ms of queued matmuls) and cProfile
+#   4. logprobs      the main shape (8192 x 4096 x 151,936) with the float64 errors of logp / entropy / dh / dW of
+#                    the timed launches, raw samples, SM clocks, one shared floor, Liger, cut-cross-entropy and
+#                    model.lm_head_fp32's kernels (pacs_triton_upcast); then fp32 inputs (issue 39 item 5)
+#   5. shapes        H=896, H=3584 and V=32,000 against their floors with each Triton variant's device time per
+#                    kernel (--profile: what holds the small H back)
+#   6. attention     bench/gpu/attention.py: flex_attention with a document mask against the varlen kernel and the
+#                    split (issue 38's kernel choice)
+#   7. learner       the Qwen2.5-0.5B learner rows (torch packed varlen, padded + SDPA, megatron packed THD and
+#                    padded), the rest of the call's time
+#   Then a second call: `main` without its suite (`MAIN_SKIP_SUITE=1`: the tuning at H=4096 and H=896, the tuned
+#   table's log-probs) and the fused layers' memory curve (`learner` with LEARNER_ARGS='--shapes qwen2.5-1.5b
+#   --lengths 32k --learners "torch packed varlen + Liger layers" --recompute selective --token-budgets
+#   17408,34816,66048'); `final` if something was changed.
+#
 # learner (~7 minutes, first): the gpu tests of the varlen attention and of Liger's fused layers, then
 #   bench/gpu/learner.py (issue 38): one learner update (log-probs, PACS loss, backward, AdamW), bf16,
 #   Qwen2.5-1.5B / 0.5B shapes, packed varlen (with and without learner.fused_layers=on: carry liger-kernel in
@@ -35,21 +49,23 @@
 #   With .old/ (e.g. mkdir .old && git archive a29a09a | tar -x -C .old: the tl.exp epilogues), the default
 #   log-prob path of both trees at H=896 and H=4096, each against floors timed in alternation with it.
 #
-# learner mode checks LEARNER_BUDGET_S and LEARNER_ARGS before its first phase (exit 2 on a mistake).
+# learner mode checks LEARNER_BUDGET_S and LEARNER_ARGS before its first phase (exit 2 on a mistake); open mode checks
+# LEARNER_ARGS (added to its learner phase's arguments) and OPEN_TOTAL_S (default 530: its learner phase's budget is
+# what is left of that many seconds from the first phase, at least 60).
 # LEASE_CHECK_ONLY=1 (any mode) runs nothing: it checks the python (PYTHON, default python3) imports torch and
 # prints each phase's time limit and command line (learner mode: after its settings' check).
 # Every phase is time-limited and independent; after each one OUT_DIR/lease.tgz holds everything so far
 # (logs, JSON, the tuned table; never a model or checkpoint), so a call cut off still returns its phases.
 # Wheels in .whl/ (bash bench/gpu/wheels.sh; liger-kernel for the comparison) are installed first.
 set -uo pipefail
-USAGE="usage: bash bench/gpu/lease.sh OUT_DIR [main|product|final|learner] (the header of bench/gpu/lease.sh says more)"
+USAGE="usage: bash bench/gpu/lease.sh OUT_DIR [open|main|product|final|learner] (the header of bench/gpu/lease.sh says more)"
 case "${1:-}" in
   -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
   ""|-*) echo "$USAGE" >&2; exit 2;;
 esac
 OUT="$1"
 MODE="${2:-main}"
-case "$MODE" in main|product|final|learner) ;; *) echo "bench/gpu/lease.sh: mode must be main, product, final or learner, got '$MODE'" >&2; exit 2;; esac
+case "$MODE" in open|main|product|final|learner) ;; *) echo "bench/gpu/lease.sh: mode must be open, main, product, final or learner, got '$MODE'" >&2; exit 2;; esac
 PY="${PYTHON:-python3}"
 CHECK="${LEASE_CHECK_ONLY:-}"
 if ! "$PY" -c "import torch" 2>/dev/null; then
@@ -59,7 +75,7 @@ fi
 W="${TMPDIR:-/tmp}/gpu_lease_$MODE${CHECK:+_check}"  # (a check keeps the last lease's work folder)
 rm -rf "$W" && mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [[ "$MODE" == learner ]]; then  # its settings checked before the first phase: a mistake must not cost the lease
+if [[ "$MODE" == learner || "$MODE" == open ]]; then  # its settings checked before the first phase: a mistake must not cost the lease
   LB="${LEARNER_BUDGET_S:-360}"  # rows not started after this many seconds (the phase ends 40 s later)
   if ! [[ "$LB" =~ ^[1-9][0-9]*$ ]]; then
     echo "bench/gpu/lease.sh: LEARNER_BUDGET_S must be a whole number of seconds >= 1, got '$LB'" >&2; exit 2
@@ -73,12 +89,15 @@ except ValueError as e:
     sys.exit(f"shlex: {e}")' "${LEARNER_ARGS:-}" > "$W/learner_args"; then
     echo "bench/gpu/lease.sh: LEARNER_ARGS is not shell-quoted right: ${LEARNER_ARGS:-}" >&2; exit 2
   fi
+  if [[ "$MODE" == open ]] && ! [[ "${OPEN_TOTAL_S:-530}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "bench/gpu/lease.sh: OPEN_TOTAL_S must be a whole number of seconds >= 1, got '${OPEN_TOTAL_S}'" >&2; exit 2
+  fi
   EXTRA=()
   [[ -s "$W/learner_args" ]] && mapfile -d '' -t EXTRA < "$W/learner_args"
   "$PY" bench/gpu/learner.py --out "$W/learner" --check-args "${EXTRA[@]}" || {
     echo "bench/gpu/lease.sh: LEARNER_ARGS refused by bench/gpu/learner.py (above)" >&2; exit 2; }
   if [[ -n "$CHECK" ]]; then  # the settings: the benchmark's arguments, one a line
-    echo "learner budget: $LB s"
+    [[ "$MODE" == learner ]] && echo "learner budget: $LB s"
     if (( ${#EXTRA[@]} )); then printf 'learner argument: [%s]\n' "${EXTRA[@]}"; else echo "learner arguments: (none)"; fi
   fi
 fi
@@ -129,9 +148,32 @@ gluon_methods() {  # gluon_methods JUNIT_XML: GLUON (bench methods), GLUON_K (tu
   [[ "$PINGPONG" == linear_logprobs.stats_gluon,linear_logprobs.dlogits_gluon ]] && GLUON="$GLUON,pacs_triton_gluon_pp"
   echo "== Gluon kernels that passed their float64 check here: forward $fwd, dz $dz; ping-pong: ${PINGPONG:-none}"
 }
-if [[ "$MODE" == main ]]; then
-  phase suite 230 "$PY" bench/gpu/suite.py "$W/suite" --steps env,gpu_tests,logprobs,pacs_loss --budget-s 220
-  gluon_methods "$W/suite/gpu_tests.xml"
+if [[ "$MODE" == open ]]; then  # ~9 minutes (the header's plan)
+  phase pacs_tests 75 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_fused_pacs_loss.py \
+    tests/test_pacs_loss.py tests/test_cuda_graph.py --junitxml="$W/pacs_tests.xml"
+  phase pacs_loss 75 "$PY" bench/bench_pacs_loss.py --device cuda --repeat 10 --loop-max-b 0 --out "$W/pacs_loss.json"
+  phase host 45 "$PY" bench/gpu/pacs_loss_host_profile.py --out "$W/host"
+  phase logprobs 75 "$PY" bench/gpu/logprobs.py --shapes 8192x4096x151936 \
+    --methods pacs_triton,pacs_triton_upcast,liger_flce,cce --iters 5 --out "$W/logprobs_main.json"
+  phase logprobs_fp32 40 "$PY" bench/gpu/logprobs.py --shapes 8192x4096x151936 --dtype fp32 \
+    --methods pacs_triton,liger_flce --iters 3 --out "$W/logprobs_fp32.json"
+  phase shapes 90 "$PY" bench/gpu/logprobs.py --shapes 8192x896x151936,8192x3584x151936,8192x4096x32000 \
+    --methods pacs_triton,pacs_triton_tma,liger_flce,cce --iters 3 --profile --out "$W/logprobs_shapes.json"
+  phase attention 60 "$PY" bench/gpu/attention.py --out "$W/attention"
+  LEFT=$(( ${OPEN_TOTAL_S:-530} - ($(date +%s) - T0) - 40 ))  # the learner rows get what is left (>= 60 s)
+  (( LEFT < 60 )) && LEFT=60
+  phase learner $(( LEFT + 40 )) "$PY" bench/gpu/learner.py --out "$W/learner" --budget-s "$LEFT" \
+    --shapes qwen2.5-0.5b --learners "torch packed varlen,torch padded + SDPA,megatron packed THD,megatron padded" \
+    "${EXTRA[@]}"
+elif [[ "$MODE" == main ]]; then
+  if [[ -z "${MAIN_SKIP_SUITE:-}" ]]; then
+    phase suite 230 "$PY" bench/gpu/suite.py "$W/suite" --steps env,gpu_tests,logprobs,pacs_loss --budget-s 220
+    gluon_methods "$W/suite/gpu_tests.xml"
+  else  # (after open: the Gluon kernels' float64 check alone, for the tuner's list)
+    phase gluon_check 120 "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_linear_logprobs_gluon.py \
+      --junitxml="$W/gluon_check.xml"
+    gluon_methods "$W/gluon_check.xml"
+  fi
   K=linear_logprobs.stats_tiles,linear_logprobs.stats_tma,linear_logprobs.dlogits,linear_logprobs.dlogits_tma$GLUON_K
   # the log-prob kernels only: the PACS loss's table was measured on 2026-11-26 (0.68-0.74 of the copy);
   # the tuner merges into the table it finds in --out-dir, so it starts from this checkout's (on
