@@ -304,13 +304,16 @@ def _pacs_objective(algo: AlgoConfig, micro: RolloutBatch, logp: torch.Tensor, c
 
     def rows(idx, k):  # the loss of rows idx (whole groups of k)
         pick = (lambda t: t) if idx is None else (lambda t: None if t is None else t[idx])
+        # backend "auto": the fused kernels on CUDA (two launches, no [B, T] temporaries; their torch twin on a
+        # kernel failure, warned once), the torch path on the CPU and wherever sample weights are given
         common = dict(group_size=k, beta=algo.beta, score=algo.score, weight_mode=algo.weight, proxy=algo.proxy,
                       sample_weights=pick(weights))
         if correction != "none":  # noisy verifier: corrected BCE (pacs_fast/algorithms/noisy_labels.py)
             from pacs_fast.algorithms.noisy_labels import pacs_loss_noisy
             return pacs_loss_noisy(pick(logp), pick(ref), pick(resp), pick(micro.rewards), correction=correction,
                                    rho0=algo.noise_rho0, rho1=algo.noise_rho1, **common)
-        return pacs_loss(pick(logp), pick(ref), pick(resp), pick(micro.rewards), return_terms=True, **common)
+        return pacs_loss(pick(logp), pick(ref), pick(resp), pick(micro.rewards), return_terms=True, backend="auto",
+                         **common)
 
     if micro.truncated is None:
         loss, terms = rows(None, micro.group_size)
