@@ -4,7 +4,8 @@
     python bench/gpu/learner.py --out OUT_DIR --dry-run         # CPU, tiny shape, seconds (CI)
 
 The real step: ``TorchLearner.update`` on one rollout batch (fused old log-probs: one forward and one
-backward per micro-batch, the log-probs from hidden states, the PACS loss, AdamW on fp32 master weights),
+backward per micro-batch, the log-probs from hidden states, the PACS loss (its fused kernels since 2026-12-05,
+the torch path before), AdamW on fp32 master weights),
 bf16, random weights of a Qwen2.5-1.5B shape (28 layers, hidden 1536, 12 / 2 heads, FFN 8960) and a Qwen2.5-0.5B shape
 (24 layers, hidden 896, 14 / 2 heads, FFN 4864), vocabulary 151,936, tied embeddings. Responses after
 a 256-token prompt: every row 1k, 4k, 16k or 32k tokens (groups of 2, about 32k tokens per update),
