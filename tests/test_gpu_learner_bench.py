@@ -311,4 +311,4 @@ def test_the_open_lease_checks_its_settings_and_main_can_skip_its_suite(tmp_path
     assert "learner budget" not in ok.stdout  # (LEARNER_BUDGET_S is learner mode's)
     skip = lease("main", MAIN_SKIP_SUITE="1")
     planned = [line[3:].split(":")[0] for line in skip.stdout.splitlines() if ": limit " in line]
-    assert skip.returncode == 0 and planned == ["gluon_check", "tune", "tuned_logprobs", "shapes"], skip.stdout
+    assert skip.returncode == 0 and planned == ["gluon_check", "tune", "tuned_logprobs", "shapes", "grid"], skip.stdout

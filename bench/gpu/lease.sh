@@ -19,9 +19,11 @@
 #                    split (issue 38's kernel choice)
 #   7. learner       the Qwen2.5-0.5B learner rows (torch packed varlen, padded + SDPA, megatron packed THD and
 #                    padded), the rest of the call's time
-#   Then a second call: `main` without its suite (`MAIN_SKIP_SUITE=1`: the tuning at H=4096 and H=896, the tuned
-#   table's log-probs) and the fused layers' memory curve (`learner` with LEARNER_ARGS='--shapes qwen2.5-1.5b
-#   --lengths 32k --learners "torch packed varlen + Liger layers" --recompute selective --token-budgets
+#   Then a second call: `main` without its suite (`MAIN_SKIP_SUITE=1`: the Gluon kernels' check, the tuning at
+#   H=4096 and H=896, the tuned table's log-probs at the main and other shapes, then the rest of issue 39's grid:
+#   H=8192 and V=128,256, N = 2k, 32k and 64k at the main shape, with TFLOP/s and workspace), and the fused layers'
+#   memory curve (`learner` with LEARNER_ARGS='--shapes qwen2.5-1.5b --lengths 32k --learners "torch packed varlen
+#   + Liger layers" --recompute selective --token-budgets
 #   17408,34816,66048'); `final` if something was changed.
 #
 # learner (~7 minutes, first): the gpu tests of the varlen attention and of Liger's fused layers, then
@@ -189,6 +191,10 @@ elif [[ "$MODE" == main ]]; then
     --iters 5 --profile --out "$W/logprobs_tuned.json"
   phase shapes 90 "$PY" bench/gpu/logprobs.py --shapes 8192x896x151936,8192x3584x151936,8192x4096x32000 \
     --methods "pacs_triton,pacs_triton_tma$GLUON,liger_flce,cce" --iters 3 --profile --out "$W/logprobs_shapes.json"
+  if [[ -n "${MAIN_SKIP_SUITE:-}" ]]; then  # (after open) the rest of issue 39's grid: H=8192 and V=128,256, N 2k-64k
+    phase grid 100 "$PY" bench/gpu/logprobs.py --methods pacs_triton --iters 3 --out "$W/logprobs_grid.json" \
+      --shapes 8192x8192x128256,8192x4096x128256,2048x4096x151936,32768x4096x151936,65536x4096x151936
+  fi
 elif [[ "$MODE" == final ]]; then  # ~6 minutes (~8 with .old/)
   phase gluon_check 200 "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_linear_logprobs_gluon.py \
     --junitxml="$W/gluon_check.xml"
