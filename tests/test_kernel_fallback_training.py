@@ -170,3 +170,29 @@ def test_a_failing_dz_kernel_alone_falls_back_in_the_backward(tmp_path, warm_cac
     assert len(dz) == 2
     assert dz[0]["learner/loss"] == pytest.approx(ref[0]["learner/loss"], rel=1e-5, abs=1e-6)
     assert dz[0]["learner/grad_norm"] == pytest.approx(ref[0]["learner/grad_norm"], rel=1e-5)
+
+
+@pytest.mark.gpu
+def test_the_learner_on_the_gpu_kernels_equals_the_torch_paths_cuda(tmp_path, warm_cache, monkeypatch):
+    """On a GPU, with nothing patched: ``auto`` takes the compiled kernels for the learner's log-probs and PACS
+    loss (counted), the run warns of no fallback, and step 1's gradient norm equals the torch paths' run (fp32
+    model; the kernels' fp32 products are IEEE, not TF32: the sums' order is what differs)."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU; none on this machine")
+    from pacs_fast.kernels import linear_logprobs as K, pacs_loss as KP
+    from pacs_fast.train import main
+    from test_kernel_dispatch import _spy
+    monkeypatch.delenv(dispatch.ENV, raising=False)
+    common = _common(tmp_path, warm_cache, "float32") + ["model.device=cuda"]
+    _torch_run(main, common, "torch", monkeypatch)
+    ran = {"stats_fwd": _spy(monkeypatch, K, "stats_fwd"), "pacs_loss_fwd": _spy(monkeypatch, KP, "pacs_loss_fwd")}
+    dispatch.reset()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        main(common + ["train.run_name=kernels"])
+    assert not [str(w.message) for w in seen if issubclass(w.category, dispatch.KernelFallbackWarning)]
+    assert len(ran["stats_fwd"]) >= 8 and len(ran["pacs_loss_fwd"]) >= 8
+    ref, kernels = _first_step(tmp_path / "torch"), _first_step(tmp_path / "kernels")
+    assert ref[0]["learner/grad_norm"] > 0
+    assert kernels[0]["learner/grad_norm"] == pytest.approx(ref[0]["learner/grad_norm"], rel=1e-4)

@@ -4,7 +4,8 @@
 #   bash bench/gpu/lease.sh OUT_DIR [open|main|product|final|learner]
 #
 # open (the next lease's first call, ~9 minutes; what issues 38 and 39 still lack, most wanted first; from 2026-12-05):
-#   1. pacs_tests    the PACS loss's and CUDA-graph gpu tests (the one-pass forward against float64 at real shapes)
+#   1. pacs_tests    the PACS loss's and CUDA-graph gpu tests (the one-pass forward against float64 at real shapes;
+#                    the trainer's learner on the kernels, its PACS loss fused since 2026-12-05, against the torch paths)
 #   2. pacs_loss     bench/bench_pacs_loss.py --device cuda: the one-pass forward (default since 2026-12-04, never
 #                    timed on a GPU) beside the two passes, device and wall time, a CUDA graph's replay, the copy
 #   3. host          bench/gpu/pacs_loss_host_profile.py: the eager call's wall-time ladder (copy, x.sum()'s
@@ -151,8 +152,9 @@ gluon_methods() {  # gluon_methods JUNIT_XML: GLUON (bench methods), GLUON_K (tu
   echo "== Gluon kernels that passed their float64 check here: forward $fwd, dz $dz; ping-pong: ${PINGPONG:-none}"
 }
 if [[ "$MODE" == open ]]; then  # ~9 minutes (the header's plan)
-  phase pacs_tests 75 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_fused_pacs_loss.py \
-    tests/test_pacs_loss.py tests/test_cuda_graph.py --junitxml="$W/pacs_tests.xml"
+  phase pacs_tests 90 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_fused_pacs_loss.py \
+    tests/test_pacs_loss.py tests/test_cuda_graph.py tests/test_kernel_fallback_training.py \
+    --junitxml="$W/pacs_tests.xml"
   phase pacs_loss 75 "$PY" bench/bench_pacs_loss.py --device cuda --repeat 10 --loop-max-b 0 --out "$W/pacs_loss.json"
   phase host 45 "$PY" bench/gpu/pacs_loss_host_profile.py --out "$W/host"
   phase logprobs 75 "$PY" bench/gpu/logprobs.py --shapes 8192x4096x151936 \
