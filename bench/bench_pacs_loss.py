@@ -313,6 +313,9 @@ def main(argv=None):
             if "loop" in results:
                 row["loop_over_torch"] = row["loop_ms"] / row["torch_ms"]
             rows.append(row)
+            # each row as it is done (a run cut off by a time limit keeps the rows it finished in its log)
+            print("row " + json.dumps({k: (float(f"{v:.5g}") if isinstance(v, float) else v) for k, v in row.items()}),
+                  flush=True)
             del results
         del inputs
         if args.device == "cuda":
