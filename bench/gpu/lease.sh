@@ -155,7 +155,8 @@ if [[ "$MODE" == open ]]; then  # ~9 minutes (the header's plan)
   phase pacs_tests 90 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_fused_pacs_loss.py \
     tests/test_pacs_loss.py tests/test_cuda_graph.py tests/test_kernel_fallback_training.py \
     --junitxml="$W/pacs_tests.xml"
-  phase pacs_loss 75 "$PY" bench/bench_pacs_loss.py --device cuda --repeat 10 --loop-max-b 0 --out "$W/pacs_loss.json"
+  phase pacs_loss 75 "$PY" bench/bench_pacs_loss.py --device cuda --repeat 10 --loop-max-b 0 --group-size 8,64 \
+    --out "$W/pacs_loss.json"
   phase host 45 "$PY" bench/gpu/pacs_loss_host_profile.py --out "$W/host"
   phase logprobs 75 "$PY" bench/gpu/logprobs.py --shapes 8192x4096x151936 \
     --methods pacs_triton,pacs_triton_upcast,liger_flce,cce --iters 5 --out "$W/logprobs_main.json"
