@@ -265,6 +265,29 @@ def test_tensorboard_shows_each_step_once_after_a_resume(tmp_path, fresh_by):
         assert [s for s, _ in got].count(5) == 2
 
 
+def test_a_resumed_writer_s_event_file_sorts_after_the_run_s(tmp_path):
+    """TensorBoard reads a run's event files in name order: second, host, pid, a per-process counter, compared
+    as text. A resume within the second of the run's last writer (the resume test above, in a process whose
+    counter had reached 9 -> 10: it failed once in CI) named its file so that it sorted first, and its purge of
+    the redone steps was read before them. The writer now opens only once the clock is past every existing
+    file's second."""
+    import time
+
+    from pacs_fast.trainer.metrics import MetricsLogger
+
+    tb = tmp_path / "tb"
+    tb.mkdir()
+    now = int(time.time())
+    earlier = tb / f"events.out.tfevents.{now:010d}.host.99999.9"  # a name any file of this second sorts before
+    earlier.write_bytes(b"")
+    again = MetricsLogger(tmp_path, resume_step=4)
+    again.log("train", 5, {"reward/mean": 1.0})
+    again.close()
+    names = sorted(p.name for p in tb.iterdir())
+    assert names[0] == earlier.name and len(names) == 2, names
+    assert int(names[1].split(".")[3]) > now
+
+
 TRACKIO_PAIR = r"""
 import json, sys
 from pathlib import Path

@@ -111,6 +111,27 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
 
 
+def wait_past_event_files(tb_dir: Path) -> None:
+    """Returns once the clock's second is past every ``events.out.tfevents.<second>...`` file in ``tb_dir``.
+    TensorBoard reads a run's event files in name order, and a writer names its file by the second it opened
+    it, then host, pid and a per-process counter, compared as text: two files of one second can sort against
+    their order of writing (pid 999 after 1000, counter 9 after 10), and a resume's events (its purge of
+    the redone steps) would be read before the run they purge. At most a second's wait, and only for a
+    writer opened within the second of an earlier one (a resume in the same process: tests)."""
+    import re
+    import time
+    latest = -1
+    try:
+        for name in os.listdir(tb_dir):
+            hit = re.match(r"events\.out\.tfevents\.(\d+)\.", name)
+            if hit:
+                latest = max(latest, int(hit.group(1)))
+    except OSError:  # no folder yet
+        return
+    while time.time() < latest + 1:
+        time.sleep(max(0.001, latest + 1 - time.time()))
+
+
 class MetricsLogger:
     """Appends records to ``run_dir/metrics.jsonl`` and TensorBoard (``run_dir/tb``), and hands them to
     the experiment ``trackers`` of ``train.loggers`` (:mod:`pacs_fast.trainer.trackers`).
@@ -137,6 +158,7 @@ class MetricsLogger:
                 # a session-start event at every start, the first included: TensorBoard's loader takes the
                 # first one it reads for the run's start and purges only at a later one (the resume's), so
                 # a fresh run without one showed the steps a resume redid twice
+                wait_past_event_files(Path(run_dir) / "tb")  # its file sorts after the earlier ones
                 self.tb = SummaryWriter(str(Path(run_dir) / "tb"),
                                         purge_step=(resume_step + 1) if resume_step is not None else 0)
             except ImportError:  # tensorboard missing: JSONL only
