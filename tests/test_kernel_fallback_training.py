@@ -64,6 +64,14 @@ def _first_step(run):
     return [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
 
 
+def _fallbacks_of(main, common, name):
+    """Runs ``main`` as run ``name``; the kernel-fallback warnings it raised (their messages)."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        main(common + [f"train.run_name={name}"])
+    return [str(w.message) for w in seen if issubclass(w.category, dispatch.KernelFallbackWarning)]
+
+
 def _kernel_counts(monkeypatch):
     """Counts the launches of the tiled forward and of the fused PACS loss's forward (they still run)."""
     from pacs_fast.kernels import linear_logprobs_fwd as KF, pacs_loss as KP
@@ -109,10 +117,7 @@ def test_the_learner_on_the_kernels_equals_the_torch_paths(tmp_path, warm_cache,
     _torch_run(main, common, "torch", monkeypatch)
     _auto_takes_the_kernels(monkeypatch)
     ran = _kernel_counts(monkeypatch)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        main(common + ["train.run_name=kernels"])
-    assert not [w for w in seen if issubclass(w.category, dispatch.KernelFallbackWarning)]
+    assert _fallbacks_of(main, common, "kernels") == []
     assert len(ran["stats_tiles"]) >= 8 and len(ran["pacs_loss_fwd"]) >= 8  # (4 micro-batches a step, 2 steps)
     ref, kernels = _first_step(tmp_path / "torch"), _first_step(tmp_path / "kernels")
     assert ref[0]["learner/grad_norm"] > 0  # (mixed groups: a gradient to compare)
@@ -127,10 +132,7 @@ def test_a_run_trains_through_every_fast_kernel_failing(tmp_path, warm_cache, mo
     _torch_run(main, common, "torch", monkeypatch)
     _auto_takes_the_kernels(monkeypatch)
     calls = _break_every_fast_kernel(monkeypatch)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        main(common + ["train.run_name=broken"])
-    fell_back = [str(w.message) for w in seen if issubclass(w.category, dispatch.KernelFallbackWarning)]
+    fell_back = _fallbacks_of(main, common, "broken")
     for words in (("Gluon", "import of"), ("stats_tma", "no TMA forward"), ("forward", "no tiled forward"),
                   ("PACS loss forward", "no PACS loss kernel")):
         assert sum(all(w in m for w in words) for m in fell_back) == 1, (words, fell_back)
@@ -160,10 +162,7 @@ def test_a_failing_dz_kernel_alone_falls_back_in_the_backward(tmp_path, warm_cac
             tried.append(1)
             raise RuntimeError("no pointer dz kernel")
     monkeypatch.setattr(K, "_dlogits_kernel", Broken())
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        main(common + ["train.run_name=dz"])
-    fell_back = [str(w.message) for w in seen if issubclass(w.category, dispatch.KernelFallbackWarning)]
+    fell_back = _fallbacks_of(main, common, "dz")
     assert len(fell_back) == 1 and "no pointer dz kernel" in fell_back[0] and "backward" in fell_back[0], fell_back
     assert tried == [1]
     ref, dz = _first_step(tmp_path / "torch"), _first_step(tmp_path / "dz")
@@ -188,10 +187,7 @@ def test_the_learner_on_the_gpu_kernels_equals_the_torch_paths_cuda(tmp_path, wa
     _torch_run(main, common, "torch", monkeypatch)
     ran = {"stats_fwd": _spy(monkeypatch, K, "stats_fwd"), "pacs_loss_fwd": _spy(monkeypatch, KP, "pacs_loss_fwd")}
     dispatch.reset()
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        main(common + ["train.run_name=kernels"])
-    assert not [str(w.message) for w in seen if issubclass(w.category, dispatch.KernelFallbackWarning)]
+    assert _fallbacks_of(main, common, "kernels") == []
     assert len(ran["stats_fwd"]) >= 8 and len(ran["pacs_loss_fwd"]) >= 8
     ref, kernels = _first_step(tmp_path / "torch"), _first_step(tmp_path / "kernels")
     assert ref[0]["learner/grad_norm"] > 0

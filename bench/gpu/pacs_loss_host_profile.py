@@ -89,6 +89,15 @@ def kernels_swapped(module, replacement: dict):
             setattr(module, name, k)
 
 
+def loss_inputs(B: int, T: int, device: str):
+    """``(logp [B, T] requiring grad, logp_ref, a float mask, 0/1 rewards [B])``, fp32, seeded."""
+    g = torch.Generator(device=device).manual_seed(0)
+    logp = (-torch.rand(B, T, device=device, generator=g)).requires_grad_()
+    ref = -torch.rand(B, T, device=device, generator=g)
+    mask = (torch.rand(B, T, device=device, generator=g) > 0.2).float()
+    return logp, ref, mask, (torch.rand(B, device=device, generator=g) > 0.5).float()
+
+
 def ladder(B: int, T: int, device: str, calls: int, rounds: int, busy_ms: float) -> dict:
     """Median synchronised wall time (ms) of each rung of the module docstring at ``B x T`` on ``device``."""
     import pacs_fast.kernels.pacs_loss as KP
@@ -96,11 +105,7 @@ def ladder(B: int, T: int, device: str, calls: int, rounds: int, busy_ms: float)
 
     cuda = device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    g = torch.Generator(device=device).manual_seed(0)
-    logp = (-torch.rand(B, T, device=device, generator=g)).requires_grad_()
-    ref = -torch.rand(B, T, device=device, generator=g)
-    mask = (torch.rand(B, T, device=device, generator=g) > 0.2).float()
-    r = (torch.rand(B, device=device, generator=g) > 0.5).float()
+    logp, ref, mask, r = loss_inputs(B, T, device)
     dst = torch.empty_like(logp)
     x = torch.zeros(B, T, device=device, requires_grad=True)
     n = 4096 if cuda else 64
@@ -193,11 +198,7 @@ def format_row(row: dict) -> str:
 def profile_calls(B: int, T: int, device: str, n: int = 100) -> str:
     """cProfile of ``n`` synchronised forward + backward calls: the host's functions by their own time."""
     from pacs_fast.ops.pacs_loss import fused_pacs_loss
-    g = torch.Generator(device=device).manual_seed(0)
-    logp = (-torch.rand(B, T, device=device, generator=g)).requires_grad_()
-    ref = -torch.rand(B, T, device=device, generator=g)
-    mask = (torch.rand(B, T, device=device, generator=g) > 0.2).float()
-    r = (torch.rand(B, device=device, generator=g) > 0.5).float()
+    logp, ref, mask, r = loss_inputs(B, T, device)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(n):

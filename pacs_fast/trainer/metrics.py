@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import math
+import re
 import threading
+import time
 from pathlib import Path
 
 NONDETERMINISTIC_PREFIXES = ("time/", "perf/")
@@ -118,8 +120,6 @@ def wait_past_event_files(tb_dir: Path) -> None:
     their order of writing (pid 999 after 1000, counter 9 after 10), and a resume's events (its purge of
     the redone steps) would be read before the run they purge. At most a second's wait, and only for a
     writer opened within the second of an earlier one (a resume in the same process: tests)."""
-    import re
-    import time
     latest = -1
     try:
         for name in os.listdir(tb_dir):
