@@ -248,7 +248,8 @@ def test_the_lease_refuses_bad_learner_settings_before_its_first_phase(tmp_path)
     assert lines[:6] == ["learner budget: 200 s", "learner argument: [--dry-run]", "learner argument: [--learners]",
                          "learner argument: [torch packed varlen, torch padded + SDPA]",
                          "learner argument: [--lengths]", "learner argument: [4k]"]
-    assert [line.split(":")[0] for line in lines[6:]] == ["== learner_tests", "== learner", "== done after 0 s"]
+    assert [line.split(":")[0] for line in lines[6:]] == ["== learner_tests", "== learner", "== targets",
+                                                          "== done after 0 s"]
     assert lines[7].endswith("--budget-s 200 --dry-run --learners torch packed varlen, torch padded + SDPA --lengths 4k")
     assert settings("").stdout.splitlines()[1] == "learner arguments: (none)"
     empty = settings('--dry-run --lengths ""')  # a last empty argument reaches the parser (which refuses it)
@@ -256,9 +257,10 @@ def test_the_lease_refuses_bad_learner_settings_before_its_first_phase(tmp_path)
 
 
 @pytest.mark.parametrize("mode, phases", [
-    ("open", ["pacs_tests", "pacs_loss", "host", "logprobs", "logprobs_fp32", "shapes", "attention", "learner"]),
-    ("main", ["suite", "tune", "tuned_logprobs", "shapes"]), ("product", ["product"]),
-    ("final", ["gluon_check", "pacs_loss_final", "logprobs_final", "gpu_tests_final", "megatron"]),
+    ("open", ["pacs_tests", "pacs_loss", "host", "logprobs", "logprobs_fp32", "shapes", "attention", "learner",
+              "targets"]),
+    ("main", ["suite", "tune", "tuned_logprobs", "shapes", "targets"]), ("product", ["product", "targets"]),
+    ("final", ["gluon_check", "pacs_loss_final", "logprobs_final", "gpu_tests_final", "megatron", "targets"]),
 ])
 def test_the_lease_check_prints_every_modes_plan_and_runs_nothing(tmp_path, mode, phases):
     """LEASE_CHECK_ONLY=1 was read in learner mode only: main / product / final ran their GPU phases (main copies
@@ -311,4 +313,4 @@ def test_the_open_lease_checks_its_settings_and_main_can_skip_its_suite(tmp_path
     assert "learner budget" not in ok.stdout  # (LEARNER_BUDGET_S is learner mode's)
     skip = lease("main", MAIN_SKIP_SUITE="1")
     planned = [line[3:].split(":")[0] for line in skip.stdout.splitlines() if ": limit " in line]
-    assert skip.returncode == 0 and planned == ["gluon_check", "tune", "tuned_logprobs", "shapes", "grid"], skip.stdout
+    assert skip.returncode == 0 and planned == ["gluon_check", "tune", "tuned_logprobs", "shapes", "grid", "targets"], skip.stdout

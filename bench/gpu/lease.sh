@@ -57,6 +57,8 @@
 # what is left of that many seconds from the first phase, at least 60).
 # LEASE_CHECK_ONLY=1 (any mode) runs nothing: it checks the python (PYTHON, default python3) imports torch and
 # prints each phase's time limit and command line (learner mode: after its settings' check).
+# Every mode ends with `targets` (bench/gpu/targets.py on the call's files: each target of issues 38 and 39 this call
+# measured, met or not, printed; targets.log / targets.json hold the evidence).
 # Every phase is time-limited and independent; after each one OUT_DIR/lease.tgz holds everything so far
 # (logs, JSON, the tuned table; never a model or checkpoint), so a call cut off still returns its phases.
 # Wheels in .whl/ (bash bench/gpu/wheels.sh; liger-kernel for the comparison) are installed first.
@@ -228,4 +230,7 @@ elif [[ "$MODE" == learner ]]; then
 else
   phase product 330 "$PY" bench/gpu/suite.py "$W/suite" --steps env,compile,megatron_run,trl_run --budget-s 320
 fi
+# every mode: issues 38's and 39's targets read off what this call measured (met / not met, with the files)
+TAIL=0 phase targets 30 "$PY" bench/gpu/targets.py "$W" --json "$W/targets.json"
+if [[ -z "$CHECK" && -f "$W/targets.log" ]]; then grep '^| [0-9]' "$W/targets.log" | grep -v '| not measured |'; fi
 echo "== done after $(( $(date +%s) - T0 )) s"
