@@ -259,6 +259,7 @@ def test_the_lease_refuses_bad_learner_settings_before_its_first_phase(tmp_path)
 @pytest.mark.parametrize("mode, phases", [
     ("open", ["pacs_tests", "pacs_loss", "host", "logprobs", "logprobs_fp32", "shapes", "attention", "learner",
               "targets"]),
+    ("extra", ["curve", "grid", "targets"]),
     ("main", ["suite", "tune", "tuned_logprobs", "shapes", "targets"]), ("product", ["product", "targets"]),
     ("final", ["gluon_check", "pacs_loss_final", "logprobs_final", "gpu_tests_final", "megatron", "targets"]),
 ])
@@ -302,15 +303,22 @@ def test_the_open_lease_checks_its_settings_and_main_can_skip_its_suite(tmp_path
     def lease(mode, **extra):
         return subprocess.run(["bash", "bench/gpu/lease.sh", str(tmp_path / "out"), mode], cwd=root,
                               env={**env, **extra}, capture_output=True, text=True, timeout=120)
-    for bad in ({"OPEN_TOTAL_S": "9m"}, {"OPEN_TOTAL_S": "0"}, {"LEARNER_ARGS": "--shapes bogus"},
-                {"LEARNER_ARGS": "--lengths 'x"}):
-        proc = lease("open", **bad)
+    for mode, bad in (("open", {"OPEN_TOTAL_S": "9m"}), ("open", {"OPEN_TOTAL_S": "0"}),
+                      ("open", {"LEARNER_ARGS": "--shapes bogus"}), ("open", {"LEARNER_ARGS": "--lengths 'x"}),
+                      ("extra", {"EXTRA_TOTAL_S": "3m"}), ("extra", {"CURVE_S": "-5"})):
+        proc = lease(mode, **bad)
         assert proc.returncode == 2 and "== " not in proc.stdout, (bad, proc.stdout[-500:], proc.stderr[-500:])
+        assert f"{next(iter(bad))} must be" in proc.stderr or "LEARNER_ARGS" in proc.stderr, proc.stderr[-500:]
     ok = lease("open", OPEN_TOTAL_S="400", LEARNER_ARGS="--steps 2")
     assert ok.returncode == 0, ok.stderr[-1000:]
     learner = [line for line in ok.stdout.splitlines() if line.startswith("== learner:")][0]
     assert "--budget-s 360" in learner and "--shapes qwen2.5-0.5b" in learner and learner.endswith("--steps 2")
     assert "learner budget" not in ok.stdout  # (LEARNER_BUDGET_S is learner mode's)
+    extra = lease("extra", CURVE_S="90", EXTRA_TOTAL_S="210")  # the curve's budget, the grid the rest (of 210 s)
+    curve, grid = (line for line in extra.stdout.splitlines() if line.startswith(("== curve:", "== grid:")))
+    assert extra.returncode == 0 and "limit 120 s" in curve and "--budget-s 90 " in curve, extra.stdout
+    assert "--token-budgets 17408,34816,66048" in curve and "65536x4096x151936" in grid
+    assert 195 <= int(grid.split("limit ")[1].split(" s")[0]) <= 205, grid
     skip = lease("main", MAIN_SKIP_SUITE="1")
     planned = [line[3:].split(":")[0] for line in skip.stdout.splitlines() if ": limit " in line]
     assert skip.returncode == 0 and planned == ["gluon_check", "tune", "tuned_logprobs", "shapes", "grid", "targets"], skip.stdout

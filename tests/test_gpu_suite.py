@@ -213,3 +213,17 @@ def test_a_module_skipped_at_collection_keeps_its_reason():
     assert counts == dict(tests=12, failures=0, errors=0, skipped=1)
     assert len(skipped) == 1 and "verl not installed" in skipped[0] and "collection skipped" in skipped[0]
     assert junit_counts(os.path.join(ROOT, "no", "such.xml")) == (dict(tests=0, failures=0, errors=0, skipped=0), [])
+
+
+def test_logprobs_keeps_the_rows_of_a_run_cut_short(tmp_path):
+    """bench/gpu/logprobs.py writes its JSON after every row (a lease phase killed by its time limit kept nothing when
+    it wrote once at the end): here the second shape fails to parse, after the first shape's rows were measured."""
+    out = tmp_path / "lp.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu", "logprobs.py"), "--device", "cpu",
+                           "--shapes", "16x8x40,16xbad", "--methods", "pacs_torch,naive", "--iters", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0 and "ValueError" in proc.stderr, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["device"] == "cpu" and [(r["method"], r["N"]) for r in doc["rows"]] == [("pacs_torch", 16), ("naive", 16)]
+    assert all(r["fwd_vs_gemm"] > 0 for r in doc["rows"]) and not (tmp_path / "lp.json.tmp").exists()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 22's measurements in one device call (a lease is ~15 device-minutes, machine start included):
 #
-#   bash bench/gpu/lease.sh OUT_DIR [open|main|product|final|learner]
+#   bash bench/gpu/lease.sh OUT_DIR [open|extra|main|product|final|learner]
 #
 # open (the next lease's first call, ~9 minutes; what issues 38 and 39 still lack, most wanted first; from 2026-12-05):
 #   1. pacs_tests    the PACS loss's and CUDA-graph gpu tests (the one-pass forward against float64 at real shapes;
@@ -20,12 +20,17 @@
 #                    split (issue 38's kernel choice)
 #   7. learner       the Qwen2.5-0.5B learner rows (torch packed varlen, padded + SDPA, megatron packed THD and
 #                    padded), the rest of the call's time
-#   Then a second call: `main` without its suite (`MAIN_SKIP_SUITE=1`: the Gluon kernels' check, the tuning at
+#   Then, at once (a machine stays warm ~30 s after a call; a 15-minute lease has ~3.5 minutes left after open and
+#   its start), `extra` on the same machine (EXTRA_TOTAL_S, default 200 s):
+#   1. curve         issue 38's memory curve: the fused layers' learner (torch packed varlen + Liger layers, 1.5B
+#                    shape, 32k responses, selective recompute) at 17,408 / 34,816 / 66,048 tokens a micro-batch
+#                    (CURVE_S, default 110 s)
+#   2. grid          the rest of issue 39's grid (H=8192 x V=128,256, V=128,256 at H=4096, N = 2k / 32k / 64k at the
+#                    main shape), the time left
+#   Then, on a later lease: `main` without its suite (`MAIN_SKIP_SUITE=1`: the Gluon kernels' check, the tuning at
 #   H=4096 and H=896, the tuned table's log-probs at the main and other shapes, then the rest of issue 39's grid:
-#   H=8192 and V=128,256, N = 2k, 32k and 64k at the main shape, with TFLOP/s and workspace), and the fused layers'
-#   memory curve (`learner` with LEARNER_ARGS='--shapes qwen2.5-1.5b --lengths 32k --learners "torch packed varlen
-#   + Liger layers" --recompute selective --token-budgets
-#   17408,34816,66048'); `final` if something was changed.
+#   H=8192 and V=128,256, N = 2k, 32k and 64k at the main shape, with TFLOP/s and workspace: extra's grid again, or
+#   what it did not reach); `final` if something was changed.
 #
 # learner (~7 minutes, first): the gpu tests of the varlen attention and of Liger's fused layers, then
 #   bench/gpu/learner.py (issue 38): one learner update (log-probs, PACS loss, backward, AdamW), bf16,
@@ -63,14 +68,19 @@
 # (logs, JSON, the tuned table; never a model or checkpoint), so a call cut off still returns its phases.
 # Wheels in .whl/ (bash bench/gpu/wheels.sh; liger-kernel for the comparison) are installed first.
 set -uo pipefail
-USAGE="usage: bash bench/gpu/lease.sh OUT_DIR [open|main|product|final|learner] (the header of bench/gpu/lease.sh says more)"
+USAGE="usage: bash bench/gpu/lease.sh OUT_DIR [open|extra|main|product|final|learner] (the header of bench/gpu/lease.sh says more)"
 case "${1:-}" in
   -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
   ""|-*) echo "$USAGE" >&2; exit 2;;
 esac
 OUT="$1"
 MODE="${2:-main}"
-case "$MODE" in open|main|product|final|learner) ;; *) echo "bench/gpu/lease.sh: mode must be open, main, product, final or learner, got '$MODE'" >&2; exit 2;; esac
+case "$MODE" in open|extra|main|product|final|learner) ;; *) echo "bench/gpu/lease.sh: mode must be open, extra, main, product, final or learner, got '$MODE'" >&2; exit 2;; esac
+for knob in EXTRA_TOTAL_S CURVE_S; do  # extra mode's time settings (checked in every mode: a typo must not cost a lease)
+  if [[ -n "${!knob:-}" ]] && ! [[ "${!knob}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "bench/gpu/lease.sh: $knob must be a whole number of seconds >= 1, got '${!knob}'" >&2; exit 2
+  fi
+done
 PY="${PYTHON:-python3}"
 CHECK="${LEASE_CHECK_ONLY:-}"
 if ! "$PY" -c "import torch" 2>/dev/null; then
@@ -172,6 +182,16 @@ if [[ "$MODE" == open ]]; then  # ~9 minutes (the header's plan)
   phase learner $(( LEFT + 40 )) "$PY" bench/gpu/learner.py --out "$W/learner" --budget-s "$LEFT" \
     --shapes qwen2.5-0.5b --learners "torch packed varlen,torch padded + SDPA,megatron packed THD,megatron padded" \
     "${EXTRA[@]}"
+elif [[ "$MODE" == extra ]]; then  # ~3.5 minutes on the machine open left warm (the header's plan)
+  CURVE=(--shapes qwen2.5-1.5b --lengths 32k --learners "torch packed varlen + Liger layers" --recompute selective
+         --token-budgets 17408,34816,66048)
+  "$PY" bench/gpu/learner.py --out "$W/curve" --check-args "${CURVE[@]}" > /dev/null || exit 2
+  phase curve $(( ${CURVE_S:-110} + 30 )) "$PY" bench/gpu/learner.py --out "$W/curve" --budget-s "${CURVE_S:-110}" \
+    "${CURVE[@]}"
+  LEFT=$(( ${EXTRA_TOTAL_S:-200} - ($(date +%s) - T0) - 5 ))  # the grid gets what is left (>= 30 s)
+  (( LEFT < 30 )) && LEFT=30
+  phase grid "$LEFT" "$PY" bench/gpu/logprobs.py --methods pacs_triton --iters 3 --out "$W/logprobs_grid.json" \
+    --shapes 8192x8192x128256,8192x4096x128256,2048x4096x151936,32768x4096x151936,65536x4096x151936
 elif [[ "$MODE" == main ]]; then
   if [[ -z "${MAIN_SKIP_SUITE:-}" ]]; then
     phase suite 230 "$PY" bench/gpu/suite.py "$W/suite" --steps env,gpu_tests,logprobs,pacs_loss --budget-s 220

@@ -378,6 +378,15 @@ def main():
     dtype = DTYPES[args.dtype]
     rows = []
     floors = []
+    dev = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    out = args.out or os.path.join(HERE, "..", "results",
+                                   time.strftime("gpu_logprobs_%Y%m%d_%H%M%S.json"))
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+
+    def write():  # after every row (atomically): a run cut off by its time limit keeps the rows it measured
+        with open(out + ".tmp", "w") as f:
+            json.dump({"device": dev, "torch": torch.__version__, "floors": floors, "rows": rows}, f, indent=1)
+        os.replace(out + ".tmp", out)
     for shape in args.shapes.split(","):
         n, h, v = (int(x) for x in shape.lower().split("x"))
         floor, floor_calls = gemm_floor(n, h, v, dtype, args.device, args.iters, args.naive_max_bytes / 2)
@@ -403,6 +412,7 @@ def main():
                 r["fwd_bwd_vs_shared_4gemm"] = r["fwd_bwd_ms"] / floor["gemm4_ms"]
                 r.setdefault("fwd_vs_gemm", r["fwd_vs_shared_gemm"])  # (no adjacent floor: the shared one)
                 r.setdefault("fwd_bwd_vs_4gemm", r["fwd_bwd_vs_shared_4gemm"])
+            write()
             if "unavailable" in r:
                 print(f"{m:12s} {shape}: unavailable ({r['unavailable']})", flush=True)
             else:
@@ -421,13 +431,7 @@ def main():
                     if r.get(part):
                         print(f"    {part}: " + "; ".join(f"{k['kernel'][:40]} {k['us'] / 1e3:.2f} ms "
                                                         f"({k['share']:.0%})" for k in r[part]), flush=True)
-    dev = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    out = args.out or os.path.join(HERE, "..", "results",
-                                   time.strftime("gpu_logprobs_%Y%m%d_%H%M%S.json"))
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out + ".tmp", "w") as f:
-        json.dump({"device": dev, "torch": torch.__version__, "floors": floors, "rows": rows}, f, indent=1)
-    os.replace(out + ".tmp", out)
+    write()
     print(f"wrote {out}")
     failed = [r["method"] for r in rows if "unavailable" in r and r["method"].startswith("pacs_")]
     if args.strict and failed:
