@@ -264,6 +264,16 @@ def main(argv=None):
     methods = ["torch", "loop"] + (["fused", "fused_2pass"] if with_fused else [])
     shapes, groups = bench_shapes(args)
     rows = []
+    out = args.out or os.path.join(HERE, "results",
+                                   f"pacs_loss_{args.device}_{time.strftime('%Y%m%d-%H%M%S')}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    meta = dict(vars(args), torch=torch.__version__, threads=torch.get_num_threads(),
+                gpu=torch.cuda.get_device_name() if args.device == "cuda" else None)
+
+    def write():  # after every row, atomically (a run cut off by a time limit keeps the rows it finished)
+        with open(out + ".tmp", "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        os.replace(out + ".tmp", out)
     for B, T in shapes:
         inputs = make_inputs(B, T, dtype, args.device)
         for G in groups:
@@ -313,7 +323,8 @@ def main(argv=None):
             if "loop" in results:
                 row["loop_over_torch"] = row["loop_ms"] / row["torch_ms"]
             rows.append(row)
-            # each row as it is done (a run cut off by a time limit keeps the rows it finished in its log)
+            write()
+            # each row as it is done in the log too
             print("row " + json.dumps({k: (float(f"{v:.5g}") if isinstance(v, float) else v) for k, v in row.items()}),
                   flush=True)
             del results
@@ -342,13 +353,7 @@ def main(argv=None):
         print("fused: not timed on CPU (the Triton interpreter is a correctness tool, not a speed "
               "figure); run with --device cuda on a GPU machine")
 
-    out = args.out or os.path.join(HERE, "results",
-                                   f"pacs_loss_{args.device}_{time.strftime('%Y%m%d-%H%M%S')}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    meta = dict(vars(args), torch=torch.__version__, threads=torch.get_num_threads(),
-                gpu=torch.cuda.get_device_name() if args.device == "cuda" else None)
-    with open(out, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    write()
     print(f"wrote {out}")
 
 

@@ -227,3 +227,25 @@ def test_logprobs_keeps_the_rows_of_a_run_cut_short(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["device"] == "cpu" and [(r["method"], r["N"]) for r in doc["rows"]] == [("pacs_torch", 16), ("naive", 16)]
     assert all(r["fwd_vs_gemm"] > 0 for r in doc["rows"]) and not (tmp_path / "lp.json.tmp").exists()
+
+
+def test_the_pacs_loss_benchmark_killed_after_a_row_keeps_it(tmp_path):
+    """bench/bench_pacs_loss.py writes its JSON after every row, before printing it: killed (as a lease phase's time
+    limit kills it) once a row is printed, its file holds that row (it wrote the file once, at the end, before)."""
+    out = tmp_path / "pl.json"
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench", "bench_pacs_loss.py"), "--device", "cpu",
+                             "--shapes", "64x32,2048x2048", "--group-size", "8,16", "--repeat", "50",
+                             "--out", str(out)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        for line in proc.stdout:
+            if line.startswith("row "):
+                break
+        proc.kill()
+    finally:
+        proc.wait(timeout=60)
+        proc.stdout.close()
+    assert proc.returncode == -9  # killed, not finished
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["device"] == "cpu" and len(doc["rows"]) >= 1
+    assert doc["rows"][0]["B"] == 64 and doc["rows"][0]["torch_ms"] > 0

@@ -181,3 +181,19 @@ def test_the_command_line(tmp_path):
     assert "| 38 | best learner, Qwen2.5-1.5B shape, 4k rows: MFU >= 40% | met |" in ok.stdout
     assert json.loads(out.read_text())["targets"] == targets.evaluate([os.path.join(RESULTS, "20261204_h200")])[
         "targets"]
+
+
+def test_flex_counts_only_where_its_kernel_ran(tmp_path):
+    """A flex row that fell back (the varlen op's fallback: it records the kernel that ran) timed another kernel; a
+    flex row that failed holds its error: neither is flex measured."""
+    doc = _load("20261204_h200", "4_split", "attention.json")
+    base = next(r for r in doc["rows"] if r["method"] == "varlen")
+    for kernels, verdict in (({"flex": 1}, "met"), ({"sdpa": 1}, "not met")):
+        doc["rows"] = [dict(base, method="flex", kernels=kernels, first_call_s=31.0)]
+        _write(tmp_path, "attention.json", doc)
+        t = _find(_verdicts(tmp_path), "flex_attention")
+        assert t["verdict"] == verdict and f"kernels {next(iter(kernels))}" in t["evidence"][0], t
+    doc["rows"] = [{k: base[k] for k in ("layout", "tokens", "sequences", "longest")} | {
+        "method": "flex", "error": "BackendCompilerFailed: ..."}]
+    _write(tmp_path, "attention.json", doc)
+    assert _find(_verdicts(tmp_path), "flex_attention")["verdict"] == "not met"

@@ -117,15 +117,29 @@ def main(argv=None) -> int:
             grads = torch.autograd.grad(out, (q, k, v), g)
             return out, grads, dict(va.KERNEL_CALLS)
 
-        ref, calls, times = None, {}, {m: [] for m in methods}
+        ref, calls, times, first, failed = None, {}, {m: [] for m in methods}, {}, {}
         for m, (backend, long) in methods.items():  # warm-up (and the outputs checked against varlen's)
-            out, grads, calls[m] = call(backend, long)
+            sync()
+            t0 = time.perf_counter()
+            try:
+                out, grads, calls[m] = call(backend, long)
+            except Exception as e:  # noqa: BLE001 - a method that cannot run here (flex's compile, OOM): its row says
+                if m == "varlen":  # why, the others are timed (the baseline must run)
+                    raise
+                failed[m] = f"{type(e).__name__}: {str(e)[:200]}"
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            sync()
+            first[m] = time.perf_counter() - t0  # flex: its compilation (torch.compile) on the first layout
             ref = ref if ref is not None else (out, grads)
             pairs = [(a.detach().float(), b.detach().float()) for a, b in zip((out, *grads), (ref[0], *ref[1]))]
             err = max(float((a - b).abs().max() / b.abs().max()) for a, b in pairs)
-            calls[m] = {"kernels": calls[m], "max_rel_diff_vs_varlen": err}
+            calls[m] = {"kernels": calls[m], "max_rel_diff_vs_varlen": err, "first_call_s": first[m]}
         for _ in range(1 if dry else args.rounds):
             for m, (backend, long) in methods.items():
+                if m in failed:
+                    continue
                 sync()
                 t0 = time.perf_counter()
                 call(backend, long)
@@ -133,27 +147,40 @@ def main(argv=None) -> int:
                 times[m].append(time.perf_counter() - t0)
         base = statistics.median(times["varlen"])
         for m in methods:
+            if m in failed:
+                rows.append({"layout": name, "tokens": N, "sequences": len(lengths), "longest": max(lengths),
+                             "method": m, "error": failed[m]})
+                print(f"{name:4s} {m:20s} failed: {failed[m]}", flush=True)
+                continue
             ms = statistics.median(times[m]) * 1e3
             rows.append({"layout": name, "tokens": N, "sequences": len(lengths), "longest": max(lengths), "method": m,
                          "ms": ms, "vs_varlen": ms / (base * 1e3), "samples_ms": [t * 1e3 for t in times[m]],
                          **calls[m]})
             print(f"{name:4s} {m:20s} {ms:9.3f} ms  {ms / (base * 1e3):5.2f}x varlen  {calls[m]}", flush=True)
         del q, k, v, g
+        write(args.out, rows, "CPU (dry run)" if dry else torch.cuda.get_device_name(), (h, kvh, d), dtype)
     os.environ.pop(varlen_split.LONG_ENV, None)
-    os.makedirs(args.out, exist_ok=True)
-    dev = "CPU (dry run)" if dry else torch.cuda.get_device_name()
-    meta = {"device": dev, "torch": torch.__version__, "heads": [h, kvh, d], "dtype": str(dtype)}
-    with open(os.path.join(args.out, "attention.json.tmp"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    os.replace(os.path.join(args.out, "attention.json.tmp"), os.path.join(args.out, "attention.json"))
-    lines = [f"# Packed-row attention, forward + backward ({dev}, torch {torch.__version__}, {h} / {kvh} heads, "
-             f"d {d}, {dtype})", "", "| layout | tokens | method | ms (median, synchronised) | x varlen | calls |",
-             "|---|---:|---|---:|---:|---|"]
-    lines += [f"| {r['layout']} | {r['tokens']:,} | {r['method']} | {r['ms']:.3f} | {r['vs_varlen']:.2f} | "
-              f"{', '.join(f'{k} {v}' for k, v in sorted(r['kernels'].items()))} |" for r in rows]
-    with open(os.path.join(args.out, "attention.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
     return 0
+
+
+def write(out: str, rows: list, dev: str, heads: tuple, dtype) -> None:
+    """``attention.json`` and ``attention.md`` in ``out``, atomically, after every layout (a run cut off by its
+    time limit keeps the layouts it finished)."""
+    os.makedirs(out, exist_ok=True)
+    meta = {"device": dev, "torch": torch.__version__, "heads": list(heads), "dtype": str(dtype)}
+    lines = [f"# Packed-row attention, forward + backward ({dev}, torch {torch.__version__}, {heads[0]} / {heads[1]} "
+             f"heads, d {heads[2]}, {dtype})", "",
+             "| layout | tokens | method | ms (median, synchronised) | x varlen | first call s | calls |",
+             "|---|---:|---|---:|---:|---:|---|"]
+    lines += [f"| {r['layout']} | {r['tokens']:,} | {r['method']} | failed | | | {r['error']} |" if "error" in r else
+              f"| {r['layout']} | {r['tokens']:,} | {r['method']} | {r['ms']:.3f} | {r['vs_varlen']:.2f} | "
+              f"{r['first_call_s']:.2f} | {', '.join(f'{k} {v}' for k, v in sorted(r['kernels'].items()))} |"
+              for r in rows]
+    for name, text in (("attention.json", json.dumps({"meta": meta, "rows": rows}, indent=1)),
+                       ("attention.md", "\n".join(lines) + "\n")):
+        with open(os.path.join(out, name + ".tmp"), "w") as f:
+            f.write(text)
+        os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
 
 
 if __name__ == "__main__":

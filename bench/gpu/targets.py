@@ -298,9 +298,13 @@ def _learner_targets(docs, attention) -> list[Target]:
     best.best_of(best_sdpa, lambda v: v >= LIMITS["mix_best_vs_sdpa"])
     for src, doc in attention:
         for r in doc["rows"]:
-            if "flex" in str(r.get("method")):
-                flex.add(True, f"{r.get('layout')} {r['method']}: {r['ms']:.3f} ms ({r.get('vs_varlen', 0):.2f}x "
-                               f"varlen)", src)
+            if "flex" in str(r.get("method")) and "error" in r:
+                flex.add(False, f"{r.get('layout')} {r['method']}: failed ({r['error'][:160]})", src)
+            elif "flex" in str(r.get("method")):  # (a flex row that fell back to another kernel timed that kernel)
+                ran = sorted(r.get("kernels") or {})
+                flex.add(any("flex" in k for k in ran), f"{r.get('layout')} {r['method']}: {r['ms']:.3f} ms "
+                         f"({r.get('vs_varlen', 0):.2f}x varlen; kernels {', '.join(ran) or 'none recorded'}"
+                         + (f"; first call {r['first_call_s']:.1f} s" if "first_call_s" in r else "") + ")", src)
     return [mfu, long, packed, best, curve, small, flex]
 
 
