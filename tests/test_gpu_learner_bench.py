@@ -257,7 +257,7 @@ def test_the_lease_refuses_bad_learner_settings_before_its_first_phase(tmp_path)
 
 
 @pytest.mark.parametrize("mode, phases", [
-    ("open", ["pacs_tests", "pacs_loss", "host", "logprobs", "logprobs_fp32", "shapes", "attention", "learner",
+    ("open", ["pacs_tests", "learner_kernels_test", "pacs_loss", "host", "logprobs", "logprobs_fp32", "shapes", "attention", "learner",
               "targets"]),
     ("extra", ["curve", "grid", "targets"]),
     ("main", ["suite", "tune", "tuned_logprobs", "shapes", "targets"]), ("product", ["product", "targets"]),

@@ -4,8 +4,9 @@
 #   bash bench/gpu/lease.sh OUT_DIR [open|extra|main|product|final|learner]
 #
 # open (the next lease's first call, ~9 minutes; what issues 38 and 39 still lack, most wanted first; from 2026-12-05):
-#   1. pacs_tests    the PACS loss's and CUDA-graph gpu tests (the one-pass forward against float64 at real shapes;
-#                    the trainer's learner on the kernels, its PACS loss fused since 2026-12-05, against the torch paths)
+#   1. pacs_tests    the PACS loss's and CUDA-graph gpu tests (the one-pass forward against float64 at real shapes),
+#                    then (learner_kernels_test) the trainer's learner on the kernels, its PACS loss fused since
+#                    2026-12-05, against the torch paths
 #   2. pacs_loss     bench/bench_pacs_loss.py --device cuda: the one-pass forward (default since 2026-12-04, never
 #                    timed on a GPU) beside the two passes, device and wall time, a CUDA graph's replay, the copy
 #   3. host          bench/gpu/pacs_loss_host_profile.py: the eager call's wall-time ladder (copy, x.sum()'s
@@ -129,7 +130,9 @@ phase() {  # phase NAME LIMIT_S CMD...: runs CMD with its output in $W/NAME.log,
   local name=$1 lim=$2; shift 2
   if [[ -n "$CHECK" ]]; then echo "== $name: limit ${lim} s: $*"; return; fi  # LEASE_CHECK_ONLY: the plan only
   echo "== $name: limit ${lim} s, at $(( $(date +%s) - T0 )) s"
-  timeout -k 5 "$lim" "$@" > "$W/$name.log" 2>&1
+  # SIGINT first (pytest then writes its JUnit XML of the tests it finished; the benchmarks keep the rows they wrote),
+  # SIGKILL 10 s later (a kernel hung on the GPU does not see the signal)
+  timeout -s INT -k 10 "$lim" "$@" > "$W/$name.log" 2>&1
   echo "== $name: rc $? after $(( $(date +%s) - T0 )) s"
   grep -v "^\s*$" "$W/$name.log" | tail -n "${TAIL:-14}"
   pack
@@ -165,8 +168,9 @@ gluon_methods() {  # gluon_methods JUNIT_XML: GLUON (bench methods), GLUON_K (tu
 }
 if [[ "$MODE" == open ]]; then  # ~9 minutes (the header's plan)
   phase pacs_tests 90 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_fused_pacs_loss.py \
-    tests/test_pacs_loss.py tests/test_cuda_graph.py tests/test_kernel_fallback_training.py \
-    --junitxml="$W/pacs_tests.xml"
+    tests/test_pacs_loss.py tests/test_cuda_graph.py --junitxml="$W/pacs_tests.xml"
+  phase learner_kernels_test 90 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider \
+    tests/test_kernel_fallback_training.py --junitxml="$W/learner_kernels_test.xml"
   phase pacs_loss 75 "$PY" bench/bench_pacs_loss.py --device cuda --repeat 10 --loop-max-b 0 --group-size 8,64 \
     --out "$W/pacs_loss.json"
   phase host 45 "$PY" bench/gpu/pacs_loss_host_profile.py --out "$W/host"

@@ -234,27 +234,27 @@ def main(argv=None) -> int:
         ap.error(f"--shapes: BxT pairs with B a multiple of 8 (groups of 8), got {args.shapes!r}")
     if min(args.calls, args.rounds) < 1:
         ap.error("--calls and --rounds must be >= 1")
+    env = {"torch": torch.__version__, "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
     rows = []
     for B, T in shapes:
         row = ladder(B, T, args.device, args.calls, args.rounds, args.busy_ms)
         rows.append(row)
+        if args.out:  # after every shape (a run cut off by its time limit keeps the shapes it finished)
+            os.makedirs(args.out, exist_ok=True)
+            path = os.path.join(args.out, "host_ladder.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump({"env": env, "rows": rows}, f, indent=1)
+            os.replace(path + ".tmp", path)
         print(format_row(row), flush=True)
         if args.profile_calls > 0:
             print(profile_calls(B, T, args.device, args.profile_calls), flush=True)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        env = {"torch": torch.__version__,
-               "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
-        try:
-            import triton
-            env["triton"] = triton.__version__
-        except ImportError:
-            pass
-        path = os.path.join(args.out, "host_ladder.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump({"env": env, "rows": rows}, f, indent=1)
-        os.replace(path + ".tmp", path)
-        print(f"wrote {path}")
+        print(f"wrote {os.path.join(args.out, 'host_ladder.json')}")
     return 0
 
 
