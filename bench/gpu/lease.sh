@@ -118,8 +118,15 @@ except ValueError as e:
   fi
 fi
 if [[ -z "$CHECK" ]] && compgen -G ".whl/*.whl" > /dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pacs_fast_site \
-    .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/pacs_fast_site"
+  # once per machine: a call on a machine an earlier call left warm (extra after open) finds them installed
+  WHEELS="$(cd .whl && ls -1 ./*.whl | sort | tr '\n' ' ')"
+  if [[ "$(cat /tmp/pacs_fast_site/.lease_wheels 2>/dev/null)" == "$WHEELS" ]]; then
+    echo "== wheels of .whl/ already installed in /tmp/pacs_fast_site"
+  else
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pacs_fast_site \
+      .whl/*.whl && printf '%s' "$WHEELS" > /tmp/pacs_fast_site/.lease_wheels
+  fi
+  export PYTHONPATH="$PYTHONPATH:/tmp/pacs_fast_site"
 fi
 T0=$(date +%s)
 pack() {
