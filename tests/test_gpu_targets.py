@@ -197,3 +197,18 @@ def test_flex_counts_only_where_its_kernel_ran(tmp_path):
         "method": "flex", "error": "BackendCompilerFailed: ..."}]
     _write(tmp_path, "attention.json", doc)
     assert _find(_verdicts(tmp_path), "flex_attention")["verdict"] == "not met"
+
+
+def test_the_host_ladder_is_shown_beside_the_eager_target_and_a_cpu_ladder_is_not(tmp_path):
+    rungs = dict(copy_ms=0.03, torch_autograd_ms=0.1, fused_no_launch_ms=0.2, fused_empty_ms=0.35, fused_ms=0.4)
+    row = dict(B=1024, T=4096, device="cuda", **rungs, triton_launcher_ms=0.15, device_on_path_ms=0.05,
+               ours_over_autograd_ms=0.1)
+    _write(tmp_path, "host_ladder.json", {"env": {}, "rows": [row]})
+    _write(tmp_path, "pacs_loss.json", _load("20261204_h200", "2_kernels", "pacs_loss.json"))
+    eager = _find(_verdicts(tmp_path), "PACS loss B=1024 T=4096: synchronised eager")
+    notes = [e for e in eager["evidence"] if "ladder:" in e]
+    assert eager["verdict"] == "not met" and len(notes) == 1 and "Triton's launcher 0.150" in notes[0]
+    _write(tmp_path, "host_ladder.json", {"env": {}, "rows": [dict(row, device="cpu")]})
+    res = targets.evaluate([str(tmp_path)])
+    assert not any("ladder:" in e for t in res["targets"] for e in t["evidence"])
+    assert [os.path.basename(n) for n, _ in res["ignored"]] == ["host_ladder.json"]

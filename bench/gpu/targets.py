@@ -102,6 +102,8 @@ def classify(name: str, kind: str, data: bytes) -> tuple[str, object, str | None
         return "other", None, None
     meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
     first = next((r for r in rows if isinstance(r, dict)), {})
+    if "triton_launcher_ms" in first:  # (before the PACS loss's: a ladder row has a copy_ms too)
+        return "host", doc, "a CPU run" if first.get("device") != "cuda" else None
     if "copy_ms" in first or ("fused_interpreted" in meta and "B" in first):
         why = ("a CPU run" if meta.get("device") != "cuda" else
                "the Triton interpreter" if meta.get("fused_interpreted") else None)
@@ -112,8 +114,6 @@ def classify(name: str, kind: str, data: bytes) -> tuple[str, object, str | None
         return "learner", doc, "a CPU dry run" if _cpu(doc.get("device")) else None
     if "layout" in first:
         return "attention", doc, "a CPU dry run" if _cpu(meta.get("device")) else None
-    if "triton_launcher_ms" in first:
-        return "host", doc, "a CPU run" if first.get("device") != "cuda" else None
     return "other", None, None
 
 
@@ -151,7 +151,9 @@ def _shape(r) -> str:
     return f"{r.get('N')}x{r.get('H')}x{r.get('V')}"
 
 
-def _pacs_targets(docs) -> list[Target]:
+def _pacs_targets(docs, ladders=()) -> list[Target]:
+    """The PACS loss's wall-time targets; ``ladders`` (bench/gpu/pacs_loss_host_profile.py's files) add where an
+    eager call's time went, beside the eager target (shown, not judged)."""
     out = []
     for B, T in PACS_SHAPES:
         eager = Target("39", f"PACS loss B={B} T={T}: synchronised eager call <= {LIMITS['pacs_loss_vs_copy']}x a copy")
@@ -169,6 +171,14 @@ def _pacs_targets(docs) -> list[Target]:
                     graph.add(r["graph_vs_copy"] <= LIMITS["pacs_loss_vs_copy"],
                               f"{tag}{r['fused_graph_ms']:.3f} / {r['copy_ms']:.3f} ms = {r['graph_vs_copy']:.2f}x "
                               f"(replay vs eager: {r.get('graph_err', float('nan')):.1e})", src)
+        for src, doc in ladders:
+            for r in doc["rows"]:
+                if r.get("B") == B and r.get("T") == T and "triton_launcher_ms" in r:
+                    eager.note(f"ladder: copy {r['copy_ms']:.3f}, x.sum() autograd {r['torch_autograd_ms']:.3f}, ours "
+                               f"without launches {r['fused_no_launch_ms']:.3f}, with empty kernels "
+                               f"{r['fused_empty_ms']:.3f}, fused {r['fused_ms']:.3f} ms: Triton's launcher "
+                               f"{r['triton_launcher_ms']:.3f}, device on the path {r['device_on_path_ms']:.3f}, ours "
+                               f"beyond autograd {r['ours_over_autograd_ms']:.3f} ms", src)
         out += [eager, graph]
     return out
 
@@ -320,7 +330,7 @@ def evaluate(paths) -> dict:
         if k != "other":
             by_kind.setdefault(k, []).append((name, content))
             read[k] = read.get(k, 0) + 1
-    targets = (_pacs_targets(by_kind.get("pacs_loss", [])) + _logprob_targets(by_kind.get("logprobs", []))
+    targets = (_pacs_targets(by_kind.get("pacs_loss", []), by_kind.get("host", [])) + _logprob_targets(by_kind.get("logprobs", []))
                + _junit_targets(by_kind.get("junit", []))
                + _learner_targets(by_kind.get("learner", []), by_kind.get("attention", [])))
     return {"targets": [t.as_dict() for t in targets], "ignored": ignored, "read": read}
