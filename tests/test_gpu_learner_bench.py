@@ -322,3 +322,20 @@ def test_the_open_lease_checks_its_settings_and_main_can_skip_its_suite(tmp_path
     skip = lease("main", MAIN_SKIP_SUITE="1")
     planned = [line[3:].split(":")[0] for line in skip.stdout.splitlines() if ": limit " in line]
     assert skip.returncode == 0 and planned == ["gluon_check", "tune", "tuned_logprobs", "shapes", "grid", "targets"], skip.stdout
+
+
+def test_the_old_lease_path_runs_the_same_script(tmp_path):
+    """bench/gpu_lease.sh (the name the project's instructions give) runs bench/gpu/lease.sh with its arguments."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    env = {**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path), "LEASE_CHECK_ONLY": "1"}
+    old, new = (subprocess.run(["bash", script, str(tmp_path / "out"), "extra"], cwd=root, env=env,
+                               capture_output=True, text=True, timeout=120)
+                for script in ("bench/gpu_lease.sh", "bench/gpu/lease.sh"))
+    assert old.returncode == new.returncode == 0 and old.stdout == new.stdout and "== curve: limit" in old.stdout
+    bad = subprocess.run(["bash", "bench/gpu_lease.sh", str(tmp_path / "out"), "nope"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "mode must be" in bad.stderr
