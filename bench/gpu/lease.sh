@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 22's measurements in one device call (a lease is ~15 device-minutes, machine start included):
 #
-#   bash bench/gpu/lease.sh OUT_DIR [open|extra|main|product|final|learner]
+#   bash bench/gpu/lease.sh OUT_DIR [open|extra|main|product|final|learner]     (default: open)
 #
 # open (the next lease's first call, ~9 minutes; what issues 38 and 39 still lack, most wanted first; from 2026-12-05):
 #   1. pacs_tests    the PACS loss's and CUDA-graph gpu tests (the one-pass forward against float64 at real shapes),
@@ -75,7 +75,7 @@ case "${1:-}" in
   ""|-*) echo "$USAGE" >&2; exit 2;;
 esac
 OUT="$1"
-MODE="${2:-main}"
+MODE="${2:-open}"  # (without a mode: the plan's first call, what the open issues still lack)
 case "$MODE" in open|extra|main|product|final|learner) ;; *) echo "bench/gpu/lease.sh: mode must be open, extra, main, product, final or learner, got '$MODE'" >&2; exit 2;; esac
 for knob in EXTRA_TOTAL_S CURVE_S; do  # extra mode's time settings (checked in every mode: a typo must not cost a lease)
   if [[ -n "${!knob:-}" ]] && ! [[ "${!knob}" =~ ^[1-9][0-9]*$ ]]; then
