@@ -103,9 +103,14 @@ def test_a_log_prob_shape_is_met_only_when_forward_and_backward_are_both_within_
     assert _find(v, "log-probs 8192x4096x151936 ")["verdict"] == "met"
     assert _find(v, "float64 errors")["verdict"] == "met"
     assert _find(v, "log-probs 8192x896x151936 ")["verdict"] == "not met"  # (its own row, untouched)
+    assert _find(v, "raw samples and SM clocks")["evidence"][0].startswith("ok  8192x4096x151936: samples yes, SM "
+                                                                           "clocks 1980-1980 MHz")
     main["fwd_bwd_vs_4gemm"] = 1.101
+    main["sm_clock_mhz"] = {"fwd": [None, None], "fwd_bwd": [None, None]}  # (no NVML, no nvidia-smi: not read)
     _write(tmp_path, "a.json", doc)
-    assert _find(_verdicts(tmp_path), "log-probs 8192x4096x151936 ")["verdict"] == "not met"
+    v = _verdicts(tmp_path)
+    assert _find(v, "log-probs 8192x4096x151936 ")["verdict"] == "not met"
+    assert "SM clocks none read" in _find(v, "raw samples and SM clocks")["evidence"][0]
 
 
 def test_files_from_a_cpu_run_are_never_evidence(tmp_path):

@@ -147,6 +147,15 @@ class Target:
         return {"issue": self.issue, "target": self.what, "verdict": self.verdict, "evidence": self.evidence}
 
 
+def _numbers(x) -> list:
+    """The numbers in a nested dict / list (``{"fwd": [1980, None]}`` -> ``[1980]``)."""
+    if isinstance(x, dict):
+        return [n for v in x.values() for n in _numbers(v)]
+    if isinstance(x, (list, tuple)):
+        return [n for v in x for n in _numbers(v)]
+    return [x] if isinstance(x, (int, float)) and not isinstance(x, bool) else []
+
+
 def _shape(r) -> str:
     return f"{r.get('N')}x{r.get('H')}x{r.get('V')}"
 
@@ -206,9 +215,10 @@ def _logprob_targets(docs) -> list[Target]:
             errs.add(len(have) == len(ERRORS), f"{r.get('dtype')}: " + ", ".join(
                 f"{k} {r['max_err'][k]:.2g}" for k in have) + (f"; missing {sorted(set(ERRORS) - set(have))}"
                                                                if len(have) < len(ERRORS) else ""), src)
-        trust.add(bool(r.get("samples_ms")) and bool(r.get("sm_clock_mhz")),
+        clocks = _numbers(r.get("sm_clock_mhz"))  # (None where neither NVML nor nvidia-smi answered)
+        trust.add(bool(r.get("samples_ms")) and bool(clocks),
                   f"{_shape(r)}: samples {'yes' if r.get('samples_ms') else 'no'}, SM clocks "
-                  f"{r.get('sm_clock_mhz') or 'none'}", src)
+                  f"{f'{min(clocks)}-{max(clocks)} MHz' if clocks else 'none read'}", src)
     fp32 = Target("39", "fp32 inputs timed (default path)")
     upcast = Target("39", "model.lm_head_fp32 timed (pacs_triton_upcast)")
     h100 = Target("39", "a log-prob table measured on an H100")
