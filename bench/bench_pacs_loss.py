@@ -271,9 +271,8 @@ def main(argv=None):
                 gpu=torch.cuda.get_device_name() if args.device == "cuda" else None)
 
     def write():  # after every row, atomically (a run cut off by a time limit keeps the rows it finished)
-        with open(out + ".tmp", "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        os.replace(out + ".tmp", out)
+        from pacs_fast.files import write_text_atomic  # (here: after TRITON_INTERPRET is set)
+        write_text_atomic(out, json.dumps(dict(meta=meta, rows=rows), indent=1))
     for B, T in shapes:
         inputs = make_inputs(B, T, dtype, args.device)
         for G in groups:

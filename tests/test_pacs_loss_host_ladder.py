@@ -96,7 +96,7 @@ def test_main_refuses_bad_shapes_and_writes_json(tmp_path, capsys):
     import json
     rows = json.loads((tmp_path / "host_ladder.json").read_text())["rows"]
     assert [(r["B"], r["T"]) for r in rows] == [(8, 16)]
-    assert not list(tmp_path.glob("*.tmp"))
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]  # (no temporary file left)
     if not torch.cuda.is_available():
         assert H.main(["--shapes", "8x16"]) == 2  # cuda asked for, none here: a clear refusal
     sys.stdout.flush()

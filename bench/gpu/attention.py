@@ -176,11 +176,9 @@ def write(out: str, rows: list, dev: str, heads: tuple, dtype) -> None:
               f"| {r['layout']} | {r['tokens']:,} | {r['method']} | {r['ms']:.3f} | {r['vs_varlen']:.2f} | "
               f"{r['first_call_s']:.2f} | {', '.join(f'{k} {v}' for k, v in sorted(r['kernels'].items()))} |"
               for r in rows]
-    for name, text in (("attention.json", json.dumps({"meta": meta, "rows": rows}, indent=1)),
-                       ("attention.md", "\n".join(lines) + "\n")):
-        with open(os.path.join(out, name + ".tmp"), "w") as f:
-            f.write(text)
-        os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
+    from pacs_fast.files import write_text_atomic
+    write_text_atomic(os.path.join(out, "attention.json"), json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_text_atomic(os.path.join(out, "attention.md"), "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

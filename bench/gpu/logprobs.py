@@ -384,9 +384,9 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
 
     def write():  # after every row (atomically): a run cut off by its time limit keeps the rows it measured
-        with open(out + ".tmp", "w") as f:
-            json.dump({"device": dev, "torch": torch.__version__, "floors": floors, "rows": rows}, f, indent=1)
-        os.replace(out + ".tmp", out)
+        from pacs_fast.files import write_text_atomic
+        write_text_atomic(out, json.dumps({"device": dev, "torch": torch.__version__, "floors": floors,
+                                           "rows": rows}, indent=1))
     for shape in args.shapes.split(","):
         n, h, v = (int(x) for x in shape.lower().split("x"))
         floor, floor_calls = gemm_floor(n, h, v, dtype, args.device, args.iters, args.naive_max_bytes / 2)

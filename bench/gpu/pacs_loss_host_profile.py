@@ -245,11 +245,10 @@ def main(argv=None) -> int:
         row = ladder(B, T, args.device, args.calls, args.rounds, args.busy_ms)
         rows.append(row)
         if args.out:  # after every shape (a run cut off by its time limit keeps the shapes it finished)
+            from pacs_fast.files import write_text_atomic
             os.makedirs(args.out, exist_ok=True)
-            path = os.path.join(args.out, "host_ladder.json")
-            with open(path + ".tmp", "w") as f:
-                json.dump({"env": env, "rows": rows}, f, indent=1)
-            os.replace(path + ".tmp", path)
+            write_text_atomic(os.path.join(args.out, "host_ladder.json"), json.dumps({"env": env, "rows": rows},
+                                                                                      indent=1))
         print(format_row(row), flush=True)
         if args.profile_calls > 0:
             print(profile_calls(B, T, args.device, args.profile_calls), flush=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tarfile
 import xml.etree.ElementTree as ET
@@ -253,16 +254,10 @@ def _measured(r) -> bool:
 
 
 def _fit_r2(xs, ys) -> float:
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    if sxx == 0:
-        return 0.0
-    if syy == 0:
+    """R^2 of the least-squares line through the points (``xs`` distinct): 1 for peaks that do not move."""
+    if len(set(ys)) == 1:
         return 1.0
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    return sxy * sxy / (sxx * syy)
+    return statistics.correlation(xs, ys) ** 2
 
 
 def _learner_targets(docs, attention) -> list[Target]:
@@ -340,7 +335,8 @@ def evaluate(paths) -> dict:
         if k != "other":
             by_kind.setdefault(k, []).append((name, content))
             read[k] = read.get(k, 0) + 1
-    targets = (_pacs_targets(by_kind.get("pacs_loss", []), by_kind.get("host", [])) + _logprob_targets(by_kind.get("logprobs", []))
+    targets = (_pacs_targets(by_kind.get("pacs_loss", []), by_kind.get("host", []))
+               + _logprob_targets(by_kind.get("logprobs", []))
                + _junit_targets(by_kind.get("junit", []))
                + _learner_targets(by_kind.get("learner", []), by_kind.get("attention", [])))
     return {"targets": [t.as_dict() for t in targets], "ignored": ignored, "read": read}
