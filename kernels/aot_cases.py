@@ -282,7 +282,8 @@ def cases(archs=ARCHS) -> list[Case]:
     (``launch_config``); cases with identical compile inputs are merged (``shapes`` lists them).
     ``DEFAULT_ONLY_ARCHS``: the default launches only. Where an arch's measured table was measured under
     another Triton / torch (kernels/tuning.py ignores it at run time), both the launches the running
-    versions get (the built-in ones) and the table's (shapes marked "[table]") are compiled."""
+    versions get (the built-in ones) and the table's (shapes marked "[table]") are compiled; so are the
+    launches of each device with its own table (``tuning.device_tables``; shapes marked "[<device>]")."""
     out: dict[str, Case] = {}
 
     def add(case: Case):
@@ -296,14 +297,17 @@ def cases(archs=ARCHS) -> list[Case]:
         if arch in DEFAULT_ONLY_ARCHS:
             _default_cases(arch, add)
             continue
-        mismatch = tuning.table_version_mismatch(arch)
-        with warnings.catch_warnings():
-            if mismatch:  # known: no warning that the running versions ignore the table
-                warnings.filterwarnings("ignore", message="ignoring the tuned launch table")
-            _arch_cases(arch, add, "")
-        if mismatch:
-            with tuning.ignoring_versions():
-                _arch_cases(arch, add, " [table]")
+        for device in [None] + tuning.device_tables(arch):  # each device's view: its own table over the arch's
+            with tuning.on_device(device):
+                mark = f" [{device}]" if device else ""
+                mismatch = tuning.table_version_mismatch(arch)
+                with warnings.catch_warnings():
+                    if mismatch:  # known: no warning that the running versions ignore the table
+                        warnings.filterwarnings("ignore", message="ignoring the tuned launch table")
+                    _arch_cases(arch, add, mark)
+                if mismatch:
+                    with tuning.ignoring_versions():
+                        _arch_cases(arch, add, mark + " [table]")
     return list(out.values())
 
 

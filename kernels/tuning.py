@@ -7,7 +7,7 @@ model). The PACS loss's entries hold its shape-independent launch policy (``pacs
 bytes per program, programs per SM, warps, stages), from which its ``launch_config`` still derives
 every shape's tiles.
 
-File format (one per compute capability)::
+File format (one per compute capability, and one per device where two devices of it were measured)::
 
     {"schema": 1, "arch": 90, "device": "NVIDIA H100 80GB HBM3", "triton": "3.9.0", "torch": "2.13.0+cu130",
      "dry_run": false,
@@ -29,6 +29,14 @@ hand-written one) is read. ``IGNORE_VERSIONS`` (``ignoring_versions()``) reads t
 the compile cases (kernels/aot_cases.py) compile a table's launches under CI's Triton that way, beside the
 built-in ones the running Triton would get. This module imports only the standard library (triton and
 torch for their versions, at call time).
+
+Per device: the H100 and the H200 are both sm_90 but differ in bandwidth and clocks. ``sm_<arch>.json`` is
+read on every device of that arch; a device that was measured after another (bench/gpu/tune_table.py: the
+arch's table records another device) gets its own table, ``sm_<arch>.<device_slug>.json`` (``"NVIDIA H100
+80GB HBM3"`` -> ``sm_90.nvidia_h100_80gb_hbm3.json``), whose entries replace the arch table's key by key on
+that device (``running_device``: the current CUDA device's name); the arch table's other entries still
+serve there. Each file is version-gated on its own. The compile cases compile every device's view
+(``device_tables``, ``on_device``).
 
 Per hidden size: an entry measured at hidden size ``"h"`` (else the ``H<n>`` of its ``"shape"``) may
 hold ``"by_h": {"896": {"config": {...}, ...}}`` (a choice entry: ``{"896": {"choice": "gluon", ...}}``),
@@ -55,7 +63,11 @@ TUNED_DIR: str | None = None
 # True: tables are read whatever Triton / torch they were measured with (the compile cases' second view)
 IGNORE_VERSIONS = False
 VERSIONED = ("triton", "torch")  # the packages whose major.minor a table must share with the running ones
-_cache: dict = {}
+# None: the running CUDA device (``running_device``); a name: read tables as on that device; "": no device
+DEVICE: str | None = None
+_cache: dict = {}  # path -> (mtime_ns, parsed table, version mismatch)
+_merged: dict = {}  # own table's path -> (stamp, its entries over sm_<arch>.json's)
+_devices: dict = {}  # arch -> the running CUDA device's name (None: none of that arch)
 _warned: set = set()
 # Launch values a kernel can take: blocks and warps are powers of two, counts >= 1, flags >= 0. A grid of
 # 0 programs launches nothing (outputs of torch.empty come back as they were) and GROUP_N = 0 divides by
@@ -117,33 +129,114 @@ def tuned_dir() -> str:
     return TUNED_DIR or env or os.path.join(os.path.dirname(__file__), "tuned")
 
 
-def path_for(arch: int, folder: str | None = None) -> str:
-    return os.path.join(folder or tuned_dir(), f"sm_{arch}.json")
+def device_slug(name) -> str:
+    """A device's part of its own table's file name: ``"nvidia_h100_80gb_hbm3"`` for ``"NVIDIA H100 80GB HBM3"``."""
+    return re.sub(r"[^a-z0-9]+", "_", str(name).lower()).strip("_")
+
+
+def path_for(arch: int, folder: str | None = None, device: str | None = None) -> str:
+    """``sm_<arch>.json`` in ``folder`` (default ``tuned_dir()``); with ``device``, that device's own table
+    ``sm_<arch>.<device_slug>.json``."""
+    name = f"sm_{arch}.{device_slug(device)}.json" if device else f"sm_{arch}.json"
+    return os.path.join(folder or tuned_dir(), name)
 
 
 def entry_key(module: str, kernel: str, width: str) -> str:
     return f"{module}.{kernel}.{width}"
 
 
+def running_device(arch: int | None) -> str | None:
+    """The device whose own table is read for ``arch``: ``DEVICE`` when set (``""``: none), else the current
+    CUDA device's name where its compute capability is ``arch`` (looked up once per arch, and only once CUDA
+    is initialised, as it is where a kernel launches: never initialised here); None without one (a CPU, the
+    compile cases)."""
+    if DEVICE is not None:
+        return DEVICE or None
+    if arch in _devices:
+        return _devices[arch]
+    try:
+        import torch
+        if not torch.cuda.is_initialized():
+            return None
+        index = torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        name = torch.cuda.get_device_name(index) if 10 * major + minor == arch else None
+    except Exception:  # no usable CUDA: no device table
+        name = None
+    _devices[arch] = name
+    return name
+
+
+@contextlib.contextmanager
+def on_device(name: str | None):
+    """Within: tables are read as on device ``name`` (its own table over ``sm_<arch>.json``; None or
+    ``""``: ``sm_<arch>.json`` alone), whatever runs here (the compile cases, tests)."""
+    global DEVICE
+    saved, DEVICE = DEVICE, name or ""
+    try:
+        yield
+    finally:
+        DEVICE = saved
+
+
+def device_tables(arch: int) -> list[str]:
+    """The devices with their own table for ``arch`` in ``tuned_dir()`` (the names they record, sorted; a
+    file that does not parse or records another device than its name says is left out here and ignored,
+    with a warning, where it would be read)."""
+    folder, out = tuned_dir(), []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+        hit = re.fullmatch(rf"sm_{arch}\.([a-z0-9_]+)\.json", name)
+        if not hit:
+            continue
+        try:
+            with open(os.path.join(folder, name)) as f:
+                device = json.load(f).get("device")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(device, str) and device_slug(device) == hit.group(1):
+            out.append(device)
+    return out
+
+
+def _mtime(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
 def stamp(arch: int | None):
-    """What identifies the table ``load(arch)`` returns now: ``(path, mtime_ns, IGNORE_VERSIONS)``, with
-    mtime None when absent; None for arch None (a cache key for launch configurations derived from it)."""
+    """What identifies the tables ``load(arch)`` reads now: ``(path, mtime_ns, own_path, own_mtime_ns,
+    IGNORE_VERSIONS)`` (``own``: the running device's own table, None without a device; an mtime is None
+    when the file is absent); None for arch None (a cache key for launch configurations derived from them)."""
     if arch is None:
         return None
-    path = path_for(arch)
-    try:
-        return path, os.stat(path).st_mtime_ns, IGNORE_VERSIONS
-    except OSError:
-        return path, None, IGNORE_VERSIONS
+    path, device = path_for(arch), running_device(arch)
+    own = path_for(arch, device=device) if device else None
+    return path, _mtime(path), own, _mtime(own) if own else None, IGNORE_VERSIONS
 
 
 def load(arch: int | None) -> dict:
-    """The ``kernels`` mapping of ``sm_<arch>.json`` ({} when absent, unreadable, measured with another
-    Triton / torch major.minor (``version_mismatch``; one warning each), or arch None), re-read when the
+    """The measured entries for ``arch``: the ``kernels`` of ``sm_<arch>.json``, with those of the running
+    device's own table (``sm_<arch>.<device>.json``, written where another device measured the first)
+    taking their place key by key. A table absent, unreadable or measured with another Triton / torch
+    major.minor (``version_mismatch``; one warning each) gives nothing; {} for arch None. Re-read when a
     file changes."""
     if arch is None:
         return {}
-    path, mtime, _ = stamp(arch)
+    path, mtime, own, own_mtime, ignoring = stamp(arch)
+    shared = _kernels(path, mtime, arch, None)
+    if own_mtime is None:
+        return shared
+    mine = _kernels(own, own_mtime, arch, running_device(arch))
+    key = (path, mtime, own, own_mtime, ignoring)
+    if _merged.get(own, (None,))[0] != key:
+        _merged[own] = (key, {**shared, **mine})
+    return _merged[own][1]
+
+
+def _kernels(path: str, mtime: int | None, arch: int, device: str | None) -> dict:
+    """The ``kernels`` of one table file (``device``: the device its name and content must record)."""
     if mtime is None:
         return {}
     hit = _cache.get(path)
@@ -158,6 +251,8 @@ def load(arch: int | None) -> dict:
                                  f"(expected {SCHEMA}, {arch})")
             if not isinstance(data.get("kernels"), dict):
                 raise ValueError(f"its \"kernels\" is not an object ({type(data.get('kernels')).__name__})")
+            if device is not None and device_slug(data.get("device") or "") != device_slug(device):
+                raise ValueError(f"it records device {data.get('device')!r}, its name {device!r}")
         except (OSError, ValueError) as e:
             warnings.warn(f"ignoring the tuned launch table {path}: {e}", stacklevel=stacklevel())
             data = {"kernels": {}}
@@ -171,6 +266,14 @@ def load(arch: int | None) -> dict:
                       f"(re-measure with bench/gpu/tune.py of the source repository under this Triton)",
                       stacklevel=stacklevel())
     return {}
+
+
+def table_of(arch: int, key: str) -> str:
+    """The file whose entry ``key`` ``load(arch)`` returns (the device's own table first; for messages)."""
+    path, _, own, own_mtime, _ = stamp(arch)
+    if own_mtime is not None and key in _kernels(own, own_mtime, arch, running_device(arch)):
+        return own
+    return path
 
 
 def running_versions() -> dict:
@@ -213,12 +316,19 @@ def ignoring_versions(on: bool = True):
 
 
 def table_version_mismatch(arch: int | None) -> str | None:
-    """``version_mismatch`` of ``sm_<arch>.json`` against the running versions (None when absent,
-    unreadable or fitting); no warning."""
+    """``version_mismatch`` of the tables ``load(arch)`` reads (``sm_<arch>.json``, then the running
+    device's own) against the running versions: the first that does not fit (None when absent, unreadable
+    or fitting); no warning."""
     with ignoring_versions():
         load(arch)
-    hit = _cache.get(path_for(arch)) if arch is not None else None
-    return hit[2] if hit is not None and hit[0] == stamp(arch)[1] else None
+    if arch is None:
+        return None
+    path, mtime, own, own_mtime, _ = stamp(arch)
+    for p, m in ((path, mtime), (own, own_mtime)):
+        hit = _cache.get(p) if m is not None else None
+        if hit is not None and hit[0] == m and hit[2]:
+            return hit[2]
+    return None
 
 
 def measured_h(entry: dict) -> int | None:
@@ -267,10 +377,11 @@ def apply(cfg: dict, module: str, kernel: str, arch: int | None, width: str, h: 
             problem = launch_value_problem(k, v)
             if problem is None:
                 out[k] = int(v)
-            elif (path_for(arch), module, kernel, k, v) not in _warned:
-                _warned.add((path_for(arch), module, kernel, k, v))
+            elif (table_of(arch, entry_key(module, kernel, width)), module, kernel, k, v) not in _warned:
+                path = table_of(arch, entry_key(module, kernel, width))
+                _warned.add((path, module, kernel, k, v))
                 warnings.warn(f"ignoring {entry_key(module, kernel, width)} {k} = {v!r} of the tuned launch table "
-                              f"{path_for(arch)}: {problem}; the built-in value serves", stacklevel=stacklevel())
+                              f"{path}: {problem}; the built-in value serves", stacklevel=stacklevel())
     return out
 
 
@@ -282,8 +393,8 @@ def choice(key: str, arch: int | None, allowed, h: int | None = None) -> str | N
     picked = entry.get("choice") if isinstance(entry, dict) else None
     if picked is None or picked in allowed:
         return picked
-    if (path_for(arch), key, repr(picked)) not in _warned:  # once, not on every launch
-        _warned.add((path_for(arch), key, repr(picked)))
-        warnings.warn(f"ignoring the measured choice {key} = {picked!r} of {path_for(arch)}: not one of "
+    if (table_of(arch, key), key, repr(picked)) not in _warned:  # once, not on every launch
+        _warned.add((table_of(arch, key), key, repr(picked)))
+        warnings.warn(f"ignoring the measured choice {key} = {picked!r} of {table_of(arch, key)}: not one of "
                       f"{tuple(allowed)}", stacklevel=stacklevel())
     return None

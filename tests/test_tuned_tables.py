@@ -5,6 +5,7 @@ an unreadable table ignored with a warning, and the PACS loss's measured policy,
 import itertools
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -139,9 +140,10 @@ def test_committed_tables_record_what_they_were_measured_with():
     assert paths
     for path in paths:
         data = json.load(open(path))
-        arch = int(os.path.basename(path)[3:-5])
-        assert data["schema"] == tuning.SCHEMA and data["arch"] == arch and data["dry_run"] is False, path
+        arch, slug = re.fullmatch(r"sm_(\d+)(?:\.([a-z0-9_]+))?\.json", os.path.basename(path)).groups()
+        assert data["schema"] == tuning.SCHEMA and data["arch"] == int(arch) and data["dry_run"] is False, path
         assert isinstance(data["device"], str) and data["device"].startswith("NVIDIA "), path
+        assert slug in (None, tuning.device_slug(data["device"])), path  # a device's own table names it
         assert all(tuning.major_minor(data[name]) for name in tuning.VERSIONED), path
         for key, entry in data["kernels"].items():
             module, kernel, width = key.split(".")

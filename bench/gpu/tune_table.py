@@ -1,7 +1,8 @@
 """bench/gpu/tune.py's hook into the kernel files and its table: ``override`` (a candidate set as the
-kernel file's ``CONFIG``, which ``launch_config`` lets win), ``write_table`` (the measured entries merged
-into ``sm_<arch>.json``, atomically) and the read-back checks that ``launch_config``, ``forward_kind`` and
-``dz_kind`` then return what was written, at the main shape and at each measured hidden size.
+kernel file's ``CONFIG``, which ``launch_config`` lets win), ``write_table`` (the measured entries merged,
+atomically, into ``sm_<arch>.json``, or into the device's own table beside another device's:
+``table_to_write``) and the read-back checks that ``launch_config``, ``forward_kind`` and ``dz_kind`` then
+return what was written, at the main shape and at each measured hidden size.
 """
 from __future__ import annotations
 
@@ -50,11 +51,31 @@ class override:
         MODULES[self.mod].CONFIG.update(self.saved)
 
 
+def table_to_write(out_dir, arch, device, dry_run):
+    """Where the measurements of ``device`` go: its own table ``sm_<arch>.<device>.json`` where one exists in
+    ``out_dir``, or where ``sm_<arch>.json`` there records another measured device (an H100 run beside an
+    H200's table: the H200's entries stay as measured, labelled as they were); else ``sm_<arch>.json``.
+    A dry run always writes ``sm_<arch>.json`` (in a folder of its own)."""
+    shared = tuning.path_for(arch, out_dir)
+    if dry_run or not device:
+        return shared
+    own = tuning.path_for(arch, out_dir, device)
+    if os.path.exists(own):
+        return own
+    if os.path.exists(shared):
+        with open(shared) as f:
+            data = json.load(f)
+        recorded = data.get("device")
+        if recorded and not data.get("dry_run") and tuning.device_slug(recorded) != tuning.device_slug(device):
+            return own
+    return shared
+
+
 def write_table(out_dir, arch, device, results, dry_run):
-    """Merges ``results`` into ``sm_<arch>.json`` in ``out_dir`` (other kernels' entries are kept)."""
+    """Merges ``results`` into ``table_to_write``'s table in ``out_dir`` (other kernels' entries are kept)."""
     import triton
     os.makedirs(out_dir, exist_ok=True)
-    path = tuning.path_for(arch, out_dir)
+    path = table_to_write(out_dir, arch, device, dry_run)
     kernels = {}
     if os.path.exists(path):
         with open(path) as f:
