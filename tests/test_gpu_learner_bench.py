@@ -319,6 +319,14 @@ def test_the_open_lease_checks_its_settings_and_main_can_skip_its_suite(tmp_path
     assert extra.returncode == 0 and "limit 120 s" in curve and "--budget-s 90 " in curve, extra.stdout
     assert "--token-budgets 17408,34816,66048" in curve and "65536x4096x151936" in grid
     assert 195 <= int(grid.split("limit ")[1].split(" s")[0]) <= 205, grid
+    # the curve's budgets follow the GPU's memory (an H100's 79 GiB: no 66,048-token row, three points still), or
+    # CURVE_BUDGETS, checked by the benchmark's parser before the first phase
+    for knobs, want in (({"CURVE_GPU_GIB": "79"}, "17408,34816,52224"), ({"CURVE_GPU_GIB": "139"}, "17408,34816,66048"),
+                        ({"CURVE_BUDGETS": "8704,17408", "CURVE_GPU_GIB": "79"}, "8704,17408")):
+        curve = [line for line in lease("extra", **knobs).stdout.splitlines() if line.startswith("== curve:")]
+        assert len(curve) == 1 and f"--token-budgets {want}" in curve[0], (knobs, curve)
+    bad = lease("extra", CURVE_BUDGETS="17408,lots")
+    assert bad.returncode == 2 and "== " not in bad.stdout, (bad.stdout[-500:], bad.stderr[-500:])
     skip = lease("main", MAIN_SKIP_SUITE="1")
     planned = [line[3:].split(":")[0] for line in skip.stdout.splitlines() if ": limit " in line]
     assert skip.returncode == 0, skip.stderr[-1000:]

@@ -25,7 +25,8 @@
 #   its start), `extra` on the same machine (EXTRA_TOTAL_S, default 200 s):
 #   1. curve         issue 38's memory curve: the fused layers' learner (torch packed varlen + Liger layers, 1.5B
 #                    shape, 32k responses, selective recompute) at 17,408 / 34,816 / 66,048 tokens a micro-batch
-#                    (CURVE_S, default 110 s)
+#                    (52,224 for the last on a GPU under 100 GiB, an H100; CURVE_BUDGETS sets them, CURVE_GPU_GIB
+#                    the memory they follow instead of the GPU's; CURVE_S, default 110 s)
 #   2. grid          the rest of issue 39's grid (H=8192 x V=128,256, V=128,256 at H=4096, N = 2k / 32k / 64k at the
 #                    main shape), the time left
 #   Then, on a later lease: `main` without its suite (`MAIN_SKIP_SUITE=1`: the Gluon kernels' check, the tuning at
@@ -194,8 +195,16 @@ if [[ "$MODE" == open ]]; then  # ~9 minutes (the header's plan)
     --shapes qwen2.5-0.5b --learners "torch packed varlen,torch padded + SDPA,megatron packed THD,megatron padded" \
     "${EXTRA[@]}"
 elif [[ "$MODE" == extra ]]; then  # ~3.5 minutes on the machine open left warm (the header's plan)
+  # the curve's budgets (CURVE_BUDGETS): up to the whole 32k batch, 66,048 tokens, on an H200 (139 GiB); on an H100
+  # (79 GiB) up to 52,224 (the memory model predicts 71 GiB at 66,048: an out-of-memory row would leave two points)
+  if [[ -z "${CURVE_BUDGETS:-}" ]]; then
+    GIB="${CURVE_GPU_GIB:-$("$PY" -c 'import torch
+print(torch.cuda.get_device_properties(0).total_memory >> 30 if torch.cuda.is_available() else 0)' 2>/dev/null)}"
+    CURVE_BUDGETS=17408,34816,66048
+    [[ "$GIB" =~ ^[0-9]+$ ]] && (( GIB > 0 && GIB < 100 )) && CURVE_BUDGETS=17408,34816,52224
+  fi
   CURVE=(--shapes qwen2.5-1.5b --lengths 32k --learners "torch packed varlen + Liger layers" --recompute selective
-         --token-budgets 17408,34816,66048)
+         --token-budgets "$CURVE_BUDGETS")
   "$PY" bench/gpu/learner.py --out "$W/curve" --check-args "${CURVE[@]}" > /dev/null || exit 2
   phase curve $(( ${CURVE_S:-110} + 30 )) "$PY" bench/gpu/learner.py --out "$W/curve" --budget-s "${CURVE_S:-110}" \
     "${CURVE[@]}"
