@@ -68,6 +68,7 @@ DEVICE: str | None = None
 _cache: dict = {}  # path -> (mtime_ns, parsed table, version mismatch)
 _merged: dict = {}  # own table's path -> (stamp, its entries over sm_<arch>.json's)
 _devices: dict = {}  # arch -> the running CUDA device's name (None: none of that arch)
+_paths: dict = {}  # (arch, device, TUNED_DIR, $PACS_FAST_TUNED_DIR) -> (sm_<arch>.json, the device's own table)
 _warned: set = set()
 # Launch values a kernel can take: blocks and warps are powers of two, counts >= 1, flags >= 0. A grid of
 # 0 programs launches nothing (outputs of torch.empty come back as they were) and GROUP_N = 0 divides by
@@ -211,8 +212,12 @@ def stamp(arch: int | None):
     when the file is absent); None for arch None (a cache key for launch configurations derived from them)."""
     if arch is None:
         return None
-    path, device = path_for(arch), running_device(arch)
-    own = path_for(arch, device=device) if device else None
+    device = running_device(arch)
+    where = (arch, device, TUNED_DIR, os.environ.get("PACS_FAST_TUNED_DIR"))  # the launchers ask on every call:
+    paths = _paths.get(where)  # the two paths are built once (the file stamps are read each time)
+    if paths is None:
+        paths = _paths[where] = (path_for(arch), path_for(arch, device=device) if device else None)
+    path, own = paths
     return path, _mtime(path), own, _mtime(own) if own else None, IGNORE_VERSIONS
 
 
