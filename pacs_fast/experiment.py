@@ -15,7 +15,8 @@ seed start) and the same held-out problems, so differences between arms pair up 
 with ``rollout.ranks=R`` (asynchronous rollouts) runs under torchrun with its R engine processes and
 the learner's (``--workers`` counts runs, not processes).
 
-Resumable: run ``<out>/runs/<arm>/seed<s>`` is skipped when it has ``summary.json``; a run with a
+Resumable: run ``<out>/runs/<arm>/seed<s>`` is skipped when it has ``summary.json`` (of the ``train.steps`` its
+``config.yaml`` records: a finished run resumed by hand with more steps and stopped is not done); a run with a
 checkpoint but no summary is resumed (``--resume``, which continues exactly); one without a
 checkpoint is restarted from scratch. A run folder whose ``config.yaml`` differs from the config the
 spec asks for is an error (never silently mixed); ``--restart-mismatched`` deletes and reruns it. Settings that
@@ -60,7 +61,7 @@ from pacs_fast.experiment_args import (MAX_SEEDS, PRESETS, Arm, check_resources,
                                        spec_defaults)
 from pacs_fast.experiment_folders import (RERUN_KEYS, Job, config_differences, config_takes,  # noqa: F401 (API)
                                           intended_config, job_state, plan, processes, rerun_changes, take_lock)
-from pacs_fast.experiment_results import (ReportNotWritten, bootstrap_ci, collect, report,  # noqa: F401 (API)
+from pacs_fast.experiment_results import (ReportNotWritten, bootstrap_ci, collect, finished, report,  # noqa: F401
                                           table)
 from pacs_fast import signals
 from pacs_fast.files import write_text_atomic
@@ -161,9 +162,10 @@ def run_jobs(todo: list[tuple[Job, str]], config: str | None, *, workers: int, t
                 fh.close()
                 running.remove((job, proc, t0, fh))
                 building.discard(job.seed)
-                # finished = its summary.json written (the run's last file; the exit status after it, e.g. a
-                # --timeout stop during its exit, changes nothing: the end-of-run check counts the same way)
-                ok = (job.run_dir / "summary.json").is_file()
+                # finished = its summary.json written for its train.steps (the run's last file; the exit status
+                # after it, e.g. a --timeout stop during its exit, changes nothing: the end-of-run check counts the
+                # same way; a resumed extension that failed left an older summary: not finished, experiment_results)
+                ok = finished(job.run_dir)
                 counts["finished" if ok else "failed"] += 1
                 why = f"timed out after --timeout {timeout:g} s, " if proc.pid in stopped else ""
                 late = f" (exit {proc.returncode} after its summary: {why or 'see the log, '}nothing lost)" \

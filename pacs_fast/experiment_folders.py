@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pacs_fast.experiment_args import Arm
+from pacs_fast.experiment_results import finished
 
 # Settings that change nothing a run reports (trackers and plots, logged samples, checkpoint spacing and count, reward
 # workers and timeout, freed-memory caching, the warm-up cache's folder, vLLM's memory share, activation recompute;
@@ -123,10 +124,12 @@ def job_state(job: Job, config: str | None) -> str:
         diff = config_differences(want, have)
         if diff:
             return "mismatch:" + "; ".join(diff[:4])
-    if (job.run_dir / "summary.json").is_file():
+    if finished(job.run_dir):
         return "done"
     ckpts = job.run_dir / "checkpoints"
-    if ckpts.is_dir() and any(ckpts.glob("step_*")):
+    # a summary of fewer train.steps than config.yaml's (a finished run resumed with more and stopped): resumed,
+    # never deleted (without a checkpoint the trainer's --resume starts it again from step 0 in its folder)
+    if (ckpts.is_dir() and any(ckpts.glob("step_*"))) or (job.run_dir / "summary.json").is_file():
         return "resume"
     return "fresh"
 

@@ -36,6 +36,26 @@ def bootstrap_ci(diffs: np.ndarray, *, n: int = 10_000, seed: int = 0, level: fl
     return float(lo), float(hi)
 
 
+def finished(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` has finished: its ``summary.json`` (the run's last file) is there and was
+    written for the ``train.steps`` its ``config.yaml`` records now. A finished run resumed with more steps
+    (``--resume RUN train.steps=N``) and stopped before its new end keeps its older summary: that had counted as
+    this end's (a "done" run never resumed, its table row an earlier step's final accuracy). A summary or config
+    that cannot be read counts as finished here: :func:`collect` names the run as damaged."""
+    import yaml
+
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return False
+    try:
+        steps = json.loads(path.read_text(encoding="utf-8")).get("steps")
+        wanted = (yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}).get("train", {}) \
+            .get("steps")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return True
+    return not (type(steps) is int and type(wanted) is int and steps != wanted)
+
+
 def collect(jobs: list, damaged: dict | None = None) -> dict:
     """Per arm and seed: step-0, final and best held-out accuracy, final greedy accuracy and
     pass@n, and the curve (finished runs only). A finished run whose files cannot give them (``summary.json``
@@ -43,7 +63,7 @@ def collect(jobs: list, damaged: dict | None = None) -> dict:
     out, its reason in ``damaged[(arm, seed)]`` when given."""
     res: dict = {}
     for job in jobs:
-        if not (job.run_dir / "summary.json").is_file():
+        if not finished(job.run_dir):
             continue
         try:
             result = run_result(job.run_dir)
@@ -209,8 +229,8 @@ def unfinished(jobs: list, res: dict, damaged: dict | None = None) -> list[str]:
     for job in jobs:
         if job.seed not in res.get(job.arm.name, {}) and (job.arm.name, job.seed) not in damaged:
             missing.setdefault(job.arm.name, []).append(job.seed)
-    return ([f"{arm}: seed(s) {seeds} did not finish (no summary.json and held-out evaluations): not in the tables"
-             for arm, seeds in missing.items()]
+    return ([f"{arm}: seed(s) {seeds} did not finish (no summary.json of its train.steps and held-out "
+             f"evaluations): not in the tables" for arm, seeds in missing.items()]
             + [f"{arm}: seed {seed} finished, but its files are damaged ({why}): not in the tables"
                for (arm, seed), why in damaged.items()])
 
