@@ -222,6 +222,8 @@ def save(s: Session, step: int, *, in_flight=None) -> None:
         if s.logger:
             s.logger.log("checkpoint", step, {"time/checkpoint": time.perf_counter() - t0})
             s.logger.flush()  # the trackers hold every step up to the checkpoint (a resume redoes only later ones)
+        if s.folder is not None:
+            s.folder.sync()  # (metrics.jsonl's and samples.jsonl's records on the disk before the checkpoint)
     try:
         save_checkpoint(s.run_dir, step, learner=s.learner, model_dir=s.model_path,
                         config_yaml=s.run_dir / "config.yaml", world=s.world, keep=s.cfg.train.keep_checkpoints,

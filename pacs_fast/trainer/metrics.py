@@ -218,7 +218,11 @@ class MetricsLogger:
 
     def flush(self) -> None:
         """Writes what TensorBoard and the trackers buffer (at a checkpoint: a run killed after it keeps every
-        record up to it everywhere, as it does in metrics.jsonl)."""
+        record up to it everywhere, as it does in metrics.jsonl), and puts ``metrics.jsonl`` on the disk: the
+        checkpoint that follows is fsynced before it is published, so after a power cut a checkpoint whose records
+        were still in the page cache had survived them, and a resume from it left a gap nothing reported."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
         if self.tb is not None:
             self.tb.flush()
         self._each("flushing", lambda t: t.flush() if hasattr(t, "flush") else None)

@@ -335,6 +335,12 @@ class RunFolder:
             self._samples.write(json.dumps(row, ensure_ascii=False) + "\n")
         self._samples.flush()
 
+    def sync(self) -> None:
+        """Puts ``samples.jsonl`` on the disk (before a checkpoint is published: see ``MetricsLogger.flush``)."""
+        if self._samples is not None:
+            self._samples.flush()
+            os.fsync(self._samples.fileno())
+
     def mark_resume(self, step: int) -> None:
         """A resumed run appends ``{"kind": "resume", "step": step}`` to ``samples.jsonl`` (as to
         ``metrics.jsonl``): the rows a killed run wrote after its checkpoint are superseded by the
