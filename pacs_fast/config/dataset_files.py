@@ -13,6 +13,7 @@ instead (a split's folder, or a glob such as ``DIR/data/train-*.parquet``).
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import re
@@ -95,6 +96,49 @@ def _check_one_set(where: str, files: list[Path], root: Path) -> None:
                          f"subsets or splits of the dataset; give one folder")
 
 
+# a numbered shard as the hub and ``save_to_disk`` name them: ``train-00001-of-00004.parquet``,
+# ``data-00000-of-00003.arrow``, the hub's older ``train-00000-of-00001-243207c6c994e1bd.parquet``
+_SHARD_RE = re.compile(r"(?P<head>.*?)(?P<index>\d+)-of-(?P<total>\d+)(?P<tail>(?:-[0-9a-f]+)?)$")
+
+
+def _missing_shards(files: list[Path], pattern: str | None = None) -> list[tuple[Path, int, str]]:
+    """The numbered shards (``<name>-0000i-of-0000n``, counted from 0) that ``files`` lack, as ``(an existing shard
+    of the set, how many shards the set has, the name of the first missing one)`` per set. A set whose numbers do
+    not count from 0 to n - 1 (another naming) is not checked. With a glob's ``pattern``, only shards the glob would
+    have matched are missing (``train-0000[01]-of-00004.parquet`` asks for two of four)."""
+    sets: dict[tuple, dict[int, Path]] = {}
+    for f in files:
+        fmt = data_format(f.name) or ""
+        m = _SHARD_RE.fullmatch(f.name[: len(f.name) - len(fmt)])
+        if m:
+            key = (f.parent, m["head"], m["total"], m["tail"] and "-", fmt, len(m["index"]))
+            sets.setdefault(key, {})[int(m["index"])] = f
+    out = []
+    for (parent, head, total_text, _, fmt, width), shards in sets.items():
+        total = int(total_text)
+        if not total or any(i >= total for i in shards):  # (not counted from 0 to n - 1: another naming)
+            continue
+        example = next(iter(shards.values()))
+        tail = _SHARD_RE.fullmatch(example.name[: len(example.name) - len(fmt)])["tail"]
+        missing = [i for i in range(total) if i not in shards]
+        if pattern is not None:  # (a hash-named shard's own hash is unknown: the example's stands in)
+            missing = [i for i in missing
+                       if fnmatch.fnmatchcase(str(parent / f"{head}{i:0{width}d}-of-{total_text}{tail}{fmt}"), pattern)]
+        if missing:
+            name = f"{head}{missing[0]:0{width}d}-of-{total_text}{'-*' if tail else ''}{fmt}"
+            out.append((example, total, name + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")))
+    return out
+
+
+def _check_complete(where: str, files: list[Path], pattern: str | None = None) -> None:
+    """A ValueError naming ``where`` when a set of numbered shards in ``files`` lacks one (an interrupted or partial
+    download: the rows of the shards present were read as the whole dataset, without a word)."""
+    for example, total, missing in _missing_shards(files, pattern):
+        raise ValueError(f"{where} lacks shards of a set of {total} ({missing}, beside {example.name}): an "
+                         f"interrupted or partial download? download the missing shards (their rows would be left "
+                         f"out without a word), or give the shards you mean as a glob that names them")
+
+
 def unlike_shards(files: list[Path]) -> list[str]:
     """The names of ``files`` when they are not shards of one set (their names, digits aside, differ:
     ``gsm_hard.jsonl`` and ``svamp.jsonl``, not ``train-00000-of-00002`` and ``train-00001-of-00002``), else []."""
@@ -127,6 +171,7 @@ def dataset_files(spec: str | Path) -> list[Path]:
         if not files:
             raise FileNotFoundError(f"dataset folder {path} holds no data file ({', '.join(SUFFIXES)})")
         _check_one_set(f"dataset folder {path}", files, path)
+        _check_complete(f"dataset folder {path}", files)
         return files
     if is_glob(str(spec)):
         text = absolute_spec(str(spec))
@@ -136,6 +181,7 @@ def dataset_files(spec: str | Path) -> list[Path]:
             raise FileNotFoundError(f"no dataset file matches {text} ({', '.join(SUFFIXES)})")
         root = Path(os.path.commonpath([str(f.parent) for f in files]))
         _check_one_set(f"dataset glob {text}", files, root)
+        _check_complete(f"dataset glob {text}", files, text)
         return files
     hint = ""
     if re.fullmatch(r"[\w.-]+/[\w.-]+", str(spec)) and not str(spec).startswith(".") and not data_format(spec):
