@@ -133,8 +133,10 @@ _GROUPED_RE = re.compile(r"(?<![0-9.])(?<![0-9],)" + _NOT_MID_RUN + r"([0-9]{1,3
 _NON_ASCII_DIGIT_RE = re.compile(r"(?![0-9])\d")  # \d on str is Unicode category Nd
 _DECIMAL_SEP_RE = re.compile(r"(?<=[0-9])[\u066b\uff0e](?=[0-9])")
 # a dash other than '-' (figure / en dash, small / full-width hyphen-minus) where a minus sign is meant: before a
-# number, not right after one (``3–5`` is a range)
-_DASH_MINUS_RE = re.compile(r"(?<![0-9A-Za-z)\]}.])[\u2012\u2013\ufe63\uff0d](?=[ \t]*[0-9.])")
+# number -- digits, or a fraction, root, pi or infinity in LaTeX (math-verify drops the dash there, so ``–\frac{1}{2}``
+# had been paid for a gold ``\frac{1}{2}``) -- not right after one (``3–5`` is a range)
+_DASH_MINUS_RE = re.compile(r"(?<![0-9A-Za-z)\]}.])[\u2012\u2013\ufe63\uff0d]"
+                            r"(?=[ \t]*(?:[0-9.]|\\(?:[dt]?frac|sqrt|pi|infty)(?![A-Za-z])))")
 _DEGREE_RE = re.compile(r"(?<=[0-9}])[ \t]*\u00b0")  # 90° -> 90^\circ
 # \degree / \textdegree (gensymb, textcomp) after a number: math-verify reads none (``90\degree``)
 _DEGREE_CMD_RE = re.compile(r"(?<=[0-9}])[ \t]*(?:\^\{\\(?:text)?degree\}|\^?\\(?:text)?degree)(?![A-Za-z])")
