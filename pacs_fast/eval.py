@@ -361,6 +361,12 @@ def report(argv: list[str]) -> int:
     return 0
 
 
+def _eval_record(name: str) -> bool:
+    """Whether a file named ``name`` is one an eval folder keeps its samples, settings or results in (what
+    ``compare --table`` / ``--out`` must not replace: the samples are hours of sampling)."""
+    return (name.startswith("samples_") and name.endswith(".jsonl")) or name in ("results.json", "run_config.json")
+
+
 def compare(argv: list[str]) -> int:
     p = ArgumentParser(prog="python -m pacs_fast.eval compare",
                                 description="One table and one pass@k plot for several results.json files")
@@ -384,6 +390,9 @@ def compare(argv: list[str]) -> int:
         if target and Path(target).resolve() in inputs:
             raise UsageError(f"{flag} {target} is one of the results files compared: it would be overwritten; "
                              f"give another path")
+        if target and Path(target).is_file() and _eval_record(Path(target).name):  # (--table samples_amc23.jsonl,
+            raise UsageError(f"{flag} {target} is an eval folder's {Path(target).name}: it would be replaced by "
+                             f"the {'table' if flag == '--table' else 'plot'}; give another path")  # had lost them)
     if args.table and Path(args.table).resolve() == Path(args.out).resolve():
         raise UsageError(f"--table {args.table} and --out are one file: the table would replace the plot")
     if args.labels is not None:  # (--labels "", an unset shell variable: one empty label, not the defaults)
