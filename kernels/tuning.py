@@ -382,8 +382,9 @@ def apply(cfg: dict, module: str, kernel: str, arch: int | None, width: str, h: 
             problem = launch_value_problem(k, v)
             if problem is None:
                 out[k] = int(v)
-            elif (table_of(arch, entry_key(module, kernel, width)), module, kernel, k, v) not in _warned:
-                path = table_of(arch, entry_key(module, kernel, width))
+                continue
+            path = table_of(arch, entry_key(module, kernel, width))
+            if (path, module, kernel, k, v) not in _warned:
                 _warned.add((path, module, kernel, k, v))
                 warnings.warn(f"ignoring {entry_key(module, kernel, width)} {k} = {v!r} of the tuned launch table "
                               f"{path}: {problem}; the built-in value serves", stacklevel=stacklevel())
@@ -398,8 +399,9 @@ def choice(key: str, arch: int | None, allowed, h: int | None = None) -> str | N
     picked = entry.get("choice") if isinstance(entry, dict) else None
     if picked is None or picked in allowed:
         return picked
-    if (table_of(arch, key), key, repr(picked)) not in _warned:  # once, not on every launch
-        _warned.add((table_of(arch, key), key, repr(picked)))
-        warnings.warn(f"ignoring the measured choice {key} = {picked!r} of {table_of(arch, key)}: not one of "
+    path = table_of(arch, key)
+    if (path, key, repr(picked)) not in _warned:  # once, not on every launch
+        _warned.add((path, key, repr(picked)))
+        warnings.warn(f"ignoring the measured choice {key} = {picked!r} of {path}: not one of "
                       f"{tuple(allowed)}", stacklevel=stacklevel())
     return None
