@@ -144,6 +144,7 @@ def run_jobs(todo: list[tuple[Job, str]], config: str | None, *, workers: int, t
     counts = {"finished": 0, "failed": 0}
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "PYTHONUNBUFFERED": "1", signals.RUNNER_PID_VAR: str(os.getpid())}  # (a trainer dies with the runner)
+    die_with_me = signals.stop_with_this_process()  # a torchrun too stops when the runner is killed with -9
     running: list[tuple[Job, subprocess.Popen, float, object]] = []
     building: set[int] = set()  # seeds whose warm-up one running job is building
     stopped: dict[int, float] = {}  # pid -> when --timeout stopped it (SIGTERM: the trainer's clean stop; then SIGKILL)
@@ -194,7 +195,7 @@ def run_jobs(todo: list[tuple[Job, str]], config: str | None, *, workers: int, t
                 cmd = command(job, config, state)
                 fh.write(f"$ {shlex.join(cmd)}\n")
                 fh.flush()
-                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_me)
                 running.append((job, proc, time.time(), fh))
                 log(f"[{time.strftime('%H:%M:%S')}] start {job.arm.name} seed {job.seed} ({state})")
             time.sleep(0.5)

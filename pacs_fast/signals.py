@@ -75,6 +75,30 @@ def die_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # the launcher died before the request was in place
 
 
+def stop_with_this_process():
+    """A ``preexec_fn`` for ``subprocess.Popen`` (Linux; None elsewhere): the child gets SIGTERM when the process
+    that started it dies, killed with -9 included. A torchrun the experiment runner started went on running its
+    ranks when the runner was killed (the ranks die with torchrun, :func:`die_with_launcher`; torchrun itself is not
+    ours): SIGTERM stops torchrun as Ctrl-C does, and it stops its ranks. Call from the thread that outlives the
+    child (the kernel sends the signal when the forking thread exits)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except Exception:  # no prctl: the child outlives a killed parent, as before
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:  # in the child, between fork and exec: no Python objects shared with other threads
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (kept across exec)
+        if os.getppid() != parent:  # the parent died before the request was in place
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def exit_status(signum: int) -> int:
     """128 + the signal: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP (the shells' convention)."""
     return 128 + int(signum)
