@@ -43,8 +43,8 @@ quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, th
 from pacs_fast.config import help_text, load_config, validate  # noqa: E402
 from pacs_fast.gc_heap import freeze_at_start_up  # noqa: E402
 from pacs_fast.launch_checkin import PeerFailed, report_failure, wait_for_peers  # noqa: E402
-from pacs_fast.trainer.run_folder import (check_moved_files, claim_run_dir, record_absolute_paths,  # noqa: E402
-                                         resume_config)
+from pacs_fast.trainer.run_folder import (check_moved_files, claim_run_dir, finished_summary,  # noqa: E402
+                                         record_absolute_paths, resume_config)
 
 
 def parse_args(argv: list[str] | None = None):
@@ -222,6 +222,12 @@ def main(argv: list[str] | None = None) -> dict:
         if args.debug:
             raise
         fail(str(e), 2)
+    done = finished_summary(run_dir, cfg) if args.resume else None
+    if done is not None:  # nothing to train, evaluate or repair: the run's records stay as they are
+        if launch_rank() == "0":
+            print(f"{run_dir} has finished its {cfg.train.steps} steps (summary.json): nothing to do and nothing was "
+                  f"changed; give train.steps=N (more) to train on", flush=True)
+        return done
     from pacs_fast.trainer.loop import SetupError, TrainingStopped, train  # heavy imports after the config is good
     if __name__ == "__main__":  # the imports live as long as the process: no collection walks them
         freeze_at_start_up()  # (pacs_fast/gc_heap.py; a caller's own process is left alone)

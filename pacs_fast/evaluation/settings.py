@@ -29,6 +29,8 @@ def setting_differences(old: dict, config: dict) -> list[str]:
     verifier = not config.get("reward_fn") or VERIFIER in config["reward_fn"].split(",")
     if verifier and old.get("extraction", "reference") != config["extraction"]:  # (recorded since it exists; read
         diff.append("extraction")  # by the verifier only: a --reward-fn without it scores alike under any)
+    if verifier and "time_limit" in old and old["time_limit"] != config.get("time_limit"):  # (recorded since it
+        diff.append("time_limit")  # exists: a comparison past it scores 0; folders from before it, not compared)
     if old.get("reward_fn", "") != config.get("reward_fn", ""):  # (recorded since it exists; "": the verifier)
         diff.append("reward_fn")
     if old.get("reward_fields", []) != config.get("reward_fields", []):  # (recorded when given)

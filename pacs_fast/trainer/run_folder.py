@@ -240,6 +240,54 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
     return load_run_config(saved, overrides)
 
 
+def finished_summary(run_dir: str | Path, cfg: Config) -> dict | None:
+    """For ``--resume`` of a run that has nothing left to do: its ``summary.json`` (else None). That is a run whose
+    newest checkpoint (intact, named by ``latest``, none pruning would remove, no temporary a kill left) is
+    ``train.steps``' and whose summary reports that step's evaluation, resumed with no override that changes its
+    config (a tracker added, plots asked for: those resume as before). Such a resume changed the records all the same:
+    a resume marker in ``metrics.jsonl`` and ``samples.jsonl``, a TensorBoard file, and a summary whose ``wall_time_s``
+    and ``session_wall_time_s`` counted the no-op session."""
+    from pacs_fast.trainer.checkpoint import checkpoints_newest_first, latest_name, problem_of, step_of
+    from pacs_fast.trainer.metrics import read_jsonl
+
+    run_dir, steps = Path(run_dir), cfg.train.steps
+    if _locked(run_dir):  # a live run extends it: the resume is refused as before, naming that run
+        return None
+    found = checkpoints_newest_first(run_dir)
+    keep = cfg.train.keep_checkpoints
+    if (not found or step_of(found[0]) != steps or latest_name(run_dir) != found[0].name
+            or (keep and len(found) > keep) or problem_of(found[0]) is not None):
+        return None
+    if any((run_dir / "checkpoints").glob(".tmp-*")) or any(is_temporary(p.name) for p in run_dir.rglob(".*")):
+        return None
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("steps") != steps or summary.get("final_eval_step") != steps:
+        return None
+    if to_dict(load_run_config(run_dir / CONFIG_FILE)) != to_dict(cfg):
+        return None
+    if any(r.get("step", 0) > steps for r in read_jsonl(run_dir / "metrics.jsonl", keys=())):
+        return None
+    return summary
+
+
+def _locked(run_dir: Path) -> bool:
+    """Whether a live run holds ``run_dir``'s lock (:class:`RunLock`), found without taking or changing it."""
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def load_run_config(path: str | Path, overrides: list[str] | tuple = ()) -> Config:
     """A run's ``config.yaml`` (:func:`~pacs_fast.config.load_config`); one written before ``data.split_seed``
     existed, whose held-out set is a split of its training file, gets it set to the run's ``train.seed``, which
