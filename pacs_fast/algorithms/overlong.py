@@ -5,10 +5,11 @@ manager, ``verl/workers/reward_manager/dapo.py``): a response of ``L`` tokens (E
 counts ``valid_response_length``) with a generation limit ``L_max`` and a buffer of ``buffer_len``
 tokens gets::
 
-    penalty = min(-(L - (L_max - buffer_len)) / buffer_len * penalty_factor, 0)
+    penalty = max(min(-(L - (L_max - buffer_len)) / buffer_len * penalty_factor, 0), -penalty_factor)
 
 added to the verifier's reward: 0 up to ``L_max - buffer_len`` tokens, then falling linearly to
-``-penalty_factor`` at ``L = L_max``.
+``-penalty_factor`` at ``L = L_max``, and ``-penalty_factor`` beyond (the paper's ``-1`` for ``|y| > L_max``;
+verl's ramp has no floor, but its lengths never pass ``L_max``).
 
 **How a shaped reward enters PACS.** PACS's reward is the *label* of a binary cross-entropy, which
 must lie in ``[0, 1]`` (:mod:`pacs_fast.algorithms.pacs`; soft labels allowed), while a shaped reward can be
@@ -34,14 +35,15 @@ from pacs_fast.algorithms._checks import check_real, check_tensor
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, penalty_factor: float = 1.0
                      ) -> torch.Tensor:
-    """``[B]`` DAPO penalty ``min(-(L - (max_len - buffer_len)) / buffer_len * penalty_factor, 0)``.
+    """``[B]`` DAPO penalty ``min(-(L - (max_len - buffer_len)) / buffer_len * penalty_factor, 0)``, floored at
+    ``-penalty_factor`` (a length beyond ``max_len``: DAPO eq. 13's ``-1``).
 
     Args:
         lengths: ``[B]`` response lengths in tokens (int or float). max_len: the generation limit
             (``rollout.max_new_tokens``). buffer_len: the buffer (``0 < buffer_len <= max_len``, as verl
             asserts). penalty_factor: the penalty at ``L = max_len`` (>= 0; verl's ``penalty_factor``).
     Returns:
-        ``[B]`` float tensor (float64 for float64 lengths, else float32), <= 0.
+        ``[B]`` float tensor (float64 for float64 lengths, else float32), in ``[-penalty_factor, 0]``.
     """
     fn = "overlong_penalty"
     check_tensor(fn, "lengths", lengths, ndim=1)
@@ -54,7 +56,7 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, penal
     dtype = torch.float64 if lengths.dtype == torch.float64 else torch.float32
     exceed = lengths.to(dtype) - (max_len - buffer_len)
     # + 0.0: a length at the buffer's start gives 0.0, not -0.0 (-(0) / buffer_len)
-    return (-exceed / buffer_len * penalty_factor).clamp(max=0.0) + 0.0
+    return (-exceed / buffer_len * penalty_factor).clamp(-penalty_factor, 0.0) + 0.0
 
 
 def shaped_rewards(rewards: torch.Tensor, penalty: torch.Tensor, *, label: bool) -> torch.Tensor:

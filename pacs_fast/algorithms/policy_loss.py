@@ -73,7 +73,7 @@ def check_policy_inputs(fn: str, logp, old_logp, advantages, mask, token_weights
         check_tensor(fn, "token_weights", token_weights, floating=True)
         check_same_shape(fn, "token_weights", token_weights, "logp", logp)
     check_choice(fn, "loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
-    kl_coef = check_real(fn, "kl_coef", kl_coef)
+    kl_coef = check_real(fn, "kl_coef", kl_coef, nonneg=True)  # < 0 would reward moving away from the reference
     check_choice(fn, "kl_estimator", kl_estimator, KL_ESTIMATORS)
     if kl_coef != 0:
         if logp_ref is None:
@@ -123,7 +123,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             Default 3.0, verl's ``clip_ratio_c`` (always on in verl); None turns it off.
         loss_agg_mode, horizon, global_count: see :func:`~pacs_fast.algorithms.aggregation.aggregate_loss`.
         logp_ref, kl_coef, kl_estimator, kl_clamp: optional KL(pi || ref) penalty
-            (see :func:`~pacs_fast.algorithms.kl.kl_penalty`); used when ``kl_coef != 0``.
+            (see :func:`~pacs_fast.algorithms.kl.kl_penalty`); used when ``kl_coef > 0`` (>= 0).
         token_weights: ``[B, T]`` constant weights of each token's clipped term (off-policy correction:
             the importance weight pi_old / mu of decoupled PPO, :mod:`pacs_fast.algorithms.off_policy`);
             the KL penalty is not weighted. None: 1.
