@@ -347,14 +347,22 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
         from pacs_fast.ops.backend import resolve_backend
 
         backend = resolve_backend(backend, logp)
-    if backend == "triton" and asked == "auto":
-        from pacs_fast.kernels.pacs_loss import MAX_GROUP_SIZE
+    if backend == "triton":
+        from pacs_fast.kernels import dispatch
 
-        if group_size > MAX_GROUP_SIZE:  # the fused kernel's limit: "auto" takes the torch path
+        if dispatch.broken("tiles", "PACS loss forward"):  # failed earlier in this process (warned then)
             backend = "torch"
+        else:
+            try:  # the fused kernels' modules: an import error of theirs is a kernel failure (one warning)
+                from pacs_fast.kernels.pacs_loss import MAX_GROUP_SIZE
+                from pacs_fast.ops.pacs_loss import fused_pacs_loss
+            except Exception as e:
+                dispatch.failed("tiles", "PACS loss forward", e)
+                backend = "torch"
+    if backend == "triton" and asked == "auto" and group_size > MAX_GROUP_SIZE:
+        backend = "torch"  # the fused kernel's limit: "auto" takes the torch path
     if backend == "triton":
         from pacs_fast.kernels.dispatch import KernelFailed
-        from pacs_fast.ops.pacs_loss import fused_pacs_loss
 
         try:
             return fused_pacs_loss(logp, logp_ref, mask, rewards, group_size=group_size, beta=beta,
