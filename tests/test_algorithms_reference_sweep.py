@@ -379,3 +379,19 @@ def test_bf16_inputs_compute_in_float32(seed):
             v64, g64 = _value_grad(lambda y: fn(y, old16.double(), ref16.double()), lp16.double())
             torch.testing.assert_close(loss.double(), v64, rtol=2e-5, atol=1e-6)
             torch.testing.assert_close(g.double(), g64, rtol=1e-2, atol=1e-6)
+
+
+@pytest.mark.parametrize("beta", [0, 0.0, -0.5])
+@pytest.mark.parametrize("where", ["pacs_loss", "fused_pacs_loss", "reward_proxy"])
+def test_pacs_beta_must_be_positive(where, beta):
+    """beta scales PACS's proxy: 0 gives an exactly zero gradient (a run that trains nothing) and < 0 trains against
+    the verifier. The config and the integrations refused it; the public functions took it."""
+    from pacs_fast.algorithms.pacs import reward_proxy
+    from pacs_fast.ops.pacs_loss import fused_pacs_loss
+    logp, ref, rewards = -torch.rand(4, 3), -torch.rand(4, 3), torch.tensor([0.0, 1.0, 1.0, 0.0])
+    call = {"pacs_loss": lambda: pacs_loss(logp, ref, None, rewards, group_size=2, beta=beta, backend="torch"),
+            # (the options are checked before the kernel is asked for: no Triton needed)
+            "fused_pacs_loss": lambda: fused_pacs_loss(logp, ref, None, rewards, group_size=2, beta=beta),
+            "reward_proxy": lambda: reward_proxy(logp, ref, None, beta=beta)}[where]
+    with pytest.raises(ValueError, match=r"beta must be .*> 0"):
+        call()

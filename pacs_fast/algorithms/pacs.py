@@ -216,7 +216,7 @@ def reward_proxy(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.
     """
     fn = "reward_proxy"
     check_choice(fn, "proxy", proxy, PROXIES)
-    beta = check_real(fn, "beta", beta)
+    beta = check_real(fn, "beta", beta, positive=True)  # 0: an exactly zero gradient; < 0: against the verifier
     _check_tokens(fn, logp, logp_ref, mask, cu_seqlens, need_ref=proxy == "logratio")
     return _reward_proxy(logp, logp_ref, mask, beta, proxy, cu_seqlens)
 
@@ -288,7 +288,7 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
         mask: same shape, bool or 0/1 (1 = response token), or None for "all tokens".
         rewards: ``[B]`` verifier rewards in ``[0, 1]`` (0/1 or soft).
         group_size: ``G``; rows ``[kG, (k+1)G)`` are the responses to one prompt. ``B % G == 0``.
-        beta: proxy scale. score: rloo | grpo | dr_grpo | naive. weight_mode: question | none |
+        beta: proxy scale (> 0). score: rloo | grpo | dr_grpo | naive. weight_mode: question | none |
             only_positive | only_negative. proxy: logratio | mean_logp. ``score="grpo"`` divides by
             the group's std + 1e-6: where a group's proxies are equal (``logp == logp_ref``, the first
             mini-batch of an on-policy step) its gradient is ``(delta_ij - 1/G) / 1e-6``, ~1e6x rloo's
@@ -314,7 +314,7 @@ def pacs_loss(logp: torch.Tensor, logp_ref: torch.Tensor | None, mask: torch.Ten
     check_choice(fn, "weight_mode", weight_mode, WEIGHT_MODES)
     check_choice(fn, "proxy", proxy, PROXIES)
     check_choice(fn, "backend", backend, BACKENDS)
-    beta = check_real(fn, "beta", beta)
+    beta = check_real(fn, "beta", beta, positive=True)  # 0: an exactly zero gradient; < 0: against the verifier
     num_rows = _check_tokens(fn, logp, logp_ref, mask, cu_seqlens, need_ref=proxy == "logratio")
     _check_rewards(fn, rewards, num_rows, "logp" if cu_seqlens is None else "cu_seqlens", logp.device)
     group_size = check_group_size(fn, group_size, num_rows, "rewards")  # numpy integers become int

@@ -111,8 +111,9 @@ def _check_options_now(group_size, beta, score, weight_mode, proxy) -> tuple:
     _check_choice("score", score, SCORES)
     _check_choice("weight_mode", weight_mode, WEIGHT_MODES)
     _check_choice("proxy", proxy, PROXIES)
-    if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not math.isfinite(beta):
-        raise ValueError(f"{_FN}: beta must be a finite real number, got {beta!r}")
+    if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not math.isfinite(beta) or beta <= 0:
+        raise ValueError(f"{_FN}: beta must be a finite real number > 0, got {beta!r} (0 gives an exactly zero "
+                         "gradient, < 0 trains against the verifier)")
     if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or group_size < 1:
         raise ValueError(f"{_FN}: group_size must be a positive int, got {group_size!r}")
     group_size = int(group_size)  # numpy integers too, as pacs_loss takes them
