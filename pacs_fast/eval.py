@@ -109,6 +109,10 @@ def run(argv: list[str]) -> int:
     if args.reward_fn == VERIFIER:  # (the math verifier alone: no --reward-fn)
         args.reward_fn = ""
     verifier_scores = not args.reward_fn or VERIFIER in reward_specs(args.reward_fn)
+    if "pacs_fast.reward.code_tests:" in args.reward_fn and args.instruction == "pacs":  # (the trainer's warning too)
+        print("warning: --reward-fn pacs_fast.reward.code_tests:... scores the last fenced code block, but "
+              "--instruction pacs (the default) asks for \\boxed{}: give an --instruction asking for a ```python "
+              "block", file=sys.stderr)
     if not verifier_scores:  # the verifier's flags, idle: named (and the extraction not recorded as a setting)
         parser = _run_parser()
         for flag, key in (("--extraction", "extraction"), ("--time-limit", "time_limit")):

@@ -235,7 +235,14 @@ def test_rows_whose_tests_cannot_be_read_are_named_before_any_model_loads(tmp_pa
     make_tiny_model(tmp_path / "m")
     assert ev.main(["--model", str(tmp_path / "m"), "--benchmarks", str(data), "--answer-field", "tests",
                     "--reward-fn", "pacs_fast.reward.code_tests:pass_all", "--out", str(tmp_path / "ev")]) == 2
-    assert "code.jsonl:9: field 'tests': the tests hold no test case" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "code.jsonl:9: field 'tests': the tests hold no test case" in err
+    # the default instruction asks for a boxed answer, never a code block: warned, as the trainer warns
+    assert "warning: --reward-fn pacs_fast.reward.code_tests:... scores the last fenced code block" in err
+    assert ev.main(["--model", str(tmp_path / "m"), "--benchmarks", str(data), "--answer-field", "tests",
+                    "--instruction", "", "--reward-fn", "pacs_fast.reward.code_tests:pass_all",
+                    "--out", str(tmp_path / "ev")]) == 2
+    assert "fenced code block" not in capsys.readouterr().err
     assert len(load_problems(load_config(None, [f"data.dataset={data}", "data.answer_key=tests"]))[0]) > 0  # (no
     # code reward: the verifier reads answers as text, no such check)
 
