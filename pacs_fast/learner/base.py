@@ -105,6 +105,8 @@ class RolloutBatch:
                 raise ValueError(f"RolloutBatch: {name} must be [{B}, {T}], got {tuple(getattr(self, name).shape)}")
         if tuple(self.rewards.shape) != (B,):
             raise ValueError(f"RolloutBatch: rewards must be [{B}], got {tuple(self.rewards.shape)}")
+        if self.attention_mask.device.type == "cpu":  # (a device copy is of a checked batch: no sync here)
+            check_right_padded(self.attention_mask, self.response_mask)
 
     @property
     def num_rows(self) -> int:
@@ -134,6 +136,23 @@ class RolloutBatch:
         return RolloutBatch(**{f.name: (getattr(self, f.name).to(device)
                                         if isinstance(getattr(self, f.name), torch.Tensor)
                                         else getattr(self, f.name)) for f in dataclasses.fields(self)})
+
+
+def check_right_padded(attention_mask: torch.Tensor, response_mask: torch.Tensor) -> None:
+    """ValueError naming the first bad row unless every row's real tokens start at column 0 and are contiguous
+    (right padding, trainer/batch.py's layout) and ``response_mask`` is 0 on padding. Both learners cut and forward
+    rows as right-padded: a left-padded row (verl's prompt layout) lost its last tokens to :meth:`RolloutBatch.groups`'
+    trim and got the torch learner's positions wrong, and a response token on padding trained in one learner and
+    not the other, all silently (megatron sweep, 2026-12)."""
+    real = attention_mask != 0
+    right = torch.arange(real.shape[1]) < real.sum(1, keepdim=True)
+    bad = (real != right).any(1) | ((response_mask != 0) & ~right).any(1)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0])
+        what = "is not right-padded" if not torch.equal(real[row], right[row]) else "has response_mask 1 on padding"
+        raise ValueError(f"RolloutBatch: row {row} {what}: each row's real tokens (attention_mask 1) must start at "
+                         f"column 0 and be contiguous, padding after them, response_mask only on real tokens "
+                         f"(shift left-padded prompts left, as trainer/batch.py's build_batch lays rows out)")
 
 
 def group_rows(group_ids, group_size: int) -> torch.Tensor:

@@ -69,7 +69,7 @@ from pacs_fast.learner.fused_layers import apply_fused_layers
 from pacs_fast.learner.grad_norm import scale_to_norm
 from pacs_fast.learner.fused_old_logprobs import FusedOldLogprobs
 from pacs_fast.learner.hf_folder import LazyHFCheckpoint
-from pacs_fast.learner.long_groups import forward_pieces, row_parts, train_micro_batch, whole_and_split
+from pacs_fast.learner.long_groups import forward_pieces, row_parts, row_view, train_micro_batch, whole_and_split
 from pacs_fast.learner.master_weights import MasterWeights
 from pacs_fast.learner.megatron.checkpointing import MegatronCheckpointing
 from pacs_fast.learner.megatron.convert import load_hf_into_model
@@ -249,6 +249,18 @@ class MegatronLearner(MegatronCheckpointing, Learner):
     def _row_parts(self, sub: RolloutBatch) -> list[list[int]]:
         return row_parts(sub, self.cfg.max_tokens_per_micro_batch, cut_flags(self.cfg))
 
+    def _check_budget(self, batch: RolloutBatch) -> None:
+        """ValueError on every rank when a row (a group: ``learner.split_groups=off``) is over the token budget (one
+        rank raising on its share left the others in a collective for ever; DP-local batches: one MAX all-reduce)."""
+        budget, whole = self.cfg.max_tokens_per_micro_batch, self.cfg.split_groups != "auto"
+        worst = max(group_costs(batch if whole else row_view(batch), **cut_flags(self.cfg)), default=0) if budget else 0
+        if budget and self.local_batches and self.dp_size > 1:
+            worst = torch.tensor(float(worst), device=self.device)
+            torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX, group=self.dp_group)
+        if budget and int(worst) > budget:
+            raise ValueError(f"a {'group' if whole else 'sequence'} of {int(worst)} token slots is larger than "
+                             f"learner.max_tokens_per_micro_batch={budget}: raise the budget")
+
     def _check_same_batch(self, batch: RolloutBatch) -> None:
         """Full batches: every rank must pass the same batch; DP-local: the ranks of a TP group."""
         if not (self.local_batches and self.tp_size == 1):  # (DP-local at TP 1: no rank shares its rows)
@@ -275,6 +287,7 @@ class MegatronLearner(MegatronCheckpointing, Learner):
         """``(logp, entropy or None, values or None)`` ``[B, T]`` of ``batch``'s rows in no-grad forwards (each
         data-parallel rank its share, gathered; DP-local batches: this group's rows)."""
         self._check_same_batch(batch)
+        self._check_budget(batch)
         was = model.training
         model.eval()
         B, T = batch.input_ids.shape
@@ -309,6 +322,7 @@ class MegatronLearner(MegatronCheckpointing, Learner):
         ``correct(rows, proximal_logp)``'s off-policy weights) come from the first mini-batch's own forwards and one
         no-grad pass over the other groups (:mod:`~pacs_fast.learner.fused_old_logprobs`), as the torch learner's."""
         self._check_same_batch(batch)
+        self._check_budget(batch)
         fuse = self._fuses_in_update(batch, correct, "dropout is active")
         self.model.train()
         gen = torch.Generator().manual_seed(int(seed))
