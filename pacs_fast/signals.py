@@ -56,6 +56,16 @@ def default_stop_signals() -> None:
 RUNNER_PID_VAR = "PACS_FAST_RUNNER_PID"
 
 
+def _prctl():
+    """libc's ``prctl`` (Linux), or None where it cannot be found."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except Exception:
+        return None
+
+
 def die_with_launcher() -> None:
     """Under torchrun every rank runs in a session of its own: a launcher killed with -9 (or by the OOM
     killer) left its ranks training, holding the run lock; so did a trainer the experiment runner started
@@ -64,12 +74,10 @@ def die_with_launcher() -> None:
     runner = None if "TORCHELASTIC_RUN_ID" in os.environ else os.environ.get(RUNNER_PID_VAR)
     if ("TORCHELASTIC_RUN_ID" not in os.environ and not runner) or not sys.platform.startswith("linux"):
         return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # no prctl: the rank outlives a killed launcher, as before
+    prctl = _prctl()
+    if prctl is None:  # no prctl: the rank outlives a killed launcher, as before
         return
+    prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     parent = os.getppid()
     if parent == 1 or (runner and runner.isdigit() and parent != int(runner)):
         os.kill(os.getpid(), signal.SIGTERM)  # the launcher died before the request was in place
@@ -81,13 +89,8 @@ def stop_with_this_process():
     ranks when the runner was killed (the ranks die with torchrun, :func:`die_with_launcher`; torchrun itself is not
     ours): SIGTERM stops torchrun as Ctrl-C does, and it stops its ranks. Call from the thread that outlives the
     child (the kernel sends the signal when the forking thread exits)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except Exception:  # no prctl: the child outlives a killed parent, as before
+    prctl = _prctl() if sys.platform.startswith("linux") else None
+    if prctl is None:  # no prctl: the child outlives a killed parent, as before
         return None
     parent = os.getpid()
 

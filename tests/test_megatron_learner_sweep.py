@@ -295,5 +295,24 @@ def test_rollout_batch_refuses_rows_that_are_not_right_padded(bad):
     RolloutBatch(**batch).groups([1, 0]).to("cpu")  # (right-padded rows pass)
 
 
+def test_the_layout_is_checked_once_per_batch_not_per_sub_batch(monkeypatch):
+    """The learner cuts a batch into mini-batches, data-parallel shares and micro-batches (``groups()``), moves them
+    (``to()``) and edits them (``dataclasses.replace``): a part of a checked batch is not checked again."""
+    import dataclasses
+
+    import pacs_fast.learner.base as base
+
+    calls = []
+    real = base.check_right_padded
+    monkeypatch.setattr(base, "check_right_padded", lambda *a: calls.append(1) or real(*a))
+    _, batch, _ = _batch()
+    rb = base.RolloutBatch(**batch)
+    assert calls == [1] and rb.layout_checked
+    part = dataclasses.replace(rb.groups([1, 0]).groups([0]).to("cpu"), group_size=1)
+    assert calls == [1] and part.layout_checked
+    base.RolloutBatch(**batch)  # a new batch is checked
+    assert calls == [1, 1]
+
+
 if __name__ == "__main__":
     _worker(sys.argv[1])

@@ -76,6 +76,8 @@ class RolloutBatch:
     outcome_advantages: ``[B]`` float each row's outcome advantage in its whole group (GRPO's, RLOO's, Dr. GRPO's,
         verl's loss modes'), set by the learner on a group trained a few rows at a time in one pass
         (:func:`pacs_fast.learner.objective.rows_apart`); None = the objective computes them from ``rewards``.
+    layout_checked: set once the rows were checked right-padded (:func:`check_right_padded`, on CPU tensors);
+        the batches made from this one inherit it, so the learner's sub-batches are not checked again.
     """
 
     input_ids: torch.Tensor
@@ -95,6 +97,7 @@ class RolloutBatch:
     truncated: torch.Tensor | None = None
     verifier_rewards: torch.Tensor | None = None
     outcome_advantages: torch.Tensor | None = None
+    layout_checked: bool = dataclasses.field(default=False, kw_only=True, repr=False, compare=False)
 
     def __post_init__(self):
         B, T = self.input_ids.shape
@@ -105,8 +108,9 @@ class RolloutBatch:
                 raise ValueError(f"RolloutBatch: {name} must be [{B}, {T}], got {tuple(getattr(self, name).shape)}")
         if tuple(self.rewards.shape) != (B,):
             raise ValueError(f"RolloutBatch: rewards must be [{B}], got {tuple(self.rewards.shape)}")
-        if self.attention_mask.device.type == "cpu":  # (a device copy is of a checked batch: no sync here)
+        if not self.layout_checked and self.attention_mask.device.type == "cpu":  # (a device copy: no sync here)
             check_right_padded(self.attention_mask, self.response_mask)
+            self.layout_checked = True  # (groups(), to() and replace() pass it on: a part of a checked batch is)
 
     @property
     def num_rows(self) -> int:
