@@ -227,6 +227,10 @@ def test_update_equals_the_torch_learner(run, reference, case):
     for k in ("old_logp", "old_entropy"):
         assert _diff(got[k], ref[k]) < 1e-5, k
     assert _diff(got["is_weights"], ref["is_weights"]) < 1e-6
+    packing, m = CASES[case][1]["packing"], got["metrics"]  # the layout the case names is the one that ran
+    if packing != "auto":
+        ran, other = ("packed", "padded") if packing == "on" else ("padded", "packed")
+        assert m[f"forward/{ran}"] > 0 and m[f"forward/{other}"] == 0, m
     names = {k for k in ref["metrics"] if not k.startswith("forward/")}
     assert names == {k for k in got["metrics"] if not k.startswith("forward/")} - {"split_groups"}
     for k in names:
