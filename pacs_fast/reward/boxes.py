@@ -1,4 +1,4 @@
-"""The ``\\boxed{...}`` of a response: listing them, and two box forms math-verify misreads.
+"""The ``\\boxed{...}`` of a response: listing them, and box forms math-verify misreads.
 
 - :func:`box_list` / :func:`boxed_answers`: the complete, non-empty boxes of a text (what ``extraction="boxed"``
   reads). A box left open (a truncated response) or an empty one (``\\boxed{}``: the instruction "put your final
@@ -7,7 +7,13 @@
   unit from a single box itself, but when it joins several boxes (``15 \\text{ cm},16 \\text{ cm}``) its unit rule
   (``\\text{.*?}...$``) runs from the first box's ``\\text{`` to the end and keeps only the first box: a hedge
   ``\\boxed{15 \\text{ cm}} or \\boxed{16 \\text{ cm}}`` was paid for a gold 15, and ``\\boxed{15 \\text{ cm}}, i.e.
-  \\boxed{15}`` was not. Stripped per box first, each box reads as math-verify reads it alone.
+  \\boxed{15}`` was not. Stripped per box first, each box reads as math-verify reads it alone. Two kinds of word are
+  no unit: a bare ``and`` / ``or`` stays (``\\boxed{5 \\text{ and }}`` is an unfinished list, which math-verify reads
+  as ``5,``, no answer; dropped, it was paid as 5), and ``percent`` / ``percentage`` / ``pct`` become ``\\%``
+  (math-verify's percent: ``\\boxed{5\\text{percent}}`` equals a gold 0.05; dropped, it read 5).
+- :func:`strip_choice_label`: ``\\boxed{\\textbf{(C)}\\ 27}`` -> ``\\boxed{27}``. An answer choice's label (A to E in
+  parentheses, optionally in ``\\text`` / ``\\textbf`` / ``\\mathrm`` / ``\\mathbf``) opening a box before a value,
+  AMC's style: math-verify reads the label as a factor (``c*27``), so the right value scored 0. A label alone stays.
 
 - :func:`answer_part`: what ``extraction="boxed"`` reads of a response, the text after its last ``</think>``
   (a reasoning model's answer, after its thinking: boxes inside ``<think>`` are drafts), or all of it; up to a
@@ -25,7 +31,14 @@ import re
 _UNIT_CMD = r"\\(?:text|mbox|mathrm|textrm)"
 _UNIT_BOX_RE = re.compile(r"(\\boxed\{(?:[^{}\\]|\\(?!text|mbox|mathrm|textrm)|\{[^{}]*\})*?[0-9}])"
                           r"(?:\s|\\[,;:! ]|~)*" + _UNIT_CMD
-                          + r"\{ *[A-Za-z][ A-Za-z]*\}(?:\^[0-9]|\^\{[0-9]\})?\s*\}")
+                          + r"\{( *[A-Za-z][ A-Za-z]*)\}(?:\^[0-9]|\^\{[0-9]\})?\s*\}")
+_NOT_UNITS = ("and", "or")                         # math-verify's separators: "5 and" is an unfinished list
+_PERCENT_WORDS = ("percent", "percentage", "pct")  # math-verify's percent sign
+
+# a choice label (A-E) opening a box, before a value: a number, a fraction or a root, optionally negative
+_CHOICE_BOX_RE = re.compile(r"(\\boxed\{)[ \t]*(?:\\(?:text|textbf|mathrm|mathbf)\{[ \t]*\([A-E]\)[ \t]*\}|\([A-E]\))"
+                            r"(?:[ \t]|\\[,;:! ]|~|\\q?quad(?![A-Za-z]))*"
+                            r"(?=-?[0-9.]|-?\\(?:[dt]?frac|sqrt)(?![A-Za-z]))")
 
 
 THINK_START, THINK_END = "<think>", "</think>"
@@ -42,9 +55,22 @@ def answer_part(text: str) -> str:
 
 
 def strip_box_units(text: str) -> str:
-    """``\\boxed{<value> \\text{ unit}^2}`` -> ``\\boxed{<value>}`` for every such box (module docstring).
-    Idempotent."""
-    return _UNIT_BOX_RE.sub(r"\1}", text) if "\\boxed{" in text else text
+    """``\\boxed{<value> \\text{ unit}^2}`` -> ``\\boxed{<value>}`` for every such box; ``and`` / ``or`` kept, a
+    percent word -> ``\\%`` (module docstring). Idempotent."""
+    return _UNIT_BOX_RE.sub(_unit_repl, text) if "\\boxed{" in text else text
+
+
+def _unit_repl(m: re.Match) -> str:
+    word = m.group(2).strip()
+    if word in _NOT_UNITS:
+        return m.group(0)
+    return m.group(1) + ("\\%}" if word in _PERCENT_WORDS else "}")
+
+
+def strip_choice_label(text: str) -> str:
+    """``\\boxed{\\textbf{(C)}\\ 27}`` -> ``\\boxed{27}``: a choice label (A to E) opening a box before a value (module
+    docstring). Idempotent."""
+    return _CHOICE_BOX_RE.sub(r"\1", text) if "\\boxed{" in text else text
 
 
 def box_list(text: str) -> list[str]:

@@ -21,7 +21,10 @@ is read as its last box, 5 (only bare boxes close together, as above, make such 
 before math-verify, which misses them): ``\\boxed {x}`` (space) and ``\\fbox{x}`` are ``\\boxed{x}``; a trailing
 unit word in a box (``\\boxed{15 \\text{ cm}^2}``) is dropped per box, as math-verify drops it from a single box
 (joining several, it kept only the first box: :mod:`pacs_fast.reward.boxes`); ``90\\degree`` /
-``90\\textdegree`` are ``90^\\circ``; a base ``(2516)_8`` is ``2516_8``;
+``90\\textdegree`` are ``90^\\circ``; a base ``(2516)_8`` is ``2516_8``; ``\\boxed 6`` (no braces, a number
+and then an end) is ``\\boxed{6}``; a choice label before a boxed value (``\\boxed{\\textbf{(C)}\\ 27}``) is dropped,
+math-verify reading it as a factor; a bare ``and`` / ``or`` ending a box is no unit (``\\boxed{5 \\text{ and }}``
+is an unfinished list, no answer), a spelled-out ``percent`` in a box is ``\\%``;
 thin-space and other digit-group separators inside a number with groups of three digits
 (``1\\,000``, ``1{,}000``, ``1\\!000``, ``1\\;000``, ``1\\:000``, ``1\\ 000``, ``1~000``,
 ``\\thinspace``, U+2009 / U+202F / U+00A0 / U+2008 and the Arabic thousands separator U+066C) are
@@ -66,7 +69,8 @@ import unicodedata
 from dataclasses import dataclass
 from decimal import Decimal
 
-from pacs_fast.reward.boxes import answer_part, box_list, boxed_answers, strip_box_units  # noqa: F401 (re-export)
+from pacs_fast.reward.boxes import (answer_part, box_list, boxed_answers, strip_box_units,  # noqa: F401 (re-export)
+                                    strip_choice_label)
 from pacs_fast.reward.time_limit import (DEFAULT_TIME_LIMIT, MAX_TIME_LIMIT, ItemTimeout,  # noqa: F401 (re-export)
                                          check_time_limit, run_limited)
 
@@ -142,6 +146,11 @@ _DEGREE_RE = re.compile(r"(?<=[0-9}])[ \t]*\u00b0")  # 90° -> 90^\circ
 _DEGREE_CMD_RE = re.compile(r"(?<=[0-9}])[ \t]*(?:\^\{\\(?:text)?degree\}|\^?\\(?:text)?degree)(?![A-Za-z])")
 # a base written ``(2516)_8`` / ``(2516)_{8}``: math-verify reads none; ``2516_8`` it reads
 _PAREN_BASE_RE = re.compile(r"(?<![\w)\]}])\(([0-9]+)\)_(?=[0-9]|\{[0-9]+\})")
+# a box with no braces around a number, ``\boxed 6`` (TeX's one-token argument), where only an end follows it (a
+# sentence's stop, ``$``, ``\]``, a line end): the "boxed" extraction read no box there, and under the reference an
+# earlier draft ``\boxed{...}`` outranked it. More after the number (``\boxed 2^{10}``, ``\boxed 1,000``) is left alone.
+_BARE_BOX_RE = re.compile(r"\\boxed[ \t]*([+-]?[0-9]+(?:\.[0-9]+)?)(?![0-9])"
+                          r"(?=[ \t]*(?:$|[\n\r$]|\\[\])]|[.,;:!?](?![0-9])))")
 # a full stop closing a box's number ("\boxed{12.}"): math-verify reads no answer there
 _BOX_STOP_RE = re.compile(r"(\\boxed\{[^{}]{0,64}?[0-9])\.[ \t]*(?=\})")
 
@@ -158,7 +167,8 @@ def _ungroup(m: re.Match) -> str:
 
 def normalize_math_text(text: str) -> str:
     """Rewrites the written forms math-verify misses into ones it reads (module docstring):
-    ``\\boxed {x}`` / ``\\fbox{x}`` -> ``\\boxed{x}``, ``1\\,000`` (and other digit-group separators)
+    ``\\boxed {x}`` / ``\\fbox{x}`` / ``\\boxed 6`` -> ``\\boxed{x}``, a choice label before a boxed value dropped,
+    ``1\\,000`` (and other digit-group separators)
     -> ``1000``, non-ASCII decimal digits -> ASCII, a figure / en dash or full-width minus before a number
     -> ``-``, ``90°`` -> ``90^\\circ``, ``\\boxed{12.}`` -> ``\\boxed{12}``. Idempotent; linear time."""
     if not isinstance(text, str):
@@ -173,11 +183,15 @@ def normalize_math_text(text: str) -> str:
         text = _PAREN_BASE_RE.sub(r"\1_", text)
     boxed = "\\boxed" in text or "\\fbox" in text
     if boxed:
-        text = strip_box_units(_BOX_RE.sub(r"\\boxed", text))
+        text = strip_box_units(strip_choice_label(_BOX_RE.sub(r"\\boxed", text)))
     text = _GROUPED_RE.sub(_ungroup, text)
+    if not boxed:
+        return text
+    # (after the digit groups are joined: ``\boxed 1{,}000`` is a whole number only then)
+    text = _BARE_BOX_RE.sub(r"\\boxed{\1}", text)
     # the box's closing full stop after the digit groups are joined: ``\boxed{1{,}456.}`` became ``\boxed{1456.}``,
     # and only a second pass took its stop (a fuzzed CI run, seed 1331683857)
-    return _BOX_STOP_RE.sub(r"\1", text) if boxed else text
+    return _BOX_STOP_RE.sub(r"\1", text)
 
 
 # -- the fast path: integer gold, one boxed integer ------------------------------------------------
