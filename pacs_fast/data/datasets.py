@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import re
 import zlib
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -173,6 +174,7 @@ def _iter_rows(path: Path):
 
 
 _MISSING = object()
+_UNCHECKED = object()  # load_dataset(system=...) not given: a chat-message problem's system message is not compared
 
 
 def _field(row: dict, name: str):
@@ -214,6 +216,42 @@ def _answer_text(value: Any, where: str, field_name: str) -> str:
                      f"{type(value).__name__}")
 
 
+def _chat_problem(messages: list, where: str, field_name: str, system, system_setting: str) -> str:
+    """The problem of a row that gives it as chat messages (verl's ``prompt`` column): its last user message. What
+    the prompt would leave out without a word is refused: turns before it (a conversation, few-shot examples), and,
+    when ``system`` (the system text the prompts carry) is given, a system message that differs from it."""
+    roles = [m.get("role") for m in messages]
+    if "user" not in roles:
+        raise ValueError(f"{where}: field {field_name!r} holds chat messages without a user message (roles: "
+                         f"{', '.join(map(str, roles))}): the problem is the last user message")
+    last = len(roles) - 1 - roles[::-1].index("user")
+    earlier = [r for i, r in enumerate(roles[:last]) if not (i == 0 and r == "system")]
+    if earlier:  # (turns after it, an SFT row's assistant answer, are no part of the prompt)
+        raise ValueError(f"{where}: field {field_name!r} holds a conversation (roles: {', '.join(map(str, roles))}): "
+                         f"the prompt is built from its last user message alone, and the {len(earlier)} turn(s) "
+                         f"before it would be left out without a word; give one user message per row")
+    problem = messages[last]["content"]
+    if roles[0] == "system" and system is not _UNCHECKED:
+        own = messages[0]["content"]
+        if not isinstance(own, str) or own.strip() != (system or "").strip():
+            ours = f"the prompt's system message {system!r}" if system else "no system message of the run's"
+            raise ValueError(f"{where}: field {field_name!r} opens with the system message {str(own)[:80]!r}, which "
+                             f"the prompt would replace ({ours}, {system_setting}); set {system_setting} to the "
+                             f"row's text, or give rows without a system message")
+    return problem
+
+
+def states_its_answer(problem: str, answer: str) -> bool:
+    """Whether ``problem`` states ``answer`` as a final answer, ``\\boxed{answer}`` or ``#### answer`` (white space
+    aside): a worked solution given as the problem (``data.problem_key=solution``), which hands the model its answer."""
+    if "boxed" not in problem and "####" not in problem:
+        return False
+    text, gold = " ".join(problem.split()), " ".join(answer.split())
+    if not gold:
+        return False
+    return f"\\boxed{{{gold}}}" in text or re.search(r"####\s*" + re.escape(gold) + r"(?!\S)", text) is not None
+
+
 def _not_utf8(value) -> bool:
     """Whether ``value`` (a field as read: text, or a list / object of them) holds a lone surrogate."""
     try:
@@ -227,7 +265,8 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
                  id_field: str | None = None, source_field: str = "source",
                  limit: int | None = None, field_settings: str = "problem_field= / answer_field= / id_field=",
                  fields: tuple[str, ...] | list[str] = (), fields_setting: str = "fields=",
-                 check_answer=None, check_setting: str = "") -> list[Problem]:
+                 check_answer=None, check_setting: str = "", system=_UNCHECKED,
+                 system_setting: str = "system=") -> list[Problem]:
     """Loads math problems from a file, a folder or glob of shards, or a shipped dataset by name.
 
     Args:
@@ -252,13 +291,20 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
             handed (``reward.fn_fields``). ``fields_setting``: how the user names them, for the error.
         check_answer: called with each row's answer text (a reward function's ``check_answer``: the code
             reward's tests); a ValueError it raises names the row, the field and ``check_setting``.
+        system: the system message the prompts will carry (None: none); when given, a problem given as chat
+            messages that opens with another system message is refused (the prompt would replace it without a
+            word), naming ``system_setting``. A conversation (turns before the last user message) is always refused.
     Raises:
-        FileNotFoundError: no such file (or nothing in the folder / glob). ValueError: a folder of several
-        splits, subsets or formats; bad JSON or a missing / empty field, naming the
-        file and line (row), the field and the fields the row has.
+        FileNotFoundError: no such file (or nothing in the folder / glob). ValueError: the problem and the
+        answer read from one field; a folder of several splits, subsets or formats; bad JSON or a missing / empty
+        field, naming the file and line (row), the field and the fields the row has.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
+    if problem_field == answer_field:  # (every prompt held its gold answer, without a word)
+        raise ValueError(f"the problem and its gold answer are both read from field {problem_field!r} "
+                         f"({field_settings}): every prompt would hold its answer; choose the field holding the "
+                         f"question")
     if isinstance(path, str) and path in {**BENCHMARKS, **TRAIN_SETS}:
         path = shipped_path(path)
     out: list[Problem] = []
@@ -277,10 +323,10 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
         problem = values[problem_field]
         if isinstance(problem, list) and problem and all(isinstance(m, dict) and "content" in m for m in problem):
             # chat messages (verl's "prompt" column): the last user message is the problem
-            users = [m["content"] for m in problem if m.get("role") == "user"]
-            problem = users[-1] if users else problem
+            problem = _chat_problem(problem, where, problem_field, system, system_setting)
         if not isinstance(problem, str) or not problem.strip():
-            raise ValueError(f"{where}: field {problem_field!r} must be a non-empty string")
+            got = "" if isinstance(problem, str) else f", got {type(problem).__name__}"  # (a columns-oriented .json)
+            raise ValueError(f"{where}: field {problem_field!r} must be a non-empty string{got}")
         answer = _answer_text(values[answer_field], where, answer_field)
         if check_answer is not None:
             try:

@@ -18,6 +18,7 @@ it without a word (Phi-3's first one renders only the user and assistant turns),
 """
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 SYSTEM_PROMPT = "You are a helpful assistant."
@@ -25,6 +26,18 @@ INSTRUCTION = "Please reason step by step, and put your final answer within \\bo
 PLAIN_USER_PREFIX = "User: "
 PLAIN_ASSISTANT_PREFIX = "Assistant:"
 ENCODE_CHUNK = 1024  # prompts tokenised per call by encode_prompts
+
+
+# an answer-format request in the problem text itself: an empty \boxed{} ("output the final answer within \boxed{}",
+# DeepScaleR's and verl's MATH preprocessing), a quoted "####" (verl's GSM8K: 'after "####"') or DAPO-Math-17k's
+# "Answer: $Answer"
+FORMAT_REQUEST = re.compile(r"\\boxed\s*\{\s*\}|[\"'\u201c\u2018]####[\"'\u201d\u2019]|Answer:\s*\$Answer\b")
+
+
+def asks_for_a_format(problem: str, instruction: str | None) -> bool:
+    """Whether ``instruction`` would be appended (:func:`user_text`) to a problem that already asks for an answer
+    format of its own (:data:`FORMAT_REQUEST`): two instructions in one prompt, which may not agree."""
+    return bool(instruction) and user_text(problem, instruction) != problem and bool(FORMAT_REQUEST.search(problem))
 
 
 def prompt_parts(system_prompt: str = "pacs", instruction: str = "pacs") -> tuple[str | None, str | None]:
@@ -144,10 +157,13 @@ def encode_prompts(tokenizer, problems: Iterable[str], *, system: str | None = S
     """Token ids of :func:`build_prompt` for each problem (what a rollout engine takes).
 
     Chat-template text already holds any BOS the template wants, so it is encoded without extra
-    special tokens; the plain format gets the tokenizer's usual special tokens.
+    special tokens; the plain format gets the tokenizer's usual special tokens before the text (a BOS), none
+    after it (a tokenizer that appends EOS, ``add_eos_token=True``, ended every prompt with an end of sequence).
     """
     if use_chat_template is None:
         use_chat_template = has_chat_template(tokenizer)
+    # the plain text ends with "Assistant:": an EOS id after it is the tokenizer's own
+    eos = None if use_chat_template else getattr(tokenizer, "eos_token_id", None)
     out: list[list[int]] = []
     problems = list(problems)
     # a chunk at a time: one call over a 100k-row dataset held every text, its ids and its attention mask at
@@ -156,7 +172,8 @@ def encode_prompts(tokenizer, problems: Iterable[str], *, system: str | None = S
         texts = [build_prompt(tokenizer, p, system=system, instruction=instruction, use_chat_template=use_chat_template,
                               template_kwargs=template_kwargs) for p in problems[start:start + ENCODE_CHUNK]]
         enc = tokenizer(texts, add_special_tokens=not use_chat_template, return_attention_mask=False)
-        out += [list(ids) for ids in enc["input_ids"]]
+        out += [list(ids[:-1]) if eos is not None and len(ids) > 1 and ids[-1] == eos else list(ids)
+                for ids in enc["input_ids"]]
     return out
 
 

@@ -241,7 +241,8 @@ def _load_problems(entry: str, args) -> tuple[str, list]:
         try:
             problems = load_dataset(path, problem_field=args.problem_field, answer_field=args.answer_field,
                                     limit=args.limit, field_settings="--problem-field / --answer-field",
-                                    fields=fields, fields_setting="--reward-fields", **check)
+                                    fields=fields, fields_setting="--reward-fields", **check,
+                                    system=_prompt_setting(args)[0], system_setting="--system-prompt")
         except UnicodeDecodeError as e:
             raise UsageError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
                              f"save the file as UTF-8") from None
@@ -274,7 +275,21 @@ def gold_warnings(problems: list, args, sample: int = 512) -> list[str]:
     match even as ``\\boxed{<gold>}`` (the first ``sample`` checked): pacs_fast/reward/gold_check.py."""
     from pacs_fast.reward.gold_check import object_hint, reads_like_prose, unmatchable_golds
 
+    from pacs_fast.data.datasets import states_its_answer
+    from pacs_fast.data.prompts import asks_for_a_format
+
     lines = []
+    told = [p for p in problems if states_its_answer(p.problem, p.answer)]
+    if told:  # (--problem-field solution: the worked solution, its \boxed{} answer, went into every prompt)
+        lines.append(f"{len(told)} of {len(problems)} problems state their own gold answer (as \\boxed{{<answer>}} or "
+                     f"'#### <answer>'; e.g. {told[0].id!r}): the model reads the answer in its prompt; is "
+                     f"--problem-field {args.problem_field} the question field?")
+    instruction = _prompt_setting(args)[1]
+    asked = [p for p in problems if asks_for_a_format(p.problem, instruction)]
+    if asked:
+        lines.append(f"{len(asked)} of {len(problems)} problems already ask for an answer format (e.g. {asked[0].id!r}: "
+                     f"...{asked[0].problem[-60:]!r}) and --instruction appends one to each as well: two instructions "
+                     f"in one prompt; give --instruction '' for data that carries its own")
     prose = [p for p in problems if reads_like_prose(p.answer)]
     if prose:
         lines.append(f"{len(prose)} of {len(problems)} gold answers read like worked solutions or questions, not "
@@ -290,6 +305,14 @@ def gold_warnings(problems: list, args, sample: int = 512) -> list[str]:
                      f"(e.g. {first.id!r}: {first.answer[:60]!r}): those problems score 0 whatever the model writes"
                      f"{object_hint(first.answer, '--answer-field ' + args.answer_field)}")
     return lines
+
+
+def _prompt_setting(args) -> tuple[str | None, str | None]:
+    """``(system, instruction)`` the prompts will carry (``--system-prompt`` / ``--instruction``; the paper's
+    where a command has neither)."""
+    from pacs_fast.data.prompts import prompt_parts
+
+    return prompt_parts(getattr(args, "system_prompt", "pacs"), getattr(args, "instruction", "pacs"))
 
 
 def model_label(model: str) -> str:

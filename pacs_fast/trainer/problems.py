@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from array import array
+from collections import Counter
 
 import torch
 
@@ -30,7 +31,7 @@ def data_digest(train: list[dict], held_out: list[dict]) -> str:
     return h.hexdigest()
 
 
-def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
+def load_problems(cfg: Config, *, held_out_per_row: bool = False) -> tuple[list[dict], list[dict]]:
     """(train, held-out) problems as dicts with ``problem``, ``answer`` (and ``prompt`` for the
     built-in task, whose prompt format is its own; ``fields``, ``{keyword: value}`` of the
     ``reward.fn_fields``, when it names some). Errors on bad files come here, before any work."""
@@ -42,8 +43,10 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
                                  max_digits=cfg.data.arith_max_digits, ops=cfg.data.arith_ops,
                                  terms=cfg.data.arith_terms)
     from pacs_fast.data.datasets import load_dataset
+    from pacs_fast.data.prompts import prompt_parts
 
     keywords = field_keywords(cfg.reward.fn_fields, "reward.fn_fields")
+    system = prompt_parts(cfg.data.system_prompt, cfg.data.instruction)[0]  # (a chat-message row's own is compared)
     check = answer_check(user_specs(cfg.reward.fn), "reward.fn") if cfg.reward.fn else None
 
     def load(path):
@@ -51,7 +54,8 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
             rows = load_dataset(path, problem_field=cfg.data.problem_key, answer_field=cfg.data.answer_key,
                                 field_settings="data.problem_key= / data.answer_key=", fields=list(keywords),
                                 fields_setting="reward.fn_fields", check_answer=check,
-                                check_setting=f"reward.fn={cfg.reward.fn} reads it")
+                                check_setting=f"reward.fn={cfg.reward.fn} reads it", system=system,
+                                system_setting="data.system_prompt")
         except ImportError as e:  # a parquet / Arrow file without pyarrow (the parquet extra): one line, exit 2
             raise ValueError(str(e)) from e
         return [{"id": p.id, "problem": p.problem, "answer": p.answer,
@@ -62,6 +66,8 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
         raise ValueError(f"data.dataset {cfg.data.dataset!r} has no rows")
     if cfg.data.eval_dataset:
         held = load(cfg.data.eval_dataset)[: cfg.data.eval_size]
+        if not held:  # (it failed after the tokenizer loaded, as "the held-out set: no prompt fits")
+            raise ValueError(f"data.eval_dataset {cfg.data.eval_dataset!r} has no rows")
     else:  # a seeded held-out split of the training file: data.split_seed, so that every train.seed trains and
         # is evaluated on the same problems (their results pair up, as the built-in task's with data.arith_seed)
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.data.split_seed)).tolist()
@@ -69,12 +75,41 @@ def load_problems(cfg: Config) -> tuple[list[dict], list[dict]]:
         if n_eval == 0:
             raise ValueError(f"data.dataset {cfg.data.dataset!r} has {len(train)} rows: too few to hold out an "
                              f"evaluation split (one row in five, at least 5 rows); give data.eval_dataset")
-        held = [train[i] for i in order[:n_eval]]
         # a problem the file repeats stays out of training when one copy is held out (math_train repeats one:
-        # with some seeds the held-out accuracy included a problem the run trained on)
-        kept = {_problem_key(row) for row in held}
+        # with some seeds the held-out accuracy included a problem the run trained on), and is held out once (two
+        # copies drawn counted it twice in eval/acc: a file of 100 problems x 8 held out 128 rows of 74 problems, no
+        # word); "copies" (the rows that hold it, when more than one) lets data_warnings count what left training
+        # (``held_out_per_row``: the split of pacs_fast before 2026-12-06, a copy per row drawn: what a run started
+        # then trained with, resumed as it was: :func:`resumed_problems`)
+        copies = Counter(_problem_key(row) for row in train)
+        held, kept = [], set()
+        for i in order[:n_eval]:
+            key = _problem_key(train[i])
+            if held_out_per_row:
+                kept.add(key)
+                held.append(train[i])
+            elif key not in kept:
+                kept.add(key)
+                held.append({**train[i], "copies": copies[key]} if copies[key] > 1 else train[i])
+        rows = len(train)
         train = [train[i] for i in order[n_eval:] if _problem_key(train[i]) not in kept]
+        if not train:  # (it failed after the tokenizer loaded, as "data.dataset: no prompt fits")
+            raise ValueError(f"data.dataset {cfg.data.dataset!r}: each of its {rows} rows repeats a problem of the "
+                             f"held-out split ({len(kept)} distinct), which stays out of training: nothing is left to "
+                             f"train on; give data.eval_dataset, or a file of more distinct problems")
     return train, held
+
+
+def resumed_problems(cfg: Config, train: list[dict], held_out: list[dict], stored_sha1: str | None
+                     ) -> tuple[list[dict], list[dict]]:
+    """The problems a resumed run continues with: ``(train, held_out)`` of :func:`load_problems`, or, where the
+    checkpoint's digest (``stored_sha1``) is instead that of the held-out split pacs_fast drew before 2026-12-06 (two
+    copies of a repeated problem drawn were both held out), that split, so that the run resumes as it was."""
+    if (not stored_sha1 or cfg.data.eval_dataset or cfg.data.dataset == "arithmetic"
+            or data_digest(train, held_out) == stored_sha1):
+        return train, held_out
+    legacy = load_problems(cfg, held_out_per_row=True)
+    return legacy if data_digest(*legacy) == stored_sha1 else (train, held_out)
 
 
 def _problem_key(row: dict) -> str:
@@ -104,8 +139,10 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
     asked (a short ``data.eval_dataset``, or one row in five of a small ``data.dataset``), cut to its first
     ``data.eval_size`` problems (a ``data.eval_dataset`` that holds more: its accuracy is not the set's), and
     problems it shares with the training set (the same file given twice, duplicated rows): its accuracy then
-    includes problems the run trains on; for the built-in task, a ``data.arith_train_size`` it cannot give; and a
-    step that draws more prompts (``train.prompts_per_step``) than the training set holds."""
+    includes problems the run trains on; for the built-in task, a ``data.arith_train_size`` it cannot give; a
+    step that draws more prompts (``train.prompts_per_step``) than the training set holds; problems that state their
+    own gold answer (a worked solution as the question field) or already ask for an answer format while
+    ``data.instruction`` appends one."""
     lines = []
     if cfg.train.prompts_per_step > len(train) > 0:  # (a sweep of 2026-12-02: 8 a step from 4 problems, no word)
         lines.append(f"train.prompts_per_step={cfg.train.prompts_per_step} is more than the {len(train)} training "
@@ -120,7 +157,12 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
     from pacs_fast.data.datasets import BENCHMARKS
 
     if len(held_out) < cfg.data.eval_size and cfg.data.eval_dataset not in BENCHMARKS:  # (a benchmark's size is known)
-        why = "its rows" if cfg.data.eval_dataset else f"one row in five of data.dataset's {len(train) + len(held_out)}"
+        others = sum(row.get("copies", 1) - 1 for row in held_out)  # (0 for a data.eval_dataset)
+        rows = len(train) + len(held_out) + others
+        why = "its rows" if cfg.data.eval_dataset else f"one row in five of data.dataset's {rows}"
+        if others:  # (the copies that left training went without a word)
+            why = (f"the {min(cfg.data.eval_size, rows // 5)} rows drawn of data.dataset's {rows} repeat problems: "
+                   f"each is held out once, and the {others} other rows of held-out problems stay out of training")
         lines.append(f"{_held_out_name(cfg)} holds {len(held_out)} problem{'s' * (len(held_out) != 1)} ({why}), "
                      f"fewer than data.eval_size={cfg.data.eval_size}")
     if cfg.data.eval_dataset and len(held_out) == cfg.data.eval_size:
@@ -138,6 +180,24 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
                      f"{prose[0].get('id', '')!r}: {prose[0]['answer'][:60]!r}): the verifier matches a response's "
                      f"final answer against all of it; is data.answer_key={cfg.data.answer_key} the final-answer "
                      f"field?")
+    from pacs_fast.data.datasets import states_its_answer
+    from pacs_fast.data.prompts import asks_for_a_format, prompt_parts
+
+    texts = [row for row in train + held_out if "prompt" not in row]
+    told = [row for row in texts if states_its_answer(row["problem"], row["answer"])]
+    if told:  # (data.problem_key=solution: the worked solution, its \boxed{} answer, went into every prompt)
+        lines.append(f"{len(told)} of the {len(texts)} problems state their own gold answer (as \\boxed{{<answer>}} or "
+                     f"'#### <answer>'; e.g. {told[0].get('id', '')!r}: ...{told[0]['problem'][-60:]!r}): the model "
+                     f"reads the answer in its prompt; is data.problem_key={cfg.data.problem_key} the question field?")
+    instruction = prompt_parts(cfg.data.system_prompt, cfg.data.instruction)[1]
+    asked = [row for row in texts if asks_for_a_format(row["problem"], instruction)]
+    if asked:  # (verl's and DeepScaleR's problems carry their own "... within \boxed{}." request)
+        whose = "the paper's" if cfg.data.instruction == "pacs" else "its text"
+        lines.append(f"{len(asked)} of the {len(texts)} problems already ask for an answer format (e.g. "
+                     f"{asked[0].get('id', '')!r}: ...{asked[0]['problem'][-60:]!r}) and data.instruction="
+                     f"{cfg.data.instruction} appends {whose} "
+                     f"to each as well: two instructions in one prompt; set data.instruction='' for data that "
+                     f"carries its own")
     seen = {_problem_key(row) for row in train}
     shared = sum(_problem_key(row) in seen for row in held_out)
     if shared:

@@ -39,7 +39,7 @@ from pacs_fast.trainer.preflight import (check_cpus, check_logits_transform, che
                                          check_memory, check_packed_attention, check_tensor_parallel, memory_warnings,
                                          model_context, vllm_refusal, vllm_window_warning)
 from pacs_fast.trainer.problems import (check_context, check_gold_answers, check_token_budget, data_digest,
-                                        data_warnings, encode, load_problems)
+                                        data_warnings, encode, load_problems, resumed_problems)
 from pacs_fast.trainer.rewards import Scorer, check_callables
 from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir, claim_run_folder
 from pacs_fast.trainer.sampler import PromptSampler
@@ -179,6 +179,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
             f"(train.threads sets them)")
     try:
         train_problems, held_out = load_problems(cfg)  # bad files fail here, before any model work
+        if resume:  # (a run whose held-out split was drawn as before 2026-12-06 continues with it)
+            train_problems, held_out = resumed_problems(cfg, train_problems, held_out, stored_data_sha1(run_dir))
         data_sha1 = data_digest(train_problems, held_out)
         if resume:
             check_same_data(run_dir, cfg, data_sha1)
@@ -383,14 +385,21 @@ def find_model(cfg: Config, train_problems: list[dict], world: World, log) -> tu
     return path, {"time/warmup": time.perf_counter() - t0}
 
 
+def stored_data_sha1(run_dir: Path) -> str | None:
+    """The problems' digest (``data_sha1``) in the ``trainer_state.json`` of the newest intact checkpoint of
+    ``run_dir``; None where there is none (no checkpoint, or one from before the digest)."""
+    intact = intact_checkpoints(run_dir)
+    try:
+        return json.loads((intact[0] / "trainer_state.json").read_text()).get("data_sha1") if intact else None
+    except (OSError, ValueError):
+        return None
+
+
 def check_same_data(run_dir: Path, cfg: Config, data_sha1: str) -> None:
     """ValueError before any model work when the problems differ from those of the checkpoint a resume
     continues from (its ``trainer_state.json``; checkpoints from before the digest: not checked)."""
+    stored = stored_data_sha1(run_dir)
     intact = intact_checkpoints(run_dir)
-    try:
-        stored = json.loads((intact[0] / "trainer_state.json").read_text()).get("data_sha1") if intact else None
-    except (OSError, ValueError):
-        stored = None
     if stored and stored != data_sha1:
         raise ValueError(f"--resume {run_dir}: the problems differ from those {intact[0].name} trained on "
                          f"(data.dataset {cfg.data.dataset!r} or data.eval_dataset was edited, moved or replaced): "
