@@ -262,7 +262,19 @@ def test_qwen_prompts_are_the_template_once_with_the_generation_prompt(qwen, tmp
     longest = len(encode_prompts(tok, [rows[-2]["problem"]])[0])
     assert logged == [f"warning: data.dataset: dropped 1 of 17 prompts (6%) longer than data.max_prompt_tokens=200 "
                       f"tokens (the longest has {longest}, chat template included)"]
-    assert len(encode(cfg, tok, held, "the held-out set", logged.append)[0]) == 16 and len(logged) == 2
+    # the held-out set: one prompt dropped of 17 is a warning that says what eval/acc then is over (it was a plain
+    # line under 5%: MATH-500 lost 19 of 500 to a small limit and eval/acc read as MATH-500's)
+    logged.clear()
+    assert len(encode(cfg, tok, held, "the held-out set", logged.append, held_out=True)[0]) == 16
+    assert logged == [f"warning: the held-out set: dropped 1 of 17 prompts (6%) longer than data.max_prompt_tokens=200 "
+                      f"tokens (the longest has {longest}, chat template included); eval/acc is over the 16 kept, "
+                      f"not the whole set: raise data.max_prompt_tokens to evaluate them all"]
+    many = [{"id": f"m{i}", "problem": f"What is {i}+1?", "answer": str(i + 1)} for i in range(40)]
+    logged.clear()
+    encode(cfg, tok, many + [rows[-2]], "the held-out set", logged.append, held_out=True)  # 1 of 41: under 5%
+    assert len(logged) == 1 and logged[0].startswith("warning: the held-out set: dropped 1 of 41"), logged
+    encode(cfg, tok, many + [rows[-2]], "data.dataset", logged.append)  # training: a plain line under 5%, as before
+    assert logged[1].startswith("data.dataset: dropped 1 of 41"), logged
     im_start = tok.convert_tokens_to_ids("<|im_start|>")
     for p in kept:
         text = tok.decode(list(p["prompt_ids"]))
@@ -416,3 +428,19 @@ def test_the_eval_command_says_what_the_trainer_says_of_a_files_prompts(tmp_path
     assert "15 of 15 problems already ask for an answer format" in err and "--instruction ''" in err, err
     load_benchmarks(str(path), argparse.Namespace(problem_field="problem", **{**base, "instruction": ""}))
     assert "answer format" not in capsys.readouterr().err
+
+
+def test_a_run_warns_when_its_held_out_set_loses_a_prompt(qwen, tmp_path, capsys):
+    """The trainer's held-out set through the command line: one prompt over data.max_prompt_tokens of 13 is a warning
+    naming what eval/acc is over (the training set's lone drop stays a plain line)."""
+    folder, _ = qwen
+    held = _jsonl(tmp_path / "held.jsonl", TOY[:12] + [{"id": "long", "problem": "What is 12+7? " * 80, "answer": "19"}])
+    code, out, err = cli([f"model.path={folder}", f"data.dataset={_jsonl(tmp_path / 'train.jsonl', TOY)}",
+                          f"data.eval_dataset={held}", "data.eval_size=13", "data.max_prompt_tokens=200",
+                          "rollout.n=2", "rollout.eval_n=1", "rollout.max_new_tokens=2", "train.prompts_per_step=2",
+                          "train.steps=1", "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=1",
+                          "train.progress=false", f"train.out_dir={tmp_path}", "train.run_name=drop",
+                          "train.tensorboard=false", "train.save_every=0"], capsys)
+    assert code == 0, err
+    assert "warning: the held-out set: dropped 1 of 13 prompts (8%)" in out + err and \
+        "eval/acc is over the 12 kept, not the whole set" in out + err, out + err

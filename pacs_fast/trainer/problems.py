@@ -241,9 +241,11 @@ def check_gold_answers(cfg: Config, train: list[dict], held_out: list[dict], log
             f"the model writes")
 
 
-def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> tuple[list[dict], float]:
+def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log, *, held_out: bool = False
+           ) -> tuple[list[dict], float]:
     """Adds ``prompt_ids`` to each problem and drops prompts longer than ``data.max_prompt_tokens``.
-    Returns the kept problems and the dropped share; more than 5% dropped is a warning.
+    Returns the kept problems and the dropped share; more than 5% dropped is a warning, and any drop from the
+    ``held_out`` set (its accuracy is then over fewer problems than the set holds: MATH-500's is not over 500).
 
     ``prompt_ids`` is an ``array('i')`` (4 bytes a token; a Python list of ints takes ~32: a 1M-row set of
     150-token prompts held ~5 GB in every rank). Readers take ``len`` and iterate; what leaves the trainer
@@ -265,10 +267,12 @@ def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log) -> tupl
     dropped = 1.0 - len(out) / max(len(problems), 1)
     if len(out) < len(problems):
         longest = max(len(i) for i in ids)
-        warn = "warning: " if dropped > 0.05 else ""
+        warn = "warning: " if dropped > 0.05 or held_out else ""
+        then = (f"; eval/acc is over the {len(out)} kept, not the whole set: raise data.max_prompt_tokens to "
+                f"evaluate them all" if held_out and out else "")
         log(f"{warn}{what}: dropped {len(problems) - len(out)} of {len(problems)} prompts ({dropped:.0%}) longer "
             f"than data.max_prompt_tokens={cfg.data.max_prompt_tokens} tokens (the longest has {longest}, chat "
-            f"template included)")
+            f"template included){then}")
     if not out:
         raise ValueError(f"{what}: no prompt fits data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
     return out, dropped

@@ -208,7 +208,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
                 if problems or held else []:
             log(f"warning: {line}")
         train_problems, dropped_train = encode(cfg, tokenizer, train_problems, "data.dataset", log)
-        held_out, dropped_held = encode(cfg, tokenizer, held_out, "the held-out set", log)
+        held_out, dropped_held = encode(cfg, tokenizer, held_out, "the held-out set", log, held_out=True)
         # rank 0's reading on every rank: vLLM's derivation imports vLLM (~3 s), which learner-only ranks never need
         # (with vLLM's refusal of the architecture: every rank raises it, none waits on a collective)
         context, refusal = world.broadcast((model_context(cfg, model_path), vllm_refusal(cfg, model_path))
