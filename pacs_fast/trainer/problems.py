@@ -198,6 +198,11 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
                      f"{cfg.data.instruction} appends {whose} "
                      f"to each as well: two instructions in one prompt; set data.instruction='' for data that "
                      f"carries its own")
+    distinct = len({_problem_key(row) for row in held_out})
+    if cfg.data.eval_dataset and distinct < len(held_out):  # (the split of data.dataset holds each problem once)
+        lines.append(f"{len(held_out) - distinct} of the {len(held_out)} problems of data.eval_dataset repeat another "
+                     f"(white space aside): eval/acc counts each copy, weighting those problems more (rollout.eval_n "
+                     f"samples a problem several times)")
     seen = {_problem_key(row) for row in train}
     shared = sum(_problem_key(row) in seen for row in held_out)
     if shared:
