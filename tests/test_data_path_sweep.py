@@ -444,3 +444,16 @@ def test_a_run_warns_when_its_held_out_set_loses_a_prompt(qwen, tmp_path, capsys
     assert code == 0, err
     assert "warning: the held-out set: dropped 1 of 13 prompts (8%)" in out + err and \
         "eval/acc is over the 12 kept, not the whole set" in out + err, out + err
+
+
+def test_a_file_of_carriage_return_line_ends_is_named_as_such(tmp_path):
+    """A .jsonl whose lines end in CR alone (classic Mac) read as one line: "Extra data at column 33", no why."""
+    rows = ['{"problem": "1+1?", "answer": "2"}', '{"problem": "2+2?", "answer": "4"}']
+    (tmp_path / "cr.jsonl").write_bytes(("\r".join(rows) + "\r").encode())
+    with pytest.raises(ValueError, match=r"cr.jsonl:1: invalid JSON \(Extra data at column \d+\); its lines end in a "
+                                         r"carriage return alone"):
+        load_dataset(tmp_path / "cr.jsonl")
+    (tmp_path / "crlf.jsonl").write_bytes(("\r\n".join(rows + ['{"problem": "3+3?", "answer": 6']) + "\r\n").encode())
+    with pytest.raises(ValueError) as bad:  # CRLF with a real error: the error alone
+        load_dataset(tmp_path / "crlf.jsonl")
+    assert str(bad.value).startswith(f"{tmp_path / 'crlf.jsonl'}:3: invalid JSON (") and "carriage" not in str(bad.value)

@@ -170,7 +170,10 @@ def _iter_rows(path: Path):
             try:
                 yield f"{path}:{i}", json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: invalid JSON ({e.msg} at column {e.colno})") from None
+                lone_cr = "\r" in line.rstrip("\r\n").replace("\r\n", "")  # (a CR inside a string is escaped)
+                hint = ("; its lines end in a carriage return alone (classic Mac line endings): save the file with "
+                        "LF or CRLF line endings" if lone_cr else "")
+                raise ValueError(f"{path}:{i}: invalid JSON ({e.msg} at column {e.colno}){hint}") from None
 
 
 _MISSING = object()
