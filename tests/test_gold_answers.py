@@ -103,7 +103,10 @@ def test_held_out_sets_that_do_not_measure_what_they_say(tmp_path):
     assert data_warnings(cfg, train, held) == [
         "the held-out split holds 1 problem (one row in five of data.dataset's 6), fewer than data.eval_size=4"]
     cfg, train, held = _cfg(tmp_path, rows * 5)  # every row five times: a held-out problem's copies leave training
-    assert data_warnings(cfg, train, held) == []  # (it warned "4 of the 4 problems ... are also training problems")
+    # (it warned "4 of the 4 problems ... are also training problems"; then nothing, while 16 of the 30 rows left training)
+    assert data_warnings(cfg, train, held) == [
+        "the held-out split's 4 problems repeat in 16 other rows of data.dataset's 30, which stay out of training (the "
+        "run trains on none of a held-out problem's copies): 10 rows train; give data.eval_dataset to keep them all"]
     held_out = {h["problem"] for h in held}
     assert held_out and not any(r["problem"] in held_out for r in train)
     assert len(train) == 30 - 5 * len(held_out)  # every copy of a held-out problem is held out or dropped

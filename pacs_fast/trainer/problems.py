@@ -165,6 +165,13 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
                    f"each is held out once, and the {others} other rows of held-out problems stay out of training")
         lines.append(f"{_held_out_name(cfg)} holds {len(held_out)} problem{'s' * (len(held_out) != 1)} ({why}), "
                      f"fewer than data.eval_size={cfg.data.eval_size}")
+    else:
+        others = sum(row.get("copies", 1) - 1 for row in held_out)  # (0 for a data.eval_dataset)
+        rows = len(train) + len(held_out) + others
+        if others > 0.05 * rows:  # (a file of 6 problems x 5 rows lost 16 of its 30 rows to 4 held out, no word)
+            lines.append(f"the held-out split's {len(held_out)} problems repeat in {others} other rows of "
+                         f"data.dataset's {rows}, which stay out of training (the run trains on none of a held-out "
+                         f"problem's copies): {len(train)} rows train; give data.eval_dataset to keep them all")
     if cfg.data.eval_dataset and len(held_out) == cfg.data.eval_size:
         whole = _eval_dataset_size(cfg)
         if whole > len(held_out):
