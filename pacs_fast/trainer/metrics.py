@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from pacs_fast.files import write_text_atomic
+
 NONDETERMINISTIC_PREFIXES = ("time/", "perf/")
 
 
@@ -113,6 +115,43 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
 
 
+def _forget_run(run_dir: Path, name) -> None:
+    """``trackers.forget_run`` (imported here: that module imports this one); a failure to note it is not the
+    training's (the warning line names the tracker)."""
+    if not name:
+        return
+    try:
+        from pacs_fast.trainer.trackers import forget_run
+        forget_run(run_dir, name)
+    except Exception:
+        pass
+
+
+MISSING_FILE = ".missing_from_step"  # in tb/: the first step a resumed session without TensorBoard logged
+
+
+def _missing_from(tb_dir: Path) -> float:
+    """The first step ``tb_dir`` lacks (:data:`MISSING_FILE`; inf when it lacks none)."""
+    try:
+        return int((tb_dir / MISSING_FILE).read_text())
+    except (OSError, ValueError):
+        return math.inf
+
+
+def _note_missing(tb_dir: Path, step: int) -> None:
+    """Notes in ``tb_dir`` that its run's steps from ``step`` on are not in TensorBoard (the earliest so noted)."""
+    if step < _missing_from(tb_dir):
+        write_text_atomic(tb_dir / MISSING_FILE, str(step))
+
+
+def _event_files(tb_dir: Path) -> bool:
+    """Whether ``tb_dir`` holds TensorBoard event files (a run that logged to TensorBoard before)."""
+    try:
+        return any(name.startswith("events.out.tfevents.") for name in os.listdir(tb_dir))
+    except OSError:  # no folder yet
+        return False
+
+
 def wait_past_event_files(tb_dir: Path) -> None:
     """Returns once the clock's second is past every ``events.out.tfevents.<second>...`` file in ``tb_dir``.
     TensorBoard reads a run's event files in name order, and a writer names its file by the second it opened
@@ -148,6 +187,17 @@ class MetricsLogger:
         self.warn = warn  # prints a warning line (a tracker that failed)
         self._closing: list = []  # threads closing trackers that failed (their server may be gone: not waited on)
         end_torn_line(self.path)  # a run killed mid-write leaves half a record: never append to it
+        # TensorBoard on at a resume after a session without it (or none before: train.loggers without it): the steps
+        # it lacks, from the first that session logged, are purged and written again from the records (as a tracker
+        # added at a resume gets them: MetricsLogger.replay); it had held none of them, a gap
+        tb_dir = Path(run_dir) / "tb"
+        purge_from, history = None if resume_step is None else resume_step + 1, []
+        if resume_step is not None and not tensorboard and _event_files(tb_dir):
+            _note_missing(tb_dir, resume_step + 1)  # (this session's steps: not in TensorBoard)
+        elif resume_step is not None and tensorboard:
+            purge_from = min(purge_from, _missing_from(tb_dir) if _event_files(tb_dir) else 0)
+            if purge_from <= resume_step:
+                history = [r for r in read_jsonl(self.path) if purge_from <= r.get("step", -1) <= resume_step]
         self._file = open(self.path, "a", buffering=1)
         if resume_step is not None:
             self._file.write(json.dumps({"kind": "resume", "step": int(resume_step)}) + "\n")
@@ -158,11 +208,17 @@ class MetricsLogger:
                 # a session-start event at every start, the first included: TensorBoard's loader takes the
                 # first one it reads for the run's start and purges only at a later one (the resume's), so
                 # a fresh run without one showed the steps a resume redid twice
-                wait_past_event_files(Path(run_dir) / "tb")  # its file sorts after the earlier ones
-                self.tb = SummaryWriter(str(Path(run_dir) / "tb"),
-                                        purge_step=(resume_step + 1) if resume_step is not None else 0)
+                wait_past_event_files(tb_dir)  # its file sorts after the earlier ones
+                self.tb = SummaryWriter(str(tb_dir), purge_step=purge_from if purge_from is not None else 0)
             except ImportError:  # tensorboard missing: JSONL only
                 self.tb = None
+        if self.tb is not None and resume_step is not None:
+            for rec in history:
+                values = {k: x for k, x in rec.items() if k not in ("kind", "step")}
+                for name, v in scalar_metrics(rec["kind"], values).items():
+                    self.tb.add_scalar(name, v, int(rec["step"]))
+            self.tb.flush()
+            (tb_dir / MISSING_FILE).unlink(missing_ok=True)
 
     def log(self, kind: str, step: int, values: dict) -> dict:
         record = {"kind": kind, "step": int(step), **{k: _clean(v) for k, v in values.items()}}
@@ -195,6 +251,7 @@ class MetricsLogger:
                 call(t)
             except Exception as e:
                 self.trackers.remove(t)
+                _forget_run(self.path.parent, getattr(t, "name", None))  # (a resume begins a run of its own)
                 # closed beside the training: its server gone, MLflow's end_run retried as long as the failed call
                 closing = threading.Thread(target=close_quietly, args=(t, "failed"), daemon=True)
                 closing.start()

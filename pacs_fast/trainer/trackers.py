@@ -9,7 +9,8 @@ reward, psi / pred_reward where PACS recorded them), and the run's plots at the 
 map to verl's and TRL's in docs/TRACKERS.md.
 
 Where they write (nothing leaves the machine unless the user configured it to):
-- ``wandb``: ``run_dir/wandb`` (``WANDB_MODE=offline`` keeps it there for ``wandb sync`` later); online
+- ``wandb``: ``run_dir/wandb`` (``WANDB_MODE=offline`` keeps it there for ``wandb sync`` later; W&B's data folder,
+  where it stages the samples tables, is ``run_dir/wandb/data`` unless ``WANDB_DATA_DIR`` is set); online
   needs a login (``wandb login`` / ``WANDB_API_KEY``), checked before any model loads.
 - ``mlflow``: ``MLFLOW_TRACKING_URI`` when set (a server or a database), else MLflow's file store in
   ``run_dir/mlruns`` (its maintenance-mode filesystem backend, switched on for that folder only).
@@ -27,7 +28,10 @@ that takes that process too (the whole process group) loses what it had not writ
 checkpoint included, which the offline resume's replay puts back.
 
 A tracker that fails mid-run (its server, store or network) is closed and left out for the rest of the run,
-with one warning line (``metrics.jsonl`` holds every record); the runs end as FINISHED, FAILED (an error) or
+with one warning line (``metrics.jsonl`` holds every record); its id is set aside in ``trackers.json``
+(``<name>_earlier_runs``), as is that of a tracker a resumed session leaves out of ``train.loggers``: their runs
+lack steps, and the next resume that names the tracker begins a run of its own, which first gets the records up to
+its checkpoint (a continued run had kept the gap). The runs end as FINISHED, FAILED (an error) or
 KILLED (Ctrl-C, SIGTERM) in MLflow, and with exit code 0 or 1 in W&B.
 """
 from __future__ import annotations
@@ -40,6 +44,7 @@ import os
 import re
 import tempfile
 import urllib.parse
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -87,6 +92,8 @@ def check_trackers(cfg) -> None:
     group = tracker_group(cfg)
     if "wandb" in names and len(group) > 128:
         raise ValueError(f"train.tracker_group is {len(group)} characters long: W&B takes groups of at most 128")
+    if "wandb" in names:
+        _check_wandb_mode()
     if "mlflow" in names:
         _check_mlflow_uri()
     if "trackio" in names:
@@ -114,6 +121,25 @@ def _wandb_mode() -> str:
             continue
         mode = parser.get("default", "mode", fallback=mode) or mode
     return mode.lower()
+
+
+def _check_wandb_mode() -> None:
+    """``WANDB_MODE`` must be a mode W&B takes, as written: ``Offline`` counted as offline here (no login asked
+    for) and a typo passed, and W&B refused both after the model had loaded ("ValidationError: 1 validation error
+    for Settings", naming neither the variable nor the modes)."""
+    mode = os.environ.get("WANDB_MODE")
+    if not mode:
+        return
+    try:
+        import typing
+
+        import wandb
+        modes = typing.get_args(wandb.Settings.model_fields["mode"].annotation)  # (W&B's own list of them)
+    except Exception:  # a W&B without it: left to wandb.init
+        return
+    if modes and mode not in modes:
+        raise ValueError(f"train.loggers=wandb: WANDB_MODE={mode} is not a mode W&B takes ({', '.join(modes)}); "
+                         f"WANDB_MODE=offline keeps the run in the run folder")
 
 
 _WANDB_FORBIDDEN = "/\\#?%:"  # characters W&B refuses in a project name (its UsageError lists them)
@@ -175,6 +201,8 @@ def _check_mlflow_uri() -> None:
     if known_scheme:
         if scheme in ("http", "https"):
             _check_reachable(head, parts, scheme)
+        elif scheme in ("", "file"):
+            _check_file_store(head, Path(urllib.request.url2pathname(parts.path) if scheme else uri))
         return
     if scheme in _MLFLOW_DATABASES and importlib.util.find_spec("sqlalchemy") is None:
         raise ValueError(f"{head} is a database, and MLflow's database store needs SQLAlchemy and Alembic, which "
@@ -215,6 +243,23 @@ def _check_reachable(head: str, parts: urllib.parse.SplitResult, scheme: str) ->
 
 
 _SERVER_TIMEOUT_S = 10.0
+
+
+def _check_file_store(head: str, folder: Path) -> None:
+    """A file-store ``MLFLOW_TRACKING_URI`` (``file:///...`` or a plain path) must be a folder this process can make
+    or write: one under a file, or on a read-only mount, failed at the run's first ``set_experiment``, after the model
+    had loaded. Checked without making it (MLflow makes it when the run starts)."""
+    probe = folder
+    while not probe.exists() and probe.parent != probe:  # (a path under a file does not exist either)
+        probe = probe.parent
+    why = None
+    if not probe.is_dir():
+        why = f"Not a directory: {probe}"
+    elif not os.access(probe, os.W_OK | os.X_OK):
+        why = f"{probe} cannot be written"
+    if why:
+        raise ValueError(f"{head}: MLflow's file store there cannot be written ({why}); set it to a folder you can "
+                         f"write, or unset MLFLOW_TRACKING_URI for the file store in the run folder")
 
 
 def _check_trackio_dir() -> None:
@@ -282,6 +327,7 @@ class WandbTracker:
         import wandb
 
         self.wandb = wandb
+        _wandb_data_dir(run_dir)
         own = name = run_name(cfg, run_dir)
         self.part = None
         if run_id and wandb.setup().settings.mode in ("offline", "dryrun"):
@@ -307,7 +353,29 @@ class WandbTracker:
         self.run.log({**{f"plots/{p.stem}": self.wandb.Image(str(p)) for p in paths}, "step": step})
 
     def close(self, status: str = "finished") -> None:
-        self.run.finish(exit_code=0 if status == "finished" else 1)
+        try:
+            self.run.finish(exit_code=0 if status == "finished" else 1)
+        except Exception:  # its service process gone (killed, crashed): W&B's exit hook would fail the same way at
+            try:  # the process's exit, a 30-line traceback after the run's one warning line; torn down now
+                self.wandb.teardown(1)
+            except Exception:
+                pass
+            raise
+
+
+_DATA_DIR_SET: list[str] = []  # the WANDB_DATA_DIR this process set (a user's own is left as it is)
+
+
+def _wandb_data_dir(run_dir: Path) -> None:
+    """W&B's data folder (``WANDB_DATA_DIR``, where it stages the files of the artifacts it logs: each samples
+    table, which ``wandb sync`` uploads from there) in ``run_dir/wandb/data`` unless the user set one: W&B's default,
+    ``~/.local/share/wandb``, gathered a file per logged step outside the run folder, never removed offline (nor when
+    the run folder was deleted)."""
+    now = os.environ.get("WANDB_DATA_DIR")
+    if now and now not in _DATA_DIR_SET:
+        return
+    os.environ["WANDB_DATA_DIR"] = str((run_dir / "wandb" / "data").resolve())
+    _DATA_DIR_SET.append(os.environ["WANDB_DATA_DIR"])
 
 
 class MlflowTracker:
@@ -398,6 +466,9 @@ def open_trackers(cfg, run_dir: str | Path, config: dict) -> list:
     run_dir = Path(run_dir)
     path = run_dir / IDS_FILE
     ids = _read_ids(path)
+    sitting_out = [name for name in TRACKERS if name in ids and name not in cfg.train.loggers]
+    for name in sitting_out:  # (this session's steps: not in their runs)
+        _set_aside(ids, name)
     out = []
     for name in cfg.train.loggers:
         if name in TRACKERS:
@@ -413,9 +484,30 @@ def open_trackers(cfg, run_dir: str | Path, config: dict) -> list:
             if getattr(tracker, "part", None):
                 ids.setdefault(f"{name}_offline_parts", []).append(tracker.part)
             out.append(tracker)
-    if out:
+    if out or sitting_out:
         write_text_atomic(path, json.dumps(ids, indent=1))
     return out
+
+
+def _set_aside(ids: dict, name: str) -> None:
+    """``name``'s run id out of ``ids`` (listed under ``<name>_earlier_runs``): a run that lacks steps, so that the
+    next resume begins a run of its own, which first gets the history up to its checkpoint (MetricsLogger.replay)."""
+    ids.setdefault(f"{name}_earlier_runs", []).append(ids.pop(name))
+
+
+def forget_run(run_dir: str | Path, name: str) -> None:
+    """For a tracker gone off mid-run (:meth:`MetricsLogger._each`): its run lacks the rest of this session's
+    records, and a resume that continued it left that gap in it, unreported (MLflow showed steps 1, 6, 7 of a run
+    trained 1-7); its id is set aside in ``trackers.json``, and the resume begins a run of its own with the whole
+    history. Nothing when the run folder has no such id (a logger used without :func:`open_trackers`)."""
+    path = Path(run_dir) / IDS_FILE
+    try:
+        ids = _read_ids(path)
+    except ValueError:  # (damaged by hand: the resume names it)
+        return
+    if isinstance(ids.get(name), str):
+        _set_aside(ids, name)
+        write_text_atomic(path, json.dumps(ids, indent=1))
 
 
 def _read_ids(path: Path) -> dict:
