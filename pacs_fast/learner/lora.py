@@ -62,6 +62,10 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
         elif "not found in the base model" in text:  # (Phi-3 fuses q/k/v into qkv_proj: q_proj names nothing)
             text = f"{', '.join(names)} not found in this model; its linear layers: {', '.join(linear_names(model))}"
         raise ValueError(f"{key}: {text[:300]}") from None
+    # PEFT builds each adapter's modules (its dropout) in train mode: in a model in eval mode (from_pretrained's) they
+    # dropped inputs in every forward that did not call eval() first (model.training False; the value pass)
+    for layer in lora_layers(model).values():
+        layer.train(layer.base_layer.training)
     # a name that matched no layer beside one that did: PEFT trains the one that did (a typo lost v_proj)
     adapted = list(lora_layers(model))
     missing = [t for t in names if not any(n == t or n.endswith("." + t) for n in adapted)]

@@ -313,9 +313,16 @@ class TorchLearner(TorchCheckpointing, Learner):
         T = batch.input_ids.shape[1]
         items = self._micro_batches(batch, self.cfg.micro_batch_prompts)
         out = torch.empty(batch.num_rows, T)
-        for mcb, rows in forward_pieces(batch, items, self._row_parts):
-            _, _, v = self._forward(self.model, mcb, entropy=False, values=True)
-            out[rows] = torch.nn.functional.pad(v, (0, T - v.shape[1])).float().cpu()
+        # in eval mode, as compute_logprobs: update() leaves the model in train mode, and with model.lora_dropout the
+        # values after the first step carried dropout noise (a resumed run's first pass, after eval(), had none)
+        was = self.model.training
+        self.model.eval()
+        try:
+            for mcb, rows in forward_pieces(batch, items, self._row_parts):
+                _, _, v = self._forward(self.model, mcb, entropy=False, values=True)
+                out[rows] = torch.nn.functional.pad(v, (0, T - v.shape[1])).float().cpu()
+        finally:
+            self.model.train(was)
         return out
 
     def _rest_lengths(self, batch: RolloutBatch) -> torch.Tensor | None:
