@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from pacs_fast.files import write_text_atomic
+from pacs_fast.trainer.tracker_ids import forget_run
 
 NONDETERMINISTIC_PREFIXES = ("time/", "perf/")
 
@@ -116,12 +117,11 @@ def one_line(e: BaseException) -> str:
 
 
 def _forget_run(run_dir: Path, name) -> None:
-    """``trackers.forget_run`` (imported here: that module imports this one); a failure to note it is not the
-    training's (the warning line names the tracker)."""
+    """:func:`~pacs_fast.trainer.tracker_ids.forget_run`; a failure to note it is not the training's (the warning
+    line names the tracker)."""
     if not name:
         return
     try:
-        from pacs_fast.trainer.trackers import forget_run
         forget_run(run_dir, name)
     except Exception:
         pass
