@@ -51,8 +51,8 @@ from pacs_fast.evaluation.prompt_fit import check_prompt_lengths, engine_context
 from pacs_fast.evaluation.engine import check_vllm_runs_model, engine_and_dtype, make_engine, vllm_cpu_sizes
 from pacs_fast.evaluation.folder import coverage_warnings, covered_benchmarks, lost_benchmarks, previous_results
 from pacs_fast.files import remove_temporaries, write_text_atomic
-from pacs_fast.evaluation.report import comparison_warnings, incomplete_warnings, markdown_table, plot_pass_at_k
-from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct, load_results,
+from pacs_fast.evaluation.report import incomplete_warnings, markdown_table, plot_pass_at_k
+from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct,
                                           parts_warnings, problem_digest, read_samples, results_from_samples,
                                           samples_path)
 from pacs_fast.evaluation.settings import check_settings, recorded_sources, report_time_limit
@@ -365,57 +365,6 @@ def report(argv: list[str]) -> int:
     return 0
 
 
-def _eval_record(name: str) -> bool:
-    """Whether a file named ``name`` is one an eval folder keeps its samples, settings or results in (what
-    ``compare --table`` / ``--out`` must not replace: the samples are hours of sampling)."""
-    return (name.startswith("samples_") and name.endswith(".jsonl")) or name in ("results.json", "run_config.json")
-
-
-def compare(argv: list[str]) -> int:
-    p = ArgumentParser(prog="python -m pacs_fast.eval compare",
-                                description="One table and one pass@k plot for several results.json files")
-    p.add_argument("results", nargs="+", help="results.json files (or run folders holding one)")
-    p.add_argument("--out", required=True, help="PNG path of the pass@k plot")
-    p.add_argument("--table", default=None, help="also write the markdown table here")
-    p.add_argument("--labels", default=None, help="comma-separated model names, one per results file")
-    p.add_argument("--table-k", type=int_list, default=None)
-    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    args = p.parse_args(argv)
-    results, inputs = [], set()
-    for r in args.results:
-        path = Path(r) / "results.json" if Path(r).is_dir() else Path(r)
-        if not path.is_file():
-            raise UsageError(f"no results file {path}")
-        results.append(load_results(path))
-        inputs.add(path.resolve())
-    for flag, target in (("--out", args.out), ("--table", args.table)):  # (--table a/results.json replaced it)
-        if target and Path(target).is_dir():
-            raise UsageError(f"{flag} {target} is a folder: give the path of the file to write")
-        if target and Path(target).resolve() in inputs:
-            raise UsageError(f"{flag} {target} is one of the results files compared: it would be overwritten; "
-                             f"give another path")
-        if target and Path(target).is_file() and _eval_record(Path(target).name):  # (--table samples_amc23.jsonl,
-            raise UsageError(f"{flag} {target} is an eval folder's {Path(target).name}: it would be replaced by "
-                             f"the {'table' if flag == '--table' else 'plot'}; give another path")  # had lost them)
-    if args.table and Path(args.table).resolve() == Path(args.out).resolve():
-        raise UsageError(f"--table {args.table} and --out are one file: the table would replace the plot")
-    if args.labels is not None:  # (--labels "", an unset shell variable: one empty label, not the defaults)
-        labels = [lab.strip() for lab in args.labels.split(",")]
-        if len(labels) != len(results) or not all(labels):
-            raise UsageError(f"--labels: {len(labels)} labels for {len(results)} results files" if all(labels) else
-                             f"--labels {args.labels!r}: label {labels.index('') + 1} is empty")
-        for r, lab in zip(results, labels):
-            r["label"] = lab
-    for line in comparison_warnings(results):
-        print(f"warning: {line}", file=sys.stderr)
-    table = markdown_table(results, args.table_k)
-    plot_pass_at_k(results, args.out)
-    if args.table:
-        write_text_atomic(args.table, table)
-    print(table)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """The CLI. A bad argument or input file prints one line ``error: ...`` and returns 2
     (``--debug``: raises it, with the traceback); a full disk, one line saying so and that the same command resumes,
@@ -427,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] == "compare":
+            from pacs_fast.evaluation.compare import compare
             return compare(argv[1:])
         if argv and argv[0] == "report":
             return report(argv[1:])
