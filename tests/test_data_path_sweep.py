@@ -51,18 +51,26 @@ def _bpe(special, post=None):
     return raw
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    """A Qwen2.5-shaped model folder: BPE tokenizer, ChatML template, EOS <|im_end|>, pad <|endoftext|>."""
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+def qwen_chatml_tokenizer():
+    """``(tokenizer, <|im_end|> id, <|endoftext|> id)``: byte-level BPE with Qwen2.5's special tokens and ChatML
+    template, EOS <|im_end|>, pad <|endoftext|> (the sweeps' Qwen2.5-shaped models)."""
+    from transformers import PreTrainedTokenizerFast
 
-    folder = tmp_path_factory.mktemp("qwen") / "m"
     tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
                                   eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"])
     tok.chat_template = QWEN25_TEMPLATE
+    return tok, tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    """A Qwen2.5-shaped model folder: BPE tokenizer, ChatML template, EOS <|im_end|>, pad <|endoftext|>."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    folder = tmp_path_factory.mktemp("qwen") / "m"
+    tok, im_end, eot = qwen_chatml_tokenizer()
     tok.save_pretrained(folder)
-    im_end, eot = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,

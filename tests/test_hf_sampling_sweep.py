@@ -21,21 +21,16 @@ from pacs_fast.rollout.base import SamplingParams
 from pacs_fast.rollout.hf import HFEngine
 
 from sampling_reference import chi_square, filtered_reference, six_sigma
-from test_data_path_sweep import _bpe
-from test_rollout_path_sweep import QWEN25_TEMPLATE
+from test_data_path_sweep import qwen_chatml_tokenizer
 
 SAMPLERS = [("lean", True), ("lean", False), ("generate", None)]
 
 
 @pytest.fixture(scope="module")
 def qwen():
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
-                                  eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
-    tok.chat_template = QWEN25_TEMPLATE
-    im_end, eot = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    tok, im_end, eot = qwen_chatml_tokenizer()
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(
         vocab_size=len(tok) + 7, hidden_size=896, intermediate_size=512, num_hidden_layers=2, num_attention_heads=14,
@@ -72,7 +67,7 @@ def test_two_token_joint_distribution(qwen, sampler, merge, T, top_p, top_k, min
         first = _logits(model, tok, p)[-1].float()
         p1 = filtered_reference(first, T, top_p, top_k, min_p).double()
         raw1 = torch.softmax(first, -1).double()
-        joint, wrong = {}, {}
+        joint = {}
         for a in p1.nonzero().flatten().tolist():
             second = _logits(model, tok, p + [a])[-1].float()
             p2 = filtered_reference(second, T, top_p, top_k, min_p).double()

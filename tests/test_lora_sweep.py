@@ -51,8 +51,7 @@ from pacs_fast.learner.lora import add_lora, adapter_params, lora_layers  # noqa
 from pacs_fast.trainer.batch import build_batch  # noqa: E402
 from pacs_fast.trainer.build import build_learner  # noqa: E402
 
-from test_data_path_sweep import _bpe  # noqa: E402
-from test_rollout_path_sweep import QWEN25_TEMPLATE  # noqa: E402
+from test_data_path_sweep import qwen_chatml_tokenizer  # noqa: E402
 from test_run_safety import cli  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -65,16 +64,12 @@ RUN = ["rollout.n=4", "rollout.eval_n=1", "rollout.max_new_tokens=8", "train.pro
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
     """(model folder, tokenizer, dataset file): a Qwen2.5-0.5B-shaped model, tied embeddings, ChatML."""
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     root = tmp_path_factory.mktemp("lora_sweep")
     folder = root / "qwen"
-    tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
-                                  eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
-    tok.chat_template = QWEN25_TEMPLATE
+    tok, im_end, eot = qwen_chatml_tokenizer()
     tok.save_pretrained(folder)
-    im_end, eot = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(
         vocab_size=len(tok), hidden_size=896, intermediate_size=4864, num_hidden_layers=2, num_attention_heads=14,

@@ -333,7 +333,5 @@ def model_label(model: str) -> str:
 def prompt_kwargs(args) -> dict:
     """``system`` / ``instruction`` / ``template_kwargs`` of every prompt from ``--system-prompt`` /
     ``--instruction`` / ``--chat-template-kwargs`` (recorded in ``run_config.json`` with the sampling settings)."""
-    from pacs_fast.data.prompts import prompt_parts
-
-    system, instruction = prompt_parts(args.system_prompt, args.instruction)
+    system, instruction = _prompt_setting(args)
     return {"system": system, "instruction": instruction, "template_kwargs": dict(getattr(args, "template_kwargs", {}))}

@@ -156,22 +156,19 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
         return lines
     from pacs_fast.data.datasets import BENCHMARKS
 
+    others = sum(row.get("copies", 1) - 1 for row in held_out)  # (0 for a data.eval_dataset)
+    rows = len(train) + len(held_out) + others
     if len(held_out) < cfg.data.eval_size and cfg.data.eval_dataset not in BENCHMARKS:  # (a benchmark's size is known)
-        others = sum(row.get("copies", 1) - 1 for row in held_out)  # (0 for a data.eval_dataset)
-        rows = len(train) + len(held_out) + others
         why = "its rows" if cfg.data.eval_dataset else f"one row in five of data.dataset's {rows}"
         if others:  # (the copies that left training went without a word)
             why = (f"the {min(cfg.data.eval_size, rows // 5)} rows drawn of data.dataset's {rows} repeat problems: "
                    f"each is held out once, and the {others} other rows of held-out problems stay out of training")
         lines.append(f"{_held_out_name(cfg)} holds {len(held_out)} problem{'s' * (len(held_out) != 1)} ({why}), "
                      f"fewer than data.eval_size={cfg.data.eval_size}")
-    else:
-        others = sum(row.get("copies", 1) - 1 for row in held_out)  # (0 for a data.eval_dataset)
-        rows = len(train) + len(held_out) + others
-        if others > 0.05 * rows:  # (a file of 6 problems x 5 rows lost 16 of its 30 rows to 4 held out, no word)
-            lines.append(f"the held-out split's {len(held_out)} problems repeat in {others} other rows of "
-                         f"data.dataset's {rows}, which stay out of training (the run trains on none of a held-out "
-                         f"problem's copies): {len(train)} rows train; give data.eval_dataset to keep them all")
+    elif others > 0.05 * rows:  # (a file of 6 problems x 5 rows lost 16 of its 30 rows to 4 held out, no word)
+        lines.append(f"the held-out split's {len(held_out)} problems repeat in {others} other rows of "
+                     f"data.dataset's {rows}, which stay out of training (the run trains on none of a held-out "
+                     f"problem's copies): {len(train)} rows train; give data.eval_dataset to keep them all")
     if cfg.data.eval_dataset and len(held_out) == cfg.data.eval_size:
         whole = _eval_dataset_size(cfg)
         if whole > len(held_out):

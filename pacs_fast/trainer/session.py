@@ -179,11 +179,13 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
             f"(train.threads sets them)")
     try:
         train_problems, held_out = load_problems(cfg)  # bad files fail here, before any model work
-        if resume:  # (a run whose held-out split was drawn as before 2026-12-06 continues with it)
-            train_problems, held_out = resumed_problems(cfg, train_problems, held_out, stored_data_sha1(run_dir))
         data_sha1 = data_digest(train_problems, held_out)
         if resume:
-            check_same_data(run_dir, cfg, data_sha1)
+            stored = stored_data_sha1(run_dir)
+            if stored and stored[1] != data_sha1:  # (a run whose held-out split was drawn as before 2026-12-06)
+                train_problems, held_out = resumed_problems(cfg, train_problems, held_out, stored[1])
+                data_sha1 = data_digest(train_problems, held_out)
+            check_same_data(run_dir, cfg, data_sha1, stored)
         for line in data_warnings(cfg, train_problems, held_out):
             log(f"warning: {line}")
         check_gold_answers(cfg, train_problems, held_out, log)  # answers no response can match: before any model
@@ -385,22 +387,21 @@ def find_model(cfg: Config, train_problems: list[dict], world: World, log) -> tu
     return path, {"time/warmup": time.perf_counter() - t0}
 
 
-def stored_data_sha1(run_dir: Path) -> str | None:
-    """The problems' digest (``data_sha1``) in the ``trainer_state.json`` of the newest intact checkpoint of
-    ``run_dir``; None where there is none (no checkpoint, or one from before the digest)."""
+def stored_data_sha1(run_dir: Path) -> tuple[Path, str] | None:
+    """``(checkpoint, data_sha1)``: the newest intact checkpoint of ``run_dir`` and the problems' digest in its
+    ``trainer_state.json``; None where there is none (no checkpoint, or one from before the digest)."""
     intact = intact_checkpoints(run_dir)
     try:
-        return json.loads((intact[0] / "trainer_state.json").read_text()).get("data_sha1") if intact else None
+        digest = json.loads((intact[0] / "trainer_state.json").read_text()).get("data_sha1") if intact else None
     except (OSError, ValueError):
         return None
+    return (intact[0], digest) if digest else None
 
 
-def check_same_data(run_dir: Path, cfg: Config, data_sha1: str) -> None:
+def check_same_data(run_dir: Path, cfg: Config, data_sha1: str, stored: tuple[Path, str] | None) -> None:
     """ValueError before any model work when the problems differ from those of the checkpoint a resume
-    continues from (its ``trainer_state.json``; checkpoints from before the digest: not checked)."""
-    stored = stored_data_sha1(run_dir)
-    intact = intact_checkpoints(run_dir)
-    if stored and stored != data_sha1:
-        raise ValueError(f"--resume {run_dir}: the problems differ from those {intact[0].name} trained on "
+    continues from (``stored``: :func:`stored_data_sha1`; checkpoints from before the digest: not checked)."""
+    if stored and stored[1] != data_sha1:
+        raise ValueError(f"--resume {run_dir}: the problems differ from those {stored[0].name} trained on "
                          f"(data.dataset {cfg.data.dataset!r} or data.eval_dataset was edited, moved or replaced): "
-                         f"restore them, or start a new run from its weights (model.path={intact[0]})")
+                         f"restore them, or start a new run from its weights (model.path={stored[0]})")
