@@ -126,11 +126,20 @@ SPLIT_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(SPLIT_CASES))
-def test_micro_batch_split_leaves_the_step_unchanged(tmp_path, cache, case):
+def test_micro_batch_split_leaves_the_step_unchanged(tmp_path, cache, monkeypatch, case):
     """One mini-batch of 4 groups in one micro-batch vs four: the same rollouts (same seeds), so the loss and the
-    gradient norm (before clipping) must agree to float32 accumulation error (sums of <= 64 terms: 1e-5 relative)."""
+    gradient norm (before clipping) must agree to float32 accumulation error (sums of <= 64 terms: 1e-5 relative).
+    The learner's micro-batch cuts are recorded: the update of each run cut its mini-batch as asked."""
+    from pacs_fast.learner.torch_learner import TorchLearner
+
+    cuts, real = [], TorchLearner._micro_batches
+    monkeypatch.setattr(TorchLearner, "_micro_batches", lambda self, *a, **k: cuts.append(real(self, *a, **k))
+                        or cuts[-1])
     whole, _ = run(tmp_path, cache, f"{case}_1", SPLIT_CASES[case] + [f"learner.micro_batch_prompts={P}"])
+    assert cuts and all(len(c) == 1 for c in cuts), cuts
+    cuts.clear()
     split, _ = run(tmp_path, cache, f"{case}_4", SPLIT_CASES[case] + ["learner.micro_batch_prompts=1"])
+    assert any(len(c) == P for c in cuts) and all(len(c) in (1, P) for c in cuts), cuts
     for key in ("learner/loss", "learner/grad_norm"):
         assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-6), key
 
