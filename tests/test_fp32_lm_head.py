@@ -127,7 +127,7 @@ def record_head_inputs(monkeypatch):
         calls.append((hidden.detach(), weight.detach(), labels, lp))
         return out
 
-    monkeypatch.setattr("pacs_fast.learner.torch_learner.linear_logprobs", spy)
+    monkeypatch.setattr("pacs_fast.learner.torch_forward.linear_logprobs", spy)
     return calls
 
 

@@ -32,6 +32,7 @@ OUT/learner.json (one row per learner x shape x length: ``hidden``, ``response_t
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
@@ -269,7 +270,7 @@ def make_learner(model, learner_name, lengths, G, args, row):
 
 
 def measure(model, shape, learner_name, lengths, G, args, device, row) -> dict:
-    from pacs_fast.learner import flops, torch_learner
+    from pacs_fast.learner import flops, torch_forward, torch_learner
     from pacs_fast.ops import varlen_attention
 
     learner = make_learner(model, learner_name, lengths, G, args, row)
@@ -285,11 +286,23 @@ def measure(model, shape, learner_name, lengths, G, args, device, row) -> dict:
         with wrap("bench.update"):
             last.update(learner.update(batch, seed=1))  # (its forward/* counts: update() then clears them)
 
-    ll, obj = torch_learner.linear_logprobs, torch_learner.objective
-    torch_learner.linear_logprobs = lambda *a, **k: _in(wrap, "bench.lm_head_loss", ll, a, k)
-    torch_learner.objective = lambda *a, **k: _in(wrap, "bench.lm_head_loss", obj, a, k)
+    # the LM head and loss under one profiler label (the profile's share reads it; a function moved out of these
+    # modules would silently read 0, so the warm-up checks that each wrapper ran)
+    if isinstance(learner, torch_learner.TorchLearner):
+        hooks = [(torch_forward, "linear_logprobs"), (torch_learner, "objective")]
+    else:  # megatron: the vocabulary-parallel log-probs' kernels go by their names (learner_profile.LOGPROB)
+        import pacs_fast.learner.megatron.learner as megatron_learner
+        hooks = [(megatron_learner, "objective")]
+    saved = [(m, n, getattr(m, n)) for m, n in hooks]
+    entered = set()
+    for m, n, fn in saved:
+        setattr(m, n, functools.partial(_in, wrap, "bench.lm_head_loss", fn, entered, f"{m.__name__}.{n}"))
     try:
         step()  # warm-up: kernels compile, the optimiser allocates its moments
+        if len(entered) < len(saved):
+            missing = sorted({f"{m.__name__}.{n}" for m, n, _ in saved} - entered)
+            raise RuntimeError(f"bench/gpu/learner.py: the update never called {', '.join(missing)} (moved?): the "
+                               f"profile's LM head + loss share would miss it")
         sync()
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -306,7 +319,8 @@ def measure(model, shape, learner_name, lengths, G, args, device, row) -> dict:
         # the packed attention's kernel(s) that answered (a failing one falls back with one stderr line)
         row["attention_kernels"] = dict(varlen_attention.KERNEL_CALLS)
     finally:
-        torch_learner.linear_logprobs, torch_learner.objective = ll, obj
+        for m, n, fn in saved:
+            setattr(m, n, fn)
         del learner
         _cleanup(model, device)
     sec = statistics.median(times)
@@ -324,8 +338,9 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
 
 
-def _in(wrap, name, fn, a, k):
-    with wrap(name):
+def _in(wrap, label, fn, entered, name, *a, **k):
+    entered.add(name)
+    with wrap(label):
         return fn(*a, **k)
 
 
