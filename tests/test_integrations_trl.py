@@ -608,7 +608,7 @@ def test_the_pacs_head_applies_the_models_soft_cap_and_logit_scale(family):
     (fp32 both sides: 1e-5). A transform the op cannot reproduce keeps TRL's head (the fallback)."""
     import transformers as T
 
-    from pacs_fast.integrations.trl import _add_pacs_head, _head_unsupported_reason
+    from pacs_fast.integrations.trl_model import add_pacs_head as _add_pacs_head, head_unsupported_reason as _head_unsupported_reason
 
     small = dict(vocab_size=200, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
                  num_key_value_heads=2, attn_implementation="eager")
