@@ -277,6 +277,22 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 HUB_MODEL_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "*.py"]
 
 
+def broken_link_problem(folder: str | Path) -> str | None:
+    """What is wrong with ``folder`` when some of its files are symbolic links to nothing, else None: a snapshot
+    folder of the Hugging Face cache (``models--org--name/snapshots/<commit>``, whose files link to ``../../blobs``)
+    copied without its blobs (``cp -r``), or a blob deleted. Such a weights file raised FileNotFoundError from the
+    folder's check (a traceback, before 2026-12-06), a config.json or tokenizer file was reported missing."""
+    try:
+        broken = sorted(p for p in Path(folder).iterdir() if p.is_symlink() and not p.exists())
+    except OSError:
+        return None
+    if not broken:
+        return None
+    more = f" (and {len(broken) - 1} more such link(s))" if len(broken) > 1 else ""
+    return (f"{broken[0]} is a symbolic link to {os.readlink(broken[0])}, which does not exist{more}: a Hugging Face "
+            f"cache snapshot copied without its blobs? copy the files themselves (cp -rL)")
+
+
 def model_folder_problem(path: str | Path) -> str | None:
     """What keeps the existing ``path`` from being a usable Hugging Face model folder, as the rest of a sentence
     that starts with its name (``" is a file; ..."``, ``": <problem>"``), else None: a file, an unfinished
@@ -286,7 +302,7 @@ def model_folder_problem(path: str | Path) -> str | None:
     if not path.is_dir():
         return (f" is a file; give the Hugging Face model folder (the one holding config.json)"
                 f"{run_folder_hint(path.parent)}")
-    problem = unfinished_checkpoint_problem(path)
+    problem = unfinished_checkpoint_problem(path) or broken_link_problem(path)
     if problem:
         return f": {problem}"
     if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():  # (a LoRA run's adapter/)

@@ -304,7 +304,7 @@ class Learner(abc.ABC):
             del tensors
         hf_folder.finish_weights(path, weight_map, total)
         if self.hf_config is not None:
-            self.hf_config.save_pretrained(path)
+            hf_folder.save_config(self.hf_config, path, model=getattr(self, "model", None))
 
     # -- scale-out defaults (one process); the megatron learner overrides them ------------------------
     #: ``(dp_rank, dp_size)`` of this process's data-parallel group (one process: ``(0, 1)``)

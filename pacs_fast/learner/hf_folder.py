@@ -80,6 +80,27 @@ def finish_weights(folder: Path, weight_map: dict[str, str], total_size: int) ->
             p.unlink()
 
 
+def save_config(config, folder: Path, *, model=None) -> None:
+    """Writes ``config`` (a transformers config) as ``folder/config.json`` with ``architectures`` filled in where it
+    has none: the class of ``model`` (a transformers model, as its ``save_pretrained`` names it), else the causal-LM
+    class transformers maps its ``model_type`` to. A model folder whose config.json lacks it (a conversion script's,
+    ``config.save_pretrained`` alone) loads with transformers, which picks the class by ``model_type``; its
+    checkpoints kept none and vLLM refused them ("No model architectures are specified"). ``config`` itself is left
+    as it is."""
+    import copy
+
+    if not getattr(config, "architectures", None):
+        name = type(model).__name__ if model is not None and hasattr(model, "config") else None
+        if not (name or "").endswith("ForCausalLM"):
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+            name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", None))
+        if name:
+            config = copy.deepcopy(config)
+            config.architectures = [name]
+    config.save_pretrained(folder)
+
+
 # ----------------------------------------------------------------------------- reading
 def checkpoint_weight_files(folder) -> list[Path]:
     """The weight files of a checkpoint (or model) folder, as transformers chooses them

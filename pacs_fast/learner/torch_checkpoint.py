@@ -126,6 +126,13 @@ class TorchCheckpointing:
         bad = [n for n, shape in shapes.items() if n not in state or tuple(state[n].shape) != shape]
         if bad:
             raise ValueError(f"load_hf_weights: unknown names or wrong shapes: {bad[:5]}")
+        # every tensor of the policy given (a tied head: by its embedding's storage), as the megatron learner asks: one
+        # left out had kept model.path's value without a word (a checkpoint's weights are the whole policy)
+        given = {state[n].data_ptr() for n in shapes if state[n].numel()}
+        missing = [n for n, t in state.items() if t.numel() and t.data_ptr() not in given]
+        if missing:
+            raise ValueError(f"load_hf_weights: {len(missing)} of the policy's tensors are not in the weights given "
+                             f"(they would keep model.path's values): {missing[:5]}")
         with loading_weights(self.master), torch.no_grad():  # fp32 tensors keep their digits in the masters
             state = self.model.state_dict()  # (with masters: theirs; the model takes them rounded on exit)
             for name in shapes:  # (each read as it is copied, then dropped)

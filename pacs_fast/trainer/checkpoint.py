@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pacs_fast.config.model_files import safetensors_problem
 from pacs_fast.files import remove_temporaries, write_text_atomic
 from pacs_fast.learner.base import CheckpointMismatch
 from pacs_fast.learner.hf_folder import LazyHFCheckpoint, WeightFileError, checkpoint_weight_files
@@ -224,6 +225,11 @@ def problem_of(path: Path) -> str | None:
             return f"{f} is missing"
         if f.stat().st_size != size:
             return f"{f} is truncated or changed ({f.stat().st_size} bytes, {size} written)"
+        # a weights file's header (its own few bytes): one overwritten in place, of the size written, was found
+        # only by the load, after the model had loaded (the only checkpoint: no one-line refusal before it)
+        problem = safetensors_problem(f) if rel.endswith(".safetensors") else None
+        if problem:
+            return problem
     return None
 
 

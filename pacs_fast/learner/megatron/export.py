@@ -23,7 +23,7 @@ from typing import Iterator
 import torch
 
 from pacs_fast.files import write_atomic
-from pacs_fast.learner.hf_folder import finish_weights, shard_name, write_shard
+from pacs_fast.learner.hf_folder import finish_weights, save_config, shard_name, write_shard
 from pacs_fast.learner.megatron.convert import gather_unit, hf_shapes, unit_rules
 
 
@@ -124,7 +124,7 @@ def save_hf_folder(model, hf_config, folder, *, tp_group, tp_size: int, is_write
     finish_weights(folder, weight_map, total)
     config = copy.deepcopy(hf_config)  # labelled with the dtype written (not the input model's: fp32 weights
     config.dtype = dtype or next(model.parameters()).dtype  # labelled bf16 were loaded as bf16 by dtype="auto")
-    config.save_pretrained(folder)
+    save_config(config, folder)  # (architectures filled in where the input's config.json had none)
     for src in extra_files:
         src = Path(src)
         if src.is_file():
