@@ -174,9 +174,12 @@ class RemoteEngines:
                     self._isend(flat, dst, TAG_TENSOR)
 
     def close(self, *, wait: bool = True) -> None:
-        """Tells every engine to stop and (``wait``) waits until they took every message."""
+        """Tells every engine to stop and (``wait``) waits until they took every message. Without ``wait`` (the
+        learner stops on an error) the engines do not wait for it to take their last replies either: one waiting
+        until the learner's exit broke the connection printed a second, misleading error line ("another rank
+        stopped ... continue with --resume") after the learner's own."""
         for e in self.engines:
-            self._send_obj(STOP, {}, e)
+            self._send_obj(STOP, {"abandon": not wait}, e)
         if wait:
             for e in self.engines:
                 self._release(e, self._sent)
@@ -196,6 +199,8 @@ def serve(build_engine, bridge: dist.ProcessGroup, driver: int, *, answers: bool
         while True:
             kind, msg = _recv_obj(bridge, driver, TAG_HEAD, TAG_BODY)
             if kind == STOP:
+                if msg.get("abandon"):  # the learner will not take the replies still pending (see RemoteEngines.close)
+                    pending.clear()
                 break
             if kind == WEIGHTS:
                 named = []

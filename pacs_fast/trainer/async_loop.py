@@ -31,7 +31,7 @@ Evaluation: with vLLM engines the held-out prompts go to the engine ranks like a
 weights of the step they evaluate (:class:`EngineRanksEval`: no learner process holds a model copy
 for it, and the records equal the one-process vLLM run's); with HF engines it runs on the learner's
 processes (on the torch learner's live policy, or an HF copy synced from megatron's).
-A checkpoint stores the batches in flight with their completions and policy versions (collected once the
+A checkpoint stores the batches in flight with their completions, policy versions and epochs (collected once the
 learner's files are written: the engines generate them meanwhile), and the sampler position after their
 prompts, so ``--resume`` goes on exactly as the uninterrupted run: the same batches at the same steps, the same
 records and weights, also for a run extended by a larger ``train.steps`` (batches are requested past the end).
@@ -120,11 +120,14 @@ class RemoteRounds:
 
     def __init__(self, s, engines, *, saved: list[dict] | None = None):
         self.s, self.engines = s, engines
-        self.in_flight: deque = deque()  # (batch index, problems)
+        # (batch index, problems, the sampler's epoch after its prompts: the step that trains it records that one,
+        # as the synchronous loop does, not the epoch the producer reached K batches ahead)
+        self.in_flight: deque = deque()
         self.ready: dict = {}  # batch index -> (completions, policy version): collected ahead of its step
         self.next_index = s.batches + 1
-        for b in saved or ():  # a checkpoint's batches in flight (see checkpoint_batches)
-            self.in_flight.append((b["index"], b["problems"]))
+        self.epoch = s.sampler.epoch  # the epoch of the batch handed out last (``data/epoch`` of its step)
+        for b in saved or ():  # a checkpoint's batches in flight (see checkpoint_batches; "epoch" since 2026-12-06)
+            self.in_flight.append((b["index"], b["problems"], b.get("epoch", s.sampler.epoch)))
             self.ready[b["index"]] = (unpack_completions(b["comps"]), b["version"])
             self.next_index = b["index"] + 1
 
@@ -134,7 +137,7 @@ class RemoteRounds:
         if self.engines:
             self.engines.generate(self.next_index, prompt_lists(problems),
                                   sampling_params(cfg, batch_seed(cfg, self.next_index)))
-        self.in_flight.append((self.next_index, problems))
+        self.in_flight.append((self.next_index, problems, s.sampler.epoch))
         self.next_index += 1
 
     def begin_step(self) -> None:
@@ -144,7 +147,7 @@ class RemoteRounds:
     def next(self) -> Round:
         if not self.in_flight:
             self._request()
-        index, problems = self.in_flight.popleft()
+        index, problems, self.epoch = self.in_flight.popleft()
         comps, version = self.ready.pop(index) if index in self.ready else self._collect(index)
         problems, offset = self.s.world.share(problems)  # this data-parallel group's share, as the synchronous loop
         self.s.batches = index
@@ -160,11 +163,12 @@ class RemoteRounds:
         learner waits until the engines have generated them). A resume trains them at the steps the uninterrupted
         run would have, and the sampler stands after their prompts, so the run goes on as if it had not stopped."""
         out = []
-        for index, problems in self.in_flight:
+        for index, problems, epoch in self.in_flight:
             if index not in self.ready:
                 self.ready[index] = self._collect(index)
             comps, version = self.ready[index]
-            out.append({"index": index, "problems": problems, "comps": pack_completions(comps), "version": version})
+            out.append({"index": index, "problems": problems, "comps": pack_completions(comps), "version": version,
+                        "epoch": epoch})
         return out
 
     def pause(self) -> None:
@@ -274,7 +278,7 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
             tm["time/step"] = time.perf_counter() - t_step
             terms = getattr(s.learner, "last_terms", {})
             whole = terms_over_groups(world, terms, batch)  # every group's rows
-            record = world.reduce_record({**step_record(batch, comps, lm, mismatch, whole, tm, epoch=s.sampler.epoch),
+            record = world.reduce_record({**step_record(batch, comps, lm, mismatch, whole, tm, epoch=rounds.epoch),
                                           **getattr(s.scorer, "last", {}), **(s.credit.last if s.credit else {}),
                                           **r.metrics, **reward_component_metrics(s, problems, comps)},
                                          WEIGHTED_MEANS)
@@ -282,7 +286,8 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
                            "rollout/generating_ranks": cfg.rollout.ranks})
             if s.logger:
                 s.logger.log("train", step, record)
-            log_samples(s, step, problems, comps, rewards, terms, batch, extra={"policy_version": gen_version})
+            log_samples(s, step, problems, comps, rewards, terms, batch,  # each row its own group's policy version
+                        group_extra=[{"policy_version": v} for v in r.versions or [gen_version] * len(problems)])
             s.progress.update(step, f"reward {record['reward/mean']:.2f}  held-out {last_eval['eval/acc']:.2f}  "
                                     f"staleness {step - 1 - gen_version}  {tm['time/step']:.1f}s/step")
             last = step == cfg.train.steps

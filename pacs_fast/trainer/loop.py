@@ -147,9 +147,12 @@ def reset_reference_if_due(cfg: Config, learner, step: int) -> bool:
     return True
 
 
-def log_samples(s: Session, step: int, problems, comps, rewards, terms, batch, extra: dict | None = None) -> None:
+def log_samples(s: Session, step: int, problems, comps, rewards, terms, batch, extra: dict | None = None,
+                group_extra: list[dict] | None = None) -> None:
     """The step's first ``train.log_samples`` rollouts into ``samples.jsonl`` (each row with ``extra``'s
-    fields, and the shaped reward ``batch`` trained on where it is not the verifier's) and TensorBoard text
+    fields and ``group_extra[i]``'s, ``i`` its group in this data-parallel share (an asynchronous run's policy
+    version of each group: with dynamic sampling they differ within a step), and the shaped reward ``batch``
+    trained on where it is not the verifier's) and TensorBoard text
     (rank 0). Collective with data parallelism: each group holds its share of
     the step's rows (the first group's first), so they are gathered, numbered as one process numbers them;
     rank 0's share alone held fewer rows than asked (4 of 8 on two ranks)."""
@@ -159,6 +162,9 @@ def log_samples(s: Session, step: int, problems, comps, rewards, terms, batch, e
     # overlong shaping: what trained, beside the verifier's reward (7 digits: float32's, not 0.6666666865348816)
     trained = [float(f"{v:.7g}") for v in batch.rewards[:k].tolist()] if batch.verifier_rewards is not None else None
     rows = sample_rows(step, s.tokenizer, problems, comps, rewards, terms, k, trained)
+    if group_extra:  # (before the shares are gathered: "row" counts this share's rows)
+        for r in rows:
+            r.update(group_extra[r["row"] // len(comps[0])])
     parts = reward_component_rewards(s, problems, comps)  # a mix of rewards: each row's component rewards
     if parts:
         for r in rows:

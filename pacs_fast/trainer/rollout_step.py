@@ -52,7 +52,8 @@ class StepRollouts:
     """This data-parallel group's rollouts of a step: ``problems[i]``'s completions ``comps[i]`` (``G``
     each), their ``rewards`` (flat, prompt-major), the learner's ``batch``, the index ``offset`` of
     ``problems[0]`` in the step's prompts, the step's update ``seed``, the filter's ``metrics``, the
-    oldest policy ``version`` that generated them (asynchronous rollouts; None otherwise)."""
+    oldest policy ``version`` that generated them and each group's (``versions``; asynchronous rollouts, None
+    otherwise: with dynamic sampling a step's groups may come from batches of different versions)."""
     problems: list[dict]
     comps: list
     rewards: list[float]
@@ -62,6 +63,7 @@ class StepRollouts:
     seed: int
     metrics: dict
     version: int | None = None
+    versions: list | None = None
 
 
 @dataclass
@@ -128,7 +130,8 @@ def rollout_step(s, step: int, timings: dict, rounds=None) -> StepRollouts:
         rounds.pause()
         timings["time/rollout"] = time.perf_counter() - t0
         rewards, prompt_ids, batch = score_and_batch(s, step, r.problems, r.comps, timings, offset=r.offset)
-        return StepRollouts(r.problems, r.comps, rewards, prompt_ids, batch, r.offset, seed, {}, r.version)
+        return StepRollouts(r.problems, r.comps, rewards, prompt_ids, batch, r.offset, seed, {}, r.version,
+                            None if r.version is None else [r.version] * len(r.problems))
     need = P // world.dp
     kept_problems, kept_comps, kept_rewards, kept_versions = [], [], [], []
     n_rounds, gen_time, score_time, gen_tokens = 0, 0.0, 0.0, 0
@@ -180,4 +183,4 @@ def rollout_step(s, step: int, timings: dict, rounds=None) -> StepRollouts:
     if versions:  # asynchronous: each group's staleness (the policy that generated it vs the one it trains)
         metrics["rollout/staleness_mean"] = sum(step - 1 - v for v in versions) / len(versions)
     return StepRollouts(problems, comps, rewards, prompt_ids, batch, world.dp_rank * k, seed, metrics,
-                        min(versions) if versions else None)
+                        min(versions) if versions else None, versions or None)
