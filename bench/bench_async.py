@@ -2,6 +2,7 @@
 
     python bench/bench_async.py                 # 1 engine process + 1 learner process, K = 0 vs 1 vs 2
     python bench/bench_async.py --rounds 3 --steps 12 --extra rollout.max_new_tokens=32
+    python bench/bench_async.py --ks 1 --rounds 1 --steps 3 --extra warmup.steps=0 rollout.max_new_tokens=4  # quick
 
 Each measurement is ``torchrun --nproc_per_node 2 -m pacs_fast.train rollout.ranks=1
 rollout.max_staleness=K`` on the built-in task and model (warm-up cached once, shared by every run),
@@ -35,7 +36,9 @@ def one(out: str, name: str, k: int, steps: int, extra: list[str]) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            "-m", "pacs_fast.train", *args]
-    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"run {name} (rollout.max_staleness={k}) failed:\n{proc.stderr[-4000:]}")
     recs = [json.loads(x) for x in open(os.path.join(out, name, "metrics.jsonl")) if x.strip()]
     train = [r for r in recs if r["kind"] == "train"][2:]
     cfg = yaml.safe_load(open(os.path.join(out, name, "config.yaml")))
@@ -51,9 +54,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ks", default="0,1,2")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--extra", nargs="*", default=[])
+    ap.add_argument("--steps", type=int, default=10, help="steps per run, at least 3 (steps 3.. are measured)")
+    ap.add_argument("--extra", nargs="*", default=[], help="more config overrides (section.key=value) for every run")
     a = ap.parse_args()
+    if a.steps < 3 or a.rounds < 1:
+        ap.error("--steps: at least 3 (the first two fill the pipeline and are not measured); --rounds: at least 1")
     ks = [int(k) for k in a.ks.split(",")]
     out = tempfile.mkdtemp(prefix="bench_async_")
     atexit.register(shutil.rmtree, out, ignore_errors=True)

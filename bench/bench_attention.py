@@ -2,6 +2,7 @@
 
     python bench/bench_attention.py                 # 2 threads, fp32, forward and forward+backward
     python bench/bench_attention.py --threads 1 --heads 4 --kv-heads 2
+    python bench/bench_attention.py --batch 2 --lengths 8,16 --repeat 1     # a quick check of the code path
 
 Causal self-attention over ``[batch, heads, L, 32]`` with grouped-query heads, padded rows (a boolean
 mask, as Hugging Face passes it), and one-token decode steps over an ``L``-token cache. Each cell is
@@ -54,7 +55,11 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--lengths", default="8,12,16,24,32,48,64,128,256", help="sequence lengths L, comma-separated")
     a = ap.parse_args(argv)
+    lengths = [int(x) for x in a.lengths.split(",")]
+    if a.repeat < 1 or a.heads % a.kv_heads or min(lengths) < 1:
+        ap.error("--repeat >= 1, --heads a multiple of --kv-heads, --lengths >= 1")
     torch.set_num_threads(a.threads)
     from pacs_fast.trainer.allocator import keep_freed_memory
     keep_freed_memory()  # as the trainer does
@@ -65,7 +70,7 @@ def main(argv=None):
     sa.MAX_SCORES = sa.MAX_SCORES_TRAIN = 1 << 62  # time the matmul path at every size (the default switches)
     print(f"batch {a.batch}, heads {a.heads}/{a.kv_heads} (q/kv), head dim 32, {a.threads} thread(s); ms")
     print(f"{'case':<34}{'sdpa':>9}{'short':>9}{'ratio':>8}")
-    for L in (8, 12, 16, 24, 32, 48, 64, 128, 256):
+    for L in lengths:
         for kind, q, padded, grad in (("prefill fwd", L, True, False), ("prefill fwd+bwd", L, True, True),
                                       ("decode fwd", 1, False, False)):
             query, key, value, mask = _case(a.batch, a.heads, a.kv_heads, q, L, padded, grad)

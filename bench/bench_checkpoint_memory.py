@@ -2,6 +2,7 @@
 
     python bench/bench_checkpoint_memory.py                  # Qwen2.5-0.5B shape (24 layers), fp32, ~1.8 GiB
     python bench/bench_checkpoint_memory.py --layers 4       # smaller and faster
+    python bench/bench_checkpoint_memory.py --dry-run        # the same code path on a tiny model, in seconds
 
 Each measurement runs in a fresh process (peak memory is per process; ``/proc/self/clear_refs`` resets it before
 the operation): a random fp32 model of Qwen2.5-0.5B's widths (hidden 896, 14 / 2 heads, FFN 4,864, vocabulary
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -40,8 +42,7 @@ from pacs_fast.config import AlgoConfig, LearnerConfig
 from pacs_fast.learner.torch_learner import TorchLearner
 
 op, layers, folder, bucket = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-cfg = transformers.Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
-                               num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)
+cfg = transformers.Qwen2Config(num_hidden_layers=layers, tie_word_embeddings=True, **json.loads(sys.argv[5]))
 torch.manual_seed(0)
 learner = TorchLearner(transformers.Qwen2ForCausalLM(cfg), algo=AlgoConfig(name="pacs"), learner=LearnerConfig(),
                        temperature=1.0, horizon=4)
@@ -102,33 +103,90 @@ print(json.dumps(out))
 """
 
 
-def probe(op: str, layers: int, folder: str, bucket: int = 0) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE, op, str(layers), folder, str(bucket)], capture_output=True,
-                         text=True, check=True)
+QWEN_WIDTHS = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
+                   num_key_value_heads=2)
+DRY_WIDTHS = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
+
+
+def probe(op: str, layers: int, folder: str, bucket: int = 0, widths: dict = QWEN_WIDTHS) -> dict:
+    out = subprocess.run([sys.executable, "-c", PROBE, op, str(layers), folder, str(bucket), json.dumps(widths)],
+                         capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"probe {op!r} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def probe_forked(op: str, layers: int, folder: str, bucket: int = 0, widths: dict = QWEN_WIDTHS) -> dict:
+    """``--dry-run``'s :func:`probe`: PROBE in a child forked from this process, which imported torch, transformers
+    and the learners once (a fresh interpreter per probe costs seconds of imports each; the child still has a
+    process of its own, and PROBE resets the peak before measuring)."""
+    import traceback
+
+    import transformers
+
+    transformers.Qwen2ForCausalLM  # noqa: B018 (a lazy import: once, before the fork)
+    import pacs_fast.learner.megatron.learner  # noqa: F401 (what PROBE imports, before the fork)
+    import pacs_fast.learner.torch_learner  # noqa: F401
+    import pacs_fast.trainer.checkpoint  # noqa: F401
+
+    sys.stdout.flush()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: PROBE's stdout into the pipe
+        os.close(read)
+        code = 0
+        try:
+            os.dup2(write, 1)
+            sys.argv = ["-c", op, str(layers), folder, str(bucket), json.dumps(widths)]
+            exec(compile(PROBE, "<probe>", "exec"), {"__name__": "__main__"})
+        except SystemExit as e:
+            code = e.code or 0
+        except BaseException:  # noqa: BLE001 - reported by the parent
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = f.read()
+    _, status = os.waitpid(pid, 0)
+    if status:
+        raise SystemExit(f"probe {op!r} failed (status {status})")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the code path in seconds: a tiny model (vocabulary 1,024, hidden 64, 1 layer), "
+                             "64 KiB shards instead of 256 MiB, each probe forked from this process instead of a "
+                             "fresh interpreter; the memory figures mean nothing")
     args = parser.parse_args(argv)
+    widths, shard = (DRY_WIDTHS, 64 << 10) if args.dry_run else (QWEN_WIDTHS, 256 << 20)
+    if args.dry_run:
+        args.layers = 1
+    size = f"{shard >> 20} MiB" if shard >= 1 << 20 else f"{shard >> 10} KiB"
+    probe = probe_forked if args.dry_run else globals()["probe"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, bucket in (("save_hf, default shard size", 0), ("save_hf, 256 MiB buckets", 256 << 20)):
-            r = probe("save", args.layers, f"{tmp}/hf_{bucket}", bucket)
+        for label, bucket in (("save_hf, default shard size", 0), (f"save_hf, {size} buckets", shard)):
+            r = probe("save", args.layers, f"{tmp}/hf_{bucket}", bucket, widths)
             rows.append((label, r["peak_mib"], r["seconds"], f"{len(r['files'])} file(s)"))
-        probe("moments", args.layers, f"{tmp}/state")
+        probe("moments", args.layers, f"{tmp}/state", 0, widths)
         for op, label in (("load", "load_state, a CPU learner: learner.pt read whole"),
                           ("offcpu", "load_state, parameters off the CPU: learner.pt memory-mapped")):
-            r = probe(op, args.layers, f"{tmp}/state")
+            r = probe(op, args.layers, f"{tmp}/state", 0, widths)
             rows.append((label, r["peak_mib"], r["seconds"], f"anonymous memory +{r['anon_mib']:,.0f} MiB"))
         for op, bucket, label in (("resume", 0, "resume's weights, torch learner: one model.safetensors"),
-                                  ("resume", 256 << 20, "resume's weights, torch learner: 256 MiB shards"),
+                                  ("resume", shard, f"resume's weights, torch learner: {size} shards"),
                                   ("megatron", 0, "resume's weights, megatron learner (TP 1): one model.safetensors")):
-            r = probe(op, args.layers, f"{tmp}/hf_{bucket}")
+            r = probe(op, args.layers, f"{tmp}/hf_{bucket}", 0, widths)
             rows.append((label, r["peak_mib"], r["seconds"], f"anonymous memory +{r['anon_mib']:,.0f} MiB"))
     weights = r["params"] * 4 / 2**20
-    print(f"Qwen2.5-0.5B widths, {args.layers} layers, {r['params'] / 1e6:.0f}M parameters, fp32 weights "
+    kind = "tiny (--dry-run)" if args.dry_run else "Qwen2.5-0.5B"
+    print(f"{kind} widths, {args.layers} layers, {r['params'] / 1e6:.0f}M parameters, fp32 weights "
           f"{weights:,.0f} MiB (learner.pt: 2x)\n")
     print("| operation | peak RSS growth (MiB) | seconds | notes |\n|---|---:|---:|---|")
     for label, peak, seconds, note in rows:

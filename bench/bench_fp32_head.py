@@ -18,6 +18,7 @@ forward, which needs a key/value cache, and vLLM, which refuses a model without 
 the heads' share.
 
     OMP_NUM_THREADS=2 python bench/bench_fp32_head.py [--layers 2] [--skip-vllm]
+    python bench/bench_fp32_head.py --dry-run     # the same code path at tiny widths, HF only, in seconds
 """
 from __future__ import annotations
 
@@ -35,14 +36,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_padded_vocab import QWEN_IDS, ROWS, qwen_sized_tokenizer  # noqa: E402 (the same word-level ids)
 
 
-def save_model(path: Path, layers: int, head_scale: float, tok, seed: int = 0) -> Path:
+QWEN_WIDTHS = dict(hidden_size=896, num_heads=14, num_kv_heads=2, intermediate_size=4864)
+DRY_WIDTHS = dict(hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=128)  # --dry-run
+
+
+def save_model(path: Path, layers: int, head_scale: float, tok, seed: int = 0, widths: dict = QWEN_WIDTHS) -> Path:
     """The bf16 model (untied head x ``head_scale``) and tokenizer in an HF folder."""
     from transformers import Qwen2ForCausalLM
 
     from pacs_fast.data.tiny import tiny_qwen2_config
 
-    cfg = tiny_qwen2_config(ROWS, hidden_size=896, num_layers=layers, num_heads=14, num_kv_heads=2,
-                            intermediate_size=4864, max_positions=512, tie_word_embeddings=False)
+    cfg = tiny_qwen2_config(ROWS, num_layers=layers, max_positions=512, tie_word_embeddings=False, **widths)
     cfg.eos_token_id, cfg.pad_token_id = tok.eos_token_id, tok.pad_token_id
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg)
@@ -114,8 +118,14 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check the code path in seconds: hidden 64 (2 / 1 heads, MLP 128; the head keeps its 151,936 "
+                         "rows), head scale 1, 1 prompt x n=2, 4 new tokens, no vLLM; the numbers mean nothing")
     ap.add_argument("--vllm-child", nargs=2, metavar=("FOLDER", "ON"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.dry_run:
+        args.head_scales, args.prompts, args.n, args.prompt_len, args.new_tokens = "1", 1, 2, 4, 4
+        args.skip_vllm = True
     if args.vllm_child:
         print("RESULT", json.dumps(vllm_child(args.vllm_child[0], args.vllm_child[1] == "1", args)))
         return 0
@@ -129,7 +139,8 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for scale in map(float, args.head_scales.split(",")):
-            folder = save_model(Path(tmp) / f"s{scale:g}", args.layers, scale, tok)
+            folder = save_model(Path(tmp) / f"s{scale:g}", args.layers, scale, tok,
+                                widths=DRY_WIDTHS if args.dry_run else QWEN_WIDTHS)
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
             for on in (False, True):
                 responses, logprobs = sample(HFEngine(model, tok, batch_size=64, lm_head_fp32=on), prompts, args)
@@ -149,8 +160,9 @@ def main(argv=None) -> int:
                     raise SystemExit(f"vLLM child failed (head fp32={on})")
                 rows.append((scale, "vLLM", on, json.loads(proc.stdout.split("RESULT ", 1)[1])))
                 print(rows[-1], file=sys.stderr)
-    print(f"\nbf16 Qwen2.5-width random model, {args.layers} layer(s), {ROWS} head rows ({QWEN_IDS} ids), untied "
-          f"head; {args.prompts} prompts x n={args.n}, {args.new_tokens} new tokens, T=1; torch learner with "
+    kind = "tiny (--dry-run)" if args.dry_run else "Qwen2.5-width"
+    print(f"\nbf16 {kind} random model, {args.layers} layer(s), {ROWS} head rows ({QWEN_IDS} ids), untied head; "
+          f"{args.prompts} prompts x n={args.n}, {args.new_tokens} new tokens, T=1; torch learner with "
           f"default settings; torch threads {torch.get_num_threads()}\n")
     print("| head scale | typical max \\|logit\\| | engine | head | max \\|engine - learner\\| | "
           "mean \\|engine - learner\\| | tokens |")

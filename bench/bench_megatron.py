@@ -34,7 +34,12 @@ def _args():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--workdir", default="")
-    return ap.parse_args()
+    args = ap.parse_args()
+    if args.hidden % 64:
+        ap.error("--hidden: a multiple of 64 (heads of 32, split over TP=2)")
+    if args.groups % 2:
+        ap.error("--groups: a multiple of 2 (TP=1 x DP=2 deals whole groups to the two ranks)")
+    return args
 
 
 def _inner(args):
@@ -53,6 +58,7 @@ def _inner(args):
     from pacs_fast.learner.base import RolloutBatch
     from pacs_fast.learner.megatron.convert import export_hf_state_dict
     from pacs_fast.learner.megatron.learner import MegatronLearner
+    from pacs_fast.learner.megatron.sequence_parallel import norm_params, reduce_norm_grads
 
     path = os.path.join(args.workdir, "model")
     if rank == 0:
@@ -81,6 +87,9 @@ def _inner(args):
         loss = pacs_loss(logp, logp.detach() - 0.1, batch.response_mask, batch.rewards,
                          group_size=args.group_size)
         loss.backward()
+        # at TP=2 (learner.sequence_parallel, the default) each rank holds its tokens' part of the norms'
+        # gradients: summed over the TP group as update() does, or the parity line compares partial sums
+        reduce_norm_grads([p.grad for p in norm_params(learner.model)], learner.tp_group)
         grads = export_hf_state_dict(learner.model, learner.hf_config, tp_group=learner.tp_group, grads=True)
         learner.optimizer.zero_grad(set_to_none=True)
         t_lp, t_up = [], []

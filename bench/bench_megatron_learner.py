@@ -37,7 +37,11 @@ def _args():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--workdir", default="")
-    return ap.parse_args()
+    args = ap.parse_args()
+    if args.groups < 1 or args.groups % (2 // args.tp) or args.G < 1 or args.rounds < 1:
+        ap.error("--groups: a multiple of the data-parallel size (2 at --tp 1: each rank trains whole groups); "
+                 "--G and --rounds: at least 1")
+    return args
 
 
 def _inner(args):

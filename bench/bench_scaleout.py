@@ -3,6 +3,8 @@ share; one step = rollout + log-probs + update + shard-local weight sync, withou
 
     python bench/bench_scaleout.py                         # throughput table: 1 and 2 processes
     python bench/bench_scaleout.py --checkpoint-memory     # per-rank peak of checkpoint/export (issue 17.14)
+    python bench/bench_scaleout.py --models tiny --procs 1 --prompts 2 --group 2 --max-new-tokens 4 --steps 1
+                                                           # the quickest throughput path (one launch, ~30 s)
 
 Throughput: each configuration is one ``torchrun --nproc_per_node {1,2}`` launch (tp=1, dp=procs,
 1 thread per process, ``OMP_NUM_THREADS=1``), on random-weight models: the built-in tiny model
@@ -210,7 +212,16 @@ def main():
     ap.add_argument("--bucket-bytes", type=int, default=64 << 20)
     ap.add_argument("--lockstep", action="store_true", help="vLLM's data parallelism (engines step together) "
                     "instead of independent engines")
+    ap.add_argument("--models", default="tiny,25M", help="which models of the throughput table: tiny, 25M or both")
+    ap.add_argument("--procs", default="1,2", help="processes per launch of the throughput table: 1, 2 or both "
+                    "(speed-ups are against the first)")
     a = ap.parse_args()
+    models = {name: kw for name, kw in MODELS.items() if name.split()[0] in a.models.split(",")}
+    procs = [int(n) for n in a.procs.split(",")]
+    if not models or len(models) != len(set(a.models.split(","))) or not set(procs) <= {1, 2}:
+        ap.error(f"--models: from {', '.join(n.split()[0] for n in MODELS)}; --procs: from 1, 2")
+    if a.steps < 1:
+        ap.error("--steps: at least 1 (timed steps)")
     if a.worker:
         import torch.distributed as dist
 
@@ -246,10 +257,10 @@ def main():
     print("| model | processes | rollout tok/s (wall) | speed-up | tok per busiest-rank CPU s | speed-up | "
           "rollout s | logprobs s | update s | sync s | sync share | sync peak MiB/rank | step s |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, kw in MODELS.items():
+    for name, kw in models.items():
         path = make_tiny_model(tmp / name.split()[0], seed=0, **kw)
         one = one_cpu = None
-        for nproc in (1, 2):
+        for nproc in procs:
             r = _launch(nproc, ["--model", str(path), *common])
             one, one_cpu = one or r["tokens_per_s"], one_cpu or r["tokens_per_cpu_s"]
             print(f"| {name} | {nproc} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / one:.2f}x | "

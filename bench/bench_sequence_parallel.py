@@ -3,6 +3,7 @@ its backward, per token and rank, with and without it, against the learner memor
 
     python bench/bench_sequence_parallel.py                       # 2 processes, gloo, ~2 min on 2 cores
     python bench/bench_sequence_parallel.py --tokens 4096 --recompute selective
+    python bench/bench_sequence_parallel.py --dry-run              # tiny widths, 64 tokens, 1 round: a quick check
 
 Re-launches itself under ``torchrun --nproc_per_node 2``. Model: random weights of the Qwen2.5-0.5B widths (hidden
 896, 14 / 2 heads, MLP 4,864) with 2 layers and a 32,000-token vocabulary (the vocabulary changes no activation
@@ -33,7 +34,21 @@ def _args():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--workdir", default="")
-    return ap.parse_args()
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check the code path quickly: hidden 128 (4 / 2 heads, MLP 256), a 1,024-token vocabulary, "
+                         "--tokens 64, --rounds 1; the figures are not the Qwen2.5 widths'")
+    args = ap.parse_args()
+    if args.dry_run:
+        args.tokens, args.rounds = 64, 1
+    if args.tokens < 4 or args.rounds < 1:
+        ap.error("--tokens: at least 4 (4 rows); --rounds: at least 1")
+    return args
+
+
+QWEN_SHAPE = {"vocab": 32000, "hidden": 896, "layers": 2, "heads": 14, "kv_heads": 2, "head_dim": 64,
+              "intermediate": 4864, "bytes": 4}
+DRY_SHAPE = {"vocab": 1024, "hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 32,
+             "intermediate": 256, "bytes": 4}
 
 
 def _batch(tokens: int, vocab: int):
@@ -68,7 +83,7 @@ def _saved_bytes(learner, batch) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logp, ent = learner._logprobs(learner.model, batch, False)
+        logp, ent, _ = learner._logprobs(learner.model, batch, False)  # (logp, entropy, values)
         loss, _ = objective(learner.algo, batch, logp, ent, None, minibatch_counts(batch), horizon=learner.horizon)
     loss.backward()
     learner.optimizer.zero_grad(set_to_none=True)
@@ -88,16 +103,16 @@ def _inner(args):
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
-    rank, vocab = dist.get_rank(), 32000
+    shape = DRY_SHAPE if args.dry_run else QWEN_SHAPE
+    rank, vocab = dist.get_rank(), shape["vocab"]
     path = os.path.join(args.workdir, "model")
     if rank == 0:
         torch.manual_seed(0)
-        Qwen2ForCausalLM(tiny_qwen2_config(vocab, hidden_size=896, num_layers=2, num_heads=14, num_kv_heads=2,
-                                           intermediate_size=4864, max_positions=args.tokens + 64)
+        Qwen2ForCausalLM(tiny_qwen2_config(vocab, hidden_size=shape["hidden"], num_layers=shape["layers"],
+                                           num_heads=shape["heads"], num_kv_heads=shape["kv_heads"],
+                                           intermediate_size=shape["intermediate"], max_positions=args.tokens + 64)
                          ).save_pretrained(path)
     dist.barrier()
-    shape = {"vocab": vocab, "hidden": 896, "layers": 2, "heads": 14, "kv_heads": 2, "head_dim": 64,
-             "intermediate": 4864, "bytes": 4}
     recompute = args.recompute != "off"
     learners, saved, model = {}, {}, {}
     batch = _batch(args.tokens, vocab)
@@ -124,7 +139,8 @@ def _inner(args):
             times[mode].append(time.perf_counter() - t0)
     if rank == 0:
         tokens = int(batch.attention_mask.sum())
-        print(f"megatron learner, TP=2 over gloo, Qwen2.5-0.5B widths x 2 layers, fp32, {tokens} tokens packed THD, "
+        widths = "tiny widths (--dry-run)" if args.dry_run else "Qwen2.5-0.5B widths"
+        print(f"megatron learner, TP=2 over gloo, {widths} x 2 layers, fp32, {tokens} tokens packed THD, "
               f"recompute {args.recompute}, {args.threads} thread(s)/process, median of {args.rounds}")
         print("| mode | saved for backward (KiB / token / rank) | memory model (KiB / token) | measured / model "
               "| update (s) |")
