@@ -95,9 +95,28 @@ class StepCredit:
                 self._piece[t] = self._decode([t])
         return [self._piece[t] for t in ids]
 
+    def text_pieces(self, ids: list[int]) -> list[str]:
+        """Each token's share of the response's text, joining to it: its own decode (:meth:`pieces`), except the
+        tokens of a character byte-level BPE splits over several (a CJK character, a symbol), which decode alone to
+        replacement characters: those give ``""`` and the token completing the character the decode of them all.
+        A ``reward.step_split`` holding such a character (``"。"``, ``"∴"``) had never matched: one step."""
+        pieces, out, start = self.pieces(ids), [], None
+        for i, p in enumerate(pieces):
+            if start is None and "\ufffd" not in p:
+                out.append(p)
+                continue
+            start = i if start is None else start
+            text = self._decode(ids[start:i + 1])
+            if text.endswith("\ufffd") and i + 1 < len(ids):  # (the character goes on in the next token)
+                out.append("")
+                continue
+            out.append(text)
+            start = None
+        return out
+
     def split_steps(self, ids: list[int]) -> tuple[list[int], list[str]]:
         """``(ends, texts)``: each step's end (token index, exclusive) and text."""
-        ends = step_ends(self.pieces(ids), self.split)
+        ends = step_ends(self.text_pieces(ids), self.split)
         return ends, [self._decode(ids[a:b]) for a, b in zip([0] + ends[:-1], ends)]
 
     def advantages(self, prompt_ids: list[list[int]], responses: list[list[list[int]]], answers: list[str],

@@ -11,6 +11,13 @@ names the step and saves nothing for it. This module imports nothing from the re
 
 A function that never returns cannot be killed from Python: it is left running in a daemon thread
 and the run stops (the process exits, the thread with it).
+
+What user code changes of the process that the run's own work reads is put back after each call and after its
+module's import: the working directory (a relative ``train.out_dir``: a function that ``chdir``-ed had sent the
+run's files elsewhere and stopped it with a traceback; a module that ``chdir``-ed to its folder when imported had
+put the run folder there), torch's thread count (the count threads started later take) and, after an import, the
+handlers of SIGINT / SIGTERM / SIGHUP (the run's stop; a function's thread cannot set them: Python refuses). The
+global RNGs a function draws from are left as they are (the run's own draws are seeded: it trains the same).
 """
 from __future__ import annotations
 
@@ -19,6 +26,9 @@ import importlib
 import inspect
 import math
 import numbers
+import os
+import signal
+import sys
 import threading
 
 
@@ -38,17 +48,54 @@ def call_with_time_limit(fn, args: tuple, *, key: str, timeout_s: float | None, 
         except BaseException as e:  # noqa: BLE001 - reported to the caller with the key
             box["error"] = e
 
+    saved = _process_state()
     worker = threading.Thread(target=run, name=f"user-fn {key}", daemon=True)
     worker.start()
-    worker.join(timeout_s)
+    try:
+        worker.join(timeout_s)
+    finally:
+        _restore_process_state(saved)
     if worker.is_alive():
         raise UserFunctionError(f"{key} did not return within {timeout_s:g} s (reward.user_fn_timeout_s)")
     if "error" in box:
         e = box["error"]
         if isinstance(e, UserFunctionError):  # (a mix of rewards: one of its functions, named already)
             raise e
-        raise UserFunctionError(f"{key} raised {type(e).__name__}: {one_line(str(e))}") from e
+        raise UserFunctionError(f"{key} raised {_described(e)}") from e
     return box["value"]
+
+
+# the signals whose handlers are the run's own (pacs_fast/signals.py: Ctrl-C, a scheduler's stop, a closed terminal)
+_RUN_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def _process_state() -> tuple:
+    """What user code may change that the run reads: the working directory (as a descriptor: a path the code
+    renames still leads back), torch's thread count (when torch is loaded) and, from the main thread (a module
+    being imported: a function's thread cannot set them), the handlers of the run's stop signals."""
+    try:
+        cwd = os.open(".", getattr(os, "O_PATH", os.O_RDONLY) | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # (a working directory already gone: nothing to return to)
+        cwd = None
+    torch = sys.modules.get("torch")
+    main = threading.current_thread() is threading.main_thread()
+    return cwd, (torch.get_num_threads() if torch is not None else None), \
+        ({sig: signal.getsignal(sig) for sig in _RUN_SIGNALS} if main else {})
+
+
+def _restore_process_state(saved: tuple) -> None:
+    cwd, threads, handlers = saved
+    if cwd is not None:
+        try:
+            os.fchdir(cwd)
+        finally:
+            os.close(cwd)
+    torch = sys.modules.get("torch")
+    if threads is not None and torch is not None:  # (also the count new threads start with, which a
+        torch.set_num_threads(threads)  # set_num_threads in the function's thread changes for the process)
+    for sig, handler in handlers.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
 
 
 def as_list(value, what: str, key: str) -> list:
@@ -57,6 +104,15 @@ def as_list(value, what: str, key: str) -> list:
     if not isinstance(value, (list, tuple)):
         raise UserFunctionError(f"{key} returned {type(value).__name__} {_short(value)} for {what}: expected a list")
     return list(value)
+
+
+def _described(e: BaseException) -> str:
+    """``Type: message`` of an exception on one line (``Type`` alone for an empty message: a bare ``assert``)."""
+    try:
+        text = one_line(str(e))
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails still names its type
+        text = ""
+    return f"{type(e).__name__}: {text}" if text else f"{type(e).__name__} (no message)"
 
 
 def one_line(text: str, limit: int = 300) -> str:
@@ -108,6 +164,7 @@ def load_callable(spec: str, key: str):
     static method, an instance's method) (the config key ``key``, e.g. ``reward.appeal``); a ValueError
     naming the key when it cannot be imported."""
     module, _, name = spec.partition(":")
+    saved = _process_state()  # (a module that chdir-s to its folder when imported: the run's files stay put)
     try:
         fn = importlib.import_module(module)
         for part in name.split("."):
@@ -119,6 +176,8 @@ def load_callable(spec: str, key: str):
     except Exception as e:  # the module itself fails: a SyntaxError, or an error raised while it runs
         raise ValueError(f"{key}={spec!r} cannot be loaded: importing {module} raised {type(e).__name__}: "
                          f"{one_line(str(e))}") from e
+    finally:
+        _restore_process_state(saved)
     if not callable(fn):
         raise ValueError(f"{key}={spec!r} is not callable")
     return fn
