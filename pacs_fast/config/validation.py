@@ -25,6 +25,7 @@ def _choice(key: str, value: str, choices) -> None:
 
 ATTENTIONS = ("auto", "short", "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 MIN_TEMPERATURE = 0.01  # the lowest sampling temperature (vLLM warns of NaN below; the HF sampler's overflowed)
+VLLM_MAX_TEMPERATURE = 2.0  # vLLM refuses a higher one, at its first generate (after every model had loaded)
 # (key, lowest, highest, lowest allowed?, highest allowed?) for every float that has a range.
 FLOAT_RANGES = (
     ("learner.lr", 0.0, 1.0, False, True), ("learner.eps", 0.0, 1.0, False, True),
@@ -102,6 +103,10 @@ def _validate_numbers(cfg: Config) -> None:
         if bad_lo or bad_hi:
             interval = f"{'[' if lo_ok else '('}{lo:g}, {'inf)' if hi is None else f'{hi:g}' + (']' if hi_ok else ')')}"
             raise ValueError(f"{key} must be in {interval}, got {v}")
+    for key in ("rollout.temperature", "rollout.eval_temperature") if cfg.rollout.engine == "vllm" else ():
+        if _get(cfg, key) > VLLM_MAX_TEMPERATURE:
+            raise ValueError(f"{key} must be <= {VLLM_MAX_TEMPERATURE:g} with rollout.engine=vllm (vLLM samples at "
+                             f"temperatures in [0, {VLLM_MAX_TEMPERATURE:g}]), got {_get(cfg, key)}")
     if 0 < cfg.rollout.eval_temperature < MIN_TEMPERATURE:
         raise ValueError(f"rollout.eval_temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got "
                          f"{cfg.rollout.eval_temperature}")

@@ -65,9 +65,17 @@ def vllm_cpu_sizes(args, sets, todo, ns) -> dict:
 def check_vllm_runs_model(args) -> None:
     """UsageError naming ``--model`` when ``--engine vllm`` cannot run its architecture
     (:func:`pacs_fast.rollout.vllm_setup.unsupported_architecture`: no vLLM implementation, or a Qwen2 / Qwen3
-    config mixing sliding and full layers), before the engine is sized or loaded: vLLM's own refusals were a
-    ~9,000-character list of every architecture it has, and an AssertionError from the engine's start."""
-    if engine_and_dtype(args)[0] != "vllm" or importlib.util.find_spec("vllm") is None:
+    config mixing sliding and full layers), or ``--temperature`` above vLLM's 2, before the engine is sized or
+    loaded: vLLM's own refusals were a ~9,000-character list of every architecture it has, an AssertionError from
+    the engine's start, and a temperature error at its first call."""
+    if engine_and_dtype(args)[0] != "vllm":
+        return
+    from pacs_fast.config.validation import VLLM_MAX_TEMPERATURE
+
+    if args.temperature > VLLM_MAX_TEMPERATURE:  # (vLLM's own refusal came at its first call, after the engine loaded)
+        raise UsageError(f"--temperature {args.temperature:g} with --engine vllm: vLLM samples at temperatures in "
+                         f"[0, {VLLM_MAX_TEMPERATURE:g}]; use --engine hf for a higher one")
+    if importlib.util.find_spec("vllm") is None:
         return  # (no vLLM: make_engine says how to install it)
     from pacs_fast.rollout.vllm_setup import unsupported_architecture
 

@@ -37,8 +37,8 @@ class SamplingParams:
         object.__setattr__(self, "stop", check_stop_strings(self.stop, "SamplingParams.stop"))
         if self.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not (0 <= self.temperature < float("inf")):  # (NaN passed a `< 0` check)
+            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:

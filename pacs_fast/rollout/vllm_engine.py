@@ -4,9 +4,11 @@
 
 - **generate**: prompts are token ids (``TokensPrompt``); ``n`` samples per prompt with vLLM's
   parallel sampling. With ``params.seed = s`` prompt ``i`` gets seed ``s + i * n`` and vLLM gives
-  its sample ``j`` seed ``s + i * n + j``: a call is reproducible and identical prompts in one call
-  still get different samples. ``token_ids`` include the EOS token when the model emitted it.
-  ``temperature == 0`` is greedy: one request, its completion repeated ``n`` times.
+  its sample ``j`` seed ``s + i * n + j`` (mapped by :mod:`.vllm_seeds`: CPU generators read 32 bits):
+  a call is reproducible and identical prompts in one call still get different samples.
+  ``token_ids`` include the EOS token when the model emitted it.
+  ``temperature == 0`` is greedy: one request, its completion repeated ``n`` times; a temperature
+  above 2 (vLLM's limit) is a ValueError.
 - **log-probs**: with ``return_logprobs`` each sampled token's log-prob is vLLM's
   ``logprobs_mode="raw_logprobs"`` value: ``log_softmax`` of the raw model logits, i.e. the
   temperature-1 distribution *before* temperature, top-p and any penalties (the base contract;
@@ -56,16 +58,17 @@ import copy
 import gc
 import logging
 import os
-import random
 import time
 from typing import Iterable
 
 import torch
 
+from pacs_fast.config.validation import VLLM_MAX_TEMPERATURE
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
-from pacs_fast.rollout.vllm_setup import (CPU_MAX_NUM_SEQS, cpu_kv_cache_size, job_named_cpu_shm, kv_cache_layout,
-                                          set_cpu_env_defaults)
+from pacs_fast.rollout.vllm_setup import (CPU_MAX_NUM_SEQS, ProcessStateGuard, cpu_kv_cache_size, job_named_cpu_shm,
+                                          kv_cache_layout, set_cpu_env_defaults)
+from pacs_fast.rollout.vllm_seeds import request_seed
 from pacs_fast.rollout.vllm_worker import mask_padded_rows, refresh_tied_lm_heads
 from pacs_fast.rollout.weight_sync import WeightSpec, iter_buckets, prepare, tensor_bytes
 
@@ -93,32 +96,6 @@ def _quiet_logs(names, least: int):
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
-
-
-class _ProcessStateGuard:
-    """Restores torch threads / ``set_num_threads`` and the global RNGs that vLLM's start changes."""
-
-    def __enter__(self):
-        import numpy as np
-
-        self.set_num_threads = torch.set_num_threads
-        self.num_threads = torch.get_num_threads()
-        self.rng = (torch.random.get_rng_state(), random.getstate(), np.random.get_state())
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        return self
-
-    def __exit__(self, *exc):
-        import numpy as np
-
-        torch.set_num_threads = self.set_num_threads
-        if torch.get_num_threads() != self.num_threads:
-            torch.set_num_threads(self.num_threads)
-        torch.random.set_rng_state(self.rng[0])
-        random.setstate(self.rng[1])
-        np.random.set_state(self.rng[2])
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
-        return False
 
 
 class VLLMEngine(RolloutEngine):
@@ -201,7 +178,7 @@ class VLLMEngine(RolloutEngine):
 
         freeze_long_lived()  # in a command line's process: vLLM's collections while building skip the imports
         shared = llm_kwargs.get("distributed_executor_backend") == "external_launcher" and current_platform.is_cpu()
-        with _ProcessStateGuard(), job_named_cpu_shm() if shared else contextlib.nullcontext():
+        with ProcessStateGuard(), job_named_cpu_shm() if shared else contextlib.nullcontext():
             self._llm = vllm.LLM(self.model_path, seed=seed, dtype=dtype,
                                  gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                                  logprobs_mode="raw_logprobs", **llm_kwargs)
@@ -250,6 +227,13 @@ class VLLMEngine(RolloutEngine):
             self.model_path)
         return vocab_size, list(range(vocab_size))
 
+    def _decode(self, ids: list[list[int]]) -> list[str]:
+        """The texts of ``ids`` without special tokens (none without a tokenizer: vLLM's texts stay)."""
+        try:
+            return self._llm.get_tokenizer().batch_decode(ids, skip_special_tokens=True) if ids else []
+        except Exception:  # noqa: BLE001 - skip_tokenizer_init=True
+            return []
+
     @property
     def llm(self):
         """The underlying ``vllm.LLM``."""
@@ -281,6 +265,9 @@ class VLLMEngine(RolloutEngine):
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         """``out[i][j]``: completion j (of ``params.n``) for prompt i."""
         prompts = self._check_prompts(prompt_token_ids)
+        if params.temperature > VLLM_MAX_TEMPERATURE:  # (vLLM's own refusal came from inside its request processing)
+            raise ValueError(f"SamplingParams.temperature={params.temperature:g}: vLLM samples at temperatures in "
+                             f"[0, {VLLM_MAX_TEMPERATURE:g}]")
         self._awake_for_generation()
         if not prompts:
             self._join_data_parallel_steps()
@@ -291,7 +278,7 @@ class VLLMEngine(RolloutEngine):
             vllm.SamplingParams(
                 n=1 if greedy else params.n, temperature=float(params.temperature), top_p=float(params.top_p),
                 top_k=int(params.top_k), min_p=float(params.min_p), max_tokens=params.max_new_tokens,
-                seed=None if params.seed is None else int(params.seed) + i * params.n,
+                seed=None if params.seed is None else request_seed(int(params.seed) + i * params.n, self.on_cpu),
                 logprobs=0 if params.return_logprobs else None, allowed_token_ids=self._allowed_ids,
                 stop=list(params.stop) or None, include_stop_str_in_output=True)  # (stop_strings' semantics)
             for i in range(len(prompts))
@@ -300,7 +287,7 @@ class VLLMEngine(RolloutEngine):
                                      use_tqdm=False)
         result = []
         for out in outputs:
-            comps = []
+            comps, whole = [], []
             for c in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(c.token_ids)
                 lps = None
@@ -308,6 +295,12 @@ class VLLMEngine(RolloutEngine):
                     lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs, ids)]
                 reason = c.finish_reason if c.finish_reason in ("stop", "length") else str(c.finish_reason)
                 comps.append(Completion(token_ids=ids, text=c.text, finish_reason=reason, logprobs=lps))
+                if not isinstance(c.stop_reason, str):  # not cut at a stop string: its text is the whole decode
+                    whole.append(comps[-1])
+            # vLLM's text leaves out a last token whose text ends in an incomplete character ("}" of a "}" + the first
+            # byte of a CJK character): the decode of the ids, as the HF engine's (the text a stop string cuts stays)
+            for c, text in zip(whole, self._decode([c.token_ids for c in whole])):
+                c.text = text
             if greedy:  # vLLM refuses n > 1 when greedy: the n samples are copies of one
                 comps = [copy.deepcopy(comps[0]) for _ in range(params.n)]
             result.append(comps)

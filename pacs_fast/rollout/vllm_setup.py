@@ -1,4 +1,5 @@
-"""What a vLLM engine is given before it starts: the CPU environment, its context, its KV cache.
+"""What a vLLM engine is given before it starts: the CPU environment, its context, its KV cache (and the
+process state its start changes, restored: :class:`ProcessStateGuard`).
 
 Read without loading weights (vLLM's own ``ModelConfig``, ~20 ms after vLLM's import), so a caller
 can size an engine, or check a run against it, before any model loads.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import random
 import re
 
 import torch
@@ -195,6 +197,32 @@ def cpu_kv_cache_size(bytes_per_token: int, max_model_len: int, sequences: int =
     one = (blocks + 2) * block_bytes  # one sequence, the null block and a block of slack
     wanted = (int(sequences) * blocks + 2) * block_bytes
     return int(max(one, min(wanted, cap)))
+
+
+class ProcessStateGuard:
+    """Restores torch threads / ``set_num_threads`` and the global RNGs that vLLM's start changes."""
+
+    def __enter__(self):
+        import numpy as np
+
+        self.set_num_threads = torch.set_num_threads
+        self.num_threads = torch.get_num_threads()
+        self.rng = (torch.random.get_rng_state(), random.getstate(), np.random.get_state())
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        return self
+
+    def __exit__(self, *exc):
+        import numpy as np
+
+        torch.set_num_threads = self.set_num_threads
+        if torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        torch.random.set_rng_state(self.rng[0])
+        random.setstate(self.rng[1])
+        np.random.set_state(self.rng[2])
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        return False
 
 
 SHM_DIR = "/dev/shm"
