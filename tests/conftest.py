@@ -112,3 +112,33 @@ def seed():
     torch.manual_seed(s)
     print(f"seed={s}")
     return s
+
+
+def _reopen_log_streams() -> None:
+    """Log handlers set up inside a test that captured ``sys.stderr`` (``capsys``) keep that test's stream after it
+    is closed: transformers' handler writes to the stream of its set-up and flushes with ``sys.stderr.flush`` bound
+    then (transformers/utils/logging.py), so every later warning in the same worker printed a logging traceback ("I/O
+    operation on closed file") into what the next test captured (test_vllm_architectures.py's gpt_neo case failed
+    after test_config*.py and test_hf_engine.py in one process). A closed stream, or a flush bound to one, goes back
+    to the current stream."""
+    import logging
+    import sys
+
+    loggers = [logging.getLogger()] + [lg for lg in list(logging.Logger.manager.loggerDict.values())
+                                       if isinstance(lg, logging.Logger)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            stream = getattr(handler, "stream", None)
+            if stream is not None and getattr(stream, "closed", False):
+                # (not setStream: it flushes the old stream, which raises once closed)
+                handler.stream = sys.stdout if "stdout" in str(getattr(stream, "name", "")) else sys.stderr
+            flush = vars(handler).get("flush")  # (an instance attribute: transformers' sys.stderr.flush)
+            if getattr(getattr(flush, "__self__", None), "closed", False):
+                del handler.flush  # StreamHandler.flush: its own stream's
+
+
+@pytest.fixture(autouse=True)
+def _log_streams_stay_open():
+    _reopen_log_streams()
+    yield
+    _reopen_log_streams()
