@@ -256,6 +256,30 @@ def test_the_lease_refuses_bad_learner_settings_before_its_first_phase(tmp_path)
     assert empty.returncode == 2 and "no length given" in empty.stderr, empty.stderr[-1000:]
 
 
+@pytest.fixture(scope="module")
+def lease_checks(tmp_path_factory):
+    """``mode -> (TMPDIR, kernels/tuned/ before, the completed check run)``: each mode's plain
+    ``LEASE_CHECK_ONLY=1`` run of bench/gpu/lease.sh, made once for the module (each run starts python twice or more,
+    ~1.5 s of CPU each: importing torch) and read by both tests that need the same run."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    cache = {}
+
+    def check(mode):
+        if mode not in cache:
+            tmp = tmp_path_factory.mktemp(f"lease_{mode}")
+            env = {**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp), "LEASE_CHECK_ONLY": "1"}
+            before = sorted(os.listdir(os.path.join(root, "kernels", "tuned")))
+            proc = subprocess.run(["bash", "bench/gpu/lease.sh", str(tmp / "out"), mode], cwd=root, env=env,
+                                  capture_output=True, text=True, timeout=120)
+            cache[mode] = (tmp, before, proc)
+        return cache[mode]
+    return check
+
+
 @pytest.mark.parametrize("mode, phases", [
     ("open", ["pacs_tests", "learner_kernels_test", "pacs_loss", "host", "logprobs", "logprobs_fp32", "shapes",
               "attention", "learner", "targets"]),
@@ -263,7 +287,7 @@ def test_the_lease_refuses_bad_learner_settings_before_its_first_phase(tmp_path)
     ("main", ["suite", "tune", "tuned_logprobs", "shapes", "targets"]), ("product", ["product", "targets"]),
     ("final", ["gluon_check", "pacs_loss_final", "logprobs_final", "gpu_tests_final", "megatron", "targets"]),
 ])
-def test_the_lease_check_prints_every_modes_plan_and_runs_nothing(tmp_path, mode, phases):
+def test_the_lease_check_prints_every_modes_plan_and_runs_nothing(lease_checks, mode, phases):
     """LEASE_CHECK_ONLY=1 was read in learner mode only: main / product / final ran their GPU phases (main copies
     its tuned table into kernels/tuned/); `--help` took "--help" for OUT_DIR and started main mode."""
     import os
@@ -271,10 +295,8 @@ def test_the_lease_check_prints_every_modes_plan_and_runs_nothing(tmp_path, mode
     import sys
 
     root = os.path.join(os.path.dirname(__file__), "..")
+    tmp_path, before, proc = lease_checks(mode)
     env = {**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path), "LEASE_CHECK_ONLY": "1"}
-    before = sorted(os.listdir(os.path.join(root, "kernels", "tuned")))
-    proc = subprocess.run(["bash", "bench/gpu/lease.sh", str(tmp_path / "out"), mode], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-1000:]
     planned = [line[3:].split(":")[0] for line in proc.stdout.splitlines() if ": limit " in line]
     assert planned == phases, proc.stdout
@@ -333,17 +355,18 @@ def test_the_open_lease_checks_its_settings_and_main_can_skip_its_suite(tmp_path
     assert planned == ["gluon_check", "tune", "tuned_logprobs", "shapes", "grid", "targets"], skip.stdout
 
 
-def test_the_old_lease_path_runs_the_same_script(tmp_path):
+def test_the_old_lease_path_runs_the_same_script(lease_checks):
     """bench/gpu_lease.sh (the name the project's instructions give) runs bench/gpu/lease.sh with its arguments."""
     import os
     import subprocess
     import sys
 
     root = os.path.join(os.path.dirname(__file__), "..")
+    # bench/gpu/lease.sh's run: the module's (the same TMPDIR and OUT_DIR, so the same command lines)
+    tmp_path, _, new = lease_checks("extra")
     env = {**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path), "LEASE_CHECK_ONLY": "1"}
-    old, new = (subprocess.run(["bash", script, str(tmp_path / "out"), "extra"], cwd=root, env=env,
-                               capture_output=True, text=True, timeout=120)
-                for script in ("bench/gpu_lease.sh", "bench/gpu/lease.sh"))
+    old = subprocess.run(["bash", "bench/gpu_lease.sh", str(tmp_path / "out"), "extra"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=120)
     def plan(proc):  # each phase and its command (the grid's limit and "done after" depend on the clock)
         return [line.split(": limit")[0] + line.split(" s:", 1)[-1] for line in proc.stdout.splitlines()
                 if ": limit" in line]

@@ -79,7 +79,7 @@ from pacs_fast.learner.megatron.forward import token_logprobs
 from pacs_fast.learner.megatron.model import build_gpt_model, check_no_dropout, recompute_overrides
 from pacs_fast.learner.megatron.optimizer import make_optimizer
 from pacs_fast.learner.megatron.sequence_parallel import norm_params, reduce_norm_grads
-from pacs_fast.learner.megatron.setup import init_parallel, raise_if_non_finite, tp_grad_norm
+from pacs_fast.learner.megatron.setup import init_parallel, raise_if_non_finite, release_parallel, tp_grad_norm
 from pacs_fast.learner.megatron.value_head import make_value_head
 from pacs_fast.learner.objective import (holds_reference_model, minibatch_counts, needs_entropy, needs_reference,
                                          objective)
@@ -438,10 +438,8 @@ class MegatronLearner(MegatronCheckpointing, Learner):
             self.optimizer = self._make_optimizer()
 
     def close(self) -> None:
-        """Tear down megatron's model-parallel state (the default process group is kept)."""
-        from megatron.core import parallel_state as ps
-
-        ps.destroy_model_parallel()
+        """Tear down megatron's model-parallel state and its process groups (the default one is kept)."""
+        release_parallel()
 
 
 def cut_flags(cfg) -> dict:

@@ -1,5 +1,5 @@
 """Process setup for the megatron learner: ``torch.distributed`` + megatron's parallel state
-(:func:`init_parallel`), the tensor-parallel aware gradient norm (:func:`tp_grad_norm`), and the
+(:func:`init_parallel`, torn down by :func:`release_parallel`), the tensor-parallel aware gradient norm (:func:`tp_grad_norm`), and the
 ranks' joint non-finite check (:func:`raise_if_non_finite`).
 
 Rank layout (megatron's default order, tensor-parallel innermost): global rank
@@ -58,12 +58,41 @@ def init_parallel(tp_size: int, *, device: str = "auto") -> torch.device:
             raise ValueError(f"megatron is already initialised with tp={ps.get_tensor_model_parallel_world_size()}"
                              f", not learner.tp_size={tp_size}")
     else:
+        before = set(_groups())
         ps.initialize_model_parallel(tensor_model_parallel_size=tp_size, create_gloo_process_groups=False)
+        _MEGATRON_GROUPS[:] = [g for g in _groups() if g not in before]
     if not use_cuda:
         apply_cpu_compat()
     else:
         _seed_model_parallel_rng()
     return torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+
+
+# the process groups megatron's initialize_model_parallel made in init_parallel (release_parallel destroys them)
+_MEGATRON_GROUPS: list = []
+
+
+def _groups() -> list:
+    """Every process group torch.distributed holds (none known where its private map is absent)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return list(getattr(getattr(c10d, "_world", None), "pg_map", {}))
+
+
+def release_parallel() -> None:
+    """Tears megatron's model-parallel state down and destroys the process groups :func:`init_parallel` had it make
+    (the default group is kept). megatron-core's ``destroy_model_parallel`` drops its references to them but
+    destroys only its gloo ones: the rest stayed in torch's map with their transport threads, so each learner made and
+    closed in one process left ~25 groups (~50 threads at two ranks, each waking every few ms: a test launch that made
+    several reached ~1,500 threads a rank, half a core idle)."""
+    from megatron.core import parallel_state as ps
+
+    ps.destroy_model_parallel()
+    alive = set(_groups())
+    for group in _MEGATRON_GROUPS:  # (created in the same order on every rank; a local shutdown each)
+        if group in alive:
+            dist.destroy_process_group(group)
+    _MEGATRON_GROUPS.clear()
 
 
 def _seed_model_parallel_rng(seed: int = 0) -> None:
