@@ -206,20 +206,11 @@ def qwen25_folder(tmp_path_factory):
     q/k/v biases) with the ChatML BPE tokenizer, in bf16 as Qwen2.5 ships, and a jsonl of problems."""
     import json
 
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    from test_data_path_sweep import qwen_chatml_tokenizer
+    from test_data_path_sweep import qwen_chatml_folder
 
     folder = tmp_path_factory.mktemp("qwen25") / "model"
-    tok, im_end, eot = qwen_chatml_tokenizer()
-    tok.save_pretrained(folder)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=4096,
-                                         eos_token_id=im_end, pad_token_id=eot, tie_word_embeddings=True))
-    model.generation_config = GenerationConfig(eos_token_id=[im_end, eot], pad_token_id=eot)
-    model.to(torch.bfloat16).save_pretrained(folder)
+    qwen_chatml_folder(folder, dtype=torch.bfloat16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       tie_word_embeddings=True)
     data = folder.parent / "problems.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i}+{i}?", "answer": str(2 * i)}) + "\n"
                             for i in range(24)))

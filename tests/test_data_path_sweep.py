@@ -63,20 +63,28 @@ def qwen_chatml_tokenizer():
     return tok, tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    """A Qwen2.5-shaped model folder: BPE tokenizer, ChatML template, EOS <|im_end|>, pad <|endoftext|>."""
+def qwen_chatml_folder(folder, *, dtype=None, **config):
+    """Writes a random Qwen2 model (width 64, FFN 128, ``config`` on top) with :func:`qwen_chatml_tokenizer` into
+    ``folder``: EOS <|im_end|>, pad <|endoftext|>, both stop ids in its generation config, saved in ``dtype``
+    (None: fp32). Returns the tokenizer."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    folder = tmp_path_factory.mktemp("qwen") / "m"
     tok, im_end, eot = qwen_chatml_tokenizer()
     tok.save_pretrained(folder)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                         max_position_embeddings=4096, eos_token_id=im_end, pad_token_id=eot))
+    model = Qwen2ForCausalLM(Qwen2Config(**{"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
+                                            "max_position_embeddings": 4096, **config},
+                                         eos_token_id=im_end, pad_token_id=eot))
     model.generation_config = GenerationConfig(eos_token_id=[im_end, eot], pad_token_id=eot)
-    model.save_pretrained(folder)
+    (model.to(dtype) if dtype is not None else model).save_pretrained(folder)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    """A Qwen2.5-shaped model folder: BPE tokenizer, ChatML template, EOS <|im_end|>, pad <|endoftext|>."""
+    folder = tmp_path_factory.mktemp("qwen") / "m"
+    tok = qwen_chatml_folder(folder, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
     return folder, tok
 
 
