@@ -404,6 +404,71 @@ def test_seeds_are_read_whole_and_a_huge_seed_neither_raises_nor_hangs_the_engin
     assert draws(s) == mine
 
 
+@needs_vllm
+def test_an_interrupted_call_leaves_no_request_for_the_next(qwen, seed, monkeypatch, caplog):
+    """A Ctrl-C while vLLM stepped (or any exception inside ``LLM.generate``) left the call's requests in the engine,
+    and ``LLM.generate`` returns every finished request: the next call gave the interrupted prompt's samples in its
+    own prompt's place. Now the engine aborts its own requests when interrupted, and whatever a direct
+    ``engine.llm`` call left before the next call (one warning line)."""
+    eng, prompts = qwen.engine, qwen.prompts[:2]
+    eng.sync_weights(qwen.model.named_parameters())
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=5, seed=seed % 10**6)
+    core = eng._llm.llm_engine
+
+    def draws():
+        return [[c.token_ids for c in cs] for cs in eng.generate(prompts[1:], params)]
+
+    want = draws()
+    steps = []
+
+    def interrupted_step():
+        steps.append(1)
+        if len(steps) == 2:  # (after the first step: the requests are scheduled and part-generated)
+            raise KeyboardInterrupt
+        return real_step()
+
+    real_step = core.step
+    monkeypatch.setattr(core, "step", interrupted_step)
+    with pytest.raises(KeyboardInterrupt):
+        eng.generate(prompts[:1], params)
+    assert not core.has_unfinished_requests()
+    assert draws() == want
+
+    import vllm
+
+    steps.clear()  # a user's direct call on the engine's LLM, interrupted: the engine's next call cleans up
+    with pytest.raises(KeyboardInterrupt):
+        eng.llm.generate([vllm.TokensPrompt(prompt_token_ids=prompts[0])], vllm.SamplingParams(n=2, max_tokens=5),
+                         use_tqdm=False)
+    monkeypatch.undo()
+    assert core.has_unfinished_requests()
+    with caplog.at_level("WARNING", logger="pacs_fast.rollout.vllm_requests"):
+        assert draws() == want
+    assert any("interrupted call left behind" in r.getMessage() for r in caplog.records)
+
+
+def test_outputs_that_are_not_the_prompts_own_are_an_error():
+    """The last guard of ``generate_all``: outputs of other requests (an engine shared with another caller) are an
+    error naming the counts, never results in the wrong prompts' places."""
+    from types import SimpleNamespace
+
+    from pacs_fast.rollout.vllm_requests import generate_all
+
+    class FakeLLM:
+        llm_engine = SimpleNamespace(output_processor=SimpleNamespace(request_states={}, parent_requests={}))
+
+        def __init__(self, returned):
+            self.returned = returned
+
+        def generate(self, prompts, sampling, use_tqdm):
+            return [SimpleNamespace(prompt_token_ids=ids) for ids in self.returned]
+
+    assert len(generate_all(FakeLLM([[1, 2], [3]]), ["a", "b"], None, token_ids=[[1, 2], [3]])) == 2
+    for returned in ([[9], [1, 2], [3]], [[3], [1, 2]]):
+        with pytest.raises(RuntimeError, match=r"vLLM returned \d outputs for 2 prompts"):
+            generate_all(FakeLLM(returned), ["a", "b"], None, token_ids=[[1, 2], [3]])
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 def test_sampling_params_refuse_a_non_finite_temperature(value):
     """NaN passed ``temperature < 0`` (every comparison with NaN is False) and inf passed as well: vLLM then failed

@@ -8,7 +8,8 @@
   a call is reproducible and identical prompts in one call still get different samples.
   ``token_ids`` include the EOS token when the model emitted it.
   ``temperature == 0`` is greedy: one request, its completion repeated ``n`` times; a temperature
-  above 2 (vLLM's limit) is a ValueError.
+  above 2 (vLLM's limit) is a ValueError. A call interrupted half-way (Ctrl-C, an exception) leaves no request
+  in the engine for the next call to return or wait on (:mod:`.vllm_requests`).
 - **log-probs**: with ``return_logprobs`` each sampled token's log-prob is vLLM's
   ``logprobs_mode="raw_logprobs"`` value: ``log_softmax`` of the raw model logits, i.e. the
   temperature-1 distribution *before* temperature, top-p and any penalties (the base contract;
@@ -68,6 +69,7 @@ from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
 from pacs_fast.rollout.vllm_setup import (CPU_MAX_NUM_SEQS, ProcessStateGuard, cpu_kv_cache_size, job_named_cpu_shm,
                                           kv_cache_layout, set_cpu_env_defaults)
+from pacs_fast.rollout.vllm_requests import generate_all
 from pacs_fast.rollout.vllm_seeds import request_seed
 from pacs_fast.rollout.vllm_worker import mask_padded_rows, refresh_tied_lm_heads
 from pacs_fast.rollout.weight_sync import WeightSpec, iter_buckets, prepare, tensor_bytes
@@ -283,8 +285,8 @@ class VLLMEngine(RolloutEngine):
                 stop=list(params.stop) or None, include_stop_str_in_output=True)  # (stop_strings' semantics)
             for i in range(len(prompts))
         ]
-        outputs = self._llm.generate([vllm.TokensPrompt(prompt_token_ids=p) for p in prompts], sampling,
-                                     use_tqdm=False)
+        outputs = generate_all(self._llm, [vllm.TokensPrompt(prompt_token_ids=p) for p in prompts], sampling,
+                               token_ids=prompts)
         result = []
         for out in outputs:
             comps, whole = [], []
@@ -321,7 +323,7 @@ class VLLMEngine(RolloutEngine):
             return []
         vllm = self._vllm
         sp = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        outputs = self._llm.generate([vllm.TokensPrompt(prompt_token_ids=s) for s in seqs], sp, use_tqdm=False)
+        outputs = generate_all(self._llm, [vllm.TokensPrompt(prompt_token_ids=s) for s in seqs], sp, token_ids=seqs)
         return [[float(step[tok].logprob) for step, tok in zip(out.prompt_logprobs[1:], s[1:])]
                 for out, s in zip(outputs, seqs)]
 
