@@ -305,7 +305,7 @@ def _print_row(r):
 
 
 def _print_table(rows):
-    print("\n| method | N | H | V | fwd+bwd s | x naive | workspace MB | x naive | max err vs fp64 |")
+    print("\n| method | N | H | V | fwd+bwd s | time x naive | workspace MB | workspace x naive | max err vs fp64 |")
     print("|---|---|---|---|---|---|---|---|---|")
     naive = {}
     for r in rows:
