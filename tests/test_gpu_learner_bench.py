@@ -191,7 +191,8 @@ def test_token_budgets_are_positive_integers():
     """--token-budgets: 0 would mean no budget to the learner while the prediction counts no activations (a sweep
     found a false point on the memory curve), a fraction a bare traceback: argparse errors naming the option."""
     mod = bench()
-    assert mod.budgets_arg("8704, 17408") == [8704, 17408] and mod.budgets_arg("") == []
+    import learner_args  # (bench/gpu/: on the path once bench() loaded learner.py)
+    assert learner_args.budgets_arg("8704, 17408") == [8704, 17408] and learner_args.budgets_arg("") == []
     for bad in ("0", "-3", "1.5", "10,x"):
         with pytest.raises(SystemExit):
             mod.main(["--out", "/tmp/unused", "--dry-run", "--token-budgets", bad])
@@ -204,8 +205,9 @@ def test_bad_arguments_are_refused_by_the_parser():
     mod = bench()
     ok = ["--out", "/tmp/unused", "--dry-run", "--check-args"]
     assert mod.main(ok + ["--learners", "torch packed varlen, torch padded + SDPA", "--lengths", "4k, mix,300"]) == 0
-    assert mod.lengths_arg("4k, mix,300") == ["4k", "mix", "300"]
-    assert mod.names_arg(mod.LEARNERS, "learners")("torch packed varlen, torch padded + SDPA") == [
+    import learner_args  # (bench/gpu/: on the path once bench() loaded learner.py)
+    assert learner_args.lengths_arg("4k, mix,300") == ["4k", "mix", "300"]
+    assert learner_args.names_arg(mod.LEARNERS, "learners")("torch packed varlen, torch padded + SDPA") == [
         "torch packed varlen", "torch padded + SDPA"]
     for bad in (["--lengths", "0k"], ["--lengths", "-4k"], ["--lengths", "4x"], ["--lengths", ""],
                 ["--learners", "torch packed"], ["--shapes", "qwen3"], ["--steps", "0"], ["--steps", "-1"],
@@ -213,6 +215,15 @@ def test_bad_arguments_are_refused_by_the_parser():
         with pytest.raises(SystemExit) as e:
             mod.main(ok + bad)
         assert e.value.code == 2, bad
+    # the lease script's check: learner_args.py alone, the same verdicts without importing torch (~1.5 s a call)
+    script = os.path.join(os.path.dirname(mod.__file__), "learner_args.py")
+    probe = ("import runpy, sys; sys.argv = sys.argv[1:]\ntry:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+             "finally:\n    print('torch imported' if 'torch' in sys.modules else 'no torch')")
+    for args, rc in ((["--lengths", "4k, mix,300", "--learners", "torch packed varlen"], 0), (["--lengths", "0k"], 2),
+                     (["--learners", "torch packed"], 2)):
+        proc = subprocess.run([sys.executable, "-c", probe, script, "--out", "/tmp/unused", *args],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == rc and proc.stdout.strip() == "no torch", (args, proc.stdout, proc.stderr[-500:])
 
 
 def test_the_lease_refuses_bad_learner_settings_before_its_first_phase(tmp_path):

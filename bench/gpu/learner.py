@@ -31,7 +31,6 @@ OUT/learner.json (one row per learner x shape x length: ``hidden``, ``response_t
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib.util
 import json
@@ -47,23 +46,9 @@ sys.path.insert(0, os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)  # (also when a test loads this file by its path)
 
 import torch  # noqa: E402
-from learner_args import budgets_arg, lengths_arg, names_arg, positive_arg, seconds_arg  # noqa: E402
+from learner_args import LEARNERS, SHAPES, TINY, parser  # noqa: E402
 from learner_profile import profile_shares, shares_of  # noqa: E402,F401 (shares_of: tests/test_gpu_learner_bench.py)
 
-SHAPES = {  # name: (layers, hidden, heads, kv_heads, ffn)
-    "qwen2.5-1.5b": (28, 1536, 12, 2, 8960),
-    "qwen2.5-0.5b": (24, 896, 14, 2, 4864),
-}
-TINY = {"tiny": (2, 64, 4, 2, 128)}
-LEARNERS = {
-    "torch packed varlen": dict(packing="on", packed_attention="varlen"),
-    "torch packed varlen + Liger layers": dict(packing="on", packed_attention="varlen", fused_layers="on"),
-    "torch padded + SDPA": dict(packing="off"),
-    "torch packed dense": dict(packing="on", packed_attention="dense"),
-    "megatron packed THD": dict(packing="on", backend="megatron"),
-    "megatron packed THD + Liger SwiGLU": dict(packing="on", backend="megatron", fused_layers="on"),
-    "megatron padded": dict(packing="off", backend="megatron"),
-}
 # (length, learner) of each shape measured first, in the order of issue 38's targets: MFU at 4k; packed against
 # padded on the long-tailed mix; the longest response; whether the fused layers pay; the memory curve; then the rest
 # length-major, so that a time budget cut short still answers the targets
@@ -367,23 +352,7 @@ def table(rows, device, formula) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="folder for learner.json and learner.md")
-    ap.add_argument("--dry-run", action="store_true", help="CPU, a tiny shape and tiny lengths (seconds)")
-    ap.add_argument("--budget-s", type=seconds_arg, default=180.0, help="rows not started after this many seconds")
-    ap.add_argument("--steps", type=positive_arg, default=3, help="timed updates per row (median)")
-    ap.add_argument("--shapes", type=names_arg(SHAPES, "shapes"), default=",".join(SHAPES))
-    ap.add_argument("--lengths", type=lengths_arg, default="4k,mix,16k,32k,1k",
-                    help="comma-separated response lengths: <n>k (n x 1,024 tokens), <n> tokens, or mix")
-    ap.add_argument("--learners", type=names_arg(LEARNERS, "learners"), default=",".join(LEARNERS))
-    ap.add_argument("--recompute", default="auto", choices=("auto", "off", "selective", "full"),
-                    help="activation recompute of every row (auto: the least that fits, from the memory model)")
-    ap.add_argument("--token-budgets", default=[], type=budgets_arg,
-                    help="comma-separated learner.max_tokens_per_micro_batch values (positive integers): one row per "
-                         "value (the memory curve; with --recompute), instead of the largest the memory model allows")
-    ap.add_argument("--check-args", action="store_true", help="parse the arguments and exit (bench/gpu/lease.sh, "
-                                                                   "before its first phase)")
-    args = ap.parse_args(argv)
+    args = parser(__doc__.split("\n")[0]).parse_args(argv)
     if args.check_args:
         return 0
     budgets = args.token_budgets or [None]
