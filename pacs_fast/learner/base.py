@@ -284,7 +284,9 @@ class Learner(abc.ABC):
         whole layers per file (one file: ``model.safetensors``; several: ``model-0000i-of-0000n.safetensors`` +
         ``model.safetensors.index.json``), copied to host memory one bucket at a time. The files are counted
         (their names say how many) from :meth:`hf_weight_layout`, without the tensors (with LoRA: no merge), then
-        written from :meth:`export_hf_weights` once."""
+        written from :meth:`export_hf_weights` once. Each file is written atomically, the folder is not: a save into
+        a folder that holds a model already and stops part-way leaves a mix of the two (save into a new folder and
+        rename it, as the trainer's checkpoints do)."""
         from pathlib import Path
 
         from pacs_fast.learner import hf_folder
