@@ -18,6 +18,7 @@ files match its manifest and load, and says which newer one it skipped and why.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import random
@@ -72,6 +73,38 @@ def model_side_files(model_dir: str | Path) -> list[Path]:
     return sorted(p for p in model_dir.iterdir() if p.is_file() and p.name != "config.json"
                   and not p.name.endswith(WEIGHT_SUFFIXES) and not p.name.endswith(".index.json")
                   and not p.name.startswith(".") and p.name not in CHECKPOINT_OWN_FILES)
+
+
+#: a model folder's side file larger than this (not a tokenizer's: Qwen2.5's tokenizer.json is 7 MB) is recorded by
+#: its size, not read at every checkpoint
+HASHED_BYTES = 64 << 20
+
+
+def model_files_record(model_dir: str | Path) -> dict:
+    """What of the model folder shapes the run besides the weights, for a resume to compare: its resolved ``path``
+    and the SHA-1 of ``config.json`` and of each :func:`model_side_files` file (tokenizer, chat template,
+    generation config; not the documentation; a file over :data:`HASHED_BYTES`: its size). A resume on a folder
+    edited in place (its chat template or stop ids changed) trained on other prompts without a word."""
+    model_dir = Path(model_dir)
+    files = [model_dir / "config.json"] if (model_dir / "config.json").is_file() else []
+    files += [f for f in model_side_files(model_dir)
+              if not f.name.lower().endswith(".md") and not f.name.upper().startswith(("LICENSE", "NOTICE"))]
+    return {"path": str(model_dir.resolve()),
+            "files": {f.name: hashlib.sha1(f.read_bytes()).hexdigest() if f.stat().st_size <= HASHED_BYTES
+                      else f"{f.stat().st_size} bytes" for f in files}}
+
+
+def changed_model_files(recorded: dict | None, model_dir: str | Path) -> list[str]:
+    """The files of ``model_dir`` that differ from ``recorded`` (:func:`model_files_record`, kept in each checkpoint's
+    trainer state): changed, added or removed. Empty when nothing was recorded (a checkpoint from before the record)
+    or when the folder is another one than the recorded (a moved model given again: ``--resume RUN model.path=DIR``)."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), dict):
+        return []
+    now = model_files_record(model_dir)
+    if now["path"] != recorded.get("path"):
+        return []
+    before = recorded["files"]
+    return sorted(n for n in set(before) | set(now["files"]) if before.get(n) != now["files"].get(n))
 
 
 def keep_input_config_keys(saved: Path, original: Path) -> None:
@@ -152,6 +185,7 @@ def save_checkpoint(run_dir: str | Path, step: int, *, learner, model_dir: str |
                 if not (tmp / f.name).exists():  # what the learner wrote stays
                     shutil.copy2(f, tmp / f.name)
             shutil.copy2(config_yaml, tmp / "config.yaml")
+            trainer_state = {**trainer_state, "model_files": model_files_record(model_dir)}
             with open(tmp / "trainer_state.pt", "wb") as fh:
                 torch.save({**trainer_state, "step": step, "rng": rng_state()}, fh)
             readable = {k: v for k, v in trainer_state.items()
@@ -241,6 +275,11 @@ def checkpoints_newest_first(run_dir: str | Path) -> list[Path]:
 def intact_checkpoints(run_dir: str | Path) -> list[Path]:
     """The checkpoints of ``run_dir`` whose files match their manifest, newest first."""
     return [p for p in checkpoints_newest_first(run_dir) if problem_of(p) is None]
+
+
+def newest_intact(run_dir: str | Path) -> Path | None:
+    """The newest checkpoint of ``run_dir`` whose files match its manifest (None: none); older ones are not read."""
+    return next((p for p in checkpoints_newest_first(run_dir) if problem_of(p) is None), None)
 
 
 def step_of(path: Path) -> int:

@@ -29,8 +29,8 @@ from pacs_fast.rollout.stop_strings import special_token_warning
 from pacs_fast.signals import Stopped
 from pacs_fast.trainer.build import build_engine, build_learner, check_installed, resolve_device
 from pacs_fast.learner.base import CheckpointMismatch
-from pacs_fast.trainer.checkpoint import (checkpoints_newest_first, intact_checkpoints, remove_stale_temporaries,
-                                          restore_newest, settle_after_resume)
+from pacs_fast.trainer.checkpoint import (changed_model_files, checkpoints_newest_first, newest_intact,
+                                          remove_stale_temporaries, restore_newest, settle_after_resume)
 from pacs_fast.trainer.correction import correction_warnings
 from pacs_fast.trainer.evaluation import eval_line, evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress, begins_at_resume, read_jsonl
@@ -180,8 +180,9 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     try:
         train_problems, held_out = load_problems(cfg)  # bad files fail here, before any model work
         data_sha1 = data_digest(train_problems, held_out)
+        newest = newest_trainer_state(run_dir) if resume else None  # (the checkpoint a resume continues from)
         if resume:
-            stored = stored_data_sha1(run_dir)
+            stored = (newest[0], newest[1]["data_sha1"]) if newest and newest[1].get("data_sha1") else None
             if stored and stored[1] != data_sha1:  # (a run whose held-out split was drawn as before 2026-12-06)
                 train_problems, held_out = resumed_problems(cfg, train_problems, held_out, stored[1])
                 data_sha1 = data_digest(train_problems, held_out)
@@ -190,6 +191,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
             log(f"warning: {line}")
         check_gold_answers(cfg, train_problems, held_out, log)  # answers no response can match: before any model
         model_path, timings = find_model(cfg, train_problems, world, log)
+        if newest:
+            check_same_model_files(run_dir, model_path, newest)
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         problem = vocab_problem(model_path, len(tokenizer))  # (validation read the files; this, the loaded one)
@@ -387,21 +390,37 @@ def find_model(cfg: Config, train_problems: list[dict], world: World, log) -> tu
     return path, {"time/warmup": time.perf_counter() - t0}
 
 
-def stored_data_sha1(run_dir: Path) -> tuple[Path, str] | None:
-    """``(checkpoint, data_sha1)``: the newest intact checkpoint of ``run_dir`` and the problems' digest in its
-    ``trainer_state.json``; None where there is none (no checkpoint, or one from before the digest)."""
-    intact = intact_checkpoints(run_dir)
+def newest_trainer_state(run_dir: Path) -> tuple[Path, dict] | None:
+    """``(checkpoint, state)``: the newest intact checkpoint of ``run_dir`` and its ``trainer_state.json``; None where
+    there is none or it cannot be read."""
+    newest = newest_intact(run_dir)
     try:
-        digest = json.loads((intact[0] / "trainer_state.json").read_text()).get("data_sha1") if intact else None
+        state = json.loads((newest / "trainer_state.json").read_text()) if newest else None
     except (OSError, ValueError):
         return None
-    return (intact[0], digest) if digest else None
+    return (newest, state) if isinstance(state, dict) else None
 
 
 def check_same_data(run_dir: Path, cfg: Config, data_sha1: str, stored: tuple[Path, str] | None) -> None:
     """ValueError before any model work when the problems differ from those of the checkpoint a resume
-    continues from (``stored``: :func:`stored_data_sha1`; checkpoints from before the digest: not checked)."""
+    continues from (``stored``: its folder and the digest its trainer_state.json records; None, not checked: a
+    checkpoint from before the digest)."""
     if stored and stored[1] != data_sha1:
         raise ValueError(f"--resume {run_dir}: the problems differ from those {stored[0].name} trained on "
                          f"(data.dataset {cfg.data.dataset!r} or data.eval_dataset was edited, moved or replaced): "
                          f"restore them, or start a new run from its weights (model.path={stored[0]})")
+
+
+def check_same_model_files(run_dir: Path, model_path: Path, newest: tuple[Path, dict]) -> None:
+    """ValueError before the model loads when a resume's model folder was edited in place since the checkpoint it
+    continues from (``newest``: :func:`newest_trainer_state`): its tokenizer, chat template, generation config or
+    config.json, i.e. other prompts, stop ids or architecture than those the run trained with. A checkpoint from before
+    the record, or another folder than the recorded one (a moved model given again): not checked."""
+    ckpt, state = newest
+    changed = changed_model_files(state.get("model_files"), model_path) if Path(model_path).is_dir() else []
+    if changed:
+        raise ValueError(f"--resume {run_dir}: model.path {str(model_path)!r} changed since {ckpt.name} was "
+                         f"written ({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''} edited, added or "
+                         f"removed): the run would go on with other prompts, stop ids or architecture; restore the "
+                         f"files (the checkpoint holds copies of its tokenizer files: {ckpt}), or start a new run "
+                         f"from its weights (model.path={ckpt})")
