@@ -55,7 +55,7 @@ from pacs_fast.evaluation.report import incomplete_warnings, markdown_table, plo
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct,
                                           parts_warnings, problem_digest, read_samples, results_from_samples,
                                           samples_path)
-from pacs_fast.evaluation.settings import check_settings, recorded_sources, report_time_limit
+from pacs_fast.evaluation.settings import check_settings, recorded_sources, report_time_limit, weights_stamp
 from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn, reward_field_keywords
 from pacs_fast.gc_heap import freeze_at_start_up
 from pacs_fast.trainer.run_folder import RunLock
@@ -137,7 +137,7 @@ def run(argv: list[str]) -> int:
     check_ks(args.k, ns, greedy=args.temperature == 0)
     config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
               "min_p": args.min_p, "max_tokens": args.max_tokens, "stop": args.stop, "seed": args.seed, "n": ns,
-              **prompt_kwargs(args), "sources": sources}
+              **prompt_kwargs(args), "sources": sources, "weights": weights_stamp(model_id)}
     config["engine"], config["dtype"] = engine_and_dtype(args)
     config["extraction"] = args.extraction
     if verifier_scores:  # (the verifier's seconds per response: what `eval report` re-extracts answers under)

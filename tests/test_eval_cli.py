@@ -91,6 +91,41 @@ def test_end_to_end_tiny_model(model_dir, tmp_path, capsys):
     assert "temperature" in capsys.readouterr().err
 
 
+def test_a_resume_on_weights_written_again_into_the_same_folder_is_refused(model_dir, dataset, tmp_path, capsys,
+                                                                          monkeypatch):
+    """The settings named the model by its folder only: a new export into the same folder (other weights, the same
+    file names) had the next run resume and append the new model's samples to the old one's, and pass@k mixed the two
+    without a word. Each weight file's size and date are recorded (``weights``); another stamp is refused in one line
+    before the model loads, an unchanged folder resumes, and --overwrite starts afresh with the new weights."""
+    import shutil
+
+    from pacs_fast.evaluation.settings import weights_stamp
+
+    model, out = tmp_path / "model", tmp_path / "run"
+    shutil.copytree(model_dir, model)
+    assert ev.main(_run_args(model, dataset, out, "--limit", "1")) == 0
+    path = out / "run_config.json"
+    assert set(json.loads(path.read_text())["weights"]) == {"model.safetensors"}
+    assert ev.main(_run_args(model, dataset, out, "--limit", "2")) == 0  # the same weights: a resume
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # (another model's bytes, the same size)
+    weights.write_bytes(bytes(data))
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # (a file system's coarse clock: a later date)
+    real = ev._make_engine
+    monkeypatch.setattr(ev, "_make_engine", lambda *a: (_ for _ in ()).throw(AssertionError("the model loaded")))
+    capsys.readouterr()
+    assert ev.main(_run_args(model, dataset, out, "--limit", "3")) == 2
+    _one_line_error(capsys, "holds samples made with other settings (weights differ: the weight files "
+                    "model.safetensors were written again", "--overwrite to delete those samples")
+    assert sorted(read_samples(out / "samples_toy.jsonl")) == [0, 1]  # nothing added
+    monkeypatch.setattr(ev, "_make_engine", real)
+    assert ev.main(_run_args(model, dataset, out, "--limit", "1", "--overwrite")) == 0
+    assert sorted(read_samples(out / "samples_toy.jsonl")) == [0]
+    assert json.loads(path.read_text())["weights"] == weights_stamp(str(model))  # (the new stamp recorded)
+
+
 def test_a_problem_samples_alike_whatever_call_it_lands_in(model_dir, tmp_path):
     """Seeds were per engine call (a grid of --samples-per-call): a --limit raised later, or another
     --samples-per-call, put a problem at another place in its call and gave it other samples than one run

@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+from pacs_fast.config.model_files import WEIGHT_FILES
 from pacs_fast.config.reward_specs import VERIFIER
 from pacs_fast.evaluation.args import UsageError, read_json
 from pacs_fast.evaluation.results import LEGACY_SETTINGS, UNRECORDED_SAMPLING, samples_path
@@ -17,6 +18,26 @@ from pacs_fast.reward.time_limit import DEFAULT_TIME_LIMIT, MAX_TIME_LIMIT
 SETTINGS_FILE = "run_config.json"
 SAMPLING_KEYS = ("model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed", "n", "system",
                  "instruction", "template_kwargs")
+
+
+def weights_stamp(model: str) -> dict[str, list[int]] | None:
+    """``{file: [bytes, mtime_ns]}`` of the weight files (``*.safetensors``, ``*.bin``) of the model folder ``model``,
+    recorded as the settings' ``weights``; None for a hub id or a folder without them. A folder whose weights were
+    written again since its samples were drawn (a new export into the same folder) had a resume append the new model's
+    samples to the old one's, and the results mixed the two without a word. Sizes and dates, not digests: reading a
+    model's weights at every eval start would cost minutes; a file rewritten with the same bytes reads as changed."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return None
+    files = sorted({p for pattern in WEIGHT_FILES for p in folder.glob(pattern) if p.is_file()})
+    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files} or None
+
+
+def _weights_change(old: dict, new: dict) -> str:
+    """The weight files that differ between two :func:`weights_stamp` records, in words."""
+    changed = sorted(n for n in set(old) | set(new) if old.get(n) != new.get(n))
+    return "the weight files " + ", ".join(changed[:3]) + (", ..." if len(changed) > 3 else "") + \
+        " were written again, added or removed since those samples were drawn"
 
 
 def setting_differences(old: dict, config: dict) -> list[str]:
@@ -37,6 +58,9 @@ def setting_differences(old: dict, config: dict) -> list[str]:
         diff.append("reward_fields")
     if old.get("reward_weights", []) != config.get("reward_weights", []):  # (recorded for a mix of rewards)
         diff.append("reward_weights")
+    if old.get("model") == config.get("model") and isinstance(old.get("weights"), dict) and config.get("weights") \
+            and old["weights"] != config["weights"]:  # (recorded since 2026-12-06; the same folder, other weights)
+        diff.append("weights")
     return diff
 
 
@@ -48,7 +72,8 @@ def _values(diff: list[str], old: dict, config: dict) -> str:
             return d.get("n", {}).get(key[2:-1])
         return d.get(key, LEGACY_SETTINGS.get(key))
 
-    parts = [f"{k} {value(old, k)!r} there, {value(config, k)!r} here" for k in diff if k != "model"]
+    parts = [_weights_change(old["weights"], config["weights"]) if k == "weights" else
+             f"{k} {value(old, k)!r} there, {value(config, k)!r} here" for k in diff if k != "model"]
     return "; ".join(parts) if parts else "the model"
 
 
