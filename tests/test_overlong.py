@@ -287,7 +287,8 @@ def test_two_step_run_with_overlong_shaping_and_filtering(tmp_path, cache, name)
 def test_a_batch_cut_everywhere_is_a_warning():
     """learner.mask_truncated with every response of a batch cut at max_new_tokens (a random model that
     never stops; the Qwen-width trial of issue 40): the step would train nothing, silently (loss 0,
-    gradient 0); the trainer says so in one line. One response that stops: no warning."""
+    gradient 0); the trainer says so in one line. Two responses of a group that stop: no warning (one alone: PACS's
+    rloo score drops its group, tests/test_combination_sweep.py)."""
     from types import SimpleNamespace
 
     from pacs_fast.config import load_config
@@ -308,7 +309,7 @@ def test_a_batch_cut_everywhere_is_a_warning():
                                "of the loss (all 4 ended at rollout.max_new_tokens=3 without EOS): its gradient is "
                                "zero (AdamW's momentum and weight decay still move the weights")  # (a sweep of
     # 2026-12-02 read "it trains nothing" and saw the weights move: a step is taken, as TRL and verl take it)
-    score_and_batch(s, 4, problems, [[comp("length"), comp("stop")], [comp("length")] * 2], {})
+    score_and_batch(s, 4, problems, [[comp("stop")] * 2, [comp("length")] * 2], {})
     assert len(lines) == 1
 
 

@@ -22,6 +22,7 @@ import math
 import numpy as np
 import torch
 
+from pacs_fast.algorithms.pacs import GROUP_SCORES
 from pacs_fast.algorithms.reinforce_pp import REINFORCE_PP_MODES
 from pacs_fast.algorithms.score_metrics import score_metrics
 from pacs_fast.config import Config
@@ -76,6 +77,19 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
               f"(all {rows} ended at rollout.max_new_tokens={s.cfg.rollout.max_new_tokens} without "
               f"EOS): its gradient is zero (AdamW's momentum and weight decay still move the weights, as in TRL "
               f"and verl); raise rollout.max_new_tokens")
+    elif batch.truncated is not None and rows and s.cfg.algo.name == "pacs" and s.cfg.algo.score in GROUP_SCORES:
+        # PACS's group scores drop a group left with one member: the rows left may all be such (sweep of 2026-12-06:
+        # 7 of 8 responses cut, loss 0 and gradient 0, without a word); the same collective on every rank
+        kept = (~batch.truncated.bool()).view(-1, batch.group_size).sum(dim=1)
+        alone = int(kept[kept < 2].sum())
+        if s.world.dp > 1:
+            alone = sum(s.world.gather_dp(alone))
+        if alone and cut + alone == rows:
+            s.log(f"warning: step {step}: learner.mask_truncated takes every response of this batch out of the loss "
+                  f"({cut} of {rows} ended at rollout.max_new_tokens={s.cfg.rollout.max_new_tokens} without EOS; "
+                  f"the other {alone} are each the only one left in its group, which algo.score="
+                  f"{s.cfg.algo.score} cannot score): its gradient is zero (AdamW's momentum and weight decay "
+                  f"still move the weights, as in TRL and verl); raise rollout.max_new_tokens")
     if s.credit:  # process rewards: per-token advantages (PURE's min-form or the summation form)
         batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)
     gather = s.world.gather_dp if s.world.dp > 1 else None
