@@ -68,3 +68,19 @@ def test_an_unchanged_model_folder_resumes_with_the_first_sessions_prompts(qwen_
     assert code == 0, err
     prompts = {r["step"]: r["prompt"] for r in read_jsonl(run / "samples.jsonl")}
     assert sorted(prompts) == [1, 2] and prompts[1].endswith(prompts[2][-30:])
+
+
+def test_the_record_reads_json_values_less_the_transformers_version(tmp_path):
+    """A model folder rebuilt under another transformers (the built-in model's warm-up cache, deleted and made again)
+    differs only in each JSON file's ``transformers_version``: not an edit; any other value is."""
+    from pacs_fast.trainer.checkpoint import changed_model_files, model_files_record
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "transformers_version": "5.19.0"}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2, "transformers_version": "5.19.0"}))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    record = model_files_record(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"transformers_version": "5.20.0", "model_type": "qwen2"}, indent=2))
+    assert changed_model_files(record, tmp_path) == []
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 0, "transformers_version": "5.19.0"}))
+    (tmp_path / "tokenizer.json").unlink()
+    assert changed_model_files(record, tmp_path) == ["generation_config.json", "tokenizer.json"]

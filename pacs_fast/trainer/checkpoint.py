@@ -90,8 +90,23 @@ def model_files_record(model_dir: str | Path) -> dict:
     files += [f for f in model_side_files(model_dir)
               if not f.name.lower().endswith(".md") and not f.name.upper().startswith(("LICENSE", "NOTICE"))]
     return {"path": str(model_dir.resolve()),
-            "files": {f.name: hashlib.sha1(f.read_bytes()).hexdigest() if f.stat().st_size <= HASHED_BYTES
-                      else f"{f.stat().st_size} bytes" for f in files}}
+            "files": {f.name: _side_file_digest(f) if f.stat().st_size <= HASHED_BYTES else f"{f.stat().st_size} bytes"
+                      for f in files}}
+
+
+def _side_file_digest(f: Path) -> str:
+    """SHA-1 of a side file; of a JSON file, of its values less ``transformers_version`` (the same folder rebuilt
+    under another transformers, the built-in model's warm-up cache, is not an edit)."""
+    data = f.read_bytes()
+    if f.suffix == ".json":
+        try:
+            value = json.loads(data)
+        except ValueError:
+            value = None
+        if isinstance(value, dict):
+            value.pop("transformers_version", None)
+            data = json.dumps(value, sort_keys=True).encode()
+    return hashlib.sha1(data).hexdigest()
 
 
 def changed_model_files(recorded: dict | None, model_dir: str | Path) -> list[str]:
