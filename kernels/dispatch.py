@@ -102,7 +102,7 @@ def next_family(family: str) -> str:
 def _reason(err: BaseException) -> str:
     """``Type: message`` on one line (a compile error's first and last lines: its file and its cause)."""
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    text = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
+    text = "" if not lines else lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"  # (may be empty)
     return f"{type(err).__name__}: {text[:300]}".rstrip(": ")
 
 

@@ -41,9 +41,13 @@ class _FusedPacsLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logp, logp_ref, mask, rewards, cu_seqlens, options):
         group_size, beta, score, weight_mode, proxy = options  # one argument: apply's per-argument host work
-        loss, terms, coef = _k.pacs_loss_fwd(
-            logp, logp_ref, mask, rewards, cu_seqlens, group_size=group_size, beta=beta,
-            score=score, weight_mode=weight_mode, proxy=proxy)
+        try:  # the kernel only: what save_for_backward raises (a checkpoint's recomputation stop, saved-tensor
+            loss, terms, coef = _k.pacs_loss_fwd(  # hooks) is not a kernel failure and passes through
+                logp, logp_ref, mask, rewards, cu_seqlens, group_size=group_size, beta=beta,
+                score=score, weight_mode=weight_mode, proxy=proxy)
+        except Exception as e:  # an import / compile / launch error: recorded, warned once, and raised as
+            dispatch.failed("tiles", FWD_KERNEL, e)  # KernelFailed (algorithms.pacs_loss runs its torch path)
+            raise dispatch.KernelFailed(f"{_FN}: {dispatch._reason(e)}; {_INSTEAD}") from e
         ctx.save_for_backward(coef, mask, cu_seqlens)
         ctx.logp_shape = logp.shape
         ctx.logp_dtype = logp.dtype
@@ -253,12 +257,8 @@ def fused_pacs_loss(logp, logp_ref, mask, rewards, *, group_size, beta=1.0, scor
     mask_c = None if mask is None else mask.detach().contiguous()
     if dispatch.broken("tiles", FWD_KERNEL):
         raise dispatch.KernelFailed(f"{_FN}: the forward kernel failed earlier in this process; {_INSTEAD}")
-    try:
-        loss, terms = apply_op(
-            _FusedPacsLoss.apply, logp.contiguous(), ref_c, mask_c, rewards, cu_seqlens, options, triton=True)
-    except Exception as e:  # an import / compile / launch error: recorded, warned once, and raised as
-        dispatch.failed("tiles", FWD_KERNEL, e)  # KernelFailed (algorithms.pacs_loss runs its torch path)
-        raise dispatch.KernelFailed(f"{_FN}: {dispatch._reason(e)}; {_INSTEAD}") from e
+    loss, terms = apply_op(  # (a kernel error: KernelFailed, from the forward)
+        _FusedPacsLoss.apply, logp.contiguous(), ref_c, mask_c, rewards, cu_seqlens, options, triton=True)
     if not return_terms:
         return loss
     return loss, dict(zip(TERM_KEYS, terms.unbind(0)))

@@ -42,8 +42,10 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
         return_entropy: also return the (differentiable) entropy of each row's distribution.
         inplace_backward: write the gradient into ``logits``' storage (saves one ``[N, V]``
             buffer); ``logits`` must not be used after the backward, and must not be (a view of) a
-            leaf tensor such as a parameter (a ValueError). Under ``torch.compile`` (torch backend) the
-            gradient gets a buffer of its own.
+            leaf tensor such as a parameter (a ValueError; under ``no_grad`` nothing is written). Logits another
+            op saved for its backward (``tanh``'s output, a softcap's) make that backward raise autograd's
+            "modified by an inplace operation" error, on both backends. Under ``torch.compile`` (torch backend)
+            the gradient gets a buffer of its own.
         tp_group: ``torch.distributed`` process group over which the vocabulary is sharded.
         backend: ``"auto"`` | ``"triton"`` | ``"torch"`` (see ``pacs_fast.ops.backend``).
         chunk_bytes: torch backend only: scratch budget for tiles (default 64 MiB).
@@ -66,7 +68,8 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
                          f"{tuple(logits.shape[:-1])}")
     if labels.device != logits.device:
         raise ValueError("token_logprobs: labels must be on the same device as logits")
-    if inplace_backward and logits.requires_grad and (logits if logits._base is None else logits._base).is_leaf:
+    if inplace_backward and logits.requires_grad and torch.is_grad_enabled() \
+            and (logits if logits._base is None else logits._base).is_leaf:  # (no_grad: no backward to write)
         raise ValueError("token_logprobs: inplace_backward=True would write the gradient over logits, which are "
                          "(a view of) a leaf tensor (a parameter or an input): pass logits computed in the graph, "
                          "e.g. the LM head's output")
@@ -159,6 +162,8 @@ class _TokenLogprobs(torch.autograd.Function):
             try:
                 from pacs_fast.kernels import token_logprobs as K
                 K.grad_bwd(logits, grad, inv_t, labels, v_off, ignore_index, m, log_s, ent, gl, gh)
+                if inplace:  # a kernel's write bumps no version counter: autograd then refuses (as on the torch
+                    torch.autograd.graph.increment_version(grad)  # path) a later read of the overwritten logits
                 return (grad,) + (None,) * 8
             except Exception as e:  # an import / compile error (before any write): the torch path below
                 dispatch.failed("tiles", BWD_KERNEL, e)
