@@ -126,6 +126,27 @@ def test_a_resume_on_weights_written_again_into_the_same_folder_is_refused(model
     assert json.loads(path.read_text())["weights"] == weights_stamp(str(model))  # (the new stamp recorded)
 
 
+def test_a_hub_cache_snapshot_is_stamped_by_its_blobs_digests(tmp_path):
+    """A Hugging Face cache snapshot links each file to ``blobs/<sha256>``: the stamp is that digest, so the same
+    revision downloaded again (new dates) is the same weights, and another revision's blob is not."""
+    from pacs_fast.evaluation.settings import weights_stamp
+
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "abc"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    digest = "0123456789abcdef" * 4
+    (blobs / digest).write_bytes(b"weights")
+    (snap / "model.safetensors").symlink_to(blobs / digest)
+    stamp = weights_stamp(str(snap))
+    assert stamp == {"model.safetensors": [7, digest]}
+    os.utime(blobs / digest, ns=(0, 10**9))  # (downloaded again: another date, the same blob)
+    assert weights_stamp(str(snap)) == stamp
+    (snap / "model.safetensors").unlink()
+    (blobs / ("f" * 64)).write_bytes(b"weights")
+    (snap / "model.safetensors").symlink_to(blobs / ("f" * 64))
+    assert weights_stamp(str(snap)) != stamp
+
+
 def test_a_problem_samples_alike_whatever_call_it_lands_in(model_dir, tmp_path):
     """Seeds were per engine call (a grid of --samples-per-call): a --limit raised later, or another
     --samples-per-call, put a problem at another place in its call and gave it other samples than one run

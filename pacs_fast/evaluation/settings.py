@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from pacs_fast.config.model_files import WEIGHT_FILES
@@ -25,12 +26,20 @@ def weights_stamp(model: str) -> dict[str, list[int]] | None:
     recorded as the settings' ``weights``; None for a hub id or a folder without them. A folder whose weights were
     written again since its samples were drawn (a new export into the same folder) had a resume append the new model's
     samples to the old one's, and the results mixed the two without a word. Sizes and dates, not digests: reading a
-    model's weights at every eval start would cost minutes; a file rewritten with the same bytes reads as changed."""
+    model's weights at every eval start would cost minutes; a file rewritten with the same bytes reads as changed
+    (a Hugging Face cache snapshot's file: its blob's digest instead of its date)."""
     folder = Path(model)
     if not folder.is_dir():
         return None
     files = sorted({p for pattern in WEIGHT_FILES for p in folder.glob(pattern) if p.is_file()})
-    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files} or None
+    return {p.name: [p.stat().st_size, _content_name(p) or p.stat().st_mtime_ns] for p in files} or None
+
+
+def _content_name(path: Path) -> str | None:
+    """The SHA-256 a Hugging Face cache snapshot's file links to (``blobs/<sha256>``): the weights' own digest, which
+    a download again of the same revision keeps (its date does not); None for a file of its own."""
+    name = path.resolve().name if path.is_symlink() else ""
+    return name if re.fullmatch(r"[0-9a-f]{64}", name) else None
 
 
 def _weights_change(old: dict, new: dict) -> str:
