@@ -11,6 +11,7 @@ there is no second table.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -93,14 +94,19 @@ def run_result(run_dir: Path) -> dict:
                          else "metrics.jsonl is missing")
     by_step = {}
     for r in records:
-        acc = r.get("eval/acc")
-        if isinstance(acc, bool) or not isinstance(acc, (int, float)) or acc != acc:
-            raise ValueError(f"the evaluation of step {r.get('step')} has eval/acc {acc!r}, not a number")
-        by_step[int(r["step"])] = r
+        step, acc = r.get("step"), r.get("eval/acc")
+        if not _number(step) or step != int(step):  # (a record without its step had crashed the report: KeyError)
+            raise ValueError(f"an evaluation has step {step!r}, not a step number")
+        if not _number(acc):  # (Infinity, which json reads, had passed as a number: best inf, a NaN interval)
+            raise ValueError(f"the evaluation of step {step} has eval/acc {acc!r}, not a number")
+        by_step[int(step)] = r
     final_step = summary.get("final_eval_step", max(by_step))
     if 0 not in by_step or final_step not in by_step:
         missing = "step 0" if 0 not in by_step else f"step {final_step} (the final one)"
         raise ValueError(f"metrics.jsonl holds no evaluation of {missing}")
+    if max(by_step) > final_step:  # not the run the summary reports (its best had taken a later model's evaluation)
+        raise ValueError(f"metrics.jsonl holds an evaluation of step {max(by_step)}, after the final one "
+                         f"(step {final_step})")
     final = by_step[final_step]
     after = summary.get("acc_after")
     if isinstance(after, (int, float)) and abs(float(after) - float(final["eval/acc"])) > 1e-9:
@@ -109,9 +115,19 @@ def run_result(run_dir: Path) -> dict:
     curve = sorted((step, float(r["eval/acc"])) for step, r in by_step.items())
     return {"start": float(by_step[0]["eval/acc"]), "final": float(final["eval/acc"]),
             "best": max((a for step, a in curve if step > 0), default=float(by_step[0]["eval/acc"])),
-            "greedy": final.get("eval/greedy_acc", float("nan")), "pass_n": final.get("eval/pass@n", float("nan")),
+            "greedy": _value(final.get("eval/greedy_acc")), "pass_n": _value(final.get("eval/pass@n")),
             "curve": curve, "wall_time_s": summary.get("wall_time_s"), "eval_temperature": _eval_temperature(run_dir),
             "code_versions": summary.get("code_versions") or ["unrecorded"]}
+
+
+def _number(x) -> bool:
+    """Whether ``x`` is a finite number (not a bool, None, a string, NaN or infinity)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _value(x) -> float:
+    """``x`` as a float, NaN where it is not a finite number (a null greedy accuracy had crashed the report)."""
+    return float(x) if _number(x) else float("nan")
 
 
 def _eval_temperature(run_dir: Path) -> float | None:
