@@ -278,7 +278,7 @@ def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str,
     kind = "greedy" if greedy else "sampled"
     paired = ("; differences paired by seed, percentile bootstrap over seeds, 10,000 resamples"
               if baseline else "")
-    md = f"{header}\n\nHeld-out {kind} accuracy (mean ± std over seeds{paired}).\n\n{text}\n\n"
+    md = f"{header}\n\nHeld-out {kind} accuracy (mean ± std over seeds, the sample std{paired}).\n\n{text}\n\n"
     versions: dict = {}  # the pacs_fast versions that trained each run (summary.json; older runs: unrecorded)
     for arm, runs in res.items():
         for seed, r in runs.items():
