@@ -72,7 +72,8 @@ def token_logprobs(logits, labels, *, temperature=1.0, ignore_index=-100, return
             and (logits if logits._base is None else logits._base).is_leaf:  # (no_grad: no backward to write)
         raise ValueError("token_logprobs: inplace_backward=True would write the gradient over logits, which are "
                          "(a view of) a leaf tensor (a parameter or an input): pass logits computed in the graph, "
-                         "e.g. the LM head's output")
+                         "e.g. the LM head's output (inside torch.utils.checkpoint(use_reentrant=True) every input is "
+                         "a detached leaf: use use_reentrant=False, or the LM head inside the checkpoint)")
     t = chunked.check_temperature(temperature, "token_logprobs")
     ignore_index = chunked.check_ignore_index(ignore_index, "token_logprobs")
     chunk_bytes = chunked.check_chunk_bytes(chunk_bytes, "token_logprobs")
