@@ -47,3 +47,26 @@ def test_no_warning_where_a_group_keeps_two_or_the_score_needs_none():
         s, lines = _state(*extra)
         score_and_batch(s, 4, PROBLEMS, ALONE, {})
         assert lines == [], (extra, lines)
+
+
+def test_the_lone_rows_are_summed_over_data_parallel_shares_in_the_one_collective():
+    """The lone-row count rides in the step's one gather of its shaping counts (every rank the same length)."""
+    import torch
+
+    from pacs_fast.learner.base import RolloutBatch
+    from pacs_fast.trainer.step import step_shaping_counts
+
+    gathered = []
+
+    class World:  # two data-parallel groups: this one's share and the other's (4 rows, 1 cut, none alone)
+        dp = 2
+
+        def gather_dp(self, mine):
+            gathered.append(mine)
+            return [mine, (4, 0.0, 1, 0)]
+
+    batch = RolloutBatch(input_ids=torch.zeros(4, 5, dtype=torch.long), attention_mask=torch.ones(4, 5),
+                         response_mask=torch.ones(4, 5), rewards=torch.zeros(4), group_size=2)
+    batch.truncated = torch.tensor([True, False, True, True])  # group 0: one row left alone; group 1: none left
+    assert step_shaping_counts(World(), batch, {}, lone=True) == (8, 0.0, 4, 1)
+    assert gathered == [(4, 0.0, 3, 1)]  # one collective, the fourth count in it

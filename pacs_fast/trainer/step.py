@@ -62,8 +62,13 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
     # the warnings below are of the whole step; counted (a collective under data parallelism) only where one can
     # come: the overlong one at the first step, the truncated one under learner.mask_truncated (the same on every rank)
     overlong_check = bool(s.cfg.reward.overlong_buffer_len) and step == s.start_step + 1
-    rows, over, cut = (step_shaping_counts(s.world, batch, shaping)
-                       if overlong_check or s.cfg.learner.mask_truncated else (0, 0.0, 0))
+    # PACS's group scores drop a group left with one member: the rows left may all be such (sweep of 2026-12-06: 7 of 8
+    # responses cut, loss 0 and gradient 0, without a word)
+    lone = s.cfg.algo.name == "pacs" and s.cfg.algo.score in GROUP_SCORES
+    counts = (step_shaping_counts(s.world, batch, shaping, lone=lone)
+              if overlong_check or s.cfg.learner.mask_truncated else (0, 0.0, 0))
+    rows, over, cut = counts[:3]
+    alone = counts[3] if len(counts) > 3 else 0
     if overlong_check and over / max(rows, 1) >= OVERLONG_WARN_FRAC:
         frac = over / rows
         start = s.cfg.rollout.max_new_tokens - s.cfg.reward.overlong_buffer_len
@@ -77,19 +82,12 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
               f"(all {rows} ended at rollout.max_new_tokens={s.cfg.rollout.max_new_tokens} without "
               f"EOS): its gradient is zero (AdamW's momentum and weight decay still move the weights, as in TRL "
               f"and verl); raise rollout.max_new_tokens")
-    elif batch.truncated is not None and rows and s.cfg.algo.name == "pacs" and s.cfg.algo.score in GROUP_SCORES:
-        # PACS's group scores drop a group left with one member: the rows left may all be such (sweep of 2026-12-06:
-        # 7 of 8 responses cut, loss 0 and gradient 0, without a word); the same collective on every rank
-        kept = (~batch.truncated.bool()).view(-1, batch.group_size).sum(dim=1)
-        alone = int(kept[kept < 2].sum())
-        if s.world.dp > 1:
-            alone = sum(s.world.gather_dp(alone))
-        if alone and cut + alone == rows:
-            s.log(f"warning: step {step}: learner.mask_truncated takes every response of this batch out of the loss "
-                  f"({cut} of {rows} ended at rollout.max_new_tokens={s.cfg.rollout.max_new_tokens} without EOS; "
-                  f"the other {alone} are each the only one left in its group, which algo.score="
-                  f"{s.cfg.algo.score} cannot score): its gradient is zero (AdamW's momentum and weight decay "
-                  f"still move the weights, as in TRL and verl); raise rollout.max_new_tokens")
+    elif batch.truncated is not None and rows and alone and cut + alone == rows:
+        s.log(f"warning: step {step}: learner.mask_truncated takes every response of this batch out of the loss "
+              f"({cut} of {rows} ended at rollout.max_new_tokens={s.cfg.rollout.max_new_tokens} without EOS; "
+              f"the other {alone} are each the only one left in its group, which algo.score="
+              f"{s.cfg.algo.score} cannot score): its gradient is zero (AdamW's momentum and weight decay "
+              f"still move the weights, as in TRL and verl); raise rollout.max_new_tokens")
     if s.credit:  # process rewards: per-token advantages (PURE's min-form or the summation form)
         batch.advantages = s.credit.advantages(prompt_ids, responses, [p["answer"] for p in problems], batch)
     gather = s.world.gather_dp if s.world.dp > 1 else None
@@ -100,18 +98,22 @@ def score_and_batch(s, step: int, problems: list[dict], comps, timings: dict, *,
     return rewards, prompt_ids, batch
 
 
-def step_shaping_counts(world, batch: RolloutBatch, shaping: dict) -> tuple[int, float, int]:
+def step_shaping_counts(world, batch: RolloutBatch, shaping: dict, *, lone: bool = False) -> tuple:
     """``(rows, rows the overlong penalty hit, rows learner.mask_truncated takes out)`` of the whole step: every
     data-parallel group's share summed (collective when ``world.dp > 1``; every group scores its share in
     :func:`score_and_batch`). A share's own counts had warned "100% take the overlong penalty" and "trains nothing"
-    of a step whose record said 81% truncated (sweep of 2026-12-01)."""
+    of a step whose record said 81% truncated (sweep of 2026-12-01). ``lone``: a fourth count, the rows
+    mask_truncated leaves each alone in its group, in the same collective."""
     rows = len(batch.rewards)
     over = shaping.get("reward/overlong_frac", 0.0) * rows
-    cut = 0 if batch.truncated is None else int(batch.truncated.sum())
+    counts = (rows, over, 0 if batch.truncated is None else int(batch.truncated.sum()))
+    if lone:
+        kept = None if batch.truncated is None else (~batch.truncated.bool()).view(-1, batch.group_size).sum(dim=1)
+        counts += (0 if kept is None else int(kept[kept < 2].sum()),)
     if world.dp > 1:
-        parts = world.gather_dp((rows, over, cut))
-        rows, over, cut = (sum(p[i] for p in parts) for i in range(3))
-    return rows, over, cut
+        parts = world.gather_dp(counts)
+        counts = tuple(sum(p[i] for p in parts) for i in range(len(counts)))
+    return counts
 
 
 def step_reinforce_pp(name: str, batch: RolloutBatch, gather=None) -> torch.Tensor:
