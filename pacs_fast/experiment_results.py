@@ -141,9 +141,22 @@ def _eval_temperature(run_dir: Path) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def _mean_std(v: np.ndarray) -> tuple[float, float]:
+    """Mean and sample std of the finite values of ``v`` (NaN where there are none / fewer than two)."""
+    v = v[np.isfinite(v)]
+    return (float(v.mean()) if len(v) else float("nan")), (float(v.std(ddof=1)) if len(v) > 1 else float("nan"))
+
+
+def _some(v: np.ndarray) -> str:
+    """`` (k of n seeds)`` where only k of the n seeds have a value, else nothing."""
+    k = int(np.isfinite(v).sum())
+    return f" ({k} of {len(v)} seeds)" if 0 < k < len(v) else ""
+
+
 def _fmt(m, s):
-    """mean ± std; the mean alone where there is no spread to show (one seed: std undefined)."""
-    return f"{m:.3f}" if s != s else f"{m:.3f} ± {s:.3f}"
+    """mean ± std; the mean alone where there is no spread to show (one seed: std undefined); "no value" where
+    no seed has one."""
+    return "no value" if m != m else f"{m:.3f}" if s != s else f"{m:.3f} ± {s:.3f}"
 
 
 def _json_safe(x):
@@ -178,19 +191,29 @@ def table(res: dict, arms: list, baseline: str | None, keys: tuple = MAIN) -> tu
             lines.append(f"| {arm.name} | 0 |" + " |" * (len(keys) + len(paired)))
             continue
         row = {k: np.array([runs[s].get(k, np.nan) for s in sorted(runs)], dtype=float) for k in keys}
-        st = {k: (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else float("nan")) for k, v in row.items()}
-        cells = [arm.name, str(len(runs))] + [_fmt(*st[k]) for k in keys]
+        st = {k: _mean_std(v) for k, v in row.items()}  # over the seeds with a value (a null one is no 0)
+        cells = [arm.name, str(len(runs))] + [_fmt(*st[k]) + _some(row[k]) for k in keys]
+        for k in keys:
+            lacking = [s for s, x in zip(sorted(runs), row[k]) if not np.isfinite(x)]
+            if lacking:
+                notes.append(f"{arm.name}: {NAMES[k]}: seed(s) {lacking} have no value: "
+                             + ("no mean" if len(lacking) == len(runs) else
+                                f"the mean takes the other {len(runs) - len(lacking)}")
+                             + (", the difference the seeds with a value in both arms" if k in paired else ""))
         entry = {"seeds": sorted(runs), **{k: {"mean": m, "std": s, "per_seed": row[k].tolist()}
                                            for k, (m, s) in st.items()}}
         for k in paired:
-            common = sorted(set(runs) & set(base))
+            common = [s for s in sorted(set(runs) & set(base))
+                      if np.isfinite(runs[s].get(k, np.nan)) and np.isfinite(base[s].get(k, np.nan))]
             if baseline and arm.name != baseline and common:
-                d = np.array([runs[s].get(k, np.nan) - base[s].get(k, np.nan) for s in common])
+                d = np.array([runs[s][k] - base[s][k] for s in common])
                 lo, hi = bootstrap_ci(d)
                 ci = f"[{lo:+.3f}, {hi:+.3f}]" if len(d) > 1 else "[no interval: one seed]"
                 cells.append(f"{d.mean():+.3f} {ci} (n={len(d)})")
                 entry[f"{k}_minus_{baseline}"] = {"mean": float(d.mean()), "ci95": [lo, hi],
                                                   "per_seed": d.tolist(), "seeds": common}
+            elif baseline and arm.name != baseline and set(runs) & set(base):
+                cells.append("no seed with a value in both")
             else:
                 cells.append("")
         stats[arm.name] = entry
@@ -209,6 +232,13 @@ def table(res: dict, arms: list, baseline: str | None, keys: tuple = MAIN) -> tu
         notes.append(f"with {' or '.join(map(str, few))} paired seeds the percentile bootstrap's interval is narrower "
                      f"than 95% (at 2 seeds it is the range of the two differences)")
     return "\n".join(lines + ([""] + [f"- {n}" for n in notes] if notes else [])), stats
+
+
+def curve_steps_left_out(runs: dict) -> list[int]:
+    """The evaluation steps of an arm's ``runs`` that some of its seeds have and others not: :func:`plot` leaves
+    them out (its mean and band are over every seed at each step)."""
+    steps = [set(dict(r["curve"])) for r in runs.values()]
+    return sorted(set.union(*steps) - set.intersection(*steps)) if steps else []
 
 
 def plot(res: dict, arms: list, path: Path, title: str, kind: str = "sampled") -> None:
@@ -287,6 +317,10 @@ def report(jobs: list, arms: list, baseline: str | None, out: Path, header: str,
         md += ("The runs were trained by different pacs_fast code (sampling, training or defaults may differ between "
                "versions; pair runs of one version): " + "; ".join(f"{v}: {', '.join(runs)}"
                                                                  for v, runs in sorted(versions.items())) + ".\n\n")
+    partial = {arm.name: dropped for arm in arms if (dropped := curve_steps_left_out(res.get(arm.name, {})))}
+    if partial:  # (another train.eval_every in some seeds' runs, or a resume that changed it)
+        md += ("curves.png plots each arm at the steps every seed of it evaluated; left out, evaluated by only some "
+               "seeds: " + "; ".join(f"{arm}: steps {steps}" for arm, steps in partial.items()) + ".\n\n")
     if len(temps) > 1:
         md += (f"The runs were evaluated at different rollout.eval_temperature ({sorted(temps, key=str)}): their "
                f"accuracies are not the same quantity.\n\n")

@@ -40,7 +40,9 @@ def test_a_damaged_evaluation_names_the_run_instead_of_crashing_or_counting(tmp_
     assert res["a"][1]["best"] == 0.7 and res["a"][1]["final"] == 0.6
 
 
-def test_a_null_greedy_accuracy_is_nan_not_a_crash(tmp_path):
+def test_a_null_greedy_accuracy_is_left_out_not_a_crash(tmp_path):
+    """A seed without a greedy accuracy (null in its final evaluation) neither crashes the report nor turns the
+    arm's mean and difference into NaN: both take the seeds with a value, and a note names the seed."""
     arms = [ex.Arm("a", []), ex.Arm("b", [])]
     jobs = ex.make_jobs(arms, [0, 1], [], tmp_path)
     for job in jobs:
@@ -49,4 +51,36 @@ def test_a_null_greedy_accuracy_is_nan_not_a_crash(tmp_path):
     assert np.isnan(run_result(jobs[0].run_dir)["greedy"])
     md = ex.report(jobs, arms, "b", tmp_path, "# t")  # (TypeError: None - float)
     assert "| a | 2 | 0.200 ± 0.000 | 0.600 ± 0.000 | 0.600 ± 0.000 | +0.000 [+0.000, +0.000] (n=2)" in md
-    assert "| a | 2 | nan | 0.900 ± 0.000 | +nan [+nan, +nan] (n=2) | +0.000 [+0.000, +0.000] (n=2) |" in md
+    assert ("| a | 2 | 0.500 (1 of 2 seeds) | 0.900 ± 0.000 | +0.000 [no interval: one seed] (n=1) | "
+            "+0.000 [+0.000, +0.000] (n=2) |") in md
+    assert ("- a: greedy (final): seed(s) [0] have no value: the mean takes the other 1, the difference the seeds "
+            "with a value in both arms") in md
+    stats = json.loads((tmp_path / "results.json").read_text())["stats"]["a"]
+    assert stats["greedy"]["mean"] == 0.5 and stats["greedy"]["per_seed"] == [None, 0.5]
+    assert stats["greedy_minus_b"]["seeds"] == [1]
+
+
+def test_an_arm_whose_seeds_all_lack_a_value_says_so(tmp_path):
+    arms = [ex.Arm("a", []), ex.Arm("b", [])]
+    jobs = ex.make_jobs(arms, [0, 1], [], tmp_path)
+    for job in jobs:
+        greedy = None if job.arm.name == "a" else 0.5
+        _run(job.run_dir, [_ev(0, 0.2), _ev(8, 0.6, **{"eval/greedy_acc": greedy, "eval/pass@n": 0.9})])
+    md = ex.report(jobs, arms, "b", tmp_path, "# t")
+    assert "| a | 2 | no value | 0.900 ± 0.000 | no seed with a value in both | +0.000 [+0.000, +0.000] (n=2) |" in md
+    assert "- a: greedy (final): seed(s) [0, 1] have no value: no mean" in md
+
+
+def test_steps_only_some_seeds_evaluated_are_named_as_left_out_of_the_curves(tmp_path):
+    """One seed evaluated every 2 steps, the other every 4: the curves plot steps 0, 4 and 8 (every seed's), and
+    results.md names steps 2 and 6 (they had vanished from curves.png without a word)."""
+    from pacs_fast.experiment_results import curve_steps_left_out
+
+    arms = [ex.Arm("a", [])]
+    jobs = ex.make_jobs(arms, [0, 1], [], tmp_path)
+    _run(jobs[0].run_dir, [_ev(s, 0.1 * s / 2) for s in (0, 2, 4, 6, 8)], acc_after=0.4)
+    _run(jobs[1].run_dir, [_ev(s, 0.1 * s / 2) for s in (0, 4, 8)], acc_after=0.4)
+    md = ex.report(jobs, arms, None, tmp_path, "# t")
+    assert curve_steps_left_out(collect(jobs)["a"]) == [2, 6]
+    assert "left out, evaluated by only some seeds: a: steps [2, 6]." in md
+    assert (tmp_path / "curves.png").stat().st_size > 0
