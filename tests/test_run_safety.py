@@ -758,6 +758,19 @@ def test_read_jsonl_keeps_the_asked_keys_and_splits_at_newlines_only(tmp_path):
     assert len(read_jsonl(path, raw=True)) == 4
 
 
+def test_read_jsonl_reads_a_hand_edited_file_without_crashing(tmp_path):
+    """A resume marker without a step (or with a string one) and a record whose step is not a number, as a hand
+    edit leaves them: read_jsonl had raised KeyError / TypeError (every reader of the run, the experiment report
+    and the plots with it). Such a marker is skipped as an unreadable line; such a record is kept as written."""
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"kind": "train", "step": 1}, {"kind": "train", "step": 2}, {"kind": "resume"},
+            {"kind": "resume", "step": "1"}, {"kind": "note", "step": "x"}, {"kind": "resume", "step": 1},
+            {"kind": "train", "step": 2, "redone": True}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_jsonl(path) == [{"kind": "train", "step": 1}, {"kind": "note", "step": "x"},
+                                {"kind": "train", "step": 2, "redone": True}]
+
+
 def test_a_run_killed_while_writing_its_config_leaves_a_folder_a_new_run_takes(tmp_path, capsys, cache):
     """SIGKILL (or the OOM killer) while ``config.yaml`` was written left ``.config.yaml.tmp-PID`` beside the
     lock: the same command said "already exists: --resume", and --resume said "no config.yaml: run its command

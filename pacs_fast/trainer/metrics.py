@@ -48,10 +48,18 @@ def read_jsonl(path: str | Path, *, raw: bool = False, keys=None) -> list[dict]:
             if not isinstance(rec, dict):
                 continue
             if not raw and rec.get("kind") == "resume":
-                out = [r for r in out if r.get("step", 0) <= rec["step"]]
+                at = rec.get("step")
+                if isinstance(at, (int, float)) and not isinstance(at, bool):  # (a marker without one is unreadable)
+                    out = [r for r in out if not _after(r.get("step", 0), at)]
                 continue
             out.append(rec if keep is None else {k: v for k, v in rec.items() if k in keep})
     return out
+
+
+def _after(step, at) -> bool:
+    """Whether a record's ``step`` is after a resume marker's ``at`` (a record whose step is not a number is not:
+    it is kept, as written)."""
+    return isinstance(step, (int, float)) and not isinstance(step, bool) and step > at
 
 
 def deterministic_view(records: list[dict]) -> list[dict]:
