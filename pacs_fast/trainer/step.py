@@ -311,7 +311,9 @@ def step_record(batch: RolloutBatch, comps, learner_metrics: dict, mismatch: dic
     return {
         "reward/mean": float(R.mean()), "reward/acc": float((R > 0.5).float().mean()),
         "reward/all_correct_groups": float((groups.min(1).values > 0.5).float().mean()),
-        "reward/all_wrong_groups": float((groups.max(1).values < 0.5).float().mean()),
+        # wrong as reward/acc counts it (R <= 0.5): a group of 0.5s (partial credit) had been neither all wrong nor
+        # all correct, its rows all wrong by reward/acc (metrics truth sweep)
+        "reward/all_wrong_groups": float((groups.max(1).values <= 0.5).float().mean()),
         "response/length": n_tokens / len(R), "response/tokens": n_tokens,
         "response/stop_frac": float(np.mean([c.finish_reason == "stop" for cs in comps for c in cs])),
         "response/truncated_frac": float(truncated_rows(comps).double().mean()),
