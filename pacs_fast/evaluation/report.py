@@ -139,7 +139,7 @@ def _percent_table(results: list[dict[str, Any]], headers: list[str], values: li
         for j, v in enumerate(row):
             if v is None:
                 cells.append("-")
-            elif len(results) > 1 and best[j] is not None and abs(v - best[j]) < 5e-3:
+            elif len(results) > 1 and best[j] is not None and f"{v:.2f}" == f"{best[j]:.2f}":  # (as printed)
                 cells.append(f"**{v:.2f}**")
             else:
                 cells.append(f"{v:.2f}")
