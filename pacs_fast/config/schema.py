@@ -88,7 +88,7 @@ class DataConfig:
     max_prompt_tokens: int = _f(512, "longer prompts are dropped (the paper's limit is 512; more than 5% dropped is a "
                                 "warning; the shares are logged as data/dropped_train_prompts and "
                                 "data/dropped_held_out_prompts in the step-0 eval record)")
-    shuffle: bool = _f(True, "shuffle the training problems every epoch")
+    shuffle: bool = _f(True, "shuffle the training problems every epoch (false: the file's order, every epoch)")
     arith_max_digits: int = _f(2, "built-in task: operands have 1..max_digits digits")
     arith_ops: str = _f("+", "built-in task: operators to draw from (subset of '+-*')")
     arith_train_size: int = _f(20000, "built-in task: number of training problems (at most the distinct problems "

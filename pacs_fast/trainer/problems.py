@@ -31,10 +31,13 @@ def data_digest(train: list[dict], held_out: list[dict]) -> str:
     return h.hexdigest()
 
 
-def load_problems(cfg: Config, *, held_out_per_row: bool = False) -> tuple[list[dict], list[dict]]:
+def load_problems(cfg: Config, *, held_out_per_row: bool = False, split_order: bool = False
+                  ) -> tuple[list[dict], list[dict]]:
     """(train, held-out) problems as dicts with ``problem``, ``answer`` (and ``prompt`` for the
     built-in task, whose prompt format is its own; ``fields``, ``{keyword: value}`` of the
-    ``reward.fn_fields``, when it names some). Errors on bad files come here, before any work."""
+    ``reward.fn_fields``, when it names some). Errors on bad files come here, before any work.
+    The training problems of a held-out split keep the file's order with ``data.shuffle=false`` (``split_order``:
+    the split's random order, what such a run started before 2026-12-06 trained in: :func:`resumed_problems`)."""
     if cfg.data.dataset == "arithmetic":
         from pacs_fast.data.arithmetic import arithmetic_splits
         # The problem set is fixed by data.arith_seed (not train.seed): runs with different seeds
@@ -92,7 +95,10 @@ def load_problems(cfg: Config, *, held_out_per_row: bool = False) -> tuple[list[
                 kept.add(key)
                 held.append({**train[i], "copies": copies[key]} if copies[key] > 1 else train[i])
         rows = len(train)
-        train = [train[i] for i in order[n_eval:] if _problem_key(train[i]) not in kept]
+        # data.shuffle=false draws the rows in order: the file's (a curriculum), not the split's random one (a shuffled
+        # run draws a fresh permutation every epoch, of the list in the split's order, as it always has)
+        rest = order[n_eval:] if cfg.data.shuffle or split_order else sorted(order[n_eval:])
+        train = [train[i] for i in rest if _problem_key(train[i]) not in kept]
         if not train:  # (it failed after the tokenizer loaded, as "data.dataset: no prompt fits")
             raise ValueError(f"data.dataset {cfg.data.dataset!r}: each of its {rows} rows repeats a problem of the "
                              f"held-out split ({len(kept)} distinct), which stays out of training: nothing is left to "
@@ -104,12 +110,19 @@ def resumed_problems(cfg: Config, train: list[dict], held_out: list[dict], store
                      ) -> tuple[list[dict], list[dict]]:
     """The problems a resumed run continues with: ``(train, held_out)`` of :func:`load_problems`, or, where the
     checkpoint's digest (``stored_sha1``) is instead that of the held-out split pacs_fast drew before 2026-12-06 (two
-    copies of a repeated problem drawn were both held out), that split, so that the run resumes as it was."""
+    copies of a repeated problem drawn were both held out; with ``data.shuffle=false``, the training rows in the
+    split's order, not the file's), that split, so that the run resumes as it was."""
     if (not stored_sha1 or cfg.data.eval_dataset or cfg.data.dataset == "arithmetic"
             or data_digest(train, held_out) == stored_sha1):
         return train, held_out
-    legacy = load_problems(cfg, held_out_per_row=True)
-    return legacy if data_digest(*legacy) == stored_sha1 else (train, held_out)
+    ways = [{"held_out_per_row": True}]
+    if not cfg.data.shuffle:
+        ways += [{"split_order": True}, {"held_out_per_row": True, "split_order": True}]
+    for way in ways:
+        legacy = load_problems(cfg, **way)
+        if data_digest(*legacy) == stored_sha1:
+            return legacy
+    return train, held_out
 
 
 def _problem_key(row: dict) -> str:
