@@ -415,3 +415,29 @@ def test_the_torch_log_prob_path_is_counted_on_a_gpu_with_a_third_tile_for_a_sof
             cfg = load_config(None, [f"model.path={folder}", "model.dtype=bfloat16", budget,
                                      f"learner.logprob_backend={backend}"])
             assert memory_model.learner_memory(cfg, device="cuda")["workspace"] == want, (extra, backend)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_update_flops_equal_torch_s_flop_counter_on_a_real_forward_and_backward(family):
+    """The MFU numerator against an independent count: torch's FlopCounterMode over a Hugging Face model's forward
+    and backward (eager attention, one sequence at a time, the head over every position). Dense layers and the head
+    match exactly; the attention's matmuls are counted by torch over the whole s x s square, which the causal mask
+    halves in :func:`flops.update_flops` (FlashAttention's count, what a causal kernel does): torch's is twice
+    ours. A formula off by a factor (a forward-only count, a missing K/V projection, Hq for Hkv) fails here."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(family, vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=16, intermediate_size=176, tie_word_embeddings=False)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    lengths = [7, 12]
+    counter = FlopCounterMode(display=False)
+    with counter:
+        for s in lengths:
+            model(torch.randint(0, 300, (1, s))).logits.float().square().mean().backward()
+    want = flops.update_flops(flops.shape_of(config), lengths)
+    assert counter.get_total_flops() == want["dense"] + want["head"] + 2 * want["attention"], (
+        counter.get_total_flops(), want)
