@@ -36,7 +36,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from test_metrics_truth_sweep import G, P, TINY, true_reward
+from test_metrics_truth_sweep import G, P, TINY, recorded_generate, true_reward
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -69,21 +69,19 @@ class Traced:
 
 
 def run_traced(tmp: Path, overrides, *, perturbed: bool = False) -> Traced:
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
     from pacs_fast.config import load_config
-    from pacs_fast.rollout.hf import HFEngine
     from pacs_fast.trainer import train
 
-    calls, seen = [], []
-    original = HFEngine.generate
+    seen = []
 
-    def generate(self, prompts, params):
-        out = original(self, prompts, params)
-        if perturbed and params.return_logprobs:
-            out = [[dataclasses.replace(c, logprobs=[lp + perturb(k, t) for k, (lp, t) in
-                                                     enumerate(zip(c.logprobs, c.token_ids))]) for c in cs]
-                   for cs in out]
-        calls.append(([list(p) for p in prompts], params, out))
-        return out
+    def perturb_logprobs(params, out):
+        if not (perturbed and params.return_logprobs):
+            return out
+        return [[dataclasses.replace(c, logprobs=[lp + perturb(k, t) for k, (lp, t) in
+                                                  enumerate(zip(c.logprobs, c.token_ids))]) for c in cs]
+                for cs in out]
 
     def pre_step(opt, args, kwargs):
         seen.append({"opt": opt, "params": [p.detach().clone() for g in opt.param_groups for p in g["params"]],
@@ -92,14 +90,12 @@ def run_traced(tmp: Path, overrides, *, perturbed: bool = False) -> Traced:
                      "lrs": [g["lr"] for g in opt.param_groups],
                      "sizes": [len(g["params"]) for g in opt.param_groups]})
 
-    HFEngine.generate = generate
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
     handle = register_optimizer_step_pre_hook(pre_step)
     try:
-        cfg = load_config(None, list(overrides))
-        train(cfg, tmp / "run")
+        with recorded_generate(perturb_logprobs) as calls:
+            cfg = load_config(None, list(overrides))
+            train(cfg, tmp / "run")
     finally:
-        HFEngine.generate = original
         handle.remove()
     last = seen[-1]["opt"] if seen else None  # the learner's (a warm-up's optimiser steps come first)
     steps = [s for s in seen if s["opt"] is last]

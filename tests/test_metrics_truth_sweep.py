@@ -16,6 +16,7 @@ neither all wrong nor all correct, its rows all wrong by ``reward/acc`` (pacs_fa
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import zlib
@@ -84,23 +85,35 @@ class Recorded:
             (c[1].n, c[1].temperature) == (rc.eval_n, rc.eval_temperature) or (c[1].n, c[1].temperature) == (1, 0))]
 
 
-def run_recorded(tmp: Path, name: str, overrides, *, resume_of: Path | None = None) -> Recorded:
-    """Trains ``overrides`` in ``tmp / name`` (or resumes the run folder ``resume_of``) in this process, every
-    ``HFEngine.generate`` call recorded."""
-    from pacs_fast.config import load_config
+@contextlib.contextmanager
+def recorded_generate(transform=None):
+    """Every ``HFEngine.generate`` call of the block, as ``(prompt ids, SamplingParams, completions)`` in the list it
+    yields (``transform(params, completions)``: what the run gets instead, and what is recorded)."""
     from pacs_fast.rollout.hf import HFEngine
-    from pacs_fast.trainer import train
 
     calls = []
     original = HFEngine.generate
 
     def generate(self, prompts, params):
         out = original(self, prompts, params)
+        out = out if transform is None else transform(params, out)
         calls.append(([list(p) for p in prompts], params, out))
         return out
 
     HFEngine.generate = generate
     try:
+        yield calls
+    finally:
+        HFEngine.generate = original
+
+
+def run_recorded(tmp: Path, name: str, overrides, *, resume_of: Path | None = None) -> Recorded:
+    """Trains ``overrides`` in ``tmp / name`` (or resumes the run folder ``resume_of``) in this process, every
+    ``HFEngine.generate`` call recorded."""
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer import train
+
+    with recorded_generate() as calls:
         if resume_of is not None:
             from pacs_fast.trainer.run_folder import resume_config
             cfg = resume_config(resume_of, list(overrides))
@@ -108,8 +121,6 @@ def run_recorded(tmp: Path, name: str, overrides, *, resume_of: Path | None = No
             return Recorded(cfg, resume_of, calls)
         cfg = load_config(None, list(overrides))
         train(cfg, tmp / name)
-    finally:
-        HFEngine.generate = original
     return Recorded(cfg, tmp / name, calls)
 
 
