@@ -38,6 +38,7 @@ import re
 import shutil
 import subprocess
 import sys
+import unicodedata
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -72,7 +73,7 @@ HOSTILE = [
 
 
 def _norm(text: str) -> str:
-    return " ".join(text.split())
+    return " ".join(unicodedata.normalize("NFC", text).split())
 
 
 def _write_gz(path: Path, rows: list[dict]) -> Path:
@@ -439,6 +440,71 @@ def test_an_eval_dataset_holds_out_its_first_rows_and_training_keeps_every_row(t
     tr, ho = load_problems(cfg)
     assert any("1 of the 9 problems of data.eval_dataset" in line and "also training problems" in line
                for line in data_warnings(cfg, tr, ho))
+
+
+# (the number as the file writes it, the gold text: every digit, positional)
+LONG_NUMBERS = [("0.123456789012345678901", "0.123456789012345678901"),
+                ("3.14159265358979323846264338", "3.14159265358979323846264338"),
+                ("123456789012345678901.5", "123456789012345678901.5"),
+                ("-2.50000000000000000001E3", "-2500.00000000000000001"),
+                ("1e-5", "0.00001"), ("0.1", "0.1"), ("7", "7")]
+
+
+def test_a_json_number_answer_keeps_every_digit(tmp_path):
+    """A JSON number answer of more significant digits than a float keeps is the gold the file writes, in each JSON
+    format (it was read as a float: 0.123456789012345678901 trained and scored as 0.12345678901234568); the row's
+    other fields (reward.fn_fields, meta) hold the plain floats they always did."""
+    from pacs_fast.data.datasets import load_dataset
+
+    lines = [f'{{"problem": "Digits {i}?", "answer": {lit}, "note": {lit}, "cases": [{lit}, {{"x": {lit}}}]}}'
+             for i, (lit, _) in enumerate(LONG_NUMBERS)]
+    text = "\n".join(lines) + "\n"
+    (tmp_path / "a.jsonl").write_text(text)
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    (tmp_path / "c.json").write_text("[" + ",\n".join(lines) + "]")
+    (tmp_path / "d.json").write_text(text)  # one object per line
+    (tmp_path / "e.json.gz").write_bytes(gzip.compress(("[" + ",".join(lines) + "]").encode()))
+    for name in ("a.jsonl", "b.jsonl.gz", "c.json", "d.json", "e.json.gz"):
+        got = load_dataset(tmp_path / name, fields=["cases"])
+        assert [p.answer for p in got] == [gold for _, gold in LONG_NUMBERS], name
+        for p, (lit, _) in zip(got, LONG_NUMBERS):
+            want = json.loads(lit)  # (Python's own reading: a float, or an int)
+            assert type(p.meta["note"]) is type(want) and p.meta["note"] == want, (name, p.meta)
+            assert p.fields["cases"] == [want, {"x": want}] and type(p.fields["cases"][1]["x"]) is type(want)
+
+
+def test_a_problem_in_two_unicode_forms_is_one_problem(tmp_path):
+    """Ten problems, each written composed (NFC) and decomposed (NFD: "e" + U+0301 for "\u00e9"), which a tokenizer
+    normalising to NFC (Qwen2.5's) gives one prompt: the held-out split holds each problem once and keeps its other
+    form out of training (one form was held out while the other trained, without a word), and data.eval_dataset's
+    twins are named; a run started before 2026-12-07 (the two forms were two problems) resumes with its own split."""
+    import unicodedata
+
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.problems import data_digest, data_warnings, load_problems, resumed_problems
+
+    def nfc(row):
+        return unicodedata.normalize("NFC", row["problem"])
+
+    rows = []
+    for k in range(10):
+        q = f"Caf\u00e9 n\u00b0{k}: r\u00e9sum\u00e9 of a na\u00efve \u00c5ngstr\u00f6m, what is {k} + {k}?"
+        rows += [{"problem": unicodedata.normalize(form, q), "answer": str(2 * k)} for form in ("NFC", "NFD")]
+    assert all(rows[i]["problem"] != rows[i + 1]["problem"] for i in range(0, 20, 2))
+    path = _write_gz(tmp_path / "twins.jsonl.gz", rows)
+    cfg = load_config(None, [f"data.dataset={path}", "data.eval_size=4", "model.path=/x"])
+    train, held = load_problems(cfg)
+    assert 2 <= len(held) <= 4 and len({nfc(r) for r in held}) == len(held)  # (4 rows drawn: twins drawn count once)
+    assert not {nfc(r) for r in held} & {nfc(r) for r in train}
+    assert len(train) == 20 - 2 * len(held)
+    old = load_problems(cfg, nfc_key=False)
+    assert data_digest(*old) != data_digest(train, held)
+    assert resumed_problems(cfg, train, held, data_digest(*old)) == old
+    assert resumed_problems(cfg, train, held, data_digest(train, held)) == (train, held)
+    cfg = load_config(None, [f"data.dataset={path}", f"data.eval_dataset={path}", "data.eval_size=20",
+                             "model.path=/x"])
+    assert any(line.startswith("10 of the 20 problems of data.eval_dataset repeat another")
+               for line in data_warnings(cfg, *load_problems(cfg)))
 
 
 # ------------------------------------------------------------------------------------------- the shipped data

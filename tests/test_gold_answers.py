@@ -117,8 +117,8 @@ def test_held_out_sets_that_do_not_measure_what_they_say(tmp_path):
     cfg, train, held = _cfg(tmp_path, rows, held=[{"problem": "new", "answer": "1"}] * 4)
     # no training problem among them; but one problem four times is counted four times in eval/acc (it said nothing)
     assert data_warnings(cfg, train, held) == [
-        "3 of the 4 problems of data.eval_dataset repeat another (white space aside): eval/acc counts each copy, "
-        "weighting those problems more (rollout.eval_n samples a problem several times)"]
+        "3 of the 4 problems of data.eval_dataset repeat another (white space and Unicode normal form aside): eval/acc "
+        "counts each copy, weighting those problems more (rollout.eval_n samples a problem several times)"]
     cfg, train, held = _cfg(tmp_path, rows, held=[{"problem": f"new {i}", "answer": "1"} for i in range(4)])
     assert data_warnings(cfg, train, held) == []
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from array import array
 from collections import Counter
 
@@ -31,13 +32,15 @@ def data_digest(train: list[dict], held_out: list[dict]) -> str:
     return h.hexdigest()
 
 
-def load_problems(cfg: Config, *, held_out_per_row: bool = False, split_order: bool = False
-                  ) -> tuple[list[dict], list[dict]]:
+def load_problems(cfg: Config, *, held_out_per_row: bool = False, split_order: bool = False,
+                  nfc_key: bool = True) -> tuple[list[dict], list[dict]]:
     """(train, held-out) problems as dicts with ``problem``, ``answer`` (and ``prompt`` for the
     built-in task, whose prompt format is its own; ``fields``, ``{keyword: value}`` of the
     ``reward.fn_fields``, when it names some). Errors on bad files come here, before any work.
     The training problems of a held-out split keep the file's order with ``data.shuffle=false`` (``split_order``:
-    the split's random order, what such a run started before 2026-12-06 trained in: :func:`resumed_problems`)."""
+    the split's random order, what such a run started before 2026-12-06 trained in: :func:`resumed_problems`).
+    ``nfc_key=False``: two rows are the same problem when equal with white space normalised only (not in Unicode
+    normal form C as well), the split of a run started before 2026-12-07."""
     if cfg.data.dataset == "arithmetic":
         from pacs_fast.data.arithmetic import arithmetic_splits
         # The problem set is fixed by data.arith_seed (not train.seed): runs with different seeds
@@ -84,10 +87,11 @@ def load_problems(cfg: Config, *, held_out_per_row: bool = False, split_order: b
         # word); "copies" (the rows that hold it, when more than one) lets data_warnings count what left training
         # (``held_out_per_row``: the split of pacs_fast before 2026-12-06, a copy per row drawn: what a run started
         # then trained with, resumed as it was: :func:`resumed_problems`)
-        copies = Counter(_problem_key(row) for row in train)
+        key_of = _problem_key if nfc_key else _spaced_key
+        copies = Counter(key_of(row) for row in train)
         held, kept = [], set()
         for i in order[:n_eval]:
-            key = _problem_key(train[i])
+            key = key_of(train[i])
             if held_out_per_row:
                 kept.add(key)
                 held.append(train[i])
@@ -98,7 +102,7 @@ def load_problems(cfg: Config, *, held_out_per_row: bool = False, split_order: b
         # data.shuffle=false draws the rows in order: the file's (a curriculum), not the split's random one (a shuffled
         # run draws a fresh permutation every epoch, of the list in the split's order, as it always has)
         rest = order[n_eval:] if cfg.data.shuffle or split_order else sorted(order[n_eval:])
-        train = [train[i] for i in rest if _problem_key(train[i]) not in kept]
+        train = [train[i] for i in rest if key_of(train[i]) not in kept]
         if not train:  # (it failed after the tokenizer loaded, as "data.dataset: no prompt fits")
             raise ValueError(f"data.dataset {cfg.data.dataset!r}: each of its {rows} rows repeats a problem of the "
                              f"held-out split ({len(kept)} distinct), which stays out of training: nothing is left to "
@@ -111,13 +115,15 @@ def resumed_problems(cfg: Config, train: list[dict], held_out: list[dict], store
     """The problems a resumed run continues with: ``(train, held_out)`` of :func:`load_problems`, or, where the
     checkpoint's digest (``stored_sha1``) is instead that of the held-out split pacs_fast drew before 2026-12-06 (two
     copies of a repeated problem drawn were both held out; with ``data.shuffle=false``, the training rows in the
-    split's order, not the file's), that split, so that the run resumes as it was."""
+    split's order, not the file's; before 2026-12-07, the same problem in two Unicode forms was two problems), that
+    split, so that the run resumes as it was."""
     if (not stored_sha1 or cfg.data.eval_dataset or cfg.data.dataset == "arithmetic"
             or data_digest(train, held_out) == stored_sha1):
         return train, held_out
-    ways = [{"held_out_per_row": True}]
+    ways = [{"nfc_key": False}, {"held_out_per_row": True, "nfc_key": False}]
     if not cfg.data.shuffle:
-        ways += [{"split_order": True}, {"held_out_per_row": True, "split_order": True}]
+        ways += [{"split_order": True, "nfc_key": False},
+                 {"held_out_per_row": True, "split_order": True, "nfc_key": False}]
     for way in ways:
         legacy = load_problems(cfg, **way)
         if data_digest(*legacy) == stored_sha1:
@@ -126,7 +132,14 @@ def resumed_problems(cfg: Config, train: list[dict], held_out: list[dict], store
 
 
 def _problem_key(row: dict) -> str:
-    """A problem's text with its white space normalised (what makes two rows the same problem)."""
+    """A problem's text in Unicode normal form C with its white space normalised (what makes two rows the same
+    problem: a problem written with composed and with decomposed accents, "\u00e9" and "e" + U+0301, is one problem,
+    to which a tokenizer that normalises to NFC, as Qwen2.5's does, gives one prompt)."""
+    return _spaced_key({"problem": unicodedata.normalize("NFC", row["problem"])})
+
+
+def _spaced_key(row: dict) -> str:
+    """A problem's text with its white space normalised: :func:`_problem_key` of runs started before 2026-12-07."""
     return " ".join(row["problem"].split())
 
 
@@ -218,8 +231,8 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
     distinct = len({_problem_key(row) for row in held_out})
     if cfg.data.eval_dataset and distinct < len(held_out):  # (the split of data.dataset holds each problem once)
         lines.append(f"{len(held_out) - distinct} of the {len(held_out)} problems of data.eval_dataset repeat another "
-                     f"(white space aside): eval/acc counts each copy, weighting those problems more (rollout.eval_n "
-                     f"samples a problem several times)")
+                     f"(white space and Unicode normal form aside): eval/acc counts each copy, weighting those "
+                     f"problems more (rollout.eval_n samples a problem several times)")
     seen = {_problem_key(row) for row in train}
     shared = sum(_problem_key(row) in seen for row in held_out)
     if shared:
