@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import math
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -136,7 +137,7 @@ def _iter_rows(path: Path):
             line = raw.count(b"\n", 0, e.start) + 1
             raise ValueError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start} of the file)") from None
         try:
-            data = json.loads(text)
+            data = _json_loads(text)
         except json.JSONDecodeError as e:
             if e.msg != "Extra data":
                 raise ValueError(f"{path}: invalid JSON: {e}") from None
@@ -145,7 +146,7 @@ def _iter_rows(path: Path):
             for i, line in enumerate(text.split("\n"), start=1):
                 if line.strip():
                     try:
-                        yield f"{path}:{i}", json.loads(line)
+                        yield f"{path}:{i}", _json_loads(line)
                     except json.JSONDecodeError as e:
                         raise ValueError(f"{path}:{i}: invalid JSON ({e.msg} at column {e.colno}; read as one "
                                          f"object per line: the file is not one JSON document)") from None
@@ -168,12 +169,44 @@ def _iter_rows(path: Path):
             if not line.strip():
                 continue
             try:
-                yield f"{path}:{i}", json.loads(line)
+                yield f"{path}:{i}", _json_loads(line)
             except json.JSONDecodeError as e:
                 lone_cr = "\r" in line.rstrip("\r\n").replace("\r\n", "")  # (a CR inside a string is escaped)
                 hint = ("; its lines end in a carriage return alone (classic Mac line endings): save the file with "
                         "LF or CRLF line endings" if lone_cr else "")
                 raise ValueError(f"{path}:{i}: invalid JSON ({e.msg} at column {e.colno}){hint}") from None
+
+
+class _LongNumber(Decimal):
+    """A JSON number of more significant digits than a float keeps (``0.123456789012345678901``): a gold answer keeps
+    its digits (it became ``0.12345678901234568``); any other field gets the float it always got."""
+
+
+_long_numbers = [0]  # how many :func:`_json_number` has read (rows are walked by :func:`_as_floats` only once it has)
+
+
+def _json_number(text: str) -> float | Decimal:
+    """``json.loads``' ``parse_float``: the float, or a :class:`_LongNumber` when the float would lose digits."""
+    value = float(text)
+    if not math.isfinite(value) or Decimal(repr(value)) == Decimal(text):  # (1e400: no finite float, refused as before)
+        return value
+    _long_numbers[0] += 1
+    return _LongNumber(text)
+
+
+def _json_loads(text: str):
+    return json.loads(text, parse_float=_json_number)
+
+
+def _as_floats(value):
+    """``value`` with each :class:`_LongNumber` in it a float (what every field but the gold answer holds)."""
+    if isinstance(value, _LongNumber):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _as_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_floats(v) for v in value]
+    return value
 
 
 _MISSING = object()
@@ -311,6 +344,7 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
     if isinstance(path, str) and path in {**BENCHMARKS, **TRAIN_SETS}:
         path = shipped_path(path)
     out: list[Problem] = []
+    long_numbers = _long_numbers[0]
     for where, row in itertools.chain.from_iterable(_read_rows(f) for f in dataset_files(path)):
         if limit is not None and len(out) >= limit:
             break
@@ -330,7 +364,11 @@ def load_dataset(path: str | Path, *, problem_field: str = "problem", answer_fie
         if not isinstance(problem, str) or not problem.strip():
             got = "" if isinstance(problem, str) else f", got {type(problem).__name__}"  # (a columns-oriented .json)
             raise ValueError(f"{where}: field {problem_field!r} must be a non-empty string{got}")
-        answer = _answer_text(values[answer_field], where, answer_field)
+        answer = values[answer_field]
+        if _long_numbers[0] != long_numbers:  # (one read since the file's first: a .json list is parsed whole)
+            answer = answer if isinstance(answer, _LongNumber) else _as_floats(answer)  # (its digits as a number)
+            row = _as_floats(row)
+        answer = _answer_text(answer, where, answer_field)
         if check_answer is not None:
             try:
                 check_answer(answer)
