@@ -193,6 +193,10 @@ def test_staleness_bound_and_resume_after_sigkill(tmp_path, warm_cache):
     (["rollout.ranks=1", "learner.backend=megatron", "learner.tp_size=2"], 4,
      r"learner.tp_size=2 must divide the learner's processes \(3"),
     (["rollout.ranks=-1"], 1, "must be >= 0"),
+    # a bound past the run's length asked for K + 1 batches at step 1 (1,001 for K = 1,000), never binding
+    (["rollout.ranks=1", "rollout.max_staleness=5", "train.steps=4"], 2,
+     r"rollout.max_staleness=5 is more than train.steps=4: the engines would generate 6 batches before step 1 "
+     r"trains, 2 of them past the run's last step"),
     (["rollout.ranks=1", "rollout.tp_size=0"], 2, "rollout.tp_size must be >= 1"),
 ])
 def test_layout_errors(overrides, world, match):

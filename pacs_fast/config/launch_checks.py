@@ -56,6 +56,10 @@ def validate_async(cfg: Config, world: int) -> None:
     if K and not R:
         raise ValueError(f"rollout.max_staleness={K} needs rollout.ranks >= 1 (engines on their own processes: "
                          f"torchrun --nproc_per_node R+1 -m pacs_fast.train rollout.ranks=R ...)")
+    if K > max(cfg.train.steps, 1):  # (K + 1 batches are generated before step 1 trains: 1,000 asked for 1,001)
+        raise ValueError(f"rollout.max_staleness={K} is more than train.steps={cfg.train.steps}: the engines would "
+                         f"generate {K + 1} batches before step 1 trains, {K + 1 - cfg.train.steps} of them past the "
+                         f"run's last step; give rollout.max_staleness <= train.steps")
     if not R:
         if T != 1:
             raise ValueError(f"rollout.tp_size={T} applies with rollout.ranks (engines on their own processes); "

@@ -141,7 +141,8 @@ class RolloutConfig:
     tp_size: int = _f(1, "with rollout.ranks and rollout.engine=vllm: tensor-parallel size of each engine "
                       "(R / tp_size engines)")
     max_staleness: int = _f(0, "with rollout.ranks: a batch trains only if the policy that generated it is at most "
-                            "this many updates old; generation runs ahead while the learner trains (0 = lock-step)")
+                            "this many updates old (at most train.steps); generation runs ahead while the learner "
+                            "trains (0 = lock-step)")
     filter_groups: bool = _f(False, "DAPO's dynamic sampling: keep only the groups whose verifier rewards differ and "
                              "draw more prompts until train.prompts_per_step groups are kept (off for every "
                              "algorithm by default: PACS learns from all-correct / all-wrong groups, "
