@@ -51,15 +51,33 @@ def _bpe(special, post=None):
     return raw
 
 
+_QWEN_TOKENIZER_FOLDER = []  # (the per-process folder qwen_chatml_tokenizer reloads: a TemporaryDirectory)
+
+
 def qwen_chatml_tokenizer():
     """``(tokenizer, <|im_end|> id, <|endoftext|> id)``: byte-level BPE with Qwen2.5's special tokens and ChatML
-    template, EOS <|im_end|>, pad <|endoftext|> (the sweeps' Qwen2.5-shaped models)."""
-    from transformers import PreTrainedTokenizerFast
+    template, EOS <|im_end|>, pad <|endoftext|> (the sweeps' Qwen2.5-shaped models), as the product loads it.
 
-    tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
-                                  eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
-    tok.chat_template = QWEN25_TEMPLATE
+    Built in memory once per process, saved beside a qwen2 ``config.json`` and reloaded with ``AutoTokenizer`` on
+    each call (a fresh object): transformers >= 5 loads the tokenizer of every qwen2 folder as ``Qwen2Tokenizer``,
+    which keeps the saved vocabulary and merges but puts Qwen2's own normaliser (NFC) and pre-tokenizer (Qwen2's
+    split regex: digits one by one, no space before a number) in place of the saved ones, and ``<|endoftext|>`` as
+    the unknown token. The in-memory ``PreTrainedTokenizerFast`` encoded some texts otherwise (" 12", "e\u0301"):
+    ``test_the_qwen_helper_tokenizer_encodes_as_the_folder_the_product_loads``."""
+    import tempfile
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
+
+    if not _QWEN_TOKENIZER_FOLDER:
+        folder = tempfile.TemporaryDirectory(prefix="qwen_chatml_tokenizer_")
+        tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
+                                      eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                      additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+        tok.chat_template = QWEN25_TEMPLATE
+        tok.save_pretrained(folder.name)
+        Qwen2Config(vocab_size=len(tok)).save_pretrained(folder.name)  # (model_type qwen2: AutoTokenizer's class)
+        _QWEN_TOKENIZER_FOLDER.append(folder)
+    tok = AutoTokenizer.from_pretrained(_QWEN_TOKENIZER_FOLDER[0].name)
     return tok, tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
 
 
@@ -260,6 +278,60 @@ def test_the_plain_format_ends_on_the_assistant_cue_not_on_eos():
     for problem, got in zip(["1+1?", "What is 12+7?"], ids):
         text = f"You are a helpful assistant.\n\nUser: {problem} {INSTRUCTION}\nAssistant:"
         assert got == [tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"]  # (it ended with </s>)
+
+
+# Texts on which the in-memory tokenizer once encoded otherwise than the folder the product loads: decomposed and
+# compatibility characters (no NFC), a space before a number (GPT-2's `` ?\p{N}+`` kept " 12" as one token; Qwen2's
+# split regex takes digits one by one), and the rest of what the two pre-tokenizers cut differently.
+HOSTILE_TEXTS = [
+    "e\u0301", "cafe\u0301 nai\u0308ve", "A\u030a \u212b \u2126 n\u0303 a\u0300\u0301\u0302", "\u1e9b\u0323",
+    "What is 12+7? Compute the value of x if 3x = 9.", "Step 12: 3.14159 1,000,000 \\boxed{5}.", " 2026",
+    "12345678901234",
+    "\uff46\uff55\uff4c\uff4c \uff21\uff22\uff23\uff11\uff12\uff13 \ufb01sh x\u00b2 \u2160 \u2460",
+    "\u0661\u0662\u0663 \u0967\u0968",
+    "caf\u00e9 \u65e5\u672c \u2211 \u4e2d\u6587\uff0c\u4f60\u597d \ud55c\uad6d\uc5b4",
+    "\U0001F600\U0001F44D\U0001F3FD \U0001F468\u200d\U0001F469\u200d\U0001F467",
+    "a   b\t\tc\n\n\nd", "\r\n", "line1\r\nline2\r\n", "  \r\n  ", " \n \n", "\u00a0nbsp \u3000ideo \u200b\u200d",
+    "don't I'll we've DON'T I'M they'RE", "(word \"Step $x {answer} -the #### 72 :sum",
+    "<|im_end|>", "a<|im_end|>b", "x <|im_start|>user\nhi<|im_end|>\n", "<|endoftext|> <|endoftext|>",
+    "```python\nprint(1)\n```", "",
+]
+
+
+def test_the_qwen_helper_tokenizer_encodes_as_the_folder_the_product_loads(qwen):
+    """``qwen_chatml_tokenizer()`` is what ``AutoTokenizer`` loads from a ``qwen_chatml_folder`` (transformers >= 5
+    loads a qwen2 folder's tokenizer as ``Qwen2Tokenizer``: NFC and Qwen2's split regex in place of the saved
+    normaliser and pre-tokenizer): the same ids on hostile texts, alone and batched, the same chat template output,
+    the same special tokens (it was a ``PreTrainedTokenizerFast`` that encoded " 12" and "e\u0301" otherwise)."""
+    from transformers import AutoTokenizer
+
+    folder, _ = qwen
+    tok, im_end, eot = qwen_chatml_tokenizer()
+    loaded = AutoTokenizer.from_pretrained(folder)
+    for text in HOSTILE_TEXTS:
+        for special in (True, False):
+            assert tok.encode(text, add_special_tokens=special) == loaded.encode(text, add_special_tokens=special), \
+                (text, tok.convert_ids_to_tokens(tok.encode(text)), loaded.convert_ids_to_tokens(loaded.encode(text)))
+    assert tok(HOSTILE_TEXTS, padding=True)["input_ids"] == loaded(HOSTILE_TEXTS, padding=True)["input_ids"]
+    ids = loaded(HOSTILE_TEXTS)["input_ids"]
+    for skip in (True, False):
+        assert tok.batch_decode(ids, skip_special_tokens=skip) == loaded.batch_decode(ids, skip_special_tokens=skip)
+    for system in ([], [{"role": "system", "content": "Sys \u00e9 12"}]):
+        chats = [system + [{"role": "user", "content": t}] for t in HOSTILE_TEXTS]
+        chats.append(system + [{"role": "user", "content": "What is 12+7?"}, {"role": "assistant", "content": " 19"},
+                               {"role": "user", "content": "e\u0301 3x = 9"}])
+        for gen in (True, False):
+            for chat in chats:
+                assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=gen) == \
+                    loaded.apply_chat_template(chat, tokenize=False, add_generation_prompt=gen)
+                assert tok.apply_chat_template(chat, add_generation_prompt=gen, return_dict=True)["input_ids"] == \
+                    loaded.apply_chat_template(chat, add_generation_prompt=gen, return_dict=True)["input_ids"], chat
+    assert type(tok) is type(loaded) and tok.backend_tokenizer.to_str() == loaded.backend_tokenizer.to_str()
+    assert (tok.special_tokens_map, tok.all_special_ids, len(tok)) == \
+        (loaded.special_tokens_map, loaded.all_special_ids, len(loaded))
+    assert (im_end, eot) == (loaded.eos_token_id, loaded.pad_token_id) == \
+        (loaded.convert_tokens_to_ids("<|im_end|>"), loaded.convert_tokens_to_ids("<|endoftext|>"))
+    assert tok.chat_template == loaded.chat_template == QWEN25_TEMPLATE
 
 
 def test_qwen_prompts_are_the_template_once_with_the_generation_prompt(qwen, tmp_path):
