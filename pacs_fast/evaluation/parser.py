@@ -53,7 +53,11 @@ def run_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m pacs_fast.eval",
                        description="pass@k evaluation on the shipped math benchmarks (or your own), resumable.",
                        epilog="Other commands: 'report --out DIR', 'compare A.json B.json --out plot.png'")
-    p.add_argument("--model", required=True, help="Hugging Face model folder (or hub id already cached)")
+    p.add_argument("--model", required=True, help="Hugging Face model folder, or hub id org/name (cached, when "
+                   "offline); a hub id's commit is recorded, and a resume on another one refused")
+    p.add_argument("--revision", default=None, metavar="REV",
+                   help="with a hub id --model: the commit, branch or tag to evaluate (default: the default branch's "
+                        "newest commit)")
     p.add_argument("--benchmarks", default=DEFAULT_BENCHMARKS,
                    help=f"comma-separated: {', '.join(BENCHMARKS)} or dataset files, folders or globs "
                         f"(default: all four)")

@@ -336,7 +336,7 @@ def results_error(res: dict) -> str | None:
     bare KeyError or AttributeError, or printed a pass@k of 150%."""
     if not isinstance(res["benchmarks"], dict):
         return "benchmarks is not an object"
-    for key in ("label", "model"):
+    for key in ("label", "model", "revision"):  # (revision: a hub id's commit, where the run recorded one)
         if res.get(key) is not None and not isinstance(res[key], str):
             return f"{key} is not a string"
     if res.get("settings") is not None and not isinstance(res["settings"], dict):

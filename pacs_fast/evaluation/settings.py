@@ -9,7 +9,7 @@ import math
 import re
 from pathlib import Path
 
-from pacs_fast.config.model_files import WEIGHT_FILES
+from pacs_fast.config.model_files import WEIGHT_FILES, hub_model_folder, hub_repo_of, model_folder_problem
 from pacs_fast.config.reward_specs import VERIFIER
 from pacs_fast.evaluation.args import UsageError, read_json
 from pacs_fast.evaluation.results import LEGACY_SETTINGS, UNRECORDED_SAMPLING, samples_path
@@ -33,6 +33,29 @@ def weights_stamp(model: str) -> dict[str, list[int]] | None:
         return None
     files = sorted({p for pattern in WEIGHT_FILES for p in folder.glob(pattern) if p.is_file()})
     return {p.name: [p.stat().st_size, _content_name(p) or p.stat().st_mtime_ns] for p in files} or None
+
+
+def hub_snapshot(model: str, revision: str | None = None) -> tuple[str, str] | None:
+    """``(snapshot folder, commit)`` when ``--model`` is a Hugging Face Hub id (``org/name``, no such folder here):
+    the cache's folder of the commit the id resolves to (``--revision``'s, else the default branch's newest),
+    downloaded when online (:func:`~pacs_fast.config.model_files.hub_model_folder`, as the trainer's ``model.path``);
+    None for a model folder. The run loads that folder and records the commit (``revision``): the hub id alone named
+    no weights, and a resume after the repository got a new commit appended the new model's samples to the old
+    one's without a word."""
+    if Path(model).expanduser().exists():
+        return None
+    folder = hub_model_folder(model, "--model", revision)  # (a ValueError naming --model: not on the hub / cached)
+    hub = hub_repo_of(folder)
+    if hub is None:  # (a name without an org, "gpt2": transformers resolves it when it loads, as before)
+        if revision:
+            raise UsageError(f"--revision {revision}: --model {model} is not a hub id org/name (give the full id)")
+        return None
+    if not any(folder.glob("*.safetensors")):  # (a repository of .bin weights alone, which eval has always loaded)
+        folder = hub_model_folder(model, "--model", hub[1], bin_weights=True)
+    problem = model_folder_problem(folder)
+    if problem:
+        raise UsageError(f"--model {model} (commit {hub[1]}, {folder}){problem}")
+    return str(folder), hub[1]
 
 
 def _content_name(path: Path) -> str | None:
@@ -70,6 +93,9 @@ def setting_differences(old: dict, config: dict) -> list[str]:
     if old.get("model") == config.get("model") and isinstance(old.get("weights"), dict) and config.get("weights") \
             and old["weights"] != config["weights"]:  # (recorded since 2026-12-06; the same folder, other weights)
         diff.append("weights")
+    if old.get("model") == config.get("model") and old.get("revision") and config.get("revision") \
+            and old["revision"] != config["revision"]:  # (recorded since 2026-12-07; the same hub id, another commit)
+        diff.append("revision")
     return diff
 
 
@@ -82,7 +108,9 @@ def _values(diff: list[str], old: dict, config: dict) -> str:
         return d.get(key, LEGACY_SETTINGS.get(key))
 
     parts = [_weights_change(old["weights"], config["weights"]) if k == "weights" else
-             f"{k} {value(old, k)!r} there, {value(config, k)!r} here" for k in diff if k != "model"]
+             f"{k} {value(old, k)!r} there, {value(config, k)!r} here" +
+             (f" (the hub id's commit: --revision {old[k]} resumes on the one those samples were drawn from)"
+              if k == "revision" else "") for k in diff if k != "model"]
     return "; ".join(parts) if parts else "the model"
 
 
