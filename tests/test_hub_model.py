@@ -3,6 +3,7 @@ folder is what the run loads and records (the revision in its path); offline (``
 the cache, and an id that is not there is one line before anything loads. Before 2026-11-29 every hub id was
 "model.path ... does not exist". A hand-made hub cache stands in for the hub (CI has no network)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -95,3 +96,38 @@ print(float((peft - merged).abs().max()), float((base - merged).abs().max()))
     assert proc.returncode == 0, proc.stderr[-3000:]
     to_merged, moved = map(float, proc.stdout.split()[-2:])
     assert to_merged < 1e-5 < moved, proc.stdout
+
+
+def test_model_revision_picks_the_commit_of_a_hub_id(tmp_path, monkeypatch):
+    """``model.revision`` (a commit, or a branch / tag the cache's refs name) picks the snapshot folder the run loads
+    and records; it is cleared there (the folder names the commit), so the run's config.yaml resumes as it is. With a
+    model folder, or without model.path, it is one line; a commit not cached offline is the hub id's one line."""
+    from huggingface_hub import constants
+
+    from pacs_fast.config import load_config
+    from pacs_fast.config.paths import validate_paths
+
+    main = _hub_cache(tmp_path / "hub")
+    other = "89abcdef" * 5
+    make_tiny_model(main.parent / other, seed=5)
+    (main.parent.parent / "refs" / "v1").write_text(other)  # (a tag: refs/tags/v1 on the hub, refs/v1 in the cache)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    def resolved(*overrides):
+        cfg = load_config(None, [f"train.out_dir={tmp_path / 'runs'}", *overrides])
+        validate_paths(cfg)
+        return cfg.model.path, cfg.model.revision
+
+    assert resolved("model.path=acme/tiny-math") == (str(main), "")
+    for rev in (other, "v1"):
+        assert resolved("model.path=acme/tiny-math", f"model.revision={rev}") == (str(main.parent / other), "")
+    assert resolved(f"model.path={main.parent / other}") == (str(main.parent / other), "")  # (the recorded run)
+    for overrides, error in (
+            ([f"model.path={main}", "model.revision=v1"], f"model.revision=v1: model.path '{main}' is a folder here"),
+            (["model.revision=v1"], "model.revision=v1 needs a hub id model.path (org/name)"),
+            (["model.path=acme/tiny-math", "model.revision=v2"],
+             "model.path 'acme/tiny-math' at revision 'v2' is not a folder here, nor in the Hugging Face cache")):
+        with pytest.raises(ValueError, match="^" + re.escape(error)):
+            resolved(*overrides)

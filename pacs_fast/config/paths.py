@@ -99,14 +99,22 @@ def validate_paths(cfg: Config) -> None:
     # the run folder (an automatic name takes up to ~40 bytes) and room for its files (checkpoints/step_N/...)
     check_path_length("train.out_dir / train.run_name", str(Path(cfg.train.out_dir) / (cfg.train.run_name or "x" * 40)),
                       room=RUN_FILES_ROOM)
+    revision = cfg.model.revision.strip()
+    if revision and not cfg.model.path:
+        raise ValueError(f"model.revision={revision} needs a hub id model.path (org/name); the built-in tiny model "
+                         f"has no revisions")
     if cfg.model.path:
         path = Path(cfg.model.path).expanduser()
+        if path.exists() and revision:  # (a folder holds one model: nothing to pick)
+            raise ValueError(f"model.revision={revision}: model.path {cfg.model.path!r} is a folder here; "
+                             f"model.revision picks a commit, branch or tag of a Hugging Face Hub id (org/name)")
         if not path.exists():
-            snapshot = hub_model_folder(cfg.model.path)  # a hub id: its snapshot folder (the revision in its path)
+            # a hub id: its snapshot folder (the commit in its path), at model.revision
+            snapshot = hub_model_folder(cfg.model.path, revision=revision or None)
             if snapshot is None:
                 raise ValueError(f"model.path {cfg.model.path!r} does not exist (give a Hugging Face model folder or "
                                  f"hub id, or leave it empty for the built-in tiny model)")
-            cfg.model.path, path = str(snapshot), snapshot
+            cfg.model.path, path, cfg.model.revision = str(snapshot), snapshot, ""  # (the folder names the commit)
         problem = model_folder_problem(path)
         if problem:
             raise ValueError(f"model.path {cfg.model.path!r}{problem}")

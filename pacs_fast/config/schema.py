@@ -34,6 +34,8 @@ class ModelConfig:
     path: str = _f("", "Hugging Face model folder, or hub id (org/name: its snapshot is downloaded, or taken from "
                        "the cache offline, and recorded as the folder); empty = the built-in tiny Qwen2 model (made "
                        "and cached)")
+    revision: str = _f("", "with a hub id model.path: the commit, branch or tag to train from (empty = the default "
+                       "branch's newest commit); the run records the commit's snapshot folder as model.path")
     dtype: str = _f("float32", "parameter dtype of the learner: float32 | bfloat16 (CPU: use float32; float16 is "
                     "refused: no loss scaling)")
     device: str = _f("auto", "auto | cpu | cuda")
