@@ -413,10 +413,13 @@ def test_softmax_epilogues_use_exp2_without_denormal_guards(report):
     assert not [(c["label"], c["ex2_guards"]) for c in rows if c["ex2_guards"]]
     # Gemma 2's soft-capped launches: the cap is one more ex2 per logit (tanh from exp(-2|y|/c)), a division and a
     # few multiplies (the backward's slope too): 2.0-2.12 ex2 and 14.7-21.6 FP32 instructions per logit on sm_80 /
-    # sm_90 / sm_100 (2026-12-03, Triton 3.9); budget 2.3 and 24, still no denormal guard
+    # sm_90 / sm_100 (2026-12-03, Triton 3.9); budget 2.3 and 24, still no denormal guard. Triton 3.6 (the GPU image's)
+    # pipelines sm_100's capped dz loop into one more copy: 2.41 ex2 per logit (77 MUFU.EX2 for 64), budget 2.5 there
+    older = tuple(int(x) for x in report["triton"].split(".")[:2]) < (3, 9)
     capped = [c for c in rows if "softcap" in c["variant"] and c["dtype"] != "fp32"]
     assert len(capped) >= 3 and not [(c["label"], c["alu_per_logit"], c["ex2_per_logit"]) for c in capped
-                                     if not (1.9 <= c["ex2_per_logit"] <= 2.3 and c["alu_per_logit"] <= 24)]
+                                     if not (1.9 <= c["ex2_per_logit"] <= (2.5 if older and c["arch"] >= 100 else 2.3)
+                                             and c["alu_per_logit"] <= 24)]
     tc = [c for c in rows if c["dtype"] != "fp32" and "softcap" not in c["variant"]]
     heavy = [(c["label"], c["alu_per_logit"], c["ex2_per_logit"]) for c in tc
              if c["ex2"] == 0 or sum(c["fp32_alu"].values()) / c["ex2"] > 10]
