@@ -58,8 +58,8 @@ from pacs_fast.evaluation.report import incomplete_warnings, markdown_table, plo
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct,
                                           parts_warnings, problem_digest, read_samples, results_from_samples,
                                           samples_path)
-from pacs_fast.evaluation.settings import (check_settings, hub_snapshot, recorded_sources, report_time_limit,
-                                           weights_stamp)
+from pacs_fast.evaluation.settings import (SETTINGS_FILE, check_settings, hub_snapshot, recorded_sources,
+                                           report_time_limit, weights_stamp)
 from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn, reward_field_keywords
 from pacs_fast.gc_heap import freeze_at_start_up
 from pacs_fast.trainer.run_folder import RunLock
@@ -227,6 +227,7 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
     """Samples and scores the problems ``todo`` names, appending each call's records; ``commit()`` (the settings'
     :func:`~pacs_fast.evaluation.settings.check_settings`) runs once the prompts fit and the engine loaded."""
     from pacs_fast.config.stop_string_checks import escape_warning
+    from pacs_fast.data.prompt_date import pinned_date_kwargs, today
     from pacs_fast.data.prompts import build_prompt, encode_prompts, has_chat_template, template_kwargs_effect
     from pacs_fast.reward.answers import extract_answer
     from pacs_fast.reward.verifier import OK
@@ -239,6 +240,13 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
     idle = template_kwargs_effect(tokenizer, args.template_kwargs)
     if idle:
         print(f"warning: --chat-template-kwargs {args.chat_template_kwargs}: {idle}", file=sys.stderr)
+    # a template that dates its prompts (Llama 3.2's strftime_now): the date the folder's samples were drawn on
+    recorded = read_json(out_dir / SETTINGS_FILE, "run settings file") if (out_dir / SETTINGS_FILE).is_file() else {}
+    args.template_kwargs, prompt_date, line = pinned_date_kwargs(
+        tokenizer, args.template_kwargs, recorded.get("prompt_date") or today(), key="--chat-template-kwargs",
+        again="a rerun into this --out")
+    if line:
+        print(line, file=sys.stderr)
     for line in (special_token_warning(tokenizer, args.stop, "--stop"), escape_warning(args.stop, "--stop"),
                  *prompt_build_warnings(args, tokenizer, sets, todo)):
         if line:
@@ -249,7 +257,7 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
     check_prompt_lengths(args, name, engine_context(args, name, vllm_sizes), tokenizer, sets, todo)  # before loading
     engine_name, engine = _make_engine(args, vllm_sizes)
     if commit is not None:
-        commit()
+        commit({"prompt_date": prompt_date} if prompt_date else None)
     scorer = UserScorer(reward_fn) if reward_fn else _verifier(args)
     bar = _progress(sum(len(t) for t in todo.values()), args.no_progress)
     t0, samples_done = time.perf_counter(), 0

@@ -159,13 +159,13 @@ def check_settings(out_dir: Path, config: dict, overwrite: bool):
             config = {**old, **config, "n": {**old.get("n", {}), **config["n"]},
                       "sources": {**old.get("sources", {}), **config.get("sources", {})}}
 
-    def commit() -> None:
+    def commit(extra: dict | None = None) -> None:  # (extra: what the run learns once it loads, a prompt_date)
         if overwrite:
             for p in existing:
                 if p in asked:
                     p.unlink(missing_ok=True)
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(config, indent=2) + "\n")
+        write_text_atomic(path, json.dumps({**config, **(extra or {})}, indent=2) + "\n")
 
     return commit
 

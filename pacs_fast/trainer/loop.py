@@ -217,6 +217,8 @@ def save(s: Session, step: int, *, in_flight=None) -> None:
              "data_parallel": s.world.dp,  # (a resume on another number of groups trains otherwise: session)
              "torch_threads": torch.get_num_threads(),  # (on a CPU another count rounds otherwise: session)
              "code_versions": run_code_versions(s)}
+    if s.prompt_date:  # (a dating chat template's date: a resume's prompts say the same day)
+        state["prompt_date"] = s.prompt_date
     if hasattr(s.scorer, "state_dict"):
         state["scorer"] = s.scorer.state_dict()
 

@@ -276,11 +276,13 @@ def check_gold_answers(cfg: Config, train: list[dict], held_out: list[dict], log
             f"the model writes")
 
 
-def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log, *, held_out: bool = False
-           ) -> tuple[list[dict], float]:
+def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log, *, held_out: bool = False,
+           template_kwargs: dict | None = None) -> tuple[list[dict], float]:
     """Adds ``prompt_ids`` to each problem and drops prompts longer than ``data.max_prompt_tokens``.
     Returns the kept problems and the dropped share; more than 5% dropped is a warning, and any drop from the
     ``held_out`` set (its accuracy is then over fewer problems than the set holds: MATH-500's is not over 500).
+    ``template_kwargs``: the chat template's variables (default ``data.chat_template_kwargs``; the session adds a
+    dating template's ``date_string``: pacs_fast/data/prompt_date.py).
 
     ``prompt_ids`` is an ``array('i')`` (4 bytes a token; a Python list of ints takes ~32: a 1M-row set of
     150-token prompts held ~5 GB in every rank). Readers take ``len`` and iterate; what leaves the trainer
@@ -296,7 +298,8 @@ def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log, *, held
             lists = [tokenizer.encode(p["prompt"], add_special_tokens=False) for p in part]
         else:
             lists = encode_prompts(tokenizer, [p["problem"] for p in part], system=system, instruction=instruction,
-                                   template_kwargs=cfg.data.chat_template_kwargs)
+                                   template_kwargs=cfg.data.chat_template_kwargs if template_kwargs is None
+                                   else template_kwargs)
         ids += [array("i", x) for x in lists]
     out = [{**p, "prompt_ids": i} for p, i in zip(problems, ids) if 0 < len(i) <= cfg.data.max_prompt_tokens]
     dropped = 1.0 - len(out) / max(len(problems), 1)

@@ -21,6 +21,7 @@ import torch
 from pacs_fast.code_version import code_version, resume_note
 from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
 from pacs_fast.config.model_files import vocab_problem
+from pacs_fast.data.prompt_date import pinned_date_kwargs, today
 from pacs_fast.data.prompts import has_chat_template, prompt_warnings, takes_system_message, template_kwargs_effect
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.openmp import threads_beside_other_jobs
@@ -78,6 +79,7 @@ class Session:
     # from); None when that checkpoint did not record it (written before 2026-11-28)
     code_versions: list[str] = field(default_factory=list)  # the pacs_fast versions that trained the run, in order
     data_sha1: str = ""  # problems.data_digest of the training and held-out problems (kept in each checkpoint)
+    prompt_date: str | None = None  # the date_string a dating chat template's prompts got (kept in each checkpoint)
     # an asynchronous run's generation batches in flight at the resumed checkpoint, with their completions
     # (trainer/async_loop.py; None: a checkpoint that saved none, from before 2026-12-01 or of a synchronous run)
     in_flight: list[dict] | None = None
@@ -204,6 +206,12 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         idle = template_kwargs_effect(tokenizer, cfg.data.chat_template_kwargs)
         if idle:
             log(f"warning: data.chat_template_kwargs={cfg.data.chat_template_kwargs}: {idle}")
+        # a template that dates its prompts (Llama 3.2's strftime_now): the first session's date, on every rank
+        prompt_date = world.broadcast((newest[1].get("prompt_date") if newest else None) or today())
+        template_kwargs, prompt_date, line = pinned_date_kwargs(tokenizer, cfg.data.chat_template_kwargs, prompt_date,
+                                                                key="data.chat_template_kwargs", again="a --resume")
+        if line:
+            log(line)
         special = special_token_warning(tokenizer, cfg.rollout.stop, "rollout.stop")
         if special:
             log(f"warning: {special}")
@@ -212,8 +220,10 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         for line in prompt_warnings(tokenizer, problems, folder_stop_ids(model_path, tokenizer), held_out=held) \
                 if problems or held else []:
             log(f"warning: {line}")
-        train_problems, dropped_train = encode(cfg, tokenizer, train_problems, "data.dataset", log)
-        held_out, dropped_held = encode(cfg, tokenizer, held_out, "the held-out set", log, held_out=True)
+        train_problems, dropped_train = encode(cfg, tokenizer, train_problems, "data.dataset", log,
+                                               template_kwargs=template_kwargs)
+        held_out, dropped_held = encode(cfg, tokenizer, held_out, "the held-out set", log, held_out=True,
+                                        template_kwargs=template_kwargs)
         # rank 0's reading on every rank: vLLM's derivation imports vLLM (~3 s), which learner-only ranks never need
         # (with vLLM's refusal of the architecture: every rank raises it, none waits on a collective)
         context, refusal = world.broadcast((model_context(cfg, model_path), vllm_refusal(cfg, model_path))
@@ -268,7 +278,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
                 learner=learner, engine=engine, sync=sync, scorer=scorer,
                 sampler=PromptSampler(len(train_problems), seed=cfg.train.seed, shuffle=cfg.data.shuffle),
                 train_problems=train_problems, held_out=held_out, progress=progress, folder=folder, timings=timings,
-                credit=StepCredit.from_config(cfg, tokenizer), data_sha1=data_sha1)
+                credit=StepCredit.from_config(cfg, tokenizer), data_sha1=data_sha1,
+                prompt_date=prompt_date)
     state = {}
     # a run stopped before its first checkpoint starts again from step 0 in its folder (earlier records superseded)
     restart = bool(world.broadcast(resume and not checkpoints_newest_first(run_dir) if world.is_main else None))
