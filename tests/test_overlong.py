@@ -352,7 +352,7 @@ def test_sample_rows_put_each_row_s_trained_reward_beside_its_reward():
 
     from pacs_fast.trainer.step import sample_rows
 
-    tok = SimpleNamespace(decode=lambda ids: "p" + "".join(map(str, ids)))
+    tok = SimpleNamespace(decode=lambda ids, **kw: "p" + "".join(map(str, ids)))
     from pacs_fast.rollout.base import Completion
 
     comps = [[Completion([1] * (i + j + 1), f"r{i}{j}", "length" if j else "stop") for j in range(2)] for i in range(2)]

@@ -37,7 +37,7 @@ def test_each_row_counts_once_with_its_last_epochs_score():
     # samples.jsonl's psi of each row: the same last score
     comps = [[type("C", (), {"text": "x", "token_ids": [1], "finish_reason": "stop"})() for _ in range(G)]
              for _ in range(B // G)]
-    tok = type("Tok", (), {"decode": lambda self, ids: "p"})()
+    tok = type("Tok", (), {"decode": lambda self, ids, **kw: "p"})()
     problems = [{"prompt_ids": [1], "answer": "1"}] * (B // G)
     samples = sample_rows(1, tok, problems, comps, rewards.tolist(), terms, B)
     assert [r["psi"] for r in samples] == pytest.approx(last.tolist(), rel=0, abs=0)

@@ -117,10 +117,10 @@ class ByteTokens:
     pieces = [b"<answer>5</answer", b">\xe6", b"\x97\xa5", b" more"]
     pad_token_id = 0
 
-    def decode(self, ids, skip_special_tokens=True):
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=None):
         return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
 
-    def batch_decode(self, rows, skip_special_tokens=True):
+    def batch_decode(self, rows, skip_special_tokens=True, clean_up_tokenization_spaces=None):
         return [self.decode(r) for r in rows]
 
 

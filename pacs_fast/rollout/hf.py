@@ -364,7 +364,7 @@ class HFEngine(LeanDecoder, RolloutEngine):
         cap = generated.shape[1] if limits is None else torch.tensor(limits).clamp(max=generated.shape[1])
         ends = torch.where(at_eos, is_eos.int().argmax(dim=1) + 1, cap).tolist()
         ids = [row[:end] for row, end in zip(generated.tolist(), ends)]
-        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         if stops is not None:  # a row stopped by a string was fed pad ids after it (perhaps an EOS id): cut first
             for i in range(len(ids)):
                 cut = stops.cut(ids[i], texts[i])

@@ -38,7 +38,7 @@ class StopStrings:
         self.window = 4 * max(len(s) for s in self.stop) + 2 + max(int(check_every), 1)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def _emitted(self, ids: list[int], text: str | None = None) -> str:
         """The text of ``ids`` as vLLM's incremental detokenizer has emitted it: a token whose text ends in an
@@ -90,7 +90,8 @@ class StopStrings:
             return out.to(tokens.device)
         lo = max(0, upto - self.window)
         recent = (tokens[:, lo:upto] if rows is None else tokens[rows, lo:upto]).cpu().tolist()
-        texts = self.tokenizer.batch_decode([recent[i] for i in todo], skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode([recent[i] for i in todo], skip_special_tokens=True,
+                                            clean_up_tokenization_spaces=False)
         for i, text in zip(todo, texts):
             if self._holds(text):
                 row = tokens[i if rows is None else int(rows[i])]

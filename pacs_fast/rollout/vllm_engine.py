@@ -232,7 +232,8 @@ class VLLMEngine(RolloutEngine):
     def _decode(self, ids: list[list[int]]) -> list[str]:
         """The texts of ``ids`` without special tokens (none without a tokenizer: vLLM's texts stay)."""
         try:
-            return self._llm.get_tokenizer().batch_decode(ids, skip_special_tokens=True) if ids else []
+            return self._llm.get_tokenizer().batch_decode(ids, skip_special_tokens=True,
+                                                          clean_up_tokenization_spaces=False) if ids else []
         except Exception:  # noqa: BLE001 - skip_tokenizer_init=True
             return []
 

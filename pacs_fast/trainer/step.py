@@ -348,7 +348,8 @@ def sample_rows(step: int, tokenizer, problems: list[dict], comps, rewards: list
     out = []
     for row in range(min(k, len(rewards))):
         i, j = divmod(row, G)
-        out.append({"step": step, "row": row, "prompt": tokenizer.decode(list(problems[i]["prompt_ids"])),
+        out.append({"step": step, "row": row, "prompt": tokenizer.decode(list(problems[i]["prompt_ids"]),
+                                                                          clean_up_tokenization_spaces=False),
                     "response": comps[i][j].text, "response_tokens": len(comps[i][j].token_ids),
                     "finish_reason": comps[i][j].finish_reason, "answer": problems[i]["answer"], "reward": rewards[row],
                     **({"trained_reward": trained[row]} if trained is not None else {}), **per_row.get(row, {})})
