@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import sys
 import time
 import zlib
@@ -58,7 +59,7 @@ from pacs_fast.evaluation.report import incomplete_warnings, markdown_table, plo
 from pacs_fast.evaluation.results import (append_records, check_records_match, default_n, is_correct,
                                           parts_warnings, problem_digest, read_samples, results_from_samples,
                                           samples_path)
-from pacs_fast.evaluation.settings import (SETTINGS_FILE, check_settings, hub_snapshot, recorded_sources,
+from pacs_fast.evaluation.settings import (check_settings, hub_snapshot, recorded_prompt_date, recorded_sources,
                                            report_time_limit, weights_stamp)
 from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn, reward_field_keywords
 from pacs_fast.gc_heap import freeze_at_start_up
@@ -106,6 +107,10 @@ def write_reports(out_dir: Path, results: dict, table_k=None) -> str:
 # -- commands -----------------------------------------------------------------------------------
 def run(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
+    if args.out:  # (--out=~/x: the shell leaves that ~)
+        args.out = os.path.expanduser(args.out)
+    if Path(args.model).expanduser().exists():  # (a hub id never starts with ~)
+        args.model = os.path.expanduser(args.model)
     check_run_args(args)  # numbers, choices, the model folder, --out: before anything loads
     args.reward_fn = ",".join(reward_specs(args.reward_fn))  # (recorded as written without spaces or stray commas)
     if args.reward_weights.strip() and len(reward_specs(args.reward_fn)) < 2:  # (the check's own line: one name)
@@ -241,9 +246,8 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
     if idle:
         print(f"warning: --chat-template-kwargs {args.chat_template_kwargs}: {idle}", file=sys.stderr)
     # a template that dates its prompts (Llama 3.2's strftime_now): the date the folder's samples were drawn on
-    recorded = read_json(out_dir / SETTINGS_FILE, "run settings file") if (out_dir / SETTINGS_FILE).is_file() else {}
     args.template_kwargs, prompt_date, line = pinned_date_kwargs(
-        tokenizer, args.template_kwargs, recorded.get("prompt_date") or today(), key="--chat-template-kwargs",
+        tokenizer, args.template_kwargs, recorded_prompt_date(out_dir) or today(), key="--chat-template-kwargs",
         again="a rerun into this --out")
     if line:
         print(line, file=sys.stderr)
@@ -329,7 +333,7 @@ def report(argv: list[str]) -> int:
     p.add_argument("--label", default=None)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = p.parse_args(argv)
-    out_dir = Path(args.out)
+    out_dir = Path(args.out).expanduser()
     meta = {}
     cfg = out_dir / "run_config.json"
     if not out_dir.is_dir():

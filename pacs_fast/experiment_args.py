@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -286,6 +287,7 @@ def parse_args(argv=None, description: str = ""):
     p.add_argument("--title", default="", help="first line of results.md")
     p.add_argument("overrides", nargs="*", help="section.key=value for every run")
     args = p.parse_args(argv)
+    args.out = os.path.expanduser(args.out)  # (--out=~/exp: the shell leaves that ~; the runs' out_dir expands it)
     if not args.out.strip():  # ('' had written the experiment into the current folder)
         p.error("--out: give the experiment's folder (it was empty)")
     return args

@@ -44,7 +44,7 @@ from pacs_fast.config import help_text, load_config, validate  # noqa: E402
 from pacs_fast.gc_heap import freeze_at_start_up  # noqa: E402
 from pacs_fast.launch_checkin import PeerFailed, report_failure, wait_for_peers  # noqa: E402
 from pacs_fast.trainer.run_folder import (check_moved_files, claim_run_dir, finished_summary,  # noqa: E402
-                                         record_absolute_paths, resume_config)
+                                         record_absolute_paths, resume_command, resume_config)
 
 
 def parse_args(argv: list[str] | None = None):
@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("-h", "--help", action="store_true", help="list every config key and exit")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     args = parser.parse_intermixed_args(argv)  # (overrides on both sides of --config / --resume)
+    if args.config:  # (--config=~/c.yaml: the shell leaves that ~)
+        args.config = os.path.expanduser(args.config)
     if args.help:
         print(parser.format_help())
         print("Config keys (section.key, type, default):\n")
@@ -111,7 +113,7 @@ def resolve(args) -> tuple[object, Path]:
         if args.config:
             raise ValueError("--resume uses the run's own config.yaml; drop --config")
         from pacs_fast.trainer.checkpoint import check_resumable, intact_checkpoints
-        run_dir = Path(args.resume)
+        run_dir = Path(args.resume).expanduser()
         intact = intact_checkpoints(run_dir)
         cfg = resume_config(run_dir, args.overrides, checkpoint=intact[0] if intact else None)
         check_resumable(run_dir, cfg.train.steps)
@@ -119,7 +121,7 @@ def resolve(args) -> tuple[object, Path]:
         check_moved_files(run_dir, cfg, intact[0] if intact else None)
         record_absolute_paths(cfg)  # a moved file's new place, given relative, is recorded whole too
         try:
-            validate(cfg)
+            validate(cfg, new_run=False)
         except ValueError as e:  # a value the run's own config.yaml holds, which this version refuses
             if any(o.split("=", 1)[0].strip() in str(e) for o in args.overrides):
                 raise
@@ -148,7 +150,7 @@ def resolve(args) -> tuple[object, Path]:
                 print(f"warning: {line}", file=sys.stderr, flush=True)
         record_absolute_paths(cfg)  # config.yaml names the files wherever --resume runs from
         run_dir = claim_run_dir(cfg)
-    validate(cfg)
+    validate(cfg, new_run=not args.resume)
     return cfg, run_dir
 
 
@@ -200,7 +202,8 @@ def stopped(signum: int, run_dir: Path) -> None:
         signals.exit_at_next_signal()
     node = other_node()
     if launch_rank() == "0" or node is not None:
-        then = (f"continue with --resume {run_dir} (from its last checkpoint)" if (run_dir / "config.yaml").is_file()
+        then = (f"continue with {resume_command(run_dir)} (from its last checkpoint)"
+                if (run_dir / "config.yaml").is_file()
                 else "it stopped before its setup finished (nothing to resume): run the same command again")
         where = f" (node {node})" if node is not None else ""
         print(f"\nstopped by {signals.name(signum)}{where}: {then}", file=sys.stderr, flush=True)
@@ -259,7 +262,8 @@ def main(argv: list[str] | None = None) -> dict:
     except OSError as e:  # a full disk outside a checkpoint (metrics, samples, TensorBoard, plots)
         if args.debug or e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        then = (f"continue with --resume {run_dir} (from its last checkpoint)" if (run_dir / "config.yaml").is_file()
+        then = (f"continue with {resume_command(run_dir)} (from its last checkpoint)"
+                if (run_dir / "config.yaml").is_file()
                 else "run the same command again (the run had not started: there is nothing to resume)")
         print(f"error: no space left on device writing {e.filename or 'into ' + str(run_dir)}; free some and {then}",
               file=sys.stderr)
@@ -272,8 +276,8 @@ def main(argv: list[str] | None = None) -> dict:
         nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)  # (torchrun's number of nodes)
         where = ", in its node's output," if nodes > 1 else ""
         print(f"error: rank {launch_rank()}: another rank of this launch stopped while this one waited "
-              f"for it (that rank's error line{where} says why); continue with --resume {run_dir} (from its last "
-              f"checkpoint)", file=sys.stderr, flush=True)
+              f"for it (that rank's error line{where} says why); continue with {resume_command(run_dir)} (from its "
+              f"last checkpoint)", file=sys.stderr, flush=True)
         sys.exit(1)
 
 

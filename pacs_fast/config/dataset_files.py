@@ -197,10 +197,13 @@ def absolute_spec(spec: str) -> str:
     relative one is escaped (a run started in ``proj[v2]/`` read ``[v2]`` as a character class)."""
     if not is_glob(spec) or os.path.exists(os.path.expanduser(spec)):  # (a file whose name holds "[" is a file)
         return os.path.abspath(os.path.expanduser(spec))
-    head, sep, rest = spec.partition("/")
-    if head.startswith("~") and os.path.expanduser(head) != head:
-        return glob.escape(os.path.expanduser(head)) + sep + rest
-    return spec if os.path.isabs(spec) else os.path.join(glob.escape(os.getcwd()), spec)
+    path = os.path.join(os.getcwd(), os.path.expanduser(spec))  # (an absolute one stays itself)
+    parts = Path(path).parts
+    for i in range(len(parts) - 1, 0, -1):  # the longest leading folder that exists as written is no pattern
+        head = os.path.join(*parts[:i])
+        if os.path.isdir(head):
+            return os.path.join(glob.escape(head), *parts[i:])
+    return path
 
 
 def dataset_exists(spec: str | Path) -> bool:

@@ -176,7 +176,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 # ``packing: on`` in a config file was True for a key whose values are auto / on / off ("expects str, got True").
 # A bool key takes those words as text (_coerce).
 _UniqueKeyLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    first: [(tag, regexp) for tag, regexp in resolvers
+            if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                        list("tTfF"))

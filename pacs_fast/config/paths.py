@@ -91,8 +91,9 @@ def check_no_env_var(key: str, value: str) -> None:
                          f"quotes; a config file and a quoted override keep it as text): write the path itself")
 
 
-def validate_paths(cfg: Config) -> None:
-    """Files and folders the run reads or writes, checked before any model work."""
+def validate_paths(cfg: Config, *, new_run: bool = True) -> None:
+    """Files and folders the run reads or writes, checked before any model work. ``new_run=False`` (a resume, whose
+    folder ``--resume`` names): the recorded ``train.out_dir`` is not checked."""
     for key in PATH_KEYS:
         check_path_length(key, _value(cfg, key))
         check_no_env_var(key, _value(cfg, key))
@@ -118,9 +119,10 @@ def validate_paths(cfg: Config) -> None:
         problem = model_folder_problem(path)
         if problem:
             raise ValueError(f"model.path {cfg.model.path!r}{problem}")
-    if not cfg.train.out_dir.strip():
+    if new_run and not cfg.train.out_dir.strip():
         raise ValueError("train.out_dir is empty: give the folder runs go in ('.' for the current one)")
-    _check_writable("train.out_dir", Path(cfg.train.out_dir).expanduser())
+    if new_run:
+        _check_writable("train.out_dir", Path(cfg.train.out_dir).expanduser())
     if not cfg.model.path and not warmup_cache_root(cfg).is_dir():  # (an existing cache may be a read-only,
         _check_writable("warmup.cache_dir", warmup_cache_root(cfg))  # shared one: its models are only read)
     for key in ("data.dataset", "data.eval_dataset"):
@@ -141,7 +143,7 @@ def validate_paths(cfg: Config) -> None:
         raise ValueError("data.dataset is not the built-in task but model.path is empty: the built-in tiny model "
                          "only knows the built-in arithmetic task; set model.path to a Hugging Face model folder")
     out = Path(cfg.train.out_dir).expanduser()
-    if out.exists() and not out.is_dir():
+    if new_run and out.exists() and not out.is_dir():
         raise ValueError(f"train.out_dir {cfg.train.out_dir!r} is a file, not a folder")
     name = cfg.train.run_name
     if name and any("\udc80" <= c <= "\udcff" for c in name):  # bytes of the command line that are no UTF-8

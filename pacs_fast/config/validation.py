@@ -324,7 +324,7 @@ def _validate_lora(cfg: Config) -> None:
         raise ValueError("model.lora_rank needs PEFT, which is not installed: pip install 'pacs_fast[lora]'")
 
 
-def validate(cfg: Config, *, world: int | None = None) -> None:
+def validate(cfg: Config, *, world: int | None = None, new_run: bool = True) -> None:
     """Rejects impossible settings with a ValueError naming the key. Checks files exist, not their content.
 
     ``world``: the number of processes of the launch (default: ``WORLD_SIZE`` from the environment,
@@ -424,7 +424,7 @@ def validate(cfg: Config, *, world: int | None = None) -> None:
     validate_loss_modes(cfg)
     _validate_clips_and_overlong(cfg)
     _validate_cuda(cfg)
-    validate_paths(cfg)
+    validate_paths(cfg, new_run=new_run)
     _validate_efficacy(cfg)
     if cfg.data.dataset == "arithmetic":
         if not 1 <= cfg.data.arith_max_digits <= 9:

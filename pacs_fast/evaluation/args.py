@@ -185,7 +185,7 @@ def load_benchmarks(text: str, args) -> tuple[dict, dict]:
     from pacs_fast.data.datasets import BENCHMARKS
 
     sets, sources = {}, {}
-    for entry in (e.strip() for e in text.split(",")):
+    for entry in split_benchmarks(text):
         if not entry:
             continue
         name, problems = _load_problems(entry, args)
@@ -196,6 +196,25 @@ def load_benchmarks(text: str, args) -> tuple[dict, dict]:
                              f"rename one of them")
         sets[name], sources[name] = problems, source
     return sets, sources
+
+
+def split_benchmarks(text: str) -> list[str]:
+    """``--benchmarks``' entries: split on commas, but the longest run of pieces that, joined with their commas, is an
+    existing file, folder or glob is one entry (``d/a,b.jsonl``)."""
+    from pacs_fast.config.dataset_files import dataset_exists
+
+    pieces, out, i = text.split(","), [], 0
+    while i < len(pieces):
+        for j in range(len(pieces), i + 1, -1):
+            joined = ",".join(pieces[i:j]).strip()
+            if joined and dataset_exists(joined):
+                out.append(joined)
+                i = j
+                break
+        else:
+            out.append(pieces[i].strip())
+            i += 1
+    return [e for e in out if e]
 
 
 def benchmark_name(path: Path) -> str:

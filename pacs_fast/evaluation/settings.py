@@ -58,6 +58,18 @@ def hub_snapshot(model: str, revision: str | None = None) -> tuple[str, str] | N
     return str(folder), hub[1]
 
 
+def recorded_prompt_date(out_dir: Path) -> str | None:
+    """The date a dating chat template's prompts were given in ``out_dir``'s samples (the settings' ``prompt_date``:
+    pacs_fast/data/prompt_date.py), or None (none recorded, no settings file, an unreadable one: --overwrite's)."""
+    try:
+        settings = read_json(out_dir / SETTINGS_FILE, "run settings file") if (out_dir / SETTINGS_FILE).is_file() \
+            else {}
+    except UsageError:
+        return None
+    date = settings.get("prompt_date") if isinstance(settings, dict) else None
+    return date if isinstance(date, str) else None
+
+
 def _content_name(path: Path) -> str | None:
     """The SHA-256 a Hugging Face cache snapshot's file links to (``blobs/<sha256>``): the weights' own digest, which
     a download again of the same revision keeps (its date does not); None for a file of its own."""

@@ -161,6 +161,15 @@ def claim_run_folder(run_dir: str | Path, *, new: bool, automatic: bool) -> "Run
     raise ValueError(f"no free run folder name after {run_dir}: give train.run_name")
 
 
+def resume_command(run_dir: str | Path) -> str:
+    """``--resume RUN_DIR`` as a shell takes it back (quoted; ``./`` before a name that starts with ``-``, which
+    argparse would read as an option)."""
+    import shlex
+
+    text = str(run_dir)
+    return f"--resume {shlex.quote('./' + text if text.startswith('-') else text)}"
+
+
 def check_not_inside_a_run(run_dir: str | Path) -> None:
     """ValueError when a folder above ``run_dir`` is a run folder (its ``config.yaml`` and lock): a run made in
     another's ``checkpoints/`` was taken by that run's resume for a damaged checkpoint, and deleted when it wrote
@@ -180,7 +189,8 @@ def check_new_run_dir(run_dir: str | Path) -> None:
         raise ValueError(f"run folder {str(run_dir)!r} is a file")
     if _is_used(run_dir):
         raise RunFolderTaken(f"run folder {str(run_dir)!r} already exists: continue it with "
-                             f"`--resume {run_dir}`, or choose another train.run_name (nothing was overwritten)")
+                             f"`{resume_command(run_dir)}`, or choose another train.run_name (nothing was "
+                             f"overwritten)")
 
 
 def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, checkpoint: Path | None = None) -> Config:
@@ -191,6 +201,10 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
     Raises ValueError (naming the file or key) otherwise."""
     run_dir = Path(run_dir)
     saved = run_dir / CONFIG_FILE
+    owner = _run_holding(run_dir) if not saved.is_file() else None
+    if owner is not None:
+        raise ValueError(f"--resume {run_dir}: that is inside the run in {owner}; resume the run (it continues from "
+                         f"its newest intact checkpoint): {resume_command(owner)}")
     if not run_dir.is_dir():
         raise ValueError(f"--resume {run_dir}: no such run folder")
     if not saved.is_file():
@@ -202,7 +216,7 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
     if run_dir.resolve().parent.name == "checkpoints" and (run / CONFIG_FILE).is_file():
         # a checkpoint holds a copy of config.yaml: taken for a run, it would start again from step 0 in there
         raise ValueError(f"--resume {run_dir}: that is a checkpoint of the run in {run}; resume the run (it "
-                         f"continues from its newest intact checkpoint): --resume {run}")
+                         f"continues from its newest intact checkpoint): {resume_command(run)}")
     try:
         cfg = load_run_config(saved)
     except ValueError as e:
@@ -238,6 +252,14 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
             raise ValueError(f"--resume: {key} cannot change in a resumed run (it would not continue the same "
                              f"training); allowed: {', '.join(sorted(SAFE_RESUME_KEYS))}")
     return load_run_config(saved, overrides)
+
+
+def _run_holding(path: Path) -> Path | None:
+    """The run folder (its config.yaml and lock) that ``path`` lies inside, else None."""
+    for parent in Path(path).resolve().parents:
+        if (parent / CONFIG_FILE).is_file() and (parent / LOCK_FILE).is_file():
+            return parent
+    return None
 
 
 def finished_summary(run_dir: str | Path, cfg: Config) -> dict | None:
@@ -327,6 +349,8 @@ def record_absolute_paths(cfg: Config) -> None:
         value = getattr(getattr(cfg, section), name)
         if value and value not in _BUILT_IN_DATA and dataset_exists(value):  # (a glob that matches too)
             setattr(getattr(cfg, section), name, absolute_spec(value))
+    if cfg.warmup.cache_dir:  # (the cache a resume from another folder finds; the key may change on --resume)
+        cfg.warmup.cache_dir = os.path.abspath(os.path.expanduser(cfg.warmup.cache_dir))
 
 
 def check_moved_files(run_dir: Path, cfg: Config, newest: Path | None) -> None:
@@ -336,16 +360,16 @@ def check_moved_files(run_dir: Path, cfg: Config, newest: Path | None) -> None:
         raise ValueError(f"--resume {run_dir}: model.path {cfg.model.path!r} no longer exists; the run's LoRA adapters "
                          f"train on that base model, which its checkpoints do not hold (they hold the merged "
                          f"weights: as model.path, the adapters would apply twice): give the base model's new "
-                         f"place, --resume {run_dir} model.path=DIR")
+                         f"place, {resume_command(run_dir)} model.path=DIR")
     if _gone(cfg.model.path) and newest is not None:
         raise ValueError(f"--resume {run_dir}: model.path {cfg.model.path!r} no longer exists; the run's checkpoints "
-                         f"hold the model: copy one out (cp -r {newest} DIR) and continue with --resume {run_dir} "
-                         f"model.path=DIR")
+                         f"hold the model: copy one out (cp -r {newest} DIR) and continue with "
+                         f"{resume_command(run_dir)} model.path=DIR")
     for key in ("data.dataset", "data.eval_dataset"):
         if _gone(_get(cfg, key)):
             raise ValueError(f"--resume {run_dir}: {key} {_get(cfg, key)!r} no longer exists; give its new place: "
-                             f"--resume {run_dir} {key}=PATH (the same problems: the checkpoint's digest of them is "
-                             f"checked)")
+                             f"{resume_command(run_dir)} {key}=PATH (the same problems: the checkpoint's digest of "
+                             f"them is checked)")
 
 
 def _check_moved_model(run_dir: Path, old: str, new) -> None:

@@ -125,7 +125,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     ``engine_builder(model_path, tokenizer, world, build)``: ``(engine, sync)`` in place of ``build()``, which
     gives :func:`~pacs_fast.trainer.build.build_engine`'s (an asynchronous run: its engines' setup first)."""
     try:
-        validate(cfg)
+        validate(cfg, new_run=not resume)
         check_installed(cfg)
         check_callables(cfg)  # reward.appeal / reward.step_rewards import before any model work
         check_memory(cfg)  # a learner or a rollout that cannot fit is refused before any model loads
