@@ -14,7 +14,7 @@ from pacs_fast import eval as ev
 from pacs_fast.data.tiny import make_tiny_model
 from pacs_fast.evaluation.results import read_samples
 
-from test_eval_cli import _one_line_error, _run_args
+from test_eval_cli import _one_line_error, _run_args, dataset  # noqa: F401  (dataset: its fixture, 4 rows)
 from test_hub_model import REVISION, _hub_cache
 
 HUB_ID = "acme/tiny-math"
@@ -39,14 +39,6 @@ def _new_commit(repo):
     """The hub repository's ``main`` moves to :data:`NEWER`, other weights (as a download after the push leaves it)."""
     make_tiny_model(repo / "snapshots" / NEWER, seed=4)
     (repo / "refs" / "main").write_text(NEWER)
-
-
-@pytest.fixture
-def dataset(tmp_path):
-    rows = [{"id": f"q{i}", "problem": f"{i}+{i}=", "answer": str(2 * i)} for i in range(3)]
-    path = tmp_path / "toy.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 @pytest.fixture
