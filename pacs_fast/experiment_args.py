@@ -288,6 +288,8 @@ def parse_args(argv=None, description: str = ""):
     p.add_argument("overrides", nargs="*", help="section.key=value for every run")
     args = p.parse_args(argv)
     args.out = os.path.expanduser(args.out)  # (--out=~/exp: the shell leaves that ~; the runs' out_dir expands it)
+    if args.config:
+        args.config = os.path.expanduser(args.config)
     if not args.out.strip():  # ('' had written the experiment into the current folder)
         p.error("--out: give the experiment's folder (it was empty)")
     return args

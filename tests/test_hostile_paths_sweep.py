@@ -283,6 +283,10 @@ def test_tilde_in_resume_and_config_is_the_home_folder(run_a, tmp_path, monkeypa
     code, out, err = cli(["--config", "~/c [1].yaml"], capsys)
     _one_error_line(code, err, "train.run_name '../escape'")
     assert not any(tmp_path.iterdir())
+    (home / "bare.yaml").write_text("train:\n  out_dir: ~\n")  # (YAML's null: the line says to quote it)
+    code, out, err = cli(["--config", "~/bare.yaml"], capsys)
+    _one_error_line(code, err, "train.out_dir is empty", "in a YAML file a bare ~ is null: write '~' or '~/runs' in "
+                    "quotes")
 
 
 def test_tilde_paths_in_the_config_are_the_home_folder_and_recorded_whole(run_b, tmp_path, monkeypatch):
@@ -509,6 +513,9 @@ def test_eval_out_with_a_tilde_is_the_home_folder(run_b, tmp_path, monkeypatch, 
     (home / "m [1]").symlink_to(run_b[3])
     assert ev.main(_eval_args("~/m [1]", "~/toy.jsonl", "~/evals")) == 0, capsys.readouterr().err
     assert (home / "evals" / "samples_toy.jsonl").is_file() and bench.is_file()
+    # eval compare's paths alike (its --out, --table and results were taken as written)
+    assert ev.main(["compare", "~/evals", "--out", "~/plot.png", "--table", "~/t.md"]) == 0, capsys.readouterr().err
+    assert (home / "plot.png").is_file() and (home / "t.md").is_file()
     assert not any((tmp_path / "cwd").iterdir())
 
 
@@ -571,3 +578,6 @@ def test_experiment_out_with_a_tilde_is_the_home_folder(experiment, tmp_path, mo
     assert ex.main(["--out", tilde, *common]) == 0, capsys.readouterr().err
     assert "1 already done, 0 finished now, 0 failed" in capsys.readouterr().out
     assert not any(tmp_path.iterdir())
+    from pacs_fast.experiment_args import parse_args  # (--config alike: it was taken as written)
+
+    assert parse_args(["--out", tilde, "--config", "~/c.yaml"]).config == str(home / "c.yaml")

@@ -120,7 +120,8 @@ def validate_paths(cfg: Config, *, new_run: bool = True) -> None:
         if problem:
             raise ValueError(f"model.path {cfg.model.path!r}{problem}")
     if new_run and not cfg.train.out_dir.strip():
-        raise ValueError("train.out_dir is empty: give the folder runs go in ('.' for the current one)")
+        raise ValueError("train.out_dir is empty: give the folder runs go in ('.' for the current one; in a YAML "
+                         "file a bare ~ is null: write '~' or '~/runs' in quotes)")
     if new_run:
         _check_writable("train.out_dir", Path(cfg.train.out_dir).expanduser())
     if not cfg.model.path and not warmup_cache_root(cfg).is_dir():  # (an existing cache may be a read-only,

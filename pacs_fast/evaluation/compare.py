@@ -29,6 +29,9 @@ def compare(argv: list[str]) -> int:
     p.add_argument("--table-k", type=int_list, default=None)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = p.parse_args(argv)
+    args.out = str(Path(args.out).expanduser())  # (--out=~/x: the shell leaves that ~)
+    args.table = str(Path(args.table).expanduser()) if args.table else None
+    args.results = [str(Path(r).expanduser()) for r in args.results]
     results, inputs = [], set()
     for r in args.results:
         path = Path(r) / "results.json" if Path(r).is_dir() else Path(r)
