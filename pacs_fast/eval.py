@@ -222,10 +222,12 @@ def _consecutive_calls(indices: list[int], per_call: int) -> list[list[int]]:
 
 
 def _verifier(args):
-    """The math verifier's batch scorer of ``--scorer-workers``, ``--time-limit`` and ``--extraction``."""
+    """The math verifier's batch scorer of ``--scorer-workers``, ``--time-limit`` and ``--extraction`` (and whether
+    the prompts open a ``<think>``: ``args.think_open``, set once the tokenizer has built one)."""
     from pacs_fast.reward.batch import BatchScorer
 
-    return BatchScorer(args.scorer_workers, time_limit=args.time_limit, extraction=args.extraction)
+    return BatchScorer(args.scorer_workers, time_limit=args.time_limit, extraction=args.extraction,
+                       think_open=getattr(args, "think_open", False))
 
 
 def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) -> None:
@@ -233,8 +235,10 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
     :func:`~pacs_fast.evaluation.settings.check_settings`) runs once the prompts fit and the engine loaded."""
     from pacs_fast.config.stop_string_checks import escape_warning
     from pacs_fast.data.prompt_date import pinned_date_kwargs, today
-    from pacs_fast.data.prompts import build_prompt, encode_prompts, has_chat_template, template_kwargs_effect
+    from pacs_fast.data.prompts import (build_prompt, encode_prompts, has_chat_template, takes_system_message,
+                                        template_kwargs_effect)
     from pacs_fast.reward.answers import extract_answer
+    from pacs_fast.reward.boxes import THINK_START, opens_think
     from pacs_fast.reward.verifier import OK
     from pacs_fast.rollout.base import SamplingParams
     from pacs_fast.rollout.stop_strings import special_token_warning
@@ -242,6 +246,9 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    if prompt_kwargs(args)["system"] and has_chat_template(tokenizer) and not takes_system_message(tokenizer):
+        print("note: the chat template of --model takes no system message: the system prompt goes first in the user "
+              "message (pacs_fast/data/prompts.py)", file=sys.stderr)  # (as the trainer says; eval said nothing)
     idle = template_kwargs_effect(tokenizer, args.template_kwargs)
     if idle:
         print(f"warning: --chat-template-kwargs {args.chat_template_kwargs}: {idle}", file=sys.stderr)
@@ -251,6 +258,10 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
         again="a rerun into this --out")
     if line:
         print(line, file=sys.stderr)
+    try:  # (a prompt that opens the <think> its response continues: DeepSeek-R1's; one that fails is said below)
+        args.think_open = opens_think(build_prompt(tokenizer, "1+1?", **prompt_kwargs(args)))
+    except ValueError:
+        args.think_open = False
     for line in (special_token_warning(tokenizer, args.stop, "--stop"), escape_warning(args.stop, "--stop"),
                  *prompt_build_warnings(args, tokenizer, sets, todo)):
         if line:
@@ -293,8 +304,9 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
                     scorer.score(texts, answers)
                 parts = scorer.last_parts if reward_fn else {}  # a mix's components, per response
                 # the verifier's answers (maj@k votes), read once here: a report need not parse the responses again
+                read = [THINK_START + t for t in texts] if args.think_open and args.extraction == "boxed" else texts
                 voted = None if reward_fn else [extract_answer(t, args.extraction, args.time_limit) if s == OK else None
-                                                for t, s in zip(texts, scored.statuses)]
+                                                for t, s in zip(read, scored.statuses)]
                 records, pos = [], 0
                 for i, prompt_text, comp in zip(idx, prompt_texts, outs):
                     sc = scored.scores[pos:pos + len(comp)]

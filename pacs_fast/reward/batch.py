@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Sequence
 
+from pacs_fast.reward.boxes import THINK_START
 from pacs_fast.reward.verifier import (DEFAULT_TIME_LIMIT, ERROR, NO_ANSWER, STATUSES, TIMEOUT,
                                        _fast_score, check_extraction, check_time_limit, gold_text, read_part,
                                        score_item, warm_up)
@@ -163,11 +164,14 @@ class BatchScorer:
         worker_alarm: ``False`` switches the in-worker alarm off, leaving every limit to the parent's
             watchdog (kill + replace); the tests use it to exercise that path.
         extraction: what is read from a response: ``"reference"`` | ``"boxed"`` (pacs_fast/reward/verifier.py).
+        think_open: the prompts open a ``<think>`` their responses continue (DeepSeek-R1's generation prompt:
+            pacs_fast/reward/boxes.py ``opens_think``): ``"boxed"`` reads each response as ``<think>`` + response,
+            so that a draft box in a response cut inside its thinking is no answer.
     """
 
     def __init__(self, num_workers: int | None = None, *, time_limit: float = DEFAULT_TIME_LIMIT,
                  grace: float = 1.0, chunk_size: int = 32,
-                 worker_alarm: bool = True, extraction: str = "reference"):
+                 worker_alarm: bool = True, extraction: str = "reference", think_open: bool = False):
         if num_workers is None:
             num_workers = min(usable_cpus(), 16)
         if num_workers < 0:
@@ -180,6 +184,7 @@ class BatchScorer:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.extraction = check_extraction(extraction)
+        self.think_open = bool(think_open)
         self.num_workers = num_workers
         self.time_limit = float(time_limit)
         self.grace = float(grace)
@@ -241,6 +246,8 @@ class BatchScorer:
         if len(answers) != len(responses):
             raise ValueError(f"answers has {len(answers)} items but responses has {len(responses)}")
         answers = [gold_text(a) for a in answers]  # numbers as the verifier reads them; no gold: a ValueError
+        if self.think_open and self.extraction == "boxed":  # (the prompt opened the <think> the response continues)
+            responses = [THINK_START + r if isinstance(r, str) else r for r in responses]
         n = len(responses)
         scores = [0.0] * n
         statuses = [ERROR] * n

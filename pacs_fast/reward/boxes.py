@@ -17,7 +17,8 @@
 
 - :func:`answer_part`: what ``extraction="boxed"`` reads of a response, the text after its last ``</think>``
   (a reasoning model's answer, after its thinking: boxes inside ``<think>`` are drafts), or all of it; up to a
-  ``<think>`` left open there (a response cut inside its thinking states no answer yet).
+  ``<think>`` left open there (a response cut inside its thinking states no answer yet). A prompt that opens the
+  ``<think>`` itself (:func:`opens_think`: DeepSeek-R1's) has its responses read as ``<think>`` + response.
 
 Pure text functions (str -> str / list[str]), linear time; no math-verify import.
 """
@@ -52,6 +53,13 @@ def answer_part(text: str) -> str:
     part = text if i < 0 else text[i + len(THINK_END):]
     j = part.find(THINK_START)
     return part if j < 0 else part[:j]
+
+
+def opens_think(prompt: str) -> bool:
+    """Whether ``prompt`` ends inside a ``<think>`` it opened (DeepSeek-R1's generation prompt ``<｜Assistant｜><think>``
+    and others that start the thinking for the model): its responses continue that block, their drafts before their
+    ``</think>``, and ``extraction="boxed"`` reads them as ``<think>`` + response (:func:`answer_part`)."""
+    return prompt.rfind(THINK_START) > prompt.rfind(THINK_END)
 
 
 def strip_box_units(text: str) -> str:

@@ -104,9 +104,10 @@ class Scorer:
     """Verifier rewards, memoised (the verifier is a pure function; G samples often repeat)."""
 
     @classmethod
-    def from_config(cls, cfg, gather=None) -> "Scorer":
+    def from_config(cls, cfg, gather=None, think_open: bool = False) -> "Scorer":
         """The scorer a run's config asks for (``train.reward_workers``, the ``reward`` section);
-        ``gather``: :meth:`World.gather_dp` of a multi-process run."""
+        ``gather``: :meth:`World.gather_dp` of a multi-process run; ``think_open``: the prompts open a ``<think>``
+        the responses continue (pacs_fast/reward/batch.py)."""
         from pacs_fast.reward import BatchScorer
 
         rc = getattr(cfg, "reward", None)
@@ -115,16 +116,18 @@ class Scorer:
         return cls(cfg.train.reward_workers, noise_fp=rc.noise_fp, noise_fn=rc.noise_fn, seed=cfg.train.seed,
                    appeal=load_callable(rc.appeal, "reward.appeal") if rc.appeal else None,
                    algo=cfg.algo if rc.fn_rate == "appeal" else None, timeout_s=rc.user_fn_timeout_s,
-                   gather=gather, extraction=rc.extraction, time_limit=rc.time_limit_s,
+                   gather=gather, extraction=rc.extraction, time_limit=rc.time_limit_s, think_open=think_open,
                    user_fn=user_reward_fn(rc, verifier_factory=lambda: BatchScorer(
-                       num_workers=cfg.train.reward_workers, extraction=rc.extraction, time_limit=rc.time_limit_s)))
+                       num_workers=cfg.train.reward_workers, extraction=rc.extraction, time_limit=rc.time_limit_s,
+                       think_open=think_open)))
 
     def __init__(self, workers: int, *, noise_fp: float = 0.0, noise_fn: float = 0.0, seed: int = 0,
                  appeal=None, algo=None, timeout_s: float = 600.0, gather=None, extraction: str = "reference",
-                 time_limit: float = DEFAULT_TIME_LIMIT, user_fn=None):
+                 time_limit: float = DEFAULT_TIME_LIMIT, user_fn=None, think_open: bool = False):
         from pacs_fast.reward import BatchScorer
         self.user_fn = user_fn  # reward.fn, in the math verifier's place (no verifier workers then)
-        self.batch = None if user_fn else BatchScorer(num_workers=workers, extraction=extraction, time_limit=time_limit)
+        self.batch = None if user_fn else BatchScorer(num_workers=workers, extraction=extraction, time_limit=time_limit,
+                                                      think_open=think_open)
         self.memo: dict[tuple, float] = {}
         self.memo_chars = 0  # the characters of text in the memo's keys (bounded: MEMO_MAX_CHARS)
         # a mix of rewards (reward.fn=a,b): each memo key's component rewards, for reward/<name>/mean

@@ -25,6 +25,7 @@ from pacs_fast.data.prompt_date import pinned_date_kwargs, today
 from pacs_fast.data.prompts import has_chat_template, prompt_warnings, takes_system_message, template_kwargs_effect
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.openmp import threads_beside_other_jobs
+from pacs_fast.reward.boxes import opens_think
 from pacs_fast.rollout.base import folder_stop_ids
 from pacs_fast.rollout.stop_strings import special_token_warning
 from pacs_fast.signals import Stopped
@@ -273,7 +274,10 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         if folder:
             folder.close(abandon=not resume, discard=not resume)
         raise SetupError(str(e)) from e
-    scorer = Scorer.from_config(cfg, gather=world.gather_dp if world.dp > 1 else None)  # one rate for every group
+    first = (train_problems or held_out or [None])[0]  # (a prompt that opens the <think> its response continues)
+    think_open = first is not None and opens_think(tokenizer.decode(list(first["prompt_ids"])))
+    scorer = Scorer.from_config(cfg, gather=world.gather_dp if world.dp > 1 else None,  # one rate for every group
+                                think_open=think_open)
     s = Session(cfg=cfg, world=world, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer,
                 learner=learner, engine=engine, sync=sync, scorer=scorer,
                 sampler=PromptSampler(len(train_problems), seed=cfg.train.seed, shuffle=cfg.data.shuffle),
