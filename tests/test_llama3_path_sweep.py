@@ -254,12 +254,19 @@ def test_plain_prompts_get_one_bos_and_no_eos(folders):
     """A tokenizer without a chat template (a base checkpoint's): the plain format with the post-processor's BOS
     first, once, and nothing after "Assistant:" (the EOS named <|end_of_text|> is not appended)."""
     _, tok = folders["plain"]
+    for ids, text in plain_prompt_cases(tok, PROBLEMS, "<|begin_of_text|>"):
+        check_prompt(tok, ids, text)
+
+
+def plain_prompt_cases(tok, problems, bos):
+    """``(prompt ids, the text they must encode)`` of the plain prompt format for ``problems``, with the paper's
+    system prompt and without one: ``bos``, the system text, ``User: <problem> <instruction>``, ``Assistant:``."""
     for system_prompt in ("pacs", ""):
         system, instruction = prompt_parts(system_prompt, "pacs")
-        for problem, ids in zip(PROBLEMS, encode_prompts(tok, PROBLEMS, system=system, instruction=instruction)):
+        for problem, ids in zip(problems, encode_prompts(tok, problems, system=system, instruction=instruction)):
             user = problem if problem.rstrip().endswith(INSTRUCTION) else f"{problem} {INSTRUCTION}"
             head = f"{system}\n\n" if system else ""
-            check_prompt(tok, ids, f"<|begin_of_text|>{head}User: {user}\nAssistant:")
+            yield ids, f"{bos}{head}User: {user}\nAssistant:"
 
 
 def test_a_base_model_under_the_instruct_template_is_warned_of(tmp_path, folders):

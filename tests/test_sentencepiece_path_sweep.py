@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from pacs_fast.data.prompts import INSTRUCTION, SYSTEM_PROMPT, encode_prompts, prompt_parts
-from test_llama3_path_sweep import _data, check_batch, check_completion, recording
+from test_llama3_path_sweep import _data, check_batch, check_completion, plain_prompt_cases, recording
 
 MISTRAL_TEMPLATE = (  # Mistral-7B-Instruct-v0.3's, without the tool branches
     "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
@@ -239,12 +239,8 @@ def test_plain_prompts_get_one_bos_and_no_eos(folders):
     """No chat template (Mistral's tokenizer): the plain format, the tokenizer's BOS once, nothing after
     "Assistant:"."""
     _, tok = folders["plain"]
-    for system_prompt in ("pacs", ""):
-        system, instruction = prompt_parts(system_prompt, "pacs")
-        for problem, ids in zip(PROBLEMS, encode_prompts(tok, PROBLEMS, system=system, instruction=instruction)):
-            user = problem if problem.rstrip().endswith(INSTRUCTION) else f"{problem} {INSTRUCTION}"
-            head = f"{system}\n\n" if system else ""
-            check_prompt("mistral", tok, ids, f"<s>{head}User: {user}\nAssistant:")
+    for ids, text in plain_prompt_cases(tok, PROBLEMS, "<s>"):
+        check_prompt("mistral", tok, ids, text)
 
 
 def test_the_system_role_notes_and_stop_warnings(folders):
