@@ -238,7 +238,7 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
     from pacs_fast.data.prompts import (build_prompt, encode_prompts, has_chat_template, takes_system_message,
                                         template_kwargs_effect)
     from pacs_fast.reward.answers import extract_answer
-    from pacs_fast.reward.boxes import THINK_START, opens_think
+    from pacs_fast.reward.boxes import opens_think, with_prompt_think
     from pacs_fast.reward.verifier import OK
     from pacs_fast.rollout.base import SamplingParams
     from pacs_fast.rollout.stop_strings import special_token_warning
@@ -304,7 +304,7 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
                     scorer.score(texts, answers)
                 parts = scorer.last_parts if reward_fn else {}  # a mix's components, per response
                 # the verifier's answers (maj@k votes), read once here: a report need not parse the responses again
-                read = [THINK_START + t for t in texts] if args.think_open and args.extraction == "boxed" else texts
+                read = with_prompt_think(texts, args.think_open, args.extraction)
                 voted = None if reward_fn else [extract_answer(t, args.extraction, args.time_limit) if s == OK else None
                                                 for t, s in zip(read, scored.statuses)]
                 records, pos = [], 0

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Sequence
 
-from pacs_fast.reward.boxes import THINK_START
+from pacs_fast.reward.boxes import with_prompt_think
 from pacs_fast.reward.verifier import (DEFAULT_TIME_LIMIT, ERROR, NO_ANSWER, STATUSES, TIMEOUT,
                                        _fast_score, check_extraction, check_time_limit, gold_text, read_part,
                                        score_item, warm_up)
@@ -246,8 +246,7 @@ class BatchScorer:
         if len(answers) != len(responses):
             raise ValueError(f"answers has {len(answers)} items but responses has {len(responses)}")
         answers = [gold_text(a) for a in answers]  # numbers as the verifier reads them; no gold: a ValueError
-        if self.think_open and self.extraction == "boxed":  # (the prompt opened the <think> the response continues)
-            responses = [THINK_START + r if isinstance(r, str) else r for r in responses]
+        responses = with_prompt_think(responses, self.think_open, self.extraction)  # (a prompt's open <think>)
         n = len(responses)
         scores = [0.0] * n
         statuses = [ERROR] * n

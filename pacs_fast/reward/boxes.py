@@ -62,6 +62,14 @@ def opens_think(prompt: str) -> bool:
     return prompt.rfind(THINK_START) > prompt.rfind(THINK_END)
 
 
+def with_prompt_think(responses, think_open: bool, extraction: str):
+    """``responses`` as ``extraction`` reads them: under ``"boxed"``, where the prompts open the ``<think>``
+    (``think_open``: :func:`opens_think`), each text as ``<think>`` + response; else as they are."""
+    if not (think_open and extraction == "boxed"):
+        return responses
+    return [THINK_START + r if isinstance(r, str) else r for r in responses]
+
+
 def strip_box_units(text: str) -> str:
     """``\\boxed{<value> \\text{ unit}^2}`` -> ``\\boxed{<value>}`` for every such box; ``and`` / ``or`` kept, a
     percent word -> ``\\%`` (module docstring). Idempotent."""
