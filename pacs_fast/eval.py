@@ -63,7 +63,7 @@ from pacs_fast.evaluation.settings import (check_settings, hub_snapshot, recorde
                                            report_time_limit, weights_stamp)
 from pacs_fast.evaluation.user_reward import UserScorer, load_reward_fn, reward_field_keywords
 from pacs_fast.gc_heap import freeze_at_start_up
-from pacs_fast.trainer.run_folder import RunLock
+from pacs_fast.trainer.run_claim import RunLock
 from pacs_fast.trainer.user_functions import answer_check
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -136,9 +136,9 @@ def job_state(job: Job, config: str | None) -> str:
 
 # ----------------------------------------------------------------------------- the folders
 def take_lock(folder: Path, what: str):
-    """The trainer's run lock (:class:`~pacs_fast.trainer.run_folder.RunLock`) on ``folder``, for
+    """The trainer's run lock (:class:`~pacs_fast.trainer.run_claim.RunLock`) on ``folder``, for
     the caller to release; a ValueError naming ``folder`` while a live process holds it."""
-    from pacs_fast.trainer.run_folder import LOCK_FILE, RunLock
+    from pacs_fast.trainer.run_claim import LOCK_FILE, RunLock
     try:
         return RunLock(folder, new=False)
     except OSError as e:
@@ -159,7 +159,7 @@ def plan(jobs: list[Job], config: str | None, *, restart_mismatched: bool,
     experiment's own dead runs that start afresh (no checkpoint, or mismatched) are deleted under
     their lock. A finished run that recorded other :data:`RERUN_KEYS` than the spec's is kept (one note line)."""
     from pacs_fast.files import is_temporary
-    from pacs_fast.trainer.run_folder import CONFIG_FILE, LOCK_FILE
+    from pacs_fast.trainer.run_claim import CONFIG_FILE, LOCK_FILE
     todo, delete, done, kept = [], [], 0, {}
     for job in jobs:
         folder, files = job.run_dir, []

@@ -43,8 +43,9 @@ quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, th
 from pacs_fast.config import help_text, load_config, validate  # noqa: E402
 from pacs_fast.gc_heap import freeze_at_start_up  # noqa: E402
 from pacs_fast.launch_checkin import PeerFailed, report_failure, wait_for_peers  # noqa: E402
-from pacs_fast.trainer.run_folder import (check_moved_files, claim_run_dir, finished_summary,  # noqa: E402
-                                         record_absolute_paths, resume_command, resume_config)
+from pacs_fast.trainer.run_claim import claim_run_dir, resume_command  # noqa: E402
+from pacs_fast.trainer.run_folder import (check_moved_files, finished_summary, record_absolute_paths,  # noqa: E402
+                                         resume_config)
 
 
 def parse_args(argv: list[str] | None = None):

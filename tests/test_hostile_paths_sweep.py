@@ -293,7 +293,8 @@ def test_tilde_paths_in_the_config_are_the_home_folder_and_recorded_whole(run_b,
     from pacs_fast.config import load_config, validate
     from pacs_fast.config.dataset_files import dataset_files
     from pacs_fast.config.paths import warmup_cache_root
-    from pacs_fast.trainer.run_folder import claim_run_dir, record_absolute_paths
+    from pacs_fast.trainer.run_claim import claim_run_dir
+    from pacs_fast.trainer.run_folder import record_absolute_paths
 
     home = tmp_path / f"home {HOSTILE}"
     (home / "data").mkdir(parents=True)
@@ -354,7 +355,7 @@ def test_the_resume_command_a_refusal_gives_can_be_pasted(out_dir, name, tmp_pat
 
 def test_an_empty_run_name_and_a_leading_dash_stay_inside_out_dir(tmp_path):
     from pacs_fast.config import load_config, validate
-    from pacs_fast.trainer.run_folder import claim_run_dir
+    from pacs_fast.trainer.run_claim import claim_run_dir
 
     for given, pattern in (("", r"pacs-\d{8}-\d{6}"), ("-x", "-x"), ("~", "~"), ("*", r"\*")):
         cfg = load_config(None, [f"train.out_dir={tmp_path}", f"train.run_name={given}"])
@@ -369,7 +370,7 @@ def test_run_names_that_differ_in_unicode_form_or_case_are_separate_and_nothing_
     folder of its own, the existing run is untouched; the same spelling is refused (README), and ``--resume`` in the
     other form is one line."""
     from pacs_fast.config import load_config, validate
-    from pacs_fast.trainer.run_folder import claim_run_dir
+    from pacs_fast.trainer.run_claim import claim_run_dir
 
     _, cwd, run, _ = run_b
     before = _files(run)

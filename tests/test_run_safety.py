@@ -61,7 +61,7 @@ def test_reusing_a_run_name_is_refused_and_nothing_is_touched(finished, tmp_path
 
 def test_automatic_names_never_collide(tmp_path):
     from pacs_fast.config import load_config
-    from pacs_fast.trainer.run_folder import claim_run_dir
+    from pacs_fast.trainer.run_claim import claim_run_dir
     cfg = load_config(None, [f"train.out_dir={tmp_path}"])
     first = claim_run_dir(cfg)
     first.mkdir(parents=True)
@@ -75,7 +75,8 @@ def test_automatic_names_chosen_in_one_second_both_run(tmp_path):
     the second was refused ("in use by another run ... choose another train.run_name", a name the user never
     chose; concurrency sweep, 2026-11-29). The later claim takes the next free suffix; a given name is refused."""
     from pacs_fast.config import load_config
-    from pacs_fast.trainer.run_folder import RunFolderTaken, claim_run_dir, claim_run_folder
+    from pacs_fast.trainer.run_claim import RunFolderTaken, claim_run_dir
+    from pacs_fast.trainer.run_folder import claim_run_folder
     cfg = load_config(None, [f"train.out_dir={tmp_path}"])
     name = claim_run_dir(cfg)
     assert claim_run_dir(cfg) == name  # both runs' choice, before either claims it
@@ -776,7 +777,7 @@ def test_a_run_killed_while_writing_its_config_leaves_a_folder_a_new_run_takes(t
     lock: the same command said "already exists: --resume", and --resume said "no config.yaml: run its command
     again" (kill sweep). A folder holding only the lock and temporaries of atomic writes is now empty to a new
     run, which removes them; anything else in it still refuses."""
-    from pacs_fast.trainer.run_folder import check_new_run_dir
+    from pacs_fast.trainer.run_claim import check_new_run_dir
 
     run = tmp_path / "r1"
     run.mkdir()

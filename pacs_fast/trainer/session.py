@@ -43,7 +43,8 @@ from pacs_fast.trainer.preflight import (check_cpus, check_logits_transform, che
 from pacs_fast.trainer.problems import (check_context, check_gold_answers, check_token_budget, data_digest,
                                         data_warnings, encode, load_problems, resumed_problems)
 from pacs_fast.trainer.rewards import Scorer, check_callables
-from pacs_fast.trainer.run_folder import RunFolder, check_new_run_dir, claim_run_folder
+from pacs_fast.trainer.run_claim import check_new_run_dir
+from pacs_fast.trainer.run_folder import RunFolder, claim_run_folder
 from pacs_fast.trainer.sampler import PromptSampler
 from pacs_fast.trainer.step_credit import StepCredit
 from pacs_fast.trainer.trackers import check_trackers, open_trackers
