@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pacs_fast.cli_parser import OneLineArgumentParser
+
 PRESETS = {
     "pacs": ["algo.name=pacs"],
     "pacs_noweight": ["algo.name=pacs", "algo.weight=none"],
@@ -263,7 +265,7 @@ exit status: 0 every run finished, 1 some run failed (after writing the report) 
 
 
 def parse_args(argv=None, description: str = ""):
-    p = argparse.ArgumentParser(prog="python -m pacs_fast.experiment", description=description, epilog=EPILOG,
+    p = OneLineArgumentParser(prog="python -m pacs_fast.experiment", description=description, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="experiment folder (runs/, results.md, results.json, curves.png); "
                                                 "one runner at a time")

@@ -26,7 +26,6 @@ before the optimiser step, and nothing non-finite is saved.
 """
 from __future__ import annotations
 
-import argparse
 import errno
 import os
 import signal
@@ -40,6 +39,7 @@ from pacs_fast.openmp import quiet_openmp_waits
 
 quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, then sleep (pacs_fast/openmp.py)
 
+from pacs_fast.cli_parser import OneLineArgumentParser  # noqa: E402
 from pacs_fast.config import help_text, load_config, validate  # noqa: E402
 from pacs_fast.gc_heap import freeze_at_start_up  # noqa: E402
 from pacs_fast.launch_checkin import PeerFailed, report_failure, wait_for_peers  # noqa: E402
@@ -49,7 +49,7 @@ from pacs_fast.trainer.run_folder import (check_moved_files, finished_summary, r
 
 
 def parse_args(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog="python -m pacs_fast.train", add_help=False,
         description="PACS / GRPO / PPO / RLOO / Dr.GRPO training with verifiable rewards.",
         epilog="Overrides: section.key=value (values parsed as YAML). Precedence: the defaults, then the --config "

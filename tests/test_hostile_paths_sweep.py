@@ -15,7 +15,8 @@ again); a glob under a folder whose name holds ``[`` matched nothing; ``run_name
 a date; ``--benchmarks d/a,b.jsonl`` split at its comma; ``~`` left unexpanded in ``--resume``, ``--config``, eval's
 ``--out`` / ``--model`` and the experiment's ``--out`` (the runner wrote into ``./~``, its runs into HOME, and reported
 them failed); ``--resume`` of a file inside a run said "no such run folder"; the ``--resume`` commands the messages
-suggest are quoted for a shell.
+suggest are quoted for a shell; a symbolic link to nothing as the run folder (or above it) said "File exists";
+``--resume -x`` (argparse takes ``-x`` for an option) printed argparse's usage dump in the trainer and the runner.
 
 Two tiny runs are trained once for the module (the built-in model with its warm-up cache, and a saved tiny model on
 JSONL files); the tests copy them.
@@ -351,6 +352,75 @@ def test_the_resume_command_a_refusal_gives_can_be_pasted(out_dir, name, tmp_pat
     command = re.search(r"`(--resume [^`]*)`", line).group(1)
     args = parse_args(shlex.split(command, comments=True))  # (as a shell hands it on)
     assert Path(args.resume).resolve() == folder.resolve() and not args.overrides, (command, args)
+
+
+def test_a_symbolic_link_to_nothing_is_one_line_naming_it(run_b, tmp_path, monkeypatch, capsys, warm_cache,
+                                                          no_model):
+    """A run folder, ``train.out_dir``, ``--resume`` or eval's ``--out`` that is (or lies under) a symbolic link to
+    a folder that does not exist: one line naming the link and its target, before any model; nothing is created
+    (the target neither). An automatic run name passes such a link by.
+
+    BUG (UX, found 2026-12-07; fixed 2026-12-07): the trainer and eval said "cannot be written (File exists)", which
+    names neither the link nor its target, and ``--resume`` said "no such run folder"."""
+    from pacs_fast import eval as ev
+    from pacs_fast.config import load_config, validate
+    from pacs_fast.trainer.run_claim import claim_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "gone").symlink_to(tmp_path / "nowhere" / "run")
+    (tmp_path / "outs").symlink_to("missing disk")
+    base = TINY + [f"warmup.cache_dir={warm_cache}"]
+    for args, link, target in (
+            (base + ["train.out_dir=out", "train.run_name=gone"], tmp_path / "out" / "gone",
+             tmp_path / "nowhere" / "run"),
+            (base + ["train.out_dir=outs", "train.run_name=r"], tmp_path / "outs", "missing disk"),
+            (base + [f"train.out_dir={tmp_path / 'outs' / 'deeper'}"], tmp_path / "outs", "missing disk"),
+            (["--resume", "out/gone"], tmp_path / "out" / "gone", tmp_path / "nowhere" / "run")):
+        code, _, err = cli(args, capsys)
+        _one_error_line(code, err, f"{str(link)!r} is a symbolic link to {str(target)!r}, which does not exist")
+    code = ev.main(_eval_args(run_b[3], str(_toy(tmp_path / "d" / "b.jsonl", 2)), tmp_path / "outs" / "e"))
+    assert code == 2
+    _one_error_line(code, capsys.readouterr().err, "--out", f"{str(tmp_path / 'outs')!r} is a symbolic link to")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "out", "outs"]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["gone"] and not (tmp_path / "missing disk").exists()
+    import types
+
+    import pacs_fast.trainer.run_claim as run_claim
+
+    monkeypatch.setattr(run_claim, "time", types.SimpleNamespace(strftime=lambda fmt: "20260101-000000"))
+    cfg = load_config(None, ["train.out_dir=out"])
+    validate(cfg)
+    (tmp_path / "out" / "pacs-20260101-000000").symlink_to("nothing")
+    assert claim_run_dir(cfg).name == "pacs-20260101-000000-2"
+
+
+@pytest.mark.parametrize("command, argv, flag", [
+    ("train", ["--resume", "-x"], "--resume"), ("train", ["--config"], "--config"),
+    ("experiment", ["--out", "-x", "--arms", "pacs"], "--out"), ("eval", ["--out", "-x"], "--out")])
+def test_a_flag_given_a_value_that_starts_with_a_dash_is_one_line_saying_how(command, argv, flag, tmp_path,
+                                                                             monkeypatch, capsys, no_model):
+    """``--resume -x`` (a run folder named ``-x``, as the trainer may name one): argparse takes ``-x`` for an option.
+    One line, exit 2, naming the flag and the way to write it, and the way works.
+
+    BUG (UX, found 2026-12-07; fixed 2026-12-07): the trainer and the experiment runner printed argparse's usage
+    dump (several lines) and no way out; eval's line gave none either."""
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    module = importlib.import_module(f"pacs_fast.{command}")
+    code = 0
+    try:
+        code = module.main(argv)
+    except SystemExit as e:
+        code = e.code
+    line = _one_error_line(code, capsys.readouterr().err, f"argument {flag}: expected one argument")
+    assert f"write {flag}=VALUE, or ./-name for a path" in line and f"python -m pacs_fast.{command} --help" in line
+    if flag == "--resume":
+        from pacs_fast.train import parse_args
+
+        assert parse_args(["--resume=-x"]).resume == "-x"  # (the way the line gives)
+    assert sorted(tmp_path.iterdir()) == []
 
 
 def test_an_empty_run_name_and_a_leading_dash_stay_inside_out_dir(tmp_path):

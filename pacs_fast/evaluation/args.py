@@ -14,6 +14,7 @@ import re
 import sys
 from pathlib import Path
 
+from pacs_fast.cli_parser import usage_error_line
 from pacs_fast.config.model_files import hf_hub_offline, model_folder_problem
 from pacs_fast.config.validation import MIN_TEMPERATURE
 from pacs_fast.reward.verifier import MAX_TIME_LIMIT
@@ -27,7 +28,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse with its errors raised as :class:`UsageError` (one line, exit 2, no usage dump)."""
 
     def error(self, message: str):
-        raise UsageError(f"{message} (see {self.prog} --help)")
+        raise UsageError(usage_error_line(self.prog, message))
 
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")

@@ -29,9 +29,21 @@ class RunFolderTaken(ValueError):
 
 def _is_used(path: Path) -> bool:
     """Whether ``path`` holds a run: anything but its lock and the temporary files of atomic writes (a run killed
-    while writing its ``config.yaml`` left one beside the lock: that folder is as good as empty)."""
-    return path.exists() and (not path.is_dir() or any(p.name != LOCK_FILE and not is_temporary(p.name)
-                                                       for p in path.iterdir()))
+    while writing its ``config.yaml`` left one beside the lock: that folder is as good as empty). A symbolic link
+    to nothing counts as used (an automatic name passes it by)."""
+    return os.path.lexists(path) and (not path.is_dir() or any(p.name != LOCK_FILE and not is_temporary(p.name)
+                                                               for p in path.iterdir()))
+
+
+def broken_link(path: str | Path) -> str | None:
+    """A line naming the first of ``path`` and the folders above it that is a symbolic link to nothing (and the
+    target it names); None when there is none. ``mkdir`` there fails with the system's bare "File exists"."""
+    path = Path(os.path.abspath(Path(path).expanduser()))
+    for p in reversed((path, *path.parents)):
+        if p.is_symlink() and not p.exists():
+            return (f"{str(p)!r} is a symbolic link to {os.readlink(p)!r}, which does not exist: create that folder "
+                    f"or remove the link")
+    return None
 
 
 class RunLock:
@@ -49,9 +61,10 @@ class RunLock:
             try:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as e:  # a read-only mount, no permission: one line, not a traceback
-                raise ValueError(f"{what} {str(self.run_dir)!r} cannot be written ({e.strerror or e}): a run writes "
-                                 f"{writes} there (nothing was changed)") from None
+            except OSError as e:  # a read-only mount, no permission, a link to nothing: one line, not a traceback
+                link = broken_link(self.run_dir)
+                raise ValueError(f"{what} {str(self.run_dir)!r} cannot be written ({link or e.strerror or e}): a run "
+                                 f"writes {writes} there (nothing was changed)") from None
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -130,6 +143,9 @@ def check_new_run_dir(run_dir: str | Path) -> None:
     another run's folder (:func:`check_not_inside_a_run`)."""
     run_dir = Path(run_dir)
     check_not_inside_a_run(run_dir)
+    link = broken_link(run_dir)
+    if link:
+        raise ValueError(f"run folder {str(run_dir)!r}: {link} (nothing was changed)")
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"run folder {str(run_dir)!r} is a file")
     if _is_used(run_dir):

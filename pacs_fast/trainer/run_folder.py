@@ -28,7 +28,8 @@ from pacs_fast.config.validation import _get
 from pacs_fast.config.dataset_files import absolute_spec, dataset_exists
 from pacs_fast.files import is_temporary, write_text_atomic
 from pacs_fast.trainer.metrics import end_torn_line
-from pacs_fast.trainer.run_claim import CONFIG_FILE, LOCK_FILE, RunFolderTaken, RunLock, _is_used, resume_command
+from pacs_fast.trainer.run_claim import (CONFIG_FILE, LOCK_FILE, RunFolderTaken, RunLock, _is_used, broken_link,
+                                         resume_command)
 
 # Keys a resumed run may change on its command line: they do not alter the trajectory up to the
 # checkpoint (train.steps extends or shortens the run; the others are logging / resources).
@@ -83,7 +84,7 @@ def resume_config(run_dir: str | Path, overrides: list[str] | tuple = (), *, che
         raise ValueError(f"--resume {run_dir}: that is inside the run in {owner}; resume the run (it continues from "
                          f"its newest intact checkpoint): {resume_command(owner)}")
     if not run_dir.is_dir():
-        raise ValueError(f"--resume {run_dir}: no such run folder")
+        raise ValueError(f"--resume {run_dir}: {broken_link(run_dir) or 'no such run folder'}")
     if not saved.is_file():
         copies = sorted((run_dir / "checkpoints").glob(f"step_*/{CONFIG_FILE}"))
         hint = (f"; the newest checkpoint holds a copy of the run's config: {copies[-1]}" if copies else
