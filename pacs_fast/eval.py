@@ -144,7 +144,8 @@ def run(argv: list[str]) -> int:
         raise UsageError("--benchmarks names no benchmark")
     ns = {b: _n_for(b, args.n, args.temperature) for b in sets}
     check_ks(args.k, ns, greedy=args.temperature == 0)
-    hub = hub_snapshot(args.model, args.revision)  # a hub id: its commit's snapshot folder, what loads (downloaded)
+    # a hub id: its commit's snapshot folder, what loads (downloaded; a resume on another commit refused before)
+    hub = hub_snapshot(args.model, args.revision, None if args.overwrite else out_dir)
     if hub:
         args.model = hub[0]
     config = {"model": model_id, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,

@@ -4,8 +4,8 @@ Before 2026-12-07 run_config.json named a hub id by the id alone (no ``weights``
 into the same ``--out`` after the hub repository got a new commit resumed, sampling from the new model and appending
 to the old one's samples (pass@k mixed two models without a word). Now the id resolves to its commit's snapshot
 folder in the Hugging Face cache (``pacs_fast.config.model_files.hub_model_folder``, as the trainer's ``model.path``),
-which the run loads and records as ``revision``; a resume on another commit is one line before the model loads,
-``--revision`` pins one. A hand-made offline cache stands in for the hub (CI has no network)."""
+which the run loads and records as ``revision``; a resume on another commit is one line before the model loads (online:
+before the new commit downloads), ``--revision`` pins one. A hand-made offline cache stands in for the hub (CI has no network)."""
 import json
 
 import pytest
@@ -147,3 +147,38 @@ def test_a_hub_repository_of_bin_weights_alone_is_evaluated(hub, dataset, tmp_pa
     assert ev.main(_run_args(HUB_ID, dataset, out, "--limit", "1")) == 0
     assert calls == [(None, False), (REVISION, True)]  # (the second download pinned to the commit the first found)
     assert loaded == [str(snapshot)] and _settings(out)["revision"] == REVISION
+
+
+def test_online_a_resume_on_a_moved_hub_id_is_refused_before_anything_downloads(hub, dataset, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """Online, a resume whose hub id moved on (its samples drawn from an older commit): one line naming both commits
+    and ``--revision``, before the download (one metadata request stands in for it here: the hub's newest commit).
+
+    BUG (found 2026-12-07; fixed 2026-12-07): the resume downloaded the new commit's files (GBs for a real model)
+    and only then was refused by the settings check."""
+    from pacs_fast.evaluation import settings
+
+    out = tmp_path / "run"
+    assert ev.main(_run_args(HUB_ID, dataset, out, "--limit", "1")) == 0
+    downloads, real = [], settings.hub_model_folder
+
+    def spy(name, key="model.path", revision=None, **kw):
+        downloads.append(revision)
+        return real(name, key, revision, **kw)
+
+    monkeypatch.setattr(settings, "hub_model_folder", spy)
+    monkeypatch.setattr(settings, "hub_newest_commit", lambda name: NEWER if name == HUB_ID else None, raising=False)
+    capsys.readouterr()
+    assert ev.main(_run_args(HUB_ID, dataset, out, "--limit", "2")) == 2
+    _one_line_error(capsys, f"holds samples drawn from commit {REVISION} of --model {HUB_ID}, whose newest commit is "
+                    f"now {NEWER}: --revision {REVISION} resumes on the one those samples were drawn from",
+                    "nothing was downloaded")
+    assert downloads == [] and sorted(read_samples(out / "samples_toy.jsonl")) == [0]
+    # pinned, or afresh: no question asked of the hub's newest commit
+    assert ev.main(_run_args(HUB_ID, dataset, out, "--limit", "2", "--revision", REVISION)) == 0
+    assert ev.main(_run_args(HUB_ID, dataset, tmp_path / "other", "--limit", "1")) == 0
+    assert downloads == [REVISION, None] and sorted(read_samples(out / "samples_toy.jsonl")) == [0, 1]
+    # the hub's newest commit is the recorded one: the resume goes on
+    monkeypatch.setattr(settings, "hub_newest_commit", lambda name: REVISION)
+    assert ev.main(_run_args(HUB_ID, dataset, out, "--limit", "3")) == 0
+    assert sorted(read_samples(out / "samples_toy.jsonl")) == [0, 1, 2]

@@ -352,6 +352,19 @@ def hub_repo_of(folder: str | Path | None) -> tuple[str, str] | None:
     return (name, parts[-1]) if len(repo) == 2 and _REPO_ID.fullmatch(name) else None
 
 
+def hub_newest_commit(name: str) -> str | None:
+    """The commit the hub id ``name``'s default branch is at now (one request: nothing is downloaded); None offline,
+    for a name not shaped like a hub id, or when the hub does not answer (the download then says why)."""
+    if hf_hub_offline() or not _REPO_ID.fullmatch(name) or name.startswith((".", "~")):
+        return None
+    try:
+        from huggingface_hub import HfApi
+
+        return HfApi().model_info(name).sha
+    except Exception:  # noqa: BLE001 - not found, gated, no network: hub_model_folder's download names it
+        return None
+
+
 def hub_model_folder(name: str, key: str = "model.path", revision: str | None = None, *,
                      bin_weights: bool = False) -> Path | None:
     """The local snapshot folder of the Hugging Face Hub model ``name`` (``org/model``) at ``revision`` (a branch,

@@ -9,7 +9,8 @@ import math
 import re
 from pathlib import Path
 
-from pacs_fast.config.model_files import WEIGHT_FILES, hub_model_folder, hub_repo_of, model_folder_problem
+from pacs_fast.config.model_files import (WEIGHT_FILES, hub_model_folder, hub_newest_commit, hub_repo_of,
+                                          model_folder_problem)
 from pacs_fast.config.reward_specs import VERIFIER
 from pacs_fast.evaluation.args import UsageError, read_json
 from pacs_fast.evaluation.results import LEGACY_SETTINGS, UNRECORDED_SAMPLING, samples_path
@@ -35,15 +36,23 @@ def weights_stamp(model: str) -> dict[str, list[int]] | None:
     return {p.name: [p.stat().st_size, _content_name(p) or p.stat().st_mtime_ns] for p in files} or None
 
 
-def hub_snapshot(model: str, revision: str | None = None) -> tuple[str, str] | None:
+def hub_snapshot(model: str, revision: str | None = None, out_dir: Path | None = None) -> tuple[str, str] | None:
     """``(snapshot folder, commit)`` when ``--model`` is a Hugging Face Hub id (``org/name``, no such folder here):
     the cache's folder of the commit the id resolves to (``--revision``'s, else the default branch's newest),
     downloaded when online (:func:`~pacs_fast.config.model_files.hub_model_folder`, as the trainer's ``model.path``);
     None for a model folder. The run loads that folder and records the commit (``revision``): the hub id alone named
     no weights, and a resume after the repository got a new commit appended the new model's samples to the old
-    one's without a word."""
+    one's without a word. ``out_dir``: a resume's folder; when its samples were drawn from another commit of this id
+    than the hub's newest (and no ``revision`` is given), that is one line before anything is downloaded (the
+    settings check would refuse it after the download)."""
     if Path(model).expanduser().exists():
         return None
+    drawn = recorded_revision(out_dir, model) if out_dir is not None and not revision else None
+    newest = hub_newest_commit(model) if drawn else None
+    if newest and newest != drawn:
+        raise UsageError(f"{out_dir} holds samples drawn from commit {drawn} of --model {model}, whose newest commit "
+                         f"is now {newest}: --revision {drawn} resumes on the one those samples were drawn from; "
+                         f"another --out, or --overwrite, starts afresh (nothing was downloaded)")
     folder = hub_model_folder(model, "--model", revision)  # (a ValueError naming --model: not on the hub / cached)
     hub = hub_repo_of(folder)
     if hub is None:  # (a name without an org, "gpt2": transformers resolves it when it loads, as before)
@@ -56,6 +65,19 @@ def hub_snapshot(model: str, revision: str | None = None) -> tuple[str, str] | N
     if problem:
         raise UsageError(f"--model {model} (commit {hub[1]}, {folder}){problem}")
     return str(folder), hub[1]
+
+
+def recorded_revision(out_dir: Path, model: str) -> str | None:
+    """The hub commit ``out_dir``'s samples of ``model`` were drawn from (the settings' ``revision``), or None: no
+    samples, another model's, none recorded, no settings file or an unreadable one (the settings check says why)."""
+    try:
+        settings = read_json(out_dir / SETTINGS_FILE, "run settings file") if (out_dir / SETTINGS_FILE).is_file() \
+            and any(out_dir.glob("samples_*.jsonl")) else {}
+    except UsageError:
+        return None
+    if not isinstance(settings, dict) or settings.get("model") != model:
+        return None
+    return settings.get("revision") if isinstance(settings.get("revision"), str) else None
 
 
 def recorded_prompt_date(out_dir: Path) -> str | None:
