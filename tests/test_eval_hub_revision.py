@@ -125,7 +125,8 @@ def test_revision_needs_a_cached_commit_of_a_hub_id(hub, dataset, tmp_path, caps
 
 def test_a_hub_repository_of_bin_weights_alone_is_evaluated(hub, dataset, tmp_path, monkeypatch, loaded):
     """A repository without safetensors (``pytorch_model.bin``, older models): its commit's ``.bin`` weights are
-    fetched as well (the trainer's download takes safetensors only), so eval loads it as it always has."""
+    fetched as well (``hub_model_folder``, the trainer's too: tests/test_hub_model.py), so eval loads it as it always
+    has."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -143,6 +144,7 @@ def test_a_hub_repository_of_bin_weights_alone_is_evaluated(hub, dataset, tmp_pa
         return real(name, key, revision, **kw)
 
     monkeypatch.setattr("pacs_fast.evaluation.settings.hub_model_folder", spy)
+    monkeypatch.setattr(model_files, "hub_model_folder", spy)  # (its own second call)
     out = tmp_path / "run"
     assert ev.main(_run_args(HUB_ID, dataset, out, "--limit", "1")) == 0
     assert calls == [(None, False), (REVISION, True)]  # (the second download pinned to the commit the first found)

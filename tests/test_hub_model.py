@@ -131,3 +131,46 @@ def test_model_revision_picks_the_commit_of_a_hub_id(tmp_path, monkeypatch):
              "model.path 'acme/tiny-math' at revision 'v2' is not a folder here, nor in the Hugging Face cache")):
         with pytest.raises(ValueError, match="^" + re.escape(error)):
             resolved(*overrides)
+
+
+def test_a_hub_repository_of_bin_weights_alone_trains(tmp_path, monkeypatch, capsys):
+    """A repository without safetensors (``pytorch_model.bin``: older models): ``model.path`` takes its commit's
+    ``.bin`` weights as well, pinned to the commit the first download resolved, and the run trains on them.
+
+    BUG (found 2026-12-06; fixed 2026-12-07): the trainer's download took safetensors only, so the folder had no
+    weights (eval had its own fallback)."""
+    import torch
+    from huggingface_hub import constants
+    from transformers import AutoModelForCausalLM
+
+    from pacs_fast.config import model_files
+    from test_run_safety import cli
+
+    snapshot = _hub_cache(tmp_path / "hub")
+    model = AutoModelForCausalLM.from_pretrained(snapshot)
+    for f in snapshot.glob("*.safetensors"):
+        f.unlink()
+    torch.save(model.state_dict(), snapshot / "pytorch_model.bin")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    calls, real = [], model_files.hub_model_folder
+
+    def spy(name, key="model.path", revision=None, **kw):
+        calls.append((revision, kw.get("bin_weights", False)))
+        folder = real(name, key, revision, **kw)
+        if kw.get("bin_weights"):  # (what the cache gives for that pattern; offline it holds every file alike)
+            assert (folder / "pytorch_model.bin").is_file()
+        return folder
+
+    monkeypatch.setattr(model_files, "hub_model_folder", spy)
+    monkeypatch.setattr("pacs_fast.config.paths.hub_model_folder", spy)
+    code, _, err = cli(TINY + ["model.path=acme/tiny-math", f"train.out_dir={tmp_path / 'runs'}", "train.steps=1",
+                               "train.eval_every=0", "train.run_name=r"], capsys)
+    assert code in (0, None), err[-3000:]
+    assert calls == [(None, False), (REVISION, True)]
+    assert f"path: {snapshot}" in (tmp_path / "runs" / "r" / "config.yaml").read_text()
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "runs" / "r" / "checkpoints" / "step_000001")
+    start, end = model.state_dict(), saved.state_dict()  # (one step from the .bin weights: near them; another
+    moved = max((end[k].float() - start[k].float()).abs().max().item() for k in start)  # model's are far)
+    assert moved < 0.05, moved

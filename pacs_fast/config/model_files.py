@@ -371,7 +371,8 @@ def hub_model_folder(name: str, key: str = "model.path", revision: str | None = 
     tag or commit; default: the default branch's newest commit), downloaded (config, tokenizer, safetensors
     weights) or, offline (``HF_HUB_OFFLINE=1``), taken from the cache; ``None`` when ``name`` is not shaped like a
     hub id. The folder is named by the commit it holds (:func:`hub_repo_of`). ValueError naming ``key`` when the
-    hub (or the cache) does not give it. ``bin_weights``: ``*.bin`` weights too (a repository without safetensors)."""
+    hub (or the cache) does not give it. A repository without safetensors (``pytorch_model.bin``, older models) gets
+    its ``*.bin`` weights too, from the same commit (``bin_weights``: at once)."""
     if not _REPO_ID.fullmatch(name) or name.startswith((".", "~")):
         return None
     from huggingface_hub import snapshot_download
@@ -379,8 +380,8 @@ def hub_model_folder(name: str, key: str = "model.path", revision: str | None = 
     offline = hf_hub_offline()
     at = f" at revision {revision!r}" if revision else ""
     try:
-        return Path(snapshot_download(name, revision=revision, local_files_only=offline,
-                                      allow_patterns=HUB_MODEL_FILES + ["*.bin"] * bin_weights))
+        folder = Path(snapshot_download(name, revision=revision, local_files_only=offline,
+                                        allow_patterns=HUB_MODEL_FILES + ["*.bin"] * bin_weights))
     except Exception as e:  # not found, gated, no network, not cached offline
         if offline:
             raise ValueError(f"{key} {name!r}{at} is not a folder here, nor in the Hugging Face cache (offline: "
@@ -389,3 +390,7 @@ def hub_model_folder(name: str, key: str = "model.path", revision: str | None = 
         raise ValueError(f"{key} {name!r}{at} is not a folder here, and the Hugging Face Hub did not give it "
                          f"({type(e).__name__}{': ' + why[:200] if why else ''}); give a model folder, or a hub id "
                          f"you can download") from e
+    commit = hub_repo_of(folder)
+    if not bin_weights and commit and not any(folder.glob("*.safetensors")):  # (pinned: the commit just resolved)
+        return hub_model_folder(name, key, commit[1], bin_weights=True)
+    return folder

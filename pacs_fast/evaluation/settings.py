@@ -59,8 +59,6 @@ def hub_snapshot(model: str, revision: str | None = None, out_dir: Path | None =
         if revision:
             raise UsageError(f"--revision {revision}: --model {model} is not a hub id org/name (give the full id)")
         return None
-    if not any(folder.glob("*.safetensors")):  # (a repository of .bin weights alone, which eval has always loaded)
-        folder = hub_model_folder(model, "--model", hub[1], bin_weights=True)
     problem = model_folder_problem(folder)
     if problem:
         raise UsageError(f"--model {model} (commit {hub[1]}, {folder}){problem}")
