@@ -71,3 +71,20 @@ def test_sends_are_freed_once_the_engine_took_them(tmp_path):
     assert max(driver["kept"]) <= 3 * 5, driver["kept"]
     assert driver["kept"][-1] <= driver["kept"][5], driver["kept"]  # flat, not growing with the steps
     assert driver["after_close"] == 0
+
+
+def test_engines_answering_one_step_at_different_versions_are_one_warning(capsys):
+    """Every engine gets the pushes and requests in one order, so they answer a step at one policy version. Two that
+    did not (a bug that never happened) were recorded as the oldest without a word (noticed 2026-12-06): now one
+    warning line naming each engine's version, once a run; the oldest is still what the step records."""
+    engines = RemoteEngines(None, [[1], [2]])
+    engines._asked = {5: [(1, 1), (2, 1)], 6: [(1, 1), (2, 1)], 7: [(1, 1), (2, 1)]}
+    versions = {(1, 5): 3, (2, 5): 3, (1, 6): 4, (2, 6): 3, (1, 7): 5, (2, 7): 4}
+    one = [[{"token_ids": [1], "text": "1", "finish_reason": "length"}]]
+    engines._reply = lambda r, step: {"step": step, "completions": one, "version": versions[(r, step)]}
+    assert engines.collect(5)[1] == 3 and capsys.readouterr().err == ""  # (one version: no word)
+    assert engines.collect(6)[1] == 3
+    assert capsys.readouterr().err == ("warning: the engines answered step 6 at different policy versions (rank 1: 4, "
+                                       "rank 2: 3), which they never should: the oldest is recorded (please report "
+                                       "this)\n")
+    assert engines.collect(7)[1] == 4 and capsys.readouterr().err == ""  # (once a run)

@@ -34,6 +34,7 @@ which a driver within its bound never reaches.
 from __future__ import annotations
 
 import pickle
+import sys
 from collections import deque
 
 import torch
@@ -78,6 +79,7 @@ class RemoteEngines:
         self._asked: dict[int, list[tuple[int, int]]] = {}  # step -> [(answering rank, number of prompts)]
         self._marks: dict[tuple[int, int], tuple[list[int], int]] = {}  # (rank, step) -> (engine, its last send)
         self._early: dict[tuple[int, int], dict] = {}  # (rank, step) -> a reply received while waiting for another
+        self._warned_versions = False
 
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         self._sent += 1
@@ -134,15 +136,23 @@ class RemoteEngines:
 
     def collect(self, step: int) -> tuple[list[list[Completion]], int]:
         """``(completions per prompt, policy version)`` of ``step`` (the oldest version among the engines).
-        Requests may be collected in any order (an evaluation's before the batches in flight)."""
+        Requests may be collected in any order (an evaluation's before the batches in flight). Every engine gets
+        the weight pushes and requests in one order, so they answer a step at one version: engines that did not
+        are a warning line, once (the oldest is recorded; the staleness bound holds for it)."""
         comps, versions = [], []
-        for r, n in self._asked.pop(step):
+        asked = self._asked.pop(step)
+        for r, n in asked:
             reply = self._reply(r, step)
             if len(reply["completions"]) != n:
                 raise RuntimeError(f"engine rank {r} answered step {reply['step']} with {len(reply['completions'])} "
                                    f"prompts; expected step {step} with {n}")
             comps += [[Completion(**c) for c in cs] for cs in reply["completions"]]
             versions.append(reply["version"])
+        if len(set(versions)) > 1 and not self._warned_versions:
+            self._warned_versions = True
+            ranks = ", ".join(f"rank {r}: {v}" for (r, _), v in zip(asked, versions))
+            print(f"warning: the engines answered step {step} at different policy versions ({ranks}), which they "
+                  f"never should: the oldest is recorded (please report this)", file=sys.stderr)
         return comps, min(versions)
 
     def push_weights(self, named_tensors, version: int) -> None:
