@@ -142,3 +142,20 @@ def _log_streams_stay_open():
     _reopen_log_streams()
     yield
     _reopen_log_streams()
+
+
+@pytest.fixture
+def dynamo_on():
+    """``torch.compile`` traces in this test: a vLLM engine built earlier in the same worker process (in-process on
+    CPU) turned Dynamo off for the process (pacs_fast/rollout/vllm_setup.py ``set_cpu_env_defaults``), and a
+    ``fullgraph=True`` test that followed one in its xdist worker failed with "Dynamo tracing is disabled". Undone
+    after the test; Dynamo is not imported for a test that has not imported it."""
+    import sys
+
+    config = sys.modules.get("torch._dynamo.config")
+    before = None if config is None else config.disable  # (a config module: monkeypatch cannot set its names)
+    if config is not None:
+        config.disable = False
+    yield
+    if config is not None:
+        config.disable = before

@@ -13,6 +13,8 @@ from torch._dynamo.testing import CompileCounter
 
 import pacs_fast as pf
 
+pytestmark = pytest.mark.usefixtures("dynamo_on")  # (torch.compile tests: tests/conftest.py)
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():

@@ -20,6 +20,8 @@ from pacs_fast.learner.torch_learner import TorchLearner
 from pacs_fast.ops.linear_logprobs import linear_logprobs
 from test_packing import uneven_batch
 
+pytestmark = pytest.mark.usefixtures("dynamo_on")  # (torch.compile tests: tests/conftest.py)
+
 N, H, V = 37, 24, 1001
 
 

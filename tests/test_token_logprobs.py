@@ -11,7 +11,8 @@ import torch
 
 from pacs_fast.ops.token_logprobs import token_logprobs
 
-pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+              pytest.mark.usefixtures("dynamo_on")]  # (torch.compile tests: tests/conftest.py)
 
 V = 1003  # odd vocabulary: no block divides it
 N = 37    # no block divides it either

@@ -23,6 +23,8 @@ from pacs_fast.learner.packing import pack, packed_attention_mode, restores_atte
 from pacs_fast.learner.torch_learner import TorchLearner
 from pacs_fast.ops import varlen_attention as va
 
+pytestmark = pytest.mark.usefixtures("dynamo_on")  # (torch.compile tests: tests/conftest.py)
+
 
 def long_prompt_batch(gen, lengths, vocab, G=2, max_response=24):
     """Right-padded rows of the given total lengths; each row's response is its last 1..24 tokens."""
