@@ -199,7 +199,9 @@ def prompt_warnings(tokenizer, problems: list[str], stop_ids: list[int], *, held
         return []
     lines = []
     special = _special_tokens(tokenizer)
-    markers = [t for t in special.values() if len(t) > 2 and t != tokenizer.unk_token]
+    # (the UNK's text is a problem's usual word, except where it is also the BOS / EOS / pad: OLMo 2's <|endoftext|>)
+    named = {tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token}
+    markers = [t for t in special.values() if len(t) > 2 and (t != tokenizer.unk_token or t in named)]
     for what, texts in (("problems", problems), ("held-out problems", held_out)):
         held = [p for p in texts if any(m in p for m in markers)]
         if held:

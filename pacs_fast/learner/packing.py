@@ -203,6 +203,7 @@ def mask_window(config) -> tuple[int | None, bool]:
 
     if windowed(config) is None:
         return None, False
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config  # (a wrapper's: Gemma 3's)
     return int(config.sliding_window), bool(getattr(config, "layer_types", None))
 
 

