@@ -128,3 +128,36 @@ def logits_map(config) -> tuple[float | None, float] | None:
 
 def _positive(value) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < float(value) < float("inf"))
+
+
+def checkpoint_names(model, named_tensors) -> dict[str, str]:
+    """``{name in the model: name in its checkpoint}`` for the tensors of ``named_tensors`` (``(name, tensor)``
+    pairs, the model's state-dict names; only shapes are read) that transformers renames when it loads a
+    checkpoint: a multimodal wrapper's prefixes (Gemma 3 4B+'s ``language_model.model.*`` loads as
+    ``model.language_model.*``, SigLIP's ``vision_tower.vision_model.*`` as ``model.vision_tower.*``; LLaVA's,
+    Mistral 3's). Found by transformers' own reversal, what its ``save_pretrained`` writes (transformers 5's
+    ``revert_weight_conversion``, 4's ``_checkpoint_conversion_mapping``); renames only: tensors transformers fuses
+    on load (a mixture of experts') keep the model's names. Empty for the many models loaded as they are."""
+    import re
+
+    shapes = {n: (tuple(t.shape), t.dtype) for n, t in named_tensors}
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: the class's regexes, reversed as its save_pretrained reverses them
+        mapping = getattr(model, "_checkpoint_conversion_mapping", None) or {}
+        reverse = [(v, re.sub(r"\(.*\)", "", k.lstrip("^"))) for k, v in mapping.items()]
+        out = {}
+        for name in shapes:
+            for pattern, replacement in reverse:
+                new, hits = re.subn(pattern, replacement, name)
+                if hits:
+                    out[name] = new
+                    break
+        return {k: v for k, v in out.items() if k != v}
+    meta = {n: torch.empty(s, dtype=d, device="meta") for n, (s, d) in shapes.items()}
+    try:
+        reverted = revert_weight_conversion(model, dict(meta))
+    except Exception:  # noqa: BLE001 - a conversion it cannot reverse on stand-ins: the model's names, as before
+        return {}
+    found = {id(t): n for n, t in reverted.items()}  # (a renamed tensor is the same object under its new name)
+    return {n: found[id(t)] for n, t in meta.items() if id(t) in found and found[id(t)] != n}

@@ -200,3 +200,21 @@ def weights_and_shapes(named_tensors) -> tuple[Mapping, dict[str, tuple[int, ...
         return source, dict(source.shapes)
     weights = source if isinstance(source, Mapping) else dict(source)
     return weights, {n: tuple(t.shape) for n, t in weights.items()}
+
+
+class RenamedWeights(Mapping):
+    """``weights`` (a mapping: a :class:`LazyHFCheckpoint` stays lazy, a tensor read when asked for) under other
+    names: ``names[n]`` for each name ``n`` it has there, else ``n``."""
+
+    def __init__(self, weights: Mapping, names: dict[str, str]):
+        self._weights = weights
+        self._source = {names.get(n, n): n for n in weights}
+
+    def __getitem__(self, name):
+        return self._weights[self._source[name]]
+
+    def __iter__(self):
+        return iter(self._source)
+
+    def __len__(self):
+        return len(self._source)

@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 import torch
 
 from pacs_fast.learner.base import CheckpointMismatch
-from pacs_fast.learner.hf_folder import weights_and_shapes
+from pacs_fast.learner.hf_folder import RenamedWeights, weights_and_shapes
 from pacs_fast.learner.lora import (adapter_state, base_digest, check_same_merge, checked_merged, copy_adapters,
                                    iter_merged_weights, load_adapter_state, save_adapter)
 from pacs_fast.learner.master_weights import loading_weights
@@ -96,7 +96,25 @@ class TorchCheckpointing:
 
     def _hf_tensors(self, merge: bool) -> Iterator[tuple[str, torch.Tensor]]:
         """:meth:`export_hf_weights`; ``merge=False``: with LoRA each adapted weight a ``meta`` tensor of its merge's
-        shape and dtype (:func:`~pacs_fast.learner.lora.iter_merged_weights`), the same names in the same order."""
+        shape and dtype (:func:`~pacs_fast.learner.lora.iter_merged_weights`), the same names in the same order.
+        Named as the model's checkpoint names them (:meth:`_checkpoint_names`: a multimodal wrapper's prefixes)."""
+        names = self._checkpoint_names()
+        for name, t in self._state_tensors(merge):
+            yield names.get(name, name), t
+
+    def _checkpoint_names(self) -> dict[str, str]:
+        """``{the model's name: its checkpoint's}`` where transformers renamed tensors on load
+        (:func:`~pacs_fast.causal_lm.checkpoint_names`: Gemma 3 4B+'s ``language_model.model.*``); found once. A
+        checkpoint written under the model's names (transformers 4 could not read its vision tower; vLLM's sync
+        refused them) is what these had been."""
+        if getattr(self, "_ckpt_names", None) is None:
+            from pacs_fast.causal_lm import checkpoint_names
+
+            self._ckpt_names = checkpoint_names(self.model, self._state_tensors(merge=False))
+        return self._ckpt_names
+
+    def _state_tensors(self, merge: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """:meth:`_hf_tensors` under the model's own (state-dict) names."""
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
         seen: set[int] = set()
         own = {t.data_ptr() for t in self.model.state_dict().values()}
@@ -118,11 +136,15 @@ class TorchCheckpointing:
         tensor, not the model. With LoRA the base stays model.path's (frozen) and the weights are a checkpoint's
         merged ones: kept (a lazy checkpoint unread), and compared with the merge of the adapters
         :meth:`load_state_dict` loads next (a base that changed since is an error there)."""
+        to_model = {v: k for k, v in self._checkpoint_names().items()}  # (a checkpoint's names: the model's, or these)
         if self.lora:
-            self._loaded_merged = checked_merged(self.model, named_tensors)
+            self._loaded_merged = checked_merged(self.model, ((to_model.get(n, n), t) for n, t in named_tensors)
+                                                 if to_model else named_tensors)  # (renamed: read whole, not lazily)
             return
         state = self.model.state_dict()
         weights, shapes = weights_and_shapes(named_tensors)
+        if to_model:
+            weights, shapes = RenamedWeights(weights, to_model), {to_model.get(n, n): s for n, s in shapes.items()}
         bad = [n for n, shape in shapes.items() if n not in state or tuple(state[n].shape) != shape]
         if bad:
             raise ValueError(f"load_hf_weights: unknown names or wrong shapes: {bad[:5]}")

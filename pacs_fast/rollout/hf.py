@@ -407,10 +407,16 @@ class HFEngine(LeanDecoder, RolloutEngine):
 
         Every name and shape is checked before anything is copied (a bad call changes nothing).
         Tensors are cast to the model's dtype and device. A tensor that already *is* the model's
-        (a shared module) is skipped.
+        (a shared module) is skipped. Names a checkpoint gives them (a learner's export: Gemma 3 4B+'s
+        ``language_model.model.*``, which transformers loads as ``model.language_model.*``) are taken as the model's.
         """
         items = list(named_tensors)
         state = self.model.state_dict(keep_vars=True)
+        if any(n not in state for n, _ in items):
+            from pacs_fast.causal_lm import checkpoint_names
+
+            to_model = {v: k for k, v in checkpoint_names(self.model, state.items()).items()}
+            items = [(to_model.get(n, n), t) for n, t in items]
         unknown = [n for n, _ in items if n not in state]
         bad_shape = [f"{n}: got {tuple(t.shape)}, model has {tuple(state[n].shape)}"
                      for n, t in items if n in state and tuple(t.shape) != tuple(state[n].shape)]
