@@ -136,8 +136,9 @@ def checkpoint_names(model, named_tensors) -> dict[str, str]:
     checkpoint: a multimodal wrapper's prefixes (Gemma 3 4B+'s ``language_model.model.*`` loads as
     ``model.language_model.*``, SigLIP's ``vision_tower.vision_model.*`` as ``model.vision_tower.*``; LLaVA's,
     Mistral 3's). Found by transformers' own reversal, what its ``save_pretrained`` writes (transformers 5's
-    ``revert_weight_conversion``, 4's ``_checkpoint_conversion_mapping``); renames only: tensors transformers fuses
-    on load (a mixture of experts') keep the model's names. Empty for the many models loaded as they are."""
+    ``revert_weight_conversion``, 4's ``_checkpoint_conversion_mapping``). Empty for the many models loaded as they
+    are, and for those whose tensors transformers also fuses on load (a mixture of experts' in transformers 5: their
+    checkpoints keep the model's names throughout, not a mix of the two)."""
     import re
 
     shapes = {n: (tuple(t.shape), t.dtype) for n, t in named_tensors}
@@ -160,4 +161,6 @@ def checkpoint_names(model, named_tensors) -> dict[str, str]:
     except Exception:  # noqa: BLE001 - a conversion it cannot reverse on stand-ins: the model's names, as before
         return {}
     found = {id(t): n for n, t in reverted.items()}  # (a renamed tensor is the same object under its new name)
-    return {n: found[id(t)] for n, t in meta.items() if id(t) in found and found[id(t)] != n}
+    if len(found) != len(meta) or any(id(t) not in found for t in meta.values()):  # (some fused or split)
+        return {}
+    return {n: found[id(t)] for n, t in meta.items() if found[id(t)] != n}

@@ -143,3 +143,14 @@ def test_the_hf_engine_decodes_a_model_that_asks_for_its_router_loss(merge_rows)
         got = HFEngine(model, TOK, merge_rows=merge_rows).generate(prompts, params)
         out.append([[c.token_ids for c in row] for row in got])
     assert out[0] == out[1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_checkpoints_keep_the_models_names_throughout(family):
+    """transformers 5 fuses these models' experts on load (and renames Mixtral's ``block_sparse_moe`` to ``mlp``):
+    the learner's export keeps every tensor under the model's names (pacs_fast/causal_lm.py ``checkpoint_names``
+    empty), not the router under the hub's and the fused experts under the model's, a mix no tool writes."""
+    from pacs_fast.causal_lm import checkpoint_names
+
+    model = moe_model(family)
+    assert checkpoint_names(model, model.state_dict().items()) == {}
