@@ -12,6 +12,21 @@ from __future__ import annotations
 import torch
 
 
+def auto_model_class(config):
+    """The transformers auto class that builds ``config``'s model with its LM head: ``AutoModelForCausalLM``, or
+    ``AutoModelForImageTextToText`` for a multimodal wrapper only that maps (transformers 5's mistral3, llava;
+    gemma3 is in both)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+    kind = getattr(config, "model_type", None)
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        from transformers import AutoModelForImageTextToText
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
 def decoder_body(model) -> torch.nn.Module:
     """The transformer body of a ``*ForCausalLM`` (``model.model`` for Qwen2 / Llama, else
     ``get_decoder()``): called with ``input_ids`` it returns ``last_hidden_state`` ``[B, T, H]``."""

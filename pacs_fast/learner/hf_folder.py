@@ -196,7 +196,7 @@ def weights_and_shapes(named_tensors) -> tuple[Mapping, dict[str, tuple[int, ...
     (or its :meth:`~LazyHFCheckpoint.items`) stays lazy, its shapes from its headers (no tensor read); any other
     mapping is taken as it is, other ``(name, tensor)`` pairs are collected into a dict."""
     source = named_tensors.checkpoint if isinstance(named_tensors, LazyItems) else named_tensors
-    if isinstance(source, LazyHFCheckpoint):
+    if isinstance(source, LazyHFCheckpoint) or getattr(source, "shapes", None) is not None:
         return source, dict(source.shapes)
     weights = source if isinstance(source, Mapping) else dict(source)
     return weights, {n: tuple(t.shape) for n, t in weights.items()}
@@ -206,9 +206,13 @@ class RenamedWeights(Mapping):
     """``weights`` (a mapping: a :class:`LazyHFCheckpoint` stays lazy, a tensor read when asked for) under other
     names: ``names[n]`` for each name ``n`` it has there, else ``n``."""
 
-    def __init__(self, weights: Mapping, names: dict[str, str]):
+    def __init__(self, weights: Mapping, names: dict[str, str], shapes: dict | None = None):
         self._weights = weights
         self._source = {names.get(n, n): n for n in weights}
+        self.shapes = None if shapes is None else {names.get(n, n): s for n, s in shapes.items()}
+
+    def __contains__(self, name) -> bool:  # (Mapping's own reads the tensor)
+        return name in self._source
 
     def __getitem__(self, name):
         return self._weights[self._source[name]]

@@ -49,7 +49,8 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
             raise ValueError(f"{key}: all-linear stands alone (every linear layer but the LM head), not in a list")
         names = []
     config = LoraConfig(r=int(rank), lora_alpha=float(alpha), lora_dropout=float(dropout),
-                        target_modules=names or "all-linear", bias="none")
+                        target_modules=names or "all-linear", bias="none",
+                        exclude_modules=outside_language_model(model) or None)
     try:
         with warnings.catch_warnings():  # (PEFT's advice on tied embeddings: the head is refused below anyway)
             warnings.simplefilter("ignore", UserWarning)
@@ -80,6 +81,22 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
         raise ValueError(f"model.lora_target_modules={target_modules!r} adapts {odd[0]}: adapters go on the linear "
                          f"layers of the decoder, not the embedding or the LM head (all-linear leaves those out)")
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def outside_language_model(model: torch.nn.Module) -> list[str]:
+    """The linear layers of a multimodal wrapper (Gemma 3 4B+, Mistral 3, LLaVA) outside its language model
+    (``get_decoder()``: the vision tower, the projector) but its LM head: a text-only forward never reaches them,
+    so they take no adapters (PEFT's all-linear, and names such as q_proj, match them too). Empty for a causal LM,
+    whose decoder is its ``model``."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if decoder is None or decoder is getattr(model, "model", None):
+        return []
+    prefix = next((n for n, m in model.named_modules() if m is decoder), None)
+    if not prefix:
+        return []
+    head = lm_head(model)
+    return [n for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and m is not head and not n.startswith(prefix + ".")]
 
 
 def linear_names(model: torch.nn.Module) -> list[str]:

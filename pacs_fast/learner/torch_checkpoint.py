@@ -115,7 +115,12 @@ class TorchCheckpointing:
 
     def _state_tensors(self, merge: bool) -> Iterator[tuple[str, torch.Tensor]]:
         """:meth:`_hf_tensors` under the model's own (state-dict) names."""
-        tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        from pacs_fast.causal_lm import lm_head
+
+        # the model's own tying, not its config's: transformers 5's Mistral3Config says tied where config.json is
+        # silent, and from_pretrained unties the head the hub's file holds (the trained head had been left out)
+        embed = self.model.get_input_embeddings()
+        tied = embed is not None and lm_head(self.model).weight.data_ptr() == embed.weight.data_ptr()
         seen: set[int] = set()
         own = {t.data_ptr() for t in self.model.state_dict().values()}
         state = iter_merged_weights(self.model, merge=merge) if self.lora else self.model.state_dict().items()
@@ -138,8 +143,10 @@ class TorchCheckpointing:
         :meth:`load_state_dict` loads next (a base that changed since is an error there)."""
         to_model = {v: k for k, v in self._checkpoint_names().items()}  # (a checkpoint's names: the model's, or these)
         if self.lora:
-            self._loaded_merged = checked_merged(self.model, ((to_model.get(n, n), t) for n, t in named_tensors)
-                                                 if to_model else named_tensors)  # (renamed: read whole, not lazily)
+            if to_model:  # (renamed lazily: the merge check reads a tensor at a time)
+                weights, shapes = weights_and_shapes(named_tensors)
+                named_tensors = RenamedWeights(weights, to_model, shapes)
+            self._loaded_merged = checked_merged(self.model, named_tensors)
             return
         state = self.model.state_dict()
         weights, shapes = weights_and_shapes(named_tensors)

@@ -180,7 +180,7 @@ class HFEngine(LeanDecoder, RolloutEngine):
     def __init__(self, model_or_path, tokenizer=None, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, batch_size: int = 32, sampler: str = "lean",
                  merge_rows: bool | None = None, lm_head_fp32: bool = False, max_model_len: int | None = None):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -197,7 +197,11 @@ class HFEngine(LeanDecoder, RolloutEngine):
             source = getattr(getattr(model_or_path, "config", None), "_name_or_path", None)
         elif isinstance(model_or_path, (str, Path)):
             source = str(model_or_path)
-            self.model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
+            from transformers import AutoConfig
+
+            from pacs_fast.causal_lm import auto_model_class
+            auto = auto_model_class(AutoConfig.from_pretrained(source))
+            self.model = auto.from_pretrained(source, dtype=dtype).to(device)
             self.model.eval()
             self.owns_model = True
         else:

@@ -60,11 +60,13 @@ def read_checkpoint_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]
 
 def _shapes_from_config(model_path: str) -> dict[str, tuple[int, ...]]:
     """Fallback for a hub id not available locally: the HF model built on the meta device."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from pacs_fast.causal_lm import auto_model_class
 
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = auto_model_class(config).from_config(config)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 

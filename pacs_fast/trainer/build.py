@@ -77,12 +77,14 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
                                gradient_checkpointing=cfg.model.gradient_checkpointing,
                                recompute_granularity=cfg.model.recompute_granularity, local_batches=True,
                                vocab_size=len(tokenizer), **kw), None
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
+    from pacs_fast.causal_lm import auto_model_class
     from pacs_fast.learner.fused_layers import apply_fused_layers
     from pacs_fast.learner.recompute import apply_recompute
     from pacs_fast.learner.torch_learner import TorchLearner
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+    auto = auto_model_class(AutoConfig.from_pretrained(model_path))
+    model = auto.from_pretrained(model_path, dtype=dtype).to(device)
     set_attention(model, cfg.model.attention)
     fused = apply_fused_layers(model, cfg.learner.fused_layers, device)  # before the reference model's copy
     lora = None

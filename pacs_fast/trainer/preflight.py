@@ -300,12 +300,14 @@ def check_lora_targets(cfg) -> None:
     if not (folder / "config.json").is_file():
         return
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
+    from pacs_fast.causal_lm import auto_model_class
     from pacs_fast.learner.lora import add_lora
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+            config = AutoConfig.from_pretrained(folder)
+            model = auto_model_class(config).from_config(config)
     except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
         return
     m = cfg.model
