@@ -179,3 +179,25 @@ def checkpoint_names(model, named_tensors) -> dict[str, str]:
     if len(found) != len(meta) or any(id(t) not in found for t in meta.values()):  # (some fused or split)
         return {}
     return {n: found[id(t)] for n, t in meta.items() if found[id(t)] != n}
+
+
+def pin_longrope(model, context: int) -> bool:
+    """Pins a longrope model's (Phi-3.5-mini's, Phi-4-mini's) factors for a run of ``context`` tokens (prompt +
+    response): transformers picks the short or the long ones per forward call, by the call's largest position, so
+    a decode step past ``original_max_position_embeddings`` rotated with the long ones beside a cache rotated with
+    the short ones, and one long row turned a micro-batch's other rows long; vLLM picks once per engine (long when
+    its max_model_len exceeds it). Here as vLLM: the long factors throughout when ``context`` exceeds it (True:
+    pinned), else nothing to do (no row reaches it)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    params = getattr(config, "rope_parameters", None) or {}
+    original = params.get("original_max_position_embeddings")
+    if params.get("rope_type") != "longrope" or not original or int(context) <= int(original):
+        return False
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    for module in model.modules():
+        if getattr(module, "rope_type", None) == "longrope" and hasattr(module, "original_inv_freq"):
+            inv_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](module.config, module.inv_freq.device, seq_len=original + 1)
+            module.original_inv_freq = inv_freq  # (what the per-call update takes for a call below the threshold)
+            module.inv_freq = inv_freq
+    return True

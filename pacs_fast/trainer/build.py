@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from pacs_fast.causal_lm import pin_longrope
 from pacs_fast.config import Config
 from pacs_fast.learner.base import Learner
 
@@ -85,6 +86,7 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
     from pacs_fast.learner.torch_learner import TorchLearner
     auto = auto_model_class(AutoConfig.from_pretrained(model_path))
     model = auto.from_pretrained(model_path, dtype=dtype).to(device)
+    pin_longrope(model, run_context(cfg))
     set_attention(model, cfg.model.attention)
     fused = apply_fused_layers(model, cfg.learner.fused_layers, device)  # before the reference model's copy
     lora = None
@@ -105,6 +107,23 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
     return learner, model
 
 
+def longrope(model_path) -> bool:
+    """Whether the folder's config.json asks for longrope (Phi-3.5-mini, Phi-4-mini: ``rope_scaling.type``)."""
+    import json
+
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    rope = (config.get("text_config") or config).get("rope_scaling") or {}
+    return "longrope" in (rope.get("type"), rope.get("rope_type"))
+
+
+def run_context(cfg: Config) -> int:
+    """The longest row a run makes: ``data.max_prompt_tokens + rollout.max_new_tokens`` (longer prompts are dropped)."""
+    return cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+
+
 def generate_batch(cfg: Config) -> int:
     """Sequences the largest ``generate`` call of a step holds (a step's rollouts, or the held-out
     evaluation), at most 1,024."""
@@ -118,10 +137,10 @@ def vllm_cpu_sizes(cfg: Config, model_path, tp: int = 1) -> dict:
     model's own, and its KV cache holds one ``generate`` call's sequences of that length at once
     (:func:`pacs_fast.rollout.vllm_setup.cpu_kv_cache_size`): a Qwen2.5-1.5B shape at its full
     32,768-token context needs 1.75 GiB for one sequence, which the fixed 1 GiB could not hold."""
-    if torch.cuda.is_available():
-        return {}
     from pacs_fast.rollout.vllm_setup import CPU_MAX_NUM_SEQS, derived_max_model_len
-    context = min(cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens, derived_max_model_len(model_path))
+    context = min(run_context(cfg), derived_max_model_len(model_path))
+    if torch.cuda.is_available():  # (a longrope model's factors follow max_model_len: the learner's, pin_longrope)
+        return dict(max_model_len=context) if longrope(model_path) else {}
     return dict(max_model_len=context, cpu_kv_cache_sequences=min(generate_batch(cfg), CPU_MAX_NUM_SEQS * tp))
 
 
@@ -155,5 +174,6 @@ def build_engine(cfg: Config, model_path: Path, learner: Learner, live_model, to
         if live_model is not None:
             return HFEngine(live_model, tokenizer, batch_size=batch, **head), (lambda: None)
         engine = HFEngine(str(model_path), tokenizer, device=device, dtype=hf_dtype, batch_size=batch, **head)
+        pin_longrope(engine.model, run_context(cfg))
         set_attention(engine.model, cfg.model.attention)
     return engine, lambda: engine.sync_weights(learner.export_hf_weights())
