@@ -92,6 +92,9 @@ def windowed(config) -> str | None:
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     layers = getattr(config, "layer_types", None) or []
     window = getattr(config, "sliding_window", None)
+    positions = getattr(config, "max_position_embeddings", None)
+    if window and positions and window >= positions:  # (Phi-3.5/4-mini's 262,144 of 131,072 positions: none binds)
+        return None
     if "sliding_attention" in layers or (window and not layers and getattr(config, "use_sliding_window", True)):
         return f"the model has sliding-window attention (sliding_window={window})"
     return None
