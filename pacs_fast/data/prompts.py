@@ -136,7 +136,8 @@ def build_prompt(tokenizer, problem: str, *, system: str | None = SYSTEM_PROMPT,
                     from None
             first = f"{type(e).__name__}: {e}"
         else:
-            if not system or _holds(text, system):
+            # (SmolLM3's template removes /no_think and /think from the system text it renders)
+            if not system or _holds(text, system) or takes_system_message(tokenizer):
                 return text
             # Phi-3's first template renders only user and assistant turns: the system text was dropped silently
             first = "it leaves the system message out"
