@@ -259,8 +259,10 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
         again="a rerun into this --out")
     if line:
         print(line, file=sys.stderr)
-    try:  # (a prompt that opens the <think> its response continues: DeepSeek-R1's; one that fails is said below)
-        args.think_open = opens_think(build_prompt(tokenizer, "1+1?", **prompt_kwargs(args)))
+    try:  # (a prompt that opens the <think> its response continues: DeepSeek-R1's, read off the template alone, not
+        # a system text that mentions <think>; one that fails is said below)
+        args.think_open = opens_think(build_prompt(tokenizer, "1+1?", system=None, instruction=None,
+                                                   template_kwargs=prompt_kwargs(args)["template_kwargs"]))
     except ValueError:
         args.think_open = False
     for line in (special_token_warning(tokenizer, args.stop, "--stop"), escape_warning(args.stop, "--stop"),

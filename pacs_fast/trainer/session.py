@@ -22,7 +22,7 @@ from pacs_fast.code_version import code_version, resume_note
 from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
 from pacs_fast.config.model_files import vocab_problem
 from pacs_fast.data.prompt_date import pinned_date_kwargs, today
-from pacs_fast.data.prompts import (build_prompt, has_chat_template, prompt_parts, prompt_warnings,
+from pacs_fast.data.prompts import (build_prompt, has_chat_template, prompt_warnings,
                                     takes_system_message, template_kwargs_effect)
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.openmp import threads_beside_other_jobs
@@ -279,9 +279,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     # prompts that open the <think> their responses continue (DeepSeek-R1's): read off the template around a neutral
     # problem, as eval does (a problem's own text may hold a "<think>"); the built-in task's prompts as they are
     first = (train_problems or held_out or [None])[0]
-    system, instruction = prompt_parts(cfg.data.system_prompt, cfg.data.instruction)
     think_open = first is not None and opens_think(first["prompt"] if "prompt" in first else build_prompt(
-        tokenizer, "1+1?", system=system, instruction=instruction, template_kwargs=template_kwargs))
+        tokenizer, "1+1?", system=None, instruction=None, template_kwargs=template_kwargs))  # (the template's alone)
     scorer = Scorer.from_config(cfg, gather=world.gather_dp if world.dp > 1 else None,  # one rate for every group
                                 think_open=think_open)
     s = Session(cfg=cfg, world=world, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer,
