@@ -995,3 +995,19 @@ def test_a_smollm3_system_text_with_no_think_turns_thinking_off(smol, monkeypatc
         assert tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": "Q"}],
                                        tokenize=False, add_generation_prompt=True) == smol_prompt("Q", system)
     check_smol_prompt(tok, ids, smol_prompt(f"{PROBLEMS[0]} {INSTRUCTION}", system))
+
+
+def test_a_gpu_vllm_engine_of_a_longrope_model_gets_the_runs_context(phi, smol, monkeypatch):
+    """With CUDA, vLLM sizes its engine itself, but picks a longrope model's factors by its ``max_model_len`` (long
+    past original_max_position_embeddings, for every row): the engine of a Phi-4-mini gets the run's context
+    (``data.max_prompt_tokens + rollout.max_new_tokens``), the one ``pin_longrope`` pins the learner's factors by;
+    another model's gets nothing (vLLM's own default). vLLM's own derivation stands in (no vLLM import here)."""
+    from pacs_fast.config import load_config
+    from pacs_fast.rollout import vllm_setup
+    from pacs_fast.trainer import build
+
+    monkeypatch.setattr(build.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(vllm_setup, "derived_max_model_len", lambda path: 131072)
+    cfg = load_config(None, ["data.max_prompt_tokens=512", "rollout.max_new_tokens=6000"])
+    assert build.vllm_cpu_sizes(cfg, phi["reason"][0]) == {"max_model_len": 6512}
+    assert build.vllm_cpu_sizes(cfg, smol[0]) == {}

@@ -131,16 +131,19 @@ def generate_batch(cfg: Config) -> int:
 
 
 def vllm_cpu_sizes(cfg: Config, model_path, tp: int = 1) -> dict:
-    """``VLLMEngine`` keywords that size a CPU engine to the run (none with CUDA, where vLLM takes
-    ``rollout.gpu_memory_utilization``): its context is the longest sequence the run can make
+    """``VLLMEngine`` keywords that size a CPU engine to the run (with CUDA, where vLLM takes
+    ``rollout.gpu_memory_utilization``, none but a longrope model's context, by which vLLM picks its factors): its
+    context is the longest sequence the run can make
     (``data.max_prompt_tokens + rollout.max_new_tokens``: longer prompts were dropped), within the
     model's own, and its KV cache holds one ``generate`` call's sequences of that length at once
     (:func:`pacs_fast.rollout.vllm_setup.cpu_kv_cache_size`): a Qwen2.5-1.5B shape at its full
     32,768-token context needs 1.75 GiB for one sequence, which the fixed 1 GiB could not hold."""
+    if torch.cuda.is_available() and not longrope(model_path):
+        return {}
     from pacs_fast.rollout.vllm_setup import CPU_MAX_NUM_SEQS, derived_max_model_len
     context = min(run_context(cfg), derived_max_model_len(model_path))
     if torch.cuda.is_available():  # (a longrope model's factors follow max_model_len: the learner's, pin_longrope)
-        return dict(max_model_len=context) if longrope(model_path) else {}
+        return dict(max_model_len=context)
     return dict(max_model_len=context, cpu_kv_cache_sequences=min(generate_batch(cfg), CPU_MAX_NUM_SEQS * tp))
 
 
