@@ -653,3 +653,17 @@ def test_lora_adapts_the_wrappers_language_model_only(g3, m3, family, targets):
     trained = add_lora(model, rank=RANK, alpha=2.0 * RANK, dropout=0.0, target_modules=targets)
     outside = [n for n in lora_layers(model) if not n.startswith("model.language_model.")]
     assert (trained, outside) == (want, []), (trained, want, outside[:4])
+
+
+def test_the_memory_check_counts_mistral3s_own_head(m3, g3):
+    """config.json of Mistral Small 3.1 says nothing of tying and transformers 5's Mistral3Config defaults to tied,
+    but the model's head is the file's own (``language_model.lm_head.weight``): the memory check's parameter count
+    (a lower bound, pacs_fast/trainer/memory_model.py) counts it. Gemma 3's tied head (no such tensor) once."""
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.memory_model import model_params, model_shape
+
+    shapes = {name: model_shape(load_config(None, [f"model.path={folder}"])) for name, (folder, _) in
+              (("m3", m3), ("g3", g3))}
+    assert shapes["m3"]["tied"] is False and shapes["g3"]["tied"] is True
+    s = shapes["m3"]
+    assert model_params(s) - model_params({**s, "tied": True}) == s["vocab"] * s["hidden"]

@@ -23,7 +23,7 @@ import json
 import os
 from pathlib import Path
 
-from pacs_fast.config.model_files import moe_of
+from pacs_fast.config.model_files import SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, moe_of
 from pacs_fast.learner.flops import mlp_params
 from pacs_fast.learner.objective import holds_reference_model
 from pacs_fast.trainer.model_attention import packed_rows_dense, varlen_unsupported, windowed_model  # noqa: F401 (re-export)
@@ -53,7 +53,8 @@ def model_shape(cfg) -> dict:
         return {}
     return {"vocab": int(c["vocab_size"]), "hidden": int(H), "layers": int(c["num_hidden_layers"]), "heads": int(heads),
             "kv_heads": int(c.get("num_key_value_heads") or heads), "head_dim": int(c.get("head_dim") or H // heads),
-            "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None, "tied": _tied(top),
+            "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None,
+            "tied": _tied(top, Path(cfg.model.path).expanduser()),
             "bytes": _dtype_bytes(cfg), "softcap": _softcapped(c), "moe": moe_of(c)}
 
 
@@ -71,19 +72,38 @@ def _bytes_of(dtype: str) -> int:
     return 2 if dtype in ("bfloat16", "float16") else 4
 
 
-def _tied(config: dict) -> bool:
+def _tied(config: dict, folder: Path | None = None) -> bool:
     """Whether the LM head is the embedding: ``tie_word_embeddings`` of ``config.json`` (top level, else
-    its ``text_config``), else the default of transformers' config class for its ``model_type`` (False for
-    Qwen2 and Llama, True for GPT-2), else True (the parameter count stays a lower bound)."""
+    its ``text_config``), else whether ``folder``'s weights hold a head of their own (Mistral Small 3.1's
+    ``language_model.lm_head.weight``, whose config class says tied: its head had been counted once), else the
+    default of transformers' config class for its ``model_type`` (False for Qwen2 and Llama, True for GPT-2), else
+    True (the parameter count stays a lower bound)."""
     for c in (config, config.get("text_config") or {}):
         if isinstance(c.get("tie_word_embeddings"), bool):
             return c["tie_word_embeddings"]
+    if folder is not None and _head_in_weights(folder):
+        return False
     try:
         from transformers import AutoConfig
 
         return bool(AutoConfig.for_model(config["model_type"]).tie_word_embeddings)
     except Exception:  # no or an unknown model_type: count the head once
         return True
+
+
+def _head_in_weights(folder: Path) -> bool:
+    """Whether the model folder's safetensors name an LM head tensor (read from the index, or the file's header)."""
+    try:
+        if (folder / SAFE_WEIGHTS_NAME).is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(folder / SAFE_WEIGHTS_NAME), framework="pt") as f:
+                names = list(f.keys())
+        else:
+            names = list(json.loads((folder / SAFE_INDEX_NAME).read_text(encoding="utf-8"))["weight_map"])
+    except Exception:  # noqa: BLE001 - no safetensors, an unreadable index: the config class's default then
+        return False
+    return any(n == "lm_head.weight" or n.endswith(".lm_head.weight") for n in names)
 
 
 def engine_row_terms(cfg) -> dict[str, int]:
