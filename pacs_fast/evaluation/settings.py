@@ -65,29 +65,31 @@ def hub_snapshot(model: str, revision: str | None = None, out_dir: Path | None =
     return str(folder), hub[1]
 
 
-def recorded_revision(out_dir: Path, model: str) -> str | None:
-    """The hub commit ``out_dir``'s samples of ``model`` were drawn from (the settings' ``revision``), or None: no
-    samples, another model's, none recorded, no settings file or an unreadable one (the settings check says why)."""
+def _recorded(out_dir: Path, *keys: str) -> list[str | None]:
+    """The settings file's text values of ``keys`` in ``out_dir``, each None where it records none (no settings file,
+    an unreadable one: the settings check says why; --overwrite replaces it)."""
     try:
         settings = read_json(out_dir / SETTINGS_FILE, "run settings file") if (out_dir / SETTINGS_FILE).is_file() \
-            and any(out_dir.glob("samples_*.jsonl")) else {}
+            else {}
     except UsageError:
+        settings = {}
+    settings = settings if isinstance(settings, dict) else {}
+    return [settings.get(k) if isinstance(settings.get(k), str) else None for k in keys]
+
+
+def recorded_revision(out_dir: Path, model: str) -> str | None:
+    """The hub commit ``out_dir``'s samples of ``model`` were drawn from (the settings' ``revision``), or None: no
+    samples, another model's, none recorded, no settings file or an unreadable one."""
+    if not any(out_dir.glob("samples_*.jsonl")):
         return None
-    if not isinstance(settings, dict) or settings.get("model") != model:
-        return None
-    return settings.get("revision") if isinstance(settings.get("revision"), str) else None
+    recorded_model, revision = _recorded(out_dir, "model", "revision")
+    return revision if recorded_model == model else None
 
 
 def recorded_prompt_date(out_dir: Path) -> str | None:
     """The date a dating chat template's prompts were given in ``out_dir``'s samples (the settings' ``prompt_date``:
     pacs_fast/data/prompt_date.py), or None (none recorded, no settings file, an unreadable one: --overwrite's)."""
-    try:
-        settings = read_json(out_dir / SETTINGS_FILE, "run settings file") if (out_dir / SETTINGS_FILE).is_file() \
-            else {}
-    except UsageError:
-        return None
-    date = settings.get("prompt_date") if isinstance(settings, dict) else None
-    return date if isinstance(date, str) else None
+    return _recorded(out_dir, "prompt_date")[0]
 
 
 def _content_name(path: Path) -> str | None:

@@ -417,10 +417,11 @@ class HFEngine(LeanDecoder, RolloutEngine):
         items = list(named_tensors)
         state = self.model.state_dict(keep_vars=True)
         if any(n not in state for n, _ in items):
-            from pacs_fast.causal_lm import checkpoint_names
+            if getattr(self, "_to_model", None) is None:  # (found once: a sync comes every step)
+                from pacs_fast.causal_lm import checkpoint_names
 
-            to_model = {v: k for k, v in checkpoint_names(self.model, state.items()).items()}
-            items = [(to_model.get(n, n), t) for n, t in items]
+                self._to_model = {v: k for k, v in checkpoint_names(self.model, state.items()).items()}
+            items = [(self._to_model.get(n, n), t) for n, t in items]
         unknown = [n for n, _ in items if n not in state]
         bad_shape = [f"{n}: got {tuple(t.shape)}, model has {tuple(state[n].shape)}"
                      for n, t in items if n in state and tuple(t.shape) != tuple(state[n].shape)]

@@ -109,14 +109,10 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
 
 def longrope(model_path) -> bool:
     """Whether the folder's config.json asks for longrope (Phi-3.5-mini, Phi-4-mini: ``rope_scaling.type``)."""
-    import json
+    from pacs_fast.config.model_files import text_config
 
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    rope = (config.get("text_config") or config).get("rope_scaling") or {}
-    return "longrope" in (rope.get("type"), rope.get("rope_type"))
+    rope = text_config(model_path).get("rope_scaling") or {}
+    return isinstance(rope, dict) and "longrope" in (rope.get("type"), rope.get("rope_type"))
 
 
 def run_context(cfg: Config) -> int:
