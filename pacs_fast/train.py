@@ -259,10 +259,13 @@ def main(argv: list[str] | None = None) -> dict:
     except signals.Stopped as e:
         if args.debug:
             raise
+        if any(peer_lost(c) for c in _unwound(e)):  # torchrun's stop came while this rank's loss of another unwound
+            peer_lost_exit(run_dir)  # (its clean-up): that loss is what happened, not a stop of the user's
         stopped(e.signum, run_dir)
     except OSError as e:  # a full disk outside a checkpoint (metrics, samples, TensorBoard, plots)
         if args.debug or e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
+        signals.default_stop_signals()  # (torchrun's stop of this exiting rank ends it quietly)
         then = (f"continue with {resume_command(run_dir)} (from its last checkpoint)"
                 if (run_dir / "config.yaml").is_file()
                 else "run the same command again (the run had not started: there is nothing to resume)")
@@ -272,14 +275,31 @@ def main(argv: list[str] | None = None) -> dict:
     except RuntimeError as e:  # (gloo's DistBackendError too)
         if args.debug or not peer_lost(e):
             raise
-        # another rank stopped (its own line says why) while this one waited in a collective: one line, not
-        # gloo's traceback
-        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)  # (torchrun's number of nodes)
-        where = ", in its node's output," if nodes > 1 else ""
-        print(f"error: rank {launch_rank()}: another rank of this launch stopped while this one waited "
-              f"for it (that rank's error line{where} says why); continue with {resume_command(run_dir)} (from its "
-              f"last checkpoint)", file=sys.stderr, flush=True)
-        sys.exit(1)
+        peer_lost_exit(run_dir)
+
+
+def peer_lost_exit(run_dir: Path) -> None:
+    """Another rank stopped (its own line says why) while this one waited for it: one line, not gloo's traceback, and
+    exit status 1."""
+    # torchrun stops this rank too once it sees the other's end: during this rank's exit (its engines' and pools'
+    # clean-up), that SIGTERM raised Stopped in a finaliser and printed "Exception ignored in ..." with a traceback
+    signals.default_stop_signals()
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)  # (torchrun's number of nodes)
+    where = ", in its node's output," if nodes > 1 else ""
+    print(f"error: rank {launch_rank()}: another rank of this launch stopped while this one waited "
+          f"for it (that rank's error line{where} says why); continue with {resume_command(run_dir)} (from its "
+          f"last checkpoint)", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def _unwound(error: BaseException):
+    """The exceptions ``error`` was raised while handling (``__context__``, newest first)."""
+    seen = set()
+    error = error.__context__
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__context__
 
 
 def quiet_full_disk_in_threads() -> None:

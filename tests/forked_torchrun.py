@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 
 # what every launch preloads (a rank imports the rest itself, as in a plain launch)
@@ -49,10 +50,30 @@ def launch_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _default_signal_handlers(*, quiet_int: bool = False) -> None:
+    """The stop signals' handlers as a fresh interpreter has them (Ctrl-C raising KeyboardInterrupt; with
+    ``quiet_int``, ending the process too). A fork inherits those torchrun's agent installed: SIGTERM raised its
+    SignalException, an Exception the program does not expect, and a rank stopped by torchrun printed a traceback
+    that a rank of a plain launch does not."""
+    for name in os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(","):
+        sig = getattr(signal, name.strip(), None)
+        if sig is not None:
+            keep_int = sig == signal.SIGINT and not quiet_int
+            signal.signal(sig, signal.default_int_handler if keep_int else signal.SIG_DFL)
+
+
 def _run_rank(argv: list[str]) -> None:
     """In a rank: run the module or script as ``python -m`` / ``python script.py`` would (``sys.path[0]``
     the working directory or the script's folder, ``sys.argv`` as the program sees it)."""
     kind, target, args = argv[0], argv[1], argv[2:]
+    _default_signal_handlers()  # a fresh interpreter's
+    try:
+        _run_target(kind, target, args)
+    finally:  # a fork lingers in torchrun's wrapper until the agent reads its result: stopped there, it ends quietly
+        _default_signal_handlers(quiet_int=True)  # (as a plain launch's rank, already gone)
+
+
+def _run_target(kind: str, target: str, args: list[str]) -> None:
     if kind == _MODULE:
         sys.path[0] = os.getcwd()
         sys.argv = [target, *args]

@@ -131,9 +131,13 @@ hf.HFEngine.generate = generate
 
 @pytest.mark.timeout(300)
 def test_a_dead_engine_process_ends_the_run_and_it_resumes(tmp_path, warm_cache):
-    """The engine process is killed (SIGKILL) when asked for batch 4 (K = 1: during step 3): the learner, waiting
-    for it, stops at once with one error line (no hang), and ``--resume`` trains every step once from the last
-    checkpoint, whose batch in flight was kept."""
+    """The engine process is killed (SIGKILL) when asked for batch 4 (K = 1: during step 3): the learner stops at once
+    (no hang) without a traceback, and ``--resume`` trains every step once from the last checkpoint, whose batch in
+    flight was kept. Two endings race, both right: the learner notices the lost engine first and prints the one
+    "another rank of this launch stopped" line, or torchrun (which polls its ranks every 0.1 s) stops it first, while
+    it computes step 3, and torchrun's own report naming rank 0's SIGKILL is the launch's account (the learner, rank 1,
+    prints no "stopped by" line: a user's stop is printed by rank 0). On the CI's loaded 2 cores both happen; the
+    line's own path (and torchrun's stop arriving while the loss unwinds) is held in test_user_reward.py."""
     (tmp_path / "engine_dies.py").write_text(ENGINE_DIES)
     run = tmp_path / "run"
     common = TINY + [f"train.out_dir={tmp_path}", f"warmup.cache_dir={warm_cache}", "train.run_name=run",
@@ -142,8 +146,9 @@ def test_a_dead_engine_process_ends_the_run_and_it_resumes(tmp_path, warm_cache)
     code, out = _launch(2, common, preload=BASE + ("engine_dies",), env=env, ok=False)
     assert code != 0, out[-3000:]
     errors = [line for line in out.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "another rank of this launch stopped" in errors[0], out[-3000:]
-    assert f"--resume {run}" in errors[0] and "pacs_fast/" not in out  # (no traceback of the library's)
+    assert len(errors) <= 1 and "stopped by" not in out, out[-3000:]
+    assert all("another rank of this launch stopped" in e and f"--resume {run}" in e for e in errors), errors
+    assert "pacs_fast/" not in out, out[-3000:]  # (no traceback of the library's)
     assert "SIGKILL" in out or f"exitcode: {-signal.SIGKILL}" in out, out[-3000:]  # (torchrun names the engine's end)
     latest = (run / "checkpoints" / "latest").read_text().strip()
     assert latest == "step_000002", latest

@@ -2,6 +2,7 @@
 reward of a run (training, dynamic sampling, the held-out evaluation), for tasks math-verify cannot judge
 (unit tests, a format, a judge). Checked before any model loads; a bad return stops the run with one line."""
 import json
+import signal
 import time
 
 import pytest
@@ -245,11 +246,33 @@ def test_the_rank_left_waiting_for_a_stopped_one_says_so_in_one_line(monkeypatch
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     args = TINY + [f"train.out_dir={tmp_path}", "train.run_name=r", "learner.backend=megatron"]
-    code, _, err = cli(args, capsys)
+    before = {sig: signal.getsignal(sig) for sig in train.signals.STOP_SIGNALS}
+    try:  # the command line's handlers: torchrun's SIGTERM during the exit that follows the line must end it quietly
+        for sig in before:  # (it raised Stopped in a finaliser: a traceback)
+            signal.signal(sig, signal.SIG_DFL)
+        train.signals.raise_on_stop_signals()
+        code, _, err = cli(args, capsys)
+        assert all(signal.getsignal(sig) is signal.SIG_DFL for sig in before)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
     assert code == 1 and err.strip().splitlines()[-1].startswith("error: rank 0: another rank of this launch "
                                                                  "stopped while this one waited"), err
     assert "Traceback" not in err
+
+    def lost_then_stopped(*a, **k):  # torchrun's SIGTERM during the clean-up of the loss: it had been silent
+        try:  # (rank 1 prints no "stopped by" line; the launch had no line of ours)
+            lost()
+        finally:
+            raise train.signals.Stopped(signal.SIGTERM)
+
+    monkeypatch.setattr(loop, "train", lost_then_stopped)
+    monkeypatch.setenv("RANK", "1")
+    code, _, err = cli(TINY + [f"train.out_dir={tmp_path}", "train.run_name=r3", "learner.backend=megatron"], capsys)
+    assert code == 1 and err.strip().splitlines()[-1].startswith("error: rank 1: another rank of this launch "
+                                                                 "stopped while this one waited"), err
     monkeypatch.setenv("WORLD_SIZE", "1")  # one process: nothing went away, the error is its own
+    monkeypatch.setattr(loop, "train", lost)
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
         cli(TINY + [f"train.out_dir={tmp_path}", "train.run_name=r2"], capsys)
 
