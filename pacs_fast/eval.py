@@ -52,7 +52,8 @@ from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, che
                                        model_label, prompt_kwargs, read_json)
 from pacs_fast.evaluation.parser import int_list, run_parser as _run_parser
 from pacs_fast.evaluation.prompt_fit import check_prompt_lengths, engine_context, prompt_build_warnings
-from pacs_fast.evaluation.engine import check_vllm_runs_model, engine_and_dtype, make_engine, vllm_cpu_sizes
+from pacs_fast.evaluation.engine import (check_vllm_runs_model, engine_and_dtype, make_engine, rope_factors,
+                                         vllm_cpu_sizes)
 from pacs_fast.evaluation.folder import coverage_warnings, covered_benchmarks, lost_benchmarks, previous_results
 from pacs_fast.files import remove_temporaries, write_text_atomic
 from pacs_fast.evaluation.report import incomplete_warnings, markdown_table, plot_pass_at_k
@@ -153,6 +154,7 @@ def run(argv: list[str]) -> int:
               **prompt_kwargs(args), "sources": sources, "weights": weights_stamp(model_id),
               "revision": hub[1] if hub else None}
     config["engine"], config["dtype"] = engine_and_dtype(args)
+    config.update(rope_factors(args, sets))  # (a longrope model's: those every sample of the folder is made with)
     config["extraction"] = args.extraction
     if verifier_scores:  # (the verifier's seconds per response: what `eval report` re-extracts answers under)
         config["time_limit"] = args.time_limit

@@ -802,6 +802,81 @@ def test_a_phi4_mini_rows_log_probs_do_not_depend_on_the_rows_beside_it(crossing
     assert torch.allclose(together[short][m], alone[m], atol=1e-5, rtol=0)
 
 
+def _eval(folder, bench, out, *extra):
+    from pacs_fast import eval as ev
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+        code = ev.main(["--model", str(folder), "--benchmarks", str(bench), "--n", "2", "--engine", "hf",
+                        "--out", str(out), "--no-progress", "--scorer-workers", "1", *extra])
+    return code, text.getvalue()
+
+
+def test_eval_samples_a_phi4_mini_row_crossing_the_threshold_with_one_set_of_factors(crossing, tmp_path, monkeypatch):
+    """``pacs_fast.eval --engine hf`` on the crossing folder (~46-token prompts, original_max_position_embeddings 48):
+    every forward of every call rotates with the long factors, as the trainer's engine and vLLM do for a context past
+    the threshold. The eval's engine had been left to transformers' per-call choice: the prompt's forward and the
+    first decode steps rotated with the short factors, the steps past 48 with the long ones beside that cache."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from pacs_fast.evaluation.settings import SETTINGS_FILE
+    from pacs_fast.rollout import hf
+
+    folder, _, _ = crossing
+    used, generate = [], hf.HFEngine.generate
+
+    def watched(self, *args, **kwargs):  # the inverse frequencies each rotary forward of the call used
+        mods = [m for m in self.model.modules() if getattr(m, "rope_type", None) == "longrope"]
+        def seen(m, args, kwargs, out):  # (the rotary's inputs: hidden states, position ids)
+            positions = args[1] if len(args) > 1 else kwargs["position_ids"]
+            used.append((m.config, m.inv_freq.clone(), int(positions.max())))
+
+        hooks = [m.register_forward_hook(seen, with_kwargs=True) for m in mods]
+        try:
+            return generate(self, *args, **kwargs)
+        finally:
+            for h in hooks:
+                h.remove()
+
+    monkeypatch.setattr(hf.HFEngine, "generate", watched)
+    code, out = _eval(folder, _data(tmp_path / "toy.jsonl", n=2, offset=50), tmp_path / "ev", "--max-tokens", "8")
+    assert code == 0, out
+    config = used[0][0]
+    long = ROPE_INIT_FUNCTIONS["longrope"](config, torch.device("cpu"), seq_len=49)[0]
+    short = ROPE_INIT_FUNCTIONS["longrope"](config, torch.device("cpu"), seq_len=48)[0]
+    assert not torch.equal(long, short)
+    assert used[0][2] < 48 <= max(p for _, _, p in used), [p for _, _, p in used]  # (prompts below, rows past it)
+    assert all(torch.equal(f, long) for _, f, _ in used), [torch.equal(f, short) for _, f, _ in used]
+    assert json.loads((tmp_path / "ev" / SETTINGS_FILE).read_text())["rope_factors"] == "long"
+
+
+def test_eval_keeps_a_phi4_mini_folders_factors_and_sizes_vllm_by_them(crossing, tmp_path, monkeypatch):
+    """Rows within the threshold (``--max-tokens 1``): the short factors, recorded; adding a problem whose row passes
+    it to the same folder would sample it with the long ones beside samples made with the short: refused in one line
+    naming the setting. vLLM on a GPU is given the context (it picks the factors by max_model_len; the model's own
+    131,072 positions had made them long for every prompt)."""
+    import argparse
+
+    from pacs_fast.evaluation import engine
+
+    folder, _, _ = crossing
+    bench = _data(tmp_path / "toy.jsonl", n=2, offset=50)
+    with bench.open("a") as f:  # (a third problem, past the threshold: left out by --limit 2, then asked for)
+        f.write(json.dumps({"id": "long", "problem": "What is 3 plus 4? " * 4, "answer": "7"}) + "\n")
+    code, out = _eval(folder, bench, tmp_path / "ev", "--max-tokens", "1", "--limit", "2")
+    assert code == 0, out
+    code, out = _eval(folder, bench, tmp_path / "ev", "--max-tokens", "1")
+    assert code == 2 and "rope_factors" in out and len(out.strip().splitlines()) == 1, out
+    args = argparse.Namespace(model=str(folder), max_model_len=None, max_tokens=1, samples_per_call=8,
+                              engine="vllm", dtype="auto", device=None, system=None, instruction="pacs",
+                              chat_template_kwargs=None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    sets = {"toy": [type("P", (), {"problem": "What is 3 plus 4?"})()]}
+    monkeypatch.setattr(engine, "prompt_kwargs", lambda a: {})
+    assert engine.rope_factors(args, sets) == {"rope_factors": "short"} and 1 < args.rope_context <= 48
+    assert engine.vllm_cpu_sizes(args, sets, {"toy": [0]}, {"toy": 1}) == {"max_model_len": args.rope_context}
+
+
 @pytest.mark.parametrize("name", ["phi", "smol"])
 def test_the_megatron_learner_refuses_phi3_and_smollm3_in_one_line_before_it_loads(request, name, tmp_path, capsys,
                                                                                     monkeypatch):

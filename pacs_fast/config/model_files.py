@@ -85,6 +85,17 @@ def text_config(folder: str | Path) -> dict:
     return c if isinstance(c, dict) else {}
 
 
+def longrope_threshold(folder: str | Path) -> int | None:
+    """For a longrope model (Phi-3.5-mini, Phi-4-mini: ``rope_scaling`` / ``rope_parameters`` of type longrope), the
+    length past which its long factors apply (``original_max_position_embeddings``); None for any other model."""
+    c = text_config(folder)
+    for rope in (c.get("rope_scaling"), c.get("rope_parameters")):
+        if isinstance(rope, dict) and "longrope" in (rope.get("type"), rope.get("rope_type")):
+            n = rope.get("original_max_position_embeddings") or c.get("original_max_position_embeddings")
+            return int(n) if n else None
+    return None
+
+
 def moe_of(c) -> dict | None:
     """The mixture-of-experts MLP of a (text) config, a ``config.json`` dict or a transformers config:
     ``{"experts", "top_k", "width", "shared", "layers"}`` (routed experts, experts per token, an expert's

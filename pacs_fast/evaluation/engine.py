@@ -42,12 +42,22 @@ def engine_and_dtype(args) -> tuple[str, str]:
 def vllm_cpu_sizes(args, sets, todo, ns) -> dict:
     """``VLLMEngine`` keywords for a vLLM engine on CPU without ``--max-model-len``: the context of the
     longest prompt still to generate plus ``--max-tokens`` (within the model's own: no response is cut
-    that the model's context would not cut), and a KV cache for one engine call's samples
+    that the model's context would not cut; a longrope model's, on a GPU too: :func:`rope_factors`'s, by which vLLM
+    picks its factors), and a KV cache for one engine call's samples
     (:mod:`pacs_fast.rollout.vllm_setup`). The model's full context took 8 GiB of KV cache (9.6 GB of
     memory) for a Llama-3.1-shaped model of 131,072 tokens, asked for 16-token answers."""
     import torch
 
-    if torch.cuda.is_available() or args.max_model_len is not None or engine_and_dtype(args)[0] != "vllm":
+    if args.max_model_len is not None or engine_and_dtype(args)[0] != "vllm":
+        return {}
+    if getattr(args, "rope_context", None):  # a longrope model's: the context its factors were chosen for
+        from pacs_fast.rollout.vllm_setup import CPU_MAX_NUM_SEQS, derived_max_model_len
+
+        sizes = {"max_model_len": min(args.rope_context, derived_max_model_len(args.model))}
+        cpu = {} if torch.cuda.is_available() else {"cpu_kv_cache_sequences": min(max(args.samples_per_call,
+                                                                                      *ns.values()), CPU_MAX_NUM_SEQS)}
+        return {**sizes, **cpu}
+    if torch.cuda.is_available():
         return {}
     from transformers import AutoTokenizer
 
@@ -60,6 +70,34 @@ def vllm_cpu_sizes(args, sets, todo, ns) -> dict:
     sequences = max(args.samples_per_call, *ns.values())  # one call: samples_per_call // n prompts, n samples each
     return {"max_model_len": min(longest + args.max_tokens, derived_max_model_len(args.model)),
             "cpu_kv_cache_sequences": min(sequences, CPU_MAX_NUM_SEQS)}
+
+
+def rope_factors(args, sets) -> dict:
+    """For a longrope model (Phi-3.5-mini, Phi-4-mini): ``{"rope_factors": "long" | "short"}``, recorded in the
+    settings (a resume under the other is refused), and ``args.rope_context``, the context the engine is given. The
+    trainer's rule (pacs_fast/causal_lm.py ``pin_longrope``): the long factors throughout when a row can pass
+    ``original_max_position_embeddings`` (the longest prompt of the benchmarks asked for, every problem of them,
+    plus ``--max-tokens``; vLLM's ``--max-model-len`` when given, by which vLLM picks them), else the short ones.
+    The HF engine had switched per forward call, so a response crossing that length was decoded with the long
+    factors beside a cache rotated with the short ones, and vLLM on a GPU took the model's 131,072 positions
+    (long for every prompt, however short) where the trainer had trained short. {} for any other model."""
+    from pacs_fast.config.model_files import longrope_threshold
+
+    threshold = longrope_threshold(args.model)
+    if threshold is None:
+        return {}
+    if engine_and_dtype(args)[0] == "vllm" and args.max_model_len:
+        args.rope_context = args.max_model_len
+    else:
+        from transformers import AutoTokenizer
+
+        from pacs_fast.data.prompts import encode_prompts
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        texts = [p.problem for problems in sets.values() for p in problems]
+        longest = max(map(len, encode_prompts(tokenizer, texts, **prompt_kwargs(args))), default=0)
+        args.rope_context = longest + args.max_tokens
+    return {"rope_factors": "long" if args.rope_context > threshold else "short"}
 
 
 def check_vllm_runs_model(args) -> None:
@@ -113,6 +151,10 @@ def make_engine(args, vllm_sizes: dict | None = None, *, parser=None):
               f"(OMP_NUM_THREADS sets them)", file=sys.stderr)
     hf = HFEngine(args.model, device=device, dtype=getattr(torch, dtype),
                   batch_size=args.batch_size)
+    if getattr(args, "rope_context", None):  # (rope_factors: the factors the settings record, for every call)
+        from pacs_fast.causal_lm import pin_longrope
+
+        pin_longrope(hf.model, args.rope_context)
     from pacs_fast.ops.short_attention import use_attention
     try:
         use_attention(hf.model, args.attention)

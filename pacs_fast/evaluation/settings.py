@@ -130,6 +130,8 @@ def setting_differences(old: dict, config: dict) -> list[str]:
     if old.get("model") == config.get("model") and old.get("revision") and config.get("revision") \
             and old["revision"] != config["revision"]:  # (recorded since 2026-12-07; the same hub id, another commit)
         diff.append("revision")
+    if "rope_factors" in old and old["rope_factors"] != config.get("rope_factors"):  # (a longrope model's, recorded
+        diff.append("rope_factors")  # since 2026-12-07: its long or short factors, which the longest row chose)
     return diff
 
 

@@ -109,10 +109,9 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
 
 def longrope(model_path) -> bool:
     """Whether the folder's config.json asks for longrope (Phi-3.5-mini, Phi-4-mini: ``rope_scaling.type``)."""
-    from pacs_fast.config.model_files import text_config
+    from pacs_fast.config.model_files import longrope_threshold
 
-    rope = text_config(model_path).get("rope_scaling") or {}
-    return isinstance(rope, dict) and "longrope" in (rope.get("type"), rope.get("rope_type"))
+    return longrope_threshold(model_path) is not None
 
 
 def run_context(cfg: Config) -> int:
