@@ -358,7 +358,7 @@ def test_auto_packed_attention_counts_the_dense_mask_where_varlen_cannot_run(tmp
     on a 28-layer model in bf16: a budget that could not fit passed); a model varlen runs, flash attention and
     ``learner.packing=off`` count none (a sliding-window model packs nothing: tests/test_sliding_window_forwards.py)."""
     sliding = {**QWEN05, "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 0}
-    for name, config in (("sw", sliding), ("phi3", {**QWEN05, "model_type": "phi3"}),
+    for name, config in (("sw", sliding), ("other", {**QWEN05, "model_type": "cohere"}),
                          ("dropout", {**QWEN05, "attention_dropout": 0.1})):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(config))
@@ -376,7 +376,7 @@ def test_auto_packed_attention_counts_the_dense_mask_where_varlen_cannot_run(tmp
     qwen_cfg(tmp_path)  # (writes the folder)
     plain = activations(qwen)
     assert activations(qwen, "learner.packed_attention=dense") == plain + mask
-    for folder in (tmp_path / "phi3", tmp_path / "dropout"):
+    for folder in (tmp_path / "other", tmp_path / "dropout"):
         assert activations(folder) == plain + mask, folder.name  # auto: the dense mask
         assert activations(folder, "learner.packed_attention=dense") == plain + mask, folder.name
         assert activations(folder, "learner.packing=off") == plain, folder.name
@@ -391,7 +391,7 @@ def test_auto_packed_attention_counts_the_dense_mask_where_varlen_cannot_run(tmp
                                   "rollout.max_new_tokens=16384", budget, "train.prompts_per_step=1",
                                   "data.eval_size=1", "rollout.eval_n=1"])
     with pytest.raises(ValueError, match="learner.max_tokens_per_micro_batch=34000 cannot fit"):
-        preflight.check_memory(run(tmp_path / "phi3"), available=70 * GiB)
+        preflight.check_memory(run(tmp_path / "other"), available=70 * GiB)
     preflight.check_memory(run(qwen), available=70 * GiB)
 
 

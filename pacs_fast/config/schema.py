@@ -283,8 +283,9 @@ class LearnerConfig:
     packed_attention: str = _f("auto", "packed rows: varlen = sequences end to end with their boundaries "
                                "(cu_seqlens) through a varlen / document-masked attention that never builds the "
                                "[S, S] mask (pacs_fast/ops/varlen_attention.py), dense = the block-diagonal mask, "
-                               "auto = varlen where it is the model's exact attention (Qwen2/LLaMA-style causal "
-                               "GQA, no sliding window), else dense (flash_attention_2: its own varlen path)")
+                               "auto = varlen where it is the model's exact attention (Qwen2/3, LLaMA, Mistral, "
+                               "Phi-3/4, SmolLM3, OLMo 2, Qwen3-MoE, Mixtral, Granite, Gemma; no sliding window), "
+                               "else dense (flash_attention_2: its own varlen path)")
     master_weights: bool = _f(True, "bf16 model: fp32 master copies of the weights, gradients "
                               "accumulated in fp32 and AdamW in fp32, the model's weights rounded once after each "
                               "step (without them an update under 2^-9 of a weight rounds away: most at lr 1e-6); "

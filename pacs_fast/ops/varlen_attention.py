@@ -31,7 +31,7 @@ decode step) goes to ``<base>``'s function with ``<base>``'s masks, unchanged. W
 :func:`varlen_forward` is active the mask builder returns None (no ``[N, N]`` mask from the packed
 position ids). :func:`restore` puts the base name back. :func:`unsupported` says why a model cannot
 use it (sliding-window layers, attention dropout, a model family whose attention is not a plain
-Qwen2/LLaMA-style causal GQA, a flash-attention base, which is already varlen).
+Qwen2/LLaMA-style causal GQA (:data:`FAMILIES`), a flash-attention base, which is already varlen).
 """
 from __future__ import annotations
 
@@ -48,9 +48,11 @@ import torch
 
 NAME = "pacs_fast_varlen"
 BACKENDS = ("varlen_attn", "flash_attn", "flex", "sdpa")
-# model families whose attention module applies RoPE from position_ids and calls the attention
-# interface with **kwargs (causal, GQA): what attend() computes
-FAMILIES = ("qwen2", "qwen3", "llama", "mistral")
+# model families whose attention module applies RoPE from position_ids (or none, SmolLM3's NoPE layers) and calls
+# the attention interface with **kwargs (causal, GQA, its own scale; no soft cap, sinks or value width of its own):
+# what attend() computes (tests/test_varlen_attention.py, tests/test_varlen_families.py)
+FAMILIES = ("qwen2", "qwen3", "llama", "mistral", "phi3", "smollm3", "olmo2", "qwen3_moe", "mixtral", "granite",
+            "gemma")
 FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
 _ACTIVE = contextvars.ContextVar("pacs_fast_varlen_forward", default=False)
 _FAILED: set = set()  # (backend, device type, dtype) that raised here once: not tried again
@@ -386,13 +388,17 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
                                             scaling=scaling, is_causal=is_causal, **kwargs)
     if query.shape[0] != 1:
         raise ValueError(f"varlen attention takes one packed row, got a batch of {query.shape[0]}")
-    if sliding_window is not None or dropout:
+    max_len = int(max_length_q) if max_length_q is not None else int(cu_seq_lens_q.diff().max())
+    # (a window no sequence reaches binds nothing: Phi-3.5/4-mini pass their 262,144 of 131,072 positions)
+    if (sliding_window is not None and int(sliding_window) < max_len) or dropout:
         raise ValueError(f"varlen attention has no sliding window ({sliding_window}) or dropout ({dropout}): use "
                          f"learner.packed_attention=dense")
+    extra = [k for k in ("softcap", "s_aux", "sinks") if kwargs.get(k) is not None]
+    if extra:  # (a family's term attend() would leave out: refused, not dropped)
+        raise ValueError(f"varlen attention has no {', '.join(extra)}: use learner.packed_attention=dense")
     if cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q and not torch.equal(cu_seq_lens_k,
                                                                                           cu_seq_lens_q):
         raise ValueError("varlen attention: cu_seq_lens_k must equal cu_seq_lens_q (self-attention)")
-    max_len = int(max_length_q) if max_length_q is not None else int(cu_seq_lens_q.diff().max())
     out = attend(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
                  cu_seq_lens_q.to(device=query.device, dtype=torch.int32), max_len, scaling,
                  lengths=getattr(cu_seq_lens_q, LENGTHS_ATTR, None))
