@@ -67,9 +67,14 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
     # dropped inputs in every forward that did not call eval() first (model.training False; the value pass)
     for layer in lora_layers(model).values():
         layer.train(layer.base_layer.training)
-    # a name that matched no layer beside one that did: PEFT trains the one that did (a typo lost v_proj)
+    # a name that matched no layer beside one that did: PEFT trains the one that did (a typo lost v_proj). PEFT maps
+    # the hub's expert names of a transformers 5 mixture of experts (gate_proj, up_proj, down_proj) onto its fused
+    # experts, moving them from the config's target_modules to its target_parameters (in place): a name so moved
+    # matched when a tensor it went to took adapters (the usual Qwen list had been refused on Qwen3-MoE)
     adapted = list(lora_layers(model))
-    missing = [t for t in names if not any(n == t or n.endswith("." + t) for n in adapted)]
+    wrapped = {getattr(m, "parameter_name", None) for m in lora_layers(model).values()}
+    moved = set(names) - set(config.target_modules or ()) if set(config.target_parameters or ()) & wrapped else set()
+    missing = [t for t in names if t not in moved and not any(n == t or n.endswith("." + t) for n in adapted)]
     if missing:
         raise ValueError(f"{key}: {', '.join(missing)} matched no layer of this model (names are module names or "
                          f"their last parts; its linear layers: {', '.join(linear_names(model))})")

@@ -144,10 +144,21 @@ def model_params(shape: dict) -> int:
 
 def lora_params(shape: dict, rank: int) -> int:
     """Parameters of rank-``rank`` LoRA adapters on every linear layer of the decoder (``all-linear``; named
-    modules take fewer): ``rank x (in + out)`` per layer."""
+    modules take fewer): ``rank x (in + out)`` per layer. A mixture of experts (``shape["moe"]``; transformers 5
+    fuses each layer's experts into ``[experts, out, in]`` tensors, which PEFT adapts in place with ``rank x
+    experts`` rows and columns, the fused gate and up projections at twice the rank): ``rank x (H + E)`` on each
+    router and ``rank x E x (2 (H + 2 F_e) + F_e + H)`` on each layer's experts. PEFT's ``all-linear`` leaves a MoE
+    model's dense MLPs (``mlp_only_layers``, DeepSeek's first layers, shared experts) without adapters: its mapping
+    of the hub's ``gate_proj`` / ``up_proj`` / ``down_proj`` onto the fused experts takes those names from them.
+    (Counting one dense MLP a layer gave 0.13B of Qwen3-30B-A3B's 3.99B adapter parameters at rank 64.)"""
     H, hd, kv = shape["hidden"], shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
     q = shape["heads"] * hd
     attention = (H + q) + 2 * (H + kv) + (q + H)
+    moe = shape.get("moe")
+    if moe:
+        E, w = moe["experts"], moe["width"]
+        experts = (H + E) + E * (2 * (H + 2 * w) + (w + H))
+        return rank * (shape["layers"] * attention + moe["layers"] * experts)
     mlp = 3 * (H + shape["intermediate"]) if shape["intermediate"] else 0
     return shape["layers"] * rank * (attention + mlp)
 
