@@ -152,8 +152,9 @@ def checkpoint_names(model, named_tensors) -> dict[str, str]:
     ``model.language_model.*``, SigLIP's ``vision_tower.vision_model.*`` as ``model.vision_tower.*``; LLaVA's,
     Mistral 3's). Found by transformers' own reversal, what its ``save_pretrained`` writes (transformers 5's
     ``revert_weight_conversion``, 4's ``_checkpoint_conversion_mapping``). Empty for the many models loaded as they
-    are, and for those whose tensors transformers also fuses on load (a mixture of experts' in transformers 5: their
-    checkpoints keep the model's names throughout, not a mix of the two)."""
+    are, and for those whose tensors transformers also fuses on load (a mixture of experts' in transformers 5: the
+    engines' weight syncs keep the model's names throughout, not a mix of the two; their checkpoints are written in
+    the hub's layout whole, :mod:`pacs_fast.learner.fused_checkpoint`)."""
     import re
 
     shapes = {n: (tuple(t.shape), t.dtype) for n, t in named_tensors}

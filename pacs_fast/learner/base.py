@@ -300,13 +300,19 @@ class Learner(abc.ABC):
         for i, bucket in enumerate(self.iter_hf_weight_buckets(bucket_bytes)):
             name = hf_folder.shard_name(i, n)
             # a copy (a CPU model's tensors too: tensors sharing storage could not be written side by side)
-            tensors = {k: t.detach().to("cpu", copy=True).contiguous() for k, t in bucket}
+            tensors = self._checkpoint_layout({k: t.detach().to("cpu", copy=True).contiguous() for k, t in bucket})
             total += hf_folder.write_shard(path, name, tensors)
             weight_map.update(dict.fromkeys(tensors, name))
             del tensors
         hf_folder.finish_weights(path, weight_map, total)
         if self.hf_config is not None:
             hf_folder.save_config(self.hf_config, path, model=getattr(self, "model", None))
+
+    def _checkpoint_layout(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A bucket of :meth:`save_hf` (whole units, :meth:`export_hf_weights`' names) as the folder holds it: as
+        it is, unless the model's checkpoints lay its tensors out otherwise than the model holds them (the torch
+        learner's mixture of experts: the hub's per-expert tensors, not transformers 5's fused ones)."""
+        return tensors
 
     # -- scale-out defaults (one process); the megatron learner overrides them ------------------------
     #: ``(dp_rank, dp_size)`` of this process's data-parallel group (one process: ``(0, 1)``)

@@ -14,6 +14,7 @@ from typing import Iterable, Iterator
 import torch
 
 from pacs_fast.learner.base import CheckpointMismatch
+from pacs_fast.learner.fused_checkpoint import FusedLayout
 from pacs_fast.learner.hf_folder import RenamedWeights, weights_and_shapes
 from pacs_fast.learner.lora import (adapter_state, base_digest, check_same_merge, checked_merged, copy_adapters,
                                    iter_merged_weights, load_adapter_state, save_adapter)
@@ -113,6 +114,19 @@ class TorchCheckpointing:
             self._ckpt_names = checkpoint_names(self.model, self._state_tensors(merge=False))
         return self._ckpt_names
 
+    def _fused_layout(self) -> FusedLayout | None:
+        """The model's :class:`~pacs_fast.learner.fused_checkpoint.FusedLayout` (a mixture of experts whose experts
+        transformers 5 fuses on load: its checkpoints are written and read in the hub's per-expert layout); None for
+        the many models loaded as they are. Found once."""
+        if not hasattr(self, "_layout"):
+            self._layout = FusedLayout.of(self.model, self._state_tensors(merge=False))
+        return self._layout
+
+    def _checkpoint_layout(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """:meth:`Learner._checkpoint_layout`: a fused mixture of experts' bucket under the hub's names."""
+        layout = self._fused_layout()
+        return tensors if layout is None else layout.to_checkpoint(tensors)
+
     def _state_tensors(self, merge: bool) -> Iterator[tuple[str, torch.Tensor]]:
         """:meth:`_hf_tensors` under the model's own (state-dict) names."""
         from pacs_fast.causal_lm import lm_head
@@ -141,6 +155,9 @@ class TorchCheckpointing:
         tensor, not the model. With LoRA the base stays model.path's (frozen) and the weights are a checkpoint's
         merged ones: kept (a lazy checkpoint unread), and compared with the merge of the adapters
         :meth:`load_state_dict` loads next (a base that changed since is an error there)."""
+        layout = self._fused_layout()
+        if layout is not None:  # (the hub's per-expert tensors, or the fused ones of a checkpoint written before)
+            named_tensors = layout.model_weights(*weights_and_shapes(named_tensors))
         to_model = {v: k for k, v in self._checkpoint_names().items()}  # (a checkpoint's names: the model's, or these)
         if self.lora:
             if to_model:  # (renamed lazily: the merge check reads a tensor at a time)
