@@ -151,8 +151,10 @@ def test_checkpoints_are_in_the_hubs_layout_and_load_back_in_either(family, tmp_
     The weight export (the engines' sync) keeps every tensor under the model's names (pacs_fast/causal_lm.py
     ``checkpoint_names`` empty: not the router under the hub's and the fused experts under the model's, a mix no
     tool writes); a checkpoint (``save_hf``) holds what transformers' ``save_pretrained`` writes, the hub's layout,
-    tensor for tensor (pacs_fast/learner/fused_checkpoint.py; the fused tensors had been written). A learner on
-    other weights loads it back to the saved model's bit for bit, and one written under the model's names too."""
+    tensor for tensor (pacs_fast/learner/fused_checkpoint.py; the fused tensors had been written), in one file or a
+    block a file (transformers loads those back exactly). A learner on other weights loads each back to the saved
+    model's bit for bit, and one written under the model's names too."""
+    import transformers as T
     from safetensors.torch import load_file, save_file
 
     from pacs_fast.causal_lm import checkpoint_names
@@ -173,7 +175,12 @@ def test_checkpoints_are_in_the_hubs_layout_and_load_back_in_either(family, tmp_
     assert not any(n.endswith(("experts.gate_up_proj", "experts.down_proj")) for n in ours)
     (tmp_path / "old").mkdir()
     save_file(saved, str(tmp_path / "old" / "model.safetensors"))
-    for folder in ("ours", "old"):
+    learner(model).save_hf(tmp_path / "shards", bucket_bytes=1)  # (a unit a file: each block's experts in one)
+    index = json.loads((tmp_path / "shards" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert index.keys() == hub.keys() and len(set(index.values())) > 3
+    loaded = T.AutoModelForCausalLM.from_pretrained(tmp_path / "shards", dtype=torch.float32).state_dict()
+    assert all(torch.equal(loaded[n], saved[n]) for n in saved)
+    for folder in ("ours", "old", "shards"):
         other = moe_model(family)
         with torch.no_grad():
             for p in other.parameters():
