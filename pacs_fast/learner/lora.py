@@ -33,6 +33,15 @@ LORA_MARK = ".lora_"  # in the state-dict names of PEFT's adapter tensors (lora_
 BASE_MARK = ".base_layer"  # PEFT keeps an adapted layer's own weight under <layer>.base_layer
 
 
+# model_type -> the names model.lora_target_modules may give for the fused experts and router of a family whose own
+# checkpoints hold them as tensors (PEFT maps none of them: tests/test_gpt_oss_path_sweep.py), and the parameters
+# (PEFT's target_parameters) they adapt; all-linear adapts every one. gpt-oss's gate and up rows are interleaved in
+# one tensor: gate_proj and up_proj both name it.
+OWN_FUSED_EXPERTS = {"gpt_oss": {"gate_up_proj": "mlp.experts.gate_up_proj", "gate_proj": "mlp.experts.gate_up_proj",
+                                 "up_proj": "mlp.experts.gate_up_proj", "down_proj": "mlp.experts.down_proj",
+                                 "router": "mlp.router.weight"}}
+
+
 def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, target_modules: str) -> int:
     """Injects LoRA adapters into ``model`` in place (rank ``rank``, scale ``alpha / rank``; ``target_modules``:
     ``all-linear`` (every linear layer but the LM head) or comma-separated module names, e.g. ``q_proj,v_proj``);
@@ -48,9 +57,17 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
         if len(names) > 1:
             raise ValueError(f"{key}: all-linear stands alone (every linear layer but the LM head), not in a list")
         names = []
+    # a family whose experts and router are tensors in its own checkpoints (gpt-oss): PEFT maps no name onto them,
+    # so all-linear left them without adapters (attention alone) and the usual gate/up/down list was refused; they
+    # are PEFT's target_parameters here, as PEFT maps them for the families transformers 5 fuses (Qwen3-MoE, ...)
+    text = getattr(model, "config", None)
+    text = text.get_text_config() if hasattr(text, "get_text_config") else text
+    own = OWN_FUSED_EXPERTS.get(getattr(text, "model_type", None), {})
+    params = sorted(set(own.values())) if own and not names else sorted({own[t] for t in names if t in own})
+    modules = [t for t in names if t not in own]
     config = LoraConfig(r=int(rank), lora_alpha=float(alpha), lora_dropout=float(dropout),
-                        target_modules=names or "all-linear", bias="none",
-                        exclude_modules=outside_language_model(model) or None)
+                        target_modules=modules or (None if names else "all-linear"), bias="none",
+                        target_parameters=params or None, exclude_modules=outside_language_model(model) or None)
     try:
         with warnings.catch_warnings():  # (PEFT's advice on tied embeddings: the head is refused below anyway)
             warnings.simplefilter("ignore", UserWarning)
@@ -74,6 +91,7 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
     adapted = list(lora_layers(model))
     wrapped = {getattr(m, "parameter_name", None) for m in lora_layers(model).values()}
     moved = set(names) - set(config.target_modules or ()) if set(config.target_parameters or ()) & wrapped else set()
+    moved |= {t for t in names if t in own and own[t].rsplit(".", 1)[-1] in wrapped}
     missing = [t for t in names if t not in moved and not any(n == t or n.endswith("." + t) for n in adapted)]
     if missing:
         raise ValueError(f"{key}: {', '.join(missing)} matched no layer of this model (names are module names or "

@@ -116,17 +116,20 @@ def use_attention(model, implementation: str) -> str:
 
     Gemma 2's ``attn_logit_softcapping`` (``cap * tanh(scores / cap)``) is applied by transformers' eager attention
     only: its SDPA (the model's own choice in transformers 5) and :func:`short_attention` left it out, 2.4 nats off
-    per token at a cap of 1 (vLLM applies it); ``"short"`` is refused for such a model.
+    per token at a cap of 1 (vLLM applies it); ``"short"`` is refused for such a model. So are attention sinks
+    (gpt-oss's ``self_attn.sinks``: a per-head logit in each softmax's denominator), which :func:`short_attention`
+    left out: 11.6 nats off on the CPU under ``auto`` (tests/test_gpt_oss_path_sweep.py); ``auto`` takes eager there.
     """
     cap = getattr(model.config.get_text_config(), "attn_logit_softcapping", None)
-    if implementation == "short" and cap:
-        raise ValueError(f"the model soft-caps its attention scores (attn_logit_softcapping={cap}), which short "
-                         f"attention does not: use eager (or auto)")
+    sinks = any(name.endswith("self_attn.sinks") for name, _ in model.named_parameters())
+    if implementation == "short" and (cap or sinks):
+        why = f"soft-caps its attention scores (attn_logit_softcapping={cap})" if cap else "has attention sinks"
+        raise ValueError(f"the model {why}, which short attention does not: use eager (or auto)")
     if implementation == "auto":
         on_cpu = next(model.parameters()).device.type == "cpu"
         if not on_cpu and not cap:
             return model.config._attn_implementation
-        implementation = "eager" if cap else "short"
+        implementation = "eager" if cap or sinks else "short"
     name = register() if implementation == "short" else implementation
     model.set_attn_implementation(name)
     return name

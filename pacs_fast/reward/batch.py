@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Sequence
 
-from pacs_fast.reward.boxes import with_prompt_think
+from pacs_fast.reward.boxes import HARMONY, with_prompt_think
 from pacs_fast.reward.verifier import (DEFAULT_TIME_LIMIT, ERROR, NO_ANSWER, STATUSES, TIMEOUT,
                                        _fast_score, check_extraction, check_time_limit, gold_text, read_part,
                                        score_item, warm_up)
@@ -166,7 +166,8 @@ class BatchScorer:
         extraction: what is read from a response: ``"reference"`` | ``"boxed"`` (pacs_fast/reward/verifier.py).
         think_open: the prompts open a ``<think>`` their responses continue (DeepSeek-R1's generation prompt:
             pacs_fast/reward/boxes.py ``opens_think``): ``"boxed"`` reads each response as ``<think>`` + response,
-            so that a draft box in a response cut inside its thinking is no answer.
+            so that a draft box in a response cut inside its thinking is no answer; ``"harmony"`` (gpt-oss's
+            prompts): each response's final channel alone (``final_channel``).
     """
 
     def __init__(self, num_workers: int | None = None, *, time_limit: float = DEFAULT_TIME_LIMIT,
@@ -184,7 +185,7 @@ class BatchScorer:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.extraction = check_extraction(extraction)
-        self.think_open = bool(think_open)
+        self.think_open = think_open if think_open == HARMONY else bool(think_open)  # (boxes.py opens_think)
         self.num_workers = num_workers
         self.time_limit = float(time_limit)
         self.grace = float(grace)

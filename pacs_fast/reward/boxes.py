@@ -19,6 +19,10 @@
   (a reasoning model's answer, after its thinking: boxes inside ``<think>`` are drafts), or all of it; up to a
   ``<think>`` left open there (a response cut inside its thinking states no answer yet). A prompt that opens the
   ``<think>`` itself (:func:`opens_think`: DeepSeek-R1's) has its responses read as ``<think>`` + response.
+  gpt-oss's harmony prompts (ending ``<|start|>assistant``: :func:`opens_think` says :data:`HARMONY`) leave the
+  channel to the model, which thinks in ``analysis`` then answers in ``final``; its texts, decoded without special
+  tokens, read ``analysis<draft>assistantfinal<answer>``: only the last final message is read
+  (:func:`final_channel`; none yet: no answer).
 
 Pure text functions (str -> str / list[str]), linear time; no math-verify import.
 """
@@ -43,6 +47,11 @@ _CHOICE_BOX_RE = re.compile(r"(\\boxed\{)[ \t]*(?:\\(?:text|textbf|mathrm|mathbf
 
 
 THINK_START, THINK_END = "<think>", "</think>"
+HARMONY = "harmony"  # what opens_think says of a harmony (gpt-oss) prompt
+HARMONY_TURN = "<|start|>assistant"  # the harmony template's generation prompt
+# a final-channel message's start as the engines' texts hold it (special tokens skipped: "<|end|><|start|>assistant
+# <|channel|>final<|message|>" reads "assistantfinal"), and with the tokens kept
+FINAL_STARTS = ("<|channel|>final<|message|>", "assistantfinal")
 
 
 def answer_part(text: str) -> str:
@@ -55,18 +64,35 @@ def answer_part(text: str) -> str:
     return part if j < 0 else part[:j]
 
 
-def opens_think(prompt: str) -> bool:
+def opens_think(prompt: str) -> bool | str:
     """Whether ``prompt`` ends inside a ``<think>`` it opened (DeepSeek-R1's generation prompt ``<｜Assistant｜><think>``
     and others that start the thinking for the model): its responses continue that block, their drafts before their
-    ``</think>``, and ``extraction="boxed"`` reads them as ``<think>`` + response (:func:`answer_part`)."""
+    ``</think>``, and ``extraction="boxed"`` reads them as ``<think>`` + response (:func:`answer_part`).
+    :data:`HARMONY` (truthy) for a harmony prompt (gpt-oss's: the model opens its analysis channel itself), whose
+    responses ``"boxed"`` reads in their final channel alone (:func:`final_channel`)."""
+    if prompt.endswith(HARMONY_TURN):
+        return HARMONY
     return prompt.rfind(THINK_START) > prompt.rfind(THINK_END)
 
 
-def with_prompt_think(responses, think_open: bool, extraction: str):
+def final_channel(text: str) -> str:
+    """The content of a harmony response's last ``final`` message (``"analysismaybe \\boxed{9}assistantfinalSo
+    \\boxed{8}"`` -> ``"So \\boxed{8}"``; a response that opens with it: ``"finalSo ..."``), or ``""`` where it has
+    none (cut in its analysis, or only commentary: its boxes are drafts)."""
+    at = max(text.rfind(m) + len(m) if m in text else -1 for m in FINAL_STARTS)
+    if at >= 0:
+        return text[at:]
+    return text[len("final"):] if text.startswith("final") else ""
+
+
+def with_prompt_think(responses, think_open: bool | str, extraction: str):
     """``responses`` as ``extraction`` reads them: under ``"boxed"``, where the prompts open the ``<think>``
-    (``think_open``: :func:`opens_think`), each text as ``<think>`` + response; else as they are."""
+    (``think_open``: :func:`opens_think`), each text as ``<think>`` + response (harmony's: its final channel,
+    :func:`final_channel`); else as they are."""
     if not (think_open and extraction == "boxed"):
         return responses
+    if think_open == HARMONY:
+        return [final_channel(r) if isinstance(r, str) else r for r in responses]
     return [THINK_START + r if isinstance(r, str) else r for r in responses]
 
 

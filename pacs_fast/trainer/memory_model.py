@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pacs_fast.config.model_files import SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, moe_of
 from pacs_fast.learner.flops import mlp_params
+from pacs_fast.learner.lora import OWN_FUSED_EXPERTS
 from pacs_fast.learner.objective import holds_reference_model
 from pacs_fast.trainer.model_attention import packed_rows_dense, varlen_unsupported, windowed_model  # noqa: F401 (re-export)
 
@@ -55,7 +56,7 @@ def model_shape(cfg) -> dict:
             "kv_heads": int(c.get("num_key_value_heads") or heads), "head_dim": int(c.get("head_dim") or H // heads),
             "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None,
             "tied": _tied(top, Path(cfg.model.path).expanduser()),
-            "bytes": _dtype_bytes(cfg), "softcap": _softcapped(c), "moe": moe_of(c)}
+            "bytes": _dtype_bytes(cfg), "softcap": _softcapped(c), "moe": moe_of(c), "model_type": c.get("model_type")}
 
 
 def _softcapped(c: dict) -> bool:
@@ -150,14 +151,17 @@ def lora_params(shape: dict, rank: int) -> int:
     router and ``rank x E x (2 (H + 2 F_e) + F_e + H)`` on each layer's experts. PEFT's ``all-linear`` leaves a MoE
     model's dense MLPs (``mlp_only_layers``, DeepSeek's first layers, shared experts) without adapters: its mapping
     of the hub's ``gate_proj`` / ``up_proj`` / ``down_proj`` onto the fused experts takes those names from them.
-    (Counting one dense MLP a layer gave 0.13B of Qwen3-30B-A3B's 3.99B adapter parameters at rank 64.)"""
+    (Counting one dense MLP a layer gave 0.13B of Qwen3-30B-A3B's 3.99B adapter parameters at rank 64.) A family
+    whose own checkpoints hold the experts fused (gpt-oss: :data:`pacs_fast.learner.lora.OWN_FUSED_EXPERTS`) takes
+    them at the rank itself, gate and up in one ``[experts, in, 2 F_e]`` tensor."""
     H, hd, kv = shape["hidden"], shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
     q = shape["heads"] * hd
     attention = (H + q) + 2 * (H + kv) + (q + H)
     moe = shape.get("moe")
     if moe:
         E, w = moe["experts"], moe["width"]
-        experts = (H + E) + E * (2 * (H + 2 * w) + (w + H))
+        gate_up = 1 if shape.get("model_type") in OWN_FUSED_EXPERTS else 2  # (the rank of the fused gate and up)
+        experts = (H + E) + E * (gate_up * (H + 2 * w) + (w + H))
         return rank * (shape["layers"] * attention + moe["layers"] * experts)
     mlp = 3 * (H + shape["intermediate"]) if shape["intermediate"] else 0
     return shape["layers"] * rank * (attention + mlp)

@@ -20,6 +20,7 @@ breakdown (``print_learner_memory(load_config("run.yaml", ["key=value"]))``).
 from __future__ import annotations
 
 import copy
+import json
 
 from pathlib import Path
 
@@ -287,6 +288,29 @@ def check_logits_transform(cfg) -> None:
                    if head_map is not None and cfg.learner.backend == "megatron" else "no learner applies it")
         raise ValueError(f"model.path={cfg.model.path}: its config has {why}, a transform of the LM head's logits; "
                          f"{learner}: it would train on other log-probs than the engines sample from; not supported")
+
+
+def check_quantized(cfg) -> None:
+    """ValueError naming ``model.path`` when its ``config.json`` has a ``quantization_config`` (gpt-oss's hub
+    checkpoints: MXFP4 experts as ``*_blocks`` / ``*_scales``), before the model loads. transformers dequantizes
+    MXFP4 to bfloat16 where it has no MXFP4 kernel (the CPU) and keeps it quantized where it has one (its quantizer's
+    ``is_trainable`` is False); on the CPU the run trained bfloat16 experts beside a float32 model and wrote
+    checkpoints whose config.json still said
+    ``quant_method: mxfp4`` over bfloat16 tensors (tests/test_gpt_oss_path_sweep.py). A dequantized copy trains."""
+    folder = Path(cfg.model.path).expanduser() if cfg.model.path else None
+    if folder is None or not (folder / "config.json").is_file():
+        return
+    try:
+        quant = json.loads((folder / "config.json").read_text()).get("quantization_config")
+    except (OSError, ValueError, AttributeError):  # (the loader's own error comes when the model loads)
+        return
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        how = ("transformers' from_pretrained(path, quantization_config=Mxfp4Config(dequantize=True), "
+               "dtype=torch.bfloat16).save_pretrained(copy)" if method == "mxfp4" else "a full-precision copy")
+        raise ValueError(f"model.path={cfg.model.path}: its weights are quantized (config.json quantization_config: "
+                         f"quant_method {method}), which the learner cannot train; give a dequantized copy as "
+                         f"model.path ({how})")
 
 
 def check_lora_targets(cfg) -> None:

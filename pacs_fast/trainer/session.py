@@ -39,8 +39,8 @@ from pacs_fast.trainer.evaluation import eval_line, evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress, begins_at_resume, read_jsonl
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
 from pacs_fast.trainer.preflight import (check_cpus, check_logits_transform, check_lora_targets, check_megatron_model,
-                                         check_memory, check_packed_attention, check_tensor_parallel, memory_warnings,
-                                         model_context, vllm_refusal, vllm_window_warning)
+                                         check_memory, check_packed_attention, check_quantized, check_tensor_parallel,
+                                         memory_warnings, model_context, vllm_refusal, vllm_window_warning)
 from pacs_fast.trainer.problems import (check_context, check_gold_answers, check_token_budget, data_digest,
                                         data_warnings, encode, load_problems, resumed_problems)
 from pacs_fast.trainer.rewards import Scorer, check_callables
@@ -138,6 +138,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         check_megatron_model(cfg)  # and a model megatron's builder cannot reproduce
         check_packed_attention(cfg)  # or learner.packed_attention=varlen cannot run
         check_logits_transform(cfg)  # or a model whose logits the log-prob op cannot reproduce
+        check_quantized(cfg)  # or quantized weights (gpt-oss's MXFP4 experts) the learner cannot train
         check_lora_targets(cfg)  # or LoRA adapters on layers the model does not have
         if not resume and cfg.train.run_name:  # (an automatic name another run took moves on: claim_run_folder)
             check_new_run_dir(run_dir)
