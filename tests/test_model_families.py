@@ -135,7 +135,7 @@ def test_lora_names_the_model_does_not_have_are_refused_before_it_loads(tmp_path
            "o_proj, qkv_proj, gate_up_proj, down_proj" in err, err
     assert not runs.exists()
     for fine in (["model.lora_target_modules=qkv_proj,o_proj"], ["model.lora_target_modules=all-linear"]):
-        check_lora_targets(load_config(None, [f"model.path={folder}", *lora, *fine]))  # (the last one wins)
+        assert check_lora_targets(load_config(None, [f"model.path={folder}", *lora, *fine])) == []  # (the last wins)
 
 
 def test_attention_auto_keeps_gemma2s_attention_soft_capping():

@@ -76,6 +76,46 @@ def test_a_lora_merge_holds_the_experts_adapters(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("listed", [False, True])
+def test_the_dense_mlps_peft_leaves_bare_are_a_warning_line(tmp_path, family, listed):
+    """PEFT maps gate_proj / up_proj / down_proj onto the fused experts by name and takes them from a mixture of
+    experts' dense MLPs too: Qwen3-MoE's ``mlp_only_layers`` (layer 1 here), DeepSeek-V2's first dense layer and
+    its shared experts stay without adapters under all-linear and under each family's usual list (Mixtral's names
+    its experts w1..w3, DeepSeek-V2's its MLA projections). The preflight now says so in one warning line naming the
+    count (silent before); Mixtral, whose every layer is experts, gets none."""
+    from pacs_fast.config import load_config
+    from pacs_fast.learner.lora import add_lora, bare_linears, lora_layers
+    from pacs_fast.trainer.preflight import check_lora_targets
+
+    usual = {"qwen3_moe": "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+             "mixtral": "q_proj,k_proj,v_proj,o_proj,w1,w2,w3",
+             "deepseek_v2": "q_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,gate_proj,up_proj,down_proj"}[family]
+    targets = usual if listed else "all-linear"
+    import warnings
+
+    model = moe_model(family)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # (PEFT said the doubled rank of gate_up_proj was ignored)
+        add_lora(model, rank=2, alpha=4, dropout=0.0, target_modules=targets)
+    ranks = {m.parameter_name: m.r["default"] for m in lora_layers(model).values() if hasattr(m, "parameter_name")}
+    assert ranks.get("gate_up_proj", 4) == 4 and ranks.get("down_proj", 2) == 2, ranks  # (doubled: gate and up)
+    bare = bare_linears(model, targets)
+    dense = {"qwen3_moe": [f"model.layers.1.mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj")],
+             "mixtral": [],
+             "deepseek_v2": [f"model.layers.{i}.mlp.{s}{p}" for i, s in ((0, ""), (1, "shared_experts."),
+                                                                        (2, "shared_experts."))
+                             for p in ("gate_proj", "up_proj", "down_proj")]}[family]
+    assert sorted(bare) == sorted(dense) and not set(bare) & set(lora_layers(model))
+    moe_config(family).save_pretrained(tmp_path)
+    lines = check_lora_targets(load_config(None, [f"model.path={tmp_path}", "model.lora_rank=2",
+                                                  f"model.lora_target_modules={targets}"]))
+    assert len(lines) == (1 if dense else 0), lines
+    if dense:
+        assert f"PEFT leaves {len(dense)} of the linear layers it names without adapters" in lines[0], lines
+        assert dense[0] in lines[0] or bare[0] in lines[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_memory_model_counts_every_expert(tmp_path, family):
     """``model_params`` from ``config.json`` against the built model's parameter count: a lower bound (norms and
     biases left out: under 1% at hidden 256; DeepSeek's MLA low-rank projections are counted as plain attention:

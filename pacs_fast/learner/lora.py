@@ -71,6 +71,9 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
     try:
         with warnings.catch_warnings():  # (PEFT's advice on tied embeddings: the head is refused below anyway)
             warnings.simplefilter("ignore", UserWarning)
+            # (and on a MoE its word that the doubled rank and alpha of the fused gate_up_proj "were ignored": they
+            # were applied, r = 2 x model.lora_rank there; it printed two lines of PEFT's source at every start)
+            warnings.filterwarnings("ignore", r"The following (rank|alpha)_pattern keys did not match", RuntimeWarning)
             inject_adapter_in_model(config, model)
     except ValueError as e:
         text = " ".join(str(e).split())
@@ -120,6 +123,25 @@ def outside_language_model(model: torch.nn.Module) -> list[str]:
     head = lm_head(model)
     return [n for n, m in model.named_modules()
             if isinstance(m, torch.nn.Linear) and m is not head and not n.startswith(prefix + ".")]
+
+
+def bare_linears(model: torch.nn.Module, target_modules: str) -> list[str]:
+    """The linear layers of the language model that ``target_modules`` names (``all-linear``: each but the LM head)
+    and that took no adapters in :func:`add_lora`. PEFT maps the hub's expert names (``gate_proj``, ``up_proj``,
+    ``down_proj``; Mixtral's ``w1``..``w3``) onto a transformers 5 mixture of experts' fused experts by the name alone,
+    taking them from its dense MLPs too: DeepSeek-V2's first layers and shared experts, Qwen2-MoE's shared expert,
+    Qwen3-MoE's ``mlp_only_layers`` stay bare under ``all-linear`` and under the usual list alike. Empty elsewhere."""
+    names = [t.strip() for t in target_modules.split(",") if t.strip()]
+    every = any(t.lower() == "all-linear" for t in names)
+    head, outside, adapted = lm_head(model), set(outside_language_model(model)), lora_layers(model)
+    bare = []
+    for name, m in model.named_modules():
+        if (not isinstance(m, torch.nn.Linear) or m is head or name in outside or name in adapted
+                or LORA_MARK in name or name.endswith(BASE_MARK)):
+            continue
+        if every or any(name == t or name.endswith("." + t) for t in names):
+            bare.append(name)
+    return bare
 
 
 def linear_names(model: torch.nn.Module) -> list[str]:

@@ -313,33 +313,42 @@ def check_quantized(cfg) -> None:
                          f"model.path ({how})")
 
 
-def check_lora_targets(cfg) -> None:
+def check_lora_targets(cfg) -> list[str]:
     """ValueError naming ``model.lora_target_modules`` when its names match no linear layer of the model (Phi-3 has
     ``qkv_proj`` where Llama has ``q_proj``), from the model built on the meta device from its ``config.json`` (no
     weights: well under a second at 7B) with the adapters put in (:func:`pacs_fast.learner.lora.add_lora`), before the
-    model loads; it was refused after the model had loaded."""
+    model loads; it was refused after the model had loaded. Returns the warning lines: linear layers the setting
+    names that PEFT leaves without adapters (:func:`pacs_fast.learner.lora.bare_linears`: a mixture of experts'
+    dense MLPs, which had stayed model.path's without a word)."""
     if not cfg.model.lora_rank or cfg.learner.backend != "torch" or not cfg.model.path:
-        return
+        return []
     folder = Path(cfg.model.path).expanduser()
     if not (folder / "config.json").is_file():
-        return
+        return []
     import torch
     from transformers import AutoConfig
 
     from pacs_fast.causal_lm import auto_model_class
-    from pacs_fast.learner.lora import add_lora
+    from pacs_fast.learner.lora import add_lora, bare_linears
     try:
         with torch.device("meta"):
             config = AutoConfig.from_pretrained(folder)
             model = auto_model_class(config).from_config(config)
     except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
-        return
+        return []
     m = cfg.model
     # (on the meta device too: PEFT makes a fused MoE's expert adapters on the default device before moving them to
     # their base's, 3.99B random fp32 weights for Qwen3-30B-A3B at rank 64: 30 s where this check takes 3)
     with torch.device("meta"):
         add_lora(model, rank=m.lora_rank, alpha=m.lora_alpha or 2.0 * m.lora_rank, dropout=m.lora_dropout,
                  target_modules=m.lora_target_modules)
+    bare = bare_linears(model, m.lora_target_modules)
+    if not bare:
+        return []
+    return [f"model.lora_target_modules={m.lora_target_modules}: PEFT leaves {len(bare)} of the linear layers it "
+            f"names without adapters (e.g. {', '.join(bare[:3])}): it maps gate_proj / up_proj / down_proj onto a "
+            f"mixture of experts' fused experts by name, and takes them from its dense MLPs (first layers, shared "
+            f"experts) as well; those stay model.path's weights"]
 
 
 def check_packed_attention(cfg) -> None:

@@ -139,7 +139,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         check_packed_attention(cfg)  # or learner.packed_attention=varlen cannot run
         check_logits_transform(cfg)  # or a model whose logits the log-prob op cannot reproduce
         check_quantized(cfg)  # or quantized weights (gpt-oss's MXFP4 experts) the learner cannot train
-        check_lora_targets(cfg)  # or LoRA adapters on layers the model does not have
+        lora_lines = check_lora_targets(cfg)  # or LoRA adapters on layers the model does not have
         if not resume and cfg.train.run_name:  # (an automatic name another run took moves on: claim_run_folder)
             check_new_run_dir(run_dir)
         quiet_warnings(cfg, is_main=True)  # megatron's import-time notes
@@ -178,7 +178,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     layout = [] if not (cfg.learner.distributed_optimizer and world.dp == 1) else [
         "learner.distributed_optimizer=true has no effect with one data-parallel group (it shards AdamW's state "
         "over two or more)"]
-    for line in unused_settings(cfg) + layout + hazard_warnings(cfg) + correction_warnings(cfg) + memory_warnings(cfg):
+    for line in (unused_settings(cfg) + layout + hazard_warnings(cfg) + correction_warnings(cfg)
+                 + memory_warnings(cfg) + lora_lines):
         log(f"warning: {line}")
     if shared:
         log(f"other processes keep {shared[1]:.1f} of this machine's CPUs busy: {shared[0]} torch thread(s) "
