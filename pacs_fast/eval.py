@@ -246,9 +246,9 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
     from pacs_fast.rollout.base import SamplingParams
     from pacs_fast.rollout.stop_strings import special_token_warning
 
-    from transformers import AutoTokenizer
+    from pacs_fast.data.tokenizer_files import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = load_tokenizer(args.model, key="--model")
     if prompt_kwargs(args)["system"] and has_chat_template(tokenizer) and not takes_system_message(tokenizer):
         print("note: the chat template of --model takes no system message: the system prompt goes first in the user "
               "message (pacs_fast/data/prompts.py)", file=sys.stderr)  # (as the trainer says; eval said nothing)

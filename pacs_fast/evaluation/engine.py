@@ -59,12 +59,11 @@ def vllm_cpu_sizes(args, sets, todo, ns) -> dict:
         return {**sizes, **cpu}
     if torch.cuda.is_available():
         return {}
-    from transformers import AutoTokenizer
-
     from pacs_fast.data.prompts import encode_prompts
+    from pacs_fast.data.tokenizer_files import load_tokenizer
     from pacs_fast.rollout.vllm_setup import CPU_MAX_NUM_SEQS, derived_max_model_len
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = load_tokenizer(args.model, key="--model")
     longest = max(len(p) for b in sets
                   for p in encode_prompts(tokenizer, [sets[b][i].problem for i in todo[b]], **prompt_kwargs(args)))
     sequences = max(args.samples_per_call, *ns.values())  # one call: samples_per_call // n prompts, n samples each
@@ -89,11 +88,10 @@ def rope_factors(args, sets) -> dict:
     if engine_and_dtype(args)[0] == "vllm" and args.max_model_len:
         args.rope_context = args.max_model_len
     else:
-        from transformers import AutoTokenizer
-
         from pacs_fast.data.prompts import encode_prompts
+        from pacs_fast.data.tokenizer_files import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        tokenizer = load_tokenizer(args.model, key="--model")
         texts = [p.problem for problems in sets.values() for p in problems]
         longest = max(map(len, encode_prompts(tokenizer, texts, **prompt_kwargs(args))), default=0)
         args.rope_context = longest + args.max_tokens

@@ -96,10 +96,9 @@ def engine_process_engine(cfg: Config, info: dict, n_engines: int):
                           gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                           lm_head_fp32=cfg.model.lm_head_fp32, **colocated_engine_kwargs(tp, n_engines),
                           **vllm_cpu_sizes(cfg, info["model_path"], tp))
-    from transformers import AutoTokenizer
-
+    from pacs_fast.data.tokenizer_files import load_tokenizer
     from pacs_fast.rollout.hf import HFEngine
-    tokenizer = AutoTokenizer.from_pretrained(info["model_path"])
+    tokenizer = load_tokenizer(info["model_path"], key="model.path")
     engine = HFEngine(info["model_path"], tokenizer, device=resolve_device(cfg), dtype=hf_dtype,
                       batch_size=info["batch_size"], lm_head_fp32=cfg.model.lm_head_fp32)
     set_attention(engine.model, cfg.model.attention)

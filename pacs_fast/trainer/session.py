@@ -24,6 +24,7 @@ from pacs_fast.config.model_files import vocab_problem
 from pacs_fast.data.prompt_date import pinned_date_kwargs, today
 from pacs_fast.data.prompts import (build_prompt, has_chat_template, prompt_warnings,
                                     takes_system_message, template_kwargs_effect)
+from pacs_fast.data.tokenizer_files import load_tokenizer
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.openmp import threads_beside_other_jobs
 from pacs_fast.reward.boxes import opens_think
@@ -200,8 +201,7 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         model_path, timings = find_model(cfg, train_problems, world, log)
         if newest:
             check_same_model_files(run_dir, model_path, newest)
-        from transformers import AutoTokenizer
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = load_tokenizer(model_path, key="model.path")
         problem = vocab_problem(model_path, len(tokenizer))  # (validation read the files; this, the loaded one)
         if problem:
             raise ValueError(f"model.path {str(model_path)!r}: {problem}")
