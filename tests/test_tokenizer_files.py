@@ -1,7 +1,9 @@
-"""A model folder whose tokenizer files are damaged (a partial download) stops a run or an eval with one line naming
-the setting, the folder and, where it does not parse, the file (pacs_fast/data/tokenizer_files.py). A truncated
-``tokenizer.json`` had given "error: Expecting value: line 388 column 16 (char 6571)" with no file named, and one of
-the wrong shape (valid JSON) transformers' traceback (``KeyError: 'added_tokens'``)."""
+"""A model folder whose tokenizer or generation files are damaged (a partial download) stops a run or an eval with
+one line naming the setting, the folder and, where it does not parse, the file, before any model loads
+(pacs_fast/config/model_files.py ``json_file_problem``, pacs_fast/data/tokenizer_files.py). A truncated
+``tokenizer.json`` had given "error: Expecting value: line 388 column 16 (char 6571)" with no file named, one of
+the wrong shape (valid JSON) transformers' traceback (``KeyError: 'added_tokens'``), and a truncated
+``generation_config.json`` nothing at all: transformers logged a warning and the run went on without its stop ids."""
 import json
 
 import pytest
@@ -48,16 +50,26 @@ def test_a_damaged_tokenizer_json_is_one_line_naming_the_folder_and_the_file(fol
     said = str(e.value)
     assert said.startswith(f"--model {str(copy)!r}: its tokenizer cannot be loaded (") and "\n" not in said, said
     if kind == "truncated":
-        assert f"{copy / 'tokenizer.json'}: not valid JSON (JSONDecodeError: " in said, said
+        assert f"{copy / 'tokenizer.json'} is not valid JSON (JSONDecodeError: " in said, said
     else:  # (valid JSON: transformers' own error, in the line)
         assert "KeyError" in said, said
 
 
-def test_the_trainer_stops_in_one_line_before_any_model_loads(folder, tmp_path, capsys):
-    text = (folder / "tokenizer.json").read_text()
-    copy = damaged(folder, tmp_path, text[:1000])
+@pytest.mark.parametrize("name", ["tokenizer.json", "generation_config.json"])
+def test_train_and_eval_stop_in_one_line_before_any_model_loads(folder, tmp_path, capsys, name):
+    from pacs_fast.eval import main as eval_main
+
+    copy = damaged(folder, tmp_path, (folder / "tokenizer.json").read_text())
+    (copy / name).unlink()
+    (copy / name).write_text((folder / name).read_text()[:40])
+    said = f"{copy / name} is not valid JSON (JSONDecodeError: "
     code, err = cli([f"model.path={copy}", "data.dataset=math500", f"train.out_dir={tmp_path / 'runs'}",
                      "train.steps=1"], capsys)
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
-    said = f"error: model.path {str(copy)!r}: its tokenizer cannot be loaded ({copy / 'tokenizer.json'}: not valid"
-    assert err.startswith(said), err
+    assert err.startswith(f"error: model.path {str(copy)!r}: {said}"), err
+    assert err.rstrip().endswith("copy the model's files again"), err
+    assert not (tmp_path / "runs").exists()
+    code = eval_main(["--model", str(copy), "--benchmarks", "math500", "--out", str(tmp_path / "eval")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: --model {copy}: {said}"), err
+    assert not (tmp_path / "eval").exists()

@@ -189,6 +189,26 @@ def safetensors_problem(path: str | Path) -> str | None:
     return None
 
 
+# the JSON files a model folder's tokenizer and generation read beside config.json (transformers reads a damaged
+# generation_config.json with a logged warning and goes on without its stop ids and sampling defaults)
+MODEL_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "vocab.json", "generation_config.json")
+
+
+def json_file_problem(folder: str | Path, names=MODEL_JSON_FILES) -> str | None:
+    """``"<file> is not valid JSON (...)"`` for the first of ``names`` in ``folder`` that does not parse (a partial
+    download or a damaged copy), else None."""
+    for name in names:
+        file = Path(folder) / name
+        if not file.is_file():
+            continue
+        try:
+            json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            return f"{file} is not valid JSON ({type(e).__name__}: {e})"
+    return None
+
+
 def config_problem(folder: str | Path) -> str | None:
     """Why transformers cannot build the configuration of ``folder``'s ``config.json`` (its own checks: e.g.
     ``layer_types`` of another length than ``num_hidden_layers``), or None. Without this a damaged config
@@ -307,8 +327,9 @@ def broken_link_problem(folder: str | Path) -> str | None:
 def model_folder_problem(path: str | Path) -> str | None:
     """What keeps the existing ``path`` from being a usable Hugging Face model folder, as the rest of a sentence
     that starts with its name (``" is a file; ..."``, ``": <problem>"``), else None: a file, an unfinished
-    checkpoint, no ``config.json``, no tokenizer files, a config, weights or vocabulary that cannot load. Read by
-    ``model.path`` (pacs_fast/config/paths.py) and the eval command's ``--model`` (pacs_fast/evaluation/args.py)."""
+    checkpoint, no ``config.json``, no tokenizer files, a config, tokenizer or generation JSON file, weights or
+    vocabulary that cannot load. Read by ``model.path`` (pacs_fast/config/paths.py) and the eval command's
+    ``--model`` (pacs_fast/evaluation/args.py)."""
     path = Path(path)
     if not path.is_dir():
         return (f" is a file; give the Hugging Face model folder (the one holding config.json)"
@@ -332,6 +353,9 @@ def model_folder_problem(path: str | Path) -> str | None:
     problem = config_problem(path)
     if problem:
         return f": {problem}"
+    problem = json_file_problem(path)
+    if problem:
+        return f": {problem}; copy the model's files again"
     if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
         return f" has no weights file ({' or '.join(WEIGHT_FILES)}): copy the model's weights into that folder"
     problem = weights_problem(path)
