@@ -85,6 +85,8 @@ import torch
 from pacs_fast.data.prompts import INSTRUCTION, SYSTEM_PROMPT
 from pacs_fast.trainer.metrics import read_jsonl
 from test_llama3_path_sweep import _data, check_batch, check_completion
+from test_qwen3_moe_path_sweep import response_gap
+from test_qwen3_path_sweep import forced_completion
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -654,14 +656,6 @@ def row_refs(model, batch) -> list[torch.Tensor]:
     return out
 
 
-def response_gap(got, batch, refs) -> float:
-    gap = 0.0
-    for r, ref in enumerate(refs):
-        mask = batch["response_mask"][r, 1:len(ref) + 1] > 0
-        gap = max(gap, float((got[r, 1:len(ref) + 1][mask].double() - ref[mask]).abs().max()))
-    return gap
-
-
 def gpt_oss_prompt(user: str, system: str | None, date: str) -> str:
     """The hub template's generation prompt, by hand: its own system message (identity, cutoff, date, reasoning
     effort, channels), ours as the developer message's instructions, the user turn, ``<|start|>assistant``."""
@@ -800,16 +794,8 @@ def forcing(kinds: list[str], limit: int = MAX_NEW):
         for p, cs in zip(prompts, comps):
             a, b = re.search(r"What is (\d+) plus (\d+)\?", tok.decode(p)).groups()
             for k, kind in enumerate(kinds[:len(cs)]):
-                ids = harmony_ids(tok, int(a) + int(b), kind, limit)
-                with torch.no_grad():
-                    logits = engine.model(input_ids=torch.tensor([list(p) + ids])).logits[0, len(p) - 1:-1, :TOKENS]
-                lps = logits.float().log_softmax(-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
-                asked = cs[k].logprobs is not None
-                row = ids + [engine.pad_id] * (len(ids) < limit)
-                lp = torch.cat([lps, torch.zeros(len(row) - len(ids))])[None]
-                cs[k] = engine._completions(torch.tensor([row]), lp)[0]
-                if not asked:
-                    cs[k].logprobs = None
+                cs[k] = forced_completion(engine, p, harmony_ids(tok, int(a) + int(b), kind, limit), limit,
+                                          cs[k].logprobs is not None)
         return comps
     return force
 

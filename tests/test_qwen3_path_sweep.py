@@ -593,18 +593,26 @@ def forcing(kind: str):
         tok = engine.tokenizer
         for i, (p, cs) in enumerate(zip(prompts, comps)):
             for k in range(min(len(cs), 3 if kind == "think" else 2)):
-                ids = forced_ids(tok, _gold(tok, p), kind, k, i)
-                with torch.no_grad():
-                    logits = engine.model(input_ids=torch.tensor([list(p) + ids])).logits[0, len(p) - 1:-1, :TOKENS]
-                lps = logits.float().log_softmax(-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
-                asked = cs[k].logprobs is not None
-                row = ids + [engine.pad_id] * (len(ids) < MAX_NEW)
-                lp = torch.cat([lps, torch.zeros(len(row) - len(ids))])[None]
-                cs[k] = engine._completions(torch.tensor([row]), lp)[0]
-                if not asked:
-                    cs[k].logprobs = None
+                cs[k] = forced_completion(engine, p, forced_ids(tok, _gold(tok, p), kind, k, i), MAX_NEW,
+                                          cs[k].logprobs is not None)
         return comps
     return force
+
+
+def forced_completion(engine, prompt, ids, limit: int, logprobs: bool):
+    """The HF engine's completion of ``prompt`` had it sampled ``ids`` (then its pad id, past the end, when under
+    ``limit`` tokens): cut and decoded by the engine's own ``_completions``, with the policy's log-probs over the
+    real ids (as the engine gives them; none unless ``logprobs``)."""
+    with torch.no_grad():  # (over the tokenizer's ids: the padded head rows are never drawn)
+        logits = engine.model(input_ids=torch.tensor([list(prompt) + ids])).logits[0, len(prompt) - 1:-1]
+    logits = logits[:, :len(engine.tokenizer)]
+    lps = logits.float().log_softmax(-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+    row = ids + [engine.pad_id] * (len(ids) < limit)
+    lp = torch.cat([lps, torch.zeros(len(row) - len(ids))])[None]
+    completion = engine._completions(torch.tensor([row]), lp)[0]
+    if not logprobs:
+        completion.logprobs = None
+    return completion
 
 
 TRAIN = [f"rollout.n={G}", "rollout.eval_n=2", f"rollout.max_new_tokens={MAX_NEW}", f"train.prompts_per_step={P}",
