@@ -61,13 +61,14 @@ Found and fixed (each test failed before its fix, shown by reverting that fix's 
    nats a token off the learner one step on); refused before any model loads (pacs_fast/rollout/vllm_setup.py
    ``RELOAD_KEEPS``), eval's vLLM engine (no sync) let run.
 
-Seen, not changed: the template's "Current date" comes from ``strftime_now`` with no ``date_string`` to pin it, so
-the trainer and eval warn that a resume on another day renders other prompts (Llama 3.2's date is pinned through
-``date_string``; gpt-oss's cannot be without overriding the template's clock: pacs_fast/data/prompt_date.py, not
-edited here). Under the default ``reference`` extraction a draft box or number in an unfinished analysis pays, as
-R1's thinking does (README "Unstated answers pay under the reference"). The reading of the final channel works on
-the texts as the engines decode them (special tokens skipped: "assistantfinal" marks it); texts keeping the tokens
-(``<|channel|>final<|message|>``) are read too.
+The template's "Current date" comes from ``strftime_now`` with no ``date_string`` to pin it: a resume on another
+day had rendered other prompts (a warning said so); its clock is now stopped at the first session's date, a template
+variable ``strftime_now`` (pacs_fast/data/prompt_date.py; the resume test runs on another day).
+
+Seen, not changed: under the default ``reference`` extraction a draft box or number in an unfinished analysis pays,
+as R1's thinking does (README "Unstated answers pay under the reference"). The reading of the final channel works
+on the texts as the engines decode them (special tokens skipped: "assistantfinal" marks it); texts keeping the
+tokens (``<|channel|>final<|message|>``) are read too.
 """
 from __future__ import annotations
 
@@ -1050,16 +1051,22 @@ def test_a_lora_runs_checkpoint_merges_the_experts_adapters_and_loads_back(runs)
 # ------------------------------------------------------------------------------------------- --resume
 
 def test_resume_after_step_1_gives_the_uninterrupted_runs_records_samples_and_weights(runs, tmp_path):
-    """The full run as a SIGKILL leaves it while step 2 wrote its checkpoint, then ``--resume``: its records
-    (timings aside), samples.jsonl and checkpoint 2's tensors equal the uninterrupted run's bit for bit."""
+    """The full run as a SIGKILL leaves it while step 2 wrote its checkpoint, then ``--resume`` on another day: its
+    records (timings aside), samples.jsonl (prompts included) and checkpoint 2's tensors equal the uninterrupted
+    run's bit for bit: the template's "Current date" (``strftime_now``, no ``date_string``) is the first session's,
+    its clock stopped there (pacs_fast/data/prompt_date.py; the resume had rendered its own day)."""
+    from datetime import datetime
+
     from safetensors.torch import load_file
 
     from conftest import copy_as_killed_in_checkpoint
     from pacs_fast.trainer.metrics import deterministic_view
+    from test_llama3_path_sweep import clock
 
     full = runs["full"]
     dest = copy_as_killed_in_checkpoint(full["run"], tmp_path / "full", step=2)
-    resumed = train(full["folder"], full["tok"], [], None, None, resume=dest)
+    with pytest.MonkeyPatch.context() as mp, clock(mp, datetime.now().day % 28 + 1):  # (not the first session's)
+        resumed = train(full["folder"], full["tok"], [], None, None, resume=dest)
     assert "Traceback" not in resumed["output"], resumed["output"]
     one, two = (deterministic_view(read_jsonl(r["run"] / "metrics.jsonl")) for r in (full, resumed))
     assert [r["step"] for r in two if r["kind"] == "train"] == [1, 2] and one == two

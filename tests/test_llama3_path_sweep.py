@@ -752,9 +752,11 @@ def test_a_resume_on_the_next_day_trains_and_evaluates_the_first_days_prompts(tm
     assert (settings["prompt_date"], settings["template_kwargs"]) == ("06 Dec 2026", {})
 
 
-def test_a_date_the_user_gives_is_kept_and_a_clock_date_string_cannot_set_is_a_warning(tmp_path):
+def test_a_date_the_user_gives_is_kept_and_a_clock_date_string_cannot_set_is_stopped(tmp_path):
     """pacs_fast/data/prompt_date.py: a date_string in the user's kwargs is theirs (nothing pinned, no line); a
-    template that never reads the clock gets nothing; one whose clock date_string does not set is a warning."""
+    template that never reads the clock gets nothing; one whose clock date_string does not set (gpt-oss's, SmolLM3's)
+    gets a stopped clock, the template variable ``strftime_now`` (it had been a warning that a resume on another
+    day renders other prompts); one that reads the clock and writes nothing of it, the warning still."""
     from transformers import AutoTokenizer
 
     from pacs_fast.data.prompt_date import pinned_date_kwargs
@@ -771,6 +773,10 @@ def test_a_date_the_user_gives_is_kept_and_a_clock_date_string_cannot_set_is_a_w
     assert pinned_date_kwargs(tok, {}, "06 Dec 2026", **kw) == ({}, None, None)
     tok.chat_template = "{{ bos_token }}{{ strftime_now('%Y-%m-%d') }}{% for m in messages %}{{ m['content'] }}" \
                         "{% endfor %}"
+    kwargs, date, line = pinned_date_kwargs(tok, {"x": 1}, "06 Dec 2026", **kw)
+    assert set(kwargs) == {"x", "strftime_now"} and date == "06 Dec 2026" and line.endswith("(its clock is stopped)")
+    assert tok.apply_chat_template([{"role": "user", "content": "Q"}], tokenize=False, **kwargs).endswith("2026-12-06Q")
+    tok.chat_template = "{% set now = strftime_now('%Y') %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
     got = pinned_date_kwargs(tok, {}, "06 Dec 2026", **kw)
     assert got[:2] == ({}, None) and got[2].startswith("warning: the chat template writes the day it renders a prompt "
                                                        "(strftime_now) and date_string does not set it: a --resume")
