@@ -50,6 +50,28 @@ def prompt_parts(system_prompt: str = "pacs", instruction: str = "pacs") -> tupl
     return pick(system_prompt, SYSTEM_PROMPT), pick(instruction, INSTRUCTION)
 
 
+def template_format_request(tokenizer, system: str | None, instruction: str | None,
+                            template_kwargs: dict | None = None) -> str | None:
+    """The request for an answer format (:data:`FORMAT_REQUEST`) in the chat template's own default system message,
+    when the prompts leave it to the template (``system`` None or empty) and ``instruction`` appends one to each
+    problem as well: two instructions in one prompt (Qwen2.5-Math's template writes "Please reason step by step,
+    and put your final answer within \\boxed{}." as its system message, the paper's instruction word for word).
+    That sentence, or None."""
+    if system or not instruction or not has_chat_template(tokenizer):
+        return None
+    try:
+        alone = build_prompt(tokenizer, "\u2063", system=None, instruction=None, template_kwargs=template_kwargs)
+    except Exception:  # (a template that cannot render this is reported where the prompts are built)
+        return None
+    head = alone.split("\u2063", 1)[0]  # what the template writes before the user's text
+    found = FORMAT_REQUEST.search(head)
+    if not found:
+        return None
+    start = max(head.rfind("\n", 0, found.start()), head.rfind(">", 0, found.start())) + 1
+    end = found.end() + (head[found.end():found.end() + 1] == ".")
+    return head[start:end].strip()
+
+
 def user_text(problem: str, instruction: str | None = INSTRUCTION) -> str:
     """The user message: the problem, a space, the instruction (as PACS builds it). A problem that already
     ends with the instruction (a dataset prepared in this format) is left as it is, not given it twice."""

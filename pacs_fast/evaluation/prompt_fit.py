@@ -66,12 +66,19 @@ def prompt_build_warnings(args, tokenizer, sets, todo) -> list[str]:
     (:func:`pacs_fast.data.prompts.prompt_warnings`), for the problems asked for, each with its benchmark's name:
     problems that already hold the template's tokens (wrapped in it a second time), a template without an
     assistant header, an end of turn that is not a stop token (a base model under its instruct template: each
-    response ran past its turn to ``--max-tokens``, the verifier reading what followed). Eval had none of them."""
-    from pacs_fast.data.prompts import prompt_warnings
+    response ran past its turn to ``--max-tokens``, the verifier reading what followed), and a template whose own
+    system message (``--system-prompt ''``) asks for an answer format while ``--instruction`` appends one
+    (:func:`pacs_fast.data.prompts.template_format_request`). Eval had none of them."""
+    from pacs_fast.data.prompts import prompt_warnings, template_format_request
     from pacs_fast.rollout.base import folder_stop_ids
 
     stop_ids = folder_stop_ids(args.model, tokenizer)
     lines: list[str] = []
+    asked = template_format_request(tokenizer, **prompt_kwargs(args))
+    if asked:  # (Qwen2.5-Math's template: its default system message is the paper's instruction)
+        lines.append(f"--system-prompt '' leaves the system message to the chat template, whose own already asks for "
+                     f"an answer format ({asked!r}), and --instruction appends one to each problem as well: two "
+                     f"instructions in one prompt; give --instruction '' to keep the template's alone")
     for bench, problems in sets.items():
         for line in prompt_warnings(tokenizer, [problems[i].problem for i in todo[bench]], stop_ids,
                                     length_key="--max-tokens"):

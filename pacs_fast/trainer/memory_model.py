@@ -14,7 +14,8 @@ with and without ``model.gradient_checkpointing``) and the log-prob workspace.
 For the rollout, what is estimated is the peak of one decode step of the Hugging Face engine: for every row of a
 chunk (``max(rollout.n, engine batch)`` rows) four fp32 vocabulary-sized tensors (the logits, their
 temperature-scaled copy, the probabilities and the sampler's scratch), plus the rows' KV cache for
-``data.max_prompt_tokens + rollout.max_new_tokens`` tokens; model weights and activations come on top.
+``data.max_prompt_tokens + rollout.max_new_tokens`` tokens (within the model's context: :func:`row_limits`); model
+weights and activations come on top.
 vLLM manages its own memory (``rollout.gpu_memory_utilization``) and is not estimated here.
 """
 from __future__ import annotations
@@ -122,10 +123,30 @@ def engine_rows(cfg) -> int:
     return max(engine_row_terms(cfg).values())
 
 
+def row_limits(cfg) -> tuple[int, int, int]:
+    """``(prompt, response, row)``: the most tokens a run's prompt, response and row (prompt + response) hold:
+    ``data.max_prompt_tokens``, ``rollout.max_new_tokens`` and their sum, within the model's context where its
+    config.json gives one (:func:`pacs_fast.config.model_files.trained_positions`): both engines refuse a prompt
+    that fills it and end a response there. (Qwen2.5-Math's 4,096 at ``rollout.max_new_tokens=8192`` had been
+    sized as rows of 8,704 tokens: the learner's activations and the engine's cache twice what any row needs.)"""
+    P, R = cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
+    context = None
+    if cfg.model.path:
+        from pacs_fast.config.model_files import trained_positions
+
+        try:
+            context = trained_positions(Path(cfg.model.path).expanduser())
+        except Exception:  # noqa: BLE001 - an unreadable config: the sum, as before (its own error comes later)
+            context = None
+    if not context or context < 2:
+        return P, R, P + R
+    return min(P, context - 1), min(R, context - 1), min(P + R, context)
+
+
 def hf_engine_bytes(cfg, shape: dict) -> int:
     rows = engine_rows(cfg)
     logits = VOCAB_COPIES * rows * shape["vocab"] * 4
-    tokens = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens  # the cache holds the prompt too
+    tokens = row_limits(cfg)[2]  # the cache holds the prompt too
     b = shape["bytes"] if cfg.rollout.dtype == "auto" else _bytes_of(cfg.rollout.dtype)  # (an HF copy's rollout.dtype)
     kv = rows * shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * tokens * b
     return logits + kv
@@ -360,11 +381,17 @@ def logprob_workspace_bytes(shape: dict, tokens: int, *, device: str = "cuda", l
 
 def group_tokens(cfg) -> int:
     """Tokens of one group of full-length rows as the learner runs it: ``G (P + R)``, or ``P + G R``
-    with the shared-prefix forward (torch, no full recompute, ``learner.packing`` not ``on``, no sliding window)."""
-    G, P, R = cfg.rollout.n, cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
+    with the shared-prefix forward (torch, no full recompute, ``learner.packing`` not ``on``, no sliding window);
+    rows within the model's context (:func:`row_limits`: the shared prompt's length that makes the most tokens)."""
+    G, (P, R, S) = cfg.rollout.n, row_limits(cfg)
     shared = (cfg.learner.backend == "torch" and cfg.learner.shared_prefix and recompute_of(cfg) != "full"
               and cfg.learner.packing != "on" and not windowed_model(cfg))  # (a window: the padded forward)
-    return P + G * R if shared else G * (P + R)
+    if not shared:
+        return G * S
+    if S == P + R:  # (no context, or rows within it)
+        return P + G * R
+    prompt = min(max(S - R, 1), P)  # (a prompt of S - R tokens leaves each response R; longer ones leave less)
+    return prompt + G * min(R, S - prompt)
 
 
 def run_device(cfg) -> str:
@@ -408,7 +435,7 @@ def learner_memory(cfg, shape: dict | None = None, *, tokens: int | None = None,
     lc, tp = cfg.learner, max(cfg.learner.tp_size, 1)
     if tokens is None:
         tokens = largest_micro_batch(cfg)
-    longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    longest = row_limits(cfg)[2]
     # megatron's dense-mask packed forward is its local DotProductAttention: [b, heads, S, S] scores kept for the
     # backward, as eager attention's (its THD rows and its padded rows, a causal kernel, never build them)
     megatron_scores = lc.backend == "megatron" and lc.packing != "off" and lc.packed_attention == "dense"

@@ -30,7 +30,7 @@ from pacs_fast.config.validation import splits_groups
 from pacs_fast.trainer.memory_model import (GiB, engine_row_terms, engine_rows, format_learner_memory, group_tokens,
                                             hf_engine_bytes, largest_micro_batch, learner_bytes, learner_layout,
                                             learner_memory, lora_params, master_weights, model_params, model_shape,
-                                            moment_shards, recompute_advice, recompute_setting, run_device,
+                                            moment_shards, recompute_advice, recompute_setting, row_limits, run_device,
                                             varlen_unsupported)
 
 
@@ -86,12 +86,13 @@ def check_memory(cfg, *, available: int | None = None) -> None:
             f"{available / GiB:.1f} GiB are available{shared}; use {', '.join(fixes)} or a larger device")
     need = hf_engine_bytes(cfg, shape)
     if cfg.rollout.engine == "hf" and need > available:
-        r, rows = cfg.rollout, engine_rows(cfg)
+        r, rows, longest = cfg.rollout, engine_rows(cfg), row_limits(cfg)[2]
+        within = ", within the model's context" if longest < cfg.data.max_prompt_tokens + r.max_new_tokens else ""
         driver = " and ".join(k for k, v in engine_row_terms(cfg).items() if v >= rows)  # each alone holds it there
         raise ValueError(
             f"the HF rollout engine cannot fit: it decodes {rows:,} rows at once ({driver}, at most 1,024 a chunk) "
-            f"of up to {cfg.data.max_prompt_tokens + r.max_new_tokens:,} tokens "
-            f"(data.max_prompt_tokens={cfg.data.max_prompt_tokens} + rollout.max_new_tokens={r.max_new_tokens}), whose "
+            f"of up to {longest:,} tokens (data.max_prompt_tokens={cfg.data.max_prompt_tokens} + "
+            f"rollout.max_new_tokens={r.max_new_tokens}{within}), whose "
             f"logits over {shape['vocab']:,} tokens and KV cache over {shape['layers']} layers need about "
             f"{need / GiB:.1f} GiB, and {available / GiB:.1f} GiB are available{shared}; lower {driver}, "
             f"data.max_prompt_tokens or rollout.max_new_tokens")

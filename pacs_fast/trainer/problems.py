@@ -288,9 +288,18 @@ def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log, *, held
     150-token prompts held ~5 GB in every rank). Readers take ``len`` and iterate; what leaves the trainer
     (an engine's prompts, a decode) goes through :func:`prompt_lists`. An ``array`` is not a list: adding
     it to one, or writing it as JSON, fails loudly instead of doing something else."""
-    from pacs_fast.data.prompts import ENCODE_CHUNK, encode_prompts, prompt_parts
+    from pacs_fast.data.prompts import ENCODE_CHUNK, encode_prompts, prompt_parts, template_format_request
 
     system, instruction = prompt_parts(cfg.data.system_prompt, cfg.data.instruction)
+    kwargs = cfg.data.chat_template_kwargs if template_kwargs is None else template_kwargs
+    asked = not held_out and problems and "prompt" not in problems[0] and \
+        template_format_request(tokenizer, system, instruction, kwargs)
+    if asked:  # (Qwen2.5-Math's template: its default system message is the paper's instruction)
+        whose = "the paper's" if cfg.data.instruction == "pacs" else "its text"
+        log(f"warning: data.system_prompt={cfg.data.system_prompt!r} leaves the system message to the chat template, "
+            f"whose own already asks for an answer format ({asked!r}), and data.instruction={cfg.data.instruction} "
+            f"appends {whose} to each problem as well: two instructions in one prompt; set data.instruction='' to "
+            f"keep the template's alone")
     ids = []
     for start in range(0, len(problems), ENCODE_CHUNK):  # a chunk's lists at a time, then compact arrays
         part = problems[start:start + ENCODE_CHUNK]
