@@ -73,7 +73,7 @@ import torch
 from pacs_fast.data.prompts import INSTRUCTION, SYSTEM_PROMPT, encode_prompts, prompt_parts
 from pacs_fast.trainer.metrics import read_jsonl
 from test_llama3_path_sweep import _data, check_batch, check_completion
-from test_qwen3_path_sweep import ADDED as QWEN3_ADDED, CORPUS, _pre_tokenizer
+from test_qwen3_path_sweep import ADDED as QWEN3_ADDED, CORPUS, byte_level_bpe
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -173,23 +173,7 @@ _RAW = []
 def _raw():
     """tokenizer.json's backend (built once), as the Qwen3 sweep's with Qwen2.5's 22 added tokens."""
     if not _RAW:
-        from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-        from tokenizers import trainers
-
-        small = Tokenizer(models.BPE())
-        small.normalizer, small.pre_tokenizer = normalizers.NFC(), _pre_tokenizer()
-        small.train_from_iterator(CORPUS + [MATH_DEFAULT_SYSTEM] * 5, trainers.BpeTrainer(
-            vocab_size=400, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-        model = json.loads(small.to_str())["model"]
-        vocab = dict(model["vocab"])
-        vocab.update({f"zq{i:06d}": i for i in range(len(vocab), EOT)})
-        raw = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m) for m in model["merges"]], fuse_unk=False,
-                                   byte_fallback=False))
-        raw.normalizer, raw.pre_tokenizer, raw.decoder = normalizers.NFC(), _pre_tokenizer(), decoders.ByteLevel()
-        raw.post_processor = processors.ByteLevel(trim_offsets=False)
-        raw.add_tokens([AddedToken(c, special=s, normalized=False) for c, s in ADDED])
-        assert [raw.token_to_id(c) for c, _ in ADDED] == list(range(EOT, TOKENS))
-        _RAW.append(raw)
+        _RAW.append(byte_level_bpe(CORPUS + [MATH_DEFAULT_SYSTEM] * 5, ADDED))
     return _RAW[0]
 
 

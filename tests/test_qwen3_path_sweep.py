@@ -213,24 +213,31 @@ def _raw():
     BPE trained on :data:`CORPUS`, unreachable fillers (``zq000380``.., no merge makes them) up to id 151642, then
     :data:`ADDED` at 151643.. with the hub's special flags."""
     if not _RAW:
-        from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-        from tokenizers import trainers
-
-        small = Tokenizer(models.BPE())
-        small.normalizer, small.pre_tokenizer = normalizers.NFC(), _pre_tokenizer()
-        small.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=400, special_tokens=[],
-                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-        model = json.loads(small.to_str())["model"]
-        vocab = dict(model["vocab"])
-        vocab.update({f"zq{i:06d}": i for i in range(len(vocab), EOT)})
-        raw = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m) for m in model["merges"]], fuse_unk=False,
-                                   byte_fallback=False))
-        raw.normalizer, raw.pre_tokenizer, raw.decoder = normalizers.NFC(), _pre_tokenizer(), decoders.ByteLevel()
-        raw.post_processor = processors.ByteLevel(trim_offsets=False)
-        raw.add_tokens([AddedToken(c, special=s, normalized=False) for c, s in ADDED])
-        assert [raw.token_to_id(c) for c, _ in ADDED] == list(range(EOT, TOKENS))
-        _RAW.append(raw)
+        _RAW.append(byte_level_bpe(CORPUS, ADDED))
     return _RAW[0]
+
+
+def byte_level_bpe(corpus: list[str], added: list[tuple[str, bool]]):
+    """A Qwen2-style ``tokenizers`` object: NFC, Qwen2's split regex, byte-level BPE trained on ``corpus``,
+    unreachable fillers (``zq000380``.., no merge makes them) up to id 151642, then ``added`` (``(text, special)``)
+    at 151643.. (the Qwen3 and Qwen2.5-Math sweeps' folders)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import trainers
+
+    small = Tokenizer(models.BPE())
+    small.normalizer, small.pre_tokenizer = normalizers.NFC(), _pre_tokenizer()
+    small.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=[],
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    model = json.loads(small.to_str())["model"]
+    vocab = dict(model["vocab"])
+    vocab.update({f"zq{i:06d}": i for i in range(len(vocab), EOT)})
+    raw = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m) for m in model["merges"]], fuse_unk=False,
+                               byte_fallback=False))
+    raw.normalizer, raw.pre_tokenizer, raw.decoder = normalizers.NFC(), _pre_tokenizer(), decoders.ByteLevel()
+    raw.post_processor = processors.ByteLevel(trim_offsets=False)
+    raw.add_tokens([AddedToken(c, special=s, normalized=False) for c, s in added])
+    assert [raw.token_to_id(c) for c, _ in added] == list(range(EOT, EOT + len(added)))
+    return raw
 
 
 def qwen3_config(eos: int) -> dict:
