@@ -1,8 +1,8 @@
-"""A model folder whose tokenizer or generation files are damaged (a partial download) stops a run or an eval with
-one line naming the setting, the folder and, where it does not parse, the file, before any model loads
+"""A model folder whose tokenizer, generation or chat template files are damaged (a partial download) stops a run or an
+eval with one line naming the setting, the folder and, where it does not parse, the file, before any model loads
 (pacs_fast/config/model_files.py ``json_file_problem``, pacs_fast/data/tokenizer_files.py). A truncated
-``tokenizer.json`` had given "error: Expecting value: line 388 column 16 (char 6571)" with no file named, one of
-the wrong shape (valid JSON) transformers' traceback (``KeyError: 'added_tokens'``), and a truncated
+``tokenizer.json`` had given "error: Expecting value: line 388 column 16 (char 6571)" with no file named, one of the
+wrong shape (valid JSON) transformers' traceback (``KeyError: 'added_tokens'``), and a truncated
 ``generation_config.json`` nothing at all: transformers logged a warning and the run went on without its stop ids."""
 import json
 
@@ -73,3 +73,20 @@ def test_train_and_eval_stop_in_one_line_before_any_model_loads(folder, tmp_path
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: --model {copy}: {said}"), err
     assert not (tmp_path / "eval").exists()
+
+
+def test_a_chat_template_that_cannot_render_names_its_folder_and_file(folder, tmp_path, capsys):
+    """A chat_template.jinja cut short (a partial download): one line naming the folder and the file (it had said
+    "the tokenizer's chat template", naming neither), in train and eval."""
+    from pacs_fast.eval import main as eval_main
+
+    copy = damaged(folder, tmp_path, (folder / "tokenizer.json").read_text())
+    (copy / "chat_template.jinja").unlink()
+    (copy / "chat_template.jinja").write_text((folder / "chat_template.jinja").read_text()[:-40])
+    said = f"the chat template of {copy} (chat_template.jinja) cannot render the prompt (TemplateSyntaxError: "
+    code, err = cli([f"model.path={copy}", "data.dataset=math500", f"train.out_dir={tmp_path / 'runs'}",
+                     "train.steps=1"], capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {said}"), err
+    code = eval_main(["--model", str(copy), "--benchmarks", "math500", "--out", str(tmp_path / "eval")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {said}") and "Traceback" not in err, err

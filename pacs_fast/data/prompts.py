@@ -154,7 +154,7 @@ def build_prompt(tokenizer, problem: str, *, system: str | None = SYSTEM_PROMPT,
                            template_kwargs)
         except Exception as e:  # jinja2's TemplateError: Gemma's templates raise "System role not supported"
             if not system:
-                raise ValueError(f"the tokenizer's chat template cannot render the prompt ({type(e).__name__}: {e})") \
+                raise ValueError(f"{_template_source(tokenizer)} cannot render the prompt ({type(e).__name__}: {e})") \
                     from None
             first = f"{type(e).__name__}: {e}"
         else:
@@ -168,10 +168,25 @@ def build_prompt(tokenizer, problem: str, *, system: str | None = SYSTEM_PROMPT,
             return _render(tokenizer, [{"role": "user", "content": f"{system}\n\n{user_text(problem, instruction)}"}],
                            template_kwargs)
         except Exception as e:
-            raise ValueError(f"the tokenizer's chat template cannot render the prompt ({first}; without a system "
+            raise ValueError(f"{_template_source(tokenizer)} cannot render the prompt ({first}; without a system "
                              f"message: {type(e).__name__}: {e})") from None
     head = f"{system}\n\n" if system else ""
     return f"{head}{PLAIN_USER_PREFIX}{user_text(problem, instruction)}\n{PLAIN_ASSISTANT_PREFIX}"
+
+
+def _template_source(tokenizer) -> str:
+    """Where the tokenizer's chat template comes from, for an error line: ``the chat template of <folder>
+    (chat_template.jinja)`` or ``(tokenizer_config.json's chat_template)``; the tokenizer's, when not loaded from
+    a folder. (A broken template had been "the tokenizer's chat template", naming no folder or file.)"""
+    from pathlib import Path
+
+    name = str(getattr(tokenizer, "name_or_path", "") or "")
+    folder = Path(name)
+    if not name or not folder.is_dir():
+        return "the tokenizer's chat template"
+    if (folder / "chat_template.jinja").is_file():
+        return f"the chat template of {folder} (chat_template.jinja)"
+    return f"the chat template of {folder} (tokenizer_config.json's chat_template)"
 
 
 def encode_prompts(tokenizer, problems: Iterable[str], *, system: str | None = SYSTEM_PROMPT,
