@@ -120,6 +120,20 @@ def moe_of(c) -> dict | None:
             "layers": sum(moe)}
 
 
+def mla_of(c) -> dict | None:
+    """The multi-head latent attention of a (text) config (DeepSeek-V2/V3, Moonlight, MiniCPM3), a ``config.json``
+    dict or a transformers config: ``{"q_lora", "kv_lora", "nope", "rope", "v"}`` (``q_lora_rank``, 0 for a plain
+    query projection; ``kv_lora_rank``; ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``); None for other
+    attention. Its projections are not ``heads x head_dim`` wide, and transformers' cache holds the
+    ``kv_lora_rank + qk_rope_head_dim`` latent a token instead of keys and values."""
+    get = c.get if isinstance(c, dict) else (lambda key: getattr(c, key, None))
+    if not get("kv_lora_rank") or not get("qk_nope_head_dim") or not get("v_head_dim"):
+        return None
+    return {"q_lora": int(get("q_lora_rank") or 0), "kv_lora": int(get("kv_lora_rank")),
+            "nope": int(get("qk_nope_head_dim")), "rope": int(get("qk_rope_head_dim") or 0),
+            "v": int(get("v_head_dim"))}
+
+
 def router_aux_loss(folder: str | Path) -> float | None:
     """``router_aux_loss_coef`` of a mixture-of-experts config that asks for its router's load-balancing loss in
     training (``output_router_logits: true``: transformers' forward then adds ``coef x aux_loss`` to its loss, and

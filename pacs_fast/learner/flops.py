@@ -22,7 +22,7 @@ report count it.
 """
 from __future__ import annotations
 
-from pacs_fast.config.model_files import moe_of
+from pacs_fast.config.model_files import mla_of, moe_of
 
 FORMULA = ("FLOPs = 6*P_layers*T + 6*V*H*T_head + 3*(2*2*L*Hq*sum(s^2)/2), P_layers = L*(H*(Hq+2*Hkv) + Hq*H "
            "+ 3*H*F), T tokens, T_head tokens through the LM head, s each sequence's length; recompute not counted; "
@@ -42,7 +42,7 @@ def shape_of(config, dtype_bytes: int = 2) -> dict:
             "head_dim": getattr(c, "head_dim", None) or c.hidden_size // heads,
             "intermediate": getattr(c, "intermediate_size", None),
             "tied": bool(getattr(config, "tie_word_embeddings", getattr(c, "tie_word_embeddings", True))),
-            "bytes": dtype_bytes, "moe": moe_of(c)}
+            "bytes": dtype_bytes, "moe": moe_of(c), "mla": mla_of(c)}
 
 
 def mlp_params(shape: dict, *, active: bool = False) -> int:
@@ -60,8 +60,23 @@ def mlp_params(shape: dict, *, active: bool = False) -> int:
 def layer_params(shape: dict) -> int:
     """``P_layers``: the matmul weights of all decoder layers (see the module docstring) a token passes through:
     of a mixture of experts, its ``top_k`` experts, the shared ones and the router (:func:`mlp_params`)."""
-    H, hq, hkv = shape["hidden"], shape["heads"] * shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
-    return shape["layers"] * (H * (hq + 2 * hkv) + hq * H) + mlp_params(shape, active=True)
+    return shape["layers"] * attention_params(shape) + mlp_params(shape, active=True)
+
+
+def attention_params(shape: dict) -> int:
+    """The attention projections' weights of one decoder layer: ``H (Hq + 2 Hkv) + Hq H``; of multi-head latent
+    attention (``shape["mla"]``: DeepSeek-V2/V3), its query projection (through the ``q_lora`` rank where there is
+    one) to ``heads x (nope + rope)``, ``kv_a_proj_with_mqa`` to the latent and the shared rope key, ``kv_b_proj``
+    from the latent to ``heads x (nope + v)`` and ``o_proj`` from ``heads x v`` (``heads x head_dim`` had counted
+    DeepSeek-V2-Lite's 13.8M a layer as 16.8M)."""
+    H, mla = shape["hidden"], shape.get("mla")
+    if mla:
+        heads, qk = shape["heads"], mla["nope"] + mla["rope"]
+        q = mla["q_lora"] * (H + heads * qk) if mla["q_lora"] else H * heads * qk
+        return (q + H * (mla["kv_lora"] + mla["rope"]) + mla["kv_lora"] * heads * (mla["nope"] + mla["v"])
+                + heads * mla["v"] * H)
+    hq, hkv = shape["heads"] * shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
+    return H * (hq + 2 * hkv) + hq * H
 
 
 def update_flops(shape: dict, lengths: list[int], head_tokens: int | None = None) -> dict:
@@ -69,9 +84,11 @@ def update_flops(shape: dict, lengths: list[int], head_tokens: int | None = None
     docstring): ``{"dense", "head", "attention", "total"}``."""
     T = sum(lengths)
     head_tokens = T if head_tokens is None else head_tokens
-    hq = shape["heads"] * shape["head_dim"]
+    mla = shape.get("mla")  # (MLA: QK^T over heads x (nope + rope), PV over heads x v)
+    hqk, hv = ((shape["heads"] * (mla["nope"] + mla["rope"]), shape["heads"] * mla["v"]) if mla else
+               (shape["heads"] * shape["head_dim"],) * 2)
     out = {"dense": 6 * layer_params(shape) * T, "head": 6 * shape["vocab"] * shape["hidden"] * head_tokens,
-           "attention": 3 * 2 * 2 * shape["layers"] * hq * sum(s * s for s in lengths) // 2}
+           "attention": 3 * 2 * shape["layers"] * (hqk + hv) * sum(s * s for s in lengths) // 2}
     out["total"] = out["dense"] + out["head"] + out["attention"]
     return out
 

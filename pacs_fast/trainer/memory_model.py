@@ -24,8 +24,8 @@ import json
 import os
 from pathlib import Path
 
-from pacs_fast.config.model_files import SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, moe_of
-from pacs_fast.learner.flops import mlp_params
+from pacs_fast.config.model_files import SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, mla_of, moe_of
+from pacs_fast.learner.flops import attention_params, mlp_params
 from pacs_fast.learner.lora import OWN_FUSED_EXPERTS
 from pacs_fast.learner.objective import holds_reference_model
 from pacs_fast.trainer.model_attention import packed_rows_dense, varlen_unsupported, windowed_model  # noqa: F401 (re-export)
@@ -57,7 +57,8 @@ def model_shape(cfg) -> dict:
             "kv_heads": int(c.get("num_key_value_heads") or heads), "head_dim": int(c.get("head_dim") or H // heads),
             "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None,
             "tied": _tied(top, Path(cfg.model.path).expanduser()),
-            "bytes": _dtype_bytes(cfg), "softcap": _softcapped(c), "moe": moe_of(c), "model_type": c.get("model_type")}
+            "bytes": _dtype_bytes(cfg), "softcap": _softcapped(c), "moe": moe_of(c), "mla": mla_of(c),
+            "model_type": c.get("model_type")}
 
 
 def _softcapped(c: dict) -> bool:
@@ -148,8 +149,16 @@ def hf_engine_bytes(cfg, shape: dict) -> int:
     logits = VOCAB_COPIES * rows * shape["vocab"] * 4
     tokens = row_limits(cfg)[2]  # the cache holds the prompt too
     b = shape["bytes"] if cfg.rollout.dtype == "auto" else _bytes_of(cfg.rollout.dtype)  # (an HF copy's rollout.dtype)
-    kv = rows * shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * tokens * b
-    return logits + kv
+    return logits + rows * kv_per_token(shape) * tokens * b
+
+
+def kv_per_token(shape: dict) -> int:
+    """Elements of the HF engine's cache a token of a row, all layers: keys and values, ``2 x kv_heads x head_dim``
+    a layer; of multi-head latent attention (``shape["mla"]``), transformers' cache of the latent and the shared
+    rope key, ``kv_lora + rope`` a layer (576 for DeepSeek-V2-Lite, whose KV had been counted as 2 x 16 x 128 = 4,096
+    a layer: 7.1 times over)."""
+    mla = shape.get("mla")
+    return shape["layers"] * (mla["kv_lora"] + mla["rope"] if mla else 2 * shape["kv_heads"] * shape["head_dim"])
 
 
 def model_params(shape: dict) -> int:
@@ -158,8 +167,7 @@ def model_params(shape: dict) -> int:
     its width, its gated MLP, of a mixture of experts every expert's (:func:`pacs_fast.learner.flops.mlp_params`;
     counting one MLP a layer left out 89% of Qwen3-30B-A3B's parameters) (norms and biases, a few per mille, left
     out)."""
-    H, hd = shape["hidden"], shape["head_dim"]
-    attention = 2 * H * shape["heads"] * hd + 2 * H * shape["kv_heads"] * hd
+    H, attention = shape["hidden"], attention_params(shape)  # (MLA's own projections: flops.attention_params)
     embeddings = 1 if shape.get("tied", True) else 2
     return embeddings * shape["vocab"] * H + shape["layers"] * attention + mlp_params(shape)
 
