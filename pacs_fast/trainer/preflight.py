@@ -346,8 +346,11 @@ def check_lora_targets(cfg) -> list[str]:
     bare = bare_linears(model, m.lora_target_modules)
     if not bare:
         return []
+    import re
+
+    kinds = {re.sub(r"\.\d+\.", ".N.", name.rsplit(".", 1)[0]): name for name in reversed(bare)}  # (one a module)
     return [f"model.lora_target_modules={m.lora_target_modules}: PEFT leaves {len(bare)} of the linear layers it "
-            f"names without adapters (e.g. {', '.join(bare[:3])}): it maps gate_proj / up_proj / down_proj onto a "
+            f"names without adapters (e.g. {', '.join(sorted(kinds.values())[:4])}): it maps gate_proj / up_proj / down_proj onto a "
             f"mixture of experts' fused experts by name, and takes them from its dense MLPs (first layers, shared "
             f"experts) as well; those stay model.path's weights"]
 
