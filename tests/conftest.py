@@ -3,6 +3,7 @@
 On a machine without CUDA the Triton kernels run under the Triton interpreter on CPU tensors;
 the variable must be set before any ``@triton.jit`` function is defined, hence here, first.
 """
+import contextlib
 import importlib.util
 import os
 
@@ -159,3 +160,27 @@ def dynamo_on():
     yield
     if config is not None:
         config.disable = before
+
+
+@contextlib.contextmanager
+def transformers_classes_restored(module_name: str):
+    """The classes of transformers' module ``module_name`` as they were, after the block: vLLM's Transformers
+    modeling backend (an in-process eval engine on OLMo 2, which vLLM 0.32 runs that way) decorates transformers' own
+    decoder class in place (a base added, ``__init__`` replaced: it then asks for a vLLM config), so every later
+    ``Olmo2Model`` of the xdist worker failed to build (tests/test_varlen_families.py, in CI)."""
+    import importlib
+
+    module = importlib.import_module(module_name)
+    saved = {cls: (cls.__bases__, dict(vars(cls))) for cls in vars(module).values()
+             if isinstance(cls, type) and cls.__module__ == module_name}
+    try:
+        yield
+    finally:
+        for cls, (bases, attrs) in saved.items():
+            if cls.__bases__ != bases:
+                cls.__bases__ = bases
+            for key in [k for k in vars(cls) if k not in attrs]:
+                delattr(cls, key)
+            for key, value in attrs.items():
+                if key not in ("__dict__", "__weakref__") and vars(cls).get(key) is not value:
+                    setattr(cls, key, value)

@@ -61,6 +61,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import transformers_classes_restored
 from pacs_fast.data.prompts import INSTRUCTION, SYSTEM_PROMPT, encode_prompts, prompt_parts
 from pacs_fast.trainer.metrics import read_jsonl
 from test_hostile_inputs import cli
@@ -1009,7 +1010,10 @@ def test_vllm_eval_on_olmo2_stops_at_its_eos_and_not_at_the_prompts(tmp_path):
     tok = AutoTokenizer.from_pretrained(folder)
     eot, _ = _o2_ids(tok)
     text = io.StringIO()
-    with recording(engine_class=VLLMEngine) as (calls, _), contextlib.redirect_stdout(text), \
+    # (vLLM's Transformers backend decorates transformers' Olmo2Model in place: undone after, for the worker's later
+    # tests that build one)
+    with transformers_classes_restored("transformers.models.olmo2.modeling_olmo2"), \
+            recording(engine_class=VLLMEngine) as (calls, _), contextlib.redirect_stdout(text), \
             contextlib.redirect_stderr(text):
         code = ev.main(["--model", str(folder), "--benchmarks", str(_data(tmp_path / "toy.jsonl", n=3)), "--n", "8",
                         "--max-tokens", str(MAX_NEW), "--engine", "vllm", "--out", str(tmp_path / "ev"),
