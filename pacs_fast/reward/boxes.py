@@ -17,8 +17,9 @@
 
 - :func:`answer_part`: what ``extraction="boxed"`` reads of a response, the text after its last ``</think>``
   (a reasoning model's answer, after its thinking: boxes inside ``<think>`` are drafts), or all of it; up to a
-  ``<think>`` left open there (a response cut inside its thinking states no answer yet). A prompt that opens the
-  ``<think>`` itself (:func:`opens_think`: DeepSeek-R1's) has its responses read as ``<think>`` + response.
+  ``<think>`` left open there (a response cut inside its thinking states no answer yet); Magistral's ``[THINK]`` /
+  ``[/THINK]`` alike (special tokens the engines' texts keep). A prompt that opens the ``<think>`` itself
+  (:func:`opens_think`: DeepSeek-R1's) has its responses read as ``<think>`` + response.
   gpt-oss's harmony prompts (ending ``<|start|>assistant``: :func:`opens_think` says :data:`HARMONY`) leave the
   channel to the model, which thinks in ``analysis`` then answers in ``final``; its texts, decoded without special
   tokens, read ``analysis<draft>assistantfinal<answer>``: only the last final message is read
@@ -47,6 +48,9 @@ _CHOICE_BOX_RE = re.compile(r"(\\boxed\{)[ \t]*(?:\\(?:text|textbf|mathrm|mathbf
 
 
 THINK_START, THINK_END = "<think>", "</think>"
+# the thinking markers answer_part knows: <think>'s, and Magistral's (tekken special tokens the engines' texts keep:
+# pacs_fast/rollout/base.py decode_texts)
+THINK_MARKS = ((THINK_START, THINK_END), ("[THINK]", "[/THINK]"))
 HARMONY = "harmony"  # what opens_think says of a harmony (gpt-oss) prompt
 HARMONY_TURN = "<|start|>assistant"  # the harmony template's generation prompt
 # a final-channel message's start as the engines' texts hold it (special tokens skipped: "<|end|><|start|>assistant
@@ -57,10 +61,10 @@ FINAL_STARTS = ("<|channel|>final<|message|>", "assistantfinal")
 def answer_part(text: str) -> str:
     """The text after the last ``</think>`` of ``text`` (module docstring), or ``text`` without one; in either, only
     what precedes a ``<think>`` never closed (``"<think>draft \\boxed{4}"`` -> ``""``: drafts, as inside a closed
-    one)."""
-    i = text.rfind(THINK_END)
-    part = text if i < 0 else text[i + len(THINK_END):]
-    j = part.find(THINK_START)
+    one). Magistral's ``[THINK]`` / ``[/THINK]`` (:data:`THINK_MARKS`) are read as ``<think>`` / ``</think>``."""
+    i, n = max((text.rfind(end), len(end)) for _, end in THINK_MARKS)
+    part = text if i < 0 else text[i + n:]
+    j = min((k for k in (part.find(start) for start, _ in THINK_MARKS) if k >= 0), default=-1)
     return part if j < 0 else part[:j]
 
 

@@ -6,6 +6,7 @@ and ``pacs_fast.eval`` only talk to this interface.
 from __future__ import annotations
 
 import abc
+import weakref
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -54,7 +55,7 @@ class Completion:
     """One sampled response.
 
     token_ids: response tokens only (the EOS token included when the model emitted it).
-    text: decoded response without special tokens.
+    text: decoded response without special tokens (but for :data:`KEPT_SPECIAL`: :func:`decode_texts`).
     finish_reason: ``"stop"`` (EOS or a stop string) or ``"length"`` (hit ``max_new_tokens``).
     logprobs: per-token log-probs of ``token_ids`` under the engine's sampling model at
         temperature 1 (unscaled logits), when ``return_logprobs`` was asked; else ``None``.
@@ -132,6 +133,50 @@ class RolloutEngine(abc.ABC):
 
     def close(self) -> None:
         """Releases the engine."""
+
+
+# special tokens a response's text keeps: Magistral's thinking markers (tekken control tokens, which a decode
+# skipping special tokens drops), kept as vLLM's Mistral tokenizer decodes them; extraction="boxed" reads the
+# answer after them (pacs_fast/reward/boxes.py answer_part)
+KEPT_SPECIAL = ("[THINK]", "[/THINK]")
+
+
+_KEPT_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {id: kept token}
+
+
+def _kept_ids(tokenizer) -> dict[int, str]:
+    """``{id: token}`` of the tokenizer's :data:`KEPT_SPECIAL` tokens, found once a tokenizer (``get_added_vocab``
+    builds its dict anew on each call: the stop strings' checks decode every few tokens)."""
+    try:
+        return _KEPT_IDS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
+    kept = {added[t]: t for t in KEPT_SPECIAL if t in added}
+    try:
+        _KEPT_IDS[tokenizer] = kept
+    except TypeError:  # (an object that takes no weak reference: found on each call)
+        pass
+    return kept
+
+
+def decode_texts(tokenizer, ids: list[list[int]]) -> list[str]:
+    """The texts of responses ``ids``: ``batch_decode(ids, skip_special_tokens=True)``, but for the tokenizer's
+    :data:`KEPT_SPECIAL` tokens, kept where they are (``[THINK]a[/THINK]b</s>`` -> ``"[THINK]a[/THINK]b"``)."""
+    kept = _kept_ids(tokenizer)
+    if not kept or not any(i in kept for row in ids for i in row):
+        return tokenizer.batch_decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    out = []
+    for row in ids:
+        parts, start = [], 0
+        for j, i in enumerate(list(row) + [None]):
+            if i is None or i in kept:
+                parts.append(tokenizer.decode(row[start:j], skip_special_tokens=True,
+                                              clean_up_tokenization_spaces=False))
+                parts.append(kept.get(i, ""))
+                start = j + 1
+        out.append("".join(parts))
+    return out
 
 
 def eos_token_ids(tokenizer, generation_config) -> list[int]:

@@ -90,7 +90,8 @@ import torch
 from pacs_fast.causal_lm import lm_head
 from pacs_fast.config.model_files import config_positions
 from pacs_fast.ops.short_attention import NAME as SHORT_ATTENTION
-from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids, eos_token_ids
+from pacs_fast.rollout.base import (Completion, RolloutEngine, SamplingParams, check_prompt_token_ids, decode_texts,
+                                   eos_token_ids)
 from pacs_fast.rollout.fp32_head import fp32_lm_head
 from pacs_fast.rollout.lean_decode import LeanDecoder
 from pacs_fast.rollout.sampling import LogprobRecorder, MaskPaddedRows, MinPFilter, row_keys
@@ -368,7 +369,7 @@ class HFEngine(LeanDecoder, RolloutEngine):
         cap = generated.shape[1] if limits is None else torch.tensor(limits).clamp(max=generated.shape[1])
         ends = torch.where(at_eos, is_eos.int().argmax(dim=1) + 1, cap).tolist()
         ids = [row[:end] for row, end in zip(generated.tolist(), ends)]
-        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        texts = decode_texts(self.tokenizer, ids)
         if stops is not None:  # a row stopped by a string was fed pad ids after it (perhaps an EOS id): cut first
             for i in range(len(ids)):
                 cut = stops.cut(ids[i], texts[i])

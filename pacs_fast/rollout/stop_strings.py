@@ -2,7 +2,8 @@
 ``include_stop_str_in_output=True``: a response ends at the first token after which its text holds one of the
 strings; its tokens end with that token, its text just after the string (the earliest-ending one where several
 complete at that token), and its ``finish_reason`` is ``"stop"``. Only the response's text is searched, never the
-prompt's; the text is the tokenizer's ``decode(ids, skip_special_tokens=True)``, as ``Completion.text``, as vLLM's
+prompt's; the text is the tokenizer's ``decode(ids, skip_special_tokens=True)`` (Magistral's ``[THINK]`` /
+``[/THINK]`` kept: base.py ``decode_texts``), as ``Completion.text``, as vLLM's
 incremental detokenizer emits it: a token that ends in an incomplete character (a byte-level BPE token holding
 ``>`` and the first byte of a CJK character, say) is held back until the character completes, so a string that it
 completes fires at the token that completes the character. A special token (``<|endoftext|>``) is not in that
@@ -19,6 +20,8 @@ strings, then the whole response to confirm), so the HF engine stops decoding th
 from __future__ import annotations
 
 import torch
+
+from pacs_fast.rollout.base import decode_texts
 
 
 class StopStrings:
@@ -38,7 +41,7 @@ class StopStrings:
         self.window = 4 * max(len(s) for s in self.stop) + 2 + max(int(check_every), 1)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return decode_texts(self.tokenizer, [ids])[0]
 
     def _emitted(self, ids: list[int], text: str | None = None) -> str:
         """The text of ``ids`` as vLLM's incremental detokenizer has emitted it: a token whose text ends in an
@@ -90,8 +93,7 @@ class StopStrings:
             return out.to(tokens.device)
         lo = max(0, upto - self.window)
         recent = (tokens[:, lo:upto] if rows is None else tokens[rows, lo:upto]).cpu().tolist()
-        texts = self.tokenizer.batch_decode([recent[i] for i in todo], skip_special_tokens=True,
-                                            clean_up_tokenization_spaces=False)
+        texts = decode_texts(self.tokenizer, [recent[i] for i in todo])
         for i, text in zip(todo, texts):
             if self._holds(text):
                 row = tokens[i if rows is None else int(rows[i])]

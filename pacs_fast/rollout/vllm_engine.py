@@ -66,7 +66,7 @@ import torch
 
 from pacs_fast.config.validation import VLLM_MAX_TEMPERATURE
 from pacs_fast.gc_heap import freeze_long_lived
-from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids
+from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids, decode_texts
 from pacs_fast.rollout.vllm_setup import (CPU_MAX_NUM_SEQS, ProcessStateGuard, cpu_kv_cache_size, job_named_cpu_shm,
                                           kv_cache_layout, set_cpu_env_defaults)
 from pacs_fast.rollout.vllm_requests import generate_all
@@ -230,10 +230,10 @@ class VLLMEngine(RolloutEngine):
         return vocab_size, list(range(vocab_size))
 
     def _decode(self, ids: list[list[int]]) -> list[str]:
-        """The texts of ``ids`` without special tokens (none without a tokenizer: vLLM's texts stay)."""
+        """The texts of ``ids`` without special tokens (base.py ``decode_texts``; none without a tokenizer: vLLM's
+        texts stay)."""
         try:
-            return self._llm.get_tokenizer().batch_decode(ids, skip_special_tokens=True,
-                                                          clean_up_tokenization_spaces=False) if ids else []
+            return decode_texts(self._llm.get_tokenizer(), ids) if ids else []
         except Exception:  # noqa: BLE001 - skip_tokenizer_init=True
             return []
 
