@@ -36,7 +36,7 @@ Found and fixed (the tests failed before the fix, by value: 15,787,753,472 param
    engine's KV cache 2 x 16 x 128 = 4,096 elements a layer and token where transformers 5 caches the latent and the
    rope key, 576: 7.1 times over, so the preflight refused HF-engine rollouts of DeepSeek-V2/V3 and Moonlight that
    fit. Now ``model_shape`` / ``shape_of`` carry ``mla`` (pacs_fast/config/model_files.py ``mla_of``), counted by
-   ``flops.attention_params`` and ``memory_model.kv_per_token``.
+   ``flops.attention_params`` and ``engine_memory.kv_per_token``.
 
 Seen, not changed: the learner's activation estimate (``activation_bytes_per_token``) and LoRA count
 (``lora_params``, 0.01% off) still read MLA's projections as ``heads x head_dim``; deepseek_v2 / deepseek_v3 have no

@@ -55,7 +55,7 @@ Found and fixed (each test failed before its fix, shown by reverting the library
 - the memory check sized rows of ``data.max_prompt_tokens + rollout.max_new_tokens`` tokens past the model's
   context, which no row reaches: at ``rollout.max_new_tokens=8192`` Qwen2.5-Math's groups were counted at 8,704
   tokens a row, the learner's activations and the HF engine's KV cache about twice their most
-  (pacs_fast/trainer/memory_model.py ``row_limits``).
+  (pacs_fast/trainer/engine_memory.py ``row_limits``).
 """
 from __future__ import annotations
 
@@ -302,7 +302,7 @@ def test_the_memory_check_sizes_rows_within_the_4096_context(tmp_path):
     engines end responses there), yet the memory check sized rows of ``data.max_prompt_tokens +
     rollout.max_new_tokens`` tokens: at ``rollout.max_new_tokens=8192`` (a usual R1-style setting) groups of
     8 x 8,704 tokens, the learner's activations, attention scores and the HF engine's KV cache about twice what
-    any row can need (a run that fits could be refused). Now (pacs_fast/trainer/memory_model.py ``row_limits``) the
+    any row can need (a run that fits could be refused). Now (pacs_fast/trainer/engine_memory.py ``row_limits``) the
     rows are sized within the context: a run at 8,192 is sized as one at 3,584 (512 + 3,584 = 4,096), padded or
     packed; with the shared-prefix forward the largest group is a 1-token prompt and 8 responses of 4,095."""
     from pacs_fast.config import load_config

@@ -2,7 +2,7 @@
 settings), before any model is loaded: the model's shape (:func:`model_shape`), the learner's share
 of weights, gradients and AdamW moments (:func:`learner_bytes`), the activations of a micro-batch and
 the log-prob workspace (:func:`learner_memory`), and the Hugging Face engine's decode step
-(:func:`hf_engine_bytes`). :mod:`pacs_fast.trainer.preflight` compares them with the device's memory.
+(:mod:`pacs_fast.trainer.engine_memory`). :mod:`pacs_fast.trainer.preflight` compares them with the device's memory.
 
 The learner's floor (:func:`learner_bytes`) is its share of the weights, gradients and AdamW moments
 in the model's dtype (with fp32 master weights: the masters, and fp32 gradients and moments):
@@ -10,13 +10,6 @@ a lower bound (activations come on top), so
 it refuses only runs that cannot start, such as a 7B model in fp32 on an 80 GiB GPU. On top of it,
 :func:`learner_memory` adds the activations of a micro-batch (per token: :func:`activation_bytes_per_token`,
 with and without ``model.gradient_checkpointing``) and the log-prob workspace.
-
-For the rollout, what is estimated is the peak of one decode step of the Hugging Face engine: for every row of a
-chunk (``max(rollout.n, engine batch)`` rows) four fp32 vocabulary-sized tensors (the logits, their
-temperature-scaled copy, the probabilities and the sampler's scratch), plus the rows' KV cache for
-``data.max_prompt_tokens + rollout.max_new_tokens`` tokens (within the model's context: :func:`row_limits`); model
-weights and activations come on top.
-vLLM manages its own memory (``rollout.gpu_memory_utilization``) and is not estimated here.
 """
 from __future__ import annotations
 
@@ -28,10 +21,11 @@ from pacs_fast.config.model_files import SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, mla
 from pacs_fast.learner.flops import attention_params, mlp_params
 from pacs_fast.learner.lora import OWN_FUSED_EXPERTS
 from pacs_fast.learner.objective import holds_reference_model
-from pacs_fast.trainer.model_attention import packed_rows_dense, varlen_unsupported, windowed_model  # noqa: F401 (re-export)
+from pacs_fast.trainer.engine_memory import (_bytes_of, engine_row_terms, engine_rows, hf_engine_bytes,  # noqa: F401
+                                             kv_per_token, row_limits)  # (the engine's, re-exported)
+from pacs_fast.trainer.model_attention import packed_rows_dense, varlen_unsupported, windowed_model  # noqa: F401
 
 GiB = 1024 ** 3
-VOCAB_COPIES = 4  # fp32 [rows, vocab] tensors alive at a decode step's peak (see the module docstring)
 
 
 def model_shape(cfg) -> dict:
@@ -71,10 +65,6 @@ def _dtype_bytes(cfg) -> int:
     return _bytes_of(cfg.model.dtype)
 
 
-def _bytes_of(dtype: str) -> int:
-    return 2 if dtype in ("bfloat16", "float16") else 4
-
-
 def _tied(config: dict, folder: Path | None = None) -> bool:
     """Whether the LM head is the embedding: ``tie_word_embeddings`` of ``config.json`` (top level, else
     its ``text_config``), else whether ``folder``'s weights hold a head of their own (Mistral Small 3.1's
@@ -107,58 +97,6 @@ def _head_in_weights(folder: Path) -> bool:
     except Exception:  # noqa: BLE001 - no safetensors, an unreadable index: the config class's default then
         return False
     return any(n == "lm_head.weight" or n.endswith(".lm_head.weight") for n in names)
-
-
-def engine_row_terms(cfg) -> dict[str, int]:
-    """What sets the HF engine's largest decode chunk (see pacs_fast.trainer.build and rollout.hf), at most 1,024
-    rows: a group (``rollout.n``, ``rollout.eval_n``: 1 with greedy evaluation, which decodes one response a
-    problem; a larger group is decoded 1,024 rows at a time) or a batch (the training step's, the evaluation's)."""
-    eval_n = cfg.rollout.eval_n if cfg.rollout.eval_temperature > 0 else 1
-    return {"rollout.n": min(cfg.rollout.n, 1024), "rollout.eval_n": min(eval_n, 1024),
-            "train.prompts_per_step x rollout.n": min(cfg.train.prompts_per_step * cfg.rollout.n, 1024),
-            "data.eval_size x rollout.eval_n": min(cfg.data.eval_size * eval_n, 1024)}
-
-
-def engine_rows(cfg) -> int:
-    """Rows of the HF engine's largest decode chunk (:func:`engine_row_terms`)."""
-    return max(engine_row_terms(cfg).values())
-
-
-def row_limits(cfg) -> tuple[int, int, int]:
-    """``(prompt, response, row)``: the most tokens a run's prompt, response and row (prompt + response) hold:
-    ``data.max_prompt_tokens``, ``rollout.max_new_tokens`` and their sum, within the model's context where its
-    config.json gives one (:func:`pacs_fast.config.model_files.trained_positions`): both engines refuse a prompt
-    that fills it and end a response there. (Qwen2.5-Math's 4,096 at ``rollout.max_new_tokens=8192`` had been
-    sized as rows of 8,704 tokens: the learner's activations and the engine's cache twice what any row needs.)"""
-    P, R = cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
-    context = None
-    if cfg.model.path:
-        from pacs_fast.config.model_files import trained_positions
-
-        try:
-            context = trained_positions(Path(cfg.model.path).expanduser())
-        except Exception:  # noqa: BLE001 - an unreadable config: the sum, as before (its own error comes later)
-            context = None
-    if not context or context < 2:
-        return P, R, P + R
-    return min(P, context - 1), min(R, context - 1), min(P + R, context)
-
-
-def hf_engine_bytes(cfg, shape: dict) -> int:
-    rows = engine_rows(cfg)
-    logits = VOCAB_COPIES * rows * shape["vocab"] * 4
-    tokens = row_limits(cfg)[2]  # the cache holds the prompt too
-    b = shape["bytes"] if cfg.rollout.dtype == "auto" else _bytes_of(cfg.rollout.dtype)  # (an HF copy's rollout.dtype)
-    return logits + rows * kv_per_token(shape) * tokens * b
-
-
-def kv_per_token(shape: dict) -> int:
-    """Elements of the HF engine's cache a token of a row, all layers: keys and values, ``2 x kv_heads x head_dim``
-    a layer; of multi-head latent attention (``shape["mla"]``), transformers' cache of the latent and the shared
-    rope key, ``kv_lora + rope`` a layer (576 for DeepSeek-V2-Lite, whose KV had been counted as 2 x 16 x 128 = 4,096
-    a layer: 7.1 times over)."""
-    mla = shape.get("mla")
-    return shape["layers"] * (mla["kv_lora"] + mla["rope"] if mla else 2 * shape["kv_heads"] * shape["head_dim"])
 
 
 def model_params(shape: dict) -> int:
