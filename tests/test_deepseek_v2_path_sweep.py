@@ -58,7 +58,8 @@ from conftest import copy_as_killed_in_checkpoint
 from pacs_fast.data.prompts import INSTRUCTION, SYSTEM_PROMPT
 from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
 from test_llama3_path_sweep import _data, check_batch, check_completion
-from test_qwen3_moe_path_sweep import F, hub_tensors, old_logprobs, response_gap
+from test_qwen3_moe_path_sweep import F, ckpt, hub_tensors, old_logprobs, policy_of, response_gap
+from test_qwen3_moe_path_sweep import row_refs as moe_row_refs
 from test_qwen3_path_sweep import MAX_NEW, TRAIN, G, _gold, forced_completion, recording
 
 # deepseek-ai/DeepSeek-V2-Lite-Chat's config.json on the hub (its auto_map to the remote code left out: transformers
@@ -271,27 +272,9 @@ def runs(dsv2, tmp_path_factory):
     return {name: train(folder, tok, [f"data.dataset={data}", *extra], tmp, name) for name, extra in RUNS.items()}
 
 
-def ckpt(run, step: int) -> Path:
-    return run.run / "checkpoints" / f"step_{step:06d}"
-
-
-def policy_of(run, step: int) -> Path:
-    return run.folder if step == 1 else ckpt(run, step - 1)
-
-
 def row_refs(model, batch) -> list[torch.Tensor]:
-    """Per row of a recorded learner batch: the log-probs of its tokens 1.. (float64; NaN before the response) under
-    ``model``'s forward of the row alone, unpadded, over the tokenizer's ids."""
-    out = []
-    for r in range(len(batch["input_ids"])):
-        length = int(batch["attention_mask"][r].sum())
-        ids, start = batch["input_ids"][r, :length], int(batch["response_mask"][r].nonzero()[0])
-        with torch.no_grad():
-            logits = model(input_ids=ids[None]).logits[0, :-1, :TOKENS]
-        ref = torch.full((length - 1,), float("nan"), dtype=torch.float64)
-        ref[start - 1:] = logits.float().log_softmax(-1).gather(1, ids[1:, None])[start - 1:, 0].double()
-        out.append(ref)
-    return out
+    """:func:`test_qwen3_moe_path_sweep.row_refs` over this tokenizer's ids."""
+    return moe_row_refs(model, batch, tokens=TOKENS)
 
 
 def tensor_names(path: Path) -> set[str]:

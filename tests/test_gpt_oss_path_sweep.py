@@ -87,6 +87,7 @@ from pacs_fast.data.prompts import INSTRUCTION, SYSTEM_PROMPT
 from pacs_fast.trainer.metrics import read_jsonl
 from test_llama3_path_sweep import _data, check_batch, check_completion
 from test_qwen3_moe_path_sweep import response_gap
+from test_qwen3_moe_path_sweep import row_refs as moe_row_refs
 from test_qwen3_path_sweep import forced_completion
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -643,18 +644,8 @@ def load(path, **kw):
 
 
 def row_refs(model, batch) -> list[torch.Tensor]:
-    """Per row of a learner batch: the log-probs of its tokens 1.. (float64; NaN before the response) under
-    ``model``'s forward of the row alone, unpadded, over the tokenizer's ids."""
-    out = []
-    for r in range(len(batch["input_ids"])):
-        length = int(batch["attention_mask"][r].sum())
-        ids, start = batch["input_ids"][r, :length], int(batch["response_mask"][r].nonzero()[0])
-        with torch.no_grad():
-            logits = model(input_ids=ids[None]).logits[0, :-1, :TOKENS]
-        ref = torch.full((length - 1,), float("nan"), dtype=torch.float64)
-        ref[start - 1:] = logits.float().log_softmax(-1).gather(1, ids[1:, None])[start - 1:, 0].double()
-        out.append(ref)
-    return out
+    """:func:`test_qwen3_moe_path_sweep.row_refs` over this tokenizer's ids."""
+    return moe_row_refs(model, batch, tokens=TOKENS)
 
 
 def gpt_oss_prompt(user: str, system: str | None, date: str) -> str:

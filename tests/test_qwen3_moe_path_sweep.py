@@ -175,16 +175,16 @@ def load(path, eager: bool = False):
     return model.eval()
 
 
-def row_refs(model, batch) -> list[torch.Tensor]:
+def row_refs(model, batch, tokens: int = TOKENS) -> list[torch.Tensor]:
     """Per row of a recorded learner batch: the log-probs of its tokens 1.. (as float64; NaN before the response)
-    under ``model``'s forward of the row alone, unpadded, an fp32 softmax over the tokenizer's ids (the head run on
-    the positions before response tokens alone: ``logits_to_keep``)."""
+    under ``model``'s forward of the row alone, unpadded, an fp32 softmax over the tokenizer's ``tokens`` ids (the head
+    run on the positions before response tokens alone: ``logits_to_keep``; the other MoE sweeps take it too)."""
     out = []
     for r in range(len(batch["input_ids"])):
         length = int(batch["attention_mask"][r].sum())
         ids, start = batch["input_ids"][r, :length], int(batch["response_mask"][r].nonzero()[0])
         with torch.no_grad():
-            logits = model(input_ids=ids[None], logits_to_keep=length - start + 1).logits[0, :-1, :TOKENS]
+            logits = model(input_ids=ids[None], logits_to_keep=length - start + 1).logits[0, :-1, :tokens]
         ref = torch.full((length - 1,), float("nan"), dtype=torch.float64)
         ref[start - 1:] = logits.float().log_softmax(-1).gather(1, ids[start:, None])[:, 0].double()
         out.append(ref)
