@@ -29,7 +29,8 @@ re-decode, stop strings' window) were decoded with ``skip_special_tokens=True``,
 \\boxed{5}``, and ``extraction=boxed`` read both boxes (a hedge: the right final answer paid 0) and a response cut
 inside its thinking with the right draft box paid 1. The texts now keep those two tokens (as vLLM's own Mistral
 tokenizer decodes them: pacs_fast/rollout/base.py ``decode_texts``), and ``boxed`` reads them as ``<think>`` /
-``</think>`` (pacs_fast/reward/boxes.py ``answer_part``): 1 and 0, trainer and eval.
+``</think>`` (pacs_fast/reward/boxes.py ``answer_part``): 1 and 0, trainer and eval. vLLM's own text of a response it
+cut at a stop string (kept as it was) still lacked them: now the ids' decode up to the string's end.
 
 Seen, not changed: under the default ``reference`` extraction the cut response's draft box pays 1 (README "Unstated
 answers pay under the reference"), as R1's and gpt-oss's do. The paper's system prompt (``data.system_prompt``'s
@@ -412,3 +413,43 @@ def test_eval_keeps_the_think_tokens_and_scores_as_the_extraction_documents(magi
         gold = int(r["answer"])
         assert r["responses"][0] == final_text(gold) and r["finish_reasons"] == ["stop", "length"], r
         assert r["scores"] == ([1.0, 0.0] if extraction == "boxed" else [1.0, 1.0]), r
+
+
+def test_a_vllm_response_cut_at_a_stop_string_keeps_the_think_tokens(magistral, monkeypatch):
+    """Found and fixed: vLLM's own text of a response it cut at a stop string is decoded without special tokens, and
+    the engine kept it (only the uncut responses were decoded again): ``[THINK]`` / ``[/THINK]`` were gone from it, so
+    ``boxed`` read the draft box beside the answer (0 for a right answer). The stand-in returns what vLLM returns
+    (``include_stop_str_in_output``: the ids up to the token that completed the string, the text without special
+    tokens up to its end); the completion's text is the HF engine's cut of the same ids."""
+    from types import SimpleNamespace
+
+    from pacs_fast.reward.verifier import math_reward
+    from pacs_fast.rollout import vllm_engine
+    from pacs_fast.rollout.base import SamplingParams
+    from pacs_fast.rollout.hf import HFEngine
+    from pacs_fast.rollout.stop_strings import StopStrings
+    from pacs_fast.rollout.vllm_engine import VLLMEngine
+
+    folder, tok = magistral
+    prompt = encode_prompts(tok, ["What is 2 plus 3?"])[0]
+    done = thinking(tok, 5, 0)  # [THINK] ... \boxed{6}.[/THINK]So \boxed{5}</s>
+    stop = "\\boxed{5}"
+    k, _ = StopStrings(tok, (stop,)).cut(done)
+    vllm_text = tok.decode(done[:k], skip_special_tokens=True)
+    vllm_text = vllm_text[:vllm_text.find(stop) + len(stop)]
+    assert "[THINK]" not in vllm_text and math_reward(vllm_text, "5", extraction="boxed") == 0.0  # (the bug's reward)
+    outputs = [SimpleNamespace(prompt_token_ids=prompt, outputs=[
+        SimpleNamespace(index=0, token_ids=done[:k], text=vllm_text, finish_reason="stop", stop_reason=stop,
+                        logprobs=None),
+        SimpleNamespace(index=1, token_ids=done, text="(vLLM's)", finish_reason="stop", stop_reason=EOS,
+                        logprobs=None)])]
+    monkeypatch.setattr(vllm_engine, "generate_all", lambda llm, prompts, sampling, token_ids: outputs)
+    engine = object.__new__(VLLMEngine)
+    engine._llm = SimpleNamespace(get_tokenizer=lambda: tok)
+    engine._vllm = SimpleNamespace(SamplingParams=lambda **kw: kw, TokensPrompt=lambda **kw: kw)
+    engine._asleep, engine._dead, engine.on_cpu, engine._allowed_ids, engine.max_model_len = set(), None, True, None, 256
+    cut, whole = engine.generate([prompt], SamplingParams(n=2, max_new_tokens=MAX_NEW, stop=(stop,)))[0]
+    hf = HFEngine(str(folder))._completions(torch.tensor([done]), None, stops=StopStrings(tok, (stop,)))[0]
+    assert (cut.text, cut.token_ids) == (hf.text, hf.token_ids) == (final_text(5), done[:k])
+    assert whole.text == final_text(5)  # (the uncut response: decoded again, as before)
+    assert math_reward(cut.text, "5", extraction="boxed") == 1.0

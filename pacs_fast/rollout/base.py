@@ -160,6 +160,12 @@ def _kept_ids(tokenizer) -> dict[int, str]:
     return kept
 
 
+def holds_kept_special(tokenizer, ids: list[int]) -> bool:
+    """Whether the response ``ids`` holds one of the tokenizer's :data:`KEPT_SPECIAL` tokens."""
+    kept = _kept_ids(tokenizer)
+    return bool(kept) and any(i in kept for i in ids)
+
+
 def decode_texts(tokenizer, ids: list[list[int]]) -> list[str]:
     """The texts of responses ``ids``: ``batch_decode(ids, skip_special_tokens=True)``, but for the tokenizer's
     :data:`KEPT_SPECIAL` tokens, kept where they are (``[THINK]a[/THINK]b</s>`` -> ``"[THINK]a[/THINK]b"``)."""

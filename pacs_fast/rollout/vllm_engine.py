@@ -66,7 +66,8 @@ import torch
 
 from pacs_fast.config.validation import VLLM_MAX_TEMPERATURE
 from pacs_fast.gc_heap import freeze_long_lived
-from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, check_prompt_token_ids, decode_texts
+from pacs_fast.rollout.base import (Completion, RolloutEngine, SamplingParams, check_prompt_token_ids, decode_texts,
+                                    holds_kept_special)
 from pacs_fast.rollout.vllm_setup import (CPU_MAX_NUM_SEQS, ProcessStateGuard, cpu_kv_cache_size, job_named_cpu_shm,
                                           kv_cache_layout, set_cpu_env_defaults)
 from pacs_fast.rollout.vllm_requests import generate_all
@@ -237,6 +238,16 @@ class VLLMEngine(RolloutEngine):
         except Exception:  # noqa: BLE001 - skip_tokenizer_init=True
             return []
 
+    def _cut_text(self, ids: list[int], stop: str) -> str | None:
+        """A response vLLM cut at the stop string ``stop``, as the HF engine's cut: with ``[THINK]`` / ``[/THINK]``
+        (base.py ``KEPT_SPECIAL``), which vLLM's text leaves out (``boxed`` read the drafts beside the answer)."""
+        try:
+            tokenizer = self._llm.get_tokenizer()
+        except Exception:  # noqa: BLE001 - skip_tokenizer_init=True: vLLM's text stays
+            return None
+        text = decode_texts(tokenizer, [ids])[0] if holds_kept_special(tokenizer, ids) else ""
+        return text[:text.find(stop) + len(stop)] if stop in text else None  # (ends just after the string)
+
     @property
     def llm(self):
         """The underlying ``vllm.LLM``."""
@@ -290,7 +301,7 @@ class VLLMEngine(RolloutEngine):
                                token_ids=prompts)
         result = []
         for out in outputs:
-            comps, whole = [], []
+            comps, whole, cut = [], [], []
             for c in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(c.token_ids)
                 lps = None
@@ -300,10 +311,14 @@ class VLLMEngine(RolloutEngine):
                 comps.append(Completion(token_ids=ids, text=c.text, finish_reason=reason, logprobs=lps))
                 if not isinstance(c.stop_reason, str):  # not cut at a stop string: its text is the whole decode
                     whole.append(comps[-1])
+                else:
+                    cut.append((comps[-1], c.stop_reason))
             # vLLM's text leaves out a last token whose text ends in an incomplete character ("}" of a "}" + the first
             # byte of a CJK character): the decode of the ids, as the HF engine's (the text a stop string cuts stays)
             for c, text in zip(whole, self._decode([c.token_ids for c in whole])):
                 c.text = text
+            for c, stop in cut:  # vLLM's text of a stop-cut response has no special token: Magistral's marks back
+                c.text = self._cut_text(c.token_ids, stop) or c.text
             if greedy:  # vLLM refuses n > 1 when greedy: the n samples are copies of one
                 comps = [copy.deepcopy(comps[0]) for _ in range(params.n)]
             result.append(comps)
