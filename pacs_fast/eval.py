@@ -49,7 +49,7 @@ quiet_openmp_waits()  # before torch loads: idle OpenMP threads spin briefly, th
 from pacs_fast.config.reward_fields import fields_digest, row_fields  # noqa: E402
 from pacs_fast.config.reward_specs import VERIFIER, checked_weights, reward_specs
 from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, check_run_args, load_benchmarks,
-                                       model_label, prompt_kwargs, read_json)
+                                       model_label, prompt_flag_warnings, prompt_kwargs, read_json)
 from pacs_fast.evaluation.parser import int_list, run_parser as _run_parser
 from pacs_fast.evaluation.prompt_fit import check_prompt_lengths, engine_context, prompt_build_warnings
 from pacs_fast.evaluation.engine import (check_vllm_runs_model, engine_and_dtype, make_engine, rope_factors,
@@ -119,10 +119,8 @@ def run(argv: list[str]) -> int:
     if args.reward_fn == VERIFIER:  # (the math verifier alone: no --reward-fn)
         args.reward_fn = ""
     verifier_scores = not args.reward_fn or VERIFIER in reward_specs(args.reward_fn)
-    if "pacs_fast.reward.code_tests:" in args.reward_fn and args.instruction == "pacs":  # (the trainer's warning too)
-        print("warning: --reward-fn pacs_fast.reward.code_tests:... scores the last fenced code block, but "
-              "--instruction pacs (the default) asks for \\boxed{}: give an --instruction asking for a ```python "
-              "block", file=sys.stderr)
+    for line in prompt_flag_warnings(args):  # (the trainer's: the code reward's instruction, unused prompt texts)
+        print(f"warning: {line}", file=sys.stderr)
     if not verifier_scores:  # the verifier's flags, idle: named (and the extraction not recorded as a setting)
         parser = _run_parser()
         for flag, key in (("--extraction", "extraction"), ("--time-limit", "time_limit")):
@@ -238,8 +236,7 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
     :func:`~pacs_fast.evaluation.settings.check_settings`) runs once the prompts fit and the engine loaded."""
     from pacs_fast.config.stop_string_checks import escape_warning
     from pacs_fast.data.prompt_date import pinned_date_kwargs, today
-    from pacs_fast.data.prompts import (build_prompt, encode_prompts, has_chat_template, takes_system_message,
-                                        template_kwargs_effect)
+    from pacs_fast.data.prompts import build_prompt, encode_prompts, system_in_user_turn, template_kwargs_effect
     from pacs_fast.reward.answers import extract_answer
     from pacs_fast.reward.boxes import opens_think, with_prompt_think
     from pacs_fast.reward.verifier import OK
@@ -249,22 +246,24 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
     from pacs_fast.data.tokenizer_files import load_tokenizer
 
     tokenizer = load_tokenizer(args.model, key="--model")
-    if prompt_kwargs(args)["system"] and has_chat_template(tokenizer) and not takes_system_message(tokenizer):
+    template = prompt_kwargs(args)["prompt_template"]  # (chat, plain or the user's own: pacs_fast/data/prompts.py)
+    if system_in_user_turn(tokenizer, prompt_kwargs(args)["system"], template):
         print("note: the chat template of --model takes no system message: the system prompt goes first in the user "
               "message (pacs_fast/data/prompts.py)", file=sys.stderr)  # (as the trainer says; eval said nothing)
-    idle = template_kwargs_effect(tokenizer, args.template_kwargs)
+    idle = template_kwargs_effect(tokenizer, args.template_kwargs, template, "--prompt-template")
     if idle:
         print(f"warning: --chat-template-kwargs {args.chat_template_kwargs}: {idle}", file=sys.stderr)
     # a template that dates its prompts (Llama 3.2's strftime_now): the date the folder's samples were drawn on
     args.template_kwargs, prompt_date, line = pinned_date_kwargs(
         tokenizer, args.template_kwargs, recorded_prompt_date(out_dir) or today(), key="--chat-template-kwargs",
-        again="a rerun into this --out")
+        again="a rerun into this --out", prompt_template=template)
     if line:
         print(line, file=sys.stderr)
     try:  # (a prompt that opens the <think> its response continues: DeepSeek-R1's, read off the template alone, not
         # a system text that mentions <think>; one that fails is said below)
         args.think_open = opens_think(build_prompt(tokenizer, "1+1?", system=None, instruction=None,
-                                                   template_kwargs=prompt_kwargs(args)["template_kwargs"]))
+                                                   template_kwargs=prompt_kwargs(args)["template_kwargs"],
+                                                   prompt_template=template))
     except ValueError:
         args.think_open = False
     for line in (special_token_warning(tokenizer, args.stop, "--stop"), escape_warning(args.stop, "--stop"),
@@ -295,9 +294,8 @@ def _generate(args, out_dir: Path, sets, ns, todo, reward_fn=None, commit=None) 
                                         min_p=args.min_p, max_new_tokens=args.max_tokens, seed=base + idx[0] * n,
                                         stop=tuple(args.stop))
                 prompts = encode_prompts(tokenizer, [problems[i].problem for i in idx], **prompt_kwargs(args))
-                chat = has_chat_template(tokenizer)  # the exact prompt text, kept next to the responses
-                prompt_texts = [build_prompt(tokenizer, problems[i].problem, use_chat_template=chat,
-                                            **prompt_kwargs(args)) for i in idx]
+                # the exact prompt text, kept next to the responses
+                prompt_texts = [build_prompt(tokenizer, problems[i].problem, **prompt_kwargs(args)) for i in idx]
                 outs = engine.generate(prompts, params)
                 texts = [c.text for comp in outs for c in comp]
                 answers = [problems[i].answer for i, comp in zip(idx, outs) for _ in comp]

@@ -21,7 +21,8 @@ value as written (``data.instruction=null`` appended "null" to every problem; ``
 file is none).
 
 The code reward (``reward.fn=pacs_fast.reward.code_tests:...``) with the default ``data.instruction`` (the
-paper's, which asks for a boxed final answer, not a code block).
+paper's, which asks for a boxed final answer, not a code block), where the prompts carry it (a ``data.prompt_template``
+of the user's own without ``{instruction}`` does not).
 
 ``rollout.filter_groups=true`` (DAPO's dynamic sampling) with ``algo.name=ppo``: it drops the groups whose verifier
 rewards are all equal, whose GRPO-style advantages are 0 anyway; PPO's come from GAE and a critic and are not, so
@@ -43,6 +44,7 @@ weights (the default) these updates accumulate in fp32 (pacs_fast/learner/master
 from __future__ import annotations
 
 from pacs_fast.config.model_files import router_aux_loss
+from pacs_fast.config.prompt_template_checks import names
 from pacs_fast.config.schema import Config, LearnerConfig
 from pacs_fast.config.stop_string_checks import escape_warning
 from pacs_fast.config.unused import idle_rules
@@ -57,7 +59,8 @@ def hazard_warnings(cfg: Config) -> list[str]:
                    "the proxies equal (the policy is its reference): gradients of ~1e6 (learner/grad_norm), so "
                    "learner.grad_clip sets the update's size and the 1e-6 its direction; algo.score=rloo (the "
                    "default) has no such point")
-    if "pacs_fast.reward.code_tests:" in cfg.reward.fn and cfg.data.instruction == "pacs":
+    if "pacs_fast.reward.code_tests:" in cfg.reward.fn and cfg.data.instruction == "pacs" and \
+            names(cfg.data.prompt_template, "instruction"):  # (a template of its own without {instruction}: unused)
         out.append("reward.fn=pacs_fast.reward.code_tests:... scores the response's last fenced code block, but "
                    "data.instruction=pacs (the default) asks for a final answer within \\boxed{}: set "
                    "data.instruction to ask for a ```python block (or '' when the problems say so themselves)")

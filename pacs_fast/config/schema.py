@@ -85,6 +85,12 @@ class DataConfig:
     instruction: str = _f("pacs", "text after each problem in the user message: pacs (the paper's 'Please reason "
                           "step by step, and put your final answer within \\boxed{}.'), '' (none: the problem as "
                           "given, e.g. verl data that carries its own) or the text")
+    prompt_template: str = _f("chat", "how each prompt is written: chat (model.path's chat template; the plain format "
+                              "'{system}\\n\\nUser: {problem} {instruction}\\nAssistant:' where it has none), plain "
+                              "(the plain format even where it has one: a base model's R1-Zero-style run) or a text "
+                              "of your own holding {problem} once, and {instruction} / {system} where they go "
+                              "(data.instruction's / data.system_prompt's text; other braces, as \\boxed{}'s, stay "
+                              "as written), e.g. R1's '...\\nUser: {problem}\\nAssistant: <think>'")
     chat_template_kwargs: dict = _f({}, "variables of model.path's chat template (TRL's chat_template_kwargs, verl's "
                                     "apply_chat_template_kwargs), e.g. {enable_thinking: false} for Qwen3's")
     max_prompt_tokens: int = _f(512, "longer prompts are dropped (the paper's limit is 512; more than 5% dropped is a "

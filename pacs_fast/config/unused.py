@@ -9,6 +9,7 @@ every arm). Combinations that cannot run at all are :func:`~pacs_fast.config.val
 from __future__ import annotations
 
 from pacs_fast.config.loading import default_micro_batch_prompts
+from pacs_fast.config.prompt_template_checks import names
 from pacs_fast.config.reward_specs import is_mix, uses_verifier
 from pacs_fast.config.schema import Config
 from pacs_fast.config.validation import _get, is_level
@@ -23,7 +24,7 @@ TINY_MODEL_ONLY = ("model.tiny_hidden_size", "model.tiny_num_layers", "warmup.st
 ARITHMETIC_ONLY = ("data.arith_max_digits", "data.arith_ops", "data.arith_train_size", "data.arith_terms",
                    "data.arith_seed")
 FILE_DATASETS_ONLY = ("data.eval_dataset", "data.problem_key", "data.answer_key", "data.split_seed")
-PROMPT_KEYS = ("data.system_prompt", "data.instruction")
+PROMPT_KEYS = ("data.system_prompt", "data.instruction", "data.prompt_template")
 
 
 def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
@@ -145,6 +146,11 @@ def idle_rules(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
         out.append((PROMPT_KEYS, "with data.dataset=arithmetic (the built-in task has its own prompt format)"))
     else:
         out.append((ARITHMETIC_ONLY, f"with data.dataset={cfg.data.dataset} (the built-in task's)"))
+        for part, key in (("system", "data.system_prompt"), ("instruction", "data.instruction")):
+            # (a template of the user's own places each text itself; '' is none there either)
+            if not names(cfg.data.prompt_template, part) and _get(cfg, key):
+                out.append(((key,), f"with data.prompt_template, a text of its own without {{{part}}} (write "
+                                    f"{{{part}}} where the text goes)"))
         if cfg.data.eval_dataset:
             out.append((("data.split_seed",), "with data.eval_dataset set (no split of the training data)"))
     return out
@@ -163,5 +169,6 @@ def unused_settings(cfg: Config) -> list[str]:
             if key not in seen and value != _get(default, key):
                 seen.add(key)
                 shown = str(value).lower() if isinstance(value, bool) else value  # as a user types it
+                shown = repr(shown) if isinstance(shown, str) and "\n" in shown else shown  # (a template: one line)
                 lines.append(f"{key}={shown} has no effect {why}")
     return lines

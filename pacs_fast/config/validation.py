@@ -6,6 +6,7 @@ from pathlib import Path
 from pacs_fast.config.algorithm_checks import validate_loss_modes, validate_reset
 from pacs_fast.config.launch_checks import validate_async, validate_parallel, world_size
 from pacs_fast.config.paths import SHIPPED_DATASETS, validate_paths, warmup_cache_root, write_problem  # noqa: F401
+from pacs_fast.config.prompt_template_checks import check_prompt_template
 from pacs_fast.config.reward_fields import field_keywords
 from pacs_fast.config.reward_specs import VERIFIER, checked_weights, is_mix, reward_specs, user_specs
 from pacs_fast.config.schema import (ALGORITHMS, RECOMPUTE_GRANULARITIES, SPLIT_GROUPS, Config, field_types,
@@ -338,6 +339,7 @@ def validate(cfg: Config, *, world: int | None = None, new_run: bool = True) -> 
     _choice("algo.kl_estimator", cfg.algo.kl_estimator, ("k1", "k2", "k3", "k1+", "k3+"))
     _choice("learner.lr_schedule", cfg.learner.lr_schedule, ("constant", "linear", "cosine"))
     check_template_kwargs(cfg.data.chat_template_kwargs, "data.chat_template_kwargs")
+    check_prompt_template(cfg.data.prompt_template, "data.prompt_template")
     check_stop_strings(cfg.rollout.stop, "rollout.stop")
     if cfg.algo.kl_clamp and cfg.algo.kl_estimator not in ("k3", "k3+"):
         raise ValueError(f"algo.kl_clamp bounds the k3 (and k3+) estimate (verl's low_var_kl); algo.kl_estimator="

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from pacs_fast.config.prompt_template_checks import CHAT
+
 DATE_FORMAT = "%d %b %Y"  # Llama 3.1-3.3's "Today Date: 26 Jul 2024"
 
 
@@ -35,17 +37,18 @@ def stopped_clock(date: str):
     return lambda fmt: when.strftime(fmt)
 
 
-def pinned_date_kwargs(tokenizer, template_kwargs: dict | None, date: str, *, key: str, again: str
-                       ) -> tuple[dict, str | None, str | None]:
+def pinned_date_kwargs(tokenizer, template_kwargs: dict | None, date: str, *, key: str, again: str,
+                       prompt_template: str = CHAT) -> tuple[dict, str | None, str | None]:
     """``(template kwargs, the date pinned or None, a line to print or None)``. For a template that reads the
     clock and no ``date_string`` in ``template_kwargs`` (``key`` names the setting): ``date`` given as
     ``date_string`` when that changes the prompt, else as a stopped clock (:func:`stopped_clock`, the variable
     ``strftime_now``: for rendering only, never recorded) when that does, else a warning that ``again``, a resume on
-    another day, renders other prompts."""
+    another day, renders other prompts. Nothing where the prompts are not the chat template's (``prompt_template``
+    plain or a text of the user's own: ``data.prompt_template``), which no clock reaches."""
     from pacs_fast.data.prompts import build_prompt
 
     kwargs = dict(template_kwargs or {})
-    if "date_string" in kwargs or not reads_the_clock(tokenizer):
+    if "date_string" in kwargs or prompt_template != CHAT or not reads_the_clock(tokenizer):
         return kwargs, None, None
 
     def differ(name: str, values) -> bool:  # (whether the variable `name` changes the prompt)

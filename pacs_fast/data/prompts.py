@@ -15,11 +15,18 @@ the plain format::
 when ``instruction`` is ``None`` or empty). A chat template that refuses a system message (Gemma's), or drops
 it without a word (Phi-3's first one renders only the user and assistant turns), gets one user message,
 ``{system}\\n\\n{problem} {instruction}``.
+
+``prompt_template`` (``data.prompt_template``, eval's ``--prompt-template``: pacs_fast/config/prompt_template_checks.py)
+picks the format: ``"chat"`` (the default) as above, ``"plain"`` the plain format even where the tokenizer has a chat
+template (a base model trained R1-Zero style), or a text of the user's own holding ``{problem}`` (and ``{instruction}``
+/ ``{system}`` where it wants them): :func:`fill_template`, encoded as the plain format is.
 """
 from __future__ import annotations
 
 import re
 from typing import Iterable
+
+from pacs_fast.config.prompt_template_checks import CHAT, PLAIN, is_custom, names
 
 SYSTEM_PROMPT = "You are a helpful assistant."
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -40,24 +47,51 @@ def asks_for_a_format(problem: str, instruction: str | None) -> bool:
     return bool(instruction) and user_text(problem, instruction) != problem and bool(FORMAT_REQUEST.search(problem))
 
 
-def prompt_parts(system_prompt: str = "pacs", instruction: str = "pacs") -> tuple[str | None, str | None]:
+def prompt_parts(system_prompt: str = "pacs", instruction: str = "pacs",
+                 prompt_template: str = CHAT) -> tuple[str | None, str | None]:
     """``(system, instruction)`` for :func:`build_prompt` from the settings ``data.system_prompt`` /
     ``data.instruction`` (eval: ``--system-prompt`` / ``--instruction``): ``"pacs"`` is the paper's text,
-    ``""`` none, anything else the text itself."""
-    def pick(value: str, paper: str) -> str | None:
+    ``""`` none, anything else the text itself. Under a ``prompt_template`` of the user's own, a part it does not
+    name (``{system}`` / ``{instruction}``) is None: no prompt carries it."""
+    def pick(value: str, paper: str, part: str) -> str | None:
+        if not names(prompt_template, part):
+            return None
         return paper if value == "pacs" else (value or None)
 
-    return pick(system_prompt, SYSTEM_PROMPT), pick(instruction, INSTRUCTION)
+    return pick(system_prompt, SYSTEM_PROMPT, "system"), pick(instruction, INSTRUCTION, "instruction")
+
+
+def fill_template(template: str, problem: str, *, system: str | None = None, instruction: str | None = None) -> str:
+    """A prompt template of the user's own (``data.prompt_template``) with ``{problem}`` replaced by ``problem`` as
+    given, ``{system}`` / ``{instruction}`` by those texts (empty where None). Only these literal placeholders are
+    replaced, in the template's own text alone (not in the problem, nor in the texts put in): every other brace, as
+    ``\\boxed{}``'s, stays as written (``str.format`` would have read it as a field)."""
+    if not isinstance(problem, str):
+        raise ValueError(f"problem must be a string, got {type(problem).__name__}")
+    texts = {"system": system or "", "instruction": instruction or ""}
+
+    def fill(part: str) -> str:
+        return re.sub(r"\{(system|instruction)\}", lambda m: texts[m.group(1)], part)
+
+    head, tail = template.split("{problem}", 1)
+    return fill(head) + problem + fill(tail)
+
+
+def _starts_with_bos(tokenizer, prompt_template: str) -> bool:
+    """Whether a template of the user's own begins with the tokenizer's BOS text (``<|begin_of_text|>...``): its
+    prompts are then encoded without the tokenizer's own BOS, which would be a second one."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return is_custom(prompt_template) and isinstance(bos, str) and bool(bos) and prompt_template.startswith(bos)
 
 
 def template_format_request(tokenizer, system: str | None, instruction: str | None,
-                            template_kwargs: dict | None = None) -> str | None:
+                            template_kwargs: dict | None = None, prompt_template: str = CHAT) -> str | None:
     """The request for an answer format (:data:`FORMAT_REQUEST`) in the chat template's own default system message,
     when the prompts leave it to the template (``system`` None or empty) and ``instruction`` appends one to each
     problem as well: two instructions in one prompt (Qwen2.5-Math's template writes "Please reason step by step,
     and put your final answer within \\boxed{}." as its system message, the paper's instruction word for word).
-    That sentence, or None."""
-    if system or not instruction or not has_chat_template(tokenizer):
+    That sentence, or None (always with a ``prompt_template`` other than ``chat``: no chat template is used)."""
+    if system or not instruction or prompt_template != CHAT or not has_chat_template(tokenizer):
         return None
     try:
         alone = build_prompt(tokenizer, "\u2063", system=None, instruction=None, template_kwargs=template_kwargs)
@@ -95,11 +129,16 @@ def _render(tokenizer, messages: list[dict[str, str]], template_kwargs: dict | N
                                          **(template_kwargs or {}))
 
 
-def template_kwargs_effect(tokenizer, template_kwargs: dict | None) -> str | None:
-    """A line when ``template_kwargs`` cannot change the prompts: the tokenizer has no chat template (the plain
-    format), or its template renders a prompt the same with and without them (it reads none of those names)."""
+def template_kwargs_effect(tokenizer, template_kwargs: dict | None, prompt_template: str = CHAT,
+                           template_key: str = "data.prompt_template") -> str | None:
+    """A line when ``template_kwargs`` cannot change the prompts: ``prompt_template`` (the setting ``template_key``)
+    is not the chat template, the tokenizer has no chat template (the plain format), or its template renders a prompt
+    the same with and without them (it reads none of those names)."""
     if not template_kwargs:
         return None
+    if prompt_template != CHAT:
+        what = "the plain format" if prompt_template == PLAIN else "a text of its own"
+        return f"{template_key} is {what}, not the chat template: they change nothing"
     if not has_chat_template(tokenizer):
         return "the tokenizer has no chat template (the plain prompt format): they change nothing"
     try:  # built as the prompts are: a template without a system role (Gemma's) raised here, and said nothing
@@ -126,6 +165,13 @@ def takes_system_message(tokenizer) -> bool:
     return False
 
 
+def system_in_user_turn(tokenizer, system: str | None, prompt_template: str = CHAT) -> bool:
+    """Whether :func:`build_prompt` puts a ``system`` text first in the user message: it is given, the prompts are
+    the chat template's (``prompt_template`` chat) and that template takes no system message."""
+    return bool(system) and prompt_template == CHAT and has_chat_template(tokenizer) and \
+        not takes_system_message(tokenizer)
+
+
 def _holds(text: str, system: str) -> bool:
     """Whether a rendered prompt holds the system text (a template may trim it, as Llama 3's do)."""
     return system.strip() in text
@@ -137,13 +183,19 @@ def has_chat_template(tokenizer) -> bool:
 
 def build_prompt(tokenizer, problem: str, *, system: str | None = SYSTEM_PROMPT,
                  instruction: str | None = INSTRUCTION, use_chat_template: bool | None = None,
-                 template_kwargs: dict | None = None) -> str:
+                 template_kwargs: dict | None = None, prompt_template: str = CHAT) -> str:
     """The prompt text for one problem, ending where the model's answer starts.
 
     ``use_chat_template``: ``None`` uses the tokenizer's chat template when it has one, else the
     plain format (module docstring); ``True`` requires a template; ``False`` forces the plain format.
     ``template_kwargs``: the chat template's variables (``{"enable_thinking": False}`` for Qwen3's).
+    ``prompt_template``: ``"chat"`` (the default) as ``use_chat_template`` says; ``"plain"`` the plain format, a text
+    of the user's own :func:`fill_template` (either way ``use_chat_template`` is not read).
     """
+    if is_custom(prompt_template):
+        return fill_template(prompt_template, problem, system=system, instruction=instruction)
+    if prompt_template == PLAIN:
+        use_chat_template = False
     if use_chat_template is None:
         use_chat_template = has_chat_template(tokenizer)
     if use_chat_template:
@@ -191,25 +243,31 @@ def _template_source(tokenizer) -> str:
 
 def encode_prompts(tokenizer, problems: Iterable[str], *, system: str | None = SYSTEM_PROMPT,
                    instruction: str | None = INSTRUCTION, use_chat_template: bool | None = None,
-                   template_kwargs: dict | None = None) -> list[list[int]]:
+                   template_kwargs: dict | None = None, prompt_template: str = CHAT) -> list[list[int]]:
     """Token ids of :func:`build_prompt` for each problem (what a rollout engine takes).
 
     Chat-template text already holds any BOS the template wants, so it is encoded without extra
     special tokens; the plain format gets the tokenizer's usual special tokens before the text (a BOS), none
     after it (a tokenizer that appends EOS, ``add_eos_token=True``, ended every prompt with an end of sequence).
+    A ``prompt_template`` of the user's own is encoded as the plain format (``"plain"`` is it), but one that begins
+    with the BOS text gets no second BOS.
     """
+    if prompt_template != CHAT:
+        use_chat_template = False
     if use_chat_template is None:
         use_chat_template = has_chat_template(tokenizer)
     # the plain text ends with "Assistant:": an EOS id after it is the tokenizer's own
     eos = None if use_chat_template else getattr(tokenizer, "eos_token_id", None)
+    specials = not use_chat_template and not _starts_with_bos(tokenizer, prompt_template)
     out: list[list[int]] = []
     problems = list(problems)
     # a chunk at a time: one call over a 100k-row dataset held every text, its ids and its attention mask at
     # once (+2 GB of Python objects for 14M tokens, most of which the allocator kept)
     for start in range(0, len(problems), ENCODE_CHUNK):
         texts = [build_prompt(tokenizer, p, system=system, instruction=instruction, use_chat_template=use_chat_template,
-                              template_kwargs=template_kwargs) for p in problems[start:start + ENCODE_CHUNK]]
-        enc = tokenizer(texts, add_special_tokens=not use_chat_template, return_attention_mask=False)
+                              template_kwargs=template_kwargs, prompt_template=prompt_template)
+                 for p in problems[start:start + ENCODE_CHUNK]]
+        enc = tokenizer(texts, add_special_tokens=specials, return_attention_mask=False)
         out += [list(ids[:-1]) if eos is not None and len(ids) > 1 and ids[-1] == eos else list(ids)
                 for ids in enc["input_ids"]]
     return out
@@ -226,14 +284,15 @@ def _special_tokens(tokenizer) -> dict[int, str]:
 
 
 def prompt_warnings(tokenizer, problems: list[str], stop_ids: list[int], *, held_out: list[str] = (),
-                    length_key: str = "rollout.max_new_tokens") -> list[str]:
+                    length_key: str = "rollout.max_new_tokens", prompt_template: str = CHAT) -> list[str]:
     """Lines about prompts the chat template will not build as meant: problems (and ``held_out`` ones, in a line
     of their own) that already hold the template's special tokens (wrapped in it a second time), a template that
     adds no assistant header (``add_generation_prompt`` changes nothing: the prompt ends after the user's turn),
     and an end-of-turn token that is not among ``stop_ids`` (the generation's stop tokens: responses run on past
     their turn, e.g. a base Qwen2.5 model, whose EOS is ``<|endoftext|>``, under its ``<|im_end|>`` template;
-    ``length_key`` names the setting they run to: eval's ``--max-tokens``)."""
-    if not has_chat_template(tokenizer):
+    ``length_key`` names the setting they run to: eval's ``--max-tokens``). None where the prompts are not the chat
+    template's (``prompt_template`` plain or a text of the user's own)."""
+    if prompt_template != CHAT or not has_chat_template(tokenizer):
         return []
     lines = []
     special = _special_tokens(tokenizer)

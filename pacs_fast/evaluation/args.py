@@ -90,6 +90,7 @@ def check_run_args(args) -> None:
     ``--chat-template-kwargs``' JSON becomes ``args.template_kwargs`` (a dict)."""
     import json
 
+    from pacs_fast.config.prompt_template_checks import check_prompt_template
     from pacs_fast.config.stop_string_checks import check_stop_strings
     from pacs_fast.config.validation import check_template_kwargs
 
@@ -109,6 +110,10 @@ def check_run_args(args) -> None:
     except json.JSONDecodeError as e:
         raise UsageError(f"--chat-template-kwargs {args.chat_template_kwargs!r} is not JSON ({e.msg}): give an "
                          f"object, e.g. '{{\"enable_thinking\": false}}'") from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:  # (chat, plain, or a text holding {problem} once: pacs_fast/config/prompt_template_checks.py)
+        check_prompt_template(args.prompt_template, "--prompt-template")
     except ValueError as e:
         raise UsageError(str(e)) from None
     if any(not isinstance(s, str) for s in args.stop):  # (argparse drops a lone "--" from a flag's value)
@@ -334,10 +339,32 @@ def gold_warnings(problems: list, args, sample: int = 512) -> list[str]:
 
 def _prompt_setting(args) -> tuple[str | None, str | None]:
     """``(system, instruction)`` the prompts will carry (``--system-prompt`` / ``--instruction``; the paper's
-    where a command has neither)."""
+    where a command has neither; None for one a ``--prompt-template`` of its own does not name)."""
     from pacs_fast.data.prompts import prompt_parts
 
-    return prompt_parts(getattr(args, "system_prompt", "pacs"), getattr(args, "instruction", "pacs"))
+    return prompt_parts(getattr(args, "system_prompt", "pacs"), getattr(args, "instruction", "pacs"),
+                        getattr(args, "prompt_template", "chat"))
+
+
+def prompt_flag_warnings(args) -> list[str]:
+    """The trainer's lines about its prompt settings, for eval's flags: ``--reward-fn`` scoring code with the
+    default ``--instruction`` (which asks for a boxed answer) where the prompts carry it, and a ``--system-prompt`` /
+    ``--instruction`` other than the default that a ``--prompt-template`` of its own does not name (unused)."""
+    from pacs_fast.config.prompt_template_checks import names
+
+    template = getattr(args, "prompt_template", "chat")
+    lines = []
+    if "pacs_fast.reward.code_tests:" in args.reward_fn and args.instruction == "pacs" and \
+            names(template, "instruction"):
+        lines.append("--reward-fn pacs_fast.reward.code_tests:... scores the last fenced code block, but "
+                     "--instruction pacs (the default) asks for \\boxed{}: give an --instruction asking for a "
+                     "```python block")
+    for part, flag, value in (("system", "--system-prompt", args.system_prompt),
+                              ("instruction", "--instruction", args.instruction)):
+        if value not in ("pacs", "") and not names(template, part):
+            lines.append(f"{flag} {value!r} has no effect with --prompt-template, a text of its own without "
+                         f"{{{part}}} (write {{{part}}} where the text goes)")
+    return lines
 
 
 def model_label(model: str) -> str:
@@ -356,7 +383,9 @@ def model_label(model: str) -> str:
 
 
 def prompt_kwargs(args) -> dict:
-    """``system`` / ``instruction`` / ``template_kwargs`` of every prompt from ``--system-prompt`` /
-    ``--instruction`` / ``--chat-template-kwargs`` (recorded in ``run_config.json`` with the sampling settings)."""
+    """``system`` / ``instruction`` / ``template_kwargs`` / ``prompt_template`` of every prompt from
+    ``--system-prompt`` / ``--instruction`` / ``--chat-template-kwargs`` / ``--prompt-template`` (recorded in
+    ``run_config.json`` with the sampling settings)."""
     system, instruction = _prompt_setting(args)
-    return {"system": system, "instruction": instruction, "template_kwargs": dict(getattr(args, "template_kwargs", {}))}
+    return {"system": system, "instruction": instruction, "template_kwargs": dict(getattr(args, "template_kwargs", {})),
+            "prompt_template": getattr(args, "prompt_template", "chat")}

@@ -123,6 +123,11 @@ def run_parser() -> argparse.ArgumentParser:
                         "Qwen3's (the trainer's data.chat_template_kwargs)")
     p.add_argument("--instruction", default="pacs",
                    help="text after each problem: pacs (the paper's \\boxed{} instruction), '' (none) or the text")
+    p.add_argument("--prompt-template", default="chat", metavar="chat|plain|TEXT",
+                   help="how each prompt is written: chat (the model's chat template; the plain format where it has "
+                        "none), plain (the plain format even where it has one: a base model's R1-Zero-style prompts) "
+                        "or a text of your own holding {problem} once, and {instruction} / {system} where they go "
+                        "(other braces, as \\boxed{}'s, stay as written) (the trainer's data.prompt_template)")
     p.add_argument("--problem-field", default="problem", help="question field of dataset files")
     p.add_argument("--answer-field", default="answer", help="gold answer field of dataset files")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

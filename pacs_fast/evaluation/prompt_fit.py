@@ -81,7 +81,7 @@ def prompt_build_warnings(args, tokenizer, sets, todo) -> list[str]:
                      f"instructions in one prompt; give --instruction '' to keep the template's alone")
     for bench, problems in sets.items():
         for line in prompt_warnings(tokenizer, [problems[i].problem for i in todo[bench]], stop_ids,
-                                    length_key="--max-tokens"):
+                                    length_key="--max-tokens", prompt_template=prompt_kwargs(args)["prompt_template"]):
             line = f"{bench}: {line}" if "problems already hold" in line else line  # (the template's lines once)
             if line not in lines:
                 lines.append(line)

@@ -79,7 +79,8 @@ def incomplete_warnings(results: dict[str, Any], *, had_results: bool, out_dir: 
 
 # the sampling settings of run_config.json that change pass@k (n and the seed do not: pass@k is unbiased in n)
 COMPARED_SETTINGS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "system", "instruction",
-                     "template_kwargs", "extraction", "reward_fn", "reward_fields", "reward_weights", "engine", "dtype")
+                     "template_kwargs", "prompt_template", "extraction", "reward_fn", "reward_fields", "reward_weights",
+                     "engine", "dtype")
 
 
 def _settings_warnings(results: list[dict[str, Any]], labels: list[str]) -> list[str]:

@@ -44,7 +44,7 @@ PAPER_N = {"math500": 32}  # the paper samples 32 for MATH-500 and 512 for the o
 PAPER_N_OTHER = 512
 MAX_K = 256
 # the sampling settings a settings file or a result from before they existed was made with (off)
-UNRECORDED_SAMPLING = {"top_k": 0, "min_p": 0.0, "template_kwargs": {}, "stop": []}
+UNRECORDED_SAMPLING = {"top_k": 0, "min_p": 0.0, "template_kwargs": {}, "stop": [], "prompt_template": "chat"}
 # what results written before a setting was recorded used (the verifier's only extraction then, and the verifier;
 # no fields: reward_fields is written only when given)
 LEGACY_SETTINGS = {"extraction": "reference", "reward_fn": "", "reward_fields": [], "reward_weights": [],

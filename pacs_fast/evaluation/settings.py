@@ -19,7 +19,7 @@ from pacs_fast.reward.time_limit import DEFAULT_TIME_LIMIT, MAX_TIME_LIMIT
 
 SETTINGS_FILE = "run_config.json"
 SAMPLING_KEYS = ("model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed", "n", "system",
-                 "instruction", "template_kwargs")
+                 "instruction", "template_kwargs", "prompt_template")
 
 
 def weights_stamp(model: str) -> dict[str, list[int]] | None:

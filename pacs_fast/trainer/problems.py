@@ -52,7 +52,8 @@ def load_problems(cfg: Config, *, held_out_per_row: bool = False, split_order: b
     from pacs_fast.data.prompts import prompt_parts
 
     keywords = field_keywords(cfg.reward.fn_fields, "reward.fn_fields")
-    system = prompt_parts(cfg.data.system_prompt, cfg.data.instruction)[0]  # (a chat-message row's own is compared)
+    # (a chat-message row's own system message is compared with the prompts')
+    system = prompt_parts(cfg.data.system_prompt, cfg.data.instruction, cfg.data.prompt_template)[0]
     check = answer_check(user_specs(cfg.reward.fn), "reward.fn") if cfg.reward.fn else None
 
     def load(path):
@@ -219,7 +220,7 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
         lines.append(f"{len(told)} of the {len(texts)} problems state their own gold answer (as \\boxed{{<answer>}} or "
                      f"'#### <answer>'; e.g. {told[0].get('id', '')!r}: ...{told[0]['problem'][-60:]!r}): the model "
                      f"reads the answer in its prompt; is data.problem_key={cfg.data.problem_key} the question field?")
-    instruction = prompt_parts(cfg.data.system_prompt, cfg.data.instruction)[1]
+    instruction = prompt_parts(cfg.data.system_prompt, cfg.data.instruction, cfg.data.prompt_template)[1]
     asked = [row for row in texts if asks_for_a_format(row["problem"], instruction)]
     if asked:  # (verl's and DeepScaleR's problems carry their own "... within \boxed{}." request)
         whose = "the paper's" if cfg.data.instruction == "pacs" else "its text"
@@ -290,10 +291,11 @@ def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log, *, held
     it to one, or writing it as JSON, fails loudly instead of doing something else."""
     from pacs_fast.data.prompts import ENCODE_CHUNK, encode_prompts, prompt_parts, template_format_request
 
-    system, instruction = prompt_parts(cfg.data.system_prompt, cfg.data.instruction)
+    template = cfg.data.prompt_template
+    system, instruction = prompt_parts(cfg.data.system_prompt, cfg.data.instruction, template)
     kwargs = cfg.data.chat_template_kwargs if template_kwargs is None else template_kwargs
     asked = not held_out and problems and "prompt" not in problems[0] and \
-        template_format_request(tokenizer, system, instruction, kwargs)
+        template_format_request(tokenizer, system, instruction, kwargs, template)
     if asked:  # (Qwen2.5-Math's template: its default system message is the paper's instruction)
         whose = "the paper's" if cfg.data.instruction == "pacs" else "its text"
         log(f"warning: data.system_prompt={cfg.data.system_prompt!r} leaves the system message to the chat template, "
@@ -307,8 +309,7 @@ def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log, *, held
             lists = [tokenizer.encode(p["prompt"], add_special_tokens=False) for p in part]
         else:
             lists = encode_prompts(tokenizer, [p["problem"] for p in part], system=system, instruction=instruction,
-                                   template_kwargs=cfg.data.chat_template_kwargs if template_kwargs is None
-                                   else template_kwargs)
+                                   template_kwargs=kwargs, prompt_template=template)
         ids += [array("i", x) for x in lists]
     out = [{**p, "prompt_ids": i} for p, i in zip(problems, ids) if 0 < len(i) <= cfg.data.max_prompt_tokens]
     dropped = 1.0 - len(out) / max(len(problems), 1)

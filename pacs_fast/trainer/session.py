@@ -22,8 +22,7 @@ from pacs_fast.code_version import code_version, resume_note
 from pacs_fast.config import Config, hazard_warnings, to_dict, unused_settings, validate
 from pacs_fast.config.model_files import vocab_problem
 from pacs_fast.data.prompt_date import pinned_date_kwargs, today
-from pacs_fast.data.prompts import (build_prompt, has_chat_template, prompt_warnings,
-                                    takes_system_message, template_kwargs_effect)
+from pacs_fast.data.prompts import build_prompt, prompt_warnings, system_in_user_turn, template_kwargs_effect
 from pacs_fast.data.tokenizer_files import load_tokenizer
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.openmp import threads_beside_other_jobs
@@ -205,16 +204,17 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
         problem = vocab_problem(model_path, len(tokenizer))  # (validation read the files; this, the loaded one)
         if problem:
             raise ValueError(f"model.path {str(model_path)!r}: {problem}")
-        if cfg.data.system_prompt and has_chat_template(tokenizer) and not takes_system_message(tokenizer):
+        if system_in_user_turn(tokenizer, cfg.data.system_prompt, cfg.data.prompt_template):
             log("note: the chat template of model.path takes no system message: the system prompt goes first in "
                 "the user message (pacs_fast/data/prompts.py)")
-        idle = template_kwargs_effect(tokenizer, cfg.data.chat_template_kwargs)
+        idle = template_kwargs_effect(tokenizer, cfg.data.chat_template_kwargs, cfg.data.prompt_template)
         if idle:
             log(f"warning: data.chat_template_kwargs={cfg.data.chat_template_kwargs}: {idle}")
         # a template that dates its prompts (Llama 3.2's strftime_now): the first session's date, on every rank
         prompt_date = world.broadcast((newest[1].get("prompt_date") if newest else None) or today())
         template_kwargs, prompt_date, line = pinned_date_kwargs(tokenizer, cfg.data.chat_template_kwargs, prompt_date,
-                                                                key="data.chat_template_kwargs", again="a --resume")
+                                                                key="data.chat_template_kwargs", again="a --resume",
+                                                                prompt_template=cfg.data.prompt_template)
         if line:
             log(line)
         special = special_token_warning(tokenizer, cfg.rollout.stop, "rollout.stop")
@@ -222,8 +222,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
             log(f"warning: {special}")
         problems = [p["problem"] for p in train_problems[:2000] if "prompt" not in p]
         held = [p["problem"] for p in held_out[:2000] if "prompt" not in p]  # (wrapped again as silently)
-        for line in prompt_warnings(tokenizer, problems, folder_stop_ids(model_path, tokenizer), held_out=held) \
-                if problems or held else []:
+        for line in prompt_warnings(tokenizer, problems, folder_stop_ids(model_path, tokenizer), held_out=held,
+                                    prompt_template=cfg.data.prompt_template) if problems or held else []:
             log(f"warning: {line}")
         train_problems, dropped_train = encode(cfg, tokenizer, train_problems, "data.dataset", log,
                                                template_kwargs=template_kwargs)
@@ -282,7 +282,8 @@ def start(cfg: Config, run_dir: str | Path, *, resume: bool, engine_builder=None
     # problem, as eval does (a problem's own text may hold a "<think>"); the built-in task's prompts as they are
     first = (train_problems or held_out or [None])[0]
     think_open = first is not None and opens_think(first["prompt"] if "prompt" in first else build_prompt(
-        tokenizer, "1+1?", system=None, instruction=None, template_kwargs=template_kwargs))  # (the template's alone)
+        tokenizer, "1+1?", system=None, instruction=None, template_kwargs=template_kwargs,  # (the template's alone:
+        prompt_template=cfg.data.prompt_template))  # R1's data.prompt_template ends in "Assistant: <think>")
     scorer = Scorer.from_config(cfg, gather=world.gather_dp if world.dp > 1 else None,  # one rate for every group
                                 think_open=think_open)
     s = Session(cfg=cfg, world=world, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer,
