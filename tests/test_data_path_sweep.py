@@ -349,13 +349,13 @@ def test_qwen_prompts_are_the_template_once_with_the_generation_prompt(qwen, tmp
     assert [p["id"] for p in kept] == [r["id"] for r in rows if r["id"] != "long"] and dropped == pytest.approx(1 / 17)
     longest = len(encode_prompts(tok, [rows[-2]["problem"]])[0])
     assert logged == [f"warning: data.dataset: dropped 1 of 17 prompts (6%) longer than data.max_prompt_tokens=200 "
-                      f"tokens (the longest has {longest}, chat template included)"]
+                      f"tokens (the longest has {longest}, its template included)"]
     # the held-out set: one prompt dropped of 17 is a warning that says what eval/acc then is over (it was a plain
     # line under 5%: MATH-500 lost 19 of 500 to a small limit and eval/acc read as MATH-500's)
     logged.clear()
     assert len(encode(cfg, tok, held, "the held-out set", logged.append, held_out=True)[0]) == 16
     assert logged == [f"warning: the held-out set: dropped 1 of 17 prompts (6%) longer than data.max_prompt_tokens=200 "
-                      f"tokens (the longest has {longest}, chat template included); eval/acc is over the 16 kept, "
+                      f"tokens (the longest has {longest}, its template included); eval/acc is over the 16 kept, "
                       f"not the whole set: raise data.max_prompt_tokens to evaluate them all"]
     many = [{"id": f"m{i}", "problem": f"What is {i}+1?", "answer": str(i + 1)} for i in range(40)]
     logged.clear()

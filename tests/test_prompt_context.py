@@ -83,7 +83,7 @@ def test_a_prompt_that_fills_the_context_gets_advice_that_can_help():
     with pytest.raises(ValueError) as e:
         check_context(load_config(None, ["rollout.max_new_tokens=100"]), 160,
                       [("data.dataset", problems([150, 170, 120]))], lines.append)
-    assert str(e.value).endswith("tokens, chat template included; data.max_prompt_tokens=159 drops them"), e.value
+    assert str(e.value).endswith("tokens, its template included; data.max_prompt_tokens=159 drops them"), e.value
     # every prompt fits but none leaves 8 tokens: dropping would leave nothing, a shorter response helps
     check_context(cfg, 64, [("data.dataset", problems([60, 57]))], lines.append)
     assert len(lines) == 1 and lines[0].endswith("rollout.max_new_tokens=4 or lower leaves room for every "

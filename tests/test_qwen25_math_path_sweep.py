@@ -683,14 +683,14 @@ def test_the_context_of_4096_is_an_error_or_a_documented_cut_before_the_model_lo
                      f"train.out_dir={tmp_path}", "train.run_name=long"])
     assert exited.value.code == 2, text.getvalue()
     assert (f"error: data.dataset: 1 of 20 prompts do not fit the model's context of {CONTEXT} tokens "
-            f"(max_position_embeddings): the longest (problem 'long') has {CONTEXT} tokens, chat template included; "
+            f"(max_position_embeddings): the longest (problem 'long') has {CONTEXT} tokens, its template included; "
             f"data.max_prompt_tokens={CONTEXT - 1} drops them") in text.getvalue(), text.getvalue()
     cfg = load_config(None, ["rollout.max_new_tokens=5000"])
     lines = []
     check_context(cfg, CONTEXT, [("data.dataset", [{"id": "q", "prompt_ids": [0] * 40}])], lines.append)
     assert lines == [f"warning: data.dataset: 1 of 1 prompts leave fewer than rollout.max_new_tokens=5000 tokens of "
                      f"the model's context of {CONTEXT} (max_position_embeddings): the hf engine ends their responses "
-                     f"at the context; the longest (problem 'q') has 40 tokens, chat template included; "
+                     f"at the context; the longest (problem 'q') has 40 tokens, its template included; "
                      f"rollout.max_new_tokens={CONTEXT - 40} or lower leaves room for every response"]
     inst, inst_tok = folders["inst"]
     (tmp_path / "short.jsonl").write_text(json.dumps({"id": "s", "problem": "What is 1 plus 2?", "answer": "3"}) + "\n")

@@ -319,7 +319,7 @@ def encode(cfg: Config, tokenizer, problems: list[dict], what: str, log, *, held
         then = (f"; eval/acc is over the {len(out)} kept, not the whole set: raise data.max_prompt_tokens to "
                 f"evaluate them all" if held_out and out else "")
         log(f"{warn}{what}: dropped {len(problems) - len(out)} of {len(problems)} prompts ({dropped:.0%}) longer "
-            f"than data.max_prompt_tokens={cfg.data.max_prompt_tokens} tokens (the longest has {longest}, chat "
+            f"than data.max_prompt_tokens={cfg.data.max_prompt_tokens} tokens (the longest has {longest}, its "
             f"template included){then}")
     if not out:
         raise ValueError(f"{what}: no prompt fits data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
@@ -361,7 +361,7 @@ def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[d
     for what, problems in sets:
         lengths = [len(p["prompt_ids"]) for p in problems]
         i = max(range(len(lengths)), key=lengths.__getitem__)
-        longest = f"the longest (problem {problems[i].get('id', i)!r}) has {lengths[i]} tokens, chat template included"
+        longest = f"the longest (problem {problems[i].get('id', i)!r}) has {lengths[i]} tokens, its template included"
         none_fit = all(n > threshold for n in lengths)  # dropping would leave nothing
         drop = (f"every prompt has more than {threshold} tokens: give a model with a longer context "
                 f"(max_position_embeddings) or shorter problems") if none_fit else drop_them
