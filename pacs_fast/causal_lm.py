@@ -12,16 +12,24 @@ from __future__ import annotations
 import torch
 
 
+# wrappers whose model_type transformers' causal-LM mapping gives a text-only class (``Qwen3_5ForCausalLM``) that
+# drops the vision tower on load: a hub Qwen3.5 folder (``Qwen3_5ForConditionalGeneration``) trained as it and saved
+# as a text-only ``qwen3_5_text`` folder without its tower (sweep of 2026-12-07). Loaded as the folder's wrapper.
+WHOLE_WRAPPERS = ("qwen3_5", "qwen3_5_moe")
+
+
 def auto_model_class(config):
     """The transformers auto class that builds ``config``'s model with its LM head: ``AutoModelForCausalLM``, or
     ``AutoModelForImageTextToText`` for a multimodal wrapper only that maps (transformers 5's mistral3, llava;
-    gemma3 is in both)."""
+    gemma3 is in both) and for a :data:`WHOLE_WRAPPERS` folder whose architecture is its wrapper."""
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
                                                         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
 
     kind = getattr(config, "model_type", None)
-    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+    wrapper = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(kind)
+    whole = kind in WHOLE_WRAPPERS and wrapper in (getattr(config, "architectures", None) or [])
+    if wrapper is not None and (kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or whole):
         from transformers import AutoModelForImageTextToText
         return AutoModelForImageTextToText
     return AutoModelForCausalLM

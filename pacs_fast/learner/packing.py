@@ -207,13 +207,43 @@ def mask_window(config) -> tuple[int | None, bool]:
     return int(config.sliding_window), bool(getattr(config, "layer_types", None))
 
 
+# layer kinds that carry a state along the row (``layer_types`` / ``layers_block_type`` entries): Qwen3.5's and
+# Qwen3-Next's Gated DeltaNet (``linear_attention``), Mamba layers, LFM2's short convolutions, RecurrentGemma's
+RECURRENT_LAYERS = ("linear_attention", "mamba", "conv", "rwkv", "hybrid", "recurrent")
+RECURRENT_FAMILIES = ("mamba", "mamba2", "falcon_mamba", "falcon_h1", "rwkv", "xlstm")
+
+
+def recurrent_layers(config) -> str | None:
+    """Why some layer of the model carries a state along its row (a causal convolution, a linear-attention or SSM
+    recurrence), or None. Such a layer sees no attention mask: on packed rows its state runs from one sequence into
+    the next. transformers passes the boundaries (``cu_seq_lens_q``) only to the fused kernels (flash-linear-
+    attention, causal-conv1d); its torch path, the CPU's, ignores them: a tiny Qwen3.5's packed log-probs were off by
+    up to 1.3 nats from the padded ones (sweep of 2026-12-07). In the shared-prefix forward the padding of a group's
+    prefix (padded to the micro-batch's longest) runs through the recurrence before the rows' rests. Right-padded
+    rows are exact (the state only runs forward), so these models train on them."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kinds = [*(getattr(config, "layer_types", None) or []), *(getattr(config, "layers_block_type", None) or [])]
+    found = sorted({k for k in kinds if isinstance(k, str) and k in RECURRENT_LAYERS})
+    if found:
+        return f"the model has recurrent layers ({', '.join(found)})"
+    kind = getattr(config, "model_type", None)
+    return f"model_type={kind} is recurrent" if kind in RECURRENT_FAMILIES else None
+
+
+@functools.lru_cache(maxsize=None)
+def say_padded_rows(why: str) -> None:
+    """One line per process: a recurrent model's rows are not packed (:func:`recurrent_layers`)."""
+    print(f"pacs_fast: {why}: packed rows would carry their state across sequences, so the torch learner runs "
+          f"padded rows (learner.packing has no effect)", file=sys.stderr, flush=True)
+
+
 def shared_prefix_problem(config) -> str | None:
     """Why the shared-prefix forward would not give the attention of the model of ``config`` (its transformers config;
-    None: it does): sliding-window layers
-    (:func:`pacs_fast.ops.varlen_attention.windowed`). It pads each group's prefix to the micro-batch's longest, so a
-    window counted in slots takes the padding for tokens, and the sliding cache keeps the last slots, padding
-    included: off by up to 0.15 in log-prob (sweep of 2026-12-02). The padded forward (right-padded rows: slots
-    are positions) and packed rows (:func:`pack` with :func:`mask_window`, or flash-attention's varlen path, which
+    None: it does): sliding-window layers (:func:`pacs_fast.ops.varlen_attention.windowed`), or recurrent ones
+    (:func:`recurrent_layers`). It pads each group's prefix to the micro-batch's longest, so a window counted in
+    slots takes the padding for tokens, and the sliding cache keeps the last slots, padding included: off by up to
+    0.15 in log-prob (sweep of 2026-12-02). The padded forward (right-padded rows: slots are positions) and packed
+    rows (:func:`pack` with :func:`mask_window`, or flash-attention's varlen path, which
     takes the window) keep it. GPT-Neo names its windowed layers ``local`` in ``attention_layers`` (the window:
     ``window_size``), which :func:`windowed` does not read: its shared-prefix forward was off by 0.26 nats per token
     on average (1.9 at most) at a window of 8, silently (sweep of 2026-12-02); its packed and padded rows are exact."""
@@ -221,12 +251,17 @@ def shared_prefix_problem(config) -> str | None:
 
     if "local" in (getattr(config, "attention_layers", None) or []):
         return f"the model has local (windowed) attention layers (window_size={getattr(config, 'window_size', None)})"
-    return windowed(config)
+    return windowed(config) or recurrent_layers(config)
 
 
 @functools.lru_cache(maxsize=None)
 def say_no_shared_prefix(why: str) -> None:
-    """One line per process: a model's window (``why``) keeps the torch learner off its shared-prefix forward."""
+    """One line per process: a model's window or recurrent layers (``why``) keep the torch learner off its
+    shared-prefix forward."""
+    if "recurrent" in why:  # (recurrent_layers' reasons)
+        print(f"pacs_fast: {why}: the torch learner runs padded rows, not the shared-prefix forward (its padded "
+              f"prefixes would run through the state)", file=sys.stderr, flush=True)
+        return
     print(f"pacs_fast: {why}: the torch learner runs packed or padded rows, which keep the window, not the "
           f"shared-prefix forward", file=sys.stderr, flush=True)
 

@@ -27,8 +27,9 @@ from pacs_fast.causal_lm import decoder_body, lm_head
 from pacs_fast.learner.base import RolloutBatch, check_response_ids
 from pacs_fast.learner.long_groups import row_parts, whole_and_split
 from pacs_fast.learner.packing import (Packed, group_costs, mask_window, micro_batch_groups, pack,
-                                      packed_attention_mode, packed_hidden, padded_slots, say_no_shared_prefix,
-                                      shared_prefix_problem, shared_prefix_slots)
+                                      packed_attention_mode, packed_hidden, padded_slots, recurrent_layers,
+                                      say_no_shared_prefix, say_padded_rows, shared_prefix_problem,
+                                      shared_prefix_slots)
 from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,
                                             shared_prefix_hidden, split_groups, trained_states)
 from pacs_fast.ops import varlen_attention
@@ -99,6 +100,8 @@ class TorchForwards:
         :mod:`pacs_fast.ops.varlen_attention` until the public call ends (``packing.restores_attention``)."""
         if self.cfg.packing == "off" or (ids.shape[0] < 2 and self.cfg.packing == "auto"):
             return None
+        if self._rows_unpacked(model):
+            return None
         varlen = packed_attention_mode(model, self.cfg.packed_attention, announce=False) == "varlen"
         impl = varlen_attention.base_implementation(model.config)
         window, layered = mask_window(model.config)  # (the dense mask keeps a sliding window; varlen has none)
@@ -128,9 +131,19 @@ class TorchForwards:
 
     def _cut_flags(self, model) -> dict:
         """How the budget counts ``model``'s forwards (:func:`~pacs_fast.learner.packing.micro_batch_groups`)."""
-        dense = bool(self.cfg.max_tokens_per_micro_batch) and self.cfg.packing != "off" and \
+        padded = self.cfg.packing == "off" or self._rows_unpacked(model)
+        dense = bool(self.cfg.max_tokens_per_micro_batch) and not padded and \
             packed_attention_mode(model, self.cfg.packed_attention, announce=False) == "dense"
-        return dict(padded=self.cfg.packing == "off", shared_prefix=self._shares_prefixes(model), dense=dense)
+        return dict(padded=padded, shared_prefix=self._shares_prefixes(model), dense=dense)
+
+    @staticmethod
+    def _rows_unpacked(model) -> bool:
+        """Whether ``model`` has recurrent layers (:func:`~pacs_fast.learner.packing.recurrent_layers`: packed rows
+        would carry their state across sequences): padded rows then, one line says so."""
+        why = recurrent_layers(model.config)
+        if why:
+            say_padded_rows(why)
+        return why is not None
 
     def _row_parts(self, sub: RolloutBatch, model=None) -> list[list[int]]:
         return row_parts(sub, self.cfg.max_tokens_per_micro_batch, self._cut_flags(self.model if model is None

@@ -26,6 +26,35 @@ _CUDA_DONE_CHECK_EVERY = 4
 _COMPACT_FRACTION = 0.125
 
 
+def select_rows(cache, index: torch.Tensor) -> None:
+    """``cache.batch_select_indices(index)`` (rows may repeat: ``batch_repeat_interleave`` too), also for a hybrid
+    model's cache: transformers 5.19's linear-attention cache layers (Qwen3.5's / Qwen3-Next's Gated DeltaNet, whose
+    conv and recurrent states are a row's whole past) have neither method (an AttributeError at the first repeat,
+    merge or compaction), and a layer that holds both kinds (``LinearAttentionAndFullAttentionLayer``) would take
+    DynamicLayer's, leaving its states unselected; their ``reorder_cache`` selects every state."""
+    layers = getattr(cache, "layers", None) or []
+    if not any(_holds_states(layer) for layer in layers):
+        cache.batch_select_indices(index)
+        return
+    for layer in layers:
+        if _holds_states(layer):
+            layer.reorder_cache(index)
+        else:
+            layer.batch_select_indices(index)
+
+
+def repeat_rows(cache, rows: int, n: int, device) -> None:
+    """``cache.batch_repeat_interleave(n)`` of its ``rows`` rows, hybrid caches included (:func:`select_rows`)."""
+    if not any(_holds_states(layer) for layer in getattr(cache, "layers", None) or []):
+        cache.batch_repeat_interleave(n)
+    else:
+        select_rows(cache, torch.arange(rows, device=device).repeat_interleave(n))
+
+
+def _holds_states(layer) -> bool:
+    return hasattr(layer, "conv_states") or hasattr(layer, "recurrent_states")
+
+
 class LeanDecoder:
     """The lean sampler's prefill and decode loops (a mixin of :class:`pacs_fast.rollout.hf.HFEngine`)."""
 
@@ -91,7 +120,7 @@ class LeanDecoder:
         cache, logits, prompt_mask, position_ids, padded = self._prefill(prompts, "batch_repeat_interleave")
         width = prompt_mask.shape[1]
         if n > 1:
-            cache.batch_repeat_interleave(n)
+            repeat_rows(cache, len(prompts), n, device)
             logits = logits.repeat_interleave(n, dim=0)
         # one preallocated mask for the whole loop (sliced per step), only when there is padding
         mask = None
@@ -133,7 +162,7 @@ class LeanDecoder:
                 if can_compact and finished >= active * _COMPACT_FRACTION:
                     # drop the finished rows from the batch (their later tokens would be cut anyway)
                     keep = (~done).nonzero().squeeze(1)
-                    cache.batch_select_indices(keep)
+                    select_rows(cache, keep)
                     nxt, position, done = nxt[keep], position[keep], done[keep]
                     mask = mask[keep] if padded else None
                     row_ids = keep if row_ids is None else row_ids[keep]
@@ -210,7 +239,7 @@ class LeanDecoder:
                 if select:
                     parent, feed, node_of = node_of, nxt, torch.arange(len(row_ids), device=device)
             if select:
-                cache.batch_select_indices(parent)
+                select_rows(cache, parent)
                 position = position[parent]
                 mask = mask[parent] if padded else None
             position = self._next_position(position, row_limit)
