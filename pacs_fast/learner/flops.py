@@ -16,12 +16,18 @@ term by term (:data:`FORMULA` prints it beside the tables):
 - causal attention: forward ``2 x 2 x s^2 / 2 x Hq`` per layer per sequence (``QK^T`` and ``PV``,
   half the square under the causal mask), ``x 3`` for forward + backward: ``6 L Hq sum_i s_i^2``.
 
+A hybrid model (Qwen3.5, Qwen3-Next: ``shape["linear"]``, pacs_fast/config/linear_attention.py) counts its
+linear-attention layers' own projections in ``P_layers``, ``s^2`` in its full-attention layers alone (``L`` those),
+and ``18 x value_heads x key_dim x value_dim`` a token a linear layer for the delta rule's state (read, corrected,
+written: forward + backward).
+
 Recomputation (gradient checkpointing) is not counted: it is work, not useful work. MFU = FLOPs /
 (seconds x the device's dense bf16 peak, :data:`PEAK_BF16`), as verl's FLOP counter and Megatron's
 report count it.
 """
 from __future__ import annotations
 
+from pacs_fast.config.linear_attention import linear_attention_of, linear_params
 from pacs_fast.config.model_files import mla_of, moe_of
 
 FORMULA = ("FLOPs = 6*P_layers*T + 6*V*H*T_head + 3*(2*2*L*Hq*sum(s^2)/2), P_layers = L*(H*(Hq+2*Hkv) + Hq*H "
@@ -42,7 +48,7 @@ def shape_of(config, dtype_bytes: int = 2) -> dict:
             "head_dim": getattr(c, "head_dim", None) or c.hidden_size // heads,
             "intermediate": getattr(c, "intermediate_size", None),
             "tied": bool(getattr(config, "tie_word_embeddings", getattr(c, "tie_word_embeddings", True))),
-            "bytes": dtype_bytes, "moe": moe_of(c), "mla": mla_of(c)}
+            "bytes": dtype_bytes, "moe": moe_of(c), "mla": mla_of(c), "linear": linear_attention_of(c)}
 
 
 def mlp_params(shape: dict, *, active: bool = False) -> int:
@@ -60,7 +66,18 @@ def mlp_params(shape: dict, *, active: bool = False) -> int:
 def layer_params(shape: dict) -> int:
     """``P_layers``: the matmul weights of all decoder layers (see the module docstring) a token passes through:
     of a mixture of experts, its ``top_k`` experts, the shared ones and the router (:func:`mlp_params`)."""
-    return shape["layers"] * attention_params(shape) + mlp_params(shape, active=True)
+    return mixer_params(shape) + mlp_params(shape, active=True)
+
+
+def mixer_params(shape: dict) -> int:
+    """The token mixers' weights of all decoder layers: :func:`attention_params` a layer, but for a hybrid model's
+    linear-attention layers (``shape["linear"]``: Qwen3.5), whose projections are their own
+    (:func:`pacs_fast.config.linear_attention.linear_params`)."""
+    linear = shape.get("linear")
+    if not linear:
+        return shape["layers"] * attention_params(shape)
+    return (shape["layers"] - linear["layers"]) * attention_params(shape) + \
+        linear["layers"] * linear_params(shape["hidden"], linear)
 
 
 def attention_params(shape: dict) -> int:
@@ -76,7 +93,8 @@ def attention_params(shape: dict) -> int:
         return (q + H * (mla["kv_lora"] + mla["rope"]) + mla["kv_lora"] * heads * (mla["nope"] + mla["v"])
                 + heads * mla["v"] * H)
     hq, hkv = shape["heads"] * shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
-    return H * (hq + 2 * hkv) + hq * H
+    gate = hq if shape.get("linear") else 0  # (Qwen3.5's / Qwen3-Next's full attention gates its output: q_proj x 2)
+    return H * (hq + gate + 2 * hkv) + hq * H
 
 
 def update_flops(shape: dict, lengths: list[int], head_tokens: int | None = None) -> dict:
@@ -87,8 +105,13 @@ def update_flops(shape: dict, lengths: list[int], head_tokens: int | None = None
     mla = shape.get("mla")  # (MLA: QK^T over heads x (nope + rope), PV over heads x v)
     hqk, hv = ((shape["heads"] * (mla["nope"] + mla["rope"]), shape["heads"] * mla["v"]) if mla else
                (shape["heads"] * shape["head_dim"],) * 2)
+    linear = shape.get("linear")  # (a hybrid model: s^2 in its full-attention layers alone; its linear layers'
+    # delta rule reads, corrects and writes a value_heads x key_dim x value_dim state a token: 3 x 2 x that, x 3)
+    full = shape["layers"] - (linear["layers"] if linear else 0)
+    recurrence = 18 * linear["layers"] * linear["value_heads"] * linear["key_dim"] * linear["value_dim"] * T \
+        if linear else 0
     out = {"dense": 6 * layer_params(shape) * T, "head": 6 * shape["vocab"] * shape["hidden"] * head_tokens,
-           "attention": 3 * 2 * shape["layers"] * (hqk + hv) * sum(s * s for s in lengths) // 2}
+           "attention": 3 * 2 * full * (hqk + hv) * sum(s * s for s in lengths) // 2 + recurrence}
     out["total"] = out["dense"] + out["head"] + out["attention"]
     return out
 

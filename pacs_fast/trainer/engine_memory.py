@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pacs_fast.config.linear_attention import linear_state_bytes
+
 VOCAB_COPIES = 4  # fp32 [rows, vocab] tensors alive at a decode step's peak (see the module docstring)
 
 
@@ -59,13 +61,16 @@ def hf_engine_bytes(cfg, shape: dict) -> int:
     logits = VOCAB_COPIES * rows * shape["vocab"] * 4
     tokens = row_limits(cfg)[2]  # the cache holds the prompt too
     b = shape["bytes"] if cfg.rollout.dtype == "auto" else _bytes_of(cfg.rollout.dtype)  # (an HF copy's rollout.dtype)
-    return logits + rows * kv_per_token(shape) * tokens * b
+    linear = shape.get("linear")  # (a hybrid model's linear layers: a constant state a row, not a cache a token)
+    return logits + rows * (kv_per_token(shape) * tokens * b + (linear_state_bytes(linear, b) if linear else 0))
 
 
 def kv_per_token(shape: dict) -> int:
     """Elements of the HF engine's cache a token of a row, all layers: keys and values, ``2 x kv_heads x head_dim``
     a layer; of multi-head latent attention (``shape["mla"]``), transformers' cache of the latent and the shared
     rope key, ``kv_lora + rope`` a layer (576 for DeepSeek-V2-Lite, whose KV had been counted as 2 x 16 x 128 = 4,096
-    a layer: 7.1 times over)."""
-    mla = shape.get("mla")
-    return shape["layers"] * (mla["kv_lora"] + mla["rope"] if mla else 2 * shape["kv_heads"] * shape["head_dim"])
+    a layer: 7.1 times over). Of a hybrid model (``shape["linear"]``: Qwen3.5), its full-attention layers alone (a
+    quarter of Qwen3.5's had been counted 4 times)."""
+    mla, linear = shape.get("mla"), shape.get("linear")
+    layers = shape["layers"] - (linear["layers"] if linear else 0)  # (a hybrid model's full-attention layers alone)
+    return layers * (mla["kv_lora"] + mla["rope"] if mla else 2 * shape["kv_heads"] * shape["head_dim"])

@@ -17,8 +17,9 @@ import json
 import os
 from pathlib import Path
 
+from pacs_fast.config.linear_attention import linear_attention_of
 from pacs_fast.config.model_files import SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, mla_of, moe_of
-from pacs_fast.learner.flops import attention_params, mlp_params
+from pacs_fast.learner.flops import mixer_params, mlp_params
 from pacs_fast.learner.lora import OWN_FUSED_EXPERTS
 from pacs_fast.learner.objective import holds_reference_model
 from pacs_fast.trainer.engine_memory import (_bytes_of, engine_row_terms, engine_rows, hf_engine_bytes,  # noqa: F401
@@ -52,7 +53,7 @@ def model_shape(cfg) -> dict:
             "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None,
             "tied": _tied(top, Path(cfg.model.path).expanduser()),
             "bytes": _dtype_bytes(cfg), "softcap": _softcapped(c), "moe": moe_of(c), "mla": mla_of(c),
-            "model_type": c.get("model_type")}
+            "linear": linear_attention_of(c), "model_type": c.get("model_type")}
 
 
 def _softcapped(c: dict) -> bool:
@@ -105,9 +106,8 @@ def model_params(shape: dict) -> int:
     its width, its gated MLP, of a mixture of experts every expert's (:func:`pacs_fast.learner.flops.mlp_params`;
     counting one MLP a layer left out 89% of Qwen3-30B-A3B's parameters) (norms and biases, a few per mille, left
     out)."""
-    H, attention = shape["hidden"], attention_params(shape)  # (MLA's own projections: flops.attention_params)
-    embeddings = 1 if shape.get("tied", True) else 2
-    return embeddings * shape["vocab"] * H + shape["layers"] * attention + mlp_params(shape)
+    embeddings = 1 if shape.get("tied", True) else 2  # (MLA's and linear attention's own projections: flops)
+    return embeddings * shape["vocab"] * shape["hidden"] + mixer_params(shape) + mlp_params(shape)
 
 
 def lora_params(shape: dict, rank: int) -> int:
