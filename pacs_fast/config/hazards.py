@@ -22,7 +22,9 @@ file is none).
 
 The code reward (``reward.fn=pacs_fast.reward.code_tests:...``) with the default ``data.instruction`` (the
 paper's, which asks for a boxed final answer, not a code block), where the prompts carry it (a ``data.prompt_template``
-of the user's own without ``{instruction}`` does not).
+of the user's own without ``{instruction}`` does not). The verifier's extraction against the answer format the prompts
+ask for: ``reward.extraction=answer_tag`` with prompts that never ask for ``<answer>`` tags, ``boxed`` with prompts
+that ask for them and never for ``\\boxed{}`` (pacs_fast/config/answer_format_checks.py).
 
 ``rollout.filter_groups=true`` (DAPO's dynamic sampling) with ``algo.name=ppo``: it drops the groups whose verifier
 rewards are all equal, whose GRPO-style advantages are 0 anyway; PPO's come from GAE and a critic and are not, so
@@ -43,8 +45,10 @@ weights (the default) these updates accumulate in fp32 (pacs_fast/learner/master
 """
 from __future__ import annotations
 
+from pacs_fast.config.answer_format_checks import answer_format_warning
 from pacs_fast.config.model_files import router_aux_loss
 from pacs_fast.config.prompt_template_checks import names
+from pacs_fast.config.reward_specs import uses_verifier
 from pacs_fast.config.schema import Config, LearnerConfig
 from pacs_fast.config.stop_string_checks import escape_warning
 from pacs_fast.config.unused import idle_rules
@@ -64,6 +68,10 @@ def hazard_warnings(cfg: Config) -> list[str]:
         out.append("reward.fn=pacs_fast.reward.code_tests:... scores the response's last fenced code block, but "
                    "data.instruction=pacs (the default) asks for a final answer within \\boxed{}: set "
                    "data.instruction to ask for a ```python block (or '' when the problems say so themselves)")
+    d = cfg.data
+    tagged = answer_format_warning(cfg.reward.extraction, d.prompt_template, d.system_prompt, d.instruction)
+    if tagged and uses_verifier(cfg.reward.fn):  # (the extraction against the prompts' answer format)
+        out.append(tagged)
     for key in ("data.system_prompt", "data.instruction"):  # (a text key takes the command line's text as written)
         value = getattr(cfg.data, key.split(".")[1])
         if value.strip() in ("null", "Null", "NULL", "~", "None"):

@@ -390,7 +390,9 @@ class RewardConfig:
                          "every row must have each one")
     extraction: str = _f("reference", "what the verifier reads from a response: reference (PACS's: math-verify's "
                          "'final answer is' phrase, else the \\boxed{} answers, else the last expression) | boxed "
-                         "(only complete \\boxed{} answers: an unfinished, hedged or unboxed response scores 0)")
+                         "(only complete \\boxed{} answers: an unfinished, hedged or unboxed response scores 0) | "
+                         "answer_tag (R1-Zero's: the last complete <answer>...</answer> after the thinking, its "
+                         "content read as a box's; none scores 0)")
     time_limit_s: float = _f(5.0, "verifier seconds per response, at most 1e6 (python -m pacs_fast.eval "
                            "--time-limit)")
     noise_fp: float = _f(0.0, "experiments: flip a wrong answer's reward 0 -> 1 with this probability (training "

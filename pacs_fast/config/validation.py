@@ -232,7 +232,7 @@ def _validate_efficacy(cfg: Config) -> None:
                          f"{cfg.warmup.target_acc}, {cfg.warmup.check_every}")
     _choice("algo.noise_correction", cfg.algo.noise_correction, ("none", "backward", "forward"))
     _choice("reward.fn_rate", cfg.reward.fn_rate, ("fixed", "appeal"))
-    _choice("reward.extraction", cfg.reward.extraction, ("reference", "boxed"))
+    _choice("reward.extraction", cfg.reward.extraction, ("reference", "boxed", "answer_tag"))
     for key in ("reward.noise_fp", "reward.noise_fn", "algo.noise_rho0", "algo.noise_rho1"):
         s, k = key.split(".")
         v = getattr(getattr(cfg, s), k)

@@ -303,7 +303,7 @@ def _load_problems(entry: str, args) -> tuple[str, list]:
 def gold_warnings(problems: list, args, sample: int = 512) -> list[str]:
     """A user file's gold answers that read like worked solutions or questions, and those the verifier cannot
     match even as ``\\boxed{<gold>}`` (the first ``sample`` checked): pacs_fast/reward/gold_check.py."""
-    from pacs_fast.reward.gold_check import object_hint, reads_like_prose, unmatchable_golds
+    from pacs_fast.reward.gold_check import object_hint, reads_like_prose, stated, unmatchable_golds
 
     from pacs_fast.data.datasets import states_its_answer
     from pacs_fast.data.prompts import asks_for_a_format
@@ -331,7 +331,8 @@ def gold_warnings(problems: list, args, sample: int = 512) -> list[str]:
     if bad:
         first = checked[bad[0]]
         lines.append(f"{len(bad)} of {len(checked)} gold answers{' checked' * (len(checked) < len(problems))} cannot "
-                     f"be matched by the verifier, even by a response that states them as \\boxed{{<answer>}} "
+                     f"be matched by the verifier, even by a response that states them as "
+                     f"{stated('<answer>', args.extraction)} "
                      f"(e.g. {first.id!r}: {first.answer[:60]!r}): those problems score 0 whatever the model writes"
                      f"{object_hint(first.answer, '--answer-field ' + args.answer_field)}")
     return lines
@@ -348,9 +349,12 @@ def _prompt_setting(args) -> tuple[str | None, str | None]:
 
 def prompt_flag_warnings(args) -> list[str]:
     """The trainer's lines about its prompt settings, for eval's flags: ``--reward-fn`` scoring code with the
-    default ``--instruction`` (which asks for a boxed answer) where the prompts carry it, and a ``--system-prompt`` /
+    default ``--instruction`` (which asks for a boxed answer) where the prompts carry it, ``--extraction`` against the
+    answer format the prompts ask for (pacs_fast/config/answer_format_checks.py), and a ``--system-prompt`` /
     ``--instruction`` other than the default that a ``--prompt-template`` of its own does not name (unused)."""
+    from pacs_fast.config.answer_format_checks import answer_format_warning
     from pacs_fast.config.prompt_template_checks import names
+    from pacs_fast.config.reward_specs import uses_verifier
 
     template = getattr(args, "prompt_template", "chat")
     lines = []
@@ -359,6 +363,10 @@ def prompt_flag_warnings(args) -> list[str]:
         lines.append("--reward-fn pacs_fast.reward.code_tests:... scores the last fenced code block, but "
                      "--instruction pacs (the default) asks for \\boxed{}: give an --instruction asking for a "
                      "```python block")
+    tagged = answer_format_warning(getattr(args, "extraction", "reference"), template, args.system_prompt,
+                                   args.instruction, flags=True)
+    if tagged and uses_verifier(args.reward_fn):
+        lines.append(tagged)
     for part, flag, value in (("system", "--system-prompt", args.system_prompt),
                               ("instruction", "--instruction", args.instruction)):
         if value not in ("pacs", "") and not names(template, part):

@@ -102,7 +102,8 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=5.0, help="verifier seconds per response")
     p.add_argument("--extraction", default="reference", choices=EXTRACTIONS,
                    help="what the verifier reads: reference (PACS's: a 'final answer is' phrase, else the boxed "
-                        "answers, else the last expression) or boxed (only complete \\boxed{} answers)")
+                        "answers, else the last expression), boxed (only complete \\boxed{} answers) or answer_tag "
+                        "(the last complete <answer>...</answer> after the thinking, read as a box)")
     p.add_argument("--reward-fn", default="", metavar="MODULE:FUNCTION",
                    help="your own reward in the verifier's place: function(problems, responses, answers) -> one "
                         "number in [0, 1] per response (the trainer's reward.fn); pass@k counts a response that "

@@ -3,11 +3,12 @@
 What majority voting (maj@k, :mod:`pacs_fast.evaluation.majority`) counts:
 
 - :func:`extract_answer`: the answer math-verify extracts from a response under the verifier's ``extraction``
-  (``"reference"`` or ``"boxed"``, :mod:`pacs_fast.reward.verifier`), after the verifier's
+  (``"reference"``, ``"boxed"`` or ``"answer_tag"``, :mod:`pacs_fast.reward.verifier`), after the verifier's
   :func:`~pacs_fast.reward.verifier.normalize_math_text`, as a string: math-verify's extracted text with its
   whitespace runs collapsed to one space, and a plain integer in canonical digits (``+05`` -> ``5``); ``None``
   when nothing is extracted (the verifier's ``no_answer``), on a timeout or an error (``"boxed"`` reads what the
-  verifier reads, after a response's last ``</think>``). The verifier's exact fast
+  verifier reads, after a response's last ``</think>``; ``"answer_tag"`` the content of its last ``<answer>`` tag
+  there, as a box's: :mod:`pacs_fast.reward.answer_tag`). The verifier's exact fast
   path (one ``\\boxed{}`` holding an integer, :func:`~pacs_fast.reward.verifier.boxed_integer`) is taken
   here too: no math-verify import, microseconds.
 - :func:`same_answer`: two answer strings are the same when math-verify's ``verify(..., float_rounding=6)``
@@ -23,6 +24,7 @@ from __future__ import annotations
 import re
 
 from pacs_fast.reward import verifier as _v
+from pacs_fast.reward.boxes import AFTER_THINK
 from pacs_fast.reward.time_limit import DEFAULT_TIME_LIMIT, check_time_limit, run_limited
 from pacs_fast.reward.verifier import boxed_answers, check_extraction, normalize_math_text, read_part
 
@@ -50,7 +52,7 @@ def _extract_unlimited(text: str, extraction: str) -> str | None:
 
     _v._quiet_math_verify()
     gold_cfg, pred_cfg = _v._configs()
-    if extraction == "boxed":
+    if extraction in AFTER_THINK:  # ("answer_tag": its tag as a box, read_part)
         text, pred_cfg = boxed_answers(text), gold_cfg
         if not text:
             return None
@@ -84,7 +86,7 @@ def _limited(fn, time_limit, default):
 def extract_answer(response: str, extraction: str = "reference",
                    time_limit: float | None = DEFAULT_TIME_LIMIT) -> str | None:
     """The answer the verifier reads in ``response`` (module docstring) as a string, or None: nothing extracted,
-    a timeout (``time_limit`` seconds) or an error. ``extraction``: ``"reference"`` | ``"boxed"``.
+    a timeout (``time_limit`` seconds) or an error. ``extraction``: ``"reference"`` | ``"boxed"`` | ``"answer_tag"``.
 
     >>> extract_answer("so $\\\\boxed{\\\\frac{1}{2}}$"), extract_answer("\\\\boxed{+05}"), extract_answer("no")
     ('\\\\frac{1}{2}', '5', None)
@@ -92,14 +94,14 @@ def extract_answer(response: str, extraction: str = "reference",
     check_extraction(extraction)
     if not isinstance(response, str):
         return None
-    response = read_part(response, extraction)  # ("boxed": after the last </think>)
+    response = read_part(response, extraction)  # ("boxed": after the last </think>; "answer_tag": its tag, boxed)
     text = normalize_math_text(response)
     fast = _fast_integer_answer(response)
     if fast is None:
         fast = _fast_integer_answer(text)
     if fast is not None:  # (exact: no import, no alarm)
         return fast
-    if extraction == "boxed" and not boxed_answers(text):
+    if extraction in AFTER_THINK and not boxed_answers(text):
         return None
     return _limited(lambda: _extract_unlimited(text, extraction), time_limit, None)
 

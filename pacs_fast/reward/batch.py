@@ -163,11 +163,12 @@ class BatchScorer:
         chunk_size: items per message to a worker (smaller chunks are used near the end of a batch).
         worker_alarm: ``False`` switches the in-worker alarm off, leaving every limit to the parent's
             watchdog (kill + replace); the tests use it to exercise that path.
-        extraction: what is read from a response: ``"reference"`` | ``"boxed"`` (pacs_fast/reward/verifier.py).
+        extraction: what is read from a response: ``"reference"`` | ``"boxed"`` | ``"answer_tag"``
+            (pacs_fast/reward/verifier.py, pacs_fast/reward/answer_tag.py).
         think_open: the prompts open a ``<think>`` their responses continue (DeepSeek-R1's generation prompt:
-            pacs_fast/reward/boxes.py ``opens_think``): ``"boxed"`` reads each response as ``<think>`` + response,
-            so that a draft box in a response cut inside its thinking is no answer; ``"harmony"`` (gpt-oss's
-            prompts): each response's final channel alone (``final_channel``).
+            pacs_fast/reward/boxes.py ``opens_think``): ``"boxed"`` and ``"answer_tag"`` read each response as
+            ``<think>`` + response, so that a draft box or tag in a response cut inside its thinking is no answer;
+            ``"harmony"`` (gpt-oss's prompts): each response's final channel alone (``final_channel``).
     """
 
     def __init__(self, num_workers: int | None = None, *, time_limit: float = DEFAULT_TIME_LIMIT,

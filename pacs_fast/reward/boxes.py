@@ -51,6 +51,9 @@ THINK_START, THINK_END = "<think>", "</think>"
 # the thinking markers answer_part knows: <think>'s, and Magistral's (tekken special tokens the engines' texts keep:
 # pacs_fast/rollout/base.py decode_texts)
 THINK_MARKS = ((THINK_START, THINK_END), ("[THINK]", "[/THINK]"))
+# the extractions that read only a response's answer part (:func:`answer_part`): ``"boxed"`` its boxes, ``"answer_tag"``
+# its last <answer>...</answer> (pacs_fast/reward/answer_tag.py)
+AFTER_THINK = ("boxed", "answer_tag")
 HARMONY = "harmony"  # what opens_think says of a harmony (gpt-oss) prompt
 HARMONY_TURN = "<|start|>assistant"  # the harmony template's generation prompt
 # a final-channel message's start as the engines' texts hold it (special tokens skipped: "<|end|><|start|>assistant
@@ -90,10 +93,10 @@ def final_channel(text: str) -> str:
 
 
 def with_prompt_think(responses, think_open: bool | str, extraction: str):
-    """``responses`` as ``extraction`` reads them: under ``"boxed"``, where the prompts open the ``<think>``
-    (``think_open``: :func:`opens_think`), each text as ``<think>`` + response (harmony's: its final channel,
-    :func:`final_channel`); else as they are."""
-    if not (think_open and extraction == "boxed"):
+    """``responses`` as ``extraction`` reads them: under ``"boxed"`` and ``"answer_tag"`` (:data:`AFTER_THINK`),
+    where the prompts open the ``<think>`` (``think_open``: :func:`opens_think`), each text as ``<think>`` + response
+    (harmony's: its final channel, :func:`final_channel`); else as they are."""
+    if not (think_open and extraction in AFTER_THINK):
         return responses
     if think_open == HARMONY:
         return [final_channel(r) if isinstance(r, str) else r for r in responses]

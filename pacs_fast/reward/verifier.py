@@ -43,7 +43,9 @@ equals the gold pays only if every box does (so a hedge or a correction scores 0
 read as above (a multi-part answer boxed in parts). The reference reads more: with no box it takes a "final answer
 is" phrase's leading number, or the last number in the text, so an unfinished or truncated response, a hedge ("the
 answer is 5 or 6") or a negation ("the answer is not 5") can score 1 against a gold 5. Asked for ``\\boxed{}`` by
-the prompt, a model that answers without one gets no reward under ``"boxed"``.
+the prompt, a model that answers without one gets no reward under ``"boxed"``. ``"answer_tag"`` (R1-Zero's format)
+reads the last complete ``<answer>...</answer>`` after the thinking, its content as a box's
+(:mod:`pacs_fast.reward.answer_tag`); a response without one scores 0.
 
 math-verify's own timeouts use ``signal.alarm`` with whole seconds and are swallowed inside the library, so here
 they are switched off and one wall-clock limit per item is enforced with ``signal.setitimer`` (main thread only;
@@ -69,8 +71,9 @@ import unicodedata
 from dataclasses import dataclass
 from decimal import Decimal
 
-from pacs_fast.reward.boxes import (answer_part, box_list, boxed_answers, strip_box_units,  # noqa: F401 (re-export)
-                                    strip_choice_label)
+from pacs_fast.reward.answer_tag import ANSWER_TAG, tag_as_box
+from pacs_fast.reward.boxes import (AFTER_THINK, answer_part, box_list, boxed_answers,  # noqa: F401 (re-export)
+                                    strip_box_units, strip_choice_label)
 from pacs_fast.reward.time_limit import (DEFAULT_TIME_LIMIT, MAX_TIME_LIMIT, ItemTimeout,  # noqa: F401 (re-export)
                                          check_time_limit, run_limited)
 
@@ -82,7 +85,7 @@ TIMEOUT = "timeout"        # the item ran past its time limit (score 0.0)
 ERROR = "error"            # an unexpected exception or a crashed worker (score 0.0)
 STATUSES = (OK, NO_ANSWER, GOLD_ERROR, TIMEOUT, ERROR)
 
-EXTRACTIONS = ("reference", "boxed")  # what is read from a response (module docstring)
+EXTRACTIONS = ("reference", "boxed", ANSWER_TAG)  # what is read from a response (module docstring)
 
 _quiet_done = False
 
@@ -249,8 +252,13 @@ def boxed_integer(response: str) -> int | None:
 
 def read_part(response, extraction: str):
     """What ``extraction`` reads of ``response``: under ``"boxed"`` the text after its last ``</think>`` (module
-    docstring), else all of it; a non-string as it is."""
-    return answer_part(response) if extraction == "boxed" and isinstance(response, str) else response
+    docstring), under ``"answer_tag"`` its last ``<answer>`` tag there as ``\\boxed{<content>}``
+    (:func:`~pacs_fast.reward.answer_tag.tag_as_box`: read as ``"boxed"`` reads it), else all of it; a non-string as
+    it is."""
+    if extraction not in AFTER_THINK or not isinstance(response, str):
+        return response
+    part = answer_part(response)
+    return tag_as_box(part) if extraction == ANSWER_TAG else part
 
 
 def _fast_score(response: str, answer: str) -> ScoredItem | None:
@@ -274,8 +282,9 @@ def _score_unlimited(response: str, answer: str, extraction: str = "reference") 
 
 
 def _score_math_verify(response: str, answer: str, extraction: str = "reference") -> ScoredItem:
-    """The comparison through math-verify (after :func:`normalize_math_text`), no time limit. ``"boxed"``:
-    math-verify reads only the response's complete boxes (:func:`boxed_answers`)."""
+    """The comparison through math-verify (after :func:`normalize_math_text`), no time limit. ``"boxed"`` (and
+    ``"answer_tag"``, its tag read as a box by :func:`read_part`): math-verify reads only the response's complete
+    boxes (:func:`boxed_answers`)."""
     from math_verify import parse, verify
 
     _quiet_math_verify()
@@ -289,7 +298,7 @@ def _score_math_verify(response: str, answer: str, extraction: str = "reference"
     if not gold:
         return ScoredItem(0.0, GOLD_ERROR)
     gold_cfg, pred_cfg = _configs()
-    if extraction == "boxed":
+    if extraction in AFTER_THINK:
         boxes = list(dict.fromkeys(box_list(response)))  # distinct, in order
         if not boxes:
             return ScoredItem(0.0, NO_ANSWER)
@@ -378,7 +387,7 @@ def score_item(response: str, answer: str, time_limit: float | None = DEFAULT_TI
                extraction: str = "reference") -> ScoredItem:
     """Scores one response with a status. Never raises on model output (an unknown ``extraction``, or an
     ``answer`` that is no gold, see :func:`gold_text`: a ValueError). ``extraction``: ``"reference"`` |
-    ``"boxed"`` (module docstring).
+    ``"boxed"`` | ``"answer_tag"`` (module docstring).
 
     ``time_limit`` (seconds, float) is enforced with ``signal.setitimer`` when called from the main
     thread; from another thread (or with ``None``) the item runs without a limit. Items the exact
@@ -406,8 +415,8 @@ def math_reward(response: str, answer: str | float, *, time_limit: float | None 
     """1.0 if ``response`` states an answer equivalent to ``answer`` (gold: LaTeX, or a number), else 0.0.
 
     The PACS reference semantics (see the module docstring); ``extraction="boxed"`` reads only the
-    response's complete ``\\boxed{}``. Never raises on model output: parse errors, timeouts and garbage
-    all score 0.0.
+    response's complete ``\\boxed{}``, ``"answer_tag"`` its last ``<answer>...</answer>``. Never raises on model
+    output: parse errors, timeouts and garbage all score 0.0.
 
     >>> math_reward("... so the answer is $\\\\boxed{0.5}$.", "\\\\frac{1}{2}")
     1.0

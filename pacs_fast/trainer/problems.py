@@ -244,13 +244,14 @@ def data_warnings(cfg: Config, train: list[dict], held_out: list[dict]) -> list[
 
 def check_gold_answers(cfg: Config, train: list[dict], held_out: list[dict], log) -> None:
     """Gold answers no response can match (pacs_fast/reward/gold_check.py): every held-out answer and up to
-    ``GOLD_SAMPLE`` training answers (seeded) are scored as ``\\boxed{<gold>}`` with the run's verifier.
+    ``GOLD_SAMPLE`` training answers (seeded) are scored as ``\\boxed{<gold>}`` (``reward.extraction=answer_tag``:
+    ``<answer><gold></answer>``) with the run's verifier.
     Some unmatchable: a warning naming how many and one of them. All of those checked in a set: a
     ValueError (every reward, or the held-out accuracy, would be 0 whatever the model writes), except
     for the training set of a run trained on process rewards alone (``reward.outcome_weight=0``)."""
     if cfg.data.dataset == "arithmetic" or not uses_verifier(cfg.reward.fn):  # (reward.fn: the user's function judges)
         return
-    from pacs_fast.reward.gold_check import object_hint, unmatchable_golds
+    from pacs_fast.reward.gold_check import object_hint, stated, unmatchable_golds
 
     picked = train
     if len(train) > GOLD_SAMPLE:
@@ -266,14 +267,15 @@ def check_gold_answers(cfg: Config, train: list[dict], held_out: list[dict], log
         row = rows[bad[0]]
         example = f"e.g. {row.get('id', bad[0])!r}: answer {row['answer'][:60]!r}"
         checked = f"of {len(rows)} checked" if len(rows) < total else f"of {total}"
+        form = stated("<answer>", cfg.reward.extraction)  # (\\boxed{<answer>}; answer_tag's <answer><answer></answer>)
         if fatal and len(bad) == len(rows):
             key = f"data.answer_key={cfg.data.answer_key}"
             raise ValueError(f"{what}: none of the {len(rows)} gold answers checked can be matched by the verifier, "
-                             f"even by a response that states them as \\boxed{{<answer>}} ({example}): every reward "
+                             f"even by a response that states them as {form} ({example}): every reward "
                              f"would be 0; is {key} the field holding the answer?"
                              f"{object_hint(row['answer'], 'data.answer_key=' + cfg.data.answer_key)}")
         log(f"warning: {what}: {len(bad)} {checked} gold answers cannot be matched by the verifier, even by a "
-            f"response that states them as \\boxed{{<answer>}} ({example}): those problems score 0 whatever "
+            f"response that states them as {form} ({example}): those problems score 0 whatever "
             f"the model writes")
 
 
