@@ -405,37 +405,44 @@ from vllm_cpu_path import cpu_gemm_path, force_torch_linear
 from pacs_fast.data.tiny import make_tiny_model
 from pacs_fast.rollout.vllm_engine import VLLMEngine
 
-if sys.argv[4] == "torch_linear":
-    force_torch_linear()
-expected = cpu_gemm_path()
-path = make_tiny_model(sys.argv[1], hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=128)
-eng = VLLMEngine(str(path), seed=0, dtype="bfloat16", max_model_len=256, cpu_kv_cache_bytes=64 << 20)
-model = hf_model(path)
-vllm_model = eng._llm.llm_engine.model_executor.driver_worker.model_runner.model
-packed = [n for n, m in vllm_model.named_modules() if hasattr(m, "cpu_linear") and m.weight.numel() == 0]
-gen = torch.Generator().manual_seed(int(sys.argv[3]))
-res = {"packed": len(packed), "expected": expected, "amx": bool(torch.cpu._is_amx_tile_supported()), "before": [], "after": []}
-for _ in range(2):
-    learner_step(model, random_seqs(gen, 4))
-    seqs = random_seqs(gen, 5)
-    res["before"].append(max_diff(eng, model, seqs))
-    eng.sync_weights(model.named_parameters())
-    res["after"].append(max_diff(eng, model, seqs))
-eng.close()
-print("RESULT", json.dumps(res))
+out = {}
+for path in sys.argv[4].split(","):  # (torch_linear last: forcing the fallback is for the rest of the process)
+    if path == "torch_linear":
+        force_torch_linear()
+    expected = cpu_gemm_path()
+    folder = make_tiny_model(f"{sys.argv[1]}_{path}", hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                             intermediate_size=128)
+    eng = VLLMEngine(str(folder), seed=0, dtype="bfloat16", max_model_len=256, cpu_kv_cache_bytes=64 << 20)
+    model = hf_model(folder)
+    vllm_model = eng._llm.llm_engine.model_executor.driver_worker.model_runner.model
+    packed = [n for n, m in vllm_model.named_modules() if hasattr(m, "cpu_linear") and m.weight.numel() == 0]
+    gen = torch.Generator().manual_seed(int(sys.argv[3]))
+    res = {"packed": len(packed), "expected": expected, "amx": bool(torch.cpu._is_amx_tile_supported()),
+           "before": [], "after": []}
+    for _ in range(2):
+        learner_step(model, random_seqs(gen, 4))
+        seqs = random_seqs(gen, 5)
+        res["before"].append(max_diff(eng, model, seqs))
+        eng.sync_weights(model.named_parameters())
+        res["after"].append(max_diff(eng, model, seqs))
+    eng.close()
+    out[path] = res
+print("RESULT", json.dumps(out))
 '''
 
 
 @needs_vllm
 @pytest.mark.vllm
-@pytest.mark.parametrize("path", ["this_cpu", "avx2_isa", "torch_linear"])
+@pytest.mark.parametrize("path", ["this_cpu,torch_linear", "avx2_isa"])
 def test_bf16_engine_sync_on_this_cpu(tmp_path, seed, path):
     """The engine in bf16, the dtype vLLM picks for an fp32 model on x86 CPUs. vLLM's CPU backend
     repacks the linear weights where it can (sgl-kernel with AMX, oneDNN with AVX-512 BF16) and keeps
     them elsewhere (AVX2-only CPUs: ``torch.nn.functional.linear``); ``this_cpu`` runs the path this
     CPU takes (printed); ``avx2_isa`` caps ATen and oneDNN at AVX2 (``ATEN_CPU_CAPABILITY``,
     ``ONEDNN_MAX_CPU_ISA``), so that on a CPU without AMX vLLM's own oneDNN attempt fails and it
-    falls back as on an AVX2-only CPU (skipped on a CPU with AMX, where vLLM's kernels still take the AMX path); ``torch_linear`` forces the fallback path on any CPU. On each path, after
+    falls back as on an AVX2-only CPU (skipped on a CPU with AMX, where vLLM's kernels still take the AMX path);
+    ``torch_linear`` forces the fallback path on any CPU (after ``this_cpu``, in its process: one vLLM import for
+    both). On each path, after
     each sync the engine's teacher-forced log-probs are the learner's up to bf16 rounding (measured
     ~5e-3 here; a stale layer or tied head gives 0.5-1.8), so the bound is 0.05. The engine's layers
     are repacked exactly when vLLM's own dispatcher repacks a bf16 layer on this CPU
@@ -461,13 +468,16 @@ def test_bf16_engine_sync_on_this_cpu(tmp_path, seed, path):
     proc = subprocess.run([sys.executable, "-c", _BF16_SYNC_SCRIPT, str(tmp_path / "m"), os.path.dirname(__file__),
                            str(seed % 10**6), path], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.split("RESULT ", 1)[1])
-    print(f"CPU with AMX: {res['amx']}; vLLM's bf16 GEMM path: {res['expected']}; repacked layers: {res['packed']}; "
-          f"max |vLLM - learner| before sync {res['before']}, after {res['after']}")
-    assert (res["packed"] > 0) == (res["expected"] == "repacked")  # the engine took the path vLLM's dispatcher names
-    if path == "torch_linear":
-        assert res["packed"] == 0  # the fallback was forced
-    if path == "avx2_isa" and not res["amx"]:  # (sgl-kernel's AMX path does not go through oneDNN)
-        assert res["expected"] == "torch linear" and res["packed"] == 0  # oneDNN had no bf16 kernel at AVX2
-    assert min(res["before"]) > 0.1  # each learner step moved the model: the check can fail
-    assert max(res["after"]) < 0.05
+    results = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert list(results) == path.split(",")  # (this CPU's path and the forced fallback: one process, one vLLM import)
+    for name, res in results.items():
+        print(f"{name}: CPU with AMX: {res['amx']}; vLLM's bf16 GEMM path: {res['expected']}; repacked layers: "
+              f"{res['packed']}; max |vLLM - learner| before sync {res['before']}, after {res['after']}")
+        # the engine took the path vLLM's dispatcher names
+        assert (res["packed"] > 0) == (res["expected"] == "repacked")
+        if name == "torch_linear":
+            assert res["packed"] == 0  # the fallback was forced
+        if name == "avx2_isa" and not res["amx"]:  # (sgl-kernel's AMX path does not go through oneDNN)
+            assert res["expected"] == "torch linear" and res["packed"] == 0  # oneDNN had no bf16 kernel at AVX2
+        assert min(res["before"]) > 0.1  # each learner step moved the model: the check can fail
+        assert max(res["after"]) < 0.05
