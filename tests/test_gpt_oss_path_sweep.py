@@ -1088,7 +1088,7 @@ def test_vllm_runs_gpt_oss_exactly_but_keeps_its_loaded_experts_and_sinks_on_rel
     from pacs_fast.rollout.base import SamplingParams
     from pacs_fast.rollout.vllm_engine import VLLMEngine
     from pacs_fast.rollout.vllm_setup import unsupported_architecture
-    from pacs_fast.trainer.preflight import vllm_refusal
+    from pacs_fast.trainer.engine_checks import vllm_refusal
 
     run = runs["full"]
     cfg = load_config(None, [f"model.path={run['folder']}", "rollout.engine=vllm"])

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from pacs_fast.config import load_config
-from pacs_fast.trainer.preflight import model_context
+from pacs_fast.trainer.engine_checks import model_context
 from pacs_fast.trainer.problems import check_context
 
 from test_run_safety import cli, hf_folder

@@ -826,7 +826,7 @@ def test_vllm_loads_the_checkpoint_exactly_and_cannot_reload_its_experts(runs):
     from pacs_fast.config import load_config
     from pacs_fast.rollout.base import SamplingParams
     from pacs_fast.rollout.vllm_engine import VLLMEngine
-    from pacs_fast.trainer.preflight import vllm_refusal
+    from pacs_fast.trainer.engine_checks import vllm_refusal
 
     run = runs["full"]
     refusal = vllm_refusal(load_config(None, [f"model.path={run.folder}", "rollout.engine=vllm"]), run.folder)

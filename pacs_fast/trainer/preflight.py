@@ -4,8 +4,8 @@ rollout that cannot fit in memory (:func:`check_memory`, from the estimates of
 (:func:`check_tensor_parallel`), a model megatron cannot build (:func:`check_megatron_model`), a model whose
 logits are not its head's in a way the learner cannot reproduce (:func:`check_logits_transform`), LoRA
 adapters on layers it does not have (:func:`check_lora_targets`), more
-threads or reward workers than CPUs (:func:`check_cpus`), and the model's context for the prompts'
-check (:func:`model_context`, used by :func:`pacs_fast.trainer.problems.check_context`).
+and more threads or reward workers than CPUs (:func:`check_cpus`). The rollout engine's own checks (the model's
+context, what vLLM cannot run) are in :mod:`pacs_fast.trainer.engine_checks`.
 
 Memory is compared with what the run's device has (``MemAvailable`` of the host, or the GPU's total).
 Refused, with one line naming the keys: a learner whose weights, gradients and AdamW moments cannot fit
@@ -379,58 +379,6 @@ def check_packed_attention(cfg) -> None:
     if why:
         raise ValueError(f"learner.packed_attention=varlen cannot run model.path={cfg.model.path}: {why}; use "
                          f"learner.packed_attention=dense or auto")
-
-
-def model_context(cfg, model_path) -> int | None:
-    """Tokens one sequence (prompt + response) may hold in the run's rollout engine, before any
-    model loads; None when unknown. ``rollout.engine=vllm``: the ``max_model_len`` vLLM derives for
-    the folder (its engine refuses a prompt that reaches it and cuts a response there). HF engine:
-    ``max_position_embeddings`` (positions past it are ones the model was not trained on); unknown
-    when the config scales RoPE, whose reach each scaling type defines differently."""
-    if cfg.rollout.engine == "vllm":
-        from pacs_fast.rollout.vllm_setup import derived_max_model_len
-        try:
-            return derived_max_model_len(model_path)
-        except Exception:  # a folder vLLM cannot read: its own error comes when the engine loads
-            return None
-    from pacs_fast.config.model_files import trained_positions
-
-    return trained_positions(model_path)
-
-
-def vllm_refusal(cfg, model_path) -> str | None:
-    """The line refusing ``rollout.engine=vllm`` on a model vLLM cannot run as this trainer's engine
-    (:func:`pacs_fast.rollout.vllm_setup.unsupported_architecture`), before any model loads; None when it can or
-    another engine is asked for. Both cases came after the learner had loaded: vLLM's own refusal as a ~9,000-character
-    error listing every architecture it has, and a model vLLM runs through its Transformers backend as a traceback
-    from the learner's first update."""
-    if cfg.rollout.engine != "vllm" or not model_path:
-        return None
-    from pacs_fast.rollout.vllm_setup import unsupported_architecture
-
-    why = unsupported_architecture(model_path)
-    return f"model.path={cfg.model.path}: {why}; rollout.engine=vllm cannot run it: use rollout.engine=hf" if why \
-        else None
-
-
-def vllm_window_warning(cfg, model_path) -> str | None:
-    """The warning line for ``rollout.engine=vllm`` on a Cohere 2 model (Command R7B) whose rows outgrow its sliding
-    window: vLLM's Cohere 2 attends ``sliding_window + 1`` tokens in its sliding layers (its reading of Cohere's
-    training convention, vllm/model_executor/models/commandr.py), transformers' (the learner's) ``sliding_window``,
-    so past the window the engine's log-probs are not the learner's (0.08 nats per token mean, 1.1 at most, on a
-    small random Cohere 2 model: sweep of 2026-12-03); None otherwise."""
-    if cfg.rollout.engine != "vllm" or not model_path:
-        return None
-    from pacs_fast.config.model_files import text_config
-
-    c = text_config(model_path)
-    window, longest = c.get("sliding_window"), cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
-    if c.get("model_type") != "cohere2" or "sliding_attention" not in (c.get("layer_types") or []) \
-            or not isinstance(window, int) or longest <= window:
-        return None
-    return (f"model.path={cfg.model.path}: vLLM's Cohere 2 attends sliding_window + 1 = {window + 1} tokens in its "
-            f"sliding layers, transformers (the learner) {window}: past {window} tokens the engine's log-probs are "
-            f"not the learner's (rollout/logprob_diff_* shows how far)")
 
 
 def check_cpus(cfg, *, cpus: int | None = None) -> None:

@@ -349,7 +349,7 @@ def prompt_lists(problems: list[dict]) -> list[list[int]]:
 
 def check_context(cfg: Config, context: int | None, sets: list[tuple[str, list[dict]]], log) -> None:
     """Each ``(name, encoded problems)`` set against the model's ``context`` (prompt + response
-    tokens, :func:`pacs_fast.trainer.preflight.model_context`; None: nothing to check).
+    tokens, :func:`pacs_fast.trainer.engine_checks.model_context`; None: nothing to check).
 
     A prompt of ``context`` tokens or more is a ValueError here (both engines refuse it, in the
     middle of the run). A prompt that leaves fewer than ``rollout.max_new_tokens`` tokens of the

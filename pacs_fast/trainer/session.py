@@ -38,9 +38,10 @@ from pacs_fast.trainer.correction import correction_warnings
 from pacs_fast.trainer.evaluation import eval_line, evaluate
 from pacs_fast.trainer.metrics import MetricsLogger, Progress, begins_at_resume, read_jsonl
 from pacs_fast.trainer.parallel import World, init_world, quiet_warnings
+from pacs_fast.trainer.engine_checks import model_context, vllm_refusal, vllm_window_warning
 from pacs_fast.trainer.preflight import (check_cpus, check_logits_transform, check_lora_targets, check_megatron_model,
                                          check_memory, check_packed_attention, check_quantized, check_tensor_parallel,
-                                         memory_warnings, model_context, vllm_refusal, vllm_window_warning)
+                                         memory_warnings)
 from pacs_fast.trainer.problems import (check_context, check_gold_answers, check_token_budget, data_digest,
                                         data_warnings, encode, load_problems, resumed_problems)
 from pacs_fast.trainer.rewards import Scorer, check_callables
