@@ -52,6 +52,7 @@ from pacs_fast.evaluation.args import (ArgumentParser, UsageError, check_ks, che
                                        model_label, prompt_flag_warnings, prompt_kwargs, read_json)
 from pacs_fast.evaluation.parser import int_list, run_parser as _run_parser
 from pacs_fast.evaluation.prompt_fit import check_prompt_lengths, engine_context, prompt_build_warnings
+from pacs_fast.evaluation.run_prompts import take_run_prompts
 from pacs_fast.evaluation.engine import (check_vllm_runs_model, engine_and_dtype, make_engine, rope_factors,
                                          vllm_cpu_sizes)
 from pacs_fast.evaluation.folder import coverage_warnings, covered_benchmarks, lost_benchmarks, previous_results
@@ -112,6 +113,7 @@ def run(argv: list[str]) -> int:
         args.out = os.path.expanduser(args.out)
     if Path(args.model).expanduser().exists():  # (a hub id never starts with ~)
         args.model = os.path.expanduser(args.model)
+    take_run_prompts(args, argv, _run_parser())  # a training run's checkpoint: its prompt settings, for flags not given
     check_run_args(args)  # numbers, choices, the model folder, --out: before anything loads
     args.reward_fn = ",".join(reward_specs(args.reward_fn))  # (recorded as written without spaces or stray commas)
     if args.reward_weights.strip() and len(reward_specs(args.reward_fn)) < 2:  # (the check's own line: one name)

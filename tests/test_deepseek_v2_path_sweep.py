@@ -560,7 +560,9 @@ def test_eval_on_the_trained_checkpoint_prompts_once_and_reads_the_scores_right(
 
     out, calls, output = evaluated
     tok = runs["full"].tok
-    assert "warning:" not in output and calls, output
+    warned = [line for line in output.splitlines() if "warning:" in line]  # (one: the run's system message differs)
+    assert len(warned) == 1 and calls, output
+    assert warned[0].startswith("warning: --system-prompt '' differs from the run's data.system_prompt pacs"), output
     for prompts, params, comps in calls:
         for p, cs in zip(prompts, comps):
             user = re.search(r"What is \d+ plus \d+\?", tok.decode(p)).group(0) + f" {INSTRUCTION}"
