@@ -14,11 +14,18 @@ def linear_attention_of(c) -> dict | None:
     """The linear-attention layers of a (text) config, a ``config.json`` dict or a transformers config:
     ``{"layers", "key_heads", "value_heads", "key_dim", "value_dim", "conv"}`` (how many of the layers, the
     ``linear_num_key_heads`` / ``linear_num_value_heads`` / ``linear_key_head_dim`` / ``linear_value_head_dim`` /
-    ``linear_conv_kernel_dim`` keys); None for a model without them."""
+    ``linear_conv_kernel_dim`` keys; the layers' kinds from ``layer_types``, else as transformers derives them from
+    ``full_attention_interval``); None for a model without them."""
     get = c.get if isinstance(c, dict) else (lambda key: getattr(c, key, None))
-    kinds = get("layer_types") or []
+    if not get("linear_num_value_heads") or not get("linear_value_head_dim"):
+        return None
+    # (Qwen3-Next's config.json gives no layer_types: transformers derives them, every full_attention_interval-th
+    # layer full attention, default 4; read without them its linear layers had counted as attention)
+    every = int(get("full_attention_interval") or 4)
+    kinds = get("layer_types") or ["linear_attention" if (i + 1) % every else "full_attention"
+                                   for i in range(int(get("num_hidden_layers") or 0))]
     layers = sum(kind == "linear_attention" for kind in kinds)
-    if not layers or not get("linear_num_value_heads") or not get("linear_value_head_dim"):
+    if not layers:
         return None
     return {"layers": layers, "key_heads": int(get("linear_num_key_heads") or get("linear_num_value_heads")),
             "value_heads": int(get("linear_num_value_heads")),

@@ -40,6 +40,14 @@ BASE_MARK = ".base_layer"  # PEFT keeps an adapted layer's own weight under <lay
 OWN_FUSED_EXPERTS = {"gpt_oss": {"gate_up_proj": "mlp.experts.gate_up_proj", "gate_proj": "mlp.experts.gate_up_proj",
                                  "up_proj": "mlp.experts.gate_up_proj", "down_proj": "mlp.experts.down_proj",
                                  "router": "mlp.router.weight"}}
+# model_type -> the same for a family whose experts transformers 5 fuses on load as Qwen2-MoE's (its hub checkpoints
+# hold them per expert) but PEFT does not map (PEFT maps the hub's names onto the fused experts and the router by the
+# model's own model_type alone; Qwen3.5-MoE's wrapper and text model are not among them): all-linear and the usual
+# list left every expert and router of Qwen3.5-MoE bare (sweep of 2026-12-07). Adapted as PEFT adapts Qwen2-MoE's:
+# the fused gate and up at twice the rank and alpha.
+UNMAPPED_FUSED_EXPERTS = dict.fromkeys(("qwen3_5_moe", "qwen3_5_moe_text"), {
+    "gate_proj": "mlp.experts.gate_up_proj", "up_proj": "mlp.experts.gate_up_proj",
+    "down_proj": "mlp.experts.down_proj", "gate": "mlp.gate.weight"})
 
 
 def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, target_modules: str) -> int:
@@ -64,10 +72,15 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
     text = text.get_text_config() if hasattr(text, "get_text_config") else text
     own = OWN_FUSED_EXPERTS.get(getattr(text, "model_type", None), {})
     params = sorted(set(own.values())) if own and not names else sorted({own[t] for t in names if t in own})
-    modules = [t for t in names if t not in own]
+    unmapped = UNMAPPED_FUSED_EXPERTS.get(getattr(text, "model_type", None), {})
+    modules = [t for t in names if t not in own and not (t == "gate" and unmapped)]  # (the router: no Linear)
+    params += sorted(set(unmapped.values()) if not names else {unmapped[t] for t in names if t in unmapped})
+    doubled = {r".*\.gate_up_proj": 2} if any(p.endswith("gate_up_proj") for p in params) and unmapped else {}
     config = LoraConfig(r=int(rank), lora_alpha=float(alpha), lora_dropout=float(dropout),
                         target_modules=modules or (None if names else "all-linear"), bias="none",
-                        target_parameters=params or None, exclude_modules=outside_language_model(model) or None)
+                        target_parameters=params or None, exclude_modules=outside_language_model(model) or None,
+                        rank_pattern={k: v * int(rank) for k, v in doubled.items()},
+                        alpha_pattern={k: v * float(alpha) for k, v in doubled.items()})
     try:
         with warnings.catch_warnings():  # (PEFT's advice on tied embeddings: the head is refused below anyway)
             warnings.simplefilter("ignore", UserWarning)
@@ -94,7 +107,8 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
     adapted = list(lora_layers(model))
     wrapped = {getattr(m, "parameter_name", None) for m in lora_layers(model).values()}
     moved = set(names) - set(config.target_modules or ()) if set(config.target_parameters or ()) & wrapped else set()
-    moved |= {t for t in names if t in own and own[t].rsplit(".", 1)[-1] in wrapped}
+    moved |= {t for t in names if t in {**own, **unmapped}
+              and {**own, **unmapped}[t].rsplit(".", 1)[-1] in wrapped}
     missing = [t for t in names if t not in moved and not any(n == t or n.endswith("." + t) for n in adapted)]
     if missing:
         raise ValueError(f"{key}: {', '.join(missing)} matched no layer of this model (names are module names or "
