@@ -25,11 +25,22 @@ def _run(out, *args):
                           text=True, timeout=300)
 
 
-def test_dry_run_plumbing_writes_the_report(tmp_path):
-    proc = _run(tmp_path, "--dry-run", "--steps", "env,logprobs,pacs_loss")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rep = json.loads((tmp_path / "gpu_report.json").read_text())
-    assert rep["dry_run"] and rep["ok"] and set(rep["steps"]) == {"env", "logprobs", "pacs_loss"}
+DRY_STEPS = ("env", "logprobs", "pacs_loss", "megatron_run", "trl_run")
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """One dry run of the suite's kernel and product steps (one start-up for both tests that read it):
+    ``(its folder, its report)``."""
+    out = tmp_path_factory.mktemp("dry_run")
+    proc = _run(out, "--dry-run", "--steps", ",".join(DRY_STEPS))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, json.loads((out / "gpu_report.json").read_text())
+
+
+def test_dry_run_plumbing_writes_the_report(dry_run):
+    tmp_path, rep = dry_run
+    assert rep["dry_run"] and rep["ok"] and set(rep["steps"]) == set(DRY_STEPS)
     rows = {r["method"]: r for r in rep["steps"]["logprobs"]["rows"]}
     for m in ("pacs_triton", "pacs_triton_tma", "pacs_triton_split", "pacs_triton_atomic", "pacs_torch",
               "naive"):  # every method ran
@@ -157,11 +168,9 @@ def test_phases_from_metrics(tmp_path):
     assert phases_from_metrics(str(tmp_path / "missing.jsonl")) == (0, {})
 
 
-def test_dry_run_of_the_product_runs(tmp_path):
+def test_dry_run_of_the_product_runs(dry_run):
     """The megatron learner (TP=1 under torchrun) and the TRL adapter steps, at tiny CPU settings."""
-    proc = _run(tmp_path, "--dry-run", "--steps", "megatron_run,trl_run")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rep = json.loads((tmp_path / "gpu_report.json").read_text())
+    _, rep = dry_run
     meg, trl = rep["steps"]["megatron_run"], rep["steps"]["trl_run"]
     assert meg["ok"] and meg["steps"] == 2 and all(r["learner/grad_norm"] is not None for r in meg["records"])
     assert os.path.getsize(meg["log"]) > 0  # the run's whole output, kept for a failure's cause
