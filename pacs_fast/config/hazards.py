@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from pacs_fast.config.answer_format_checks import answer_format_warning
 from pacs_fast.config.model_files import router_aux_loss
-from pacs_fast.config.prompt_template_checks import names
+from pacs_fast.config.prompt_template_checks import names, typed_escape_warning
 from pacs_fast.config.reward_specs import uses_verifier
 from pacs_fast.config.schema import Config, LearnerConfig
 from pacs_fast.config.stop_string_checks import escape_warning
@@ -77,9 +77,10 @@ def hazard_warnings(cfg: Config) -> list[str]:
         if value.strip() in ("null", "Null", "NULL", "~", "None"):
             out.append(f"{key}={value!r} is that text, in every prompt: on the command line a text key takes its "
                        f"value as written (null and ~ are empty only in a config file); for none give {key}=")
-    typed = escape_warning(cfg.rollout.stop, "rollout.stop")
-    if typed:
-        out.append(typed)
+    for typed in (escape_warning(cfg.rollout.stop, "rollout.stop"),
+                  typed_escape_warning(d.prompt_template, "data.prompt_template")):
+        if typed:
+            out.append(typed)
     lc = cfg.learner
     if (cfg.model.gradient_checkpointing and cfg.model.recompute_granularity == "selective" and lc.backend == "megatron"
             and (lc.packing == "off" or lc.packed_attention == "dense")):

@@ -20,6 +20,7 @@ CHAT, PLAIN = "chat", "plain"
 PLACEHOLDERS = ("problem", "instruction", "system")
 _WORD = re.compile(r"\{([A-Za-z_]+)\}")
 _LATEX_BEFORE = re.compile(r"(?:\\[A-Za-z]+|[}^_])$")
+_TYPED_ESCAPE = re.compile(r"\\[ntr](?![a-z])")  # (a LaTeX command, \nabla or \times, goes on in lower case)
 
 
 def is_custom(template: str) -> bool:
@@ -57,3 +58,19 @@ def check_prompt_template(template, key: str) -> str:
         raise ValueError(f"{shown(template, key)} {where}; give chat (the chat template), plain (the plain "
                          f"format) or a text holding {{problem}} once (and {{instruction}} / {{system}} where they go)")
     return template
+
+
+def typed_escape_warning(template, key: str) -> str | None:
+    """A warning line for a template of one's own holding a backslash and ``n`` / ``t`` / ``r`` (two characters: a
+    YAML value reads an escape only inside double quotes, a shell or an eval flag never), which the model sees as
+    written instead of the line break meant (R1's ``\\nUser: {problem}\\nAssistant:``); None otherwise."""
+    if not isinstance(template, str) or not is_custom(template):
+        return None
+    m = _TYPED_ESCAPE.search(template)
+    if not m:
+        return None
+    how = ("in a shell as $'...' (bash reads \\n there) or from the run's checkpoint (--model RUN/checkpoints/..., "
+           "no --prompt-template)" if key.startswith("--") else
+           "in a config or override in YAML's double quotes (data.prompt_template='\"...\\n...\"')")
+    return (f"{shown(template, key)} holds {m.group(0)!r}, a backslash and a letter (two characters), not a line "
+            f"break or tab: every prompt carries it as written; write the line break {how}")

@@ -283,6 +283,24 @@ def _special_tokens(tokenizer) -> dict[int, str]:
     return out
 
 
+def _own_turn_end(special: dict[int, str], markers: list[str], stop_ids: list[int], length_key: str,
+                  prompt_template: str) -> list[str]:
+    """A line where a prompt template of the user's own ends the user's turn with a special token (the first one
+    after ``{problem}``) that is not a stop token: the model ends its own turn with it and runs on past it (a base
+    Qwen2.5, EOS ``<|endoftext|>``, under a text in Qwen's ``<|im_start|>`` format)."""
+    if not is_custom(prompt_template):
+        return []
+    tail = prompt_template.split("{problem}", 1)[1]
+    found = sorted((tail.find(m), m) for m in markers if m in tail)
+    ids = {text: i for i, text in special.items()}
+    if not found or ids[found[0][1]] in stop_ids:
+        return []
+    name, key = found[0][1], "--prompt-template" if length_key.startswith("--") else "data.prompt_template"
+    return [f"{key} ends the user's turn with {name!r} (id {ids[name]}), which is not a stop token "
+            f"(EOS of the tokenizer and generation_config.json: {stop_ids}): responses run past the end of their "
+            f"turn until {length_key}; add it to generation_config.json's eos_token_id"]
+
+
 def prompt_warnings(tokenizer, problems: list[str], stop_ids: list[int], *, held_out: list[str] = (),
                     length_key: str = "rollout.max_new_tokens", prompt_template: str = CHAT) -> list[str]:
     """Lines about prompts the chat template will not build as meant: problems (and ``held_out`` ones, in a line
@@ -291,20 +309,25 @@ def prompt_warnings(tokenizer, problems: list[str], stop_ids: list[int], *, held
     and an end-of-turn token that is not among ``stop_ids`` (the generation's stop tokens: responses run on past
     their turn, e.g. a base Qwen2.5 model, whose EOS is ``<|endoftext|>``, under its ``<|im_end|>`` template;
     ``length_key`` names the setting they run to: eval's ``--max-tokens``). None where the prompts are not the chat
-    template's (``prompt_template`` plain or a text of the user's own)."""
-    if prompt_template != CHAT or not has_chat_template(tokenizer):
-        return []
-    lines = []
+    template's (``prompt_template`` plain or a text of the user's own): problems holding the tokenizer's special tokens
+    (encoded as those tokens, not as their text), and a text of the user's own whose first special token after
+    ``{problem}`` (the end of the user's turn: ``<|im_end|>`` in Qwen's format) is not among ``stop_ids``."""
     special = _special_tokens(tokenizer)
     # (the UNK's text is a problem's usual word, except where it is also the BOS / EOS / pad: OLMo 2's <|endoftext|>)
     named = {tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token}
     markers = [t for t in special.values() if len(t) > 2 and (t != tokenizer.unk_token or t in named)]
+    chat = prompt_template == CHAT and has_chat_template(tokenizer)
+    lines = []
     for what, texts in (("problems", problems), ("held-out problems", held_out)):
         held = [p for p in texts if any(m in p for m in markers)]
         if held:
             mark = next(m for m in markers if m in held[0])
-            lines.append(f"{len(held)} of {len(texts)} {what} already hold the chat template's special tokens "
-                         f"(e.g. {mark!r}): each is wrapped in the template again; give the problems as plain text")
+            lines.append(f"{len(held)} of {len(texts)} {what} already hold the " + (
+                f"chat template's special tokens (e.g. {mark!r}): each is wrapped in the template again" if chat else
+                f"tokenizer's special tokens (e.g. {mark!r}): each is encoded as those tokens, not as its text")
+                + "; give the problems as plain text")
+    if not chat:
+        return lines + _own_turn_end(special, markers, stop_ids, length_key, prompt_template)
     messages = [{"role": "user", "content": "Q"}]
     try:
         with_header = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -350,14 +350,15 @@ def _prompt_setting(args) -> tuple[str | None, str | None]:
 def prompt_flag_warnings(args) -> list[str]:
     """The trainer's lines about its prompt settings, for eval's flags: ``--reward-fn`` scoring code with the
     default ``--instruction`` (which asks for a boxed answer) where the prompts carry it, ``--extraction`` against the
-    answer format the prompts ask for (pacs_fast/config/answer_format_checks.py), and a ``--system-prompt`` /
+    answer format the prompts ask for (pacs_fast/config/answer_format_checks.py), a ``--prompt-template`` holding a
+    typed ``\\n`` (two characters, not a line break), and a ``--system-prompt`` /
     ``--instruction`` other than the default that a ``--prompt-template`` of its own does not name (unused)."""
     from pacs_fast.config.answer_format_checks import answer_format_warning
-    from pacs_fast.config.prompt_template_checks import names
+    from pacs_fast.config.prompt_template_checks import names, typed_escape_warning
     from pacs_fast.config.reward_specs import uses_verifier
 
     template = getattr(args, "prompt_template", "chat")
-    lines = []
+    lines = [line for line in [typed_escape_warning(template, "--prompt-template")] if line]
     if "pacs_fast.reward.code_tests:" in args.reward_fn and args.instruction == "pacs" and \
             names(template, "instruction"):
         lines.append("--reward-fn pacs_fast.reward.code_tests:... scores the last fenced code block, but "

@@ -4,9 +4,10 @@ A checkpoint of ``python -m pacs_fast.train`` (``RUN/checkpoints/step_N/``: a mo
 ``config.yaml`` beside ``trainer_state.json`` / ``manifest.json``, pacs_fast/trainer/checkpoint.py), or a model folder
 inside a run's folder (``RUN/<model>/``, ``RUN`` holding ``config.yaml`` and ``checkpoints/``), carries how the run
 wrote and scored its prompts: ``data.prompt_template``, ``data.instruction``, ``data.system_prompt``,
-``data.chat_template_kwargs`` and ``reward.extraction``. Eval's flags for them (``--prompt-template``, ...) have
-defaults of their own: a Zero run's checkpoint (R1's template, ``answer_tag``) evaluated without repeating every flag
-was sampled on the chat template and scored on boxes, a meaningless accuracy, without a word.
+``data.chat_template_kwargs``, ``reward.extraction`` and where its responses end, ``rollout.stop``. Eval's flags for
+them (``--prompt-template``, ..., ``--stop``) have defaults of their own: a Zero run's checkpoint (R1's template,
+``answer_tag``, ``rollout.stop=["</answer>"]``) evaluated without repeating every flag was sampled on the chat
+template, past its answer, and scored on boxes, a meaningless accuracy, without a word.
 
 :func:`take_run_prompts`: each of those flags not given on the command line takes the run's value (one ``note:`` line
 lists those that change anything); a given flag whose value differs from the run's is one ``warning:`` line naming
@@ -29,19 +30,24 @@ PROMPT_FLAGS = (("prompt_template", "--prompt-template", "data.prompt_template")
                 ("instruction", "--instruction", "data.instruction"),
                 ("system_prompt", "--system-prompt", "data.system_prompt"),
                 ("chat_template_kwargs", "--chat-template-kwargs", "data.chat_template_kwargs"),
-                ("extraction", "--extraction", "reward.extraction"))
+                ("extraction", "--extraction", "reward.extraction"),
+                ("stop", "--stop", "rollout.stop"))
 
 
 def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
     """The destinations of ``PROMPT_FLAGS`` that ``argv`` gives (``--flag VALUE``, ``--flag=VALUE``, an abbreviation
     argparse accepts; a flag given at its default value is given): ``argv`` parsed again by ``parser`` with those
-    defaults replaced by a marker no value is, so that only a given flag's attribute is not the marker."""
+    defaults replaced by a marker no value is, so that only a given flag's attribute is not the marker. A repeatable
+    flag (``--stop``, ``action="append"``: argparse appends to a copy of its default) has None for its marker, which
+    argparse starts a list from."""
     dests = [dest for dest, _, _ in PROMPT_FLAGS]
+    appended = {a.dest for a in parser._actions if isinstance(a, argparse._AppendAction)}
     defaults, unset = {dest: parser.get_default(dest) for dest in dests}, object()
-    parser.set_defaults(**{dest: unset for dest in dests})
+    markers = {dest: None if dest in appended else unset for dest in dests}
+    parser.set_defaults(**markers)
     try:
         parsed = parser.parse_args(argv)
-        return {dest for dest in dests if getattr(parsed, dest) is not unset}
+        return {dest for dest in dests if getattr(parsed, dest) is not markers[dest]}
     finally:
         parser.set_defaults(**defaults)
 
@@ -65,23 +71,26 @@ def run_config_of(model: str) -> tuple[Path, str] | None:
 def _run_values(path: Path) -> dict[str, object]:
     """The run's prompt settings, ``{args attribute: eval's value}`` (``chat_template_kwargs`` as JSON text); a
     ValueError saying why for a config that cannot be read or holds a value eval cannot take."""
-    from pacs_fast.config import DataConfig, RewardConfig, read_yaml
+    from pacs_fast.config import DataConfig, RewardConfig, RolloutConfig, read_yaml
     from pacs_fast.config.prompt_template_checks import check_prompt_template
+    from pacs_fast.config.stop_string_checks import check_stop_strings
     from pacs_fast.config.validation import check_template_kwargs
     from pacs_fast.reward.verifier import EXTRACTIONS
 
     saved = read_yaml(path)  # (its keys alone, not load_config: a key a later version dropped is no damage)
-    sections = {name: saved.get(name, {}) for name in ("data", "reward")}
+    sections = {name: saved.get(name, {}) for name in ("data", "reward", "rollout")}
     for name, section in sections.items():
         if not isinstance(section, dict):
             raise ValueError(f"its {name} section is {type(section).__name__}, not a mapping")
-    defaults = {"data": DataConfig(), "reward": RewardConfig()}  # (a key it lacks: a run from before the key)
+    # (a key it lacks: a run from before the key)
+    defaults = {"data": DataConfig(), "reward": RewardConfig(), "rollout": RolloutConfig()}
     values = {}
     for dest, _, key in PROMPT_FLAGS:
         section, name = key.split(".")
         values[dest] = sections[section].get(name, getattr(defaults[section], name))
     check_prompt_template(values["prompt_template"], "data.prompt_template")
     check_template_kwargs(values["chat_template_kwargs"], "data.chat_template_kwargs")
+    values["stop"] = sorted(check_stop_strings(values["stop"], "rollout.stop"))  # (as eval's --stop: a sorted list)
     for key in ("instruction", "system_prompt"):
         if not isinstance(values[key], str):
             raise ValueError(f"data.{key} is {values[key]!r}, not a text")
@@ -105,7 +114,7 @@ def _shown(value) -> str:
 def _effect(dest: str, value, template: str):
     """What a prompt flag's value does under ``template``: ``--system-prompt`` / ``--instruction`` the text the prompts
     carry (None where the template names none), ``--chat-template-kwargs`` the variables (none but under the chat
-    template), the others the value."""
+    template), ``--stop`` the set of strings, the others the value."""
     from pacs_fast.config.prompt_template_checks import CHAT
 
     if dest in ("system_prompt", "instruction"):
@@ -120,6 +129,8 @@ def _effect(dest: str, value, template: str):
         except ValueError:
             return value  # (a bad --chat-template-kwargs: its own error follows)
         return kwargs if template == CHAT else {}
+    if dest == "stop":
+        return sorted(value, key=repr)  # (the order changes no response)
     return value
 
 
