@@ -202,7 +202,12 @@ def test_prompt_warnings_name_what_the_template_will_not_build_as_meant():
     assert prompt_warnings(tok, ["2+2?"], [end]) == [
         "the chat template adds nothing for add_generation_prompt: each prompt ends after the user's turn, with no "
         "assistant header for the model to answer after"]
-    assert prompt_warnings(build_char_tokenizer(), ["<s>x"], [0]) == []  # no template: the plain format
+    # no template (the plain format): "<s>" in a problem is encoded as the BOS token, not as its text (said since the
+    # Zero-run sweep of 2026-12-07; a problem without special tokens: no line)
+    assert prompt_warnings(build_char_tokenizer(), ["<s>x"], [0]) == [
+        "1 of 1 problems already hold the tokenizer's special tokens (e.g. '<s>'): each is encoded as those tokens, not "
+        "as its text; give the problems as plain text"]
+    assert prompt_warnings(build_char_tokenizer(), ["x"], [0]) == []
 
 
 def test_verl_parquet_nested_fields_and_decimal_answers(tmp_path):
