@@ -57,8 +57,9 @@ import torch
 from conftest import copy_as_killed_in_checkpoint
 from pacs_fast.data.prompts import INSTRUCTION, SYSTEM_PROMPT
 from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
-from test_llama3_path_sweep import _data, check_batch, check_completion
-from test_qwen3_moe_path_sweep import F, ckpt, hub_tensors, old_logprobs, policy_of, response_gap
+from test_llama3_path_sweep import _data, check_completion
+from test_qwen3_moe_path_sweep import (F, check_steps, ckpt, hub_tensors, learner_batch, old_logprobs, policy_of,
+                                       response_gap)
 from test_qwen3_moe_path_sweep import row_refs as moe_row_refs
 from test_qwen3_path_sweep import MAX_NEW, TRAIN, G, _gold, forced_completion, recording
 
@@ -344,7 +345,6 @@ def test_the_learner_and_engine_score_each_response_as_the_models_own_eager_forw
     at the EOS kept once or run to the limit, masks exact. The learner with ``learner.packing=off`` (padded rows)
     gives the same log-probs; one over all 102,400 head rows (``vocab_size=None``) does not (the hot padded row)."""
     from pacs_fast.config import load_config
-    from pacs_fast.learner.base import RolloutBatch
     from pacs_fast.learner.torch_learner import TorchLearner
 
     run = runs["full"]
@@ -363,21 +363,9 @@ def test_the_learner_and_engine_score_each_response_as_the_models_own_eager_forw
                 ends.add(check_completion(c, {EOS}, params.max_new_tokens))
                 assert max(c.token_ids) < TOKENS and c.text == decoded(c.token_ids)
     assert {EOS, None} <= ends, ends
-    for step, ((prompts, _, comps), batch, old, record) in enumerate(zip(train_calls, run.batches, run.olds,
-                                                                          records), 1):
-        check_batch(batch, prompts, comps)
-        refs = row_refs(load(policy_of(run, step), eager=True), batch)
-        assert response_gap(old, batch, refs) < 1e-5, step
-        flat = [c for cs in comps for c in cs]
-        for r, (c, ref) in enumerate(zip(flat, refs)):
-            start = int(batch["response_mask"][r].nonzero()[0]) - 1
-            engine = torch.tensor(c.logprobs, dtype=torch.float64)
-            assert (engine - ref[start:start + len(c.token_ids)]).abs().max() < 1e-5, (step, r)
-        assert record["step"] == step and 0 <= record["rollout/logprob_diff_max"] < 1e-5, record
-        assert record["learner/forward/packed"] > 0 and record["learner/forward/padded"] == 0, record
+    check_steps(run, train_calls, records, lambda step, batch: row_refs(load(policy_of(run, step), eager=True), batch))
     b = run.batches[0]
-    batch = RolloutBatch(input_ids=b["input_ids"], attention_mask=b["attention_mask"], response_mask=b["response_mask"],
-                         rewards=torch.zeros(len(b["input_ids"])), group_size=G)
+    batch = learner_batch(b, G)
     refs = row_refs(load(run.folder, eager=True), b)
     for packing, vocab, fine in (("on", TOKENS, True), ("off", TOKENS, True), ("on", None, False)):
         cfg = load_config(None, [f"learner.packing={packing}"])
@@ -396,7 +384,6 @@ def test_the_checkpoint_holds_the_hubs_names_and_loads_back_with_the_trained_log
     gives the learner's log-probs after step 2 (2e-5)."""
     from safetensors.torch import load_file
 
-    from pacs_fast.learner.base import RolloutBatch
 
     run = runs["full"]
     path = ckpt(run, 2)
@@ -414,8 +401,7 @@ def test_the_checkpoint_holds_the_hubs_names_and_loads_back_with_the_trained_log
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (path / name).read_bytes() == (run.folder / name).read_bytes(), name
     b = run.batches[1]
-    batch = RolloutBatch(input_ids=b["input_ids"], attention_mask=b["attention_mask"], response_mask=b["response_mask"],
-                         rewards=torch.zeros(len(b["input_ids"])), group_size=G)
+    batch = learner_batch(b, G)
     with torch.no_grad():
         got = run.learner.compute_logprobs(batch)
     # (2e-5: the trained policy's log-probs reach -13 here, fp32's rounding of them ~1e-6 an operation)
@@ -712,7 +698,6 @@ def test_a_moonlight_run_keeps_the_routers_bias_and_writes_the_hubs_names(moonli
     learner's own, and it loads back to the learner's log-probs (2e-5)."""
     from safetensors.torch import load_file
 
-    from pacs_fast.learner.base import RolloutBatch
 
     run = moonlight
     assert "Traceback" not in run.output and "warning:" not in run.output, run.output
@@ -727,8 +712,7 @@ def test_a_moonlight_run_keeps_the_routers_bias_and_writes_the_hubs_names(moonli
     live = hub_tensors(run.learner.model)
     assert written.keys() == live.keys() and all(torch.equal(written[n], live[n]) for n in live)
     b = run.batches[1]
-    batch = RolloutBatch(input_ids=b["input_ids"], attention_mask=b["attention_mask"], response_mask=b["response_mask"],
-                         rewards=torch.zeros(len(b["input_ids"])), group_size=G)
+    batch = learner_batch(b, G)
     with torch.no_grad():
         got = run.learner.compute_logprobs(batch)
     assert response_gap(got, b, row_refs(load(path, eager=True), b)) < 2e-5

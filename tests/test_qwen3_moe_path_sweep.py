@@ -190,6 +190,32 @@ def row_refs(model, batch, tokens: int = TOKENS) -> list[torch.Tensor]:
         out.append(ref)
     return out
 
+def learner_batch(b: dict, group_size: int):
+    """A recorded learner batch (``Run.batches``) as a ``RolloutBatch`` for ``compute_logprobs`` (rewards unread)."""
+    from pacs_fast.learner.base import RolloutBatch
+
+    return RolloutBatch(input_ids=b["input_ids"], attention_mask=b["attention_mask"], response_mask=b["response_mask"],
+                        rewards=torch.zeros(len(b["input_ids"])), group_size=group_size)
+
+
+def check_steps(run, train_calls, records, refs_of) -> None:
+    """Each step of a recorded run: its learner batch is the engine's completions (``check_batch``), the learner's old
+    log-probs and the engine's sampled ones equal ``refs_of(step, batch)`` (the step's policy, each row alone; 1e-5),
+    its record says so (``rollout/logprob_diff_max``), and its micro-batches ran packed, none padded."""
+    for step, ((prompts, _, comps), batch, old, record) in enumerate(zip(train_calls, run.batches, run.olds,
+                                                                          records), 1):
+        check_batch(batch, prompts, comps)
+        refs = refs_of(step, batch)
+        assert response_gap(old, batch, refs) < 1e-5, step
+        flat = [c for cs in comps for c in cs]
+        for r, (c, ref) in enumerate(zip(flat, refs)):
+            start = int(batch["response_mask"][r].nonzero()[0]) - 1
+            engine = torch.tensor(c.logprobs, dtype=torch.float64)
+            assert (engine - ref[start:start + len(c.token_ids)]).abs().max() < 1e-5, (step, r)
+        assert record["step"] == step and 0 <= record["rollout/logprob_diff_max"] < 1e-5, record
+        assert record["learner/forward/packed"] > 0 and record["learner/forward/padded"] == 0, record
+
+
 
 def response_gap(got, batch, refs) -> float:
     """max |got - ref| over every row's response tokens (``got[r, t]``: the log-prob of token t of row r)."""
@@ -346,7 +372,6 @@ def test_the_learner_and_engine_score_each_response_as_the_models_own_eager_forw
     the learner's masks exactly each response with its stop token. A learner over all 151,936 rows
     (``vocab_size=None``) misses (the hot padded row): the check catches the padded rows not cut."""
     from pacs_fast.config import load_config
-    from pacs_fast.learner.base import RolloutBatch
     from pacs_fast.learner.torch_learner import TorchLearner
 
     run = runs["full"]
@@ -363,23 +388,11 @@ def test_the_learner_and_engine_score_each_response_as_the_models_own_eager_forw
                 ends.add(check_completion(c, {IM_END, EOT}, params.max_new_tokens))
                 assert max(c.token_ids) < TOKENS and c.text == decoded(c.token_ids)
     assert {IM_END, EOT, None} <= ends, ends
-    for step, ((prompts, _, comps), batch, old, record) in enumerate(zip(train_calls, run.batches, run.olds,
-                                                                          records), 1):
-        check_batch(batch, prompts, comps)
-        refs = row_refs(load(policy_of(run, step), eager=True), batch)
-        assert response_gap(old, batch, refs) < 1e-5, step
-        flat = [c for cs in comps for c in cs]
-        for r, (c, ref) in enumerate(zip(flat, refs)):
-            start = int(batch["response_mask"][r].nonzero()[0]) - 1
-            engine = torch.tensor(c.logprobs, dtype=torch.float64)
-            assert (engine - ref[start:start + len(c.token_ids)]).abs().max() < 1e-5, (step, r)
-        assert record["step"] == step and 0 <= record["rollout/logprob_diff_max"] < 1e-5, record
-        assert record["learner/forward/packed"] > 0 and record["learner/forward/padded"] == 0, record
-        assert record["learner/forward/shared_prefix"] == 0
+    check_steps(run, train_calls, records, lambda step, batch: row_refs(load(policy_of(run, step), eager=True), batch))
+    assert all(record["learner/forward/shared_prefix"] == 0 for record in records)
     # the fault: the head's padded rows not cut (a learner over all of them)
     b = run.batches[0]
-    batch = RolloutBatch(input_ids=b["input_ids"], attention_mask=b["attention_mask"], response_mask=b["response_mask"],
-                         rewards=torch.zeros(len(b["input_ids"])), group_size=G)
+    batch = learner_batch(b, G)
     cfg = load_config(None, ["learner.packing=on"])
     refs = row_refs(load(run.folder, eager=True), b)
     for vocab, fine in ((TOKENS, True), (None, False)):
@@ -443,7 +456,6 @@ def test_the_checkpoint_holds_the_hubs_per_expert_tensors_and_loads_back_with_th
     2 gives the learner's log-probs after step 2 (its live packed forward over the step-2 rows) to 1e-5."""
     from safetensors.torch import load_file
 
-    from pacs_fast.learner.base import RolloutBatch
 
     run = runs["full"]
     path = ckpt(run, 2)
@@ -462,8 +474,7 @@ def test_the_checkpoint_holds_the_hubs_per_expert_tensors_and_loads_back_with_th
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "generation_config.json"):
         assert (path / name).read_bytes() == (run.folder / name).read_bytes(), name
     b = run.batches[1]
-    batch = RolloutBatch(input_ids=b["input_ids"], attention_mask=b["attention_mask"], response_mask=b["response_mask"],
-                         rewards=torch.zeros(len(b["input_ids"])), group_size=G)
+    batch = learner_batch(b, G)
     with torch.no_grad():
         live = run.learner.compute_logprobs(batch)
     assert response_gap(live, b, row_refs(load(path, eager=True), b)) < 1e-5
