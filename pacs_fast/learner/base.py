@@ -284,7 +284,8 @@ class Learner(abc.ABC):
         whole layers per file (one file: ``model.safetensors``; several: ``model-0000i-of-0000n.safetensors`` +
         ``model.safetensors.index.json``), copied to host memory one bucket at a time. The files are counted
         (their names say how many) from :meth:`hf_weight_layout`, without the tensors (with LoRA: no merge), then
-        written from :meth:`export_hf_weights` once. Each file is written atomically, the folder is not: a save into
+        written from :meth:`export_hf_weights` once; then :attr:`carried` (the input's tensors the model does not
+        hold), unchanged, in files of their own. Each file is written atomically, the folder is not: a save into
         a folder that holds a model already and stops part-way leaves a mix of the two (save into a new folder and
         rename it, as the trainer's checkpoints do)."""
         from pathlib import Path
@@ -296,14 +297,22 @@ class Learner(abc.ABC):
         bucket_bytes = hf_folder.SHARD_BYTES if bucket_bytes is None else bucket_bytes
         sizes = ((name, math.prod(shape) * dtype.itemsize) for name, shape, dtype in self.hf_weight_layout())
         n = sum(1 for _ in hf_folder.whole_unit_buckets(sizes, bucket_bytes, int))
+        carried = self.carried or None  # (the input's tensors the model does not hold: files of their own, after)
+        n_carried = sum(1 for _ in hf_folder.whole_unit_buckets(carried.layout(), bucket_bytes, int)) if carried else 0
         weight_map, total = {}, 0
         for i, bucket in enumerate(self.iter_hf_weight_buckets(bucket_bytes)):
-            name = hf_folder.shard_name(i, n)
+            name = hf_folder.shard_name(i, n + n_carried)
             # a copy (a CPU model's tensors too: tensors sharing storage could not be written side by side)
             tensors = self._checkpoint_layout({k: t.detach().to("cpu", copy=True).contiguous() for k, t in bucket})
             total += hf_folder.write_shard(path, name, tensors)
             weight_map.update(dict.fromkeys(tensors, name))
             del tensors
+        if carried:  # (as the input holds them, a tensor read at a time from its files)
+            sized = lambda t: t.numel() * t.element_size()  # noqa: E731
+            for i, bucket in enumerate(hf_folder.whole_unit_buckets(carried.items(), bucket_bytes, sized), n):
+                name = hf_folder.shard_name(i, n + n_carried)
+                total += hf_folder.write_shard(path, name, dict(bucket))
+                weight_map.update(dict.fromkeys(dict(bucket), name))
         hf_folder.finish_weights(path, weight_map, total)
         if self.hf_config is not None:
             hf_folder.save_config(self.hf_config, path, model=getattr(self, "model", None))
@@ -313,6 +322,10 @@ class Learner(abc.ABC):
         it is, unless the model's checkpoints lay its tensors out otherwise than the model holds them (the torch
         learner's mixture of experts: the hub's per-expert tensors, not transformers 5's fused ones)."""
         return tensors
+
+    #: the input folder's tensors the model does not hold (:class:`~pacs_fast.learner.carried_tensors.CarriedTensors`:
+    #: multi-token-prediction layers), copied unchanged into every :meth:`save_hf`; None: none
+    carried = None
 
     # -- scale-out defaults (one process); the megatron learner overrides them ------------------------
     #: ``(dp_rank, dp_size)`` of this process's data-parallel group (one process: ``(0, 1)``)

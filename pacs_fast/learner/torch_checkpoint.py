@@ -85,6 +85,16 @@ class TorchCheckpointing:
 
             save_adapter(self.model, Path(path) / "adapter", base=getattr(self.hf_config, "_name_or_path", None))
 
+    def carry_from(self, source) -> None:
+        """Sets :attr:`~pacs_fast.learner.base.Learner.carried`: the tensors of model folder ``source`` (the one the
+        model was loaded from) that transformers did not load into it (:mod:`pacs_fast.learner.carried_tensors`:
+        multi-token-prediction layers), which every :meth:`save_hf` copies and a checkpoint's load skips."""
+        from pacs_fast.data.checkpoint_names import unit_of
+        from pacs_fast.learner.carried_tensors import CarriedTensors, unloaded_pattern
+
+        units = {unit_of(name) for name, _ in self._hf_tensors(merge=False)}
+        self.carried = CarriedTensors(source, unloaded_pattern(self.model), units)
+
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy under Hugging Face names (with LoRA: each adapted layer merged, ``W + scale * B @ A``)."""
         yield from self._hf_tensors(merge=True)
@@ -155,6 +165,10 @@ class TorchCheckpointing:
         tensor, not the model. With LoRA the base stays model.path's (frozen) and the weights are a checkpoint's
         merged ones: kept (a lazy checkpoint unread), and compared with the merge of the adapters
         :meth:`load_state_dict` loads next (a base that changed since is an error there)."""
+        if self.carried is not None:  # (a checkpoint's copies of the input's tensors the model does not hold)
+            from pacs_fast.learner.carried_tensors import WithoutCarried
+
+            named_tensors = WithoutCarried(named_tensors, self.carried)
         layout = self._fused_layout()
         if layout is not None:  # (the hub's per-expert tensors, or the fused ones of a checkpoint written before)
             named_tensors = layout.model_weights(*weights_and_shapes(named_tensors))

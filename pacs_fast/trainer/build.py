@@ -103,6 +103,7 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
                      f"model (model.lora_rank=0) costs no more")
     recompute = apply_recompute(model, cfg.model.gradient_checkpointing, cfg.model.recompute_granularity)  # (after)
     learner = TorchLearner(model, vocab_size=len(tokenizer), **kw)
+    learner.carry_from(model_path)  # (the folder's tensors the model does not hold: into every checkpoint)
     learner.fused_layers, learner.recompute, learner.lora_line = fused, recompute, lora
     return learner, model
 
