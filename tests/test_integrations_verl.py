@@ -171,8 +171,9 @@ def test_actor_settings_that_split_groups_are_refused():
         fn(b["old"], b["logp"], adv, b["mask"], "token-mean", _actor_config(4, shuffle=True), None)
     with pytest.raises(ValueError, match="ppo_micro_batch_size_per_gpu=6 is not a multiple of rollout.n=4"):
         fn(b["old"], b["logp"], adv, b["mask"], "token-mean", _actor_config(4, micro=6), None)
-    with pytest.raises(ValueError, match="rollout-correction"):
-        fn(b["old"], b["logp"], adv, b["mask"], "token-mean", _actor_config(4), torch.ones_like(b["old"]))
+    varying = torch.ones_like(b["old"]) + torch.arange(b["old"].shape[1])[None, :] * 0.1  # (token-level weights)
+    with pytest.raises(ValueError, match="rollout-correction weights vary along row"):
+        fn(b["old"], b["logp"], adv, b["mask"], "token-mean", _actor_config(4), varying)
 
 
 def test_estimator_refuses_non_contiguous_prompts():
@@ -205,16 +206,54 @@ def test_check_config_lists_every_bad_setting():
     kl = OmegaConf.merge(good, {"actor_rollout_ref": {"actor": {"use_kl_loss": True}}})
     with pytest.raises(ValueError, match="use_kl_loss must be False"):
         pv.check_config(kl)
-    corrected = OmegaConf.merge(good, {"algorithm": {"rollout_correction": {"rollout_is": "token",
-                                                                            "rollout_rs": None}}})
-    with pytest.raises(ValueError, match="algorithm.rollout_correction must be off"):
-        pv.check_config(corrected)
+    for bad_correction in ({"rollout_is": "token", "rollout_rs": None}, {"rollout_is": None, "rollout_rs": "seq_sum_k1"},
+                           {"rollout_is": "sequence", "rollout_rs": None, "bypass_mode": True}):
+        corrected = OmegaConf.merge(good, {"algorithm": {"rollout_correction": bad_correction}})
+        with pytest.raises(ValueError, match="algorithm.rollout_correction must be off or sequence-level"):
+            pv.check_config(corrected)
+    pv.check_config(OmegaConf.merge(good, {"algorithm": {"rollout_correction": {"rollout_is": "sequence",
+                                                                                "rollout_rs": None}}}))
     pv.check_config(OmegaConf.merge(good, {"algorithm": {"rollout_correction": {"rollout_is": None,
                                                                                 "rollout_rs": None}}}))
     no_balance = OmegaConf.create(OmegaConf.to_container(good))
     del no_balance.trainer["balance_batch"]
     with pytest.raises(ValueError, match=r"trainer.balance_batch must be False \(verl's default is True\)"):
         pv.check_config(no_balance)
+
+
+@pytest.mark.parametrize("threshold", ["2.0", "0.5_2.0"], ids=["truncated", "icepop"])
+def test_sequence_rollout_correction_weighs_each_samples_bce(threshold):
+    """verl's own sequence-level weights (``compute_rollout_correction_weights``, rollout_is='sequence': truncated,
+    or IcePop-masked to 0 outside [0.5, 2]) reach the loss as PACS's sample weights: loss and gradient equal float64
+    ``pacs_loss(sample_weights=row weights)``, and differ from the unweighted loss. Token-level weights are one
+    line naming the setting. (Before 2026-12-07 any weights were an error.)"""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+
+    n = 4
+    b = _batch(3, n, 7, 11)
+    adv, _ = _advantages(b)
+    g = torch.Generator().manual_seed(5)
+    rollout = b["old"] + 0.3 * torch.randn(b["old"].shape, generator=g, dtype=torch.float64)
+    weights, _ = compute_rollout_correction_weights(
+        log_ratio=(b["old"] - rollout), response_mask=b["mask"], rollout_is="sequence", rollout_is_threshold=threshold)
+    row = weights[torch.arange(weights.shape[0]), 0]
+    assert len(set(row.tolist())) > 2 and (threshold == "2.0" or bool((row == 0).any()))
+    loss, _ = core_algos.get_policy_loss_fn("pacs")(
+        old_log_prob=b["old"], log_prob=b["logp"], advantages=adv, response_mask=b["mask"],
+        loss_agg_mode="token-mean", config=_actor_config(n), rollout_is_weights=weights)
+    (grad,) = torch.autograd.grad(loss, b["logp"])
+    logp = b["logp"].detach().clone().requires_grad_()
+    ref = pacs_loss(logp, b["old"], b["mask"], b["R"], group_size=n, sample_weights=row)
+    (ref_grad,) = torch.autograd.grad(ref, logp)
+    plain = pacs_loss(b["logp"].detach(), b["old"], b["mask"], b["R"], group_size=n)
+    assert abs(float(loss.detach()) - float(ref.detach())) <= TOL and float((grad - ref_grad).abs().max()) <= TOL
+    assert abs(float(loss.detach()) - float(plain)) > 1e-3
+    tokens, _ = compute_rollout_correction_weights(
+        log_ratio=(b["old"] - rollout), response_mask=b["mask"], rollout_is="token", rollout_is_threshold=threshold)
+    with pytest.raises(ValueError, match="rollout_is='token'"):
+        core_algos.get_policy_loss_fn("pacs")(
+            old_log_prob=b["old"], log_prob=b["logp"], advantages=adv, response_mask=b["mask"],
+            loss_agg_mode="token-mean", config=_actor_config(n), rollout_is_weights=tokens)
 
 
 def test_the_adapters_pacs_metrics_are_the_trainers():

@@ -30,9 +30,11 @@ Written against trl 1.16.0 (``SUPPORTED_TRL``): it overrides GRPOTrainer's priva
   ``pacs/calib_gap``, ``pacs/proxy_abs_mean``, plus TRL's reward / entropy metrics.
 
 Not supported (clear errors at config time): ``top_entropy_quantile < 1``,
-``off_policy_mask_threshold``, ``entropy_coef`` / ``use_adaptive_entropy``. vLLM's importance
-sampling ratio is not applied (the reference is the trainer's recomputed rollout log-probs, as in
-the paper's code). Vision-language inputs, MoE auxiliary losses and models whose LM head scales or
+``off_policy_mask_threshold``, ``entropy_coef`` / ``use_adaptive_entropy``, and vLLM's importance-sampling
+correction in a token mode. In its sequence modes (TRL's default ``sequence_mask``) TRL's ratio
+(``importance_sampling_ratio``: the trainer's over vLLM's sequence probability, truncated or masked) weighs each
+sample's BCE term (docs/OFF_POLICY.md); the reference stays the trainer's recomputed rollout log-probs (TRL's
+``old_per_token_logps``). Vision-language inputs, MoE auxiliary losses and models whose LM head scales or
 soft-caps its logits use TRL's own fused LM head for the log-probs (still no ``[B, T, V]``
 logits); everything else in the loss is the same. A MoE model's router auxiliary loss is added as GRPOTrainer adds
 it (``router_aux_loss_coef`` times it, scaled for gradient accumulation; metric ``aux_loss``).
@@ -125,7 +127,8 @@ class PACSConfig(GRPOConfig):
         check_group_settings(self)
 
 
-def loss_over_members(loss_fn, logp, logp_ref, mask, rewards, group_size: int, valid, min_members: int):
+def loss_over_members(loss_fn, logp, logp_ref, mask, rewards, group_size: int, valid, min_members: int,
+                      sample_weights=None):
     """The PACS loss of a micro-batch from which some rows were removed (``valid[i]`` False: a
     completion TRL masked, ``mask_truncated_completions=True``).
 
@@ -134,12 +137,30 @@ def loss_over_members(loss_fn, logp, logp_ref, mask, rewards, group_size: int, v
     the class weights over those k members, i.e. ``loss_fn(..., group_size=k)``); a group left with
     fewer than ``min_members`` (2 for the rloo / grpo / dr_grpo scores) drops out; the loss is the mean over
     the rows that remain (the paper's 1/B with B = those rows), 0 with a graph when none does.
-    ``terms`` are full-size, NaN on the rows that left. Returns ``(loss, terms)``."""
-    total, terms, rows = _loss_over_members(
-        lambda idx, k: loss_fn(logp[idx], logp_ref[idx], mask[idx], rewards[idx], k), valid, group_size, min_members)
+    ``terms`` are full-size, NaN on the rows that left. ``sample_weights`` ``[B]`` (or None): each row's factor of its
+    BCE term (vLLM's importance-sampling ratio), passed on with the rows. Returns ``(loss, terms)``."""
+    def rows_loss(idx, k):
+        kw = {} if sample_weights is None else {"sample_weights": sample_weights[idx]}  # (an override without it)
+        return loss_fn(logp[idx], logp_ref[idx], mask[idx], rewards[idx], k, **kw)
+
+    total, terms, rows = _loss_over_members(rows_loss, valid, group_size, min_members)
     for name in ("score", "pred_reward", "proxy"):
         terms.setdefault(name, torch.full((logp.shape[0],), float("nan"), device=logp.device))
     return (total / rows if rows else logp.sum() * 0.0), terms
+
+
+def sequence_is_weights(ratio, rows: int):
+    """TRL's ``importance_sampling_ratio`` (vLLM's correction, ``[B, 1]`` in its sequence modes: ``exp`` of the sum of
+    the trainer's minus vLLM's token log-probs, truncated or masked to 0 at ``vllm_importance_sampling_clip_*``) as
+    PACS's ``[B]`` sample weights (docs/OFF_POLICY.md: a sequence-level BCE takes the sequence ratio); None without
+    it. A per-token ratio (its token modes, refused when the trainer is built) is an error."""
+    if ratio is None:
+        return None
+    if ratio.dim() != 2 or ratio.shape != (rows, 1):
+        raise ValueError(f"PACS: TRL's importance_sampling_ratio has shape {tuple(ratio.shape)}, not ({rows}, 1) "
+                         "(one ratio per sequence: vllm_importance_sampling_mode='sequence_mask' or "
+                         "'sequence_truncate')")
+    return ratio.reshape(rows).detach().float()
 
 
 def _shuffle_whole_groups(batch: dict, group_size: int) -> dict:
@@ -214,9 +235,6 @@ class PACSTrainer(GRPOTrainer):
         if self.use_vllm and args.vllm_mode == "colocate" and vllm_runs_on_cpu():
             generation = self.vllm_generation
             generation.sync_weights = types.MethodType(sync_by_reload, generation)
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            warnings.warn("PACSTrainer: vLLM importance-sampling correction is not applied by the PACS "
-                          "loss; the reference is the trainer's recomputed rollout log-probs", stacklevel=2)
 
     # ---------------------------------------------------------------- rollout: rewards and groups
 
@@ -325,13 +343,14 @@ class PACSTrainer(GRPOTrainer):
 
     # ---------------------------------------------------------------- the loss
 
-    def pacs_loss(self, logp, logp_ref, mask, rewards, group_size: int):
+    def pacs_loss(self, logp, logp_ref, mask, rewards, group_size: int, sample_weights=None):
         """The PACS loss of one micro-batch: ``pacs_fast.pacs_loss(..., return_terms=True)`` with
-        this trainer's options. ``logp``/``logp_ref``/``mask`` ``[B, T]``, ``rewards`` ``[B]``."""
+        this trainer's options. ``logp``/``logp_ref``/``mask`` ``[B, T]``, ``rewards`` ``[B]``; ``sample_weights``
+        ``[B]`` or None: each sample's factor of its BCE term (vLLM's sequence importance-sampling ratio)."""
         a = self.args
         return pacs_loss(logp, logp_ref, mask, rewards, group_size=group_size, beta=self.pacs_beta,
                          score=a.score, weight_mode=a.weight_mode, proxy=a.proxy, return_terms=True,
-                         backend=a.pacs_backend)
+                         backend=a.pacs_backend, sample_weights=sample_weights)
 
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
@@ -355,10 +374,13 @@ class PACSTrainer(GRPOTrainer):
         rewards = inputs["pacs_rewards"]
         valid = inputs.get("pacs_valid")
         min_members = 2 if self.args.score in GROUP_SCORES else 1
-        if valid is None or bool(valid.all()):
-            loss, terms = self.pacs_loss(logp, logp_ref, mask, rewards, G)
+        weights = sequence_is_weights(inputs.get("importance_sampling_ratio"), rewards.shape[0])
+        if valid is None or bool(valid.all()):  # (no weights: called as before, a subclass's override without them)
+            kw = {} if weights is None else {"sample_weights": weights}
+            loss, terms = self.pacs_loss(logp, logp_ref, mask, rewards, G, **kw)
         else:
-            loss, terms = loss_over_members(self.pacs_loss, logp, logp_ref, mask, rewards, G, valid, min_members)
+            loss, terms = loss_over_members(self.pacs_loss, logp, logp_ref, mask, rewards, G, valid, min_members,
+                                            sample_weights=weights)
         normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         step_rows = inputs.get("pacs_rows_kept") if mode == "train" else None
         # the sum over this micro-batch's remaining rows / the step's remaining rows per process (_count_rows_per_step)

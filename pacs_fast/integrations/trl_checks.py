@@ -37,6 +37,17 @@ def check_group_settings(args) -> None:
         if args.score in GROUP_SCORES and Ge < 2:
             raise ValueError(f"PACS score={args.score!r} needs num_generations_eval >= 2 (it compares a response with "
                              f"its group mates in evaluation too), got {named}")
+    if getattr(args, "use_vllm", False) and getattr(args, "vllm_importance_sampling_correction", False):
+        mode = getattr(args, "vllm_importance_sampling_mode", "sequence_mask")
+        if str(mode).startswith("token"):
+            raise ValueError(f"PACS: vllm_importance_sampling_mode={mode!r} weights each token, which has no meaning "
+                             "in PACS's per-sequence BCE (a sequence's weight is the product of its token ratios): use "
+                             "'sequence_mask' (TRL's default) or 'sequence_truncate', or "
+                             "vllm_importance_sampling_correction=False")
+        if args.pacs_backend == "triton":
+            raise ValueError("PACS: pacs_backend='triton' takes no per-sample factor, and vLLM's importance-sampling "
+                             "correction (vllm_importance_sampling_correction=True) weighs each sample: use "
+                             "pacs_backend='auto', or vllm_importance_sampling_correction=False")
     if args.sync_ref_model:
         raise ValueError("PACS: sync_ref_model is not supported: PACS loads no reference model (its reference is "
                          "the rollout policy's log-probs); leave sync_ref_model=False")

@@ -30,8 +30,11 @@ Options (beta, score, weight_mode, proxy): ``"pacs"`` uses the paper's defaults
 (``PACS_DEFAULTS``); ``register_pacs_loss("pacs_grpo", score="grpo")`` registers a variant under
 another name, from a module of yours listed in ``VERL_USE_EXTERNAL_MODULES``.
 
-Not supported: rollout-correction weights (``rollout_is_weights``: a clear error), dynamic
-batch sizes, shuffled mini-batches, a KL term in the reward (they change or split groups).
+Rollout correction: sequence-level importance sampling (``algorithm.rollout_correction.rollout_is='sequence'``,
+verl's truncated or IcePop weights pi_old / pi_rollout) weighs each sample's BCE term (a masked sample keeps its place
+in its group's score and in the mean's count, as in verl's own losses). Not supported: token-level weights,
+rejection sampling and bypass mode (``check_config`` and the loss say so), dynamic batch sizes, shuffled
+mini-batches, a KL term in the reward (they change or split groups).
 """
 from __future__ import annotations
 
@@ -109,10 +112,12 @@ def check_config(config, loss_name: str = "pacs") -> None:
                             + (" (a KL loss to verl's reference model is a term PACS does not have)"
                                if key.endswith("use_kl_loss") else ""))
     correction = _get(config, "algorithm.rollout_correction")
-    if correction is not None and (_get(correction, "rollout_is") or _get(correction, "rollout_rs")
-                                   or _get(correction, "bypass_mode", False)):
-        problems.append("algorithm.rollout_correction must be off (rollout_is, rollout_rs null, bypass_mode false): "
-                        "the PACS loss does not apply its weights")
+    if correction is not None and (_get(correction, "rollout_is") not in (None, "sequence")
+                                   or _get(correction, "rollout_rs") or _get(correction, "bypass_mode", False)):
+        problems.append("algorithm.rollout_correction must be off or sequence-level importance sampling alone "
+                        "(rollout_is null or 'sequence', rollout_rs null, bypass_mode false): a token weight means "
+                        "nothing in PACS's per-sequence BCE, rejection masks tokens out of its log-ratio, and bypass "
+                        "mode puts the rollout engine's log-probs in its reference")
     micro = _get(config, actor + "ppo_micro_batch_size_per_gpu")
     if n and (micro is None or int(micro) % int(n)):
         old = _get(config, actor + "ppo_micro_batch_size")  # (verl's deprecated global size: not what it splits by)
@@ -241,6 +246,25 @@ def compute_pacs_advantage(token_level_rewards: torch.Tensor, response_mask: tor
     return adv, adv.clone()
 
 
+def sequence_weights(rollout_is_weights: torch.Tensor | None, response_mask: torch.Tensor) -> torch.Tensor | None:
+    """verl's ``rollout_is_weights`` (``[B, T]``; ``algorithm.rollout_correction.rollout_is='sequence'``: each row's
+    truncated or IcePop-masked ratio pi_old / pi_rollout, the same on all its response tokens) as PACS's ``[B]``
+    sample weights (docs/OFF_POLICY.md: a sequence-level BCE takes the sequence ratio); None without them. Weights
+    that vary along a row (``rollout_is='token'``) are a ValueError naming the setting."""
+    if rollout_is_weights is None:
+        return None
+    m = response_mask.bool()
+    w = rollout_is_weights.detach().to(torch.float64)
+    big = torch.finfo(torch.float64).max
+    hi, lo = torch.where(m, w, -big).amax(dim=-1), torch.where(m, w, big).amin(dim=-1)
+    if bool((hi != lo).any()):
+        row = int((hi != lo).nonzero()[0, 0])
+        raise ValueError(f"PACS policy loss: the rollout-correction weights vary along row {row} (token-level "
+                         "importance sampling, algorithm.rollout_correction.rollout_is='token'), which means nothing in "
+                         "PACS's per-sequence BCE: set rollout_is='sequence' (or null)")
+    return hi
+
+
 def _pacs_policy_loss(options: dict):
     def compute_policy_loss_pacs(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
                                  advantages: torch.Tensor, response_mask: torch.Tensor,
@@ -248,14 +272,13 @@ def _pacs_policy_loss(options: dict):
                                  rollout_is_weights: torch.Tensor | None = None,
                                  ) -> tuple[torch.Tensor, dict[str, Any]]:
         """verl policy loss: PACS on one micro-batch (``[B, T]`` tensors, whole groups)."""
-        if rollout_is_weights is not None:
-            raise ValueError("PACS policy loss: rollout-correction weights are not supported; "
-                             "disable algorithm.rollout_correction")
         G = _check_actor_config(config, options["score"])
         rewards, tags = decode_tagged_advantages(advantages, response_mask, _FIX)
         check_whole_groups(tags, G, _FIX)
+        weights = sequence_weights(rollout_is_weights, response_mask)
+        weights = None if weights is None else weights.to(device=log_prob.device, dtype=log_prob.dtype)
         loss, terms = pacs_loss(log_prob, old_log_prob, response_mask, rewards.to(log_prob.device),
-                                group_size=G, return_terms=True, **options)
+                                group_size=G, return_terms=True, sample_weights=weights, **options)
         metrics = {f"actor/{k}": v for k, v in pacs_metrics(terms, rewards).items()}
         metrics["actor/pacs/loss"] = float(loss.detach())  # the micro-batch's mean (verl averages over them)
         info = _get(config, "global_batch_info", None) or {}
