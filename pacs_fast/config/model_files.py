@@ -15,6 +15,8 @@ import re
 import struct
 from pathlib import Path
 
+from pacs_fast.config.remote_code import remote_code_problem, trusted
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
@@ -231,7 +233,7 @@ def config_problem(folder: str | Path) -> str | None:
     try:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(str(folder))
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=trusted())
     except Exception as e:  # noqa: BLE001 - any reason it cannot be read is the user's to see, in one line
         text = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
         return f"{where} cannot be read by transformers: {text[:300]}"
@@ -338,12 +340,13 @@ def broken_link_problem(folder: str | Path) -> str | None:
             f"cache snapshot copied without its blobs? copy the files themselves (cp -rL)")
 
 
-def model_folder_problem(path: str | Path) -> str | None:
+def model_folder_problem(path: str | Path, trust_key: str = "model.trust_remote_code=true") -> str | None:
     """What keeps the existing ``path`` from being a usable Hugging Face model folder, as the rest of a sentence
     that starts with its name (``" is a file; ..."``, ``": <problem>"``), else None: a file, an unfinished
     checkpoint, no ``config.json``, no tokenizer files, a config, tokenizer or generation JSON file, weights or
-    vocabulary that cannot load. Read by ``model.path`` (pacs_fast/config/paths.py) and the eval command's
-    ``--model`` (pacs_fast/evaluation/args.py)."""
+    vocabulary that cannot load, code of its own this process does not run (``trust_key`` names the setting that
+    runs it: :mod:`pacs_fast.config.remote_code`). Read by ``model.path`` (pacs_fast/config/paths.py) and the eval
+    command's ``--model`` (pacs_fast/evaluation/args.py)."""
     path = Path(path)
     if not path.is_dir():
         return (f" is a file; give the Hugging Face model folder (the one holding config.json)"
@@ -364,7 +367,7 @@ def model_folder_problem(path: str | Path) -> str | None:
                 "the trainer cannot train the frozen adapter; move adapter_config.json and adapter_model.* out of it")
     if not has_tokenizer(path):  # transformers would build an empty tokenizer without a word
         return f" has no tokenizer files ({' / '.join(TOKENIZER_FILES)}): copy the model's tokenizer into that folder"
-    problem = config_problem(path)
+    problem = remote_code_problem(path, trust_key) or config_problem(path)
     if problem:
         return f": {problem}"
     problem = json_file_problem(path)

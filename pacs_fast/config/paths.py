@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pacs_fast.config.dataset_files import dataset_exists, dataset_files
 from pacs_fast.config.model_files import hub_model_folder, model_folder_problem
+from pacs_fast.config.remote_code import trust
 from pacs_fast.config.schema import Config
 
 # Names data.dataset / data.eval_dataset accept besides files (pacs_fast.data.datasets ships them;
@@ -100,6 +101,7 @@ def validate_paths(cfg: Config, *, new_run: bool = True) -> None:
     # the run folder (an automatic name takes up to ~40 bytes) and room for its files (checkpoints/step_N/...)
     check_path_length("train.out_dir / train.run_name", str(Path(cfg.train.out_dir) / (cfg.train.run_name or "x" * 40)),
                       room=RUN_FILES_ROOM)
+    trust(cfg.model.trust_remote_code)  # (this process's loaders run a model folder's own code, or refuse it)
     revision = cfg.model.revision.strip()
     if revision and not cfg.model.path:
         raise ValueError(f"model.revision={revision} needs a hub id model.path (org/name); the built-in tiny model "

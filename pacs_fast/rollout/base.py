@@ -12,6 +12,7 @@ from typing import Iterable
 
 import torch
 
+from pacs_fast.config.remote_code import trusted
 from pacs_fast.config.stop_string_checks import check_stop_strings
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ def folder_stop_ids(model_path, tokenizer) -> list[int]:
     from transformers import GenerationConfig
 
     try:
-        generation_config = GenerationConfig.from_pretrained(model_path)
+        generation_config = GenerationConfig.from_pretrained(model_path, trust_remote_code=trusted())
     except (OSError, ValueError):  # no generation_config.json
         generation_config = None
     return eos_token_ids(tokenizer, generation_config)

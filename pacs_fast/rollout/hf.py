@@ -89,6 +89,7 @@ import torch
 
 from pacs_fast.causal_lm import lm_head
 from pacs_fast.config.model_files import config_positions
+from pacs_fast.config.remote_code import trusted
 from pacs_fast.ops.short_attention import NAME as SHORT_ATTENTION
 from pacs_fast.rollout.base import (Completion, RolloutEngine, SamplingParams, check_prompt_token_ids, decode_texts,
                                    eos_token_ids)
@@ -201,8 +202,8 @@ class HFEngine(LeanDecoder, RolloutEngine):
             from transformers import AutoConfig
 
             from pacs_fast.causal_lm import auto_model_class
-            auto = auto_model_class(AutoConfig.from_pretrained(source))
-            self.model = auto.from_pretrained(source, dtype=dtype).to(device)
+            auto = auto_model_class(AutoConfig.from_pretrained(source, trust_remote_code=trusted()))
+            self.model = auto.from_pretrained(source, dtype=dtype, trust_remote_code=trusted()).to(device)
             self.model.eval()
             self.owns_model = True
         else:
@@ -210,7 +211,7 @@ class HFEngine(LeanDecoder, RolloutEngine):
         if tokenizer is None:
             if not source:
                 raise ValueError("tokenizer is required when model_or_path is a module without a name_or_path")
-            tokenizer = AutoTokenizer.from_pretrained(source)
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trusted())
         self.tokenizer = tokenizer
         self.lm_head_fp32 = bool(lm_head_fp32)
         if self.lm_head_fp32:

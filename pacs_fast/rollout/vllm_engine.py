@@ -64,6 +64,7 @@ from typing import Iterable
 
 import torch
 
+from pacs_fast.config.remote_code import trusted
 from pacs_fast.config.validation import VLLM_MAX_TEMPERATURE
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.rollout.base import (Completion, RolloutEngine, SamplingParams, check_prompt_token_ids, decode_texts,
@@ -184,7 +185,7 @@ class VLLMEngine(RolloutEngine):
         with ProcessStateGuard(), job_named_cpu_shm() if shared else contextlib.nullcontext():
             self._llm = vllm.LLM(self.model_path, seed=seed, dtype=dtype,
                                  gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                                 logprobs_mode="raw_logprobs", **llm_kwargs)
+                                 logprobs_mode="raw_logprobs", trust_remote_code=trusted(), **llm_kwargs)
         self._vllm = vllm
         config = self._llm.llm_engine.model_config
         self.dtype: torch.dtype = config.dtype

@@ -28,6 +28,7 @@ from typing import Iterable, Iterator, Mapping
 import torch
 
 from pacs_fast.config.model_files import safetensors_weight_files
+from pacs_fast.config.remote_code import trusted
 from pacs_fast.data.checkpoint_names import unit_of
 
 # Checkpoint entries that are buffers, not weights: vLLM's loaders skip them, learners do not send them.
@@ -64,7 +65,7 @@ def _shapes_from_config(model_path: str) -> dict[str, tuple[int, ...]]:
 
     from pacs_fast.causal_lm import auto_model_class
 
-    config = AutoConfig.from_pretrained(model_path)
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trusted())
     with torch.device("meta"):
         model = auto_model_class(config).from_config(config)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -90,7 +91,7 @@ def _tie_word_embeddings(folder: Path | None, model_path: str | Path) -> bool:
         else:
             from transformers import AutoConfig
 
-            cfg = AutoConfig.from_pretrained(str(model_path)).to_dict()
+            cfg = AutoConfig.from_pretrained(str(model_path), trust_remote_code=trusted()).to_dict()
     except Exception:  # noqa: BLE001
         return False
     tie = cfg.get("tie_word_embeddings")

@@ -8,6 +8,7 @@ import torch
 
 from pacs_fast.causal_lm import pin_longrope
 from pacs_fast.config import Config
+from pacs_fast.config.remote_code import trusted
 from pacs_fast.learner.base import Learner
 
 
@@ -84,8 +85,8 @@ def build_learner(cfg: Config, model_path: Path, device: str, tokenizer) -> tupl
     from pacs_fast.learner.fused_layers import apply_fused_layers
     from pacs_fast.learner.recompute import apply_recompute
     from pacs_fast.learner.torch_learner import TorchLearner
-    auto = auto_model_class(AutoConfig.from_pretrained(model_path))
-    model = auto.from_pretrained(model_path, dtype=dtype).to(device)
+    auto = auto_model_class(AutoConfig.from_pretrained(model_path, trust_remote_code=trusted()))
+    model = auto.from_pretrained(model_path, dtype=dtype, trust_remote_code=trusted()).to(device)
     pin_longrope(model, run_context(cfg))
     set_attention(model, cfg.model.attention)
     fused = apply_fused_layers(model, cfg.learner.fused_layers, device)  # before the reference model's copy

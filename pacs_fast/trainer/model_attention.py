@@ -38,10 +38,11 @@ def _attention_of(cfg) -> tuple[str | None, str | None]:
 def _attention_at(folder: str, attention: str, *_stat) -> tuple[str | None, str | None]:
     """(the memory check asks once per candidate budget: the config is read once)"""
     from pacs_fast.learner.packing import shared_prefix_problem
+    from pacs_fast.config.remote_code import trusted
     from pacs_fast.ops.varlen_attention import unsupported
     from transformers import AutoConfig
     try:
-        config = AutoConfig.from_pretrained(folder)
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trusted())
     except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
         return None, None
     why = unsupported(config)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pacs_fast.config.model_files import safetensors_weight_files
 from pacs_fast.config.reward_specs import uses_verifier
+from pacs_fast.config.remote_code import trusted
 from pacs_fast.config.validation import splits_groups
 from pacs_fast.trainer.memory_model import (GiB, engine_row_terms, engine_rows, format_learner_memory, group_tokens,
                                             hf_engine_bytes, largest_micro_batch, learner_bytes, learner_layout,
@@ -240,7 +241,7 @@ def check_megatron_model(cfg) -> None:
 
     from pacs_fast.learner.megatron.model import check_hf_config, check_no_dropout  # imports no megatron
     try:
-        hf_config = AutoConfig.from_pretrained(folder)
+        hf_config = AutoConfig.from_pretrained(folder, trust_remote_code=trusted())
     except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
         return
     try:
@@ -272,7 +273,7 @@ def check_logits_transform(cfg) -> None:
 
     from pacs_fast.causal_lm import logits_map, logits_transform
     try:  # (the class's defaults too: a config.json written with use_diff omits Gemma 2's default cap of 30)
-        hf_config = AutoConfig.from_pretrained(folder)
+        hf_config = AutoConfig.from_pretrained(folder, trust_remote_code=trusted())
     except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
         return
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
@@ -333,7 +334,7 @@ def check_lora_targets(cfg) -> list[str]:
     from pacs_fast.learner.lora import add_lora, bare_linears
     try:
         with torch.device("meta"):
-            config = AutoConfig.from_pretrained(folder)
+            config = AutoConfig.from_pretrained(folder, trust_remote_code=trusted())
             model = auto_model_class(config).from_config(config)
     except Exception:  # noqa: BLE001 - the loader's own error comes when the model loads
         return []

@@ -47,6 +47,8 @@ SAFE_RESUME_KEYS = frozenset({
     # where the warm-up cache lives: its entries are keyed by what builds them, not by the folder (a run moved to a
     # machine where the recorded folder cannot be written resumes with another)
     "warmup.cache_dir",
+    # whether the model folder's own code runs: it is the same code either way (refused, or run as before)
+    "model.trust_remote_code",
 })
 # may change on --resume when the recorded file or folder is gone (moved, deleted): the checkpoint restores the
 # weights, and the problems must have the digest the checkpoint kept (pacs_fast/trainer/session.py)

@@ -63,6 +63,7 @@ from pathlib import Path
 
 import torch
 
+from pacs_fast.config.remote_code import trusted
 from pacs_fast.learner.base import (Learner, RolloutBatch, by_length, check_response_ids, dealt_rows_to_sorted,
                                    group_rows)
 from pacs_fast.learner.fused_layers import apply_fused_layers
@@ -139,7 +140,7 @@ class MegatronLearner(MegatronCheckpointing, Learner):
         params_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
         if params_dtype is None:
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
-        self.hf_config = AutoConfig.from_pretrained(model_path)
+        self.hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trusted())
         check_no_dropout(self.hf_config)  # (before the process groups: the model is built without dropout)
         self.device = init_parallel(learner.tp_size, device=device)
         self.tp_size = learner.tp_size
