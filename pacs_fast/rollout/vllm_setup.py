@@ -60,7 +60,9 @@ def _model_config(model_path, **kwargs):
     set_cpu_env_defaults()
     from vllm.config import ModelConfig
 
-    return ModelConfig(model=str(model_path), **kwargs)
+    from pacs_fast.config.remote_code import trusted
+
+    return ModelConfig(model=str(model_path), **{"trust_remote_code": trusted(), **kwargs})
 
 
 def _registered_class(architecture: str) -> str:
