@@ -159,3 +159,30 @@ def test_the_vllm_check_reads_the_trusted_folder(folder, tmp_path):
                           f"train.out_dir={tmp_path}", "model.trust_remote_code=true", "rollout.engine=vllm", *TRAIN])
     assert code not in (0, None) and "trust_remote_code=True" not in out, out[-3000:]
     assert "error: model.path=" in out and "only its Transformers modeling backend" in out
+
+
+def test_a_tokenizer_of_its_own_loads_only_when_trusted(folder, tmp_path):
+    """A folder whose tokenizer class is its own (``tokenizer_config.json``'s auto_map, as Kimi's / Moonlight's
+    tiktoken tokenizers): refused untrusted, naming the file; trusted, the tokenizer is the folder's class."""
+    import shutil
+
+    from pacs_fast.config.model_files import model_folder_problem
+    from pacs_fast.data.tokenizer_files import load_tokenizer
+
+    own = tmp_path / "own-tokenizer"
+    shutil.copytree(folder, own)
+    config = json.loads((own / "config.json").read_text())
+    config.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    del config["auto_map"]
+    (own / "config.json").write_text(json.dumps(config))
+    (own / "tokenization_pacs.py").write_text("from transformers import PreTrainedTokenizerFast\n\n\n"
+                                              "class PacsTokenizerFast(PreTrainedTokenizerFast):\n    pass\n")
+    tok = json.loads((own / "tokenizer_config.json").read_text())
+    tok.update(auto_map={"AutoTokenizer": [None, "tokenization_pacs.PacsTokenizerFast"]},
+               tokenizer_class="PacsTokenizerFast")
+    (own / "tokenizer_config.json").write_text(json.dumps(tok))
+    problem = model_folder_problem(own)
+    assert "tokenization_pacs.py" in problem and "model.trust_remote_code=true" in problem
+    trust(True)
+    assert model_folder_problem(own) is None
+    assert type(load_tokenizer(own, key="model.path")).__name__ == "PacsTokenizerFast"
