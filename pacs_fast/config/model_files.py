@@ -15,6 +15,7 @@ import re
 import struct
 from pathlib import Path
 
+from pacs_fast.config.per_layer import config_attr
 from pacs_fast.config.remote_code import remote_code_problem, trusted
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -244,15 +245,15 @@ def config_problem(folder: str | Path) -> str | None:
 def _shape_problem(c) -> str | None:
     """A decoder shape no model can have (transformers builds the config, then fails loading the weights with a
     reshape error): sizes below 1, heads that do not split the hidden size or group the key / value heads."""
-    sizes = {k: getattr(c, k, None) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
-                                               "num_attention_heads", "num_key_value_heads")}
+    sizes = {k: config_attr(c, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                             "num_attention_heads", "num_key_value_heads")}
     bad = [f"{k}={v}" for k, v in sizes.items() if isinstance(v, int) and v < 1]
     if bad:
         return f"{', '.join(bad)}: must be >= 1"
     heads, kv, hidden = sizes["num_attention_heads"], sizes["num_key_value_heads"], sizes["hidden_size"]
     if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
         return f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}"
-    if getattr(c, "head_dim", None) is None and isinstance(heads, int) and isinstance(hidden, int) and hidden % heads:
+    if config_attr(c, "head_dim") is None and isinstance(heads, int) and isinstance(hidden, int) and hidden % heads:
         return f"hidden_size={hidden} is not a multiple of num_attention_heads={heads} (and no head_dim is given)"
     return None
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from pacs_fast.config.linear_attention import linear_attention_of, linear_params
 from pacs_fast.config.model_files import mla_of, moe_of
+from pacs_fast.config.per_layer import config_attr, layer_shape
 
 FORMULA = ("FLOPs = 6*P_layers*T + 6*V*H*T_head + 3*(2*2*L*Hq*sum(s^2)/2), P_layers = L*(H*(Hq+2*Hkv) + Hq*H "
            "+ 3*H*F), T tokens, T_head tokens through the LM head, s each sequence's length; recompute not counted; "
@@ -44,11 +45,12 @@ def shape_of(config, dtype_bytes: int = 2) -> dict:
     c = getattr(config, "text_config", None) or config
     heads = c.num_attention_heads
     return {"vocab": c.vocab_size, "hidden": c.hidden_size, "layers": c.num_hidden_layers, "heads": heads,
-            "kv_heads": getattr(c, "num_key_value_heads", None) or heads,
-            "head_dim": getattr(c, "head_dim", None) or c.hidden_size // heads,
-            "intermediate": getattr(c, "intermediate_size", None),
+            "kv_heads": config_attr(c, "num_key_value_heads") or heads,
+            "head_dim": config_attr(c, "head_dim") or c.hidden_size // heads,
+            "intermediate": config_attr(c, "intermediate_size"),
             "tied": bool(getattr(config, "tie_word_embeddings", getattr(c, "tie_word_embeddings", True))),
-            "bytes": dtype_bytes, "moe": moe_of(c), "mla": mla_of(c), "linear": linear_attention_of(c)}
+            "bytes": dtype_bytes, "moe": moe_of(c), "mla": mla_of(c), "linear": linear_attention_of(c),
+            **layer_shape(c)}
 
 
 def mlp_params(shape: dict, *, active: bool = False) -> int:
@@ -56,8 +58,8 @@ def mlp_params(shape: dict, *, active: bool = False) -> int:
     ``3 H (E F_e + F_shared) + H E`` (the router) a MoE layer with all ``E`` experts (what memory holds), or with the
     ``top_k`` a token passes through (``active``: what its FLOPs count)."""
     H, F, moe = shape["hidden"], shape.get("intermediate") or 0, shape.get("moe")
-    if not moe:
-        return shape["layers"] * 3 * H * F
+    if not moe:  # (Gemma 4's double-wide MLPs: twice F in its KV-shared layers)
+        return (shape["layers"] + shape.get("wide_mlp_layers", 0)) * 3 * H * F
     experts = moe["top_k"] if active else moe["experts"]
     sparse = 3 * H * (experts * moe["width"] + moe["shared"]) + H * moe["experts"]
     return (shape["layers"] - moe["layers"]) * 3 * H * F + moe["layers"] * sparse
@@ -73,7 +75,9 @@ def mixer_params(shape: dict) -> int:
     """The token mixers' weights of all decoder layers: :func:`attention_params` a layer, but for a hybrid model's
     linear-attention layers (``shape["linear"]``: Qwen3.5), whose projections are their own
     (:func:`pacs_fast.config.linear_attention.linear_params`)."""
-    linear = shape.get("linear")
+    linear, widths = shape.get("linear"), shape.get("attention_widths")
+    if widths:  # (layers of different widths: Gemma 4's wider full-attention layers, its KV-shared ones)
+        return sum(shape["hidden"] * (q + k + v) + q * shape["hidden"] for q, k, v in widths)
     if not linear:
         return shape["layers"] * attention_params(shape)
     return (shape["layers"] - linear["layers"]) * attention_params(shape) + \
@@ -108,6 +112,9 @@ def update_flops(shape: dict, lengths: list[int], head_tokens: int | None = None
     linear = shape.get("linear")  # (a hybrid model: s^2 in its full-attention layers alone; its linear layers'
     # delta rule reads, corrects and writes a value_heads x key_dim x value_dim state a token: 3 x 2 x that, x 3)
     full = shape["layers"] - (linear["layers"] if linear else 0)
+    if shape.get("attention_widths"):  # (each layer's own query width: QK^T and PV over heads x its head_dim)
+        full, hqk = 1, sum(q for q, _, _ in shape["attention_widths"])
+        hv = hqk
     recurrence = 18 * linear["layers"] * linear["value_heads"] * linear["key_dim"] * linear["value_dim"] * T \
         if linear else 0
     out = {"dense": 6 * layer_params(shape) * T, "head": 6 * shape["vocab"] * shape["hidden"] * head_tokens,

@@ -72,5 +72,7 @@ def kv_per_token(shape: dict) -> int:
     a layer: 7.1 times over). Of a hybrid model (``shape["linear"]``: Qwen3.5), its full-attention layers alone (a
     quarter of Qwen3.5's had been counted 4 times)."""
     mla, linear = shape.get("mla"), shape.get("linear")
+    if shape.get("cached_kv") is not None:  # (Gemma 4: its full layers' wider heads, none in its KV-shared layers)
+        return shape["cached_kv"]
     layers = shape["layers"] - (linear["layers"] if linear else 0)  # (a hybrid model's full-attention layers alone)
     return layers * (mla["kv_lora"] + mla["rope"] if mla else 2 * shape["kv_heads"] * shape["head_dim"])

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from pacs_fast.config.linear_attention import linear_attention_of
+from pacs_fast.config.per_layer import layer_shape
 from pacs_fast.config.model_files import SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, mla_of, moe_of
 from pacs_fast.learner.flops import mixer_params, mlp_params
 from pacs_fast.learner.lora import OWN_FUSED_EXPERTS, UNMAPPED_FUSED_EXPERTS
@@ -53,7 +54,7 @@ def model_shape(cfg) -> dict:
             "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None,
             "tied": _tied(top, Path(cfg.model.path).expanduser()),
             "bytes": _dtype_bytes(cfg), "softcap": _softcapped(c), "moe": moe_of(c), "mla": mla_of(c),
-            "linear": linear_attention_of(c), "model_type": c.get("model_type")}
+            "linear": linear_attention_of(c), "model_type": c.get("model_type"), **layer_shape(c)}
 
 
 def _softcapped(c: dict) -> bool:
@@ -107,7 +108,8 @@ def model_params(shape: dict) -> int:
     counting one MLP a layer left out 89% of Qwen3-30B-A3B's parameters) (norms and biases, a few per mille, left
     out)."""
     embeddings = 1 if shape.get("tied", True) else 2  # (MLA's and linear attention's own projections: flops)
-    return embeddings * shape["vocab"] * shape["hidden"] + mixer_params(shape) + mlp_params(shape)
+    return (embeddings * shape["vocab"] * shape["hidden"] + mixer_params(shape) + mlp_params(shape)
+            + shape.get("per_layer_inputs", 0))  # (Gemma 4's per-layer input embeddings: 2.3B of E2B's 5.1B)
 
 
 SHARED_EXPERT_GATE = ("qwen2_moe", "qwen3_next", "qwen3_5_moe_text")  # (a shared expert scaled by a gate)
@@ -130,6 +132,9 @@ def lora_params(shape: dict, rank: int) -> int:
     q, linear = shape["heads"] * hd, shape.get("linear")
     attention = (H + q * (2 if linear else 1)) + 2 * (H + kv) + (q + H)  # (a hybrid's q_proj gates its output: x 2)
     mixers = shape["layers"] * attention
+    if shape.get("attention_widths"):  # (Gemma 4: each layer's own widths; no k / v projection where it has none)
+        mixers = sum((H + q) + (H + k if k else 0) + (H + v if v else 0) + (q + H)
+                     for q, k, v in shape["attention_widths"])
     if linear:  # (a hybrid's linear-attention layers: their own projections, not q, k, v, o)
         key, value = linear["key_heads"] * linear["key_dim"], linear["value_heads"] * linear["value_dim"]
         own = (H + 2 * key + value) + (H + value) + 2 * (H + linear["value_heads"]) + (value + H)
@@ -147,7 +152,10 @@ def lora_params(shape: dict, rank: int) -> int:
             experts += H + 1
         return rank * (mixers + moe["layers"] * experts)
     mlp = 3 * (H + shape["intermediate"]) if shape["intermediate"] else 0
-    return rank * (mixers + shape["layers"] * mlp)
+    wide = shape.get("wide_mlp_layers", 0) * 3 * shape["intermediate"] if shape["intermediate"] else 0
+    d = shape.get("per_layer_input_dim", 0)  # (Gemma 4's per-layer inputs: a gate and a projection a layer, and the
+    ple = (shape["layers"] * 2 * (H + d) + H + shape["layers"] * d) if d else 0  # model's projection to them all)
+    return rank * (mixers + shape["layers"] * mlp + wide + ple)
 
 
 def learner_layout(cfg) -> tuple[int, int]:
@@ -245,7 +253,9 @@ def activation_bytes_per_token(shape: dict, *, recompute: bool | str = False, tp
     mlp = (3 if fused else 5 if megatron else 4) * b * F / tp
     norm_copy = b if fused and not megatron else NORM_COPY  # (megatron's norms stay torch's)
     sp = tp if sequence_parallel else 1
-    layer = 2 * (norm_copy + b) * H / sp + (b * (3 * a * hd + 2 * shape["kv_heads"] * hd) + 4 * a) / tp + mlp
+    widths = shape.get("attention_widths")  # (layers of different widths: their mean, the sum over layers exact)
+    qkv = (sum(3 * q + k + v for q, k, v in widths) / L if widths else 3 * a * hd + 2 * shape["kv_heads"] * hd)
+    layer = 2 * (norm_copy + b) * H / sp + (b * qkv + 4 * a) / tp + mlp
     if attention == "eager":
         layer += a * longest * (4 + b) / tp
     if recompute not in (False, True, "full", "selective"):
