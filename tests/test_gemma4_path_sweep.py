@@ -20,6 +20,10 @@ Found and fixed (each test below failed before its fix, checked by reverting it)
    HF engine's cache counted in the KV-shared layers, the full layers' wider heads missed, LoRA's adapters on the
    per-layer input projections left out. pacs_fast/config/per_layer.py reads each layer's widths: the counts equal
    the built model's weights, transformers' own cache and PEFT's adapters.
+3. The MoE variant (26B-A4B: fused experts of its own beside a dense MLP of the same names): LoRA's ``all-linear``
+   left every expert bare (PEFT maps none), the counts missed its dense MLP and read top-1; a listed target name
+   (``gate_proj``) matched the vision tower's ``Gemma4ClippableLinear`` and PEFT refused the run (the dense model
+   too). pacs_fast/learner/lora.py ``EXPERTS_BESIDE_MLP``, ``outside_language_model``.
 
 Seen and held: the learner's padded and packed forwards (the window keeps the shared-prefix one off) and the HF
 engine's sampler on the KV-shared cache give the model's own log-probs (a run's ``rollout/logprob_diff_max`` at
@@ -45,10 +49,11 @@ G, P, MAX_NEW = 4, 2, 8
 LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 2
 
 
-def gemma4_folder(folder: Path, *, hidden: int = 64, heads: int = 4) -> Path:
+def gemma4_folder(folder: Path, *, hidden: int = 64, heads: int = 4, moe: bool = False) -> Path:
     """The hub-shaped folder (module docstring): config.json as the hub writes it (``global_head_dim``, not
     transformers' ``per_layer_config``), weights saved by ``Gemma4ForConditionalGeneration`` itself (the hub's names),
-    the head rows of <end_of_turn> and <eos> reading one hidden unit each."""
+    the head rows of <end_of_turn> and <eos> reading one hidden unit each. ``moe``: the 26B-A4B's MoE layers (4
+    experts of 32, top 2, beside the dense MLP), its experts fused in its own files."""
     import transformers as T
 
     raw = gemma3_raw()
@@ -71,6 +76,8 @@ def gemma4_folder(folder: Path, *, hidden: int = 64, heads: int = 4) -> Path:
             "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                                    "rope_theta": 1000000.0}}}
+    if moe:
+        text.update(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
     vision = {"model_type": "gemma4_vision", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
               "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16, "patch_size": 16,
               "position_embedding_size": 64}
@@ -195,6 +202,36 @@ def test_the_memory_and_flop_counts_read_each_layers_widths(folder):
     held = sum(layer.keys.numel() + layer.values.numel() for layer in cache.layers)
     assert kv_per_token(shape) * 6 == held and len(cache.layers) == 4
     assert lora_params(shape, 4) == add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
+
+
+def test_the_moe_layers_experts_take_adapters_and_are_counted(tmp_path):
+    """Found and fixed (3): Gemma 4's MoE layers (26B-A4B) hold fused experts of their own beside a dense MLP of the
+    same names, which PEFT maps to nothing: ``all-linear`` left every expert bare, and the counts read one MLP a layer
+    and top-1 (``top_k_experts`` unread). Now the experts are PEFT's target parameters (a listed gate_proj / down_proj
+    names both the dense layer and the experts), the vision tower takes none (a listed name had matched its
+    ``Gemma4ClippableLinear`` modules, which PEFT refused: on the dense model too), and the parameter and adapter
+    counts equal the built model's and PEFT's."""
+    from transformers import AutoModelForCausalLM
+
+    from pacs_fast.config import load_config
+    from pacs_fast.learner.lora import add_lora
+    from pacs_fast.trainer.memory_model import lora_params, model_params, model_shape
+
+    folder = gemma4_folder(tmp_path / "gemma-4-moe", moe=True)
+    shape = model_shape(load_config(None, [f"model.path={folder}"]))
+    assert (shape["moe"]["top_k"], shape["moe"]["shared"]) == (2, 128)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert model_params(shape) == sum(p.numel() for p in model.model.language_model.parameters() if p.dim() >= 2)
+    assert lora_params(shape, 4) == add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
+    adapted = {n.split("layers.0.")[1].split(".lora_")[0] for n, _ in model.named_parameters()
+               if ".lora_" in n and "language_model.layers.0." in n}
+    assert {"experts", "experts.base_layer", "router.proj", "mlp.gate_proj"} <= adapted
+    for listed in (True, False):  # (a listed name on the MoE model, and on the dense one)
+        model = AutoModelForCausalLM.from_pretrained(folder if listed else gemma4_folder(tmp_path / "dense"))
+        add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="gate_proj,down_proj")
+        names = [n for n, _ in model.named_parameters() if ".lora_" in n]
+        assert names and not any("vision" in n for n in names)
+        assert any(".experts." in n for n in names) == listed
 
 
 def test_megatron_is_refused_in_one_line_before_the_model_loads(folder, tmp_path, capsys):

@@ -105,7 +105,8 @@ def moe_of(c) -> dict | None:
     intermediate width, the always-on shared experts' total width, the number of MoE layers); None for a dense
     model. Keys: ``num_experts`` (Qwen2/3-MoE, OLMoE) / ``num_local_experts`` (Mixtral) / ``n_routed_experts``
     (DeepSeek), ``num_experts_per_tok``, ``moe_intermediate_size`` (else ``intermediate_size``, Mixtral's),
-    ``n_shared_experts`` x width / ``shared_expert_intermediate_size``; dense layers: DeepSeek's
+    ``n_shared_experts`` x width / ``shared_expert_intermediate_size`` (Gemma 4's ``enable_moe_block``: its dense
+    MLP, ``intermediate_size``, beside the experts; ``top_k_experts`` its top-k); dense layers: DeepSeek's
     ``first_k_dense_replace`` / ``moe_layer_freq``, Qwen's ``mlp_only_layers`` / ``decoder_sparse_step``."""
     get = c.get if isinstance(c, dict) else (lambda key: getattr(c, key, None))
     experts = get("num_experts") or get("num_local_experts") or get("n_routed_experts")
@@ -119,8 +120,10 @@ def moe_of(c) -> dict | None:
         only, step = set(get("mlp_only_layers") or []), int(get("decoder_sparse_step") or 1)
         moe = [i not in only and (i + 1) % step == 0 for i in range(layers)]
     shared = int(get("n_shared_experts") or 0) * width + int(get("shared_expert_intermediate_size") or 0)
-    return {"experts": experts, "top_k": int(get("num_experts_per_tok") or 1), "width": width, "shared": shared,
-            "layers": sum(moe)}
+    if get("enable_moe_block"):  # (Gemma 4's MoE layers keep their dense MLP beside the experts: a shared expert)
+        shared += int(get("intermediate_size") or 0)
+    top_k = get("num_experts_per_tok") or get("top_k_experts")  # (Gemma 4's name)
+    return {"experts": experts, "top_k": int(top_k or 1), "width": width, "shared": shared, "layers": sum(moe)}
 
 
 def mla_of(c) -> dict | None:

@@ -50,6 +50,14 @@ UNMAPPED_FUSED_EXPERTS = dict.fromkeys(("qwen3_5_moe", "qwen3_5_moe_text"), {
     "down_proj": "mlp.experts.down_proj", "gate": "mlp.gate.weight"})
 
 
+# model_type -> the same for a family whose MoE layers hold fused expert tensors of their own beside a dense MLP whose
+# linear layers bear the experts' names (Gemma 4's enable_moe_block; its router is a Linear, router.proj): a listed
+# gate_proj / up_proj / down_proj names both the dense layer and the experts, all-linear adapts every one (PEFT maps
+# none of them: all-linear had left Gemma 4's experts bare). At the rank itself, as gpt-oss's.
+EXPERTS_BESIDE_MLP = {"gemma4_text": {"gate_proj": "experts.gate_up_proj", "up_proj": "experts.gate_up_proj",
+                                      "down_proj": "experts.down_proj"}}
+
+
 def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, target_modules: str) -> int:
     """Injects LoRA adapters into ``model`` in place (rank ``rank``, scale ``alpha / rank``; ``target_modules``:
     ``all-linear`` (every linear layer but the LM head) or comma-separated module names, e.g. ``q_proj,v_proj``);
@@ -75,6 +83,9 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
     unmapped = UNMAPPED_FUSED_EXPERTS.get(getattr(text, "model_type", None), {})
     modules = [t for t in names if t not in own and not (t == "gate" and unmapped)]  # (the router: no Linear)
     params += sorted(set(unmapped.values()) if not names else {unmapped[t] for t in names if t in unmapped})
+    beside = EXPERTS_BESIDE_MLP.get(getattr(text, "model_type", None), {})
+    if beside and any(n.endswith(".experts.gate_up_proj") for n, _ in model.named_parameters()):  # (MoE layers)
+        params += sorted(set(beside.values()) if not names else {beside[t] for t in names if t in beside})
     doubled = {r".*\.gate_up_proj": 2} if any(p.endswith("gate_up_proj") for p in params) and unmapped else {}
     config = LoraConfig(r=int(rank), lora_alpha=float(alpha), lora_dropout=float(dropout),
                         target_modules=modules or (None if names else "all-linear"), bias="none",
@@ -135,8 +146,11 @@ def outside_language_model(model: torch.nn.Module) -> list[str]:
     if not prefix:
         return []
     head = lm_head(model)
-    return [n for n, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and m is not head and not n.startswith(prefix + ".")]
+    # (a linear layer, or a module wrapping one: Gemma 4's vision tower holds Gemma4ClippableLinear modules named
+    # q_proj, gate_proj, ..., which PEFT refused as unsupported when a listed name matched them)
+    return [n for n, m in model.named_modules() if m is not head and not n.startswith(prefix + ".") and n != prefix
+            and not prefix.startswith(n + ".") and n
+            and (isinstance(m, torch.nn.Linear) or any(isinstance(c, torch.nn.Linear) for c in m.children()))]
 
 
 def bare_linears(model: torch.nn.Module, target_modules: str) -> list[str]:

@@ -21,7 +21,7 @@ from pacs_fast.config.linear_attention import linear_attention_of
 from pacs_fast.config.per_layer import layer_shape
 from pacs_fast.config.model_files import SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, mla_of, moe_of
 from pacs_fast.learner.flops import mixer_params, mlp_params
-from pacs_fast.learner.lora import OWN_FUSED_EXPERTS, UNMAPPED_FUSED_EXPERTS
+from pacs_fast.learner.lora import EXPERTS_BESIDE_MLP, OWN_FUSED_EXPERTS, UNMAPPED_FUSED_EXPERTS
 from pacs_fast.learner.objective import holds_reference_model
 from pacs_fast.trainer.engine_memory import (_bytes_of, engine_row_terms, engine_rows, hf_engine_bytes,  # noqa: F401
                                              kv_per_token, row_limits)  # (the engine's, re-exported)
@@ -141,21 +141,23 @@ def lora_params(shape: dict, rank: int) -> int:
         if shape.get("model_type") == "qwen3_next":  # (its in_proj_qkvz and in_proj_ba: 2 projections fewer)
             own -= 2 * H
         mixers += linear["layers"] * (own - attention)
+    d = shape.get("per_layer_input_dim", 0)  # (Gemma 4's per-layer inputs: a gate and a projection a layer, and the
+    mixers += (shape["layers"] * 2 * (H + d) + H + shape["layers"] * d) if d else 0  # model's projection to them)
     moe = shape.get("moe")
     if moe:
         E, w, S = moe["experts"], moe["width"], moe["shared"]
-        gate_up = 1 if shape.get("model_type") in OWN_FUSED_EXPERTS else 2  # (the rank of the fused gate and up)
+        own = shape.get("model_type") in OWN_FUSED_EXPERTS or shape.get("model_type") in EXPERTS_BESIDE_MLP
+        gate_up = 1 if own else 2  # (the rank of the fused gate and up)
         experts = (H + E) + E * (gate_up * (H + 2 * w) + (w + H))
-        if S and shape.get("model_type") in UNMAPPED_FUSED_EXPERTS:  # (its shared expert keeps its adapters)
+        if S and (shape.get("model_type") in UNMAPPED_FUSED_EXPERTS  # (its shared expert keeps its adapters;
+                  or shape.get("model_type") in EXPERTS_BESIDE_MLP):  # Gemma 4's dense MLP its own)
             experts += 3 * (H + S)
         if S and shape.get("model_type") in SHARED_EXPERT_GATE:  # (a linear H -> 1 PEFT adapts)
             experts += H + 1
         return rank * (mixers + moe["layers"] * experts)
     mlp = 3 * (H + shape["intermediate"]) if shape["intermediate"] else 0
     wide = shape.get("wide_mlp_layers", 0) * 3 * shape["intermediate"] if shape["intermediate"] else 0
-    d = shape.get("per_layer_input_dim", 0)  # (Gemma 4's per-layer inputs: a gate and a projection a layer, and the
-    ple = (shape["layers"] * 2 * (H + d) + H + shape["layers"] * d) if d else 0  # model's projection to them all)
-    return rank * (mixers + shape["layers"] * mlp + wide + ple)
+    return rank * (mixers + shape["layers"] * mlp + wide)
 
 
 def learner_layout(cfg) -> tuple[int, int]:
