@@ -14,8 +14,10 @@ import torch
 
 # wrappers whose model_type transformers' causal-LM mapping gives a text-only class (``Qwen3_5ForCausalLM``) that
 # drops the vision tower on load: a hub Qwen3.5 folder (``Qwen3_5ForConditionalGeneration``) trained as it and saved
-# as a text-only ``qwen3_5_text`` folder without its tower (sweep of 2026-12-07). Loaded as the folder's wrapper.
-WHOLE_WRAPPERS = ("qwen3_5", "qwen3_5_moe")
+# as a text-only ``qwen3_5_text`` folder without its tower (sweep of 2026-12-07); Llama 3.2 Vision's
+# ``MllamaForConditionalGeneration`` likewise (41 of 66 tensors of a tiny one dropped). Loaded as the folder's wrapper.
+# (Llama 4's wrapper holds a whole causal LM as its decoder, which the learner's body cannot take yet: not listed.)
+WHOLE_WRAPPERS = ("qwen3_5", "qwen3_5_moe", "mllama")
 
 
 def auto_model_class(config):
