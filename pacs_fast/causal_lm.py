@@ -15,9 +15,9 @@ import torch
 # wrappers whose model_type transformers' causal-LM mapping gives a text-only class (``Qwen3_5ForCausalLM``) that
 # drops the vision tower on load: a hub Qwen3.5 folder (``Qwen3_5ForConditionalGeneration``) trained as it and saved
 # as a text-only ``qwen3_5_text`` folder without its tower (sweep of 2026-12-07); Llama 3.2 Vision's
-# ``MllamaForConditionalGeneration`` likewise (41 of 66 tensors of a tiny one dropped). Loaded as the folder's wrapper.
-# (Llama 4's wrapper holds a whole causal LM as its decoder, which the learner's body cannot take yet: not listed.)
-WHOLE_WRAPPERS = ("qwen3_5", "qwen3_5_moe", "mllama")
+# ``MllamaForConditionalGeneration`` and Llama 4's likewise (41 of 66, 26 of 53 tensors of tiny ones dropped). Loaded as
+# the folder's wrapper (Llama 4's holds a whole causal LM as its decoder: :func:`decoder_body` takes its body).
+WHOLE_WRAPPERS = ("qwen3_5", "qwen3_5_moe", "mllama", "llama4")
 
 
 def auto_model_class(config):
@@ -45,6 +45,10 @@ def decoder_body(model) -> torch.nn.Module:
         body = model.get_decoder()
     if body is None:
         raise ValueError(f"{type(model).__name__} has no decoder body (model.model)")
+    inner = getattr(body, "model", None)  # (a whole causal LM as the wrapper's decoder, Llama 4's language_model:
+    if inner is not None and callable(getattr(body, "get_output_embeddings", None)) and \
+            body.get_output_embeddings() is not None:  # its body)
+        body = inner
     return body
 
 

@@ -27,7 +27,7 @@ from pacs_fast.causal_lm import decoder_body, lm_head
 from pacs_fast.learner.base import RolloutBatch, check_response_ids
 from pacs_fast.learner.long_groups import row_parts, whole_and_split
 from pacs_fast.learner.packing import (Packed, group_costs, mask_window, micro_batch_groups, pack,
-                                      packed_attention_mode, packed_hidden, padded_slots, recurrent_layers,
+                                      packed_attention_mode, packed_hidden, padded_rows_only, padded_slots,
                                       say_no_shared_prefix, say_padded_rows, shared_prefix_problem,
                                       shared_prefix_slots)
 from pacs_fast.learner.shared_prefix import (common_prefix_lengths, scatter_to_rows, select_trained,
@@ -138,9 +138,10 @@ class TorchForwards:
 
     @staticmethod
     def _rows_unpacked(model) -> bool:
-        """Whether ``model`` has recurrent layers (:func:`~pacs_fast.learner.packing.recurrent_layers`: packed rows
-        would carry their state across sequences): padded rows then, one line says so."""
-        why = recurrent_layers(model.config)
+        """Whether ``model`` has recurrent layers or chunked attention (:func:`~pacs_fast.learner.packing.
+        padded_rows_only`: packed rows would carry their state across sequences, or cut their chunks elsewhere):
+        padded rows then, one line says so."""
+        why = padded_rows_only(model.config)
         if why:
             say_padded_rows(why)
         return why is not None
