@@ -24,6 +24,9 @@ Found and fixed (each test below failed before its fix, checked by reverting it)
    left every expert bare (PEFT maps none), the counts missed its dense MLP and read top-1; a listed target name
    (``gate_proj``) matched the vision tower's ``Gemma4ClippableLinear`` and PEFT refused the run (the dense model
    too). pacs_fast/learner/lora.py ``EXPERTS_BESIDE_MLP``, ``outside_language_model``.
+4. Gemma 3n (its decoder, Gemma 4's forerunner: per-layer inputs, KV-shared layers, AltUp, LAuReL): every run stopped
+   at its start with a TypeError traceback (its ``intermediate_size`` is a list a layer); the counts missed AltUp and
+   LAuReL. pacs_fast/config/per_layer.py ``intermediate_of``, ``altup_laurel``.
 
 Seen and held: the learner's padded and packed forwards (the window keeps the shared-prefix one off) and the HF
 engine's sampler on the KV-shared cache give the model's own log-probs (a run's ``rollout/logprob_diff_max`` at
@@ -240,3 +243,59 @@ def test_megatron_is_refused_in_one_line_before_the_model_loads(folder, tmp_path
     code, err = cli([f"model.path={folder}", "learner.backend=megatron", "train.steps=1",
                      f"data.dataset={_data(tmp_path / 'd.jsonl', n=8)}", f"train.out_dir={tmp_path}"], capsys)
     assert code not in (0, None) and "learner.backend=megatron cannot build" in err and "gemma4" in err
+
+
+# ------------------------------------------------------------------------------------------- Gemma 3n (its text model)
+
+def gemma3n_folder(folder: Path) -> Path:
+    """A Gemma 3n decoder (``Gemma3nForCausalLM``: the hub's E2B / E4B are wrappers around it with vision and audio
+    towers, which need timm): ``intermediate_size`` a list a layer as its config writes it, AltUp of 3 inputs,
+    LAuReL of rank 4, per-layer inputs of 8, the last 2 of 4 layers KV-shared; the character tokenizer."""
+    import transformers as T
+
+    from pacs_fast.data.tiny import make_tiny_model
+
+    out = make_tiny_model(folder)
+    config = T.Gemma3nTextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2,
+        vocab_size_per_layer_input=128, hidden_size_per_layer_input=8, num_kv_shared_layers=2,
+        activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0], altup_num_inputs=3, laurel_rank=4, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    (out / "model.safetensors").unlink()
+    T.Gemma3nForCausalLM(config).save_pretrained(out)
+    assert isinstance(json.loads((out / "config.json").read_text())["intermediate_size"], list)
+    return out
+
+
+def test_gemma3n_trains_and_is_counted(tmp_path):
+    """Found and fixed (4): every Gemma 3n run stopped at its start with a TypeError traceback (the memory check read
+    ``intermediate_size``, a list a layer, as one number). Now a run trains with its engine and learner agreeing, and
+    the counts read the list, AltUp, LAuReL, the per-layer inputs and the KV-shared layers: the built model's weights,
+    PEFT's adapters, transformers' own cache."""
+    from transformers import AutoModelForCausalLM
+
+    from pacs_fast.config import load_config
+    from pacs_fast.learner.flops import shape_of
+    from pacs_fast.learner.lora import add_lora
+    from pacs_fast.train import main
+    from pacs_fast.trainer.engine_memory import kv_per_token
+    from pacs_fast.trainer.memory_model import lora_params, model_params, model_shape
+
+    folder = gemma3n_folder(tmp_path / "gemma-3n-tiny")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        main([f"model.path={folder}", "train.steps=1", "rollout.n=4", "train.prompts_per_step=2",
+              "rollout.max_new_tokens=8", f"train.out_dir={tmp_path}", "train.run_name=r", "train.progress=false",
+              "train.eval_every=0"])
+    steps = [s for s in map(json.loads, (tmp_path / "r" / "metrics.jsonl").read_text().splitlines())
+             if s.get("kind") == "train"]
+    assert len(steps) == 1 and steps[0]["rollout/logprob_diff_max"] < 1e-5
+    shape = model_shape(load_config(None, [f"model.path={folder}"]))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    built = sum(p.numel() for p in model.model.parameters() if p.dim() >= 2)
+    assert model_params(shape) == model_params(shape_of(model.config, 4)) == built
+    with torch.no_grad():
+        cache = model(input_ids=torch.randint(3, 90, (1, 6)), use_cache=True).past_key_values
+    assert kv_per_token(shape) * 6 == sum(layer.keys.numel() + layer.values.numel() for layer in cache.layers)
+    assert lora_params(shape, 4) == add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")

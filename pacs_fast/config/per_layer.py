@@ -106,15 +106,66 @@ def layer_shape(config) -> dict:
     """What a shape dict (:func:`pacs_fast.learner.flops.shape_of`, :func:`pacs_fast.trainer.memory_model.model_shape`)
     adds for layers that differ: ``attention_widths`` (:func:`attention_widths`), ``cached_kv``
     (:func:`cached_kv_width`), ``wide_mlp_layers`` (:func:`wide_mlp_layers`), ``per_layer_inputs``
-    (:func:`per_layer_input_params`) and ``per_layer_input_dim``, each only where it applies (nothing for the many
-    uniform models)."""
+    (:func:`per_layer_input_params`) and ``per_layer_input_dim``, ``mlp_total`` (MLP widths that differ by layer:
+    their sum) and ``altup`` (:func:`altup_laurel`), each only where it applies (nothing for the many uniform
+    models)."""
     out = {}
     widths = attention_widths(config)
     if widths:
         out.update(attention_widths=widths, cached_kv=cached_kv_width(config))
     if wide_mlp_layers(config):
         out["wide_mlp_layers"] = wide_mlp_layers(config)
+    widths = mlp_widths(config)
+    if widths and len(set(widths)) > 1:
+        out["mlp_total"] = sum(widths)
+    if altup_laurel(config):
+        out["altup"] = altup_laurel(config)
     if per_layer_input_params(config):
         out.update(per_layer_inputs=per_layer_input_params(config),
                    per_layer_input_dim=int(text_dict(config)["hidden_size_per_layer_input"]))
     return out
+
+
+def mlp_widths(config) -> list[int] | None:
+    """Each layer's MLP width where the config gives one per layer (Gemma 3n's ``intermediate_size`` is a list), else
+    None (``intermediate_size`` is one number)."""
+    widths = text_dict(config).get("intermediate_size")
+    return [int(w) for w in widths] if isinstance(widths, (list, tuple)) and widths else None
+
+
+def intermediate_of(config) -> int | None:
+    """``intermediate_size`` as one number: itself, or the mean of a per-layer list (:func:`mlp_widths`; exact where
+    the layers agree, and the counts take the list's sum: ``mlp_total`` of :func:`layer_shape`)."""
+    widths = mlp_widths(config)
+    if widths:
+        return round(sum(widths) / len(widths))
+    value = text_dict(config).get("intermediate_size")
+    return int(value) if value else None
+
+
+def altup_laurel(config) -> dict | None:
+    """Gemma 3n's AltUp (``altup_num_inputs`` n: a router ``n x H``, prediction ``n^2 x n`` and correction ``n x n``
+    coefficients a layer, ``2 (n - 1)`` projections ``H x H`` of the model) and LAuReL (``laurel_rank`` r: two ``H x
+    r`` projections a layer) as ``{"n", "laurel"}``; None for other models."""
+    c = text_dict(config)
+    n, r = c.get("altup_num_inputs"), c.get("laurel_rank")
+    return {"n": int(n), "laurel": int(r)} if n and r else None
+
+
+def altup_laurel_params(shape: dict) -> int:
+    """The weights of :func:`altup_laurel` (``shape["altup"]``), 0 without."""
+    a = shape.get("altup")
+    if not a:
+        return 0
+    H, L, n = shape["hidden"], shape["layers"], a["n"]
+    return L * (2 * H * a["laurel"] + n * H + n ** 3 + n * n) + 2 * (n - 1) * H * H
+
+
+def altup_laurel_adapters(shape: dict) -> int:
+    """What rank-1 LoRA adapters on every one of :func:`altup_laurel`'s linear layers hold (``in + out`` each): the
+    LAuReL pair, the router and both coefficient layers a layer, the model's projections."""
+    a = shape.get("altup")
+    if not a:
+        return 0
+    H, L, n = shape["hidden"], shape["layers"], a["n"]
+    return L * (2 * (H + a["laurel"]) + (H + n) + (n + n * n) + 2 * n) + 2 * (n - 1) * 2 * H

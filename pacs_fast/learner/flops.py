@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from pacs_fast.config.linear_attention import linear_attention_of, linear_params
 from pacs_fast.config.model_files import mla_of, moe_of
-from pacs_fast.config.per_layer import config_attr, layer_shape
+from pacs_fast.config.per_layer import config_attr, intermediate_of, layer_shape
 
 FORMULA = ("FLOPs = 6*P_layers*T + 6*V*H*T_head + 3*(2*2*L*Hq*sum(s^2)/2), P_layers = L*(H*(Hq+2*Hkv) + Hq*H "
            "+ 3*H*F), T tokens, T_head tokens through the LM head, s each sequence's length; recompute not counted; "
@@ -47,7 +47,7 @@ def shape_of(config, dtype_bytes: int = 2) -> dict:
     return {"vocab": c.vocab_size, "hidden": c.hidden_size, "layers": c.num_hidden_layers, "heads": heads,
             "kv_heads": config_attr(c, "num_key_value_heads") or heads,
             "head_dim": config_attr(c, "head_dim") or c.hidden_size // heads,
-            "intermediate": config_attr(c, "intermediate_size"),
+            "intermediate": intermediate_of(c),
             "tied": bool(getattr(config, "tie_word_embeddings", getattr(c, "tie_word_embeddings", True))),
             "bytes": dtype_bytes, "moe": moe_of(c), "mla": mla_of(c), "linear": linear_attention_of(c),
             **layer_shape(c)}
@@ -58,7 +58,9 @@ def mlp_params(shape: dict, *, active: bool = False) -> int:
     ``3 H (E F_e + F_shared) + H E`` (the router) a MoE layer with all ``E`` experts (what memory holds), or with the
     ``top_k`` a token passes through (``active``: what its FLOPs count)."""
     H, F, moe = shape["hidden"], shape.get("intermediate") or 0, shape.get("moe")
-    if not moe:  # (Gemma 4's double-wide MLPs: twice F in its KV-shared layers)
+    if not moe:  # (Gemma 4's double-wide MLPs: twice F in its KV-shared layers; Gemma 3n's widths a layer: their sum)
+        if shape.get("mlp_total"):
+            return 3 * H * shape["mlp_total"]
         return (shape["layers"] + shape.get("wide_mlp_layers", 0)) * 3 * H * F
     experts = moe["top_k"] if active else moe["experts"]
     sparse = 3 * H * (experts * moe["width"] + moe["shared"]) + H * moe["experts"]

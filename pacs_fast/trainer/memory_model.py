@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from pacs_fast.config.linear_attention import linear_attention_of
-from pacs_fast.config.per_layer import layer_shape
+from pacs_fast.config.per_layer import altup_laurel_adapters, altup_laurel_params, intermediate_of, layer_shape
 from pacs_fast.config.model_files import SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, mla_of, moe_of
 from pacs_fast.learner.flops import mixer_params, mlp_params
 from pacs_fast.learner.lora import EXPERTS_BESIDE_MLP, OWN_FUSED_EXPERTS, UNMAPPED_FUSED_EXPERTS
@@ -51,7 +51,7 @@ def model_shape(cfg) -> dict:
         return {}
     return {"vocab": int(c["vocab_size"]), "hidden": int(H), "layers": int(c["num_hidden_layers"]), "heads": int(heads),
             "kv_heads": int(c.get("num_key_value_heads") or heads), "head_dim": int(c.get("head_dim") or H // heads),
-            "intermediate": int(c["intermediate_size"]) if c.get("intermediate_size") else None,
+            "intermediate": intermediate_of(c),  # (Gemma 3n's is a list a layer)
             "tied": _tied(top, Path(cfg.model.path).expanduser()),
             "bytes": _dtype_bytes(cfg), "softcap": _softcapped(c), "moe": moe_of(c), "mla": mla_of(c),
             "linear": linear_attention_of(c), "model_type": c.get("model_type"), **layer_shape(c)}
@@ -109,7 +109,8 @@ def model_params(shape: dict) -> int:
     out)."""
     embeddings = 1 if shape.get("tied", True) else 2  # (MLA's and linear attention's own projections: flops)
     return (embeddings * shape["vocab"] * shape["hidden"] + mixer_params(shape) + mlp_params(shape)
-            + shape.get("per_layer_inputs", 0))  # (Gemma 4's per-layer input embeddings: 2.3B of E2B's 5.1B)
+            + shape.get("per_layer_inputs", 0)  # (Gemma 4's per-layer input embeddings: 2.3B of E2B's 5.1B)
+            + altup_laurel_params(shape))  # (Gemma 3n's AltUp and LAuReL)
 
 
 SHARED_EXPERT_GATE = ("qwen2_moe", "qwen3_next", "qwen3_5_moe_text")  # (a shared expert scaled by a gate)
@@ -143,6 +144,7 @@ def lora_params(shape: dict, rank: int) -> int:
         mixers += linear["layers"] * (own - attention)
     d = shape.get("per_layer_input_dim", 0)  # (Gemma 4's per-layer inputs: a gate and a projection a layer, and the
     mixers += (shape["layers"] * 2 * (H + d) + H + shape["layers"] * d) if d else 0  # model's projection to them)
+    mixers += altup_laurel_adapters(shape)
     moe = shape.get("moe")
     if moe:
         E, w, S = moe["experts"], moe["width"], moe["shared"]
