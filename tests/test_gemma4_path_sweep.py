@@ -16,9 +16,9 @@ Found and fixed (each test below failed before its fix, checked by reverting it)
    model folder's shape check read ``head_dim`` off the heterogeneous config (pacs_fast/config/model_files.py); the
    FLOP count's ``shape_of`` (bench/gpu/learner.py's MFU) too. Read through ``config_attr`` now.
 2. The memory and FLOP counts read every layer at ``head_dim`` with keys and values of its own and no per-layer
-   inputs: the learner's parameters 11% short here (2.3B short in E2B, with their gradients and Adam moments), the
-   HF engine's cache counted in the KV-shared layers, the full layers' wider heads missed, LoRA's adapters on the
-   per-layer input projections left out. pacs_fast/config/per_layer.py reads each layer's widths: the counts equal
+   inputs: the learner's parameters 15% short here (249,920 of 292,976; 2.3B short in E2B, with their gradients and
+   Adam moments), the HF engine's cache counted in the KV-shared layers (384 elements a token for 320), the full
+   layers' wider heads missed, LoRA's adapters on the per-layer input projections left out. pacs_fast/config/per_layer.py reads each layer's widths: the counts equal
    the built model's weights, transformers' own cache and PEFT's adapters.
 3. The MoE variant (26B-A4B: fused experts of its own beside a dense MLP of the same names): LoRA's ``all-linear``
    left every expert bare (PEFT maps none), the counts missed its dense MLP and read top-1; a listed target name
