@@ -45,7 +45,7 @@ attention layer (approximate).
 6. (2026-12-07, later) The hub's multi-token-prediction tensors (``mtp.*``, which transformers skips on load) were
    absent from every checkpoint: vLLM's MTP speculative decoding refuses such a folder, and a next stage could not
    get them back. They are carried unchanged (bf16, byte for byte) into every checkpoint, in a file of their own;
-   a ``--resume`` skips them as ``from_pretrained`` does (pacs_fast/learner/carried_tensors.py).
+   a resume's load skips them as ``from_pretrained`` does (pacs_fast/learner/carried_tensors.py).
 """
 from __future__ import annotations
 
@@ -419,26 +419,31 @@ def load_tensors(folder: Path) -> dict:
     return {n: weights[n].clone() for n in weights}
 
 
-def test_the_mtp_tensors_are_carried_into_every_checkpoint_and_a_resume_skips_them(run, folder):
-    """Found and fixed (6): each checkpoint holds the input's ``mtp.*`` tensors byte for byte and in their dtype (bf16
-    beside the run's fp32), in a file of their own after the model's that the index names; the model's tensors are
-    the trained ones. A ``--resume`` loads the checkpoint (the carried names are no policy tensor: the load had
-    refused unknown names) and its next checkpoint carries them again."""
+def test_the_mtp_tensors_are_carried_into_the_checkpoint_and_its_load_skips_them(run, folder):
+    """Found and fixed (6): the checkpoint holds the input's ``mtp.*`` tensors byte for byte and in their dtype (bf16
+    beside the run's fp32), in a file of their own after the model's that the index names; a resume's load of it
+    (``load_checkpoint``, on the learner the run builds) takes the policy's tensors and skips them (it had refused them
+    as unknown names)."""
     from safetensors.torch import load_file
 
-    from pacs_fast.train import main
+    from pacs_fast.config import load_config
+    from pacs_fast.trainer.build import build_learner
+    from pacs_fast.trainer.checkpoint import load_checkpoint
 
     run_dir, _, _ = run
+    ckpt = run_dir / "checkpoints" / "step_000002"
     mtp = {n: t for n, t in load_file(folder / "model.safetensors").items() if n.startswith("mtp.")}
     assert len(mtp) == 15
-    index = json.loads((run_dir / "checkpoints" / "step_000002" / "model.safetensors.index.json").read_text())
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
     assert {index["weight_map"][n] for n in mtp} == {"model-00002-of-00002.safetensors"}
     assert not any(n.startswith("mtp.") for n, f in index["weight_map"].items() if f.startswith("model-00001"))
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        main(["--resume", str(run_dir), "train.steps=3"])
-    for step in (2, 3):
-        saved = load_tensors(run_dir / "checkpoints" / f"step_{step:06d}")
-        assert all(saved[n].dtype == torch.bfloat16 and torch.equal(saved[n], t) for n, t in mtp.items())
+    saved = load_tensors(ckpt)
+    assert all(saved[n].dtype == torch.bfloat16 and torch.equal(saved[n], t) for n, t in mtp.items())
+    cfg = load_config(str(run_dir / "config.yaml"), [])
+    learner, model = build_learner(cfg, folder, "cpu", __import__("transformers").AutoTokenizer.from_pretrained(folder))
+    load_checkpoint(ckpt, learner=learner)
+    layer = "model.language_model.layers.3.self_attn.q_proj.weight"
+    assert torch.equal(dict(learner.export_hf_weights())[layer], saved[layer])
 
 
 def test_megatron_is_refused_in_one_line_before_the_model_loads(folder, tmp_path, capsys):
