@@ -174,6 +174,15 @@ def hub_name(name: str) -> str:
     return name
 
 
+def stop_rows(model, ids: dict) -> None:
+    """The head rows of <end_of_turn> and <eos> read one hidden unit each (4 x it): responses end at either, and
+    which one a model drew is told by its hidden state (in place, under no_grad)."""
+    head = model.get_output_embeddings().weight
+    for unit, t in enumerate(["<end_of_turn>", "<eos>"]):
+        head[ids[t]] = 0.0
+        head[ids[t], unit] = 4.0
+
+
 def gemma3_folder(folder: Path, *, hidden: int = 64, heads: int = 4) -> Path:
     """A gemma-3-4b-it-shaped folder (module docstring): a tiny Gemma3ForConditionalGeneration (2 text layers, a
     sliding window of 8 then a full layer, tied head, a vocabulary past the tokenizer's ids, a 1-layer SigLIP on 28x28
@@ -230,10 +239,7 @@ def gemma3_folder(folder: Path, *, hidden: int = 64, heads: int = 4) -> Path:
         for p in model.parameters():  # (weights large enough that the window and the norms matter)
             if p.dim() >= 2:
                 p.normal_(0, 0.1)
-        head = model.get_output_embeddings().weight
-        for unit, t in enumerate(["<end_of_turn>", "<eos>"]):
-            head[ids[t]] = 0.0
-            head[ids[t], unit] = 4.0
+        stop_rows(model, ids)
     state = {hub_name(k): v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config, indent=2))

@@ -18,7 +18,8 @@ Found and fixed (each test below failed before its fix, checked by reverting it)
 2. The memory and FLOP counts read every layer at ``head_dim`` with keys and values of its own and no per-layer
    inputs: the learner's parameters 15% short here (249,920 of 292,976; 2.3B short in E2B, with their gradients and
    Adam moments), the HF engine's cache counted in the KV-shared layers (384 elements a token for 320), the full
-   layers' wider heads missed, LoRA's adapters on the per-layer input projections left out. pacs_fast/config/per_layer.py reads each layer's widths: the counts equal
+   layers' wider heads missed, LoRA's adapters on the per-layer input projections left out.
+   pacs_fast/config/per_layer.py reads each layer's widths: the counts equal
    the built model's weights, transformers' own cache and PEFT's adapters.
 3. The MoE variant (26B-A4B: fused experts of its own beside a dense MLP of the same names): LoRA's ``all-linear``
    left every expert bare (PEFT maps none), the counts missed its dense MLP and read top-1; a listed target name
@@ -44,8 +45,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_gemma3_olmo2_path_sweep import G3_IMAGE, G3_SOFT, G3_SPECIAL, GEMMA3_TEMPLATE, gemma3_raw
+from test_gemma3_olmo2_path_sweep import G3_IMAGE, G3_SOFT, G3_SPECIAL, GEMMA3_TEMPLATE, gemma3_raw, stop_rows
 from test_llama3_path_sweep import _data
+from test_qwen35_path_sweep import two_step_run
 from test_qwen3_path_sweep import _gold, forced_completion
 
 G, P, MAX_NEW = 4, 2, 8
@@ -95,10 +97,7 @@ def gemma4_folder(folder: Path, *, hidden: int = 64, heads: int = 4, moe: bool =
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0, 0.1)
-        head = model.get_output_embeddings().weight
-        for unit, t in enumerate(["<end_of_turn>", "<eos>"]):
-            head[ids[t]] = 0.0
-            head[ids[t], unit] = 4.0
+        stop_rows(model, ids)
     model.save_pretrained(folder)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "generation_config.json").write_text(json.dumps(
@@ -139,12 +138,7 @@ def run(folder, tmp_path_factory):
     HFEngine.generate = forced
     try:
         with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
-            main([f"model.path={folder}", f"data.dataset={_data(tmp / 'train.jsonl', n=12)}", f"rollout.n={G}",
-                  "rollout.eval_n=2", f"rollout.max_new_tokens={MAX_NEW}", f"train.prompts_per_step={P}",
-                  "train.steps=2", "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=2",
-                  "learner.lr=0.01", "train.progress=false", "train.plots=false", "train.tensorboard=false",
-                  "train.save_every=2", "train.eval_every=0", "data.eval_size=2", f"train.out_dir={tmp}",
-                  "train.run_name=r", "reward.extraction=boxed"])
+            main(two_step_run(folder, tmp))
     finally:
         HFEngine.generate = generate
     return tmp / "r", text.getvalue()
@@ -155,7 +149,8 @@ def test_a_run_trains_with_its_engine_and_learner_agreeing(run):
     (rewards mixed, a gradient), the engine's and the learner's log-probs agree to fp32 rounding (the KV-shared cache
     in the sampler, the soft-cap on both sides), padded forwards (the window)."""
     run_dir, output = run
-    steps = [s for s in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if s.get("kind") == "train"]
+    steps = [s for s in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+             if s.get("kind") == "train"]
     assert len(steps) == 2, output[-3000:]
     for s in steps:
         assert s["rollout/logprob_diff_max"] < 1e-4 and s["learner/grad_norm"] > 0 and 0 < s["reward/mean"] < 1

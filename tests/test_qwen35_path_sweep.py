@@ -335,6 +335,16 @@ def force(engine, prompts, comps):
     return comps
 
 
+def two_step_run(folder: Path, tmp: Path) -> list[str]:
+    """The command line of a 2-step run (run ``r`` in ``tmp``, 12 problems, HF engine, defaults otherwise) on
+    ``folder``, boxes scored, a checkpoint at step 2."""
+    return [f"model.path={folder}", f"data.dataset={_data(tmp / 'train.jsonl', n=12)}", f"rollout.n={G}",
+            "rollout.eval_n=2", f"rollout.max_new_tokens={MAX_NEW}", f"train.prompts_per_step={P}", "train.steps=2",
+            "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=2", "learner.lr=0.01", "train.progress=false",
+            "train.plots=false", "train.tensorboard=false", "train.save_every=2", "train.eval_every=0",
+            "data.eval_size=2", f"train.out_dir={tmp}", "train.run_name=r", "reward.extraction=boxed"]
+
+
 @pytest.fixture(scope="module")
 def run(folder, tmp_path_factory):
     """``python -m pacs_fast.train`` in this process on the hub folder: 2 steps, HF engine, defaults otherwise
@@ -363,12 +373,7 @@ def run(folder, tmp_path_factory):
     HFEngine.generate, Scorer.from_config = forced, classmethod(recorded_scorer)
     try:
         with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
-            main([f"model.path={folder}", f"data.dataset={_data(tmp / 'train.jsonl', n=12)}", f"rollout.n={G}",
-                  "rollout.eval_n=2", f"rollout.max_new_tokens={MAX_NEW}", f"train.prompts_per_step={P}",
-                  "train.steps=2", "learner.mini_batch_prompts=2", "learner.micro_batch_prompts=2",
-                  "learner.lr=0.01", "train.progress=false", "train.plots=false", "train.tensorboard=false",
-                  "train.save_every=2", "train.eval_every=0", "data.eval_size=2", f"train.out_dir={tmp}",
-                  "train.run_name=r", "reward.extraction=boxed"])
+            main(two_step_run(folder, tmp))
     finally:
         HFEngine.generate, Scorer.from_config = generate, scorer
     return tmp / "r", text.getvalue(), seen

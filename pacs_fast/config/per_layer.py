@@ -90,9 +90,10 @@ def attention_widths(config) -> list[tuple[int, int, int]] | None:
 def cached_kv_width(config) -> int | None:
     """Elements the KV cache holds a token, all layers: ``2 x kv_heads x head_dim`` of each layer with keys and values
     of its own (:func:`layer_widths`), for a config whose layers differ; None otherwise."""
-    if attention_widths(config) is None:
+    c = text_dict(config)
+    if attention_widths(c) is None:
         return None
-    return sum(2 * kv * hd for hd, kv, has_kv in layer_widths(config) if has_kv)
+    return sum(2 * kv * hd for hd, kv, has_kv in layer_widths(c) if has_kv)
 
 
 def wide_mlp_layers(config) -> int:
@@ -109,21 +110,15 @@ def layer_shape(config) -> dict:
     (:func:`per_layer_input_params`) and ``per_layer_input_dim``, ``mlp_total`` (MLP widths that differ by layer:
     their sum) and ``altup`` (:func:`altup_laurel`), each only where it applies (nothing for the many uniform
     models)."""
-    out = {}
-    widths = attention_widths(config)
-    if widths:
-        out.update(attention_widths=widths, cached_kv=cached_kv_width(config))
-    if wide_mlp_layers(config):
-        out["wide_mlp_layers"] = wide_mlp_layers(config)
-    widths = mlp_widths(config)
+    c = text_dict(config)  # (once: a config object's to_dict() for every reading below)
+    found = {"attention_widths": attention_widths(c), "cached_kv": cached_kv_width(c), "wide_mlp_layers":
+             wide_mlp_layers(c), "altup": altup_laurel(c), "per_layer_inputs": per_layer_input_params(c)}
+    widths = mlp_widths(c)
     if widths and len(set(widths)) > 1:
-        out["mlp_total"] = sum(widths)
-    if altup_laurel(config):
-        out["altup"] = altup_laurel(config)
-    if per_layer_input_params(config):
-        out.update(per_layer_inputs=per_layer_input_params(config),
-                   per_layer_input_dim=int(text_dict(config)["hidden_size_per_layer_input"]))
-    return out
+        found["mlp_total"] = sum(widths)
+    if found["per_layer_inputs"]:
+        found["per_layer_input_dim"] = int(c["hidden_size_per_layer_input"])
+    return {k: v for k, v in found.items() if v}
 
 
 def mlp_widths(config) -> list[int] | None:
