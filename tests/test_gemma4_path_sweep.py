@@ -111,14 +111,16 @@ def folder(tmp_path_factory) -> Path:
     return gemma4_folder(tmp_path_factory.mktemp("gemma4") / "gemma-4-tiny-it")
 
 
-@pytest.fixture(scope="module")
-def run(folder, tmp_path_factory):
-    """``python -m pacs_fast.train`` in this process on the folder: 2 steps, HF engine, defaults otherwise; sample 0
-    of each prompt boxes the right answer then <end_of_turn>, sample 1 a wrong one (rewards mixed: a gradient)."""
+def forced_run(folder: Path, tmp: Path, response: str, stop: str, *extra: str, max_new: int = MAX_NEW):
+    """``python -m pacs_fast.train`` in this process on ``folder``: 2 steps (run ``r`` in ``tmp``), HF engine, defaults
+    otherwise but ``extra``; sample 0 of each prompt is ``response`` with its right answer (``response.format(gold)``),
+    then the token ``stop``, sample 1 the same with a wrong one (rewards mixed: a gradient). The run's folder and its
+    output."""
+    from pacs_fast.learner.packing import say_no_shared_prefix, say_padded_rows
     from pacs_fast.rollout.hf import HFEngine
     from pacs_fast.train import main
 
-    tmp = tmp_path_factory.mktemp("runs")
+    say_padded_rows.cache_clear(), say_no_shared_prefix.cache_clear()  # (once a process: this run's lines)
     generate = HFEngine.generate
 
     def forced(self, prompts, params):
@@ -126,11 +128,11 @@ def run(folder, tmp_path_factory):
         if not params.return_logprobs:
             return out
         enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
-        end = self.tokenizer.convert_tokens_to_ids("<end_of_turn>")
+        end = self.tokenizer.convert_tokens_to_ids(stop)
         for p, cs in zip(prompts, out):
             gold = _gold(self.tokenizer, p)
             for k, answer in ((0, gold), (1, gold + 1)):
-                cs[k] = forced_completion(self, p, enc(f"So \\boxed{{{answer}}}")[:MAX_NEW - 1] + [end], MAX_NEW,
+                cs[k] = forced_completion(self, p, enc(response.format(answer))[:max_new - 1] + [end], max_new,
                                           cs[k].logprobs is not None)
         return out
 
@@ -138,16 +140,29 @@ def run(folder, tmp_path_factory):
     HFEngine.generate = forced
     try:
         with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
-            main(two_step_run(folder, tmp))
+            main([*two_step_run(folder, tmp), f"rollout.max_new_tokens={max_new}", *extra])
     finally:
         HFEngine.generate = generate
     return tmp / "r", text.getvalue()
+
+
+@pytest.fixture(scope="module")
+def run(folder, tmp_path_factory):
+    """:func:`forced_run` on the folder: sample 0 of each prompt boxes the right answer then <end_of_turn>, sample 1
+    a wrong one."""
+    return forced_run(folder, tmp_path_factory.mktemp("runs"), "So \\boxed{{{}}}", "<end_of_turn>")
 
 
 def test_a_run_trains_with_its_engine_and_learner_agreeing(run):
     """Found and fixed (1): the run had stopped at its start (the shape check's ``head_dim``). Now both steps train
     (rewards mixed, a gradient), the engine's and the learner's log-probs agree to fp32 rounding (the KV-shared cache
     in the sampler, the soft-cap on both sides), padded forwards (the window)."""
+    two_agreeing_steps(run)
+
+
+def two_agreeing_steps(run) -> None:
+    """A :func:`forced_run`'s two steps trained (rewards mixed, a gradient) without the shared-prefix forward, its
+    engine's and learner's log-probs equal to fp32 rounding."""
     run_dir, output = run
     steps = [s for s in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
              if s.get("kind") == "train"]

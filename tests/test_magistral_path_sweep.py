@@ -104,12 +104,15 @@ HUB_CONFIG = {  # Magistral-Small-2507's config.json, widths cut down below
     "rope_theta": 1000000000.0, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
     "transformers_version": "4.53.1", "use_cache": True, "vocab_size": 131072}
 
-_RAW = []
+_RAW = {}
 
 
-def _raw():
-    """tokenizer.json's object (built once): the control tokens at 0..999 of the BPE's vocabulary, then the BPE."""
-    if not _RAW:
+def _raw(control: dict | None = None):
+    """tokenizer.json's object (built once a ``control``): the control tokens at 0..999 of the BPE's vocabulary
+    (``control``'s names, default :data:`CONTROL`'s; the others ``<SPECIAL_i>``), then the BPE."""
+    control = CONTROL if control is None else control
+    key = tuple(sorted(control.items()))
+    if key not in _RAW:
         from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
         def pre():
@@ -122,7 +125,7 @@ def _raw():
         small.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=420, special_tokens=[],
                                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
         model = json.loads(small.to_str())["model"]
-        controls = [CONTROL.get(i, f"<SPECIAL_{i}>") for i in range(NUM_CONTROL)]
+        controls = [control.get(i, f"<SPECIAL_{i}>") for i in range(NUM_CONTROL)]
         vocab = {c: i for i, c in enumerate(controls)}
         vocab.update({t: i + NUM_CONTROL for t, i in model["vocab"].items()})
         raw = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m) for m in model["merges"]], fuse_unk=False,
@@ -132,8 +135,8 @@ def _raw():
         raw.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
                                                            special_tokens=[("<s>", BOS)])
         assert [raw.token_to_id(c) for c in controls] == list(range(NUM_CONTROL))
-        _RAW.append(raw)
-    return _RAW[0]
+        _RAW[key] = raw
+    return _RAW[key]
 
 
 def magistral_folder(path: Path) -> Path:

@@ -19,7 +19,9 @@ term by term (:data:`FORMULA` prints it beside the tables):
 A hybrid model (Qwen3.5, Qwen3-Next: ``shape["linear"]``, pacs_fast/config/linear_attention.py) counts its
 linear-attention layers' own projections in ``P_layers``, ``s^2`` in its full-attention layers alone (``L`` those),
 and ``18 x value_heads x key_dim x value_dim`` a token a linear layer for the delta rule's state (read, corrected,
-written: forward + backward).
+written: forward + backward). A Nemotron-H model (``shape["blocks"]``, pacs_fast/config/hybrid_blocks.py) counts
+each layer's one block (Mamba-2, attention, a non-gated MLP or MoE), ``s^2`` in its attention layers alone and
+``12 x heads x head_dim x state`` a token a Mamba layer for its selective scan.
 
 Recomputation (gradient checkpointing) is not counted: it is work, not useful work. MFU = FLOPs /
 (seconds x the device's dense bf16 peak, :data:`PEAK_BF16`), as verl's FLOP counter and Megatron's
@@ -27,6 +29,7 @@ report count it.
 """
 from __future__ import annotations
 
+from pacs_fast.config.hybrid_blocks import blocks_of, mamba_params, mamba_recurrence_flops, mlp_block_params
 from pacs_fast.config.linear_attention import linear_attention_of, linear_params
 from pacs_fast.config.model_files import mla_of, moe_of
 from pacs_fast.config.per_layer import config_attr, intermediate_of, layer_shape
@@ -49,8 +52,8 @@ def shape_of(config, dtype_bytes: int = 2) -> dict:
             "head_dim": config_attr(c, "head_dim") or c.hidden_size // heads,
             "intermediate": intermediate_of(c),
             "tied": bool(getattr(config, "tie_word_embeddings", getattr(c, "tie_word_embeddings", True))),
-            "bytes": dtype_bytes, "moe": moe_of(c), "mla": mla_of(c), "linear": linear_attention_of(c),
-            **layer_shape(c)}
+            "bytes": dtype_bytes, "moe": None if blocks_of(c) else moe_of(c), "mla": mla_of(c),
+            "linear": linear_attention_of(c), "blocks": blocks_of(c), **layer_shape(c)}
 
 
 def mlp_params(shape: dict, *, active: bool = False) -> int:
@@ -58,6 +61,8 @@ def mlp_params(shape: dict, *, active: bool = False) -> int:
     ``3 H (E F_e + F_shared) + H E`` (the router) a MoE layer with all ``E`` experts (what memory holds), or with the
     ``top_k`` a token passes through (``active``: what its FLOPs count)."""
     H, F, moe = shape["hidden"], shape.get("intermediate") or 0, shape.get("moe")
+    if shape.get("blocks"):  # (Nemotron-H: MLP and MoE layers of their own, non-gated)
+        return mlp_block_params(H, F, shape["blocks"], active=active)
     if not moe:  # (Gemma 4's double-wide MLPs: twice F in its KV-shared layers; Gemma 3n's widths a layer: their sum)
         if shape.get("mlp_total"):
             return 3 * H * shape["mlp_total"]
@@ -77,7 +82,9 @@ def mixer_params(shape: dict) -> int:
     """The token mixers' weights of all decoder layers: :func:`attention_params` a layer, but for a hybrid model's
     linear-attention layers (``shape["linear"]``: Qwen3.5), whose projections are their own
     (:func:`pacs_fast.config.linear_attention.linear_params`)."""
-    linear, widths = shape.get("linear"), shape.get("attention_widths")
+    linear, widths, blocks = shape.get("linear"), shape.get("attention_widths"), shape.get("blocks")
+    if blocks:  # (Nemotron-H: attention layers and Mamba-2 layers of their own; its MLP layers mix nothing)
+        return blocks["attention"] * attention_params(shape) + blocks["mamba"] * mamba_params(shape["hidden"], blocks)
     if widths:  # (layers of different widths: Gemma 4's wider full-attention layers, its KV-shared ones)
         return sum(shape["hidden"] * (q + k + v) + q * shape["hidden"] for q, k, v in widths)
     if not linear:
@@ -114,11 +121,15 @@ def update_flops(shape: dict, lengths: list[int], head_tokens: int | None = None
     linear = shape.get("linear")  # (a hybrid model: s^2 in its full-attention layers alone; its linear layers'
     # delta rule reads, corrects and writes a value_heads x key_dim x value_dim state a token: 3 x 2 x that, x 3)
     full = shape["layers"] - (linear["layers"] if linear else 0)
+    blocks = shape.get("blocks")  # (Nemotron-H: s^2 in its attention layers alone, the scan in its Mamba layers)
+    if blocks:
+        full = blocks["attention"]
     if shape.get("attention_widths"):  # (each layer's own query width: QK^T and PV over heads x its head_dim)
         full, hqk = 1, sum(q for q, _, _ in shape["attention_widths"])
         hv = hqk
     recurrence = 18 * linear["layers"] * linear["value_heads"] * linear["key_dim"] * linear["value_dim"] * T \
         if linear else 0
+    recurrence += mamba_recurrence_flops(blocks, T) if blocks else 0
     out = {"dense": 6 * layer_params(shape) * T, "head": 6 * shape["vocab"] * shape["hidden"] * head_tokens,
            "attention": 3 * 2 * full * (hqk + hv) * sum(s * s for s in lengths) // 2 + recurrence}
     out["total"] = out["dense"] + out["head"] + out["attention"]

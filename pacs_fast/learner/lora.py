@@ -27,6 +27,7 @@ from typing import Iterator
 import torch
 
 from pacs_fast.causal_lm import lm_head
+from pacs_fast.config.hybrid_blocks import MAMBA_FAMILIES, NOT_ADAPTED_IN_MAMBA
 from pacs_fast.learner.hf_folder import weights_and_shapes
 
 LORA_MARK = ".lora_"  # in the state-dict names of PEFT's adapter tensors (lora_A, lora_B, ...)
@@ -53,9 +54,11 @@ UNMAPPED_FUSED_EXPERTS = dict.fromkeys(("qwen3_5_moe", "qwen3_5_moe_text"), {
 # model_type -> the same for a family whose MoE layers hold fused expert tensors of their own beside a dense MLP whose
 # linear layers bear the experts' names (Gemma 4's enable_moe_block; its router is a Linear, router.proj): a listed
 # gate_proj / up_proj / down_proj names both the dense layer and the experts, all-linear adapts every one (PEFT maps
-# none of them: all-linear had left Gemma 4's experts bare). At the rank itself, as gpt-oss's.
+# none of them: all-linear had left Gemma 4's experts bare). At the rank itself, as gpt-oss's. Nemotron-H's MoE layers
+# (Nemotron 3 Nano: non-gated experts, up and down, beside a shared expert and the model's MLP layers) likewise.
 EXPERTS_BESIDE_MLP = {"gemma4_text": {"gate_proj": "experts.gate_up_proj", "up_proj": "experts.gate_up_proj",
-                                      "down_proj": "experts.down_proj"}}
+                                      "down_proj": "experts.down_proj"},
+                      "nemotron_h": {"up_proj": "mixer.experts.up_proj", "down_proj": "mixer.experts.down_proj"}}
 
 
 def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, target_modules: str) -> int:
@@ -84,12 +87,13 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
     modules = [t for t in names if t not in own and not (t == "gate" and unmapped)]  # (the router: no Linear)
     params += sorted(set(unmapped.values()) if not names else {unmapped[t] for t in names if t in unmapped})
     beside = EXPERTS_BESIDE_MLP.get(getattr(text, "model_type", None), {})
-    if beside and any(n.endswith(".experts.gate_up_proj") for n, _ in model.named_parameters()):  # (MoE layers)
+    if beside and any(n.endswith("." + p) for p in beside.values() for n, _ in model.named_parameters()):  # (MoE)
         params += sorted(set(beside.values()) if not names else {beside[t] for t in names if t in beside})
     doubled = {r".*\.gate_up_proj": 2} if any(p.endswith("gate_up_proj") for p in params) and unmapped else {}
+    excluded = outside_language_model(model) + (mamba_out_projs(model) if not names else [])  # (all-linear's)
     config = LoraConfig(r=int(rank), lora_alpha=float(alpha), lora_dropout=float(dropout),
                         target_modules=modules or (None if names else "all-linear"), bias="none",
-                        target_parameters=params or None, exclude_modules=outside_language_model(model) or None,
+                        target_parameters=params or None, exclude_modules=excluded or None,
                         rank_pattern={k: v * int(rank) for k, v in doubled.items()},
                         alpha_pattern={k: v * float(alpha) for k, v in doubled.items()})
     try:
@@ -153,6 +157,18 @@ def outside_language_model(model: torch.nn.Module) -> list[str]:
             and (isinstance(m, torch.nn.Linear) or any(isinstance(c, torch.nn.Linear) for c in m.children()))]
 
 
+def mamba_out_projs(model: torch.nn.Module) -> list[str]:
+    """The Mamba mixers' ``out_proj`` layers of a Nemotron-H / Falcon-H1 / Mamba model, which ``all-linear`` leaves
+    without adapters: PEFT refuses to adapt them (the fused Mamba kernels read their weight directly, past any
+    adapter), and had refused every ``all-linear`` run of these models. Empty for other models."""
+    text = getattr(model, "config", None)
+    text = text.get_text_config() if hasattr(text, "get_text_config") else text
+    if getattr(text, "model_type", None) not in MAMBA_FAMILIES:
+        return []
+    return [n for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in NOT_ADAPTED_IN_MAMBA]
+
+
 def bare_linears(model: torch.nn.Module, target_modules: str) -> list[str]:
     """The linear layers of the language model that ``target_modules`` names (``all-linear``: each but the LM head)
     and that took no adapters in :func:`add_lora`. PEFT maps the hub's expert names (``gate_proj``, ``up_proj``,
@@ -162,6 +178,7 @@ def bare_linears(model: torch.nn.Module, target_modules: str) -> list[str]:
     names = [t.strip() for t in target_modules.split(",") if t.strip()]
     every = any(t.lower() == "all-linear" for t in names)
     head, outside, adapted = lm_head(model), set(outside_language_model(model)), lora_layers(model)
+    outside |= set(mamba_out_projs(model)) if every else set()  # (left out on purpose: PEFT refuses them)
     bare = []
     for name, m in model.named_modules():
         if (not isinstance(m, torch.nn.Linear) or m is head or name in outside or name in adapted

@@ -69,8 +69,8 @@ from pacs_fast.config.validation import VLLM_MAX_TEMPERATURE
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.rollout.base import (Completion, RolloutEngine, SamplingParams, check_prompt_token_ids, decode_texts,
                                     holds_kept_special)
-from pacs_fast.rollout.vllm_setup import (CPU_MAX_NUM_SEQS, ProcessStateGuard, cpu_kv_cache_size, job_named_cpu_shm,
-                                          kv_cache_layout, set_cpu_env_defaults)
+from pacs_fast.rollout.vllm_setup import (CPU_MAX_NUM_SEQS, ProcessStateGuard, cpu_kv_cache_size, cpu_prefill_defaults,
+                                          job_named_cpu_shm, kv_cache_layout, set_cpu_env_defaults)
 from pacs_fast.rollout.vllm_requests import generate_all
 from pacs_fast.rollout.vllm_seeds import request_seed
 from pacs_fast.rollout.vllm_worker import mask_padded_rows, refresh_tied_lm_heads
@@ -160,12 +160,7 @@ class VLLMEngine(RolloutEngine):
                 cpu_kv_cache_bytes = cpu_kv_cache_size(per_token, context, cpu_kv_cache_sequences)
             llm_kwargs["kv_cache_memory_bytes"] = int(cpu_kv_cache_bytes)
         if not cuda:
-            # Whole prefills only on CPU (vLLM's own choice for MLA models there). A prefill cut by the step's
-            # token budget is discarded and its seeded generator rewound with Generator.set_offset, which CPU
-            # generators lack: every seeded call whose prompts passed the budget (e.g. 16 prompts x 8 samples
-            # x 100 tokens > 4,096) raised "CPU Generator does not use offset". vLLM then raises the budget to
-            # max_model_len where that is longer.
-            llm_kwargs.setdefault("enable_chunked_prefill", False)
+            cpu_prefill_defaults(model_path, llm_kwargs)
         if self.sleep_enabled:
             llm_kwargs["enable_sleep_mode"] = True
         if lm_head_fp32:

@@ -91,10 +91,14 @@ def _renamed_weights(config) -> str | None:
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     except ImportError:  # (transformers 4: a model's names are its checkpoint's)
         return None
+    from pacs_fast.config.hybrid_blocks import blocks_of
     from pacs_fast.config.model_files import moe_of
 
     for c in (config.hf_config, config.hf_text_config):
         kind = getattr(c, "model_type", None)
+        blocks = blocks_of(c)
+        if blocks and not blocks["moe"]:  # (a dense Nemotron-H: its mapping's expert converter fuses nothing)
+            continue
         steps = get_checkpoint_conversion_mapping(kind) if kind else None
         # a converter fuses tensors; a renaming of a mixture of experts' tensors (GraniteMoE's) renames what the sync
         # sends; an old multimodal checkpoint's renamed prefixes (Gemma 3's, LLaVA's) were not tried: not refused
@@ -193,11 +197,35 @@ def kv_cache_layout(model_path, *, dtype: str, tensor_parallel_size: int = 1,
     model's context raises vLLM's own ValueError."""
     from vllm.config import ParallelConfig
 
+    from pacs_fast.config.hybrid_blocks import blocks_of
+
     config = _model_config(model_path, dtype=dtype, max_model_len=max_model_len)
     parallel = ParallelConfig(tensor_parallel_size=int(tensor_parallel_size))
     layers = config.get_num_layers_by_block_type(parallel, "attention")
+    blocks = blocks_of(config.hf_text_config)
+    if blocks:  # (Nemotron-H: vLLM reads its layers_block_type's "full_attention" as no attention layer at all)
+        layers = blocks["attention"]
     per_token = 2 * layers * config.get_num_kv_heads(parallel) * config.get_head_size() * config.dtype.itemsize
     return int(per_token), int(config.max_model_len)
+
+
+def cpu_prefill_defaults(model_path, llm_kwargs: dict) -> None:
+    """What a CPU engine's ``LLM`` is given unless the caller says: whole prefills (vLLM's own choice for MLA models
+    there). A prefill cut by the step's token budget is discarded and its seeded generator rewound with
+    ``Generator.set_offset``, which CPU generators lack: every seeded call whose prompts passed the budget (e.g. 16
+    prompts x 8 samples x 100 tokens > 4,096) raised "CPU Generator does not use offset"; vLLM then raises the budget
+    to ``max_model_len`` where that is longer. Without chunked prefill, a model with a state a sequence (Mamba,
+    linear attention: vLLM's ``is_hybrid`` / ``has_inner_state``) runs without prefix caching: vLLM's state cache for
+    prefix caching ("align") needs chunked prefill, and a Nemotron-H engine had refused to start."""
+    llm_kwargs.setdefault("enable_chunked_prefill", False)
+    if llm_kwargs["enable_chunked_prefill"] or "enable_prefix_caching" in llm_kwargs:
+        return
+    try:
+        config = _model_config(model_path, **{k: llm_kwargs[k] for k in ("trust_remote_code",) if k in llm_kwargs})
+    except Exception:  # noqa: BLE001 - a folder vLLM cannot read: its own error comes when the engine loads
+        return
+    if getattr(config, "is_hybrid", False) or getattr(config, "has_inner_state", False):
+        llm_kwargs["enable_prefix_caching"] = False
 
 
 def cpu_kv_cache_size(bytes_per_token: int, max_model_len: int, sequences: int = CPU_MAX_NUM_SEQS,

