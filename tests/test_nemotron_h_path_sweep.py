@@ -1,5 +1,5 @@
-"""The product on Nemotron-H-shaped folders (NVIDIA Nemotron Nano 2, Nemotron 3 Nano) as users bring them (hostile
-sweep of 2026-12-07).
+"""The product on Nemotron-H-shaped folders (NVIDIA Nemotron Nano 2, Nemotron 3 Nano) and Granite 4.0-H ones as users
+bring them (hostile sweep of 2026-12-07).
 
 Nemotron-H (transformers' ``nemotron_h``) is a hybrid whose every layer is ONE block: ``hybrid_override_pattern``
 names it (``M`` Mamba-2, ``*`` attention, ``-`` a non-gated relu^2 MLP, ``E`` non-gated experts + a shared expert);
@@ -16,15 +16,17 @@ Found and fixed (each test below failed before its fix, checked by reverting it)
 1. LoRA on ``model.lora_target_modules=all-linear`` (the usual setting) was refused for every Nemotron-H model
    before it loaded: PEFT refuses to adapt a Mamba mixer's ``out_proj`` (the fused Mamba kernels read its weight
    past any adapter), and all-linear names it. all-linear now leaves the Mamba ``out_proj`` layers out
-   (``lora.mamba_out_projs``; Falcon-H1 and Mamba models too); a listed ``out_proj`` is still PEFT's one-line
-   refusal.
-2. The memory and FLOP counts read every layer as an attention layer and a gated MLP, and a dense Nemotron-H as a
-   mixture of experts (transformers' config gives ``n_routed_experts`` 8 to every ``nemotron_h``): parameters at
-   1.8x the built model here (2x for Nano 9B v2's widths), the KV cache a token at 7x (14x), ``s^2`` FLOPs in every
-   layer. pacs_fast/config/hybrid_blocks.py counts each layer's block: the counts equal the built model's weights,
-   transformers' cache (the Mamba layers' conv and recurrent state a row counted apart) and PEFT's adapters. A
-   checkpoint's config.json as transformers 5 saves it (``layers_block_type``, no ``num_hidden_layers``) had no
-   shape at all (the counts and checks skipped).
+   (``lora.mamba_out_projs``; Falcon-H1, Mamba, and Granite 4.0-H / Bamba / Zamba2, whose out_proj PEFT adapts
+   although transformers' fused training kernel, where mamba_ssm is installed, bypasses the adapter); a listed
+   ``out_proj`` is one line naming the key.
+2. The memory and FLOP counts read every layer as an attention layer and a gated MLP: Nemotron-Nano-9B-v2's
+   parameters 16.1B from its config.json, 56.3B from its config object (the FLOP count's: transformers gives every
+   ``nemotron_h`` 8 ``n_routed_experts``), for its 8.89B; its KV cache a token 14x (56 layers for 4); here 1.8x and
+   7x; Granite 4.0-H's MLP read at ``intermediate_size`` for ``shared_intermediate_size`` (31% short here), its
+   cache 4x. pacs_fast/config/hybrid_blocks.py counts each layer's blocks: the counts equal the built model's
+   weights, transformers' cache (the Mamba layers' conv and recurrent state a row counted apart) and PEFT's
+   adapters, for the dense and MoE shapes of both. A Nemotron-H checkpoint's config.json as transformers 5 saves it
+   (``layers_block_type``, no ``num_hidden_layers``) had no shape at all (the counts and checks skipped).
 3. ``rollout.engine=vllm`` (vLLM implements Nemotron-H) was refused for the dense models before they loaded ("experts
    fused into one tensor a layer": transformers' mapping for ``nemotron_h`` converts experts a dense model has none
    of); past that refusal a CPU engine could not start: the KV cache was sized for no attention layer (vLLM reads
@@ -36,7 +38,8 @@ Found and fixed (each test below failed before its fix, checked by reverting it)
 Seen and held: engine and learner log-probs agree (HF engine on the Mamba cache: 1e-6; vLLM after two weight syncs:
 4.8e-7 here, 2.9e-5 after a third large step) on padded rows (the Mamba layers are recurrent: no packing, no shared
 prefix, one line says so); checkpoints keep the hub's ``backbone.*`` names and config keys (``hybrid_override_pattern``
-included) and evaluate under both engines; a LoRA checkpoint's adapter loads in PEFT onto the input and merges into
+included) and evaluate under both engines; Granite 4.0-H trains 2 steps with either engine, their log-probs within
+1e-6 after the syncs (by hand: no fix needed past the counts and LoRA); a LoRA checkpoint's adapter loads in PEFT onto the input and merges into
 the checkpoint's weights; ``learner.backend=megatron`` is one line naming the key. Left alone: the learner's
 activation estimate reads every layer as an attention layer and an MLP (approximate); a CPU engine's cache size
 leaves the Mamba states out (they fit here; GPU engines size by ``rollout.gpu_memory_utilization``).
@@ -82,6 +85,17 @@ HUB = {  # NVIDIA-Nemotron-Nano-9B-v2's config.json keys, widths cut down in nem
     "time_step_min": 0.001, "torch_dtype": "bfloat16", "use_bias": False, "use_cache": True, "use_conv_bias": True,
     "use_mamba_kernels": True, "vocab_size": 131072,
     "hybrid_override_pattern": "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"}
+GRANITE = {  # ibm-granite/granite-4.0-h-micro's config.json keys, widths cut down
+    "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "attention_bias": False,
+    "attention_dropout": 0.0, "attention_multiplier": 0.0078125, "bos_token_id": 1, "eos_token_id": EOS,
+    "pad_token_id": 0, "embedding_multiplier": 12, "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.1,
+    "intermediate_size": 96, "layer_types": ["mamba", "mamba", "attention", "mamba"], "logits_scaling": 4,
+    "mamba_chunk_size": 8, "mamba_conv_bias": True, "mamba_d_conv": 4, "mamba_d_head": 16, "mamba_d_state": 16,
+    "mamba_expand": 2, "mamba_n_groups": 1, "mamba_n_heads": 8, "mamba_proj_bias": False,
+    "max_position_embeddings": 131072, "normalization_function": "rmsnorm", "num_attention_heads": 4,
+    "num_hidden_layers": 4, "num_key_value_heads": 2, "output_router_logits": False, "position_embedding_type": "nope",
+    "residual_multiplier": 0.22, "rms_norm_eps": 1e-5, "rope_theta": 10000, "router_aux_loss_coef": 0.01,
+    "shared_intermediate_size": 128, "tie_word_embeddings": True, "torch_dtype": "float32", "use_cache": True}
 MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
        "moe_shared_expert_intermediate_size": 48, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
        "norm_topk_prob": True, "routed_scaling_factor": 2.5}
@@ -92,6 +106,34 @@ def nemotron_h_folder(folder: Path, pattern: str = "M-M*-M-") -> Path:
     ``<SPECIAL_12>`` head row reading one hidden unit (responses end there, or run to the limit)."""
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
+    raw = write_tokenizer(folder)
+    config = {**HUB, "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 32, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16,
+              "chunk_size": 8, "hybrid_override_pattern": pattern, "num_hidden_layers": len(pattern),
+              "torch_dtype": "float32", "vocab_size": raw.get_vocab_size(), **(MOE if "E" in pattern else {})}
+    torch.manual_seed(0)
+    model = NemotronHForCausalLM(NemotronHConfig(**{k: v for k, v in config.items()
+                                                   if k not in ("architectures", "model_type", "torch_dtype")}))
+    return save_folder(folder, model, config)
+
+
+def granite_folder(folder: Path, experts: int = 0) -> Path:
+    """A Granite 4.0-H-shaped folder (``GraniteMoeHybridForCausalLM``: ibm-granite/granite-4.0-h-micro's config.json
+    keys at tiny widths, layers [mamba, mamba, attention, mamba], no position embedding, Granite's multipliers and
+    logit scaling; ``experts``: granite-4.0-h-tiny's experts, top-2) on the same tokenizer."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    raw = write_tokenizer(folder)
+    config = {**GRANITE, "num_local_experts": experts, "num_experts_per_tok": 2 if experts else 0,
+              "vocab_size": raw.get_vocab_size()}
+    torch.manual_seed(0)
+    model = GraniteMoeHybridForCausalLM(GraniteMoeHybridConfig(**{k: v for k, v in config.items()
+                                                                 if k not in ("architectures", "model_type")}))
+    return save_folder(folder, model, config)
+
+
+def write_tokenizer(folder: Path):
+    """The tokenizer files (module docstring) in ``folder``; the tokenizer."""
     raw = _raw(CONTROL)
     folder.mkdir(parents=True, exist_ok=True)
     raw.save(str(folder / "tokenizer.json"))
@@ -100,13 +142,12 @@ def nemotron_h_folder(folder: Path, pattern: str = "M-M*-M-") -> Path:
          "pad_token": "<unk>", "unk_token": "<unk>", "clean_up_tokenization_spaces": False,
          "model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": TEMPLATE},
         indent=2))
-    config = {**HUB, "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "head_dim": 32, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16,
-              "chunk_size": 8, "hybrid_override_pattern": pattern, "num_hidden_layers": len(pattern),
-              "torch_dtype": "float32", "vocab_size": raw.get_vocab_size(), **(MOE if "E" in pattern else {})}
-    torch.manual_seed(0)
-    model = NemotronHForCausalLM(NemotronHConfig(**{k: v for k, v in config.items()
-                                                   if k not in ("architectures", "model_type", "torch_dtype")}))
+    return raw
+
+
+def save_folder(folder: Path, model, config: dict) -> Path:
+    """``model`` saved in ``folder`` under ``config`` (the hub's keys), its ``<SPECIAL_12>`` head row reading one
+    hidden unit (responses end there, or run to the limit)."""
     with torch.no_grad():
         model.lm_head.weight[EOS] = 0.0
         model.lm_head.weight[EOS, 0] = 4.0
@@ -141,20 +182,18 @@ def built_counts(model) -> dict:
     """The built decoder's weights by kind (matrices and the Mamba convolution; norms, biases and per-head vectors
     left out, as the counts leave them out) and the LM head's."""
     out = {"mixer": 0, "mlp": 0, "all": 0}
-    for name, p in model.named_parameters():
+    for name, p in model.named_parameters():  # (a tied head once)
         if p.dim() < 2:
             continue
         out["all"] += p.numel()
-        kind = ("mixer" if any(f".mixer.{k}" in name for k in ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj",
-                                                                "out_proj", "conv1d")) else
-                "mlp" if ".mixer." in name else None)
-        if kind:
-            out[kind] += p.numel()
+        if ".layers." in name:  # (a layer's: its mixer's projections and convolution, else its MLP's or MoE's)
+            mixer = name.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "out_proj", "conv1d")
+            out["mixer" if mixer else "mlp"] += p.numel()
     return out
 
 
-@pytest.mark.parametrize("pattern", ["M-M*-M-", "ME*EM-"])
-def test_the_memory_flop_and_adapter_counts_read_each_layers_block(tmp_path, pattern):
+@pytest.mark.parametrize("build", ["M-M*-M-", "ME*EM-", "granite", "granite-moe"])
+def test_the_memory_flop_and_adapter_counts_read_each_layers_block(tmp_path, build):
     """Found and fixed (2): the parameter count is the built model's weights (the MoE layers' experts, shared expert
     and router included), its mixers' and MLPs' apart; the HF engine's cache a token is transformers' own keys and
     values (the attention layer's alone) and its state a row the Mamba layers' conv and recurrent states; the LoRA
@@ -169,7 +208,8 @@ def test_the_memory_flop_and_adapter_counts_read_each_layers_block(tmp_path, pat
     from pacs_fast.trainer.engine_memory import kv_per_token
     from pacs_fast.trainer.memory_model import lora_params, model_params, model_shape
 
-    folder = nemotron_h_folder(tmp_path / "hub", pattern)
+    folder = (granite_folder(tmp_path / "hub", experts=4 if "moe" in build else 0) if "granite" in build else
+              nemotron_h_folder(tmp_path / "hub", build))
     shape = model_shape(load_config(None, [f"model.path={folder}"]))
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     built = built_counts(model)
@@ -186,7 +226,7 @@ def test_the_memory_flop_and_adapter_counts_read_each_layers_block(tmp_path, pat
     assert lora_params(shape, 4) == add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
     model.config.save_pretrained(tmp_path / "saved")  # (transformers 5's config.json: layers_block_type)
     saved = json.loads((tmp_path / "saved" / "config.json").read_text())
-    assert "num_hidden_layers" not in saved and "hybrid_override_pattern" not in saved
+    assert "granite" in build or "num_hidden_layers" not in saved and "hybrid_override_pattern" not in saved
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tmp_path / "saved" / name).write_bytes((folder / name).read_bytes())
     again = model_shape(load_config(None, [f"model.path={tmp_path / 'saved'}"]))
@@ -198,7 +238,8 @@ def test_lora_on_all_linear_trains_the_mamba_mixers_and_the_experts(tmp_path):
     (PEFT: "Module 'out_proj' is incompatible with Mamba-based models"). Now it trains 2 steps: every linear layer
     takes adapters but the Mamba ``out_proj`` (PEFT's refusal) and the LM head, the experts too (fused tensors PEFT
     maps no name onto); the checkpoint's merged experts moved, and PEFT loads its adapter onto the input and merges
-    it into the same weights; a listed ``out_proj`` is PEFT's refusal in one line naming the key."""
+    it into the same weights. A listed ``out_proj`` is one line naming the key, on Granite 4.0-H too (PEFT let it
+    through there: an adapter transformers' fused Mamba kernel would bypass on a GPU)."""
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -225,9 +266,9 @@ def test_lora_on_all_linear_trains_the_mamba_mixers_and_the_experts(tmp_path):
     start = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
     assert not torch.equal(saved["model.layers.1.mixer.experts.up_proj"], start["model.layers.1.mixer.experts.up_proj"])
     assert max((merged[k] - saved[k]).abs().max().item() for k in saved) < 1e-6  # (fp32 merges of the same adapters)
-    with pytest.raises(ValueError, match=r"model.lora_target_modules='out_proj,in_proj'.*incompatible with Mamba"):
-        add_lora(AutoModelForCausalLM.from_pretrained(folder), rank=4, alpha=8, dropout=0.0,
-                 target_modules="out_proj,in_proj")
+    for model in map(AutoModelForCausalLM.from_pretrained, (folder, granite_folder(tmp_path / "granite"))):
+        with pytest.raises(ValueError, match=r"model.lora_target_modules='out_proj,in_proj': a Mamba mixer's out_"):
+            add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="out_proj,in_proj")
 
 
 @pytest.mark.vllm

@@ -62,7 +62,7 @@ def mlp_params(shape: dict, *, active: bool = False) -> int:
     ``top_k`` a token passes through (``active``: what its FLOPs count)."""
     H, F, moe = shape["hidden"], shape.get("intermediate") or 0, shape.get("moe")
     if shape.get("blocks"):  # (Nemotron-H: MLP and MoE layers of their own, non-gated)
-        return mlp_block_params(H, F, shape["blocks"], active=active)
+        return mlp_block_params(H, shape["blocks"], active=active)
     if not moe:  # (Gemma 4's double-wide MLPs: twice F in its KV-shared layers; Gemma 3n's widths a layer: their sum)
         if shape.get("mlp_total"):
             return 3 * H * shape["mlp_total"]

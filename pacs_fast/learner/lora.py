@@ -72,6 +72,10 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
         raise ValueError("model.lora_rank needs PEFT: pip install 'pacs_fast[lora]'") from e
     key = f"model.lora_target_modules={target_modules!r}"
     names = [t.strip() for t in target_modules.split(",") if t.strip()]
+    if mamba_out_projs(model) and set(names) & set(NOT_ADAPTED_IN_MAMBA):
+        raise ValueError(f"{key}: a Mamba mixer's out_proj takes no adapter: transformers' fused Mamba kernel "
+                         f"(mamba_ssm, on a GPU) reads its weight directly, past any adapter (PEFT refuses it for "
+                         f"Nemotron-H); all-linear leaves it out, or name in_proj")
     if any(t.lower() == "all-linear" for t in names):
         if len(names) > 1:
             raise ValueError(f"{key}: all-linear stands alone (every linear layer but the LM head), not in a list")

@@ -27,7 +27,7 @@ def lora_params(shape: dict, rank: int) -> int:
     q, linear = shape["heads"] * hd, shape.get("linear")
     attention = (H + q * (2 if linear else 1)) + 2 * (H + kv) + (q + H)  # (a hybrid's q_proj gates its output: x 2)
     if shape.get("blocks"):  # (Nemotron-H: each layer's one block)
-        return rank * lora_block_params(H, shape["intermediate"] or 0, attention, shape["blocks"])
+        return rank * lora_block_params(H, attention, shape["blocks"])
     mixers = shape["layers"] * attention
     if shape.get("attention_widths"):  # (Gemma 4: each layer's own widths; no k / v projection where it has none)
         mixers = sum((H + q) + (H + k if k else 0) + (H + v if v else 0) + (q + H)
