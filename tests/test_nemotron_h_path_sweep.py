@@ -1,5 +1,5 @@
-"""The product on Nemotron-H-shaped folders (NVIDIA Nemotron Nano 2, Nemotron 3 Nano) and Granite 4.0-H ones as users
-bring them (hostile sweep of 2026-12-07).
+"""The product on Nemotron-H-shaped folders (NVIDIA Nemotron Nano 2, Nemotron 3 Nano), Granite 4.0-H and Falcon-H1
+ones as users bring them (hostile sweep of 2026-12-07).
 
 Nemotron-H (transformers' ``nemotron_h``) is a hybrid whose every layer is ONE block: ``hybrid_override_pattern``
 names it (``M`` Mamba-2, ``*`` attention, ``-`` a non-gated relu^2 MLP, ``E`` non-gated experts + a shared expert);
@@ -19,13 +19,14 @@ Found and fixed (each test below failed before its fix, checked by reverting it)
    (``lora.mamba_out_projs``; Falcon-H1, Mamba, and Granite 4.0-H / Bamba / Zamba2, whose out_proj PEFT adapts
    although transformers' fused training kernel, where mamba_ssm is installed, bypasses the adapter); a listed
    ``out_proj`` is one line naming the key.
-2. The memory and FLOP counts read every layer as an attention layer and a gated MLP: Nemotron-Nano-9B-v2's
-   parameters 16.1B from its config.json, 56.3B from its config object (the FLOP count's: transformers gives every
-   ``nemotron_h`` 8 ``n_routed_experts``), for its 8.89B; its KV cache a token 14x (56 layers for 4); here 1.8x and
-   7x; Granite 4.0-H's MLP read at ``intermediate_size`` for ``shared_intermediate_size`` (31% short here), its
-   cache 4x. pacs_fast/config/hybrid_blocks.py counts each layer's blocks: the counts equal the built model's
-   weights, transformers' cache (the Mamba layers' conv and recurrent state a row counted apart) and PEFT's
-   adapters, for the dense and MoE shapes of both. A Nemotron-H checkpoint's config.json as transformers 5 saves it
+2. The memory and FLOP counts read every layer as an attention layer and a gated MLP: Nemotron-Nano-9B-v2's parameters
+   16.1B from its config.json, 56.3B from its config object (the FLOP count's: transformers gives every ``nemotron_h`` 8
+   ``n_routed_experts``), for its 8.89B; its KV cache a token 14x (56 layers for 4); here 1.8x and 7x; Granite 4.0-H's
+   MLP read at ``intermediate_size`` for ``shared_intermediate_size`` (31% short here), its cache 4x; Falcon-H1's Mamba
+   mixers (beside attention in every layer) not at all (14% short here), and its LoRA all-linear runs refused as
+   Nemotron-H's were. pacs_fast/config/hybrid_blocks.py counts each layer's blocks: the counts equal the built model's
+   weights, transformers' cache (the Mamba layers' conv and recurrent state a row counted apart) and PEFT's adapters,
+   for the dense and MoE shapes. A Nemotron-H checkpoint's config.json as transformers 5 saves it
    (``layers_block_type``, no ``num_hidden_layers``) had no shape at all (the counts and checks skipped).
 3. ``rollout.engine=vllm`` (vLLM implements Nemotron-H) was refused for the dense models before they loaded ("experts
    fused into one tensor a layer": transformers' mapping for ``nemotron_h`` converts experts a dense model has none
@@ -38,11 +39,13 @@ Found and fixed (each test below failed before its fix, checked by reverting it)
 Seen and held: engine and learner log-probs agree (HF engine on the Mamba cache: 1e-6; vLLM after two weight syncs:
 4.8e-7 here, 2.9e-5 after a third large step) on padded rows (the Mamba layers are recurrent: no packing, no shared
 prefix, one line says so); checkpoints keep the hub's ``backbone.*`` names and config keys (``hybrid_override_pattern``
-included) and evaluate under both engines; Granite 4.0-H trains 2 steps with either engine, their log-probs within
-1e-6 after the syncs (by hand: no fix needed past the counts and LoRA); a LoRA checkpoint's adapter loads in PEFT onto the input and merges into
-the checkpoint's weights; ``learner.backend=megatron`` is one line naming the key. Left alone: the learner's
-activation estimate reads every layer as an attention layer and an MLP (approximate); a CPU engine's cache size
-leaves the Mamba states out (they fit here; GPU engines size by ``rollout.gpu_memory_utilization``).
+included) and evaluate under both engines; Granite 4.0-H and Falcon-H1 (its ``lm_head_multiplier`` on both sides) train
+2 steps with either engine, their log-probs within 1e-6 after the syncs (by hand: no fix needed past the counts and
+LoRA); OLMo 3 (sliding and full layers, YaRN) gives the model's own log-probs packed, padded and with the shared prefix
+(5e-7), and vLLM's Transformers-backend-only OLMo 3 is refused in one line; a LoRA checkpoint's adapter loads in PEFT
+onto the input and merges into the checkpoint's weights; ``learner.backend=megatron`` is one line naming the key. Left
+alone: the learner's activation estimate reads every layer as an attention layer and an MLP (approximate); a CPU
+engine's cache size leaves the Mamba states out (they fit here; GPU engines size by ``rollout.gpu_memory_utilization``).
 """
 from __future__ import annotations
 
@@ -132,6 +135,28 @@ def granite_folder(folder: Path, experts: int = 0) -> Path:
     return save_folder(folder, model, config)
 
 
+def falcon_h1_folder(folder: Path) -> Path:
+    """A Falcon-H1-shaped folder (``FalconH1ForCausalLM``: tiiuae/Falcon-H1-0.5B-Instruct's config.json keys at tiny
+    widths: attention and a Mamba-2 mixer side by side in each layer, its ``lm_head_multiplier`` and
+    ``embedding_multiplier``, an untied head) on the same tokenizer."""
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+
+    raw = write_tokenizer(folder)
+    config = {"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "attention_bias": False,
+              "bos_token_id": 1, "eos_token_id": EOS, "pad_token_id": 0, "embedding_multiplier": 5.66,
+              "head_dim": 32, "hidden_act": "silu", "hidden_size": 64, "intermediate_size": 96,
+              "lm_head_multiplier": 0.039, "mamba_chunk_size": 8, "mamba_conv_bias": True, "mamba_d_conv": 4,
+              "mamba_d_head": 16, "mamba_d_ssm": 96, "mamba_d_state": 16, "mamba_expand": 2, "mamba_n_groups": 1,
+              "mamba_n_heads": 6, "mamba_norm_before_gate": False, "mamba_rms_norm": True,
+              "max_position_embeddings": 16384, "num_attention_heads": 4, "num_hidden_layers": 2,
+              "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+              "vocab_size": raw.get_vocab_size()}
+    torch.manual_seed(0)
+    model = FalconH1ForCausalLM(FalconH1Config(**{k: v for k, v in config.items()
+                                                 if k not in ("architectures", "model_type")}))
+    return save_folder(folder, model, config)
+
+
 def write_tokenizer(folder: Path):
     """The tokenizer files (module docstring) in ``folder``; the tokenizer."""
     raw = _raw(CONTROL)
@@ -192,7 +217,7 @@ def built_counts(model) -> dict:
     return out
 
 
-@pytest.mark.parametrize("build", ["M-M*-M-", "ME*EM-", "granite", "granite-moe"])
+@pytest.mark.parametrize("build", ["M-M*-M-", "ME*EM-", "granite", "granite-moe", "falcon_h1"])
 def test_the_memory_flop_and_adapter_counts_read_each_layers_block(tmp_path, build):
     """Found and fixed (2): the parameter count is the built model's weights (the MoE layers' experts, shared expert
     and router included), its mixers' and MLPs' apart; the HF engine's cache a token is transformers' own keys and
@@ -208,8 +233,9 @@ def test_the_memory_flop_and_adapter_counts_read_each_layers_block(tmp_path, bui
     from pacs_fast.trainer.engine_memory import kv_per_token
     from pacs_fast.trainer.memory_model import lora_params, model_params, model_shape
 
-    folder = (granite_folder(tmp_path / "hub", experts=4 if "moe" in build else 0) if "granite" in build else
-              nemotron_h_folder(tmp_path / "hub", build))
+    hub = tmp_path / "hub"
+    folder = (granite_folder(hub, experts=4 if "moe" in build else 0) if "granite" in build else
+              falcon_h1_folder(hub) if build == "falcon_h1" else nemotron_h_folder(hub, build))
     shape = model_shape(load_config(None, [f"model.path={folder}"]))
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     built = built_counts(model)
@@ -226,7 +252,7 @@ def test_the_memory_flop_and_adapter_counts_read_each_layers_block(tmp_path, bui
     assert lora_params(shape, 4) == add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
     model.config.save_pretrained(tmp_path / "saved")  # (transformers 5's config.json: layers_block_type)
     saved = json.loads((tmp_path / "saved" / "config.json").read_text())
-    assert "granite" in build or "num_hidden_layers" not in saved and "hybrid_override_pattern" not in saved
+    assert "M" not in build or "num_hidden_layers" not in saved and "hybrid_override_pattern" not in saved
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tmp_path / "saved" / name).write_bytes((folder / name).read_bytes())
     again = model_shape(load_config(None, [f"model.path={tmp_path / 'saved'}"]))

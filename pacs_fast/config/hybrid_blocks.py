@@ -1,5 +1,6 @@
-"""Hybrid models whose layers hold a Mamba-2 mixer or attention, read from their config: Nemotron-H (``nemotron_h``:
-NVIDIA's Nemotron-H, Nemotron Nano 2, Nemotron 3 Nano) and Granite 4.0-H (``granitemoehybrid``).
+"""Hybrid models whose layers hold Mamba-2 mixers beside or instead of attention, read from their config: Nemotron-H
+(``nemotron_h``: NVIDIA's Nemotron-H, Nemotron Nano 2, Nemotron 3 Nano), Granite 4.0-H (``granitemoehybrid``) and
+Falcon-H1 (``falcon_h1``).
 
 Nemotron-H's ``config.json`` names each layer in ``hybrid_override_pattern`` (transformers 5 reads it into, and
 saves, ``layers_block_type``: ``linear_attention`` for a Mamba layer): ``M`` a Mamba-2 mixer, ``*`` attention, ``-`` a
@@ -9,9 +10,10 @@ holds that block alone (and a norm): Nemotron-Nano-9B-v2's 56 layers are 27 Mamb
 so counting every layer as attention and a gated MLP (the uniform decoder's counts) put its parameters at 2x and the
 KV cache a token at 14x. Granite 4.0-H's ``layer_types`` give each layer a Mamba-2 mixer or attention, and every
 layer a gated MLP of ``shared_intermediate_size`` (``input_linear`` to twice it, ``output_linear``) and, with
-``num_local_experts``, gated experts of ``intermediate_size`` beside it. A Mamba-2 mixer projects ``H`` to ``2 x
-inner + 2 x groups x state + heads`` (``inner = heads x head_dim``), convolves ``conv_dim = inner + 2 x groups x
-state`` channels (a ``conv`` window), and carries a ``heads x head_dim x state`` recurrent state a row (float32 in
+``num_local_experts``, gated experts of ``intermediate_size`` beside it. Falcon-H1's layers each run attention and a
+Mamba-2 mixer (``mamba_d_ssm`` wide) side by side, then a gated MLP. A Mamba-2 mixer projects ``H`` to ``2 x inner +
+2 x groups x state + heads`` (``inner = heads x head_dim``), convolves ``conv_dim = inner + 2 x groups x state``
+channels (a ``conv`` window), and carries a ``heads x head_dim x state`` recurrent state a row (float32 in
 transformers' cache).
 """
 from __future__ import annotations
@@ -24,63 +26,88 @@ BLOCK_TYPES = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": 
 # to adapt it for the first five (its _check_lora_target_modules_mamba); all-linear leaves it out for all of them
 MAMBA_FAMILIES = ("nemotron_h", "falcon_h1", "mamba", "mamba2", "falcon_mamba", "granitemoehybrid", "bamba", "zamba2")
 NOT_ADAPTED_IN_MAMBA = ("out_proj",)
+NO_EXPERTS = dict(experts=0, top_k=0, width=0, expert_gated=False, shared=0, latent=0)
 
 
 def blocks_of(c) -> dict | None:
-    """The blocks of a Nemotron-H or Granite 4.0-H (text) config, a ``config.json`` dict or a transformers config:
-    ``{"mamba", "attention", "mlp", "moe"}`` (how many layers hold each), the MLPs' ``mlp_width`` and ``gated``, the
-    Mamba-2 mixer's ``heads``, ``head_dim``, ``groups``, ``state``, ``conv`` and the experts' ``experts``, ``top_k``,
-    ``width``, ``expert_gated``, ``shared``, ``latent``; None for other models. Nemotron-H's keys are the hub's
-    (``hybrid_override_pattern``, ``mamba_n_groups`` / ``n_groups``, ...) or transformers 5's saved ones
-    (``layers_block_type``, no ``num_hidden_layers``)."""
+    """The blocks of a Nemotron-H, Granite 4.0-H or Falcon-H1 (text) config, a ``config.json`` dict or a transformers
+    config: ``{"layers", "mamba", "attention", "mlp", "moe"}`` (how many layers, and how many hold each block), the
+    MLPs' ``mlp_width`` and ``mlp_kind`` (``plain``: up and down; ``fused``: gate and up in one linear layer, then
+    down; ``gated``: gate, up and down), the Mamba-2 mixer's ``heads``, ``head_dim``, ``groups``, ``state``, ``conv``
+    and the experts' ``experts``, ``top_k``, ``width``, ``expert_gated``, ``shared``, ``latent``; None for other
+    models. Nemotron-H's keys are the hub's (``hybrid_override_pattern``, ``mamba_n_groups`` / ``n_groups``, ...) or
+    transformers 5's saved ones (``layers_block_type``, no ``num_hidden_layers``)."""
     get = c.get if isinstance(c, dict) else (lambda key: getattr(c, key, None))
-    kind = get("model_type")
-    if kind not in ("nemotron_h", "granitemoehybrid"):
-        return None
+    read = {"nemotron_h": _nemotron_h, "granitemoehybrid": _granite, "falcon_h1": _falcon_h1}.get(get("model_type"))
+    out = read(get) if read else None
+    return {**NO_EXPERTS, **out} if out and out["layers"] else None
 
-    def first(*keys, default=None):
-        return next((get(k) for k in keys if get(k) is not None), default)
 
-    pattern = get("hybrid_override_pattern") if kind == "nemotron_h" else None
+def _first(get, *keys, default=None):
+    return next((get(k) for k in keys if get(k) is not None), default)
+
+
+def _nemotron_h(get) -> dict | None:
+    """One block a layer, named by the pattern (or ``layers_block_type``)."""
+    pattern = get("hybrid_override_pattern")
     kinds = ([PATTERN.get(ch) for ch in pattern] if isinstance(pattern, str) and pattern else
              [BLOCK_TYPES.get(k) for k in (get("layers_block_type") or get("layer_types") or [])])
-    if kind == "granitemoehybrid" and not kinds:  # (transformers' default: every layer Mamba)
-        kinds = ["mamba"] * int(get("num_hidden_layers") or 0)
-    if not kinds or None in kinds:
+    if None in kinds:
         return None
-    H = int(get("hidden_size") or 0)
     out = {k: kinds.count(k) for k in ("mamba", "attention", "mlp", "moe")}
-    if kind == "granitemoehybrid":  # (each layer: its mixer, a gated shared MLP and, with experts, an MoE beside it)
-        experts = int(get("num_local_experts") or 0)
-        out.update(mlp=len(kinds), moe=len(kinds) if experts else 0, mlp_width=int(get("shared_intermediate_size")),
-                   gated=True, heads=int(first("mamba_n_heads", default=128)), groups=int(first("mamba_n_groups",
-                                                                                                default=1)),
-                   state=int(first("mamba_d_state", default=256)), conv=int(first("mamba_d_conv", default=4)),
-                   experts=experts, top_k=int(first("num_experts_per_tok", default=1)) if experts else 0,
-                   width=int(get("intermediate_size") or 0) if experts else 0, expert_gated=True, shared=0, latent=0)
-        head_dim = get("mamba_d_head")
-        out["head_dim"] = (int(first("mamba_expand", default=2)) * H // out["heads"] if head_dim in (None, "auto")
-                           else int(head_dim))
-        return out
-    moe = bool(out["moe"])  # (a dense model's expert keys, transformers' defaults in a saved config, read as 0)
-    out.update(mlp_width=int(get("intermediate_size") or 0), gated=False,
-               heads=int(first("mamba_num_heads", default=128)), head_dim=int(first("mamba_head_dim", default=64)),
-               groups=int(first("n_groups", "mamba_n_groups", default=8)), state=int(first("ssm_state_size",
-                                                                                          default=128)),
-               conv=int(first("conv_kernel", "mamba_d_conv", default=4)),
-               experts=int(first("n_routed_experts", default=0)) * moe,
-               top_k=int(first("num_experts_per_tok", default=1)) * moe,
-               width=int(first("moe_intermediate_size", default=0)) * moe, expert_gated=False,
-               shared=int(first("moe_shared_expert_intermediate_size", default=0)) * moe,
-               latent=int(first("moe_latent_size", default=0)) * moe)
+    out.update(layers=len(kinds), mlp_width=int(get("intermediate_size") or 0), mlp_kind="plain",
+               heads=int(_first(get, "mamba_num_heads", default=128)),
+               head_dim=int(_first(get, "mamba_head_dim", default=64)),
+               groups=int(_first(get, "n_groups", "mamba_n_groups", default=8)),
+               state=int(_first(get, "ssm_state_size", default=128)),
+               conv=int(_first(get, "conv_kernel", "mamba_d_conv", default=4)))
+    if out["moe"]:  # (a dense model's expert keys, transformers' defaults in a saved config, are not read)
+        out.update(experts=int(_first(get, "n_routed_experts", default=0)),
+                   top_k=int(_first(get, "num_experts_per_tok", default=1)),
+                   width=int(_first(get, "moe_intermediate_size", default=0)),
+                   shared=int(_first(get, "moe_shared_expert_intermediate_size", default=0)),
+                   latent=int(_first(get, "moe_latent_size", default=0)))
     return out
 
 
+def _mamba_keys(get, inner: int) -> dict:
+    """Granite's and Falcon-H1's ``mamba_*`` keys (``mamba_d_head`` ``auto``: ``inner / mamba_n_heads``)."""
+    heads, head_dim = int(_first(get, "mamba_n_heads", default=128)), get("mamba_d_head")
+    return dict(heads=heads, head_dim=inner // heads if head_dim in (None, "auto") else int(head_dim),
+                groups=int(_first(get, "mamba_n_groups", default=1)),
+                state=int(_first(get, "mamba_d_state", default=256)), conv=int(_first(get, "mamba_d_conv", default=4)))
+
+
+def _granite(get) -> dict | None:
+    """Each layer: its Mamba-2 mixer or attention, a gated shared MLP and, with experts, an MoE beside it."""
+    kinds = [BLOCK_TYPES.get(k) for k in (get("layer_types") or get("layers_block_type") or [])]
+    kinds = kinds or ["mamba"] * int(get("num_hidden_layers") or 0)  # (transformers' default: every layer Mamba)
+    if None in kinds:
+        return None
+    L, experts = len(kinds), int(get("num_local_experts") or 0)
+    out = dict(layers=L, mamba=kinds.count("mamba"), attention=kinds.count("attention"), mlp=L,
+               moe=L if experts else 0, mlp_width=int(get("shared_intermediate_size") or 0), mlp_kind="fused",
+               **_mamba_keys(get, int(_first(get, "mamba_expand", default=2)) * int(get("hidden_size") or 0)))
+    if experts:
+        out.update(experts=experts, top_k=int(_first(get, "num_experts_per_tok", default=1)),
+                   width=int(get("intermediate_size") or 0), expert_gated=True)
+    return out
+
+
+def _falcon_h1(get) -> dict:
+    """Each layer: attention and a Mamba-2 mixer side by side (``mamba_d_ssm`` wide, else ``mamba_expand x H``), then
+    a gated MLP."""
+    L = int(get("num_hidden_layers") or 0)
+    inner = int(get("mamba_d_ssm") or int(_first(get, "mamba_expand", default=2)) * int(get("hidden_size") or 0))
+    return dict(layers=L, mamba=L, attention=L, mlp=L, moe=0, mlp_width=int(get("intermediate_size") or 0),
+                mlp_kind="gated", **_mamba_keys(get, inner))
+
+
 def layers_of(c) -> int | None:
-    """How many layers a Nemotron-H config has (its pattern's length: transformers 5 saves no ``num_hidden_layers``),
-    else None."""
+    """How many layers a hybrid config has (Nemotron-H's pattern's length: transformers 5 saves no
+    ``num_hidden_layers``), else None."""
     b = blocks_of(c)
-    return b["mamba"] + b["attention"] + (0 if b["gated"] else b["mlp"] + b["moe"]) if b else None
+    return b["layers"] if b else None
 
 
 def mamba_inner(b: dict) -> tuple[int, int]:
@@ -98,15 +125,15 @@ def mamba_params(H: int, b: dict) -> int:
 
 
 def mlp_block_params(H: int, b: dict, *, active: bool = False) -> int:
-    """The MLP and MoE blocks' weights, all layers: an MLP's ``2 H mlp_width`` (up and down), ``3 H mlp_width`` where
-    ``gated``; an MoE's ``experts`` (``top_k`` of them where ``active``: a token's), each ``2 x in x width`` (``3 x``
+    """The MLP and MoE blocks' weights, all layers: an MLP's ``2 H mlp_width`` (``plain``: up and down), else ``3 H
+    mlp_width``; an MoE's ``experts`` (``top_k`` of them where ``active``: a token's), each ``2 x in x width`` (``3 x``
     where ``expert_gated``; ``in`` the latent width where there is one, with its two ``H x latent`` projections), the
     shared expert's ``2 H shared`` and the router's ``H x experts``."""
     inner = b["latent"] or H
     experts = b["top_k"] if active else b["experts"]
     moe = experts * (3 if b["expert_gated"] else 2) * inner * b["width"] + 2 * H * b["shared"] + H * b["experts"] + \
         (2 * H * b["latent"] if b["latent"] else 0)
-    return b["mlp"] * (3 if b["gated"] else 2) * H * b["mlp_width"] + b["moe"] * moe
+    return b["mlp"] * (2 if b["mlp_kind"] == "plain" else 3) * H * b["mlp_width"] + b["moe"] * moe
 
 
 def mamba_state_bytes(b: dict, dtype_bytes: int) -> int:
@@ -126,14 +153,14 @@ def mamba_recurrence_flops(b: dict, tokens: int) -> int:
 def lora_block_params(H: int, attention: int, b: dict) -> int:
     """Rank-1 adapters (``in + out`` a linear layer) on ``all-linear``: ``attention`` (one attention layer's adapters)
     in its attention layers, ``in_proj`` in its Mamba layers (all-linear leaves ``out_proj`` out:
-    :data:`NOT_ADAPTED_IN_MAMBA`; ``conv1d`` is no linear layer), the MLPs' two linear layers (a gated one's first
-    twice as wide); an MoE layer's shared expert and latent projections, and Nemotron-H's experts (fused ``[experts,
-    out, in]`` tensors, which PEFT adapts in place with ``experts`` rows and columns a rank:
+    :data:`NOT_ADAPTED_IN_MAMBA`; ``conv1d`` is no linear layer), the MLPs' linear layers (by ``mlp_kind``); an MoE
+    layer's shared expert and latent projections, and Nemotron-H's experts (fused ``[experts, out, in]`` tensors,
+    which PEFT adapts in place with ``experts`` rows and columns a rank:
     :data:`pacs_fast.learner.lora.EXPERTS_BESIDE_MLP`); routers, Granite's experts stay bare (parameters, not linear
     layers, which all-linear leaves alone)."""
     inner, conv_dim = mamba_inner(b)
     W = b["mlp_width"]
-    mlp = (H + 2 * W) + (W + H) if b["gated"] else 2 * (H + W)
+    mlp = {"plain": 2 * (H + W), "fused": (H + 2 * W) + (W + H), "gated": 3 * (H + W)}[b["mlp_kind"]]
     moe = 0 if b["expert_gated"] else (  # (Granite's MoE: its experts and router alone, no linear layer)
         2 * (H + b["shared"]) + (2 * (H + b["latent"]) if b["latent"] else 0) +
         2 * b["experts"] * ((b["latent"] or H) + b["width"]))
