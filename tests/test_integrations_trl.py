@@ -651,6 +651,9 @@ def test_mask_truncated_rows_weigh_alike_whatever_micro_batch_they_fall_in(tmp_p
              "completion_ids": torch.randint(3, 60, (B, T), generator=g),
              "completion_mask": torch.ones(B, T, dtype=torch.long),
              "pacs_rewards": torch.randint(0, 2, (B,), generator=g).float(), "pacs_group": torch.arange(B) // G}
+    # every group that trains left mixed (a group of one reward has no gradient at a first step: seed 3566352965
+    # drew such a step, and the test's gradients were 0)
+    batch["pacs_rewards"][[6, 8, 12]], batch["pacs_rewards"][[7, 9, 13]] = 1.0, 0.0
     # the first micro-batch (groups 0, 1) loses 3 rows: group 0 keeps one member (it drops out), group 1 keeps 2
     batch["completion_mask"][[0, 1, 2, 4, 5]] = 0
     batch["pacs_valid"] = batch["completion_mask"].bool().any(dim=1)
