@@ -267,7 +267,9 @@ def test_lora_on_all_linear_trains_the_mamba_mixers_and_the_experts(tmp_path):
     takes adapters but the Mamba ``out_proj`` (PEFT's refusal) and the LM head, the experts too (fused tensors PEFT
     maps no name onto); the checkpoint's merged experts moved, and PEFT loads its adapter onto the input and merges
     it into the same weights. A listed ``out_proj`` is one line naming the key, on Granite 4.0-H too (PEFT let it
-    through there: an adapter transformers' fused Mamba kernel would bypass on a GPU)."""
+    through there: an adapter transformers' fused Mamba kernel would bypass on a GPU). Granite 4.0-H's experts (which
+    all-linear had left bare, without a word) take adapters under all-linear and its hub names ``input_linear`` /
+    ``output_linear``, which name its shared MLP too."""
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -294,9 +296,16 @@ def test_lora_on_all_linear_trains_the_mamba_mixers_and_the_experts(tmp_path):
     start = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
     assert not torch.equal(saved["model.layers.1.mixer.experts.up_proj"], start["model.layers.1.mixer.experts.up_proj"])
     assert max((merged[k] - saved[k]).abs().max().item() for k in saved) < 1e-6  # (fp32 merges of the same adapters)
-    for model in map(AutoModelForCausalLM.from_pretrained, (folder, granite_folder(tmp_path / "granite"))):
+    granite = granite_folder(tmp_path / "granite", experts=4)
+    for model in map(AutoModelForCausalLM.from_pretrained, (folder, granite)):
         with pytest.raises(ValueError, match=r"model.lora_target_modules='out_proj,in_proj': a Mamba mixer's out_"):
             add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="out_proj,in_proj")
+    for targets in ("all-linear", "input_linear,output_linear"):  # (Granite 4.0-H's experts: both name them)
+        model = AutoModelForCausalLM.from_pretrained(granite)
+        add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules=targets)
+        adapted = {n.split(".lora_")[0].split("layers.0.")[1] for n, _ in model.named_parameters()
+                   if ".lora_" in n and "layers.0." in n}
+        assert {"block_sparse_moe.experts", "shared_mlp.input_linear", "shared_mlp.output_linear"} <= adapted, targets
 
 
 @pytest.mark.vllm

@@ -156,13 +156,13 @@ def lora_block_params(H: int, attention: int, b: dict) -> int:
     :data:`NOT_ADAPTED_IN_MAMBA`; ``conv1d`` is no linear layer), the MLPs' linear layers (by ``mlp_kind``); an MoE
     layer's shared expert and latent projections, and Nemotron-H's experts (fused ``[experts, out, in]`` tensors,
     which PEFT adapts in place with ``experts`` rows and columns a rank:
-    :data:`pacs_fast.learner.lora.EXPERTS_BESIDE_MLP`); routers, Granite's experts stay bare (parameters, not linear
-    layers, which all-linear leaves alone)."""
+    :data:`pacs_fast.learner.lora.EXPERTS_BESIDE_MLP`), Granite's likewise (gate and up in one tensor); the routers'
+    weights stay bare (parameters, not linear layers, which all-linear leaves alone)."""
     inner, conv_dim = mamba_inner(b)
     W = b["mlp_width"]
     mlp = {"plain": 2 * (H + W), "fused": (H + 2 * W) + (W + H), "gated": 3 * (H + W)}[b["mlp_kind"]]
-    moe = 0 if b["expert_gated"] else (  # (Granite's MoE: its experts and router alone, no linear layer)
-        2 * (H + b["shared"]) + (2 * (H + b["latent"]) if b["latent"] else 0) +
-        2 * b["experts"] * ((b["latent"] or H) + b["width"]))
+    E, F_e = b["experts"], b["width"]
+    moe = E * ((H + 2 * F_e) + (F_e + H)) if b["expert_gated"] else (  # (Granite's: fused gate and up, then down)
+        2 * (H + b["shared"]) + (2 * (H + b["latent"]) if b["latent"] else 0) + 2 * E * ((b["latent"] or H) + F_e))
     return b["attention"] * attention + b["mamba"] * (H + inner + conv_dim + b["heads"]) + b["mlp"] * mlp + \
         b["moe"] * moe

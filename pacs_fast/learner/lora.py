@@ -55,10 +55,13 @@ UNMAPPED_FUSED_EXPERTS = dict.fromkeys(("qwen3_5_moe", "qwen3_5_moe_text"), {
 # linear layers bear the experts' names (Gemma 4's enable_moe_block; its router is a Linear, router.proj): a listed
 # gate_proj / up_proj / down_proj names both the dense layer and the experts, all-linear adapts every one (PEFT maps
 # none of them: all-linear had left Gemma 4's experts bare). At the rank itself, as gpt-oss's. Nemotron-H's MoE layers
-# (Nemotron 3 Nano: non-gated experts, up and down, beside a shared expert and the model's MLP layers) likewise.
+# (Nemotron 3 Nano: non-gated experts, up and down, beside a shared expert and the model's MLP layers) and Granite
+# 4.0-H's (its hub checkpoints' input_linear / output_linear name both the experts and the shared MLP) likewise.
 EXPERTS_BESIDE_MLP = {"gemma4_text": {"gate_proj": "experts.gate_up_proj", "up_proj": "experts.gate_up_proj",
                                       "down_proj": "experts.down_proj"},
-                      "nemotron_h": {"up_proj": "mixer.experts.up_proj", "down_proj": "mixer.experts.down_proj"}}
+                      "nemotron_h": {"up_proj": "mixer.experts.up_proj", "down_proj": "mixer.experts.down_proj"},
+                      "granitemoehybrid": {"input_linear": "block_sparse_moe.experts.gate_up_proj",
+                                           "output_linear": "block_sparse_moe.experts.down_proj"}}
 
 
 def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, target_modules: str) -> int:
