@@ -316,10 +316,18 @@ def test_a_vllm_run_samples_and_syncs_as_the_learner_computes(folder, tmp_path, 
     mapping for ``nemotron_h`` converts experts, which a dense model has none of); past that, a CPU engine could not
     start: the KV cache was sized for no attention layer (vLLM reads ``layers_block_type``'s ``full_attention`` as
     none) and vLLM's state cache for prefix caching needs the chunked prefill CPU engines turn off. Now 2 steps run
-    (a reward by the response's parity: mixed, a gradient; the engine's log-probs after the weight sync are the
-    learner's to fp32 rounding)."""
+    on one vLLM engine started without prefix caching (recorded) (a reward by the response's parity: mixed, a
+    gradient; the engine's log-probs after the weight sync are the learner's to fp32 rounding)."""
+    from pacs_fast.rollout import vllm_engine
     from pacs_fast.train import main
 
+    engines, defaults = [], vllm_engine.cpu_prefill_defaults
+
+    def recorded(model_path, llm_kwargs):  # (the vLLM engine's start: its LLM's settings, past the CPU defaults)
+        defaults(model_path, llm_kwargs)
+        engines.append(dict(llm_kwargs))
+
+    monkeypatch.setattr(vllm_engine, "cpu_prefill_defaults", recorded)
     (tmp_path / "parity_reward.py").write_text(
         "def score(problems, responses, answers):\n    return [float(len(r) % 2) for r in responses]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -331,6 +339,8 @@ def test_a_vllm_run_samples_and_syncs_as_the_learner_computes(folder, tmp_path, 
              if s.get("kind") == "train"]
     assert len(steps) == 2 and steps[0]["learner/grad_norm"] > 0, text.getvalue()[-3000:]
     assert all(s["rollout/logprob_diff_max"] < 1e-4 for s in steps), steps
+    assert len(engines) == 1 and engines[0]["enable_prefix_caching"] is False, engines  # (vLLM's engine sampled)
+    assert engines[0]["kv_cache_memory_bytes"] > 0 and not engines[0]["enable_chunked_prefill"]
 
 
 @pytest.mark.vllm

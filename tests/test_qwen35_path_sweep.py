@@ -430,6 +430,7 @@ def test_the_mtp_tensors_are_carried_into_the_checkpoint_and_its_load_skips_them
     (``load_checkpoint``, on the learner the run builds) takes the policy's tensors and skips them (it had refused them
     as unknown names)."""
     from safetensors.torch import load_file
+    from transformers import AutoTokenizer
 
     from pacs_fast.config import load_config
     from pacs_fast.trainer.build import build_learner
@@ -445,7 +446,7 @@ def test_the_mtp_tensors_are_carried_into_the_checkpoint_and_its_load_skips_them
     saved = load_tensors(ckpt)
     assert all(saved[n].dtype == torch.bfloat16 and torch.equal(saved[n], t) for n, t in mtp.items())
     cfg = load_config(str(run_dir / "config.yaml"), [])
-    learner, model = build_learner(cfg, folder, "cpu", __import__("transformers").AutoTokenizer.from_pretrained(folder))
+    learner, _ = build_learner(cfg, folder, "cpu", AutoTokenizer.from_pretrained(folder))
     load_checkpoint(ckpt, learner=learner)
     layer = "model.language_model.layers.3.self_attn.q_proj.weight"
     assert torch.equal(dict(learner.export_hf_weights())[layer], saved[layer])

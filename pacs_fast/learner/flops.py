@@ -46,14 +46,14 @@ def shape_of(config, dtype_bytes: int = 2) -> dict:
     """The shape dict (vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, tied, bytes) of a
     Hugging Face config (the keys :mod:`pacs_fast.trainer.memory_model` reads from ``config.json``)."""
     c = getattr(config, "text_config", None) or config
-    heads = c.num_attention_heads
+    heads, blocks = c.num_attention_heads, blocks_of(c)
     return {"vocab": c.vocab_size, "hidden": c.hidden_size, "layers": c.num_hidden_layers, "heads": heads,
             "kv_heads": config_attr(c, "num_key_value_heads") or heads,
             "head_dim": config_attr(c, "head_dim") or c.hidden_size // heads,
             "intermediate": intermediate_of(c),
             "tied": bool(getattr(config, "tie_word_embeddings", getattr(c, "tie_word_embeddings", True))),
-            "bytes": dtype_bytes, "moe": None if blocks_of(c) else moe_of(c), "mla": mla_of(c),
-            "linear": linear_attention_of(c), "blocks": blocks_of(c), **layer_shape(c)}
+            "bytes": dtype_bytes, "moe": None if blocks else moe_of(c), "mla": mla_of(c),
+            "linear": linear_attention_of(c), "blocks": blocks, **layer_shape(c)}
 
 
 def mlp_params(shape: dict, *, active: bool = False) -> int:

@@ -75,7 +75,8 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
         raise ValueError("model.lora_rank needs PEFT: pip install 'pacs_fast[lora]'") from e
     key = f"model.lora_target_modules={target_modules!r}"
     names = [t.strip() for t in target_modules.split(",") if t.strip()]
-    if mamba_out_projs(model) and set(names) & set(NOT_ADAPTED_IN_MAMBA):
+    mamba_outs = mamba_out_projs(model)
+    if mamba_outs and set(names) & set(NOT_ADAPTED_IN_MAMBA):
         raise ValueError(f"{key}: a Mamba mixer's out_proj takes no adapter: transformers' fused Mamba kernel "
                          f"(mamba_ssm, on a GPU) reads its weight directly, past any adapter (PEFT refuses it for "
                          f"Nemotron-H); all-linear leaves it out, or name in_proj")
@@ -97,7 +98,7 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
     if beside and any(n.endswith("." + p) for p in beside.values() for n, _ in model.named_parameters()):  # (MoE)
         params += sorted(set(beside.values()) if not names else {beside[t] for t in names if t in beside})
     doubled = {r".*\.gate_up_proj": 2} if any(p.endswith("gate_up_proj") for p in params) and unmapped else {}
-    excluded = outside_language_model(model) + (mamba_out_projs(model) if not names else [])  # (all-linear's)
+    excluded = outside_language_model(model) + (mamba_outs if not names else [])  # (all-linear's)
     config = LoraConfig(r=int(rank), lora_alpha=float(alpha), lora_dropout=float(dropout),
                         target_modules=modules or (None if names else "all-linear"), bias="none",
                         target_parameters=params or None, exclude_modules=excluded or None,
