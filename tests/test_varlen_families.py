@@ -1,7 +1,9 @@
 """Packed rows through varlen attention on the decoder families RL runs train beyond Qwen2/3, LLaMA and Mistral
 (2026-12-07): Phi-3/Phi-4-mini (partial rotary, fused qkv, longrope), SmolLM3 (layers without RoPE), OLMo 2 (query /
 key norms over all heads), Qwen3-MoE and Mixtral (routed experts), Granite (its own attention scale), Gemma (a
-scale of its own head width). Each had packed with the dense ``[S, S]`` block mask (the memory and time of the
+scale of its own head width); and (2026-12-08) GLM-4 / GLM-Z1 / GLM-4.5 (interleaved partial rotary, query / key
+biases, GLM-4.5's routed experts and query / key norms), Command R (interleaved rotary, per-head norms), Seed-OSS and
+ERNIE 4.5. Each had packed with the dense ``[S, S]`` block mask (the memory and time of the
 whole row's scores: issue 38's gap at long responses). Each family's packed varlen forward and backward equal its
 padded and dense-mask ones in a float64 model (to the float32 rounding of the families' norms and of transformers'
 eager softmax), with the family's own attention module (its eager and SDPA paths): log-probs, entropies, the loss and every parameter's
@@ -34,6 +36,14 @@ FAMILIES = {  # model_type -> its settings that matter beside SMALL (the hub's s
     "granite": dict(attention_multiplier=0.3, embedding_multiplier=2.0, residual_multiplier=0.5,
                     logits_scaling=4.0),
     "gemma": dict(head_dim=32),
+    "glm": dict(head_dim=16, partial_rotary_factor=0.5, attention_bias=True),
+    "glm4": dict(head_dim=16, partial_rotary_factor=0.5, attention_bias=True),
+    "glm4_moe": dict(head_dim=16, partial_rotary_factor=0.5, attention_bias=True, moe_intermediate_size=32,
+                     n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1, use_qk_norm=True),
+    "cohere": dict(use_qk_norm=True, logit_scale=0.25),
+    "seed_oss": dict(head_dim=16, attention_bias=True, attention_out_bias=False,  # (Seed-OSS-36B's config.json
+                     attention_dropout=0.0, residual_dropout=0.0),  # says 0.1 for both: a run applies them)
+    "ernie4_5": dict(head_dim=16, use_bias=False),
 }
 
 

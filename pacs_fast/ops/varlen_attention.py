@@ -52,7 +52,7 @@ BACKENDS = ("varlen_attn", "flash_attn", "flex", "sdpa")
 # the attention interface with **kwargs (causal, GQA, its own scale; no soft cap, sinks or value width of its own):
 # what attend() computes (tests/test_varlen_attention.py, tests/test_varlen_families.py)
 FAMILIES = ("qwen2", "qwen3", "llama", "mistral", "phi3", "smollm3", "olmo2", "qwen3_moe", "mixtral", "granite",
-            "gemma")
+            "gemma", "glm", "glm4", "glm4_moe", "cohere", "seed_oss", "ernie4_5")
 FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
 _ACTIVE = contextvars.ContextVar("pacs_fast_varlen_forward", default=False)
 _FAILED: set = set()  # (backend, device type, dtype) that raised here once: not tried again
