@@ -38,9 +38,10 @@ Found and fixed (the tests failed before the fix, by value: 15,787,753,472 param
    fit. Now ``model_shape`` / ``shape_of`` carry ``mla`` (pacs_fast/config/model_files.py ``mla_of``), counted by
    ``flops.attention_params`` and ``engine_memory.kv_per_token``.
 
-Seen, not changed: the learner's activation estimate (``activation_bytes_per_token``) and LoRA count
-(``lora_params``, 0.01% off) still read MLA's projections as ``heads x head_dim``; deepseek_v2 / deepseek_v3 have no
-varlen path (the dense mask is exact, O(tokens^2) memory a packed micro-batch).
+Seen, not changed: the learner's activation estimate (``activation_bytes_per_token``) still reads MLA's projections
+as ``heads x head_dim`` (the LoRA count, 0.5% short, reads its own projections since 2026-12-07:
+pacs_fast/config/linear_layers.py); deepseek_v2 / deepseek_v3 have no varlen path (the dense mask is exact,
+O(tokens^2) memory a packed micro-batch).
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from byte_level_bpe import padded_byte_level_bpe
 from conftest import copy_as_killed_in_checkpoint
 from pacs_fast.data.prompts import INSTRUCTION, SYSTEM_PROMPT
 from pacs_fast.trainer.metrics import deterministic_view, read_jsonl
@@ -121,21 +123,9 @@ def _raw():
     :data:`CORPUS`, unreachable fillers up to id 99999, :data:`ADDED` at 100000.., the BOS added in front."""
     if _RAW:
         return _RAW[0]
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import AddedToken, processors
 
-    def pre():
-        return pre_tokenizers.Sequence([*(pre_tokenizers.Split(Regex(s), behavior="isolated") for s in SPLITS),
-                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-
-    small = Tokenizer(models.BPE())
-    small.pre_tokenizer = pre()
-    small.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=400, special_tokens=[],
-                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    model = json.loads(small.to_str())["model"]
-    vocab = dict(model["vocab"])
-    vocab.update({f"zq{i:06d}": i for i in range(len(vocab), BOS)})
-    raw = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m) for m in model["merges"]]))
-    raw.pre_tokenizer, raw.decoder = pre(), decoders.ByteLevel()
+    raw = padded_byte_level_bpe(SPLITS, CORPUS, BOS)
     raw.add_special_tokens([AddedToken(c, special=True, normalized=False) for c in ADDED])
     raw.post_processor = processors.TemplateProcessing(single=f"{ADDED[0]}:0 $A:0", pair=f"{ADDED[0]}:0 $A:0 $B:1",
                                                        special_tokens=[(ADDED[0], BOS)])

@@ -358,7 +358,7 @@ def test_auto_packed_attention_counts_the_dense_mask_where_varlen_cannot_run(tmp
     on a 28-layer model in bf16: a budget that could not fit passed); a model varlen runs, flash attention and
     ``learner.packing=off`` count none (a sliding-window model packs nothing: tests/test_sliding_window_forwards.py)."""
     sliding = {**QWEN05, "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 0}
-    for name, config in (("sw", sliding), ("other", {**QWEN05, "model_type": "cohere"}),
+    for name, config in (("sw", sliding), ("other", {**QWEN05, "model_type": "helium"}),
                          ("dropout", {**QWEN05, "attention_dropout": 0.1})):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(config))

@@ -1,7 +1,7 @@
 """Packed rows through varlen attention on the decoder families RL runs train beyond Qwen2/3, LLaMA and Mistral
 (2026-12-07): Phi-3/Phi-4-mini (partial rotary, fused qkv, longrope), SmolLM3 (layers without RoPE), OLMo 2 (query /
 key norms over all heads), Qwen3-MoE and Mixtral (routed experts), Granite (its own attention scale), Gemma (a
-scale of its own head width); and (2026-12-08) GLM-4 / GLM-Z1 / GLM-4.5 (interleaved partial rotary, query / key
+scale of its own head width); and (2026-12-07) GLM-4 / GLM-Z1 / GLM-4.5 (interleaved partial rotary, query / key
 biases, GLM-4.5's routed experts and query / key norms), Command R (interleaved rotary, per-head norms), Seed-OSS and
 ERNIE 4.5. Each had packed with the dense ``[S, S]`` block mask (the memory and time of the
 whole row's scores: issue 38's gap at long responses). Each family's packed varlen forward and backward equal its

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from pacs_fast.config.hybrid_blocks import blocks_of, mamba_params, mamba_recurrence_flops, mlp_block_params
 from pacs_fast.config.linear_attention import linear_attention_of, linear_params
+from pacs_fast.config.linear_layers import mlp_matrices
 from pacs_fast.config.model_files import mla_of, moe_of
 from pacs_fast.config.per_layer import config_attr, intermediate_of, layer_shape
 
@@ -53,20 +54,23 @@ def shape_of(config, dtype_bytes: int = 2) -> dict:
             "intermediate": intermediate_of(c),
             "tied": bool(getattr(config, "tie_word_embeddings", getattr(c, "tie_word_embeddings", True))),
             "bytes": dtype_bytes, "moe": None if blocks else moe_of(c), "mla": mla_of(c),
-            "linear": linear_attention_of(c), "blocks": blocks, **layer_shape(c)}
+            "linear": linear_attention_of(c), "blocks": blocks, "model_type": getattr(c, "model_type", None),
+            **layer_shape(c)}
 
 
 def mlp_params(shape: dict, *, active: bool = False) -> int:
-    """The gated MLPs' weights of all decoder layers (``3 H F`` a layer); of a mixture of experts (``shape["moe"]``),
+    """The MLPs' weights of all decoder layers (``3 H F`` a gated layer, ``2 H F`` a plain one:
+    :func:`pacs_fast.config.linear_layers.mlp_matrices`); of a mixture of experts (``shape["moe"]``),
     ``3 H (E F_e + F_shared) + H E`` (the router) a MoE layer with all ``E`` experts (what memory holds), or with the
     ``top_k`` a token passes through (``active``: what its FLOPs count)."""
     H, F, moe = shape["hidden"], shape.get("intermediate") or 0, shape.get("moe")
     if shape.get("blocks"):  # (Nemotron-H: MLP and MoE layers of their own, non-gated)
         return mlp_block_params(H, shape["blocks"], active=active)
+    m = mlp_matrices(shape)  # (3 gated, 2 for a plain MLP: pacs_fast/config/linear_layers.py)
     if not moe:  # (Gemma 4's double-wide MLPs: twice F in its KV-shared layers; Gemma 3n's widths a layer: their sum)
         if shape.get("mlp_total"):
-            return 3 * H * shape["mlp_total"]
-        return (shape["layers"] + shape.get("wide_mlp_layers", 0)) * 3 * H * F
+            return m * H * shape["mlp_total"]
+        return (shape["layers"] + shape.get("wide_mlp_layers", 0)) * m * H * F
     experts = moe["top_k"] if active else moe["experts"]
     sparse = 3 * H * (experts * moe["width"] + moe["shared"]) + H * moe["experts"]
     return (shape["layers"] - moe["layers"]) * 3 * H * F + moe["layers"] * sparse

@@ -4,6 +4,7 @@ gradients and AdamW moments."""
 from __future__ import annotations
 
 from pacs_fast.config.hybrid_blocks import lora_block_params
+from pacs_fast.config.linear_layers import attention_adapters, mlp_adapters
 from pacs_fast.config.per_layer import altup_laurel_adapters
 from pacs_fast.learner.lora import EXPERTS_BESIDE_MLP, OWN_FUSED_EXPERTS, UNMAPPED_FUSED_EXPERTS
 
@@ -23,9 +24,8 @@ def lora_params(shape: dict, rank: int) -> int:
     them at the rank itself, gate and up in one ``[experts, in, 2 F_e]`` tensor. A hybrid model (``shape["linear"]``)
     takes its linear-attention layers' own projections and its gated ``q_proj`` (twice ``heads x head_dim``); a shared
     expert its gate (:data:`SHARED_EXPERT_GATE`) and, where PEFT maps no experts (Qwen3.5-MoE), its three layers."""
-    H, hd, kv = shape["hidden"], shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
-    q, linear = shape["heads"] * hd, shape.get("linear")
-    attention = (H + q * (2 if linear else 1)) + 2 * (H + kv) + (q + H)  # (a hybrid's q_proj gates its output: x 2)
+    H, linear = shape["hidden"], shape.get("linear")
+    attention = attention_adapters(shape)  # (fused q / k / v, multi-head latent attention: their own layers)
     if shape.get("blocks"):  # (Nemotron-H: each layer's one block)
         return rank * lora_block_params(H, attention, shape["blocks"])
     mixers = shape["layers"] * attention
@@ -53,6 +53,6 @@ def lora_params(shape: dict, rank: int) -> int:
         if S and shape.get("model_type") in SHARED_EXPERT_GATE:  # (a linear H -> 1 PEFT adapts)
             experts += H + 1
         return rank * (mixers + moe["layers"] * experts)
-    mlp = 3 * (H + shape["intermediate"]) if shape["intermediate"] else 0
+    mlp = mlp_adapters(shape)  # (a plain MLP's two layers, a fused gate and up: pacs_fast/config/linear_layers.py)
     wide = shape.get("wide_mlp_layers", 0) * 3 * shape["intermediate"] if shape["intermediate"] else 0
     return rank * (mixers + shape["layers"] * mlp + wide)
