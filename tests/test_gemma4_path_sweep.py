@@ -111,11 +111,13 @@ def folder(tmp_path_factory) -> Path:
     return gemma4_folder(tmp_path_factory.mktemp("gemma4") / "gemma-4-tiny-it")
 
 
-def forced_run(folder: Path, tmp: Path, response: str, stop: str, *extra: str, max_new: int = MAX_NEW):
+def forced_run(folder: Path, tmp: Path, response: str, stop: str, *extra: str, max_new: int = MAX_NEW,
+               samples=None):
     """``python -m pacs_fast.train`` in this process on ``folder``: 2 steps (run ``r`` in ``tmp``), HF engine, defaults
     otherwise but ``extra``; sample 0 of each prompt is ``response`` with its right answer (``response.format(gold)``),
-    then the token ``stop``, sample 1 the same with a wrong one (rewards mixed: a gradient). The run's folder and its
-    output."""
+    then the token ``stop``, sample 1 the same with a wrong one (rewards mixed: a gradient); or, given ``samples``
+    (``samples(encode, gold)``: token id lists), the first samples those ids, cut at ``max_new``. The run's folder and
+    its output."""
     from pacs_fast.learner.packing import say_no_shared_prefix, say_padded_rows
     from pacs_fast.rollout.hf import HFEngine
     from pacs_fast.train import main
@@ -131,9 +133,10 @@ def forced_run(folder: Path, tmp: Path, response: str, stop: str, *extra: str, m
         end = self.tokenizer.convert_tokens_to_ids(stop)
         for p, cs in zip(prompts, out):
             gold = _gold(self.tokenizer, p)
-            for k, answer in ((0, gold), (1, gold + 1)):
-                cs[k] = forced_completion(self, p, enc(response.format(answer))[:max_new - 1] + [end], max_new,
-                                          cs[k].logprobs is not None)
+            forced_ids = samples(enc, gold) if samples else [enc(response.format(a))[:max_new - 1] + [end]
+                                                              for a in (gold, gold + 1)]
+            for k, ids in enumerate(forced_ids):
+                cs[k] = forced_completion(self, p, ids[:max_new], max_new, cs[k].logprobs is not None)
         return out
 
     text = io.StringIO()

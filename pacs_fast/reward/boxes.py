@@ -17,9 +17,10 @@
 
 - :func:`answer_part`: what ``extraction="boxed"`` reads of a response, the text after its last ``</think>``
   (a reasoning model's answer, after its thinking: boxes inside ``<think>`` are drafts), or all of it; up to a
-  ``<think>`` left open there (a response cut inside its thinking states no answer yet); Magistral's ``[THINK]`` /
-  ``[/THINK]`` alike (special tokens the engines' texts keep). A prompt that opens the ``<think>`` itself
-  (:func:`opens_think`: DeepSeek-R1's) has its responses read as ``<think>`` + response.
+  ``<think>`` left open there (a response cut inside its thinking states no answer yet); the thinking marks of
+  Magistral (``[THINK]``), Seed-OSS (``<seed:think>``), Command A Reasoning, MiniMax-M3 and Gemma 4 (its thought
+  channel) alike (:data:`THINK_MARKS`; special tokens the engines' texts keep). A prompt that opens the thinking itself
+  (:func:`opens_think`: DeepSeek-R1's ``<think>``) has its responses read as ``<think>`` + response.
   gpt-oss's harmony prompts (ending ``<|start|>assistant``: :func:`opens_think` says :data:`HARMONY`) leave the
   channel to the model, which thinks in ``analysis`` then answers in ``final``; its texts, decoded without special
   tokens, read ``analysis<draft>assistantfinal<answer>``: only the last final message is read
@@ -48,9 +49,12 @@ _CHOICE_BOX_RE = re.compile(r"(\\boxed\{)[ \t]*(?:\\(?:text|textbf|mathrm|mathbf
 
 
 THINK_START, THINK_END = "<think>", "</think>"
-# the thinking markers answer_part knows: <think>'s, and Magistral's (tekken special tokens the engines' texts keep:
-# pacs_fast/rollout/base.py decode_texts)
-THINK_MARKS = ((THINK_START, THINK_END), ("[THINK]", "[/THINK]"))
+# the thinking markers answer_part knows: <think>'s, and those of families whose thinking has marks of its own (each
+# a special token in its tokenizer, or an added one: the engines' texts keep them, pacs_fast/rollout/base.py
+# decode_texts), as vLLM's reasoning parsers read them: Magistral's (tekken control tokens), Seed-OSS's, Command A
+# Reasoning's, MiniMax-M3's, Gemma 4's thought channel ("<|channel>thought\n...<channel|>answer")
+THINK_MARKS = ((THINK_START, THINK_END), ("[THINK]", "[/THINK]"), ("<seed:think>", "</seed:think>"),
+               ("<|START_THINKING|>", "<|END_THINKING|>"), ("<mm:think>", "</mm:think>"), ("<|channel>", "<channel|>"))
 # the extractions that read only a response's answer part (:func:`answer_part`): ``"boxed"`` its boxes, ``"answer_tag"``
 # its last <answer>...</answer> (pacs_fast/reward/answer_tag.py)
 AFTER_THINK = ("boxed", "answer_tag")
@@ -64,7 +68,8 @@ FINAL_STARTS = ("<|channel|>final<|message|>", "assistantfinal")
 def answer_part(text: str) -> str:
     """The text after the last ``</think>`` of ``text`` (module docstring), or ``text`` without one; in either, only
     what precedes a ``<think>`` never closed (``"<think>draft \\boxed{4}"`` -> ``""``: drafts, as inside a closed
-    one). Magistral's ``[THINK]`` / ``[/THINK]`` (:data:`THINK_MARKS`) are read as ``<think>`` / ``</think>``."""
+    one). The other families' marks (:data:`THINK_MARKS`: Magistral's ``[THINK]`` / ``[/THINK]``, Seed-OSS's
+    ``<seed:think>``, Gemma 4's ``<|channel>`` ...) are read as ``<think>`` / ``</think>``."""
     i, n = max((text.rfind(end), len(end)) for _, end in THINK_MARKS)
     part = text if i < 0 else text[i + n:]
     j = min((k for k in (part.find(start) for start, _ in THINK_MARKS) if k >= 0), default=-1)
@@ -73,13 +78,14 @@ def answer_part(text: str) -> str:
 
 def opens_think(prompt: str) -> bool | str:
     """Whether ``prompt`` ends inside a ``<think>`` it opened (DeepSeek-R1's generation prompt ``<｜Assistant｜><think>``
-    and others that start the thinking for the model): its responses continue that block, their drafts before their
-    ``</think>``, and ``extraction="boxed"`` reads them as ``<think>`` + response (:func:`answer_part`).
+    and others that start the thinking for the model; or one of the other :data:`THINK_MARKS`): its responses continue
+    that block, their drafts before its end, and ``extraction="boxed"`` reads them as ``<think>`` + response
+    (:func:`answer_part`).
     :data:`HARMONY` (truthy) for a harmony prompt (gpt-oss's: the model opens its analysis channel itself), whose
     responses ``"boxed"`` reads in their final channel alone (:func:`final_channel`)."""
     if prompt.endswith(HARMONY_TURN):
         return HARMONY
-    return prompt.rfind(THINK_START) > prompt.rfind(THINK_END)
+    return any(prompt.rfind(start) > prompt.rfind(end) for start, end in THINK_MARKS)
 
 
 def final_channel(text: str) -> str:

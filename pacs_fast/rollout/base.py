@@ -14,6 +14,7 @@ import torch
 
 from pacs_fast.config.remote_code import trusted
 from pacs_fast.config.stop_string_checks import check_stop_strings
+from pacs_fast.reward.boxes import THINK_END, THINK_MARKS, THINK_START
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -136,10 +137,11 @@ class RolloutEngine(abc.ABC):
         """Releases the engine."""
 
 
-# special tokens a response's text keeps: Magistral's thinking markers (tekken control tokens, which a decode
-# skipping special tokens drops), kept as vLLM's Mistral tokenizer decodes them; extraction="boxed" reads the
-# answer after them (pacs_fast/reward/boxes.py answer_part)
-KEPT_SPECIAL = ("[THINK]", "[/THINK]")
+# special tokens a response's text keeps: the thinking markers of families with their own (Magistral's tekken control
+# tokens, Seed-OSS's, Gemma 4's thought channel...: pacs_fast/reward/boxes.py THINK_MARKS but <think>'s), which a
+# decode skipping special tokens drops (kept as vLLM's Mistral tokenizer decodes Magistral's); extraction="boxed"
+# reads the answer after them (answer_part): dropped, a response cut inside its thinking was paid for a draft box
+KEPT_SPECIAL = tuple(mark for pair in THINK_MARKS if pair != (THINK_START, THINK_END) for mark in pair)
 
 
 _KEPT_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {id: kept token}

@@ -235,7 +235,7 @@ class VLLMEngine(RolloutEngine):
             return []
 
     def _cut_text(self, ids: list[int], stop: str) -> str | None:
-        """A response vLLM cut at the stop string ``stop``, as the HF engine's cut: with ``[THINK]`` / ``[/THINK]``
+        """A response vLLM cut at the stop string ``stop``, as the HF engine's cut: with the thinking marks
         (base.py ``KEPT_SPECIAL``), which vLLM's text leaves out (``boxed`` read the drafts beside the answer)."""
         try:
             tokenizer = self._llm.get_tokenizer()
