@@ -266,3 +266,4 @@ def test_glm_z1_trains_on_vllm_and_the_moe_models_are_refused_in_one_line(folder
              if s.get("kind") == "train"]
     assert len(steps) == 2 and steps[0]["learner/grad_norm"] > 0, text.getvalue()[-3000:]
     assert all(s["rollout/logprob_diff_max"] < 1e-4 for s in steps), steps
+    assert "rollout engine's log-probs" not in text.getvalue()  # (no mismatch warning: the same model)

@@ -48,6 +48,7 @@ from pacs_fast.config import Config
 from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.rollout.base import Completion, RolloutEngine, SamplingParams, pack_completions, unpack_completions
 from pacs_fast.rollout.remote import RemoteEngines, serve
+from pacs_fast.trainer.engine_checks import warn_engine_mismatch
 from pacs_fast.trainer.loop import (TrainingStopped, evaluate_and_report, evaluate_unless_reported, finish,
                                    latest_eval, log_samples, reset_reference_if_due, save)
 from pacs_fast.trainer.problems import prompt_lists
@@ -283,6 +284,8 @@ def train_async(cfg: Config, run_dir: str | Path, roles: Roles, *, resume: bool 
                                          WEIGHTED_MEANS)
             record.update({"rollout/policy_version": gen_version, "rollout/staleness": step - 1 - gen_version,
                            "rollout/generating_ranks": cfg.rollout.ranks})
+            if step == s.start_step + 1 and gen_version == step - 1 and world.is_main:  # (sampled with these weights)
+                warn_engine_mismatch(cfg, record, step)
             if s.logger:
                 s.logger.log("train", step, record)
             log_samples(s, step, problems, comps, rewards, terms, batch,  # each row its own group's policy version

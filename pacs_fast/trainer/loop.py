@@ -27,6 +27,7 @@ from pacs_fast.config import Config
 from pacs_fast.gc_heap import freeze_long_lived
 from pacs_fast.learner.base import NonFiniteError
 from pacs_fast.trainer.checkpoint import CheckpointError, save_checkpoint
+from pacs_fast.trainer.engine_checks import warn_engine_mismatch
 from pacs_fast.trainer.evaluation import eval_line
 from pacs_fast.trainer.metrics import read_jsonl
 from pacs_fast.trainer.parallel import close_world
@@ -94,6 +95,8 @@ def train(cfg: Config, run_dir: str | Path, *, resume: bool = False) -> dict:
                       **reward_component_metrics(s, problems, comps)}
             record = world.reduce_record(record, WEIGHTED_MEANS)
             record["rollout/generating_ranks"] = world.count(any(len(c.token_ids) for cs in comps for c in cs))
+            if step == s.start_step + 1 and world.is_main:  # (the engine holds the learner's weights: same model?)
+                warn_engine_mismatch(cfg, record, step)
             if s.logger:
                 s.logger.log("train", step, record)
             log_samples(s, step, problems, comps, rewards, terms, batch)  # (collective with data parallelism)
