@@ -16,6 +16,12 @@ Found and fixed (failed before the fix, checked by restoring the previous files)
    one ``warning:`` line past 0.1 nats (pacs_fast/trainer/engine_checks.py ``engine_mismatch_warning``), for any
    engine and architecture.
 
+2. The memory and FLOP counts read every LFM2 layer as attention with no MLP (the hub's ``block_ff_dim`` unread):
+   LFM2-1.2B's parameters 0.30B for 1.17B (its weights, gradients and AdamW moments what the memory check holds),
+   its HF-engine KV cache 16 layers for 6 (2.7x, the convolutions' small state not at all), its rank-64 adapters
+   13.6M for PEFT's 44.4M. pacs_fast/config/hybrid_blocks.py reads each layer's block (``_lfm2``); the counts equal
+   the built model's weights, transformers' cache and PEFT's adapters.
+
 Seen and held: the HF engine and the learner agree (4e-6) on padded rows (the convolutions carry state along a row:
 packing refused in one line, pacs_fast/learner/packing.py ``RECURRENT_LAYERS``).
 """
@@ -134,3 +140,40 @@ def test_a_vllm_run_whose_engine_computes_another_model_says_so(folder, tmp_path
     assert len(steps) == 2 and steps[0]["rollout/logprob_diff_mean"] > 0.1, text.getvalue()[-3000:]
     warnings = [line for line in text.getvalue().splitlines() if "rollout engine's log-probs" in line]
     assert len(warnings) == 1 and warnings[0].startswith("warning: step 1: "), warnings
+
+
+def test_the_memory_flop_and_adapter_counts_read_each_layers_block(folder, tmp_path):
+    """Found and fixed (2): from the folder's config.json, the parameter count is the built model's weights (the
+    convolutions', the attention layers', every layer's MLP at transformers' derived width), the FLOP count's shape
+    from the config object the same; the HF engine's cache a token is transformers' keys and values (the attention
+    layers' alone) and its state a row the convolutions' windows; the LoRA count is PEFT's on all-linear. LFM2-1.2B's
+    config.json (``block_ff_dim``, 10 convolution and 6 attention layers) counts 1.17B parameters, as published."""
+    from transformers import AutoModelForCausalLM
+
+    from pacs_fast.config import load_config
+    from pacs_fast.config.hybrid_blocks import mamba_state_bytes
+    from pacs_fast.learner.flops import shape_of
+    from pacs_fast.learner.lora import add_lora
+    from pacs_fast.trainer.engine_memory import kv_per_token
+    from pacs_fast.trainer.memory_model import lora_params, model_params, model_shape
+
+    shape = model_shape(load_config(None, [f"model.path={folder}"]))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    built = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
+    assert model_params(shape) == model_params(shape_of(model.config, 4)) == built
+    with torch.no_grad():
+        cache = model(input_ids=torch.randint(20, 100, (1, 6)), use_cache=True).past_key_values
+    kv = sum(layer.keys.numel() for layer in cache.layers if getattr(layer, "keys", None) is not None)
+    assert kv_per_token(shape) * 6 == 2 * kv and kv
+    state = sum(t.numel() * t.element_size() for layer in cache.layers
+                for t in getattr(layer, "conv_states", {}).values() if isinstance(t, torch.Tensor))
+    assert mamba_state_bytes(shape["blocks"], 4) == state and state
+    assert lora_params(shape, 4) == add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
+    hub = {k: v for k, v in HUB.items() if k not in ("intermediate_size", "num_hidden_layers")}
+    hub.update(block_dim=2048, block_ff_dim=12288, block_multiple_of=256, conv_dim=2048, conv_dim_out=2048,
+               hidden_size=2048, num_attention_heads=32, num_heads=32, num_key_value_heads=8, vocab_size=65536,
+               layer_types=["conv", "conv", "full_attention"] * 2 + ["conv", "conv", "full_attention"]
+               + ["conv", "full_attention"] * 3 + ["conv"])
+    (tmp_path / "config.json").write_text(json.dumps(hub))
+    params = model_params(model_shape(load_config(None, [f"model.path={tmp_path}"])))
+    assert 1.17e9 < params < 1.171e9 and params > 0.9999 * 1_170_340_608  # (the built model's, norms left out)

@@ -14,7 +14,12 @@ layer a gated MLP of ``shared_intermediate_size`` (``input_linear`` to twice it,
 Mamba-2 mixer (``mamba_d_ssm`` wide) side by side, then a gated MLP. A Mamba-2 mixer projects ``H`` to ``2 x inner +
 2 x groups x state + heads`` (``inner = heads x head_dim``), convolves ``conv_dim = inner + 2 x groups x state``
 channels (a ``conv`` window), and carries a ``heads x head_dim x state`` recurrent state a row (float32 in
-transformers' cache).
+transformers' cache). LFM2 (``lfm2``) mixes short-convolution layers (``conv`` in ``layer_types``: ``in_proj`` H to
+3 H, a depthwise convolution over ``conv_L_cache`` tokens, ``out_proj``; their state a row is the convolution's
+window) with a few attention layers, every layer with a SwiGLU MLP of the width transformers derives from
+``intermediate_size`` (``block_auto_adjust_ff_dim``; the hub's config.json names it ``block_ff_dim``): counted as
+attention in every layer and no MLP (the width unread), LFM2-1.2B's parameters had read 0.30B for 1.17B, its KV
+cache 16 layers for 6 and its rank-64 adapters 13.6M for 44.4M.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ BLOCK_TYPES = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": 
 MAMBA_FAMILIES = ("nemotron_h", "falcon_h1", "mamba", "mamba2", "falcon_mamba", "granitemoehybrid", "bamba", "zamba2")
 NOT_ADAPTED_IN_MAMBA = ("out_proj",)
 NO_EXPERTS = dict(experts=0, top_k=0, width=0, expert_gated=False, shared=0, latent=0)
+NO_MAMBA = dict(mamba=0, heads=0, head_dim=0, groups=0, state=0, conv=0)  # (LFM2: no Mamba mixer)
 
 
 def blocks_of(c) -> dict | None:
@@ -38,9 +44,10 @@ def blocks_of(c) -> dict | None:
     models. Nemotron-H's keys are the hub's (``hybrid_override_pattern``, ``mamba_n_groups`` / ``n_groups``, ...) or
     transformers 5's saved ones (``layers_block_type``, no ``num_hidden_layers``)."""
     get = c.get if isinstance(c, dict) else (lambda key: getattr(c, key, None))
-    read = {"nemotron_h": _nemotron_h, "granitemoehybrid": _granite, "falcon_h1": _falcon_h1}.get(get("model_type"))
+    read = {"nemotron_h": _nemotron_h, "granitemoehybrid": _granite, "falcon_h1": _falcon_h1,
+            "lfm2": _lfm2}.get(get("model_type"))
     out = read(get) if read else None
-    return {**NO_EXPERTS, **out} if out and out["layers"] else None
+    return {**NO_EXPERTS, "short_convs": 0, "short_conv": 0, "hidden": 0, **out} if out and out["layers"] else None
 
 
 def _first(get, *keys, default=None):
@@ -103,6 +110,31 @@ def _falcon_h1(get) -> dict:
                 mlp_kind="gated", **_mamba_keys(get, inner))
 
 
+def _lfm2(get) -> dict | None:
+    """Each layer: a short convolution (``short_convs`` of them, a ``short_conv`` window) or attention, then a gated
+    MLP of transformers' derived width (``Lfm2MLP``: 2/3 of ``intermediate_size``, or ``block_ff_dim`` where the hub's
+    config.json gives it, times ``block_ffn_dim_multiplier``, rounded up to ``block_multiple_of``)."""
+    kinds = get("layer_types") or []
+    if not kinds:  # (transformers' default: attention at full_attn_idxs, every layer when none is given)
+        L, full = int(get("num_hidden_layers") or 0), get("full_attn_idxs")
+        kinds = ["full_attention" if full is None or i in full else "conv" for i in range(L)]
+    width = int(get("block_ff_dim") or get("intermediate_size") or 0)
+    if get("block_auto_adjust_ff_dim") is not False:
+        width = int(2 * width / 3)
+        if get("block_ffn_dim_multiplier") is not None:
+            multiple = int(get("block_multiple_of") or 256)
+            width = multiple * ((int(float(get("block_ffn_dim_multiplier")) * width) + multiple - 1) // multiple)
+    return dict(NO_MAMBA, layers=len(kinds), attention=kinds.count("full_attention"), mlp=len(kinds), moe=0,
+                short_convs=kinds.count("conv"), short_conv=int(get("conv_L_cache") or 3), mlp_width=width,
+                mlp_kind="gated", hidden=int(get("hidden_size") or 0))
+
+
+def short_conv_params(H: int, b: dict) -> int:
+    """The weights of one LFM2 short-convolution layer: ``in_proj`` ``H x 3 H``, the depthwise convolution ``H x
+    short_conv``, ``out_proj`` ``H x H``."""
+    return 3 * H * H + H * b["short_conv"] + H * H
+
+
 def layers_of(c) -> int | None:
     """How many layers a hybrid config has (Nemotron-H's pattern's length: transformers 5 saves no
     ``num_hidden_layers``), else None."""
@@ -141,7 +173,8 @@ def mamba_state_bytes(b: dict, dtype_bytes: int) -> int:
     convolution's window, ``conv`` inputs of ``conv_dim`` channels in the model's dtype, and the recurrent ``heads x
     head_dim x state`` in float32."""
     _, conv_dim = mamba_inner(b)
-    return b["mamba"] * (conv_dim * b["conv"] * dtype_bytes + b["heads"] * b["head_dim"] * b["state"] * 4)
+    return b["mamba"] * (conv_dim * b["conv"] * dtype_bytes + b["heads"] * b["head_dim"] * b["state"] * 4) + \
+        b["short_convs"] * b["hidden"] * b["short_conv"] * dtype_bytes  # (LFM2's: the convolution's window)
 
 
 def mamba_recurrence_flops(b: dict, tokens: int) -> int:
@@ -165,4 +198,4 @@ def lora_block_params(H: int, attention: int, b: dict) -> int:
     moe = E * ((H + 2 * F_e) + (F_e + H)) if b["expert_gated"] else (  # (Granite's: fused gate and up, then down)
         2 * (H + b["shared"]) + (2 * (H + b["latent"]) if b["latent"] else 0) + 2 * E * ((b["latent"] or H) + F_e))
     return b["attention"] * attention + b["mamba"] * (H + inner + conv_dim + b["heads"]) + b["mlp"] * mlp + \
-        b["moe"] * moe
+        b["moe"] * moe + b["short_convs"] * ((H + 3 * H) + (H + H))  # (LFM2's in_proj and out_proj)

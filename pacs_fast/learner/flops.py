@@ -29,7 +29,8 @@ report count it.
 """
 from __future__ import annotations
 
-from pacs_fast.config.hybrid_blocks import blocks_of, mamba_params, mamba_recurrence_flops, mlp_block_params
+from pacs_fast.config.hybrid_blocks import (blocks_of, mamba_params, mamba_recurrence_flops, mlp_block_params,
+                                            short_conv_params)
 from pacs_fast.config.linear_attention import linear_attention_of, linear_params
 from pacs_fast.config.linear_layers import mlp_matrices
 from pacs_fast.config.model_files import mla_of, moe_of
@@ -88,7 +89,8 @@ def mixer_params(shape: dict) -> int:
     (:func:`pacs_fast.config.linear_attention.linear_params`)."""
     linear, widths, blocks = shape.get("linear"), shape.get("attention_widths"), shape.get("blocks")
     if blocks:  # (Nemotron-H: attention layers and Mamba-2 layers of their own; its MLP layers mix nothing)
-        return blocks["attention"] * attention_params(shape) + blocks["mamba"] * mamba_params(shape["hidden"], blocks)
+        return blocks["attention"] * attention_params(shape) + blocks["mamba"] * mamba_params(shape["hidden"], blocks) \
+            + blocks["short_convs"] * short_conv_params(shape["hidden"], blocks)  # (LFM2's convolution layers)
     if widths:  # (layers of different widths: Gemma 4's wider full-attention layers, its KV-shared ones)
         return sum(shape["hidden"] * (q + k + v) + q * shape["hidden"] for q, k, v in widths)
     if not linear:
