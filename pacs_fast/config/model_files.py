@@ -107,22 +107,30 @@ def moe_of(c) -> dict | None:
     (DeepSeek), ``num_experts_per_tok``, ``moe_intermediate_size`` (else ``intermediate_size``, Mixtral's),
     ``n_shared_experts`` x width / ``shared_expert_intermediate_size`` (Gemma 4's ``enable_moe_block``: its dense
     MLP, ``intermediate_size``, beside the experts; ``top_k_experts`` its top-k); dense layers: DeepSeek's
-    ``first_k_dense_replace`` / ``moe_layer_freq``, Qwen's ``mlp_only_layers`` / ``decoder_sparse_step``."""
+    ``first_k_dense_replace`` / ``moe_layer_freq``, Qwen's ``mlp_only_layers`` / ``decoder_sparse_step``. ERNIE 4.5's
+    hub keys: ``moe_num_experts``, ``moe_k``, ``moe_num_shared_experts``, ``moe_layer_start_index`` /
+    ``moe_layer_end_index`` / ``moe_layer_interval`` (read as a dense model, ERNIE-4.5-21B-A3B's 21.8B parameters had
+    counted 3.1B)."""
     get = c.get if isinstance(c, dict) else (lambda key: getattr(c, key, None))
-    experts = get("num_experts") or get("num_local_experts") or get("n_routed_experts")
+    experts = get("num_experts") or get("num_local_experts") or get("n_routed_experts") or get("moe_num_experts")
     if not isinstance(experts, int) or experts <= 1:
         return None
     layers, width = int(get("num_hidden_layers")), int(get("moe_intermediate_size") or get("intermediate_size"))
     if get("first_k_dense_replace") is not None:
         k, freq = int(get("first_k_dense_replace")), int(get("moe_layer_freq") or 1)
         moe = [i >= k and i % freq == 0 for i in range(layers)]
+    elif isinstance(get("moe_layer_start_index"), int):  # (ERNIE 4.5's: MoE from a layer to a layer, every n-th)
+        start, end, every = get("moe_layer_start_index"), get("moe_layer_end_index"), get("moe_layer_interval") or 1
+        end = layers - 1 if not isinstance(end, int) or end < 0 else end
+        moe = [(i + 1) % int(every) == 0 and start <= i <= end for i in range(layers)]
     else:
         only, step = set(get("mlp_only_layers") or []), int(get("decoder_sparse_step") or 1)
         moe = [i not in only and (i + 1) % step == 0 for i in range(layers)]
-    shared = int(get("n_shared_experts") or 0) * width + int(get("shared_expert_intermediate_size") or 0)
+    shared = int(get("n_shared_experts") or get("moe_num_shared_experts") or 0) * width + \
+        int(get("shared_expert_intermediate_size") or 0)
     if get("enable_moe_block"):  # (Gemma 4's MoE layers keep their dense MLP beside the experts: a shared expert)
         shared += int(get("intermediate_size") or 0)
-    top_k = get("num_experts_per_tok") or get("top_k_experts")  # (Gemma 4's name)
+    top_k = get("num_experts_per_tok") or get("top_k_experts") or get("moe_k")  # (Gemma 4's name, ERNIE 4.5's)
     return {"experts": experts, "top_k": int(top_k or 1), "width": width, "shared": shared, "layers": sum(moe)}
 
 
