@@ -31,7 +31,10 @@ Found and fixed (each test below failed before its fix, checked by restoring the
    PEFT's adapters for the families of :data:`COUNTED`.
 4. ERNIE 4.5's MoE keys (``moe_num_experts``, ``moe_k``, ``moe_num_shared_experts``, ``moe_layer_start_index`` ...)
    were not read from its config.json: ERNIE-4.5-21B-A3B(-Thinking) counted as a dense model, 3.35B parameters for
-   21.83B (the memory check passed runs a 6.5x larger model could not fit), its LoRA adapters half PEFT's.
+   21.83B (the memory check passed runs a 6.5x larger model could not fit), its LoRA adapters half PEFT's. Arcee's
+   AFMoE (Trinity): its dense first layers (``num_dense_layers``), shared experts and attention output gate
+   (``gate_proj``: pacs_fast/config/linear_layers.py ``GATED_ATTENTION``) unread, 0.8% short at transformers'
+   default shape (19.08B for 19.23B).
 
 Seen and held (by hand, not tests): a 2-step run on each folder with the HF engine (engine and learner log-probs
 within 6e-6, padded, shared-prefix and packed), LoRA on all three (GLM-4.5's dense first MLP and shared expert stay
@@ -214,7 +217,9 @@ COUNTED = {"glm4": dict(head_dim=16), "glm": dict(head_dim=16), "glm4_moe": dict
            "gpt_neox": {}, "persimmon": {}, "starcoder2": {}, "phi": {}, "nemotron": {}, "arcee": {}, "apertus": {},
            "qwen2": {}, "llama": {}, "cohere": {}, "seed_oss": dict(head_dim=16), "ernie4_5": dict(head_dim=16),
            "ernie4_5_moe": dict(head_dim=16, moe_num_experts=4, moe_k=2, moe_intermediate_size=16,
-                                moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_end_index=1)}
+                                moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_end_index=1),
+           "afmoe": dict(head_dim=16, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                         num_shared_experts=1, num_dense_layers=1, global_attn_every_n_layers=2, sliding_window=8)}
 
 
 @pytest.mark.parametrize("kind", sorted(COUNTED))

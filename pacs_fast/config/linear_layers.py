@@ -23,6 +23,9 @@ PLAIN_MLP = frozenset({"gpt_neox", "persimmon", "starcoder2", "phi", "nemotron",
                        "nanochat"})
 FUSED_QKV = frozenset({"phi3", "gpt_neox", "persimmon"})
 FUSED_GATE_UP = frozenset({"phi3", "glm", "glm4"})
+# an attention whose output a sigmoid gate scales, computed by a projection of its own, ``gate_proj`` ``H -> Hq``
+# (Arcee's AFMoE / Trinity; Qwen3-Next's and Qwen3.5's gate is half of a twice-wide q_proj instead: shape["linear"])
+GATED_ATTENTION = frozenset({"afmoe"})
 
 
 def mlp_matrices(shape: dict) -> int:
@@ -45,8 +48,9 @@ def mlp_adapters(shape: dict) -> int:
 def attention_adapters(shape: dict) -> int:
     """``in + out`` of LoRA adapters on one attention layer's projections: queries (twice ``Hq`` wide where a hybrid
     model's ``q_proj`` gates the output, ``shape["linear"]``), keys and values (one ``H + Hq + 2 Hkv`` where fused),
-    the output; of multi-head latent attention (``shape["mla"]``) its own projections: ``q_a_proj`` / ``q_b_proj``
-    through the query rank (or one ``q_proj``), ``kv_a_proj_with_mqa`` to the latent and the shared rope key,
+    the output (an output gate's own ``gate_proj``, :data:`GATED_ATTENTION`, stays bare: PEFT's all-linear takes
+    that name from every layer of a mixture of experts, for its experts); of multi-head latent attention
+    (``shape["mla"]``) its own projections: ``q_a_proj`` / ``q_b_proj`` through the query rank (or one ``q_proj``), ``kv_a_proj_with_mqa`` to the latent and the shared rope key,
     ``kv_b_proj`` from the latent to ``heads x (nope + v)``, ``o_proj`` from ``heads x v``."""
     H, mla = shape["hidden"], shape.get("mla")
     if mla:

@@ -110,7 +110,7 @@ def moe_of(c) -> dict | None:
     ``first_k_dense_replace`` / ``moe_layer_freq``, Qwen's ``mlp_only_layers`` / ``decoder_sparse_step``. ERNIE 4.5's
     hub keys: ``moe_num_experts``, ``moe_k``, ``moe_num_shared_experts``, ``moe_layer_start_index`` /
     ``moe_layer_end_index`` / ``moe_layer_interval`` (read as a dense model, ERNIE-4.5-21B-A3B's 21.8B parameters had
-    counted 3.1B)."""
+    counted 3.35B); AFMoE's (Arcee Trinity) ``num_dense_layers`` and ``num_shared_experts``."""
     get = c.get if isinstance(c, dict) else (lambda key: getattr(c, key, None))
     experts = get("num_experts") or get("num_local_experts") or get("n_routed_experts") or get("moe_num_experts")
     if not isinstance(experts, int) or experts <= 1:
@@ -119,6 +119,8 @@ def moe_of(c) -> dict | None:
     if get("first_k_dense_replace") is not None:
         k, freq = int(get("first_k_dense_replace")), int(get("moe_layer_freq") or 1)
         moe = [i >= k and i % freq == 0 for i in range(layers)]
+    elif get("num_dense_layers") is not None:  # (Arcee's AFMoE, Trinity: its first layers dense)
+        moe = [i >= int(get("num_dense_layers")) for i in range(layers)]
     elif isinstance(get("moe_layer_start_index"), int):  # (ERNIE 4.5's: MoE from a layer to a layer, every n-th)
         start, end, every = get("moe_layer_start_index"), get("moe_layer_end_index"), get("moe_layer_interval") or 1
         end = layers - 1 if not isinstance(end, int) or end < 0 else end
@@ -126,7 +128,7 @@ def moe_of(c) -> dict | None:
     else:
         only, step = set(get("mlp_only_layers") or []), int(get("decoder_sparse_step") or 1)
         moe = [i not in only and (i + 1) % step == 0 for i in range(layers)]
-    shared = int(get("n_shared_experts") or get("moe_num_shared_experts") or 0) * width + \
+    shared = int(get("n_shared_experts") or get("moe_num_shared_experts") or get("num_shared_experts") or 0) * width + \
         int(get("shared_expert_intermediate_size") or 0)
     if get("enable_moe_block"):  # (Gemma 4's MoE layers keep their dense MLP beside the experts: a shared expert)
         shared += int(get("intermediate_size") or 0)
