@@ -50,8 +50,9 @@ def attention_adapters(shape: dict) -> int:
     model's ``q_proj`` gates the output, ``shape["linear"]``), keys and values (one ``H + Hq + 2 Hkv`` where fused),
     the output (an output gate's own ``gate_proj``, :data:`GATED_ATTENTION`, stays bare: PEFT's all-linear takes
     that name from every layer of a mixture of experts, for its experts); of multi-head latent attention
-    (``shape["mla"]``) its own projections: ``q_a_proj`` / ``q_b_proj`` through the query rank (or one ``q_proj``), ``kv_a_proj_with_mqa`` to the latent and the shared rope key,
-    ``kv_b_proj`` from the latent to ``heads x (nope + v)``, ``o_proj`` from ``heads x v``."""
+    (``shape["mla"]``) its own projections: ``q_a_proj`` / ``q_b_proj`` through the query rank (or one
+    ``q_proj``), ``kv_a_proj_with_mqa`` to the latent and the shared rope key, ``kv_b_proj`` from the latent to
+    ``heads x (nope + v)``, ``o_proj`` from ``heads x v``."""
     H, mla = shape["hidden"], shape.get("mla")
     if mla:
         heads, qk = shape["heads"], mla["nope"] + mla["rope"]
