@@ -34,7 +34,9 @@ Found and fixed (each test below failed before its fix, checked by restoring the
    21.83B (the memory check passed runs a 6.5x larger model could not fit), its LoRA adapters half PEFT's. Arcee's
    AFMoE (Trinity): its dense first layers (``num_dense_layers``), shared experts and attention output gate
    (``gate_proj``: pacs_fast/config/linear_layers.py ``GATED_ATTENTION``) unread, 0.8% short at transformers'
-   default shape (19.08B for 19.23B).
+   default shape (19.08B for 19.23B). AI2's Olmo Hybrid: its full-attention layers read with Qwen3-Next's output gate,
+   which they lack (pacs_fast/config/linear_layers.py ``UNGATED_HYBRID_ATTENTION``), and its linear layers' separate
+   q / k / v projections as fused for LoRA: 7.55B parameters for 7.43B at transformers' default shape.
 
 Seen and held (by hand, not tests): a 2-step run on each folder with the HF engine (engine and learner log-probs
 within 6e-6, padded, shared-prefix and packed), LoRA on all three (GLM-4.5's dense first MLP and shared expert stay
@@ -219,7 +221,10 @@ COUNTED = {"glm4": dict(head_dim=16), "glm": dict(head_dim=16), "glm4_moe": dict
            "ernie4_5_moe": dict(head_dim=16, moe_num_experts=4, moe_k=2, moe_intermediate_size=16,
                                 moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_end_index=1),
            "afmoe": dict(head_dim=16, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
-                         num_shared_experts=1, num_dense_layers=1, global_attn_every_n_layers=2, sliding_window=8)}
+                         num_shared_experts=1, num_dense_layers=1, global_attn_every_n_layers=2, sliding_window=8),
+           "olmo_hybrid": dict(num_key_value_heads=4, linear_num_key_heads=4, linear_num_value_heads=4,
+                               linear_key_head_dim=16, linear_value_head_dim=32,
+                               layer_types=["linear_attention", "full_attention"])}
 
 
 @pytest.mark.parametrize("kind", sorted(COUNTED))
@@ -237,8 +242,8 @@ def test_the_parameter_flop_and_adapter_counts_read_each_familys_layers(kind, tm
 
     default = AutoConfig.for_model(kind).to_dict()
     small = {k: v for k, v in SMALL.items() if k in default or k.endswith("token_id")}
-    config = AutoConfig.for_model(kind, **small, **({"layer_types": None} if "layer_types" in default else {}),
-                                  **COUNTED[kind])
+    config = AutoConfig.for_model(kind, **{**small, **({"layer_types": None} if "layer_types" in default else {}),
+                                           **COUNTED[kind]})
     config.save_pretrained(tmp_path)  # (transformers' config.json: what a run's model.path gives the counts)
     torch.manual_seed(0)
     with warnings.catch_warnings():
@@ -246,7 +251,8 @@ def test_the_parameter_flop_and_adapter_counts_read_each_familys_layers(kind, tm
         model = AutoModelForCausalLM.from_config(config)
     shape = model_shape(load_config(None, [f"model.path={tmp_path}"]))
     built = sum(p.numel() for n, p in model.named_parameters()  # (ERNIE's [1, experts] score statistic a MoE layer,
-                if p.dim() >= 2 and "moe_statics" not in n)     # not trained: 1,728 of ERNIE-4.5-21B-A3B's 21.8B)
+                if p.dim() >= 2 and "moe_statics" not in n      # not trained: 1,728 of ERNIE-4.5-21B-A3B's 21.8B;
+                and "linear_attn.conv1d" not in n)              # a linear layer's conv, left out as for Qwen3.5)
     assert model_params(shape) == model_params(shape_of(model.config, 4)) == built
     assert lora_params(shape, 4) == add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
 

@@ -26,6 +26,15 @@ FUSED_GATE_UP = frozenset({"phi3", "glm", "glm4"})
 # an attention whose output a sigmoid gate scales, computed by a projection of its own, ``gate_proj`` ``H -> Hq``
 # (Arcee's AFMoE / Trinity; Qwen3-Next's and Qwen3.5's gate is half of a twice-wide q_proj instead: shape["linear"])
 GATED_ATTENTION = frozenset({"afmoe"})
+# linear-attention hybrids whose full-attention layers have no output gate (Qwen3-Next's and Qwen3.5's q_proj is twice
+# as wide, half of it the gate), and whose linear layers project q, k, v, gate, a and b apart (AI2's Olmo Hybrid)
+UNGATED_HYBRID_ATTENTION = frozenset({"olmo_hybrid"})
+
+
+def gated_q_proj(shape: dict) -> bool:
+    """Whether the shape's full-attention ``q_proj`` is twice ``Hq`` wide, half of it an output gate (Qwen's
+    linear-attention hybrids: ``shape["linear"]``, but :data:`UNGATED_HYBRID_ATTENTION`)."""
+    return bool(shape.get("linear")) and shape.get("model_type") not in UNGATED_HYBRID_ATTENTION
 
 
 def mlp_matrices(shape: dict) -> int:
@@ -47,7 +56,7 @@ def mlp_adapters(shape: dict) -> int:
 
 def attention_adapters(shape: dict) -> int:
     """``in + out`` of LoRA adapters on one attention layer's projections: queries (twice ``Hq`` wide where a hybrid
-    model's ``q_proj`` gates the output, ``shape["linear"]``), keys and values (one ``H + Hq + 2 Hkv`` where fused),
+    model's ``q_proj`` gates the output, :func:`gated_q_proj`), keys and values (one ``H + Hq + 2 Hkv`` where fused),
     the output (an output gate's own ``gate_proj``, :data:`GATED_ATTENTION`, stays bare: PEFT's all-linear takes
     that name from every layer of a mixture of experts, for its experts); of multi-head latent attention
     (``shape["mla"]``) its own projections: ``q_a_proj`` / ``q_b_proj`` through the query rank (or one
@@ -60,7 +69,7 @@ def attention_adapters(shape: dict) -> int:
         return (q + (H + mla["kv_lora"] + mla["rope"]) + (mla["kv_lora"] + heads * (mla["nope"] + mla["v"]))
                 + (heads * mla["v"] + H))
     hd, kv = shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
-    q = shape["heads"] * hd * (2 if shape.get("linear") else 1)  # (a hybrid's q_proj gates its output: x 2)
+    q = shape["heads"] * hd * (2 if gated_q_proj(shape) else 1)  # (Qwen's hybrids' q_proj gates its output: x 2)
     if shape.get("model_type") in FUSED_QKV:
         return (H + q + 2 * kv) + (shape["heads"] * hd + H)
     return (H + q) + 2 * (H + kv) + (shape["heads"] * hd + H)

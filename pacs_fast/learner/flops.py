@@ -32,7 +32,7 @@ from __future__ import annotations
 from pacs_fast.config.hybrid_blocks import (blocks_of, mamba_params, mamba_recurrence_flops, mlp_block_params,
                                             short_conv_params)
 from pacs_fast.config.linear_attention import linear_attention_of, linear_params
-from pacs_fast.config.linear_layers import GATED_ATTENTION, mlp_matrices
+from pacs_fast.config.linear_layers import GATED_ATTENTION, gated_q_proj, mlp_matrices
 from pacs_fast.config.model_files import mla_of, moe_of
 from pacs_fast.config.per_layer import config_attr, intermediate_of, layer_shape
 
@@ -112,8 +112,8 @@ def attention_params(shape: dict) -> int:
         return (q + H * (mla["kv_lora"] + mla["rope"]) + mla["kv_lora"] * heads * (mla["nope"] + mla["v"])
                 + heads * mla["v"] * H)
     hq, hkv = shape["heads"] * shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
-    gate = hq if shape.get("linear") or shape.get("model_type") in GATED_ATTENTION else 0  # (Qwen3.5's / Qwen3-Next's
-    # full attention gates its output, q_proj x 2; AFMoE's through a gate_proj of its own)
+    gate = hq if gated_q_proj(shape) or shape.get("model_type") in GATED_ATTENTION else 0  # (Qwen3.5's / Qwen3-Next's
+    # full attention gates its output, q_proj x 2; AFMoE's through a gate_proj of its own; Olmo Hybrid's not at all)
     return H * (hq + gate + 2 * hkv) + hq * H
 
 

@@ -4,7 +4,7 @@ gradients and AdamW moments."""
 from __future__ import annotations
 
 from pacs_fast.config.hybrid_blocks import lora_block_params
-from pacs_fast.config.linear_layers import attention_adapters, mlp_adapters
+from pacs_fast.config.linear_layers import UNGATED_HYBRID_ATTENTION, attention_adapters, mlp_adapters
 from pacs_fast.config.per_layer import altup_laurel_adapters
 from pacs_fast.learner.lora import EXPERTS_BESIDE_MLP, OWN_FUSED_EXPERTS, UNMAPPED_FUSED_EXPERTS
 
@@ -35,6 +35,8 @@ def lora_params(shape: dict, rank: int) -> int:
     if linear:  # (a hybrid's linear-attention layers: their own projections, not q, k, v, o)
         key, value = linear["key_heads"] * linear["key_dim"], linear["value_heads"] * linear["value_dim"]
         own = (H + 2 * key + value) + (H + value) + 2 * (H + linear["value_heads"]) + (value + H)
+        if shape.get("model_type") in UNGATED_HYBRID_ATTENTION:  # (Olmo Hybrid's q, k and v projections apart)
+            own += 2 * H
         if shape.get("model_type") == "qwen3_next":  # (its in_proj_qkvz and in_proj_ba: 2 projections fewer)
             own -= 2 * H
         mixers += linear["layers"] * (own - attention)
