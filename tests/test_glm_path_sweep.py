@@ -191,11 +191,15 @@ def test_a_packed_run_trains_with_its_engine_and_learner_agreeing(folders, kind,
     attention (they had taken the dense block mask), GLM-4.7-Flash's (multi-head latent attention: values of
     another width) keep the dense mask with one line saying so. Each prompt is the template's (``[gMASK]<sop>``
     once, no BOS), each right answer is scored 1 and its response ends at ``<|user|>`` (a stop id)."""
+    from pacs_fast.ops import varlen_attention as va
+
+    calls = sum(va.KERNEL_CALLS.values())
     run = forced_run(folders[kind], tmp_path, *RESPONSE, "learner.packing=on", max_new=MAX_NEW)
     two_agreeing_steps(run)
     run_dir, output = run
     dense = "packed rows use the dense block-diagonal mask" in output
     assert dense == (kind == "flash"), output[-2000:]
+    assert (sum(va.KERNEL_CALLS.values()) > calls) == (kind != "flash")  # (the varlen kernels answered, or none)
     steps = [s for s in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
              if s.get("kind") == "train"]
     assert all(s["learner/forward/packed"] == 1 for s in steps)

@@ -1,6 +1,6 @@
-"""Hybrid models whose layers hold Mamba-2 mixers beside or instead of attention, read from their config: Nemotron-H
-(``nemotron_h``: NVIDIA's Nemotron-H, Nemotron Nano 2, Nemotron 3 Nano), Granite 4.0-H (``granitemoehybrid``) and
-Falcon-H1 (``falcon_h1``).
+"""Hybrid models whose layers hold Mamba-2 mixers or short convolutions beside or instead of attention, read from
+their config: Nemotron-H (``nemotron_h``: NVIDIA's Nemotron-H, Nemotron Nano 2, Nemotron 3 Nano), Granite 4.0-H
+(``granitemoehybrid``), Falcon-H1 (``falcon_h1``) and LFM2 (``lfm2``).
 
 Nemotron-H's ``config.json`` names each layer in ``hybrid_override_pattern`` (transformers 5 reads it into, and
 saves, ``layers_block_type``: ``linear_attention`` for a Mamba layer): ``M`` a Mamba-2 mixer, ``*`` attention, ``-`` a
@@ -36,8 +36,9 @@ NO_MAMBA = dict(mamba=0, heads=0, head_dim=0, groups=0, state=0, conv=0)  # (LFM
 
 
 def blocks_of(c) -> dict | None:
-    """The blocks of a Nemotron-H, Granite 4.0-H or Falcon-H1 (text) config, a ``config.json`` dict or a transformers
-    config: ``{"layers", "mamba", "attention", "mlp", "moe"}`` (how many layers, and how many hold each block), the
+    """The blocks of a Nemotron-H, Granite 4.0-H, Falcon-H1 or LFM2 (text) config, a ``config.json`` dict or a
+    transformers config: ``{"layers", "mamba", "attention", "mlp", "moe", "short_convs"}`` (how many layers, and how
+    many hold each block; LFM2's convolutions' window ``short_conv`` and the model's ``hidden`` width, 0 elsewhere), the
     MLPs' ``mlp_width`` and ``mlp_kind`` (``plain``: up and down; ``fused``: gate and up in one linear layer, then
     down; ``gated``: gate, up and down), the Mamba-2 mixer's ``heads``, ``head_dim``, ``groups``, ``state``, ``conv``
     and the experts' ``experts``, ``top_k``, ``width``, ``expert_gated``, ``shared``, ``latent``; None for other
@@ -171,7 +172,8 @@ def mlp_block_params(H: int, b: dict, *, active: bool = False) -> int:
 def mamba_state_bytes(b: dict, dtype_bytes: int) -> int:
     """Bytes of a row's state in all Mamba layers (the HF engine's cache, whatever the row's length): the
     convolution's window, ``conv`` inputs of ``conv_dim`` channels in the model's dtype, and the recurrent ``heads x
-    head_dim x state`` in float32."""
+    head_dim x state`` in float32; and in LFM2's short-convolution layers, their window of ``short_conv`` inputs of
+    ``hidden`` channels."""
     _, conv_dim = mamba_inner(b)
     return b["mamba"] * (conv_dim * b["conv"] * dtype_bytes + b["heads"] * b["head_dim"] * b["state"] * 4) + \
         b["short_convs"] * b["hidden"] * b["short_conv"] * dtype_bytes  # (LFM2's: the convolution's window)

@@ -21,7 +21,8 @@ linear-attention layers' own projections in ``P_layers``, ``s^2`` in its full-at
 and ``18 x value_heads x key_dim x value_dim`` a token a linear layer for the delta rule's state (read, corrected,
 written: forward + backward). A Nemotron-H model (``shape["blocks"]``, pacs_fast/config/hybrid_blocks.py) counts
 each layer's one block (Mamba-2, attention, a non-gated MLP or MoE), ``s^2`` in its attention layers alone and
-``12 x heads x head_dim x state`` a token a Mamba layer for its selective scan.
+``12 x heads x head_dim x state`` a token a Mamba layer for its selective scan; Granite 4.0-H, Falcon-H1 and LFM2
+(its short-convolution layers' projections) alike.
 
 Recomputation (gradient checkpointing) is not counted: it is work, not useful work. MFU = FLOPs /
 (seconds x the device's dense bf16 peak, :data:`PEAK_BF16`), as verl's FLOP counter and Megatron's
